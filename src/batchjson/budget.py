@@ -1,0 +1,79 @@
+"""Call and cost budgets, checked before any spending and reserved call by call."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import BudgetExceeded, InvalidBatch
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A session's ceiling: ``calls`` and/or ``cost`` (USD); None means unlimited."""
+
+    calls: int | None = None
+    cost: float | None = None
+
+    @classmethod
+    def of(cls, value: Budget | Mapping[str, Any] | int | None) -> Budget:
+        if value is None:
+            return cls()
+        if isinstance(value, Budget):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            return cls(calls=value)
+        if isinstance(value, Mapping):
+            unknown = set(value) - {"calls", "cost"}
+            if unknown:
+                raise InvalidBatch(f"budget has unknown keys {sorted(unknown)}; use calls= and "
+                                   "cost=")
+            return cls(calls=value.get("calls"), cost=value.get("cost"))
+        raise InvalidBatch(f"budget must be Budget(calls=, cost=), a dict or an int, got {value!r}")
+
+
+class Spender:
+    """Tracks what one run may still spend, against its max_calls and the session's budget."""
+
+    def __init__(self, max_calls: int | None, budget: Budget, spent_calls: int,
+                 spent_cost: float) -> None:
+        self.max_calls = max_calls
+        self.budget = budget
+        self.calls = 0
+        self.cost = 0.0
+        self._base_calls = spent_calls
+        self._base_cost = spent_cost
+        self._lock = threading.Lock()
+
+    def remaining_calls(self) -> int | None:
+        limits = []
+        if self.max_calls is not None:
+            limits.append(self.max_calls - self.calls)
+        if self.budget.calls is not None:
+            limits.append(self.budget.calls - self._base_calls - self.calls)
+        return max(0, min(limits)) if limits else None
+
+    def refuse_if_short(self, needed: int) -> None:
+        remaining = self.remaining_calls()
+        if remaining is not None and needed > remaining:
+            raise BudgetExceeded(needed, remaining)
+        if self.budget.cost is not None and needed and self._base_cost >= self.budget.cost:
+            raise BudgetExceeded(needed, 0, what="calls (the session's cost budget is spent)")
+
+    def reserve(self) -> bool:
+        """Take one call from the budget; False when nothing is left."""
+        with self._lock:
+            remaining = self.remaining_calls()
+            if remaining is not None and remaining <= 0:
+                return False
+            if self.budget.cost is not None and self._base_cost + self.cost >= self.budget.cost:
+                return False
+            self.calls += 1
+            return True
+
+    def add_cost(self, cost: float | None) -> None:
+        if cost:
+            with self._lock:
+                self.cost += cost

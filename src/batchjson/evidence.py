@@ -1,0 +1,83 @@
+"""Evidence: a read-only view over the ledger of what is still owed.
+
+A request is resolved only by an accepted return for exactly its content key, so re-running
+identical work resumes it, and nothing but the ledger holds this state.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .ledger import Ledger
+
+
+@dataclass(frozen=True)
+class UnresolvedRequest:
+    batch: str
+    revision: int
+    key: str
+    task_ids: tuple[str, ...]
+
+
+class Evidence:
+    """Counts over open (non-superseded) revisions; accepted calls are never counted again."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+
+    def requests(self, batch: str | None = None) -> list[UnresolvedRequest]:
+        rows = self._ledger.unresolved()
+        out = [UnresolvedRequest(r["batch"], r["revision"], r["key"],
+                                 tuple(json.loads(r["task_ids"]))) for r in rows]
+        return [u for u in out if batch is None or u.batch == batch]
+
+    @property
+    def unresolved_batches(self) -> int:
+        """Batch revisions with at least one unresolved request."""
+        return len({(u.batch, u.revision) for u in self.requests()})
+
+    @property
+    def unresolved_items(self) -> int:
+        return sum(len(u.task_ids) for u in self.requests())
+
+    @property
+    def minimum_exact_retry_calls(self) -> int:
+        """A lower bound on calls needed to clear every unresolved request: one per request."""
+        return len(self.requests())
+
+    @property
+    def superseded(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in self._ledger.superseded()]
+
+    def summary(self, batch: str | None = None) -> dict[str, Any]:
+        """Numbers a person asks for: what is owed, what was spent, and cost per usable result."""
+        owed = self.requests(batch)
+        spend = self._ledger.spend(batch)
+        usable = (len(self._ledger.checkpoint(batch)) if batch else
+                  sum(len(self._ledger.checkpoint(n)) for n in self._ledger.batch_names()))
+        cost = spend["cost"]
+        superseded = [s for s in self.superseded if batch is None or s["batch"] == batch]
+        return {
+            "batch": batch,
+            "unresolved_batches": len({(u.batch, u.revision) for u in owed}),
+            "unresolved_requests": len(owed),
+            "unresolved_items": sum(len(u.task_ids) for u in owed),
+            "minimum_exact_retry_calls": len(owed),
+            "superseded": superseded,
+            "calls": spend["calls"],
+            "accepted_returns": spend["accepted"],
+            "rejected_returns": spend["rejected"],
+            "provider_errors": spend["provider_errors"],
+            "tokens": spend["input_tokens"] + spend["output_tokens"],
+            "cost": cost,
+            "usable_results": usable,
+            "cost_per_usable_result": (cost / usable) if cost is not None and usable else None,
+        }
+
+    def __repr__(self) -> str:
+        return (f"Evidence(unresolved_batches={self.unresolved_batches}, "
+                f"unresolved_items={self.unresolved_items}, "
+                f"minimum_exact_retry_calls={self.minimum_exact_retry_calls}, "
+                f"superseded={len(self.superseded)})")

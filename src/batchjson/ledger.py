@@ -1,0 +1,362 @@
+"""The durable ledger: one SQLite file, the single source of truth for batches and receipts.
+
+Every attempt is written *before* its call (in flight) and completed after. An accepted return and
+its checkpoint rows are committed in one transaction; a rejected return admits nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from .migrations import migrate
+from .tasks import Request
+
+
+def now() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """One attempt as the ledger holds it."""
+
+    id: int
+    batch: str
+    revision: int
+    request_key: str
+    task_ids: tuple[str, ...]
+    kind: str
+    status: str
+    errors: list[dict[str, Any]]
+    raw: str | None
+    input_tokens: int | None
+    output_tokens: int | None
+    cached_tokens: int | None
+    cost: float | None
+    provider: str | None
+    model: str | None
+    started_at: str
+    finished_at: str | None
+
+    @property
+    def tokens(self) -> int:
+        return (self.input_tokens or 0) + (self.output_tokens or 0)
+
+
+@dataclass(frozen=True)
+class Revision:
+    id: int
+    batch_id: int
+    batch: str
+    number: int
+    fingerprint: str
+    components: dict[str, str]
+    status: str
+    supersede_reason: str | None
+    validator_name: str | None
+    created_at: str
+
+
+class Ledger:
+    """Thread-safe access to the ledger file (``path=None`` keeps it in memory)."""
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = None if path is None else Path(path)
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        target = ":memory:" if self.path is None else str(self.path)
+        self._db = sqlite3.connect(target, check_same_thread=False, isolation_level=None,
+                                   timeout=30.0)
+        self._db.row_factory = sqlite3.Row
+        self._lock = threading.RLock()
+        if self.path is not None:
+            self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        with self._lock:
+            migrate(self._db)
+
+    def __repr__(self) -> str:
+        return f"Ledger({str(self.path) if self.path else ':memory:'})"
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _rows(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    # -- batches and revisions -------------------------------------------------------------
+    def find_revision(self, name: str, fingerprint: str) -> Revision | None:
+        rows = self._rows(_REVISION_SQL + " WHERE b.name = ? AND r.fingerprint = ?",
+                          (name, fingerprint))
+        return _revision(rows[0]) if rows else None
+
+    def current_revision(self, name: str) -> Revision | None:
+        rows = self._rows(_REVISION_SQL + " WHERE b.name = ? AND r.id = b.current_revision",
+                          (name,))
+        return _revision(rows[0]) if rows else None
+
+    def revisions(self, name: str | None = None) -> list[Revision]:
+        if name is None:
+            return [_revision(r) for r in self._rows(_REVISION_SQL + " ORDER BY r.id")]
+        return [_revision(r) for r in self._rows(_REVISION_SQL + " WHERE b.name = ? ORDER BY r.id",
+                                                 (name,))]
+
+    def batch_names(self) -> list[str]:
+        return [r["name"] for r in self._rows("SELECT name FROM batches ORDER BY id")]
+
+    def open_revision(self, name: str, fingerprint: str, components: Mapping[str, str],
+                      requests: Sequence[Request], *, strict: bool,
+                      validator: Mapping[str, Any] | None = None) -> tuple[Revision, Revision | None]:
+        """Make (or reuse) the revision for this content and mark it current.
+
+        Returns (revision, superseded) where ``superseded`` is the previous current revision if it
+        was unresolved and has now been marked superseded (never in a strict session).
+        """
+        stamp = now()
+        with self.transaction() as db:
+            row = db.execute("SELECT id, current_revision FROM batches WHERE name = ?",
+                             (name,)).fetchone()
+            if row is None:
+                batch_id = db.execute("INSERT INTO batches(name, created_at) VALUES (?, ?)",
+                                      (name, stamp)).lastrowid
+                previous_id = None
+            else:
+                batch_id, previous_id = row["id"], row["current_revision"]
+            if validator is not None:
+                db.execute("INSERT OR IGNORE INTO validators(name, version, fingerprint, "
+                           "where_defined, defined_at, by_identity) VALUES (?,?,?,?,?,?)",
+                           (validator["name"], validator["version"], validator["fingerprint"],
+                            validator.get("where"), stamp,
+                            json.dumps(list(validator.get("by_identity", ())))))
+            found = db.execute("SELECT id FROM revisions WHERE batch_id = ? AND fingerprint = ?",
+                               (batch_id, fingerprint)).fetchone()
+            if found is not None:
+                revision_id = found["id"]
+                db.execute("UPDATE revisions SET status = 'open', superseded_by = NULL, "
+                           "supersede_reason = NULL WHERE id = ?", (revision_id,))
+            else:
+                number = db.execute("SELECT COALESCE(MAX(number), 0) + 1 FROM revisions WHERE "
+                                    "batch_id = ?", (batch_id,)).fetchone()[0]
+                revision_id = db.execute(
+                    "INSERT INTO revisions(batch_id, number, fingerprint, components, "
+                    "validator_name, validator_version, validator_fingerprint, status, created_at) "
+                    "VALUES (?,?,?,?,?,?,?, 'open', ?)",
+                    (batch_id, number, fingerprint, json.dumps(dict(components)),
+                     validator and validator["name"], validator and validator["version"],
+                     components.get("validator"), stamp)).lastrowid
+                self._insert_requests(db, revision_id, requests)
+            superseded = None
+            if previous_id is not None and previous_id != revision_id:
+                if not strict and self._unresolved_count(db, previous_id) > 0:
+                    old = json.loads(db.execute("SELECT components FROM revisions WHERE id = ?",
+                                                (previous_id,)).fetchone()[0])
+                    changed = [k for k in ("tasks", "schema", "validator", "pack", "instructions",
+                                           "identity", "mode") if old.get(k) != components.get(k)]
+                    reason = "changed: " + ", ".join(changed or ["content"])
+                    db.execute("UPDATE revisions SET status = 'superseded', superseded_by = ?, "
+                               "supersede_reason = ? WHERE id = ?",
+                               (revision_id, reason, previous_id))
+                    superseded = previous_id
+            db.execute("UPDATE batches SET current_revision = ? WHERE id = ?",
+                       (revision_id, batch_id))
+        current = self._revision_by_id(revision_id)
+        return current, (self._revision_by_id(superseded) if superseded else None)
+
+    def _revision_by_id(self, revision_id: int) -> Revision:
+        return _revision(self._rows(_REVISION_SQL + " WHERE r.id = ?", (revision_id,))[0])
+
+    @staticmethod
+    def _insert_requests(db: sqlite3.Connection, revision_id: int,
+                         requests: Sequence[Request]) -> None:
+        db.executemany(
+            "INSERT OR IGNORE INTO requests(revision_id, key, position, parent_key, task_ids, "
+            "tasks) VALUES (?,?,?,?,?,?)",
+            [(revision_id, r.key, r.position, r.parent_key, json.dumps(list(r.task_ids)),
+              json.dumps(list(r.tasks))) for r in requests])
+
+    def record_split(self, revision_id: int, parent: Request, children: Sequence[Request]) -> None:
+        """Replace a leaf request by its halves; the parent stays on record as split."""
+        with self.transaction() as db:
+            db.execute("UPDATE requests SET split = 1 WHERE revision_id = ? AND key = ?",
+                       (revision_id, parent.key))
+            self._insert_requests(db, revision_id, children)
+
+    def leaves(self, revision_id: int) -> list[Request]:
+        rows = self._rows("SELECT key, tasks, position, parent_key FROM requests WHERE "
+                          "revision_id = ? AND split = 0 ORDER BY position, id", (revision_id,))
+        return [Request(r["key"], tuple(json.loads(r["tasks"])), r["position"], r["parent_key"])
+                for r in rows]
+
+    def accepted_keys(self, batch_id: int, keys: Sequence[str]) -> set[str]:
+        found: set[str] = set()
+        for start in range(0, len(keys), 500):
+            chunk = list(keys[start:start + 500])
+            marks = ",".join("?" * len(chunk))
+            found.update(r[0] for r in self._rows(
+                f"SELECT DISTINCT request_key FROM attempts WHERE batch_id = ? AND status = "
+                f"'accepted' AND request_key IN ({marks})", (batch_id, *chunk)))
+        return found
+
+    def batch_id(self, name: str) -> int | None:
+        rows = self._rows("SELECT id FROM batches WHERE name = ?", (name,))
+        return rows[0]["id"] if rows else None
+
+    @staticmethod
+    def _unresolved_count(db: sqlite3.Connection, revision_id: int) -> int:
+        return db.execute(_UNRESOLVED_SQL.format(select="COUNT(*)") + " AND q.revision_id = ?",
+                          (revision_id,)).fetchone()[0]
+
+    # -- attempts ------------------------------------------------------------------------------
+    def attempt_counts(self, batch_id: int, keys: Sequence[str]) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for start in range(0, len(keys), 500):
+            chunk = list(keys[start:start + 500])
+            marks = ",".join("?" * len(chunk))
+            for r in self._rows(f"SELECT request_key, COUNT(*) FROM attempts WHERE batch_id = ? "
+                                f"AND request_key IN ({marks}) GROUP BY request_key",
+                                (batch_id, *chunk)):
+                counts[r[0]] = r[1]
+        return counts
+
+    def begin_attempt(self, batch_id: int, revision_id: int, request: Request, kind: str,
+                      provider: str | None, model: str | None) -> int:
+        with self._lock:
+            return self._db.execute(
+                "INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, status, "
+                "provider, model, started_at) VALUES (?,?,?,?,?, 'in_flight', ?,?,?)",
+                (batch_id, revision_id, request.key, json.dumps(list(request.task_ids)), kind,
+                 provider, model, now())).lastrowid
+
+    def finish_attempt(self, attempt_id: int, status: str, *, errors: Sequence[Mapping] = (),
+                       raw: str | None = None, usage: Mapping[str, Any] | None = None) -> None:
+        """Complete a receipt that admits nothing: rejected, provider_error or cancelled."""
+        if status == "accepted":
+            raise ValueError("use commit_accepted for an accepted return")
+        with self._lock:
+            self._finish(self._db, attempt_id, status, errors, raw, usage or {})
+
+    def commit_accepted(self, attempt_id: int, batch_id: int, request_key: str,
+                        items: Mapping[str, Any], raw: str,
+                        usage: Mapping[str, Any] | None = None) -> None:
+        """The commit boundary: receipt and checkpoint rows in one transaction."""
+        stamp = now()
+        with self.transaction() as db:
+            self._finish(db, attempt_id, "accepted", (), raw, usage or {})
+            db.executemany(
+                "INSERT OR REPLACE INTO checkpoint(batch_id, request_key, task_id, attempt_id, "
+                "item, committed_at) VALUES (?,?,?,?,?,?)",
+                [(batch_id, request_key, task_id, attempt_id, json.dumps(item), stamp)
+                 for task_id, item in items.items()])
+
+    @staticmethod
+    def _finish(db: sqlite3.Connection, attempt_id: int, status: str, errors: Sequence[Mapping],
+                raw: str | None, usage: Mapping[str, Any]) -> None:
+        db.execute(
+            "UPDATE attempts SET status = ?, errors = ?, raw = ?, input_tokens = ?, "
+            "output_tokens = ?, cached_tokens = ?, cost = ?, model = COALESCE(?, model), "
+            "finished_at = ? WHERE id = ? AND status = 'in_flight'",
+            (status, json.dumps(list(errors)), raw, usage.get("input_tokens"),
+             usage.get("output_tokens"), usage.get("cached_tokens"), usage.get("cost"),
+             usage.get("model"), now(), attempt_id))
+
+    # -- reading -------------------------------------------------------------------------------
+    def attempts(self, name: str, *, failed: bool = False) -> list[Receipt]:
+        """Receipts of a batch in call order (every revision)."""
+        sql = _RECEIPT_SQL + " WHERE b.name = ?"
+        if failed:
+            sql += " AND a.status != 'accepted'"
+        return [_receipt(r) for r in self._rows(sql + " ORDER BY a.id", (name,))]
+
+    def checkpoint(self, name: str) -> dict[str, Any]:
+        """task_id -> accepted item for the batch's current revision."""
+        rows = self._rows(
+            "SELECT c.task_id, c.item FROM batches b JOIN requests q ON q.revision_id = "
+            "b.current_revision JOIN checkpoint c ON c.batch_id = b.id AND c.request_key = q.key "
+            "WHERE b.name = ? AND q.split = 0 ORDER BY q.position, q.id", (name,))
+        return {r["task_id"]: json.loads(r["item"]) for r in rows}
+
+    def unresolved(self) -> list[sqlite3.Row]:
+        """Leaf requests of open revisions with no accepted return for their exact key."""
+        return self._rows(_UNRESOLVED_SQL.format(
+            select="b.name AS batch, r.number AS revision, q.key, q.task_ids") +
+            " ORDER BY b.id, r.number, q.position")
+
+    def superseded(self) -> list[sqlite3.Row]:
+        return self._rows(
+            "SELECT b.name AS batch, r.number AS revision, r.supersede_reason AS reason, "
+            "n.number AS superseded_by FROM revisions r JOIN batches b ON b.id = r.batch_id "
+            "LEFT JOIN revisions n ON n.id = r.superseded_by WHERE r.status = 'superseded' "
+            "ORDER BY b.id, r.number")
+
+    def unresolved_under_validator(self, fingerprint: str) -> int:
+        return self._rows(_UNRESOLVED_SQL.format(select="COUNT(*)") +
+                          " AND r.validator_fingerprint = ?", (fingerprint,))[0][0]
+
+    def spend(self, name: str | None = None) -> dict[str, Any]:
+        """Calls, tokens and cost of every attempt ever made (for one batch or all)."""
+        sql = ("SELECT COUNT(*) AS calls, COALESCE(SUM(a.input_tokens),0) AS input_tokens, "
+               "COALESCE(SUM(a.output_tokens),0) AS output_tokens, SUM(a.cost) AS cost, "
+               "SUM(a.status = 'accepted') AS accepted, SUM(a.status = 'rejected') AS rejected, "
+               "SUM(a.status = 'provider_error') AS provider_errors FROM attempts a "
+               "JOIN batches b ON b.id = a.batch_id")
+        row = self._rows(sql + (" WHERE b.name = ?" if name else ""), (name,) if name else ())[0]
+        return {k: (row[k] or 0) if k != "cost" else row[k] for k in row.keys()}
+
+    def validator_usage(self) -> list[sqlite3.Row]:
+        return self._rows(
+            "SELECT v.name, v.version, v.fingerprint, v.where_defined, v.defined_at, "
+            "GROUP_CONCAT(DISTINCT b.name) AS batches FROM validators v LEFT JOIN revisions r "
+            "ON r.validator_fingerprint = v.fingerprint LEFT JOIN batches b ON b.id = r.batch_id "
+            "GROUP BY v.name, v.version ORDER BY v.name, v.version")
+
+
+_REVISION_SQL = (
+    "SELECT r.id, r.batch_id, b.name AS batch, r.number, r.fingerprint, r.components, r.status, "
+    "r.supersede_reason, r.validator_name, r.created_at FROM revisions r "
+    "JOIN batches b ON b.id = r.batch_id")
+
+_RECEIPT_SQL = (
+    "SELECT a.*, b.name AS batch, r.number AS revision FROM attempts a "
+    "JOIN batches b ON b.id = a.batch_id JOIN revisions r ON r.id = a.revision_id")
+
+_UNRESOLVED_SQL = (
+    "SELECT {select} FROM requests q JOIN revisions r ON r.id = q.revision_id "
+    "JOIN batches b ON b.id = r.batch_id WHERE r.status = 'open' AND q.split = 0 "
+    "AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.batch_id = b.id AND "
+    "a.request_key = q.key AND a.status = 'accepted')")
+
+
+def _revision(row: sqlite3.Row) -> Revision:
+    return Revision(row["id"], row["batch_id"], row["batch"], row["number"], row["fingerprint"],
+                    json.loads(row["components"]), row["status"], row["supersede_reason"],
+                    row["validator_name"], row["created_at"])
+
+
+def _receipt(row: sqlite3.Row) -> Receipt:
+    return Receipt(row["id"], row["batch"], row["revision"], row["request_key"],
+                   tuple(json.loads(row["task_ids"])), row["kind"], row["status"],
+                   json.loads(row["errors"]) if row["errors"] else [], row["raw"],
+                   row["input_tokens"], row["output_tokens"], row["cached_tokens"], row["cost"],
+                   row["provider"], row["model"], row["started_at"], row["finished_at"])

@@ -1,0 +1,70 @@
+"""Ledger schema versions. Each migration runs once, in order, inside a transaction."""
+
+from __future__ import annotations
+
+import sqlite3
+
+MIGRATIONS: list[str] = [
+    # 1: batches, revisions, requests, attempts (receipts), checkpoint, validators
+    """
+    CREATE TABLE batches (
+        id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, current_revision INTEGER,
+        created_at TEXT NOT NULL);
+    CREATE TABLE revisions (
+        id INTEGER PRIMARY KEY, batch_id INTEGER NOT NULL REFERENCES batches(id),
+        number INTEGER NOT NULL, fingerprint TEXT NOT NULL, components TEXT NOT NULL,
+        validator_name TEXT, validator_version INTEGER, validator_fingerprint TEXT,
+        status TEXT NOT NULL CHECK (status IN ('open', 'superseded')),
+        superseded_by INTEGER REFERENCES revisions(id), supersede_reason TEXT,
+        created_at TEXT NOT NULL,
+        UNIQUE (batch_id, number), UNIQUE (batch_id, fingerprint));
+    CREATE TABLE requests (
+        id INTEGER PRIMARY KEY, revision_id INTEGER NOT NULL REFERENCES revisions(id),
+        key TEXT NOT NULL, position INTEGER NOT NULL, parent_key TEXT,
+        task_ids TEXT NOT NULL, tasks TEXT NOT NULL, split INTEGER NOT NULL DEFAULT 0,
+        UNIQUE (revision_id, key));
+    CREATE TABLE attempts (
+        id INTEGER PRIMARY KEY, batch_id INTEGER NOT NULL REFERENCES batches(id),
+        revision_id INTEGER NOT NULL REFERENCES revisions(id), request_key TEXT NOT NULL,
+        task_ids TEXT NOT NULL,
+        kind TEXT NOT NULL CHECK (kind IN ('initial', 'repair', 'replay', 'split')),
+        status TEXT NOT NULL CHECK (status IN
+            ('in_flight', 'accepted', 'rejected', 'provider_error', 'cancelled')),
+        errors TEXT, raw TEXT, input_tokens INTEGER, output_tokens INTEGER,
+        cached_tokens INTEGER, cost REAL, provider TEXT, model TEXT,
+        started_at TEXT NOT NULL, finished_at TEXT);
+    CREATE INDEX attempts_by_key ON attempts (batch_id, request_key, status);
+    CREATE TABLE checkpoint (
+        batch_id INTEGER NOT NULL REFERENCES batches(id), request_key TEXT NOT NULL,
+        task_id TEXT NOT NULL, attempt_id INTEGER NOT NULL REFERENCES attempts(id),
+        item TEXT NOT NULL, committed_at TEXT NOT NULL,
+        PRIMARY KEY (batch_id, request_key, task_id));
+    CREATE TABLE validators (
+        name TEXT NOT NULL, version INTEGER NOT NULL, fingerprint TEXT NOT NULL,
+        where_defined TEXT, defined_at TEXT NOT NULL, by_identity TEXT,
+        PRIMARY KEY (name, version));
+    """,
+]
+
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def migrate(db: sqlite3.Connection) -> int:
+    """Bring the ledger to SCHEMA_VERSION; refuse a ledger written by a newer batchjson."""
+    current = db.execute("PRAGMA user_version").fetchone()[0]
+    if current > SCHEMA_VERSION:
+        raise RuntimeError(
+            f"this ledger has schema version {current} but this batchjson knows up to "
+            f"{SCHEMA_VERSION}; upgrade batchjson to read it (nothing was changed)")
+    for version in range(current + 1, SCHEMA_VERSION + 1):
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in MIGRATIONS[version - 1].split(";"):
+                if statement.strip():
+                    db.execute(statement)
+            db.execute(f"PRAGMA user_version = {version}")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+    return SCHEMA_VERSION

@@ -1,0 +1,273 @@
+"""The bounded in-cell replay loop: resolve each request or give up within a fixed allowance.
+
+Per failing request: up to ``repairs`` repair calls (original prompt + exact errors + raw return),
+then up to ``replays`` exact fresh replays, then, with ``split``, deterministic halving. Transport
+failures get their own receipts and backoff, and never count as repairs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+from tenacity.wait import wait_exponential_jitter
+
+from . import acceptance
+from .budget import Spender
+from .errors import ProviderError
+from .ledger import Ledger
+from .providers.base import Call, Reply
+from .schema import ItemSchema, wire_schema
+from .tasks import (Request, render_items_prompt, render_repair_prompt, render_value_prompt,
+                    split_request)
+
+
+@dataclass
+class Plan:
+    """Everything fixed for one run of one batch revision."""
+
+    batch_id: int
+    revision_id: int
+    mode: str
+    identity: tuple[str, ...]
+    schema: ItemSchema
+    validator: Callable[[Any, Mapping[str, Any]], Any] | None
+    instructions: str | None
+    content: Mapping[str, str]
+    repairs: int
+    replays: int
+    split: bool
+    max_split_depth: int = 4
+
+
+@dataclass
+class Transport:
+    """How provider failures are retried: bounded, with backoff, honouring Retry-After."""
+
+    retries: int = 3
+    timeout: float = 120.0
+    backoff_initial: float = 0.5
+    backoff_max: float = 20.0
+
+
+@dataclass
+class Outcome:
+    """Counters and per-task errors of one run; the values themselves live in the ledger."""
+
+    calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: float | None = 0.0
+    accepted_returns: int = 0
+    rejected_returns: int = 0
+    provider_errors: int = 0
+    repairs_made: int = 0
+    attempts_by_task: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+class OutOfBudget(Exception):
+    """No call may be reserved any more; the request is left unresolved for this run."""
+
+
+class Replayer:
+    """Drives every unresolved request of a plan concurrently through provider and acceptance."""
+
+    def __init__(self, plan: Plan, ledger: Ledger, provider: Any, spender: Spender,
+                 transport: Transport, concurrency: int,
+                 on_progress: Callable[[int], None] | None = None) -> None:
+        self.plan = plan
+        self.ledger = ledger
+        self.provider = provider
+        self.spender = spender
+        self.transport = transport
+        self.semaphore = asyncio.Semaphore(concurrency)
+        self.on_progress = on_progress
+        self.outcome = Outcome()
+        self._attempts: dict[str, int] = {}
+        self._provider_name = getattr(provider, "name", type(provider).__name__)
+        self._model = getattr(provider, "model", None)
+
+    async def run(self, requests: list[Request]) -> Outcome:
+        self._attempts = self.ledger.attempt_counts(self.plan.batch_id,
+                                                    [r.key for r in requests])
+        await asyncio.gather(*(self._drive(r, depth=0) for r in requests))
+        return self.outcome
+
+    # -- one request -----------------------------------------------------------------------
+    async def _drive(self, request: Request, depth: int, first_kind: str | None = None) -> bool:
+        plan = self.plan
+        prompt = self._prompt(request)
+        kind = first_kind or ("initial" if self._attempts.get(request.key, 0) == 0 else "replay")
+        repairs_left, replays_left = plan.repairs, plan.replays
+        try:
+            verdict, raw = await self._attempt(request, kind, prompt)
+            while not verdict.accepted:
+                if verdict.errors and not verdict.repairable and raw is not None:
+                    break  # a validator crash: reported, never retried
+                if raw is not None and verdict.repairable and repairs_left > 0:
+                    repairs_left -= 1
+                    self.outcome.repairs_made += 1
+                    verdict, raw = await self._attempt(
+                        request, "repair", render_repair_prompt(prompt, raw, verdict.errors))
+                elif replays_left > 0:
+                    replays_left -= 1
+                    verdict, raw = await self._attempt(request, "replay", prompt)
+                elif plan.split and len(request.tasks) > 1 and depth < plan.max_split_depth:
+                    return await self._split(request, depth)
+                else:
+                    break
+        except OutOfBudget:
+            self._fail(request, [{"type": "budget_exhausted", "task_id": None,
+                                  "message": "the call budget ran out before this request "
+                                  "was resolved"}])
+            return False
+        if self.on_progress is not None:
+            self.on_progress(1)
+        if verdict.accepted:
+            for task_id in request.task_ids:
+                self.outcome.errors.pop(task_id, None)
+            return True
+        self._fail(request, verdict.errors, raw)
+        return False
+
+    async def _split(self, request: Request, depth: int) -> bool:
+        children = split_request(request, self.plan.content)
+        self.ledger.record_split(self.plan.revision_id, request, children)
+        results = await asyncio.gather(*(self._drive(c, depth + 1, "split") for c in children))
+        return all(results)
+
+    def _fail(self, request: Request, errors: list[dict[str, Any]],
+              raw: str | None = None) -> None:
+        for task_id in request.task_ids:
+            mine = [e for e in errors if e.get("task_id") in (task_id, None)]
+            if not mine:
+                mine = [{"type": "batch_rejected", "task_id": task_id,
+                         "message": "this task's item was fine but another item of the same "
+                         "request failed, so the whole return was rejected"}]
+            extra = {"raw": raw[:1000]} if raw is not None else {}
+            self.outcome.errors[task_id] = [{**e, "task_id": task_id, **extra} for e in mine]
+
+    def _prompt(self, request: Request) -> str:
+        if self.plan.mode == "value":
+            return render_value_prompt(request.tasks[0])
+        return render_items_prompt(request.tasks, self.plan.identity, self.plan.instructions)
+
+    # -- one attempt (with transport retries) --------------------------------------------------
+    async def _attempt(self, request: Request, kind: str,
+                       prompt: str) -> tuple[acceptance.Verdict, str | None]:
+        """One logical attempt: transport retries inside, acceptance on the text that arrives."""
+        last_error: ProviderError | None = None
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.transport.retries + 1),
+            wait=self._wait,
+            retry=retry_if_exception(lambda e: isinstance(e, ProviderError) and e.retryable),
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    return await self._call_once(request, kind, prompt)
+        except ProviderError as exc:
+            last_error = exc
+        status = f" (HTTP {last_error.status})" if last_error and last_error.status else ""
+        return acceptance.Verdict(False, errors=[{
+            "type": "provider_error", "task_id": None,
+            "message": f"provider failed{status}: {last_error}"}]), None
+
+    def _wait(self, state: RetryCallState) -> float:
+        error = state.outcome.exception() if state.outcome else None
+        if isinstance(error, ProviderError) and error.retry_after is not None:
+            return min(max(0.0, error.retry_after), self.transport.backoff_max)
+        return wait_exponential_jitter(initial=self.transport.backoff_initial,
+                                       max=self.transport.backoff_max)(state)
+
+    async def _call_once(self, request: Request, kind: str,
+                         prompt: str) -> tuple[acceptance.Verdict, str | None]:
+        if not self.spender.reserve():
+            raise OutOfBudget()
+        number = self._attempts.get(request.key, 0)
+        self._attempts[request.key] = number + 1
+        for task_id in request.task_ids:
+            self.outcome.attempts_by_task[task_id] = (
+                self.outcome.attempts_by_task.get(task_id, 0) + 1)
+        self.outcome.calls += 1
+        call = self._make_call(request, kind, prompt, number)
+        attempt_id = self.ledger.begin_attempt(self.plan.batch_id, self.plan.revision_id,
+                                               request, kind, self._provider_name, self._model)
+        try:
+            async with self.semaphore:
+                reply = await asyncio.wait_for(self.provider.complete(call),
+                                               self.transport.timeout)
+        except asyncio.CancelledError:
+            self.ledger.finish_attempt(attempt_id, "cancelled", errors=[{
+                "type": "cancelled", "task_id": None,
+                "message": "interrupted before the return arrived; re-run to resume"}])
+            raise
+        except (ProviderError, TimeoutError) as exc:
+            error = exc if isinstance(exc, ProviderError) else ProviderError(
+                f"no answer within {self.transport.timeout:g}s", retryable=True)
+            self.outcome.provider_errors += 1
+            self.ledger.finish_attempt(attempt_id, "provider_error", errors=[{
+                "type": "provider_error", "task_id": None, "message": str(error),
+                "status": error.status}], usage=error.usage)
+            raise error from None
+        except Exception as exc:  # a provider bug must not leave an in-flight receipt
+            self.outcome.provider_errors += 1
+            self.ledger.finish_attempt(attempt_id, "provider_error", errors=[{
+                "type": "provider_error", "task_id": None,
+                "message": f"{type(exc).__name__}: {exc}"}])
+            raise ProviderError(f"{type(exc).__name__}: {exc}", retryable=False) from exc
+        usage = self._account(reply)
+        verdict = self._judge(request, reply.text)
+        if verdict.accepted:
+            stored = {tid: self.plan.schema.dump(v) for tid, v in verdict.values.items()}
+            self.ledger.commit_accepted(attempt_id, self.plan.batch_id, request.key, stored,
+                                        reply.text, usage)
+            self.outcome.accepted_returns += 1
+        else:
+            self.ledger.finish_attempt(attempt_id, "rejected", errors=verdict.errors,
+                                       raw=reply.text, usage=usage)
+            self.outcome.rejected_returns += 1
+        return verdict, reply.text
+
+    def _make_call(self, request: Request, kind: str, prompt: str, number: int) -> Call:
+        plan = self.plan
+        if plan.mode == "value":
+            schema: Mapping[str, Any] = plan.schema.json_schema
+            system = ("Respond with only a JSON value, no markdown, matching this JSON Schema: "
+                      + json.dumps(schema, sort_keys=True))
+        else:
+            schema = wire_schema(plan.schema, request.tasks, plan.identity)
+            system = ("Respond with only JSON, no markdown, matching this JSON Schema: "
+                      + json.dumps(schema, sort_keys=True))
+        return Call(tasks=request.tasks, prompt=prompt, system=system, schema=schema,
+                    attempt=number, kind=kind, request_key=request.key, mode=plan.mode,
+                    identity=plan.identity)
+
+    def _judge(self, request: Request, text: str) -> acceptance.Verdict:
+        plan = self.plan
+        if plan.mode == "value":
+            return acceptance.accept_value(text, request.tasks[0], plan.schema, plan.validator)
+        return acceptance.accept_items(text, request.tasks, plan.identity, plan.schema,
+                                       plan.validator)
+
+    def _account(self, reply: Reply) -> dict[str, Any]:
+        out = self.outcome
+        out.input_tokens += reply.input_tokens or 0
+        out.output_tokens += reply.output_tokens or 0
+        if reply.cost is None:
+            out.cost = None
+        elif out.cost is not None:
+            out.cost += reply.cost
+        self.spender.add_cost(reply.cost)
+        return {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens,
+                "cached_tokens": reply.cached_tokens, "cost": reply.cost, "model": reply.model}

@@ -1,0 +1,104 @@
+"""What a run hands back: values that passed acceptance, and an honest account of the rest."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class BatchResult:
+    """``values`` holds only committed answers; ``errors`` says why the rest are not there."""
+
+    name: str
+    status: str
+    values: dict[str, Any]
+    errors: list[dict[str, Any]]
+    calls: int
+    tokens: int
+    cost: float | None
+    revision: int
+    total_tasks: int
+    accepted_returns: int = 0
+    rejected_returns: int = 0
+    provider_errors: int = 0
+    resumed: int = 0
+    superseded: str | None = None
+    attempts_by_task: dict[str, int] = field(default_factory=dict)
+    repairs_made: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def resolved(self) -> bool:
+        return self.status == "resolved"
+
+    @property
+    def unresolved(self) -> list[str]:
+        """task_ids with no committed answer."""
+        seen = []
+        for e in self.errors:
+            task_id = e.get("task_id")
+            if task_id and task_id not in seen and task_id not in self.values:
+                seen.append(task_id)
+        return seen
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "batch": self.name, "revision": self.revision, "status": self.status,
+            "accepted": len(self.values), "tasks": self.total_tasks,
+            "accepted_returns": self.accepted_returns, "rejected_returns": self.rejected_returns,
+            "provider_errors": self.provider_errors, "calls": self.calls, "tokens": self.tokens,
+            "cost": self.cost, "unresolved": self.total_tasks - len(self.values),
+            "resumed": self.resumed,
+        }
+
+    def failure_report(self, limit: int = 10) -> str:
+        """A short account: which tasks failed, why, what was spent, and how to resume."""
+        missing = self.total_tasks - len(self.values)
+        lines = [f"batch {self.name!r} (revision {self.revision}) is unresolved: {missing} of "
+                 f"{self.total_tasks} task(s) have no accepted answer after {self.calls} call(s), "
+                 f"{self.tokens} tokens, cost {_money(self.cost)}."]
+        shown = 0
+        by_task: dict[str, list[str]] = {}
+        for e in self.errors:
+            by_task.setdefault(e.get("task_id") or "<request>", []).append(
+                f"{e.get('type')}: {e.get('message')}")
+        for task_id, messages in by_task.items():
+            if shown == limit:
+                lines.append(f"  ... and {len(by_task) - limit} more")
+                break
+            lines.append(f"  {task_id}: {messages[-1]}")
+            shown += 1
+        if any(e.get("type") == "validator_error" for e in self.errors):
+            lines.append("A validator raised something other than ValueError: fix the validator "
+                         "(those errors are never retried).")
+        lines.append("Accepted answers are committed; re-running the same batch resumes and "
+                     "spends calls only on the unresolved requests.")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        s = self.summary()
+        return (f"<BatchResult {self.name!r} rev {self.revision}: {self.status}, "
+                f"{s['accepted']}/{s['tasks']} accepted, {s['rejected_returns']} rejected "
+                f"return(s), {self.calls} call(s), {self.tokens} tokens, cost "
+                f"{_money(self.cost)}, {s['unresolved']} unresolved>")
+
+    def _repr_html_(self) -> str:
+        s = self.summary()
+        colour = "#1a7f37" if self.resolved else "#cf222e"
+        cells = "".join(
+            f"<td style='padding:2px 10px'><b>{html.escape(str(v))}</b><br>"
+            f"<span style='color:#666'>{html.escape(k)}</span></td>"
+            for k, v in (("accepted", f"{s['accepted']}/{s['tasks']}"),
+                         ("rejected returns", s["rejected_returns"]),
+                         ("provider errors", s["provider_errors"]), ("calls", self.calls),
+                         ("tokens", self.tokens), ("cost", _money(self.cost)),
+                         ("unresolved", s["unresolved"])))
+        return (f"<div><span style='color:{colour}'>&#9679;</span> batch "
+                f"<code>{html.escape(self.name)}</code> revision {self.revision}: "
+                f"<b>{self.status}</b><table><tr>{cells}</tr></table></div>")
+
+
+def _money(cost: float | None) -> str:
+    return "unknown" if cost is None else f"${cost:.4f}"

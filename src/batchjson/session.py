@@ -1,0 +1,280 @@
+"""A session: one ledger, one validator registry, one provider, and the budgets over them.
+
+Faces (the IPython magic, the RLM binding, the CLI) all call ``Session.run_batch``; data flows
+one way from here: replay loop -> provider -> acceptance -> ledger.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ._aio import run_sync
+from .budget import Budget, Spender
+from .errors import BatchUnresolved, InvalidBatch
+from .evidence import Evidence
+from .ledger import Ledger
+from .providers.base import close_provider
+from .registry import ValidatorRegistry
+from .replay import Outcome, Plan, Replayer, Transport
+from .result import BatchResult
+from .schema import compile_schema
+from .tasks import normalize_identity, normalize_tasks, pack_requests, sha
+
+
+def _whole(name: str, value: Any, minimum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise InvalidBatch(f"{name} must be a whole number >= {minimum}, got {value!r}")
+    return value
+
+
+class Session:
+    """Holds what must outlive a cell: the ledger, the validator registry and the budget."""
+
+    def __init__(
+        self,
+        provider: Any = None,
+        *,
+        ledger: str | Path | Ledger | None = None,
+        strict: bool = False,
+        budget: Budget | Mapping[str, Any] | int | None = None,
+        concurrency: int = 16,
+        repairs: int = 1,
+        replays: int = 1,
+        transport_retries: int = 3,
+        timeout: float = 120.0,
+        model: str | None = None,
+    ) -> None:
+        self.ledger = ledger if isinstance(ledger, Ledger) else Ledger(ledger)
+        self.strict = bool(strict)
+        self.budget = Budget.of(budget)
+        self.concurrency = _whole("concurrency", concurrency, 1)
+        self.repairs = _whole("repairs", repairs, 0)
+        self.replays = _whole("replays", replays, 0)
+        self.transport = Transport(retries=_whole("transport_retries", transport_retries, 0),
+                                   timeout=float(timeout))
+        self.model = model
+        self._provider_spec = provider
+        self._provider: Any = None
+        self.validators = ValidatorRegistry(strict=self.strict,
+                                            unresolved_under=self.ledger.unresolved_under_validator)
+        self.evidence = Evidence(self.ledger)
+        self.spent_calls = 0
+        self.spent_cost = 0.0
+
+    def __repr__(self) -> str:
+        return (f"Session(provider={self._provider_label()}, ledger={self.ledger!r}, "
+                f"strict={self.strict}, {self.evidence!r})")
+
+    def _provider_label(self) -> str:
+        spec = self._provider if self._provider is not None else self._provider_spec
+        if spec is None:
+            return "None"
+        return spec if isinstance(spec, str) else getattr(spec, "name", type(spec).__name__)
+
+    @property
+    def provider(self) -> Any:
+        """The configured provider, built on first use so a missing one fails before spending."""
+        if self._provider is None:
+            from .providers.select import make_provider
+
+            self._provider = make_provider(self._provider_spec, model=self.model)
+        return self._provider
+
+    @provider.setter
+    def provider(self, spec: Any) -> None:
+        self._provider_spec = spec
+        self._provider = None
+
+    def close(self) -> None:
+        self.ledger.close()
+
+    # -- the main entry point ------------------------------------------------------------------
+    def run_batch(
+        self,
+        name: str,
+        tasks: Iterable[Mapping[str, Any]],
+        schema: Any,
+        *,
+        validator: Callable[..., Any] | None = None,
+        identity: Sequence[str] | str | None = ("task_id",),
+        pack: int = 1,
+        instructions: str | None = None,
+        repairs: int | None = None,
+        replays: int | None = None,
+        split: bool = False,
+        max_calls: int | None = None,
+        on_exhausted: str = "raise",
+        progress: bool = False,
+    ) -> BatchResult:
+        """Resolve every task of batch ``name`` or say exactly what is still owed.
+
+        Identical content resumes (accepted requests are not re-spent); changed content opens a
+        new revision. ``validator(item, task)`` raises ValueError to reject an item.
+        """
+        return self._run(name, tasks, schema, validator=validator, identity=identity, pack=pack,
+                         instructions=instructions, repairs=repairs, replays=replays, split=split,
+                         max_calls=max_calls, on_exhausted=on_exhausted, progress=progress)
+
+    def llm_batch_json(self, prompts: Sequence[str], schema: Any,
+                       contexts: Sequence[str] | None = None, max_repair_attempts: int = 1,
+                       validator: Callable[[Any, int], Any] | None = None, *,
+                       name: str | None = None) -> dict[str, Any]:
+        """droste's ``llm_batch_json`` contract, with content-keyed evidence in the ledger."""
+        from .rlm import llm_batch_json
+
+        return llm_batch_json(self, prompts, schema, contexts, max_repair_attempts, validator,
+                              name=name)
+
+    def _run(self, name: str, tasks: Iterable[Mapping[str, Any]], schema: Any, *,
+             validator: Callable[..., Any] | None, identity: Sequence[str] | str | None,
+             pack: int, instructions: str | None, repairs: int | None, replays: int | None,
+             split: bool, max_calls: int | None, on_exhausted: str, progress: bool,
+             mode: str = "items", validator_name: str | None = None,
+             refuse_short_budget: bool = True,
+             adapt_validator: Callable[[Callable], Callable] | None = None) -> BatchResult:
+        # Every check happens before anything is recorded or spent.
+        if not isinstance(name, str) or not name.strip():
+            raise InvalidBatch("batch name must be a non-empty string, e.g. run_batch('labels', "
+                               "...)")
+        if on_exhausted not in ("raise", "return"):
+            raise InvalidBatch(f"on_exhausted must be 'raise' or 'return', got {on_exhausted!r}")
+        _whole("pack", pack, 1)
+        ident = normalize_identity(identity)
+        task_list = normalize_tasks(tasks, ident)
+        item_schema = compile_schema(schema)
+        repairs = self.repairs if repairs is None else _whole("repairs", repairs, 0)
+        replays = self.replays if replays is None else _whole("replays", replays, 0)
+        if max_calls is not None:
+            _whole("max_calls", max_calls, 0)
+        if instructions is not None and not isinstance(instructions, str):
+            raise InvalidBatch("instructions must be a string")
+        if validator is not None and not callable(validator):
+            raise InvalidBatch(f"validator must be callable, got {type(validator).__name__}")
+        provider = self.provider
+
+        version = None
+        if validator is not None:
+            version = self.validators.version_of(validator, validator_name)
+            validator = version.fn
+        checker = adapt_validator(validator) if (adapt_validator and validator) else validator
+        components = {
+            "tasks": sha(json.dumps(task_list, sort_keys=True, separators=(",", ":"))),
+            "schema": item_schema.fingerprint,
+            "validator": version.fingerprint.digest if version else "none",
+            "pack": str(pack),
+            "instructions": sha(instructions or ""),
+            "identity": ",".join(ident),
+            "mode": mode,
+        }
+        key_content = {k: components[k] for k in
+                       ("schema", "validator", "instructions", "identity", "mode")}
+        fingerprint = sha(json.dumps(components, sort_keys=True))
+        existing = self.ledger.find_revision(name, fingerprint)
+        requests = (self.ledger.leaves(existing.id) if existing else
+                    pack_requests(task_list, pack, key_content))
+        batch_id = self.ledger.batch_id(name)
+        done = (self.ledger.accepted_keys(batch_id, [r.key for r in requests])
+                if batch_id is not None else set())
+        pending = [r for r in requests if r.key not in done]
+        spender = Spender(max_calls, self.budget, self.spent_calls, self.spent_cost)
+        if refuse_short_budget:
+            spender.refuse_if_short(len(pending))
+
+        validator_record = None
+        if version is not None:
+            validator_record = {"name": version.name, "version": version.version,
+                                "fingerprint": version.fingerprint.digest, "where": version.where,
+                                "by_identity": version.fingerprint.by_identity}
+        revision, superseded = self.ledger.open_revision(
+            name, fingerprint, components, requests, strict=self.strict,
+            validator=validator_record)
+        plan = Plan(batch_id=revision.batch_id, revision_id=revision.id, mode=mode,
+                    identity=ident, schema=item_schema, validator=checker,
+                    instructions=instructions, content=key_content, repairs=repairs,
+                    replays=replays, split=bool(split))
+        outcome = Outcome()
+        if pending:
+            outcome = self._replay(plan, provider, spender, pending, progress, name)
+        self.spent_calls += outcome.calls
+        self.spent_cost += outcome.cost or 0.0
+        result = self._result(name, revision.number, task_list, item_schema, outcome,
+                              resumed=len(requests) - len(pending))
+        if superseded is not None:
+            result.superseded = (f"revision {superseded.number} superseded "
+                                 f"({superseded.supersede_reason or 'content changed'})")
+            result.notes.append(result.superseded)
+        if result.status != "resolved" and on_exhausted == "raise":
+            raise BatchUnresolved(result)
+        return result
+
+    def _replay(self, plan: Plan, provider: Any, spender: Spender, pending: list,
+                progress: bool, name: str) -> Outcome:
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(pending), desc=name, unit="req", leave=False)
+
+        async def go() -> Outcome:
+            replayer = Replayer(plan, self.ledger, provider, spender, self.transport,
+                                self.concurrency, on_progress=bar.update if bar else None)
+            try:
+                return await replayer.run(pending)
+            finally:
+                await close_provider(provider)
+
+        try:
+            return run_sync(go)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def _result(self, name: str, revision: int, task_list: list[dict], item_schema: Any,
+                outcome: Outcome, resumed: int) -> BatchResult:
+        stored = self.ledger.checkpoint(name)
+        values = {t["task_id"]: item_schema.load(stored[t["task_id"]])
+                  for t in task_list if t["task_id"] in stored}
+        errors = [e for task_id, errs in outcome.errors.items() if task_id not in values
+                  for e in errs]
+        for t in task_list:
+            if t["task_id"] not in values and t["task_id"] not in outcome.errors:
+                errors.append({"type": "not_attempted", "task_id": t["task_id"],
+                               "message": "no call was made for this task in this run"})
+        return BatchResult(
+            name=name, status="resolved" if len(values) == len(task_list) else "unresolved",
+            values=values, errors=errors, calls=outcome.calls, tokens=outcome.tokens,
+            cost=outcome.cost, revision=revision, total_tasks=len(task_list),
+            accepted_returns=outcome.accepted_returns, rejected_returns=outcome.rejected_returns,
+            provider_errors=outcome.provider_errors, resumed=resumed,
+            attempts_by_task=dict(outcome.attempts_by_task), repairs_made=outcome.repairs_made)
+
+
+_default: Session | None = None
+
+
+def default_session() -> Session:
+    """The session the ``validator`` decorator and faces use when none is given."""
+    global _default
+    if _default is None:
+        _default = Session(provider=os.environ.get("BATCHJSON_PROVIDER") or None)
+    return _default
+
+
+def set_default_session(session: Session | None) -> None:
+    global _default
+    _default = session
+
+
+def validator(fn: Callable | None = None, *, name: str | None = None) -> Any:
+    """Register a validator once per session: ``@validator`` or ``@validator(name="x")``.
+
+    Re-running the defining cell hands back the first function object while its content is
+    unchanged, so identity-keyed code downstream sees one validator.
+    """
+    if fn is None:
+        return lambda f: default_session().validators.define(f, name)
+    return default_session().validators.define(fn, name)
