@@ -187,8 +187,9 @@ class Replayer:
         error = state.outcome.exception() if state.outcome else None
         if isinstance(error, ProviderError) and error.retry_after is not None:
             return min(max(0.0, error.retry_after), self.transport.backoff_max)
-        return wait_exponential_jitter(initial=self.transport.backoff_initial,
-                                       max=self.transport.backoff_max)(state)
+        return wait_exponential_jitter(multiplier=self.transport.backoff_initial,
+                                       max=self.transport.backoff_max,
+                                       jitter=self.transport.backoff_initial)(state)
 
     async def _call_once(self, request: Request, kind: str,
                          prompt: str) -> tuple[acceptance.Verdict, str | None]:

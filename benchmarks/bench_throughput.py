@@ -1,0 +1,235 @@
+"""How close batchjson's real HTTP path gets to the latency floor, over loopback.
+
+The server runs in a separate process (so client and server do not share one event loop) and
+answers every request after ``--latency`` seconds. With concurrency C the ideal wall time for N
+single-task calls is ceil(N / C) * latency; every phase is reported as a ratio to that:
+
+  (a) a bare aiohttp loop at concurrency C: the floor this machine can reach;
+  (a2) the OpenAIProvider alone at concurrency C (no session, no ledger), for diagnosis;
+  (b) the full batchjson path: Session(OpenAIProvider, SQLite ledger).run_batch(pack=1);
+  (c) a sequential loop over a small subset, extrapolated to N;
+  (d) the server's own requests/second, as it saw phases (a) and (b), plus a saturation run
+      against a second, zero-latency server.
+
+Run: .venv/bin/python benchmarks/bench_throughput.py [--n 2000 --concurrency 64 --latency 0.05]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from batchjson.providers.base import Call  # noqa: E402
+from batchjson.providers.openai import OpenAIProvider  # noqa: E402
+from batchjson.schema import compile_schema, wire_schema  # noqa: E402
+from batchjson.tasks import render_items_prompt  # noqa: E402
+
+TARGET = 1.15
+SCHEMA = {"type": "object", "properties": {}}
+MODEL = "gpt-4o-mini"
+
+
+@contextmanager
+def server_process(latency: float) -> Iterator[str]:
+    """Start ``python -m batchjson.testing.server`` and yield its OpenAI base URL."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    proc = subprocess.Popen([sys.executable, "-m", "batchjson.testing.server", "--port", "0",
+                             "--latency", str(latency)], stdout=subprocess.PIPE, text=True,
+                            env=env)
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        match = re.search(r"http://127\.0\.0\.1:\d+/v1", line)
+        if not match:
+            raise RuntimeError(f"loopback server did not start: {line!r}")
+        yield match.group(0)
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=10)
+
+
+def tasks_for(n: int) -> list[dict[str, Any]]:
+    return [{"task_id": f"t{i:06d}", "prompt": f"question number {i}"} for i in range(n)]
+
+
+def chat_body(task: dict[str, Any]) -> bytes:
+    prompt = render_items_prompt([task], ("task_id",), None)
+    return json.dumps({"model": MODEL, "messages": [{"role": "user", "content": prompt}]}).encode()
+
+
+async def server_stats(session: aiohttp.ClientSession, base_url: str, *, reset: bool = False
+                       ) -> dict[str, Any]:
+    root = base_url.removesuffix("/v1")
+    if reset:
+        async with session.post(f"{root}/stats/reset") as resp:
+            return await resp.json()
+    async with session.get(f"{root}/stats") as resp:
+        return await resp.json()
+
+
+async def bare_loop(base_url: str, n: int, concurrency: int) -> tuple[float, dict[str, Any]]:
+    """(a) C workers posting pre-rendered bodies and decoding the JSON: nothing else."""
+    bodies = [chat_body(t) for t in tasks_for(n)]
+    headers = {"Content-Type": "application/json", "Authorization": "Bearer sk-test"}
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        await server_stats(session, base_url, reset=True)
+        queue = iter(bodies)
+
+        async def worker() -> None:
+            for body in queue:
+                async with session.post(f"{base_url}/chat/completions", data=body,
+                                        headers=headers) as resp:
+                    json.loads(await resp.read())
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - start
+        return wall, await server_stats(session, base_url)
+
+
+def call_for(task: dict[str, Any]) -> Call:
+    return Call(tasks=(task,), prompt=render_items_prompt([task], ("task_id",), None),
+                system="", schema=wire_schema(compile_schema(SCHEMA), [task], ("task_id",)),
+                attempt=0, kind="answer", request_key=task["task_id"])
+
+
+async def provider_only(base_url: str, n: int, concurrency: int) -> float:
+    """(a2) the OpenAIProvider alone at concurrency C: what the provider adds to the floor."""
+    provider = OpenAIProvider(MODEL, base_url=base_url, api_key="sk-test")
+    calls = iter([call_for(t) for t in tasks_for(n)])
+
+    async def worker() -> None:
+        for call in calls:
+            await provider.complete(call)
+
+    try:
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return time.perf_counter() - start
+    finally:
+        await provider.aclose()
+
+
+async def sequential(base_url: str, n: int) -> float:
+    """(c) one call at a time through the real provider; returns seconds per call."""
+    provider = OpenAIProvider(MODEL, base_url=base_url, api_key="sk-test")
+    try:
+        start = time.perf_counter()
+        for task in tasks_for(n):
+            await provider.complete(call_for(task))
+        return (time.perf_counter() - start) / n
+    finally:
+        await provider.aclose()
+
+
+def session_path(base_url: str, n: int, concurrency: int) -> tuple[float, Any, dict[str, Any]]:
+    """(b) the whole thing: Session + replay loop + acceptance + SQLite ledger, pack=1."""
+    import batchjson
+
+    Session = getattr(batchjson, "Session", None)
+    if Session is None:
+        from batchjson.session import Session
+    with tempfile.TemporaryDirectory() as tmp:
+        provider = OpenAIProvider(MODEL, base_url=base_url, api_key="sk-test")
+        session = Session(provider=provider, ledger=str(Path(tmp) / "bench.sqlite"),
+                          concurrency=concurrency)
+        asyncio.run(_reset(base_url))
+        start = time.perf_counter()
+        result = session.run_batch("bench", tasks_for(n), SCHEMA, pack=1, on_exhausted="return")
+        wall = time.perf_counter() - start
+        stats = asyncio.run(_stats(base_url))
+        close = getattr(session.ledger, "close", None)
+        if callable(close):
+            close()
+    return wall, result, stats
+
+
+async def _reset(base_url: str) -> None:
+    async with aiohttp.ClientSession() as session:
+        await server_stats(session, base_url, reset=True)
+
+
+async def _stats(base_url: str) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as session:
+        return await server_stats(session, base_url)
+
+
+def line(label: str, wall: float, ideal: float, extra: str = "") -> None:
+    print(f"  {label:<44} {wall:8.3f} s   {wall / ideal:6.3f}x ideal  {extra}")
+
+
+def rate(stats: dict[str, Any]) -> str:
+    rps = stats.get("requests_per_second")
+    return f"server saw {stats['requests']} req at {rps:,.0f} req/s" if rps else ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--latency", type=float, default=0.05)
+    parser.add_argument("--sequential", type=int, default=20, help="calls in phase (c)")
+    parser.add_argument("--saturate", type=int, default=5000, help="requests in phase (d)")
+    parser.add_argument("--skip-session", action="store_true", help="skip phase (b)")
+    args = parser.parse_args(argv)
+    n, c, latency = args.n, args.concurrency, args.latency
+    ideal = math.ceil(n / c) * latency
+    print(f"N={n} concurrency={c} latency={latency}s -> ideal ceil(N/C)*latency = {ideal:.3f} s"
+          f"  (python {sys.version.split()[0]}, {os.cpu_count()} cpu)")
+    verdict = 0
+    with server_process(latency) as base_url:
+        print(f"server (separate process): {base_url}")
+        wall, stats = asyncio.run(bare_loop(base_url, n, c))
+        line("(a) bare aiohttp loop", wall, ideal, rate(stats))
+        line("(a2) OpenAIProvider.complete alone", asyncio.run(provider_only(base_url, n, c)),
+             ideal)
+        if args.skip_session:
+            print("  (b) skipped (--skip-session)")
+        else:
+            try:
+                wall_b, result, stats_b = session_path(base_url, n, c)
+            except Exception as exc:  # the Session may still be under construction
+                print(f"  (b) batchjson Session path: NOT RUN ({type(exc).__name__}: {exc})")
+                verdict = 2
+            else:
+                values = getattr(result, "values", None)
+                status = getattr(result, "status", "?")
+                calls = getattr(result, "calls", "?")
+                line("(b) batchjson Session.run_batch(pack=1)", wall_b, ideal,
+                     f"status={status} calls={calls} "
+                     f"values={len(values) if values is not None else '?'}; {rate(stats_b)}")
+                ok = wall_b / ideal <= TARGET
+                print(f"  (b) target <= {TARGET}x ideal: {'PASS' if ok else 'FAIL'} "
+                      f"({wall_b / ideal:.3f}x; bare loop {wall / ideal:.3f}x)")
+                verdict = 0 if ok else 1
+        per_call = asyncio.run(sequential(base_url, args.sequential))
+        line(f"(c) sequential, {args.sequential} calls extrapolated to N", per_call * n, ideal,
+             f"{per_call * 1000:.1f} ms/call")
+    with server_process(0.0) as fast_url:
+        wall, stats = asyncio.run(bare_loop(fast_url, args.saturate, c))
+        print(f"  (d) server capacity at latency 0: {stats['requests_per_second']:,.0f} req/s "
+              f"server-side, {args.saturate / wall:,.0f} req/s client-side "
+              f"({args.saturate} requests, concurrency {c})")
+    return verdict
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

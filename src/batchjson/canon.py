@@ -1,0 +1,192 @@
+"""Content hashing of data: a type-tagged, order-insensitive, process-stable digest."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import decimal
+import enum
+import hashlib
+import json
+import marshal
+import pathlib
+import types
+import uuid
+from collections.abc import Callable
+from itertools import chain, repeat
+from operator import itemgetter
+from typing import Any
+
+from pydantic import BaseModel
+
+from .errors import BatchJsonError
+
+__all__ = ["Unhashable", "canonical_json", "content_hash"]
+
+# marshal format 2 writes no back-references, so its bytes depend on values, never on sharing.
+_MARSHAL = 2
+_SCALARS = frozenset({str, int, float, bool, type(None), bytes})
+_BASES = (str, int, float, bytes, list, tuple, dict, set, frozenset)
+_BUILTIN_CALLABLES = (types.BuiltinFunctionType, types.MethodWrapperType,
+                      types.WrapperDescriptorType, types.MethodDescriptorType,
+                      types.ClassMethodDescriptorType)
+_VALUE_TYPES = (_dt.date, _dt.time, _dt.timedelta, decimal.Decimal, uuid.UUID, pathlib.PurePath,
+                complex, range)
+
+
+class Unhashable(BatchJsonError, TypeError):
+    """A value has no stable content encoding; fingerprints fall back to its identity."""
+
+
+def canonical_json(obj: Any) -> str:
+    """One JSON text per JSON value, so equal data always hashes (and diffs) the same."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False)
+
+
+def _dump(canon: Any) -> bytes:
+    try:
+        return marshal.dumps(canon, _MARSHAL)
+    except (ValueError, RecursionError) as exc:
+        raise Unhashable(f"cannot encode value: {exc}") from None
+
+
+def _digest(tag: str, canon: Any) -> str:
+    return hashlib.sha256(tag.encode() + b"\0" + _dump(canon)).hexdigest()
+
+
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _as_base(x: Any, base: type) -> Any:
+    """An exact-type copy of a builtin-subclass instance, read without its overrides."""
+    if base in (str, bytes, list, tuple):
+        return base.__getitem__(x, slice(None))
+    copy = {int: int.__int__, float: float.__float__, dict: dict.copy}.get(base, base)
+    return copy(x)
+
+
+class _Canon:
+    """Maps a value to a marshal-able form that is injective over values (types included) and
+    ignores dict insertion order, set iteration order and object sharing.
+
+    Every tuple in the output is a tag we made; user tuples become ("t", [...]). Homogeneous lists
+    of str-keyed records take a columnar fast path whose iteration runs in C.
+    """
+
+    def __init__(self, hook: Callable[[Any], Any] | None = None) -> None:
+        self.hook = hook
+        self.active: set[int] = set()
+
+    def value(self, x: Any) -> Any:
+        t = type(x)
+        if t in _SCALARS:
+            return x
+        if t is list:
+            return self.seq(x)
+        if t is dict:
+            return self.mapping(x)
+        if t is tuple:
+            return ("t", self.seq(x))
+        if t is set or t is frozenset:
+            return ("s" if t is set else "f", self.members(x))
+        return self.other(x)
+
+    def _enter(self, x: Any) -> int:
+        key = id(x)
+        if key in self.active:
+            raise Unhashable("cyclic structure")
+        self.active.add(key)
+        return key
+
+    def seq(self, xs: list[Any] | tuple[Any, ...]) -> Any:
+        types_ = set(map(type, xs))
+        if types_ <= _SCALARS:
+            return xs if type(xs) is list else list(xs)
+        key = self._enter(xs)
+        try:
+            if types_ == {dict}:
+                records = self.records(xs)
+                if records is not None:
+                    return records
+            return [self.value(x) for x in xs]
+        finally:
+            self.active.discard(key)
+
+    def records(self, xs: list[dict[Any, Any]] | tuple[dict[Any, Any], ...]) -> Any:
+        """Columnar form for a list of dicts sharing one set of str keys, else None."""
+        first = xs[0]
+        n = len(first)
+        if n == 0 or set(map(type, first)) != {str} or set(map(len, xs)) != {n}:
+            return None
+        keys = sorted(first)
+        try:
+            rows = list(map(itemgetter(*keys), xs))  # same size + all keys present = same keys
+        except KeyError:
+            return None
+        cells = rows if n == 1 else chain.from_iterable(rows)
+        if set(map(type, cells)) <= _SCALARS:
+            return ("R", keys, rows)
+        columns = [rows] if n == 1 else list(zip(*rows, strict=True))
+        return ("C", keys, [self.seq(column) for column in columns])
+
+    def mapping(self, d: dict[Any, Any]) -> Any:
+        if not d:
+            return ("d", [], [])
+        key = self._enter(d)
+        try:
+            if set(map(type, d)) == {str}:
+                keys = sorted(d)
+                return ("d", keys, self.seq(list(map(d.__getitem__, keys))))
+            pairs = sorted(((_dump(self.value(k)), v) for k, v in d.items()), key=itemgetter(0))
+            return ("k", [k for k, _ in pairs], self.seq([v for _, v in pairs]))
+        finally:
+            self.active.discard(key)
+
+    def members(self, s: set[Any] | frozenset[Any]) -> list[bytes]:
+        if set(map(type, s)) <= _SCALARS:
+            return sorted(map(marshal.dumps, s, repeat(_MARSHAL)))
+        return sorted(_dump(self.value(e)) for e in s)
+
+    def other(self, x: Any) -> Any:
+        name = _qualname(x if isinstance(x, type) else type(x))
+        if isinstance(x, enum.Enum):
+            return ("E", name, self.value(x.value))
+        if isinstance(x, type):
+            if self.hook is not None:  # classes are code: the fingerprint walker owns them
+                return ("H", self.hook(x))
+            if issubclass(x, BaseModel):
+                return ("S", name, self.value(_call(x.model_json_schema, name)))
+        elif isinstance(x, (BaseModel, *_BASES)) or dataclasses.is_dataclass(x):
+            key = self._enter(x)
+            try:
+                if isinstance(x, BaseModel):
+                    return ("P", name, self.value(_call(x.model_dump, name, mode="json")))
+                if dataclasses.is_dataclass(x):
+                    names = [f.name for f in dataclasses.fields(x)]
+                    return ("D", name, names, self.seq([getattr(x, n) for n in names]))
+                base = next(b for b in _BASES if isinstance(x, b))
+                return ("X", name, self.value(_as_base(x, base)))
+            finally:
+                self.active.discard(key)
+        if self.hook is not None:
+            return ("H", self.hook(x))
+        raise Unhashable(f"cannot content-hash a {name}")
+
+
+def _call(method: Callable[..., Any], name: str, **kwargs: Any) -> Any:
+    try:
+        return method(**kwargs)
+    except Exception as exc:  # pydantic raises several types for unserialisable content
+        raise Unhashable(f"cannot serialise {name}: {exc}") from None
+
+
+def content_hash(obj: Any) -> str:
+    """sha256 of a type-tagged, order-insensitive encoding: stable across processes, and
+    (1, "1", True, [1], (1,)) all differ. Raises Unhashable for values without one."""
+    try:
+        canon = _Canon().value(obj)
+    except RecursionError:
+        raise Unhashable("value is nested too deeply") from None
+    return _digest("batchjson:content:1", canon)

@@ -1,0 +1,113 @@
+"""Running a ``%%batch_json`` cell body and making its functions define-once."""
+
+from __future__ import annotations
+
+import inspect
+import keyword
+import re
+from typing import Any
+
+from IPython.core.error import UsageError
+
+from ..errors import BatchUnresolved
+from ..registry import ValidatorRegistry
+
+_MISSING = object()
+_HEADER = re.compile(r"%%batch_json(\s|$)")
+
+
+def allow_empty_body(lines: list[str]) -> list[str]:
+    """Input transformer: let an empty ``%%batch_json`` body reach the magic.
+
+    IPython refuses an empty cell-magic body with a generic message before the magic runs; one
+    blank body line lets ``%%batch_json NAME --tasks EXPR`` work and lets the magic name the fix
+    when ``--tasks`` is missing too.
+    """
+    if lines and _HEADER.match(lines[0]) and not "".join(lines[1:]).strip():
+        return [lines[0].rstrip("\n") + "\n", "\n"]
+    return lines
+
+
+def check_identifier(var: str, option: str) -> None:
+    if not var.isidentifier() or keyword.iskeyword(var):
+        raise UsageError(f"{var!r} is not a valid Python variable name for the result; "
+                         f"{option}")
+
+
+def run_body(shell: Any, cell: str) -> list[str]:
+    """Execute the body in the user namespace; return the names it (re)bound to functions.
+
+    The source goes through the shell's compiler and line cache, with one leading blank line so
+    traceback line numbers match the cell as the user sees it (line 1 is ``%%batch_json``).
+    """
+    source = "\n" + shell.transform_cell(cell)
+    filename = shell.compile.cache(source, shell.execution_count, raw_code="\n" + cell)
+    code = shell.compile(source, filename, "exec")
+    ns = shell.user_ns
+    before = dict(ns)
+    exec(code, shell.user_global_ns, ns)  # noqa: S102 - running the user's cell is the point
+    return [name for name, value in ns.items()
+            if inspect.isfunction(value) and before.get(name, _MISSING) is not value]
+
+
+def define_once(registry: ValidatorRegistry, ns: dict[str, Any], names: list[str]) -> list[str]:
+    """Pass each rebound function through ``registry.define`` under its variable name.
+
+    The variable is rebound to the canonical object, so re-running an unchanged cell leaves
+    ``id(fn)`` unchanged. Returns the registry's one-line message for each definition that
+    changed (a first definition is not a change).
+    """
+    events = []
+    for name in names:
+        before = registry.current(name)
+        canonical = registry.define(ns[name], name=name)
+        if canonical is not ns[name]:
+            ns[name] = canonical
+        after = registry.current(name)
+        if before is not None and after is not before and registry.last_event:
+            events.append(registry.last_event)
+    return events
+
+
+def evaluate(shell: Any, option: str, expr: str, *, default: bool) -> Any:
+    """An option's EXPR in the user namespace; failures become one-line UsageErrors."""
+    try:
+        return eval(expr, shell.user_global_ns, shell.user_ns)  # noqa: S307 - user's expression
+    except NameError as exc:
+        if default:
+            raise UsageError(f"{exc}: build `{expr}` in the cell body or pass {option} EXPR"
+                             ) from None
+        raise UsageError(f"{option} {expr}: {exc}") from None
+    except Exception as exc:  # any error in the user's expression, reported in one line
+        raise UsageError(f"{option} {expr} failed: {type(exc).__name__}: {exc}") from None
+
+
+def one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+class CellUnresolved(BatchUnresolved):
+    """Raised by ``%%batch_json`` when the batch is unresolved: a short report, no traceback."""
+
+    def __init__(self, result: Any, var: str) -> None:
+        super().__init__(result)
+        self.var = var
+
+    def _render_traceback_(self) -> list[str]:
+        report = self.result.failure_report().splitlines()
+        return ([f"BatchUnresolved: {report[0]}", *report[1:],
+                 f"The BatchResult is bound to {self.var!r}; see %batch_receipts "
+                 f"{self.result.name} --failed for every rejected return."])
+
+
+def interrupted_line(name: str) -> str:
+    return (f"batchjson: batch {name!r} interrupted. Receipts are kept (calls in flight are "
+            "marked cancelled) and nothing partial was committed; re-run the cell to resume.")
+
+
+class BatchInterrupted(KeyboardInterrupt):
+    """The KeyboardInterrupt re-raised by ``%%batch_json``: the kernel sees an interrupt, the
+    user sees the one line printed before it instead of a traceback through the event loop."""
+
+    def _render_traceback_(self) -> list[str]:
+        return ["KeyboardInterrupt"]

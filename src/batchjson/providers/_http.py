@@ -1,0 +1,276 @@
+"""HTTP plumbing shared by the API providers: sessions per loop, error mapping, key secrecy.
+
+Providers only transport: every failure becomes a ProviderError whose ``retryable`` and
+``retry_after`` tell the replay loop what to do; nothing here retries or validates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+from urllib.parse import urlparse
+
+import aiohttp
+
+from ..errors import BatchJsonError, ProviderError, ProviderNotConfigured
+from .base import Call
+
+_NON_RETRYABLE_QUOTA = ("insufficient_quota", "billing_hard_limit_reached")
+
+
+class ProviderSetupError(ProviderNotConfigured):
+    """A provider was chosen but cannot work as configured (no key, no model); says the fix."""
+
+    def __init__(self, message: str) -> None:
+        BatchJsonError.__init__(self, message)
+
+
+class Secret:
+    """Holds an API key so that no repr, log line or traceback can print it."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str | None) -> None:
+        self._value = value or None
+
+    def get(self) -> str | None:
+        return self._value
+
+    def __bool__(self) -> bool:
+        return self._value is not None
+
+    def __repr__(self) -> str:
+        return "Secret(<set>)" if self._value else "Secret(<unset>)"
+
+    __str__ = __repr__
+
+
+_KEYLIKE = re.compile(r"\b(sk|sess)-[A-Za-z0-9_*\-]{6,}")
+
+
+def redact(text: str, secret: Secret | None = None) -> str:
+    """Remove the key and anything key-shaped (providers echo masked keys in 401 bodies)."""
+    value = secret.get() if secret is not None else None
+    if value:
+        text = text.replace(value, "<redacted>")
+    return _KEYLIKE.sub("<redacted>", text)
+
+
+def parse_retry_after(headers: Mapping[str, str]) -> float | None:
+    """Seconds to wait, from ``retry-after-ms``, ``Retry-After`` seconds, or an HTTP-date."""
+    millis = headers.get("retry-after-ms")
+    if millis:
+        try:
+            return max(0.0, float(millis) / 1000.0)
+        except ValueError:
+            pass
+    value = headers.get("Retry-After")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def is_retryable_status(status: int) -> bool:
+    """Timeouts, conflicts, rate limits and server trouble can pass; request errors cannot."""
+    return status in (408, 409, 425, 429) or status >= 500
+
+
+def error_message(raw: bytes) -> tuple[str, str | None]:
+    """The provider's own message and error code/type from an error body, if it has them."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        text = raw[:300].decode("utf-8", "replace").strip()
+        return (text or "<empty body>"), None
+    if isinstance(data, Mapping):
+        err = data.get("error", data)
+        if isinstance(err, Mapping):
+            msg = err.get("message") or err.get("detail") or data.get("message")
+            code = err.get("code") or err.get("type")
+            if msg:
+                return str(msg)[:500], (str(code) if code else None)
+        elif isinstance(err, str):
+            return err[:500], None
+        if data.get("detail"):
+            return str(data["detail"])[:500], None
+    return json.dumps(data)[:300], None
+
+
+_STATUS_HINTS = {
+    401: "the API key was rejected; check {key_env}",
+    403: "the key may not use this model or endpoint",
+    404: "check the model name and the base URL",
+    413: "the request is too large; pack fewer tasks per call",
+}
+
+
+def http_error(provider: str, status: int, headers: Mapping[str, str], raw: bytes,
+               secret: Secret, key_env: str) -> ProviderError:
+    """Map an HTTP error response to a ProviderError, keeping the provider's own words."""
+    message, code = error_message(raw)
+    retryable = is_retryable_status(status)
+    if status == 429 and code in _NON_RETRYABLE_QUOTA:
+        retryable = False  # out of credit: waiting will not help
+    hint = _STATUS_HINTS.get(status, "")
+    text = f"{provider} HTTP {status}: {message}"
+    if code:
+        text += f" [{code}]"
+    if hint:
+        text += f" ({hint.format(key_env=key_env)})"
+    return ProviderError(redact(text, secret), status=status, retryable=retryable,
+                         retry_after=parse_retry_after(headers))
+
+
+async def post_json(session: aiohttp.ClientSession, url: str, body: bytes,
+                    headers: Callable[[], Mapping[str, str]], *, provider: str, timeout: float,
+                    secret: Secret, key_env: str) -> dict[str, Any]:
+    """POST a JSON body and return the decoded object; every failure is a ProviderError.
+
+    ``headers`` is a factory so the key never sits in a local of this frame, and errors are
+    raised outside the ``except`` blocks so no aiohttp exception (whose request_info holds the
+    headers, key included) rides along as ``__context__``.
+    """
+    failure: ProviderError | None = None
+    try:
+        async with session.post(url, data=body, headers=headers()) as resp:
+            status = resp.status
+            raw = await resp.read()
+            resp_headers = resp.headers
+    except TimeoutError:
+        failure = ProviderError(f"{provider}: no complete answer within the {timeout:g}s "
+                                "client timeout", retryable=True)
+    except aiohttp.ClientPayloadError as exc:
+        failure = ProviderError(f"{provider}: response body was cut off "
+                                f"({redact(str(exc), secret)})", retryable=True)
+    except aiohttp.ClientResponseError as exc:
+        failure = ProviderError(f"{provider}: bad HTTP response ({exc.status}: "
+                                f"{redact(str(exc.message), secret)})",
+                                status=exc.status or None, retryable=True)
+    except (aiohttp.ClientError, OSError) as exc:
+        failure = ProviderError(f"{provider}: connection failed ({type(exc).__name__}: "
+                                f"{redact(str(exc), secret)})", retryable=True)
+    if failure is not None:
+        raise failure
+    if status >= 400:
+        raise http_error(provider, status, resp_headers, raw, secret, key_env)
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        data = None
+    if not isinstance(data, dict):
+        snippet = redact(raw[:120].decode("utf-8", "replace"), secret)
+        raise ProviderError(f"{provider}: HTTP {status} body is not a JSON object ({len(raw)} "
+                            f"bytes, starts {snippet!r}); likely truncated", status=status,
+                            retryable=True)
+    return data
+
+
+class LoopSessions:
+    """One aiohttp.ClientSession per event loop: batches may run in a worker thread's loop."""
+
+    def __init__(self, factory: Callable[[], aiohttp.ClientSession]) -> None:
+        self._factory = factory
+        self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
+        self._lock = threading.Lock()
+
+    def get(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        session = self._sessions.get(loop)
+        if session is not None and not session.closed:
+            return session
+        with self._lock:
+            for old_loop in [lp for lp in self._sessions if lp.is_closed()]:
+                _discard(self._sessions.pop(old_loop))
+            session = self._factory()
+            self._sessions[loop] = session
+        return session
+
+    async def aclose(self) -> None:
+        """Close this loop's session; also release sessions whose loops are gone or elsewhere."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            mine = self._sessions.pop(loop, None)
+            for other in list(self._sessions):
+                if other.is_closed():
+                    _discard(self._sessions.pop(other))
+                elif other.is_running():
+                    asyncio.run_coroutine_threadsafe(self._sessions.pop(other).close(), other)
+        if mine is not None:
+            await mine.close()
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+
+def _discard(session: aiohttp.ClientSession) -> None:
+    """Drop a session whose loop is closed: nothing can be awaited there any more."""
+    connector = session.connector
+    if connector is not None:
+        try:
+            connector._close()  # on a closed loop this only marks it closed
+        except Exception:  # noqa: BLE001 - best effort on a dead loop
+            pass
+    session.detach()
+
+
+def make_session_factory(timeout: float, max_connections: int
+                         ) -> Callable[[], aiohttp.ClientSession]:
+    def factory() -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0,
+                                         ttl_dns_cache=300)
+        return aiohttp.ClientSession(connector=connector,
+                                     timeout=aiohttp.ClientTimeout(total=timeout))
+    return factory
+
+
+ITEMS_NAME = "batchjson_items"  # schema / tool name for items mode
+WRAPPED_VALUE = "batchjson_value"  # value mode, scalar wrapped as {"value": ...}
+OBJECT_VALUE = "batchjson_answer"  # value mode whose schema is already an object
+
+
+def object_schema(call: Call) -> tuple[dict[str, Any], str, bool]:
+    """The call's schema with an object root, its schema/tool name, and whether it was wrapped.
+
+    Tool inputs and OpenAI's json_schema both need an object root, so a value-mode scalar schema
+    travels as {"value": schema}; the name tells the two value cases apart on the wire.
+    """
+    schema = dict(call.schema)
+    if call.mode != "value":
+        return schema, ITEMS_NAME, False
+    if schema.get("type") == "object":
+        return schema, OBJECT_VALUE, False
+    defs = schema.pop("$defs", None)
+    wrapped: dict[str, Any] = {"type": "object", "properties": {"value": schema},
+                               "required": ["value"], "additionalProperties": False}
+    if defs:
+        wrapped["$defs"] = defs
+    return wrapped, WRAPPED_VALUE, True
+
+
+def unwrap_value(value: Any, wrapped: bool) -> Any:
+    if wrapped and isinstance(value, dict) and "value" in value:
+        return value["value"]
+    return value
+
+
+def as_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def is_official(base_url: str, domain: str) -> bool:
+    host = (urlparse(base_url).hostname or "").lower()
+    return host == domain or host.endswith("." + domain)

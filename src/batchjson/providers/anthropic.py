@@ -1,0 +1,143 @@
+"""Anthropic Messages API over aiohttp: a forced tool carries the wire schema, or plain text.
+
+Like every provider it only transports: no validation, no retries; failures are ProviderErrors
+(529 "overloaded" is retryable) and the API key never reaches a message or repr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import InvalidBatch, ProviderError
+from ._http import (
+    LoopSessions,
+    ProviderSetupError,
+    Secret,
+    as_int,
+    is_official,
+    make_session_factory,
+    object_schema,
+    post_json,
+    unwrap_value,
+)
+from .base import Call, Reply
+from .pricing import cost_of, normalize_prices
+
+DEFAULT_ANTHROPIC_BASE_URL = "https://api.anthropic.com"
+ANTHROPIC_VERSION = "2023-06-01"
+MODES = ("tool", "text")
+
+
+class AnthropicProvider:
+    """Claude via the Messages API; ``mode="tool"`` forces a tool whose input is the answer."""
+
+    name = "anthropic"
+    key_env = "ANTHROPIC_API_KEY"
+
+    def __init__(self, model: str | None = None, *, base_url: str | None = None,
+                 api_key: str | None = None, mode: str = "tool", max_tokens: int = 4096,
+                 timeout: float = 60.0, prices: Mapping[str, Any] | None = None,
+                 max_connections: int = 0, extra_body: Mapping[str, Any] | None = None) -> None:
+        self.model = model or os.environ.get("BATCHJSON_MODEL") or None
+        if not self.model:
+            raise ProviderSetupError("AnthropicProvider needs a model name: pass "
+                                     "model='claude-haiku-4-5' or set BATCHJSON_MODEL.")
+        base = (base_url or os.environ.get("ANTHROPIC_BASE_URL")
+                or DEFAULT_ANTHROPIC_BASE_URL).rstrip("/")
+        self.base_url = base[:-3] if base.endswith("/v1") else base
+        self._key = Secret(api_key if api_key is not None else os.environ.get(self.key_env))
+        if not self._key and is_official(self.base_url, "anthropic.com"):
+            raise ProviderSetupError(
+                f"AnthropicProvider has no API key for {self.base_url}: set {self.key_env} in "
+                "the environment or pass api_key=...")
+        if mode not in MODES:
+            raise InvalidBatch(f"mode must be 'tool' or 'text', got {mode!r}")
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise InvalidBatch(f"max_tokens must be a positive int, got {max_tokens!r}")
+        if timeout <= 0:
+            raise InvalidBatch(f"timeout must be positive seconds, got {timeout!r}")
+        self.mode = mode
+        self.max_tokens = max_tokens
+        self.timeout = float(timeout)
+        self.prices = normalize_prices(prices)
+        self.extra_body = dict(extra_body or {})
+        self.url = f"{self.base_url}/v1/messages"
+        self._sessions = LoopSessions(make_session_factory(self.timeout, max_connections))
+
+    def __repr__(self) -> str:
+        return (f"AnthropicProvider(model={self.model!r}, base_url={self.base_url!r}, "
+                f"mode={self.mode!r}, api_key={'<set>' if self._key else '<unset>'})")
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json", "anthropic-version": ANTHROPIC_VERSION}
+        key = self._key.get()
+        if key:
+            headers["x-api-key"] = key
+        return headers
+
+    def request_body(self, call: Call) -> tuple[dict[str, Any], str | None, bool]:
+        """The JSON body, the forced tool's name (tool mode) and whether a scalar was wrapped."""
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": self.max_tokens,
+            "messages": [{"role": "user", "content": call.prompt}],
+            **self.extra_body,
+        }
+        if call.system:
+            body["system"] = call.system
+        if self.mode != "tool":
+            return body, None, False
+        schema, tool, wrapped = object_schema(call)
+        what = ("the answer value" if call.mode == "value"
+                else "the answers, one object per task in items")
+        body["tools"] = [{"name": tool, "description": f"Record {what}.",
+                          "input_schema": schema}]
+        body["tool_choice"] = {"type": "tool", "name": tool}
+        return body, tool, wrapped
+
+    async def complete(self, call: Call) -> Reply:
+        body, tool, wrapped = self.request_body(call)
+        data = await post_json(self._sessions.get(), self.url,
+                               json.dumps(body, ensure_ascii=False).encode(), self._headers,
+                               provider="anthropic", timeout=self.timeout, secret=self._key,
+                               key_env=self.key_env)
+        content = data.get("content")
+        if not isinstance(content, list):
+            raise ProviderError("anthropic: response has no content list", status=200,
+                                retryable=True)
+        text = _tool_text(content, tool, wrapped) if tool else None
+        if text is None:  # text mode, or the model stopped before calling the tool
+            text = "".join(b.get("text", "") for b in content
+                           if isinstance(b, dict) and b.get("type") == "text")
+        usage = data.get("usage") or {}
+        fresh = as_int(usage.get("input_tokens"))
+        read = as_int(usage.get("cache_read_input_tokens")) or 0
+        written = as_int(usage.get("cache_creation_input_tokens")) or 0
+        inp = None if fresh is None else fresh + read + written
+        out = as_int(usage.get("output_tokens"))
+        model = data.get("model") or self.model
+        cost = cost_of(model, inp, out, read, self.prices, cache_write_tokens=written)
+        if cost is None and model != self.model:
+            cost = cost_of(self.model, inp, out, read, self.prices, cache_write_tokens=written)
+        extra = {"stop_reason": data.get("stop_reason"), "id": data.get("id")}
+        if written:
+            extra["cache_creation_input_tokens"] = written
+        return Reply(text=text, input_tokens=inp, output_tokens=out,
+                     cached_tokens=read if "cache_read_input_tokens" in usage else None,
+                     cost=cost, model=model, extra=extra)
+
+    async def aclose(self) -> None:
+        """Close the pooled connections of the running loop (and of loops already closed)."""
+        await self._sessions.aclose()
+
+
+def _tool_text(content: list[Any], tool: str, wrapped: bool) -> str | None:
+    """JSON text of the forced tool's input; ``None`` if the model made no such call."""
+    calls = [b for b in content if isinstance(b, dict) and b.get("type") == "tool_use"]
+    chosen = next((b for b in calls if b.get("name") == tool), calls[0] if calls else None)
+    if chosen is None:
+        return None
+    return json.dumps(unwrap_value(chosen.get("input"), wrapped), ensure_ascii=False)

@@ -1,0 +1,180 @@
+"""OpenAI-compatible chat completions over aiohttp (OpenAI, vLLM, Ollama, llama.cpp server).
+
+The provider only transports: it never validates and never retries. Every failure becomes a
+:class:`~batchjson.errors.ProviderError` whose ``retryable``/``retry_after`` tell the replay loop
+what to do, so each attempt gets its own receipt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import InvalidBatch, ProviderError
+from ._http import (
+    LoopSessions,
+    ProviderSetupError,
+    Secret,
+    as_int,
+    http_error,
+    is_official,
+    make_session_factory,
+    object_schema,
+    parse_retry_after,
+    post_json,
+    redact,
+    unwrap_value,
+)
+from .base import Call, Reply
+from .pricing import cost_of, normalize_prices
+
+__all__ = ["DEFAULT_OPENAI_BASE_URL", "OpenAIProvider", "ProviderSetupError", "http_error",
+           "parse_retry_after", "strict_schema"]
+
+DEFAULT_OPENAI_BASE_URL = "https://api.openai.com/v1"
+RESPONSE_FORMATS = ("json_schema", "json_object", "text")
+
+
+def strict_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """Make object nodes strict-mode legal: additionalProperties false, every property required.
+
+    A stricter schema accepts a subset of what the original accepts, so answers still pass
+    the caller's own validation. Returns a copy; the call's schema is left untouched.
+    """
+    return _strict(schema, True)
+
+
+_SCHEMA_LISTS = frozenset(("anyOf", "oneOf", "allOf", "prefixItems"))
+_SCHEMA_MAPS = frozenset(("properties", "$defs", "definitions"))
+_SCHEMA_ONE = frozenset(("items", "not", "additionalProperties"))
+
+
+def _strict(node: Any, is_schema: bool) -> Any:
+    """Copy a schema, tightening object nodes; faster than deepcopy plus a second walk."""
+    if isinstance(node, list):
+        return [_strict(item, is_schema) for item in node]
+    if not isinstance(node, Mapping):
+        return node
+    if not is_schema:  # enum/const/default payloads: copied verbatim
+        return {key: _strict(value, False) for key, value in node.items()}
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _SCHEMA_MAPS and isinstance(value, Mapping):
+            out[key] = {name: _strict(sub, True) for name, sub in value.items()}
+        elif key in _SCHEMA_LISTS or key in _SCHEMA_ONE:
+            out[key] = _strict(value, True)
+        else:
+            out[key] = _strict(value, False)
+    props = out.get("properties")
+    if isinstance(props, dict):
+        out.setdefault("additionalProperties", False)
+        required = list(out.get("required") or [])
+        out["required"] = required + [name for name in props if name not in required]
+    return out
+
+
+class OpenAIProvider:
+    """Chat completions against OpenAI or any compatible server; a custom base_url may be keyless.
+
+    ``response_format``: ``"json_schema"`` sends the call's wire schema with ``strict: true``,
+    ``"json_object"`` asks for any JSON object, ``"text"`` sends no format at all.
+    """
+
+    name = "openai"
+    key_env = "OPENAI_API_KEY"
+
+    def __init__(self, model: str | None = None, *, base_url: str | None = None,
+                 api_key: str | None = None, response_format: str = "json_schema",
+                 timeout: float = 60.0, prices: Mapping[str, Any] | None = None,
+                 max_connections: int = 0, extra_body: Mapping[str, Any] | None = None) -> None:
+        self.model = model or os.environ.get("BATCHJSON_MODEL") or None
+        if not self.model:
+            raise ProviderSetupError("OpenAIProvider needs a model name: pass model='gpt-4o-mini' "
+                                     "(or your server's model id) or set BATCHJSON_MODEL.")
+        self.base_url = (base_url or os.environ.get("OPENAI_BASE_URL")
+                         or DEFAULT_OPENAI_BASE_URL).rstrip("/")
+        self._key = Secret(api_key if api_key is not None else os.environ.get(self.key_env))
+        if not self._key and is_official(self.base_url, "openai.com"):
+            raise ProviderSetupError(
+                f"OpenAIProvider has no API key for {self.base_url}: set {self.key_env} in the "
+                "environment or pass api_key=...; a local OpenAI-compatible server (vLLM, "
+                "Ollama, llama.cpp) can run keyless via base_url=...")
+        if response_format not in RESPONSE_FORMATS:
+            raise InvalidBatch(f"response_format must be one of {', '.join(RESPONSE_FORMATS)}; "
+                               f"got {response_format!r}")
+        if timeout <= 0:
+            raise InvalidBatch(f"timeout must be positive seconds, got {timeout!r}")
+        self.response_format = response_format
+        self.timeout = float(timeout)
+        self.prices = normalize_prices(prices)
+        self.extra_body = dict(extra_body or {})
+        self.url = f"{self.base_url}/chat/completions"
+        self._sessions = LoopSessions(make_session_factory(self.timeout, max_connections))
+
+    def __repr__(self) -> str:
+        return (f"OpenAIProvider(model={self.model!r}, base_url={self.base_url!r}, "
+                f"response_format={self.response_format!r}, "
+                f"api_key={'<set>' if self._key else '<unset>'})")
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        key = self._key.get()
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        return headers
+
+    def request_body(self, call: Call) -> tuple[dict[str, Any], bool]:
+        """The JSON body for a call, and whether a value-mode scalar was wrapped."""
+        messages = []
+        if call.system:
+            messages.append({"role": "system", "content": call.system})
+        messages.append({"role": "user", "content": call.prompt})
+        body: dict[str, Any] = {"model": self.model, "messages": messages, **self.extra_body}
+        wrapped = False
+        if self.response_format == "json_schema":
+            schema, name, wrapped = object_schema(call)
+            body["response_format"] = {"type": "json_schema", "json_schema": {
+                "name": name, "schema": strict_schema(schema), "strict": True}}
+        elif self.response_format == "json_object":
+            body["response_format"] = {"type": "json_object"}
+        return body, wrapped
+
+    async def complete(self, call: Call) -> Reply:
+        body, wrapped = self.request_body(call)
+        data = await post_json(self._sessions.get(), self.url,
+                               json.dumps(body, ensure_ascii=False).encode(), self._headers,
+                               provider="openai", timeout=self.timeout, secret=self._key,
+                               key_env=self.key_env)
+        choices = data.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            detail = redact(json.dumps(data)[:200], self._key)
+            raise ProviderError(f"openai: response has no choices: {detail}", status=200,
+                                retryable=True)
+        message = choices[0].get("message") or {}
+        content = message.get("content")
+        refusal = message.get("refusal")
+        text = content if isinstance(content, str) else (refusal or "")
+        if wrapped and text:
+            try:
+                text = json.dumps(unwrap_value(json.loads(text), True), ensure_ascii=False)
+            except ValueError:
+                pass  # not JSON: hand the raw text on for the validator to reject
+        usage = data.get("usage") or {}
+        inp = as_int(usage.get("prompt_tokens"))
+        out = as_int(usage.get("completion_tokens"))
+        cached = as_int((usage.get("prompt_tokens_details") or {}).get("cached_tokens"))
+        model = data.get("model") or self.model
+        cost = cost_of(model, inp, out, cached or 0, self.prices)
+        if cost is None and model != self.model:
+            cost = cost_of(self.model, inp, out, cached or 0, self.prices)
+        extra = {"finish_reason": choices[0].get("finish_reason"), "id": data.get("id")}
+        if refusal:
+            extra["refusal"] = refusal
+        return Reply(text=text, input_tokens=inp, output_tokens=out, cached_tokens=cached,
+                     cost=cost, model=model, extra=extra)
+
+    async def aclose(self) -> None:
+        """Close the pooled connections of the running loop (and of loops already closed)."""
+        await self._sessions.aclose()

@@ -1,0 +1,47 @@
+"""Turn a provider spec (name, object or None) into a provider; never pick one silently."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..errors import ProviderNotConfigured
+
+PROVIDER_NAMES = ("openai", "anthropic", "simulated")
+
+
+def make_provider(spec: Any, *, model: str | None = None) -> Any:
+    """Resolve ``spec``: "openai" | "anthropic" | "simulated" | an object with async complete.
+
+    ``None`` falls back to the BATCHJSON_PROVIDER environment variable and, failing that, raises
+    ProviderNotConfigured: the offline model is never chosen for the user.
+    """
+    if spec is None:
+        spec = os.environ.get("BATCHJSON_PROVIDER", "").strip() or None
+        if spec is None:
+            raise ProviderNotConfigured()
+    if isinstance(spec, str):
+        name = spec.strip().lower()
+        if name == "openai":
+            from .openai import OpenAIProvider
+
+            return OpenAIProvider(model)
+        if name == "anthropic":
+            from .anthropic import AnthropicProvider
+
+            return AnthropicProvider(model)
+        if name == "simulated":
+            from .simulated import SimulatedModel
+
+            return SimulatedModel(model=model) if model else SimulatedModel()
+        raise ProviderNotConfigured(f"Unknown provider {spec!r} (known: "
+                                    f"{', '.join(PROVIDER_NAMES)}).")
+    if callable(getattr(spec, "complete", None)):
+        return spec
+    if callable(spec):
+        raise TypeError(f"{spec!r} is a callable, not a provider: wrap it as "
+                        "batchjson.providers.CallableProvider(fn) or give it an async "
+                        "complete(call) -> Reply method")
+    raise TypeError(f"provider must be 'openai', 'anthropic', 'simulated' or an object with an "
+                    f"async complete(call) -> Reply method; got {type(spec).__name__}. Add "
+                    "complete() to it or wrap a function with CallableProvider(fn)")

@@ -1,0 +1,171 @@
+"""Define-once validator registry keyed by content, not by object identity.
+
+Re-running a cell that defines a validator creates a new function object. Identity-keyed
+evidence would then be orphaned; the registry instead hands back the *first* object registered
+with the same content fingerprint, so downstream identity checks see one validator.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from .errors import ValidatorChanged
+from .fingerprint import Fingerprint, describe_changes, fingerprint_function
+
+__all__ = ["ValidatorRegistry", "ValidatorVersion"]
+
+
+@dataclass
+class ValidatorVersion:
+    """One distinct content of a named validator; ``fn`` is the object handed back on reuse."""
+
+    name: str
+    version: int
+    fingerprint: Fingerprint
+    fn: Callable[..., Any]
+    defined_at: str
+    where: str
+
+
+def _unwrap(fn: Any) -> Any:
+    for _ in range(16):
+        if isinstance(fn, functools.partial):
+            fn = fn.func
+        elif isinstance(fn, types.MethodType):
+            fn = fn.__func__
+        else:
+            break
+    return fn
+
+
+def _default_name(fn: Any) -> str:
+    """A readable key: the qualname, ``partial(inner)`` for partials, the class for instances."""
+    if isinstance(fn, functools.partial):
+        return f"partial({_default_name(fn.func)})"
+    name = getattr(fn, "__qualname__", None)
+    return name if isinstance(name, str) and name else type(fn).__qualname__
+
+
+def _where(fn: Any) -> str:
+    """Best-effort "file:line" of the definition, for messages and the ledger."""
+    target = _unwrap(fn)
+    code = getattr(target, "__code__", None)
+    if code is None and callable(target):
+        code = getattr(type(target).__call__, "__code__", None)
+    if not isinstance(code, types.CodeType):
+        return "<unknown>"
+    filename = code.co_filename
+    if not filename.startswith("<"):
+        filename = os.path.basename(filename)
+    return f"{filename}:{code.co_firstlineno}"
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class ValidatorRegistry:
+    """Named validators, each a list of content versions; ``define`` is idempotent by content.
+
+    In a strict registry a *new* content for a name is refused while requests recorded under the
+    current version are unresolved (``unresolved_under(digest) > 0``), so open evidence cannot be
+    silently answered by different logic.
+    """
+
+    def __init__(
+        self,
+        *,
+        strict: bool = False,
+        unresolved_under: Callable[[str], int] | None = None,
+    ) -> None:
+        self.strict = strict
+        self.unresolved_under = unresolved_under
+        self.last_event: str | None = None
+        self._lock = threading.RLock()
+        self._versions: dict[str, list[ValidatorVersion]] = {}
+        self._current: dict[str, ValidatorVersion] = {}
+
+    def define(self, fn: Callable[..., Any], name: str | None = None) -> Callable[..., Any]:
+        """Register ``fn`` and return the canonical object for its content.
+
+        If a version of ``name`` with the same fingerprint exists, that version's original object
+        is returned (same ``id()``), however many times the defining cell is re-run.
+        """
+        return self.version_of(fn, name).fn
+
+    def version_of(self, fn: Callable[..., Any], name: str | None = None) -> ValidatorVersion:
+        """Like ``define``, but return the version record (number, fingerprint, where)."""
+        if not callable(fn):
+            raise TypeError(f"a validator must be callable, got {type(fn).__qualname__}")
+        if name is None:
+            name = _default_name(fn)
+        if not isinstance(name, str) or not name:
+            raise TypeError("a validator name must be a non-empty string")
+        fingerprint = fingerprint_function(fn)  # outside the lock: pure, possibly slow
+        with self._lock:
+            history = self._versions.get(name, [])
+            current = self._current.get(name)
+            match = next((v for v in history if v.fingerprint.digest == fingerprint.digest), None)
+            if match is not None:  # a match implies a current version exists
+                self.last_event = (
+                    f"validator {name!r} unchanged: reusing version {match.version}"
+                    if current is match else
+                    f"validator {name!r} matches version {match.version}: reusing it "
+                    f"(was version {current.version if current else '?'})")
+                self._current[name] = match
+                return match
+            changes = describe_changes(current.fingerprint, fingerprint) if current else []
+            if current is not None and self.strict and self.unresolved_under is not None:
+                unresolved = int(self.unresolved_under(current.fingerprint.digest))
+                if unresolved > 0:
+                    self.last_event = (
+                        f"validator {name!r} changed ({', '.join(changes)}): refused, "
+                        f"{unresolved} unresolved request(s) under version {current.version}")
+                    raise ValidatorChanged(name, current.fingerprint.digest, fingerprint.digest,
+                                           changes, unresolved)
+            record = ValidatorVersion(name, len(history) + 1, fingerprint, fn, _now(), _where(fn))
+            self._versions.setdefault(name, []).append(record)
+            self._current[name] = record
+            if current is None:
+                event = f"validator {name!r} registered (version 1, {fingerprint.short})"
+            else:
+                event = (f"validator {name!r} changed ({', '.join(changes)}): now version "
+                         f"{record.version}")
+            if fingerprint.by_identity:
+                event += f"; compared by identity: {', '.join(fingerprint.by_identity)}"
+            self.last_event = event
+            return record
+
+    def current(self, name: str) -> ValidatorVersion | None:
+        """The version most recently defined (or re-selected) under ``name``."""
+        with self._lock:
+            return self._current.get(name)
+
+    def versions(self, name: str) -> list[ValidatorVersion]:
+        """Every version of ``name``, oldest first."""
+        with self._lock:
+            return list(self._versions.get(name, ()))
+
+    def __iter__(self) -> Iterator[ValidatorVersion]:
+        with self._lock:
+            return iter(list(self._current.values()))
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._current)
+
+    def __contains__(self, name: object) -> bool:
+        with self._lock:
+            return name in self._current
+
+    def __repr__(self) -> str:
+        with self._lock:
+            names = ", ".join(f"{v.name} v{v.version}" for v in self._current.values())
+        return f"ValidatorRegistry(strict={self.strict}, [{names}])"

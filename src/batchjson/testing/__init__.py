@@ -1,0 +1,16 @@
+"""Test helpers: a real loopback HTTP server that speaks OpenAI and Anthropic, offline."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["HTTP_FAULTS", "HttpFaults", "LoopbackServer", "main"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, so ``python -m batchjson.testing.server`` does not import the module twice.
+    if name in __all__:
+        from . import server
+
+        return getattr(server, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

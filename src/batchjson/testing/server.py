@@ -1,0 +1,386 @@
+"""A real HTTP server on loopback that speaks OpenAI and Anthropic, backed by SimulatedModel.
+
+Tests and benchmarks exercise the real providers (sockets, status codes, Retry-After, cut bodies,
+client timeouts) without reaching the internet. Use it as ``with LoopbackServer() as srv:``
+(background thread), ``async with LoopbackServer() as srv:`` (current loop), or from a shell:
+``python -m batchjson.testing.server --port 8765 --latency 0.05``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from aiohttp import web
+
+from ..providers._http import WRAPPED_VALUE
+from ..providers.base import Call
+from ..providers.simulated import SimulatedModel
+from ..tasks import TASKS_BEGIN, TASKS_END, sha
+from ._wire import (
+    HTTP_FAULTS,
+    JSON_HEADERS,
+    STATUS_TEXT,
+    HttpFaults,
+    content_text,
+    error_response,
+    identity_fields,
+    read_body,
+    unauthorized,
+)
+
+__all__ = ["HTTP_FAULTS", "HttpFaults", "LoopbackServer", "main"]
+
+
+class LoopbackServer:
+    """OpenAI chat completions and Anthropic Messages on 127.0.0.1, answered by a SimulatedModel.
+
+    ``requests`` counts API requests, ``responses`` counts them by status, ``injected`` by HTTP
+    fault, and ``last_body`` keeps the last request body for assertions. With ``api_key=`` set,
+    a missing or wrong key gets a 401 shaped like the real provider's. Counters are updated on
+    the server's own loop; read them after the requests you care about have returned.
+    """
+
+    def __init__(self, model: SimulatedModel | None = None, *, latency: float = 0.0,
+                 faults: HttpFaults | None = None, host: str = "127.0.0.1", port: int = 0,
+                 api_key: str | None = None) -> None:
+        self.model = model or SimulatedModel()
+        self.latency = float(latency)
+        self.faults = faults
+        self.host = host
+        self.port = port
+        self.expected_key = api_key
+        self.requests = 0
+        self.responses: Counter[int] = Counter()
+        self.injected: Counter[str] = Counter()
+        self.last_body: dict[str, Any] | None = None
+        self.first_at: float | None = None
+        self.last_at: float | None = None
+        self._seen: dict[str, int] = {}
+        self._runner: web.AppRunner | None = None
+        self._closing: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def base_url(self) -> str:
+        """OpenAI-style base URL (ends in /v1), for OpenAIProvider(base_url=...)."""
+        return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def anthropic_base_url(self) -> str:
+        """Anthropic-style base URL (no /v1), for AnthropicProvider(base_url=...)."""
+        return f"http://{self.host}:{self.port}"
+
+    def stats(self) -> dict[str, Any]:
+        span = (self.last_at - self.first_at) if self.first_at and self.last_at else 0.0
+        return {"requests": self.requests, "responses": {str(k): v for k, v in
+                                                         sorted(self.responses.items())},
+                "injected": dict(self.injected), "span_seconds": span,
+                "requests_per_second": (self.requests - 1) / span if span > 0 else None}
+
+    def reset_stats(self) -> None:
+        self.requests = 0
+        self.responses.clear()
+        self.injected.clear()
+        self.first_at = self.last_at = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        for path in ("/v1/chat/completions", "/chat/completions"):
+            app.router.add_post(path, self._counted(self._openai))
+        for path in ("/v1/messages", "/messages"):
+            app.router.add_post(path, self._counted(self._anthropic))
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/stats", self._stats)
+        app.router.add_post("/stats/reset", self._reset)
+        return app
+
+    async def start(self) -> LoopbackServer:
+        self._closing = asyncio.Event()
+        self._runner = web.AppRunner(self.app(), access_log=None, handler_cancellation=True,
+                                     shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, backlog=1024)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+        return self
+
+    async def stop(self) -> None:
+        if self._closing is not None:
+            self._closing.set()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> LoopbackServer:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def __enter__(self) -> LoopbackServer:
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve_in_thread, args=(ready,),
+                                        name="batchjson-loopback", daemon=True)
+        self._thread.start()
+        if not ready.wait(30) or self._error is not None:
+            raise RuntimeError(f"loopback server failed to start: {self._error or 'timed out'}")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._loop is not None and self._stop is not None:
+            with contextlib.suppress(RuntimeError):  # loop already gone
+                self._loop.call_soon_threadsafe(self._stop.set)
+        if self._thread is not None:
+            self._thread.join(30)
+
+    def _serve_in_thread(self, ready: threading.Event) -> None:
+        async def run() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            try:
+                await self.start()
+            except BaseException as exc:  # reported to the starting thread
+                self._error = exc
+                ready.set()
+                return
+            ready.set()
+            await self._stop.wait()
+            await self.stop()
+
+        asyncio.run(run())
+
+    # -- request handling -------------------------------------------------------------------
+
+    def _counted(self, handler: Callable[[web.Request, str | None], Awaitable[web.StreamResponse]]
+                 ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        async def wrapper(request: web.Request) -> web.StreamResponse:
+            self.requests += 1
+            now = time.perf_counter()
+            if self.first_at is None:
+                self.first_at = now
+            self.last_at = now
+            fault = self.faults.draw(self.requests) if self.faults else None
+            if fault:
+                self.injected[fault] += 1
+            response = await handler(request, fault)
+            self.responses[response.status] += 1
+            return response
+        return wrapper
+
+    async def _openai(self, request: web.Request, fault: str | None) -> web.StreamResponse:
+        auth = request.headers.get("Authorization", "")
+        key = auth[7:] if auth.startswith("Bearer ") else None
+        early = await self._early(request, fault, key, "openai")
+        if early is not None:
+            return early
+        data = self.last_body = await read_body(request)
+        if data is None:
+            return error_response("openai", 400, "request body is not a JSON object")
+        system = "\n".join(content_text(m.get("content")) for m in data.get("messages", [])
+                           if m.get("role") in ("system", "developer"))
+        user = next((content_text(m.get("content")) for m in reversed(data.get("messages", []))
+                     if m.get("role") == "user"), "")
+        fmt = data.get("response_format") or {}
+        spec = (fmt.get("json_schema") or {}) if fmt.get("type") == "json_schema" else {}
+        schema = spec.get("schema") or {}
+        outcome = await self._answer("openai", system, user, schema,
+                                     spec.get("name") == WRAPPED_VALUE)
+        if isinstance(outcome, web.Response):
+            return outcome
+        text, reply = outcome
+        payload = {
+            "id": f"chatcmpl-loopback-{self.requests}", "object": "chat.completion",
+            "created": int(time.time()), "model": data.get("model", self.model.model),
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": text}}],
+            "usage": {"prompt_tokens": reply.input_tokens,
+                      "completion_tokens": reply.output_tokens,
+                      "total_tokens": reply.tokens, "prompt_tokens_details": {"cached_tokens": 0}},
+        }
+        return await self._send(request, payload, fault)
+
+    async def _anthropic(self, request: web.Request, fault: str | None) -> web.StreamResponse:
+        early = await self._early(request, fault, request.headers.get("x-api-key"), "anthropic")
+        if early is not None:
+            return early
+        if "anthropic-version" not in request.headers:
+            return error_response("anthropic", 400, "anthropic-version: header is required")
+        data = self.last_body = await read_body(request)
+        if data is None:
+            return error_response("anthropic", 400, "request body is not a JSON object")
+        if "max_tokens" not in data:
+            return error_response("anthropic", 400, "max_tokens: Field required")
+        system = data.get("system") or ""
+        system = system if isinstance(system, str) else content_text(system)
+        user = next((content_text(m.get("content")) for m in reversed(data.get("messages", []))
+                     if m.get("role") == "user"), "")
+        choice = data.get("tool_choice") or {}
+        tool = next((t for t in data.get("tools") or [] if t.get("name") == choice.get("name")),
+                    None) if choice.get("type") == "tool" else None
+        schema = (tool or {}).get("input_schema") or {}
+        wrapped = tool is not None and tool.get("name") == WRAPPED_VALUE
+        outcome = await self._answer("anthropic", system, user, schema, wrapped)
+        if isinstance(outcome, web.Response):
+            return outcome
+        text, reply = outcome
+        block: dict[str, Any] = {"type": "text", "text": text}
+        stop = "end_turn"
+        if tool is not None:
+            try:
+                block = {"type": "tool_use", "id": f"toolu_loopback_{self.requests}",
+                         "name": tool["name"], "input": json.loads(text)}
+                stop = "tool_use"
+            except ValueError:
+                pass  # a malformed answer cannot be a tool call: it arrives as text
+        payload = {
+            "id": f"msg_loopback_{self.requests}", "type": "message", "role": "assistant",
+            "model": data.get("model", self.model.model), "content": [block],
+            "stop_reason": stop, "stop_sequence": None,
+            "usage": {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens,
+                      "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0},
+        }
+        return await self._send(request, payload, fault)
+
+    async def _early(self, request: web.Request, fault: str | None, key: str | None,
+                     protocol: str) -> web.Response | None:
+        """Answer auth failures and injected status/timeouts before touching the model."""
+        if fault == "401" or (self.expected_key is not None and key != self.expected_key):
+            return unauthorized(protocol, key)
+        if fault == "timeout":
+            await self._hold(self.faults.hold if self.faults else 30.0)
+            return error_response(protocol, 504, "loopback: request held past the client timeout")
+        if fault in ("429", "500", "503", "529"):
+            status = int(fault)
+            response = error_response(protocol, status, STATUS_TEXT[status])
+            retry_after = self.faults.retry_after if self.faults else None
+            if status != 500 and retry_after is not None:
+                response.headers["Retry-After"] = (retry_after if isinstance(retry_after, str)
+                                                   else f"{retry_after:g}")
+            return response
+        return None
+
+    async def _answer(self, protocol: str, system: str, user: str, schema: Mapping[str, Any],
+                      wrapped: bool) -> tuple[str, Any] | web.Response:
+        """Rebuild the Call the client made, then let the simulated model render its answer."""
+        start = user.find(TASKS_BEGIN)
+        end = user.find(TASKS_END, start + 1) if start >= 0 else -1
+        try:
+            if start >= 0 and end >= 0:
+                block = user[start + len(TASKS_BEGIN):end]
+                tasks = json.loads(block)
+                mode, seen_key = "items", block
+                identity = identity_fields(user, schema, tasks)
+            else:
+                tasks = [{"task_id": "0", "prompt": user}]
+                mode, seen_key, identity = "value", user, ("task_id",)
+        except ValueError as exc:
+            return error_response(protocol, 400, f"loopback: unreadable tasks block ({exc})")
+        attempt = self._seen.get(seen_key, 0)
+        self._seen[seen_key] = attempt + 1
+        call = Call(tasks=tuple(tasks), prompt=user, system=system, schema=schema,
+                    attempt=attempt, request_key=sha(seen_key), mode=mode, identity=identity,
+                    kind="repair" if "Your previous response was rejected" in user else "answer")
+        model = self.model
+        model.calls += 1
+        drawn = model.faults.draw(model.seed, call)
+        delay = self.latency + model.latency
+        if delay:
+            await asyncio.sleep(delay)
+        if "timeout" in drawn:
+            await self._hold(self.faults.hold if self.faults else 30.0)
+        if "provider_error" in drawn:
+            return error_response(protocol, 503, "simulated provider error")
+        try:
+            text = model.render(call, drawn)
+        except Exception as exc:  # the test's answer() is broken: say so, do not retry
+            return error_response(protocol, 400, f"loopback: simulated model failed: {exc!r}")
+        if wrapped:
+            text = f'{{"value": {text}}}'
+        return text, model.reply(call, text)
+
+    async def _hold(self, seconds: float) -> None:
+        assert self._closing is not None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._closing.wait(), seconds)
+
+    async def _send(self, request: web.Request, payload: dict[str, Any],
+                    fault: str | None) -> web.StreamResponse:
+        body = json.dumps(payload).encode()
+        if fault == "cut_json":
+            return web.Response(body=body[: len(body) // 2], headers=JSON_HEADERS)
+        if fault != "truncate":
+            return web.Response(body=body, headers=JSON_HEADERS)
+        response = web.StreamResponse(headers=JSON_HEADERS)
+        response.content_length = len(body)
+        await response.prepare(request)
+        await response.write(body[: len(body) // 2])
+        if request.transport is not None:
+            request.transport.close()  # the rest never comes
+        return response
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": self.model.model, "object": "model", "owned_by": "batchjson-loopback"}]})
+
+    async def _stats(self, request: web.Request) -> web.Response:
+        return web.json_response(self.stats())
+
+    async def _reset(self, request: web.Request) -> web.Response:
+        self.reset_stats()
+        return web.json_response({"ok": True})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Serve until interrupted; prints the OpenAI and Anthropic base URLs on one line."""
+    parser = argparse.ArgumentParser(prog="python -m batchjson.testing.server",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds per answer")
+    parser.add_argument("--api-key", default=None, help="require this key (401 otherwise)")
+    for name in ("429", "500", "timeout", "truncate"):
+        parser.add_argument(f"--rate-{name}", type=float, default=0.0,
+                            help=f"probability of a {name} fault per request")
+    parser.add_argument("--retry-after", type=float, default=1.0)
+    parser.add_argument("--hold", type=float, default=30.0, help="seconds a timeout is held")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    faults = HttpFaults(rate_429=args.rate_429, rate_500=args.rate_500,
+                        rate_timeout=args.rate_timeout, rate_truncate=args.rate_truncate,
+                        retry_after=args.retry_after, hold=args.hold, seed=args.seed)
+    server = LoopbackServer(latency=args.latency, faults=faults, host=args.host, port=args.port,
+                            api_key=args.api_key)
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+        async with server:
+            print(f"listening on {server.base_url} (OpenAI) and {server.anthropic_base_url} "
+                  "(Anthropic)", flush=True)
+            await stop.wait()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve())
+    print(json.dumps(server.stats()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,196 @@
+"""The loopback server itself: both protocols, call reconstruction, faults, counters, CLI.
+
+Throughput is measured in benchmarks/bench_throughput.py, never asserted here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from batchjson.providers.pricing import Price, cost_of, price_for, set_prices
+from batchjson.providers.simulated import FaultPlan, SimulatedModel
+from batchjson.tasks import render_items_prompt
+from batchjson.testing import HttpFaults, LoopbackServer
+
+TASKS = [{"task_id": "a", "case_id": "x", "prompt": "one"},
+         {"task_id": "b", "case_id": "y", "prompt": "two"}]
+PROMPT = render_items_prompt(TASKS, ("task_id", "case_id"), None)
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def answer(task: dict[str, Any]) -> dict[str, Any]:
+    return {"n": len(task["prompt"])}
+
+
+def post(url: str, body: dict[str, Any], headers: dict[str, str] | None = None
+         ) -> tuple[int, dict[str, str], Any]:
+    async def go() -> tuple[int, dict[str, str], Any]:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(url, json=body, headers=headers or {}) as resp:
+                return resp.status, dict(resp.headers), await resp.json(content_type=None)
+    return asyncio.run(go())
+
+
+def chat(srv: LoopbackServer, prompt: str = PROMPT, path: str = "/v1/chat/completions",
+         **extra: Any) -> tuple[int, dict[str, str], Any]:
+    body = {"model": "m", "messages": [{"role": "user", "content": prompt}], **extra}
+    return post(f"http://127.0.0.1:{srv.port}{path}", body)
+
+
+ANTHROPIC_HEADERS = {"anthropic-version": "2023-06-01"}
+
+
+def test_openai_shape_and_both_paths() -> None:
+    with LoopbackServer(SimulatedModel(answer)) as srv:
+        for path in ("/v1/chat/completions", "/chat/completions"):
+            status, _, data = chat(srv, path=path)
+            assert status == 200
+            items = json.loads(data["choices"][0]["message"]["content"])["items"]
+            assert items == [{"task_id": "a", "case_id": "x", "n": 3},
+                             {"task_id": "b", "case_id": "y", "n": 3}]
+            assert data["usage"]["prompt_tokens"] > 0
+            assert data["choices"][0]["finish_reason"] == "stop"
+        assert srv.requests == 2 and srv.responses[200] == 2
+
+
+def test_anthropic_tool_and_text_shapes() -> None:
+    schema = {"type": "object", "properties": {"items": {"type": "array"}}}
+    body = {"model": "c", "max_tokens": 100, "messages": [{"role": "user", "content": PROMPT}],
+            "tools": [{"name": "t", "input_schema": schema}],
+            "tool_choice": {"type": "tool", "name": "t"}}
+    with LoopbackServer(SimulatedModel(answer)) as srv:
+        url = f"{srv.anthropic_base_url}/v1/messages"
+        status, _, data = post(url, body, ANTHROPIC_HEADERS)
+        assert status == 200 and data["stop_reason"] == "tool_use"
+        block = data["content"][0]
+        assert block["type"] == "tool_use" and block["name"] == "t"
+        assert len(block["input"]["items"]) == 2
+        assert set(data["usage"]) >= {"input_tokens", "output_tokens", "cache_read_input_tokens"}
+        plain = {k: v for k, v in body.items() if k not in ("tools", "tool_choice")}
+        status, _, data = post(url, plain, ANTHROPIC_HEADERS)
+        assert data["content"][0]["type"] == "text"
+        assert json.loads(data["content"][0]["text"])["items"][0]["n"] == 3
+        status, _, data = post(url, plain)  # no anthropic-version header
+        assert status == 400 and data["type"] == "error"
+
+
+def test_attempts_count_per_tasks_block_so_seeded_faults_vary() -> None:
+    model = SimulatedModel(answer, faults=FaultPlan(script={0: "malformed_json"}))
+    with LoopbackServer(model) as srv:
+        first = chat(srv)[2]["choices"][0]["message"]["content"]
+        second = chat(srv)[2]["choices"][0]["message"]["content"]
+    with pytest.raises(ValueError):
+        json.loads(first)
+    assert len(json.loads(second)["items"]) == 2
+    assert model.calls == 2
+
+
+def test_identity_from_schema_enums_when_prompt_has_no_identity_line() -> None:
+    prompt = PROMPT.replace("Copy these identity fields", "Keep")
+    schema = {"type": "object", "properties": {"items": {"type": "array", "items": {
+        "type": "object", "properties": {"task_id": {"enum": ["a", "b"]},
+                                         "case_id": {"enum": ["x", "y"]},
+                                         "label": {"enum": ["p", "q"]}}}}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "batchjson_items", "schema": schema}}
+    with LoopbackServer(SimulatedModel(answer)) as srv:
+        _, _, data = chat(srv, prompt, response_format=fmt)
+    items = json.loads(data["choices"][0]["message"]["content"])["items"]
+    assert set(items[0]) == {"task_id", "case_id", "n"}  # label is not a task field
+
+
+def test_value_mode_without_tasks_block() -> None:
+    with LoopbackServer(SimulatedModel(lambda task: {"echo": task["prompt"]})) as srv:
+        _, _, data = chat(srv, "just a question")
+    assert json.loads(data["choices"][0]["message"]["content"]) == {"echo": "just a question"}
+
+
+def test_api_key_check_and_counters() -> None:
+    with LoopbackServer(SimulatedModel(answer), api_key="sk-good-key-123456") as srv:
+        url = f"{srv.base_url}/chat/completions"
+        body = {"model": "m", "messages": [{"role": "user", "content": PROMPT}]}
+        assert post(url, body)[0] == 401
+        status, _, data = post(url, body, {"Authorization": "Bearer sk-bad-key-000000"})
+        assert status == 401 and data["error"]["code"] == "invalid_api_key"
+        assert post(url, body, {"Authorization": "Bearer sk-good-key-123456"})[0] == 200
+        status, _, _ = post(f"{srv.anthropic_base_url}/v1/messages",
+                            {"model": "c", "max_tokens": 5, "messages": []},
+                            {**ANTHROPIC_HEADERS, "x-api-key": "nope"})
+        assert status == 401
+        assert srv.requests == 4 and dict(srv.responses) == {401: 3, 200: 1}
+
+
+def test_http_faults_script_rates_and_validation() -> None:
+    faults = HttpFaults(rate_429=0.5, seed=3, script={1: "500"})
+    drawn = [faults.draw(n) for n in range(1, 201)]
+    assert drawn[0] == "500"
+    assert drawn == [faults.draw(n) for n in range(1, 201)]  # reproducible
+    assert 60 < drawn.count("429") < 140
+    assert HttpFaults().draw(5) is None
+    with pytest.raises(ValueError, match="choose from"):
+        HttpFaults(script={1: "418"})
+    with LoopbackServer(faults=HttpFaults(script={1: "429"}, retry_after=4)) as srv:
+        status, headers, data = chat(srv)
+    assert status == 429 and headers["Retry-After"] == "4" and "error" in data
+    assert srv.injected["429"] == 1
+
+
+def test_async_context_manager_and_stats() -> None:
+    async def go() -> dict[str, Any]:
+        async with LoopbackServer(SimulatedModel(answer)) as srv:
+            async with aiohttp.ClientSession() as session:
+                for _ in range(3):
+                    body = {"model": "m", "messages": [{"role": "user", "content": PROMPT}]}
+                    async with session.post(f"{srv.base_url}/chat/completions", json=body) as r:
+                        assert r.status == 200
+                async with session.get(f"http://127.0.0.1:{srv.port}/stats") as r:
+                    return await r.json()
+    stats = asyncio.run(go())
+    assert stats["requests"] == 3 and stats["responses"] == {"200": 3}
+
+
+def test_cli_serves_until_terminated() -> None:
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    proc = subprocess.Popen([sys.executable, "-m", "batchjson.testing.server", "--port", "0",
+                             "--latency", "0"], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        match = re.search(r"http://127\.0\.0\.1:(\d+)/v1", line)
+        assert match, line
+        status, _, data = post(f"{match.group(0)}/chat/completions",
+                               {"model": "m", "messages": [{"role": "user", "content": PROMPT}]})
+        assert status == 200 and "choices" in data
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=10)
+    assert proc.returncode == 0
+    assert json.loads(out.strip().splitlines()[-1])["requests"] == 1
+
+
+def test_pricing_table_lookup_overrides_and_tiers() -> None:
+    assert price_for("gpt-4o-mini-2024-07-18") == price_for("gpt-4o-mini")
+    assert price_for("claude-sonnet-4-5-20250929") == price_for("claude-sonnet-4-5")
+    assert price_for("gpt-4o-2024-05-13").input == 5.0  # the old snapshot keeps its own price
+    assert price_for("no-such-model") is None and cost_of("no-such-model", 10, 10) is None
+    # cached tokens are part of input_tokens and billed at the cache-read price
+    assert cost_of("gpt-4o-mini", 1000, 100, cached_tokens=400) == pytest.approx(
+        (600 * 0.15 + 400 * 0.075 + 100 * 0.60) / 1e6)
+    assert cost_of("claude-sonnet-4-5", 250_000, 10) is None  # long-context tier: unknown
+    try:
+        set_prices({"house-model": Price(1.0, 3.0)})
+        assert cost_of("house-model", 1_000_000, 0) == pytest.approx(1.0)
+        assert cost_of("house-model", 0, 1, overrides={"house-model": (0.0, 5e6)}) == 5.0
+    finally:
+        set_prices({}, replace=True)
+    assert price_for("house-model") is None
+    with pytest.raises(ValueError, match="input"):
+        set_prices({"bad": {"in": 1}})

@@ -1,0 +1,627 @@
+"""The IPython face, in process: a real InteractiveShell running the magics as a user would."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("IPython")
+
+from IPython.core.error import UsageError  # noqa: E402
+
+import batchjson  # noqa: E402
+from batchjson import BatchUnresolved, Session, default_session  # noqa: E402
+from batchjson.ipython import BatchJson  # noqa: E402
+from batchjson.ipython.cell import allow_empty_body  # noqa: E402
+from batchjson.ipython.display import StatusView, Table  # noqa: E402
+from batchjson.ipython.state import ATTRIBUTE, INJECTED  # noqa: E402
+
+MODEL = """
+import json
+from batchjson import CallableProvider, FaultPlan, SimulatedModel
+model = SimulatedModel(answer=lambda task: {"verdict": "match"})
+"""
+
+BODY = """
+tasks = [{"task_id": f"t{i}", "prompt": f"question {i}"} for i in range(4)]
+schema = {"type": "object", "properties": {"verdict": {"type": "string"}},
+          "required": ["verdict"]}
+def check(item, task):
+    if item["verdict"] not in ("match", "no_match"):
+        raise ValueError("verdict must be match or no_match")
+"""
+
+
+def run(ip: Any, source: str) -> Any:
+    return ip.run_cell(source)
+
+
+def ok(ip: Any, source: str) -> Any:
+    result = ip.run_cell(source)
+    assert result.success, result.error_before_exec or result.error_in_exec
+    return result.result
+
+
+def usage_error(ip: Any, source: str, capsys: Any) -> str:
+    """Run a cell that must fail with a one-line UsageError; return that line."""
+    capsys.readouterr()
+    result = ip.run_cell(source)
+    assert isinstance(result.error_in_exec, UsageError), result.error_in_exec
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("UsageError: "), err
+    assert "Traceback" not in err[0]
+    return err[0]
+
+
+def calls_recorded(ip: Any) -> int:
+    return ip.user_ns["batch_session"].ledger.spend()["calls"]
+
+
+@pytest.fixture
+def loaded(ip: Any) -> Any:
+    """Extension loaded, simulated provider configured from a namespace object."""
+    ok(ip, "%load_ext batchjson")
+    ok(ip, MODEL)
+    ok(ip, "%config BatchJson.provider = model")
+    return ip
+
+
+def state(ip: Any) -> Any:
+    return getattr(ip, ATTRIBUTE)
+
+
+# -- loading ---------------------------------------------------------------------------------
+def test_load_registers_magics_names_and_default_session(ip: Any, tmp_path: Path) -> None:
+    ok(ip, "%load_ext batchjson")
+    assert ip.find_cell_magic("batch_json") is not None
+    for name in ("batch_status", "validators", "batch_receipts"):
+        assert ip.find_line_magic(name) is not None
+    for name in INJECTED:
+        assert name in ip.user_ns
+    session = ip.user_ns["batch_session"]
+    assert isinstance(session, Session)
+    assert default_session() is session
+    assert session.ledger.path == tmp_path / ".batchjson" / "ledger.sqlite"
+    assert ip.user_ns["validator"] == session.validators.define
+    assert ip.user_ns["run_batch"] == session.run_batch
+    assert any(isinstance(c, BatchJson) for c in ip.configurables)
+
+
+def test_double_load_is_harmless(ip: Any) -> None:
+    ok(ip, "%load_ext batchjson")
+    session = ip.user_ns["batch_session"]
+    ok(ip, "%load_ext batchjson")
+    batchjson.load_ipython_extension(ip)
+    assert ip.user_ns["batch_session"] is session
+    assert sum(isinstance(c, BatchJson) for c in ip.configurables) == 1
+    assert ip.events.callbacks["pre_run_cell"].count(state(ip).pre_run_cell) == 1
+    assert ip.input_transformers_cleanup.count(allow_empty_body) == 1
+
+
+def test_unload_removes_what_load_added(ip: Any) -> None:
+    before = batchjson.session._default
+    ok(ip, "%load_ext batchjson")
+    session = ip.user_ns["batch_session"]
+    ok(ip, "validator = 'mine now'")
+    ok(ip, "%unload_ext batchjson")
+    assert ip.find_cell_magic("batch_json") is None
+    assert ip.find_line_magic("batch_status") is None
+    assert ip.find_line_magic("validators") is None
+    assert ip.find_line_magic("batch_receipts") is None
+    assert "BatchJson" not in ip.magics_manager.registry
+    assert not any(isinstance(c, BatchJson) for c in ip.configurables)
+    assert state(ip).pre_run_cell not in ip.events.callbacks["pre_run_cell"]
+    assert allow_empty_body not in ip.input_transformers_cleanup
+    for name in ("run_batch", "llm_batch_json", "batch_session"):
+        assert name not in ip.user_ns
+    assert ip.user_ns["validator"] == "mine now"  # the user's own binding is kept
+    assert batchjson.session._default is before
+    ok(ip, "%load_ext batchjson")  # loading again reattaches the same session
+    assert ip.user_ns["batch_session"] is session
+
+
+def test_reset_reinjects_names_and_keeps_session_and_validators(loaded: Any) -> None:
+    ip = loaded
+    session = ip.user_ns["batch_session"]
+    ok(ip, "%%batch_json labels\n" + BODY)
+    first = ok(ip, "id(check)")
+    ok(ip, "%reset -f")
+    assert ok(ip, "batch_session") is session
+    assert set(INJECTED) <= set(ip.user_ns)
+    ok(ip, MODEL)
+    ok(ip, "%%batch_json labels\n" + BODY)
+    assert ok(ip, "id(check)") == first
+    assert ok(ip, "labels.calls") == 0  # resumed from the ledger
+
+
+def test_reset_never_overwrites_a_users_name(loaded: Any) -> None:
+    ok(loaded, "run_batch = 'user value'")
+    ok(loaded, "pass")
+    assert loaded.user_ns["run_batch"] == "user value"
+
+
+def test_reload_ext_keeps_session_config_and_validator_identity(loaded: Any) -> None:
+    ip = loaded
+    session = ip.user_ns["batch_session"]
+    ok(ip, "%config BatchJson.repairs = 3")
+    ok(ip, "%%batch_json labels\n" + BODY)
+    first = ok(ip, "id(check)")
+    ok(ip, "%reload_ext batchjson")
+    assert ip.user_ns["batch_session"] is session
+    assert default_session() is session
+    magics = ip.magics_manager.registry["BatchJson"]
+    assert magics.repairs == 3 and session.repairs == 3
+    assert magics.provider is ip.user_ns["model"]
+    ok(ip, "%%batch_json labels\n" + BODY)
+    assert ok(ip, "id(check)") == first
+    assert sum(isinstance(c, BatchJson) for c in ip.configurables) == 1
+    assert len(ip.events.callbacks["pre_run_cell"]) == len(set(
+        map(id, ip.events.callbacks["pre_run_cell"])))
+
+
+# -- configuration ---------------------------------------------------------------------------
+def test_config_provider_by_name(ip: Any) -> None:
+    ok(ip, "%load_ext batchjson")
+    ok(ip, "%config BatchJson.provider = 'Simulated'")
+    assert ip.magics_manager.registry["BatchJson"].provider == "simulated"
+    assert isinstance(ok(ip, "batch_session.provider"), batchjson.SimulatedModel)
+
+
+def test_config_provider_object_from_namespace(loaded: Any) -> None:
+    assert ok(loaded, "batch_session.provider is model") is True
+
+
+def test_config_refuses_bad_provider(loaded: Any, caplog: Any) -> None:
+    for bad in ("'nope'", "42", "print"):
+        ok(loaded, f"%config BatchJson.provider = {bad}")
+    assert "unknown provider 'nope'" in caplog.text
+    assert "CallableProvider" in caplog.text
+    assert ok(loaded, "batch_session.provider is model") is True
+
+
+def test_ipython_config_style(ip: Any, tmp_path: Path) -> None:
+    ip.config.BatchJson.provider = "simulated"
+    ip.config.BatchJson.ledger = str(tmp_path / "configured.sqlite")
+    ip.config.BatchJson.concurrency = 3
+    ip.config.BatchJson.repairs = 2
+    ip.config.BatchJson.replays = 0
+    ip.config.BatchJson.strict = True
+    ip.config.BatchJson.model = "sim-x"
+    ok(ip, "%load_ext batchjson")
+    session = ip.user_ns["batch_session"]
+    assert session.ledger.path == tmp_path / "configured.sqlite"
+    assert (session.concurrency, session.repairs, session.replays) == (3, 2, 0)
+    assert session.strict and session.validators.strict
+    assert session.provider.model == "sim-x"
+
+
+def test_config_ledger_opens_new_session(loaded: Any, tmp_path: Path) -> None:
+    ip = loaded
+    old = ip.user_ns["batch_session"]
+    ok(ip, "%config BatchJson.ledger = 'runs/other.sqlite'")
+    new = ip.user_ns["batch_session"]
+    assert new is not old and default_session() is new
+    assert new.ledger.path == tmp_path / "runs" / "other.sqlite"
+    assert ip.user_ns["validator"] == new.validators.define
+    assert new.provider is ip.user_ns["model"]
+    ok(ip, "%config BatchJson.ledger = ':memory:'")
+    assert ip.user_ns["batch_session"].ledger.path is None
+
+
+def test_config_strict_opens_new_session_on_same_ledger(loaded: Any) -> None:
+    ip = loaded
+    old = ip.user_ns["batch_session"]
+    ok(ip, "%config BatchJson.strict = True")
+    new = ip.user_ns["batch_session"]
+    assert new is not old and new.strict and new.validators.strict
+    assert new.ledger.path == old.ledger.path
+
+
+def test_config_updates_live_session(loaded: Any) -> None:
+    ip = loaded
+    session = ip.user_ns["batch_session"]
+    ok(ip, "%config BatchJson.concurrency = 4")
+    ok(ip, "%config BatchJson.repairs = 0")
+    ok(ip, "%config BatchJson.replays = 2")
+    assert (session.concurrency, session.repairs, session.replays) == (4, 0, 2)
+    ok(ip, "%config BatchJson.provider = 'simulated'")
+    ok(ip, "%config BatchJson.model = 'sim-2'")
+    assert session.model == "sim-2" and session.provider.model == "sim-2"
+    assert ip.user_ns["batch_session"] is session
+
+
+def test_config_refuses_bad_numbers(loaded: Any, caplog: Any) -> None:
+    session = loaded.user_ns["batch_session"]
+    ok(loaded, "%config BatchJson.concurrency = 0")
+    ok(loaded, "%config BatchJson.max_calls = -1")
+    assert session.concurrency == 16
+    assert loaded.magics_manager.registry["BatchJson"].max_calls is None
+    assert "concurrency" in caplog.text
+
+
+def test_config_max_calls_is_the_default_ceiling(loaded: Any, capsys: Any) -> None:
+    ok(loaded, "%config BatchJson.max_calls = 2")
+    line = usage_error(loaded, "%%batch_json labels\n" + BODY, capsys)
+    assert "budget refused" in line and "nothing was spent" in line
+    assert calls_recorded(loaded) == 0
+    ok(loaded, "%%batch_json labels --max-calls 4\n" + BODY)
+    assert ok(loaded, "labels.status") == "resolved"
+
+
+def test_api_keys_are_never_shown(ip: Any, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    secret = "sk-test-do-not-show-0123456789"
+    monkeypatch.setenv("OPENAI_API_KEY", secret)
+    ok(ip, "%load_ext batchjson")
+    ok(ip, "%config BatchJson.provider = 'openai'")
+    shown = [repr(ok(ip, "%batch_status")), ok(ip, "%batch_status")._repr_html_(),
+             repr(ok(ip, "batch_session"))]
+    run(ip, "%config BatchJson")
+    shown.append(capsys.readouterr().out)
+    assert all(secret not in text for text in shown)
+
+
+# -- %%batch_json ----------------------------------------------------------------------------
+def test_batch_json_defaults_bind_and_display(loaded: Any, capsys: Any) -> None:
+    run(loaded, "%%batch_json labels\n" + BODY)
+    out = capsys.readouterr().out
+    result = loaded.user_ns["labels"]
+    assert isinstance(result, batchjson.BatchResult)
+    assert result.status == "resolved" and result.calls == 4
+    assert result.values["t0"] == {"verdict": "match"}
+    assert "<BatchResult 'labels' rev 1: resolved" in out
+
+
+def test_batch_json_displays_html_in_jupyter(loaded: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    published: list[dict] = []
+    monkeypatch.setattr(loaded.display_formatter, "active_types", ["text/plain", "text/html"])
+    monkeypatch.setattr(loaded.display_pub, "publish",
+                        lambda data, *a, **k: published.append(data))
+    ok(loaded, "%%batch_json labels\n" + BODY)
+    assert any("text/html" in d and "labels" in d["text/html"] for d in published)
+
+
+def test_options_tasks_schema_validator_out(loaded: Any) -> None:
+    ip = loaded
+    ok(ip, BODY.replace("tasks =", "my_tasks =").replace("schema =", "my_schema ="))
+    ok(ip, "def picky(item, task):\n    if task['task_id'] == 't1':\n"
+           "        raise ValueError('t1 is never right')")
+    r = run(ip, "%%batch_json labels --tasks my_tasks[:3] --schema my_schema "
+                "--validator picky --out res --repairs 0 --replays 0\n")
+    assert isinstance(r.error_in_exec, BatchUnresolved)
+    res = ip.user_ns["res"]
+    assert "labels" not in ip.user_ns
+    assert res.total_tasks == 3 and set(res.values) == {"t0", "t2"}
+    assert res.unresolved == ["t1"]
+    table = ok(ip, "%validators")
+    assert any(row[0] == "picky" and "labels" in row[4] for row in table.rows)
+
+
+def test_option_pack(loaded: Any) -> None:
+    ok(loaded, "%%batch_json labels --pack 3\n" + BODY)
+    assert ok(loaded, "labels.calls") == 2
+
+
+def test_option_identity(loaded: Any) -> None:
+    ip = loaded
+    ok(ip, "def swap(call):\n"
+           "    items = [{'task_id': t['task_id'], 'case_id': t['case_id'], 'verdict': 'match'}"
+           " for t in call.tasks]\n"
+           "    items[0]['case_id'] = items[-1]['case_id']\n"
+           "    return json.dumps({'items': items})\n"
+           "model = CallableProvider(swap)")
+    ok(ip, "%config BatchJson.provider = model")
+    body = ("tasks = [{'task_id': f't{i}', 'case_id': f'c{i}', 'prompt': 'p'} for i in "
+            "range(2)]\nschema = {'type': 'object'}\n")
+    ok(ip, "%%batch_json loose --pack 2 --repairs 0 --replays 0\n" + body)
+    assert ok(ip, "loose.values['t0']['case_id']") == "c1"  # only an answer field here
+    r = run(ip, "%%batch_json checked --pack 2 --identity task_id,case_id --repairs 0 "
+                "--replays 0\n" + body)
+    assert isinstance(r.error_in_exec, BatchUnresolved)
+    errors = ip.user_ns["checked"].errors
+    assert errors[0]["type"] == "identity" and "case_id is 'c1'" in errors[0]["message"]
+
+
+def test_options_repairs_and_replays(loaded: Any) -> None:
+    ip = loaded
+    ok(ip, "model.faults = FaultPlan(malformed_json=1.0)")
+    r = run(ip, "%%batch_json labels --repairs 2 --replays 1 --tasks tasks[:1]\n" + BODY)
+    assert isinstance(r.error_in_exec, BatchUnresolved)
+    kinds = [a.kind for a in ip.user_ns["batch_session"].ledger.attempts("labels")]
+    assert kinds == ["initial", "repair", "repair", "replay"]
+
+
+def test_option_split(loaded: Any) -> None:
+    ip = loaded
+    ok(ip, "def halves(call):\n"
+           "    items = [{'task_id': t['task_id'], 'verdict': 'match'} for t in call.tasks]\n"
+           "    return json.dumps({'items': items[:-1] if len(items) > 1 else items})\n"
+           "model = CallableProvider(halves)")
+    ok(ip, "%config BatchJson.provider = model")
+    r = run(ip, "%%batch_json nosplit --pack 4 --repairs 0 --replays 0\n" + BODY)
+    assert isinstance(r.error_in_exec, BatchUnresolved)
+    ok(ip, "%%batch_json labels --pack 4 --repairs 0 --replays 0 --split\n" + BODY)
+    kinds = [a.kind for a in ip.user_ns["batch_session"].ledger.attempts("labels")]
+    assert kinds[0] == "initial" and "split" in kinds
+    assert ok(ip, "labels.status") == "resolved"
+
+
+def test_option_max_calls(loaded: Any, capsys: Any) -> None:
+    line = usage_error(loaded, "%%batch_json labels --max-calls 3\n" + BODY, capsys)
+    assert "at least 4 calls" in line
+    assert calls_recorded(loaded) == 0
+
+
+def test_option_instructions(loaded: Any) -> None:
+    ip = loaded
+    ok(ip, "seen = []\n"
+           "def record(call):\n"
+           "    seen.append(call.prompt)\n"
+           "    return json.dumps({'items': [{'task_id': t['task_id'], 'verdict': 'match'}"
+           " for t in call.tasks]})\n"
+           "model = CallableProvider(record)")
+    ok(ip, "%config BatchJson.provider = model")
+    ok(ip, "note = 'Answer in one word.'")
+    ok(ip, '%%batch_json labels --instructions "Be brief." --tasks tasks[:1]\n' + BODY)
+    ok(ip, "%%batch_json other --instructions note --tasks tasks[:1]\n" + BODY)
+    seen = ip.user_ns["seen"]
+    assert seen[0].startswith("Be brief.") and seen[1].startswith("Answer in one word.")
+
+
+def test_empty_body_with_tasks_runs(loaded: Any) -> None:
+    ok(loaded, BODY)
+    ok(loaded, "%%batch_json labels --tasks tasks --schema schema")
+    assert ok(loaded, "labels.status") == "resolved"
+
+
+def test_nested_magics_in_body(loaded: Any) -> None:
+    ok(loaded, "%%batch_json labels\n%config BatchJson.replays = 0\n" + BODY)
+    assert loaded.user_ns["batch_session"].replays == 0
+
+
+# -- errors before spending ------------------------------------------------------------------
+@pytest.mark.parametrize(("header", "expected"), [
+    ("%%batch_json labels --bogus 1", "unrecognized arguments: --bogus"),
+    ("%%batch_json labels --pack 0", "argument --pack: must be a whole number >= 1, got '0'"),
+    ("%%batch_json labels --pack two", "must be a whole number >= 1, got 'two'"),
+    ("%%batch_json labels --repairs -1", "argument --repairs"),
+    ("%%batch_json labels --replays x", "argument --replays"),
+    ("%%batch_json labels --max-calls 1.5", "argument --max-calls"),
+    ("%%batch_json labels --identity ,", "--identity"),
+    ("%%batch_json labels/v2", "not a valid Python variable name for the result; pass --out"),
+    ("%%batch_json labels --out 1x", "not a valid Python variable name"),
+    ("%%batch_json labels --out class", "not a valid Python variable name"),
+    ("%%batch_json", "the following arguments are required: name"),
+])
+def test_bad_options_are_usage_errors(loaded: Any, capsys: Any, header: str,
+                                      expected: str) -> None:
+    assert expected in usage_error(loaded, header + "\n" + BODY, capsys)
+    assert calls_recorded(loaded) == 0
+
+
+def test_empty_body_without_tasks_names_the_fix(loaded: Any, capsys: Any) -> None:
+    for cell in ("%%batch_json labels", "%%batch_json labels\n", "%%batch_json labels\n  \n"):
+        line = usage_error(loaded, cell, capsys)
+        assert "cell body is empty and no --tasks" in line and "--tasks EXPR" in line
+
+
+def test_missing_variables(loaded: Any, capsys: Any) -> None:
+    line = usage_error(loaded, "%%batch_json labels\nschema = {'type': 'object'}", capsys)
+    assert line == ("UsageError: name 'tasks' is not defined: build `tasks` in the cell body "
+                    "or pass --tasks EXPR")
+    line = usage_error(loaded, "%%batch_json labels\ndel schema\ntasks = []", capsys)
+    assert "build `schema` in the cell body or pass --schema EXPR" in line
+    line = usage_error(loaded, "%%batch_json labels --validator nope\n" + BODY, capsys)
+    assert line == "UsageError: --validator nope: name 'nope' is not defined"
+    line = usage_error(loaded, "%%batch_json labels --tasks 1/0\n" + BODY, capsys)
+    assert "--tasks 1/0 failed: ZeroDivisionError" in line
+    assert "labels" not in loaded.user_ns and calls_recorded(loaded) == 0
+
+
+def test_invalid_batch_is_a_usage_error(loaded: Any, capsys: Any) -> None:
+    line = usage_error(loaded, "%%batch_json labels\n" + BODY + "tasks.append(tasks[0])", capsys)
+    assert "duplicate task_id 't0'" in line
+    line = usage_error(loaded, "%%batch_json labels --validator 42\n" + BODY, capsys)
+    assert "validator must be callable" in line
+    assert calls_recorded(loaded) == 0
+
+
+def test_provider_not_configured(ip: Any, capsys: Any) -> None:
+    ok(ip, "%load_ext batchjson")
+    line = usage_error(ip, "%%batch_json labels\n" + BODY, capsys)
+    assert "No model provider is configured" in line and "%config BatchJson.provider" in line
+    assert calls_recorded(ip) == 0
+
+
+def test_validator_changed_in_strict_session(loaded: Any, capsys: Any) -> None:
+    ip = loaded
+    ok(ip, "%config BatchJson.strict = True")
+    reject = BODY.replace('if item["verdict"] not in ("match", "no_match"):', "if True:")
+    r = run(ip, "%%batch_json labels --validator check --repairs 0 --replays 0\n" + reject)
+    assert isinstance(r.error_in_exec, BatchUnresolved)
+    spent = calls_recorded(ip)
+    line = usage_error(ip, "%%batch_json labels --validator check\n" + BODY, capsys)
+    assert "validator 'check' changed" in line and "strict" in line
+    assert calls_recorded(ip) == spent
+
+
+def test_error_in_body_is_the_users_traceback(loaded: Any, capsys: Any) -> None:
+    capsys.readouterr()
+    r = run(loaded, "%%batch_json labels\nx = 1\ny = 1 / 0\n")
+    assert isinstance(r.error_in_exec, ZeroDivisionError)
+    out = capsys.readouterr().out
+    assert "y = 1 / 0" in out and "3" in out  # the cell's own line 3
+    assert "labels" not in loaded.user_ns
+
+
+# -- define once -----------------------------------------------------------------------------
+def test_define_once_keeps_identity_across_seven_reruns(loaded: Any, capsys: Any) -> None:
+    ip = loaded
+    ids = set()
+    for _ in range(7):
+        ok(ip, "%%batch_json labels --validator check\n" + BODY + "def helper():\n    pass\n")
+        ids.add((ok(ip, "id(check)"), ok(ip, "id(helper)")))
+    assert len(ids) == 1
+    assert "changed" not in capsys.readouterr().out
+    registry = ip.user_ns["batch_session"].validators
+    assert [v.version for v in registry.versions("check")] == [1]
+    assert ok(ip, "batch_session.evidence.unresolved_batches") == 0
+
+
+def test_changed_definition_prints_one_line(loaded: Any, capsys: Any) -> None:
+    ip = loaded
+    ok(ip, "%%batch_json labels --validator check\n" + BODY)
+    first = ok(ip, "id(check)")
+    capsys.readouterr()
+    changed = BODY.replace("verdict must be", "the verdict has to be")
+    ok(ip, "%%batch_json labels --validator check\n" + changed)
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "validator 'check'" in ln]
+    assert lines == ["batchjson: validator 'check' changed (code changed): now version 2"]
+    assert ok(ip, "id(check)") != first
+    ok(ip, "%%batch_json labels --validator check\n" + BODY)
+    out = capsys.readouterr().out
+    assert "batchjson: validator 'check' matches version 1: reusing it (was version 2)" in out
+    assert ok(ip, "id(check)") == first
+
+
+def test_superseded_revision_is_reported(loaded: Any, capsys: Any) -> None:
+    ip = loaded
+    ok(ip, "model.faults = FaultPlan(malformed_json=1.0)")
+    run(ip, "%%batch_json labels --repairs 0 --replays 0\n" + BODY)
+    ok(ip, "model.faults = FaultPlan()")
+    capsys.readouterr()
+    ok(ip, "%%batch_json labels\n" + BODY + "tasks = tasks[:2]")
+    assert "batchjson: labels: revision 1 superseded (changed: tasks)" in capsys.readouterr().out
+    status = ok(ip, "%batch_status labels")
+    assert len(status["superseded"]) == 1 and "superseded" in repr(status)
+
+
+# -- unresolved and interrupted ----------------------------------------------------------------
+def test_unresolved_shows_short_report_and_binds_result(loaded: Any, capsys: Any) -> None:
+    ip = loaded
+    ok(ip, "model.faults = FaultPlan(script={0: 'malformed_json'}, clean_after=1)")
+    capsys.readouterr()
+    r = run(ip, "%%batch_json labels --repairs 0 --replays 0\n" + BODY)
+    out = capsys.readouterr().out
+    assert isinstance(r.error_in_exec, BatchUnresolved)
+    result = ip.user_ns["labels"]
+    assert result.status == "unresolved" and result.calls == 4
+    assert "BatchUnresolved: batch 'labels' (revision 1) is unresolved: 4 of 4" in out
+    assert "re-running the same batch resumes" in out
+    assert "Traceback" not in out and "site-packages" not in out
+    assert len(out.splitlines()) < 15
+    ok(ip, "%%batch_json labels --repairs 0 --replays 0\n" + BODY)
+    assert ok(ip, "labels.status") == "resolved"
+
+
+def test_interrupt_keeps_receipts_and_rerun_resumes(loaded: Any, capsys: Any) -> None:
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("needs Python's default SIGINT handler")
+    ip = loaded
+    ok(ip, "import signal\n"
+           "class Interrupting(SimulatedModel):\n"
+           "    async def complete(self, call):\n"
+           "        if self.calls == 5:\n"
+           "            signal.raise_signal(signal.SIGINT)\n"
+           "        return await super().complete(call)\n"
+           "model = Interrupting(answer=lambda task: {'verdict': 'match'}, latency=0.02)")
+    ok(ip, "%config BatchJson.provider = model")
+    ok(ip, "%config BatchJson.concurrency = 2")
+    body = BODY.replace("range(4)", "range(12)")
+    capsys.readouterr()
+    r = run(ip, "%%batch_json labels\n" + body)
+    assert isinstance(r.error_in_exec, KeyboardInterrupt)
+    captured = capsys.readouterr()
+    assert "batch 'labels' interrupted. Receipts are kept" in captured.err
+    assert "nothing partial was committed; re-run the cell to resume" in captured.err
+    assert "Traceback" not in captured.out
+    assert "labels" not in ip.user_ns
+    ledger = ip.user_ns["batch_session"].ledger
+    receipts = ledger.attempts("labels")
+    assert receipts and all(a.status != "in_flight" for a in receipts)
+    accepted = {t for a in receipts if a.status == "accepted" for t in a.task_ids}
+    assert set(ledger.checkpoint("labels")) == accepted and 0 < len(accepted) < 12
+    ok(ip, "model.calls = 100")
+    ok(ip, "%%batch_json labels\n" + body)
+    assert ok(ip, "labels.status") == "resolved"
+    assert ok(ip, "labels.calls") == 12 - len(accepted)
+
+
+# -- inspection magics -----------------------------------------------------------------------
+def test_batch_status(loaded: Any, capsys: Any) -> None:
+    ip = loaded
+    ok(ip, "model.faults = FaultPlan(malformed_json=1.0)")
+    run(ip, "%%batch_json labels --repairs 0 --replays 0 --pack 2\n" + BODY)
+    ok(ip, "model.faults = FaultPlan()")
+    ok(ip, "%%batch_json other\n" + BODY)
+    status = ok(ip, "%batch_status")
+    assert isinstance(status, StatusView)
+    assert status["unresolved_requests"] == 2 and status["minimum_exact_retry_calls"] == 2
+    assert status["calls"] == 6 and status["usable_results"] == 4
+    text = repr(status)
+    for phrase in ("all batches", "unresolved", "minimum exact retry calls  2", "superseded",
+                   "calls                      6", "cost so far", "cost per usable result",
+                   "owed", "labels rev 1"):
+        assert phrase in text
+    html = status._repr_html_()
+    assert "<table>" in html and "minimum exact retry calls" in html
+    one = ok(ip, "%batch_status other")
+    assert one["unresolved_requests"] == 0 and one["calls"] == 4
+    assert "batch 'other'" in repr(one)
+    assert "no batch named 'nope'" in usage_error(ip, "%batch_status nope", capsys)
+    assert "labels, other" in usage_error(ip, "%batch_status nope", capsys)
+
+
+def test_validators_magic(loaded: Any, capsys: Any) -> None:
+    ip = loaded
+    empty = ok(ip, "%validators")
+    assert isinstance(empty, Table) and len(empty) == 0 and "no validators yet" in repr(empty)
+    ok(ip, "%%batch_json labels --validator check\n" + BODY)
+    table = ok(ip, "%validators")
+    (row,) = [r for r in table.rows if r[0] == "check"]
+    version = ip.user_ns["batch_session"].validators.current("check")
+    assert row[1] == "1" and row[2] == version.fingerprint.short and row[3] == version.where
+    assert row[4] == "labels" and row[5] == "yes"
+    assert "check" in repr(table) and "check" in table._repr_html_()
+    assert "takes no arguments" in usage_error(ip, "%validators extra", capsys)
+
+
+def test_batch_receipts(loaded: Any, capsys: Any) -> None:
+    ip = loaded
+    ok(ip, "model.faults = FaultPlan(script={0: 'malformed_json'}, clean_after=1)")
+    ok(ip, "%%batch_json labels --tasks tasks[:2] --repairs 1 --replays 0\n" + BODY)
+    table = ok(ip, "%batch_receipts labels")
+    assert [(r[2], r[3]) for r in table.rows] == [
+        ("initial", "rejected"), ("initial", "rejected"), ("repair", "accepted"),
+        ("repair", "accepted")] or sorted((r[2], r[3]) for r in table.rows) == [
+        ("initial", "rejected"), ("initial", "rejected"), ("repair", "accepted"),
+        ("repair", "accepted")]
+    assert [r[0] for r in table.rows] == ["1", "2", "3", "4"]
+    assert any(r[7].startswith("json: return is not valid JSON") for r in table.rows)
+    assert not table.details and '"items"' not in repr(table)
+    failed = ok(ip, "%batch_receipts labels --failed")
+    assert len(failed) == 2 and {r[3] for r in failed.rows} == {"rejected"}
+    raw = ok(ip, "%batch_receipts labels --failed --raw")
+    assert len(raw.details) == 2 and '{"items"' in repr(raw) and "<details>" in raw._repr_html_()
+    assert "no batch named 'nope'" in usage_error(ip, "%batch_receipts nope", capsys)
+    assert "required: name" in usage_error(ip, "%batch_receipts", capsys)
+    assert "unrecognized" in usage_error(ip, "%batch_receipts labels --bogus", capsys)
+
+
+def test_injected_helpers_work(loaded: Any) -> None:
+    ip = loaded
+    out = ok(ip, "llm_batch_json(['a', 'b'], {'type': 'object'})")
+    assert out["values"] == [{"verdict": "match"}, {"verdict": "match"}] and not out["errors"]
+    ok(ip, BODY)
+    result = ok(ip, "run_batch('direct', tasks, schema, validator=validator(check))")
+    assert result.status == "resolved"
+    assert ok(ip, "validator(check) is check") is True
+
+
+def test_display_objects_escape_html() -> None:
+    table = Table("<title>", ["a<b"], [["<script>"]], notes=["n&m"], details=[("x", "<raw>")])
+    html = table._repr_html_()
+    assert "<script>" not in html and "&lt;script&gt;" in html and "&amp;" in html
+    assert "&lt;raw&gt;" in html

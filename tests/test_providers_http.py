@@ -1,0 +1,390 @@
+"""The real HTTP providers against the loopback server: bodies, usage, cost and error mapping.
+
+Everything goes over 127.0.0.1; nothing here can reach the internet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import gc
+import json
+import socket
+import threading
+import time
+import traceback
+import warnings
+from typing import Any
+
+import pytest
+
+from batchjson.errors import ProviderError, ProviderNotConfigured
+from batchjson.providers.anthropic import AnthropicProvider
+from batchjson.providers.base import Call, estimate_tokens
+from batchjson.providers.openai import (
+    OpenAIProvider,
+    ProviderSetupError,
+    http_error,
+    parse_retry_after,
+    strict_schema,
+)
+from batchjson.providers.pricing import cost_of
+from batchjson.providers.select import make_provider
+from batchjson.providers.simulated import SimulatedModel
+from batchjson.schema import compile_schema, wire_schema
+from batchjson.tasks import render_items_prompt
+from batchjson.testing import HttpFaults, LoopbackServer
+
+KEY = "sk-test-SECRETVALUE-0123456789abcdef"
+IDENTITY = ("task_id", "case_id")
+TASKS = [{"task_id": "t1", "case_id": "c1", "prompt": "alpha"},
+         {"task_id": "t2", "case_id": "c2", "prompt": "beta"}]
+ITEM_SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}},
+               "required": ["answer"], "additionalProperties": False}
+ENV = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL",
+       "BATCHJSON_MODEL", "BATCHJSON_PROVIDER")
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ENV:
+        monkeypatch.delenv(name, raising=False)
+
+
+def upper(task: dict[str, Any]) -> dict[str, Any]:
+    return {"answer": task["prompt"].upper()}
+
+
+def items_call(schema: dict | None = None, system: str = "Be exact.") -> Call:
+    wire = wire_schema(compile_schema(schema or ITEM_SCHEMA), TASKS, IDENTITY)
+    return Call(tasks=tuple(TASKS), prompt=render_items_prompt(TASKS, IDENTITY, "Shout."),
+                system=system, schema=wire, attempt=0, kind="answer", request_key="rk",
+                identity=IDENTITY)
+
+
+def value_call(schema: dict) -> Call:
+    task = {"task_id": "v", "prompt": "How many?"}
+    return Call(tasks=(task,), prompt="How many?", system="", schema=schema, attempt=0,
+                kind="answer", request_key="vk", mode="value")
+
+
+def complete(provider: Any, call: Call) -> Any:
+    """One call in a fresh event loop, closing the provider's session in that loop."""
+    async def go() -> Any:
+        try:
+            return await provider.complete(call)
+        finally:
+            await provider.aclose()
+    return asyncio.run(go())
+
+
+def failure(provider: Any, call: Call) -> ProviderError:
+    with pytest.raises(ProviderError) as info:
+        complete(provider, call)
+    return info.value
+
+
+def openai(srv: LoopbackServer, **kw: Any) -> OpenAIProvider:
+    kw.setdefault("api_key", KEY)
+    return OpenAIProvider(kw.pop("model", "gpt-4o-mini"), base_url=srv.base_url, **kw)
+
+
+def anthropic(srv: LoopbackServer, **kw: Any) -> AnthropicProvider:
+    kw.setdefault("api_key", KEY)
+    return AnthropicProvider(kw.pop("model", "claude-haiku-4-5"),
+                             base_url=srv.anthropic_base_url, **kw)
+
+
+EXPECTED = {"items": [{"task_id": "t1", "case_id": "c1", "answer": "ALPHA"},
+                      {"task_id": "t2", "case_id": "c2", "answer": "BETA"}]}
+
+
+# -- happy paths ---------------------------------------------------------------------------------
+
+def test_openai_text_tokens_and_cost() -> None:
+    call = items_call()
+    with LoopbackServer(SimulatedModel(upper), api_key=KEY) as srv:
+        reply = complete(openai(srv), call)
+    assert json.loads(reply.text) == EXPECTED
+    assert reply.input_tokens == estimate_tokens(call.system + call.prompt)
+    assert reply.output_tokens == estimate_tokens(reply.text)
+    assert reply.cached_tokens == 0
+    assert reply.model == "gpt-4o-mini"
+    expected = (reply.input_tokens * 0.15 + reply.output_tokens * 0.60) / 1e6
+    assert reply.cost == pytest.approx(expected)
+    assert reply.extra["finish_reason"] == "stop"
+
+
+def test_openai_json_schema_body_carries_wire_schema_strict() -> None:
+    call = items_call()
+    with LoopbackServer(SimulatedModel(upper)) as srv:
+        complete(openai(srv), call)
+        body = srv.last_body
+    assert body["model"] == "gpt-4o-mini"
+    assert body["messages"] == [{"role": "system", "content": "Be exact."},
+                                {"role": "user", "content": call.prompt}]
+    assert body["response_format"] == {"type": "json_schema", "json_schema": {
+        "name": "batchjson_items", "schema": call.schema, "strict": True}}
+    pinned = body["response_format"]["json_schema"]["schema"]["properties"]["items"]
+    assert pinned["minItems"] == pinned["maxItems"] == 2
+    assert pinned["items"]["properties"]["task_id"] == {"enum": ["t1", "t2"]}
+
+
+def test_strict_schema_tightens_objects_without_loosening_anything() -> None:
+    loose = {"type": "object", "properties": {"answer": {"type": "string"},
+                                              "note": {"type": ["string", "null"]}},
+             "required": ["answer"]}
+    wire = wire_schema(compile_schema(loose), TASKS, IDENTITY)
+    strict = strict_schema(wire)
+    item = strict["properties"]["items"]["items"]
+    assert item["additionalProperties"] is False
+    assert item["required"] == ["task_id", "case_id", "answer", "note"]
+    assert "additionalProperties" not in wire["properties"]["items"]["items"]  # no mutation
+
+
+def test_openai_json_object_and_text_formats_and_no_system() -> None:
+    with LoopbackServer(SimulatedModel(upper)) as srv:
+        complete(openai(srv, response_format="json_object"), items_call(system=""))
+        assert srv.last_body["response_format"] == {"type": "json_object"}
+        assert [m["role"] for m in srv.last_body["messages"]] == ["user"]
+        reply = complete(openai(srv, response_format="text"), items_call())
+        assert "response_format" not in srv.last_body
+    assert json.loads(reply.text) == EXPECTED
+
+
+def test_openai_value_mode_wraps_scalar_schema_and_unwraps_answer() -> None:
+    with LoopbackServer(SimulatedModel(lambda task: 42)) as srv:
+        reply = complete(openai(srv), value_call({"type": "integer"}))
+        spec = srv.last_body["response_format"]["json_schema"]
+    assert reply.text == "42"
+    assert spec["name"] == "batchjson_value"
+    assert spec["schema"]["properties"] == {"value": {"type": "integer"}}
+
+
+def test_value_mode_object_schema_travels_unwrapped() -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    with LoopbackServer(SimulatedModel(lambda task: {"n": 3})) as srv:
+        reply = complete(openai(srv), value_call(schema))
+        spec = srv.last_body["response_format"]["json_schema"]
+        areply = complete(anthropic(srv), value_call(schema))
+        tool = srv.last_body["tools"][0]
+    assert json.loads(reply.text) == json.loads(areply.text) == {"n": 3}
+    assert spec["name"] == tool["name"] == "batchjson_answer"
+    assert tool["input_schema"] == schema
+
+
+def test_anthropic_tool_mode() -> None:
+    call = items_call()
+    with LoopbackServer(SimulatedModel(upper), api_key=KEY) as srv:
+        reply = complete(anthropic(srv), call)
+        body = srv.last_body
+    assert json.loads(reply.text) == EXPECTED
+    assert body["tools"][0]["input_schema"] == call.schema
+    assert body["tool_choice"] == {"type": "tool", "name": body["tools"][0]["name"]}
+    assert body["system"] == "Be exact." and body["max_tokens"] == 4096
+    assert reply.input_tokens == estimate_tokens(call.system + call.prompt)
+    assert reply.cost == pytest.approx(
+        (reply.input_tokens * 1.0 + reply.output_tokens * 5.0) / 1e6)
+    assert reply.extra["stop_reason"] == "tool_use"
+
+
+def test_anthropic_text_mode_and_value_wrapping() -> None:
+    with LoopbackServer(SimulatedModel(upper)) as srv:
+        reply = complete(anthropic(srv, mode="text"), items_call())
+        assert "tools" not in srv.last_body
+        assert json.loads(reply.text) == EXPECTED
+    with LoopbackServer(SimulatedModel(lambda task: "seven")) as srv:
+        reply = complete(anthropic(srv), value_call({"type": "string"}))
+        schema = srv.last_body["tools"][0]["input_schema"]
+    assert reply.text == '"seven"'
+    assert schema["required"] == ["value"] and schema["type"] == "object"
+
+
+def test_unknown_model_has_no_cost_but_keeps_tokens() -> None:
+    with LoopbackServer(SimulatedModel(upper)) as srv:
+        reply = complete(openai(srv, model="my-local-llama"), items_call())
+        areply = complete(anthropic(srv, model="claude-unknown-9"), items_call())
+    for r in (reply, areply):
+        assert r.cost is None
+        assert r.input_tokens and r.output_tokens
+
+
+def test_custom_base_url_may_be_keyless() -> None:
+    with LoopbackServer(SimulatedModel(upper)) as srv:
+        reply = complete(openai(srv, api_key=""), items_call())
+    assert json.loads(reply.text) == EXPECTED
+
+
+def test_one_provider_survives_loops_and_threads() -> None:
+    """A session belongs to one loop: the same provider works from a fresh loop and a thread."""
+    with LoopbackServer(SimulatedModel(upper)) as srv:
+        provider = openai(srv)
+        first = complete(provider, items_call())
+        out: list[Any] = []
+        worker = threading.Thread(target=lambda: out.append(complete(provider, items_call())))
+        worker.start()
+        worker.join(10)
+        # A loop closed without aclose() leaves its session behind; the next loop drops it.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)  # that loop's socket leaks
+            second = asyncio.run(provider.complete(items_call()))
+            assert len(provider._sessions) == 1
+            third = complete(provider, items_call())
+            gc.collect()
+    assert first.text == second.text == third.text == out[0].text
+    assert len(provider._sessions) == 0
+
+
+# -- errors --------------------------------------------------------------------------------------
+
+def test_429_is_retryable_with_retry_after_seconds() -> None:
+    faults = HttpFaults(script={1: "429"}, retry_after=7)
+    with LoopbackServer(SimulatedModel(upper), faults=faults) as srv:
+        exc = failure(openai(srv), items_call())
+        assert srv.responses[429] == 1
+    assert (exc.status, exc.retryable, exc.retry_after) == (429, True, 7.0)
+
+
+def test_429_retry_after_http_date() -> None:
+    when = email.utils.formatdate(time.time() + 30, usegmt=True)
+    faults = HttpFaults(script={1: "429"}, retry_after=when)
+    with LoopbackServer(SimulatedModel(upper), faults=faults) as srv:
+        exc = failure(anthropic(srv), items_call())
+    assert exc.retryable and 25 <= exc.retry_after <= 31
+
+
+@pytest.mark.parametrize("fault", ["500", "503", "529"])
+def test_server_errors_are_retryable(fault: str) -> None:
+    faults = HttpFaults(script={1: fault, 2: fault}, retry_after=2)
+    with LoopbackServer(SimulatedModel(upper), faults=faults) as srv:
+        exc = failure(openai(srv), items_call())
+        aexc = failure(anthropic(srv), items_call()) if fault == "529" else None
+    assert exc.status == int(fault) and exc.retryable
+    assert exc.retry_after == (None if fault == "500" else 2.0)
+    if aexc is not None:
+        assert aexc.status == 529 and aexc.retryable and "Overloaded" in str(aexc)
+
+
+def test_401_is_final_clear_and_never_shows_the_key() -> None:
+    with LoopbackServer(SimulatedModel(upper), api_key="sk-the-right-one") as srv:
+        provider = openai(srv)
+        exc = failure(provider, items_call())
+        aprovider = anthropic(srv)
+        aexc = failure(aprovider, items_call())
+    assert (exc.status, exc.retryable) == (401, False)
+    assert "Incorrect API key" in str(exc) and "OPENAI_API_KEY" in str(exc)
+    assert (aexc.status, aexc.retryable) == (401, False) and "ANTHROPIC_API_KEY" in str(aexc)
+    for shown in (str(exc), repr(exc), repr(provider), str(aexc), repr(aexc), repr(aprovider),
+                  repr(vars(provider)), repr(vars(aprovider)), *traceback.format_exception(exc)):
+        assert KEY not in shown
+        assert KEY[-4:] not in shown  # not even the masked tail the server echoes
+
+
+def test_quota_429_is_not_retryable() -> None:
+    raw = json.dumps({"error": {"message": "You exceeded your current quota",
+                                "code": "insufficient_quota"}}).encode()
+    exc = http_error("openai", 429, {}, raw, None, "OPENAI_API_KEY")  # type: ignore[arg-type]
+    assert exc.status == 429 and not exc.retryable
+
+
+@pytest.mark.parametrize("fault", ["truncate", "cut_json"])
+def test_truncated_body_is_retryable(fault: str) -> None:
+    faults = HttpFaults(script={1: fault, 2: fault})
+    with LoopbackServer(SimulatedModel(upper), faults=faults) as srv:
+        exc = failure(openai(srv), items_call())
+        aexc = failure(anthropic(srv), items_call()) if fault == "cut_json" else None
+    assert exc.retryable
+    assert aexc is None or aexc.retryable
+
+
+def test_client_timeout_is_retryable_and_prompt() -> None:
+    faults = HttpFaults(script={1: "timeout"}, hold=10)
+    with LoopbackServer(SimulatedModel(upper), faults=faults) as srv:
+        start = time.monotonic()
+        exc = failure(openai(srv, timeout=0.3), items_call())
+        elapsed = time.monotonic() - start
+    assert exc.retryable and exc.status is None
+    assert "0.3s" in str(exc)
+    assert elapsed < 3
+
+
+def test_connection_refused_is_retryable() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    provider = OpenAIProvider("gpt-4o-mini", base_url=f"http://127.0.0.1:{port}/v1",
+                              api_key=KEY, timeout=2)
+    exc = failure(provider, items_call())
+    assert exc.retryable and "connection failed" in str(exc) and KEY not in str(exc)
+    assert exc.__context__ is None and exc.__cause__ is None  # no aiohttp error rides along
+
+
+def test_simulated_transport_fault_becomes_503() -> None:
+    from batchjson.providers.simulated import FaultPlan
+
+    model = SimulatedModel(upper, faults=FaultPlan(script={0: "provider_error"}))
+    with LoopbackServer(model) as srv:
+        exc = failure(openai(srv), items_call())
+        reply = complete(openai(srv), items_call())  # attempt 1 is clean
+    assert exc.status == 503 and exc.retryable
+    assert json.loads(reply.text) == EXPECTED
+
+
+@pytest.mark.parametrize(("headers", "expected"), [
+    ({"Retry-After": "3"}, 3.0), ({"Retry-After": "1.5"}, 1.5), ({"retry-after-ms": "250"}, 0.25),
+    ({"Retry-After": "garbage"}, None), ({}, None),
+    ({"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"}, 0.0)])
+def test_parse_retry_after(headers: dict[str, str], expected: float | None) -> None:
+    assert parse_retry_after(headers) == expected
+
+
+# -- configuration -------------------------------------------------------------------------------
+
+def test_missing_key_for_official_endpoints_fails_at_construction() -> None:
+    with pytest.raises(ProviderNotConfigured, match="OPENAI_API_KEY"):
+        OpenAIProvider("gpt-4o-mini")
+    with pytest.raises(ProviderNotConfigured, match="ANTHROPIC_API_KEY"):
+        AnthropicProvider("claude-haiku-4-5")
+    with pytest.raises(ProviderSetupError, match="BATCHJSON_MODEL"):
+        OpenAIProvider(api_key=KEY)
+
+
+def test_env_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    monkeypatch.setenv("BATCHJSON_MODEL", "gpt-4.1-mini")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1/")
+    provider = OpenAIProvider()
+    assert provider.model == "gpt-4.1-mini"
+    assert provider.url == "http://127.0.0.1:9/v1/chat/completions"
+    assert KEY not in repr(provider) and "<set>" in repr(provider)
+
+
+def test_make_provider(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ProviderNotConfigured, match="three ways"):
+        make_provider(None)
+    with pytest.raises(ProviderNotConfigured, match="'bogus'"):
+        make_provider("bogus")
+    with pytest.raises(TypeError, match="CallableProvider"):
+        make_provider(object())
+    with pytest.raises(TypeError, match="CallableProvider"):
+        make_provider(lambda call: "{}")
+    with pytest.raises(ProviderNotConfigured, match="OPENAI_API_KEY"):
+        make_provider("openai", model="gpt-4o-mini")
+    assert isinstance(make_provider("simulated"), SimulatedModel)
+    monkeypatch.setenv("BATCHJSON_PROVIDER", "simulated")
+    assert isinstance(make_provider(None), SimulatedModel)
+    custom = SimulatedModel()
+    assert make_provider(custom) is custom
+    monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
+    assert isinstance(make_provider("Anthropic", model="claude-haiku-4-5"), AnthropicProvider)
+
+
+def test_prices_override_per_provider() -> None:
+    with LoopbackServer(SimulatedModel(upper)) as srv:
+        reply = complete(openai(srv, model="my-local-llama",
+                                prices={"my-local-llama": {"input": 1.0, "output": 2.0}}),
+                         items_call())
+    assert reply.cost == pytest.approx(cost_of("my-local-llama", reply.input_tokens,
+                                               reply.output_tokens,
+                                               overrides={"my-local-llama": (1.0, 2.0)}))
+    assert reply.cost == pytest.approx((reply.input_tokens + 2 * reply.output_tokens) / 1e6)

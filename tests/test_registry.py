@@ -1,0 +1,201 @@
+"""Define-once registry: re-running a cell must hand back the first validator object."""
+
+from __future__ import annotations
+
+import functools
+import re
+import threading
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from batchjson.errors import ValidatorChanged
+from batchjson.registry import ValidatorRegistry, ValidatorVersion
+
+CELL = '''
+THRESHOLD = 0.5
+LABELS = ["positive", "negative", "neutral"]
+
+def validate_labels(items):
+    errors = [f"item {i}: unknown label" for i, it in enumerate(items)
+              if it["label"] not in LABELS or it["score"] < THRESHOLD]
+    if errors:
+        raise RuntimeError("; ".join(errors))
+    return items
+
+validate_labels = registry.define(validate_labels)
+'''
+
+
+def run_cell(ns: dict[str, Any], src: str = CELL) -> Any:
+    exec(compile(src, "<cell>", "exec"), ns)
+    return ns["validate_labels"]
+
+
+def test_seven_reexecutions_return_the_first_object() -> None:
+    registry = ValidatorRegistry()
+    ns: dict[str, Any] = {"registry": registry}
+    first = run_cell(ns)
+    assert registry.last_event is not None
+    assert registry.last_event.startswith("validator 'validate_labels' registered (version 1, ")
+    for _ in range(6):
+        again = run_cell(ns)
+        assert again is first and id(again) == id(first)
+        assert registry.last_event == "validator 'validate_labels' unchanged: reusing version 1"
+    assert len(registry) == 1 and [v.version for v in registry.versions("validate_labels")] == [1]
+
+
+def test_version_record() -> None:
+    registry = ValidatorRegistry()
+    ns: dict[str, Any] = {"registry": registry}
+    fn = run_cell(ns)
+    record = registry.version_of(fn)
+    assert isinstance(record, ValidatorVersion)
+    assert (record.name, record.version, record.fn) == ("validate_labels", 1, fn)
+    assert record.where == "<cell>:5"
+    assert datetime.fromisoformat(record.defined_at).utcoffset().total_seconds() == 0
+    assert record.fingerprint.stable
+    assert registry.current("validate_labels") is record
+    assert "validate_labels" in registry and "other" not in registry
+    assert list(registry) == [record]
+    assert registry.current("other") is None and registry.versions("other") == []
+
+
+def test_nonstrict_change_makes_version_2_and_revert_returns_version_1() -> None:
+    registry = ValidatorRegistry()
+    ns: dict[str, Any] = {"registry": registry}
+    v1 = run_cell(ns)
+    v2 = run_cell(ns, CELL.replace("THRESHOLD = 0.5", "THRESHOLD = 0.7"))
+    assert v2 is not v1
+    assert registry.current("validate_labels").version == 2
+    assert registry.last_event == ("validator 'validate_labels' changed (global THRESHOLD "
+                                   "changed): now version 2")
+    back = run_cell(ns)
+    assert back is v1
+    assert registry.current("validate_labels").version == 1
+    assert "matches version 1" in registry.last_event
+    assert [v.version for v in registry.versions("validate_labels")] == [1, 2]
+    assert run_cell(ns, CELL.replace("THRESHOLD = 0.5", "THRESHOLD = 0.7")) is v2
+
+
+def test_strict_refuses_change_only_while_evidence_is_open() -> None:
+    open_under: dict[str, int] = {}
+    registry = ValidatorRegistry(strict=True, unresolved_under=lambda d: open_under.get(d, 0))
+    ns: dict[str, Any] = {"registry": registry}
+    v1 = run_cell(ns)
+    digest1 = registry.current("validate_labels").fingerprint.digest
+    open_under[digest1] = 3
+    changed = CELL.replace("THRESHOLD = 0.5", "THRESHOLD = 0.7")
+    with pytest.raises(ValidatorChanged) as info:
+        run_cell(ns, changed)
+    err = info.value
+    assert err.name == "validate_labels" and err.old_fingerprint == digest1
+    assert err.changes == ["global THRESHOLD changed"] and "3 request(s)" in str(err)
+    assert "refused" in registry.last_event
+    # nothing was registered: same single version, still current
+    assert [v.version for v in registry.versions("validate_labels")] == [1]
+    assert registry.current("validate_labels").fn is v1
+    # an unchanged re-run is still fine while evidence is open
+    ns["THRESHOLD"] = 0.5
+    assert run_cell(ns) is v1
+    # once resolved, the change is accepted as version 2
+    open_under[digest1] = 0
+    v2 = run_cell(ns, changed)
+    assert v2 is not v1 and registry.current("validate_labels").version == 2
+
+
+def test_strict_without_open_evidence_behaves_like_nonstrict() -> None:
+    registry = ValidatorRegistry(strict=True, unresolved_under=lambda d: 0)
+    ns: dict[str, Any] = {"registry": registry}
+    run_cell(ns)
+    run_cell(ns, CELL.replace("0.5", "0.6"))
+    assert registry.current("validate_labels").version == 2
+
+
+def test_names_are_independent_and_explicit_names_win() -> None:
+    registry = ValidatorRegistry()
+
+    def check(x: int) -> bool:
+        return x > 0
+
+    a = registry.define(check)
+    assert registry.current(check.__qualname__).fn is a is check
+    b = registry.define(lambda x: x > 1, name=check.__qualname__)
+    assert b is not a and registry.current(check.__qualname__).version == 2
+    assert registry.define(check, name="positive") is check
+    assert len(registry) == 2 and {v.name for v in registry} == {check.__qualname__, "positive"}
+
+
+def test_partials_methods_and_instances_get_sensible_names() -> None:
+    registry = ValidatorRegistry()
+
+    def check(x: int, limit: int) -> bool:
+        return x < limit
+
+    class Checker:
+        def __call__(self, x: int) -> bool:
+            return x > 0
+
+        def method(self, x: int) -> bool:
+            return x > 0
+
+    p = functools.partial(check, limit=3)
+    assert registry.define(p) is p
+    assert registry.define(functools.partial(check, limit=3)) is p
+    registry.define(Checker())
+    registry.define(Checker().method)
+    names = {v.name for v in registry}
+    suffixes = {"partial(" + check.__qualname__ + ")", Checker.__qualname__,
+                Checker.method.__qualname__}
+    assert names == suffixes
+
+
+def test_identity_fallback_still_defines_once_within_the_process() -> None:
+    registry = ValidatorRegistry()
+    lock = threading.Lock()
+    src = "def guarded(x):\n    with lock:\n        return x\nguarded = registry.define(guarded)\n"
+    ns: dict[str, Any] = {"registry": registry, "lock": lock}
+    exec(compile(src, "<cell>", "exec"), ns)
+    first = ns["guarded"]
+    assert registry.last_event.endswith("compared by identity: global:lock")
+    exec(compile(src, "<cell>", "exec"), ns)
+    assert ns["guarded"] is first
+    record = registry.current("guarded")
+    assert record.fingerprint.by_identity == ("global:lock",) and not record.fingerprint.stable
+    ns["lock"] = threading.Lock()  # a new object: identity differs, so a new version
+    exec(compile(src, "<cell>", "exec"), ns)
+    assert ns["guarded"] is not first and registry.current("guarded").version == 2
+
+
+def test_define_is_thread_safe_and_converges_on_one_object() -> None:
+    registry = ValidatorRegistry()
+    src = "PAT = re.compile('^[a-z]+$')\ndef check(s):\n    return bool(PAT.match(s))\n"
+    candidates = []
+    for _ in range(8):
+        ns: dict[str, Any] = {"re": re}
+        exec(compile(src, "<cell>", "exec"), ns)
+        candidates.append(ns["check"])
+    results: list[Any] = []
+    barrier = threading.Barrier(len(candidates))
+
+    def worker(fn: Any) -> None:
+        barrier.wait()
+        results.append(registry.define(fn))
+
+    threads = [threading.Thread(target=worker, args=(fn,)) for fn in candidates]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 8 and len({id(r) for r in results}) == 1
+    assert results[0] in candidates and len(registry.versions("check")) == 1
+
+
+def test_rejects_non_callables_and_bad_names() -> None:
+    registry = ValidatorRegistry()
+    with pytest.raises(TypeError):
+        registry.define(3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        registry.define(len, name="")
+    assert len(registry) == 0
