@@ -1,4 +1,4 @@
-"""Fixtures for the IPython face: one real in-process shell, left as it was found after each test."""
+"""Fixtures for the IPython face: one real in-process shell, left as it was found."""
 
 from __future__ import annotations
 

@@ -47,7 +47,8 @@ def faulty_returns(draw):
                                           if t[field] != items[victim].get(field)]))
             items[victim][field] = other
         elif fault == "retype":
-            items[victim][field] = draw(st.sampled_from([None, 78, True, [items[victim].get(field)]]))
+            wrong = [None, 78, True, [items[victim].get(field)]]
+            items[victim][field] = draw(st.sampled_from(wrong))
         elif fault == "blank":
             items[victim][field] = ""
         else:

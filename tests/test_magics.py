@@ -220,6 +220,22 @@ def test_config_strict_opens_new_session_on_same_ledger(loaded: Any) -> None:
     assert new.ledger.path == old.ledger.path
 
 
+def test_config_ledger_that_cannot_open_changes_nothing(loaded: Any, tmp_path: Path,
+                                                        caplog: Any) -> None:
+    ip = loaded
+    session = ip.user_ns["batch_session"]
+    (tmp_path / "a_directory").mkdir()
+    ok(ip, "%config BatchJson.ledger = 'a_directory'")
+    assert "BatchJson.ledger = 'a_directory' was not applied" in caplog.text
+    assert ip.magics_manager.registry["BatchJson"].ledger == ".batchjson/ledger.sqlite"
+    assert ip.user_ns["batch_session"] is session and default_session() is session
+    ok(ip, "%%batch_json labels\n" + BODY)  # the session still works
+
+
+def test_config_provider_reads_back_the_object(loaded: Any) -> None:
+    assert ok(loaded, "%config BatchJson.provider") is loaded.user_ns["model"]
+
+
 def test_config_updates_live_session(loaded: Any) -> None:
     ip = loaded
     session = ip.user_ns["batch_session"]
@@ -588,14 +604,24 @@ def test_validators_magic(loaded: Any, capsys: Any) -> None:
     assert "takes no arguments" in usage_error(ip, "%validators extra", capsys)
 
 
+def test_validators_lists_batches_by_fingerprint_across_sessions(loaded: Any) -> None:
+    ip = loaded
+    ok(ip, "%%batch_json first --validator check\n" + BODY)
+    ok(ip, "%config BatchJson.strict = True")  # a new session on the same ledger, new registry
+    changed = BODY.replace("verdict must be", "the verdict has to be")
+    ok(ip, "%%batch_json second --validator check\n" + changed)
+    rows = sorted((r for r in ok(ip, "%validators").rows if r[0] == "check"),
+                  key=lambda r: r[4])
+    assert [(r[4], r[5]) for r in rows] == [("first", ""), ("second", "yes")]
+    assert rows[0][2] != rows[1][2]
+
+
 def test_batch_receipts(loaded: Any, capsys: Any) -> None:
     ip = loaded
     ok(ip, "model.faults = FaultPlan(script={0: 'malformed_json'}, clean_after=1)")
     ok(ip, "%%batch_json labels --tasks tasks[:2] --repairs 1 --replays 0\n" + BODY)
     table = ok(ip, "%batch_receipts labels")
     assert [(r[2], r[3]) for r in table.rows] == [
-        ("initial", "rejected"), ("initial", "rejected"), ("repair", "accepted"),
-        ("repair", "accepted")] or sorted((r[2], r[3]) for r in table.rows) == [
         ("initial", "rejected"), ("initial", "rejected"), ("repair", "accepted"),
         ("repair", "accepted")]
     assert [r[0] for r in table.rows] == ["1", "2", "3", "4"]

@@ -7,8 +7,17 @@ import json
 import pytest
 from pydantic import BaseModel
 
-from batchjson import (BatchUnresolved, Budget, BudgetExceeded, CallableProvider, FaultPlan,
-                       InvalidBatch, ProviderError, Session, SimulatedModel)
+from batchjson import (
+    BatchUnresolved,
+    Budget,
+    BudgetExceeded,
+    CallableProvider,
+    FaultPlan,
+    InvalidBatch,
+    ProviderError,
+    Session,
+    SimulatedModel,
+)
 from tests.helpers import LABEL_SCHEMA, answer, items_reply, review_tasks
 
 

@@ -5,8 +5,15 @@ only after the whole of it passes acceptance (coverage, identity, schema, caller
 """
 
 from .budget import Budget
-from .errors import (BatchJsonError, BatchUnresolved, BudgetExceeded, InvalidBatch,
-                     ProviderError, ProviderNotConfigured, ValidatorChanged)
+from .errors import (
+    BatchJsonError,
+    BatchUnresolved,
+    BudgetExceeded,
+    InvalidBatch,
+    ProviderError,
+    ProviderNotConfigured,
+    ValidatorChanged,
+)
 from .providers.base import Call, CallableProvider, Reply
 from .providers.simulated import FaultPlan, SimulatedModel
 from .result import BatchResult

@@ -23,6 +23,7 @@ def run_sync(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
         return asyncio.run(make())
     box: dict[str, Any] = {}
     started = threading.Event()
+    done = threading.Event()  # not Thread.join: an interrupted join marks a live thread stopped
 
     def worker() -> None:
         loop = asyncio.new_event_loop()
@@ -37,12 +38,13 @@ def run_sync(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
         finally:
             started.set()
             loop.close()
+            done.set()
 
     thread = threading.Thread(target=worker, name="batchjson-run", daemon=True)
     thread.start()
     try:
-        while thread.is_alive():
-            thread.join(0.05)
+        while not done.wait(0.05):
+            pass
     except KeyboardInterrupt:
         started.wait()
         loop, task = box.get("loop"), box.get("task")
@@ -51,7 +53,7 @@ def run_sync(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
                 loop.call_soon_threadsafe(task.cancel)
             except RuntimeError:  # the loop finished and closed meanwhile
                 pass
-        thread.join()
+        done.wait()
         raise
     if "error" in box:
         error = box["error"]

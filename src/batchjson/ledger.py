@@ -128,7 +128,8 @@ class Ledger:
 
     def open_revision(self, name: str, fingerprint: str, components: Mapping[str, str],
                       requests: Sequence[Request], *, strict: bool,
-                      validator: Mapping[str, Any] | None = None) -> tuple[Revision, Revision | None]:
+                      validator: Mapping[str, Any] | None = None,
+                      ) -> tuple[Revision, Revision | None]:
         """Make (or reuse) the revision for this content and mark it current.
 
         Returns (revision, superseded) where ``superseded`` is the previous current revision if it

@@ -22,8 +22,13 @@ from .errors import ProviderError
 from .ledger import Ledger
 from .providers.base import Call, Reply
 from .schema import ItemSchema, wire_schema
-from .tasks import (Request, render_items_prompt, render_repair_prompt, render_value_prompt,
-                    split_request)
+from .tasks import (
+    Request,
+    render_items_prompt,
+    render_repair_prompt,
+    render_value_prompt,
+    split_request,
+)
 
 
 @dataclass

@@ -70,7 +70,8 @@ def compile_schema(schema: Any) -> ItemSchema:
         try:
             js = schema.model_json_schema()
         except Exception as exc:  # pydantic raises several types for unschemable models
-            raise InvalidBatch(f"pydantic model {schema.__qualname__} has no JSON schema: {exc}")
+            raise InvalidBatch(
+                f"pydantic model {schema.__qualname__} has no JSON schema: {exc}") from None
         fp = sha(json.dumps({"model": f"{schema.__module__}.{schema.__qualname__}", "schema": js},
                             sort_keys=True, separators=(",", ":")))
         return ItemSchema(js, fp, model=schema)

@@ -9,7 +9,7 @@ from typing import Any
 
 from IPython.core.error import UsageError
 
-from ..errors import BatchUnresolved
+from .. import errors
 from ..registry import ValidatorRegistry
 
 _MISSING = object()
@@ -86,8 +86,12 @@ def one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
-class CellUnresolved(BatchUnresolved):
-    """Raised by ``%%batch_json`` when the batch is unresolved: a short report, no traceback."""
+class BatchUnresolved(errors.BatchUnresolved):
+    """Raised by ``%%batch_json`` when the batch is unresolved: a short report, no traceback.
+
+    Same name as (and a subclass of) ``batchjson.BatchUnresolved``, so a kernel reports the
+    error as what it is and ``except BatchUnresolved`` catches it.
+    """
 
     def __init__(self, result: Any, var: str) -> None:
         super().__init__(result)

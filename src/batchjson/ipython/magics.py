@@ -28,7 +28,7 @@ from ..providers.select import PROVIDER_NAMES
 from ..session import Session
 from .cell import (
     BatchInterrupted,
-    CellUnresolved,
+    BatchUnresolved,
     allow_empty_body,
     check_identifier,
     define_once,
@@ -43,6 +43,18 @@ from .state import KernelState
 DEFAULT_LEDGER = ".batchjson/ledger.sqlite"
 SETTINGS = ("provider", "model", "ledger", "concurrency", "max_calls", "repairs", "replays",
             "strict")
+
+
+def _import_progress_bar() -> None:
+    """Import tqdm.auto once without its 'IProgress not found' warning: without ipywidgets
+    the text bar is a fine progress bar, not something the user must act on."""
+    import warnings
+
+    from tqdm import TqdmWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TqdmWarning)
+        import tqdm.auto  # noqa: F401
 
 
 class AsGiven:
@@ -142,8 +154,20 @@ class BatchJson(Magics):
 
     @observe(*SETTINGS)
     def _setting_changed(self, change: Any) -> None:
-        if self._state is not None:
-            self._state.apply(change["name"], change["new"], self.settings())
+        """Carry a change to the live session; if that fails, keep the old value and say why."""
+        state = self._state
+        if state is None:
+            return
+        try:
+            state.apply(change["name"], change["new"], self.settings())
+        except Exception as exc:
+            self._state = None
+            try:
+                setattr(self, change["name"], change["old"])
+            finally:
+                self._state = state
+            raise TraitError(f"BatchJson.{change['name']} = {change['new']!r} was not applied: "
+                             f"{type(exc).__name__}: {exc}") from exc
 
     def settings(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in SETTINGS}
@@ -210,6 +234,7 @@ class BatchJson(Magics):
         instructions = (evaluate(self.shell, "--instructions", args.instructions, default=False)
                         if args.instructions else None)
         max_calls = args.max_calls if args.max_calls is not None else self.max_calls
+        _import_progress_bar()
         try:
             result = session.run_batch(
                 args.name, tasks, schema, validator=checker, identity=identity, pack=args.pack,
@@ -226,7 +251,7 @@ class BatchJson(Magics):
             print(f"batchjson: {args.name}: {result.superseded}")
         display(result)
         if not result.resolved:
-            raise CellUnresolved(result, var)
+            raise BatchUnresolved(result, var)
 
     # -- inspection ------------------------------------------------------------------------------
     @magic_arguments()
@@ -250,22 +275,22 @@ class BatchJson(Magics):
         if line.strip():
             raise UsageError("%validators takes no arguments")
         session = self.session
+        used: dict[str, set[str]] = {}  # fingerprint -> batches with a revision under it
+        for revision in session.ledger.revisions():
+            used.setdefault(revision.components.get("validator", ""), set()).add(revision.batch)
         rows: dict[tuple[str, str], list[Any]] = {}
-        current = set()
+        for r in session.ledger.validator_usage():
+            rows[(r["name"], r["fingerprint"])] = [r["name"], r["version"], r["fingerprint"][:12],
+                                                   r["where_defined"] or "", "", ""]
+        current = 0
         for v in session.validators:
-            current.add((v.name, v.fingerprint.digest))
+            current += 1
             rows[(v.name, v.fingerprint.digest)] = [v.name, v.version, v.fingerprint.short,
                                                     v.where, "", "yes"]
-        for r in session.ledger.validator_usage():
-            batches = ", ".join(sorted((r["batches"] or "").split(","))).strip(", ")
-            key = (r["name"], r["fingerprint"])
-            if key in rows:
-                rows[key][4] = batches
-            else:
-                rows[key] = [r["name"], r["version"], r["fingerprint"][:12],
-                             r["where_defined"] or "", batches, ""]
+        for (_, digest), row in rows.items():
+            row[4] = ", ".join(sorted(used.get(digest, ())))
         ordered = sorted(rows.values(), key=lambda row: (row[0], int(row[1])))
-        return Table(f"validators ({len(current)} defined in this session)",
+        return Table(f"validators ({current} current in this session)",
                      ["name", "version", "fingerprint", "where", "batches", "current"], ordered,
                      empty="no validators yet: functions a %%batch_json cell defines appear here")
 

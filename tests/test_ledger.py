@@ -1,0 +1,123 @@
+"""The ledger is the single source of truth: receipts before calls, one-transaction commits,
+versioned schema, and nothing lost across a crash."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from batchjson import CallableProvider, Session
+from batchjson.ledger import Ledger
+from batchjson.migrations import SCHEMA_VERSION
+from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
+
+
+def test_receipt_is_in_flight_while_the_call_runs(tmp_path):
+    seen = []
+
+    def model(call):
+        with sqlite3.connect(tmp_path / "l.sqlite") as other:  # another reader, mid-call
+            seen.append(other.execute("SELECT status, kind FROM attempts").fetchall())
+        return items_reply(call)
+
+    session = Session(CallableProvider(model), ledger=tmp_path / "l.sqlite")
+    session.run_batch("r", review_tasks(1), LABEL_SCHEMA)
+    assert seen == [[("in_flight", "initial")]]
+    assert [r.status for r in session.ledger.attempts("r")] == ["accepted"]
+
+
+def test_file_ledger_uses_wal_and_records_schema_version(tmp_path):
+    Ledger(tmp_path / "l.sqlite").close()
+    with sqlite3.connect(tmp_path / "l.sqlite") as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
+def test_newer_ledger_is_refused_untouched(tmp_path):
+    path = tmp_path / "l.sqlite"
+    Ledger(path).close()
+    with sqlite3.connect(path) as db:
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    with pytest.raises(RuntimeError, match="upgrade batchjson"):
+        Ledger(path)
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION + 1
+
+
+def test_in_memory_ledger_is_private_to_its_session():
+    one, two = Session(CallableProvider(items_reply)), Session(CallableProvider(items_reply))
+    one.run_batch("r", review_tasks(1), LABEL_SCHEMA)
+    assert one.ledger.batch_names() == ["r"] and two.ledger.batch_names() == []
+
+
+def test_interrupt_inside_a_live_loop_cancels_calls_and_commits_nothing():
+    """As in Jupyter: a loop is running, so the batch runs on a worker thread; Ctrl-C lands in
+    the caller's thread and must unwind the worker, closing every in-flight receipt."""
+    import _thread
+    import threading
+
+    async def hang(call):
+        await asyncio.sleep(30)
+
+    session = Session(CallableProvider(hang))
+
+    async def cell():
+        return session.run_batch("r", review_tasks(2), LABEL_SCHEMA)
+
+    loop = asyncio.new_event_loop()  # no asyncio.run: it would swallow the first SIGINT
+    timer = threading.Timer(0.3, _thread.interrupt_main)
+    timer.start()
+    started = time.perf_counter()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            loop.run_until_complete(cell())
+    finally:
+        timer.cancel()
+        loop.close()
+    assert time.perf_counter() - started < 10  # did not wait out the 30 s calls
+    assert [r.status for r in session.ledger.attempts("r")] == ["cancelled", "cancelled"]
+    assert session.ledger.checkpoint("r") == {}
+    assert session.evidence.minimum_exact_retry_calls == 2
+
+
+CRASH_SCRIPT = textwrap.dedent("""
+    import asyncio, json, sys
+    from batchjson import CallableProvider, Session
+    from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
+
+    async def slow(call):
+        if call.tasks[0]["candidate_id"].endswith("127"):
+            return items_reply(call)  # the first request lands at once
+        print("waiting", flush=True)
+        await asyncio.sleep(60)
+
+    session = Session(CallableProvider(slow), ledger=sys.argv[1], concurrency=4)
+    session.run_batch("r", review_tasks(4), LABEL_SCHEMA)
+""")
+
+
+def test_killed_process_loses_nothing_and_rerun_completes(tmp_path):
+    path = tmp_path / "l.sqlite"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, "-c", CRASH_SCRIPT, str(path)], env=env,
+                            stdout=subprocess.PIPE, cwd=os.getcwd())
+    assert proc.stdout.readline().strip() == b"waiting"
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+    session = Session(CallableProvider(items_reply), ledger=path)
+    statuses = sorted(r.status for r in session.ledger.attempts("r"))
+    assert statuses == ["accepted", "in_flight", "in_flight", "in_flight"]
+    assert len(session.ledger.checkpoint("r")) == 1
+    assert session.evidence.minimum_exact_retry_calls == 3
+    result = session.run_batch("r", review_tasks(4), LABEL_SCHEMA)
+    assert result.status == "resolved" and result.calls == 3
