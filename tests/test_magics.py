@@ -198,6 +198,18 @@ def test_ipython_config_style(ip: Any, tmp_path: Path) -> None:
     assert session.provider.model == "sim-x"
 
 
+def test_load_with_a_ledger_that_cannot_open_leaves_nothing(ip: Any, tmp_path: Path) -> None:
+    (tmp_path / "a_directory").mkdir()
+    ip.config.BatchJson.ledger = "a_directory"
+    r = run(ip, "%load_ext batchjson")
+    assert r.error_in_exec is not None
+    assert not any(isinstance(c, BatchJson) for c in ip.configurables)
+    assert ip.find_cell_magic("batch_json") is None and "batch_session" not in ip.user_ns
+    ip.config.BatchJson.ledger = "fine.sqlite"
+    ok(ip, "%load_ext batchjson")
+    assert ip.user_ns["batch_session"].ledger.path == tmp_path / "fine.sqlite"
+
+
 def test_config_ledger_opens_new_session(loaded: Any, tmp_path: Path) -> None:
     ip = loaded
     old = ip.user_ns["batch_session"]

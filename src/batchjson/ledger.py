@@ -244,11 +244,17 @@ class Ledger:
     def begin_attempt(self, batch_id: int, revision_id: int, request: Request, kind: str,
                       provider: str | None, model: str | None) -> int:
         with self._lock:
-            return self._db.execute(
-                "INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, status, "
-                "provider, model, started_at) VALUES (?,?,?,?,?, 'in_flight', ?,?,?)",
-                (batch_id, revision_id, request.key, json.dumps(list(request.task_ids)), kind,
-                 provider, model, now())).lastrowid
+            return self.op_begin(self._db, batch_id, revision_id, request, kind, provider, model)
+
+    @staticmethod
+    def op_begin(db: sqlite3.Connection, batch_id: int, revision_id: int, request: Request,
+                 kind: str, provider: str | None, model: str | None) -> int:
+        """Write an in-flight receipt; it exists before the call is made."""
+        return db.execute(
+            "INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, status, "
+            "provider, model, started_at) VALUES (?,?,?,?,?, 'in_flight', ?,?,?)",
+            (batch_id, revision_id, request.key, json.dumps(list(request.task_ids)), kind,
+             provider, model, now())).lastrowid
 
     def finish_attempt(self, attempt_id: int, status: str, *, errors: Sequence[Mapping] = (),
                        raw: str | None = None, usage: Mapping[str, Any] | None = None) -> None:
@@ -262,14 +268,28 @@ class Ledger:
                         items: Mapping[str, Any], raw: str,
                         usage: Mapping[str, Any] | None = None) -> None:
         """The commit boundary: receipt and checkpoint rows in one transaction."""
-        stamp = now()
         with self.transaction() as db:
-            self._finish(db, attempt_id, "accepted", (), raw, usage or {})
-            db.executemany(
-                "INSERT OR REPLACE INTO checkpoint(batch_id, request_key, task_id, attempt_id, "
-                "item, committed_at) VALUES (?,?,?,?,?,?)",
-                [(batch_id, request_key, task_id, attempt_id, json.dumps(item), stamp)
-                 for task_id, item in items.items()])
+            self.op_accept(db, attempt_id, batch_id, request_key, items, raw, usage or {})
+
+    @classmethod
+    def op_accept(cls, db: sqlite3.Connection, attempt_id: int, batch_id: int, request_key: str,
+                  items: Mapping[str, Any], raw: str, usage: Mapping[str, Any]) -> None:
+        """Mark the receipt accepted and admit every item; callers run it inside a transaction."""
+        stamp = now()
+        cls._finish(db, attempt_id, "accepted", (), raw, usage)
+        db.executemany(
+            "INSERT OR REPLACE INTO checkpoint(batch_id, request_key, task_id, attempt_id, "
+            "item, committed_at) VALUES (?,?,?,?,?,?)",
+            [(batch_id, request_key, task_id, attempt_id, json.dumps(item), stamp)
+             for task_id, item in items.items()])
+
+    @classmethod
+    def op_finish(cls, db: sqlite3.Connection, attempt_id: int, status: str,
+                  errors: Sequence[Mapping], raw: str | None,
+                  usage: Mapping[str, Any]) -> None:
+        if status == "accepted":
+            raise ValueError("use op_accept for an accepted return")
+        cls._finish(db, attempt_id, status, errors, raw, usage)
 
     @staticmethod
     def _finish(db: sqlite3.Connection, attempt_id: int, status: str, errors: Sequence[Mapping],

@@ -19,6 +19,7 @@ from tenacity.wait import wait_exponential_jitter
 from . import acceptance
 from .budget import Spender
 from .errors import ProviderError
+from .groupcommit import GroupCommit
 from .ledger import Ledger
 from .providers.base import Call, Reply
 from .schema import ItemSchema, wire_schema
@@ -98,6 +99,8 @@ class Replayer:
         self.on_progress = on_progress
         self.outcome = Outcome()
         self._attempts: dict[str, int] = {}
+        self.writes = GroupCommit(ledger)
+        self._system = system_prompt(plan)
         self._provider_name = getattr(provider, "name", type(provider).__name__)
         self._model = getattr(provider, "model", None)
 
@@ -170,7 +173,6 @@ class Replayer:
     async def _attempt(self, request: Request, kind: str,
                        prompt: str) -> tuple[acceptance.Verdict, str | None]:
         """One logical attempt: transport retries inside, acceptance on the text that arrives."""
-        last_error: ProviderError | None = None
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.transport.retries + 1),
             wait=self._wait,
@@ -182,11 +184,11 @@ class Replayer:
                 with attempt:
                     return await self._call_once(request, kind, prompt)
         except ProviderError as exc:
-            last_error = exc
-        status = f" (HTTP {last_error.status})" if last_error and last_error.status else ""
-        return acceptance.Verdict(False, errors=[{
-            "type": "provider_error", "task_id": None,
-            "message": f"provider failed{status}: {last_error}"}]), None
+            status = f" (HTTP {exc.status})" if exc.status else ""
+            return acceptance.Verdict(False, errors=[{
+                "type": "provider_error", "task_id": None,
+                "message": f"provider failed{status}: {exc}"}]), None
+        raise AssertionError("unreachable: tenacity either returns or re-raises")
 
     def _wait(self, state: RetryCallState) -> float:
         error = state.outcome.exception() if state.outcome else None
@@ -207,55 +209,64 @@ class Replayer:
                 self.outcome.attempts_by_task.get(task_id, 0) + 1)
         self.outcome.calls += 1
         call = self._make_call(request, kind, prompt, number)
-        attempt_id = self.ledger.begin_attempt(self.plan.batch_id, self.plan.revision_id,
-                                               request, kind, self._provider_name, self._model)
+        plan, ledger = self.plan, self.ledger
+        attempt_id = await self.writes.run(lambda db: ledger.op_begin(
+            db, plan.batch_id, plan.revision_id, request, kind, self._provider_name, self._model))
         try:
-            async with self.semaphore:
-                reply = await asyncio.wait_for(self.provider.complete(call),
-                                               self.transport.timeout)
+            return await self._complete(request, call, attempt_id)
         except asyncio.CancelledError:
-            self.ledger.finish_attempt(attempt_id, "cancelled", errors=[{
+            # Synchronous on purpose: the loop is unwinding. A receipt already completed is
+            # left as it is (the update only touches in-flight rows).
+            ledger.finish_attempt(attempt_id, "cancelled", errors=[{
                 "type": "cancelled", "task_id": None,
-                "message": "interrupted before the return arrived; re-run to resume"}])
+                "message": "interrupted before the return was judged; re-run to resume"}])
             raise
+
+    async def _complete(self, request: Request, call: Call,
+                        attempt_id: int) -> tuple[acceptance.Verdict, str | None]:
+        ledger = self.ledger
+        try:
+            async with self.semaphore, asyncio.timeout(self.transport.timeout):
+                reply = await self.provider.complete(call)
         except (ProviderError, TimeoutError) as exc:
             error = exc if isinstance(exc, ProviderError) else ProviderError(
                 f"no answer within {self.transport.timeout:g}s", retryable=True)
-            self.outcome.provider_errors += 1
-            self.ledger.finish_attempt(attempt_id, "provider_error", errors=[{
-                "type": "provider_error", "task_id": None, "message": str(error),
-                "status": error.status}], usage=error.usage)
+            await self._record_provider_error(attempt_id, str(error), error.status, error.usage)
             raise error from None
+        except asyncio.CancelledError:
+            raise
         except Exception as exc:  # a provider bug must not leave an in-flight receipt
-            self.outcome.provider_errors += 1
-            self.ledger.finish_attempt(attempt_id, "provider_error", errors=[{
-                "type": "provider_error", "task_id": None,
-                "message": f"{type(exc).__name__}: {exc}"}])
-            raise ProviderError(f"{type(exc).__name__}: {exc}", retryable=False) from exc
+            message = f"{type(exc).__name__}: {exc}"
+            await self._record_provider_error(attempt_id, message, None, {})
+            raise ProviderError(message, retryable=False) from exc
         usage = self._account(reply)
         verdict = self._judge(request, reply.text)
         if verdict.accepted:
             stored = {tid: self.plan.schema.dump(v) for tid, v in verdict.values.items()}
-            self.ledger.commit_accepted(attempt_id, self.plan.batch_id, request.key, stored,
-                                        reply.text, usage)
+            await self.writes.run(lambda db: ledger.op_accept(
+                db, attempt_id, self.plan.batch_id, request.key, stored, reply.text, usage))
             self.outcome.accepted_returns += 1
         else:
-            self.ledger.finish_attempt(attempt_id, "rejected", errors=verdict.errors,
-                                       raw=reply.text, usage=usage)
+            await self.writes.run(lambda db: ledger.op_finish(
+                db, attempt_id, "rejected", verdict.errors, reply.text, usage))
             self.outcome.rejected_returns += 1
         return verdict, reply.text
+
+    async def _record_provider_error(self, attempt_id: int, message: str, status: int | None,
+                                     usage: Mapping[str, Any]) -> None:
+        self.outcome.provider_errors += 1
+        errors = [{"type": "provider_error", "task_id": None, "message": message,
+                   "status": status}]
+        await self.writes.run(lambda db: self.ledger.op_finish(
+            db, attempt_id, "provider_error", errors, None, usage))
 
     def _make_call(self, request: Request, kind: str, prompt: str, number: int) -> Call:
         plan = self.plan
         if plan.mode == "value":
             schema: Mapping[str, Any] = plan.schema.json_schema
-            system = ("Respond with only a JSON value, no markdown, matching this JSON Schema: "
-                      + json.dumps(schema, sort_keys=True))
         else:
             schema = wire_schema(plan.schema, request.tasks, plan.identity)
-            system = ("Respond with only JSON, no markdown, matching this JSON Schema: "
-                      + json.dumps(schema, sort_keys=True))
-        return Call(tasks=request.tasks, prompt=prompt, system=system, schema=schema,
+        return Call(tasks=request.tasks, prompt=prompt, system=self._system, schema=schema,
                     attempt=number, kind=kind, request_key=request.key, mode=plan.mode,
                     identity=plan.identity)
 
@@ -277,3 +288,15 @@ class Replayer:
         self.spender.add_cost(reply.cost)
         return {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens,
                 "cached_tokens": reply.cached_tokens, "cost": reply.cost, "model": reply.model}
+
+
+def system_prompt(plan: Plan) -> str:
+    """Built once per run: the answer schema, and the envelope every return must use."""
+    answer = json.dumps(plan.schema.json_schema, sort_keys=True)
+    if plan.mode == "value":
+        return ("Respond with only a JSON value, no markdown or explanation, matching this JSON "
+                f"Schema: {answer}")
+    return ('Respond with only JSON, no markdown or explanation: {"items": [...]} with exactly '
+            "one object per task. Each object copies the task's identity fields ("
+            f"{', '.join(plan.identity)}) unchanged and answers with fields matching this JSON "
+            f"Schema: {answer}")

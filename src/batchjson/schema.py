@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -96,7 +95,7 @@ def compile_schema(schema: Any) -> ItemSchema:
 def wire_schema(item: ItemSchema, tasks: Sequence[Mapping[str, Any]],
                 identity: Sequence[str]) -> dict:
     """The schema a provider may enforce: identity fields pinned, exact item count."""
-    base = copy.deepcopy(item.json_schema)
+    base = dict(item.json_schema)  # shallow: nested parts are shared, never mutated
     defs = base.pop("$defs", None)
     props = dict(base.get("properties") or {})
     for name in identity:

@@ -45,7 +45,7 @@ def run_body(shell: Any, cell: str) -> list[str]:
     code = shell.compile(source, filename, "exec")
     ns = shell.user_ns
     before = dict(ns)
-    exec(code, shell.user_global_ns, ns)  # noqa: S102 - running the user's cell is the point
+    exec(code, shell.user_global_ns, ns)  # running the user's cell is the point
     return [name for name, value in ns.items()
             if inspect.isfunction(value) and before.get(name, _MISSING) is not value]
 
@@ -72,7 +72,7 @@ def define_once(registry: ValidatorRegistry, ns: dict[str, Any], names: list[str
 def evaluate(shell: Any, option: str, expr: str, *, default: bool) -> Any:
     """An option's EXPR in the user namespace; failures become one-line UsageErrors."""
     try:
-        return eval(expr, shell.user_global_ns, shell.user_ns)  # noqa: S307 - user's expression
+        return eval(expr, shell.user_global_ns, shell.user_ns)  # the user's own expression
     except NameError as exc:
         if default:
             raise UsageError(f"{exc}: build `{expr}` in the cell body or pass {option} EXPR"

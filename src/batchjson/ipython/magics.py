@@ -338,7 +338,12 @@ def load_ipython_extension(shell: Any) -> None:
     if state.magics is not None:
         return  # already loaded: harmless
     magics = BatchJson(shell=shell)
-    state.attach(magics.settings())
+    try:
+        state.attach(magics.settings())
+    except Exception:  # e.g. a configured ledger that cannot be opened: leave nothing behind
+        if magics in shell.configurables:
+            shell.configurables.remove(magics)
+        raise
     magics._state = state
     state.magics = magics
     shell.register_magics(magics)

@@ -51,6 +51,13 @@ _SCHEMA_MAPS = frozenset(("properties", "$defs", "definitions"))
 _SCHEMA_ONE = frozenset(("items", "not", "additionalProperties"))
 
 
+# Wire schemas of one batch share their answer sub-schemas (only the pinned identity values
+# differ per call), so tightened sub-schemas are memoised by node identity. The node is held in
+# the entry, so its id cannot be reused while the entry lives; bodies are only serialised.
+_STRICT_MEMO: dict[int, tuple[Any, Any]] = {}
+_STRICT_MEMO_MAX = 4096
+
+
 def _strict(node: Any, is_schema: bool) -> Any:
     """Copy a schema, tightening object nodes; faster than deepcopy plus a second walk."""
     if isinstance(node, list):
@@ -59,6 +66,17 @@ def _strict(node: Any, is_schema: bool) -> Any:
         return node
     if not is_schema:  # enum/const/default payloads: copied verbatim
         return {key: _strict(value, False) for key, value in node.items()}
+    hit = _STRICT_MEMO.get(id(node))
+    if hit is not None and hit[0] is node:
+        return hit[1]
+    out = _strict_object(node)
+    if len(_STRICT_MEMO) >= _STRICT_MEMO_MAX:
+        _STRICT_MEMO.clear()
+    _STRICT_MEMO[id(node)] = (node, out)
+    return out
+
+
+def _strict_object(node: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in node.items():
         if key in _SCHEMA_MAPS and isinstance(value, Mapping):
