@@ -199,7 +199,7 @@ def test_interrupt_keeps_receipts_and_rerun_completes(kernel: Kernel, tmp_path: 
 
     statuses = kernel.value("[a.status for a in batch_session.ledger.attempts('slow')]")
     assert statuses and "in_flight" not in statuses
-    assert "cancelled" in statuses
+    assert set(statuses) <= {"accepted", "cancelled"}
     accepted = kernel.value("sorted({t for a in batch_session.ledger.attempts('slow') "
                             "if a.status == 'accepted' for t in a.task_ids})")
     assert kernel.value("sorted(batch_session.ledger.checkpoint('slow'))") == accepted

@@ -200,34 +200,43 @@ class Replayer:
 
     async def _call_once(self, request: Request, kind: str,
                          prompt: str) -> tuple[acceptance.Verdict, str | None]:
-        if not self.spender.reserve():
-            raise OutOfBudget()
-        number = self._attempts.get(request.key, 0)
-        self._attempts[request.key] = number + 1
-        for task_id in request.task_ids:
-            self.outcome.attempts_by_task[task_id] = (
-                self.outcome.attempts_by_task.get(task_id, 0) + 1)
-        self.outcome.calls += 1
-        call = self._make_call(request, kind, prompt, number)
-        plan, ledger = self.plan, self.ledger
-        attempt_id = await self.writes.run(lambda db: ledger.op_begin(
-            db, plan.batch_id, plan.revision_id, request, kind, self._provider_name, self._model))
+        """Reserve, write the in-flight receipt, call, then judge and record the return."""
+        ledger, plan = self.ledger, self.plan
+        async with self.semaphore:  # a receipt is in flight only while its call really is
+            if not self.spender.reserve():
+                raise OutOfBudget()
+            number = self._attempts.get(request.key, 0)
+            self._attempts[request.key] = number + 1
+            for task_id in request.task_ids:
+                self.outcome.attempts_by_task[task_id] = (
+                    self.outcome.attempts_by_task.get(task_id, 0) + 1)
+            self.outcome.calls += 1
+            call = self._make_call(request, kind, prompt, number)
+            attempt_id = await self.writes.run(lambda db: ledger.op_begin(
+                db, plan.batch_id, plan.revision_id, request, kind, self._provider_name,
+                self._model))
+            try:
+                reply = await self._send(call, attempt_id)
+            except asyncio.CancelledError:
+                self._cancelled(attempt_id)
+                raise
         try:
-            return await self._complete(request, call, attempt_id)
+            return await self._judge_and_record(request, reply, attempt_id)
         except asyncio.CancelledError:
-            # Synchronous on purpose: the loop is unwinding. A receipt already completed is
-            # left as it is (the update only touches in-flight rows).
-            ledger.finish_attempt(attempt_id, "cancelled", errors=[{
-                "type": "cancelled", "task_id": None,
-                "message": "interrupted before the return was judged; re-run to resume"}])
+            self._cancelled(attempt_id)
             raise
 
-    async def _complete(self, request: Request, call: Call,
-                        attempt_id: int) -> tuple[acceptance.Verdict, str | None]:
-        ledger = self.ledger
+    def _cancelled(self, attempt_id: int) -> None:
+        # Synchronous on purpose: the loop is unwinding. A receipt already completed is left as
+        # it is (the update only touches in-flight rows).
+        self.ledger.finish_attempt(attempt_id, "cancelled", errors=[{
+            "type": "cancelled", "task_id": None,
+            "message": "interrupted before the return was judged; re-run to resume"}])
+
+    async def _send(self, call: Call, attempt_id: int) -> Reply:
         try:
-            async with self.semaphore, asyncio.timeout(self.transport.timeout):
-                reply = await self.provider.complete(call)
+            async with asyncio.timeout(self.transport.timeout):
+                return await self.provider.complete(call)
         except (ProviderError, TimeoutError) as exc:
             error = exc if isinstance(exc, ProviderError) else ProviderError(
                 f"no answer within {self.transport.timeout:g}s", retryable=True)
@@ -239,6 +248,10 @@ class Replayer:
             message = f"{type(exc).__name__}: {exc}"
             await self._record_provider_error(attempt_id, message, None, {})
             raise ProviderError(message, retryable=False) from exc
+
+    async def _judge_and_record(self, request: Request, reply: Reply,
+                                attempt_id: int) -> tuple[acceptance.Verdict, str | None]:
+        ledger = self.ledger
         usage = self._account(reply)
         verdict = self._judge(request, reply.text)
         if verdict.accepted:
