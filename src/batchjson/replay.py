@@ -121,6 +121,8 @@ class Replayer:
             while not verdict.accepted:
                 if verdict.errors and not verdict.repairable and raw is not None:
                     break  # a validator crash: reported, never retried
+                if raw is None and not all(e.get("retryable", True) for e in verdict.errors):
+                    break  # 400/401/403/404: asking again cannot help
                 if raw is not None and verdict.repairable and repairs_left > 0:
                     repairs_left -= 1
                     self.outcome.repairs_made += 1
@@ -186,7 +188,7 @@ class Replayer:
         except ProviderError as exc:
             status = f" (HTTP {exc.status})" if exc.status else ""
             return acceptance.Verdict(False, errors=[{
-                "type": "provider_error", "task_id": None,
+                "type": "provider_error", "task_id": None, "retryable": exc.retryable,
                 "message": f"provider failed{status}: {exc}"}]), None
         raise AssertionError("unreachable: tenacity either returns or re-raises")
 
