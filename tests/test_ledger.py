@@ -121,3 +121,34 @@ def test_killed_process_loses_nothing_and_rerun_completes(tmp_path):
     assert session.evidence.minimum_exact_retry_calls == 3
     result = session.run_batch("r", review_tasks(4), LABEL_SCHEMA)
     assert result.status == "resolved" and result.calls == 3
+
+
+def test_validator_versions_are_numbered_by_the_ledger_across_restarts(tmp_path):
+    path = tmp_path / "l.sqlite"
+
+    def make(threshold):
+        namespace = {"THRESHOLD": threshold}
+        exec("def check(item, task):\n    if len(item) < THRESHOLD:\n        raise ValueError('x')",
+             namespace)
+        return namespace["check"]
+
+    first = Session(ledger=path)
+    assert first.validators.version_of(make(1)).version == 1
+    first.close()
+    second = Session(ledger=path)  # a kernel restart with edited logic
+    assert second.validators.version_of(make(2)).version == 2
+    second.close()
+    third = Session(ledger=path)  # and back to the first logic
+    assert third.validators.version_of(make(1)).version == 1
+    rows = [(r["name"], r["version"]) for r in third.ledger.validator_usage()]
+    assert rows == [("check", 1), ("check", 2)]
+
+
+def test_a_provider_raising_keyboard_interrupt_leaves_no_in_flight_receipt():
+    def interrupting(call):
+        raise KeyboardInterrupt
+
+    session = Session(CallableProvider(interrupting))
+    with pytest.raises(KeyboardInterrupt):
+        session.run_batch("r", review_tasks(1), LABEL_SCHEMA)
+    assert [r.status for r in session.ledger.attempts("r")] == ["cancelled"]

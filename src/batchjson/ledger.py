@@ -145,12 +145,6 @@ class Ledger:
                 previous_id = None
             else:
                 batch_id, previous_id = row["id"], row["current_revision"]
-            if validator is not None:
-                db.execute("INSERT OR IGNORE INTO validators(name, version, fingerprint, "
-                           "where_defined, defined_at, by_identity) VALUES (?,?,?,?,?,?)",
-                           (validator["name"], validator["version"], validator["fingerprint"],
-                            validator.get("where"), stamp,
-                            json.dumps(list(validator.get("by_identity", ())))))
             found = db.execute("SELECT id FROM revisions WHERE batch_id = ? AND fingerprint = ?",
                                (batch_id, fingerprint)).fetchone()
             if found is not None:
@@ -344,6 +338,21 @@ class Ledger:
                "JOIN batches b ON b.id = a.batch_id")
         row = self._rows(sql + (" WHERE b.name = ?" if name else ""), (name,) if name else ())[0]
         return {k: (row[k] or 0) if k != "cost" else row[k] for k in row.keys()}
+
+    def number_validator(self, name: str, fingerprint: str, where: str | None,
+                         by_identity: Sequence[str] = ()) -> int:
+        """The version number of this content of ``name``: as recorded, or the next one."""
+        with self.transaction() as db:
+            row = db.execute("SELECT version FROM validators WHERE name = ? AND fingerprint = ?",
+                             (name, fingerprint)).fetchone()
+            if row is not None:
+                return row[0]
+            version = db.execute("SELECT COALESCE(MAX(version), 0) + 1 FROM validators "
+                                 "WHERE name = ?", (name,)).fetchone()[0]
+            db.execute("INSERT INTO validators(name, version, fingerprint, where_defined, "
+                       "defined_at, by_identity) VALUES (?,?,?,?,?,?)",
+                       (name, version, fingerprint, where, now(), json.dumps(list(by_identity))))
+            return version
 
     def validator_usage(self) -> list[sqlite3.Row]:
         return self._rows(

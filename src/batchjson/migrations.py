@@ -42,7 +42,7 @@ MIGRATIONS: list[str] = [
     CREATE TABLE validators (
         name TEXT NOT NULL, version INTEGER NOT NULL, fingerprint TEXT NOT NULL,
         where_defined TEXT, defined_at TEXT NOT NULL, by_identity TEXT,
-        PRIMARY KEY (name, version));
+        PRIMARY KEY (name, fingerprint), UNIQUE (name, version));
     """,
 ]
 

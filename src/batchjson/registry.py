@@ -84,9 +84,11 @@ class ValidatorRegistry:
         *,
         strict: bool = False,
         unresolved_under: Callable[[str], int] | None = None,
+        numbering: Callable[[ValidatorVersion], int] | None = None,
     ) -> None:
         self.strict = strict
         self.unresolved_under = unresolved_under
+        self.numbering = numbering  # the ledger's numbering, stable across kernel restarts
         self.last_event: str | None = None
         self._lock = threading.RLock()
         self._versions: dict[str, list[ValidatorVersion]] = {}
@@ -131,10 +133,13 @@ class ValidatorRegistry:
                     raise ValidatorChanged(name, current.fingerprint.digest, fingerprint.digest,
                                            changes, unresolved)
             record = ValidatorVersion(name, len(history) + 1, fingerprint, fn, _now(), _where(fn))
+            if self.numbering is not None:
+                record.version = self.numbering(record)
             self._versions.setdefault(name, []).append(record)
             self._current[name] = record
             if current is None:
-                event = f"validator {name!r} registered (version 1, {fingerprint.short})"
+                event = (f"validator {name!r} registered (version {record.version}, "
+                         f"{fingerprint.short})")
             else:
                 event = (f"validator {name!r} changed ({', '.join(changes)}): now version "
                          f"{record.version}")

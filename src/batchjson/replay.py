@@ -219,21 +219,23 @@ class Replayer:
                 self._model))
             try:
                 reply = await self._send(call, attempt_id)
-            except asyncio.CancelledError:
-                self._cancelled(attempt_id)
+            except BaseException as exc:  # cancellation, Ctrl-C, SystemExit: close the receipt
+                self._cancelled(attempt_id, exc)
                 raise
         try:
             return await self._judge_and_record(request, reply, attempt_id)
-        except asyncio.CancelledError:
-            self._cancelled(attempt_id)
+        except BaseException as exc:
+            self._cancelled(attempt_id, exc)
             raise
 
-    def _cancelled(self, attempt_id: int) -> None:
-        # Synchronous on purpose: the loop is unwinding. A receipt already completed is left as
-        # it is (the update only touches in-flight rows).
+    def _cancelled(self, attempt_id: int, exc: BaseException) -> None:
+        # Synchronous on purpose: the loop may be unwinding. A receipt already completed is left
+        # as it is (the update only touches in-flight rows).
+        why = ("interrupted" if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt))
+               else f"stopped by {type(exc).__name__}")
         self.ledger.finish_attempt(attempt_id, "cancelled", errors=[{
             "type": "cancelled", "task_id": None,
-            "message": "interrupted before the return was judged; re-run to resume"}])
+            "message": f"{why} before the return was judged; re-run to resume"}])
 
     async def _send(self, call: Call, attempt_id: int) -> Reply:
         try:

@@ -59,8 +59,10 @@ class Session:
         self.model = model
         self._provider_spec = provider
         self._provider: Any = None
-        self.validators = ValidatorRegistry(strict=self.strict,
-                                            unresolved_under=self.ledger.unresolved_under_validator)
+        self.validators = ValidatorRegistry(
+            strict=self.strict, unresolved_under=self.ledger.unresolved_under_validator,
+            numbering=lambda v: self.ledger.number_validator(
+                v.name, v.fingerprint.digest, v.where, v.fingerprint.by_identity))
         self.evidence = Evidence(self.ledger)
         self.spent_calls = 0
         self.spent_cost = 0.0
