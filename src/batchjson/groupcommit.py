@@ -24,21 +24,38 @@ class GroupCommit:
     def __init__(self, ledger: Ledger) -> None:
         self._ledger = ledger
         self._pending: list[tuple[Op, asyncio.Future]] = []
+        self._unawaited: list[asyncio.Future] = []
         self._scheduled = False
         self.flushes = 0
 
-    async def run(self, op: Op) -> Any:
+    def submit(self, op: Op) -> asyncio.Future:
+        """Queue a write for the next flush; ``raise_failures`` reports it if nobody awaits it."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._pending.append((op, future))
         if not self._scheduled:
             self._scheduled = True
             loop.call_soon(self._flush)
-        return await future
+        return future
+
+    async def run(self, op: Op) -> Any:
+        """Queue a write and wait until the transaction holding it has committed."""
+        return await self.submit(op)
+
+    def flush_now(self) -> None:
+        """Commit whatever is queued, now (the run is ending or unwinding)."""
+        self._flush()
+
+    def raise_failures(self) -> None:
+        for future in self._unawaited:
+            if future.done() and not future.cancelled() and future.exception() is not None:
+                raise future.exception()
+        self._unawaited.clear()
 
     def _flush(self) -> None:
         self._scheduled = False
         batch, self._pending = self._pending, []
+        self._unawaited.extend(fut for _, fut in batch)
         live = [(op, fut) for op, fut in batch if not fut.cancelled()]  # cancelled: never ran
         if not live:
             return

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,7 +96,7 @@ class Replayer:
         self.provider = provider
         self.spender = spender
         self.transport = transport
-        self.semaphore = asyncio.Semaphore(concurrency)
+        self.concurrency = concurrency
         self.on_progress = on_progress
         self.outcome = Outcome()
         self._attempts: dict[str, int] = {}
@@ -105,13 +106,42 @@ class Replayer:
         self._model = getattr(provider, "model", None)
 
     async def run(self, requests: list[Request]) -> Outcome:
+        """Drive every request with ``concurrency`` workers; each takes the next request as soon
+        as its previous call is judged, the way a bare client loop would."""
         self._attempts = self.ledger.attempt_counts(self.plan.batch_id,
                                                     [r.key for r in requests])
-        await asyncio.gather(*(self._drive(r, depth=0) for r in requests))
+        self._queue = deque((r, 0, None) for r in requests)
+        self._active = 0
+        self._changed = asyncio.Event()
+        workers = [asyncio.ensure_future(self._worker())
+                   for _ in range(min(self.concurrency, len(requests)))]
+        try:
+            await asyncio.gather(*workers)
+        finally:
+            for worker in workers:
+                worker.cancel()
+            self.writes.flush_now()  # whatever was judged is committed before we return
+        self.writes.raise_failures()
         return self.outcome
 
+    async def _worker(self) -> None:
+        while True:
+            if self._queue:
+                request, depth, first_kind = self._queue.popleft()
+                self._active += 1
+                try:
+                    await self._drive(request, depth, first_kind)
+                finally:
+                    self._active -= 1
+                    self._changed.set()
+            elif self._active == 0:
+                return
+            else:  # another worker may still split a request into more work
+                self._changed.clear()
+                await self._changed.wait()
+
     # -- one request -----------------------------------------------------------------------
-    async def _drive(self, request: Request, depth: int, first_kind: str | None = None) -> bool:
+    async def _drive(self, request: Request, depth: int, first_kind: str | None = None) -> None:
         plan = self.plan
         prompt = self._prompt(request)
         kind = first_kind or ("initial" if self._attempts.get(request.key, 0) == 0 else "replay")
@@ -132,28 +162,33 @@ class Replayer:
                     replays_left -= 1
                     verdict, raw = await self._attempt(request, "replay", prompt)
                 elif plan.split and len(request.tasks) > 1 and depth < plan.max_split_depth:
-                    return await self._split(request, depth)
+                    return self._split(request, depth)
                 else:
                     break
         except OutOfBudget:
             self._fail(request, [{"type": "budget_exhausted", "task_id": None,
                                   "message": "the call budget ran out before this request "
                                   "was resolved"}])
-            return False
-        if self.on_progress is not None:
-            self.on_progress(1)
+            self._progress(request)
+            return
+        self._progress(request)
         if verdict.accepted:
             for task_id in request.task_ids:
                 self.outcome.errors.pop(task_id, None)
-            return True
+            return
         self._fail(request, verdict.errors, raw)
-        return False
 
-    async def _split(self, request: Request, depth: int) -> bool:
+    def _progress(self, request: Request) -> None:
+        if self.on_progress is not None:
+            self.on_progress(len(request.tasks))
+
+    def _split(self, request: Request, depth: int) -> None:
+        """Replace the request by its halves, queued first so they keep the batch's order."""
         children = split_request(request, self.plan.content)
         self.ledger.record_split(self.plan.revision_id, request, children)
-        results = await asyncio.gather(*(self._drive(c, depth + 1, "split") for c in children))
-        return all(results)
+        for child in reversed(children):
+            self._queue.appendleft((child, depth + 1, "split"))
+        self._changed.set()
 
     def _fail(self, request: Request, errors: list[dict[str, Any]],
               raw: str | None = None) -> None:
@@ -204,27 +239,22 @@ class Replayer:
                          prompt: str) -> tuple[acceptance.Verdict, str | None]:
         """Reserve, write the in-flight receipt, call, then judge and record the return."""
         ledger, plan = self.ledger, self.plan
-        async with self.semaphore:  # a receipt is in flight only while its call really is
-            if not self.spender.reserve():
-                raise OutOfBudget()
-            number = self._attempts.get(request.key, 0)
-            self._attempts[request.key] = number + 1
-            for task_id in request.task_ids:
-                self.outcome.attempts_by_task[task_id] = (
-                    self.outcome.attempts_by_task.get(task_id, 0) + 1)
-            self.outcome.calls += 1
-            call = self._make_call(request, kind, prompt, number)
-            attempt_id = await self.writes.run(lambda db: ledger.op_begin(
-                db, plan.batch_id, plan.revision_id, request, kind, self._provider_name,
-                self._model))
-            try:
-                reply = await self._send(call, attempt_id)
-            except BaseException as exc:  # cancellation, Ctrl-C, SystemExit: close the receipt
-                self._cancelled(attempt_id, exc)
-                raise
+        if not self.spender.reserve():
+            raise OutOfBudget()
+        number = self._attempts.get(request.key, 0)
+        self._attempts[request.key] = number + 1
+        for task_id in request.task_ids:
+            self.outcome.attempts_by_task[task_id] = (
+                self.outcome.attempts_by_task.get(task_id, 0) + 1)
+        self.outcome.calls += 1
+        call = self._make_call(request, kind, prompt, number)
+        attempt_id = await self.writes.run(lambda db: ledger.op_begin(
+            db, plan.batch_id, plan.revision_id, request, kind, self._provider_name,
+            self._model))
         try:
-            return await self._judge_and_record(request, reply, attempt_id)
-        except BaseException as exc:
+            reply = await self._send(call, attempt_id)
+            return self._judge_and_record(request, reply, attempt_id)
+        except BaseException as exc:  # cancellation, Ctrl-C, SystemExit: close the receipt
             self._cancelled(attempt_id, exc)
             raise
 
@@ -253,18 +283,23 @@ class Replayer:
             await self._record_provider_error(attempt_id, message, None, {})
             raise ProviderError(message, retryable=False) from exc
 
-    async def _judge_and_record(self, request: Request, reply: Reply,
-                                attempt_id: int) -> tuple[acceptance.Verdict, str | None]:
+    def _judge_and_record(self, request: Request, reply: Reply,
+                          attempt_id: int) -> tuple[acceptance.Verdict, str | None]:
+        """Judge now; the record joins the next group commit without holding up this worker.
+
+        Nothing reads the checkpoint before the run ends, and the run flushes and checks every
+        queued write before it returns, so a failed commit can never pass as success.
+        """
         ledger = self.ledger
         usage = self._account(reply)
         verdict = self._judge(request, reply.text)
         if verdict.accepted:
             stored = {tid: self.plan.schema.dump(v) for tid, v in verdict.values.items()}
-            await self.writes.run(lambda db: ledger.op_accept(
+            self.writes.submit(lambda db: ledger.op_accept(
                 db, attempt_id, self.plan.batch_id, request.key, stored, reply.text, usage))
             self.outcome.accepted_returns += 1
         else:
-            await self.writes.run(lambda db: ledger.op_finish(
+            self.writes.submit(lambda db: ledger.op_finish(
                 db, attempt_id, "rejected", verdict.errors, reply.text, usage))
             self.outcome.rejected_returns += 1
         return verdict, reply.text
