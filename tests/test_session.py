@@ -306,3 +306,24 @@ def test_wire_schema_pins_identity_and_count():
     assert items["minItems"] == items["maxItems"] == 3
     assert items["items"]["properties"]["case_id"] == {"enum": ["gold-pair-078"]}
     assert json.dumps(seen[0])  # JSON-serialisable for providers that enforce it
+
+
+def test_validator_decorator_defines_once_in_the_default_session():
+    import batchjson
+
+    session = Session(flaky(0.0))
+    batchjson.set_default_session(session)
+    try:
+        source = ("@validator\ndef check(item, task):\n"
+                  "    if item['verdict'] not in ('match', 'no_match'):\n"
+                  "        raise ValueError('bad verdict')\n")
+        namespace = {"validator": batchjson.validator}
+        exec(source, namespace)
+        first = namespace["check"]
+        exec(source, namespace)
+        assert namespace["check"] is first
+        exec(source.replace("@validator", "@validator(name='verdicts')"), namespace)
+        assert session.validators.current("verdicts").fn is namespace["check"]
+        assert [v.name for v in session.validators] == ["check", "verdicts"]
+    finally:
+        batchjson.set_default_session(None)

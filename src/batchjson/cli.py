@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TextIO
 
 from .session import Session
 
@@ -47,7 +48,8 @@ def demo_model(seed: int = 0):  # noqa: ANN201 - returns a SimulatedModel
                           price_per_million=(0.15, 0.60))
 
 
-def run_demo(ledger: Path, seed: int, out=sys.stdout) -> int:  # noqa: ANN001
+def run_demo(ledger: Path, seed: int, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
     if ledger.exists():
         for suffix in ("", "-wal", "-shm"):
             Path(str(ledger) + suffix).unlink(missing_ok=True)
@@ -86,7 +88,8 @@ def run_demo(ledger: Path, seed: int, out=sys.stdout) -> int:  # noqa: ANN001
     return 0 if first.resolved and second.calls == 0 else 1
 
 
-def show_status(ledger: Path, name: str | None, out=sys.stdout) -> int:  # noqa: ANN001
+def show_status(ledger: Path, name: str | None, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
     session = Session(ledger=ledger)
     summary = session.evidence.summary(name)
     print(json.dumps(summary, indent=2, sort_keys=True), file=out)
@@ -94,7 +97,8 @@ def show_status(ledger: Path, name: str | None, out=sys.stdout) -> int:  # noqa:
 
 
 def show_receipts(ledger: Path, name: str, failed: bool, raw: bool,
-                  out=sys.stdout) -> int:  # noqa: ANN001
+                  out: TextIO | None = None) -> int:
+    out = out or sys.stdout
     session = Session(ledger=ledger)
     for r in session.ledger.attempts(name, failed=failed):
         print(f"#{r.id} rev {r.revision} {r.kind:<7} {r.status:<14} tasks={len(r.task_ids)} "
