@@ -610,7 +610,8 @@ def test_validators_magic(loaded: Any, capsys: Any) -> None:
     table = ok(ip, "%validators")
     (row,) = [r for r in table.rows if r[0] == "check"]
     version = ip.user_ns["batch_session"].validators.current("check")
-    assert row[1] == "1" and row[2] == version.fingerprint.short and row[3] == version.where
+    assert row[1] == "1" and row[2] == version.fingerprint.short
+    assert row[3].startswith("In[") and row[3].endswith(f"line {version.where.split(':')[-1]}")
     assert row[4] == "labels" and row[5] == "yes"
     assert "check" in repr(table) and "check" in table._repr_html_()
     assert "takes no arguments" in usage_error(ip, "%validators extra", capsys)

@@ -33,8 +33,8 @@ def test_swapped_case_id_writes_failure_receipt_then_success_only_when_correct(t
     failure = receipts[0]
     assert failure.errors == [{
         "type": "identity", "task_id": tasks[0]["task_id"],
-        "message": f"task {tasks[0]['task_id']!r}: case_id is 'gold-pair-079' but the request "
-                   "has 'gold-pair-078'",
+        "message": "case_id is 'gold-pair-079' but the request has 'gold-pair-078' "
+                   f"(task {tasks[0]['task_id']!r})",
         "field": "case_id", "expected": "gold-pair-078", "got": "gold-pair-079"}]
     kept = json.loads(failure.raw)
     assert kept["items"][0]["case_id"] == "gold-pair-079"  # raw return kept whole, not "fixed"

@@ -85,12 +85,12 @@ def accept_items(
         task = expected[item["task_id"]]
         for name in identity:
             if name not in item:
-                errors.append(_error("identity", f"task {task['task_id']!r}: identity field "
-                                     f"{name!r} is missing", task["task_id"], field=name))
+                errors.append(_error("identity", f"identity field {name!r} is missing (task "
+                                     f"{task['task_id']!r})", task["task_id"], field=name))
             elif not _json_equal(item[name], task[name]):
                 errors.append(_error(
-                    "identity", f"task {task['task_id']!r}: {name} is {item[name]!r} but the "
-                    f"request has {task[name]!r}", task["task_id"], field=name,
+                    "identity", f"{name} is {item[name]!r} but the request has {task[name]!r} "
+                    f"(task {task['task_id']!r})", task["task_id"], field=name,
                     expected=task[name], got=item[name]))
     if errors:
         return Verdict(False, errors=errors)

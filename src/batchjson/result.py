@@ -59,17 +59,18 @@ class BatchResult:
         lines = [f"batch {self.name!r} (revision {self.revision}) is unresolved: {missing} of "
                  f"{self.total_tasks} task(s) have no accepted answer after {self.calls} call(s), "
                  f"{self.tokens} tokens, cost {_money(self.cost)}."]
-        shown = 0
-        by_task: dict[str, list[str]] = {}
+        by_task: dict[str, dict[str, Any]] = {}
         for e in self.errors:
-            by_task.setdefault(e.get("task_id") or "<request>", []).append(
-                f"{e.get('type')}: {e.get('message')}")
-        for task_id, messages in by_task.items():
-            if shown == limit:
-                lines.append(f"  ... and {len(by_task) - limit} more")
-                break
-            lines.append(f"  {task_id}: {messages[-1]}")
-            shown += 1
+            by_task[e.get("task_id") or "<request>"] = e
+        own = {t: e for t, e in by_task.items() if e.get("type") != "batch_rejected"}
+        for task_id, e in list(own.items())[:limit]:
+            lines.append(f"  {task_id}: {e.get('type')}: {e.get('message')}")
+        if len(own) > limit:
+            lines.append(f"  ... and {len(own) - limit} more task(s) with errors of their own")
+        bystanders = len(by_task) - len(own)
+        if bystanders:
+            lines.append(f"  {bystanders} other task(s) were fine but shared a rejected return "
+                         "(a return is accepted whole or not at all)")
         if any(e.get("type") == "validator_error" for e in self.errors):
             lines.append("A validator raised something other than ValueError: fix the validator "
                          "(those errors are never retried).")
@@ -82,7 +83,8 @@ class BatchResult:
         return (f"<BatchResult {self.name!r} rev {self.revision}: {self.status}, "
                 f"{s['accepted']}/{s['tasks']} accepted, {s['rejected_returns']} rejected "
                 f"return(s), {self.calls} call(s), {self.tokens} tokens, cost "
-                f"{_money(self.cost)}, {s['unresolved']} unresolved>")
+                f"{_money(self.cost)}, {s['unresolved']} unresolved"
+                f"{f', {self.resumed} request(s) resumed' if self.resumed else ''}>")
 
     def _repr_html_(self) -> str:
         s = self.summary()
@@ -94,11 +96,14 @@ class BatchResult:
                          ("rejected returns", s["rejected_returns"]),
                          ("provider errors", s["provider_errors"]), ("calls", self.calls),
                          ("tokens", self.tokens), ("cost", _money(self.cost)),
-                         ("unresolved", s["unresolved"])))
+                         ("unresolved", s["unresolved"]), ("resumed requests", self.resumed)))
         return (f"<div><span style='color:{colour}'>&#9679;</span> batch "
                 f"<code>{html.escape(self.name)}</code> revision {self.revision}: "
                 f"<b>{self.status}</b><table><tr>{cells}</tr></table></div>")
 
 
 def _money(cost: float | None) -> str:
-    return "unknown" if cost is None else f"${cost:.4f}"
+    """Dollars, with enough digits that a cheap model's spend does not read as zero."""
+    if cost is None:
+        return "unknown"
+    return f"${cost:.6f}" if 0 < abs(cost) < 0.01 else f"${cost:.4f}"

@@ -219,7 +219,8 @@ class Session:
         if progress:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=len(pending), desc=name, unit="req", leave=False)
+            bar = tqdm(total=sum(len(r.tasks) for r in pending), desc=name, unit="task",
+                       leave=False)
 
         async def go() -> Outcome:
             replayer = Replayer(plan, self.ledger, provider, spender, self.transport,

@@ -8,7 +8,26 @@ from typing import Any
 
 
 def money(cost: float | None) -> str:
-    return "unknown" if cost is None else f"${cost:.4f}"
+    if cost is None:
+        return "unknown"
+    return f"${cost:.6f}" if 0 < abs(cost) < 0.01 else f"${cost:.4f}"
+
+
+def describe_tasks(task_ids: Sequence[str], width: int = 60) -> str:
+    """One task by its id; several as a count with the first and last, so rows stay apart."""
+    if len(task_ids) == 1:
+        return clip(task_ids[0], width)
+    return clip(f"{len(task_ids)}: {task_ids[0]} .. {task_ids[-1]}", width * 2)
+
+
+def short_error(error: Mapping[str, Any], width: int = 90) -> str:
+    """The part of an error a reader needs first: for identity, the field and both values."""
+    if error.get("type") == "identity" and "field" in error and "got" in error:
+        text = (f"identity: {error['field']} {error['got']!r}, requested "
+                f"{error.get('expected')!r}")
+    else:
+        text = f"{error.get('type')}: {error.get('message')}"
+    return clip(text, width)
 
 
 def clip(text: Any, width: int = 60) -> str:

@@ -12,6 +12,7 @@ session's validator registry (define-once), and identical work resumes from the 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -37,7 +38,7 @@ from .cell import (
     one_line,
     run_body,
 )
-from .display import StatusView, Table, clip, money
+from .display import StatusView, Table, describe_tasks, money, short_error
 from .state import KernelState
 
 DEFAULT_LEDGER = ".batchjson/ledger.sqlite"
@@ -287,8 +288,12 @@ class BatchJson(Magics):
             current += 1
             rows[(v.name, v.fingerprint.digest)] = [v.name, v.version, v.fingerprint.short,
                                                     v.where, "", "yes"]
+        cells = self._cell_names()
         for (_, digest), row in rows.items():
             row[4] = ", ".join(sorted(used.get(digest, ())))
+            filename, _, line_no = str(row[3]).rpartition(":")
+            if filename in cells:
+                row[3] = f"{cells[filename]}, line {line_no}"
         ordered = sorted(rows.values(), key=lambda row: (row[0], int(row[1])))
         return Table(f"validators ({current} current in this session)",
                      ["name", "version", "fingerprint", "where", "batches", "current"], ordered,
@@ -310,10 +315,10 @@ class BatchJson(Magics):
             message = ""
             if errors:
                 first = errors[0]
-                message = clip(f"{first.get('type')}: {first.get('message')}", 70)
+                message = short_error(first)
                 if len(errors) > 1:
                     message += f" (+{len(errors) - 1} more)"
-            tasks = clip(", ".join(r.task_ids), 40)
+            tasks = describe_tasks(r.task_ids)
             rows.append([n, r.revision, r.kind, r.status, tasks, r.tokens, money(r.cost),
                          message])
             if args.raw and r.raw is not None:
@@ -322,6 +327,11 @@ class BatchJson(Magics):
         return Table(f"{which} of batch {args.name!r} ({len(receipts)})",
                      ["#", "rev", "kind", "status", "tasks", "tokens", "cost", "errors"], rows,
                      empty=f"no {which} recorded", details=details)
+
+    def _cell_names(self) -> dict[str, str]:
+        """Basename of a cell's code file -> "In[n]", as IPython names cells in tracebacks."""
+        mapping = getattr(getattr(self.shell, "compile", None), "_filename_map", None) or {}
+        return {os.path.basename(str(k)): f"In[{v}]" for k, v in mapping.items()}
 
     def _known_batch(self, name: str) -> None:
         ledger = self.session.ledger

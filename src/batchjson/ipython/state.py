@@ -121,7 +121,9 @@ class KernelState:
     def ledger_label(self) -> str:
         assert self.session is not None
         path = self.session.ledger.path
-        return MEMORY if path is None else str(path)
+        if path is None:
+            return MEMORY
+        return str(self.settings.get("ledger") or path)  # as configured: no machine-local prefix
 
     def provider_label(self) -> str:
         """A name for the provider; never its configuration (API keys stay in the environment)."""
