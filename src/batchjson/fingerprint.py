@@ -292,7 +292,8 @@ class _Walker:
         return _merge(inner, own)
 
 
-def _home(fn: Any) -> str | None:
+def unwrap_callable(fn: Any) -> Any:
+    """The function under partials and bound methods (bounded, in case of odd nesting)."""
     for _ in range(16):
         if isinstance(fn, functools.partial):
             fn = fn.func
@@ -300,7 +301,11 @@ def _home(fn: Any) -> str | None:
             fn = fn.__func__
         else:
             break
-    module = getattr(fn, "__module__", None)
+    return fn
+
+
+def _home(fn: Any) -> str | None:
+    module = getattr(unwrap_callable(fn), "__module__", None)
     return module if isinstance(module, str) else None
 
 

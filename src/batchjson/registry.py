@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .errors import ValidatorChanged
-from .fingerprint import Fingerprint, describe_changes, fingerprint_function
+from .fingerprint import Fingerprint, describe_changes, fingerprint_function, unwrap_callable
 
 __all__ = ["ValidatorRegistry", "ValidatorVersion"]
 
@@ -34,15 +34,6 @@ class ValidatorVersion:
     where: str
 
 
-def _unwrap(fn: Any) -> Any:
-    for _ in range(16):
-        if isinstance(fn, functools.partial):
-            fn = fn.func
-        elif isinstance(fn, types.MethodType):
-            fn = fn.__func__
-        else:
-            break
-    return fn
 
 
 def _default_name(fn: Any) -> str:
@@ -55,7 +46,7 @@ def _default_name(fn: Any) -> str:
 
 def _where(fn: Any) -> str:
     """Best-effort "file:line" of the definition, for messages and the ledger."""
-    target = _unwrap(fn)
+    target = unwrap_callable(fn)
     code = getattr(target, "__code__", None)
     if code is None and callable(target):
         code = getattr(type(target).__call__, "__code__", None)

@@ -36,7 +36,20 @@ def clip(text: Any, width: int = 60) -> str:
     return flat if len(flat) <= width else flat[: width - 3] + "..."
 
 
-class Table:
+class TextView:
+    """Text in a terminal (repr and IPython's pretty printer); subclasses add the HTML."""
+
+    def as_text(self) -> str:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return self.as_text()
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(self.as_text())
+
+
+class Table(TextView):
     """A titled table; ``details`` are (label, text) blocks shown verbatim under it."""
 
     def __init__(self, title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *,
@@ -70,12 +83,6 @@ class Table:
             lines += ["", f"{label}:", text]
         return "\n".join(lines)
 
-    def __repr__(self) -> str:
-        return self.as_text()
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.as_text())
-
     def _repr_html_(self) -> str:
         esc = html.escape
         head = "".join(f"<th style='text-align:left'>{esc(c)}</th>" for c in self.columns)
@@ -91,7 +98,7 @@ class Table:
                 f"<tbody>{body}</tbody></table>{notes}{details}</div>")
 
 
-class StatusView:
+class StatusView(TextView):
     """``%batch_status``: what is still owed and what has been spent, from the ledger."""
 
     def __init__(self, summary: Mapping[str, Any], *, ledger: str, provider: str,
@@ -141,12 +148,6 @@ class StatusView:
         rows = self._lines()
         width = max(len(k) for k, _ in rows)
         return "\n".join([self.title] + [f"  {k.ljust(width)}  {v}" for k, v in rows])
-
-    def __repr__(self) -> str:
-        return self.as_text()
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.as_text())
 
     def _repr_html_(self) -> str:
         esc = html.escape
