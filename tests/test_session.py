@@ -327,3 +327,45 @@ def test_validator_decorator_defines_once_in_the_default_session():
         assert [v.name for v in session.validators] == ["check", "verdicts"]
     finally:
         batchjson.set_default_session(None)
+
+
+def test_strict_session_refuses_a_changed_validator_while_its_evidence_is_open():
+    from batchjson import ValidatorChanged
+
+    model = flaky(0.0)
+    session = Session(model, strict=True, repairs=0, replays=0)
+    namespace: dict = {}
+    exec("def check(item, task):\n    raise ValueError('never good enough')", namespace)
+    session.run_batch("r", review_tasks(2), LABEL_SCHEMA, validator=namespace["check"],
+                      on_exhausted="return")
+    calls_before = model.calls
+    exec("def check(item, task):\n    return None", namespace)
+    with pytest.raises(ValidatorChanged) as raised:
+        session.run_batch("r", review_tasks(2), LABEL_SCHEMA, validator=namespace["check"])
+    assert "check" in str(raised.value) and "code changed" in str(raised.value)
+    assert "Restore the previous definition" in str(raised.value)
+    assert model.calls == calls_before
+    assert session.evidence.minimum_exact_retry_calls == 2
+
+
+def test_cost_budget_stops_spending_once_reached():
+    model = SimulatedModel(answer=answer, price_per_million=(1000.0, 1000.0))
+    session = Session(model, budget=Budget(cost=0.05), concurrency=1)
+    result = session.run_batch("r", review_tasks(10), LABEL_SCHEMA, on_exhausted="return")
+    spent = sum(r.cost for r in session.ledger.attempts("r"))
+    assert 0.05 <= spent < 0.05 + max(r.cost for r in session.ledger.attempts("r")) + 1e-9
+    assert result.status == "unresolved" and 0 < len(result.values) < 10
+    assert {e["type"] for e in result.errors} == {"budget_exhausted"}
+    with pytest.raises(BudgetExceeded, match="cost budget"):
+        session.run_batch("r", review_tasks(10), LABEL_SCHEMA)
+
+
+def test_rlm_namespace_gives_cells_a_droste_compatible_helper():
+    from batchjson.rlm import namespace
+
+    session = Session(SimulatedModel(answer=lambda task: {"label": "pos"}))
+    names = namespace(session)
+    assert set(names) == {"llm_batch_json", "batch_session", "run_batch", "validator"}
+    out = names["llm_batch_json"](["a", "b"], {"type": "object"})
+    assert out["values"] == [{"label": "pos"}, {"label": "pos"}] and out["errors"] == []
+    assert names["batch_session"].evidence.unresolved_batches == 0
