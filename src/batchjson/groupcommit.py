@@ -1,9 +1,10 @@
 """Group commit: ledger writes from concurrent calls share one transaction per loop turn.
 
 Sixty-four calls finishing together would otherwise pay sixty-four SQLite commits on the event
-loop. Each write still runs whole or not at all (a savepoint each), and its caller resumes only
-after the transaction holding it has committed, so "receipt before call" and "accepted attempt
-and checkpoint together" hold exactly as with one transaction per write.
+loop. Each write still runs whole or not at all (if any write fails, all are undone and each runs
+again in a transaction of its own), and its caller resumes only after the transaction holding it
+has committed, so "receipt before call" and "accepted attempt and checkpoint together" hold
+exactly as with one transaction per write.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from .ledger import Ledger
 
 Op = Callable[[sqlite3.Connection], Any]
+Outcome = tuple[asyncio.Future, Any, BaseException | None]
 
 
 class GroupCommit:
@@ -59,22 +61,10 @@ class GroupCommit:
         live = [(op, fut) for op, fut in batch if not fut.cancelled()]  # cancelled: never ran
         if not live:
             return
-        outcomes: list[tuple[asyncio.Future, Any, BaseException | None]] = []
         try:
-            with self._ledger.transaction() as db:
-                for op, fut in live:
-                    db.execute("SAVEPOINT write")
-                    try:
-                        outcomes.append((fut, op(db), None))
-                    except Exception as exc:  # this write alone is undone and reported
-                        db.execute("ROLLBACK TO write")
-                        outcomes.append((fut, None, exc))
-                    db.execute("RELEASE write")
-        except Exception as exc:  # the commit itself failed: nothing in it happened
-            for _, fut in live:
-                if not fut.done():
-                    fut.set_exception(exc)
-            return
+            outcomes = self._together(live)
+        except Exception:  # one write failed: undo them all, then run each on its own
+            outcomes = self._one_by_one(live)
         self.flushes += 1
         for fut, result, error in outcomes:
             if fut.done():
@@ -83,3 +73,19 @@ class GroupCommit:
                 fut.set_result(result)
             else:
                 fut.set_exception(error)
+
+    def _together(self, live: list[tuple[Op, asyncio.Future]]) -> list[Outcome]:
+        """The common case: every write in one transaction, no per-write savepoints."""
+        with self._ledger.transaction() as db:
+            return [(fut, op(db), None) for op, fut in live]
+
+    def _one_by_one(self, live: list[tuple[Op, asyncio.Future]]) -> list[Outcome]:
+        """After a failure: each write whole or not at all, in a transaction of its own."""
+        outcomes: list[Outcome] = []
+        for op, fut in live:
+            try:
+                with self._ledger.transaction() as db:
+                    outcomes.append((fut, op(db), None))
+            except Exception as exc:  # this write alone failed and is reported to its caller
+                outcomes.append((fut, None, exc))
+        return outcomes

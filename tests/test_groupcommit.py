@@ -1,0 +1,68 @@
+"""Group commit keeps each write whole: a failing write is undone alone, never half-applied."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from batchjson.groupcommit import GroupCommit
+from batchjson.ledger import Ledger
+
+
+def _ledger_with_table() -> Ledger:
+    ledger = Ledger(None)
+    with ledger.transaction() as db:
+        db.execute("CREATE TABLE t (k TEXT PRIMARY KEY)")
+    return ledger
+
+
+def rows(ledger: Ledger) -> list[str]:
+    return [r[0] for r in ledger._rows("SELECT k FROM t ORDER BY k")]
+
+
+def test_writes_of_one_turn_share_one_transaction():
+    ledger = _ledger_with_table()
+    writes = GroupCommit(ledger)
+
+    async def main():
+        return await asyncio.gather(*(
+            writes.run(lambda db, k=k: db.execute("INSERT INTO t VALUES (?)", (k,)).lastrowid)
+            for k in "abc"))
+
+    assert asyncio.run(main()) == [1, 2, 3]
+    assert writes.flushes == 1 and rows(ledger) == ["a", "b", "c"]
+
+
+def test_a_failing_write_is_undone_whole_and_the_others_still_commit():
+    ledger = _ledger_with_table()
+    writes = GroupCommit(ledger)
+
+    def half_then_fail(db):
+        db.execute("INSERT INTO t VALUES ('half')")
+        raise RuntimeError("second statement failed")
+
+    async def main():
+        ok1 = writes.run(lambda db: db.execute("INSERT INTO t VALUES ('x')"))
+        bad = writes.run(half_then_fail)
+        ok2 = writes.run(lambda db: db.execute("INSERT INTO t VALUES ('y')"))
+        return await asyncio.gather(ok1, bad, ok2, return_exceptions=True)
+
+    first, failure, last = asyncio.run(main())
+    assert isinstance(failure, RuntimeError)
+    assert not isinstance(first, Exception) and not isinstance(last, Exception)
+    assert rows(ledger) == ["x", "y"]  # 'half' was rolled back with its failing write
+
+
+def test_unawaited_failures_surface_when_the_run_checks():
+    ledger = _ledger_with_table()
+    writes = GroupCommit(ledger)
+
+    async def main():
+        writes.submit(lambda db: db.execute("INSERT INTO nowhere VALUES (1)"))
+        await asyncio.sleep(0)
+        writes.flush_now()
+
+    asyncio.run(main())
+    with pytest.raises(Exception, match="nowhere"):
+        writes.raise_failures()
