@@ -12,9 +12,10 @@ import json
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 from tenacity.wait import wait_exponential_jitter
 
 from . import acceptance
@@ -101,6 +102,9 @@ class Replayer:
         self.outcome = Outcome()
         self._attempts: dict[str, int] = {}
         self.writes = GroupCommit(ledger)
+        self._backoff = wait_exponential_jitter(multiplier=transport.backoff_initial,
+                                                max=transport.backoff_max,
+                                                jitter=transport.backoff_initial)
         self._system = system_prompt(plan)
         self._provider_name = getattr(provider, "name", type(provider).__name__)
         self._model = getattr(provider, "model", None)
@@ -209,14 +213,25 @@ class Replayer:
     # -- one attempt (with transport retries) --------------------------------------------------
     async def _attempt(self, request: Request, kind: str,
                        prompt: str) -> tuple[acceptance.Verdict, str | None]:
-        """One logical attempt: transport retries inside, acceptance on the text that arrives."""
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.transport.retries + 1),
-            wait=self._wait,
-            retry=retry_if_exception(lambda e: isinstance(e, ProviderError) and e.retryable),
-            reraise=True,
-        )
+        """One logical attempt: transport retries inside, acceptance on the text that arrives.
+
+        The first try runs bare; tenacity's retry machinery is built only once a retryable
+        transport failure has happened, which keeps the common path cheap.
+        """
         try:
+            try:
+                return await self._call_once(request, kind, prompt)
+            except ProviderError as first:
+                if not first.retryable or self.transport.retries == 0:
+                    raise
+                await asyncio.sleep(self._delay(first, 1))
+            retrying = AsyncRetrying(
+                stop=stop_after_attempt(self.transport.retries),
+                wait=lambda state: self._delay(state.outcome.exception(),
+                                               state.attempt_number + 1),
+                retry=retry_if_exception(lambda e: isinstance(e, ProviderError) and e.retryable),
+                reraise=True,
+            )
             async for attempt in retrying:
                 with attempt:
                     return await self._call_once(request, kind, prompt)
@@ -227,13 +242,11 @@ class Replayer:
                 "message": f"provider failed{status}: {exc}"}]), None
         raise AssertionError("unreachable: tenacity either returns or re-raises")
 
-    def _wait(self, state: RetryCallState) -> float:
-        error = state.outcome.exception() if state.outcome else None
+    def _delay(self, error: BaseException | None, failures: int) -> float:
+        """Retry-After when the provider gave one, else exponential backoff with jitter."""
         if isinstance(error, ProviderError) and error.retry_after is not None:
             return min(max(0.0, error.retry_after), self.transport.backoff_max)
-        return wait_exponential_jitter(multiplier=self.transport.backoff_initial,
-                                       max=self.transport.backoff_max,
-                                       jitter=self.transport.backoff_initial)(state)
+        return self._backoff(SimpleNamespace(attempt_number=failures))
 
     async def _call_once(self, request: Request, kind: str,
                          prompt: str) -> tuple[acceptance.Verdict, str | None]:

@@ -49,6 +49,7 @@ def strict_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
 _SCHEMA_LISTS = frozenset(("anyOf", "oneOf", "allOf", "prefixItems"))
 _SCHEMA_MAPS = frozenset(("properties", "$defs", "definitions"))
 _SCHEMA_ONE = frozenset(("items", "not", "additionalProperties"))
+_SCHEMA_KEYS = _SCHEMA_LISTS | _SCHEMA_MAPS | _SCHEMA_ONE
 
 
 # Wire schemas of one batch share their answer sub-schemas (only the pinned identity values
@@ -59,13 +60,16 @@ _STRICT_MEMO_MAX = 4096
 
 
 def _strict(node: Any, is_schema: bool) -> Any:
-    """Copy a schema, tightening object nodes; faster than deepcopy plus a second walk."""
+    """Tighten object nodes; everything else is shared, not copied (bodies are only serialised).
+
+    Payloads (enum/const/default values) are never walked: they are data, not schemas.
+    """
+    if not is_schema:
+        return node
     if isinstance(node, list):
-        return [_strict(item, is_schema) for item in node]
+        return [_strict(item, True) for item in node]
     if not isinstance(node, Mapping):
         return node
-    if not is_schema:  # enum/const/default payloads: copied verbatim
-        return {key: _strict(value, False) for key, value in node.items()}
     hit = _STRICT_MEMO.get(id(node))
     if hit is not None and hit[0] is node:
         return hit[1]
@@ -76,7 +80,9 @@ def _strict(node: Any, is_schema: bool) -> Any:
     return out
 
 
-def _strict_object(node: Mapping[str, Any]) -> dict[str, Any]:
+def _strict_object(node: Mapping[str, Any]) -> Mapping[str, Any]:
+    if not (node.keys() & _SCHEMA_KEYS):
+        return node  # a leaf schema ({"type": "string"}, {"enum": [...]}): nothing to tighten
     out: dict[str, Any] = {}
     for key, value in node.items():
         if key in _SCHEMA_MAPS and isinstance(value, Mapping):
@@ -84,7 +90,7 @@ def _strict_object(node: Mapping[str, Any]) -> dict[str, Any]:
         elif key in _SCHEMA_LISTS or key in _SCHEMA_ONE:
             out[key] = _strict(value, True)
         else:
-            out[key] = _strict(value, False)
+            out[key] = value
     props = out.get("properties")
     if isinstance(props, dict):
         out.setdefault("additionalProperties", False)
