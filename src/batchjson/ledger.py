@@ -112,11 +112,6 @@ class Ledger:
                           (name, fingerprint))
         return _revision(rows[0]) if rows else None
 
-    def current_revision(self, name: str) -> Revision | None:
-        rows = self._rows(_REVISION_SQL + " WHERE b.name = ? AND r.id = b.current_revision",
-                          (name,))
-        return _revision(rows[0]) if rows else None
-
     def revisions(self, name: str | None = None) -> list[Revision]:
         if name is None:
             return [_revision(r) for r in self._rows(_REVISION_SQL + " ORDER BY r.id")]
@@ -235,11 +230,6 @@ class Ledger:
                 counts[r[0]] = r[1]
         return counts
 
-    def begin_attempt(self, batch_id: int, revision_id: int, request: Request, kind: str,
-                      provider: str | None, model: str | None) -> int:
-        with self._lock:
-            return self.op_begin(self._db, batch_id, revision_id, request, kind, provider, model)
-
     @staticmethod
     def op_begin(db: sqlite3.Connection, batch_id: int, revision_id: int, request: Request,
                  kind: str, provider: str | None, model: str | None) -> int:
@@ -254,16 +244,9 @@ class Ledger:
                        raw: str | None = None, usage: Mapping[str, Any] | None = None) -> None:
         """Complete a receipt that admits nothing: rejected, provider_error or cancelled."""
         if status == "accepted":
-            raise ValueError("use commit_accepted for an accepted return")
+            raise ValueError("use op_accept for an accepted return: it also writes the checkpoint")
         with self._lock:
             self._finish(self._db, attempt_id, status, errors, raw, usage or {})
-
-    def commit_accepted(self, attempt_id: int, batch_id: int, request_key: str,
-                        items: Mapping[str, Any], raw: str,
-                        usage: Mapping[str, Any] | None = None) -> None:
-        """The commit boundary: receipt and checkpoint rows in one transaction."""
-        with self.transaction() as db:
-            self.op_accept(db, attempt_id, batch_id, request_key, items, raw, usage or {})
 
     @classmethod
     def op_accept(cls, db: sqlite3.Connection, attempt_id: int, batch_id: int, request_key: str,

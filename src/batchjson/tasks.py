@@ -161,10 +161,10 @@ def render_repair_prompt(prompt: str, raw: str, errors: Sequence[Mapping[str, An
     )
 
 
-def parse_rendered_tasks(prompt: str) -> list[dict] | None:
-    """Recover the task list from a rendered prompt (used by the loopback test server)."""
+def tasks_block(prompt: str) -> str | None:
+    """The JSON text of the tasks a rendered prompt carries (the loopback server reads it)."""
     start = prompt.find(TASKS_BEGIN)
-    end = prompt.find(TASKS_END, start + 1)
+    end = prompt.find(TASKS_END, start + 1) if start >= 0 else -1
     if start < 0 or end < 0:
         return None
-    return json.loads(prompt[start + len(TASKS_BEGIN):end])
+    return prompt[start + len(TASKS_BEGIN):end]

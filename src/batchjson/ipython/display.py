@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,11 +37,12 @@ def clip(text: Any, width: int = 60) -> str:
     return flat if len(flat) <= width else flat[: width - 3] + "..."
 
 
-class TextView:
+class TextView(ABC):
     """Text in a terminal (repr and IPython's pretty printer); subclasses add the HTML."""
 
+    @abstractmethod
     def as_text(self) -> str:
-        raise NotImplementedError
+        """The plain-text rendering."""
 
     def __repr__(self) -> str:
         return self.as_text()

@@ -24,7 +24,7 @@ from aiohttp import web
 from ..providers._http import WRAPPED_VALUE
 from ..providers.base import Call
 from ..providers.simulated import SimulatedModel
-from ..tasks import TASKS_BEGIN, TASKS_END, sha
+from ..tasks import sha, tasks_block
 from ._wire import (
     HTTP_FAULTS,
     JSON_HEADERS,
@@ -276,11 +276,9 @@ class LoopbackServer:
     async def _answer(self, protocol: str, system: str, user: str, schema: Mapping[str, Any],
                       wrapped: bool) -> tuple[str, Any] | web.Response:
         """Rebuild the Call the client made, then let the simulated model render its answer."""
-        start = user.find(TASKS_BEGIN)
-        end = user.find(TASKS_END, start + 1) if start >= 0 else -1
+        block = tasks_block(user)
         try:
-            if start >= 0 and end >= 0:
-                block = user[start + len(TASKS_BEGIN):end]
+            if block is not None:
                 tasks = json.loads(block)
                 mode, seen_key = "items", block
                 identity = identity_fields(user, schema, tasks)
