@@ -34,6 +34,16 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"non-finite number {name} is not valid JSON")
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object naming a key twice is ambiguous (which case_id did the model mean?): refuse."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r} in a JSON object")
+        out[key] = value
+    return out
+
+
 def parse_json(text: str) -> Any:
     """Strict JSON (finite numbers only); a single ```json fence is tolerated."""
     stripped = text.strip()
@@ -41,7 +51,7 @@ def parse_json(text: str) -> Any:
         lines = stripped.splitlines()
         if len(lines) >= 3 and lines[0].strip().lower() in {"```", "```json"}:
             stripped = "\n".join(lines[1:-1]).strip()
-    return json.loads(stripped, parse_constant=_reject_constant)
+    return json.loads(stripped, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
 
 
 def _error(kind: str, message: str, task_id: str | None = None, **extra: Any) -> dict[str, Any]:
@@ -52,6 +62,10 @@ def _json_equal(a: Any, b: Any) -> bool:
     """Equality without Python's True == 1 and 1 == 1.0 conflations across types."""
     if isinstance(a, bool) or isinstance(b, bool):
         return isinstance(a, bool) and isinstance(b, bool) and a is b
+    if isinstance(a, dict) and isinstance(b, dict):  # nested values: the same rules all the way
+        return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b, strict=True))
     return type(a) is type(b) and a == b
 
 
@@ -103,6 +117,8 @@ def accept_items(
                   if k not in identity or (declared is not None and k in declared)}
         value, messages = schema.validate(answer, f"items[{task_id}]")
         errors.extend(_error("schema", m, task_id) for m in messages)
+        if not messages:
+            errors.extend(_coerced_identity(schema.dump(value), expected[task_id], identity))
         validated[task_id] = value
     if errors:
         return Verdict(False, errors=errors)
@@ -148,6 +164,18 @@ def run_validator(validator: Callable[[Any, Mapping[str, Any]], Any], value: Any
         return [_error("validator_error",
                        f"task {task_id!r}: validator raised {type(exc).__name__}: {exc}", task_id)]
     return []
+
+
+def _coerced_identity(stored: Any, task: Mapping[str, Any],
+                      identity: Sequence[str]) -> list[dict[str, Any]]:
+    """A schema that declares an identity field may coerce it ("078" -> 78): what would be
+    committed must still equal the request."""
+    if not isinstance(stored, dict):
+        return []
+    return [_error("schema", f"the schema turns {name} {task[name]!r} into {stored[name]!r} "
+                   f"(task {task['task_id']!r}); declare it with the task's JSON type",
+                   task["task_id"], field=name)
+            for name in identity if name in stored and not _json_equal(stored[name], task[name])]
 
 
 def _coverage(items: list[dict], expected: Mapping[str, Any]) -> list[dict[str, Any]]:

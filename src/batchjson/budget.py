@@ -34,46 +34,58 @@ class Budget:
         raise InvalidBatch(f"budget must be Budget(calls=, cost=), a dict or an int, got {value!r}")
 
 
-class Spender:
-    """Tracks what one run may still spend, against its max_calls and the session's budget."""
+class Tally:
+    """What a session has spent, charged call by call by every run (and thread) using it."""
 
-    def __init__(self, max_calls: int | None, budget: Budget, spent_calls: int,
-                 spent_cost: float) -> None:
+    def __init__(self) -> None:
+        self.calls = 0
+        self.cost = 0.0
+        self.lock = threading.Lock()
+
+
+class Spender:
+    """Tracks what one run may still spend, against its max_calls and the session's budget.
+
+    Each reserved call and each known cost is charged to the session's ``tally`` at once, so
+    a run that is interrupted or fails still counts, and concurrent runs share one budget.
+    """
+
+    def __init__(self, max_calls: int | None, budget: Budget, tally: Tally) -> None:
         self.max_calls = max_calls
         self.budget = budget
         self.calls = 0
         self.cost = 0.0
-        self._base_calls = spent_calls
-        self._base_cost = spent_cost
-        self._lock = threading.Lock()
+        self._tally = tally
 
     def remaining_calls(self) -> int | None:
         limits = []
         if self.max_calls is not None:
             limits.append(self.max_calls - self.calls)
         if self.budget.calls is not None:
-            limits.append(self.budget.calls - self._base_calls - self.calls)
+            limits.append(self.budget.calls - self._tally.calls)
         return max(0, min(limits)) if limits else None
 
     def refuse_if_short(self, needed: int) -> None:
         remaining = self.remaining_calls()
         if remaining is not None and needed > remaining:
             raise BudgetExceeded(needed, remaining)
-        if self.budget.cost is not None and needed and self._base_cost >= self.budget.cost:
+        if self.budget.cost is not None and needed and self._tally.cost >= self.budget.cost:
             raise BudgetExceeded(needed, 0, what="calls (the session's cost budget is spent)")
 
     def reserve(self) -> bool:
         """Take one call from the budget; False when nothing is left."""
-        with self._lock:
+        with self._tally.lock:
             remaining = self.remaining_calls()
             if remaining is not None and remaining <= 0:
                 return False
-            if self.budget.cost is not None and self._base_cost + self.cost >= self.budget.cost:
+            if self.budget.cost is not None and self._tally.cost >= self.budget.cost:
                 return False
             self.calls += 1
+            self._tally.calls += 1
             return True
 
     def add_cost(self, cost: float | None) -> None:
         if cost:
-            with self._lock:
+            with self._tally.lock:
                 self.cost += cost
+                self._tally.cost += cost

@@ -40,12 +40,15 @@ class Evidence:
 
     @property
     def unresolved_items(self) -> int:
-        return sum(len(u.task_ids) for u in self.requests())
+        return sum(len(u.task_ids) for u in _distinct(self.requests()))
 
     @property
     def minimum_exact_retry_calls(self) -> int:
-        """A lower bound on calls needed to clear every unresolved request: one per request."""
-        return len(self.requests())
+        """A lower bound on calls needed to clear every unresolved request: one per request.
+
+        Revisions of a batch that share a request (same content key) share its one call.
+        """
+        return len(_distinct(self.requests()))
 
     @property
     def superseded(self) -> list[dict[str, Any]]:
@@ -63,8 +66,8 @@ class Evidence:
             "batch": batch,
             "unresolved_batches": len({(u.batch, u.revision) for u in owed}),
             "unresolved_requests": len(owed),
-            "unresolved_items": sum(len(u.task_ids) for u in owed),
-            "minimum_exact_retry_calls": len(owed),
+            "unresolved_items": sum(len(u.task_ids) for u in _distinct(owed)),
+            "minimum_exact_retry_calls": len(_distinct(owed)),
             "superseded": superseded,
             "calls": spend["calls"],
             "accepted_returns": spend["accepted"],
@@ -81,3 +84,11 @@ class Evidence:
                 f"unresolved_items={self.unresolved_items}, "
                 f"minimum_exact_retry_calls={self.minimum_exact_retry_calls}, "
                 f"superseded={len(self.superseded)})")
+
+
+def _distinct(owed: list[UnresolvedRequest]) -> list[UnresolvedRequest]:
+    """One entry per (batch, request key): an accepted return for the key resolves them all."""
+    seen: dict[tuple[str, str], UnresolvedRequest] = {}
+    for u in owed:
+        seen.setdefault((u.batch, u.key), u)
+    return list(seen.values())

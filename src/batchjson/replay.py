@@ -124,6 +124,9 @@ class Replayer:
         finally:
             for worker in workers:
                 worker.cancel()
+            # Let cancelled workers close their receipts: a worker thread's loop is closed as
+            # soon as this returns, and would drop them half-unwound, receipts in flight.
+            await asyncio.wait(workers)
             self.writes.flush_now()  # whatever was judged is committed before we return
         self.writes.raise_failures()
         return self.outcome
@@ -261,9 +264,15 @@ class Replayer:
                 self.outcome.attempts_by_task.get(task_id, 0) + 1)
         self.outcome.calls += 1
         call = self._make_call(request, kind, prompt, number)
-        attempt_id = await self.writes.run(lambda db: ledger.op_begin(
+        begun = self.writes.submit(lambda db: ledger.op_begin(
             db, plan.batch_id, plan.revision_id, request, kind, self._provider_name,
             self._model))
+        try:
+            attempt_id = await begun
+        except asyncio.CancelledError as exc:  # committed, but cancelled before we resumed
+            if begun.done() and not begun.cancelled() and begun.exception() is None:
+                self._cancelled(begun.result(), exc)
+            raise
         try:
             reply = await self._send(call, attempt_id)
             return self._judge_and_record(request, reply, attempt_id)

@@ -49,6 +49,11 @@ def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
         if len(contexts) != len(prompts):
             raise InvalidBatch(f"contexts length ({len(contexts)}) must match prompts length "
                                f"({len(prompts)})")
+    if not prompts:  # droste answers no prompts with an empty result, after checking the schema
+        from .schema import compile_schema
+
+        compile_schema(schema)
+        return {"values": [], "errors": [], "attempts": [], "repairs_made": 0}
     tasks = []
     for index, prompt in enumerate(prompts):
         task: dict[str, Any] = {"task_id": str(index), "index": index, "prompt": prompt}

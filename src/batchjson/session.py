@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ._aio import run_sync
-from .budget import Budget, Spender
+from .budget import Budget, Spender, Tally
 from .errors import BatchUnresolved, InvalidBatch
 from .evidence import Evidence
 from .ledger import Ledger
@@ -64,8 +64,15 @@ class Session:
             numbering=lambda v: self.ledger.number_validator(
                 v.name, v.fingerprint.digest, v.where, v.fingerprint.by_identity))
         self.evidence = Evidence(self.ledger)
-        self.spent_calls = 0
-        self.spent_cost = 0.0
+        self.tally = Tally()  # charged as calls are reserved, by every run and thread
+
+    @property
+    def spent_calls(self) -> int:
+        return self.tally.calls
+
+    @property
+    def spent_cost(self) -> float:
+        return self.tally.cost
 
     def __repr__(self) -> str:
         return (f"Session(provider={self._provider_label()}, ledger={self.ledger!r}, "
@@ -182,7 +189,7 @@ class Session:
         done = (self.ledger.accepted_keys(batch_id, [r.key for r in requests])
                 if batch_id is not None else set())
         pending = [r for r in requests if r.key not in done]
-        spender = Spender(max_calls, self.budget, self.spent_calls, self.spent_cost)
+        spender = Spender(max_calls, self.budget, self.tally)
         if refuse_short_budget:
             spender.refuse_if_short(len(pending))
 
@@ -201,8 +208,6 @@ class Session:
         outcome = Outcome()
         if pending:
             outcome = self._replay(plan, provider, spender, pending, progress, name)
-        self.spent_calls += outcome.calls
-        self.spent_cost += outcome.cost or 0.0
         result = self._result(name, revision.number, task_list, item_schema, outcome,
                               resumed=len(requests) - len(pending))
         if superseded is not None:

@@ -200,15 +200,17 @@ class LoopSessions:
         return session
 
     async def aclose(self) -> None:
-        """Close this loop's session; also release sessions whose loops are gone or elsewhere."""
+        """Close this loop's session; also release sessions whose loops are gone.
+
+        A session on another loop that is still open may be carrying another thread's calls
+        right now: it is that loop's to close.
+        """
         loop = asyncio.get_running_loop()
         with self._lock:
             mine = self._sessions.pop(loop, None)
             for other in list(self._sessions):
                 if other.is_closed():
                     _discard(self._sessions.pop(other))
-                elif other.is_running():
-                    asyncio.run_coroutine_threadsafe(self._sessions.pop(other).close(), other)
         if mine is not None:
             await mine.close()
 
