@@ -369,3 +369,49 @@ def test_rlm_namespace_gives_cells_a_droste_compatible_helper():
     out = names["llm_batch_json"](["a", "b"], {"type": "object"})
     assert out["values"] == [{"label": "pos"}, {"label": "pos"}] and out["errors"] == []
     assert names["batch_session"].evidence.unresolved_batches == 0
+
+
+def test_a_top_level_identity_beside_items_is_rejected_not_ignored():
+    def with_case(call):
+        payload = json.loads(items_reply(call))
+        payload["case_id"] = "gold-pair-079"  # which request would this belong to?
+        return json.dumps(payload)
+
+    session = Session(CallableProvider(with_case), repairs=0, replays=0)
+    result = session.run_batch("r", review_tasks(2), LABEL_SCHEMA, pack=2, on_exhausted="return")
+    assert result.values == {}
+    (receipt,) = session.ledger.attempts("r")
+    assert receipt.status == "rejected" and "'case_id'" in receipt.errors[0]["message"]
+
+
+def test_split_halves_run_in_parallel_and_accepted_halves_are_never_paid_twice():
+    import asyncio
+
+    bad = "gold-pair-078::gold-pair-078-candidate-130"
+    in_flight, peak, sent = 0, 0, []
+
+    async def model(call):
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(0.01)
+        in_flight -= 1
+        sent.append(tuple(t["task_id"] for t in call.tasks))
+        if any(t["task_id"] == bad for t in call.tasks):
+            return items_reply(call, **{bad: {"verdict": "maybe"}})
+        return items_reply(call)
+
+    session = Session(CallableProvider(model), repairs=0, replays=0, concurrency=4)
+    first = session.run_batch("r", review_tasks(8), LABEL_SCHEMA, pack=8, split=True,
+                              on_exhausted="return")
+    assert len(first.values) == 7 and peak == 2  # both halves of one request went out at once
+    # A new revision (pack=16, eight more tasks) sends its bigger request, which fails and
+    # splits again: halves whose exact content was accepted under revision 1 are not re-sent.
+    sent.clear()
+    tasks = review_tasks(8) + review_tasks(8, case="gold-pair-080")
+    again = session.run_batch("r", tasks, LABEL_SCHEMA, pack=16, split=True,
+                              on_exhausted="return")
+    assert again.revision == 2 and len(again.values) == 15
+    accepted_before = {k for k in first.values}
+    for call in sent:
+        assert not set(call) <= accepted_before, f"re-sent an accepted half: {call}"

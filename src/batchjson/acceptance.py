@@ -84,6 +84,11 @@ def accept_items(
     if not isinstance(payload, dict) or not isinstance(payload.get("items"), list):
         return Verdict(False, errors=[_error(
             "json", 'return must be a JSON object {"items": [...]} with one object per task')])
+    extra = sorted(set(payload) - {"items"})
+    if extra:  # e.g. a top-level case_id: which request would it belong to? Ambiguous: reject.
+        return Verdict(False, errors=[_error(
+            "json", f"unexpected top-level key(s) {', '.join(map(repr, extra))}: return only "
+            '{"items": [...]}')])
     items = payload["items"]
     not_objects = [i for i, item in enumerate(items) if not isinstance(item, dict)]
     if not_objects:

@@ -117,8 +117,10 @@ class Replayer:
         self._queue = deque((r, 0, None) for r in requests)
         self._active = 0
         self._changed = asyncio.Event()
+        # Splitting can turn one request into many: with split on, size the pool for tasks.
+        work = sum(len(r.tasks) for r in requests) if self.plan.split else len(requests)
         workers = [asyncio.ensure_future(self._worker())
-                   for _ in range(min(self.concurrency, len(requests)))]
+                   for _ in range(min(self.concurrency, work))]
         try:
             await asyncio.gather(*workers)
         finally:
@@ -193,8 +195,14 @@ class Replayer:
         """Replace the request by its halves, queued first so they keep the batch's order."""
         children = split_request(request, self.plan.content)
         self.ledger.record_split(self.plan.revision_id, request, children)
+        done = self.ledger.accepted_keys(self.plan.batch_id, [c.key for c in children])
         for child in reversed(children):
-            self._queue.appendleft((child, depth + 1, "split"))
+            if child.key in done:  # accepted before (another revision): never paid twice
+                self._progress(child)
+                for task_id in child.task_ids:
+                    self.outcome.errors.pop(task_id, None)
+            else:
+                self._queue.appendleft((child, depth + 1, "split"))
         self._changed.set()
 
     def _fail(self, request: Request, errors: list[dict[str, Any]],
