@@ -69,3 +69,27 @@ def test_changed_validator_logic_is_a_different_request_in_strict_mode():
     loose.llm_batch_json(prompts, SCHEMA, validator=accept_all)
     assert loose.evidence.unresolved_batches == 0
     assert json.dumps(loose.evidence.superseded)
+
+
+def test_adding_a_prompt_pays_only_for_the_new_prompt():
+    model = SimulatedModel(answer=lambda task: {"label": "pos"})
+    session = Session(model)
+    prompts = ["Label: great film", "Label: dull film"]
+    session.llm_batch_json(prompts, SCHEMA)
+    assert model.calls == 2
+    out = session.llm_batch_json(prompts + ["Label: fine film"], SCHEMA)  # the cell grew
+    assert model.calls == 3 and out["errors"] == []
+    assert out["attempts"] == [0, 0, 1]
+
+
+def test_a_request_resolved_under_another_batch_name_clears_its_evidence():
+    model = SimulatedModel(answer=lambda task: {"label": "pos"},
+                           faults=FaultPlan(malformed_json=1.0, clean_after=2))
+    session = Session(model, replays=0, strict=True)
+    prompts = ["Label: great film"]
+    session.llm_batch_json(prompts, SCHEMA, max_repair_attempts=0)
+    assert session.evidence.minimum_exact_retry_calls == 1
+    # the RLM cell now names its batch, same content: the old evidence is the same request
+    session.llm_batch_json(prompts, SCHEMA, max_repair_attempts=1, name="labels")
+    assert session.evidence.unresolved_batches == 0
+    assert session.evidence.minimum_exact_retry_calls == 0

@@ -199,15 +199,18 @@ class Ledger:
         return [Request(r["key"], tuple(json.loads(r["tasks"])), r["position"], r["parent_key"])
                 for r in rows]
 
-    def accepted_keys(self, batch_id: int, keys: Sequence[str]) -> set[str]:
-        found: set[str] = set()
-        for start in range(0, len(keys), 500):
+    def accepted_keys(self, keys: Sequence[str]) -> set[str]:
+        """Keys with an accepted return, under any batch: evidence is content, not a name."""
+        return {r[0] for r in self._by_keys(
+            "SELECT DISTINCT request_key FROM attempts WHERE status = 'accepted' AND "
+            "request_key IN ({marks})", keys)}
+
+    def _by_keys(self, sql: str, keys: Sequence[str]) -> list[sqlite3.Row]:
+        rows: list[sqlite3.Row] = []
+        for start in range(0, len(keys), 500):  # under SQLite's bound-parameter limit
             chunk = list(keys[start:start + 500])
-            marks = ",".join("?" * len(chunk))
-            found.update(r[0] for r in self._rows(
-                f"SELECT DISTINCT request_key FROM attempts WHERE batch_id = ? AND status = "
-                f"'accepted' AND request_key IN ({marks})", (batch_id, *chunk)))
-        return found
+            rows += self._rows(sql.format(marks=",".join("?" * len(chunk))), chunk)
+        return rows
 
     def batch_id(self, name: str) -> int | None:
         rows = self._rows("SELECT id FROM batches WHERE name = ?", (name,))
@@ -219,16 +222,11 @@ class Ledger:
                           (revision_id,)).fetchone()[0]
 
     # -- attempts ------------------------------------------------------------------------------
-    def attempt_counts(self, batch_id: int, keys: Sequence[str]) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for start in range(0, len(keys), 500):
-            chunk = list(keys[start:start + 500])
-            marks = ",".join("?" * len(chunk))
-            for r in self._rows(f"SELECT request_key, COUNT(*) FROM attempts WHERE batch_id = ? "
-                                f"AND request_key IN ({marks}) GROUP BY request_key",
-                                (batch_id, *chunk)):
-                counts[r[0]] = r[1]
-        return counts
+    def attempt_counts(self, keys: Sequence[str]) -> dict[str, int]:
+        """How many attempts each exact request has had so far (any batch, any run)."""
+        return {r[0]: r[1] for r in self._by_keys(
+            "SELECT request_key, COUNT(*) FROM attempts WHERE request_key IN ({marks}) "
+            "GROUP BY request_key", keys)}
 
     @staticmethod
     def op_begin(db: sqlite3.Connection, batch_id: int, revision_id: int, request: Request,
@@ -291,8 +289,8 @@ class Ledger:
         """task_id -> accepted item for the batch's current revision."""
         rows = self._rows(
             "SELECT c.task_id, c.item FROM batches b JOIN requests q ON q.revision_id = "
-            "b.current_revision JOIN checkpoint c ON c.batch_id = b.id AND c.request_key = q.key "
-            "WHERE b.name = ? AND q.split = 0 ORDER BY q.position, q.id", (name,))
+            "b.current_revision JOIN checkpoint c ON c.request_key = q.key "
+            "WHERE b.name = ? AND q.split = 0 ORDER BY q.position, q.id, c.attempt_id", (name,))
         return {r["task_id"]: json.loads(r["item"]) for r in rows}
 
     def unresolved(self) -> list[sqlite3.Row]:
@@ -357,8 +355,8 @@ _RECEIPT_SQL = (
 _UNRESOLVED_SQL = (
     "SELECT {select} FROM requests q JOIN revisions r ON r.id = q.revision_id "
     "JOIN batches b ON b.id = r.batch_id WHERE r.status = 'open' AND q.split = 0 "
-    "AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.batch_id = b.id AND "
-    "a.request_key = q.key AND a.status = 'accepted')")
+    "AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.request_key = q.key "
+    "AND a.status = 'accepted')")
 
 
 def _revision(row: sqlite3.Row) -> Revision:

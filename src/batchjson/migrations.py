@@ -33,12 +33,12 @@ MIGRATIONS: list[str] = [
         errors TEXT, raw TEXT, input_tokens INTEGER, output_tokens INTEGER,
         cached_tokens INTEGER, cost REAL, provider TEXT, model TEXT,
         started_at TEXT NOT NULL, finished_at TEXT);
-    CREATE INDEX attempts_by_key ON attempts (batch_id, request_key, status);
+    CREATE INDEX attempts_by_key ON attempts (request_key, status);
     CREATE TABLE checkpoint (
         batch_id INTEGER NOT NULL REFERENCES batches(id), request_key TEXT NOT NULL,
         task_id TEXT NOT NULL, attempt_id INTEGER NOT NULL REFERENCES attempts(id),
         item TEXT NOT NULL, committed_at TEXT NOT NULL,
-        PRIMARY KEY (batch_id, request_key, task_id));
+        PRIMARY KEY (request_key, task_id, batch_id));
     CREATE TABLE validators (
         name TEXT NOT NULL, version INTEGER NOT NULL, fingerprint TEXT NOT NULL,
         where_defined TEXT, defined_at TEXT NOT NULL, by_identity TEXT,

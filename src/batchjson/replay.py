@@ -112,8 +112,7 @@ class Replayer:
     async def run(self, requests: list[Request]) -> Outcome:
         """Drive every request with ``concurrency`` workers; each takes the next request as soon
         as its previous call is judged, the way a bare client loop would."""
-        self._attempts = self.ledger.attempt_counts(self.plan.batch_id,
-                                                    [r.key for r in requests])
+        self._attempts = self.ledger.attempt_counts([r.key for r in requests])
         self._queue = deque((r, 0, None) for r in requests)
         self._active = 0
         self._changed = asyncio.Event()
@@ -195,7 +194,7 @@ class Replayer:
         """Replace the request by its halves, queued first so they keep the batch's order."""
         children = split_request(request, self.plan.content)
         self.ledger.record_split(self.plan.revision_id, request, children)
-        done = self.ledger.accepted_keys(self.plan.batch_id, [c.key for c in children])
+        done = self.ledger.accepted_keys([c.key for c in children])
         for child in reversed(children):
             if child.key in done:  # accepted before (another revision): never paid twice
                 self._progress(child)

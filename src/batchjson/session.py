@@ -185,9 +185,7 @@ class Session:
         existing = self.ledger.find_revision(name, fingerprint)
         requests = (self.ledger.leaves(existing.id) if existing else
                     pack_requests(task_list, pack, key_content))
-        batch_id = self.ledger.batch_id(name)
-        done = (self.ledger.accepted_keys(batch_id, [r.key for r in requests])
-                if batch_id is not None else set())
+        done = self.ledger.accepted_keys([r.key for r in requests])
         pending = [r for r in requests if r.key not in done]
         spender = Spender(max_calls, self.budget, self.tally)
         if refuse_short_budget:
