@@ -199,3 +199,12 @@ def test_rejects_non_callables_and_bad_names() -> None:
     with pytest.raises(TypeError):
         registry.define(len, name="")
     assert len(registry) == 0
+
+
+def test_unrelated_lambdas_are_separate_validators_even_in_a_strict_registry() -> None:
+    registry = ValidatorRegistry(strict=True, unresolved_under=lambda digest: 1)
+    first = registry.define(lambda value, index: None)
+    second = registry.define(lambda value, index: value["label"])  # evidence is open: no matter
+    assert first is not second
+    again = registry.define(lambda value, index: None)  # the same lambda, re-executed
+    assert again is first

@@ -97,11 +97,13 @@ class ValidatorRegistry:
         """Like ``define``, but return the version record (number, fingerprint, where)."""
         if not callable(fn):
             raise TypeError(f"a validator must be callable, got {type(fn).__qualname__}")
+        fingerprint = fingerprint_function(fn)  # outside the lock: pure, possibly slow
         if name is None:
             name = _default_name(fn)
+            if name.endswith("<lambda>"):  # lambdas share one name: tell them apart by content
+                name = f"{name}#{fingerprint.short}"
         if not isinstance(name, str) or not name:
             raise TypeError("a validator name must be a non-empty string")
-        fingerprint = fingerprint_function(fn)  # outside the lock: pure, possibly slow
         with self._lock:
             history = self._versions.get(name, [])
             current = self._current.get(name)

@@ -65,7 +65,7 @@ def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
         batch, tasks, schema, validator=validator, identity=("task_id",), pack=1,
         instructions=None, repairs=max_repair_attempts, replays=None, split=False,
         max_calls=None, on_exhausted="return", progress=False, mode="value",
-        validator_name=getattr(validator, "__qualname__", None),
+        validator_name=None,
         adapt_validator=_index_form, refuse_short_budget=False)
 
     from .schema import compile_schema
