@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import json
+import os
 import re
 import threading
 import time
@@ -18,8 +19,9 @@ from urllib.parse import urlparse
 
 import aiohttp
 
-from ..errors import BatchJsonError, ProviderError, ProviderNotConfigured
+from ..errors import BatchJsonError, InvalidBatch, ProviderError, ProviderNotConfigured
 from .base import Call
+from .pricing import normalize_prices
 
 _NON_RETRYABLE_QUOTA = ("insufficient_quota", "billing_hard_limit_reached")
 
@@ -276,3 +278,54 @@ def as_int(value: Any) -> int | None:
 def is_official(base_url: str, domain: str) -> bool:
     host = (urlparse(base_url).hostname or "").lower()
     return host == domain or host.endswith("." + domain)
+
+
+class HttpProvider:
+    """What the HTTP providers share: model, endpoint and key from arguments or the
+    environment (the key never leaves its Secret), checked settings, and one pooled aiohttp
+    session per event loop."""
+
+    name = "http"
+    key_env = ""
+    base_env = ""
+    default_base = ""
+    official_domain = ""
+    example_model = ""
+    keyless_hint = ""
+    path = ""
+
+    def _setup(self, model: str | None, base_url: str | None, api_key: str | None,
+               timeout: float, prices: Mapping[str, Any] | None,
+               extra_body: Mapping[str, Any] | None, max_connections: int) -> None:
+        kind = type(self).__name__
+        self.model = model or os.environ.get("BATCHJSON_MODEL") or None
+        if not self.model:
+            raise ProviderSetupError(f"{kind} needs a model name: pass "
+                                     f"model={self.example_model!r} or set BATCHJSON_MODEL.")
+        base = (base_url or os.environ.get(self.base_env) or self.default_base).rstrip("/")
+        self.base_url = self._normalize_base(base)
+        self._key = Secret(api_key if api_key is not None else os.environ.get(self.key_env))
+        if not self._key and is_official(self.base_url, self.official_domain):
+            raise ProviderSetupError(
+                f"{kind} has no API key for {self.base_url}: set {self.key_env} in the "
+                f"environment or pass api_key=...{self.keyless_hint}")
+        if timeout <= 0:
+            raise InvalidBatch(f"timeout must be positive seconds, got {timeout!r}")
+        self.timeout = float(timeout)
+        self.prices = normalize_prices(prices)
+        self.extra_body = dict(extra_body or {})
+        self.url = f"{self.base_url}{self.path}"
+        self._sessions = LoopSessions(make_session_factory(self.timeout, max_connections))
+
+    def _normalize_base(self, base: str) -> str:
+        return base
+
+    async def _post(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        return await post_json(self._sessions.get(), self.url,
+                               json.dumps(body, ensure_ascii=False).encode(), self._headers,
+                               provider=self.name, timeout=self.timeout, secret=self._key,
+                               key_env=self.key_env)
+
+    async def aclose(self) -> None:
+        """Close the pooled connections of the running loop (and of loops already closed)."""
+        await self._sessions.aclose()

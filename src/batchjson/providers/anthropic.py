@@ -7,65 +7,44 @@ Like every provider it only transports: no validation, no retries; failures are 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from typing import Any
 
 from ..errors import InvalidBatch, ProviderError
-from ._http import (
-    LoopSessions,
-    ProviderSetupError,
-    Secret,
-    as_int,
-    is_official,
-    make_session_factory,
-    object_schema,
-    post_json,
-    unwrap_value,
-)
+from ._http import HttpProvider, as_int, object_schema, unwrap_value
 from .base import Call, Reply
-from .pricing import cost_of, normalize_prices
+from .pricing import cost_of
 
 DEFAULT_ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"
 MODES = ("tool", "text")
 
 
-class AnthropicProvider:
+class AnthropicProvider(HttpProvider):
     """Claude via the Messages API; ``mode="tool"`` forces a tool whose input is the answer."""
 
     name = "anthropic"
     key_env = "ANTHROPIC_API_KEY"
+    base_env = "ANTHROPIC_BASE_URL"
+    default_base = DEFAULT_ANTHROPIC_BASE_URL
+    official_domain = "anthropic.com"
+    example_model = "claude-haiku-4-5"
+    path = "/v1/messages"
 
     def __init__(self, model: str | None = None, *, base_url: str | None = None,
                  api_key: str | None = None, mode: str = "tool", max_tokens: int = 4096,
                  timeout: float = 60.0, prices: Mapping[str, Any] | None = None,
                  max_connections: int = 0, extra_body: Mapping[str, Any] | None = None) -> None:
-        self.model = model or os.environ.get("BATCHJSON_MODEL") or None
-        if not self.model:
-            raise ProviderSetupError("AnthropicProvider needs a model name: pass "
-                                     "model='claude-haiku-4-5' or set BATCHJSON_MODEL.")
-        base = (base_url or os.environ.get("ANTHROPIC_BASE_URL")
-                or DEFAULT_ANTHROPIC_BASE_URL).rstrip("/")
-        self.base_url = base[:-3] if base.endswith("/v1") else base
-        self._key = Secret(api_key if api_key is not None else os.environ.get(self.key_env))
-        if not self._key and is_official(self.base_url, "anthropic.com"):
-            raise ProviderSetupError(
-                f"AnthropicProvider has no API key for {self.base_url}: set {self.key_env} in "
-                "the environment or pass api_key=...")
+        self._setup(model, base_url, api_key, timeout, prices, extra_body, max_connections)
         if mode not in MODES:
             raise InvalidBatch(f"mode must be 'tool' or 'text', got {mode!r}")
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise InvalidBatch(f"max_tokens must be a positive int, got {max_tokens!r}")
-        if timeout <= 0:
-            raise InvalidBatch(f"timeout must be positive seconds, got {timeout!r}")
         self.mode = mode
         self.max_tokens = max_tokens
-        self.timeout = float(timeout)
-        self.prices = normalize_prices(prices)
-        self.extra_body = dict(extra_body or {})
-        self.url = f"{self.base_url}/v1/messages"
-        self._sessions = LoopSessions(make_session_factory(self.timeout, max_connections))
+
+    def _normalize_base(self, base: str) -> str:
+        return base[:-3] if base.endswith("/v1") else base  # the path adds /v1 itself
 
     def __repr__(self) -> str:
         return (f"AnthropicProvider(model={self.model!r}, base_url={self.base_url!r}, "
@@ -100,10 +79,7 @@ class AnthropicProvider:
 
     async def complete(self, call: Call) -> Reply:
         body, tool, wrapped = self.request_body(call)
-        data = await post_json(self._sessions.get(), self.url,
-                               json.dumps(body, ensure_ascii=False).encode(), self._headers,
-                               provider="anthropic", timeout=self.timeout, secret=self._key,
-                               key_env=self.key_env)
+        data = await self._post(body)
         content = data.get("content")
         if not isinstance(content, list):
             raise ProviderError("anthropic: response has no content list", status=200,
@@ -128,10 +104,6 @@ class AnthropicProvider:
         return Reply(text=text, input_tokens=inp, output_tokens=out,
                      cached_tokens=read if "cache_read_input_tokens" in usage else None,
                      cost=cost, model=model, extra=extra)
-
-    async def aclose(self) -> None:
-        """Close the pooled connections of the running loop (and of loops already closed)."""
-        await self._sessions.aclose()
 
 
 def _tool_text(content: list[Any], tool: str, wrapped: bool) -> str | None:

@@ -8,27 +8,22 @@ what to do, so each attempt gets its own receipt.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from typing import Any
 
 from ..errors import InvalidBatch, ProviderError
 from ._http import (
-    LoopSessions,
+    HttpProvider,
     ProviderSetupError,
-    Secret,
     as_int,
     http_error,
-    is_official,
-    make_session_factory,
     object_schema,
     parse_retry_after,
-    post_json,
     redact,
     unwrap_value,
 )
 from .base import Call, Reply
-from .pricing import cost_of, normalize_prices
+from .pricing import cost_of
 
 __all__ = ["DEFAULT_OPENAI_BASE_URL", "OpenAIProvider", "ProviderSetupError", "http_error",
            "parse_retry_after", "strict_schema"]
@@ -99,7 +94,7 @@ def _strict_object(node: Mapping[str, Any]) -> Mapping[str, Any]:
     return out
 
 
-class OpenAIProvider:
+class OpenAIProvider(HttpProvider):
     """Chat completions against OpenAI or any compatible server; a custom base_url may be keyless.
 
     ``response_format``: ``"json_schema"`` sends the call's wire schema with ``strict: true``,
@@ -108,34 +103,23 @@ class OpenAIProvider:
 
     name = "openai"
     key_env = "OPENAI_API_KEY"
+    base_env = "OPENAI_BASE_URL"
+    default_base = DEFAULT_OPENAI_BASE_URL
+    official_domain = "openai.com"
+    example_model = "gpt-4o-mini"
+    keyless_hint = ("; a local OpenAI-compatible server (vLLM, Ollama, llama.cpp) can run "
+                    "keyless via base_url=...")
+    path = "/chat/completions"
 
     def __init__(self, model: str | None = None, *, base_url: str | None = None,
                  api_key: str | None = None, response_format: str = "json_schema",
                  timeout: float = 60.0, prices: Mapping[str, Any] | None = None,
                  max_connections: int = 0, extra_body: Mapping[str, Any] | None = None) -> None:
-        self.model = model or os.environ.get("BATCHJSON_MODEL") or None
-        if not self.model:
-            raise ProviderSetupError("OpenAIProvider needs a model name: pass model='gpt-4o-mini' "
-                                     "(or your server's model id) or set BATCHJSON_MODEL.")
-        self.base_url = (base_url or os.environ.get("OPENAI_BASE_URL")
-                         or DEFAULT_OPENAI_BASE_URL).rstrip("/")
-        self._key = Secret(api_key if api_key is not None else os.environ.get(self.key_env))
-        if not self._key and is_official(self.base_url, "openai.com"):
-            raise ProviderSetupError(
-                f"OpenAIProvider has no API key for {self.base_url}: set {self.key_env} in the "
-                "environment or pass api_key=...; a local OpenAI-compatible server (vLLM, "
-                "Ollama, llama.cpp) can run keyless via base_url=...")
+        self._setup(model, base_url, api_key, timeout, prices, extra_body, max_connections)
         if response_format not in RESPONSE_FORMATS:
             raise InvalidBatch(f"response_format must be one of {', '.join(RESPONSE_FORMATS)}; "
                                f"got {response_format!r}")
-        if timeout <= 0:
-            raise InvalidBatch(f"timeout must be positive seconds, got {timeout!r}")
         self.response_format = response_format
-        self.timeout = float(timeout)
-        self.prices = normalize_prices(prices)
-        self.extra_body = dict(extra_body or {})
-        self.url = f"{self.base_url}/chat/completions"
-        self._sessions = LoopSessions(make_session_factory(self.timeout, max_connections))
 
     def __repr__(self) -> str:
         return (f"OpenAIProvider(model={self.model!r}, base_url={self.base_url!r}, "
@@ -167,10 +151,7 @@ class OpenAIProvider:
 
     async def complete(self, call: Call) -> Reply:
         body, wrapped = self.request_body(call)
-        data = await post_json(self._sessions.get(), self.url,
-                               json.dumps(body, ensure_ascii=False).encode(), self._headers,
-                               provider="openai", timeout=self.timeout, secret=self._key,
-                               key_env=self.key_env)
+        data = await self._post(body)
         choices = data.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             detail = redact(json.dumps(data)[:200], self._key)
@@ -198,7 +179,3 @@ class OpenAIProvider:
             extra["refusal"] = refusal
         return Reply(text=text, input_tokens=inp, output_tokens=out, cached_tokens=cached,
                      cost=cost, model=model, extra=extra)
-
-    async def aclose(self) -> None:
-        """Close the pooled connections of the running loop (and of loops already closed)."""
-        await self._sessions.aclose()
