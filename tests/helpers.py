@@ -37,3 +37,25 @@ def items_reply(call: Any, **overrides: Any) -> str:
         item.update(overrides.get(task["task_id"], {}))
         items.append(item)
     return json.dumps({"items": items})
+
+
+class ConcurrentModel:
+    """An async provider function that records each call's task_ids and the peak number of
+    calls in flight at once, answering with ``respond(call)`` after ``delay`` seconds."""
+
+    def __init__(self, respond=None, delay: float = 0.01) -> None:
+        self.respond = respond or items_reply
+        self.delay = delay
+        self.in_flight = 0
+        self.peak = 0
+        self.sent: list[tuple[str, ...]] = []
+
+    async def __call__(self, call: Any) -> str:
+        import asyncio
+
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        await asyncio.sleep(self.delay)
+        self.in_flight -= 1
+        self.sent.append(tuple(t["task_id"] for t in call.tasks))
+        return self.respond(call)

@@ -158,10 +158,12 @@ def test_async_context_manager_and_stats() -> None:
     assert stats["requests"] == 3 and stats["responses"] == {"200": 3}
 
 
-def test_cli_serves_until_terminated() -> None:
+@pytest.mark.parametrize("command", [["-m", "batchjson.testing.server"],
+                                     ["-m", "batchjson", "serve"]])
+def test_cli_serves_until_terminated(command: list[str]) -> None:
     env = {**os.environ, "PYTHONPATH": str(SRC)}
-    proc = subprocess.Popen([sys.executable, "-m", "batchjson.testing.server", "--port", "0",
-                             "--latency", "0"], stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen([sys.executable, *command, "--port", "0", "--latency", "0"],
+                            stdout=subprocess.PIPE, text=True, env=env)
     try:
         line = proc.stdout.readline() if proc.stdout else ""
         match = re.search(r"http://127\.0\.0\.1:(\d+)/v1", line)

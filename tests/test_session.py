@@ -18,7 +18,7 @@ from batchjson import (
     Session,
     SimulatedModel,
 )
-from tests.helpers import LABEL_SCHEMA, answer, items_reply, review_tasks
+from tests.helpers import LABEL_SCHEMA, ConcurrentModel, answer, items_reply, review_tasks
 
 
 def flaky(rate=0.3, seed=7, **kw):
@@ -265,21 +265,10 @@ def test_no_provider_is_a_clear_error_listing_the_ways(monkeypatch):
 
 
 def test_calls_of_one_batch_run_concurrently_within_the_bound():
-    import asyncio
-
-    in_flight, peak = 0, 0
-
-    async def slow(call):
-        nonlocal in_flight, peak
-        in_flight += 1
-        peak = max(peak, in_flight)
-        await asyncio.sleep(0.02)
-        in_flight -= 1
-        return items_reply(call)
-
-    session = Session(CallableProvider(slow), concurrency=4)
+    model = ConcurrentModel(delay=0.02)
+    session = Session(CallableProvider(model), concurrency=4)
     session.run_batch("r", review_tasks(12), LABEL_SCHEMA)
-    assert peak == 4
+    assert model.peak == 4
 
 
 def test_works_inside_a_running_event_loop():
@@ -385,33 +374,25 @@ def test_a_top_level_identity_beside_items_is_rejected_not_ignored():
 
 
 def test_split_halves_run_in_parallel_and_accepted_halves_are_never_paid_twice():
-    import asyncio
-
     bad = "gold-pair-078::gold-pair-078-candidate-130"
-    in_flight, peak, sent = 0, 0, []
 
-    async def model(call):
-        nonlocal in_flight, peak
-        in_flight += 1
-        peak = max(peak, in_flight)
-        await asyncio.sleep(0.01)
-        in_flight -= 1
-        sent.append(tuple(t["task_id"] for t in call.tasks))
+    def poisoned(call):
         if any(t["task_id"] == bad for t in call.tasks):
             return items_reply(call, **{bad: {"verdict": "maybe"}})
         return items_reply(call)
 
+    model = ConcurrentModel(poisoned)
     session = Session(CallableProvider(model), repairs=0, replays=0, concurrency=4)
     first = session.run_batch("r", review_tasks(8), LABEL_SCHEMA, pack=8, split=True,
                               on_exhausted="return")
-    assert len(first.values) == 7 and peak == 2  # both halves of one request went out at once
+    assert len(first.values) == 7 and model.peak == 2  # both halves of one request went out at once
     # A new revision (pack=16, eight more tasks) sends its bigger request, which fails and
     # splits again: halves whose exact content was accepted under revision 1 are not re-sent.
-    sent.clear()
+    model.sent.clear()
     tasks = review_tasks(8) + review_tasks(8, case="gold-pair-080")
     again = session.run_batch("r", tasks, LABEL_SCHEMA, pack=16, split=True,
                               on_exhausted="return")
     assert again.revision == 2 and len(again.values) == 15
     accepted_before = {k for k in first.values}
-    for call in sent:
+    for call in model.sent:
         assert not set(call) <= accepted_before, f"re-sent an accepted half: {call}"

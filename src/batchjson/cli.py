@@ -111,6 +111,11 @@ def show_receipts(ledger: Path, name: str, failed: bool, raw: bool,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    if args_in[:1] == ["serve"]:  # the server owns its options (--port, --latency, faults)
+        from .testing.server import main as serve_main
+
+        return serve_main(args_in[1:]) or 0
     parser = argparse.ArgumentParser(prog="batchjson", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="end-to-end run on the offline model, then resume")
@@ -124,20 +129,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     receipts.add_argument("--ledger", type=Path, default=Path(".batchjson/ledger.sqlite"))
     receipts.add_argument("--failed", action="store_true")
     receipts.add_argument("--raw", action="store_true")
-    serve = sub.add_parser("serve", help="the loopback OpenAI/Anthropic test server")
-    serve.add_argument("rest", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
+    sub.add_parser("serve", help="the loopback OpenAI/Anthropic test server "
+                   "(batchjson serve --help lists its options)")
+    args = parser.parse_args(args_in)
     if args.command == "demo":
         return run_demo(args.ledger, args.seed)
     if args.command in ("status", "receipts") and not args.ledger.exists():
         parser.error(f"no ledger at {args.ledger}; pass --ledger PATH")
     if args.command == "status":
         return show_status(args.ledger, args.name)
-    if args.command == "receipts":
-        return show_receipts(args.ledger, args.name, args.failed, args.raw)
-    from .testing.server import main as serve_main
-
-    return serve_main(args.rest) or 0
+    return show_receipts(args.ledger, args.name, args.failed, args.raw)
 
 
 if __name__ == "__main__":

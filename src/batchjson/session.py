@@ -191,11 +191,8 @@ class Session:
         if refuse_short_budget:
             spender.refuse_if_short(len(pending))
 
-        validator_record = None
-        if version is not None:
-            validator_record = {"name": version.name, "version": version.version,
-                                "fingerprint": version.fingerprint.digest, "where": version.where,
-                                "by_identity": version.fingerprint.by_identity}
+        validator_record = (None if version is None else  # its definition is already on record
+                            {"name": version.name, "version": version.version})
         revision, superseded = self.ledger.open_revision(
             name, fingerprint, components, requests, strict=self.strict,
             validator=validator_record)

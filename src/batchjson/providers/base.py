@@ -80,10 +80,9 @@ class CallableProvider:
         self.model = model or getattr(fn, "__name__", "callable")
 
     async def complete(self, call: Call) -> Reply:
-        if inspect.iscoroutinefunction(self.fn):
-            out = await self.fn(call)
-        else:
-            out = await asyncio.to_thread(self.fn, call) if _is_blocking(self.fn) else self.fn(call)
+        out = await asyncio.to_thread(self.fn, call) if _is_blocking(self.fn) else self.fn(call)
+        if inspect.isawaitable(out):  # async functions and objects with an async __call__
+            out = await out
         if isinstance(out, Reply):
             return out
         if not isinstance(out, str):
