@@ -85,6 +85,18 @@ def test_request_timeout_does_not_hang_the_loop(kind):
     assert [r.status for r in session.ledger.attempts("r")] == ["provider_error", "accepted"]
 
 
+def test_session_timeout_tighter_than_the_providers_still_bounds_the_call(kind):
+    """The provider's own 60 s client timeout does not replace a 0.5 s session timeout."""
+    faults = HttpFaults(script={1: "timeout"}, hold=60.0)
+    with LoopbackServer(SimulatedModel(answer=answer), faults=faults, api_key=KEY) as server:
+        session = quick_session(provider_for(kind, server, timeout=60.0), repairs=0, replays=0,
+                                timeout=0.5)
+        result = session.run_batch("r", review_tasks(1), LABEL_SCHEMA)
+    assert result.status == "resolved"
+    (timed_out, _) = session.ledger.attempts("r")
+    assert timed_out.status == "provider_error" and "0.5s" in timed_out.errors[0]["message"]
+
+
 def test_api_key_appears_nowhere(kind, tmp_path, capsys):
     path = tmp_path / "ledger.sqlite"
     model = SimulatedModel(answer=answer, faults=FaultPlan(script={0: "identity_swap"}))

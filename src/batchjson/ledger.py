@@ -183,8 +183,8 @@ class Ledger:
         db.executemany(
             "INSERT OR IGNORE INTO requests(revision_id, key, position, parent_key, task_ids, "
             "tasks) VALUES (?,?,?,?,?,?)",
-            [(revision_id, r.key, r.position, r.parent_key, json.dumps(list(r.task_ids)),
-              json.dumps(list(r.tasks))) for r in requests])
+            [(revision_id, r.key, r.position, r.parent_key, r.task_ids_json, r.tasks_json)
+             for r in requests])
 
     def record_split(self, revision_id: int, parent: Request, children: Sequence[Request]) -> None:
         """Replace a leaf request by its halves; the parent stays on record as split."""
@@ -235,8 +235,8 @@ class Ledger:
         return db.execute(
             "INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, status, "
             "provider, model, started_at) VALUES (?,?,?,?,?, 'in_flight', ?,?,?)",
-            (batch_id, revision_id, request.key, json.dumps(list(request.task_ids)), kind,
-             provider, model, now())).lastrowid
+            (batch_id, revision_id, request.key, request.task_ids_json, kind, provider, model,
+             now())).lastrowid
 
     def finish_attempt(self, attempt_id: int, status: str, *, errors: Sequence[Mapping] = (),
                        raw: str | None = None, usage: Mapping[str, Any] | None = None) -> None:
@@ -251,7 +251,7 @@ class Ledger:
                   items: Mapping[str, Any], raw: str, usage: Mapping[str, Any]) -> None:
         """Mark the receipt accepted and admit every item; callers run it inside a transaction."""
         stamp = now()
-        cls._finish(db, attempt_id, "accepted", (), raw, usage)
+        cls._finish(db, attempt_id, "accepted", (), raw, usage, stamp)
         db.executemany(
             "INSERT OR REPLACE INTO checkpoint(batch_id, request_key, task_id, attempt_id, "
             "item, committed_at) VALUES (?,?,?,?,?,?)",
@@ -268,14 +268,14 @@ class Ledger:
 
     @staticmethod
     def _finish(db: sqlite3.Connection, attempt_id: int, status: str, errors: Sequence[Mapping],
-                raw: str | None, usage: Mapping[str, Any]) -> None:
+                raw: str | None, usage: Mapping[str, Any], stamp: str | None = None) -> None:
         db.execute(
             "UPDATE attempts SET status = ?, errors = ?, raw = ?, input_tokens = ?, "
             "output_tokens = ?, cached_tokens = ?, cost = ?, model = COALESCE(?, model), "
             "finished_at = ? WHERE id = ? AND status = 'in_flight'",
-            (status, json.dumps(list(errors)), raw, usage.get("input_tokens"),
-             usage.get("output_tokens"), usage.get("cached_tokens"), usage.get("cost"),
-             usage.get("model"), now(), attempt_id))
+            (status, json.dumps(list(errors)) if errors else "[]", raw,
+             usage.get("input_tokens"), usage.get("output_tokens"), usage.get("cached_tokens"),
+             usage.get("cost"), usage.get("model"), stamp or now(), attempt_id))
 
     # -- reading -------------------------------------------------------------------------------
     def attempts(self, name: str, *, failed: bool = False) -> list[Receipt]:

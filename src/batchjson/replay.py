@@ -108,6 +108,11 @@ class Replayer:
         self._system = system_prompt(plan)
         self._provider_name = getattr(provider, "name", type(provider).__name__)
         self._model = getattr(provider, "model", None)
+        # A provider whose own client timeout is at least as tight bounds every call already;
+        # a second asyncio timer per call would only cost time.
+        own = getattr(provider, "timeout", None) if getattr(provider, "enforces_timeout",
+                                                              False) else None
+        self._needs_timer = not (isinstance(own, (int, float)) and own <= transport.timeout)
 
     async def run(self, requests: list[Request]) -> Outcome:
         """Drive every request with ``concurrency`` workers; each takes the next request as soon
@@ -218,7 +223,8 @@ class Replayer:
     def _prompt(self, request: Request) -> str:
         if self.plan.mode == "value":
             return render_value_prompt(request.tasks[0])
-        return render_items_prompt(request.tasks, self.plan.identity, self.plan.instructions)
+        return render_items_prompt(request.tasks, self.plan.identity, self.plan.instructions,
+                                   request.tasks_json)
 
     # -- one attempt (with transport retries) --------------------------------------------------
     async def _attempt(self, request: Request, kind: str,
@@ -298,6 +304,8 @@ class Replayer:
 
     async def _send(self, call: Call, attempt_id: int) -> Reply:
         try:
+            if not self._needs_timer:
+                return await self.provider.complete(call)
             async with asyncio.timeout(self.transport.timeout):
                 return await self.provider.complete(call)
         except (ProviderError, TimeoutError) as exc:

@@ -99,6 +99,9 @@ def wire_schema(item: ItemSchema, tasks: Sequence[Mapping[str, Any]],
     defs = base.pop("$defs", None)
     props = dict(base.get("properties") or {})
     for name in identity:
+        if len(tasks) == 1:
+            props[name] = {"enum": [tasks[0][name]]}
+            continue
         values = sorted({json.dumps(t[name], sort_keys=True) for t in tasks})
         props[name] = {"enum": [json.loads(v) for v in values]}
     required = list(dict.fromkeys([*identity, *(base.get("required") or [])]))

@@ -153,7 +153,7 @@ class Session:
             raise InvalidBatch(f"on_exhausted must be 'raise' or 'return', got {on_exhausted!r}")
         _whole("pack", pack, 1)
         ident = normalize_identity(identity)
-        task_list = normalize_tasks(tasks, ident)
+        task_list, task_texts = normalize_tasks(tasks, ident)
         item_schema = compile_schema(schema)
         repairs = self.repairs if repairs is None else _whole("repairs", repairs, 0)
         replays = self.replays if replays is None else _whole("replays", replays, 0)
@@ -184,7 +184,7 @@ class Session:
         fingerprint = sha(json.dumps(components, sort_keys=True))
         existing = self.ledger.find_revision(name, fingerprint)
         requests = (self.ledger.leaves(existing.id) if existing else
-                    pack_requests(task_list, pack, key_content))
+                    pack_requests(task_list, pack, key_content, task_texts))
         done = self.ledger.accepted_keys([r.key for r in requests])
         pending = [r for r in requests if r.key not in done]
         spender = Spender(max_calls, self.budget, self.tally)

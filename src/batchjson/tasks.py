@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import InvalidBatch
@@ -19,12 +19,20 @@ def _canonical(obj: Any) -> str:
                       allow_nan=False)
 
 
+_json_string = json.encoder.encode_basestring  # a str as a JSON literal, non-ASCII kept
+
+
 def sha(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def normalize_tasks(tasks: Iterable[Mapping[str, Any]], identity: Sequence[str]) -> list[dict]:
-    """Check every task before anything is spent, naming the first bad one and the fix."""
+def normalize_tasks(tasks: Iterable[Mapping[str, Any]],
+                    identity: Sequence[str]) -> tuple[list[dict], list[str]]:
+    """Check every task before anything is spent, naming the first bad one and the fix.
+
+    Returns the tasks and their canonical JSON texts: checking serialisability already
+    produces the text that request keys, the ledger and prompts are built from.
+    """
     if isinstance(tasks, (str, bytes)) or isinstance(tasks, Mapping):
         raise InvalidBatch("tasks must be a list of mappings, one per task; got "
                            f"{type(tasks).__name__}")
@@ -38,6 +46,7 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]], identity: Sequence[str])
     identity = normalize_identity(identity)
     seen: dict[str, int] = {}
     out: list[dict] = []
+    texts: list[str] = []
     for position, task in enumerate(items):
         if not isinstance(task, Mapping):
             raise InvalidBatch(f"task #{position} is a {type(task).__name__}, not a mapping; "
@@ -57,17 +66,17 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]], identity: Sequence[str])
         if not isinstance(prompt, str):
             raise InvalidBatch(f"task {task_id!r}: prompt must be a string, got "
                                f"{type(prompt).__name__}")
-        for field in identity:
-            if field not in task:
-                raise InvalidBatch(f"task {task_id!r} lacks identity field {field!r}; add it to "
+        for name in identity:
+            if name not in task:
+                raise InvalidBatch(f"task {task_id!r} lacks identity field {name!r}; add it to "
                                    "the task or drop it from identity=")
         try:
-            _canonical(task)
+            texts.append(_canonical(task))
         except (TypeError, ValueError) as exc:
             raise InvalidBatch(f"task {task_id!r} is not JSON-serialisable ({exc}); keep tasks "
                                "to str/int/float/bool/None/list/dict with finite numbers") from None
         out.append(dict(task))
-    return out
+    return out, texts
 
 
 def normalize_identity(identity: Sequence[str] | str | None) -> tuple[str, ...]:
@@ -87,16 +96,26 @@ def normalize_identity(identity: Sequence[str] | str | None) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Request:
-    """One unit of evidence: a fixed group of tasks sent together, keyed by its content."""
+    """One unit of evidence: a fixed group of tasks sent together, keyed by its content.
+
+    ``tasks_json`` is the canonical JSON array of the tasks, computed once: the request key,
+    the ledger row and the prompt's task block are all built from this one text.
+    """
 
     key: str
     tasks: tuple[dict, ...]
     position: int
     parent_key: str | None = None
+    tasks_json: str = field(default="", repr=False, compare=False)
+    task_ids: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    task_ids_json: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def task_ids(self) -> tuple[str, ...]:
-        return tuple(t["task_id"] for t in self.tasks)
+    def __post_init__(self) -> None:
+        if not self.tasks_json:
+            object.__setattr__(self, "tasks_json", _canonical(list(self.tasks)))
+        ids = tuple(t["task_id"] for t in self.tasks)
+        object.__setattr__(self, "task_ids", ids)
+        object.__setattr__(self, "task_ids_json", "[" + ",".join(map(_json_string, ids)) + "]")
 
 
 def request_key(tasks: Sequence[Mapping[str, Any]], content: Mapping[str, str]) -> str:
@@ -104,13 +123,34 @@ def request_key(tasks: Sequence[Mapping[str, Any]], content: Mapping[str, str]) 
     return sha(_canonical({"tasks": list(tasks), **content}))
 
 
-def pack_requests(tasks: Sequence[dict], pack: int, content: Mapping[str, str]) -> list[Request]:
+def key_maker(content: Mapping[str, str]) -> Callable[[str], str]:
+    """:func:`request_key` as a function of the tasks' canonical JSON, for many requests.
+
+    Canonical JSON of a dict is its sorted ``"key":value`` pairs joined by commas, so the
+    content around the tasks is encoded once and the ready tasks text spliced in: the very
+    bytes :func:`request_key` hashes (a test holds the two equal).
+    """
+    members = sorted({"tasks": None, **content}.items())
+    where = [k for k, _ in members].index("tasks")
+    encoded = [f"{_canonical(k)}:{_canonical(v)}" for k, v in members]
+    head = "{" + "".join(part + "," for part in encoded[:where]) + '"tasks":'
+    tail = "".join("," + part for part in encoded[where + 1:]) + "}"
+    return lambda tasks_json: sha(head + tasks_json + tail)
+
+
+def pack_requests(tasks: Sequence[dict], pack: int, content: Mapping[str, str],
+                  texts: Sequence[str] | None = None) -> list[Request]:
+    """Group tasks ``pack`` at a time; ``texts`` are their canonical JSON, if already made."""
     if not isinstance(pack, int) or isinstance(pack, bool) or pack < 1:
         raise InvalidBatch(f"pack must be a whole number >= 1, got {pack!r}")
+    if texts is None:
+        texts = [_canonical(t) for t in tasks]
+    key_of = key_maker(content)
     out = []
     for position, start in enumerate(range(0, len(tasks), pack)):
-        group = tuple(tasks[start:start + pack])
-        out.append(Request(request_key(group, content), group, position))
+        tasks_json = "[" + ",".join(texts[start:start + pack]) + "]"
+        out.append(Request(key_of(tasks_json), tuple(tasks[start:start + pack]), position,
+                           tasks_json=tasks_json))
     return out
 
 
@@ -123,8 +163,11 @@ def split_request(request: Request, content: Mapping[str, str]) -> list[Request]
 
 
 def render_items_prompt(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str],
-                        instructions: str | None) -> str:
-    """The user message for a packed request; tasks travel as one JSON block."""
+                        instructions: str | None, tasks_json: str | None = None) -> str:
+    """The user message for a packed request; tasks travel as one JSON block.
+
+    ``tasks_json``, when given, is the tasks' canonical JSON (a Request carries it).
+    """
     lines = []
     if instructions:
         lines += [instructions.strip(), ""]
@@ -133,7 +176,7 @@ def render_items_prompt(tasks: Sequence[Mapping[str, Any]], identity: Sequence[s
         '{"items": [...]} with exactly one object per task, in any order. Copy these identity '
         f"fields from the task unchanged into its object: {', '.join(identity)}.",
         TASKS_BEGIN,
-        _canonical([dict(t) for t in tasks]),
+        tasks_json if tasks_json is not None else _canonical([dict(t) for t in tasks]),
         TASKS_END,
     ]
     return "\n".join(lines)

@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 import aiohttp
+import pydantic_core
 
 from ..errors import BatchJsonError, InvalidBatch, ProviderError, ProviderNotConfigured
 from .base import Call
@@ -181,6 +182,16 @@ async def post_json(session: aiohttp.ClientSession, url: str, body: bytes,
     return data
 
 
+def encode_body(body: Mapping[str, Any]) -> bytes:
+    """UTF-8 JSON for a request body. pydantic-core's encoder (already installed with pydantic)
+    is several times faster than the stdlib's on prompt-sized bodies; anything it refuses (a lone
+    surrogate, say) goes through the stdlib with ASCII escapes, which is valid JSON for any str."""
+    try:
+        return pydantic_core.to_json(body)
+    except (pydantic_core.PydanticSerializationError, ValueError):
+        return json.dumps(body).encode("ascii")
+
+
 class LoopSessions:
     """One aiohttp.ClientSession per event loop: batches may run in a worker thread's loop."""
 
@@ -286,6 +297,7 @@ class HttpProvider:
     session per event loop."""
 
     name = "http"
+    enforces_timeout = True  # every request is bounded by ``timeout`` (aiohttp ClientTimeout)
     key_env = ""
     base_env = ""
     default_base = ""
@@ -321,8 +333,7 @@ class HttpProvider:
         return base
 
     async def _post(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        return await post_json(self._sessions.get(), self.url,
-                               json.dumps(body, ensure_ascii=False).encode(), self._headers,
+        return await post_json(self._sessions.get(), self.url, encode_body(body), self._headers,
                                provider=self.name, timeout=self.timeout, secret=self._key,
                                key_env=self.key_env)
 

@@ -63,8 +63,8 @@ def _strict(node: Any, is_schema: bool) -> Any:
         return node
     if isinstance(node, list):
         return [_strict(item, True) for item in node]
-    if not isinstance(node, Mapping):
-        return node
+    if not isinstance(node, Mapping) or not (node.keys() & _SCHEMA_KEYS):
+        return node  # a leaf schema ({"type": "string"}, {"enum": [...]}): nothing to tighten
     hit = _STRICT_MEMO.get(id(node))
     if hit is not None and hit[0] is node:
         return hit[1]
@@ -76,8 +76,6 @@ def _strict(node: Any, is_schema: bool) -> Any:
 
 
 def _strict_object(node: Mapping[str, Any]) -> Mapping[str, Any]:
-    if not (node.keys() & _SCHEMA_KEYS):
-        return node  # a leaf schema ({"type": "string"}, {"enum": [...]}): nothing to tighten
     out: dict[str, Any] = {}
     for key, value in node.items():
         if key in _SCHEMA_MAPS and isinstance(value, Mapping):

@@ -127,17 +127,15 @@ def price_for(model: str | None, overrides: Mapping[str, Any] | None = None) -> 
     """Look a model up (exact id first, then its undated alias); ``None`` when unknown."""
     if not model:
         return None
-    local = normalize_prices(overrides)
     with _lock:
-        tables = (local, _user_prices, DEFAULT_PRICES)
-        candidates = [model]
+        tables = (overrides or {}, _user_prices, DEFAULT_PRICES)
+        for table in tables:
+            if model in table:
+                return as_price(table[model])
         alias = _SNAPSHOT.sub("", model)
-        if alias != model:
-            candidates.append(alias)
-        for name in candidates:
-            for table in tables:
-                if name in table:
-                    return table[name]
+        for table in tables:
+            if alias in table:
+                return as_price(table[alias])
     return None
 
 

@@ -1,0 +1,71 @@
+"""Request keys are evidence: a faster way of computing one must give the very same key."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from batchjson.tasks import (
+    Request,
+    normalize_tasks,
+    pack_requests,
+    render_items_prompt,
+    request_key,
+    split_request,
+)
+
+CONTENT = {"schema": "s" * 64, "validator": "none", "instructions": "i" * 64,
+           "identity": "task_id,case_id", "mode": "items"}
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    max_leaves=8)
+
+
+@st.composite
+def task_lists(draw):
+    count = draw(st.integers(1, 7))
+    tasks = []
+    for i in range(count):
+        extra = draw(st.dictionaries(st.text().filter(lambda k: k not in ("task_id", "prompt")),
+                                     json_values, max_size=3))
+        tasks.append({"prompt": draw(st.text()), **extra, "task_id": f"t{i}-{draw(st.text())}",
+                      "case_id": draw(json_values)})
+    return tasks
+
+
+@settings(max_examples=150, deadline=None)
+@given(task_lists(), st.integers(1, 4),
+       st.dictionaries(st.sampled_from(sorted(CONTENT) + ["z", "a", "täsks"]), st.text(),
+                       min_size=1))
+def test_packed_keys_equal_request_key_on_any_content(tasks, pack, content):
+    normalized, texts = normalize_tasks(tasks, ("task_id", "case_id"))
+    requests = pack_requests(normalized, pack, content, texts)
+    assert [t for r in requests for t in r.tasks] == normalized
+    for request in requests:
+        assert request.key == request_key(request.tasks, content)
+        assert json.loads(request.tasks_json) == list(request.tasks)
+        assert json.loads(request.task_ids_json) == [t["task_id"] for t in request.tasks]
+
+
+def test_request_keys_of_existing_ledgers_do_not_change():
+    """A pinned key: if this moves, every ledger written before would stop resuming."""
+    tasks = [{"task_id": "case-078", "prompt": "Review the pair.", "case_id": "gold-pair-078",
+              "note": "naïve ✓"}]
+    (request,) = pack_requests(tasks, 1, CONTENT)
+    assert request.key == "de5a537051136c8d0da4fb82a732d995d4153f2371920afa486856563936ddf2"
+
+
+def test_ledger_round_trip_keeps_the_same_prompt_and_children():
+    tasks, texts = normalize_tasks([{"task_id": f"t{i}", "prompt": f"p{i}", "x": {"b": 1, "a": 2}}
+                                    for i in range(3)], ("task_id",))
+    (packed,) = pack_requests(tasks, 3, CONTENT, texts)
+    reloaded = Request(packed.key, tuple(json.loads(packed.tasks_json)), packed.position)
+    prompt = render_items_prompt(packed.tasks, ("task_id",), None, packed.tasks_json)
+    assert prompt == render_items_prompt(reloaded.tasks, ("task_id",), None)
+    assert [c.key for c in split_request(packed, CONTENT)] == [
+        c.key for c in split_request(reloaded, CONTENT)]
