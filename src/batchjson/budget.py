@@ -84,6 +84,17 @@ class Spender:
             self._tally.calls += 1
             return True
 
+    def ample(self, calls: int) -> bool:
+        """True when no cost budget applies and more than ``calls`` calls remain (or no limit)."""
+        remaining = self.remaining_calls()
+        return self.budget.cost is None and (remaining is None or remaining > calls)
+
+    def refund(self) -> None:
+        """Give back a reserved call that was never made."""
+        with self._tally.lock:
+            self.calls -= 1
+            self._tally.calls -= 1
+
     def add_cost(self, cost: float | None) -> None:
         if cost:
             with self._tally.lock:

@@ -21,24 +21,41 @@ Outcome = tuple[asyncio.Future, Any, BaseException | None]
 
 
 class GroupCommit:
-    """Queue ledger operations; flush them together on the next turn of the event loop."""
+    """Queue ledger operations; flush them together on the next turn of the event loop.
 
-    def __init__(self, ledger: Ledger) -> None:
+    A write nobody waits for yet (the receipt of a call opened ahead, the record of a judged
+    return) may wait up to ``linger`` seconds for company: fewer, larger transactions. A write
+    somebody awaits, or :meth:`hurry`, brings the flush forward to the next turn.
+    """
+
+    def __init__(self, ledger: Ledger, linger: float = 0.005) -> None:
         self._ledger = ledger
         self._pending: list[tuple[Op, asyncio.Future]] = []
         self._unawaited: list[asyncio.Future] = []
-        self._scheduled = False
+        self._scheduled: asyncio.Handle | asyncio.TimerHandle | None = None
+        self._soon = False
+        self.linger = linger
         self.flushes = 0
 
-    def submit(self, op: Op) -> asyncio.Future:
-        """Queue a write for the next flush; ``raise_failures`` reports it if nobody awaits it."""
+    def submit(self, op: Op, *, urgent: bool = True) -> asyncio.Future:
+        """Queue a write; ``raise_failures`` reports it if nobody awaits it."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._pending.append((op, future))
-        if not self._scheduled:
-            self._scheduled = True
-            loop.call_soon(self._flush)
+        if urgent:
+            self.hurry()
+        elif self._scheduled is None:
+            self._scheduled = loop.call_later(self.linger, self._flush)
         return future
+
+    def hurry(self) -> None:
+        """Flush on the next turn of the loop: somebody is waiting for a queued write."""
+        if self._soon or not self._pending:
+            return
+        if self._scheduled is not None:
+            self._scheduled.cancel()
+        self._scheduled = asyncio.get_running_loop().call_soon(self._flush)
+        self._soon = True
 
     async def run(self, op: Op) -> Any:
         """Queue a write and wait until the transaction holding it has committed."""
@@ -55,7 +72,9 @@ class GroupCommit:
         self._unawaited.clear()
 
     def _flush(self) -> None:
-        self._scheduled = False
+        if self._scheduled is not None:
+            self._scheduled.cancel()  # flush_now() may run ahead of a scheduled flush
+        self._scheduled, self._soon = None, False
         batch, self._pending = self._pending, []
         self._unawaited.extend(fut for _, fut in batch)
         live = [(op, fut) for op, fut in batch if not fut.cancelled()]  # cancelled: never ran

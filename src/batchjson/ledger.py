@@ -246,6 +246,16 @@ class Ledger:
         with self._lock:
             self._finish(self._db, attempt_id, status, errors, raw, usage or {})
 
+    def withdraw_attempt(self, attempt_id: int) -> None:
+        """Remove the receipt of a call that was opened but never sent (the run stopped first).
+
+        Only an in-flight receipt can go; a crash before this leaves it in flight, which counts
+        it as possibly made: the safe side.
+        """
+        with self._lock:
+            self._db.execute("DELETE FROM attempts WHERE id = ? AND status = 'in_flight'",
+                             (attempt_id,))
+
     @classmethod
     def op_accept(cls, db: sqlite3.Connection, attempt_id: int, batch_id: int, request_key: str,
                   items: Mapping[str, Any], raw: str, usage: Mapping[str, Any]) -> None:

@@ -86,6 +86,28 @@ class OutOfBudget(Exception):
     """No call may be reserved any more; the request is left unresolved for this run."""
 
 
+Item = tuple[Request, int, "str | None"]  # a queued request, its split depth, its first kind
+
+
+@dataclass
+class Opened:
+    """A call whose budget is reserved and whose in-flight receipt is submitted, not yet sent."""
+
+    request: Request
+    kind: str
+    prompt: str
+    call: Call
+    begun: asyncio.Future
+
+
+@dataclass
+class Lane:
+    """One worker. ``ahead`` is its next request, opened while the current call is in flight,
+    so the receipt's commit is off the path from one answer to the next send."""
+
+    ahead: tuple[Item, Opened] | None = None
+
+
 class Replayer:
     """Drives every unresolved request of a plan concurrently through provider and acceptance."""
 
@@ -118,13 +140,17 @@ class Replayer:
         """Drive every request with ``concurrency`` workers; each takes the next request as soon
         as its previous call is judged, the way a bare client loop would."""
         self._attempts = self.ledger.attempt_counts([r.key for r in requests])
-        self._queue = deque((r, 0, None) for r in requests)
+        self._queue: deque[Item] = deque((r, 0, None) for r in requests)
         self._active = 0
         self._changed = asyncio.Event()
         # Splitting can turn one request into many: with split on, size the pool for tasks.
         work = sum(len(r.tasks) for r in requests) if self.plan.split else len(requests)
-        workers = [asyncio.ensure_future(self._worker())
-                   for _ in range(min(self.concurrency, work))]
+        self._lanes = [Lane() for _ in range(min(self.concurrency, work))]
+        # Opening calls ahead reserves budget early, so it is done only while the budget is
+        # nowhere near its end; near the end, calls are reserved exactly as they are sent.
+        self._open_ahead = self.spender.ample(
+            4 * len(self._lanes) * (1 + self.plan.repairs + self.plan.replays))
+        workers = [asyncio.ensure_future(self._worker(lane)) for lane in self._lanes]
         try:
             await asyncio.gather(*workers)
         finally:
@@ -137,30 +163,74 @@ class Replayer:
         self.writes.raise_failures()
         return self.outcome
 
-    async def _worker(self) -> None:
-        while True:
-            if self._queue:
-                request, depth, first_kind = self._queue.popleft()
+    async def _worker(self, lane: Lane) -> None:
+        try:
+            while True:
+                opened = None
+                if lane.ahead is not None:
+                    (item, opened), lane.ahead = lane.ahead, None
+                elif self._queue:
+                    item = self._queue.popleft()
+                else:  # a busy worker's next request is fair game for an idle one
+                    busy = next((other for other in self._lanes if other.ahead), None)
+                    if busy is not None:
+                        (item, opened), busy.ahead = busy.ahead, None
+                    elif self._active == 0:
+                        return
+                    else:  # another worker may still split a request into more work
+                        self._changed.clear()
+                        await self._changed.wait()
+                        continue
                 self._active += 1
                 try:
-                    await self._drive(request, depth, first_kind)
+                    await self._drive(lane, *item, opened=opened)
                 finally:
                     self._active -= 1
                     self._changed.set()
-            elif self._active == 0:
-                return
-            else:  # another worker may still split a request into more work
-                self._changed.clear()
-                await self._changed.wait()
+        finally:
+            if lane.ahead is not None:  # stopped early: the opened call is never sent
+                self._withdraw(lane.ahead[1])
+                lane.ahead = None
+
+    def _fill(self, lane: Lane) -> None:
+        """Open this lane's next call now, while its current one is in flight."""
+        if not (self._open_ahead and lane.ahead is None and self._queue):
+            return
+        item = self._queue.popleft()
+        request, _, first_kind = item
+        try:
+            opened = self._open(request, self._first_kind(request, first_kind),
+                                self._prompt(request), ahead=True)
+        except OutOfBudget:
+            self._queue.appendleft(item)
+            return
+        lane.ahead = (item, opened)
+        self._changed.set()  # an idle worker may take it at once
+
+    def _withdraw(self, opened: Opened) -> None:
+        """Undo an opened call that will never be sent: refund it and drop its receipt."""
+        self.spender.refund()
+        self._attempts[opened.request.key] -= 1
+        self.outcome.calls -= 1
+        for task_id in opened.request.task_ids:
+            self.outcome.attempts_by_task[task_id] -= 1
+        if not opened.begun.done():
+            opened.begun.cancel()  # never written: the group commit skips cancelled writes
+        elif not opened.begun.cancelled() and opened.begun.exception() is None:
+            self.ledger.withdraw_attempt(opened.begun.result())
 
     # -- one request -----------------------------------------------------------------------
-    async def _drive(self, request: Request, depth: int, first_kind: str | None = None) -> None:
+    def _first_kind(self, request: Request, first_kind: str | None) -> str:
+        return first_kind or ("initial" if self._attempts.get(request.key, 0) == 0 else "replay")
+
+    async def _drive(self, lane: Lane, request: Request, depth: int,
+                     first_kind: str | None = None, opened: Opened | None = None) -> None:
         plan = self.plan
-        prompt = self._prompt(request)
-        kind = first_kind or ("initial" if self._attempts.get(request.key, 0) == 0 else "replay")
+        prompt = opened.prompt if opened else self._prompt(request)
+        kind = opened.kind if opened else self._first_kind(request, first_kind)
         repairs_left, replays_left = plan.repairs, plan.replays
         try:
-            verdict, raw = await self._attempt(request, kind, prompt)
+            verdict, raw = await self._attempt(lane, request, kind, prompt, opened)
             while not verdict.accepted:
                 if verdict.errors and not verdict.repairable and raw is not None:
                     break  # a validator crash: reported, never retried
@@ -170,10 +240,10 @@ class Replayer:
                     repairs_left -= 1
                     self.outcome.repairs_made += 1
                     verdict, raw = await self._attempt(
-                        request, "repair", render_repair_prompt(prompt, raw, verdict.errors))
+                        lane, request, "repair", render_repair_prompt(prompt, raw, verdict.errors))
                 elif replays_left > 0:
                     replays_left -= 1
-                    verdict, raw = await self._attempt(request, "replay", prompt)
+                    verdict, raw = await self._attempt(lane, request, "replay", prompt)
                 elif plan.split and len(request.tasks) > 1 and depth < plan.max_split_depth:
                     return self._split(request, depth)
                 else:
@@ -227,8 +297,8 @@ class Replayer:
                                    request.tasks_json)
 
     # -- one attempt (with transport retries) --------------------------------------------------
-    async def _attempt(self, request: Request, kind: str,
-                       prompt: str) -> tuple[acceptance.Verdict, str | None]:
+    async def _attempt(self, lane: Lane, request: Request, kind: str, prompt: str,
+                       opened: Opened | None = None) -> tuple[acceptance.Verdict, str | None]:
         """One logical attempt: transport retries inside, acceptance on the text that arrives.
 
         The first try runs bare; tenacity's retry machinery is built only once a retryable
@@ -236,7 +306,7 @@ class Replayer:
         """
         try:
             try:
-                return await self._call_once(request, kind, prompt)
+                return await self._call_once(lane, opened or self._open(request, kind, prompt))
             except ProviderError as first:
                 if not first.retryable or self.transport.retries == 0:
                     raise
@@ -250,7 +320,7 @@ class Replayer:
             )
             async for attempt in retrying:
                 with attempt:
-                    return await self._call_once(request, kind, prompt)
+                    return await self._call_once(lane, self._open(request, kind, prompt))
         except ProviderError as exc:
             status = f" (HTTP {exc.status})" if exc.status else ""
             return acceptance.Verdict(False, errors=[{
@@ -264,9 +334,12 @@ class Replayer:
             return min(max(0.0, error.retry_after), self.transport.backoff_max)
         return self._backoff(SimpleNamespace(attempt_number=failures))
 
-    async def _call_once(self, request: Request, kind: str,
-                         prompt: str) -> tuple[acceptance.Verdict, str | None]:
-        """Reserve, write the in-flight receipt, call, then judge and record the return."""
+    def _open(self, request: Request, kind: str, prompt: str, *, ahead: bool = False) -> Opened:
+        """Reserve the call and submit its in-flight receipt; nothing is sent yet.
+
+        A call opened ``ahead`` lets its receipt ride with the next group commit; any other is
+        about to be sent, so its receipt is committed on the next turn of the loop.
+        """
         ledger, plan = self.ledger, self.plan
         if not self.spender.reserve():
             raise OutOfBudget()
@@ -276,10 +349,18 @@ class Replayer:
             self.outcome.attempts_by_task[task_id] = (
                 self.outcome.attempts_by_task.get(task_id, 0) + 1)
         self.outcome.calls += 1
-        call = self._make_call(request, kind, prompt, number)
         begun = self.writes.submit(lambda db: ledger.op_begin(
             db, plan.batch_id, plan.revision_id, request, kind, self._provider_name,
-            self._model))
+            self._model), urgent=not ahead)
+        return Opened(request, kind, prompt, self._make_call(request, kind, prompt, number),
+                      begun)
+
+    async def _call_once(self, lane: Lane,
+                         opened: Opened) -> tuple[acceptance.Verdict, str | None]:
+        """Wait for the receipt, call, then judge and record the return."""
+        request, begun = opened.request, opened.begun
+        if not begun.done():
+            self.writes.hurry()  # opened ahead, its receipt not yet written: write it now
         try:
             attempt_id = await begun
         except asyncio.CancelledError as exc:  # committed, but cancelled before we resumed
@@ -287,7 +368,8 @@ class Replayer:
                 self._cancelled(begun.result(), exc)
             raise
         try:
-            reply = await self._send(call, attempt_id)
+            self._fill(lane)
+            reply = await self._send(opened.call, attempt_id)
             return self._judge_and_record(request, reply, attempt_id)
         except BaseException as exc:  # cancellation, Ctrl-C, SystemExit: close the receipt
             self._cancelled(attempt_id, exc)
@@ -333,11 +415,12 @@ class Replayer:
         if verdict.accepted:
             stored = {tid: self.plan.schema.dump(v) for tid, v in verdict.values.items()}
             self.writes.submit(lambda db: ledger.op_accept(
-                db, attempt_id, self.plan.batch_id, request.key, stored, reply.text, usage))
+                db, attempt_id, self.plan.batch_id, request.key, stored, reply.text, usage),
+                urgent=False)
             self.outcome.accepted_returns += 1
         else:
             self.writes.submit(lambda db: ledger.op_finish(
-                db, attempt_id, "rejected", verdict.errors, reply.text, usage))
+                db, attempt_id, "rejected", verdict.errors, reply.text, usage), urgent=False)
             self.outcome.rejected_returns += 1
         return verdict, reply.text
 
