@@ -31,7 +31,7 @@ class GroupCommit:
     def __init__(self, ledger: Ledger, linger: float = 0.005) -> None:
         self._ledger = ledger
         self._pending: list[tuple[Op, asyncio.Future]] = []
-        self._unawaited: list[asyncio.Future] = []
+        self._failures: list[BaseException] = []  # every failed write, awaited or not
         self._scheduled: asyncio.Handle | asyncio.TimerHandle | None = None
         self._soon = False
         self.linger = linger
@@ -66,17 +66,16 @@ class GroupCommit:
         self._flush()
 
     def raise_failures(self) -> None:
-        for future in self._unawaited:
-            if future.done() and not future.cancelled() and future.exception() is not None:
-                raise future.exception()
-        self._unawaited.clear()
+        """Raise the first write that failed: a run never ends as if its records were kept."""
+        failures, self._failures = self._failures, []
+        if failures:
+            raise failures[0]
 
     def _flush(self) -> None:
         if self._scheduled is not None:
             self._scheduled.cancel()  # flush_now() may run ahead of a scheduled flush
         self._scheduled, self._soon = None, False
         batch, self._pending = self._pending, []
-        self._unawaited.extend(fut for _, fut in batch)
         live = [(op, fut) for op, fut in batch if not fut.cancelled()]  # cancelled: never ran
         if not live:
             return
@@ -91,7 +90,9 @@ class GroupCommit:
             if error is None:
                 fut.set_result(result)
             else:
+                self._failures.append(error)
                 fut.set_exception(error)
+                fut.exception()  # reported by raise_failures, not as "never retrieved"
 
     def _together(self, live: list[tuple[Op, asyncio.Future]]) -> list[Outcome]:
         """The common case: every write in one transaction, no per-write savepoints."""

@@ -14,9 +14,9 @@ TASKS_BEGIN = "<<<BATCHJSON_TASKS"
 TASKS_END = "BATCHJSON_TASKS>>>"
 
 
-def _canonical(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False)
+# One encoder, built once: json.dumps with non-default options builds a new one per call.
+_canonical: Callable[[Any], str] = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 
 
 _json_string = json.encoder.encode_basestring  # a str as a JSON literal, non-ASCII kept

@@ -8,6 +8,7 @@ what to do, so each attempt gets its own receipt.
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -49,9 +50,11 @@ _SCHEMA_KEYS = _SCHEMA_LISTS | _SCHEMA_MAPS | _SCHEMA_ONE
 
 # Wire schemas of one batch share their answer sub-schemas (only the pinned identity values
 # differ per call), so tightened sub-schemas are memoised by node identity. The node is held in
-# the entry, so its id cannot be reused while the entry lives; bodies are only serialised.
-_STRICT_MEMO: dict[int, tuple[Any, Any]] = {}
-_STRICT_MEMO_MAX = 4096
+# the entry, so its id cannot be reused while the entry lives; bodies are only serialised. The
+# memo is a small LRU: shared nodes are hit on every call and stay, while each call's own outer
+# nodes are never hit again and fall out, instead of piling up for the garbage collector.
+_STRICT_MEMO: OrderedDict[int, tuple[Any, Any]] = OrderedDict()
+_STRICT_MEMO_MAX = 256
 
 
 def _strict(node: Any, is_schema: bool) -> Any:
@@ -65,13 +68,15 @@ def _strict(node: Any, is_schema: bool) -> Any:
         return [_strict(item, True) for item in node]
     if not isinstance(node, Mapping) or not (node.keys() & _SCHEMA_KEYS):
         return node  # a leaf schema ({"type": "string"}, {"enum": [...]}): nothing to tighten
-    hit = _STRICT_MEMO.get(id(node))
+    key = id(node)
+    hit = _STRICT_MEMO.get(key)
     if hit is not None and hit[0] is node:
+        _STRICT_MEMO.move_to_end(key)
         return hit[1]
     out = _strict_object(node)
-    if len(_STRICT_MEMO) >= _STRICT_MEMO_MAX:
-        _STRICT_MEMO.clear()
-    _STRICT_MEMO[id(node)] = (node, out)
+    _STRICT_MEMO[key] = (node, out)
+    if len(_STRICT_MEMO) > _STRICT_MEMO_MAX:
+        _STRICT_MEMO.popitem(last=False)
     return out
 
 
