@@ -8,10 +8,9 @@ failures get their own receipts and backoff, and never count as repairs.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -23,8 +22,9 @@ from .budget import Spender
 from .errors import ProviderError
 from .groupcommit import GroupCommit
 from .ledger import Ledger
+from .plan import Outcome, Plan, Transport, system_prompt
 from .providers.base import Call, Reply
-from .schema import ItemSchema, wire_schema
+from .schema import wire_schema
 from .tasks import (
     Request,
     render_items_prompt,
@@ -32,54 +32,6 @@ from .tasks import (
     render_value_prompt,
     split_request,
 )
-
-
-@dataclass
-class Plan:
-    """Everything fixed for one run of one batch revision."""
-
-    batch_id: int
-    revision_id: int
-    mode: str
-    identity: tuple[str, ...]
-    schema: ItemSchema
-    validator: Callable[[Any, Mapping[str, Any]], Any] | None
-    instructions: str | None
-    content: Mapping[str, str]
-    repairs: int
-    replays: int
-    split: bool
-    max_split_depth: int = 4
-
-
-@dataclass
-class Transport:
-    """How provider failures are retried: bounded, with backoff, honouring Retry-After."""
-
-    retries: int = 3
-    timeout: float = 120.0
-    backoff_initial: float = 0.5
-    backoff_max: float = 20.0
-
-
-@dataclass
-class Outcome:
-    """Counters and per-task errors of one run; the values themselves live in the ledger."""
-
-    calls: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cost: float | None = 0.0
-    accepted_returns: int = 0
-    rejected_returns: int = 0
-    provider_errors: int = 0
-    repairs_made: int = 0
-    attempts_by_task: dict[str, int] = field(default_factory=dict)
-    errors: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-
-    @property
-    def tokens(self) -> int:
-        return self.input_tokens + self.output_tokens
 
 
 class OutOfBudget(Exception):
@@ -148,8 +100,7 @@ class Replayer:
         self._lanes = [Lane() for _ in range(min(self.concurrency, work))]
         # Opening calls ahead reserves budget early, so it is done only while the budget is
         # nowhere near its end; near the end, calls are reserved exactly as they are sent.
-        self._open_ahead = self.spender.ample(
-            4 * len(self._lanes) * (1 + self.plan.repairs + self.plan.replays))
+        self._ahead_margin = 4 * len(self._lanes) * (1 + self.plan.repairs + self.plan.replays)
         workers = [asyncio.ensure_future(self._worker(lane)) for lane in self._lanes]
         try:
             await asyncio.gather(*workers)
@@ -194,7 +145,8 @@ class Replayer:
 
     def _fill(self, lane: Lane) -> None:
         """Open this lane's next call now, while its current one is in flight."""
-        if not (self._open_ahead and lane.ahead is None and self._queue):
+        if lane.ahead is not None or not self._queue or not self.spender.ample(
+                self._ahead_margin):
             return
         item = self._queue.popleft()
         request, _, first_kind = item
@@ -214,6 +166,8 @@ class Replayer:
         self.outcome.calls -= 1
         for task_id in opened.request.task_ids:
             self.outcome.attempts_by_task[task_id] -= 1
+            if not self.outcome.attempts_by_task[task_id]:
+                del self.outcome.attempts_by_task[task_id]
         if not opened.begun.done():
             opened.begun.cancel()  # never written: the group commit skips cancelled writes
         elif not opened.begun.cancelled() and opened.begun.exception() is None:
@@ -460,15 +414,3 @@ class Replayer:
         self.spender.add_cost(reply.cost)
         return {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens,
                 "cached_tokens": reply.cached_tokens, "cost": reply.cost, "model": reply.model}
-
-
-def system_prompt(plan: Plan) -> str:
-    """Built once per run: the answer schema, and the envelope every return must use."""
-    answer = json.dumps(plan.schema.json_schema, sort_keys=True)
-    if plan.mode == "value":
-        return ("Respond with only a JSON value, no markdown or explanation, matching this JSON "
-                f"Schema: {answer}")
-    return ('Respond with only JSON, no markdown or explanation: {"items": [...]} with exactly '
-            "one object per task. Each object copies the task's identity fields ("
-            f"{', '.join(plan.identity)}) unchanged and answers with fields matching this JSON "
-            f"Schema: {answer}")

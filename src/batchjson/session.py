@@ -17,9 +17,10 @@ from .budget import Budget, Spender, Tally
 from .errors import BatchUnresolved, InvalidBatch
 from .evidence import Evidence
 from .ledger import Ledger
+from .plan import Outcome, Plan, Transport
 from .providers.base import close_provider
 from .registry import ValidatorRegistry
-from .replay import Outcome, Plan, Replayer, Transport
+from .replay import Replayer
 from .result import BatchResult
 from .schema import compile_schema
 from .tasks import normalize_identity, normalize_tasks, pack_requests, sha
