@@ -9,7 +9,6 @@ behind it.
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
@@ -57,10 +56,9 @@ def test_a_slow_call_does_not_hold_up_the_call_opened_behind_it():
         return items_reply(call)
 
     session = Session(CallableProvider(model), concurrency=2)
-    started = time.perf_counter()
     result = session.run_batch("r", tasks, LABEL_SCHEMA)
     assert result.status == "resolved" and result.calls == 3
-    assert time.perf_counter() - started < 1.0  # not 0.6 s for the slow call + its successor
+    # The third call, opened ahead by the slow call's worker, went out with the idle one.
     assert log.index(("start", tasks[2]["task_id"])) < log.index(("end", slow))
 
 
