@@ -8,6 +8,7 @@ what to do, so each attempt gets its own receipt.
 from __future__ import annotations
 
 import json
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
@@ -55,6 +56,7 @@ _SCHEMA_KEYS = _SCHEMA_LISTS | _SCHEMA_MAPS | _SCHEMA_ONE
 # nodes are never hit again and fall out, instead of piling up for the garbage collector.
 _STRICT_MEMO: OrderedDict[int, tuple[Any, Any]] = OrderedDict()
 _STRICT_MEMO_MAX = 256
+_STRICT_LOCK = threading.Lock()  # sessions in several threads share the memo
 
 
 def _strict(node: Any, is_schema: bool) -> Any:
@@ -69,14 +71,16 @@ def _strict(node: Any, is_schema: bool) -> Any:
     if not isinstance(node, Mapping) or not (node.keys() & _SCHEMA_KEYS):
         return node  # a leaf schema ({"type": "string"}, {"enum": [...]}): nothing to tighten
     key = id(node)
-    hit = _STRICT_MEMO.get(key)
-    if hit is not None and hit[0] is node:
-        _STRICT_MEMO.move_to_end(key)
-        return hit[1]
+    with _STRICT_LOCK:
+        hit = _STRICT_MEMO.get(key)
+        if hit is not None and hit[0] is node:
+            _STRICT_MEMO.move_to_end(key)
+            return hit[1]
     out = _strict_object(node)
-    _STRICT_MEMO[key] = (node, out)
-    if len(_STRICT_MEMO) > _STRICT_MEMO_MAX:
-        _STRICT_MEMO.popitem(last=False)
+    with _STRICT_LOCK:
+        _STRICT_MEMO[key] = (node, out)
+        if len(_STRICT_MEMO) > _STRICT_MEMO_MAX:
+            _STRICT_MEMO.popitem(last=False)
     return out
 
 
