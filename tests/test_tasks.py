@@ -50,6 +50,9 @@ def test_packed_keys_equal_request_key_on_any_content(tasks, pack, content):
         assert request.key == request_key(request.tasks, content)
         assert json.loads(request.tasks_json) == list(request.tasks)
         assert json.loads(request.task_ids_json) == [t["task_id"] for t in request.tasks]
+        for child in split_request(request, content):
+            assert child.key == request_key(child.tasks, content)
+            assert json.loads(child.tasks_json) == list(child.tasks)
 
 
 def test_request_keys_of_existing_ledgers_do_not_change():

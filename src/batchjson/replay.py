@@ -163,11 +163,6 @@ class Replayer:
         """Undo an opened call that will never be sent: refund it and drop its receipt."""
         self.spender.refund()
         self._attempts[opened.request.key] -= 1
-        self.outcome.calls -= 1
-        for task_id in opened.request.task_ids:
-            self.outcome.attempts_by_task[task_id] -= 1
-            if not self.outcome.attempts_by_task[task_id]:
-                del self.outcome.attempts_by_task[task_id]
         if not opened.begun.done():
             opened.begun.cancel()  # never written: the group commit skips cancelled writes
         elif not opened.begun.cancelled() and opened.begun.exception() is None:
@@ -299,10 +294,6 @@ class Replayer:
             raise OutOfBudget()
         number = self._attempts.get(request.key, 0)
         self._attempts[request.key] = number + 1
-        for task_id in request.task_ids:
-            self.outcome.attempts_by_task[task_id] = (
-                self.outcome.attempts_by_task.get(task_id, 0) + 1)
-        self.outcome.calls += 1
         begun = self.writes.submit(lambda db: ledger.op_begin(
             db, plan.batch_id, plan.revision_id, request, kind, self._provider_name,
             self._model), urgent=not ahead)
@@ -321,6 +312,10 @@ class Replayer:
             if begun.done() and not begun.cancelled() and begun.exception() is None:
                 self._cancelled(begun.result(), exc)
             raise
+        self.outcome.calls += 1
+        for task_id in request.task_ids:
+            self.outcome.attempts_by_task[task_id] = (
+                self.outcome.attempts_by_task.get(task_id, 0) + 1)
         try:
             self._fill(lane)
             reply = await self._send(opened.call, attempt_id)

@@ -158,8 +158,13 @@ def split_request(request: Request, content: Mapping[str, str]) -> list[Request]
     """Deterministic halving: the first half keeps the extra task on odd sizes."""
     middle = (len(request.tasks) + 1) // 2
     halves = (request.tasks[:middle], request.tasks[middle:])
-    return [Request(request_key(h, content), h, request.position, parent_key=request.key)
-            for h in halves if h]
+    key_of = key_maker(content)
+    out = []
+    for half in filter(None, halves):
+        tasks_json = _canonical(list(half))
+        out.append(Request(key_of(tasks_json), half, request.position, parent_key=request.key,
+                           tasks_json=tasks_json))
+    return out
 
 
 def render_items_prompt(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str],
