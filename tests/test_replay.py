@@ -78,3 +78,29 @@ def test_near_the_end_of_the_budget_calls_are_reserved_only_as_they_are_sent():
     first = tasks[0]["task_id"]
     assert sent == [("initial", first), ("repair", first)]
     assert list(result.values) == [first] and session.spent_calls == 2
+
+
+def test_under_a_cost_budget_no_call_is_opened_ahead():
+    from batchjson.providers.base import Reply
+
+    reserved_at_send = []
+
+    def model(call):
+        reserved_at_send.append(session.spent_calls)
+        return Reply(items_reply(call), cost=0.01)
+
+    session = Session(CallableProvider(model), budget=Budget(cost=1.0), concurrency=1)
+    session.run_batch("r", review_tasks(3), LABEL_SCHEMA)
+    assert reserved_at_send == [1, 2, 3]  # each call reserved as it is sent, none ahead
+
+
+def test_with_an_ample_budget_the_next_call_is_opened_before_the_current_is_sent():
+    reserved_at_send = []
+
+    def model(call):
+        reserved_at_send.append(session.spent_calls)
+        return items_reply(call)
+
+    session = Session(CallableProvider(model), budget=Budget(calls=1000), concurrency=1)
+    session.run_batch("r", review_tasks(3), LABEL_SCHEMA)
+    assert reserved_at_send == [2, 3, 3]

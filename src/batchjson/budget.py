@@ -54,7 +54,6 @@ class Spender:
         self.max_calls = max_calls
         self.budget = budget
         self.calls = 0
-        self.cost = 0.0
         self._tally = tally
 
     def remaining_calls(self) -> int | None:
@@ -98,5 +97,4 @@ class Spender:
     def add_cost(self, cost: float | None) -> None:
         if cost:
             with self._tally.lock:
-                self.cost += cost
                 self._tally.cost += cost

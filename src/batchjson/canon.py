@@ -38,10 +38,10 @@ class Unhashable(BatchJsonError, TypeError):
     """A value has no stable content encoding; fingerprints fall back to its identity."""
 
 
-def canonical_json(obj: Any) -> str:
-    """One JSON text per JSON value, so equal data always hashes (and diffs) the same."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False)
+# One JSON text per JSON value, so equal data always hashes (and diffs) the same. The encoder
+# is built once: json.dumps with non-default options would build a new one on every call.
+canonical_json: Callable[[Any], str] = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 
 
 def _dump(canon: Any) -> bytes:

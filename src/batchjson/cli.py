@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
+from .evidence import Evidence
+from .ledger import Ledger, ledger_problem
 from .session import Session
 
 DEMO_SCHEMA = {
@@ -48,9 +50,27 @@ def demo_model(seed: int = 0):  # noqa: ANN201 - returns a SimulatedModel
                           price_per_million=(0.15, 0.60))
 
 
+def demo_ledger_problem(ledger: Path) -> str | None:
+    """The demo starts from an empty ledger, so it only ever clears one it wrote itself."""
+    if not ledger.exists():
+        return None
+    problem = ledger_problem(ledger)
+    if problem is None:
+        held = Ledger(ledger)
+        try:
+            others = [n for n in held.batch_names() if n != "review"]
+        finally:
+            held.close()
+        if not others:
+            return None
+        problem = f"{ledger} holds batches other than the demo's ({', '.join(others)})"
+    return (f"{problem}. The demo starts from an empty ledger and would clear this one: pass "
+            "--ledger with a new path")
+
+
 def run_demo(ledger: Path, seed: int, out: TextIO | None = None) -> int:
     out = out or sys.stdout
-    if ledger.exists():
+    if ledger.exists():  # a previous demo's ledger (demo_ledger_problem was checked)
         for suffix in ("", "-wal", "-shm"):
             Path(str(ledger) + suffix).unlink(missing_ok=True)
     session = Session(demo_model(seed), ledger=ledger, repairs=1, replays=2)
@@ -90,8 +110,11 @@ def run_demo(ledger: Path, seed: int, out: TextIO | None = None) -> int:
 
 def show_status(ledger: Path, name: str | None, out: TextIO | None = None) -> int:
     out = out or sys.stdout
-    session = Session(ledger=ledger)
-    summary = session.evidence.summary(name)
+    held = Ledger(ledger)
+    try:
+        summary = Evidence(held).summary(name)
+    finally:
+        held.close()
     print(json.dumps(summary, indent=2, sort_keys=True), file=out)
     return 0
 
@@ -99,8 +122,12 @@ def show_status(ledger: Path, name: str | None, out: TextIO | None = None) -> in
 def show_receipts(ledger: Path, name: str, failed: bool, raw: bool,
                   out: TextIO | None = None) -> int:
     out = out or sys.stdout
-    session = Session(ledger=ledger)
-    for r in session.ledger.attempts(name, failed=failed):
+    held = Ledger(ledger)
+    try:
+        receipts = held.attempts(name, failed=failed)
+    finally:
+        held.close()
+    for r in receipts:
         print(f"#{r.id} rev {r.revision} {r.kind:<7} {r.status:<14} tasks={len(r.task_ids)} "
               f"tokens={r.tokens} cost={r.cost}", file=out)
         for e in r.errors:
@@ -133,9 +160,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "(batchjson serve --help lists its options)")
     args = parser.parse_args(args_in)
     if args.command == "demo":
+        problem = demo_ledger_problem(args.ledger)
+        if problem:
+            parser.error(problem)
         return run_demo(args.ledger, args.seed)
-    if args.command in ("status", "receipts") and not args.ledger.exists():
-        parser.error(f"no ledger at {args.ledger}; pass --ledger PATH")
+    problem = ledger_problem(args.ledger)
+    if problem is None and args.name is not None:
+        held = Ledger(args.ledger)
+        try:
+            problem = held.no_such_batch(args.name)
+        finally:
+            held.close()
+    if problem:
+        parser.error(problem)
     if args.command == "status":
         return show_status(args.ledger, args.name)
     return show_receipts(args.ledger, args.name, args.failed, args.raw)

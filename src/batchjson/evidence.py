@@ -36,19 +36,19 @@ class Evidence:
     @property
     def unresolved_batches(self) -> int:
         """Batch revisions with at least one unresolved request."""
-        return len({(u.batch, u.revision) for u in self.requests()})
+        return _counts(self.requests())["unresolved_batches"]
 
     @property
     def unresolved_items(self) -> int:
-        return sum(len(u.task_ids) for u in _distinct(self.requests()))
+        return _counts(self.requests())["unresolved_items"]
 
     @property
     def minimum_exact_retry_calls(self) -> int:
         """A lower bound on calls needed to clear every unresolved request: one per request.
 
-        Revisions of a batch that share a request (same content key) share its one call.
+        Batches and revisions that share a request (same content key) share its one call.
         """
-        return len(_distinct(self.requests()))
+        return _counts(self.requests())["minimum_exact_retry_calls"]
 
     @property
     def superseded(self) -> list[dict[str, Any]]:
@@ -64,10 +64,7 @@ class Evidence:
         superseded = [s for s in self.superseded if batch is None or s["batch"] == batch]
         return {
             "batch": batch,
-            "unresolved_batches": len({(u.batch, u.revision) for u in owed}),
-            "unresolved_requests": len(owed),
-            "unresolved_items": sum(len(u.task_ids) for u in _distinct(owed)),
-            "minimum_exact_retry_calls": len(_distinct(owed)),
+            **_counts(owed),
             "superseded": superseded,
             "calls": spend["calls"],
             "accepted_returns": spend["accepted"],
@@ -80,15 +77,22 @@ class Evidence:
         }
 
     def __repr__(self) -> str:
-        return (f"Evidence(unresolved_batches={self.unresolved_batches}, "
-                f"unresolved_items={self.unresolved_items}, "
-                f"minimum_exact_retry_calls={self.minimum_exact_retry_calls}, "
+        counts = _counts(self.requests())
+        return (f"Evidence(unresolved_batches={counts['unresolved_batches']}, "
+                f"unresolved_items={counts['unresolved_items']}, "
+                f"minimum_exact_retry_calls={counts['minimum_exact_retry_calls']}, "
                 f"superseded={len(self.superseded)})")
 
 
-def _distinct(owed: list[UnresolvedRequest]) -> list[UnresolvedRequest]:
-    """One entry per (batch, request key): an accepted return for the key resolves them all."""
-    seen: dict[tuple[str, str], UnresolvedRequest] = {}
+def _counts(owed: list[UnresolvedRequest]) -> dict[str, int]:
+    """What is owed, counted once per request key: the key is content, not a batch name, so one
+    accepted return resolves that request in every batch and revision that holds it."""
+    distinct: dict[str, UnresolvedRequest] = {}
     for u in owed:
-        seen.setdefault((u.batch, u.key), u)
-    return list(seen.values())
+        distinct.setdefault(u.key, u)
+    return {
+        "unresolved_batches": len({(u.batch, u.revision) for u in owed}),
+        "unresolved_requests": len(owed),
+        "unresolved_items": sum(len(u.task_ids) for u in distinct.values()),
+        "minimum_exact_retry_calls": len(distinct),
+    }

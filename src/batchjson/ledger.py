@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .migrations import migrate
+from .migrations import SCHEMA_VERSION, migrate
 from .tasks import Request
 
 
@@ -63,6 +63,30 @@ class Revision:
     supersede_reason: str | None
     validator_name: str | None
     created_at: str
+
+
+def ledger_problem(path: Path) -> str | None:
+    """Why the file at ``path`` cannot be read as a ledger, or None; it is opened read-only,
+    so a wrong path is never turned into a ledger by the migrations."""
+    if not path.exists():
+        return f"no ledger at {path}; pass --ledger PATH"
+    if path.is_dir():
+        return f"{path} is a directory; pass --ledger with the ledger file inside it"
+    try:
+        db = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
+        try:
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master")}
+        finally:
+            db.close()
+    except sqlite3.DatabaseError:
+        return f"{path} is not a SQLite file, so not a batchjson ledger"
+    if version == 0 or "attempts" not in tables:
+        return f"{path} is a SQLite file but not a batchjson ledger"
+    if version > SCHEMA_VERSION:
+        return (f"{path} has ledger schema version {version} but this batchjson knows up to "
+                f"{SCHEMA_VERSION}; upgrade batchjson to read it")
+    return None
 
 
 class Ledger:
@@ -211,6 +235,13 @@ class Ledger:
             chunk = list(keys[start:start + 500])
             rows += self._rows(sql.format(marks=",".join("?" * len(chunk))), chunk)
         return rows
+
+    def no_such_batch(self, name: str) -> str | None:
+        """Why ``name`` is not a batch here, listing those that are; None when it is one."""
+        if self.batch_id(name) is not None:
+            return None
+        known = ", ".join(self.batch_names()) or "none yet"
+        return f"no batch named {name!r} in this ledger (batches: {known})"
 
     def batch_id(self, name: str) -> int | None:
         rows = self._rows("SELECT id FROM batches WHERE name = ?", (name,))

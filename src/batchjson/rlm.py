@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidBatch
+from .schema import compile_schema
 from .tasks import sha
 
 if TYPE_CHECKING:
@@ -49,10 +50,8 @@ def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
         if len(contexts) != len(prompts):
             raise InvalidBatch(f"contexts length ({len(contexts)}) must match prompts length "
                                f"({len(prompts)})")
+    item_schema = compile_schema(schema)  # once: the run reuses it, and it dumps the values
     if not prompts:  # droste answers no prompts with an empty result, after checking the schema
-        from .schema import compile_schema
-
-        compile_schema(schema)
         return {"values": [], "errors": [], "attempts": [], "repairs_made": 0}
     tasks = []
     for index, prompt in enumerate(prompts):
@@ -62,15 +61,13 @@ def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
         tasks.append(task)
     batch = name or default_batch_name(prompts, contexts)
     result = session._run(
-        batch, tasks, schema, validator=validator, identity=("task_id",), pack=1,
+        batch, tasks, item_schema, validator=validator, identity=("task_id",), pack=1,
         instructions=None, repairs=max_repair_attempts, replays=None, split=False,
         max_calls=None, on_exhausted="return", progress=False, mode="value",
         validator_name=None,
         adapt_validator=_index_form, refuse_short_budget=False)
 
-    from .schema import compile_schema
-
-    dump = compile_schema(schema).dump
+    dump = item_schema.dump
     values = [dump(result.values[t["task_id"]]) if t["task_id"] in result.values else None
               for t in tasks]
     attempts = [result.attempts_by_task.get(t["task_id"], 0) for t in tasks]

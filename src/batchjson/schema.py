@@ -10,6 +10,7 @@ from typing import Any
 import jsonschema
 from pydantic import BaseModel, ValidationError
 
+from .canon import canonical_json
 from .errors import InvalidBatch
 from .tasks import sha
 
@@ -99,11 +100,8 @@ def wire_schema(item: ItemSchema, tasks: Sequence[Mapping[str, Any]],
     defs = base.pop("$defs", None)
     props = dict(base.get("properties") or {})
     for name in identity:
-        if len(tasks) == 1:
-            props[name] = {"enum": [tasks[0][name]]}
-            continue
-        values = sorted({json.dumps(t[name], sort_keys=True) for t in tasks})
-        props[name] = {"enum": [json.loads(v) for v in values]}
+        distinct = {canonical_json(t[name]): t[name] for t in tasks}
+        props[name] = {"enum": [distinct[text] for text in sorted(distinct)]}
     required = list(dict.fromkeys([*identity, *(base.get("required") or [])]))
     item_schema = {**base, "type": "object", "properties": props, "required": required}
     wire: dict[str, Any] = {

@@ -8,15 +8,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .canon import canonical_json as _canonical
 from .errors import InvalidBatch
 
 TASKS_BEGIN = "<<<BATCHJSON_TASKS"
 TASKS_END = "BATCHJSON_TASKS>>>"
-
-
-# One encoder, built once: json.dumps with non-default options builds a new one per call.
-_canonical: Callable[[Any], str] = json.JSONEncoder(
-    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 
 
 _json_string = json.encoder.encode_basestring  # a str as a JSON literal, non-ASCII kept

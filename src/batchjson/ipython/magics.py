@@ -334,10 +334,9 @@ class BatchJson(Magics):
         return {os.path.basename(str(k)): f"In[{v}]" for k, v in mapping.items()}
 
     def _known_batch(self, name: str) -> None:
-        ledger = self.session.ledger
-        if ledger.batch_id(name) is None:
-            known = ", ".join(ledger.batch_names()) or "none yet"
-            raise UsageError(f"no batch named {name!r} in this ledger (batches: {known})")
+        problem = self.session.ledger.no_such_batch(name)
+        if problem:
+            raise UsageError(problem)
 
 
 # -- extension hooks ---------------------------------------------------------------------------
