@@ -619,6 +619,21 @@ def test_validators_magic(loaded: Any, capsys: Any) -> None:
     assert "takes no arguments" in usage_error(ip, "%validators extra", capsys)
 
 
+def test_only_functions_the_body_defines_are_registered_and_each_once(loaded: Any) -> None:
+    ip = loaded
+    ok(ip, "def shared(x):\n    return x\n")  # an earlier cell's function
+    body = BODY.replace("def check(item, task):", "def make(limit):\n  def check(item, task):")
+    body = body.replace("\n    if item", "\n    if len(item) > limit or item").replace(
+        "\n        raise", "\n      raise") + "  return check\ncheck = make(5)\n"
+    source = ("%%batch_json labels --validator check\nfrom os.path import join\n"
+              "alias = shared\n" + body)
+    for _ in range(2):
+        ok(ip, source)
+    names = sorted(v.name for v in ip.user_ns["batch_session"].validators)
+    assert names == ["check", "make"]  # not join, not alias, not make.<locals>.check
+    assert ok(ip, "batch_session.evidence.unresolved_batches") == 0
+
+
 def test_validators_lists_batches_by_fingerprint_across_sessions(loaded: Any) -> None:
     ip = loaded
     ok(ip, "%%batch_json first --validator check\n" + BODY)

@@ -76,6 +76,21 @@ def test_401_fails_fast_with_a_clear_message(kind):
     assert ("OPENAI_API_KEY" if kind == "openai" else "ANTHROPIC_API_KEY") in error["message"]
 
 
+@pytest.mark.parametrize(("fault", "hint"), [("400", "Invalid request"),
+                                              ("404", "check the model name and the base URL")])
+def test_request_errors_fail_at_once_without_repairs_or_replays(kind, fault, hint):
+    faults = HttpFaults(script={1: fault})
+    with LoopbackServer(SimulatedModel(answer=answer), faults=faults, api_key=KEY) as server:
+        session = quick_session(provider_for(kind, server), repairs=3, replays=3,
+                                transport_retries=5)
+        result = session.run_batch("r", review_tasks(1), LABEL_SCHEMA, on_exhausted="return")
+        requests = server.requests
+    assert requests == 1
+    (error,) = result.errors
+    assert error["type"] == "provider_error" and f"HTTP {fault}" in error["message"]
+    assert hint in error["message"]
+
+
 def test_request_timeout_does_not_hang_the_loop(kind):
     faults = HttpFaults(script={1: "timeout"}, hold=60.0)
     with LoopbackServer(SimulatedModel(answer=answer), faults=faults, api_key=KEY) as server:

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from batchjson.errors import ProviderError, ProviderNotConfigured
+from batchjson.errors import InvalidBatch, ProviderError, ProviderNotConfigured
+from batchjson.providers._http import unwrap_text, unwrap_value
 from batchjson.providers.anthropic import AnthropicProvider
 from batchjson.providers.base import Call, estimate_tokens
 from batchjson.providers.openai import (
@@ -159,6 +160,21 @@ def test_openai_value_mode_wraps_scalar_schema_and_unwraps_answer() -> None:
     assert reply.text == "42"
     assert spec["name"] == "batchjson_value"
     assert spec["schema"]["properties"] == {"value": {"type": "integer"}}
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ('{"value": 42}', "42"),
+    ('```json\n{"value": [1, "é"]}\n```', '[1, "é"]'),  # a fence, as acceptance allows it
+    ('{"value": 1, "value": 2}', None),  # duplicate keys: acceptance must see and refuse them
+    ('{"value": 3, "extra": "dropped?"}', None),  # more than the wrapper: not tidied away
+    ('{"value": NaN}', None),
+    ("not json", None),
+])
+def test_a_wrapped_value_is_unwrapped_only_when_it_is_exactly_the_wrapper(text, expected):
+    assert unwrap_text(text, True) == (text if expected is None else expected)
+    assert unwrap_text(text, False) == text
+    assert unwrap_value({"value": 3, "extra": 1}, True) == {"value": 3, "extra": 1}
+    assert unwrap_value({"value": 3}, True) == 3
 
 
 def test_value_mode_object_schema_travels_unwrapped() -> None:
@@ -357,6 +373,36 @@ def test_env_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
     assert provider.model == "gpt-4.1-mini"
     assert provider.url == "http://127.0.0.1:9/v1/chat/completions"
     assert KEY not in repr(provider) and "<set>" in repr(provider)
+
+
+def test_a_bad_base_url_fails_at_construction_naming_where_it_came_from(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for bad in ("localhost:11434/v1", "htp://127.0.0.1:9/v1", "http//127.0.0.1/v1", "http://"):
+        with pytest.raises(ProviderSetupError, match=r"base_url .* is not an http\(s\) URL"):
+            OpenAIProvider("m", base_url=bad, api_key=KEY)
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "127.0.0.1:9")
+    with pytest.raises(ProviderSetupError, match="ANTHROPIC_BASE_URL '127.0.0.1:9'"):
+        AnthropicProvider("m", api_key=KEY)
+
+
+def test_a_pasted_full_endpoint_is_trimmed_to_its_base() -> None:
+    pasted = OpenAIProvider("m", base_url="http://127.0.0.1:9/v1/chat/completions/")
+    assert pasted.url == "http://127.0.0.1:9/v1/chat/completions"
+    for base in ("http://127.0.0.1:9/v1/messages", "http://127.0.0.1:9/v1", "http://127.0.0.1:9"):
+        assert AnthropicProvider("m", base_url=base).url == "http://127.0.0.1:9/v1/messages"
+
+
+@pytest.mark.parametrize(("prices", "message"), [
+    ({"m": (None, 1.0)}, "price for model 'm': input must be a number >= 0"),
+    ({"m": {"input": 1, "output": -2}}, "price for model 'm': output must be a number >= 0"),
+    ({"m": {"input": "abc", "output": 1}}, "input must be a number >= 0 .* got 'abc'"),
+    ({"m": {"input": 1, "output": 1, "max_input_tokens": "200k"}}, "max_input_tokens must be"),
+    ({"m": {"input": 1}}, "needs 'input' and 'output'"),
+    ([("m", 1.0, 2.0)], "prices must map model names to prices"),
+])
+def test_a_bad_price_fails_at_construction_naming_the_model(prices, message) -> None:
+    with pytest.raises(InvalidBatch, match=message):
+        OpenAIProvider("m", base_url="http://127.0.0.1:9/v1", prices=prices)
 
 
 def test_make_provider(monkeypatch: pytest.MonkeyPatch) -> None:

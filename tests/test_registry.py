@@ -208,3 +208,34 @@ def test_unrelated_lambdas_are_separate_validators_even_in_a_strict_registry() -
     assert first is not second
     again = registry.define(lambda value, index: None)  # the same lambda, re-executed
     assert again is first
+
+
+def test_a_function_defined_under_a_chosen_name_keeps_that_name_when_passed_on():
+    """The ValidatorChanged advice (define the new logic under another name) must work when
+    the function is then handed to run_batch, which knows no name."""
+    from batchjson import CallableProvider, Session
+    from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
+
+    session = Session(CallableProvider(lambda call: "not json"), strict=True, repairs=0,
+                      replays=0)
+
+    def check(item, task):
+        return None
+
+    session.run_batch("r", review_tasks(1), LABEL_SCHEMA, validator=check,
+                      on_exhausted="return")
+
+    def check(item, task):  # noqa: F811 - the cell was edited and re-run
+        if item["verdict"] == "x":
+            raise ValueError("no x")
+
+    with pytest.raises(ValidatorChanged) as refused:
+        session.run_batch("r", review_tasks(1), LABEL_SCHEMA, validator=check)
+    advised = f"{refused.value.name}_v2"
+    assert f"validators.define(fn, name='{advised}')" in str(refused.value)
+    session.validators.define(check, name=advised)  # as the message advises
+    session.provider = CallableProvider(items_reply)
+    result = session.run_batch("r2", review_tasks(1), LABEL_SCHEMA, validator=check)
+    assert result.status == "resolved"
+    assert session.validators.current(advised).fn is check
+    assert [v.name for v in session.validators] == [refused.value.name, advised]

@@ -98,8 +98,8 @@ class ValidatorRegistry:
         if not callable(fn):
             raise TypeError(f"a validator must be callable, got {type(fn).__qualname__}")
         fingerprint = fingerprint_function(fn)  # outside the lock: pure, possibly slow
-        if name is None:
-            name = _default_name(fn)
+        if name is None:  # the name it was defined under, if this very object was defined
+            name = self._name_of(fn) or _default_name(fn)
             if name.endswith("<lambda>"):  # lambdas share one name: tell them apart by content
                 name = f"{name}#{fingerprint.short}"
         if not isinstance(name, str) or not name:
@@ -140,6 +140,13 @@ class ValidatorRegistry:
                 event += f"; compared by identity: {', '.join(fingerprint.by_identity)}"
             self.last_event = event
             return record
+
+    def _name_of(self, fn: Callable[..., Any]) -> str | None:
+        """The name ``fn`` itself was registered under: ``define(fn, name="check_v2")`` then
+        ``run_batch(validator=fn)`` is one validator, not a second one named after its code."""
+        with self._lock:
+            return next((v.name for history in self._versions.values() for v in history
+                         if v.fn is fn), None)
 
     def current(self, name: str) -> ValidatorVersion | None:
         """The version most recently defined (or re-selected) under ``name``."""

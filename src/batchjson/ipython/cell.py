@@ -35,7 +35,8 @@ def check_identifier(var: str, option: str) -> None:
 
 
 def run_body(shell: Any, cell: str) -> list[str]:
-    """Execute the body in the user namespace; return the names it (re)bound to functions.
+    """Execute the body in the user namespace; return the names it (re)bound to functions
+    defined in this body (an imported or helper-made function from elsewhere is not its own).
 
     The source goes through the shell's compiler and line cache, with one leading blank line so
     traceback line numbers match the cell as the user sees it (line 1 is ``%%batch_json``).
@@ -47,7 +48,8 @@ def run_body(shell: Any, cell: str) -> list[str]:
     before = dict(ns)
     exec(code, shell.user_global_ns, ns)  # running the user's cell is the point
     return [name for name, value in ns.items()
-            if inspect.isfunction(value) and before.get(name, _MISSING) is not value]
+            if inspect.isfunction(value) and before.get(name, _MISSING) is not value
+            and value.__code__.co_filename == filename]
 
 
 def define_once(registry: ValidatorRegistry, ns: dict[str, Any], names: list[str]) -> list[str]:

@@ -20,9 +20,10 @@ from urllib.parse import urlparse
 import aiohttp
 import pydantic_core
 
+from ..acceptance import parse_json
 from ..errors import BatchJsonError, InvalidBatch, ProviderError, ProviderNotConfigured
 from .base import Call
-from .pricing import normalize_prices
+from .pricing import cost_of, normalize_prices
 
 _NON_RETRYABLE_QUOTA = ("insufficient_quota", "billing_hard_limit_reached")
 
@@ -277,9 +278,25 @@ def object_schema(call: Call) -> tuple[dict[str, Any], str, bool]:
 
 
 def unwrap_value(value: Any, wrapped: bool) -> Any:
-    if wrapped and isinstance(value, dict) and "value" in value:
+    """The answer inside a ``{"value": ...}`` wrapper. Anything else (extra keys, no wrapper)
+    is passed on as it came, for acceptance to judge rather than for the transport to tidy."""
+    if wrapped and isinstance(value, dict) and value.keys() == {"value"}:
         return value["value"]
     return value
+
+
+def unwrap_text(text: str, wrapped: bool) -> str:
+    """:func:`unwrap_value` on JSON text, read with acceptance's own strict parser (duplicate
+    keys, non-finite numbers and fences treated exactly as acceptance treats them)."""
+    if not wrapped or not text:
+        return text
+    try:
+        parsed = parse_json(text)
+    except ValueError:
+        return text  # not JSON: acceptance rejects it with the reason
+    if isinstance(parsed, dict) and parsed.keys() == {"value"}:
+        return json.dumps(parsed["value"], ensure_ascii=False)
+    return text
 
 
 def as_int(value: Any) -> int | None:
@@ -305,6 +322,10 @@ class HttpProvider:
     example_model = ""
     keyless_hint = ""
     path = ""
+    setting = ""  # the provider's own option shown in its repr
+    auth_header = "Authorization"
+    auth_prefix = "Bearer "
+    static_headers: Mapping[str, str] = {"Content-Type": "application/json"}
 
     def _setup(self, model: str | None, base_url: str | None, api_key: str | None,
                timeout: float, prices: Mapping[str, Any] | None,
@@ -314,8 +335,7 @@ class HttpProvider:
         if not self.model:
             raise ProviderSetupError(f"{kind} needs a model name: pass "
                                      f"model={self.example_model!r} or set BATCHJSON_MODEL.")
-        base = (base_url or os.environ.get(self.base_env) or self.default_base).rstrip("/")
-        self.base_url = self._normalize_base(base)
+        self.base_url = self._base_url(base_url)
         self._key = Secret(api_key if api_key is not None else os.environ.get(self.key_env))
         if not self._key and is_official(self.base_url, self.official_domain):
             raise ProviderSetupError(
@@ -329,8 +349,39 @@ class HttpProvider:
         self.url = f"{self.base_url}{self.path}"
         self._sessions = LoopSessions(make_session_factory(self.timeout, max_connections))
 
-    def _normalize_base(self, base: str) -> str:
-        return base
+    def _base_url(self, base_url: str | None) -> str:
+        """The endpoint's base, checked now rather than failing as a retried connection error;
+        a pasted full endpoint (``.../chat/completions``) is trimmed to its base."""
+        source = "base_url" if base_url else self.base_env
+        base = (base_url or os.environ.get(self.base_env) or self.default_base).rstrip("/")
+        parsed = urlparse(base)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ProviderSetupError(
+                f"{type(self).__name__}: {source} {base!r} is not an http(s) URL; give the "
+                f"scheme and host, e.g. {self.default_base!r} or 'http://localhost:8000/v1'")
+        return base.removesuffix(self.path)
+
+    def __repr__(self) -> str:
+        extra = f", {self.setting}={getattr(self, self.setting)!r}" if self.setting else ""
+        return (f"{type(self).__name__}(model={self.model!r}, base_url={self.base_url!r}"
+                f"{extra}, api_key={'<set>' if self._key else '<unset>'})")
+
+    def _headers(self) -> dict[str, str]:
+        """Built per request so the key never sits in a long-lived object but its Secret."""
+        headers = dict(self.static_headers)
+        key = self._key.get()
+        if key:
+            headers[self.auth_header] = self.auth_prefix + key
+        return headers
+
+    def _cost(self, model: str, inp: int | None, out: int | None, cached: int,
+              written: int = 0) -> float | None:
+        """Cost by the model the provider says answered, else by the model asked for."""
+        cost = cost_of(model, inp, out, cached, self.prices, cache_write_tokens=written)
+        if cost is None and model != self.model:
+            cost = cost_of(self.model, inp, out, cached, self.prices,
+                           cache_write_tokens=written)
+        return cost
 
     async def _post(self, body: Mapping[str, Any]) -> dict[str, Any]:
         return await post_json(self._sessions.get(), self.url, encode_body(body), self._headers,

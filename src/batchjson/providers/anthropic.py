@@ -13,7 +13,6 @@ from typing import Any
 from ..errors import InvalidBatch, ProviderError
 from ._http import HttpProvider, as_int, object_schema, unwrap_value
 from .base import Call, Reply
-from .pricing import cost_of
 
 DEFAULT_ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"
@@ -30,6 +29,10 @@ class AnthropicProvider(HttpProvider):
     official_domain = "anthropic.com"
     example_model = "claude-haiku-4-5"
     path = "/v1/messages"
+    setting = "mode"
+    auth_header = "x-api-key"
+    auth_prefix = ""
+    static_headers = {"Content-Type": "application/json", "anthropic-version": ANTHROPIC_VERSION}
 
     def __init__(self, model: str | None = None, *, base_url: str | None = None,
                  api_key: str | None = None, mode: str = "tool", max_tokens: int = 4096,
@@ -43,19 +46,8 @@ class AnthropicProvider(HttpProvider):
         self.mode = mode
         self.max_tokens = max_tokens
 
-    def _normalize_base(self, base: str) -> str:
-        return base[:-3] if base.endswith("/v1") else base  # the path adds /v1 itself
-
-    def __repr__(self) -> str:
-        return (f"AnthropicProvider(model={self.model!r}, base_url={self.base_url!r}, "
-                f"mode={self.mode!r}, api_key={'<set>' if self._key else '<unset>'})")
-
-    def _headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json", "anthropic-version": ANTHROPIC_VERSION}
-        key = self._key.get()
-        if key:
-            headers["x-api-key"] = key
-        return headers
+    def _base_url(self, base_url: str | None) -> str:
+        return super()._base_url(base_url).removesuffix("/v1")  # the path adds /v1 itself
 
     def request_body(self, call: Call) -> tuple[dict[str, Any], str | None, bool]:
         """The JSON body, the forced tool's name (tool mode) and whether a scalar was wrapped."""
@@ -95,9 +87,7 @@ class AnthropicProvider(HttpProvider):
         inp = None if fresh is None else fresh + read + written
         out = as_int(usage.get("output_tokens"))
         model = data.get("model") or self.model
-        cost = cost_of(model, inp, out, read, self.prices, cache_write_tokens=written)
-        if cost is None and model != self.model:
-            cost = cost_of(self.model, inp, out, read, self.prices, cache_write_tokens=written)
+        cost = self._cost(model, inp, out, read, written)
         extra = {"stop_reason": data.get("stop_reason"), "id": data.get("id")}
         if written:
             extra["cache_creation_input_tokens"] = written

@@ -8,8 +8,6 @@ what to do, so each attempt gets its own receipt.
 from __future__ import annotations
 
 import json
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,10 +20,9 @@ from ._http import (
     object_schema,
     parse_retry_after,
     redact,
-    unwrap_value,
+    unwrap_text,
 )
 from .base import Call, Reply
-from .pricing import cost_of
 
 __all__ = ["DEFAULT_OPENAI_BASE_URL", "OpenAIProvider", "ProviderSetupError", "http_error",
            "parse_retry_after", "strict_schema"]
@@ -49,16 +46,6 @@ _SCHEMA_ONE = frozenset(("items", "not", "additionalProperties"))
 _SCHEMA_KEYS = _SCHEMA_LISTS | _SCHEMA_MAPS | _SCHEMA_ONE
 
 
-# Wire schemas of one batch share their answer sub-schemas (only the pinned identity values
-# differ per call), so tightened sub-schemas are memoised by node identity. The node is held in
-# the entry, so its id cannot be reused while the entry lives; bodies are only serialised. The
-# memo is a small LRU: shared nodes are hit on every call and stay, while each call's own outer
-# nodes are never hit again and fall out, instead of piling up for the garbage collector.
-_STRICT_MEMO: OrderedDict[int, tuple[Any, Any]] = OrderedDict()
-_STRICT_MEMO_MAX = 256
-_STRICT_LOCK = threading.Lock()  # sessions in several threads share the memo
-
-
 def _strict(node: Any, is_schema: bool) -> Any:
     """Tighten object nodes; everything else is shared, not copied (bodies are only serialised).
 
@@ -70,18 +57,7 @@ def _strict(node: Any, is_schema: bool) -> Any:
         return [_strict(item, True) for item in node]
     if not isinstance(node, Mapping) or not (node.keys() & _SCHEMA_KEYS):
         return node  # a leaf schema ({"type": "string"}, {"enum": [...]}): nothing to tighten
-    key = id(node)
-    with _STRICT_LOCK:
-        hit = _STRICT_MEMO.get(key)
-        if hit is not None and hit[0] is node:
-            _STRICT_MEMO.move_to_end(key)
-            return hit[1]
-    out = _strict_object(node)
-    with _STRICT_LOCK:
-        _STRICT_MEMO[key] = (node, out)
-        if len(_STRICT_MEMO) > _STRICT_MEMO_MAX:
-            _STRICT_MEMO.popitem(last=False)
-    return out
+    return _strict_object(node)
 
 
 def _strict_object(node: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -117,6 +93,7 @@ class OpenAIProvider(HttpProvider):
     keyless_hint = ("; a local OpenAI-compatible server (vLLM, Ollama, llama.cpp) can run "
                     "keyless via base_url=...")
     path = "/chat/completions"
+    setting = "response_format"
 
     def __init__(self, model: str | None = None, *, base_url: str | None = None,
                  api_key: str | None = None, response_format: str = "json_schema",
@@ -127,18 +104,6 @@ class OpenAIProvider(HttpProvider):
             raise InvalidBatch(f"response_format must be one of {', '.join(RESPONSE_FORMATS)}; "
                                f"got {response_format!r}")
         self.response_format = response_format
-
-    def __repr__(self) -> str:
-        return (f"OpenAIProvider(model={self.model!r}, base_url={self.base_url!r}, "
-                f"response_format={self.response_format!r}, "
-                f"api_key={'<set>' if self._key else '<unset>'})")
-
-    def _headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json"}
-        key = self._key.get()
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        return headers
 
     def request_body(self, call: Call) -> tuple[dict[str, Any], bool]:
         """The JSON body for a call, and whether a value-mode scalar was wrapped."""
@@ -168,19 +133,13 @@ class OpenAIProvider(HttpProvider):
         content = message.get("content")
         refusal = message.get("refusal")
         text = content if isinstance(content, str) else (refusal or "")
-        if wrapped and text:
-            try:
-                text = json.dumps(unwrap_value(json.loads(text), True), ensure_ascii=False)
-            except ValueError:
-                pass  # not JSON: hand the raw text on for the validator to reject
+        text = unwrap_text(text, wrapped)
         usage = data.get("usage") or {}
         inp = as_int(usage.get("prompt_tokens"))
         out = as_int(usage.get("completion_tokens"))
         cached = as_int((usage.get("prompt_tokens_details") or {}).get("cached_tokens"))
         model = data.get("model") or self.model
-        cost = cost_of(model, inp, out, cached or 0, self.prices)
-        if cost is None and model != self.model:
-            cost = cost_of(self.model, inp, out, cached or 0, self.prices)
+        cost = self._cost(model, inp, out, cached or 0)
         extra = {"finish_reason": choices[0].get("finish_reason"), "id": data.get("id")}
         if refusal:
             extra["refusal"] = refusal

@@ -6,11 +6,14 @@ or call :func:`set_prices` once per process. Values are USD per million tokens.
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from ..errors import InvalidBatch
 
 # The day this table was compiled from the providers' published price pages. Re-check before
 # relying on costs for billing; override with set_prices() or a provider's prices= argument.
@@ -32,6 +35,22 @@ class Price:
     cached_input: float | None = None
     cache_write: float | None = None
     max_input_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        """A bad price fails here, at setup, not as a crash after a call was paid for."""
+        for name in ("input", "output", "cached_input", "cache_write"):
+            value = getattr(self, name)
+            if value is None and name in ("cached_input", "cache_write"):
+                continue
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not math.isfinite(value) or value < 0):
+                raise ValueError(f"{name} must be a number >= 0 (USD per million tokens), got "
+                                 f"{value!r}")
+        limit = self.max_input_tokens
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                                  or limit < 1):
+            raise ValueError(f"max_input_tokens must be a whole number of tokens or None, got "
+                             f"{limit!r}")
 
 
 def _p(inp: float, out: float, cached: float | None = None, write: float | None = None,
@@ -87,25 +106,42 @@ def as_price(value: Any) -> Price:
                                 "max_input_tokens"}
         if unknown or "input" not in value or "output" not in value:
             raise ValueError(f"a price mapping needs 'input' and 'output' (USD per million "
-                             f"tokens) and may add cached_input, cache_write; got {dict(value)!r}")
-        return Price(float(value["input"]), float(value["output"]),
-                     _opt_float(value.get("cached_input")), _opt_float(value.get("cache_write")),
+                             f"tokens) and may add cached_input, cache_write, max_input_tokens; "
+                             f"got {dict(value)!r}")
+        return Price(_number(value["input"]), _number(value["output"]),
+                     _number(value.get("cached_input")), _number(value.get("cache_write")),
                      value.get("max_input_tokens"))
     if isinstance(value, (tuple, list)) and 2 <= len(value) <= 4:
-        return Price(*(float(v) if v is not None else None for v in value))  # type: ignore[arg-type]
+        return Price(*(_number(v) for v in value))
     raise ValueError(f"cannot read a price from {value!r}; use Price(input, output, "
                      "cached_input) or {'input': ..., 'output': ...} in USD per million tokens")
 
 
-def _opt_float(value: Any) -> float | None:
-    return None if value is None else float(value)
+def _number(value: Any) -> Any:
+    """A numeric string ("0.15", from a config file) as a float; anything else for Price to
+    check, so its message names the field."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
 
 
 def normalize_prices(mapping: Mapping[str, Any] | None) -> dict[str, Price]:
     """Check a user's price mapping up front, so a typo fails at setup rather than mid-batch."""
     if not mapping:
         return {}
-    return {str(model): as_price(value) for model, value in mapping.items()}
+    if not isinstance(mapping, Mapping):
+        raise InvalidBatch(f"prices must map model names to prices, e.g. {{'my-model': "
+                           f"{{'input': 0.15, 'output': 0.60}}}}; got {type(mapping).__name__}")
+    out = {}
+    for model, value in mapping.items():
+        try:
+            out[str(model)] = as_price(value)
+        except ValueError as exc:
+            raise InvalidBatch(f"price for model {model!r}: {exc}") from None
+    return out
 
 
 def set_prices(mapping: Mapping[str, Any] | None, *, replace: bool = False) -> None:

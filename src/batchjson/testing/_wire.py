@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-HTTP_FAULTS = ("429", "500", "503", "529", "401", "timeout", "truncate", "cut_json")
+HTTP_FAULTS = ("429", "500", "503", "529", "400", "401", "404", "timeout", "truncate", "cut_json")
 _IDENTITY_LINE = re.compile(r"unchanged into its object: ([^\n]*)\.$", re.M)
 JSON_HEADERS = {"Content-Type": "application/json"}
 
@@ -63,12 +63,15 @@ class HttpFaults:
         return None
 
 
-STATUS_TEXT = {429: "Rate limit reached (loopback fault)", 500: "The server had an error "
-                "while processing your request (loopback fault)", 503: "The engine is currently "
-                "overloaded (loopback fault)", 529: "Overloaded (loopback fault)"}
+STATUS_TEXT = {400: "Invalid request (loopback fault)",
+               404: "The model does not exist (loopback fault)",
+               429: "Rate limit reached (loopback fault)",
+               500: "The server had an error while processing your request (loopback fault)",
+               503: "The engine is currently overloaded (loopback fault)",
+               529: "Overloaded (loopback fault)"}
 _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
-                    429: "rate_limit_error", 500: "api_error", 503: "api_error",
-                    504: "api_error", 529: "overloaded_error"}
+                    404: "not_found_error", 429: "rate_limit_error", 500: "api_error",
+                    503: "api_error", 504: "api_error", 529: "overloaded_error"}
 
 
 def error_response(protocol: str, status: int, message: str,

@@ -93,6 +93,7 @@ class LoopbackServer:
         self.requests = 0
         self.responses.clear()
         self.injected.clear()
+        self._seen.clear()  # attempt numbers (and so seeded fault draws) start over too
         self.first_at = self.last_at = None
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -263,11 +264,11 @@ class LoopbackServer:
         if fault == "timeout":
             await self._hold(self.faults.hold if self.faults else 30.0)
             return error_response(protocol, 504, "loopback: request held past the client timeout")
-        if fault in ("429", "500", "503", "529"):
+        if fault in ("400", "404", "429", "500", "503", "529"):
             status = int(fault)
             response = error_response(protocol, status, STATUS_TEXT[status])
             retry_after = self.faults.retry_after if self.faults else None
-            if status != 500 and retry_after is not None:
+            if status in (429, 503, 529) and retry_after is not None:
                 response.headers["Retry-After"] = (retry_after if isinstance(retry_after, str)
                                                    else f"{retry_after:g}")
             return response
