@@ -152,3 +152,14 @@ def test_a_provider_raising_keyboard_interrupt_leaves_no_in_flight_receipt():
     with pytest.raises(KeyboardInterrupt):
         session.run_batch("r", review_tasks(1), LABEL_SCHEMA)
     assert [r.status for r in session.ledger.attempts("r")] == ["cancelled"]
+
+
+def test_checkpoint_count_matches_the_checkpoint_for_one_batch_and_all():
+    session = Session(CallableProvider(items_reply))
+    session.run_batch("a", review_tasks(3), LABEL_SCHEMA, pack=2)
+    session.run_batch("b", review_tasks(2, case="gold-pair-079"), LABEL_SCHEMA)
+    session.run_batch("b", review_tasks(1, case="gold-pair-079"), LABEL_SCHEMA)  # revision 2
+    ledger = session.ledger
+    assert ledger.checkpoint_count("a") == len(ledger.checkpoint("a")) == 3
+    assert ledger.checkpoint_count("b") == len(ledger.checkpoint("b")) == 1
+    assert ledger.checkpoint_count() == 4 == session.evidence.summary()["usable_results"]

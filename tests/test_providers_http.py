@@ -408,8 +408,16 @@ def test_a_bad_price_fails_at_construction_naming_the_model(prices, message) -> 
 def test_make_provider(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ProviderNotConfigured, match="three ways"):
         make_provider(None)
-    with pytest.raises(ProviderNotConfigured, match="'bogus'"):
+    with pytest.raises(ProviderNotConfigured, match="'bogus' from provider"):
         make_provider("bogus")
+    with pytest.raises(ProviderNotConfigured, match=r"model name: pass provider='openai', "
+                       r"model='gpt-4o-mini'\. Configure a provider one of three ways"):
+        make_provider("gpt-4o-mini")
+    with monkeypatch.context() as env:
+        env.setenv("BATCHJSON_PROVIDER", "claude-haiku-4-5")
+        with pytest.raises(ProviderNotConfigured, match="from BATCHJSON_PROVIDER .* "
+                           "provider='anthropic'"):
+            make_provider(None)
     with pytest.raises(TypeError, match="CallableProvider"):
         make_provider(object())
     with pytest.raises(TypeError, match="CallableProvider"):

@@ -20,9 +20,10 @@ class ProviderNotConfigured(BatchJsonError):
     """No model provider was configured; the offline model is never chosen silently."""
 
     def __init__(self, detail: str = "") -> None:
-        lead = f"{detail} " if detail else ""
+        lead = (f"{detail} Configure a provider one of three ways: " if detail else
+                "No model provider is configured. Configure one of three ways: ")
         super().__init__(
-            f"{lead}No model provider is configured. Configure one of three ways: "
+            f"{lead}"
             "(1) Session(provider='openai' | 'anthropic' | 'simulated' or a provider object); "
             "(2) in a notebook, %config BatchJson.provider = 'openai' (or an object name); "
             "(3) set BATCHJSON_PROVIDER=openai|anthropic|simulated in the environment."

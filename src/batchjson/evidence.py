@@ -58,8 +58,7 @@ class Evidence:
         """Numbers a person asks for: what is owed, what was spent, and cost per usable result."""
         owed = self.requests(batch)
         spend = self._ledger.spend(batch)
-        usable = (len(self._ledger.checkpoint(batch)) if batch else
-                  sum(len(self._ledger.checkpoint(n)) for n in self._ledger.batch_names()))
+        usable = self._ledger.checkpoint_count(batch)
         cost = spend["cost"]
         superseded = [s for s in self.superseded if batch is None or s["batch"] == batch]
         return {

@@ -334,6 +334,14 @@ class Ledger:
             "WHERE b.name = ? AND q.split = 0 ORDER BY q.position, q.id, c.attempt_id", (name,))
         return {r["task_id"]: json.loads(r["item"]) for r in rows}
 
+    def checkpoint_count(self, name: str | None = None) -> int:
+        """``len(checkpoint(name))`` summed over one batch or all, without decoding items."""
+        sql = ("SELECT COUNT(*) FROM (SELECT DISTINCT b.id, c.task_id FROM batches b "
+               "JOIN requests q ON q.revision_id = b.current_revision JOIN checkpoint c "
+               "ON c.request_key = q.key WHERE q.split = 0" + (" AND b.name = ?)" if name
+                                                                else ")"))
+        return self._rows(sql, (name,) if name else ())[0][0]
+
     def unresolved(self) -> list[sqlite3.Row]:
         """Leaf requests of open revisions with no accepted return for their exact key."""
         return self._rows(_UNRESOLVED_SQL.format(
@@ -376,12 +384,20 @@ class Ledger:
                        (name, version, fingerprint, where, now(), json.dumps(list(by_identity))))
             return version
 
-    def validator_usage(self) -> list[sqlite3.Row]:
-        return self._rows(
-            "SELECT v.name, v.version, v.fingerprint, v.where_defined, v.defined_at, "
-            "GROUP_CONCAT(DISTINCT b.name) AS batches FROM validators v LEFT JOIN revisions r "
-            "ON r.validator_fingerprint = v.fingerprint LEFT JOIN batches b ON b.id = r.batch_id "
-            "GROUP BY v.name, v.version ORDER BY v.name, v.version")
+    def validator_usage(self) -> list[dict[str, Any]]:
+        """Every recorded validator version, with the sorted names of batches run under it."""
+        out: dict[tuple[str, int], dict[str, Any]] = {}
+        for r in self._rows(
+                "SELECT v.name, v.version, v.fingerprint, v.where_defined, v.defined_at, "
+                "b.name AS batch FROM validators v LEFT JOIN revisions r "
+                "ON r.validator_fingerprint = v.fingerprint LEFT JOIN batches b "
+                "ON b.id = r.batch_id ORDER BY v.name, v.version, b.name"):
+            row = out.setdefault((r["name"], r["version"]), {
+                k: r[k] for k in ("name", "version", "fingerprint", "where_defined",
+                                  "defined_at")} | {"batches": []})
+            if r["batch"] is not None and r["batch"] not in row["batches"]:
+                row["batches"].append(r["batch"])
+        return list(out.values())
 
 
 _REVISION_SQL = (

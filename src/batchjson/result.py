@@ -58,7 +58,7 @@ class BatchResult:
         missing = self.total_tasks - len(self.values)
         lines = [f"batch {self.name!r} (revision {self.revision}) is unresolved: {missing} of "
                  f"{self.total_tasks} task(s) have no accepted answer after {self.calls} call(s), "
-                 f"{self.tokens} tokens, cost {_money(self.cost)}."]
+                 f"{self.tokens} tokens, cost {money(self.cost)}."]
         by_task: dict[str, dict[str, Any]] = {}
         for e in self.errors:
             by_task[e.get("task_id") or "<request>"] = e
@@ -83,7 +83,7 @@ class BatchResult:
         return (f"<BatchResult {self.name!r} rev {self.revision}: {self.status}, "
                 f"{s['accepted']}/{s['tasks']} accepted, {s['rejected_returns']} rejected "
                 f"return(s), {self.calls} call(s), {self.tokens} tokens, cost "
-                f"{_money(self.cost)}, {s['unresolved']} unresolved"
+                f"{money(self.cost)}, {s['unresolved']} unresolved"
                 f"{f', {self.resumed} request(s) resumed' if self.resumed else ''}>")
 
     def _repr_html_(self) -> str:
@@ -95,14 +95,14 @@ class BatchResult:
             for k, v in (("accepted", f"{s['accepted']}/{s['tasks']}"),
                          ("rejected returns", s["rejected_returns"]),
                          ("provider errors", s["provider_errors"]), ("calls", self.calls),
-                         ("tokens", self.tokens), ("cost", _money(self.cost)),
+                         ("tokens", self.tokens), ("cost", money(self.cost)),
                          ("unresolved", s["unresolved"]), ("resumed requests", self.resumed)))
         return (f"<div><span style='color:{colour}'>&#9679;</span> batch "
                 f"<code>{html.escape(self.name)}</code> revision {self.revision}: "
                 f"<b>{self.status}</b><table><tr>{cells}</tr></table></div>")
 
 
-def _money(cost: float | None) -> str:
+def money(cost: float | None) -> str:
     """Dollars, with enough digits that a cheap model's spend does not read as zero."""
     if cost is None:
         return "unknown"

@@ -7,11 +7,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-
-def money(cost: float | None) -> str:
-    if cost is None:
-        return "unknown"
-    return f"${cost:.6f}" if 0 < abs(cost) < 0.01 else f"${cost:.4f}"
+from ..result import money
 
 
 def describe_tasks(task_ids: Sequence[str], width: int = 60) -> str:

@@ -276,26 +276,23 @@ class BatchJson(Magics):
         if line.strip():
             raise UsageError("%validators takes no arguments")
         session = self.session
-        used: dict[str, set[str]] = {}  # fingerprint -> batches with a revision under it
-        for revision in session.ledger.revisions():
-            used.setdefault(revision.components.get("validator", ""), set()).add(revision.batch)
         rows: dict[tuple[str, str], list[Any]] = {}
+        used: dict[str, str] = {}  # fingerprint -> batches with a revision under it
         for r in session.ledger.validator_usage():
             rows[(r["name"], r["fingerprint"])] = [r["name"], r["version"], r["fingerprint"][:12],
                                                    r["where_defined"] or "", "", ""]
-        current = 0
+            used[r["fingerprint"]] = ", ".join(r["batches"])
         for v in session.validators:
-            current += 1
             rows[(v.name, v.fingerprint.digest)] = [v.name, v.version, v.fingerprint.short,
                                                     v.where, "", "yes"]
         cells = self._cell_names()
         for (_, digest), row in rows.items():
-            row[4] = ", ".join(sorted(used.get(digest, ())))
+            row[4] = used.get(digest, "")
             filename, _, line_no = str(row[3]).rpartition(":")
             if filename in cells:
                 row[3] = f"{cells[filename]}, line {line_no}"
         ordered = sorted(rows.values(), key=lambda row: (row[0], int(row[1])))
-        return Table(f"validators ({current} current in this session)",
+        return Table(f"validators ({len(session.validators)} current in this session)",
                      ["name", "version", "fingerprint", "where", "batches", "current"], ordered,
                      empty="no validators yet: functions a %%batch_json cell defines appear here")
 

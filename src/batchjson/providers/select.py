@@ -16,10 +16,12 @@ def make_provider(spec: Any, *, model: str | None = None) -> Any:
     ``None`` falls back to the BATCHJSON_PROVIDER environment variable and, failing that, raises
     ProviderNotConfigured: the offline model is never chosen for the user.
     """
+    source = "provider"
     if spec is None:
         spec = os.environ.get("BATCHJSON_PROVIDER", "").strip() or None
         if spec is None:
             raise ProviderNotConfigured()
+        source = "BATCHJSON_PROVIDER"
     if isinstance(spec, str):
         name = spec.strip().lower()
         if name == "openai":
@@ -34,8 +36,13 @@ def make_provider(spec: Any, *, model: str | None = None) -> Any:
             from .simulated import SimulatedModel
 
             return SimulatedModel(model=model) if model else SimulatedModel()
-        raise ProviderNotConfigured(f"Unknown provider {spec!r} (known: "
-                                    f"{', '.join(PROVIDER_NAMES)}).")
+        hint = ""
+        if any(name.startswith(p) for p in ("gpt", "o1", "o3", "o4", "claude", "llama")):
+            family = "anthropic" if name.startswith("claude") else "openai"
+            hint = (f" That looks like a model name: pass provider={family!r}, "
+                    f"model={spec!r}.")
+        raise ProviderNotConfigured(f"Unknown provider {spec!r} from {source} (known: "
+                                    f"{', '.join(PROVIDER_NAMES)}).{hint}")
     if callable(getattr(spec, "complete", None)):
         return spec
     if callable(spec):
