@@ -24,6 +24,7 @@ class Verdict:
     accepted: bool
     values: dict[str, Any] = field(default_factory=dict)
     errors: list[dict[str, Any]] = field(default_factory=list)
+    stored: dict[str, Any] = field(default_factory=dict)  # values in their ledger (JSON) form
 
     @property
     def repairable(self) -> bool:
@@ -115,15 +116,17 @@ def accept_items(
         return Verdict(False, errors=errors)
 
     declared = schema.declared_fields
+    kept = [n for n in identity if declared is not None and n in declared]  # may be coerced
     validated: dict[str, Any] = {}
+    stored: dict[str, Any] = {}
     for item in items:
         task_id = item["task_id"]
-        answer = {k: v for k, v in item.items()
-                  if k not in identity or (declared is not None and k in declared)}
+        answer = {k: v for k, v in item.items() if k not in identity or k in kept}
         value, messages = schema.validate(answer, f"items[{task_id}]")
         errors.extend(_error("schema", m, task_id) for m in messages)
         if not messages:
-            errors.extend(_coerced_identity(schema.dump(value), expected[task_id], identity))
+            stored[task_id] = schema.dump(value)
+            errors.extend(_coerced_identity(stored[task_id], expected[task_id], kept))
         validated[task_id] = value
     if errors:
         return Verdict(False, errors=errors)
@@ -133,7 +136,7 @@ def accept_items(
             errors.extend(run_validator(validator, value, expected[task_id], task_id))
         if errors:
             return Verdict(False, errors=errors)
-    return Verdict(True, values=validated)
+    return Verdict(True, values=validated, stored=stored)
 
 
 def accept_value(
@@ -155,7 +158,7 @@ def accept_value(
         errors = run_validator(validator, value, task, task_id)
         if errors:
             return Verdict(False, errors=errors)
-    return Verdict(True, values={task_id: value})
+    return Verdict(True, values={task_id: value}, stored={task_id: schema.dump(value)})
 
 
 def run_validator(validator: Callable[[Any, Mapping[str, Any]], Any], value: Any,

@@ -362,9 +362,9 @@ class Replayer:
         usage = self._account(reply)
         verdict = self._judge(request, reply.text)
         if verdict.accepted:
-            stored = {tid: self.plan.schema.dump(v) for tid, v in verdict.values.items()}
             self.writes.submit(lambda db: ledger.op_accept(
-                db, attempt_id, self.plan.batch_id, request.key, stored, reply.text, usage),
+                db, attempt_id, self.plan.batch_id, request.key, verdict.stored, reply.text,
+                usage),
                 urgent=False)
             self.outcome.accepted_returns += 1
         else:
