@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from batchjson.errors import InvalidBatch, ProviderError, ProviderNotConfigured
-from batchjson.providers._http import unwrap_text, unwrap_value
+from batchjson.providers._http import is_retryable_status, unwrap_text, unwrap_value
 from batchjson.providers.anthropic import AnthropicProvider
 from batchjson.providers.base import Call, estimate_tokens
 from batchjson.providers.openai import (
@@ -390,6 +390,24 @@ def test_a_pasted_full_endpoint_is_trimmed_to_its_base() -> None:
     assert pasted.url == "http://127.0.0.1:9/v1/chat/completions"
     for base in ("http://127.0.0.1:9/v1/messages", "http://127.0.0.1:9/v1", "http://127.0.0.1:9"):
         assert AnthropicProvider("m", base_url=base).url == "http://127.0.0.1:9/v1/messages"
+
+
+def test_which_statuses_are_retried() -> None:
+    assert [s for s in (400, 401, 403, 404, 413, 422) if is_retryable_status(s)] == []
+    assert all(is_retryable_status(s) for s in (408, 409, 425, 429, 500, 502, 503, 504, 529))
+
+
+def test_extra_body_adds_fields_but_may_not_replace_what_batchjson_builds() -> None:
+    with LoopbackServer(SimulatedModel(upper)) as srv:
+        complete(openai(srv, extra_body={"temperature": 0, "seed": 1}), items_call())
+        assert srv.last_body["temperature"] == 0 and srv.last_body["seed"] == 1
+        assert srv.last_body["response_format"]["type"] == "json_schema"
+    with pytest.raises(InvalidBatch, match="extra_body may not set 'response_format'"):
+        OpenAIProvider("m", base_url="http://127.0.0.1:9/v1",
+                       extra_body={"response_format": {"type": "text"}})
+    with pytest.raises(InvalidBatch, match="extra_body may not set 'max_tokens', 'tools'"):
+        AnthropicProvider("m", base_url="http://127.0.0.1:9", extra_body={
+            "tools": [], "max_tokens": 5, "temperature": 0})
 
 
 @pytest.mark.parametrize(("prices", "message"), [

@@ -323,6 +323,7 @@ class HttpProvider:
     keyless_hint = ""
     path = ""
     setting = ""  # the provider's own option shown in its repr
+    body_keys: frozenset[str] = frozenset()  # request fields batchjson sets; extra_body may not
     auth_header = "Authorization"
     auth_prefix = "Bearer "
     static_headers: Mapping[str, str] = {"Content-Type": "application/json"}
@@ -346,6 +347,11 @@ class HttpProvider:
         self.timeout = float(timeout)
         self.prices = normalize_prices(prices)
         self.extra_body = dict(extra_body or {})
+        owned = sorted(set(self.extra_body) & self.body_keys)
+        if owned:
+            raise InvalidBatch(f"{kind}: extra_body may not set {', '.join(map(repr, owned))}; "
+                               "batchjson builds those fields from the call and the provider's "
+                               "own settings (model=, response_format= or mode=)")
         self.url = f"{self.base_url}{self.path}"
         self._sessions = LoopSessions(make_session_factory(self.timeout, max_connections))
 

@@ -30,6 +30,7 @@ class AnthropicProvider(HttpProvider):
     example_model = "claude-haiku-4-5"
     path = "/v1/messages"
     setting = "mode"
+    body_keys = frozenset(("model", "messages", "system", "max_tokens", "tools", "tool_choice"))
     auth_header = "x-api-key"
     auth_prefix = ""
     static_headers = {"Content-Type": "application/json", "anthropic-version": ANTHROPIC_VERSION}

@@ -94,6 +94,7 @@ class OpenAIProvider(HttpProvider):
                     "keyless via base_url=...")
     path = "/chat/completions"
     setting = "response_format"
+    body_keys = frozenset(("model", "messages", "response_format"))
 
     def __init__(self, model: str | None = None, *, base_url: str | None = None,
                  api_key: str | None = None, response_format: str = "json_schema",
