@@ -424,6 +424,8 @@ def test_nested_magics_in_body(loaded: Any) -> None:
     ("%%batch_json labels --out 1x", "not a valid Python variable name"),
     ("%%batch_json labels --out class", "not a valid Python variable name"),
     ("%%batch_json", "the following arguments are required: name"),
+    ("%%batch_json labels --tasks [{'task_id': 'a'}]",
+     "An option's EXPR may not contain spaces: build the value in the cell body"),
 ])
 def test_bad_options_are_usage_errors(loaded: Any, capsys: Any, header: str,
                                       expected: str) -> None:

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from batchjson import Budget, BudgetExceeded, CallableProvider, Session
 from batchjson.acceptance import accept_items
+from batchjson.errors import InvalidBatch
 from batchjson.ledger import Ledger
 from batchjson.providers.base import Reply
 from batchjson.providers.simulated import SimulatedModel
@@ -56,6 +57,12 @@ def test_an_item_naming_an_identity_field_twice_is_rejected():
                            None)
     assert not verdict.accepted
     assert verdict.errors[0]["type"] == "json"
+
+
+def test_llm_batch_json_with_no_prompts_still_refuses_a_bad_schema():
+    session = Session(SimulatedModel())
+    with pytest.raises(InvalidBatch, match="invalid JSON Schema"):
+        session.llm_batch_json([], {"type": "no-such-type"})
 
 
 def test_a_model_schema_cannot_commit_an_identity_value_other_than_the_request():

@@ -19,6 +19,7 @@ from .evidence import Evidence
 from .ledger import Ledger
 from .plan import Outcome, Plan, Transport
 from .providers.base import close_provider
+from .providers.select import make_provider, provider_label
 from .registry import ValidatorRegistry
 from .replay import Replayer
 from .result import BatchResult
@@ -81,16 +82,12 @@ class Session:
 
     def _provider_label(self) -> str:
         spec = self._provider if self._provider is not None else self._provider_spec
-        if spec is None:
-            return "None"
-        return spec if isinstance(spec, str) else getattr(spec, "name", type(spec).__name__)
+        return "None" if spec is None else provider_label(spec)
 
     @property
     def provider(self) -> Any:
         """The configured provider, built on first use so a missing one fails before spending."""
         if self._provider is None:
-            from .providers.select import make_provider
-
             self._provider = make_provider(self._provider_spec, model=self.model)
         return self._provider
 

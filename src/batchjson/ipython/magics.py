@@ -204,7 +204,14 @@ class BatchJson(Magics):
         batch is unresolved a short failure report is shown instead of a traceback, and
         re-running the cell resumes, spending calls only on unresolved requests.
         """
-        args = parse_argstring(self.batch_json, line)
+        try:
+            args = parse_argstring(self.batch_json, line)
+        except UsageError as exc:
+            if "unrecognized arguments" not in str(exc):
+                raise
+            raise UsageError(f"{one_line(exc)}. An option's EXPR may not contain spaces: build "
+                             "the value in the cell body and pass its name, e.g. --tasks "
+                             "my_tasks") from None
         session = self.session
         var = args.out or args.name
         check_identifier(var, "pass --out VAR" if args.out is None else "choose another --out")

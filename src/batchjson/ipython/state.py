@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import session as session_module
+from ..providers.select import provider_label
 from ..rlm import namespace
 from ..session import Session
 
@@ -131,7 +132,7 @@ class KernelState:
         if spec is None:
             env = os.environ.get("BATCHJSON_PROVIDER", "").strip()
             return f"{env} (from BATCHJSON_PROVIDER)" if env else "not configured"
-        return spec if isinstance(spec, str) else getattr(spec, "name", type(spec).__name__)
+        return provider_label(spec)
 
 
 _MISSING = object()

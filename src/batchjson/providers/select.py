@@ -10,6 +10,11 @@ from ..errors import ProviderNotConfigured
 PROVIDER_NAMES = ("openai", "anthropic", "simulated")
 
 
+def provider_label(spec: Any) -> str:
+    """A name for a provider spec; never its configuration (API keys stay inside it)."""
+    return spec if isinstance(spec, str) else getattr(spec, "name", type(spec).__name__)
+
+
 def make_provider(spec: Any, *, model: str | None = None) -> Any:
     """Resolve ``spec``: "openai" | "anthropic" | "simulated" | an object with async complete.
 
