@@ -313,6 +313,33 @@ def test_truncated_body_is_retryable(fault: str) -> None:
     assert aexc is None or aexc.retryable
 
 
+def test_a_web_page_instead_of_the_api_is_final_and_names_the_base_url() -> None:
+    import http.server
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = b"<html><body>Welcome to nginx!</body></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        exc = failure(OpenAIProvider("m", base_url=base), items_call())
+    finally:
+        server.shutdown()
+    assert not exc.retryable
+    assert "text/html, not a JSON API response" in str(exc) and "check the base URL" in str(exc)
+
+
 def test_client_timeout_is_retryable_and_prompt() -> None:
     faults = HttpFaults(script={1: "timeout"}, hold=10)
     with LoopbackServer(SimulatedModel(upper), faults=faults) as srv:

@@ -177,9 +177,14 @@ async def post_json(session: aiohttp.ClientSession, url: str, body: bytes,
         data = None
     if not isinstance(data, dict):
         snippet = redact(raw[:120].decode("utf-8", "replace"), secret)
-        raise ProviderError(f"{provider}: HTTP {status} body is not a JSON object ({len(raw)} "
-                            f"bytes, starts {snippet!r}); likely truncated", status=status,
-                            retryable=True)
+        if raw.lstrip()[:1] == b"{":  # JSON that stops short: the connection cut it off
+            raise ProviderError(f"{provider}: HTTP {status} body is not a JSON object "
+                                f"({len(raw)} bytes, starts {snippet!r}); likely truncated",
+                                status=status, retryable=True)
+        kind = resp_headers.get("Content-Type", "no content type")
+        raise ProviderError(f"{provider}: HTTP {status} answered with {kind}, not a JSON API "
+                            f"response (starts {snippet!r}); check the base URL", status=status,
+                            retryable=False)  # a web page will not turn into an API answer
     return data
 
 
