@@ -15,6 +15,7 @@ import time
 import pytest
 
 from batchjson import CallableProvider, Session
+from batchjson.errors import LedgerError
 from batchjson.ledger import Ledger
 from batchjson.migrations import SCHEMA_VERSION
 from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
@@ -46,7 +47,7 @@ def test_newer_ledger_is_refused_untouched(tmp_path):
     Ledger(path).close()
     with sqlite3.connect(path) as db:
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
-    with pytest.raises(RuntimeError, match="upgrade batchjson"):
+    with pytest.raises(LedgerError, match="upgrade batchjson"):
         Ledger(path)
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION + 1

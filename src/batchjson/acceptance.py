@@ -70,6 +70,23 @@ def _json_equal(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
+async def judge(
+    reply: Any,
+    tasks: Sequence[Mapping[str, Any]],
+    *,
+    mode: str,
+    identity: Sequence[str],
+    schema: ItemSchema,
+    validator: Callable[[Any, Mapping[str, Any]], Any] | None,
+) -> Verdict:
+    """The one entry point of the replay loop: judge a provider's reply against the ledger's own
+    copy of the requested ``tasks``. ``mode`` is ``"items"`` or ``"value"``."""
+    text = reply.text
+    if mode == "value":
+        return accept_value(text, tasks[0], schema, validator)
+    return accept_items(text, tasks, identity, schema, validator)
+
+
 def accept_items(
     text: str,
     tasks: Sequence[Mapping[str, Any]],

@@ -16,7 +16,26 @@ class InvalidBatch(BatchJsonError, ValueError):
     """Bad input, refused before anything is spent or recorded."""
 
 
-class ProviderNotConfigured(BatchJsonError):
+class ConfigError(BatchJsonError, ValueError):
+    """A setting of a session, provider, price table or budget is wrong; refused before spending."""
+
+
+class LedgerError(BatchJsonError):
+    """The ledger could not be written or read; the run stopped before any further call.
+
+    ``path`` is the ledger file and ``cause`` the OS or SQLite error underneath.
+    """
+
+    def __init__(self, message: str, *, path: object = None,
+                 cause: BaseException | None = None) -> None:
+        self.path = path
+        self.cause = cause
+        where = f" ({path})" if path is not None else ""
+        why = f": {type(cause).__name__}: {cause}" if cause is not None else ""
+        super().__init__(f"ledger{where}: {message}{why}")
+
+
+class ProviderNotConfigured(ConfigError):
     """No model provider was configured; the offline model is never chosen silently."""
 
     def __init__(self, detail: str = "") -> None:
@@ -79,9 +98,13 @@ class ProviderError(BatchJsonError):
         retryable: bool = True,
         retry_after: float | None = None,
         usage: dict[str, Any] | None = None,
+        unreachable: bool = False,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.retryable = retryable
+        # The endpoint itself cannot be reached (connection refused, DNS): after the transport
+        # retries of one call the whole run stops, since no other request could get through.
+        self.unreachable = unreachable
         self.retry_after = retry_after
         self.usage = usage or {}

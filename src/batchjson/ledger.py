@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -265,9 +266,9 @@ class Ledger:
         """Write an in-flight receipt; it exists before the call is made."""
         return db.execute(
             "INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, status, "
-            "provider, model, started_at) VALUES (?,?,?,?,?, 'in_flight', ?,?,?)",
+            "provider, model, started_at, uid) VALUES (?,?,?,?,?, 'in_flight', ?,?,?,?)",
             (batch_id, revision_id, request.key, request.task_ids_json, kind, provider, model,
-             now())).lastrowid
+             now(), uuid.uuid4().hex)).lastrowid
 
     def finish_attempt(self, attempt_id: int, status: str, *, errors: Sequence[Mapping] = (),
                        raw: str | None = None, usage: Mapping[str, Any] | None = None) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sqlite3
 
+from .errors import LedgerError
+
 MIGRATIONS: list[str] = [
     # 1: batches, revisions, requests, attempts (receipts), checkpoint, validators
     """
@@ -44,6 +46,41 @@ MIGRATIONS: list[str] = [
         where_defined TEXT, defined_at TEXT NOT NULL, by_identity TEXT,
         PRIMARY KEY (name, fingerprint), UNIQUE (name, version));
     """,
+    # 2: claims (one payer per request), honest call accounts, rechecks and imports, merge ids.
+    # SQLite cannot widen a CHECK in place, so attempts is rebuilt (foreign keys are off while
+    # migrations run, and checked before they commit).
+    """
+    CREATE TABLE attempts_v2 (
+        id INTEGER PRIMARY KEY, batch_id INTEGER NOT NULL REFERENCES batches(id),
+        revision_id INTEGER NOT NULL REFERENCES revisions(id), request_key TEXT NOT NULL,
+        task_ids TEXT NOT NULL,
+        kind TEXT NOT NULL CHECK (kind IN
+            ('initial', 'repair', 'replay', 'split', 'recheck', 'import')),
+        status TEXT NOT NULL CHECK (status IN
+            ('in_flight', 'accepted', 'rejected', 'provider_error', 'cancelled', 'abandoned')),
+        errors TEXT, raw TEXT, input_tokens INTEGER, output_tokens INTEGER,
+        cached_tokens INTEGER, cost REAL, provider TEXT, model TEXT,
+        started_at TEXT NOT NULL, finished_at TEXT,
+        uid TEXT NOT NULL UNIQUE, sent_at TEXT, owner TEXT, source TEXT,
+        estimated_input_tokens INTEGER);
+    INSERT INTO attempts_v2 (id, batch_id, revision_id, request_key, task_ids, kind, status,
+        errors, raw, input_tokens, output_tokens, cached_tokens, cost, provider, model,
+        started_at, finished_at, uid, sent_at)
+        SELECT id, batch_id, revision_id, request_key, task_ids, kind, status, errors, raw,
+        input_tokens, output_tokens, cached_tokens, cost, provider, model, started_at,
+        finished_at, lower(hex(randomblob(16))), started_at FROM attempts;
+    DROP TABLE attempts;
+    ALTER TABLE attempts_v2 RENAME TO attempts;
+    CREATE INDEX attempts_by_key ON attempts (request_key, status);
+    CREATE INDEX attempts_by_batch ON attempts (batch_id, id);
+    CREATE TABLE claims (
+        request_key TEXT PRIMARY KEY, owner TEXT NOT NULL, host TEXT NOT NULL,
+        pid INTEGER NOT NULL, session TEXT NOT NULL, attempt_id INTEGER,
+        lease_expires_at REAL NOT NULL, claimed_at TEXT NOT NULL);
+    CREATE TABLE imports (
+        digest TEXT PRIMARY KEY, attempt_id INTEGER REFERENCES attempts(id),
+        source TEXT, line INTEGER, outcome TEXT NOT NULL, imported_at TEXT NOT NULL);
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -53,18 +90,30 @@ def migrate(db: sqlite3.Connection) -> int:
     """Bring the ledger to SCHEMA_VERSION; refuse a ledger written by a newer batchjson."""
     current = db.execute("PRAGMA user_version").fetchone()[0]
     if current > SCHEMA_VERSION:
-        raise RuntimeError(
-            f"this ledger has schema version {current} but this batchjson knows up to "
-            f"{SCHEMA_VERSION}; upgrade batchjson to read it (nothing was changed)")
-    for version in range(current + 1, SCHEMA_VERSION + 1):
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            for statement in MIGRATIONS[version - 1].split(";"):
-                if statement.strip():
-                    db.execute(statement)
-            db.execute(f"PRAGMA user_version = {version}")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
+        raise LedgerError(
+            f"schema version {current} is newer than this batchjson knows ({SCHEMA_VERSION}); "
+            "upgrade batchjson to read it (nothing was changed)")
+    if current == SCHEMA_VERSION:
+        return SCHEMA_VERSION
+    foreign_keys = db.execute("PRAGMA foreign_keys").fetchone()[0]
+    db.execute("PRAGMA foreign_keys=OFF")  # a no-op inside a transaction: set it before
+    try:
+        for version in range(current + 1, SCHEMA_VERSION + 1):
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in MIGRATIONS[version - 1].split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                broken = db.execute("PRAGMA foreign_key_check").fetchall()
+                if broken:
+                    raise LedgerError(f"migration {version} would break {len(broken)} "
+                                      "references; nothing was changed")
+                db.execute(f"PRAGMA user_version = {version}")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+    finally:
+        db.execute(f"PRAGMA foreign_keys={'ON' if foreign_keys else 'OFF'}")
     return SCHEMA_VERSION

@@ -8,6 +8,7 @@ failures get their own receipts and backoff, and never count as repairs.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -319,7 +320,7 @@ class Replayer:
         try:
             self._fill(lane)
             reply = await self._send(opened.call, attempt_id)
-            return self._judge_and_record(request, reply, attempt_id)
+            return await self._judge_and_record(request, reply, attempt_id)
         except BaseException as exc:  # cancellation, Ctrl-C, SystemExit: close the receipt
             self._cancelled(attempt_id, exc)
             raise
@@ -351,7 +352,7 @@ class Replayer:
             await self._record_provider_error(attempt_id, message, None, {})
             raise ProviderError(message, retryable=False) from exc
 
-    def _judge_and_record(self, request: Request, reply: Reply,
+    async def _judge_and_record(self, request: Request, reply: Reply,
                           attempt_id: int) -> tuple[acceptance.Verdict, str | None]:
         """Judge now; the record joins the next group commit without holding up this worker.
 
@@ -360,7 +361,9 @@ class Replayer:
         """
         ledger = self.ledger
         usage = self._account(reply)
-        verdict = self._judge(request, reply.text)
+        verdict = await acceptance.judge(
+            reply, request.tasks, mode=self.plan.mode, identity=self.plan.identity,
+            schema=self.plan.schema, validator=self.plan.validator)
         if verdict.accepted:
             self.writes.submit(lambda db: ledger.op_accept(
                 db, attempt_id, self.plan.batch_id, request.key, verdict.stored, reply.text,
@@ -387,16 +390,10 @@ class Replayer:
             schema: Mapping[str, Any] = plan.schema.json_schema
         else:
             schema = wire_schema(plan.schema, request.tasks, plan.identity)
-        return Call(tasks=request.tasks, prompt=prompt, system=self._system, schema=schema,
-                    attempt=number, kind=kind, request_key=request.key, mode=plan.mode,
-                    identity=plan.identity)
-
-    def _judge(self, request: Request, text: str) -> acceptance.Verdict:
-        plan = self.plan
-        if plan.mode == "value":
-            return acceptance.accept_value(text, request.tasks[0], plan.schema, plan.validator)
-        return acceptance.accept_items(text, request.tasks, plan.identity, plan.schema,
-                                       plan.validator)
+        # The provider gets its own copy: acceptance compares against the ledger's request.
+        return Call(tasks=tuple(json.loads(request.tasks_json)), prompt=prompt,
+                    system=self._system, schema=schema, attempt=number, kind=kind,
+                    request_key=request.key, mode=plan.mode, identity=plan.identity)
 
     def _account(self, reply: Reply) -> dict[str, Any]:
         out = self.outcome

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import structured
 from ._aio import run_sync
 from .budget import Budget, Spender, Tally
 from .errors import BatchUnresolved, InvalidBatch
@@ -24,6 +25,7 @@ from .registry import ValidatorRegistry
 from .replay import Replayer
 from .result import BatchResult
 from .schema import compile_schema
+from .spec import MODES, ON_EXHAUSTED, VALIDATOR_ARGS, RunSpec
 from .tasks import normalize_identity, normalize_tasks, pack_requests, sha
 
 
@@ -107,7 +109,7 @@ class Session:
         schema: Any,
         *,
         validator: Callable[..., Any] | None = None,
-        identity: Sequence[str] | str | None = ("task_id",),
+        identity: Sequence[str] | str | None = None,
         pack: int = 1,
         instructions: str | None = None,
         repairs: int | None = None,
@@ -122,39 +124,45 @@ class Session:
         Identical content resumes (accepted requests are not re-spent); changed content opens a
         new revision. ``validator(item, task)`` raises ValueError to reject an item.
         """
-        return self._run(name, tasks, schema, validator=validator, identity=identity, pack=pack,
-                         instructions=instructions, repairs=repairs, replays=replays, split=split,
-                         max_calls=max_calls, on_exhausted=on_exhausted, progress=progress)
+        return self.run(RunSpec(
+            name=name, tasks=tasks, schema=schema, validator=validator,
+            identity=identity, pack=pack, instructions=instructions, repairs=repairs,
+            replays=replays, split=split, max_calls=max_calls, on_exhausted=on_exhausted,
+            progress=progress))
 
     def llm_batch_json(self, prompts: Sequence[str], schema: Any,
                        contexts: Sequence[str] | None = None, max_repair_attempts: int = 1,
                        validator: Callable[[Any, int], Any] | None = None, *,
                        name: str | None = None) -> dict[str, Any]:
         """droste's ``llm_batch_json`` contract, with content-keyed evidence in the ledger."""
-        from .rlm import llm_batch_json
+        return structured.llm_batch_json(self, prompts, schema, contexts, max_repair_attempts,
+                                         validator, name=name)
 
-        return llm_batch_json(self, prompts, schema, contexts, max_repair_attempts, validator,
-                              name=name)
-
-    def _run(self, name: str, tasks: Iterable[Mapping[str, Any]], schema: Any, *,
-             validator: Callable[..., Any] | None, identity: Sequence[str] | str | None,
-             pack: int, instructions: str | None, repairs: int | None, replays: int | None,
-             split: bool, max_calls: int | None, on_exhausted: str, progress: bool,
-             mode: str = "items", validator_name: str | None = None,
-             refuse_short_budget: bool = True,
-             adapt_validator: Callable[[Callable], Callable] | None = None) -> BatchResult:
+    def run(self, spec: RunSpec) -> BatchResult:
+        """Run one :class:`RunSpec`: every face (magic, RLM binding, CLI) ends here."""
+        if not isinstance(spec, RunSpec):
+            raise InvalidBatch(f"Session.run takes a RunSpec, got {type(spec).__name__}")
         # Every check happens before anything is recorded or spent.
+        name, tasks, schema = spec.name, spec.tasks, spec.schema
         if not isinstance(name, str) or not name.strip():
             raise InvalidBatch("batch name must be a non-empty string, e.g. run_batch('labels', "
                                "...)")
-        if on_exhausted not in ("raise", "return"):
-            raise InvalidBatch(f"on_exhausted must be 'raise' or 'return', got {on_exhausted!r}")
-        _whole("pack", pack, 1)
-        ident = normalize_identity(identity)
+        if spec.on_exhausted not in ON_EXHAUSTED:
+            raise InvalidBatch(f"on_exhausted must be 'raise' or 'return', got "
+                               f"{spec.on_exhausted!r}")
+        if spec.mode not in MODES:
+            raise InvalidBatch(f"mode must be one of {MODES}, got {spec.mode!r}")
+        if spec.validator_args not in VALIDATOR_ARGS:
+            raise InvalidBatch(f"validator_args must be one of {VALIDATOR_ARGS}, got "
+                               f"{spec.validator_args!r}")
+        pack = _whole("pack", spec.pack, 1)
+        mode, instructions, validator = spec.mode, spec.instructions, spec.validator
+        ident = normalize_identity(spec.identity)
         task_list, task_texts = normalize_tasks(tasks, ident)
         item_schema = compile_schema(schema)
-        repairs = self.repairs if repairs is None else _whole("repairs", repairs, 0)
-        replays = self.replays if replays is None else _whole("replays", replays, 0)
+        repairs = self.repairs if spec.repairs is None else _whole("repairs", spec.repairs, 0)
+        replays = self.replays if spec.replays is None else _whole("replays", spec.replays, 0)
+        max_calls = spec.max_calls
         if max_calls is not None:
             _whole("max_calls", max_calls, 0)
         if instructions is not None and not isinstance(instructions, str):
@@ -165,9 +173,10 @@ class Session:
 
         version = None
         if validator is not None:
-            version = self.validators.version_of(validator, validator_name)
+            version = self.validators.version_of(validator, spec.validator_name)
             validator = version.fn
-        checker = adapt_validator(validator) if (adapt_validator and validator) else validator
+        checker = (_index_form(validator) if validator is not None and
+                   spec.validator_args == "index" else validator)
         components = {
             "tasks": sha(json.dumps(task_list, sort_keys=True, separators=(",", ":"))),
             "schema": item_schema.fingerprint,
@@ -186,7 +195,7 @@ class Session:
         done = self.ledger.accepted_keys([r.key for r in requests])
         pending = [r for r in requests if r.key not in done]
         spender = Spender(max_calls, self.budget, self.tally)
-        if refuse_short_budget:
+        if spec.refuse_short_budget:
             spender.refuse_if_short(len(pending))
 
         validator_record = (None if version is None else  # its definition is already on record
@@ -197,17 +206,17 @@ class Session:
         plan = Plan(batch_id=revision.batch_id, revision_id=revision.id, mode=mode,
                     identity=ident, schema=item_schema, validator=checker,
                     instructions=instructions, content=key_content, repairs=repairs,
-                    replays=replays, split=bool(split))
+                    replays=replays, split=bool(spec.split))
         outcome = Outcome()
         if pending:
-            outcome = self._replay(plan, provider, spender, pending, progress, name)
+            outcome = self._replay(plan, provider, spender, pending, spec.progress, name)
         result = self._result(name, revision.number, task_list, item_schema, outcome,
                               resumed=len(requests) - len(pending))
         if superseded is not None:
             result.superseded = (f"revision {superseded.number} superseded "
                                  f"({superseded.supersede_reason or 'content changed'})")
             result.notes.append(result.superseded)
-        if result.status != "resolved" and on_exhausted == "raise":
+        if result.status != "resolved" and spec.on_exhausted == "raise":
             raise BatchUnresolved(result)
         return result
 
@@ -252,6 +261,14 @@ class Session:
             accepted_returns=outcome.accepted_returns, rejected_returns=outcome.rejected_returns,
             provider_errors=outcome.provider_errors, resumed=resumed,
             attempts_by_task=dict(outcome.attempts_by_task), repairs_made=outcome.repairs_made)
+
+
+def _index_form(fn: Callable[[Any, int], Any]) -> Callable[[Any, Mapping[str, Any]], Any]:
+    """droste validators take (value, index); acceptance hands (value, task)."""
+    def check(value: Any, task: Mapping[str, Any]) -> Any:
+        return fn(value, task["index"])
+
+    return check
 
 
 _default: Session | None = None
