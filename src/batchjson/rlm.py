@@ -1,23 +1,104 @@
-"""The RLM face: droste's ``llm_batch_json`` contract backed by content-keyed evidence.
+"""The RLM face: droste's ``llm_batch_json`` contract in any host's namespace.
 
-A cell that defines its validator inline and is re-executed after an error hands batchjson a new
-function object each time; the validator's *content* fingerprint and the request's content key
-make the re-execution resume the same request instead of orphaning it.
+An RLM host runs model-written cells in a persistent namespace and re-runs a cell after it
+raises. :func:`bind` installs the structured helpers into that namespace, backed by a session
+whose evidence is keyed by content and whose validator registry lives on the host side, so it
+works where a namespace hides ``globals()`` or drops names between cells. Validators are made
+canonical at call time (see :mod:`batchjson.canonical`), and a budget gate refuses a call that
+can no longer be paid for before anything is spent.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .canonical import canonical_validator, cell_frame
+from .droste_env import droste_environment
+from .errors import (
+    BudgetExceeded,
+    ConfigError,
+    InvalidBatch,
+    ProviderNotConfigured,
+    ValidatorChanged,
+)
 from .structured import llm_batch_json
+from .subcalls import as_provider, is_subcall_source
 
 if TYPE_CHECKING:
     from .session import Session
 
+__all__ = ["bind", "bind_local_repl", "droste_environment", "namespace", "tools"]
 
-def bind(session: Session) -> Callable[..., dict[str, Any]]:
-    """The ``llm_batch_json`` an RLM host injects into its REPL namespace."""
+HELPER_NAMES = ("llm_batch_json", "llm_query_batched_json", "validator", "batch_status",
+                "finalization_check")
+
+
+def bind(namespace: MutableMapping[str, Any], provider_or_subcalls: Any = None, *,
+         session: Session | None = None, strict: bool = True, ledger: Any = None,
+         budget: Any = None, context: Any = None) -> Session:
+    """Install the structured helpers into ``namespace`` and return the session behind them.
+
+    ``provider_or_subcalls`` is a batchjson provider (or provider name), an object with droste's
+    ``llm_batch_with_errors``, or a function of a list of prompts returning a list of strings
+    (alexzhang13/rlm's ``llm_query_batched``). ``session=`` shares one session, its ledger,
+    registry and budget, between hosts; otherwise a new one is made with ``strict``,
+    ``ledger`` and ``budget``. ``context`` is a droste ``ExecutionContext`` to account
+    subcalls to.
+    """
+    if not isinstance(namespace, MutableMapping):
+        raise InvalidBatch(f"bind needs the dict a host runs cells in, got "
+                           f"{type(namespace).__name__}")
+    provider = as_provider(provider_or_subcalls, context=context)
+    if session is None:
+        from .session import Session
+
+        adapted = is_subcall_source(provider_or_subcalls)
+        # A host's subcall helper already retried what it could: one failure is one subcall.
+        session = Session(provider, ledger=ledger, strict=strict, budget=budget,
+                          transport_retries=0 if adapted else 3)
+    elif provider_or_subcalls is not None:
+        _share(session, provider)
+    binding = _Binding(session, namespace)
+    helper = binding.llm_batch_json  # one object under both names, as droste binds them
+    namespace["llm_batch_json"] = helper
+    namespace["llm_query_batched_json"] = helper
+    namespace["validator"] = binding.validator
+    namespace["batch_status"] = binding.batch_status
+    namespace["finalization_check"] = binding.finalization_check
+    return session
+
+
+def tools(provider_or_subcalls: Any = None, *, session: Session | None = None,
+          strict: bool = True, **options: Any) -> dict[str, Any]:
+    """The helpers as a dict, e.g. for alexzhang13/rlm's ``RLM(custom_tools=...)``."""
+    names: dict[str, Any] = {}
+    bind(names, provider_or_subcalls, session=session, strict=strict, **options)
+    return names
+
+
+def bind_local_repl(repl: Any, provider_or_subcalls: Any = None, *,
+                    session: Session | None = None, strict: bool = True,
+                    **options: Any) -> Session:
+    """Bind into an alexzhang13/rlm ``LocalREPL`` (or any REPL with a ``globals`` dict).
+
+    Without a provider the REPL's own ``llm_query_batched`` answers. LocalREPL runs each cell
+    in a fresh copy of its globals and locals, keeps no variable of a failing cell and sets the
+    ``globals`` builtin to None; the helpers live in ``repl.globals``, which it never drops.
+    """
+    scope = getattr(repl, "globals", None)
+    if not isinstance(scope, MutableMapping):
+        raise InvalidBatch(f"{type(repl).__name__} has no globals dict to bind into")
+    if provider_or_subcalls is None and session is None:
+        provider_or_subcalls = scope.get("llm_query_batched")
+        if not callable(provider_or_subcalls):
+            raise ConfigError("this REPL has no llm_query_batched helper: pass a provider or "
+                              "subcall client")
+    return bind(scope, provider_or_subcalls, session=session, strict=strict, **options)
+
+
+def namespace(session: Session) -> dict[str, Any]:
+    """Names an RLM host puts in a cell's globals: the helper, the session and its evidence."""
     def bound(prompts: Sequence[str], schema: Any, contexts: Sequence[str] | None = None,
               max_repair_attempts: int = 1, validator: Callable[[Any, int], Any] | None = None,
               *, name: str | None = None) -> dict[str, Any]:
@@ -26,10 +107,119 @@ def bind(session: Session) -> Callable[..., dict[str, Any]]:
 
     bound.__name__ = "llm_batch_json"
     bound.__doc__ = llm_batch_json.__doc__
-    return bound
-
-
-def namespace(session: Session) -> dict[str, Any]:
-    """Names an RLM host puts in a cell's globals: the helper, the session and its evidence."""
-    return {"llm_batch_json": bind(session), "batch_session": session,
+    return {"llm_batch_json": bound, "batch_session": session,
             "run_batch": session.run_batch, "validator": session.validators.define}
+
+
+def _share(session: Session, provider: Any) -> None:
+    """A shared session has one answer source: a second host may not swap it silently."""
+    try:
+        current = session.provider
+    except ProviderNotConfigured:
+        session.provider = provider
+        return
+    if current is provider or _source(current) == _source(provider):
+        return
+    raise ConfigError(
+        f"this session already answers from {getattr(current, 'name', current)!r}; a second host "
+        f"may share it only with the same source, not {getattr(provider, 'name', provider)!r}. "
+        "Pass the same subcall client, or give this host its own session")
+
+
+def _source(provider: Any) -> Any:
+    key = getattr(provider, "source_key", None)
+    return key() if callable(key) else None
+
+
+class _Binding:
+    """The helpers of one namespace over one session."""
+
+    def __init__(self, session: Session, namespace: MutableMapping[str, Any]) -> None:
+        self.session = session
+        self.namespace = namespace
+
+    def llm_batch_json(self, prompts: Sequence[str], schema: Any,
+                       contexts: Sequence[str] | None = None, max_repair_attempts: int = 1,
+                       validator: Callable[[Any, int], Any] | None = None, *,
+                       name: str | None = None) -> dict[str, Any]:
+        """droste's ``llm_batch_json``: one prompt per call, a bare JSON value each.
+
+        Returns ``values``, ``errors``, ``attempts`` and ``repairs_made``. Re-running the same
+        call resumes its requests; prompts already accepted are not paid again.
+        """
+        if validator is not None and callable(validator):
+            validator = self._canonical(validator)
+        self._gate()
+        try:
+            return llm_batch_json(self.session, prompts, schema, contexts, max_repair_attempts,
+                                  validator, name=name, refuse_short_budget=True)
+        except BudgetExceeded as exc:
+            raise _refused(exc.needed, exc.remaining, "to answer the prompts of this call "
+                           "that are not yet accepted") from None
+
+    def validator(self, fn: Callable[..., Any] | None = None, *,
+                  name: str | None = None) -> Any:
+        """``@validator``: define once; re-running the defining cell hands back the first."""
+        if fn is None:
+            return lambda f: self._canonical(f, name)
+        return self._canonical(fn, name)
+
+    def _canonical(self, fn: Callable[..., Any], name: str | None = None) -> Callable[..., Any]:
+        try:
+            return canonical_validator(self.session.validators, fn, name=name,
+                                       namespaces=[self.namespace], frame=cell_frame(3))
+        except ValidatorChanged as exc:
+            exc.args = (_changed_message(exc),)
+            raise
+
+    def _gate(self) -> None:
+        owed = self.session.evidence.minimum_exact_retry_calls
+        remaining = self._remaining()
+        if remaining is not None and owed > remaining:
+            raise _refused(owed, remaining, "to clear the unresolved evidence already recorded")
+
+    def _remaining(self) -> int | None:
+        calls = self.session.budget.calls
+        return None if calls is None else max(0, calls - self.session.tally.calls)
+
+    def batch_status(self) -> dict[str, Any]:
+        """What is owed and spent: unresolved batches, items, minimum exact retry calls."""
+        summary = self.session.evidence.summary()
+        remaining = self._remaining()
+        return {
+            "unresolved_batches": summary["unresolved_batches"],
+            "unresolved_items": summary["unresolved_items"],
+            "minimum_exact_retry_calls": summary["minimum_exact_retry_calls"],
+            "calls": summary["calls"],
+            "cost": summary["cost"],
+            "remaining_calls": remaining,
+            "usable_results": summary["usable_results"],
+            "ready_allowed": summary["minimum_exact_retry_calls"] == 0,
+        }
+
+    def finalization_check(self) -> list[dict[str, Any]]:
+        """The unresolved evidence that must block a ready answer; empty when it may be given."""
+        return [{"batch": u.batch, "revision": u.revision, "request": u.key[:16],
+                 "items": list(u.task_ids)} for u in self.session.evidence.requests()]
+
+
+def _refused(owed: int, remaining: int, why: str) -> BudgetExceeded:
+    error = BudgetExceeded(owed, remaining)
+    error.args = (
+        f"llm_batch_json refused before spending anything: at least {owed} exact call(s) are "
+        f"needed {why}, but only {remaining} call(s) remain in the budget. More calls cannot "
+        "clear it. Do not set answer['ready'] = True: report what is resolved and what is not "
+        "(batch_status() and finalization_check() list it), or ask the host for a larger "
+        "budget. Re-running the cell will be refused the same way.",)
+    return error
+
+
+def _changed_message(exc: ValidatorChanged) -> str:
+    what = "; ".join(exc.changes) if exc.changes else "its content"
+    return (
+        f"llm_batch_json refused before spending anything: validator {exc.name!r} changed "
+        f"({what}) while request(s) checked by its previous version are unresolved. Evidence "
+        "recorded under one validator is only cleared by that same validator. Either restore "
+        f"the previous definition of {exc.name} exactly and re-run the same call to clear it, or, "
+        f"if the new logic is intended, define it under a new name (e.g. {exc.name}_v2); the old "
+        "evidence then stays unresolved and still blocks a ready answer (finalization_check()).")

@@ -36,8 +36,13 @@ def default_batch_name(prompts: Sequence[str], contexts: Sequence[str] | None) -
 def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
                    contexts: Sequence[str] | None = None, max_repair_attempts: int = 1,
                    validator: Callable[[Any, int], Any] | None = None, *,
-                   name: str | None = None) -> dict[str, Any]:
-    """Run one prompt per call, each returning a bare JSON value; droste's return shape."""
+                   name: str | None = None, refuse_short_budget: bool = False) -> dict[str, Any]:
+    """Run one prompt per call, each returning a bare JSON value; droste's return shape.
+
+    droste spends what the budget has and reports the rest as ``budget_exhausted``;
+    ``refuse_short_budget=True`` (the RLM binding's budget gate) instead refuses before spending
+    when the calls still owed for these prompts exceed what remains.
+    """
     if isinstance(prompts, str) or not isinstance(prompts, Sequence):
         raise InvalidBatch("prompts must be a list of strings")
     if (not isinstance(max_repair_attempts, int) or isinstance(max_repair_attempts, bool)
@@ -63,7 +68,7 @@ def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
     result = session.run(RunSpec(
         name=batch, tasks=tasks, schema=item_schema, validator=validator,
         identity=("task_id",), repairs=max_repair_attempts, on_exhausted="return",
-        mode="value", validator_args="index", refuse_short_budget=False))
+        mode="value", validator_args="index", refuse_short_budget=refuse_short_budget))
 
     dump = item_schema.dump
     values = [dump(result.values[t["task_id"]]) if t["task_id"] in result.values else None
