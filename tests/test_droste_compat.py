@@ -111,3 +111,127 @@ def test_bad_arguments_raise_value_errors_like_droste(args, message):
     with pytest.raises(InvalidBatch, match=message) as raised:
         session.llm_batch_json(*args)
     assert isinstance(raised.value, ValueError)  # droste callers catch ValueError
+
+
+# -- droste's own loop, wrapped ---------------------------------------------------------------
+droste = pytest.importorskip("droste")
+
+from droste.protocols.llm_client import TokenUsage  # noqa: E402
+from droste.testing import MockEnvironment, MockLLMClient, MockResponse  # noqa: E402
+
+from batchjson.rlm import droste_environment  # noqa: E402
+
+SEED_CELL = '''
+reviews = ["great", "dull", "fine", "awful", "superb"]
+prompts = [f"Label the sentiment of review {i}: {text}" for i, text in enumerate(reviews)]
+schema = {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]}
+
+def validate_labels(value, index):
+    if value["label"] not in ("pos", "neg"):
+        raise ValueError(f"label must be 'pos' or 'neg', got {value['label']!r}")
+
+result = llm_batch_json(prompts, schema, max_repair_attempts=1, validator=validate_labels)
+if result["errors"]:
+    raise RuntimeError(f"{len(result['errors'])} prompt(s) still failing")
+answer["content"] = ",".join(value["label"] for value in result["values"])
+answer["ready"] = True
+'''
+
+
+class FlakyDrosteSubcalls:
+    """A droste subcall client: the first 16 answers fail the validator, then one in 20 does.
+
+    It binds to the run's context and reports attempts and successes, as droste's clients do.
+    """
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.context = None
+
+    def bind_context(self, context) -> None:
+        self.context = context
+
+    def llm_query(self, prompt, context=""):
+        return self.llm_batch([prompt])[0]
+
+    def llm_batch(self, prompts, contexts=None):
+        out = []
+        for _ in prompts:
+            self.calls += 1
+            bad = self.calls <= 16 or self.calls % 20 == 0
+            out.append('{"label": "maybe"}' if bad else '{"label": "pos"}')
+        if self.context is not None:
+            self.context.record_subcall_attempts(len(prompts))
+            self.context.record_subcall_successes(len(prompts))
+        return out
+
+    def llm_batch_with_errors(self, prompts, contexts=None):
+        return self.llm_batch(prompts, contexts), []
+
+
+def run_droste(wrap: bool):
+    """droste.run_rlm, semantic policy, a root model that re-emits the seed cell after errors."""
+    budget = droste.Budget(subcalls=30, max_iterations=6)
+    context = droste.create_execution_context(budget=budget)
+    subcalls = FlakyDrosteSubcalls()
+    environment = droste.create_environment(
+        droste.EnvironmentConfig(kind="native", budget=budget), context="five reviews",
+        registry=None, subcalls=subcalls, execution_context=context)
+    if wrap:
+        environment = droste_environment(environment)
+    reply = MockResponse(f"```python\n{SEED_CELL}\n```", TokenUsage.unavailable())
+    result = droste.run_rlm(
+        "Label each review pos or neg", environment=environment,
+        root_llm=MockLLMClient([reply] * 20), subcalls=subcalls, context=context,
+        config=droste.RLMConfig(budget=budget,
+                                policy_hints=droste.PolicyHints(semantic=True)))
+    return result, environment, subcalls
+
+
+def droste_evidence(helper):
+    """The identity-keyed evidence droste's run_rlm bound into its helper."""
+    helper = getattr(helper, "__wrapped__", helper)
+    cells = [c.cell_contents for c in helper.__closure__ or ()]
+    return next(c for c in cells if isinstance(c, droste_structured._StructuredBatchEvidence))
+
+
+def test_wrapped_droste_run_reaches_ready_where_the_unwrapped_run_ratchets():
+    plain, plain_env, _ = run_droste(wrap=False)
+    assert not plain.ready
+    ended = plain.error or plain.recovered_error
+    assert ended.details["reason"] == "semantic_exact_retry_budget_exhausted"
+    assert droste_evidence(plain_env.globals()["llm_batch_json"]).unresolved_batches == 2
+
+    wrapped, env, subcalls = run_droste(wrap=True)
+    assert wrapped.ready and wrapped.error is None and wrapped.recovered_error is None
+    assert wrapped.answer == "pos,pos,pos,pos,pos"
+    evidence = droste_evidence(env.globals()["llm_batch_json"])
+    assert evidence.unresolved_batches == 0 and evidence.minimum_exact_retry_calls == 0
+    assert len(env.validators.versions("validate_labels")) == 1  # one validator object
+    assert env.globals()["validate_labels"] is env.validators.current("validate_labels").fn
+    assert subcalls.calls <= 30
+
+
+def test_wrapper_survives_helpers_rebound_and_cells_run_with_separate_locals():
+    """MockEnvironment runs exec(code, {}, env): names land in the locals, not __globals__."""
+    class AlwaysBad:
+        def llm_batch_with_errors(self, prompts, contexts=None):
+            return ['{"label": "bad"}'] * len(prompts), []
+
+    env = droste_environment(MockEnvironment({"answer": {"content": "", "ready": False}}))
+    evidence = droste_structured._StructuredBatchEvidence()
+    helper = droste_structured.bind_structured_batch(AlwaysBad(), evidence)
+    cell = ("def check(value, index):\n"
+            "    if value['label'] != 'good':\n"
+            "        raise ValueError('label must be good')\n"
+            "result = llm_batch_json(['a', 'b'], {'type': 'object'}, None, 0, check)\n"
+            "seen.append(check)\n")
+    env.globals()["seen"] = []
+    for _ in range(3):
+        env.globals()["llm_batch_json"] = helper  # the host rebinds, as run_rlm does
+        env.execute(cell)
+    seen = env.globals()["seen"]
+    assert seen[0] is seen[1] is seen[2]
+    assert evidence.unresolved_batches == 1 and evidence.minimum_exact_retry_calls == 2
+    assert droste_environment(env) is env  # wrapping twice is wrapping once
+    assert env.capabilities() == env.environment.capabilities()
