@@ -280,3 +280,41 @@ def test_tools_gives_a_dict_for_custom_tools():
     names = tools(SimulatedModel(answer=lambda task: {"label": "pos"}))
     assert set(names) == set(HELPER_NAMES)
     assert names["llm_batch_json"](PROMPTS, SCHEMA)["errors"] == []
+
+
+DOCS_PATTERN_CELL = '''
+@validator
+def validate_labels(value, index):
+    if value["label"] not in ("pos", "neg"):
+        raise ValueError(f"label must be 'pos' or 'neg', got {value['label']!r}")
+
+for attempt in range(3):
+    result = llm_batch_json(prompts, schema, max_repair_attempts=1, validator=validate_labels)
+    if not result["errors"]:
+        break
+if result["errors"]:
+    answer["content"] = f"{len(result['errors'])} of {len(prompts)} prompts unresolved"
+else:
+    answer["content"] = ",".join(v["label"] for v in result["values"])
+    answer["ready"] = not finalization_check()
+'''
+
+
+def test_the_documented_in_cell_bounded_replay_reaches_ready_in_one_execution():
+    subcalls = FlakySubcalls(bad=12)  # what took the seed cell three executions
+    namespace = {"prompts": PROMPTS, "schema": SCHEMA,
+                 "answer": {"content": "", "ready": False}}
+    bind(namespace, subcalls)
+    exec(compile(DOCS_PATTERN_CELL, "<cell>", "exec"), namespace)
+    assert namespace["answer"] == {"content": "pos,pos", "ready": True}
+    assert subcalls.calls == 14
+
+
+def test_the_documented_pattern_reports_instead_of_claiming_ready_when_it_cannot_clear():
+    subcalls = FlakySubcalls(bad=1000)
+    namespace = {"prompts": PROMPTS, "schema": SCHEMA,
+                 "answer": {"content": "", "ready": False}}
+    bind(namespace, subcalls)
+    exec(compile(DOCS_PATTERN_CELL, "<cell>", "exec"), namespace)
+    assert namespace["answer"] == {"content": "2 of 2 prompts unresolved", "ready": False}
+    assert subcalls.calls == 18  # three bounded turns of three calls per prompt, then it stops
