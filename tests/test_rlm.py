@@ -318,3 +318,34 @@ def test_the_documented_pattern_reports_instead_of_claiming_ready_when_it_cannot
     exec(compile(DOCS_PATTERN_CELL, "<cell>", "exec"), namespace)
     assert namespace["answer"] == {"content": "2 of 2 prompts unresolved", "ready": False}
     assert subcalls.calls == 18  # three bounded turns of three calls per prompt, then it stops
+
+
+class RecordingBatches:
+    """Records each batch it is handed and how many calls overlap; item 1 always errors."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+        self.active = 0
+        self.overlapped = False
+
+    def llm_batch_with_errors(self, prompts, contexts=None):
+        self.active += 1
+        self.overlapped |= self.active > 1
+        self.sizes.append(len(prompts))
+        errors = [{"index": i, "error": "rate limited", "type": "provider_error"}
+                  for i, p in enumerate(prompts) if p == "p1"]
+        self.active -= 1
+        return ['{"label": "pos"}'] * len(prompts), errors
+
+
+def test_waiting_prompts_go_out_as_one_batch_and_batch_errors_stay_with_their_item():
+    client = RecordingBatches()
+    namespace: dict = {}
+    bind(namespace, client)
+    prompts = [f"p{i}" for i in range(20)]
+    out = namespace["llm_batch_json"](prompts, SCHEMA, contexts=[f"c{i}" for i in range(20)])
+    assert max(client.sizes) > 1 and not client.overlapped  # batched, and one call at a time
+    assert [e["index"] for e in out["errors"]] == [1]
+    assert out["errors"][0]["type"] == "provider_error" and "rate limited" in out["errors"][0][
+        "error"]
+    assert out["values"][0] == {"label": "pos"} and out["values"][1] is None

@@ -4,7 +4,7 @@ Two shapes reach an RLM binding besides a batchjson provider: droste's subcall p
 (``llm_batch_with_errors(prompts, contexts) -> (values, errors)``) and alexzhang13/rlm's
 ``llm_query_batched(prompts) -> list[str]``, whose failures are strings beginning ``"Error:"``.
 Both become one ``complete(call)`` per request, so the replay loop, acceptance and the ledger
-stay the only judges of an answer. A provider failure is a :class:`ProviderError`, never a
+stay the only judges of an answer; the prompts of calls waiting together are sent as one batch. A provider failure is a :class:`ProviderError`, never a
 rejected answer.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import json
+import threading
 import types
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -75,8 +76,6 @@ class SubcallProvider:
     success per usable answer, as droste's protocol asks of a client.
     """
 
-    blocking = True  # host helpers are synchronous: they run in a worker thread
-
     def __init__(self, target: Any, *, context: Any = None) -> None:
         if callable(getattr(target, "llm_batch_with_errors", None)):
             self.kind = "subcalls"
@@ -95,6 +94,8 @@ class SubcallProvider:
             bind_context(context)
             self._self_accounting = True
         self._key = _source_key(self.kind, target)
+        self._lock = threading.Lock()  # one call of the helper at a time, as droste makes them
+        self._queues: dict[asyncio.AbstractEventLoop, _Queue] = {}
         base = getattr(target, "__qualname__", None) or type(target).__qualname__
         self.name = f"{self.kind}:{base}"
         self.model = getattr(target, "model", None) if isinstance(
@@ -108,10 +109,45 @@ class SubcallProvider:
         return f"SubcallProvider({self.name}, source={self._key[:12]})"
 
     async def complete(self, call: Call) -> Reply:
+        """Queue this prompt for the next batch: calls waiting while a batch is out go together
+        in one ``llm_batch_with_errors`` (one wire request, as droste's clients make), and the
+        helper is never called from two threads at once."""
         prompt, context = self._message(call)
-        text = await asyncio.to_thread(self._one, prompt, context)
+        loop = asyncio.get_running_loop()
+        queue = self._queues.setdefault(loop, _Queue())
+        future: asyncio.Future[str] = loop.create_future()
+        queue.waiting.append((prompt, context, future))
+        if not queue.draining:
+            queue.draining = True
+            queue.task = loop.create_task(self._drain(loop, queue))
+        text = await future
         return Reply(text=text, input_tokens=estimate_tokens(prompt + (context or "")),
                      output_tokens=estimate_tokens(text), model=self.model)
+
+    async def _drain(self, loop: asyncio.AbstractEventLoop, queue: _Queue) -> None:
+        try:
+            await asyncio.sleep(0)  # workers ready on this turn of the loop join the first batch
+            while queue.waiting:
+                batch, queue.waiting = queue.waiting, []
+                for group in _by_context(batch):
+                    outcomes = await asyncio.to_thread(self._batch, [p for p, _, _ in group],
+                                                       [c for _, c, _ in group])
+                    for (_, _, future), outcome in zip(group, outcomes, strict=True):
+                        if future.done():  # its worker was cancelled
+                            continue
+                        if isinstance(outcome, BaseException):
+                            future.set_exception(outcome)
+                        else:
+                            future.set_result(outcome)
+        except BaseException as exc:  # never leave a worker waiting on a dead drain
+            for _, _, future in queue.waiting:
+                if not future.done():
+                    future.set_exception(ProviderError(f"subcall batch failed: {exc}"))
+            raise
+        finally:
+            queue.draining = False
+            if self._queues.get(loop) is queue and not queue.waiting:
+                del self._queues[loop]
 
     def _message(self, call: Call) -> tuple[str, str | None]:
         """droste's subcalls take prompt and context apart; a repair prompt already quotes both."""
@@ -121,60 +157,91 @@ class SubcallProvider:
             return str(task["prompt"]), None if context is None else str(context)
         return call.prompt, None
 
-    def _one(self, prompt: str, context: str | None) -> str:
-        self._record("record_subcall_attempts")
-        try:
-            if self.kind == "subcalls":
-                text = self._from_subcalls(prompt, context)
-            else:
-                text = self._from_function(prompt)
-        except ProviderError:
-            raise
-        except Exception as exc:
-            if _budget_exhausted(exc):
-                raise ProviderError(f"the host's subcall budget is exhausted: {exc}",
-                                    retryable=False) from exc
-            raise ProviderError(f"subcall failed: {type(exc).__name__}: {exc}") from exc
-        if text.strip():
-            self._record("record_subcall_successes")
-        return text
+    def _batch(self, prompts: list[str], contexts: list[str | None]) -> list[str | Exception]:
+        """One call of the host's helper; each prompt gets its text or its ProviderError."""
+        with self._lock:
+            self._record("record_subcall_attempts", len(prompts))
+            try:
+                if self.kind == "subcalls":
+                    given = None if contexts[0] is None else [str(c) for c in contexts]
+                    outcomes = self._from_subcalls(prompts, given)
+                else:
+                    outcomes = self._from_function(prompts)
+            except ProviderError as exc:
+                outcomes = [exc] * len(prompts)
+            except Exception as exc:
+                if _budget_exhausted(exc):
+                    error = ProviderError(f"the host's subcall budget is exhausted: {exc}",
+                                          retryable=False)
+                else:
+                    error = ProviderError(f"subcall failed: {type(exc).__name__}: {exc}")
+                outcomes = [error] * len(prompts)
+            usable = sum(1 for o in outcomes if isinstance(o, str) and o.strip())
+            if usable:
+                self._record("record_subcall_successes", usable)
+            return outcomes
 
-    def _record(self, method: str) -> None:
+    def _record(self, method: str, count: int) -> None:
         if self.context is None or self._self_accounting:
             return
         record = getattr(self.context, method, None)
         if callable(record):
-            record(1)
+            record(count)
 
-    def _from_subcalls(self, prompt: str, context: str | None) -> str:
-        out = self.target.llm_batch_with_errors([prompt], None if context is None else [context])
+    def _from_subcalls(self, prompts: list[str],
+                       contexts: list[str] | None) -> list[str | Exception]:
+        out = self.target.llm_batch_with_errors(prompts, contexts)
         if not (isinstance(out, Sequence) and len(out) == 2):
             raise ProviderError("subcall client returned something other than (values, errors)",
                                 retryable=False)
         values, errors = out
+        outcomes: list[str | Exception] = list(_texts(values, len(prompts)))
         for error in errors or ():
-            if isinstance(error, Mapping) and error.get("index", 0) == 0:
-                kind = str(error.get("type") or "provider_error")
-                message = str(error.get("error") or kind)
-                raise ProviderError(f"subcall {kind}: {message}",
-                                    retryable=kind != "budget_exhausted")
-        return self._single(values)
+            index = error.get("index") if isinstance(error, Mapping) else None
+            if not isinstance(index, int) or isinstance(index, bool) or not (
+                    0 <= index < len(prompts)):
+                raise ProviderError(f"subcall client returned a batch error with an invalid "
+                                    f"index: {error!r}"[:300], retryable=False)
+            kind = str(error.get("type") or "provider_error")
+            message = str(error.get("error") or kind)
+            outcomes[index] = ProviderError(f"subcall {kind}: {message}",
+                                            retryable=kind != "budget_exhausted")
+        return outcomes
 
-    def _from_function(self, prompt: str) -> str:
-        text = self._single(self.target([prompt]))
-        if text.startswith("Error:"):  # rlm's helpers report failures as text, not answers
-            raise ProviderError(f"subcall failed: {text[:500]}")
-        return text
+    def _from_function(self, prompts: list[str]) -> list[str | Exception]:
+        outcomes: list[str | Exception] = []
+        for text in _texts(self.target(prompts), len(prompts)):
+            # rlm's helpers report failures as text; such a string is never an answer
+            outcomes.append(ProviderError(f"subcall failed: {text[:500]}")
+                            if text.startswith("Error:") else text)
+        return outcomes
 
-    @staticmethod
-    def _single(values: Any) -> str:
-        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(
-                values) != 1:
-            raise ProviderError("subcall helper must return a list with one string per prompt, "
-                                f"got {type(values).__name__}", retryable=False)
-        value = values[0]
+
+class _Queue:
+    """Prompts waiting for the next batch on one event loop."""
+
+    def __init__(self) -> None:
+        self.waiting: list[tuple[str, str | None, asyncio.Future[str]]] = []
+        self.draining = False
+        self.task: asyncio.Task[None] | None = None  # held so the drain is not collected
+
+
+def _by_context(batch: list[Any]) -> list[list[Any]]:
+    """droste takes contexts for all prompts of a batch or for none."""
+    with_context = [item for item in batch if item[1] is not None]
+    without = [item for item in batch if item[1] is None]
+    return [group for group in (with_context, without) if group]
+
+
+def _texts(values: Any, expected: int) -> list[str]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise ProviderError("subcall helper must return a list with one string per prompt, got "
+                            f"{type(values).__name__}", retryable=False)
+    if len(values) != expected:
+        raise ProviderError(f"subcall helper returned {len(values)} results for {expected} "
+                            "prompt(s)", retryable=False)
+    for value in values:
         if not isinstance(value, str):
             raise ProviderError(f"subcall helper returned a {type(value).__name__}, expected a "
                                 "string", retryable=False)
-        return value
-
+    return list(values)
