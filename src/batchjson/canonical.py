@@ -26,7 +26,10 @@ _FRAMES_UP = 8  # how far a helper called from a cell's own helper function look
 
 def cell_frame(depth: int = 2) -> types.FrameType | None:
     """The nearest calling frame that runs cell code (module level: its locals are a dict)."""
-    frame = sys._getframe(depth)
+    try:
+        frame: types.FrameType | None = sys._getframe(depth)
+    except ValueError:  # called from the bottom of a thread's stack: no cell above
+        return None
     for _ in range(_FRAMES_UP):
         if frame is None:
             return None

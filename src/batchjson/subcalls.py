@@ -4,8 +4,8 @@ Two shapes reach an RLM binding besides a batchjson provider: droste's subcall p
 (``llm_batch_with_errors(prompts, contexts) -> (values, errors)``) and alexzhang13/rlm's
 ``llm_query_batched(prompts) -> list[str]``, whose failures are strings beginning ``"Error:"``.
 Both become one ``complete(call)`` per request, so the replay loop, acceptance and the ledger
-stay the only judges of an answer; the prompts of calls waiting together are sent as one batch. A provider failure is a :class:`ProviderError`, never a
-rejected answer.
+stay the only judges of an answer; the prompts of calls waiting together are sent as one
+batch. A provider failure is a :class:`ProviderError`, never a rejected answer.
 """
 
 from __future__ import annotations
