@@ -158,6 +158,10 @@ def test_budget_gate_refuses_before_spending_when_owed_calls_exceed_what_remains
     assert "Do not set answer['ready'] = True" in message and "larger budget" in message
     assert subcalls.calls == spent  # nothing was spent
     assert len(namespace["finalization_check"]()) == 3  # and the evidence still blocks ready
+    # A new prompt would fit the one call left, but the owed evidence could never be cleared.
+    with pytest.raises(BudgetExceeded, match="clear the unresolved evidence already recorded"):
+        namespace["llm_batch_json"](["Label the review: a new film"], SCHEMA)
+    assert subcalls.calls == spent
 
 
 def test_budget_gate_refuses_a_call_whose_own_prompts_cannot_be_paid():
