@@ -341,6 +341,64 @@ def test_a_web_page_instead_of_the_api_is_final_and_names_the_base_url() -> None
     assert "text/html, not a JSON API response" in str(exc) and "check the base URL" in str(exc)
 
 
+class _Canned:
+    """A stdlib HTTP server answering every POST with one fixed body (bytes as given)."""
+
+    def __init__(self, body: bytes) -> None:
+        import http.server
+
+        canned = body
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+                self.rfile.read(int(self.headers["Content-Length"]))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(canned)))
+                self.end_headers()
+                self.wfile.write(canned)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> _Canned:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+# The model's own spelling: odd spacing, key order, an exponent, escapes, a duplicate key.
+TOOL_INPUT = ('{ "items" :[ {"answer":"ALPHA","case_id" : "c1", "task_id":"t1", "n": 1.0e0},'
+              '{"task_id":"t2","case_id":"c2","answer":"B\\u00c9TA", "n": 2, "n": 3}] }')
+
+
+def test_anthropic_tool_input_is_kept_as_the_exact_text_the_body_carried() -> None:
+    body = ('{"id":"msg_1","type":"message","content":[{"type":"text","text":"Here."},'
+            '{"type":"tool_use","id":"toolu_1","name":"batchjson_items","input":'
+            + TOOL_INPUT + '}],"model":"claude-haiku-4-5","stop_reason":"tool_use",'
+            '"usage":{"input_tokens":10,"output_tokens":5}}')
+    with _Canned(body.encode()) as srv:
+        reply = complete(AnthropicProvider("claude-haiku-4-5", base_url=srv.url), items_call())
+    assert reply.text == TOOL_INPUT  # not re-serialised: spacing, 1.0e0, escapes, duplicates
+    assert reply.envelope == "tool_input" and "raw_reserialised" not in reply.extra
+    assert reply.input_tokens == 10
+
+
+def test_openai_content_is_kept_as_the_model_sent_it() -> None:
+    content = '```json\n' + TOOL_INPUT + '\n```'
+    body = json.dumps({"id": "c1", "model": "m", "choices": [{"index": 0, "finish_reason": "stop",
+                       "message": {"role": "assistant", "content": content}}]})
+    with _Canned(body.encode()) as srv:
+        reply = complete(OpenAIProvider("m", base_url=srv.url), items_call())
+    assert reply.text == content and reply.envelope is None
+
+
 def test_client_timeout_is_retryable_and_prompt() -> None:
     faults = HttpFaults(script={1: "timeout"}, hold=10)
     with LoopbackServer(SimulatedModel(upper), faults=faults) as srv:
