@@ -28,15 +28,9 @@ from batchjson.providers.pricing import cost_of
 from batchjson.providers.select import make_provider
 from batchjson.providers.simulated import SimulatedModel
 from batchjson.schema import compile_schema, wire_schema
-from batchjson.tasks import render_items_prompt
 from batchjson.testing import HttpFaults, LoopbackServer
+from tests.helpers import IDENTITY, KEY, TASKS, anthropic, items_call, openai, upper
 
-KEY = "sk-test-SECRETVALUE-0123456789abcdef"
-IDENTITY = ("task_id", "case_id")
-TASKS = [{"task_id": "t1", "case_id": "c1", "prompt": "alpha"},
-         {"task_id": "t2", "case_id": "c2", "prompt": "beta"}]
-ITEM_SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}},
-               "required": ["answer"], "additionalProperties": False}
 ENV = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL",
        "BATCHJSON_MODEL", "BATCHJSON_PROVIDER")
 
@@ -45,17 +39,6 @@ ENV = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ENV:
         monkeypatch.delenv(name, raising=False)
-
-
-def upper(task: dict[str, Any]) -> dict[str, Any]:
-    return {"answer": task["prompt"].upper()}
-
-
-def items_call(schema: dict | None = None, system: str = "Be exact.") -> Call:
-    wire = wire_schema(compile_schema(schema or ITEM_SCHEMA), TASKS, IDENTITY)
-    return Call(tasks=tuple(TASKS), prompt=render_items_prompt(TASKS, IDENTITY, "Shout."),
-                system=system, schema=wire, attempt=0, kind="answer", request_key="rk",
-                identity=IDENTITY)
 
 
 def value_call(schema: dict) -> Call:
@@ -78,17 +61,6 @@ def failure(provider: Any, call: Call) -> ProviderError:
     with pytest.raises(ProviderError) as info:
         complete(provider, call)
     return info.value
-
-
-def openai(srv: LoopbackServer, **kw: Any) -> OpenAIProvider:
-    kw.setdefault("api_key", KEY)
-    return OpenAIProvider(kw.pop("model", "gpt-4o-mini"), base_url=srv.base_url, **kw)
-
-
-def anthropic(srv: LoopbackServer, **kw: Any) -> AnthropicProvider:
-    kw.setdefault("api_key", KEY)
-    return AnthropicProvider(kw.pop("model", "claude-haiku-4-5"),
-                             base_url=srv.anthropic_base_url, **kw)
 
 
 EXPECTED = {"items": [{"task_id": "t1", "case_id": "c1", "answer": "ALPHA"},
