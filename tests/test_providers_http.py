@@ -400,7 +400,12 @@ def test_a_port_where_nothing_listens_is_unreachable_and_names_the_url() -> None
     assert f"http://127.0.0.1:{port}/v1/messages" in str(aexc)
 
 
-def test_a_host_that_does_not_resolve_is_unreachable_without_echoing_the_password() -> None:
+def test_a_host_that_does_not_resolve_is_unreachable_without_echoing_the_password(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_dns(host: Any, *args: Any, **kwargs: Any) -> Any:  # no resolver is ever asked
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
     provider = OpenAIProvider("m", base_url="http://user:hunter2@no-such-host.invalid/v1",
                               timeout=5)
     exc = failure(provider, items_call())
