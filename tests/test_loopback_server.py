@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from batchjson.errors import ConfigError
 from batchjson.providers.pricing import Price, cost_of, price_for, set_prices
 from batchjson.providers.simulated import FaultPlan, SimulatedModel
 from batchjson.tasks import TASKS_BEGIN, TASKS_END, render_items_prompt
@@ -178,7 +179,7 @@ def test_http_faults_script_rates_and_validation() -> None:
     assert drawn == [faults.draw(n) for n in range(1, 201)]  # reproducible
     assert 60 < drawn.count("429") < 140
     assert HttpFaults().draw(5) is None
-    with pytest.raises(ValueError, match="choose from"):
+    with pytest.raises(ConfigError, match="choose from"):
         HttpFaults(script={1: "418"})
     with LoopbackServer(faults=HttpFaults(script={1: "429"}, retry_after=4)) as srv:
         status, headers, data = chat(srv)
@@ -236,5 +237,5 @@ def test_pricing_table_lookup_overrides_and_tiers() -> None:
     finally:
         set_prices({}, replace=True)
     assert price_for("house-model") is None
-    with pytest.raises(ValueError, match="input"):
+    with pytest.raises(ConfigError, match="input"):
         set_prices({"bad": {"in": 1}})

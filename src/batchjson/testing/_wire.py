@@ -13,6 +13,8 @@ from typing import Any
 
 from aiohttp import web
 
+from ..errors import ConfigError
+
 HTTP_FAULTS = ("429", "500", "503", "529", "400", "401", "404", "timeout", "truncate", "cut_json")
 JSON_HEADERS = {"Content-Type": "application/json"}
 
@@ -41,11 +43,11 @@ class HttpFaults:
     def __post_init__(self) -> None:
         for number, name in self.script.items():
             if name not in HTTP_FAULTS:
-                raise ValueError(f"HttpFaults.script[{number}] = {name!r}; choose from "
+                raise ConfigError(f"HttpFaults.script[{number}] = {name!r}; choose from "
                                  f"{', '.join(HTTP_FAULTS)}")
         for name in ("rate_429", "rate_500", "rate_timeout", "rate_truncate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"HttpFaults.{name} must be a probability in [0, 1]")
+                raise ConfigError(f"HttpFaults.{name} must be a probability in [0, 1]")
 
     def draw(self, number: int) -> str | None:
         if number in self.script:

@@ -21,6 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ..errors import ConfigError
 from ..providers._http import WRAPPED_VALUE
 from ..providers.base import Call
 from ..providers.simulated import SimulatedModel
@@ -138,7 +139,8 @@ class LoopbackServer:
                                         name="batchjson-loopback", daemon=True)
         self._thread.start()
         if not ready.wait(30) or self._error is not None:
-            raise RuntimeError(f"loopback server failed to start: {self._error or 'timed out'}")
+            raise ConfigError(f"loopback server failed to start on {self.host}:{self.port}: "
+                              f"{self._error or 'timed out'}; pick another port (0 = any free)")
         return self
 
     def __exit__(self, *exc: object) -> None:
