@@ -355,11 +355,21 @@ def test_anthropic_tool_input_is_kept_as_the_exact_text_the_body_carried() -> No
             '{"type":"tool_use","id":"toolu_1","name":"batchjson_items","input":'
             + TOOL_INPUT + '}],"model":"claude-haiku-4-5","stop_reason":"tool_use",'
             '"usage":{"input_tokens":10,"output_tokens":5}}')
-    with _Canned(body.encode()) as srv:
-        reply = complete(AnthropicProvider("claude-haiku-4-5", base_url=srv.url), items_call())
-    assert reply.text == TOOL_INPUT  # not re-serialised: spacing, 1.0e0, escapes, duplicates
-    assert reply.envelope == "tool_input" and "raw_reserialised" not in reply.extra
-    assert reply.input_tokens == 10
+    for encoded in (body.encode(), b"\xef\xbb\xbf" + body.encode()):  # with a BOM too
+        with _Canned(encoded) as srv:
+            reply = complete(AnthropicProvider("claude-haiku-4-5", base_url=srv.url),
+                             items_call())
+        assert reply.text == TOOL_INPUT  # not re-serialised: spacing, 1.0e0, escapes, dupes
+        assert reply.envelope == "tool_input" and "raw_reserialised" not in reply.extra
+        assert reply.input_tokens == 10
+
+
+def test_a_body_that_is_not_utf8_is_read_and_says_its_tool_input_was_reserialised() -> None:
+    body = ('{"content":[{"type":"tool_use","name":"batchjson_items","input":{"items" : []}}],'
+            '"usage":{"input_tokens":1,"output_tokens":1}}')
+    with _Canned(body.encode("utf-16")) as srv:
+        reply = complete(AnthropicProvider("m", base_url=srv.url), items_call())
+    assert reply.text == '{"items": []}' and reply.extra["raw_reserialised"] is True
 
 
 def test_openai_content_is_kept_as_the_model_sent_it() -> None:

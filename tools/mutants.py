@@ -9,9 +9,10 @@ Mutation points are found in the syntax tree, not by line number, so edits elsew
 files do not move them. The anchors (keep them when you restructure, or update MUTANTS):
 
 - acceptance.py, identity check: every statement that builds an error of type ``"identity"``
-  (a call ``<name ending in error>("identity", ...)`` or a dict literal ``{"type":
-  "identity"}``); the innermost such statement is replaced by ``pass`` (``return []`` for a
-  ``return``), so no identity mismatch is ever reported.
+  (a call ``<name ending in error>("identity", ...)``, or with ``kind=``/``type=``
+  ``"identity"``, or a dict literal ``{"type": "identity"}``); the innermost such statement
+  is replaced by ``pass`` (``return []`` for a ``return``), so no identity mismatch is ever
+  reported.
 - acceptance.py, coverage check: the same for errors of type ``"coverage"`` (missing,
   duplicated and extra tasks are never reported).
 - evidence.py, the views: the method ``Evidence.requests`` (what is owed) and the property
@@ -45,12 +46,12 @@ class AnchorMissing(Exception):
 
 def _builds_error(node: ast.AST, kind: str) -> bool:
     """``_error("kind", ...)``-style calls and ``{"type": "kind", ...}`` literals."""
-    if isinstance(node, ast.Call) and node.args:
+    if isinstance(node, ast.Call):
         func = node.func
         name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
-        first = node.args[0]
-        return (name.lower().endswith("error") and isinstance(first, ast.Constant)
-                and first.value == kind)
+        given = [*node.args[:1], *(k.value for k in node.keywords if k.arg in ("kind", "type"))]
+        return name.lower().endswith("error") and any(
+            isinstance(arg, ast.Constant) and arg.value == kind for arg in given)
     if isinstance(node, ast.Dict):
         return any(isinstance(k, ast.Constant) and k.value == "type"
                    and isinstance(v, ast.Constant) and v.value == kind

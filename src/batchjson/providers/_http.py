@@ -217,7 +217,7 @@ async def post_json(session: aiohttp.ClientSession, url: str, body: bytes,
         raise http_error(provider, status, resp_headers, raw, secret, key_env)
     text: str | None
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # a byte-order mark is not part of the document
     except UnicodeDecodeError:
         text = None  # json.loads still reads UTF-16/32 bodies; there is no text to slice
     try:
