@@ -12,7 +12,7 @@ import pytest
 from batchjson import CallableProvider, Session, SimulatedModel
 from batchjson.errors import ConfigError, ProviderError, ProviderSetupError
 from batchjson.providers.anthropic import AnthropicProvider
-from batchjson.providers.base import Call
+from batchjson.providers.base import Call, Reply
 from batchjson.providers.openai import OpenAIProvider
 from batchjson.providers.select import make_provider, provider_label
 from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
@@ -186,3 +186,23 @@ def test_a_blocking_provider_still_answers_and_raises_through_its_thread():
     assert asyncio.run(CallableProvider(fine).complete(call)).text == items_reply(call)
     with pytest.raises(RuntimeError, match="SDK exploded"):
         asyncio.run(CallableProvider(broken).complete(call))
+
+
+def test_odd_usage_in_a_reply_is_read_or_recorded_as_unknown_never_a_crash():
+    reply = Reply("{}", input_tokens="12", output_tokens=3.0, cached_tokens=-1, cost="0.5")
+    assert (reply.input_tokens, reply.output_tokens, reply.cached_tokens) == (12, 3, None)
+    assert reply.cost == 0.5 and reply.extra["unreadable_usage"] == {"cached_tokens": "-1"}
+    odd = Reply("{}", input_tokens=True, output_tokens="many", cost=float("nan"))
+    assert (odd.input_tokens, odd.output_tokens, odd.cost) == (None, None, None)
+    assert set(odd.extra["unreadable_usage"]) == {"input_tokens", "output_tokens", "cost"}
+    assert odd.tokens == 0
+
+
+def test_a_provider_reporting_string_token_counts_still_commits_its_answer():
+    def model(call):
+        return Reply(items_reply(call), input_tokens="10", output_tokens="lots")
+
+    session = Session(CallableProvider(model))
+    result = session.run_batch("r", review_tasks(2), LABEL_SCHEMA)
+    assert result.resolved and len(result.values) == 2
+    assert [a.input_tokens for a in session.ledger.attempts("r")] == [10, 10]

@@ -57,9 +57,54 @@ class Reply:
     extra: dict[str, Any] = field(default_factory=dict)
     envelope: str | None = None
 
+    def __post_init__(self) -> None:
+        """Usage is bookkeeping, never a reason to lose a paid-for return: a count given as a
+        numeric string or a whole float is read as a number, anything else (negative, bool,
+        NaN, garbage) is recorded as unknown and kept in ``extra["unreadable_usage"]``."""
+        odd: dict[str, Any] = {}
+        for name in ("input_tokens", "output_tokens", "cached_tokens"):
+            value = getattr(self, name)
+            count = _count(value)
+            if count is None and value is not None:
+                odd[name] = repr(value)[:80]
+            setattr(self, name, count)
+        cost = _money(self.cost)
+        if cost is None and self.cost is not None:
+            odd["cost"] = repr(self.cost)[:80]
+        self.cost = cost
+        if not isinstance(self.extra, dict):
+            odd["extra"] = repr(self.extra)[:80]
+            self.extra = {}
+        if odd:
+            self.extra["unreadable_usage"] = odd
+
     @property
     def tokens(self) -> int:
         return (self.input_tokens or 0) + (self.output_tokens or 0)
+
+
+def _count(value: Any) -> int | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, str):
+        value = value.strip()
+        return int(value) if value.isdigit() else None
+    if isinstance(value, float):
+        return int(value) if math.isfinite(value) and value.is_integer() and value >= 0 else None
+    return value if isinstance(value, int) and value >= 0 else None
+
+
+def _money(value: Any) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    if isinstance(value, (int, float)) and math.isfinite(value) and value >= 0:
+        return float(value)
+    return None
 
 
 @runtime_checkable
