@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint check bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,10 +16,16 @@ demo: $(STAMP)
 	$(PY) -m batchjson demo
 
 lint: $(STAMP)
-	$(PY) -m ruff check src tests benchmarks
+	$(PY) -m ruff check src tests benchmarks tools
 
 test: $(STAMP) lint
 	$(PY) -m pytest -q -p no:cacheprovider tests notebooks --nbval --nbval-current-env
+	$(PY) tools/mutants.py
+
+# Hand mutations of acceptance.py and evidence.py in a temporary copy (tools/mutants.py says
+# which); fails if the suite lets one survive. About 20 s, so `make test` runs it too.
+check: $(STAMP)
+	$(PY) tools/mutants.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_fingerprint.py

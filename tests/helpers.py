@@ -1,9 +1,17 @@
-"""Shared builders for tests: tasks shaped like the seed's review batch."""
+"""Shared builders for tests: tasks shaped like the seed's review batch, and calls and HTTP
+providers pointed at the loopback server."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
+
+from batchjson.providers.anthropic import AnthropicProvider
+from batchjson.providers.base import Call
+from batchjson.providers.openai import OpenAIProvider
+from batchjson.schema import compile_schema, wire_schema
+from batchjson.tasks import render_items_prompt
+from batchjson.testing import LoopbackServer
 
 LABEL_SCHEMA = {
     "type": "object",
@@ -59,3 +67,33 @@ class ConcurrentModel:
         self.in_flight -= 1
         self.sent.append(tuple(t["task_id"] for t in call.tasks))
         return self.respond(call)
+
+
+# -- HTTP providers against the loopback server ----------------------------------------
+
+KEY = "sk-test-SECRETVALUE-0123456789abcdef"
+IDENTITY = ("task_id", "case_id")
+TASKS = [{"task_id": "t1", "case_id": "c1", "prompt": "alpha"},
+         {"task_id": "t2", "case_id": "c2", "prompt": "beta"}]
+ITEM_SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}},
+               "required": ["answer"], "additionalProperties": False}
+def upper(task: dict[str, Any]) -> dict[str, Any]:
+    return {"answer": task["prompt"].upper()}
+
+
+def items_call(schema: dict | None = None, system: str = "Be exact.") -> Call:
+    wire = wire_schema(compile_schema(schema or ITEM_SCHEMA), TASKS, IDENTITY)
+    return Call(tasks=tuple(TASKS), prompt=render_items_prompt(TASKS, IDENTITY, "Shout."),
+                system=system, schema=wire, attempt=0, kind="answer", request_key="rk",
+                identity=IDENTITY)
+
+
+def openai(srv: LoopbackServer, **kw: Any) -> OpenAIProvider:
+    kw.setdefault("api_key", KEY)
+    return OpenAIProvider(kw.pop("model", "gpt-4o-mini"), base_url=srv.base_url, **kw)
+
+
+def anthropic(srv: LoopbackServer, **kw: Any) -> AnthropicProvider:
+    kw.setdefault("api_key", KEY)
+    return AnthropicProvider(kw.pop("model", "claude-haiku-4-5"),
+                             base_url=srv.anthropic_base_url, **kw)

@@ -4,6 +4,7 @@ versioned schema, and nothing lost across a crash."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sqlite3
@@ -63,9 +64,13 @@ def test_interrupt_inside_a_live_loop_cancels_calls_and_commits_nothing():
     """As in Jupyter: a loop is running, so the batch runs on a worker thread; Ctrl-C lands in
     the caller's thread and must unwind the worker, closing every in-flight receipt."""
     import _thread
-    import threading
+
+    sent = []
 
     async def hang(call):
+        sent.append(call)
+        if len(sent) == 2:  # both calls are out: now the user presses Ctrl-C
+            _thread.interrupt_main()
         await asyncio.sleep(30)
 
     session = Session(CallableProvider(hang))
@@ -74,14 +79,11 @@ def test_interrupt_inside_a_live_loop_cancels_calls_and_commits_nothing():
         return session.run_batch("r", review_tasks(2), LABEL_SCHEMA)
 
     loop = asyncio.new_event_loop()  # no asyncio.run: it would swallow the first SIGINT
-    timer = threading.Timer(0.3, _thread.interrupt_main)
-    timer.start()
     started = time.perf_counter()
     try:
         with pytest.raises(KeyboardInterrupt):
             loop.run_until_complete(cell())
     finally:
-        timer.cancel()
         loop.close()
     assert time.perf_counter() - started < 10  # did not wait out the 30 s calls
     assert [r.status for r in session.ledger.attempts("r")] == ["cancelled", "cancelled"]
@@ -105,13 +107,25 @@ CRASH_SCRIPT = textwrap.dedent("""
 """)
 
 
+def _statuses(path) -> list[str]:
+    """Attempt statuses as another process sees them (empty until the ledger exists)."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            return sorted(r[0] for r in db.execute("SELECT status FROM attempts"))
+    except sqlite3.Error:
+        return []
+
+
 def test_killed_process_loses_nothing_and_rerun_completes(tmp_path):
     path = tmp_path / "l.sqlite"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.Popen([sys.executable, "-c", CRASH_SCRIPT, str(path)], env=env,
                             stdout=subprocess.PIPE, cwd=os.getcwd())
     assert proc.stdout.readline().strip() == b"waiting"
-    time.sleep(0.3)
+    deadline = time.monotonic() + 20  # poll the file: the accept and three begins are on disk
+    while _statuses(path) != ["accepted", "in_flight", "in_flight", "in_flight"]:
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
 

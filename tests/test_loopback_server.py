@@ -17,9 +17,10 @@ from typing import Any
 import aiohttp
 import pytest
 
+from batchjson.errors import ConfigError
 from batchjson.providers.pricing import Price, cost_of, price_for, set_prices
 from batchjson.providers.simulated import FaultPlan, SimulatedModel
-from batchjson.tasks import render_items_prompt
+from batchjson.tasks import TASKS_BEGIN, TASKS_END, render_items_prompt
 from batchjson.testing import HttpFaults, LoopbackServer
 
 TASKS = [{"task_id": "a", "case_id": "x", "prompt": "one"},
@@ -98,17 +99,56 @@ def test_attempts_count_per_tasks_block_so_seeded_faults_vary() -> None:
     assert model.calls == 3
 
 
-def test_identity_from_schema_enums_when_prompt_has_no_identity_line() -> None:
-    prompt = PROMPT.replace("Copy these identity fields", "Keep")
-    schema = {"type": "object", "properties": {"items": {"type": "array", "items": {
-        "type": "object", "properties": {"task_id": {"enum": ["a", "b"]},
-                                         "case_id": {"enum": ["x", "y"]},
-                                         "label": {"enum": ["p", "q"]}}}}}}
-    fmt = {"type": "json_schema", "json_schema": {"name": "batchjson_items", "schema": schema}}
+def _wire(identity: tuple[str, ...]) -> dict[str, Any]:
+    from batchjson.schema import compile_schema, wire_schema
+
+    answer_schema = {"type": "object", "properties": {"n": {"type": "integer"}},
+                     "required": ["n"]}
+    schema = wire_schema(compile_schema(answer_schema), TASKS, identity)
+    return {"type": "json_schema", "json_schema": {"name": "batchjson_items", "schema": schema}}
+
+
+def _reworded(identity_line: str) -> str:
+    """The same tasks block under different prose, as an edit of the prompt template gives."""
+    block = PROMPT[PROMPT.index(TASKS_BEGIN):]
+    return f"Please handle these.\n{identity_line}\n{block}"
+
+
+def _items(srv: LoopbackServer, prompt: str, **extra: Any) -> list[dict[str, Any]]:
+    _, _, data = chat(srv, prompt, **extra)
+    return json.loads(data["choices"][0]["message"]["content"])["items"]
+
+
+def test_rewording_the_prompt_never_changes_the_fake_models_answers() -> None:
+    prompts = [PROMPT, _reworded("Echo nothing but the answer."),
+               _reworded("Copy these identity fields from the task unchanged into its object: "
+                         "task_id."),
+               PROMPT.replace("Copy these identity fields", "Keep")]
+    for extra in ({}, {"response_format": {"type": "json_object"}},
+                  {"response_format": _wire(("task_id", "case_id"))}):
+        answers = []
+        for prompt in prompts:
+            with LoopbackServer(SimulatedModel(answer)) as srv:  # fresh attempt numbering
+                answers.append(_items(srv, prompt, **extra))
+        assert all(a == answers[0] for a in answers), extra
+        assert answers[0] == [{"task_id": "a", "case_id": "x", "n": 3},
+                              {"task_id": "b", "case_id": "y", "n": 3}]
+
+
+def test_identity_comes_from_the_schemas_pinned_fields_whatever_the_prose_says() -> None:
+    prompt = _reworded("Copy these identity fields from the task unchanged into its object: "
+                       "task_id, case_id.")
     with LoopbackServer(SimulatedModel(answer)) as srv:
-        _, _, data = chat(srv, prompt, response_format=fmt)
-    items = json.loads(data["choices"][0]["message"]["content"])["items"]
-    assert set(items[0]) == {"task_id", "case_id", "n"}  # label is not a task field
+        only_task_id = _items(srv, prompt, response_format=_wire(("task_id",)))
+        both = _items(srv, _reworded("Answer."), response_format=_wire(("task_id", "case_id")))
+    assert [set(item) for item in only_task_id] == [{"task_id", "n"}] * 2
+    assert [set(item) for item in both] == [{"task_id", "case_id", "n"}] * 2
+
+
+def test_a_tasks_block_that_is_not_a_list_of_tasks_is_a_400() -> None:
+    with LoopbackServer(SimulatedModel(answer)) as srv:
+        status, _, data = chat(srv, f"{TASKS_BEGIN}{{\"task_id\": 1}}{TASKS_END}")
+    assert status == 400 and "unreadable tasks block" in data["error"]["message"]
 
 
 def test_value_mode_without_tasks_block() -> None:
@@ -139,7 +179,7 @@ def test_http_faults_script_rates_and_validation() -> None:
     assert drawn == [faults.draw(n) for n in range(1, 201)]  # reproducible
     assert 60 < drawn.count("429") < 140
     assert HttpFaults().draw(5) is None
-    with pytest.raises(ValueError, match="choose from"):
+    with pytest.raises(ConfigError, match="choose from"):
         HttpFaults(script={1: "418"})
     with LoopbackServer(faults=HttpFaults(script={1: "429"}, retry_after=4)) as srv:
         status, headers, data = chat(srv)
@@ -197,5 +237,5 @@ def test_pricing_table_lookup_overrides_and_tiers() -> None:
     finally:
         set_prices({}, replace=True)
     assert price_for("house-model") is None
-    with pytest.raises(ValueError, match="input"):
+    with pytest.raises(ConfigError, match="input"):
         set_prices({"bad": {"in": 1}})

@@ -135,3 +135,34 @@ def test_api_key_appears_nowhere(kind, tmp_path, capsys):
     assert KEY.encode() not in ledger_bytes and b"SECRET" not in ledger_bytes
     for text in texts:
         assert "SECRET" not in text
+
+
+def test_a_wrapped_scalar_answer_is_stored_as_sent_and_committed_unwrapped(kind, tmp_path):
+    """Value mode with a scalar schema: the provider asks for {"value": ...}; the ledger keeps
+    that text as the model sent it, and acceptance commits the value inside."""
+    model = SimulatedModel(answer=lambda task: len(task["prompt"]))
+    with LoopbackServer(model, api_key=KEY) as server:
+        session = quick_session(provider_for(kind, server), tmp_path / "l.sqlite")
+        out = session.llm_batch_json(["four", "seven"], {"type": "integer"}, name="lengths")
+    assert out["values"] == [4, 5] and out["errors"] == []
+    raws = sorted(r.raw for r in session.ledger.attempts("lengths"))
+    assert raws == ['{"value": 4}', '{"value": 5}']
+
+
+def test_no_provider_module_imports_acceptance():
+    """Providers transport; acceptance judges. The one-way flow is checked in the source."""
+    import ast
+    from pathlib import Path
+
+    import batchjson.providers
+
+    for path in Path(batchjson.providers.__file__).parent.glob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [a.name for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            assert not any(n.split(".")[-1] == "acceptance" for n in names), path.name

@@ -18,30 +18,19 @@ from typing import Any
 
 import pytest
 
-from batchjson.errors import InvalidBatch, ProviderError, ProviderNotConfigured
-from batchjson.providers._http import is_retryable_status, unwrap_text, unwrap_value
+from batchjson.acceptance import unwrap
+from batchjson.errors import ConfigError, ProviderError, ProviderNotConfigured, ProviderSetupError
+from batchjson.providers._http import http_error, is_retryable_status, parse_retry_after
 from batchjson.providers.anthropic import AnthropicProvider
-from batchjson.providers.base import Call, estimate_tokens
-from batchjson.providers.openai import (
-    OpenAIProvider,
-    ProviderSetupError,
-    http_error,
-    parse_retry_after,
-    strict_schema,
-)
+from batchjson.providers.base import Call, Reply, estimate_tokens
+from batchjson.providers.openai import OpenAIProvider, strict_schema
 from batchjson.providers.pricing import cost_of
 from batchjson.providers.select import make_provider
 from batchjson.providers.simulated import SimulatedModel
 from batchjson.schema import compile_schema, wire_schema
-from batchjson.tasks import render_items_prompt
 from batchjson.testing import HttpFaults, LoopbackServer
+from tests.helpers import IDENTITY, KEY, TASKS, anthropic, items_call, openai, upper
 
-KEY = "sk-test-SECRETVALUE-0123456789abcdef"
-IDENTITY = ("task_id", "case_id")
-TASKS = [{"task_id": "t1", "case_id": "c1", "prompt": "alpha"},
-         {"task_id": "t2", "case_id": "c2", "prompt": "beta"}]
-ITEM_SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}},
-               "required": ["answer"], "additionalProperties": False}
 ENV = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL",
        "BATCHJSON_MODEL", "BATCHJSON_PROVIDER")
 
@@ -50,17 +39,6 @@ ENV = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ENV:
         monkeypatch.delenv(name, raising=False)
-
-
-def upper(task: dict[str, Any]) -> dict[str, Any]:
-    return {"answer": task["prompt"].upper()}
-
-
-def items_call(schema: dict | None = None, system: str = "Be exact.") -> Call:
-    wire = wire_schema(compile_schema(schema or ITEM_SCHEMA), TASKS, IDENTITY)
-    return Call(tasks=tuple(TASKS), prompt=render_items_prompt(TASKS, IDENTITY, "Shout."),
-                system=system, schema=wire, attempt=0, kind="answer", request_key="rk",
-                identity=IDENTITY)
 
 
 def value_call(schema: dict) -> Call:
@@ -83,17 +61,6 @@ def failure(provider: Any, call: Call) -> ProviderError:
     with pytest.raises(ProviderError) as info:
         complete(provider, call)
     return info.value
-
-
-def openai(srv: LoopbackServer, **kw: Any) -> OpenAIProvider:
-    kw.setdefault("api_key", KEY)
-    return OpenAIProvider(kw.pop("model", "gpt-4o-mini"), base_url=srv.base_url, **kw)
-
-
-def anthropic(srv: LoopbackServer, **kw: Any) -> AnthropicProvider:
-    kw.setdefault("api_key", KEY)
-    return AnthropicProvider(kw.pop("model", "claude-haiku-4-5"),
-                             base_url=srv.anthropic_base_url, **kw)
 
 
 EXPECTED = {"items": [{"task_id": "t1", "case_id": "c1", "answer": "ALPHA"},
@@ -153,11 +120,13 @@ def test_openai_json_object_and_text_formats_and_no_system() -> None:
     assert json.loads(reply.text) == EXPECTED
 
 
-def test_openai_value_mode_wraps_scalar_schema_and_unwraps_answer() -> None:
+def test_openai_value_mode_keeps_the_wrapper_it_asked_for_and_says_so() -> None:
     with LoopbackServer(SimulatedModel(lambda task: 42)) as srv:
         reply = complete(openai(srv), value_call({"type": "integer"}))
         spec = srv.last_body["response_format"]["json_schema"]
-    assert reply.text == "42"
+    assert reply.text == '{"value": 42}'  # what the model sent, byte for byte
+    assert reply.envelope == "value"
+    assert unwrap(reply) == "42"  # acceptance opens the wrapper
     assert spec["name"] == "batchjson_value"
     assert spec["schema"]["properties"] == {"value": {"type": "integer"}}
 
@@ -169,12 +138,14 @@ def test_openai_value_mode_wraps_scalar_schema_and_unwraps_answer() -> None:
     ('{"value": 3, "extra": "dropped?"}', None),  # more than the wrapper: not tidied away
     ('{"value": NaN}', None),
     ("not json", None),
+    ("[" * 5000 + "]" * 5000, None),  # too deep to parse: judged (and rejected), no crash
 ])
-def test_a_wrapped_value_is_unwrapped_only_when_it_is_exactly_the_wrapper(text, expected):
-    assert unwrap_text(text, True) == (text if expected is None else expected)
-    assert unwrap_text(text, False) == text
-    assert unwrap_value({"value": 3, "extra": 1}, True) == {"value": 3, "extra": 1}
-    assert unwrap_value({"value": 3}, True) == 3
+def test_acceptance_unwraps_a_value_envelope_only_when_it_is_exactly_the_wrapper(text, expected):
+    for envelope in ("value", "tool_input/value"):
+        assert unwrap(Reply(text, envelope=envelope)) == (text if expected is None else expected)
+    for envelope in (None, "tool_input"):
+        assert unwrap(Reply(text, envelope=envelope)) == text
+    assert unwrap(Reply(None, envelope="value")) is None  # type: ignore[arg-type]
 
 
 def test_value_mode_object_schema_travels_unwrapped() -> None:
@@ -185,6 +156,7 @@ def test_value_mode_object_schema_travels_unwrapped() -> None:
         areply = complete(anthropic(srv), value_call(schema))
         tool = srv.last_body["tools"][0]
     assert json.loads(reply.text) == json.loads(areply.text) == {"n": 3}
+    assert (reply.envelope, areply.envelope) == (None, "tool_input")
     assert spec["name"] == tool["name"] == "batchjson_answer"
     assert tool["input_schema"] == schema
 
@@ -212,7 +184,8 @@ def test_anthropic_text_mode_and_value_wrapping() -> None:
     with LoopbackServer(SimulatedModel(lambda task: "seven")) as srv:
         reply = complete(anthropic(srv), value_call({"type": "string"}))
         schema = srv.last_body["tools"][0]["input_schema"]
-    assert reply.text == '"seven"'
+    assert reply.text == '{"value": "seven"}' and reply.envelope == "tool_input/value"
+    assert unwrap(reply) == '"seven"'
     assert schema["required"] == ["value"] and schema["type"] == "object"
 
 
@@ -340,26 +313,120 @@ def test_a_web_page_instead_of_the_api_is_final_and_names_the_base_url() -> None
     assert "text/html, not a JSON API response" in str(exc) and "check the base URL" in str(exc)
 
 
+class _Canned:
+    """A stdlib HTTP server answering every POST with one fixed body (bytes as given)."""
+
+    def __init__(self, body: bytes) -> None:
+        import http.server
+
+        canned = body
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+                self.rfile.read(int(self.headers["Content-Length"]))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(canned)))
+                self.end_headers()
+                self.wfile.write(canned)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> _Canned:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+# The model's own spelling: odd spacing, key order, an exponent, escapes, a duplicate key.
+TOOL_INPUT = ('{ "items" :[ {"answer":"ALPHA","case_id" : "c1", "task_id":"t1", "n": 1.0e0},'
+              '{"task_id":"t2","case_id":"c2","answer":"B\\u00c9TA", "n": 2, "n": 3}] }')
+
+
+def test_anthropic_tool_input_is_kept_as_the_exact_text_the_body_carried() -> None:
+    body = ('{"id":"msg_1","type":"message","content":[{"type":"text","text":"Here."},'
+            '{"type":"tool_use","id":"toolu_1","name":"batchjson_items","input":'
+            + TOOL_INPUT + '}],"model":"claude-haiku-4-5","stop_reason":"tool_use",'
+            '"usage":{"input_tokens":10,"output_tokens":5}}')
+    for encoded in (body.encode(), b"\xef\xbb\xbf" + body.encode()):  # with a BOM too
+        with _Canned(encoded) as srv:
+            reply = complete(AnthropicProvider("claude-haiku-4-5", base_url=srv.url),
+                             items_call())
+        assert reply.text == TOOL_INPUT  # not re-serialised: spacing, 1.0e0, escapes, dupes
+        assert reply.envelope == "tool_input" and "raw_reserialised" not in reply.extra
+        assert reply.input_tokens == 10
+
+
+def test_a_body_that_is_not_utf8_is_read_and_says_its_tool_input_was_reserialised() -> None:
+    body = ('{"content":[{"type":"tool_use","name":"batchjson_items","input":{"items" : []}}],'
+            '"usage":{"input_tokens":1,"output_tokens":1}}')
+    with _Canned(body.encode("utf-16")) as srv:
+        reply = complete(AnthropicProvider("m", base_url=srv.url), items_call())
+    assert reply.text == '{"items": []}' and reply.extra["raw_reserialised"] is True
+
+
+def test_openai_content_is_kept_as_the_model_sent_it() -> None:
+    content = '```json\n' + TOOL_INPUT + '\n```'
+    body = json.dumps({"id": "c1", "model": "m", "choices": [{"index": 0, "finish_reason": "stop",
+                       "message": {"role": "assistant", "content": content}}]})
+    with _Canned(body.encode()) as srv:
+        reply = complete(OpenAIProvider("m", base_url=srv.url), items_call())
+    assert reply.text == content and reply.envelope is None
+
+
 def test_client_timeout_is_retryable_and_prompt() -> None:
-    faults = HttpFaults(script={1: "timeout"}, hold=10)
+    faults = HttpFaults(script={1: "timeout"}, hold=30)
     with LoopbackServer(SimulatedModel(upper), faults=faults) as srv:
-        start = time.monotonic()
         exc = failure(openai(srv, timeout=0.3), items_call())
-        elapsed = time.monotonic() - start
-    assert exc.retryable and exc.status is None
+        held = srv.responses[504]  # the server never got to answer the held request
+    # the client's own timeout, not the server's late 504: the call returned while held
+    assert exc.retryable and exc.status is None and held == 0
     assert "0.3s" in str(exc)
-    assert elapsed < 3
 
 
-def test_connection_refused_is_retryable() -> None:
+def test_a_port_where_nothing_listens_is_unreachable_and_names_the_url() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    provider = OpenAIProvider("gpt-4o-mini", base_url=f"http://127.0.0.1:{port}/v1",
-                              api_key=KEY, timeout=2)
+        port = sock.getsockname()[1]  # bound, never listening: every connect is refused
+        provider = OpenAIProvider("gpt-4o-mini", base_url=f"http://127.0.0.1:{port}/v1",
+                                  api_key=KEY, timeout=2)
+        exc = failure(provider, items_call())
+        aexc = failure(AnthropicProvider("m", base_url=f"http://127.0.0.1:{port}",
+                                         api_key=KEY, timeout=2), items_call())
+    for error in (exc, aexc):
+        assert error.unreachable and error.retryable
+        assert "is the server running?" in str(error) and "connection refused" in str(error)
+        assert KEY not in str(error)
+        assert error.__context__ is None and error.__cause__ is None  # no aiohttp error rides
+    assert f"http://127.0.0.1:{port}/v1/chat/completions" in str(exc)
+    assert f"http://127.0.0.1:{port}/v1/messages" in str(aexc)
+
+
+def test_a_host_that_does_not_resolve_is_unreachable_without_echoing_the_password(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_dns(host: Any, *args: Any, **kwargs: Any) -> Any:  # no resolver is ever asked
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    provider = OpenAIProvider("m", base_url="http://user:hunter2@no-such-host.invalid/v1",
+                              timeout=5)
     exc = failure(provider, items_call())
-    assert exc.retryable and "connection failed" in str(exc) and KEY not in str(exc)
-    assert exc.__context__ is None and exc.__cause__ is None  # no aiohttp error rides along
+    assert exc.unreachable and "does not resolve" in str(exc)
+    assert "http://no-such-host.invalid/v1/chat/completions" in str(exc)
+    assert "hunter2" not in str(exc) and "hunter2" not in repr(provider)
+    assert "hunter2" not in provider.source_key()
+
+
+def test_a_server_error_is_not_unreachable() -> None:
+    with LoopbackServer(SimulatedModel(upper), faults=HttpFaults(script={1: "503"})) as srv:
+        assert not failure(openai(srv), items_call()).unreachable
 
 
 def test_simulated_transport_fault_becomes_503() -> None:
@@ -384,9 +451,9 @@ def test_parse_retry_after(headers: dict[str, str], expected: float | None) -> N
 # -- configuration -------------------------------------------------------------------------------
 
 def test_missing_key_for_official_endpoints_fails_at_construction() -> None:
-    with pytest.raises(ProviderNotConfigured, match="OPENAI_API_KEY"):
+    with pytest.raises(ProviderSetupError, match="OPENAI_API_KEY"):
         OpenAIProvider("gpt-4o-mini")
-    with pytest.raises(ProviderNotConfigured, match="ANTHROPIC_API_KEY"):
+    with pytest.raises(ProviderSetupError, match="ANTHROPIC_API_KEY"):
         AnthropicProvider("claude-haiku-4-5")
     with pytest.raises(ProviderSetupError, match="BATCHJSON_MODEL"):
         OpenAIProvider(api_key=KEY)
@@ -429,10 +496,11 @@ def test_extra_body_adds_fields_but_may_not_replace_what_batchjson_builds() -> N
         complete(openai(srv, extra_body={"temperature": 0, "seed": 1}), items_call())
         assert srv.last_body["temperature"] == 0 and srv.last_body["seed"] == 1
         assert srv.last_body["response_format"]["type"] == "json_schema"
-    with pytest.raises(InvalidBatch, match="extra_body may not set 'response_format'"):
+    with pytest.raises(ProviderSetupError, match="extra_body may not set 'response_format'"):
         OpenAIProvider("m", base_url="http://127.0.0.1:9/v1",
                        extra_body={"response_format": {"type": "text"}})
-    with pytest.raises(InvalidBatch, match="extra_body may not set 'max_tokens', 'tools'"):
+    with pytest.raises(ProviderSetupError,
+                       match="extra_body may not set 'max_tokens', 'tools'"):
         AnthropicProvider("m", base_url="http://127.0.0.1:9", extra_body={
             "tools": [], "max_tokens": 5, "temperature": 0})
 
@@ -446,14 +514,14 @@ def test_extra_body_adds_fields_but_may_not_replace_what_batchjson_builds() -> N
     ([("m", 1.0, 2.0)], "prices must map model names to prices"),
 ])
 def test_a_bad_price_fails_at_construction_naming_the_model(prices, message) -> None:
-    with pytest.raises(InvalidBatch, match=message):
+    with pytest.raises(ConfigError, match=message):
         OpenAIProvider("m", base_url="http://127.0.0.1:9/v1", prices=prices)
 
 
 def test_make_provider(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ProviderNotConfigured, match="three ways"):
         make_provider(None)
-    with pytest.raises(ProviderNotConfigured, match="'bogus' from provider"):
+    with pytest.raises(ProviderNotConfigured, match=r"'bogu'\.\.\. \(5 chars\) from provider"):
         make_provider("bogus")
     with pytest.raises(ProviderNotConfigured, match=r"model name: pass provider='openai', "
                        r"model='gpt-4o-mini'\. Configure a provider one of three ways"):
@@ -463,11 +531,11 @@ def test_make_provider(monkeypatch: pytest.MonkeyPatch) -> None:
         with pytest.raises(ProviderNotConfigured, match="from BATCHJSON_PROVIDER .* "
                            "provider='anthropic'"):
             make_provider(None)
-    with pytest.raises(TypeError, match="CallableProvider"):
+    with pytest.raises(ProviderSetupError, match="CallableProvider"):
         make_provider(object())
-    with pytest.raises(TypeError, match="CallableProvider"):
+    with pytest.raises(ProviderSetupError, match="CallableProvider"):
         make_provider(lambda call: "{}")
-    with pytest.raises(ProviderNotConfigured, match="OPENAI_API_KEY"):
+    with pytest.raises(ProviderSetupError, match="OPENAI_API_KEY"):
         make_provider("openai", model="gpt-4o-mini")
     assert isinstance(make_provider("simulated"), SimulatedModel)
     monkeypatch.setenv("BATCHJSON_PROVIDER", "simulated")

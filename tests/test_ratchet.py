@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 from batchjson import FaultPlan, Session, SimulatedModel
 
 CELL = '''
@@ -68,7 +66,12 @@ def test_changed_validator_logic_is_a_different_request_in_strict_mode():
     loose.llm_batch_json(prompts, SCHEMA, validator=reject_all, max_repair_attempts=0)
     loose.llm_batch_json(prompts, SCHEMA, validator=accept_all)
     assert loose.evidence.unresolved_batches == 0
-    assert json.dumps(loose.evidence.superseded)
+    # the loose session moved on: revision 1 (reject_all) is superseded by revision 2
+    [entry] = loose.evidence.superseded
+    assert entry["batch"].startswith("llm_batch_json/")
+    assert (entry["revision"], entry["superseded_by"]) == (1, 2)
+    assert "validator" in entry["reason"]
+    assert loose.evidence.summary()["superseded"] == [entry]
 
 
 def test_adding_a_prompt_pays_only_for_the_new_prompt():

@@ -70,6 +70,26 @@ def _json_equal(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
+def unwrap(reply: Any) -> Any:
+    """The answer's text inside the envelope its provider reported (``Reply.envelope``, see
+    docs/providers.md): a ``{"value": ...}`` wrapper a strict JSON mode asked for is opened
+    here, so the ledger keeps what the model sent. Anything else (no envelope, a wrapper with
+    more than ``value``, text that is not JSON, an odd reply) comes back as it came, for the
+    checks to judge."""
+    text = getattr(reply, "text", None)
+    if getattr(reply, "envelope", None) not in ("value", "tool_input/value"):
+        return text
+    if not isinstance(text, str):
+        return text
+    try:
+        parsed = parse_json(text)
+        if isinstance(parsed, dict) and parsed.keys() == {"value"}:
+            return json.dumps(parsed["value"], ensure_ascii=False)
+    except Exception:  # noqa: BLE001 - not JSON, too deep, ...: the checks reject it with why
+        pass
+    return text
+
+
 async def judge(
     reply: Any,
     tasks: Sequence[Mapping[str, Any]],
@@ -81,7 +101,7 @@ async def judge(
 ) -> Verdict:
     """The one entry point of the replay loop: judge a provider's reply against the ledger's own
     copy of the requested ``tasks``. ``mode`` is ``"items"`` or ``"value"``."""
-    text = reply.text
+    text = unwrap(reply)
     if mode == "value":
         return accept_value(text, tasks[0], schema, validator)
     return accept_items(text, tasks, identity, schema, validator)

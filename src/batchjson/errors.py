@@ -49,6 +49,11 @@ class ProviderNotConfigured(ConfigError):
         )
 
 
+class ProviderSetupError(ConfigError):
+    """A provider was chosen but cannot work as configured (no key, no model, a bad URL or
+    setting); the message names the setting and the fix, and never echoes a secret."""
+
+
 class BudgetExceeded(BatchJsonError):
     """The calls needed exceed what the budget has left; raised before spending."""
 

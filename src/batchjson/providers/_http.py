@@ -8,31 +8,32 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import errno
+import hashlib
 import json
+import math
 import os
 import re
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
-from urllib.parse import urlparse
+from typing import Any, NamedTuple
+from urllib.parse import urlparse, urlunparse
 
 import aiohttp
 import pydantic_core
 
-from ..acceptance import parse_json
-from ..errors import BatchJsonError, InvalidBatch, ProviderError, ProviderNotConfigured
+from ..canon import Unhashable, content_hash
+from ..errors import ProviderError, ProviderSetupError
 from .base import Call
+from .masking import check_name, looks_like_key, masked
 from .pricing import cost_of, normalize_prices
 
 _NON_RETRYABLE_QUOTA = ("insufficient_quota", "billing_hard_limit_reached")
-
-
-class ProviderSetupError(ProviderNotConfigured):
-    """A provider was chosen but cannot work as configured (no key, no model); says the fix."""
-
-    def __init__(self, message: str) -> None:
-        BatchJsonError.__init__(self, message)
+# OS errors that mean no server can be reached at that address at all.
+_UNREACHABLE_ERRNOS = frozenset({errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH,
+                                 errno.EADDRNOTAVAIL})
 
 
 class Secret:
@@ -139,10 +140,44 @@ def http_error(provider: str, status: int, headers: Mapping[str, str], raw: byte
                          retry_after=parse_retry_after(headers))
 
 
+def display_url(url: str) -> str:
+    """A URL without user, password or query string (either may carry a credential)."""
+    parsed = urlparse(url)
+    host = parsed.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{host}:{parsed.port}" if parsed.port else host
+    return urlunparse((parsed.scheme, netloc, parsed.path, "", "", ""))
+
+
+def _unreachable(exc: aiohttp.ClientConnectorError) -> str | None:
+    """Why no server can be reached (DNS, refused, no route), or None for other failures."""
+    if isinstance(exc, aiohttp.ClientConnectorDNSError) or isinstance(exc.os_error,
+                                                                         socket.gaierror):
+        return "the host name does not resolve"
+    if isinstance(exc, (aiohttp.ClientConnectorCertificateError, aiohttp.ClientSSLError)):
+        return None
+    code = getattr(exc.os_error, "errno", None) or getattr(exc, "errno", None)
+    if isinstance(exc.os_error, ConnectionRefusedError) or code == errno.ECONNREFUSED:
+        return "connection refused"
+    if code in _UNREACHABLE_ERRNOS:
+        return os.strerror(code).lower()
+    return None
+
+
+class Answer(NamedTuple):
+    """A decoded API response and the exact text it was decoded from (None if not UTF-8)."""
+
+    data: dict[str, Any]
+    text: str | None
+
+
 async def post_json(session: aiohttp.ClientSession, url: str, body: bytes,
                     headers: Callable[[], Mapping[str, str]], *, provider: str, timeout: float,
-                    secret: Secret, key_env: str) -> dict[str, Any]:
-    """POST a JSON body and return the decoded object; every failure is a ProviderError.
+                    secret: Secret, key_env: str) -> Answer:
+    """POST a JSON body and return the decoded object with its text; every failure is a
+    ProviderError, and one that no retry can cure (DNS, connection refused) says
+    ``unreachable=True``.
 
     ``headers`` is a factory so the key never sits in a local of this frame, and errors are
     raised outside the ``except`` blocks so no aiohttp exception (whose request_info holds the
@@ -164,6 +199,15 @@ async def post_json(session: aiohttp.ClientSession, url: str, body: bytes,
         failure = ProviderError(f"{provider}: bad HTTP response ({exc.status}: "
                                 f"{redact(str(exc.message), secret)})",
                                 status=exc.status or None, retryable=True)
+    except aiohttp.ClientConnectorError as exc:
+        why = _unreachable(exc)
+        if why is None:
+            failure = ProviderError(f"{provider}: connection failed ({type(exc).__name__}: "
+                                    f"{redact(str(exc), secret)})", retryable=True)
+        else:
+            failure = ProviderError(f"{provider}: cannot reach {display_url(url)} ({why}); is "
+                                    "the server running? Check the base URL.", retryable=True,
+                                    unreachable=True)
     except (aiohttp.ClientError, OSError) as exc:
         failure = ProviderError(f"{provider}: connection failed ({type(exc).__name__}: "
                                 f"{redact(str(exc), secret)})", retryable=True)
@@ -171,9 +215,14 @@ async def post_json(session: aiohttp.ClientSession, url: str, body: bytes,
         raise failure
     if status >= 400:
         raise http_error(provider, status, resp_headers, raw, secret, key_env)
+    text: str | None
     try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+        text = raw.decode("utf-8-sig")  # a byte-order mark is not part of the document
+    except UnicodeDecodeError:
+        text = None  # json.loads still reads UTF-16/32 bodies; there is no text to slice
+    try:
+        data = json.loads(raw if text is None else text)
+    except (ValueError, UnicodeDecodeError, RecursionError):
         data = None
     if not isinstance(data, dict):
         snippet = redact(raw[:120].decode("utf-8", "replace"), secret)
@@ -185,7 +234,7 @@ async def post_json(session: aiohttp.ClientSession, url: str, body: bytes,
         raise ProviderError(f"{provider}: HTTP {status} answered with {kind}, not a JSON API "
                             f"response (starts {snippet!r}); check the base URL", status=status,
                             retryable=False)  # a web page will not turn into an API answer
-    return data
+    return Answer(data, text)
 
 
 def encode_body(body: Mapping[str, Any]) -> bytes:
@@ -282,28 +331,6 @@ def object_schema(call: Call) -> tuple[dict[str, Any], str, bool]:
     return wrapped, WRAPPED_VALUE, True
 
 
-def unwrap_value(value: Any, wrapped: bool) -> Any:
-    """The answer inside a ``{"value": ...}`` wrapper. Anything else (extra keys, no wrapper)
-    is passed on as it came, for acceptance to judge rather than for the transport to tidy."""
-    if wrapped and isinstance(value, dict) and value.keys() == {"value"}:
-        return value["value"]
-    return value
-
-
-def unwrap_text(text: str, wrapped: bool) -> str:
-    """:func:`unwrap_value` on JSON text, read with acceptance's own strict parser (duplicate
-    keys, non-finite numbers and fences treated exactly as acceptance treats them)."""
-    if not wrapped or not text:
-        return text
-    try:
-        parsed = parse_json(text)
-    except ValueError:
-        return text  # not JSON: acceptance rejects it with the reason
-    if isinstance(parsed, dict) and parsed.keys() == {"value"}:
-        return json.dumps(parsed["value"], ensure_ascii=False)
-    return text
-
-
 def as_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -337,7 +364,9 @@ class HttpProvider:
                timeout: float, prices: Mapping[str, Any] | None,
                extra_body: Mapping[str, Any] | None, max_connections: int) -> None:
         kind = type(self).__name__
-        self.model = model or os.environ.get("BATCHJSON_MODEL") or None
+        self.model = check_name(model or os.environ.get("BATCHJSON_MODEL") or None,
+                                f"{kind} model", f"pass the key as api_key=... (or set "
+                                f"{self.key_env}) and the model's name as model=")
         if not self.model:
             raise ProviderSetupError(f"{kind} needs a model name: pass "
                                      f"model={self.example_model!r} or set BATCHJSON_MODEL.")
@@ -347,16 +376,19 @@ class HttpProvider:
             raise ProviderSetupError(
                 f"{kind} has no API key for {self.base_url}: set {self.key_env} in the "
                 f"environment or pass api_key=...{self.keyless_hint}")
-        if timeout <= 0:
-            raise InvalidBatch(f"timeout must be positive seconds, got {timeout!r}")
+        if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                or not math.isfinite(timeout) or timeout <= 0):
+            raise ProviderSetupError(f"{kind}: timeout must be a finite number of seconds > 0, "
+                                     f"got {timeout!r}")
         self.timeout = float(timeout)
         self.prices = normalize_prices(prices)
         self.extra_body = dict(extra_body or {})
         owned = sorted(set(self.extra_body) & self.body_keys)
         if owned:
-            raise InvalidBatch(f"{kind}: extra_body may not set {', '.join(map(repr, owned))}; "
-                               "batchjson builds those fields from the call and the provider's "
-                               "own settings (model=, response_format= or mode=)")
+            raise ProviderSetupError(f"{kind}: extra_body may not set "
+                                     f"{', '.join(map(repr, owned))}; batchjson builds "
+                                     "those fields from the call and the provider's own "
+                                     "settings (model=, response_format= or mode=)")
         self.url = f"{self.base_url}{self.path}"
         self._sessions = LoopSessions(make_session_factory(self.timeout, max_connections))
 
@@ -367,14 +399,16 @@ class HttpProvider:
         base = (base_url or os.environ.get(self.base_env) or self.default_base).rstrip("/")
         parsed = urlparse(base)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            shown = masked(base) if looks_like_key(base) else repr(base)
             raise ProviderSetupError(
-                f"{type(self).__name__}: {source} {base!r} is not an http(s) URL; give the "
+                f"{type(self).__name__}: {source} {shown} is not an http(s) URL; give the "
                 f"scheme and host, e.g. {self.default_base!r} or 'http://localhost:8000/v1'")
         return base.removesuffix(self.path)
 
     def __repr__(self) -> str:
         extra = f", {self.setting}={getattr(self, self.setting)!r}" if self.setting else ""
-        return (f"{type(self).__name__}(model={self.model!r}, base_url={self.base_url!r}"
+        return (f"{type(self).__name__}(model={self.model!r}, "
+                f"base_url={display_url(self.base_url)!r}"
                 f"{extra}, api_key={'<set>' if self._key else '<unset>'})")
 
     def _headers(self) -> dict[str, str]:
@@ -394,7 +428,22 @@ class HttpProvider:
                            cache_write_tokens=written)
         return cost
 
-    async def _post(self, body: Mapping[str, Any]) -> dict[str, Any]:
+    def settings(self) -> dict[str, Any]:
+        """Every setting sent with a request besides model and URL (subclasses add theirs)."""
+        return {"extra_body": self.extra_body}
+
+    def source_key(self) -> str:
+        """What decides this provider's answers: protocol, base URL, model and every setting
+        sent with the request; never the API key (nor a password or query in the URL). The
+        readable head names the model and endpoint, the digest covers everything."""
+        where = display_url(self.base_url)
+        query = urlparse(self.url).query  # may select an API version: it decides answers
+        config = {"protocol": self.name, "url": display_url(self.url), "query": query,
+                  "model": self.model,
+                  **self.settings()}
+        return f"{self.name}:{self.model}@{where}#{_digest(config)}"
+
+    async def _post(self, body: Mapping[str, Any]) -> Answer:
         return await post_json(self._sessions.get(), self.url, encode_body(body), self._headers,
                                provider=self.name, timeout=self.timeout, secret=self._key,
                                key_env=self.key_env)
@@ -402,3 +451,11 @@ class HttpProvider:
     async def aclose(self) -> None:
         """Close the pooled connections of the running loop (and of loops already closed)."""
         await self._sessions.aclose()
+
+
+def _digest(config: Mapping[str, Any]) -> str:
+    """A short, process-stable digest of settings (JSON values, as they travel in the body)."""
+    try:
+        return content_hash(dict(config))[:16]
+    except Unhashable:
+        return hashlib.sha256(encode_body(config)).hexdigest()[:16]

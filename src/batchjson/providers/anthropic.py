@@ -10,9 +10,10 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import InvalidBatch, ProviderError
-from ._http import HttpProvider, as_int, object_schema, unwrap_value
+from ..errors import ProviderError, ProviderSetupError
+from ._http import HttpProvider, as_int, object_schema
 from .base import Call, Reply
+from .spans import value_span
 
 DEFAULT_ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"
@@ -41,9 +42,9 @@ class AnthropicProvider(HttpProvider):
                  max_connections: int = 0, extra_body: Mapping[str, Any] | None = None) -> None:
         self._setup(model, base_url, api_key, timeout, prices, extra_body, max_connections)
         if mode not in MODES:
-            raise InvalidBatch(f"mode must be 'tool' or 'text', got {mode!r}")
-        if not isinstance(max_tokens, int) or max_tokens < 1:
-            raise InvalidBatch(f"max_tokens must be a positive int, got {max_tokens!r}")
+            raise ProviderSetupError(f"mode must be 'tool' or 'text', got {mode!r}")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ProviderSetupError(f"max_tokens must be a positive int, got {max_tokens!r}")
         self.mode = mode
         self.max_tokens = max_tokens
 
@@ -70,17 +71,25 @@ class AnthropicProvider(HttpProvider):
         body["tool_choice"] = {"type": "tool", "name": tool}
         return body, tool, wrapped
 
+    def settings(self) -> dict[str, Any]:
+        return {**super().settings(), "mode": self.mode, "max_tokens": self.max_tokens,
+                "anthropic_version": ANTHROPIC_VERSION}
+
     async def complete(self, call: Call) -> Reply:
         body, tool, wrapped = self.request_body(call)
-        data = await self._post(body)
+        data, body_text = await self._post(body)
         content = data.get("content")
         if not isinstance(content, list):
             raise ProviderError("anthropic: response has no content list", status=200,
                                 retryable=True)
-        text = _tool_text(content, tool, wrapped) if tool else None
-        if text is None:  # text mode, or the model stopped before calling the tool
+        found = _tool_text(content, tool, body_text) if tool else None
+        envelope: str | None = None
+        if found is None:  # text mode, or the model stopped before calling the tool
             text = "".join(b.get("text", "") for b in content
                            if isinstance(b, dict) and b.get("type") == "text")
+        else:
+            text, exact = found
+            envelope = "tool_input/value" if wrapped else "tool_input"
         usage = data.get("usage") or {}
         fresh = as_int(usage.get("input_tokens"))
         read = as_int(usage.get("cache_read_input_tokens")) or 0
@@ -90,17 +99,25 @@ class AnthropicProvider(HttpProvider):
         model = data.get("model") or self.model
         cost = self._cost(model, inp, out, read, written)
         extra = {"stop_reason": data.get("stop_reason"), "id": data.get("id")}
+        if found is not None and not found[1]:
+            extra["raw_reserialised"] = True  # the body was not UTF-8: no exact text to keep
         if written:
             extra["cache_creation_input_tokens"] = written
         return Reply(text=text, input_tokens=inp, output_tokens=out,
                      cached_tokens=read if "cache_read_input_tokens" in usage else None,
-                     cost=cost, model=model, extra=extra)
+                     cost=cost, model=model, extra=extra, envelope=envelope)
 
 
-def _tool_text(content: list[Any], tool: str, wrapped: bool) -> str | None:
-    """JSON text of the forced tool's input; ``None`` if the model made no such call."""
-    calls = [b for b in content if isinstance(b, dict) and b.get("type") == "tool_use"]
-    chosen = next((b for b in calls if b.get("name") == tool), calls[0] if calls else None)
+def _tool_text(content: list[Any], tool: str, body: str | None) -> tuple[str, bool] | None:
+    """The forced tool's input as the exact JSON text the body carried, and whether it is
+    exact; ``None`` if the model made no such call."""
+    calls = [(i, b) for i, b in enumerate(content)
+             if isinstance(b, dict) and b.get("type") == "tool_use"]
+    chosen = next((c for c in calls if c[1].get("name") == tool), calls[0] if calls else None)
     if chosen is None:
         return None
-    return json.dumps(unwrap_value(chosen.get("input"), wrapped), ensure_ascii=False)
+    index, block = chosen
+    span = value_span(body, ["content", index, "input"]) if body is not None else None
+    if span is not None:
+        return body[span[0]:span[1]], True  # type: ignore[index]
+    return json.dumps(block.get("input"), ensure_ascii=False), False

@@ -11,21 +11,11 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import InvalidBatch, ProviderError
-from ._http import (
-    HttpProvider,
-    ProviderSetupError,
-    as_int,
-    http_error,
-    object_schema,
-    parse_retry_after,
-    redact,
-    unwrap_text,
-)
+from ..errors import ProviderError, ProviderSetupError
+from ._http import HttpProvider, as_int, object_schema, redact
 from .base import Call, Reply
 
-__all__ = ["DEFAULT_OPENAI_BASE_URL", "OpenAIProvider", "ProviderSetupError", "http_error",
-           "parse_retry_after", "strict_schema"]
+__all__ = ["DEFAULT_OPENAI_BASE_URL", "OpenAIProvider", "strict_schema"]
 
 DEFAULT_OPENAI_BASE_URL = "https://api.openai.com/v1"
 RESPONSE_FORMATS = ("json_schema", "json_object", "text")
@@ -102,8 +92,8 @@ class OpenAIProvider(HttpProvider):
                  max_connections: int = 0, extra_body: Mapping[str, Any] | None = None) -> None:
         self._setup(model, base_url, api_key, timeout, prices, extra_body, max_connections)
         if response_format not in RESPONSE_FORMATS:
-            raise InvalidBatch(f"response_format must be one of {', '.join(RESPONSE_FORMATS)}; "
-                               f"got {response_format!r}")
+            raise ProviderSetupError(f"response_format must be one of "
+                                     f"{', '.join(RESPONSE_FORMATS)}; got {response_format!r}")
         self.response_format = response_format
 
     def request_body(self, call: Call) -> tuple[dict[str, Any], bool]:
@@ -122,9 +112,12 @@ class OpenAIProvider(HttpProvider):
             body["response_format"] = {"type": "json_object"}
         return body, wrapped
 
+    def settings(self) -> dict[str, Any]:
+        return {**super().settings(), "response_format": self.response_format}
+
     async def complete(self, call: Call) -> Reply:
         body, wrapped = self.request_body(call)
-        data = await self._post(body)
+        data = (await self._post(body)).data
         choices = data.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             detail = redact(json.dumps(data)[:200], self._key)
@@ -133,8 +126,11 @@ class OpenAIProvider(HttpProvider):
         message = choices[0].get("message") or {}
         content = message.get("content")
         refusal = message.get("refusal")
-        text = content if isinstance(content, str) else (refusal or "")
-        text = unwrap_text(text, wrapped)
+        answered = isinstance(content, str)
+        text = content if answered else (refusal or "")
+        # The content string is the model's own text; a wrapped scalar stays wrapped and says
+        # so, for acceptance to unwrap (the ledger keeps what the model sent).
+        envelope = "value" if wrapped and answered else None
         usage = data.get("usage") or {}
         inp = as_int(usage.get("prompt_tokens"))
         out = as_int(usage.get("completion_tokens"))
@@ -145,4 +141,4 @@ class OpenAIProvider(HttpProvider):
         if refusal:
             extra["refusal"] = refusal
         return Reply(text=text, input_tokens=inp, output_tokens=out, cached_tokens=cached,
-                     cost=cost, model=model, extra=extra)
+                     cost=cost, model=model, extra=extra, envelope=envelope)

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InvalidBatch
+from ..errors import ConfigError
+from .masking import looks_like_key, masked
 
 # The day this table was compiled from the providers' published price pages. Re-check before
 # relying on costs for billing; override with set_prices() or a provider's prices= argument.
@@ -44,12 +45,12 @@ class Price:
                 continue
             if (isinstance(value, bool) or not isinstance(value, (int, float))
                     or not math.isfinite(value) or value < 0):
-                raise ValueError(f"{name} must be a number >= 0 (USD per million tokens), got "
+                raise ConfigError(f"{name} must be a number >= 0 (USD per million tokens), got "
                                  f"{value!r}")
         limit = self.max_input_tokens
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
                                   or limit < 1):
-            raise ValueError(f"max_input_tokens must be a whole number of tokens or None, got "
+            raise ConfigError(f"max_input_tokens must be a whole number of tokens or None, got "
                              f"{limit!r}")
 
 
@@ -105,7 +106,7 @@ def as_price(value: Any) -> Price:
         unknown = set(value) - {"input", "output", "cached_input", "cache_write",
                                 "max_input_tokens"}
         if unknown or "input" not in value or "output" not in value:
-            raise ValueError(f"a price mapping needs 'input' and 'output' (USD per million "
+            raise ConfigError(f"a price mapping needs 'input' and 'output' (USD per million "
                              f"tokens) and may add cached_input, cache_write, max_input_tokens; "
                              f"got {dict(value)!r}")
         return Price(_number(value["input"]), _number(value["output"]),
@@ -113,7 +114,7 @@ def as_price(value: Any) -> Price:
                      value.get("max_input_tokens"))
     if isinstance(value, (tuple, list)) and 2 <= len(value) <= 4:
         return Price(*(_number(v) for v in value))
-    raise ValueError(f"cannot read a price from {value!r}; use Price(input, output, "
+    raise ConfigError(f"cannot read a price from {value!r}; use Price(input, output, "
                      "cached_input) or {'input': ..., 'output': ...} in USD per million tokens")
 
 
@@ -133,14 +134,15 @@ def normalize_prices(mapping: Mapping[str, Any] | None) -> dict[str, Price]:
     if not mapping:
         return {}
     if not isinstance(mapping, Mapping):
-        raise InvalidBatch(f"prices must map model names to prices, e.g. {{'my-model': "
+        raise ConfigError(f"prices must map model names to prices, e.g. {{'my-model': "
                            f"{{'input': 0.15, 'output': 0.60}}}}; got {type(mapping).__name__}")
     out = {}
     for model, value in mapping.items():
         try:
             out[str(model)] = as_price(value)
         except ValueError as exc:
-            raise InvalidBatch(f"price for model {model!r}: {exc}") from None
+            name = masked(str(model)) if looks_like_key(str(model)) else repr(model)
+            raise ConfigError(f"price for model {name}: {exc}") from None
     return out
 
 
@@ -151,12 +153,6 @@ def set_prices(mapping: Mapping[str, Any] | None, *, replace: bool = False) -> N
         if replace:
             _user_prices.clear()
         _user_prices.update(checked)
-
-
-def current_prices() -> dict[str, Price]:
-    """The effective table: defaults, then set_prices() overrides."""
-    with _lock:
-        return {**DEFAULT_PRICES, **_user_prices}
 
 
 def price_for(model: str | None, overrides: Mapping[str, Any] | None = None) -> Price | None:

@@ -9,9 +9,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import InvalidBatch, ProviderError
+from ..errors import ProviderError, ProviderSetupError
 from ..tasks import sha
 from .base import Call, Reply, estimate_tokens
+from .masking import check_name
 
 TRANSPORT_FAULTS = ("provider_error", "timeout")
 OUTPUT_FAULTS = ("malformed_json", "identity_swap", "missing_item", "duplicate_item",
@@ -46,17 +47,26 @@ class FaultPlan:
         for name in FAULTS:
             rate = getattr(self, name)
             if not 0.0 <= rate <= 1.0:
-                raise InvalidBatch(f"FaultPlan.{name} must be a probability in [0, 1], got {rate}")
+                raise ProviderSetupError(f"FaultPlan.{name} must be a probability in [0, 1], "
+                                         f"got {rate}")
         for attempt, names in self.script.items():
             for name in [names] if isinstance(names, str) else names:
                 if name not in FAULTS:
-                    raise InvalidBatch(f"FaultPlan.script[{attempt}] names unknown fault "
+                    raise ProviderSetupError(f"FaultPlan.script[{attempt}] names unknown fault "
                                        f"{name!r}; choose from {', '.join(FAULTS)}")
 
     @classmethod
     def uniform(cls, rate: float, **overrides: Any) -> FaultPlan:
         """Every output fault at the same rate."""
         return cls(**{name: rate for name in OUTPUT_FAULTS}, **overrides)
+
+    def content(self) -> dict[str, Any]:
+        """Every rate and scripted fault, as plain data (for the answer source)."""
+        out: dict[str, Any] = {name: float(getattr(self, name)) for name in FAULTS}
+        out["script"] = {str(attempt): [names] if isinstance(names, str) else list(names)
+                         for attempt, names in sorted(self.script.items())}
+        out["clean_after"] = self.clean_after
+        return out
 
     def draw(self, seed: int, call: Call) -> list[str]:
         if self.clean_after is not None and call.attempt >= self.clean_after:
@@ -93,9 +103,22 @@ class SimulatedModel:
         self.faults = faults or FaultPlan()
         self.seed = seed
         self.latency = latency
-        self.model = model
+        self.model = check_name(model, "SimulatedModel model",
+                                "name the simulated model in plain words")
         self.price_per_million = price_per_million
         self.calls = 0
+        self._fingerprint: Any = None  # keeps identity-compared objects alive (no id reuse)
+
+    def source_key(self) -> str:
+        """What decides this model's answers: its answer function by content, its seed and its
+        fault plan (never its call counter, latency or prices)."""
+        from ..canon import content_hash
+        from ..fingerprint import fingerprint_function
+
+        self._fingerprint = fingerprint_function(self.answer)
+        plan = content_hash(self.faults.content())[:16]
+        return (f"simulated:{self.model}#answer={self._fingerprint.digest[:24]},"
+                f"seed={self.seed!r},faults={plan}")
 
     async def complete(self, call: Call) -> Reply:
         self.calls += 1

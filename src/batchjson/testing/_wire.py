@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import json
 import random
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
+from ..errors import ConfigError
+
 HTTP_FAULTS = ("429", "500", "503", "529", "400", "401", "404", "timeout", "truncate", "cut_json")
-_IDENTITY_LINE = re.compile(r"unchanged into its object: ([^\n]*)\.$", re.M)
 JSON_HEADERS = {"Content-Type": "application/json"}
 
 
@@ -43,11 +43,11 @@ class HttpFaults:
     def __post_init__(self) -> None:
         for number, name in self.script.items():
             if name not in HTTP_FAULTS:
-                raise ValueError(f"HttpFaults.script[{number}] = {name!r}; choose from "
+                raise ConfigError(f"HttpFaults.script[{number}] = {name!r}; choose from "
                                  f"{', '.join(HTTP_FAULTS)}")
         for name in ("rate_429", "rate_500", "rate_timeout", "rate_truncate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"HttpFaults.{name} must be a probability in [0, 1]")
+                raise ConfigError(f"HttpFaults.{name} must be a probability in [0, 1]")
 
     def draw(self, number: int) -> str | None:
         if number in self.script:
@@ -116,15 +116,24 @@ def content_text(content: Any) -> str:
     return ""
 
 
-def identity_fields(user: str, schema: Mapping[str, Any],
+ANSWER_ONLY = frozenset(("prompt", "context"))  # task fields that are content, never echoed
+
+
+def identity_fields(schema: Mapping[str, Any],
                     tasks: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
-    """Identity fields from the prompt's "Copy these identity fields" line, else the schema."""
-    match = _IDENTITY_LINE.search(user)
-    if match:
-        names = [n.strip() for n in match.group(1).split(",") if n.strip()]
+    """The fields the fake model copies from each task, read from structured parts of the
+    request only, never from the prompt's wording (so rewording a prompt cannot change it).
+
+    With a wire schema (json_schema / tool mode): the item schema's ``required`` fields that
+    every task carries, which is where batchjson pins identity. Without one (json_object or
+    text mode): every field the tasks carry except ``prompt`` and ``context``, as a model told
+    to echo task fields would. ``task_id`` always comes first.
+    """
+    item = (((schema.get("properties") or {}).get("items") or {}).get("items") or {})
+    required = item.get("required") if isinstance(item, Mapping) else None
+    if isinstance(required, list) and required:
+        names = [n for n in required if isinstance(n, str)]
     else:
-        item = (((schema.get("properties") or {}).get("items") or {}).get("items") or {})
-        names = [n for n, s in (item.get("properties") or {}).items()
-                 if isinstance(s, Mapping) and "enum" in s]
-    names = [n for n in names if all(n in t for t in tasks)]
+        names = [n for task in tasks for n in task if n not in ANSWER_ONLY]
+    names = [n for n in dict.fromkeys(names) if n not in ANSWER_ONLY and all(n in t for t in tasks)]
     return tuple(dict.fromkeys(["task_id", *names]))

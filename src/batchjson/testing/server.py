@@ -21,6 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ..errors import ConfigError
 from ..providers._http import WRAPPED_VALUE
 from ..providers.base import Call
 from ..providers.simulated import SimulatedModel
@@ -138,7 +139,8 @@ class LoopbackServer:
                                         name="batchjson-loopback", daemon=True)
         self._thread.start()
         if not ready.wait(30) or self._error is not None:
-            raise RuntimeError(f"loopback server failed to start: {self._error or 'timed out'}")
+            raise ConfigError(f"loopback server failed to start on {self.host}:{self.port}: "
+                              f"{self._error or 'timed out'}; pick another port (0 = any free)")
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -281,8 +283,11 @@ class LoopbackServer:
         try:
             if block is not None:
                 tasks = json.loads(block)
+                if not isinstance(tasks, list) or not all(isinstance(t, dict) and "task_id" in t
+                                                          for t in tasks):
+                    raise ValueError("expected a JSON list of task objects with task_id")
                 mode, seen_key = "items", block
-                identity = identity_fields(user, schema, tasks)
+                identity = identity_fields(schema, tasks)
             else:
                 tasks = [{"task_id": "0", "prompt": user}]
                 mode, seen_key, identity = "value", user, ("task_id",)
@@ -290,9 +295,11 @@ class LoopbackServer:
             return error_response(protocol, 400, f"loopback: unreadable tasks block ({exc})")
         attempt = self._seen.get(seen_key, 0)
         self._seen[seen_key] = attempt + 1
+        # ``kind`` only labels the call (the simulated model never reads it): a later attempt of
+        # the same tasks is taken for a repair, without reading the prompt's wording.
         call = Call(tasks=tuple(tasks), prompt=user, system=system, schema=schema,
                     attempt=attempt, request_key=sha(seen_key), mode=mode, identity=identity,
-                    kind="repair" if "Your previous response was rejected" in user else "answer")
+                    kind="repair" if attempt else "answer")
         model = self.model
         model.calls += 1
         drawn = model.faults.draw(model.seed, call)

@@ -1,0 +1,91 @@
+"""The exact text of one value inside a JSON document, so ``raw`` is what the model sent.
+
+An API answers with a JSON body in which the model's output may be an embedded object (an
+Anthropic tool call's ``input``). Re-serialising that object would change spacing, key order,
+number spellings and escapes; slicing the body keeps the model's own bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+
+_SPACE = re.compile(r"[ \t\n\r]*")
+_decoder = json.JSONDecoder()
+
+
+def value_span(text: str, path: Sequence[str | int]) -> tuple[int, int] | None:
+    """``(start, end)`` of the value at ``path`` (keys and list indexes) in the JSON ``text``,
+    or ``None`` when the path is not there. A key named twice resolves to its last occurrence,
+    as ``json.loads`` resolves it."""
+    try:
+        return _find(text, _skip(text, 0), list(path))
+    except (ValueError, IndexError, RecursionError):
+        return None
+
+
+def _skip(text: str, pos: int) -> int:
+    match = _SPACE.match(text, pos)
+    return match.end() if match else pos
+
+
+def _end(text: str, pos: int) -> int:
+    """End of the value starting at ``pos`` (the C scanner, without building a copy we keep)."""
+    return _decoder.raw_decode(text, pos)[1]
+
+
+def _find(text: str, pos: int, path: list[str | int]) -> tuple[int, int] | None:
+    if not path:
+        return pos, _end(text, pos)
+    want, rest = path[0], path[1:]
+    opener = text[pos]
+    if opener == "{" and isinstance(want, str):
+        found = None
+        for key, start in _members(text, pos):
+            if key == want:
+                found = start  # keep going: the last duplicate wins, as in json.loads
+        return None if found is None else _find(text, found, rest)
+    if opener == "[" and isinstance(want, int):
+        for index, start in _elements(text, pos):
+            if index == want:
+                return _find(text, start, rest)
+    return None
+
+
+def _members(text: str, pos: int) -> list[tuple[str, int]]:
+    """(key, value start) of each member of the object at ``pos``."""
+    out = []
+    pos = _skip(text, pos + 1)
+    if text[pos] == "}":
+        return out
+    while True:
+        key, pos = json.decoder.scanstring(text, pos + 1)  # type: ignore[attr-defined]
+        pos = _skip(text, pos)
+        if text[pos] != ":":
+            raise ValueError("expected ':'")
+        start = _skip(text, pos + 1)
+        out.append((key, start))
+        pos = _skip(text, _end(text, start))
+        if text[pos] == "}":
+            return out
+        if text[pos] != ",":
+            raise ValueError("expected ',' or '}'")
+        pos = _skip(text, pos + 1)
+
+
+def _elements(text: str, pos: int) -> list[tuple[int, int]]:
+    out = []
+    pos = _skip(text, pos + 1)
+    if text[pos] == "]":
+        return out
+    index = 0
+    while True:
+        out.append((index, pos))
+        pos = _skip(text, _end(text, pos))
+        if text[pos] == "]":
+            return out
+        if text[pos] != ",":
+            raise ValueError("expected ',' or ']'")
+        pos = _skip(text, pos + 1)
+        index += 1

@@ -1,0 +1,57 @@
+"""An interrupt or a failed write never leaves a receipt in flight."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+
+import pytest
+
+from batchjson import CallableProvider, Session
+from batchjson.ledger import Ledger
+from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
+
+
+def test_a_cancel_right_after_the_begin_receipt_commits_closes_that_receipt(monkeypatch):
+    begin = Ledger.op_begin
+
+    def op_begin(db, *args):
+        attempt_id = begin(db, *args)
+        loop = asyncio.get_running_loop()
+        for task in asyncio.all_tasks(loop):  # an interrupt lands before the worker resumes
+            loop.call_soon(task.cancel)
+        return attempt_id
+
+    monkeypatch.setattr(Ledger, "op_begin", staticmethod(op_begin))
+    session = Session(CallableProvider(items_reply))
+    with pytest.raises((asyncio.CancelledError, KeyboardInterrupt)):
+        session.run_batch("r", review_tasks(1), LABEL_SCHEMA)
+    assert [a.status for a in session.ledger.attempts("r")] == ["cancelled"]
+
+
+def test_a_write_failure_in_a_notebook_loop_leaves_no_receipt_in_flight(monkeypatch):
+    begin = Ledger.op_begin
+
+    def op_begin(db, batch_id, revision_id, request, *args):
+        if request.position == 1:
+            raise sqlite3.OperationalError("disk I/O error")
+        return begin(db, batch_id, revision_id, request, *args)
+
+    monkeypatch.setattr(Ledger, "op_begin", staticmethod(op_begin))
+
+    async def model(call):
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0)  # a provider that tidies up its connection when cancelled
+            raise
+        return items_reply(call)
+
+    session = Session(CallableProvider(model), concurrency=2)
+
+    async def cell():  # a running loop, as in Jupyter: the run happens on a worker thread
+        session.run_batch("r", review_tasks(2), LABEL_SCHEMA)
+
+    with pytest.raises(sqlite3.OperationalError):
+        asyncio.run(cell())
+    assert [a.status for a in session.ledger.attempts("r")] == ["cancelled"]
