@@ -168,12 +168,14 @@ def check_copy_is_imported(copy: Path) -> None:
                          "is batchjson installed non-editable ahead of PYTHONPATH?")
 
 
-def run_tests(copy: Path, tests: tuple[str, ...]) -> int:
+def run_tests(copy: Path, tests: tuple[str, ...], *, show_failure: bool = False) -> int:
     chosen = [t for t in tests if (ROOT / t).exists()] or ["tests"]
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
            "-p", "no:randomly", *chosen]
-    return subprocess.run(cmd, env=env_for(copy), cwd=ROOT, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL).returncode
+    run = subprocess.run(cmd, env=env_for(copy), cwd=ROOT, capture_output=True, text=True)
+    if show_failure and run.returncode != 0:  # the unmutated suite failing: say why
+        print(run.stdout[-4000:], run.stderr[-2000:], sep="\n", file=sys.stderr)
+    return run.returncode
 
 
 def main() -> int:
@@ -183,7 +185,7 @@ def main() -> int:
         copy = fresh_copy(Path(tmp))
         check_copy_is_imported(copy)
         baseline = tuple(dict.fromkeys(t for m in MUTANTS for t in m.tests))
-        if run_tests(copy, baseline) != 0:
+        if run_tests(copy, baseline, show_failure=True) != 0:
             print("mutants: the unmutated tests fail; fix the suite first", file=sys.stderr)
             return 2
         for mutant in MUTANTS:
