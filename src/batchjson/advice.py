@@ -262,10 +262,22 @@ def estimate(f: Fit, pack: int, *, split: bool, repairs: int, replays: int,
     return Estimate(pack, split, calls, inp, outp, cost, usable, n)
 
 
+def choose(options: Sequence[Estimate], max_unresolved: float = 0.01) -> Estimate:
+    """The lowest expected cost per usable result among options expected to leave at most
+    ``max_unresolved`` of the tasks (and at least half a task) unresolved; among all options
+    when none does. A cheap pack that leaves work undone is not a saving."""
+    def unresolved(e: Estimate) -> float:
+        return e.tasks - e.usable
+
+    finishing = [e for e in options if unresolved(e) <= max(0.5, max_unresolved * e.tasks)]
+    return min(finishing or options, key=lambda e: (e.per_usable, unresolved(e), e.pack))
+
+
 def advise(ledger: Ledger, name: str, *, repairs: int = 1, replays: int = 1,
-           candidates: Sequence[int] = CANDIDATES, split: bool | None = None) -> dict[str, Any]:
-    """Estimate every candidate pack size (with and without splitting) and recommend the one
-    with the lowest expected cost per usable result. ``split`` restricts the choice."""
+           candidates: Sequence[int] = CANDIDATES, split: bool | None = None,
+           max_unresolved: float = 0.01) -> dict[str, Any]:
+    """Estimate every candidate pack size (with and without splitting) and recommend one (see
+    :func:`choose`). ``split`` restricts the choice to with or without splitting."""
     problem = ledger.no_such_batch(name)
     if problem:
         raise InvalidBatch(problem)
@@ -273,13 +285,14 @@ def advise(ledger: Ledger, name: str, *, repairs: int = 1, replays: int = 1,
     sizes = sorted({k for k in candidates if 1 <= k <= max(1, f.tasks)}) or [1]
     options = [estimate(f, k, split=s, repairs=repairs, replays=replays)
                for k in sizes for s in (False, True) if split is None or s == split]
-    best = min(options, key=lambda e: (e.per_usable, e.tasks - e.usable, e.pack))
+    best = choose(options, max_unresolved)
     observed = ledger._rows(
         "SELECT components FROM revisions r JOIN batches b ON b.current_revision = r.id "
         "WHERE b.name = ?", (name,))
     current = int(json.loads(observed[0]["components"]).get("pack", 0)) if observed else None
     return {
         "batch": name, "tasks": f.tasks, "repairs": repairs, "replays": replays,
+        "max_unresolved": max_unresolved,
         "current_pack": current,
         "fit": {k: (round(v, 9) if isinstance(v, float) else v) for k, v in vars(f).items()},
         "priced": f.input_price is not None,

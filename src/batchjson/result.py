@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,7 +167,13 @@ def _request_of(error: dict[str, Any]) -> str:
 
 
 def money(cost: float | None) -> str:
-    """Dollars, with enough digits that a cheap model's spend does not read as zero."""
+    """Dollars, with three significant digits below a cent so a cheap model's spend does not
+    read as zero: $0.000158, $0.0421, $12.5000."""
     if cost is None:
         return "unknown"
-    return f"${cost:.6f}" if 0 < abs(cost) < 0.01 else f"${cost:.4f}"
+    if cost == 0:
+        return "$0.00"
+    if 0 < abs(cost) < 0.01:
+        digits = max(6, 2 - math.floor(math.log10(abs(cost))))
+        return f"${cost:.{digits}f}"
+    return f"${cost:.4f}"
