@@ -738,3 +738,35 @@ def test_display_objects_escape_html() -> None:
     html = table._repr_html_()
     assert "<script>" not in html and "&lt;script&gt;" in html and "&amp;" in html
     assert "&lt;raw&gt;" in html
+
+
+def test_in_jupyter_the_progress_bar_is_html_updated_in_place_ending_at_the_true_count(
+        loaded: Any, monkeypatch: Any, capsys: Any) -> None:
+    from IPython.utils.capture import capture_output
+
+    ip = loaded
+    monkeypatch.setattr(ip, "kernel", object(), raising=False)  # as in a Jupyter kernel
+    monkeypatch.setattr(ip.display_formatter.formatters["text/html"], "enabled", True)
+    with capture_output() as captured:
+        ok(ip, "%%batch_json labels --pack 2\n" + BODY)
+    bars = [o for o in captured.outputs if "task(s) judged" in o.data.get("text/plain", "")]
+    assert bars and "<progress" in bars[-1].data["text/html"]
+    assert bars[-1].data["text/plain"] == "labels: 4/4 task(s) judged"
+    assert "%|" not in captured.stderr and "it/s" not in captured.stderr  # no tqdm text bar
+
+
+def test_batch_status_counts_calls_that_never_completed_with_a_lower_bound(
+        loaded: Any) -> None:
+    ip = loaded
+    ok(ip, "%%batch_json labels\n" + BODY)
+    ledger = ip.user_ns["batch_session"].ledger
+    with ledger.transaction() as db:
+        row = db.execute("SELECT batch_id, revision_id, request_key, task_ids FROM attempts "
+                         "LIMIT 1").fetchone()
+        db.execute("INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, "
+                   "status, model, started_at, uid, estimated_input_tokens) VALUES "
+                   "(?,?,?,?, 'replay', 'abandoned', 'gpt-4o-mini', 'x', 'u1', 2000)",
+                   tuple(row))
+    text = repr(ok(ip, "%batch_status labels"))
+    assert "1 abandoned, 0 in flight" in text
+    assert "cost unknown" in text and "at least $0.000300 more" in text

@@ -129,6 +129,18 @@ class StatusView(TextView):
             ("usable results", str(s["usable_results"])),
             ("cost per usable result", "n/a" if per is None else money(per)),
         ]
+        account = s.get("account")
+        if account and (account["abandoned"] or account["in_flight"] or account["cancelled"]):
+            rows.insert(4, ("calls not completed", f"{account['abandoned']} abandoned, "
+                            f"{account['in_flight']} in flight, {account['cancelled']} "
+                            "cancelled"))
+        if account and account["unknown_cost_calls"]:
+            at_least = account["cost_per_usable_result"]
+            rows.append(("cost unknown", f"{account['unknown_cost_calls']} call(s): at least "
+                         f"{money(account['unknown_cost_lower_bound'])} more (prompts at the "
+                         "input rate)"))
+            if at_least is not None:
+                rows.append(("  counting that", f"at least {money(at_least)} per usable result"))
         for sup in s["superseded"][: self.limit]:
             rows.append(("  superseded", f"{sup['batch']} rev {sup['revision']} -> rev "
                                          f"{sup['superseded_by']} ({sup['reason']})"))

@@ -293,7 +293,9 @@ class BatchJson(Magics):
         if args.name is not None:
             self._known_batch(args.name)
         assert self._state is not None
-        return StatusView(session.evidence.summary(args.name), ledger=self._state.ledger_label(),
+        summary = session.evidence.summary(args.name)
+        summary["account"] = session.ledger.cost_summary(args.name)["total"]
+        return StatusView(summary, ledger=self._state.ledger_label(),
                           provider=self._state.provider_label(),
                           owed=session.evidence.requests(args.name))
 
