@@ -39,19 +39,16 @@ def status_lines(summary: Mapping[str, Any], ledger: str) -> list[str]:
                      e["accepted_returns"], e["rejected_returns"], e["provider_errors"],
                      e["abandoned"],
                      f"{e['input_tokens']}/{e['output_tokens']}/{e['cached_tokens']}",
-                     money(e["cost"]) + ("+" if e["cost_is_lower_bound"] else ""),
-                     "n/a" if e["cost_per_usable_result"] is None
-                     else ("≥" if e["cost_is_lower_bound"] else "") +
-                     money(e["cost_per_usable_result"])])
+                     *_cost_cells(e)])
     lines = [f"ledger {ledger}", *table(columns, rows, right=range(1, 8))]
     total = summary["total"]
     if total["unknown_cost_calls"]:
-        unpriced = (f", {total['unpriced_calls']} of them for models with no price"
-                    if total["unpriced_calls"] else "")
-        lines.append(f"  cost unknown for {total['unknown_cost_calls']} call(s) (killed, "
-                     f"abandoned or unpriced{unpriced}): at least "
+        unpriced = (f"; {total['unpriced_calls']} of them for models with no price, which add "
+                    "nothing to the bound" if total["unpriced_calls"] else "")
+        lines.append(f"  {total['unknown_cost_calls']} call(s) have no recorded cost (killed, "
+                     f"abandoned, imported without cost or unpriced{unpriced}): at least "
                      f"{money(total['unknown_cost_lower_bound'])} more, pricing their prompts "
-                     "at the input rate; the '+' and '≥' figures include that lower bound")
+                     "at the input rate; '+' and '≥' mark figures that include that bound")
     owed = summary.get("unresolved_requests", 0)
     if owed:
         lines.append(f"  still owed: {owed} request(s), {summary['unresolved_items']} item(s); "
@@ -60,6 +57,16 @@ def status_lines(summary: Mapping[str, Any], ledger: str) -> list[str]:
         lines.append(f"  superseded: {sup['batch']} revision {sup['revision']} -> "
                      f"{sup['superseded_by']} ({sup['reason']})")
     return lines
+
+
+def _cost_cells(e: Mapping[str, Any]) -> tuple[str, str]:
+    """(cost, cost per usable result) as printed: exact, a lower bound, or unknown."""
+    per = e["cost_per_usable_result"]
+    if e["cost_is_lower_bound"] and not e["cost_at_least"]:
+        return "unknown", "unknown" if e["usable_results"] else "n/a"
+    mark = "+" if e["cost_is_lower_bound"] else ""
+    return (money(e["cost_at_least"]) + mark,
+            "n/a" if per is None else ("≥" if mark else "") + money(per))
 
 
 def receipt_lines(name: str, receipts: Sequence[Mapping[str, Any]], raw: bool) -> list[str]:
