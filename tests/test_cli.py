@@ -130,7 +130,10 @@ def test_exit_codes_are_as_documented(demo_dir: Path, tmp_path: Path) -> None:
         (["status", "reveiw"], 2, "no batch named 'reveiw' in this ledger (batches: review)"),
         (["values", "nope"], 2, "no batch named 'nope'"),
         (["advise", "review", "--replays", "-1"], 2, "must be a whole number"),
-        (["import", str(bad_import)], 2, "line 1: field 'tasks' must be a list"),
+        (["import", str(bad_import), "--ledger", str(tmp_path / "b.sqlite")], 2,
+         "line 1: field 'tasks' must be a list"),
+        (["import", str(tmp_path / "none.jsonl"), "--ledger", str(tmp_path / "i.sqlite")], 2,
+         "no receipts file at"),
         (["frobnicate"], 2, "invalid choice"),
         ([], 2, "required"),
     ]
@@ -140,7 +143,8 @@ def test_exit_codes_are_as_documented(demo_dir: Path, tmp_path: Path) -> None:
         assert message in done.stderr and "Traceback" not in done.stderr, (argv, done.stderr)
     tables = sqlite3.connect(other_db).execute("SELECT name FROM sqlite_master").fetchall()
     assert tables == [("t",)]  # a wrong file is never turned into a ledger
-    assert not (tmp_path / "nope.sqlite").exists()
+    for never_made in ("nope.sqlite", "m.sqlite", "i.sqlite", "b.sqlite"):
+        assert not (tmp_path / never_made).exists()  # refused before a ledger was created
 
 
 def test_every_subcommand_documents_each_option(tmp_path: Path) -> None:

@@ -274,6 +274,14 @@ def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_import(args: argparse.Namespace, out: TextIO) -> int:
+    if not args.file.is_file():  # checked before a ledger is created for it
+        raise Problem(f"no receipts file at {args.file}", USAGE)
+    from .recovery import read_lines
+
+    try:
+        read_lines(args.file, {})  # a bad file is refused before a ledger is created for it
+    except InvalidBatch as exc:
+        raise Problem(str(exc), USAGE) from None
     held = _open(args.ledger, create=True)
     try:
         report = held.import_receipts(args.file)
@@ -290,6 +298,9 @@ def cmd_import(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_merge(args: argparse.Namespace, out: TextIO) -> int:
+    problem = ledger_problem(args.other)  # checked before a ledger is created to receive it
+    if problem:
+        raise Problem(problem, LEDGER)
     held = _open(args.ledger, create=True)
     try:
         report = held.merge(args.other)
