@@ -198,3 +198,19 @@ def test_export_then_import_carries_every_attempt_into_a_new_ledger(tmp_path: Pa
     assert second.ledger.cost_summary()["total"]["calls"] == 3
     again = second.run_batch("labels", review_tasks(4), LABEL_SCHEMA, pack=2)
     assert again.resolved and again.calls == 0
+
+
+def test_an_import_beside_a_live_batch_leaves_its_current_revision_and_what_is_owed_alone(
+        tmp_path: Path) -> None:
+    session = Session(CallableProvider(items_reply), ledger=tmp_path / "ledger.sqlite")
+    live = session.run_batch("review", review_tasks(4), LABEL_SCHEMA, identity=IDENTITY, pack=2)
+    assert live.resolved
+    other = review_tasks(3, case="gold-pair-090")
+    history = write(tmp_path / "old.jsonl",
+                    receipt(other, items_for(other, {0: "gold-pair-091"})))
+    report = session.ledger.import_receipts(history)
+    assert report["diagnostic"] == 1
+    assert len(session.ledger.checkpoint("review")) == 4  # the live revision is still current
+    assert session.evidence.minimum_exact_retry_calls == 0  # the diagnostic is not owed work
+    summary = session.ledger.cost_summary("review")["batches"][0]
+    assert (summary["calls"], summary["imported"], summary["rejected_returns"]) == (3, 1, 1)

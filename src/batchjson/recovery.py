@@ -300,11 +300,17 @@ def _revision_for(db: Any, line: Line) -> tuple[int, int]:
     else:
         number = db.execute("SELECT COALESCE(MAX(number), 0) + 1 FROM revisions WHERE "
                             "batch_id = ?", (batch_id,)).fetchone()[0]
+        # Beside a live batch the imported revision is on record but not owed: the batch's
+        # current revision is what it works on (running the same content reopens it).
+        status = "open" if current is None else "superseded"
         revision_id = db.execute(
             "INSERT INTO revisions(batch_id, number, fingerprint, components, validator_name, "
-            "validator_fingerprint, status, created_at) VALUES (?,?,?,?,?,?, 'open', ?)",
+            "validator_fingerprint, status, superseded_by, supersede_reason, created_at) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?)",
             (batch_id, number, fingerprint, json.dumps(line.components),
-             line.record.get("validator"), line.components.get("validator"), stamp)).lastrowid
+             line.record.get("validator"), line.components.get("validator"), status, current,
+             None if current is None else "imported beside the batch's current revision",
+             stamp)).lastrowid
         if current is None:
             db.execute("UPDATE batches SET current_revision = ? WHERE id = ?",
                        (revision_id, batch_id))
