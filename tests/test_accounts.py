@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from batchjson import CallableProvider, Reply, Session
+from batchjson.errors import LedgerError
 from batchjson.ledger import Ledger
 from batchjson.providers.pricing import price_for
 from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
@@ -177,3 +178,25 @@ def test_a_killed_run_leaves_abandoned_calls_that_status_counts(tmp_path: Path) 
     total = status["total"]
     assert total["abandoned"] >= 1 and total["in_flight"] == 0
     assert total["unknown_cost_lower_bound"] > 0
+
+
+def test_merging_a_batch_of_the_same_name_with_other_content_keeps_both_revisions(
+        tmp_path: Path) -> None:
+    ours = Session(CallableProvider(lambda call: priced(items_reply(call))),
+                   ledger=tmp_path / "ours.sqlite")
+    ours.run_batch("labels", review_tasks(2), LABEL_SCHEMA)
+    theirs = Session(CallableProvider(lambda call: priced(items_reply(call))),
+                     ledger=tmp_path / "theirs.sqlite")
+    theirs.run_batch("labels", review_tasks(3, case="gold-pair-090"), LABEL_SCHEMA)
+    theirs.close()
+    report = ours.ledger.merge(tmp_path / "theirs.sqlite")
+    assert report["added"]["revisions"] == 1 and report["added"]["attempts"] == 3
+    numbers = [r.number for r in ours.ledger.revisions("labels")]
+    assert numbers == [1, 2]  # their revision 1 is numbered after ours
+    assert len(ours.ledger.checkpoint("labels")) == 2  # our current revision stays current
+    assert ours.ledger.cost_summary("labels")["total"]["calls"] == 5
+    with pytest.raises(LedgerError, match="is this ledger"):
+        ours.ledger.merge(tmp_path / "ours.sqlite")
+    refused = cli("merge", str(tmp_path / "ours.sqlite"), "--ledger",
+                  str(tmp_path / "ours.sqlite"), cwd=tmp_path)
+    assert refused.returncode == 3 and "is this ledger" in refused.stderr

@@ -136,10 +136,15 @@ class StatusView(TextView):
                             "cancelled"))
         if account and account["unknown_cost_calls"]:
             at_least = account["cost_per_usable_result"]
-            rows.append(("cost unknown", f"{account['unknown_cost_calls']} call(s): at least "
-                         f"{money(account['unknown_cost_lower_bound'])} more (prompts at the "
-                         "input rate)"))
-            if at_least is not None:
+            unknown, unpriced = account["unknown_cost_calls"], account["unpriced_calls"]
+            bound = account["unknown_cost_lower_bound"]
+            text = f"{unknown} call(s) with no recorded cost"
+            if unpriced:
+                text += f", {unpriced} of them for a model with no price"
+            if bound:
+                text += f": at least {money(bound)} more (prompts at the input rate)"
+            rows.append(("cost unknown", text))
+            if at_least is not None and bound:
                 rows.append(("  counting that", f"at least {money(at_least)} per usable result"))
         for sup in s["superseded"][: self.limit]:
             rows.append(("  superseded", f"{sup['batch']} rev {sup['revision']} -> rev "
