@@ -97,8 +97,7 @@ def fit(ledger: Ledger, name: str) -> Fit:
         "a.cost, a.model, LENGTH(q.tasks) AS chars FROM attempts a JOIN batches b "
         "ON b.id = a.batch_id LEFT JOIN requests q ON q.revision_id = a.revision_id AND "
         "q.key = a.request_key WHERE b.name = ? AND a.kind != 'import'", (name,))
-    tasks = ledger.cost_summary(name)["batches"][0]["tasks"] if rows or ledger.batch_id(
-        name) is not None else 0
+    tasks = ledger.cost_summary(name)["total"]["tasks"]
     judged, item_returns, fresh_in, outs, repairs_extra, chars = [], [], [], [], [], []
     provider_errors, call_faults, models, priced = 0, 0, set(), []
     for r in rows:

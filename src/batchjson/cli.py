@@ -140,7 +140,8 @@ def run_demo(ledger: Path, seed: int, out: TextIO | None = None, *, as_json: boo
     listed = ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) or "none"
     say(f"  rejected returns kept as failure receipts; their errors by type: {listed}")
     if swap:
-        say(f"  e.g. {swap}")
+        for line in cliview.wrapped(swap, "  e.g. "):
+            say(line)
     say(f"  the second run resumed every request from the ledger: {second.calls} new call(s)")
     flag = "" if ledger == DEFAULT_LEDGER else f" --ledger {ledger}"
     say()
