@@ -1,73 +1,198 @@
-"""The command line: the demo resolves and resumes; status and receipts read a ledger."""
+"""The command line scripts rely on: every subcommand run as a subprocess, as a script would."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import sqlite3
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from batchjson import CallableProvider, Session
-from batchjson.cli import main
+from batchjson import cli as cli_module
 from batchjson.ledger import Ledger
 from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
 
-
-def test_demo_resolves_with_faults_then_resumes_with_zero_calls(tmp_path, capsys):
-    ledger = tmp_path / "demo.sqlite"
-    assert main(["demo", "--ledger", str(ledger)]) == 0
-    out = capsys.readouterr().out
-    assert "first run:  <BatchResult 'review' rev 1: resolved, 60/60 accepted" in out
-    assert "rejected returns kept as failure receipts" in out
-    assert "resumed from the ledger with 0 new call(s)." in out
-
-    assert main(["status", "review", "--ledger", str(ledger)]) == 0
-    status = json.loads(capsys.readouterr().out)
-    assert status["unresolved_requests"] == 0 and status["usable_results"] == 60
-    assert status["rejected_returns"] >= 1 and status["cost"] > 0
-
-    assert main(["receipts", "review", "--ledger", str(ledger), "--failed", "--raw"]) == 0
-    receipts = capsys.readouterr().out
-    assert "rejected" in receipts and "raw: " in receipts and "accepted" not in receipts
+SUBCOMMANDS = ("demo", "status", "receipts", "values", "export", "import", "merge", "advise")
 
 
-def test_missing_ledger_is_a_clear_error(tmp_path, capsys):
-    with pytest.raises(SystemExit):
-        main(["status", "--ledger", str(tmp_path / "nope.sqlite")])
-    assert "no ledger at" in capsys.readouterr().err
+def bj(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "batchjson", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
 
 
-def test_status_and_receipts_name_what_is_wrong_with_their_input(tmp_path, capsys):
-    ledger = tmp_path / "demo.sqlite"
-    assert main(["demo", "--ledger", str(ledger)]) == 0
-    capsys.readouterr()
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory where `batchjson demo` ran with its defaults."""
+    where = tmp_path_factory.mktemp("demo")
+    done = bj("demo", cwd=where)
+    assert done.returncode == 0, done.stderr
+    assert (where / ".batchjson" / "ledger.sqlite").exists()  # the notebook default
+    (where / "demo.out").write_text(done.stdout)
+    (where / "demo.err").write_text(done.stderr)
+    return where
+
+
+def test_demo_prints_a_readable_summary_that_ends_with_what_to_run_next(demo_dir: Path) -> None:
+    out = (demo_dir / "demo.out").read_text()
+    assert "<BatchResult" not in out and "Evidence(" not in out  # no reprs
+    assert "first run   resolved: 60/60 accepted" in out
+    assert "second run  resolved: 60/60 accepted, 0 call(s)" in out
+    assert "identity: " in out and "the request has" in out
+    tail = out.strip().splitlines()[-5:]
+    assert tail[0] == "next:" and tail[1].strip().startswith("batchjson status")
+    assert (demo_dir / "demo.err").read_text() == ""  # no progress bar off a TTY
+
+
+def test_status_after_the_demo_reads_the_same_default_ledger(demo_dir: Path) -> None:
+    human = bj("status", cwd=demo_dir)
+    assert human.returncode == 0, human.stderr
+    lines = human.stdout.splitlines()
+    assert lines[0] == "ledger .batchjson/ledger.sqlite"
+    assert any(line.split()[:3] == ["review", "60", "60"] for line in lines)
+    assert "$0.0" in human.stdout and "e-0" not in human.stdout
+    data = json.loads(bj("status", "review", "--json", cwd=demo_dir).stdout)
+    (review,) = data["batches"]
+    assert review["usable_results"] == 60 and data["unresolved_requests"] == 0
+    assert review["calls"] == review["accepted_returns"] + review["rejected_returns"]
+    assert data["total"]["calls"] == review["calls"]
+
+
+def test_receipts_are_numbered_1_to_n_per_batch_with_json_for_scripts(demo_dir: Path) -> None:
+    every = json.loads(bj("receipts", "review", "--json", cwd=demo_dir).stdout)
+    assert [r["number"] for r in every] == list(range(1, len(every) + 1))
+    failed = json.loads(bj("receipts", "review", "--failed", "--json", cwd=demo_dir).stdout)
+    assert failed and all(r["status"] != "accepted" for r in failed)
+    assert {r["number"] for r in failed} < {r["number"] for r in every}
+    assert all(r["raw"] is None for r in failed)
+    raw = json.loads(bj("receipts", "review", "--failed", "--raw", "--json",
+                        cwd=demo_dir).stdout)
+    assert all(isinstance(r["raw"], str) for r in raw)
+    human = bj("receipts", "review", "--failed", cwd=demo_dir).stdout
+    assert human.splitlines()[0].split()[:3] == ["#", "rev", "kind"]
+    assert "#627" not in human and "cost=" not in human and "$0.000" in human
+
+
+def test_values_come_out_as_jsonl_csv_or_json(demo_dir: Path) -> None:
+    lines = bj("values", "review", cwd=demo_dir).stdout.splitlines()
+    rows = [json.loads(line) for line in lines]
+    assert len(rows) == 60 and set(rows[0]) == {"task_id", "value"}
+    table = list(csv.DictReader(io.StringIO(bj("values", "review", "--csv",
+                                               cwd=demo_dir).stdout)))
+    assert len(table) == 60 and set(table[0]) == {"task_id", "verdict", "confidence"}
+    by_id = json.loads(bj("values", "review", "--json", cwd=demo_dir).stdout)
+    assert by_id[table[0]["task_id"]]["verdict"] == table[0]["verdict"]
+
+
+def test_export_import_merge_and_advise_round_trip(demo_dir: Path, tmp_path: Path) -> None:
+    whole = json.loads(bj("export", cwd=demo_dir).stdout)
+    jsonl = bj("export", "--jsonl", cwd=demo_dir).stdout.splitlines()
+    assert len(whole["receipts"]) == len(jsonl) > 0
+    exported = tmp_path / "review.jsonl"
+    exported.write_text("\n".join(jsonl) + "\n")
+    fresh = tmp_path / "fresh.sqlite"
+    imported = bj("import", str(exported), "--ledger", str(fresh), "--json", cwd=tmp_path)
+    report = json.loads(imported.stdout)
+    swapped = [r for r in whole["receipts"]
+                if any(e["type"] == "identity" for e in r["errors"])]
+    assert report["items_admitted"] == 60 and report["diagnostic"] == len(swapped) > 0
+    assert imported.returncode == 1  # the demo's swapped returns are kept as diagnostic again
+    merged = bj("merge", str(demo_dir / ".batchjson" / "ledger.sqlite"), "--ledger",
+                str(tmp_path / "merged.sqlite"), "--json", cwd=tmp_path)
+    assert merged.returncode == 0 and json.loads(merged.stdout)["added"]["attempts"] == len(
+        jsonl)
+    advice = bj("advise", "review", "--json", cwd=demo_dir)
+    assert advice.returncode == 0, advice.stderr
+    best = json.loads(advice.stdout)["recommended"]
+    assert best["pack"] >= 1 and best["cost_per_usable_result"] > 0
+    human = bj("advise", "review", cwd=demo_dir).stdout
+    assert human.strip().splitlines()[-1].startswith("recommended: pack ")
+
+
+def test_exit_codes_are_as_documented(demo_dir: Path, tmp_path: Path) -> None:
     not_sqlite = tmp_path / "notes.json"
     not_sqlite.write_text('{"a": 1}')
     other_db = tmp_path / "other.db"
     sqlite3.connect(other_db).execute("CREATE TABLE t (x)").connection.close()
+    bad_import = tmp_path / "bad.jsonl"
+    bad_import.write_text('{"batch": "x"}\n')
     cases = [
-        (["status", "reveiw", "--ledger", str(ledger)],
-         "no batch named 'reveiw' in this ledger (batches: review)"),
-        (["receipts", "nope", "--ledger", str(ledger)], "no batch named 'nope'"),
-        (["status", "--ledger", str(not_sqlite)], "is not a SQLite file"),
-        (["status", "--ledger", str(tmp_path)], "is a directory"),
-        (["receipts", "review", "--ledger", str(other_db)], "not a batchjson ledger"),
+        (["status", "--ledger", str(tmp_path / "nope.sqlite")], 3, "no ledger at"),
+        (["status", "--ledger", str(not_sqlite)], 3, "is not a SQLite file"),
+        (["status", "--ledger", str(tmp_path)], 3, "is a directory"),
+        (["receipts", "review", "--ledger", str(other_db)], 3, "not a batchjson ledger"),
+        (["merge", str(other_db), "--ledger", str(tmp_path / "m.sqlite")], 3,
+         "not a batchjson ledger"),
+        (["status", "reveiw"], 2, "no batch named 'reveiw' in this ledger (batches: review)"),
+        (["values", "nope"], 2, "no batch named 'nope'"),
+        (["advise", "review", "--replays", "-1"], 2, "must be a whole number"),
+        (["import", str(bad_import), "--ledger", str(tmp_path / "b.sqlite")], 2,
+         "line 1: field 'tasks' must be a list"),
+        (["import", str(tmp_path / "none.jsonl"), "--ledger", str(tmp_path / "i.sqlite")], 2,
+         "no receipts file at"),
+        (["frobnicate"], 2, "invalid choice"),
+        ([], 2, "required"),
     ]
-    for argv, message in cases:
-        with pytest.raises(SystemExit) as stop:
-            main(argv)
-        assert stop.value.code == 2 and message in capsys.readouterr().err
+    for argv, code, message in cases:
+        done = bj(*argv, cwd=demo_dir)
+        assert done.returncode == code, (argv, done.returncode, done.stderr)
+        assert message in done.stderr and "Traceback" not in done.stderr, (argv, done.stderr)
     tables = sqlite3.connect(other_db).execute("SELECT name FROM sqlite_master").fetchall()
-    assert tables == [("t",)]  # the wrong file was not turned into a ledger
+    assert tables == [("t",)]  # a wrong file is never turned into a ledger
+    for never_made in ("nope.sqlite", "m.sqlite", "i.sqlite", "b.sqlite"):
+        assert not (tmp_path / never_made).exists()  # refused before a ledger was created
 
 
-def test_demo_never_clears_a_ledger_that_holds_other_batches(tmp_path, capsys):
+def test_every_subcommand_documents_each_option(tmp_path: Path) -> None:
+    for name in SUBCOMMANDS:
+        done = bj(name, "--help", cwd=tmp_path)
+        assert done.returncode == 0
+        options = [line.strip() for line in done.stdout.splitlines()
+                   if line.strip().startswith("--")]
+        assert any(o.startswith("--ledger PATH") for o in options), name
+        assert any(o.startswith("--json") for o in options), name
+        for option in options:
+            assert len(option.split(None, 2)) >= 2, (name, option)  # a help text on each line
+    serve = bj("serve", "--help", cwd=tmp_path)
+    assert serve.returncode == 0 and "--port" in serve.stdout
+    top = bj("--help", cwd=tmp_path).stdout
+    assert "Exit codes" in top and all(name in top for name in SUBCOMMANDS)
+
+
+def test_a_closed_pipe_is_quiet(demo_dir: Path) -> None:
+    for argv in (["export", "--jsonl"], ["receipts", "review", "--raw"]):
+        proc = subprocess.Popen([sys.executable, "-m", "batchjson", *argv], cwd=demo_dir,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.readline()
+        proc.stdout.close()  # like `| head -1`
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=60) == 0 and err == "", err
+
+
+def test_ctrl_c_is_one_line_and_exit_130(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture) -> None:
+    def interrupted(args: object, out: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_module, "cmd_demo", interrupted)
+    assert cli_module.main(["demo", "--ledger", str(tmp_path / "d.sqlite")]) == 130
+    err = capsys.readouterr().err
+    assert err.startswith("batchjson: interrupted") and "Traceback" not in err
+
+
+def test_demo_never_clears_a_ledger_that_holds_other_batches(tmp_path: Path) -> None:
     ledger = tmp_path / "work.sqlite"
     Session(CallableProvider(items_reply), ledger=ledger).run_batch(
         "labels", review_tasks(1), LABEL_SCHEMA)
-    with pytest.raises(SystemExit):
-        main(["demo", "--ledger", str(ledger)])
-    assert "holds batches other than the demo's (labels)" in capsys.readouterr().err
+    refused = bj("demo", "--ledger", str(ledger), cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "holds batches other than the demo's (labels)" in refused.stderr
     assert Ledger(ledger).batch_names() == ["labels"]
-    assert main(["demo", "--ledger", str(tmp_path / "demo.sqlite")]) == 0
-    assert main(["demo", "--ledger", str(tmp_path / "demo.sqlite")]) == 0  # its own: reset
+    again = bj("demo", "--ledger", str(tmp_path / "d.sqlite"), "--json", cwd=tmp_path)
+    assert again.returncode == 0 and json.loads(again.stdout)["second"]["calls"] == 0
+    assert bj("demo", "--ledger", str(tmp_path / "d.sqlite"), cwd=tmp_path).returncode == 0

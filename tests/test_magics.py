@@ -525,7 +525,8 @@ def test_superseded_revision_is_reported(loaded: Any, capsys: Any) -> None:
     ok(ip, "model.faults = FaultPlan()")
     capsys.readouterr()
     ok(ip, "%%batch_json labels\n" + BODY + "tasks = tasks[:2]")
-    assert "batchjson: labels: revision 1 superseded (changed: tasks)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert out.count("batchjson: labels: revision 1 superseded (changed: tasks)") == 1
     status = ok(ip, "%batch_status labels")
     assert len(status["superseded"]) == 1 and "superseded" in repr(status)
 
@@ -648,24 +649,78 @@ def test_validators_lists_batches_by_fingerprint_across_sessions(loaded: Any) ->
     assert rows[0][2] != rows[1][2]
 
 
-def test_batch_receipts(loaded: Any, capsys: Any) -> None:
+def test_batch_receipts_numbers_1_to_n_and_keeps_numbers_when_filtered(loaded: Any,
+                                                                        capsys: Any) -> None:
     ip = loaded
     ok(ip, "model.faults = FaultPlan(script={0: 'malformed_json'}, clean_after=1)")
     ok(ip, "%%batch_json labels --tasks tasks[:2] --repairs 1 --replays 0\n" + BODY)
-    table = ok(ip, "%batch_receipts labels")
-    assert [(r[2], r[3]) for r in table.rows] == [
-        ("initial", "rejected"), ("initial", "rejected"), ("repair", "accepted"),
-        ("repair", "accepted")]
-    assert [r[0] for r in table.rows] == ["1", "2", "3", "4"]
-    assert any(r[7].startswith("json: return is not valid JSON") for r in table.rows)
-    assert not table.details and '"items"' not in repr(table)
+    view = ok(ip, "%batch_receipts labels")
+    assert [(r["number"], r["kind"], r["status"]) for r in view.rows] == [
+        (1, "initial", "rejected"), (2, "initial", "rejected"), (3, "repair", "accepted"),
+        (4, "repair", "accepted")]
+    assert any(e.startswith("json: return is not valid JSON") for r in view.rows
+               for e in r["errors"])
+    assert '"items"' not in repr(view) and "page 1 of 1" in repr(view)
     failed = ok(ip, "%batch_receipts labels --failed")
-    assert len(failed) == 2 and {r[3] for r in failed.rows} == {"rejected"}
+    assert [r["number"] for r in failed.rows] == [1, 2]
+    assert {r["status"] for r in failed.rows} == {"rejected"}
     raw = ok(ip, "%batch_receipts labels --failed --raw")
-    assert len(raw.details) == 2 and '{"items"' in repr(raw) and "<details>" in raw._repr_html_()
+    assert '{"items"' in repr(raw) and "<details>" in raw._repr_html_()
     assert "no batch named 'nope'" in usage_error(ip, "%batch_receipts nope", capsys)
     assert "required: name" in usage_error(ip, "%batch_receipts", capsys)
     assert "unrecognized" in usage_error(ip, "%batch_receipts labels --bogus", capsys)
+    assert "--page" in usage_error(ip, "%batch_receipts labels --page 0", capsys)
+
+
+def test_batch_receipts_pages_and_wraps_errors_whole(loaded: Any) -> None:
+    ip = loaded
+    ok(ip, "model.faults = FaultPlan(malformed_json=1.0)")
+    run(ip, "%%batch_json labels --repairs 1 --replays 1\n" + BODY)  # 4 requests x 3 attempts
+    first = ok(ip, "%batch_receipts labels --failed --per-page 5")
+    assert [r["number"] for r in first.rows] == [1, 2, 3, 4, 5]
+    text = repr(first)
+    assert "page 1 of 3" in text
+    assert "next page: %batch_receipts labels --failed --per-page 5 --page 2" in text
+    last = ok(ip, "%batch_receipts labels --failed --per-page 5 --page 3")
+    assert [r["number"] for r in last.rows] == [11, 12] and "next page" not in repr(last)
+    for line in text.splitlines():
+        assert len(line) <= 110, line  # long errors are wrapped, not cut mid-word
+    assert "..." not in "".join(e for r in first.rows for e in r["errors"])
+    message = first.rows[0]["errors"][0]
+    assert " ".join(message.split()) in " ".join(text.split())  # the whole message is shown
+
+
+def test_supersession_is_announced_before_the_new_revision_spends(loaded: Any,
+                                                                   capsys: Any) -> None:
+    ip = loaded
+    ok(ip, "model.faults = FaultPlan(malformed_json=1.0)")
+    run(ip, "%%batch_json labels --repairs 0 --replays 0\n" + BODY)
+    ok(ip, "import json\n"
+           "def loud(call):\n"
+           "    print('CALL MADE')\n"
+           "    items = [{'task_id': t['task_id'], 'verdict': 'match'} for t in call.tasks]\n"
+           "    return json.dumps({'items': items})\n"
+           "%config BatchJson.provider = CallableProvider(loud)")
+    capsys.readouterr()
+    ok(ip, "%%batch_json labels\n" + BODY + "tasks = tasks[:2]")
+    out = capsys.readouterr().out
+    note = "batchjson: labels: revision 1 superseded (changed: tasks)"
+    assert note in out and out.index(note) < out.index("CALL MADE")
+    assert out.count("superseded") == 1
+
+
+def test_failed_request_is_reported_once_not_per_bystander(loaded: Any, capsys: Any) -> None:
+    ip = loaded
+    ok(ip, "model.faults = FaultPlan(wrong_type=1.0)")
+    run(ip, "%%batch_json labels --pack 4 --repairs 0 --replays 0\n" + BODY)
+    result = ip.user_ns["labels"]
+    (failure,) = result.failures
+    assert len(failure["tasks"]) == 4 and failure["bystanders"] == 3
+    assert len(failure["errors"]) == 1 and failure["errors"][0]["type"] == "schema"
+    assert failure["raw"].startswith('{"items"')
+    assert all("raw" not in e for e in result.errors)  # the raw return is kept once
+    report = result.failure_report()
+    assert report.count("schema:") == 1 and "3 other task(s)" in report
 
 
 def test_injected_helpers_work(loaded: Any) -> None:
@@ -683,3 +738,35 @@ def test_display_objects_escape_html() -> None:
     html = table._repr_html_()
     assert "<script>" not in html and "&lt;script&gt;" in html and "&amp;" in html
     assert "&lt;raw&gt;" in html
+
+
+def test_in_jupyter_the_progress_bar_is_html_updated_in_place_ending_at_the_true_count(
+        loaded: Any, monkeypatch: Any, capsys: Any) -> None:
+    from IPython.utils.capture import capture_output
+
+    ip = loaded
+    monkeypatch.setattr(ip, "kernel", object(), raising=False)  # as in a Jupyter kernel
+    monkeypatch.setattr(ip.display_formatter.formatters["text/html"], "enabled", True)
+    with capture_output() as captured:
+        ok(ip, "%%batch_json labels --pack 2\n" + BODY)
+    bars = [o for o in captured.outputs if "task(s) judged" in o.data.get("text/plain", "")]
+    assert bars and "<progress" in bars[-1].data["text/html"]
+    assert bars[-1].data["text/plain"] == "labels: 4/4 task(s) judged"
+    assert "%|" not in captured.stderr and "it/s" not in captured.stderr  # no tqdm text bar
+
+
+def test_batch_status_counts_calls_that_never_completed_with_a_lower_bound(
+        loaded: Any) -> None:
+    ip = loaded
+    ok(ip, "%%batch_json labels\n" + BODY)
+    ledger = ip.user_ns["batch_session"].ledger
+    with ledger.transaction() as db:
+        row = db.execute("SELECT batch_id, revision_id, request_key, task_ids FROM attempts "
+                         "LIMIT 1").fetchone()
+        db.execute("INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, "
+                   "status, model, started_at, uid, estimated_input_tokens) VALUES "
+                   "(?,?,?,?, 'replay', 'abandoned', 'gpt-4o-mini', 'x', 'u1', 2000)",
+                   tuple(row))
+    text = repr(ok(ip, "%batch_status labels"))
+    assert "1 abandoned, 0 in flight" in text
+    assert "cost unknown" in text and "at least $0.000300 more" in text

@@ -400,6 +400,31 @@ class Ledger:
                 row["batches"].append(r["batch"])
         return list(out.values())
 
+    # -- recovery and accounts (recovery.py, merge.py, accounts.py hold the logic) -------------
+    def import_receipts(self, path: str | Path, *, validators: Any = None) -> dict[str, Any]:
+        """Import historical receipts (JSONL), rechecking every item; see docs/recovery.md."""
+        from .recovery import import_receipts
+
+        return import_receipts(self, path, validators=validators)
+
+    def export_receipts(self, name: str | None = None) -> list[dict[str, Any]]:
+        """Every attempt as an importable receipt, in call order."""
+        from .recovery import export_receipts
+
+        return export_receipts(self, name)
+
+    def merge(self, other: str | Path) -> dict[str, Any]:
+        """Bring another ledger's batches, attempts and accepted values in (idempotent)."""
+        from .merge import merge_ledger
+
+        return merge_ledger(self, other)
+
+    def cost_summary(self, name: str | None = None) -> dict[str, Any]:
+        """Per batch and in total: every attempt's calls, tokens and cost; see accounts.py."""
+        from .accounts import cost_summary
+
+        return cost_summary(self, name)
+
 
 _REVISION_SQL = (
     "SELECT r.id, r.batch_id, b.name AS batch, r.number, r.fingerprint, r.components, r.status, "

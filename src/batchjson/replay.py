@@ -237,7 +237,7 @@ class Replayer:
                 mine = [{"type": "batch_rejected", "task_id": task_id,
                          "message": "this task's item was fine but another item of the same "
                          "request failed, so the whole return was rejected"}]
-            extra = {"raw": raw[:1000]} if raw is not None else {}
+            extra = {"request": request.key, **({"raw": raw} if raw is not None else {})}
             self.outcome.errors[task_id] = [{**e, "task_id": task_id, **extra} for e in mine]
 
     def _prompt(self, request: Request) -> str:

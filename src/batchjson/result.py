@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,24 +54,60 @@ class BatchResult:
             "resumed": self.resumed,
         }
 
+    def __post_init__(self) -> None:
+        """Keep each failed request's raw return once (in ``raws``), not on every task's error."""
+        self.raws: dict[str, str] = {}
+        for e in self.errors:
+            raw = e.pop("raw", None)
+            if raw is not None:
+                self.raws.setdefault(_request_of(e), raw)
+
+    @property
+    def failures(self) -> list[dict[str, Any]]:
+        """One entry per failed request: its tasks, its own errors once (an error about the whole
+        return is not repeated per task), how many bystanders shared the rejection, the raw
+        return (kept once)."""
+        groups: dict[str, dict[str, Any]] = {}
+        for e in self.errors:
+            if e.get("task_id") in self.values:
+                continue
+            key = _request_of(e)
+            group = groups.setdefault(key, {"request": e.get("request"), "tasks": [],
+                                            "errors": [], "bystanders": 0,
+                                            "raw": self.raws.get(key)})
+            task_id = e.get("task_id")
+            if task_id is not None and task_id not in group["tasks"]:
+                group["tasks"].append(task_id)
+            if e.get("type") == "batch_rejected":
+                group["bystanders"] += 1
+                continue
+            seen = {(x.get("type"), x.get("message")) for x in group["errors"]}
+            if (e.get("type"), e.get("message")) not in seen:
+                group["errors"].append({k: v for k, v in e.items() if k != "request"})
+        return list(groups.values())
+
     def failure_report(self, limit: int = 10) -> str:
-        """A short account: which tasks failed, why, what was spent, and how to resume."""
+        """A short account: which requests failed, why, what was spent, and how to resume."""
         missing = self.total_tasks - len(self.values)
         lines = [f"batch {self.name!r} (revision {self.revision}) is unresolved: {missing} of "
                  f"{self.total_tasks} task(s) have no accepted answer after {self.calls} call(s), "
                  f"{self.tokens} tokens, cost {money(self.cost)}."]
-        by_task: dict[str, dict[str, Any]] = {}
-        for e in self.errors:
-            by_task[e.get("task_id") or "<request>"] = e
-        own = {t: e for t, e in by_task.items() if e.get("type") != "batch_rejected"}
-        for task_id, e in list(own.items())[:limit]:
-            lines.append(f"  {task_id}: {e.get('type')}: {e.get('message')}")
-        if len(own) > limit:
-            lines.append(f"  ... and {len(own) - limit} more task(s) with errors of their own")
-        bystanders = len(by_task) - len(own)
-        if bystanders:
-            lines.append(f"  {bystanders} other task(s) were fine but shared a rejected return "
-                         "(a return is accepted whole or not at all)")
+        failures = self.failures
+        for f in failures[:limit]:
+            tasks = f["tasks"]
+            what = (tasks[0] if len(tasks) == 1 else
+                    f"{len(tasks)} tasks ({tasks[0]} .. {tasks[-1]})")
+            lines.append(f"  request of {what}:")
+            for e in f["errors"][:3]:
+                lines.append(f"    {e.get('type')}: {e.get('message')}")
+            if len(f["errors"]) > 3:
+                lines.append(f"    ... and {len(f['errors']) - 3} more error(s)")
+            if f["bystanders"]:
+                lines.append(f"    {f['bystanders']} other task(s) of this request were fine but "
+                             "shared the rejected return (a return is accepted whole or not at "
+                             "all)")
+        if len(failures) > limit:
+            lines.append(f"  ... and {len(failures) - limit} more failed request(s)")
         if any(e.get("type") == "validator_error" for e in self.errors):
             lines.append("A validator raised something other than ValueError: fix the validator "
                          "(those errors are never retried).")
@@ -97,13 +134,46 @@ class BatchResult:
                          ("provider errors", s["provider_errors"]), ("calls", self.calls),
                          ("tokens", self.tokens), ("cost", money(self.cost)),
                          ("unresolved", s["unresolved"]), ("resumed requests", self.resumed)))
+        failed = ""
+        failures = self.failures
+        if failures:
+            rows = []
+            for f in failures[:10]:
+                tasks = f["tasks"]
+                what = (tasks[0] if len(tasks) == 1 else
+                        f"{len(tasks)} tasks: {tasks[0]} .. {tasks[-1]}")
+                first = f["errors"][0] if f["errors"] else {"type": "batch_rejected",
+                                                            "message": "rejected with others"}
+                more = (f" (+{len(f['errors']) - 1} more)" if len(f["errors"]) > 1 else "")
+                rows.append(f"<li><code>{html.escape(what)}</code>: "
+                            f"{html.escape(str(first.get('type')))}: "
+                            f"{html.escape(str(first.get('message')))}{html.escape(more)}</li>")
+            if len(failures) > 10:
+                rows.append(f"<li>... and {len(failures) - 10} more failed request(s)</li>")
+            failed = (f"<div>{len(failures)} failed request(s):<ul style='margin:2px 0'>"
+                      f"{''.join(rows)}</ul></div>")
         return (f"<div><span style='color:{colour}'>&#9679;</span> batch "
                 f"<code>{html.escape(self.name)}</code> revision {self.revision}: "
-                f"<b>{self.status}</b><table><tr>{cells}</tr></table></div>")
+                f"<b>{self.status}</b><table><tr>{cells}</tr></table>{failed}</div>")
+
+
+def _request_of(error: dict[str, Any]) -> str:
+    """The failed request an error belongs to (the replay loop tags it), else its message."""
+    if error.get("request"):
+        return str(error["request"])
+    if error.get("type") == "not_attempted":
+        return "not_attempted"
+    return f"{error.get('type')}:{error.get('task_id')}:{error.get('message')}"
 
 
 def money(cost: float | None) -> str:
-    """Dollars, with enough digits that a cheap model's spend does not read as zero."""
+    """Dollars, with three significant digits below a cent so a cheap model's spend does not
+    read as zero: $0.000158, $0.0421, $12.5000."""
     if cost is None:
         return "unknown"
-    return f"${cost:.6f}" if 0 < abs(cost) < 0.01 else f"${cost:.4f}"
+    if cost == 0:
+        return "$0.00"
+    if 0 < abs(cost) < 0.01:
+        digits = max(6, 2 - math.floor(math.log10(abs(cost))))
+        return f"${cost:.{digits}f}"
+    return f"${cost:.4f}"

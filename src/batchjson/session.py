@@ -69,6 +69,8 @@ class Session:
                 v.name, v.fingerprint.digest, v.where, v.fingerprint.by_identity))
         self.evidence = Evidence(self.ledger)
         self.tally = Tally()  # charged as calls are reserved, by every run and thread
+        # Told things a person should hear before anything is spent (e.g. a supersession).
+        self.on_note: Callable[[str], None] | None = None
 
     @property
     def spent_calls(self) -> int:
@@ -203,6 +205,13 @@ class Session:
         revision, superseded = self.ledger.open_revision(
             name, fingerprint, components, requests, strict=self.strict,
             validator=validator_record)
+        superseded_note = None
+        if superseded is not None:
+            superseded_note = (f"revision {superseded.number} superseded "
+                               f"({superseded.supersede_reason or 'content changed'})")
+            if self.on_note is not None and pending:
+                self.on_note(f"{name}: {superseded_note}; revision {revision.number} runs "
+                             f"{len(pending)} request(s)")
         plan = Plan(batch_id=revision.batch_id, revision_id=revision.id, mode=mode,
                     identity=ident, schema=item_schema, validator=checker,
                     instructions=instructions, content=key_content, repairs=repairs,
@@ -212,22 +221,23 @@ class Session:
             outcome = self._replay(plan, provider, spender, pending, spec.progress, name)
         result = self._result(name, revision.number, task_list, item_schema, outcome,
                               resumed=len(requests) - len(pending))
-        if superseded is not None:
-            result.superseded = (f"revision {superseded.number} superseded "
-                                 f"({superseded.supersede_reason or 'content changed'})")
+        if superseded_note is not None:
+            result.superseded = superseded_note
             result.notes.append(result.superseded)
         if result.status != "resolved" and spec.on_exhausted == "raise":
             raise BatchUnresolved(result)
         return result
 
     def _replay(self, plan: Plan, provider: Any, spender: Spender, pending: list,
-                progress: bool, name: str) -> Outcome:
+                progress: Any, name: str) -> Outcome:
         bar = None
-        if progress:
+        total = sum(len(r.tasks) for r in pending)
+        if callable(progress):  # a face's own bar (a notebook widget): progress(total, name)
+            bar = progress(total, name)
+        elif progress:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=sum(len(r.tasks) for r in pending), desc=name, unit="task",
-                       leave=False)
+            bar = tqdm(total=total, desc=name, unit="task", leave=True)
 
         async def go() -> Outcome:
             replayer = Replayer(plan, self.ledger, provider, spender, self.transport,
@@ -261,6 +271,15 @@ class Session:
             accepted_returns=outcome.accepted_returns, rejected_returns=outcome.rejected_returns,
             provider_errors=outcome.provider_errors, resumed=resumed,
             attempts_by_task=dict(outcome.attempts_by_task), repairs_made=outcome.repairs_made)
+
+    def advise(self, name: str, **options: Any) -> dict[str, Any]:
+        """Pack-size advice for batch ``name`` from its receipts (see docs/recovery.md);
+        ``options`` go to :func:`batchjson.advice.advise` (candidates=, split=)."""
+        from .advice import advise
+
+        options.setdefault("repairs", self.repairs)
+        options.setdefault("replays", self.replays)
+        return advise(self.ledger, name, **options)
 
 
 def _index_form(fn: Callable[[Any, int], Any]) -> Callable[[Any, Mapping[str, Any]], Any]:

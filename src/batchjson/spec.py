@@ -42,7 +42,7 @@ class RunSpec:
     split: bool = False
     max_calls: int | None = None
     on_exhausted: str = "raise"
-    progress: bool = False
+    progress: bool | Callable[[int, str], Any] = False  # or a face's bar: progress(total, name)
     mode: str = "items"
     validator_args: str = "task"
     refuse_short_budget: bool = True

@@ -38,7 +38,14 @@ from .cell import (
     one_line,
     run_body,
 )
-from .display import StatusView, Table, describe_tasks, money, short_error
+from .display import (
+    NotebookProgress,
+    ReceiptsView,
+    StatusView,
+    Table,
+    in_notebook_frontend,
+    receipt_rows,
+)
 from .state import KernelState
 
 DEFAULT_LEDGER = ".batchjson/ledger.sqlite"
@@ -242,20 +249,33 @@ class BatchJson(Magics):
         instructions = (evaluate(self.shell, "--instructions", args.instructions, default=False)
                         if args.instructions else None)
         max_calls = args.max_calls if args.max_calls is not None else self.max_calls
-        _import_progress_bar()
+        if in_notebook_frontend(self.shell):  # drawn as HTML in place, never a stderr box
+            progress: Any = NotebookProgress
+        else:
+            _import_progress_bar()
+            progress = True
+        notes: list[str] = []
+
+        def note(text: str) -> None:  # said before the new revision spends anything
+            notes.append(text)
+            print(f"batchjson: {text}", flush=True)
+
+        previous_note, session.on_note = session.on_note, note
         try:
             result = session.run_batch(
                 args.name, tasks, schema, validator=checker, identity=identity, pack=args.pack,
                 instructions=instructions, repairs=args.repairs, replays=args.replays,
-                split=args.split, max_calls=max_calls, on_exhausted="return", progress=True)
+                split=args.split, max_calls=max_calls, on_exhausted="return", progress=progress)
         except KeyboardInterrupt as exc:
             print(interrupted_line(args.name), file=sys.stderr)
             raise BatchInterrupted() from exc
         except BatchJsonError as exc:
             raise UsageError(one_line(exc)) from None
+        finally:
+            session.on_note = previous_note
 
         ns[var] = result
-        if result.superseded:
+        if result.superseded and not notes:  # nothing was spent, so nothing was announced
             print(f"batchjson: {args.name}: {result.superseded}")
         display(result)
         if not result.resolved:
@@ -273,7 +293,9 @@ class BatchJson(Magics):
         if args.name is not None:
             self._known_batch(args.name)
         assert self._state is not None
-        return StatusView(session.evidence.summary(args.name), ledger=self._state.ledger_label(),
+        summary = session.evidence.summary(args.name)
+        summary["account"] = session.ledger.cost_summary(args.name)["total"]
+        return StatusView(summary, ledger=self._state.ledger_label(),
                           provider=self._state.provider_label(),
                           owed=session.evidence.requests(args.name))
 
@@ -307,30 +329,33 @@ class BatchJson(Magics):
     @argument("name", help="Batch name.")
     @argument("--failed", action="store_true", help="Only attempts that were not accepted.")
     @argument("--raw", action="store_true", help="Also show each raw return.")
+    @argument("--page", type=_whole(1), default=1, metavar="N", help="Page to show (from 1).")
+    @argument("--per-page", type=_whole(1), default=20, metavar="N", dest="per_page",
+              help="Receipts per page (default 20).")
     @line_magic
-    def batch_receipts(self, line: str) -> Table:
-        """Every attempt of a batch in call order: kind, status, tokens, cost and errors."""
+    def batch_receipts(self, line: str) -> ReceiptsView:
+        """Every attempt of a batch in call order, numbered 1..N, a page at a time: kind, status,
+        tokens, cost and its errors in full (identity errors name the field and both values)."""
         args = parse_argstring(self.batch_receipts, line)
         self._known_batch(args.name)
-        receipts = self.session.ledger.attempts(args.name, failed=args.failed)
-        rows, details = [], []
-        for n, r in enumerate(receipts, 1):
-            errors = r.errors
-            message = ""
-            if errors:
-                first = errors[0]
-                message = short_error(first)
-                if len(errors) > 1:
-                    message += f" (+{len(errors) - 1} more)"
-            tasks = describe_tasks(r.task_ids)
-            rows.append([n, r.revision, r.kind, r.status, tasks, r.tokens, money(r.cost),
-                         message])
-            if args.raw and r.raw is not None:
-                details.append((f"#{n} raw return ({r.kind}, {r.status})", r.raw))
+        receipts = self.session.ledger.attempts(args.name)
+        numbered = [(n, r) for n, r in enumerate(receipts, 1)
+                    if not args.failed or r.status != "accepted"]
+        start = (args.page - 1) * args.per_page
+        shown = numbered[start:start + args.per_page]
+        rows = []
+        for n, r in shown:
+            rows.extend(receipt_rows([r], start=n))
+        hint = None
+        if start + args.per_page < len(numbered):
+            flags = "".join(f" {f}" for f, on in (("--failed", args.failed), ("--raw", args.raw))
+                            if on)
+            size = f" --per-page {args.per_page}" if args.per_page != 20 else ""
+            hint = f"%batch_receipts {args.name}{flags}{size} --page {args.page + 1}"
         which = "failed attempts" if args.failed else "attempts"
-        return Table(f"{which} of batch {args.name!r} ({len(receipts)})",
-                     ["#", "rev", "kind", "status", "tasks", "tokens", "cost", "errors"], rows,
-                     empty=f"no {which} recorded", details=details)
+        return ReceiptsView(f"{which} of batch {args.name!r} ({len(numbered)})", rows,
+                            page=args.page, per_page=args.per_page, total=len(numbered),
+                            next_hint=hint, raw=args.raw)
 
     def _cell_names(self) -> dict[str, str]:
         """Basename of a cell's code file -> "In[n]", as IPython names cells in tracebacks."""

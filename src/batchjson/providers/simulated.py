@@ -42,9 +42,12 @@ class FaultPlan:
     timeout: float = 0.0
     script: Mapping[int, str | Sequence[str]] = field(default_factory=dict)
     clean_after: int | None = None
+    # Per *item*, not per call: each item's answer has the wrong type with this probability,
+    # so a bigger pack is rejected more often (the fault pack-size advice is about).
+    item_wrong_type: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in FAULTS:
+        for name in (*FAULTS, "item_wrong_type"):
             rate = getattr(self, name)
             if not 0.0 <= rate <= 1.0:
                 raise ProviderSetupError(f"FaultPlan.{name} must be a probability in [0, 1], "
@@ -141,6 +144,13 @@ class SimulatedModel:
             cost = (inp * self.price_per_million[0] + out * self.price_per_million[1]) / 1e6
         return Reply(text=text, input_tokens=inp, output_tokens=out, cost=cost, model=self.model)
 
+    def _item_faults(self, items: list[dict], call: Call) -> None:
+        for item in items:
+            if _item_fault_draw(self.faults, self.seed, call, str(item.get("task_id"))):
+                answer_fields = [k for k in item if k not in call.identity]
+                if answer_fields:
+                    item[answer_fields[0]] = _wrong_type(item[answer_fields[0]])
+
     def render(self, call: Call, faults: Sequence[str]) -> str:
         """The text a model with these faults would have returned for this call."""
         if call.mode == "value":
@@ -150,6 +160,7 @@ class SimulatedModel:
             payload: Any = value
         else:
             items = [{**{k: t[k] for k in call.identity}, **self.answer(t)} for t in call.tasks]
+            self._item_faults(items, call)
             items = _corrupt_items(items, call, faults, self.seed)
             payload = {"items": items}
         text = json.dumps(payload, ensure_ascii=False)
@@ -158,6 +169,15 @@ class SimulatedModel:
         if "malformed_json" in faults:
             text = text[: max(1, len(text) // 2)]
         return text
+
+
+def _item_fault_draw(plan: FaultPlan, seed: int, call: Call, task_id: str) -> bool:
+    if not plan.item_wrong_type or (plan.clean_after is not None
+                                    and call.attempt >= plan.clean_after):
+        return False
+    rng = random.Random(int(sha(f"item:{seed}:{call.request_key}:{call.attempt}:{task_id}")[:16],
+                            16))
+    return rng.random() < plan.item_wrong_type
 
 
 def _corrupt_items(items: list[dict], call: Call, faults: Sequence[str], seed: int) -> list[dict]:

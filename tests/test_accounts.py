@@ -1,0 +1,202 @@
+"""Every attempt stays in the account: across runs, ledgers (merge) and killed processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from batchjson import CallableProvider, Reply, Session
+from batchjson.errors import LedgerError
+from batchjson.ledger import Ledger
+from batchjson.providers.pricing import price_for
+from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "batchjson", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def priced(text: str, cost: float | None = 0.001) -> Reply:
+    return Reply(text=text, input_tokens=100, output_tokens=40, cached_tokens=10, cost=cost,
+                 model="gpt-4o-mini")
+
+
+def test_two_runs_in_two_ledgers_merged_status_counts_the_attempts_of_both(
+        tmp_path: Path) -> None:
+    calls = {"n": 0}
+
+    def first_bad(call: Any) -> Reply:
+        calls["n"] += 1
+        return priced("{cut" if calls["n"] == 1 else items_reply(call))
+
+    a = Session(CallableProvider(first_bad), ledger=tmp_path / "a.sqlite")
+    a.run_batch("labels", review_tasks(4), LABEL_SCHEMA, pack=2)  # 3 calls: 1 rejected
+    a.close()
+    b = Session(CallableProvider(lambda call: priced(items_reply(call), cost=0.002)),
+                ledger=tmp_path / "b.sqlite")
+    b.run_batch("labels", review_tasks(4), LABEL_SCHEMA, pack=2)  # 2 calls, other run dir
+    b.run_batch("other", review_tasks(1, case="gold-pair-090"), LABEL_SCHEMA)  # 1 call
+    b.close()
+
+    merged = cli("merge", str(tmp_path / "b.sqlite"), "--ledger", str(tmp_path / "a.sqlite"),
+                 "--json", cwd=tmp_path)
+    assert merged.returncode == 0, merged.stderr
+    assert json.loads(merged.stdout)["added"]["attempts"] == 3
+    again = cli("merge", str(tmp_path / "b.sqlite"), "--ledger", str(tmp_path / "a.sqlite"),
+                "--json", cwd=tmp_path)
+    assert json.loads(again.stdout)["added"]["attempts"] == 0  # idempotent by uid
+
+    status = json.loads(cli("status", "--json", "--ledger", str(tmp_path / "a.sqlite"),
+                            cwd=tmp_path).stdout)
+    by_name = {e["batch"]: e for e in status["batches"]}
+    labels, other, total = by_name["labels"], by_name["other"], status["total"]
+    assert (labels["calls"], labels["accepted_returns"], labels["rejected_returns"]) == (5, 4, 1)
+    assert labels["usable_results"] == 4 and labels["tasks"] == 4
+    assert labels["cost"] == pytest.approx(3 * 0.001 + 2 * 0.002)
+    assert labels["cost_per_usable_result"] == pytest.approx(0.007 / 4)
+    assert (labels["input_tokens"], labels["output_tokens"], labels["cached_tokens"]) == (
+        500, 200, 50)
+    assert (other["calls"], other["usable_results"], other["cost"]) == (1, 1, 0.002)
+    assert (total["calls"], total["usable_results"]) == (6, 5)
+    assert total["cost"] == pytest.approx(0.009)
+    assert total["cost_per_usable_result"] == pytest.approx(0.009 / 5)
+    assert total["unknown_cost_calls"] == 0 and not total["cost_is_lower_bound"]
+
+    held = Ledger(tmp_path / "a.sqlite")
+    assert len(held.checkpoint("other")) == 1  # accepted values came over too
+    held.close()
+    human = cli("status", "--ledger", str(tmp_path / "a.sqlite"), cwd=tmp_path).stdout
+    assert "$0.009000" in human and "e-0" not in human
+
+
+def test_abandoned_and_in_flight_calls_count_with_a_lower_bound_shown_apart(
+        tmp_path: Path) -> None:
+    session = Session(CallableProvider(lambda call: priced(items_reply(call))),
+                      ledger=tmp_path / "l.sqlite")
+    session.run_batch("labels", review_tasks(2), LABEL_SCHEMA, pack=1)
+    session.close()
+    db = sqlite3.connect(tmp_path / "l.sqlite")
+    row = db.execute("SELECT batch_id, revision_id, request_key, task_ids FROM attempts "
+                     "LIMIT 1").fetchone()
+    for status, estimate in (("abandoned", 4000), ("in_flight", None)):
+        db.execute("INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, "
+                   "status, model, started_at, uid, estimated_input_tokens) VALUES "
+                   "(?,?,?,?, 'replay', ?, 'gpt-4o-mini', '2026-01-01', ?, ?)",
+                   (*row, status, f"uid-{status}", estimate))
+    db.commit()
+    tasks_chars = db.execute("SELECT LENGTH(tasks) FROM requests WHERE key = ?",
+                             (row[2],)).fetchone()[0]
+    db.close()
+    summary = Ledger(tmp_path / "l.sqlite").cost_summary("labels")["batches"][0]
+    rate = price_for("gpt-4o-mini").input / 1e6
+    assert (summary["calls"], summary["abandoned"], summary["in_flight"]) == (4, 1, 1)
+    assert summary["unknown_cost_calls"] == 2 and summary["cost_is_lower_bound"]
+    assert summary["cost"] == pytest.approx(0.002)
+    assert summary["unknown_cost_lower_bound"] == pytest.approx(
+        (4000 + tasks_chars // 4) * rate)
+    assert summary["cost_per_usable_result"] == pytest.approx(
+        (0.002 + summary["unknown_cost_lower_bound"]) / 2)
+    human = cli("status", "--ledger", str(tmp_path / "l.sqlite"), cwd=tmp_path).stdout
+    assert "2 call(s) have no recorded cost" in human and "at least $" in human
+
+
+RUNNER = textwrap.dedent("""
+    import asyncio, json, os, sys
+    from pathlib import Path
+    from batchjson import CallableProvider, Reply, Session
+
+    marker = Path(sys.argv[2])
+
+    async def model(call):
+        if call.tasks[0]["task_id"] == "t2" and not os.environ.get("HEALTHY"):
+            marker.write_text("sent")
+            await asyncio.sleep(3600)  # killed here, mid-call
+        items = [{"task_id": t["task_id"], "verdict": "match"} for t in call.tasks]
+        return Reply(json.dumps({"items": items}), input_tokens=50, output_tokens=10,
+                     cost=0.0001, model="gpt-4o-mini")
+
+    session = Session(CallableProvider(model, model="gpt-4o-mini"), ledger=sys.argv[1],
+                      concurrency=1)
+    tasks = [{"task_id": f"t{i}", "prompt": f"question {i}"} for i in range(4)]
+    schema = {"type": "object", "properties": {"verdict": {"type": "string"}}}
+    result = session.run_batch("labels", tasks, schema)
+    print(result.status, result.calls)
+""")
+
+
+def _kill_mid_batch(tmp_path: Path) -> Path:
+    script, marker, ledger = tmp_path / "run.py", tmp_path / "sent", tmp_path / "l.sqlite"
+    script.write_text(RUNNER)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env.pop("HEALTHY", None)
+    proc = subprocess.Popen([sys.executable, str(script), str(ledger), str(marker)], env=env)
+    deadline = time.monotonic() + 60
+    while not marker.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "runner never sent t2"
+        time.sleep(0.02)  # polling for the marker, with a deadline
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    rerun = subprocess.run([sys.executable, str(script), str(ledger), str(marker)],
+                           env={**env, "HEALTHY": "1"}, capture_output=True, text=True,
+                           timeout=120)
+    assert rerun.returncode == 0 and rerun.stdout.split()[0] == "resolved", rerun.stderr
+    return ledger
+
+
+def test_a_killed_run_stays_in_the_account_with_a_lower_bound_and_a_rerun_completes(
+        tmp_path: Path) -> None:
+    ledger = _kill_mid_batch(tmp_path)
+    status = json.loads(cli("status", "labels", "--json", "--ledger", str(ledger),
+                            cwd=tmp_path).stdout)
+    (labels,) = status["batches"]
+    assert labels["usable_results"] == 4 and status["unresolved_requests"] == 0
+    # the killed call counts (and the next one, if its receipt was opened ahead of the kill)
+    assert labels["accepted_returns"] == 4 and 1 <= labels["unknown_cost_calls"] <= 2
+    assert labels["calls"] == 4 + labels["unknown_cost_calls"]
+    assert labels["unknown_cost_lower_bound"] > 0 and labels["cost_is_lower_bound"]
+    assert labels["cost_per_usable_result"] > labels["cost"] / 4
+
+
+@pytest.mark.xfail(strict=False, reason="a killed runner's receipt becomes 'abandoned' when "
+                   "its claim is taken over: that transition lands with the claims issue")
+def test_a_killed_run_leaves_abandoned_calls_that_status_counts(tmp_path: Path) -> None:
+    ledger = _kill_mid_batch(tmp_path)
+    status = json.loads(cli("status", "--json", "--ledger", str(ledger), cwd=tmp_path).stdout)
+    total = status["total"]
+    assert total["abandoned"] >= 1 and total["in_flight"] == 0
+    assert total["unknown_cost_lower_bound"] > 0
+
+
+def test_merging_a_batch_of_the_same_name_with_other_content_keeps_both_revisions(
+        tmp_path: Path) -> None:
+    ours = Session(CallableProvider(lambda call: priced(items_reply(call))),
+                   ledger=tmp_path / "ours.sqlite")
+    ours.run_batch("labels", review_tasks(2), LABEL_SCHEMA)
+    theirs = Session(CallableProvider(lambda call: priced(items_reply(call))),
+                     ledger=tmp_path / "theirs.sqlite")
+    theirs.run_batch("labels", review_tasks(3, case="gold-pair-090"), LABEL_SCHEMA)
+    theirs.close()
+    report = ours.ledger.merge(tmp_path / "theirs.sqlite")
+    assert report["added"]["revisions"] == 1 and report["added"]["attempts"] == 3
+    numbers = [r.number for r in ours.ledger.revisions("labels")]
+    assert numbers == [1, 2]  # their revision 1 is numbered after ours
+    assert len(ours.ledger.checkpoint("labels")) == 2  # our current revision stays current
+    assert ours.ledger.cost_summary("labels")["total"]["calls"] == 5
+    with pytest.raises(LedgerError, match="is this ledger"):
+        ours.ledger.merge(tmp_path / "ours.sqlite")
+    refused = cli("merge", str(tmp_path / "ours.sqlite"), "--ledger",
+                  str(tmp_path / "ours.sqlite"), cwd=tmp_path)
+    assert refused.returncode == 3 and "is this ledger" in refused.stderr

@@ -1,0 +1,91 @@
+"""Pack-size advice, checked against a simulation of the very runs it advises on."""
+
+from __future__ import annotations
+
+import pytest
+
+from batchjson import FaultPlan, Session, SimulatedModel
+from batchjson.advice import estimate, fit
+from batchjson.errors import InvalidBatch
+
+SCHEMA = {"type": "object", "properties": {"verdict": {"type": "string",
+                                                       "enum": ["match", "no_match"]}},
+          "required": ["verdict"]}
+INSTRUCTIONS = "You review candidate entity matches against their gold case. " * 30
+CANDIDATES = (2, 4, 8, 16, 32, 64)  # one step = a factor of two
+TASKS = 384
+
+
+def answer(task: dict) -> dict:
+    return {"verdict": "match" if int(task["candidate_id"].rsplit("-", 1)[1]) % 2 else
+            "no_match"}
+
+
+def tasks(n: int = TASKS) -> list[dict]:
+    return [{"task_id": f"t{i:04d}", "case_id": f"case-{i // 10}", "candidate_id": f"c-{i}",
+             "prompt": f"Is candidate {i} the same entity as its case?"} for i in range(n)]
+
+
+def run(rate: float, pack: int, seed: int, *, split: bool) -> Session:
+    """One batch on the offline model with per-item faults, priced like gpt-4o-mini."""
+    model = SimulatedModel(answer=answer, faults=FaultPlan(item_wrong_type=rate), seed=seed,
+                           model="gpt-4o-mini", price_per_million=(0.15, 0.60))
+    session = Session(model, repairs=0, replays=2, concurrency=4)
+    session.run_batch("review", tasks(), SCHEMA, identity="task_id,case_id", pack=pack,
+                      instructions=INSTRUCTIONS, split=split, on_exhausted="return")
+    return session
+
+
+def simulated_cost_per_usable(rate: float, pack: int, split: bool, seeds: int = 3) -> float:
+    cost = usable = 0.0
+    for seed in range(seeds):
+        total = run(rate, pack, 1000 + seed, split=split).ledger.cost_summary()["total"]
+        cost, usable = cost + total["cost"], usable + total["usable_results"]
+    return cost / usable if usable else float("inf")
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["whole", "split"])
+def test_advice_matches_the_simulated_optimum_within_one_step_at_three_fault_rates(
+        split: bool) -> None:
+    chosen = {}
+    for rate in (0.004, 0.015, 0.05):
+        pilot = run(rate, 8, seed=0, split=split)  # what a user has: one run at some size
+        advice = pilot.advise("review", candidates=CANDIDATES, split=split,
+                              max_unresolved=1.0)
+        simulated = {k: simulated_cost_per_usable(rate, k, split) for k in CANDIDATES}
+        best = min(simulated, key=simulated.__getitem__)
+        advised = advice["recommended"]["pack"]
+        assert abs(CANDIDATES.index(advised) - CANDIDATES.index(best)) <= 1, (
+            rate, advised, best, simulated)
+        chosen[rate] = advised
+    assert chosen[0.004] > chosen[0.05]  # more faults, smaller packs
+
+
+def test_fit_recovers_the_fault_rate_and_the_shared_and_per_task_tokens() -> None:
+    session = run(0.03, 8, seed=1, split=True)  # splitting observes several pack sizes
+    f = fit(session.ledger, "review")
+    assert f.tasks == TASKS and f.call_fault_rate == 0
+    assert 0.015 < f.item_fault_rate < 0.05
+    shared = len(INSTRUCTIONS) // 4
+    assert shared < f.shared_input < shared * 1.6 and 10 < f.input_per_task < 40
+    assert f.input_price == pytest.approx(0.15e-6) and f.output_price == pytest.approx(0.6e-6)
+
+
+def test_shared_instructions_amortise_and_faults_amplify_in_the_model() -> None:
+    f = fit(run(0.0, 8, seed=2, split=False).ledger, "review")
+    clean = [estimate(f, k, split=False, repairs=0, replays=2).per_usable for k in CANDIDATES]
+    assert clean == sorted(clean, reverse=True)  # no faults: bigger packs are always cheaper
+    faulty = f.__class__(**{**vars(f), "item_fault_rate": 0.1})
+    costs = [estimate(faulty, k, split=False, repairs=0, replays=2) for k in CANDIDATES]
+    assert costs[-1].usable < 0.2 * TASKS  # one item's fault sinks a 64-task return
+    assert min(costs, key=lambda e: e.per_usable).pack <= 8
+
+
+def test_advice_needs_observed_returns_and_a_known_batch() -> None:
+    down = SimulatedModel(answer=answer, faults=FaultPlan(provider_error=1.0))
+    session = Session(down, transport_retries=0, repairs=0, replays=0)
+    with pytest.raises(InvalidBatch, match="no batch named 'nope'"):
+        session.advise("nope")
+    session.run_batch("review", tasks(4), SCHEMA, on_exhausted="return")  # errors only
+    with pytest.raises(InvalidBatch, match="no judged returns yet"):
+        session.advise("review")

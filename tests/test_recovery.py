@@ -1,0 +1,216 @@
+"""Import of historical receipts: every item rechecked, whatever status the old receipt claims."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from batchjson import CallableProvider, Session
+from batchjson.errors import InvalidBatch
+from batchjson.ledger import Ledger
+from tests.helpers import LABEL_SCHEMA, answer, items_reply, review_tasks
+
+IDENTITY = ["task_id", "case_id", "candidate_id"]
+TABLES = ("batches", "revisions", "requests", "attempts", "checkpoint", "imports")
+
+
+def items_for(tasks: list[dict], swap: dict[int, str] | None = None) -> str:
+    items = [{k: t[k] for k in IDENTITY} | answer(t) for t in tasks]
+    for index, case in (swap or {}).items():
+        items[index]["case_id"] = case
+    return json.dumps({"items": items})
+
+
+def receipt(tasks: list[dict], raw: str, status: str = "ok", **extra: Any) -> dict[str, Any]:
+    return {"batch": "review", "tasks": tasks, "raw": raw, "status": status,
+            "identity": IDENTITY, "schema": LABEL_SCHEMA, "input_tokens": 1200,
+            "output_tokens": 800, "cost": 0.00066, "model": "gpt-4o-mini",
+            "at": "2026-03-01T10:00:00Z", **extra}
+
+
+def write(path: Path, *records: dict[str, Any]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def counts(ledger_path: Path) -> dict[str, int]:
+    db = sqlite3.connect(ledger_path)
+    try:
+        return {t: db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in TABLES}
+    finally:
+        db.close()
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "batchjson", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_ok_receipt_with_swapped_case_id_admits_none_of_20_and_a_later_return_is_accepted(
+        tmp_path: Path) -> None:
+    tasks = review_tasks(20)
+    history = write(tmp_path / "old.jsonl",
+                    receipt(tasks, items_for(tasks, {0: "gold-pair-079"}), status="ok"))
+    ledger = tmp_path / "ledger.sqlite"
+
+    done = cli("import", str(history), "--ledger", str(ledger), "--json", cwd=tmp_path)
+    assert done.returncode == 1, done.stderr  # kept as diagnostic
+    report = json.loads(done.stdout)
+    assert (report["admitted"], report["diagnostic"], report["items_admitted"]) == (0, 1, 0)
+    (line,) = report["receipts"]
+    assert line["claimed_status"] == "ok" and line["outcome"] == "diagnostic"
+    (error,) = line["errors"]
+    assert error == {"task_id": "gold-pair-078::gold-pair-078-candidate-127",
+                     "field": "case_id", "expected": "gold-pair-078", "got": "gold-pair-079",
+                     "message": error["message"]}
+    human = cli("import", str(history), "--ledger", str(ledger), cwd=tmp_path)
+    assert "already imported" in human.stdout  # the second import changes nothing
+
+    held = Ledger(ledger)
+    assert held.checkpoint("review") == {}  # none of the 20 admitted
+    (kept,) = held.attempts("review")
+    assert (kept.kind, kept.status) == ("import", "rejected")
+    sent = json.loads(history.read_text())["raw"]
+    assert kept.raw == sent  # the raw return is kept whole, as diagnostic material
+    held.close()
+
+    # the same return copied into another file (an extra field: another line) is judged again
+    shown = cli("import", str(write(tmp_path / "again.jsonl", receipt(
+        tasks, items_for(tasks, {0: "gold-pair-079"}), status="ok", note="copy"))),
+        "--ledger", str(ledger), cwd=tmp_path)
+    assert shown.returncode == 1
+    assert "DIAGNOSTIC" in shown.stdout and "case_id is 'gold-pair-079'" in shown.stdout
+    assert "the request has 'gold-pair-078'" in shown.stdout
+
+    session = Session(CallableProvider(items_reply), ledger=ledger)
+    result = session.run_batch("review", tasks, LABEL_SCHEMA, identity=IDENTITY, pack=20)
+    assert result.resolved and result.calls == 1 and len(result.values) == 20
+    assert [(r.kind, r.status) for r in session.ledger.attempts("review")] == [
+        ("import", "rejected"), ("import", "rejected"), ("replay", "accepted")]
+    session.close()
+
+
+def test_a_correct_historical_return_is_admitted_and_resumes_with_zero_calls(
+        tmp_path: Path) -> None:
+    tasks = review_tasks(20)
+    history = write(tmp_path / "old.jsonl",
+                    receipt(tasks, items_for(tasks, {3: "gold-pair-079"}), status="ok"),
+                    receipt(tasks, items_for(tasks), status="ok"))
+    session = Session(CallableProvider(lambda call: pytest.fail("no call may be made")),
+                      ledger=tmp_path / "ledger.sqlite")
+    report = session.ledger.import_receipts(history, validators=session.validators)
+    assert [r["outcome"] for r in report["receipts"]] == ["diagnostic", "admitted"]
+    assert report["items_admitted"] == 20
+    result = session.run_batch("review", tasks, LABEL_SCHEMA, identity=IDENTITY, pack=20)
+    assert result.resolved and result.calls == 0 and result.resumed == 1
+    account = session.ledger.cost_summary("review")["total"]
+    assert (account["calls"], account["imported"], account["cost"]) == (2, 2, 0.00132)
+    assert (account["input_tokens"], account["output_tokens"]) == (2400, 1600)
+
+
+def test_importing_the_same_file_twice_changes_nothing(tmp_path: Path) -> None:
+    tasks = review_tasks(4)
+    history = write(tmp_path / "old.jsonl", receipt(tasks, items_for(tasks, {1: "x"})),
+                    receipt(tasks, items_for(tasks)), receipt(tasks, "not json", "error"))
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    first = ledger.import_receipts(history)
+    before = counts(tmp_path / "ledger.sqlite")
+    second = ledger.import_receipts(history)
+    assert counts(tmp_path / "ledger.sqlite") == before
+    assert (first["admitted"], first["diagnostic"], first["rejected"]) == (1, 1, 1)
+    assert second["skipped"] == 3 and second["admitted"] == 0
+    assert ledger.cost_summary()["total"]["calls"] == 3
+
+
+def test_a_malformed_line_refuses_the_whole_file_before_anything_is_written(
+        tmp_path: Path) -> None:
+    tasks = review_tasks(2)
+    good = receipt(tasks, items_for(tasks))
+    cases = [({**good, "tasks": "nope"}, "field 'tasks' must be a list"),
+             ({k: v for k, v in good.items() if k != "raw"}, "field 'raw'"),
+             ({**good, "identity": ["task_id", "shard"]}, "lacks identity field 'shard'"),
+             ({**good, "cost": -1}, "field 'cost' must be a number >= 0"),
+             ({**good, "schema": {"type": "nonsense"}}, "invalid JSON Schema")]
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    for bad, message in cases:
+        path = write(tmp_path / "mixed.jsonl", good, bad)
+        with pytest.raises(InvalidBatch, match="line 2") as refused:
+            ledger.import_receipts(path)
+        assert message in str(refused.value) and "nothing was imported" in str(refused.value)
+    (tmp_path / "text.jsonl").write_text(json.dumps(good) + "\n{not json\n")
+    with pytest.raises(InvalidBatch, match="line 2: not JSON"):
+        ledger.import_receipts(tmp_path / "text.jsonl")
+    assert counts(tmp_path / "ledger.sqlite")["attempts"] == 0
+
+
+def test_a_registered_validator_rechecks_imported_items(tmp_path: Path) -> None:
+    tasks = review_tasks(3)
+    session = Session(CallableProvider(items_reply), ledger=tmp_path / "ledger.sqlite")
+
+    def strict_review(item: Any, task: Any) -> None:
+        if item["verdict"] != "match":
+            raise ValueError("only matches are plausible here")
+
+    session.validators.define(strict_review, "strict_review")
+    history = write(tmp_path / "old.jsonl",
+                    receipt(tasks, items_for(tasks), validator="strict_review"))
+    report = session.ledger.import_receipts(history, validators=session.validators)
+    (line,) = report["receipts"]
+    assert line["outcome"] == "rejected" and "validation" in line["reason"]
+    assert session.ledger.checkpoint("review") == {}
+
+
+def test_a_claimed_failure_is_not_overruled_without_the_checks_that_failed_it(
+        tmp_path: Path) -> None:
+    tasks = review_tasks(3)
+    no_schema = {k: v for k, v in receipt(tasks, items_for(tasks), "failed").items()
+                 if k != "schema"}
+    history = write(tmp_path / "old.jsonl", no_schema,
+                    receipt(tasks, items_for(tasks), "failed", validator="gone"))
+    report = Ledger(tmp_path / "ledger.sqlite").import_receipts(history)
+    assert [r["outcome"] for r in report["receipts"]] == ["unverified", "unverified"]
+    assert report["items_admitted"] == 0
+
+
+def test_export_then_import_carries_every_attempt_into_a_new_ledger(tmp_path: Path) -> None:
+    calls = {"n": 0}
+
+    def flaky(call: Any) -> str:
+        calls["n"] += 1
+        return "{broken" if calls["n"] == 1 else items_reply(call)
+
+    first = Session(CallableProvider(flaky), ledger=tmp_path / "a.sqlite")
+    first.run_batch("labels", review_tasks(4), LABEL_SCHEMA, pack=2)
+    exported = tmp_path / "a.jsonl"
+    exported.write_text("".join(json.dumps(r) + "\n" for r in first.ledger.export_receipts()))
+    assert first.ledger.import_receipts(exported)["skipped"] == 3  # same uids: already here
+
+    second = Session(CallableProvider(lambda call: pytest.fail("resumes without calls")),
+                     ledger=tmp_path / "b.sqlite")
+    report = second.ledger.import_receipts(exported)
+    assert (report["admitted"], report["rejected"]) == (2, 1)
+    assert second.ledger.cost_summary()["total"]["calls"] == 3
+    again = second.run_batch("labels", review_tasks(4), LABEL_SCHEMA, pack=2)
+    assert again.resolved and again.calls == 0
+
+
+def test_an_import_beside_a_live_batch_leaves_its_current_revision_and_what_is_owed_alone(
+        tmp_path: Path) -> None:
+    session = Session(CallableProvider(items_reply), ledger=tmp_path / "ledger.sqlite")
+    live = session.run_batch("review", review_tasks(4), LABEL_SCHEMA, identity=IDENTITY, pack=2)
+    assert live.resolved
+    other = review_tasks(3, case="gold-pair-090")
+    history = write(tmp_path / "old.jsonl",
+                    receipt(other, items_for(other, {0: "gold-pair-091"})))
+    report = session.ledger.import_receipts(history)
+    assert report["diagnostic"] == 1
+    assert len(session.ledger.checkpoint("review")) == 4  # the live revision is still current
+    assert session.evidence.minimum_exact_retry_calls == 0  # the diagnostic is not owed work
+    summary = session.ledger.cost_summary("review")["batches"][0]
+    assert (summary["calls"], summary["imported"], summary["rejected_returns"]) == (3, 1, 1)
