@@ -73,10 +73,10 @@ def test_a_model_schema_cannot_commit_an_identity_value_other_than_the_request()
     tasks = [{"task_id": "t1", "case_id": "078", "prompt": "p"}]
     reply = json.dumps({"items": [{"task_id": "t1", "case_id": "078", "verdict": "match"}]})
     session = Session(CallableProvider(lambda call: reply), repairs=0, replays=0)
-    result = session.run_batch("r", tasks, Label, identity="task_id,case_id",
-                               on_exhausted="return")
-    assert result.values == {}
+    with pytest.raises(InvalidBatch, match="case_id"):  # refused before any call
+        session.run_batch("r", tasks, Label, identity="task_id,case_id", on_exhausted="return")
     assert session.ledger.checkpoint("r") == {}  # 78 never committed for case "078"
+    assert session.ledger.attempts("r") == []
 
 
 def test_calls_of_an_interrupted_run_count_against_the_session_budget():
@@ -219,13 +219,14 @@ def test_finishing_a_run_in_one_thread_leaves_another_threads_calls_alone():
 
 
 def test_strict_evidence_counts_a_request_shared_by_two_revisions_once():
-    session = Session(CallableProvider(lambda call: "not json"), strict=True, repairs=0,
-                      replays=0)
+    fixed = []  # the model's state, not its source: fixing it keeps the answer source
+    session = Session(CallableProvider(lambda call: items_reply(call) if fixed else "not json"),
+                      strict=True, repairs=0, replays=0)
     tasks = review_tasks(5)
     session.run_batch("r", tasks[:4], LABEL_SCHEMA, on_exhausted="return")
     session.run_batch("r", tasks, LABEL_SCHEMA, on_exhausted="return")  # one task appended
     owed = session.evidence.minimum_exact_retry_calls
-    session.provider = CallableProvider(items_reply)
+    fixed.append(True)
     result = session.run_batch("r", tasks, LABEL_SCHEMA)
     assert result.calls == 5
     assert owed == 5  # the calls that actually clear both revisions
@@ -233,14 +234,16 @@ def test_strict_evidence_counts_a_request_shared_by_two_revisions_once():
 
 
 def test_evidence_counts_a_request_shared_by_two_batches_once():
-    session = Session(CallableProvider(lambda call: "not json"), repairs=0, replays=0)
+    fixed = []
+    session = Session(CallableProvider(lambda call: items_reply(call) if fixed else "not json"),
+                      repairs=0, replays=0)
     tasks = review_tasks(2)
     session.run_batch("a", tasks, LABEL_SCHEMA, on_exhausted="return")
     session.run_batch("b", tasks, LABEL_SCHEMA, on_exhausted="return")  # same content
     assert session.evidence.minimum_exact_retry_calls == 2
     assert session.evidence.unresolved_items == 2
     assert session.evidence.summary()["unresolved_requests"] == 4  # two per batch
-    session.provider = CallableProvider(items_reply)
+    fixed.append(True)
     assert session.run_batch("a", tasks, LABEL_SCHEMA).calls == 2  # the calls that clear both
     assert session.evidence.minimum_exact_retry_calls == 0
     assert session.run_batch("b", tasks, LABEL_SCHEMA).calls == 0

@@ -28,6 +28,9 @@ class BatchResult:
     attempts_by_task: dict[str, int] = field(default_factory=dict)
     repairs_made: int = 0
     notes: list[str] = field(default_factory=list)
+    rechecked: int = 0  # requests resolved by re-judging earlier returns (no calls)
+    identity_compared: tuple[str, ...] = ()  # fields an item echoing them is held to
+    provider: str | None = None  # provider name / model the run asked
 
     @property
     def resolved(self) -> bool:
@@ -50,7 +53,8 @@ class BatchResult:
             "accepted_returns": self.accepted_returns, "rejected_returns": self.rejected_returns,
             "provider_errors": self.provider_errors, "calls": self.calls, "tokens": self.tokens,
             "cost": self.cost, "unresolved": self.total_tasks - len(self.values),
-            "resumed": self.resumed,
+            "resumed": self.resumed, "rechecked": self.rechecked,
+            "identity_compared": list(self.identity_compared), "provider": self.provider,
         }
 
     def failure_report(self, limit: int = 10) -> str:
