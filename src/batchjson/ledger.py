@@ -364,7 +364,8 @@ class Ledger:
 
     def spend(self, name: str | None = None) -> dict[str, Any]:
         """Calls, tokens and cost of every attempt ever made (for one batch or all)."""
-        sql = ("SELECT COUNT(*) AS calls, COALESCE(SUM(a.input_tokens),0) AS input_tokens, "
+        sql = ("SELECT COALESCE(SUM(a.kind != 'recheck'), 0) AS calls, "  # a recheck sends nothing
+               "COALESCE(SUM(a.input_tokens),0) AS input_tokens, "
                "COALESCE(SUM(a.output_tokens),0) AS output_tokens, SUM(a.cost) AS cost, "
                "SUM(a.status = 'accepted') AS accepted, SUM(a.status = 'rejected') AS rejected, "
                "SUM(a.status = 'provider_error') AS provider_errors FROM attempts a "

@@ -101,9 +101,12 @@ class BatchResult:
                          ("provider errors", s["provider_errors"]), ("calls", self.calls),
                          ("tokens", self.tokens), ("cost", money(self.cost)),
                          ("unresolved", s["unresolved"]), ("resumed requests", self.resumed)))
+        compared = (f"<div style='color:#666'>identity compared: "
+                    f"{html.escape(', '.join(self.identity_compared))}</div>"
+                    if self.identity_compared else "")
         return (f"<div><span style='color:{colour}'>&#9679;</span> batch "
                 f"<code>{html.escape(self.name)}</code> revision {self.revision}: "
-                f"<b>{self.status}</b><table><tr>{cells}</tr></table></div>")
+                f"<b>{self.status}</b><table><tr>{cells}</tr></table>{compared}</div>")
 
 
 def money(cost: float | None) -> str:
