@@ -14,7 +14,6 @@ from typing import Any
 
 from . import preflight, structured
 from ._aio import run_sync
-from .acceptance import GuardedProvider
 from .budget import Budget, Spender, Tally
 from .canon import canonical_json
 from .errors import BatchUnresolved, ConfigError, InvalidBatch
@@ -26,6 +25,7 @@ from .providers.select import make_provider, provider_label
 from .registry import ValidatorRegistry
 from .rejudge import rejudge
 from .replay import Replayer
+from .replies import GuardedProvider
 from .result import BatchResult
 from .schema import compile_schema
 from .spec import MODES, ON_EXHAUSTED, VALIDATOR_ARGS, RunSpec
