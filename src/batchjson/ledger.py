@@ -448,6 +448,25 @@ class Ledger:
                      for task_id, item in items.items()])
 
 
+    def legacy_unresolved(self, keys: Sequence[str]) -> list[sqlite3.Row]:
+        """Leaf requests under old-style keys (see ``legacy_returns``) with no accepted return."""
+        return self._by_keys(
+            "SELECT q.key, q.task_ids, q.tasks, q.revision_id, r.batch_id FROM requests q "
+            "JOIN revisions r ON r.id = q.revision_id WHERE q.key IN ({marks}) AND q.split = 0 "
+            "AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.request_key = q.key "
+            "AND a.status = 'accepted')", list(dict.fromkeys(keys)))
+
+    def accepted_return(self, key: str) -> tuple[sqlite3.Row, dict[str, Any]] | None:
+        """The latest accepted attempt for ``key`` and the items it committed, or None."""
+        rows = self._rows("SELECT id, raw, provider, model FROM attempts WHERE request_key = ? "
+                          "AND status = 'accepted' AND raw IS NOT NULL ORDER BY id DESC LIMIT 1",
+                          (key,))
+        if not rows:
+            return None
+        items = self._rows("SELECT task_id, item FROM checkpoint WHERE attempt_id = ?",
+                           (rows[0]["id"],))
+        return rows[0], {r["task_id"]: json.loads(r["item"]) for r in items}
+
 # SQL of the re-judging section
 _EARLIER_SQL = (
     "SELECT s.seen_key, a.id, a.request_key, a.raw, a.provider, a.model, a.status "

@@ -12,6 +12,7 @@ accepted returns are found under the old key, from the same provider name and mo
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -63,3 +64,26 @@ def rejudge(ledger: Ledger, pending: Sequence[Request], *, seen_of: Mapping[str,
         return passed
 
     return run_sync(judge_all)
+
+
+def clear_legacy(ledger: Ledger, accepted: Sequence[Request], legacy_of: Mapping[str, str],
+                 source: str | None) -> int:
+    """Old-style requests (keyed before the answer source joined the key) that a return accepted
+    now answers: the same tasks under the same schema, validator and instructions, judged by
+    rules at least as strict. Each gets a cost-0 ``recheck`` of that return, so evidence a strict
+    session keeps counting is cleared instead of being stuck on a key nothing computes any
+    more. Returns how many were cleared."""
+    by_old = {legacy_of[r.key]: r for r in accepted if r.key in legacy_of}
+    if not by_old:
+        return 0
+    cleared = 0
+    for row in ledger.legacy_unresolved(list(by_old)):
+        found = ledger.accepted_return(by_old[row["key"]].key)
+        if found is None:
+            continue
+        origin, items = found
+        old = Request(row["key"], tuple(json.loads(row["tasks"])), 0)
+        ledger.commit_rechecks(row["batch_id"], row["revision_id"], [(old, origin, items)],
+                               source)
+        cleared += 1
+    return cleared

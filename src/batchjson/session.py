@@ -23,7 +23,7 @@ from .plan import Outcome, Plan, Transport
 from .providers.base import answer_source, close_provider
 from .providers.select import make_provider, provider_label
 from .registry import ValidatorRegistry
-from .rejudge import rejudge
+from .rejudge import clear_legacy, rejudge
 from .replay import Replayer
 from .replies import GuardedProvider
 from .result import BatchResult
@@ -212,12 +212,13 @@ class Session:
         seen_key, legacy_key = key_maker(seen_content), key_maker(_legacy_content(components,
                                                                                    ident))
         seen_of = {r.key: seen_key(r.tasks_json) for r in requests}
+        legacy_of = {r.key: legacy_key(r.tasks_json) for r in pending}
         rechecked = rejudge(
-            self.ledger, pending, seen_of=seen_of,
-            legacy_of={r.key: legacy_key(r.tasks_json) for r in pending},
+            self.ledger, pending, seen_of=seen_of, legacy_of=legacy_of,
             provider=provider_name, model=provider_model, mode=mode, identity=ident,
             schema=item_schema, validator=checker)
         passed = {request.key for request, _, _ in rechecked}
+        owed = pending  # what this run resolves, by re-judging or by calls
         pending = [r for r in pending if r.key not in passed]
         spender = Spender(max_calls, self.budget, self.tally)
         if spec.refuse_short_budget:
@@ -242,6 +243,10 @@ class Session:
             if plan.split:  # halves made during the run: remember what they saw too
                 self.ledger.record_seen([(r.key, seen_key(r.tasks_json))
                                          for r in self.ledger.leaves(revision.id)])
+        if legacy_of:
+            now_accepted = self.ledger.accepted_keys([r.key for r in owed])
+            clear_legacy(self.ledger, [r for r in owed if r.key in now_accepted], legacy_of,
+                         source)
         result = self._result(name, revision.number, task_list, item_schema, outcome,
                               resumed=len(requests) - len(pending) - len(rechecked))
         result.rechecked = len(rechecked)
