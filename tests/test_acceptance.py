@@ -222,3 +222,30 @@ def test_a_default_echo_of_a_deeply_nested_task_field_is_judged_not_a_crash():
     result = session.run_batch("r", tasks, LABEL_SCHEMA, on_exhausted="return")
     assert result.values == {}
     assert only_receipt(session).status == "rejected"
+
+
+class ReturnsAnything:
+    """A provider breaking the contract: complete() hands back whatever it was given."""
+
+    name = "odd"
+
+    def __init__(self, value):
+        self.value = value
+
+    async def complete(self, call):
+        return self.value(call) if callable(self.value) else self.value
+
+
+def test_a_provider_returning_a_bare_string_is_judged_like_a_reply():
+    session = Session(ReturnsAnything(items_reply), repairs=0, replays=0)
+    assert session.run_batch("r", review_tasks(2), LABEL_SCHEMA).resolved
+
+
+def test_a_provider_returning_no_reply_at_all_gets_provider_error_receipts_and_the_run_ends():
+    session = Session(ReturnsAnything(42), repairs=0, replays=0)
+    result = session.run_batch("r", review_tasks(2), LABEL_SCHEMA, on_exhausted="return")
+    assert result.values == {}
+    receipts = session.ledger.attempts("r")
+    assert {r.status for r in receipts} == {"provider_error"}
+    assert "not a Reply" in receipts[0].errors[0]["message"]
+    assert all(r.provider == "odd" for r in receipts)

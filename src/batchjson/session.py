@@ -186,23 +186,9 @@ class Session:
             validator = version.fn
         checker = (_index_form(validator) if validator is not None and
                    spec.validator_args == "index" else validator)
-        # The request key covers what the model saw (seen) and how its return is judged.
-        seen_content = {
-            "wire": sha(canonical_json(item_schema.json_schema)),
-            "instructions": sha(instructions or ""), "identity": ",".join(ident), "mode": mode,
-            "source": source}
-        components = {
-            "tasks": sha(json.dumps(task_list, sort_keys=True, separators=(",", ":"))),
-            "schema": item_schema.fingerprint,
-            "validator": version.fingerprint.digest if version else "none",
-            "pack": str(pack),
-            "instructions": sha(instructions or ""),
-            "identity": ident.key,
-            "mode": mode,
-            "source": source,
-        }
-        key_content = {k: components[k] for k in
-                       ("schema", "validator", "instructions", "identity", "mode", "source")}
+        components, key_content, seen_content = _contents(
+            task_list, item_schema, version.fingerprint.digest if version else "none", pack,
+            instructions, ident, mode, source)
         fingerprint = sha(json.dumps(components, sort_keys=True))
         existing = self.ledger.find_revision(name, fingerprint)
         requests = (self.ledger.leaves(existing.id) if existing else
@@ -229,7 +215,8 @@ class Session:
         revision, superseded = self.ledger.open_revision(
             name, fingerprint, components, requests, strict=self.strict,
             validator=validator_record)
-        self.ledger.record_seen(list(seen_of.items()))
+        if existing is None or pending or rechecked:  # a resumed revision has them already
+            self.ledger.record_seen(list(seen_of.items()))
         if rechecked:
             self.ledger.commit_rechecks(revision.batch_id, revision.id, rechecked, source)
         plan = Plan(batch_id=revision.batch_id, revision_id=revision.id, mode=mode,
@@ -326,6 +313,27 @@ def _index_form(fn: Callable[[Any, int], Any]) -> Callable[[Any, Mapping[str, An
         return fn(value, task["index"])
 
     return check
+
+
+def _contents(task_list: list[dict], item_schema: Any, validator: str, pack: int,
+              instructions: str | None, ident: Identity, mode: str,
+              source: str) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """(revision components, request-key content, seen content). A request key covers what
+    the model saw (the seen content: wire schema, instructions, the identity fields the prompt
+    names, mode, answer source) and how its return is judged (schema fingerprint, validator,
+    identity rules); the tasks are spliced in per request."""
+    components = {
+        "tasks": sha(json.dumps(task_list, sort_keys=True, separators=(",", ":"))),
+        "schema": item_schema.fingerprint, "validator": validator, "pack": str(pack),
+        "instructions": sha(instructions or ""), "identity": ident.key, "mode": mode,
+        "source": source,
+    }
+    key_content = {k: components[k] for k in
+                   ("schema", "validator", "instructions", "identity", "mode", "source")}
+    seen_content = {"wire": sha(canonical_json(item_schema.json_schema)),
+                    "instructions": components["instructions"], "identity": ",".join(ident),
+                    "mode": mode, "source": source}
+    return components, key_content, seen_content
 
 
 def _legacy_content(components: Mapping[str, str], ident: Identity) -> dict[str, str]:

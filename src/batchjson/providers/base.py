@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -107,6 +108,7 @@ def _is_blocking(fn: Any) -> bool:
 _ANSWER_SETTINGS = ("name", "model", "base_url", "temperature", "top_p", "max_tokens", "seed",
                     "response_format", "mode", "extra_body", "answer", "faults", "fn", "source")
 _IMMUTABLE = (str, int, float, bool, type(None), bytes, tuple, frozenset)
+_SECRET = re.compile(r"key|token|secret|passw|auth|cred", re.IGNORECASE)  # never read
 
 
 def answer_source(provider: Any) -> str:
@@ -158,7 +160,8 @@ def _code_part(value: Any, depth: int = 0) -> Any:
     if callable(value) and depth < 3 and hasattr(value, "__dict__"):
         written = _assigned_attributes(type(value))
         state = {k: _code_part(v, depth + 1) for k, v in sorted(vars(value).items())
-                 if k not in written and (isinstance(v, _IMMUTABLE) or callable(v))}
+                 if k not in written and not _SECRET.search(k)
+                 and (isinstance(v, _IMMUTABLE) or callable(v))}
         call = type(value).__call__
         return {"object": kind, "call": fingerprint_function(call).digest, "state": state}
     if callable(value):
