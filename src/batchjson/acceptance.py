@@ -349,13 +349,21 @@ def _identity(text: str, items: list[dict], expected: Mapping[str, Mapping[str, 
                     exact = _exact_json(text)["items"]
                 got = exact[position][name]
             if not _json_equal(got, task[name]):
-                shown = item[name]
+                shown, wanted = item[name], task[name]
+                hint = ("" if name in identity else "; an echoed task field: under the default "
+                        "identity every task field an item returns is compared (pass identity= "
+                        "to compare only the fields you list)")
                 errors.append(_error(
                     "identity", f"{name} is {_clip(shown)} but the request has "
-                    f"{_clip(task[name])} (task {task['task_id']!r})", task["task_id"],
-                    field=name, expected=task[name], got=shown if not isinstance(
-                        shown, (dict, list)) else _clip(shown)))
+                    f"{_clip(wanted)} (task {task['task_id']!r}){hint}", task["task_id"],
+                    field=name, expected=_scalar_or_clip(wanted), got=_scalar_or_clip(shown)))
     return errors
+
+
+def _scalar_or_clip(value: Any) -> Any:
+    """Values kept in an error: scalars as they are, structures as a short text (a value nested
+    hundreds deep must not make the receipt unwritable)."""
+    return _clip(value) if isinstance(value, (dict, list)) else value
 
 
 def _clip(value: Any, limit: int = 200) -> str:
