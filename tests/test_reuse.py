@@ -58,6 +58,22 @@ def test_a_provider_counting_its_calls_keeps_one_answer_source():
     assert session.run_batch("r", review_tasks(3), LABEL_SCHEMA).calls == 0
 
 
+def test_an_http_provider_is_keyed_by_url_model_and_sent_settings_never_by_its_key():
+    from batchjson.providers.openai import OpenAIProvider
+
+    def source(model="llama3", **kw):
+        settings = {"base_url": "http://127.0.0.1:9/v1", "api_key": "sk-first-secret", **kw}
+        return answer_source(OpenAIProvider(model, **settings))
+
+    base = source()
+    assert "sk-first" not in base
+    assert source(api_key="sk-another-secret") == base
+    assert source(base_url="http://127.0.0.1:10/v1") != base
+    assert source(model="llama3.1") != base
+    assert source(response_format="json_object") != base
+    assert source(extra_body={"temperature": 0.2}) != base
+
+
 def test_receipts_show_provider_model_and_answer_source():
     model = SimulatedModel(answer=answer, model="sim-7")
     session = Session(model)

@@ -138,18 +138,17 @@ def answer_source(provider: Any) -> str:
 
 
 def _code_part(value: Any, depth: int = 0) -> Any:
-    """A value's part of an answer source: immutable data by content, a function by its code
-    fingerprint, a callable object by its class's code and the immutable attributes its own
-    methods never assign (so a stub counting its calls keeps one key); mutable containers and
-    other objects by type only."""
+    """A value's part of an answer source: data by content, a function by its code fingerprint,
+    a callable object by its class's code and the immutable attributes its own methods never
+    assign (so a stub counting its calls keeps one key); what cannot be encoded by type."""
     from ..canon import Unhashable, content_hash
     from ..fingerprint import fingerprint_function
 
     if isinstance(value, (str, int, float, bool, type(None))):
         return value
     kind = f"{type(value).__module__}.{type(value).__qualname__}"
-    if isinstance(value, _IMMUTABLE) or _frozen(value):
-        try:
+    if not callable(value) or isinstance(value, _IMMUTABLE) or _frozen(value):
+        try:  # a setting (extra_body, a fault plan) is data: keyed by its content
             return "data:" + content_hash(value)
         except Unhashable:
             return "type:" + kind
