@@ -125,7 +125,11 @@ class Session:
         """Resolve every task of batch ``name`` or say exactly what is still owed.
 
         Identical content resumes (accepted requests are not re-spent); changed content opens a
-        new revision. ``validator(item, task)`` raises ValueError to reject an item.
+        new revision, which first re-judges earlier returns when only the judging changed.
+        ``validator(item, task)`` (a dict, or a model instance for a pydantic schema; sync or
+        ``async def``) raises ValueError or returns False to reject an item. ``identity=None``
+        compares ``task_id`` and every other task field an item echoes; an explicit list
+        compares exactly those fields.
         """
         return self.run(RunSpec(
             name=name, tasks=tasks, schema=schema, validator=validator,
