@@ -343,3 +343,31 @@ def test_an_async_validator_and_a_validator_with_defaults_are_accepted():
 
     session = Session(CallableProvider(items_reply))
     assert session.run_batch("r", review_tasks(2), LABEL_SCHEMA, validator=check).resolved
+
+
+def test_the_droste_helper_re_judges_instead_of_re_asking_when_its_validator_is_edited():
+    calls = []
+
+    def model(call):
+        calls.append(call.prompt)
+        return json.dumps({"label": "good"})
+
+    session = Session(CallableProvider(model))
+    schema = {"type": "object", "properties": {"label": {"type": "string"}},
+              "required": ["label"]}
+    prompts = [f"label {i}" for i in range(4)]
+
+    def check(value, index):
+        if value["label"] not in ("good", "bad"):
+            raise ValueError("unknown label")
+
+    first = session.llm_batch_json(prompts, schema, validator=check)
+    assert first["errors"] == [] and len(calls) == 4
+
+    def check(value, index):  # noqa: F811 - the RLM cell, edited: every stored answer passes
+        if value["label"] != "good":
+            raise ValueError("only good")
+
+    second = session.llm_batch_json(prompts, schema, validator=check)
+    assert second["values"] == [{"label": "good"}] * 4 and second["errors"] == []
+    assert len(calls) == 4  # re-judged, not re-asked
