@@ -81,8 +81,7 @@ def test_receipts_show_provider_model_and_answer_source():
     assert result.provider == "simulated/sim-7"
     for receipt in session.ledger.attempts("r"):
         assert (receipt.provider, receipt.model) == ("simulated", "sim-7")
-    sources = {row[0] for row in session.ledger._rows("SELECT source FROM attempts")}
-    assert sources == {answer_source(model)}
+    assert {r.source for r in session.ledger.attempts("r")} == {answer_source(model)}
     assert "SimulatedModel" in answer_source(model)
 
 

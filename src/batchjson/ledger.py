@@ -46,6 +46,7 @@ class Receipt:
     model: str | None
     started_at: str
     finished_at: str | None
+    source: str | None = None  # the answer source (providers.base.answer_source)
 
     @property
     def tokens(self) -> int:
@@ -507,5 +508,6 @@ def _receipt(row: sqlite3.Row) -> Receipt:
                    tuple(json.loads(row["task_ids"])), row["kind"], row["status"],
                    json.loads(row["errors"]) if row["errors"] else [], row["raw"],
                    row["input_tokens"], row["output_tokens"], row["cached_tokens"], row["cost"],
-                   row["provider"], row["model"], row["started_at"], row["finished_at"])
+                   row["provider"], row["model"], row["started_at"], row["finished_at"],
+                   row["source"])
 
