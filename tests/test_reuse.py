@@ -370,3 +370,13 @@ def test_the_droste_helper_re_judges_instead_of_re_asking_when_its_validator_is_
     second = session.llm_batch_json(prompts, schema, validator=check)
     assert second["values"] == [{"label": "good"}] * 4 and second["errors"] == []
     assert len(calls) == 4  # re-judged, not re-asked
+
+
+def test_the_result_says_how_many_requests_were_re_judged_without_a_call():
+    session = Session(SimulatedModel(answer=answer))
+    tasks = review_tasks(2)
+    session.run_batch("r", tasks, LABEL_SCHEMA)
+    result = session.run_batch("r", tasks, LABEL_SCHEMA, validator=lambda item, task: True)
+    assert result.calls == 0 and result.rechecked == 2
+    assert "2 request(s) resolved by re-judging" in result._repr_html_()
+    assert result.summary()["rechecked"] == 2

@@ -104,6 +104,9 @@ class BatchResult:
         compared = (f"<div style='color:#666'>identity compared: "
                     f"{html.escape(', '.join(self.identity_compared))}</div>"
                     if self.identity_compared else "")
+        if self.rechecked:
+            compared += (f"<div style='color:#666'>{self.rechecked} request(s) resolved by "
+                         "re-judging earlier returns, without a call</div>")
         return (f"<div><span style='color:{colour}'>&#9679;</span> batch "
                 f"<code>{html.escape(self.name)}</code> revision {self.revision}: "
                 f"<b>{self.status}</b><table><tr>{cells}</tr></table>{compared}</div>")
