@@ -249,3 +249,16 @@ def test_a_provider_returning_no_reply_at_all_gets_provider_error_receipts_and_t
     assert {r.status for r in receipts} == {"provider_error"}
     assert "not a Reply" in receipts[0].errors[0]["message"]
     assert all(r.provider == "odd" for r in receipts)
+
+
+def test_a_schema_coercing_a_string_into_infinity_is_rejected_not_committed():
+    class Scored(BaseModel):
+        score: float
+
+    text = '{"items": [{"task_id": "t1", "score": "1e400"}]}'
+    session = one_shot(lambda call: text)
+    result = session.run_batch("r", [{"task_id": "t1", "prompt": "p"}], Scored,
+                               on_exhausted="return")
+    assert result.values == {} and session.ledger.checkpoint("r") == {}
+    receipt = only_receipt(session)
+    assert receipt.status == "rejected" and receipt.errors[0]["type"] == "schema"

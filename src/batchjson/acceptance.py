@@ -310,7 +310,10 @@ def _prepare_items(text: str, tasks: Sequence[Mapping[str, Any]], identity: Sequ
         errors.extend(_error("validator_error" if crashed else "schema", m, task_id)
                       for m in messages)
         if not messages:
-            stored = _copy(schema.dump(value))
+            stored, problem = _stored(schema, value, task_id)
+            if problem:
+                errors.append(problem)
+                continue
             errors.extend(_coerced_identity(stored, expected[task_id], kept))
             prepared.append((task_id, value, stored, expected[task_id]))
     if errors:
@@ -396,7 +399,20 @@ def _prepare_value(text: str, task: Mapping[str, Any], schema: ItemSchema) -> Ve
     if messages:
         return Verdict(False, errors=[_error("validator_error" if crashed else "schema", m,
                                              task_id) for m in messages])
-    return [(task_id, value, _copy(schema.dump(value)), task)]
+    stored, problem = _stored(schema, value, task_id)
+    if problem:
+        return Verdict(False, errors=[problem])
+    return [(task_id, value, stored, task)]
+
+
+def _stored(schema: ItemSchema, value: Any, task_id: str) -> tuple[Any, dict[str, Any] | None]:
+    """The ledger (JSON) form of a validated value, or the schema error that prevents one: a
+    schema may coerce "1e400" into an infinite float, which no ledger row may hold."""
+    try:
+        return _copy(schema.dump(value)), None
+    except (TypeError, ValueError) as exc:
+        return None, _error("schema", f"task {task_id!r}: the validated value has no JSON form "
+                            f"({exc}); numbers must be finite", task_id)
 
 
 # -- the caller's validator --------------------------------------------------------------------
