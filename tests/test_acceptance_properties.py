@@ -83,3 +83,93 @@ def test_faulty_returns_never_reach_the_checkpoint(items):
                                on_exhausted="return")
     assert session.ledger.checkpoint("r") == {} and result.values == {}
     assert [r.status for r in session.ledger.attempts("r")] == ["rejected"]
+
+
+# -- overflowing numbers, exotic identity values, mutating providers and validators ------------
+OVERFLOWING = st.sampled_from(["1e400", "-1e999", "1e309", "-2e308", "1.8e308", "123e456"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.permutations(correct_items(TASKS)), OVERFLOWING, st.sampled_from(["score", "case_id"]))
+def test_a_number_overflowing_to_infinity_is_never_accepted(items, number, where):
+    items = [dict(i) for i in items]
+    items[0][where] = "__NUMBER__"
+    text = json.dumps({"items": items}).replace('"__NUMBER__"', number)
+    verdict = accept_items(text, TASKS, IDENTITY, COMPILED, None)
+    assert not verdict.accepted and verdict.stored == {}
+    assert verdict.errors[0]["type"] == "json"
+
+
+SCALARS = st.one_of(
+    st.floats(allow_nan=False, allow_infinity=False), st.integers(-(10 ** 30), 10 ** 30),
+    st.text(max_size=8), st.booleans(), st.none())
+
+
+def _other_spelling(value):
+    """A JSON text for a value that differs from ``value`` as an exact JSON value."""
+    if isinstance(value, bool):
+        return json.dumps(int(value))
+    if isinstance(value, float):
+        if value == 0.0:
+            return "0.0" if str(value).startswith("-") else "-0.0"
+        return repr(value) + "1" if "e" not in repr(value) else json.dumps(value * 2)
+    if isinstance(value, int):
+        return json.dumps(float(value)) if abs(value) < 2 ** 53 else json.dumps(value + 1)
+    if value is None:
+        return "false"
+    return json.dumps(value + "x")
+
+
+@settings(max_examples=200, deadline=None)
+@given(SCALARS)
+def test_an_exotic_identity_value_passes_only_when_echoed_as_the_same_json_value(value):
+    tasks = [{"task_id": "t1", "prompt": "p", "x": value}]
+    same = '{"items": [{"task_id": "t1", "verdict": "match", "x": ' + json.dumps(value) + "}]}"
+    assert accept_items(same, tasks, ("task_id", "x"), COMPILED, None).accepted
+    other = _other_spelling(value)
+    if isinstance(value, float) and float(other) == value and other.startswith("-") == (
+            str(value).startswith("-")):
+        return  # the perturbation happened to spell the same number
+    text = '{"items": [{"task_id": "t1", "verdict": "match", "x": ' + other + "}]}"
+    verdict = accept_items(text, tasks, ("task_id", "x"), COMPILED, None)
+    assert not verdict.accepted, (value, other)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, len(TASKS) - 1), st.sampled_from(IDENTITY[1:]),
+                          st.text(max_size=6)), min_size=1, max_size=4),
+       st.booleans())
+def test_a_provider_mutating_call_tasks_commits_nothing_wrong(edits, default_identity):
+    def forger(call):
+        for index, name, value in edits:
+            if index < len(call.tasks):
+                call.tasks[index][name] = value  # its own copy: echoes the forgery
+        return json.dumps({"items": correct_items(call.tasks)})
+
+    session = Session(CallableProvider(forger), repairs=0, replays=0)
+    identity = None if default_identity else IDENTITY
+    session.run_batch("r", TASKS, LABEL_SCHEMA, identity=identity, pack=len(TASKS),
+                      on_exhausted="return")
+    by_id = {t["task_id"]: t for t in TASKS}
+    forged = any(by_id[TASKS[i]["task_id"]][n] != v for i, n, v in edits)
+    stored = session.ledger.checkpoint("r")
+    assert stored == ({} if forged else {t["task_id"]: answer(t) for t in TASKS})
+
+
+JUNK = st.one_of(st.text(max_size=5), st.integers(), st.none(), st.lists(st.integers()))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(st.sampled_from(["verdict", "task_id", "case_id", "extra"]), JUNK,
+                       min_size=1), st.booleans())
+def test_a_validator_mutating_its_item_or_task_commits_only_what_passed(junk, clear):
+    def vandal(item, task):
+        item.update(junk)
+        task.update(junk)
+        if clear:
+            item.clear()
+
+    session = Session(CallableProvider(lambda call: json.dumps(
+        {"items": correct_items(call.tasks)})), repairs=0, replays=0)
+    session.run_batch("r", TASKS, LABEL_SCHEMA, identity=IDENTITY, pack=3, validator=vandal)
+    assert session.ledger.checkpoint("r") == {t["task_id"]: answer(t) for t in TASKS}

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from pydantic import BaseModel
 
-from batchjson import CallableProvider, Session
+from batchjson import CallableProvider, InvalidBatch, Session
 from batchjson.acceptance import accept_items
 from batchjson.schema import compile_schema
 from tests.helpers import LABEL_SCHEMA
@@ -41,7 +42,7 @@ def test_a_model_schema_cannot_commit_an_identity_value_other_than_the_request()
     tasks = [{"task_id": "t1", "case_id": "078", "prompt": "p"}]
     reply = json.dumps({"items": [{"task_id": "t1", "case_id": "078", "verdict": "match"}]})
     session = Session(CallableProvider(lambda call: reply), repairs=0, replays=0)
-    result = session.run_batch("r", tasks, Label, identity="task_id,case_id",
-                               on_exhausted="return")
-    assert result.values == {}
+    with pytest.raises(InvalidBatch, match="case_id"):  # refused before any call
+        session.run_batch("r", tasks, Label, identity="task_id,case_id", on_exhausted="return")
     assert session.ledger.checkpoint("r") == {}  # 78 never committed for case "078"
+    assert session.ledger.attempts("r") == []

@@ -102,7 +102,9 @@ CRASH_SCRIPT = textwrap.dedent("""
         print("waiting", flush=True)
         await asyncio.sleep(60)
 
-    session = Session(CallableProvider(slow), ledger=sys.argv[1], concurrency=4)
+    provider = CallableProvider(slow)
+    provider.source_key = lambda: "one-model"  # the re-run answers from the same source
+    session = Session(provider, ledger=sys.argv[1], concurrency=4)
     session.run_batch("r", review_tasks(4), LABEL_SCHEMA)
 """)
 
@@ -129,7 +131,9 @@ def test_killed_process_loses_nothing_and_rerun_completes(tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
 
-    session = Session(CallableProvider(items_reply), ledger=path)
+    provider = CallableProvider(items_reply)
+    provider.source_key = lambda: "one-model"
+    session = Session(provider, ledger=path)
     statuses = sorted(r.status for r in session.ledger.attempts("r"))
     assert statuses == ["accepted", "in_flight", "in_flight", "in_flight"]
     assert len(session.ledger.checkpoint("r")) == 1

@@ -343,8 +343,13 @@ def test_option_identity(loaded: Any) -> None:
     ok(ip, "%config BatchJson.provider = model")
     body = ("tasks = [{'task_id': f't{i}', 'case_id': f'c{i}', 'prompt': 'p'} for i in "
             "range(2)]\nschema = {'type': 'object'}\n")
-    ok(ip, "%%batch_json loose --pack 2 --repairs 0 --replays 0\n" + body)
-    assert ok(ip, "loose.values['t0']['case_id']") == "c1"  # only an answer field here
+    # without --identity every echoed task field is compared: the swapped case_id is refused
+    r = run(ip, "%%batch_json echoed --pack 2 --repairs 0 --replays 0\n" + body)
+    assert isinstance(r.error_in_exec, BatchUnresolved)
+    assert ip.user_ns["echoed"].errors[0]["field"] == "case_id"
+    # an explicit identity lists exactly what is compared: here case_id is an answer field
+    ok(ip, "%%batch_json loose --pack 2 --identity task_id --repairs 0 --replays 0\n" + body)
+    assert ok(ip, "loose.values['t0']['case_id']") == "c1"
     r = run(ip, "%%batch_json checked --pack 2 --identity task_id,case_id --repairs 0 "
                 "--replays 0\n" + body)
     assert isinstance(r.error_in_exec, BatchUnresolved)

@@ -27,14 +27,15 @@ def flaky(rate=0.3, seed=7, **kw):
 
 def test_resume_spends_nothing_on_accepted_requests(tmp_path):
     ledger = tmp_path / "ledger.sqlite"
-    session = Session(flaky(0.15), ledger=ledger, repairs=0, replays=0)
+    # first attempts fault; later attempts of the same model (same source) are clean
+    session = Session(flaky(0.15, clean_after=1), ledger=ledger, repairs=0, replays=0)
     tasks = review_tasks(24)
     first = session.run_batch("r", tasks, LABEL_SCHEMA, pack=3, on_exhausted="return")
     assert 0 < len(first.values) < 24  # some requests failed with no retries allowed
     owed = session.evidence.minimum_exact_retry_calls
     assert owed == 8 - first.accepted_returns
 
-    again = Session(flaky(0.0), ledger=ledger)  # a new process on the same ledger
+    again = Session(flaky(0.15, clean_after=1), ledger=ledger)  # a new process, same model
     second = again.run_batch("r", tasks, LABEL_SCHEMA, pack=3)
     assert second.status == "resolved"
     assert second.calls == owed  # exactly the unresolved requests, nothing re-spent

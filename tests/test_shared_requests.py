@@ -7,13 +7,14 @@ from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
 
 
 def test_strict_evidence_counts_a_request_shared_by_two_revisions_once():
-    session = Session(CallableProvider(lambda call: "not json"), strict=True, repairs=0,
-                      replays=0)
+    fixed = []  # the model's state, not its source: fixing it keeps the answer source
+    session = Session(CallableProvider(lambda call: items_reply(call) if fixed else "not json"),
+                      strict=True, repairs=0, replays=0)
     tasks = review_tasks(5)
     session.run_batch("r", tasks[:4], LABEL_SCHEMA, on_exhausted="return")
     session.run_batch("r", tasks, LABEL_SCHEMA, on_exhausted="return")  # one task appended
     owed = session.evidence.minimum_exact_retry_calls
-    session.provider = CallableProvider(items_reply)
+    fixed.append(True)
     result = session.run_batch("r", tasks, LABEL_SCHEMA)
     assert result.calls == 5
     assert owed == 5  # the calls that actually clear both revisions
@@ -21,14 +22,16 @@ def test_strict_evidence_counts_a_request_shared_by_two_revisions_once():
 
 
 def test_evidence_counts_a_request_shared_by_two_batches_once():
-    session = Session(CallableProvider(lambda call: "not json"), repairs=0, replays=0)
+    fixed = []
+    session = Session(CallableProvider(lambda call: items_reply(call) if fixed else "not json"),
+                      repairs=0, replays=0)
     tasks = review_tasks(2)
     session.run_batch("a", tasks, LABEL_SCHEMA, on_exhausted="return")
     session.run_batch("b", tasks, LABEL_SCHEMA, on_exhausted="return")  # same content
     assert session.evidence.minimum_exact_retry_calls == 2
     assert session.evidence.unresolved_items == 2
     assert session.evidence.summary()["unresolved_requests"] == 4  # two per batch
-    session.provider = CallableProvider(items_reply)
+    fixed.append(True)
     assert session.run_batch("a", tasks, LABEL_SCHEMA).calls == 2  # the calls that clear both
     assert session.evidence.minimum_exact_retry_calls == 0
     assert session.run_batch("b", tasks, LABEL_SCHEMA).calls == 0

@@ -46,6 +46,7 @@ class Receipt:
     model: str | None
     started_at: str
     finished_at: str | None
+    source: str | None = None  # the answer source (providers.base.answer_source)
 
     @property
     def tokens(self) -> int:
@@ -262,13 +263,15 @@ class Ledger:
 
     @staticmethod
     def op_begin(db: sqlite3.Connection, batch_id: int, revision_id: int, request: Request,
-                 kind: str, provider: str | None, model: str | None) -> int:
-        """Write an in-flight receipt; it exists before the call is made."""
+                 kind: str, provider: str | None, model: str | None,
+                 source: str | None = None) -> int:
+        """Write an in-flight receipt; it exists before the call is made. ``source`` is the
+        provider's answer source (``providers.base.answer_source``)."""
         return db.execute(
             "INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, status, "
-            "provider, model, started_at, uid) VALUES (?,?,?,?,?, 'in_flight', ?,?,?,?)",
+            "provider, model, started_at, uid, source) VALUES (?,?,?,?,?, 'in_flight', ?,?,?,?,?)",
             (batch_id, revision_id, request.key, request.task_ids_json, kind, provider, model,
-             now(), uuid.uuid4().hex)).lastrowid
+             now(), uuid.uuid4().hex, source)).lastrowid
 
     def finish_attempt(self, attempt_id: int, status: str, *, errors: Sequence[Mapping] = (),
                        raw: str | None = None, usage: Mapping[str, Any] | None = None) -> None:
@@ -362,7 +365,8 @@ class Ledger:
 
     def spend(self, name: str | None = None) -> dict[str, Any]:
         """Calls, tokens and cost of every attempt ever made (for one batch or all)."""
-        sql = ("SELECT COUNT(*) AS calls, COALESCE(SUM(a.input_tokens),0) AS input_tokens, "
+        sql = ("SELECT COALESCE(SUM(a.kind != 'recheck'), 0) AS calls, "  # a recheck sends nothing
+               "COALESCE(SUM(a.input_tokens),0) AS input_tokens, "
                "COALESCE(SUM(a.output_tokens),0) AS output_tokens, SUM(a.cost) AS cost, "
                "SUM(a.status = 'accepted') AS accepted, SUM(a.status = 'rejected') AS rejected, "
                "SUM(a.status = 'provider_error') AS provider_errors FROM attempts a "
@@ -424,6 +428,81 @@ class Ledger:
         from .accounts import cost_summary
 
         return cost_summary(self, name)
+    # -- re-judging ---------------------------------------------------------------------------
+    # Additive: a revision that changed only the acceptance side re-judges earlier raw returns
+    # of exactly what the model saw, and commits those that pass as cost-0 'recheck' receipts.
+    def record_seen(self, pairs: Sequence[tuple[str, str]]) -> None:
+        """Remember what the model saw for each request key: (request_key, seen_key)."""
+        with self.transaction() as db:
+            db.executemany("INSERT OR IGNORE INTO seen(request_key, seen_key) VALUES (?, ?)", pairs)
+
+    def earlier_returns(self, seen_keys: Sequence[str]) -> list[sqlite3.Row]:
+        """Raw returns of earlier exact (non-repair) attempts that saw one of ``seen_keys``,
+        accepted ones first, newest first."""
+        return self._by_keys(_EARLIER_SQL, list(dict.fromkeys(seen_keys)))
+
+    def legacy_returns(self, keys: Sequence[str], provider: str | None,
+                        model: str | None) -> list[sqlite3.Row]:
+        """Accepted returns under request keys as batchjson keyed them before the answer source
+        was part of the key, from the same provider name and model (``seen_key`` is the old key)."""
+        rows = self._by_keys(_LEGACY_SQL, list(dict.fromkeys(keys)))
+        return [r for r in rows if r["provider"] == provider and r["model"] == model]
+
+    def commit_rechecks(self, batch_id: int, revision_id: int,
+                         entries: Sequence[tuple[Request, sqlite3.Row, Mapping[str, Any]]],
+                         source: str | None) -> None:
+        """Commit re-judged returns: per (request, earlier attempt, stored items) a receipt of kind
+        'recheck' with cost 0 (no call was made) and its checkpoint rows, all in one transaction."""
+        stamp = now()
+        with self.transaction() as db:
+            for request, origin, items in entries:
+                attempt_id = db.execute(
+                    "INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, "
+                    "status, errors, raw, input_tokens, output_tokens, cached_tokens, cost, "
+                    "provider, model, started_at, finished_at, uid, source) VALUES "
+                    "(?,?,?,?, 'recheck', 'accepted', '[]', ?, 0, 0, 0, 0.0, ?,?,?,?,?,?)",
+                    (batch_id, revision_id, request.key, request.task_ids_json, origin["raw"],
+                     origin["provider"], origin["model"], stamp, stamp, uuid.uuid4().hex,
+                     source)).lastrowid
+                db.execute("INSERT INTO rechecks(attempt_id, from_attempt) VALUES (?, ?)",
+                           (attempt_id, origin["id"]))
+                db.executemany(
+                    "INSERT OR REPLACE INTO checkpoint(batch_id, request_key, task_id, "
+                    "attempt_id, item, committed_at) VALUES (?,?,?,?,?,?)",
+                    [(batch_id, request.key, task_id, attempt_id, json.dumps(item), stamp)
+                     for task_id, item in items.items()])
+
+
+    def legacy_unresolved(self, keys: Sequence[str]) -> list[sqlite3.Row]:
+        """Leaf requests under old-style keys (see ``legacy_returns``) with no accepted return."""
+        return self._by_keys(
+            "SELECT q.key, q.task_ids, q.tasks, q.revision_id, r.batch_id FROM requests q "
+            "JOIN revisions r ON r.id = q.revision_id WHERE q.key IN ({marks}) AND q.split = 0 "
+            "AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.request_key = q.key "
+            "AND a.status = 'accepted')", list(dict.fromkeys(keys)))
+
+    def accepted_return(self, key: str) -> tuple[sqlite3.Row, dict[str, Any]] | None:
+        """The latest accepted attempt for ``key`` and the items it committed, or None."""
+        rows = self._rows("SELECT id, raw, provider, model FROM attempts WHERE request_key = ? "
+                          "AND status = 'accepted' AND raw IS NOT NULL ORDER BY id DESC LIMIT 1",
+                          (key,))
+        if not rows:
+            return None
+        items = self._rows("SELECT task_id, item FROM checkpoint WHERE attempt_id = ?",
+                           (rows[0]["id"],))
+        return rows[0], {r["task_id"]: json.loads(r["item"]) for r in items}
+
+# SQL of the re-judging section
+_EARLIER_SQL = (
+    "SELECT s.seen_key, a.id, a.request_key, a.raw, a.provider, a.model, a.status "
+    "FROM seen s JOIN attempts a ON a.request_key = s.request_key "
+    "WHERE s.seen_key IN ({marks}) AND a.raw IS NOT NULL AND a.kind != 'repair' "
+    "AND a.status IN ('accepted', 'rejected') ORDER BY a.status = 'accepted' DESC, a.id DESC")
+
+_LEGACY_SQL = (
+    "SELECT a.request_key AS seen_key, a.id, a.request_key, a.raw, a.provider, a.model, a.status "
+    "FROM attempts a WHERE a.request_key IN ({marks}) AND a.status = 'accepted' "
+    "AND a.source IS NULL AND a.raw IS NOT NULL AND a.kind != 'repair' ORDER BY a.id DESC")
 
 
 _REVISION_SQL = (
@@ -453,4 +532,6 @@ def _receipt(row: sqlite3.Row) -> Receipt:
                    tuple(json.loads(row["task_ids"])), row["kind"], row["status"],
                    json.loads(row["errors"]) if row["errors"] else [], row["raw"],
                    row["input_tokens"], row["output_tokens"], row["cached_tokens"], row["cost"],
-                   row["provider"], row["model"], row["started_at"], row["finished_at"])
+                   row["provider"], row["model"], row["started_at"], row["finished_at"],
+                   row["source"])
+

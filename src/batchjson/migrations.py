@@ -81,6 +81,16 @@ MIGRATIONS: list[str] = [
         digest TEXT PRIMARY KEY, attempt_id INTEGER REFERENCES attempts(id),
         source TEXT, line INTEGER, outcome TEXT NOT NULL, imported_at TEXT NOT NULL);
     """,
+    # 3: re-judging. `seen` maps each request key to the key of what the model saw (prompt,
+    # system text, wire schema, answer source), so a revision that changed only how returns are
+    # judged finds earlier raw returns; `rechecks` says which attempt a recheck receipt re-judged.
+    """
+    CREATE TABLE seen (request_key TEXT PRIMARY KEY, seen_key TEXT NOT NULL);
+    CREATE INDEX seen_by_seen_key ON seen (seen_key);
+    CREATE TABLE rechecks (
+        attempt_id INTEGER PRIMARY KEY REFERENCES attempts(id),
+        from_attempt INTEGER NOT NULL REFERENCES attempts(id));
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

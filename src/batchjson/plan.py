@@ -26,6 +26,7 @@ class Plan:
     replays: int
     split: bool
     max_split_depth: int = 4
+    source: str | None = None  # the provider's answer source, written on every receipt
 
 
 @dataclass

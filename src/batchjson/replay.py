@@ -297,7 +297,7 @@ class Replayer:
         self._attempts[request.key] = number + 1
         begun = self.writes.submit(lambda db: ledger.op_begin(
             db, plan.batch_id, plan.revision_id, request, kind, self._provider_name,
-            self._model), urgent=not ahead)
+            self._model, plan.source), urgent=not ahead)
         return Opened(request, kind, prompt, self._make_call(request, kind, prompt, number),
                       begun)
 

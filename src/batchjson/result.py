@@ -29,6 +29,9 @@ class BatchResult:
     attempts_by_task: dict[str, int] = field(default_factory=dict)
     repairs_made: int = 0
     notes: list[str] = field(default_factory=list)
+    rechecked: int = 0  # requests resolved by re-judging earlier returns (no calls)
+    identity_compared: tuple[str, ...] = ()  # fields an item echoing them is held to
+    provider: str | None = None  # provider name / model the run asked
 
     @property
     def resolved(self) -> bool:
@@ -51,7 +54,8 @@ class BatchResult:
             "accepted_returns": self.accepted_returns, "rejected_returns": self.rejected_returns,
             "provider_errors": self.provider_errors, "calls": self.calls, "tokens": self.tokens,
             "cost": self.cost, "unresolved": self.total_tasks - len(self.values),
-            "resumed": self.resumed,
+            "resumed": self.resumed, "rechecked": self.rechecked,
+            "identity_compared": list(self.identity_compared), "provider": self.provider,
         }
 
     def __post_init__(self) -> None:
@@ -152,9 +156,16 @@ class BatchResult:
                 rows.append(f"<li>... and {len(failures) - 10} more failed request(s)</li>")
             failed = (f"<div>{len(failures)} failed request(s):<ul style='margin:2px 0'>"
                       f"{''.join(rows)}</ul></div>")
+
+        compared = (f"<div style='color:#666'>identity compared: "
+                    f"{html.escape(', '.join(self.identity_compared))}</div>"
+                    if self.identity_compared else "")
+        if self.rechecked:
+            compared += (f"<div style='color:#666'>{self.rechecked} request(s) resolved by "
+                         "re-judging earlier returns, without a call</div>")
         return (f"<div><span style='color:{colour}'>&#9679;</span> batch "
                 f"<code>{html.escape(self.name)}</code> revision {self.revision}: "
-                f"<b>{self.status}</b><table><tr>{cells}</tr></table>{failed}</div>")
+                f"<b>{self.status}</b><table><tr>{cells}</tr></table>{compared}{failed}</div>")
 
 
 def _request_of(error: dict[str, Any]) -> str:

@@ -12,21 +12,24 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import structured
+from . import preflight, structured
 from ._aio import run_sync
 from .budget import Budget, Spender, Tally
-from .errors import BatchUnresolved, InvalidBatch
+from .canon import canonical_json
+from .errors import BatchUnresolved, ConfigError, InvalidBatch
 from .evidence import Evidence
 from .ledger import Ledger
 from .plan import Outcome, Plan, Transport
-from .providers.base import close_provider
+from .providers.base import answer_source, close_provider
 from .providers.select import make_provider, provider_label
 from .registry import ValidatorRegistry
+from .rejudge import clear_legacy, rejudge
 from .replay import Replayer
+from .replies import GuardedProvider
 from .result import BatchResult
 from .schema import compile_schema
 from .spec import MODES, ON_EXHAUSTED, VALIDATOR_ARGS, RunSpec
-from .tasks import normalize_identity, normalize_tasks, pack_requests, sha
+from .tasks import Identity, key_maker, normalize_identity, normalize_tasks, pack_requests, sha
 
 
 def _whole(name: str, value: Any, minimum: int) -> int:
@@ -59,7 +62,7 @@ class Session:
         self.repairs = _whole("repairs", repairs, 0)
         self.replays = _whole("replays", replays, 0)
         self.transport = Transport(retries=_whole("transport_retries", transport_retries, 0),
-                                   timeout=float(timeout))
+                                   timeout=preflight.check_timeout(timeout))
         self.model = model
         self._provider_spec = provider
         self._provider: Any = None
@@ -124,7 +127,11 @@ class Session:
         """Resolve every task of batch ``name`` or say exactly what is still owed.
 
         Identical content resumes (accepted requests are not re-spent); changed content opens a
-        new revision. ``validator(item, task)`` raises ValueError to reject an item.
+        new revision, which first re-judges earlier returns when only the judging changed.
+        ``validator(item, task)`` (a dict, or a model instance for a pydantic schema; sync or
+        ``async def``) raises ValueError or returns False to reject an item. ``identity=None``
+        compares ``task_id`` and every other task field an item echoes; an explicit list
+        compares exactly those fields.
         """
         return self.run(RunSpec(
             name=name, tasks=tasks, schema=schema, validator=validator,
@@ -160,7 +167,7 @@ class Session:
         pack = _whole("pack", spec.pack, 1)
         mode, instructions, validator = spec.mode, spec.instructions, spec.validator
         ident = normalize_identity(spec.identity)
-        task_list, task_texts = normalize_tasks(tasks, ident)
+        task_list, task_texts = normalize_tasks(tasks, ident)  # the ledger's (JSON) form
         item_schema = compile_schema(schema)
         repairs = self.repairs if spec.repairs is None else _whole("repairs", spec.repairs, 0)
         replays = self.replays if spec.replays is None else _whole("replays", spec.replays, 0)
@@ -169,9 +176,15 @@ class Session:
             _whole("max_calls", max_calls, 0)
         if instructions is not None and not isinstance(instructions, str):
             raise InvalidBatch("instructions must be a string")
-        if validator is not None and not callable(validator):
-            raise InvalidBatch(f"validator must be callable, got {type(validator).__name__}")
-        provider = self.provider
+        preflight.check_all(tasks=task_list, identity=ident, schema=item_schema, mode=mode,
+                            validator=validator, validator_args=spec.validator_args)
+        try:
+            provider = preflight.check_provider(self.provider)
+        except TypeError as exc:  # make_provider's "not a provider" refusal
+            raise ConfigError(str(exc)) from None
+        source = answer_source(provider)
+        provider_name = getattr(provider, "name", type(provider).__name__)
+        provider_model = getattr(provider, "model", None)
 
         version = None
         if validator is not None:
@@ -179,23 +192,26 @@ class Session:
             validator = version.fn
         checker = (_index_form(validator) if validator is not None and
                    spec.validator_args == "index" else validator)
-        components = {
-            "tasks": sha(json.dumps(task_list, sort_keys=True, separators=(",", ":"))),
-            "schema": item_schema.fingerprint,
-            "validator": version.fingerprint.digest if version else "none",
-            "pack": str(pack),
-            "instructions": sha(instructions or ""),
-            "identity": ",".join(ident),
-            "mode": mode,
-        }
-        key_content = {k: components[k] for k in
-                       ("schema", "validator", "instructions", "identity", "mode")}
+        components, key_content, seen_content = _contents(
+            task_list, item_schema, version.fingerprint.digest if version else "none", pack,
+            instructions, ident, mode, source)
         fingerprint = sha(json.dumps(components, sort_keys=True))
         existing = self.ledger.find_revision(name, fingerprint)
         requests = (self.ledger.leaves(existing.id) if existing else
                     pack_requests(task_list, pack, key_content, task_texts))
         done = self.ledger.accepted_keys([r.key for r in requests])
         pending = [r for r in requests if r.key not in done]
+        seen_key, legacy_key = key_maker(seen_content), key_maker(_legacy_content(components,
+                                                                                   ident))
+        seen_of = {r.key: seen_key(r.tasks_json) for r in requests}
+        legacy_of = {r.key: legacy_key(r.tasks_json) for r in pending}
+        rechecked = rejudge(
+            self.ledger, pending, seen_of=seen_of, legacy_of=legacy_of,
+            provider=provider_name, model=provider_model, mode=mode, identity=ident,
+            schema=item_schema, validator=checker)
+        passed = {request.key for request, _, _ in rechecked}
+        owed = pending  # what this run resolves, by re-judging or by calls
+        pending = [r for r in pending if r.key not in passed]
         spender = Spender(max_calls, self.budget, self.tally)
         if spec.refuse_short_budget:
             spender.refuse_if_short(len(pending))
@@ -212,18 +228,37 @@ class Session:
             if self.on_note is not None and pending:
                 self.on_note(f"{name}: {superseded_note}; revision {revision.number} runs "
                              f"{len(pending)} request(s)")
+        if existing is None or pending or rechecked:  # a resumed revision has them already
+            self.ledger.record_seen(list(seen_of.items()))
+        if rechecked:
+            self.ledger.commit_rechecks(revision.batch_id, revision.id, rechecked, source)
         plan = Plan(batch_id=revision.batch_id, revision_id=revision.id, mode=mode,
                     identity=ident, schema=item_schema, validator=checker,
                     instructions=instructions, content=key_content, repairs=repairs,
-                    replays=replays, split=bool(spec.split))
+                    replays=replays, split=bool(spec.split), source=source)
         outcome = Outcome()
         if pending:
-            outcome = self._replay(plan, provider, spender, pending, spec.progress, name)
+            outcome = self._replay(plan, GuardedProvider(provider), spender, pending,
+                                   spec.progress, name)
+            if plan.split:  # halves made during the run: remember what they saw too
+                self.ledger.record_seen([(r.key, seen_key(r.tasks_json))
+                                         for r in self.ledger.leaves(revision.id)])
+        if legacy_of:
+            now_accepted = self.ledger.accepted_keys([r.key for r in owed])
+            clear_legacy(self.ledger, [r for r in owed if r.key in now_accepted], legacy_of,
+                         source)
         result = self._result(name, revision.number, task_list, item_schema, outcome,
-                              resumed=len(requests) - len(pending))
+                              resumed=len(requests) - len(pending) - len(rechecked))
+        result.rechecked = len(rechecked)
+        result.identity_compared = tuple(preflight.compared_candidates(task_list, ident)
+                                         if mode == "items" else ())
+        result.provider = f"{provider_name}/{provider_model}" if provider_model else provider_name
         if superseded_note is not None:
             result.superseded = superseded_note
             result.notes.append(result.superseded)
+        if rechecked:
+            result.notes.append(f"{len(rechecked)} request(s) resolved by re-judging earlier "
+                                "returns under the new rules (no calls)")
         if result.status != "resolved" and spec.on_exhausted == "raise":
             raise BatchUnresolved(result)
         return result
@@ -256,12 +291,25 @@ class Session:
     def _result(self, name: str, revision: int, task_list: list[dict], item_schema: Any,
                 outcome: Outcome, resumed: int) -> BatchResult:
         stored = self.ledger.checkpoint(name)
-        values = {t["task_id"]: item_schema.load(stored[t["task_id"]])
-                  for t in task_list if t["task_id"] in stored}
-        errors = [e for task_id, errs in outcome.errors.items() if task_id not in values
-                  for e in errs]
+        values: dict[str, Any] = {}
+        unloadable = []
         for t in task_list:
-            if t["task_id"] not in values and t["task_id"] not in outcome.errors:
+            task_id = t["task_id"]
+            if task_id not in stored:
+                continue
+            try:
+                values[task_id] = item_schema.load(stored[task_id])
+            except Exception as exc:  # a stored value the schema no longer accepts
+                unloadable.append({
+                    "type": "stored_invalid", "task_id": task_id,
+                    "message": f"the stored answer no longer loads under the schema "
+                               f"({type(exc).__name__}: {str(exc)[:300]}); change the schema "
+                               "back, or re-run under a schema it satisfies"})
+        errors = [e for task_id, errs in outcome.errors.items() if task_id not in values
+                  for e in errs] + unloadable
+        failed = {e["task_id"] for e in errors}
+        for t in task_list:
+            if t["task_id"] not in values and t["task_id"] not in failed:
                 errors.append({"type": "not_attempted", "task_id": t["task_id"],
                                "message": "no call was made for this task in this run"})
         return BatchResult(
@@ -288,6 +336,35 @@ def _index_form(fn: Callable[[Any, int], Any]) -> Callable[[Any, Mapping[str, An
         return fn(value, task["index"])
 
     return check
+
+
+def _contents(task_list: list[dict], item_schema: Any, validator: str, pack: int,
+              instructions: str | None, ident: Identity, mode: str,
+              source: str) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """(revision components, request-key content, seen content). A request key covers what
+    the model saw (the seen content: wire schema, instructions, the identity fields the prompt
+    names, mode, answer source) and how its return is judged (schema fingerprint, validator,
+    identity rules); the tasks are spliced in per request."""
+    components = {
+        "tasks": sha(json.dumps(task_list, sort_keys=True, separators=(",", ":"))),
+        "schema": item_schema.fingerprint, "validator": validator, "pack": str(pack),
+        "instructions": sha(instructions or ""), "identity": ident.key, "mode": mode,
+        "source": source,
+    }
+    key_content = {k: components[k] for k in
+                   ("schema", "validator", "instructions", "identity", "mode", "source")}
+    seen_content = {"wire": sha(canonical_json(item_schema.json_schema)),
+                    "instructions": components["instructions"], "identity": ",".join(ident),
+                    "mode": mode, "source": source}
+    return components, key_content, seen_content
+
+
+def _legacy_content(components: Mapping[str, str], ident: Identity) -> dict[str, str]:
+    """Request-key content as batchjson computed it before the answer source and echoed
+    identity joined the key: how ledgers written then are found (see docs/design.md)."""
+    return {"schema": components["schema"], "validator": components["validator"],
+            "instructions": components["instructions"], "identity": ",".join(ident),
+            "mode": components["mode"]}
 
 
 _default: Session | None = None

@@ -71,13 +71,38 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]],
         except (TypeError, ValueError) as exc:
             raise InvalidBatch(f"task {task_id!r} is not JSON-serialisable ({exc}); keep tasks "
                                "to str/int/float/bool/None/list/dict with finite numbers") from None
-        out.append(dict(task))
+        out.append(json.loads(texts[-1]))  # the ledger's form, which acceptance compares to
     return out, texts
 
 
-def normalize_identity(identity: Sequence[str] | str | None) -> tuple[str, ...]:
+class Identity(tuple):
+    """The identity fields every item must echo unchanged (``task_id`` first).
+
+    ``echo`` is True for the default identity (``identity=None``): then every other field a task
+    carries (prompt and context aside) that an item returns must equal the task's value too, so
+    an item echoing ``case_id`` 079 for a task whose ``case_id`` is 078 is rejected. An explicit
+    ``identity=`` lists exactly what is compared (``echo`` False). It is a tuple, so code that
+    renders prompts or wire schemas sees only the required fields.
+    """
+
+    echo: bool
+
+    def __new__(cls, fields: Iterable[str], echo: bool = False) -> Identity:
+        self = super().__new__(cls, fields)
+        self.echo = echo
+        return self
+
+    @property
+    def key(self) -> str:
+        """Its part of a request key: the fields, and whether echoed fields are compared."""
+        return ",".join(self) + ("+echoed" if self.echo else "")
+
+
+def normalize_identity(identity: Sequence[str] | str | None) -> Identity:
+    if isinstance(identity, Identity):
+        return identity
     if identity is None:
-        return ("task_id",)
+        return Identity(("task_id",), echo=True)
     if isinstance(identity, str):
         identity = [part.strip() for part in identity.split(",") if part.strip()]
     fields = tuple(identity)
@@ -87,7 +112,7 @@ def normalize_identity(identity: Sequence[str] | str | None) -> tuple[str, ...]:
         fields = ("task_id", *fields)
     if len(set(fields)) != len(fields):
         raise InvalidBatch(f"identity names a field twice: {fields!r}")
-    return fields
+    return Identity(fields)
 
 
 @dataclass(frozen=True)

@@ -222,7 +222,7 @@ class BatchJson(Magics):
         session = self.session
         var = args.out or args.name
         check_identifier(var, "pass --out VAR" if args.out is None else "choose another --out")
-        identity = ("task_id",)
+        identity = None  # the default: task_id, and every task field an item echoes
         if args.identity is not None:
             identity = tuple(p.strip() for p in args.identity.split(","))
             if not all(identity):

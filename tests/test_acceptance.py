@@ -1,0 +1,264 @@
+"""Acceptance is total and exact: every return is judged (never a crash), numbers are finite,
+identity values compare as exact JSON values, and what is committed is what passed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import BaseModel, field_validator
+
+from batchjson import CallableProvider, Session
+from batchjson.acceptance import accept_items, parse_json
+from batchjson.providers.base import Reply
+from batchjson.schema import compile_schema
+from tests.helpers import LABEL_SCHEMA, answer, items_reply, review_tasks
+
+SEED_IDENTITY = ("task_id", "case_id", "candidate_id")
+
+
+def one_shot(provider) -> Session:
+    return Session(CallableProvider(provider) if not hasattr(provider, "complete") else provider,
+                   repairs=0, replays=0)
+
+
+def only_receipt(session: Session, name: str = "r"):
+    (receipt,) = session.ledger.attempts(name)
+    return receipt
+
+
+# -- numbers -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("number", ["1e400", "-1e999", "1E+309"])
+def test_a_number_that_overflows_to_infinity_is_rejected(number):
+    schema = {"type": "object", "properties": {"score": {"type": "number"}}}
+    tasks = [{"task_id": "t1", "prompt": "p"}]
+    text = '{"items": [{"task_id": "t1", "score": ' + number + "}]}"
+    session = one_shot(lambda call: text)
+    result = session.run_batch("r", tasks, schema, on_exhausted="return")
+    assert result.values == {} and session.ledger.checkpoint("r") == {}
+    receipt = only_receipt(session)
+    assert receipt.status == "rejected" and receipt.raw == text
+    assert "overflows" in receipt.errors[0]["message"]
+
+
+def test_parse_json_keeps_large_finite_numbers():
+    assert parse_json('{"x": 1e308, "y": 123456789012345678901234567890}') == {
+        "x": 1e308, "y": 123456789012345678901234567890}
+
+
+# -- exact identity ----------------------------------------------------------------------------
+@pytest.mark.parametrize(("requested", "echoed"), [
+    (0.0, "-0.0"), (-0.0, "0.0"), (1e16, "10000000000000001.0"), (0.1, "0.10000000000000001"),
+])
+def test_identity_values_compare_as_exact_json_values(requested, echoed):
+    tasks = [{"task_id": "t1", "prompt": "p", "x": requested}]
+    text = '{"items": [{"task_id": "t1", "x": ' + echoed + ', "verdict": "match"}]}'
+    verdict = accept_items(text, tasks, ("task_id", "x"), compile_schema(LABEL_SCHEMA), None)
+    assert not verdict.accepted
+    assert verdict.errors[0]["type"] == "identity" and verdict.errors[0]["field"] == "x"
+
+
+@pytest.mark.parametrize(("requested", "echoed"), [(1e16, "1e16"), (0.5, "0.50"), (-0.0, "-0.0")])
+def test_the_same_json_number_written_another_way_is_the_same_identity(requested, echoed):
+    tasks = [{"task_id": "t1", "prompt": "p", "x": requested}]
+    text = '{"items": [{"task_id": "t1", "x": ' + echoed + ', "verdict": "match"}]}'
+    assert accept_items(text, tasks, ("task_id", "x"), compile_schema(LABEL_SCHEMA),
+                        None).accepted
+
+
+# -- echoed task fields are identity by default ------------------------------------------------
+def test_the_seeds_079_echo_is_rejected_under_the_default_identity():
+    def swap(call):
+        victim = call.tasks[0]["task_id"]
+        return items_reply(call, **{victim: {"case_id": "gold-pair-079"}})
+
+    session = one_shot(swap)
+    tasks = review_tasks(5)
+    result = session.run_batch("review", tasks, LABEL_SCHEMA, pack=5, on_exhausted="return")
+    assert result.values == {} and session.ledger.checkpoint("review") == {}
+    receipt = only_receipt(session, "review")
+    assert receipt.status == "rejected"
+    assert [(e["type"], e["field"], e["got"]) for e in receipt.errors] == [
+        ("identity", "case_id", "gold-pair-079")]
+    assert result.identity_compared == ("task_id", "candidate_id", "case_id")
+
+
+def test_under_the_default_identity_a_task_field_the_item_does_not_echo_is_not_required():
+    def answers_only(call):
+        return json.dumps({"items": [{"task_id": t["task_id"], **answer(t)} for t in call.tasks]})
+
+    result = one_shot(answers_only).run_batch("review", review_tasks(4), LABEL_SCHEMA, pack=4)
+    assert result.status == "resolved"
+
+
+def test_an_explicit_identity_compares_exactly_the_fields_it_lists():
+    def swap(call):  # candidate_id is wrong, but only case_id is listed
+        victim = call.tasks[0]["task_id"]
+        return items_reply(call, **{victim: {"candidate_id": "someone-else"}})
+
+    session = one_shot(swap)
+    result = session.run_batch("review", review_tasks(3), LABEL_SCHEMA, pack=3,
+                               identity="task_id,case_id")
+    assert result.status == "resolved" and result.identity_compared == ("task_id", "case_id")
+
+
+# -- mutation ----------------------------------------------------------------------------------
+def test_a_provider_rewriting_call_tasks_cannot_make_its_echo_pass():
+    def forger(call):
+        for task in call.tasks:  # the provider's copy, not the ledger's request
+            task["case_id"] = "gold-pair-079"
+        return items_reply(call)
+
+    session = one_shot(forger)
+    result = session.run_batch("review", review_tasks(4), LABEL_SCHEMA, pack=4,
+                               identity=SEED_IDENTITY, on_exhausted="return")
+    assert result.values == {} and session.ledger.checkpoint("review") == {}
+    assert {e["field"] for e in only_receipt(session, "review").errors} == {"case_id"}
+
+
+def test_a_validator_mutating_its_item_cannot_change_what_is_committed():
+    def vandal(item, task):
+        item["verdict"] = "BOGUS"  # outside the schema's enum
+        task["case_id"] = "gold-pair-079"
+
+    session = one_shot(items_reply)
+    tasks = review_tasks(4)
+    result = session.run_batch("review", tasks, LABEL_SCHEMA, pack=4, validator=vandal)
+    stored = session.ledger.checkpoint("review")
+    assert {v["verdict"] for v in stored.values()} <= {"match", "no_match"}
+    assert stored == {t["task_id"]: answer(t) for t in tasks}
+    assert {v["verdict"] for v in result.values.values()} <= {"match", "no_match"}
+
+
+# -- the caller's validator --------------------------------------------------------------------
+def test_an_async_validator_is_awaited_and_its_rejection_counts():
+    seen = []
+
+    async def check(item, task):
+        seen.append(task["task_id"])
+        if item["verdict"] != "no_match":
+            raise ValueError("only no_match is right here")
+
+    session = one_shot(items_reply)
+    tasks = review_tasks(2)
+    result = session.run_batch("r", tasks, LABEL_SCHEMA, validator=check, on_exhausted="return")
+    assert sorted(seen) == sorted(t["task_id"] for t in tasks)
+    assert list(result.values) == [t["task_id"] for t in tasks if answer(t)["verdict"] ==
+                                   "no_match"]
+
+
+def test_a_validator_returning_false_rejects_the_item():
+    session = one_shot(items_reply)
+    result = session.run_batch("r", review_tasks(2), LABEL_SCHEMA, on_exhausted="return",
+                               validator=lambda item, task: item["verdict"] == "match")
+    assert len(result.values) == 1
+    rejected = [r for r in session.ledger.attempts("r") if r.status == "rejected"]
+    assert "returned False" in rejected[0].errors[0]["message"]
+
+
+def test_a_pydantic_validator_raising_type_error_is_a_rejected_receipt_not_a_crash():
+    class Label(BaseModel):
+        verdict: str
+
+        @field_validator("verdict")
+        @classmethod
+        def broken(cls, value):
+            raise TypeError("a bug in the model")
+
+    session = one_shot(items_reply)
+    result = session.run_batch("r", review_tasks(2), Label, on_exhausted="return")
+    assert result.values == {}
+    for receipt in session.ledger.attempts("r"):
+        assert receipt.status == "rejected" and receipt.raw
+        assert receipt.errors[0]["type"] == "validator_error"
+        assert "TypeError" in receipt.errors[0]["message"]
+
+
+# -- crafted returns ---------------------------------------------------------------------------
+def test_a_return_nested_2000_deep_is_a_rejected_receipt_with_its_raw_text():
+    deep = '{"items": [{"task_id": "t1", "verdict": ' + "[" * 2000 + "]" * 2000 + "}]}"
+    session = one_shot(lambda call: deep)
+    tasks = [{"task_id": "t1", "prompt": "p"}, {"task_id": "t2", "prompt": "q"}]
+    result = session.run_batch("r", tasks, LABEL_SCHEMA, on_exhausted="return")
+    assert result.values == {}
+    receipts = session.ledger.attempts("r")
+    assert [r.status for r in receipts] == ["rejected", "rejected"]  # the run went on
+    assert receipts[0].raw == deep and "nested" in receipts[0].errors[0]["message"]
+
+
+@pytest.mark.parametrize("text", [None, b'{"items": []}', {"items": []}, 17])
+def test_a_reply_whose_text_is_not_a_string_is_rejected_and_kept(text):
+    session = one_shot(lambda call: Reply(text=text))
+    result = session.run_batch("r", review_tasks(2), LABEL_SCHEMA, on_exhausted="return")
+    assert result.values == {}
+    receipts = session.ledger.attempts("r")
+    assert [r.status for r in receipts] == ["rejected", "rejected"]
+    assert all(isinstance(r.raw, str) for r in receipts)
+    assert "not str" in receipts[0].errors[0]["message"]
+
+
+def test_string_token_counts_do_not_crash_the_run():
+    def sloppy(call):
+        return Reply(text=items_reply(call), input_tokens="12", output_tokens="many",
+                     cost="free")
+
+    session = one_shot(sloppy)
+    result = session.run_batch("r", review_tasks(2), LABEL_SCHEMA)
+    assert result.status == "resolved" and result.tokens == 24
+    assert [r.input_tokens for r in session.ledger.attempts("r")] == [12, 12]
+
+
+def test_a_default_echo_of_a_deeply_nested_task_field_is_judged_not_a_crash():
+    nested: object = "leaf"
+    for _ in range(600):
+        nested = {"n": nested}
+    tasks = [{"task_id": "t1", "prompt": "p", "meta": nested}]
+
+    def echo(call):
+        return json.dumps({"items": [{"task_id": "t1", "meta": call.tasks[0]["meta"],
+                                      "verdict": "match"}]})
+
+    session = one_shot(echo)
+    result = session.run_batch("r", tasks, LABEL_SCHEMA, on_exhausted="return")
+    assert result.values == {}
+    assert only_receipt(session).status == "rejected"
+
+
+class ReturnsAnything:
+    """A provider breaking the contract: complete() hands back whatever it was given."""
+
+    name = "odd"
+
+    def __init__(self, value):
+        self.value = value
+
+    async def complete(self, call):
+        return self.value(call) if callable(self.value) else self.value
+
+
+def test_a_provider_returning_a_bare_string_is_judged_like_a_reply():
+    session = Session(ReturnsAnything(items_reply), repairs=0, replays=0)
+    assert session.run_batch("r", review_tasks(2), LABEL_SCHEMA).resolved
+
+
+def test_a_provider_returning_no_reply_at_all_gets_provider_error_receipts_and_the_run_ends():
+    session = Session(ReturnsAnything(42), repairs=0, replays=0)
+    result = session.run_batch("r", review_tasks(2), LABEL_SCHEMA, on_exhausted="return")
+    assert result.values == {}
+    receipts = session.ledger.attempts("r")
+    assert {r.status for r in receipts} == {"provider_error"}
+    assert "not a Reply" in receipts[0].errors[0]["message"]
+    assert all(r.provider == "odd" for r in receipts)
+
+
+def test_a_schema_coercing_a_string_into_infinity_is_rejected_not_committed():
+    class Scored(BaseModel):
+        score: float
+
+    text = '{"items": [{"task_id": "t1", "score": "1e400"}]}'
+    session = one_shot(lambda call: text)
+    result = session.run_batch("r", [{"task_id": "t1", "prompt": "p"}], Scored,
+                               on_exhausted="return")
+    assert result.values == {} and session.ledger.checkpoint("r") == {}
+    receipt = only_receipt(session)
+    assert receipt.status == "rejected" and receipt.errors[0]["type"] == "schema"
