@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
+import sqlite3
 import threading
 from datetime import datetime
 from typing import Any
@@ -153,17 +154,17 @@ def test_partials_methods_and_instances_get_sensible_names() -> None:
 
 def test_identity_fallback_still_defines_once_within_the_process() -> None:
     registry = ValidatorRegistry()
-    lock = threading.Lock()
-    src = "def guarded(x):\n    with lock:\n        return x\nguarded = registry.define(guarded)\n"
-    ns: dict[str, Any] = {"registry": registry, "lock": lock}
+    db = sqlite3.connect(":memory:")  # a database's content is out of sight: identity
+    src = "def guarded(x):\n    with db:\n        return x\nguarded = registry.define(guarded)\n"
+    ns: dict[str, Any] = {"registry": registry, "db": db}
     exec(compile(src, "<cell>", "exec"), ns)
     first = ns["guarded"]
-    assert registry.last_event.endswith("compared by identity: global:lock")
+    assert registry.last_event.endswith("compared by identity: global:db")
     exec(compile(src, "<cell>", "exec"), ns)
     assert ns["guarded"] is first
     record = registry.current("guarded")
-    assert record.fingerprint.by_identity == ("global:lock",) and not record.fingerprint.stable
-    ns["lock"] = threading.Lock()  # a new object: identity differs, so a new version
+    assert record.fingerprint.by_identity == ("global:db",) and not record.fingerprint.stable
+    ns["db"] = sqlite3.connect(":memory:")  # a new object: identity differs, so a new version
     exec(compile(src, "<cell>", "exec"), ns)
     assert ns["guarded"] is not first and registry.current("guarded").version == 2
 

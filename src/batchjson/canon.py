@@ -27,6 +27,7 @@ __all__ = ["Unhashable", "canonical_json", "content_hash"]
 _MARSHAL = 2
 _SCALARS = frozenset({str, int, float, bool, type(None), bytes})
 _BASES = (str, int, float, bytes, list, tuple, dict, set, frozenset)
+_MUTABLE = frozenset({list, dict, set, bytearray})
 _BUILTIN_CALLABLES = (types.BuiltinFunctionType, types.MethodWrapperType,
                       types.WrapperDescriptorType, types.MethodDescriptorType,
                       types.ClassMethodDescriptorType)
@@ -73,16 +74,24 @@ class _Canon:
 
     Every tuple in the output is a tag we made; user tuples become ("t", [...]). Homogeneous lists
     of str-keyed records take a columnar fast path whose iteration runs in C.
+
+    With ``immutable_only`` a mutable value (list, dict, set, a dataclass or model that is not
+    frozen, a subclass of a mutable builtin) is encoded by its type alone: keys of an answer
+    source must not move when a call log or a cache it holds grows.
     """
 
-    def __init__(self, hook: Callable[[Any], Any] | None = None) -> None:
+    def __init__(self, hook: Callable[[Any], Any] | None = None, *,
+                 immutable_only: bool = False) -> None:
         self.hook = hook
+        self.immutable_only = immutable_only
         self.active: set[int] = set()
 
     def value(self, x: Any) -> Any:
         t = type(x)
         if t in _SCALARS:
             return x
+        if self.immutable_only and t in _MUTABLE:
+            return ("M", t.__name__)
         if t is list:
             return self.seq(x)
         if t is dict:
@@ -159,6 +168,8 @@ class _Canon:
             if issubclass(x, BaseModel):
                 return ("S", name, self.value(_call(x.model_json_schema, name)))
         elif isinstance(x, (BaseModel, *_BASES)) or dataclasses.is_dataclass(x):
+            if self.immutable_only and not _frozen(x):
+                return ("M", name)
             key = self._enter(x)
             try:
                 if isinstance(x, BaseModel):
@@ -173,6 +184,15 @@ class _Canon:
         if self.hook is not None:
             return ("H", self.hook(x))
         raise Unhashable(f"cannot content-hash a {name}")
+
+
+def _frozen(x: Any) -> bool:
+    """Whether a model, dataclass or builtin-subclass instance is immutable."""
+    if isinstance(x, BaseModel):
+        return bool(x.model_config.get("frozen"))
+    if dataclasses.is_dataclass(x):
+        return bool(x.__dataclass_params__.frozen)  # type: ignore[attr-defined]
+    return not isinstance(x, tuple(_MUTABLE))
 
 
 def _call(method: Callable[..., Any], name: str, **kwargs: Any) -> Any:

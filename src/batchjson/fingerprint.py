@@ -1,9 +1,16 @@
-"""Content fingerprints for validators and data.
+"""Content fingerprints for validators, answer sources and data.
 
 An RLM engine keys evidence on validator *object identity*, so a cell re-executed after an error
 defines a new function object and orphans the evidence recorded under the old one. batchjson keys
-validators by *content*: the same code, defaults, closure values and referenced globals give the
-same digest, in this process or any other, wherever the function was defined.
+validators by *content*: code, defaults, closure values, referenced globals, the module attributes
+the code reads (``cfg.THRESHOLD``), classes with all their attributes, pydantic models by their
+core schema and validators, and library objects by what they hold. The same content gives the same
+digest, in this process or any other, wherever it was defined. What cannot be seen is said:
+``by_identity`` (compared by object identity) and ``unseen`` (``globals()["X"]``, ``eval``).
+
+Two views: :func:`fingerprint_function` sees everything that decides acceptance, mutable state
+included; :func:`fingerprint_callable` keys an answer source by its code and the immutable values
+it reads only, so a stub that counts its calls keeps one key.
 """
 
 from __future__ import annotations
@@ -19,38 +26,59 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel
 
-from .canon import (
-    _BUILTIN_CALLABLES,
-    _VALUE_TYPES,
-    Unhashable,
-    _Canon,
-    _digest,
-    _dump,
-    _qualname,
-    canonical_json,
-    content_hash,
-)
+from . import canon
+from .bytecode import DYNAMIC_ATTRS, DYNAMIC_BUILTINS, reads_of
+from .canon import Unhashable, canonical_json, content_hash
+from .describe import describe_changes
+from .library import is_library_module, normalized_core_schema, special_content
 
 __all__ = ["Fingerprint", "Unhashable", "canonical_json", "content_hash", "describe_changes",
-           "fingerprint_function"]
+           "fingerprint_callable", "fingerprint_function", "model_fingerprint",
+           "unwrap_callable"]
+
+_digest, _qualname = canon._digest, canon._qualname
+_VALUE_TYPES, _BUILTIN_CALLABLES = canon._VALUE_TYPES, canon._BUILTIN_CALLABLES
+_DESCRIPTORS = (types.MemberDescriptorType, types.GetSetDescriptorType)
+_MISSING = object()
+_DECORATOR_GROUPS = ("validators", "field_validators", "root_validators", "field_serializers",
+                     "model_serializers", "model_validators", "computed_fields")
+_DETAIL_DEPTH = 3  # nested paths kept for describe_changes: "global:Check>attr:_limit"
+# Class attributes that are interpreter or framework bookkeeping, never behaviour.
+_BOOKKEEPING = frozenset({
+    "__module__", "__qualname__", "__doc__", "__dict__", "__weakref__", "__annotations__",
+    "__firstlineno__", "__static_attributes__", "__orig_bases__", "__parameters__",
+    "_abc_impl", "__abstractmethods__", "__slotnames__", "__signature__", "__class_vars__",
+    "__private_attributes__", "model_fields", "model_computed_fields",
+})
+
 
 @dataclass(frozen=True)
 class Fingerprint:
-    """Content identity of a callable: equal digests mean interchangeable validators.
+    """Content identity of a callable: equal digests mean interchangeable code.
 
-    Objects compared by identity are pinned (kept alive) so their ids cannot be reused by a
-    different object while this fingerprint exists.
+    ``by_identity`` lists values compared by object identity (pinned: kept alive so their ids
+    cannot be reused while this fingerprint exists), which makes the digest valid in this process
+    only (not ``stable``); ``unseen`` lists what the code reads that no fingerprint can see
+    (``globals()``, ``eval``), which makes it ``partial``: equal digests may then hide different
+    behaviour.
     """
 
     digest: str
     by_identity: tuple[str, ...] = ()
     parts: tuple[tuple[str, str], ...] = ()
+    unseen: tuple[str, ...] = ()
+    details: tuple[tuple[str, str], ...] = field(default=(), repr=False, compare=False)
     _pins: tuple[Any, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def stable(self) -> bool:
         """True when the digest means the same thing in every process."""
         return not self.by_identity
+
+    @property
+    def partial(self) -> bool:
+        """True when part of what the code reads could not be seen at all."""
+        return bool(self.unseen)
 
     @property
     def short(self) -> str:
@@ -60,7 +88,9 @@ class Fingerprint:
 class _Node(NamedTuple):
     digest: str
     parts: tuple[tuple[str, str], ...]
-    by_identity: tuple[str, ...]
+    by_identity: tuple[str, ...]  # paths relative to the node; "" is the node itself
+    unseen: tuple[tuple[str, str], ...]  # (relative path, what)
+    details: tuple[tuple[str, str], ...]  # (relative path, digest) below the parts
 
 
 def _code_canon(code: types.CodeType) -> Any:
@@ -81,18 +111,10 @@ def _const_canon(c: Any) -> Any:
     if type(c) is tuple:
         return ("t", [_const_canon(x) for x in c])
     if type(c) is frozenset:
-        return ("f", sorted(_dump(_const_canon(x)) for x in c))
+        return ("f", sorted(canon._dump(_const_canon(x)) for x in c))
     if type(c) is complex:
         return ("j", c.real, c.imag)
     return ("...",) if c is Ellipsis else c
-
-
-def _global_names(code: types.CodeType) -> set[str]:
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _global_names(const)
-    return names
 
 
 def _merge(inner: list[tuple[str, str]], own: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -101,11 +123,19 @@ def _merge(inner: list[tuple[str, str]], own: list[tuple[str, str]]) -> list[tup
     return inner + own
 
 
+def _join(label: str, rel: str) -> str:
+    return f"{label}>{rel}" if rel else label
+
+
+_WRITTEN = _digest("batchjson:written:1", None)  # state the code writes: never part of a source key
+_ABSENT = _digest("batchjson:absent:1", None)
+
+
 class _Walker:
     """One fingerprint computation: cycle guard, memo tables and identity fallbacks."""
 
-    def __init__(self, home: str | None) -> None:
-        self.home = home  # module of the root callable: its classes/functions go by content
+    def __init__(self, *, source: bool) -> None:
+        self.source = source  # key an answer source: immutable values only, written state out
         self.index: dict[int, int] = {}  # id -> stack position of objects being fingerprinted
         self.low: list[int] = []  # per stack frame: lowest stack position it refers back to
         self.memo: dict[int, _Node] = {}
@@ -113,9 +143,12 @@ class _Walker:
         self.pins: list[Any] = []  # identity-compared objects: kept alive by the Fingerprint
         self.alive: list[Any] = []  # memo keys are ids: keep their objects alive for the walk
         self.identity: list[str] = []
+        self.unseen: list[tuple[str, str]] = []
+        self.details: list[tuple[str, str]] = []
+        self.written_attrs: set[str] = set()
         self.label = ""
         self.hook_calls = 0
-        self.canon = _Canon(self._hook)
+        self.canon = canon._Canon(self._hook, immutable_only=source)
 
     def node(self, obj: Any) -> _Node:
         key = id(obj)
@@ -125,14 +158,15 @@ class _Walker:
         pos = len(self.low)
         self.index[key] = pos
         self.low.append(pos)
-        saved_identity, saved_label = self.identity, self.label
-        self.identity = []
+        saved = self.identity, self.unseen, self.details, self.label
+        self.identity, self.unseen, self.details = [], [], []
         try:
             kind, parts = self._build(obj)
+            details = [(p, d) for p, d in self.details if p.count(">") < _DETAIL_DEPTH]
             node = _Node(_digest("batchjson:fp:1", [kind, parts]), tuple(parts),
-                         tuple(self.identity))
+                         tuple(self.identity), tuple(self.unseen), tuple(details))
         finally:
-            self.identity, self.label = saved_identity, saved_label
+            self.identity, self.unseen, self.details, self.label = saved
             del self.index[key]
             low = self.low.pop()
             if self.low:
@@ -152,11 +186,12 @@ class _Walker:
         if cached is not None:
             return cached
         saved, self.label = self.label, label
-        calls, start = self.hook_calls, len(self.identity)
+        calls = self.hook_calls
+        marks = len(self.identity), len(self.unseen), len(self.details)
         try:
             digest = _digest("batchjson:value:1", self.canon.value(value))
         except (Unhashable, RecursionError):
-            del self.identity[start:]
+            del self.identity[marks[0]:], self.unseen[marks[1]:], self.details[marks[2]:]
             return self._by_identity(value, label)
         finally:
             self.label = saved
@@ -182,28 +217,21 @@ class _Walker:
             return ("re", x.pattern, x.flags)
         if isinstance(x, _VALUE_TYPES):
             return ("repr", _qualname(type(x)), repr(x))
-        if callable(x) or isinstance(x, type) or (
-            hasattr(x, "__dict__") and not self._importable(type(x))
-        ):  # library objects' state is opaque and often churns (caches): identity instead
-            node = self.node(x)
-            self.identity.extend(f"{self.label}>{name}" for name in node.by_identity)
-            return ("node", node.digest)
-        raise Unhashable(f"cannot content-hash a {_qualname(type(x))}")
-
-    def _inner(self, fn: Any) -> list[tuple[str, str]]:
-        pos = self.index.get(id(fn))
-        if pos is not None:
-            return [("func", _digest("batchjson:cycle:1", self._cycle(pos)))]
-        node = self.node(fn)
-        self.identity.extend(node.by_identity)
-        return list(node.parts)
+        if isinstance(x, _DESCRIPTORS):
+            return ("descriptor", _qualname(x.__objclass__), x.__name__)
+        node = self.node(x)
+        label = self.label
+        self.identity.extend(_join(label, rel) for rel in node.by_identity)
+        self.unseen.extend((_join(label, rel), what) for rel, what in node.unseen)
+        self.details.extend((f"{label}>{p}", d) for p, d in (*node.parts, *node.details))
+        return ("node", node.digest)
 
     def _importable(self, obj: Any) -> bool:
-        """Library objects reachable by module.qualname go by name; their code is installed."""
+        """Installed code reachable by module.qualname goes by name; the user's by content."""
         module = getattr(obj, "__module__", None)
-        if not isinstance(module, str) or module in ("__main__", self.home):
+        if not is_library_module(module):
             return False
-        target: Any = sys.modules.get(module)
+        target: Any = sys.modules.get(module)  # type: ignore[arg-type]
         for attr in getattr(obj, "__qualname__", "<none>").split("."):
             target = getattr(target, attr, None)
         return target is obj
@@ -231,51 +259,136 @@ class _Walker:
             return "method", _merge(self._inner(obj.__func__), own)
         return "instance", self._instance(obj)
 
+    def _inner(self, fn: Any) -> list[tuple[str, str]]:
+        pos = self.index.get(id(fn))
+        if pos is not None:
+            return [("func", _digest("batchjson:cycle:1", self._cycle(pos)))]
+        node = self.node(fn)
+        self.identity.extend(node.by_identity)
+        self.unseen.extend(node.unseen)
+        self.details.extend(node.details)
+        return list(node.parts)
+
     def _function(self, fn: types.FunctionType) -> list[tuple[str, str]]:
         code = fn.__code__
+        reads = reads_of(code)
+        self.written_attrs |= reads.written_attrs
         parts = [("code", _digest("batchjson:code:1", _code_canon(code)))]
         if fn.__defaults__:
             parts.append(("defaults", self.ref(fn.__defaults__, "defaults")))
         if fn.__kwdefaults__:
             parts.append(("kwdefaults", self.ref(fn.__kwdefaults__, "kwdefaults")))
+        cells: dict[str, Any] = {}
         for name, cell in zip(code.co_freevars, fn.__closure__ or (), strict=False):
+            label = f"closure:{name}"
             try:
-                value = cell.cell_contents
+                cells[name] = value = cell.cell_contents
             except ValueError:  # not yet assigned
-                parts.append((f"closure:{name}", _digest("batchjson:empty:1", None)))
+                parts.append((label, _ABSENT))
                 continue
-            parts.append((f"closure:{name}", self.ref(value, f"closure:{name}")))
+            written = self.source and name in reads.written_cells
+            parts.append((label, _WRITTEN if written else self.ref(value, label)))
         found, builtin_ns = fn.__globals__, fn.__builtins__
         if isinstance(builtin_ns, types.ModuleType):
             builtin_ns = vars(builtin_ns)
-        for name in sorted(_global_names(code)):
+        for name in sorted(reads.globals):
             if name in found:
-                parts.append((f"global:{name}", self.ref(found[name], f"global:{name}")))
+                written = self.source and name in reads.written_globals
+                label = f"global:{name}"
+                parts.append((label, _WRITTEN if written else self.ref(found[name], label)))
             elif name in builtin_ns:
                 parts.append((f"builtin:{name}", self.ref(builtin_ns[name], f"builtin:{name}")))
+                if name in DYNAMIC_BUILTINS:
+                    self.unseen.append(("", f"{name}()"))
+        parts += self._module_reads(reads.chains, found, builtin_ns, cells)
         return parts
+
+    def _module_reads(self, chains: frozenset, found: dict[str, Any], builtin_ns: dict[str, Any],
+                      cells: dict[str, Any]) -> list[tuple[str, str]]:
+        """``mod.NAME`` read by the code: the attribute's value, not the module's name."""
+        out: dict[str, str] = {}
+        prefixes = {"g": "global", "c": "closure", "m": "import"}
+        for (kind, root), *attrs in sorted(chains, key=repr):
+            if kind == "g":
+                base = found.get(root, builtin_ns.get(root, _MISSING))
+            elif kind == "c":
+                base = cells.get(root, _MISSING)
+            else:
+                base = sys.modules.get(root, _MISSING)
+            if not isinstance(base, types.ModuleType):
+                continue
+            value, owner, used = base, base, []
+            for attr in attrs:
+                if not isinstance(value, types.ModuleType):
+                    break
+                owner, value = value, getattr(value, attr, _MISSING)
+                used.append(attr)
+            if not used:
+                continue
+            label = f"{prefixes[kind]}:{root}.{'.'.join(used)}"
+            if label in out:
+                continue
+            if (owner.__name__, used[-1]) in DYNAMIC_ATTRS:
+                self.unseen.append(("", f"{owner.__name__}.{used[-1]}()"))
+            if value is _MISSING:
+                out[label] = _ABSENT
+            elif self.source and used[-1] in self.written_attrs:
+                out[label] = _WRITTEN
+            elif is_library_module(owner.__name__) and not _plain(value):
+                # installed modules' own state (os.environ, sys.modules) is the environment
+                out[label] = _digest("batchjson:ref:1", [owner.__name__, used[-1]])
+            else:
+                out[label] = self.ref(value, label)
+        return list(out.items())
 
     def _class(self, cls: type) -> list[tuple[str, str]]:
         parts = [("name", _digest("batchjson:ref:1", [cls.__module__, cls.__qualname__]))]
-        if issubclass(cls, BaseModel) and cls is not BaseModel:
-            try:
-                parts.append(("schema", content_hash(cls)))
-            except Unhashable:
-                parts.append(("schema", self._by_identity(cls, "schema")))
         if self._importable(cls):
             return parts
+        model = issubclass(cls, BaseModel) and cls is not BaseModel
+        decorators: set[str] = set()
+        if model:
+            parts += self._model(cls)
+            infos = getattr(cls, "__pydantic_decorators__", None)
+            for group in _DECORATOR_GROUPS:
+                found = getattr(infos, group, None)
+                decorators |= set(found) if isinstance(found, dict) else set()
         for base in cls.__bases__:
             if base is not object:
                 label = f"base:{base.__qualname__}"
                 parts.append((label, self.ref(base, label)))
-        for name, value in sorted(vars(cls).items(), key=itemgetter(0)):
+        members = sorted(vars(cls).items(), key=itemgetter(0))
+        if self.source:  # attributes a method writes are state, not part of the source
+            for _, value in members:
+                if isinstance(value, types.FunctionType):
+                    self.written_attrs |= reads_of(value.__code__).written_attrs
+        for name, value in members:
+            if name in _BOOKKEEPING or (model and name.startswith("__pydantic")):
+                continue
             if isinstance(value, (staticmethod, classmethod)):
                 value = value.__func__
             elif isinstance(value, property):
                 value = (value.fget, value.fset, value.fdel)
-            elif not isinstance(value, types.FunctionType) and name.startswith("_"):
-                continue  # interpreter and framework bookkeeping, not behaviour we can compare
-            parts.append((f"attr:{name}", self.ref(value, f"attr:{name}")))
+            label = f"{'validator' if name in decorators else 'attr'}:{name}"
+            if self.source and name in self.written_attrs and not callable(value):
+                parts.append((label, _WRITTEN))
+            else:
+                parts.append((label, self.ref(value, label)))
+        return parts
+
+    def _model(self, cls: type[BaseModel]) -> list[tuple[str, str]]:
+        """A pydantic model by what decides validation: its core schema (fields, Annotated
+        constraints and validators, nested models, config) and its private attributes."""
+        parts = []
+        try:
+            core = normalized_core_schema(cls.__pydantic_core_schema__)
+        except Exception:  # an incomplete model (forward references): nothing to read yet
+            parts.append(("core", self._by_identity(cls, "core")))
+        else:
+            parts.append(("core", self.ref(core, "core")))
+        for name, attr in sorted(getattr(cls, "__private_attributes__", {}).items()):
+            default = (getattr(attr, "default", None), getattr(attr, "default_factory", None))
+            parts.append((f"private:{name}", self.ref(default, f"private:{name}")))
         return parts
 
     def _instance(self, obj: Any) -> list[tuple[str, str]]:
@@ -283,13 +396,59 @@ class _Walker:
         call = cls.__call__ if callable(obj) else None
         inner = self._inner(call) if isinstance(call, types.FunctionType) else []
         own = [("type", self.ref(cls, "type"))]
-        try:
-            state = vars(obj)
-        except TypeError:
-            own.append(("instance", self._by_identity(obj, "instance")))
-        else:
-            own.append(("instance", self.ref(state, "instance")))
+        special = special_content(obj)
+        if special is not None:
+            kind, content = special
+            if content is not None:
+                own.append((kind, self.ref(content, kind)))
+        elif not self.source:  # a source's instance state is what it mutates: left out
+            own.append(("instance", self._state(obj)))
         return _merge(inner, own)
+
+    def _state(self, obj: Any) -> str:
+        """An instance's content: its ``__dict__`` and slots, else what pickling would save."""
+        cls = type(obj)
+        state: dict[str, Any] = {}
+        if not self._importable(cls):
+            try:
+                state.update(vars(obj))
+            except TypeError:
+                pass
+            for klass in cls.__mro__:
+                for slot in _slots(klass):
+                    value = getattr(obj, slot, _MISSING)
+                    if value is not _MISSING:
+                        state[f"slot:{slot}"] = value
+            if state or not hasattr(obj, "__reduce_ex__"):
+                return self.ref(state, "instance")
+        try:
+            reduced = obj.__reduce_ex__(4)
+        except Exception:  # not picklable: nothing to read but the object itself
+            return self._by_identity(obj, "")
+        if isinstance(reduced, str):  # a module-level singleton named by its global name
+            return self.ref((cls.__module__, reduced), "instance")
+        reduced = tuple(reduced) + (None,) * (5 - len(reduced))
+        fn, args, extra, items, pairs = reduced[:5]
+        content = (fn, args, extra, None if items is None else list(items),
+                   None if pairs is None else list(pairs))
+        if any(x is obj for x in (args or ())):
+            return self._by_identity(obj, "")
+        return self.ref(content, "instance")
+
+
+def _slots(klass: type) -> tuple[str, ...]:
+    slots = vars(klass).get("__slots__", ())
+    slots = (slots,) if isinstance(slots, str) else tuple(slots)
+    return tuple(s for s in slots if s not in ("__dict__", "__weakref__"))
+
+
+def _plain(value: Any) -> bool:
+    """Immutable data or installed code: safe and cheap to fingerprint by content."""
+    if type(value) in canon._SCALARS or isinstance(value, (*_VALUE_TYPES, re.Pattern)):
+        return True
+    if type(value) in (tuple, frozenset):
+        return all(_plain(v) for v in value)
+    return callable(value) or isinstance(value, types.ModuleType)
 
 
 def unwrap_callable(fn: Any) -> Any:
@@ -304,53 +463,46 @@ def unwrap_callable(fn: Any) -> Any:
     return fn
 
 
-def _home(fn: Any) -> str | None:
-    module = getattr(unwrap_callable(fn), "__module__", None)
-    return module if isinstance(module, str) else None
+def _fingerprint(obj: Any, *, source: bool) -> Fingerprint:
+    walker = _Walker(source=source)
+    node = walker.node(obj)
+    unseen = tuple(dict.fromkeys(f"{path}: {what}" if path else what
+                                 for path, what in node.unseen))
+    digest = _digest("batchjson:source:1", node.digest) if source else node.digest
+    return Fingerprint(digest, tuple(dict.fromkeys(node.by_identity)), node.parts, unseen,
+                       node.details, tuple(walker.pins))
 
 
 def fingerprint_function(fn: Callable[..., Any]) -> Fingerprint:
-    """Content fingerprint of a callable: code, defaults, closure and referenced globals.
+    """Content fingerprint of a validator: everything that decides what it accepts.
 
-    The same function defined in another cell, file or line, or in another process, gets the
-    same digest; values that cannot be content-hashed are compared by identity and listed in
-    ``by_identity``.
+    Code, defaults, closure, referenced globals and module attributes, classes with every
+    attribute, pydantic models by core schema, instances and library objects by content. The
+    same function defined in another cell, file or line, or in another process, gets the same
+    digest; values that cannot be content-hashed are compared by identity (``by_identity``),
+    dynamic lookups are listed in ``unseen``.
     """
     if not callable(fn):
         raise TypeError(f"expected a callable, got {type(fn).__qualname__}")
-    walker = _Walker(_home(fn))
-    node = walker.node(fn)
-    return Fingerprint(node.digest, tuple(dict.fromkeys(node.by_identity)), node.parts,
-                       tuple(walker.pins))
+    return _fingerprint(fn, source=False)
 
 
-_SUBJECTS = {"code": "code", "defaults": "default arguments",
-             "kwdefaults": "keyword-only defaults", "self": "bound instance",
-             "instance": "instance state", "type": "class", "schema": "model schema",
-             "func": "wrapped callable", "ref": "referenced callable", "name": "class name"}
-_PREFIXES = {"global": "global", "builtin": "builtin", "closure": "closure variable",
-             "partial": "partial", "attr": "attribute", "base": "base class"}
+def fingerprint_callable(obj: Any) -> Fingerprint:
+    """Key of an answer source (a provider's answer function, a subcall object).
+
+    Keyed by code (bytecode, constants, defaults, the code of the functions and classes it uses)
+    and the immutable values it reads (str, numbers, tuples, frozensets, enums, frozen
+    dataclasses and models); never by mutable state it reads or writes: lists, dicts, sets,
+    instance attributes, globals, closure cells and class attributes the code assigns, random
+    generators, locks and caches. A stub that counts its calls keeps one key. Digests never equal
+    a :func:`fingerprint_function` digest.
+    """
+    return _fingerprint(obj, source=True)
 
 
-def _phrase(name: str, what: str, identity: set[str]) -> str:
-    core = name.removeprefix("func.")
-    head, sep, rest = core.partition(":")
-    subject = f"{_PREFIXES[head]} {rest}" if sep and head in _PREFIXES else _SUBJECTS.get(core)
-    subject = ("wrapped " if core != name else "") + (subject or core)
-    return f"{subject} {what}" + (" (compared by identity)" if name in identity else "")
-
-
-def describe_changes(old: Fingerprint, new: Fingerprint) -> list[str]:
-    """What differs between two fingerprints, in words a notebook user can act on."""
-    if old.digest == new.digest:
-        return []
-    before, after = dict(old.parts), dict(new.parts)
-    identity = set(old.by_identity) | set(new.by_identity)
-    phrases = []
-    for name, digest in new.parts:
-        if name not in before:
-            phrases.append(_phrase(name, "added", identity))
-        elif before[name] != digest:
-            phrases.append(_phrase(name, "changed", identity))
-    phrases += [_phrase(n, "removed", identity) for n, _ in old.parts if n not in after]
-    return phrases or ["kind of callable changed"]
+def model_fingerprint(model: type[BaseModel], json_schema: dict[str, Any]) -> str:
+    """Fingerprint of a pydantic answer schema: the JSON schema the model is shown plus the
+    whole class (validators, Annotated constraints, nested models, config)."""
+    fp = fingerprint_function(model)
+    return _digest("batchjson:model:1", [f"{model.__module__}.{model.__qualname__}",
+                                         canonical_json(json_schema), fp.digest])

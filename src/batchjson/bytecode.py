@@ -1,0 +1,110 @@
+"""What a function's bytecode reads and writes, so a fingerprint can see it.
+
+A validator that reads ``cfg.THRESHOLD`` depends on that attribute's value, not on the module's
+name; a stub that writes ``self.calls`` or ``global COUNT`` owns that state, so keying its source
+by it would give a new key per call; ``globals()["X"]`` or ``eval`` reads what no scan can see.
+One pass over the instructions (nested code included) answers all three.
+"""
+
+from __future__ import annotations
+
+import dis
+import functools
+import types
+from dataclasses import dataclass
+
+__all__ = ["DYNAMIC_ATTRS", "DYNAMIC_BUILTINS", "Reads", "reads_of"]
+
+# Builtins that look names up at run time, out of a scan's sight.
+DYNAMIC_BUILTINS = frozenset({"globals", "locals", "vars", "eval", "exec", "__import__"})
+# Module attributes that do the same.
+DYNAMIC_ATTRS = frozenset({("importlib", "import_module"), ("sys", "_getframe"),
+                           ("inspect", "currentframe"), ("inspect", "stack"),
+                           ("builtins", "eval"), ("builtins", "exec"),
+                           ("builtins", "globals"), ("operator", "attrgetter")})
+
+# A chain starts at a root: ("g", name) a global, ("c", name) a closure variable, ("m", module)
+# an import inside the code; then the attribute names read from it, in order.
+Chain = tuple[tuple[str, str], *tuple[str, ...]]
+
+_STARTS = {"LOAD_GLOBAL": "g", "LOAD_NAME": "g", "LOAD_DEREF": "c", "LOAD_CLASSDEREF": "c"}
+_ATTR = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
+_STORE_LOCAL = frozenset({"STORE_FAST", "STORE_DEREF", "STORE_NAME"})
+_NEUTRAL = frozenset({"EXTENDED_ARG", "CACHE", "NOP"})
+_NO_CONST = object()
+
+
+@dataclass(frozen=True)
+class Reads:
+    """Names a code object (and the code nested in it) reads and writes."""
+
+    globals: frozenset[str]
+    chains: frozenset[Chain]
+    written_globals: frozenset[str]
+    written_attrs: frozenset[str]
+    written_cells: frozenset[str]
+
+
+@functools.lru_cache(maxsize=4096)
+def reads_of(code: types.CodeType) -> Reads:
+    """The reads and writes of ``code``; cached, since equal code reads equal names."""
+    globals_: set[str] = set()
+    chains: set[Chain] = set()
+    written: dict[str, set[str]] = {"g": set(), "a": set(), "c": set()}
+    _scan(code, globals_, chains, written)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            inner = reads_of(const)
+            globals_ |= inner.globals
+            chains |= inner.chains
+            written["g"] |= inner.written_globals
+            written["a"] |= inner.written_attrs
+            written["c"] |= inner.written_cells
+    return Reads(frozenset(globals_), frozenset(chains), frozenset(written["g"]),
+                 frozenset(written["a"]), frozenset(written["c"]))
+
+
+def _scan(code: types.CodeType, globals_: set[str], chains: set[Chain],
+          written: dict[str, set[str]]) -> None:
+    bound: dict[str, list] = {}  # local name -> the import chain it was bound to
+    cur: list | None = None  # the chain being read: root, then attribute names
+    import_root: list | None = None
+    last_const: object = _NO_CONST
+    for ins in dis.get_instructions(code):
+        op, arg = ins.opname, ins.argval
+        if op in _NEUTRAL:
+            continue
+        if op in _ATTR and cur is not None:
+            cur.append(arg)
+            continue
+        if op in _STORE_LOCAL and cur is not None and cur[0][0] == "m":
+            bound[arg] = cur  # `import cfg` / `from cfg import X` inside the code
+        if cur is not None:
+            chains.add(tuple(cur))  # type: ignore[arg-type]
+            cur = None
+        if op in _STARTS:
+            if op != "LOAD_DEREF" and op != "LOAD_CLASSDEREF":
+                globals_.add(arg)
+            if arg in bound:
+                cur = list(bound[arg])
+            else:
+                cur = [(_STARTS[op], arg)]
+        elif op in ("LOAD_FAST", "LOAD_FAST_CHECK") and arg in bound:
+            cur = list(bound[arg])
+        elif op == "IMPORT_NAME":  # no fromlist: the top package is what gets bound
+            module = arg if last_const not in (None, _NO_CONST) else arg.split(".")[0]
+            import_root = [("m", module)]
+            cur = list(import_root)
+        elif op == "IMPORT_FROM" and import_root is not None:
+            cur = [*import_root, arg]
+        elif op == "POP_TOP":
+            import_root = None
+        elif op in ("STORE_GLOBAL", "DELETE_GLOBAL"):
+            written["g"].add(arg)
+        elif op in ("STORE_ATTR", "DELETE_ATTR"):
+            written["a"].add(arg)
+        elif op in ("STORE_DEREF", "DELETE_DEREF"):
+            written["c"].add(arg)
+        last_const = arg if op == "LOAD_CONST" else _NO_CONST
+    if cur is not None:
+        chains.add(tuple(cur))  # type: ignore[arg-type]

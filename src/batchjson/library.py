@@ -1,0 +1,110 @@
+"""Installed code and well-known library objects, as fingerprints see them.
+
+Code under the interpreter's stdlib and site-packages is installed: its functions and classes go
+by name. Everything else (``__main__``, a notebook, a helper module next to it, an editable
+install) is the user's and goes by content, so reloading an edited helper module is seen.
+Some library objects have a content better than their ``__dict__`` (a TypeAdapter's core schema,
+a jsonschema validator's schema); some have none that decides anything (a Logger is its name,
+a lock is its type).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import os
+import queue
+import random
+import site
+import sys
+import sysconfig
+import threading
+from typing import Any
+
+__all__ = ["BY_TYPE", "is_library_module", "normalized_core_schema", "special_content"]
+
+
+def _roots() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    found = [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k)]
+    try:
+        found += [*site.getsitepackages(), site.getusersitepackages()]
+    except AttributeError:  # an embedded interpreter's site module may lack them
+        pass
+    return tuple(sorted({os.path.realpath(p).rstrip(os.sep) + os.sep for p in found}))
+
+
+_ROOTS = _roots()
+_LIBRARY: dict[str, bool] = {"__main__": False, "builtins": True}
+
+
+def is_library_module(name: str | None) -> bool:
+    """True when ``name`` is a module of installed code (stdlib, site-packages, built-in)."""
+    if not isinstance(name, str):
+        return False
+    hit = _LIBRARY.get(name)
+    if hit is not None:
+        return hit
+    module = sys.modules.get(name)
+    if module is None:  # a namespace exec'd under a made-up name: the user's
+        return False
+    path = getattr(module, "__file__", None)
+    if isinstance(path, str):
+        answer = os.path.realpath(path).startswith(_ROOTS)
+    else:
+        origin = getattr(getattr(module, "__spec__", None), "origin", None)
+        answer = name in sys.builtin_module_names or origin in ("built-in", "frozen")
+    _LIBRARY[name] = answer
+    return answer
+
+
+# Objects whose state is synchronisation, I/O or randomness: the type is all that can matter.
+BY_TYPE: tuple[type, ...] = (
+    type(threading.Lock()), type(threading.RLock()), threading.Condition, threading.Semaphore,
+    threading.Event, threading.Barrier, asyncio.Lock, asyncio.Event, asyncio.Semaphore,
+    asyncio.Condition, queue.Queue, queue.SimpleQueue, io.IOBase, random.Random,
+    threading.Thread, threading.local,
+)
+
+
+def special_content(obj: Any) -> tuple[str, Any] | None:
+    """(kind, content to walk) for a known library object, else None."""
+    if isinstance(obj, (logging.Logger, logging.PlaceHolder)):
+        return "logger", getattr(obj, "name", None)
+    if isinstance(obj, logging.LoggerAdapter):
+        return "logger", getattr(obj.logger, "name", None)
+    if isinstance(obj, BY_TYPE):
+        return "by-type", None
+    module = type(obj).__module__ or ""
+    if module.startswith("pydantic") and type(obj).__name__ == "TypeAdapter":
+        return "type-adapter", normalized_core_schema(obj.core_schema)
+    if module.startswith("jsonschema") and hasattr(type(obj), "META_SCHEMA") and hasattr(
+            obj, "schema"):
+        checker = getattr(obj, "format_checker", None)
+        return "jsonschema", (obj.schema, getattr(checker, "checkers", None))
+    return None
+
+
+def normalized_core_schema(schema: Any) -> Any:
+    """A pydantic core schema without what differs between equal models: JSON-schema-only
+    ``metadata``, and ``ref`` names that embed ``id()`` (numbered in walk order instead)."""
+    refs: dict[str, int] = {}
+
+    def walk(x: Any) -> Any:
+        if isinstance(x, dict):
+            out = {}
+            for key in sorted(x, key=str):
+                if key == "metadata":
+                    continue
+                value = x[key]
+                if key in ("ref", "schema_ref") and isinstance(value, str):
+                    out[key] = refs.setdefault(value, len(refs))
+                else:
+                    out[key] = walk(value)
+            return out
+        if isinstance(x, list | tuple):
+            return type(x)(walk(v) for v in x) if type(x) in (list, tuple) else x
+        return x
+
+    return walk(schema)
