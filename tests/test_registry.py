@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from batchjson.errors import ValidatorChanged
+from batchjson.errors import InvalidBatch, ValidatorChanged
 from batchjson.registry import ValidatorRegistry, ValidatorVersion
 
 CELL = '''
@@ -25,7 +25,8 @@ def validate_labels(items):
         raise RuntimeError("; ".join(errors))
     return items
 
-validate_labels = registry.define(validate_labels)
+definition = registry.register(validate_labels)
+validate_labels = definition.fn
 '''
 
 
@@ -38,12 +39,15 @@ def test_seven_reexecutions_return_the_first_object() -> None:
     registry = ValidatorRegistry()
     ns: dict[str, Any] = {"registry": registry}
     first = run_cell(ns)
-    assert registry.last_event is not None
-    assert registry.last_event.startswith("validator 'validate_labels' registered (version 1, ")
+    assert ns["definition"].kind == "registered" and ns["definition"].version == 1
+    assert ns["definition"].message.startswith(
+        "validator 'validate_labels' registered (version 1, ")
     for _ in range(6):
         again = run_cell(ns)
         assert again is first and id(again) == id(first)
-        assert registry.last_event == "validator 'validate_labels' unchanged: reusing version 1"
+        assert ns["definition"].kind == "unchanged"
+        assert ns["definition"].message == (
+            "validator 'validate_labels' unchanged: reusing version 1")
     assert len(registry) == 1 and [v.version for v in registry.versions("validate_labels")] == [1]
 
 
@@ -70,12 +74,15 @@ def test_nonstrict_change_makes_version_2_and_revert_returns_version_1() -> None
     v2 = run_cell(ns, CELL.replace("THRESHOLD = 0.5", "THRESHOLD = 0.7"))
     assert v2 is not v1
     assert registry.current("validate_labels").version == 2
-    assert registry.last_event == ("validator 'validate_labels' changed (global THRESHOLD "
-                                   "changed): now version 2")
+    assert ns["definition"].kind == "changed"
+    assert ns["definition"].changes == ("global THRESHOLD changed",)
+    assert ns["definition"].message == ("validator 'validate_labels' changed (global THRESHOLD "
+                                        "changed): now version 2")
     back = run_cell(ns)
     assert back is v1
     assert registry.current("validate_labels").version == 1
-    assert "matches version 1" in registry.last_event
+    assert ns["definition"].kind == "reused" and ns["definition"].version == 1
+    assert "matches version 1" in ns["definition"].message
     assert [v.version for v in registry.versions("validate_labels")] == [1, 2]
     assert run_cell(ns, CELL.replace("THRESHOLD = 0.5", "THRESHOLD = 0.7")) is v2
 
@@ -93,7 +100,6 @@ def test_strict_refuses_change_only_while_evidence_is_open() -> None:
     err = info.value
     assert err.name == "validate_labels" and err.old_fingerprint == digest1
     assert err.changes == ["global THRESHOLD changed"] and "3 request(s)" in str(err)
-    assert "refused" in registry.last_event
     # nothing was registered: same single version, still current
     assert [v.version for v in registry.versions("validate_labels")] == [1]
     assert registry.current("validate_labels").fn is v1
@@ -159,7 +165,7 @@ def test_identity_fallback_still_defines_once_within_the_process() -> None:
     ns: dict[str, Any] = {"registry": registry, "db": db}
     exec(compile(src, "<cell>", "exec"), ns)
     first = ns["guarded"]
-    assert registry.last_event.endswith("compared by identity: global:db")
+    assert registry.register(first).message.endswith("compared by identity: global:db")
     exec(compile(src, "<cell>", "exec"), ns)
     assert ns["guarded"] is first
     record = registry.current("guarded")
@@ -195,9 +201,11 @@ def test_define_is_thread_safe_and_converges_on_one_object() -> None:
 
 def test_rejects_non_callables_and_bad_names() -> None:
     registry = ValidatorRegistry()
-    with pytest.raises(TypeError):
+    with pytest.raises(InvalidBatch, match="must be callable"):
         registry.define(3)  # type: ignore[arg-type]
-    with pytest.raises(TypeError):
+    with pytest.raises(InvalidBatch, match="names go by keyword"):
+        registry.define("check")  # type: ignore[arg-type]
+    with pytest.raises(InvalidBatch, match="non-empty string"):
         registry.define(len, name="")
     assert len(registry) == 0
 
