@@ -248,3 +248,188 @@ def test_a_function_defined_under_a_chosen_name_keeps_that_name_when_passed_on()
     assert result.status == "resolved"
     assert session.validators.current(advised).fn is check
     assert [v.name for v in session.validators] == [refused.value.name, advised]
+
+
+# --- a registry never runs stale logic -------------------------------------------------------
+
+CHECK_CELL = '''
+class Check:
+    _limit = 0.5
+    def ok(self, score):
+        return score >= self._limit
+
+def validate(item, task):
+    if not Check().ok(item["score"]):
+        raise ValueError("score too low")
+
+validate = registry.define(validate)
+'''
+
+
+def test_a_redefined_underscore_class_attribute_runs_the_new_check() -> None:
+    """The issue's repro: after `class Check: _limit = 0.9`, a never-seen task scoring 0.7 was
+    accepted by the old 0.5 check because the registry handed back the first object."""
+    registry = ValidatorRegistry()
+    ns: dict[str, Any] = {"registry": registry}
+    exec(compile(CHECK_CELL, "<cell>", "exec"), ns)
+    old = ns["validate"]
+    old({"score": 0.7}, {})  # the 0.5 check accepts it
+    exec(compile(CHECK_CELL.replace("0.5", "0.9"), "<cell>", "exec"), ns)
+    assert ns["validate"] is not old
+    with pytest.raises(ValueError, match="too low"):
+        ns["validate"]({"score": 0.7}, {})
+    current = registry.current("validate")
+    assert current.version == 2 and current.fn is ns["validate"]
+
+
+PARTIAL_CELL = '''
+LIMIT = {limit}
+def validate(item, task):
+    if item["score"] < globals()["LIMIT"]:
+        raise ValueError("score too low")
+definition = registry.register(validate)
+validate = definition.fn
+'''
+
+
+def test_a_partial_fingerprint_never_hands_back_an_older_object() -> None:
+    registry = ValidatorRegistry()
+    first_ns: dict[str, Any] = {"registry": registry}
+    exec(compile(PARTIAL_CELL.format(limit=0.5), "<cell>", "exec"), first_ns)
+    first = first_ns["validate"]
+    assert first_ns["definition"].fingerprint.unseen == ("globals()",)
+    assert "cannot see: globals()" in first_ns["definition"].message
+    # the same code in another namespace where LIMIT is 0.9: the digest cannot tell them apart,
+    # so the object just defined (reading its own globals) must be the one that runs
+    second_ns: dict[str, Any] = {"registry": registry}
+    exec(compile(PARTIAL_CELL.format(limit=0.9), "<cell>", "exec"), second_ns)
+    definition = second_ns["definition"]
+    assert definition.kind == "unchanged" and definition.fn is not first
+    with pytest.raises(ValueError, match="too low"):
+        second_ns["validate"]({"score": 0.7}, {})
+    assert registry.current("validate").fn is second_ns["validate"]
+
+
+RLM_CELL = '''
+from pydantic import TypeAdapter
+ints = TypeAdapter(list[int])
+def validate_counts(value, index):
+    ints.validate_python(value["counts"])
+validate_counts = validator(validate_counts)
+'''
+
+
+def test_a_strict_rlm_cell_using_a_type_adapter_reexecutes_without_validator_changed() -> None:
+    registry = ValidatorRegistry(strict=True, unresolved_under=lambda digest: 3)  # open evidence
+    ns: dict[str, Any] = {"validator": registry.define}
+    exec(compile(RLM_CELL, "<cell>", "exec", dont_inherit=True), ns)
+    first = ns["validate_counts"]
+    for _ in range(3):  # the RLM loop's repair path re-runs the whole cell
+        exec(compile(RLM_CELL, "<cell>", "exec", dont_inherit=True), ns)
+        assert ns["validate_counts"] is first
+    with pytest.raises(ValidatorChanged):  # a real change is still refused
+        exec(compile(RLM_CELL.replace("list[int]", "list[str]"), "<cell>", "exec",
+                     dont_inherit=True), ns)
+
+
+# --- one `validator`, one meaning ----------------------------------------------------------
+
+SHAPES_CELL = '''
+@validator
+def bare(item, task):
+    return None
+
+@validator(name="named")
+def anything(item, task):
+    return None
+
+def plain(item, task):
+    return None
+
+called = validator(plain)
+called_named = validator(plain, name="plain_v2")
+'''
+
+
+def _assert_every_shape_registered(ns: dict[str, Any], registry: ValidatorRegistry) -> None:
+    assert {v.name for v in registry} >= {"bare", "named", "plain", "plain_v2"}
+    assert registry.current("named").fn is ns["anything"]
+    assert ns["called"] is ns["plain"] and ns["called_named"] is ns["plain"]
+    assert callable(ns["bare"]) and registry.current("bare").fn is ns["bare"]
+
+
+def test_every_validator_shape_works_in_a_plain_rlm_namespace() -> None:
+    from batchjson import CallableProvider, Session
+    from batchjson.rlm import namespace
+
+    session = Session(CallableProvider(lambda call: "{}"))
+    ns = dict(namespace(session))
+    exec(compile(SHAPES_CELL, "<cell>", "exec"), ns)
+    _assert_every_shape_registered(ns, session.validators)
+    exec(compile(SHAPES_CELL, "<cell>", "exec"), ns)  # re-run: same objects, no new versions
+    assert all(len(session.validators.versions(n)) == 1 for n in ("bare", "named", "plain"))
+
+
+def test_every_validator_shape_works_through_the_name_injected_into_ipython(ip: Any) -> None:
+    result = ip.run_cell("%load_ext batchjson")
+    assert result.success
+    result = ip.run_cell(SHAPES_CELL)
+    assert result.success, result.error_in_exec
+    _assert_every_shape_registered(ip.user_ns, ip.user_ns["batch_session"].validators)
+
+
+def test_the_public_validator_decorator_has_the_same_shapes() -> None:
+    import batchjson
+    from batchjson import CallableProvider, Session
+
+    session = Session(CallableProvider(lambda call: "{}"))
+    previous = batchjson.session._default
+    batchjson.set_default_session(session)
+    try:
+        ns: dict[str, Any] = {"validator": batchjson.validator}
+        exec(compile(SHAPES_CELL, "<cell>", "exec"), ns)
+        _assert_every_shape_registered(ns, session.validators)
+    finally:
+        batchjson.set_default_session(previous)
+
+
+# --- a TypeAdapter-using validator resumes in another process ---------------------------------
+
+RESUME = '''
+import json, sys
+from pydantic import TypeAdapter
+from batchjson import CallableProvider, Session
+
+ints = TypeAdapter(list[int])
+
+def answer(call):
+    return json.dumps({"items": [{**{k: t[k] for k in call.identity}, "counts": [1, 2]}
+                                 for t in call.tasks]})
+
+def check(item, task):
+    ints.validate_python(item["counts"])
+
+session = Session(CallableProvider(answer), ledger=sys.argv[1], strict=True)
+before = session.ledger.spend()["calls"]
+tasks = [{"task_id": f"t{i}", "prompt": f"count {i}"} for i in range(6)]
+schema = {"type": "object", "properties": {"counts": {"type": "array"}}, "required": ["counts"]}
+result = session.run_batch("counts", tasks, schema, validator=check, pack=2)
+print(json.dumps([result.status, session.ledger.spend()["calls"] - before]))
+session.close()
+'''
+
+
+def test_a_type_adapter_validator_resumes_with_zero_calls_in_a_second_process(
+        tmp_path: Any) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    ledger = str(tmp_path / "ledger.sqlite")
+    runs = [json.loads(subprocess.run([sys.executable, "-c", RESUME, ledger], env=env,
+                                      check=True, capture_output=True, text=True).stdout)
+            for _ in range(2)]
+    assert runs == [["resolved", 3], ["resolved", 0]]

@@ -19,7 +19,8 @@ _SUBJECTS = {"code": "code", "defaults": "default arguments",
              "type-adapter": "TypeAdapter type", "jsonschema": "JSON Schema"}
 _PREFIXES = {"global": "global", "builtin": "builtin", "closure": "closure variable",
              "partial": "partial", "attr": "attribute", "base": "base class",
-             "import": "imported", "validator": "validator", "private": "private attribute"}
+             "import": "imported", "validator": "validator", "private": "private attribute",
+             "class": "class", "function": "function"}
 _MAX_DETAILS = 3  # per changed top-level part
 
 

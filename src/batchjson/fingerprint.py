@@ -42,7 +42,7 @@ _DESCRIPTORS = (types.MemberDescriptorType, types.GetSetDescriptorType)
 _MISSING = object()
 _DECORATOR_GROUPS = ("validators", "field_validators", "root_validators", "field_serializers",
                      "model_serializers", "model_validators", "computed_fields")
-_DETAIL_DEPTH = 3  # nested paths kept for describe_changes: "global:Check>attr:_limit"
+_DETAIL_DEPTH = 4  # nested paths kept for describe_changes: "global:Check>attr:_limit"
 # Class attributes that are interpreter or framework bookkeeping, never behaviour.
 _BOOKKEEPING = frozenset({
     "__module__", "__qualname__", "__doc__", "__dict__", "__weakref__", "__annotations__",
@@ -147,6 +147,7 @@ class _Walker:
         self.details: list[tuple[str, str]] = []
         self.written_attrs: set[str] = set()
         self.label = ""
+        self.root = 0  # id of the value a ref() started from: its nodes are named by the label
         self.hook_calls = 0
         self.canon = canon._Canon(self._hook, immutable_only=source)
 
@@ -185,7 +186,8 @@ class _Walker:
         cached = self.data_memo.get(id(value))
         if cached is not None:
             return cached
-        saved, self.label = self.label, label
+        saved, self.label = (self.label, self.root), label
+        self.root = id(value)
         calls = self.hook_calls
         marks = len(self.identity), len(self.unseen), len(self.details)
         try:
@@ -194,7 +196,7 @@ class _Walker:
             del self.identity[marks[0]:], self.unseen[marks[1]:], self.details[marks[2]:]
             return self._by_identity(value, label)
         finally:
-            self.label = saved
+            self.label, self.root = saved
         if self.hook_calls == calls:  # pure data: safe to reuse wherever it is referenced
             self.data_memo[id(value)] = digest
             self.alive.append(value)
@@ -221,6 +223,8 @@ class _Walker:
             return ("descriptor", _qualname(x.__objclass__), x.__name__)
         node = self.node(x)
         label = self.label
+        if id(x) != self.root and isinstance(x, type | types.FunctionType):
+            label = f"{label}>{'class' if isinstance(x, type) else 'function'}:{x.__qualname__}"
         self.identity.extend(_join(label, rel) for rel in node.by_identity)
         self.unseen.extend((_join(label, rel), what) for rel, what in node.unseen)
         self.details.extend((f"{label}>{p}", d) for p, d in (*node.parts, *node.details))
@@ -381,11 +385,15 @@ class _Walker:
         constraints and validators, nested models, config) and its private attributes."""
         parts = []
         try:
-            core = normalized_core_schema(cls.__pydantic_core_schema__)
-        except Exception:  # an incomplete model (forward references): nothing to read yet
+            if not getattr(cls, "__pydantic_complete__", True):
+                cls.model_rebuild(raise_errors=False)
+            core = cls.__pydantic_core_schema__
+        except Exception:  # pydantic raises several types for models it cannot build
+            core = None
+        if isinstance(core, dict):
+            parts.append(("core", self.ref(normalized_core_schema(core), "core")))
+        else:  # an incomplete model (unresolved forward references): nothing to read yet
             parts.append(("core", self._by_identity(cls, "core")))
-        else:
-            parts.append(("core", self.ref(core, "core")))
         for name, attr in sorted(getattr(cls, "__private_attributes__", {}).items()):
             default = (getattr(attr, "default", None), getattr(attr, "default_factory", None))
             parts.append((f"private:{name}", self.ref(default, f"private:{name}")))
