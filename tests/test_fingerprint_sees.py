@@ -13,9 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from batchjson.fingerprint import (
     Fingerprint,
+    content_hash,
     describe_changes,
     fingerprint_function,
     model_fingerprint,
@@ -293,3 +296,38 @@ def test_an_incomplete_model_is_compared_by_identity_never_as_equal() -> None:
     fp = fingerprint_function(first)
     assert fp.by_identity == ("core",) and not fp.stable
     assert fingerprint_function(second).digest != fp.digest
+
+
+def test_dataclass_fields_and_library_subclasses_are_seen_by_content() -> None:
+    src = ("import collections, dataclasses\n"
+           "@dataclasses.dataclass\nclass Limits:\n    low: int = 0\n"
+           "    tags: list = dataclasses.field(default_factory=list, metadata={'unit': 'pt'})\n"
+           "class Recent(collections.deque):\n    pass\n"
+           "recent = Recent([1, 2])\n"
+           "def check(item, task):\n    assert item['n'] not in recent and Limits().low == 0\n")
+    fp = fp_of(src)
+    assert fp.stable and fp_of(src) == fp  # field metadata is a read-only mapping: content
+    assert fp_of(src.replace("low: int = 0", "low: int = 1")).digest != fp.digest
+    assert fp_of(src.replace("Recent([1, 2])", "Recent([1, 3])")).digest != fp.digest
+
+
+# --- properties ------------------------------------------------------------------------------
+
+VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.tuples(inner, inner)
+    | st.dictionaries(st.text(max_size=2), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(VALUES, VALUES)
+def test_a_module_attribute_or_namespace_changes_the_digest_exactly_when_its_content_does(
+        a: Any, b: Any) -> None:
+    src = "def check(item, task):\n    return cfg.LIMIT, ns.limit\n"
+    cfg_a, cfg_b = types.ModuleType("cfg"), types.ModuleType("cfg")
+    cfg_a.LIMIT, cfg_b.LIMIT = a, b
+    fa = fp_of(src, ns={"cfg": cfg_a, "ns": types.SimpleNamespace(limit=a)})
+    fb = fp_of(src, ns={"cfg": cfg_b, "ns": types.SimpleNamespace(limit=b)})
+    assert (fa.digest == fb.digest) == (content_hash(a) == content_hash(b))

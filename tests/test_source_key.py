@@ -179,3 +179,15 @@ def test_any_mutation_of_a_source_s_state_keeps_its_key(calls: list[Any], cache:
     stub.cache.update(cache)
     stub.calls = len(calls)
     assert {fingerprint_callable(stub), fingerprint_callable(stub.reply)} == keys
+
+
+def test_a_subcall_object_is_keyed_by_its_class_and_a_value_by_its_content() -> None:
+    ns: dict[str, Any] = {}
+    exec("class Sub:\n    model = 'm1'\n    def __init__(self):\n        self.calls = 0\n", ns)
+    first, second = ns["Sub"](), ns["Sub"]()
+    second.calls = 7
+    assert fingerprint_callable(first) == fingerprint_callable(second)
+    exec("class Sub:\n    model = 'm2'\n    def __init__(self):\n        self.calls = 0\n", ns)
+    assert fingerprint_callable(ns["Sub"]()) != fingerprint_callable(first)
+    assert fingerprint_callable(("gpt", 0.0)) == fingerprint_callable(("gpt", 0.0))
+    assert fingerprint_callable(("gpt", 0.0)) != fingerprint_callable(("gpt", -0.0))

@@ -83,12 +83,9 @@ def _scan(code: types.CodeType, globals_: set[str], chains: set[Chain],
             chains.add(tuple(cur))  # type: ignore[arg-type]
             cur = None
         if op in _STARTS:
-            if op != "LOAD_DEREF" and op != "LOAD_CLASSDEREF":
+            if _STARTS[op] == "g":
                 globals_.add(arg)
-            if arg in bound:
-                cur = list(bound[arg])
-            else:
-                cur = [(_STARTS[op], arg)]
+            cur = list(bound[arg]) if arg in bound else [(_STARTS[op], arg)]
         elif op in ("LOAD_FAST", "LOAD_FAST_CHECK") and arg in bound:
             cur = list(bound[arg])
         elif op == "IMPORT_NAME":  # no fromlist: the top package is what gets bound

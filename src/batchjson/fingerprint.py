@@ -295,6 +295,9 @@ class _Walker:
         found, builtin_ns = fn.__globals__, fn.__builtins__
         if isinstance(builtin_ns, types.ModuleType):
             builtin_ns = vars(builtin_ns)
+        if self.source:  # `Stub.calls += 1` in a helper: known before Stub is walked
+            for name in reads.globals:
+                self.written_attrs |= _writes(found.get(name))
         for name in sorted(reads.globals):
             if name in found:
                 written = self.source and name in reads.written_globals
@@ -363,9 +366,7 @@ class _Walker:
                 parts.append((label, self.ref(base, label)))
         members = sorted(vars(cls).items(), key=itemgetter(0))
         if self.source:  # attributes a method writes are state, not part of the source
-            for _, value in members:
-                if isinstance(value, types.FunctionType):
-                    self.written_attrs |= reads_of(value.__code__).written_attrs
+            self.written_attrs |= _writes(cls)
         for name, value in members:
             if name in _BOOKKEEPING or (model and name.startswith("__pydantic")):
                 continue
@@ -427,9 +428,9 @@ class _Walker:
                     value = getattr(obj, slot, _MISSING)
                     if value is not _MISSING:
                         state[f"slot:{slot}"] = value
-            if state or not hasattr(obj, "__reduce_ex__"):
-                return self.ref(state, "instance")
-        try:
+            if all(k is object or not self._importable(k) for k in cls.__mro__):
+                return self.ref(state, "instance")  # a library base may hold C-level state:
+        try:  # what pickling would save covers it
             reduced = obj.__reduce_ex__(4)
         except Exception:  # not picklable: nothing to read but the object itself
             return self._by_identity(obj, "")
@@ -441,7 +442,17 @@ class _Walker:
                    None if pairs is None else list(pairs))
         if any(x is obj for x in (args or ())):
             return self._by_identity(obj, "")
-        return self.ref(content, "instance")
+        return self.ref((state, content) if state else content, "instance")
+
+
+def _writes(value: Any) -> frozenset[str]:
+    """Attribute names a function, or the methods of a class, assign."""
+    if isinstance(value, types.FunctionType):
+        return reads_of(value.__code__).written_attrs
+    if isinstance(value, type):
+        return frozenset().union(*(reads_of(v.__code__).written_attrs for v in vars(value).values()
+                                   if isinstance(v, types.FunctionType)))
+    return frozenset()
 
 
 def _slots(klass: type) -> tuple[str, ...]:
@@ -473,7 +484,12 @@ def unwrap_callable(fn: Any) -> Any:
 
 def _fingerprint(obj: Any, *, source: bool) -> Fingerprint:
     walker = _Walker(source=source)
-    node = walker.node(obj)
+    if callable(obj):
+        node = walker.node(obj)
+    else:  # a plain value or a subcall object: by content (source: immutable content, class)
+        parts = (("value", walker.ref(obj, "value")),)
+        node = _Node(_digest("batchjson:fp:1", ["value", list(parts)]), parts,
+                     tuple(walker.identity), tuple(walker.unseen), tuple(walker.details))
     unseen = tuple(dict.fromkeys(f"{path}: {what}" if path else what
                                  for path, what in node.unseen))
     digest = _digest("batchjson:source:1", node.digest) if source else node.digest

@@ -11,6 +11,7 @@ a lock is its type).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import logging
 import os
@@ -20,6 +21,7 @@ import site
 import sys
 import sysconfig
 import threading
+import types
 from typing import Any
 
 __all__ = ["BY_TYPE", "is_library_module", "normalized_core_schema", "special_content"]
@@ -76,6 +78,11 @@ def special_content(obj: Any) -> tuple[str, Any] | None:
         return "logger", getattr(obj.logger, "name", None)
     if isinstance(obj, BY_TYPE):
         return "by-type", None
+    if isinstance(obj, types.MappingProxyType):  # a class's read-only view of a dict
+        return "mapping", dict(obj)
+    if isinstance(obj, dataclasses.Field):  # what the generated methods do, not the annotation
+        return "field", (obj.name, obj.default, obj.default_factory, obj.init, obj.repr,
+                         obj.hash, obj.compare, dict(obj.metadata), obj.kw_only)
     module = type(obj).__module__ or ""
     if module.startswith("pydantic") and type(obj).__name__ == "TypeAdapter":
         return "type-adapter", normalized_core_schema(obj.core_schema)
