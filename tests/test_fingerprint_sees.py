@@ -331,3 +331,14 @@ def test_a_module_attribute_or_namespace_changes_the_digest_exactly_when_its_con
     fa = fp_of(src, ns={"cfg": cfg_a, "ns": types.SimpleNamespace(limit=a)})
     fb = fp_of(src, ns={"cfg": cfg_b, "ns": types.SimpleNamespace(limit=b)})
     assert (fa.digest == fb.digest) == (content_hash(a) == content_hash(b))
+
+
+def test_a_library_object_with_opaque_state_is_compared_as_itself_and_never_churns() -> None:
+    import http.cookiejar
+
+    jar = http.cookiejar.CookieJar()  # pools, caches, locks inside: walking them would churn
+    src = "def check(item, task):\n    return len(jar)\n"
+    fp = fp_of(src, ns={"jar": jar})
+    assert fp.by_identity == ("global:jar",) and not fp.partial
+    jar.clear()
+    assert fp_of(src, ns={"jar": jar}) == fp

@@ -430,7 +430,19 @@ class _Walker:
                         state[f"slot:{slot}"] = value
             if all(k is object or not self._importable(k) for k in cls.__mro__):
                 return self.ref(state, "instance")  # a library base may hold C-level state:
-        try:  # what pickling would save covers it
+        elif not _declares_state(cls):  # pickling would save it, below
+            # a library object that does not say what its state is: its __dict__ if that is
+            # plain data (string.Template), else it is compared as itself; walking a client's
+            # pools and caches would give a new digest after every use
+            plain = dict(getattr(obj, "__dict__", None) or {})
+            python_level = hasattr(obj, "__dict__")  # else its state lives in C, out of sight
+            for klass in cls.__mro__:
+                python_level = python_level or bool(_slots(klass))
+                plain.update((f"slot:{n}", getattr(obj, n, None)) for n in _slots(klass))
+            if python_level and _data(plain):
+                return self.ref(plain, "instance")
+            return self._by_identity(obj, "")
+        try:
             reduced = obj.__reduce_ex__(4)
         except Exception:  # not picklable: nothing to read but the object itself
             return self._by_identity(obj, "")
@@ -443,6 +455,25 @@ class _Walker:
         if any(x is obj for x in (args or ())):
             return self._by_identity(obj, "")
         return self.ref((state, content) if state else content, "instance")
+
+
+def _declares_state(cls: type) -> bool:
+    """Whether a class (not ``object``) defines what pickling saves of its instances."""
+    return any(name in vars(k) for k in cls.__mro__ if k is not object
+               for name in ("__reduce_ex__", "__reduce__", "__getstate__"))
+
+
+def _data(value: Any, depth: int = 0) -> bool:
+    """Plain data only: scalars, value types and containers of them (bounded depth)."""
+    if type(value) in canon._SCALARS or isinstance(value, (*_VALUE_TYPES, re.Pattern)):
+        return True
+    if depth > 8:
+        return False
+    if type(value) in (list, tuple, set, frozenset):
+        return all(_data(v, depth + 1) for v in value)
+    if type(value) is dict:
+        return all(_data(k, depth + 1) and _data(v, depth + 1) for k, v in value.items())
+    return False
 
 
 def _writes(value: Any) -> frozenset[str]:
