@@ -12,8 +12,11 @@ import dis
 import functools
 import types
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["DYNAMIC_ATTRS", "DYNAMIC_BUILTINS", "Reads", "reads_of"]
+from .canon import dump
+
+__all__ = ["DYNAMIC_ATTRS", "DYNAMIC_BUILTINS", "Reads", "code_canon", "reads_of", "writes_of"]
 
 # Builtins that look names up at run time, out of a scan's sight.
 DYNAMIC_BUILTINS = frozenset({"globals", "locals", "vars", "eval", "exec", "__import__"})
@@ -105,3 +108,37 @@ def _scan(code: types.CodeType, globals_: set[str], chains: set[Chain],
         last_const = arg if op == "LOAD_CONST" else _NO_CONST
     if cur is not None:
         chains.add(tuple(cur))  # type: ignore[arg-type]
+
+
+def writes_of(value: Any) -> frozenset[str]:
+    """Attribute names a function, or the methods of a class, assign."""
+    if isinstance(value, types.FunctionType):
+        return reads_of(value.__code__).written_attrs
+    if isinstance(value, type):
+        return frozenset().union(*(reads_of(v.__code__).written_attrs for v in vars(value).values()
+                                   if isinstance(v, types.FunctionType)))
+    return frozenset()
+
+
+def code_canon(code: types.CodeType) -> Any:
+    """What the code does, without where it was written (file, line, names, line tables).
+
+    ``from __future__`` bits (0x20000 and up) are masked: compile() and IPython inherit them from
+    earlier code, and their effect on behaviour is already in the bytecode.
+    """
+    return ("code", code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount,
+            code.co_flags & 0xFFFF, code.co_code, [_const_canon(c) for c in code.co_consts],
+            list(code.co_names), list(code.co_varnames), list(code.co_freevars),
+            list(code.co_cellvars), code.co_exceptiontable)
+
+
+def _const_canon(c: Any) -> Any:
+    if isinstance(c, types.CodeType):
+        return code_canon(c)
+    if type(c) is tuple:
+        return ("t", [_const_canon(x) for x in c])
+    if type(c) is frozenset:
+        return ("f", sorted(dump(_const_canon(x)) for x in c))
+    if type(c) is complex:
+        return ("j", c.real, c.imag)
+    return ("...",) if c is Ellipsis else c

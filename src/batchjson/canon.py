@@ -21,17 +21,18 @@ from pydantic import BaseModel
 
 from .errors import BatchJsonError
 
-__all__ = ["Unhashable", "canonical_json", "content_hash"]
+__all__ = ["BUILTIN_CALLABLES", "Canon", "SCALARS", "Unhashable", "VALUE_TYPES", "canonical_json",
+           "content_hash", "digest", "dump", "qualname"]
 
 # marshal format 2 writes no back-references, so its bytes depend on values, never on sharing.
 _MARSHAL = 2
-_SCALARS = frozenset({str, int, float, bool, type(None), bytes})
+SCALARS = frozenset({str, int, float, bool, type(None), bytes})
 _BASES = (str, int, float, bytes, list, tuple, dict, set, frozenset)
 _MUTABLE = frozenset({list, dict, set, bytearray})
-_BUILTIN_CALLABLES = (types.BuiltinFunctionType, types.MethodWrapperType,
+BUILTIN_CALLABLES = (types.BuiltinFunctionType, types.MethodWrapperType,
                       types.WrapperDescriptorType, types.MethodDescriptorType,
                       types.ClassMethodDescriptorType)
-_VALUE_TYPES = (_dt.date, _dt.time, _dt.timedelta, decimal.Decimal, uuid.UUID, pathlib.PurePath,
+VALUE_TYPES = (_dt.date, _dt.time, _dt.timedelta, decimal.Decimal, uuid.UUID, pathlib.PurePath,
                 complex, range)
 
 
@@ -45,18 +46,18 @@ canonical_json: Callable[[Any], str] = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 
 
-def _dump(canon: Any) -> bytes:
+def dump(canon: Any) -> bytes:
     try:
         return marshal.dumps(canon, _MARSHAL)
     except (ValueError, RecursionError) as exc:
         raise Unhashable(f"cannot encode value: {exc}") from None
 
 
-def _digest(tag: str, canon: Any) -> str:
-    return hashlib.sha256(tag.encode() + b"\0" + _dump(canon)).hexdigest()
+def digest(tag: str, canon: Any) -> str:
+    return hashlib.sha256(tag.encode() + b"\0" + dump(canon)).hexdigest()
 
 
-def _qualname(cls: type) -> str:
+def qualname(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
@@ -68,7 +69,7 @@ def _as_base(x: Any, base: type) -> Any:
     return copy(x)
 
 
-class _Canon:
+class Canon:
     """Maps a value to a marshal-able form that is injective over values (types included) and
     ignores dict insertion order, set iteration order and object sharing.
 
@@ -88,7 +89,7 @@ class _Canon:
 
     def value(self, x: Any) -> Any:
         t = type(x)
-        if t in _SCALARS:
+        if t in SCALARS:
             return x
         if self.immutable_only and t in _MUTABLE:
             return ("M", t.__name__)
@@ -111,7 +112,7 @@ class _Canon:
 
     def seq(self, xs: list[Any] | tuple[Any, ...]) -> Any:
         types_ = set(map(type, xs))
-        if types_ <= _SCALARS:
+        if types_ <= SCALARS:
             return xs if type(xs) is list else list(xs)
         key = self._enter(xs)
         try:
@@ -135,7 +136,7 @@ class _Canon:
         except KeyError:
             return None
         cells = rows if n == 1 else chain.from_iterable(rows)
-        if set(map(type, cells)) <= _SCALARS:
+        if set(map(type, cells)) <= SCALARS:
             return ("R", keys, rows)
         columns = [rows] if n == 1 else list(zip(*rows, strict=True))
         return ("C", keys, [self.seq(column) for column in columns])
@@ -148,18 +149,18 @@ class _Canon:
             if set(map(type, d)) == {str}:
                 keys = sorted(d)
                 return ("d", keys, self.seq(list(map(d.__getitem__, keys))))
-            pairs = sorted(((_dump(self.value(k)), v) for k, v in d.items()), key=itemgetter(0))
+            pairs = sorted(((dump(self.value(k)), v) for k, v in d.items()), key=itemgetter(0))
             return ("k", [k for k, _ in pairs], self.seq([v for _, v in pairs]))
         finally:
             self.active.discard(key)
 
     def members(self, s: set[Any] | frozenset[Any]) -> list[bytes]:
-        if set(map(type, s)) <= _SCALARS:
+        if set(map(type, s)) <= SCALARS:
             return sorted(map(marshal.dumps, s, repeat(_MARSHAL)))
-        return sorted(_dump(self.value(e)) for e in s)
+        return sorted(dump(self.value(e)) for e in s)
 
     def other(self, x: Any) -> Any:
-        name = _qualname(x if isinstance(x, type) else type(x))
+        name = qualname(x if isinstance(x, type) else type(x))
         if isinstance(x, enum.Enum):
             return ("E", name, self.value(x.value))
         if isinstance(x, type):
@@ -206,7 +207,7 @@ def content_hash(obj: Any) -> str:
     """sha256 of a type-tagged, order-insensitive encoding: stable across processes, and
     (1, "1", True, [1], (1,)) all differ. Raises Unhashable for values without one."""
     try:
-        canon = _Canon().value(obj)
+        canon = Canon().value(obj)
     except RecursionError:
         raise Unhashable("value is nested too deeply") from None
-    return _digest("batchjson:content:1", canon)
+    return digest("batchjson:content:1", canon)

@@ -27,17 +27,25 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel
 
 from . import canon
-from .bytecode import DYNAMIC_ATTRS, DYNAMIC_BUILTINS, reads_of
+from .bytecode import DYNAMIC_ATTRS, DYNAMIC_BUILTINS, code_canon, reads_of, writes_of
 from .canon import Unhashable, canonical_json, content_hash
 from .describe import describe_changes
-from .library import is_library_module, normalized_core_schema, special_content
+from .library import (
+    declares_state,
+    is_library_module,
+    is_plain,
+    is_plain_data,
+    normalized_core_schema,
+    slots_of,
+    special_content,
+)
 
 __all__ = ["Fingerprint", "Unhashable", "canonical_json", "content_hash", "describe_changes",
            "fingerprint_callable", "fingerprint_function", "model_fingerprint",
            "unwrap_callable"]
 
-_digest, _qualname = canon._digest, canon._qualname
-_VALUE_TYPES, _BUILTIN_CALLABLES = canon._VALUE_TYPES, canon._BUILTIN_CALLABLES
+_digest, _qualname = canon.digest, canon.qualname
+_VALUE_TYPES, _BUILTIN_CALLABLES = canon.VALUE_TYPES, canon.BUILTIN_CALLABLES
 _DESCRIPTORS = (types.MemberDescriptorType, types.GetSetDescriptorType)
 _MISSING = object()
 _DECORATOR_GROUPS = ("validators", "field_validators", "root_validators", "field_serializers",
@@ -93,30 +101,6 @@ class _Node(NamedTuple):
     details: tuple[tuple[str, str], ...]  # (relative path, digest) below the parts
 
 
-def _code_canon(code: types.CodeType) -> Any:
-    """What the code does, without where it was written (file, line, names, line tables).
-
-    ``from __future__`` bits (0x20000 and up) are masked: compile() and IPython inherit them from
-    earlier code, and their effect on behaviour is already in the bytecode.
-    """
-    return ("code", code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount,
-            code.co_flags & 0xFFFF, code.co_code, [_const_canon(c) for c in code.co_consts],
-            list(code.co_names), list(code.co_varnames), list(code.co_freevars),
-            list(code.co_cellvars), code.co_exceptiontable)
-
-
-def _const_canon(c: Any) -> Any:
-    if isinstance(c, types.CodeType):
-        return _code_canon(c)
-    if type(c) is tuple:
-        return ("t", [_const_canon(x) for x in c])
-    if type(c) is frozenset:
-        return ("f", sorted(canon._dump(_const_canon(x)) for x in c))
-    if type(c) is complex:
-        return ("j", c.real, c.imag)
-    return ("...",) if c is Ellipsis else c
-
-
 def _merge(inner: list[tuple[str, str]], own: list[tuple[str, str]]) -> list[tuple[str, str]]:
     if {n for n, _ in inner} & {n for n, _ in own}:
         inner = [(f"func.{n}", d) for n, d in inner]
@@ -149,7 +133,7 @@ class _Walker:
         self.label = ""
         self.root = 0  # id of the value a ref() started from: its nodes are named by the label
         self.hook_calls = 0
-        self.canon = canon._Canon(self._hook, immutable_only=source)
+        self.canon = canon.Canon(self._hook, immutable_only=source)
 
     def node(self, obj: Any) -> _Node:
         key = id(obj)
@@ -277,7 +261,7 @@ class _Walker:
         code = fn.__code__
         reads = reads_of(code)
         self.written_attrs |= reads.written_attrs
-        parts = [("code", _digest("batchjson:code:1", _code_canon(code)))]
+        parts = [("code", _digest("batchjson:code:1", code_canon(code)))]
         if fn.__defaults__:
             parts.append(("defaults", self.ref(fn.__defaults__, "defaults")))
         if fn.__kwdefaults__:
@@ -297,7 +281,7 @@ class _Walker:
             builtin_ns = vars(builtin_ns)
         if self.source:  # `Stub.calls += 1` in a helper: known before Stub is walked
             for name in reads.globals:
-                self.written_attrs |= _writes(found.get(name))
+                self.written_attrs |= writes_of(found.get(name))
         for name in sorted(reads.globals):
             if name in found:
                 written = self.source and name in reads.written_globals
@@ -341,7 +325,7 @@ class _Walker:
                 out[label] = _ABSENT
             elif self.source and used[-1] in self.written_attrs:
                 out[label] = _WRITTEN
-            elif is_library_module(owner.__name__) and not _plain(value):
+            elif is_library_module(owner.__name__) and not is_plain(value):
                 # installed modules' own state (os.environ, sys.modules) is the environment
                 out[label] = _digest("batchjson:ref:1", [owner.__name__, used[-1]])
             else:
@@ -366,7 +350,7 @@ class _Walker:
                 parts.append((label, self.ref(base, label)))
         members = sorted(vars(cls).items(), key=itemgetter(0))
         if self.source:  # attributes a method writes are state, not part of the source
-            self.written_attrs |= _writes(cls)
+            self.written_attrs |= writes_of(cls)
         for name, value in members:
             if name in _BOOKKEEPING or (model and name.startswith("__pydantic")):
                 continue
@@ -424,22 +408,22 @@ class _Walker:
             except TypeError:
                 pass
             for klass in cls.__mro__:
-                for slot in _slots(klass):
+                for slot in slots_of(klass):
                     value = getattr(obj, slot, _MISSING)
                     if value is not _MISSING:
                         state[f"slot:{slot}"] = value
             if all(k is object or not self._importable(k) for k in cls.__mro__):
                 return self.ref(state, "instance")  # a library base may hold C-level state:
-        elif not _declares_state(cls):  # pickling would save it, below
+        elif not declares_state(cls):  # pickling would save it, below
             # a library object that does not say what its state is: its __dict__ if that is
             # plain data (string.Template), else it is compared as itself; walking a client's
             # pools and caches would give a new digest after every use
             plain = dict(getattr(obj, "__dict__", None) or {})
             python_level = hasattr(obj, "__dict__")  # else its state lives in C, out of sight
             for klass in cls.__mro__:
-                python_level = python_level or bool(_slots(klass))
-                plain.update((f"slot:{n}", getattr(obj, n, None)) for n in _slots(klass))
-            if python_level and _data(plain):
+                python_level = python_level or bool(slots_of(klass))
+                plain.update((f"slot:{n}", getattr(obj, n, None)) for n in slots_of(klass))
+            if python_level and is_plain_data(plain):
                 return self.ref(plain, "instance")
             return self._by_identity(obj, "")
         try:
@@ -455,50 +439,6 @@ class _Walker:
         if any(x is obj for x in (args or ())):
             return self._by_identity(obj, "")
         return self.ref((state, content) if state else content, "instance")
-
-
-def _declares_state(cls: type) -> bool:
-    """Whether a class (not ``object``) defines what pickling saves of its instances."""
-    return any(name in vars(k) for k in cls.__mro__ if k is not object
-               for name in ("__reduce_ex__", "__reduce__", "__getstate__"))
-
-
-def _data(value: Any, depth: int = 0) -> bool:
-    """Plain data only: scalars, value types and containers of them (bounded depth)."""
-    if type(value) in canon._SCALARS or isinstance(value, (*_VALUE_TYPES, re.Pattern)):
-        return True
-    if depth > 8:
-        return False
-    if type(value) in (list, tuple, set, frozenset):
-        return all(_data(v, depth + 1) for v in value)
-    if type(value) is dict:
-        return all(_data(k, depth + 1) and _data(v, depth + 1) for k, v in value.items())
-    return False
-
-
-def _writes(value: Any) -> frozenset[str]:
-    """Attribute names a function, or the methods of a class, assign."""
-    if isinstance(value, types.FunctionType):
-        return reads_of(value.__code__).written_attrs
-    if isinstance(value, type):
-        return frozenset().union(*(reads_of(v.__code__).written_attrs for v in vars(value).values()
-                                   if isinstance(v, types.FunctionType)))
-    return frozenset()
-
-
-def _slots(klass: type) -> tuple[str, ...]:
-    slots = vars(klass).get("__slots__", ())
-    slots = (slots,) if isinstance(slots, str) else tuple(slots)
-    return tuple(s for s in slots if s not in ("__dict__", "__weakref__"))
-
-
-def _plain(value: Any) -> bool:
-    """Immutable data or installed code: safe and cheap to fingerprint by content."""
-    if type(value) in canon._SCALARS or isinstance(value, (*_VALUE_TYPES, re.Pattern)):
-        return True
-    if type(value) in (tuple, frozenset):
-        return all(_plain(v) for v in value)
-    return callable(value) or isinstance(value, types.ModuleType)
 
 
 def unwrap_callable(fn: Any) -> Any:

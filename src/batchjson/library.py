@@ -17,6 +17,7 @@ import logging
 import os
 import queue
 import random
+import re
 import site
 import sys
 import sysconfig
@@ -24,7 +25,10 @@ import threading
 import types
 from typing import Any
 
-__all__ = ["BY_TYPE", "is_library_module", "normalized_core_schema", "special_content"]
+from .canon import SCALARS, VALUE_TYPES
+
+__all__ = ["BY_TYPE", "declares_state", "is_library_module", "is_plain", "is_plain_data",
+           "normalized_core_schema", "slots_of", "special_content"]
 
 
 def _roots() -> tuple[str, ...]:
@@ -115,3 +119,38 @@ def normalized_core_schema(schema: Any) -> Any:
         return x
 
     return walk(schema)
+
+
+def declares_state(cls: type) -> bool:
+    """Whether a class (not ``object``) defines what pickling saves of its instances."""
+    return any(name in vars(k) for k in cls.__mro__ if k is not object
+               for name in ("__reduce_ex__", "__reduce__", "__getstate__"))
+
+
+def is_plain_data(value: Any, depth: int = 0) -> bool:
+    """Plain data only: scalars, value types and containers of them (bounded depth)."""
+    if type(value) in SCALARS or isinstance(value, (*VALUE_TYPES, re.Pattern)):
+        return True
+    if depth > 8:
+        return False
+    if type(value) in (list, tuple, set, frozenset):
+        return all(is_plain_data(v, depth + 1) for v in value)
+    if type(value) is dict:
+        return all(is_plain_data(k, depth + 1) and is_plain_data(v, depth + 1)
+                   for k, v in value.items())
+    return False
+
+
+def slots_of(klass: type) -> tuple[str, ...]:
+    slots = vars(klass).get("__slots__", ())
+    slots = (slots,) if isinstance(slots, str) else tuple(slots)
+    return tuple(s for s in slots if s not in ("__dict__", "__weakref__"))
+
+
+def is_plain(value: Any) -> bool:
+    """Immutable data or installed code: safe and cheap to fingerprint by content."""
+    if type(value) in SCALARS or isinstance(value, (*VALUE_TYPES, re.Pattern)):
+        return True
+    if type(value) in (tuple, frozenset):
+        return all(is_plain(v) for v in value)
+    return callable(value) or isinstance(value, types.ModuleType)
