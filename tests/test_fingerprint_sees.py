@@ -342,3 +342,32 @@ def test_a_library_object_with_opaque_state_is_compared_as_itself_and_never_chur
     assert fp.by_identity == ("global:jar",) and not fp.partial
     jar.clear()
     assert fp_of(src, ns={"jar": jar}) == fp
+
+
+def test_getattr_with_a_constant_name_is_seen_and_with_a_variable_name_is_said() -> None:
+    cfg = types.ModuleType("review_cfg")
+    cfg.THRESHOLD = 0.5
+    src = ("def check(item, task):\n    key = task['key']\n"
+           "    return getattr(cfg, 'THRESHOLD') + getattr(cfg, key)\n")
+    before = fp_of(src, ns={"cfg": cfg})
+    assert before.unseen == ("getattr(cfg, <name>)",)
+    cfg.THRESHOLD = 0.9
+    assert describe_changes(before, fp_of(src, ns={"cfg": cfg})) == [
+        "global cfg.THRESHOLD changed"]
+
+
+def test_an_object_that_raises_when_read_is_compared_as_itself() -> None:
+    class Hostile:
+        def __getattribute__(self, name: str) -> Any:
+            raise RuntimeError("no peeking")
+
+        def __call__(self, item: Any, task: Any) -> None:
+            return None
+
+    hostile = Hostile()
+    fp = fingerprint_function(hostile)
+    assert fp.by_identity == ("",) and not fp.stable
+    assert fingerprint_function(hostile) == fp and fingerprint_function(Hostile()) != fp
+    wrapped = fp_of("def check(item, task):\n    return hostile(item, task)\n",
+                    ns={"hostile": hostile})
+    assert wrapped.by_identity == ("global:hostile",)

@@ -433,3 +433,19 @@ def test_a_type_adapter_validator_resumes_with_zero_calls_in_a_second_process(
                                       check=True, capture_output=True, text=True).stdout)
             for _ in range(2)]
     assert runs == [["resolved", 3], ["resolved", 0]]
+
+
+def test_an_object_that_raises_when_read_is_registered_by_identity() -> None:
+    class Hostile:
+        def __getattribute__(self, name: str) -> Any:
+            raise RuntimeError("no peeking")
+
+        def __call__(self, item: Any, task: Any) -> None:
+            return None
+
+    registry = ValidatorRegistry()
+    hostile = Hostile()
+    definition = registry.register(hostile)
+    assert definition.kind == "registered" and definition.name.endswith("Hostile")
+    assert definition.record.where == "<unknown>"
+    assert registry.define(hostile) is hostile

@@ -24,7 +24,8 @@ DYNAMIC_BUILTINS = frozenset({"globals", "locals", "vars", "eval", "exec", "__im
 DYNAMIC_ATTRS = frozenset({("importlib", "import_module"), ("sys", "_getframe"),
                            ("inspect", "currentframe"), ("inspect", "stack"),
                            ("builtins", "eval"), ("builtins", "exec"),
-                           ("builtins", "globals"), ("operator", "attrgetter")})
+                           ("builtins", "globals")})
+_GETATTR = frozenset({"getattr", "hasattr"})
 
 # A chain starts at a root: ("g", name) a global, ("c", name) a closure variable, ("m", module)
 # an import inside the code; then the attribute names read from it, in order.
@@ -46,6 +47,7 @@ class Reads:
     written_globals: frozenset[str]
     written_attrs: frozenset[str]
     written_cells: frozenset[str]
+    dynamic: frozenset[Chain] = frozenset()  # getattr(root, name) with a name known at run time
 
 
 @functools.lru_cache(maxsize=4096)
@@ -54,7 +56,8 @@ def reads_of(code: types.CodeType) -> Reads:
     globals_: set[str] = set()
     chains: set[Chain] = set()
     written: dict[str, set[str]] = {"g": set(), "a": set(), "c": set()}
-    _scan(code, globals_, chains, written)
+    dynamic: set[Chain] = set()
+    _scan(code, globals_, chains, written, dynamic)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             inner = reads_of(const)
@@ -63,16 +66,18 @@ def reads_of(code: types.CodeType) -> Reads:
             written["g"] |= inner.written_globals
             written["a"] |= inner.written_attrs
             written["c"] |= inner.written_cells
+            dynamic |= inner.dynamic
     return Reads(frozenset(globals_), frozenset(chains), frozenset(written["g"]),
-                 frozenset(written["a"]), frozenset(written["c"]))
+                 frozenset(written["a"]), frozenset(written["c"]), frozenset(dynamic))
 
 
 def _scan(code: types.CodeType, globals_: set[str], chains: set[Chain],
-          written: dict[str, set[str]]) -> None:
+          written: dict[str, set[str]], dynamic: set[Chain]) -> None:
     bound: dict[str, list] = {}  # local name -> the import chain it was bound to
     cur: list | None = None  # the chain being read: root, then attribute names
     import_root: list | None = None
     last_const: object = _NO_CONST
+    getattr_step = 0  # 1: `getattr` loaded; 2: its object loaded, the name comes next
     for ins in dis.get_instructions(code):
         op, arg = ins.opname, ins.argval
         if op in _NEUTRAL:
@@ -80,6 +85,13 @@ def _scan(code: types.CodeType, globals_: set[str], chains: set[Chain],
         if op in _ATTR and cur is not None:
             cur.append(arg)
             continue
+        if getattr_step == 2 and cur is not None:  # getattr(cfg, "X") reads cfg.X
+            if op == "LOAD_CONST" and isinstance(arg, str):
+                chains.add((*cur, arg))  # type: ignore[arg-type]
+            else:
+                dynamic.add(tuple(cur))  # type: ignore[arg-type]
+        getattr_step = 2 if getattr_step == 1 and (
+            op in _STARTS or (op.startswith("LOAD_FAST") and arg in bound)) else 0
         if op in _STORE_LOCAL and cur is not None and cur[0][0] == "m":
             bound[arg] = cur  # `import cfg` / `from cfg import X` inside the code
         if cur is not None:
@@ -105,6 +117,8 @@ def _scan(code: types.CodeType, globals_: set[str], chains: set[Chain],
             written["a"].add(arg)
         elif op in ("STORE_DEREF", "DELETE_DEREF"):
             written["c"].add(arg)
+        if op == "LOAD_GLOBAL" and arg in _GETATTR:
+            getattr_step = 1
         last_const = arg if op == "LOAD_CONST" else _NO_CONST
     if cur is not None:
         chains.add(tuple(cur))  # type: ignore[arg-type]

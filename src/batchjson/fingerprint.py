@@ -176,9 +176,9 @@ class _Walker:
         marks = len(self.identity), len(self.unseen), len(self.details)
         try:
             digest = _digest("batchjson:value:1", self.canon.value(value))
-        except (Unhashable, RecursionError):
+        except Exception:  # Unhashable, RecursionError, or an odd object raising when read:
             del self.identity[marks[0]:], self.unseen[marks[1]:], self.details[marks[2]:]
-            return self._by_identity(value, label)
+            return self._by_identity(value, label)  # fingerprinting never fails on a value
         finally:
             self.label, self.root = saved
         if self.hook_calls == calls:  # pure data: safe to reuse wherever it is referenced
@@ -291,32 +291,26 @@ class _Walker:
                 parts.append((f"builtin:{name}", self.ref(builtin_ns[name], f"builtin:{name}")))
                 if name in DYNAMIC_BUILTINS:
                     self.unseen.append(("", f"{name}()"))
-        parts += self._module_reads(reads.chains, found, builtin_ns, cells)
+        scope = (found, builtin_ns, cells)
+        parts += self._module_reads(reads.chains, scope)
+        for chain in sorted(reads.dynamic, key=repr):  # getattr(cfg, name): out of sight
+            resolved = _resolve(chain, scope)
+            if resolved is not None and _is_module(resolved[1]):
+                names = ".".join([chain[0][1], *resolved[2]])
+                self.unseen.append(("", f"getattr({names}, <name>)"))
         return parts
 
-    def _module_reads(self, chains: frozenset, found: dict[str, Any], builtin_ns: dict[str, Any],
-                      cells: dict[str, Any]) -> list[tuple[str, str]]:
+    def _module_reads(self, chains: frozenset, scope: tuple[dict[str, Any], ...]
+                      ) -> list[tuple[str, str]]:
         """``mod.NAME`` read by the code: the attribute's value, not the module's name."""
         out: dict[str, str] = {}
-        prefixes = {"g": "global", "c": "closure", "m": "import"}
-        for (kind, root), *attrs in sorted(chains, key=repr):
-            if kind == "g":
-                base = found.get(root, builtin_ns.get(root, _MISSING))
-            elif kind == "c":
-                base = cells.get(root, _MISSING)
-            else:
-                base = sys.modules.get(root, _MISSING)
-            if not isinstance(base, types.ModuleType):
+        for chain in sorted(chains, key=repr):
+            resolved = _resolve(chain, scope)
+            if resolved is None or not resolved[2]:
                 continue
-            value, owner, used = base, base, []
-            for attr in attrs:
-                if not isinstance(value, types.ModuleType):
-                    break
-                owner, value = value, getattr(value, attr, _MISSING)
-                used.append(attr)
-            if not used:
-                continue
-            label = f"{prefixes[kind]}:{root}.{'.'.join(used)}"
+            owner, value, used = resolved
+            (kind, root) = chain[0]
+            label = f"{_ROOTS[kind]}:{root}.{'.'.join(used)}"
             if label in out:
                 continue
             if (owner.__name__, used[-1]) in DYNAMIC_ATTRS:
@@ -441,6 +435,39 @@ class _Walker:
         return self.ref((state, content) if state else content, "instance")
 
 
+_ROOTS = {"g": "global", "c": "closure", "m": "import"}
+
+
+def _is_module(x: Any) -> bool:
+    return issubclass(type(x), types.ModuleType)  # never asks x itself (isinstance would)
+
+
+def _resolve(chain: tuple, scope: tuple[dict[str, Any], ...]
+             ) -> tuple[types.ModuleType, Any, list[str]] | None:
+    """Follow a chain's attributes through modules: (last module, value, names used), or None
+    when the root is not a module."""
+    (kind, root), *attrs = chain
+    found, builtin_ns, cells = scope
+    if kind == "g":
+        base = found.get(root, builtin_ns.get(root, _MISSING))
+    elif kind == "c":
+        base = cells.get(root, _MISSING)
+    else:
+        base = sys.modules.get(root, _MISSING)
+    if not _is_module(base):
+        return None
+    owner, value, used = base, base, []
+    for attr in attrs:
+        if not _is_module(value):
+            break
+        try:
+            owner, value = value, getattr(value, attr, _MISSING)
+        except Exception:  # a module __getattr__ (lazy import) failing: nothing to read
+            owner, value = value, _MISSING
+        used.append(attr)
+    return owner, value, used
+
+
 def unwrap_callable(fn: Any) -> Any:
     """The function under partials and bound methods (bounded, in case of odd nesting)."""
     for _ in range(16):
@@ -456,7 +483,13 @@ def unwrap_callable(fn: Any) -> Any:
 def _fingerprint(obj: Any, *, source: bool) -> Fingerprint:
     walker = _Walker(source=source)
     if callable(obj):
-        node = walker.node(obj)
+        try:
+            node = walker.node(obj)
+        except Exception:  # an object that raises when read (a hostile __getattribute__)
+            walker = _Walker(source=source)
+            parts = (("self", walker._by_identity(obj, "")),)
+            node = _Node(_digest("batchjson:fp:1", ["opaque", list(parts)]), parts, ("",),
+                         (), ())
     else:  # a plain value or a subcall object: by content (source: immutable content, class)
         parts = (("value", walker.ref(obj, "value")),)
         node = _Node(_digest("batchjson:fp:1", ["value", list(parts)]), parts,

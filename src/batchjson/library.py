@@ -76,6 +76,13 @@ BY_TYPE: tuple[type, ...] = (
 
 def special_content(obj: Any) -> tuple[str, Any] | None:
     """(kind, content to walk) for a known library object, else None."""
+    try:
+        return _special(obj)
+    except Exception:  # e.g. a TypeAdapter whose type cannot be built: read it generically
+        return None
+
+
+def _special(obj: Any) -> tuple[str, Any] | None:
     if isinstance(obj, (logging.Logger, logging.PlaceHolder)):
         return "logger", getattr(obj, "name", None)
     if isinstance(obj, logging.LoggerAdapter):

@@ -38,14 +38,24 @@ class ValidatorVersion:
 
 def _default_name(fn: Any) -> str:
     """A readable key: the qualname, ``partial(inner)`` for partials, the class for instances."""
-    if isinstance(fn, functools.partial):
-        return f"partial({_default_name(fn.func)})"
-    name = getattr(fn, "__qualname__", None)
+    try:
+        if isinstance(fn, functools.partial):
+            return f"partial({_default_name(fn.func)})"
+        name = getattr(fn, "__qualname__", None)
+    except Exception:  # an object that raises when read is named by its class
+        name = None
     return name if isinstance(name, str) and name else type(fn).__qualname__
 
 
 def _where(fn: Any) -> str:
     """Best-effort "file:line" of the definition, for messages and the ledger."""
+    try:
+        return _location(fn)
+    except Exception:  # an object that raises when read
+        return "<unknown>"
+
+
+def _location(fn: Any) -> str:
     target = unwrap_callable(fn)
     code = getattr(target, "__code__", None)
     if code is None and callable(target):
