@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import dis
 import functools
+import sys
 import types
 from dataclasses import dataclass
 from typing import Any
 
 from .canon import dump
 
-__all__ = ["DYNAMIC_ATTRS", "DYNAMIC_BUILTINS", "Reads", "code_canon", "reads_of", "writes_of"]
+__all__ = ["DYNAMIC_ATTRS", "DYNAMIC_BUILTINS", "MISSING", "Reads", "code_canon", "is_module",
+           "reads_of", "resolve_chain", "writes_of"]
 
 # Builtins that look names up at run time, out of a scan's sight.
 DYNAMIC_BUILTINS = frozenset({"globals", "locals", "vars", "eval", "exec", "__import__"})
@@ -36,6 +38,7 @@ _ATTR = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
 _STORE_LOCAL = frozenset({"STORE_FAST", "STORE_DEREF", "STORE_NAME"})
 _NEUTRAL = frozenset({"EXTENDED_ARG", "CACHE", "NOP"})
 _NO_CONST = object()
+MISSING = object()  # an attribute a chain names that is not there
 
 
 @dataclass(frozen=True)
@@ -156,3 +159,33 @@ def _const_canon(c: Any) -> Any:
     if type(c) is complex:
         return ("j", c.real, c.imag)
     return ("...",) if c is Ellipsis else c
+
+
+def is_module(x: Any) -> bool:
+    return issubclass(type(x), types.ModuleType)  # never asks x itself (isinstance would)
+
+
+def resolve_chain(chain: tuple, scope: tuple[dict[str, Any], ...]
+                  ) -> tuple[types.ModuleType, Any, list[str]] | None:
+    """Follow a chain's attributes through modules: (last module, value, names used), or None
+    when the root is not a module."""
+    (kind, root), *attrs = chain
+    found, builtin_ns, cells = scope
+    if kind == "g":
+        base = found.get(root, builtin_ns.get(root, MISSING))
+    elif kind == "c":
+        base = cells.get(root, MISSING)
+    else:
+        base = sys.modules.get(root, MISSING)
+    if not is_module(base):
+        return None
+    owner, value, used = base, base, []
+    for attr in attrs:
+        if not is_module(value):
+            break
+        try:
+            owner, value = value, getattr(value, attr, MISSING)
+        except Exception:  # a module __getattr__ (lazy import) failing: nothing to read
+            owner, value = value, MISSING
+        used.append(attr)
+    return owner, value, used

@@ -27,7 +27,16 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel
 
 from . import canon
-from .bytecode import DYNAMIC_ATTRS, DYNAMIC_BUILTINS, code_canon, reads_of, writes_of
+from .bytecode import (
+    DYNAMIC_ATTRS,
+    DYNAMIC_BUILTINS,
+    MISSING,
+    code_canon,
+    is_module,
+    reads_of,
+    resolve_chain,
+    writes_of,
+)
 from .canon import Unhashable, canonical_json, content_hash
 from .describe import describe_changes
 from .library import (
@@ -35,7 +44,7 @@ from .library import (
     is_library_module,
     is_plain,
     is_plain_data,
-    normalized_core_schema,
+    model_content,
     slots_of,
     special_content,
 )
@@ -48,9 +57,8 @@ _digest, _qualname = canon.digest, canon.qualname
 _VALUE_TYPES, _BUILTIN_CALLABLES = canon.VALUE_TYPES, canon.BUILTIN_CALLABLES
 _DESCRIPTORS = (types.MemberDescriptorType, types.GetSetDescriptorType)
 _MISSING = object()
-_DECORATOR_GROUPS = ("validators", "field_validators", "root_validators", "field_serializers",
-                     "model_serializers", "model_validators", "computed_fields")
 _DETAIL_DEPTH = 4  # nested paths kept for describe_changes: "global:Check>attr:_limit"
+_DETAIL_CAP = 256  # per node: a list of 10,000 objects must not keep 20,000 paths
 # Class attributes that are interpreter or framework bookkeeping, never behaviour.
 _BOOKKEEPING = frozenset({
     "__module__", "__qualname__", "__doc__", "__dict__", "__weakref__", "__annotations__",
@@ -130,6 +138,7 @@ class _Walker:
         self.unseen: list[tuple[str, str]] = []
         self.details: list[tuple[str, str]] = []
         self.written_attrs: set[str] = set()
+        self.classes: dict[type, tuple[str, bool, bool, tuple[str, ...]]] = {}
         self.label = ""
         self.root = 0  # id of the value a ref() started from: its nodes are named by the label
         self.hook_calls = 0
@@ -147,7 +156,8 @@ class _Walker:
         self.identity, self.unseen, self.details = [], [], []
         try:
             kind, parts = self._build(obj)
-            details = [(p, d) for p, d in self.details if p.count(">") < _DETAIL_DEPTH]
+            details = [(p, d) for p, d in self.details[:_DETAIL_CAP]
+                       if p.count(">") < _DETAIL_DEPTH]
             node = _Node(_digest("batchjson:fp:1", [kind, parts]), tuple(parts),
                          tuple(self.identity), tuple(self.unseen), tuple(details))
         finally:
@@ -211,7 +221,8 @@ class _Walker:
             label = f"{label}>{'class' if isinstance(x, type) else 'function'}:{x.__qualname__}"
         self.identity.extend(_join(label, rel) for rel in node.by_identity)
         self.unseen.extend((_join(label, rel), what) for rel, what in node.unseen)
-        self.details.extend((f"{label}>{p}", d) for p, d in (*node.parts, *node.details))
+        if len(self.details) < _DETAIL_CAP:
+            self.details.extend((f"{label}>{p}", d) for p, d in (*node.parts, *node.details))
         return ("node", node.digest)
 
     def _importable(self, obj: Any) -> bool:
@@ -294,8 +305,8 @@ class _Walker:
         scope = (found, builtin_ns, cells)
         parts += self._module_reads(reads.chains, scope)
         for chain in sorted(reads.dynamic, key=repr):  # getattr(cfg, name): out of sight
-            resolved = _resolve(chain, scope)
-            if resolved is not None and _is_module(resolved[1]):
+            resolved = resolve_chain(chain, scope)
+            if resolved is not None and is_module(resolved[1]):
                 names = ".".join([chain[0][1], *resolved[2]])
                 self.unseen.append(("", f"getattr({names}, <name>)"))
         return parts
@@ -305,7 +316,7 @@ class _Walker:
         """``mod.NAME`` read by the code: the attribute's value, not the module's name."""
         out: dict[str, str] = {}
         for chain in sorted(chains, key=repr):
-            resolved = _resolve(chain, scope)
+            resolved = resolve_chain(chain, scope)
             if resolved is None or not resolved[2]:
                 continue
             owner, value, used = resolved
@@ -315,7 +326,7 @@ class _Walker:
                 continue
             if (owner.__name__, used[-1]) in DYNAMIC_ATTRS:
                 self.unseen.append(("", f"{owner.__name__}.{used[-1]}()"))
-            if value is _MISSING:
+            if value is MISSING:
                 out[label] = _ABSENT
             elif self.source and used[-1] in self.written_attrs:
                 out[label] = _WRITTEN
@@ -331,13 +342,12 @@ class _Walker:
         if self._importable(cls):
             return parts
         model = issubclass(cls, BaseModel) and cls is not BaseModel
-        decorators: set[str] = set()
-        if model:
-            parts += self._model(cls)
-            infos = getattr(cls, "__pydantic_decorators__", None)
-            for group in _DECORATOR_GROUPS:
-                found = getattr(infos, group, None)
-                decorators |= set(found) if isinstance(found, dict) else set()
+        decorators: frozenset[str] = frozenset()
+        if model:  # by what decides validation: core schema, private attributes, validators
+            core, privates, decorators = model_content(cls)
+            parts.append(("core", self._by_identity(cls, "core") if core is None  # forward refs
+                          else self.ref(core, "core")))
+            parts += [(f"private:{n}", self.ref(d, f"private:{n}")) for n, d in privates]
         for base in cls.__bases__:
             if base is not object:
                 label = f"base:{base.__qualname__}"
@@ -359,30 +369,25 @@ class _Walker:
                 parts.append((label, self.ref(value, label)))
         return parts
 
-    def _model(self, cls: type[BaseModel]) -> list[tuple[str, str]]:
-        """A pydantic model by what decides validation: its core schema (fields, Annotated
-        constraints and validators, nested models, config) and its private attributes."""
-        parts = []
-        try:
-            if not getattr(cls, "__pydantic_complete__", True):
-                cls.model_rebuild(raise_errors=False)
-            core = cls.__pydantic_core_schema__
-        except Exception:  # pydantic raises several types for models it cannot build
-            core = None
-        if isinstance(core, dict):
-            parts.append(("core", self.ref(normalized_core_schema(core), "core")))
-        else:  # an incomplete model (unresolved forward references): nothing to read yet
-            parts.append(("core", self._by_identity(cls, "core")))
-        for name, attr in sorted(getattr(cls, "__private_attributes__", {}).items()):
-            default = (getattr(attr, "default", None), getattr(attr, "default_factory", None))
-            parts.append((f"private:{name}", self.ref(default, f"private:{name}")))
-        return parts
+    def _class_facts(self, cls: type) -> tuple[str, bool, bool, tuple[str, ...]]:
+        """Per walk and class: its digest, whether it is installed code, whether any base is,
+        and its slots (a list of 10,000 instances asks once)."""
+        facts = self.classes.get(cls)
+        if facts is None:
+            importable = self._importable(cls)
+            facts = (self.ref(cls, "type"), importable,
+                     importable or any(k is not object and self._importable(k)
+                                       for k in cls.__mro__),
+                     tuple(n for k in cls.__mro__ for n in slots_of(k)))
+            if id(cls) in self.memo:  # context-free (no cycle through the stack): reusable
+                self.classes[cls] = facts
+        return facts
 
     def _instance(self, obj: Any) -> list[tuple[str, str]]:
         cls = type(obj)
         call = cls.__call__ if callable(obj) else None
         inner = self._inner(call) if isinstance(call, types.FunctionType) else []
-        own = [("type", self.ref(cls, "type"))]
+        own = [("type", self._class_facts(cls)[0])]
         special = special_content(obj)
         if special is not None:
             kind, content = special
@@ -395,18 +400,18 @@ class _Walker:
     def _state(self, obj: Any) -> str:
         """An instance's content: its ``__dict__`` and slots, else what pickling would save."""
         cls = type(obj)
+        _, importable, library_base, slots = self._class_facts(cls)
         state: dict[str, Any] = {}
-        if not self._importable(cls):
+        if not importable:
             try:
                 state.update(vars(obj))
             except TypeError:
                 pass
-            for klass in cls.__mro__:
-                for slot in slots_of(klass):
-                    value = getattr(obj, slot, _MISSING)
-                    if value is not _MISSING:
-                        state[f"slot:{slot}"] = value
-            if all(k is object or not self._importable(k) for k in cls.__mro__):
+            for slot in slots:
+                value = getattr(obj, slot, _MISSING)
+                if value is not _MISSING:
+                    state[f"slot:{slot}"] = value
+            if not library_base:
                 return self.ref(state, "instance")  # a library base may hold C-level state:
         elif not declares_state(cls):  # pickling would save it, below
             # a library object that does not say what its state is: its __dict__ if that is
@@ -436,36 +441,6 @@ class _Walker:
 
 
 _ROOTS = {"g": "global", "c": "closure", "m": "import"}
-
-
-def _is_module(x: Any) -> bool:
-    return issubclass(type(x), types.ModuleType)  # never asks x itself (isinstance would)
-
-
-def _resolve(chain: tuple, scope: tuple[dict[str, Any], ...]
-             ) -> tuple[types.ModuleType, Any, list[str]] | None:
-    """Follow a chain's attributes through modules: (last module, value, names used), or None
-    when the root is not a module."""
-    (kind, root), *attrs = chain
-    found, builtin_ns, cells = scope
-    if kind == "g":
-        base = found.get(root, builtin_ns.get(root, _MISSING))
-    elif kind == "c":
-        base = cells.get(root, _MISSING)
-    else:
-        base = sys.modules.get(root, _MISSING)
-    if not _is_module(base):
-        return None
-    owner, value, used = base, base, []
-    for attr in attrs:
-        if not _is_module(value):
-            break
-        try:
-            owner, value = value, getattr(value, attr, _MISSING)
-        except Exception:  # a module __getattr__ (lazy import) failing: nothing to read
-            owner, value = value, _MISSING
-        used.append(attr)
-    return owner, value, used
 
 
 def unwrap_callable(fn: Any) -> Any:

@@ -28,7 +28,7 @@ from typing import Any
 from .canon import SCALARS, VALUE_TYPES
 
 __all__ = ["BY_TYPE", "declares_state", "is_library_module", "is_plain", "is_plain_data",
-           "normalized_core_schema", "slots_of", "special_content"]
+           "model_content", "normalized_core_schema", "slots_of", "special_content"]
 
 
 def _roots() -> tuple[str, ...]:
@@ -102,6 +102,32 @@ def _special(obj: Any) -> tuple[str, Any] | None:
         checker = getattr(obj, "format_checker", None)
         return "jsonschema", (obj.schema, getattr(checker, "checkers", None))
     return None
+
+
+_DECORATOR_GROUPS = ("validators", "field_validators", "root_validators", "field_serializers",
+                     "model_serializers", "model_validators", "computed_fields")
+
+
+def model_content(cls: Any) -> tuple[Any, list[tuple[str, Any]], frozenset[str]]:
+    """What decides a pydantic model's validation: its normalized core schema (fields,
+    Annotated constraints and validators, nested models, config; None while forward references
+    are unresolved), its private attributes' defaults, and the names of its decorated
+    validators and serializers."""
+    try:
+        if not getattr(cls, "__pydantic_complete__", True):
+            cls.model_rebuild(raise_errors=False)
+        core = cls.__pydantic_core_schema__
+    except Exception:  # pydantic raises several types for models it cannot build
+        core = None
+    core = normalized_core_schema(core) if isinstance(core, dict) else None
+    privates = [(name, (getattr(attr, "default", None), getattr(attr, "default_factory", None)))
+                for name, attr in sorted(getattr(cls, "__private_attributes__", {}).items())]
+    infos = getattr(cls, "__pydantic_decorators__", None)
+    names: set[str] = set()
+    for group in _DECORATOR_GROUPS:
+        found = getattr(infos, group, None)
+        names |= set(found) if isinstance(found, dict) else set()
+    return core, privates, frozenset(names)
 
 
 def normalized_core_schema(schema: Any) -> Any:
