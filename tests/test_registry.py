@@ -449,3 +449,35 @@ def test_an_object_that_raises_when_read_is_registered_by_identity() -> None:
     assert definition.kind == "registered" and definition.name.endswith("Hostile")
     assert definition.record.where == "<unknown>"
     assert registry.define(hostile) is hostile
+
+
+STRICT_RLM_CELL = '''
+from pydantic import TypeAdapter
+ints = TypeAdapter(list[int])
+
+def validate_counts(value, index):
+    ints.validate_python(value)
+
+out = llm_batch_json(["count a", "count b"], {"type": "array"}, validator=validate_counts,
+                     max_repair_attempts=0)
+if out["errors"] and any(out["errors"]):
+    raise RuntimeError("unresolved")
+'''
+
+
+def test_a_strict_session_resumes_an_rlm_cell_whose_validator_uses_a_type_adapter() -> None:
+    """The seed's ratchet: the RLM loop re-runs a failing cell; with the TypeAdapter compared by
+    identity every re-run was a 'changed' validator, refused while evidence was open."""
+    from batchjson import CallableProvider, Session
+    from batchjson.rlm import namespace
+
+    answers = {"text": "not json"}
+    session = Session(CallableProvider(lambda call: answers["text"]), strict=True, replays=0)
+    ns = dict(namespace(session))
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match="unresolved"):
+            exec(compile(STRICT_RLM_CELL, "<cell>", "exec", dont_inherit=True), ns)
+    assert [v.version for v in session.validators.versions("validate_counts")] == [1]
+    answers["text"] = "[1, 2]"
+    exec(compile(STRICT_RLM_CELL, "<cell>", "exec", dont_inherit=True), ns)
+    assert ns["out"]["values"] == [[1, 2], [1, 2]]
