@@ -371,3 +371,15 @@ def test_an_object_that_raises_when_read_is_compared_as_itself() -> None:
     wrapped = fp_of("def check(item, task):\n    return hostile(item, task)\n",
                     ns={"hostile": hostile})
     assert wrapped.by_identity == ("global:hostile",)
+
+
+def test_a_dispatch_table_whose_functions_read_it_is_seen_by_content() -> None:
+    src = ("def a(x):\n    return HANDLERS['b'](x) if x else 0\n"
+           "def b(x):\n    return HANDLERS['a'](x - 1)\n"
+           "HANDLERS = {'a': a, 'b': b}\n"
+           "TREE = {'n': 1}\nTREE['parent'] = TREE\n"
+           "def check(item, task):\n    return HANDLERS['a'](item), TREE\n")
+    fp = fp_of(src)
+    assert fp.stable and fp_of(src) == fp  # cycles through code and data: no identity
+    assert fp_of(src.replace("else 0", "else 1")).digest != fp.digest
+    assert fp_of(src.replace("{'n': 1}", "{'n': 2}")).digest != fp.digest

@@ -40,6 +40,11 @@ class Unhashable(BatchJsonError, TypeError):
     """A value has no stable content encoding; fingerprints fall back to its identity."""
 
 
+class _Back(Exception):
+    def __init__(self, levels: int) -> None:
+        self.levels = levels
+
+
 # One JSON text per JSON value, so equal data always hashes (and diffs) the same. The encoder
 # is built once: json.dumps with non-default options would build a new one on every call.
 canonical_json: Callable[[Any], str] = json.JSONEncoder(
@@ -85,7 +90,7 @@ class Canon:
                  immutable_only: bool = False) -> None:
         self.hook = hook
         self.immutable_only = immutable_only
-        self.active: set[int] = set()
+        self.active: dict[int, int] = {}  # id -> depth of the containers being encoded
 
     def value(self, x: Any) -> Any:
         t = type(x)
@@ -93,21 +98,29 @@ class Canon:
             return x
         if self.immutable_only and t in _MUTABLE:
             return ("M", t.__name__)
-        if t is list:
-            return self.seq(x)
-        if t is dict:
-            return self.mapping(x)
-        if t is tuple:
-            return ("t", self.seq(x))
-        if t is set or t is frozenset:
-            return ("s" if t is set else "f", self.members(x))
-        return self.other(x)
+        try:
+            if t is list:
+                return self.seq(x)
+            if t is dict:
+                return self.mapping(x)
+            if t is tuple:
+                return ("t", self.seq(x))
+            if t is set or t is frozenset:
+                return ("s" if t is set else "f", self.members(x))
+            return self.other(x)
+        except _Back as back:  # x is a container already being encoded, `levels` up
+            return ("B", back.levels)
 
     def _enter(self, x: Any) -> int:
         key = id(x)
-        if key in self.active:
-            raise Unhashable("cyclic structure")
-        self.active.add(key)
+        depth = self.active.get(key)
+        if depth is not None:
+            if self.hook is None:
+                raise Unhashable("cyclic structure")
+            # fingerprints meet cycles through code (a dispatch table whose functions read
+            # it): encoded by distance, like a cycle between functions
+            raise _Back(len(self.active) - depth)
+        self.active[key] = len(self.active)
         return key
 
     def seq(self, xs: list[Any] | tuple[Any, ...]) -> Any:
@@ -122,7 +135,7 @@ class Canon:
                     return records
             return [self.value(x) for x in xs]
         finally:
-            self.active.discard(key)
+            self.active.pop(key, None)
 
     def records(self, xs: list[dict[Any, Any]] | tuple[dict[Any, Any], ...]) -> Any:
         """Columnar form for a list of dicts sharing one set of str keys, else None."""
@@ -152,7 +165,7 @@ class Canon:
             pairs = sorted(((dump(self.value(k)), v) for k, v in d.items()), key=itemgetter(0))
             return ("k", [k for k, _ in pairs], self.seq([v for _, v in pairs]))
         finally:
-            self.active.discard(key)
+            self.active.pop(key, None)
 
     def members(self, s: set[Any] | frozenset[Any]) -> list[bytes]:
         if set(map(type, s)) <= SCALARS:
@@ -181,7 +194,7 @@ class Canon:
                 base = next(b for b in _BASES if isinstance(x, b))
                 return ("X", name, self.value(_as_base(x, base)))
             finally:
-                self.active.discard(key)
+                self.active.pop(key, None)
         if self.hook is not None:
             return ("H", self.hook(x))
         raise Unhashable(f"cannot content-hash a {name}")
