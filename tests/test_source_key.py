@@ -181,13 +181,35 @@ def test_any_mutation_of_a_source_s_state_keeps_its_key(calls: list[Any], cache:
     assert {fingerprint_callable(stub), fingerprint_callable(stub.reply)} == keys
 
 
-def test_a_subcall_object_is_keyed_by_its_class_and_a_value_by_its_content() -> None:
+SUBCALL = """
+class Sub:
+    def __init__(self, model, temperature=0.0):
+        self.model = model
+        self.temperature = temperature
+        self.calls = 0
+        self.history = []
+    def ask(self, question):
+        self.calls += 1
+        self.history.append(question)
+        return f"{self.model}: {question}"
+"""
+
+
+def test_a_source_object_is_keyed_by_its_configuration_not_by_what_it_mutates() -> None:
     ns: dict[str, Any] = {}
-    exec("class Sub:\n    model = 'm1'\n    def __init__(self):\n        self.calls = 0\n", ns)
-    first, second = ns["Sub"](), ns["Sub"]()
-    second.calls = 7
+    exec(SUBCALL, ns)
+    first, second = ns["Sub"]("gpt"), ns["Sub"]("gpt")
+    for question in ("a", "b", "c"):
+        second.ask(question)  # calls and history change: the key does not
     assert fingerprint_callable(first) == fingerprint_callable(second)
-    exec("class Sub:\n    model = 'm2'\n    def __init__(self):\n        self.calls = 0\n", ns)
-    assert fingerprint_callable(ns["Sub"]()) != fingerprint_callable(first)
+    assert fingerprint_callable(first.ask) == fingerprint_callable(second.ask)
+    # another model or setting is another answer source
+    assert fingerprint_callable(ns["Sub"]("llama")) != fingerprint_callable(first)
+    assert fingerprint_callable(ns["Sub"]("gpt", 0.7).ask) != fingerprint_callable(first.ask)
+    assert describe_changes(fingerprint_callable(first), fingerprint_callable(
+        ns["Sub"]("llama"))) == ["configuration changed"]
+
+
+def test_a_plain_value_is_keyed_by_its_content() -> None:
     assert fingerprint_callable(("gpt", 0.0)) == fingerprint_callable(("gpt", 0.0))
     assert fingerprint_callable(("gpt", 0.0)) != fingerprint_callable(("gpt", -0.0))

@@ -17,7 +17,8 @@ from typing import Any
 
 from .canon import dump
 
-__all__ = ["DYNAMIC_ATTRS", "DYNAMIC_BUILTINS", "MISSING", "Reads", "code_canon", "is_module",
+__all__ = ["CONSTRUCTION", "DYNAMIC_ATTRS", "DYNAMIC_BUILTINS", "MISSING", "Reads", "code_canon",
+           "is_module",
            "reads_of", "resolve_chain", "writes_of"]
 
 # Builtins that look names up at run time, out of a scan's sight.
@@ -127,13 +128,26 @@ def _scan(code: types.CodeType, globals_: set[str], chains: set[Chain],
         chains.add(tuple(cur))  # type: ignore[arg-type]
 
 
+# Methods that set an object up: what they assign is configuration, not state mutated per call.
+CONSTRUCTION = frozenset({"__init__", "__new__", "__post_init__", "__init_subclass__",
+                          "__set_name__", "__setstate__"})
+
+
 def writes_of(value: Any) -> frozenset[str]:
-    """Attribute names a function, or the methods of a class, assign."""
+    """Attribute names a function, or a class's methods, assign outside construction: the
+    state it mutates while serving calls (``self.calls += 1``), not its configuration."""
     if isinstance(value, types.FunctionType):
+        if value.__name__ in CONSTRUCTION:
+            return frozenset()
         return reads_of(value.__code__).written_attrs
     if isinstance(value, type):
-        return frozenset().union(*(reads_of(v.__code__).written_attrs for v in vars(value).values()
-                                   if isinstance(v, types.FunctionType)))
+        out: set[str] = set()
+        for name, member in vars(value).items():
+            if isinstance(member, (classmethod, staticmethod)):
+                member = member.__func__
+            if isinstance(member, types.FunctionType) and name not in CONSTRUCTION:
+                out |= reads_of(member.__code__).written_attrs
+        return frozenset(out)
     return frozenset()
 
 

@@ -16,7 +16,8 @@ _SUBJECTS = {"code": "code", "defaults": "default arguments",
              "instance": "instance state", "type": "class", "schema": "model schema",
              "core": "model fields and constraints", "func": "wrapped callable",
              "ref": "referenced callable", "name": "class name", "logger": "logger name",
-             "type-adapter": "TypeAdapter type", "jsonschema": "JSON Schema"}
+             "type-adapter": "TypeAdapter type", "jsonschema": "JSON Schema",
+             "config": "configuration"}
 _PREFIXES = {"global": "global", "builtin": "builtin", "closure": "closure variable",
              "partial": "partial", "attr": "attribute", "base": "base class",
              "import": "imported", "validator": "validator", "private": "private attribute",

@@ -15,6 +15,8 @@ it reads only, so a stub that counts its calls keeps one key.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import functools
 import re
 import sys
@@ -271,7 +273,7 @@ class _Walker:
     def _function(self, fn: types.FunctionType) -> list[tuple[str, str]]:
         code = fn.__code__
         reads = reads_of(code)
-        self.written_attrs |= reads.written_attrs
+        self.written_attrs |= writes_of(fn)
         parts = [("code", _digest("batchjson:code:1", code_canon(code)))]
         if fn.__defaults__:
             parts.append(("defaults", self.ref(fn.__defaults__, "defaults")))
@@ -393,9 +395,27 @@ class _Walker:
             kind, content = special
             if content is not None:
                 own.append((kind, self.ref(content, kind)))
-        elif not self.source:  # a source's instance state is what it mutates: left out
+        elif not self.source:
             own.append(("instance", self._state(obj)))
+        elif not self._class_facts(cls)[1]:  # a source's own object: its configuration only
+            own.append(("config", self._config(obj)))
         return _merge(inner, own)
+
+    def _config(self, obj: Any) -> str:
+        """A source object's attributes minus those its code assigns while serving calls
+        (counters, logs); mutable values count by type only (canon's immutable_only)."""
+        state: dict[str, Any] = {}
+        try:
+            state.update(vars(obj))
+        except TypeError:
+            pass
+        for slot in self._class_facts(type(obj))[3]:
+            value = getattr(obj, slot, MISSING)
+            if value is not MISSING:
+                state[f"slot:{slot}"] = value
+        kept = tuple(sorted((k, v) for k, v in state.items()  # a tuple: its values count
+                            if k.removeprefix("slot:") not in self.written_attrs))
+        return self.ref(kept, "config")
 
     def _state(self, obj: Any) -> str:
         """An instance's content: its ``__dict__`` and slots, else what pickling would save."""
@@ -443,6 +463,13 @@ class _Walker:
 _ROOTS = {"g": "global", "c": "closure", "m": "import"}
 
 
+def _is_data(obj: Any) -> bool:
+    """Values canon encodes itself; anything else is an object the walker reads."""
+    return isinstance(obj, (*canon.SCALARS, list, dict, tuple, set, frozenset, enum.Enum,
+                            BaseModel)) or (dataclasses.is_dataclass(obj)
+                                            and not isinstance(obj, type))
+
+
 def unwrap_callable(fn: Any) -> Any:
     """The function under partials and bound methods (bounded, in case of odd nesting)."""
     for _ in range(16):
@@ -457,7 +484,7 @@ def unwrap_callable(fn: Any) -> Any:
 
 def _fingerprint(obj: Any, *, source: bool) -> Fingerprint:
     walker = _Walker(source=source)
-    if callable(obj):
+    if callable(obj) or not _is_data(obj):
         try:
             node = walker.node(obj)
         except Exception:  # an object that raises when read (a hostile __getattribute__)
@@ -465,7 +492,7 @@ def _fingerprint(obj: Any, *, source: bool) -> Fingerprint:
             parts = (("self", walker._by_identity(obj, "")),)
             node = _Node(_digest("batchjson:fp:1", ["opaque", list(parts)]), parts, ("",),
                          (), ())
-    else:  # a plain value or a subcall object: by content (source: immutable content, class)
+    else:  # a plain value: by content (for a source, immutable content only)
         parts = (("value", walker.ref(obj, "value")),)
         node = _Node(_digest("batchjson:fp:1", ["value", list(parts)]), parts,
                      tuple(walker.identity), tuple(walker.unseen), tuple(walker.details))
@@ -495,10 +522,12 @@ def fingerprint_callable(obj: Any) -> Fingerprint:
 
     Keyed by code (bytecode, constants, defaults, the code of the functions and classes it uses)
     and the immutable values it reads (str, numbers, tuples, frozensets, enums, frozen
-    dataclasses and models); never by mutable state it reads or writes: lists, dicts, sets,
-    instance attributes, globals, closure cells and class attributes the code assigns, random
-    generators, locks and caches. A stub that counts its calls keeps one key. Digests never equal
-    a :func:`fingerprint_function` digest.
+    dataclasses and models), including the configuration of its own objects (attributes set up
+    in ``__init__``, like ``self.model``). Never by mutable state: lists, dicts, sets and other
+    mutable values count by type only, and attributes, globals and closure cells the code
+    assigns while serving calls (``self.calls += 1``, ``global COUNT``, ``nonlocal n``) are left
+    out, as are random generators, locks and library objects' state. A stub that counts its
+    calls keeps one key. Digests never equal a :func:`fingerprint_function` digest.
     """
     return _fingerprint(obj, source=True)
 
