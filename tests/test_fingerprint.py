@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -121,12 +122,13 @@ def test_parts_name_the_components() -> None:
     ("old", "new", "phrase"),
     [
         ("THRESHOLD = 0.5", "THRESHOLD = 0.7", "global THRESHOLD changed"),
-        ('"neutral"]', '"neutral", "mixed"]', "global is_known changed"),  # via the helper
+        ('"neutral"]', '"neutral", "mixed"]',  # via the helper, and named through it
+         "global is_known: global LABELS changed"),
         ('{"en", "de", "fr"}', '{"en", "de"}', "global ALLOWED changed"),
         ("limit=3", "limit=4", "default arguments changed"),
         ("strict=True", "strict=False", "keyword-only defaults changed"),
         ("errors.append(f\"item {i}: low score\")", "pass", "code changed"),
-        ("return label in LABELS", "return label in LABELS[:2]", "global is_known changed"),
+        ("return label in LABELS", "return label in LABELS[:2]", "global is_known: code changed"),
     ],
 )
 def test_changes_are_detected_and_named(old: str, new: str, phrase: str) -> None:
@@ -148,7 +150,7 @@ def test_mutated_global_data_changes_digest() -> None:
     before = fingerprint_function(ns["validate_labels"])
     ns["LABELS"].append("mixed")
     after = fingerprint_function(ns["validate_labels"])
-    assert describe_changes(before, after) == ["global is_known changed"]
+    assert describe_changes(before, after) == ["global is_known: global LABELS changed"]
     assert describe_changes(fingerprint_function(ns["is_known"]), fingerprint_function(
         run_cell(CELL)["is_known"])) == ["global LABELS changed"]
 
@@ -191,21 +193,34 @@ def test_recursive_and_mutually_recursive_functions_terminate() -> None:
     assert fingerprint_function(changed["even"]) != fingerprint_function(ns1["even"])
 
 
-def test_unhashable_global_falls_back_to_identity_and_is_named() -> None:
-    src = "def f(x):\n    with lock:\n        return x\n"
-    lock = threading.Lock()
-    fp = fp_of(src, name="f", ns={"lock": lock})
-    assert fp.by_identity == ("global:lock",) and not fp.stable
-    assert fp_of(src, name="f", ns={"lock": lock}) == fp  # same object: same digest
-    other = fp_of(src, name="f", ns={"lock": threading.Lock()})
+def test_opaque_global_falls_back_to_identity_and_is_named() -> None:
+    src = "def f(x):\n    return db.execute(x)\n"
+    db = sqlite3.connect(":memory:")  # a database's content is out of sight
+    fp = fp_of(src, name="f", ns={"db": db})
+    assert fp.by_identity == ("global:db",) and not fp.stable
+    assert not fp.partial  # the very object is compared: nothing about it is unseen
+    assert fp_of(src, name="f", ns={"db": db}) == fp  # same object: same digest
+    other = fp_of(src, name="f", ns={"db": sqlite3.connect(":memory:")})
     assert other != fp
-    assert describe_changes(fp, other) == ["global lock changed (compared by identity)"]
+    assert describe_changes(fp, other) == ["global db changed (compared by identity)"]
 
 
 def test_identity_fallback_in_a_helper_is_named_through_the_helper() -> None:
-    src = "def helper():\n    return lock\ndef f(x):\n    return helper()\n"
-    fp = fp_of(src, name="f", ns={"lock": threading.Lock()})
-    assert fp.by_identity == ("global:helper>global:lock",)
+    src = "def helper():\n    return db\ndef f(x):\n    return helper()\n"
+    fp = fp_of(src, name="f", ns={"db": sqlite3.connect(":memory:")})
+    assert fp.by_identity == ("global:helper>global:db",)
+
+
+def test_locks_go_by_type_and_loggers_by_name() -> None:
+    src = "def f(x):\n    with lock:\n        log.debug(x)\n        return x\n"
+    fp = fp_of(src, name="f", ns={"lock": threading.Lock(), "log": logging.getLogger("a.b")})
+    assert fp.stable and not fp.partial
+    again = fp_of(src, name="f", ns={"lock": threading.Lock(), "log": logging.getLogger("a.b")})
+    assert again == fp
+    assert fp_of(src, name="f", ns={"lock": threading.RLock(),
+                                    "log": logging.getLogger("a.b")}) != fp
+    renamed = fp_of(src, name="f", ns={"lock": threading.Lock(), "log": logging.getLogger("a.c")})
+    assert describe_changes(fp, renamed) == ["global log: logger name changed"]
 
 
 def test_partial_bound_method_and_callable_instance() -> None:
@@ -256,17 +271,17 @@ def test_pydantic_model_field_validator_change_is_detected() -> None:
     assert fp_of(src.replace("('a', 'b')", "('a',)"), name="f") != fp
 
 
-def test_library_objects_go_by_identity_user_objects_by_content() -> None:
+def test_loggers_go_by_name_user_objects_by_content() -> None:
     src = "def f(x):\n    log.debug(x)\n    return x > cfg.cutoff\n"
     config_cls = run_cell("class Config:\n    def __init__(self, c):\n        self.cutoff = c\n")
     make = config_cls["Config"]
     log = logging.getLogger("batchjson.test")
     fp = fp_of(src, name="f", ns={"log": log, "cfg": make(3)})
-    assert fp.by_identity == ("global:log",)  # a Logger's caches churn: never walked
-    log.isEnabledFor(10)
+    assert fp.stable and not fp.partial
+    log.isEnabledFor(10)  # a Logger's caches churn: never walked
     assert fp_of(src, name="f", ns={"log": log, "cfg": make(3)}) == fp
     changed = fp_of(src, name="f", ns={"log": log, "cfg": make(4)})
-    assert describe_changes(fp, changed) == ["global cfg changed"]
+    assert describe_changes(fp, changed) == ["global cfg: instance state changed"]
 
 
 def test_not_callable_is_rejected() -> None:

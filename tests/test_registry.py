@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import functools
 import re
+import sqlite3
 import threading
 from datetime import datetime
 from typing import Any
 
 import pytest
 
-from batchjson.errors import ValidatorChanged
+from batchjson.errors import InvalidBatch, ValidatorChanged
 from batchjson.registry import ValidatorRegistry, ValidatorVersion
 
 CELL = '''
@@ -24,7 +25,8 @@ def validate_labels(items):
         raise RuntimeError("; ".join(errors))
     return items
 
-validate_labels = registry.define(validate_labels)
+definition = registry.register(validate_labels)
+validate_labels = definition.fn
 '''
 
 
@@ -37,12 +39,15 @@ def test_seven_reexecutions_return_the_first_object() -> None:
     registry = ValidatorRegistry()
     ns: dict[str, Any] = {"registry": registry}
     first = run_cell(ns)
-    assert registry.last_event is not None
-    assert registry.last_event.startswith("validator 'validate_labels' registered (version 1, ")
+    assert ns["definition"].kind == "registered" and ns["definition"].version == 1
+    assert ns["definition"].message.startswith(
+        "validator 'validate_labels' registered (version 1, ")
     for _ in range(6):
         again = run_cell(ns)
         assert again is first and id(again) == id(first)
-        assert registry.last_event == "validator 'validate_labels' unchanged: reusing version 1"
+        assert ns["definition"].kind == "unchanged"
+        assert ns["definition"].message == (
+            "validator 'validate_labels' unchanged: reusing version 1")
     assert len(registry) == 1 and [v.version for v in registry.versions("validate_labels")] == [1]
 
 
@@ -69,12 +74,15 @@ def test_nonstrict_change_makes_version_2_and_revert_returns_version_1() -> None
     v2 = run_cell(ns, CELL.replace("THRESHOLD = 0.5", "THRESHOLD = 0.7"))
     assert v2 is not v1
     assert registry.current("validate_labels").version == 2
-    assert registry.last_event == ("validator 'validate_labels' changed (global THRESHOLD "
-                                   "changed): now version 2")
+    assert ns["definition"].kind == "changed"
+    assert ns["definition"].changes == ("global THRESHOLD changed",)
+    assert ns["definition"].message == ("validator 'validate_labels' changed (global THRESHOLD "
+                                        "changed): now version 2")
     back = run_cell(ns)
     assert back is v1
     assert registry.current("validate_labels").version == 1
-    assert "matches version 1" in registry.last_event
+    assert ns["definition"].kind == "reused" and ns["definition"].version == 1
+    assert "matches version 1" in ns["definition"].message
     assert [v.version for v in registry.versions("validate_labels")] == [1, 2]
     assert run_cell(ns, CELL.replace("THRESHOLD = 0.5", "THRESHOLD = 0.7")) is v2
 
@@ -92,7 +100,6 @@ def test_strict_refuses_change_only_while_evidence_is_open() -> None:
     err = info.value
     assert err.name == "validate_labels" and err.old_fingerprint == digest1
     assert err.changes == ["global THRESHOLD changed"] and "3 request(s)" in str(err)
-    assert "refused" in registry.last_event
     # nothing was registered: same single version, still current
     assert [v.version for v in registry.versions("validate_labels")] == [1]
     assert registry.current("validate_labels").fn is v1
@@ -153,17 +160,17 @@ def test_partials_methods_and_instances_get_sensible_names() -> None:
 
 def test_identity_fallback_still_defines_once_within_the_process() -> None:
     registry = ValidatorRegistry()
-    lock = threading.Lock()
-    src = "def guarded(x):\n    with lock:\n        return x\nguarded = registry.define(guarded)\n"
-    ns: dict[str, Any] = {"registry": registry, "lock": lock}
+    db = sqlite3.connect(":memory:")  # a database's content is out of sight: identity
+    src = "def guarded(x):\n    with db:\n        return x\nguarded = registry.define(guarded)\n"
+    ns: dict[str, Any] = {"registry": registry, "db": db}
     exec(compile(src, "<cell>", "exec"), ns)
     first = ns["guarded"]
-    assert registry.last_event.endswith("compared by identity: global:lock")
+    assert registry.register(first).message.endswith("compared by identity: global:db")
     exec(compile(src, "<cell>", "exec"), ns)
     assert ns["guarded"] is first
     record = registry.current("guarded")
-    assert record.fingerprint.by_identity == ("global:lock",) and not record.fingerprint.stable
-    ns["lock"] = threading.Lock()  # a new object: identity differs, so a new version
+    assert record.fingerprint.by_identity == ("global:db",) and not record.fingerprint.stable
+    ns["db"] = sqlite3.connect(":memory:")  # a new object: identity differs, so a new version
     exec(compile(src, "<cell>", "exec"), ns)
     assert ns["guarded"] is not first and registry.current("guarded").version == 2
 
@@ -194,9 +201,11 @@ def test_define_is_thread_safe_and_converges_on_one_object() -> None:
 
 def test_rejects_non_callables_and_bad_names() -> None:
     registry = ValidatorRegistry()
-    with pytest.raises(TypeError):
+    with pytest.raises(InvalidBatch, match="must be callable"):
         registry.define(3)  # type: ignore[arg-type]
-    with pytest.raises(TypeError):
+    with pytest.raises(InvalidBatch, match="names go by keyword"):
+        registry.define("check")  # type: ignore[arg-type]
+    with pytest.raises(InvalidBatch, match="non-empty string"):
         registry.define(len, name="")
     assert len(registry) == 0
 
@@ -239,3 +248,236 @@ def test_a_function_defined_under_a_chosen_name_keeps_that_name_when_passed_on()
     assert result.status == "resolved"
     assert session.validators.current(advised).fn is check
     assert [v.name for v in session.validators] == [refused.value.name, advised]
+
+
+# --- a registry never runs stale logic -------------------------------------------------------
+
+CHECK_CELL = '''
+class Check:
+    _limit = 0.5
+    def ok(self, score):
+        return score >= self._limit
+
+def validate(item, task):
+    if not Check().ok(item["score"]):
+        raise ValueError("score too low")
+
+validate = registry.define(validate)
+'''
+
+
+def test_a_redefined_underscore_class_attribute_runs_the_new_check() -> None:
+    """The issue's repro: after `class Check: _limit = 0.9`, a never-seen task scoring 0.7 was
+    accepted by the old 0.5 check because the registry handed back the first object."""
+    registry = ValidatorRegistry()
+    ns: dict[str, Any] = {"registry": registry}
+    exec(compile(CHECK_CELL, "<cell>", "exec"), ns)
+    old = ns["validate"]
+    old({"score": 0.7}, {})  # the 0.5 check accepts it
+    exec(compile(CHECK_CELL.replace("0.5", "0.9"), "<cell>", "exec"), ns)
+    assert ns["validate"] is not old
+    with pytest.raises(ValueError, match="too low"):
+        ns["validate"]({"score": 0.7}, {})
+    current = registry.current("validate")
+    assert current.version == 2 and current.fn is ns["validate"]
+
+
+PARTIAL_CELL = '''
+LIMIT = {limit}
+def validate(item, task):
+    if item["score"] < globals()["LIMIT"]:
+        raise ValueError("score too low")
+definition = registry.register(validate)
+validate = definition.fn
+'''
+
+
+def test_a_partial_fingerprint_never_hands_back_an_older_object() -> None:
+    registry = ValidatorRegistry()
+    first_ns: dict[str, Any] = {"registry": registry}
+    exec(compile(PARTIAL_CELL.format(limit=0.5), "<cell>", "exec"), first_ns)
+    first = first_ns["validate"]
+    assert first_ns["definition"].fingerprint.unseen == ("globals()",)
+    assert "cannot see: globals()" in first_ns["definition"].message
+    # the same code in another namespace where LIMIT is 0.9: the digest cannot tell them apart,
+    # so the object just defined (reading its own globals) must be the one that runs
+    second_ns: dict[str, Any] = {"registry": registry}
+    exec(compile(PARTIAL_CELL.format(limit=0.9), "<cell>", "exec"), second_ns)
+    definition = second_ns["definition"]
+    assert definition.kind == "unchanged" and definition.fn is not first
+    with pytest.raises(ValueError, match="too low"):
+        second_ns["validate"]({"score": 0.7}, {})
+    assert registry.current("validate").fn is second_ns["validate"]
+
+
+RLM_CELL = '''
+from pydantic import TypeAdapter
+ints = TypeAdapter(list[int])
+def validate_counts(value, index):
+    ints.validate_python(value["counts"])
+validate_counts = validator(validate_counts)
+'''
+
+
+def test_a_strict_rlm_cell_using_a_type_adapter_reexecutes_without_validator_changed() -> None:
+    registry = ValidatorRegistry(strict=True, unresolved_under=lambda digest: 3)  # open evidence
+    ns: dict[str, Any] = {"validator": registry.define}
+    exec(compile(RLM_CELL, "<cell>", "exec", dont_inherit=True), ns)
+    first = ns["validate_counts"]
+    for _ in range(3):  # the RLM loop's repair path re-runs the whole cell
+        exec(compile(RLM_CELL, "<cell>", "exec", dont_inherit=True), ns)
+        assert ns["validate_counts"] is first
+    with pytest.raises(ValidatorChanged):  # a real change is still refused
+        exec(compile(RLM_CELL.replace("list[int]", "list[str]"), "<cell>", "exec",
+                     dont_inherit=True), ns)
+
+
+# --- one `validator`, one meaning ----------------------------------------------------------
+
+SHAPES_CELL = '''
+@validator
+def bare(item, task):
+    return None
+
+@validator(name="named")
+def anything(item, task):
+    return None
+
+def plain(item, task):
+    return None
+
+called = validator(plain)
+called_named = validator(plain, name="plain_v2")
+'''
+
+
+def _assert_every_shape_registered(ns: dict[str, Any], registry: ValidatorRegistry) -> None:
+    assert {v.name for v in registry} >= {"bare", "named", "plain", "plain_v2"}
+    assert registry.current("named").fn is ns["anything"]
+    assert ns["called"] is ns["plain"] and ns["called_named"] is ns["plain"]
+    assert callable(ns["bare"]) and registry.current("bare").fn is ns["bare"]
+
+
+def test_every_validator_shape_works_in_a_plain_rlm_namespace() -> None:
+    from batchjson import CallableProvider, Session
+    from batchjson.rlm import namespace
+
+    session = Session(CallableProvider(lambda call: "{}"))
+    ns = dict(namespace(session))
+    exec(compile(SHAPES_CELL, "<cell>", "exec"), ns)
+    _assert_every_shape_registered(ns, session.validators)
+    exec(compile(SHAPES_CELL, "<cell>", "exec"), ns)  # re-run: same objects, no new versions
+    assert all(len(session.validators.versions(n)) == 1 for n in ("bare", "named", "plain"))
+
+
+def test_every_validator_shape_works_through_the_name_injected_into_ipython(ip: Any) -> None:
+    result = ip.run_cell("%load_ext batchjson")
+    assert result.success
+    result = ip.run_cell(SHAPES_CELL)
+    assert result.success, result.error_in_exec
+    _assert_every_shape_registered(ip.user_ns, ip.user_ns["batch_session"].validators)
+
+
+def test_the_public_validator_decorator_has_the_same_shapes() -> None:
+    import batchjson
+    from batchjson import CallableProvider, Session
+
+    session = Session(CallableProvider(lambda call: "{}"))
+    previous = batchjson.session._default
+    batchjson.set_default_session(session)
+    try:
+        ns: dict[str, Any] = {"validator": batchjson.validator}
+        exec(compile(SHAPES_CELL, "<cell>", "exec"), ns)
+        _assert_every_shape_registered(ns, session.validators)
+    finally:
+        batchjson.set_default_session(previous)
+
+
+# --- a TypeAdapter-using validator resumes in another process ---------------------------------
+
+RESUME = '''
+import json, sys
+from pydantic import TypeAdapter
+from batchjson import CallableProvider, Session
+
+ints = TypeAdapter(list[int])
+
+def answer(call):
+    return json.dumps({"items": [{**{k: t[k] for k in call.identity}, "counts": [1, 2]}
+                                 for t in call.tasks]})
+
+def check(item, task):
+    ints.validate_python(item["counts"])
+
+session = Session(CallableProvider(answer), ledger=sys.argv[1], strict=True)
+before = session.ledger.spend()["calls"]
+tasks = [{"task_id": f"t{i}", "prompt": f"count {i}"} for i in range(6)]
+schema = {"type": "object", "properties": {"counts": {"type": "array"}}, "required": ["counts"]}
+result = session.run_batch("counts", tasks, schema, validator=check, pack=2)
+print(json.dumps([result.status, session.ledger.spend()["calls"] - before]))
+session.close()
+'''
+
+
+def test_a_type_adapter_validator_resumes_with_zero_calls_in_a_second_process(
+        tmp_path: Any) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    ledger = str(tmp_path / "ledger.sqlite")
+    runs = [json.loads(subprocess.run([sys.executable, "-c", RESUME, ledger], env=env,
+                                      check=True, capture_output=True, text=True).stdout)
+            for _ in range(2)]
+    assert runs == [["resolved", 3], ["resolved", 0]]
+
+
+def test_an_object_that_raises_when_read_is_registered_by_identity() -> None:
+    class Hostile:
+        def __getattribute__(self, name: str) -> Any:
+            raise RuntimeError("no peeking")
+
+        def __call__(self, item: Any, task: Any) -> None:
+            return None
+
+    registry = ValidatorRegistry()
+    hostile = Hostile()
+    definition = registry.register(hostile)
+    assert definition.kind == "registered" and definition.name.endswith("Hostile")
+    assert definition.record.where == "<unknown>"
+    assert registry.define(hostile) is hostile
+
+
+STRICT_RLM_CELL = '''
+from pydantic import TypeAdapter
+ints = TypeAdapter(list[int])
+
+def validate_counts(value, index):
+    ints.validate_python(value)
+
+out = llm_batch_json(["count a", "count b"], {"type": "array"}, validator=validate_counts,
+                     max_repair_attempts=0)
+if out["errors"] and any(out["errors"]):
+    raise RuntimeError("unresolved")
+'''
+
+
+def test_a_strict_session_resumes_an_rlm_cell_whose_validator_uses_a_type_adapter() -> None:
+    """The seed's ratchet: the RLM loop re-runs a failing cell; with the TypeAdapter compared by
+    identity every re-run was a 'changed' validator, refused while evidence was open."""
+    from batchjson import CallableProvider, Session
+    from batchjson.rlm import namespace
+
+    answers = {"text": "not json"}
+    session = Session(CallableProvider(lambda call: answers["text"]), strict=True, replays=0)
+    ns = dict(namespace(session))
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match="unresolved"):
+            exec(compile(STRICT_RLM_CELL, "<cell>", "exec", dont_inherit=True), ns)
+    assert [v.version for v in session.validators.versions("validate_counts")] == [1]
+    answers["text"] = "[1, 2]"
+    exec(compile(STRICT_RLM_CELL, "<cell>", "exec", dont_inherit=True), ns)
+    assert ns["out"]["values"] == [[1, 2], [1, 2]]

@@ -21,21 +21,28 @@ from pydantic import BaseModel
 
 from .errors import BatchJsonError
 
-__all__ = ["Unhashable", "canonical_json", "content_hash"]
+__all__ = ["BUILTIN_CALLABLES", "Canon", "SCALARS", "Unhashable", "VALUE_TYPES", "canonical_json",
+           "content_hash", "digest", "dump", "qualname"]
 
 # marshal format 2 writes no back-references, so its bytes depend on values, never on sharing.
 _MARSHAL = 2
-_SCALARS = frozenset({str, int, float, bool, type(None), bytes})
+SCALARS = frozenset({str, int, float, bool, type(None), bytes})
 _BASES = (str, int, float, bytes, list, tuple, dict, set, frozenset)
-_BUILTIN_CALLABLES = (types.BuiltinFunctionType, types.MethodWrapperType,
+_MUTABLE = frozenset({list, dict, set, bytearray})
+BUILTIN_CALLABLES = (types.BuiltinFunctionType, types.MethodWrapperType,
                       types.WrapperDescriptorType, types.MethodDescriptorType,
                       types.ClassMethodDescriptorType)
-_VALUE_TYPES = (_dt.date, _dt.time, _dt.timedelta, decimal.Decimal, uuid.UUID, pathlib.PurePath,
+VALUE_TYPES = (_dt.date, _dt.time, _dt.timedelta, decimal.Decimal, uuid.UUID, pathlib.PurePath,
                 complex, range)
 
 
 class Unhashable(BatchJsonError, TypeError):
     """A value has no stable content encoding; fingerprints fall back to its identity."""
+
+
+class _Back(Exception):
+    def __init__(self, levels: int) -> None:
+        self.levels = levels
 
 
 # One JSON text per JSON value, so equal data always hashes (and diffs) the same. The encoder
@@ -44,18 +51,18 @@ canonical_json: Callable[[Any], str] = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 
 
-def _dump(canon: Any) -> bytes:
+def dump(canon: Any) -> bytes:
     try:
         return marshal.dumps(canon, _MARSHAL)
     except (ValueError, RecursionError) as exc:
         raise Unhashable(f"cannot encode value: {exc}") from None
 
 
-def _digest(tag: str, canon: Any) -> str:
-    return hashlib.sha256(tag.encode() + b"\0" + _dump(canon)).hexdigest()
+def digest(tag: str, canon: Any) -> str:
+    return hashlib.sha256(tag.encode() + b"\0" + dump(canon)).hexdigest()
 
 
-def _qualname(cls: type) -> str:
+def qualname(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
@@ -67,42 +74,58 @@ def _as_base(x: Any, base: type) -> Any:
     return copy(x)
 
 
-class _Canon:
+class Canon:
     """Maps a value to a marshal-able form that is injective over values (types included) and
     ignores dict insertion order, set iteration order and object sharing.
 
     Every tuple in the output is a tag we made; user tuples become ("t", [...]). Homogeneous lists
     of str-keyed records take a columnar fast path whose iteration runs in C.
+
+    With ``immutable_only`` a mutable value (list, dict, set, a dataclass or model that is not
+    frozen, a subclass of a mutable builtin) is encoded by its type alone: keys of an answer
+    source must not move when a call log or a cache it holds grows.
     """
 
-    def __init__(self, hook: Callable[[Any], Any] | None = None) -> None:
+    def __init__(self, hook: Callable[[Any], Any] | None = None, *,
+                 immutable_only: bool = False) -> None:
         self.hook = hook
-        self.active: set[int] = set()
+        self.immutable_only = immutable_only
+        self.active: dict[int, int] = {}  # id -> depth of the containers being encoded
 
     def value(self, x: Any) -> Any:
         t = type(x)
-        if t in _SCALARS:
+        if t in SCALARS:
             return x
-        if t is list:
-            return self.seq(x)
-        if t is dict:
-            return self.mapping(x)
-        if t is tuple:
-            return ("t", self.seq(x))
-        if t is set or t is frozenset:
-            return ("s" if t is set else "f", self.members(x))
-        return self.other(x)
+        if self.immutable_only and t in _MUTABLE:
+            return ("M", t.__name__)
+        try:
+            if t is list:
+                return self.seq(x)
+            if t is dict:
+                return self.mapping(x)
+            if t is tuple:
+                return ("t", self.seq(x))
+            if t is set or t is frozenset:
+                return ("s" if t is set else "f", self.members(x))
+            return self.other(x)
+        except _Back as back:  # x is a container already being encoded, `levels` up
+            return ("B", back.levels)
 
     def _enter(self, x: Any) -> int:
         key = id(x)
-        if key in self.active:
-            raise Unhashable("cyclic structure")
-        self.active.add(key)
+        depth = self.active.get(key)
+        if depth is not None:
+            if self.hook is None:
+                raise Unhashable("cyclic structure")
+            # fingerprints meet cycles through code (a dispatch table whose functions read
+            # it): encoded by distance, like a cycle between functions
+            raise _Back(len(self.active) - depth)
+        self.active[key] = len(self.active)
         return key
 
     def seq(self, xs: list[Any] | tuple[Any, ...]) -> Any:
         types_ = set(map(type, xs))
-        if types_ <= _SCALARS:
+        if types_ <= SCALARS:
             return xs if type(xs) is list else list(xs)
         key = self._enter(xs)
         try:
@@ -112,7 +135,7 @@ class _Canon:
                     return records
             return [self.value(x) for x in xs]
         finally:
-            self.active.discard(key)
+            self.active.pop(key, None)
 
     def records(self, xs: list[dict[Any, Any]] | tuple[dict[Any, Any], ...]) -> Any:
         """Columnar form for a list of dicts sharing one set of str keys, else None."""
@@ -126,7 +149,7 @@ class _Canon:
         except KeyError:
             return None
         cells = rows if n == 1 else chain.from_iterable(rows)
-        if set(map(type, cells)) <= _SCALARS:
+        if set(map(type, cells)) <= SCALARS:
             return ("R", keys, rows)
         columns = [rows] if n == 1 else list(zip(*rows, strict=True))
         return ("C", keys, [self.seq(column) for column in columns])
@@ -139,18 +162,18 @@ class _Canon:
             if set(map(type, d)) == {str}:
                 keys = sorted(d)
                 return ("d", keys, self.seq(list(map(d.__getitem__, keys))))
-            pairs = sorted(((_dump(self.value(k)), v) for k, v in d.items()), key=itemgetter(0))
+            pairs = sorted(((dump(self.value(k)), v) for k, v in d.items()), key=itemgetter(0))
             return ("k", [k for k, _ in pairs], self.seq([v for _, v in pairs]))
         finally:
-            self.active.discard(key)
+            self.active.pop(key, None)
 
     def members(self, s: set[Any] | frozenset[Any]) -> list[bytes]:
-        if set(map(type, s)) <= _SCALARS:
+        if set(map(type, s)) <= SCALARS:
             return sorted(map(marshal.dumps, s, repeat(_MARSHAL)))
-        return sorted(_dump(self.value(e)) for e in s)
+        return sorted(dump(self.value(e)) for e in s)
 
     def other(self, x: Any) -> Any:
-        name = _qualname(x if isinstance(x, type) else type(x))
+        name = qualname(x if isinstance(x, type) else type(x))
         if isinstance(x, enum.Enum):
             return ("E", name, self.value(x.value))
         if isinstance(x, type):
@@ -159,6 +182,8 @@ class _Canon:
             if issubclass(x, BaseModel):
                 return ("S", name, self.value(_call(x.model_json_schema, name)))
         elif isinstance(x, (BaseModel, *_BASES)) or dataclasses.is_dataclass(x):
+            if self.immutable_only and not _frozen(x):
+                return ("M", name)
             key = self._enter(x)
             try:
                 if isinstance(x, BaseModel):
@@ -169,10 +194,19 @@ class _Canon:
                 base = next(b for b in _BASES if isinstance(x, b))
                 return ("X", name, self.value(_as_base(x, base)))
             finally:
-                self.active.discard(key)
+                self.active.pop(key, None)
         if self.hook is not None:
             return ("H", self.hook(x))
         raise Unhashable(f"cannot content-hash a {name}")
+
+
+def _frozen(x: Any) -> bool:
+    """Whether a model, dataclass or builtin-subclass instance is immutable."""
+    if isinstance(x, BaseModel):
+        return bool(x.model_config.get("frozen"))
+    if dataclasses.is_dataclass(x):
+        return bool(x.__dataclass_params__.frozen)  # type: ignore[attr-defined]
+    return not isinstance(x, tuple(_MUTABLE))
 
 
 def _call(method: Callable[..., Any], name: str, **kwargs: Any) -> Any:
@@ -186,7 +220,7 @@ def content_hash(obj: Any) -> str:
     """sha256 of a type-tagged, order-insensitive encoding: stable across processes, and
     (1, "1", True, [1], (1,)) all differ. Raises Unhashable for values without one."""
     try:
-        canon = _Canon().value(obj)
+        canon = Canon().value(obj)
     except RecursionError:
         raise Unhashable("value is nested too deeply") from None
-    return _digest("batchjson:content:1", canon)
+    return digest("batchjson:content:1", canon)

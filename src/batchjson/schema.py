@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from .canon import canonical_json
 from .errors import InvalidBatch
+from .fingerprint import model_fingerprint
 from .tasks import sha
 
 
@@ -72,9 +73,8 @@ def compile_schema(schema: Any) -> ItemSchema:
         except Exception as exc:  # pydantic raises several types for unschemable models
             raise InvalidBatch(
                 f"pydantic model {schema.__qualname__} has no JSON schema: {exc}") from None
-        fp = sha(json.dumps({"model": f"{schema.__module__}.{schema.__qualname__}", "schema": js},
-                            sort_keys=True, separators=(",", ":")))
-        return ItemSchema(js, fp, model=schema)
+        # the whole class, not only its JSON schema: an edited field_validator is a new schema
+        return ItemSchema(js, model_fingerprint(schema, js), model=schema)
     if isinstance(schema, Mapping):
         try:
             js = json.loads(json.dumps(schema, allow_nan=False))

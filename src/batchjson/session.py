@@ -384,11 +384,10 @@ def set_default_session(session: Session | None) -> None:
 
 
 def validator(fn: Callable | None = None, *, name: str | None = None) -> Any:
-    """Register a validator once per session: ``@validator`` or ``@validator(name="x")``.
+    """Register a validator once per session: ``@validator``, ``@validator(name="x")`` or
+    ``validator(fn)``, the same shapes as the ``validator`` injected into notebooks and RLM cells.
 
     Re-running the defining cell hands back the first function object while its content is
     unchanged, so identity-keyed code downstream sees one validator.
     """
-    if fn is None:
-        return lambda f: default_session().validators.define(f, name)
-    return default_session().validators.define(fn, name)
+    return default_session().validators.define(fn, name=name)

@@ -53,21 +53,20 @@ def run_body(shell: Any, cell: str) -> list[str]:
 
 
 def define_once(registry: ValidatorRegistry, ns: dict[str, Any], names: list[str]) -> list[str]:
-    """Pass each rebound function through ``registry.define`` under its variable name.
+    """Pass each rebound function through the registry under its variable name.
 
     The variable is rebound to the canonical object, so re-running an unchanged cell leaves
     ``id(fn)`` unchanged. Returns the registry's one-line message for each definition that
-    changed (a first definition is not a change).
+    changed or went back to an earlier version, or whose fingerprint is partial (a first, fully
+    seen definition is not news).
     """
     events = []
     for name in names:
-        before = registry.current(name)
-        canonical = registry.define(ns[name], name=name)
-        if canonical is not ns[name]:
-            ns[name] = canonical
-        after = registry.current(name)
-        if before is not None and after is not before and registry.last_event:
-            events.append(registry.last_event)
+        definition = registry.register(ns[name], name=name)
+        if definition.fn is not ns[name]:
+            ns[name] = definition.fn
+        if definition.kind in ("changed", "reused") or definition.fingerprint.partial:
+            events.append(definition.message)
     return events
 
 
