@@ -22,7 +22,7 @@ from .errors import (
     ProviderNotConfigured,
     ValidatorChanged,
 )
-from .structured import llm_batch_json
+from .structured import default_batch_name, llm_batch_json
 from .subcalls import as_provider, is_subcall_source
 
 if TYPE_CHECKING:
@@ -148,35 +148,85 @@ class _Binding:
         call resumes its requests; prompts already accepted are not paid again.
         """
         if validator is not None and callable(validator):
-            validator = self._canonical(validator)
-        self._gate()
+            validator = self._canonical(validator, call=(prompts, contexts, name))
+        owed, remaining = self.session.evidence.minimum_exact_retry_calls, self._remaining()
+        cost_spent = self._cost_spent()
+        if owed and ((remaining is not None and owed > remaining) or cost_spent):
+            try:  # what owed evidence cannot be paid for blocks spending, not a free answer
+                return llm_batch_json(self.session, prompts, schema, contexts,
+                                      max_repair_attempts, validator, name=name,
+                                      refuse_short_budget=True, keyed_by_content=True,
+                                      max_calls=0)
+            except BudgetExceeded:
+                raise _refused(owed, remaining or 0, "to clear the unresolved evidence already "
+                               "recorded", cost_spent=cost_spent) from None
         try:
             return llm_batch_json(self.session, prompts, schema, contexts, max_repair_attempts,
-                                  validator, name=name, refuse_short_budget=True)
+                                  validator, name=name, refuse_short_budget=True,
+                                  keyed_by_content=True)
         except BudgetExceeded as exc:
             raise _refused(exc.needed, exc.remaining, "to answer the prompts of this call "
-                           "that are not yet accepted") from None
+                           "that are not yet accepted",
+                           cost_spent="cost budget is spent" in str(exc)) from None
 
-    def validator(self, fn: Callable[..., Any] | None = None, *,
+    def validator(self, fn: Callable[..., Any] | str | None = None, *,
                   name: str | None = None) -> Any:
-        """``@validator``: define once; re-running the defining cell hands back the first."""
+        """``@validator``, ``@validator("name")`` or ``@validator(name=...)``: define once;
+        re-running the defining cell hands back the first object."""
+        if isinstance(fn, str) and name is None:  # @validator("check_labels")
+            fn, name = None, fn
+        if name is not None and (not isinstance(name, str) or not name.strip()):
+            raise InvalidBatch(f"a validator name must be a non-empty string, got {name!r}")
         if fn is None:
-            return lambda f: self._canonical(f, name)
-        return self._canonical(fn, name)
+            return lambda f: self._canonical(f, name=name)
+        return self._canonical(fn, name=name)
 
-    def _canonical(self, fn: Callable[..., Any], name: str | None = None) -> Callable[..., Any]:
+    def _canonical(self, fn: Any, name: str | None = None,
+                   call: tuple[Any, Any, Any] | None = None) -> Callable[..., Any]:
+        if not callable(fn):
+            raise InvalidBatch(f"a validator must be a function (value, index) -> None that "
+                               f"raises ValueError to reject, got {type(fn).__name__}")
+        frame = cell_frame(3)
         try:
             return canonical_validator(self.session.validators, fn, name=name,
-                                       namespaces=[self.namespace], frame=cell_frame(3))
+                                       namespaces=[self.namespace], frame=frame)
         except ValidatorChanged as exc:
-            exc.args = (_changed_message(exc),)
+            # Another validator of the same code (a factory's or a loop's closure) for prompts
+            # with no evidence under another version of it orphans nothing: its own validator.
+            owed = self._owed_under(exc.name, exc.new_fingerprint, call)
+            if call is not None and name is None and not owed:
+                return canonical_validator(
+                    self.session.validators, fn, namespaces=[self.namespace], frame=frame,
+                    name=f"{exc.name}#{exc.new_fingerprint[:12]}")
+            exc.args = (_changed_message(exc, owed, during="call" if call else "definition"),)
             raise
 
-    def _gate(self) -> None:
-        owed = self.session.evidence.minimum_exact_retry_calls
-        remaining = self._remaining()
-        if remaining is not None and owed > remaining:
-            raise _refused(owed, remaining, "to clear the unresolved evidence already recorded")
+    def _owed_under(self, base: str, digest: str, call: tuple[Any, Any, Any] | None
+                    ) -> list[str]:
+        """Batches owing evidence checked by another content of validator ``base``: for this
+        call's prompts (or batch name) when there is a call, anywhere for a definition."""
+        group = None
+        if call is not None:
+            prompts, contexts, name = call
+            try:
+                group = name if name is not None else default_batch_name(prompts, contexts)
+            except (TypeError, ValueError):  # bad prompts: the call is refused anyway
+                group = None
+        batches: list[str] = []
+        for u in self.session.evidence.requests():
+            if u.batch in batches or (call is not None and group is not None and not (
+                    u.batch == group or u.batch.startswith(group + "/"))):
+                continue
+            for revision in self.session.ledger.revisions(u.batch):
+                if (revision.number == u.revision
+                        and (revision.validator_name or "").split("#")[0] == base.split("#")[0]
+                        and revision.components.get("validator") != digest):
+                    batches.append(u.batch)
+        return batches
+
+    def _cost_spent(self) -> bool:
+        cost = self.session.budget.cost
+        return cost is not None and self.session.tally.cost >= cost
 
     def _remaining(self) -> int | None:
         calls = self.session.budget.calls
@@ -203,23 +253,40 @@ class _Binding:
                  "items": list(u.task_ids)} for u in self.session.evidence.requests()]
 
 
-def _refused(owed: int, remaining: int, why: str) -> BudgetExceeded:
+def _refused(owed: int, remaining: int, why: str, *, cost_spent: bool = False
+             ) -> BudgetExceeded:
+    owed_evidence = "unresolved evidence" in why
+    consequence = (" for, so the unresolved requests cannot be cleared in this run" if
+                   owed_evidence else " for, so this call was not started")
     error = BudgetExceeded(owed, remaining)
+    left = ("the session's cost budget is spent" if cost_spent else
+            f"only {remaining} call(s) remain in the budget")
     error.args = (
         f"llm_batch_json refused before spending anything: at least {owed} exact call(s) are "
-        f"needed {why}, but only {remaining} call(s) remain in the budget. More calls cannot "
-        "clear it. Do not set answer['ready'] = True: report what is resolved and what is not "
-        "(batch_status() and finalization_check() list it), or ask the host for a larger "
-        "budget. Re-running the cell will be refused the same way.",)
+        f"needed {why}, but {left}. They cannot be paid{consequence}. Do not set "
+        "answer['ready'] = True and do not re-run this cell (it will be refused the same "
+        "way): give your answer with what is resolved and "
+        "what is not (batch_status() counts it, finalization_check() lists it), or ask the host "
+        "for a larger budget.",)
     return error
 
 
-def _changed_message(exc: ValidatorChanged) -> str:
+def _changed_message(exc: ValidatorChanged, owed: Sequence[str], *, during: str) -> str:
     what = "; ".join(exc.changes) if exc.changes else "its content"
+    where = f" in batch(es) {', '.join(owed[:3])}" if owed else ""
+    head = ("llm_batch_json refused before spending anything" if during == "call" else
+            f"validator({exc.name}) refused")
     return (
-        f"llm_batch_json refused before spending anything: validator {exc.name!r} changed "
-        f"({what}) while request(s) checked by its previous version are unresolved. Evidence "
-        "recorded under one validator is only cleared by that same validator. Either restore "
-        f"the previous definition of {exc.name} exactly and re-run the same call to clear it, or, "
-        f"if the new logic is intended, define it under a new name (e.g. {exc.name}_v2); the old "
-        "evidence then stays unresolved and still blocks a ready answer (finalization_check()).")
+        f"{head}: validator {exc.name!r} changed ({what}) while request(s) checked by its "
+        f"previous version are unresolved{where}. Evidence recorded under one validator is only "
+        f"cleared by that same validator. Either restore the previous definition of "
+        f"{exc.name} exactly and re-run the same call to clear it, or, if the new logic is "
+        f"intended, give it a new name (define it as {_suggest(exc.name)}, or pass "
+        f"validator=validator(fn, name=\"{_suggest(exc.name)}\")); the old evidence then stays "
+        "unresolved and still blocks a ready answer (finalization_check()).")
+
+
+def _suggest(name: str) -> str:
+    """A new name a model can type: the last identifier of a qualname, with _v2."""
+    base = name.split("#")[0].rsplit(".", 1)[-1]
+    return f"{base if base.isidentifier() else 'validator'}_v2"

@@ -212,9 +212,14 @@ class SubcallProvider:
         outcomes: list[str | Exception] = []
         for text in _texts(self.target(prompts), len(prompts)):
             # rlm's helpers report failures as text; such a string is never an answer
-            outcomes.append(ProviderError(f"subcall failed: {text[:500]}")
-                            if text.startswith("Error:") else text)
+            outcomes.append(ProviderError(f"subcall failed: {text.strip()[:500]}")
+                            if _is_error_text(text) else text)
         return outcomes
+
+
+def _is_error_text(text: str) -> bool:
+    """rlm's failure strings: "Error: ..." (any case, leading space). No JSON value starts so."""
+    return text.lstrip()[:6].lower() == "error:"
 
 
 class _Queue:
