@@ -257,6 +257,26 @@ def test_status_finalization_and_gate_hold_after_a_restart_on_the_same_ledger(tm
     assert again["finalization_check"]() == [] and good.calls == 2
 
 
+def test_a_changed_validator_after_a_restart_is_still_refused_for_the_prompts_it_owes(tmp_path):
+    """The new kernel's registry is empty; the ledger still knows what the old version owes."""
+    ledger = tmp_path / "run.sqlite"
+    code = STRICT_CHECK + "r = llm_batch_json(prompts, schema, validator=check)\n"
+    before = {"prompts": PROMPTS, "schema": SCHEMA}
+    bind(before, Subcalls(), ledger=ledger)
+    cell(code, before)
+    loosened = "def check(value, index):\n    return None\n"
+    after = {"prompts": PROMPTS, "schema": SCHEMA}
+    subcalls = Subcalls()
+    session = bind(after, subcalls, ledger=ledger)
+    with pytest.raises(ValidatorChanged, match="restore the previous definition"):
+        cell(loosened + "r = llm_batch_json(prompts, schema, validator=check)\n", after)
+    assert subcalls.calls == 0
+    cell(loosened + "r = llm_batch_json(['other prompt'], schema, validator=check)\n", after)
+    assert after["r"]["errors"] == []  # the changed logic is fine for prompts it does not owe
+    cell(code, after)  # and the original definition still replays the owed requests
+    assert len(session.validators.versions("check")) == 2
+
+
 # -- misbehaving subcall helpers ---------------------------------------------------------------
 def _raise(prompts):
     raise RuntimeError("connection reset")

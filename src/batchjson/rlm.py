@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .canonical import canonical_validator, cell_frame
+from .canonical import canonical_validator, canonical_version, cell_frame
 from .droste_env import droste_environment
 from .errors import (
     BudgetExceeded,
@@ -187,19 +187,37 @@ class _Binding:
             raise InvalidBatch(f"a validator must be a function (value, index) -> None that "
                                f"raises ValueError to reject, got {type(fn).__name__}")
         frame = cell_frame(3)
+        registry = self.session.validators
         try:
-            return canonical_validator(self.session.validators, fn, name=name,
-                                       namespaces=[self.namespace], frame=frame)
+            version = canonical_version(registry, fn, name=name, namespaces=[self.namespace],
+                                        frame=frame)
         except ValidatorChanged as exc:
             # Another validator of the same code (a factory's or a loop's closure) for prompts
             # with no evidence under another version of it orphans nothing: its own validator.
             owed = self._owed_under(exc.name, exc.new_fingerprint, call)
             if call is not None and name is None and not owed:
-                return canonical_validator(
-                    self.session.validators, fn, namespaces=[self.namespace], frame=frame,
-                    name=f"{exc.name}#{exc.new_fingerprint[:12]}")
+                return canonical_validator(registry, fn, namespaces=[self.namespace],
+                                           frame=frame,
+                                           name=f"{exc.name}#{exc.new_fingerprint[:12]}")
             exc.args = (_changed_message(exc, owed, during="call" if call else "definition"),)
             raise
+        if call is not None and self.session.strict:
+            # The registry compares with the version it holds now; the ledger also knows the
+            # versions of earlier kernels and of other closures: none may owe these prompts.
+            digest = version.fingerprint.digest
+            owed = self._owed_under(version.name, digest, call)
+            if owed:
+                old = self._owing_digest(owed[0], version.name)
+                refused = ValidatorChanged(version.name, old, digest, [], len(owed))
+                refused.args = (_changed_message(refused, owed, during="call"),)
+                raise refused
+        return version.fn
+
+    def _owing_digest(self, batch: str, name: str) -> str:
+        for revision in self.session.ledger.revisions(batch):
+            if (revision.validator_name or "").split("#")[0] == name.split("#")[0]:
+                return str(revision.components.get("validator", ""))
+        return ""
 
     def _owed_under(self, base: str, digest: str, call: tuple[Any, Any, Any] | None
                     ) -> list[str]:
@@ -213,11 +231,14 @@ class _Binding:
             except (TypeError, ValueError):  # bad prompts: the call is refused anyway
                 group = None
         batches: list[str] = []
+        revisions: dict[str, list[Any]] = {}
         for u in self.session.evidence.requests():
             if u.batch in batches or (call is not None and group is not None and not (
                     u.batch == group or u.batch.startswith(group + "/"))):
                 continue
-            for revision in self.session.ledger.revisions(u.batch):
+            if u.batch not in revisions:
+                revisions[u.batch] = self.session.ledger.revisions(u.batch)
+            for revision in revisions[u.batch]:
                 if (revision.number == u.revision
                         and (revision.validator_name or "").split("#")[0] == base.split("#")[0]
                         and revision.components.get("validator") != digest):
