@@ -8,6 +8,7 @@ withholds free answers or misleads, a subcall helper that misbehaves, a restart.
 from __future__ import annotations
 
 import functools
+import threading
 
 import pytest
 
@@ -275,6 +276,49 @@ def test_a_changed_validator_after_a_restart_is_still_refused_for_the_prompts_it
     assert after["r"]["errors"] == []  # the changed logic is fine for prompts it does not owe
     cell(code, after)  # and the original definition still replays the owed requests
     assert len(session.validators.versions("check")) == 2
+
+
+def test_finalization_check_names_the_owed_prompts_and_their_last_error():
+    namespace = {"prompts": PROMPTS, "schema": SCHEMA}
+    bind(namespace, Subcalls())
+    cell(STRICT_CHECK + "r = llm_batch_json(prompts, schema, validator=check)\n", namespace)
+    owed = namespace["finalization_check"]()
+    assert [entry["prompts"] for entry in owed] == [[PROMPTS[0]], [PROMPTS[1]]]
+    assert all("label must be pos" in entry["last_error"] for entry in owed)
+
+
+def test_two_threads_running_the_cell_on_one_namespace_share_one_validator_and_request():
+    class Locked(Subcalls):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lock = threading.Lock()
+
+        def llm_batch_with_errors(self, prompts, contexts=None):
+            with self.lock:
+                return super().llm_batch_with_errors(prompts, contexts)
+
+    namespace = {"prompts": PROMPTS, "schema": SCHEMA, "seen": []}
+    bind(namespace, Locked())
+    code = compile(STRICT_CHECK + "r = llm_batch_json(prompts, schema, validator=check)\n"
+                   "seen.append(check)\n", "<cell>", "exec")
+    start = threading.Barrier(2)
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        start.wait()
+        try:
+            exec(code, namespace)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    assert namespace["seen"][0] is namespace["seen"][1] is namespace["check"]
+    assert namespace["batch_status"]()["minimum_exact_retry_calls"] == 2
 
 
 # -- misbehaving subcall helpers ---------------------------------------------------------------

@@ -269,9 +269,34 @@ class _Binding:
         }
 
     def finalization_check(self) -> list[dict[str, Any]]:
-        """The unresolved evidence that must block a ready answer; empty when it may be given."""
-        return [{"batch": u.batch, "revision": u.revision, "request": u.key[:16],
-                 "items": list(u.task_ids)} for u in self.session.evidence.requests()]
+        """The unresolved evidence that must block a ready answer; empty when it may be given.
+
+        One entry per owed request: its batch, the prompts (shortened) and the last error, so a
+        model can say what is unresolved, or replay exactly that call.
+        """
+        owed = self.session.evidence.requests()
+        ledger, details = self.session.ledger, {}
+        for batch in {u.batch for u in owed}:
+            tasks = {}
+            for revision in ledger.revisions(batch):
+                tasks.update({r.key: r.tasks for r in ledger.leaves(revision.id)})
+            errors = {a.request_key: a.errors for a in ledger.attempts(batch, failed=True)}
+            details[batch] = (tasks, errors)
+        out = []
+        for u in owed:
+            tasks, errors = details[u.batch]
+            last = errors.get(u.key) or [{}]
+            out.append({"batch": u.batch, "revision": u.revision, "request": u.key[:16],
+                        "items": list(u.task_ids),
+                        "prompts": [_short(t.get("prompt")) for t in tasks.get(u.key, ())],
+                        "last_error": _short(last[-1].get("message")) if last[-1] else None})
+        return out
+
+
+def _short(text: Any, limit: int = 160) -> Any:
+    if not isinstance(text, str) or len(text) <= limit:
+        return text
+    return text[:limit - 3] + "..."
 
 
 def _refused(owed: int, remaining: int, why: str, *, cost_spent: bool = False
