@@ -321,6 +321,21 @@ def test_two_threads_running_the_cell_on_one_namespace_share_one_validator_and_r
     assert namespace["batch_status"]()["minimum_exact_retry_calls"] == 2
 
 
+def test_binding_the_same_namespace_again_keeps_its_evidence_and_budget():
+    """A careless host that calls bind() before every turn must not reset the ready gate."""
+    namespace = {"prompts": PROMPTS, "schema": SCHEMA}
+    subcalls = Subcalls()
+    first = bind(namespace, subcalls, budget={"calls": 8})
+    cell(STRICT_CHECK + "r = llm_batch_json(prompts, schema, validator=check)\n", namespace)
+    assert bind(namespace, Subcalls(), budget={"calls": 8}) is first  # same class: same source
+    assert namespace["batch_status"]()["remaining_calls"] == 2
+    assert len(namespace["finalization_check"]()) == 2
+    with pytest.raises(BudgetExceeded):
+        cell(STRICT_CHECK + "r = llm_batch_json(prompts + ['x'], schema, validator=check)\n",
+             namespace)
+    assert bind(namespace, subcalls, budget={"calls": 100}) is not first  # asked for another
+
+
 # -- misbehaving subcall helpers ---------------------------------------------------------------
 def _raise(prompts):
     raise RuntimeError("connection reset")

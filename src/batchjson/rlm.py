@@ -50,6 +50,8 @@ def bind(namespace: MutableMapping[str, Any], provider_or_subcalls: Any = None, 
         raise InvalidBatch(f"bind needs the dict a host runs cells in, got "
                            f"{type(namespace).__name__}")
     provider = as_provider(provider_or_subcalls, context=context)
+    if session is None:  # a host binding every turn must not reset evidence or budget
+        session = _rebinding(namespace, strict=strict, ledger=ledger, budget=budget)
     if session is None:
         from .session import Session
 
@@ -109,6 +111,26 @@ def namespace(session: Session) -> dict[str, Any]:
     bound.__doc__ = llm_batch_json.__doc__
     return {"llm_batch_json": bound, "batch_session": session,
             "run_batch": session.run_batch, "validator": session.validators.define}
+
+
+def _rebinding(namespace: MutableMapping[str, Any], *, strict: bool, ledger: Any,
+               budget: Any) -> Session | None:
+    """The session already bound into ``namespace`` when this bind asks for the same one."""
+    from pathlib import Path
+
+    from .budget import Budget
+
+    bound = getattr(namespace.get("llm_batch_json"), "__self__", None)
+    if not isinstance(bound, _Binding):
+        return None
+    session = bound.session
+    path = session.ledger.path
+    same_ledger = (ledger is None and path is None) or (
+        isinstance(ledger, (str, Path)) and path is not None and Path(ledger) == path) or (
+        ledger is session.ledger)
+    if same_ledger and session.strict == bool(strict) and Budget.of(budget) == session.budget:
+        return session
+    return None
 
 
 def _share(session: Session, provider: Any) -> None:
