@@ -174,6 +174,18 @@ def test_validator_helper_takes_a_name_and_refuses_bad_input_with_batchjson_erro
             bad()
 
 
+def test_an_answer_source_that_is_nothing_callable_is_refused_when_binding():
+    with pytest.raises(ConfigError, match="bind cannot answer from a int"):
+        bind({}, 42)
+
+    class BadContext(Subcalls):
+        def bind_context(self, context):
+            raise RuntimeError("wrong context type")
+
+    with pytest.raises(ConfigError, match="bind_context"):
+        bind({}, BadContext(), context=object())
+
+
 @pytest.mark.parametrize("budget", [{"calls": "10"}, {"calls": -1}, {"calls": 1.5},
                                     {"cost": "1"}, {"cost": -0.5}, -3, {"calls": True}])
 def test_a_malformed_budget_is_refused_when_binding(budget):

@@ -49,6 +49,14 @@ def bind(namespace: MutableMapping[str, Any], provider_or_subcalls: Any = None, 
     if not isinstance(namespace, MutableMapping):
         raise InvalidBatch(f"bind needs the dict a host runs cells in, got "
                            f"{type(namespace).__name__}")
+    if not (provider_or_subcalls is None or isinstance(provider_or_subcalls, str)
+            or callable(getattr(provider_or_subcalls, "complete", None))
+            or is_subcall_source(provider_or_subcalls)):
+        raise ConfigError(
+            f"bind cannot answer from a {type(provider_or_subcalls).__name__}: pass a batchjson "
+            "provider (or provider name), an object with llm_batch_with_errors(prompts, "
+            "contexts) -> (values, errors), or a function of a list of prompts returning a list "
+            "of strings")
     provider = as_provider(provider_or_subcalls, context=context)
     if session is None:  # a host binding every turn must not reset evidence or budget
         session = _rebinding(namespace, strict=strict, ledger=ledger, budget=budget)

@@ -18,7 +18,7 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .errors import ProviderError
+from .errors import ConfigError, ProviderError
 from .fingerprint import fingerprint_function
 from .providers.base import Call, Reply, estimate_tokens
 from .tasks import sha
@@ -82,7 +82,7 @@ class SubcallProvider:
         elif callable(target):
             self.kind = "function"
         else:
-            raise TypeError(
+            raise ConfigError(
                 f"cannot answer from a {type(target).__name__}: pass a batchjson provider, an "
                 "object with llm_batch_with_errors(prompts, contexts) -> (values, errors), or a "
                 "function of a list of prompts returning a list of strings")
@@ -91,7 +91,13 @@ class SubcallProvider:
         self._self_accounting = False
         bind_context = getattr(target, "bind_context", None)
         if context is not None and callable(bind_context):
-            bind_context(context)
+            try:
+                bind_context(context)
+            except Exception as exc:
+                raise ConfigError(f"the subcall client's bind_context(context) failed: "
+                                  f"{type(exc).__name__}: {exc}. Pass the droste "
+                                  "ExecutionContext the client was made for, or no context="
+                                  ) from exc
             self._self_accounting = True
         self._key = _source_key(self.kind, target)
         self._lock = threading.Lock()  # one call of the helper at a time, as droste makes them
