@@ -348,6 +348,25 @@ def test_binding_the_same_namespace_again_keeps_its_evidence_and_budget():
     assert bind(namespace, subcalls, budget={"calls": 100}) is not first  # asked for another
 
 
+def test_partials_of_different_helpers_are_different_answer_sources():
+    """Every functools.partial has one class: the source is the function it calls."""
+    from batchjson.subcalls import SubcallProvider
+
+    def ask_a(prompts, model):
+        return ['{"label": "pos"}'] * len(prompts)
+
+    def ask_b(prompts, model):
+        return ['{"label": "neg"}'] * len(prompts)
+
+    a1 = SubcallProvider(functools.partial(ask_a, model="m1")).source_key()
+    a2 = SubcallProvider(functools.partial(ask_a, model="m2")).source_key()
+    b = SubcallProvider(functools.partial(ask_b, model="m1")).source_key()
+    assert a1 == a2 and a1 != b
+    session = bind({}, functools.partial(ask_a, model="m1"))
+    with pytest.raises(ConfigError, match="already answers from"):
+        bind({}, functools.partial(ask_b, model="m1"), session=session)
+
+
 # -- misbehaving subcall helpers ---------------------------------------------------------------
 def _raise(prompts):
     raise RuntimeError("connection reset")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import functools
 import json
 import threading
 import types
@@ -55,6 +56,9 @@ def _code_only(fn: types.FunctionType) -> types.FunctionType:
 def _source_key(kind: str, target: Any) -> str:
     """Digest of the code that answers, never of its state: clients count calls and test
     doubles draw random faults, and neither may turn the same source into a new one."""
+    if isinstance(target, functools.partial):  # the function it calls, not its arguments
+        inner = _source_key(kind, target.func)
+        return sha(json.dumps(["batchjson:subcalls:1", [kind, "partial"], inner]))
     if isinstance(target, types.MethodType):
         label = [kind, "method", target.__func__.__name__]
         digest = fingerprint_function(type(target.__self__)).digest
