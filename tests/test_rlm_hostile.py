@@ -345,7 +345,18 @@ def test_binding_the_same_namespace_again_keeps_its_evidence_and_budget():
     with pytest.raises(BudgetExceeded):
         cell(STRICT_CHECK + "r = llm_batch_json(prompts + ['x'], schema, validator=check)\n",
              namespace)
-    assert bind(namespace, subcalls, budget={"calls": 100}) is not first  # asked for another
+    with pytest.raises(ConfigError, match="still owes 2 exact call"):
+        bind(namespace, subcalls, budget={"calls": 100})  # a new in-memory ledger: refused
+    assert namespace["llm_batch_json"].__self__.session is first  # nothing was replaced
+
+
+def test_rebinding_with_other_settings_on_the_same_ledger_file_keeps_the_evidence(tmp_path):
+    namespace = {"prompts": PROMPTS, "schema": SCHEMA}
+    first = bind(namespace, Subcalls(), ledger=tmp_path / "l.sqlite")
+    cell(STRICT_CHECK + "r = llm_batch_json(prompts, schema, validator=check)\n", namespace)
+    second = bind(namespace, Subcalls(), ledger=tmp_path / "l.sqlite", budget={"calls": 50})
+    assert second is not first
+    assert len(namespace["finalization_check"]()) == 2
 
 
 def test_partials_of_different_helpers_are_different_answer_sources():

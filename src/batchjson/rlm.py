@@ -60,6 +60,7 @@ def bind(namespace: MutableMapping[str, Any], provider_or_subcalls: Any = None, 
     provider = as_provider(provider_or_subcalls, context=context)
     if session is None:  # a host binding every turn must not reset evidence or budget
         session = _rebinding(namespace, strict=strict, ledger=ledger, budget=budget)
+    _keep_owed(namespace, session, ledger)
     if session is None:
         from .session import Session
 
@@ -139,6 +140,30 @@ def _rebinding(namespace: MutableMapping[str, Any], *, strict: bool, ledger: Any
     if same_ledger and session.strict == bool(strict) and Budget.of(budget) == session.budget:
         return session
     return None
+
+
+def _keep_owed(namespace: MutableMapping[str, Any], session: Session | None,
+               ledger: Any) -> None:
+    """Rebinding a namespace must not hide the evidence its current session still owes."""
+    from pathlib import Path
+
+    bound = getattr(namespace.get("llm_batch_json"), "__self__", None)
+    if not isinstance(bound, _Binding) or bound.session is session:
+        return
+    old = bound.session
+    if session is not None:
+        same = session.ledger is old.ledger or (
+            old.ledger.path is not None and session.ledger.path == old.ledger.path)
+    else:
+        same = old.ledger.path is not None and isinstance(ledger, (str, Path)) and (
+            Path(ledger) == old.ledger.path)
+    owed = old.evidence.minimum_exact_retry_calls
+    if owed and not same:
+        raise ConfigError(
+            f"this namespace is bound to a session whose ledger ({old.ledger!r}) still owes "
+            f"{owed} exact call(s); binding it to another ledger would hide that evidence from "
+            "batch_status() and finalization_check(). Bind with the same settings (or "
+            "session=) to keep it, or use a new namespace")
 
 
 def _share(session: Session, provider: Any) -> None:
