@@ -145,6 +145,19 @@ def test_every_kind_of_validator_a_cell_redefines_is_one_object(code):
     assert len(list(session.validators)) == 1
 
 
+def test_rebinding_touches_only_names_bound_to_the_duplicate():
+    namespace = {"prompts": PROMPTS, "schema": SCHEMA}
+    bind(namespace, Subcalls('{"label": "pos"}'))
+    code = (STRICT_CHECK + "alias = check\n"
+            "def check(value, index):\n    return 'another function'\n"
+            "r = llm_batch_json(prompts, schema, validator=alias)\n")
+    cell(code, namespace)
+    first = namespace["alias"]
+    cell(code, namespace)
+    assert namespace["alias"] is first  # the duplicate was replaced by the first object
+    assert namespace["check"](None, 0) == "another function"  # the other name was left alone
+
+
 def test_a_host_copying_names_in_and_out_keeps_one_validator_and_one_request():
     host = {"prompts": PROMPTS, "schema": SCHEMA}
     subcalls = Subcalls()
