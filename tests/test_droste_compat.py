@@ -235,3 +235,53 @@ def test_wrapper_survives_helpers_rebound_and_cells_run_with_separate_locals():
     assert evidence.unresolved_batches == 1 and evidence.minimum_exact_retry_calls == 2
     assert droste_environment(env) is env  # wrapping twice is wrapping once
     assert env.capabilities() == env.environment.capabilities()
+
+
+GUARDED_CELL = SEED_CELL.replace(
+    "def validate_labels(value, index):\n"
+    "    if value[\"label\"] not in (\"pos\", \"neg\"):\n"
+    "        raise ValueError(f\"label must be 'pos' or 'neg', got {value['label']!r}\")",
+    "if \"validate_labels\" not in globals():\n"
+    "    def validate_labels(value, index):\n"
+    "        if value[\"label\"] not in (\"pos\", \"neg\"):\n"
+    "            raise ValueError(f\"label must be 'pos' or 'neg', got {value['label']!r}\")")
+
+
+def test_a_wrapped_droste_run_with_droste_s_own_globals_guard_still_reaches_ready():
+    """The model follows droste's advice: the wrapper must not get in its way."""
+    assert GUARDED_CELL != SEED_CELL
+    budget = droste.Budget(subcalls=30, max_iterations=6)
+    context = droste.create_execution_context(budget=budget)
+    subcalls = FlakyDrosteSubcalls()
+    environment = droste_environment(droste.create_environment(
+        droste.EnvironmentConfig(kind="native", budget=budget), context="five reviews",
+        registry=None, subcalls=subcalls, execution_context=context))
+    reply = MockResponse(f"```python\n{GUARDED_CELL}\n```", TokenUsage.unavailable())
+    result = droste.run_rlm(
+        "Label each review pos or neg", environment=environment,
+        root_llm=MockLLMClient([reply] * 20), subcalls=subcalls, context=context,
+        config=droste.RLMConfig(budget=budget, policy_hints=droste.PolicyHints(semantic=True)))
+    assert result.ready and result.answer == "pos,pos,pos,pos,pos"
+    evidence = droste_evidence(environment.globals()["llm_batch_json"])
+    assert evidence.minimum_exact_retry_calls == 0
+
+
+def test_the_wrapper_never_makes_a_changed_validator_canonical_for_droste():
+    class AlwaysBad:
+        def llm_batch_with_errors(self, prompts, contexts=None):
+            return ['{"label": "bad"}'] * len(prompts), []
+
+    env = droste_environment(MockEnvironment({}))
+    evidence = droste_structured._StructuredBatchEvidence()
+    env.globals().update(llm_batch_json=droste_structured.bind_structured_batch(
+        AlwaysBad(), evidence), seen=[])
+    cell = ("def check(value, index, allowed=ALLOWED):\n"
+            "    if value['label'] not in allowed:\n"
+            "        raise ValueError('no')\n"
+            "result = llm_batch_json(['a'], {'type': 'object'}, None, 0, check)\n"
+            "seen.append(check)\n")
+    env.execute("ALLOWED = ('good',)\n" + cell)
+    env.execute("ALLOWED = ('good', 'fine')\n" + cell)  # a changed default: another validator
+    seen = env.globals()["seen"]
+    assert seen[0] is not seen[1]
+    assert evidence.unresolved_batches == 2  # droste's own rule: different validator, new key

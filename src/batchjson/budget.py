@@ -24,14 +24,26 @@ class Budget:
         if isinstance(value, Budget):
             return value
         if isinstance(value, int) and not isinstance(value, bool):
-            return cls(calls=value)
+            return cls(calls=_limit("calls", value, whole=True))
         if isinstance(value, Mapping):
             unknown = set(value) - {"calls", "cost"}
             if unknown:
                 raise InvalidBatch(f"budget has unknown keys {sorted(unknown)}; use calls= and "
                                    "cost=")
-            return cls(calls=value.get("calls"), cost=value.get("cost"))
+            return cls(calls=_limit("calls", value.get("calls"), whole=True),
+                       cost=_limit("cost", value.get("cost"), whole=False))
         raise InvalidBatch(f"budget must be Budget(calls=, cost=), a dict or an int, got {value!r}")
+
+
+def _limit(name: str, value: Any, *, whole: bool) -> Any:
+    """A budget limit is None (unlimited) or a number >= 0: refused before anything is spent."""
+    if value is None:
+        return None
+    kinds = (int,) if whole else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or value < 0:
+        what = "a whole number of calls" if whole else "an amount in USD"
+        raise InvalidBatch(f"budget {name} must be None or {what} >= 0, got {value!r}")
+    return value
 
 
 class Tally:

@@ -17,9 +17,9 @@ import types
 from collections.abc import Callable, Iterable, MutableMapping
 from typing import Any
 
-from .registry import ValidatorRegistry
+from .registry import ValidatorRegistry, ValidatorVersion
 
-__all__ = ["canonical_validator", "cell_frame"]
+__all__ = ["canonical_validator", "canonical_version", "cell_frame"]
 
 _FRAMES_UP = 8  # how far a helper called from a cell's own helper function looks for the cell
 
@@ -48,9 +48,18 @@ def canonical_validator(registry: ValidatorRegistry, fn: Callable[..., Any], *,
     A changed validator is a new version (a strict registry may refuse it with
     ValidatorChanged); only identical re-definitions are replaced.
     """
-    canonical = registry.define(fn, name)
+    return canonical_version(registry, fn, namespaces=namespaces, frame=frame, name=name).fn
+
+
+def canonical_version(registry: ValidatorRegistry, fn: Callable[..., Any], *,
+                      namespaces: Iterable[MutableMapping[str, Any]] = (),
+                      frame: types.FrameType | None = None,
+                      name: str | None = None) -> ValidatorVersion:
+    """Like :func:`canonical_validator`, returning the version record (name, fingerprint)."""
+    version = registry.version_of(fn, name)
+    canonical = version.fn
     if canonical is fn:
-        return fn
+        return version
     targets: list[MutableMapping[str, Any]] = []
     found = getattr(fn, "__globals__", None)
     if isinstance(found, MutableMapping):
@@ -66,4 +75,4 @@ def canonical_validator(registry: ValidatorRegistry, fn: Callable[..., Any], *,
         for key, value in list(target.items()):
             if value is fn:
                 target[key] = canonical
-    return canonical
+    return version

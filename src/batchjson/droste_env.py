@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .canonical import canonical_validator, cell_frame
+from .errors import ConfigError
 from .registry import ValidatorRegistry
 
 if TYPE_CHECKING:
@@ -34,10 +35,17 @@ def droste_environment(environment: Any, *, session: Session | None = None,
     ``session=`` shares that session's validator registry (one validator object for batchjson
     and droste alike); otherwise the wrapper keeps its own.
     """
-    if isinstance(environment, CanonicalValidatorsEnvironment):
+    wanted = registry if registry is not None else (
+        session.validators if session is not None else None)
+    if isinstance(environment, CanonicalValidatorsEnvironment):  # wrapping twice: once
+        if wanted is not None and wanted is not environment.validators:
+            raise ConfigError(
+                "this environment is already wrapped by droste_environment with another "
+                "validator registry; wrap the unwrapped environment once, passing session= "
+                "(or registry=) the first time, so batchjson and droste share one validator")
         return environment
     if registry is None:
-        registry = session.validators if session is not None else ValidatorRegistry()
+        registry = wanted if wanted is not None else ValidatorRegistry()
     return CanonicalValidatorsEnvironment(environment, registry)
 
 

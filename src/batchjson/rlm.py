@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .canonical import canonical_validator, cell_frame
+from .canonical import canonical_validator, canonical_version, cell_frame
 from .droste_env import droste_environment
 from .errors import (
     BudgetExceeded,
@@ -22,7 +22,7 @@ from .errors import (
     ProviderNotConfigured,
     ValidatorChanged,
 )
-from .structured import llm_batch_json
+from .structured import default_batch_name, llm_batch_json
 from .subcalls import as_provider, is_subcall_source
 
 if TYPE_CHECKING:
@@ -49,7 +49,18 @@ def bind(namespace: MutableMapping[str, Any], provider_or_subcalls: Any = None, 
     if not isinstance(namespace, MutableMapping):
         raise InvalidBatch(f"bind needs the dict a host runs cells in, got "
                            f"{type(namespace).__name__}")
+    if not (provider_or_subcalls is None or isinstance(provider_or_subcalls, str)
+            or callable(getattr(provider_or_subcalls, "complete", None))
+            or is_subcall_source(provider_or_subcalls)):
+        raise ConfigError(
+            f"bind cannot answer from a {type(provider_or_subcalls).__name__}: pass a batchjson "
+            "provider (or provider name), an object with llm_batch_with_errors(prompts, "
+            "contexts) -> (values, errors), or a function of a list of prompts returning a list "
+            "of strings")
     provider = as_provider(provider_or_subcalls, context=context)
+    if session is None:  # a host binding every turn must not reset evidence or budget
+        session = _rebinding(namespace, strict=strict, ledger=ledger, budget=budget)
+    _keep_owed(namespace, session, ledger)
     if session is None:
         from .session import Session
 
@@ -111,6 +122,50 @@ def namespace(session: Session) -> dict[str, Any]:
             "run_batch": session.run_batch, "validator": session.validators.define}
 
 
+def _rebinding(namespace: MutableMapping[str, Any], *, strict: bool, ledger: Any,
+               budget: Any) -> Session | None:
+    """The session already bound into ``namespace`` when this bind asks for the same one."""
+    from pathlib import Path
+
+    from .budget import Budget
+
+    bound = getattr(namespace.get("llm_batch_json"), "__self__", None)
+    if not isinstance(bound, _Binding):
+        return None
+    session = bound.session
+    path = session.ledger.path
+    same_ledger = (ledger is None and path is None) or (
+        isinstance(ledger, (str, Path)) and path is not None and Path(ledger) == path) or (
+        ledger is session.ledger)
+    if same_ledger and session.strict == bool(strict) and Budget.of(budget) == session.budget:
+        return session
+    return None
+
+
+def _keep_owed(namespace: MutableMapping[str, Any], session: Session | None,
+               ledger: Any) -> None:
+    """Rebinding a namespace must not hide the evidence its current session still owes."""
+    from pathlib import Path
+
+    bound = getattr(namespace.get("llm_batch_json"), "__self__", None)
+    if not isinstance(bound, _Binding) or bound.session is session:
+        return
+    old = bound.session
+    if session is not None:
+        same = session.ledger is old.ledger or (
+            old.ledger.path is not None and session.ledger.path == old.ledger.path)
+    else:
+        same = old.ledger.path is not None and isinstance(ledger, (str, Path)) and (
+            Path(ledger) == old.ledger.path)
+    owed = old.evidence.minimum_exact_retry_calls
+    if owed and not same:
+        raise ConfigError(
+            f"this namespace is bound to a session whose ledger ({old.ledger!r}) still owes "
+            f"{owed} exact call(s); binding it to another ledger would hide that evidence from "
+            "batch_status() and finalization_check(). Bind with the same settings (or "
+            "session=) to keep it, or use a new namespace")
+
+
 def _share(session: Session, provider: Any) -> None:
     """A shared session has one answer source: a second host may not swap it silently."""
     try:
@@ -148,35 +203,106 @@ class _Binding:
         call resumes its requests; prompts already accepted are not paid again.
         """
         if validator is not None and callable(validator):
-            validator = self._canonical(validator)
-        self._gate()
+            validator = self._canonical(validator, call=(prompts, contexts, name))
+        owed, remaining = self.session.evidence.minimum_exact_retry_calls, self._remaining()
+        cost_spent = self._cost_spent()
+        if owed and ((remaining is not None and owed > remaining) or cost_spent):
+            try:  # what owed evidence cannot be paid for blocks spending, not a free answer
+                return llm_batch_json(self.session, prompts, schema, contexts,
+                                      max_repair_attempts, validator, name=name,
+                                      refuse_short_budget=True, keyed_by_content=True,
+                                      max_calls=0)
+            except BudgetExceeded:
+                raise _refused(owed, remaining or 0, "to clear the unresolved evidence already "
+                               "recorded", cost_spent=cost_spent) from None
         try:
             return llm_batch_json(self.session, prompts, schema, contexts, max_repair_attempts,
-                                  validator, name=name, refuse_short_budget=True)
+                                  validator, name=name, refuse_short_budget=True,
+                                  keyed_by_content=True)
         except BudgetExceeded as exc:
             raise _refused(exc.needed, exc.remaining, "to answer the prompts of this call "
-                           "that are not yet accepted") from None
+                           "that are not yet accepted",
+                           cost_spent="cost budget is spent" in str(exc)) from None
 
-    def validator(self, fn: Callable[..., Any] | None = None, *,
+    def validator(self, fn: Callable[..., Any] | str | None = None, *,
                   name: str | None = None) -> Any:
-        """``@validator``: define once; re-running the defining cell hands back the first."""
+        """``@validator``, ``@validator("name")`` or ``@validator(name=...)``: define once;
+        re-running the defining cell hands back the first object."""
+        if isinstance(fn, str) and name is None:  # @validator("check_labels")
+            fn, name = None, fn
+        if name is not None and (not isinstance(name, str) or not name.strip()):
+            raise InvalidBatch(f"a validator name must be a non-empty string, got {name!r}")
         if fn is None:
-            return lambda f: self._canonical(f, name)
-        return self._canonical(fn, name)
+            return lambda f: self._canonical(f, name=name)
+        return self._canonical(fn, name=name)
 
-    def _canonical(self, fn: Callable[..., Any], name: str | None = None) -> Callable[..., Any]:
+    def _canonical(self, fn: Any, name: str | None = None,
+                   call: tuple[Any, Any, Any] | None = None) -> Callable[..., Any]:
+        if not callable(fn):
+            raise InvalidBatch(f"a validator must be a function (value, index) -> None that "
+                               f"raises ValueError to reject, got {type(fn).__name__}")
+        frame = cell_frame(3)
+        registry = self.session.validators
         try:
-            return canonical_validator(self.session.validators, fn, name=name,
-                                       namespaces=[self.namespace], frame=cell_frame(3))
+            version = canonical_version(registry, fn, name=name, namespaces=[self.namespace],
+                                        frame=frame)
         except ValidatorChanged as exc:
-            exc.args = (_changed_message(exc),)
+            # Another validator of the same code (a factory's or a loop's closure) for prompts
+            # with no evidence under another version of it orphans nothing: its own validator.
+            owed = self._owed_under(exc.name, exc.new_fingerprint, call)
+            if call is not None and name is None and not owed:
+                return canonical_validator(registry, fn, namespaces=[self.namespace],
+                                           frame=frame,
+                                           name=f"{exc.name}#{exc.new_fingerprint[:12]}")
+            exc.args = (_changed_message(exc, owed, during="call" if call else "definition"),)
             raise
+        if call is not None and self.session.strict:
+            # The registry compares with the version it holds now; the ledger also knows the
+            # versions of earlier kernels and of other closures: none may owe these prompts.
+            digest = version.fingerprint.digest
+            owed = self._owed_under(version.name, digest, call)
+            if owed:
+                old = self._owing_digest(owed[0], version.name)
+                refused = ValidatorChanged(version.name, old, digest, [], len(owed))
+                refused.args = (_changed_message(refused, owed, during="call"),)
+                raise refused
+        return version.fn
 
-    def _gate(self) -> None:
-        owed = self.session.evidence.minimum_exact_retry_calls
-        remaining = self._remaining()
-        if remaining is not None and owed > remaining:
-            raise _refused(owed, remaining, "to clear the unresolved evidence already recorded")
+    def _owing_digest(self, batch: str, name: str) -> str:
+        for revision in self.session.ledger.revisions(batch):
+            if (revision.validator_name or "").split("#")[0] == name.split("#")[0]:
+                return str(revision.components.get("validator", ""))
+        return ""
+
+    def _owed_under(self, base: str, digest: str, call: tuple[Any, Any, Any] | None
+                    ) -> list[str]:
+        """Batches owing evidence checked by another content of validator ``base``: for this
+        call's prompts (or batch name) when there is a call, anywhere for a definition."""
+        group = None
+        if call is not None:
+            prompts, contexts, name = call
+            try:
+                group = name if name is not None else default_batch_name(prompts, contexts)
+            except (TypeError, ValueError):  # bad prompts: the call is refused anyway
+                group = None
+        batches: list[str] = []
+        revisions: dict[str, list[Any]] = {}
+        for u in self.session.evidence.requests():
+            if u.batch in batches or (call is not None and group is not None and not (
+                    u.batch == group or u.batch.startswith(group + "/"))):
+                continue
+            if u.batch not in revisions:
+                revisions[u.batch] = self.session.ledger.revisions(u.batch)
+            for revision in revisions[u.batch]:
+                if (revision.number == u.revision
+                        and (revision.validator_name or "").split("#")[0] == base.split("#")[0]
+                        and revision.components.get("validator") != digest):
+                    batches.append(u.batch)
+        return batches
+
+    def _cost_spent(self) -> bool:
+        cost = self.session.budget.cost
+        return cost is not None and self.session.tally.cost >= cost
 
     def _remaining(self) -> int | None:
         calls = self.session.budget.calls
@@ -198,28 +324,70 @@ class _Binding:
         }
 
     def finalization_check(self) -> list[dict[str, Any]]:
-        """The unresolved evidence that must block a ready answer; empty when it may be given."""
-        return [{"batch": u.batch, "revision": u.revision, "request": u.key[:16],
-                 "items": list(u.task_ids)} for u in self.session.evidence.requests()]
+        """The unresolved evidence that must block a ready answer; empty when it may be given.
+
+        One entry per owed request: its batch, the prompts (shortened) and the last error, so a
+        model can say what is unresolved, or replay exactly that call.
+        """
+        owed = self.session.evidence.requests()
+        ledger, details = self.session.ledger, {}
+        for batch in {u.batch for u in owed}:
+            tasks = {}
+            for revision in ledger.revisions(batch):
+                tasks.update({r.key: r.tasks for r in ledger.leaves(revision.id)})
+            errors = {a.request_key: a.errors for a in ledger.attempts(batch, failed=True)}
+            details[batch] = (tasks, errors)
+        out = []
+        for u in owed:
+            tasks, errors = details[u.batch]
+            last = errors.get(u.key) or [{}]
+            out.append({"batch": u.batch, "revision": u.revision, "request": u.key[:16],
+                        "items": list(u.task_ids),
+                        "prompts": [_short(t.get("prompt")) for t in tasks.get(u.key, ())],
+                        "last_error": _short(last[-1].get("message")) if last[-1] else None})
+        return out
 
 
-def _refused(owed: int, remaining: int, why: str) -> BudgetExceeded:
+def _short(text: Any, limit: int = 160) -> Any:
+    if not isinstance(text, str) or len(text) <= limit:
+        return text
+    return text[:limit - 3] + "..."
+
+
+def _refused(owed: int, remaining: int, why: str, *, cost_spent: bool = False
+             ) -> BudgetExceeded:
+    owed_evidence = "unresolved evidence" in why
+    consequence = (" for, so the unresolved requests cannot be cleared in this run" if
+                   owed_evidence else " for, so this call was not started")
     error = BudgetExceeded(owed, remaining)
+    left = ("the session's cost budget is spent" if cost_spent else
+            f"only {remaining} call(s) remain in the budget")
     error.args = (
         f"llm_batch_json refused before spending anything: at least {owed} exact call(s) are "
-        f"needed {why}, but only {remaining} call(s) remain in the budget. More calls cannot "
-        "clear it. Do not set answer['ready'] = True: report what is resolved and what is not "
-        "(batch_status() and finalization_check() list it), or ask the host for a larger "
-        "budget. Re-running the cell will be refused the same way.",)
+        f"needed {why}, but {left}. They cannot be paid{consequence}. Do not set "
+        "answer['ready'] = True and do not re-run this cell (it will be refused the same "
+        "way): give your answer with what is resolved and "
+        "what is not (batch_status() counts it, finalization_check() lists it), or ask the host "
+        "for a larger budget.",)
     return error
 
 
-def _changed_message(exc: ValidatorChanged) -> str:
+def _changed_message(exc: ValidatorChanged, owed: Sequence[str], *, during: str) -> str:
     what = "; ".join(exc.changes) if exc.changes else "its content"
+    where = f" in batch(es) {', '.join(owed[:3])}" if owed else ""
+    head = ("llm_batch_json refused before spending anything" if during == "call" else
+            f"validator({exc.name}) refused")
     return (
-        f"llm_batch_json refused before spending anything: validator {exc.name!r} changed "
-        f"({what}) while request(s) checked by its previous version are unresolved. Evidence "
-        "recorded under one validator is only cleared by that same validator. Either restore "
-        f"the previous definition of {exc.name} exactly and re-run the same call to clear it, or, "
-        f"if the new logic is intended, define it under a new name (e.g. {exc.name}_v2); the old "
-        "evidence then stays unresolved and still blocks a ready answer (finalization_check()).")
+        f"{head}: validator {exc.name!r} changed ({what}) while request(s) checked by its "
+        f"previous version are unresolved{where}. Evidence recorded under one validator is only "
+        f"cleared by that same validator. Either restore the previous definition of "
+        f"{exc.name} exactly and re-run the same call to clear it, or, if the new logic is "
+        f"intended, give it a new name (define it as {_suggest(exc.name)}, or pass "
+        f"validator=validator(fn, name=\"{_suggest(exc.name)}\")); the old evidence then stays "
+        "unresolved and still blocks a ready answer (finalization_check()).")
+
+
+def _suggest(name: str) -> str:
+    """A new name a model can type: the last identifier of a qualname, with _v2."""
+    base = name.split("#")[0].rsplit(".", 1)[-1]
+    return f"{base if base.isidentifier() else 'validator'}_v2"

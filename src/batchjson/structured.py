@@ -27,21 +27,31 @@ _DROSTE_TYPES = {
 }
 
 
-def default_batch_name(prompts: Sequence[str], contexts: Sequence[str] | None) -> str:
-    """Same prompts and contexts -> same batch, so a changed validator or schema supersedes."""
+def default_batch_name(prompts: Sequence[str], contexts: Sequence[str] | None,
+                       content: str | None = None) -> str:
+    """Same prompts and contexts -> same batch, so (in a session that is not strict) a changed
+    validator or schema supersedes. With ``content`` (a digest of schema and validator) every
+    distinct request content is its own batch, as droste keys evidence: nothing supersedes."""
     digest = sha(json.dumps([list(prompts), None if contexts is None else list(contexts)]))
-    return f"llm_batch_json/{digest[:16]}"
+    name = f"llm_batch_json/{digest[:16]}"
+    return name if content is None else f"{name}/{content[:8]}"
 
 
 def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
                    contexts: Sequence[str] | None = None, max_repair_attempts: int = 1,
                    validator: Callable[[Any, int], Any] | None = None, *,
-                   name: str | None = None, refuse_short_budget: bool = False) -> dict[str, Any]:
+                   name: str | None = None, refuse_short_budget: bool = False,
+                   keyed_by_content: bool = False, max_calls: int | None = None
+                   ) -> dict[str, Any]:
     """Run one prompt per call, each returning a bare JSON value; droste's return shape.
 
     droste spends what the budget has and reports the rest as ``budget_exhausted``;
     ``refuse_short_budget=True`` (the RLM binding's budget gate) instead refuses before spending
-    when the calls still owed for these prompts exceed what remains.
+    when the calls still owed for these prompts exceed what remains. ``keyed_by_content=True``
+    (the RLM binding) names an unnamed call by its whole request content, schema and validator
+    included, so a changed validator opens new evidence and never supersedes the old: the old
+    stays owed and keeps blocking a ready answer, as under droste's identity keying.
+    ``max_calls=0`` with ``refuse_short_budget`` answers only from what is already accepted.
     """
     if isinstance(prompts, str) or not isinstance(prompts, Sequence):
         raise InvalidBatch("prompts must be a list of strings")
@@ -55,6 +65,9 @@ def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
         if len(contexts) != len(prompts):
             raise InvalidBatch(f"contexts length ({len(contexts)}) must match prompts length "
                                f"({len(prompts)})")
+    if validator is not None and not callable(validator):
+        raise InvalidBatch(f"validator must be callable (value, index) -> None, got "
+                           f"{type(validator).__name__}")
     item_schema = compile_schema(schema)  # once: the run reuses it, and it dumps the values
     if not prompts:  # droste answers no prompts with an empty result, after checking the schema
         return {"values": [], "errors": [], "attempts": [], "repairs_made": 0}
@@ -64,11 +77,20 @@ def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
         if contexts is not None:
             task["context"] = contexts[index]
         tasks.append(task)
-    batch = name or default_batch_name(prompts, contexts)
+    batch = name
+    if batch is None and keyed_by_content:
+        version = None if validator is None else session.validators.version_of(validator)
+        validator = validator if version is None else version.fn
+        content = sha(json.dumps([item_schema.fingerprint,
+                                  None if version is None else version.fingerprint.digest]))
+        batch = default_batch_name(prompts, contexts, content)
+    elif batch is None:
+        batch = default_batch_name(prompts, contexts)
     result = session.run(RunSpec(
         name=batch, tasks=tasks, schema=item_schema, validator=validator,
         identity=("task_id",), repairs=max_repair_attempts, on_exhausted="return",
-        mode="value", validator_args="index", refuse_short_budget=refuse_short_budget))
+        mode="value", validator_args="index", refuse_short_budget=refuse_short_budget,
+        max_calls=max_calls))
 
     dump = item_schema.dump
     values = [dump(result.values[t["task_id"]]) if t["task_id"] in result.values else None

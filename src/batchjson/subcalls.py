@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import functools
 import json
 import threading
 import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .errors import ProviderError
+from .errors import ConfigError, ProviderError
 from .fingerprint import fingerprint_function
 from .providers.base import Call, Reply, estimate_tokens
 from .tasks import sha
@@ -55,6 +56,9 @@ def _code_only(fn: types.FunctionType) -> types.FunctionType:
 def _source_key(kind: str, target: Any) -> str:
     """Digest of the code that answers, never of its state: clients count calls and test
     doubles draw random faults, and neither may turn the same source into a new one."""
+    if isinstance(target, functools.partial):  # the function it calls, not its arguments
+        inner = _source_key(kind, target.func)
+        return sha(json.dumps(["batchjson:subcalls:1", [kind, "partial"], inner]))
     if isinstance(target, types.MethodType):
         label = [kind, "method", target.__func__.__name__]
         digest = fingerprint_function(type(target.__self__)).digest
@@ -82,7 +86,7 @@ class SubcallProvider:
         elif callable(target):
             self.kind = "function"
         else:
-            raise TypeError(
+            raise ConfigError(
                 f"cannot answer from a {type(target).__name__}: pass a batchjson provider, an "
                 "object with llm_batch_with_errors(prompts, contexts) -> (values, errors), or a "
                 "function of a list of prompts returning a list of strings")
@@ -91,7 +95,13 @@ class SubcallProvider:
         self._self_accounting = False
         bind_context = getattr(target, "bind_context", None)
         if context is not None and callable(bind_context):
-            bind_context(context)
+            try:
+                bind_context(context)
+            except Exception as exc:
+                raise ConfigError(f"the subcall client's bind_context(context) failed: "
+                                  f"{type(exc).__name__}: {exc}. Pass the droste "
+                                  "ExecutionContext the client was made for, or no context="
+                                  ) from exc
             self._self_accounting = True
         self._key = _source_key(self.kind, target)
         self._lock = threading.Lock()  # one call of the helper at a time, as droste makes them
@@ -212,9 +222,14 @@ class SubcallProvider:
         outcomes: list[str | Exception] = []
         for text in _texts(self.target(prompts), len(prompts)):
             # rlm's helpers report failures as text; such a string is never an answer
-            outcomes.append(ProviderError(f"subcall failed: {text[:500]}")
-                            if text.startswith("Error:") else text)
+            outcomes.append(ProviderError(f"subcall failed: {text.strip()[:500]}")
+                            if _is_error_text(text) else text)
         return outcomes
+
+
+def _is_error_text(text: str) -> bool:
+    """rlm's failure strings: "Error: ..." (any case, leading space). No JSON value starts so."""
+    return text.lstrip()[:6].lower() == "error:"
 
 
 class _Queue:
