@@ -258,6 +258,9 @@ class _Walker:
         if isinstance(obj, types.MethodType):
             own = [("self", self.ref(obj.__self__, "self"))]
             return "method", _merge(self._inner(obj.__func__), own)
+        wrapped = getattr(obj, "__wrapped__", None) if callable(obj) else None
+        if callable(wrapped) and self._importable(type(obj)):  # lru_cache: the code, not the cache
+            return "wrapper", _merge(self._inner(wrapped), [("type", self.ref(type(obj), "type"))])
         return "instance", self._instance(obj)
 
     def _inner(self, fn: Any) -> list[tuple[str, str]]:
