@@ -383,3 +383,15 @@ def test_a_dispatch_table_whose_functions_read_it_is_seen_by_content() -> None:
     assert fp.stable and fp_of(src) == fp  # cycles through code and data: no identity
     assert fp_of(src.replace("else 0", "else 1")).digest != fp.digest
     assert fp_of(src.replace("{'n': 1}", "{'n': 2}")).digest != fp.digest
+
+
+def test_a_cached_function_is_seen_by_its_code_never_by_its_cache() -> None:
+    src = ("import functools\n@functools.lru_cache(maxsize=None)\n"
+           "def known(label):\n    return label in ('a', 'b')\n"
+           "def check(item, task):\n    assert known(item['label'])\n")
+    ns = run_cell(src)
+    fp = fingerprint_function(ns["check"])
+    ns["known"]("a"), ns["known"]("z")  # the cache fills
+    assert fingerprint_function(ns["check"]) == fp and fp.stable
+    changed = fp_of(src.replace("('a', 'b')", "('a',)"))
+    assert describe_changes(fp, changed) == ["global known: code changed"]

@@ -481,3 +481,42 @@ def test_a_strict_session_resumes_an_rlm_cell_whose_validator_uses_a_type_adapte
     answers["text"] = "[1, 2]"
     exec(compile(STRICT_RLM_CELL, "<cell>", "exec", dont_inherit=True), ns)
     assert ns["out"]["values"] == [[1, 2], [1, 2]]
+
+
+MAGIC_CELL = '''%%batch_json scored --validator check
+tasks = [{"task_id": f"t{i}", "prompt": f"question {i}"} for i in range(N)]
+schema = {"type": "object", "properties": {"verdict": {"type": "string"},
+          "score": {"type": "number"}}, "required": ["verdict", "score"]}
+class Check:
+    _limit = LIMIT
+def check(item, task):
+    if item["score"] < Check._limit:
+        raise ValueError(f"score below {Check._limit}")
+'''
+
+
+def test_the_magic_runs_a_redefined_underscore_limit_on_a_never_seen_task(
+        ip: Any, capsys: Any) -> None:
+    """The issue's repro through %%batch_json: after `_limit = 0.9`, a new task scoring 0.7 must
+    be rejected, not accepted by the old 0.5 check handed back by the registry."""
+    from batchjson import BatchUnresolved
+
+    setup = ("%load_ext batchjson",
+             "from batchjson import SimulatedModel\n"
+             "model = SimulatedModel(answer=lambda task: {'verdict': 'match', 'score': 0.7})",
+             "%config BatchJson.provider = model", "%config BatchJson.repairs = 0",
+             "%config BatchJson.replays = 0")
+    for line in setup:
+        assert ip.run_cell(line).success
+    first = ip.run_cell(MAGIC_CELL.replace("N)", "2)").replace("LIMIT", "0.5"))
+    assert first.success, first.error_in_exec
+    capsys.readouterr()
+    second = ip.run_cell(MAGIC_CELL.replace("N)", "3)").replace("LIMIT", "0.9"))
+    assert isinstance(second.error_in_exec, BatchUnresolved)
+    out = capsys.readouterr().out
+    assert "validator 'check' changed (global Check: attribute _limit changed)" in out
+    result = ip.user_ns["scored"]
+    # no value accepted under 0.5 is reused under 0.9: every task was judged by the new check
+    assert result.status == "unresolved" and result.values == {} and result.resumed == 0
+    assert {e["task_id"] for e in result.errors} == {"t0", "t1", "t2"}
+    assert all("score below 0.9" in e["message"] for e in result.errors)

@@ -58,7 +58,6 @@ __all__ = ["Fingerprint", "Unhashable", "canonical_json", "content_hash", "descr
 _digest, _qualname = canon.digest, canon.qualname
 _VALUE_TYPES, _BUILTIN_CALLABLES = canon.VALUE_TYPES, canon.BUILTIN_CALLABLES
 _DESCRIPTORS = (types.MemberDescriptorType, types.GetSetDescriptorType)
-_MISSING = object()
 _DETAIL_DEPTH = 4  # nested paths kept for describe_changes: "global:Check>attr:_limit"
 _DETAIL_CAP = 256  # per node: a list of 10,000 objects must not keep 20,000 paths
 # Class attributes that are interpreter or framework bookkeeping, never behaviour.
@@ -258,6 +257,9 @@ class _Walker:
         if isinstance(obj, types.MethodType):
             own = [("self", self.ref(obj.__self__, "self"))]
             return "method", _merge(self._inner(obj.__func__), own)
+        wrapped = getattr(obj, "__wrapped__", None) if callable(obj) else None
+        if callable(wrapped) and self._importable(type(obj)):  # lru_cache: the code, not the cache
+            return "wrapper", _merge(self._inner(wrapped), [("type", self.ref(type(obj), "type"))])
         return "instance", self._instance(obj)
 
     def _inner(self, fn: Any) -> list[tuple[str, str]]:
@@ -428,8 +430,8 @@ class _Walker:
             except TypeError:
                 pass
             for slot in slots:
-                value = getattr(obj, slot, _MISSING)
-                if value is not _MISSING:
+                value = getattr(obj, slot, MISSING)
+                if value is not MISSING:
                     state[f"slot:{slot}"] = value
             if not library_base:
                 return self.ref(state, "instance")  # a library base may hold C-level state:
