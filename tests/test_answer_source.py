@@ -12,8 +12,6 @@ import sys
 import textwrap
 from typing import Any
 
-import pytest
-
 from batchjson import CallableProvider, FaultPlan, SimulatedModel
 from batchjson.providers.anthropic import AnthropicProvider
 from batchjson.providers.openai import OpenAIProvider
@@ -101,8 +99,6 @@ def test_a_callable_provider_is_keyed_by_its_function_or_the_source_it_names():
         shout).source_key()
 
 
-@pytest.mark.xfail(strict=True, reason="needs fingerprint_function to ignore mutable state "
-                   "(issue 9, fingerprint helper); remove this marker once that lands")
 def test_a_stub_that_counts_its_calls_keeps_one_source():
     seen: list[Any] = []
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
-import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -167,9 +166,9 @@ class CallableProvider:
         the same function in another process gives the same key, a changed one another."""
         if self.source is not None:
             return f"callable:{self.source}"
-        from ..fingerprint import fingerprint_function
+        from ..fingerprint import fingerprint_callable
 
-        self._fingerprint = fingerprint_function(self.fn)
+        self._fingerprint = fingerprint_callable(self.fn)
         head = f"callable:{self._named_model}" if self._named_model else "callable"
         return f"{head}#{self._fingerprint.digest[:24]}"
 
@@ -249,8 +248,6 @@ def _is_blocking(fn: Any) -> bool:
 # Settings that decide answers, read when a provider defines no ``source_key()``.
 _ANSWER_SETTINGS = ("name", "model", "base_url", "temperature", "top_p", "max_tokens", "seed",
                     "response_format", "mode", "extra_body", "answer", "faults", "fn", "source")
-_IMMUTABLE = (str, int, float, bool, type(None), bytes, tuple, frozenset)
-_SECRET = re.compile(r"key|token|secret|passw|auth|cred", re.IGNORECASE)  # never read
 
 
 def answer_source(provider: Any) -> str:
@@ -275,86 +272,16 @@ def answer_source(provider: Any) -> str:
                   if hasattr(provider, name)}
     if not isinstance(detail, str):
         items = detail.items() if isinstance(detail, Mapping) else [("", detail)]
-        detail = canonical_json({str(k): _code_part(v) for k, v in items})
+        detail = canonical_json({str(k): _source_part(v) for k, v in items})
     return f"{cls.__module__}.{cls.__qualname__}:{sha(detail)}"
 
 
-def _code_part(value: Any, depth: int = 0) -> Any:
-    """A value's part of an answer source: data by content, a function by its code fingerprint,
-    a callable object by its class's code and the immutable attributes its own methods never
-    assign (so a stub counting its calls keeps one key); what cannot be encoded by type."""
-    from ..canon import Unhashable, content_hash
-    from ..fingerprint import fingerprint_function
-
+def _source_part(value: Any) -> Any:
+    """A setting's part of an answer source: plain values as they are; functions and objects
+    by :func:`~batchjson.fingerprint.fingerprint_callable` (code and immutable values, never
+    the counters or logs a stub keeps)."""
     if isinstance(value, (str, int, float, bool, type(None))):
         return value
-    kind = f"{type(value).__module__}.{type(value).__qualname__}"
-    if not callable(value) or isinstance(value, _IMMUTABLE) or _frozen(value):
-        try:  # a setting (extra_body, a fault plan) is data: keyed by its content
-            return "data:" + content_hash(value)
-        except Unhashable:
-            return "type:" + kind
-    if inspect.isfunction(value):
-        return "code:" + fingerprint_function(_without_mutable_closure(value)).digest
-    if inspect.ismethod(value) or isinstance(value, type):
-        return "code:" + fingerprint_function(value).digest
-    if callable(value) and depth < 3 and hasattr(value, "__dict__"):
-        written = _assigned_attributes(type(value))
-        state = {k: _code_part(v, depth + 1) for k, v in sorted(vars(value).items())
-                 if k not in written and not _SECRET.search(k)
-                 and (isinstance(v, _IMMUTABLE) or callable(v))}
-        call = type(value).__call__
-        return {"object": kind, "call": fingerprint_function(call).digest, "state": state}
-    if callable(value):
-        try:
-            return "code:" + fingerprint_function(value).digest
-        except Exception:
-            return "type:" + kind
-    return "type:" + kind
+    from ..fingerprint import fingerprint_callable
 
-
-def _without_mutable_closure(fn: Any) -> Any:
-    """``fn`` with closure cells holding mutable values (call logs, counters in a list or
-    dict) replaced by their type name: state a stub writes is not where its answers come from."""
-    import types
-
-    cells = fn.__closure__
-    if not cells:
-        return fn
-    kept = []
-    for cell in cells:
-        try:
-            value = cell.cell_contents
-        except ValueError:  # not yet assigned
-            kept.append(cell)
-            continue
-        mutable = isinstance(value, (list, dict, set, bytearray)) or (
-            not callable(value) and not isinstance(value, _IMMUTABLE) and not _frozen(value)
-            and hasattr(value, "__dict__"))
-        kept.append(types.CellType(f"<mutable {type(value).__name__}>") if mutable else cell)
-    clone = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__,
-                               tuple(kept))
-    clone.__kwdefaults__ = fn.__kwdefaults__
-    clone.__qualname__, clone.__module__ = fn.__qualname__, fn.__module__
-    return clone
-
-
-def _frozen(value: Any) -> bool:
-    params = getattr(type(value), "__dataclass_params__", None)
-    return bool(params is not None and params.frozen)
-
-
-def _assigned_attributes(cls: type) -> set[str]:
-    """Attribute names a class's own methods assign on an instance outside ``__init__``: its
-    run-time state (counters, call logs), which never decides an answer's source."""
-    import dis
-
-    names: set[str] = set()
-    for klass in cls.__mro__[:-1]:
-        for attr, member in vars(klass).items():
-            code = getattr(getattr(member, "__func__", member), "__code__", None)
-            if code is None or attr == "__init__":
-                continue
-            names.update(ins.argval for ins in dis.get_instructions(code)
-                         if ins.opname in ("STORE_ATTR", "DELETE_ATTR"))
-    return names
+    return fingerprint_callable(value).digest

@@ -116,9 +116,9 @@ class SimulatedModel:
         """What decides this model's answers: its answer function by content, its seed and its
         fault plan (never its call counter, latency or prices)."""
         from ..canon import content_hash
-        from ..fingerprint import fingerprint_function
+        from ..fingerprint import fingerprint_callable
 
-        self._fingerprint = fingerprint_function(self.answer)
+        self._fingerprint = fingerprint_callable(self.answer)
         plan = content_hash(self.faults.content())[:16]
         return (f"simulated:{self.model}#answer={self._fingerprint.digest[:24]},"
                 f"seed={self.seed!r},faults={plan}")
