@@ -111,7 +111,7 @@ def test_a_correct_historical_return_is_admitted_and_resumes_with_zero_calls(
     assert [r["outcome"] for r in report["receipts"]] == ["diagnostic", "admitted"]
     assert report["items_admitted"] == 20
     result = session.run_batch("review", tasks, LABEL_SCHEMA, identity=IDENTITY, pack=20)
-    assert result.resolved and result.calls == 0 and result.resumed == 1
+    assert result.resolved and result.calls == 0 and result.rechecked == 1  # re-judged, cost 0
     account = session.ledger.cost_summary("review")["total"]
     assert (account["calls"], account["imported"], account["cost"]) == (2, 2, 0.00132)
     assert (account["input_tokens"], account["output_tokens"]) == (2400, 1600)
@@ -160,7 +160,7 @@ def test_a_registered_validator_rechecks_imported_items(tmp_path: Path) -> None:
         if item["verdict"] != "match":
             raise ValueError("only matches are plausible here")
 
-    session.validators.define(strict_review, "strict_review")
+    session.validators.define(strict_review, name="strict_review")
     history = write(tmp_path / "old.jsonl",
                     receipt(tasks, items_for(tasks), validator="strict_review"))
     report = session.ledger.import_receipts(history, validators=session.validators)
@@ -194,13 +194,13 @@ def test_export_then_import_carries_every_attempt_into_a_new_ledger(tmp_path: Pa
     exported.write_text("".join(json.dumps(r) + "\n" for r in first.ledger.export_receipts()))
     assert first.ledger.import_receipts(exported)["skipped"] == 3  # same uids: already here
 
-    second = Session(CallableProvider(lambda call: pytest.fail("resumes without calls")),
-                     ledger=tmp_path / "b.sqlite")
+    second = Session(CallableProvider(flaky), ledger=tmp_path / "b.sqlite")  # same source
+    calls["n"] = 0
     report = second.ledger.import_receipts(exported)
     assert (report["admitted"], report["rejected"]) == (2, 1)
     assert second.ledger.cost_summary()["total"]["calls"] == 3
     again = second.run_batch("labels", review_tasks(4), LABEL_SCHEMA, pack=2)
-    assert again.resolved and again.calls == 0
+    assert again.resolved and again.calls == 0 and calls["n"] == 0
 
 
 def test_an_import_beside_a_live_batch_leaves_its_current_revision_and_what_is_owed_alone(

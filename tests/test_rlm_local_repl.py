@@ -98,8 +98,12 @@ def test_budget_gate_in_a_repl_refuses_before_spending():
     out = repl.execute_code(SEED_CELL)
     assert out.startswith("BudgetExceeded") and "at least 3 exact call(s)" in out
     assert state["calls"] == spent
-    with pytest.raises(BudgetExceeded):
-        repl.globals["llm_batch_json"](["Label: great"], SCHEMA)
+    # without the validator the stored returns already pass: re-judged for free, so the gate
+    # lets the call through and nothing is spent
+    free = repl.globals["llm_batch_json"](["Label: great"], SCHEMA)
+    assert free["errors"] == [] and state["calls"] == spent
+    with pytest.raises(BudgetExceeded):  # a prompt never answered still needs a paid call
+        repl.globals["llm_batch_json"](["Label: new"], SCHEMA)
 
 
 def test_real_local_repl_gets_define_once_and_its_own_helper_by_default():

@@ -15,8 +15,8 @@ from .ledger import Ledger
 from .providers.pricing import price_for
 
 STATUSES = ("accepted", "rejected", "provider_error", "abandoned", "cancelled", "in_flight")
-COUNTERS = ("calls", "accepted_returns", "rejected_returns", "provider_errors", "abandoned",
-            "cancelled", "in_flight", "imported", "input_tokens", "output_tokens",
+COUNTERS = ("calls", "rechecks", "accepted_returns", "rejected_returns", "provider_errors",
+            "abandoned", "cancelled", "in_flight", "imported", "input_tokens", "output_tokens",
             "cached_tokens", "unknown_cost_calls", "unpriced_calls", "tasks", "usable_results")
 
 _ATTEMPTS_SQL = (
@@ -78,6 +78,9 @@ def cost_summary(ledger: Ledger, name: str | None = None) -> dict[str, Any]:
                                       if name is None or n == name}
     for row in ledger._rows(_ATTEMPTS_SQL + where, args):
         entry = per.setdefault(row["batch"], _empty(row["batch"]))
+        if row["kind"] == "recheck":  # an earlier return re-judged locally: no call, no cost
+            entry["rechecks"] += 1
+            continue
         entry["calls"] += 1
         status = row["status"]
         key = {"accepted": "accepted_returns", "rejected": "rejected_returns",

@@ -446,7 +446,10 @@ class Ledger:
         """Accepted returns under request keys as batchjson keyed them before the answer source
         was part of the key, from the same provider name and model (``seen_key`` is the old key)."""
         rows = self._by_keys(_LEGACY_SQL, list(dict.fromkeys(keys)))
-        return [r for r in rows if r["provider"] == provider and r["model"] == model]
+        # An imported receipt has no answer source on record; importing it was the user's
+        # choice to reuse it, so it is re-judged under the current rules whoever answered.
+        return [r for r in rows
+                if r["kind"] == "import" or (r["provider"] == provider and r["model"] == model)]
 
     def commit_rechecks(self, batch_id: int, revision_id: int,
                          entries: Sequence[tuple[Request, sqlite3.Row, Mapping[str, Any]]],
@@ -500,7 +503,8 @@ _EARLIER_SQL = (
     "AND a.status IN ('accepted', 'rejected') ORDER BY a.status = 'accepted' DESC, a.id DESC")
 
 _LEGACY_SQL = (
-    "SELECT a.request_key AS seen_key, a.id, a.request_key, a.raw, a.provider, a.model, a.status "
+    "SELECT a.request_key AS seen_key, a.id, a.request_key, a.raw, a.provider, a.model, a.status, "
+    "a.kind "
     "FROM attempts a WHERE a.request_key IN ({marks}) AND a.status = 'accepted' "
     "AND a.source IS NULL AND a.raw IS NOT NULL AND a.kind != 'repair' ORDER BY a.id DESC")
 

@@ -21,7 +21,7 @@ from .canon import canonical_json
 from .errors import InvalidBatch
 from .ledger import Ledger, now
 from .schema import ItemSchema, compile_schema
-from .tasks import Request, normalize_identity, normalize_tasks, pack_requests, sha
+from .tasks import Identity, Request, normalize_identity, normalize_tasks, pack_requests, sha
 
 EXPORT_FORMAT = "batchjson/receipt-1"
 SUCCESS_WORDS = frozenset({"ok", "success", "succeeded", "accepted", "done", "complete",
@@ -117,6 +117,8 @@ def _check(path: Path, number: int, record: dict[str, Any],
         raise _refuse(path, number, f"mode must be 'items' or 'value', got {mode!r}")
     try:
         identity = normalize_identity(record["identity"])
+        if record.get("identity_echo") is True:  # exported from a default-identity run
+            identity = Identity(identity, echo=True)
         tasks, texts = normalize_tasks(record["tasks"], identity)
         schema = compile_schema(record.get("schema") or {})
     except InvalidBatch as exc:
@@ -260,7 +262,9 @@ def _import_line(db: Any, ledger: Ledger, line: Line, registry: Mapping[str, Any
         (batch_id, revision_id, line.request.key, line.request.task_ids_json,
          rec.get("provider") or "import", rec.get("model"), str(rec.get("at") or now()),
          uid or f"import-{line.digest[:32]}", rec.get("at"),
-         f"{source}:{line.number}")).lastrowid
+         # batchjson's own export names its answer source; another file's is unknown
+         rec.get("source") if line.own and isinstance(rec.get("source"), str) else None,
+         )).lastrowid
     if status == "accepted":
         ledger.op_accept(db, attempt_id, batch_id, line.request.key, stored, rec["raw"], usage)
     else:
@@ -350,7 +354,9 @@ def export_receipts(ledger: Ledger, name: str | None = None) -> list[dict[str, A
             "format": EXPORT_FORMAT, "batch": row["batch"], "receipt": numbers[row["batch"]],
             "revision": row["revision"], "uid": row["uid"], "kind": row["kind"],
             "status": row["status"], "tasks": json.loads(row["tasks"]) if row["tasks"] else [],
-            "raw": row["raw"], "identity": components.get("identity", "task_id").split(","),
+            "raw": row["raw"], "source": row["source"],
+            "identity": components.get("identity", "task_id").removesuffix("+echoed")
+            .split(","), "identity_echo": components.get("identity", "").endswith("+echoed"),
             "mode": components.get("mode", "items"), "validator": row["validator_name"],
             "errors": json.loads(row["errors"]) if row["errors"] else [],
             "input_tokens": row["input_tokens"], "output_tokens": row["output_tokens"],
