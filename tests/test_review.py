@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 from batchjson import Budget, BudgetExceeded, CallableProvider, Session
 from batchjson.acceptance import accept_items
-from batchjson.errors import InvalidBatch
+from batchjson.errors import InvalidBatch, LedgerError
 from batchjson.ledger import Ledger
 from batchjson.providers.base import Reply
 from batchjson.providers.simulated import SimulatedModel
@@ -98,16 +98,21 @@ def test_calls_of_an_interrupted_run_count_against_the_session_budget():
     assert len(seen) == 2
 
 
-def test_a_known_cost_is_not_forgotten_when_another_reply_has_no_cost():
+def test_a_reply_without_a_cost_is_charged_from_its_usage_or_else_its_worst_case():
     def model(call):
-        cost = 1.5 if call.tasks[0]["task_id"].endswith("127") else None
-        return Reply(items_reply(call), cost=cost)
+        if call.tasks[0]["task_id"].endswith("127"):
+            return Reply(items_reply(call), input_tokens=100, output_tokens=5)
+        return Reply(items_reply(call))  # no usage, no cost: charged as the worst case
 
-    session = Session(CallableProvider(model), budget=Budget(cost=1.0))
+    price = {"input": 1000.0, "output": 1000.0}
+    session = Session(CallableProvider(model, price=price, max_tokens=10),
+                      budget=Budget(cost=10.0), concurrency=1)
     session.run_batch("a", review_tasks(2), LABEL_SCHEMA)
-    assert session.spent_cost == 1.5
-    with pytest.raises(BudgetExceeded):
-        session.run_batch("b", review_tasks(2, case="gold-pair-079"), LABEL_SCHEMA)
+    second = session.ledger.attempts("a")[1]
+    estimated = session.ledger._rows("SELECT estimated_input_tokens FROM attempts "
+                                     "WHERE id = ?", (second.id,))[0][0]
+    assert second.cost is None and estimated > 0
+    assert session.spent_cost == pytest.approx(0.105 + (estimated + 10) * 1000 / 1e6)
 
 
 def test_two_threads_share_one_session_call_budget():
@@ -146,8 +151,8 @@ def test_two_threads_share_one_session_call_budget():
 def test_a_cancel_right_after_the_begin_receipt_commits_closes_that_receipt(monkeypatch):
     begin = Ledger.op_begin
 
-    def op_begin(db, *args):
-        attempt_id = begin(db, *args)
+    def op_begin(db, *args, **kwargs):
+        attempt_id = begin(db, *args, **kwargs)
         loop = asyncio.get_running_loop()
         for task in asyncio.all_tasks(loop):  # an interrupt lands before the worker resumes
             loop.call_soon(task.cancel)
@@ -163,10 +168,10 @@ def test_a_cancel_right_after_the_begin_receipt_commits_closes_that_receipt(monk
 def test_a_write_failure_in_a_notebook_loop_leaves_no_receipt_in_flight(monkeypatch):
     begin = Ledger.op_begin
 
-    def op_begin(db, batch_id, revision_id, request, *args):
+    def op_begin(db, batch_id, revision_id, request, *args, **kwargs):
         if request.position == 1:
             raise sqlite3.OperationalError("disk I/O error")
-        return begin(db, batch_id, revision_id, request, *args)
+        return begin(db, batch_id, revision_id, request, *args, **kwargs)
 
     monkeypatch.setattr(Ledger, "op_begin", staticmethod(op_begin))
 
@@ -183,8 +188,9 @@ def test_a_write_failure_in_a_notebook_loop_leaves_no_receipt_in_flight(monkeypa
     async def cell():  # a running loop, as in Jupyter: the run happens on a worker thread
         session.run_batch("r", review_tasks(2), LABEL_SCHEMA)
 
-    with pytest.raises(sqlite3.OperationalError):
+    with pytest.raises(LedgerError, match="disk I/O error") as raised:
         asyncio.run(cell())
+    assert ":memory:" in str(raised.value)  # names the ledger
     assert [a.status for a in session.ledger.attempts("r")] == ["cancelled"]
 
 

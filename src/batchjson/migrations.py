@@ -81,6 +81,13 @@ MIGRATIONS: list[str] = [
         digest TEXT PRIMARY KEY, attempt_id INTEGER REFERENCES attempts(id),
         source TEXT, line INTEGER, outcome TEXT NOT NULL, imported_at TEXT NOT NULL);
     """,
+    # 3: the least a sent call costs (estimated input tokens at the model's input price), so a
+    # killed call is accounted as "at least this much", never as zero; indexes for claim work.
+    """
+    ALTER TABLE attempts ADD COLUMN cost_floor REAL;
+    CREATE INDEX attempts_by_owner ON attempts (owner, status);
+    CREATE INDEX claims_by_owner ON claims (owner);
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from . import structured
-from ._aio import run_sync
-from .budget import Budget, Spender, Tally
+from ._aio import BackgroundLoop
+from .budget import Budget, Spender, Tally, pricing_of
 from .errors import BatchUnresolved, InvalidBatch
 from .evidence import Evidence
 from .ledger import Ledger
@@ -69,6 +71,11 @@ class Session:
                 v.name, v.fingerprint.digest, v.where, v.fingerprint.by_identity))
         self.evidence = Evidence(self.ledger)
         self.tally = Tally()  # charged as calls are reserved, by every run and thread
+        # One event loop for the session's life: runs are tasks on it, connections are reused.
+        self.id = uuid.uuid4().hex[:12]
+        self._loop = BackgroundLoop(f"batchjson-{self.id}")
+        self._used: list[Any] = []  # providers that ran on the loop, closed with it
+        self._finalizer = weakref.finalize(self, _shutdown, self._loop, self._used)
 
     @property
     def spent_calls(self) -> int:
@@ -99,6 +106,8 @@ class Session:
         self._provider = None
 
     def close(self) -> None:
+        """Close pooled provider connections, stop the session's event loop, close the ledger."""
+        self._finalizer()
         self.ledger.close()
 
     # -- the main entry point ------------------------------------------------------------------
@@ -194,7 +203,7 @@ class Session:
                     pack_requests(task_list, pack, key_content, task_texts))
         done = self.ledger.accepted_keys([r.key for r in requests])
         pending = [r for r in requests if r.key not in done]
-        spender = Spender(max_calls, self.budget, self.tally)
+        spender = Spender(max_calls, self.budget, self.tally, pricing_of(provider))
         if spec.refuse_short_budget:
             spender.refuse_if_short(len(pending))
 
@@ -211,7 +220,7 @@ class Session:
         if pending:
             outcome = self._replay(plan, provider, spender, pending, spec.progress, name)
         result = self._result(name, revision.number, task_list, item_schema, outcome,
-                              resumed=len(requests) - len(pending))
+                              resumed=len(requests) - len(pending), revision_id=revision.id)
         if superseded is not None:
             result.superseded = (f"revision {superseded.number} superseded "
                                  f"({superseded.supersede_reason or 'content changed'})")
@@ -228,39 +237,60 @@ class Session:
 
             bar = tqdm(total=sum(len(r.tasks) for r in pending), desc=name, unit="task",
                        leave=False)
+        if not any(p is provider for p in self._used):
+            self._used.append(provider)
 
         async def go() -> Outcome:
             replayer = Replayer(plan, self.ledger, provider, spender, self.transport,
-                                self.concurrency, on_progress=bar.update if bar else None)
-            try:
-                return await replayer.run(pending)
-            finally:
-                await close_provider(provider)
+                                self.concurrency, on_progress=bar.update if bar else None,
+                                session_id=self.id)
+            return await replayer.run(pending)
 
         try:
-            return run_sync(go)
+            return self._loop.run(go)
         finally:
             if bar is not None:
                 bar.close()
 
     def _result(self, name: str, revision: int, task_list: list[dict], item_schema: Any,
-                outcome: Outcome, resumed: int) -> BatchResult:
-        stored = self.ledger.checkpoint(name)
+                outcome: Outcome, resumed: int, revision_id: int | None = None) -> BatchResult:
+        stored = self.ledger.checkpoint(name, revision_id)
         values = {t["task_id"]: item_schema.load(stored[t["task_id"]])
                   for t in task_list if t["task_id"] in stored}
         errors = [e for task_id, errs in outcome.errors.items() if task_id not in values
                   for e in errs]
+        why = (f"no call was made for this task in this run: {outcome.stopped}"
+               if outcome.stopped else "no call was made for this task in this run")
         for t in task_list:
             if t["task_id"] not in values and t["task_id"] not in outcome.errors:
                 errors.append({"type": "not_attempted", "task_id": t["task_id"],
-                               "message": "no call was made for this task in this run"})
-        return BatchResult(
+                               "message": why})
+        result = BatchResult(
             name=name, status="resolved" if len(values) == len(task_list) else "unresolved",
             values=values, errors=errors, calls=outcome.calls, tokens=outcome.tokens,
             cost=outcome.cost, revision=revision, total_tasks=len(task_list),
             accepted_returns=outcome.accepted_returns, rejected_returns=outcome.rejected_returns,
             provider_errors=outcome.provider_errors, resumed=resumed,
             attempts_by_task=dict(outcome.attempts_by_task), repairs_made=outcome.repairs_made)
+        if outcome.stopped:
+            result.notes.append(outcome.stopped)
+        if outcome.taken_from_ledger:
+            result.notes.append(f"{outcome.taken_from_ledger} request(s) were resolved by another "
+                                "runner of the same content; their values come from the ledger")
+        return result
+
+
+def _shutdown(loop: BackgroundLoop, providers: list[Any]) -> None:
+    """Close what the providers pooled on the session's loop, then stop it (also at exit, or
+    when an unclosed session is collected; the ledger is closed only by Session.close)."""
+    async def close_all() -> None:
+        for provider in providers:
+            try:
+                await close_provider(provider)
+            except Exception:  # noqa: BLE001 - one provider failing to close must not stop
+                pass
+
+    loop.close(close_all)
 
 
 def _index_form(fn: Callable[[Any, int], Any]) -> Callable[[Any, Mapping[str, Any]], Any]:

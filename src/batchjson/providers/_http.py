@@ -23,7 +23,7 @@ import pydantic_core
 from ..acceptance import parse_json
 from ..errors import BatchJsonError, InvalidBatch, ProviderError, ProviderNotConfigured
 from .base import Call
-from .pricing import cost_of, normalize_prices
+from .pricing import cost_of, normalize_prices, price_for
 
 _NON_RETRYABLE_QUOTA = ("insufficient_quota", "billing_hard_limit_reached")
 
@@ -393,6 +393,10 @@ class HttpProvider:
             cost = cost_of(self.model, inp, out, cached, self.prices,
                            cache_write_tokens=written)
         return cost
+
+    def price_for_budget(self) -> Any:
+        """The asked-for model's price (``prices=``, set_prices, defaults) for cost budgets."""
+        return price_for(self.model, self.prices)
 
     async def _post(self, body: Mapping[str, Any]) -> dict[str, Any]:
         return await post_json(self._sessions.get(), self.url, encode_body(body), self._headers,

@@ -73,11 +73,20 @@ class CallableProvider:
 
     name = "callable"
 
-    def __init__(self, fn: Any, *, model: str | None = None) -> None:
+    def __init__(self, fn: Any, *, model: str | None = None, price: Any = None,
+                 max_tokens: int | None = None) -> None:
         if not callable(fn):
             raise TypeError("CallableProvider needs a callable fn(call) -> str")
         self.fn = fn
         self.model = model or getattr(fn, "__name__", "callable")
+        from .pricing import as_price  # the price table imports errors only; kept local
+
+        self.price = None if price is None else as_price(price)
+        self.max_tokens = max_tokens
+
+    def price_for_budget(self) -> Any:
+        """USD per million tokens for cost budgets (``price=``), or None: unpriced."""
+        return self.price
 
     async def complete(self, call: Call) -> Reply:
         out = await asyncio.to_thread(self.fn, call) if _is_blocking(self.fn) else self.fn(call)
