@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,6 +137,8 @@ class Spender:
         self.max_calls = max_calls
         self.budget = budget
         self.calls = 0
+        self.outstanding = 0  # this run's reservations not yet settled or released
+        self.on_settle: Callable[[], None] | None = None
         self._tally = tally
         self.pricing = pricing or Pricing(None, None, None)
         if budget.cost is not None and not self.pricing.priced:
@@ -175,6 +177,7 @@ class Spender:
                     and self._tally.cost + self._tally.reserved + worst > self.budget.cost):
                 return None
             self.calls += 1
+            self.outstanding += 1
             self._tally.calls += 1
             self._tally.reserved += worst
             return worst
@@ -183,18 +186,27 @@ class Spender:
         """A reserved call was never sent: it costs nothing and is not a call."""
         with self._tally.lock:
             self.calls -= 1
+            self.outstanding -= 1
             self._tally.calls -= 1
             self._tally.reserved -= reserved
+        self._settled()
 
     def settle(self, reserved: float, cost: float | None) -> None:
         """Replace a call's reservation by its real cost; an unknown cost keeps the worst case."""
         if cost is None or not math.isfinite(cost) or cost < 0:
             cost = reserved
         with self._tally.lock:
+            self.outstanding -= 1
             self._tally.reserved -= reserved
             self._tally.cost += cost
+        self._settled()
+
+    def _settled(self) -> None:
+        if self.on_settle is not None:
+            self.on_settle()
 
     @property
     def waiting_on_reservations(self) -> bool:
-        """True when calls in flight may settle below their reservation and free budget."""
-        return self.budget.cost is not None and self._tally.reserved > 1e-12
+        """True when this run's reserved calls may settle below their reservation and so free
+        cost budget for another call."""
+        return self.budget.cost is not None and self.outstanding > 0

@@ -92,7 +92,6 @@ class Replayer:
         self._reachable: asyncio.Event | None = None
         self._prober: str | None = None  # the request whose retries probe an unreachable host
         self._settled: asyncio.Event | None = None
-        self._in_flight = 0
         self._workers: list[asyncio.Future] = []
 
     async def run(self, requests: list[Request]) -> Outcome:
@@ -111,6 +110,7 @@ class Replayer:
         self._reachable = asyncio.Event()
         self._reachable.set()
         self._settled = asyncio.Event()
+        self.spender.on_settle = self._settled.set
         # Splitting can turn one request into many: with split on, size the pool for tasks.
         work = sum(len(r.tasks) for r in requests) if self.plan.split else len(requests)
         workers = [asyncio.ensure_future(self._worker()) for _ in range(min(self.concurrency,
@@ -346,7 +346,7 @@ class Replayer:
             reserved = self.spender.reserve(input_tokens)
             if reserved is not None:
                 return reserved
-            if not (self._in_flight and self.spender.waiting_on_reservations):
+            if not self.spender.waiting_on_reservations:
                 raise OutOfBudget()
             self._settled.clear()
             await self._settled.wait()
@@ -397,6 +397,13 @@ class Replayer:
             self.spender.release(reserved)
             raise Resolved() if state == claims.ACCEPTED else Held()
         assert attempt_id is not None
+        if not self._reachable.is_set() and self._prober != request.key:
+            try:  # a call failed to connect meanwhile: send only if its host comes back
+                await self._reachable.wait()
+            except asyncio.CancelledError:
+                self.spender.release(reserved)
+                self._close(attempt_id, "interrupted", None)
+                raise
         if self._stop is not None:  # stopped while the receipt was committed: never sent
             self.spender.release(reserved)
             self._close(attempt_id, "stopped before it was sent", None)
@@ -409,7 +416,6 @@ class Replayer:
                 self.outcome.attempts_by_task.get(task_id, 0) + 1)
         call = self._make_call(request, kind, prompt, number)
         sent_at = now()
-        self._in_flight += 1
         settled = False
         try:
             try:
@@ -425,10 +431,6 @@ class Replayer:
             if not isinstance(exc, ProviderError):
                 self._close(attempt_id, _why(exc), sent_at)
             raise
-        finally:
-            self._in_flight -= 1
-            assert self._settled is not None
-            self._settled.set()
 
     def _stop_for(self, exc: LedgerError) -> None:
         """The ledger failed: no call is opened, and calls in flight (whose answers could not
