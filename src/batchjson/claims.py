@@ -118,33 +118,42 @@ MINE, HELD, ACCEPTED = "mine", "held", "accepted"
 
 
 def claim(db: sqlite3.Connection, request_key: str, owner: Owner) -> str:
-    """Claim ``request_key`` for ``owner`` inside the caller's transaction.
+    """Claim ``request_key`` for ``owner`` inside the caller's transaction; one statement reads
+    both whether it is accepted and who holds it (the hot path of every call).
 
-    Returns ACCEPTED (already resolved: nothing to send), HELD (a live runner has it) or MINE.
+    Returns ACCEPTED (already resolved: nothing to send), HELD (a live runner has it) or MINE;
+    the caller then writes the receipt and :func:`hold` records it on the claim.
     """
-    if db.execute("SELECT 1 FROM attempts WHERE request_key = ? AND status = 'accepted' LIMIT 1",
-                  (request_key,)).fetchone() is not None:
+    row = db.execute(_CLAIM_SQL, (request_key, request_key)).fetchone()
+    if row[0]:
         return ACCEPTED
-    me = owner.id
-    at = time.time()
-    row = db.execute("SELECT owner, host, pid, lease_expires_at FROM claims "
-                     "WHERE request_key = ?", (request_key,)).fetchone()
-    if row is not None and row[0] != me:
-        if not owner_gone(row[0], row[1], row[2], row[3], at):
+    holder = row[1]
+    if holder is not None and holder != owner.id:
+        if not owner_gone(holder, row[2], row[3], row[4], time.time()):
             return HELD
-        abandon(db, row[0])
-        row = None
-    if row is None:
-        db.execute("INSERT INTO claims(request_key, owner, host, pid, session, lease_expires_at, "
-                   "claimed_at) VALUES (?,?,?,?,?,?,?)",
-                   (request_key, me, owner.host, owner.pid, owner.session, at + LEASE_SECONDS,
-                    now()))
+        abandon(db, holder)
     return MINE
 
 
-def note_attempt(db: sqlite3.Connection, request_key: str, owner: Owner, attempt_id: int) -> None:
-    db.execute("UPDATE claims SET attempt_id = ?, lease_expires_at = ? WHERE request_key = ? "
-               "AND owner = ?", (attempt_id, time.time() + LEASE_SECONDS, request_key, owner.id))
+# PostgreSQL: SELECT ... FROM claims WHERE request_key = $1 FOR UPDATE SKIP LOCKED (a row
+# another transaction is deciding on is skipped and treated as HELD), and the accepted check
+# as the same EXISTS; SQLite's BEGIN IMMEDIATE makes the plain read atomic with the write.
+_CLAIM_SQL = (
+    "SELECT EXISTS (SELECT 1 FROM attempts WHERE request_key = ? AND status = 'accepted'), "
+    "c.owner, c.host, c.pid, c.lease_expires_at FROM (SELECT ? AS k) AS x "
+    "LEFT JOIN claims c ON c.request_key = x.k")
+
+
+def hold(db: sqlite3.Connection, request_key: str, owner: Owner, attempt_id: int) -> None:
+    """Record (or refresh) this owner's claim, pointing at the receipt just written."""
+    db.execute(
+        "INSERT INTO claims(request_key, owner, host, pid, session, attempt_id, "
+        "lease_expires_at, claimed_at) VALUES (?,?,?,?,?,?,?,?) ON CONFLICT(request_key) DO "
+        "UPDATE SET owner = excluded.owner, host = excluded.host, pid = excluded.pid, "
+        "session = excluded.session, attempt_id = excluded.attempt_id, "
+        "lease_expires_at = excluded.lease_expires_at",
+        (request_key, owner.id, owner.host, owner.pid, owner.session, attempt_id,
+         time.time() + LEASE_SECONDS, now()))
 
 
 def release(db: sqlite3.Connection, request_key: str, owner: Owner) -> None:

@@ -327,20 +327,20 @@ class Ledger:
         (``already_accepted``) and False is returned.
         """
         stamp = now()
-        first = db.execute("SELECT attempt_id FROM checkpoint WHERE request_key = ? AND "
-                           "batch_id = ? LIMIT 1", (request_key, batch_id)).fetchone()
-        if first is not None and first[0] != attempt_id:
+        rows = [(batch_id, request_key, task_id, attempt_id, json.dumps(item), stamp)
+                for task_id, item in items.items()]
+        sql = ("INSERT INTO checkpoint(batch_id, request_key, task_id, attempt_id, item, "
+               "committed_at) VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING")
+        added = (db.execute(sql, rows[0]) if len(rows) == 1 else db.executemany(sql, rows)).rowcount
+        if rows and added == 0:  # every row was already there: another return came first
+            first = db.execute("SELECT attempt_id FROM checkpoint WHERE request_key = ? AND "
+                               "batch_id = ? LIMIT 1", (request_key, batch_id)).fetchone()[0]
             cls._finish(db, attempt_id, "rejected", [{
                 "type": "already_accepted", "task_id": None,
-                "message": f"attempt {first[0]} of another runner was admitted first; this "
+                "message": f"attempt {first} of another runner was admitted first; this "
                 "return was paid for but admits nothing"}], raw, usage, stamp, sent_at)
             return False
         cls._finish(db, attempt_id, "accepted", (), raw, usage, stamp, sent_at)
-        db.executemany(
-            "INSERT INTO checkpoint(batch_id, request_key, task_id, attempt_id, item, "
-            "committed_at) VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING",
-            [(batch_id, request_key, task_id, attempt_id, json.dumps(item), stamp)
-             for task_id, item in items.items()])
         return True
 
     @classmethod

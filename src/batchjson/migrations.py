@@ -85,7 +85,6 @@ MIGRATIONS: list[str] = [
     # killed call is accounted as "at least this much", never as zero; indexes for claim work.
     """
     ALTER TABLE attempts ADD COLUMN cost_floor REAL;
-    CREATE INDEX attempts_by_owner ON attempts (owner, status);
     CREATE INDEX claims_by_owner ON claims (owner);
     """,
 ]

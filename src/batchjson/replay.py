@@ -226,7 +226,8 @@ class Replayer:
         except Stopped:
             self._release(request)
             return
-        self._release(request)
+        if not verdict.accepted:  # an accepted request's claim goes with the run's release
+            self._release(request)
         self._progress(request)
         if verdict.accepted:
             for task_id in request.task_ids:
@@ -373,7 +374,7 @@ class Replayer:
             attempt_id = ledger.op_begin(db, plan.batch_id, plan.revision_id, request, kind,
                                          self._provider_name, self._model, owner=owner.id,
                                          estimated_input_tokens=estimated, cost_floor=floor)
-            claims.note_attempt(db, request.key, owner, attempt_id)
+            claims.hold(db, request.key, owner, attempt_id)
             return state, attempt_id
 
         begun = self.writes.submit(begin)
