@@ -82,10 +82,9 @@ MIGRATIONS: list[str] = [
         source TEXT, line INTEGER, outcome TEXT NOT NULL, imported_at TEXT NOT NULL);
     """,
     # 3: the least a sent call costs (estimated input tokens at the model's input price), so a
-    # killed call is accounted as "at least this much", never as zero; indexes for claim work.
+    # killed call is accounted as "at least this much", never as zero.
     """
     ALTER TABLE attempts ADD COLUMN cost_floor REAL;
-    CREATE INDEX claims_by_owner ON claims (owner);
     """,
 ]
 
