@@ -13,6 +13,7 @@ aside and waited for at the end; its accepted result is read from the ledger.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -117,6 +118,10 @@ class Replayer:
                                                                              work))]
         self._workers = workers
         lease = asyncio.ensure_future(self._renew())
+        # Every call allocates futures and records; the collector would otherwise rescan the
+        # whole long-lived heap (a kernel's, say) many times a run. Frozen objects are skipped
+        # until the run ends and hands them back.
+        gc.freeze()
         try:
             await asyncio.gather(*workers)
         except asyncio.CancelledError:
@@ -131,6 +136,7 @@ class Replayer:
             self.writes.submit(lambda db: claims.release_all(db, self.owner))
             self.writes.flush_now()  # whatever was judged is committed before we return
             self.owner.stop()
+            gc.unfreeze()
         if self._fatal is not None:
             raise self._fatal
         try:
