@@ -228,3 +228,21 @@ def test_a_kill_at_any_point_leaves_a_consistent_ledger_and_rerun_spends_nothing
     accepted = [r.request_key for r in receipts if r.status == "accepted"]
     assert len(accepted) == len(set(accepted)) == 6  # no request paid for twice
     session.close()
+
+
+def test_a_schema_2_ledger_is_upgraded_keeping_its_claims_and_receipts(tmp_path):
+    from batchjson.migrations import MIGRATIONS
+
+    path = tmp_path / "l.sqlite"
+    db = sqlite3.connect(path, isolation_level=None)
+    for version, script in enumerate(MIGRATIONS[:2], start=1):  # a ledger written by schema 2
+        db.executescript(script)
+        db.execute(f"PRAGMA user_version = {version}")
+    db.execute("INSERT INTO claims VALUES ('k', 'h/1/s/r', 'h', 1, 's', NULL, 1.0, 'then')")
+    db.close()
+    ledger = Ledger(path)
+    assert ledger._rows("PRAGMA user_version")[0][0] == SCHEMA_VERSION
+    assert [tuple(r) for r in ledger._rows("SELECT request_key, owner FROM claims")] == [
+        ("k", "h/1/s/r")]
+    assert "cost_floor" in {r[1] for r in ledger._rows("PRAGMA table_info(attempts)")}
+    ledger.close()
