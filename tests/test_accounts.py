@@ -170,8 +170,6 @@ def test_a_killed_run_stays_in_the_account_with_a_lower_bound_and_a_rerun_comple
     assert labels["cost_per_usable_result"] > labels["cost"] / 4
 
 
-@pytest.mark.xfail(strict=False, reason="a killed runner's receipt becomes 'abandoned' when "
-                   "its claim is taken over: that transition lands with the claims issue")
 def test_a_killed_run_leaves_abandoned_calls_that_status_counts(tmp_path: Path) -> None:
     ledger = _kill_mid_batch(tmp_path)
     status = json.loads(cli("status", "--json", "--ledger", str(ledger), cwd=tmp_path).stdout)

@@ -59,10 +59,13 @@ def batchjson_model(call):
 
 
 def test_same_return_shape_and_content_as_droste():
+    # Without the crashing prompt: batchjson, unlike droste, stops opening calls once a
+    # validator crashes (tests/test_replay.py), so that case is compared there.
+    clean = PROMPTS[:4]
     expected = droste_structured.structured_batch(
-        ScriptedSubcalls(), PROMPTS, SCHEMA, max_repair_attempts=1, validator=validator)
+        ScriptedSubcalls(), clean, SCHEMA, max_repair_attempts=1, validator=validator)
     session = Session(CallableProvider(batchjson_model), replays=0)
-    got = session.llm_batch_json(PROMPTS, SCHEMA, max_repair_attempts=1, validator=validator)
+    got = session.llm_batch_json(clean, SCHEMA, max_repair_attempts=1, validator=validator)
 
     assert set(got) == {"values", "errors", "attempts", "repairs_made"}
     assert got["values"] == expected["values"]

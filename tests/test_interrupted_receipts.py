@@ -8,6 +8,7 @@ import sqlite3
 import pytest
 
 from batchjson import CallableProvider, Session
+from batchjson.errors import LedgerError
 from batchjson.ledger import Ledger
 from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
 
@@ -15,8 +16,8 @@ from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
 def test_a_cancel_right_after_the_begin_receipt_commits_closes_that_receipt(monkeypatch):
     begin = Ledger.op_begin
 
-    def op_begin(db, *args):
-        attempt_id = begin(db, *args)
+    def op_begin(db, *args, **kwargs):
+        attempt_id = begin(db, *args, **kwargs)
         loop = asyncio.get_running_loop()
         for task in asyncio.all_tasks(loop):  # an interrupt lands before the worker resumes
             loop.call_soon(task.cancel)
@@ -32,10 +33,10 @@ def test_a_cancel_right_after_the_begin_receipt_commits_closes_that_receipt(monk
 def test_a_write_failure_in_a_notebook_loop_leaves_no_receipt_in_flight(monkeypatch):
     begin = Ledger.op_begin
 
-    def op_begin(db, batch_id, revision_id, request, *args):
+    def op_begin(db, batch_id, revision_id, request, *args, **kwargs):
         if request.position == 1:
             raise sqlite3.OperationalError("disk I/O error")
-        return begin(db, batch_id, revision_id, request, *args)
+        return begin(db, batch_id, revision_id, request, *args, **kwargs)
 
     monkeypatch.setattr(Ledger, "op_begin", staticmethod(op_begin))
 
@@ -52,6 +53,7 @@ def test_a_write_failure_in_a_notebook_loop_leaves_no_receipt_in_flight(monkeypa
     async def cell():  # a running loop, as in Jupyter: the run happens on a worker thread
         session.run_batch("r", review_tasks(2), LABEL_SCHEMA)
 
-    with pytest.raises(sqlite3.OperationalError):
+    with pytest.raises(LedgerError, match="disk I/O error") as raised:
         asyncio.run(cell())
+    assert ":memory:" in str(raised.value)  # names the ledger
     assert [a.status for a in session.ledger.attempts("r")] == ["cancelled"]

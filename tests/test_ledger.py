@@ -182,3 +182,85 @@ def test_checkpoint_count_matches_the_checkpoint_for_one_batch_and_all():
     assert ledger.checkpoint_count("a") == len(ledger.checkpoint("a")) == 3
     assert ledger.checkpoint_count("b") == len(ledger.checkpoint("b")) == 1
     assert ledger.checkpoint_count() == 4 == session.evidence.summary()["usable_results"]
+
+
+KILL_AT = textwrap.dedent("""
+    import os, signal, sys
+    from batchjson import CallableProvider, Session, claims
+    from batchjson.ledger import Ledger
+    from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
+
+    point, seen = sys.argv[2], []
+
+    def maybe_die(here):
+        if here == point:
+            seen.append(here)
+            if len(seen) == 3:  # two of these went through; die on the third
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    claim, accept = claims.claim, Ledger.op_accept
+
+    def claiming(db, *args):
+        state = claim(db, *args)
+        maybe_die("claim")  # inside the transaction of the claim and its receipt
+        return state
+
+    def accepting(db, *args, **kwargs):
+        out = accept(db, *args, **kwargs)
+        maybe_die("accept")  # accepted and checkpointed, not yet committed
+        return out
+
+    def model(call):
+        maybe_die("send")  # claim and receipt committed, the call is out
+        return items_reply(call)
+
+    claims.claim = claiming
+    Ledger.op_accept = staticmethod(accepting)
+    session = Session(CallableProvider(model), ledger=sys.argv[1], concurrency=2)
+    session.run_batch("r", review_tasks(6), LABEL_SCHEMA)
+""")
+
+
+@pytest.mark.parametrize("point", ["claim", "send", "accept"])
+def test_a_kill_at_any_point_leaves_a_consistent_ledger_and_rerun_spends_nothing_twice(
+        tmp_path, point):
+    path = tmp_path / "l.sqlite"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run([sys.executable, "-c", KILL_AT, str(path), point], env=env,
+                          cwd=os.getcwd(), timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert db.execute("SELECT COUNT(*) FROM attempts a WHERE status = 'accepted' AND NOT "
+                          "EXISTS (SELECT 1 FROM checkpoint c WHERE c.attempt_id = a.id)"
+                          ).fetchone()[0] == 0
+        accepted_before = db.execute("SELECT COUNT(*) FROM attempts WHERE status = 'accepted'"
+                                     ).fetchone()[0]
+    sent = []
+    session = Session(CallableProvider(lambda call: sent.append(call) or items_reply(call)),
+                      ledger=path, concurrency=2)
+    result = session.run_batch("r", review_tasks(6), LABEL_SCHEMA)
+    assert result.status == "resolved" and len(sent) == 6 - accepted_before
+    receipts = session.ledger.attempts("r")
+    assert "in_flight" not in {r.status for r in receipts}  # the killed runner's: abandoned
+    accepted = [r.request_key for r in receipts if r.status == "accepted"]
+    assert len(accepted) == len(set(accepted)) == 6  # no request paid for twice
+    session.close()
+
+
+def test_a_schema_2_ledger_is_upgraded_keeping_its_claims_and_receipts(tmp_path):
+    from batchjson.migrations import MIGRATIONS
+
+    path = tmp_path / "l.sqlite"
+    db = sqlite3.connect(path, isolation_level=None)
+    for version, script in enumerate(MIGRATIONS[:2], start=1):  # a ledger written by schema 2
+        db.executescript(script)
+        db.execute(f"PRAGMA user_version = {version}")
+    db.execute("INSERT INTO claims VALUES ('k', 'h/1/s/r', 'h', 1, 's', NULL, 1.0, 'then')")
+    db.close()
+    ledger = Ledger(path)
+    assert ledger._rows("PRAGMA user_version")[0][0] == SCHEMA_VERSION
+    assert [tuple(r) for r in ledger._rows("SELECT request_key, owner FROM claims")] == [
+        ("k", "h/1/s/r")]
+    assert "cost_floor" in {r[1] for r in ledger._rows("PRAGMA table_info(attempts)")}
+    ledger.close()

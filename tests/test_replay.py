@@ -1,30 +1,27 @@
-"""The replay loop opens each worker's next call while the current one is in flight.
-
-Opening means: budget reserved and in-flight receipt committed, so the next send waits for no
-ledger write. These tests hold what users rely on around that: a call that was opened but never
-sent leaves no receipt and costs no budget, and a slow call never holds up the call opened
-behind it.
-"""
+"""The replay loop is a plain worker pool: each worker reserves, claims and commits the receipt of
+a call, then sends it. These tests hold what users rely on around that: a receipt never sent is
+not a call, a slow call never holds up the others, and a run stops early (validator crash,
+unreachable host) without sending what cannot help. The Session's one event loop is reused."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
-from batchjson import Budget, CallableProvider, Session
+from batchjson import Budget, CallableProvider, ProviderError, Session
+from batchjson.providers.simulated import SimulatedModel
+from batchjson.testing import LoopbackServer
 from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
 
 
-@pytest.mark.parametrize("when", ["before its receipt is written", "after its receipt is written"])
-def test_a_call_opened_but_never_sent_leaves_no_receipt_and_costs_nothing(when):
+def test_an_interrupted_run_counts_only_the_calls_it_sent():
     sent = []
 
     async def model(call):
         sent.append(call.tasks[0]["task_id"])
         if len(sent) == 2:
-            if when == "after its receipt is written":
-                await asyncio.sleep(0.05)  # the group commit writes the third call's receipt
             raise KeyboardInterrupt  # Ctrl-C while the second call is out
         return items_reply(call)
 
@@ -43,26 +40,54 @@ def test_a_call_opened_but_never_sent_leaves_no_receipt_and_costs_nothing(when):
     assert kinds == {tasks[1]["task_id"]: "replay", tasks[2]["task_id"]: "initial"}
 
 
-def test_a_slow_call_does_not_hold_up_the_call_opened_behind_it():
+def test_a_receipt_committed_but_never_sent_is_not_a_call(monkeypatch):
+    """A Ctrl-C landing between the receipt's commit and the send: the receipt is closed as
+    cancelled with no sent_at, and neither the ledger nor the budget counts it."""
+    from batchjson.ledger import Ledger
+
+    begin = Ledger.op_begin
+
+    def op_begin(db, *args, **kwargs):
+        attempt_id = begin(db, *args, **kwargs)
+        loop = asyncio.get_running_loop()
+        for task in asyncio.all_tasks(loop):  # the interrupt lands before the worker resumes
+            loop.call_soon(task.cancel)
+        return attempt_id
+
+    monkeypatch.setattr(Ledger, "op_begin", staticmethod(op_begin))
+    sent = []
+    session = Session(CallableProvider(lambda call: sent.append(call) or items_reply(call)))
+    with pytest.raises((asyncio.CancelledError, KeyboardInterrupt)):
+        session.run_batch("r", review_tasks(1), LABEL_SCHEMA)
+    assert sent == []
+    assert [a.status for a in session.ledger.attempts("r")] == ["cancelled"]
+    spend = session.ledger.spend("r")
+    assert spend["calls"] == 0 and spend["unsent"] == 1 and session.spent_calls == 0
+
+
+def test_a_slow_call_does_not_hold_up_the_others():
     tasks = review_tasks(3)
     slow = tasks[0]["task_id"]
     log = []
+    release = asyncio.Event()
 
     async def model(call):
         task_id = call.tasks[0]["task_id"]
         log.append(("start", task_id))
-        await asyncio.sleep(0.6 if task_id == slow else 0.01)
+        if task_id == slow:
+            await release.wait()
+        elif len([e for e in log if e[0] == "end"]) == 1:
+            release.set()  # the other two calls went out and came back meanwhile
         log.append(("end", task_id))
         return items_reply(call)
 
     session = Session(CallableProvider(model), concurrency=2)
     result = session.run_batch("r", tasks, LABEL_SCHEMA)
     assert result.status == "resolved" and result.calls == 3
-    # The third call, opened ahead by the slow call's worker, went out with the idle one.
-    assert log.index(("start", tasks[2]["task_id"])) < log.index(("end", slow))
+    assert log.index(("end", tasks[2]["task_id"])) < log.index(("end", slow))
 
 
-def test_near_the_end_of_the_budget_calls_are_reserved_only_as_they_are_sent():
+def test_near_the_end_of_the_budget_the_request_in_hand_is_finished_first():
     tasks = review_tasks(2)
     sent = []
 
@@ -70,8 +95,6 @@ def test_near_the_end_of_the_budget_calls_are_reserved_only_as_they_are_sent():
         sent.append((call.kind, call.tasks[0]["task_id"]))
         return "not json" if len(sent) == 1 else items_reply(call)
 
-    # Two calls: the first return is rejected, and its repair must not lose the last call to
-    # the next request opened ahead of time. The request in hand is finished first.
     session = Session(CallableProvider(model), budget=Budget(calls=2), concurrency=1,
                       repairs=1, replays=0)
     result = session.run_batch("r", tasks, LABEL_SCHEMA, on_exhausted="return")
@@ -80,27 +103,83 @@ def test_near_the_end_of_the_budget_calls_are_reserved_only_as_they_are_sent():
     assert list(result.values) == [first] and session.spent_calls == 2
 
 
-def test_under_a_cost_budget_no_call_is_opened_ahead():
-    from batchjson.providers.base import Reply
-
-    reserved_at_send = []
+def test_a_validator_crash_stops_the_batch_opening_calls_and_names_the_line():
+    sent = []
 
     def model(call):
-        reserved_at_send.append(session.spent_calls)
-        return Reply(items_reply(call), cost=0.01)
-
-    session = Session(CallableProvider(model), budget=Budget(cost=1.0), concurrency=1)
-    session.run_batch("r", review_tasks(3), LABEL_SCHEMA)
-    assert reserved_at_send == [1, 2, 3]  # each call reserved as it is sent, none ahead
-
-
-def test_with_an_ample_budget_the_next_call_is_opened_before_the_current_is_sent():
-    reserved_at_send = []
-
-    def model(call):
-        reserved_at_send.append(session.spent_calls)
+        sent.append(call.kind)
         return items_reply(call)
 
-    session = Session(CallableProvider(model), budget=Budget(calls=1000), concurrency=1)
-    session.run_batch("r", review_tasks(3), LABEL_SCHEMA)
-    assert reserved_at_send == [2, 3, 3]
+    def buggy(item, task):
+        return item["no_such_field"]
+
+    session = Session(CallableProvider(model), concurrency=1, repairs=2, replays=2)
+    result = session.run_batch("r", review_tasks(5), LABEL_SCHEMA, validator=buggy,
+                               on_exhausted="return")
+    assert sent == ["initial"]  # no repair, no replay, no other request
+    crash, *rest = result.errors
+    assert crash["type"] == "validator_error" and "KeyError" in crash["message"]
+    assert len(rest) == 4 and all(e["type"] == "not_attempted" for e in rest)
+    assert all("validator crashed" in e["message"] for e in rest)
+    assert any("validator crashed" in note for note in result.notes)
+
+
+def test_an_unreachable_host_stops_the_run_after_one_calls_retries():
+    tries = []
+
+    def refused(call):
+        tries.append(call.tasks[0]["task_id"])
+        raise ProviderError("connection failed (ClientConnectorError: Connect call failed)",
+                            unreachable=True)
+
+    provider = CallableProvider(refused)
+    provider.url = "http://127.0.0.1:9/v1/chat/completions"
+    session = Session(provider, concurrency=4, transport_retries=2)
+    session.transport.backoff_initial = session.transport.backoff_max = 0.001
+    with pytest.raises(ProviderError, match="is the server running") as raised:
+        session.run_batch("r", review_tasks(8), LABEL_SCHEMA)
+    assert "http://127.0.0.1:9/v1/chat/completions" in str(raised.value)
+    assert len(tries) == 3 and len(set(tries)) == 1  # one request, its transport retries only
+    assert session.ledger.spend("r")["calls"] == 3
+
+
+def test_a_blocking_provider_returns_at_its_timeout():
+    release = threading.Event()
+    finished = threading.Event()
+
+    def stuck(call):
+        release.wait(30)
+        finished.set()
+        return items_reply(call)
+
+    stuck.blocking = True
+    session = Session(CallableProvider(stuck), timeout=0.2, transport_retries=0, replays=0)
+    try:
+        result = session.run_batch("r", review_tasks(1), LABEL_SCHEMA, on_exhausted="return")
+        assert not finished.is_set()  # returned while the blocking call was still stuck
+        assert result.errors[0]["type"] == "provider_error"
+        assert "no answer within 0.2s" in result.errors[0]["message"]
+    finally:
+        release.set()
+        session.close()
+
+
+def test_one_event_loop_and_connection_pool_serve_every_run_of_a_session():
+    from batchjson.providers.openai import OpenAIProvider
+
+    with LoopbackServer(SimulatedModel(lambda task: {"verdict": "match"})) as server:
+        provider = OpenAIProvider("gpt-4o-mini", base_url=server.base_url, api_key="sk-test")
+        session = Session(provider, concurrency=2)
+        session.run_batch("a", review_tasks(2), LABEL_SCHEMA)
+        pool = list(provider._sessions._sessions.values())
+        session.run_batch("b", review_tasks(2, case="gold-pair-079"), LABEL_SCHEMA)
+        assert list(provider._sessions._sessions.values()) == pool and len(pool) == 1
+        assert not pool[0].closed  # kept open between runs: its connections are reused
+
+        async def cell():  # from a running loop, as in Jupyter
+            return session.run_batch("c", review_tasks(2, case="gold-pair-080"), LABEL_SCHEMA)
+
+        assert asyncio.run(cell()).status == "resolved"
+        assert list(provider._sessions._sessions.values()) == pool
+        session.close()
+        assert pool[0].closed

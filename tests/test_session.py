@@ -75,17 +75,18 @@ def test_budget_running_out_mid_run_leaves_requests_unresolved():
 
 def test_validator_crash_is_reported_and_never_retried():
     model = flaky(0.0)
-    session = Session(model, repairs=3, replays=3)
+    session = Session(model, repairs=3, replays=3, concurrency=1)
 
     def buggy(item, task):
         return item["no_such_field"]
 
     result = session.run_batch("r", review_tasks(2), LABEL_SCHEMA, validator=buggy,
                                on_exhausted="return")
-    assert model.calls == 2  # one per request, no repairs or replays
+    assert model.calls == 1  # no repair, no replay, and no new call once the validator crashed
     assert result.values == {}
-    assert {e["type"] for e in result.errors} == {"validator_error"}
+    assert [e["type"] for e in result.errors] == ["validator_error", "not_attempted"]
     assert "KeyError" in result.errors[0]["message"]
+    assert "validator crashed" in result.errors[1]["message"]
 
 
 def test_validator_value_error_is_repaired_with_the_errors_in_the_prompt():
@@ -338,16 +339,20 @@ def test_strict_session_refuses_a_changed_validator_while_its_evidence_is_open()
     assert session.evidence.minimum_exact_retry_calls == 2
 
 
-def test_cost_budget_stops_spending_once_reached():
+def test_cost_budget_stops_spending_before_it_would_be_exceeded():
     model = SimulatedModel(answer=answer, price_per_million=(1000.0, 1000.0))
-    session = Session(model, budget=Budget(cost=0.05), concurrency=1)
+    model.max_tokens = 20  # each call's worst case: its input plus 20 output tokens
+    session = Session(model, budget=Budget(cost=0.5), concurrency=1)
     result = session.run_batch("r", review_tasks(10), LABEL_SCHEMA, on_exhausted="return")
     spent = sum(r.cost for r in session.ledger.attempts("r"))
-    assert 0.05 <= spent < 0.05 + max(r.cost for r in session.ledger.attempts("r")) + 1e-9
+    assert 0 < spent <= 0.5 and session.spent_cost == pytest.approx(spent)
     assert result.status == "unresolved" and 0 < len(result.values) < 10
     assert {e["type"] for e in result.errors} == {"budget_exhausted"}
+    session.tally.cost = 0.5 - 0.01  # less than one answer's worth left: refused up front
+    calls = model.calls
     with pytest.raises(BudgetExceeded, match="cost budget"):
         session.run_batch("r", review_tasks(10), LABEL_SCHEMA)
+    assert model.calls == calls
 
 
 def test_rlm_namespace_gives_cells_a_droste_compatible_helper():

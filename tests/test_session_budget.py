@@ -30,16 +30,21 @@ def test_calls_of_an_interrupted_run_count_against_the_session_budget():
     assert len(seen) == 2
 
 
-def test_a_known_cost_is_not_forgotten_when_another_reply_has_no_cost():
+def test_a_reply_without_a_cost_is_charged_from_its_usage_or_else_its_worst_case():
     def model(call):
-        cost = 1.5 if call.tasks[0]["task_id"].endswith("127") else None
-        return Reply(items_reply(call), cost=cost)
+        if call.tasks[0]["task_id"].endswith("127"):
+            return Reply(items_reply(call), input_tokens=100, output_tokens=5)
+        return Reply(items_reply(call))  # no usage, no cost: charged as the worst case
 
-    session = Session(CallableProvider(model), budget=Budget(cost=1.0))
+    price = {"input": 1000.0, "output": 1000.0}
+    session = Session(CallableProvider(model, price=price, max_tokens=10),
+                      budget=Budget(cost=10.0), concurrency=1)
     session.run_batch("a", review_tasks(2), LABEL_SCHEMA)
-    assert session.spent_cost == 1.5
-    with pytest.raises(BudgetExceeded):
-        session.run_batch("b", review_tasks(2, case="gold-pair-079"), LABEL_SCHEMA)
+    second = session.ledger.attempts("a")[1]
+    estimated = session.ledger._rows("SELECT estimated_input_tokens FROM attempts "
+                                     "WHERE id = ?", (second.id,))[0][0]
+    assert second.cost is None and estimated > 0
+    assert session.spent_cost == pytest.approx(0.105 + (estimated + 10) * 1000 / 1e6)
 
 
 def test_two_threads_share_one_session_call_budget():

@@ -61,6 +61,10 @@ class Evidence:
         usable = self._ledger.checkpoint_count(batch)
         cost = spend["cost"]
         superseded = [s for s in self.superseded if batch is None or s["batch"] == batch]
+        # Killed or interrupted calls have an unknown cost: shown with the least they cost, and
+        # cost per usable result counts them at that floor (flagged as a lower bound).
+        unknown = spend["unknown_cost_calls"]
+        floor = spend["cost_lower_bound"] if unknown else cost
         return {
             "batch": batch,
             **_counts(owed),
@@ -69,10 +73,18 @@ class Evidence:
             "accepted_returns": spend["accepted"],
             "rejected_returns": spend["rejected"],
             "provider_errors": spend["provider_errors"],
+            "cancelled_calls": spend["cancelled_calls"],
+            "abandoned_calls": spend["abandoned_calls"],
+            "in_flight_calls": spend["in_flight_calls"],
+            "unknown_cost_calls": unknown,
+            "cost_lower_bound_unknown": spend["cost_lower_bound_unknown"],
+            "unpriced_unknown_calls": spend["unpriced_unknown_calls"],
             "tokens": spend["input_tokens"] + spend["output_tokens"],
             "cost": cost,
+            "cost_lower_bound": spend["cost_lower_bound"],
             "usable_results": usable,
-            "cost_per_usable_result": (cost / usable) if cost is not None and usable else None,
+            "cost_per_usable_result": (floor / usable) if floor is not None and usable else None,
+            "cost_per_usable_result_is_lower_bound": bool(unknown),
         }
 
     def __repr__(self) -> str:

@@ -7,9 +7,11 @@ its checkpoint rows are committed in one transaction; a rejected return admits n
 from __future__ import annotations
 
 import json
+import math
+import os
 import sqlite3
 import threading
-import uuid
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from .errors import LedgerError
 from .migrations import SCHEMA_VERSION, migrate
 from .tasks import Request
 
@@ -94,21 +97,25 @@ def ledger_problem(path: Path) -> str | None:
 class Ledger:
     """Thread-safe access to the ledger file (``path=None`` keeps it in memory)."""
 
-    def __init__(self, path: str | Path | None = None) -> None:
+    def __init__(self, path: str | Path | None = None, *, busy_timeout: float = 30.0) -> None:
         self.path = None if path is None else Path(path)
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
         target = ":memory:" if self.path is None else str(self.path)
-        self._db = sqlite3.connect(target, check_same_thread=False, isolation_level=None,
-                                   timeout=30.0)
-        self._db.row_factory = sqlite3.Row
-        self._lock = threading.RLock()
-        if self.path is not None:
-            self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        with self._lock:
-            migrate(self._db)
+        try:
+            if self.path is not None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(target, check_same_thread=False, isolation_level=None,
+                                       timeout=busy_timeout)
+            self._db.row_factory = sqlite3.Row
+            self._lock = threading.RLock()
+            if self.path is not None:
+                self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            with self._lock:
+                migrate(self._db)
+        except (sqlite3.Error, OSError) as exc:
+            raise LedgerError("could not open the ledger", path=self.path or ":memory:",
+                              cause=exc) from exc
 
     def __repr__(self) -> str:
         return f"Ledger({str(self.path) if self.path else ':memory:'})"
@@ -119,14 +126,38 @@ class Ledger:
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction. A failure of the ledger itself (disk full, I/O error,
+        read-only file, locked past the busy timeout) raises LedgerError naming the file and
+        the cause; the rollback after a failure never replaces that cause."""
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise self._error("could not start a write", exc) from exc
             try:
                 yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
+            except BaseException as exc:
+                self._rollback()
+                if isinstance(exc, sqlite3.Error) and _is_ledger_fault(exc):
+                    raise self._error("a write failed", exc) from exc
                 raise
-            self._db.execute("COMMIT")
+            try:
+                self._db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                self._rollback()
+                raise self._error("could not commit", exc) from exc
+
+    def _rollback(self) -> None:
+        """Undo what is left of a failed transaction; SQLite may already have undone it."""
+        if self._db.in_transaction:
+            try:
+                self._db.execute("ROLLBACK")
+            except sqlite3.Error:  # the original failure is the one worth reporting
+                pass
+
+    def _error(self, what: str, exc: BaseException) -> LedgerError:
+        return LedgerError(f"{what}; the run stopped before any further call",
+                           path=self.path or ":memory:", cause=exc)
 
     def _rows(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
         with self._lock:
@@ -264,63 +295,84 @@ class Ledger:
     @staticmethod
     def op_begin(db: sqlite3.Connection, batch_id: int, revision_id: int, request: Request,
                  kind: str, provider: str | None, model: str | None,
-                 source: str | None = None) -> int:
-        """Write an in-flight receipt; it exists before the call is made. ``source`` is the
-        provider's answer source (``providers.base.answer_source``)."""
+                 source: str | None = None, *, owner: str | None = None,
+                 estimated_input_tokens: int | None = None,
+                 cost_floor: float | None = None) -> int:
+        """Write an in-flight receipt; it is committed before the call is sent. ``source`` is
+        the provider's answer source (``providers.base.answer_source``)."""
         return db.execute(
             "INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, status, "
-            "provider, model, started_at, uid, source) VALUES (?,?,?,?,?, 'in_flight', ?,?,?,?,?)",
+            "provider, model, started_at, uid, owner, estimated_input_tokens, cost_floor, "
+            "source) VALUES (?,?,?,?,?, 'in_flight', ?,?,?,?,?,?,?,?)",
             (batch_id, revision_id, request.key, request.task_ids_json, kind, provider, model,
-             now(), uuid.uuid4().hex, source)).lastrowid
+             now(), _uid(), owner, estimated_input_tokens, cost_floor, source)).lastrowid
 
     def finish_attempt(self, attempt_id: int, status: str, *, errors: Sequence[Mapping] = (),
-                       raw: str | None = None, usage: Mapping[str, Any] | None = None) -> None:
-        """Complete a receipt that admits nothing: rejected, provider_error or cancelled."""
+                       raw: str | None = None, usage: Mapping[str, Any] | None = None,
+                       sent_at: str | None = None) -> None:
+        """Complete a receipt that admits nothing: rejected, provider_error or cancelled.
+
+        Synchronous, for a run that is unwinding; ``sent_at=None`` on a cancelled receipt says
+        its call was never sent, so it is not counted as a call.
+        """
         if status == "accepted":
             raise ValueError("use op_accept for an accepted return: it also writes the checkpoint")
-        with self._lock:
-            self._finish(self._db, attempt_id, status, errors, raw, usage or {})
-
-    def withdraw_attempt(self, attempt_id: int) -> None:
-        """Remove the receipt of a call that was opened but never sent (the run stopped first).
-
-        Only an in-flight receipt can go; a crash before this leaves it in flight, which counts
-        it as possibly made: the safe side.
-        """
-        with self._lock:
-            self._db.execute("DELETE FROM attempts WHERE id = ? AND status = 'in_flight'",
-                             (attempt_id,))
+        with self.transaction() as db:
+            self._finish(db, attempt_id, status, errors, raw, usage or {}, sent_at=sent_at)
 
     @classmethod
     def op_accept(cls, db: sqlite3.Connection, attempt_id: int, batch_id: int, request_key: str,
-                  items: Mapping[str, Any], raw: str, usage: Mapping[str, Any]) -> None:
-        """Mark the receipt accepted and admit every item; callers run it inside a transaction."""
+                  items: Mapping[str, Any], raw: str, usage: Mapping[str, Any],
+                  sent_at: str | None = None) -> bool:
+        """Mark the receipt accepted and admit every item, inside the caller's transaction.
+
+        Checkpoint rows are written once and never re-pointed: if another runner's return for
+        this request was admitted first, this one is kept as a paid return that admitted nothing
+        (``already_accepted``) and False is returned.
+        """
         stamp = now()
-        cls._finish(db, attempt_id, "accepted", (), raw, usage, stamp)
-        db.executemany(
-            "INSERT OR REPLACE INTO checkpoint(batch_id, request_key, task_id, attempt_id, "
-            "item, committed_at) VALUES (?,?,?,?,?,?)",
-            [(batch_id, request_key, task_id, attempt_id, json.dumps(item), stamp)
-             for task_id, item in items.items()])
+        rows = [(batch_id, request_key, task_id, attempt_id, json.dumps(item), stamp)
+                for task_id, item in items.items()]
+        sql = ("INSERT INTO checkpoint(batch_id, request_key, task_id, attempt_id, item, "
+               "committed_at) VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING")
+        added = (db.execute(sql, rows[0]) if len(rows) == 1 else db.executemany(sql, rows)).rowcount
+        if rows and added == 0:  # every row was already there: another return came first
+            first = db.execute("SELECT attempt_id FROM checkpoint WHERE request_key = ? AND "
+                               "batch_id = ? LIMIT 1", (request_key, batch_id)).fetchone()[0]
+            cls._finish(db, attempt_id, "rejected", [{
+                "type": "already_accepted", "task_id": None,
+                "message": f"attempt {first} of another runner was admitted first; this "
+                "return was paid for but admits nothing"}], raw, usage, stamp, sent_at)
+            return False
+        cls._finish(db, attempt_id, "accepted", (), raw, usage, stamp, sent_at)
+        return True
 
     @classmethod
     def op_finish(cls, db: sqlite3.Connection, attempt_id: int, status: str,
                   errors: Sequence[Mapping], raw: str | None,
-                  usage: Mapping[str, Any]) -> None:
+                  usage: Mapping[str, Any], sent_at: str | None = None) -> None:
         if status == "accepted":
             raise ValueError("use op_accept for an accepted return")
-        cls._finish(db, attempt_id, status, errors, raw, usage)
+        cls._finish(db, attempt_id, status, errors, raw, usage, sent_at=sent_at)
 
     @staticmethod
     def _finish(db: sqlite3.Connection, attempt_id: int, status: str, errors: Sequence[Mapping],
-                raw: str | None, usage: Mapping[str, Any], stamp: str | None = None) -> None:
+                raw: str | None, usage: Mapping[str, Any], stamp: str | None = None,
+                sent_at: str | None = None) -> None:
+        # An 'abandoned' receipt may still be completed: its owner was presumed gone (lease
+        # expired) but came back with the answer, which is the better account.
+        cost = usage.get("cost")
+        if cost is not None and not (isinstance(cost, (int, float)) and math.isfinite(cost)
+                                     and cost >= 0):
+            cost = None  # a NaN or negative cost is no cost at all; the account says unknown
         db.execute(
             "UPDATE attempts SET status = ?, errors = ?, raw = ?, input_tokens = ?, "
             "output_tokens = ?, cached_tokens = ?, cost = ?, model = COALESCE(?, model), "
-            "finished_at = ? WHERE id = ? AND status = 'in_flight'",
+            "finished_at = ?, sent_at = COALESCE(?, sent_at) WHERE id = ? "
+            "AND status IN ('in_flight', 'abandoned')",
             (status, json.dumps(list(errors)) if errors else "[]", raw,
              usage.get("input_tokens"), usage.get("output_tokens"), usage.get("cached_tokens"),
-             usage.get("cost"), usage.get("model"), stamp or now(), attempt_id))
+             cost, usage.get("model"), stamp or now(), sent_at, attempt_id))
 
     # -- reading -------------------------------------------------------------------------------
     def attempts(self, name: str, *, failed: bool = False) -> list[Receipt]:
@@ -330,12 +382,20 @@ class Ledger:
             sql += " AND a.status != 'accepted'"
         return [_receipt(r) for r in self._rows(sql + " ORDER BY a.id", (name,))]
 
-    def checkpoint(self, name: str) -> dict[str, Any]:
-        """task_id -> accepted item for the batch's current revision."""
+    def checkpoint(self, name: str, revision_id: int | None = None) -> dict[str, Any]:
+        """task_id -> accepted item for one revision of the batch (default: its current one).
+
+        A run reads its own revision: another runner may have made a different one current.
+        """
+        if revision_id is None:
+            rows = self._rows("SELECT current_revision FROM batches WHERE name = ?", (name,))
+            if not rows or rows[0][0] is None:
+                return {}
+            revision_id = rows[0][0]
         rows = self._rows(
-            "SELECT c.task_id, c.item FROM batches b JOIN requests q ON q.revision_id = "
-            "b.current_revision JOIN checkpoint c ON c.request_key = q.key "
-            "WHERE b.name = ? AND q.split = 0 ORDER BY q.position, q.id, c.attempt_id", (name,))
+            "SELECT c.task_id, c.item FROM requests q JOIN checkpoint c ON c.request_key = q.key "
+            "WHERE q.revision_id = ? AND q.split = 0 ORDER BY q.position, q.id, c.attempt_id",
+            (revision_id,))
         return {r["task_id"]: json.loads(r["item"]) for r in rows}
 
     def checkpoint_count(self, name: str | None = None) -> int:
@@ -364,15 +424,33 @@ class Ledger:
                           " AND r.validator_fingerprint = ?", (fingerprint,))[0][0]
 
     def spend(self, name: str | None = None) -> dict[str, Any]:
-        """Calls, tokens and cost of every attempt ever made (for one batch or all)."""
-        sql = ("SELECT COALESCE(SUM(a.kind != 'recheck'), 0) AS calls, "  # a recheck sends nothing
+        """Calls, tokens and cost of every call ever made (for one batch or all).
+
+        A receipt whose call was never sent (cancelled before sending) is not a call. A call
+        killed or interrupted before its answer (``abandoned``, ``in_flight``, or cancelled after
+        sending) has an unknown cost: it is counted in ``unknown_cost_calls``, and
+        ``cost_lower_bound_unknown`` is the least those calls cost (their estimated input tokens
+        at the model's input price); ``cost_lower_bound`` adds it to the known ``cost``.
+        """
+        sql = (f"SELECT SUM({_IS_CALL}) AS calls, "
                "COALESCE(SUM(a.input_tokens),0) AS input_tokens, "
                "COALESCE(SUM(a.output_tokens),0) AS output_tokens, SUM(a.cost) AS cost, "
                "SUM(a.status = 'accepted') AS accepted, SUM(a.status = 'rejected') AS rejected, "
-               "SUM(a.status = 'provider_error') AS provider_errors FROM attempts a "
-               "JOIN batches b ON b.id = a.batch_id")
+               "SUM(a.status = 'provider_error') AS provider_errors, "
+               f"SUM(a.status = 'cancelled' AND {_IS_CALL}) AS cancelled_calls, "
+               "SUM(a.status = 'abandoned') AS abandoned_calls, "
+               "SUM(a.status = 'in_flight') AS in_flight_calls, "
+               f"SUM(NOT {_IS_CALL}) AS unsent, "
+               f"SUM({_IS_CALL} AND a.cost IS NULL) AS calls_without_cost, "
+               f"SUM({_UNKNOWN}) AS unknown_cost_calls, "
+               f"COALESCE(SUM(CASE WHEN {_UNKNOWN} THEN a.cost_floor END), 0.0) "
+               "AS cost_lower_bound_unknown, "
+               f"SUM({_UNKNOWN} AND a.cost_floor IS NULL) AS unpriced_unknown_calls "
+               "FROM attempts a JOIN batches b ON b.id = a.batch_id")
         row = self._rows(sql + (" WHERE b.name = ?" if name else ""), (name,) if name else ())[0]
-        return {k: (row[k] or 0) if k != "cost" else row[k] for k in row.keys()}
+        out = {k: (row[k] or 0) if k != "cost" else row[k] for k in row.keys()}
+        out["cost_lower_bound"] = (out["cost"] or 0.0) + out["cost_lower_bound_unknown"]
+        return out
 
     def number_validator(self, name: str, fingerprint: str, where: str | None,
                          by_identity: Sequence[str] = ()) -> int:
@@ -465,13 +543,13 @@ class Ledger:
                     "provider, model, started_at, finished_at, uid, source) VALUES "
                     "(?,?,?,?, 'recheck', 'accepted', '[]', ?, 0, 0, 0, 0.0, ?,?,?,?,?,?)",
                     (batch_id, revision_id, request.key, request.task_ids_json, origin["raw"],
-                     origin["provider"], origin["model"], stamp, stamp, uuid.uuid4().hex,
+                     origin["provider"], origin["model"], stamp, stamp, _uid(),
                      source)).lastrowid
                 db.execute("INSERT INTO rechecks(attempt_id, from_attempt) VALUES (?, ?)",
                            (attempt_id, origin["id"]))
-                db.executemany(
-                    "INSERT OR REPLACE INTO checkpoint(batch_id, request_key, task_id, "
-                    "attempt_id, item, committed_at) VALUES (?,?,?,?,?,?)",
+                db.executemany(  # written once, never re-pointed (see op_accept)
+                    "INSERT INTO checkpoint(batch_id, request_key, task_id, "
+                    "attempt_id, item, committed_at) VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING",
                     [(batch_id, request.key, task_id, attempt_id, json.dumps(item), stamp)
                      for task_id, item in items.items()])
 
@@ -509,6 +587,12 @@ _LEGACY_SQL = (
     "AND a.source IS NULL AND a.raw IS NOT NULL AND a.kind != 'repair' ORDER BY a.id DESC")
 
 
+# A receipt is a call unless it was cancelled before sending; a recheck sends nothing.
+_IS_CALL = "(a.kind != 'recheck' AND NOT (a.status = 'cancelled' AND a.sent_at IS NULL))"
+# Calls whose answer never came back: cost unknown, at least their input.
+_UNKNOWN = (f"({_IS_CALL} AND a.cost IS NULL AND "
+            "a.status IN ('abandoned', 'in_flight', 'cancelled'))")
+
 _REVISION_SQL = (
     "SELECT r.id, r.batch_id, b.name AS batch, r.number, r.fingerprint, r.components, r.status, "
     "r.supersede_reason, r.validator_name, r.created_at FROM revisions r "
@@ -539,3 +623,18 @@ def _receipt(row: sqlite3.Row) -> Receipt:
                    row["provider"], row["model"], row["started_at"], row["finished_at"],
                    row["source"])
 
+
+def _uid() -> str:
+    """A receipt's global id (for merging ledgers): time-ordered like UUIDv7, 64 random bits, so
+    new ids append to the unique index instead of touching a random page of it each time."""
+    return f"{time.time_ns():016x}{os.urandom(8).hex()}"
+
+
+_FAULTS = ("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_READONLY", "SQLITE_BUSY", "SQLITE_LOCKED",
+           "SQLITE_CANTOPEN", "SQLITE_CORRUPT", "SQLITE_NOTADB", "SQLITE_PERM", "SQLITE_NOMEM")
+
+
+def _is_ledger_fault(exc: sqlite3.Error) -> bool:
+    """The file or disk failed (not a bad statement): the run cannot keep records any more."""
+    name = getattr(exc, "sqlite_errorname", None) or ""
+    return name.startswith(_FAULTS)

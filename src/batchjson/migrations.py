@@ -91,6 +91,21 @@ MIGRATIONS: list[str] = [
         attempt_id INTEGER PRIMARY KEY REFERENCES attempts(id),
         from_attempt INTEGER NOT NULL REFERENCES attempts(id));
     """,
+    # 4: the least a sent call costs (estimated input tokens at the model's input price), so a
+    # killed call is accounted as "at least this much", never as zero.
+    # Claims are written and deleted with every call: WITHOUT ROWID keeps each one to a single
+    # b-tree (one page written instead of two).
+    """
+    ALTER TABLE attempts ADD COLUMN cost_floor REAL;
+    CREATE TABLE claims_v3 (
+        request_key TEXT PRIMARY KEY, owner TEXT NOT NULL, host TEXT NOT NULL,
+        pid INTEGER NOT NULL, session TEXT NOT NULL, attempt_id INTEGER,
+        lease_expires_at REAL NOT NULL, claimed_at TEXT NOT NULL) WITHOUT ROWID;
+    INSERT INTO claims_v3 SELECT request_key, owner, host, pid, session, attempt_id,
+        lease_expires_at, claimed_at FROM claims;
+    DROP TABLE claims;
+    ALTER TABLE claims_v3 RENAME TO claims;
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -51,6 +51,8 @@ class Outcome:
     rejected_returns: int = 0
     provider_errors: int = 0
     repairs_made: int = 0
+    taken_from_ledger: int = 0  # requests another runner resolved while this run waited
+    stopped: str | None = None  # why the run stopped opening calls early, if it did
     attempts_by_task: dict[str, int] = field(default_factory=dict)
     errors: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 

@@ -17,7 +17,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from . import acceptance
-from ._aio import run_sync
 from .ledger import Ledger
 from .providers.base import Reply
 from .schema import ItemSchema
@@ -26,7 +25,8 @@ from .tasks import Request
 MAX_CANDIDATES = 8  # earlier returns tried per request: bounded local work
 
 
-def rejudge(ledger: Ledger, pending: Sequence[Request], *, seen_of: Mapping[str, str],
+def rejudge(ledger: Ledger, pending: Sequence[Request], *, run: Callable[..., Any],
+            seen_of: Mapping[str, str],
             legacy_of: Mapping[str, str], provider: str | None, model: str | None, mode: str,
             identity: Sequence[str], schema: ItemSchema,
             validator: Callable[..., Any] | None) -> list[tuple[Request, Any, dict[str, Any]]]:
@@ -63,7 +63,7 @@ def rejudge(ledger: Ledger, pending: Sequence[Request], *, seen_of: Mapping[str,
                     break
         return passed
 
-    return run_sync(judge_all)
+    return run(judge_all)  # on the session's loop: validators may be async
 
 
 def clear_legacy(ledger: Ledger, accepted: Sequence[Request], legacy_of: Mapping[str, str],

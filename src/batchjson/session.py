@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from . import preflight, structured
-from ._aio import run_sync
-from .budget import Budget, Spender, Tally
+from ._aio import BackgroundLoop
+from .budget import Budget, Spender, Tally, pricing_of
 from .canon import canonical_json
 from .errors import BatchUnresolved, ConfigError, InvalidBatch
 from .evidence import Evidence
@@ -74,6 +76,11 @@ class Session:
         self.tally = Tally()  # charged as calls are reserved, by every run and thread
         # Told things a person should hear before anything is spent (e.g. a supersession).
         self.on_note: Callable[[str], None] | None = None
+        # One event loop for the session's life: runs are tasks on it, connections are reused.
+        self.id = uuid.uuid4().hex[:12]
+        self._loop = BackgroundLoop(f"batchjson-{self.id}")
+        self._used: list[Any] = []  # providers that ran on the loop, closed with it
+        self._finalizer = weakref.finalize(self, _shutdown, self._loop, self._used)
 
     @property
     def spent_calls(self) -> int:
@@ -104,6 +111,8 @@ class Session:
         self._provider = None
 
     def close(self) -> None:
+        """Close pooled provider connections, stop the session's event loop, close the ledger."""
+        self._finalizer()
         self.ledger.close()
 
     # -- the main entry point ------------------------------------------------------------------
@@ -206,13 +215,13 @@ class Session:
         seen_of = {r.key: seen_key(r.tasks_json) for r in requests}
         legacy_of = {r.key: legacy_key(r.tasks_json) for r in pending}
         rechecked = rejudge(
-            self.ledger, pending, seen_of=seen_of, legacy_of=legacy_of,
+            self.ledger, pending, run=self._loop.run, seen_of=seen_of, legacy_of=legacy_of,
             provider=provider_name, model=provider_model, mode=mode, identity=ident,
             schema=item_schema, validator=checker)
         passed = {request.key for request, _, _ in rechecked}
         owed = pending  # what this run resolves, by re-judging or by calls
         pending = [r for r in pending if r.key not in passed]
-        spender = Spender(max_calls, self.budget, self.tally)
+        spender = Spender(max_calls, self.budget, self.tally, pricing_of(provider))
         if spec.refuse_short_budget:
             spender.refuse_if_short(len(pending))
 
@@ -248,7 +257,8 @@ class Session:
             clear_legacy(self.ledger, [r for r in owed if r.key in now_accepted], legacy_of,
                          source)
         result = self._result(name, revision.number, task_list, item_schema, outcome,
-                              resumed=len(requests) - len(pending) - len(rechecked))
+                              resumed=len(requests) - len(pending) - len(rechecked),
+                              revision_id=revision.id)
         result.rechecked = len(rechecked)
         result.identity_compared = tuple(preflight.compared_candidates(task_list, ident)
                                          if mode == "items" else ())
@@ -263,6 +273,15 @@ class Session:
             raise BatchUnresolved(result)
         return result
 
+    def advise(self, name: str, **options: Any) -> dict[str, Any]:
+        """Pack-size advice for batch ``name`` from its receipts (see docs/recovery.md);
+        ``options`` go to :func:`batchjson.advice.advise` (candidates=, split=)."""
+        from .advice import advise
+
+        options.setdefault("repairs", self.repairs)
+        options.setdefault("replays", self.replays)
+        return advise(self.ledger, name, **options)
+
     def _replay(self, plan: Plan, provider: Any, spender: Spender, pending: list,
                 progress: Any, name: str) -> Outcome:
         bar = None
@@ -273,26 +292,28 @@ class Session:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=total, desc=name, unit="task", leave=True)
+        if not any(p is provider for p in self._used):
+            self._used.append(provider)
 
         async def go() -> Outcome:
             replayer = Replayer(plan, self.ledger, provider, spender, self.transport,
-                                self.concurrency, on_progress=bar.update if bar else None)
-            try:
-                return await replayer.run(pending)
-            finally:
-                await close_provider(provider)
+                                self.concurrency, on_progress=bar.update if bar else None,
+                                session_id=self.id)
+            return await replayer.run(pending)
 
         try:
-            return run_sync(go)
+            return self._loop.run(go)
         finally:
             if bar is not None:
                 bar.close()
 
     def _result(self, name: str, revision: int, task_list: list[dict], item_schema: Any,
-                outcome: Outcome, resumed: int) -> BatchResult:
-        stored = self.ledger.checkpoint(name)
+                outcome: Outcome, resumed: int, revision_id: int | None = None) -> BatchResult:
+        stored = self.ledger.checkpoint(name, revision_id)
         values: dict[str, Any] = {}
         unloadable = []
+        why = (f"no call was made for this task in this run: {outcome.stopped}"
+               if outcome.stopped else "no call was made for this task in this run")
         for t in task_list:
             task_id = t["task_id"]
             if task_id not in stored:
@@ -311,23 +332,33 @@ class Session:
         for t in task_list:
             if t["task_id"] not in values and t["task_id"] not in failed:
                 errors.append({"type": "not_attempted", "task_id": t["task_id"],
-                               "message": "no call was made for this task in this run"})
-        return BatchResult(
+                               "message": why})
+        result = BatchResult(
             name=name, status="resolved" if len(values) == len(task_list) else "unresolved",
             values=values, errors=errors, calls=outcome.calls, tokens=outcome.tokens,
             cost=outcome.cost, revision=revision, total_tasks=len(task_list),
             accepted_returns=outcome.accepted_returns, rejected_returns=outcome.rejected_returns,
             provider_errors=outcome.provider_errors, resumed=resumed,
             attempts_by_task=dict(outcome.attempts_by_task), repairs_made=outcome.repairs_made)
+        if outcome.stopped:
+            result.notes.append(outcome.stopped)
+        if outcome.taken_from_ledger:
+            result.notes.append(f"{outcome.taken_from_ledger} request(s) were resolved by another "
+                                "runner of the same content; their values come from the ledger")
+        return result
 
-    def advise(self, name: str, **options: Any) -> dict[str, Any]:
-        """Pack-size advice for batch ``name`` from its receipts (see docs/recovery.md);
-        ``options`` go to :func:`batchjson.advice.advise` (candidates=, split=)."""
-        from .advice import advise
 
-        options.setdefault("repairs", self.repairs)
-        options.setdefault("replays", self.replays)
-        return advise(self.ledger, name, **options)
+def _shutdown(loop: BackgroundLoop, providers: list[Any]) -> None:
+    """Close what the providers pooled on the session's loop, then stop it (also at exit, or
+    when an unclosed session is collected; the ledger is closed only by Session.close)."""
+    async def close_all() -> None:
+        for provider in providers:
+            try:
+                await close_provider(provider)
+            except Exception:  # noqa: BLE001 - one provider failing to close must not stop
+                pass
+
+    loop.close(close_all)
 
 
 def _index_form(fn: Callable[[Any, int], Any]) -> Callable[[Any, Mapping[str, Any]], Any]:

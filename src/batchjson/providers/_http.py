@@ -28,7 +28,7 @@ from ..canon import Unhashable, content_hash
 from ..errors import ProviderError, ProviderSetupError
 from .base import Call
 from .masking import check_name, looks_like_key, masked
-from .pricing import cost_of, normalize_prices
+from .pricing import cost_of, normalize_prices, price_for
 
 _NON_RETRYABLE_QUOTA = ("insufficient_quota", "billing_hard_limit_reached")
 # OS errors that mean no server can be reached at that address at all.
@@ -442,6 +442,10 @@ class HttpProvider:
                   "model": self.model,
                   **self.settings()}
         return f"{self.name}:{self.model}@{where}#{_digest(config)}"
+
+    def price_for_budget(self) -> Any:
+        """The asked-for model's price (``prices=``, set_prices, defaults) for cost budgets."""
+        return price_for(self.model, self.prices)
 
     async def _post(self, body: Mapping[str, Any]) -> Answer:
         return await post_json(self._sessions.get(), self.url, encode_body(body), self._headers,

@@ -140,7 +140,8 @@ class CallableProvider:
     name = "callable"
 
     def __init__(self, fn: Any, *, model: str | None = None, source: str | None = None,
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None, price: Any = None,
+                 max_tokens: int | None = None) -> None:
         if not callable(fn):
             raise ProviderSetupError(f"CallableProvider needs a callable fn(call) -> str or "
                                      f"Reply; got {type(fn).__name__}")
@@ -160,6 +161,14 @@ class CallableProvider:
             self.timeout = float(timeout)
             self.enforces_timeout = True
         self._fingerprint: Any = None  # keeps identity-compared objects alive (no id reuse)
+        from .pricing import as_price  # the price table imports errors only; kept local
+
+        self.price = None if price is None else as_price(price)
+        self.max_tokens = max_tokens
+
+    def price_for_budget(self) -> Any:
+        """USD per million tokens for cost budgets (``price=``), or None: unpriced."""
+        return self.price
 
     def source_key(self) -> str:
         """The named source, else the function by content (code, constants, what it reads):

@@ -123,6 +123,14 @@ class SimulatedModel:
         return (f"simulated:{self.model}#answer={self._fingerprint.digest[:24]},"
                 f"seed={self.seed!r},faults={plan}")
 
+    def price_for_budget(self) -> Any:
+        """The simulated price as a Price, for cost budgets; None when it has none."""
+        if self.price_per_million is None:
+            return None
+        from .pricing import Price
+
+        return Price(*self.price_per_million)
+
     async def complete(self, call: Call) -> Reply:
         self.calls += 1
         faults = self.faults.draw(self.seed, call)

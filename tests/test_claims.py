@@ -1,0 +1,273 @@
+"""One payer per request: runners of the same content (threads, Sessions, processes) on one
+ledger never send a claimed request, take each other's accepted results from the ledger, and
+take over at once the claims of a runner that is gone."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+from batchjson import CallableProvider, Session
+from batchjson import claims as claims_module
+from tests.helpers import LABEL_SCHEMA, ConcurrentModel, items_reply, review_tasks
+
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+
+
+def checkpoint_problems(path) -> list[str]:
+    """Accepted receipts without their checkpoint rows, or rows re-pointed to another attempt."""
+    with sqlite3.connect(path) as db:
+        missing = db.execute(
+            "SELECT a.id FROM attempts a WHERE a.status = 'accepted' AND NOT EXISTS (SELECT 1 "
+            "FROM checkpoint c WHERE c.attempt_id = a.id)").fetchall()
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    return [f"accepted attempt {r[0]} has no checkpoint rows" for r in missing]
+
+
+def accepted_per_key(path) -> dict[str, int]:
+    with sqlite3.connect(path) as db:
+        return dict(db.execute("SELECT request_key, COUNT(*) FROM attempts WHERE status = "
+                               "'accepted' GROUP BY request_key").fetchall())
+
+
+def run_together(*runs):
+    """Start every run at once (a barrier), each in its own thread; return their results."""
+    barrier = threading.Barrier(len(runs))
+    results: list = [None] * len(runs)
+
+    def go(i, run):
+        barrier.wait()
+        results[i] = run()
+
+    threads = [threading.Thread(target=go, args=(i, run)) for i, run in enumerate(runs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results
+
+
+def test_two_threads_on_one_session_pay_each_request_once(tmp_path):
+    path = tmp_path / "l.sqlite"
+    model = ConcurrentModel(delay=0.005)
+    session = Session(CallableProvider(model), ledger=path, concurrency=8)
+    tasks = review_tasks(60)
+    one, two = run_together(*[lambda: session.run_batch("r", tasks, LABEL_SCHEMA)] * 2)
+    assert len(model.sent) == 60 and len(set(model.sent)) == 60  # each request paid once
+    assert one.status == two.status == "resolved"
+    assert len(one.values) == len(two.values) == 60 and one.values == two.values
+    assert one.calls + two.calls == 60
+    assert set(accepted_per_key(path).values()) == {1}
+    assert checkpoint_problems(path) == []
+    session.close()
+
+
+def test_two_sessions_on_one_ledger_pay_each_request_once(tmp_path):
+    path = tmp_path / "l.sqlite"
+    model = ConcurrentModel(delay=0.005)
+    sessions = [Session(CallableProvider(model), ledger=path, concurrency=8) for _ in range(2)]
+    tasks = review_tasks(60)
+    results = run_together(*[lambda s=s: s.run_batch("r", tasks, LABEL_SCHEMA)
+                             for s in sessions])
+    assert len(model.sent) == 60 and len(set(model.sent)) == 60
+    assert all(r.status == "resolved" and len(r.values) == 60 for r in results)
+    assert checkpoint_problems(path) == [] and set(accepted_per_key(path).values()) == {1}
+    for s in sessions:
+        s.close()
+
+
+RUNNER = textwrap.dedent("""
+    import asyncio, os, sys, time
+    from batchjson import CallableProvider, Session
+    from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
+
+    ledger, go, log = sys.argv[1], sys.argv[2], sys.argv[3]
+    sent = []
+
+    async def model(call):
+        sent.append(call.tasks[0]["task_id"])
+        await asyncio.sleep(0.005)
+        return items_reply(call)
+
+    session = Session(CallableProvider(model), ledger=ledger, concurrency=8)
+    deadline = time.monotonic() + 30
+    while not os.path.exists(go) and time.monotonic() < deadline:  # start together
+        time.sleep(0.005)
+    result = session.run_batch("r", review_tasks(80), LABEL_SCHEMA)
+    with open(log, "w") as out:
+        out.write("\\n".join(sent))
+    print(result.status, len(result.values), flush=True)
+""")
+
+
+def test_two_processes_pay_each_request_once(tmp_path):
+    path, go = tmp_path / "l.sqlite", tmp_path / "go"
+    Session(ledger=path).close()  # created (and migrated) once, before both start
+    procs = [subprocess.Popen([sys.executable, "-c", RUNNER, str(path), str(go),
+                               str(tmp_path / f"sent{i}")], env=ENV, cwd=os.getcwd(),
+                              stdout=subprocess.PIPE, text=True) for i in range(2)]
+    go.touch()
+    outs = [p.communicate(timeout=120)[0].strip() for p in procs]
+    assert outs == ["resolved 80", "resolved 80"]  # both return the complete result
+    sent = [line for i in range(2) for line in (tmp_path / f"sent{i}").read_text().split()]
+    assert len(sent) == 80 and len(set(sent)) == 80  # every request paid once
+    assert checkpoint_problems(path) == [] and set(accepted_per_key(path).values()) == {1}
+
+
+def test_two_revisions_at_once_each_get_their_own_values():
+    second_schema = {"type": "object", "properties": {"verdict": {"enum": ["second"]}},
+                     "required": ["verdict"]}
+    started: dict[str, asyncio.Event] = {}
+
+    async def model(call):
+        which = "second" if "second" in json.dumps(call.schema) else "first"
+        for name in ("first", "second"):
+            started.setdefault(name, asyncio.Event())
+        started[which].set()
+        await started["second" if which == "first" else "first"].wait()  # both revisions open
+        if which == "second":
+            return json.dumps({"items": [{"task_id": t["task_id"], "case_id": t["case_id"],
+                                          "candidate_id": t["candidate_id"],
+                                          "verdict": "second"} for t in call.tasks]})
+        return items_reply(call)
+
+    session = Session(CallableProvider(model), concurrency=4)
+    tasks = review_tasks(4)
+    first, second = run_together(lambda: session.run_batch("r", tasks, LABEL_SCHEMA),
+                                 lambda: session.run_batch("r", tasks, second_schema))
+    assert {v["verdict"] for v in first.values.values()} <= {"match", "no_match"}
+    assert {v["verdict"] for v in second.values.values()} == {"second"}
+    assert len(first.values) == len(second.values) == 4
+    assert first.revision != second.revision
+
+
+def _foreign_claim(path, request_key, *, lease_in: float) -> str:
+    """A claim and in-flight receipt written by a runner on another host."""
+    owner = "elsewhere/4242/s0/r0"
+    with sqlite3.connect(path) as db:
+        batch_id, revision_id = db.execute("SELECT id, current_revision FROM batches").fetchone()
+        task_ids = db.execute("SELECT task_ids FROM requests WHERE key = ?",
+                              (request_key,)).fetchone()[0]
+        attempt = db.execute(
+            "INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, status, "
+            "started_at, uid, owner, estimated_input_tokens, cost_floor) VALUES "
+            "(?,?,?,?, 'initial', 'in_flight', 'then', 'u-foreign', ?, 100, 0.001)",
+            (batch_id, revision_id, request_key, task_ids, owner)).lastrowid
+        db.execute("INSERT INTO claims VALUES (?,?,?,?,?,?,?,?)",
+                   (request_key, owner, "elsewhere", 4242, "s0", attempt,
+                    time.time() + lease_in, "then"))
+    return owner
+
+
+def _prepare(path, n: int):
+    """A ledger holding batch 'r' with n requests, nothing attempted yet (a budget of 0)."""
+    from batchjson.spec import RunSpec
+
+    session = Session(CallableProvider(items_reply), ledger=path, budget=0)
+    session.run(RunSpec("r", review_tasks(n), LABEL_SCHEMA, refuse_short_budget=False,
+                        on_exhausted="return"))
+    session.close()
+    with sqlite3.connect(path) as db:
+        return [r[0] for r in db.execute("SELECT key FROM requests ORDER BY position")]
+
+
+def test_an_expired_lease_on_another_host_is_taken_over_and_its_call_abandoned(tmp_path):
+    path = tmp_path / "l.sqlite"
+    keys = _prepare(path, 3)
+    _foreign_claim(path, keys[0], lease_in=-1.0)
+    model = ConcurrentModel()
+    session = Session(CallableProvider(model), ledger=path)
+    result = session.run_batch("r", review_tasks(3), LABEL_SCHEMA)
+    assert result.status == "resolved" and len(model.sent) == 3
+    statuses = sorted(a.status for a in session.ledger.attempts("r"))
+    assert statuses == ["abandoned", "accepted", "accepted", "accepted"]
+    spend = session.ledger.spend("r")
+    assert spend["abandoned_calls"] == 1 and spend["cost_lower_bound_unknown"] == 0.001
+
+
+def test_a_live_lease_on_another_host_is_waited_for_and_never_sent(tmp_path, monkeypatch):
+    path = tmp_path / "l.sqlite"
+    keys = _prepare(path, 3)
+    _foreign_claim(path, keys[0], lease_in=600.0)
+    held = review_tasks(3)[0]["task_id"]
+    model = ConcurrentModel()
+    session = Session(CallableProvider(model), ledger=path)
+
+    def finish_elsewhere():
+        """The other host's runner: once ours has sent everything else, it lands its answer."""
+        deadline = time.monotonic() + 30
+        while len(model.sent) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with sqlite3.connect(path) as db:
+            attempt, batch_id = db.execute("SELECT id, batch_id FROM attempts WHERE uid = "
+                                           "'u-foreign'").fetchone()
+            db.execute("UPDATE attempts SET status = 'accepted', sent_at = 'then' WHERE id = ?",
+                       (attempt,))
+            db.execute("INSERT INTO checkpoint VALUES (?,?,?,?,?, 'then')",
+                       (batch_id, keys[0], held, attempt, json.dumps({"verdict": "match"})))
+            db.execute("DELETE FROM claims WHERE request_key = ?", (keys[0],))
+
+    helper = threading.Thread(target=finish_elsewhere)
+    helper.start()
+    result = session.run_batch("r", review_tasks(3), LABEL_SCHEMA)
+    helper.join(30)
+    assert result.status == "resolved" and len(result.values) == 3
+    assert held not in [t for call in model.sent for t in call]  # never sent by us
+    assert len(model.sent) == 2
+    assert any("another runner" in note for note in result.notes)
+
+
+KILLED = textwrap.dedent("""
+    import asyncio, sys
+    from batchjson import CallableProvider, Session
+    from batchjson import claims
+    from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
+
+    claims.LEASE_SECONDS = 3600.0  # only "its process is gone" can free these claims
+
+    async def model(call):
+        print("sent", flush=True)
+        await asyncio.sleep(600)
+
+    session = Session(CallableProvider(model, price={"input": 2.0, "output": 8.0}),
+                      ledger=sys.argv[1], concurrency=4)
+    session.run_batch("r", review_tasks(8), LABEL_SCHEMA)
+""")
+
+
+def test_a_killed_runners_claims_are_taken_over_at_once_and_its_calls_abandoned(tmp_path):
+    path = tmp_path / "l.sqlite"
+    proc = subprocess.Popen([sys.executable, "-c", KILLED, str(path)], env=ENV,
+                            stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    for _ in range(4):
+        assert proc.stdout.readline().strip() == "sent"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT COUNT(*) FROM claims").fetchone()[0] == 4
+
+    session = Session(CallableProvider(items_reply), ledger=path, concurrency=4)
+    result = session.run_batch("r", review_tasks(8), LABEL_SCHEMA)
+    assert result.status == "resolved" and result.calls == 8
+    receipts = session.ledger.attempts("r")
+    abandoned = [r for r in receipts if r.status == "abandoned"]
+    assert len(abandoned) == 4 and all(r.cost is None for r in abandoned)
+    # taken over before our first call went out: nobody waited for a lease
+    first_sent = min(r[0] for r in session.ledger._rows(
+        "SELECT sent_at FROM attempts WHERE status = 'accepted'"))
+    assert all(r.finished_at <= first_sent for r in abandoned)
+    spend = session.evidence.summary("r")
+    assert spend["abandoned_calls"] == 4 and spend["calls"] == 12
+    assert spend["cost_lower_bound_unknown"] > 0  # never zero, never left out
+    assert checkpoint_problems(path) == []
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT COUNT(*) FROM claims").fetchone()[0] == 0
+    assert claims_module.LEASE_SECONDS == 30.0  # the subprocess's setting stayed there
