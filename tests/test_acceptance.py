@@ -168,10 +168,15 @@ def test_a_pydantic_validator_raising_type_error_is_a_rejected_receipt_not_a_cra
     session = one_shot(items_reply)
     result = session.run_batch("r", review_tasks(2), Label, on_exhausted="return")
     assert result.values == {}
-    for receipt in session.ledger.attempts("r"):
-        assert receipt.status == "rejected" and receipt.raw
-        assert receipt.errors[0]["type"] == "validator_error"
+    receipts = session.ledger.attempts("r")
+    judged = [r for r in receipts if r.status == "rejected"]
+    assert judged, "the crash is a rejected receipt, not an escape"
+    for receipt in judged:
+        assert receipt.raw and receipt.errors[0]["type"] == "validator_error"
         assert "TypeError" in receipt.errors[0]["message"]
+    # a validator crash stops new calls: any other receipt was withdrawn before its call went out
+    assert all(r.status == "cancelled" for r in receipts if r not in judged)
+    assert session.ledger.spend("r")["calls"] == len(judged)
 
 
 # -- crafted returns ---------------------------------------------------------------------------

@@ -21,6 +21,8 @@ from tests.helpers import LABEL_SCHEMA, ConcurrentModel, items_reply, review_tas
 
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
 
+SOURCE = "test-model"  # one model answering across the runners of a test
+
 
 def checkpoint_problems(path) -> list[str]:
     """Accepted receipts without their checkpoint rows, or rows re-pointed to another attempt."""
@@ -171,7 +173,7 @@ def _prepare(path, n: int):
     """A ledger holding batch 'r' with n requests, nothing attempted yet (a budget of 0)."""
     from batchjson.spec import RunSpec
 
-    session = Session(CallableProvider(items_reply), ledger=path, budget=0)
+    session = Session(CallableProvider(items_reply, source=SOURCE), ledger=path, budget=0)
     session.run(RunSpec("r", review_tasks(n), LABEL_SCHEMA, refuse_short_budget=False,
                         on_exhausted="return"))
     session.close()
@@ -184,7 +186,7 @@ def test_an_expired_lease_on_another_host_is_taken_over_and_its_call_abandoned(t
     keys = _prepare(path, 3)
     _foreign_claim(path, keys[0], lease_in=-1.0)
     model = ConcurrentModel()
-    session = Session(CallableProvider(model), ledger=path)
+    session = Session(CallableProvider(model, source=SOURCE), ledger=path)
     result = session.run_batch("r", review_tasks(3), LABEL_SCHEMA)
     assert result.status == "resolved" and len(model.sent) == 3
     statuses = sorted(a.status for a in session.ledger.attempts("r"))
@@ -199,7 +201,7 @@ def test_a_live_lease_on_another_host_is_waited_for_and_never_sent(tmp_path, mon
     _foreign_claim(path, keys[0], lease_in=600.0)
     held = review_tasks(3)[0]["task_id"]
     model = ConcurrentModel()
-    session = Session(CallableProvider(model), ledger=path)
+    session = Session(CallableProvider(model, source=SOURCE), ledger=path)
 
     def finish_elsewhere():
         """The other host's runner: once ours has sent everything else, it lands its answer."""

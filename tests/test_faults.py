@@ -32,7 +32,8 @@ DISK_FULL = textwrap.dedent("""
         calls.append(call.request_key)
         return items_reply(call)
 
-    session = Session(CallableProvider(model), ledger=path, concurrency=16)  # migrated here
+    session = Session(CallableProvider(model, source="test-model"), ledger=path,
+                      concurrency=16)  # migrated here
     sizes = [os.path.getsize(p) for p in (path, path + "-wal") if os.path.exists(p)]
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a failed write, not a killed process
     limit = max(sizes) + 600_000
@@ -64,7 +65,8 @@ def test_a_full_disk_stops_the_run_before_any_call_without_a_receipt(tmp_path):
     assert accepted < 400
 
     model = ConcurrentModel(delay=0)
-    session = Session(CallableProvider(model), ledger=path, concurrency=16)
+    session = Session(CallableProvider(model, source="test-model"), ledger=path,
+                      concurrency=16)  # the same model answering: one answer source
     result = session.run_batch("r", review_tasks(400), LABEL_SCHEMA)  # space again: resumes
     assert result.status == "resolved" and len(result.values) == 400
     assert len(model.sent) == 400 - accepted  # nothing accepted before is paid again

@@ -216,7 +216,8 @@ KILL_AT = textwrap.dedent("""
 
     claims.claim = claiming
     Ledger.op_accept = staticmethod(accepting)
-    session = Session(CallableProvider(model), ledger=sys.argv[1], concurrency=2)
+    session = Session(CallableProvider(model, source="test-model"), ledger=sys.argv[1],
+                      concurrency=2)
     session.run_batch("r", review_tasks(6), LABEL_SCHEMA)
 """)
 
@@ -237,8 +238,8 @@ def test_a_kill_at_any_point_leaves_a_consistent_ledger_and_rerun_spends_nothing
         accepted_before = db.execute("SELECT COUNT(*) FROM attempts WHERE status = 'accepted'"
                                      ).fetchone()[0]
     sent = []
-    session = Session(CallableProvider(lambda call: sent.append(call) or items_reply(call)),
-                      ledger=path, concurrency=2)
+    session = Session(CallableProvider(lambda call: sent.append(call) or items_reply(call),
+                                       source="test-model"), ledger=path, concurrency=2)
     result = session.run_batch("r", review_tasks(6), LABEL_SCHEMA)
     assert result.status == "resolved" and len(sent) == 6 - accepted_before
     receipts = session.ledger.attempts("r")

@@ -251,14 +251,14 @@ def test_the_gate_still_returns_a_fully_accepted_call_for_free():
     assert subcalls.calls == spent
 
 
-def test_a_spent_cost_budget_is_named_in_the_refusal():
+def test_a_cost_budget_over_an_unpriced_helper_is_refused_before_spending():
     namespace = {"prompts": PROMPTS, "schema": SCHEMA}
-    session = bind(namespace, Subcalls(), budget={"cost": 0.0})
-    with pytest.raises(BudgetExceeded) as refused:
+    subcalls = Subcalls()
+    session = bind(namespace, subcalls, budget={"cost": 0.5})
+    with pytest.raises(ConfigError, match="price") as refused:
         namespace["llm_batch_json"](PROMPTS, SCHEMA)
-    assert "cost budget is spent" in str(refused.value) and "only 0 call" not in str(
-        refused.value)
-    assert session.tally.calls == 0
+    assert "set_prices" in str(refused.value) and "nothing was spent" in str(refused.value)
+    assert session.tally.calls == 0 and subcalls.calls == 0
 
 
 def test_status_finalization_and_gate_hold_after_a_restart_on_the_same_ledger(tmp_path):
