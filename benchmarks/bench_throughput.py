@@ -47,10 +47,10 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from batchjson.providers.base import Call  # noqa: E402
-from batchjson.providers.openai import OpenAIProvider  # noqa: E402
-from batchjson.schema import compile_schema, wire_schema  # noqa: E402
-from batchjson.tasks import render_items_prompt  # noqa: E402
+from batchjson._providers.base import Call  # noqa: E402
+from batchjson._providers.openai import OpenAIProvider  # noqa: E402
+from batchjson._schema import compile_schema, wire_schema  # noqa: E402
+from batchjson._tasks import render_items_prompt  # noqa: E402
 
 TARGET = 1.15  # wall, as a ratio to the ideal, at 50 ms latency
 TARGET_SLOW = 1.02  # at >= 0.5 s latency

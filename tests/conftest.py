@@ -14,8 +14,8 @@ def ip(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     pytest.importorskip("IPython")
     from IPython.testing import globalipapp
 
-    from batchjson import session as session_module
-    from batchjson.ipython.state import ATTRIBUTE
+    from batchjson import _session as session_module
+    from batchjson._ipython.state import ATTRIBUTE
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("BATCHJSON_PROVIDER", raising=False)
@@ -29,7 +29,7 @@ def ip(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     state = getattr(shell, ATTRIBUTE, None)
     if state is not None:
         if state.magics is not None:  # loaded by calling the hook directly, not %load_ext
-            from batchjson.ipython import unload_ipython_extension
+            from batchjson._ipython import unload_ipython_extension
 
             unload_ipython_extension(shell)
         if state.session is not None:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from batchjson.providers.anthropic import AnthropicProvider
-from batchjson.providers.base import Call
-from batchjson.providers.openai import OpenAIProvider
-from batchjson.schema import compile_schema, wire_schema
-from batchjson.tasks import render_items_prompt
+from batchjson._providers.anthropic import AnthropicProvider
+from batchjson._providers.base import Call
+from batchjson._providers.openai import OpenAIProvider
+from batchjson._schema import compile_schema, wire_schema
+from batchjson._tasks import render_items_prompt
 from batchjson.testing import LoopbackServer
 
 LABEL_SCHEMA = {

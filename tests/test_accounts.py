@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from batchjson import CallableProvider, Reply, Session
-from batchjson.errors import LedgerError
-from batchjson.ledger import Ledger
-from batchjson.providers.pricing import price_for
+from batchjson._errors import LedgerError
+from batchjson._ledger import Ledger
+from batchjson._providers.pricing import price_for
 from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from batchjson import FaultPlan, Session, SimulatedModel
-from batchjson.advice import estimate, fit
-from batchjson.errors import InvalidBatch
+from batchjson._advice import estimate, fit
+from batchjson._errors import InvalidBatch
 
 SCHEMA = {"type": "object", "properties": {"verdict": {"type": "string",
                                                        "enum": ["match", "no_match"]}},

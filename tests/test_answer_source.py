@@ -13,8 +13,8 @@ import textwrap
 from typing import Any
 
 from batchjson import CallableProvider, FaultPlan, SimulatedModel
-from batchjson.providers.anthropic import AnthropicProvider
-from batchjson.providers.openai import OpenAIProvider
+from batchjson._providers.anthropic import AnthropicProvider
+from batchjson._providers.openai import OpenAIProvider
 from tests.helpers import answer, items_reply
 
 KEY = "sk-test-SECRETVALUE-0123456789abcdef"
@@ -116,8 +116,8 @@ def test_a_stub_that_counts_its_calls_keeps_one_source():
 SCRIPT = textwrap.dedent("""
     import json
     from batchjson import CallableProvider, FaultPlan, SimulatedModel
-    from batchjson.providers.anthropic import AnthropicProvider
-    from batchjson.providers.openai import OpenAIProvider
+    from batchjson._providers.anthropic import AnthropicProvider
+    from batchjson._providers.openai import OpenAIProvider
     from tests.helpers import answer, items_reply
 
     print(json.dumps([

@@ -8,8 +8,8 @@ import math
 import pytest
 
 from batchjson import Budget, CallableProvider, InvalidBatch, Session
-from batchjson.errors import ConfigError
-from batchjson.providers.base import Reply
+from batchjson._errors import ConfigError
+from batchjson._providers.base import Reply
 from tests.helpers import LABEL_SCHEMA, ConcurrentModel, items_reply, review_tasks
 
 

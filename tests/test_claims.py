@@ -16,7 +16,7 @@ import threading
 import time
 
 from batchjson import CallableProvider, Session
-from batchjson import claims as claims_module
+from batchjson import _claims as claims_module
 from tests.helpers import LABEL_SCHEMA, ConcurrentModel, items_reply, review_tasks
 
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
@@ -171,7 +171,7 @@ def _foreign_claim(path, request_key, *, lease_in: float) -> str:
 
 def _prepare(path, n: int):
     """A ledger holding batch 'r' with n requests, nothing attempted yet (a budget of 0)."""
-    from batchjson.spec import RunSpec
+    from batchjson._spec import RunSpec
 
     session = Session(CallableProvider(items_reply, source=SOURCE), ledger=path, budget=0)
     session.run(RunSpec("r", review_tasks(n), LABEL_SCHEMA, refuse_short_budget=False,
@@ -230,7 +230,7 @@ def test_a_live_lease_on_another_host_is_waited_for_and_never_sent(tmp_path, mon
 KILLED = textwrap.dedent("""
     import asyncio, sys
     from batchjson import CallableProvider, Session
-    from batchjson import claims
+    from batchjson import _claims as claims
     from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
 
     claims.LEASE_SECONDS = 3600.0  # only "its process is gone" can free these claims

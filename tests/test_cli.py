@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from batchjson import CallableProvider, Session
-from batchjson import cli as cli_module
-from batchjson.ledger import Ledger
+from batchjson import _cli as cli_module
+from batchjson._ledger import Ledger
 from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
 
 SUBCOMMANDS = ("demo", "status", "receipts", "values", "export", "import", "merge", "advise")

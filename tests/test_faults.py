@@ -14,8 +14,8 @@ import textwrap
 import pytest
 
 from batchjson import CallableProvider, Session
-from batchjson.errors import LedgerError
-from batchjson.ledger import Ledger
+from batchjson._errors import LedgerError
+from batchjson._ledger import Ledger
 from tests.helpers import LABEL_SCHEMA, ConcurrentModel, items_reply, review_tasks
 
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}

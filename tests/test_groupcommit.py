@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from batchjson.groupcommit import GroupCommit
-from batchjson.ledger import Ledger
+from batchjson._groupcommit import GroupCommit
+from batchjson._ledger import Ledger
 
 
 def _ledger_with_table() -> Ledger:

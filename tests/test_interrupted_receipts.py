@@ -8,8 +8,8 @@ import sqlite3
 import pytest
 
 from batchjson import CallableProvider, Session
-from batchjson.errors import LedgerError
-from batchjson.ledger import Ledger
+from batchjson._errors import LedgerError
+from batchjson._ledger import Ledger
 from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
 
 

@@ -16,9 +16,9 @@ import time
 import pytest
 
 from batchjson import CallableProvider, Session
-from batchjson.errors import LedgerError
-from batchjson.ledger import Ledger
-from batchjson.migrations import SCHEMA_VERSION
+from batchjson._errors import LedgerError
+from batchjson._ledger import Ledger
+from batchjson._migrations import SCHEMA_VERSION
 from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
 
 
@@ -186,8 +186,9 @@ def test_checkpoint_count_matches_the_checkpoint_for_one_batch_and_all():
 
 KILL_AT = textwrap.dedent("""
     import os, signal, sys
-    from batchjson import CallableProvider, Session, claims
-    from batchjson.ledger import Ledger
+    from batchjson import CallableProvider, Session
+    from batchjson import _claims as claims
+    from batchjson._ledger import Ledger
     from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
 
     point, seen = sys.argv[2], []
@@ -250,7 +251,7 @@ def test_a_kill_at_any_point_leaves_a_consistent_ledger_and_rerun_spends_nothing
 
 
 def test_a_schema_2_ledger_is_upgraded_keeping_its_claims_and_receipts(tmp_path):
-    from batchjson.migrations import MIGRATIONS
+    from batchjson._migrations import MIGRATIONS
 
     path = tmp_path / "l.sqlite"
     db = sqlite3.connect(path, isolation_level=None)

@@ -14,10 +14,10 @@ from IPython.core.error import UsageError  # noqa: E402
 
 import batchjson  # noqa: E402
 from batchjson import BatchUnresolved, Session, default_session  # noqa: E402
-from batchjson.ipython import BatchJson  # noqa: E402
-from batchjson.ipython.cell import allow_empty_body  # noqa: E402
-from batchjson.ipython.display import StatusView, Table  # noqa: E402
-from batchjson.ipython.state import ATTRIBUTE, INJECTED  # noqa: E402
+from batchjson._ipython import BatchJson  # noqa: E402
+from batchjson._ipython.cell import allow_empty_body  # noqa: E402
+from batchjson._ipython.display import StatusView, Table  # noqa: E402
+from batchjson._ipython.state import ATTRIBUTE, INJECTED  # noqa: E402
 
 MODEL = """
 import json
@@ -102,7 +102,7 @@ def test_double_load_is_harmless(ip: Any) -> None:
 
 
 def test_unload_removes_what_load_added(ip: Any) -> None:
-    before = batchjson.session._default
+    before = batchjson._session._default
     ok(ip, "%load_ext batchjson")
     session = ip.user_ns["batch_session"]
     ok(ip, "validator = 'mine now'")
@@ -118,7 +118,7 @@ def test_unload_removes_what_load_added(ip: Any) -> None:
     for name in ("run_batch", "llm_batch_json", "batch_session"):
         assert name not in ip.user_ns
     assert ip.user_ns["validator"] == "mine now"  # the user's own binding is kept
-    assert batchjson.session._default is before
+    assert batchjson._session._default is before
     ok(ip, "%load_ext batchjson")  # loading again reattaches the same session
     assert ip.user_ns["batch_session"] is session
 

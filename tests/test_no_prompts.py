@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from batchjson import Session
-from batchjson.errors import InvalidBatch
-from batchjson.providers.simulated import SimulatedModel
+from batchjson._errors import InvalidBatch
+from batchjson._providers.simulated import SimulatedModel
 
 VALUE_SCHEMA = {"type": "object", "properties": {"label": {"type": "string"}},
                 "required": ["label"]}

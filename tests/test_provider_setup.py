@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from batchjson import CallableProvider, Session, SimulatedModel
-from batchjson.errors import ConfigError, ProviderError, ProviderSetupError
-from batchjson.providers.anthropic import AnthropicProvider
-from batchjson.providers.base import Call, Reply
-from batchjson.providers.openai import OpenAIProvider
-from batchjson.providers.select import make_provider, provider_label
+from batchjson._errors import ConfigError, ProviderError, ProviderSetupError
+from batchjson._providers.anthropic import AnthropicProvider
+from batchjson._providers.base import Call, Reply
+from batchjson._providers.openai import OpenAIProvider
+from batchjson._providers.select import make_provider, provider_label
 from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
 
 KEYS = ("sk-proj-Q1w2E3r4T5y6U7i8O9p0AsDfGhJkL", "sk-ant-api03-abcdefghijklmnop0123456789",

@@ -6,7 +6,7 @@ import asyncio
 import threading
 import time
 
-from batchjson.providers.simulated import SimulatedModel
+from batchjson._providers.simulated import SimulatedModel
 from batchjson.testing import HttpFaults, LoopbackServer
 from tests.helpers import items_call, openai, upper
 

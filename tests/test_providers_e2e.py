@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from batchjson import FaultPlan, Session, SimulatedModel
-from batchjson.providers.anthropic import AnthropicProvider
-from batchjson.providers.openai import OpenAIProvider
+from batchjson._providers.anthropic import AnthropicProvider
+from batchjson._providers.openai import OpenAIProvider
 from batchjson.testing import HttpFaults, LoopbackServer
 from tests.helpers import LABEL_SCHEMA, answer, review_tasks
 
@@ -154,9 +154,9 @@ def test_no_provider_module_imports_acceptance():
     import ast
     from pathlib import Path
 
-    import batchjson.providers
+    import batchjson._providers
 
-    for path in Path(batchjson.providers.__file__).parent.glob("*.py"):
+    for path in Path(batchjson._providers.__file__).parent.glob("*.py"):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):

@@ -18,16 +18,16 @@ from typing import Any
 
 import pytest
 
-from batchjson.acceptance import unwrap
-from batchjson.errors import ConfigError, ProviderError, ProviderNotConfigured, ProviderSetupError
-from batchjson.providers._http import http_error, is_retryable_status, parse_retry_after
-from batchjson.providers.anthropic import AnthropicProvider
-from batchjson.providers.base import Call, Reply, estimate_tokens
-from batchjson.providers.openai import OpenAIProvider, strict_schema
-from batchjson.providers.pricing import cost_of
-from batchjson.providers.select import make_provider
-from batchjson.providers.simulated import SimulatedModel
-from batchjson.schema import compile_schema, wire_schema
+from batchjson._acceptance import unwrap
+from batchjson._errors import ConfigError, ProviderError, ProviderNotConfigured, ProviderSetupError
+from batchjson._providers._http import http_error, is_retryable_status, parse_retry_after
+from batchjson._providers.anthropic import AnthropicProvider
+from batchjson._providers.base import Call, Reply, estimate_tokens
+from batchjson._providers.openai import OpenAIProvider, strict_schema
+from batchjson._providers.pricing import cost_of
+from batchjson._providers.select import make_provider
+from batchjson._providers.simulated import SimulatedModel
+from batchjson._schema import compile_schema, wire_schema
 from batchjson.testing import HttpFaults, LoopbackServer
 from tests.helpers import IDENTITY, KEY, TASKS, anthropic, items_call, openai, upper
 
@@ -430,7 +430,7 @@ def test_a_server_error_is_not_unreachable() -> None:
 
 
 def test_simulated_transport_fault_becomes_503() -> None:
-    from batchjson.providers.simulated import FaultPlan
+    from batchjson._providers.simulated import FaultPlan
 
     model = SimulatedModel(upper, faults=FaultPlan(script={0: "provider_error"}))
     with LoopbackServer(model) as srv:

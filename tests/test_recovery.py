@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from batchjson import CallableProvider, Session
-from batchjson.errors import InvalidBatch
-from batchjson.ledger import Ledger
+from batchjson._errors import InvalidBatch
+from batchjson._ledger import Ledger
 from tests.helpers import LABEL_SCHEMA, answer, items_reply, review_tasks
 
 IDENTITY = ["task_id", "case_id", "candidate_id"]

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from batchjson.errors import InvalidBatch, ValidatorChanged
-from batchjson.registry import ValidatorRegistry, ValidatorVersion
+from batchjson._errors import InvalidBatch, ValidatorChanged
+from batchjson._registry import ValidatorRegistry, ValidatorVersion
 
 CELL = '''
 THRESHOLD = 0.5
@@ -383,7 +383,7 @@ def test_the_public_validator_decorator_has_the_same_shapes() -> None:
     from batchjson import CallableProvider, Session
 
     session = Session(CallableProvider(lambda call: "{}"))
-    previous = batchjson.session._default
+    previous = batchjson._session._default
     batchjson.set_default_session(session)
     try:
         ns: dict[str, Any] = {"validator": batchjson.validator}

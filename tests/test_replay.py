@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from batchjson import Budget, CallableProvider, ProviderError, Session
-from batchjson.providers.simulated import SimulatedModel
+from batchjson._providers.simulated import SimulatedModel
 from batchjson.testing import LoopbackServer
 from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
 
@@ -43,7 +43,7 @@ def test_an_interrupted_run_counts_only_the_calls_it_sent():
 def test_a_receipt_committed_but_never_sent_is_not_a_call(monkeypatch):
     """A Ctrl-C landing between the receipt's commit and the send: the receipt is closed as
     cancelled with no sent_at, and neither the ledger nor the budget counts it."""
-    from batchjson.ledger import Ledger
+    from batchjson._ledger import Ledger
 
     begin = Ledger.op_begin
 
@@ -165,7 +165,7 @@ def test_a_blocking_provider_returns_at_its_timeout():
 
 
 def test_one_event_loop_and_connection_pool_serve_every_run_of_a_session():
-    from batchjson.providers.openai import OpenAIProvider
+    from batchjson._providers.openai import OpenAIProvider
 
     with LoopbackServer(SimulatedModel(lambda task: {"verdict": "match"})) as server:
         provider = OpenAIProvider("gpt-4o-mini", base_url=server.base_url, api_key="sk-test")

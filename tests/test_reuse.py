@@ -13,11 +13,11 @@ import pytest
 from pydantic import BaseModel, Field, field_validator
 
 from batchjson import CallableProvider, Session, SimulatedModel
-from batchjson.errors import ConfigError, InvalidBatch
-from batchjson.ledger import Ledger
-from batchjson.providers.base import answer_source
-from batchjson.schema import compile_schema
-from batchjson.tasks import normalize_tasks, pack_requests, sha
+from batchjson._errors import ConfigError, InvalidBatch
+from batchjson._ledger import Ledger
+from batchjson._providers.base import answer_source
+from batchjson._schema import compile_schema
+from batchjson._tasks import normalize_tasks, pack_requests, sha
 from tests.helpers import LABEL_SCHEMA, answer, items_reply, review_tasks
 
 
@@ -59,7 +59,7 @@ def test_a_provider_counting_its_calls_keeps_one_answer_source():
 
 
 def test_an_http_provider_is_keyed_by_url_model_and_sent_settings_never_by_its_key():
-    from batchjson.providers.openai import OpenAIProvider
+    from batchjson._providers.openai import OpenAIProvider
 
     def source(model="llama3", **kw):
         settings = {"base_url": "http://127.0.0.1:9/v1", "api_key": "sk-first-secret", **kw}

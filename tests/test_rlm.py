@@ -7,9 +7,9 @@ import random
 import pytest
 
 from batchjson import BudgetExceeded, Session, SimulatedModel, ValidatorChanged
-from batchjson.errors import ConfigError, InvalidBatch
+from batchjson._errors import ConfigError, InvalidBatch
+from batchjson._subcalls import SubcallProvider
 from batchjson.rlm import HELPER_NAMES, bind, tools
-from batchjson.subcalls import SubcallProvider
 
 SCHEMA = {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]}
 PROMPTS = ["Label the review: great film", "Label the review: dull film"]

@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from batchjson import BudgetExceeded, ValidatorChanged
-from batchjson.errors import BatchJsonError, ConfigError, InvalidBatch
+from batchjson._errors import BatchJsonError, ConfigError, InvalidBatch
 from batchjson.rlm import bind, droste_environment
 
 SCHEMA = {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]}
@@ -374,7 +374,7 @@ def test_rebinding_with_other_settings_on_the_same_ledger_file_keeps_the_evidenc
 
 def test_partials_of_different_helpers_are_different_answer_sources():
     """Every functools.partial has one class: the source is the function it calls."""
-    from batchjson.subcalls import SubcallProvider
+    from batchjson._subcalls import SubcallProvider
 
     def ask_a(prompts, model):
         return ['{"label": "pos"}'] * len(prompts)

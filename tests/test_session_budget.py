@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from batchjson import Budget, BudgetExceeded, CallableProvider, Session
-from batchjson.providers.base import Reply
+from batchjson._providers.base import Reply
 from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
 
 

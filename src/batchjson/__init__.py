@@ -4,8 +4,8 @@ Evidence is keyed by content, validators are defined once per session, and a ret
 only after the whole of it passes acceptance (coverage, identity, schema, caller validator).
 """
 
-from .budget import Budget
-from .errors import (
+from ._budget import Budget
+from ._errors import (
     BatchJsonError,
     BatchUnresolved,
     BudgetExceeded,
@@ -14,10 +14,10 @@ from .errors import (
     ProviderNotConfigured,
     ValidatorChanged,
 )
-from .providers.base import Call, CallableProvider, Reply
-from .providers.simulated import FaultPlan, SimulatedModel
-from .result import BatchResult
-from .session import Session, default_session, set_default_session, validator
+from ._providers.base import Call, CallableProvider, Reply
+from ._providers.simulated import FaultPlan, SimulatedModel
+from ._result import BatchResult
+from ._session import Session, default_session, set_default_session, validator
 
 __version__ = "0.1.0"
 
@@ -31,12 +31,12 @@ __all__ = [
 
 def load_ipython_extension(ipython):  # noqa: ANN001 - IPython's hook signature
     """``%load_ext batchjson``."""
-    from .ipython.magics import load_ipython_extension as load
+    from ._ipython.magics import load_ipython_extension as load
 
     load(ipython)
 
 
 def unload_ipython_extension(ipython):  # noqa: ANN001
-    from .ipython.magics import unload_ipython_extension as unload
+    from ._ipython.magics import unload_ipython_extension as unload
 
     unload(ipython)

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from .errors import InvalidBatch
+from ._errors import InvalidBatch
 
 T = TypeVar("T")
 

@@ -4,7 +4,7 @@ An RLM host runs model-written cells in a persistent namespace and re-runs a cel
 raises. :func:`bind` installs the structured helpers into that namespace, backed by a session
 whose evidence is keyed by content and whose validator registry lives on the host side, so it
 works where a namespace hides ``globals()`` or drops names between cells. Validators are made
-canonical at call time (see :mod:`batchjson.canonical`), and a budget gate refuses a call that
+canonical at call time (see :mod:`batchjson._rebind`), and a budget gate refuses a call that
 can no longer be paid for before anything is spent.
 """
 
@@ -13,20 +13,20 @@ from __future__ import annotations
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .canonical import canonical_validator, canonical_version, cell_frame
-from .droste_env import droste_environment
-from .errors import (
+from ._droste_env import droste_environment
+from ._errors import (
     BudgetExceeded,
     ConfigError,
     InvalidBatch,
     ProviderNotConfigured,
     ValidatorChanged,
 )
-from .structured import default_batch_name, llm_batch_json
-from .subcalls import as_provider, is_subcall_source
+from ._rebind import canonical_validator, canonical_version, cell_frame
+from ._structured import default_batch_name, llm_batch_json
+from ._subcalls import as_provider, is_subcall_source
 
 if TYPE_CHECKING:
-    from .session import Session
+    from ._session import Session
 
 __all__ = ["bind", "bind_local_repl", "droste_environment", "namespace", "tools"]
 
@@ -62,7 +62,7 @@ def bind(namespace: MutableMapping[str, Any], provider_or_subcalls: Any = None, 
         session = _rebinding(namespace, strict=strict, ledger=ledger, budget=budget)
     _keep_owed(namespace, session, ledger)
     if session is None:
-        from .session import Session
+        from ._session import Session
 
         adapted = is_subcall_source(provider_or_subcalls)
         # A host's subcall helper already retried what it could: one failure is one subcall.
@@ -127,7 +127,7 @@ def _rebinding(namespace: MutableMapping[str, Any], *, strict: bool, ledger: Any
     """The session already bound into ``namespace`` when this bind asks for the same one."""
     from pathlib import Path
 
-    from .budget import Budget
+    from ._budget import Budget
 
     bound = getattr(namespace.get("llm_batch_json"), "__self__", None)
     if not isinstance(bound, _Binding):
@@ -203,7 +203,7 @@ class _Binding:
         call resumes its requests; prompts already accepted are not paid again.
         """
         if validator is not None and callable(validator):
-            validator = self._canonical(validator, call=(prompts, contexts, name))
+            validator = self._rebind(validator, call=(prompts, contexts, name))
         owed, remaining = self.session.evidence.minimum_exact_retry_calls, self._remaining()
         cost_spent = self._cost_spent()
         if owed and ((remaining is not None and owed > remaining) or cost_spent):
@@ -233,10 +233,10 @@ class _Binding:
         if name is not None and (not isinstance(name, str) or not name.strip()):
             raise InvalidBatch(f"a validator name must be a non-empty string, got {name!r}")
         if fn is None:
-            return lambda f: self._canonical(f, name=name)
-        return self._canonical(fn, name=name)
+            return lambda f: self._rebind(f, name=name)
+        return self._rebind(fn, name=name)
 
-    def _canonical(self, fn: Any, name: str | None = None,
+    def _rebind(self, fn: Any, name: str | None = None,
                    call: tuple[Any, Any, Any] | None = None) -> Callable[..., Any]:
         if not callable(fn):
             raise InvalidBatch(f"a validator must be a function (value, index) -> None that "

@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..errors import ConfigError
+from .._errors import ConfigError
 
 HTTP_FAULTS = ("429", "500", "503", "529", "400", "401", "404", "timeout", "truncate", "cut_json")
 JSON_HEADERS = {"Content-Type": "application/json"}

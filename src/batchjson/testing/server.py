@@ -21,11 +21,11 @@ from typing import Any
 
 from aiohttp import web
 
-from ..errors import ConfigError
-from ..providers._http import WRAPPED_VALUE
-from ..providers.base import Call
-from ..providers.simulated import SimulatedModel
-from ..tasks import sha, tasks_block
+from .._errors import ConfigError
+from .._providers._http import WRAPPED_VALUE
+from .._providers.base import Call
+from .._providers.simulated import SimulatedModel
+from .._tasks import sha, tasks_block
 from ._wire import (
     HTTP_FAULTS,
     JSON_HEADERS,

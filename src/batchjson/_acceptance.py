@@ -1,0 +1,508 @@
+"""The commit boundary: a return is accepted whole, or not at all.
+
+Checks run in a fixed order (JSON, coverage, identity, schema, caller validator) and stop at the
+first failing stage, naming every problem found in that stage. Nothing here "fixes" a return.
+
+Judging is total: whatever a provider hands back (odd text types, JSON nested thousands deep,
+numbers that overflow) and whatever the schema or the caller's validator raise, the outcome is a
+:class:`Verdict`, never an exception, so the raw text is kept and the run goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import math
+import re
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from itertools import accumulate
+from typing import Any
+
+from ._canon import canonical_json
+from ._replies import ODD_TEXT, text_of
+from ._schema import ItemSchema
+
+REPAIRABLE = frozenset({"json", "coverage", "identity", "schema", "validation"})
+MAX_DEPTH = 256  # deeper JSON is refused before anything recursive walks it
+
+
+@dataclass
+class Verdict:
+    """Outcome of acceptance for one return: accepted values, or the errors that rejected it."""
+
+    accepted: bool
+    values: dict[str, Any] = field(default_factory=dict)
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    stored: dict[str, Any] = field(default_factory=dict)  # values in their ledger (JSON) form
+
+    @property
+    def repairable(self) -> bool:
+        return bool(self.errors) and all(e["type"] in REPAIRABLE for e in self.errors)
+
+
+# -- parsing -----------------------------------------------------------------------------------
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-finite number {name} is not valid JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):  # 1e400 and -1e999 are valid JSON but overflow to infinity
+        raise ValueError(f"number {text[:40]} overflows a float; only finite numbers are valid")
+    return value
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object naming a key twice is ambiguous (which case_id did the model mean?): refuse."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r} in a JSON object")
+        out[key] = value
+    return out
+
+
+def _strip_fence(text: str) -> str:
+    stripped = text.strip()
+    if stripped.startswith("```") and stripped.endswith("```"):
+        lines = stripped.splitlines()
+        if len(lines) >= 3 and lines[0].strip().lower() in {"```", "```json"}:
+            stripped = "\n".join(lines[1:-1]).strip()
+    return stripped
+
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def _nesting(text: str) -> int:
+    """Deepest bracket nesting of a JSON text, strings skipped; linear, in C, non-recursive.
+    Few brackets bound the depth already, so the common return is not scanned."""
+    if text.count("[") + text.count("{") <= MAX_DEPTH:
+        return 0
+    skeleton = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    return max(accumulate(map(_STEP.__getitem__, skeleton)), default=0)
+
+
+def _loads(text: str, parse_float: Callable[[str], Any]) -> Any:
+    if _nesting(text) > MAX_DEPTH:
+        raise ValueError(f"JSON is nested deeper than {MAX_DEPTH} levels")
+    try:
+        return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys,
+                          parse_float=parse_float)
+    except RecursionError:
+        raise ValueError("JSON is nested too deeply to read") from None
+
+
+def parse_json(text: str) -> Any:
+    """Strict JSON (finite numbers only, overflow included; bounded nesting); a single ```json
+    fence is tolerated. Raises ValueError for anything else."""
+    return _loads(_strip_fence(text), _finite_float)
+
+
+def _exact_json(text: str) -> Any:
+    """The same text with every float kept as its exact decimal value, for identity checks."""
+    return _loads(_strip_fence(text), Decimal)
+
+
+# -- exact JSON equality -----------------------------------------------------------------------
+def _float_equal(got: Any, want: Any) -> bool:
+    """``got`` is a float from a return (a Decimal when read exactly), ``want`` the request's."""
+    if isinstance(got, Decimal):
+        exact = Decimal(repr(want))
+        return got == exact and got.is_signed() == exact.is_signed()
+    return got == want and math.copysign(1.0, got) == math.copysign(1.0, want)
+
+
+def _json_equal(a: Any, b: Any) -> bool:
+    """Exact JSON-value equality, iterative (so any depth is safe): no True == 1, no 1 == 1.0,
+    no -0.0 == 0.0; ``a`` may hold Decimals (a return read exactly), ``b`` is the request's."""
+    stack = [(a, b)]
+    while stack:
+        x, y = stack.pop()
+        if isinstance(x, bool) or isinstance(y, bool):
+            if not (isinstance(x, bool) and isinstance(y, bool) and x is y):
+                return False
+        elif isinstance(y, float):
+            if not (isinstance(x, (float, Decimal)) and _float_equal(x, y)):
+                return False
+        elif isinstance(x, dict) and isinstance(y, dict):
+            if x.keys() != y.keys():
+                return False
+            stack.extend((x[k], y[k]) for k in x)
+        elif isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
+            if len(x) != len(y):
+                return False
+            stack.extend(zip(x, y, strict=True))
+        elif not (type(x) is type(y) and x == y):
+            return False
+    return True
+
+
+def _has_float(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, float):
+            return True
+        if isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, (list, tuple)):
+            stack.extend(x)
+    return False
+
+
+def _error(kind: str, message: str, task_id: str | None = None, **extra: Any) -> dict[str, Any]:
+    return {"type": kind, "task_id": task_id, "message": message, **extra}
+
+
+def _copy(value: Any) -> Any:
+    """An independent JSON copy: what is committed can never be changed by a validator."""
+    return json.loads(canonical_json(value))
+
+
+def unwrap(reply: Any) -> Any:
+    """The answer's text inside the envelope its provider reported (``Reply.envelope``, see
+    docs/providers.md): a ``{"value": ...}`` wrapper a strict JSON mode asked for is opened
+    here, so the ledger keeps what the model sent. Anything else (no envelope, a wrapper with
+    more than ``value``, text that is not JSON, an odd reply) comes back as it came, for the
+    checks to judge."""
+    text = getattr(reply, "text", None)
+    if getattr(reply, "envelope", None) not in ("value", "tool_input/value"):
+        return text
+    if not isinstance(text, str):
+        return text
+    try:
+        parsed = parse_json(text)
+        if isinstance(parsed, dict) and parsed.keys() == {"value"}:
+            return json.dumps(parsed["value"], ensure_ascii=False)
+    except Exception:  # noqa: BLE001 - not JSON, too deep, ...: the checks reject it with why
+        pass
+    return text
+
+
+def reply_text(reply: Any) -> tuple[str, str | None]:
+    """The text to judge and keep, and why it is unacceptable when the provider broke the
+    contract (text that is not a str)."""
+    text = getattr(reply, "text", None)
+    extra = getattr(reply, "extra", None)
+    odd = extra.get(ODD_TEXT) if isinstance(extra, Mapping) else None
+    if isinstance(text, str) and odd is None:
+        return text, None
+    kind = odd or type(text).__name__
+    return (text if isinstance(text, str) else text_of(text)), (
+        f"provider returned its text as {kind}, not str: a provider must hand back the raw "
+        "text it received (fix the provider)")
+
+
+# -- the entry point ---------------------------------------------------------------------------
+async def judge(
+    reply: Any,
+    tasks: Sequence[Mapping[str, Any]],
+    *,
+    mode: str,
+    identity: Sequence[str],
+    schema: ItemSchema,
+    validator: Callable[[Any, Mapping[str, Any]], Any] | None,
+) -> Verdict:
+    """The one entry point of the replay loop: judge a provider's reply against the ledger's own
+    copy of the requested ``tasks``. ``mode`` is ``"items"`` or ``"value"``.
+
+    ``identity`` names the fields every item must echo; when it carries ``echo=True`` (the
+    default identity, see :class:`~batchjson._tasks.Identity`) every other task field an item
+    returns (prompt and context aside) must equal the task's value too.
+    """
+    try:
+        text, odd = reply_text(reply)
+        if odd is None:  # open the envelope the provider reported (the ledger keeps it whole)
+            text = unwrap(reply)
+        if odd is not None:
+            task_id = tasks[0]["task_id"] if mode == "value" else None
+            return Verdict(False, errors=[_error("json", odd, task_id)])
+        prepared = _prepare(text, tasks, mode, identity, schema)
+        if isinstance(prepared, Verdict) or validator is None:
+            return prepared if isinstance(prepared, Verdict) else _accepted(prepared)
+        errors: list[dict[str, Any]] = []
+        for task_id, value, _, task in prepared:
+            errors.extend(await run_validator_async(validator, value, task, task_id))
+        return Verdict(False, errors=errors) if errors else _accepted(prepared)
+    except Exception as exc:  # judging never crashes a run that has already paid for the call
+        return Verdict(False, errors=[_error(
+            "json", f"the return could not be judged ({type(exc).__name__}: {exc})")])
+
+
+Prepared = list[tuple[str, Any, Any, Mapping[str, Any]]]  # task_id, value, stored, task
+
+
+def _accepted(prepared: Prepared) -> Verdict:
+    return Verdict(True, values={t: v for t, v, _, _ in prepared},
+                   stored={t: s for t, _, s, _ in prepared})
+
+
+def _prepare(text: str, tasks: Sequence[Mapping[str, Any]], mode: str, identity: Sequence[str],
+             schema: ItemSchema) -> Verdict | Prepared:
+    if mode == "value":
+        return _prepare_value(text, tasks[0], schema)
+    return _prepare_items(text, tasks, identity, schema)
+
+
+def accept_items(
+    text: str,
+    tasks: Sequence[Mapping[str, Any]],
+    identity: Sequence[str],
+    schema: ItemSchema,
+    validator: Callable[[Any, Mapping[str, Any]], Any] | None,
+) -> Verdict:
+    """Judge an ``{"items": [...]}`` return against exactly the tasks that were requested."""
+    return _sync(judge(_Text(text), tasks, mode="items", identity=identity, schema=schema,
+                       validator=validator))
+
+
+def accept_value(
+    text: str,
+    task: Mapping[str, Any],
+    schema: ItemSchema,
+    validator: Callable[[Any, Mapping[str, Any]], Any] | None,
+) -> Verdict:
+    """Judge a bare JSON value returned for one prompt (the droste-compatible shape)."""
+    return _sync(judge(_Text(text), [task], mode="value", identity=("task_id",), schema=schema,
+                       validator=validator))
+
+
+@dataclass
+class _Text:
+    text: Any
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _sync(coro: Any) -> Verdict:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    coro.close()
+    raise RuntimeError("accept_items/accept_value are for sync code: await judge() instead")
+
+
+# -- items -------------------------------------------------------------------------------------
+def _prepare_items(text: str, tasks: Sequence[Mapping[str, Any]], identity: Sequence[str],
+                   schema: ItemSchema) -> Verdict | Prepared:
+    try:
+        payload = parse_json(text)
+    except ValueError as exc:
+        return Verdict(False, errors=[_error("json", f"return is not valid JSON: {exc}")])
+    if not isinstance(payload, dict) or not isinstance(payload.get("items"), list):
+        return Verdict(False, errors=[_error(
+            "json", 'return must be a JSON object {"items": [...]} with one object per task')])
+    extra = sorted(set(payload) - {"items"})
+    if extra:  # e.g. a top-level case_id: which request would it belong to? Ambiguous: reject.
+        return Verdict(False, errors=[_error(
+            "json", f"unexpected top-level key(s) {', '.join(map(repr, extra))}: return only "
+            '{"items": [...]}')])
+    items = payload["items"]
+    not_objects = [i for i, item in enumerate(items) if not isinstance(item, dict)]
+    if not_objects:
+        return Verdict(False, errors=[_error(
+            "json", f"items[{i}] is not an object") for i in not_objects])
+
+    expected = {t["task_id"]: t for t in tasks}
+    errors = _coverage(items, expected)
+    if errors:
+        return Verdict(False, errors=errors)
+
+    compared = {item["task_id"]: compared_fields(expected[item["task_id"]], identity, item)
+                for item in items}
+    errors = _identity(text, items, expected, identity, compared)
+    if errors:
+        return Verdict(False, errors=errors)
+
+    declared = schema.declared_fields
+    prepared: Prepared = []
+    for item in items:
+        task_id = item["task_id"]
+        fields = compared[task_id]
+        kept = [n for n in fields if declared is not None and n in declared]  # may be coerced
+        answer = {k: v for k, v in item.items() if k not in fields or k in kept}
+        value, messages, crashed = _validate(schema, answer, f"items[{task_id}]")
+        errors.extend(_error("validator_error" if crashed else "schema", m, task_id)
+                      for m in messages)
+        if not messages:
+            stored, problem = _stored(schema, value, task_id)
+            if problem:
+                errors.append(problem)
+                continue
+            errors.extend(_coerced_identity(stored, expected[task_id], kept))
+            prepared.append((task_id, value, stored, expected[task_id]))
+    if errors:
+        return Verdict(False, errors=errors)
+    return prepared
+
+
+def compared_fields(task: Mapping[str, Any], identity: Sequence[str],
+                    item: Mapping[str, Any] | None = None) -> list[str]:
+    """The fields of ``task`` an item is held to: the identity fields, and under the default
+    identity (``echo``) every other task field the item returns, prompt and context aside."""
+    fields = list(identity)
+    if getattr(identity, "echo", False):
+        fields += [k for k in task if k not in fields and k not in ECHO_EXEMPT
+                   and (item is None or k in item)]
+    return fields
+
+
+ECHO_EXEMPT = frozenset({"prompt", "context"})
+
+
+def _identity(text: str, items: list[dict], expected: Mapping[str, Mapping[str, Any]],
+              identity: Sequence[str], compared: Mapping[str, list[str]]) -> list[dict[str, Any]]:
+    errors = []
+    exact: list[Any] | None = None  # the items with floats read exactly, built when needed
+    for position, item in enumerate(items):
+        task = expected[item["task_id"]]
+        for name in compared[item["task_id"]]:
+            if name not in item:
+                errors.append(_error("identity", f"identity field {name!r} is missing (task "
+                                     f"{task['task_id']!r})", task["task_id"], field=name))
+                continue
+            got = item[name]
+            if _has_float(task[name]) and _json_equal(got, task[name]):
+                if exact is None:
+                    exact = _exact_json(text)["items"]
+                got = exact[position][name]
+            if not _json_equal(got, task[name]):
+                shown, wanted = item[name], task[name]
+                hint = ("" if name in identity else "; an echoed task field: under the default "
+                        "identity every task field an item returns is compared (pass identity= "
+                        "to compare only the fields you list)")
+                errors.append(_error(
+                    "identity", f"{name} is {_clip(shown)} but the request has "
+                    f"{_clip(wanted)} (task {task['task_id']!r}){hint}", task["task_id"],
+                    field=name, expected=_scalar_or_clip(wanted), got=_scalar_or_clip(shown)))
+    return errors
+
+
+def _scalar_or_clip(value: Any) -> Any:
+    """Values kept in an error: scalars as they are, structures as a short text (a value nested
+    hundreds deep must not make the receipt unwritable)."""
+    return _clip(value) if isinstance(value, (dict, list)) else value
+
+
+def _clip(value: Any, limit: int = 200) -> str:
+    try:
+        text = repr(value)
+    except RecursionError:
+        text = f"<{type(value).__name__} nested too deeply to show>"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _validate(schema: ItemSchema, value: Any, path: str) -> tuple[Any, list[str], bool]:
+    """Schema validation that never raises: (value, messages, crashed). A crash is the schema's
+    own code failing (a pydantic validator raising TypeError, a dangling $ref)."""
+    try:
+        value, messages = schema.validate(value, path)
+        return value, messages, False
+    except Exception as exc:
+        return None, [f"{path}: the schema's own validation raised {type(exc).__name__}: "
+                      f"{exc}; fix the schema or its validators"], True
+
+
+# -- value -------------------------------------------------------------------------------------
+def _prepare_value(text: str, task: Mapping[str, Any], schema: ItemSchema) -> Verdict | Prepared:
+    task_id = task["task_id"]
+    try:
+        payload = parse_json(text)
+    except ValueError as exc:
+        return Verdict(False, errors=[_error("json", f"return is not valid JSON: {exc}", task_id)])
+    value, messages, crashed = _validate(schema, payload, "$")
+    if messages:
+        return Verdict(False, errors=[_error("validator_error" if crashed else "schema", m,
+                                             task_id) for m in messages])
+    stored, problem = _stored(schema, value, task_id)
+    if problem:
+        return Verdict(False, errors=[problem])
+    return [(task_id, value, stored, task)]
+
+
+def _stored(schema: ItemSchema, value: Any, task_id: str) -> tuple[Any, dict[str, Any] | None]:
+    """The ledger (JSON) form of a validated value, or the schema error that prevents one: a
+    schema may coerce "1e400" into an infinite float, which no ledger row may hold."""
+    try:
+        return _copy(schema.dump(value)), None
+    except (TypeError, ValueError) as exc:
+        return None, _error("schema", f"task {task_id!r}: the validated value has no JSON form "
+                            f"({exc}); numbers must be finite", task_id)
+
+
+# -- the caller's validator --------------------------------------------------------------------
+def run_validator(validator: Callable[[Any, Mapping[str, Any]], Any], value: Any,
+                  task: Mapping[str, Any], task_id: str) -> list[dict[str, Any]]:
+    """Sync form of :func:`run_validator_async`, for sync validators."""
+    return _sync_errors(run_validator_async(validator, value, task, task_id))
+
+
+def _sync_errors(coro: Any) -> list[dict[str, Any]]:
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    return [_error("validator_error", "an async validator needs judge(): await it")]
+
+
+async def run_validator_async(validator: Callable[[Any, Mapping[str, Any]], Any], value: Any,
+                              task: Mapping[str, Any], task_id: str) -> list[dict[str, Any]]:
+    """ValueError or ``False`` rejects (repairable); any other exception is a validator crash,
+    never retried. An ``async def`` validator is awaited. The validator gets its own copy of
+    the task, so nothing it does reaches the ledger's request."""
+    try:
+        out = validator(value, _copy(dict(task)))
+        if inspect.isawaitable(out):
+            out = await out
+    except ValueError as exc:
+        return [_error("validation", f"task {task_id!r}: {exc}", task_id)]
+    except Exception as exc:  # a bug in the caller's validator, reported not retried
+        return [_error("validator_error",
+                       f"task {task_id!r}: validator raised {type(exc).__name__}: {exc}", task_id)]
+    if out is False:
+        return [_error("validation", f"task {task_id!r}: the validator returned False", task_id)]
+    return []
+
+
+def _coerced_identity(stored: Any, task: Mapping[str, Any],
+                      identity: Sequence[str]) -> list[dict[str, Any]]:
+    """A schema that declares an identity field may coerce it ("078" -> 78): what would be
+    committed must still equal the request."""
+    if not isinstance(stored, dict):
+        return []
+    return [_error("schema", f"the schema turns {name} {_clip(task[name])} into "
+                   f"{_clip(stored[name])} (task {task['task_id']!r}); declare it with the "
+                   "task's JSON type", task["task_id"], field=name)
+            for name in identity if name in stored and not _json_equal(stored[name], task[name])]
+
+
+def _coverage(items: list[dict], expected: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Count and set of task_ids must equal the request's: name missing, duplicated and extra."""
+    errors = []
+    without_id = [i for i, item in enumerate(items) if not isinstance(item.get("task_id"), str)]
+    for i in without_id:
+        errors.append(_error("coverage", f"items[{i}] has no string task_id"))
+    counts = Counter(item["task_id"] for item in items if isinstance(item.get("task_id"), str))
+    for task_id in expected:
+        if task_id not in counts:
+            errors.append(_error("coverage", f"task {task_id!r} is missing from the return",
+                                 task_id, problem="missing"))
+    for task_id, n in counts.items():
+        if task_id not in expected:
+            errors.append(_error("coverage", f"item {task_id!r} was not requested",
+                                 task_id, problem="extra"))
+        elif n > 1:
+            errors.append(_error("coverage", f"task {task_id!r} appears {n} times",
+                                 task_id, problem="duplicated"))
+    if not errors and len(items) != len(expected):
+        errors.append(_error("coverage", f"return has {len(items)} items for "
+                             f"{len(expected)} tasks"))
+    return errors

@@ -1,0 +1,456 @@
+"""batchjson's command line: run the demo, read a ledger, import, merge, export and advise.
+
+Every subcommand takes --ledger PATH (default .batchjson/ledger.sqlite, the notebook default)
+and --json (one JSON document on stdout for scripts; human tables otherwise).
+
+Exit codes: 0 the command did its work (status reported, whatever the batches hold); 1 a batch
+the command ran or imported ended unresolved or was kept as diagnostic; 2 usage (bad arguments,
+an unknown batch, an unreadable import file); 3 a ledger problem (missing, not a ledger, newer
+schema); 130 interrupted. A closed pipe (| head) ends quietly with 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from . import _cliview as cliview
+from ._errors import BatchJsonError, InvalidBatch, LedgerError
+from ._evidence import Evidence
+from ._ledger import Ledger, ledger_problem
+from ._result import money
+from ._session import Session
+
+DEFAULT_LEDGER = Path(".batchjson/ledger.sqlite")
+OK, UNRESOLVED, USAGE, LEDGER, INTERRUPTED = 0, 1, 2, 3, 130
+
+DEMO_SCHEMA = {
+    "type": "object",
+    "properties": {"verdict": {"type": "string", "enum": ["match", "no_match"]},
+                   "confidence": {"type": "number", "minimum": 0, "maximum": 1}},
+    "required": ["verdict", "confidence"],
+}
+DEMO_IDENTITY = ("task_id", "case_id", "candidate_id")
+
+
+class Problem(Exception):
+    """A refusal with its exit code; printed as one line, never a traceback."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def demo_tasks(cases: int = 4, per_case: int = 15) -> list[dict]:
+    """Review candidates shaped like the seed's: identity travels in three fields."""
+    tasks = []
+    for c in range(cases):
+        case = f"gold-pair-{78 + c:03d}"
+        for k in range(per_case):
+            candidate = f"{case}-candidate-{127 + k}"
+            tasks.append({"task_id": f"{case}::{candidate}", "case_id": case,
+                          "candidate_id": candidate,
+                          "prompt": f"Is {candidate} the same entity as {case}?"})
+    return tasks
+
+
+def demo_answer(task: dict) -> dict:
+    number = int(task["candidate_id"].rsplit("-", 1)[1])
+    return {"verdict": "match" if number % 3 == 0 else "no_match",
+            "confidence": round(0.5 + (number % 5) / 10, 2)}
+
+
+def demo_model(seed: int = 0):  # noqa: ANN201 - returns a SimulatedModel
+    from ._providers.simulated import FaultPlan, SimulatedModel
+
+    faults = FaultPlan(identity_swap=0.2, malformed_json=0.1, missing_item=0.05,
+                       non_finite=0.05, clean_after=3)
+    return SimulatedModel(answer=demo_answer, faults=faults, seed=seed, model="gpt-4o-mini",
+                          price_per_million=(0.15, 0.60))
+
+
+def demo_ledger_problem(ledger: Path) -> str | None:
+    """The demo starts from an empty ledger, so it only ever clears one it wrote itself."""
+    if not ledger.exists():
+        return None
+    problem = ledger_problem(ledger)
+    if problem is None:
+        held = Ledger(ledger)
+        try:
+            others = [n for n in held.batch_names() if n != "review"]
+        finally:
+            held.close()
+        if not others:
+            return None
+        problem = f"{ledger} holds batches other than the demo's ({', '.join(others)})"
+    return (f"{problem}. The demo starts from an empty ledger and would clear this one: pass "
+            "--ledger with a new path")
+
+
+def _demo_check(item: dict, task: dict) -> None:
+    if item["verdict"] == "match" and item["confidence"] < 0.5:
+        raise ValueError("a match needs confidence >= 0.5")
+
+
+def run_demo(ledger: Path, seed: int, out: TextIO | None = None, *, as_json: bool = False,
+             progress: bool = False) -> int:
+    out = out or sys.stdout
+    if ledger.exists():  # a previous demo's ledger (demo_ledger_problem was checked)
+        for suffix in ("", "-wal", "-shm"):
+            Path(str(ledger) + suffix).unlink(missing_ok=True)
+    tasks = demo_tasks()
+    say = (lambda *a: None) if as_json else (lambda text="": print(text, file=out))
+    say(f"batchjson demo: {len(tasks)} review tasks in requests of 5, answered by an offline "
+        "model that injects identity swaps, malformed JSON, missing items and NaN")
+    say(f"ledger: {ledger}")
+    say()
+    session = Session(demo_model(seed), ledger=ledger, repairs=1, replays=2)
+    first = session.run_batch("review", tasks, DEMO_SCHEMA, validator=_demo_check,
+                              identity=DEMO_IDENTITY, pack=5, split=True, progress=progress,
+                              on_exhausted="return")
+    kinds: dict[str, int] = {}
+    swap = None
+    for receipt in session.ledger.attempts("review", failed=True):
+        for error in receipt.errors:
+            kinds[error["type"]] = kinds.get(error["type"], 0) + 1
+            if swap is None and error["type"] == "identity":
+                swap = cliview.describe_error(error)
+    session.close()
+    again = Session(demo_model(seed), ledger=ledger)
+    second = again.run_batch("review", tasks, DEMO_SCHEMA, validator=_demo_check,
+                             identity=DEMO_IDENTITY, pack=5, split=True, on_exhausted="return")
+    again.close()
+    code = OK if first.resolved and second.calls == 0 else UNRESOLVED
+    if as_json:
+        print(json.dumps({"ledger": str(ledger), "first": first.summary(),
+                          "second": second.summary(), "rejected_errors_by_type": kinds},
+                         indent=2, sort_keys=True), file=out)
+        return code
+    for label, r in (("first run ", first), ("second run", second)):
+        say(f"{label}  {r.status}: {len(r.values)}/{r.total_tasks} accepted, {r.calls} call(s) "
+            f"({r.accepted_returns} accepted, {r.rejected_returns} rejected, "
+            f"{r.provider_errors} provider error(s)), {r.tokens} tokens, {money(r.cost)}")
+    listed = ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) or "none"
+    say(f"  rejected returns kept as failure receipts; their errors by type: {listed}")
+    if swap:
+        for line in cliview.wrapped(swap, "  e.g. "):
+            say(line)
+    say(f"  the second run resumed every request from the ledger: {second.calls} new call(s)")
+    flag = "" if ledger == DEFAULT_LEDGER else f" --ledger {ledger}"
+    say()
+    say("next:")
+    for command, why in ((f"batchjson status{flag}", "calls, tokens and cost, per batch"),
+                         (f"batchjson receipts review --failed{flag}",
+                          "every rejected return and why"),
+                         (f"batchjson values review --csv{flag}", "the accepted answers"),
+                         (f"batchjson advise review{flag}", "the cheapest pack size")):
+        say(f"  {command.ljust(58)} {why}")
+    return code
+
+
+# -- commands -------------------------------------------------------------------------------
+def _open(path: Path, *, create: bool = False) -> Ledger:
+    if not (create and not path.exists()):
+        problem = ledger_problem(path)
+        if problem:
+            raise Problem(problem, LEDGER)
+    try:
+        return Ledger(path)
+    except LedgerError as exc:
+        raise Problem(str(exc), LEDGER) from None
+
+
+def _known(ledger: Ledger, name: str | None) -> None:
+    problem = ledger.no_such_batch(name) if name is not None else None
+    if problem:
+        raise Problem(problem, USAGE)
+
+
+def _dump(obj: Any, out: TextIO) -> None:
+    print(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False), file=out)
+
+
+def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
+    held = _open(args.ledger)
+    try:
+        _known(held, args.name)
+        summary = held.cost_summary(args.name)
+        evidence = Evidence(held).summary(args.name)
+    finally:
+        held.close()
+    for key in ("unresolved_batches", "unresolved_requests", "unresolved_items",
+                "minimum_exact_retry_calls", "superseded"):
+        summary[key] = evidence[key]
+    summary["ledger"] = str(args.ledger)
+    if args.json:
+        _dump(summary, out)
+    else:
+        print("\n".join(cliview.status_lines(summary, str(args.ledger))), file=out)
+    return OK
+
+
+def _receipt_dicts(held: Ledger, name: str, failed: bool, raw: bool) -> list[dict[str, Any]]:
+    rows = []
+    for number, r in enumerate(held.attempts(name), 1):
+        if failed and r.status == "accepted":
+            continue
+        rows.append({"number": number, "revision": r.revision, "kind": r.kind,
+                     "status": r.status, "task_ids": list(r.task_ids), "errors": r.errors,
+                     "input_tokens": r.input_tokens, "output_tokens": r.output_tokens,
+                     "cached_tokens": r.cached_tokens, "cost": r.cost, "model": r.model,
+                     "started_at": r.started_at, "finished_at": r.finished_at,
+                     **({"raw": r.raw} if raw else {"raw": None})})
+    return rows
+
+
+def cmd_receipts(args: argparse.Namespace, out: TextIO) -> int:
+    held = _open(args.ledger)
+    try:
+        _known(held, args.name)
+        rows = _receipt_dicts(held, args.name, args.failed, args.raw)
+    finally:
+        held.close()
+    if args.json:
+        _dump(rows, out)
+        return OK
+    for line in cliview.receipt_lines(args.name, rows, args.raw):
+        print(line, file=out)
+    return OK
+
+
+def cmd_values(args: argparse.Namespace, out: TextIO) -> int:
+    held = _open(args.ledger)
+    try:
+        _known(held, args.name)
+        values = held.checkpoint(args.name)
+    finally:
+        held.close()
+    if args.json:
+        _dump(values, out)
+    elif args.csv:
+        columns: list[str] = []
+        for v in values.values():
+            for k in (v if isinstance(v, dict) else {"value": v}):
+                if k not in columns and k != "task_id":
+                    columns.append(k)
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        writer.writerow(["task_id", *columns])
+        for task_id, v in values.items():
+            v = v if isinstance(v, dict) else {"value": v}
+            writer.writerow([task_id, *(_cell(v.get(k)) for k in columns)])
+        out.write(buffer.getvalue())
+    else:
+        for task_id, v in values.items():
+            print(json.dumps({"task_id": task_id, "value": v}, ensure_ascii=False), file=out)
+    return OK
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
+    held = _open(args.ledger)
+    try:
+        _known(held, args.batch)
+        receipts = held.export_receipts(args.batch)
+    finally:
+        held.close()
+    if args.jsonl:
+        for r in receipts:
+            print(json.dumps(r, ensure_ascii=False, sort_keys=True), file=out)
+    else:
+        _dump({"ledger": str(args.ledger), "receipts": receipts}, out)
+    return OK
+
+
+def cmd_import(args: argparse.Namespace, out: TextIO) -> int:
+    if not args.file.is_file():  # checked before a ledger is created for it
+        raise Problem(f"no receipts file at {args.file}", USAGE)
+    from ._recovery import read_lines
+
+    try:
+        read_lines(args.file, {})  # a bad file is refused before a ledger is created for it
+    except InvalidBatch as exc:
+        raise Problem(str(exc), USAGE) from None
+    held = _open(args.ledger, create=True)
+    try:
+        report = held.import_receipts(args.file)
+    except InvalidBatch as exc:
+        raise Problem(str(exc), USAGE) from None
+    finally:
+        held.close()
+    if args.json:
+        _dump(report, out)
+    else:
+        print("\n".join(cliview.import_lines(report)), file=out)
+    kept = report["diagnostic"] + report["rejected"] + report["unverified"]
+    return UNRESOLVED if kept else OK
+
+
+def cmd_merge(args: argparse.Namespace, out: TextIO) -> int:
+    problem = ledger_problem(args.other)  # checked before a ledger is created to receive it
+    if problem:
+        raise Problem(problem, LEDGER)
+    held = _open(args.ledger, create=True)
+    try:
+        report = held.merge(args.other)
+    except LedgerError as exc:
+        raise Problem(str(exc), LEDGER) from None
+    finally:
+        held.close()
+    if args.json:
+        _dump(report, out)
+    else:
+        added = report["added"]
+        print(f"merged {report['source']} into {args.ledger}: "
+              + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in added.items())
+              + f" added; {report['attempts_already_present']} attempt(s) were already here",
+              file=out)
+    return OK
+
+
+def cmd_advise(args: argparse.Namespace, out: TextIO) -> int:
+    from ._advice import advise
+
+    held = _open(args.ledger)
+    try:
+        _known(held, args.name)
+        try:
+            advice = advise(held, args.name, repairs=args.repairs, replays=args.replays)
+        except InvalidBatch as exc:
+            raise Problem(str(exc), USAGE) from None
+    finally:
+        held.close()
+    if args.json:
+        _dump(advice, out)
+    else:
+        print("\n".join(cliview.advice_lines(advice)), file=out)
+    return OK
+
+
+def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
+    problem = demo_ledger_problem(args.ledger)
+    if problem:
+        raise Problem(problem, USAGE)
+    return run_demo(args.ledger, args.seed, out, as_json=args.json,
+                    progress=sys.stderr.isatty())
+
+
+# -- the parser -----------------------------------------------------------------------------
+def _whole(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be a whole number >= {minimum}, got {text!r}")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="batchjson", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, helptext: str, fn: Callable[..., int]) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=helptext, description=helptext)
+        p.add_argument("--ledger", type=Path, default=DEFAULT_LEDGER, metavar="PATH",
+                       help=f"ledger file (default {DEFAULT_LEDGER})")
+        p.add_argument("--json", action="store_true",
+                       help="print one JSON document for scripts instead of tables")
+        p.set_defaults(run=fn)
+        return p
+
+    demo = command("demo", "run a faulty offline batch end to end, then resume it", cmd_demo)
+    demo.add_argument("--seed", type=int, default=0, help="fault seed (default 0)")
+    status = command("status", "calls, tokens and cost of every attempt, per batch and total",
+                     cmd_status)
+    status.add_argument("name", nargs="?", help="only this batch (default: every batch)")
+    receipts = command("receipts", "the attempts of one batch, numbered 1..N in call order",
+                       cmd_receipts)
+    receipts.add_argument("name", help="batch name")
+    receipts.add_argument("--failed", action="store_true", help="only attempts not accepted")
+    receipts.add_argument("--raw", action="store_true", help="include each raw return")
+    values = command("values", "the accepted values of one batch (JSON Lines, or --csv)",
+                     cmd_values)
+    values.add_argument("name", help="batch name")
+    values.add_argument("--csv", action="store_true", help="CSV with a column per field")
+    export = command("export", "every receipt in batchjson's importable format", cmd_export)
+    export.add_argument("--jsonl", action="store_true",
+                        help="one receipt per line (the format `batchjson import` reads)")
+    export.add_argument("--batch", metavar="NAME", help="only this batch")
+    imp = command("import", "import historical receipts (JSONL), rechecking every item",
+                  cmd_import)
+    imp.add_argument("file", type=Path, help="JSON Lines file, one receipt per line")
+    merge = command("merge", "bring another ledger's batches and attempts into this one",
+                    cmd_merge)
+    merge.add_argument("other", type=Path, help="the other ledger file")
+    advise = command("advise", "pack-size advice from the batch's observed faults and tokens",
+                     cmd_advise)
+    advise.add_argument("name", help="batch name")
+    advise.add_argument("--repairs", type=_whole(0), default=1, metavar="N",
+                        help="repair calls per failing request (default 1)")
+    advise.add_argument("--replays", type=_whole(0), default=1, metavar="N",
+                        help="exact replays per failing request (default 1)")
+    sub.add_parser("serve", help="the loopback OpenAI/Anthropic test server "
+                   "(batchjson serve --help lists its options)")
+    return parser
+
+
+def _main(argv: list[str], out: TextIO) -> int:
+    if argv[:1] == ["serve"]:  # the server owns its options (--port, --latency, faults)
+        from .testing.server import main as serve_main
+
+        return serve_main(argv[1:]) or 0
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args, out)
+    except Problem as exc:
+        print(f"batchjson {args.command}: error: {exc}", file=sys.stderr)
+        return exc.code
+    except LedgerError as exc:
+        print(f"batchjson {args.command}: ledger error: {exc}", file=sys.stderr)
+        return LEDGER
+    except BatchJsonError as exc:
+        print(f"batchjson {args.command}: error: {exc}", file=sys.stderr)
+        return USAGE
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    """Entry point: exit codes as documented above; no traceback on a closed pipe or Ctrl-C."""
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    try:
+        code = _main(args_in, out or sys.stdout)
+        (out or sys.stdout).flush()
+        return code
+    except BrokenPipeError:
+        # The reader went away (| head): say nothing, and keep Python's exit flush quiet too.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return OK
+    except KeyboardInterrupt:
+        print("batchjson: interrupted; receipts written so far are kept, re-run to resume",
+              file=sys.stderr)
+        return INTERRUPTED
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

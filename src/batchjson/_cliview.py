@@ -1,0 +1,145 @@
+"""Plain-text renderings for the command line: aligned tables, money as money, no reprs."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ._result import money
+
+
+def table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, indent: str = "  ",
+          right: Sequence[int] = ()) -> list[str]:
+    """Aligned columns; indices in ``right`` are right-aligned (numbers)."""
+    cells = [[("" if v is None else str(v)) for v in row] for row in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [v.rjust(w) if i in right else v.ljust(w)
+                 for i, (v, w) in enumerate(zip(values, widths, strict=True))]
+        return (indent + "  ".join(parts)).rstrip()
+
+    return [line(columns), indent + "  ".join("-" * w for w in widths), *map(line, cells)]
+
+
+def wrapped(text: str, indent: str, width: int = 100) -> list[str]:
+    return textwrap.wrap(" ".join(str(text).split()), width, initial_indent=indent,
+                         subsequent_indent=" " * len(indent) + "  ", break_long_words=False,
+                         break_on_hyphens=False) or [indent]
+
+
+def status_lines(summary: Mapping[str, Any], ledger: str) -> list[str]:
+    """``batchjson status``: one row per batch and a total; unknown costs shown apart."""
+    columns = ["batch", "tasks", "usable", "calls", "accepted", "rejected", "provider err",
+               "abandoned", "tokens in/out/cached", "cost", "cost/usable"]
+    rows = []
+    for e in [*summary["batches"], {**summary["total"], "batch": "total"}]:
+        rows.append([e["batch"], e["tasks"], e["usable_results"], e["calls"],
+                     e["accepted_returns"], e["rejected_returns"], e["provider_errors"],
+                     e["abandoned"],
+                     f"{e['input_tokens']}/{e['output_tokens']}/{e['cached_tokens']}",
+                     *_cost_cells(e)])
+    lines = [f"ledger {ledger}", *table(columns, rows, right=range(1, 8))]
+    total = summary["total"]
+    if total["unknown_cost_calls"]:
+        unpriced = (f"; {total['unpriced_calls']} of them for models with no price, which add "
+                    "nothing to the bound" if total["unpriced_calls"] else "")
+        lines.append(f"  {total['unknown_cost_calls']} call(s) have no recorded cost (killed, "
+                     f"abandoned, imported without cost or unpriced{unpriced}): at least "
+                     f"{money(total['unknown_cost_lower_bound'])} more, pricing their prompts "
+                     "at the input rate; '+' and '≥' mark figures that include that bound")
+    owed = summary.get("unresolved_requests", 0)
+    if owed:
+        lines.append(f"  still owed: {owed} request(s), {summary['unresolved_items']} item(s); "
+                     f"at least {summary['minimum_exact_retry_calls']} call(s) to finish")
+    for sup in summary.get("superseded", []):
+        lines.append(f"  superseded: {sup['batch']} revision {sup['revision']} -> "
+                     f"{sup['superseded_by']} ({sup['reason']})")
+    return lines
+
+
+def _cost_cells(e: Mapping[str, Any]) -> tuple[str, str]:
+    """(cost, cost per usable result) as printed: exact, a lower bound, or unknown."""
+    per = e["cost_per_usable_result"]
+    if e["cost_is_lower_bound"] and not e["cost_at_least"]:
+        return "unknown", "unknown" if e["usable_results"] else "n/a"
+    mark = "+" if e["cost_is_lower_bound"] else ""
+    return (money(e["cost_at_least"]) + mark,
+            "n/a" if per is None else ("≥" if mark else "") + money(per))
+
+
+def receipt_lines(name: str, receipts: Sequence[Mapping[str, Any]], raw: bool) -> list[str]:
+    if not receipts:
+        return [f"no receipts for batch {name!r}"]
+    rows = [[r["number"], r["revision"], r["kind"], r["status"], len(r["task_ids"]),
+             r["input_tokens"] if r["input_tokens"] is not None else "-",
+             r["output_tokens"] if r["output_tokens"] is not None else "-", money(r["cost"])]
+            for r in receipts]
+    head = table(["#", "rev", "kind", "status", "tasks", "in", "out", "cost"], rows,
+                 right=(0, 1, 4, 5, 6))
+    lines = head[:2]
+    for line, r in zip(head[2:], receipts, strict=True):
+        lines.append(line)
+        for e in r["errors"][:5]:
+            lines += wrapped(describe_error(e), "      - ")
+        if len(r["errors"]) > 5:
+            lines.append(f"      ... and {len(r['errors']) - 5} more error(s)")
+        if raw and r["raw"] is not None:
+            lines += ["      raw return:", *("        " + x for x in r["raw"].splitlines())]
+    return lines
+
+
+def describe_error(e: Mapping[str, Any]) -> str:
+    if e.get("type") == "identity" and "field" in e and "got" in e:
+        return (f"identity: {e['field']} is {e['got']!r}, the request has {e.get('expected')!r} "
+                f"(task {e.get('task_id')!r})")
+    return f"{e.get('type')}: {e.get('message')}"
+
+
+def import_lines(report: Mapping[str, Any]) -> list[str]:
+    lines = [f"imported {report['source']}: {report['lines']} receipt(s): "
+             f"{report['admitted']} admitted ({report['items_admitted']} item(s)), "
+             f"{report['diagnostic']} kept as diagnostic, {report['rejected']} rejected, "
+             f"{report['unverified']} unverified, {report['recorded']} recorded, "
+             f"{report['skipped']} skipped"]
+    for r in report["receipts"]:
+        lines.append(f"  line {r['line']}: batch {r['batch']!r}, {r['items']} item(s), claimed "
+                     f"{r['claimed_status']!r}: {r['outcome'].upper()}")
+        if r["reason"]:
+            lines += wrapped(r["reason"], "      ")
+        for e in r["errors"][:10]:
+            lines += wrapped(describe_error({"type": "identity", **e}) if "field" in e
+                             else describe_error(e), "      - ")
+        if len(r["errors"]) > 10:
+            lines.append(f"      ... and {len(r['errors']) - 10} more")
+    return lines
+
+
+def advice_lines(advice: Mapping[str, Any]) -> list[str]:
+    f = advice["fit"]
+    unit = "cost" if advice["priced"] else "tokens"
+    lines = [f"pack-size advice for batch {advice['batch']!r} ({advice['tasks']} tasks, "
+             f"repairs {advice['repairs']}, replays {advice['replays']}; current pack "
+             f"{advice['current_pack']})",
+             f"  fitted from {f['returns']} judged return(s): per-item fault rate "
+             f"{f['item_fault_rate']:.4f}, whole-return fault rate {f['call_fault_rate']:.4f}, "
+             f"{f['shared_input']:.0f} shared + {f['input_per_task']:.1f} per-task input tokens"]
+    rows = []
+    for c in advice["candidates"]:
+        per = (money(c["cost_per_usable_result"]) if advice["priced"]
+               else c["tokens_per_usable_result"])
+        rows.append([c["pack"], "yes" if c["split"] else "no", f"{c['calls']:.1f}",
+                     f"{c['input_tokens'] + c['output_tokens']:.0f}",
+                     money(c["cost"]) if c["cost"] is not None else "-",
+                     f"{c['usable_results']:.1f}", per])
+    lines += table(["pack", "split", "calls", "tokens", "cost", "usable", f"{unit}/usable"],
+                   rows, right=(0, 2, 3, 4, 5, 6))
+    best = advice["recommended"]
+    lines.append(f"recommended: pack {best['pack']}{' with --split' if best['split'] else ''} "
+                 f"(expected {best['calls']:.1f} calls, "
+                 f"{best['usable_results']:.1f} usable results, "
+                 + (f"{money(best['cost_per_usable_result'])} per usable result)"
+                    if advice["priced"] else
+                    f"{best['tokens_per_usable_result']} tokens per usable result)"))
+    return lines

@@ -1,0 +1,115 @@
+"""The exceptions a user can meet, each saying what went wrong and what to do next."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._result import BatchResult
+
+
+class BatchJsonError(Exception):
+    """Base class for every error batchjson raises on purpose."""
+
+
+class InvalidBatch(BatchJsonError, ValueError):
+    """Bad input, refused before anything is spent or recorded."""
+
+
+class ConfigError(BatchJsonError, ValueError):
+    """A setting of a session, provider, price table or budget is wrong; refused before spending."""
+
+
+class LedgerError(BatchJsonError):
+    """The ledger could not be written or read; the run stopped before any further call.
+
+    ``path`` is the ledger file and ``cause`` the OS or SQLite error underneath.
+    """
+
+    def __init__(self, message: str, *, path: object = None,
+                 cause: BaseException | None = None) -> None:
+        self.path = path
+        self.cause = cause
+        where = f" ({path})" if path is not None else ""
+        why = f": {type(cause).__name__}: {cause}" if cause is not None else ""
+        super().__init__(f"ledger{where}: {message}{why}")
+
+
+class ProviderNotConfigured(ConfigError):
+    """No model provider was configured; the offline model is never chosen silently."""
+
+    def __init__(self, detail: str = "") -> None:
+        lead = (f"{detail} Configure a provider one of three ways: " if detail else
+                "No model provider is configured. Configure one of three ways: ")
+        super().__init__(
+            f"{lead}"
+            "(1) Session(provider='openai' | 'anthropic' | 'simulated' or a provider object); "
+            "(2) in a notebook, %config BatchJson.provider = 'openai' (or an object name); "
+            "(3) set BATCHJSON_PROVIDER=openai|anthropic|simulated in the environment."
+        )
+
+
+class ProviderSetupError(ConfigError):
+    """A provider was chosen but cannot work as configured (no key, no model, a bad URL or
+    setting); the message names the setting and the fix, and never echoes a secret."""
+
+
+class BudgetExceeded(BatchJsonError):
+    """The calls needed exceed what the budget has left; raised before spending."""
+
+    def __init__(self, needed: int, remaining: int, *, what: str = "calls") -> None:
+        self.needed = needed
+        self.remaining = remaining
+        super().__init__(
+            f"budget refused: at least {needed} {what} are needed to resolve the outstanding "
+            f"requests but only {remaining} remain. Raise max_calls or the session budget, or "
+            "run fewer tasks; nothing was spent."
+        )
+
+
+class ValidatorChanged(BatchJsonError):
+    """A strict session refused a changed validator while evidence under the old one is open."""
+
+    def __init__(self, name: str, old: str, new: str, changes: list[str], unresolved: int) -> None:
+        self.name = name
+        self.old_fingerprint = old
+        self.new_fingerprint = new
+        self.changes = changes
+        what = "; ".join(changes) if changes else "its content fingerprint"
+        super().__init__(
+            f"validator {name!r} changed ({what}; {old[:12]} -> {new[:12]}) while {unresolved} "
+            "request(s) recorded under the old version are unresolved, and this session is strict. "
+            "Restore the previous definition and re-run to resolve them, or register the new "
+            f"logic under another name (validators.define(fn, name='{name}_v2'))."
+        )
+
+
+class BatchUnresolved(BatchJsonError):
+    """The bounded replay loop ran out of repairs, replays or budget; carries the result."""
+
+    def __init__(self, result: BatchResult) -> None:
+        self.result = result
+        super().__init__(result.failure_report())
+
+
+class ProviderError(BatchJsonError):
+    """A transport or provider failure: recorded as provider_error, never as a repair."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        retryable: bool = True,
+        retry_after: float | None = None,
+        usage: dict[str, Any] | None = None,
+        unreachable: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retryable = retryable
+        # The endpoint itself cannot be reached (connection refused, DNS): after the transport
+        # retries of one call the whole run stops, since no other request could get through.
+        self.unreachable = unreachable
+        self.retry_after = retry_after
+        self.usage = usage or {}

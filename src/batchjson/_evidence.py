@@ -1,0 +1,109 @@
+"""Evidence: a read-only view over the ledger of what is still owed.
+
+A request is resolved only by an accepted return for exactly its content key, so re-running
+identical work resumes it, and nothing but the ledger holds this state.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ._ledger import Ledger
+
+
+@dataclass(frozen=True)
+class UnresolvedRequest:
+    batch: str
+    revision: int
+    key: str
+    task_ids: tuple[str, ...]
+
+
+class Evidence:
+    """Counts over open (non-superseded) revisions; accepted calls are never counted again."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+
+    def requests(self, batch: str | None = None) -> list[UnresolvedRequest]:
+        rows = self._ledger.unresolved()
+        out = [UnresolvedRequest(r["batch"], r["revision"], r["key"],
+                                 tuple(json.loads(r["task_ids"]))) for r in rows]
+        return [u for u in out if batch is None or u.batch == batch]
+
+    @property
+    def unresolved_batches(self) -> int:
+        """Batch revisions with at least one unresolved request."""
+        return _counts(self.requests())["unresolved_batches"]
+
+    @property
+    def unresolved_items(self) -> int:
+        return _counts(self.requests())["unresolved_items"]
+
+    @property
+    def minimum_exact_retry_calls(self) -> int:
+        """A lower bound on calls needed to clear every unresolved request: one per request.
+
+        Batches and revisions that share a request (same content key) share its one call.
+        """
+        return _counts(self.requests())["minimum_exact_retry_calls"]
+
+    @property
+    def superseded(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in self._ledger.superseded()]
+
+    def summary(self, batch: str | None = None) -> dict[str, Any]:
+        """Numbers a person asks for: what is owed, what was spent, and cost per usable result."""
+        owed = self.requests(batch)
+        spend = self._ledger.spend(batch)
+        usable = self._ledger.checkpoint_count(batch)
+        cost = spend["cost"]
+        superseded = [s for s in self.superseded if batch is None or s["batch"] == batch]
+        # Killed or interrupted calls have an unknown cost: shown with the least they cost, and
+        # cost per usable result counts them at that floor (flagged as a lower bound).
+        unknown = spend["unknown_cost_calls"]
+        floor = spend["cost_lower_bound"] if unknown else cost
+        return {
+            "batch": batch,
+            **_counts(owed),
+            "superseded": superseded,
+            "calls": spend["calls"],
+            "accepted_returns": spend["accepted"],
+            "rejected_returns": spend["rejected"],
+            "provider_errors": spend["provider_errors"],
+            "cancelled_calls": spend["cancelled_calls"],
+            "abandoned_calls": spend["abandoned_calls"],
+            "in_flight_calls": spend["in_flight_calls"],
+            "unknown_cost_calls": unknown,
+            "cost_lower_bound_unknown": spend["cost_lower_bound_unknown"],
+            "unpriced_unknown_calls": spend["unpriced_unknown_calls"],
+            "tokens": spend["input_tokens"] + spend["output_tokens"],
+            "cost": cost,
+            "cost_lower_bound": spend["cost_lower_bound"],
+            "usable_results": usable,
+            "cost_per_usable_result": (floor / usable) if floor is not None and usable else None,
+            "cost_per_usable_result_is_lower_bound": bool(unknown),
+        }
+
+    def __repr__(self) -> str:
+        counts = _counts(self.requests())
+        return (f"Evidence(unresolved_batches={counts['unresolved_batches']}, "
+                f"unresolved_items={counts['unresolved_items']}, "
+                f"minimum_exact_retry_calls={counts['minimum_exact_retry_calls']}, "
+                f"superseded={len(self.superseded)})")
+
+
+def _counts(owed: list[UnresolvedRequest]) -> dict[str, int]:
+    """What is owed, counted once per request key: the key is content, not a batch name, so one
+    accepted return resolves that request in every batch and revision that holds it."""
+    distinct: dict[str, UnresolvedRequest] = {}
+    for u in owed:
+        distinct.setdefault(u.key, u)
+    return {
+        "unresolved_batches": len({(u.batch, u.revision) for u in owed}),
+        "unresolved_requests": len(owed),
+        "unresolved_items": sum(len(u.task_ids) for u in distinct.values()),
+        "minimum_exact_retry_calls": len(distinct),
+    }

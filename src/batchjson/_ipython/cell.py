@@ -1,0 +1,118 @@
+"""Running a ``%%batch_json`` cell body and making its functions define-once."""
+
+from __future__ import annotations
+
+import inspect
+import keyword
+import re
+from typing import Any
+
+from IPython.core.error import UsageError
+
+from .. import _errors as errors
+from .._registry import ValidatorRegistry
+
+_MISSING = object()
+_HEADER = re.compile(r"%%batch_json(\s|$)")
+
+
+def allow_empty_body(lines: list[str]) -> list[str]:
+    """Input transformer: let an empty ``%%batch_json`` body reach the magic.
+
+    IPython refuses an empty cell-magic body with a generic message before the magic runs; one
+    blank body line lets ``%%batch_json NAME --tasks EXPR`` work and lets the magic name the fix
+    when ``--tasks`` is missing too.
+    """
+    if lines and _HEADER.match(lines[0]) and not "".join(lines[1:]).strip():
+        return [lines[0].rstrip("\n") + "\n", "\n"]
+    return lines
+
+
+def check_identifier(var: str, option: str) -> None:
+    if not var.isidentifier() or keyword.iskeyword(var):
+        raise UsageError(f"{var!r} is not a valid Python variable name for the result; "
+                         f"{option}")
+
+
+def run_body(shell: Any, cell: str) -> list[str]:
+    """Execute the body in the user namespace; return the names it (re)bound to functions
+    defined in this body (an imported or helper-made function from elsewhere is not its own).
+
+    The source goes through the shell's compiler and line cache, with one leading blank line so
+    traceback line numbers match the cell as the user sees it (line 1 is ``%%batch_json``).
+    """
+    source = "\n" + shell.transform_cell(cell)
+    filename = shell.compile.cache(source, shell.execution_count, raw_code="\n" + cell)
+    code = shell.compile(source, filename, "exec")
+    ns = shell.user_ns
+    before = dict(ns)
+    exec(code, shell.user_global_ns, ns)  # running the user's cell is the point
+    return [name for name, value in ns.items()
+            if inspect.isfunction(value) and before.get(name, _MISSING) is not value
+            and value.__code__.co_filename == filename]
+
+
+def define_once(registry: ValidatorRegistry, ns: dict[str, Any], names: list[str]) -> list[str]:
+    """Pass each rebound function through the registry under its variable name.
+
+    The variable is rebound to the canonical object, so re-running an unchanged cell leaves
+    ``id(fn)`` unchanged. Returns the registry's one-line message for each definition that
+    changed or went back to an earlier version, or whose fingerprint is partial (a first, fully
+    seen definition is not news).
+    """
+    events = []
+    for name in names:
+        definition = registry.register(ns[name], name=name)
+        if definition.fn is not ns[name]:
+            ns[name] = definition.fn
+        if definition.kind in ("changed", "reused") or definition.fingerprint.partial:
+            events.append(definition.message)
+    return events
+
+
+def evaluate(shell: Any, option: str, expr: str, *, default: bool) -> Any:
+    """An option's EXPR in the user namespace; failures become one-line UsageErrors."""
+    try:
+        return eval(expr, shell.user_global_ns, shell.user_ns)  # the user's own expression
+    except NameError as exc:
+        if default:
+            raise UsageError(f"{exc}: build `{expr}` in the cell body or pass {option} EXPR"
+                             ) from None
+        raise UsageError(f"{option} {expr}: {exc}") from None
+    except Exception as exc:  # any error in the user's expression, reported in one line
+        raise UsageError(f"{option} {expr} failed: {type(exc).__name__}: {exc}") from None
+
+
+def one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+class BatchUnresolved(errors.BatchUnresolved):
+    """Raised by ``%%batch_json`` when the batch is unresolved: a short report, no traceback.
+
+    Same name as (and a subclass of) ``batchjson.BatchUnresolved``, so a kernel reports the
+    error as what it is and ``except BatchUnresolved`` catches it.
+    """
+
+    def __init__(self, result: Any, var: str) -> None:
+        super().__init__(result)
+        self.var = var
+
+    def _render_traceback_(self) -> list[str]:
+        report = self.result.failure_report().splitlines()
+        return ([f"BatchUnresolved: {report[0]}", *report[1:],
+                 f"The BatchResult is bound to {self.var!r}; see %batch_receipts "
+                 f"{self.result.name} --failed for every rejected return."])
+
+
+def interrupted_line(name: str) -> str:
+    return (f"batchjson: batch {name!r} interrupted. Receipts are kept (calls in flight are "
+            "marked cancelled) and nothing partial was committed; re-run the cell to resume.")
+
+
+class BatchInterrupted(KeyboardInterrupt):
+    """The KeyboardInterrupt re-raised by ``%%batch_json``: the kernel sees an interrupt, the
+    user sees the one line printed before it instead of a traceback through the event loop."""
+
+    def _render_traceback_(self) -> list[str]:
+        return ["KeyboardInterrupt"]

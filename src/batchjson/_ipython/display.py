@@ -1,0 +1,301 @@
+"""Small display objects for the magics: plain text in a terminal, a table in Jupyter."""
+
+from __future__ import annotations
+
+import html
+import textwrap
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .._result import money
+
+
+def describe_tasks(task_ids: Sequence[str], width: int = 60) -> str:
+    """One task by its id; several as a count with the first and last, so rows stay apart."""
+    if len(task_ids) == 1:
+        return clip(task_ids[0], width)
+    return clip(f"{len(task_ids)}: {task_ids[0]} .. {task_ids[-1]}", width * 2)
+
+
+def short_error(error: Mapping[str, Any], width: int = 90) -> str:
+    """The part of an error a reader needs first: for identity, the field and both values."""
+    if error.get("type") == "identity" and "field" in error and "got" in error:
+        text = (f"identity: {error['field']} {error['got']!r}, requested "
+                f"{error.get('expected')!r}")
+    else:
+        text = f"{error.get('type')}: {error.get('message')}"
+    return clip(text, width)
+
+
+def clip(text: Any, width: int = 60) -> str:
+    """One line of at most ``width`` characters."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= width else flat[: width - 3] + "..."
+
+
+class TextView(ABC):
+    """Text in a terminal (repr and IPython's pretty printer); subclasses add the HTML."""
+
+    @abstractmethod
+    def as_text(self) -> str:
+        """The plain-text rendering."""
+
+    def __repr__(self) -> str:
+        return self.as_text()
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(self.as_text())
+
+
+class Table(TextView):
+    """A titled table; ``details`` are (label, text) blocks shown verbatim under it."""
+
+    def __init__(self, title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *,
+                 empty: str = "(none)", notes: Sequence[str] = (),
+                 details: Sequence[tuple[str, str]] = ()) -> None:
+        self.title = title
+        self.columns = list(columns)
+        self.rows = [["" if v is None else str(v) for v in row] for row in rows]
+        self.empty = empty
+        self.notes = list(notes)
+        self.details = list(details)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def as_text(self) -> str:
+        lines = [self.title]
+        if not self.rows:
+            lines.append(f"  {self.empty}")
+        else:
+            widths = [max(len(c), *(len(r[i]) for r in self.rows))
+                      for i, c in enumerate(self.columns)]
+            lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(self.columns, widths,
+                                                                       strict=True)).rstrip())
+            lines.append("  " + "  ".join("-" * w for w in widths))
+            for row in self.rows:
+                lines.append("  " + "  ".join(v.ljust(w) for v, w in zip(row, widths,
+                                                                         strict=True)).rstrip())
+        lines += [f"  {note}" for note in self.notes]
+        for label, text in self.details:
+            lines += ["", f"{label}:", text]
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        esc = html.escape
+        head = "".join(f"<th style='text-align:left'>{esc(c)}</th>" for c in self.columns)
+        if self.rows:
+            body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{esc(v)}</td>"
+                                            for v in row) + "</tr>" for row in self.rows)
+        else:
+            body = f"<tr><td colspan='{len(self.columns)}'><i>{esc(self.empty)}</i></td></tr>"
+        notes = "".join(f"<div style='color:#666'>{esc(n)}</div>" for n in self.notes)
+        details = "".join(f"<details><summary>{esc(label)}</summary><pre>{esc(text)}</pre>"
+                          "</details>" for label, text in self.details)
+        return (f"<div><b>{esc(self.title)}</b><table><thead><tr>{head}</tr></thead>"
+                f"<tbody>{body}</tbody></table>{notes}{details}</div>")
+
+
+class StatusView(TextView):
+    """``%batch_status``: what is still owed and what has been spent, from the ledger."""
+
+    def __init__(self, summary: Mapping[str, Any], *, ledger: str, provider: str,
+                 owed: Sequence[Any] = (), limit: int = 8) -> None:
+        self.summary = dict(summary)
+        self.ledger = ledger
+        self.provider = provider
+        self.owed = list(owed)
+        self.limit = limit
+
+    def __getitem__(self, key: str) -> Any:
+        return self.summary[key]
+
+    def _lines(self) -> list[tuple[str, str]]:
+        s = self.summary
+        per = s["cost_per_usable_result"]
+        rows = [
+            ("unresolved", f"{s['unresolved_batches']} batch revision(s), "
+                           f"{s['unresolved_requests']} request(s), {s['unresolved_items']} "
+                           "item(s)"),
+            ("minimum exact retry calls", str(s["minimum_exact_retry_calls"])),
+            ("superseded", f"{len(s['superseded'])} revision(s)"),
+            ("calls", f"{s['calls']} ({s['accepted_returns']} accepted, "
+                      f"{s['rejected_returns']} rejected, {s['provider_errors']} provider "
+                      "error(s))"),
+            ("tokens", str(s["tokens"])),
+            ("cost so far", money(s["cost"])),
+            ("usable results", str(s["usable_results"])),
+            ("cost per usable result", "n/a" if per is None else money(per)),
+        ]
+        account = s.get("account")
+        if account and (account["abandoned"] or account["in_flight"] or account["cancelled"]):
+            rows.insert(4, ("calls not completed", f"{account['abandoned']} abandoned, "
+                            f"{account['in_flight']} in flight, {account['cancelled']} "
+                            "cancelled"))
+        if account and account["unknown_cost_calls"]:
+            at_least = account["cost_per_usable_result"]
+            unknown, unpriced = account["unknown_cost_calls"], account["unpriced_calls"]
+            bound = account["unknown_cost_lower_bound"]
+            text = f"{unknown} call(s) with no recorded cost"
+            if unpriced:
+                text += f", {unpriced} of them for a model with no price"
+            if bound:
+                text += f": at least {money(bound)} more (prompts at the input rate)"
+            rows.append(("cost unknown", text))
+            if at_least is not None and bound:
+                rows.append(("  counting that", f"at least {money(at_least)} per usable result"))
+        for sup in s["superseded"][: self.limit]:
+            rows.append(("  superseded", f"{sup['batch']} rev {sup['revision']} -> rev "
+                                         f"{sup['superseded_by']} ({sup['reason']})"))
+        for u in self.owed[: self.limit]:
+            rows.append(("  owed", f"{u.batch} rev {u.revision} request {u.key[:12]}: "
+                                   f"{clip(', '.join(u.task_ids), 60)}"))
+        if len(self.owed) > self.limit:
+            rows.append(("  owed", f"... and {len(self.owed) - self.limit} more request(s)"))
+        return rows
+
+    @property
+    def title(self) -> str:
+        scope = f"batch {self.summary['batch']!r}" if self.summary.get("batch") else "all batches"
+        return f"batchjson status ({scope}; ledger {self.ledger}; provider {self.provider})"
+
+    def as_text(self) -> str:
+        rows = self._lines()
+        width = max(len(k) for k, _ in rows)
+        return "\n".join([self.title] + [f"  {k.ljust(width)}  {v}" for k, v in rows])
+
+    def _repr_html_(self) -> str:
+        esc = html.escape
+        colour = "#cf222e" if self.summary["unresolved_requests"] else "#1a7f37"
+        body = "".join(f"<tr><td style='text-align:left;color:#666'>{esc(k)}</td>"
+                       f"<td style='text-align:left'>{esc(v)}</td></tr>" for k, v in self._lines())
+        return (f"<div><span style='color:{colour}'>&#9679;</span> <b>{esc(self.title)}</b>"
+                f"<table>{body}</table></div>")
+
+
+class NotebookProgress:
+    """A progress bar drawn as HTML and updated in place in a Jupyter front end, so it needs no
+    ipywidgets and never lands in a stderr box; it ends showing the true count."""
+
+    def __init__(self, total: int, desc: str, *, interval: float = 0.25) -> None:
+        from IPython.display import display
+
+        self.total, self.desc, self.n = total, desc, 0
+        self.interval = interval
+        self._shown = time.monotonic()
+        self._handle = display(self, display_id=True)
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        now = time.monotonic()
+        if self._handle is not None and now - self._shown >= self.interval:
+            self._shown = now
+            self._handle.update(self)
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.update(self)
+
+    def __repr__(self) -> str:
+        return f"{self.desc}: {self.n}/{self.total} task(s) judged"
+
+    def _repr_html_(self) -> str:
+        esc = html.escape
+        return (f"<div style='font-family:monospace'>{esc(self.desc)} "
+                f"<progress value='{self.n}' max='{max(self.total, 1)}' "
+                f"style='width:16em;vertical-align:middle'></progress> "
+                f"{self.n}/{self.total} task(s) judged</div>")
+
+
+def in_notebook_frontend(shell: Any) -> bool:
+    """True in a Jupyter kernel (a front end renders HTML); False in terminal IPython."""
+    return getattr(shell, "kernel", None) is not None
+
+
+class ReceiptsView(TextView):
+    """``%batch_receipts``: one page of receipts, numbered 1..N per batch, errors wrapped whole
+    rather than cut mid-word; the footer says how to see the next page."""
+
+    def __init__(self, title: str, rows: Sequence[Mapping[str, Any]], *, page: int,
+                 per_page: int, total: int, next_hint: str | None, raw: bool = False,
+                 width: int = 100) -> None:
+        self.title, self.rows, self.page, self.per_page = title, list(rows), page, per_page
+        self.total, self.next_hint, self.raw, self.width = total, next_hint, raw, width
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def pages(self) -> int:
+        return max(1, -(-self.total // self.per_page))
+
+    def _footer(self) -> str:
+        first = (self.page - 1) * self.per_page + 1
+        shown = f"receipts {first}-{first + len(self.rows) - 1} of {self.total}" if self.rows \
+            else f"no receipts on page {self.page} ({self.total} in all)"
+        more = f"; next page: {self.next_hint}" if self.next_hint else ""
+        return f"page {self.page} of {self.pages}: {shown}{more}"
+
+    def as_text(self) -> str:
+        lines = [self.title]
+        if not self.total:
+            return "\n".join([self.title, "  (none recorded)"])
+        for r in self.rows:
+            lines.append(f"  #{r['number']:<4} rev {r['revision']:<3} {r['kind']:<8} "
+                         f"{r['status']:<15} {r['tasks']}  {r['tokens']} tokens  {r['cost']}")
+            for e in r["errors"]:
+                lines += textwrap.wrap(e, self.width, initial_indent="        - ",
+                                       subsequent_indent="          ", break_long_words=False,
+                                       break_on_hyphens=False)
+            if r["more_errors"]:
+                lines.append(f"        ... and {r['more_errors']} more error(s)")
+            if self.raw and r.get("raw") is not None:
+                lines.append("        raw: " + r["raw"])
+        lines.append("  " + self._footer())
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        esc = html.escape
+        head = "".join(f"<th style='text-align:left'>{c}</th>" for c in
+                       ("#", "rev", "kind", "status", "tasks", "tokens", "cost", "errors"))
+        body = []
+        for r in self.rows:
+            errors = "".join(f"<li>{esc(e)}</li>" for e in r["errors"])
+            if r["more_errors"]:
+                errors += f"<li>... and {r['more_errors']} more error(s)</li>"
+            raw = (f"<details><summary>raw return</summary><pre style='white-space:pre-wrap'>"
+                   f"{esc(r['raw'])}</pre></details>" if self.raw and r.get("raw") else "")
+            cells = "".join(f"<td style='text-align:left;vertical-align:top'>{esc(str(r[k]))}"
+                            "</td>" for k in ("number", "revision", "kind", "status", "tasks",
+                                              "tokens", "cost"))
+            body.append(f"<tr>{cells}<td style='text-align:left;white-space:normal;"
+                        f"max-width:40em'><ul style='margin:0;padding-left:1.2em'>{errors}</ul>"
+                        f"{raw}</td></tr>")
+        table = (f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+                 if self.rows else "<div><i>(none recorded)</i></div>")
+        return (f"<div><b>{esc(self.title)}</b>{table}<div style='color:#666'>"
+                f"{esc(self._footer())}</div></div>")
+
+
+def receipt_rows(receipts: Sequence[Any], start: int = 1, errors_shown: int = 3
+                 ) -> list[dict[str, Any]]:
+    """Display rows for receipts numbered from ``start``: identity errors name field and values,
+    messages are whole (wrapping is the renderer's job)."""
+    rows = []
+    for n, r in enumerate(receipts, start):
+        errors = [full_error(e) for e in r.errors]
+        rows.append({"number": n, "revision": r.revision, "kind": r.kind, "status": r.status,
+                     "tasks": describe_tasks(r.task_ids), "tokens": r.tokens,
+                     "cost": money(r.cost), "errors": errors[:errors_shown],
+                     "more_errors": max(0, len(errors) - errors_shown), "raw": r.raw})
+    return rows
+
+
+def full_error(error: Mapping[str, Any]) -> str:
+    """An error in full: for identity, the field and both values first."""
+    if error.get("type") == "identity" and "field" in error and "got" in error:
+        return (f"identity: {error['field']} is {error['got']!r}, the request has "
+                f"{error.get('expected')!r} (task {error.get('task_id')!r})")
+    return " ".join(f"{error.get('type')}: {error.get('message')}".split())

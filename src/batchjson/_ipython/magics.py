@@ -1,0 +1,414 @@
+"""``%load_ext batchjson``: the ``%%batch_json`` cell magic and its inspection line magics.
+
+One session per kernel, configured through the ``BatchJson`` configurable::
+
+    %config BatchJson.provider = "openai"        # or a provider object from the namespace
+    %config BatchJson.ledger = "runs/ledger.sqlite"
+
+Re-running a ``%%batch_json`` cell is safe: functions the body defines are passed through the
+session's validator registry (define-once), and identical work resumes from the ledger.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.display import display
+from traitlets import Any as AnyTrait
+from traitlets import Bool, Int, TraitError, Unicode, observe, validate
+from traitlets.config.loader import LazyConfigValue
+
+from .._errors import BatchJsonError
+from .._providers.select import PROVIDER_NAMES
+from .._session import Session
+from .cell import (
+    BatchInterrupted,
+    BatchUnresolved,
+    allow_empty_body,
+    check_identifier,
+    define_once,
+    evaluate,
+    interrupted_line,
+    one_line,
+    run_body,
+)
+from .display import (
+    NotebookProgress,
+    ReceiptsView,
+    StatusView,
+    Table,
+    in_notebook_frontend,
+    receipt_rows,
+)
+from .state import KernelState
+
+DEFAULT_LEDGER = ".batchjson/ledger.sqlite"
+SETTINGS = ("provider", "model", "ledger", "concurrency", "max_calls", "repairs", "replays",
+            "strict")
+
+
+def _import_progress_bar() -> None:
+    """Import tqdm.auto once without its 'IProgress not found' warning: without ipywidgets
+    the text bar is a fine progress bar, not something the user must act on."""
+    import warnings
+
+    from tqdm import TqdmWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TqdmWarning)
+        import tqdm.auto  # noqa: F401
+
+
+class AsGiven:
+    """A config value traitlets will not deep-copy, so ``%config BatchJson.provider = obj``
+    configures ``obj`` itself (a provider may hold a connection pool, a lock or a counter)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __deepcopy__(self, memo: Any) -> AsGiven:
+        return self
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+def shield(config: Any) -> None:
+    """Wrap an object-valued ``BatchJson.provider`` in a config in place (idempotent)."""
+    if not isinstance(config, dict) or "BatchJson" not in config:
+        return
+    section = config["BatchJson"]
+    if isinstance(section, dict) and "provider" in section:
+        value = section["provider"]
+        if value is not None and not isinstance(value, (str, AsGiven, LazyConfigValue)):
+            section["provider"] = AsGiven(value)
+
+
+def _whole(minimum: int) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"must be a whole number >= {minimum}, got {text!r}")
+        return value
+
+    parse.__name__ = f"whole number >= {minimum}"
+    return parse
+
+
+@magics_class
+class BatchJson(Magics):
+    """Configuration of the kernel's batchjson session (``%config BatchJson``)."""
+
+    provider = AnyTrait(None, allow_none=True, help=(
+        "'openai', 'anthropic', 'simulated', or a provider object (any name in the notebook's "
+        "namespace: %config BatchJson.provider = my_model). None uses BATCHJSON_PROVIDER. API "
+        "keys are read from the environment, never from here.")).tag(config=True)
+    model = Unicode(None, allow_none=True, help="Model name for a named provider.").tag(
+        config=True)
+    ledger = Unicode(DEFAULT_LEDGER, help=(
+        "Ledger file; a relative path is under the working directory, ':memory:' keeps it in "
+        "memory. Changing it opens a new session on that ledger.")).tag(config=True)
+    concurrency = Int(16, min=1, help="Calls in flight at once.").tag(config=True)
+    max_calls = Int(None, allow_none=True, min=0, help=(
+        "Default call ceiling per %%batch_json run (None: no ceiling).")).tag(config=True)
+    repairs = Int(1, min=0, help="Repair calls per failing request.").tag(config=True)
+    replays = Int(1, min=0, help="Exact replays per failing request.").tag(config=True)
+    strict = Bool(False, help=(
+        "Refuse a changed validator while requests under the old one are unresolved. Changing "
+        "it opens a new session.")).tag(config=True)
+
+    def __init__(self, shell: Any = None, **kwargs: Any) -> None:
+        self._state: KernelState | None = None  # set once loaded; config during init waits
+        if shell is not None:
+            shield(shell.config)
+        super().__init__(shell=shell, **kwargs)
+
+    def update_config(self, config: Any) -> None:
+        """``%config``: keep a provider object as given (traitlets deep-copies config values)."""
+        shield(config)
+        super().update_config(config)
+        for configurable in (self.shell, *getattr(self.shell, "configurables", ())):
+            shield(getattr(configurable, "config", None))
+
+    @validate("provider")
+    def _check_provider(self, proposal: Any) -> Any:
+        value = proposal["value"]
+        if isinstance(value, AsGiven):
+            value = value.value
+        if value is None:
+            return None
+        if isinstance(value, str):
+            name = value.strip().lower()
+            if name not in PROVIDER_NAMES:
+                raise TraitError(f"unknown provider {value!r}; use one of "
+                                 f"{', '.join(PROVIDER_NAMES)} or a provider object")
+            return name
+        if callable(getattr(value, "complete", None)):
+            return value
+        raise TraitError(f"a provider must be {', '.join(map(repr, PROVIDER_NAMES))} or an object "
+                         f"with an async complete(call) method, got {type(value).__name__}; wrap "
+                         "a plain function as batchjson.CallableProvider(fn)")
+
+    @observe(*SETTINGS)
+    def _setting_changed(self, change: Any) -> None:
+        """Carry a change to the live session; if that fails, keep the old value and say why."""
+        state = self._state
+        if state is None:
+            return
+        try:
+            state.apply(change["name"], change["new"], self.settings())
+        except Exception as exc:
+            self._state = None
+            try:
+                setattr(self, change["name"], change["old"])
+            finally:
+                self._state = state
+            raise TraitError(f"BatchJson.{change['name']} = {change['new']!r} was not applied: "
+                             f"{type(exc).__name__}: {exc}") from exc
+
+    def settings(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in SETTINGS}
+
+    @property
+    def session(self) -> Session:
+        if self._state is None or self._state.session is None:
+            raise UsageError("batchjson is not loaded: run %load_ext batchjson")
+        return self._state.session
+
+    # -- %%batch_json ----------------------------------------------------------------------------
+    @magic_arguments()
+    @argument("name", help="Batch name; the BatchResult is bound to this variable unless --out.")
+    @argument("--tasks", metavar="EXPR", help="Task list (default: the variable `tasks`).")
+    @argument("--schema", metavar="EXPR", help="Answer schema (default: the variable `schema`).")
+    @argument("--validator", metavar="EXPR", help="validator(item, task); ValueError rejects.")
+    @argument("--identity", metavar="a,b,c", help="Identity fields checked on every item.")
+    @argument("--pack", type=_whole(1), metavar="N", default=1, help="Tasks per request.")
+    @argument("--repairs", type=_whole(0), metavar="N", help="Repairs per failing request.")
+    @argument("--replays", type=_whole(0), metavar="N", help="Exact replays per request.")
+    @argument("--split", action="store_true", help="Halve requests that exhaust their retries.")
+    @argument("--max-calls", type=_whole(0), metavar="N", dest="max_calls",
+              help="Call ceiling for this run.")
+    @argument("--instructions", metavar="EXPR", help="Instructions string sent with each call.")
+    @argument("--out", metavar="VAR", help="Variable for the BatchResult (default: NAME).")
+    @no_var_expand
+    @cell_magic
+    def batch_json(self, line: str, cell: str) -> None:
+        """Run the cell body, then resolve batch NAME over `tasks` with `schema`.
+
+        Functions the body defines are registered once (re-running an unchanged cell keeps the
+        same objects). The BatchResult is bound to NAME (or --out VAR) and displayed; when the
+        batch is unresolved a short failure report is shown instead of a traceback, and
+        re-running the cell resumes, spending calls only on unresolved requests.
+        """
+        try:
+            args = parse_argstring(self.batch_json, line)
+        except UsageError as exc:
+            if "unrecognized arguments" not in str(exc):
+                raise
+            raise UsageError(f"{one_line(exc)}. An option's EXPR may not contain spaces: build "
+                             "the value in the cell body and pass its name, e.g. --tasks "
+                             "my_tasks") from None
+        session = self.session
+        var = args.out or args.name
+        check_identifier(var, "pass --out VAR" if args.out is None else "choose another --out")
+        identity = None  # the default: task_id, and every task field an item echoes
+        if args.identity is not None:
+            identity = tuple(p.strip() for p in args.identity.split(","))
+            if not all(identity):
+                raise UsageError(f"--identity {args.identity!r}: give field names separated by "
+                                 "commas, e.g. --identity task_id,case_id")
+        if not cell.strip() and args.tasks is None:
+            raise UsageError(f"%%batch_json {args.name}: the cell body is empty and no --tasks "
+                             "was given; build `tasks` and `schema` in the cell body or pass "
+                             "--tasks EXPR --schema EXPR")
+
+        ns = self.shell.user_ns
+        try:
+            events = define_once(session.validators, ns, run_body(self.shell, cell))
+        except BatchJsonError as exc:  # a strict session refusing a changed validator
+            raise UsageError(one_line(exc)) from None
+        for event in events:
+            print(f"batchjson: {event}")
+
+        tasks = evaluate(self.shell, "--tasks", args.tasks or "tasks", default=not args.tasks)
+        schema = evaluate(self.shell, "--schema", args.schema or "schema",
+                          default=not args.schema)
+        checker = (evaluate(self.shell, "--validator", args.validator, default=False)
+                   if args.validator else None)
+        instructions = (evaluate(self.shell, "--instructions", args.instructions, default=False)
+                        if args.instructions else None)
+        max_calls = args.max_calls if args.max_calls is not None else self.max_calls
+        if in_notebook_frontend(self.shell):  # drawn as HTML in place, never a stderr box
+            progress: Any = NotebookProgress
+        else:
+            _import_progress_bar()
+            progress = True
+        notes: list[str] = []
+
+        def note(text: str) -> None:  # said before the new revision spends anything
+            notes.append(text)
+            print(f"batchjson: {text}", flush=True)
+
+        previous_note, session.on_note = session.on_note, note
+        try:
+            result = session.run_batch(
+                args.name, tasks, schema, validator=checker, identity=identity, pack=args.pack,
+                instructions=instructions, repairs=args.repairs, replays=args.replays,
+                split=args.split, max_calls=max_calls, on_exhausted="return", progress=progress)
+        except KeyboardInterrupt as exc:
+            print(interrupted_line(args.name), file=sys.stderr)
+            raise BatchInterrupted() from exc
+        except BatchJsonError as exc:
+            raise UsageError(one_line(exc)) from None
+        finally:
+            session.on_note = previous_note
+
+        ns[var] = result
+        if result.superseded and not notes:  # nothing was spent, so nothing was announced
+            print(f"batchjson: {args.name}: {result.superseded}")
+        display(result)
+        if not result.resolved:
+            raise BatchUnresolved(result, var)
+
+    # -- inspection ------------------------------------------------------------------------------
+    @magic_arguments()
+    @argument("name", nargs="?", help="Only this batch (default: every batch in the ledger).")
+    @line_magic
+    def batch_status(self, line: str) -> StatusView:
+        """What is still owed and what has been spent: unresolved and superseded requests,
+        minimum exact retry calls, calls, cost so far and cost per usable result."""
+        args = parse_argstring(self.batch_status, line)
+        session = self.session
+        if args.name is not None:
+            self._known_batch(args.name)
+        assert self._state is not None
+        summary = session.evidence.summary(args.name)
+        summary["account"] = session.ledger.cost_summary(args.name)["total"]
+        return StatusView(summary, ledger=self._state.ledger_label(),
+                          provider=self._state.provider_label(),
+                          owed=session.evidence.requests(args.name))
+
+    @line_magic
+    def validators(self, line: str) -> Table:
+        """Validators: name, version, short fingerprint, where defined, batches using it."""
+        if line.strip():
+            raise UsageError("%validators takes no arguments")
+        session = self.session
+        rows: dict[tuple[str, str], list[Any]] = {}
+        used: dict[str, str] = {}  # fingerprint -> batches with a revision under it
+        for r in session.ledger.validator_usage():
+            rows[(r["name"], r["fingerprint"])] = [r["name"], r["version"], r["fingerprint"][:12],
+                                                   r["where_defined"] or "", "", ""]
+            used[r["fingerprint"]] = ", ".join(r["batches"])
+        for v in session.validators:
+            rows[(v.name, v.fingerprint.digest)] = [v.name, v.version, v.fingerprint.short,
+                                                    v.where, "", "yes"]
+        cells = self._cell_names()
+        for (_, digest), row in rows.items():
+            row[4] = used.get(digest, "")
+            filename, _, line_no = str(row[3]).rpartition(":")
+            if filename in cells:
+                row[3] = f"{cells[filename]}, line {line_no}"
+        ordered = sorted(rows.values(), key=lambda row: (row[0], int(row[1])))
+        return Table(f"validators ({len(session.validators)} current in this session)",
+                     ["name", "version", "fingerprint", "where", "batches", "current"], ordered,
+                     empty="no validators yet: functions a %%batch_json cell defines appear here")
+
+    @magic_arguments()
+    @argument("name", help="Batch name.")
+    @argument("--failed", action="store_true", help="Only attempts that were not accepted.")
+    @argument("--raw", action="store_true", help="Also show each raw return.")
+    @argument("--page", type=_whole(1), default=1, metavar="N", help="Page to show (from 1).")
+    @argument("--per-page", type=_whole(1), default=20, metavar="N", dest="per_page",
+              help="Receipts per page (default 20).")
+    @line_magic
+    def batch_receipts(self, line: str) -> ReceiptsView:
+        """Every attempt of a batch in call order, numbered 1..N, a page at a time: kind, status,
+        tokens, cost and its errors in full (identity errors name the field and both values)."""
+        args = parse_argstring(self.batch_receipts, line)
+        self._known_batch(args.name)
+        receipts = self.session.ledger.attempts(args.name)
+        numbered = [(n, r) for n, r in enumerate(receipts, 1)
+                    if not args.failed or r.status != "accepted"]
+        start = (args.page - 1) * args.per_page
+        shown = numbered[start:start + args.per_page]
+        rows = []
+        for n, r in shown:
+            rows.extend(receipt_rows([r], start=n))
+        hint = None
+        if start + args.per_page < len(numbered):
+            flags = "".join(f" {f}" for f, on in (("--failed", args.failed), ("--raw", args.raw))
+                            if on)
+            size = f" --per-page {args.per_page}" if args.per_page != 20 else ""
+            hint = f"%batch_receipts {args.name}{flags}{size} --page {args.page + 1}"
+        which = "failed attempts" if args.failed else "attempts"
+        return ReceiptsView(f"{which} of batch {args.name!r} ({len(numbered)})", rows,
+                            page=args.page, per_page=args.per_page, total=len(numbered),
+                            next_hint=hint, raw=args.raw)
+
+    def _cell_names(self) -> dict[str, str]:
+        """Basename of a cell's code file -> "In[n]", as IPython names cells in tracebacks."""
+        mapping = getattr(getattr(self.shell, "compile", None), "_filename_map", None) or {}
+        return {os.path.basename(str(k)): f"In[{v}]" for k, v in mapping.items()}
+
+    def _known_batch(self, name: str) -> None:
+        problem = self.session.ledger.no_such_batch(name)
+        if problem:
+            raise UsageError(problem)
+
+
+# -- extension hooks ---------------------------------------------------------------------------
+def load_ipython_extension(shell: Any) -> None:
+    """Register the magics, open (or re-attach) the kernel's session and inject its names."""
+    state = KernelState.of(shell)
+    assert state is not None
+    if state.magics is not None:
+        return  # already loaded: harmless
+    magics = BatchJson(shell=shell)
+    try:
+        state.attach(magics.settings())
+    except Exception:  # e.g. a configured ledger that cannot be opened: leave nothing behind
+        if magics in shell.configurables:
+            shell.configurables.remove(magics)
+        raise
+    magics._state = state
+    state.magics = magics
+    shell.register_magics(magics)
+    shell.events.register("pre_run_cell", state.pre_run_cell)
+    if allow_empty_body not in shell.input_transformers_cleanup:
+        shell.input_transformers_cleanup.append(allow_empty_body)
+
+
+def unload_ipython_extension(shell: Any) -> None:
+    """Remove what loading added; the session itself stays on the shell for a later load."""
+    state = KernelState.of(shell, create=False)
+    if state is None or state.magics is None:
+        return
+    magics, manager = state.magics, shell.magics_manager
+    for kind, table in magics.magics.items():
+        for name, func in table.items():
+            if manager.magics[kind].get(name) == func:
+                del manager.magics[kind][name]
+    if manager.registry.get(type(magics).__name__) is magics:
+        del manager.registry[type(magics).__name__]
+    if magics in shell.configurables:
+        shell.configurables.remove(magics)
+    if state.pre_run_cell in shell.events.callbacks["pre_run_cell"]:
+        shell.events.unregister("pre_run_cell", state.pre_run_cell)
+    while allow_empty_body in shell.input_transformers_cleanup:
+        shell.input_transformers_cleanup.remove(allow_empty_body)
+    state.remove_names()
+    state.restore_default()
+    magics._state = None
+    state.magics = None

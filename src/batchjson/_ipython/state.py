@@ -1,0 +1,144 @@
+"""What one kernel keeps across ``%reset`` and ``%reload_ext``: its session and injected names.
+
+The state lives on the shell object, not in the user namespace or in a module that
+``%reload_ext`` re-executes, so the ledger connection and the validator registry (and with it
+every canonical validator object) outlive both.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from .. import _session as session_module
+from .._providers.select import provider_label
+from .._session import Session
+from ..rlm import namespace
+
+ATTRIBUTE = "_batchjson_state"
+INJECTED = ("run_batch", "llm_batch_json", "validator", "batch_session")
+REOPEN = ("ledger", "strict")
+MEMORY = ":memory:"
+
+
+def resolve_ledger(setting: str) -> Path | None:
+    """``:memory:`` (or empty) keeps the ledger in memory; a relative path is under the cwd."""
+    if not setting or setting == MEMORY:
+        return None
+    path = Path(setting).expanduser()
+    return path if path.is_absolute() else Path.cwd() / path
+
+
+class KernelState:
+    """The kernel's one session, the settings it was opened with, and the names given out."""
+
+    def __init__(self, shell: Any) -> None:
+        self.shell = shell
+        self.session: Session | None = None
+        self.settings: dict[str, Any] = {}
+        self.names: dict[str, Any] = {}
+        self.previous_default: Session | None = None
+        self.magics: Any = None
+
+    @classmethod
+    def of(cls, shell: Any, *, create: bool = True) -> KernelState | None:
+        state = getattr(shell, ATTRIBUTE, None)
+        if state is None and create:
+            state = cls(shell)
+            setattr(shell, ATTRIBUTE, state)
+        return state
+
+    # -- session lifecycle ---------------------------------------------------------------------
+    def attach(self, settings: dict[str, Any]) -> Session:
+        """Open the session on first load; on a later load apply what changed meanwhile."""
+        if self.session is None:
+            self.previous_default = session_module._default
+            self.open(settings)
+        else:
+            for name, value in settings.items():
+                if not same(self.settings.get(name, _MISSING), value):
+                    self.apply(name, value, settings)
+        assert self.session is not None
+        session_module.set_default_session(self.session)
+        self.inject()
+        return self.session
+
+    def open(self, settings: dict[str, Any]) -> None:
+        """A new session on the configured ledger; the names handed out follow it."""
+        old = self.session
+        self.session = Session(
+            provider=settings["provider"], ledger=resolve_ledger(settings["ledger"]),
+            strict=settings["strict"], concurrency=settings["concurrency"],
+            repairs=settings["repairs"], replays=settings["replays"], model=settings["model"])
+        self.settings = dict(settings)
+        previous_names = self.names
+        self.names = namespace(self.session)
+        self.inject(replace=previous_names)
+        if old is not None:
+            if session_module._default is old:
+                session_module.set_default_session(self.session)
+            old.close()
+
+    def apply(self, name: str, value: Any, settings: dict[str, Any]) -> None:
+        """Carry one changed setting to the live session (a new session for ledger/strict)."""
+        if self.session is None:
+            return
+        if name in REOPEN:
+            self.open(settings)
+            return
+        self.settings[name] = value
+        if name == "provider":
+            self.session.provider = value
+        elif name == "model":
+            self.session.model = value
+            self.session.provider = self.settings["provider"]  # rebuilt with the new model
+        elif name in ("concurrency", "repairs", "replays"):
+            setattr(self.session, name, value)
+
+    # -- names in the user namespace -----------------------------------------------------------
+    def inject(self, replace: dict[str, Any] | None = None) -> None:
+        """Add missing names; with ``replace``, also swap names still bound to those objects."""
+        ns = self.shell.user_ns
+        for key, obj in self.names.items():
+            current = ns.get(key, _MISSING)
+            if current is _MISSING or (replace and current is replace.get(key)):
+                ns[key] = obj
+
+    def pre_run_cell(self, info: Any = None) -> None:
+        """Re-add names a ``%reset`` (or ``del``) removed; never overwrite the user's own."""
+        self.inject()
+
+    def remove_names(self) -> None:
+        ns = self.shell.user_ns
+        for key, obj in self.names.items():
+            if ns.get(key, _MISSING) is obj:
+                del ns[key]
+
+    def restore_default(self) -> None:
+        if session_module._default is self.session:
+            session_module.set_default_session(self.previous_default)
+
+    def ledger_label(self) -> str:
+        assert self.session is not None
+        path = self.session.ledger.path
+        if path is None:
+            return MEMORY
+        return str(self.settings.get("ledger") or path)  # as configured: no machine-local prefix
+
+    def provider_label(self) -> str:
+        """A name for the provider; never its configuration (API keys stay in the environment)."""
+        spec = self.settings.get("provider")
+        if spec is None:
+            env = os.environ.get("BATCHJSON_PROVIDER", "").strip()
+            return f"{env} (from BATCHJSON_PROVIDER)" if env else "not configured"
+        return provider_label(spec)
+
+
+_MISSING = object()
+
+
+def same(a: Any, b: Any) -> bool:
+    """Identity for objects, equality for plain values (never calls a provider's __eq__)."""
+    plain = (str, int, float, bool, type(None))
+    return a is b or (type(a) is type(b) and isinstance(a, plain) and a == b)

@@ -1,0 +1,640 @@
+"""The durable ledger: one SQLite file, the single source of truth for batches and receipts.
+
+Every attempt is written *before* its call (in flight) and completed after. An accepted return and
+its checkpoint rows are committed in one transaction; a rejected return admits nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from ._errors import LedgerError
+from ._migrations import SCHEMA_VERSION, migrate
+from ._tasks import Request
+
+
+def now() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """One attempt as the ledger holds it."""
+
+    id: int
+    batch: str
+    revision: int
+    request_key: str
+    task_ids: tuple[str, ...]
+    kind: str
+    status: str
+    errors: list[dict[str, Any]]
+    raw: str | None
+    input_tokens: int | None
+    output_tokens: int | None
+    cached_tokens: int | None
+    cost: float | None
+    provider: str | None
+    model: str | None
+    started_at: str
+    finished_at: str | None
+    source: str | None = None  # the answer source (providers.base.answer_source)
+
+    @property
+    def tokens(self) -> int:
+        return (self.input_tokens or 0) + (self.output_tokens or 0)
+
+
+@dataclass(frozen=True)
+class Revision:
+    id: int
+    batch_id: int
+    batch: str
+    number: int
+    fingerprint: str
+    components: dict[str, str]
+    status: str
+    supersede_reason: str | None
+    validator_name: str | None
+    created_at: str
+
+
+def ledger_problem(path: Path) -> str | None:
+    """Why the file at ``path`` cannot be read as a ledger, or None; it is opened read-only,
+    so a wrong path is never turned into a ledger by the migrations."""
+    if not path.exists():
+        return f"no ledger at {path}; pass --ledger PATH"
+    if path.is_dir():
+        return f"{path} is a directory; pass --ledger with the ledger file inside it"
+    try:
+        db = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
+        try:
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master")}
+        finally:
+            db.close()
+    except sqlite3.DatabaseError:
+        return f"{path} is not a SQLite file, so not a batchjson ledger"
+    if version == 0 or "attempts" not in tables:
+        return f"{path} is a SQLite file but not a batchjson ledger"
+    if version > SCHEMA_VERSION:
+        return (f"{path} has ledger schema version {version} but this batchjson knows up to "
+                f"{SCHEMA_VERSION}; upgrade batchjson to read it")
+    return None
+
+
+class Ledger:
+    """Thread-safe access to the ledger file (``path=None`` keeps it in memory)."""
+
+    def __init__(self, path: str | Path | None = None, *, busy_timeout: float = 30.0) -> None:
+        self.path = None if path is None else Path(path)
+        target = ":memory:" if self.path is None else str(self.path)
+        try:
+            if self.path is not None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(target, check_same_thread=False, isolation_level=None,
+                                       timeout=busy_timeout)
+            self._db.row_factory = sqlite3.Row
+            self._lock = threading.RLock()
+            if self.path is not None:
+                self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            with self._lock:
+                migrate(self._db)
+        except (sqlite3.Error, OSError) as exc:
+            raise LedgerError("could not open the ledger", path=self.path or ":memory:",
+                              cause=exc) from exc
+
+    def __repr__(self) -> str:
+        return f"Ledger({str(self.path) if self.path else ':memory:'})"
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction. A failure of the ledger itself (disk full, I/O error,
+        read-only file, locked past the busy timeout) raises LedgerError naming the file and
+        the cause; the rollback after a failure never replaces that cause."""
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise self._error("could not start a write", exc) from exc
+            try:
+                yield self._db
+            except BaseException as exc:
+                self._rollback()
+                if isinstance(exc, sqlite3.Error) and _is_ledger_fault(exc):
+                    raise self._error("a write failed", exc) from exc
+                raise
+            try:
+                self._db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                self._rollback()
+                raise self._error("could not commit", exc) from exc
+
+    def _rollback(self) -> None:
+        """Undo what is left of a failed transaction; SQLite may already have undone it."""
+        if self._db.in_transaction:
+            try:
+                self._db.execute("ROLLBACK")
+            except sqlite3.Error:  # the original failure is the one worth reporting
+                pass
+
+    def _error(self, what: str, exc: BaseException) -> LedgerError:
+        return LedgerError(f"{what}; the run stopped before any further call",
+                           path=self.path or ":memory:", cause=exc)
+
+    def _rows(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    # -- batches and revisions -------------------------------------------------------------
+    def find_revision(self, name: str, fingerprint: str) -> Revision | None:
+        rows = self._rows(_REVISION_SQL + " WHERE b.name = ? AND r.fingerprint = ?",
+                          (name, fingerprint))
+        return _revision(rows[0]) if rows else None
+
+    def revisions(self, name: str | None = None) -> list[Revision]:
+        if name is None:
+            return [_revision(r) for r in self._rows(_REVISION_SQL + " ORDER BY r.id")]
+        return [_revision(r) for r in self._rows(_REVISION_SQL + " WHERE b.name = ? ORDER BY r.id",
+                                                 (name,))]
+
+    def batch_names(self) -> list[str]:
+        return [r["name"] for r in self._rows("SELECT name FROM batches ORDER BY id")]
+
+    def open_revision(self, name: str, fingerprint: str, components: Mapping[str, str],
+                      requests: Sequence[Request], *, strict: bool,
+                      validator: Mapping[str, Any] | None = None,
+                      ) -> tuple[Revision, Revision | None]:
+        """Make (or reuse) the revision for this content and mark it current.
+
+        Returns (revision, superseded) where ``superseded`` is the previous current revision if it
+        was unresolved and has now been marked superseded (never in a strict session).
+        """
+        stamp = now()
+        with self.transaction() as db:
+            row = db.execute("SELECT id, current_revision FROM batches WHERE name = ?",
+                             (name,)).fetchone()
+            if row is None:
+                batch_id = db.execute("INSERT INTO batches(name, created_at) VALUES (?, ?)",
+                                      (name, stamp)).lastrowid
+                previous_id = None
+            else:
+                batch_id, previous_id = row["id"], row["current_revision"]
+            found = db.execute("SELECT id FROM revisions WHERE batch_id = ? AND fingerprint = ?",
+                               (batch_id, fingerprint)).fetchone()
+            if found is not None:
+                revision_id = found["id"]
+                db.execute("UPDATE revisions SET status = 'open', superseded_by = NULL, "
+                           "supersede_reason = NULL WHERE id = ?", (revision_id,))
+            else:
+                number = db.execute("SELECT COALESCE(MAX(number), 0) + 1 FROM revisions WHERE "
+                                    "batch_id = ?", (batch_id,)).fetchone()[0]
+                revision_id = db.execute(
+                    "INSERT INTO revisions(batch_id, number, fingerprint, components, "
+                    "validator_name, validator_version, validator_fingerprint, status, created_at) "
+                    "VALUES (?,?,?,?,?,?,?, 'open', ?)",
+                    (batch_id, number, fingerprint, json.dumps(dict(components)),
+                     validator and validator["name"], validator and validator["version"],
+                     components.get("validator"), stamp)).lastrowid
+                self._insert_requests(db, revision_id, requests)
+            superseded = None
+            if previous_id is not None and previous_id != revision_id:
+                if not strict and self._unresolved_count(db, previous_id) > 0:
+                    old = json.loads(db.execute("SELECT components FROM revisions WHERE id = ?",
+                                                (previous_id,)).fetchone()[0])
+                    changed = [k for k in ("tasks", "schema", "validator", "pack", "instructions",
+                                           "identity", "mode") if old.get(k) != components.get(k)]
+                    reason = "changed: " + ", ".join(changed or ["content"])
+                    db.execute("UPDATE revisions SET status = 'superseded', superseded_by = ?, "
+                               "supersede_reason = ? WHERE id = ?",
+                               (revision_id, reason, previous_id))
+                    superseded = previous_id
+            db.execute("UPDATE batches SET current_revision = ? WHERE id = ?",
+                       (revision_id, batch_id))
+        current = self._revision_by_id(revision_id)
+        return current, (self._revision_by_id(superseded) if superseded else None)
+
+    def _revision_by_id(self, revision_id: int) -> Revision:
+        return _revision(self._rows(_REVISION_SQL + " WHERE r.id = ?", (revision_id,))[0])
+
+    @staticmethod
+    def _insert_requests(db: sqlite3.Connection, revision_id: int,
+                         requests: Sequence[Request]) -> None:
+        db.executemany(
+            "INSERT OR IGNORE INTO requests(revision_id, key, position, parent_key, task_ids, "
+            "tasks) VALUES (?,?,?,?,?,?)",
+            [(revision_id, r.key, r.position, r.parent_key, r.task_ids_json, r.tasks_json)
+             for r in requests])
+
+    def record_split(self, revision_id: int, parent: Request, children: Sequence[Request]) -> None:
+        """Replace a leaf request by its halves; the parent stays on record as split."""
+        with self.transaction() as db:
+            db.execute("UPDATE requests SET split = 1 WHERE revision_id = ? AND key = ?",
+                       (revision_id, parent.key))
+            self._insert_requests(db, revision_id, children)
+
+    def leaves(self, revision_id: int) -> list[Request]:
+        rows = self._rows("SELECT key, tasks, position, parent_key FROM requests WHERE "
+                          "revision_id = ? AND split = 0 ORDER BY position, id", (revision_id,))
+        return [Request(r["key"], tuple(json.loads(r["tasks"])), r["position"], r["parent_key"])
+                for r in rows]
+
+    def accepted_keys(self, keys: Sequence[str]) -> set[str]:
+        """Keys with an accepted return, under any batch: evidence is content, not a name."""
+        return {r[0] for r in self._by_keys(
+            "SELECT DISTINCT request_key FROM attempts WHERE status = 'accepted' AND "
+            "request_key IN ({marks})", keys)}
+
+    def _by_keys(self, sql: str, keys: Sequence[str]) -> list[sqlite3.Row]:
+        rows: list[sqlite3.Row] = []
+        for start in range(0, len(keys), 500):  # under SQLite's bound-parameter limit
+            chunk = list(keys[start:start + 500])
+            rows += self._rows(sql.format(marks=",".join("?" * len(chunk))), chunk)
+        return rows
+
+    def no_such_batch(self, name: str) -> str | None:
+        """Why ``name`` is not a batch here, listing those that are; None when it is one."""
+        if self.batch_id(name) is not None:
+            return None
+        known = ", ".join(self.batch_names()) or "none yet"
+        return f"no batch named {name!r} in this ledger (batches: {known})"
+
+    def batch_id(self, name: str) -> int | None:
+        rows = self._rows("SELECT id FROM batches WHERE name = ?", (name,))
+        return rows[0]["id"] if rows else None
+
+    @staticmethod
+    def _unresolved_count(db: sqlite3.Connection, revision_id: int) -> int:
+        return db.execute(_UNRESOLVED_SQL.format(select="COUNT(*)") + " AND q.revision_id = ?",
+                          (revision_id,)).fetchone()[0]
+
+    # -- attempts ------------------------------------------------------------------------------
+    def attempt_counts(self, keys: Sequence[str]) -> dict[str, int]:
+        """How many attempts each exact request has had so far (any batch, any run)."""
+        return {r[0]: r[1] for r in self._by_keys(
+            "SELECT request_key, COUNT(*) FROM attempts WHERE request_key IN ({marks}) "
+            "GROUP BY request_key", keys)}
+
+    @staticmethod
+    def op_begin(db: sqlite3.Connection, batch_id: int, revision_id: int, request: Request,
+                 kind: str, provider: str | None, model: str | None,
+                 source: str | None = None, *, owner: str | None = None,
+                 estimated_input_tokens: int | None = None,
+                 cost_floor: float | None = None) -> int:
+        """Write an in-flight receipt; it is committed before the call is sent. ``source`` is
+        the provider's answer source (``providers.base.answer_source``)."""
+        return db.execute(
+            "INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, status, "
+            "provider, model, started_at, uid, owner, estimated_input_tokens, cost_floor, "
+            "source) VALUES (?,?,?,?,?, 'in_flight', ?,?,?,?,?,?,?,?)",
+            (batch_id, revision_id, request.key, request.task_ids_json, kind, provider, model,
+             now(), _uid(), owner, estimated_input_tokens, cost_floor, source)).lastrowid
+
+    def finish_attempt(self, attempt_id: int, status: str, *, errors: Sequence[Mapping] = (),
+                       raw: str | None = None, usage: Mapping[str, Any] | None = None,
+                       sent_at: str | None = None) -> None:
+        """Complete a receipt that admits nothing: rejected, provider_error or cancelled.
+
+        Synchronous, for a run that is unwinding; ``sent_at=None`` on a cancelled receipt says
+        its call was never sent, so it is not counted as a call.
+        """
+        if status == "accepted":
+            raise ValueError("use op_accept for an accepted return: it also writes the checkpoint")
+        with self.transaction() as db:
+            self._finish(db, attempt_id, status, errors, raw, usage or {}, sent_at=sent_at)
+
+    @classmethod
+    def op_accept(cls, db: sqlite3.Connection, attempt_id: int, batch_id: int, request_key: str,
+                  items: Mapping[str, Any], raw: str, usage: Mapping[str, Any],
+                  sent_at: str | None = None) -> bool:
+        """Mark the receipt accepted and admit every item, inside the caller's transaction.
+
+        Checkpoint rows are written once and never re-pointed: if another runner's return for
+        this request was admitted first, this one is kept as a paid return that admitted nothing
+        (``already_accepted``) and False is returned.
+        """
+        stamp = now()
+        rows = [(batch_id, request_key, task_id, attempt_id, json.dumps(item), stamp)
+                for task_id, item in items.items()]
+        sql = ("INSERT INTO checkpoint(batch_id, request_key, task_id, attempt_id, item, "
+               "committed_at) VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING")
+        added = (db.execute(sql, rows[0]) if len(rows) == 1 else db.executemany(sql, rows)).rowcount
+        if rows and added == 0:  # every row was already there: another return came first
+            first = db.execute("SELECT attempt_id FROM checkpoint WHERE request_key = ? AND "
+                               "batch_id = ? LIMIT 1", (request_key, batch_id)).fetchone()[0]
+            cls._finish(db, attempt_id, "rejected", [{
+                "type": "already_accepted", "task_id": None,
+                "message": f"attempt {first} of another runner was admitted first; this "
+                "return was paid for but admits nothing"}], raw, usage, stamp, sent_at)
+            return False
+        cls._finish(db, attempt_id, "accepted", (), raw, usage, stamp, sent_at)
+        return True
+
+    @classmethod
+    def op_finish(cls, db: sqlite3.Connection, attempt_id: int, status: str,
+                  errors: Sequence[Mapping], raw: str | None,
+                  usage: Mapping[str, Any], sent_at: str | None = None) -> None:
+        if status == "accepted":
+            raise ValueError("use op_accept for an accepted return")
+        cls._finish(db, attempt_id, status, errors, raw, usage, sent_at=sent_at)
+
+    @staticmethod
+    def _finish(db: sqlite3.Connection, attempt_id: int, status: str, errors: Sequence[Mapping],
+                raw: str | None, usage: Mapping[str, Any], stamp: str | None = None,
+                sent_at: str | None = None) -> None:
+        # An 'abandoned' receipt may still be completed: its owner was presumed gone (lease
+        # expired) but came back with the answer, which is the better account.
+        cost = usage.get("cost")
+        if cost is not None and not (isinstance(cost, (int, float)) and math.isfinite(cost)
+                                     and cost >= 0):
+            cost = None  # a NaN or negative cost is no cost at all; the account says unknown
+        db.execute(
+            "UPDATE attempts SET status = ?, errors = ?, raw = ?, input_tokens = ?, "
+            "output_tokens = ?, cached_tokens = ?, cost = ?, model = COALESCE(?, model), "
+            "finished_at = ?, sent_at = COALESCE(?, sent_at) WHERE id = ? "
+            "AND status IN ('in_flight', 'abandoned')",
+            (status, json.dumps(list(errors)) if errors else "[]", raw,
+             usage.get("input_tokens"), usage.get("output_tokens"), usage.get("cached_tokens"),
+             cost, usage.get("model"), stamp or now(), sent_at, attempt_id))
+
+    # -- reading -------------------------------------------------------------------------------
+    def attempts(self, name: str, *, failed: bool = False) -> list[Receipt]:
+        """Receipts of a batch in call order (every revision)."""
+        sql = _RECEIPT_SQL + " WHERE b.name = ?"
+        if failed:
+            sql += " AND a.status != 'accepted'"
+        return [_receipt(r) for r in self._rows(sql + " ORDER BY a.id", (name,))]
+
+    def checkpoint(self, name: str, revision_id: int | None = None) -> dict[str, Any]:
+        """task_id -> accepted item for one revision of the batch (default: its current one).
+
+        A run reads its own revision: another runner may have made a different one current.
+        """
+        if revision_id is None:
+            rows = self._rows("SELECT current_revision FROM batches WHERE name = ?", (name,))
+            if not rows or rows[0][0] is None:
+                return {}
+            revision_id = rows[0][0]
+        rows = self._rows(
+            "SELECT c.task_id, c.item FROM requests q JOIN checkpoint c ON c.request_key = q.key "
+            "WHERE q.revision_id = ? AND q.split = 0 ORDER BY q.position, q.id, c.attempt_id",
+            (revision_id,))
+        return {r["task_id"]: json.loads(r["item"]) for r in rows}
+
+    def checkpoint_count(self, name: str | None = None) -> int:
+        """``len(checkpoint(name))`` summed over one batch or all, without decoding items."""
+        sql = ("SELECT COUNT(*) FROM (SELECT DISTINCT b.id, c.task_id FROM batches b "
+               "JOIN requests q ON q.revision_id = b.current_revision JOIN checkpoint c "
+               "ON c.request_key = q.key WHERE q.split = 0" + (" AND b.name = ?)" if name
+                                                                else ")"))
+        return self._rows(sql, (name,) if name else ())[0][0]
+
+    def unresolved(self) -> list[sqlite3.Row]:
+        """Leaf requests of open revisions with no accepted return for their exact key."""
+        return self._rows(_UNRESOLVED_SQL.format(
+            select="b.name AS batch, r.number AS revision, q.key, q.task_ids") +
+            " ORDER BY b.id, r.number, q.position")
+
+    def superseded(self) -> list[sqlite3.Row]:
+        return self._rows(
+            "SELECT b.name AS batch, r.number AS revision, r.supersede_reason AS reason, "
+            "n.number AS superseded_by FROM revisions r JOIN batches b ON b.id = r.batch_id "
+            "LEFT JOIN revisions n ON n.id = r.superseded_by WHERE r.status = 'superseded' "
+            "ORDER BY b.id, r.number")
+
+    def unresolved_under_validator(self, fingerprint: str) -> int:
+        return self._rows(_UNRESOLVED_SQL.format(select="COUNT(*)") +
+                          " AND r.validator_fingerprint = ?", (fingerprint,))[0][0]
+
+    def spend(self, name: str | None = None) -> dict[str, Any]:
+        """Calls, tokens and cost of every call ever made (for one batch or all).
+
+        A receipt whose call was never sent (cancelled before sending) is not a call. A call
+        killed or interrupted before its answer (``abandoned``, ``in_flight``, or cancelled after
+        sending) has an unknown cost: it is counted in ``unknown_cost_calls``, and
+        ``cost_lower_bound_unknown`` is the least those calls cost (their estimated input tokens
+        at the model's input price); ``cost_lower_bound`` adds it to the known ``cost``.
+        """
+        sql = (f"SELECT SUM({_IS_CALL}) AS calls, "
+               "COALESCE(SUM(a.input_tokens),0) AS input_tokens, "
+               "COALESCE(SUM(a.output_tokens),0) AS output_tokens, SUM(a.cost) AS cost, "
+               "SUM(a.status = 'accepted') AS accepted, SUM(a.status = 'rejected') AS rejected, "
+               "SUM(a.status = 'provider_error') AS provider_errors, "
+               f"SUM(a.status = 'cancelled' AND {_IS_CALL}) AS cancelled_calls, "
+               "SUM(a.status = 'abandoned') AS abandoned_calls, "
+               "SUM(a.status = 'in_flight') AS in_flight_calls, "
+               f"SUM(NOT {_IS_CALL}) AS unsent, "
+               f"SUM({_IS_CALL} AND a.cost IS NULL) AS calls_without_cost, "
+               f"SUM({_UNKNOWN}) AS unknown_cost_calls, "
+               f"COALESCE(SUM(CASE WHEN {_UNKNOWN} THEN a.cost_floor END), 0.0) "
+               "AS cost_lower_bound_unknown, "
+               f"SUM({_UNKNOWN} AND a.cost_floor IS NULL) AS unpriced_unknown_calls "
+               "FROM attempts a JOIN batches b ON b.id = a.batch_id")
+        row = self._rows(sql + (" WHERE b.name = ?" if name else ""), (name,) if name else ())[0]
+        out = {k: (row[k] or 0) if k != "cost" else row[k] for k in row.keys()}
+        out["cost_lower_bound"] = (out["cost"] or 0.0) + out["cost_lower_bound_unknown"]
+        return out
+
+    def number_validator(self, name: str, fingerprint: str, where: str | None,
+                         by_identity: Sequence[str] = ()) -> int:
+        """The version number of this content of ``name``: as recorded, or the next one."""
+        with self.transaction() as db:
+            row = db.execute("SELECT version FROM validators WHERE name = ? AND fingerprint = ?",
+                             (name, fingerprint)).fetchone()
+            if row is not None:
+                return row[0]
+            version = db.execute("SELECT COALESCE(MAX(version), 0) + 1 FROM validators "
+                                 "WHERE name = ?", (name,)).fetchone()[0]
+            db.execute("INSERT INTO validators(name, version, fingerprint, where_defined, "
+                       "defined_at, by_identity) VALUES (?,?,?,?,?,?)",
+                       (name, version, fingerprint, where, now(), json.dumps(list(by_identity))))
+            return version
+
+    def validator_usage(self) -> list[dict[str, Any]]:
+        """Every recorded validator version, with the sorted names of batches run under it."""
+        out: dict[tuple[str, int], dict[str, Any]] = {}
+        for r in self._rows(
+                "SELECT v.name, v.version, v.fingerprint, v.where_defined, v.defined_at, "
+                "b.name AS batch FROM validators v LEFT JOIN revisions r "
+                "ON r.validator_fingerprint = v.fingerprint LEFT JOIN batches b "
+                "ON b.id = r.batch_id ORDER BY v.name, v.version, b.name"):
+            row = out.setdefault((r["name"], r["version"]), {
+                k: r[k] for k in ("name", "version", "fingerprint", "where_defined",
+                                  "defined_at")} | {"batches": []})
+            if r["batch"] is not None and r["batch"] not in row["batches"]:
+                row["batches"].append(r["batch"])
+        return list(out.values())
+
+    # -- recovery and accounts (recovery.py, merge.py, accounts.py hold the logic) -------------
+    def import_receipts(self, path: str | Path, *, validators: Any = None) -> dict[str, Any]:
+        """Import historical receipts (JSONL), rechecking every item; see docs/recovery.md."""
+        from ._recovery import import_receipts
+
+        return import_receipts(self, path, validators=validators)
+
+    def export_receipts(self, name: str | None = None) -> list[dict[str, Any]]:
+        """Every attempt as an importable receipt, in call order."""
+        from ._recovery import export_receipts
+
+        return export_receipts(self, name)
+
+    def merge(self, other: str | Path) -> dict[str, Any]:
+        """Bring another ledger's batches, attempts and accepted values in (idempotent)."""
+        from ._merge import merge_ledger
+
+        return merge_ledger(self, other)
+
+    def cost_summary(self, name: str | None = None) -> dict[str, Any]:
+        """Per batch and in total: every attempt's calls, tokens and cost; see accounts.py."""
+        from ._accounts import cost_summary
+
+        return cost_summary(self, name)
+    # -- re-judging ---------------------------------------------------------------------------
+    # Additive: a revision that changed only the acceptance side re-judges earlier raw returns
+    # of exactly what the model saw, and commits those that pass as cost-0 'recheck' receipts.
+    def record_seen(self, pairs: Sequence[tuple[str, str]]) -> None:
+        """Remember what the model saw for each request key: (request_key, seen_key)."""
+        with self.transaction() as db:
+            db.executemany("INSERT OR IGNORE INTO seen(request_key, seen_key) VALUES (?, ?)", pairs)
+
+    def earlier_returns(self, seen_keys: Sequence[str]) -> list[sqlite3.Row]:
+        """Raw returns of earlier exact (non-repair) attempts that saw one of ``seen_keys``,
+        accepted ones first, newest first."""
+        return self._by_keys(_EARLIER_SQL, list(dict.fromkeys(seen_keys)))
+
+    def legacy_returns(self, keys: Sequence[str], provider: str | None,
+                        model: str | None) -> list[sqlite3.Row]:
+        """Accepted returns under request keys as batchjson keyed them before the answer source
+        was part of the key, from the same provider name and model (``seen_key`` is the old key)."""
+        rows = self._by_keys(_LEGACY_SQL, list(dict.fromkeys(keys)))
+        # An imported receipt has no answer source on record; importing it was the user's
+        # choice to reuse it, so it is re-judged under the current rules whoever answered.
+        return [r for r in rows
+                if r["kind"] == "import" or (r["provider"] == provider and r["model"] == model)]
+
+    def commit_rechecks(self, batch_id: int, revision_id: int,
+                         entries: Sequence[tuple[Request, sqlite3.Row, Mapping[str, Any]]],
+                         source: str | None) -> None:
+        """Commit re-judged returns: per (request, earlier attempt, stored items) a receipt of kind
+        'recheck' with cost 0 (no call was made) and its checkpoint rows, all in one transaction."""
+        stamp = now()
+        with self.transaction() as db:
+            for request, origin, items in entries:
+                attempt_id = db.execute(
+                    "INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, "
+                    "status, errors, raw, input_tokens, output_tokens, cached_tokens, cost, "
+                    "provider, model, started_at, finished_at, uid, source) VALUES "
+                    "(?,?,?,?, 'recheck', 'accepted', '[]', ?, 0, 0, 0, 0.0, ?,?,?,?,?,?)",
+                    (batch_id, revision_id, request.key, request.task_ids_json, origin["raw"],
+                     origin["provider"], origin["model"], stamp, stamp, _uid(),
+                     source)).lastrowid
+                db.execute("INSERT INTO rechecks(attempt_id, from_attempt) VALUES (?, ?)",
+                           (attempt_id, origin["id"]))
+                db.executemany(  # written once, never re-pointed (see op_accept)
+                    "INSERT INTO checkpoint(batch_id, request_key, task_id, "
+                    "attempt_id, item, committed_at) VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING",
+                    [(batch_id, request.key, task_id, attempt_id, json.dumps(item), stamp)
+                     for task_id, item in items.items()])
+
+
+    def legacy_unresolved(self, keys: Sequence[str]) -> list[sqlite3.Row]:
+        """Leaf requests under old-style keys (see ``legacy_returns``) with no accepted return."""
+        return self._by_keys(
+            "SELECT q.key, q.task_ids, q.tasks, q.revision_id, r.batch_id FROM requests q "
+            "JOIN revisions r ON r.id = q.revision_id WHERE q.key IN ({marks}) AND q.split = 0 "
+            "AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.request_key = q.key "
+            "AND a.status = 'accepted')", list(dict.fromkeys(keys)))
+
+    def accepted_return(self, key: str) -> tuple[sqlite3.Row, dict[str, Any]] | None:
+        """The latest accepted attempt for ``key`` and the items it committed, or None."""
+        rows = self._rows("SELECT id, raw, provider, model FROM attempts WHERE request_key = ? "
+                          "AND status = 'accepted' AND raw IS NOT NULL ORDER BY id DESC LIMIT 1",
+                          (key,))
+        if not rows:
+            return None
+        items = self._rows("SELECT task_id, item FROM checkpoint WHERE attempt_id = ?",
+                           (rows[0]["id"],))
+        return rows[0], {r["task_id"]: json.loads(r["item"]) for r in items}
+
+# SQL of the re-judging section
+_EARLIER_SQL = (
+    "SELECT s.seen_key, a.id, a.request_key, a.raw, a.provider, a.model, a.status "
+    "FROM seen s JOIN attempts a ON a.request_key = s.request_key "
+    "WHERE s.seen_key IN ({marks}) AND a.raw IS NOT NULL AND a.kind != 'repair' "
+    "AND a.status IN ('accepted', 'rejected') ORDER BY a.status = 'accepted' DESC, a.id DESC")
+
+_LEGACY_SQL = (
+    "SELECT a.request_key AS seen_key, a.id, a.request_key, a.raw, a.provider, a.model, a.status, "
+    "a.kind "
+    "FROM attempts a WHERE a.request_key IN ({marks}) AND a.status = 'accepted' "
+    "AND a.source IS NULL AND a.raw IS NOT NULL AND a.kind != 'repair' ORDER BY a.id DESC")
+
+
+# A receipt is a call unless it was cancelled before sending; a recheck sends nothing.
+_IS_CALL = "(a.kind != 'recheck' AND NOT (a.status = 'cancelled' AND a.sent_at IS NULL))"
+# Calls whose answer never came back: cost unknown, at least their input.
+_UNKNOWN = (f"({_IS_CALL} AND a.cost IS NULL AND "
+            "a.status IN ('abandoned', 'in_flight', 'cancelled'))")
+
+_REVISION_SQL = (
+    "SELECT r.id, r.batch_id, b.name AS batch, r.number, r.fingerprint, r.components, r.status, "
+    "r.supersede_reason, r.validator_name, r.created_at FROM revisions r "
+    "JOIN batches b ON b.id = r.batch_id")
+
+_RECEIPT_SQL = (
+    "SELECT a.*, b.name AS batch, r.number AS revision FROM attempts a "
+    "JOIN batches b ON b.id = a.batch_id JOIN revisions r ON r.id = a.revision_id")
+
+_UNRESOLVED_SQL = (
+    "SELECT {select} FROM requests q JOIN revisions r ON r.id = q.revision_id "
+    "JOIN batches b ON b.id = r.batch_id WHERE r.status = 'open' AND q.split = 0 "
+    "AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.request_key = q.key "
+    "AND a.status = 'accepted')")
+
+
+def _revision(row: sqlite3.Row) -> Revision:
+    return Revision(row["id"], row["batch_id"], row["batch"], row["number"], row["fingerprint"],
+                    json.loads(row["components"]), row["status"], row["supersede_reason"],
+                    row["validator_name"], row["created_at"])
+
+
+def _receipt(row: sqlite3.Row) -> Receipt:
+    return Receipt(row["id"], row["batch"], row["revision"], row["request_key"],
+                   tuple(json.loads(row["task_ids"])), row["kind"], row["status"],
+                   json.loads(row["errors"]) if row["errors"] else [], row["raw"],
+                   row["input_tokens"], row["output_tokens"], row["cached_tokens"], row["cost"],
+                   row["provider"], row["model"], row["started_at"], row["finished_at"],
+                   row["source"])
+
+
+def _uid() -> str:
+    """A receipt's global id (for merging ledgers): time-ordered like UUIDv7, 64 random bits, so
+    new ids append to the unique index instead of touching a random page of it each time."""
+    return f"{time.time_ns():016x}{os.urandom(8).hex()}"
+
+
+_FAULTS = ("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_READONLY", "SQLITE_BUSY", "SQLITE_LOCKED",
+           "SQLITE_CANTOPEN", "SQLITE_CORRUPT", "SQLITE_NOTADB", "SQLITE_PERM", "SQLITE_NOMEM")
+
+
+def _is_ledger_fault(exc: sqlite3.Error) -> bool:
+    """The file or disk failed (not a bad statement): the run cannot keep records any more."""
+    name = getattr(exc, "sqlite_errorname", None) or ""
+    return name.startswith(_FAULTS)

@@ -1,0 +1,258 @@
+"""Refused before spending: every check of a run's input that needs no call, in one place.
+
+Each check raises :class:`~batchjson._errors.InvalidBatch` (bad batch input) or
+:class:`~batchjson._errors.ConfigError` (a bad session or provider) with a message naming the
+problem and the fix. ``Session.run`` calls them before anything is recorded or sent, so a
+refusal never costs a call and never touches the ledger.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import jsonschema
+
+from ._acceptance import ECHO_EXEMPT
+from ._errors import ConfigError, InvalidBatch
+from ._schema import ItemSchema
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def check_timeout(value: Any) -> float:
+    """A call timeout must be a finite number of seconds > 0."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"timeout must be a finite number of seconds > 0, got {value!r}; "
+                          "e.g. Session(timeout=120)")
+    return float(value)
+
+
+def check_provider(provider: Any) -> Any:
+    """A provider needs an ``async def complete(call) -> Reply``."""
+    complete = getattr(provider, "complete", None)
+    if not callable(complete):
+        raise ConfigError(f"provider {type(provider).__name__} has no complete() method; give it "
+                          "an async complete(call) -> Reply or wrap a function with "
+                          "CallableProvider(fn)")
+    if not (inspect.iscoroutinefunction(complete)
+            or inspect.iscoroutinefunction(type(complete).__call__)):
+        raise ConfigError(f"{type(provider).__name__}.complete is not async: declare it "
+                          "`async def complete(self, call)` (or wrap a sync function with "
+                          "CallableProvider(fn), which runs it for you)")
+    return provider
+
+
+def check_validator(fn: Any, args: str) -> None:
+    """The validator is called ``validator(item, task)`` (or ``(item, index)``): its signature
+    must take exactly that; an ``async def`` validator is fine (it is awaited)."""
+    if fn is None:
+        return
+    if not callable(fn):
+        raise InvalidBatch(f"validator must be callable, got {type(fn).__name__}")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins have none: nothing to check
+        return
+    second = "index" if args == "index" else "task"
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        name = getattr(fn, "__name__", type(fn).__name__)
+        raise InvalidBatch(
+            f"validator {name}{signature} cannot be called as validator(item, {second}); "
+            f"give it two parameters, e.g. def {name}(item, {second}): ... (raise ValueError "
+            "or return False to reject an item)") from None
+
+
+def compared_candidates(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str]) -> list[str]:
+    """Every field an item may be held to: the identity fields, plus under the default identity
+    every task field (prompt and context aside)."""
+    names = list(identity)
+    if getattr(identity, "echo", False):
+        for task in tasks:
+            names += [k for k in task if k not in names and k not in ECHO_EXEMPT]
+    return names
+
+
+def check_identity_values(tasks: Iterable[Mapping[str, Any]], identity: Sequence[str]) -> None:
+    """Explicit identity values are plain JSON scalars, compared exactly: an enum member, a
+    dict (int keys become strings) or a list could never be echoed back equal."""
+    if getattr(identity, "echo", False):
+        return
+    for task in tasks:
+        for name in identity:
+            value = task[name]
+            if type(value) not in _SCALARS:
+                raise InvalidBatch(
+                    f"task {task['task_id']!r}: identity field {name!r} is a "
+                    f"{type(value).__name__}, but identity values must be plain JSON scalars "
+                    "(str, int, float, bool or None) that the model copies back exactly; pass "
+                    f"a plain value (e.g. str(...) or .value) or drop {name!r} from identity=")
+
+
+def check_schema(schema: ItemSchema, mode: str, tasks: Sequence[Mapping[str, Any]],
+                 identity: Sequence[str]) -> None:
+    """Schemas that no return could ever satisfy, or that conflict with the identity fields."""
+    root = schema.json_schema
+    _check_refs(root)
+    never = _never(root, root, mode == "items", 0)
+    if never:
+        raise InvalidBatch(f"the schema can never be satisfied: {never}; fix the schema")
+    if mode != "items":
+        return
+    names = compared_candidates(tasks, identity)
+    if schema.model is not None:
+        _check_aliases(schema.model, names)
+    declared = schema.declared_fields or set()
+    required = root.get("required") if isinstance(root, Mapping) else None
+    for name in names:
+        if isinstance(required, list) and name in required and name not in declared:
+            raise InvalidBatch(
+                f"the schema requires {name!r} but does not declare it under properties; an "
+                "echoed task field the schema does not declare is removed before validation, "
+                f"so no item could pass: declare it (e.g. \"{name}\": {{\"type\": \"string\"}}) "
+                "or drop it from required" + _EXPLICIT.format(name=name) * _echoes(identity, name))
+    props = root.get("properties") if isinstance(root, Mapping) else None
+    if not isinstance(props, Mapping):
+        return
+    cls = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)
+    defs = {k: root[k] for k in ("$defs", "definitions") if k in root}
+    for name in names:
+        if name not in props:
+            continue
+        sub = props[name]
+        probe = cls({**defs, **sub} if isinstance(sub, Mapping) else sub)
+        for task in tasks:
+            if name in task and not _passes(probe, task[name]):
+                raise InvalidBatch(
+                    f"the schema declares {name!r} as {_short(sub)}, but task "
+                    f"{task['task_id']!r} has {name}={_short(task[name])}, so its echoed value "
+                    f"could never pass: type {name!r} like the tasks' values, or drop it from "
+                    "the schema" + _EXPLICIT.format(name=name) * _echoes(identity, name))
+
+
+_EXPLICIT = (", or (if the model should answer {name!r} rather than copy it) pass identity= "
+             "without it")
+
+
+def _echoes(identity: Sequence[str], name: str) -> bool:
+    return bool(getattr(identity, "echo", False)) and name not in identity
+
+
+def _passes(probe: Any, value: Any) -> bool:
+    try:
+        return bool(probe.is_valid(value))
+    except Exception:  # a $ref the probe cannot follow: acceptance will judge it
+        return True
+
+
+def _check_aliases(model: type, names: Sequence[str]) -> None:
+    wanted = set(names)
+    for field_name, info in model.model_fields.items():  # type: ignore[attr-defined]
+        aliases = {a for a in (info.alias, info.validation_alias, info.serialization_alias)
+                   if a is not None and a != field_name}
+        if not aliases:
+            continue
+        clash = field_name in wanted or any(isinstance(a, str) and a in wanted for a in aliases)
+        if clash:
+            shown = ", ".join(sorted(map(str, aliases)))
+            raise InvalidBatch(
+                f"{model.__qualname__}.{field_name} has alias {shown}: identity fields are "
+                "matched by the name the task uses, and an alias makes the model read another "
+                f"key; remove the alias from {field_name!r} or keep it out of the identity")
+
+
+def _check_refs(root: Any) -> None:
+    """Every ``$ref`` must resolve inside the schema (a dangling one fails only mid-run)."""
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+            continue
+        if not isinstance(node, Mapping):
+            continue
+        ref = node.get("$ref")
+        if isinstance(ref, str) and _resolve(root, ref) is _MISSING:
+            raise InvalidBatch(f"$ref {ref!r} does not resolve within the schema; define it "
+                               "under $defs (e.g. \"$ref\": \"#/$defs/Name\") or inline it")
+        stack.extend(v for k, v in node.items() if k not in ("enum", "const", "default",
+                                                               "examples"))
+
+
+_MISSING = object()
+
+
+def _resolve(root: Any, ref: str) -> Any:
+    if not ref.startswith("#"):
+        return _MISSING
+    node = root
+    for part in filter(None, ref[1:].split("/")):
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, Mapping) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return _MISSING
+    return node
+
+
+def _never(node: Any, root: Any, items: bool, depth: int) -> str | None:
+    """Why no item (an object, in items mode) could satisfy ``node``, or None if it may."""
+    if depth > 32:
+        return None
+    if node is False:
+        return "it is `false`"
+    if not isinstance(node, Mapping):
+        return None
+    if "not" in node and (node["not"] is True or node["not"] == {}):
+        return '"not": {} matches nothing'
+    if "enum" in node and isinstance(node["enum"], list):
+        if not node["enum"]:
+            return '"enum": [] allows no value'
+        if items and not any(isinstance(v, dict) for v in node["enum"]):
+            return "each item is an object carrying task_id, but the enum lists no object"
+    if items and "const" in node and not isinstance(node["const"], dict):
+        return "each item is an object carrying task_id, but const is not an object"
+    kinds = node.get("type")
+    if items and kinds is not None:
+        kinds = [kinds] if isinstance(kinds, str) else kinds
+        if isinstance(kinds, list) and "object" not in kinds:
+            return (f"each item is an object carrying task_id, but the schema allows only type "
+                    f"{'/'.join(map(str, kinds))} (use mode='value' for bare values, or an "
+                    "object schema with properties)")
+    for member in node.get("allOf") or ():
+        reason = _never(member, root, items, depth + 1)
+        if reason:
+            return reason
+    for key in ("anyOf", "oneOf"):
+        members = node.get(key)
+        if isinstance(members, list) and members:
+            reasons = [_never(m, root, items, depth + 1) for m in members]
+            if all(reasons):
+                return f"no branch of {key} can match ({reasons[0]})"
+    ref = node.get("$ref")
+    if isinstance(ref, str):
+        target = _resolve(root, ref)
+        if target is not _MISSING:
+            return _never(target, root, items, depth + 1)
+    return None
+
+
+def _short(sub: Any) -> str:
+    text = repr(sub)
+    return text if len(text) <= 80 else text[:80] + "..."
+
+
+def check_all(*, tasks: Sequence[Mapping[str, Any]], identity: Sequence[str],
+              schema: ItemSchema, mode: str, validator: Callable[..., Any] | None,
+              validator_args: str) -> None:
+    """Every input check of a run that needs neither the ledger nor a call."""
+    check_validator(validator, validator_args)
+    check_identity_values(tasks, identity)
+    check_schema(schema, mode, tasks, identity)

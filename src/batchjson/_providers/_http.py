@@ -1,0 +1,465 @@
+"""HTTP plumbing shared by the API providers: sessions per loop, error mapping, key secrecy.
+
+Providers only transport: every failure becomes a ProviderError whose ``retryable`` and
+``retry_after`` tell the replay loop what to do; nothing here retries or validates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import errno
+import hashlib
+import json
+import math
+import os
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+from urllib.parse import urlparse, urlunparse
+
+import aiohttp
+import pydantic_core
+
+from .._canon import Unhashable, content_hash
+from .._errors import ProviderError, ProviderSetupError
+from .base import Call
+from .masking import check_name, looks_like_key, masked
+from .pricing import cost_of, normalize_prices, price_for
+
+_NON_RETRYABLE_QUOTA = ("insufficient_quota", "billing_hard_limit_reached")
+# OS errors that mean no server can be reached at that address at all.
+_UNREACHABLE_ERRNOS = frozenset({errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH,
+                                 errno.EADDRNOTAVAIL})
+
+
+class Secret:
+    """Holds an API key so that no repr, log line or traceback can print it."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str | None) -> None:
+        self._value = value or None
+
+    def get(self) -> str | None:
+        return self._value
+
+    def __bool__(self) -> bool:
+        return self._value is not None
+
+    def __repr__(self) -> str:
+        return "Secret(<set>)" if self._value else "Secret(<unset>)"
+
+    __str__ = __repr__
+
+
+_KEYLIKE = re.compile(r"\b(sk|sess)-[A-Za-z0-9_*\-]{6,}")
+
+
+def redact(text: str, secret: Secret | None = None) -> str:
+    """Remove the key and anything key-shaped (providers echo masked keys in 401 bodies)."""
+    value = secret.get() if secret is not None else None
+    if value:
+        text = text.replace(value, "<redacted>")
+    return _KEYLIKE.sub("<redacted>", text)
+
+
+def parse_retry_after(headers: Mapping[str, str]) -> float | None:
+    """Seconds to wait, from ``retry-after-ms``, ``Retry-After`` seconds, or an HTTP-date."""
+    millis = headers.get("retry-after-ms")
+    if millis:
+        try:
+            return max(0.0, float(millis) / 1000.0)
+        except ValueError:
+            pass
+    value = headers.get("Retry-After")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def is_retryable_status(status: int) -> bool:
+    """Timeouts, conflicts, rate limits and server trouble can pass; request errors cannot."""
+    return status in (408, 409, 425, 429) or status >= 500
+
+
+def error_message(raw: bytes) -> tuple[str, str | None]:
+    """The provider's own message and error code/type from an error body, if it has them."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        text = raw[:300].decode("utf-8", "replace").strip()
+        return (text or "<empty body>"), None
+    if isinstance(data, Mapping):
+        err = data.get("error", data)
+        if isinstance(err, Mapping):
+            msg = err.get("message") or err.get("detail") or data.get("message")
+            code = err.get("code") or err.get("type")
+            if msg:
+                return str(msg)[:500], (str(code) if code else None)
+        elif isinstance(err, str):
+            return err[:500], None
+        if data.get("detail"):
+            return str(data["detail"])[:500], None
+    return json.dumps(data)[:300], None
+
+
+_STATUS_HINTS = {
+    401: "the API key was rejected; check {key_env}",
+    403: "the key may not use this model or endpoint",
+    404: "check the model name and the base URL",
+    413: "the request is too large; pack fewer tasks per call",
+}
+
+
+def http_error(provider: str, status: int, headers: Mapping[str, str], raw: bytes,
+               secret: Secret, key_env: str) -> ProviderError:
+    """Map an HTTP error response to a ProviderError, keeping the provider's own words."""
+    message, code = error_message(raw)
+    retryable = is_retryable_status(status)
+    if status == 429 and code in _NON_RETRYABLE_QUOTA:
+        retryable = False  # out of credit: waiting will not help
+    hint = _STATUS_HINTS.get(status, "")
+    text = f"{provider} HTTP {status}: {message}"
+    if code:
+        text += f" [{code}]"
+    if hint:
+        text += f" ({hint.format(key_env=key_env)})"
+    return ProviderError(redact(text, secret), status=status, retryable=retryable,
+                         retry_after=parse_retry_after(headers))
+
+
+def display_url(url: str) -> str:
+    """A URL without user, password or query string (either may carry a credential)."""
+    parsed = urlparse(url)
+    host = parsed.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{host}:{parsed.port}" if parsed.port else host
+    return urlunparse((parsed.scheme, netloc, parsed.path, "", "", ""))
+
+
+def _unreachable(exc: aiohttp.ClientConnectorError) -> str | None:
+    """Why no server can be reached (DNS, refused, no route), or None for other failures."""
+    if isinstance(exc, aiohttp.ClientConnectorDNSError) or isinstance(exc.os_error,
+                                                                         socket.gaierror):
+        return "the host name does not resolve"
+    if isinstance(exc, (aiohttp.ClientConnectorCertificateError, aiohttp.ClientSSLError)):
+        return None
+    code = getattr(exc.os_error, "errno", None) or getattr(exc, "errno", None)
+    if isinstance(exc.os_error, ConnectionRefusedError) or code == errno.ECONNREFUSED:
+        return "connection refused"
+    if code in _UNREACHABLE_ERRNOS:
+        return os.strerror(code).lower()
+    return None
+
+
+class Answer(NamedTuple):
+    """A decoded API response and the exact text it was decoded from (None if not UTF-8)."""
+
+    data: dict[str, Any]
+    text: str | None
+
+
+async def post_json(session: aiohttp.ClientSession, url: str, body: bytes,
+                    headers: Callable[[], Mapping[str, str]], *, provider: str, timeout: float,
+                    secret: Secret, key_env: str) -> Answer:
+    """POST a JSON body and return the decoded object with its text; every failure is a
+    ProviderError, and one that no retry can cure (DNS, connection refused) says
+    ``unreachable=True``.
+
+    ``headers`` is a factory so the key never sits in a local of this frame, and errors are
+    raised outside the ``except`` blocks so no aiohttp exception (whose request_info holds the
+    headers, key included) rides along as ``__context__``.
+    """
+    failure: ProviderError | None = None
+    try:
+        async with session.post(url, data=body, headers=headers()) as resp:
+            status = resp.status
+            raw = await resp.read()
+            resp_headers = resp.headers
+    except TimeoutError:
+        failure = ProviderError(f"{provider}: no complete answer within the {timeout:g}s "
+                                "client timeout", retryable=True)
+    except aiohttp.ClientPayloadError as exc:
+        failure = ProviderError(f"{provider}: response body was cut off "
+                                f"({redact(str(exc), secret)})", retryable=True)
+    except aiohttp.ClientResponseError as exc:
+        failure = ProviderError(f"{provider}: bad HTTP response ({exc.status}: "
+                                f"{redact(str(exc.message), secret)})",
+                                status=exc.status or None, retryable=True)
+    except aiohttp.ClientConnectorError as exc:
+        why = _unreachable(exc)
+        if why is None:
+            failure = ProviderError(f"{provider}: connection failed ({type(exc).__name__}: "
+                                    f"{redact(str(exc), secret)})", retryable=True)
+        else:
+            failure = ProviderError(f"{provider}: cannot reach {display_url(url)} ({why}); is "
+                                    "the server running? Check the base URL.", retryable=True,
+                                    unreachable=True)
+    except (aiohttp.ClientError, OSError) as exc:
+        failure = ProviderError(f"{provider}: connection failed ({type(exc).__name__}: "
+                                f"{redact(str(exc), secret)})", retryable=True)
+    if failure is not None:
+        raise failure
+    if status >= 400:
+        raise http_error(provider, status, resp_headers, raw, secret, key_env)
+    text: str | None
+    try:
+        text = raw.decode("utf-8-sig")  # a byte-order mark is not part of the document
+    except UnicodeDecodeError:
+        text = None  # json.loads still reads UTF-16/32 bodies; there is no text to slice
+    try:
+        data = json.loads(raw if text is None else text)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        data = None
+    if not isinstance(data, dict):
+        snippet = redact(raw[:120].decode("utf-8", "replace"), secret)
+        if raw.lstrip()[:1] == b"{":  # JSON that stops short: the connection cut it off
+            raise ProviderError(f"{provider}: HTTP {status} body is not a JSON object "
+                                f"({len(raw)} bytes, starts {snippet!r}); likely truncated",
+                                status=status, retryable=True)
+        kind = resp_headers.get("Content-Type", "no content type")
+        raise ProviderError(f"{provider}: HTTP {status} answered with {kind}, not a JSON API "
+                            f"response (starts {snippet!r}); check the base URL", status=status,
+                            retryable=False)  # a web page will not turn into an API answer
+    return Answer(data, text)
+
+
+def encode_body(body: Mapping[str, Any]) -> bytes:
+    """UTF-8 JSON for a request body. pydantic-core's encoder (already installed with pydantic)
+    is several times faster than the stdlib's on prompt-sized bodies; anything it refuses (a lone
+    surrogate, say) goes through the stdlib with ASCII escapes, which is valid JSON for any str."""
+    try:
+        return pydantic_core.to_json(body)
+    except (pydantic_core.PydanticSerializationError, ValueError):
+        return json.dumps(body).encode("ascii")
+
+
+class LoopSessions:
+    """One aiohttp.ClientSession per event loop: batches may run in a worker thread's loop."""
+
+    def __init__(self, factory: Callable[[], aiohttp.ClientSession]) -> None:
+        self._factory = factory
+        self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
+        self._lock = threading.Lock()
+
+    def get(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        session = self._sessions.get(loop)
+        if session is not None and not session.closed:
+            return session
+        with self._lock:
+            for old_loop in [lp for lp in self._sessions if lp.is_closed()]:
+                _discard(self._sessions.pop(old_loop))
+            session = self._factory()
+            self._sessions[loop] = session
+        return session
+
+    async def aclose(self) -> None:
+        """Close this loop's session; also release sessions whose loops are gone.
+
+        A session on another loop that is still open may be carrying another thread's calls
+        right now: it is that loop's to close.
+        """
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            mine = self._sessions.pop(loop, None)
+            for other in list(self._sessions):
+                if other.is_closed():
+                    _discard(self._sessions.pop(other))
+        if mine is not None:
+            await mine.close()
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+
+def _discard(session: aiohttp.ClientSession) -> None:
+    """Drop a session whose loop is closed: nothing can be awaited there any more."""
+    connector = session.connector
+    if connector is not None:
+        try:
+            connector._close()  # on a closed loop this only marks it closed
+        except Exception:  # noqa: BLE001 - best effort on a dead loop
+            pass
+    session.detach()
+
+
+def make_session_factory(timeout: float, max_connections: int
+                         ) -> Callable[[], aiohttp.ClientSession]:
+    def factory() -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0,
+                                         ttl_dns_cache=300)
+        return aiohttp.ClientSession(connector=connector,
+                                     timeout=aiohttp.ClientTimeout(total=timeout))
+    return factory
+
+
+ITEMS_NAME = "batchjson_items"  # schema / tool name for items mode
+WRAPPED_VALUE = "batchjson_value"  # value mode, scalar wrapped as {"value": ...}
+OBJECT_VALUE = "batchjson_answer"  # value mode whose schema is already an object
+
+
+def object_schema(call: Call) -> tuple[dict[str, Any], str, bool]:
+    """The call's schema with an object root, its schema/tool name, and whether it was wrapped.
+
+    Tool inputs and OpenAI's json_schema both need an object root, so a value-mode scalar schema
+    travels as {"value": schema}; the name tells the two value cases apart on the wire.
+    """
+    schema = dict(call.schema)
+    if call.mode != "value":
+        return schema, ITEMS_NAME, False
+    if schema.get("type") == "object":
+        return schema, OBJECT_VALUE, False
+    defs = schema.pop("$defs", None)
+    wrapped: dict[str, Any] = {"type": "object", "properties": {"value": schema},
+                               "required": ["value"], "additionalProperties": False}
+    if defs:
+        wrapped["$defs"] = defs
+    return wrapped, WRAPPED_VALUE, True
+
+
+def as_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def is_official(base_url: str, domain: str) -> bool:
+    host = (urlparse(base_url).hostname or "").lower()
+    return host == domain or host.endswith("." + domain)
+
+
+class HttpProvider:
+    """What the HTTP providers share: model, endpoint and key from arguments or the
+    environment (the key never leaves its Secret), checked settings, and one pooled aiohttp
+    session per event loop."""
+
+    name = "http"
+    enforces_timeout = True  # every request is bounded by ``timeout`` (aiohttp ClientTimeout)
+    key_env = ""
+    base_env = ""
+    default_base = ""
+    official_domain = ""
+    example_model = ""
+    keyless_hint = ""
+    path = ""
+    setting = ""  # the provider's own option shown in its repr
+    body_keys: frozenset[str] = frozenset()  # request fields batchjson sets; extra_body may not
+    auth_header = "Authorization"
+    auth_prefix = "Bearer "
+    static_headers: Mapping[str, str] = {"Content-Type": "application/json"}
+
+    def _setup(self, model: str | None, base_url: str | None, api_key: str | None,
+               timeout: float, prices: Mapping[str, Any] | None,
+               extra_body: Mapping[str, Any] | None, max_connections: int) -> None:
+        kind = type(self).__name__
+        self.model = check_name(model or os.environ.get("BATCHJSON_MODEL") or None,
+                                f"{kind} model", f"pass the key as api_key=... (or set "
+                                f"{self.key_env}) and the model's name as model=")
+        if not self.model:
+            raise ProviderSetupError(f"{kind} needs a model name: pass "
+                                     f"model={self.example_model!r} or set BATCHJSON_MODEL.")
+        self.base_url = self._base_url(base_url)
+        self._key = Secret(api_key if api_key is not None else os.environ.get(self.key_env))
+        if not self._key and is_official(self.base_url, self.official_domain):
+            raise ProviderSetupError(
+                f"{kind} has no API key for {self.base_url}: set {self.key_env} in the "
+                f"environment or pass api_key=...{self.keyless_hint}")
+        if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                or not math.isfinite(timeout) or timeout <= 0):
+            raise ProviderSetupError(f"{kind}: timeout must be a finite number of seconds > 0, "
+                                     f"got {timeout!r}")
+        self.timeout = float(timeout)
+        self.prices = normalize_prices(prices)
+        self.extra_body = dict(extra_body or {})
+        owned = sorted(set(self.extra_body) & self.body_keys)
+        if owned:
+            raise ProviderSetupError(f"{kind}: extra_body may not set "
+                                     f"{', '.join(map(repr, owned))}; batchjson builds "
+                                     "those fields from the call and the provider's own "
+                                     "settings (model=, response_format= or mode=)")
+        self.url = f"{self.base_url}{self.path}"
+        self._sessions = LoopSessions(make_session_factory(self.timeout, max_connections))
+
+    def _base_url(self, base_url: str | None) -> str:
+        """The endpoint's base, checked now rather than failing as a retried connection error;
+        a pasted full endpoint (``.../chat/completions``) is trimmed to its base."""
+        source = "base_url" if base_url else self.base_env
+        base = (base_url or os.environ.get(self.base_env) or self.default_base).rstrip("/")
+        parsed = urlparse(base)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            shown = masked(base) if looks_like_key(base) else repr(base)
+            raise ProviderSetupError(
+                f"{type(self).__name__}: {source} {shown} is not an http(s) URL; give the "
+                f"scheme and host, e.g. {self.default_base!r} or 'http://localhost:8000/v1'")
+        return base.removesuffix(self.path)
+
+    def __repr__(self) -> str:
+        extra = f", {self.setting}={getattr(self, self.setting)!r}" if self.setting else ""
+        return (f"{type(self).__name__}(model={self.model!r}, "
+                f"base_url={display_url(self.base_url)!r}"
+                f"{extra}, api_key={'<set>' if self._key else '<unset>'})")
+
+    def _headers(self) -> dict[str, str]:
+        """Built per request so the key never sits in a long-lived object but its Secret."""
+        headers = dict(self.static_headers)
+        key = self._key.get()
+        if key:
+            headers[self.auth_header] = self.auth_prefix + key
+        return headers
+
+    def _cost(self, model: str, inp: int | None, out: int | None, cached: int,
+              written: int = 0) -> float | None:
+        """Cost by the model the provider says answered, else by the model asked for."""
+        cost = cost_of(model, inp, out, cached, self.prices, cache_write_tokens=written)
+        if cost is None and model != self.model:
+            cost = cost_of(self.model, inp, out, cached, self.prices,
+                           cache_write_tokens=written)
+        return cost
+
+    def settings(self) -> dict[str, Any]:
+        """Every setting sent with a request besides model and URL (subclasses add theirs)."""
+        return {"extra_body": self.extra_body}
+
+    def source_key(self) -> str:
+        """What decides this provider's answers: protocol, base URL, model and every setting
+        sent with the request; never the API key (nor a password or query in the URL). The
+        readable head names the model and endpoint, the digest covers everything."""
+        where = display_url(self.base_url)
+        query = urlparse(self.url).query  # may select an API version: it decides answers
+        config = {"protocol": self.name, "url": display_url(self.url), "query": query,
+                  "model": self.model,
+                  **self.settings()}
+        return f"{self.name}:{self.model}@{where}#{_digest(config)}"
+
+    def price_for_budget(self) -> Any:
+        """The asked-for model's price (``prices=``, set_prices, defaults) for cost budgets."""
+        return price_for(self.model, self.prices)
+
+    async def _post(self, body: Mapping[str, Any]) -> Answer:
+        return await post_json(self._sessions.get(), self.url, encode_body(body), self._headers,
+                               provider=self.name, timeout=self.timeout, secret=self._key,
+                               key_env=self.key_env)
+
+    async def aclose(self) -> None:
+        """Close the pooled connections of the running loop (and of loops already closed)."""
+        await self._sessions.aclose()
+
+
+def _digest(config: Mapping[str, Any]) -> str:
+    """A short, process-stable digest of settings (JSON values, as they travel in the body)."""
+    try:
+        return content_hash(dict(config))[:16]
+    except Unhashable:
+        return hashlib.sha256(encode_body(config)).hexdigest()[:16]

@@ -1,0 +1,123 @@
+"""Anthropic Messages API over aiohttp: a forced tool carries the wire schema, or plain text.
+
+Like every provider it only transports: no validation, no retries; failures are ProviderErrors
+(529 "overloaded" is retryable) and the API key never reaches a message or repr.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from .._errors import ProviderError, ProviderSetupError
+from ._http import HttpProvider, as_int, object_schema
+from .base import Call, Reply
+from .spans import value_span
+
+DEFAULT_ANTHROPIC_BASE_URL = "https://api.anthropic.com"
+ANTHROPIC_VERSION = "2023-06-01"
+MODES = ("tool", "text")
+
+
+class AnthropicProvider(HttpProvider):
+    """Claude via the Messages API; ``mode="tool"`` forces a tool whose input is the answer."""
+
+    name = "anthropic"
+    key_env = "ANTHROPIC_API_KEY"
+    base_env = "ANTHROPIC_BASE_URL"
+    default_base = DEFAULT_ANTHROPIC_BASE_URL
+    official_domain = "anthropic.com"
+    example_model = "claude-haiku-4-5"
+    path = "/v1/messages"
+    setting = "mode"
+    body_keys = frozenset(("model", "messages", "system", "max_tokens", "tools", "tool_choice"))
+    auth_header = "x-api-key"
+    auth_prefix = ""
+    static_headers = {"Content-Type": "application/json", "anthropic-version": ANTHROPIC_VERSION}
+
+    def __init__(self, model: str | None = None, *, base_url: str | None = None,
+                 api_key: str | None = None, mode: str = "tool", max_tokens: int = 4096,
+                 timeout: float = 60.0, prices: Mapping[str, Any] | None = None,
+                 max_connections: int = 0, extra_body: Mapping[str, Any] | None = None) -> None:
+        self._setup(model, base_url, api_key, timeout, prices, extra_body, max_connections)
+        if mode not in MODES:
+            raise ProviderSetupError(f"mode must be 'tool' or 'text', got {mode!r}")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ProviderSetupError(f"max_tokens must be a positive int, got {max_tokens!r}")
+        self.mode = mode
+        self.max_tokens = max_tokens
+
+    def _base_url(self, base_url: str | None) -> str:
+        return super()._base_url(base_url).removesuffix("/v1")  # the path adds /v1 itself
+
+    def request_body(self, call: Call) -> tuple[dict[str, Any], str | None, bool]:
+        """The JSON body, the forced tool's name (tool mode) and whether a scalar was wrapped."""
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": self.max_tokens,
+            "messages": [{"role": "user", "content": call.prompt}],
+            **self.extra_body,
+        }
+        if call.system:
+            body["system"] = call.system
+        if self.mode != "tool":
+            return body, None, False
+        schema, tool, wrapped = object_schema(call)
+        what = ("the answer value" if call.mode == "value"
+                else "the answers, one object per task in items")
+        body["tools"] = [{"name": tool, "description": f"Record {what}.",
+                          "input_schema": schema}]
+        body["tool_choice"] = {"type": "tool", "name": tool}
+        return body, tool, wrapped
+
+    def settings(self) -> dict[str, Any]:
+        return {**super().settings(), "mode": self.mode, "max_tokens": self.max_tokens,
+                "anthropic_version": ANTHROPIC_VERSION}
+
+    async def complete(self, call: Call) -> Reply:
+        body, tool, wrapped = self.request_body(call)
+        data, body_text = await self._post(body)
+        content = data.get("content")
+        if not isinstance(content, list):
+            raise ProviderError("anthropic: response has no content list", status=200,
+                                retryable=True)
+        found = _tool_text(content, tool, body_text) if tool else None
+        envelope: str | None = None
+        if found is None:  # text mode, or the model stopped before calling the tool
+            text = "".join(b.get("text", "") for b in content
+                           if isinstance(b, dict) and b.get("type") == "text")
+        else:
+            text, exact = found
+            envelope = "tool_input/value" if wrapped else "tool_input"
+        usage = data.get("usage") or {}
+        fresh = as_int(usage.get("input_tokens"))
+        read = as_int(usage.get("cache_read_input_tokens")) or 0
+        written = as_int(usage.get("cache_creation_input_tokens")) or 0
+        inp = None if fresh is None else fresh + read + written
+        out = as_int(usage.get("output_tokens"))
+        model = data.get("model") or self.model
+        cost = self._cost(model, inp, out, read, written)
+        extra = {"stop_reason": data.get("stop_reason"), "id": data.get("id")}
+        if found is not None and not found[1]:
+            extra["raw_reserialised"] = True  # the body was not UTF-8: no exact text to keep
+        if written:
+            extra["cache_creation_input_tokens"] = written
+        return Reply(text=text, input_tokens=inp, output_tokens=out,
+                     cached_tokens=read if "cache_read_input_tokens" in usage else None,
+                     cost=cost, model=model, extra=extra, envelope=envelope)
+
+
+def _tool_text(content: list[Any], tool: str, body: str | None) -> tuple[str, bool] | None:
+    """The forced tool's input as the exact JSON text the body carried, and whether it is
+    exact; ``None`` if the model made no such call."""
+    calls = [(i, b) for i, b in enumerate(content)
+             if isinstance(b, dict) and b.get("type") == "tool_use"]
+    chosen = next((c for c in calls if c[1].get("name") == tool), calls[0] if calls else None)
+    if chosen is None:
+        return None
+    index, block = chosen
+    span = value_span(body, ["content", index, "input"]) if body is not None else None
+    if span is not None:
+        return body[span[0]:span[1]], True  # type: ignore[index]
+    return json.dumps(block.get("input"), ensure_ascii=False), False

@@ -1,0 +1,296 @@
+"""The provider contract: one call in, raw text and usage out. Providers never validate."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from .._errors import ProviderError, ProviderSetupError
+from .masking import check_name
+
+
+@dataclass(frozen=True)
+class Call:
+    """Everything a provider needs for one request attempt.
+
+    ``mode`` is ``"items"`` (return ``{"items": [...]}``, one object per task) or
+    ``"value"`` (return one bare JSON value, the droste-compatible helper).
+    """
+
+    tasks: tuple[Mapping[str, Any], ...]
+    prompt: str
+    system: str
+    schema: Mapping[str, Any]
+    attempt: int
+    kind: str
+    request_key: str
+    mode: str = "items"
+    identity: tuple[str, ...] = ("task_id",)
+
+
+ENVELOPES = (None, "value", "tool_input", "tool_input/value")
+
+
+@dataclass
+class Reply:
+    """The raw text a provider returned, with usage as the provider reported it.
+
+    ``text`` is what the model sent, byte for byte; ``envelope`` says how the answer sits in
+    it, for acceptance to unwrap (docs/providers.md): ``None`` the text is the answer;
+    ``"value"`` the text is the ``{"value": ...}`` object a strict JSON mode was asked for
+    (a scalar answer cannot be a root there); ``"tool_input"`` the text is the exact JSON of a
+    tool call's input object, which is the answer; ``"tool_input/value"`` that input is the
+    ``{"value": ...}`` wrapper.
+    """
+
+    text: str
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cached_tokens: int | None = None
+    cost: float | None = None
+    model: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    envelope: str | None = None
+
+    def __post_init__(self) -> None:
+        """Usage is bookkeeping, never a reason to lose a paid-for return: a count given as a
+        numeric string or a whole float is read as a number, anything else (negative, bool,
+        NaN, garbage) is recorded as unknown and kept in ``extra["unreadable_usage"]``."""
+        odd: dict[str, Any] = {}
+        for name in ("input_tokens", "output_tokens", "cached_tokens"):
+            value = getattr(self, name)
+            count = _count(value)
+            if count is None and value is not None:
+                odd[name] = repr(value)[:80]
+            setattr(self, name, count)
+        cost = _money(self.cost)
+        if cost is None and self.cost is not None:
+            odd["cost"] = repr(self.cost)[:80]
+        self.cost = cost
+        if not isinstance(self.extra, dict):
+            odd["extra"] = repr(self.extra)[:80]
+            self.extra = {}
+        if odd:
+            self.extra["unreadable_usage"] = odd
+
+    @property
+    def tokens(self) -> int:
+        return (self.input_tokens or 0) + (self.output_tokens or 0)
+
+
+def _count(value: Any) -> int | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, str):
+        value = value.strip()
+        return int(value) if value.isdigit() else None
+    if isinstance(value, float):
+        return int(value) if math.isfinite(value) and value.is_integer() and value >= 0 else None
+    return value if isinstance(value, int) and value >= 0 else None
+
+
+def _money(value: Any) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    if isinstance(value, (int, float)) and math.isfinite(value) and value >= 0:
+        return float(value)
+    return None
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """Anything with an async ``complete(call) -> Reply``."""
+
+    name: str
+
+    async def complete(self, call: Call) -> Reply: ...
+
+
+async def close_provider(provider: Any) -> None:
+    """Close a provider's pooled resources if it holds any."""
+    closer = getattr(provider, "aclose", None)
+    if closer is not None:
+        await closer()
+
+
+def estimate_tokens(text: str) -> int:
+    """A deterministic stand-in for tokenisation where a provider reports none."""
+    return max(1, len(text) // 4)
+
+
+class CallableProvider:
+    """Wrap ``fn(call) -> str | Reply`` (sync or async) as a provider, for tests and glue code.
+
+    Its answer source (part of every request key) is the function's content fingerprint, or
+    ``source="my-model-v2"`` when the caller names it. ``fn.blocking = True`` runs ``fn`` in a
+    daemon thread of its own, so a call that hangs past the session's timeout (or this
+    provider's ``timeout=``) returns at the timeout and never holds the run or its event loop.
+    """
+
+    name = "callable"
+
+    def __init__(self, fn: Any, *, model: str | None = None, source: str | None = None,
+                 timeout: float | None = None, price: Any = None,
+                 max_tokens: int | None = None) -> None:
+        if not callable(fn):
+            raise ProviderSetupError(f"CallableProvider needs a callable fn(call) -> str or "
+                                     f"Reply; got {type(fn).__name__}")
+        fix = "name the model or source in plain words; keys belong in the function's client"
+        self.fn = fn
+        self._named_model = check_name(model, "CallableProvider model", fix)
+        self.model = self._named_model or getattr(fn, "__name__", "callable")
+        if source is not None and (not isinstance(source, str) or not source.strip()):
+            raise ProviderSetupError("CallableProvider source must be a non-empty string naming "
+                                     "what answers (e.g. source='my-model-v2')")
+        self.source = check_name(source, "CallableProvider source", fix)
+        if timeout is not None:
+            if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                    or not math.isfinite(timeout) or timeout <= 0):
+                raise ProviderSetupError(f"CallableProvider timeout must be a finite number of "
+                                         f"seconds > 0 or None, got {timeout!r}")
+            self.timeout = float(timeout)
+            self.enforces_timeout = True
+        self._fingerprint: Any = None  # keeps identity-compared objects alive (no id reuse)
+        from .pricing import as_price  # the price table imports errors only; kept local
+
+        self.price = None if price is None else as_price(price)
+        self.max_tokens = max_tokens
+
+    def price_for_budget(self) -> Any:
+        """USD per million tokens for cost budgets (``price=``), or None: unpriced."""
+        return self.price
+
+    def source_key(self) -> str:
+        """The named source, else the function by content (code, constants, what it reads):
+        the same function in another process gives the same key, a changed one another."""
+        if self.source is not None:
+            return f"callable:{self.source}"
+        from .._fingerprint import fingerprint_callable
+
+        self._fingerprint = fingerprint_callable(self.fn)
+        head = f"callable:{self._named_model}" if self._named_model else "callable"
+        return f"{head}#{self._fingerprint.digest[:24]}"
+
+    async def complete(self, call: Call) -> Reply:
+        timeout = getattr(self, "timeout", None)
+        if timeout is None:
+            out = await self._invoke(call)
+        else:
+            try:
+                async with asyncio.timeout(timeout):
+                    out = await self._invoke(call)
+            except TimeoutError:
+                raise ProviderError(f"callable provider: no answer within the {timeout:g}s "
+                                    "timeout", retryable=True) from None
+        if isinstance(out, Reply):
+            return out
+        if not isinstance(out, str):
+            raise ProviderError(
+                f"callable provider returned {type(out).__name__}, expected str or Reply",
+                retryable=False,
+            )
+        return Reply(
+            text=out,
+            input_tokens=estimate_tokens(call.prompt),
+            output_tokens=estimate_tokens(out),
+            model=self.model,
+        )
+
+    async def _invoke(self, call: Call) -> Any:
+        out = await in_thread(self.fn, call) if _is_blocking(self.fn) else self.fn(call)
+        if inspect.isawaitable(out):  # async functions and objects with an async __call__
+            out = await out
+        return out
+
+
+async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in a daemon thread of its own; cancellation returns at once.
+
+    Not ``asyncio.to_thread``: the loop's default executor is joined when the loop closes
+    (``asyncio.run`` waits for it), so a call hung past its timeout would hold the whole run.
+    The abandoned thread finishes on its own; its result is dropped.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if future.done():  # cancelled by a timeout or an interrupt: nobody is waiting
+            return
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
+
+    def work() -> None:
+        try:
+            outcome = (True, fn(*args))
+        except Exception as exc:  # handed to the awaiting coroutine
+            outcome = (False, exc)
+        except BaseException as exc:  # noqa: BLE001 - SystemExit in a worker: report, not hang
+            outcome = (False, ProviderError(f"blocking provider raised {type(exc).__name__}",
+                                            retryable=False))
+        try:
+            loop.call_soon_threadsafe(settle, *outcome)
+        except RuntimeError:  # the loop is closed: the run ended long ago
+            pass
+
+    name = getattr(fn, "__name__", type(fn).__name__)
+    threading.Thread(target=work, name=f"batchjson-blocking-{name}", daemon=True).start()
+    return await future
+
+
+def _is_blocking(fn: Any) -> bool:
+    """Callables opt in to a worker thread with ``fn.blocking = True``."""
+    return bool(getattr(fn, "blocking", False))
+
+
+# Settings that decide answers, read when a provider defines no ``source_key()``.
+_ANSWER_SETTINGS = ("name", "model", "base_url", "temperature", "top_p", "max_tokens", "seed",
+                    "response_format", "mode", "extra_body", "answer", "faults", "fn", "source")
+
+
+def answer_source(provider: Any) -> str:
+    """Where answers come from, as a stable key: part of every request key, so switching
+    provider, model, endpoint or a sent setting never reuses another source's answers.
+
+    The provider's class plus ``provider.source_key()`` when it defines one (each built-in
+    provider does: base URL, model and every sent setting; an offline model's answer code, seed
+    and fault plan). Otherwise the settings above that it has: values by content, functions
+    and callable objects by their code (see :func:`_code_part`). Never API keys: nothing here
+    reads them.
+    """
+    from .._canon import canonical_json
+    from .._tasks import sha
+
+    cls = type(provider)
+    own = getattr(provider, "source_key", None)
+    if callable(own):
+        detail: Any = own()
+    else:
+        detail = {name: getattr(provider, name) for name in _ANSWER_SETTINGS
+                  if hasattr(provider, name)}
+    if not isinstance(detail, str):
+        items = detail.items() if isinstance(detail, Mapping) else [("", detail)]
+        detail = canonical_json({str(k): _source_part(v) for k, v in items})
+    return f"{cls.__module__}.{cls.__qualname__}:{sha(detail)}"
+
+
+def _source_part(value: Any) -> Any:
+    """A setting's part of an answer source: plain values as they are; functions and objects
+    by :func:`~batchjson._fingerprint.fingerprint_callable` (code and immutable values, never
+    the counters or logs a stub keeps)."""
+    if isinstance(value, (str, int, float, bool, type(None))):
+        return value
+    from .._fingerprint import fingerprint_callable
+
+    return fingerprint_callable(value).digest

@@ -1,0 +1,87 @@
+"""Turn a provider spec (name, object or None) into a provider; never pick one silently."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+from typing import Any
+
+from .._errors import ProviderNotConfigured, ProviderSetupError
+from .masking import check_name, masked
+
+PROVIDER_NAMES = ("openai", "anthropic", "simulated")
+# A plausible model id may be repeated in a hint; anything else is shown by 4 characters.
+_MODEL_NAME = re.compile(r"^(gpt|o1|o3|o4|claude|llama)[A-Za-z0-9.:_\-]{0,60}$")
+
+
+def provider_label(spec: Any) -> str:
+    """A name for a provider spec; never its configuration (API keys stay inside it), and an
+    unrecognised string only by its first four characters (it may be a pasted key)."""
+    if isinstance(spec, str):
+        return spec if spec.strip().lower() in PROVIDER_NAMES else masked(spec)
+    return getattr(spec, "name", type(spec).__name__)
+
+
+def make_provider(spec: Any, *, model: str | None = None) -> Any:
+    """Resolve ``spec``: "openai" | "anthropic" | "simulated" | an object with async complete.
+
+    ``None`` falls back to the BATCHJSON_PROVIDER environment variable and, failing that, raises
+    ProviderNotConfigured: the offline model is never chosen for the user.
+    """
+    source = "provider"
+    if spec is None:
+        spec = os.environ.get("BATCHJSON_PROVIDER", "").strip() or None
+        if spec is None:
+            raise ProviderNotConfigured()
+        source = "BATCHJSON_PROVIDER"
+    if isinstance(spec, str):
+        return _named(spec, source, model)
+    complete = getattr(spec, "complete", None)
+    if callable(complete):
+        if not _is_async(complete):
+            raise ProviderSetupError(
+                f"{type(spec).__name__}.complete is not async: the replay loop awaits it. "
+                "Define it as 'async def complete(self, call)', or wrap a blocking function as "
+                "CallableProvider(fn) with fn.blocking = True (it then runs in a thread).")
+        return spec
+    if callable(spec):
+        raise ProviderSetupError(f"a {type(spec).__name__} is a callable, not a provider: wrap "
+                                 "it as batchjson._providers.CallableProvider(fn) or give it an "
+                                 "async complete(call) -> Reply method")
+    raise ProviderSetupError(f"provider must be 'openai', 'anthropic', 'simulated' or an object "
+                             f"with an async complete(call) -> Reply method; got "
+                             f"{type(spec).__name__}. Add complete() to it or wrap a function "
+                             "with CallableProvider(fn)")
+
+
+def _named(spec: str, source: str, model: str | None) -> Any:
+    check_name(model, "model", "pass the key as api_key=... (or set OPENAI_API_KEY / "
+               "ANTHROPIC_API_KEY) and give the model's name as model=")
+    name = spec.strip().lower()
+    if name == "openai":
+        from .openai import OpenAIProvider
+
+        return OpenAIProvider(model)
+    if name == "anthropic":
+        from .anthropic import AnthropicProvider
+
+        return AnthropicProvider(model)
+    if name == "simulated":
+        from .simulated import SimulatedModel
+
+        return SimulatedModel(model=model) if model else SimulatedModel()
+    hint = ""
+    if _MODEL_NAME.match(name):
+        family = "anthropic" if name.startswith("claude") else "openai"
+        hint = f" That looks like a model name: pass provider={family!r}, model={spec.strip()!r}."
+    raise ProviderNotConfigured(f"Unknown provider {masked(spec)} from {source} (known: "
+                                f"{', '.join(PROVIDER_NAMES)}).{hint}")
+
+
+def _is_async(complete: Any) -> bool:
+    """A coroutine function, or an object whose ``__call__`` is one."""
+    if inspect.iscoroutinefunction(complete):
+        return True
+    call = getattr(type(complete), "__call__", None)  # noqa: B004 - the method, not callable()
+    return call is not None and inspect.iscoroutinefunction(call)

@@ -1,0 +1,236 @@
+"""A deterministic offline model with injectable faults, so the safety machinery can be shown."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._errors import ProviderError, ProviderSetupError
+from .._tasks import sha
+from .base import Call, Reply, estimate_tokens
+from .masking import check_name
+
+TRANSPORT_FAULTS = ("provider_error", "timeout")
+OUTPUT_FAULTS = ("malformed_json", "identity_swap", "missing_item", "duplicate_item",
+                 "extra_item", "wrong_type", "non_finite")
+FAULTS = TRANSPORT_FAULTS + OUTPUT_FAULTS
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    """Per-call fault probabilities, plus scripted faults by attempt number.
+
+    Draws are seeded by (seed, request key, attempt), so the same run is reproduced exactly and a
+    later attempt of a failing request draws afresh: replays can succeed. ``script`` maps an
+    attempt number (0 = first call of a request) to fault names applied on that attempt;
+    ``clean_after`` makes every attempt from that number on fault-free, so a plan can guarantee
+    convergence.
+    """
+
+    malformed_json: float = 0.0
+    identity_swap: float = 0.0
+    missing_item: float = 0.0
+    duplicate_item: float = 0.0
+    extra_item: float = 0.0
+    wrong_type: float = 0.0
+    non_finite: float = 0.0
+    provider_error: float = 0.0
+    timeout: float = 0.0
+    script: Mapping[int, str | Sequence[str]] = field(default_factory=dict)
+    clean_after: int | None = None
+    # Per *item*, not per call: each item's answer has the wrong type with this probability,
+    # so a bigger pack is rejected more often (the fault pack-size advice is about).
+    item_wrong_type: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in (*FAULTS, "item_wrong_type"):
+            rate = getattr(self, name)
+            if not 0.0 <= rate <= 1.0:
+                raise ProviderSetupError(f"FaultPlan.{name} must be a probability in [0, 1], "
+                                         f"got {rate}")
+        for attempt, names in self.script.items():
+            for name in [names] if isinstance(names, str) else names:
+                if name not in FAULTS:
+                    raise ProviderSetupError(f"FaultPlan.script[{attempt}] names unknown fault "
+                                       f"{name!r}; choose from {', '.join(FAULTS)}")
+
+    @classmethod
+    def uniform(cls, rate: float, **overrides: Any) -> FaultPlan:
+        """Every output fault at the same rate."""
+        return cls(**{name: rate for name in OUTPUT_FAULTS}, **overrides)
+
+    def content(self) -> dict[str, Any]:
+        """Every rate and scripted fault, as plain data (for the answer source)."""
+        out: dict[str, Any] = {name: float(getattr(self, name)) for name in FAULTS}
+        out["script"] = {str(attempt): [names] if isinstance(names, str) else list(names)
+                         for attempt, names in sorted(self.script.items())}
+        out["clean_after"] = self.clean_after
+        return out
+
+    def draw(self, seed: int, call: Call) -> list[str]:
+        if self.clean_after is not None and call.attempt >= self.clean_after:
+            return []
+        scripted = self.script.get(call.attempt, ())
+        chosen = [scripted] if isinstance(scripted, str) else list(scripted)
+        rng = random.Random(int(sha(f"{seed}:{call.request_key}:{call.attempt}")[:16], 16))
+        for name in FAULTS:
+            if rng.random() < getattr(self, name) and name not in chosen:
+                chosen.append(name)
+        return chosen
+
+
+def _default_answer(task: Mapping[str, Any]) -> Any:
+    return {}
+
+
+class SimulatedModel:
+    """``answer(task)`` gives the correct answer fields; faults corrupt the wire text."""
+
+    name = "simulated"
+
+    def __init__(
+        self,
+        answer: Callable[[Mapping[str, Any]], Any] | None = None,
+        faults: FaultPlan | None = None,
+        seed: int = 0,
+        latency: float = 0.0,
+        *,
+        model: str = "simulated-1",
+        price_per_million: tuple[float, float] | None = None,
+    ) -> None:
+        self.answer = answer or _default_answer
+        self.faults = faults or FaultPlan()
+        self.seed = seed
+        self.latency = latency
+        self.model = check_name(model, "SimulatedModel model",
+                                "name the simulated model in plain words")
+        self.price_per_million = price_per_million
+        self.calls = 0
+        self._fingerprint: Any = None  # keeps identity-compared objects alive (no id reuse)
+
+    def source_key(self) -> str:
+        """What decides this model's answers: its answer function by content, its seed and its
+        fault plan (never its call counter, latency or prices)."""
+        from .._canon import content_hash
+        from .._fingerprint import fingerprint_callable
+
+        self._fingerprint = fingerprint_callable(self.answer)
+        plan = content_hash(self.faults.content())[:16]
+        return (f"simulated:{self.model}#answer={self._fingerprint.digest[:24]},"
+                f"seed={self.seed!r},faults={plan}")
+
+    def price_for_budget(self) -> Any:
+        """The simulated price as a Price, for cost budgets; None when it has none."""
+        if self.price_per_million is None:
+            return None
+        from .pricing import Price
+
+        return Price(*self.price_per_million)
+
+    async def complete(self, call: Call) -> Reply:
+        self.calls += 1
+        faults = self.faults.draw(self.seed, call)
+        if self.latency:
+            await asyncio.sleep(self.latency)
+        if "timeout" in faults:
+            raise ProviderError("simulated timeout: the model did not answer in time",
+                                retryable=True)
+        if "provider_error" in faults:
+            raise ProviderError("simulated provider error (HTTP 503)", status=503, retryable=True)
+        text = self.render(call, faults)
+        return self.reply(call, text)
+
+    def reply(self, call: Call, text: str) -> Reply:
+        inp = estimate_tokens(call.system + call.prompt)
+        out = estimate_tokens(text)
+        cost = 0.0
+        if self.price_per_million is not None:
+            cost = (inp * self.price_per_million[0] + out * self.price_per_million[1]) / 1e6
+        return Reply(text=text, input_tokens=inp, output_tokens=out, cost=cost, model=self.model)
+
+    def _item_faults(self, items: list[dict], call: Call) -> None:
+        for item in items:
+            if _item_fault_draw(self.faults, self.seed, call, str(item.get("task_id"))):
+                answer_fields = [k for k in item if k not in call.identity]
+                if answer_fields:
+                    item[answer_fields[0]] = _wrong_type(item[answer_fields[0]])
+
+    def render(self, call: Call, faults: Sequence[str]) -> str:
+        """The text a model with these faults would have returned for this call."""
+        if call.mode == "value":
+            value = self.answer(call.tasks[0])
+            if "wrong_type" in faults:
+                value = _wrong_type(value)
+            payload: Any = value
+        else:
+            items = [{**{k: t[k] for k in call.identity}, **self.answer(t)} for t in call.tasks]
+            self._item_faults(items, call)
+            items = _corrupt_items(items, call, faults, self.seed)
+            payload = {"items": items}
+        text = json.dumps(payload, ensure_ascii=False)
+        if "non_finite" in faults:
+            text = _inject_nan(text)
+        if "malformed_json" in faults:
+            text = text[: max(1, len(text) // 2)]
+        return text
+
+
+def _item_fault_draw(plan: FaultPlan, seed: int, call: Call, task_id: str) -> bool:
+    if not plan.item_wrong_type or (plan.clean_after is not None
+                                    and call.attempt >= plan.clean_after):
+        return False
+    rng = random.Random(int(sha(f"item:{seed}:{call.request_key}:{call.attempt}:{task_id}")[:16],
+                            16))
+    return rng.random() < plan.item_wrong_type
+
+
+def _corrupt_items(items: list[dict], call: Call, faults: Sequence[str], seed: int) -> list[dict]:
+    rng = random.Random(int(sha(f"items:{seed}:{call.request_key}:{call.attempt}")[:16], 16))
+    victim = rng.randrange(len(items))
+    if "identity_swap" in faults:
+        _swap_identity(items, victim, call.identity)
+    if "wrong_type" in faults:
+        answer_fields = [k for k in items[victim] if k not in call.identity]
+        if answer_fields:
+            key = answer_fields[0]
+            items[victim][key] = _wrong_type(items[victim][key])
+    if "duplicate_item" in faults:
+        items.append(dict(items[victim]))
+    if "extra_item" in faults:
+        items.append({**items[victim], "task_id": f"{items[victim]['task_id']}-extra"})
+    if "missing_item" in faults:
+        del items[victim]
+    return items
+
+
+def _swap_identity(items: list[dict], victim: int, identity: Sequence[str]) -> None:
+    """Copy a neighbour's value into one identity field, preferring a non-task_id field."""
+    fields = [f for f in identity if f != "task_id"] + ["task_id"]
+    for offset in range(1, len(items)):
+        neighbour = items[(victim + offset) % len(items)]
+        for name in fields:
+            if neighbour[name] != items[victim][name]:
+                items[victim][name] = neighbour[name]
+                return
+    items[victim]["task_id"] = f"{items[victim]['task_id']}-swapped"
+
+
+def _wrong_type(value: Any) -> Any:
+    if isinstance(value, dict) and value:
+        key = next(iter(value))
+        return {**value, key: _wrong_type(value[key])}
+    if isinstance(value, str):
+        return 12345
+    return "not-the-right-type"
+
+
+def _inject_nan(text: str) -> str:
+    if text.endswith("}]}"):
+        return text[:-3] + ', "score": NaN}]}'
+    if text.endswith("}"):
+        return text[:-1] + (', "score": NaN}' if text != "{}" else '"score": NaN}')
+    return "NaN"

@@ -1,0 +1,368 @@
+"""Import of historical receipts, and batchjson's own export: a claimed status is never trusted.
+
+An old system's receipt may say ``status: ok`` for a return whose items name the wrong case.
+Every imported return is therefore judged again by the same acceptance code a live call goes
+through (coverage, identity, schema, and the validator when one is registered under the recorded
+name). A return with an identity error is kept as diagnostic material and none of its items is
+admitted, whatever it claims. Every imported line is an attempt in the account, and a line is
+imported once: its digest is recorded in the ``imports`` table.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._acceptance import Verdict, accept_items, accept_value
+from ._canon import canonical_json
+from ._errors import InvalidBatch
+from ._ledger import Ledger, now
+from ._schema import ItemSchema, compile_schema
+from ._tasks import Identity, Request, normalize_identity, normalize_tasks, pack_requests, sha
+
+EXPORT_FORMAT = "batchjson/receipt-1"
+SUCCESS_WORDS = frozenset({"ok", "success", "succeeded", "accepted", "done", "complete",
+                           "completed", "pass", "passed"})
+REQUIRED = {"batch": str, "tasks": list, "raw": str, "status": str, "identity": list}
+OPTIONAL_NUMBERS = ("input_tokens", "output_tokens", "cached_tokens", "cost")
+
+
+@dataclass
+class Line:
+    """One receipt of the file, checked for shape before anything is written."""
+
+    number: int
+    record: dict[str, Any]
+    digest: str
+    tasks: list[dict]
+    identity: tuple[str, ...]
+    schema: ItemSchema
+    components: dict[str, str]
+    request: Request
+    own: bool  # batchjson's own export format
+
+
+@dataclass
+class Outcome:
+    line: int
+    batch: str
+    claimed_status: str
+    outcome: str  # admitted | diagnostic | rejected | unverified | recorded | skipped
+    items: int
+    admitted_items: int = 0
+    reason: str = ""
+    errors: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"line": self.line, "batch": self.batch, "claimed_status": self.claimed_status,
+                "outcome": self.outcome, "items": self.items,
+                "admitted_items": self.admitted_items, "reason": self.reason,
+                "errors": self.errors}
+
+
+def _refuse(path: Path, number: int, problem: str) -> InvalidBatch:
+    return InvalidBatch(f"{path}, line {number}: {problem}; nothing was imported (fix the line "
+                        "and import the file again)")
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"non-finite number {name} is not valid JSON")
+
+
+def read_lines(path: Path, validators: Mapping[str, Any]) -> list[Line]:
+    """Parse and check every line first, so a bad file is refused before anything is written."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InvalidBatch(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise InvalidBatch(f"{path} is not UTF-8 text; receipts are JSON Lines") from None
+    out = []
+    for number, raw_line in enumerate(text.splitlines(), 1):
+        if not raw_line.strip():
+            continue
+        try:
+            record = json.loads(raw_line, parse_constant=_no_constants)
+        except ValueError as exc:
+            raise _refuse(path, number, f"not JSON ({exc})") from None
+        if not isinstance(record, dict):
+            raise _refuse(path, number, "a receipt must be a JSON object")
+        out.append(_check(path, number, record, validators))
+    if not out:
+        raise InvalidBatch(f"{path} holds no receipts (expected JSON Lines, one receipt per "
+                           "line)")
+    return out
+
+
+def _check(path: Path, number: int, record: dict[str, Any],
+           validators: Mapping[str, Any]) -> Line:
+    own = record.get("format") == EXPORT_FORMAT
+    for name, kind in REQUIRED.items():
+        value = record.get(name)
+        if own and name == "raw" and value is None:
+            continue  # an exported provider error or abandoned call has no return
+        if not isinstance(value, kind) or (kind is str and name != "raw" and not value):
+            what = "a list" if kind is list else "a non-empty string"
+            raise _refuse(path, number, f"field {name!r} must be {what}, got {value!r:.60}")
+    for name in OPTIONAL_NUMBERS:
+        value = record.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or value < 0):
+            raise _refuse(path, number, f"field {name!r} must be a number >= 0 or absent")
+    mode = record.get("mode", "items")
+    if mode not in ("items", "value"):
+        raise _refuse(path, number, f"mode must be 'items' or 'value', got {mode!r}")
+    try:
+        identity = normalize_identity(record["identity"])
+        if record.get("identity_echo") is True:  # exported from a default-identity run
+            identity = Identity(identity, echo=True)
+        tasks, texts = normalize_tasks(record["tasks"], identity)
+        schema = compile_schema(record.get("schema") or {})
+    except InvalidBatch as exc:
+        raise _refuse(path, number, str(exc)) from None
+    validator_name = record.get("validator")
+    if validator_name is not None and not isinstance(validator_name, str):
+        raise _refuse(path, number, "field 'validator' must be a validator's name (a string)")
+    version = validators.get(validator_name) if validator_name else None
+    if own and isinstance(record.get("components"), dict):
+        components = {str(k): str(v) for k, v in record["components"].items()}
+    else:
+        components = {
+            "tasks": sha(json.dumps(tasks, sort_keys=True, separators=(",", ":"))),
+            "schema": schema.fingerprint,
+            "validator": version.fingerprint.digest if version is not None else "none",
+            "pack": str(len(tasks)),
+            "instructions": sha(""),
+            "identity": ",".join(identity),
+            "mode": mode,
+        }
+    content = {k: components.get(k, "") for k in
+               ("schema", "validator", "instructions", "identity", "mode")}
+    request = pack_requests(tasks, len(tasks), content, texts)[0]
+    if own and isinstance(record.get("request_key"), str):
+        request = Request(record["request_key"], request.tasks, 0, tasks_json=request.tasks_json)
+    return Line(number, record, sha(canonical_json(record)), tasks, identity, schema,
+                components, request, own)
+
+
+def _registry_view(validators: Any) -> dict[str, Any]:
+    """name -> current ValidatorVersion, from a session's registry (or nothing)."""
+    if validators is None:
+        return {}
+    if isinstance(validators, Mapping):
+        return dict(validators)
+    return {v.name: v for v in validators}
+
+
+def _judge(line: Line, validator: Callable[..., Any] | None) -> Verdict:
+    raw = line.record["raw"]
+    if line.record.get("mode", "items") == "value":
+        return accept_value(raw, line.tasks[0], line.schema, validator)
+    return accept_items(raw, line.tasks, line.identity, line.schema, validator)
+
+
+def _identity_errors(errors: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: e.get(k) for k in ("task_id", "field", "expected", "got", "message")}
+            for e in errors if e.get("type") == "identity"]
+
+
+def import_receipts(ledger: Ledger, path: str | Path, *,
+                    validators: Any = None) -> dict[str, Any]:
+    """Import a JSONL file of receipts into ``ledger``; returns the report (see docs/recovery.md).
+
+    ``validators`` is a session's registry (or a name -> ValidatorVersion mapping): a receipt
+    naming a validator registered there is rechecked by it.
+    """
+    path = Path(path)
+    registry = _registry_view(validators)
+    lines = read_lines(path, registry)
+    outcomes: list[Outcome] = []
+    source = str(path)
+    with ledger.transaction() as db:
+        seen: dict[str, int] = {}
+        for line in lines:
+            rec = line.record
+            base = Outcome(line.number, rec["batch"], str(rec.get("status")), "skipped",
+                           len(line.tasks))
+            done = db.execute("SELECT line, source FROM imports WHERE digest = ?",
+                              (line.digest,)).fetchone()
+            uid = rec.get("uid") if line.own and isinstance(rec.get("uid"), str) else None
+            if done is not None or line.digest in seen:
+                where = (f"line {seen[line.digest]} of this file" if line.digest in seen
+                         else f"line {done['line']} of {done['source']}")
+                base.reason = f"already imported ({where})"
+                outcomes.append(base)
+                continue
+            if uid and db.execute("SELECT 1 FROM attempts WHERE uid = ?", (uid,)).fetchone():
+                base.reason = "this attempt is already in the ledger (same uid)"
+                outcomes.append(base)
+                continue
+            seen[line.digest] = line.number
+            outcome = _import_line(db, ledger, line, registry, uid, source)
+            outcomes.append(outcome)
+    return _report(source, outcomes)
+
+
+def _import_line(db: Any, ledger: Ledger, line: Line, registry: Mapping[str, Any],
+                 uid: str | None, source: str) -> Outcome:
+    rec = line.record
+    claimed = str(rec.get("status"))
+    out = Outcome(line.number, rec["batch"], claimed, "rejected", len(line.tasks))
+    batch_id, revision_id = _revision_for(db, line)
+    usage = {k: rec.get(k) for k in OPTIONAL_NUMBERS} | {"model": rec.get("model")}
+    name = rec.get("validator")
+    version = registry.get(name) if name else None
+    success = claimed.lower() in SUCCESS_WORDS
+    stored: dict[str, Any] = {}
+    if line.own and rec.get("raw") is None:
+        status, errors = _exported_status(rec), list(rec.get("errors") or [])
+        out.outcome, out.reason, out.errors = "recorded", f"exported {status} attempt", errors
+    else:
+        verdict = _judge(line, version.fn if version is not None else None)
+        identity = _identity_errors(verdict.errors)
+        if identity:
+            status, errors = "rejected", verdict.errors
+            out.outcome, out.errors = "diagnostic", identity
+            fields = sorted({e["field"] for e in identity if e.get("field")})
+            out.reason = (f"identity error in {len(identity)} item(s) ({', '.join(fields)}); "
+                          f"receipt claimed {claimed!r}; none of its {len(line.tasks)} items "
+                          "admitted")
+        elif not verdict.accepted:
+            status, errors = "rejected", verdict.errors
+            out.errors = [{k: e.get(k) for k in ("type", "task_id", "message")}
+                          for e in verdict.errors]
+            out.reason = f"recheck rejected it ({verdict.errors[0]['type']}); claimed {claimed!r}"
+        elif not success and (not rec.get("schema") or (name and version is None)):
+            status = "rejected"
+            missing = (f"its validator {name!r} is not registered here" if rec.get("schema")
+                       else "it carries no schema")
+            errors = [{"type": "unverified", "task_id": None, "message":
+                       f"receipt claimed {claimed!r} and {missing}, so the recheck cannot "
+                       "overrule the claim"}]
+            out.outcome, out.reason, out.errors = "unverified", errors[0]["message"], errors
+        else:
+            status, errors = "accepted", []
+            out.outcome, out.admitted_items = "admitted", len(line.tasks)
+            notes = []
+            if not success:
+                notes.append(f"receipt claimed {claimed!r} but every check passed")
+            if name and version is None:
+                notes.append(f"validator {name!r} is not registered here: not rerun")
+            out.reason = "; ".join(notes) or "every check passed"
+            stored = verdict.stored
+    attempt_id = db.execute(
+        "INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, status, "
+        "errors, raw, input_tokens, output_tokens, cached_tokens, cost, provider, model, "
+        "started_at, finished_at, uid, sent_at, source) VALUES "
+        "(?,?,?,?, 'import', 'in_flight', NULL, NULL, NULL, NULL, NULL, NULL, ?, ?, ?, NULL, "
+        "?, ?, ?)",
+        (batch_id, revision_id, line.request.key, line.request.task_ids_json,
+         rec.get("provider") or "import", rec.get("model"), str(rec.get("at") or now()),
+         uid or f"import-{line.digest[:32]}", rec.get("at"),
+         # batchjson's own export names its answer source; another file's is unknown
+         rec.get("source") if line.own and isinstance(rec.get("source"), str) else None,
+         )).lastrowid
+    if status == "accepted":
+        ledger.op_accept(db, attempt_id, batch_id, line.request.key, stored, rec["raw"], usage)
+    else:
+        ledger.op_finish(db, attempt_id, status, errors, rec.get("raw"), usage)
+    db.execute("INSERT INTO imports(digest, attempt_id, source, line, outcome, imported_at) "
+               "VALUES (?,?,?,?,?,?)", (line.digest, attempt_id, source, line.number,
+                                        out.outcome, now()))
+    return out
+
+
+def _exported_status(rec: Mapping[str, Any]) -> str:
+    status = rec.get("status")
+    return status if status in ("provider_error", "abandoned", "cancelled") else "abandoned"
+
+
+def _revision_for(db: Any, line: Line) -> tuple[int, int]:
+    """The batch and revision an imported attempt belongs to. A revision already holding this
+    request is reused; otherwise one is made, current only for a batch new to this ledger, so
+    an import never changes what a live batch is working on."""
+    name, stamp = line.record["batch"], now()
+    row = db.execute("SELECT id, current_revision FROM batches WHERE name = ?",
+                     (name,)).fetchone()
+    if row is None:
+        batch_id = db.execute("INSERT INTO batches(name, created_at) VALUES (?, ?)",
+                              (name, stamp)).lastrowid
+        current = None
+    else:
+        batch_id, current = row["id"], row["current_revision"]
+    fingerprint = sha(json.dumps(line.components, sort_keys=True))
+    found = db.execute(
+        "SELECT r.id FROM revisions r LEFT JOIN requests q ON q.revision_id = r.id AND "
+        "q.key = ? WHERE r.batch_id = ? AND (r.fingerprint = ? OR q.id IS NOT NULL) "
+        "ORDER BY r.fingerprint = ? DESC, r.id LIMIT 1",
+        (line.request.key, batch_id, fingerprint, fingerprint)).fetchone()
+    if found is not None:
+        revision_id = found["id"]
+    else:
+        number = db.execute("SELECT COALESCE(MAX(number), 0) + 1 FROM revisions WHERE "
+                            "batch_id = ?", (batch_id,)).fetchone()[0]
+        # Beside a live batch the imported revision is on record but not owed: the batch's
+        # current revision is what it works on (running the same content reopens it).
+        status = "open" if current is None else "superseded"
+        revision_id = db.execute(
+            "INSERT INTO revisions(batch_id, number, fingerprint, components, validator_name, "
+            "validator_fingerprint, status, superseded_by, supersede_reason, created_at) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?)",
+            (batch_id, number, fingerprint, json.dumps(line.components),
+             line.record.get("validator"), line.components.get("validator"), status, current,
+             None if current is None else "imported beside the batch's current revision",
+             stamp)).lastrowid
+        if current is None:
+            db.execute("UPDATE batches SET current_revision = ? WHERE id = ?",
+                       (revision_id, batch_id))
+    db.execute("INSERT OR IGNORE INTO requests(revision_id, key, position, parent_key, "
+               "task_ids, tasks) VALUES (?,?, (SELECT COUNT(*) FROM requests WHERE "
+               "revision_id = ?), NULL, ?, ?)",
+               (revision_id, line.request.key, revision_id, line.request.task_ids_json,
+                line.request.tasks_json))
+    return batch_id, revision_id
+
+
+def _report(source: str, outcomes: list[Outcome]) -> dict[str, Any]:
+    count = {k: sum(o.outcome == k for o in outcomes) for k in
+             ("admitted", "diagnostic", "rejected", "unverified", "recorded", "skipped")}
+    return {"source": source, "lines": len(outcomes), **count,
+            "items_admitted": sum(o.admitted_items for o in outcomes),
+            "receipts": [o.as_dict() for o in outcomes]}
+
+
+# -- export ---------------------------------------------------------------------------------------
+_EXPORT_SQL = (
+    "SELECT a.*, b.name AS batch, r.number AS revision, r.components, r.validator_name, "
+    "q.tasks FROM attempts a JOIN batches b ON b.id = a.batch_id "
+    "JOIN revisions r ON r.id = a.revision_id LEFT JOIN requests q "
+    "ON q.revision_id = a.revision_id AND q.key = a.request_key")
+
+
+def export_receipts(ledger: Ledger, name: str | None = None) -> list[dict[str, Any]]:
+    """Every attempt as an importable receipt (batchjson's own format), in call order."""
+    where, args = (" WHERE b.name = ?", (name,)) if name else ("", ())
+    out = []
+    numbers: dict[str, int] = {}
+    for row in ledger._rows(_EXPORT_SQL + where + " ORDER BY a.id", args):
+        components = json.loads(row["components"])
+        numbers[row["batch"]] = numbers.get(row["batch"], 0) + 1
+        out.append({
+            "format": EXPORT_FORMAT, "batch": row["batch"], "receipt": numbers[row["batch"]],
+            "revision": row["revision"], "uid": row["uid"], "kind": row["kind"],
+            "status": row["status"], "tasks": json.loads(row["tasks"]) if row["tasks"] else [],
+            "raw": row["raw"], "source": row["source"],
+            "identity": components.get("identity", "task_id").removesuffix("+echoed")
+            .split(","), "identity_echo": components.get("identity", "").endswith("+echoed"),
+            "mode": components.get("mode", "items"), "validator": row["validator_name"],
+            "errors": json.loads(row["errors"]) if row["errors"] else [],
+            "input_tokens": row["input_tokens"], "output_tokens": row["output_tokens"],
+            "cached_tokens": row["cached_tokens"], "cost": row["cost"],
+            "provider": row["provider"], "model": row["model"], "at": row["started_at"],
+            "finished_at": row["finished_at"], "request_key": row["request_key"],
+            "components": components,
+        })
+    return out

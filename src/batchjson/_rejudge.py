@@ -1,0 +1,89 @@
+"""Re-judge before re-asking: when only how returns are judged changed, reuse what was returned.
+
+A request key covers both what the model saw (prompt, system text, wire schema, answer source:
+the *seen key*) and how its return is judged (schema fingerprint, validator, identity rules). A
+new revision that changed only the second part first re-judges, locally and for free, the raw
+returns of earlier exact attempts that saw the same thing; those that pass are committed as
+receipts of kind ``recheck`` with cost 0, and only the rest are sent.
+
+The same path keeps ledgers written before the answer source joined the key resuming: their
+accepted returns are found under the old key, from the same provider name and model.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from . import _acceptance as acceptance
+from ._ledger import Ledger
+from ._providers.base import Reply
+from ._schema import ItemSchema
+from ._tasks import Request
+
+MAX_CANDIDATES = 8  # earlier returns tried per request: bounded local work
+
+
+def rejudge(ledger: Ledger, pending: Sequence[Request], *, run: Callable[..., Any],
+            seen_of: Mapping[str, str],
+            legacy_of: Mapping[str, str], provider: str | None, model: str | None, mode: str,
+            identity: Sequence[str], schema: ItemSchema,
+            validator: Callable[..., Any] | None) -> list[tuple[Request, Any, dict[str, Any]]]:
+    """(request, earlier attempt row, stored items) for each pending request that an earlier
+    raw return now passes, judged against the ledger's own copy of the request's tasks."""
+    if not pending:
+        return []
+    candidates: dict[str, list[Any]] = {}
+    for row in ledger.earlier_returns([seen_of[r.key] for r in pending]):
+        candidates.setdefault(row["seen_key"], []).append(row)
+    legacy: dict[str, list[Any]] = {}
+    if legacy_of:
+        for row in ledger.legacy_returns([legacy_of[r.key] for r in pending], provider, model):
+            legacy.setdefault(row["seen_key"], []).append(row)
+    work = []
+    for request in pending:
+        rows = [row for row in candidates.get(seen_of[request.key], [])
+                if row["request_key"] != request.key]  # same key: judged by these very rules
+        rows += legacy.get(legacy_of.get(request.key, ""), [])
+        if rows:
+            work.append((request, rows[:MAX_CANDIDATES]))
+    if not work:
+        return []
+
+    async def judge_all() -> list[tuple[Request, Any, dict[str, Any]]]:
+        passed = []
+        for request, rows in work:
+            for row in rows:
+                verdict = await acceptance.judge(
+                    Reply(text=row["raw"]), request.tasks, mode=mode, identity=identity,
+                    schema=schema, validator=validator)
+                if verdict.accepted:
+                    passed.append((request, row, verdict.stored))
+                    break
+        return passed
+
+    return run(judge_all)  # on the session's loop: validators may be async
+
+
+def clear_legacy(ledger: Ledger, accepted: Sequence[Request], legacy_of: Mapping[str, str],
+                 source: str | None) -> int:
+    """Old-style requests (keyed before the answer source joined the key) that a return accepted
+    now answers: the same tasks under the same schema, validator and instructions, judged by
+    rules at least as strict. Each gets a cost-0 ``recheck`` of that return, so evidence a strict
+    session keeps counting is cleared instead of being stuck on a key nothing computes any
+    more. Returns how many were cleared."""
+    by_old = {legacy_of[r.key]: r for r in accepted if r.key in legacy_of}
+    if not by_old:
+        return 0
+    cleared = 0
+    for row in ledger.legacy_unresolved(list(by_old)):
+        found = ledger.accepted_return(by_old[row["key"]].key)
+        if found is None:
+            continue
+        origin, items = found
+        old = Request(row["key"], tuple(json.loads(row["tasks"])), 0)
+        ledger.commit_rechecks(row["batch_id"], row["revision_id"], [(old, origin, items)],
+                               source)
+        cleared += 1
+    return cleared

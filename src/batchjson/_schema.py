@@ -1,0 +1,116 @@
+"""Answer schemas (a pydantic model or a JSON Schema dict) and the per-call wire schema."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonschema
+from pydantic import BaseModel, ValidationError
+
+from ._canon import canonical_json
+from ._errors import InvalidBatch
+from ._fingerprint import model_fingerprint
+from ._tasks import sha
+
+
+@dataclass
+class ItemSchema:
+    """A compiled answer schema: validates items and stores/restores validated values."""
+
+    json_schema: dict
+    fingerprint: str
+    model: type[BaseModel] | None = None
+    _validator: Any = field(default=None, repr=False)
+
+    @property
+    def declared_fields(self) -> set[str] | None:
+        if self.model is not None:
+            return set(self.model.model_fields)
+        props = self.json_schema.get("properties")
+        return set(props) if isinstance(props, Mapping) else None
+
+    def validate(self, value: Any, path: str) -> tuple[Any, list[str]]:
+        """Return (validated value, error messages); messages name the path and the field."""
+        if self.model is not None:
+            try:
+                return self.model.model_validate(value), []
+            except ValidationError as exc:
+                return None, [
+                    f"{path}.{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
+                    for err in exc.errors()
+                ]
+        errors = sorted(self._validator.iter_errors(value), key=lambda e: list(e.absolute_path))
+        if not errors:
+            return value, []
+        return None, [
+            f"{path}{''.join(f'.{p}' for p in err.absolute_path)}: {err.message}"
+            for err in errors
+        ]
+
+    def dump(self, value: Any) -> Any:
+        """JSON form kept in the ledger."""
+        if isinstance(value, BaseModel):
+            return value.model_dump(mode="json")
+        return value
+
+    def load(self, stored: Any) -> Any:
+        """Value handed back to the caller: a model instance for a pydantic schema."""
+        if self.model is not None:
+            return self.model.model_validate(stored)
+        return stored
+
+
+def compile_schema(schema: Any) -> ItemSchema:
+    """Refuse an invalid schema before any call is made."""
+    if isinstance(schema, ItemSchema):
+        return schema
+    if isinstance(schema, type) and issubclass(schema, BaseModel):
+        try:
+            js = schema.model_json_schema()
+        except Exception as exc:  # pydantic raises several types for unschemable models
+            raise InvalidBatch(
+                f"pydantic model {schema.__qualname__} has no JSON schema: {exc}") from None
+        # the whole class, not only its JSON schema: an edited field_validator is a new schema
+        return ItemSchema(js, model_fingerprint(schema, js), model=schema)
+    if isinstance(schema, Mapping):
+        try:
+            js = json.loads(json.dumps(schema, allow_nan=False))
+        except (TypeError, ValueError) as exc:
+            raise InvalidBatch(f"schema is not JSON-serialisable: {exc}") from None
+        cls = jsonschema.validators.validator_for(js, default=jsonschema.Draft202012Validator)
+        try:
+            cls.check_schema(js)
+        except jsonschema.SchemaError as exc:
+            where = "/".join(str(p) for p in exc.absolute_path) or "<root>"
+            raise InvalidBatch(f"invalid JSON Schema at {where}: {exc.message}; fix the schema "
+                               "(see json-schema.org) before running") from None
+        fp = sha(json.dumps(js, sort_keys=True, separators=(",", ":")))
+        return ItemSchema(js, fp, _validator=cls(js))
+    raise InvalidBatch(f"schema must be a pydantic model class or a JSON Schema dict, got "
+                       f"{type(schema).__name__}")
+
+
+def wire_schema(item: ItemSchema, tasks: Sequence[Mapping[str, Any]],
+                identity: Sequence[str]) -> dict:
+    """The schema a provider may enforce: identity fields pinned, exact item count."""
+    base = dict(item.json_schema)  # shallow: nested parts are shared, never mutated
+    defs = base.pop("$defs", None)
+    props = dict(base.get("properties") or {})
+    for name in identity:
+        distinct = {canonical_json(t[name]): t[name] for t in tasks}
+        props[name] = {"enum": [distinct[text] for text in sorted(distinct)]}
+    required = list(dict.fromkeys([*identity, *(base.get("required") or [])]))
+    item_schema = {**base, "type": "object", "properties": props, "required": required}
+    wire: dict[str, Any] = {
+        "type": "object",
+        "properties": {"items": {"type": "array", "items": item_schema,
+                                 "minItems": len(tasks), "maxItems": len(tasks)}},
+        "required": ["items"],
+        "additionalProperties": False,
+    }
+    if defs:
+        wire["$defs"] = defs
+    return wire

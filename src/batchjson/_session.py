@@ -1,0 +1,425 @@
+"""A session: one ledger, one validator registry, one provider, and the budgets over them.
+
+Faces (the IPython magic, the RLM binding, the CLI) all call ``Session.run_batch``; data flows
+one way from here: replay loop -> provider -> acceptance -> ledger.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from . import _preflight as preflight
+from . import _structured as structured
+from ._aio import BackgroundLoop
+from ._budget import Budget, Spender, Tally, pricing_of
+from ._canon import canonical_json
+from ._errors import BatchUnresolved, ConfigError, InvalidBatch
+from ._evidence import Evidence
+from ._ledger import Ledger
+from ._plan import Outcome, Plan, Transport
+from ._providers.base import answer_source, close_provider
+from ._providers.select import make_provider, provider_label
+from ._registry import ValidatorRegistry
+from ._rejudge import clear_legacy, rejudge
+from ._replay import Replayer
+from ._replies import GuardedProvider
+from ._result import BatchResult
+from ._schema import compile_schema
+from ._spec import MODES, ON_EXHAUSTED, VALIDATOR_ARGS, RunSpec
+from ._tasks import Identity, key_maker, normalize_identity, normalize_tasks, pack_requests, sha
+
+
+def _whole(name: str, value: Any, minimum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise InvalidBatch(f"{name} must be a whole number >= {minimum}, got {value!r}")
+    return value
+
+
+class Session:
+    """Holds what must outlive a cell: the ledger, the validator registry and the budget."""
+
+    def __init__(
+        self,
+        provider: Any = None,
+        *,
+        ledger: str | Path | Ledger | None = None,
+        strict: bool = False,
+        budget: Budget | Mapping[str, Any] | int | None = None,
+        concurrency: int = 16,
+        repairs: int = 1,
+        replays: int = 1,
+        transport_retries: int = 3,
+        timeout: float = 120.0,
+        model: str | None = None,
+    ) -> None:
+        self.ledger = ledger if isinstance(ledger, Ledger) else Ledger(ledger)
+        self.strict = bool(strict)
+        self.budget = Budget.of(budget)
+        self.concurrency = _whole("concurrency", concurrency, 1)
+        self.repairs = _whole("repairs", repairs, 0)
+        self.replays = _whole("replays", replays, 0)
+        self.transport = Transport(retries=_whole("transport_retries", transport_retries, 0),
+                                   timeout=preflight.check_timeout(timeout))
+        self.model = model
+        self._provider_spec = provider
+        self._provider: Any = None
+        self.validators = ValidatorRegistry(
+            strict=self.strict, unresolved_under=self.ledger.unresolved_under_validator,
+            numbering=lambda v: self.ledger.number_validator(
+                v.name, v.fingerprint.digest, v.where, v.fingerprint.by_identity))
+        self.evidence = Evidence(self.ledger)
+        self.tally = Tally()  # charged as calls are reserved, by every run and thread
+        # Told things a person should hear before anything is spent (e.g. a supersession).
+        self.on_note: Callable[[str], None] | None = None
+        # One event loop for the session's life: runs are tasks on it, connections are reused.
+        self.id = uuid.uuid4().hex[:12]
+        self._loop = BackgroundLoop(f"batchjson-{self.id}")
+        self._used: list[Any] = []  # providers that ran on the loop, closed with it
+        self._finalizer = weakref.finalize(self, _shutdown, self._loop, self._used)
+
+    @property
+    def spent_calls(self) -> int:
+        return self.tally.calls
+
+    @property
+    def spent_cost(self) -> float:
+        return self.tally.cost
+
+    def __repr__(self) -> str:
+        return (f"Session(provider={self._provider_label()}, ledger={self.ledger!r}, "
+                f"strict={self.strict}, {self.evidence!r})")
+
+    def _provider_label(self) -> str:
+        spec = self._provider if self._provider is not None else self._provider_spec
+        return "None" if spec is None else provider_label(spec)
+
+    @property
+    def provider(self) -> Any:
+        """The configured provider, built on first use so a missing one fails before spending."""
+        if self._provider is None:
+            self._provider = make_provider(self._provider_spec, model=self.model)
+        return self._provider
+
+    @provider.setter
+    def provider(self, spec: Any) -> None:
+        self._provider_spec = spec
+        self._provider = None
+
+    def close(self) -> None:
+        """Close pooled provider connections, stop the session's event loop, close the ledger."""
+        self._finalizer()
+        self.ledger.close()
+
+    # -- the main entry point ------------------------------------------------------------------
+    def run_batch(
+        self,
+        name: str,
+        tasks: Iterable[Mapping[str, Any]],
+        schema: Any,
+        *,
+        validator: Callable[..., Any] | None = None,
+        identity: Sequence[str] | str | None = None,
+        pack: int = 1,
+        instructions: str | None = None,
+        repairs: int | None = None,
+        replays: int | None = None,
+        split: bool = False,
+        max_calls: int | None = None,
+        on_exhausted: str = "raise",
+        progress: bool = False,
+    ) -> BatchResult:
+        """Resolve every task of batch ``name`` or say exactly what is still owed.
+
+        Identical content resumes (accepted requests are not re-spent); changed content opens a
+        new revision, which first re-judges earlier returns when only the judging changed.
+        ``validator(item, task)`` (a dict, or a model instance for a pydantic schema; sync or
+        ``async def``) raises ValueError or returns False to reject an item. ``identity=None``
+        compares ``task_id`` and every other task field an item echoes; an explicit list
+        compares exactly those fields.
+        """
+        return self.run(RunSpec(
+            name=name, tasks=tasks, schema=schema, validator=validator,
+            identity=identity, pack=pack, instructions=instructions, repairs=repairs,
+            replays=replays, split=split, max_calls=max_calls, on_exhausted=on_exhausted,
+            progress=progress))
+
+    def llm_batch_json(self, prompts: Sequence[str], schema: Any,
+                       contexts: Sequence[str] | None = None, max_repair_attempts: int = 1,
+                       validator: Callable[[Any, int], Any] | None = None, *,
+                       name: str | None = None) -> dict[str, Any]:
+        """droste's ``llm_batch_json`` contract, with content-keyed evidence in the ledger."""
+        return structured.llm_batch_json(self, prompts, schema, contexts, max_repair_attempts,
+                                         validator, name=name)
+
+    def run(self, spec: RunSpec) -> BatchResult:
+        """Run one :class:`RunSpec`: every face (magic, RLM binding, CLI) ends here."""
+        if not isinstance(spec, RunSpec):
+            raise InvalidBatch(f"Session.run takes a RunSpec, got {type(spec).__name__}")
+        # Every check happens before anything is recorded or spent.
+        name, tasks, schema = spec.name, spec.tasks, spec.schema
+        if not isinstance(name, str) or not name.strip():
+            raise InvalidBatch("batch name must be a non-empty string, e.g. run_batch('labels', "
+                               "...)")
+        if spec.on_exhausted not in ON_EXHAUSTED:
+            raise InvalidBatch(f"on_exhausted must be 'raise' or 'return', got "
+                               f"{spec.on_exhausted!r}")
+        if spec.mode not in MODES:
+            raise InvalidBatch(f"mode must be one of {MODES}, got {spec.mode!r}")
+        if spec.validator_args not in VALIDATOR_ARGS:
+            raise InvalidBatch(f"validator_args must be one of {VALIDATOR_ARGS}, got "
+                               f"{spec.validator_args!r}")
+        pack = _whole("pack", spec.pack, 1)
+        mode, instructions, validator = spec.mode, spec.instructions, spec.validator
+        ident = normalize_identity(spec.identity)
+        task_list, task_texts = normalize_tasks(tasks, ident)  # the ledger's (JSON) form
+        item_schema = compile_schema(schema)
+        repairs = self.repairs if spec.repairs is None else _whole("repairs", spec.repairs, 0)
+        replays = self.replays if spec.replays is None else _whole("replays", spec.replays, 0)
+        max_calls = spec.max_calls
+        if max_calls is not None:
+            _whole("max_calls", max_calls, 0)
+        if instructions is not None and not isinstance(instructions, str):
+            raise InvalidBatch("instructions must be a string")
+        preflight.check_all(tasks=task_list, identity=ident, schema=item_schema, mode=mode,
+                            validator=validator, validator_args=spec.validator_args)
+        try:
+            provider = preflight.check_provider(self.provider)
+        except TypeError as exc:  # make_provider's "not a provider" refusal
+            raise ConfigError(str(exc)) from None
+        source = answer_source(provider)
+        provider_name = getattr(provider, "name", type(provider).__name__)
+        provider_model = getattr(provider, "model", None)
+
+        version = None
+        if validator is not None:
+            version = self.validators.version_of(validator, spec.validator_name)
+            validator = version.fn
+        checker = (_index_form(validator) if validator is not None and
+                   spec.validator_args == "index" else validator)
+        components, key_content, seen_content = _contents(
+            task_list, item_schema, version.fingerprint.digest if version else "none", pack,
+            instructions, ident, mode, source)
+        fingerprint = sha(json.dumps(components, sort_keys=True))
+        existing = self.ledger.find_revision(name, fingerprint)
+        requests = (self.ledger.leaves(existing.id) if existing else
+                    pack_requests(task_list, pack, key_content, task_texts))
+        done = self.ledger.accepted_keys([r.key for r in requests])
+        pending = [r for r in requests if r.key not in done]
+        seen_key, legacy_key = key_maker(seen_content), key_maker(_legacy_content(components,
+                                                                                   ident))
+        seen_of = {r.key: seen_key(r.tasks_json) for r in requests}
+        legacy_of = {r.key: legacy_key(r.tasks_json) for r in pending}
+        rechecked = rejudge(
+            self.ledger, pending, run=self._loop.run, seen_of=seen_of, legacy_of=legacy_of,
+            provider=provider_name, model=provider_model, mode=mode, identity=ident,
+            schema=item_schema, validator=checker)
+        passed = {request.key for request, _, _ in rechecked}
+        owed = pending  # what this run resolves, by re-judging or by calls
+        pending = [r for r in pending if r.key not in passed]
+        spender = Spender(max_calls, self.budget, self.tally, pricing_of(provider))
+        if spec.refuse_short_budget:
+            spender.refuse_if_short(len(pending))
+
+        validator_record = (None if version is None else  # its definition is already on record
+                            {"name": version.name, "version": version.version})
+        revision, superseded = self.ledger.open_revision(
+            name, fingerprint, components, requests, strict=self.strict,
+            validator=validator_record)
+        superseded_note = None
+        if superseded is not None:
+            superseded_note = (f"revision {superseded.number} superseded "
+                               f"({superseded.supersede_reason or 'content changed'})")
+            if self.on_note is not None and pending:
+                self.on_note(f"{name}: {superseded_note}; revision {revision.number} runs "
+                             f"{len(pending)} request(s)")
+        if existing is None or pending or rechecked:  # a resumed revision has them already
+            self.ledger.record_seen(list(seen_of.items()))
+        if rechecked:
+            self.ledger.commit_rechecks(revision.batch_id, revision.id, rechecked, source)
+        plan = Plan(batch_id=revision.batch_id, revision_id=revision.id, mode=mode,
+                    identity=ident, schema=item_schema, validator=checker,
+                    instructions=instructions, content=key_content, repairs=repairs,
+                    replays=replays, split=bool(spec.split), source=source)
+        outcome = Outcome()
+        if pending:
+            outcome = self._replay(plan, GuardedProvider(provider), spender, pending,
+                                   spec.progress, name)
+            if plan.split:  # halves made during the run: remember what they saw too
+                self.ledger.record_seen([(r.key, seen_key(r.tasks_json))
+                                         for r in self.ledger.leaves(revision.id)])
+        if legacy_of:
+            now_accepted = self.ledger.accepted_keys([r.key for r in owed])
+            clear_legacy(self.ledger, [r for r in owed if r.key in now_accepted], legacy_of,
+                         source)
+        result = self._result(name, revision.number, task_list, item_schema, outcome,
+                              resumed=len(requests) - len(pending) - len(rechecked),
+                              revision_id=revision.id)
+        result.rechecked = len(rechecked)
+        result.identity_compared = tuple(preflight.compared_candidates(task_list, ident)
+                                         if mode == "items" else ())
+        result.provider = f"{provider_name}/{provider_model}" if provider_model else provider_name
+        if superseded_note is not None:
+            result.superseded = superseded_note
+            result.notes.append(result.superseded)
+        if rechecked:
+            result.notes.append(f"{len(rechecked)} request(s) resolved by re-judging earlier "
+                                "returns under the new rules (no calls)")
+        if result.status != "resolved" and spec.on_exhausted == "raise":
+            raise BatchUnresolved(result)
+        return result
+
+    def advise(self, name: str, **options: Any) -> dict[str, Any]:
+        """Pack-size advice for batch ``name`` from its receipts (see docs/recovery.md);
+        ``options`` go to :func:`batchjson._advice.advise` (candidates=, split=)."""
+        from ._advice import advise
+
+        options.setdefault("repairs", self.repairs)
+        options.setdefault("replays", self.replays)
+        return advise(self.ledger, name, **options)
+
+    def _replay(self, plan: Plan, provider: Any, spender: Spender, pending: list,
+                progress: Any, name: str) -> Outcome:
+        bar = None
+        total = sum(len(r.tasks) for r in pending)
+        if callable(progress):  # a face's own bar (a notebook widget): progress(total, name)
+            bar = progress(total, name)
+        elif progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=total, desc=name, unit="task", leave=True)
+        if not any(p is provider for p in self._used):
+            self._used.append(provider)
+
+        async def go() -> Outcome:
+            replayer = Replayer(plan, self.ledger, provider, spender, self.transport,
+                                self.concurrency, on_progress=bar.update if bar else None,
+                                session_id=self.id)
+            return await replayer.run(pending)
+
+        try:
+            return self._loop.run(go)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def _result(self, name: str, revision: int, task_list: list[dict], item_schema: Any,
+                outcome: Outcome, resumed: int, revision_id: int | None = None) -> BatchResult:
+        stored = self.ledger.checkpoint(name, revision_id)
+        values: dict[str, Any] = {}
+        unloadable = []
+        why = (f"no call was made for this task in this run: {outcome.stopped}"
+               if outcome.stopped else "no call was made for this task in this run")
+        for t in task_list:
+            task_id = t["task_id"]
+            if task_id not in stored:
+                continue
+            try:
+                values[task_id] = item_schema.load(stored[task_id])
+            except Exception as exc:  # a stored value the schema no longer accepts
+                unloadable.append({
+                    "type": "stored_invalid", "task_id": task_id,
+                    "message": f"the stored answer no longer loads under the schema "
+                               f"({type(exc).__name__}: {str(exc)[:300]}); change the schema "
+                               "back, or re-run under a schema it satisfies"})
+        errors = [e for task_id, errs in outcome.errors.items() if task_id not in values
+                  for e in errs] + unloadable
+        failed = {e["task_id"] for e in errors}
+        for t in task_list:
+            if t["task_id"] not in values and t["task_id"] not in failed:
+                errors.append({"type": "not_attempted", "task_id": t["task_id"],
+                               "message": why})
+        result = BatchResult(
+            name=name, status="resolved" if len(values) == len(task_list) else "unresolved",
+            values=values, errors=errors, calls=outcome.calls, tokens=outcome.tokens,
+            cost=outcome.cost, revision=revision, total_tasks=len(task_list),
+            accepted_returns=outcome.accepted_returns, rejected_returns=outcome.rejected_returns,
+            provider_errors=outcome.provider_errors, resumed=resumed,
+            attempts_by_task=dict(outcome.attempts_by_task), repairs_made=outcome.repairs_made)
+        if outcome.stopped:
+            result.notes.append(outcome.stopped)
+        if outcome.taken_from_ledger:
+            result.notes.append(f"{outcome.taken_from_ledger} request(s) were resolved by another "
+                                "runner of the same content; their values come from the ledger")
+        return result
+
+
+def _shutdown(loop: BackgroundLoop, providers: list[Any]) -> None:
+    """Close what the providers pooled on the session's loop, then stop it (also at exit, or
+    when an unclosed session is collected; the ledger is closed only by Session.close)."""
+    async def close_all() -> None:
+        for provider in providers:
+            try:
+                await close_provider(provider)
+            except Exception:  # noqa: BLE001 - one provider failing to close must not stop
+                pass
+
+    loop.close(close_all)
+
+
+def _index_form(fn: Callable[[Any, int], Any]) -> Callable[[Any, Mapping[str, Any]], Any]:
+    """droste validators take (value, index); acceptance hands (value, task)."""
+    def check(value: Any, task: Mapping[str, Any]) -> Any:
+        return fn(value, task["index"])
+
+    return check
+
+
+def _contents(task_list: list[dict], item_schema: Any, validator: str, pack: int,
+              instructions: str | None, ident: Identity, mode: str,
+              source: str) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """(revision components, request-key content, seen content). A request key covers what
+    the model saw (the seen content: wire schema, instructions, the identity fields the prompt
+    names, mode, answer source) and how its return is judged (schema fingerprint, validator,
+    identity rules); the tasks are spliced in per request."""
+    components = {
+        "tasks": sha(json.dumps(task_list, sort_keys=True, separators=(",", ":"))),
+        "schema": item_schema.fingerprint, "validator": validator, "pack": str(pack),
+        "instructions": sha(instructions or ""), "identity": ident.key, "mode": mode,
+        "source": source,
+    }
+    key_content = {k: components[k] for k in
+                   ("schema", "validator", "instructions", "identity", "mode", "source")}
+    seen_content = {"wire": sha(canonical_json(item_schema.json_schema)),
+                    "instructions": components["instructions"], "identity": ",".join(ident),
+                    "mode": mode, "source": source}
+    return components, key_content, seen_content
+
+
+def _legacy_content(components: Mapping[str, str], ident: Identity) -> dict[str, str]:
+    """Request-key content as batchjson computed it before the answer source and echoed
+    identity joined the key: how ledgers written then are found (see docs/design.md)."""
+    return {"schema": components["schema"], "validator": components["validator"],
+            "instructions": components["instructions"], "identity": ",".join(ident),
+            "mode": components["mode"]}
+
+
+_default: Session | None = None
+
+
+def default_session() -> Session:
+    """The session the ``validator`` decorator and faces use when none is given."""
+    global _default
+    if _default is None:
+        _default = Session(provider=os.environ.get("BATCHJSON_PROVIDER") or None)
+    return _default
+
+
+def set_default_session(session: Session | None) -> None:
+    global _default
+    _default = session
+
+
+def validator(fn: Callable | None = None, *, name: str | None = None) -> Any:
+    """Register a validator once per session: ``@validator``, ``@validator(name="x")`` or
+    ``validator(fn)``, the same shapes as the ``validator`` injected into notebooks and RLM cells.
+
+    Re-running the defining cell hands back the first function object while its content is
+    unchanged, so identity-keyed code downstream sees one validator.
+    """
+    return default_session().validators.define(fn, name=name)

@@ -1,0 +1,117 @@
+"""droste's ``llm_batch_json`` contract over a session: one prompt per call, a bare JSON value.
+
+Core, not a face: it knows nothing of hosts. ``Session.llm_batch_json`` and the RLM binding
+both call :func:`llm_batch_json`, which builds a :class:`RunSpec` like any other face.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ._errors import InvalidBatch
+from ._schema import compile_schema
+from ._spec import RunSpec
+from ._tasks import sha
+
+if TYPE_CHECKING:
+    from ._session import Session
+
+_DROSTE_TYPES = {
+    "json": "validation_error", "schema": "validation_error", "validation": "validation_error",
+    "coverage": "validation_error", "identity": "validation_error",
+    "validator_error": "validator_error", "provider_error": "provider_error",
+    "budget_exhausted": "budget_exhausted", "not_attempted": "budget_exhausted",
+    "cancelled": "provider_error",
+}
+
+
+def default_batch_name(prompts: Sequence[str], contexts: Sequence[str] | None,
+                       content: str | None = None) -> str:
+    """Same prompts and contexts -> same batch, so (in a session that is not strict) a changed
+    validator or schema supersedes. With ``content`` (a digest of schema and validator) every
+    distinct request content is its own batch, as droste keys evidence: nothing supersedes."""
+    digest = sha(json.dumps([list(prompts), None if contexts is None else list(contexts)]))
+    name = f"llm_batch_json/{digest[:16]}"
+    return name if content is None else f"{name}/{content[:8]}"
+
+
+def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
+                   contexts: Sequence[str] | None = None, max_repair_attempts: int = 1,
+                   validator: Callable[[Any, int], Any] | None = None, *,
+                   name: str | None = None, refuse_short_budget: bool = False,
+                   keyed_by_content: bool = False, max_calls: int | None = None
+                   ) -> dict[str, Any]:
+    """Run one prompt per call, each returning a bare JSON value; droste's return shape.
+
+    droste spends what the budget has and reports the rest as ``budget_exhausted``;
+    ``refuse_short_budget=True`` (the RLM binding's budget gate) instead refuses before spending
+    when the calls still owed for these prompts exceed what remains. ``keyed_by_content=True``
+    (the RLM binding) names an unnamed call by its whole request content, schema and validator
+    included, so a changed validator opens new evidence and never supersedes the old: the old
+    stays owed and keeps blocking a ready answer, as under droste's identity keying.
+    ``max_calls=0`` with ``refuse_short_budget`` answers only from what is already accepted.
+    """
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+        raise InvalidBatch("prompts must be a list of strings")
+    if (not isinstance(max_repair_attempts, int) or isinstance(max_repair_attempts, bool)
+            or max_repair_attempts < 0):
+        raise InvalidBatch(f"max_repair_attempts must be an integer >= 0, got "
+                           f"{max_repair_attempts!r}")
+    if contexts is not None:
+        if isinstance(contexts, str) or not isinstance(contexts, Sequence):
+            raise InvalidBatch("contexts must be a list of strings or None")
+        if len(contexts) != len(prompts):
+            raise InvalidBatch(f"contexts length ({len(contexts)}) must match prompts length "
+                               f"({len(prompts)})")
+    if validator is not None and not callable(validator):
+        raise InvalidBatch(f"validator must be callable (value, index) -> None, got "
+                           f"{type(validator).__name__}")
+    item_schema = compile_schema(schema)  # once: the run reuses it, and it dumps the values
+    if not prompts:  # droste answers no prompts with an empty result, after checking the schema
+        return {"values": [], "errors": [], "attempts": [], "repairs_made": 0}
+    tasks = []
+    for index, prompt in enumerate(prompts):
+        task: dict[str, Any] = {"task_id": str(index), "index": index, "prompt": prompt}
+        if contexts is not None:
+            task["context"] = contexts[index]
+        tasks.append(task)
+    batch = name
+    if batch is None and keyed_by_content:
+        version = None if validator is None else session.validators.version_of(validator)
+        validator = validator if version is None else version.fn
+        content = sha(json.dumps([item_schema.fingerprint,
+                                  None if version is None else version.fingerprint.digest]))
+        batch = default_batch_name(prompts, contexts, content)
+    elif batch is None:
+        batch = default_batch_name(prompts, contexts)
+    result = session.run(RunSpec(
+        name=batch, tasks=tasks, schema=item_schema, validator=validator,
+        identity=("task_id",), repairs=max_repair_attempts, on_exhausted="return",
+        mode="value", validator_args="index", refuse_short_budget=refuse_short_budget,
+        max_calls=max_calls))
+
+    dump = item_schema.dump
+    values = [dump(result.values[t["task_id"]]) if t["task_id"] in result.values else None
+              for t in tasks]
+    attempts = [result.attempts_by_task.get(t["task_id"], 0) for t in tasks]
+    errors = []
+    for error in result.errors:
+        index = int(error["task_id"])
+        entry = {"index": index, "type": _DROSTE_TYPES.get(error["type"], "validation_error"),
+                 "error": error["message"], "attempts": attempts[index]}
+        if "raw" in error and entry["type"] == "validation_error":
+            entry["raw"] = error["raw"]
+        errors.append(entry)
+    errors.sort(key=lambda e: e["index"])
+    return {"values": values, "errors": _one_per_index(errors), "attempts": attempts,
+            "repairs_made": result.repairs_made}
+
+
+def _one_per_index(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """droste reports one error per failed index: keep the last one seen for each."""
+    last: dict[int, dict[str, Any]] = {}
+    for e in errors:
+        last[e["index"]] = e
+    return [last[i] for i in sorted(last)]

@@ -1,0 +1,239 @@
+"""Tasks, the requests they are packed into, and the prompt text a request is sent as."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._canon import canonical_json as _canonical
+from ._errors import InvalidBatch
+
+TASKS_BEGIN = "<<<BATCHJSON_TASKS"
+TASKS_END = "BATCHJSON_TASKS>>>"
+
+
+_json_string = json.encoder.encode_basestring  # a str as a JSON literal, non-ASCII kept
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def normalize_tasks(tasks: Iterable[Mapping[str, Any]],
+                    identity: Sequence[str]) -> tuple[list[dict], list[str]]:
+    """Check every task before anything is spent, naming the first bad one and the fix.
+
+    Returns the tasks and their canonical JSON texts: checking serialisability already
+    produces the text that request keys, the ledger and prompts are built from.
+    """
+    if isinstance(tasks, (str, bytes)) or isinstance(tasks, Mapping):
+        raise InvalidBatch("tasks must be a list of mappings, one per task; got "
+                           f"{type(tasks).__name__}")
+    try:
+        items = list(tasks)
+    except TypeError:
+        raise InvalidBatch(
+            f"tasks must be a list of mappings, got {type(tasks).__name__}") from None
+    if not items:
+        raise InvalidBatch("empty batch: pass at least one task")
+    identity = normalize_identity(identity)
+    seen: dict[str, int] = {}
+    out: list[dict] = []
+    texts: list[str] = []
+    for position, task in enumerate(items):
+        if not isinstance(task, Mapping):
+            raise InvalidBatch(f"task #{position} is a {type(task).__name__}, not a mapping; "
+                               "each task must be a dict with task_id and prompt")
+        if "task_id" not in task:
+            raise InvalidBatch(f"task #{position} has no task_id; give every task a unique "
+                               "'task_id' string")
+        task_id = task["task_id"]
+        if not isinstance(task_id, str) or not task_id:
+            raise InvalidBatch(f"task #{position}: task_id must be a non-empty string, got "
+                               f"{task_id!r}")
+        if task_id in seen:
+            raise InvalidBatch(f"duplicate task_id {task_id!r} (tasks #{seen[task_id]} and "
+                               f"#{position}); task_ids must be unique within a batch")
+        seen[task_id] = position
+        prompt = task.get("prompt")
+        if not isinstance(prompt, str):
+            raise InvalidBatch(f"task {task_id!r}: prompt must be a string, got "
+                               f"{type(prompt).__name__}")
+        for name in identity:
+            if name not in task:
+                raise InvalidBatch(f"task {task_id!r} lacks identity field {name!r}; add it to "
+                                   "the task or drop it from identity=")
+        try:
+            texts.append(_canonical(task))
+        except (TypeError, ValueError) as exc:
+            raise InvalidBatch(f"task {task_id!r} is not JSON-serialisable ({exc}); keep tasks "
+                               "to str/int/float/bool/None/list/dict with finite numbers") from None
+        out.append(json.loads(texts[-1]))  # the ledger's form, which acceptance compares to
+    return out, texts
+
+
+class Identity(tuple):
+    """The identity fields every item must echo unchanged (``task_id`` first).
+
+    ``echo`` is True for the default identity (``identity=None``): then every other field a task
+    carries (prompt and context aside) that an item returns must equal the task's value too, so
+    an item echoing ``case_id`` 079 for a task whose ``case_id`` is 078 is rejected. An explicit
+    ``identity=`` lists exactly what is compared (``echo`` False). It is a tuple, so code that
+    renders prompts or wire schemas sees only the required fields.
+    """
+
+    echo: bool
+
+    def __new__(cls, fields: Iterable[str], echo: bool = False) -> Identity:
+        self = super().__new__(cls, fields)
+        self.echo = echo
+        return self
+
+    @property
+    def key(self) -> str:
+        """Its part of a request key: the fields, and whether echoed fields are compared."""
+        return ",".join(self) + ("+echoed" if self.echo else "")
+
+
+def normalize_identity(identity: Sequence[str] | str | None) -> Identity:
+    if isinstance(identity, Identity):
+        return identity
+    if identity is None:
+        return Identity(("task_id",), echo=True)
+    if isinstance(identity, str):
+        identity = [part.strip() for part in identity.split(",") if part.strip()]
+    fields = tuple(identity)
+    if not all(isinstance(f, str) and f for f in fields):
+        raise InvalidBatch(f"identity must name task fields as strings, got {identity!r}")
+    if "task_id" not in fields:
+        fields = ("task_id", *fields)
+    if len(set(fields)) != len(fields):
+        raise InvalidBatch(f"identity names a field twice: {fields!r}")
+    return Identity(fields)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One unit of evidence: a fixed group of tasks sent together, keyed by its content.
+
+    ``tasks_json`` is the canonical JSON array of the tasks, computed once: the request key,
+    the ledger row and the prompt's task block are all built from this one text.
+    """
+
+    key: str
+    tasks: tuple[dict, ...]
+    position: int
+    parent_key: str | None = None
+    tasks_json: str = field(default="", repr=False, compare=False)
+    task_ids: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    task_ids_json: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.tasks_json:
+            object.__setattr__(self, "tasks_json", _canonical(list(self.tasks)))
+        ids = tuple(t["task_id"] for t in self.tasks)
+        object.__setattr__(self, "task_ids", ids)
+        object.__setattr__(self, "task_ids_json", "[" + ",".join(map(_json_string, ids)) + "]")
+
+
+def request_key(tasks: Sequence[Mapping[str, Any]], content: Mapping[str, str]) -> str:
+    """Hash of exact content: the tasks (prompts, contexts, identity values) plus fingerprints."""
+    return sha(_canonical({"tasks": list(tasks), **content}))
+
+
+def key_maker(content: Mapping[str, str]) -> Callable[[str], str]:
+    """:func:`request_key` as a function of the tasks' canonical JSON, for many requests.
+
+    Canonical JSON of a dict is its sorted ``"key":value`` pairs joined by commas, so the
+    content around the tasks is encoded once and the ready tasks text spliced in: the very
+    bytes :func:`request_key` hashes (a test holds the two equal).
+    """
+    members = sorted({"tasks": None, **content}.items())
+    where = [k for k, _ in members].index("tasks")
+    encoded = [f"{_canonical(k)}:{_canonical(v)}" for k, v in members]
+    head = "{" + "".join(part + "," for part in encoded[:where]) + '"tasks":'
+    tail = "".join("," + part for part in encoded[where + 1:]) + "}"
+    return lambda tasks_json: sha(head + tasks_json + tail)
+
+
+def pack_requests(tasks: Sequence[dict], pack: int, content: Mapping[str, str],
+                  texts: Sequence[str] | None = None) -> list[Request]:
+    """Group tasks ``pack`` at a time; ``texts`` are their canonical JSON, if already made."""
+    if not isinstance(pack, int) or isinstance(pack, bool) or pack < 1:
+        raise InvalidBatch(f"pack must be a whole number >= 1, got {pack!r}")
+    if texts is None:
+        texts = [_canonical(t) for t in tasks]
+    key_of = key_maker(content)
+    out = []
+    for position, start in enumerate(range(0, len(tasks), pack)):
+        tasks_json = "[" + ",".join(texts[start:start + pack]) + "]"
+        out.append(Request(key_of(tasks_json), tuple(tasks[start:start + pack]), position,
+                           tasks_json=tasks_json))
+    return out
+
+
+def split_request(request: Request, content: Mapping[str, str]) -> list[Request]:
+    """Deterministic halving: the first half keeps the extra task on odd sizes."""
+    middle = (len(request.tasks) + 1) // 2
+    halves = (request.tasks[:middle], request.tasks[middle:])
+    key_of = key_maker(content)
+    out = []
+    for half in filter(None, halves):
+        tasks_json = _canonical(list(half))
+        out.append(Request(key_of(tasks_json), half, request.position, parent_key=request.key,
+                           tasks_json=tasks_json))
+    return out
+
+
+def render_items_prompt(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str],
+                        instructions: str | None, tasks_json: str | None = None) -> str:
+    """The user message for a packed request; tasks travel as one JSON block.
+
+    ``tasks_json``, when given, is the tasks' canonical JSON (a Request carries it).
+    """
+    lines = []
+    if instructions:
+        lines += [instructions.strip(), ""]
+    lines += [
+        f"Answer each of the {len(tasks)} task(s) below. Return only JSON of the form "
+        '{"items": [...]} with exactly one object per task, in any order. Copy these identity '
+        f"fields from the task unchanged into its object: {', '.join(identity)}.",
+        TASKS_BEGIN,
+        tasks_json if tasks_json is not None else _canonical([dict(t) for t in tasks]),
+        TASKS_END,
+    ]
+    return "\n".join(lines)
+
+
+def render_value_prompt(task: Mapping[str, Any]) -> str:
+    """The droste-style prompt: the caller's prompt, then its context if any."""
+    prompt = task["prompt"]
+    context = task.get("context")
+    if context is None:
+        return prompt
+    return f"{prompt}\n\nContext:\n{context}"
+
+
+def render_repair_prompt(prompt: str, raw: str, errors: Sequence[Mapping[str, Any]],
+                         limit: int = 4000) -> str:
+    """The original prompt plus the exact errors and the (truncated) previous return."""
+    listed = "\n".join(f"- {e.get('message', e)}" for e in errors[:50])
+    more = f"\n- ... and {len(errors) - 50} more" if len(errors) > 50 else ""
+    shown = raw if len(raw) <= limit else raw[:limit] + f"... [truncated, {len(raw)} chars]"
+    return (
+        f"{prompt}\n\nYour previous response was rejected. Errors:\n{listed}{more}\n"
+        f"Previous response:\n{shown}\n"
+        "Return only corrected JSON, with no markdown or explanation."
+    )
+
+
+def tasks_block(prompt: str) -> str | None:
+    """The JSON text of the tasks a rendered prompt carries (the loopback server reads it)."""
+    start = prompt.find(TASKS_BEGIN)
+    end = prompt.find(TASKS_END, start + 1) if start >= 0 else -1
+    if start < 0 or end < 0:
+        return None
+    return prompt[start + len(TASKS_BEGIN):end]
