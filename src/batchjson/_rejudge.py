@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from . import _acceptance as acceptance
+from . import _seen as seen
 from ._ledger import Ledger
 from ._providers.base import Reply
 from ._schema import ItemSchema
@@ -35,11 +36,12 @@ def rejudge(ledger: Ledger, pending: Sequence[Request], *, run: Callable[..., An
     if not pending:
         return []
     candidates: dict[str, list[Any]] = {}
-    for row in ledger.earlier_returns([seen_of[r.key] for r in pending]):
+    for row in seen.earlier_returns(ledger, [seen_of[r.key] for r in pending]):
         candidates.setdefault(row["seen_key"], []).append(row)
     legacy: dict[str, list[Any]] = {}
     if legacy_of:
-        for row in ledger.legacy_returns([legacy_of[r.key] for r in pending], provider, model):
+        old_keys = [legacy_of[r.key] for r in pending]
+        for row in seen.legacy_returns(ledger, old_keys, provider, model):
             legacy.setdefault(row["seen_key"], []).append(row)
     work = []
     for request in pending:
@@ -77,13 +79,13 @@ def clear_legacy(ledger: Ledger, accepted: Sequence[Request], legacy_of: Mapping
     if not by_old:
         return 0
     cleared = 0
-    for row in ledger.legacy_unresolved(list(by_old)):
-        found = ledger.accepted_return(by_old[row["key"]].key)
+    for row in seen.legacy_unresolved(ledger, list(by_old)):
+        found = seen.accepted_return(ledger, by_old[row["key"]].key)
         if found is None:
             continue
         origin, items = found
         old = Request(row["key"], tuple(json.loads(row["tasks"])), 0)
-        ledger.commit_rechecks(row["batch_id"], row["revision_id"], [(old, origin, items)],
+        seen.commit_rechecks(ledger, row["batch_id"], row["revision_id"], [(old, origin, items)],
                                source)
         cleared += 1
     return cleared

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _preflight as preflight
+from . import _seen as seen
 from . import _structured as structured
 from ._aio import BackgroundLoop
 from ._budget import Budget, Spender, Tally, pricing_of
@@ -239,9 +240,9 @@ class Session:
                 self.on_note(f"{name}: {superseded_note}; revision {revision.number} runs "
                              f"{len(pending)} request(s)")
         if existing is None or pending or rechecked:  # a resumed revision has them already
-            self.ledger.record_seen(list(seen_of.items()))
+            seen.record_seen(self.ledger, list(seen_of.items()))
         if rechecked:
-            self.ledger.commit_rechecks(revision.batch_id, revision.id, rechecked, source)
+            seen.commit_rechecks(self.ledger, revision.batch_id, revision.id, rechecked, source)
         plan = Plan(batch_id=revision.batch_id, revision_id=revision.id, mode=mode,
                     identity=ident, schema=item_schema, validator=checker,
                     instructions=instructions, content=key_content, repairs=repairs,
@@ -251,7 +252,7 @@ class Session:
             outcome = self._replay(plan, GuardedProvider(provider), spender, pending,
                                    spec.progress, name)
             if plan.split:  # halves made during the run: remember what they saw too
-                self.ledger.record_seen([(r.key, seen_key(r.tasks_json))
+                seen.record_seen(self.ledger, [(r.key, seen_key(r.tasks_json))
                                          for r in self.ledger.leaves(revision.id)])
         if legacy_of:
             now_accepted = self.ledger.accepted_keys([r.key for r in owed])
