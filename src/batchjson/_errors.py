@@ -85,11 +85,20 @@ class ValidatorChanged(BatchJsonError):
 
 
 class BatchUnresolved(BatchJsonError):
-    """The bounded replay loop ran out of repairs, replays or budget; carries the result."""
+    """The bounded replay loop ran out of repairs, replays or budget; carries the result.
 
-    def __init__(self, result: BatchResult) -> None:
+    ``hint`` is a face's last line of advice (the magic names the variable holding the result).
+    In IPython the error shows as its report, without a traceback through the event loop.
+    """
+
+    def __init__(self, result: BatchResult, hint: str | None = None) -> None:
         self.result = result
+        self.hint = hint
         super().__init__(result.failure_report())
+
+    def _render_traceback_(self) -> list[str]:
+        report = self.result.failure_report().splitlines() or [""]
+        return [f"BatchUnresolved: {report[0]}", *report[1:], *([self.hint] if self.hint else [])]
 
 
 class ProviderError(BatchJsonError):

@@ -9,13 +9,13 @@ refusal never costs a call and never touches the ledger.
 from __future__ import annotations
 
 import inspect
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import jsonschema
 
 from ._acceptance import ECHO_EXEMPT
+from ._checks import positive_seconds
 from ._errors import ConfigError, InvalidBatch
 from ._schema import ItemSchema
 
@@ -23,12 +23,8 @@ _SCALARS = (str, int, float, bool, type(None))
 
 
 def check_timeout(value: Any) -> float:
-    """A call timeout must be a finite number of seconds > 0."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"timeout must be a finite number of seconds > 0, got {value!r}; "
-                          "e.g. Session(timeout=120)")
-    return float(value)
+    """A call timeout must be a finite number of seconds > 0 (e.g. Session(timeout=120))."""
+    return positive_seconds("timeout", value, ConfigError)
 
 
 def check_provider(provider: Any) -> Any:

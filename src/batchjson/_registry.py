@@ -15,11 +15,11 @@ import threading
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, Literal
 
 from ._errors import InvalidBatch, ValidatorChanged
 from ._fingerprint import Fingerprint, describe_changes, fingerprint_function, unwrap_callable
+from ._ledger import now
 
 __all__ = ["Definition", "ValidatorRegistry", "ValidatorVersion"]
 
@@ -66,10 +66,6 @@ def _location(fn: Any) -> str:
     if not filename.startswith("<"):
         filename = os.path.basename(filename)
     return f"{filename}:{code.co_firstlineno}"
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 Kind = Literal["registered", "unchanged", "reused", "changed"]
@@ -171,7 +167,7 @@ class ValidatorRegistry:
                 if unresolved > 0:
                     raise ValidatorChanged(name, current.fingerprint.digest, fingerprint.digest,
                                            list(changes), unresolved)
-            record = ValidatorVersion(name, len(history) + 1, fingerprint, fn, _now(), _where(fn))
+            record = ValidatorVersion(name, len(history) + 1, fingerprint, fn, now(), _where(fn))
             if self.numbering is not None:
                 record.version = self.numbering(record)
             self._versions.setdefault(name, []).append(record)

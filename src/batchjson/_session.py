@@ -20,6 +20,7 @@ from . import _structured as structured
 from ._aio import BackgroundLoop
 from ._budget import Budget, Spender, Tally, pricing_of
 from ._canon import canonical_json
+from ._checks import whole as _whole
 from ._errors import BatchUnresolved, ConfigError, InvalidBatch
 from ._evidence import Evidence
 from ._ledger import Ledger
@@ -34,12 +35,6 @@ from ._result import BatchResult
 from ._schema import compile_schema
 from ._spec import MODES, ON_EXHAUSTED, VALIDATOR_ARGS, RunSpec
 from ._tasks import Identity, key_maker, normalize_identity, normalize_tasks, pack_requests, sha
-
-
-def _whole(name: str, value: Any, minimum: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise InvalidBatch(f"{name} must be a whole number >= {minimum}, got {value!r}")
-    return value
 
 
 class Session:
@@ -403,10 +398,11 @@ def _legacy_content(components: Mapping[str, str], ident: Identity) -> dict[str,
 _default: Session | None = None
 
 
-def default_session() -> Session:
-    """The session the ``validator`` decorator and faces use when none is given."""
+def default_session(*, create: bool = True) -> Session | None:
+    """The session the ``validator`` decorator and faces use when none is given; with
+    ``create=False``, None when there is none yet (a face restoring the previous one)."""
     global _default
-    if _default is None:
+    if _default is None and create:
         _default = Session(provider=os.environ.get("BATCHJSON_PROVIDER") or None)
     return _default
 

@@ -10,6 +10,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ._checks import is_whole
 from ._errors import InvalidBatch
 from ._schema import compile_schema
 from ._spec import RunSpec
@@ -55,8 +56,7 @@ def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
     """
     if isinstance(prompts, str) or not isinstance(prompts, Sequence):
         raise InvalidBatch("prompts must be a list of strings")
-    if (not isinstance(max_repair_attempts, int) or isinstance(max_repair_attempts, bool)
-            or max_repair_attempts < 0):
+    if not is_whole(max_repair_attempts):  # droste's own wording, which its callers match
         raise InvalidBatch(f"max_repair_attempts must be an integer >= 0, got "
                            f"{max_repair_attempts!r}")
     if contexts is not None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._canon import canonical_json as _canonical
+from ._checks import whole
 from ._errors import InvalidBatch
 
 TASKS_BEGIN = "<<<BATCHJSON_TASKS"
@@ -162,8 +163,7 @@ def key_maker(content: Mapping[str, str]) -> Callable[[str], str]:
 def pack_requests(tasks: Sequence[dict], pack: int, content: Mapping[str, str],
                   texts: Sequence[str] | None = None) -> list[Request]:
     """Group tasks ``pack`` at a time; ``texts`` are their canonical JSON, if already made."""
-    if not isinstance(pack, int) or isinstance(pack, bool) or pack < 1:
-        raise InvalidBatch(f"pack must be a whole number >= 1, got {pack!r}")
+    whole("pack", pack, 1)
     if texts is None:
         texts = [_canonical(t) for t in tasks]
     key_of = key_maker(content)

@@ -9,7 +9,6 @@ from typing import Any
 
 from IPython.core.error import UsageError
 
-from .. import _errors as errors
 from .._registry import ValidatorRegistry
 
 _MISSING = object()
@@ -87,22 +86,10 @@ def one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
-class BatchUnresolved(errors.BatchUnresolved):
-    """Raised by ``%%batch_json`` when the batch is unresolved: a short report, no traceback.
-
-    Same name as (and a subclass of) ``batchjson.BatchUnresolved``, so a kernel reports the
-    error as what it is and ``except BatchUnresolved`` catches it.
-    """
-
-    def __init__(self, result: Any, var: str) -> None:
-        super().__init__(result)
-        self.var = var
-
-    def _render_traceback_(self) -> list[str]:
-        report = self.result.failure_report().splitlines()
-        return ([f"BatchUnresolved: {report[0]}", *report[1:],
-                 f"The BatchResult is bound to {self.var!r}; see %batch_receipts "
-                 f"{self.result.name} --failed for every rejected return."])
+def unresolved_hint(result: Any, var: str) -> str:
+    """The magic's last line under an unresolved batch's report."""
+    return (f"The BatchResult is bound to {var!r}; see %batch_receipts {result.name} --failed "
+            "for every rejected return.")
 
 
 def interrupted_line(name: str) -> str:

@@ -24,12 +24,11 @@ from traitlets import Any as AnyTrait
 from traitlets import Bool, Int, TraitError, Unicode, observe, validate
 from traitlets.config.loader import LazyConfigValue
 
-from .._errors import BatchJsonError
+from .._errors import BatchJsonError, BatchUnresolved
 from .._providers.select import PROVIDER_NAMES
 from .._session import Session
 from .cell import (
     BatchInterrupted,
-    BatchUnresolved,
     allow_empty_body,
     check_identifier,
     define_once,
@@ -37,6 +36,7 @@ from .cell import (
     interrupted_line,
     one_line,
     run_body,
+    unresolved_hint,
 )
 from .display import (
     NotebookProgress,
@@ -279,7 +279,7 @@ class BatchJson(Magics):
             print(f"batchjson: {args.name}: {result.superseded}")
         display(result)
         if not result.resolved:
-            raise BatchUnresolved(result, var)
+            raise BatchUnresolved(result, unresolved_hint(result, var))
 
     # -- inspection ------------------------------------------------------------------------------
     @magic_arguments()

@@ -53,7 +53,7 @@ class KernelState:
     def attach(self, settings: dict[str, Any]) -> Session:
         """Open the session on first load; on a later load apply what changed meanwhile."""
         if self.session is None:
-            self.previous_default = session_module._default
+            self.previous_default = session_module.default_session(create=False)
             self.open(settings)
         else:
             for name, value in settings.items():
@@ -76,7 +76,7 @@ class KernelState:
         self.names = namespace(self.session)
         self.inject(replace=previous_names)
         if old is not None:
-            if session_module._default is old:
+            if session_module.default_session(create=False) is old:
                 session_module.set_default_session(self.session)
             old.close()
 
@@ -116,7 +116,7 @@ class KernelState:
                 del ns[key]
 
     def restore_default(self) -> None:
-        if session_module._default is self.session:
+        if session_module.default_session(create=False) is self.session:
             session_module.set_default_session(self.previous_default)
 
     def ledger_label(self) -> str:

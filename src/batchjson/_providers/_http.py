@@ -11,7 +11,6 @@ import email.utils
 import errno
 import hashlib
 import json
-import math
 import os
 import re
 import socket
@@ -25,6 +24,7 @@ import aiohttp
 import pydantic_core
 
 from .._canon import Unhashable, content_hash
+from .._checks import positive_seconds
 from .._errors import ProviderError, ProviderSetupError
 from .base import Call
 from .masking import check_name, looks_like_key, masked
@@ -376,11 +376,7 @@ class HttpProvider:
             raise ProviderSetupError(
                 f"{kind} has no API key for {self.base_url}: set {self.key_env} in the "
                 f"environment or pass api_key=...{self.keyless_hint}")
-        if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                or not math.isfinite(timeout) or timeout <= 0):
-            raise ProviderSetupError(f"{kind}: timeout must be a finite number of seconds > 0, "
-                                     f"got {timeout!r}")
-        self.timeout = float(timeout)
+        self.timeout = positive_seconds(f"{kind}: timeout", timeout, ProviderSetupError)
         self.prices = normalize_prices(prices)
         self.extra_body = dict(extra_body or {})
         owned = sorted(set(self.extra_body) & self.body_keys)

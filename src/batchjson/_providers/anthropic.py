@@ -10,6 +10,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from .._checks import whole
 from .._errors import ProviderError, ProviderSetupError
 from ._http import HttpProvider, as_int, object_schema
 from .base import Call, Reply
@@ -43,8 +44,7 @@ class AnthropicProvider(HttpProvider):
         self._setup(model, base_url, api_key, timeout, prices, extra_body, max_connections)
         if mode not in MODES:
             raise ProviderSetupError(f"mode must be 'tool' or 'text', got {mode!r}")
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise ProviderSetupError(f"max_tokens must be a positive int, got {max_tokens!r}")
+        whole("max_tokens", max_tokens, 1, ProviderSetupError)
         self.mode = mode
         self.max_tokens = max_tokens
 

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from .._checks import positive_seconds
 from .._errors import ProviderError, ProviderSetupError
 from .masking import check_name
 
@@ -154,11 +155,8 @@ class CallableProvider:
                                      "what answers (e.g. source='my-model-v2')")
         self.source = check_name(source, "CallableProvider source", fix)
         if timeout is not None:
-            if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                    or not math.isfinite(timeout) or timeout <= 0):
-                raise ProviderSetupError(f"CallableProvider timeout must be a finite number of "
-                                         f"seconds > 0 or None, got {timeout!r}")
-            self.timeout = float(timeout)
+            self.timeout = positive_seconds("CallableProvider timeout", timeout,
+                                            ProviderSetupError)
             self.enforces_timeout = True
         self._fingerprint: Any = None  # keeps identity-compared objects alive (no id reuse)
         from .pricing import as_price  # the price table imports errors only; kept local

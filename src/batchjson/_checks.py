@@ -1,0 +1,34 @@
+"""The small value checks every face and setting shares: one wording, one place.
+
+Each raises the caller's error type (InvalidBatch for a run's input, ConfigError for a setting),
+naming the value, what it must be and what it was, before anything is spent.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ._errors import BatchJsonError, InvalidBatch
+
+
+def is_whole(value: Any, minimum: int = 0) -> bool:
+    """An int (never a bool) of at least ``minimum``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def whole(name: str, value: Any, minimum: int = 0,
+          error: type[BatchJsonError] = InvalidBatch) -> int:
+    """``value`` if it is a whole number >= ``minimum``, else ``error`` saying so."""
+    if not is_whole(value, minimum):
+        raise error(f"{name} must be a whole number >= {minimum}, got {value!r}")
+    return value
+
+
+def positive_seconds(name: str, value: Any,
+                     error: type[BatchJsonError] = InvalidBatch) -> float:
+    """A timeout: a finite number of seconds > 0."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not math.isfinite(value) or value <= 0):
+        raise error(f"{name} must be a finite number of seconds > 0, got {value!r}")
+    return float(value)
