@@ -2,31 +2,68 @@
 
 Evidence is keyed by content, validators are defined once per session, and a return is committed
 only after the whole of it passes acceptance (coverage, identity, schema, caller validator).
+
+Everything a user needs is importable from here (docs/api.md lists it); the modules behind it
+are private. Two public submodules: :mod:`batchjson.rlm` (RLM hosts) and
+:mod:`batchjson.testing` (a loopback OpenAI/Anthropic server for tests).
 """
+
+from typing import Any
 
 from ._budget import Budget
 from ._errors import (
     BatchJsonError,
     BatchUnresolved,
     BudgetExceeded,
+    ConfigError,
     InvalidBatch,
+    LedgerError,
     ProviderError,
     ProviderNotConfigured,
+    ProviderSetupError,
     ValidatorChanged,
 )
-from ._providers.base import Call, CallableProvider, Reply
+from ._evidence import Evidence
+from ._ledger import Ledger, Receipt
+from ._providers.base import Call, CallableProvider, Provider, Reply
+from ._providers.pricing import PRICES_AS_OF, Price, set_prices
 from ._providers.simulated import FaultPlan, SimulatedModel
+from ._registry import ValidatorRegistry
 from ._result import BatchResult
 from ._session import Session, default_session, set_default_session, validator
+from ._spec import RunSpec
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "BatchJsonError", "BatchResult", "BatchUnresolved", "Budget", "BudgetExceeded", "Call",
-    "CallableProvider", "FaultPlan", "InvalidBatch", "ProviderError", "ProviderNotConfigured",
-    "Reply", "Session", "SimulatedModel", "ValidatorChanged", "default_session",
-    "set_default_session", "validator", "load_ipython_extension", "unload_ipython_extension",
+    # running batches
+    "Session", "RunSpec", "BatchResult", "Budget", "validator", "default_session",
+    "set_default_session",
+    # what a session holds
+    "Ledger", "Receipt", "Evidence", "ValidatorRegistry",
+    # providers and prices
+    "Provider", "Call", "Reply", "CallableProvider", "SimulatedModel", "FaultPlan",
+    "OpenAIProvider", "AnthropicProvider", "Price", "set_prices", "PRICES_AS_OF",
+    # the one exception tree
+    "BatchJsonError", "InvalidBatch", "ConfigError", "ProviderNotConfigured",
+    "ProviderSetupError", "LedgerError", "ProviderError", "ValidatorChanged", "BudgetExceeded",
+    "BatchUnresolved",
+    # IPython
+    "load_ipython_extension", "unload_ipython_extension",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The HTTP providers load on first use (aiohttp), so ``import batchjson`` stays light."""
+    if name == "OpenAIProvider":
+        from ._providers.openai import OpenAIProvider
+
+        return OpenAIProvider
+    if name == "AnthropicProvider":
+        from ._providers.anthropic import AnthropicProvider
+
+        return AnthropicProvider
+    raise AttributeError(f"module 'batchjson' has no attribute {name!r}")
 
 
 def load_ipython_extension(ipython):  # noqa: ANN001 - IPython's hook signature
@@ -37,6 +74,7 @@ def load_ipython_extension(ipython):  # noqa: ANN001 - IPython's hook signature
 
 
 def unload_ipython_extension(ipython):  # noqa: ANN001
+    """``%unload_ext batchjson``: the names it added leave the namespace."""
     from ._ipython.magics import unload_ipython_extension as unload
 
     unload(ipython)

@@ -1,0 +1,167 @@
+"""The public face: every documented name imports, and bad input meets only batchjson's errors.
+
+docs/api.md is the contract; this holds the code to it. The bad inputs are tried through the
+public API only, and each must raise the documented type from the one exception tree, before
+any provider call.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import batchjson
+from batchjson import (
+    BatchJsonError,
+    Budget,
+    BudgetExceeded,
+    CallableProvider,
+    ConfigError,
+    InvalidBatch,
+    LedgerError,
+    ProviderSetupError,
+    RunSpec,
+    Session,
+)
+from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
+
+API = Path(__file__).resolve().parents[1] / "docs" / "api.md"
+DOCUMENTED = sorted(set(re.findall(r"`(batchjson(?:\.[A-Za-z][A-Za-z0-9_]*)+)`",
+                                   API.read_text())))
+
+
+def _resolve(dotted: str) -> Any:
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):  # the longest importable module, then attributes
+        try:
+            target = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            target = getattr(target, name)
+        return target
+    raise ImportError(dotted)
+
+
+@pytest.mark.parametrize("dotted", DOCUMENTED)
+def test_every_documented_name_imports(dotted: str) -> None:
+    assert not any(part.startswith("_") for part in dotted.split(".")), "a private name"
+    assert _resolve(dotted) is not None
+
+
+def test_the_reference_and_all_list_the_same_top_level_names() -> None:
+    top = {d.split(".")[1] for d in DOCUMENTED if d.count(".") == 1}
+    assert top - {"rlm", "testing"} == set(batchjson.__all__)  # two public submodules beside
+
+
+def test_every_public_error_is_in_the_one_tree() -> None:
+    errors = [getattr(batchjson, n) for n in batchjson.__all__
+              if isinstance(getattr(batchjson, n), type)
+              and issubclass(getattr(batchjson, n), Exception)]
+    assert len(errors) == 10
+    assert all(issubclass(e, BatchJsonError) for e in errors)
+
+
+class Counting:
+    """A provider that records whether anything was ever sent."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, call: Any) -> str:
+        self.calls += 1
+        return items_reply(call)
+
+
+def _run(**overrides: Any) -> Any:
+    def go(model: Counting) -> Any:
+        session = Session(CallableProvider(model))
+        args = {"name": "r", "tasks": review_tasks(2), "schema": LABEL_SCHEMA, **overrides}
+        return session.run_batch(args.pop("name"), args.pop("tasks"), args.pop("schema"),
+                                 **args)
+    return go
+
+
+def _session(**kwargs: Any) -> Any:
+    return lambda model: Session(CallableProvider(model), **kwargs)
+
+
+def _spec(**kwargs: Any) -> Any:
+    def go(model: Counting) -> Any:
+        return Session(CallableProvider(model)).run(RunSpec(
+            **{"name": "r", "tasks": review_tasks(2), "schema": LABEL_SCHEMA, **kwargs}))
+    return go
+
+
+BAD_INPUTS = [
+    ("empty batch name", _run(name=" "), InvalidBatch),
+    ("tasks as a string", _run(tasks="abc"), InvalidBatch),
+    ("no tasks", _run(tasks=[]), InvalidBatch),
+    ("a task without task_id", _run(tasks=[{"prompt": "p"}]), InvalidBatch),
+    ("duplicate task ids", _run(tasks=review_tasks(1) * 2), InvalidBatch),
+    ("a task that is not JSON", _run(tasks=[{"task_id": "a", "prompt": "p", "x": object()}]),
+     InvalidBatch),
+    ("pack 0", _run(pack=0), InvalidBatch),
+    ("pack 1.5", _run(pack=1.5), InvalidBatch),
+    ("repairs -1", _run(repairs=-1), InvalidBatch),
+    ("max_calls as text", _run(max_calls="10"), InvalidBatch),
+    ("identity naming a missing field", _run(identity="task_id,nope"), InvalidBatch),
+    ("a schema that is not a schema", _run(schema=42), InvalidBatch),
+    ("an unsatisfiable schema", _run(schema={"not": {}}), InvalidBatch),
+    ("a validator that is not callable", _run(validator=3), InvalidBatch),
+    ("a validator taking no arguments", _run(validator=lambda: None), InvalidBatch),
+    ("on_exhausted unknown", _run(on_exhausted="ignore"), InvalidBatch),
+    ("a spec with an unknown mode", _spec(mode="stream"), InvalidBatch),
+    ("concurrency 0", _session(concurrency=0), InvalidBatch),
+    ("timeout 0", _session(timeout=0), ConfigError),
+    ("timeout NaN", _session(timeout=float("nan")), ConfigError),
+    ("budget calls 1.5", _session(budget={"calls": 1.5}), InvalidBatch),
+    ("Budget(calls=-1)", lambda model: Budget(calls=-1), InvalidBatch),
+    ("budget calls as text", _session(budget={"calls": "10"}), InvalidBatch),
+    ("budget cost NaN", _session(budget={"cost": float("nan")}), InvalidBatch),
+    ("budget with an unknown key", _session(budget={"dollars": 1}), InvalidBatch),
+    ("an unknown provider name", lambda model: Session("no-such-provider").provider,
+     ConfigError),
+    ("a provider without async complete",
+     lambda model: Session(object()).run_batch("r", review_tasks(1), LABEL_SCHEMA),
+     ConfigError),
+    ("a callable provider that is not callable", lambda model: CallableProvider(5),
+     ProviderSetupError),
+    ("a key pasted as the model", lambda model: CallableProvider(
+        model, model="sk-proj-" + "a1B2" * 12), ProviderSetupError),
+    ("a cost budget on an unpriced model",
+     lambda model: Session(CallableProvider(model), budget={"cost": 1.0}).run_batch(
+         "r", review_tasks(2), LABEL_SCHEMA), ConfigError),
+    ("a budget too small for what is owed",
+     lambda model: Session(CallableProvider(model), budget=1).run_batch(
+         "r", review_tasks(3), LABEL_SCHEMA), BudgetExceeded),
+]
+
+
+@pytest.mark.parametrize("what, attempt, expected", BAD_INPUTS,
+                         ids=[case[0] for case in BAD_INPUTS])
+def test_bad_input_raises_the_documented_batchjson_error_before_any_call(
+        what: str, attempt: Any, expected: type[BatchJsonError]) -> None:
+    model = Counting()
+    with pytest.raises(expected) as raised:
+        attempt(model)
+    assert isinstance(raised.value, BatchJsonError)
+    assert model.calls == 0, f"{what}: a call was paid before the refusal"
+
+
+def test_a_ledger_path_that_is_a_directory_is_a_ledger_error(tmp_path: Path) -> None:
+    with pytest.raises(LedgerError, match=str(tmp_path)):
+        Session(CallableProvider(items_reply), ledger=tmp_path)
+
+
+def test_a_file_that_is_not_a_ledger_is_a_ledger_error_and_is_left_alone(tmp_path: Path) -> None:
+    path = tmp_path / "notes.sqlite"
+    path.write_bytes(b"these are my notes, not a database" * 200)
+    before = path.read_bytes()
+    with pytest.raises(LedgerError):
+        Session(CallableProvider(items_reply), ledger=path)
+    assert path.read_bytes() == before
