@@ -16,7 +16,9 @@ import csv
 import io
 import json
 import os
+import sqlite3
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -30,6 +32,7 @@ from .session import Session
 
 DEFAULT_LEDGER = Path(".batchjson/ledger.sqlite")
 OK, UNRESOLVED, USAGE, LEDGER, INTERRUPTED = 0, 1, 2, 3, 130
+OPEN_WAIT = 30.0  # seconds another process may hold a new ledger while creating it
 
 DEMO_SCHEMA = {
     "type": "object",
@@ -156,15 +159,43 @@ def run_demo(ledger: Path, seed: int, out: TextIO | None = None, *, as_json: boo
 
 
 # -- commands -------------------------------------------------------------------------------
+def _holds_nothing(path: Path) -> bool:
+    """An empty file or a SQLite file without tables: nothing to lose by making it a ledger
+    (it may be one another process is creating this moment)."""
+    try:
+        if path.stat().st_size == 0:
+            return True
+        db = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
+        try:
+            return db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0] == 0
+        finally:
+            db.close()
+    except (OSError, sqlite3.Error):
+        return False
+
+
 def _open(path: Path, *, create: bool = False) -> Ledger:
     if not (create and not path.exists()):
         problem = ledger_problem(path)
-        if problem:
+        if problem and not (create and _holds_nothing(path)):
             raise Problem(problem, LEDGER)
-    try:
-        return Ledger(path)
-    except LedgerError as exc:
-        raise Problem(str(exc), LEDGER) from None
+    deadline = time.monotonic() + OPEN_WAIT
+    while True:
+        try:
+            return Ledger(path)
+        except LedgerError as exc:
+            raise Problem(str(exc), LEDGER) from None
+        except sqlite3.OperationalError as exc:
+            # Two processes creating one ledger race: for the switch to WAL ("database is
+            # locked", which SQLite's busy timeout does not cover), and in the migrations,
+            # which read the schema version before taking the write lock ("table ... already
+            # exists"). Opening again once the other is done succeeds: poll until a deadline.
+            racing = "locked" in str(exc) or "already exists" in str(exc)
+            if not racing or time.monotonic() > deadline:
+                raise Problem(f"cannot open the ledger {path}: {exc}", LEDGER) from None
+            time.sleep(0.05)
+        except sqlite3.Error as exc:
+            raise Problem(f"cannot open the ledger {path}: {exc}", LEDGER) from None
 
 
 def _known(ledger: Ledger, name: str | None) -> None:
@@ -423,7 +454,7 @@ def _main(argv: list[str], out: TextIO) -> int:
     except Problem as exc:
         print(f"batchjson {args.command}: error: {exc}", file=sys.stderr)
         return exc.code
-    except LedgerError as exc:
+    except (LedgerError, sqlite3.Error) as exc:  # e.g. a read-only or vanished ledger
         print(f"batchjson {args.command}: ledger error: {exc}", file=sys.stderr)
         return LEDGER
     except BatchJsonError as exc:

@@ -100,7 +100,9 @@ def describe_error(e: Mapping[str, Any]) -> str:
 def import_lines(report: Mapping[str, Any]) -> list[str]:
     lines = [f"imported {report['source']}: {report['lines']} receipt(s): "
              f"{report['admitted']} admitted ({report['items_admitted']} item(s)), "
-             f"{report['diagnostic']} kept as diagnostic, {report['rejected']} rejected, "
+             + (f"{report['duplicate']} already accepted here (values kept), "
+                if report.get("duplicate") else "")
+             + f"{report['diagnostic']} kept as diagnostic, {report['rejected']} rejected, "
              f"{report['unverified']} unverified, {report['recorded']} recorded, "
              f"{report['skipped']} skipped"]
     for r in report["receipts"]:
