@@ -297,4 +297,16 @@ def advise(ledger: Ledger, name: str, *, repairs: int = 1, replays: int = 1,
         "priced": f.input_price is not None,
         "candidates": [e.as_dict() for e in options],
         "recommended": best.as_dict(),
+        "warning": _warning(name, best),
     }
+
+
+def _warning(name: str, best: Estimate) -> str | None:
+    """Said when even the best pack is expected to leave most of the batch undone: then the
+    fault is in the prompt, schema or model, and no pack size is the fix."""
+    if best.usable >= best.tasks / 2:
+        return None
+    return (f"no pack size is expected to finish this batch: the best leaves "
+            f"{best.tasks - best.usable:.1f} of {best.tasks} task(s) unresolved at the fault "
+            f"rates observed; read the rejected returns (batchjson receipts {name} --failed) "
+            "and fix the prompt, schema or validator before choosing a size")

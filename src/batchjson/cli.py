@@ -159,26 +159,44 @@ def run_demo(ledger: Path, seed: int, out: TextIO | None = None, *, as_json: boo
 
 
 # -- commands -------------------------------------------------------------------------------
-def _holds_nothing(path: Path) -> bool:
+def _holds_nothing(path: Path) -> bool | None:
     """An empty file or a SQLite file without tables: nothing to lose by making it a ledger
-    (it may be one another process is creating this moment)."""
+    (it may be one another process is creating this moment). None: busy, ask again."""
     try:
         if path.stat().st_size == 0:
             return True
-        db = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
+        db = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True, timeout=1.0)
         try:
             return db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0] == 0
         finally:
             db.close()
+    except sqlite3.OperationalError as exc:
+        return None if "locked" in str(exc) or "busy" in str(exc) else False
     except (OSError, sqlite3.Error):
         return False
 
 
+def _refusal(path: Path, create: bool) -> str | None:
+    """Why ``path`` cannot be opened as a ledger. With ``create``, a file another process is
+    making a ledger this moment is waited for (polling to a deadline), never refused."""
+    deadline = time.monotonic() + OPEN_WAIT
+    while True:
+        problem = ledger_problem(path) if path.exists() or not create else None
+        if problem is None or not create:
+            return problem
+        empty = _holds_nothing(path)
+        if empty:
+            return None
+        again = ledger_problem(path)  # its migrations may have committed since the first look
+        if again is None or (empty is False or time.monotonic() > deadline):
+            return again
+        time.sleep(0.05)
+
+
 def _open(path: Path, *, create: bool = False) -> Ledger:
-    if not (create and not path.exists()):
-        problem = ledger_problem(path)
-        if problem and not (create and _holds_nothing(path)):
-            raise Problem(problem, LEDGER)
+    problem = _refusal(path, create)
+    if problem:
+        raise Problem(problem, LEDGER)
     deadline = time.monotonic() + OPEN_WAIT
     while True:
         try:

@@ -29,6 +29,9 @@ def wrapped(text: str, indent: str, width: int = 100) -> list[str]:
                          break_on_hyphens=False) or [indent]
 
 
+DEFAULT_LEDGER = ".batchjson/ledger.sqlite"  # the CLI's and the notebooks' default
+
+
 def status_lines(summary: Mapping[str, Any], ledger: str) -> list[str]:
     """``batchjson status``: one row per batch and a total; unknown costs shown apart."""
     columns = ["batch", "tasks", "usable", "calls", "accepted", "rejected", "provider err",
@@ -42,13 +45,17 @@ def status_lines(summary: Mapping[str, Any], ledger: str) -> list[str]:
                      *_cost_cells(e)])
     lines = [f"ledger {ledger}", *table(columns, rows, right=range(1, 8))]
     total = summary["total"]
-    if total["unknown_cost_calls"]:
-        unpriced = (f"; {total['unpriced_calls']} of them for models with no price, which add "
-                    "nothing to the bound" if total["unpriced_calls"] else "")
-        lines.append(f"  {total['unknown_cost_calls']} call(s) have no recorded cost (killed, "
-                     f"abandoned, imported without cost or unpriced{unpriced}): at least "
-                     f"{money(total['unknown_cost_lower_bound'])} more, pricing their prompts "
-                     "at the input rate; '+' and '≥' mark figures that include that bound")
+    unknown, unpriced = total["unknown_cost_calls"], total["unpriced_calls"]
+    if unknown and unpriced == unknown:
+        lines.append(f"  {unknown} call(s) have no recorded cost and their models have no price "
+                     "in batchjson's table, so their cost is unknown (not zero)")
+    elif unknown:
+        also = (f"; {unpriced} more are for models with no price and add nothing to it"
+                if unpriced else "")
+        lines.append(f"  {unknown} call(s) have no recorded cost (killed, abandoned, or imported "
+                     f"without cost): at least {money(total['unknown_cost_lower_bound'])} more, "
+                     f"pricing their prompts at the input rate{also}; '+' and '≥' mark figures "
+                     "that include that bound")
     owed = summary.get("unresolved_requests", 0)
     if owed:
         lines.append(f"  still owed: {owed} request(s), {summary['unresolved_items']} item(s); "
@@ -56,7 +63,26 @@ def status_lines(summary: Mapping[str, Any], ledger: str) -> list[str]:
     for sup in summary.get("superseded", []):
         lines.append(f"  superseded: {sup['batch']} revision {sup['revision']} -> "
                      f"{sup['superseded_by']} ({sup['reason']})")
-    return lines
+    return lines + _status_next(summary, ledger)
+
+
+def _status_next(summary: Mapping[str, Any], ledger: str) -> list[str]:
+    """What to run next, for the first batch that needs a look (or the first batch)."""
+    batches = summary["batches"]
+    if not batches:
+        return ["", "the ledger holds no batches yet: run one (batchjson demo shows how)"]
+    flag = "" if ledger == DEFAULT_LEDGER else f" --ledger {ledger}"
+    worst = max(batches, key=lambda e: (e["unresolved_tasks"], e["rejected_returns"]))
+    name = worst["batch"]
+    hints = [(f"batchjson receipts {name} --failed{flag}", "why returns were rejected")]
+    if worst["unresolved_tasks"]:
+        hints.insert(0, (f"re-run batch {name!r}", "accepted requests are never paid again"))
+    else:
+        hints.append((f"batchjson values {name} --csv{flag}", "the accepted answers"))
+    if worst["accepted_returns"] + worst["rejected_returns"]:  # advice needs judged returns
+        hints.append((f"batchjson advise {name}{flag}", "the cheapest pack size"))
+    width = max(len(c) for c, _ in hints) + 2
+    return ["", "next:", *(f"  {c.ljust(width)}{why}" for c, why in hints)]
 
 
 def _cost_cells(e: Mapping[str, Any]) -> tuple[str, str]:
@@ -138,10 +164,17 @@ def advice_lines(advice: Mapping[str, Any]) -> list[str]:
     lines += table(["pack", "split", "calls", "tokens", "cost", "usable", f"{unit}/usable"],
                    rows, right=(0, 2, 3, 4, 5, 6))
     best = advice["recommended"]
-    lines.append(f"recommended: pack {best['pack']}{' with --split' if best['split'] else ''} "
+    per_cost = best["cost_per_usable_result"]
+    per = (f"{'n/a' if per_cost is None else money(per_cost)} per usable result"
+           if advice["priced"] else
+           f"{_or_na(best['tokens_per_usable_result'])} tokens per usable result")
+    lines.append(f"recommended: pack {best['pack']}{' with split=True' if best['split'] else ''} "
                  f"(expected {best['calls']:.1f} calls, "
-                 f"{best['usable_results']:.1f} usable results, "
-                 + (f"{money(best['cost_per_usable_result'])} per usable result)"
-                    if advice["priced"] else
-                    f"{best['tokens_per_usable_result']} tokens per usable result)"))
+                 f"{best['usable_results']:.1f} usable results, {per})")
+    if advice.get("warning"):
+        lines += wrapped(advice["warning"], "warning: ")
     return lines
+
+
+def _or_na(value: Any) -> str:
+    return "n/a" if value is None else str(value)
