@@ -89,3 +89,27 @@ def test_advice_needs_observed_returns_and_a_known_batch() -> None:
     session.run_batch("review", tasks(4), SCHEMA, on_exhausted="return")  # errors only
     with pytest.raises(InvalidBatch, match="no judged returns yet"):
         session.advise("review")
+
+
+def test_at_fault_rate_one_advice_warns_that_no_pack_size_finishes() -> None:
+    broken = SimulatedModel(answer=answer, faults=FaultPlan(item_wrong_type=1.0), seed=1)
+    session = Session(broken, repairs=0, replays=1)
+    session.run_batch("review", tasks(16), SCHEMA, pack=4, on_exhausted="return")
+    advice = session.advise("review")
+    assert advice["fit"]["item_fault_rate"] > 0.99
+    assert advice["recommended"]["usable_results"] < 1
+    assert "no pack size is expected to finish this batch" in advice["warning"]
+    assert "batchjson receipts review --failed" in advice["warning"]
+
+
+def test_at_fault_rate_zero_advice_is_finite_and_prefers_the_largest_pack() -> None:
+    clean = SimulatedModel(answer=answer, seed=1, model="gpt-4o-mini",
+                           price_per_million=(0.15, 0.60))
+    session = Session(clean)
+    session.run_batch("review", tasks(40), SCHEMA, pack=5, instructions=INSTRUCTIONS)
+    advice = session.advise("review")
+    assert advice["warning"] is None
+    assert advice["fit"]["item_fault_rate"] == pytest.approx(0.5 / 40)  # half a fault, not 0
+    assert all(c["cost_per_usable_result"] is not None and c["cost_per_usable_result"] > 0
+               for c in advice["candidates"])
+    assert advice["recommended"]["pack"] >= 20  # the shared instructions amortise

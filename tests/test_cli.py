@@ -15,7 +15,7 @@ import pytest
 from batchjson import CallableProvider, Session
 from batchjson import cli as cli_module
 from batchjson.ledger import Ledger
-from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
+from tests.helpers import LABEL_SCHEMA, answer, items_reply, review_tasks
 
 SUBCOMMANDS = ("demo", "status", "receipts", "values", "export", "import", "merge", "advise")
 
@@ -196,3 +196,59 @@ def test_demo_never_clears_a_ledger_that_holds_other_batches(tmp_path: Path) -> 
     again = bj("demo", "--ledger", str(tmp_path / "d.sqlite"), "--json", cwd=tmp_path)
     assert again.returncode == 0 and json.loads(again.stdout)["second"]["calls"] == 0
     assert bj("demo", "--ledger", str(tmp_path / "d.sqlite"), cwd=tmp_path).returncode == 0
+
+
+def test_status_ends_with_what_to_run_next_for_the_batch_that_needs_a_look(
+        demo_dir: Path, tmp_path: Path) -> None:
+    tail = bj("status", cwd=demo_dir).stdout.strip().splitlines()[-4:]
+    assert tail[0] == "next:"
+    assert [line.split()[:3] for line in tail[1:]] == [
+        ["batchjson", "receipts", "review"], ["batchjson", "values", "review"],
+        ["batchjson", "advise", "review"]]
+    ledger = tmp_path / "down.sqlite"
+    session = Session(CallableProvider(lambda call: "{broken"), ledger=ledger, repairs=0,
+                      replays=0)
+    session.run_batch("labels", review_tasks(2), LABEL_SCHEMA, on_exhausted="return")
+    session.close()
+    owed = bj("status", "--ledger", str(ledger), cwd=tmp_path).stdout
+    assert "next:\n  re-run batch 'labels'" in owed
+    assert f"batchjson receipts labels --failed --ledger {ledger}" in owed
+
+
+def test_costs_of_unpriced_models_print_as_unknown_never_as_zero(tmp_path: Path) -> None:
+    ledger = tmp_path / "unpriced.sqlite"
+    session = Session(CallableProvider(items_reply), ledger=ledger)  # no usage, no model price
+    session.run_batch("labels", review_tasks(4), LABEL_SCHEMA, pack=2)
+    session.close()
+    human = bj("status", "--ledger", str(ledger), cwd=tmp_path).stdout
+    assert "unknown" in human and "$0.00" not in human
+    assert "so their cost is unknown (not zero)" in human
+    total = json.loads(bj("status", "--ledger", str(ledger), "--json", cwd=tmp_path).stdout)
+    assert total["total"]["cost_is_lower_bound"] and total["total"]["unpriced_calls"] == 2
+
+
+def test_a_ledger_sqlite_cannot_write_is_exit_3_without_a_traceback(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.sqlite"
+    Session(CallableProvider(items_reply), ledger=ledger).run_batch(
+        "labels", review_tasks(2), LABEL_SCHEMA)
+    db = sqlite3.connect(ledger)
+    db.execute("CREATE TRIGGER no_imports BEFORE INSERT ON attempts BEGIN "
+               "SELECT RAISE(ABORT, 'attempt table is read-only'); END")
+    db.commit()
+    db.close()
+    receipts = tmp_path / "old.jsonl"
+    tasks = review_tasks(1, case="gold-pair-090")
+    raw = json.dumps({"items": [{"task_id": t["task_id"]} | answer(t) for t in tasks]})
+    receipts.write_text(json.dumps({"batch": "b", "tasks": tasks, "status": "ok",
+                                    "identity": ["task_id"], "raw": raw}) + "\n")
+    done = bj("import", str(receipts), "--ledger", str(ledger), cwd=tmp_path)
+    assert done.returncode == 3 and "Traceback" not in done.stderr
+    assert "attempt table is read-only" in done.stderr
+
+
+def test_merge_names_the_other_file_when_it_is_missing_or_a_directory(tmp_path: Path) -> None:
+    for other in (tmp_path / "missing.sqlite", tmp_path):
+        done = bj("merge", str(other), "--ledger", str(tmp_path / "mine.sqlite"), cwd=tmp_path)
+        assert done.returncode == 3 and "Traceback" not in done.stderr
+        assert "--ledger" not in done.stderr and "ledger to merge" in done.stderr
+    assert not (tmp_path / "mine.sqlite").exists()

@@ -348,6 +348,10 @@ def cmd_import(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_merge(args: argparse.Namespace, out: TextIO) -> int:
+    if not args.other.exists() or args.other.is_dir():  # the hint is about OTHER, not --ledger
+        raise Problem(f"no ledger to merge at {args.other}"
+                      + (" (a directory: name the ledger file inside it)"
+                         if args.other.is_dir() else ""), LEDGER)
     problem = ledger_problem(args.other)  # checked before a ledger is created to receive it
     if problem:
         raise Problem(problem, LEDGER)
