@@ -252,3 +252,38 @@ def test_merge_names_the_other_file_when_it_is_missing_or_a_directory(tmp_path: 
         assert done.returncode == 3 and "Traceback" not in done.stderr
         assert "--ledger" not in done.stderr and "ledger to merge" in done.stderr
     assert not (tmp_path / "mine.sqlite").exists()
+
+
+def _option_entries(help_text: str) -> dict[str, str]:
+    """option spec -> its help text, from argparse's "options:" section."""
+    entries: dict[str, str] = {}
+    spec = None
+    for line in help_text.split("options:", 1)[1].splitlines():
+        if line.startswith("  -"):
+            spec, _, text = line.strip().partition("  ")
+            entries[spec] = text.strip()
+        elif spec and line.startswith("        "):
+            entries[spec] = (entries[spec] + " " + line.strip()).strip()
+    return entries
+
+
+def test_serve_help_is_batchjson_serve_with_a_line_of_help_per_option(tmp_path: Path) -> None:
+    done = bj("serve", "--help", cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.startswith("usage: batchjson serve")
+    entries = _option_entries(done.stdout)
+    assert {"--host HOST", "--retry-after RETRY_AFTER", "--seed SEED"} <= set(entries)
+    assert all(entries.values()), [spec for spec, text in entries.items() if not text]
+    for name in SUBCOMMANDS:
+        entries = _option_entries(bj(name, "--help", cwd=tmp_path).stdout)
+        assert all(entries.values()), (name, entries)
+
+
+def test_receipts_failed_of_a_clean_batch_says_every_attempt_was_accepted(
+        tmp_path: Path) -> None:
+    ledger = tmp_path / "clean.sqlite"
+    Session(CallableProvider(items_reply), ledger=ledger).run_batch(
+        "labels", review_tasks(2), LABEL_SCHEMA)
+    done = bj("receipts", "labels", "--failed", "--ledger", str(ledger), cwd=tmp_path)
+    assert done.returncode == 0
+    assert done.stdout.strip() == ("no failed receipts for batch 'labels': every attempt was "
+                                   "accepted")

@@ -269,7 +269,7 @@ def cmd_receipts(args: argparse.Namespace, out: TextIO) -> int:
     if args.json:
         _dump(rows, out)
         return OK
-    for line in cliview.receipt_lines(args.name, rows, args.raw):
+    for line in cliview.receipt_lines(args.name, rows, args.raw, args.failed):
         print(line, file=out)
     return OK
 
@@ -468,7 +468,7 @@ def _main(argv: list[str], out: TextIO) -> int:
     if argv[:1] == ["serve"]:  # the server owns its options (--port, --latency, faults)
         from .testing.server import main as serve_main
 
-        return serve_main(argv[1:]) or 0
+        return serve_main(argv[1:], prog="batchjson serve") or 0
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

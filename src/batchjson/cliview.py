@@ -95,9 +95,11 @@ def _cost_cells(e: Mapping[str, Any]) -> tuple[str, str]:
             "n/a" if per is None else ("≥" if mark else "") + money(per))
 
 
-def receipt_lines(name: str, receipts: Sequence[Mapping[str, Any]], raw: bool) -> list[str]:
+def receipt_lines(name: str, receipts: Sequence[Mapping[str, Any]], raw: bool,
+                  failed: bool = False) -> list[str]:
     if not receipts:
-        return [f"no receipts for batch {name!r}"]
+        return [f"no failed receipts for batch {name!r}: every attempt was accepted" if failed
+                else f"no receipts for batch {name!r}"]
     rows = [[r["number"], r["revision"], r["kind"], r["status"], len(r["task_ids"]),
              r["input_tokens"] if r["input_tokens"] is not None else "-",
              r["output_tokens"] if r["output_tokens"] is not None else "-", money(r["cost"])]
