@@ -34,6 +34,14 @@ def check_identifier(var: str, option: str) -> None:
                          f"{option}")
 
 
+def running_cell(shell: Any) -> int:
+    """The number of the cell now running, as its In[n] shows: IPython 9 has already advanced
+    ``shell.execution_count`` while a cell runs (8 advanced it afterwards), and it caches the
+    running cell under its own number before running it."""
+    mapping = getattr(getattr(shell, "compile", None), "_filename_map", None)
+    return max(mapping.values()) if mapping else shell.execution_count
+
+
 def run_body(shell: Any, cell: str) -> list[str]:
     """Execute the body in the user namespace; return the names it (re)bound to functions
     defined in this body (an imported or helper-made function from elsewhere is not its own).
@@ -42,7 +50,7 @@ def run_body(shell: Any, cell: str) -> list[str]:
     traceback line numbers match the cell as the user sees it (line 1 is ``%%batch_json``).
     """
     source = "\n" + shell.transform_cell(cell)
-    filename = shell.compile.cache(source, shell.execution_count, raw_code="\n" + cell)
+    filename = shell.compile.cache(source, running_cell(shell), raw_code="\n" + cell)
     code = shell.compile(source, filename, "exec")
     ns = shell.user_ns
     before = dict(ns)

@@ -106,6 +106,18 @@ def _whole(minimum: int) -> Any:
     return parse
 
 
+class UnresolvedShown(BatchUnresolved):
+    """Raised once the result is on screen with its failed requests listed: the error says
+    what happened and how to go on, without listing the same failures a second time."""
+
+    def _render_traceback_(self) -> list[str]:
+        report = self.result.failure_report().splitlines()
+        name = self.result.name
+        return [f"BatchUnresolved: {report[0]}",
+                f"The failed requests are listed above ({self.var}.failure_report() as text); "
+                f"%batch_receipts {name} --failed shows every rejected return.", report[-1]]
+
+
 @magics_class
 class BatchJson(Magics):
     """Configuration of the kernel's batchjson session (``%config BatchJson``)."""
@@ -279,7 +291,7 @@ class BatchJson(Magics):
             print(f"batchjson: {args.name}: {result.superseded}")
         display(result)
         if not result.resolved:
-            raise BatchUnresolved(result, var)
+            raise UnresolvedShown(result, var)
 
     # -- inspection ------------------------------------------------------------------------------
     @magic_arguments()
