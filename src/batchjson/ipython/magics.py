@@ -118,6 +118,10 @@ class UnresolvedShown(BatchUnresolved):
                 f"%batch_receipts {name} --failed shows every rejected return.", report[-1]]
 
 
+# The kernel reports the error by its class name: the user's error is a BatchUnresolved.
+UnresolvedShown.__name__ = UnresolvedShown.__qualname__ = "BatchUnresolved"
+
+
 @magics_class
 class BatchJson(Magics):
     """Configuration of the kernel's batchjson session (``%config BatchJson``)."""
