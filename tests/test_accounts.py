@@ -200,3 +200,23 @@ def test_merging_a_batch_of_the_same_name_with_other_content_keeps_both_revision
     refused = cli("merge", str(tmp_path / "ours.sqlite"), "--ledger",
                   str(tmp_path / "ours.sqlite"), cwd=tmp_path)
     assert refused.returncode == 3 and "is this ledger" in refused.stderr
+
+
+def test_a_merged_unfinished_revision_beside_our_batch_is_not_owed_work(tmp_path: Path) -> None:
+    ours = Session(CallableProvider(lambda call: priced(items_reply(call))),
+                   ledger=tmp_path / "ours.sqlite")
+    assert ours.run_batch("labels", review_tasks(4), LABEL_SCHEMA, pack=2).resolved
+    theirs = Session(CallableProvider(lambda call: priced("{broken")),
+                     ledger=tmp_path / "theirs.sqlite", repairs=0, replays=0)
+    theirs.run_batch("labels", review_tasks(6), LABEL_SCHEMA, pack=3, on_exhausted="return")
+    theirs.close()
+    ours.ledger.merge(tmp_path / "theirs.sqlite")
+    assert ours.evidence.minimum_exact_retry_calls == 0  # their unfinished run is not ours
+    status = json.loads(cli("status", "--json", "--ledger", str(tmp_path / "ours.sqlite"),
+                            cwd=tmp_path).stdout)
+    assert status["unresolved_requests"] == 0
+    assert status["total"]["calls"] == 4 and status["total"]["rejected_returns"] == 2
+    (merged,) = status["superseded"]
+    assert merged["revision"] == 2 and merged["superseded_by"] == 1
+    assert "merged from theirs.sqlite" in merged["reason"]
+    assert len(ours.ledger.checkpoint("labels")) == 4
