@@ -287,3 +287,32 @@ def test_receipts_failed_of_a_clean_batch_says_every_attempt_was_accepted(
     assert done.returncode == 0
     assert done.stdout.strip() == ("no failed receipts for batch 'labels': every attempt was "
                                    "accepted")
+
+
+def test_ctrl_c_during_an_import_rolls_it_back_and_says_nothing_was_imported(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from batchjson import recovery
+
+    tasks = review_tasks(2)
+    raw = json.dumps({"items": [{"task_id": t["task_id"]} | answer(t) for t in tasks]})
+    line = {"batch": "b", "tasks": tasks, "status": "ok", "identity": ["task_id"], "raw": raw}
+    receipts = tmp_path / "old.jsonl"
+    receipts.write_text(json.dumps(line) + "\n" + json.dumps({**line, "batch": "c"}) + "\n")
+    real = recovery._import_line
+    seen: list[int] = []
+
+    def interrupted_on_the_second(*args: object, **kwargs: object) -> object:
+        seen.append(1)
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(recovery, "_import_line", interrupted_on_the_second)
+    ledger = tmp_path / "ledger.sqlite"
+    assert cli_module.main(["import", str(receipts), "--ledger", str(ledger)]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == ("batchjson: interrupted; nothing was imported (it is one "
+                           "transaction), run it again")
+    db = sqlite3.connect(ledger)
+    assert db.execute("SELECT COUNT(*) FROM attempts").fetchone()[0] == 0
+    db.close()

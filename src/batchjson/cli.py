@@ -500,8 +500,13 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             pass
         return OK
     except KeyboardInterrupt:
-        print("batchjson: interrupted; receipts written so far are kept, re-run to resume",
-              file=sys.stderr)
+        if args_in[:1] in (["import"], ["merge"]):  # one transaction: rolled back whole
+            done = {"import": "imported", "merge": "merged"}[args_in[0]]
+            print(f"batchjson: interrupted; nothing was {done} (it is one transaction), "
+                  "run it again", file=sys.stderr)
+        else:
+            print("batchjson: interrupted; receipts written so far are kept, re-run to resume",
+                  file=sys.stderr)
         return INTERRUPTED
 
 
