@@ -316,3 +316,26 @@ def test_ctrl_c_during_an_import_rolls_it_back_and_says_nothing_was_imported(
     db = sqlite3.connect(ledger)
     assert db.execute("SELECT COUNT(*) FROM attempts").fetchone()[0] == 0
     db.close()
+
+
+def test_escape_sequences_in_a_return_or_a_batch_name_never_reach_the_terminal(
+        tmp_path: Path) -> None:
+    tasks = review_tasks(2)
+    hostile = "\x1b]0;owned\x07\x1b[2J"
+    raw = json.dumps({"items": [{"task_id": t["task_id"], "verdict": hostile} for t in tasks]},
+                     ensure_ascii=False)
+    line = {"batch": "evil\x1b[31m\u202e", "tasks": tasks, "status": "ok",
+            "identity": ["task_id"], "raw": raw, "schema": LABEL_SCHEMA}
+    receipts = tmp_path / "old.jsonl"
+    receipts.write_text(json.dumps(line, ensure_ascii=False) + "\n")
+    ledger = str(tmp_path / "ledger.sqlite")
+    outputs = [bj("import", str(receipts), "--ledger", ledger, cwd=tmp_path).stdout,
+               bj("status", "--ledger", ledger, cwd=tmp_path).stdout,
+               bj("receipts", line["batch"], "--raw", "--ledger", ledger, cwd=tmp_path).stdout]
+    for out in outputs:
+        assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out
+    assert "evil\\x1b[31m\\u202e" in outputs[1]
+    assert "\\x1b]0;owned\\x07\\x1b[2J" in outputs[2]  # shown, as text, in the raw return
+    data = json.loads(bj("receipts", line["batch"], "--raw", "--json", "--ledger", ledger,
+                         cwd=tmp_path).stdout)
+    assert data[0]["raw"] == raw  # scripts still get the exact text

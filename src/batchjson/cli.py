@@ -222,6 +222,12 @@ def _known(ledger: Ledger, name: str | None) -> None:
         raise Problem(problem, USAGE)
 
 
+def _say(lines: Sequence[str], out: TextIO) -> None:
+    """Human output: names and returns from a ledger or an import file never act on the
+    terminal (escape sequences are shown, not sent)."""
+    print("\n".join(map(cliview.printable, lines)), file=out)
+
+
 def _dump(obj: Any, out: TextIO) -> None:
     print(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False), file=out)
 
@@ -241,7 +247,7 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     if args.json:
         _dump(summary, out)
     else:
-        print("\n".join(cliview.status_lines(summary, str(args.ledger))), file=out)
+        _say(cliview.status_lines(summary, str(args.ledger)), out)
     return OK
 
 
@@ -269,8 +275,7 @@ def cmd_receipts(args: argparse.Namespace, out: TextIO) -> int:
     if args.json:
         _dump(rows, out)
         return OK
-    for line in cliview.receipt_lines(args.name, rows, args.raw, args.failed):
-        print(line, file=out)
+    _say(cliview.receipt_lines(args.name, rows, args.raw, args.failed), out)
     return OK
 
 
@@ -342,7 +347,7 @@ def cmd_import(args: argparse.Namespace, out: TextIO) -> int:
     if args.json:
         _dump(report, out)
     else:
-        print("\n".join(cliview.import_lines(report)), file=out)
+        _say(cliview.import_lines(report), out)
     kept = report["diagnostic"] + report["rejected"] + report["unverified"]
     return UNRESOLVED if kept else OK
 
@@ -388,7 +393,7 @@ def cmd_advise(args: argparse.Namespace, out: TextIO) -> int:
     if args.json:
         _dump(advice, out)
     else:
-        print("\n".join(cliview.advice_lines(advice)), file=out)
+        _say(cliview.advice_lines(advice), out)
     return OK
 
 

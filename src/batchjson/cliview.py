@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .result import money
 
+# Control characters (ANSI escapes, carriage returns, bells) and bidirectional overrides in a
+# model's return or an imported batch name would act on the terminal instead of being read.
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` with every character that would act on a terminal shown as its escape."""
+    return _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256
+                       else f"\\u{ord(m.group()):04x}", text)
+
 
 def table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, indent: str = "  ",
           right: Sequence[int] = ()) -> list[str]:
     """Aligned columns; indices in ``right`` are right-aligned (numbers)."""
-    cells = [[("" if v is None else str(v)) for v in row] for row in rows]
+    cells = [[("" if v is None else printable(str(v))) for v in row] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
 
     def line(values: Sequence[str]) -> str:
@@ -24,7 +35,7 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, indent: str 
 
 
 def wrapped(text: str, indent: str, width: int = 100) -> list[str]:
-    return textwrap.wrap(" ".join(str(text).split()), width, initial_indent=indent,
+    return textwrap.wrap(printable(" ".join(str(text).split())), width, initial_indent=indent,
                          subsequent_indent=" " * len(indent) + "  ", break_long_words=False,
                          break_on_hyphens=False) or [indent]
 
@@ -114,7 +125,8 @@ def receipt_lines(name: str, receipts: Sequence[Mapping[str, Any]], raw: bool,
         if len(r["errors"]) > 5:
             lines.append(f"      ... and {len(r['errors']) - 5} more error(s)")
         if raw and r["raw"] is not None:
-            lines += ["      raw return:", *("        " + x for x in r["raw"].splitlines())]
+            lines += ["      raw return:",
+                      *("        " + printable(x) for x in r["raw"].split("\n"))]
     return lines
 
 
