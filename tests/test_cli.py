@@ -339,3 +339,15 @@ def test_escape_sequences_in_a_return_or_a_batch_name_never_reach_the_terminal(
     data = json.loads(bj("receipts", line["batch"], "--raw", "--json", "--ledger", ledger,
                          cwd=tmp_path).stdout)
     assert data[0]["raw"] == raw  # scripts still get the exact text
+
+
+def test_a_newline_in_a_batch_name_cannot_forge_a_row_of_the_status_table(
+        tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.sqlite"
+    forged = "x\n  total      99      99"
+    Session(CallableProvider(items_reply), ledger=ledger).run_batch(
+        forged, review_tasks(2), LABEL_SCHEMA)
+    out = bj("status", "--ledger", str(ledger), cwd=tmp_path).stdout
+    assert "x\\n  total      99      99" in out
+    assert [line.split()[0] for line in out.splitlines() if line.strip().startswith("total")] \
+        == ["total"]

@@ -329,3 +329,26 @@ def test_two_processes_importing_one_file_into_a_new_ledger_record_each_line_onc
         reports = [json.loads(out) for out, _ in outputs]
         assert sorted(r["skipped"] for r in reports) == [0, 2]  # one imported, one found it
         assert counts(ledger)["attempts"] == 2 and counts(ledger)["checkpoint"] == 3
+
+
+def test_an_exported_receipt_with_a_schema_other_than_its_components_name_is_refused(
+        tmp_path: Path) -> None:
+    session = Session(CallableProvider(items_reply), ledger=tmp_path / "a.sqlite")
+    session.run_batch("labels", review_tasks(2), LABEL_SCHEMA, pack=2)
+    (line,) = session.ledger.export_receipts()
+    with_its_schema = {**line, "uid": "copy-1", "schema": LABEL_SCHEMA}
+    loose = {**line, "uid": "copy-2", "schema": {"type": "object"}}  # would admit anything
+    target = Ledger(tmp_path / "b.sqlite")
+    assert target.import_receipts(write(tmp_path / "ok.jsonl", with_its_schema))["admitted"] == 1
+    with pytest.raises(InvalidBatch, match="its schema is not the one its components name"):
+        target.import_receipts(write(tmp_path / "loose.jsonl", loose))
+
+
+@pytest.mark.parametrize("claimed", ["OK", " ok ", "Success\n"])
+def test_a_claimed_success_is_read_whatever_its_case_and_spacing(tmp_path: Path,
+                                                                 claimed: str) -> None:
+    tasks = review_tasks(2)
+    no_schema = {k: v for k, v in receipt(tasks, items_for(tasks), claimed).items()
+                 if k != "schema"}
+    report = Ledger(tmp_path / "l.sqlite").import_receipts(write(tmp_path / "o.jsonl", no_schema))
+    assert report["receipts"][0]["outcome"] == "admitted"  # not 'unverified' as a failure claim

@@ -16,6 +16,7 @@ import csv
 import io
 import json
 import os
+import shlex
 import sqlite3
 import sys
 import time
@@ -146,7 +147,7 @@ def run_demo(ledger: Path, seed: int, out: TextIO | None = None, *, as_json: boo
         for line in cliview.wrapped(swap, "  e.g. "):
             say(line)
     say(f"  the second run resumed every request from the ledger: {second.calls} new call(s)")
-    flag = "" if ledger == DEFAULT_LEDGER else f" --ledger {ledger}"
+    flag = "" if ledger == DEFAULT_LEDGER else f" --ledger {shlex.quote(str(ledger))}"
     say()
     say("next:")
     for command, why in ((f"batchjson status{flag}", "calls, tokens and cost, per batch"),

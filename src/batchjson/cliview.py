@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -23,7 +24,9 @@ def printable(text: str) -> str:
 def table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, indent: str = "  ",
           right: Sequence[int] = ()) -> list[str]:
     """Aligned columns; indices in ``right`` are right-aligned (numbers)."""
-    cells = [[("" if v is None else printable(str(v))) for v in row] for row in rows]
+    cells = [[("" if v is None else
+               printable(str(v)).replace("\n", "\\n").replace("\t", "\\t")) for v in row]
+             for row in rows]  # a newline in a cell would forge a row
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
 
     def line(values: Sequence[str]) -> str:
@@ -82,12 +85,13 @@ def _status_next(summary: Mapping[str, Any], ledger: str) -> list[str]:
     batches = summary["batches"]
     if not batches:
         return ["", "the ledger holds no batches yet: run one (batchjson demo shows how)"]
-    flag = "" if ledger == DEFAULT_LEDGER else f" --ledger {ledger}"
+    flag = "" if ledger == DEFAULT_LEDGER else f" --ledger {shlex.quote(ledger)}"
     worst = max(batches, key=lambda e: (e["unresolved_tasks"], e["rejected_returns"]))
-    name = worst["batch"]
+    name = shlex.quote(worst["batch"]).replace("\n", "\\n")  # as typed in a shell
     hints = [(f"batchjson receipts {name} --failed{flag}", "why returns were rejected")]
     if worst["unresolved_tasks"]:
-        hints.insert(0, (f"re-run batch {name!r}", "accepted requests are never paid again"))
+        hints.insert(0, (f"re-run batch {worst['batch']!r}",
+                         "accepted requests are never paid again"))
     else:
         hints.append((f"batchjson values {name} --csv{flag}", "the accepted answers"))
     if worst["accepted_returns"] + worst["rejected_returns"]:  # advice needs judged returns

@@ -166,6 +166,9 @@ def _check(path: Path, number: int, record: dict[str, Any],
     version = validators.get(validator_name) if validator_name else None
     if own and isinstance(record.get("components"), dict):
         components = {str(k): str(v) for k, v in record["components"].items()}
+        if record.get("schema") and components.get("schema") != schema.fingerprint:
+            raise _refuse(path, number, "its schema is not the one its components name (the "
+                          "receipt was altered); give the schema the batch ran with")
     else:
         components = {
             "tasks": sha(json.dumps(tasks, sort_keys=True, separators=(",", ":"))),
@@ -272,7 +275,7 @@ def _import_line(db: Any, ledger: Ledger, line: Line, registry: Mapping[str, Any
     usage = {k: rec.get(k) for k in OPTIONAL_NUMBERS} | {"model": rec.get("model")}
     name = rec.get("validator")
     version = registry.get(name) if name else None
-    success = claimed.lower() in SUCCESS_WORDS
+    success = claimed.strip().lower() in SUCCESS_WORDS
     stored: dict[str, Any] = {}
     if line.own and rec.get("raw") is None:
         status, errors = _exported_status(rec), list(rec.get("errors") or [])
