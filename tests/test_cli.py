@@ -40,11 +40,12 @@ def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_demo_prints_a_readable_summary_that_ends_with_what_to_run_next(demo_dir: Path) -> None:
     out = (demo_dir / "demo.out").read_text()
     assert "<BatchResult" not in out and "Evidence(" not in out  # no reprs
-    assert "first run   resolved: 60/60 accepted" in out
-    assert "second run  resolved: 60/60 accepted, 0 call(s)" in out
+    assert "first run   resolved: 60/60 tasks answered; 26 call(s): 12 returns accepted" in out
+    assert "second run  resolved: 60/60 tasks answered; 0 call(s)" in out
     assert "identity: " in out and "the request has" in out
     tail = out.strip().splitlines()[-5:]
-    assert tail[0] == "next:" and tail[1].strip().startswith("batchjson status")
+    assert tail[0] == "next:" and tail[1].split()[1] == "status"
+    assert tail[1].split()[0].endswith("batchjson")  # the command as this shell can run it
     assert (demo_dir / "demo.err").read_text() == ""  # no progress bar off a TTY
 
 
@@ -202,9 +203,8 @@ def test_status_ends_with_what_to_run_next_for_the_batch_that_needs_a_look(
         demo_dir: Path, tmp_path: Path) -> None:
     tail = bj("status", cwd=demo_dir).stdout.strip().splitlines()[-4:]
     assert tail[0] == "next:"
-    assert [line.split()[:3] for line in tail[1:]] == [
-        ["batchjson", "receipts", "review"], ["batchjson", "values", "review"],
-        ["batchjson", "advise", "review"]]
+    assert [line.split()[1:3] for line in tail[1:]] == [
+        ["receipts", "review"], ["values", "review"], ["advise", "review"]]
     ledger = tmp_path / "down.sqlite"
     session = Session(CallableProvider(lambda call: "{broken"), ledger=ledger, repairs=0,
                       replays=0)
@@ -212,7 +212,7 @@ def test_status_ends_with_what_to_run_next_for_the_batch_that_needs_a_look(
     session.close()
     owed = bj("status", "--ledger", str(ledger), cwd=tmp_path).stdout
     assert "next:\n  re-run batch 'labels'" in owed
-    assert f"batchjson receipts labels --failed --ledger {ledger}" in owed
+    assert f"batchjson receipts labels --failed --ledger {ledger}" in owed  # path or bare name
 
 
 def test_costs_of_unpriced_models_print_as_unknown_never_as_zero(tmp_path: Path) -> None:
@@ -351,3 +351,19 @@ def test_a_newline_in_a_batch_name_cannot_forge_a_row_of_the_status_table(
     assert "x\\n  total      99      99" in out
     assert [line.split()[0] for line in out.splitlines() if line.strip().startswith("total")] \
         == ["total"]
+
+
+def test_next_steps_name_a_batchjson_the_shell_can_run(tmp_path: Path) -> None:
+    script = Path(sys.executable).parent / "batchjson"
+    if not script.exists():
+        pytest.skip("the batchjson script is not installed beside this python")
+    bare = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}  # the venv is not activated
+    done = subprocess.run([sys.executable, "-m", "batchjson", "demo"], cwd=tmp_path, env=bare,
+                          capture_output=True, text=True, timeout=120)
+    commands = [line.split()[0] for line in done.stdout.split("next:")[1].splitlines()
+                if line.strip()]
+    assert commands and all(c == str(script.absolute()) for c in commands)
+    activated = {**bare, "PATH": f"{script.parent}:/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-m", "batchjson", "status"], cwd=tmp_path,
+                          env=activated, capture_output=True, text=True, timeout=120)
+    assert "\n  batchjson receipts review --failed" in done.stdout

@@ -17,6 +17,7 @@ import io
 import json
 import os
 import shlex
+import shutil
 import sqlite3
 import sys
 import time
@@ -80,6 +81,19 @@ def demo_model(seed: int = 0):  # noqa: ANN201 - returns a SimulatedModel
                           price_per_million=(0.15, 0.60))
 
 
+def command_name() -> str:
+    """How to run this batchjson from here: ``batchjson`` when that is what the shell finds
+    (an activated venv), else its path (``make demo`` runs .venv/bin/python, not on PATH)."""
+    script = Path(sys.executable).parent / "batchjson"
+    if not script.exists():
+        return f"{shlex.quote(sys.executable)} -m batchjson"
+    found = shutil.which("batchjson")
+    if found and Path(found).absolute() == script.absolute():
+        return "batchjson"
+    relative = os.path.relpath(script.absolute())
+    return shlex.quote(relative if not relative.startswith("..") else str(script.absolute()))
+
+
 def demo_ledger_problem(ledger: Path) -> str | None:
     """The demo starts from an empty ledger, so it only ever clears one it wrote itself."""
     if not ledger.exists():
@@ -138,9 +152,10 @@ def run_demo(ledger: Path, seed: int, out: TextIO | None = None, *, as_json: boo
                          indent=2, sort_keys=True), file=out)
         return code
     for label, r in (("first run ", first), ("second run", second)):
-        say(f"{label}  {r.status}: {len(r.values)}/{r.total_tasks} accepted, {r.calls} call(s) "
-            f"({r.accepted_returns} accepted, {r.rejected_returns} rejected, "
-            f"{r.provider_errors} provider error(s)), {r.tokens} tokens, {money(r.cost)}")
+        say(f"{label}  {r.status}: {len(r.values)}/{r.total_tasks} tasks answered; "
+            f"{r.calls} call(s): {r.accepted_returns} returns accepted, {r.rejected_returns} "
+            f"rejected, {r.provider_errors} provider error(s); {r.tokens} tokens, "
+            f"{money(r.cost)}")
     listed = ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) or "none"
     say(f"  rejected returns kept as failure receipts; their errors by type: {listed}")
     if swap:
@@ -148,13 +163,14 @@ def run_demo(ledger: Path, seed: int, out: TextIO | None = None, *, as_json: boo
             say(line)
     say(f"  the second run resumed every request from the ledger: {second.calls} new call(s)")
     flag = "" if ledger == DEFAULT_LEDGER else f" --ledger {shlex.quote(str(ledger))}"
+    me = command_name()
     say()
     say("next:")
-    for command, why in ((f"batchjson status{flag}", "calls, tokens and cost, per batch"),
-                         (f"batchjson receipts review --failed{flag}",
+    for command, why in ((f"{me} status{flag}", "calls, tokens and cost, per batch"),
+                         (f"{me} receipts review --failed{flag}",
                           "every rejected return and why"),
-                         (f"batchjson values review --csv{flag}", "the accepted answers"),
-                         (f"batchjson advise review{flag}", "the cheapest pack size")):
+                         (f"{me} values review --csv{flag}", "the accepted answers"),
+                         (f"{me} advise review{flag}", "the cheapest pack size")):
         say(f"  {command.ljust(58)} {why}")
     return code
 
@@ -248,7 +264,7 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     if args.json:
         _dump(summary, out)
     else:
-        _say(cliview.status_lines(summary, str(args.ledger)), out)
+        _say(cliview.status_lines(summary, str(args.ledger), command_name()), out)
     return OK
 
 

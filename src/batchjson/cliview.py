@@ -46,7 +46,7 @@ def wrapped(text: str, indent: str, width: int = 100) -> list[str]:
 DEFAULT_LEDGER = ".batchjson/ledger.sqlite"  # the CLI's and the notebooks' default
 
 
-def status_lines(summary: Mapping[str, Any], ledger: str) -> list[str]:
+def status_lines(summary: Mapping[str, Any], ledger: str, me: str = "batchjson") -> list[str]:
     """``batchjson status``: one row per batch and a total; unknown costs shown apart."""
     columns = ["batch", "tasks", "usable", "calls", "accepted", "rejected", "provider err",
                "abandoned", "tokens in/out/cached", "cost", "cost/usable"]
@@ -77,10 +77,10 @@ def status_lines(summary: Mapping[str, Any], ledger: str) -> list[str]:
     for sup in summary.get("superseded", []):
         lines.append(f"  superseded: {sup['batch']} revision {sup['revision']} -> "
                      f"{sup['superseded_by']} ({sup['reason']})")
-    return lines + _status_next(summary, ledger)
+    return lines + _status_next(summary, ledger, me)
 
 
-def _status_next(summary: Mapping[str, Any], ledger: str) -> list[str]:
+def _status_next(summary: Mapping[str, Any], ledger: str, me: str) -> list[str]:
     """What to run next, for the first batch that needs a look (or the first batch)."""
     batches = summary["batches"]
     if not batches:
@@ -88,14 +88,14 @@ def _status_next(summary: Mapping[str, Any], ledger: str) -> list[str]:
     flag = "" if ledger == DEFAULT_LEDGER else f" --ledger {shlex.quote(ledger)}"
     worst = max(batches, key=lambda e: (e["unresolved_tasks"], e["rejected_returns"]))
     name = shlex.quote(worst["batch"]).replace("\n", "\\n")  # as typed in a shell
-    hints = [(f"batchjson receipts {name} --failed{flag}", "why returns were rejected")]
+    hints = [(f"{me} receipts {name} --failed{flag}", "why returns were rejected")]
     if worst["unresolved_tasks"]:
         hints.insert(0, (f"re-run batch {worst['batch']!r}",
                          "accepted requests are never paid again"))
     else:
-        hints.append((f"batchjson values {name} --csv{flag}", "the accepted answers"))
+        hints.append((f"{me} values {name} --csv{flag}", "the accepted answers"))
     if worst["accepted_returns"] + worst["rejected_returns"]:  # advice needs judged returns
-        hints.append((f"batchjson advise {name}{flag}", "the cheapest pack size"))
+        hints.append((f"{me} advise {name}{flag}", "the cheapest pack size"))
     width = max(len(c) for c, _ in hints) + 2
     return ["", "next:", *(f"  {c.ljust(width)}{why}" for c, why in hints)]
 
