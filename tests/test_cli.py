@@ -367,3 +367,15 @@ def test_next_steps_name_a_batchjson_the_shell_can_run(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "batchjson", "status"], cwd=tmp_path,
                           env=activated, capture_output=True, text=True, timeout=120)
     assert "\n  batchjson receipts review --failed" in done.stdout
+
+
+def test_demo_never_clears_a_batch_of_ones_own_that_is_also_called_review(
+        tmp_path: Path) -> None:
+    ledger = tmp_path / ".batchjson" / "ledger.sqlite"  # the notebook default
+    mine = Session(CallableProvider(items_reply), ledger=ledger)
+    assert mine.run_batch("review", review_tasks(3), LABEL_SCHEMA).resolved
+    mine.close()
+    refused = bj("demo", cwd=tmp_path)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "holds a batch 'review' that is not the demo's" in refused.stderr
+    assert len(Ledger(ledger).checkpoint("review")) == 3  # nothing was cleared

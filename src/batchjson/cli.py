@@ -103,11 +103,19 @@ def demo_ledger_problem(ledger: Path) -> str | None:
         held = Ledger(ledger)
         try:
             others = [n for n in held.batch_names() if n != "review"]
+            # A batch of one's own may well be called "review": it is the demo's only if every
+            # attempt is the offline model's, made by a run, on the demo's tasks.
+            ids = {t["task_id"] for t in demo_tasks()}
+            foreign = [r for r in (held.attempts("review") if not others else [])
+                       if r.provider != "simulated" or r.kind == "import"
+                       or not set(r.task_ids) <= ids]
         finally:
             held.close()
-        if not others:
+        if not others and not foreign:
             return None
-        problem = f"{ledger} holds batches other than the demo's ({', '.join(others)})"
+        problem = (f"{ledger} holds batches other than the demo's ({', '.join(others)})" if others
+                   else f"{ledger} holds a batch 'review' that is not the demo's ({len(foreign)} "
+                   "attempt(s) of other tasks, models or imports)")
     return (f"{problem}. The demo starts from an empty ledger and would clear this one: pass "
             "--ledger with a new path")
 
