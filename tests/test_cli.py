@@ -379,3 +379,10 @@ def test_demo_never_clears_a_batch_of_ones_own_that_is_also_called_review(
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert "holds a batch 'review' that is not the demo's" in refused.stderr
     assert len(Ledger(ledger).checkpoint("review")) == 3  # nothing was cleared
+
+
+def test_two_output_formats_at_once_is_a_usage_error(demo_dir: Path) -> None:
+    for argv in (["values", "review", "--csv", "--json"], ["export", "--jsonl", "--json"]):
+        done = bj(*argv, cwd=demo_dir)
+        assert done.returncode == 2 and done.stdout == ""
+        assert "ask for two formats: give one" in done.stderr

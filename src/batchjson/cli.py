@@ -304,7 +304,13 @@ def cmd_receipts(args: argparse.Namespace, out: TextIO) -> int:
     return OK
 
 
+def _one_format(args: argparse.Namespace, other: str) -> None:
+    if args.json and getattr(args, other):
+        raise Problem(f"--json and --{other} ask for two formats: give one", USAGE)
+
+
 def cmd_values(args: argparse.Namespace, out: TextIO) -> int:
+    _one_format(args, "csv")
     held = _open(args.ledger)
     try:
         _known(held, args.name)
@@ -339,6 +345,7 @@ def _cell(value: Any) -> str:
 
 
 def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
+    _one_format(args, "jsonl")
     held = _open(args.ledger)
     try:
         _known(held, args.batch)
