@@ -352,3 +352,13 @@ def test_a_claimed_success_is_read_whatever_its_case_and_spacing(tmp_path: Path,
                  if k != "schema"}
     report = Ledger(tmp_path / "l.sqlite").import_receipts(write(tmp_path / "o.jsonl", no_schema))
     assert report["receipts"][0]["outcome"] == "admitted"  # not 'unverified' as a failure claim
+
+
+def test_importing_a_ledger_file_says_to_merge_it(tmp_path: Path) -> None:
+    other = tmp_path / "other.sqlite"
+    Ledger(other).close()
+    done = cli("import", str(other), "--ledger", str(tmp_path / "mine.sqlite"), cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"is a SQLite file, not JSON Lines: to bring another ledger in, merge it " \
+           f"(batchjson merge {other})" in done.stderr
+    assert not (tmp_path / "mine.sqlite").exists()

@@ -102,6 +102,10 @@ def _jsonl_lines(text: str) -> Iterable[str]:
 def read_lines(path: Path, validators: Mapping[str, Any]) -> list[Line]:
     """Parse and check every line first, so a bad file is refused before anything is written."""
     try:
+        with path.open("rb") as head:
+            if head.read(16) == b"SQLite format 3\x00":
+                raise InvalidBatch(f"{path} is a SQLite file, not JSON Lines: to bring another "
+                                   f"ledger in, merge it (batchjson merge {path})")
         text = path.read_text(encoding="utf-8-sig")  # a leading BOM is not part of line 1
     except OSError as exc:
         raise InvalidBatch(f"cannot read {path}: {exc.strerror or exc}") from None
