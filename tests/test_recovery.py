@@ -362,3 +362,20 @@ def test_importing_a_ledger_file_says_to_merge_it(tmp_path: Path) -> None:
     assert f"is a SQLite file, not JSON Lines: to bring another ledger in, merge it " \
            f"(batchjson merge {other})" in done.stderr
     assert not (tmp_path / "mine.sqlite").exists()
+
+
+def test_an_identity_field_whose_name_holds_a_comma_survives_export_and_import(
+        tmp_path: Path) -> None:
+    tasks = [{"task_id": f"t{i}", "prompt": "p", "a,b": f"x{i}", "a": 0} for i in range(2)]
+
+    def reply(call: Any) -> str:
+        return json.dumps({"items": [{"task_id": t["task_id"], "a,b": t["a,b"], "v": 1}
+                                     for t in call.tasks]})
+
+    first = Session(CallableProvider(reply), ledger=tmp_path / "a.sqlite")
+    assert first.run_batch("c", tasks, {"type": "object"}, identity=["task_id", "a,b"],
+                           pack=2).resolved
+    (line,) = first.ledger.export_receipts()
+    assert line["identity"] == ["task_id", "a,b"]
+    report = Ledger(tmp_path / "b.sqlite").import_receipts(write(tmp_path / "c.jsonl", line))
+    assert report["admitted"] == 1 and report["items_admitted"] == 2

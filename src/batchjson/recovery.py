@@ -422,6 +422,25 @@ _EXPORT_SQL = (
     "ON q.revision_id = a.revision_id AND q.key = a.request_key")
 
 
+def _identity_names(joined: str, tasks: list[dict]) -> list[str]:
+    """The identity field names a revision's components hold joined by commas. A field's own
+    name may hold a comma ("a,b"), so the parts are regrouped into names the tasks carry."""
+    parts = joined.split(",")
+    keys = set(tasks[0]) if tasks else set()
+
+    def regroup(start: int) -> list[str] | None:
+        if start == len(parts):
+            return []
+        for end in range(len(parts), start, -1):
+            name = ",".join(parts[start:end])
+            rest = regroup(end) if name in keys else None
+            if rest is not None:
+                return [name, *rest]
+        return None
+
+    return (regroup(0) if len(parts) <= 32 else None) or parts
+
+
 def export_receipts(ledger: Ledger, name: str | None = None) -> list[dict[str, Any]]:
     """Every attempt as an importable receipt (batchjson's own format), in call order."""
     where, args = (" WHERE b.name = ?", (name,)) if name else ("", ())
@@ -434,7 +453,9 @@ def export_receipts(ledger: Ledger, name: str | None = None) -> list[dict[str, A
             "format": EXPORT_FORMAT, "batch": row["batch"], "receipt": numbers[row["batch"]],
             "revision": row["revision"], "uid": row["uid"], "kind": row["kind"],
             "status": row["status"], "tasks": json.loads(row["tasks"]) if row["tasks"] else [],
-            "raw": row["raw"], "identity": components.get("identity", "task_id").split(","),
+            "raw": row["raw"],
+            "identity": _identity_names(components.get("identity", "task_id"),
+                                        json.loads(row["tasks"]) if row["tasks"] else []),
             "mode": components.get("mode", "items"), "validator": row["validator_name"],
             "errors": json.loads(row["errors"]) if row["errors"] else [],
             "input_tokens": row["input_tokens"], "output_tokens": row["output_tokens"],
