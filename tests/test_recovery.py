@@ -379,3 +379,19 @@ def test_an_identity_field_whose_name_holds_a_comma_survives_export_and_import(
     assert line["identity"] == ["task_id", "a,b"]
     report = Ledger(tmp_path / "b.sqlite").import_receipts(write(tmp_path / "c.jsonl", line))
     assert report["admitted"] == 1 and report["items_admitted"] == 2
+
+
+def test_the_human_import_report_groups_the_expected_and_details_the_rest(
+        tmp_path: Path) -> None:
+    tasks = review_tasks(2)
+    lines = [receipt(tasks, items_for(tasks), note=str(n)) for n in range(30)]
+    lines[7] = receipt(tasks, items_for(tasks, {1: "gold-pair-079"}), note="swap")
+    history = write(tmp_path / "old.jsonl", *lines)
+    ledger = str(tmp_path / "ledger.sqlite")
+    first = cli("import", str(history), "--ledger", ledger, cwd=tmp_path).stdout.splitlines()
+    assert first[1] == "  ADMITTED: 1 line(s) (line 1): every check passed"
+    assert any("line 8:" in line and line.endswith("DIAGNOSTIC") for line in first)
+    assert sum(line.endswith("DUPLICATE") for line in first) == 19  # 20 detailed in all
+    assert first[-1] == "  ... and 9 more line(s) not admitted (--json lists every line)"
+    again = cli("import", str(history), "--ledger", ledger, cwd=tmp_path).stdout.splitlines()
+    assert again[1:] == ["  SKIPPED: 30 line(s) (lines 1-30): already imported"]

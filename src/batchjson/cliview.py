@@ -149,7 +149,21 @@ def import_lines(report: Mapping[str, Any]) -> list[str]:
              + f"{report['diagnostic']} kept as diagnostic, {report['rejected']} rejected, "
              f"{report['unverified']} unverified, {report['recorded']} recorded, "
              f"{report['skipped']} skipped"]
+    # Lines that went as expected are grouped by outcome and reason; the others (kept as
+    # diagnostic, rejected, unverified, duplicate) are shown one by one, up to DETAILED.
+    grouped: dict[tuple[str, str], list[int]] = {}
+    detailed = []
     for r in report["receipts"]:
+        if r["outcome"] in ("admitted", "skipped", "recorded"):
+            reason = ("already imported" if r["reason"].startswith("already imported")
+                      else r["reason"])
+            grouped.setdefault((r["outcome"], reason), []).append(r["line"])
+        else:
+            detailed.append(r)
+    for (outcome, reason), numbers in grouped.items():
+        lines += wrapped(f"{outcome.upper()}: {len(numbers)} line(s) ({line_ranges(numbers)})"
+                         + (f": {reason}" if reason else ""), "  ")
+    for r in detailed[:DETAILED]:
         lines.append(f"  line {r['line']}: batch {r['batch']!r}, {r['items']} item(s), claimed "
                      f"{r['claimed_status']!r}: {r['outcome'].upper()}")
         if r["reason"]:
@@ -159,7 +173,25 @@ def import_lines(report: Mapping[str, Any]) -> list[str]:
                              else describe_error(e), "      - ")
         if len(r["errors"]) > 10:
             lines.append(f"      ... and {len(r['errors']) - 10} more")
+    if len(detailed) > DETAILED:
+        lines.append(f"  ... and {len(detailed) - DETAILED} more line(s) not admitted "
+                     "(--json lists every line)")
     return lines
+
+
+DETAILED = 20
+
+
+def line_ranges(numbers: Sequence[int]) -> str:
+    """1, 2, 3, 5, 7, 8 -> "lines 1-3, 5, 7-8"."""
+    runs: list[list[int]] = []
+    for n in sorted(numbers):
+        if runs and runs[-1][-1] == n - 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    text = ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+    return ("line " if len(numbers) == 1 else "lines ") + text
 
 
 def advice_lines(advice: Mapping[str, Any]) -> list[str]:
