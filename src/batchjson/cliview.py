@@ -48,28 +48,42 @@ DEFAULT_LEDGER = ".batchjson/ledger.sqlite"  # the CLI's and the notebooks' defa
 
 def status_lines(summary: Mapping[str, Any], ledger: str, me: str = "batchjson") -> list[str]:
     """``batchjson status``: one row per batch and a total; unknown costs shown apart."""
-    columns = ["batch", "tasks", "usable", "calls", "accepted", "rejected", "provider err",
-               "abandoned", "tokens in/out/cached", "cost", "cost/usable"]
+    total = summary["total"]
+    # Columns that are zero for every batch say nothing: they are left out (and said below), so
+    # the table fits a terminal; --json always carries every figure.
+    optional = [(k, h) for k, h in (("provider_errors", "provider err"),
+                                    ("abandoned", "abandoned"), ("in_flight", "in flight"))
+                if total[k]]
+    cached = bool(total["cached_tokens"])
+    columns = ["batch", "tasks", "usable", "calls", "accepted", "rejected",
+               *(h for _, h in optional), "tokens in/out" + ("/cached" if cached else ""),
+               "cost", "cost/usable"]
     rows = []
-    for e in [*summary["batches"], {**summary["total"], "batch": "total"}]:
+    for e in [*summary["batches"], {**total, "batch": "total"}]:
+        tokens = f"{e['input_tokens']}/{e['output_tokens']}" + (
+            f"/{e['cached_tokens']}" if cached else "")
         rows.append([e["batch"], e["tasks"], e["usable_results"], e["calls"],
-                     e["accepted_returns"], e["rejected_returns"], e["provider_errors"],
-                     e["abandoned"],
-                     f"{e['input_tokens']}/{e['output_tokens']}/{e['cached_tokens']}",
-                     *_cost_cells(e)])
-    lines = [f"ledger {ledger}", *table(columns, rows, right=range(1, 8))]
+                     e["accepted_returns"], e["rejected_returns"],
+                     *(e[k] for k, _ in optional), tokens, *_cost_cells(e)])
+    lines = [f"ledger {ledger}", *table(columns, rows, right=range(1, 6 + len(optional)))]
+    none = [h for k, h in (("provider_errors", "provider errors"),
+                           ("abandoned", "abandoned calls"), ("in_flight", "calls in flight"))
+            if not total[k]]
+    if none:
+        lines.append("  no " + ", no ".join(none))
     total = summary["total"]
     unknown, unpriced = total["unknown_cost_calls"], total["unpriced_calls"]
     if unknown and unpriced == unknown:
-        lines.append(f"  {unknown} call(s) have no recorded cost and their models have no price "
-                     "in batchjson's table, so their cost is unknown (not zero)")
+        lines += wrapped(f"{unknown} call(s) have no recorded cost and their models have no "
+                         "price in batchjson's table, so their cost is unknown (not zero)", "  ")
     elif unknown:
         also = (f"; {unpriced} more are for models with no price and add nothing to it"
                 if unpriced else "")
-        lines.append(f"  {unknown} call(s) have no recorded cost (killed, abandoned, or imported "
-                     f"without cost): at least {money(total['unknown_cost_lower_bound'])} more, "
-                     f"pricing their prompts at the input rate{also}; '+' and '≥' mark figures "
-                     "that include that bound")
+        lines += wrapped(f"{unknown} call(s) have no recorded cost (killed, abandoned, or "
+                         f"imported without cost): at least "
+                         f"{money(total['unknown_cost_lower_bound'])} more, pricing their "
+                         f"prompts at the input rate{also}; '+' and '≥' mark figures that "
+                         "include that bound", "  ")
     owed = summary.get("unresolved_requests", 0)
     if owed:
         lines.append(f"  still owed: {owed} request(s), {summary['unresolved_items']} item(s); "
