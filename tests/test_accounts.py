@@ -257,3 +257,31 @@ def test_import_merge_and_merge_back_count_every_attempt_once(tmp_path: Path) ->
         assert db.execute("SELECT COUNT(*), COUNT(DISTINCT uid) FROM attempts").fetchone() == (4, 4)
         assert db.execute("SELECT COUNT(*) FROM imports").fetchone()[0] == 2
         db.close()
+
+
+def test_a_call_merged_while_in_flight_takes_its_outcome_when_merged_again(
+        tmp_path: Path) -> None:
+    there = tmp_path / "there.sqlite"
+    run = Session(CallableProvider(lambda call: priced(items_reply(call))), ledger=there)
+    assert run.run_batch("labels", review_tasks(2), LABEL_SCHEMA, pack=2).resolved
+    run.close()
+    early = tmp_path / "early.sqlite"  # the same ledger as it was while the call was out
+    db = sqlite3.connect(there)
+    db.execute("VACUUM INTO ?", (str(early),))
+    db.close()
+    db = sqlite3.connect(early)
+    db.execute("DELETE FROM checkpoint")
+    db.execute("UPDATE attempts SET status = 'in_flight', raw = NULL, input_tokens = NULL, "
+               "output_tokens = NULL, cached_tokens = NULL, cost = NULL, finished_at = NULL")
+    db.commit()
+    db.close()
+    here = Ledger(tmp_path / "here.sqlite")
+    here.merge(early)
+    assert here.cost_summary()["total"]["in_flight"] == 1
+    report = here.merge(there)
+    assert report["added"]["attempts"] == 0 and report["added"]["attempts_completed"] == 1
+    total = here.cost_summary()["total"]
+    assert (total["calls"], total["in_flight"], total["accepted_returns"]) == (1, 0, 1)
+    assert total["cost"] == pytest.approx(0.001) and not total["cost_is_lower_bound"]
+    assert len(here.checkpoint("labels")) == 2
+    assert here.merge(there)["added"]["attempts_completed"] == 0  # idempotent

@@ -57,8 +57,8 @@ def merge_ledger(ledger: Ledger, other: str | Path) -> dict[str, Any]:
     if ledger.path is not None and path.exists() and path.resolve() == ledger.path.resolve():
         raise LedgerError(f"{path} is this ledger; merge another ledger into it", path=path)
     theirs = _read(path)
-    added = {k: 0 for k in ("batches", "revisions", "requests", "attempts", "checkpoint_rows",
-                            "validators", "imports")}
+    added = {k: 0 for k in ("batches", "revisions", "requests", "attempts",
+                            "attempts_completed", "checkpoint_rows", "validators", "imports")}
     present = 0
     with ledger.transaction() as db:
         for v in theirs["validators"]:
@@ -141,10 +141,22 @@ def merge_ledger(ledger: Ledger, other: str | Path) -> dict[str, Any]:
                            (revision_id, q["key"]))
         attempt_map: dict[int, int] = {}
         for a in theirs["attempts"]:
-            row = db.execute("SELECT id FROM attempts WHERE uid = ?", (a["uid"],)).fetchone()
+            row = db.execute("SELECT id, status FROM attempts WHERE uid = ?",
+                             (a["uid"],)).fetchone()
             if row is not None:
                 attempt_map[a["id"]] = row["id"]
                 present += 1
+                if row["status"] == "in_flight" and a["status"] != "in_flight":
+                    # Merged while that call was in flight there; it has finished since: its
+                    # outcome, tokens and cost are facts learned later, not a second call.
+                    db.execute(
+                        "UPDATE attempts SET status = ?, errors = ?, raw = ?, input_tokens = ?, "
+                        "output_tokens = ?, cached_tokens = ?, cost = ?, model = ?, "
+                        "finished_at = ? WHERE id = ? AND status = 'in_flight'",
+                        (a["status"], a["errors"], a["raw"], a["input_tokens"],
+                         a["output_tokens"], a["cached_tokens"], a["cost"], a["model"],
+                         a["finished_at"], row["id"]))
+                    added["attempts_completed"] += 1
                 continue
             values = [a[c] for c in _ATTEMPT_COLUMNS]
             attempt_map[a["id"]] = db.execute(
