@@ -395,3 +395,20 @@ def test_the_human_import_report_groups_the_expected_and_details_the_rest(
     assert first[-1] == "  ... and 9 more line(s) not admitted (--json lists every line)"
     again = cli("import", str(history), "--ledger", ledger, cwd=tmp_path).stdout.splitlines()
     assert again[1:] == ["  SKIPPED: 30 line(s) (lines 1-30): already imported"]
+
+
+def test_an_exported_call_that_was_in_flight_here_completes_its_receipt(tmp_path: Path) -> None:
+    there = Session(CallableProvider(items_reply), ledger=tmp_path / "there.sqlite")
+    assert there.run_batch("labels", review_tasks(2), LABEL_SCHEMA, pack=2).resolved
+    (done,) = there.ledger.export_receipts()
+    early = {**done, "status": "in_flight", "raw": None, "input_tokens": None,
+             "output_tokens": None, "finished_at": None}
+    here = Ledger(tmp_path / "here.sqlite")
+    assert here.import_receipts(write(tmp_path / "early.jsonl", early))["recorded"] == 1
+    report = here.import_receipts(write(tmp_path / "late.jsonl", done))
+    (line,) = report["receipts"]
+    assert line["outcome"] == "admitted"
+    assert "completes the receipt of this call" in line["reason"]
+    total = here.cost_summary()["total"]
+    assert (total["calls"], total["accepted_returns"], total["abandoned"]) == (1, 1, 0)
+    assert len(here.checkpoint("labels")) == 2

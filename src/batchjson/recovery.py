@@ -260,22 +260,33 @@ def import_receipts(ledger: Ledger, path: str | Path, *,
                 base.reason = f"already imported ({where})"
                 outcomes.append(base)
                 continue
-            if uid and db.execute("SELECT 1 FROM attempts WHERE uid = ?", (uid,)).fetchone():
+            held = (db.execute("SELECT id, batch_id, status FROM attempts WHERE uid = ?",
+                               (uid,)).fetchone() if uid else None)
+            # Exported while that call was in flight, finished since: its outcome completes the
+            # receipt already here (the same call, not a second one).
+            completes = (held is not None and held["status"] in ("in_flight", "abandoned")
+                         and rec.get("status") not in ("in_flight", "abandoned"))
+            if held is not None and not completes:
                 base.reason = "this attempt is already in the ledger (same uid)"
                 outcomes.append(base)
                 continue
             seen[line.digest] = line.number
-            outcome = _import_line(db, ledger, line, registry, uid, source)
+            outcome = _import_line(db, ledger, line, registry, uid, source,
+                                   held if completes else None)
             outcomes.append(outcome)
     return _report(source, outcomes)
 
 
 def _import_line(db: Any, ledger: Ledger, line: Line, registry: Mapping[str, Any],
-                 uid: str | None, source: str) -> Outcome:
+                 uid: str | None, source: str, in_flight: Any = None) -> Outcome:
     rec = line.record
     claimed = str(rec.get("status"))
     out = Outcome(line.number, rec["batch"], claimed, "rejected", len(line.tasks))
-    batch_id, revision_id = _revision_for(db, line)
+    if in_flight is not None:  # the receipt this line completes: its batch, its attempt
+        batch_id, revision_id = in_flight["batch_id"], None
+        db.execute("UPDATE attempts SET status = 'in_flight' WHERE id = ?", (in_flight["id"],))
+    else:
+        batch_id, revision_id = _revision_for(db, line)
     usage = {k: rec.get(k) for k in OPTIONAL_NUMBERS} | {"model": rec.get("model")}
     name = rec.get("validator")
     version = registry.get(name) if name else None
@@ -317,7 +328,7 @@ def _import_line(db: Any, ledger: Ledger, line: Line, registry: Mapping[str, Any
                 notes.append(f"validator {name!r} is not registered here: not rerun")
             out.reason = "; ".join(notes) or "every check passed"
             stored = verdict.stored
-    attempt_id = db.execute(
+    attempt_id = in_flight["id"] if in_flight is not None else db.execute(
         "INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, status, "
         "errors, raw, input_tokens, output_tokens, cached_tokens, cost, provider, model, "
         "started_at, finished_at, uid, sent_at, source) VALUES "
@@ -341,6 +352,9 @@ def _import_line(db: Any, ledger: Ledger, line: Line, registry: Mapping[str, Any
         ledger.op_accept(db, attempt_id, batch_id, line.request.key, stored, rec["raw"], usage)
     else:
         ledger.op_finish(db, attempt_id, status, errors, rec.get("raw"), usage)
+    if in_flight is not None:
+        out.reason = "; ".join(filter(None, [out.reason, "completes the receipt of this call, "
+                                             "unfinished when it was last seen here"]))
     db.execute("INSERT INTO imports(digest, attempt_id, source, line, outcome, imported_at) "
                "VALUES (?,?,?,?,?,?)", (line.digest, attempt_id, source, line.number,
                                         out.outcome, now()))
