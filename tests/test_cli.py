@@ -409,3 +409,14 @@ def test_status_fits_a_terminal_leaving_out_columns_that_are_zero_everywhere(
     assert "err" in header and header.index("err") == header.index("provider") + 1
     assert json.loads(bj("status", "--json", "--ledger", str(ledger), cwd=tmp_path).stdout)[
         "total"]["abandoned"] == 0  # scripts still get every figure
+
+
+def test_merge_says_what_it_added_and_nothing_new_the_second_time(
+        demo_dir: Path, tmp_path: Path) -> None:
+    other = str(demo_dir / ".batchjson" / "ledger.sqlite")
+    mine = str(tmp_path / "mine.sqlite")
+    first = bj("merge", other, "--ledger", mine, cwd=tmp_path).stdout.strip()
+    assert ": added 1 batches, 1 revisions, 12 requests, 26 attempts, 60 checkpoint rows, 1 " \
+        "validators; 0 attempt(s) were already here" in first  # no "0 imports"
+    second = bj("merge", other, "--ledger", mine, cwd=tmp_path).stdout.strip()
+    assert second.endswith(f"into {mine}: nothing new; 26 attempt(s) were already here")

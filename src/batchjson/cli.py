@@ -262,10 +262,13 @@ def cmd_merge(args: argparse.Namespace, out: TextIO) -> int:
         _dump(report, out)
     else:
         added = report["added"]
-        print(f"merged {report['source']} into {args.ledger}: "
-              + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in added.items())
-              + f" added; {report['attempts_already_present']} attempt(s) were already here",
-              file=out)
+        completed = added.get("attempts_completed", 0)
+        new = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in added.items()
+                        if v and k != "attempts_completed")
+        _say([f"merged {report['source']} into {args.ledger}: "
+              + (f"added {new}" if new else "nothing new")
+              + f"; {report['attempts_already_present']} attempt(s) were already here"
+              + (f", {completed} of them completed by this merge" if completed else "")], out)
     return OK
 
 
