@@ -198,3 +198,88 @@ def test_merging_a_batch_of_the_same_name_with_other_content_keeps_both_revision
     refused = cli("merge", str(tmp_path / "ours.sqlite"), "--ledger",
                   str(tmp_path / "ours.sqlite"), cwd=tmp_path)
     assert refused.returncode == 3 and "is this ledger" in refused.stderr
+
+
+def test_a_merged_unfinished_revision_beside_our_batch_is_not_owed_work(tmp_path: Path) -> None:
+    ours = Session(CallableProvider(lambda call: priced(items_reply(call))),
+                   ledger=tmp_path / "ours.sqlite")
+    assert ours.run_batch("labels", review_tasks(4), LABEL_SCHEMA, pack=2).resolved
+    theirs = Session(CallableProvider(lambda call: priced("{broken")),
+                     ledger=tmp_path / "theirs.sqlite", repairs=0, replays=0)
+    theirs.run_batch("labels", review_tasks(6), LABEL_SCHEMA, pack=3, on_exhausted="return")
+    theirs.close()
+    ours.ledger.merge(tmp_path / "theirs.sqlite")
+    assert ours.evidence.minimum_exact_retry_calls == 0  # their unfinished run is not ours
+    status = json.loads(cli("status", "--json", "--ledger", str(tmp_path / "ours.sqlite"),
+                            cwd=tmp_path).stdout)
+    assert status["unresolved_requests"] == 0
+    assert status["total"]["calls"] == 4 and status["total"]["rejected_returns"] == 2
+    (merged,) = status["superseded"]
+    assert merged["revision"] == 2 and merged["superseded_by"] == 1
+    assert "merged from theirs.sqlite" in merged["reason"]
+    assert len(ours.ledger.checkpoint("labels")) == 4
+
+
+def test_import_merge_and_merge_back_count_every_attempt_once(tmp_path: Path) -> None:
+    tasks = review_tasks(4)
+    items = [{"task_id": t["task_id"], "case_id": t["case_id"],
+              "candidate_id": t["candidate_id"], "verdict": "match"} for t in tasks]
+    swapped = [dict(i) for i in items]
+    swapped[0]["case_id"] = "gold-pair-079"
+    line = {"batch": "old", "tasks": tasks, "status": "ok", "schema": LABEL_SCHEMA,
+            "identity": ["task_id", "case_id", "candidate_id"], "input_tokens": 100,
+            "output_tokens": 50, "cost": 0.25}
+    history = tmp_path / "old.jsonl"
+    history.write_text(json.dumps({**line, "raw": json.dumps({"items": swapped})}) + "\n"
+                       + json.dumps({**line, "raw": json.dumps({"items": items})}) + "\n")
+    a, b = tmp_path / "a.sqlite", tmp_path / "b.sqlite"
+    live = Session(CallableProvider(lambda call: priced(items_reply(call))), ledger=b)
+    live.run_batch("labels", review_tasks(2, case="gold-pair-090"), LABEL_SCHEMA)
+    live.close()
+    assert cli("import", str(history), "--ledger", str(a), cwd=tmp_path).returncode == 1
+    for source, target in ((a, b), (b, a), (a, b), (b, a)):
+        done = cli("merge", str(source), "--ledger", str(target), cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+    again = json.loads(cli("import", str(history), "--ledger", str(b), "--json",
+                           cwd=tmp_path).stdout)
+    assert again["skipped"] == 2  # imported once, in whichever ledger it came through
+    totals = [json.loads(cli("status", "--json", "--ledger", str(p), cwd=tmp_path).stdout)
+              for p in (a, b)]
+    for status in totals:
+        assert status["total"]["calls"] == 4 and status["total"]["imported"] == 2
+        assert status["total"]["cost"] == pytest.approx(0.502)
+        assert status["total"]["usable_results"] == 6
+        assert (status["total"]["input_tokens"], status["total"]["output_tokens"]) == (400, 180)
+    for path in (a, b):
+        db = sqlite3.connect(path)
+        assert db.execute("SELECT COUNT(*), COUNT(DISTINCT uid) FROM attempts").fetchone() == (4, 4)
+        assert db.execute("SELECT COUNT(*) FROM imports").fetchone()[0] == 2
+        db.close()
+
+
+def test_a_call_merged_while_in_flight_takes_its_outcome_when_merged_again(
+        tmp_path: Path) -> None:
+    there = tmp_path / "there.sqlite"
+    run = Session(CallableProvider(lambda call: priced(items_reply(call))), ledger=there)
+    assert run.run_batch("labels", review_tasks(2), LABEL_SCHEMA, pack=2).resolved
+    run.close()
+    early = tmp_path / "early.sqlite"  # the same ledger as it was while the call was out
+    db = sqlite3.connect(there)
+    db.execute("VACUUM INTO ?", (str(early),))
+    db.close()
+    db = sqlite3.connect(early)
+    db.execute("DELETE FROM checkpoint")
+    db.execute("UPDATE attempts SET status = 'in_flight', raw = NULL, input_tokens = NULL, "
+               "output_tokens = NULL, cached_tokens = NULL, cost = NULL, finished_at = NULL")
+    db.commit()
+    db.close()
+    here = Ledger(tmp_path / "here.sqlite")
+    here.merge(early)
+    assert here.cost_summary()["total"]["in_flight"] == 1
+    report = here.merge(there)
+    assert report["added"]["attempts"] == 0 and report["added"]["attempts_completed"] == 1
+    total = here.cost_summary()["total"]
+    assert (total["calls"], total["in_flight"], total["accepted_returns"]) == (1, 0, 1)
+    assert total["cost"] == pytest.approx(0.001) and not total["cost_is_lower_bound"]
+    assert len(here.checkpoint("labels")) == 2
+    assert here.merge(there)["added"]["attempts_completed"] == 0  # idempotent

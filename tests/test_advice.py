@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from batchjson import FaultPlan, Session, SimulatedModel
-from batchjson._advice import estimate, fit
+from batchjson._advice import Fit, estimate, fit
 from batchjson._errors import InvalidBatch
 
 SCHEMA = {"type": "object", "properties": {"verdict": {"type": "string",
@@ -89,3 +91,57 @@ def test_advice_needs_observed_returns_and_a_known_batch() -> None:
     session.run_batch("review", tasks(4), SCHEMA, on_exhausted="return")  # errors only
     with pytest.raises(InvalidBatch, match="no judged returns yet"):
         session.advise("review")
+
+
+def test_at_fault_rate_one_advice_warns_that_no_pack_size_finishes() -> None:
+    broken = SimulatedModel(answer=answer, faults=FaultPlan(item_wrong_type=1.0), seed=1)
+    session = Session(broken, repairs=0, replays=1)
+    session.run_batch("review", tasks(16), SCHEMA, pack=4, on_exhausted="return")
+    advice = session.advise("review")
+    assert advice["fit"]["item_fault_rate"] > 0.99
+    assert advice["recommended"]["usable_results"] < 1
+    assert "no pack size is expected to finish this batch" in advice["warning"]
+    assert "batchjson receipts review --failed" in advice["warning"]
+
+
+def test_at_fault_rate_zero_advice_is_finite_and_prefers_the_largest_pack() -> None:
+    clean = SimulatedModel(answer=answer, seed=1, model="gpt-4o-mini",
+                           price_per_million=(0.15, 0.60))
+    session = Session(clean)
+    session.run_batch("review", tasks(40), SCHEMA, pack=5, instructions=INSTRUCTIONS)
+    advice = session.advise("review")
+    assert advice["warning"] is None
+    assert advice["fit"]["item_fault_rate"] == pytest.approx(0.5 / 40)  # half a fault, not 0
+    assert all(c["cost_per_usable_result"] is not None and c["cost_per_usable_result"] > 0
+               for c in advice["candidates"])
+    assert advice["recommended"]["pack"] >= 20  # the shared instructions amortise
+
+
+def _counted(f: Fit, k: int, repairs: int, replays: int) -> tuple[float, float, float]:
+    """(calls, input tokens, usable) of one request, counting each attempt in turn."""
+    s = (1 - f.call_fault_rate) * (1 - f.item_fault_rate) ** k
+    calls = inp = 0.0
+    reach = 1.0
+    for attempt in range(1 + repairs + replays):
+        calls += reach
+        inp += reach * (f.shared_input + f.input_per_task * k
+                        + (f.repair_extra_input if 1 <= attempt <= repairs else 0.0))
+        reach *= 1 - s
+    return calls, inp, k * (1 - reach)
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.05, 0.5, 1.0])
+def test_any_number_of_repairs_and_replays_is_estimated_exactly_and_at_once(
+        rate: float) -> None:
+    f = Fit(tasks=12, returns=10, call_fault_rate=0.1, item_fault_rate=rate,
+            provider_error_rate=0.0, shared_input=500, input_per_task=30, shared_output=10,
+            output_per_task=20, repair_extra_input=200, input_price=None, output_price=None)
+    for repairs, replays in ((0, 0), (1, 1), (3, 2)):
+        e = estimate(f, 12, split=False, repairs=repairs, replays=replays)
+        assert (e.calls, e.input_tokens, e.usable) == pytest.approx(
+            _counted(f, 12, repairs, replays))
+    huge = estimate(f, 12, split=True, repairs=10**9, replays=10**9)  # a loop would never end
+    if rate < 1:
+        assert huge.usable == pytest.approx(12) and math.isfinite(huge.calls)
+    else:
+        assert huge.usable == 0 and huge.calls > 2 * 10**9  # every attempt of every half made

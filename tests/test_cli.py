@@ -14,8 +14,9 @@ import pytest
 
 from batchjson import CallableProvider, Session
 from batchjson import _cli as cli_module
+from batchjson._errors import ProviderError
 from batchjson._ledger import Ledger
-from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
+from tests.helpers import LABEL_SCHEMA, answer, items_reply, review_tasks
 
 SUBCOMMANDS = ("demo", "status", "receipts", "values", "export", "import", "merge", "advise")
 
@@ -40,11 +41,12 @@ def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_demo_prints_a_readable_summary_that_ends_with_what_to_run_next(demo_dir: Path) -> None:
     out = (demo_dir / "demo.out").read_text()
     assert "<BatchResult" not in out and "Evidence(" not in out  # no reprs
-    assert "first run   resolved: 60/60 accepted" in out
-    assert "second run  resolved: 60/60 accepted, 0 call(s)" in out
+    assert "first run   resolved: 60/60 tasks answered; 18 call(s): 12 returns accepted" in out
+    assert "second run  resolved: 60/60 tasks answered; 0 call(s)" in out
     assert "identity: " in out and "the request has" in out
     tail = out.strip().splitlines()[-5:]
-    assert tail[0] == "next:" and tail[1].strip().startswith("batchjson status")
+    assert tail[0] == "next:" and tail[1].split()[1] == "status"
+    assert tail[1].split()[0].endswith("batchjson")  # the command as this shell can run it
     assert (demo_dir / "demo.err").read_text() == ""  # no progress bar off a TTY
 
 
@@ -196,3 +198,225 @@ def test_demo_never_clears_a_ledger_that_holds_other_batches(tmp_path: Path) -> 
     again = bj("demo", "--ledger", str(tmp_path / "d.sqlite"), "--json", cwd=tmp_path)
     assert again.returncode == 0 and json.loads(again.stdout)["second"]["calls"] == 0
     assert bj("demo", "--ledger", str(tmp_path / "d.sqlite"), cwd=tmp_path).returncode == 0
+
+
+def test_status_ends_with_what_to_run_next_for_the_batch_that_needs_a_look(
+        demo_dir: Path, tmp_path: Path) -> None:
+    tail = bj("status", cwd=demo_dir).stdout.strip().splitlines()[-4:]
+    assert tail[0] == "next:"
+    assert [line.split()[1:3] for line in tail[1:]] == [
+        ["receipts", "review"], ["values", "review"], ["advise", "review"]]
+    ledger = tmp_path / "down.sqlite"
+    session = Session(CallableProvider(lambda call: "{broken"), ledger=ledger, repairs=0,
+                      replays=0)
+    session.run_batch("labels", review_tasks(2), LABEL_SCHEMA, on_exhausted="return")
+    session.close()
+    owed = bj("status", "--ledger", str(ledger), cwd=tmp_path).stdout
+    assert "next:\n  re-run batch 'labels'" in owed
+    assert f"batchjson receipts labels --failed --ledger {ledger}" in owed  # path or bare name
+
+
+def test_costs_of_unpriced_models_print_as_unknown_never_as_zero(tmp_path: Path) -> None:
+    ledger = tmp_path / "unpriced.sqlite"
+    session = Session(CallableProvider(items_reply), ledger=ledger)  # no usage, no model price
+    session.run_batch("labels", review_tasks(4), LABEL_SCHEMA, pack=2)
+    session.close()
+    human = bj("status", "--ledger", str(ledger), cwd=tmp_path).stdout
+    assert "unknown" in human and "$0.00" not in human
+    assert "so their cost is unknown (not zero)" in " ".join(human.split())
+    total = json.loads(bj("status", "--ledger", str(ledger), "--json", cwd=tmp_path).stdout)
+    assert total["total"]["cost_is_lower_bound"] and total["total"]["unpriced_calls"] == 2
+
+
+def test_a_ledger_sqlite_cannot_write_is_exit_3_without_a_traceback(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.sqlite"
+    Session(CallableProvider(items_reply), ledger=ledger).run_batch(
+        "labels", review_tasks(2), LABEL_SCHEMA)
+    db = sqlite3.connect(ledger)
+    db.execute("CREATE TRIGGER no_imports BEFORE INSERT ON attempts BEGIN "
+               "SELECT RAISE(ABORT, 'attempt table is read-only'); END")
+    db.commit()
+    db.close()
+    receipts = tmp_path / "old.jsonl"
+    tasks = review_tasks(1, case="gold-pair-090")
+    raw = json.dumps({"items": [{"task_id": t["task_id"]} | answer(t) for t in tasks]})
+    receipts.write_text(json.dumps({"batch": "b", "tasks": tasks, "status": "ok",
+                                    "identity": ["task_id"], "raw": raw}) + "\n")
+    done = bj("import", str(receipts), "--ledger", str(ledger), cwd=tmp_path)
+    assert done.returncode == 3 and "Traceback" not in done.stderr
+    assert "attempt table is read-only" in done.stderr
+
+
+def test_merge_names_the_other_file_when_it_is_missing_or_a_directory(tmp_path: Path) -> None:
+    for other in (tmp_path / "missing.sqlite", tmp_path):
+        done = bj("merge", str(other), "--ledger", str(tmp_path / "mine.sqlite"), cwd=tmp_path)
+        assert done.returncode == 3 and "Traceback" not in done.stderr
+        assert "--ledger" not in done.stderr and "ledger to merge" in done.stderr
+    assert not (tmp_path / "mine.sqlite").exists()
+
+
+def _option_entries(help_text: str) -> dict[str, str]:
+    """option spec -> its help text, from argparse's "options:" section."""
+    entries: dict[str, str] = {}
+    spec = None
+    for line in help_text.split("options:", 1)[1].splitlines():
+        if line.startswith("  -"):
+            spec, _, text = line.strip().partition("  ")
+            entries[spec] = text.strip()
+        elif spec and line.startswith("        "):
+            entries[spec] = (entries[spec] + " " + line.strip()).strip()
+    return entries
+
+
+def test_serve_help_is_batchjson_serve_with_a_line_of_help_per_option(tmp_path: Path) -> None:
+    done = bj("serve", "--help", cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.startswith("usage: batchjson serve")
+    entries = _option_entries(done.stdout)
+    assert {"--host HOST", "--retry-after RETRY_AFTER", "--seed SEED"} <= set(entries)
+    assert all(entries.values()), [spec for spec, text in entries.items() if not text]
+    for name in SUBCOMMANDS:
+        entries = _option_entries(bj(name, "--help", cwd=tmp_path).stdout)
+        assert all(entries.values()), (name, entries)
+
+
+def test_receipts_failed_of_a_clean_batch_says_every_attempt_was_accepted(
+        tmp_path: Path) -> None:
+    ledger = tmp_path / "clean.sqlite"
+    Session(CallableProvider(items_reply), ledger=ledger).run_batch(
+        "labels", review_tasks(2), LABEL_SCHEMA)
+    done = bj("receipts", "labels", "--failed", "--ledger", str(ledger), cwd=tmp_path)
+    assert done.returncode == 0
+    assert done.stdout.strip() == ("no failed receipts for batch 'labels': every attempt was "
+                                   "accepted")
+
+
+def test_ctrl_c_during_an_import_rolls_it_back_and_says_nothing_was_imported(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from batchjson import _recovery as recovery
+
+    tasks = review_tasks(2)
+    raw = json.dumps({"items": [{"task_id": t["task_id"]} | answer(t) for t in tasks]})
+    line = {"batch": "b", "tasks": tasks, "status": "ok", "identity": ["task_id"], "raw": raw}
+    receipts = tmp_path / "old.jsonl"
+    receipts.write_text(json.dumps(line) + "\n" + json.dumps({**line, "batch": "c"}) + "\n")
+    real = recovery._import_line
+    seen: list[int] = []
+
+    def interrupted_on_the_second(*args: object, **kwargs: object) -> object:
+        seen.append(1)
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(recovery, "_import_line", interrupted_on_the_second)
+    ledger = tmp_path / "ledger.sqlite"
+    assert cli_module.main(["import", str(receipts), "--ledger", str(ledger)]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == ("batchjson: interrupted; nothing was imported (it is one "
+                           "transaction), run it again")
+    db = sqlite3.connect(ledger)
+    assert db.execute("SELECT COUNT(*) FROM attempts").fetchone()[0] == 0
+    db.close()
+
+
+def test_escape_sequences_in_a_return_or_a_batch_name_never_reach_the_terminal(
+        tmp_path: Path) -> None:
+    tasks = review_tasks(2)
+    hostile = "\x1b]0;owned\x07\x1b[2J"
+    raw = json.dumps({"items": [{"task_id": t["task_id"], "verdict": hostile} for t in tasks]},
+                     ensure_ascii=False)
+    line = {"batch": "evil\x1b[31m\u202e", "tasks": tasks, "status": "ok",
+            "identity": ["task_id"], "raw": raw, "schema": LABEL_SCHEMA}
+    receipts = tmp_path / "old.jsonl"
+    receipts.write_text(json.dumps(line, ensure_ascii=False) + "\n")
+    ledger = str(tmp_path / "ledger.sqlite")
+    outputs = [bj("import", str(receipts), "--ledger", ledger, cwd=tmp_path).stdout,
+               bj("status", "--ledger", ledger, cwd=tmp_path).stdout,
+               bj("receipts", line["batch"], "--raw", "--ledger", ledger, cwd=tmp_path).stdout]
+    for out in outputs:
+        assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out
+    assert "evil\\x1b[31m\\u202e" in outputs[1]
+    assert "\\x1b]0;owned\\x07\\x1b[2J" in outputs[2]  # shown, as text, in the raw return
+    data = json.loads(bj("receipts", line["batch"], "--raw", "--json", "--ledger", ledger,
+                         cwd=tmp_path).stdout)
+    assert data[0]["raw"] == raw  # scripts still get the exact text
+
+
+def test_a_newline_in_a_batch_name_cannot_forge_a_row_of_the_status_table(
+        tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.sqlite"
+    forged = "x\n  total      99      99"
+    Session(CallableProvider(items_reply), ledger=ledger).run_batch(
+        forged, review_tasks(2), LABEL_SCHEMA)
+    out = bj("status", "--ledger", str(ledger), cwd=tmp_path).stdout
+    assert "x\\n  total      99      99" in out
+    assert [line.split()[0] for line in out.splitlines() if line.strip().startswith("total")] \
+        == ["total"]
+
+
+def test_next_steps_name_a_batchjson_the_shell_can_run(tmp_path: Path) -> None:
+    script = Path(sys.executable).parent / "batchjson"
+    if not script.exists():
+        pytest.skip("the batchjson script is not installed beside this python")
+    bare = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}  # the venv is not activated
+    done = subprocess.run([sys.executable, "-m", "batchjson", "demo"], cwd=tmp_path, env=bare,
+                          capture_output=True, text=True, timeout=120)
+    commands = [line.split()[0] for line in done.stdout.split("next:")[1].splitlines()
+                if line.strip()]
+    assert commands and all(c == str(script.absolute()) for c in commands)
+    activated = {**bare, "PATH": f"{script.parent}:/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-m", "batchjson", "status"], cwd=tmp_path,
+                          env=activated, capture_output=True, text=True, timeout=120)
+    assert "\n  batchjson receipts review --failed" in done.stdout
+
+
+def test_demo_never_clears_a_batch_of_ones_own_that_is_also_called_review(
+        tmp_path: Path) -> None:
+    ledger = tmp_path / ".batchjson" / "ledger.sqlite"  # the notebook default
+    mine = Session(CallableProvider(items_reply), ledger=ledger)
+    assert mine.run_batch("review", review_tasks(3), LABEL_SCHEMA).resolved
+    mine.close()
+    refused = bj("demo", cwd=tmp_path)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "holds a batch 'review' that is not the demo's" in refused.stderr
+    assert len(Ledger(ledger).checkpoint("review")) == 3  # nothing was cleared
+
+
+def test_two_output_formats_at_once_is_a_usage_error(demo_dir: Path) -> None:
+    for argv in (["values", "review", "--csv", "--json"], ["export", "--jsonl", "--json"]):
+        done = bj(*argv, cwd=demo_dir)
+        assert done.returncode == 2 and done.stdout == ""
+        assert "ask for two formats: give one" in done.stderr
+
+
+def test_status_fits_a_terminal_leaving_out_columns_that_are_zero_everywhere(
+        demo_dir: Path, tmp_path: Path) -> None:
+    out = bj("status", cwd=demo_dir).stdout
+    assert max(len(line) for line in out.splitlines() if "batchjson " not in line) <= 100
+    table_part = out.split("\n  no ")[0]
+    assert "provider err" not in table_part and "abandoned" not in table_part
+    assert "  no provider errors, no abandoned calls, no calls in flight" in out
+    ledger = tmp_path / "down.sqlite"
+
+    def down(call: object) -> str:
+        raise ProviderError("service unavailable", retryable=False)
+
+    session = Session(CallableProvider(down), ledger=ledger)
+    session.run_batch("labels", review_tasks(2), LABEL_SCHEMA, on_exhausted="return")
+    session.close()
+    out = bj("status", "--ledger", str(ledger), cwd=tmp_path).stdout
+    header = out.splitlines()[1].split()
+    assert "err" in header and header.index("err") == header.index("provider") + 1
+    assert json.loads(bj("status", "--json", "--ledger", str(ledger), cwd=tmp_path).stdout)[
+        "total"]["abandoned"] == 0  # scripts still get every figure
+
+
+def test_merge_says_what_it_added_and_nothing_new_the_second_time(
+        demo_dir: Path, tmp_path: Path) -> None:
+    other = str(demo_dir / ".batchjson" / "ledger.sqlite")
+    mine = str(tmp_path / "mine.sqlite")
+    first = bj("merge", other, "--ledger", mine, cwd=tmp_path).stdout.strip()
+    assert ": added 1 batches, 1 revisions, 12 requests, 18 attempts, 60 checkpoint rows, 1 " \
+        "validators; 0 attempt(s) were already here" in first  # no "0 imports"
+    second = bj("merge", other, "--ledger", mine, cwd=tmp_path).stdout.strip()
+    assert second.endswith(f"into {mine}: nothing new; 18 attempt(s) were already here")

@@ -775,3 +775,27 @@ def test_batch_status_counts_calls_that_never_completed_with_a_lower_bound(
     text = repr(ok(ip, "%batch_status labels"))
     assert "1 abandoned, 0 in flight" in text
     assert "cost unknown" in text and "at least $0.000300 more" in text
+
+
+def test_validators_where_names_the_cell_that_defined_it(loaded: Any) -> None:
+    ip = loaded
+    ip.run_cell("1 + 1", store_history=True)  # an earlier cell, so counts are not all 1
+    defining = ip.run_cell("%%batch_json labels --validator check\n" + BODY,
+                           store_history=True)
+    assert defining.success, defining.error_in_exec
+    ip.run_cell("2 + 2", store_history=True)
+    (row,) = [r for r in ok(ip, "%validators").rows if r[0] == "check"]
+    assert row[3].startswith(f"In[{defining.execution_count}], ")
+
+
+def test_an_unresolved_cell_lists_its_failed_requests_once(loaded: Any, capsys: Any) -> None:
+    ip = loaded
+    ok(ip, "model.faults = FaultPlan(script={0: 'malformed_json'}, clean_after=1)")
+    capsys.readouterr()
+    r = run(ip, "%%batch_json labels --repairs 0 --replays 0\n" + BODY)
+    error = "\n".join(r.error_in_exec._render_traceback_())
+    shown = ip.user_ns["labels"]._repr_html_()
+    assert "return is not valid JSON" in shown  # the display lists the failed requests
+    assert "not valid JSON" not in error and "request of" not in error
+    assert "labels.failure_report()" in error and "%batch_receipts labels --failed" in error
+    assert "re-running the same batch resumes" in error

@@ -217,3 +217,201 @@ def test_an_import_beside_a_live_batch_leaves_its_current_revision_and_what_is_o
     assert session.evidence.minimum_exact_retry_calls == 0  # the diagnostic is not owed work
     summary = session.ledger.cost_summary("review")["batches"][0]
     assert (summary["calls"], summary["imported"], summary["rejected_returns"]) == (3, 1, 1)
+
+
+def test_an_import_never_replaces_values_the_ledger_already_accepted(tmp_path: Path) -> None:
+    tasks = review_tasks(4)
+    session = Session(CallableProvider(items_reply), ledger=tmp_path / "ledger.sqlite")
+    assert session.run_batch("review", tasks, LABEL_SCHEMA, identity=IDENTITY, pack=4).resolved
+    before = session.ledger.checkpoint("review")
+    exported = session.ledger.export_receipts("review")[0]
+    flipped = json.loads(exported["raw"])
+    for item in flipped["items"]:  # a valid return for the same request, other answers
+        item["verdict"] = "no_match" if item["verdict"] == "match" else "match"
+    other = {**exported, "uid": "from-another-ledger", "raw": json.dumps(flipped)}
+    same = {**exported, "uid": "a-second-copy"}
+    report = session.ledger.import_receipts(write(tmp_path / "other.jsonl", other, same))
+    assert [r["outcome"] for r in report["receipts"]] == ["duplicate", "duplicate"]
+    assert "4 of this return's items differ" in report["receipts"][0]["reason"]
+    assert report["items_admitted"] == 0
+    assert session.ledger.checkpoint("review") == before  # the accepted values are kept
+    assert session.ledger.cost_summary("review")["total"]["calls"] == 3  # both still count
+
+
+def test_two_passing_receipts_for_one_request_in_a_file_admit_the_first(tmp_path: Path) -> None:
+    tasks = review_tasks(3)
+    first = receipt(tasks, items_for(tasks))
+    second = receipt(tasks, json.dumps({"items": [
+        {k: t[k] for k in IDENTITY} | {"verdict": "no_match"} for t in tasks]}))
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    report = ledger.import_receipts(write(tmp_path / "old.jsonl", first, second))
+    assert [r["outcome"] for r in report["receipts"]] == ["admitted", "duplicate"]
+    assert ledger.checkpoint("review") == {t["task_id"]: answer(t) for t in tasks}
+
+
+def test_an_exported_receipt_whose_request_key_is_not_its_content_is_refused(
+        tmp_path: Path) -> None:
+    session = Session(CallableProvider(items_reply), ledger=tmp_path / "a.sqlite")
+    session.run_batch("labels", review_tasks(4), LABEL_SCHEMA, pack=2)
+    one, two = session.ledger.export_receipts()
+    forged = {**one, "request_key": two["request_key"]}  # would serve one's answers to two
+    target = Ledger(tmp_path / "b.sqlite")
+    with pytest.raises(InvalidBatch, match="request_key .* is not the key of this receipt"):
+        target.import_receipts(write(tmp_path / "forged.jsonl", forged))
+    assert counts(tmp_path / "b.sqlite")["attempts"] == 0
+
+
+@pytest.mark.parametrize(("spoil", "message"), [
+    (lambda line: line.replace('"cost": 0.00066', '"cost": 1e400'), "1e400 is out of range"),
+    (lambda line: line.replace('"input_tokens": 1200', '"input_tokens": ' + "9" * 30),
+     "whole number of tokens below 2\\*\\*63"),
+    (lambda line: line.replace('"input_tokens": 1200', '"input_tokens": 12.5'),
+     "whole number of tokens"),
+    (lambda line: line.replace('"at": "2026-03-01T10:00:00Z"', '"at": {"day": 1}'),
+     "field 'at' must be a string"),
+    (lambda line: line.replace('"model": "gpt-4o-mini"', '"model": 4'),
+     "field 'model' must be a string"),
+    (lambda line: line[:-1] + ', "deep": ' + "[" * 3000 + "]" * 3000 + "}",
+     "nested too deeply"),
+    (lambda line: line[:-1] + ', "mode": "value"}', "a 'value' receipt answers one task"),
+    (lambda line: line[:-1] + ', "validator": ""}', "field 'validator' must be"),
+])
+def test_a_crafted_line_is_refused_naming_it_not_crashing(tmp_path: Path, spoil: Any,
+                                                           message: str) -> None:
+    tasks = review_tasks(2)
+    good = json.dumps(receipt(tasks, items_for(tasks)))
+    path = tmp_path / "crafted.jsonl"
+    path.write_text(good + "\n" + spoil(good) + "\n")
+    with pytest.raises(InvalidBatch, match=f"line 2: .*{message}"):
+        Ledger(tmp_path / "ledger.sqlite").import_receipts(path)
+    assert counts(tmp_path / "ledger.sqlite")["attempts"] == 0
+
+
+def test_a_bom_crlf_and_line_separators_inside_strings_read_as_json_lines(
+        tmp_path: Path) -> None:
+    tasks = review_tasks(2)
+    one = receipt(tasks, items_for(tasks), note="first\u2028line\x0cfeed\x1cgroup")
+    other = receipt(review_tasks(2, case="gold-pair-090"),
+                    items_for(review_tasks(2, case="gold-pair-090")))
+    text = json.dumps(one, ensure_ascii=False) + "\r\n" + json.dumps(other) + "\r\n"
+    path = tmp_path / "windows.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
+    report = Ledger(tmp_path / "ledger.sqlite").import_receipts(path)
+    assert [(r["line"], r["outcome"]) for r in report["receipts"]] == [(1, "admitted"),
+                                                                      (2, "admitted")]
+
+
+def test_a_return_too_deep_or_out_of_range_is_rejected_as_json_not_a_crash(
+        tmp_path: Path) -> None:
+    tasks = review_tasks(2)
+    huge = items_for(tasks).replace('"verdict": "match"', '"verdict": "match", "score": 1e400', 1)
+    history = write(tmp_path / "old.jsonl", receipt(tasks, "[" * 3000 + "]" * 3000),
+                    receipt(tasks, huge))
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    report = ledger.import_receipts(history)
+    assert [r["outcome"] for r in report["receipts"]] == ["rejected", "rejected"]
+    assert "nested deeper" in report["receipts"][0]["errors"][0]["message"]
+    assert "overflows" in report["receipts"][1]["errors"][0]["message"]
+    assert ledger.checkpoint("review") == {}
+
+
+def test_two_processes_importing_one_file_into_a_new_ledger_record_each_line_once(
+        tmp_path: Path) -> None:
+    tasks = review_tasks(3)
+    history = write(tmp_path / "old.jsonl", receipt(tasks, items_for(tasks, {0: "x"})),
+                    receipt(tasks, items_for(tasks)))
+    for trial in range(3):
+        ledger = tmp_path / f"shared-{trial}.sqlite"
+        command = [sys.executable, "-m", "batchjson", "import", str(history), "--ledger",
+                   str(ledger), "--json"]
+        runs = [subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        outputs = [run.communicate(timeout=120) for run in runs]
+        for run, (_, err) in zip(runs, outputs, strict=True):
+            assert run.returncode in (0, 1) and "Traceback" not in err, err
+        reports = [json.loads(out) for out, _ in outputs]
+        assert sorted(r["skipped"] for r in reports) == [0, 2]  # one imported, one found it
+        assert counts(ledger)["attempts"] == 2 and counts(ledger)["checkpoint"] == 3
+
+
+def test_an_exported_receipt_with_a_schema_other_than_its_components_name_is_refused(
+        tmp_path: Path) -> None:
+    session = Session(CallableProvider(items_reply), ledger=tmp_path / "a.sqlite")
+    session.run_batch("labels", review_tasks(2), LABEL_SCHEMA, pack=2)
+    (line,) = session.ledger.export_receipts()
+    with_its_schema = {**line, "uid": "copy-1", "schema": LABEL_SCHEMA}
+    loose = {**line, "uid": "copy-2", "schema": {"type": "object"}}  # would admit anything
+    target = Ledger(tmp_path / "b.sqlite")
+    assert target.import_receipts(write(tmp_path / "ok.jsonl", with_its_schema))["admitted"] == 1
+    with pytest.raises(InvalidBatch, match="its schema is not the one its components name"):
+        target.import_receipts(write(tmp_path / "loose.jsonl", loose))
+
+
+@pytest.mark.parametrize("claimed", ["OK", " ok ", "Success\n"])
+def test_a_claimed_success_is_read_whatever_its_case_and_spacing(tmp_path: Path,
+                                                                 claimed: str) -> None:
+    tasks = review_tasks(2)
+    no_schema = {k: v for k, v in receipt(tasks, items_for(tasks), claimed).items()
+                 if k != "schema"}
+    report = Ledger(tmp_path / "l.sqlite").import_receipts(write(tmp_path / "o.jsonl", no_schema))
+    assert report["receipts"][0]["outcome"] == "admitted"  # not 'unverified' as a failure claim
+
+
+def test_importing_a_ledger_file_says_to_merge_it(tmp_path: Path) -> None:
+    other = tmp_path / "other.sqlite"
+    Ledger(other).close()
+    done = cli("import", str(other), "--ledger", str(tmp_path / "mine.sqlite"), cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"is a SQLite file, not JSON Lines: to bring another ledger in, merge it " \
+           f"(batchjson merge {other})" in done.stderr
+    assert not (tmp_path / "mine.sqlite").exists()
+
+
+def test_an_identity_field_whose_name_holds_a_comma_survives_export_and_import(
+        tmp_path: Path) -> None:
+    tasks = [{"task_id": f"t{i}", "prompt": "p", "a,b": f"x{i}", "a": 0} for i in range(2)]
+
+    def reply(call: Any) -> str:
+        return json.dumps({"items": [{"task_id": t["task_id"], "a,b": t["a,b"], "v": 1}
+                                     for t in call.tasks]})
+
+    first = Session(CallableProvider(reply), ledger=tmp_path / "a.sqlite")
+    assert first.run_batch("c", tasks, {"type": "object"}, identity=["task_id", "a,b"],
+                           pack=2).resolved
+    (line,) = first.ledger.export_receipts()
+    assert line["identity"] == ["task_id", "a,b"]
+    report = Ledger(tmp_path / "b.sqlite").import_receipts(write(tmp_path / "c.jsonl", line))
+    assert report["admitted"] == 1 and report["items_admitted"] == 2
+
+
+def test_the_human_import_report_groups_the_expected_and_details_the_rest(
+        tmp_path: Path) -> None:
+    tasks = review_tasks(2)
+    lines = [receipt(tasks, items_for(tasks), note=str(n)) for n in range(30)]
+    lines[7] = receipt(tasks, items_for(tasks, {1: "gold-pair-079"}), note="swap")
+    history = write(tmp_path / "old.jsonl", *lines)
+    ledger = str(tmp_path / "ledger.sqlite")
+    first = cli("import", str(history), "--ledger", ledger, cwd=tmp_path).stdout.splitlines()
+    assert first[1] == "  ADMITTED: 1 line(s) (line 1): every check passed"
+    assert any("line 8:" in line and line.endswith("DIAGNOSTIC") for line in first)
+    assert sum(line.endswith("DUPLICATE") for line in first) == 19  # 20 detailed in all
+    assert first[-1] == "  ... and 9 more line(s) not admitted (--json lists every line)"
+    again = cli("import", str(history), "--ledger", ledger, cwd=tmp_path).stdout.splitlines()
+    assert again[1:] == ["  SKIPPED: 30 line(s) (lines 1-30): already imported"]
+
+
+def test_an_exported_call_that_was_in_flight_here_completes_its_receipt(tmp_path: Path) -> None:
+    there = Session(CallableProvider(items_reply), ledger=tmp_path / "there.sqlite")
+    assert there.run_batch("labels", review_tasks(2), LABEL_SCHEMA, pack=2).resolved
+    (done,) = there.ledger.export_receipts()
+    early = {**done, "status": "in_flight", "raw": None, "input_tokens": None,
+             "output_tokens": None, "finished_at": None}
+    here = Ledger(tmp_path / "here.sqlite")
+    assert here.import_receipts(write(tmp_path / "early.jsonl", early))["recorded"] == 1
+    report = here.import_receipts(write(tmp_path / "late.jsonl", done))
+    (line,) = report["receipts"]
+    assert line["outcome"] == "admitted"
+    assert "completes the receipt of this call" in line["reason"]
+    total = here.cost_summary()["total"]
+    assert (total["calls"], total["accepted_returns"], total["abandoned"]) == (1, 1, 0)
+    assert len(here.checkpoint("labels")) == 2

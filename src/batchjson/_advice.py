@@ -219,6 +219,15 @@ class Estimate:
                                            else round(self.cost / n, 9))}
 
 
+def _geometric(q: float, start: int, stop: int) -> float:
+    """sum(q**j for j in range(start, stop)), without the loop."""
+    if stop <= start:
+        return 0.0
+    if q >= 1:
+        return float(stop - start)
+    return (q ** start - q ** stop) / (1 - q)
+
+
 def estimate(f: Fit, pack: int, *, split: bool, repairs: int, replays: int,
              tasks: int | None = None) -> Estimate:
     """Expected totals for running ``tasks`` (default: the batch's) at ``pack`` per request."""
@@ -233,14 +242,15 @@ def estimate(f: Fit, pack: int, *, split: bool, repairs: int, replays: int,
         per_call = 1 / (1 - f.provider_error_rate) if f.provider_error_rate < 1 else math.inf
         fresh_in = f.shared_input + f.input_per_task * k
         out = f.shared_output + f.output_per_task * k
-        calls = inp = outp = 0.0
-        reach = 1.0
-        for attempt in range(1 + repairs + replays):
-            is_repair = 1 <= attempt <= repairs
-            calls += reach * per_call
-            inp += reach * (fresh_in + (f.repair_extra_input if is_repair else 0.0))
-            outp += reach * out
-            reach *= 1 - s
+        # Attempt j is made with probability q**j (q = 1 - s): geometric sums, in closed form
+        # so any number of repairs and replays costs the same to estimate.
+        q = 1 - s
+        made = _geometric(q, 0, 1 + repairs + replays)  # expected attempts
+        repaired = _geometric(q, 1, repairs + 1)  # expected repair attempts (j = 1..repairs)
+        calls = made * per_call
+        inp = made * fresh_in + repaired * f.repair_extra_input
+        outp = made * out
+        reach = q ** (1 + repairs + replays)
         usable = k * (1 - reach)
         if split and k > 1 and depth < MAX_SPLIT_DEPTH and reach > 0:
             for half in ((k + 1) // 2, k // 2):
@@ -297,4 +307,16 @@ def advise(ledger: Ledger, name: str, *, repairs: int = 1, replays: int = 1,
         "priced": f.input_price is not None,
         "candidates": [e.as_dict() for e in options],
         "recommended": best.as_dict(),
+        "warning": _warning(name, best),
     }
+
+
+def _warning(name: str, best: Estimate) -> str | None:
+    """Said when even the best pack is expected to leave most of the batch undone: then the
+    fault is in the prompt, schema or model, and no pack size is the fix."""
+    if best.usable >= best.tasks / 2:
+        return None
+    return (f"no pack size is expected to finish this batch: the best leaves "
+            f"{best.tasks - best.usable:.1f} of {best.tasks} task(s) unresolved at the fault "
+            f"rates observed; read the rejected returns (batchjson receipts {name} --failed) "
+            "and fix the prompt, schema or validator before choosing a size")

@@ -16,28 +16,22 @@ import csv
 import io
 import json
 import os
+import sqlite3
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from . import _cliview as cliview
+from ._demo import command_name, demo_ledger_problem, run_demo
 from ._errors import BatchJsonError, InvalidBatch, LedgerError
 from ._evidence import Evidence
 from ._ledger import Ledger, ledger_problem
-from ._result import money
-from ._session import Session
 
 DEFAULT_LEDGER = Path(".batchjson/ledger.sqlite")
 OK, UNRESOLVED, USAGE, LEDGER, INTERRUPTED = 0, 1, 2, 3, 130
-
-DEMO_SCHEMA = {
-    "type": "object",
-    "properties": {"verdict": {"type": "string", "enum": ["match", "no_match"]},
-                   "confidence": {"type": "number", "minimum": 0, "maximum": 1}},
-    "required": ["verdict", "confidence"],
-}
-DEMO_IDENTITY = ("task_id", "case_id", "candidate_id")
+OPEN_WAIT = 30.0  # seconds another process may hold a new ledger while creating it
 
 
 class Problem(Exception):
@@ -48,129 +42,74 @@ class Problem(Exception):
         self.code = code
 
 
-def demo_tasks(cases: int = 4, per_case: int = 15) -> list[dict]:
-    """Review candidates shaped like the seed's: identity travels in three fields."""
-    tasks = []
-    for c in range(cases):
-        case = f"gold-pair-{78 + c:03d}"
-        for k in range(per_case):
-            candidate = f"{case}-candidate-{127 + k}"
-            tasks.append({"task_id": f"{case}::{candidate}", "case_id": case,
-                          "candidate_id": candidate,
-                          "prompt": f"Is {candidate} the same entity as {case}?"})
-    return tasks
-
-
-def demo_answer(task: dict) -> dict:
-    number = int(task["candidate_id"].rsplit("-", 1)[1])
-    return {"verdict": "match" if number % 3 == 0 else "no_match",
-            "confidence": round(0.5 + (number % 5) / 10, 2)}
-
-
-def demo_model(seed: int = 0):  # noqa: ANN201 - returns a SimulatedModel
-    from ._providers.simulated import FaultPlan, SimulatedModel
-
-    faults = FaultPlan(identity_swap=0.2, malformed_json=0.1, missing_item=0.05,
-                       non_finite=0.05, clean_after=3)
-    return SimulatedModel(answer=demo_answer, faults=faults, seed=seed, model="gpt-4o-mini",
-                          price_per_million=(0.15, 0.60))
-
-
-def demo_ledger_problem(ledger: Path) -> str | None:
-    """The demo starts from an empty ledger, so it only ever clears one it wrote itself."""
-    if not ledger.exists():
-        return None
-    problem = ledger_problem(ledger)
-    if problem is None:
-        held = Ledger(ledger)
-        try:
-            others = [n for n in held.batch_names() if n != "review"]
-        finally:
-            held.close()
-        if not others:
-            return None
-        problem = f"{ledger} holds batches other than the demo's ({', '.join(others)})"
-    return (f"{problem}. The demo starts from an empty ledger and would clear this one: pass "
-            "--ledger with a new path")
-
-
-def _demo_check(item: dict, task: dict) -> None:
-    if item["verdict"] == "match" and item["confidence"] < 0.5:
-        raise ValueError("a match needs confidence >= 0.5")
-
-
-def run_demo(ledger: Path, seed: int, out: TextIO | None = None, *, as_json: bool = False,
-             progress: bool = False) -> int:
-    out = out or sys.stdout
-    if ledger.exists():  # a previous demo's ledger (demo_ledger_problem was checked)
-        for suffix in ("", "-wal", "-shm"):
-            Path(str(ledger) + suffix).unlink(missing_ok=True)
-    tasks = demo_tasks()
-    say = (lambda *a: None) if as_json else (lambda text="": print(text, file=out))
-    say(f"batchjson demo: {len(tasks)} review tasks in requests of 5, answered by an offline "
-        "model that injects identity swaps, malformed JSON, missing items and NaN")
-    say(f"ledger: {ledger}")
-    say()
-    session = Session(demo_model(seed), ledger=ledger, repairs=1, replays=2)
-    first = session.run_batch("review", tasks, DEMO_SCHEMA, validator=_demo_check,
-                              identity=DEMO_IDENTITY, pack=5, split=True, progress=progress,
-                              on_exhausted="return")
-    kinds: dict[str, int] = {}
-    swap = None
-    for receipt in session.ledger.attempts("review", failed=True):
-        for error in receipt.errors:
-            kinds[error["type"]] = kinds.get(error["type"], 0) + 1
-            if swap is None and error["type"] == "identity":
-                swap = cliview.describe_error(error)
-    session.close()
-    again = Session(demo_model(seed), ledger=ledger)
-    second = again.run_batch("review", tasks, DEMO_SCHEMA, validator=_demo_check,
-                             identity=DEMO_IDENTITY, pack=5, split=True, on_exhausted="return")
-    again.close()
-    code = OK if first.resolved and second.calls == 0 else UNRESOLVED
-    if as_json:
-        print(json.dumps({"ledger": str(ledger), "first": first.summary(),
-                          "second": second.summary(), "rejected_errors_by_type": kinds},
-                         indent=2, sort_keys=True), file=out)
-        return code
-    for label, r in (("first run ", first), ("second run", second)):
-        say(f"{label}  {r.status}: {len(r.values)}/{r.total_tasks} accepted, {r.calls} call(s) "
-            f"({r.accepted_returns} accepted, {r.rejected_returns} rejected, "
-            f"{r.provider_errors} provider error(s)), {r.tokens} tokens, {money(r.cost)}")
-    listed = ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) or "none"
-    say(f"  rejected returns kept as failure receipts; their errors by type: {listed}")
-    if swap:
-        for line in cliview.wrapped(swap, "  e.g. "):
-            say(line)
-    say(f"  the second run resumed every request from the ledger: {second.calls} new call(s)")
-    flag = "" if ledger == DEFAULT_LEDGER else f" --ledger {ledger}"
-    say()
-    say("next:")
-    for command, why in ((f"batchjson status{flag}", "calls, tokens and cost, per batch"),
-                         (f"batchjson receipts review --failed{flag}",
-                          "every rejected return and why"),
-                         (f"batchjson values review --csv{flag}", "the accepted answers"),
-                         (f"batchjson advise review{flag}", "the cheapest pack size")):
-        say(f"  {command.ljust(58)} {why}")
-    return code
-
-
 # -- commands -------------------------------------------------------------------------------
-def _open(path: Path, *, create: bool = False) -> Ledger:
-    if not (create and not path.exists()):
-        problem = ledger_problem(path)
-        if problem:
-            raise Problem(problem, LEDGER)
+def _holds_nothing(path: Path) -> bool | None:
+    """An empty file or a SQLite file without tables: nothing to lose by making it a ledger
+    (it may be one another process is creating this moment). None: busy, ask again."""
     try:
-        return Ledger(path)
-    except LedgerError as exc:
-        raise Problem(str(exc), LEDGER) from None
+        if path.stat().st_size == 0:
+            return True
+        db = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True, timeout=1.0)
+        try:
+            return db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0] == 0
+        finally:
+            db.close()
+    except sqlite3.OperationalError as exc:
+        return None if "locked" in str(exc) or "busy" in str(exc) else False
+    except (OSError, sqlite3.Error):
+        return False
+
+
+def _refusal(path: Path, create: bool) -> str | None:
+    """Why ``path`` cannot be opened as a ledger. With ``create``, a file another process is
+    making a ledger this moment is waited for (polling to a deadline), never refused."""
+    deadline = time.monotonic() + OPEN_WAIT
+    while True:
+        problem = ledger_problem(path) if path.exists() or not create else None
+        if problem is None or not create:
+            return problem
+        empty = _holds_nothing(path)
+        if empty:
+            return None
+        again = ledger_problem(path)  # its migrations may have committed since the first look
+        if again is None or (empty is False or time.monotonic() > deadline):
+            return again
+        time.sleep(0.05)
+
+
+def _open(path: Path, *, create: bool = False) -> Ledger:
+    problem = _refusal(path, create)
+    if problem:
+        raise Problem(problem, LEDGER)
+    deadline = time.monotonic() + OPEN_WAIT
+    while True:
+        try:
+            return Ledger(path)
+        except LedgerError as exc:
+            raise Problem(str(exc), LEDGER) from None
+        except sqlite3.OperationalError as exc:
+            # Two processes creating one ledger race: for the switch to WAL ("database is
+            # locked", which SQLite's busy timeout does not cover), and in the migrations,
+            # which read the schema version before taking the write lock ("table ... already
+            # exists"). Opening again once the other is done succeeds: poll until a deadline.
+            racing = "locked" in str(exc) or "already exists" in str(exc)
+            if not racing or time.monotonic() > deadline:
+                raise Problem(f"cannot open the ledger {path}: {exc}", LEDGER) from None
+            time.sleep(0.05)
+        except sqlite3.Error as exc:
+            raise Problem(f"cannot open the ledger {path}: {exc}", LEDGER) from None
 
 
 def _known(ledger: Ledger, name: str | None) -> None:
     problem = ledger.no_such_batch(name) if name is not None else None
     if problem:
         raise Problem(problem, USAGE)
+
+
+def _say(lines: Sequence[str], out: TextIO) -> None:
+    """Human output: names and returns from a ledger or an import file never act on the
+    terminal (escape sequences are shown, not sent)."""
+    print("\n".join(map(cliview.printable, lines)), file=out)
 
 
 def _dump(obj: Any, out: TextIO) -> None:
@@ -192,7 +131,7 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     if args.json:
         _dump(summary, out)
     else:
-        print("\n".join(cliview.status_lines(summary, str(args.ledger))), file=out)
+        _say(cliview.status_lines(summary, str(args.ledger), command_name()), out)
     return OK
 
 
@@ -220,12 +159,17 @@ def cmd_receipts(args: argparse.Namespace, out: TextIO) -> int:
     if args.json:
         _dump(rows, out)
         return OK
-    for line in cliview.receipt_lines(args.name, rows, args.raw):
-        print(line, file=out)
+    _say(cliview.receipt_lines(args.name, rows, args.raw, args.failed), out)
     return OK
 
 
+def _one_format(args: argparse.Namespace, other: str) -> None:
+    if args.json and getattr(args, other):
+        raise Problem(f"--json and --{other} ask for two formats: give one", USAGE)
+
+
 def cmd_values(args: argparse.Namespace, out: TextIO) -> int:
+    _one_format(args, "csv")
     held = _open(args.ledger)
     try:
         _known(held, args.name)
@@ -260,6 +204,7 @@ def _cell(value: Any) -> str:
 
 
 def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
+    _one_format(args, "jsonl")
     held = _open(args.ledger)
     try:
         _known(held, args.batch)
@@ -293,12 +238,16 @@ def cmd_import(args: argparse.Namespace, out: TextIO) -> int:
     if args.json:
         _dump(report, out)
     else:
-        print("\n".join(cliview.import_lines(report)), file=out)
+        _say(cliview.import_lines(report), out)
     kept = report["diagnostic"] + report["rejected"] + report["unverified"]
     return UNRESOLVED if kept else OK
 
 
 def cmd_merge(args: argparse.Namespace, out: TextIO) -> int:
+    if not args.other.exists() or args.other.is_dir():  # the hint is about OTHER, not --ledger
+        raise Problem(f"no ledger to merge at {args.other}"
+                      + (" (a directory: name the ledger file inside it)"
+                         if args.other.is_dir() else ""), LEDGER)
     problem = ledger_problem(args.other)  # checked before a ledger is created to receive it
     if problem:
         raise Problem(problem, LEDGER)
@@ -313,10 +262,13 @@ def cmd_merge(args: argparse.Namespace, out: TextIO) -> int:
         _dump(report, out)
     else:
         added = report["added"]
-        print(f"merged {report['source']} into {args.ledger}: "
-              + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in added.items())
-              + f" added; {report['attempts_already_present']} attempt(s) were already here",
-              file=out)
+        completed = added.get("attempts_completed", 0)
+        new = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in added.items()
+                        if v and k != "attempts_completed")
+        _say([f"merged {report['source']} into {args.ledger}: "
+              + (f"added {new}" if new else "nothing new")
+              + f"; {report['attempts_already_present']} attempt(s) were already here"
+              + (f", {completed} of them completed by this merge" if completed else "")], out)
     return OK
 
 
@@ -335,7 +287,7 @@ def cmd_advise(args: argparse.Namespace, out: TextIO) -> int:
     if args.json:
         _dump(advice, out)
     else:
-        print("\n".join(cliview.advice_lines(advice)), file=out)
+        _say(cliview.advice_lines(advice), out)
     return OK
 
 
@@ -415,7 +367,7 @@ def _main(argv: list[str], out: TextIO) -> int:
     if argv[:1] == ["serve"]:  # the server owns its options (--port, --latency, faults)
         from .testing.server import main as serve_main
 
-        return serve_main(argv[1:]) or 0
+        return serve_main(argv[1:], prog="batchjson serve") or 0
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -423,7 +375,7 @@ def _main(argv: list[str], out: TextIO) -> int:
     except Problem as exc:
         print(f"batchjson {args.command}: error: {exc}", file=sys.stderr)
         return exc.code
-    except LedgerError as exc:
+    except (LedgerError, sqlite3.Error) as exc:  # e.g. a read-only or vanished ledger
         print(f"batchjson {args.command}: ledger error: {exc}", file=sys.stderr)
         return LEDGER
     except BatchJsonError as exc:
@@ -447,8 +399,13 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             pass
         return OK
     except KeyboardInterrupt:
-        print("batchjson: interrupted; receipts written so far are kept, re-run to resume",
-              file=sys.stderr)
+        if args_in[:1] in (["import"], ["merge"]):  # one transaction: rolled back whole
+            done = {"import": "imported", "merge": "merged"}[args_in[0]]
+            print(f"batchjson: interrupted; nothing was {done} (it is one transaction), "
+                  "run it again", file=sys.stderr)
+        else:
+            print("batchjson: interrupted; receipts written so far are kept, re-run to resume",
+                  file=sys.stderr)
         return INTERRUPTED
 
 

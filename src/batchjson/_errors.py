@@ -87,8 +87,9 @@ class ValidatorChanged(BatchJsonError):
 class BatchUnresolved(BatchJsonError):
     """The bounded replay loop ran out of repairs, replays or budget; carries the result.
 
-    ``hint`` is a face's last line of advice (the magic names the variable holding the result).
-    In IPython the error shows as its report, without a traceback through the event loop.
+    ``hint`` is a face's advice when it has already shown the result (the magic names the
+    variable holding it); the error then stays short. In IPython the error shows as its report,
+    without a traceback through the event loop.
     """
 
     def __init__(self, result: BatchResult, hint: str | None = None) -> None:
@@ -98,7 +99,10 @@ class BatchUnresolved(BatchJsonError):
 
     def _render_traceback_(self) -> list[str]:
         report = self.result.failure_report().splitlines() or [""]
-        return [f"BatchUnresolved: {report[0]}", *report[1:], *([self.hint] if self.hint else [])]
+        if self.hint:  # the face has shown the result: its headline, the way on, its last word
+            return [f"BatchUnresolved: {report[0]}", self.hint,
+                    *(report[-1:] if len(report) > 1 else [])]
+        return [f"BatchUnresolved: {report[0]}", *report[1:]]
 
 
 class ProviderError(BatchJsonError):

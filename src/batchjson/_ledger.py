@@ -100,6 +100,7 @@ class Ledger:
     def __init__(self, path: str | Path | None = None, *, busy_timeout: float = 30.0) -> None:
         self.path = None if path is None else Path(path)
         target = ":memory:" if self.path is None else str(self.path)
+        self._busy_timeout = busy_timeout
         try:
             if self.path is not None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -108,7 +109,7 @@ class Ledger:
             self._db.row_factory = sqlite3.Row
             self._lock = threading.RLock()
             if self.path is not None:
-                self._db.execute("PRAGMA journal_mode=WAL")
+                self._wal()
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA foreign_keys=ON")
             with self._lock:
@@ -116,6 +117,20 @@ class Ledger:
         except (sqlite3.Error, OSError) as exc:
             raise LedgerError("could not open the ledger", path=self.path or ":memory:",
                               cause=exc) from exc
+
+    def _wal(self) -> None:
+        """Switch to WAL. The switch needs the file to itself and SQLite does not wait for it,
+        so a ledger another process is creating or migrating is waited for, within the busy
+        timeout, instead of failing with "database is locked"."""
+        deadline = time.monotonic() + self._busy_timeout
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
 
     def __repr__(self) -> str:
         return f"Ledger({str(self.path) if self.path else ':memory:'})"

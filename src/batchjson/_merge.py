@@ -42,6 +42,14 @@ def _read(path: Path) -> dict[str, list[sqlite3.Row]]:
         db.close()
 
 
+def _our_version(db: sqlite3.Connection, revision: sqlite3.Row) -> Any:
+    """The version number this ledger gives the revision's validator (a clashing number was
+    renumbered when the validators came over)."""
+    row = db.execute("SELECT version FROM validators WHERE name = ? AND fingerprint = ?",
+                     (revision["validator_name"], revision["validator_fingerprint"])).fetchone()
+    return row["version"] if row is not None else revision["validator_version"]
+
+
 def merge_ledger(ledger: Ledger, other: str | Path) -> dict[str, Any]:
     """Bring the other ledger's batches, revisions, requests, attempts, accepted values and
     validators into ``ledger``; returns what was added."""
@@ -49,8 +57,8 @@ def merge_ledger(ledger: Ledger, other: str | Path) -> dict[str, Any]:
     if ledger.path is not None and path.exists() and path.resolve() == ledger.path.resolve():
         raise LedgerError(f"{path} is this ledger; merge another ledger into it", path=path)
     theirs = _read(path)
-    added = {k: 0 for k in ("batches", "revisions", "requests", "attempts", "checkpoint_rows",
-                            "validators", "imports")}
+    added = {k: 0 for k in ("batches", "revisions", "requests", "attempts",
+                            "attempts_completed", "checkpoint_rows", "validators", "imports")}
     present = 0
     with ledger.transaction() as db:
         for v in theirs["validators"]:
@@ -79,6 +87,8 @@ def merge_ledger(ledger: Ledger, other: str | Path) -> dict[str, Any]:
                 added["batches"] += 1
             else:
                 batch_map[b["id"]] = row["id"]
+        current = {row["id"]: row["current_revision"] for row in db.execute(
+            "SELECT id, current_revision FROM batches")}  # ours, before anything is merged
         revision_map: dict[int, int] = {}
         inserted_revisions: list[sqlite3.Row] = []
         for r in theirs["revisions"]:
@@ -98,7 +108,7 @@ def merge_ledger(ledger: Ledger, other: str | Path) -> dict[str, Any]:
                 "validator_name, validator_version, validator_fingerprint, status, "
                 "supersede_reason, created_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
                 (batch_id, number, r["fingerprint"], r["components"], r["validator_name"],
-                 r["validator_version"], r["validator_fingerprint"], r["status"],
+                 _our_version(db, r), r["validator_fingerprint"], r["status"],
                  r["supersede_reason"], r["created_at"])).lastrowid
             inserted_revisions.append(r)
             added["revisions"] += 1
@@ -106,6 +116,14 @@ def merge_ledger(ledger: Ledger, other: str | Path) -> dict[str, Any]:
             if r["superseded_by"] is not None:
                 db.execute("UPDATE revisions SET superseded_by = ? WHERE id = ?",
                            (revision_map[r["superseded_by"]], revision_map[r["id"]]))
+            ours = current.get(batch_map[r["batch_id"]])
+            if r["status"] == "open" and ours is not None:
+                # Beside a batch of ours the merged revision is on record, not owed: the batch
+                # keeps working on its current revision (as an import beside it does).
+                db.execute("UPDATE revisions SET status = 'superseded', superseded_by = ?, "
+                           "supersede_reason = ? WHERE id = ?",
+                           (ours, f"merged from {path.name} beside the batch's current "
+                            "revision", revision_map[r["id"]]))
         for b in theirs["batches"]:
             if b["id"] in new_batches and b["current_revision"] is not None:
                 db.execute("UPDATE batches SET current_revision = ? WHERE id = ?",
@@ -123,10 +141,22 @@ def merge_ledger(ledger: Ledger, other: str | Path) -> dict[str, Any]:
                            (revision_id, q["key"]))
         attempt_map: dict[int, int] = {}
         for a in theirs["attempts"]:
-            row = db.execute("SELECT id FROM attempts WHERE uid = ?", (a["uid"],)).fetchone()
+            row = db.execute("SELECT id, status FROM attempts WHERE uid = ?",
+                             (a["uid"],)).fetchone()
             if row is not None:
                 attempt_map[a["id"]] = row["id"]
                 present += 1
+                if row["status"] == "in_flight" and a["status"] != "in_flight":
+                    # Merged while that call was in flight there; it has finished since: its
+                    # outcome, tokens and cost are facts learned later, not a second call.
+                    db.execute(
+                        "UPDATE attempts SET status = ?, errors = ?, raw = ?, input_tokens = ?, "
+                        "output_tokens = ?, cached_tokens = ?, cost = ?, model = ?, "
+                        "finished_at = ? WHERE id = ? AND status = 'in_flight'",
+                        (a["status"], a["errors"], a["raw"], a["input_tokens"],
+                         a["output_tokens"], a["cached_tokens"], a["cost"], a["model"],
+                         a["finished_at"], row["id"]))
+                    added["attempts_completed"] += 1
                 continue
             values = [a[c] for c in _ATTEMPT_COLUMNS]
             attempt_map[a["id"]] = db.execute(

@@ -126,6 +126,12 @@ def migrate(db: sqlite3.Connection) -> int:
         for version in range(current + 1, SCHEMA_VERSION + 1):
             db.execute("BEGIN IMMEDIATE")
             try:
+                # Another process may have migrated while we waited for the write lock: read
+                # the version again under it, so two runners creating one ledger never both
+                # run a migration.
+                if db.execute("PRAGMA user_version").fetchone()[0] >= version:
+                    db.execute("COMMIT")
+                    continue
                 for statement in MIGRATIONS[version - 1].split(";"):
                     if statement.strip():
                         db.execute(statement)

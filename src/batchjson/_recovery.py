@@ -11,6 +11,7 @@ imported once: its digest is recorded in the ``imports`` table.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,15 @@ from ._canon import canonical_json
 from ._errors import InvalidBatch
 from ._ledger import Ledger, now
 from ._schema import ItemSchema, compile_schema
-from ._tasks import Identity, Request, normalize_identity, normalize_tasks, pack_requests, sha
+from ._tasks import (
+    Identity,
+    Request,
+    key_content,
+    normalize_identity,
+    normalize_tasks,
+    pack_requests,
+    sha,
+)
 
 EXPORT_FORMAT = "batchjson/receipt-1"
 SUCCESS_WORDS = frozenset({"ok", "success", "succeeded", "accepted", "done", "complete",
@@ -50,7 +59,7 @@ class Outcome:
     line: int
     batch: str
     claimed_status: str
-    outcome: str  # admitted | diagnostic | rejected | unverified | recorded | skipped
+    outcome: str  # admitted | duplicate | diagnostic | rejected | unverified | recorded | skipped
     items: int
     admitted_items: int = 0
     reason: str = ""
@@ -68,24 +77,54 @@ def _refuse(path: Path, number: int, problem: str) -> InvalidBatch:
                         "and import the file again)")
 
 
+MAX_INTEGER = 2**63 - 1  # what SQLite stores; a token count beyond it is not a count
+TEXT_FIELDS = ("model", "provider", "at")
+
+
 def _no_constants(name: str) -> Any:
     raise ValueError(f"non-finite number {name} is not valid JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400 parses as inf: a number no receipt can mean
+        raise ValueError(f"number {text} is out of range")
+    return value
+
+
+def _loads(text: str) -> Any:
+    """Strict JSON: finite numbers only, and a nesting Python's parser can hold."""
+    try:
+        return json.loads(text, parse_constant=_no_constants, parse_float=_finite)
+    except RecursionError:
+        raise ValueError("nested too deeply to read") from None
+
+
+def _jsonl_lines(text: str) -> Iterable[str]:
+    """JSON Lines split on newlines only: a JSON string may hold U+2028 or a form feed, which
+    str.splitlines would cut through. A CR before the newline (CRLF files) is dropped."""
+    for line in text.split("\n"):
+        yield line[:-1] if line.endswith("\r") else line
 
 
 def read_lines(path: Path, validators: Mapping[str, Any]) -> list[Line]:
     """Parse and check every line first, so a bad file is refused before anything is written."""
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as head:
+            if head.read(16) == b"SQLite format 3\x00":
+                raise InvalidBatch(f"{path} is a SQLite file, not JSON Lines: to bring another "
+                                   f"ledger in, merge it (batchjson merge {path})")
+        text = path.read_text(encoding="utf-8-sig")  # a leading BOM is not part of line 1
     except OSError as exc:
         raise InvalidBatch(f"cannot read {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise InvalidBatch(f"{path} is not UTF-8 text; receipts are JSON Lines") from None
     out = []
-    for number, raw_line in enumerate(text.splitlines(), 1):
+    for number, raw_line in enumerate(_jsonl_lines(text), 1):
         if not raw_line.strip():
             continue
         try:
-            record = json.loads(raw_line, parse_constant=_no_constants)
+            record = _loads(raw_line)
         except ValueError as exc:
             raise _refuse(path, number, f"not JSON ({exc})") from None
         if not isinstance(record, dict):
@@ -112,9 +151,20 @@ def _check(path: Path, number: int, record: dict[str, Any],
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                   or value < 0):
             raise _refuse(path, number, f"field {name!r} must be a number >= 0 or absent")
+        if name.endswith("tokens") and value is not None and (
+                value != int(value) or value > MAX_INTEGER):
+            raise _refuse(path, number, f"field {name!r} must be a whole number of tokens "
+                          f"below 2**63, got {value!r:.40}")
+    for name in TEXT_FIELDS:
+        if record.get(name) is not None and not isinstance(record[name], str):
+            raise _refuse(path, number, f"field {name!r} must be a string or absent, got "
+                          f"{type(record[name]).__name__}")
     mode = record.get("mode", "items")
     if mode not in ("items", "value"):
         raise _refuse(path, number, f"mode must be 'items' or 'value', got {mode!r}")
+    if mode == "value" and len(record["tasks"]) != 1:
+        raise _refuse(path, number, f"a 'value' receipt answers one task, this one lists "
+                      f"{len(record['tasks'])}")
     try:
         identity = normalize_identity(record["identity"])
         if record.get("identity_echo") is True:  # exported from a default-identity run
@@ -124,11 +174,15 @@ def _check(path: Path, number: int, record: dict[str, Any],
     except InvalidBatch as exc:
         raise _refuse(path, number, str(exc)) from None
     validator_name = record.get("validator")
-    if validator_name is not None and not isinstance(validator_name, str):
+    if validator_name is not None and (not isinstance(validator_name, str)
+                                       or not validator_name):
         raise _refuse(path, number, "field 'validator' must be a validator's name (a string)")
     version = validators.get(validator_name) if validator_name else None
     if own and isinstance(record.get("components"), dict):
         components = {str(k): str(v) for k, v in record["components"].items()}
+        if record.get("schema") and components.get("schema") != schema.fingerprint:
+            raise _refuse(path, number, "its schema is not the one its components name (the "
+                          "receipt was altered); give the schema the batch ran with")
     else:
         components = {
             "tasks": sha(json.dumps(tasks, sort_keys=True, separators=(",", ":"))),
@@ -139,11 +193,15 @@ def _check(path: Path, number: int, record: dict[str, Any],
             "identity": ",".join(identity),
             "mode": mode,
         }
-    content = {k: components.get(k, "") for k in
-               ("schema", "validator", "instructions", "identity", "mode")}
+    content = key_content(components)  # as a live run keys it (an old export: as it did then)
     request = pack_requests(tasks, len(tasks), content, texts)[0]
-    if own and isinstance(record.get("request_key"), str):
-        request = Request(record["request_key"], request.tasks, 0, tasks_json=request.tasks_json)
+    claimed_key = record.get("request_key") if own else None
+    if claimed_key is not None and claimed_key != request.key:
+        # The key is what a later run resumes by: one that is not the hash of this receipt's
+        # own tasks and content would serve these answers to other tasks.
+        raise _refuse(path, number, f"request_key {str(claimed_key)[:16]}... is not the key of "
+                      "this receipt's tasks and components (the receipt was altered); drop "
+                      "request_key to import it under the key its content gives")
     return Line(number, record, sha(canonical_json(record)), tasks, identity, schema,
                 components, request, own)
 
@@ -158,10 +216,25 @@ def _registry_view(validators: Any) -> dict[str, Any]:
 
 
 def _judge(line: Line, validator: Callable[..., Any] | None) -> Verdict:
+    """The live acceptance code, guarded against two returns its parser lets through: one
+    nested deeper than Python can parse, and a number out of range (1e400 reads as inf and
+    would be written to the ledger as the non-JSON ``Infinity``)."""
     raw = line.record["raw"]
-    if line.record.get("mode", "items") == "value":
-        return accept_value(raw, line.tasks[0], line.schema, validator)
-    return accept_items(raw, line.tasks, line.identity, line.schema, validator)
+    try:
+        if line.record.get("mode", "items") == "value":
+            verdict = accept_value(raw, line.tasks[0], line.schema, validator)
+        else:
+            verdict = accept_items(raw, line.tasks, line.identity, line.schema, validator)
+        if verdict.accepted:
+            json.dumps(verdict.stored, allow_nan=False)
+    except RecursionError:
+        return Verdict(False, errors=[{"type": "json", "task_id": None, "message":
+                                       "return is not valid JSON: nested too deeply to read"}])
+    except ValueError:
+        return Verdict(False, errors=[{"type": "json", "task_id": None, "message":
+                                       "return is not valid JSON: a number is out of range "
+                                       "(e.g. 1e400)"}])
+    return verdict
 
 
 def _identity_errors(errors: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -196,26 +269,37 @@ def import_receipts(ledger: Ledger, path: str | Path, *,
                 base.reason = f"already imported ({where})"
                 outcomes.append(base)
                 continue
-            if uid and db.execute("SELECT 1 FROM attempts WHERE uid = ?", (uid,)).fetchone():
+            held = (db.execute("SELECT id, batch_id, status FROM attempts WHERE uid = ?",
+                               (uid,)).fetchone() if uid else None)
+            # Exported while that call was in flight, finished since: its outcome completes the
+            # receipt already here (the same call, not a second one).
+            completes = (held is not None and held["status"] in ("in_flight", "abandoned")
+                         and rec.get("status") not in ("in_flight", "abandoned"))
+            if held is not None and not completes:
                 base.reason = "this attempt is already in the ledger (same uid)"
                 outcomes.append(base)
                 continue
             seen[line.digest] = line.number
-            outcome = _import_line(db, ledger, line, registry, uid, source)
+            outcome = _import_line(db, ledger, line, registry, uid, source,
+                                   held if completes else None)
             outcomes.append(outcome)
     return _report(source, outcomes)
 
 
 def _import_line(db: Any, ledger: Ledger, line: Line, registry: Mapping[str, Any],
-                 uid: str | None, source: str) -> Outcome:
+                 uid: str | None, source: str, in_flight: Any = None) -> Outcome:
     rec = line.record
     claimed = str(rec.get("status"))
     out = Outcome(line.number, rec["batch"], claimed, "rejected", len(line.tasks))
-    batch_id, revision_id = _revision_for(db, line)
+    if in_flight is not None:  # the receipt this line completes: its batch, its attempt
+        batch_id, revision_id = in_flight["batch_id"], None
+        db.execute("UPDATE attempts SET status = 'in_flight' WHERE id = ?", (in_flight["id"],))
+    else:
+        batch_id, revision_id = _revision_for(db, line)
     usage = {k: rec.get(k) for k in OPTIONAL_NUMBERS} | {"model": rec.get("model")}
     name = rec.get("validator")
     version = registry.get(name) if name else None
-    success = claimed.lower() in SUCCESS_WORDS
+    success = claimed.strip().lower() in SUCCESS_WORDS
     stored: dict[str, Any] = {}
     if line.own and rec.get("raw") is None:
         status, errors = _exported_status(rec), list(rec.get("errors") or [])
@@ -253,7 +337,7 @@ def _import_line(db: Any, ledger: Ledger, line: Line, registry: Mapping[str, Any
                 notes.append(f"validator {name!r} is not registered here: not rerun")
             out.reason = "; ".join(notes) or "every check passed"
             stored = verdict.stored
-    attempt_id = db.execute(
+    attempt_id = in_flight["id"] if in_flight is not None else db.execute(
         "INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, status, "
         "errors, raw, input_tokens, output_tokens, cached_tokens, cost, provider, model, "
         "started_at, finished_at, uid, sent_at, source) VALUES "
@@ -266,13 +350,33 @@ def _import_line(db: Any, ledger: Ledger, line: Line, registry: Mapping[str, Any
          rec.get("source") if line.own and isinstance(rec.get("source"), str) else None,
          )).lastrowid
     if status == "accepted":
+        held = _accepted_here(db, batch_id, line.request.key)
+        if held:  # the ledger's accepted values are never replaced by an import
+            differ = sum(held.get(k) != json.dumps(v) for k, v in stored.items())
+            out.outcome, out.admitted_items = "duplicate", 0
+            out.reason = ("passed the recheck, but this ledger already holds accepted values "
+                          "for the same request; they are kept"
+                          + (f" ({differ} of this return's items differ from them)" if differ
+                             else " (this return's values are the same)")
+                          + "; the return counts in the account")
+            stored = {}
         ledger.op_accept(db, attempt_id, batch_id, line.request.key, stored, rec["raw"], usage)
     else:
         ledger.op_finish(db, attempt_id, status, errors, rec.get("raw"), usage)
+    if in_flight is not None:
+        out.reason = "; ".join(filter(None, [out.reason, "completes the receipt of this call, "
+                                             "unfinished when it was last seen here"]))
     db.execute("INSERT INTO imports(digest, attempt_id, source, line, outcome, imported_at) "
                "VALUES (?,?,?,?,?,?)", (line.digest, attempt_id, source, line.number,
                                         out.outcome, now()))
     return out
+
+
+def _accepted_here(db: Any, batch_id: int, key: str) -> dict[str, str]:
+    """task_id -> stored item JSON already accepted for this request of this batch."""
+    return {r["task_id"]: r["item"] for r in db.execute(
+        "SELECT task_id, item FROM checkpoint WHERE batch_id = ? AND request_key = ?",
+        (batch_id, key))}
 
 
 def _exported_status(rec: Mapping[str, Any]) -> str:
@@ -328,7 +432,8 @@ def _revision_for(db: Any, line: Line) -> tuple[int, int]:
 
 def _report(source: str, outcomes: list[Outcome]) -> dict[str, Any]:
     count = {k: sum(o.outcome == k for o in outcomes) for k in
-             ("admitted", "diagnostic", "rejected", "unverified", "recorded", "skipped")}
+             ("admitted", "duplicate", "diagnostic", "rejected", "unverified", "recorded",
+              "skipped")}
     return {"source": source, "lines": len(outcomes), **count,
             "items_admitted": sum(o.admitted_items for o in outcomes),
             "receipts": [o.as_dict() for o in outcomes]}
@@ -340,6 +445,25 @@ _EXPORT_SQL = (
     "q.tasks FROM attempts a JOIN batches b ON b.id = a.batch_id "
     "JOIN revisions r ON r.id = a.revision_id LEFT JOIN requests q "
     "ON q.revision_id = a.revision_id AND q.key = a.request_key")
+
+
+def _identity_names(joined: str, tasks: list[dict]) -> list[str]:
+    """The identity field names a revision's components hold joined by commas. A field's own
+    name may hold a comma ("a,b"), so the parts are regrouped into names the tasks carry."""
+    parts = joined.split(",")
+    keys = set(tasks[0]) if tasks else set()
+
+    def regroup(start: int) -> list[str] | None:
+        if start == len(parts):
+            return []
+        for end in range(len(parts), start, -1):
+            name = ",".join(parts[start:end])
+            rest = regroup(end) if name in keys else None
+            if rest is not None:
+                return [name, *rest]
+        return None
+
+    return (regroup(0) if len(parts) <= 32 else None) or parts
 
 
 def export_receipts(ledger: Ledger, name: str | None = None) -> list[dict[str, Any]]:
@@ -355,8 +479,10 @@ def export_receipts(ledger: Ledger, name: str | None = None) -> list[dict[str, A
             "revision": row["revision"], "uid": row["uid"], "kind": row["kind"],
             "status": row["status"], "tasks": json.loads(row["tasks"]) if row["tasks"] else [],
             "raw": row["raw"], "source": row["source"],
-            "identity": components.get("identity", "task_id").removesuffix("+echoed")
-            .split(","), "identity_echo": components.get("identity", "").endswith("+echoed"),
+            "identity": _identity_names(
+                components.get("identity", "task_id").removesuffix("+echoed"),
+                json.loads(row["tasks"]) if row["tasks"] else []),
+            "identity_echo": components.get("identity", "").endswith("+echoed"),
             "mode": components.get("mode", "items"), "validator": row["validator_name"],
             "errors": json.loads(row["errors"]) if row["errors"] else [],
             "input_tokens": row["input_tokens"], "output_tokens": row["output_tokens"],

@@ -34,7 +34,15 @@ from ._replies import GuardedProvider
 from ._result import BatchResult
 from ._schema import compile_schema
 from ._spec import MODES, ON_EXHAUSTED, VALIDATOR_ARGS, RunSpec
-from ._tasks import Identity, key_maker, normalize_identity, normalize_tasks, pack_requests, sha
+from ._tasks import (
+    Identity,
+    key_content,
+    key_maker,
+    normalize_identity,
+    normalize_tasks,
+    pack_requests,
+    sha,
+)
 
 
 class Session:
@@ -379,12 +387,11 @@ def _contents(task_list: list[dict], item_schema: Any, validator: str, pack: int
         "instructions": sha(instructions or ""), "identity": ident.key, "mode": mode,
         "source": source,
     }
-    key_content = {k: components[k] for k in
-                   ("schema", "validator", "instructions", "identity", "mode", "source")}
+    content = key_content(components)
     seen_content = {"wire": sha(canonical_json(item_schema.json_schema)),
                     "instructions": components["instructions"], "identity": ",".join(ident),
                     "mode": mode, "source": source}
-    return components, key_content, seen_content
+    return components, content, seen_content
 
 
 def _legacy_content(components: Mapping[str, str], ident: Identity) -> dict[str, str]:

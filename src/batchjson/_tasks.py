@@ -140,6 +140,16 @@ class Request:
         object.__setattr__(self, "task_ids_json", "[" + ",".join(map(_json_string, ids)) + "]")
 
 
+# The revision components that go into every request key besides its tasks. "source" (the
+# answer source) joined later: a ledger's older components lack it, and keep their old keys.
+KEY_COMPONENTS = ("schema", "validator", "instructions", "identity", "mode", "source")
+
+
+def key_content(components: Mapping[str, str]) -> dict[str, str]:
+    """The part of a revision's components that keys its requests (see :data:`KEY_COMPONENTS`)."""
+    return {k: components[k] for k in KEY_COMPONENTS if k in components}
+
+
 def request_key(tasks: Sequence[Mapping[str, Any]], content: Mapping[str, str]) -> str:
     """Hash of exact content: the tasks (prompts, contexts, identity values) plus fingerprints."""
     return sha(_canonical({"tasks": list(tasks), **content}))

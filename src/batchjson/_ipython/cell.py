@@ -33,6 +33,14 @@ def check_identifier(var: str, option: str) -> None:
                          f"{option}")
 
 
+def running_cell(shell: Any) -> int:
+    """The number of the cell now running, as its In[n] shows: IPython 9 has already advanced
+    ``shell.execution_count`` while a cell runs (8 advanced it afterwards), and it caches the
+    running cell under its own number before running it."""
+    mapping = getattr(getattr(shell, "compile", None), "_filename_map", None)
+    return max(mapping.values()) if mapping else shell.execution_count
+
+
 def run_body(shell: Any, cell: str) -> list[str]:
     """Execute the body in the user namespace; return the names it (re)bound to functions
     defined in this body (an imported or helper-made function from elsewhere is not its own).
@@ -41,7 +49,7 @@ def run_body(shell: Any, cell: str) -> list[str]:
     traceback line numbers match the cell as the user sees it (line 1 is ``%%batch_json``).
     """
     source = "\n" + shell.transform_cell(cell)
-    filename = shell.compile.cache(source, shell.execution_count, raw_code="\n" + cell)
+    filename = shell.compile.cache(source, running_cell(shell), raw_code="\n" + cell)
     code = shell.compile(source, filename, "exec")
     ns = shell.user_ns
     before = dict(ns)
@@ -87,9 +95,10 @@ def one_line(exc: BaseException) -> str:
 
 
 def unresolved_hint(result: Any, var: str) -> str:
-    """The magic's last line under an unresolved batch's report."""
-    return (f"The BatchResult is bound to {var!r}; see %batch_receipts {result.name} --failed "
-            "for every rejected return.")
+    """The magic's line under an unresolved batch: the failed requests are already on screen
+    (the result's display), so the error says how to go on instead of listing them again."""
+    return (f"The failed requests are listed above ({var}.failure_report() as text); "
+            f"%batch_receipts {result.name} --failed shows every rejected return.")
 
 
 def interrupted_line(name: str) -> str:

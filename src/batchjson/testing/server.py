@@ -350,20 +350,22 @@ class LoopbackServer:
         return web.json_response({"ok": True})
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None,
+         prog: str = "python -m batchjson.testing.server") -> int:
     """Serve until interrupted; prints the OpenAI and Anthropic base URLs on one line."""
-    parser = argparse.ArgumentParser(prog="python -m batchjson.testing.server",
+    parser = argparse.ArgumentParser(prog=prog,
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--host", default="127.0.0.1", help="address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--latency", type=float, default=0.0, help="seconds per answer")
     parser.add_argument("--api-key", default=None, help="require this key (401 otherwise)")
     for name in ("429", "500", "timeout", "truncate"):
         parser.add_argument(f"--rate-{name}", type=float, default=0.0,
                             help=f"probability of a {name} fault per request")
-    parser.add_argument("--retry-after", type=float, default=1.0)
+    parser.add_argument("--retry-after", type=float, default=1.0,
+                        help="seconds a 429 fault asks the client to wait")
     parser.add_argument("--hold", type=float, default=30.0, help="seconds a timeout is held")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="fault seed (default 0)")
     args = parser.parse_args(argv)
     faults = HttpFaults(rate_429=args.rate_429, rate_500=args.rate_500,
                         rate_timeout=args.rate_timeout, rate_truncate=args.rate_truncate,
