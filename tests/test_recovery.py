@@ -415,3 +415,22 @@ def test_an_exported_call_that_was_in_flight_here_completes_its_receipt(tmp_path
     total = here.cost_summary()["total"]
     assert (total["calls"], total["accepted_returns"], total["abandoned"]) == (1, 1, 0)
     assert len(here.checkpoint("labels")) == 2
+
+
+def test_an_import_from_inside_a_running_loop_rechecks_like_any_other(tmp_path: Path) -> None:
+    """A notebook cell runs inside the kernel's event loop: importing there must still judge
+    every line (a nested loop is not allowed, so the recheck runs on a thread of its own)."""
+    import asyncio
+
+    tasks = review_tasks(3)
+    history = write(tmp_path / "old.jsonl",
+                    receipt(tasks, items_for(tasks, {0: "gold-pair-079"}), status="ok"),
+                    receipt(tasks, items_for(tasks), status="ok"))
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+
+    async def cell() -> dict:
+        return ledger.import_receipts(history)
+
+    report = asyncio.run(cell())
+    assert [r["outcome"] for r in report["receipts"]] == ["diagnostic", "admitted"]
+    assert len(ledger.checkpoint("review")) == 3

@@ -17,6 +17,7 @@ import math
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from decimal import Decimal
 from itertools import accumulate
@@ -281,12 +282,14 @@ class _Text:
 
 
 def _sync(coro: Any) -> Verdict:
+    """Run a judgement from sync code. Under a running loop (a notebook cell importing old
+    receipts) it runs on a thread of its own, since a loop cannot be nested."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         return asyncio.run(coro)
-    coro.close()
-    raise RuntimeError("accept_items/accept_value are for sync code: await judge() instead")
+    with ThreadPoolExecutor(1, thread_name_prefix="batchjson-judge") as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 # -- items -------------------------------------------------------------------------------------
