@@ -420,3 +420,16 @@ def test_merge_says_what_it_added_and_nothing_new_the_second_time(
         "validators; 0 attempt(s) were already here" in first  # no "0 imports"
     second = bj("merge", other, "--ledger", mine, cwd=tmp_path).stdout.strip()
     assert second.endswith(f"into {mine}: nothing new; 18 attempt(s) were already here")
+
+
+def test_receipts_say_which_provider_and_model_answered(tmp_path: Path) -> None:
+    ledger = tmp_path / "l.sqlite"
+    session = Session(CallableProvider(items_reply, model="reviewer-7b"), ledger=ledger)
+    session.run_batch("r", review_tasks(2), LABEL_SCHEMA)
+    session.close()
+    listed = json.loads(bj("receipts", "r", "--json", "--ledger", str(ledger),
+                           cwd=tmp_path).stdout)
+    assert {(r["provider"], r["model"]) for r in listed} == {("callable", "reviewer-7b")}
+    assert all(r["source"] for r in listed)  # the answer source the request key covers
+    human = bj("receipts", "r", "--ledger", str(ledger), cwd=tmp_path).stdout
+    assert "callable/reviewer-7b" in human

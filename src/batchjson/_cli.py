@@ -143,7 +143,8 @@ def _receipt_dicts(held: Ledger, name: str, failed: bool, raw: bool) -> list[dic
         rows.append({"number": number, "revision": r.revision, "kind": r.kind,
                      "status": r.status, "task_ids": list(r.task_ids), "errors": r.errors,
                      "input_tokens": r.input_tokens, "output_tokens": r.output_tokens,
-                     "cached_tokens": r.cached_tokens, "cost": r.cost, "model": r.model,
+                     "cached_tokens": r.cached_tokens, "cost": r.cost, "provider": r.provider,
+                     "model": r.model, "source": r.source,
                      "started_at": r.started_at, "finished_at": r.finished_at,
                      **({"raw": r.raw} if raw else {"raw": None})})
     return rows

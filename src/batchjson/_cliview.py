@@ -124,17 +124,23 @@ def _cost_cells(e: Mapping[str, Any]) -> tuple[str, str]:
             "n/a" if per is None else ("≥" if mark else "") + money(per))
 
 
+def _answered_by(receipt: Mapping[str, Any]) -> str:
+    provider, model = receipt.get("provider") or "?", receipt.get("model")
+    return f"{provider}/{model}" if model and model != provider else provider
+
+
 def receipt_lines(name: str, receipts: Sequence[Mapping[str, Any]], raw: bool,
                   failed: bool = False) -> list[str]:
     if not receipts:
         return [f"no failed receipts for batch {name!r}: every attempt was accepted" if failed
                 else f"no receipts for batch {name!r}"]
-    rows = [[r["number"], r["revision"], r["kind"], r["status"], len(r["task_ids"]),
+    rows = [[r["number"], r["revision"], r["kind"], r["status"], _answered_by(r),
+             len(r["task_ids"]),
              r["input_tokens"] if r["input_tokens"] is not None else "-",
              r["output_tokens"] if r["output_tokens"] is not None else "-", money(r["cost"])]
             for r in receipts]
-    head = table(["#", "rev", "kind", "status", "tasks", "in", "out", "cost"], rows,
-                 right=(0, 1, 4, 5, 6))
+    head = table(["#", "rev", "kind", "status", "model", "tasks", "in", "out", "cost"], rows,
+                 right=(0, 1, 5, 6, 7))
     lines = head[:2]
     for line, r in zip(head[2:], receipts, strict=True):
         lines.append(line)

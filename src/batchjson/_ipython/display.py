@@ -244,7 +244,8 @@ class ReceiptsView(TextView):
             return "\n".join([self.title, "  (none recorded)"])
         for r in self.rows:
             lines.append(f"  #{r['number']:<4} rev {r['revision']:<3} {r['kind']:<8} "
-                         f"{r['status']:<15} {r['tasks']}  {r['tokens']} tokens  {r['cost']}")
+                         f"{r['status']:<15} {r['model']}  {r['tasks']}  {r['tokens']} tokens  "
+                         f"{r['cost']}")
             for e in r["errors"]:
                 lines += textwrap.wrap(e, self.width, initial_indent="        - ",
                                        subsequent_indent="          ", break_long_words=False,
@@ -259,7 +260,8 @@ class ReceiptsView(TextView):
     def _repr_html_(self) -> str:
         esc = html.escape
         head = "".join(f"<th style='text-align:left'>{c}</th>" for c in
-                       ("#", "rev", "kind", "status", "tasks", "tokens", "cost", "errors"))
+                       ("#", "rev", "kind", "status", "model", "tasks", "tokens", "cost",
+                        "errors"))
         body = []
         for r in self.rows:
             errors = "".join(f"<li>{esc(e)}</li>" for e in r["errors"])
@@ -268,8 +270,8 @@ class ReceiptsView(TextView):
             raw = (f"<details><summary>raw return</summary><pre style='white-space:pre-wrap'>"
                    f"{esc(r['raw'])}</pre></details>" if self.raw and r.get("raw") else "")
             cells = "".join(f"<td style='text-align:left;vertical-align:top'>{esc(str(r[k]))}"
-                            "</td>" for k in ("number", "revision", "kind", "status", "tasks",
-                                              "tokens", "cost"))
+                            "</td>" for k in ("number", "revision", "kind", "status", "model",
+                                              "tasks", "tokens", "cost"))
             body.append(f"<tr>{cells}<td style='text-align:left;white-space:normal;"
                         f"max-width:40em'><ul style='margin:0;padding-left:1.2em'>{errors}</ul>"
                         f"{raw}</td></tr>")
@@ -287,10 +289,17 @@ def receipt_rows(receipts: Sequence[Any], start: int = 1, errors_shown: int = 3
     for n, r in enumerate(receipts, start):
         errors = [full_error(e) for e in r.errors]
         rows.append({"number": n, "revision": r.revision, "kind": r.kind, "status": r.status,
-                     "tasks": describe_tasks(r.task_ids), "tokens": r.tokens,
+                     "model": answered_by(r), "tasks": describe_tasks(r.task_ids),
+                     "tokens": r.tokens,
                      "cost": money(r.cost), "errors": errors[:errors_shown],
                      "more_errors": max(0, len(errors) - errors_shown), "raw": r.raw})
     return rows
+
+
+def answered_by(receipt: Any) -> str:
+    """Who answered: ``provider/model`` (an imported or re-judged receipt says so by its kind)."""
+    provider, model = receipt.provider or "?", receipt.model
+    return f"{provider}/{model}" if model and model != provider else provider
 
 
 def full_error(error: Mapping[str, Any]) -> str:
