@@ -110,6 +110,7 @@ BAD_INPUTS = [
     ("repairs -1", _run(repairs=-1), InvalidBatch),
     ("max_calls as text", _run(max_calls="10"), InvalidBatch),
     ("identity naming a missing field", _run(identity="task_id,nope"), InvalidBatch),
+    ("identity with an empty name", _run(identity="task_id,,case_id"), InvalidBatch),
     ("a schema that is not a schema", _run(schema=42), InvalidBatch),
     ("an unsatisfiable schema", _run(schema={"not": {}}), InvalidBatch),
     ("a validator that is not callable", _run(validator=3), InvalidBatch),

@@ -6,7 +6,9 @@ naming the value, what it must be and what it was, before anything is spent.
 
 from __future__ import annotations
 
+import argparse
 import math
+from collections.abc import Callable
 from typing import Any
 
 from ._errors import BatchJsonError, InvalidBatch
@@ -32,3 +34,18 @@ def positive_seconds(name: str, value: Any,
             or not math.isfinite(value) or value <= 0):
         raise error(f"{name} must be a finite number of seconds > 0, got {value!r}")
     return float(value)
+
+
+def whole_argument(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type=`` for a whole number >= ``minimum`` (the CLI's and the magics')."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be a whole number >= {minimum}, got {text!r}")
+        return value
+
+    parse.__name__ = f"whole number >= {minimum}"
+    return parse

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from . import _cliview as cliview
+from ._checks import whole_argument
 from ._demo import command_name, demo_ledger_problem, run_demo
 from ._errors import BatchJsonError, InvalidBatch, LedgerError
 from ._evidence import Evidence
@@ -301,19 +302,6 @@ def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
 
 
 # -- the parser -----------------------------------------------------------------------------
-def _whole(minimum: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = minimum - 1
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be a whole number >= {minimum}, got {text!r}")
-        return value
-
-    return parse
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="batchjson", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -355,9 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
     advise = command("advise", "pack-size advice from the batch's observed faults and tokens",
                      cmd_advise)
     advise.add_argument("name", help="batch name")
-    advise.add_argument("--repairs", type=_whole(0), default=1, metavar="N",
+    advise.add_argument("--repairs", type=whole_argument(0), default=1, metavar="N",
                         help="repair calls per failing request (default 1)")
-    advise.add_argument("--replays", type=_whole(0), default=1, metavar="N",
+    advise.add_argument("--replays", type=whole_argument(0), default=1, metavar="N",
                         help="exact replays per failing request (default 1)")
     sub.add_parser("serve", help="the loopback OpenAI/Anthropic test server "
                    "(batchjson serve --help lists its options)")

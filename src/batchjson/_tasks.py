@@ -99,13 +99,23 @@ class Identity(tuple):
         return ",".join(self) + ("+echoed" if self.echo else "")
 
 
+def parse_identity(text: str) -> tuple[str, ...]:
+    """``"task_id,case_id"`` -> its field names; an empty name (``"task_id,,case_id"``, ``","``)
+    is refused, in the API and the magic alike, since it is a typo, not a field."""
+    parts = tuple(part.strip() for part in text.split(","))
+    if not text.strip() or not all(parts):
+        raise InvalidBatch(f"identity {text!r}: give field names separated by commas, e.g. "
+                           "'task_id,case_id'")
+    return parts
+
+
 def normalize_identity(identity: Sequence[str] | str | None) -> Identity:
     if isinstance(identity, Identity):
         return identity
     if identity is None:
         return Identity(("task_id",), echo=True)
     if isinstance(identity, str):
-        identity = [part.strip() for part in identity.split(",") if part.strip()]
+        identity = parse_identity(identity)
     fields = tuple(identity)
     if not all(isinstance(f, str) and f for f in fields):
         raise InvalidBatch(f"identity must name task fields as strings, got {identity!r}")

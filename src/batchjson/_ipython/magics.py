@@ -11,7 +11,6 @@ session's validator registry (define-once), and identical work resumes from the 
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from typing import Any
@@ -24,9 +23,11 @@ from traitlets import Any as AnyTrait
 from traitlets import Bool, Int, TraitError, Unicode, observe, validate
 from traitlets.config.loader import LazyConfigValue
 
-from .._errors import BatchJsonError, BatchUnresolved
+from .._checks import whole_argument
+from .._errors import BatchJsonError, BatchUnresolved, InvalidBatch
 from .._providers.select import PROVIDER_NAMES
 from .._session import Session
+from .._tasks import parse_identity
 from .cell import (
     BatchInterrupted,
     allow_empty_body,
@@ -90,20 +91,6 @@ def shield(config: Any) -> None:
         value = section["provider"]
         if value is not None and not isinstance(value, (str, AsGiven, LazyConfigValue)):
             section["provider"] = AsGiven(value)
-
-
-def _whole(minimum: int) -> Any:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < minimum:
-            raise argparse.ArgumentTypeError(f"must be a whole number >= {minimum}, got {text!r}")
-        return value
-
-    parse.__name__ = f"whole number >= {minimum}"
-    return parse
 
 
 @magics_class
@@ -193,11 +180,11 @@ class BatchJson(Magics):
     @argument("--schema", metavar="EXPR", help="Answer schema (default: the variable `schema`).")
     @argument("--validator", metavar="EXPR", help="validator(item, task); ValueError rejects.")
     @argument("--identity", metavar="a,b,c", help="Identity fields checked on every item.")
-    @argument("--pack", type=_whole(1), metavar="N", default=1, help="Tasks per request.")
-    @argument("--repairs", type=_whole(0), metavar="N", help="Repairs per failing request.")
-    @argument("--replays", type=_whole(0), metavar="N", help="Exact replays per request.")
+    @argument("--pack", type=whole_argument(1), metavar="N", default=1, help="Tasks per request.")
+    @argument("--repairs", type=whole_argument(0), metavar="N", help="Repairs per failing request.")
+    @argument("--replays", type=whole_argument(0), metavar="N", help="Exact replays per request.")
     @argument("--split", action="store_true", help="Halve requests that exhaust their retries.")
-    @argument("--max-calls", type=_whole(0), metavar="N", dest="max_calls",
+    @argument("--max-calls", type=whole_argument(0), metavar="N", dest="max_calls",
               help="Call ceiling for this run.")
     @argument("--instructions", metavar="EXPR", help="Instructions string sent with each call.")
     @argument("--out", metavar="VAR", help="Variable for the BatchResult (default: NAME).")
@@ -224,10 +211,10 @@ class BatchJson(Magics):
         check_identifier(var, "pass --out VAR" if args.out is None else "choose another --out")
         identity = None  # the default: task_id, and every task field an item echoes
         if args.identity is not None:
-            identity = tuple(p.strip() for p in args.identity.split(","))
-            if not all(identity):
-                raise UsageError(f"--identity {args.identity!r}: give field names separated by "
-                                 "commas, e.g. --identity task_id,case_id")
+            try:
+                identity = parse_identity(args.identity)
+            except InvalidBatch as exc:
+                raise UsageError(f"--identity: {exc}") from None
         if not cell.strip() and args.tasks is None:
             raise UsageError(f"%%batch_json {args.name}: the cell body is empty and no --tasks "
                              "was given; build `tasks` and `schema` in the cell body or pass "
@@ -329,8 +316,9 @@ class BatchJson(Magics):
     @argument("name", help="Batch name.")
     @argument("--failed", action="store_true", help="Only attempts that were not accepted.")
     @argument("--raw", action="store_true", help="Also show each raw return.")
-    @argument("--page", type=_whole(1), default=1, metavar="N", help="Page to show (from 1).")
-    @argument("--per-page", type=_whole(1), default=20, metavar="N", dest="per_page",
+    @argument("--page", type=whole_argument(1), default=1, metavar="N",
+              help="Page to show (from 1).")
+    @argument("--per-page", type=whole_argument(1), default=20, metavar="N", dest="per_page",
               help="Receipts per page (default 20).")
     @line_magic
     def batch_receipts(self, line: str) -> ReceiptsView:
