@@ -15,6 +15,7 @@ import inspect
 import json
 import math
 import re
+import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -231,7 +232,9 @@ async def judge(
         for task_id, value, _, task in prepared:
             errors.extend(await run_validator_async(validator, value, task, task_id))
         return Verdict(False, errors=errors) if errors else _accepted(prepared)
-    except Exception as exc:  # judging never crashes a run that has already paid for the call
+    except BaseException as exc:  # judging never crashes a run that has already paid for it
+        if not judged_code_raised(exc):
+            raise
         return Verdict(False, errors=[_error(
             "json", f"the return could not be judged ({type(exc).__name__}: {exc})")])
 
@@ -336,7 +339,11 @@ def _prepare_items(text: str, tasks: Sequence[Mapping[str, Any]], identity: Sequ
             if problem:
                 errors.append(problem)
                 continue
-            errors.extend(_coerced_identity(stored, expected[task_id], kept))
+            # what would be committed, not only what was returned: a schema may add or change
+            # a compared field (a pydantic before-validator setting case_id, extra="allow")
+            held = compared_fields(expected[task_id], identity,
+                                   stored if isinstance(stored, dict) else {})
+            errors.extend(_coerced_identity(stored, expected[task_id], held))
             prepared.append((task_id, value, stored, expected[task_id]))
     if errors:
         return Verdict(False, errors=errors)
@@ -405,7 +412,9 @@ def _validate(schema: ItemSchema, value: Any, path: str) -> tuple[Any, list[str]
     try:
         value, messages = schema.validate(value, path)
         return value, messages, False
-    except Exception as exc:
+    except BaseException as exc:
+        if not judged_code_raised(exc):
+            raise
         return None, [f"{path}: the schema's own validation raised {type(exc).__name__}: "
                       f"{exc}; fix the schema or its validators"], True
 
@@ -431,10 +440,13 @@ def _stored(schema: ItemSchema, value: Any, task_id: str) -> tuple[Any, dict[str
     """The ledger (JSON) form of a validated value, or the schema error that prevents one: a
     schema may coerce "1e400" into an infinite float, which no ledger row may hold."""
     try:
-        return _copy(schema.dump(value)), None
+        text = canonical_json(schema.dump(value))
+        text.encode("utf-8")  # an unpaired surrogate ("\\ud800") cannot be written as UTF-8
+        return json.loads(text), None
     except (TypeError, ValueError) as exc:
         return None, _error("schema", f"task {task_id!r}: the validated value has no JSON form "
-                            f"({exc}); numbers must be finite", task_id)
+                            f"({_clip(str(exc), 160)}); numbers must be finite and strings "
+                            "valid Unicode (no unpaired surrogate escapes)", task_id)
 
 
 # -- the caller's validator --------------------------------------------------------------------
@@ -457,19 +469,62 @@ async def run_validator_async(validator: Callable[[Any, Mapping[str, Any]], Any]
                               task: Mapping[str, Any], task_id: str) -> list[dict[str, Any]]:
     """ValueError or ``False`` rejects (repairable); any other exception is a validator crash,
     never retried. An ``async def`` validator is awaited. The validator gets its own copy of
-    the task, so nothing it does reaches the ledger's request."""
+    the task, so nothing it does reaches the ledger's request.
+
+    Only ``None``, ``True`` (or a bool-like such as ``numpy.bool_``) and the item itself
+    accept: a validator returning an error string, ``0`` or another object did not say yes,
+    and committing on its word could commit a bad item, so that is a ``validator_error``."""
     try:
         out = validator(value, _copy(dict(task)))
         if inspect.isawaitable(out):
             out = await out
+        verdict = _returned(out, value)
     except ValueError as exc:
         return [_error("validation", f"task {task_id!r}: {exc}", task_id)]
-    except Exception as exc:  # a bug in the caller's validator, reported not retried
+    except BaseException as exc:  # a bug in the caller's validator, reported not retried
+        if not judged_code_raised(exc):
+            raise
         return [_error("validator_error",
                        f"task {task_id!r}: validator raised {type(exc).__name__}: {exc}", task_id)]
-    if out is False:
+    if verdict is False:
         return [_error("validation", f"task {task_id!r}: the validator returned False", task_id)]
+    if verdict is None:
+        return [_error("validator_error", f"task {task_id!r}: the validator returned "
+                       f"{_clip(out, 80)} ({type(out).__name__}); return None or True to accept, "
+                       "False (or raise ValueError) to reject: its return value is never used "
+                       "as the item", task_id)]
     return []
+
+
+def _returned(out: Any, value: Any) -> bool | None:
+    """What a validator's return says: True accepts, False rejects, None is no answer."""
+    if out is None or out is True or out is value:
+        return True
+    if out is False:
+        return False
+    kind = type(out)
+    if kind.__name__ in ("bool_", "bool") and kind.__module__.split(".")[0] in _BOOL_LIKE:
+        return bool(out)
+    return None
+
+
+_BOOL_LIKE = frozenset({"numpy", "jax", "torch", "cupy"})
+
+
+def judged_code_raised(exc: BaseException) -> bool:
+    """Whether an exception out of code run while judging (a validator, a schema's own
+    validators) is that code's own doing, to be reported as a ``validator_error``, rather than
+    the run being stopped: a real cancellation of this task, or Ctrl-C on the main thread
+    (judging normally runs on the session's loop thread, where no signal is delivered)."""
+    if isinstance(exc, asyncio.CancelledError):
+        try:
+            current = asyncio.current_task()
+        except RuntimeError:
+            current = None
+        return current is not None and not current.cancelling()
+    if isinstance(exc, KeyboardInterrupt):
+        return threading.current_thread() is not threading.main_thread()
+    return True
 
 
 def _coerced_identity(stored: Any, task: Mapping[str, Any],

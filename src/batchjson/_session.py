@@ -6,6 +6,8 @@ one way from here: replay loop -> provider -> acceptance -> ledger.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import os
 import uuid
@@ -182,6 +184,10 @@ class Session:
             _whole("max_calls", max_calls, 0)
         if instructions is not None and not isinstance(instructions, str):
             raise InvalidBatch("instructions must be a string")
+        for label, text in (("batch name", name), ("instructions", instructions)):
+            if text is not None and not _is_unicode(text):
+                raise InvalidBatch(f"{label} holds an unpaired surrogate, which is not valid "
+                                   "Unicode and cannot be stored; fix the text")
         preflight.check_all(tasks=task_list, identity=ident, schema=item_schema, mode=mode,
                             validator=validator, validator_args=spec.validator_args)
         try:
@@ -198,6 +204,8 @@ class Session:
             validator = version.fn
         checker = (_index_form(validator) if validator is not None and
                    spec.validator_args == "index" else validator)
+        if checker is not None:  # an async validator that never returns must not hang the run
+            checker = _bounded(checker, self.transport.timeout)
         components, key_content, seen_content = _contents(
             task_list, item_schema, version.fingerprint.digest if version else "none", pack,
             instructions, ident, mode, source)
@@ -356,6 +364,34 @@ def _shutdown(loop: BackgroundLoop, providers: list[Any]) -> None:
                 pass
 
     loop.close(close_all)
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _bounded(fn: Callable[[Any, Mapping[str, Any]], Any],
+             seconds: float) -> Callable[[Any, Mapping[str, Any]], Any]:
+    """The validator, with an ``async def`` one bounded by the session's timeout: one that never
+    returns becomes a ``validator_error`` instead of holding the run forever."""
+    def check(value: Any, task: Mapping[str, Any]) -> Any:
+        out = fn(value, task)
+        return _within(out, seconds) if inspect.isawaitable(out) else out
+
+    return check
+
+
+async def _within(awaitable: Any, seconds: float) -> Any:
+    try:
+        async with asyncio.timeout(seconds):
+            return await awaitable
+    except TimeoutError:
+        raise TimeoutError(f"the async validator did not return within {seconds:g}s (the "
+                           "session's timeout=)") from None
 
 
 def _index_form(fn: Callable[[Any, int], Any]) -> Callable[[Any, Mapping[str, Any]], Any]:

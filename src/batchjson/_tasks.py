@@ -69,6 +69,12 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]],
                                    "the task or drop it from identity=")
         try:
             texts.append(_canonical(task))
+            texts[-1].encode("utf-8")  # keys and the ledger hash and store UTF-8
+        except UnicodeEncodeError as exc:
+            texts[-1:] = []
+            raise InvalidBatch(f"task {task_id!r} holds a string that is not valid Unicode (an "
+                               f"unpaired surrogate at position {exc.start} of its JSON); "
+                               "decode its text with errors='replace' or fix the source") from None
         except (TypeError, ValueError) as exc:
             raise InvalidBatch(f"task {task_id!r} is not JSON-serialisable ({exc}); keep tasks "
                                "to str/int/float/bool/None/list/dict with finite numbers") from None

@@ -1,0 +1,170 @@
+"""No bad item is ever committed: a hostile user's returns, schemas and validators, through the
+public API only. Each test is the fault that broke (or would break) the promise."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from batchjson import CallableProvider, InvalidBatch, Session
+from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
+
+TASKS = [{"task_id": "a", "case_id": "078", "prompt": "p"}]
+GOOD = '{"items": [{"task_id": "a", "case_id": "078", "verdict": "match"}]}'
+
+
+def _session(reply: Any = GOOD, **options: Any) -> tuple[Session, list[int]]:
+    sent: list[int] = []
+
+    def fn(call: Any) -> str:
+        sent.append(1)
+        return reply(call) if callable(reply) else reply
+
+    options.setdefault("repairs", 0)
+    options.setdefault("replays", 0)
+    return Session(CallableProvider(fn, source="hostile-acceptance"), **options), sent
+
+
+class _Injects(BaseModel):
+    """A before-validator that sets an identity field the item echoed correctly."""
+
+    model_config = ConfigDict(extra="allow")
+    verdict: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _inject(cls, data: Any) -> Any:
+        return {**data, "case_id": "079", "task_id": "b"} if isinstance(data, dict) else data
+
+
+@pytest.mark.parametrize("identity", [None, ["task_id", "case_id"]])
+def test_a_schema_that_adds_another_identity_value_commits_nothing(identity: Any) -> None:
+    session, sent = _session()
+    result = session.run_batch("inject", TASKS, _Injects, identity=identity,
+                               on_exhausted="return")
+    assert result.values == {} and sent == [1]
+    assert session.ledger.checkpoint("inject") == {}
+    assert any(e["type"] == "schema" and "case_id" in e["message"] for e in result.errors)
+
+
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, SystemExit, GeneratorExit,
+                                    asyncio.CancelledError])
+def test_a_validator_raising_a_base_exception_is_a_validator_error_that_keeps_the_raw_text(
+        raised: type[BaseException]) -> None:
+    session, sent = _session()
+
+    def check(item: Any, task: Any) -> None:
+        raise raised("from the validator")
+
+    result = session.run_batch("base", TASKS, LABEL_SCHEMA, validator=check,
+                               on_exhausted="return")
+    assert result.values == {}
+    assert [e["type"] for e in result.errors] == ["validator_error"]
+    (receipt,) = session.ledger.attempts("base")
+    assert receipt.status == "rejected" and receipt.raw == GOOD  # paid for, and kept
+
+    def fixed(item: Any, task: Any) -> None:
+        return None
+
+    again = session.run_batch("base", TASKS, LABEL_SCHEMA, validator=fixed)
+    assert again.values["a"] == {"verdict": "match"}
+    assert sent == [1] and again.rechecked == 1  # the kept return is re-judged, not re-bought
+
+
+class _FalseLike:
+    def __bool__(self) -> bool:
+        return False
+
+
+class bool_:  # noqa: N801 - the shape of numpy.bool_, without numpy
+    __module__ = "numpy"
+
+    def __init__(self, value: bool) -> None:
+        self.value = value
+
+    def __bool__(self) -> bool:
+        return self.value
+
+
+@pytest.mark.parametrize("returned", [0, "", "verdict must be no_match", [], 0.0, _FalseLike(),
+                                      {"verdict": "no_match"}])
+def test_a_validator_return_that_is_not_a_yes_never_commits(returned: Any) -> None:
+    session, sent = _session()
+    result = session.run_batch("ret", TASKS, LABEL_SCHEMA, on_exhausted="return",
+                               validator=lambda item, task: returned)
+    assert result.values == {} and session.ledger.checkpoint("ret") == {}
+    assert [e["type"] for e in result.errors] == ["validator_error"]
+    assert "return None or True to accept" in result.errors[0]["message"]
+
+
+@pytest.mark.parametrize(("returned", "accepted"), [
+    (None, True), (True, True), ("item", True), (False, False), (bool_(True), True),
+    (bool_(False), False)])
+def test_none_true_the_item_or_a_numpy_bool_decide_like_a_bool(returned: Any,
+                                                               accepted: bool) -> None:
+    session, _ = _session()
+
+    def check(item: Any, task: Any) -> Any:
+        return item if returned == "item" else returned
+
+    result = session.run_batch("yes", TASKS, LABEL_SCHEMA, on_exhausted="return",
+                               validator=check)
+    assert bool(result.values) is accepted
+    if not accepted:
+        assert [e["type"] for e in result.errors] == ["validation"]
+
+
+def test_an_async_validator_that_never_returns_ends_the_run_with_a_validator_error() -> None:
+    session, sent = _session(items_reply, timeout=0.2)
+
+    async def hangs(item: Any, task: Any) -> None:
+        await asyncio.Event().wait()  # nothing ever sets it
+
+    result = session.run_batch("hang", review_tasks(3), LABEL_SCHEMA, validator=hangs,
+                               on_exhausted="return", identity=["task_id"])
+    assert result.values == {}
+    assert result.errors[0]["type"] == "validator_error"
+    assert "did not return within" in result.errors[0]["message"]
+    receipts = session.ledger.attempts("hang")
+    assert receipts and all(r.status == "rejected" and r.raw for r in receipts)
+    assert session.ledger.checkpoint("hang") == {}
+
+
+def test_an_unpaired_surrogate_in_a_return_is_rejected_not_committed() -> None:
+    session, _ = _session('{"items": [{"task_id": "a", "case_id": "078", "verdict": "\\ud800"}]}')
+    result = session.run_batch("sur", TASKS, {"type": "object"}, on_exhausted="return")
+    assert result.values == {} and session.ledger.checkpoint("sur") == {}
+    assert "surrogate" in result.errors[0]["message"]
+
+
+@pytest.mark.parametrize("where", ["task_id", "prompt", "context", "instructions", "name"])
+def test_an_unpaired_surrogate_in_the_input_is_refused_before_any_call(where: str) -> None:
+    session, sent = _session()
+    task = dict(TASKS[0])
+    name, instructions = "sur", None
+    if where == "instructions":
+        instructions = "be \ud800 careful"
+    elif where == "name":
+        name = "sur\udfff"
+    else:
+        task[where] = task.get(where, "") + "\ud800"
+    with pytest.raises(InvalidBatch, match="surrogate"):
+        session.run_batch(name, [task], LABEL_SCHEMA, instructions=instructions)
+    assert sent == [] and session.ledger.batch_names() == []
+
+
+def test_a_return_echoing_an_unrequested_copy_of_a_task_is_rejected_whole() -> None:
+    def reply(call: Any) -> str:
+        items = json.loads(items_reply(call))["items"]
+        twin = {**items[0], "verdict": "no_match" if items[0]["verdict"] == "match" else "match"}
+        return json.dumps({"items": [*items, twin][::-1]})
+
+    session, _ = _session(reply)
+    result = session.run_batch("twin", review_tasks(4), LABEL_SCHEMA, pack=4,
+                               on_exhausted="return")
+    assert result.values == {} and session.ledger.checkpoint("twin") == {}
+    assert any(e.get("problem") == "duplicated" for e in result.errors)
