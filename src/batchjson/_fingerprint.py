@@ -534,9 +534,11 @@ def fingerprint_callable(obj: Any) -> Fingerprint:
     return _fingerprint(obj, source=True)
 
 
-def model_fingerprint(model: type[BaseModel], json_schema: dict[str, Any]) -> str:
+def model_fingerprint(model: type[BaseModel], json_schema: dict[str, Any],
+                      fp: Fingerprint | None = None) -> str:
     """Fingerprint of a pydantic answer schema: the JSON schema the model is shown plus the
-    whole class (validators, Annotated constraints, nested models, config)."""
-    fp = fingerprint_function(model)
+    whole class (validators, Annotated constraints, nested models, config); ``fp`` is the
+    class's :func:`fingerprint_function`, if already made."""
+    fp = fp or fingerprint_function(model)
     return _digest("batchjson:model:1", [f"{model.__module__}.{model.__qualname__}",
                                          canonical_json(json_schema), fp.digest])

@@ -30,9 +30,12 @@ def rejudge(ledger: Ledger, pending: Sequence[Request], *, run: Callable[..., An
             seen_of: Mapping[str, str],
             legacy_of: Mapping[str, str], provider: str | None, model: str | None, mode: str,
             identity: Sequence[str], schema: ItemSchema,
-            validator: Callable[..., Any] | None) -> list[tuple[Request, Any, dict[str, Any]]]:
+            validator: Callable[..., Any] | None,
+            same_key: bool = False) -> list[tuple[Request, Any, dict[str, Any]]]:
     """(request, earlier attempt row, stored items) for each pending request that an earlier
-    raw return now passes, judged against the ledger's own copy of the request's tasks."""
+    raw return now passes, judged against the ledger's own copy of the request's tasks.
+    ``same_key``: returns under the very same key count too (the judging reads what its
+    fingerprint cannot see, so the same key may judge differently now)."""
     if not pending:
         return []
     candidates: dict[str, list[Any]] = {}
@@ -46,7 +49,7 @@ def rejudge(ledger: Ledger, pending: Sequence[Request], *, run: Callable[..., An
     work = []
     for request in pending:
         rows = [row for row in candidates.get(seen_of[request.key], [])
-                if row["request_key"] != request.key]  # same key: judged by these very rules
+                if same_key or row["request_key"] != request.key]  # else: judged by these rules
         rows += legacy.get(legacy_of.get(request.key, ""), [])
         if rows:
             work.append((request, rows[:MAX_CANDIDATES]))

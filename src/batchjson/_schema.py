@@ -12,7 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from ._canon import canonical_json
 from ._errors import InvalidBatch
-from ._fingerprint import model_fingerprint
+from ._fingerprint import fingerprint_function, model_fingerprint
 from ._tasks import sha
 
 
@@ -24,6 +24,8 @@ class ItemSchema:
     fingerprint: str
     model: type[BaseModel] | None = None
     _validator: Any = field(default=None, repr=False)
+    # what the model's validators read that no fingerprint can see (``globals()["X"]``)
+    unseen: tuple[str, ...] = ()
 
     @property
     def declared_fields(self) -> set[str] | None:
@@ -74,7 +76,9 @@ def compile_schema(schema: Any) -> ItemSchema:
             raise InvalidBatch(
                 f"pydantic model {schema.__qualname__} has no JSON schema: {exc}") from None
         # the whole class, not only its JSON schema: an edited field_validator is a new schema
-        return ItemSchema(js, model_fingerprint(schema, js), model=schema)
+        whole = fingerprint_function(schema)
+        return ItemSchema(js, model_fingerprint(schema, js, whole), model=schema,
+                          unseen=whole.unseen)
     if isinstance(schema, Mapping):
         try:
             js = json.loads(json.dumps(schema, allow_nan=False))

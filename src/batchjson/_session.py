@@ -19,6 +19,7 @@ from typing import Any
 from . import _preflight as preflight
 from . import _seen as seen
 from . import _structured as structured
+from . import _unseen as unseen
 from ._aio import BackgroundLoop
 from ._budget import Budget, Spender, Tally, pricing_of
 from ._canon import canonical_json
@@ -209,6 +210,12 @@ class Session:
         components, key_content, seen_content = _contents(
             task_list, item_schema, version.fingerprint.digest if version else "none", pack,
             instructions, ident, mode, source)
+        blind = unseen.blind_spots(version.fingerprint.unseen if version else (), item_schema)
+        if blind:  # the key cannot say whether stored answers still pass: re-judge them
+            components[unseen.COMPONENT] = key_content[unseen.COMPONENT] = unseen.generation(
+                self.ledger, name, components, verify=lambda revision: unseen.still_passes(
+                    self.ledger, revision, run=self._loop.run, mode=mode, identity=ident,
+                    schema=item_schema, validator=checker))
         fingerprint = sha(json.dumps(components, sort_keys=True))
         existing = self.ledger.find_revision(name, fingerprint)
         requests = (self.ledger.leaves(existing.id) if existing else
@@ -222,7 +229,7 @@ class Session:
         rechecked = rejudge(
             self.ledger, pending, run=self._loop.run, seen_of=seen_of, legacy_of=legacy_of,
             provider=provider_name, model=provider_model, mode=mode, identity=ident,
-            schema=item_schema, validator=checker)
+            schema=item_schema, validator=checker, same_key=bool(blind))
         passed = {request.key for request, _, _ in rechecked}
         owed = pending  # what this run resolves, by re-judging or by calls
         pending = [r for r in pending if r.key not in passed]
@@ -271,6 +278,10 @@ class Session:
         if superseded_note is not None:
             result.superseded = superseded_note
             result.notes.append(result.superseded)
+        if blind:
+            result.notes.append(f"the judging reads what no fingerprint can see ("
+                                f"{'; '.join(blind)}): stored answers were re-judged under the "
+                                "rules as they are now, not reused on trust")
         if rechecked:
             result.notes.append(f"{len(rechecked)} request(s) resolved by re-judging earlier "
                                 "returns under the new rules (no calls)")

@@ -1,0 +1,114 @@
+"""A stored answer is reused exactly when it should be: a hostile user's edits that the content
+key cannot see, through the public API only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from batchjson import CallableProvider, Session
+from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
+
+TASKS = review_tasks(4)  # candidates 127..130: verdicts match, no_match, match, no_match
+
+# A notebook cell: the validator reads the banned verdict through globals(), which no
+# fingerprint can see, so editing BANNED leaves the validator's digest as it was.
+VALIDATOR_CELL = '''
+BANNED = {banned!r}
+def check(item, task):
+    if item["verdict"] == globals()["BANNED"]:
+        raise ValueError("banned verdict")
+'''
+
+SCHEMA_CELL = '''
+from pydantic import BaseModel, field_validator
+BANNED = {banned!r}
+class Label(BaseModel):
+    verdict: str
+
+    @field_validator("verdict")
+    @classmethod
+    def allowed(cls, value):
+        if value == globals()["BANNED"]:
+            raise ValueError("banned verdict")
+        return value
+'''
+
+
+def _cell(source: str, banned: str, namespace: dict[str, Any] | None = None) -> dict[str, Any]:
+    namespace = {} if namespace is None else namespace
+    exec(compile(source.format(banned=banned), "<cell>", "exec"), namespace)
+    return namespace
+
+
+def _session() -> tuple[Session, list[int]]:
+    sent: list[int] = []
+
+    def model(call: Any) -> str:
+        sent.append(len(call.tasks))
+        return items_reply(call)
+
+    return Session(CallableProvider(model, source="hostile-reuse"), repairs=0, replays=0), sent
+
+
+def _run(session: Session, **options: Any) -> Any:
+    options.setdefault("schema", LABEL_SCHEMA)
+    return session.run_batch("labels", TASKS, options.pop("schema"), on_exhausted="return",
+                             identity=["task_id"], **options)
+
+
+def test_a_hidden_value_the_validator_reads_changing_never_hands_back_stale_answers() -> None:
+    session, sent = _session()
+    ns = _cell(VALIDATOR_CELL, "nothing")
+    first = _run(session, validator=ns["check"])
+    assert first.status == "resolved" and len(sent) == 4
+    _cell(VALIDATOR_CELL, "match", ns)  # the same code; only the hidden value changed
+    second = _run(session, validator=ns["check"])
+    # the two 'match' answers fail the rules as they are now: never returned as accepted
+    assert sorted(v["verdict"] for v in second.values.values()) == ["no_match", "no_match"]
+    assert second.status == "unresolved" and len(sent) == 6  # only those two asked again
+    assert any("no fingerprint can see" in note for note in second.notes)
+
+
+def test_an_unchanged_hidden_value_resumes_with_no_call_and_no_new_revision() -> None:
+    session, sent = _session()
+    ns = _cell(VALIDATOR_CELL, "nothing")
+    first = _run(session, validator=ns["check"])
+    _cell(VALIDATOR_CELL, "nothing", ns)  # the cell re-run as it was
+    again = _run(session, validator=ns["check"])
+    assert again.values == first.values and len(sent) == 4
+    assert again.revision == first.revision and len(session.ledger.revisions("labels")) == 1
+
+
+def test_a_hidden_value_changed_back_re_judges_the_kept_returns_instead_of_re_asking() -> None:
+    session, sent = _session()
+    ns = _cell(VALIDATOR_CELL, "match")
+    strict = _run(session, validator=ns["check"])
+    assert len(strict.values) == 2 and len(sent) == 4
+    _cell(VALIDATOR_CELL, "nothing", ns)
+    loose = _run(session, validator=ns["check"])
+    assert loose.status == "resolved" and len(sent) == 4  # the rejected returns pass now
+    assert loose.rechecked == 2
+
+
+def test_a_pydantic_validator_reading_a_hidden_value_reuses_only_what_still_passes() -> None:
+    session, sent = _session()
+    ns = _cell(SCHEMA_CELL, "nothing")
+    first = _run(session, schema=ns["Label"])
+    assert first.status == "resolved" and len(sent) == 4
+    _cell(SCHEMA_CELL, "no_match", ns)  # redefines Label: same content, other hidden value
+    second = _run(session, schema=ns["Label"])
+    assert sorted(v.verdict for v in second.values.values()) == ["match", "match"]
+    assert not [e for e in second.errors if e["type"] == "stored_invalid"]  # not a dead end
+    _cell(SCHEMA_CELL, "nothing", ns)
+    third = _run(session, schema=ns["Label"])
+    assert third.status == "resolved" and len(sent) == 6  # re-judged, never re-bought
+
+
+def test_a_schema_description_edit_asks_again_and_the_old_schema_resumes() -> None:
+    session, sent = _session()
+    _run(session)
+    described = {**LABEL_SCHEMA, "description": "is the candidate the same case?"}
+    edited = _run(session, schema=described)  # the model is shown other text: ask again
+    assert edited.status == "resolved" and len(sent) == 8
+    back = _run(session)
+    assert back.revision == 1 and back.calls == 0 and len(sent) == 8
