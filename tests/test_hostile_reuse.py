@@ -112,3 +112,56 @@ def test_a_schema_description_edit_asks_again_and_the_old_schema_resumes() -> No
     assert edited.status == "resolved" and len(sent) == 8
     back = _run(session)
     assert back.revision == 1 and back.calls == 0 and len(sent) == 8
+
+
+LOGGING_CELL = '''
+PROBLEMS = []
+COUNTS = {{"judged": 0}}
+def check(item, task):
+    COUNTS["judged"] += 1
+    PROBLEMS.append(task["task_id"])
+'''
+
+
+class _CountingCheck:
+    def __init__(self) -> None:
+        self.judged = 0
+        self.log: list[str] = []
+        self.banned = "nothing"
+
+    def __call__(self, item: Any, task: Any) -> None:
+        self.judged += 1
+        self.log.append(task["task_id"])
+        if item["verdict"] == self.banned:
+            raise ValueError("banned verdict")
+
+
+def test_a_validator_that_logs_and_counts_while_judging_resumes_in_a_strict_session() -> None:
+    calls = []
+
+    def flaky(call: Any) -> str:  # the first three calls fail: evidence stays open
+        calls.append(1)
+        return items_reply(call) if len(calls) > 3 else "not json"
+
+    session = Session(CallableProvider(flaky, source="flaky"), strict=True, repairs=0, replays=0)
+    ns = _cell(LOGGING_CELL, "")
+    first = session.run_batch("log", TASKS, LABEL_SCHEMA, validator=ns["check"],
+                              on_exhausted="return")
+    assert first.status == "unresolved" and ns["PROBLEMS"]
+    # the log grew while judging: still the same validator, no ValidatorChanged, one revision
+    again = session.run_batch("log", TASKS, LABEL_SCHEMA, validator=ns["check"])
+    assert again.status == "resolved" and again.revision == first.revision
+    assert len(session.validators.versions("check")) == 1
+
+
+def test_a_callable_validator_counting_on_itself_keeps_one_version_but_its_settings_count(
+) -> None:
+    session, sent = _session()
+    check = _CountingCheck()
+    first = _run(session, validator=check)
+    again = _run(session, validator=check)
+    assert again.revision == first.revision and again.calls == 0 and len(sent) == 4
+    check.banned = "match"  # a setting, not something judging changes: a new revision
+    stricter = _run(session, validator=check)
+    assert stricter.revision != first.revision
+    assert sorted(v["verdict"] for v in stricter.values.values()) == ["no_match", "no_match"]

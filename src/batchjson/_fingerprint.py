@@ -50,6 +50,7 @@ from ._library import (
     slots_of,
     special_content,
 )
+from ._mutations import is_state, mutated_by, self_state, state_digest
 
 __all__ = ["Fingerprint", "Unhashable", "canonical_json", "content_hash", "describe_changes",
            "fingerprint_callable", "fingerprint_function", "model_fingerprint",
@@ -275,6 +276,7 @@ class _Walker:
     def _function(self, fn: types.FunctionType) -> list[tuple[str, str]]:
         code = fn.__code__
         reads = reads_of(code)
+        mutated = mutated_by(code)
         self.written_attrs |= writes_of(fn)
         parts = [("code", _digest("batchjson:code:1", code_canon(code)))]
         if fn.__defaults__:
@@ -290,6 +292,9 @@ class _Walker:
                 parts.append((label, _ABSENT))
                 continue
             written = self.source and name in reads.written_cells
+            if not written and is_state(("c", name), value, mutated):
+                parts.append((label, state_digest(value)))
+                continue
             parts.append((label, _WRITTEN if written else self.ref(value, label)))
         found, builtin_ns = fn.__globals__, fn.__builtins__
         if isinstance(builtin_ns, types.ModuleType):
@@ -301,6 +306,9 @@ class _Walker:
             if name in found:
                 written = self.source and name in reads.written_globals
                 label = f"global:{name}"
+                if not written and is_state(("g", name), found[name], mutated):
+                    parts.append((label, state_digest(found[name])))
+                    continue
                 parts.append((label, _WRITTEN if written else self.ref(found[name], label)))
             elif name in builtin_ns:
                 parts.append((f"builtin:{name}", self.ref(builtin_ns[name], f"builtin:{name}")))
@@ -397,8 +405,8 @@ class _Walker:
             kind, content = special
             if content is not None:
                 own.append((kind, self.ref(content, kind)))
-        elif not self.source:
-            own.append(("instance", self._state(obj)))
+        elif not self.source:  # what judging itself changes (self.log.append) is state
+            own.append(("instance", self._state(obj, self_state(call))))
         elif not self._class_facts(cls)[1]:  # a source's own object: its configuration only
             own.append(("config", self._config(obj)))
         return _merge(inner, own)
@@ -419,8 +427,9 @@ class _Walker:
                             if k.removeprefix("slot:") not in self.written_attrs))
         return self.ref(kept, "config")
 
-    def _state(self, obj: Any) -> str:
-        """An instance's content: its ``__dict__`` and slots, else what pickling would save."""
+    def _state(self, obj: Any, skip: frozenset[str] = frozenset()) -> str:
+        """An instance's content: its ``__dict__`` and slots, else what pickling would save;
+        attributes in ``skip`` (changed by its own judging) by their type alone."""
         cls = type(obj)
         _, importable, library_base, slots = self._class_facts(cls)
         state: dict[str, Any] = {}
@@ -429,6 +438,8 @@ class _Walker:
                 state.update(vars(obj))
             except TypeError:
                 pass
+            state.update((k, ("state", _qualname(type(v)))) for k, v in list(state.items())
+                         if k in skip)
             for slot in slots:
                 value = getattr(obj, slot, MISSING)
                 if value is not MISSING:
@@ -463,7 +474,6 @@ class _Walker:
 
 
 _ROOTS = {"g": "global", "c": "closure", "m": "import"}
-
 
 def _is_data(obj: Any) -> bool:
     """Values canon encodes itself; anything else is an object the walker reads."""
