@@ -168,3 +168,12 @@ def test_a_return_echoing_an_unrequested_copy_of_a_task_is_rejected_whole() -> N
                                on_exhausted="return")
     assert result.values == {} and session.ledger.checkpoint("twin") == {}
     assert any(e.get("problem") == "duplicated" for e in result.errors)
+
+
+@pytest.mark.parametrize("identity", [5, {"task_id": True}, object()])
+def test_an_identity_that_is_not_a_list_of_names_is_refused_before_any_call(
+        identity: Any) -> None:
+    session, sent = _session()
+    with pytest.raises(InvalidBatch, match="identity"):
+        session.run_batch("ident", TASKS, LABEL_SCHEMA, identity=identity)
+    assert sent == [] and session.ledger.batch_names() == []

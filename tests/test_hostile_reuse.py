@@ -165,3 +165,36 @@ def test_a_callable_validator_counting_on_itself_keeps_one_version_but_its_setti
     stricter = _run(session, validator=check)
     assert stricter.revision != first.revision
     assert sorted(v["verdict"] for v in stricter.values.values()) == ["no_match", "no_match"]
+
+
+RESTART = '''
+import sys
+from batchjson import CallableProvider, Session
+from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
+sent = []
+def model(call):
+    sent.append(1)
+    return items_reply(call)
+session = Session(CallableProvider(model, source="restart"), ledger=sys.argv[1])
+result = session.run_batch("labels", review_tasks(3), LABEL_SCHEMA,
+                           identity={"task_id", "case_id", "candidate_id"})
+print(result.status, len(sent))
+'''
+
+
+def test_an_identity_given_as_a_set_resumes_after_a_restart_with_another_hash_seed(
+        tmp_path: Any) -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    ledger = tmp_path / "ledger.sqlite"
+    runs = []
+    for seed in ("1", "2", "3"):  # set order follows the hash seed: each run is a new kernel
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(root)}
+        done = subprocess.run([sys.executable, "-c", RESTART, str(ledger)], env=env, cwd=root,
+                              capture_output=True, text=True, check=True)
+        runs.append(done.stdout.split())
+    assert runs == [["resolved", "3"], ["resolved", "0"], ["resolved", "0"]]

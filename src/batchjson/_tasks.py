@@ -112,6 +112,13 @@ def normalize_identity(identity: Sequence[str] | str | None) -> Identity:
         return Identity(("task_id",), echo=True)
     if isinstance(identity, str):
         identity = [part.strip() for part in identity.split(",") if part.strip()]
+    if isinstance(identity, (set, frozenset, Mapping)) or not isinstance(identity, Iterable):
+        if not isinstance(identity, (set, frozenset)):
+            raise InvalidBatch(f"identity must be a list of task field names, got "
+                               f"{type(identity).__name__}")
+        # a set has no order of its own (it varies with the process's hash seed): without one,
+        # the request keys, and so every stored answer, would change on each restart
+        identity = sorted(identity, key=lambda f: (f != "task_id", str(f)))
     fields = tuple(identity)
     if not all(isinstance(f, str) and f for f in fields):
         raise InvalidBatch(f"identity must name task fields as strings, got {identity!r}")
