@@ -177,3 +177,40 @@ def test_an_identity_that_is_not_a_list_of_names_is_refused_before_any_call(
     with pytest.raises(InvalidBatch, match="identity"):
         session.run_batch("ident", TASKS, LABEL_SCHEMA, identity=identity)
     assert sent == [] and session.ledger.batch_names() == []
+
+
+def test_importing_receipts_inside_a_running_event_loop_rechecks_every_item(
+        tmp_path: Any) -> None:
+    """A Jupyter cell runs inside the kernel's event loop: import there must still judge."""
+    from batchjson import Ledger
+    from tests.test_recovery import items_for, receipt, write
+
+    tasks = review_tasks(4)
+    history = write(tmp_path / "old.jsonl",
+                    receipt(tasks, items_for(tasks, {1: "gold-pair-079"})),
+                    receipt(tasks, items_for(tasks)))
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+
+    async def cell() -> dict[str, Any]:
+        return ledger.import_receipts(history)
+
+    report = asyncio.run(cell())
+    assert [r["outcome"] for r in report["receipts"]] == ["diagnostic", "admitted"]
+    assert report["items_admitted"] == 4
+
+
+def test_a_validator_failing_on_stored_returns_sends_no_call() -> None:
+    session, sent = _session(items_reply)
+    tasks = review_tasks(6)
+    session.run_batch("broken", tasks, LABEL_SCHEMA)
+    assert len(sent) == 6
+
+    def buggy(item: Any, task: Any) -> None:
+        return item["missing-key"]  # KeyError on every item: retrying cannot help
+
+    result = session.run_batch("broken", tasks, LABEL_SCHEMA, validator=buggy,
+                               on_exhausted="return")
+    assert len(sent) == 6 and result.calls == 0 and result.values == {}
+    assert any(e["type"] == "validator_error" and "KeyError" in e["message"]
+               for e in result.errors)
+    assert "no call was sent" in " ".join(result.notes)

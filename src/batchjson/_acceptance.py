@@ -11,6 +11,7 @@ numbers that overflow) and whatever the schema or the caller's validator raise, 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import json
 import math
@@ -284,12 +285,15 @@ class _Text:
 
 
 def _sync(coro: Any) -> Verdict:
+    """Run a judgement from sync code. In a thread whose loop is running (a Jupyter cell
+    importing receipts) it runs on a loop of its own in a helper thread: the caller's loop
+    cannot be re-entered, and blocking it briefly is what a sync call means."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         return asyncio.run(coro)
-    coro.close()
-    raise RuntimeError("accept_items/accept_value are for sync code: await judge() instead")
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="batchjson-judge") as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 # -- items -------------------------------------------------------------------------------------

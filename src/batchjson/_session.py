@@ -226,10 +226,11 @@ class Session:
                                                                                    ident))
         seen_of = {r.key: seen_key(r.tasks_json) for r in requests}
         legacy_of = {r.key: legacy_key(r.tasks_json) for r in pending}
+        broken: list[dict[str, Any]] = []  # a validator_error met while re-judging
         rechecked = rejudge(
             self.ledger, pending, run=self._loop.run, seen_of=seen_of, legacy_of=legacy_of,
             provider=provider_name, model=provider_model, mode=mode, identity=ident,
-            schema=item_schema, validator=checker, same_key=bool(blind))
+            schema=item_schema, validator=checker, same_key=bool(blind), broken=broken)
         passed = {request.key for request, _, _ in rechecked}
         owed = pending  # what this run resolves, by re-judging or by calls
         pending = [r for r in pending if r.key not in passed]
@@ -258,7 +259,12 @@ class Session:
                     instructions=instructions, content=key_content, repairs=repairs,
                     replays=replays, split=bool(spec.split), source=source)
         outcome = Outcome()
-        if pending:
+        if pending and broken:  # retrying cannot help: the validator fails on stored returns
+            outcome.stopped = (f"the validator failed while re-judging a stored return, so no "
+                               f"call was sent ({broken[0]['message'][:300]}); fix the validator "
+                               "and re-run")
+            outcome.errors[broken[0]["task_id"]] = [broken[0]]
+        elif pending:
             outcome = self._replay(plan, GuardedProvider(provider), spender, pending,
                                    spec.progress, name)
             if plan.split:  # halves made during the run: remember what they saw too
