@@ -214,3 +214,24 @@ def test_a_validator_failing_on_stored_returns_sends_no_call() -> None:
     assert any(e["type"] == "validator_error" and "KeyError" in e["message"]
                for e in result.errors)
     assert "no call was sent" in " ".join(result.notes)
+
+
+class _Lying(str):
+    """A str whose own methods show other text than it holds."""
+
+    def strip(self, *args: Any) -> str:
+        return GOOD
+
+    def startswith(self, *args: Any) -> bool:
+        return False
+
+
+def test_a_reply_text_that_is_a_lying_str_subclass_is_judged_by_what_it_holds() -> None:
+    from batchjson import Reply
+
+    bad = '{"items": [{"task_id": "a", "case_id": "079", "verdict": "match"}]}'
+    session, _ = _session(lambda call: Reply(text=_Lying(bad)))
+    result = session.run_batch("lie", TASKS, LABEL_SCHEMA, on_exhausted="return")
+    assert result.values == {} and session.ledger.checkpoint("lie") == {}
+    (receipt,) = session.ledger.attempts("lie")
+    assert receipt.status == "rejected" and receipt.raw == bad  # judged what was kept

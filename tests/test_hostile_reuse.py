@@ -198,3 +198,29 @@ def test_an_identity_given_as_a_set_resumes_after_a_restart_with_another_hash_se
                               capture_output=True, text=True, check=True)
         runs.append(done.stdout.split())
     assert runs == [["resolved", "3"], ["resolved", "0"], ["resolved", "0"]]
+
+
+def test_a_validator_made_stricter_then_looser_again_pays_once_and_reuses_the_first_answers(
+) -> None:
+    session, sent = _session()
+
+    def check(item: Any, task: Any) -> None:
+        return None
+
+    loose = _run(session, validator=check)
+    assert loose.status == "resolved" and len(sent) == 4
+
+    def check(item: Any, task: Any) -> None:  # noqa: F811 - the cell edited
+        if item["verdict"] == "match":
+            raise ValueError("no match allowed")
+
+    strict = _run(session, validator=check)
+    assert strict.rechecked == 2 and len(sent) == 6  # the two 'match' answers asked again
+    assert sorted(v["verdict"] for v in strict.values.values()) == ["no_match", "no_match"]
+
+    def check(item: Any, task: Any) -> None:  # noqa: F811 - and edited back
+        return None
+
+    again = _run(session, validator=check)
+    assert again.revision == loose.revision and again.calls == 0 and len(sent) == 6
+    assert again.values == loose.values

@@ -174,7 +174,7 @@ def unwrap(reply: Any) -> Any:
     here, so the ledger keeps what the model sent. Anything else (no envelope, a wrapper with
     more than ``value``, text that is not JSON, an odd reply) comes back as it came, for the
     checks to judge."""
-    text = getattr(reply, "text", None)
+    text = _plain(getattr(reply, "text", None))
     if getattr(reply, "envelope", None) not in ("value", "tool_input/value"):
         return text
     if not isinstance(text, str):
@@ -188,10 +188,18 @@ def unwrap(reply: Any) -> Any:
     return text
 
 
+def _plain(text: Any) -> Any:
+    """A str subclass as the exact str it holds: its own strip() or startswith() could show
+    acceptance other text than the ledger keeps."""
+    if isinstance(text, str) and type(text) is not str:
+        return str.__getitem__(text, slice(None))
+    return text
+
+
 def reply_text(reply: Any) -> tuple[str, str | None]:
     """The text to judge and keep, and why it is unacceptable when the provider broke the
     contract (text that is not a str)."""
-    text = getattr(reply, "text", None)
+    text = _plain(getattr(reply, "text", None))
     extra = getattr(reply, "extra", None)
     odd = extra.get(ODD_TEXT) if isinstance(extra, Mapping) else None
     if isinstance(text, str) and odd is None:
