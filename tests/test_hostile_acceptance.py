@@ -235,3 +235,22 @@ def test_a_reply_text_that_is_a_lying_str_subclass_is_judged_by_what_it_holds() 
     assert result.values == {} and session.ledger.checkpoint("lie") == {}
     (receipt,) = session.ledger.attempts("lie")
     assert receipt.status == "rejected" and receipt.raw == bad  # judged what was kept
+
+
+def _nested(depth: int, leaf: Any, wrap: Any) -> Any:
+    for _ in range(depth):
+        leaf = wrap(leaf)
+    return leaf
+
+
+@pytest.mark.parametrize("where", ["task", "schema"])
+def test_input_nested_thousands_deep_is_refused_before_any_call(where: str) -> None:
+    session, sent = _session()
+    tasks, schema = [dict(TASKS[0])], dict(LABEL_SCHEMA)
+    if where == "task":
+        tasks[0]["meta"] = _nested(5000, [], lambda x: [x])
+    else:
+        schema = _nested(5000, {"type": "object"}, lambda x: {"anyOf": [x]})
+    with pytest.raises(InvalidBatch, match="nested too deeply"):
+        session.run_batch("deep", tasks, schema)
+    assert sent == [] and session.ledger.batch_names() == []

@@ -81,20 +81,29 @@ def compile_schema(schema: Any) -> ItemSchema:
                           unseen=whole.unseen)
     if isinstance(schema, Mapping):
         try:
-            js = json.loads(json.dumps(schema, allow_nan=False))
-        except (TypeError, ValueError) as exc:
-            raise InvalidBatch(f"schema is not JSON-serialisable: {exc}") from None
-        cls = jsonschema.validators.validator_for(js, default=jsonschema.Draft202012Validator)
-        try:
-            cls.check_schema(js)
-        except jsonschema.SchemaError as exc:
-            where = "/".join(str(p) for p in exc.absolute_path) or "<root>"
-            raise InvalidBatch(f"invalid JSON Schema at {where}: {exc.message}; fix the schema "
-                               "(see json-schema.org) before running") from None
-        fp = sha(json.dumps(js, sort_keys=True, separators=(",", ":")))
-        return ItemSchema(js, fp, _validator=cls(js))
+            return _compile_mapping(schema)
+        except RecursionError:
+            raise InvalidBatch("schema is nested too deeply to check; flatten it, or name its "
+                               "repeated parts under $defs and $ref them") from None
     raise InvalidBatch(f"schema must be a pydantic model class or a JSON Schema dict, got "
                        f"{type(schema).__name__}")
+
+
+def _compile_mapping(schema: Mapping[str, Any]) -> ItemSchema:
+    """A JSON Schema dict, checked; compile_schema guards its recursion."""
+    try:
+        js = json.loads(json.dumps(schema, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise InvalidBatch(f"schema is not JSON-serialisable: {exc}") from None
+    cls = jsonschema.validators.validator_for(js, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(js)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "<root>"
+        raise InvalidBatch(f"invalid JSON Schema at {where}: {exc.message}; fix the schema "
+                           "(see json-schema.org) before running") from None
+    fp = sha(json.dumps(js, sort_keys=True, separators=(",", ":")))
+    return ItemSchema(js, fp, _validator=cls(js))
 
 
 def wire_schema(item: ItemSchema, tasks: Sequence[Mapping[str, Any]],

@@ -75,6 +75,9 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]],
             raise InvalidBatch(f"task {task_id!r} holds a string that is not valid Unicode (an "
                                f"unpaired surrogate at position {exc.start} of its JSON); "
                                "decode its text with errors='replace' or fix the source") from None
+        except RecursionError:
+            raise InvalidBatch(f"task {task_id!r} is nested too deeply to encode as JSON; "
+                               "flatten it (or pass it as a JSON string)") from None
         except (TypeError, ValueError) as exc:
             raise InvalidBatch(f"task {task_id!r} is not JSON-serialisable ({exc}); keep tasks "
                                "to str/int/float/bool/None/list/dict with finite numbers") from None
