@@ -224,3 +224,22 @@ def test_a_validator_made_stricter_then_looser_again_pays_once_and_reuses_the_fi
     again = _run(session, validator=check)
     assert again.revision == loose.revision and again.calls == 0 and len(sent) == 6
     assert again.values == loose.values
+
+
+def _env_check(item: Any, task: Any) -> None:
+    import os
+
+    if item["verdict"] == os.environ.get("BATCHJSON_TEST_BANNED", ""):
+        raise ValueError("banned verdict")
+
+
+def test_a_validator_reading_an_environment_variable_never_reuses_answers_it_now_rejects(
+        monkeypatch: Any) -> None:
+    session, sent = _session()
+    monkeypatch.setenv("BATCHJSON_TEST_BANNED", "nothing")
+    first = _run(session, validator=_env_check)
+    assert first.status == "resolved" and len(sent) == 4
+    monkeypatch.setenv("BATCHJSON_TEST_BANNED", "no_match")
+    second = _run(session, validator=_env_check)
+    assert sorted(v["verdict"] for v in second.values.values()) == ["match", "match"]
+    assert any("os.environ" in note for note in second.notes)

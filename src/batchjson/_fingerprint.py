@@ -21,7 +21,7 @@ import functools
 import re
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any, NamedTuple
@@ -345,6 +345,8 @@ class _Walker:
             elif is_library_module(owner.__name__) and not is_plain(value):
                 # installed modules' own state (os.environ, sys.modules) is the environment
                 out[label] = _digest("batchjson:ref:1", [owner.__name__, used[-1]])
+                if not self.source and isinstance(value, _ENVIRONMENT):  # judging reads it:
+                    self.unseen.append(("", f"{owner.__name__}.{'.'.join(used)}"))
             else:
                 out[label] = self.ref(value, label)
         return list(out.items())
@@ -474,6 +476,9 @@ class _Walker:
 
 
 _ROOTS = {"g": "global", "c": "closure", "m": "import"}
+# An installed module's containers (os.environ, sys.argv) are keyed by name; a validator reading
+# one may judge differently when it changes, so its fingerprint says it cannot see them.
+_ENVIRONMENT = (Mapping, list, set)
 
 def _is_data(obj: Any) -> bool:
     """Values canon encodes itself; anything else is an object the walker reads."""
