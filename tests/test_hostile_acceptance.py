@@ -8,6 +8,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from batchjson import CallableProvider, InvalidBatch, Session
@@ -254,3 +256,23 @@ def test_input_nested_thousands_deep_is_refused_before_any_call(where: str) -> N
     with pytest.raises(InvalidBatch, match="nested too deeply"):
         session.run_batch("deep", tasks, schema)
     assert sent == [] and session.ledger.batch_names() == []
+
+
+_JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
+                                                                max_size=3),
+    max_leaves=6)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(returned=_JSONISH)
+def test_only_none_or_true_from_a_validator_ever_commits(returned: Any) -> None:
+    session, _ = _session()
+    result = session.run_batch("prop", TASKS, LABEL_SCHEMA, on_exhausted="return",
+                               validator=lambda item, task: returned)
+    committed = bool(session.ledger.checkpoint("prop"))
+    assert committed is (returned is None or returned is True)
+    if not committed:
+        assert result.errors[0]["type"] in ("validation", "validator_error")
+    session.close()
