@@ -276,3 +276,16 @@ def test_only_none_or_true_from_a_validator_ever_commits(returned: Any) -> None:
     if not committed:
         assert result.errors[0]["type"] in ("validation", "validator_error")
     session.close()
+
+
+@pytest.mark.parametrize("envelope", [None, "value"])
+def test_an_enveloped_return_compares_identity_by_the_number_as_written(
+        envelope: str | None) -> None:
+    from batchjson import Reply
+
+    text = '{"items": [{"task_id": "a", "v": 10000000000000001.0}]}'
+    text = text if envelope is None else '{"value": ' + text + '}'
+    session, _ = _session(lambda call: Reply(text=text, envelope=envelope))
+    tasks = [{"task_id": "a", "v": 1e16, "prompt": "p"}]  # a float parse rounds the echo to it
+    result = session.run_batch("env", tasks, {"type": "object"}, on_exhausted="return")
+    assert result.values == {} and result.errors[0]["type"] == "identity"

@@ -182,10 +182,29 @@ def unwrap(reply: Any) -> Any:
     try:
         parsed = parse_json(text)
         if isinstance(parsed, dict) and parsed.keys() == {"value"}:
-            return json.dumps(parsed["value"], ensure_ascii=False)
+            inner = _inner_text(text)  # as written: a re-dump would round 10000000000000001.0
+            return inner if inner is not None else json.dumps(parsed["value"],
+                                                              ensure_ascii=False)
     except Exception:  # noqa: BLE001 - not JSON, too deep, ...: the checks reject it with why
         pass
     return text
+
+
+_VALUE_OPEN = re.compile(r'\s*\{\s*"value"\s*:\s*')
+_CLOSE = re.compile(r"\s*\}\s*")
+
+
+def _inner_text(text: str) -> str | None:
+    """The text of X in ``{"value": X}``, exactly as the model wrote it, or None."""
+    stripped = _strip_fence(text)
+    opened = _VALUE_OPEN.match(stripped)
+    if opened is None:
+        return None
+    try:
+        _, end = json.JSONDecoder().raw_decode(stripped, opened.end())
+    except ValueError:
+        return None
+    return stripped[opened.end():end] if _CLOSE.fullmatch(stripped, end) else None
 
 
 def _plain(text: Any) -> Any:
