@@ -289,3 +289,20 @@ def test_an_enveloped_return_compares_identity_by_the_number_as_written(
     tasks = [{"task_id": "a", "v": 1e16, "prompt": "p"}]  # a float parse rounds the echo to it
     result = session.run_batch("env", tasks, {"type": "object"}, on_exhausted="return")
     assert result.values == {} and result.errors[0]["type"] == "identity"
+
+
+@pytest.mark.parametrize("options", [
+    {"mode": "value", "pack": 2},
+    {"mode": "value", "identity": ["task_id", "case_id"]},
+    {"validator_args": "index", "validator": lambda value, index: None},
+], ids=["value-mode-packed", "value-mode-identity", "index-validator-without-index"])
+def test_a_run_spec_its_mode_cannot_judge_is_refused_before_any_call(options: Any) -> None:
+    from batchjson import RunSpec
+
+    session, sent = _session('"match"')
+    tasks = [{"task_id": "a", "case_id": "078", "prompt": "p"},
+             {"task_id": "b", "case_id": "079", "prompt": "q"}]
+    schema = {"type": "string"} if options.get("mode") == "value" else LABEL_SCHEMA
+    with pytest.raises(InvalidBatch):
+        session.run(RunSpec(name="spec", tasks=tasks, schema=schema, **options))
+    assert sent == [] and session.ledger.batch_names() == []

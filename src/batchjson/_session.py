@@ -190,7 +190,7 @@ class Session:
                 raise InvalidBatch(f"{label} holds an unpaired surrogate, which is not valid "
                                    "Unicode and cannot be stored; fix the text")
         preflight.check_all(tasks=task_list, identity=ident, schema=item_schema, mode=mode,
-                            validator=validator, validator_args=spec.validator_args)
+                            validator=validator, validator_args=spec.validator_args, pack=pack)
         try:
             provider = preflight.check_provider(self.provider)
         except TypeError as exc:  # make_provider's "not a provider" refusal
