@@ -306,3 +306,36 @@ def test_a_run_spec_its_mode_cannot_judge_is_refused_before_any_call(options: An
     with pytest.raises(InvalidBatch):
         session.run(RunSpec(name="spec", tasks=tasks, schema=schema, **options))
     assert sent == [] and session.ledger.batch_names() == []
+
+
+def test_a_provider_widening_the_schema_it_was_sent_commits_nothing_outside_the_schema(
+) -> None:
+    import copy
+
+    schema = copy.deepcopy(LABEL_SCHEMA)
+
+    def widen(call: Any) -> str:
+        call.schema["properties"]["items"]["items"]["properties"]["verdict"]["enum"].append(
+            "BOGUS")
+        return json.dumps({"items": [{"task_id": t["task_id"], "verdict": "BOGUS"}
+                                     for t in call.tasks]})
+
+    session, _ = _session(widen)
+    result = session.run_batch("widen", review_tasks(2), schema, on_exhausted="return",
+                               identity=["task_id"])
+    assert result.values == {} and session.ledger.checkpoint("widen") == {}
+    assert schema == LABEL_SCHEMA
+
+
+def test_a_value_mode_provider_widening_its_schema_commits_nothing_outside_it() -> None:
+    from batchjson import RunSpec
+
+    def widen(call: Any) -> str:
+        call.schema["enum"].append("BOGUS")
+        return '"BOGUS"'
+
+    session, _ = _session(widen)
+    result = session.run(RunSpec(name="v", tasks=[{"task_id": "a", "prompt": "p"}],
+                                 schema={"enum": ["match", "no_match"]}, mode="value",
+                                 on_exhausted="return"))
+    assert result.values == {} and result.errors[0]["type"] == "schema"

@@ -102,14 +102,23 @@ def _compile_mapping(schema: Mapping[str, Any]) -> ItemSchema:
         where = "/".join(str(p) for p in exc.absolute_path) or "<root>"
         raise InvalidBatch(f"invalid JSON Schema at {where}: {exc.message}; fix the schema "
                            "(see json-schema.org) before running") from None
-    fp = sha(json.dumps(js, sort_keys=True, separators=(",", ":")))
-    return ItemSchema(js, fp, _validator=cls(js))
+    text = json.dumps(js, sort_keys=True, separators=(",", ":"))
+    # the validator judges its own copy: the schema handed to providers (a value-mode call
+    # carries json_schema itself) can be changed by one without widening what is accepted
+    return ItemSchema(js, sha(text), _validator=cls(json.loads(text)))
+
+
+def _own_copy(item: ItemSchema) -> dict:
+    text = item.__dict__.get("_text")
+    if text is None:
+        text = item.__dict__["_text"] = json.dumps(item.json_schema)
+    return json.loads(text)
 
 
 def wire_schema(item: ItemSchema, tasks: Sequence[Mapping[str, Any]],
                 identity: Sequence[str]) -> dict:
     """The schema a provider may enforce: identity fields pinned, exact item count."""
-    base = dict(item.json_schema)  # shallow: nested parts are shared, never mutated
+    base = _own_copy(item)  # the provider's own: it may change it, nothing else sees that
     defs = base.pop("$defs", None)
     props = dict(base.get("properties") or {})
     for name in identity:
