@@ -243,3 +243,28 @@ def test_a_validator_reading_an_environment_variable_never_reuses_answers_it_now
     second = _run(session, validator=_env_check)
     assert sorted(v["verdict"] for v in second.values.values()) == ["match", "match"]
     assert any("os.environ" in note for note in second.notes)
+
+
+LOGGED_MODEL_CELL = '''
+from typing import ClassVar
+from pydantic import BaseModel, field_validator
+class Label(BaseModel):
+    judged: ClassVar[list] = []
+    verdict: str
+
+    @field_validator("verdict")
+    @classmethod
+    def log(cls, value):
+        cls.judged.append(value)
+        return value
+'''
+
+
+def test_a_pydantic_model_logging_on_its_class_while_judging_keeps_one_revision() -> None:
+    session, sent = _session()
+    ns = _cell(LOGGED_MODEL_CELL, "")
+    first = _run(session, schema=ns["Label"])
+    assert ns["Label"].judged  # the log grew while judging
+    again = _run(session, schema=ns["Label"])
+    assert again.revision == first.revision and again.calls == 0 and len(sent) == 4
+    assert len(session.ledger.revisions("labels")) == 1

@@ -50,7 +50,7 @@ from ._library import (
     slots_of,
     special_content,
 )
-from ._mutations import is_state, mutated_by, self_state, state_digest
+from ._mutations import class_state, is_state, mutated_by, self_state, state_digest
 
 __all__ = ["Fingerprint", "Unhashable", "canonical_json", "content_hash", "describe_changes",
            "fingerprint_callable", "fingerprint_function", "model_fingerprint",
@@ -369,6 +369,8 @@ class _Walker:
         members = sorted(vars(cls).items(), key=itemgetter(0))
         if self.source:  # attributes a method writes are state, not part of the source
             self.written_attrs |= writes_of(cls)
+        # a log its validators fill while judging is state, not content
+        kept = class_state(cls, frozenset(decorators)) if model and not self.source else ()
         for name, value in members:
             if name in _BOOKKEEPING or (model and name.startswith("__pydantic")):
                 continue
@@ -379,6 +381,8 @@ class _Walker:
             label = f"{'validator' if name in decorators else 'attr'}:{name}"
             if self.source and name in self.written_attrs and not callable(value):
                 parts.append((label, _WRITTEN))
+            elif name in kept and is_state(("a", name), value, frozenset({("a", name)})):
+                parts.append((label, state_digest(value)))
             else:
                 parts.append((label, self.ref(value, label)))
         return parts

@@ -76,3 +76,23 @@ def state_digest(value: Any) -> str:
     """A container the code itself fills while judging is keyed by its type alone: its growth
     must not make every run a new validator (in a strict session: ValidatorChanged forever)."""
     return digest("batchjson:state:1", qualname(type(value)))
+
+
+_SETUP = frozenset({"__init__", "__new__", "__post_init__", "__init_subclass__", "__set_name__",
+                    "__setstate__"})
+
+
+def class_state(cls: type, judging: frozenset[str]) -> frozenset[str]:
+    """Class attributes that the methods named in ``judging`` (a pydantic model's validators,
+    which run while judging) change in place (``cls.seen.append``): a log kept on the class,
+    not its configuration. Other methods changing them (``allow(cls, label)``) are setup."""
+    out: set[str] = set()
+    for name, member in vars(cls).items():
+        if name not in judging:
+            continue
+        member = getattr(member, "wrapped", member)  # pydantic's decorator proxy
+        if isinstance(member, (classmethod, staticmethod)):
+            member = member.__func__
+        if isinstance(member, types.FunctionType) and name not in _SETUP:
+            out |= {attr for kind, attr in mutated_by(member.__code__) if kind == "a"}
+    return frozenset(out)
