@@ -11,7 +11,6 @@ numbers that overflow) and whatever the schema or the caller's validator raise, 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import math
 import re
@@ -26,6 +25,7 @@ from typing import Any
 from ._canon import canonical_json
 from ._replies import ODD_TEXT, text_of
 from ._schema import ItemSchema
+from ._validators import judged_code_raised, run_validator_async
 
 REPAIRABLE = frozenset({"json", "coverage", "identity", "schema", "validation"})
 MAX_DEPTH = 256  # deeper JSON is refused before anything recursive walks it
@@ -173,7 +173,7 @@ def unwrap(reply: Any) -> Any:
     here, so the ledger keeps what the model sent. Anything else (no envelope, a wrapper with
     more than ``value``, text that is not JSON, an odd reply) comes back as it came, for the
     checks to judge."""
-    text = getattr(reply, "text", None)
+    text = _plain(getattr(reply, "text", None))
     if getattr(reply, "envelope", None) not in ("value", "tool_input/value"):
         return text
     if not isinstance(text, str):
@@ -181,16 +181,43 @@ def unwrap(reply: Any) -> Any:
     try:
         parsed = parse_json(text)
         if isinstance(parsed, dict) and parsed.keys() == {"value"}:
-            return json.dumps(parsed["value"], ensure_ascii=False)
+            inner = _inner_text(text)  # as written: a re-dump would round 10000000000000001.0
+            return inner if inner is not None else json.dumps(parsed["value"],
+                                                              ensure_ascii=False)
     except Exception:  # noqa: BLE001 - not JSON, too deep, ...: the checks reject it with why
         pass
+    return text
+
+
+_VALUE_OPEN = re.compile(r'\s*\{\s*"value"\s*:\s*')
+_CLOSE = re.compile(r"\s*\}\s*")
+
+
+def _inner_text(text: str) -> str | None:
+    """The text of X in ``{"value": X}``, exactly as the model wrote it, or None."""
+    stripped = _strip_fence(text)
+    opened = _VALUE_OPEN.match(stripped)
+    if opened is None:
+        return None
+    try:
+        _, end = json.JSONDecoder().raw_decode(stripped, opened.end())
+    except ValueError:
+        return None
+    return stripped[opened.end():end] if _CLOSE.fullmatch(stripped, end) else None
+
+
+def _plain(text: Any) -> Any:
+    """A str subclass as the exact str it holds: its own strip() or startswith() could show
+    acceptance other text than the ledger keeps."""
+    if isinstance(text, str) and type(text) is not str:
+        return str.__getitem__(text, slice(None))
     return text
 
 
 def reply_text(reply: Any) -> tuple[str, str | None]:
     """The text to judge and keep, and why it is unacceptable when the provider broke the
     contract (text that is not a str)."""
-    text = getattr(reply, "text", None)
+    text = _plain(getattr(reply, "text", None))
     extra = getattr(reply, "extra", None)
     odd = extra.get(ODD_TEXT) if isinstance(extra, Mapping) else None
     if isinstance(text, str) and odd is None:
@@ -232,7 +259,9 @@ async def judge(
         for task_id, value, _, task in prepared:
             errors.extend(await run_validator_async(validator, value, task, task_id))
         return Verdict(False, errors=errors) if errors else _accepted(prepared)
-    except Exception as exc:  # judging never crashes a run that has already paid for the call
+    except BaseException as exc:  # judging never crashes a run that has already paid for it
+        if not judged_code_raised(exc):
+            raise
         return Verdict(False, errors=[_error(
             "json", f"the return could not be judged ({type(exc).__name__}: {exc})")])
 
@@ -339,7 +368,11 @@ def _prepare_items(text: str, tasks: Sequence[Mapping[str, Any]], identity: Sequ
             if problem:
                 errors.append(problem)
                 continue
-            errors.extend(_coerced_identity(stored, expected[task_id], kept))
+            # what would be committed, not only what was returned: a schema may add or change
+            # a compared field (a pydantic before-validator setting case_id, extra="allow")
+            held = compared_fields(expected[task_id], identity,
+                                   stored if isinstance(stored, dict) else {})
+            errors.extend(_coerced_identity(stored, expected[task_id], held))
             prepared.append((task_id, value, stored, expected[task_id]))
     if errors:
         return Verdict(False, errors=errors)
@@ -408,7 +441,9 @@ def _validate(schema: ItemSchema, value: Any, path: str) -> tuple[Any, list[str]
     try:
         value, messages = schema.validate(value, path)
         return value, messages, False
-    except Exception as exc:
+    except BaseException as exc:
+        if not judged_code_raised(exc):
+            raise
         return None, [f"{path}: the schema's own validation raised {type(exc).__name__}: "
                       f"{exc}; fix the schema or its validators"], True
 
@@ -434,45 +469,13 @@ def _stored(schema: ItemSchema, value: Any, task_id: str) -> tuple[Any, dict[str
     """The ledger (JSON) form of a validated value, or the schema error that prevents one: a
     schema may coerce "1e400" into an infinite float, which no ledger row may hold."""
     try:
-        return _copy(schema.dump(value)), None
+        text = canonical_json(schema.dump(value))
+        text.encode("utf-8")  # an unpaired surrogate ("\\ud800") cannot be written as UTF-8
+        return json.loads(text), None
     except (TypeError, ValueError) as exc:
         return None, _error("schema", f"task {task_id!r}: the validated value has no JSON form "
-                            f"({exc}); numbers must be finite", task_id)
-
-
-# -- the caller's validator --------------------------------------------------------------------
-def run_validator(validator: Callable[[Any, Mapping[str, Any]], Any], value: Any,
-                  task: Mapping[str, Any], task_id: str) -> list[dict[str, Any]]:
-    """Sync form of :func:`run_validator_async`, for sync validators."""
-    return _sync_errors(run_validator_async(validator, value, task, task_id))
-
-
-def _sync_errors(coro: Any) -> list[dict[str, Any]]:
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value
-    coro.close()
-    return [_error("validator_error", "an async validator needs judge(): await it")]
-
-
-async def run_validator_async(validator: Callable[[Any, Mapping[str, Any]], Any], value: Any,
-                              task: Mapping[str, Any], task_id: str) -> list[dict[str, Any]]:
-    """ValueError or ``False`` rejects (repairable); any other exception is a validator crash,
-    never retried. An ``async def`` validator is awaited. The validator gets its own copy of
-    the task, so nothing it does reaches the ledger's request."""
-    try:
-        out = validator(value, _copy(dict(task)))
-        if inspect.isawaitable(out):
-            out = await out
-    except ValueError as exc:
-        return [_error("validation", f"task {task_id!r}: {exc}", task_id)]
-    except Exception as exc:  # a bug in the caller's validator, reported not retried
-        return [_error("validator_error",
-                       f"task {task_id!r}: validator raised {type(exc).__name__}: {exc}", task_id)]
-    if out is False:
-        return [_error("validation", f"task {task_id!r}: the validator returned False", task_id)]
-    return []
+                            f"({_clip(str(exc), 160)}); numbers must be finite and strings "
+                            "valid Unicode (no unpaired surrogate escapes)", task_id)
 
 
 def _coerced_identity(stored: Any, task: Mapping[str, Any],

@@ -21,7 +21,7 @@ import functools
 import re
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any, NamedTuple
@@ -50,6 +50,7 @@ from ._library import (
     slots_of,
     special_content,
 )
+from ._mutations import class_state, is_state, mutated_by, self_state, state_digest
 
 __all__ = ["Fingerprint", "Unhashable", "canonical_json", "content_hash", "describe_changes",
            "fingerprint_callable", "fingerprint_function", "model_fingerprint",
@@ -275,6 +276,7 @@ class _Walker:
     def _function(self, fn: types.FunctionType) -> list[tuple[str, str]]:
         code = fn.__code__
         reads = reads_of(code)
+        mutated = mutated_by(code)
         self.written_attrs |= writes_of(fn)
         parts = [("code", _digest("batchjson:code:1", code_canon(code)))]
         if fn.__defaults__:
@@ -290,6 +292,9 @@ class _Walker:
                 parts.append((label, _ABSENT))
                 continue
             written = self.source and name in reads.written_cells
+            if not written and is_state(("c", name), value, mutated):
+                parts.append((label, state_digest(value)))
+                continue
             parts.append((label, _WRITTEN if written else self.ref(value, label)))
         found, builtin_ns = fn.__globals__, fn.__builtins__
         if isinstance(builtin_ns, types.ModuleType):
@@ -301,6 +306,9 @@ class _Walker:
             if name in found:
                 written = self.source and name in reads.written_globals
                 label = f"global:{name}"
+                if not written and is_state(("g", name), found[name], mutated):
+                    parts.append((label, state_digest(found[name])))
+                    continue
                 parts.append((label, _WRITTEN if written else self.ref(found[name], label)))
             elif name in builtin_ns:
                 parts.append((f"builtin:{name}", self.ref(builtin_ns[name], f"builtin:{name}")))
@@ -337,6 +345,8 @@ class _Walker:
             elif is_library_module(owner.__name__) and not is_plain(value):
                 # installed modules' own state (os.environ, sys.modules) is the environment
                 out[label] = _digest("batchjson:ref:1", [owner.__name__, used[-1]])
+                if not self.source and isinstance(value, _ENVIRONMENT):  # judging reads it:
+                    self.unseen.append(("", f"{owner.__name__}.{'.'.join(used)}"))
             else:
                 out[label] = self.ref(value, label)
         return list(out.items())
@@ -359,6 +369,8 @@ class _Walker:
         members = sorted(vars(cls).items(), key=itemgetter(0))
         if self.source:  # attributes a method writes are state, not part of the source
             self.written_attrs |= writes_of(cls)
+        # a log its validators fill while judging is state, not content
+        kept = class_state(cls, frozenset(decorators)) if model and not self.source else ()
         for name, value in members:
             if name in _BOOKKEEPING or (model and name.startswith("__pydantic")):
                 continue
@@ -369,6 +381,8 @@ class _Walker:
             label = f"{'validator' if name in decorators else 'attr'}:{name}"
             if self.source and name in self.written_attrs and not callable(value):
                 parts.append((label, _WRITTEN))
+            elif name in kept and is_state(("a", name), value, frozenset({("a", name)})):
+                parts.append((label, state_digest(value)))
             else:
                 parts.append((label, self.ref(value, label)))
         return parts
@@ -397,8 +411,8 @@ class _Walker:
             kind, content = special
             if content is not None:
                 own.append((kind, self.ref(content, kind)))
-        elif not self.source:
-            own.append(("instance", self._state(obj)))
+        elif not self.source:  # what judging itself changes (self.log.append) is state
+            own.append(("instance", self._state(obj, self_state(call))))
         elif not self._class_facts(cls)[1]:  # a source's own object: its configuration only
             own.append(("config", self._config(obj)))
         return _merge(inner, own)
@@ -419,8 +433,9 @@ class _Walker:
                             if k.removeprefix("slot:") not in self.written_attrs))
         return self.ref(kept, "config")
 
-    def _state(self, obj: Any) -> str:
-        """An instance's content: its ``__dict__`` and slots, else what pickling would save."""
+    def _state(self, obj: Any, skip: frozenset[str] = frozenset()) -> str:
+        """An instance's content: its ``__dict__`` and slots, else what pickling would save;
+        attributes in ``skip`` (changed by its own judging) by their type alone."""
         cls = type(obj)
         _, importable, library_base, slots = self._class_facts(cls)
         state: dict[str, Any] = {}
@@ -429,6 +444,8 @@ class _Walker:
                 state.update(vars(obj))
             except TypeError:
                 pass
+            state.update((k, ("state", _qualname(type(v)))) for k, v in list(state.items())
+                         if k in skip)
             for slot in slots:
                 value = getattr(obj, slot, MISSING)
                 if value is not MISSING:
@@ -463,7 +480,9 @@ class _Walker:
 
 
 _ROOTS = {"g": "global", "c": "closure", "m": "import"}
-
+# An installed module's containers (os.environ, sys.argv) are keyed by name; a validator reading
+# one may judge differently when it changes, so its fingerprint says it cannot see them.
+_ENVIRONMENT = (Mapping, list, set)
 
 def _is_data(obj: Any) -> bool:
     """Values canon encodes itself; anything else is an object the walker reads."""
@@ -534,9 +553,11 @@ def fingerprint_callable(obj: Any) -> Fingerprint:
     return _fingerprint(obj, source=True)
 
 
-def model_fingerprint(model: type[BaseModel], json_schema: dict[str, Any]) -> str:
+def model_fingerprint(model: type[BaseModel], json_schema: dict[str, Any],
+                      fp: Fingerprint | None = None) -> str:
     """Fingerprint of a pydantic answer schema: the JSON schema the model is shown plus the
-    whole class (validators, Annotated constraints, nested models, config)."""
-    fp = fingerprint_function(model)
+    whole class (validators, Annotated constraints, nested models, config); ``fp`` is the
+    class's :func:`fingerprint_function`, if already made."""
+    fp = fp or fingerprint_function(model)
     return _digest("batchjson:model:1", [f"{model.__module__}.{model.__qualname__}",
                                          canonical_json(json_schema), fp.digest])

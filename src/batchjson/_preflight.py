@@ -245,10 +245,30 @@ def _short(sub: Any) -> str:
     return text if len(text) <= 80 else text[:80] + "..."
 
 
+def check_mode(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str], mode: str,
+               pack: int, validator: Callable[..., Any] | None, validator_args: str) -> None:
+    """What each mode can judge: ``mode="value"`` sends one prompt per call and compares no
+    identity (a bare value echoes nothing), and ``validator(value, index)`` needs an index."""
+    if mode == "value" and pack != 1:
+        raise InvalidBatch(f"mode='value' sends one prompt per call and judges one bare value, "
+                           f"so pack must be 1, got {pack}; use mode='items' to pack tasks")
+    if mode == "value" and tuple(identity) != ("task_id",):
+        raise InvalidBatch(f"mode='value' returns a bare value that echoes no fields, so "
+                           f"identity={list(identity)!r} could never be compared; drop identity= "
+                           "or use mode='items'")
+    if validator is not None and validator_args == "index":
+        missing = next((t for t in tasks if type(t.get("index")) is not int), None)
+        if missing is not None:
+            raise InvalidBatch(f"task {missing['task_id']!r} has no integer 'index', but "
+                               "validator_args='index' calls validator(value, task['index']); "
+                               "give every task its index or use validator_args='task'")
+
+
 def check_all(*, tasks: Sequence[Mapping[str, Any]], identity: Sequence[str],
               schema: ItemSchema, mode: str, validator: Callable[..., Any] | None,
-              validator_args: str) -> None:
+              validator_args: str, pack: int = 1) -> None:
     """Every input check of a run that needs neither the ledger nor a call."""
     check_validator(validator, validator_args)
+    check_mode(tasks, identity, mode, pack, validator, validator_args)
     check_identity_values(tasks, identity)
     check_schema(schema, mode, tasks, identity)

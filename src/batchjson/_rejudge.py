@@ -30,9 +30,15 @@ def rejudge(ledger: Ledger, pending: Sequence[Request], *, run: Callable[..., An
             seen_of: Mapping[str, str],
             legacy_of: Mapping[str, str], provider: str | None, model: str | None, mode: str,
             identity: Sequence[str], schema: ItemSchema,
-            validator: Callable[..., Any] | None) -> list[tuple[Request, Any, dict[str, Any]]]:
+            validator: Callable[..., Any] | None, same_key: bool = False,
+            broken: list[dict[str, Any]] | None = None,
+            ) -> list[tuple[Request, Any, dict[str, Any]]]:
     """(request, earlier attempt row, stored items) for each pending request that an earlier
-    raw return now passes, judged against the ledger's own copy of the request's tasks."""
+    raw return now passes, judged against the ledger's own copy of the request's tasks.
+    ``same_key``: returns under the very same key count too (the judging reads what its
+    fingerprint cannot see, so the same key may judge differently now). A ``validator_error``
+    ends the re-judging and is appended to ``broken``: the validator is broken (or hangs), and
+    no call could be judged by it either."""
     if not pending:
         return []
     candidates: dict[str, list[Any]] = {}
@@ -46,7 +52,7 @@ def rejudge(ledger: Ledger, pending: Sequence[Request], *, run: Callable[..., An
     work = []
     for request in pending:
         rows = [row for row in candidates.get(seen_of[request.key], [])
-                if row["request_key"] != request.key]  # same key: judged by these very rules
+                if same_key or row["request_key"] != request.key]  # else: judged by these rules
         rows += legacy.get(legacy_of.get(request.key, ""), [])
         if rows:
             work.append((request, rows[:MAX_CANDIDATES]))
@@ -63,6 +69,11 @@ def rejudge(ledger: Ledger, pending: Sequence[Request], *, run: Callable[..., An
                 if verdict.accepted:
                     passed.append((request, row, verdict.stored))
                     break
+                crashed = [e for e in verdict.errors if e["type"] == "validator_error"]
+                if crashed:
+                    if broken is not None:
+                        broken.append(crashed[0])
+                    return passed
         return passed
 
     return run(judge_all)  # on the session's loop: validators may be async

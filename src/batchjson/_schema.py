@@ -12,7 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from ._canon import canonical_json
 from ._errors import InvalidBatch
-from ._fingerprint import model_fingerprint
+from ._fingerprint import fingerprint_function, model_fingerprint
 from ._tasks import sha
 
 
@@ -24,6 +24,8 @@ class ItemSchema:
     fingerprint: str
     model: type[BaseModel] | None = None
     _validator: Any = field(default=None, repr=False)
+    # what the model's validators read that no fingerprint can see (``globals()["X"]``)
+    unseen: tuple[str, ...] = ()
 
     @property
     def declared_fields(self) -> set[str] | None:
@@ -74,29 +76,49 @@ def compile_schema(schema: Any) -> ItemSchema:
             raise InvalidBatch(
                 f"pydantic model {schema.__qualname__} has no JSON schema: {exc}") from None
         # the whole class, not only its JSON schema: an edited field_validator is a new schema
-        return ItemSchema(js, model_fingerprint(schema, js), model=schema)
+        whole = fingerprint_function(schema)
+        return ItemSchema(js, model_fingerprint(schema, js, whole), model=schema,
+                          unseen=whole.unseen)
     if isinstance(schema, Mapping):
         try:
-            js = json.loads(json.dumps(schema, allow_nan=False))
-        except (TypeError, ValueError) as exc:
-            raise InvalidBatch(f"schema is not JSON-serialisable: {exc}") from None
-        cls = jsonschema.validators.validator_for(js, default=jsonschema.Draft202012Validator)
-        try:
-            cls.check_schema(js)
-        except jsonschema.SchemaError as exc:
-            where = "/".join(str(p) for p in exc.absolute_path) or "<root>"
-            raise InvalidBatch(f"invalid JSON Schema at {where}: {exc.message}; fix the schema "
-                               "(see json-schema.org) before running") from None
-        fp = sha(json.dumps(js, sort_keys=True, separators=(",", ":")))
-        return ItemSchema(js, fp, _validator=cls(js))
+            return _compile_mapping(schema)
+        except RecursionError:
+            raise InvalidBatch("schema is nested too deeply to check; flatten it, or name its "
+                               "repeated parts under $defs and $ref them") from None
     raise InvalidBatch(f"schema must be a pydantic model class or a JSON Schema dict, got "
                        f"{type(schema).__name__}")
+
+
+def _compile_mapping(schema: Mapping[str, Any]) -> ItemSchema:
+    """A JSON Schema dict, checked; compile_schema guards its recursion."""
+    try:
+        js = json.loads(json.dumps(schema, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise InvalidBatch(f"schema is not JSON-serialisable: {exc}") from None
+    cls = jsonschema.validators.validator_for(js, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(js)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "<root>"
+        raise InvalidBatch(f"invalid JSON Schema at {where}: {exc.message}; fix the schema "
+                           "(see json-schema.org) before running") from None
+    text = json.dumps(js, sort_keys=True, separators=(",", ":"))
+    # the validator judges its own copy: the schema handed to providers (a value-mode call
+    # carries json_schema itself) can be changed by one without widening what is accepted
+    return ItemSchema(js, sha(text), _validator=cls(json.loads(text)))
+
+
+def _own_copy(item: ItemSchema) -> dict:
+    text = item.__dict__.get("_text")
+    if text is None:
+        text = item.__dict__["_text"] = json.dumps(item.json_schema)
+    return json.loads(text)
 
 
 def wire_schema(item: ItemSchema, tasks: Sequence[Mapping[str, Any]],
                 identity: Sequence[str]) -> dict:
     """The schema a provider may enforce: identity fields pinned, exact item count."""
-    base = dict(item.json_schema)  # shallow: nested parts are shared, never mutated
+    base = _own_copy(item)  # the provider's own: it may change it, nothing else sees that
     defs = base.pop("$defs", None)
     props = dict(base.get("properties") or {})
     for name in identity:

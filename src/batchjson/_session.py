@@ -6,6 +6,8 @@ one way from here: replay loop -> provider -> acceptance -> ledger.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import os
 import uuid
@@ -17,6 +19,7 @@ from typing import Any
 from . import _preflight as preflight
 from . import _seen as seen
 from . import _structured as structured
+from . import _unseen as unseen
 from ._aio import BackgroundLoop
 from ._budget import Budget, Spender, Tally, pricing_of
 from ._canon import canonical_json
@@ -190,8 +193,12 @@ class Session:
             _whole("max_calls", max_calls, 0)
         if instructions is not None and not isinstance(instructions, str):
             raise InvalidBatch("instructions must be a string")
+        for label, text in (("batch name", name), ("instructions", instructions)):
+            if text is not None and not _is_unicode(text):
+                raise InvalidBatch(f"{label} holds an unpaired surrogate, which is not valid "
+                                   "Unicode and cannot be stored; fix the text")
         preflight.check_all(tasks=task_list, identity=ident, schema=item_schema, mode=mode,
-                            validator=validator, validator_args=spec.validator_args)
+                            validator=validator, validator_args=spec.validator_args, pack=pack)
         try:
             provider = preflight.check_provider(self.provider)
         except TypeError as exc:  # make_provider's "not a provider" refusal
@@ -206,9 +213,17 @@ class Session:
             validator = version.fn
         checker = (_index_form(validator) if validator is not None and
                    spec.validator_args == "index" else validator)
+        if checker is not None:  # an async validator that never returns must not hang the run
+            checker = _bounded(checker, self.transport.timeout)
         components, key_content, seen_content = _contents(
             task_list, item_schema, version.fingerprint.digest if version else "none", pack,
             instructions, ident, mode, source)
+        blind = unseen.blind_spots(version.fingerprint.unseen if version else (), item_schema)
+        if blind:  # the key cannot say whether stored answers still pass: re-judge them
+            components[unseen.COMPONENT] = key_content[unseen.COMPONENT] = unseen.generation(
+                self.ledger, name, components, verify=lambda revision: unseen.still_passes(
+                    self.ledger, revision, run=self._loop.run, mode=mode, identity=ident,
+                    schema=item_schema, validator=checker))
         fingerprint = sha(json.dumps(components, sort_keys=True))
         existing = self.ledger.find_revision(name, fingerprint)
         requests = (self.ledger.leaves(existing.id) if existing else
@@ -219,10 +234,11 @@ class Session:
                                                                                    ident))
         seen_of = {r.key: seen_key(r.tasks_json) for r in requests}
         legacy_of = {r.key: legacy_key(r.tasks_json) for r in pending}
+        broken: list[dict[str, Any]] = []  # a validator_error met while re-judging
         rechecked = rejudge(
             self.ledger, pending, run=self._loop.run, seen_of=seen_of, legacy_of=legacy_of,
             provider=provider_name, model=provider_model, mode=mode, identity=ident,
-            schema=item_schema, validator=checker)
+            schema=item_schema, validator=checker, same_key=bool(blind), broken=broken)
         passed = {request.key for request, _, _ in rechecked}
         owed = pending  # what this run resolves, by re-judging or by calls
         pending = [r for r in pending if r.key not in passed]
@@ -251,7 +267,12 @@ class Session:
                     instructions=instructions, content=key_content, repairs=repairs,
                     replays=replays, split=bool(spec.split), source=source)
         outcome = Outcome()
-        if pending:
+        if pending and broken:  # retrying cannot help: the validator fails on stored returns
+            outcome.stopped = (f"the validator failed while re-judging a stored return, so no "
+                               f"call was sent ({broken[0]['message'][:300]}); fix the validator "
+                               "and re-run")
+            outcome.errors[broken[0]["task_id"]] = [broken[0]]
+        elif pending:
             outcome = self._replay(plan, GuardedProvider(provider), spender, pending,
                                    spec.progress, name)
             if plan.split:  # halves made during the run: remember what they saw too
@@ -271,6 +292,10 @@ class Session:
         if superseded_note is not None:
             result.superseded = superseded_note
             result.notes.append(result.superseded)
+        if blind:
+            result.notes.append(f"the judging reads what no fingerprint can see ("
+                                f"{'; '.join(blind)}): stored answers were re-judged under the "
+                                "rules as they are now, not reused on trust")
         if rechecked:
             result.notes.append(f"{len(rechecked)} request(s) resolved by re-judging earlier "
                                 "returns under the new rules (no calls)")
@@ -364,6 +389,34 @@ def _shutdown(loop: BackgroundLoop, providers: list[Any]) -> None:
                 pass
 
     loop.close(close_all)
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _bounded(fn: Callable[[Any, Mapping[str, Any]], Any],
+             seconds: float) -> Callable[[Any, Mapping[str, Any]], Any]:
+    """The validator, with an ``async def`` one bounded by the session's timeout: one that never
+    returns becomes a ``validator_error`` instead of holding the run forever."""
+    def check(value: Any, task: Mapping[str, Any]) -> Any:
+        out = fn(value, task)
+        return _within(out, seconds) if inspect.isawaitable(out) else out
+
+    return check
+
+
+async def _within(awaitable: Any, seconds: float) -> Any:
+    try:
+        async with asyncio.timeout(seconds):
+            return await awaitable
+    except TimeoutError:
+        raise TimeoutError(f"the async validator did not return within {seconds:g}s (the "
+                           "session's timeout=)") from None
 
 
 def _index_form(fn: Callable[[Any, int], Any]) -> Callable[[Any, Mapping[str, Any]], Any]:

@@ -69,6 +69,15 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]],
                                    "the task or drop it from identity=")
         try:
             texts.append(_canonical(task))
+            texts[-1].encode("utf-8")  # keys and the ledger hash and store UTF-8
+        except UnicodeEncodeError as exc:
+            texts[-1:] = []
+            raise InvalidBatch(f"task {task_id!r} holds a string that is not valid Unicode (an "
+                               f"unpaired surrogate at position {exc.start} of its JSON); "
+                               "decode its text with errors='replace' or fix the source") from None
+        except RecursionError:
+            raise InvalidBatch(f"task {task_id!r} is nested too deeply to encode as JSON; "
+                               "flatten it (or pass it as a JSON string)") from None
         except (TypeError, ValueError) as exc:
             raise InvalidBatch(f"task {task_id!r} is not JSON-serialisable ({exc}); keep tasks "
                                "to str/int/float/bool/None/list/dict with finite numbers") from None
@@ -116,6 +125,13 @@ def normalize_identity(identity: Sequence[str] | str | None) -> Identity:
         return Identity(("task_id",), echo=True)
     if isinstance(identity, str):
         identity = parse_identity(identity)
+    if isinstance(identity, (set, frozenset, Mapping)) or not isinstance(identity, Iterable):
+        if not isinstance(identity, (set, frozenset)):
+            raise InvalidBatch(f"identity must be a list of task field names, got "
+                               f"{type(identity).__name__}")
+        # a set has no order of its own (it varies with the process's hash seed): without one,
+        # the request keys, and so every stored answer, would change on each restart
+        identity = sorted(identity, key=lambda f: (f != "task_id", str(f)))
     fields = tuple(identity)
     if not all(isinstance(f, str) and f for f in fields):
         raise InvalidBatch(f"identity must name task fields as strings, got {identity!r}")

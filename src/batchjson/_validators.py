@@ -1,0 +1,112 @@
+"""The caller's validator, run so that it can only say yes, no, or that it is broken.
+
+``ValueError`` or ``False`` rejects an item (repairable); ``None``, ``True`` or the item itself
+accepts; anything else, a return or an exception (``BaseException`` subclasses included, unless
+the run itself is being interrupted), is a ``validator_error``: a bug, reported, never retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ._canon import canonical_json
+
+
+# -- the caller's validator --------------------------------------------------------------------
+def run_validator(validator: Callable[[Any, Mapping[str, Any]], Any], value: Any,
+                  task: Mapping[str, Any], task_id: str) -> list[dict[str, Any]]:
+    """Sync form of :func:`run_validator_async`, for sync validators."""
+    return _sync_errors(run_validator_async(validator, value, task, task_id))
+
+
+def _sync_errors(coro: Any) -> list[dict[str, Any]]:
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    return [_error("validator_error", "an async validator needs judge(): await it")]
+
+
+async def run_validator_async(validator: Callable[[Any, Mapping[str, Any]], Any], value: Any,
+                              task: Mapping[str, Any], task_id: str) -> list[dict[str, Any]]:
+    """ValueError or ``False`` rejects (repairable); any other exception is a validator crash,
+    never retried. An ``async def`` validator is awaited. The validator gets its own copy of
+    the task, so nothing it does reaches the ledger's request.
+
+    Only ``None``, ``True`` (or a bool-like such as ``numpy.bool_``) and the item itself
+    accept: a validator returning an error string, ``0`` or another object did not say yes,
+    and committing on its word could commit a bad item, so that is a ``validator_error``."""
+    try:
+        out = validator(value, _copy(dict(task)))
+        if inspect.isawaitable(out):
+            out = await out
+        verdict = _returned(out, value)
+    except ValueError as exc:
+        return [_error("validation", f"task {task_id!r}: {exc}", task_id)]
+    except BaseException as exc:  # a bug in the caller's validator, reported not retried
+        if not judged_code_raised(exc):
+            raise
+        return [_error("validator_error",
+                       f"task {task_id!r}: validator raised {type(exc).__name__}: {exc}", task_id)]
+    if verdict is False:
+        return [_error("validation", f"task {task_id!r}: the validator returned False", task_id)]
+    if verdict is None:
+        return [_error("validator_error", f"task {task_id!r}: the validator returned "
+                       f"{_clip(out, 80)} ({type(out).__name__}); return None or True to accept, "
+                       "False (or raise ValueError) to reject: its return value is never used "
+                       "as the item", task_id)]
+    return []
+
+
+def _returned(out: Any, value: Any) -> bool | None:
+    """What a validator's return says: True accepts, False rejects, None is no answer."""
+    if out is None or out is True or out is value:
+        return True
+    if out is False:
+        return False
+    kind = type(out)
+    if kind.__name__ in ("bool_", "bool") and kind.__module__.split(".")[0] in _BOOL_LIKE:
+        return bool(out)
+    return None
+
+
+_BOOL_LIKE = frozenset({"numpy", "jax", "torch", "cupy"})
+
+
+def judged_code_raised(exc: BaseException) -> bool:
+    """Whether an exception out of code run while judging (a validator, a schema's own
+    validators) is that code's own doing, to be reported as a ``validator_error``, rather than
+    the run being stopped: a real cancellation of this task, or Ctrl-C on the main thread
+    (judging normally runs on the session's loop thread, where no signal is delivered)."""
+    if isinstance(exc, asyncio.CancelledError):
+        try:
+            current = asyncio.current_task()
+        except RuntimeError:
+            current = None
+        return current is not None and not current.cancelling()
+    if isinstance(exc, KeyboardInterrupt):
+        return threading.current_thread() is not threading.main_thread()
+    return True
+
+
+def _error(kind: str, message: str, task_id: str | None = None) -> dict[str, Any]:
+    return {"type": kind, "task_id": task_id, "message": message}
+
+
+def _copy(value: Any) -> Any:
+    """An independent JSON copy: nothing the validator does reaches the ledger's request."""
+    return json.loads(canonical_json(value))
+
+
+def _clip(value: Any, limit: int = 200) -> str:
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a return whose repr fails is still named by its type
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit] + "..."
