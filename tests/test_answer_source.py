@@ -12,6 +12,8 @@ import sys
 import textwrap
 from typing import Any
 
+import pytest
+
 from batchjson import CallableProvider, FaultPlan, SimulatedModel
 from batchjson._providers.anthropic import AnthropicProvider
 from batchjson._providers.openai import OpenAIProvider
@@ -147,3 +149,31 @@ def test_the_same_config_has_the_same_source_in_every_process():
     with contextlib.redirect_stdout(buffer):
         exec(compile(SCRIPT, "<script>", "exec"), {})
     assert json.loads(buffer.getvalue()) == first  # and the same as in this process
+
+
+ANSWER_SCALE = {"K": 1}
+
+
+def _answer_from_unseen_global(task):
+    return {"verdict": "match" if globals()["ANSWER_SCALE"]["K"] else "no_match"}
+
+
+def test_an_answer_function_reading_what_no_fingerprint_sees_is_refused_before_any_call():
+    from batchjson import ProviderSetupError, Session, SimulatedModel
+    from tests.helpers import LABEL_SCHEMA, review_tasks
+
+    calls = []
+
+    def model(call):
+        calls.append(call)
+        return globals()["items_reply"](call)
+
+    for provider in (SimulatedModel(answer=_answer_from_unseen_global),
+                     CallableProvider(model)):
+        session = Session(provider)
+        with pytest.raises(ProviderSetupError, match=r"globals\(\)") as refused:
+            session.run_batch("r", review_tasks(2), LABEL_SCHEMA)
+        assert "source='my-model-v1'" in str(refused.value)
+        assert session.ledger.attempts("r") == [] and calls == []
+    named = Session(CallableProvider(model, source="reviewer-v1"))  # named: the user's word
+    assert named.run_batch("r", review_tasks(2), LABEL_SCHEMA).resolved

@@ -175,7 +175,7 @@ class CallableProvider:
             return f"callable:{self.source}"
         from .._fingerprint import fingerprint_callable
 
-        self._fingerprint = fingerprint_callable(self.fn)
+        self._fingerprint = refuse_unseen(fingerprint_callable(self.fn), "CallableProvider")
         head = f"callable:{self._named_model}" if self._named_model else "callable"
         return f"{head}#{self._fingerprint.digest[:24]}"
 
@@ -245,6 +245,19 @@ async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
     name = getattr(fn, "__name__", type(fn).__name__)
     threading.Thread(target=work, name=f"batchjson-blocking-{name}", daemon=True).start()
     return await future
+
+
+def refuse_unseen(fingerprint: Any, what: str) -> Any:
+    """An answer function that reads what no fingerprint can see (``globals()["K"]``, ``eval``)
+    could change its answers while its key stays the same, and stored answers would be reused
+    for it: refused before anything is spent, with the way to name the source instead."""
+    if fingerprint.partial:
+        raise ProviderSetupError(
+            f"{what}: the answer function reads values batchjson cannot see "
+            f"({', '.join(fingerprint.unseen)}), so its stored answers could not safely be "
+            "matched to it; name the answer source instead, CallableProvider(fn, "
+            "source='my-model-v1'), and change the name when its answers change")
+    return fingerprint
 
 
 def _is_blocking(fn: Any) -> bool:

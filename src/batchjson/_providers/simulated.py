@@ -117,8 +117,9 @@ class SimulatedModel:
         fault plan (never its call counter, latency or prices)."""
         from .._canon import content_hash
         from .._fingerprint import fingerprint_callable
+        from .base import refuse_unseen
 
-        self._fingerprint = fingerprint_callable(self.answer)
+        self._fingerprint = refuse_unseen(fingerprint_callable(self.answer), "SimulatedModel")
         plan = content_hash(self.faults.content())[:16]
         return (f"simulated:{self.model}#answer={self._fingerprint.digest[:24]},"
                 f"seed={self.seed!r},faults={plan}")
