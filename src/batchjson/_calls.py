@@ -97,11 +97,12 @@ class CallSteps:
             state = claims.claim(db, request.key, owner)
             if state != claims.MINE:
                 return state, None
+            stamp = now()
             attempt_id = ledger.op_begin(db, plan.batch_id, plan.revision_id, request, kind,
                                          self._provider_name, self._model, plan.source,
-                                         owner=owner.id,
-                                         estimated_input_tokens=estimated, cost_floor=floor)
-            claims.hold(db, request.key, owner, attempt_id)
+                                         owner=owner.id, estimated_input_tokens=estimated,
+                                         cost_floor=floor, stamp=stamp)
+            claims.hold(db, request.key, owner, attempt_id, stamp)
             return state, attempt_id
 
         begun = self.writes.submit(begin)

@@ -297,15 +297,16 @@ class Ledger:
                  kind: str, provider: str | None, model: str | None,
                  source: str | None = None, *, owner: str | None = None,
                  estimated_input_tokens: int | None = None,
-                 cost_floor: float | None = None) -> int:
+                 cost_floor: float | None = None, stamp: str | None = None) -> int:
         """Write an in-flight receipt; it is committed before the call is sent. ``source`` is
-        the provider's answer source (``providers.base.answer_source``)."""
+        the provider's answer source (``providers.base.answer_source``); ``stamp``, when given,
+        is its start time (the claim written with it shares one clock reading)."""
         return db.execute(
             "INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, status, "
             "provider, model, started_at, uid, owner, estimated_input_tokens, cost_floor, "
             "source) VALUES (?,?,?,?,?, 'in_flight', ?,?,?,?,?,?,?,?)",
             (batch_id, revision_id, request.key, request.task_ids_json, kind, provider, model,
-             now(), _uid(), owner, estimated_input_tokens, cost_floor, source)).lastrowid
+             stamp or now(), _uid(), owner, estimated_input_tokens, cost_floor, source)).lastrowid
 
     def finish_attempt(self, attempt_id: int, status: str, *, errors: Sequence[Mapping] = (),
                        raw: str | None = None, usage: Mapping[str, Any] | None = None,
