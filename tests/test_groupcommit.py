@@ -66,3 +66,41 @@ def test_unawaited_failures_surface_when_the_run_checks():
     asyncio.run(main())
     with pytest.raises(Exception, match="nowhere"):
         writes.raise_failures()
+
+
+def test_a_queued_write_that_fails_alone_is_undone_and_reported_when_the_run_checks():
+    """Records nobody waits for (judged returns, released claims) join the same transaction as
+    awaited receipts; one that fails is undone alone and still surfaces at the run's end."""
+    ledger = _ledger_with_table()
+    writes = GroupCommit(ledger)
+
+    def half_then_fail(db):
+        db.execute("INSERT INTO t VALUES ('half')")
+        raise RuntimeError("queued record failed")
+
+    async def main():
+        writes.queue(lambda db: db.execute("INSERT INTO t VALUES ('q')"))
+        writes.queue(half_then_fail)
+        return await writes.run(lambda db: db.execute("INSERT INTO t VALUES ('r')").rowcount)
+
+    assert asyncio.run(main()) == 1  # the awaited receipt committed despite its neighbour
+    assert rows(ledger) == ["q", "r"]
+    with pytest.raises(RuntimeError, match="queued record failed"):
+        writes.raise_failures()
+
+
+def test_after_the_ledger_fails_a_queued_write_is_reported_not_dropped():
+    from batchjson._errors import LedgerError
+
+    ledger = _ledger_with_table()
+    writes = GroupCommit(ledger)
+    writes.broken = LedgerError("disk full", path=":memory:")
+
+    async def main():
+        writes.queue(lambda db: db.execute("INSERT INTO t VALUES ('late')"))
+        await asyncio.sleep(0)
+
+    asyncio.run(main())
+    assert rows(ledger) == []
+    with pytest.raises(LedgerError, match="disk full"):
+        writes.raise_failures()

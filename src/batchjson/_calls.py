@@ -252,12 +252,12 @@ class CallSteps:
             reply, request.tasks, mode=self.plan.mode, identity=self.plan.identity,
             schema=self.plan.schema, validator=self.plan.validator)
         if verdict.accepted:
-            self.writes.submit(lambda db: ledger.op_accept(
+            self.writes.queue(lambda db: ledger.op_accept(
                 db, attempt_id, self.plan.batch_id, request.key, verdict.stored, reply.text,
                 usage, sent_at))
             self.outcome.accepted_returns += 1
         else:
-            self.writes.submit(lambda db: ledger.op_finish(
+            self.writes.queue(lambda db: ledger.op_finish(
                 db, attempt_id, "rejected", verdict.errors, reply.text, usage, sent_at))
             self.outcome.rejected_returns += 1
         return verdict, reply.text
@@ -267,7 +267,7 @@ class CallSteps:
         self.outcome.provider_errors += 1
         errors = [{"type": "provider_error", "task_id": None, "message": message,
                    "status": status}]
-        self.writes.submit(lambda db: self.ledger.op_finish(
+        self.writes.queue(lambda db: self.ledger.op_finish(
             db, attempt_id, "provider_error", errors, None, usage, sent_at))
 
     def _make_call(self, request: Request, kind: str, prompt: str, number: int) -> Call:

@@ -22,7 +22,7 @@ from ._errors import LedgerError
 from ._ledger import Ledger
 
 Op = Callable[[sqlite3.Connection], Any]
-Outcome = tuple[asyncio.Future, Any, BaseException | None]
+Outcome = tuple[asyncio.Future | None, Any, BaseException | None]
 
 
 class GroupCommit:
@@ -30,7 +30,7 @@ class GroupCommit:
 
     def __init__(self, ledger: Ledger) -> None:
         self._ledger = ledger
-        self._pending: list[tuple[Op, asyncio.Future]] = []
+        self._pending: list[tuple[Op, asyncio.Future | None]] = []
         self._failures: list[BaseException] = []  # every failed write, awaited or not
         self._scheduled = False
         self.broken: LedgerError | None = None
@@ -49,6 +49,17 @@ class GroupCommit:
             self._scheduled = True
             loop.call_soon(self._flush)
         return future
+
+    def queue(self, op: Op) -> None:
+        """Queue a write nobody waits for (a record of a judged return, a released claim): no
+        future is made for it; ``raise_failures`` reports it if it fails."""
+        if self.broken is not None:
+            self._failures.append(self.broken)
+            return
+        self._pending.append((op, None))
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
 
     async def run(self, op: Op) -> Any:
         """Queue a write and wait until the transaction holding it has committed."""
@@ -70,7 +81,8 @@ class GroupCommit:
     def _flush(self) -> None:
         self._scheduled = False
         batch, self._pending = self._pending, []
-        live = [(op, fut) for op, fut in batch if not fut.cancelled()]  # cancelled: never ran
+        live = [(op, fut) for op, fut in batch  # a cancelled waiter's write never runs
+                if fut is None or not fut.cancelled()]
         if not live:
             return
         try:
@@ -82,23 +94,24 @@ class GroupCommit:
             outcomes = self._one_by_one(live)
         self.flushes += 1
         for fut, result, error in outcomes:
-            if fut.done():
+            if error is not None:
+                self._failures.append(error)
+            if fut is None or fut.done():
                 continue
             if error is None:
                 fut.set_result(result)
             else:
-                self._failures.append(error)
                 fut.set_exception(error)
                 fut.exception()  # reported by raise_failures, not as "never retrieved"
 
-    def _together(self, live: list[tuple[Op, asyncio.Future]]) -> list[Outcome]:
+    def _together(self, live: list[tuple[Op, asyncio.Future | None]]) -> list[Outcome]:
         """The common case: every write in one transaction, no per-write savepoints. The
         outcomes are handed out only after COMMIT has returned."""
         with self._ledger.transaction() as db:
             results = [op(db) for op, _ in live]
         return [(fut, result, None) for (_, fut), result in zip(live, results, strict=True)]
 
-    def _one_by_one(self, live: list[tuple[Op, asyncio.Future]]) -> list[Outcome]:
+    def _one_by_one(self, live: list[tuple[Op, asyncio.Future | None]]) -> list[Outcome]:
         """After a failure: each write whole or not at all, in a transaction of its own."""
         outcomes: list[Outcome] = []
         for op, fut in live:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
+import random
 import sqlite3
 import threading
 import time
@@ -23,9 +23,19 @@ from ._errors import LedgerError
 from ._migrations import SCHEMA_VERSION, migrate
 from ._tasks import Request
 
+_second: tuple[int, str] = (-1, "")  # the last whole second formatted, and its text
+
 
 def now() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds")
+    """The time as ISO 8601 UTC with microseconds (``datetime.isoformat``'s form); every call
+    writes three or four, so the date and time of day are formatted once a second."""
+    global _second
+    second, fraction = divmod(time.time_ns() // 1000, 1_000_000)
+    cached = _second
+    if cached[0] != second:
+        cached = _second = (second, datetime.fromtimestamp(second, UTC).strftime(
+            "%Y-%m-%dT%H:%M:%S"))
+    return f"{cached[1]}.{fraction:06d}+00:00"
 
 
 @dataclass(frozen=True)
@@ -548,8 +558,10 @@ def _receipt(row: sqlite3.Row) -> Receipt:
 
 def _uid() -> str:
     """A receipt's global id (for merging ledgers): time-ordered like UUIDv7, 64 random bits, so
-    new ids append to the unique index instead of touching a random page of it each time."""
-    return f"{time.time_ns():016x}{os.urandom(8).hex()}"
+    new ids append to the unique index instead of touching a random page of it each time. The
+    bits come from ``random`` (seeded from the OS, and reseeded in a forked child): an id must
+    be unique, not secret, and a system call per receipt is slow on a busy machine."""
+    return f"{time.time_ns():016x}{random.getrandbits(64):016x}"
 
 
 _FAULTS = ("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_READONLY", "SQLITE_BUSY", "SQLITE_LOCKED",

@@ -120,7 +120,7 @@ class Replayer(CallSteps):
             # Let cancelled workers close their receipts before the run returns.
             await asyncio.wait(workers)
             lease.cancel()
-            self.writes.submit(lambda db: claims.release_all(db, self.owner))
+            self.writes.queue(lambda db: claims.release_all(db, self.owner))
             self.writes.flush_now()  # whatever was judged is committed before we return
             self.owner.stop()
             _young_collections_rarer(False)
@@ -140,7 +140,7 @@ class Replayer(CallSteps):
         """Keep this run's claims alive while it runs."""
         while True:
             await asyncio.sleep(claims.LEASE_SECONDS / 3)
-            self.writes.submit(lambda db: claims.renew(db, self.owner))
+            self.writes.queue(lambda db: claims.renew(db, self.owner))
 
     async def _worker(self) -> None:
         while self._stop is None:
@@ -236,7 +236,7 @@ class Replayer(CallSteps):
 
     def _release(self, request: Request) -> None:
         owner = self.owner
-        self.writes.submit(lambda db: claims.release(db, request.key, owner))
+        self.writes.queue(lambda db: claims.release(db, request.key, owner))
 
     def _resolved(self, request: Request) -> None:
         """Accepted by another runner: its values are read from the ledger, nothing is paid."""
