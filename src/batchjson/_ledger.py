@@ -157,6 +157,12 @@ class Ledger:
                 self._rollback()
                 raise self._error("could not commit", exc) from exc
 
+    def autocheckpoint(self, pages: int) -> None:
+        """How many WAL pages a commit lets pile up before it copies them back into the file
+        itself (0: never; a run's checkpointer thread does it instead, off the event loop)."""
+        with self._lock:
+            self._db.execute(f"PRAGMA wal_autocheckpoint = {int(pages)}")
+
     def _rollback(self) -> None:
         """Undo what is left of a failed transaction; SQLite may already have undone it."""
         if self._db.in_transaction:

@@ -28,7 +28,7 @@ from . import _claims as claims
 from ._budget import Spender
 from ._calls import CallSteps, Held, OutOfBudget, Resolved, Stopped
 from ._errors import LedgerError, ProviderError
-from ._groupcommit import GroupCommit
+from ._groupcommit import Checkpointer, GroupCommit
 from ._ledger import Ledger
 from ._plan import Outcome, Plan, Transport, system_prompt
 from ._tasks import (
@@ -102,6 +102,7 @@ class Replayer(CallSteps):
                                                                              work))]
         self._workers = workers
         lease = asyncio.ensure_future(self._renew())
+        checkpoints = Checkpointer(self.ledger).start()
         # Every call allocates futures and records; the collector would otherwise rescan the
         # whole long-lived heap (a kernel's, say) many times a run. Frozen objects are skipped
         # until the run ends and hands them back. The youngest generation is collected less often
@@ -122,6 +123,7 @@ class Replayer(CallSteps):
             lease.cancel()
             self.writes.queue(lambda db: claims.release_all(db, self.owner))
             self.writes.flush_now()  # whatever was judged is committed before we return
+            checkpoints.stop()
             self.owner.stop()
             _young_collections_rarer(False)
             gc.unfreeze()
