@@ -104,3 +104,36 @@ def test_after_the_ledger_fails_a_queued_write_is_reported_not_dropped():
     assert rows(ledger) == []
     with pytest.raises(LedgerError, match="disk full"):
         writes.raise_failures()
+
+
+def test_while_a_run_goes_its_wal_is_copied_into_the_ledger_file_by_the_checkpointer(tmp_path,
+                                                                                     monkeypatch):
+    """Commits the event loop waits on no longer checkpoint; the checkpointer thread does, and
+    afterwards commits checkpoint as before. It opens the ledger's own file, never a new one,
+    even when the working directory changed since the ledger was opened."""
+    import time
+
+    from batchjson._groupcommit import Checkpointer
+
+    monkeypatch.chdir(tmp_path)
+    ledger = Ledger("ledger.sqlite")
+    file = tmp_path / "ledger.sqlite"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    checkpoints = Checkpointer(ledger, interval=0.01).start()
+    try:
+        assert ledger._rows("PRAGMA wal_autocheckpoint")[0][0] == 0
+        before = file.stat().st_size
+        with ledger.transaction() as db:
+            db.execute("CREATE TABLE big (x TEXT)")
+            db.executemany("INSERT INTO big VALUES (?)", [("x" * 1000,)] * 2000)
+        deadline = time.monotonic() + 30
+        while file.stat().st_size <= before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert file.stat().st_size > before + 1_000_000  # the pages reached the file
+    finally:
+        checkpoints.stop()
+    assert ledger._rows("PRAGMA wal_autocheckpoint")[0][0] == 1000
+    assert list(elsewhere.iterdir()) == []
+    ledger.close()

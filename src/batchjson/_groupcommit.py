@@ -17,6 +17,7 @@ import asyncio
 import sqlite3
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ._errors import LedgerError
@@ -151,12 +152,15 @@ class Checkpointer:
 
     def start(self) -> Checkpointer:
         if self._ledger.path is not None:
-            try:
+            try:  # the file the ledger has open, wherever the working directory is now
+                file = self._ledger._rows("PRAGMA database_list")[0]["file"]
+                if not file:
+                    return self
                 self._ledger.autocheckpoint(0)
             except sqlite3.Error:  # a ledger that cannot take the setting checkpoints as before
                 return self
-            self._thread = threading.Thread(target=self._serve, name="batchjson-checkpoint",
-                                            daemon=True)
+            self._thread = threading.Thread(target=self._serve, args=(file,),
+                                            name="batchjson-checkpoint", daemon=True)
             self._thread.start()
         return self
 
@@ -172,9 +176,10 @@ class Checkpointer:
         except sqlite3.Error:  # the ledger was closed meanwhile: nothing to restore
             pass
 
-    def _serve(self) -> None:
-        try:
-            db = sqlite3.connect(str(self._ledger.path), timeout=0, isolation_level=None)
+    def _serve(self, file: str) -> None:
+        try:  # mode=rw: a checkpointer never creates a file
+            db = sqlite3.connect(Path(file).as_uri() + "?mode=rw", uri=True, timeout=0,
+                                 isolation_level=None)
         except sqlite3.Error:
             return
         try:
