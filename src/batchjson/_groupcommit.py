@@ -24,13 +24,11 @@ from ._errors import LedgerError
 from ._ledger import Ledger
 
 Op = Callable[[sqlite3.Connection], Any]
-GROUP_LIMIT = 16  # writes in one transaction before it commits on the spot (about eight calls)
 Outcome = tuple[asyncio.Future | None, Any, BaseException | None]
 
 
 class GroupCommit:
-    """Queue ledger operations; commit them together on the next turn of the event loop, or
-    at once when ``GROUP_LIMIT`` writes are waiting."""
+    """Queue ledger operations; commit them together on the next turn of the event loop."""
 
     def __init__(self, ledger: Ledger) -> None:
         self._ledger = ledger
@@ -49,12 +47,7 @@ class GroupCommit:
             future.exception()
             return future
         self._pending.append((op, future))
-        if len(self._pending) >= GROUP_LIMIT:
-            # A full group commits now, without waiting for the next turn: this caller's
-            # receipt is committed when submit returns (its ``await`` does not yield, so it
-            # sends in this turn) and the others in the group resume on the next turn.
-            self._flush()
-        elif not self._scheduled:
+        if not self._scheduled:
             self._scheduled = True
             loop.call_soon(self._flush)
         return future
