@@ -183,3 +183,32 @@ def test_one_event_loop_and_connection_pool_serve_every_run_of_a_session():
         assert list(provider._sessions._sessions.values()) == pool
         session.close()
         assert pool[0].closed
+
+
+def test_runs_on_two_threads_leave_the_collector_as_they_found_it():
+    """A run collects its young objects less often while it goes; overlapping runs (two threads,
+    two sessions) must still hand the kernel back its own collector settings and heap."""
+    import gc
+
+    before = gc.get_threshold()
+    both_running = threading.Barrier(2)
+    seen_during: list[tuple[int, ...]] = []
+
+    def model(call):
+        if call.tasks[0]["task_id"].endswith("127"):
+            both_running.wait(timeout=10)  # each run waits inside a call until the other is in
+            seen_during.append(gc.get_threshold())
+        return items_reply(call)
+
+    def run(name):
+        Session(CallableProvider(model), concurrency=1).run_batch(name, review_tasks(2),
+                                                                  LABEL_SCHEMA)
+
+    threads = [threading.Thread(target=run, args=(f"gc{i}",)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(seen_during) == 2 and all(t[0] > before[0] for t in seen_during)
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0

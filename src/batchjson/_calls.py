@@ -97,11 +97,12 @@ class CallSteps:
             state = claims.claim(db, request.key, owner)
             if state != claims.MINE:
                 return state, None
+            stamp = now()
             attempt_id = ledger.op_begin(db, plan.batch_id, plan.revision_id, request, kind,
                                          self._provider_name, self._model, plan.source,
-                                         owner=owner.id,
-                                         estimated_input_tokens=estimated, cost_floor=floor)
-            claims.hold(db, request.key, owner, attempt_id)
+                                         owner=owner.id, estimated_input_tokens=estimated,
+                                         cost_floor=floor, stamp=stamp)
+            claims.hold(db, request.key, owner, attempt_id, stamp)
             return state, attempt_id
 
         begun = self.writes.submit(begin)
@@ -251,12 +252,12 @@ class CallSteps:
             reply, request.tasks, mode=self.plan.mode, identity=self.plan.identity,
             schema=self.plan.schema, validator=self.plan.validator)
         if verdict.accepted:
-            self.writes.submit(lambda db: ledger.op_accept(
+            self.writes.queue(lambda db: ledger.op_accept(
                 db, attempt_id, self.plan.batch_id, request.key, verdict.stored, reply.text,
                 usage, sent_at))
             self.outcome.accepted_returns += 1
         else:
-            self.writes.submit(lambda db: ledger.op_finish(
+            self.writes.queue(lambda db: ledger.op_finish(
                 db, attempt_id, "rejected", verdict.errors, reply.text, usage, sent_at))
             self.outcome.rejected_returns += 1
         return verdict, reply.text
@@ -266,7 +267,7 @@ class CallSteps:
         self.outcome.provider_errors += 1
         errors = [{"type": "provider_error", "task_id": None, "message": message,
                    "status": status}]
-        self.writes.submit(lambda db: self.ledger.op_finish(
+        self.writes.queue(lambda db: self.ledger.op_finish(
             db, attempt_id, "provider_error", errors, None, usage, sent_at))
 
     def _make_call(self, request: Request, kind: str, prompt: str, number: int) -> Call:

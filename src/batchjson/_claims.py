@@ -144,8 +144,10 @@ _CLAIM_SQL = (
     "LEFT JOIN claims c ON c.request_key = x.k")
 
 
-def hold(db: sqlite3.Connection, request_key: str, owner: Owner, attempt_id: int) -> None:
-    """Record (or refresh) this owner's claim, pointing at the receipt just written."""
+def hold(db: sqlite3.Connection, request_key: str, owner: Owner, attempt_id: int,
+         stamp: str | None = None) -> None:
+    """Record (or refresh) this owner's claim, pointing at the receipt just written (``stamp``:
+    the receipt's start time, so both rows share one clock reading)."""
     db.execute(
         "INSERT INTO claims(request_key, owner, host, pid, session, attempt_id, "
         "lease_expires_at, claimed_at) VALUES (?,?,?,?,?,?,?,?) ON CONFLICT(request_key) DO "
@@ -153,7 +155,7 @@ def hold(db: sqlite3.Connection, request_key: str, owner: Owner, attempt_id: int
         "session = excluded.session, attempt_id = excluded.attempt_id, "
         "lease_expires_at = excluded.lease_expires_at",
         (request_key, owner.id, owner.host, owner.pid, owner.session, attempt_id,
-         time.time() + LEASE_SECONDS, now()))
+         time.time() + LEASE_SECONDS, stamp or now()))
 
 
 def release(db: sqlite3.Connection, request_key: str, owner: Owner) -> None:

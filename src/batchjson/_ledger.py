@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
+import random
 import sqlite3
 import threading
 import time
@@ -23,9 +23,19 @@ from ._errors import LedgerError
 from ._migrations import SCHEMA_VERSION, migrate
 from ._tasks import Request
 
+_second: tuple[int, str] = (-1, "")  # the last whole second formatted, and its text
+
 
 def now() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds")
+    """The time as ISO 8601 UTC with microseconds (``datetime.isoformat``'s form); every call
+    writes three or four, so the date and time of day are formatted once a second."""
+    global _second
+    second, fraction = divmod(time.time_ns() // 1000, 1_000_000)
+    cached = _second
+    if cached[0] != second:
+        cached = _second = (second, datetime.fromtimestamp(second, UTC).strftime(
+            "%Y-%m-%dT%H:%M:%S"))
+    return f"{cached[1]}.{fraction:06d}+00:00"
 
 
 @dataclass(frozen=True)
@@ -161,6 +171,12 @@ class Ledger:
             except sqlite3.Error as exc:
                 self._rollback()
                 raise self._error("could not commit", exc) from exc
+
+    def autocheckpoint(self, pages: int) -> None:
+        """How many WAL pages a commit lets pile up before it copies them back into the file
+        itself (0: never; a run's checkpointer thread does it instead, off the event loop)."""
+        with self._lock:
+            self._db.execute(f"PRAGMA wal_autocheckpoint = {int(pages)}")
 
     def _rollback(self) -> None:
         """Undo what is left of a failed transaction; SQLite may already have undone it."""
@@ -312,15 +328,16 @@ class Ledger:
                  kind: str, provider: str | None, model: str | None,
                  source: str | None = None, *, owner: str | None = None,
                  estimated_input_tokens: int | None = None,
-                 cost_floor: float | None = None) -> int:
+                 cost_floor: float | None = None, stamp: str | None = None) -> int:
         """Write an in-flight receipt; it is committed before the call is sent. ``source`` is
-        the provider's answer source (``providers.base.answer_source``)."""
+        the provider's answer source (``providers.base.answer_source``); ``stamp``, when given,
+        is its start time (the claim written with it shares one clock reading)."""
         return db.execute(
             "INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, status, "
             "provider, model, started_at, uid, owner, estimated_input_tokens, cost_floor, "
             "source) VALUES (?,?,?,?,?, 'in_flight', ?,?,?,?,?,?,?,?)",
             (batch_id, revision_id, request.key, request.task_ids_json, kind, provider, model,
-             now(), _uid(), owner, estimated_input_tokens, cost_floor, source)).lastrowid
+             stamp or now(), _uid(), owner, estimated_input_tokens, cost_floor, source)).lastrowid
 
     def finish_attempt(self, attempt_id: int, status: str, *, errors: Sequence[Mapping] = (),
                        raw: str | None = None, usage: Mapping[str, Any] | None = None,
@@ -562,8 +579,10 @@ def _receipt(row: sqlite3.Row) -> Receipt:
 
 def _uid() -> str:
     """A receipt's global id (for merging ledgers): time-ordered like UUIDv7, 64 random bits, so
-    new ids append to the unique index instead of touching a random page of it each time."""
-    return f"{time.time_ns():016x}{os.urandom(8).hex()}"
+    new ids append to the unique index instead of touching a random page of it each time. The
+    bits come from ``random`` (seeded from the OS, and reseeded in a forked child): an id must
+    be unique, not secret, and a system call per receipt is slow on a busy machine."""
+    return f"{time.time_ns():016x}{random.getrandbits(64):016x}"
 
 
 _FAULTS = ("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_READONLY", "SQLITE_BUSY", "SQLITE_LOCKED",
