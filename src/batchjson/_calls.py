@@ -18,9 +18,10 @@ from . import _claims as claims
 from ._budget import Spender
 from ._errors import LedgerError, ProviderError
 from ._groupcommit import GroupCommit
-from ._ledger import Ledger, now
+from ._ledger import Ledger
 from ._plan import Outcome, Plan, Transport
 from ._providers.base import Call, Reply, estimate_tokens
+from ._records import now
 from ._schema import wire_schema
 from ._tasks import Request
 

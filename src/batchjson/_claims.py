@@ -21,7 +21,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from ._ledger import now
+from ._records import now
 
 HOST = socket.gethostname()
 LEASE_SECONDS = 30.0  # renewed every third of this while the owner runs

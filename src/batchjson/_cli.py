@@ -28,7 +28,8 @@ from ._checks import whole_argument
 from ._demo import command_name, demo_ledger_problem, run_demo
 from ._errors import BatchJsonError, InvalidBatch, LedgerError
 from ._evidence import Evidence
-from ._ledger import Ledger, ledger_problem
+from ._ledger import Ledger
+from ._records import ledger_problem
 
 DEFAULT_LEDGER = Path(".batchjson/ledger.sqlite")
 OK, UNRESOLVED, USAGE, LEDGER, INTERRUPTED = 0, 1, 2, 3, 130

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import TextIO
 
 from . import _cliview as cliview
-from ._ledger import Ledger, ledger_problem
+from ._ledger import Ledger
+from ._records import ledger_problem
 from ._result import money
 from ._session import Session
 

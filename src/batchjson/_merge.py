@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import LedgerError
-from ._ledger import Ledger, ledger_problem
+from ._ledger import Ledger
 from ._migrations import SCHEMA_VERSION
+from ._records import ledger_problem
 
 _ATTEMPT_COLUMNS = ("request_key", "task_ids", "kind", "status", "errors", "raw",
                     "input_tokens", "output_tokens", "cached_tokens", "cost", "provider",

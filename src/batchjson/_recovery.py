@@ -20,7 +20,8 @@ from typing import Any
 from ._acceptance import Verdict, accept_items, accept_value
 from ._canon import canonical_json
 from ._errors import InvalidBatch
-from ._ledger import Ledger, now
+from ._ledger import Ledger
+from ._records import now
 from ._schema import ItemSchema, compile_schema
 from ._tasks import (
     Identity,

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from ._errors import InvalidBatch, ValidatorChanged
 from ._fingerprint import Fingerprint, describe_changes, fingerprint_function, unwrap_callable
-from ._ledger import now
+from ._records import now
 
 __all__ = ["Definition", "ValidatorRegistry", "ValidatorVersion"]
 

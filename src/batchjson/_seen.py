@@ -13,7 +13,8 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ._ledger import Ledger, _uid, now
+from ._ledger import Ledger
+from ._records import _uid, now
 from ._tasks import Request
 
 

@@ -18,8 +18,9 @@ from typing import Any
 
 from . import _acceptance as acceptance
 from . import _seen as seen
-from ._ledger import Ledger, Revision
+from ._ledger import Ledger
 from ._providers.base import Reply
+from ._records import Revision
 from ._schema import ItemSchema
 
 COMPONENT = "unseen"
