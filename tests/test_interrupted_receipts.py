@@ -57,3 +57,44 @@ def test_a_write_failure_in_a_notebook_loop_leaves_no_receipt_in_flight(monkeypa
         asyncio.run(cell())
     assert ":memory:" in str(raised.value)  # names the ledger
     assert [a.status for a in session.ledger.attempts("r")] == ["cancelled"]
+
+
+def test_an_answer_interrupted_while_being_judged_is_kept_and_judged_on_resume_not_bought_again():
+    """Ctrl-C lands while an async validator is still judging a paid answer: the receipt keeps
+    the answer's text and usage, and the re-run judges that text before asking the model."""
+    import _thread
+
+    sent = []
+
+    def model(call):
+        sent.append(call)
+        return items_reply(call)
+
+    interrupted = []  # state the validator itself writes: not part of its fingerprint
+
+    async def slow_check(item, task):
+        if not interrupted:
+            interrupted.append(True)
+            _thread.interrupt_main()  # the user presses Ctrl-C while the answer is judged
+            await asyncio.sleep(30)
+
+    session = Session(CallableProvider(model), repairs=0, replays=0)
+
+    async def cell():
+        return session.run_batch("r", review_tasks(1), LABEL_SCHEMA, validator=slow_check)
+
+    loop = asyncio.new_event_loop()  # no asyncio.run: it would swallow the first SIGINT
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            loop.run_until_complete(cell())
+    finally:
+        loop.close()
+    (kept,) = session.ledger.attempts("r")
+    assert kept.status == "cancelled" and kept.raw == items_reply(sent[0])
+    assert kept.input_tokens is not None  # the paid call's usage stays in the account
+    assert len(sent) == 1
+
+    result = session.run_batch("r", review_tasks(1), LABEL_SCHEMA, validator=slow_check)
+    assert result.resolved and result.calls == 0 and len(sent) == 1  # judged, not bought again
+    assert [r.kind for r in session.ledger.attempts("r")] == ["initial", "recheck"]
+    assert result.revision == 1  # the same validator, the same request: judged, not re-keyed

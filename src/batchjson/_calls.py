@@ -147,6 +147,7 @@ class CallSteps:
         call = self._make_call(request, kind, prompt, number)
         sent_at = now()
         settled = False
+        reply: Reply | None = None
         try:
             try:
                 reply = await self._send(call, attempt_id, sent_at, reserved)
@@ -159,7 +160,9 @@ class CallSteps:
             if not settled:
                 self.spender.settle(reserved, None)  # sent, answer unknown: the worst case
             if not isinstance(exc, ProviderError):
-                self._close(attempt_id, _why(exc), sent_at)
+                # An answer that arrived but was interrupted while being judged is paid for:
+                # its text and usage are kept, and a re-run judges it before asking again.
+                self._close(attempt_id, _why(exc), sent_at, reply)
             raise
 
     def _stop_for(self, exc: LedgerError) -> None:
@@ -174,15 +177,21 @@ class CallSteps:
             if worker is not current:
                 worker.cancel()
 
-    def _close(self, attempt_id: int, why: str, sent_at: str | None) -> None:
+    def _close(self, attempt_id: int, why: str, sent_at: str | None,
+               reply: Reply | None = None) -> None:
         # Synchronous on purpose: the loop may be unwinding. A receipt already completed is left
         # as it is (the update only touches in-flight rows). If the ledger itself has failed,
         # the receipt stays in flight (a possible call) and that failure is what is reported.
         self.writes.flush_now()
+        kept = reply is not None and isinstance(reply.text, str)
         try:
-            self.ledger.finish_attempt(attempt_id, "cancelled", sent_at=sent_at, errors=[{
-                "type": "cancelled", "task_id": None,
-                "message": f"{why} before the return was judged; re-run to resume"}])
+            self.ledger.finish_attempt(
+                attempt_id, "cancelled", sent_at=sent_at,
+                raw=reply.text if kept else None,
+                usage=_usage(reply) if kept else None, errors=[{
+                    "type": "cancelled", "task_id": None,
+                    "message": f"{why} before the return was judged; re-run to resume"
+                               + (" (the answer is kept and is judged first)" if kept else "")}])
         except LedgerError as exc:
             self._stop_for(exc)
 
@@ -290,8 +299,12 @@ class CallSteps:
             out.cost = None
         elif out.cost is not None:
             out.cost += reply.cost
-        return {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens,
-                "cached_tokens": reply.cached_tokens, "cost": reply.cost, "model": reply.model}
+        return _usage(reply)
+
+
+def _usage(reply: Reply) -> dict[str, Any]:
+    return {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens,
+            "cached_tokens": reply.cached_tokens, "cost": reply.cost, "model": reply.model}
 
 
 def _why(exc: BaseException) -> str:

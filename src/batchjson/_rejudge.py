@@ -51,8 +51,10 @@ def rejudge(ledger: Ledger, pending: Sequence[Request], *, run: Callable[..., An
             legacy.setdefault(row["seen_key"], []).append(row)
     work = []
     for request in pending:
+        # A return under this very key was judged by these rules already, unless its judging
+        # was interrupted (cancelled with its text kept) or reads what no fingerprint sees.
         rows = [row for row in candidates.get(seen_of[request.key], [])
-                if same_key or row["request_key"] != request.key]  # else: judged by these rules
+                if same_key or row["request_key"] != request.key or row["status"] == "cancelled"]
         rows += legacy.get(legacy_of.get(request.key, ""), [])
         if rows:
             work.append((request, rows[:MAX_CANDIDATES]))

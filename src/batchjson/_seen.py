@@ -91,7 +91,8 @@ _EARLIER_SQL = (
     "SELECT s.seen_key, a.id, a.request_key, a.raw, a.provider, a.model, a.status "
     "FROM seen s JOIN attempts a ON a.request_key = s.request_key "
     "WHERE s.seen_key IN ({marks}) AND a.raw IS NOT NULL AND a.kind != 'repair' "
-    "AND a.status IN ('accepted', 'rejected') ORDER BY a.status = 'accepted' DESC, a.id DESC")
+    "AND a.status IN ('accepted', 'rejected', 'cancelled') "
+    "ORDER BY a.status = 'accepted' DESC, a.id DESC")
 
 
 _LEGACY_SQL = (
