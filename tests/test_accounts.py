@@ -283,3 +283,30 @@ def test_a_call_merged_while_in_flight_takes_its_outcome_when_merged_again(
     assert total["cost"] == pytest.approx(0.001) and not total["cost_is_lower_bound"]
     assert len(here.checkpoint("labels")) == 2
     assert here.merge(there)["added"]["attempts_completed"] == 0  # idempotent
+
+
+def test_status_and_evidence_agree_on_what_is_a_call_and_merge_keeps_each_calls_floor(
+        tmp_path: Path) -> None:
+    """One rule for the account: a receipt opened but never sent is no call, and a killed call
+    is priced at least at the floor recorded when it was sent, here and after a merge."""
+    from batchjson import CallableProvider, Ledger, Session
+    from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
+
+    ours = tmp_path / "a.sqlite"
+    session = Session(CallableProvider(items_reply), ledger=ours)
+    session.run_batch("labels", review_tasks(3), LABEL_SCHEMA)
+    session.close()
+    with sqlite3.connect(ours) as db:
+        first, second = [r[0] for r in db.execute("SELECT id FROM attempts ORDER BY id LIMIT 2")]
+        db.execute("UPDATE attempts SET status = 'cancelled', sent_at = NULL WHERE id = ?",
+                   (first,))  # opened, never sent
+        db.execute("UPDATE attempts SET status = 'abandoned', cost = NULL, cost_floor = 0.25 "
+                   "WHERE id = ?", (second,))  # killed in flight, at least $0.25
+    for path in (ours, tmp_path / "b.sqlite"):
+        ledger = Ledger(path)
+        if path != ours:
+            ledger.merge(ours)
+        spend, total = ledger.spend("labels"), ledger.cost_summary("labels")["total"]
+        assert spend["calls"] == total["calls"] == 2
+        assert spend["cost_lower_bound_unknown"] == total["unknown_cost_lower_bound"] == 0.25
+        ledger.close()

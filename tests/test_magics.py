@@ -799,3 +799,24 @@ def test_an_unresolved_cell_lists_its_failed_requests_once(loaded: Any, capsys: 
     assert "not valid JSON" not in error and "request of" not in error
     assert "labels.failure_report()" in error and "%batch_receipts labels --failed" in error
     assert "re-running the same batch resumes" in error
+
+
+def test_a_key_pasted_as_the_provider_in_config_is_never_echoed(loaded: Any, caplog: Any) -> None:
+    key = "sk-proj-" + "Zq9x" * 12
+    ok(loaded, f"%config BatchJson.provider = {key!r}")
+    assert key not in caplog.text and key[8:] not in caplog.text
+    assert "'sk-p'..." in caplog.text  # its first four characters, to recognise it by
+    assert ok(loaded, "batch_session.provider is model") is True
+
+
+def test_raw_returns_in_receipts_show_terminal_escapes_instead_of_obeying_them(
+        loaded: Any) -> None:
+    ok(loaded, "from batchjson import CallableProvider\n"
+               "evil = CallableProvider(lambda call: '\\x1b[2J\\x1b[31mEVIL\\nsecond line')\n")
+    ok(loaded, "%config BatchJson.provider = evil")
+    run(loaded, "%%batch_json esc --repairs 0 --replays 0\n"
+                "schema = {'type': 'object', 'properties': {'verdict': {'type': 'string'}}}\n"
+                "tasks = [{'task_id': 't1', 'prompt': 'p'}]\n")
+    text = ok(loaded, "%batch_receipts esc --raw").as_text()
+    assert "\x1b" not in text and "\\x1b[2J" in text
+    assert "        raw: second line" in text  # every line of the return keeps its indent

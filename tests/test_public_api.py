@@ -166,3 +166,13 @@ def test_a_file_that_is_not_a_ledger_is_a_ledger_error_and_is_left_alone(tmp_pat
     with pytest.raises(LedgerError):
         Session(CallableProvider(items_reply), ledger=path)
     assert path.read_bytes() == before
+
+
+def test_reading_a_closed_ledger_is_a_ledger_error_naming_it(tmp_path: Path) -> None:
+    session = Session(CallableProvider(items_reply), ledger=tmp_path / "l.sqlite")
+    session.run_batch("r", review_tasks(1), LABEL_SCHEMA)
+    session.close()
+    with pytest.raises(LedgerError, match="l.sqlite"):
+        session.ledger.checkpoint("r")
+    with pytest.raises(LedgerError):
+        session.evidence.summary()

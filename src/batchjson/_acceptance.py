@@ -25,7 +25,7 @@ from typing import Any
 from ._canon import canonical_json
 from ._replies import ODD_TEXT, text_of
 from ._schema import ItemSchema
-from ._validators import judged_code_raised, run_validator_async
+from ._validators import clip, judged_code_raised, run_validator_async
 
 REPAIRABLE = frozenset({"json", "coverage", "identity", "schema", "validation"})
 MAX_DEPTH = 256  # deeper JSON is refused before anything recursive walks it
@@ -160,11 +160,6 @@ def _has_float(value: Any) -> bool:
 
 def _error(kind: str, message: str, task_id: str | None = None, **extra: Any) -> dict[str, Any]:
     return {"type": kind, "task_id": task_id, "message": message, **extra}
-
-
-def _copy(value: Any) -> Any:
-    """An independent JSON copy: what is committed can never be changed by a validator."""
-    return json.loads(canonical_json(value))
 
 
 def unwrap(reply: Any) -> Any:
@@ -415,24 +410,16 @@ def _identity(text: str, items: list[dict], expected: Mapping[str, Mapping[str, 
                         "identity every task field an item returns is compared (pass identity= "
                         "to compare only the fields you list)")
                 errors.append(_error(
-                    "identity", f"{name} is {_clip(shown)} but the request has "
-                    f"{_clip(wanted)} (task {task['task_id']!r}){hint}", task["task_id"],
-                    field=name, expected=_scalar_or_clip(wanted), got=_scalar_or_clip(shown)))
+                    "identity", f"{name} is {clip(shown)} but the request has "
+                    f"{clip(wanted)} (task {task['task_id']!r}){hint}", task["task_id"],
+                    field=name, expected=_scalar_orclip(wanted), got=_scalar_orclip(shown)))
     return errors
 
 
-def _scalar_or_clip(value: Any) -> Any:
+def _scalar_orclip(value: Any) -> Any:
     """Values kept in an error: scalars as they are, structures as a short text (a value nested
     hundreds deep must not make the receipt unwritable)."""
-    return _clip(value) if isinstance(value, (dict, list)) else value
-
-
-def _clip(value: Any, limit: int = 200) -> str:
-    try:
-        text = repr(value)
-    except RecursionError:
-        text = f"<{type(value).__name__} nested too deeply to show>"
-    return text if len(text) <= limit else text[:limit] + "..."
+    return clip(value) if isinstance(value, (dict, list)) else value
 
 
 def _validate(schema: ItemSchema, value: Any, path: str) -> tuple[Any, list[str], bool]:
@@ -474,7 +461,7 @@ def _stored(schema: ItemSchema, value: Any, task_id: str) -> tuple[Any, dict[str
         return json.loads(text), None
     except (TypeError, ValueError) as exc:
         return None, _error("schema", f"task {task_id!r}: the validated value has no JSON form "
-                            f"({_clip(str(exc), 160)}); numbers must be finite and strings "
+                            f"({clip(str(exc), 160)}); numbers must be finite and strings "
                             "valid Unicode (no unpaired surrogate escapes)", task_id)
 
 
@@ -484,8 +471,8 @@ def _coerced_identity(stored: Any, task: Mapping[str, Any],
     committed must still equal the request."""
     if not isinstance(stored, dict):
         return []
-    return [_error("schema", f"the schema turns {name} {_clip(task[name])} into "
-                   f"{_clip(stored[name])} (task {task['task_id']!r}); declare it with the "
+    return [_error("schema", f"the schema turns {name} {clip(task[name])} into "
+                   f"{clip(stored[name])} (task {task['task_id']!r}); declare it with the "
                    "task's JSON type", task["task_id"], field=name)
             for name in identity if name in stored and not _json_equal(stored[name], task[name])]
 

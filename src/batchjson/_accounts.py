@@ -21,7 +21,7 @@ COUNTERS = ("calls", "rechecks", "accepted_returns", "rejected_returns", "provid
 
 _ATTEMPTS_SQL = (
     "SELECT b.name AS batch, a.status, a.kind, a.input_tokens, a.output_tokens, "
-    "a.cached_tokens, a.cost, a.model, a.estimated_input_tokens, "
+    "a.cached_tokens, a.cost, a.model, a.estimated_input_tokens, a.sent_at, a.cost_floor, "
     "LENGTH(q.tasks) AS tasks_chars FROM attempts a JOIN batches b ON b.id = a.batch_id "
     "LEFT JOIN requests q ON q.revision_id = a.revision_id AND q.key = a.request_key")
 
@@ -44,6 +44,8 @@ def lower_bound(row: Any) -> tuple[float | None, int]:
     """(USD, tokens) an attempt with no recorded cost cost at least: its prompt tokens (as
     reported, else as estimated when sent, else a quarter of its tasks' text, which every prompt
     carries) at the model's input price; USD is None when the model has no price."""
+    if row["cost_floor"] is not None:  # priced when the call was made, with its own prices
+        return row["cost_floor"], row["estimated_input_tokens"] or 0
     tokens = row["input_tokens"]
     if tokens is None:
         tokens = row["estimated_input_tokens"]
@@ -81,6 +83,8 @@ def cost_summary(ledger: Ledger, name: str | None = None) -> dict[str, Any]:
         if row["kind"] == "recheck":  # an earlier return re-judged locally: no call, no cost
             entry["rechecks"] += 1
             continue
+        if row["status"] == "cancelled" and row["sent_at"] is None:
+            continue  # opened, never sent: not a call (the rule Ledger.spend() counts by too)
         entry["calls"] += 1
         status = row["status"]
         key = {"accepted": "accepted_returns", "rejected": "rejected_returns",

@@ -190,7 +190,8 @@ class CallSteps:
                 raw=reply.text if kept else None,
                 usage=_usage(reply) if kept else None, errors=[{
                     "type": "cancelled", "task_id": None,
-                    "message": f"{why} before the return was judged; re-run to resume"
+                    "message": (f"{why}; re-run to resume" if sent_at is None else
+                                f"{why} before the return was judged; re-run to resume")
                                + (" (the answer is kept and is judged first)" if kept else "")}])
         except LedgerError as exc:
             self._stop_for(exc)

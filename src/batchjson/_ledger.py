@@ -110,7 +110,11 @@ class Ledger:
 
     def _rows(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
         with self._lock:
-            return self._db.execute(sql, args).fetchall()
+            try:
+                return self._db.execute(sql, args).fetchall()
+            except sqlite3.Error as exc:  # closed, corrupt, locked: a batchjson error, named
+                raise LedgerError("could not be read", path=self.path or ":memory:",
+                                  cause=exc) from exc
 
     # -- batches and revisions -------------------------------------------------------------
     def find_revision(self, name: str, fingerprint: str) -> Revision | None:
@@ -138,14 +142,7 @@ class Ledger:
         """
         stamp = now()
         with self.transaction() as db:
-            row = db.execute("SELECT id, current_revision FROM batches WHERE name = ?",
-                             (name,)).fetchone()
-            if row is None:
-                batch_id = db.execute("INSERT INTO batches(name, created_at) VALUES (?, ?)",
-                                      (name, stamp)).lastrowid
-                previous_id = None
-            else:
-                batch_id, previous_id = row["id"], row["current_revision"]
+            batch_id, previous_id = self.batch_row(db, name, stamp)
             found = db.execute("SELECT id FROM revisions WHERE batch_id = ? AND fingerprint = ?",
                                (batch_id, fingerprint)).fetchone()
             if found is not None:
@@ -180,6 +177,17 @@ class Ledger:
         current = self._revision_by_id(revision_id)
         return current, (self._revision_by_id(superseded) if superseded else None)
 
+    @staticmethod
+    def batch_row(db: sqlite3.Connection, name: str, stamp: str) -> tuple[int, int | None]:
+        """(batch id, current revision id) of batch ``name``, made if new; in ``db``'s
+        transaction. Live runs and imports find their batch the same way."""
+        row = db.execute("SELECT id, current_revision FROM batches WHERE name = ?",
+                         (name,)).fetchone()
+        if row is None:
+            return db.execute("INSERT INTO batches(name, created_at) VALUES (?, ?)",
+                              (name, stamp)).lastrowid, None
+        return row["id"], row["current_revision"]
+
     def _revision_by_id(self, revision_id: int) -> Revision:
         return _revision(self._rows(_REVISION_SQL + " WHERE r.id = ?", (revision_id,))[0])
 
@@ -202,8 +210,8 @@ class Ledger:
     def leaves(self, revision_id: int) -> list[Request]:
         rows = self._rows("SELECT key, tasks, position, parent_key FROM requests WHERE "
                           "revision_id = ? AND split = 0 ORDER BY position, id", (revision_id,))
-        return [Request(r["key"], tuple(json.loads(r["tasks"])), r["position"], r["parent_key"])
-                for r in rows]
+        return [Request(r["key"], tuple(json.loads(r["tasks"])), r["position"], r["parent_key"],
+                        tasks_json=r["tasks"]) for r in rows]  # the stored text is canonical
 
     def accepted_keys(self, keys: Sequence[str]) -> set[str]:
         """Keys with an accepted return, under any batch: evidence is content, not a name."""

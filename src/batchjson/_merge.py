@@ -19,7 +19,7 @@ from ._records import ledger_problem
 _ATTEMPT_COLUMNS = ("request_key", "task_ids", "kind", "status", "errors", "raw",
                     "input_tokens", "output_tokens", "cached_tokens", "cost", "provider",
                     "model", "started_at", "finished_at", "uid", "sent_at", "owner", "source",
-                    "estimated_input_tokens")
+                    "estimated_input_tokens", "cost_floor")
 
 
 def _read(path: Path) -> dict[str, list[sqlite3.Row]]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import jsonschema
 
-from ._acceptance import ECHO_EXEMPT
+from ._acceptance import compared_fields
 from ._checks import positive_seconds
 from ._errors import ConfigError, InvalidBatch
 from ._schema import ItemSchema
@@ -25,21 +25,6 @@ _SCALARS = (str, int, float, bool, type(None))
 def check_timeout(value: Any) -> float:
     """A call timeout must be a finite number of seconds > 0 (e.g. Session(timeout=120))."""
     return positive_seconds("timeout", value, ConfigError)
-
-
-def check_provider(provider: Any) -> Any:
-    """A provider needs an ``async def complete(call) -> Reply``."""
-    complete = getattr(provider, "complete", None)
-    if not callable(complete):
-        raise ConfigError(f"provider {type(provider).__name__} has no complete() method; give it "
-                          "an async complete(call) -> Reply or wrap a function with "
-                          "CallableProvider(fn)")
-    if not (inspect.iscoroutinefunction(complete)
-            or inspect.iscoroutinefunction(type(complete).__call__)):
-        raise ConfigError(f"{type(provider).__name__}.complete is not async: declare it "
-                          "`async def complete(self, call)` (or wrap a sync function with "
-                          "CallableProvider(fn), which runs it for you)")
-    return provider
 
 
 def check_validator(fn: Any, args: str) -> None:
@@ -67,11 +52,8 @@ def check_validator(fn: Any, args: str) -> None:
 def compared_candidates(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str]) -> list[str]:
     """Every field an item may be held to: the identity fields, plus under the default identity
     every task field (prompt and context aside)."""
-    names = list(identity)
-    if getattr(identity, "echo", False):
-        for task in tasks:
-            names += [k for k in task if k not in names and k not in ECHO_EXEMPT]
-    return names
+    return list(dict.fromkeys(name for task in tasks for name in compared_fields(task, identity))
+                ) or list(identity)
 
 
 def check_identity_values(tasks: Iterable[Mapping[str, Any]], identity: Sequence[str]) -> None:

@@ -30,6 +30,7 @@ from ._tasks import (
     normalize_identity,
     normalize_tasks,
     pack_requests,
+    revision_fingerprint,
     sha,
 )
 
@@ -390,15 +391,8 @@ def _revision_for(db: Any, line: Line) -> tuple[int, int]:
     request is reused; otherwise one is made, current only for a batch new to this ledger, so
     an import never changes what a live batch is working on."""
     name, stamp = line.record["batch"], now()
-    row = db.execute("SELECT id, current_revision FROM batches WHERE name = ?",
-                     (name,)).fetchone()
-    if row is None:
-        batch_id = db.execute("INSERT INTO batches(name, created_at) VALUES (?, ?)",
-                              (name, stamp)).lastrowid
-        current = None
-    else:
-        batch_id, current = row["id"], row["current_revision"]
-    fingerprint = sha(json.dumps(line.components, sort_keys=True))
+    batch_id, current = Ledger.batch_row(db, name, stamp)
+    fingerprint = revision_fingerprint(line.components)
     found = db.execute(
         "SELECT r.id FROM revisions r LEFT JOIN requests q ON q.revision_id = r.id AND "
         "q.key = ? WHERE r.batch_id = ? AND (r.fingerprint = ? OR q.id IS NOT NULL) "

@@ -24,7 +24,7 @@ from ._aio import BackgroundLoop
 from ._budget import Budget, Spender, Tally, pricing_of
 from ._canon import canonical_json
 from ._checks import whole as _whole
-from ._errors import BatchUnresolved, ConfigError, InvalidBatch
+from ._errors import BatchUnresolved, InvalidBatch
 from ._evidence import Evidence
 from ._ledger import Ledger
 from ._plan import Outcome, Plan, Transport
@@ -44,6 +44,7 @@ from ._tasks import (
     normalize_identity,
     normalize_tasks,
     pack_requests,
+    revision_fingerprint,
     sha,
 )
 
@@ -199,10 +200,7 @@ class Session:
                                    "Unicode and cannot be stored; fix the text")
         preflight.check_all(tasks=task_list, identity=ident, schema=item_schema, mode=mode,
                             validator=validator, validator_args=spec.validator_args, pack=pack)
-        try:
-            provider = preflight.check_provider(self.provider)
-        except TypeError as exc:  # make_provider's "not a provider" refusal
-            raise ConfigError(str(exc)) from None
+        provider = self.provider  # make_provider refuses what has no async complete()
         source = answer_source(provider)
         provider_name = getattr(provider, "name", type(provider).__name__)
         provider_model = getattr(provider, "model", None)
@@ -224,7 +222,7 @@ class Session:
                 self.ledger, name, components, verify=lambda revision: unseen.still_passes(
                     self.ledger, revision, run=self._loop.run, mode=mode, identity=ident,
                     schema=item_schema, validator=checker))
-        fingerprint = sha(json.dumps(components, sort_keys=True))
+        fingerprint = revision_fingerprint(components)
         existing = self.ledger.find_revision(name, fingerprint)
         requests = (self.ledger.leaves(existing.id) if existing else
                     pack_requests(task_list, pack, key_content, task_texts))
@@ -322,8 +320,9 @@ class Session:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=total, desc=name, unit="task", leave=True)
-        if not any(p is provider for p in self._used):
-            self._used.append(provider)
+        inner = getattr(provider, "inner", provider)  # the real provider, not this run's guard
+        if not any(p is inner for p in self._used):
+            self._used.append(inner)
 
         async def go() -> Outcome:
             replayer = Replayer(plan, self.ledger, provider, spender, self.transport,

@@ -176,6 +176,12 @@ def key_content(components: Mapping[str, str]) -> dict[str, str]:
     return {k: components[k] for k in KEY_COMPONENTS if k in components}
 
 
+def revision_fingerprint(components: Mapping[str, str]) -> str:
+    """A revision's identity: the digest of all its components (tasks, schema, validator, pack,
+    instructions, identity, mode, source). Live runs and imports compute it alike."""
+    return sha(json.dumps(dict(components), sort_keys=True))
+
+
 def request_key(tasks: Sequence[Mapping[str, Any]], content: Mapping[str, str]) -> str:
     """Hash of exact content: the tasks (prompts, contexts, identity values) plus fingerprints."""
     return sha(_canonical({"tasks": list(tasks), **content}))

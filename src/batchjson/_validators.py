@@ -18,21 +18,6 @@ from ._canon import canonical_json
 
 
 # -- the caller's validator --------------------------------------------------------------------
-def run_validator(validator: Callable[[Any, Mapping[str, Any]], Any], value: Any,
-                  task: Mapping[str, Any], task_id: str) -> list[dict[str, Any]]:
-    """Sync form of :func:`run_validator_async`, for sync validators."""
-    return _sync_errors(run_validator_async(validator, value, task, task_id))
-
-
-def _sync_errors(coro: Any) -> list[dict[str, Any]]:
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value
-    coro.close()
-    return [_error("validator_error", "an async validator needs judge(): await it")]
-
-
 async def run_validator_async(validator: Callable[[Any, Mapping[str, Any]], Any], value: Any,
                               task: Mapping[str, Any], task_id: str) -> list[dict[str, Any]]:
     """ValueError or ``False`` rejects (repairable); any other exception is a validator crash,
@@ -58,7 +43,7 @@ async def run_validator_async(validator: Callable[[Any, Mapping[str, Any]], Any]
         return [_error("validation", f"task {task_id!r}: the validator returned False", task_id)]
     if verdict is None:
         return [_error("validator_error", f"task {task_id!r}: the validator returned "
-                       f"{_clip(out, 80)} ({type(out).__name__}); return None or True to accept, "
+                       f"{clip(out, 80)} ({type(out).__name__}); return None or True to accept, "
                        "False (or raise ValueError) to reject: its return value is never used "
                        "as the item", task_id)]
     return []
@@ -104,9 +89,10 @@ def _copy(value: Any) -> Any:
     return json.loads(canonical_json(value))
 
 
-def _clip(value: Any, limit: int = 200) -> str:
+def clip(value: Any, limit: int = 200) -> str:
+    """A short repr for a message; one whose repr fails (or recurses) is named by its type."""
     try:
         text = repr(value)
-    except Exception:  # noqa: BLE001 - a return whose repr fails is still named by its type
+    except Exception:  # noqa: BLE001 - RecursionError included
         text = f"<{type(value).__name__}>"
     return text if len(text) <= limit else text[:limit] + "..."

@@ -9,6 +9,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .._cliview import printable
 from .._result import money
 
 
@@ -253,7 +254,8 @@ class ReceiptsView(TextView):
             if r["more_errors"]:
                 lines.append(f"        ... and {r['more_errors']} more error(s)")
             if self.raw and r.get("raw") is not None:
-                lines.append("        raw: " + r["raw"])
+                # the model's text may carry terminal escapes: shown, never obeyed
+                lines += ["        raw: " + printable(line) for line in r["raw"].split("\n")]
         lines.append("  " + self._footer())
         return "\n".join(lines)
 

@@ -25,6 +25,7 @@ from traitlets.config.loader import LazyConfigValue
 
 from .._checks import whole_argument
 from .._errors import BatchJsonError, BatchUnresolved, InvalidBatch
+from .._providers.masking import masked
 from .._providers.select import PROVIDER_NAMES
 from .._session import Session
 from .._tasks import parse_identity
@@ -138,7 +139,7 @@ class BatchJson(Magics):
         if isinstance(value, str):
             name = value.strip().lower()
             if name not in PROVIDER_NAMES:
-                raise TraitError(f"unknown provider {value!r}; use one of "
+                raise TraitError(f"unknown provider {masked(value)}; use one of "
                                  f"{', '.join(PROVIDER_NAMES)} or a provider object")
             return name
         if callable(getattr(value, "complete", None)):
@@ -161,7 +162,10 @@ class BatchJson(Magics):
                 setattr(self, change["name"], change["old"])
             finally:
                 self._state = state
-            raise TraitError(f"BatchJson.{change['name']} = {change['new']!r} was not applied: "
+            new = change["new"]
+            shown = (masked(new) if change["name"] in ("provider", "model")
+                     and isinstance(new, str) else repr(new))  # a pasted key is never echoed
+            raise TraitError(f"BatchJson.{change['name']} = {shown} was not applied: "
                              f"{type(exc).__name__}: {exc}") from exc
 
     def settings(self) -> dict[str, Any]:
