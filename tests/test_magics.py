@@ -820,3 +820,16 @@ def test_raw_returns_in_receipts_show_terminal_escapes_instead_of_obeying_them(
     text = ok(loaded, "%batch_receipts esc --raw").as_text()
     assert "\x1b" not in text and "\\x1b[2J" in text
     assert "        raw: second line" in text  # every line of the return keeps its indent
+
+
+def test_an_unresolved_cell_whose_validator_crashed_says_to_fix_the_validator(
+        loaded: Any) -> None:
+    r = run(loaded, "%%batch_json crashy --repairs 0 --replays 0 --validator broken\n"
+                    "schema = {'type': 'object', 'properties': {'verdict': {'type': 'string'}}}\n"
+                    "tasks = [{'task_id': 't1', 'prompt': 'p'}]\n"
+                    "def broken(item, task):\n"
+                    "    return item['no_such_field'] > 1\n")
+    assert isinstance(r.error_in_exec, BatchUnresolved)
+    shown = "\n".join(r.error_in_exec._render_traceback_())
+    assert "The validator itself failed" in shown and "KeyError" in shown
+    assert "fix it and re-run" in shown

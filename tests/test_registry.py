@@ -241,7 +241,7 @@ def test_a_function_defined_under_a_chosen_name_keeps_that_name_when_passed_on()
     with pytest.raises(ValidatorChanged) as refused:
         session.run_batch("r", review_tasks(1), LABEL_SCHEMA, validator=check)
     advised = f"{refused.value.name}_v2"
-    assert f"validators.define(fn, name='{advised}')" in str(refused.value)
+    assert f"validator(fn, name='{advised}')" in str(refused.value)
     session.validators.define(check, name=advised)  # as the message advises
     session.provider = CallableProvider(items_reply)
     result = session.run_batch("r2", review_tasks(1), LABEL_SCHEMA, validator=check)

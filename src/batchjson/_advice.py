@@ -279,7 +279,11 @@ def choose(options: Sequence[Estimate], max_unresolved: float = 0.01) -> Estimat
         return e.tasks - e.usable
 
     finishing = [e for e in options if unresolved(e) <= max(0.5, max_unresolved * e.tasks)]
-    return min(finishing or options, key=lambda e: (e.per_usable, unresolved(e), e.pack))
+    def tokens(e: Estimate) -> float:  # the tie-break when every price is zero
+        return (e.input_tokens + e.output_tokens) / max(e.usable, 1e-9)
+
+    return min(finishing or options,
+               key=lambda e: (e.per_usable, tokens(e), unresolved(e), e.pack))
 
 
 def advise(ledger: Ledger, name: str, *, repairs: int = 1, replays: int = 1,

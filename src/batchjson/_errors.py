@@ -80,8 +80,8 @@ class ValidatorChanged(BatchJsonError):
             f"validator {name!r} changed ({what}; {old[:12]} -> {new[:12]}) while {unresolved} "
             "request(s) recorded under the old version are unresolved, and this session is strict. "
             "Restore the previous definition and re-run to resolve them, or register the new "
-            f"logic under another name (validators.define(fn, name='{name}_v2'))."
-        )
+            f"logic under another name (validator(fn, name='{name}_v2'), or rename the "
+            "function).")
 
 
 class BatchUnresolved(BatchJsonError):

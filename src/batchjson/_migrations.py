@@ -106,6 +106,11 @@ MIGRATIONS: list[str] = [
     DROP TABLE claims;
     ALTER TABLE claims_v3 RENAME TO claims;
     """,
+    # 5: the calls still in flight, by owner: every run looks for runners that died, and
+    # without this a notebook cell scanned the whole history of attempts to find them.
+    """
+    CREATE INDEX attempts_in_flight ON attempts (owner) WHERE status = 'in_flight';
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

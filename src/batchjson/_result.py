@@ -125,7 +125,10 @@ class BatchResult:
                 f"{s['accepted']}/{s['tasks']} accepted, {s['rejected_returns']} rejected "
                 f"return(s), {self.calls} call(s), {self.tokens} tokens, cost "
                 f"{money(self.cost)}, {s['unresolved']} unresolved"
-                f"{f', {self.resumed} request(s) resumed' if self.resumed else ''}>")
+                f"{f', {self.resumed} request(s) resumed' if self.resumed else ''}"
+                f"{f', {self.rechecked} re-judged without a call' if self.rechecked else ''}"
+                + (", identity compared: " + ", ".join(self.identity_compared)
+                   if self.identity_compared else "") + ">")
 
     def _repr_html_(self) -> str:
         s = self.summary()

@@ -90,14 +90,19 @@ def evaluate(shell: Any, option: str, expr: str, *, default: bool) -> Any:
         raise UsageError(f"{option} {expr} failed: {type(exc).__name__}: {exc}") from None
 
 
-def one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException | str) -> str:
     return " ".join(str(exc).split())
 
 
 def unresolved_hint(result: Any, var: str) -> str:
     """The magic's line under an unresolved batch: the failed requests are already on screen
     (the result's display), so the error says how to go on instead of listing them again."""
-    return (f"The failed requests are listed above ({var}.failure_report() as text); "
+    crash = next((e for e in result.errors if e.get("type") == "validator_error"), None)
+    if crash is not None:  # re-running cannot help: say what to fix first
+        return (f"The validator itself failed ({one_line(crash.get('message', ''))[:300]});"
+                " fix it and re-run: the paid answers are kept and judged again first. "
+                f"{var}.failure_report() has the rest.")
+    return (f"The failed requests are listed with the result ({var}.failure_report() as text); "
             f"%batch_receipts {result.name} --failed shows every rejected return.")
 
 
