@@ -31,7 +31,7 @@ from ._evidence import Evidence
 from ._ledger import Ledger
 from ._records import ledger_problem
 
-DEFAULT_LEDGER = Path(".batchjson/ledger.sqlite")
+DEFAULT_LEDGER = Path(cliview.DEFAULT_LEDGER)
 OK, UNRESOLVED, USAGE, LEDGER, INTERRUPTED = 0, 1, 2, 3, 130
 OPEN_WAIT = 30.0  # seconds another process may hold a new ledger while creating it
 

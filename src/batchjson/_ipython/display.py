@@ -9,7 +9,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._cliview import printable
+from .._cliview import describe_error, printable
 from .._result import money
 
 
@@ -18,16 +18,6 @@ def describe_tasks(task_ids: Sequence[str], width: int = 60) -> str:
     if len(task_ids) == 1:
         return clip(task_ids[0], width)
     return clip(f"{len(task_ids)}: {task_ids[0]} .. {task_ids[-1]}", width * 2)
-
-
-def short_error(error: Mapping[str, Any], width: int = 90) -> str:
-    """The part of an error a reader needs first: for identity, the field and both values."""
-    if error.get("type") == "identity" and "field" in error and "got" in error:
-        text = (f"identity: {error['field']} {error['got']!r}, requested "
-                f"{error.get('expected')!r}")
-    else:
-        text = f"{error.get('type')}: {error.get('message')}"
-    return clip(text, width)
 
 
 def clip(text: Any, width: int = 60) -> str:
@@ -289,7 +279,7 @@ def receipt_rows(receipts: Sequence[Any], start: int = 1, errors_shown: int = 3
     messages are whole (wrapping is the renderer's job)."""
     rows = []
     for n, r in enumerate(receipts, start):
-        errors = [full_error(e) for e in r.errors]
+        errors = [_one_line_error(e) for e in r.errors]
         rows.append({"number": n, "revision": r.revision, "kind": r.kind, "status": r.status,
                      "model": answered_by(r), "tasks": describe_tasks(r.task_ids),
                      "tokens": r.tokens,
@@ -304,9 +294,7 @@ def answered_by(receipt: Any) -> str:
     return f"{provider}/{model}" if model and model != provider else provider
 
 
-def full_error(error: Mapping[str, Any]) -> str:
-    """An error in full: for identity, the field and both values first."""
-    if error.get("type") == "identity" and "field" in error and "got" in error:
-        return (f"identity: {error['field']} is {error['got']!r}, the request has "
-                f"{error.get('expected')!r} (task {error.get('task_id')!r})")
-    return " ".join(f"{error.get('type')}: {error.get('message')}".split())
+def _one_line_error(error: Mapping[str, Any]) -> str:
+    """An error in full on one line (identity errors name the field and both values first);
+    wrapping is the renderer's job."""
+    return " ".join(describe_error(error).split())

@@ -24,6 +24,7 @@ from traitlets import Bool, Int, TraitError, Unicode, observe, validate
 from traitlets.config.loader import LazyConfigValue
 
 from .._checks import whole_argument
+from .._cliview import DEFAULT_LEDGER
 from .._errors import BatchJsonError, BatchUnresolved, InvalidBatch
 from .._providers.masking import masked
 from .._providers.select import PROVIDER_NAMES
@@ -50,7 +51,6 @@ from .display import (
 )
 from .state import KernelState
 
-DEFAULT_LEDGER = ".batchjson/ledger.sqlite"
 SETTINGS = ("provider", "model", "ledger", "concurrency", "max_calls", "repairs", "replays",
             "strict")
 
