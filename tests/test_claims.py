@@ -225,6 +225,9 @@ def test_a_live_lease_on_another_host_is_waited_for_and_never_sent(tmp_path, mon
     assert held not in [t for call in model.sent for t in call]  # never sent by us
     assert len(model.sent) == 2
     assert any("another runner" in note for note in result.notes)
+    with sqlite3.connect(path) as db:  # each look at the held claim left no receipt behind
+        assert db.execute("SELECT uid FROM attempts WHERE request_key = ?",
+                          (keys[0],)).fetchall() == [("u-foreign",)]
 
 
 KILLED = textwrap.dedent("""

@@ -199,10 +199,10 @@ KILL_AT = textwrap.dedent("""
             if len(seen) == 3:  # two of these went through; die on the third
                 os.kill(os.getpid(), signal.SIGKILL)
 
-    claim, accept = claims.claim, Ledger.op_accept
+    take, accept = claims.take, Ledger.op_accept
 
     def claiming(db, *args):
-        state = claim(db, *args)
+        state = take(db, *args)
         maybe_die("claim")  # inside the transaction of the claim and its receipt
         return state
 
@@ -215,7 +215,7 @@ KILL_AT = textwrap.dedent("""
         maybe_die("send")  # claim and receipt committed, the call is out
         return items_reply(call)
 
-    claims.claim = claiming
+    claims.take = claiming
     Ledger.op_accept = staticmethod(accepting)
     session = Session(CallableProvider(model, source="test-model"), ledger=sys.argv[1],
                       concurrency=2)
@@ -266,3 +266,53 @@ def test_a_schema_2_ledger_is_upgraded_keeping_its_claims_and_receipts(tmp_path)
         ("k", "h/1/s/r")]
     assert "cost_floor" in {r[1] for r in ledger._rows("PRAGMA table_info(attempts)")}
     ledger.close()
+
+
+def test_a_schema_5_ledger_is_upgraded_keeping_every_accepted_value(tmp_path):
+    """Schema 6 rebuilds the checkpoint (one b-tree a row) and drops status from the key index:
+    values, the once-only admission and reading by key all survive the upgrade."""
+    from batchjson._migrations import MIGRATIONS
+
+    path = tmp_path / "l.sqlite"
+    db = sqlite3.connect(path, isolation_level=None)
+    for version, script in enumerate(MIGRATIONS[:5], start=1):  # a ledger written by schema 5
+        db.executescript(script)
+        db.execute(f"PRAGMA user_version = {version}")
+    db.execute("INSERT INTO batches VALUES (1, 'r', 1, 'then')")
+    db.execute("INSERT INTO revisions(id, batch_id, number, fingerprint, components, status, "
+               "created_at) VALUES (1, 1, 1, 'f', '{}', 'open', 'then')")
+    db.execute("INSERT INTO requests(revision_id, key, position, task_ids, tasks) VALUES "
+               "(1, 'k', 0, '[\"a\"]', '[]')")
+    db.execute("INSERT INTO attempts(id, batch_id, revision_id, request_key, task_ids, kind, "
+               "status, started_at, uid) VALUES (7, 1, 1, 'k', '[\"a\"]', 'initial', "
+               "'accepted', 'then', 'u7')")
+    db.execute("INSERT INTO checkpoint VALUES (1, 'k', 'a', 7, '{\"verdict\": \"match\"}', "
+               "'then')")
+    db.close()
+    ledger = Ledger(path)
+    assert ledger._rows("PRAGMA user_version")[0][0] == SCHEMA_VERSION
+    assert ledger.checkpoint("r") == {"a": {"verdict": "match"}}
+    assert ledger.accepted_keys(["k", "other"]) == {"k"}
+    assert [r["name"] for r in ledger._rows("PRAGMA index_info(attempts_by_key)")] == [
+        "request_key"]
+    with ledger.transaction() as db:  # a second return for the same task admits nothing
+        later = db.execute("INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, "
+                           "kind, status, started_at, uid) VALUES (1, 1, 'k', '[\"a\"]', "
+                           "'replay', 'in_flight', 'now', 'u8')").lastrowid
+        assert not Ledger.op_accept(db, later, 1, "k", {"a": {"verdict": "other"}}, "{}", {})
+    assert ledger.checkpoint("r") == {"a": {"verdict": "match"}}
+    assert ledger._rows("PRAGMA integrity_check")[0][0] == "ok"
+    ledger.close()
+
+
+def test_a_fresh_ledger_has_no_old_style_keys_to_look_for(tmp_path):
+    """Runs look up keys made before the answer source joined them only in ledgers that have
+    such revisions (an old ledger, or one merged from it)."""
+    session = Session(CallableProvider(items_reply, source="test-model"),
+                      ledger=tmp_path / "l.sqlite")
+    session.run_batch("r", review_tasks(2), LABEL_SCHEMA)
+    assert not session.ledger.has_legacy_keys()
+    with session.ledger.transaction() as db:
+        db.execute("UPDATE revisions SET components = json_remove(components, '$.source')")
+    assert session.ledger.has_legacy_keys()
+    session.close()

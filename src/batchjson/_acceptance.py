@@ -90,25 +90,31 @@ def _nesting(text: str) -> int:
     return max(accumulate(map(_STEP.__getitem__, skeleton)), default=0)
 
 
-def _loads(text: str, parse_float: Callable[[str], Any]) -> Any:
+def _loads(text: str, decoder: json.JSONDecoder) -> Any:
     if _nesting(text) > MAX_DEPTH:
         raise ValueError(f"JSON is nested deeper than {MAX_DEPTH} levels")
     try:
-        return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys,
-                          parse_float=parse_float)
+        return decoder.decode(text)
     except RecursionError:
         raise ValueError("JSON is nested too deeply to read") from None
+
+
+# Built once: json.loads with options builds a decoder (and its scanner) on every call.
+_STRICT = json.JSONDecoder(parse_constant=_reject_constant, object_pairs_hook=_unique_keys,
+                           parse_float=_finite_float)
+_EXACT = json.JSONDecoder(parse_constant=_reject_constant, object_pairs_hook=_unique_keys,
+                          parse_float=Decimal)
 
 
 def parse_json(text: str) -> Any:
     """Strict JSON (finite numbers only, overflow included; bounded nesting); a single ```json
     fence is tolerated. Raises ValueError for anything else."""
-    return _loads(_strip_fence(text), _finite_float)
+    return _loads(_strip_fence(text), _STRICT)
 
 
 def _exact_json(text: str) -> Any:
     """The same text with every float kept as its exact decimal value, for identity checks."""
-    return _loads(_strip_fence(text), Decimal)
+    return _loads(_strip_fence(text), _EXACT)
 
 
 # -- exact JSON equality -----------------------------------------------------------------------
@@ -123,6 +129,9 @@ def _float_equal(got: Any, want: Any) -> bool:
 def _json_equal(a: Any, b: Any) -> bool:
     """Exact JSON-value equality, iterative (so any depth is safe): no True == 1, no 1 == 1.0,
     no -0.0 == 0.0; ``a`` may hold Decimals (a return read exactly), ``b`` is the request's."""
+    kind = type(b)
+    if kind is str or kind is int or b is None:  # the common identity value: no walk
+        return type(a) is kind and a == b
     stack = [(a, b)]
     while stack:
         x, y = stack.pop()
@@ -145,7 +154,12 @@ def _json_equal(a: Any, b: Any) -> bool:
     return True
 
 
+_SCALARS = frozenset((str, int, bool, type(None)))
+
+
 def _has_float(value: Any) -> bool:
+    if type(value) in _SCALARS:
+        return False
     stack = [value]
     while stack:
         x = stack.pop()
@@ -479,6 +493,10 @@ def _coerced_identity(stored: Any, task: Mapping[str, Any],
 
 def _coverage(items: list[dict], expected: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Count and set of task_ids must equal the request's: name missing, duplicated and extra."""
+    ids = [item.get("task_id") for item in items]
+    if len(ids) == len(expected) and all(type(i) is str for i in ids) and len(
+            set(ids)) == len(ids) and expected.keys() == set(ids):
+        return []  # the common return: every task once, nothing else
     errors = []
     without_id = [i for i, item in enumerate(items) if not isinstance(item.get("task_id"), str)]
     for i in without_id:

@@ -144,6 +144,33 @@ _CLAIM_SQL = (
     "LEFT JOIN claims c ON c.request_key = x.k")
 
 
+def take(db: sqlite3.Connection, request_key: str, owner: Owner, attempt_id: int,
+         stamp: str) -> str:
+    """Claim ``request_key`` for the receipt ``attempt_id`` just written, inside the caller's
+    transaction; the hot path of every call. One statement claims a request that is free or
+    already ours and not accepted; anything else (accepted, held by another runner, held by one
+    that is gone) takes :func:`claim`'s slower path. Returns MINE, HELD or ACCEPTED; on HELD or
+    ACCEPTED the caller drops its receipt, since nothing will be sent."""
+    if db.execute(_TAKE_SQL, (request_key, owner.id, owner.host, owner.pid, owner.session,
+                              attempt_id, time.time() + LEASE_SECONDS, stamp,
+                              request_key)).rowcount:
+        return MINE
+    state = claim(db, request_key, owner)
+    if state == MINE:  # its holder was gone: taken over
+        hold(db, request_key, owner, attempt_id, stamp)
+    return state
+
+
+# PostgreSQL: the same INSERT ... ON CONFLICT ... DO UPDATE ... WHERE; a row another
+# transaction holds is waited for there, so the slow path reads it FOR UPDATE SKIP LOCKED.
+_TAKE_SQL = (
+    "INSERT INTO claims(request_key, owner, host, pid, session, attempt_id, lease_expires_at, "
+    "claimed_at) SELECT ?,?,?,?,?,?,?,? WHERE NOT EXISTS (SELECT 1 FROM attempts WHERE "
+    "request_key = ? AND status = 'accepted') ON CONFLICT(request_key) DO UPDATE SET "
+    "attempt_id = excluded.attempt_id, lease_expires_at = excluded.lease_expires_at "
+    "WHERE claims.owner = excluded.owner")
+
+
 def hold(db: sqlite3.Connection, request_key: str, owner: Owner, attempt_id: int,
          stamp: str | None = None) -> None:
     """Record (or refresh) this owner's claim, pointing at the receipt just written (``stamp``:

@@ -265,6 +265,12 @@ class Ledger:
             (batch_id, revision_id, request.key, request.task_ids_json, kind, provider, model,
              stamp or now(), _uid(), owner, estimated_input_tokens, cost_floor, source)).lastrowid
 
+    @staticmethod
+    def op_drop(db: sqlite3.Connection, attempt_id: int) -> None:
+        """Undo an in-flight receipt in the transaction that wrote it (its request turned out
+        to be claimed by another runner or accepted): it never leaves that transaction."""
+        db.execute("DELETE FROM attempts WHERE id = ? AND status = 'in_flight'", (attempt_id,))
+
     def finish_attempt(self, attempt_id: int, status: str, *, errors: Sequence[Mapping] = (),
                        raw: str | None = None, usage: Mapping[str, Any] | None = None,
                        sent_at: str | None = None) -> None:
@@ -354,7 +360,15 @@ class Ledger:
             "SELECT c.task_id, c.item FROM requests q JOIN checkpoint c ON c.request_key = q.key "
             "WHERE q.revision_id = ? AND q.split = 0 ORDER BY q.position, q.id, c.attempt_id",
             (revision_id,))
-        return {r["task_id"]: json.loads(r["item"]) for r in rows}
+        # every item is one JSON text: decoded together, in one call, not one call a row
+        items = json.loads("[" + ",".join(r[1] for r in rows) + "]")
+        return {r[0]: item for r, item in zip(rows, items, strict=True)}
+
+    def has_legacy_keys(self) -> bool:
+        """Whether any revision was keyed before the answer source joined request keys
+        (its components have no "source"): only then do runs look for old-style keys."""
+        return bool(self._rows("SELECT EXISTS (SELECT 1 FROM revisions WHERE "
+                               "json_extract(components, '$.source') IS NULL)")[0][0])
 
     def checkpoint_count(self, name: str | None = None) -> int:
         """``len(checkpoint(name))`` summed over one batch or all, without decoding items."""

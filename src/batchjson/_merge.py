@@ -34,9 +34,13 @@ def _read(path: Path) -> dict[str, list[sqlite3.Row]]:
             raise LedgerError(f"{path} has ledger schema version {version}; open it once with "
                               f"this batchjson (batchjson status --ledger {path}) to upgrade it, "
                               "then merge", path=path)
-        return {table: db.execute(f"SELECT * FROM {table} ORDER BY rowid").fetchall()
-                for table in ("batches", "revisions", "requests", "attempts", "checkpoint",
-                              "validators", "imports")}
+        tables = {table: db.execute(f"SELECT * FROM {table} ORDER BY rowid").fetchall()
+                  for table in ("batches", "revisions", "requests", "attempts", "validators",
+                                "imports")}
+        # checkpoint has no rowid (schema 6): in the order its rows were admitted
+        tables["checkpoint"] = db.execute(
+            "SELECT * FROM checkpoint ORDER BY attempt_id, task_id").fetchall()
+        return tables
     except sqlite3.DatabaseError as exc:
         raise LedgerError(f"cannot read {path}: {exc}", path=path, cause=exc) from None
     finally:

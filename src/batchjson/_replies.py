@@ -12,6 +12,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from ._errors import ProviderError
+from ._providers.base import Reply
+
 ODD_TEXT = "batchjson_odd_text"  # Reply.extra marker: the provider's text was not a str
 
 
@@ -40,20 +43,20 @@ def _count(value: Any) -> int | None:
     return None
 
 
+def _whole(value: Any) -> bool:
+    return value is None or (type(value) is int and value >= 0)
+
+
 def sane_reply(reply: Any) -> Any:
     """A :class:`~batchjson._providers.base.Reply` whose fields have the types the ledger and
     the accounts need, whatever the provider built: text that is not a str is kept as text and
     marked so acceptance rejects it; bad token counts and costs become unknown (None)."""
-    from ._errors import ProviderError
-    from ._providers.base import Reply
-
     if isinstance(reply, str):
         return Reply(text=reply)
-    if type(reply) is Reply and isinstance(reply.text, str) and all(
-            v is None or (type(v) is int and v >= 0)
-            for v in (reply.input_tokens, reply.output_tokens, reply.cached_tokens)) and (
+    if (type(reply) is Reply and isinstance(reply.text, str) and _whole(reply.input_tokens)
+            and _whole(reply.output_tokens) and _whole(reply.cached_tokens) and (
             reply.cost is None or (type(reply.cost) is float and math.isfinite(reply.cost)
-                                   and reply.cost >= 0)):
+                                   and reply.cost >= 0))):
         return reply  # the common case: nothing to mend
     if not hasattr(reply, "text"):
         raise ProviderError(f"provider returned a {type(reply).__name__}, not a Reply: return "

@@ -28,11 +28,17 @@ class ItemSchema:
     unseen: tuple[str, ...] = ()
 
     @property
-    def declared_fields(self) -> set[str] | None:
-        if self.model is not None:
-            return set(self.model.model_fields)
-        props = self.json_schema.get("properties")
-        return set(props) if isinstance(props, Mapping) else None
+    def declared_fields(self) -> frozenset[str] | None:
+        """The item fields the schema declares (read for every item judged: made once)."""
+        cached = self.__dict__.get("_declared", False)
+        if cached is False:
+            if self.model is not None:
+                cached = frozenset(self.model.model_fields)
+            else:
+                props = self.json_schema.get("properties")
+                cached = frozenset(props) if isinstance(props, Mapping) else None
+            self.__dict__["_declared"] = cached
+        return cached
 
     def validate(self, value: Any, path: str) -> tuple[Any, list[str]]:
         """Return (validated value, error messages); messages name the path and the field."""

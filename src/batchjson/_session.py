@@ -231,7 +231,8 @@ class Session:
         seen_key, legacy_key = key_maker(seen_content), key_maker(_legacy_content(components,
                                                                                    ident))
         seen_of = {r.key: seen_key(r.tasks_json) for r in requests}
-        legacy_of = {r.key: legacy_key(r.tasks_json) for r in pending}
+        legacy_of = ({r.key: legacy_key(r.tasks_json) for r in pending}
+                     if pending and self.ledger.has_legacy_keys() else {})
         broken: list[dict[str, Any]] = []  # a validator_error met while re-judging
         rechecked = rejudge(
             self.ledger, pending, run=self._loop.run, seen_of=seen_of, legacy_of=legacy_of,
