@@ -456,6 +456,27 @@ def test_nested_magics_in_body(loaded: Any) -> None:
 
 
 # -- errors before spending ------------------------------------------------------------------
+@pytest.mark.parametrize("header", [
+    "%%batch_json labels --identity 'task_id case_id'",
+    '%%batch_json labels --identity "task_id case_id" --pack 2',
+    "%%batch_json labels --identity task_id case_id",
+    "%%batch_json labels --pack 2 --identity task_id case_id --repairs 0",
+])
+def test_identity_written_with_spaces_says_fields_are_separated_by_commas(
+        loaded: Any, capsys: Any, header: str) -> None:
+    line = usage_error(loaded, header + "\nran = True\n" + BODY, capsys)
+    assert "the fields are separated by commas, not spaces" in line, line
+    assert line.endswith("write --identity task_id,case_id"), line
+    assert "EXPR" not in line
+    assert "ran" not in loaded.user_ns and calls_recorded(loaded) == 0  # refused before the body
+
+
+def test_a_quoted_identity_names_the_fields_inside_the_quotes(loaded: Any) -> None:
+    ok(loaded, "%%batch_json labels --identity 'task_id,case_id'\n" + BODY.replace(
+        '"prompt"', '"case_id": "c", "prompt"'))
+    assert ok(loaded, "labels.identity_compared") == ("task_id", "case_id")
+
+
 @pytest.mark.parametrize(("header", "expected"), [
     ("%%batch_json labels --bogus 1", "unrecognized arguments: --bogus"),
     ("%%batch_json labels --pack 0", "argument --pack: must be a whole number >= 1, got '0'"),

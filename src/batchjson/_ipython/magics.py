@@ -27,20 +27,21 @@ from traitlets.config.loader import LazyConfigValue
 
 from .._checks import whole_argument
 from .._cliview import DEFAULT_LEDGER
-from .._errors import BatchJsonError, BatchUnresolved, InvalidBatch
+from .._errors import BatchJsonError, BatchUnresolved
 from .._providers.masking import masked
 from .._providers.select import PROVIDER_NAMES
 from .._session import Session
-from .._tasks import parse_identity
 from .cell import (
     BatchInterrupted,
     allow_empty_body,
     check_identifier,
     define_once,
     evaluate,
+    identity_option,
     interrupted_line,
     one_line,
     run_body,
+    spaced_identity,
     unresolved_hint,
 )
 from .display import (
@@ -214,6 +215,7 @@ class BatchJson(Magics):
         except UsageError as exc:
             if "unrecognized arguments" not in str(exc):
                 raise
+            spaced_identity(line, self.batch_json.parser)
             raise UsageError(f"{one_line(exc)}. An option's EXPR may not contain spaces: build "
                              "the value in the cell body and pass its name, e.g. --tasks "
                              "my_tasks") from None
@@ -222,10 +224,7 @@ class BatchJson(Magics):
         check_identifier(var, "pass --out VAR" if args.out is None else "choose another --out")
         identity = None  # the default: task_id, and every task field an item echoes
         if args.identity is not None:
-            try:
-                identity = parse_identity(args.identity)
-            except InvalidBatch as exc:
-                raise UsageError(f"--identity: {exc}") from None
+            identity = identity_option(args.identity)
         if not cell.strip() and args.tasks is None:
             raise UsageError(f"%%batch_json {args.name}: the cell body is empty and no --tasks "
                              "was given; build `tasks` and `schema` in the cell body or pass "
