@@ -310,3 +310,56 @@ def test_status_and_evidence_agree_on_what_is_a_call_and_merge_keeps_each_calls_
         assert spend["calls"] == total["calls"] == 2
         assert spend["cost_lower_bound_unknown"] == total["unknown_cost_lower_bound"] == 0.25
         ledger.close()
+
+
+def test_spend_and_cost_summary_agree_on_every_kind_of_call_and_cost(tmp_path: Path) -> None:
+    """Ledger.spend() (Evidence.summary) and cost_summary() (status) are one account: a call
+    with no recorded cost is unknown whatever became of it, priced at its floor (recorded when
+    sent, else its prompt at the model's input price), and a recheck or unsent receipt is no
+    call, in both, per batch and in total."""
+    path = tmp_path / "l.sqlite"
+    for batch in ("labels", "other"):
+        session = Session(CallableProvider(lambda call: priced(items_reply(call))), ledger=path)
+        session.run_batch(batch, review_tasks(6), LABEL_SCHEMA, pack=1)
+        session.close()
+    rate = price_for("gpt-4o-mini").input / 1e6
+    with sqlite3.connect(path) as db:
+        ids = [r[0] for r in db.execute("SELECT id FROM attempts ORDER BY id LIMIT 6")]
+        for sql, attempt in (
+                ("status = 'cancelled', sent_at = NULL, cost = NULL", ids[0]),  # never sent
+                ("status = 'abandoned', cost = NULL, cost_floor = 0.25", ids[1]),  # killed
+                ("status = 'provider_error', cost = NULL, cost_floor = 0.125", ids[2]),  # no usage
+                ("cost = NULL, cost_floor = NULL, input_tokens = 1000, cached_tokens = 0",
+                 ids[3]),  # imported without a cost: its prompt at the input price
+                ("status = 'rejected', cost = NULL, cost_floor = NULL, model = 'no-such-model'",
+                 ids[4])):  # a model with no price
+            db.execute(f"UPDATE attempts SET {sql} WHERE id = ?", (attempt,))  # noqa: S608
+        db.execute("INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, "
+                   "status, started_at, uid, cost, input_tokens, output_tokens) SELECT batch_id, "
+                   "revision_id, request_key, task_ids, 'recheck', 'accepted', started_at, "
+                   "'uid-recheck', 0, 0, 0 FROM attempts WHERE id = ?", (ids[5],))
+    ledger = Ledger(path)
+    summary = ledger.cost_summary()
+    for name, entry in [*((e["batch"], e) for e in summary["batches"]),
+                        (None, summary["total"])]:
+        spend = ledger.spend(name)
+        assert spend["calls"] == entry["calls"]
+        assert spend["accepted"] == entry["accepted_returns"]
+        assert spend["rejected"] == entry["rejected_returns"]
+        assert spend["provider_errors"] == entry["provider_errors"]
+        assert spend["abandoned_calls"] == entry["abandoned"]
+        assert spend["unknown_cost_calls"] == entry["unknown_cost_calls"]
+        assert spend["unpriced_unknown_calls"] == entry["unpriced_calls"]
+        assert (spend["cost"] or 0.0) == pytest.approx(entry["cost"])  # None: nothing known
+        assert spend["cost_lower_bound_unknown"] == pytest.approx(
+            entry["unknown_cost_lower_bound"])
+        assert spend["cost_lower_bound"] == pytest.approx(entry["cost_at_least"])
+    labels = ledger.spend("labels")
+    assert (labels["calls"], labels["unsent"], labels["accepted"]) == (5, 1, 2)
+    assert (labels["unknown_cost_calls"], labels["unpriced_unknown_calls"]) == (4, 1)
+    assert labels["cost_lower_bound_unknown"] == pytest.approx(0.25 + 0.125 + 1000 * rate)
+    assert ledger.cost_summary("labels")["total"]["rechecks"] == 1
+    evidence = Session(CallableProvider(items_reply), ledger=path).evidence.summary("labels")
+    assert evidence["cost_per_usable_result_is_lower_bound"]
+    assert evidence["cost_lower_bound"] == pytest.approx(labels["cost_lower_bound"])
+    ledger.close()

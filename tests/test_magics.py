@@ -174,12 +174,15 @@ def test_config_provider_object_from_namespace(loaded: Any) -> None:
     assert ok(loaded, "batch_session.provider is model") is True
 
 
-def test_config_refuses_bad_provider(loaded: Any, caplog: Any) -> None:
-    for bad in ("'nope'", "42", "print"):
-        ok(loaded, f"%config BatchJson.provider = {bad}")
-    assert "unknown provider 'nope'" in caplog.text
-    assert "CallableProvider" in caplog.text
+def test_config_refuses_bad_provider(loaded: Any, capsys: Any) -> None:
+    lines = [usage_error(loaded, f"%config BatchJson.provider = {bad}", capsys)
+             for bad in ("'nope'", "42", "print")]
+    assert lines[0].startswith("UsageError: BatchJson.provider = 'nope'... (4 chars) is refused: "
+                               "unknown provider name")
+    assert "openai, anthropic, simulated" in lines[0] and "stays <" in lines[0]
+    assert all("CallableProvider(fn)" in line for line in lines[1:])
     assert ok(loaded, "batch_session.provider is model") is True
+    assert ok(loaded, "%config BatchJson.provider") is loaded.user_ns["model"]
 
 
 def test_ipython_config_style(ip: Any, tmp_path: Path) -> None:
@@ -233,12 +236,12 @@ def test_config_strict_opens_new_session_on_same_ledger(loaded: Any) -> None:
 
 
 def test_config_ledger_that_cannot_open_changes_nothing(loaded: Any, tmp_path: Path,
-                                                        caplog: Any) -> None:
+                                                        capsys: Any) -> None:
     ip = loaded
     session = ip.user_ns["batch_session"]
     (tmp_path / "a_directory").mkdir()
-    ok(ip, "%config BatchJson.ledger = 'a_directory'")
-    assert "BatchJson.ledger = 'a_directory' was not applied" in caplog.text
+    line = usage_error(ip, "%config BatchJson.ledger = 'a_directory'", capsys)
+    assert "BatchJson.ledger = 'a_directory' was not applied" in line
     assert ip.magics_manager.registry["BatchJson"].ledger == ".batchjson/ledger.sqlite"
     assert ip.user_ns["batch_session"] is session and default_session() is session
     ok(ip, "%%batch_json labels\n" + BODY)  # the session still works
@@ -261,13 +264,49 @@ def test_config_updates_live_session(loaded: Any) -> None:
     assert ip.user_ns["batch_session"] is session
 
 
-def test_config_refuses_bad_numbers(loaded: Any, caplog: Any) -> None:
+def test_config_refuses_bad_numbers(loaded: Any, capsys: Any) -> None:
     session = loaded.user_ns["batch_session"]
-    ok(loaded, "%config BatchJson.concurrency = 0")
-    ok(loaded, "%config BatchJson.max_calls = -1")
+    usage_error(loaded, "%config BatchJson.concurrency = 0", capsys)
+    usage_error(loaded, "%config BatchJson.max_calls = -1", capsys)
     assert session.concurrency == 16
     assert loaded.magics_manager.registry["BatchJson"].max_calls is None
-    assert "concurrency" in caplog.text
+
+
+@pytest.mark.parametrize(("line", "said"), [
+    ("concurrency = 0", "BatchJson.concurrency = 0 is refused: it must be a whole number >= 1. "
+                        "BatchJson.concurrency stays 16"),
+    ("concurrency = 'four'", "BatchJson.concurrency = 'four' is refused: it must be a whole "
+                             "number >= 1. BatchJson.concurrency stays 16"),
+    ("repairs = True", "BatchJson.repairs = True is refused: it must be a whole number >= 0. "
+                       "BatchJson.repairs stays 1"),
+    ("max_calls = 2.5", "BatchJson.max_calls = 2.5 is refused: it must be a whole number >= 0 "
+                        "or None. BatchJson.max_calls stays None"),
+    ("strict = 'yes'", "BatchJson.strict = 'yes' is refused: it must be True or False. "
+                       "BatchJson.strict stays False"),
+    ("ledger = 3", "BatchJson.ledger = 3 is refused: it must be a file path (a string) or "
+                   "':memory:'. BatchJson.ledger stays '.batchjson/ledger.sqlite'"),
+])
+def test_a_bad_config_value_fails_the_cell_naming_what_is_allowed_and_changes_nothing(
+        loaded: Any, capsys: Any, line: str, said: str) -> None:
+    session = loaded.user_ns["batch_session"]
+    name = line.split()[0]
+    before = getattr(loaded.magics_manager.registry["BatchJson"], name)
+    assert usage_error(loaded, f"%config BatchJson.{line}", capsys) == f"UsageError: {said}"
+    assert getattr(loaded.magics_manager.registry["BatchJson"], name) == before
+    assert loaded.user_ns["batch_session"] is session
+    assert "BatchJson" not in loaded.config or name not in loaded.config.BatchJson
+    ok(loaded, "%unload_ext batchjson")  # a later load reads the shell's config again
+    ok(loaded, "%load_ext batchjson")
+    assert getattr(loaded.magics_manager.registry["BatchJson"], name) == before
+    ok(loaded, "%config BatchJson.concurrency = 3")  # %config itself still works
+    assert loaded.user_ns["batch_session"].concurrency == 3
+
+
+def test_unloading_gives_back_ipythons_own_config_magic(loaded: Any, capsys: Any) -> None:
+    ok(loaded, "%unload_ext batchjson")
+    assert not hasattr(loaded.find_line_magic("config"), "__wrapped__")
+    ok(loaded, "%config BatchJson.concurrency = 0")  # nothing of ours is left to refuse it
+    assert "Available objects for config" in (run(loaded, "%config") and capsys.readouterr().out)
 
 
 def test_config_max_calls_is_the_default_ceiling(loaded: Any, capsys: Any) -> None:
@@ -417,6 +456,27 @@ def test_nested_magics_in_body(loaded: Any) -> None:
 
 
 # -- errors before spending ------------------------------------------------------------------
+@pytest.mark.parametrize("header", [
+    "%%batch_json labels --identity 'task_id case_id'",
+    '%%batch_json labels --identity "task_id case_id" --pack 2',
+    "%%batch_json labels --identity task_id case_id",
+    "%%batch_json labels --pack 2 --identity task_id case_id --repairs 0",
+])
+def test_identity_written_with_spaces_says_fields_are_separated_by_commas(
+        loaded: Any, capsys: Any, header: str) -> None:
+    line = usage_error(loaded, header + "\nran = True\n" + BODY, capsys)
+    assert "the fields are separated by commas, not spaces" in line, line
+    assert line.endswith("write --identity task_id,case_id"), line
+    assert "EXPR" not in line
+    assert "ran" not in loaded.user_ns and calls_recorded(loaded) == 0  # refused before the body
+
+
+def test_a_quoted_identity_names_the_fields_inside_the_quotes(loaded: Any) -> None:
+    ok(loaded, "%%batch_json labels --identity 'task_id,case_id'\n" + BODY.replace(
+        '"prompt"', '"case_id": "c", "prompt"'))
+    assert ok(loaded, "labels.identity_compared") == ("task_id", "case_id")
+
+
 @pytest.mark.parametrize(("header", "expected"), [
     ("%%batch_json labels --bogus 1", "unrecognized arguments: --bogus"),
     ("%%batch_json labels --pack 0", "argument --pack: must be a whole number >= 1, got '0'"),
@@ -801,11 +861,12 @@ def test_an_unresolved_cell_lists_its_failed_requests_once(loaded: Any, capsys: 
     assert "re-running the same batch resumes" in error
 
 
-def test_a_key_pasted_as_the_provider_in_config_is_never_echoed(loaded: Any, caplog: Any) -> None:
+def test_a_key_pasted_as_the_provider_in_config_is_never_echoed(loaded: Any, capsys: Any,
+                                                                caplog: Any) -> None:
     key = "sk-proj-" + "Zq9x" * 12
-    ok(loaded, f"%config BatchJson.provider = {key!r}")
-    assert key not in caplog.text and key[8:] not in caplog.text
-    assert "'sk-p'..." in caplog.text  # its first four characters, to recognise it by
+    line = usage_error(loaded, f"%config BatchJson.provider = {key!r}", capsys)
+    assert key not in line + caplog.text and key[8:] not in line + caplog.text
+    assert "'sk-p'..." in line  # its first four characters, to recognise it by
     assert ok(loaded, "batch_session.provider is model") is True
 
 

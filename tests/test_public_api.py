@@ -154,6 +154,23 @@ def test_bad_input_raises_the_documented_batchjson_error_before_any_call(
     assert model.calls == 0, f"{what}: a call was paid before the refusal"
 
 
+@pytest.mark.parametrize(("identity", "fixed"), [
+    ("task_id case_id", "task_id,case_id"),
+    ("case_id  gold\tset", "case_id,gold,set"),
+    ("task_id, case_id gold", "task_id,case_id,gold"),
+])
+def test_identity_written_with_spaces_says_fields_are_separated_by_commas(
+        identity: str, fixed: str) -> None:
+    model = Counting()
+    session = Session(CallableProvider(model))
+    with pytest.raises(InvalidBatch) as raised:
+        session.run_batch("r", review_tasks(2), LABEL_SCHEMA, identity=identity)
+    assert str(raised.value) == (
+        f"identity {identity!r}: the fields are separated by commas, not spaces (a field name "
+        f"never holds whitespace); write identity={fixed!r}")
+    assert model.calls == 0 and session.ledger.spend()["calls"] == 0
+
+
 def test_a_ledger_path_that_is_a_directory_is_a_ledger_error(tmp_path: Path) -> None:
     with pytest.raises(LedgerError, match=str(tmp_path)):
         Session(CallableProvider(items_reply), ledger=tmp_path)

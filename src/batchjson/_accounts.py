@@ -19,11 +19,51 @@ COUNTERS = ("calls", "rechecks", "accepted_returns", "rejected_returns", "provid
             "abandoned", "cancelled", "in_flight", "imported", "input_tokens", "output_tokens",
             "cached_tokens", "unknown_cost_calls", "unpriced_calls", "tasks", "usable_results")
 
-_ATTEMPTS_SQL = (
-    "SELECT b.name AS batch, a.status, a.kind, a.input_tokens, a.output_tokens, "
-    "a.cached_tokens, a.cost, a.model, a.estimated_input_tokens, a.sent_at, a.cost_floor, "
-    "LENGTH(q.tasks) AS tasks_chars FROM attempts a JOIN batches b ON b.id = a.batch_id "
-    "LEFT JOIN requests q ON q.revision_id = a.revision_id AND q.key = a.request_key")
+# The one definition of what a call is and what is known of its cost. Ledger.spend() and
+# cost_summary() are both views of calls(), so the two accounts cannot drift apart.
+#
+# A receipt is a call unless it was cancelled before sending; a recheck sends nothing.
+IS_CALL = "(a.kind != 'recheck' AND NOT (a.status = 'cancelled' AND a.sent_at IS NULL))"
+# A call with no recorded cost (killed, interrupted, an error without usage, an unpriced model)
+# is never free: it cost at least its floor, priced when it was sent.
+UNKNOWN = f"({IS_CALL} AND a.cost IS NULL)"
+
+_CALLS_SQL = (
+    "SELECT b.name AS batch, "
+    f"SUM({IS_CALL}) AS calls, SUM(a.kind = 'recheck') AS rechecks, "
+    "SUM(a.kind != 'recheck' AND a.status = 'cancelled' AND a.sent_at IS NULL) AS unsent, "
+    f"SUM({IS_CALL} AND a.status = 'accepted') AS accepted_returns, "
+    f"SUM({IS_CALL} AND a.status = 'rejected') AS rejected_returns, "
+    f"SUM({IS_CALL} AND a.status = 'provider_error') AS provider_errors, "
+    f"SUM({IS_CALL} AND a.status = 'abandoned') AS abandoned, "
+    f"SUM({IS_CALL} AND a.status = 'cancelled') AS cancelled, "
+    f"SUM({IS_CALL} AND a.status = 'in_flight') AS in_flight, "
+    f"SUM({IS_CALL} AND a.kind = 'import') AS imported, "
+    "COALESCE(SUM(a.input_tokens), 0) AS input_tokens, "
+    "COALESCE(SUM(a.output_tokens), 0) AS output_tokens, "
+    "COALESCE(SUM(a.cached_tokens), 0) AS cached_tokens, "
+    "SUM(a.cost) AS cost, "  # NULL when no attempt has a recorded cost
+    f"SUM({UNKNOWN}) AS unknown_cost_calls, "
+    f"COALESCE(SUM(CASE WHEN {UNKNOWN} THEN a.cost_floor END), 0.0) "
+    "AS unknown_cost_lower_bound, "
+    f"SUM({UNKNOWN} AND a.cost_floor IS NULL) AS unfloored "
+    "FROM attempts a JOIN batches b ON b.id = a.batch_id{where} GROUP BY b.id ORDER BY b.id")
+
+# Unknown-cost calls with no recorded floor (imported, or from a ledger older than floors): their
+# prompt tokens as reported, else as estimated when sent, else a quarter of their tasks' text
+# (which every prompt carries), per batch and model, to be priced at the model's input rate.
+_UNFLOORED_SQL = (
+    "SELECT batch, model, COUNT(*) AS calls, SUM(tokens - MIN(cached, tokens)) AS uncached, "
+    "SUM(MIN(cached, tokens)) AS cached FROM (SELECT b.name AS batch, a.model, "
+    "COALESCE(a.input_tokens, a.estimated_input_tokens, COALESCE(LENGTH(q.tasks), 0) / 4) "
+    "AS tokens, COALESCE(a.cached_tokens, 0) AS cached FROM attempts a "
+    "JOIN batches b ON b.id = a.batch_id LEFT JOIN requests q "
+    "ON q.revision_id = a.revision_id AND q.key = a.request_key "
+    f"WHERE {UNKNOWN} AND a.cost_floor IS NULL{{where}}) GROUP BY batch, model")
+
+_CALL_COUNTS = ("calls", "rechecks", "unsent", "accepted_returns", "rejected_returns",
+                "provider_errors", "abandoned", "cancelled", "in_flight", "imported",
+                "input_tokens", "output_tokens", "cached_tokens", "unknown_cost_calls")
 
 _TASKS_SQL = (
     "SELECT b.name AS batch, q.task_ids FROM batches b JOIN requests q "
@@ -40,23 +80,56 @@ def _empty(batch: str | None) -> dict[str, Any]:
             "unknown_cost_lower_bound": 0.0}
 
 
-def lower_bound(row: Any) -> tuple[float | None, int]:
-    """(USD, tokens) an attempt with no recorded cost cost at least: its prompt tokens (as
-    reported, else as estimated when sent, else a quarter of its tasks' text, which every prompt
-    carries) at the model's input price; USD is None when the model has no price."""
-    if row["cost_floor"] is not None:  # priced when the call was made, with its own prices
-        return row["cost_floor"], row["estimated_input_tokens"] or 0
-    tokens = row["input_tokens"]
-    if tokens is None:
-        tokens = row["estimated_input_tokens"]
-    if tokens is None:
-        tokens = (row["tasks_chars"] or 0) // 4
-    price = price_for(row["model"])
+def floor_price(model: str | None, uncached: int, cached: int) -> float | None:
+    """USD the given prompt tokens cost at least at ``model``'s input price (cached tokens at
+    the cache rate); None when the model has no price."""
+    price = price_for(model)
     if price is None:
-        return None, tokens
-    cached = min(row["cached_tokens"] or 0, tokens)
+        return None
     rate = price.input if price.cached_input is None else price.cached_input
-    return ((tokens - cached) * price.input + cached * rate) / 1_000_000, tokens
+    return (uncached * price.input + cached * rate) / 1_000_000
+
+
+def calls(ledger: Ledger, name: str | None = None) -> dict[str, dict[str, Any]]:
+    """Per batch that has attempts: its calls by outcome, tokens, the known cost (None when no
+    attempt has one), and the unknown-cost calls with the least they cost."""
+    where, args = (" WHERE b.name = ?", (name,)) if name is not None else ("", ())
+    per: dict[str, dict[str, Any]] = {}
+    for row in ledger._rows(_CALLS_SQL.format(where=where), args):
+        per[row["batch"]] = {**{k: row[k] or 0 for k in _CALL_COUNTS}, "cost": row["cost"],
+                             "unknown_cost_lower_bound": row["unknown_cost_lower_bound"],
+                             "unpriced_calls": 0, "unfloored": row["unfloored"] or 0}
+    if sum(entry.pop("unfloored") for entry in per.values()):
+        for row in ledger._rows(_UNFLOORED_SQL.format(where=where.replace("WHERE", "AND")),
+                                args):
+            entry = per[row["batch"]]
+            usd = floor_price(row["model"], row["uncached"], row["cached"])
+            if usd is None:
+                entry["unpriced_calls"] += row["calls"]
+            else:
+                entry["unknown_cost_lower_bound"] += usd
+    return per
+
+
+def spend(ledger: Ledger, name: str | None = None) -> dict[str, Any]:
+    """``Ledger.spend()``: the sum of :func:`calls` over every batch (or one)."""
+    entries = list(calls(ledger, name).values())
+
+    def total(key: str) -> Any:
+        return sum(e[key] for e in entries)
+
+    known = [e["cost"] for e in entries if e["cost"] is not None]
+    out = {"calls": total("calls"), "input_tokens": total("input_tokens"),
+           "output_tokens": total("output_tokens"), "cost": sum(known) if known else None,
+           "accepted": total("accepted_returns"), "rejected": total("rejected_returns"),
+           "provider_errors": total("provider_errors"), "cancelled_calls": total("cancelled"),
+           "abandoned_calls": total("abandoned"), "in_flight_calls": total("in_flight"),
+           "unsent": total("unsent"), "calls_without_cost": total("unknown_cost_calls"),
+           "unknown_cost_calls": total("unknown_cost_calls"),
+           "cost_lower_bound_unknown": float(total("unknown_cost_lower_bound")),
+           "unpriced_unknown_calls": total("unpriced_calls")}
+    out["cost_lower_bound"] = (out["cost"] or 0.0) + out["cost_lower_bound_unknown"]
+    return out
 
 
 def _finish(entry: dict[str, Any]) -> dict[str, Any]:
@@ -75,34 +148,14 @@ def _finish(entry: dict[str, Any]) -> dict[str, Any]:
 def cost_summary(ledger: Ledger, name: str | None = None) -> dict[str, Any]:
     """Per batch and in total: calls by outcome, tokens, cost (known, and the lower bound of
     the unknown), usable results and cost per usable result counting every attempt."""
-    where, args = (" WHERE b.name = ?", (name,)) if name is not None else ("", ())
+    args = (name,) if name is not None else ()
     per: dict[str, dict[str, Any]] = {n: _empty(n) for n in ledger.batch_names()
                                       if name is None or n == name}
-    for row in ledger._rows(_ATTEMPTS_SQL + where, args):
-        entry = per.setdefault(row["batch"], _empty(row["batch"]))
-        if row["kind"] == "recheck":  # an earlier return re-judged locally: no call, no cost
-            entry["rechecks"] += 1
-            continue
-        if row["status"] == "cancelled" and row["sent_at"] is None:
-            continue  # opened, never sent: not a call (the rule Ledger.spend() counts by too)
-        entry["calls"] += 1
-        status = row["status"]
-        key = {"accepted": "accepted_returns", "rejected": "rejected_returns",
-               "provider_error": "provider_errors"}.get(status, status)
-        if key in entry:
-            entry[key] += 1
-        entry["imported"] += row["kind"] == "import"
-        for field in ("input_tokens", "output_tokens", "cached_tokens"):
-            entry[field] += row[field] or 0
-        if row["cost"] is not None:
-            entry["cost"] += row["cost"]
-            continue
-        entry["unknown_cost_calls"] += 1
-        usd, _ = lower_bound(row)
-        if usd is None:
-            entry["unpriced_calls"] += 1
-        else:
-            entry["unknown_cost_lower_bound"] += usd
+    for batch, entry in calls(ledger, name).items():
+        target = per.setdefault(batch, _empty(batch))
+        target.update({k: entry[k] for k in (*_CALL_COUNTS, "unpriced_calls",
+                                             "unknown_cost_lower_bound") if k in target})
+        target["cost"] = entry["cost"] or 0.0
     for row in ledger._rows(_TASKS_SQL + (" AND b.name = ?" if name is not None else ""), args):
         if row["batch"] in per:
             per[row["batch"]]["tasks"] += len(json.loads(row["task_ids"]))

@@ -61,10 +61,12 @@ class Evidence:
         usable = self._ledger.checkpoint_count(batch)
         cost = spend["cost"]
         superseded = [s for s in self.superseded if batch is None or s["batch"] == batch]
-        # Killed or interrupted calls have an unknown cost: shown with the least they cost, and
-        # cost per usable result counts them at that floor (flagged as a lower bound).
+        # Calls with no recorded cost (killed, interrupted, unpriced) are shown with the least
+        # they cost, and cost per usable result counts them at that floor (flagged as a lower
+        # bound); when no cost at all is known there is nothing to divide.
         unknown = spend["unknown_cost_calls"]
-        floor = spend["cost_lower_bound"] if unknown else cost
+        known = cost is not None or spend["cost_lower_bound_unknown"] > 0
+        floor = spend["cost_lower_bound"] if known else None
         return {
             "batch": batch,
             **_counts(owed),

@@ -396,33 +396,19 @@ class Ledger:
                           " AND r.validator_fingerprint = ?", (fingerprint,))[0][0]
 
     def spend(self, name: str | None = None) -> dict[str, Any]:
-        """Calls, tokens and cost of every call ever made (for one batch or all).
+        """Calls, tokens and cost of every call ever made (for one batch or all): the same
+        account as :meth:`cost_summary`, summed (accounts.py holds the one definition).
 
-        A receipt whose call was never sent (cancelled before sending) is not a call. A call
-        killed or interrupted before its answer (``abandoned``, ``in_flight``, or cancelled after
-        sending) has an unknown cost: it is counted in ``unknown_cost_calls``, and
-        ``cost_lower_bound_unknown`` is the least those calls cost (their estimated input tokens
-        at the model's input price); ``cost_lower_bound`` adds it to the known ``cost``.
+        A receipt whose call was never sent (cancelled before sending) is not a call; nor is a
+        recheck. A call with no recorded cost (killed or interrupted before its answer, an error
+        without usage, a model with no price) has an unknown cost: it is counted in
+        ``unknown_cost_calls``, and ``cost_lower_bound_unknown`` is the least those calls cost
+        (their prompt tokens at the model's input price); ``cost_lower_bound`` adds it to the
+        known ``cost``.
         """
-        sql = (f"SELECT SUM({_IS_CALL}) AS calls, "
-               "COALESCE(SUM(a.input_tokens),0) AS input_tokens, "
-               "COALESCE(SUM(a.output_tokens),0) AS output_tokens, SUM(a.cost) AS cost, "
-               "SUM(a.status = 'accepted') AS accepted, SUM(a.status = 'rejected') AS rejected, "
-               "SUM(a.status = 'provider_error') AS provider_errors, "
-               f"SUM(a.status = 'cancelled' AND {_IS_CALL}) AS cancelled_calls, "
-               "SUM(a.status = 'abandoned') AS abandoned_calls, "
-               "SUM(a.status = 'in_flight') AS in_flight_calls, "
-               f"SUM(NOT {_IS_CALL}) AS unsent, "
-               f"SUM({_IS_CALL} AND a.cost IS NULL) AS calls_without_cost, "
-               f"SUM({_UNKNOWN}) AS unknown_cost_calls, "
-               f"COALESCE(SUM(CASE WHEN {_UNKNOWN} THEN a.cost_floor END), 0.0) "
-               "AS cost_lower_bound_unknown, "
-               f"SUM({_UNKNOWN} AND a.cost_floor IS NULL) AS unpriced_unknown_calls "
-               "FROM attempts a JOIN batches b ON b.id = a.batch_id")
-        row = self._rows(sql + (" WHERE b.name = ?" if name else ""), (name,) if name else ())[0]
-        out = {k: (row[k] or 0) if k != "cost" else row[k] for k in row.keys()}
-        out["cost_lower_bound"] = (out["cost"] or 0.0) + out["cost_lower_bound_unknown"]
-        return out
+        from ._accounts import spend
+
+        return spend(self, name)
 
     def number_validator(self, name: str, fingerprint: str, where: str | None,
                          by_identity: Sequence[str] = ()) -> int:
@@ -479,12 +465,6 @@ class Ledger:
 
         return cost_summary(self, name)
 
-
-# A receipt is a call unless it was cancelled before sending; a recheck sends nothing.
-_IS_CALL = "(a.kind != 'recheck' AND NOT (a.status = 'cancelled' AND a.sent_at IS NULL))"
-# Calls whose answer never came back: cost unknown, at least their input.
-_UNKNOWN = (f"({_IS_CALL} AND a.cost IS NULL AND "
-            "a.status IN ('abandoned', 'in_flight', 'cancelled'))")
 
 _REVISION_SQL = (
     "SELECT r.id, r.batch_id, b.name AS batch, r.number, r.fingerprint, r.components, r.status, "

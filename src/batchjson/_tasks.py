@@ -108,13 +108,21 @@ class Identity(tuple):
         return ",".join(self) + ("+echoed" if self.echo else "")
 
 
-def parse_identity(text: str) -> tuple[str, ...]:
-    """``"task_id,case_id"`` -> its field names; an empty name (``"task_id,,case_id"``, ``","``)
-    is refused, in the API and the magic alike, since it is a typo, not a field."""
+def parse_identity(text: str, option: str | None = None) -> tuple[str, ...]:
+    """``"task_id,case_id"`` -> its field names. An empty name (``"task_id,,case_id"``, ``","``)
+    and a name with whitespace inside (``"task_id case_id"``: spaces where commas were meant)
+    are refused, in the API and the magic alike, since each is a typo, not a field; the
+    message shows the spelling to use, as ``option`` (``--identity``) when given."""
     parts = tuple(part.strip() for part in text.split(","))
+    said = f"{option or 'identity'} {text!r}"
+    if any(len(part.split()) > 1 for part in parts):
+        fixed = ",".join(word for part in parts for word in part.split())
+        raise InvalidBatch(f"{said}: the fields are separated by commas, not spaces (a field "
+                           "name never holds whitespace); write "
+                           + (f"{option} {fixed}" if option else f"identity={fixed!r}"))
     if not text.strip() or not all(parts):
-        raise InvalidBatch(f"identity {text!r}: give field names separated by commas, e.g. "
-                           "'task_id,case_id'")
+        raise InvalidBatch(f"{said}: give field names separated by commas, e.g. "
+                           + (f"{option} task_id,case_id" if option else "'task_id,case_id'"))
     return parts
 
 

@@ -8,8 +8,11 @@ import re
 from typing import Any
 
 from IPython.core.error import UsageError
+from IPython.utils.process import arg_split
 
+from .._errors import InvalidBatch
 from .._registry import ValidatorRegistry
+from .._tasks import parse_identity
 
 _MISSING = object()
 _HEADER = re.compile(r"%%batch_json(\s|$)")
@@ -25,6 +28,31 @@ def allow_empty_body(lines: list[str]) -> list[str]:
     if lines and _HEADER.match(lines[0]) and not "".join(lines[1:]).strip():
         return [lines[0].rstrip("\n") + "\n", "\n"]
     return lines
+
+
+def identity_option(text: str) -> tuple[str, ...]:
+    """``--identity a,b``'s field names, or a UsageError that shows the spelling to use.
+    IPython keeps the quotes of a quoted option value; ``'a,b'`` names the fields a and b."""
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        text = text[1:-1]
+    try:
+        return parse_identity(text, "--identity")
+    except InvalidBatch as exc:
+        raise UsageError(str(exc)) from None
+
+
+def spaced_identity(line: str, parser: Any) -> None:
+    """``--identity task_id case_id`` unquoted: argparse takes ``task_id`` and finds
+    ``case_id`` unrecognized. When the unrecognized words are exactly the rest of what follows
+    ``--identity``, say that fields are separated by commas (and how to write them)."""
+    words = arg_split(line, strict=False)
+    if "--identity" not in words:
+        return
+    extra = parser.parse_known_args(words)[1]
+    after = words[words.index("--identity") + 1:]
+    run = after[:next((i for i, w in enumerate(after) if w.startswith("-")), len(after))]
+    if run[1:] == extra:
+        identity_option(" ".join(run))
 
 
 def check_identifier(var: str, option: str) -> None:

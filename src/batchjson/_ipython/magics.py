@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
+from copy import deepcopy
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -25,20 +27,21 @@ from traitlets.config.loader import LazyConfigValue
 
 from .._checks import whole_argument
 from .._cliview import DEFAULT_LEDGER
-from .._errors import BatchJsonError, BatchUnresolved, InvalidBatch
+from .._errors import BatchJsonError, BatchUnresolved
 from .._providers.masking import masked
 from .._providers.select import PROVIDER_NAMES
 from .._session import Session
-from .._tasks import parse_identity
 from .cell import (
     BatchInterrupted,
     allow_empty_body,
     check_identifier,
     define_once,
     evaluate,
+    identity_option,
     interrupted_line,
     one_line,
     run_body,
+    spaced_identity,
     unresolved_hint,
 )
 from .display import (
@@ -49,12 +52,12 @@ from .display import (
     in_notebook_frontend,
     receipt_rows,
 )
+from .settings import AsGiven, NotApplied, guarded, refused, shield, shown
 from .state import KernelState
 
 SETTINGS = ("provider", "model", "ledger", "concurrency", "max_calls", "repairs", "replays",
             "strict")
-
-
+WHOLE = ("concurrency", "max_calls", "repairs", "replays")
 def _import_progress_bar() -> None:
     """Import tqdm.auto once without its 'IProgress not found' warning: without ipywidgets
     the text bar is a fine progress bar, not something the user must act on."""
@@ -65,33 +68,6 @@ def _import_progress_bar() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TqdmWarning)
         import tqdm.auto  # noqa: F401
-
-
-class AsGiven:
-    """A config value traitlets will not deep-copy, so ``%config BatchJson.provider = obj``
-    configures ``obj`` itself (a provider may hold a connection pool, a lock or a counter)."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def __deepcopy__(self, memo: Any) -> AsGiven:
-        return self
-
-    def __repr__(self) -> str:
-        return repr(self.value)
-
-
-def shield(config: Any) -> None:
-    """Wrap an object-valued ``BatchJson.provider`` in a config in place (idempotent)."""
-    if not isinstance(config, dict) or "BatchJson" not in config:
-        return
-    section = config["BatchJson"]
-    if isinstance(section, dict) and "provider" in section:
-        value = section["provider"]
-        if value is not None and not isinstance(value, (str, AsGiven, LazyConfigValue)):
-            section["provider"] = AsGiven(value)
 
 
 @magics_class
@@ -118,16 +94,45 @@ class BatchJson(Magics):
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         self._state: KernelState | None = None  # set once loaded; config during init waits
+        self.refusals: list[str] | None = None  # collected while a %config line runs
+        self.builtin_config: Callable[[str], Any] | None = None  # IPython's %config, wrapped
         if shell is not None:
             shield(shell.config)
         super().__init__(shell=shell, **kwargs)
 
     def update_config(self, config: Any) -> None:
-        """``%config``: keep a provider object as given (traitlets deep-copies config values)."""
+        """``%config``: keep a provider object as given (traitlets deep-copies config values);
+        a refused setting changes nothing and fails the ``%config`` cell (``guarded``)."""
         shield(config)
+        refusal = self._set_each(config)
+        if refusal is not None:
+            if self.refusals is None:
+                raise TraitError(refusal)
+            self.refusals.append(refusal)
+            return
         super().update_config(config)
         for configurable in (self.shell, *getattr(self.shell, "configurables", ())):
             shield(getattr(configurable, "config", None))
+
+    def _set_each(self, config: Any) -> str | None:
+        """Set this section's settings one at a time, so that a refusal names its setting and
+        leaves it as it was (traitlets stores no value that fails validation, and a change the
+        session cannot take is put back); the first refusal, or None."""
+        section = config.get("BatchJson") if isinstance(config, dict) else None
+        if not isinstance(section, dict):
+            return None
+        for name in SETTINGS:
+            if name not in section or isinstance(section[name], LazyConfigValue):
+                continue  # absent, or a container operation traitlets resolves itself
+            value = section[name]
+            old = getattr(self, name)
+            try:
+                setattr(self, name, deepcopy(value))
+            except NotApplied as exc:
+                return str(exc)
+            except TraitError as exc:
+                return refused(name, value, old, self.traits()[name], exc)
+        return None
 
     @validate("provider")
     def _check_provider(self, proposal: Any) -> Any:
@@ -139,7 +144,7 @@ class BatchJson(Magics):
         if isinstance(value, str):
             name = value.strip().lower()
             if name not in PROVIDER_NAMES:
-                raise TraitError(f"unknown provider {masked(value)}; use one of "
+                raise TraitError(f"unknown provider name {masked(value)}; use one of "
                                  f"{', '.join(PROVIDER_NAMES)} or a provider object")
             return name
         if callable(getattr(value, "complete", None)):
@@ -147,6 +152,12 @@ class BatchJson(Magics):
         raise TraitError(f"a provider must be {', '.join(map(repr, PROVIDER_NAMES))} or an object "
                          f"with an async complete(call) method, got {type(value).__name__}; wrap "
                          "a plain function as batchjson.CallableProvider(fn)")
+
+    @validate(*WHOLE)
+    def _no_bools(self, proposal: Any) -> Any:
+        if isinstance(proposal["value"], bool):  # an int to traitlets; never a count here
+            raise TraitError(f"{proposal['trait'].name} is a whole number, not a bool")
+        return proposal["value"]
 
     @observe(*SETTINGS)
     def _setting_changed(self, change: Any) -> None:
@@ -162,11 +173,8 @@ class BatchJson(Magics):
                 setattr(self, change["name"], change["old"])
             finally:
                 self._state = state
-            new = change["new"]
-            shown = (masked(new) if change["name"] in ("provider", "model")
-                     and isinstance(new, str) else repr(new))  # a pasted key is never echoed
-            raise TraitError(f"BatchJson.{change['name']} = {shown} was not applied: "
-                             f"{type(exc).__name__}: {exc}") from exc
+            raise NotApplied(f"BatchJson.{change['name']} = {shown(change['name'], change['new'])}"
+                             f" was not applied: {type(exc).__name__}: {exc}") from exc
 
     def settings(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in SETTINGS}
@@ -207,6 +215,7 @@ class BatchJson(Magics):
         except UsageError as exc:
             if "unrecognized arguments" not in str(exc):
                 raise
+            spaced_identity(line, self.batch_json.parser)
             raise UsageError(f"{one_line(exc)}. An option's EXPR may not contain spaces: build "
                              "the value in the cell body and pass its name, e.g. --tasks "
                              "my_tasks") from None
@@ -215,10 +224,7 @@ class BatchJson(Magics):
         check_identifier(var, "pass --out VAR" if args.out is None else "choose another --out")
         identity = None  # the default: task_id, and every task field an item echoes
         if args.identity is not None:
-            try:
-                identity = parse_identity(args.identity)
-            except InvalidBatch as exc:
-                raise UsageError(f"--identity: {exc}") from None
+            identity = identity_option(args.identity)
         if not cell.strip() and args.tasks is None:
             raise UsageError(f"%%batch_json {args.name}: the cell body is empty and no --tasks "
                              "was given; build `tasks` and `schema` in the cell body or pass "
@@ -377,6 +383,10 @@ def load_ipython_extension(shell: Any) -> None:
     magics._state = state
     state.magics = magics
     shell.register_magics(magics)
+    builtin = shell.find_line_magic("config")  # loads it if IPython declared it lazily
+    if builtin is not None:
+        magics.builtin_config = builtin
+        shell.magics_manager.magics["line"]["config"] = guarded(magics, builtin)
     shell.events.register("pre_run_cell", state.pre_run_cell)
     if allow_empty_body not in shell.input_transformers_cleanup:
         shell.input_transformers_cleanup.append(allow_empty_body)
@@ -392,6 +402,10 @@ def unload_ipython_extension(shell: Any) -> None:
         for name, func in table.items():
             if manager.magics[kind].get(name) == func:
                 del manager.magics[kind][name]
+    builtin = getattr(magics, "builtin_config", None)
+    if builtin is not None and getattr(manager.magics["line"].get("config"), "__wrapped__",
+                                       None) is builtin:
+        manager.magics["line"]["config"] = builtin
     if manager.registry.get(type(magics).__name__) is magics:
         del manager.registry[type(magics).__name__]
     if magics in shell.configurables:
