@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,9 +24,6 @@ from ._providers.base import Call, Reply, estimate_tokens
 from ._records import now
 from ._schema import wire_schema
 from ._tasks import Request
-
-COMMIT_DELAY_FRACTION = 0.0
-MAX_COMMIT_DELAY = 0.02  # seconds
 
 
 class OutOfBudget(Exception):
@@ -69,7 +65,6 @@ class CallSteps:
     _settled: asyncio.Event | None
     _workers: list[asyncio.Future]
     _changed: asyncio.Event
-    _latency: float | None = None  # a moving average of how long a call takes
 
     async def _reserve(self, input_tokens: int) -> float:
         """Reserve this call's worst case; under a cost budget, wait for calls in flight to
@@ -202,7 +197,6 @@ class CallSteps:
             self._stop_for(exc)
 
     async def _send(self, call: Call, attempt_id: int, sent_at: str, reserved: float) -> Reply:
-        started = time.monotonic()
         try:
             if not self._needs_timer:
                 reply = await self.provider.complete(call)
@@ -231,18 +225,8 @@ class CallSteps:
             self._record_provider_error(attempt_id, message, None, {}, sent_at)
             raise ProviderError(message, retryable=False) from exc
         self._reachable_again(call)
-        self._answered_in(time.monotonic() - started)
         self.spender.settle(reserved, self._cost(reply))
         return reply
-
-    def _answered_in(self, seconds: float) -> None:
-        """Keep a group of receipts open for a small fraction of what a call takes, so calls
-        answered close together share one commit (PostgreSQL's commit_delay, in effect): at
-        50 ms a call waits about a quarter of a millisecond for company, at 10 s up to
-        ``MAX_COMMIT_DELAY``; the fraction bounds what it adds to a run's wall time."""
-        latency = self._latency = seconds if self._latency is None else (
-            0.9 * self._latency + 0.1 * seconds)
-        self.writes.delay = min(MAX_COMMIT_DELAY, COMMIT_DELAY_FRACTION * latency)
 
     def _provider_failed(self, error: ProviderError, call: Call) -> None:
         """The first call that cannot connect probes the host alone; the others wait for it."""

@@ -37,7 +37,6 @@ class GroupCommit:
         self._scheduled = False
         self.broken: LedgerError | None = None
         self.flushes = 0
-        self.delay = 0.0  # seconds a group stays open for more writes (see Replayer)
 
     def submit(self, op: Op) -> asyncio.Future:
         """Queue a write; ``raise_failures`` reports it if it fails and nobody awaits it."""
@@ -49,7 +48,8 @@ class GroupCommit:
             return future
         self._pending.append((op, future))
         if not self._scheduled:
-            self._schedule(loop)
+            self._scheduled = True
+            loop.call_soon(self._flush)
         return future
 
     def queue(self, op: Op) -> None:
@@ -60,26 +60,8 @@ class GroupCommit:
             return
         self._pending.append((op, None))
         if not self._scheduled:
-            self._schedule(asyncio.get_running_loop())
-
-    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._scheduled = True
-        self._seen = 0
-        self._until = loop.time() + self.delay
-        loop.call_soon(self._when_quiet)
-
-    def _when_quiet(self) -> None:
-        """Commit once a turn of the loop has added nothing more, or the group's first write
-        has waited ``delay``."""
-        if not self._scheduled:
-            return  # flushed meanwhile (flush_now)
-        grown = len(self._pending)
-        loop = asyncio.get_running_loop()
-        if grown > self._seen and loop.time() < self._until:
-            self._seen = grown
-            loop.call_soon(self._when_quiet)
-            return
-        self._flush()
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
 
     async def run(self, op: Op) -> Any:
         """Queue a write and wait until the transaction holding it has committed."""
