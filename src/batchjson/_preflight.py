@@ -14,7 +14,7 @@ from typing import Any
 
 import jsonschema
 
-from ._acceptance import compared_fields
+from ._acceptance import ECHO_EXEMPT
 from ._checks import positive_seconds
 from ._errors import ConfigError, InvalidBatch
 from ._schema import ItemSchema
@@ -52,8 +52,13 @@ def check_validator(fn: Any, args: str) -> None:
 def compared_candidates(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str]) -> list[str]:
     """Every field an item may be held to: the identity fields, plus under the default identity
     every task field (prompt and context aside)."""
-    return list(dict.fromkeys(name for task in tasks for name in compared_fields(task, identity))
-                ) or list(identity)
+    names = dict.fromkeys(identity)
+    if getattr(identity, "echo", False):  # what compared_fields adds, for all tasks at once
+        for task in tasks:
+            names.update(dict.fromkeys(task))
+        for name in ECHO_EXEMPT.difference(identity):
+            names.pop(name, None)
+    return list(names)
 
 
 def check_identity_values(tasks: Iterable[Mapping[str, Any]], identity: Sequence[str]) -> None:

@@ -42,10 +42,9 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]],
         raise InvalidBatch("empty batch: pass at least one task")
     identity = normalize_identity(identity)
     seen: dict[str, int] = {}
-    out: list[dict] = []
     texts: list[str] = []
     for position, task in enumerate(items):
-        if not isinstance(task, Mapping):
+        if type(task) is not dict and not isinstance(task, Mapping):
             raise InvalidBatch(f"task #{position} is a {type(task).__name__}, not a mapping; "
                                "each task must be a dict with task_id and prompt")
         if "task_id" not in task:
@@ -69,19 +68,25 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]],
                                    "the task or drop it from identity=")
         try:
             texts.append(_canonical(task))
-            texts[-1].encode("utf-8")  # keys and the ledger hash and store UTF-8
-        except UnicodeEncodeError as exc:
-            texts[-1:] = []
-            raise InvalidBatch(f"task {task_id!r} holds a string that is not valid Unicode (an "
-                               f"unpaired surrogate at position {exc.start} of its JSON); "
-                               "decode its text with errors='replace' or fix the source") from None
         except RecursionError:
             raise InvalidBatch(f"task {task_id!r} is nested too deeply to encode as JSON; "
                                "flatten it (or pass it as a JSON string)") from None
         except (TypeError, ValueError) as exc:
             raise InvalidBatch(f"task {task_id!r} is not JSON-serialisable ({exc}); keep tasks "
                                "to str/int/float/bool/None/list/dict with finite numbers") from None
-        out.append(json.loads(texts[-1]))  # the ledger's form, which acceptance compares to
+    joined = "[" + ",".join(texts) + "]"
+    try:
+        joined.encode("utf-8")  # keys and the ledger hash and store UTF-8
+    except UnicodeEncodeError:
+        for text, task in zip(texts, items, strict=True):  # which task: the rare path
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise InvalidBatch(
+                    f"task {task['task_id']!r} holds a string that is not valid Unicode (an "
+                    f"unpaired surrogate at position {exc.start} of its JSON); decode its text "
+                    "with errors='replace' or fix the source") from None
+    out = json.loads(joined)  # the ledger's form, which acceptance compares to: in one call
     return out, texts
 
 
