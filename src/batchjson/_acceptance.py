@@ -12,23 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from decimal import Decimal
-from itertools import accumulate
 from typing import Any
 
 from ._canon import canonical_json
 from ._replies import ODD_TEXT, text_of
 from ._schema import ItemSchema
+from ._strictjson import exact_json, has_float, json_equal, parse_json, strip_fence
 from ._validators import clip, judged_code_raised, run_validator_async
 
 REPAIRABLE = frozenset({"json", "coverage", "identity", "schema", "validation"})
-MAX_DEPTH = 256  # deeper JSON is refused before anything recursive walks it
 
 
 @dataclass
@@ -43,133 +40,6 @@ class Verdict:
     @property
     def repairable(self) -> bool:
         return bool(self.errors) and all(e["type"] in REPAIRABLE for e in self.errors)
-
-
-# -- parsing -----------------------------------------------------------------------------------
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"non-finite number {name} is not valid JSON")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if math.isinf(value):  # 1e400 and -1e999 are valid JSON but overflow to infinity
-        raise ValueError(f"number {text[:40]} overflows a float; only finite numbers are valid")
-    return value
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """An object naming a key twice is ambiguous (which case_id did the model mean?): refuse."""
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {key!r} in a JSON object")
-        out[key] = value
-    return out
-
-
-def _strip_fence(text: str) -> str:
-    stripped = text.strip()
-    if stripped.startswith("```") and stripped.endswith("```"):
-        lines = stripped.splitlines()
-        if len(lines) >= 3 and lines[0].strip().lower() in {"```", "```json"}:
-            stripped = "\n".join(lines[1:-1]).strip()
-    return stripped
-
-
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
-_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
-_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
-
-
-def _nesting(text: str) -> int:
-    """Deepest bracket nesting of a JSON text, strings skipped; linear, in C, non-recursive.
-    Few brackets bound the depth already, so the common return is not scanned."""
-    if text.count("[") + text.count("{") <= MAX_DEPTH:
-        return 0
-    skeleton = _NOT_BRACKET.sub("", _STRING.sub("", text))
-    return max(accumulate(map(_STEP.__getitem__, skeleton)), default=0)
-
-
-def _loads(text: str, decoder: json.JSONDecoder) -> Any:
-    if _nesting(text) > MAX_DEPTH:
-        raise ValueError(f"JSON is nested deeper than {MAX_DEPTH} levels")
-    try:
-        return decoder.decode(text)
-    except RecursionError:
-        raise ValueError("JSON is nested too deeply to read") from None
-
-
-# Built once: json.loads with options builds a decoder (and its scanner) on every call.
-_STRICT = json.JSONDecoder(parse_constant=_reject_constant, object_pairs_hook=_unique_keys,
-                           parse_float=_finite_float)
-_EXACT = json.JSONDecoder(parse_constant=_reject_constant, object_pairs_hook=_unique_keys,
-                          parse_float=Decimal)
-
-
-def parse_json(text: str) -> Any:
-    """Strict JSON (finite numbers only, overflow included; bounded nesting); a single ```json
-    fence is tolerated. Raises ValueError for anything else."""
-    return _loads(_strip_fence(text), _STRICT)
-
-
-def _exact_json(text: str) -> Any:
-    """The same text with every float kept as its exact decimal value, for identity checks."""
-    return _loads(_strip_fence(text), _EXACT)
-
-
-# -- exact JSON equality -----------------------------------------------------------------------
-def _float_equal(got: Any, want: Any) -> bool:
-    """``got`` is a float from a return (a Decimal when read exactly), ``want`` the request's."""
-    if isinstance(got, Decimal):
-        exact = Decimal(repr(want))
-        return got == exact and got.is_signed() == exact.is_signed()
-    return got == want and math.copysign(1.0, got) == math.copysign(1.0, want)
-
-
-def _json_equal(a: Any, b: Any) -> bool:
-    """Exact JSON-value equality, iterative (so any depth is safe): no True == 1, no 1 == 1.0,
-    no -0.0 == 0.0; ``a`` may hold Decimals (a return read exactly), ``b`` is the request's."""
-    kind = type(b)
-    if kind is str or kind is int or b is None:  # the common identity value: no walk
-        return type(a) is kind and a == b
-    stack = [(a, b)]
-    while stack:
-        x, y = stack.pop()
-        if isinstance(x, bool) or isinstance(y, bool):
-            if not (isinstance(x, bool) and isinstance(y, bool) and x is y):
-                return False
-        elif isinstance(y, float):
-            if not (isinstance(x, (float, Decimal)) and _float_equal(x, y)):
-                return False
-        elif isinstance(x, dict) and isinstance(y, dict):
-            if x.keys() != y.keys():
-                return False
-            stack.extend((x[k], y[k]) for k in x)
-        elif isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
-            if len(x) != len(y):
-                return False
-            stack.extend(zip(x, y, strict=True))
-        elif not (type(x) is type(y) and x == y):
-            return False
-    return True
-
-
-_SCALARS = frozenset((str, int, bool, type(None)))
-
-
-def _has_float(value: Any) -> bool:
-    if type(value) in _SCALARS:
-        return False
-    stack = [value]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, float):
-            return True
-        if isinstance(x, dict):
-            stack.extend(x.values())
-        elif isinstance(x, (list, tuple)):
-            stack.extend(x)
-    return False
 
 
 def _error(kind: str, message: str, task_id: str | None = None, **extra: Any) -> dict[str, Any]:
@@ -204,7 +74,7 @@ _CLOSE = re.compile(r"\s*\}\s*")
 
 def _inner_text(text: str) -> str | None:
     """The text of X in ``{"value": X}``, exactly as the model wrote it, or None."""
-    stripped = _strip_fence(text)
+    stripped = strip_fence(text)
     opened = _VALUE_OPEN.match(stripped)
     if opened is None:
         return None
@@ -414,11 +284,11 @@ def _identity(text: str, items: list[dict], expected: Mapping[str, Mapping[str, 
                                      f"{task['task_id']!r})", task["task_id"], field=name))
                 continue
             got = item[name]
-            if _has_float(task[name]) and _json_equal(got, task[name]):
+            if has_float(task[name]) and json_equal(got, task[name]):
                 if exact is None:
-                    exact = _exact_json(text)["items"]
+                    exact = exact_json(text)["items"]
                 got = exact[position][name]
-            if not _json_equal(got, task[name]):
+            if not json_equal(got, task[name]):
                 shown, wanted = item[name], task[name]
                 hint = ("" if name in identity else "; an echoed task field: under the default "
                         "identity every task field an item returns is compared (pass identity= "
@@ -488,7 +358,7 @@ def _coerced_identity(stored: Any, task: Mapping[str, Any],
     return [_error("schema", f"the schema turns {name} {clip(task[name])} into "
                    f"{clip(stored[name])} (task {task['task_id']!r}); declare it with the "
                    "task's JSON type", task["task_id"], field=name)
-            for name in identity if name in stored and not _json_equal(stored[name], task[name])]
+            for name in identity if name in stored and not json_equal(stored[name], task[name])]
 
 
 def _coverage(items: list[dict], expected: Mapping[str, Any]) -> list[dict[str, Any]]:
