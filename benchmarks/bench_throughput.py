@@ -6,12 +6,13 @@ single-task calls is ceil(N / C) * latency; every phase is reported as a ratio t
 
   (a) a bare aiohttp loop at concurrency C: the floor this machine can reach;
   (a2) the OpenAIProvider alone at concurrency C (no session, no ledger), for diagnosis;
+  (b0) the same as (b) with the ledger in memory, for diagnosis (what the ledger file costs);
   (b) the full batchjson path: Session(OpenAIProvider, SQLite ledger).run_batch(pack=1);
   (c) a sequential loop over a small subset, extrapolated to N;
   (d) the server's own requests/second, as it saw phases (a) and (b), plus a saturation run
       against a second, zero-latency server.
 
-(a), (a2) and (b) run in interleaved rounds (``--rounds``, default 5) against the same server,
+(a), (a2), (b0) and (b) run in interleaved rounds (``--rounds``, default 5) against the same server,
 and the verdict is on the median of (b): on a shared 2-core machine single runs of the same
 code vary by several hundredths of the ideal, and interleaving exposes (a) and (b) to the same
 moments of noise. Two figures are judged, each beside the bare loop of the same run:
@@ -185,24 +186,28 @@ EDGES: dict[str, float] = {}
 OUTSIDE: list[tuple[float, float]] = []  # (b): seconds before and after the replay loop
 
 
-def session_path(base_url: str, n: int, concurrency: int) -> tuple[float, Any, dict[str, Any]]:
-    """(b) the whole thing: Session + replay loop + acceptance + SQLite ledger, pack=1."""
+def session_path(base_url: str, n: int, concurrency: int, *, durable: bool = True
+                 ) -> tuple[float, Any, dict[str, Any]]:
+    """(b) the whole thing: Session + replay loop + acceptance + SQLite ledger, pack=1.
+    ``durable=False`` is (b0): the same with the ledger in memory, for diagnosis only (what
+    the ledger file's writes cost)."""
     from batchjson import Session
 
     _time_the_loop()
 
     with tempfile.TemporaryDirectory() as tmp:
         provider = OpenAIProvider(MODEL, base_url=base_url, api_key="sk-test")
-        session = Session(provider=provider, ledger=str(Path(tmp) / "bench.sqlite"),
-                          concurrency=concurrency)
+        session = Session(provider=provider, concurrency=concurrency,
+                          ledger=str(Path(tmp) / "bench.sqlite") if durable else None)
         asyncio.run(_reset(base_url))
         start = time.perf_counter()
         cpu = time.process_time()  # all threads: the session's event loop runs on its own
         result = session.run_batch("bench", tasks_for(n), SCHEMA, pack=1, on_exhausted="return")
         end = time.perf_counter()
         wall = end - start
-        OUTSIDE.append((EDGES["loop_start"] - start, end - EDGES["loop_end"]))
-        CPU["b"].append((time.process_time() - cpu) / n)
+        if durable:
+            OUTSIDE.append((EDGES["loop_start"] - start, end - EDGES["loop_end"]))
+        CPU["b" if durable else "b0"].append((time.process_time() - cpu) / n)
         stats = asyncio.run(_stats(base_url))
         session.close()
     return wall, result, stats
@@ -219,7 +224,7 @@ async def _stats(base_url: str) -> dict[str, Any]:
 
 
 # seconds of client CPU per call, per round
-CPU: dict[str, list[float]] = {"a": [], "a2": [], "b": []}
+CPU: dict[str, list[float]] = {"a": [], "a2": [], "b0": [], "b": []}
 
 
 def line(label: str, wall: float, ideal: float, extra: str = "") -> None:
@@ -249,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     ideal = math.ceil(n / c) * latency
     print(f"N={n} concurrency={c} latency={latency}s -> ideal ceil(N/C)*latency = {ideal:.3f} s"
           f"  (python {sys.version.split()[0]}, {os.cpu_count()} cpu, {args.rounds} rounds)")
-    walls: dict[str, list[float]] = {"a": [], "a2": [], "b": []}
+    walls: dict[str, list[float]] = {"a": [], "a2": [], "b0": [], "b": []}
     verdict = 0
     with server_process(latency) as base_url:
         print(f"server (separate process): {base_url}")
@@ -261,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
             line(f"[{round_no}] (a2) OpenAIProvider.complete alone", walls["a2"][-1], ideal)
             if args.skip_session:
                 continue
+            walls["b0"].append(session_path(base_url, n, c, durable=False)[0])
+            line(f"[{round_no}] (b0) the same, ledger in memory", walls["b0"][-1], ideal)
             wall_b, result, stats_b = session_path(base_url, n, c)
             walls["b"].append(wall_b)
             line(f"[{round_no}] (b) batchjson Session.run_batch(pack=1)", wall_b, ideal,
@@ -271,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                 verdict = 2
         print("medians:")
         for key, label in (("a", "(a) bare aiohttp loop"), ("a2", "(a2) provider alone"),
-                           ("b", "(b) batchjson Session")):
+                           ("b0", "(b0) ledger in memory"), ("b", "(b) batchjson Session")):
             if walls[key]:
                 values = walls[key]
                 line(label, statistics.median(values), ideal,
@@ -289,8 +296,11 @@ def main(argv: list[str] | None = None) -> int:
             after = statistics.median(a for _, a in OUTSIDE)
             print(f"  (b) of which outside the replay loop: {before * 1000:.0f} ms before it, "
                   f"{after * 1000:.0f} ms after it ({(before + after) / ideal:.3f}x of the ideal)")
-            cpu_a2 = statistics.median(CPU["a2"])
-            print(f"  (a2) CPU per call, provider alone: {cpu_a2 * 1e6:.0f} us")
+            cpu_a2, cpu_b0 = statistics.median(CPU["a2"]), statistics.median(CPU["b0"])
+            print(f"  CPU per call, where it goes: bare loop {cpu_a * 1e6:.0f} us; the provider "
+                  f"adds {(cpu_a2 - cpu_a) * 1e6:+.0f} us; session, replay loop, acceptance and "
+                  f"an in-memory ledger {(cpu_b0 - cpu_a2) * 1e6:+.0f} us; the ledger file "
+                  f"(WAL writes, commits) {(cpu_b - cpu_b0) * 1e6:+.0f} us")
             print(f"  (b) CPU per call target <= {CPU_TARGET}x the bare loop's: "
                   f"{'PASS' if cpu_ok else 'FAIL'} (median {cpu_b * 1e6:.0f} us against "
                   f"{cpu_a * 1e6:.0f} us, {cpu_b / cpu_a:.2f}x; rounds "
