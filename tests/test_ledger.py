@@ -315,4 +315,7 @@ def test_a_fresh_ledger_has_no_old_style_keys_to_look_for(tmp_path):
     with session.ledger.transaction() as db:
         db.execute("UPDATE revisions SET components = json_remove(components, '$.source')")
     assert session.ledger.has_legacy_keys()
+    with session.ledger.transaction() as db:  # unreadable: looked through, never an error
+        db.execute("UPDATE revisions SET components = 'not json'")
+    assert session.ledger.has_legacy_keys()
     session.close()

@@ -367,8 +367,9 @@ class Ledger:
     def has_legacy_keys(self) -> bool:
         """Whether any revision was keyed before the answer source joined request keys
         (its components have no "source"): only then do runs look for old-style keys."""
-        return bool(self._rows("SELECT EXISTS (SELECT 1 FROM revisions WHERE "
-                               "json_extract(components, '$.source') IS NULL)")[0][0])
+        return bool(self._rows(  # unreadable components: assume old, look (never skip)
+            "SELECT EXISTS (SELECT 1 FROM revisions WHERE CASE WHEN json_valid(components) "
+            "THEN json_extract(components, '$.source') IS NULL ELSE 1 END)")[0][0])
 
     def checkpoint_count(self, name: str | None = None) -> int:
         """``len(checkpoint(name))`` summed over one batch or all, without decoding items."""
