@@ -353,3 +353,18 @@ def test_waiting_prompts_go_out_as_one_batch_and_batch_errors_stay_with_their_it
     assert out["errors"][0]["type"] == "provider_error" and "rate limited" in out["errors"][0][
         "error"]
     assert out["values"][0] == {"label": "pos"} and out["values"][1] is None
+
+
+def test_an_rlm_call_fingerprints_its_validator_once(monkeypatch):
+    """The droste helper names its batch by the validator's fingerprint; the run reuses that
+    record instead of walking the validator (and everything it reads) a second time."""
+    from batchjson import _registry
+
+    walked = []
+    real = _registry.fingerprint_function
+    monkeypatch.setattr(_registry, "fingerprint_function",
+                        lambda fn: walked.append(fn) or real(fn))
+    namespace = {"prompts": PROMPTS, "schema": SCHEMA, "history": []}
+    bind(namespace, FlakySubcalls(bad=0))
+    assert run_cell(SEED_CELL, namespace) == "ok"
+    assert len(walked) == 1

@@ -167,6 +167,12 @@ class Session:
 
     def run(self, spec: RunSpec) -> BatchResult:
         """Run one :class:`RunSpec`: every face (magic, RLM binding, CLI) ends here."""
+        return self._run(spec)
+
+    def _run(self, spec: RunSpec, registered: Any = None) -> BatchResult:
+        """``registered``: the validator's version record when the caller registered
+        ``spec.validator`` a moment ago (the droste helper names its batch by it), so the
+        validator is not fingerprinted a second time."""
         if not isinstance(spec, RunSpec):
             raise InvalidBatch(f"Session.run takes a RunSpec, got {type(spec).__name__}")
         # Every check happens before anything is recorded or spent.
@@ -207,7 +213,10 @@ class Session:
 
         version = None
         if validator is not None:
-            version = self.validators.version_of(validator, spec.validator_name)
+            reuse = (registered is not None and registered.fn is validator
+                     and spec.validator_name in (None, registered.name))
+            version = registered if reuse else self.validators.version_of(
+                validator, spec.validator_name)
             validator = version.fn
         checker = (_index_form(validator) if validator is not None and
                    spec.validator_args == "index" else validator)

@@ -42,8 +42,8 @@ def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
                    contexts: Sequence[str] | None = None, max_repair_attempts: int = 1,
                    validator: Callable[[Any, int], Any] | None = None, *,
                    name: str | None = None, refuse_short_budget: bool = False,
-                   keyed_by_content: bool = False, max_calls: int | None = None
-                   ) -> dict[str, Any]:
+                   keyed_by_content: bool = False, max_calls: int | None = None,
+                   registered: Any = None) -> dict[str, Any]:
     """Run one prompt per call, each returning a bare JSON value; droste's return shape.
 
     droste spends what the budget has and reports the rest as ``budget_exhausted``;
@@ -53,6 +53,7 @@ def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
     included, so a changed validator opens new evidence and never supersedes the old: the old
     stays owed and keeps blocking a ready answer, as under droste's identity keying.
     ``max_calls=0`` with ``refuse_short_budget`` answers only from what is already accepted.
+    ``registered``: the validator's version record, when the caller registered it just now.
     """
     if isinstance(prompts, str) or not isinstance(prompts, Sequence):
         raise InvalidBatch("prompts must be a list of strings")
@@ -77,20 +78,21 @@ def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
         if contexts is not None:
             task["context"] = contexts[index]
         tasks.append(task)
-    batch = name
+    batch, version = name, None
     if batch is None and keyed_by_content:
-        version = None if validator is None else session.validators.version_of(validator)
+        version = (None if validator is None else registered if registered is not None
+                   and registered.fn is validator else session.validators.version_of(validator))
         validator = validator if version is None else version.fn
         content = sha(json.dumps([item_schema.fingerprint,
                                   None if version is None else version.fingerprint.digest]))
         batch = default_batch_name(prompts, contexts, content)
     elif batch is None:
         batch = default_batch_name(prompts, contexts)
-    result = session.run(RunSpec(
+    result = session._run(RunSpec(
         name=batch, tasks=tasks, schema=item_schema, validator=validator,
         identity=("task_id",), repairs=max_repair_attempts, on_exhausted="return",
         mode="value", validator_args="index", refuse_short_budget=refuse_short_budget,
-        max_calls=max_calls))
+        max_calls=max_calls), registered=version)
 
     dump = item_schema.dump
     values = [dump(result.values[t["task_id"]]) if t["task_id"] in result.values else None

@@ -202,8 +202,9 @@ class _Binding:
         Returns ``values``, ``errors``, ``attempts`` and ``repairs_made``. Re-running the same
         call resumes its requests; prompts already accepted are not paid again.
         """
+        registered = None  # its version record: the run need not fingerprint it again
         if validator is not None and callable(validator):
-            validator = self._rebind(validator, call=(prompts, contexts, name))
+            validator, registered = self._registered(validator, call=(prompts, contexts, name))
         owed, remaining = self.session.evidence.minimum_exact_retry_calls, self._remaining()
         cost_spent = self._cost_spent()
         if owed and ((remaining is not None and owed > remaining) or cost_spent):
@@ -211,14 +212,14 @@ class _Binding:
                 return llm_batch_json(self.session, prompts, schema, contexts,
                                       max_repair_attempts, validator, name=name,
                                       refuse_short_budget=True, keyed_by_content=True,
-                                      max_calls=0)
+                                      max_calls=0, registered=registered)
             except BudgetExceeded:
                 raise _refused(owed, remaining or 0, "to clear the unresolved evidence already "
                                "recorded", cost_spent=cost_spent) from None
         try:
             return llm_batch_json(self.session, prompts, schema, contexts, max_repair_attempts,
                                   validator, name=name, refuse_short_budget=True,
-                                  keyed_by_content=True)
+                                  keyed_by_content=True, registered=registered)
         except BudgetExceeded as exc:
             raise _refused(exc.needed, exc.remaining, "to answer the prompts of this call "
                            "that are not yet accepted",
@@ -238,6 +239,12 @@ class _Binding:
 
     def _rebind(self, fn: Any, name: str | None = None,
                    call: tuple[Any, Any, Any] | None = None) -> Callable[..., Any]:
+        return self._registered(fn, name, call)[0]
+
+    def _registered(self, fn: Any, name: str | None = None,
+                    call: tuple[Any, Any, Any] | None = None) -> tuple[Callable[..., Any], Any]:
+        """The canonical object for ``fn`` and its version record (None when it went by a
+        name of its own, below)."""
         if not callable(fn):
             raise InvalidBatch(f"a validator must be a function (value, index) -> None that "
                                f"raises ValueError to reject, got {type(fn).__name__}")
@@ -253,7 +260,7 @@ class _Binding:
             if call is not None and name is None and not owed:
                 return canonical_validator(registry, fn, namespaces=[self.namespace],
                                            frame=frame,
-                                           name=f"{exc.name}#{exc.new_fingerprint[:12]}")
+                                           name=f"{exc.name}#{exc.new_fingerprint[:12]}"), None
             exc.args = (_changed_message(exc, owed, during="call" if call else "definition"),)
             raise
         if call is not None and self.session.strict:
@@ -266,7 +273,7 @@ class _Binding:
                 refused = ValidatorChanged(version.name, old, digest, [], len(owed))
                 refused.args = (_changed_message(refused, owed, during="call"),)
                 raise refused
-        return version.fn
+        return version.fn, version
 
     def _owing_digest(self, batch: str, name: str) -> str:
         for revision in self.session.ledger.revisions(batch):
