@@ -171,6 +171,17 @@ def test_identity_written_with_spaces_says_fields_are_separated_by_commas(
     assert model.calls == 0 and session.ledger.spend()["calls"] == 0
 
 
+def test_identity_listed_as_one_spaced_name_shows_the_list_to_write() -> None:
+    """identity=["task_id case_id"]: no task has that field, but each has both words."""
+    model = Counting()
+    session = Session(CallableProvider(model))
+    tasks = [{**t, "case_id": f"c{i}"} for i, t in enumerate(review_tasks(2))]
+    with pytest.raises(InvalidBatch) as raised:
+        session.run_batch("r", tasks, LABEL_SCHEMA, identity=["task_id case_id"])
+    assert "list each field on its own, e.g. identity=['task_id', 'case_id']" in str(raised.value)
+    assert model.calls == 0 and session.ledger.spend()["calls"] == 0
+
+
 def test_a_ledger_path_that_is_a_directory_is_a_ledger_error(tmp_path: Path) -> None:
     with pytest.raises(LedgerError, match=str(tmp_path)):
         Session(CallableProvider(items_reply), ledger=tmp_path)

@@ -64,6 +64,12 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]],
                                f"{type(prompt).__name__}")
         for name in identity:
             if name not in task:
+                words = name.split()
+                if len(words) > 1 and all(word in task for word in words):  # "task_id case_id"
+                    raise InvalidBatch(
+                        f"identity names the field {name!r}, which no task has, but the task has "
+                        f"{', '.join(map(repr, words))}: list each field on its own, e.g. "
+                        f"identity={list(dict.fromkeys(['task_id', *words]))!r}")
                 raise InvalidBatch(f"task {task_id!r} lacks identity field {name!r}; add it to "
                                    "the task or drop it from identity=")
         try:
