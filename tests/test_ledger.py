@@ -250,14 +250,20 @@ def test_a_kill_at_any_point_leaves_a_consistent_ledger_and_rerun_spends_nothing
     session.close()
 
 
-def test_a_schema_2_ledger_is_upgraded_keeping_its_claims_and_receipts(tmp_path):
+def ledger_at_schema(path, version: int) -> sqlite3.Connection:
+    """A ledger file as batchjson wrote it at an older schema ``version``, open for rows."""
     from batchjson._migrations import MIGRATIONS
 
-    path = tmp_path / "l.sqlite"
     db = sqlite3.connect(path, isolation_level=None)
-    for version, script in enumerate(MIGRATIONS[:2], start=1):  # a ledger written by schema 2
+    for number, script in enumerate(MIGRATIONS[:version], start=1):
         db.executescript(script)
-        db.execute(f"PRAGMA user_version = {version}")
+        db.execute(f"PRAGMA user_version = {number}")
+    return db
+
+
+def test_a_schema_2_ledger_is_upgraded_keeping_its_claims_and_receipts(tmp_path):
+    path = tmp_path / "l.sqlite"
+    db = ledger_at_schema(path, 2)
     db.execute("INSERT INTO claims VALUES ('k', 'h/1/s/r', 'h', 1, 's', NULL, 1.0, 'then')")
     db.close()
     ledger = Ledger(path)
@@ -271,13 +277,8 @@ def test_a_schema_2_ledger_is_upgraded_keeping_its_claims_and_receipts(tmp_path)
 def test_a_schema_5_ledger_is_upgraded_keeping_every_accepted_value(tmp_path):
     """Schema 6 rebuilds the checkpoint (one b-tree a row) and drops status from the key index:
     values, the once-only admission and reading by key all survive the upgrade."""
-    from batchjson._migrations import MIGRATIONS
-
     path = tmp_path / "l.sqlite"
-    db = sqlite3.connect(path, isolation_level=None)
-    for version, script in enumerate(MIGRATIONS[:5], start=1):  # a ledger written by schema 5
-        db.executescript(script)
-        db.execute(f"PRAGMA user_version = {version}")
+    db = ledger_at_schema(path, 5)
     db.execute("INSERT INTO batches VALUES (1, 'r', 1, 'then')")
     db.execute("INSERT INTO revisions(id, batch_id, number, fingerprint, components, status, "
                "created_at) VALUES (1, 1, 1, 'f', '{}', 'open', 'then')")
