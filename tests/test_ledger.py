@@ -320,3 +320,18 @@ def test_a_fresh_ledger_has_no_old_style_keys_to_look_for(tmp_path):
         db.execute("UPDATE revisions SET components = 'not json'")
     assert session.ledger.has_legacy_keys()
     session.close()
+
+
+def test_a_checkpoint_row_that_is_not_one_json_text_never_lends_its_values_to_other_tasks():
+    """Items are decoded together; a row that is not one JSON text (a hand edit, a file merged
+    in) must fail as itself, never shift values onto other tasks of the same request."""
+    session = Session(CallableProvider(items_reply, source="test-model"))
+    session.run_batch("r", review_tasks(3), LABEL_SCHEMA, pack=3)
+    ids = [r[0] for r in session.ledger._rows("SELECT task_id FROM checkpoint ORDER BY task_id")]
+    with session.ledger.transaction() as db:  # three rows that, joined, read as three values
+        for task_id, text in zip(ids, ['{"verdict": "x"},{"verdict": "y"}', "[3", "4]"],
+                                 strict=True):
+            db.execute("UPDATE checkpoint SET item = ? WHERE task_id = ?", (text, task_id))
+    with pytest.raises(ValueError):
+        session.ledger.checkpoint("r")
+    session.close()

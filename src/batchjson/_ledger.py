@@ -357,11 +357,13 @@ class Ledger:
                 return {}
             revision_id = rows[0][0]
         rows = self._rows(
-            "SELECT c.task_id, c.item FROM requests q JOIN checkpoint c ON c.request_key = q.key "
-            "WHERE q.revision_id = ? AND q.split = 0 ORDER BY q.position, q.id, c.attempt_id",
-            (revision_id,))
-        # every item is one JSON text: decoded together, in one call, not one call a row
-        items = json.loads("[" + ",".join(r[1] for r in rows) + "]")
+            "SELECT c.task_id, c.item, json_valid(c.item) FROM requests q JOIN checkpoint c "
+            "ON c.request_key = q.key WHERE q.revision_id = ? AND q.split = 0 "
+            "ORDER BY q.position, q.id, c.attempt_id", (revision_id,))
+        if all(r[2] for r in rows):  # each item one JSON text (SQLite says, in C): one decode
+            items = json.loads("[" + ",".join(r[1] for r in rows) + "]")
+        else:  # joined, "1,2" next to "[3" and "4]" would shift values between tasks
+            items = [json.loads(r[1]) for r in rows]
         return {r[0]: item for r, item in zip(rows, items, strict=True)}
 
     def has_legacy_keys(self) -> bool:

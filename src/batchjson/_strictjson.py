@@ -53,17 +53,17 @@ _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 _STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 
 
-def _nesting(text: str) -> int:
+def nesting(text: str, bound: int = MAX_DEPTH) -> int:
     """Deepest bracket nesting of a JSON text, strings skipped; linear, in C, non-recursive.
-    Few brackets bound the depth already, so the common return is not scanned."""
-    if text.count("[") + text.count("{") <= MAX_DEPTH:
+    A text with at most ``bound`` brackets is nested at most that deep: not scanned, 0."""
+    if text.count("[") + text.count("{") <= bound:
         return 0
     skeleton = _NOT_BRACKET.sub("", _STRING.sub("", text))
     return max(accumulate(map(_STEP.__getitem__, skeleton)), default=0)
 
 
 def _loads(text: str, decoder: json.JSONDecoder) -> Any:
-    if _nesting(text) > MAX_DEPTH:
+    if nesting(text) > MAX_DEPTH:
         raise ValueError(f"JSON is nested deeper than {MAX_DEPTH} levels")
     try:
         return decoder.decode(text)

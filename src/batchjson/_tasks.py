@@ -11,9 +11,15 @@ from typing import Any
 from ._canon import canonical_json as _canonical
 from ._checks import whole
 from ._errors import InvalidBatch
+from ._strictjson import nesting
 
 TASKS_BEGIN = "<<<BATCHJSON_TASKS"
 TASKS_END = "BATCHJSON_TASKS>>>"
+# How deep a task's JSON may nest (the task itself is one level). Its request is copied, keyed,
+# stored and read back by recursive code (json) on stacks of other threads: the session's loop,
+# a provider's executor. Encoding it once on the caller's stack proves nothing about those, so
+# the bound leaves room under Python's default recursion limit of 1000 for any of them.
+MAX_TASK_DEPTH = 768
 
 
 _json_string = json.encoder.encode_basestring  # a str as a JSON literal, non-ASCII kept
@@ -75,8 +81,7 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]],
         try:
             texts.append(_canonical(task))
         except RecursionError:
-            raise InvalidBatch(f"task {task_id!r} is nested too deeply to encode as JSON; "
-                               "flatten it (or pass it as a JSON string)") from None
+            raise _too_deep(task_id, "to encode as JSON") from None
         except (TypeError, ValueError) as exc:
             raise InvalidBatch(f"task {task_id!r} is not JSON-serialisable ({exc}); keep tasks "
                                "to str/int/float/bool/None/list/dict with finite numbers") from None
@@ -92,8 +97,23 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]],
                     f"task {task['task_id']!r} holds a string that is not valid Unicode (an "
                     f"unpaired surrogate at position {exc.start} of its JSON); decode its text "
                     "with errors='replace' or fix the source") from None
-    out = json.loads(joined)  # the ledger's form, which acceptance compares to: in one call
+    if joined.count("[") + joined.count("{") > MAX_TASK_DEPTH:  # few brackets: none is deep
+        for text, task in zip(texts, items, strict=True):
+            depth = nesting(text, MAX_TASK_DEPTH)
+            if depth > MAX_TASK_DEPTH:
+                raise _too_deep(task["task_id"], f"({depth} levels of JSON, at most "
+                                f"{MAX_TASK_DEPTH})")
+    try:
+        out = json.loads(joined)  # the ledger's form, which acceptance compares to: in one call
+    except RecursionError:  # within the bound, on a caller's stack that is deeper still
+        deepest = max(range(len(texts)), key=lambda i: nesting(texts[i], 0))
+        raise _too_deep(items[deepest]["task_id"], "to read back on this stack") from None
     return out, texts
+
+
+def _too_deep(task_id: str, why: str) -> InvalidBatch:
+    return InvalidBatch(f"task {task_id!r} is nested too deeply {why}; flatten it (or pass it "
+                        "as a JSON string)")
 
 
 class Identity(tuple):

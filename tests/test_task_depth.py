@@ -1,0 +1,77 @@
+"""A task nested deeper than every copy of it can be made is refused before anything is written:
+its request is copied, keyed, stored and read back by recursive code on other threads' stacks
+(the session's loop, a provider's executor), so "it encoded once here" is not enough."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from typing import Any
+
+import pytest
+
+from batchjson import CallableProvider, Session
+from batchjson._errors import InvalidBatch
+from batchjson._tasks import MAX_TASK_DEPTH, normalize_tasks
+from tests.helpers import LABEL_SCHEMA
+
+
+def _lists(depth: int) -> Any:
+    value: Any = 0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def _answer(call: Any) -> str:
+    return json.dumps({"items": [{"task_id": t["task_id"], "verdict": "match"}
+                                 for t in call.tasks]})
+
+
+def test_a_task_nested_near_the_recursion_limit_is_refused_before_any_receipt():
+    """Run from a fresh thread (a shallow stack, as a script's main thread is): at every depth
+    up to where encoding fails, the run either resolves or is an InvalidBatch with nothing on
+    record; never a RecursionError, never a receipt left in flight for a call not sent."""
+    sent: list[int] = []
+    session = Session(CallableProvider(lambda call: sent.append(1) or _answer(call),
+                                       source="test-model"))
+    outcomes: dict[int, str] = {}
+    limit = sys.getrecursionlimit()
+
+    def sweep() -> None:
+        for depth in range(limit - 60, limit + 5):
+            try:
+                result = session.run_batch(f"d{depth}", [{"task_id": "a", "prompt": "p",
+                                                          "ctx": _lists(depth)}],
+                                           LABEL_SCHEMA, identity=["task_id"])
+                outcomes[depth] = result.status
+            except InvalidBatch:
+                outcomes[depth] = "refused"
+            except BaseException as exc:  # noqa: BLE001 - what the test is looking for
+                outcomes[depth] = type(exc).__name__
+
+    runner = threading.Thread(target=sweep)
+    runner.start()
+    runner.join()
+    try:
+        assert {o for o in outcomes.values()} <= {"resolved", "refused"}, {
+            d: o for d, o in outcomes.items() if o not in ("resolved", "refused")}
+        assert session.ledger.spend()["in_flight_calls"] == 0
+        assert session.ledger.spend()["calls"] == len(sent)
+    finally:
+        session.close()
+
+
+def test_a_task_deeper_than_the_bound_is_an_invalid_batch_naming_it():
+    ok = [{"task_id": "a", "prompt": "p", "ctx": _lists(MAX_TASK_DEPTH - 1)}]
+    assert normalize_tasks(ok, None)[0][0]["ctx"] == _lists(MAX_TASK_DEPTH - 1)
+    deep = [{"task_id": "a", "prompt": "p"},
+            {"task_id": "b", "prompt": "p", "ctx": _lists(MAX_TASK_DEPTH)}]
+    with pytest.raises(InvalidBatch, match=r"task 'b' is nested too deeply .*flatten it"):
+        normalize_tasks(deep, None)
+
+
+def test_brackets_inside_strings_are_not_nesting():
+    tasks = [{"task_id": "a", "prompt": "[" * (3 * MAX_TASK_DEPTH) + "{" * MAX_TASK_DEPTH}]
+    assert normalize_tasks(tasks, None)[0][0]["prompt"] == tasks[0]["prompt"]
