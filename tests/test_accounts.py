@@ -363,3 +363,14 @@ def test_spend_and_cost_summary_agree_on_every_kind_of_call_and_cost(tmp_path: P
     assert evidence["cost_per_usable_result_is_lower_bound"]
     assert evidence["cost_lower_bound"] == pytest.approx(labels["cost_lower_bound"])
     ledger.close()
+
+
+def test_a_batch_with_no_known_cost_has_no_cost_per_usable_result(tmp_path: Path) -> None:
+    """A model with no price and no reported cost: the account says unknown, not $0."""
+    session = Session(CallableProvider(lambda call: Reply(text=items_reply(call)),
+                                       source="no-price"), ledger=tmp_path / "l.sqlite")
+    assert session.run_batch("r", review_tasks(2), LABEL_SCHEMA).status == "resolved"
+    (entry,) = [e for e in session.ledger.cost_summary()["batches"] if e["batch"] == "r"]
+    assert entry["usable_results"] == 2 and entry["cost_is_lower_bound"]
+    assert entry["cost_per_usable_result"] is None
+    session.close()

@@ -139,8 +139,10 @@ def _finish(entry: dict[str, Any]) -> dict[str, Any]:
     entry["cost_at_least"] = round(entry["cost"] + entry["unknown_cost_lower_bound"], 12)
     entry["tokens"] = entry["input_tokens"] + entry["output_tokens"]
     entry["cost_is_lower_bound"] = entry["unknown_cost_calls"] > 0
-    entry["cost_per_usable_result"] = (round(entry["cost_at_least"] / usable, 12) if usable
-                                       else None)
+    # Nothing known about the cost (no price, no usage): unknown, never a cost of zero.
+    known = entry["cost_at_least"] > 0 or not entry["cost_is_lower_bound"]
+    entry["cost_per_usable_result"] = (round(entry["cost_at_least"] / usable, 12)
+                                       if usable and known else None)
     entry["unresolved_tasks"] = max(entry["tasks"] - usable, 0)
     return entry
 
