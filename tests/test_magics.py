@@ -302,6 +302,19 @@ def test_a_bad_config_value_fails_the_cell_naming_what_is_allowed_and_changes_no
     assert loaded.user_ns["batch_session"].concurrency == 3
 
 
+def test_a_bad_value_in_the_ipython_config_fails_the_load_naming_it_and_the_fix(
+        ip: Any, capsys: Any) -> None:
+    ip.config.BatchJson.concurrency = 0  # as ipython_config.py would set it
+    line = usage_error(ip, "%load_ext batchjson", capsys)
+    assert line.startswith("UsageError: batchjson was not loaded: the IPython configuration "
+                           "sets c.BatchJson.concurrency = 0, which is refused"), line
+    assert "get_ipython().config.BatchJson.pop('concurrency')" in line
+    assert ip.find_cell_magic("batch_json") is None  # nothing half-loaded
+    ip.config.BatchJson.pop("concurrency")
+    ok(ip, "%load_ext batchjson")
+    assert ip.find_cell_magic("batch_json") is not None
+
+
 def test_unloading_gives_back_ipythons_own_config_magic(loaded: Any, capsys: Any) -> None:
     ok(loaded, "%unload_ext batchjson")
     assert not hasattr(loaded.find_line_magic("config"), "__wrapped__")

@@ -373,7 +373,10 @@ def load_ipython_extension(shell: Any) -> None:
     assert state is not None
     if state.magics is not None:
         return  # already loaded: harmless
-    magics = BatchJson(shell=shell)
+    try:
+        magics = BatchJson(shell=shell)
+    except TraitError as exc:  # the shell's config (ipython_config.py) holds a bad value
+        raise UsageError(_bad_config(shell, exc)) from None
     try:
         state.attach(magics.settings())
     except Exception:  # e.g. a configured ledger that cannot be opened: leave nothing behind
@@ -390,6 +393,18 @@ def load_ipython_extension(shell: Any) -> None:
     shell.events.register("pre_run_cell", state.pre_run_cell)
     if allow_empty_body not in shell.input_transformers_cleanup:
         shell.input_transformers_cleanup.append(allow_empty_body)
+
+
+def _bad_config(shell: Any, exc: TraitError) -> str:
+    """Which configured BatchJson value was refused at load, and where to fix it."""
+    section = shell.config.get("BatchJson") or {}
+    name = next((n for n in SETTINGS if n in section and f"'{n}'" in str(exc)), None)
+    what = (f"c.BatchJson.{name} = {shown(name, section[name])}" if name is not None
+            else "a c.BatchJson setting")
+    return (f"batchjson was not loaded: the IPython configuration sets {what}, which is "
+            f"refused ({one_line(exc)}). Fix or remove it where it is set (ipython_config.py, or "
+            f"a kernel's config), or in this kernel with get_ipython().config.BatchJson.pop("
+            f"{name or 'NAME'!r}), then run %load_ext batchjson again")
 
 
 def unload_ipython_extension(shell: Any) -> None:
