@@ -368,3 +368,18 @@ def test_an_rlm_call_fingerprints_its_validator_once(monkeypatch):
     bind(namespace, FlakySubcalls(bad=0))
     assert run_cell(SEED_CELL, namespace) == "ok"
     assert len(walked) == 1
+
+
+def test_a_named_rlm_call_fingerprints_its_validator_once(monkeypatch):
+    from batchjson import _registry
+
+    walked = []
+    real = _registry.fingerprint_function
+    monkeypatch.setattr(_registry, "fingerprint_function",
+                        lambda fn: walked.append(fn) or real(fn))
+    namespace = {"prompts": PROMPTS, "schema": SCHEMA, "history": []}
+    bind(namespace, FlakySubcalls(bad=0))
+    cell = SEED_CELL.replace("validator=validate_labels)", "validator=validate_labels, "
+                             "name='labels')")
+    assert "name='labels'" in cell and run_cell(cell, namespace) == "ok"
+    assert len(walked) == 1

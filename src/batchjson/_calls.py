@@ -90,6 +90,9 @@ class CallSteps:
         if self._stop is not None:
             raise Stopped()
         ledger, plan, owner = self.ledger, self.plan, self.owner
+        number = self._attempts.get(request.key, 0)
+        # Built before anything is reserved or written: whatever fails here leaves no receipt.
+        call = self._make_call(request, kind, prompt, number)
         estimated = estimate_tokens(self._system + prompt)
         reserved = await self._reserve(estimated)
         floor = self.spender.pricing.floor(estimated)
@@ -138,13 +141,11 @@ class CallSteps:
             self.spender.release(reserved)
             self._close(attempt_id, "stopped before it was sent", None)
             raise Stopped()
-        number = self._attempts.get(request.key, 0)
         self._attempts[request.key] = number + 1
         self.outcome.calls += 1
         for task_id in request.task_ids:
             self.outcome.attempts_by_task[task_id] = (
                 self.outcome.attempts_by_task.get(task_id, 0) + 1)
-        call = self._make_call(request, kind, prompt, number)
         sent_at = now()
         settled = False
         reply: Reply | None = None

@@ -30,7 +30,7 @@ from ._ledger import Ledger
 from ._plan import Outcome, Plan, Transport
 from ._providers.base import answer_source, close_provider
 from ._providers.select import make_provider, provider_label
-from ._registry import ValidatorRegistry
+from ._registry import ValidatorRegistry, ValidatorVersion
 from ._rejudge import clear_legacy, rejudge
 from ._replay import Replayer
 from ._replies import GuardedProvider
@@ -169,7 +169,7 @@ class Session:
         """Run one :class:`RunSpec`: every face (magic, RLM binding, CLI) ends here."""
         return self._run(spec)
 
-    def _run(self, spec: RunSpec, registered: Any = None) -> BatchResult:
+    def _run(self, spec: RunSpec, registered: ValidatorVersion | None = None) -> BatchResult:
         """``registered``: the validator's version record when the caller registered
         ``spec.validator`` a moment ago (the droste helper names its batch by it), so the
         validator is not fingerprinted a second time."""

@@ -17,6 +17,7 @@ from ._spec import RunSpec
 from ._tasks import sha
 
 if TYPE_CHECKING:
+    from ._registry import ValidatorVersion
     from ._session import Session
 
 _DROSTE_TYPES = {
@@ -43,7 +44,7 @@ def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
                    validator: Callable[[Any, int], Any] | None = None, *,
                    name: str | None = None, refuse_short_budget: bool = False,
                    keyed_by_content: bool = False, max_calls: int | None = None,
-                   registered: Any = None) -> dict[str, Any]:
+                   registered: ValidatorVersion | None = None) -> dict[str, Any]:
     """Run one prompt per call, each returning a bare JSON value; droste's return shape.
 
     droste spends what the budget has and reports the rest as ``budget_exhausted``;
@@ -92,7 +93,7 @@ def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
         name=batch, tasks=tasks, schema=item_schema, validator=validator,
         identity=("task_id",), repairs=max_repair_attempts, on_exhausted="return",
         mode="value", validator_args="index", refuse_short_budget=refuse_short_budget,
-        max_calls=max_calls), registered=version)
+        max_calls=max_calls), registered=version or registered)
 
     dump = item_schema.dump
     values = [dump(result.values[t["task_id"]]) if t["task_id"] in result.values else None
