@@ -374,3 +374,32 @@ def test_a_batch_with_no_known_cost_has_no_cost_per_usable_result(tmp_path: Path
     assert entry["usable_results"] == 2 and entry["cost_is_lower_bound"]
     assert entry["cost_per_usable_result"] is None
     session.close()
+
+
+def test_status_and_evidence_give_one_cost_per_usable_result_for_every_kind_of_batch(
+        tmp_path: Path) -> None:
+    """Priced, unpriced, re-judged for free and mixed: the two accounts never disagree, an
+    unpriced batch is unknown (None), and one answered only by free rechecks cost $0."""
+    path = tmp_path / "l.sqlite"
+    unpriced = Session(CallableProvider(lambda call: Reply(text=items_reply(call)),
+                                        source="no-price"), ledger=path)
+    def any_label(item, task):  # only how returns are judged changes: stored ones re-judged
+        return None
+
+    unpriced.run_batch("unpriced", review_tasks(2), LABEL_SCHEMA)
+    assert unpriced.run_batch("unpriced", review_tasks(2), LABEL_SCHEMA,
+                              validator=any_label).rechecked == 2
+    unpriced.close()
+    paid = Session(CallableProvider(lambda call: priced(items_reply(call)), source="paid"),
+                   ledger=path)
+    paid.run_batch("paid", review_tasks(2), LABEL_SCHEMA)
+    rechecked = paid.run_batch("paid", review_tasks(2), LABEL_SCHEMA, validator=any_label)
+    assert rechecked.calls == 0 and rechecked.rechecked == 2  # re-judged, not paid again
+    summary = {e["batch"]: e for e in paid.ledger.cost_summary()["batches"]}
+    for batch in ("unpriced", "paid"):
+        assert (summary[batch]["cost_per_usable_result"]
+                == paid.evidence.summary(batch)["cost_per_usable_result"]), batch
+    assert summary["unpriced"]["cost_per_usable_result"] is None
+    assert summary["paid"]["cost_per_usable_result"] == pytest.approx(0.002 / 2)
+    assert paid.ledger.spend("paid")["cost"] == pytest.approx(0.002)  # rechecks add nothing
+    paid.close()

@@ -14,7 +14,6 @@ from typing import Any
 from ._ledger import Ledger
 from ._providers.pricing import price_for
 
-STATUSES = ("accepted", "rejected", "provider_error", "abandoned", "cancelled", "in_flight")
 COUNTERS = ("calls", "rechecks", "accepted_returns", "rejected_returns", "provider_errors",
             "abandoned", "cancelled", "in_flight", "imported", "input_tokens", "output_tokens",
             "cached_tokens", "unknown_cost_calls", "unpriced_calls", "tasks", "usable_results")
@@ -42,7 +41,7 @@ _CALLS_SQL = (
     "COALESCE(SUM(a.input_tokens), 0) AS input_tokens, "
     "COALESCE(SUM(a.output_tokens), 0) AS output_tokens, "
     "COALESCE(SUM(a.cached_tokens), 0) AS cached_tokens, "
-    "SUM(a.cost) AS cost, "  # NULL when no attempt has a recorded cost
+    f"SUM(CASE WHEN {IS_CALL} THEN a.cost END) AS cost, "  # NULL: no call has a known cost
     f"SUM({UNKNOWN}) AS unknown_cost_calls, "
     f"COALESCE(SUM(CASE WHEN {UNKNOWN} THEN a.cost_floor END), 0.0) "
     "AS unknown_cost_lower_bound, "
@@ -139,12 +138,21 @@ def _finish(entry: dict[str, Any]) -> dict[str, Any]:
     entry["cost_at_least"] = round(entry["cost"] + entry["unknown_cost_lower_bound"], 12)
     entry["tokens"] = entry["input_tokens"] + entry["output_tokens"]
     entry["cost_is_lower_bound"] = entry["unknown_cost_calls"] > 0
-    # Nothing known about the cost (no price, no usage): unknown, never a cost of zero.
-    known = entry["cost_at_least"] > 0 or not entry["cost_is_lower_bound"]
-    entry["cost_per_usable_result"] = (round(entry["cost_at_least"] / usable, 12)
-                                       if usable and known else None)
+    per = per_usable_result(entry["cost"], entry["unknown_cost_lower_bound"],
+                            entry["unknown_cost_calls"], usable)
+    entry["cost_per_usable_result"] = None if per is None else round(per, 12)
     entry["unresolved_tasks"] = max(entry["tasks"] - usable, 0)
     return entry
+
+
+def per_usable_result(cost: float | None, unknown_lower_bound: float, unknown_calls: int,
+                      usable: int) -> float | None:
+    """Everything spent (the known cost plus the least the unknown-cost calls cost) over the
+    usable results: the one rule of status and Evidence. None when nothing is usable, or when
+    all that is known is that some calls' cost is unknown (no price, no usage): never $0."""
+    if not usable or (unknown_calls and not (cost or 0.0) + unknown_lower_bound):
+        return None
+    return ((cost or 0.0) + unknown_lower_bound) / usable
 
 
 def cost_summary(ledger: Ledger, name: str | None = None) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from ._accounts import per_usable_result
 from ._ledger import Ledger
 
 
@@ -63,10 +64,8 @@ class Evidence:
         superseded = [s for s in self.superseded if batch is None or s["batch"] == batch]
         # Calls with no recorded cost (killed, interrupted, unpriced) are shown with the least
         # they cost, and cost per usable result counts them at that floor (flagged as a lower
-        # bound); when no cost at all is known there is nothing to divide.
+        # bound); the rule is status's own (accounts.per_usable_result).
         unknown = spend["unknown_cost_calls"]
-        known = cost is not None or spend["cost_lower_bound_unknown"] > 0
-        floor = spend["cost_lower_bound"] if known else None
         return {
             "batch": batch,
             **_counts(owed),
@@ -85,7 +84,8 @@ class Evidence:
             "cost": cost,
             "cost_lower_bound": spend["cost_lower_bound"],
             "usable_results": usable,
-            "cost_per_usable_result": (floor / usable) if floor is not None and usable else None,
+            "cost_per_usable_result": per_usable_result(
+                cost, spend["cost_lower_bound_unknown"], unknown, usable),
             "cost_per_usable_result_is_lower_bound": bool(unknown),
         }
 
