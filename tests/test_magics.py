@@ -302,15 +302,21 @@ def test_a_bad_config_value_fails_the_cell_naming_what_is_allowed_and_changes_no
     assert loaded.user_ns["batch_session"].concurrency == 3
 
 
+@pytest.mark.parametrize(("name", "value"), [("concurrency", 0), ("strict", "yes"),
+                                             ("provider", 5)])
 def test_a_bad_value_in_the_ipython_config_fails_the_load_naming_it_and_the_fix(
-        ip: Any, capsys: Any) -> None:
-    ip.config.BatchJson.concurrency = 0  # as ipython_config.py would set it
+        ip: Any, capsys: Any, name: str, value: Any) -> None:
+    from batchjson._ipython.magics import BatchJson
+
+    ip.config.BatchJson.concurrency = 4  # a good setting beside the bad one
+    ip.config.BatchJson[name] = value  # as ipython_config.py would set it
     line = usage_error(ip, "%load_ext batchjson", capsys)
     assert line.startswith("UsageError: batchjson was not loaded: the IPython configuration "
-                           "sets c.BatchJson.concurrency = 0, which is refused"), line
-    assert "get_ipython().config.BatchJson.pop('concurrency')" in line
+                           f"sets c.BatchJson.{name} = {value!r}, which is refused"), line
+    assert f"get_ipython().config.BatchJson.pop({name!r})" in line
     assert ip.find_cell_magic("batch_json") is None  # nothing half-loaded
-    ip.config.BatchJson.pop("concurrency")
+    assert not any(isinstance(c, BatchJson) for c in ip.configurables)
+    ip.config.BatchJson.pop(name)
     ok(ip, "%load_ext batchjson")
     assert ip.find_cell_magic("batch_json") is not None
 

@@ -23,6 +23,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 from traitlets import Any as AnyTrait
 from traitlets import Bool, Int, TraitError, Unicode, observe, validate
+from traitlets.config import Config
 from traitlets.config.loader import LazyConfigValue
 
 from .._checks import whole_argument
@@ -376,6 +377,8 @@ def load_ipython_extension(shell: Any) -> None:
     try:
         magics = BatchJson(shell=shell)
     except TraitError as exc:  # the shell's config (ipython_config.py) holds a bad value
+        # IPython had already counted the half-made instance among the shell's configurables
+        shell.configurables[:] = [c for c in shell.configurables if not isinstance(c, BatchJson)]
         raise UsageError(_bad_config(shell, exc)) from None
     try:
         state.attach(magics.settings())
@@ -398,12 +401,19 @@ def load_ipython_extension(shell: Any) -> None:
 def _bad_config(shell: Any, exc: TraitError) -> str:
     """Which configured BatchJson value was refused at load, and where to fix it."""
     section = shell.config.get("BatchJson") or {}
-    name = next((n for n in SETTINGS if n in section and f"'{n}'" in str(exc)), None)
+    name, why = None, one_line(exc)
+    for candidate in SETTINGS:  # each setting alone, on a configurable of its own
+        if candidate in section and not isinstance(section[candidate], LazyConfigValue):
+            try:
+                BatchJson(config=Config({"BatchJson": {candidate: section[candidate]}}))
+            except TraitError as refusal:
+                name, why = candidate, one_line(refusal)
+                break
     what = (f"c.BatchJson.{name} = {shown(name, section[name])}" if name is not None
             else "a c.BatchJson setting")
     return (f"batchjson was not loaded: the IPython configuration sets {what}, which is "
-            f"refused ({one_line(exc)}). Fix or remove it where it is set (ipython_config.py, or "
-            f"a kernel's config), or in this kernel with get_ipython().config.BatchJson.pop("
+            f"refused ({why}). Fix or remove it where it is set (ipython_config.py, or a "
+            f"kernel's config), or in this kernel with get_ipython().config.BatchJson.pop("
             f"{name or 'NAME'!r}), then run %load_ext batchjson again")
 
 
