@@ -27,10 +27,12 @@ test: $(STAMP) lint
 check: $(STAMP)
 	$(PY) tools/mutants.py
 
-bench: $(STAMP)  # each prints its verdict; a missed target does not stop the others
-	-$(PY) benchmarks/bench_fingerprint.py
-	-$(PY) benchmarks/bench_throughput.py
-	-$(PY) benchmarks/bench_throughput.py --n 640 --latency 1 --rounds 3
+bench: $(STAMP)  # every benchmark runs and prints its verdict; fails if any target was missed
+	@status=0; \
+	$(PY) benchmarks/bench_fingerprint.py || status=1; \
+	$(PY) benchmarks/bench_throughput.py || status=1; \
+	$(PY) benchmarks/bench_throughput.py --n 640 --latency 1 --rounds 3 || status=1; \
+	exit $$status
 
 clean:
 	rm -rf $(VENV) .batchjson .pytest_cache

@@ -166,8 +166,8 @@ def test_identity_written_with_spaces_says_fields_are_separated_by_commas(
     with pytest.raises(InvalidBatch) as raised:
         session.run_batch("r", review_tasks(2), LABEL_SCHEMA, identity=identity)
     assert str(raised.value) == (
-        f"identity {identity!r}: the fields are separated by commas, not spaces (a field name "
-        f"never holds whitespace); write identity={fixed!r}")
+        f"identity {identity!r}: the fields are separated by commas, not spaces (a field whose "
+        f"name holds a space goes in a list: identity=[...]); write identity={fixed!r}")
     assert model.calls == 0 and session.ledger.spend()["calls"] == 0
 
 

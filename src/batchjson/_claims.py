@@ -118,12 +118,10 @@ MINE, HELD, ACCEPTED = "mine", "held", "accepted"
 
 
 def claim(db: sqlite3.Connection, request_key: str, owner: Owner) -> str:
-    """Claim ``request_key`` for ``owner`` inside the caller's transaction; one statement reads
-    both whether it is accepted and who holds it (the hot path of every call).
-
-    Returns ACCEPTED (already resolved: nothing to send), HELD (a live runner has it) or MINE;
-    the caller then writes the receipt and :func:`hold` records it on the claim.
-    """
+    """:func:`take`'s slow path, inside the caller's transaction: one statement reads both
+    whether ``request_key`` is accepted and who holds it, and a holder that is gone is
+    abandoned. Returns ACCEPTED (already resolved: nothing to send), HELD (a live runner has
+    it) or MINE; on MINE the caller records its receipt on the claim with :func:`hold`."""
     row = db.execute(_CLAIM_SQL, (request_key, request_key)).fetchone()
     if row[0]:
         return ACCEPTED

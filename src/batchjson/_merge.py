@@ -37,7 +37,7 @@ def _read(path: Path) -> dict[str, list[sqlite3.Row]]:
         tables = {table: db.execute(f"SELECT * FROM {table} ORDER BY rowid").fetchall()
                   for table in ("batches", "revisions", "requests", "attempts", "validators",
                                 "imports")}
-        # checkpoint has no rowid (schema 6): in the order its rows were admitted
+        # checkpoint has no rowid (schema 6): by accepting attempt (the order they were opened)
         tables["checkpoint"] = db.execute(
             "SELECT * FROM checkpoint ORDER BY attempt_id, task_id").fetchall()
         return tables

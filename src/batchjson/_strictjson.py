@@ -40,6 +40,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def strip_fence(text: str) -> str:
+    """The text inside one ```json fence, if that is all there is: models add them unasked."""
     stripped = text.strip()
     if stripped.startswith("```") and stripped.endswith("```"):
         lines = stripped.splitlines()
@@ -130,6 +131,7 @@ _SCALARS = frozenset((str, int, bool, type(None)))
 
 
 def has_float(value: Any) -> bool:
+    """Whether a JSON value holds a float anywhere: only then is a return re-read exactly."""
     if type(value) in _SCALARS:
         return False
     stack = [value]

@@ -149,7 +149,7 @@ def parse_identity(text: str, option: str | None = None) -> tuple[str, ...]:
     if any(len(part.split()) > 1 for part in parts):
         fixed = ",".join(word for part in parts for word in part.split())
         raise InvalidBatch(f"{said}: the fields are separated by commas, not spaces (a field "
-                           "name never holds whitespace); write "
+                           "whose name holds a space goes in a list: identity=[...]); write "
                            + (f"{option} {fixed}" if option else f"identity={fixed!r}"))
     if not text.strip() or not all(parts):
         raise InvalidBatch(f"{said}: give field names separated by commas, e.g. "
