@@ -355,9 +355,11 @@ def test_waiting_prompts_go_out_as_one_batch_and_batch_errors_stay_with_their_it
     assert out["values"][0] == {"label": "pos"} and out["values"][1] is None
 
 
-def test_an_rlm_call_fingerprints_its_validator_once(monkeypatch):
-    """The droste helper names its batch by the validator's fingerprint; the run reuses that
-    record instead of walking the validator (and everything it reads) a second time."""
+@pytest.mark.parametrize("named", [False, True])
+def test_an_rlm_call_fingerprints_its_validator_once(monkeypatch, named):
+    """The face registers the validator (to rebind the canonical object) and names the batch
+    by it; the run reuses that record instead of walking the validator (and everything it
+    reads) again, whether or not the call names its batch."""
     from batchjson import _registry
 
     walked = []
@@ -366,20 +368,7 @@ def test_an_rlm_call_fingerprints_its_validator_once(monkeypatch):
                         lambda fn: walked.append(fn) or real(fn))
     namespace = {"prompts": PROMPTS, "schema": SCHEMA, "history": []}
     bind(namespace, FlakySubcalls(bad=0))
-    assert run_cell(SEED_CELL, namespace) == "ok"
-    assert len(walked) == 1
-
-
-def test_a_named_rlm_call_fingerprints_its_validator_once(monkeypatch):
-    from batchjson import _registry
-
-    walked = []
-    real = _registry.fingerprint_function
-    monkeypatch.setattr(_registry, "fingerprint_function",
-                        lambda fn: walked.append(fn) or real(fn))
-    namespace = {"prompts": PROMPTS, "schema": SCHEMA, "history": []}
-    bind(namespace, FlakySubcalls(bad=0))
-    cell = SEED_CELL.replace("validator=validate_labels)", "validator=validate_labels, "
-                             "name='labels')")
-    assert "name='labels'" in cell and run_cell(cell, namespace) == "ok"
+    cell = SEED_CELL if not named else SEED_CELL.replace(
+        "validator=validate_labels)", "validator=validate_labels, name='labels')")
+    assert ("name='labels'" in cell) == named and run_cell(cell, namespace) == "ok"
     assert len(walked) == 1
