@@ -13,23 +13,6 @@ from batchjson._ledger import Ledger
 from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
 
 
-def test_a_cancel_right_after_the_begin_receipt_commits_closes_that_receipt(monkeypatch):
-    begin = Ledger.op_begin
-
-    def op_begin(db, *args, **kwargs):
-        attempt_id = begin(db, *args, **kwargs)
-        loop = asyncio.get_running_loop()
-        for task in asyncio.all_tasks(loop):  # an interrupt lands before the worker resumes
-            loop.call_soon(task.cancel)
-        return attempt_id
-
-    monkeypatch.setattr(Ledger, "op_begin", staticmethod(op_begin))
-    session = Session(CallableProvider(items_reply))
-    with pytest.raises((asyncio.CancelledError, KeyboardInterrupt)):
-        session.run_batch("r", review_tasks(1), LABEL_SCHEMA)
-    assert [a.status for a in session.ledger.attempts("r")] == ["cancelled"]
-
-
 def test_a_write_failure_in_a_notebook_loop_leaves_no_receipt_in_flight(monkeypatch):
     begin = Ledger.op_begin
 

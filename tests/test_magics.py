@@ -913,3 +913,21 @@ def test_an_unresolved_cell_whose_validator_crashed_says_to_fix_the_validator(
     shown = "\n".join(r.error_in_exec._render_traceback_())
     assert "The validator itself failed" in shown and "KeyError" in shown
     assert "fix it and re-run" in shown
+
+
+def test_a_ledger_that_cannot_record_a_receipt_fails_the_cell_naming_it_and_sends_nothing(
+        loaded: Any, capsys: Any) -> None:
+    """A full disk (here a trigger refusing receipts with SQLite's own words) from the magic:
+    one line naming the ledger file and the cause, and not one call sent."""
+    ledger = loaded.user_ns["batch_session"].ledger
+    with ledger.transaction() as db:
+        db.execute("CREATE TRIGGER full BEFORE INSERT ON attempts BEGIN "
+                   "SELECT RAISE(FAIL, 'database or disk is full'); END")
+    capsys.readouterr()
+    result = loaded.run_cell("%%batch_json labels\n" + BODY)
+    assert isinstance(result.error_in_exec, UsageError), result.error_in_exec
+    err = capsys.readouterr().err
+    line = err.strip().splitlines()[-1]  # under the progress bar's lines
+    assert line.startswith("UsageError: ") and "Traceback" not in err, err
+    assert str(ledger.path) in line and "database or disk is full" in line, line
+    assert loaded.user_ns["model"].calls == 0
