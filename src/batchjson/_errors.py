@@ -57,14 +57,14 @@ class ProviderSetupError(ConfigError):
 class BudgetExceeded(BatchJsonError):
     """The calls needed exceed what the budget has left; raised before spending."""
 
-    def __init__(self, needed: int, remaining: int, *, what: str = "calls") -> None:
+    def __init__(self, needed: int, remaining: int, *, what: str = "calls",
+                 message: str | None = None) -> None:
         self.needed = needed
         self.remaining = remaining
-        super().__init__(
+        super().__init__(message or (
             f"budget refused: at least {needed} {what} are needed to resolve the outstanding "
             f"requests but only {remaining} remain. Raise max_calls or the session budget, or "
-            "run fewer tasks; nothing was spent."
-        )
+            "run fewer tasks; nothing was spent."))
 
 
 class ValidatorChanged(BatchJsonError):

@@ -18,7 +18,7 @@ from typing import Any
 
 from ._errors import LedgerError
 from ._migrations import migrate
-from ._records import Receipt, Revision, _receipt, _revision, _uid, now
+from ._records import Receipt, Revision, _receipt, _revision, _uid, ledger_path, now
 from ._tasks import Request
 
 
@@ -26,7 +26,7 @@ class Ledger:
     """Thread-safe access to the ledger file (``path=None`` keeps it in memory)."""
 
     def __init__(self, path: str | Path | None = None, *, busy_timeout: float = 30.0) -> None:
-        self.path = None if path is None else Path(path)
+        self.path = ledger_path(path)  # refused (ConfigError) before any file is made
         target = ":memory:" if self.path is None else str(self.path)
         self._busy_timeout = busy_timeout
         try:

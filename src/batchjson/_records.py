@@ -7,6 +7,7 @@ meets, and the one timestamp format every record uses, live in one small place.
 from __future__ import annotations
 
 import json
+import os
 import random
 import sqlite3
 import time
@@ -15,7 +16,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ._errors import ConfigError
 from ._migrations import SCHEMA_VERSION
+from ._providers.masking import masked, public_url
 
 _second: tuple[int, str] = (-1, "")  # the last whole second formatted, and its text
 
@@ -72,6 +75,24 @@ class Revision:
     supersede_reason: str | None
     validator_name: str | None
     created_at: str
+
+
+def ledger_path(value: Any) -> Path | None:
+    """What ``Ledger(path)`` and ``Session(ledger=...)`` accept: a file path (str or
+    ``os.PathLike``) or None (in memory). Anything else is refused before a file is made; a
+    URL is refused with its password masked (a ledger is a SQLite file)."""
+    if value is None:
+        return None
+    text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+    if not isinstance(text, str):
+        raise ConfigError(f"ledger must be a file path (a str or pathlib.Path) or None to keep "
+                          f"it in memory, got {type(value).__name__}; e.g. "
+                          "Session(provider, ledger='runs/ledger.sqlite')")
+    if "://" in text:
+        shown = masked(text) if len(text) > 200 else repr(public_url(text))
+        raise ConfigError(f"ledger {shown} is a URL, but a batchjson ledger is a SQLite file; "
+                          "pass a file path, e.g. ledger='runs/ledger.sqlite'")
+    return Path(text)
 
 
 def ledger_problem(path: Path) -> str | None:
