@@ -188,13 +188,13 @@ class Spender:
         left = self.budget.cost - self._tally.cost - self._tally.reserved
         worst = cheapest(left)
         if worst is not None and worst > left:
-            raise self.too_small(worst)
+            raise self.too_small(worst, needed)
 
-    def too_small(self, worst: float) -> BudgetExceeded:
+    def too_small(self, worst: float, needed: int) -> BudgetExceeded:
         """The refusal for a call whose worst case does not fit in what is left."""
         spent = self._tally.cost + self._tally.reserved
         held = f" (of which {usd(spent)} is spent or held by calls in flight)" if spent else ""
-        return BudgetExceeded(0, 0, message=(
+        return BudgetExceeded(needed, 0, one_call=worst, message=(
             f"budget refused: one call may cost up to {usd(worst)} (its input, counted as "
             f"the bytes it sends, plus max_tokens={self.pricing.max_output_tokens} of output at "
             f"{self.pricing.model or 'the model'}'s prices); the budget is "

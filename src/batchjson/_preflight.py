@@ -23,25 +23,13 @@ _SCALARS = (str, int, float, bool, type(None))
 
 def check_validator(fn: Any, args: str) -> None:
     """The validator is called ``validator(item, task)`` (or ``(item, index)``) and says yes or
-    no: a plain or ``async def`` function whose signature takes exactly that. A generator
-    function returns a generator, which says neither, and an async generator cannot be
-    awaited: both are refused here instead of being paid for and failing as a
-    ``validator_error``."""
+    no: a plain or ``async def`` function whose signature takes exactly that."""
     if fn is None:
         return
     if not callable(fn):
         raise InvalidBatch(f"validator must be callable, got {type(fn).__name__}")
-    name = getattr(fn, "__name__", type(fn).__name__)
     second = "index" if args == "index" else "task"
-    target = fn if inspect.isroutine(fn) else getattr(type(fn), "__call__", fn)  # noqa: B004
-    for test, kind in ((inspect.isasyncgenfunction, "an async generator function"),
-                       (inspect.isgeneratorfunction, "a generator function")):
-        if test(target) or test(inspect.unwrap(target)):
-            raise InvalidBatch(
-                f"validator {name} is {kind} (it uses yield), so calling it returns a "
-                "generator, not a verdict; write a plain def (or async def) without yield: "
-                f"def {name}(item, {second}): ... raising ValueError or returning False to "
-                "reject an item")
+    check_not_generator(fn, second)
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # some builtins have none: nothing to check
@@ -49,10 +37,32 @@ def check_validator(fn: Any, args: str) -> None:
     try:
         signature.bind(None, None)
     except TypeError:
+        name = getattr(fn, "__name__", type(fn).__name__)
         raise InvalidBatch(
             f"validator {name}{signature} cannot be called as validator(item, {second}); "
             f"give it two parameters, e.g. def {name}(item, {second}): ... (raise ValueError "
             "or return False to reject an item)") from None
+
+
+def check_not_generator(fn: Any, second: str = "task") -> None:
+    """A generator function returns a generator, which says neither yes nor no, and an async
+    generator cannot be awaited: refused as a validator instead of being paid for and failing
+    as a ``validator_error``. What is judged is what is called: the function (or partial), or
+    a callable object's ``__call__``."""
+    try:
+        called = [fn] + ([] if inspect.isroutine(fn) else [type(fn).__call__])
+        kind = next(("an async generator function" if inspect.isasyncgenfunction(c) else
+                     "a generator function" for c in called
+                     if inspect.isasyncgenfunction(c) or inspect.isgeneratorfunction(c)), None)
+        name = getattr(fn, "__name__", type(fn).__name__) if kind else ""
+    except Exception:  # an object that raises when read: not a generator anyone can see
+        return
+    if kind:
+        raise InvalidBatch(
+            f"validator {name} is {kind} (it uses yield), so calling it returns a generator, "
+            "not a verdict; write a plain def (or async def) without yield: "
+            f"def {name}(item, {second}): ... raising ValueError or returning False to reject "
+            "an item")
 
 
 def compared_candidates(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str]) -> list[str]:

@@ -110,6 +110,8 @@ def define_once(registry: ValidatorRegistry, ns: dict[str, Any], names: list[str
     """
     events = []
     for name in names:
+        if inspect.isgeneratorfunction(ns[name]) or inspect.isasyncgenfunction(ns[name]):
+            continue  # a generator is never a validator (a run refuses one as such)
         definition = registry.register(ns[name], name=name)
         if definition.fn is not ns[name]:
             ns[name] = definition.fn

@@ -34,7 +34,6 @@ from .masking import (
     masked,
     public_query,
     public_url,
-    shown_name,
 )
 from .pricing import cost_of, normalize_prices, price_for
 
@@ -367,13 +366,24 @@ class HttpProvider:
         if not self.model:
             raise ProviderSetupError(f"{kind} needs a model name: pass "
                                      f"model={self.example_model!r} or set BATCHJSON_MODEL.")
-        self.base_url = self._base_url(base_url)
+        base = self._base_url(base_url)
+        endpoint = with_path(base, lambda path: path + self.path)
         self._key = Secret(api_key if api_key is not None else os.environ.get(self.key_env))
+        # What may never be shown: the key, and the URL's userinfo and credential parameters.
+        # The URL requests go to is held like the key; base_url and url are what may be shown.
+        self._secrets = Secrets([self._key.get()], urls=[base, endpoint])
+        self._endpoint = Secret(endpoint)
+        self.base_url, self.url = public_url(base), public_url(endpoint)
+        if self._key and self.auth_header == "Authorization" and "@" in urlsplit(base).netloc:
+            raise ProviderSetupError(
+                f"{kind}: the base URL {self.base_url} carries a user and password and an API "
+                "key is set too, but both would go in the one Authorization header; keep the "
+                "key (api_key= or the environment) and drop user:password@ from the URL, or "
+                "pass api_key='' to authenticate with the URL alone")
         if not self._key and is_official(self.base_url, self.official_domain):
             raise ProviderSetupError(
                 f"{kind} has no API key for {display_url(self.base_url)}: set {self.key_env} in "
-                "the "
-                f"environment or pass api_key=...{self.keyless_hint}")
+                f"the environment or pass api_key=...{self.keyless_hint}")
         self.timeout = positive_seconds(f"{kind}: timeout", timeout, ProviderSetupError)
         self.prices = normalize_prices(prices)
         self.extra_body = dict(extra_body or {})
@@ -383,9 +393,6 @@ class HttpProvider:
                                      f"{', '.join(map(repr, owned))}; batchjson builds "
                                      "those fields from the call and the provider's own "
                                      "settings (model=, response_format= or mode=)")
-        self.url = with_path(self.base_url, lambda path: path + self.path)
-        # What may never be shown: the key, and the URL's userinfo and credential parameters.
-        self._secrets = Secrets([self._key.get()], urls=[self.base_url, self.url])
         self._sessions = LoopSessions(make_session_factory(self.timeout, max_connections))
 
     def _base_url(self, base_url: str | None) -> str:
@@ -442,10 +449,12 @@ class HttpProvider:
 
     def _shown(self, model: Any, extra: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         """The response's model and metadata as they may be kept: a known secret the server
-        echoes (its model field, an id) is masked; the answer text is never touched."""
+        echoes (its model field, an id) is masked; the answer text is never touched. (The
+        shape rule for a key-shaped model is applied where every reply passes,
+        ``_replies.sane_reply``.)"""
         mask = self._secrets.mask
         if isinstance(model, str):
-            model = shown_name(mask(model))
+            model = mask(model)
         return model, {k: mask(v) if isinstance(v, str) else v for k, v in extra.items()}
 
     def settings(self) -> dict[str, Any]:
@@ -470,7 +479,8 @@ class HttpProvider:
         return price_for(self.model, self.prices)
 
     async def _post(self, body: Mapping[str, Any]) -> Answer:
-        return await post_json(self._sessions.get(), self.url, encode_body(body), self._headers,
+        return await post_json(self._sessions.get(), self._endpoint.get() or self.url,
+                               encode_body(body), self._headers,
                                provider=self.name, timeout=self.timeout, secrets=self._secrets,
                                key_env=self.key_env)
 

@@ -48,10 +48,14 @@ def masked(text: str) -> str:
     return f"{text[:4]!r}... ({len(text)} chars)"
 
 
+_MASKED = re.compile(r"^(['\"]).{0,4}\1\.\.\. \(\d+ chars\)$|^<redacted>$")
+
+
 def shown_name(value: Any) -> Any:
     """A provider or model name as batchjson may store and show it: the name itself, or, if
-    the whole value is shaped like a key (a server echoing a key as its ``model``), masked."""
-    if isinstance(value, str) and looks_like_key(value):
+    the whole value is shaped like a key (a server echoing a key as its ``model``), masked.
+    Masking twice changes nothing."""
+    if isinstance(value, str) and looks_like_key(value) and not _MASKED.match(value):
         return masked(value)
     return value
 
