@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from batchjson import (
+    AnthropicProvider,
     CallableProvider,
     ConfigError,
     OpenAIProvider,
@@ -94,21 +95,30 @@ def assert_absent(key: str, text: str) -> None:
     assert key[-12:] not in text  # nor a recognisable part of it
 
 
+PROTOCOLS = {
+    "openai": (lambda base: OpenAIProvider("gpt-4o-mini", base_url=base, api_key=""),
+               "/v1/chat/completions", lambda srv: srv.base_url),
+    "anthropic": (lambda base: AnthropicProvider("claude-haiku-4-5", base_url=base, api_key=""),
+                  "/v1/messages", lambda srv: srv.anthropic_base_url),
+}
+
+
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
 @pytest.mark.parametrize("shape", SHAPES)
 def test_a_key_in_the_base_urls_query_is_sent_there_and_shown_nowhere(
-        shape: str, tmp_path: Path, capsys: Any) -> None:
+        shape: str, protocol: str, tmp_path: Path, capsys: Any) -> None:
     key = KEYS[shape]
+    make, endpoint, base_of = PROTOCOLS[protocol]
     ledger = tmp_path / "ledger.sqlite"
     with EchoingServer(echo=key) as srv:
-        provider = OpenAIProvider("gpt-4o-mini", base_url=f"{srv.base_url}?api-key={key}",
-                                  api_key="")
-        session = Session(provider, ledger=ledger, repairs=0, replays=0)
+        session = Session(make(f"{base_of(srv)}?api-key={key}"), ledger=ledger, repairs=0,
+                          replays=0)
         first = session.run_batch("keys", review_tasks(2), LABEL_SCHEMA, pack=2,
                                   on_exhausted="return")
         result = session.run_batch("keys", review_tasks(2), LABEL_SCHEMA, pack=2)
     # the path goes before the query: /v1/chat/completions?api-key=...
-    assert srv.paths[0].startswith("/v1/chat/completions?api-key=")
-    assert all(path.split("?")[0] == "/v1/chat/completions" for path in srv.paths)
+    assert srv.paths[0].startswith(f"{endpoint}?api-key=")
+    assert all(path.split("?")[0] == endpoint for path in srv.paths)
     assert first.errors[0]["type"] == "provider_error" and "<redacted>" in str(first.errors)
     assert result.resolved
     receipts = session.ledger.attempts("keys")
@@ -206,6 +216,19 @@ def test_config_model_refuses_a_key_keeping_the_old_value(
     assert_absent(key, line + capsys.readouterr().out + repr(ip.user_ns["batch_session"]))
 
 
+def test_config_ledger_url_is_refused_with_its_password_masked(ip: Any, capsys: Any) -> None:
+    from tests.test_magics import MODEL, ok, usage_error
+
+    key = KEYS["uuid"]
+    ok(ip, "%load_ext batchjson")
+    ok(ip, MODEL)
+    line = usage_error(ip, f"%config BatchJson.ledger = 'postgresql://app:{key}@db/runs'",
+                       capsys)
+    assert "was not applied" in line and "postgresql://<redacted>@db/runs" in line
+    assert ip.magics_manager.registry["BatchJson"].ledger == ".batchjson/ledger.sqlite"
+    assert_absent(key, line)
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 def test_a_key_shaped_task_id_is_data_and_shown_in_full(shape: str) -> None:
     """Shape rules are for provider and model names only: a UUID (or hex digest) task id is
@@ -236,10 +259,13 @@ def test_a_key_in_both_the_url_and_api_key_is_refused_at_setup(shape: str) -> No
     assert_absent(key, "\n".join(traceback.format_exception(raised.value)))
 
 
-def test_a_ledger_url_is_refused_with_its_password_masked(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", [str, Path])
+def test_a_ledger_url_is_refused_with_its_password_masked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: type) -> None:
     key = KEYS["sk-proj"]
-    with pytest.raises(ConfigError) as raised:
-        Session(CallableProvider(lambda call: ""), ledger=f"postgresql://app:{key}@db/runs")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as raised:  # pathlib folds "//": still a URL, still masked
+        Session(CallableProvider(lambda call: ""), ledger=kind(f"postgresql://app:{key}@db/runs"))
     message = str(raised.value)
     assert "is a URL" in message and "postgresql://<redacted>@db/runs" in message
     assert_absent(key, "\n".join([message, *traceback.format_exception(raised.value)]))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -77,6 +78,9 @@ class Revision:
     created_at: str
 
 
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/+")
+
+
 def ledger_path(value: Any) -> Path | None:
     """What ``Ledger(path)`` and ``Session(ledger=...)`` accept: a file path (str or
     ``os.PathLike``) or None (in memory). Anything else is refused before a file is made; a
@@ -88,7 +92,8 @@ def ledger_path(value: Any) -> Path | None:
         raise ConfigError(f"ledger must be a file path (a str or pathlib.Path) or None to keep "
                           f"it in memory, got {type(value).__name__}; e.g. "
                           "Session(provider, ledger='runs/ledger.sqlite')")
-    if "://" in text:
+    if _URL.match(text):  # "scheme://", or "scheme:/" once pathlib has folded the slashes
+        text = _URL.sub(lambda m: m.group(1) + "://", text, count=1)
         shown = masked(text) if len(text) > 200 else repr(public_url(text))
         raise ConfigError(f"ledger {shown} is a URL, but a batchjson ledger is a SQLite file; "
                           "pass a file path, e.g. ledger='runs/ledger.sqlite'")
