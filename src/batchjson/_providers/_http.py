@@ -195,6 +195,13 @@ async def post_json(session: aiohttp.ClientSession, url: str, body: bytes,
         raise masked_error(failure, secrets)
     if status >= 400:
         raise http_error(provider, status, resp_headers, raw, secrets, key_env)
+    return _decoded(raw, status, resp_headers, provider, secrets)
+
+
+def _decoded(raw: bytes, status: int, resp_headers: Mapping[str, str], provider: str,
+             secrets: Secrets) -> Answer:
+    """A successful response's JSON object and its exact text; a body that is not one is a
+    ProviderError (retryable when it looks cut off)."""
     text: str | None
     try:
         text = raw.decode("utf-8-sig")  # a byte-order mark is not part of the document
