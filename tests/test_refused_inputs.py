@@ -218,3 +218,13 @@ def test_serve_on_a_port_in_use_exits_2_naming_it(tmp_path: Path) -> None:
                               cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert f"cannot listen on 127.0.0.1:{port}" in done.stderr and "--port" in done.stderr
+
+
+def test_a_spec_reads_an_identity_given_as_a_generator_once_and_keeps_it() -> None:
+    tasks = review_tasks(2)
+    spec = RunSpec(name="r", tasks=tasks, schema=LABEL_SCHEMA,
+                   identity=(name for name in ("task_id", "case_id")))
+    assert spec.identity == ("task_id", "case_id")
+    assert spec.checked().identity == ("task_id", "case_id")
+    result = Session(CallableProvider(Spy())).run(spec)
+    assert result.identity_compared == ("task_id", "case_id") and result.resolved

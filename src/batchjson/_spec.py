@@ -11,7 +11,7 @@ The session's own settings are checked the same way, by :class:`SessionOptions`.
 from __future__ import annotations
 
 import unicodedata
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,7 +65,8 @@ class RunSpec:
     def __post_init__(self) -> None:
         """The options, each checked alone: cheap, and before any face does anything with them."""
         check_text("batch name", self.name, "run_batch('labels', ...)", required=True)
-        check_text("instructions", self.instructions, "instructions='Answer in English.'")
+        check_text("instructions", self.instructions, "instructions='Answer in English.'",
+                   free=True)
         for label, value, allowed in (("on_exhausted", self.on_exhausted, ON_EXHAUSTED),
                                       ("mode", self.mode, MODES),
                                       ("validator_args", self.validator_args, VALIDATOR_ARGS)):
@@ -87,6 +88,8 @@ class RunSpec:
         if self.validator_name is not None:
             check_text("validator_name", self.validator_name, "validator_name='label_check'")
         preflight.check_validator(self.validator, self.validator_args)
+        if isinstance(self.identity, Iterator):  # read once here, so kept as read
+            object.__setattr__(self, "identity", tuple(self.identity))
         normalize_identity(self.identity)  # its shape; the tasks are checked against it later
 
     def checked(self) -> CheckedRun:
@@ -114,20 +117,23 @@ class CheckedRun:
     identity: Identity
 
 
-def check_text(label: str, value: Any, example: str, *, required: bool = False) -> None:
-    """A name or text a ledger stores and a terminal shows: a str of valid Unicode with no
-    control characters in a name (``'\\x00'`` would be cut short or act on the terminal)."""
+def check_text(label: str, value: Any, example: str, *, required: bool = False,
+               free: bool = False) -> None:
+    """A name or text a ledger stores and a terminal shows: a str of valid Unicode, and, unless
+    it is ``free`` text for the model (where newlines belong), with no control characters
+    (``'\\x00'`` would be cut short or act on the terminal)."""
     if value is None and not required:
         return
     if not isinstance(value, str) or (required and not value.strip()):
-        raise InvalidBatch(f"{label} must be a non-empty string, e.g. {example}; got {value!r}")
+        kind = "a non-empty string" if required else "a string"
+        raise InvalidBatch(f"{label} must be {kind}, e.g. {example}; got {value!r}")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise InvalidBatch(f"{label} holds an unpaired surrogate at position {exc.start}, which "
                            "is not valid Unicode and cannot be stored; fix the text") from None
-    if label == "instructions":
-        return  # free text for the model: newlines and tabs belong there
+    if free:
+        return
     control = next((i for i, ch in enumerate(value) if unicodedata.category(ch) == "Cc"), None)
     if control is not None:
         raise InvalidBatch(f"{label} {value!r} holds the control character "

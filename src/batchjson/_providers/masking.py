@@ -115,8 +115,8 @@ def public_url(url: str) -> str:
     """A URL as it may be shown: its userinfo and credential parameters replaced."""
     try:
         parts = urlsplit(url)
-    except ValueError:
-        return Secrets(url_secrets(url)).mask(url)
+    except ValueError:  # not even a URL's parts can be told apart: show nothing of it
+        return masked(url)
     _, at, host = parts.netloc.rpartition("@")
     netloc = f"{REDACTED}@{host}" if at else parts.netloc
     query = "&".join(raw if not is_credential_param(unquote(raw.partition("=")[0]))
