@@ -228,3 +228,18 @@ def test_a_spec_reads_an_identity_given_as_a_generator_once_and_keeps_it() -> No
     assert spec.checked().identity == ("task_id", "case_id")
     result = Session(CallableProvider(Spy())).run(spec)
     assert result.identity_compared == ("task_id", "case_id") and result.resolved
+
+
+def test_rlm_helper_says_what_one_call_may_cost_when_the_budget_cannot_hold_it(
+        tmp_path: Path) -> None:
+    from batchjson import BudgetExceeded
+
+    spy, ledger, namespace = Spy(), tmp_path / "l.sqlite", {}
+    provider = CallableProvider(spy, price={"input": 3.0, "output": 15.0}, max_tokens=1000)
+    bind(namespace, provider, ledger=ledger, budget={"cost": 0.001})
+    with pytest.raises(BudgetExceeded) as raised:
+        namespace["llm_batch_json"](["is it?"], {"type": "string"})
+    said = str(raised.value)
+    assert "one call may cost up to $0.01" in said and "cost budget has left" in said
+    assert "0 call(s) remain" not in said and raised.value.one_call > 0.001
+    assert spy.calls == 0
