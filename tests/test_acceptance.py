@@ -41,6 +41,44 @@ def test_a_number_that_overflows_to_infinity_is_rejected(number):
     assert "overflows" in receipt.errors[0]["message"]
 
 
+UNDERFLOWING = ["1e-400", "-1e-400", "4.9e-325", "0.0000001e-330"]
+
+
+@pytest.mark.parametrize("number", UNDERFLOWING)
+def test_a_non_zero_number_that_reads_as_zero_is_rejected_in_items_mode(number):
+    """1e-400 is not zero, but a float reads it as 0.0, which passes "type": "integer"."""
+    schema = {"type": "object", "properties": {"score": {"type": "integer", "minimum": 0}},
+              "required": ["score"]}
+    text = '{"items": [{"task_id": "t1", "score": ' + number + "}]}"
+    session = one_shot(lambda call: text)
+    result = session.run_batch("r", [{"task_id": "t1", "prompt": "p"}], schema,
+                               on_exhausted="return")
+    assert result.values == {} and session.ledger.checkpoint("r") == {}
+    receipt = only_receipt(session)
+    assert receipt.status == "rejected" and receipt.raw == text
+    assert "underflows" in receipt.errors[0]["message"]
+
+
+@pytest.mark.parametrize("number", UNDERFLOWING)
+def test_a_non_zero_number_that_reads_as_zero_is_rejected_in_value_mode(number):
+    session = one_shot(lambda call: number)
+    out = session.llm_batch_json(["how many?"], {"type": "integer"}, max_repair_attempts=0)
+    assert out["values"] == [None] and out["errors"][0]["type"] == "validation_error"
+    assert "underflows" in out["errors"][0]["error"]
+    (receipt,) = [r for name in session.ledger.batch_names() for r in
+                  session.ledger.attempts(name)]
+    assert receipt.status == "rejected" and receipt.raw == number
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("0.1000000000000000055511151231257827", 0.1), ("5e-324", 5e-324), ("0.000", 0.0),
+    ("-0.0e-400", -0.0), ("0e999", 0.0),
+    ("123456789012345678901234567890.5", 1.2345678901234568e29),
+])
+def test_long_decimals_and_written_zeros_are_still_read(text, value):
+    assert parse_json('{"x": ' + text + "}") == {"x": value}
+
+
 def test_parse_json_keeps_large_finite_numbers():
     assert parse_json('{"x": 1e308, "y": 123456789012345678901234567890}') == {
         "x": 1e308, "y": 123456789012345678901234567890}

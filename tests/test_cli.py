@@ -14,7 +14,7 @@ import pytest
 
 from batchjson import CallableProvider, Session
 from batchjson import _cli as cli_module
-from batchjson._errors import ProviderError
+from batchjson._errors import InvalidBatch, ProviderError
 from batchjson._ledger import Ledger
 from tests.helpers import LABEL_SCHEMA, answer, items_reply, review_tasks
 
@@ -344,10 +344,20 @@ def test_escape_sequences_in_a_return_or_a_batch_name_never_reach_the_terminal(
 
 def test_a_newline_in_a_batch_name_cannot_forge_a_row_of_the_status_table(
         tmp_path: Path) -> None:
+    """A run refuses such a name; one imported from another system's receipts is shown
+    escaped, so it cannot add a row."""
     ledger = tmp_path / "ledger.sqlite"
     forged = "x\n  total      99      99"
-    Session(CallableProvider(items_reply), ledger=ledger).run_batch(
-        forged, review_tasks(2), LABEL_SCHEMA)
+    with pytest.raises(InvalidBatch, match="control character"):
+        Session(CallableProvider(items_reply), ledger=ledger).run_batch(
+            forged, review_tasks(2), LABEL_SCHEMA)
+    tasks = review_tasks(2)
+    raw = json.dumps({"items": [{"task_id": t["task_id"], "verdict": "match"} for t in tasks]})
+    line = {"batch": forged, "tasks": tasks, "status": "ok", "identity": ["task_id"],
+            "raw": raw, "schema": LABEL_SCHEMA}
+    receipts = tmp_path / "old.jsonl"
+    receipts.write_text(json.dumps(line) + "\n")
+    bj("import", str(receipts), "--ledger", str(ledger), cwd=tmp_path)
     out = bj("status", "--ledger", str(ledger), cwd=tmp_path).stdout
     assert "x\\n  total      99      99" in out
     assert [line.split()[0] for line in out.splitlines() if line.strip().startswith("total")] \

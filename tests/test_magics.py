@@ -853,7 +853,7 @@ def test_batch_status_counts_calls_that_never_completed_with_a_lower_bound(
                    tuple(row))
     text = repr(ok(ip, "%batch_status labels"))
     assert "1 abandoned, 0 in flight" in text
-    assert "cost unknown" in text and "at least $0.000300 more" in text
+    assert "cost unknown" in text and "an estimated $0.000300 more" in text
 
 
 def test_validators_where_names_the_cell_that_defined_it(loaded: Any) -> None:

@@ -341,16 +341,17 @@ def test_strict_session_refuses_a_changed_validator_while_its_evidence_is_open()
 
 def test_cost_budget_stops_spending_before_it_would_be_exceeded():
     model = SimulatedModel(answer=answer, price_per_million=(1000.0, 1000.0))
-    model.max_tokens = 20  # each call's worst case: its input plus 20 output tokens
-    session = Session(model, budget=Budget(cost=0.5), concurrency=1)
+    model.max_tokens = 20  # each call's worst case: its input bound plus 20 output tokens
+    session = Session(model, budget=Budget(cost=2.0), concurrency=1)
     result = session.run_batch("r", review_tasks(10), LABEL_SCHEMA, on_exhausted="return")
     spent = sum(r.cost for r in session.ledger.attempts("r"))
-    assert 0 < spent <= 0.5 and session.spent_cost == pytest.approx(spent)
+    assert 0 < spent <= 2.0 and session.spent_cost == pytest.approx(spent)
     assert result.status == "unresolved" and 0 < len(result.values) < 10
     assert {e["type"] for e in result.errors} == {"budget_exhausted"}
-    session.tally.cost = 0.5 - 0.01  # less than one answer's worth left: refused up front
+    session.tally.cost = 2.0 - 0.01  # less than one call's worth left: refused up front
     calls = model.calls
-    with pytest.raises(BudgetExceeded, match="cost budget"):
+    with pytest.raises(BudgetExceeded, match=r"one call may cost up to \$1\.\d+.*the budget is "
+                       r"\$2\.00 \(of which \$1\.99 is spent"):
         session.run_batch("r", review_tasks(10), LABEL_SCHEMA)
     assert model.calls == calls
 

@@ -1,9 +1,12 @@
 """Call and cost budgets: validated up front, reserved at worst case before a call, settled after.
 
-A cost is known only after a call returns, so each call first reserves its worst case (estimated
-input tokens plus its output ceiling, at the model's prices) and settles to the real cost when the
-reply arrives. Reservations of every run and thread of a session share one :class:`Tally`, so a
-cost budget holds at any concurrency.
+A cost is known only after a call returns, so each call first reserves its worst case and settles
+to the real cost when the reply arrives. The worst case is a sound upper bound, not an estimate:
+the call's input bound (the UTF-8 bytes of everything it sends plus the provider's documented
+fixed overhead, :func:`~batchjson._providers.base.input_bound`: a byte-level BPE tokenizer never
+makes more tokens than bytes, whatever the script) plus its output ceiling (``max_tokens``), at
+the model's prices. Reservations of every run and thread of a session share one :class:`Tally`,
+so a cost budget holds at any concurrency and in any language.
 """
 
 from __future__ import annotations
@@ -15,10 +18,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._errors import BudgetExceeded, ConfigError, InvalidBatch
-
-# Output ceiling assumed for a call whose provider sets none (OpenAI-compatible servers without
-# max_tokens in extra_body): the worst case a cost budget reserves for its answer.
-DEFAULT_MAX_OUTPUT_TOKENS = 4096
 
 
 def _calls_value(value: Any) -> int | None:
@@ -71,24 +70,26 @@ class Budget:
 
 @dataclass(frozen=True)
 class Pricing:
-    """What a cost budget needs to know of the provider: USD per million tokens, output cap."""
+    """What a cost budget needs to know of the provider: USD per million tokens, and the most
+    output tokens one call may bill (its ``max_tokens``; None when the provider sets none)."""
 
     model: str | None
     input: float | None
     output: float | None
-    max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS
+    max_output_tokens: int | None = None
 
     @property
     def priced(self) -> bool:
         return self.input is not None and self.output is not None
 
-    def worst_case(self, input_tokens: int) -> float:
-        """The most one call can cost: its input plus a full answer at the output price."""
-        return ((input_tokens * (self.input or 0.0))
-                + self.max_output_tokens * (self.output or 0.0)) / 1e6
+    def worst_case(self, input_bound: int) -> float:
+        """The most one call can cost: its input bound plus a full answer at the output price."""
+        return ((input_bound * (self.input or 0.0))
+                + (self.max_output_tokens or 0) * (self.output or 0.0)) / 1e6
 
     def floor(self, input_tokens: int) -> float | None:
-        """The least one sent call costs: its input at the input price (None if unpriced)."""
+        """An estimate of the least one sent call costs: its estimated input at the input price
+        (None if unpriced)."""
         return None if self.input is None else input_tokens * self.input / 1e6
 
     def cost(self, input_tokens: int | None, output_tokens: int | None) -> float | None:
@@ -98,7 +99,8 @@ class Pricing:
 
 
 def pricing_of(provider: Any) -> Pricing:
-    """Ask the provider for its prices (``price_for_budget()``) and its output ceiling."""
+    """Ask the provider for its prices (``price_for_budget()``) and its output ceiling: its
+    ``max_tokens``, else ``max_completion_tokens`` / ``max_tokens`` in its ``extra_body``."""
     model = getattr(provider, "model", None)
     ask = getattr(provider, "price_for_budget", None)
     price = ask() if callable(ask) else None
@@ -106,10 +108,16 @@ def pricing_of(provider: Any) -> Pricing:
     if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
         extra = getattr(provider, "extra_body", None) or {}
         cap = next((extra[k] for k in ("max_completion_tokens", "max_tokens")
-                    if isinstance(extra.get(k), int) and extra[k] > 0), DEFAULT_MAX_OUTPUT_TOKENS)
+                    if isinstance(extra.get(k), int) and not isinstance(extra[k], bool)
+                    and extra[k] > 0), None)
     if price is None:
         return Pricing(model, None, None, cap)
     return Pricing(model, float(price.input), float(price.output), cap)
+
+
+def usd(amount: float) -> str:
+    """Dollars as a budget message shows them: enough digits to tell two amounts apart."""
+    return f"${amount:.6f}".rstrip("0").rstrip(".") if amount < 1 else f"${amount:,.2f}"
 
 
 class Tally:
@@ -141,13 +149,22 @@ class Spender:
         self.on_settle: Callable[[], None] | None = None
         self._tally = tally
         self.pricing = pricing or Pricing(None, None, None)
-        if budget.cost is not None and not self.pricing.priced:
-            name = self.pricing.model or "this provider's model"
+        if budget.cost is None:
+            return
+        name = self.pricing.model or "this provider's model"
+        if not self.pricing.priced:
             raise ConfigError(
                 f"a cost budget needs the model's price, and {name!r} has none, so its spend "
                 "could not be held; nothing was spent. Set a price (USD per million tokens) "
                 f"with batchjson._providers.pricing.set_prices({{{name!r}: {{'input': ..., "
                 "'output': ...}}) or the provider's prices= argument, or use a calls budget.")
+        if self.pricing.max_output_tokens is None:
+            raise ConfigError(
+                f"a cost budget needs each call's output ceiling, and {name!r} is called "
+                "without one, so a single answer could bill any number of tokens; nothing was "
+                "spent. Set max_tokens: CallableProvider(..., max_tokens=N), "
+                "AnthropicProvider(max_tokens=N), OpenAIProvider(extra_body="
+                "{'max_completion_tokens': N}), or use a calls budget.")
 
     def remaining_calls(self) -> int | None:
         limits = []
@@ -157,18 +174,45 @@ class Spender:
             limits.append(self.budget.calls - self._tally.calls)
         return max(0, min(limits)) if limits else None
 
-    def refuse_if_short(self, needed: int) -> None:
+    def refuse_if_short(self, needed: int,
+                        cheapest: Callable[[float], float | None] | None = None) -> None:
+        """Refuse before spending when the calls budget cannot cover ``needed`` calls, or when
+        not even the cheapest next call fits in what the cost budget has left.
+        ``cheapest(left)`` is the worst case of a call that fits in ``left`` if there is one,
+        else the least worst case of any (None: nothing to send)."""
         remaining = self.remaining_calls()
         if remaining is not None and needed > remaining:
             raise BudgetExceeded(needed, remaining)
-        # Not even the answer of one call fits in what the cost budget has left.
-        if (self.budget.cost is not None and needed and self._tally.cost + self._tally.reserved
-                + self.pricing.worst_case(0) > self.budget.cost):
-            raise BudgetExceeded(needed, 0, what="calls (the session's cost budget is spent)")
+        if self.budget.cost is None or not needed or cheapest is None:
+            return
+        left = self.budget.cost - self._tally.cost - self._tally.reserved
+        worst = cheapest(left)
+        if worst is not None and worst > left:
+            raise self.too_small(worst, needed)
 
-    def reserve(self, input_tokens: int) -> float | None:
+    def too_small(self, worst: float, needed: int) -> BudgetExceeded:
+        """The refusal for a call whose worst case does not fit in what is left."""
+        spent = self._tally.cost + self._tally.reserved
+        held = f" (of which {usd(spent)} is spent or held by calls in flight)" if spent else ""
+        return BudgetExceeded(needed, 0, one_call=worst, message=(
+            f"budget refused: one call may cost up to {usd(worst)} (its input, counted as "
+            f"the bytes it sends, plus max_tokens={self.pricing.max_output_tokens} of output at "
+            f"{self.pricing.model or 'the model'}'s prices); the budget is "
+            f"{usd(self.budget.cost or 0.0)}{held}. Raise the cost budget, lower max_tokens or "
+            "pack fewer tasks per call; nothing was spent."))
+
+    def shortfall(self, input_bound: int) -> str:
+        """Why a call of ``input_bound`` input tokens cannot be reserved, in words."""
+        remaining = self.remaining_calls()
+        if remaining is not None and remaining <= 0:
+            return "no calls left"
+        left = max(0.0, (self.budget.cost or 0.0) - self._tally.cost - self._tally.reserved)
+        return (f"one call for it may cost up to {usd(self.pricing.worst_case(input_bound))} "
+                f"and the cost budget has {usd(left)} left")
+
+    def reserve(self, input_bound: int) -> float | None:
         """Take one call (and its worst-case cost) from the budget; None when it cannot fit."""
-        worst = self.pricing.worst_case(input_tokens) if self.budget.cost is not None else 0.0
+        worst = self.pricing.worst_case(input_bound) if self.budget.cost is not None else 0.0
         with self._tally.lock:
             remaining = self.remaining_calls()
             if remaining is not None and remaining <= 0:

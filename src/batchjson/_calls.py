@@ -10,20 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from . import _acceptance as acceptance
 from . import _claims as claims
-from ._budget import Spender
+from ._budget import Pricing, Spender
 from ._errors import LedgerError, ProviderError
 from ._groupcommit import GroupCommit
 from ._ledger import Ledger
-from ._plan import Outcome, Plan, Transport
-from ._providers.base import Call, Reply, estimate_tokens
+from ._plan import Outcome, Plan, Transport, system_prompt
+from ._providers.base import Call, Reply, estimate_tokens, input_bound
 from ._records import now
 from ._schema import wire_schema
-from ._tasks import Request
+from ._tasks import Request, render_items_prompt, render_value_prompt
 
 
 class OutOfBudget(Exception):
@@ -66,16 +66,19 @@ class CallSteps:
     _workers: list[asyncio.Future]
     _changed: asyncio.Event
 
-    async def _reserve(self, input_tokens: int) -> float:
-        """Reserve this call's worst case; under a cost budget, wait for calls in flight to
-        settle before giving up, since their real cost is usually below their reservation."""
+    async def _reserve(self, call: Call) -> float:
+        """Reserve this call's worst case (its input bound, computed only under a cost budget,
+        plus its output ceiling); wait for calls in flight to settle before giving up, since
+        their real cost is usually below their reservation."""
         assert self._settled is not None
+        spender = self.spender
+        bound = input_bound(self.provider, call) if spender.budget.cost is not None else 0
         while True:
-            reserved = self.spender.reserve(input_tokens)
+            reserved = spender.reserve(bound)
             if reserved is not None:
                 return reserved
-            if not self.spender.waiting_on_reservations:
-                raise OutOfBudget()
+            if not spender.waiting_on_reservations:
+                raise OutOfBudget(spender.shortfall(bound))
             self._settled.clear()
             await self._settled.wait()
             if self._stop is not None:
@@ -92,9 +95,9 @@ class CallSteps:
         ledger, plan, owner = self.ledger, self.plan, self.owner
         number = self._attempts.get(request.key, 0)
         # Built before anything is reserved or written: whatever fails here leaves no receipt.
-        call = self._make_call(request, kind, prompt, number)
-        estimated = estimate_tokens(self._system + prompt)
-        reserved = await self._reserve(estimated)
+        call = make_call(self.plan, self._system, request, kind, prompt, number)
+        reserved = await self._reserve(call)
+        estimated = estimate_tokens(self._system + prompt)  # for the floor: an estimate
         floor = self.spender.pricing.floor(estimated)
 
         def begin(db: Any) -> tuple[str, int | None]:
@@ -282,17 +285,6 @@ class CallSteps:
         self.writes.queue(lambda db: self.ledger.op_finish(
             db, attempt_id, "provider_error", errors, None, usage, sent_at))
 
-    def _make_call(self, request: Request, kind: str, prompt: str, number: int) -> Call:
-        plan = self.plan
-        if plan.mode == "value":
-            schema: Mapping[str, Any] = plan.schema.json_schema
-        else:
-            schema = wire_schema(plan.schema, request.tasks, plan.identity)
-        # The provider gets its own copy: acceptance compares against the ledger's request.
-        return Call(tasks=tuple(json.loads(request.tasks_json)), prompt=prompt,
-                    system=self._system, schema=schema, attempt=number, kind=kind,
-                    request_key=request.key, mode=plan.mode, identity=plan.identity)
-
     def _account(self, reply: Reply) -> dict[str, Any]:
         out = self.outcome
         out.input_tokens += reply.input_tokens or 0
@@ -302,6 +294,44 @@ class CallSteps:
         elif out.cost is not None:
             out.cost += reply.cost
         return _usage(reply)
+
+
+def first_prompt(plan: Plan, request: Request) -> str:
+    """The prompt of a request's first call (and of its exact replays)."""
+    if plan.mode == "value":
+        return render_value_prompt(request.tasks[0])
+    return render_items_prompt(request.tasks, plan.identity, plan.instructions,
+                               request.tasks_json)
+
+
+def make_call(plan: Plan, system: str, request: Request, kind: str, prompt: str,
+              number: int) -> Call:
+    if plan.mode == "value":
+        schema: Mapping[str, Any] = plan.schema.json_schema
+    else:
+        schema = wire_schema(plan.schema, request.tasks, plan.identity)
+    # The provider gets its own copy: acceptance compares against the ledger's request.
+    return Call(tasks=tuple(json.loads(request.tasks_json)), prompt=prompt, system=system,
+                schema=schema, attempt=number, kind=kind, request_key=request.key,
+                mode=plan.mode, identity=plan.identity)
+
+
+def cheapest_call(plan: Plan, provider: Any, pricing: Pricing,
+                  requests: Sequence[Request]) -> Callable[[float], float | None]:
+    """For ``Spender.refuse_if_short``: given what the cost budget has left, the worst case of
+    the first pending call that fits in it (usually the first one looked at), else the least
+    worst case of all of them, which no call beats."""
+    def cheapest(left: float) -> float | None:
+        system, least = system_prompt(plan), None
+        for request in requests:
+            call = make_call(plan, system, request, "initial", first_prompt(plan, request), 0)
+            worst = pricing.worst_case(input_bound(provider, call))
+            if worst <= left:
+                return worst
+            least = worst if least is None else min(least, worst)
+        return least
+
+    return cheapest
 
 
 def _usage(reply: Reply) -> dict[str, Any]:

@@ -36,16 +36,20 @@ def positive_seconds(name: str, value: Any,
     return float(value)
 
 
-def whole_argument(minimum: int) -> Callable[[str], int]:
-    """An argparse ``type=`` for a whole number >= ``minimum`` (the CLI's and the magics')."""
+def whole_argument(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type=`` for a whole number >= ``minimum`` (and <= ``maximum``), the CLI's
+    and the magics': argparse turns its refusal into a usage error (exit 2), never a
+    traceback."""
+    bound = f"from {minimum} to {maximum}" if maximum is not None else f">= {minimum}"
+
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             value = minimum - 1
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be a whole number >= {minimum}, got {text!r}")
+        if value < minimum or (maximum is not None and value > maximum):
+            raise argparse.ArgumentTypeError(f"must be a whole number {bound}, got {text!r}")
         return value
 
-    parse.__name__ = f"whole number >= {minimum}"
+    parse.__name__ = f"whole number {bound}"
     return parse

@@ -80,10 +80,10 @@ def status_lines(summary: Mapping[str, Any], ledger: str, me: str = "batchjson")
         also = (f"; {unpriced} more are for models with no price and add nothing to it"
                 if unpriced else "")
         lines += wrapped(f"{unknown} call(s) have no recorded cost (killed, abandoned, or "
-                         f"imported without cost): at least "
+                         f"imported without cost): an estimated "
                          f"{money(total['unknown_cost_lower_bound'])} more, pricing their "
-                         f"prompts at the input rate{also}; '+' and '≥' mark figures that "
-                         "include that bound", "  ")
+                         f"prompts (a token per 4 characters) at the input rate{also}; '+' and "
+                         "'≥' mark figures that include that estimate", "  ")
     owed = summary.get("unresolved_requests", 0)
     if owed:
         lines.append(f"  still owed: {owed} request(s), {summary['unresolved_items']} item(s); "

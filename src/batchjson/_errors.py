@@ -55,16 +55,20 @@ class ProviderSetupError(ConfigError):
 
 
 class BudgetExceeded(BatchJsonError):
-    """The calls needed exceed what the budget has left; raised before spending."""
+    """The calls needed exceed what the budget has left; raised before spending.
 
-    def __init__(self, needed: int, remaining: int, *, what: str = "calls") -> None:
+    ``one_call`` is set when a cost budget refused: the most one call may cost (USD), more
+    than the budget has left."""
+
+    def __init__(self, needed: int, remaining: int, *, what: str = "calls",
+                 message: str | None = None, one_call: float | None = None) -> None:
         self.needed = needed
         self.remaining = remaining
-        super().__init__(
+        self.one_call = one_call
+        super().__init__(message or (
             f"budget refused: at least {needed} {what} are needed to resolve the outstanding "
             f"requests but only {remaining} remain. Raise max_calls or the session budget, or "
-            "run fewer tasks; nothing was spent."
-        )
+            "run fewer tasks; nothing was spent."))
 
 
 class ValidatorChanged(BatchJsonError):

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from . import _records as records
 from ._errors import LedgerError
 from ._migrations import migrate
 from ._records import Receipt, Revision, _receipt, _revision, _uid, now
@@ -26,7 +27,7 @@ class Ledger:
     """Thread-safe access to the ledger file (``path=None`` keeps it in memory)."""
 
     def __init__(self, path: str | Path | None = None, *, busy_timeout: float = 30.0) -> None:
-        self.path = None if path is None else Path(path)
+        self.path = records.ledger_path(path)  # refused (ConfigError) before any file is made
         target = ":memory:" if self.path is None else str(self.path)
         self._busy_timeout = busy_timeout
         try:
@@ -43,7 +44,7 @@ class Ledger:
             with self._lock:
                 migrate(self._db)
         except (sqlite3.Error, OSError) as exc:
-            raise LedgerError("could not open the ledger", path=self.path or ":memory:",
+            raise LedgerError(records.open_problem(self.path), path=self.path or ":memory:",
                               cause=exc) from exc
 
     def _wal(self) -> None:
@@ -105,8 +106,9 @@ class Ledger:
                 pass
 
     def _error(self, what: str, exc: BaseException) -> LedgerError:
-        return LedgerError(f"{what}; the run stopped before any further call",
-                           path=self.path or ":memory:", cause=exc)
+        return LedgerError(f"{what}; the run stopped before any further call"
+                           f"{records.write_problem(self.path, exc)}", path=self.path or ":memory:",
+                           cause=exc)
 
     def _rows(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
         with self._lock:

@@ -1,9 +1,9 @@
-"""Refused before spending: every check of a run's input that needs no call, in one place.
+"""Refused before spending: the checks of a run's content that need no call.
 
-Each check raises :class:`~batchjson._errors.InvalidBatch` (bad batch input) or
-:class:`~batchjson._errors.ConfigError` (a bad session or provider) with a message naming the
-problem and the fix. ``Session.run`` calls them before anything is recorded or sent, so a
-refusal never costs a call and never touches the ledger.
+Each raises :class:`~batchjson._errors.InvalidBatch` with a message naming the problem and the
+fix. Their one caller is the run description (``RunSpec`` in ``_spec.py``), which the session
+checks before anything is recorded or sent, so a refusal never costs a call and never touches
+the ledger.
 """
 
 from __future__ import annotations
@@ -15,30 +15,25 @@ from typing import Any
 import jsonschema
 
 from ._acceptance import ECHO_EXEMPT
-from ._checks import positive_seconds
-from ._errors import ConfigError, InvalidBatch
+from ._errors import InvalidBatch
 from ._schema import ItemSchema
 
 _SCALARS = (str, int, float, bool, type(None))
 
 
-def check_timeout(value: Any) -> float:
-    """A call timeout must be a finite number of seconds > 0 (e.g. Session(timeout=120))."""
-    return positive_seconds("timeout", value, ConfigError)
-
-
 def check_validator(fn: Any, args: str) -> None:
-    """The validator is called ``validator(item, task)`` (or ``(item, index)``): its signature
-    must take exactly that; an ``async def`` validator is fine (it is awaited)."""
+    """The validator is called ``validator(item, task)`` (or ``(item, index)``) and says yes or
+    no: a plain or ``async def`` function whose signature takes exactly that."""
     if fn is None:
         return
     if not callable(fn):
         raise InvalidBatch(f"validator must be callable, got {type(fn).__name__}")
+    second = "index" if args == "index" else "task"
+    check_not_generator(fn, second)
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # some builtins have none: nothing to check
         return
-    second = "index" if args == "index" else "task"
     try:
         signature.bind(None, None)
     except TypeError:
@@ -47,6 +42,27 @@ def check_validator(fn: Any, args: str) -> None:
             f"validator {name}{signature} cannot be called as validator(item, {second}); "
             f"give it two parameters, e.g. def {name}(item, {second}): ... (raise ValueError "
             "or return False to reject an item)") from None
+
+
+def check_not_generator(fn: Any, second: str = "task") -> None:
+    """A generator function returns a generator, which says neither yes nor no, and an async
+    generator cannot be awaited: refused as a validator instead of being paid for and failing
+    as a ``validator_error``. What is judged is what is called: the function (or partial), or
+    a callable object's ``__call__``."""
+    try:
+        called = [fn] + ([] if inspect.isroutine(fn) else [type(fn).__call__])
+        kind = next(("an async generator function" if inspect.isasyncgenfunction(c) else
+                     "a generator function" for c in called
+                     if inspect.isasyncgenfunction(c) or inspect.isgeneratorfunction(c)), None)
+        name = getattr(fn, "__name__", type(fn).__name__) if kind else ""
+    except Exception:  # an object that raises when read: not a generator anyone can see
+        return
+    if kind:
+        raise InvalidBatch(
+            f"validator {name} is {kind} (it uses yield), so calling it returns a generator, "
+            "not a verdict; write a plain def (or async def) without yield: "
+            f"def {name}(item, {second}): ... raising ValueError or returning False to reject "
+            "an item")
 
 
 def compared_candidates(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str]) -> list[str]:
@@ -254,8 +270,8 @@ def check_mode(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str], mode
 def check_all(*, tasks: Sequence[Mapping[str, Any]], identity: Sequence[str],
               schema: ItemSchema, mode: str, validator: Callable[..., Any] | None,
               validator_args: str, pack: int = 1) -> None:
-    """Every input check of a run that needs neither the ledger nor a call."""
-    check_validator(validator, validator_args)
+    """Every check of a run's content that needs neither the ledger nor a call (the
+    validator's own shape is checked when the RunSpec is made)."""
     check_mode(tasks, identity, mode, pack, validator, validator_args)
     check_identity_values(tasks, identity)
     check_schema(schema, mode, tasks, identity)

@@ -7,7 +7,9 @@ meets, and the one timestamp format every record uses, live in one small place.
 from __future__ import annotations
 
 import json
+import os
 import random
+import re
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -15,7 +17,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ._errors import ConfigError
 from ._migrations import SCHEMA_VERSION
+from ._providers.masking import masked, public_url
 
 _second: tuple[int, str] = (-1, "")  # the last whole second formatted, and its text
 
@@ -74,6 +78,28 @@ class Revision:
     created_at: str
 
 
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/+")
+
+
+def ledger_path(value: Any) -> Path | None:
+    """What ``Ledger(path)`` and ``Session(ledger=...)`` accept: a file path (str or
+    ``os.PathLike``) or None (in memory). Anything else is refused before a file is made; a
+    URL is refused with its password masked (a ledger is a SQLite file)."""
+    if value is None:
+        return None
+    text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+    if not isinstance(text, str):
+        raise ConfigError(f"ledger must be a file path (a str or pathlib.Path) or None to keep "
+                          f"it in memory, got {type(value).__name__}; e.g. "
+                          "Session(provider, ledger='runs/ledger.sqlite')")
+    if _URL.match(text):  # "scheme://", or "scheme:/" once pathlib has folded the slashes
+        text = _URL.sub(lambda m: m.group(1) + "://", text, count=1)
+        shown = masked(text) if len(text) > 200 else repr(public_url(text))
+        raise ConfigError(f"ledger {shown} is a URL, but a batchjson ledger is a SQLite file; "
+                          "pass a file path, e.g. ledger='runs/ledger.sqlite'")
+    return Path(text)
+
+
 def ledger_problem(path: Path) -> str | None:
     """Why the file at ``path`` cannot be read as a ledger, or None; it is opened read-only,
     so a wrong path is never turned into a ledger by the migrations."""
@@ -89,7 +115,7 @@ def ledger_problem(path: Path) -> str | None:
         finally:
             db.close()
     except sqlite3.DatabaseError:
-        return f"{path} is not a SQLite file, so not a batchjson ledger"
+        return f"{path} {unreadable(path)}"
     if version == 0 or "attempts" not in tables:
         return f"{path} is a SQLite file but not a batchjson ledger"
     if version > SCHEMA_VERSION:
@@ -97,6 +123,92 @@ def ledger_problem(path: Path) -> str | None:
                 f"{SCHEMA_VERSION}; upgrade batchjson to read it")
     return None
 
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def unreadable(path: Path) -> str:
+    """Why SQLite cannot open the ledger file at ``path``, said after its path, and what to do:
+    not a SQLite file, a SQLite file cut short, a read-only place, or damage of another kind."""
+    try:
+        with open(path, "rb") as file:
+            header = file.read(100)
+        size = path.stat().st_size
+    except OSError as error:
+        return f"cannot be read ({error.strerror or error}); check its permissions"
+    if not header.startswith(SQLITE_HEADER):
+        return (f"is not a SQLite file (it starts {header[:16]!r}), so not a batchjson ledger; "
+                "pass the ledger's own file")
+    cut = _cut_short(header, size)
+    if cut:
+        return (f"is a SQLite file cut short ({cut}), so it cannot be read; restore it from a "
+                "backup or copy it again whole (a full disk, or a copy or download that "
+                "stopped, leaves a file like this)")
+    place = read_only_place(path)
+    if place:
+        return (f"is {place}, and SQLite writes beside a ledger even to read it (the -wal and "
+                "-shm files of its write-ahead log), so it cannot be opened there; copy it to "
+                "a writable directory and use the copy, or make the place writable")
+    return "is a SQLite file that SQLite cannot read; restore it from a backup"
+
+
+def open_problem(path: Path | None) -> str:
+    """What ``Ledger(path)`` says when SQLite cannot open or create the file."""
+    if path is None:
+        return "could not open the ledger"
+    if path.is_file():
+        return f"could not open the ledger: it {unreadable(path)}"
+    place = read_only_place(path)
+    if place:
+        return (f"could not create the ledger: its directory is {place.removeprefix('in a ')}"
+                if place.startswith("in a ") else
+                f"could not create the ledger: it would be {place}") + (
+            "; pass a ledger path in a writable directory")
+    return "could not open the ledger"
+
+
+def write_problem(path: Path | None, exc: BaseException) -> str:
+    """What to do when a write to an open ledger failed because its place turned read-only
+    (a remount, a permission change), said after the failure; "" for other failures."""
+    place = read_only_place(path) if path is not None else None
+    if place is None and "readonly" not in str(exc).replace("read-only", "readonly"):
+        return ""
+    where = f"it is {place}" if place else "the ledger file or its directory is read-only"
+    return (f" ({where}: make it writable, or copy the ledger to a writable directory and "
+            "run there)")
+
+
+def _cut_short(header: bytes, size: int) -> str | None:
+    """How a SQLite file is shorter than its header says, or None (see sqlite.org/fileformat:
+    the page size at offset 16, the page count at 28, valid when the counters at 24 and 92
+    agree)."""
+    if len(header) < 100:
+        return f"{size} bytes, less than its 100-byte header"
+    page = int.from_bytes(header[16:18], "big")
+    page = 65536 if page == 1 else page
+    pages = int.from_bytes(header[28:32], "big")
+    valid = pages and header[24:28] == header[92:96]
+    if valid and size < page * pages:
+        return f"{size} of the {page * pages} bytes its header says it holds"
+    if page and size % page:
+        return f"{size} bytes, not a whole number of its {page}-byte pages"
+    return None
+
+
+def read_only_place(path: Path) -> str | None:
+    """"on a read-only file system" or "in a directory it cannot write to" when SQLite could
+    not create its files beside ``path``; None when the place is writable."""
+    folder = path.absolute().parent
+    while not folder.exists() and folder != folder.parent:  # a directory still to be made
+        folder = folder.parent
+    try:
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            return "on a read-only file system"
+    except (OSError, AttributeError):  # no statvfs (Windows)
+        pass
+    if not os.access(folder, os.W_OK):
+        return "in a directory this process cannot write to"
+    return None
 
 
 def _revision(row: sqlite3.Row) -> Revision:

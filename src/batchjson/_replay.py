@@ -26,16 +26,15 @@ from tenacity.wait import wait_exponential_jitter
 from . import _acceptance as acceptance
 from . import _claims as claims
 from ._budget import Spender
-from ._calls import CallSteps, Held, OutOfBudget, Resolved, Stopped
+from ._calls import CallSteps, Held, OutOfBudget, Resolved, Stopped, first_prompt
 from ._errors import LedgerError, ProviderError
 from ._groupcommit import Checkpointer, GroupCommit
 from ._ledger import Ledger
 from ._plan import Outcome, Plan, Transport, system_prompt
+from ._providers.masking import public_url
 from ._tasks import (
     Request,
-    render_items_prompt,
     render_repair_prompt,
-    render_value_prompt,
     split_request,
 )
 
@@ -183,7 +182,7 @@ class Replayer(CallSteps):
 
     async def _drive(self, request: Request, depth: int, first_kind: str | None = None) -> None:
         plan = self.plan
-        prompt = self._prompt(request)
+        prompt = first_prompt(self.plan, request)
         kind = self._first_kind(request, first_kind)
         repairs_left, replays_left = plan.repairs, plan.replays
         try:
@@ -212,11 +211,11 @@ class Replayer(CallSteps):
         except Resolved:
             self._resolved(request)
             return
-        except OutOfBudget:
+        except OutOfBudget as short:
             self._release(request)
             self._fail(request, [{"type": "budget_exhausted", "task_id": None,
                                   "message": "the budget ran out before this request "
-                                  "was resolved"}])
+                                  f"was resolved ({short})"}])
             self._progress(request)
             return
         except Stopped:
@@ -276,12 +275,6 @@ class Replayer(CallSteps):
             extra = {"request": request.key, **({"raw": raw} if raw is not None else {})}
             self.outcome.errors[task_id] = [{**e, "task_id": task_id, **extra} for e in mine]
 
-    def _prompt(self, request: Request) -> str:
-        if self.plan.mode == "value":
-            return render_value_prompt(request.tasks[0])
-        return render_items_prompt(request.tasks, self.plan.identity, self.plan.instructions,
-                                   request.tasks_json)
-
     # -- one attempt (with transport retries) --------------------------------------------------
     async def _attempt(self, request: Request, kind: str,
                        prompt: str) -> tuple[acceptance.Verdict, str | None]:
@@ -325,7 +318,8 @@ class Replayer(CallSteps):
     def _unreachable(self, exc: ProviderError) -> None:
         """The probing call's retries all failed to connect: stop the run with one message."""
         where = getattr(self.provider, "url", None) or getattr(self.provider, "base_url", None)
-        target = where or f"the {self._provider_name} provider"
+        target = public_url(where) if isinstance(where, str) else (
+            f"the {self._provider_name} provider")
         self._fatal = ProviderError(
             f"cannot reach {target}: is the server running? The run stopped after "
             f"{self.transport.retries + 1} tries of one call, and no other request was sent "

@@ -14,6 +14,7 @@ from typing import Any
 
 from ._errors import ProviderError
 from ._providers.base import Reply
+from ._providers.masking import shown_name
 
 ODD_TEXT = "batchjson_odd_text"  # Reply.extra marker: the provider's text was not a str
 
@@ -56,7 +57,8 @@ def sane_reply(reply: Any) -> Any:
     if (type(reply) is Reply and isinstance(reply.text, str) and _whole(reply.input_tokens)
             and _whole(reply.output_tokens) and _whole(reply.cached_tokens) and (
             reply.cost is None or (type(reply.cost) is float and math.isfinite(reply.cost)
-                                   and reply.cost >= 0))):
+                                   and reply.cost >= 0))
+            and (reply.model is None or shown_name(reply.model) == reply.model)):
         return reply  # the common case: nothing to mend
     if not hasattr(reply, "text"):
         raise ProviderError(f"provider returned a {type(reply).__name__}, not a Reply: return "
@@ -75,20 +77,25 @@ def sane_reply(reply: Any) -> Any:
                  output_tokens=_count(getattr(reply, "output_tokens", None)),
                  cached_tokens=_count(getattr(reply, "cached_tokens", None)),
                  cost=float(cost) if ok_cost else None,
-                 model=model if isinstance(model, str) else None, extra=extra)
+                 model=shown_name(model) if isinstance(model, str) else None, extra=extra)
+
+
+def provider_names(provider: Any) -> tuple[Any, Any]:
+    """A provider's name and model as receipts and results record them: a custom provider
+    whose ``name`` or ``model`` is a pasted key has it masked (the one masking rule)."""
+    return (shown_name(getattr(provider, "name", type(provider).__name__)),
+            shown_name(getattr(provider, "model", None)))
 
 
 class GuardedProvider:
     """The provider as the replay loop sees it: every reply passes :func:`sane_reply`, so an
-    odd Reply is judged (and kept) instead of crashing the run. Everything else is the
-    provider's own (name, model, timeout, aclose)."""
+    odd Reply is judged (and kept) instead of crashing the run, and its name and model are
+    shown as :func:`provider_names` says. Everything else is the provider's own (timeout,
+    aclose, ...)."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
-
-    @property
-    def name(self) -> str:
-        return getattr(self.inner, "name", type(self.inner).__name__)
+        self.name, self.model = provider_names(inner)
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self.inner, attr)

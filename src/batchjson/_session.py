@@ -22,8 +22,8 @@ from . import _structured as structured
 from . import _unseen as unseen
 from ._aio import BackgroundLoop
 from ._budget import Budget, Spender, Tally, pricing_of
+from ._calls import cheapest_call
 from ._canon import canonical_json
-from ._checks import whole as _whole
 from ._errors import BatchUnresolved, InvalidBatch
 from ._evidence import Evidence
 from ._ledger import Ledger
@@ -33,16 +33,13 @@ from ._providers.select import make_provider, provider_label
 from ._registry import ValidatorRegistry, ValidatorVersion
 from ._rejudge import clear_legacy, rejudge
 from ._replay import Replayer
-from ._replies import GuardedProvider
+from ._replies import GuardedProvider, provider_names
 from ._result import BatchResult
-from ._schema import compile_schema
-from ._spec import MODES, ON_EXHAUSTED, VALIDATOR_ARGS, RunSpec
+from ._spec import RunSpec, SessionOptions
 from ._tasks import (
     Identity,
     key_content,
     key_maker,
-    normalize_identity,
-    normalize_tasks,
     pack_requests,
     revision_fingerprint,
     sha,
@@ -66,14 +63,17 @@ class Session:
         timeout: float = 120.0,
         model: str | None = None,
     ) -> None:
+        options = SessionOptions(strict=strict, budget=budget, concurrency=concurrency,
+                                 repairs=repairs, replays=replays,
+                                 transport_retries=transport_retries, timeout=timeout,
+                                 model=model)  # all checked before the ledger is opened
         self.ledger = ledger if isinstance(ledger, Ledger) else Ledger(ledger)
-        self.strict = bool(strict)
-        self.budget = Budget.of(budget)
-        self.concurrency = _whole("concurrency", concurrency, 1)
-        self.repairs = _whole("repairs", repairs, 0)
-        self.replays = _whole("replays", replays, 0)
-        self.transport = Transport(retries=_whole("transport_retries", transport_retries, 0),
-                                   timeout=preflight.check_timeout(timeout))
+        self.strict = options.strict
+        self.budget = options.budget
+        self.concurrency = options.concurrency
+        self.repairs = options.repairs
+        self.replays = options.replays
+        self.transport = Transport(retries=options.transport_retries, timeout=options.timeout)
         self.model = model
         self._provider_spec = provider
         self._provider: Any = None
@@ -175,41 +175,16 @@ class Session:
         validator is not fingerprinted a second time."""
         if not isinstance(spec, RunSpec):
             raise InvalidBatch(f"Session.run takes a RunSpec, got {type(spec).__name__}")
-        # Every check happens before anything is recorded or spent.
-        name, tasks, schema = spec.name, spec.tasks, spec.schema
-        if not isinstance(name, str) or not name.strip():
-            raise InvalidBatch("batch name must be a non-empty string, e.g. run_batch('labels', "
-                               "...)")
-        if spec.on_exhausted not in ON_EXHAUSTED:
-            raise InvalidBatch(f"on_exhausted must be 'raise' or 'return', got "
-                               f"{spec.on_exhausted!r}")
-        if spec.mode not in MODES:
-            raise InvalidBatch(f"mode must be one of {MODES}, got {spec.mode!r}")
-        if spec.validator_args not in VALIDATOR_ARGS:
-            raise InvalidBatch(f"validator_args must be one of {VALIDATOR_ARGS}, got "
-                               f"{spec.validator_args!r}")
-        pack = _whole("pack", spec.pack, 1)
-        mode, instructions, validator = spec.mode, spec.instructions, spec.validator
-        ident = normalize_identity(spec.identity)
-        task_list, task_texts = normalize_tasks(tasks, ident)  # the ledger's (JSON) form
-        item_schema = compile_schema(schema)
-        repairs = self.repairs if spec.repairs is None else _whole("repairs", spec.repairs, 0)
-        replays = self.replays if spec.replays is None else _whole("replays", spec.replays, 0)
-        max_calls = spec.max_calls
-        if max_calls is not None:
-            _whole("max_calls", max_calls, 0)
-        if instructions is not None and not isinstance(instructions, str):
-            raise InvalidBatch("instructions must be a string")
-        for label, text in (("batch name", name), ("instructions", instructions)):
-            if text is not None and not _is_unicode(text):
-                raise InvalidBatch(f"{label} holds an unpaired surrogate, which is not valid "
-                                   "Unicode and cannot be stored; fix the text")
-        preflight.check_all(tasks=task_list, identity=ident, schema=item_schema, mode=mode,
-                            validator=validator, validator_args=spec.validator_args, pack=pack)
+        run = spec.checked()  # every input check, before anything is recorded or spent
+        name, mode, instructions = spec.name, spec.mode, spec.instructions
+        validator = spec.validator
+        task_list, task_texts, item_schema, ident = run.tasks, run.texts, run.schema, run.identity
+        pack, max_calls = spec.pack, spec.max_calls
+        repairs = self.repairs if spec.repairs is None else spec.repairs
+        replays = self.replays if spec.replays is None else spec.replays
         provider = self.provider  # make_provider refuses what has no async complete()
         source = answer_source(provider)
-        provider_name = getattr(provider, "name", type(provider).__name__)
-        provider_model = getattr(provider, "model", None)
+        provider_name, provider_model = provider_names(provider)
 
         version = None
         if validator is not None:
@@ -250,9 +225,14 @@ class Session:
         passed = {request.key for request, _, _ in rechecked}
         owed = pending  # what this run resolves, by re-judging or by calls
         pending = [r for r in pending if r.key not in passed]
+        plan = Plan(batch_id=0, revision_id=0, mode=mode,  # ids set once the revision opens
+                    identity=ident, schema=item_schema, validator=checker,
+                    instructions=instructions, content=key_content, repairs=repairs,
+                    replays=replays, split=bool(spec.split), source=source)
         spender = Spender(max_calls, self.budget, self.tally, pricing_of(provider))
         if spec.refuse_short_budget:
-            spender.refuse_if_short(len(pending))
+            spender.refuse_if_short(len(pending), cheapest_call(plan, provider, spender.pricing,
+                                                                pending))
 
         validator_record = (None if version is None else  # its definition is already on record
                             {"name": version.name, "version": version.version})
@@ -270,10 +250,7 @@ class Session:
             seen.record_seen(self.ledger, list(seen_of.items()))
         if rechecked:
             seen.commit_rechecks(self.ledger, revision.batch_id, revision.id, rechecked, source)
-        plan = Plan(batch_id=revision.batch_id, revision_id=revision.id, mode=mode,
-                    identity=ident, schema=item_schema, validator=checker,
-                    instructions=instructions, content=key_content, repairs=repairs,
-                    replays=replays, split=bool(spec.split), source=source)
+        plan.batch_id, plan.revision_id = revision.batch_id, revision.id
         outcome = Outcome()
         if pending and broken:  # retrying cannot help: the validator fails on stored returns
             outcome.stopped = (f"the validator failed while re-judging a stored return, so no "
@@ -398,14 +375,6 @@ def _shutdown(loop: BackgroundLoop, providers: list[Any]) -> None:
                 pass
 
     loop.close(close_all)
-
-
-def _is_unicode(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _bounded(fn: Callable[[Any, Mapping[str, Any]], Any],

@@ -1,6 +1,7 @@
 """Reading a model's JSON strictly, and comparing JSON values exactly.
 
-Strict: finite numbers only (overflow included), no key named twice in an object (which
+Strict: finite numbers only (overflow included), no non-zero number read as zero (underflow),
+no key named twice in an object (which
 ``case_id`` would the model have meant?), bounded nesting, one ```json fence tolerated.
 Exact: no ``True == 1``, no ``1 == 1.0``, no ``-0.0 == 0.0``, and a float read from a return may
 be held to its exact decimal text. Used by acceptance, which decides what these findings mean.
@@ -22,10 +23,19 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"non-finite number {name} is not valid JSON")
 
 
+_NONZERO_DIGIT = re.compile(r"[1-9]")
+
+
 def _finite_float(text: str) -> float:
+    """A float that means the number written: 1e400 (infinity) and 1e-400 (0.0) do not."""
     value = float(text)
     if math.isinf(value):  # 1e400 and -1e999 are valid JSON but overflow to infinity
         raise ValueError(f"number {text[:40]} overflows a float; only finite numbers are valid")
+    if value == 0.0 and _NONZERO_DIGIT.search(text.partition("e")[0].partition("E")[0]):
+        # 1e-400 and 4.9e-325 are not zero, but a float reads them as 0.0, which would then
+        # pass "type": "integer" or "minimum": 0 and be committed as a value nobody wrote
+        raise ValueError(f"number {text[:40]} underflows a float (it is not zero but reads as "
+                         "0.0); only numbers a float can hold are valid")
     return value
 
 

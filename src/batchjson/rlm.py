@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ._budget import usd
 from ._droste_env import droste_environment
 from ._errors import (
     BudgetExceeded,
@@ -222,8 +223,7 @@ class _Binding:
                                   keyed_by_content=True, registered=registered)
         except BudgetExceeded as exc:
             raise _refused(exc.needed, exc.remaining, "to answer the prompts of this call "
-                           "that are not yet accepted",
-                           cost_spent="cost budget is spent" in str(exc)) from None
+                           "that are not yet accepted", one_call=exc.one_call) from None
 
     def validator(self, fn: Callable[..., Any] | str | None = None, *,
                   name: str | None = None) -> Any:
@@ -361,14 +361,15 @@ def _short(text: Any, limit: int = 160) -> Any:
     return text[:limit - 3] + "..."
 
 
-def _refused(owed: int, remaining: int, why: str, *, cost_spent: bool = False
-             ) -> BudgetExceeded:
+def _refused(owed: int, remaining: int, why: str, *, cost_spent: bool = False,
+             one_call: float | None = None) -> BudgetExceeded:
     owed_evidence = "unresolved evidence" in why
     consequence = (" for, so the unresolved requests cannot be cleared in this run" if
                    owed_evidence else " for, so this call was not started")
-    error = BudgetExceeded(owed, remaining)
-    left = ("the session's cost budget is spent" if cost_spent else
-            f"only {remaining} call(s) remain in the budget")
+    error = BudgetExceeded(owed, remaining, one_call=one_call)
+    left = (f"one call may cost up to {usd(one_call)}, more than the session's cost budget "
+            "has left" if one_call is not None else "the session's cost budget is spent"
+            if cost_spent else f"only {remaining} call(s) remain in the budget")
     error.args = (
         f"llm_batch_json refused before spending anything: at least {owed} exact call(s) are "
         f"needed {why}, but {left}. They cannot be paid{consequence}. Do not set "

@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 from IPython.core.error import UsageError
+from IPython.core.magic_arguments import parse_argstring
 from IPython.utils.process import arg_split
 
 from .._errors import InvalidBatch
@@ -28,6 +29,18 @@ def allow_empty_body(lines: list[str]) -> list[str]:
     if lines and _HEADER.match(lines[0]) and not "".join(lines[1:]).strip():
         return [lines[0].rstrip("\n") + "\n", "\n"]
     return lines
+
+
+def parse_line(magic: Any, line: str) -> Any:
+    """A magic's arguments; an unclosed quote (which the shell-style splitter reports as a bare
+    ValueError) is a UsageError naming the line and the fix, like every other bad argument."""
+    try:
+        return parse_argstring(magic, line)
+    except ValueError as exc:
+        name = getattr(magic, "__name__", "magic")
+        raise UsageError(f"%{name} {line.strip()}: {exc} (a quote is opened and never closed); "
+                         "close the quote, or build the value in the cell body and pass its "
+                         "name") from None
 
 
 def identity_option(text: str) -> tuple[str, ...]:
@@ -97,6 +110,8 @@ def define_once(registry: ValidatorRegistry, ns: dict[str, Any], names: list[str
     """
     events = []
     for name in names:
+        if inspect.isgeneratorfunction(ns[name]) or inspect.isasyncgenfunction(ns[name]):
+            continue  # a generator is never a validator (a run refuses one as such)
         definition = registry.register(ns[name], name=name)
         if definition.fn is not ns[name]:
             ns[name] = definition.fn

@@ -133,10 +133,11 @@ class StatusView(TextView):
             if unpriced:
                 text += f", {unpriced} of them for a model with no price"
             if bound:
-                text += f": at least {money(bound)} more (prompts at the input rate)"
+                text += (f": an estimated {money(bound)} more (prompts at the input rate, a "
+                         "token per 4 characters)")
             rows.append(("cost unknown", text))
             if at_least is not None and bound:
-                rows.append(("  counting that", f"at least {money(at_least)} per usable result"))
+                rows.append(("  counting that", f"about {money(at_least)} per usable result"))
         for sup in s["superseded"][: self.limit]:
             rows.append(("  superseded", f"{sup['batch']} rev {sup['revision']} -> rev "
                                          f"{sup['superseded_by']} ({sup['reason']})"))

@@ -19,7 +19,7 @@ from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 from traitlets import Any as AnyTrait
 from traitlets import Bool, Int, TraitError, Unicode, observe, validate
@@ -29,7 +29,7 @@ from traitlets.config.loader import LazyConfigValue
 from .._checks import whole_argument
 from .._cliview import DEFAULT_LEDGER
 from .._errors import BatchJsonError, BatchUnresolved
-from .._providers.masking import masked
+from .._providers.masking import looks_like_key, masked
 from .._providers.select import PROVIDER_NAMES
 from .._session import Session
 from .cell import (
@@ -41,6 +41,7 @@ from .cell import (
     identity_option,
     interrupted_line,
     one_line,
+    parse_line,
     run_body,
     spaced_identity,
     unresolved_hint,
@@ -53,7 +54,7 @@ from .display import (
     in_notebook_frontend,
     receipt_rows,
 )
-from .settings import AsGiven, NotApplied, guarded, refused, shield, shown
+from .settings import AsGiven, NotApplied, Refused, guarded, refused, shield, shown
 from .state import KernelState
 
 SETTINGS = ("provider", "model", "ledger", "concurrency", "max_calls", "repairs", "replays",
@@ -154,6 +155,16 @@ class BatchJson(Magics):
                          f"with an async complete(call) method, got {type(value).__name__}; wrap "
                          "a plain function as batchjson.CallableProvider(fn)")
 
+    @validate("model")
+    def _check_model(self, proposal: Any) -> Any:
+        """A key pasted as the model is refused, as ``OpenAIProvider(model=...)`` refuses it."""
+        value = proposal["value"]
+        if isinstance(value, str) and looks_like_key(value):
+            raise Refused(f"{masked(value)} looks like an API key, not a model name; give the "
+                          "model's name (e.g. 'gpt-4o-mini') and keep the key in the "
+                          "environment (OPENAI_API_KEY or ANTHROPIC_API_KEY)")
+        return value
+
     @validate(*WHOLE)
     def _no_bools(self, proposal: Any) -> Any:
         if isinstance(proposal["value"], bool):  # an int to traitlets; never a count here
@@ -212,7 +223,7 @@ class BatchJson(Magics):
         re-running the cell resumes, spending calls only on unresolved requests.
         """
         try:
-            args = parse_argstring(self.batch_json, line)
+            args = parse_line(self.batch_json, line)
         except UsageError as exc:
             if "unrecognized arguments" not in str(exc):
                 raise
@@ -286,7 +297,7 @@ class BatchJson(Magics):
     def batch_status(self, line: str) -> StatusView:
         """What is still owed and what has been spent: unresolved and superseded requests,
         minimum exact retry calls, calls, cost so far and cost per usable result."""
-        args = parse_argstring(self.batch_status, line)
+        args = parse_line(self.batch_status, line)
         session = self.session
         if args.name is not None:
             self._known_batch(args.name)
@@ -335,7 +346,7 @@ class BatchJson(Magics):
     def batch_receipts(self, line: str) -> ReceiptsView:
         """Every attempt of a batch in call order, numbered 1..N, a page at a time: kind, status,
         tokens, cost and its errors in full (identity errors name the field and both values)."""
-        args = parse_argstring(self.batch_receipts, line)
+        args = parse_line(self.batch_receipts, line)
         self._known_batch(args.name)
         receipts = self.session.ledger.attempts(args.name)
         numbered = [(n, r) for n, r in enumerate(receipts, 1)

@@ -17,10 +17,14 @@ from IPython.core.error import UsageError
 from traitlets import Bool, Int, TraitError, TraitType
 from traitlets.config.loader import LazyConfigValue
 
-from .._providers.masking import masked
+from .._providers.masking import masked, public_url
 from .display import clip
 
 MEANING = {"model": "a model name (a string)", "ledger": "a file path (a string) or ':memory:'"}
+
+
+class Refused(TraitError):
+    """A value a setting's own check refused; its message says why."""
 
 
 class NotApplied(TraitError):
@@ -56,9 +60,17 @@ def shield(config: Any) -> None:
 
 def shown(name: str, value: Any) -> str:
     """A setting's value for a message; a string given as provider or model may be a pasted
-    key, so only its first characters are shown."""
+    key, so only its first characters are shown, and a ledger URL's password is masked."""
     if name in ("provider", "model") and isinstance(value, str):
         return masked(value)
+    return kept(name, value)
+
+
+def kept(name: str, value: Any) -> str:
+    """A value a setting holds (so already accepted) for a message; a ledger URL's password
+    is masked all the same."""
+    if name == "ledger" and isinstance(value, str):
+        value = public_url(value)
     return clip(repr(value), 80)
 
 
@@ -76,9 +88,10 @@ def allowed(name: str, trait: TraitType[Any, Any]) -> str:
 def refused(name: str, value: Any, old: Any, trait: TraitType[Any, Any],
             exc: TraitError) -> str:
     """The message for a value the trait refused (the provider's validator says why itself)."""
-    why = str(exc) if name == "provider" else f"it must be {allowed(name, trait)}"
+    why = (str(exc) if name == "provider" or isinstance(exc, Refused)
+           else f"it must be {allowed(name, trait)}")
     return (f"BatchJson.{name} = {shown(name, value)} is refused: {why}. "
-            f"BatchJson.{name} stays {clip(repr(old), 80)}")
+            f"BatchJson.{name} stays {kept(name, old)}")
 
 
 def guarded(magics: Any, builtin: Callable[[str], Any]) -> Callable[[str], Any]:

@@ -26,6 +26,8 @@ def resolve_ledger(setting: str) -> Path | None:
     """``:memory:`` (or empty) keeps the ledger in memory; a relative path is under the cwd."""
     if not setting or setting == MEMORY:
         return None
+    if "://" in setting:  # a URL: the ledger refuses it, naming it (its password masked)
+        return setting  # type: ignore[return-value]
     path = Path(setting).expanduser()
     return path if path.is_absolute() else Path.cwd() / path
 

@@ -12,13 +12,12 @@ import errno
 import hashlib
 import json
 import os
-import re
 import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
-from urllib.parse import urlparse, urlunparse
+from urllib.parse import urlparse, urlsplit, urlunparse, urlunsplit
 
 import aiohttp
 import pydantic_core
@@ -27,44 +26,21 @@ from .._canon import Unhashable, content_hash
 from .._checks import positive_seconds
 from .._errors import ProviderError, ProviderSetupError
 from .base import Call
-from .masking import check_name, looks_like_key, masked
+from .masking import (
+    Secret,
+    Secrets,
+    check_name,
+    looks_like_key,
+    masked,
+    public_query,
+    public_url,
+)
 from .pricing import cost_of, normalize_prices, price_for
 
 _NON_RETRYABLE_QUOTA = ("insufficient_quota", "billing_hard_limit_reached")
 # OS errors that mean no server can be reached at that address at all.
 _UNREACHABLE_ERRNOS = frozenset({errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH,
                                  errno.EADDRNOTAVAIL})
-
-
-class Secret:
-    """Holds an API key so that no repr, log line or traceback can print it."""
-
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str | None) -> None:
-        self._value = value or None
-
-    def get(self) -> str | None:
-        return self._value
-
-    def __bool__(self) -> bool:
-        return self._value is not None
-
-    def __repr__(self) -> str:
-        return "Secret(<set>)" if self._value else "Secret(<unset>)"
-
-    __str__ = __repr__
-
-
-_KEYLIKE = re.compile(r"\b(sk|sess)-[A-Za-z0-9_*\-]{6,}")
-
-
-def redact(text: str, secret: Secret | None = None) -> str:
-    """Remove the key and anything key-shaped (providers echo masked keys in 401 bodies)."""
-    value = secret.get() if secret is not None else None
-    if value:
-        text = text.replace(value, "<redacted>")
-    return _KEYLIKE.sub("<redacted>", text)
 
 
 def parse_retry_after(headers: Mapping[str, str]) -> float | None:
@@ -124,7 +100,7 @@ _STATUS_HINTS = {
 
 
 def http_error(provider: str, status: int, headers: Mapping[str, str], raw: bytes,
-               secret: Secret, key_env: str) -> ProviderError:
+               secrets: Secrets | None, key_env: str) -> ProviderError:
     """Map an HTTP error response to a ProviderError, keeping the provider's own words."""
     message, code = error_message(raw)
     retryable = is_retryable_status(status)
@@ -136,8 +112,8 @@ def http_error(provider: str, status: int, headers: Mapping[str, str], raw: byte
         text += f" [{code}]"
     if hint:
         text += f" ({hint.format(key_env=key_env)})"
-    return ProviderError(redact(text, secret), status=status, retryable=retryable,
-                         retry_after=parse_retry_after(headers))
+    return ProviderError(secrets.mask(text) if secrets else text, status=status,
+                         retryable=retryable, retry_after=parse_retry_after(headers))
 
 
 def display_url(url: str) -> str:
@@ -174,10 +150,11 @@ class Answer(NamedTuple):
 
 async def post_json(session: aiohttp.ClientSession, url: str, body: bytes,
                     headers: Callable[[], Mapping[str, str]], *, provider: str, timeout: float,
-                    secret: Secret, key_env: str) -> Answer:
+                    secrets: Secrets, key_env: str) -> Answer:
     """POST a JSON body and return the decoded object with its text; every failure is a
     ProviderError, and one that no retry can cure (DNS, connection refused) says
-    ``unreachable=True``.
+    ``unreachable=True``. Every message passes ``secrets.mask``: aiohttp's own messages name
+    the URL, whose query or userinfo may hold a credential.
 
     ``headers`` is a factory so the key never sits in a local of this frame, and errors are
     raised outside the ``except`` blocks so no aiohttp exception (whose request_info holds the
@@ -193,28 +170,38 @@ async def post_json(session: aiohttp.ClientSession, url: str, body: bytes,
         failure = ProviderError(f"{provider}: no complete answer within the {timeout:g}s "
                                 "client timeout", retryable=True)
     except aiohttp.ClientPayloadError as exc:
-        failure = ProviderError(f"{provider}: response body was cut off "
-                                f"({redact(str(exc), secret)})", retryable=True)
+        failure = ProviderError(f"{provider}: response body was cut off ({exc})",
+                                retryable=True)
     except aiohttp.ClientResponseError as exc:
-        failure = ProviderError(f"{provider}: bad HTTP response ({exc.status}: "
-                                f"{redact(str(exc.message), secret)})",
+        failure = ProviderError(f"{provider}: bad HTTP response ({exc.status}: {exc.message})",
                                 status=exc.status or None, retryable=True)
     except aiohttp.ClientConnectorError as exc:
         why = _unreachable(exc)
         if why is None:
             failure = ProviderError(f"{provider}: connection failed ({type(exc).__name__}: "
-                                    f"{redact(str(exc), secret)})", retryable=True)
+                                    f"{exc})", retryable=True)
         else:
             failure = ProviderError(f"{provider}: cannot reach {display_url(url)} ({why}); is "
                                     "the server running? Check the base URL.", retryable=True,
                                     unreachable=True)
     except (aiohttp.ClientError, OSError) as exc:
-        failure = ProviderError(f"{provider}: connection failed ({type(exc).__name__}: "
-                                f"{redact(str(exc), secret)})", retryable=True)
+        failure = ProviderError(f"{provider}: connection failed ({type(exc).__name__}: {exc})",
+                                retryable=True)
+    except ValueError as exc:  # aiohttp refusing the request itself (a URL it cannot send)
+        failure = ProviderError(f"{provider}: the request could not be sent "
+                                f"({type(exc).__name__}: {exc}); check the base URL",
+                                retryable=False)
     if failure is not None:
-        raise failure
+        raise masked_error(failure, secrets)
     if status >= 400:
-        raise http_error(provider, status, resp_headers, raw, secret, key_env)
+        raise http_error(provider, status, resp_headers, raw, secrets, key_env)
+    return _decoded(raw, status, resp_headers, provider, secrets)
+
+
+def _decoded(raw: bytes, status: int, resp_headers: Mapping[str, str], provider: str,
+             secrets: Secrets) -> Answer:
+    """A successful response's JSON object and its exact text; a body that is not one is a
+    ProviderError (retryable when it looks cut off)."""
     text: str | None
     try:
         text = raw.decode("utf-8-sig")  # a byte-order mark is not part of the document
@@ -225,7 +212,7 @@ async def post_json(session: aiohttp.ClientSession, url: str, body: bytes,
     except (ValueError, UnicodeDecodeError, RecursionError):
         data = None
     if not isinstance(data, dict):
-        snippet = redact(raw[:120].decode("utf-8", "replace"), secret)
+        snippet = secrets.mask(raw[:120].decode("utf-8", "replace"))
         if raw.lstrip()[:1] == b"{":  # JSON that stops short: the connection cut it off
             raise ProviderError(f"{provider}: HTTP {status} body is not a JSON object "
                                 f"({len(raw)} bytes, starts {snippet!r}); likely truncated",
@@ -235,6 +222,12 @@ async def post_json(session: aiohttp.ClientSession, url: str, body: bytes,
                             f"response (starts {snippet!r}); check the base URL", status=status,
                             retryable=False)  # a web page will not turn into an API answer
     return Answer(data, text)
+
+
+def masked_error(error: ProviderError, secrets: Secrets) -> ProviderError:
+    """``error`` with every known secret masked in its message."""
+    error.args = (secrets.mask(str(error)),)
+    return error
 
 
 def encode_body(body: Mapping[str, Any]) -> bytes:
@@ -331,6 +324,16 @@ def object_schema(call: Call) -> tuple[dict[str, Any], str, bool]:
     return wrapped, WRAPPED_VALUE, True
 
 
+def with_path(url: str, edit: Callable[[str], str]) -> str:
+    """``url`` with ``edit`` applied to its path only: a base URL may carry a query
+    (``...?api-version=...``), and the endpoint's path goes before it, never after."""
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError:
+        return url.strip()
+    return urlunsplit(parts._replace(path=edit(parts.path)))
+
+
 def as_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -370,12 +373,24 @@ class HttpProvider:
         if not self.model:
             raise ProviderSetupError(f"{kind} needs a model name: pass "
                                      f"model={self.example_model!r} or set BATCHJSON_MODEL.")
-        self.base_url = self._base_url(base_url)
+        base = self._base_url(base_url)
+        endpoint = with_path(base, lambda path: path + self.path)
         self._key = Secret(api_key if api_key is not None else os.environ.get(self.key_env))
+        # What may never be shown: the key, and the URL's userinfo and credential parameters.
+        # The URL requests go to is held like the key; base_url and url are what may be shown.
+        self._secrets = Secrets([self._key.get()], urls=[base, endpoint])
+        self._endpoint = Secret(endpoint)
+        self.base_url, self.url = public_url(base), public_url(endpoint)
+        if self._key and self.auth_header == "Authorization" and "@" in urlsplit(base).netloc:
+            raise ProviderSetupError(
+                f"{kind}: the base URL {self.base_url} carries a user and password and an API "
+                "key is set too, but both would go in the one Authorization header; keep the "
+                "key (api_key= or the environment) and drop user:password@ from the URL, or "
+                "pass api_key='' to authenticate with the URL alone")
         if not self._key and is_official(self.base_url, self.official_domain):
             raise ProviderSetupError(
-                f"{kind} has no API key for {self.base_url}: set {self.key_env} in the "
-                f"environment or pass api_key=...{self.keyless_hint}")
+                f"{kind} has no API key for {display_url(self.base_url)}: set {self.key_env} in "
+                f"the environment or pass api_key=...{self.keyless_hint}")
         self.timeout = positive_seconds(f"{kind}: timeout", timeout, ProviderSetupError)
         self.prices = normalize_prices(prices)
         self.extra_body = dict(extra_body or {})
@@ -385,21 +400,25 @@ class HttpProvider:
                                      f"{', '.join(map(repr, owned))}; batchjson builds "
                                      "those fields from the call and the provider's own "
                                      "settings (model=, response_format= or mode=)")
-        self.url = f"{self.base_url}{self.path}"
         self._sessions = LoopSessions(make_session_factory(self.timeout, max_connections))
 
     def _base_url(self, base_url: str | None) -> str:
         """The endpoint's base, checked now rather than failing as a retried connection error;
         a pasted full endpoint (``.../chat/completions``) is trimmed to its base."""
         source = "base_url" if base_url else self.base_env
-        base = (base_url or os.environ.get(self.base_env) or self.default_base).rstrip("/")
-        parsed = urlparse(base)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            shown = masked(base) if looks_like_key(base) else repr(base)
+        base = with_path(base_url or os.environ.get(self.base_env) or self.default_base,
+                         lambda path: path.rstrip("/"))
+        try:
+            parsed = urlparse(base)
+            scheme, host = parsed.scheme, parsed.hostname
+        except ValueError:  # a bad bracket
+            scheme = host = None
+        if scheme not in ("http", "https") or not host:
+            shown = masked(base) if looks_like_key(base) else repr(public_url(base))
             raise ProviderSetupError(
                 f"{type(self).__name__}: {source} {shown} is not an http(s) URL; give the "
                 f"scheme and host, e.g. {self.default_base!r} or 'http://localhost:8000/v1'")
-        return base.removesuffix(self.path)
+        return with_path(base, lambda path: path.removesuffix(self.path))
 
     def __repr__(self) -> str:
         extra = f", {self.setting}={getattr(self, self.setting)!r}" if self.setting else ""
@@ -424,6 +443,27 @@ class HttpProvider:
                            cache_write_tokens=written)
         return cost
 
+    def overhead_tokens(self, call: Call) -> int:
+        """Input tokens the provider documents adding to every request (subclasses say)."""
+        return 0
+
+    def input_bound(self, call: Call) -> int:
+        """A sound bound on the input tokens ``call`` is billed for: every byte of the request
+        body (system text, prompt, schema or tool definition, and the JSON around them) plus
+        the provider's documented fixed overhead. Computed only under a cost budget."""
+        body = self.request_body(call)[0]  # type: ignore[attr-defined] # each protocol's own
+        return len(encode_body(body)) + self.overhead_tokens(call)
+
+    def _shown(self, model: Any, extra: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        """The response's model and metadata as they may be kept: a known secret the server
+        echoes (its model field, an id) is masked; the answer text is never touched. (The
+        shape rule for a key-shaped model is applied where every reply passes,
+        ``_replies.sane_reply``.)"""
+        mask = self._secrets.mask
+        if isinstance(model, str):
+            model = mask(model)
+        return model, {k: mask(v) if isinstance(v, str) else v for k, v in extra.items()}
+
     def settings(self) -> dict[str, Any]:
         """Every setting sent with a request besides model and URL (subclasses add theirs)."""
         return {"extra_body": self.extra_body}
@@ -433,7 +473,9 @@ class HttpProvider:
         sent with the request; never the API key (nor a password or query in the URL). The
         readable head names the model and endpoint, the digest covers everything."""
         where = display_url(self.base_url)
-        query = urlparse(self.url).query  # may select an API version: it decides answers
+        # A query may select an API version, which decides answers; a credential in it does
+        # not, so a rotated key keeps stored answers reusable.
+        query = public_query(urlsplit(self.url).query)
         config = {"protocol": self.name, "url": display_url(self.url), "query": query,
                   "model": self.model,
                   **self.settings()}
@@ -444,8 +486,9 @@ class HttpProvider:
         return price_for(self.model, self.prices)
 
     async def _post(self, body: Mapping[str, Any]) -> Answer:
-        return await post_json(self._sessions.get(), self.url, encode_body(body), self._headers,
-                               provider=self.name, timeout=self.timeout, secret=self._key,
+        return await post_json(self._sessions.get(), self._endpoint.get() or self.url,
+                               encode_body(body), self._headers,
+                               provider=self.name, timeout=self.timeout, secrets=self._secrets,
                                key_env=self.key_env)
 
     async def aclose(self) -> None:

@@ -12,13 +12,18 @@ from typing import Any
 
 from .._checks import whole
 from .._errors import ProviderError, ProviderSetupError
-from ._http import HttpProvider, as_int, object_schema
+from ._http import HttpProvider, as_int, object_schema, with_path
 from .base import Call, Reply
 from .spans import value_span
 
 DEFAULT_ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"
 MODES = ("tool", "text")
+# The tool-use system prompt Anthropic adds when a tool is forced (tool_choice "any" or
+# "tool"), from its tool-use pricing table: Claude 3 Opus 281, Claude 3 Sonnet 235, Claude 3
+# Haiku and 3.5 Haiku 340, Claude 3.5/3.7 Sonnet and the Claude 4 models 313. A cost budget
+# reserves the largest, so it holds for every model, listed or newer.
+FORCED_TOOL_SYSTEM_TOKENS = 340
 
 
 class AnthropicProvider(HttpProvider):
@@ -49,7 +54,8 @@ class AnthropicProvider(HttpProvider):
         self.max_tokens = max_tokens
 
     def _base_url(self, base_url: str | None) -> str:
-        return super()._base_url(base_url).removesuffix("/v1")  # the path adds /v1 itself
+        # the path adds /v1 itself
+        return with_path(super()._base_url(base_url), lambda path: path.removesuffix("/v1"))
 
     def request_body(self, call: Call) -> tuple[dict[str, Any], str | None, bool]:
         """The JSON body, the forced tool's name (tool mode) and whether a scalar was wrapped."""
@@ -70,6 +76,10 @@ class AnthropicProvider(HttpProvider):
                           "input_schema": schema}]
         body["tool_choice"] = {"type": "tool", "name": tool}
         return body, tool, wrapped
+
+    def overhead_tokens(self, call: Call) -> int:
+        """The tool-use system prompt of a forced tool; text mode adds none."""
+        return FORCED_TOOL_SYSTEM_TOKENS if self.mode == "tool" else 0
 
     def settings(self) -> dict[str, Any]:
         return {**super().settings(), "mode": self.mode, "max_tokens": self.max_tokens,
@@ -103,6 +113,7 @@ class AnthropicProvider(HttpProvider):
             extra["raw_reserialised"] = True  # the body was not UTF-8: no exact text to keep
         if written:
             extra["cache_creation_input_tokens"] = written
+        model, extra = self._shown(model, extra)
         return Reply(text=text, input_tokens=inp, output_tokens=out,
                      cached_tokens=read if "cache_read_input_tokens" in usage else None,
                      cost=cost, model=model, extra=extra, envelope=envelope)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import math
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from .._checks import positive_seconds
+from .._checks import positive_seconds, whole
 from .._errors import ProviderError, ProviderSetupError
 from .masking import check_name
 
@@ -125,8 +126,36 @@ async def close_provider(provider: Any) -> None:
 
 
 def estimate_tokens(text: str) -> int:
-    """A deterministic stand-in for tokenisation where a provider reports none."""
+    """An estimate of a text's tokens (a quarter of its characters), where a provider reports
+    none, and for the cost floor of a call whose answer never came: never a bound (a CJK
+    character or an emoji is a token or more)."""
     return max(1, len(text) // 4)
+
+
+# The documented fixed overhead of a chat call, for a provider that says nothing of its own:
+# OpenAI's count for chat models, 3 tokens framing each message (system, user) and 3 priming
+# the reply.
+CHAT_OVERHEAD_TOKENS = 3 * 2 + 3
+
+
+def input_bound(provider: Any, call: Call) -> int:
+    """A sound upper bound on the input tokens ``call`` is billed for, which is what a cost
+    budget reserves. A provider may say itself (``provider.input_bound(call)``: the HTTP
+    providers count the bytes of their request body plus their documented overhead);
+    otherwise the UTF-8 bytes of the system text, the prompt and the schema as JSON, plus
+    :data:`CHAT_OVERHEAD_TOKENS`. A byte-level BPE tokenizer never makes more tokens than
+    bytes, so CJK text (3 bytes a character) and emoji (4) are never undercounted."""
+    own = getattr(provider, "input_bound", None)
+    if callable(own):
+        return int(own(call))
+    schema = json.dumps(call.schema, ensure_ascii=False, separators=(",", ":"), default=str)
+    return (utf8_length(call.system) + utf8_length(call.prompt) + utf8_length(schema)
+            + CHAT_OVERHEAD_TOKENS)
+
+
+def utf8_length(text: str) -> int:
+    """Bytes of ``text`` as UTF-8 (a lone surrogate, which nothing sends as is, counts 3)."""
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 class CallableProvider:
@@ -162,7 +191,9 @@ class CallableProvider:
         from .pricing import as_price  # the price table imports errors only; kept local
 
         self.price = None if price is None else as_price(price)
-        self.max_tokens = max_tokens
+        # The output ceiling a cost budget reserves for each call: a whole number of tokens.
+        self.max_tokens = (None if max_tokens is None else
+                           whole("CallableProvider max_tokens", max_tokens, 1, ProviderSetupError))
 
     def price_for_budget(self) -> Any:
         """USD per million tokens for cost budgets (``price=``), or None: unpriced."""

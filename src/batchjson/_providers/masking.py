@@ -1,33 +1,63 @@
-"""What a provider or model string may show of itself: a pasted key must never be echoed.
+"""The one masking rule: what batchjson may show of a secret, anywhere it shows anything.
 
-A user who pastes an API key as ``provider=`` or ``model=`` must not find it in an error, a repr
-or the ledger, so anything unrecognised is shown by its first four characters only.
+Two kinds of rule, kept apart on purpose:
+
+- **Known secret values** (a configured API key, a URL's userinfo, a credential parameter in a
+  URL's query such as ``?api-key=...``, the password of a ledger URL) are replaced wherever
+  they appear in what batchjson writes or says: messages, reprs, provider metadata and provider
+  error bodies (:class:`Secrets`). The model's answer text (``raw``) is never touched: it is
+  kept byte for byte.
+- **Shape rules** (``sk-...``, ``sk-proj-...``, ``sk-ant-...``, a 32-digit hex string, a UUID, a
+  long token of letters and digits) recognise a pasted key by its look. They apply only to a
+  *whole* value in a field that names a provider or a model (``model=``, ``%config
+  BatchJson.model``, a response's ``model`` field): never to task data, identity values,
+  request ids or batchjson's own digests, which may look the same and must be shown as they are.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import parse_qsl, quote, quote_plus, unquote, urlencode, urlsplit, urlunsplit
 
 from .._errors import ProviderSetupError
 
-# Prefixes of the API keys people paste (OpenAI, Anthropic, Groq, Hugging Face, Google, xAI,
-# GitHub, Replicate, session tokens) and bearer headers.
+REDACTED = "<redacted>"
+MIN_MASKED = 4  # shorter secret values are masked only inside the URL that carries them
+
+# Prefixes of the API keys people paste (OpenAI sk-/sk-proj-, Anthropic sk-ant-, Groq, Hugging
+# Face, Google, xAI, GitHub, Replicate, session tokens) and bearer headers.
 _KEY_PREFIX = re.compile(r"^(sk-|sk_|gsk_|hf_|AIza|xai-|ghp_|gho_|r8_|sess-|pk-|bearer\s)",
                          re.IGNORECASE)
 # A long token of letters and digits only (no -, ., /, :) with both kinds: a key, not a name.
 _BARE_TOKEN = re.compile(r"^(?=.*[0-9])(?=.*[A-Za-z])[A-Za-z0-9]{24,}$")
+_HEX32 = re.compile(r"^[0-9a-fA-F]{32}$")  # Azure and many gateways issue 32-hex keys
+_UUID = re.compile(r"^[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
 
 
 def looks_like_key(text: str) -> bool:
-    """True for strings shaped like an API key rather than a model or provider name."""
+    """True for a whole value shaped like an API key rather than a model or provider name."""
     value = text.strip()
-    return bool(_KEY_PREFIX.match(value) or _BARE_TOKEN.match(value) or " " in value
-                or len(value) > 200)
+    return bool(_KEY_PREFIX.match(value) or _BARE_TOKEN.match(value) or _HEX32.match(value)
+                or _UUID.match(value) or " " in value or len(value) > 200)
 
 
 def masked(text: str) -> str:
     """The first four characters and the length: enough to recognise, never enough to use."""
     return f"{text[:4]!r}... ({len(text)} chars)"
+
+
+_MASKED = re.compile(r"^(['\"]).{0,4}\1\.\.\. \(\d+ chars\)$|^<redacted>$")
+
+
+def shown_name(value: Any) -> Any:
+    """A provider or model name as batchjson may store and show it: the name itself, or, if
+    the whole value is shaped like a key (a server echoing a key as its ``model``), masked.
+    Masking twice changes nothing."""
+    if isinstance(value, str) and looks_like_key(value) and not _MASKED.match(value):
+        return masked(value)
+    return value
 
 
 def check_name(value: str | None, what: str, fix: str) -> str | None:
@@ -41,3 +71,115 @@ def check_name(value: str | None, what: str, fix: str) -> str | None:
         raise ProviderSetupError(f"{what} {masked(value)} looks like an API key, not a name; "
                                  f"{fix}")
     return value
+
+
+# -- known secret values -----------------------------------------------------------------------
+# Query parameters that carry credentials (Azure's api-key and SAS sig, Google's key, OAuth's
+# access_token, ...): matched by name, case and -/_ aside.
+_CREDENTIAL_WORDS = ("key", "token", "secret", "passw", "pwd", "credential", "signature", "auth")
+_CREDENTIAL_NAMES = frozenset({"sig", "code", "session", "sessionid", "jwt", "bearer"})
+
+
+def is_credential_param(name: str) -> bool:
+    """Whether a URL query parameter's name says it carries a credential."""
+    lowered = name.strip().lower().replace("-", "_")
+    return lowered in _CREDENTIAL_NAMES or any(w in lowered for w in _CREDENTIAL_WORDS)
+
+
+def url_secrets(url: str) -> list[str]:
+    """The secret values a URL carries: its userinfo (user and password) and the values of
+    its credential query parameters, each as written and decoded."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return []
+    found = []
+    userinfo, at, _ = parts.netloc.rpartition("@")
+    if at:
+        user, _, password = userinfo.partition(":")
+        found += [user, password]
+    found += [value for name, value in parse_qsl(parts.query, keep_blank_values=True)
+              if is_credential_param(name)]
+    found += [raw.partition("=")[2] for raw in parts.query.split("&")
+              if is_credential_param(unquote(raw.partition("=")[0]))]
+    return [v for v in dict.fromkeys(found + [unquote(v) for v in found]) if v]
+
+
+def public_query(query: str) -> str:
+    """A URL query without its credential parameters (what may decide answers, and be shown)."""
+    return urlencode([(name, value) for name, value in parse_qsl(query, keep_blank_values=True)
+                      if not is_credential_param(name)])
+
+
+def public_url(url: str) -> str:
+    """A URL as it may be shown: its userinfo and credential parameters replaced."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # not even a URL's parts can be told apart: show nothing of it
+        return masked(url)
+    _, at, host = parts.netloc.rpartition("@")
+    netloc = f"{REDACTED}@{host}" if at else parts.netloc
+    query = "&".join(raw if not is_credential_param(unquote(raw.partition("=")[0]))
+                     else f"{raw.partition('=')[0]}={REDACTED}" for raw in parts.query.split("&")
+                     ) if parts.query else ""
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+class Secrets:
+    """The secret values one configuration holds; :meth:`mask` replaces each wherever it
+    appears, as written, URL-encoded, or as the masked echo a provider's 401 body shows
+    (``sk-********abcd``: its last four characters are part of the key). A URL given in
+    ``urls`` is first replaced whole by its :func:`public_url`, so even a short password in it
+    goes; a value shorter than :data:`MIN_MASKED` is masked only there (replacing every "pw" in
+    a message would garble it and hide nothing). Its repr says only how many it holds."""
+
+    __slots__ = ("_urls", "_values", "_echo")
+
+    def __init__(self, values: Iterable[str | None] = (), urls: Iterable[str] = ()) -> None:
+        urls = [u for u in urls if u]
+        forms: set[str] = set()
+        for value in [*values, *(v for u in urls for v in url_secrets(u))]:
+            if value and len(value) >= MIN_MASKED:
+                forms.update((value, quote(value, safe=""), quote_plus(value)))
+        self._urls = {u: public_url(u) for u in sorted(set(urls), key=len, reverse=True)
+                      if public_url(u) != u}
+        self._values = sorted(forms, key=len, reverse=True)  # a longer form is replaced first
+        tails = {v[-4:] for v in self._values if len(v) >= 12}
+        self._echo = (re.compile(r"[\w-]*[*\u2022]{3,}[\w-]*?(?:"
+                                 + "|".join(map(re.escape, sorted(tails))) + ")")
+                      if tails else None)
+
+    def mask(self, text: str) -> str:
+        for url, public in self._urls.items():
+            if url in text:
+                text = text.replace(url, public)
+        for value in self._values:
+            if value in text:
+                text = text.replace(value, REDACTED)
+        return self._echo.sub(REDACTED, text) if self._echo is not None else text
+
+    def __bool__(self) -> bool:
+        return bool(self._values or self._urls)
+
+    def __repr__(self) -> str:
+        return f"Secrets(<{len(self._values)} forms>)"
+
+
+class Secret:
+    """Holds an API key so that no repr, log line or traceback can print it."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str | None) -> None:
+        self._value = value or None
+
+    def get(self) -> str | None:
+        return self._value
+
+    def __bool__(self) -> bool:
+        return self._value is not None
+
+    def __repr__(self) -> str:
+        return "Secret(<set>)" if self._value else "Secret(<unset>)"
+
+    __str__ = __repr__

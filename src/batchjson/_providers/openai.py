@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._errors import ProviderError, ProviderSetupError
-from ._http import HttpProvider, as_int, object_schema, redact
+from ._http import HttpProvider, as_int, object_schema
 from .base import Call, Reply
 
 __all__ = ["DEFAULT_OPENAI_BASE_URL", "OpenAIProvider", "strict_schema"]
@@ -112,6 +112,11 @@ class OpenAIProvider(HttpProvider):
             body["response_format"] = {"type": "json_object"}
         return body, wrapped
 
+    def overhead_tokens(self, call: Call) -> int:
+        """OpenAI's documented count for chat models: 3 tokens framing each message, 3
+        priming the reply (already far below the JSON the body spends on the same framing)."""
+        return 3 * (2 if call.system else 1) + 3
+
     def settings(self) -> dict[str, Any]:
         return {**super().settings(), "response_format": self.response_format}
 
@@ -120,7 +125,7 @@ class OpenAIProvider(HttpProvider):
         data = (await self._post(body)).data
         choices = data.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            detail = redact(json.dumps(data)[:200], self._key)
+            detail = self._secrets.mask(json.dumps(data)[:200])
             raise ProviderError(f"openai: response has no choices: {detail}", status=200,
                                 retryable=True)
         message = choices[0].get("message") or {}
@@ -140,5 +145,6 @@ class OpenAIProvider(HttpProvider):
         extra = {"finish_reason": choices[0].get("finish_reason"), "id": data.get("id")}
         if refusal:
             extra["refusal"] = refusal
+        model, extra = self._shown(model, extra)
         return Reply(text=text, input_tokens=inp, output_tokens=out, cached_tokens=cached,
                      cost=cost, model=model, extra=extra, envelope=envelope)

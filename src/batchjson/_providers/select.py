@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from .._errors import ProviderNotConfigured, ProviderSetupError
-from .masking import check_name, masked
+from .masking import check_name, masked, shown_name
 
 PROVIDER_NAMES = ("openai", "anthropic", "simulated")
 # A plausible model id may be repeated in a hint; anything else is shown by 4 characters.
@@ -20,7 +20,7 @@ def provider_label(spec: Any) -> str:
     unrecognised string only by its first four characters (it may be a pasted key)."""
     if isinstance(spec, str):
         return spec if spec.strip().lower() in PROVIDER_NAMES else masked(spec)
-    return getattr(spec, "name", type(spec).__name__)
+    return str(shown_name(getattr(spec, "name", type(spec).__name__)))
 
 
 def make_provider(spec: Any, *, model: str | None = None) -> Any:

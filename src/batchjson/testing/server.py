@@ -21,6 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
+from .._checks import whole_argument
 from .._errors import ConfigError
 from .._providers._http import WRAPPED_VALUE
 from .._providers.base import Call
@@ -356,7 +357,8 @@ def main(argv: Sequence[str] | None = None,
     parser = argparse.ArgumentParser(prog=prog,
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1", help="address (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--port", type=whole_argument(0, 65535), default=0,
+                        help="0 picks a free port")
     parser.add_argument("--latency", type=float, default=0.0, help="seconds per answer")
     parser.add_argument("--api-key", default=None, help="require this key (401 otherwise)")
     for name in ("429", "500", "timeout", "truncate"):
@@ -384,8 +386,13 @@ def main(argv: Sequence[str] | None = None,
                   "(Anthropic)", flush=True)
             await stop.wait()
 
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve())
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(serve())
+    except OSError as exc:  # the port is taken, the host does not resolve: usage, exit 2
+        parser.exit(2, f"{parser.prog}: error: cannot listen on {args.host}:{args.port} "
+                       f"({exc.strerror or exc}); pick another --port (0 picks a free one) "
+                       "or --host\n")
     print(json.dumps(server.stats()), flush=True)
     return 0
 

@@ -1,0 +1,315 @@
+"""A key is never echoed: every key shape, in every place a user may put it or a server may echo
+it, is absent from the ledger file and its WAL, exports, reprs, CLI output, messages and
+tracebacks; task data that looks like a key is shown as it is."""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+import traceback
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from batchjson import (
+    AnthropicProvider,
+    CallableProvider,
+    ConfigError,
+    OpenAIProvider,
+    ProviderError,
+    ProviderSetupError,
+    Session,
+    SimulatedModel,
+)
+from batchjson import _cli as cli
+from batchjson._providers.masking import Secrets, looks_like_key, public_url, shown_name
+from batchjson.testing import LoopbackServer
+from tests.helpers import LABEL_SCHEMA, answer, review_tasks
+
+KEYS = {
+    "sk-proj": "sk-proj-" + "Xq7Lm2Np9Rs4Tv6Wy8Za1Bc3De5Fg7Hj9Kl2Mn4Pq6Rs8Tu0Vw",
+    "sk-ant": "sk-ant-api03-" + "Zy9Xw8Vu7Ts6Rq5Po4Nm3Lk2Ji1Hg0Fe9Dc8Ba7-_Ab12Cd34",
+    "32-hex": "9f86d081884c7d659a2feaa0c55ad015",
+    "uuid": "3f2b8c1e-9a4d-4e7b-8c2a-5d6e7f8a9b0c",
+}
+# Another key of each shape: what a server may echo that batchjson was never given.
+OTHER = {
+    "sk-proj": "sk-proj-" + "Aa1Bb2Cc3Dd4Ee5Ff6Gg7Hh8Ii9Jj0Kk1Ll2Mm3Nn4Oo5Pp6Qq",
+    "sk-ant": "sk-ant-api03-" + "Qq6Pp5Oo4Nn3Mm2Ll1Kk0Jj9Ii8Hh7Gg6Ff5Ee4Dd3Cc2-_Bb1Aa0",
+    "32-hex": "c7a1f09e42b8d3650f1e2a9b7c4d8e31",
+    "uuid": "9b1deb4d-3b7d-4bad-9bdd-2b0d7b3dcb6d",
+}
+SHAPES = sorted(KEYS)
+
+
+class EchoingServer(LoopbackServer):
+    """The loopback server, plus what a hostile or careless gateway does: its first answer is
+    an error whose body echoes the request URL (query included), every answer echoes ``echo``
+    as its ``model`` and ``id``, and each request's path and query are recorded."""
+
+
+    def __init__(self, echo: str, answers: Any = answer, **kwargs: Any) -> None:
+        super().__init__(SimulatedModel(answer=answers), **kwargs)
+        self.echo = echo
+        self.paths: list[str] = []
+
+    async def _early(self, request: Any, fault: Any, key: Any, protocol: str) -> Any:
+        from batchjson.testing._wire import error_response
+
+        self.paths.append(request.path_qs)
+        if len(self.paths) == 1:
+            return error_response(protocol, 400, f"cannot route {request.url}")
+        return await super()._early(request, fault, key, protocol)
+
+    async def _send(self, request: Any, payload: dict[str, Any], fault: Any) -> Any:
+        return await super()._send(request, {**payload, "model": self.echo, "id": self.echo},
+                                   fault)
+
+
+def cli_output(*argv: str, capsys: Any) -> str:
+    out = io.StringIO()
+    cli.main(list(argv), out)
+    return out.getvalue() + capsys.readouterr().err
+
+
+def everything_shown(ledger: Path, session: Session, result: Any, capsys: Any) -> str:
+    """Every place a key could leak to: the ledger's bytes (file and WAL, read before the
+    session closes), reprs, results, receipts, exports and the command line's output."""
+    parts = [path.read_bytes().decode("latin-1") for path in
+             (ledger, ledger.with_name(ledger.name + "-wal")) if path.exists()]
+    parts += [repr(session), repr(session.provider), repr(vars(session.provider)),
+              repr(result), result.failure_report(), json.dumps(result.errors),
+              repr(session.ledger.attempts("keys")),
+              json.dumps(session.ledger.export_receipts(), default=str)]
+    session.close()
+    for argv in (["status"], ["receipts", "keys", "--raw"], ["receipts", "keys", "--json"],
+                 ["export", "--jsonl"], ["values", "keys"]):
+        parts.append(cli_output(*argv, "--ledger", str(ledger), capsys=capsys))
+    return "\n".join(parts)
+
+
+def assert_absent(key: str, text: str) -> None:
+    assert key not in text
+    assert key[-12:] not in text  # nor a recognisable part of it
+
+
+PROTOCOLS = {
+    "openai": (lambda base: OpenAIProvider("gpt-4o-mini", base_url=base, api_key=""),
+               "/v1/chat/completions", lambda srv: srv.base_url),
+    "anthropic": (lambda base: AnthropicProvider("claude-haiku-4-5", base_url=base, api_key=""),
+                  "/v1/messages", lambda srv: srv.anthropic_base_url),
+}
+
+
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_key_in_the_base_urls_query_is_sent_there_and_shown_nowhere(
+        shape: str, protocol: str, tmp_path: Path, capsys: Any) -> None:
+    key = KEYS[shape]
+    make, endpoint, base_of = PROTOCOLS[protocol]
+    ledger = tmp_path / "ledger.sqlite"
+    with EchoingServer(echo=key) as srv:
+        session = Session(make(f"{base_of(srv)}?api-key={key}"), ledger=ledger, repairs=0,
+                          replays=0)
+        first = session.run_batch("keys", review_tasks(2), LABEL_SCHEMA, pack=2,
+                                  on_exhausted="return")
+        result = session.run_batch("keys", review_tasks(2), LABEL_SCHEMA, pack=2)
+    # the path goes before the query: /v1/chat/completions?api-key=...
+    assert srv.paths[0].startswith(f"{endpoint}?api-key=")
+    assert all(path.split("?")[0] == endpoint for path in srv.paths)
+    assert first.errors[0]["type"] == "provider_error" and "<redacted>" in str(first.errors)
+    assert result.resolved
+    receipts = session.ledger.attempts("keys")
+    assert receipts[-1].model == "<redacted>"  # the server echoed the key as its model
+    assert_absent(key, everything_shown(ledger, session, result, capsys))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("form", ["user:key", "key@"])
+def test_a_key_in_the_base_urls_userinfo_is_shown_nowhere(
+        shape: str, form: str, tmp_path: Path, capsys: Any) -> None:
+    key = KEYS[shape]
+    ledger = tmp_path / "ledger.sqlite"
+    userinfo = f"user:{key}" if form == "user:key" else key
+    with EchoingServer(echo=OTHER[shape]) as srv:
+        base = srv.base_url.replace("http://", f"http://{userinfo}@")
+        session = Session(OpenAIProvider("gpt-4o-mini", base_url=base, api_key=""),
+                          ledger=ledger, repairs=0, replays=0)
+        first = session.run_batch("keys", review_tasks(2), LABEL_SCHEMA, on_exhausted="return")
+        result = session.run_batch("keys", review_tasks(2), LABEL_SCHEMA)
+    assert first.errors and result.resolved
+    # a key-shaped model the server echoes is masked whole (the shape rule for model fields)
+    assert session.ledger.attempts("keys")[-1].model == shown_name(OTHER[shape]) != OTHER[shape]
+    shown = everything_shown(ledger, session, result, capsys)
+    assert_absent(key, shown)
+    assert_absent(OTHER[shape], shown)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_rotating_a_key_in_the_url_query_keeps_stored_answers_reusable(shape: str) -> None:
+    with LoopbackServer(SimulatedModel(answer=answer)) as srv:
+        old = OpenAIProvider("gpt-4o-mini", base_url=f"{srv.base_url}?api-version=2&key=old1")
+        session = Session(old)
+        session.run_batch("keys", review_tasks(2), LABEL_SCHEMA)
+        sent = srv.requests
+        session.provider = OpenAIProvider(
+            "gpt-4o-mini", base_url=f"{srv.base_url}?api-version=2&key={KEYS[shape]}")
+        again = session.run_batch("keys", review_tasks(2), LABEL_SCHEMA)
+        assert again.calls == 0 and srv.requests == sent  # the same source: answers reused
+        session.provider = OpenAIProvider("gpt-4o-mini",
+                                          base_url=f"{srv.base_url}?api-version=3&key=old1")
+        other = session.run_batch("keys", review_tasks(2), LABEL_SCHEMA)
+        assert other.calls == 2  # another API version is another source
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_an_unreachable_url_with_a_key_fails_without_showing_it(shape: str) -> None:
+    key = KEYS[shape]
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    session = Session(OpenAIProvider("gpt-4o-mini", api_key="",
+                                     base_url=f"http://u:{key}@127.0.0.1:{port}/v1?token={key}"),
+                      transport_retries=0)
+    with pytest.raises(ProviderError) as raised:
+        session.run_batch("keys", review_tasks(1), LABEL_SCHEMA)
+    shown = [str(raised.value), repr(raised.value),
+             *traceback.format_exception(raised.value), repr(session), repr(session.provider)]
+    assert "cannot reach" in shown[0]
+    assert_absent(key, "\n".join(shown))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("make", [
+    lambda key: OpenAIProvider(key, base_url="http://127.0.0.1:9/v1"),
+    lambda key: CallableProvider(lambda call: "", model=key),
+    lambda key: Session(CallableProvider(lambda call: ""), model=key),
+    lambda key: Session("openai", model=key).provider,
+    lambda key: SimulatedModel(model=key),
+], ids=["OpenAIProvider", "CallableProvider", "Session", "named provider", "SimulatedModel"])
+def test_a_key_given_as_the_model_is_refused_and_never_echoed(shape: str, make: Any) -> None:
+    key = KEYS[shape]
+    with pytest.raises(ProviderSetupError) as raised:
+        make(key)
+    shown = "\n".join([str(raised.value), *traceback.format_exception(raised.value)])
+    assert "looks like an API key" in shown
+    assert_absent(key, shown)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_config_model_refuses_a_key_keeping_the_old_value(
+        ip: Any, capsys: Any, shape: str) -> None:
+    from tests.test_magics import MODEL, ok, usage_error
+
+    key = KEYS[shape]
+    ok(ip, "%load_ext batchjson")
+    ok(ip, MODEL)
+    ok(ip, "%config BatchJson.provider = model")
+    ok(ip, "%config BatchJson.model = 'gpt-4o-mini'")
+    line = usage_error(ip, f"%config BatchJson.model = '{key}'", capsys)
+    assert line.startswith("UsageError: BatchJson.model = ") and "looks like an API key" in line
+    assert "BatchJson.model stays 'gpt-4o-mini'" in line
+    assert ip.magics_manager.registry["BatchJson"].model == "gpt-4o-mini"
+    ip.run_cell("%config BatchJson")
+    assert_absent(key, line + capsys.readouterr().out + repr(ip.user_ns["batch_session"]))
+
+
+def test_config_ledger_url_is_refused_with_its_password_masked(ip: Any, capsys: Any) -> None:
+    from tests.test_magics import MODEL, ok, usage_error
+
+    key = KEYS["uuid"]
+    ok(ip, "%load_ext batchjson")
+    ok(ip, MODEL)
+    line = usage_error(ip, f"%config BatchJson.ledger = 'postgresql://app:{key}@db/runs'",
+                       capsys)
+    assert "was not applied" in line and "postgresql://<redacted>@db/runs" in line
+    assert ip.magics_manager.registry["BatchJson"].ledger == ".batchjson/ledger.sqlite"
+    assert_absent(key, line)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_key_shaped_task_id_is_data_and_shown_in_full(shape: str) -> None:
+    """Shape rules are for provider and model names only: a UUID (or hex digest) task id is
+    the user's data, shown whole in an identity error."""
+    task_id = KEYS[shape]
+    tasks = [{"task_id": task_id, "case_id": "gold-pair-078", "prompt": "p"}]
+
+    def swapped(call: Any) -> str:
+        return json.dumps({"items": [{"task_id": task_id, "case_id": "gold-pair-079",
+                                      "verdict": "match"}]})
+
+    session = Session(CallableProvider(swapped), repairs=0, replays=0)
+    result = session.run_batch("ids", tasks, LABEL_SCHEMA, on_exhausted="return")
+    error = result.errors[0]
+    assert error["type"] == "identity" and task_id in error["message"]
+    assert task_id in result.failure_report()
+    assert session.ledger.attempts("ids")[0].task_ids == (task_id,)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_key_in_both_the_url_and_api_key_is_refused_at_setup(shape: str) -> None:
+    """OpenAI's key travels in the Authorization header, which a URL's user:password would
+    fill too: one of the two must go, and neither is shown."""
+    key = KEYS[shape]
+    with pytest.raises(ProviderSetupError) as raised:
+        OpenAIProvider("gpt-4o-mini", api_key=key, base_url=f"http://u:{key}@127.0.0.1:9/v1")
+    assert "user and password" in str(raised.value)
+    assert_absent(key, "\n".join(traceback.format_exception(raised.value)))
+
+
+@pytest.mark.parametrize("kind", [str, Path])
+def test_a_ledger_url_is_refused_with_its_password_masked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: type) -> None:
+    key = KEYS["sk-proj"]
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as raised:  # pathlib folds "//": still a URL, still masked
+        Session(CallableProvider(lambda call: ""), ledger=kind(f"postgresql://app:{key}@db/runs"))
+    message = str(raised.value)
+    assert "is a URL" in message and "postgresql://<redacted>@db/runs" in message
+    assert_absent(key, "\n".join([message, *traceback.format_exception(raised.value)]))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_masking_rules_keep_to_their_places() -> None:
+    key = KEYS["sk-proj"]
+    secrets = Secrets([key], urls=["http://u:pw@h/v1?sig=s3cr3tsig&api-version=1"])
+    said = secrets.mask(f"GET http://u:pw@h/v1?sig=s3cr3tsig&api-version=1 with {key}; "
+                        f"Incorrect API key provided: sk-********{key[-4:]}.")
+    assert key not in said and "pw@" not in said and "s3cr3tsig" not in said
+    assert key[-4:] not in said and "api-version=1" in said
+    assert public_url("https://a:b@h/v1?api-key=k&x=1") == "https://<redacted>@h/v1?api-key=<redacted>&x=1"
+    for name in ("gpt-4o-mini", "claude-haiku-4-5", "ft:gpt-4o:org:custom:abc123", "llama3:8b"):
+        assert not looks_like_key(name) and shown_name(name) == name
+    for shape in SHAPES:
+        assert looks_like_key(KEYS[shape]) and KEYS[shape] not in shown_name(KEYS[shape])
+    assert repr(secrets).startswith("Secrets(<") and key not in repr(secrets)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_provider_metadata_echoing_the_key_is_masked_and_the_answer_text_kept(
+        shape: str) -> None:
+    import asyncio
+
+    from batchjson._providers.base import Call
+
+    key = KEYS[shape]
+    call = Call(tasks=({"task_id": "t1", "candidate_id": "c-1", "prompt": "p"},), prompt="p",
+                system="", schema=LABEL_SCHEMA, attempt=0, kind="initial", request_key="k",
+                mode="value")
+
+    async def twice(provider: OpenAIProvider) -> Any:
+        try:
+            with pytest.raises(ProviderError):  # the server's first answer is an error
+                await provider.complete(call)
+            return await provider.complete(call)
+        finally:
+            await provider.aclose()
+
+    with EchoingServer(echo=key, answers=lambda task: {"verdict": "match"}) as srv:
+        provider = OpenAIProvider("gpt-4o-mini", base_url=f"{srv.base_url}?key={key}",
+                                  response_format="text")
+        reply = asyncio.run(twice(provider))
+    assert reply.model == "<redacted>" and reply.extra["id"] == "<redacted>"
+    assert reply.text and key not in repr(reply)

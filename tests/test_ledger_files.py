@@ -1,0 +1,122 @@
+"""A ledger file that cannot be opened says what is wrong with it and what to do: not a SQLite
+file, a SQLite file cut short, a read-only place (a read-only mount, for `status` and for a
+run), a URL where a file path belongs."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from batchjson import CallableProvider, LedgerError, Session
+from batchjson._records import write_problem
+from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def bj(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "batchjson", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def ledger_bytes(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """A real ledger with a few receipts, closed (its WAL folded back into the file)."""
+    path = tmp_path_factory.mktemp("whole") / "ledger.sqlite"
+    session = Session(CallableProvider(items_reply), ledger=path)
+    session.run_batch("r", review_tasks(40), LABEL_SCHEMA)
+    session.close()
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("keep", [50, 4096, 0.5])
+def test_a_truncated_ledger_is_called_cut_short_not_a_stranger(
+        tmp_path: Path, ledger_bytes: bytes, keep: float) -> None:
+    cut = ledger_bytes[:int(len(ledger_bytes) * keep) if keep < 1 else int(keep)]
+    path = tmp_path / "ledger.sqlite"
+    path.write_bytes(cut)
+    done = bj("status", "--ledger", str(path), cwd=tmp_path)
+    assert done.returncode == 3 and "Traceback" not in done.stderr
+    assert "is a SQLite file cut short" in done.stderr and "not a SQLite file" not in done.stderr
+    assert "restore it from a backup" in done.stderr
+    with pytest.raises(LedgerError, match="cut short") as raised:
+        Session(CallableProvider(items_reply), ledger=path)
+    assert "not a SQLite file" not in str(raised.value)
+    assert path.read_bytes() == cut  # nothing was written to it
+
+
+def test_a_file_that_is_not_sqlite_is_named_so_with_what_it_starts_with(tmp_path: Path) -> None:
+    path = tmp_path / "notes.sqlite"
+    path.write_text("my notes, not a database\n" * 40)
+    done = bj("status", "--ledger", str(path), cwd=tmp_path)
+    assert done.returncode == 3
+    assert "is not a SQLite file (it starts b'my notes, not a '" in done.stderr
+
+
+def test_a_write_failing_on_a_read_only_ledger_says_read_only() -> None:
+    said = write_problem(None, sqlite3.OperationalError("attempt to write a readonly database"))
+    assert "read-only" in said and "writable" in said
+    assert write_problem(None, sqlite3.OperationalError("database or disk is full")) == ""
+
+
+def _unshare_works() -> bool:
+    """Whether this machine lets an unprivileged user namespace mount a tmpfs (Linux)."""
+    if shutil.which("unshare") is None or sys.platform != "linux":
+        return False
+    with tempfile.TemporaryDirectory() as where:
+        probe = subprocess.run(["unshare", "-rm", "mount", "-t", "tmpfs", "none", where],
+                               capture_output=True, timeout=30)
+    return probe.returncode == 0
+
+
+READ_ONLY_MOUNT = textwrap.dedent("""
+    set -e
+    mount -t tmpfs none "$MNT"
+    "$PY" -c "$MAKE"
+    mount -o remount,ro "$MNT"
+    echo "--- status"
+    "$PY" -m batchjson status --ledger "$MNT/ledger.sqlite" || echo "exit=$?"
+    echo "--- run"
+    "$PY" -c "$RUN" || echo "exit=$?"
+    echo "--- new"
+    "$PY" -c "$NEW" || echo "exit=$?"
+""")
+MAKE = ("import os; from batchjson import Session, CallableProvider; "
+        "from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks; "
+        "s = Session(CallableProvider(items_reply), ledger=os.environ['MNT'] + '/ledger.sqlite');"
+        " s.run_batch('r', review_tasks(3), LABEL_SCHEMA); s.close()")
+RUN = ("import os; from batchjson import Session, CallableProvider, LedgerError; "
+       "from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks\n"
+       "try:\n"
+       "    Session(CallableProvider(items_reply), ledger=os.environ['MNT'] + '/ledger.sqlite')"
+       ".run_batch('r2', review_tasks(3), LABEL_SCHEMA)\n"
+       "except LedgerError as exc:\n"
+       "    print('LedgerError:', exc)")
+NEW = RUN.replace("/ledger.sqlite", "/runs/new.sqlite")
+
+
+@pytest.mark.skipif(not _unshare_works(), reason="needs unshare -rm to mount a read-only tmpfs")
+def test_a_ledger_on_a_read_only_mount_says_read_only_for_status_and_for_a_run(
+        tmp_path: Path) -> None:
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    env = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "MNT": str(mount), "PY": sys.executable,
+           "MAKE": MAKE, "RUN": RUN, "NEW": NEW, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", READ_ONLY_MOUNT], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    status, run, new = done.stdout.split("--- ")[1:]
+    said = done.stderr
+    assert "exit=3" in status
+    assert f"{mount}/ledger.sqlite is on a read-only file system" in said
+    assert "copy it to a writable directory" in said and "not a SQLite file" not in said
+    assert "LedgerError:" in run and "is on a read-only file system" in run
+    assert "LedgerError:" in new and "would be on a read-only file system" in new
+    assert "Traceback" not in said

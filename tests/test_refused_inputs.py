@@ -1,0 +1,245 @@
+"""Every bad input is refused in one place (the run description, ``RunSpec``, and the session's
+own settings), so every face refuses it the same way: with a batchjson error naming the problem
+and the fix, before anything is spent or recorded (a UsageError in a magic, exit code 2 and no
+traceback in the CLI)."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from batchjson import (
+    CallableProvider,
+    ConfigError,
+    InvalidBatch,
+    ProviderSetupError,
+    RunSpec,
+    Session,
+)
+from batchjson.rlm import bind
+from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
+
+TABLES = ("batches", "revisions", "requests", "attempts", "validators", "claims")
+
+
+class Spy:
+    """A provider function that counts what it is asked."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, call: Any) -> str:
+        self.calls += 1
+        return items_reply(call) if call.mode == "items" else '"yes"'
+
+
+def recorded(ledger: Path) -> dict[str, int]:
+    """Rows in every table a run writes (none at all if the file was never made)."""
+    if not ledger.exists():
+        return {}
+    db = sqlite3.connect(ledger)
+    try:
+        return {t: n for t in TABLES
+                if (n := db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0])}
+    finally:
+        db.close()
+
+
+async def agen_check(item: Any, task: Any) -> Any:
+    yield item  # an async generator: calling it returns something no one can await
+
+
+def gen_check(item: Any, task: Any) -> Any:
+    yield item
+
+
+RUN_INPUTS = [
+    ("split='yes'", {"split": "yes"}, "split must be True or False, got 'yes'"),
+    ("split=2", {"split": 2}, "split must be True or False, got 2"),
+    ("a NUL batch name", {"name": "\x00"}, "control character '\\x00' at position 0"),
+    ("a newline in a batch name", {"name": "labels\nrow"}, "use printable characters"),
+    ("an async-generator validator", {"validator": agen_check},
+     "agen_check is an async generator function (it uses yield)"),
+    ("a generator validator", {"validator": gen_check},
+     "gen_check is a generator function (it uses yield)"),
+    ("pack True", {"pack": True}, "pack must be a whole number >= 1"),
+    ("progress 'bar'", {"progress": "bar"}, "progress must be True, False or a callable"),
+    ("instructions as bytes", {"instructions": b"be brief"}, "instructions must be a"),
+]
+
+
+@pytest.mark.parametrize(("what", "bad", "said"), RUN_INPUTS, ids=[c[0] for c in RUN_INPUTS])
+@pytest.mark.parametrize("face", ["run_batch", "RunSpec"])
+def test_a_bad_run_input_is_refused_before_anything_is_spent_or_recorded(
+        tmp_path: Path, face: str, what: str, bad: dict[str, Any], said: str) -> None:
+    spy, ledger = Spy(), tmp_path / "l.sqlite"
+    session = Session(CallableProvider(spy), ledger=ledger)
+    args = {"name": "r", "tasks": review_tasks(2), "schema": LABEL_SCHEMA, **bad}
+    with pytest.raises(InvalidBatch) as raised:
+        if face == "run_batch":
+            session.run_batch(args.pop("name"), args.pop("tasks"), args.pop("schema"), **args)
+        else:
+            session.run(RunSpec(**args))
+    assert said in str(raised.value)
+    assert spy.calls == 0 and recorded(ledger) == {}
+    session.close()
+
+
+def test_a_spec_refuses_a_bad_option_when_it_is_made() -> None:
+    """Before any session sees it: a face that builds a spec learns at once."""
+    with pytest.raises(InvalidBatch, match="split must be True or False"):
+        RunSpec(name="r", tasks=review_tasks(1), schema=LABEL_SCHEMA, split="no")
+    with pytest.raises(InvalidBatch, match="validator_name .* control character"):
+        RunSpec(name="r", tasks=review_tasks(1), schema=LABEL_SCHEMA,
+                validator=lambda item, task: None, validator_name="a\tb")
+
+
+@pytest.mark.parametrize(("what", "options", "said"), [
+    ("strict='yes'", {"strict": "yes"}, "strict must be True or False, got 'yes'"),
+    ("strict=1", {"strict": 1}, "strict must be True or False"),
+    ("ledger=123", {"ledger": 123}, "ledger must be a file path (a str or pathlib.Path) or None"),
+    ("ledger as bytes", {"ledger": b"l.sqlite"}, "ledger must be a file path"),
+    ("concurrency 0", {"concurrency": 0}, "concurrency must be a whole number >= 1"),
+    ("replays 'two'", {"replays": "two"}, "replays must be a whole number >= 0"),
+], ids=lambda case: case if isinstance(case, str) else None)
+def test_a_bad_session_setting_is_refused_before_the_ledger_is_made(
+        tmp_path: Path, what: str, options: dict[str, Any], said: str) -> None:
+    spy, ledger = Spy(), tmp_path / "l.sqlite"
+    options = {"ledger": ledger, **options}
+    with pytest.raises(ConfigError) as raised:
+        Session(CallableProvider(spy), **options)
+    assert said in str(raised.value)
+    assert not ledger.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_callable_provider_with_a_negative_max_tokens_is_refused() -> None:
+    with pytest.raises(ProviderSetupError,
+                       match=r"CallableProvider max_tokens must be a whole number >= 1, got -1"):
+        CallableProvider(Spy(), max_tokens=-1)
+
+
+# -- the RLM face ------------------------------------------------------------------------------
+@pytest.mark.parametrize(("options", "said"), [
+    ({"strict": "yes"}, "strict must be True or False"),
+    ({"ledger": 123}, "ledger must be a file path"),
+])
+def test_rlm_bind_refuses_bad_settings_the_same_way(options: dict[str, Any], said: str) -> None:
+    namespace: dict[str, Any] = {}
+    with pytest.raises(ConfigError, match=said):
+        bind(namespace, CallableProvider(Spy()), **options)
+    assert "llm_batch_json" not in namespace
+
+
+@pytest.mark.parametrize(("kwargs", "said"), [
+    ({"validator": agen_check}, "agen_check is an async generator function"),
+    ({"name": "\x00"}, "control character"),
+])
+def test_rlm_helper_refuses_bad_input_before_spending_or_recording(
+        tmp_path: Path, kwargs: dict[str, Any], said: str) -> None:
+    spy, ledger, namespace = Spy(), tmp_path / "l.sqlite", {}
+    bind(namespace, CallableProvider(spy), ledger=ledger)
+    with pytest.raises(InvalidBatch, match=said):
+        namespace["llm_batch_json"](["is it?", "and this?"], {"type": "string"}, **kwargs)
+    assert spy.calls == 0 and recorded(ledger) == {}
+
+
+# -- the notebook face -------------------------------------------------------------------------
+def magic_setup(ip: Any) -> Spy:
+    from tests.test_magics import ok
+
+    spy = Spy()
+    ip.user_ns["spy_provider"] = CallableProvider(spy)
+    ok(ip, "%load_ext batchjson")
+    ok(ip, "%config BatchJson.provider = spy_provider")
+    return spy
+
+
+@pytest.mark.parametrize(("line", "said"), [
+    ("%%batch_json b --instructions 'abc", "No closing quotation"),
+    ('%%batch_json b --identity "task_id,case_id', "close the quote"),
+])
+def test_an_unclosed_quote_in_a_magic_is_a_usage_error(
+        ip: Any, capsys: Any, line: str, said: str) -> None:
+    from tests.test_magics import usage_error
+
+    spy = magic_setup(ip)
+    body = f"{line}\ntasks = {review_tasks(2)!r}\nschema = {LABEL_SCHEMA!r}\n"
+    said_line = usage_error(ip, body, capsys)
+    assert said in said_line and "%batch_json" in said_line
+    assert spy.calls == 0 and recorded(Path(".batchjson/ledger.sqlite")) == {}
+    for magic in ("%batch_status 'b", "%batch_receipts 'b"):
+        assert "close the quote" in usage_error(ip, magic, capsys)
+
+
+def test_a_magic_refuses_an_async_generator_validator_before_spending_or_recording(
+        ip: Any, capsys: Any) -> None:
+    from tests.test_magics import usage_error
+
+    spy = magic_setup(ip)
+    cell = (f"%%batch_json b --validator check\ntasks = {review_tasks(2)!r}\n"
+            f"schema = {LABEL_SCHEMA!r}\nasync def check(item, task):\n    yield item\n")
+    said = usage_error(ip, cell, capsys)
+    assert "check is an async generator function" in said and "without yield" in said
+    assert spy.calls == 0 and recorded(Path(".batchjson/ledger.sqlite")) == {}
+
+
+def test_a_magic_refuses_a_strict_setting_that_is_not_a_bool(ip: Any, capsys: Any) -> None:
+    from tests.test_magics import usage_error
+
+    magic_setup(ip)
+    said = usage_error(ip, "%config BatchJson.strict = 'yes'", capsys)
+    assert "BatchJson.strict = 'yes' is refused: it must be True or False" in said
+    assert "BatchJson.strict stays False" in said
+
+
+# -- the command line --------------------------------------------------------------------------
+@pytest.mark.parametrize("port", ["-5", "65536", "http"])
+def test_serve_with_a_bad_port_exits_2_without_a_traceback(tmp_path: Path, port: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "batchjson", "serve", "--port", port],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr and "Error:" not in done.stderr
+    assert "argument --port: must be a whole number from 0 to 65535" in done.stderr
+
+
+def test_serve_on_a_port_in_use_exits_2_naming_it(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        done = subprocess.run([sys.executable, "-m", "batchjson", "serve", "--port", port],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr and "--port" in done.stderr
+
+
+def test_a_spec_reads_an_identity_given_as_a_generator_once_and_keeps_it() -> None:
+    tasks = review_tasks(2)
+    spec = RunSpec(name="r", tasks=tasks, schema=LABEL_SCHEMA,
+                   identity=(name for name in ("task_id", "case_id")))
+    assert spec.identity == ("task_id", "case_id")
+    assert spec.checked().identity == ("task_id", "case_id")
+    result = Session(CallableProvider(Spy())).run(spec)
+    assert result.identity_compared == ("task_id", "case_id") and result.resolved
+
+
+def test_rlm_helper_says_what_one_call_may_cost_when_the_budget_cannot_hold_it(
+        tmp_path: Path) -> None:
+    from batchjson import BudgetExceeded
+
+    spy, ledger, namespace = Spy(), tmp_path / "l.sqlite", {}
+    provider = CallableProvider(spy, price={"input": 3.0, "output": 15.0}, max_tokens=1000)
+    bind(namespace, provider, ledger=ledger, budget={"cost": 0.001})
+    with pytest.raises(BudgetExceeded) as raised:
+        namespace["llm_batch_json"](["is it?"], {"type": "string"})
+    said = str(raised.value)
+    assert "one call may cost up to $0.01" in said and "cost budget has left" in said
+    assert "0 call(s) remain" not in said and raised.value.one_call > 0.001
+    assert spy.calls == 0
