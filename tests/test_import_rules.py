@@ -219,3 +219,16 @@ def test_an_import_beside_a_live_batch_says_which_revision_values_show(tmp_path:
     assert (beside["current"], beside["current_revision"]) == (False, 1)
     assert "beside the batch's current revision" in beside["reason"]
     assert len(session.ledger.checkpoint("review")) == 2  # what the live batch works on
+
+
+def test_an_export_of_several_revisions_keeps_the_current_one_current(tmp_path: Path) -> None:
+    session = Session(CallableProvider(items_reply, source=SOURCE), ledger=tmp_path / "a.sqlite")
+    loose = {"type": "object", "properties": {"verdict": {"type": "string"}}}
+    for schema in (LABEL_SCHEMA, loose, LABEL_SCHEMA):  # the first revision is current again
+        assert session.run_batch("review", review_tasks(4), schema, pack=2).resolved
+    exported = write(tmp_path / "a.jsonl", *session.ledger.export_receipts())
+    fresh = Ledger(tmp_path / "b.sqlite")
+    report = fresh.import_receipts(exported)
+    assert [(r["revision"], r["current"]) for r in report["revisions"]] == [(1, True), (2, False)]
+    assert [r.status for r in fresh.revisions("review")] == ["open", "superseded"]
+    assert fresh.checkpoint("review") == session.ledger.checkpoint("review")
