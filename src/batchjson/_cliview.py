@@ -196,6 +196,26 @@ def import_lines(report: Mapping[str, Any]) -> list[str]:
     if len(detailed) > DETAILED:
         lines.append(f"  ... and {len(detailed) - DETAILED} more line(s) not admitted "
                      "(--json lists every line)")
+    return lines + revision_lines(report.get("revisions", []))
+
+
+def revision_lines(revisions: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Which revision of each batch is current, said whenever an import's receipts of a batch
+    went to more than one revision or beside the current one (values shows the current)."""
+    by_batch: dict[str, list[Mapping[str, Any]]] = {}
+    for r in revisions:
+        by_batch.setdefault(r["batch"], []).append(r)
+    lines = []
+    for batch, kept in by_batch.items():
+        if len(kept) == 1 and kept[0]["current"]:
+            continue
+        lines.append(f"  batch {batch!r}: revision {kept[0]['current_revision']} is current "
+                     "(values and status show it)")
+        for r in kept:
+            said = (f"revision {r['revision']}: {line_ranges(r['lines'])}, "
+                    f"{r['admitted_items']} item(s) admitted, "
+                    + ("current" if r["current"] else r["reason"] or "not current"))
+            lines += wrapped(said, "      ")
     return lines
 
 

@@ -80,11 +80,12 @@ class ValidatorChanged(BatchJsonError):
         self.new_fingerprint = new
         self.changes = changes
         what = "; ".join(changes) if changes else "its content fingerprint"
+        reads = " (or the file it reads)" if any("file " in c for c in changes) else ""
         super().__init__(
             f"validator {name!r} changed ({what}; {old[:12]} -> {new[:12]}) while {unresolved} "
             "request(s) recorded under the old version are unresolved, and this session is strict. "
-            "Restore the previous definition and re-run to resolve them, or register the new "
-            f"logic under another name (validator(fn, name='{name}_v2'), or rename the "
+            f"Restore the previous definition{reads} and re-run to resolve them, or register "
+            f"the new logic under another name (validator(fn, name='{name}_v2'), or rename the "
             "function).")
 
 

@@ -3,10 +3,12 @@
 An RLM engine keys evidence on validator *object identity*, so a cell re-executed after an error
 defines a new function object and orphans the evidence recorded under the old one. batchjson keys
 validators by *content*: code, defaults, closure values, referenced globals, the module attributes
-the code reads (``cfg.THRESHOLD``), classes with all their attributes, pydantic models by their
-core schema and validators, and library objects by what they hold. The same content gives the same
-digest, in this process or any other, wherever it was defined. What cannot be seen is said:
-``by_identity`` (compared by object identity) and ``unseen`` (``globals()["X"]``, ``eval``).
+the code reads (``cfg.THRESHOLD``), the files it reads at a constant path (``rules.json``, read
+anew each time), classes with all their attributes, pydantic models by their core schema and
+validators, and library objects by what they hold. The same content gives the same digest, in
+this process or any other, wherever it was defined. What cannot be seen is said: ``by_identity``
+(compared by object identity) and ``unseen`` (``globals()["X"]``, ``eval``, a file read at a
+computed path).
 
 Two views: :func:`fingerprint_function` sees everything that decides acceptance, mutable state
 included; :func:`fingerprint_callable` keys an answer source by its code and the immutable values
@@ -113,8 +115,9 @@ def _fingerprint(obj: Any, *, source: bool) -> Fingerprint:
 def fingerprint_function(fn: Callable[..., Any]) -> Fingerprint:
     """Content fingerprint of a validator: everything that decides what it accepts.
 
-    Code, defaults, closure, referenced globals and module attributes, classes with every
-    attribute, pydantic models by core schema, instances and library objects by content. The
+    Code, defaults, closure, referenced globals and module attributes, the content of files read
+    at a constant path (read again at every call), classes with every attribute, pydantic models
+    by core schema, instances and library objects by content. The
     same function defined in another cell, file or line, or in another process, gets the same
     digest; values that cannot be content-hashed are compared by identity (``by_identity``),
     dynamic lookups are listed in ``unseen``.

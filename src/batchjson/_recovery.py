@@ -20,24 +20,25 @@ from typing import Any
 from ._acceptance import Verdict, accept_items, accept_value
 from ._canon import canonical_json
 from ._errors import InvalidBatch
+from ._import_revisions import Placement, group_lines, revision_for, settle
 from ._ledger import Ledger
 from ._records import now
 from ._schema import ItemSchema, compile_schema
 from ._tasks import (
     Identity,
     Request,
+    compose_contents,
     key_content,
     normalize_identity,
     normalize_tasks,
     pack_requests,
-    revision_fingerprint,
     sha,
 )
 
 EXPORT_FORMAT = "batchjson/receipt-1"
 SUCCESS_WORDS = frozenset({"ok", "success", "succeeded", "accepted", "done", "complete",
                            "completed", "pass", "passed"})
-REQUIRED = {"batch": str, "tasks": list, "raw": str, "status": str, "identity": list}
+REQUIRED = {"batch": str, "tasks": list, "raw": str, "status": str}
 OPTIONAL_NUMBERS = ("input_tokens", "output_tokens", "cached_tokens", "cost")
 
 
@@ -167,10 +168,8 @@ def _check(path: Path, number: int, record: dict[str, Any],
     if mode == "value" and len(record["tasks"]) != 1:
         raise _refuse(path, number, f"a 'value' receipt answers one task, this one lists "
                       f"{len(record['tasks'])}")
+    identity = _identity_rule(path, number, record, own)
     try:
-        identity = normalize_identity(record["identity"])
-        if record.get("identity_echo") is True:  # exported from a default-identity run
-            identity = Identity(identity, echo=True)
         tasks, texts = normalize_tasks(record["tasks"], identity)
         schema = compile_schema(record.get("schema") or {})
     except InvalidBatch as exc:
@@ -185,17 +184,11 @@ def _check(path: Path, number: int, record: dict[str, Any],
         if record.get("schema") and components.get("schema") != schema.fingerprint:
             raise _refuse(path, number, "its schema is not the one its components name (the "
                           "receipt was altered); give the schema the batch ran with")
-    else:
-        components = {
-            "tasks": sha(json.dumps(tasks, sort_keys=True, separators=(",", ":"))),
-            "schema": schema.fingerprint,
-            "validator": version.fingerprint.digest if version is not None else "none",
-            "pack": str(len(tasks)),
-            "instructions": sha(""),
-            "identity": ",".join(identity),
-            "mode": mode,
-        }
-    content = key_content(components)  # as a live run keys it (an old export: as it did then)
+    else:  # as a live run of this content composes them, its answer source unknown
+        components = compose_contents(
+            tasks, schema, version.fingerprint.digest if version is not None else "none",
+            len(tasks), None, identity, mode, source=None)[0]
+    content = key_content(components)  # the key a live run of this content looks up
     request = pack_requests(tasks, len(tasks), content, texts)[0]
     claimed_key = record.get("request_key") if own else None
     if claimed_key is not None and claimed_key != request.key:
@@ -206,6 +199,33 @@ def _check(path: Path, number: int, record: dict[str, Any],
                       "request_key to import it under the key its content gives")
     return Line(number, record, sha(canonical_json(record)), tasks, identity, schema,
                 components, request, own)
+
+
+def _identity_rule(path: Path, number: int, record: Mapping[str, Any], own: bool) -> Identity:
+    """How a receipt's items are held to its tasks. batchjson's own export (with the components
+    it was keyed by) keeps the identity it was judged under. Any other receipt is held to what
+    was requested: every task field an item echoes is compared, whatever its ``identity`` list
+    says (the list only adds fields every item must carry); the list may be missing, null or
+    empty."""
+    exported = own and isinstance(record.get("components"), dict)
+    listed = record.get("identity")
+    if listed is None and not exported:
+        listed = []
+    if not isinstance(listed, list):
+        raise _refuse(path, number, f"field 'identity' must be a list of field names"
+                      f"{'' if exported else ' (or absent)'}, got {listed!r:.60}")
+    try:
+        identity = Identity(normalize_identity(listed),
+                            echo=not exported or record.get("identity_echo") is True)
+    except InvalidBatch as exc:
+        raise _refuse(path, number, str(exc)) from None
+    judged = record["components"].get("identity") if exported else None
+    if judged is not None and judged != identity.key:
+        # the key says how its answers were judged: a weaker rule must not ride on it
+        raise _refuse(path, number, f"its identity {identity.key!r} is not the one its "
+                      f"components name ({str(judged)!r:.80}; the receipt was altered); give "
+                      "the identity the batch ran with")
+    return identity
 
 
 def _registry_view(validators: Any) -> dict[str, Any]:
@@ -256,6 +276,7 @@ def import_receipts(ledger: Ledger, path: str | Path, *,
     lines = read_lines(path, registry)
     outcomes: list[Outcome] = []
     source = str(path)
+    groups, placed = group_lines(lines), Placement()
     with ledger.transaction() as db:
         seen: dict[str, int] = {}
         for line in lines:
@@ -282,22 +303,28 @@ def import_receipts(ledger: Ledger, path: str | Path, *,
                 outcomes.append(base)
                 continue
             seen[line.digest] = line.number
+            if completes:  # the receipt this line completes: its batch, its attempt
+                batch_id, revision_id = held["batch_id"], None
+            else:
+                batch_id, revision_id = revision_for(db, line, groups[line.number], placed)
             outcome = _import_line(db, ledger, line, registry, uid, source,
-                                   held if completes else None)
+                                   (batch_id, revision_id), held if completes else None)
+            if revision_id is not None:
+                placed.record(revision_id, line.number, outcome.admitted_items)
             outcomes.append(outcome)
-    return _report(source, outcomes)
+        revisions = settle(db, placed)
+    return _report(source, outcomes, revisions)
 
 
 def _import_line(db: Any, ledger: Ledger, line: Line, registry: Mapping[str, Any],
-                 uid: str | None, source: str, in_flight: Any = None) -> Outcome:
+                 uid: str | None, source: str, where: tuple[int, int | None],
+                 in_flight: Any = None) -> Outcome:
     rec = line.record
     claimed = str(rec.get("status"))
     out = Outcome(line.number, rec["batch"], claimed, "rejected", len(line.tasks))
-    if in_flight is not None:  # the receipt this line completes: its batch, its attempt
-        batch_id, revision_id = in_flight["batch_id"], None
+    batch_id, revision_id = where
+    if in_flight is not None:
         db.execute("UPDATE attempts SET status = 'in_flight' WHERE id = ?", (in_flight["id"],))
-    else:
-        batch_id, revision_id = _revision_for(db, line)
     usage = {k: rec.get(k) for k in OPTIONAL_NUMBERS} | {"model": rec.get("model")}
     name = rec.get("validator")
     version = registry.get(name) if name else None
@@ -386,57 +413,20 @@ def _exported_status(rec: Mapping[str, Any]) -> str:
     return status if status in ("provider_error", "abandoned", "cancelled") else "abandoned"
 
 
-def _revision_for(db: Any, line: Line) -> tuple[int, int]:
-    """The batch and revision an imported attempt belongs to. A revision already holding this
-    request is reused; otherwise one is made, current only for a batch new to this ledger, so
-    an import never changes what a live batch is working on."""
-    name, stamp = line.record["batch"], now()
-    batch_id, current = Ledger.batch_row(db, name, stamp)
-    fingerprint = revision_fingerprint(line.components)
-    found = db.execute(
-        "SELECT r.id FROM revisions r LEFT JOIN requests q ON q.revision_id = r.id AND "
-        "q.key = ? WHERE r.batch_id = ? AND (r.fingerprint = ? OR q.id IS NOT NULL) "
-        "ORDER BY r.fingerprint = ? DESC, r.id LIMIT 1",
-        (line.request.key, batch_id, fingerprint, fingerprint)).fetchone()
-    if found is not None:
-        revision_id = found["id"]
-    else:
-        number = db.execute("SELECT COALESCE(MAX(number), 0) + 1 FROM revisions WHERE "
-                            "batch_id = ?", (batch_id,)).fetchone()[0]
-        # Beside a live batch the imported revision is on record but not owed: the batch's
-        # current revision is what it works on (running the same content reopens it).
-        status = "open" if current is None else "superseded"
-        revision_id = db.execute(
-            "INSERT INTO revisions(batch_id, number, fingerprint, components, validator_name, "
-            "validator_fingerprint, status, superseded_by, supersede_reason, created_at) "
-            "VALUES (?,?,?,?,?,?,?,?,?,?)",
-            (batch_id, number, fingerprint, json.dumps(line.components),
-             line.record.get("validator"), line.components.get("validator"), status, current,
-             None if current is None else "imported beside the batch's current revision",
-             stamp)).lastrowid
-        if current is None:
-            db.execute("UPDATE batches SET current_revision = ? WHERE id = ?",
-                       (revision_id, batch_id))
-    db.execute("INSERT OR IGNORE INTO requests(revision_id, key, position, parent_key, "
-               "task_ids, tasks) VALUES (?,?, (SELECT COUNT(*) FROM requests WHERE "
-               "revision_id = ?), NULL, ?, ?)",
-               (revision_id, line.request.key, revision_id, line.request.task_ids_json,
-                line.request.tasks_json))
-    return batch_id, revision_id
-
-
-def _report(source: str, outcomes: list[Outcome]) -> dict[str, Any]:
+def _report(source: str, outcomes: list[Outcome],
+            revisions: list[dict[str, Any]]) -> dict[str, Any]:
     count = {k: sum(o.outcome == k for o in outcomes) for k in
              ("admitted", "duplicate", "diagnostic", "rejected", "unverified", "recorded",
               "skipped")}
     return {"source": source, "lines": len(outcomes), **count,
             "items_admitted": sum(o.admitted_items for o in outcomes),
-            "receipts": [o.as_dict() for o in outcomes]}
+            "receipts": [o.as_dict() for o in outcomes], "revisions": revisions}
 
 
 # -- export ---------------------------------------------------------------------------------------
 _EXPORT_SQL = (
     "SELECT a.*, b.name AS batch, r.number AS revision, r.components, r.validator_name, "
+    "b.current_revision = a.revision_id AS current, "
     "q.tasks FROM attempts a JOIN batches b ON b.id = a.batch_id "
     "JOIN revisions r ON r.id = a.revision_id LEFT JOIN requests q "
     "ON q.revision_id = a.revision_id AND q.key = a.request_key")
@@ -471,7 +461,8 @@ def export_receipts(ledger: Ledger, name: str | None = None) -> list[dict[str, A
         numbers[row["batch"]] = numbers.get(row["batch"], 0) + 1
         out.append({
             "format": EXPORT_FORMAT, "batch": row["batch"], "receipt": numbers[row["batch"]],
-            "revision": row["revision"], "uid": row["uid"], "kind": row["kind"],
+            "revision": row["revision"], "current": bool(row["current"]), "uid": row["uid"],
+            "kind": row["kind"],
             "status": row["status"], "tasks": json.loads(row["tasks"]) if row["tasks"] else [],
             "raw": row["raw"], "source": row["source"],
             "identity": _identity_names(

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import os
 import uuid
 import weakref
@@ -23,7 +22,6 @@ from . import _unseen as unseen
 from ._aio import BackgroundLoop
 from ._budget import Budget, Spender, Tally, pricing_of
 from ._calls import cheapest_call
-from ._canon import canonical_json
 from ._errors import BatchUnresolved, InvalidBatch
 from ._evidence import Evidence
 from ._ledger import Ledger
@@ -37,12 +35,11 @@ from ._replies import GuardedProvider, provider_names
 from ._result import BatchResult
 from ._spec import RunSpec, SessionOptions
 from ._tasks import (
-    Identity,
-    key_content,
+    compose_contents,
     key_maker,
     pack_requests,
     revision_fingerprint,
-    sha,
+    sourceless_content,
 )
 
 
@@ -186,18 +183,22 @@ class Session:
         source = answer_source(provider)
         provider_name, provider_model = provider_names(provider)
 
-        version = None
+        version, changed = None, None
         if validator is not None:
             reuse = (registered is not None and registered.fn is validator
                      and spec.validator_name in (None, registered.name))
-            version = registered if reuse else self.validators.version_of(
-                validator, spec.validator_name)
+            if reuse:
+                version = registered
+            else:  # a new version says what changed (its code, a file it reads)
+                definition = self.validators.register(validator, name=spec.validator_name)
+                version = definition.record
+                changed = definition.message if definition.kind == "changed" else None
             validator = version.fn
         checker = (_index_form(validator) if validator is not None and
                    spec.validator_args == "index" else validator)
         if checker is not None:  # an async validator that never returns must not hang the run
             checker = _bounded(checker, self.transport.timeout)
-        components, key_content, seen_content = _contents(
+        components, key_content, seen_content = compose_contents(
             task_list, item_schema, version.fingerprint.digest if version else "none", pack,
             instructions, ident, mode, source)
         blind = unseen.blind_spots(version.fingerprint.unseen if version else (), item_schema)
@@ -212,8 +213,9 @@ class Session:
                     pack_requests(task_list, pack, key_content, task_texts))
         done = self.ledger.accepted_keys([r.key for r in requests])
         pending = [r for r in requests if r.key not in done]
-        seen_key, legacy_key = key_maker(seen_content), key_maker(_legacy_content(components,
-                                                                                   ident))
+        # answers of unknown source (imported, or an older ledger's) are found under the key
+        # the same content has without one, and re-judged under this run's rules
+        seen_key, legacy_key = key_maker(seen_content), key_maker(sourceless_content(components))
         seen_of = {r.key: seen_key(r.tasks_json) for r in requests}
         legacy_of = ({r.key: legacy_key(r.tasks_json) for r in pending}
                      if pending and self.ledger.has_legacy_keys() else {})
@@ -274,6 +276,8 @@ class Session:
         result.identity_compared = tuple(preflight.compared_candidates(task_list, ident)
                                          if mode == "items" else ())
         result.provider = f"{provider_name}/{provider_model}" if provider_model else provider_name
+        if changed is not None:
+            result.notes.append(changed)
         if superseded_note is not None:
             result.superseded = superseded_note
             result.notes.append(result.superseded)
@@ -403,34 +407,6 @@ def _index_form(fn: Callable[[Any, int], Any]) -> Callable[[Any, Mapping[str, An
         return fn(value, task["index"])
 
     return check
-
-
-def _contents(task_list: list[dict], item_schema: Any, validator: str, pack: int,
-              instructions: str | None, ident: Identity, mode: str,
-              source: str) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
-    """(revision components, request-key content, seen content). A request key covers what
-    the model saw (the seen content: wire schema, instructions, the identity fields the prompt
-    names, mode, answer source) and how its return is judged (schema fingerprint, validator,
-    identity rules); the tasks are spliced in per request."""
-    components = {
-        "tasks": sha(json.dumps(task_list, sort_keys=True, separators=(",", ":"))),
-        "schema": item_schema.fingerprint, "validator": validator, "pack": str(pack),
-        "instructions": sha(instructions or ""), "identity": ident.key, "mode": mode,
-        "source": source,
-    }
-    content = key_content(components)
-    seen_content = {"wire": sha(canonical_json(item_schema.json_schema)),
-                    "instructions": components["instructions"], "identity": ",".join(ident),
-                    "mode": mode, "source": source}
-    return components, content, seen_content
-
-
-def _legacy_content(components: Mapping[str, str], ident: Identity) -> dict[str, str]:
-    """Request-key content as batchjson computed it before the answer source and echoed
-    identity joined the key: how ledgers written then are found (see docs/design.md)."""
-    return {"schema": components["schema"], "validator": components["validator"],
-            "instructions": components["instructions"], "identity": ",".join(ident),
-            "mode": components["mode"]}
 
 
 _default: Session | None = None

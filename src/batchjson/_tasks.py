@@ -116,6 +116,9 @@ def _too_deep(task_id: str, why: str) -> InvalidBatch:
                         "as a JSON string)")
 
 
+ECHOED = "+echoed"  # an Identity's key part when echoed task fields are compared too
+
+
 class Identity(tuple):
     """The identity fields every item must echo unchanged (``task_id`` first).
 
@@ -136,7 +139,7 @@ class Identity(tuple):
     @property
     def key(self) -> str:
         """Its part of a request key: the fields, and whether echoed fields are compared."""
-        return ",".join(self) + ("+echoed" if self.echo else "")
+        return ",".join(self) + (ECHOED if self.echo else "")
 
 
 def parse_identity(text: str, option: str | None = None) -> tuple[str, ...]:
@@ -206,13 +209,62 @@ class Request:
 
 
 # The revision components that go into every request key besides its tasks. "source" (the
-# answer source) joined later: a ledger's older components lack it, and keep their old keys.
-KEY_COMPONENTS = ("schema", "validator", "instructions", "identity", "mode", "source")
+# answer source) joined later; "unseen" names a generation of judging no fingerprint fully sees.
+KEY_COMPONENTS = ("schema", "validator", "instructions", "identity", "mode", "source", "unseen")
+# What keys answers of unknown source: receipts imported from another system, and ledgers
+# written before the answer source joined keys (their identity part had no "+echoed" either).
+SOURCELESS_COMPONENTS = ("schema", "validator", "instructions", "identity", "mode")
 
 
 def key_content(components: Mapping[str, str]) -> dict[str, str]:
-    """The part of a revision's components that keys its requests (see :data:`KEY_COMPONENTS`)."""
-    return {k: components[k] for k in KEY_COMPONENTS if k in components}
+    """The part of a revision's components that keys its requests: the one composition of key
+    content, for live runs, imports and the look-up of imported answers alike.
+
+    Components without an answer source (an import of another system's receipts, an old
+    ledger) key by :data:`SOURCELESS_COMPONENTS` with the identity fields alone: a live run
+    computes that key too (:func:`sourceless_content`), finds answers stored under it and
+    re-judges them under its own rules before reusing them.
+    """
+    if "source" in components:
+        return {k: components[k] for k in KEY_COMPONENTS if k in components}
+    out = {k: components[k] for k in SOURCELESS_COMPONENTS if k in components}
+    if "identity" in out:
+        out["identity"] = out["identity"].removesuffix(ECHOED)
+    return out
+
+
+def sourceless_content(components: Mapping[str, str]) -> dict[str, str]:
+    """The key content of the same content with its answer source unknown: the key an import
+    of it writes, which a live run looks up before asking (see :func:`key_content`)."""
+    return key_content({k: v for k, v in components.items() if k != "source"})
+
+
+def tasks_digest(task_list: Sequence[Mapping[str, Any]]) -> str:
+    """The ``tasks`` component of a revision: every task, in order."""
+    return sha(json.dumps(list(task_list), sort_keys=True, separators=(",", ":")))
+
+
+def compose_contents(task_list: Sequence[Mapping[str, Any]], schema: Any, validator: str,
+                     pack: int, instructions: str | None, ident: Identity, mode: str,
+                     source: str | None) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """(revision components, request-key content, seen content) of a run or an import.
+
+    A request key covers what the model saw (the seen content: wire schema, instructions, the
+    identity fields the prompt names, mode, answer source) and how its return is judged (schema
+    fingerprint, validator, identity rules); the tasks are spliced in per request. ``source``
+    None: the answer source is unknown (an imported receipt of another system).
+    """
+    components = {
+        "tasks": tasks_digest(task_list),
+        "schema": schema.fingerprint, "validator": validator, "pack": str(pack),
+        "instructions": sha(instructions or ""), "identity": ident.key, "mode": mode,
+    }
+    seen_content = {"wire": sha(_canonical(schema.json_schema)),
+                    "instructions": components["instructions"], "identity": ",".join(ident),
+                    "mode": mode}
+    if source is not None:
+        components["source"] = seen_content["source"] = source
+    return components, key_content(components), seen_content
 
 
 def revision_fingerprint(components: Mapping[str, str]) -> str:

@@ -30,6 +30,7 @@ from ._bytecode import (
     resolve_chain,
     writes_of,
 )
+from ._files import file_digest, file_reads, library_reader, resolve
 from ._library import (
     declares_state,
     is_library_module,
@@ -55,6 +56,7 @@ _BOOKKEEPING = frozenset({
 })
 
 _ROOTS = {"g": "global", "c": "closure", "m": "import"}
+_FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType)  # read without asking the object
 # An installed module's containers (os.environ, sys.argv) are keyed by name; a validator reading
 # one may judge differently when it changes, so its fingerprint says it cannot see them.
 _ENVIRONMENT = (Mapping, list, set)
@@ -274,12 +276,33 @@ class Walker:
                     self.unseen.append(("", f"{name}()"))
         scope = (found, builtin_ns, cells)
         parts += self._module_reads(reads.chains, scope)
+        if not self.source:  # what judging reads from files (an answer source's files: no)
+            parts += self._file_reads(code, reads.globals, found, cells)
         for chain in sorted(reads.dynamic, key=repr):  # getattr(cfg, name): out of sight
             resolved = resolve_chain(chain, scope)
             if resolved is not None and is_module(resolved[1]):
                 names = ".".join([chain[0][1], *resolved[2]])
                 self.unseen.append(("", f"getattr({names}, <name>)"))
         return parts
+
+    def _file_reads(self, code: types.CodeType, names: frozenset[str], found: dict[str, Any],
+                    cells: dict[str, Any]) -> list[tuple[str, str]]:
+        """Files read at a constant path, by their content now; reads that cannot be hashed
+        ahead (a computed path, an installed library's reader) are named unseen."""
+        out: dict[str, str] = {}
+        for read in file_reads(code):
+            path, unseen = resolve(read, found, cells)
+            if unseen is not None:
+                self.unseen.append(("", unseen))
+            elif path is not None:
+                out.setdefault(f"file:{path}", file_digest(path))
+        for name in sorted(names):  # `from pandas import read_csv`, then read_csv(path)
+            value = found.get(name)
+            if type(value) in _FUNCTIONS and is_library_module(value.__module__):
+                reader = library_reader(value.__module__, value.__name__, value)
+                if reader is not None:
+                    self.unseen.append(("", reader))
+        return list(out.items())
 
     def _module_reads(self, chains: frozenset, scope: tuple[dict[str, Any], ...]
                       ) -> list[tuple[str, str]]:
@@ -296,6 +319,10 @@ class Walker:
                 continue
             if (owner.__name__, used[-1]) in DYNAMIC_ATTRS:
                 self.unseen.append(("", f"{owner.__name__}.{used[-1]}()"))
+            reader = (None if self.source or not is_library_module(owner.__name__)
+                      else library_reader(owner.__name__, used[-1], value))
+            if reader is not None:  # pd.read_csv(path): the file is read out of sight
+                self.unseen.append(("", reader))
             if value is MISSING:
                 out[label] = _ABSENT
             elif self.source and used[-1] in self.written_attrs:

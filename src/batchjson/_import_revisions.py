@@ -1,0 +1,198 @@
+"""Where imported attempts go: one revision per batch and way of judging, every admitted item
+visible.
+
+The receipts of one batch in one import that are judged alike (schema, validator, identity,
+mode, instructions; for batchjson's own exports, the revision they were exported from) form one
+revision, so ``values`` and ``status`` show every item the import admitted. Receipts of one
+batch judged differently are kept apart in revisions of their own: for a batch new to the
+ledger the one that was current where it was exported, else the one with the most admitted
+items, becomes current and the others are recorded beside it (superseded), each named in the
+report. Beside a live batch an import never changes what the batch is working on: its
+revisions are superseded by the batch's current one, and the report says so.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._canon import canonical_json
+from ._ledger import Ledger
+from ._records import now
+from ._tasks import revision_fingerprint, tasks_digest
+
+# The components that say how a receipt was judged (tasks and pack say what was asked).
+JUDGING = ("schema", "validator", "instructions", "identity", "mode", "source", "unseen")
+BESIDE_LIVE = "imported beside the batch's current revision"
+
+
+@dataclass
+class Group:
+    """Receipts of one batch judged alike: one revision."""
+
+    batch: str
+    components: dict[str, str]
+    own: bool
+    validator_name: str | None
+    tasks: dict[str, dict] = field(default_factory=dict)  # canonical JSON -> task, in order
+    pack: int = 0
+    current_there: bool = False  # an export of the revision current where it was exported
+    revision_id: int | None = None
+
+    def add(self, line: Any) -> None:
+        for task in line.tasks:
+            self.tasks.setdefault(canonical_json(task), task)
+        self.pack = max(self.pack, len(line.tasks))
+        self.current_there |= line.own and line.record.get("current") is True
+
+    def revision_components(self) -> dict[str, str]:
+        if self.own:  # as exported: the revision it came from
+            return self.components
+        return {**self.components, "tasks": tasks_digest(list(self.tasks.values())),
+                "pack": str(self.pack)}
+
+
+def group_lines(lines: Iterable[Any]) -> dict[int, Group]:
+    """line number -> its group."""
+    groups: dict[tuple[str, str], Group] = {}
+    out = {}
+    for line in lines:
+        judged = {k: v for k, v in line.components.items() if k in JUDGING}
+        key = (line.record["batch"], revision_fingerprint(line.components) if line.own
+               else canonical_json([judged, line.record.get("validator")]))
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = Group(line.record["batch"],
+                                        line.components if line.own else judged, line.own,
+                                        line.record.get("validator"))
+        group.add(line)
+        out[line.number] = group
+    return out
+
+
+@dataclass
+class Placement:
+    """Where one import put its attempts: per revision touched, its lines and admitted items."""
+
+    fresh: dict[str, bool] = field(default_factory=dict)  # batch -> new when the import began
+    lines: dict[int, list[int]] = field(default_factory=dict)
+    admitted: dict[int, int] = field(default_factory=dict)
+    current_there: dict[int, bool] = field(default_factory=dict)
+
+    def record(self, revision_id: int, line: int, admitted: int) -> None:
+        self.lines.setdefault(revision_id, []).append(line)
+        self.admitted[revision_id] = self.admitted.get(revision_id, 0) + admitted
+
+
+def revision_for(db: Any, line: Any, group: Group, placed: Placement) -> tuple[int, int]:
+    """The batch and revision an imported attempt belongs to: a revision of the batch already
+    holding its request, else its group's revision (found or made once per import)."""
+    name, stamp = line.record["batch"], now()
+    batch_id, current = Ledger.batch_row(db, name, stamp)
+    placed.fresh.setdefault(name, current is None)
+    held = db.execute(
+        "SELECT r.id FROM revisions r JOIN requests q ON q.revision_id = r.id WHERE "
+        "r.batch_id = ? AND q.key = ? ORDER BY r.id = ? DESC, r.id LIMIT 1",
+        (batch_id, line.request.key, group.revision_id or 0)).fetchone()
+    if held is not None:
+        return batch_id, held["id"]
+    if group.revision_id is None:
+        group.revision_id = _group_revision(db, batch_id, current, group, placed.fresh[name],
+                                            stamp)
+        placed.current_there[group.revision_id] = group.current_there
+    db.execute("INSERT OR IGNORE INTO requests(revision_id, key, position, parent_key, "
+               "task_ids, tasks) VALUES (?,?, (SELECT COUNT(*) FROM requests WHERE "
+               "revision_id = ?), NULL, ?, ?)",
+               (group.revision_id, line.request.key, group.revision_id,
+                line.request.task_ids_json, line.request.tasks_json))
+    return batch_id, group.revision_id
+
+
+def _group_revision(db: Any, batch_id: int, current: int | None, group: Group, fresh: bool,
+                    stamp: str) -> int:
+    """The revision with the group's content; else the batch's current revision when an
+    earlier import made it and judged alike (a history file imported again as it grows);
+    else a new one: open for a batch new to the ledger, beside a live batch superseded."""
+    components = group.revision_components()
+    fingerprint = revision_fingerprint(components)
+    found = db.execute("SELECT id FROM revisions WHERE batch_id = ? AND fingerprint = ?",
+                       (batch_id, fingerprint)).fetchone()
+    if found is not None:
+        return found["id"]
+    if current is not None and not group.own and _imported_alike(db, current, group):
+        return current
+    number = db.execute("SELECT COALESCE(MAX(number), 0) + 1 FROM revisions WHERE "
+                        "batch_id = ?", (batch_id,)).fetchone()[0]
+    beside = None if fresh else current
+    revision_id = db.execute(
+        "INSERT INTO revisions(batch_id, number, fingerprint, components, validator_name, "
+        "validator_fingerprint, status, superseded_by, supersede_reason, created_at) "
+        "VALUES (?,?,?,?,?,?,?,?,?,?)",
+        (batch_id, number, fingerprint, json.dumps(components), group.validator_name,
+         components.get("validator"), "open" if beside is None else "superseded", beside,
+         None if beside is None else BESIDE_LIVE, stamp)).lastrowid
+    if current is None:
+        db.execute("UPDATE batches SET current_revision = ? WHERE id = ?",
+                   (revision_id, batch_id))
+    return revision_id
+
+
+def _imported_alike(db: Any, revision_id: int, group: Group) -> bool:
+    """Whether ``revision_id`` was made by an import (no answer source, no live attempt) and
+    judges as ``group`` does."""
+    row = db.execute("SELECT components FROM revisions WHERE id = ?", (revision_id,)).fetchone()
+    theirs = json.loads(row["components"])
+    if "source" in theirs or {k: v for k, v in theirs.items() if k in JUDGING} != group.components:
+        return False
+    return db.execute("SELECT NOT EXISTS (SELECT 1 FROM attempts WHERE revision_id = ? AND "
+                      "kind != 'import')", (revision_id,)).fetchone()[0] == 1
+
+
+def settle(db: Any, placed: Placement) -> list[dict[str, Any]]:
+    """For each batch new to the ledger that this import gave several revisions, make one
+    current (the one current where it was exported, else the most admitted items, else the
+    latest line) and record the others beside it; then describe every revision touched."""
+    rows = {r["id"]: r for r in _revision_rows(db, list(placed.lines))}
+    by_batch: dict[str, list[int]] = {}
+    for revision_id in placed.lines:
+        by_batch.setdefault(rows[revision_id]["batch"], []).append(revision_id)
+    for name, ids in by_batch.items():
+        made = [i for i in ids if rows[i]["status"] == "open" and placed.fresh.get(name)]
+        if len(made) < 2:
+            continue
+        winner = max(made, key=lambda i: (placed.current_there.get(i, False),
+                                          placed.admitted.get(i, 0), max(placed.lines[i])))
+        db.execute("UPDATE batches SET current_revision = ? WHERE id = ?",
+                   (winner, rows[winner]["batch_id"]))
+        for other in made:
+            if other != winner:
+                differ = _differences(rows[other]["components"], rows[winner]["components"])
+                db.execute("UPDATE revisions SET status = 'superseded', superseded_by = ?, "
+                           "supersede_reason = ? WHERE id = ?",
+                           (winner, f"imported beside revision {rows[winner]['number']}: its "
+                            f"receipts differ in {', '.join(differ)}", other))
+    rows = {r["id"]: r for r in _revision_rows(db, list(placed.lines))}
+    return [_describe(rows[i], placed) for ids in by_batch.values() for i in ids]
+
+
+def _differences(mine: str, theirs: str) -> list[str]:
+    a, b = json.loads(mine), json.loads(theirs)
+    return [k for k in JUDGING if a.get(k) != b.get(k)] or ["the tasks asked"]
+
+
+def _revision_rows(db: Any, ids: Sequence[int]) -> list[Any]:
+    marks = ",".join("?" * len(ids))
+    return db.execute(
+        "SELECT r.id, r.number, r.status, r.components, r.supersede_reason, r.batch_id, "
+        "b.name AS batch, b.current_revision = r.id AS current, c.number AS current_number "
+        f"FROM revisions r JOIN batches b ON b.id = r.batch_id LEFT JOIN revisions c "
+        f"ON c.id = b.current_revision WHERE r.id IN ({marks})", list(ids)).fetchall()
+
+
+def _describe(row: Any, placed: Placement) -> dict[str, Any]:
+    return {"batch": row["batch"], "revision": row["number"], "current": bool(row["current"]),
+            "current_revision": row["current_number"], "lines": placed.lines[row["id"]],
+            "admitted_items": placed.admitted.get(row["id"], 0),
+            "reason": "" if row["current"] else (row["supersede_reason"] or "")}
