@@ -392,13 +392,13 @@ def main(argv: Sequence[str] | None = None,
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
 def _unwrapped(schema: Mapping[str, Any]) -> dict[str, Any]:
     """A value-mode schema the client wrapped as ``{"value": schema}`` (its $defs at the root)."""
     inner = dict((schema.get("properties") or {}).get("value") or {})
     if "$defs" in schema:
         inner["$defs"] = schema["$defs"]
     return inner
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
