@@ -37,14 +37,14 @@ def test_a_reply_without_a_cost_is_charged_from_its_usage_or_else_its_worst_case
         return Reply(items_reply(call))  # no usage, no cost: charged as the worst case
 
     price = {"input": 1000.0, "output": 1000.0}
-    session = Session(CallableProvider(model, price=price, max_tokens=10),
+    session = Session(CallableProvider(model, price=price, max_tokens=40),
                       budget=Budget(cost=10.0), concurrency=1)
     session.run_batch("a", review_tasks(2), LABEL_SCHEMA)
     second = session.ledger.attempts("a")[1]
     estimated = session.ledger._rows("SELECT estimated_input_tokens FROM attempts "
                                      "WHERE id = ?", (second.id,))[0][0]
     assert second.cost is None and estimated > 0
-    assert session.spent_cost == pytest.approx(0.105 + (estimated + 10) * 1000 / 1e6)
+    assert session.spent_cost == pytest.approx(0.105 + (estimated + 40) * 1000 / 1e6)
 
 
 def test_two_threads_share_one_session_call_budget():

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._errors import BudgetExceeded, ConfigError, InvalidBatch
+from ._providers.base import declared_output_cap
 
 # Output ceiling assumed for a call whose provider sets none (OpenAI-compatible servers without
 # max_tokens in extra_body): the worst case a cost budget reserves for its answer.
@@ -102,11 +103,7 @@ def pricing_of(provider: Any) -> Pricing:
     model = getattr(provider, "model", None)
     ask = getattr(provider, "price_for_budget", None)
     price = ask() if callable(ask) else None
-    cap = getattr(provider, "max_tokens", None)
-    if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
-        extra = getattr(provider, "extra_body", None) or {}
-        cap = next((extra[k] for k in ("max_completion_tokens", "max_tokens")
-                    if isinstance(extra.get(k), int) and extra[k] > 0), DEFAULT_MAX_OUTPUT_TOKENS)
+    cap = declared_output_cap(provider) or DEFAULT_MAX_OUTPUT_TOKENS
     if price is None:
         return Pricing(model, None, None, cap)
     return Pricing(model, float(price.input), float(price.output), cap)
@@ -146,8 +143,8 @@ class Spender:
             raise ConfigError(
                 f"a cost budget needs the model's price, and {name!r} has none, so its spend "
                 "could not be held; nothing was spent. Set a price (USD per million tokens) "
-                f"with batchjson._providers.pricing.set_prices({{{name!r}: {{'input': ..., "
-                "'output': ...}}) or the provider's prices= argument, or use a calls budget.")
+                f"with batchjson.set_prices({{{name!r}: {{'input': ..., 'output': ...}}}}) or the "
+                "provider's prices= argument, or use a calls budget.")
 
     def remaining_calls(self) -> int | None:
         limits = []

@@ -26,6 +26,7 @@ from ._canon import canonical_json
 from ._checks import whole as _whole
 from ._errors import BatchUnresolved, InvalidBatch
 from ._evidence import Evidence
+from ._fit import check_fit
 from ._ledger import Ledger
 from ._plan import Outcome, Plan, Transport
 from ._providers.base import answer_source, close_provider
@@ -250,6 +251,7 @@ class Session:
         passed = {request.key for request, _, _ in rechecked}
         owed = pending  # what this run resolves, by re-judging or by calls
         pending = [r for r in pending if r.key not in passed]
+        check_fit(provider, self.ledger, name, item_schema, pending, ident, mode)
         spender = Spender(max_calls, self.budget, self.tally, pricing_of(provider))
         if spec.refuse_short_budget:
             spender.refuse_if_short(len(pending))
