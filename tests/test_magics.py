@@ -498,7 +498,7 @@ def test_a_quoted_identity_names_the_fields_inside_the_quotes(loaded: Any) -> No
 
 
 @pytest.mark.parametrize(("header", "expected"), [
-    ("%%batch_json labels --bogus 1", "unrecognized arguments: --bogus"),
+    ("%%batch_json labels --bogus 1", "unknown option --bogus; the options are --tasks"),
     ("%%batch_json labels --pack 0", "argument --pack: must be a whole number >= 1, got '0'"),
     ("%%batch_json labels --pack two", "must be a whole number >= 1, got 'two'"),
     ("%%batch_json labels --repairs -1", "argument --repairs"),
@@ -753,7 +753,7 @@ def test_batch_receipts_numbers_1_to_n_and_keeps_numbers_when_filtered(loaded: A
     assert '{"items"' in repr(raw) and "<details>" in raw._repr_html_()
     assert "no batch named 'nope'" in usage_error(ip, "%batch_receipts nope", capsys)
     assert "required: name" in usage_error(ip, "%batch_receipts", capsys)
-    assert "unrecognized" in usage_error(ip, "%batch_receipts labels --bogus", capsys)
+    assert "unknown option --bogus" in usage_error(ip, "%batch_receipts labels --bogus", capsys)
     assert "--page" in usage_error(ip, "%batch_receipts labels --page 0", capsys)
 
 

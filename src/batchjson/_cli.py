@@ -28,6 +28,7 @@ from ._checks import whole_argument
 from ._demo import command_name, demo_ledger_problem, run_demo
 from ._errors import BatchJsonError, InvalidBatch, LedgerError
 from ._evidence import Evidence
+from ._forgetting import forget_batch, forget_message
 from ._ledger import Ledger
 from ._records import ledger_problem
 
@@ -127,7 +128,7 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     finally:
         held.close()
     for key in ("unresolved_batches", "unresolved_requests", "unresolved_items",
-                "minimum_exact_retry_calls", "superseded"):
+                "minimum_exact_retry_calls", "superseded", "forgotten"):
         summary[key] = evidence[key]
     summary["ledger"] = str(args.ledger)
     if args.json:
@@ -294,6 +295,21 @@ def cmd_advise(args: argparse.Namespace, out: TextIO) -> int:
     return OK
 
 
+def cmd_forget(args: argparse.Namespace, out: TextIO) -> int:
+    held = _open(args.ledger)
+    try:
+        _known(held, args.name)
+        record = forget_batch(held, args.name, via="batchjson forget")
+        spend = held.spend(args.name)
+    finally:
+        held.close()
+    if args.json:
+        _dump({"batch": args.name, "forgotten": record}, out)
+    else:
+        _say([forget_message(args.name, record, spend)], out)
+    return OK
+
+
 def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     problem = demo_ledger_problem(args.ledger)
     if problem:
@@ -348,6 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="repair calls per failing request (default 1)")
     advise.add_argument("--replays", type=whole_argument(0), default=1, metavar="N",
                         help="exact replays per failing request (default 1)")
+    forget = command("forget", "stop a batch's unresolved requests from being owed (its "
+                     "receipts and costs stay; a later run owes again)", cmd_forget)
+    forget.add_argument("name", help="batch name")
     sub.add_parser("serve", help="the loopback OpenAI/Anthropic test server "
                    "(batchjson serve --help lists its options)")
     return parser

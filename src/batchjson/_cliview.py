@@ -8,6 +8,7 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ._forgetting import forgotten_line
 from ._result import money
 
 # Control characters (ANSI escapes, carriage returns, bells) and bidirectional overrides in a
@@ -91,6 +92,8 @@ def status_lines(summary: Mapping[str, Any], ledger: str, me: str = "batchjson")
     for sup in summary.get("superseded", []):
         lines.append(f"  superseded: {sup['batch']} revision {sup['revision']} -> "
                      f"{sup['superseded_by']} ({sup['reason']})")
+    for f in summary.get("forgotten", []):
+        lines += wrapped(forgotten_line(f), "  forgotten: ")
     return lines + _status_next(summary, ledger, me)
 
 

@@ -148,7 +148,8 @@ class Ledger:
             if found is not None:
                 revision_id = found["id"]
                 db.execute("UPDATE revisions SET status = 'open', superseded_by = NULL, "
-                           "supersede_reason = NULL WHERE id = ?", (revision_id,))
+                           "supersede_reason = NULL, forget_id = NULL WHERE id = ?",
+                           (revision_id,))  # a forgotten revision run again owes again
             else:
                 number = db.execute("SELECT COALESCE(MAX(number), 0) + 1 FROM revisions WHERE "
                                     "batch_id = ?", (batch_id,)).fetchone()[0]
@@ -480,7 +481,8 @@ _RECEIPT_SQL = (
 
 _UNRESOLVED_SQL = (
     "SELECT {select} FROM requests q JOIN revisions r ON r.id = q.revision_id "
-    "JOIN batches b ON b.id = r.batch_id WHERE r.status = 'open' AND q.split = 0 "
+    "JOIN batches b ON b.id = r.batch_id WHERE r.status = 'open' AND r.forget_id IS NULL "
+    "AND q.split = 0 "
     "AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.request_key = q.key "
     "AND a.status = 'accepted')")
 

@@ -113,8 +113,8 @@ class BatchResult:
         if len(failures) > limit:
             lines.append(f"  ... and {len(failures) - limit} more failed request(s)")
         if any(e.get("type") == "validator_error" for e in self.errors):
-            lines.append("A validator raised something other than ValueError: fix the validator "
-                         "(those errors are never retried).")
+            lines.append("A validator raised something other than ValueError or AssertionError: "
+                         "fix the validator (those errors are never retried).")
         lines.append("Accepted answers are committed; re-running the same batch resumes and "
                      "spends calls only on the unresolved requests.")
         return "\n".join(lines)

@@ -8,7 +8,6 @@ import re
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.utils.process import arg_split
 
 from .._errors import InvalidBatch
 from .._registry import ValidatorRegistry
@@ -39,20 +38,6 @@ def identity_option(text: str) -> tuple[str, ...]:
         return parse_identity(text, "--identity")
     except InvalidBatch as exc:
         raise UsageError(str(exc)) from None
-
-
-def spaced_identity(line: str, parser: Any) -> None:
-    """``--identity task_id case_id`` unquoted: argparse takes ``task_id`` and finds
-    ``case_id`` unrecognized. When the unrecognized words are exactly the rest of what follows
-    ``--identity``, say that fields are separated by commas (and how to write them)."""
-    words = arg_split(line, strict=False)
-    if "--identity" not in words:
-        return
-    extra = parser.parse_known_args(words)[1]
-    after = words[words.index("--identity") + 1:]
-    run = after[:next((i for i, w in enumerate(after) if w.startswith("-")), len(after))]
-    if run[1:] == extra:
-        identity_option(" ".join(run))
 
 
 def check_identifier(var: str, option: str) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._cliview import describe_error, printable
+from .._forgetting import forgotten_line
 from .._result import money
 
 
@@ -140,6 +141,8 @@ class StatusView(TextView):
         for sup in s["superseded"][: self.limit]:
             rows.append(("  superseded", f"{sup['batch']} rev {sup['revision']} -> rev "
                                          f"{sup['superseded_by']} ({sup['reason']})"))
+        for f in s.get("forgotten", [])[-self.limit:]:
+            rows.append(("  forgotten", forgotten_line(f)))
         for u in self.owed[: self.limit]:
             rows.append(("  owed", f"{u.batch} rev {u.revision} request {u.key[:12]}: "
                                    f"{clip(', '.join(u.task_ids), 60)}"))
