@@ -17,6 +17,8 @@ from __future__ import annotations
 import getpass
 import json
 import socket
+import sqlite3
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ._errors import InvalidBatch
@@ -60,6 +62,31 @@ def forget_batch(ledger: Ledger, name: str, *, via: str, by: str | None = None
                    f"({','.join('?' * len(revisions))})", (forget_id, batch_id, *revisions))
     return {"batch": name, "revisions": revisions, "requests": len(owed), "items": items,
             "by": by, "via": via, "at": stamp}
+
+
+def carry_forgets(db: sqlite3.Connection, forgets: Sequence[Mapping[str, Any]],
+                  revisions: Sequence[Mapping[str, Any]], revision_map: Mapping[int, int],
+                  batch_map: Mapping[int, int]) -> None:
+    """Merging: revisions another ledger had forgotten stay forgotten here, under a copy of
+    its record (who, when, how), renumbered as the revisions were; in the merge's transaction."""
+    by_id = {f["id"]: f for f in forgets}
+    carried: dict[int, int] = {}
+    for r in revisions:
+        record = by_id.get(r["forget_id"])
+        if record is None:
+            continue
+        if record["id"] not in carried:
+            carried[record["id"]] = db.execute(
+                "INSERT INTO forgets(batch_id, forgotten_at, forgotten_by, via, revisions, "
+                "requests, items) VALUES (?,?,?,?,?,?,?)",
+                (batch_map[record["batch_id"]], record["forgotten_at"], record["forgotten_by"],
+                 record["via"], "[]", record["requests"], record["items"])).lastrowid
+        db.execute("UPDATE revisions SET forget_id = ? WHERE id = ?",
+                   (carried[record["id"]], revision_map[r["id"]]))
+    for ours in carried.values():
+        numbers = [n for (n,) in db.execute("SELECT number FROM revisions WHERE forget_id = ? "
+                                            "ORDER BY number", (ours,))]
+        db.execute("UPDATE forgets SET revisions = ? WHERE id = ?", (json.dumps(numbers), ours))
 
 
 def forgotten(ledger: Ledger, name: str | None = None) -> list[dict[str, Any]]:

@@ -367,6 +367,16 @@ class Ledger:
             items = [json.loads(r[1]) for r in rows]
         return {r[0]: item for r, item in zip(rows, items, strict=True)}
 
+    def current_tasks(self, name: str) -> tuple[str, dict[str, dict[str, Any]]]:
+        """(identity rule, task_id -> task) of batch ``name``'s current revision: the rule as
+        its key component says it (``"task_id,case_id"``, or ``"task_id+echoed"``)."""
+        rows = self._rows("SELECT r.id, r.components FROM batches b JOIN revisions r ON r.id = "
+                          "b.current_revision WHERE b.name = ?", (name,))
+        if not rows:
+            return "task_id", {}
+        rule = json.loads(rows[0]["components"]).get("identity", "task_id")
+        return rule, {t["task_id"]: t for r in self.leaves(rows[0]["id"]) for t in r.tasks}
+
     def has_legacy_keys(self) -> bool:
         """Whether any revision was keyed before the answer source joined request keys
         (its components have no "source"): only then do runs look for old-style keys."""

@@ -9,7 +9,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._cliview import describe_error, printable
+from .._cliview import describe_error, printable, receipt_cost
 from .._forgetting import forgotten_line
 from .._result import money
 
@@ -286,7 +286,8 @@ def receipt_rows(receipts: Sequence[Any], start: int = 1, errors_shown: int = 3
         rows.append({"number": n, "revision": r.revision, "kind": r.kind, "status": r.status,
                      "model": answered_by(r), "tasks": describe_tasks(r.task_ids),
                      "tokens": r.tokens,
-                     "cost": money(r.cost), "errors": errors[:errors_shown],
+                     "cost": receipt_cost(r.cost, r.status, r.sent_at),
+                     "errors": errors[:errors_shown],
                      "more_errors": max(0, len(errors) - errors_shown), "raw": r.raw})
     return rows
 
