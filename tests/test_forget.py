@@ -15,7 +15,7 @@ from batchjson._forgetting import forget_batch, forgotten
 from batchjson._ledger import Ledger
 from batchjson._migrations import SCHEMA_VERSION
 from tests.helpers import LABEL_SCHEMA, answer, review_tasks
-from tests.test_ledger import ledger_at_schema
+from tests.test_ledger import ledger_at_schema, one_open_request
 
 
 def broken_session(path: Path | None = None, *, strict: bool = True) -> Session:
@@ -139,11 +139,7 @@ def test_batchjson_forget_then_status_shows_who_forgot_and_owes_nothing(tmp_path
 def test_a_schema_6_ledger_is_upgraded_and_its_batches_still_owe(tmp_path: Path):
     path = tmp_path / "l.sqlite"
     db = ledger_at_schema(path, 6)
-    db.execute("INSERT INTO batches VALUES (1, 'r', 1, 'then')")
-    db.execute("INSERT INTO revisions(id, batch_id, number, fingerprint, components, status, "
-               "created_at) VALUES (1, 1, 1, 'f', '{}', 'open', 'then')")
-    db.execute("INSERT INTO requests(revision_id, key, position, task_ids, tasks) VALUES "
-               "(1, 'k', 0, '[\"a\"]', '[]')")
+    one_open_request(db)
     db.close()
     ledger = Ledger(path)
     assert ledger._rows("PRAGMA user_version")[0][0] == SCHEMA_VERSION == 7

@@ -24,6 +24,7 @@ from typing import Any
 import jsonschema
 
 from ._patterngen import NoString, format_string, pattern_string, plain_string
+from ._schema import MISSING, resolve_pointer
 from ._tasks import sha
 
 GENERATOR = "schemagen-1"  # part of the simulated model's answer source: a new one re-asks
@@ -134,14 +135,14 @@ class Generator:
         return self._anything()
 
     def _minimally(self, make: Any) -> Any:
-        saved, self.minimal = self.minimal, True
-        try:
-            return make()
-        finally:
-            self.minimal = saved
+        return self._as(True, make)
 
     def _drawing(self, make: Any) -> Any:
-        saved, self.minimal = self.minimal, False
+        return self._as(False, make)
+
+    def _as(self, minimal: bool, make: Any) -> Any:
+        """``make()`` with the smallest (True) or drawn (False) values, then as before."""
+        saved, self.minimal = self.minimal, minimal
         try:
             return make()
         finally:
@@ -180,7 +181,7 @@ class Generator:
         for _ in range(MAX_DEPTH):
             if isinstance(node.get("$ref"), str):
                 target = resolve_pointer(self.root, node["$ref"])
-                if target is _MISSING:
+                if target is MISSING:
                     raise Unanswerable("$ref", where, f"{node['$ref']!r} does not resolve within "
                                        "the schema")
                 rest = {k: v for k, v in node.items() if k != "$ref"}
@@ -401,30 +402,6 @@ class Generator:
 
 
 # -- helpers ---------------------------------------------------------------------------------------
-_MISSING = object()
-
-
-def resolve_pointer(root: Any, ref: str) -> Any:
-    """The node ``ref`` (``#/$defs/Name``, a JSON pointer within the schema) names, or the
-    module's missing marker when it names nothing there."""
-    if not ref.startswith("#"):
-        return _MISSING
-    node = root
-    for part in filter(None, ref[1:].split("/")):
-        part = part.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, Mapping) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return _MISSING
-    return node
-
-
-def is_missing(value: Any) -> bool:
-    return value is _MISSING
-
-
 def _as_schema(node: Any, where: str) -> Any:
     if node is True:
         return {}
