@@ -182,3 +182,23 @@ def test_a_pack_past_max_tokens_is_one_usage_error_naming_the_pack_that_fits(
     line = usage_error(ip, "%%batch_json labels --tasks reviews --pack 2000\n", capsys)
     assert "pack 2000 cannot fit the provider's max_tokens=4,096" in line
     assert "--pack " in line and calls_recorded(ip) == 0
+
+
+def test_a_validator_indexing_a_pydantic_item_fails_the_cell_saying_read_attributes(
+        loaded: Any) -> None:
+    ip = loaded
+    ok(ip, "model.answer = lambda task: {'verdict': 'match'}")
+    result = run(ip, """%%batch_json labels --validator check
+from typing import Literal
+from pydantic import BaseModel
+class Verdict(BaseModel):
+    verdict: Literal["match", "no_match"]
+schema = Verdict
+tasks = [{"task_id": f"t{i}", "prompt": f"question {i}"} for i in range(2)]
+def check(item, task):
+    if item["verdict"] != "match":
+        raise ValueError("no")
+""")
+    shown = "\n".join(result.error_in_exec._render_traceback_())
+    assert "The validator itself failed" in shown
+    assert "read item.verdict, not item['verdict']" in shown

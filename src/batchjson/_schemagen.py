@@ -12,10 +12,8 @@ where it is, so the caller can refuse before anything runs.
 
 from __future__ import annotations
 
-import json
 import math
 import random
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from copy import deepcopy
 from fractions import Fraction
@@ -25,27 +23,35 @@ import jsonschema
 
 from ._patterngen import NoString, format_string, pattern_string, plain_string
 from ._schema import MISSING, resolve_pointer
+from ._schemaparts import (
+    PLAIN_ENUM,
+    Unanswerable,
+    as_schema,
+    between,
+    bound,
+    canonical,
+    float_multiple,
+    has_type,
+    interval,
+    invented_name,
+    merge,
+    multiples,
+    number_out,
+    property_schema,
+    size,
+    step_of,
+    with_dependencies,
+)
 from ._tasks import sha
 
 GENERATOR = "schemagen-1"  # part of the simulated model's answer source: a new one re-asks
 MAX_DEPTH = 48  # nesting a required chain of $refs may reach before it is called endless
 _SAMPLE_DEPTH = 6  # below this, optional parts are left out so recursive schemas end
-_MIN_KEYS = ("minimum", "minLength", "minItems", "minProperties", "minContains")
-_MAX_KEYS = ("maximum", "maxLength", "maxItems", "maxProperties", "maxContains")
-_BOTH = ("items", "additionalProperties", "contains", "propertyNames", "not")
 _OBJECT = ("properties", "required", "additionalProperties", "patternProperties",
            "minProperties", "maxProperties", "dependentRequired", "propertyNames")
 _ARRAY = ("items", "prefixItems", "minItems", "maxItems", "uniqueItems", "contains")
 _STRING = ("minLength", "maxLength", "pattern", "format")
 _NUMBER = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
-
-
-class Unanswerable(Exception):
-    """A keyword no generated value satisfies: ``keyword`` at ``where`` (a JSON path)."""
-
-    def __init__(self, keyword: str, where: str, why: str) -> None:
-        self.keyword, self.where, self.why = keyword, where, why
-        super().__init__(f"keyword {keyword!r} at {where}: {why}")
 
 
 class Generator:
@@ -185,11 +191,11 @@ class Generator:
                     raise Unanswerable("$ref", where, f"{node['$ref']!r} does not resolve within "
                                        "the schema")
                 rest = {k: v for k, v in node.items() if k != "$ref"}
-                node = merge(_as_schema(target, where), rest, where)
+                node = merge(as_schema(target, where), rest, where)
             elif isinstance(node.get("allOf"), list):
                 rest = {k: v for k, v in node.items() if k != "allOf"}
                 for member in node["allOf"]:
-                    rest = merge(rest, self._flat(_as_schema(member, where), where), where)
+                    rest = merge(rest, self._flat(as_schema(member, where), where), where)
                 node = rest
             else:
                 return node
@@ -198,14 +204,14 @@ class Generator:
     # -- choices -------------------------------------------------------------------------------
     def _enum(self, node: Mapping[str, Any], where: str) -> Any:
         members = node["enum"] if isinstance(node["enum"], list) else []
-        if set(node) <= _PLAIN_ENUM and all(_has_type(m, node.get("type")) for m in members):
+        if set(node) <= PLAIN_ENUM and all(has_type(m, node.get("type")) for m in members):
             fitting = members  # nothing else to meet: no validator needed (the common case)
         else:
             fitting = [m for m in members if self._fits(node, m)]
         if not fitting:
             raise Unanswerable("enum", where, "no member satisfies the rest of the schema")
         if self.minimal:
-            return deepcopy(min(fitting, key=_size))
+            return deepcopy(min(fitting, key=size))
         return deepcopy(self.rng.choice(fitting))
 
     def _branch(self, node: Mapping[str, Any], key: str, where: str, depth: int,
@@ -219,7 +225,7 @@ class Generator:
         for drawn in (False, True):  # the smallest of each branch may fit several: draw then
             for branch in branches:
                 try:
-                    sub = merge(rest, self._flat(_as_schema(branch, where), where), where)
+                    sub = merge(rest, self._flat(as_schema(branch, where), where), where)
                     make = (lambda sub=sub: self._gen(sub, where, depth + 1, fixed))  # noqa: E731
                     value = self._drawing(make) if drawn else make()
                 except Unanswerable as exc:
@@ -232,16 +238,16 @@ class Generator:
             if made or not self.minimal:
                 break
         if made:
-            return min(made, key=_size)
+            return min(made, key=size)
         why = f" (first: {reasons[0]})" if reasons else ""
         raise Unanswerable(key, where, f"no branch could be answered{why}")
 
     def _conditional(self, node: Mapping[str, Any], where: str, depth: int,
                      fixed: Mapping[str, Any] | None) -> Any:
         rest = {k: v for k, v in node.items() if k not in ("if", "then", "else")}
-        tries = [merge(merge(rest, _as_schema(node["if"], where), where),
-                       _as_schema(node.get("then", True), where), where),
-                 merge(rest, _as_schema(node.get("else", True), where), where)]
+        tries = [merge(merge(rest, as_schema(node["if"], where), where),
+                       as_schema(node.get("then", True), where), where),
+                 merge(rest, as_schema(node.get("else", True), where), where)]
         for attempt in tries:
             try:
                 value = self._gen(attempt, where, depth + 1, fixed)
@@ -271,18 +277,18 @@ class Generator:
         optional = [n for n in props if n not in names]
         if not self.minimal:
             names += optional
-        names = _with_dependencies(node, names)
+        names = with_dependencies(node, names)
         low, high = node.get("minProperties", 0), node.get("maxProperties")
         spare = iter(n for n in optional if n not in names)
         while isinstance(low, int) and len(names) < low:
-            names.append(next(spare, None) or _invented(node, names, where))
+            names.append(next(spare, None) or invented_name(node, names, where))
         if isinstance(high, int) and len(names) > high:
             keep = [n for n in names if n in fixed or n in required]
             names = keep + [n for n in names if n not in keep][:max(0, high - len(keep))]
         out: dict[str, Any] = {}
         for name in names:
             out[name] = (deepcopy(fixed[name]) if name in fixed else self._gen(
-                _property(node, name, where), f"{where}.{name}", depth + 1))
+                property_schema(node, name, where), f"{where}.{name}", depth + 1))
         return out
 
     def _array(self, node: Mapping[str, Any], where: str, depth: int) -> list[Any]:
@@ -308,20 +314,20 @@ class Generator:
 
     def _distinct(self, sub: Any, values: Sequence[Any], where: str, depth: int,
                   unique: bool) -> Any:
-        seen = {_canonical(v) for v in values} if unique else set()
+        seen = {canonical(v) for v in values} if unique else set()
         value = self._gen(sub, where, depth)
         for _ in range(16):
-            if _canonical(value) not in seen:
+            if canonical(value) not in seen:
                 break
             value = self._drawing(lambda: self._gen(sub, where, depth))
         return value
 
     def _contain(self, node: Mapping[str, Any], values: list[Any], items: Any,
                  high: int | None, where: str, depth: int) -> None:
-        contains = _as_schema(node["contains"], where)
+        contains = as_schema(node["contains"], where)
         need = node.get("minContains", 1) if isinstance(node.get("minContains"), int) else 1
         have = sum(self._fits(contains, v) for v in values)
-        both = merge(self._flat(_as_schema(items, where), where),
+        both = merge(self._flat(as_schema(items, where), where),
                      self._flat(contains, where), where) if isinstance(contains, Mapping) \
             else contains
         while have < need:
@@ -360,22 +366,22 @@ class Generator:
         return made
 
     def _number(self, node: Mapping[str, Any], where: str, integer: bool) -> int | float:
-        low, low_open = _bound(node, "minimum", "exclusiveMinimum", lower=True)
-        high, high_open = _bound(node, "maximum", "exclusiveMaximum", lower=False)
-        step = _step(node.get("multipleOf"), integer)
+        low, low_open = bound(node, "minimum", "exclusiveMinimum", lower=True)
+        high, high_open = bound(node, "maximum", "exclusiveMaximum", lower=False)
+        step = step_of(node.get("multipleOf"), integer)
 
         def fits(v: Fraction) -> bool:
             return ((low is None or v > low or (v == low and not low_open))
                     and (high is None or v < high or (v == high and not high_open))
                     and (step is None or (v / step).denominator == 1)
-                    and _float_multiple(node.get("multipleOf"), v))
+                    and float_multiple(node.get("multipleOf"), v))
 
         for candidate in self._numbers(low, high, step, integer):
             if fits(candidate):
-                return _number_out(candidate, integer, self.minimal)
+                return number_out(candidate, integer, self.minimal)
         keyword = "multipleOf" if step is not None else "minimum"
         raise Unanswerable(keyword, where, f"no {'integer' if integer else 'number'} lies "
-                           f"within the bounds {_interval(low, low_open, high, high_open)}"
+                           f"within the bounds {interval(low, low_open, high, high_open)}"
                            + (f" and is a multiple of {node.get('multipleOf')}" if step else ""))
 
     def _numbers(self, low: Fraction | None, high: Fraction | None, step: Fraction | None,
@@ -387,7 +393,7 @@ class Generator:
                                              Fraction(0))
         end = high if high is not None else start + 100 * unit
         if self.minimal:
-            yield from sorted([Fraction(0), *_multiples(start, end, unit)], key=abs)
+            yield from sorted([Fraction(0), *multiples(start, end, unit)], key=abs)
         else:
             if not integer and step is None and low is not None and high is not None:
                 yield Fraction(round(self.rng.uniform(float(low), float(high)), 2))
@@ -397,193 +403,8 @@ class Generator:
             if a <= b:
                 yield self.rng.randint(a, b) * unit
             yield Fraction(0)
-            yield from _multiples(start, end, unit)
-        yield from _between(low, high, integer)
-
-
-# -- helpers ---------------------------------------------------------------------------------------
-def _as_schema(node: Any, where: str) -> Any:
-    if node is True:
-        return {}
-    if node is False:
-        raise Unanswerable("false", where, "allows no value")
-    if not isinstance(node, Mapping):
-        raise Unanswerable("schema", where, f"{node!r} is not a schema")
-    return node
-
-
-def merge(a: Any, b: Any, where: str) -> dict[str, Any]:
-    """One schema asking for what both ask (allOf): bounds tightened, properties and required
-    joined, types and enums intersected. What cannot be joined keeps ``a``'s word; the value
-    made is checked against the original schema anyway."""
-    a, b = dict(_as_schema(a, where)), _as_schema(b, where)
-    for key, theirs in b.items():
-        if key not in a:
-            a[key] = theirs
-        elif key == "required":
-            a[key] = list(dict.fromkeys([*a[key], *theirs]))
-        elif key == "properties" and isinstance(theirs, Mapping):
-            joined = dict(a[key])
-            for name, sub in theirs.items():
-                joined[name] = {"allOf": [joined[name], sub]} if name in joined else sub
-            a[key] = joined
-        elif key == "type":
-            a[key] = _common_types(a[key], theirs, where)
-        elif key == "enum" and isinstance(theirs, list):
-            kept = {_canonical(v) for v in theirs}
-            a[key] = [v for v in a[key] if _canonical(v) in kept]
-        elif key in (*_MIN_KEYS, "exclusiveMinimum") and _numbers_both(a[key], theirs):
-            a[key] = max(a[key], theirs)
-        elif key in (*_MAX_KEYS, "exclusiveMaximum") and _numbers_both(a[key], theirs):
-            a[key] = min(a[key], theirs)
-        elif key in _BOTH and a[key] != theirs:
-            a[key] = {"allOf": [a[key], theirs]}
-        elif key in ("anyOf", "oneOf") and a[key] != theirs:
-            a["allOf"] = [*a.get("allOf", []), {key: theirs}]
-        elif key == "const" and _canonical(a[key]) != _canonical(theirs):
-            raise Unanswerable("const", where, "allOf asks for two different constants")
-    return a
-
-
-_PLAIN_ENUM = frozenset({"enum", "type", "title", "description", "default", "examples",
-                         "$comment"})
-_JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
-    "null": (type(None),), "object": (dict,), "array": (list,)}
-
-
-def _has_type(value: Any, kinds: Any) -> bool:
-    if kinds is None:
-        return True
-    for kind in [kinds] if isinstance(kinds, str) else kinds:
-        allowed = _JSON_TYPES.get(kind, ())
-        if isinstance(value, allowed) and (kind == "boolean" or not isinstance(value, bool)):
-            return True
-    return False
-
-
-def _numbers_both(a: Any, b: Any) -> bool:
-    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b))
-
-
-def _common_types(a: Any, b: Any, where: str) -> Any:
-    left = {a} if isinstance(a, str) else set(a)
-    right = {b} if isinstance(b, str) else set(b)
-    common = (left & right) | ({"integer"} if ("integer" in left and "number" in right) or
-                               ("number" in left and "integer" in right) else set())
-    if not common:
-        raise Unanswerable("type", where, f"allOf asks for {sorted(left)} and {sorted(right)}, "
-                           "which no value is")
-    ordered = [t for t in ([a] if isinstance(a, str) else a) if t in common]
-    ordered += sorted(common.difference(ordered))
-    return ordered[0] if len(ordered) == 1 else ordered
-
-
-def _property(node: Mapping[str, Any], name: str, where: str) -> Any:
-    props = node.get("properties")
-    if isinstance(props, Mapping) and name in props:
-        return props[name]
-    for pattern, sub in (node.get("patternProperties") or {}).items():
-        try:
-            if re.search(pattern, name):
-                return sub
-        except Exception:  # noqa: BLE001 - a pattern Python cannot read matches nothing here
-            continue
-    extra = node.get("additionalProperties", True)
-    if extra is False:
-        raise Unanswerable("additionalProperties", where, f"{name!r} is required but not "
-                           "declared under properties, and additionalProperties is false")
-    return extra
-
-
-def _with_dependencies(node: Mapping[str, Any], names: list[str]) -> list[str]:
-    """``names`` plus what dependentRequired (or draft 7's list-valued dependencies) asks."""
-    rules = {**{k: v for k, v in (node.get("dependencies") or {}).items()
-                if isinstance(v, list)}, **(node.get("dependentRequired") or {})}
-    out = list(names)
-    changed = bool(rules)
-    while changed:
-        changed = False
-        for name in list(out):
-            for needed in rules.get(name, ()):
-                if needed not in out:
-                    out.append(needed)
-                    changed = True
-    return out
-
-
-def _invented(node: Mapping[str, Any], names: Sequence[str], where: str) -> str:
-    if node.get("additionalProperties", True) is False and not node.get("patternProperties"):
-        raise Unanswerable("minProperties", where, "asks for more properties than the schema "
-                           "declares, and additionalProperties is false")
-    return next(f"field{i}" for i in range(len(names) + 1) if f"field{i}" not in names)
-
-
-def _bound(node: Mapping[str, Any], key: str, exclusive: str, *, lower: bool
-           ) -> tuple[Fraction | None, bool]:
-    value, other = node.get(key), node.get(exclusive)
-    bound = _fraction(value)
-    if other is True:  # draft 4: a flag on the bound
-        return bound, bound is not None
-    limit = _fraction(other)
-    if limit is not None and (bound is None or (limit >= bound if lower else limit <= bound)):
-        return limit, True
-    return bound, False
-
-
-def _fraction(value: Any) -> Fraction | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return Fraction(value) if math.isfinite(value) else None
-
-
-def _step(multiple: Any, integer: bool) -> Fraction | None:
-    step = _fraction(multiple)
-    if step is None or step <= 0:
-        return None
-    return Fraction(step.numerator) if integer else step
-
-
-def _float_multiple(multiple: Any, value: Fraction) -> bool:
-    """jsonschema checks a float multipleOf by float division; keep to values it accepts."""
-    if not isinstance(multiple, float):
-        return True
-    quotient = float(value) / multiple
-    return math.isfinite(quotient) and int(quotient) == quotient
-
-
-def _multiples(start: Fraction, end: Fraction, unit: Fraction) -> list[Fraction]:
-    a, b = math.ceil(start / unit), math.floor(end / unit)
-    picks = {a, b, a + 1, b - 1, *range(a, min(b, a + 40) + 1)}
-    return [k * unit for k in sorted(picks) if a <= k <= b]
-
-
-def _between(low: Fraction | None, high: Fraction | None, integer: bool) -> list[Fraction]:
-    if integer or low is None or high is None:
-        return []
-    return [(low + high) / 2, low + (high - low) / 4]
-
-
-def _number_out(value: Fraction, integer: bool, minimal: bool) -> int | float:
-    if value.denominator == 1 and (integer or minimal or value == 0):
-        return int(value)
-    return float(value)
-
-
-def _interval(low: Fraction | None, low_open: bool, high: Fraction | None,
-              high_open: bool) -> str:
-    left = "(" if low_open or low is None else "["
-    right = ")" if high_open or high is None else "]"
-    return (f"{left}{'-inf' if low is None else float(low):g}, "
-            f"{'inf' if high is None else float(high):g}{right}")
-
-
-def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
-
-
-def _size(value: Any) -> int:
-    return len(_canonical(value))
+            yield from multiples(start, end, unit)
+        yield from between(low, high, integer)
 
 
 # -- what the simulated model answers ----------------------------------------------------------
