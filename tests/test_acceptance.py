@@ -118,7 +118,8 @@ def test_the_seeds_079_echo_is_rejected_under_the_default_identity():
     assert receipt.status == "rejected"
     assert [(e["type"], e["field"], e["got"]) for e in receipt.errors] == [
         ("identity", "case_id", "gold-pair-079")]
-    assert result.identity_compared == ("task_id", "candidate_id", "case_id")
+    assert result.identity_compared == ("task_id",)  # what the model is asked to copy
+    assert result.compared_if_echoed == ("candidate_id", "case_id")
 
 
 def test_under_the_default_identity_a_task_field_the_item_does_not_echo_is_not_required():

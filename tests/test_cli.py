@@ -18,7 +18,8 @@ from batchjson._errors import InvalidBatch, ProviderError
 from batchjson._ledger import Ledger
 from tests.helpers import LABEL_SCHEMA, answer, items_reply, review_tasks
 
-SUBCOMMANDS = ("demo", "status", "receipts", "values", "export", "import", "merge", "advise")
+SUBCOMMANDS = ("demo", "status", "receipts", "values", "export", "import", "merge", "advise",
+               "forget")
 
 
 def bj(*args: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -261,6 +261,15 @@ def ledger_at_schema(path, version: int) -> sqlite3.Connection:
     return db
 
 
+def one_open_request(db: sqlite3.Connection) -> None:
+    """Rows of batch 'r': its open revision 1 with one request 'k' for task 'a'."""
+    db.execute("INSERT INTO batches VALUES (1, 'r', 1, 'then')")
+    db.execute("INSERT INTO revisions(id, batch_id, number, fingerprint, components, status, "
+               "created_at) VALUES (1, 1, 1, 'f', '{}', 'open', 'then')")
+    db.execute("INSERT INTO requests(revision_id, key, position, task_ids, tasks) VALUES "
+               "(1, 'k', 0, '[\"a\"]', '[]')")
+
+
 def test_a_schema_2_ledger_is_upgraded_keeping_its_claims_and_receipts(tmp_path):
     path = tmp_path / "l.sqlite"
     db = ledger_at_schema(path, 2)
@@ -279,11 +288,7 @@ def test_a_schema_5_ledger_is_upgraded_keeping_every_accepted_value(tmp_path):
     values, the once-only admission and reading by key all survive the upgrade."""
     path = tmp_path / "l.sqlite"
     db = ledger_at_schema(path, 5)
-    db.execute("INSERT INTO batches VALUES (1, 'r', 1, 'then')")
-    db.execute("INSERT INTO revisions(id, batch_id, number, fingerprint, components, status, "
-               "created_at) VALUES (1, 1, 1, 'f', '{}', 'open', 'then')")
-    db.execute("INSERT INTO requests(revision_id, key, position, task_ids, tasks) VALUES "
-               "(1, 'k', 0, '[\"a\"]', '[]')")
+    one_open_request(db)
     db.execute("INSERT INTO attempts(id, batch_id, revision_id, request_key, task_ids, kind, "
                "status, started_at, uid) VALUES (7, 1, 1, 'k', '[\"a\"]', 'initial', "
                "'accepted', 'then', 'u7')")

@@ -341,7 +341,7 @@ def test_strict_session_refuses_a_changed_validator_while_its_evidence_is_open()
 
 def test_cost_budget_stops_spending_before_it_would_be_exceeded():
     model = SimulatedModel(answer=answer, price_per_million=(1000.0, 1000.0))
-    model.max_tokens = 20  # each call's worst case: its input bound plus 20 output tokens
+    model.max_tokens = 40  # each call's worst case: its input bound plus 40 output tokens
     session = Session(model, budget=Budget(cost=2.0), concurrency=1)
     result = session.run_batch("r", review_tasks(10), LABEL_SCHEMA, on_exhausted="return")
     spent = sum(r.cost for r in session.ledger.attempts("r"))

@@ -40,13 +40,13 @@ def test_a_reply_without_a_cost_is_charged_from_its_usage_or_else_its_worst_case
         return Reply(items_reply(call))  # no usage, no cost: charged as the worst case
 
     price = {"input": 1000.0, "output": 1000.0}
-    session = Session(CallableProvider(model, price=price, max_tokens=10),
+    session = Session(CallableProvider(model, price=price, max_tokens=40),
                       budget=Budget(cost=10.0), concurrency=1)
     session.run_batch("a", review_tasks(2), LABEL_SCHEMA)
     second = session.ledger.attempts("a")[1]
     assert second.cost is None
     # the worst case reserved for it: its input bound (bytes sent) and max_tokens
-    assert session.spent_cost == pytest.approx(0.105 + (bounds[1] + 10) * 1000 / 1e6)
+    assert session.spent_cost == pytest.approx(0.105 + (bounds[1] + 40) * 1000 / 1e6)
 
 
 def test_two_threads_share_one_session_call_budget():

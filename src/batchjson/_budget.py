@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._errors import BudgetExceeded, ConfigError, InvalidBatch
+from ._providers.base import declared_output_cap
 
 
 def _calls_value(value: Any) -> int | None:
@@ -104,12 +105,7 @@ def pricing_of(provider: Any) -> Pricing:
     model = getattr(provider, "model", None)
     ask = getattr(provider, "price_for_budget", None)
     price = ask() if callable(ask) else None
-    cap = getattr(provider, "max_tokens", None)
-    if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
-        extra = getattr(provider, "extra_body", None) or {}
-        cap = next((extra[k] for k in ("max_completion_tokens", "max_tokens")
-                    if isinstance(extra.get(k), int) and not isinstance(extra[k], bool)
-                    and extra[k] > 0), None)
+    cap = declared_output_cap(provider)
     if price is None:
         return Pricing(model, None, None, cap)
     return Pricing(model, float(price.input), float(price.output), cap)
@@ -156,7 +152,7 @@ class Spender:
             raise ConfigError(
                 f"a cost budget needs the model's price, and {name!r} has none, so its spend "
                 "could not be held; nothing was spent. Set a price (USD per million tokens) "
-                f"with batchjson._providers.pricing.set_prices({{{name!r}: {{'input': ..., "
+                f"with batchjson.set_prices({{{name!r}: {{'input': ..., "
                 "'output': ...}}) or the provider's prices= argument, or use a calls budget.")
         if self.pricing.max_output_tokens is None:
             raise ConfigError(

@@ -28,6 +28,7 @@ from ._checks import whole_argument
 from ._demo import command_name, demo_ledger_problem, run_demo
 from ._errors import BatchJsonError, InvalidBatch, LedgerError
 from ._evidence import Evidence
+from ._forgetting import forget_batch, forget_message
 from ._ledger import Ledger
 from ._records import ledger_problem
 
@@ -81,6 +82,11 @@ def _refusal(path: Path, create: bool) -> str | None:
 
 def _open(path: Path, *, create: bool = False) -> Ledger:
     problem = _refusal(path, create)
+    if problem and not path.exists():  # say what to do, for the path given or the default
+        problem += ("; a batch run in this directory makes it (batchjson demo shows how), or "
+                    "pass --ledger PATH to read another" if path == DEFAULT_LEDGER else
+                    "; check the path given to --ledger (a ledger is made by the first batch "
+                    "run on it)")
     if problem:
         raise Problem(problem, LEDGER)
     deadline = time.monotonic() + OPEN_WAIT
@@ -127,7 +133,7 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     finally:
         held.close()
     for key in ("unresolved_batches", "unresolved_requests", "unresolved_items",
-                "minimum_exact_retry_calls", "superseded"):
+                "minimum_exact_retry_calls", "superseded", "forgotten"):
         summary[key] = evidence[key]
     summary["ledger"] = str(args.ledger)
     if args.json:
@@ -147,7 +153,8 @@ def _receipt_dicts(held: Ledger, name: str, failed: bool, raw: bool) -> list[dic
                      "input_tokens": r.input_tokens, "output_tokens": r.output_tokens,
                      "cached_tokens": r.cached_tokens, "cost": r.cost, "provider": r.provider,
                      "model": r.model, "source": r.source,
-                     "started_at": r.started_at, "finished_at": r.finished_at,
+                     "started_at": r.started_at, "sent_at": r.sent_at,
+                     "finished_at": r.finished_at,
                      **({"raw": r.raw} if raw else {"raw": None})})
     return rows
 
@@ -173,10 +180,14 @@ def _one_format(args: argparse.Namespace, other: str) -> None:
 
 def cmd_values(args: argparse.Namespace, out: TextIO) -> int:
     _one_format(args, "csv")
+    if args.json and args.identity:
+        raise Problem("--identity adds columns to --csv or fields to JSON Lines; drop --json",
+                      USAGE)
     held = _open(args.ledger)
     try:
         _known(held, args.name)
         values = held.checkpoint(args.name)
+        fields, tasks = _identity(held, args.name) if args.identity else ([], {})
     finally:
         held.close()
     if args.json:
@@ -185,19 +196,36 @@ def cmd_values(args: argparse.Namespace, out: TextIO) -> int:
         columns: list[str] = []
         for v in values.values():
             for k in (v if isinstance(v, dict) else {"value": v}):
-                if k not in columns and k != "task_id":
+                if k not in columns and k != "task_id" and k not in fields:
                     columns.append(k)
         buffer = io.StringIO()
         writer = csv.writer(buffer, lineterminator="\n")
-        writer.writerow(["task_id", *columns])
+        writer.writerow(["task_id", *fields, *columns])
         for task_id, v in values.items():
             v = v if isinstance(v, dict) else {"value": v}
-            writer.writerow([task_id, *(_cell(v.get(k)) for k in columns)])
+            task = tasks.get(task_id, {})
+            writer.writerow([task_id, *(_cell(task.get(k)) for k in fields),
+                             *(_cell(v.get(k)) for k in columns)])
         out.write(buffer.getvalue())
     else:
         for task_id, v in values.items():
-            print(json.dumps({"task_id": task_id, "value": v}, ensure_ascii=False), file=out)
+            line = {"task_id": task_id, "value": v}
+            if args.identity:
+                line["identity"] = {k: tasks.get(task_id, {}).get(k) for k in fields}
+            print(json.dumps(line, ensure_ascii=False), file=out)
     return OK
+
+
+def _identity(held: Ledger, name: str) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """The identity fields of the batch's current revision besides task_id (under the default
+    identity: every task field but prompt and context) and its tasks, for ``--identity``."""
+    rule, tasks = held.current_tasks(name)
+    if rule.endswith("+echoed"):
+        fields = list(dict.fromkeys(k for t in tasks.values() for k in t))
+        fields = [k for k in fields if k not in ("task_id", "prompt", "context")]
+    else:
+        fields = [k for k in rule.split(",") if k != "task_id"]
+    return fields, tasks
 
 
 def _cell(value: Any) -> str:
@@ -294,6 +322,21 @@ def cmd_advise(args: argparse.Namespace, out: TextIO) -> int:
     return OK
 
 
+def cmd_forget(args: argparse.Namespace, out: TextIO) -> int:
+    held = _open(args.ledger)
+    try:
+        _known(held, args.name)
+        record = forget_batch(held, args.name, via="batchjson forget")
+        spend = held.spend(args.name)
+    finally:
+        held.close()
+    if args.json:
+        _dump({"batch": args.name, "forgotten": record}, out)
+    else:
+        _say([forget_message(args.name, record, spend)], out)
+    return OK
+
+
 def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     problem = demo_ledger_problem(args.ledger)
     if problem:
@@ -331,6 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
                      cmd_values)
     values.add_argument("name", help="batch name")
     values.add_argument("--csv", action="store_true", help="CSV with a column per field")
+    values.add_argument("--identity", action="store_true",
+                        help="add each task's identity fields (case_id, ...) after task_id: "
+                        "those the batch listed, else every task field but prompt and context")
     export = command("export", "every receipt in batchjson's importable format", cmd_export)
     export.add_argument("--jsonl", action="store_true",
                         help="one receipt per line (the format `batchjson import` reads)")
@@ -348,6 +394,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="repair calls per failing request (default 1)")
     advise.add_argument("--replays", type=whole_argument(0), default=1, metavar="N",
                         help="exact replays per failing request (default 1)")
+    forget = command("forget", "stop a batch's unresolved requests from being owed (its "
+                     "receipts and costs stay; a later run owes again)", cmd_forget)
+    forget.add_argument("name", help="batch name")
     sub.add_parser("serve", help="the loopback OpenAI/Anthropic test server "
                    "(batchjson serve --help lists its options)")
     return parser

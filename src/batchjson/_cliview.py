@@ -8,6 +8,7 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ._forgetting import forgotten_line
 from ._result import money
 
 # Control characters (ANSI escapes, carriage returns, bells) and bidirectional overrides in a
@@ -91,6 +92,8 @@ def status_lines(summary: Mapping[str, Any], ledger: str, me: str = "batchjson")
     for sup in summary.get("superseded", []):
         lines.append(f"  superseded: {sup['batch']} revision {sup['revision']} -> "
                      f"{sup['superseded_by']} ({sup['reason']})")
+    for f in summary.get("forgotten", []):
+        lines += wrapped(forgotten_line(f), "  forgotten: ")
     return lines + _status_next(summary, ledger, me)
 
 
@@ -124,6 +127,13 @@ def _cost_cells(e: Mapping[str, Any]) -> tuple[str, str]:
             "n/a" if per is None else ("≥" if mark else "") + money(per))
 
 
+def receipt_cost(cost: float | None, status: str, sent_at: str | None) -> str:
+    """A receipt's cost as shown: a call cancelled before it was sent cost nothing."""
+    if cost is None and status == "cancelled" and sent_at is None:
+        return "$0.00 (not sent)"
+    return money(cost)
+
+
 def _answered_by(receipt: Mapping[str, Any]) -> str:
     provider, model = receipt.get("provider") or "?", receipt.get("model")
     return f"{provider}/{model}" if model and model != provider else provider
@@ -137,7 +147,8 @@ def receipt_lines(name: str, receipts: Sequence[Mapping[str, Any]], raw: bool,
     rows = [[r["number"], r["revision"], r["kind"], r["status"], _answered_by(r),
              len(r["task_ids"]),
              r["input_tokens"] if r["input_tokens"] is not None else "-",
-             r["output_tokens"] if r["output_tokens"] is not None else "-", money(r["cost"])]
+             r["output_tokens"] if r["output_tokens"] is not None else "-",
+             receipt_cost(r["cost"], r["status"], r.get("sent_at"))]
             for r in receipts]
     head = table(["#", "rev", "kind", "status", "model", "tasks", "in", "out", "cost"], rows,
                  right=(0, 1, 5, 6, 7))

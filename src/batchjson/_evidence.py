@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._accounts import per_usable_result
+from ._forgetting import forgotten
 from ._ledger import Ledger
 
 
@@ -70,6 +71,7 @@ class Evidence:
             "batch": batch,
             **_counts(owed),
             "superseded": superseded,
+            "forgotten": forgotten(self._ledger, batch),
             "calls": spend["calls"],
             "accepted_returns": spend["accepted"],
             "rejected_returns": spend["rejected"],

@@ -150,7 +150,8 @@ class Ledger:
             if found is not None:
                 revision_id = found["id"]
                 db.execute("UPDATE revisions SET status = 'open', superseded_by = NULL, "
-                           "supersede_reason = NULL WHERE id = ?", (revision_id,))
+                           "supersede_reason = NULL, forget_id = NULL WHERE id = ?",
+                           (revision_id,))  # a forgotten revision run again owes again
             else:
                 number = db.execute("SELECT COALESCE(MAX(number), 0) + 1 FROM revisions WHERE "
                                     "batch_id = ?", (batch_id,)).fetchone()[0]
@@ -368,6 +369,16 @@ class Ledger:
             items = [json.loads(r[1]) for r in rows]
         return {r[0]: item for r, item in zip(rows, items, strict=True)}
 
+    def current_tasks(self, name: str) -> tuple[str, dict[str, dict[str, Any]]]:
+        """(identity rule, task_id -> task) of batch ``name``'s current revision: the rule as
+        its key component says it (``"task_id,case_id"``, or ``"task_id+echoed"``)."""
+        rows = self._rows("SELECT r.id, r.components FROM batches b JOIN revisions r ON r.id = "
+                          "b.current_revision WHERE b.name = ?", (name,))
+        if not rows:
+            return "task_id", {}
+        rule = json.loads(rows[0]["components"]).get("identity", "task_id")
+        return rule, {t["task_id"]: t for r in self.leaves(rows[0]["id"]) for t in r.tasks}
+
     def has_legacy_keys(self) -> bool:
         """Whether any revision was keyed before the answer source joined request keys
         (its components have no "source"): only then do runs look for old-style keys."""
@@ -482,7 +493,8 @@ _RECEIPT_SQL = (
 
 _UNRESOLVED_SQL = (
     "SELECT {select} FROM requests q JOIN revisions r ON r.id = q.revision_id "
-    "JOIN batches b ON b.id = r.batch_id WHERE r.status = 'open' AND q.split = 0 "
+    "JOIN batches b ON b.id = r.batch_id WHERE r.status = 'open' AND r.forget_id IS NULL "
+    "AND q.split = 0 "
     "AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.request_key = q.key "
     "AND a.status = 'accepted')")
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import LedgerError
+from ._forgetting import carry_forgets
 from ._ledger import Ledger
 from ._migrations import SCHEMA_VERSION
 from ._records import ledger_problem
@@ -36,7 +37,7 @@ def _read(path: Path) -> dict[str, list[sqlite3.Row]]:
                               "then merge", path=path)
         tables = {table: db.execute(f"SELECT * FROM {table} ORDER BY rowid").fetchall()
                   for table in ("batches", "revisions", "requests", "attempts", "validators",
-                                "imports")}
+                                "imports", "forgets")}
         # checkpoint has no rowid (schema 6): by accepting attempt (the order they were opened)
         tables["checkpoint"] = db.execute(
             "SELECT * FROM checkpoint ORDER BY attempt_id, task_id").fetchall()
@@ -129,6 +130,7 @@ def merge_ledger(ledger: Ledger, other: str | Path) -> dict[str, Any]:
                            "supersede_reason = ? WHERE id = ?",
                            (ours, f"merged from {path.name} beside the batch's current "
                             "revision", revision_map[r["id"]]))
+        carry_forgets(db, theirs["forgets"], inserted_revisions, revision_map, batch_map)
         for b in theirs["batches"]:
             if b["id"] in new_batches and b["current_revision"] is not None:
                 db.execute("UPDATE batches SET current_revision = ? WHERE id = ?",

@@ -128,6 +128,16 @@ MIGRATIONS: list[str] = [
     DROP TABLE checkpoint;
     ALTER TABLE checkpoint_v6 RENAME TO checkpoint;
     """,
+    # 7: forgetting a batch. A person may decide an abandoned batch is owed no more: `forgets`
+    # records who, when and how, and what it stopped owing; each revision it covers points at
+    # it (`forget_id`) and stops counting until a later run of the same content reopens it.
+    """
+    CREATE TABLE forgets (
+        id INTEGER PRIMARY KEY, batch_id INTEGER NOT NULL REFERENCES batches(id),
+        forgotten_at TEXT NOT NULL, forgotten_by TEXT NOT NULL, via TEXT NOT NULL,
+        revisions TEXT NOT NULL, requests INTEGER NOT NULL, items INTEGER NOT NULL);
+    ALTER TABLE revisions ADD COLUMN forget_id INTEGER REFERENCES forgets(id);
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

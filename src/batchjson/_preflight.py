@@ -16,7 +16,9 @@ import jsonschema
 
 from ._acceptance import ECHO_EXEMPT
 from ._errors import InvalidBatch
+from ._schema import MISSING as _MISSING
 from ._schema import ItemSchema
+from ._schema import resolve_pointer as _resolve
 
 _SCALARS = (str, int, float, bool, type(None))
 
@@ -181,24 +183,6 @@ def _check_refs(root: Any) -> None:
                                "under $defs (e.g. \"$ref\": \"#/$defs/Name\") or inline it")
         stack.extend(v for k, v in node.items() if k not in ("enum", "const", "default",
                                                                "examples"))
-
-
-_MISSING = object()
-
-
-def _resolve(root: Any, ref: str) -> Any:
-    if not ref.startswith("#"):
-        return _MISSING
-    node = root
-    for part in filter(None, ref[1:].split("/")):
-        part = part.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, Mapping) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return _MISSING
-    return node
 
 
 def _never(node: Any, root: Any, items: bool, depth: int) -> str | None:

@@ -58,6 +58,7 @@ class Receipt:
     started_at: str
     finished_at: str | None
     source: str | None = None  # the answer source (providers.base.answer_source)
+    sent_at: str | None = None  # None: the call was never sent (it cost nothing)
 
     @property
     def tokens(self) -> int:
@@ -104,7 +105,7 @@ def ledger_problem(path: Path) -> str | None:
     """Why the file at ``path`` cannot be read as a ledger, or None; it is opened read-only,
     so a wrong path is never turned into a ledger by the migrations."""
     if not path.exists():
-        return f"no ledger at {path}; pass --ledger PATH"
+        return f"no ledger at {path}"
     if path.is_dir():
         return f"{path} is a directory; pass --ledger with the ledger file inside it"
     try:
@@ -223,7 +224,7 @@ def _receipt(row: sqlite3.Row) -> Receipt:
                    json.loads(row["errors"]) if row["errors"] else [], row["raw"],
                    row["input_tokens"], row["output_tokens"], row["cached_tokens"], row["cost"],
                    row["provider"], row["model"], row["started_at"], row["finished_at"],
-                   row["source"])
+                   row["source"], row["sent_at"])
 
 
 def _uid() -> str:

@@ -30,7 +30,9 @@ class BatchResult:
     repairs_made: int = 0
     notes: list[str] = field(default_factory=list)
     rechecked: int = 0  # requests resolved by re-judging earlier returns (no calls)
-    identity_compared: tuple[str, ...] = ()  # fields an item echoing them is held to
+    identity_compared: tuple[str, ...] = ()  # fields every item must copy from its task
+    # under the default identity, other task fields an item is held to only if it echoes them
+    compared_if_echoed: tuple[str, ...] = ()
     provider: str | None = None  # provider name / model the run asked
 
     @property
@@ -55,7 +57,8 @@ class BatchResult:
             "provider_errors": self.provider_errors, "calls": self.calls, "tokens": self.tokens,
             "cost": self.cost, "unresolved": self.total_tasks - len(self.values),
             "resumed": self.resumed, "rechecked": self.rechecked,
-            "identity_compared": list(self.identity_compared), "provider": self.provider,
+            "identity_compared": list(self.identity_compared),
+            "compared_if_echoed": list(self.compared_if_echoed), "provider": self.provider,
         }
 
     def __post_init__(self) -> None:
@@ -113,8 +116,8 @@ class BatchResult:
         if len(failures) > limit:
             lines.append(f"  ... and {len(failures) - limit} more failed request(s)")
         if any(e.get("type") == "validator_error" for e in self.errors):
-            lines.append("A validator raised something other than ValueError: fix the validator "
-                         "(those errors are never retried).")
+            lines.append("A validator raised something other than ValueError or AssertionError: "
+                         "fix the validator (those errors are never retried).")
         lines.append("Accepted answers are committed; re-running the same batch resumes and "
                      "spends calls only on the unresolved requests.")
         return "\n".join(lines)
@@ -127,8 +130,15 @@ class BatchResult:
                 f"{money(self.cost)}, {s['unresolved']} unresolved"
                 f"{f', {self.resumed} request(s) resumed' if self.resumed else ''}"
                 f"{f', {self.rechecked} re-judged without a call' if self.rechecked else ''}"
-                + (", identity compared: " + ", ".join(self.identity_compared)
-                   if self.identity_compared else "") + ">")
+                + (f", identity compared: {self._compared()}" if self.identity_compared
+                   else "") + ">")
+
+    def _compared(self) -> str:
+        """"task_id (and case_id if echoed)": the fields every item copies, then those an item
+        is held to only when it returns them."""
+        also = (f" (and {', '.join(self.compared_if_echoed)} if echoed)"
+                if self.compared_if_echoed else "")
+        return ", ".join(self.identity_compared) + also
 
     def _repr_html_(self) -> str:
         s = self.summary()
@@ -161,8 +171,7 @@ class BatchResult:
                       f"{''.join(rows)}</ul></div>")
 
         compared = (f"<div style='color:#666'>identity compared: "
-                    f"{html.escape(', '.join(self.identity_compared))}</div>"
-                    if self.identity_compared else "")
+                    f"{html.escape(self._compared())}</div>" if self.identity_compared else "")
         if self.rechecked:
             compared += (f"<div style='color:#666'>{self.rechecked} request(s) resolved by "
                          "re-judging earlier returns, without a call</div>")

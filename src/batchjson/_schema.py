@@ -142,3 +142,23 @@ def wire_schema(item: ItemSchema, tasks: Sequence[Mapping[str, Any]],
     if defs:
         wire["$defs"] = defs
     return wire
+
+
+MISSING = object()  # what resolve_pointer gives for a $ref that names nothing in the schema
+
+
+def resolve_pointer(root: Any, ref: str) -> Any:
+    """The node ``ref`` (``#/$defs/Name``, a JSON pointer within the schema) names, or
+    ``MISSING`` when it names nothing there (another document, a wrong path)."""
+    if not ref.startswith("#"):
+        return MISSING
+    node = root
+    for part in filter(None, ref[1:].split("/")):
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, Mapping) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return MISSING
+    return node

@@ -24,6 +24,7 @@ from ._budget import Budget, Spender, Tally, pricing_of
 from ._calls import cheapest_call
 from ._errors import BatchUnresolved, InvalidBatch
 from ._evidence import Evidence
+from ._fit import check_fit
 from ._ledger import Ledger
 from ._plan import Outcome, Plan, Transport
 from ._providers.base import answer_source, close_provider
@@ -231,6 +232,7 @@ class Session:
                     identity=ident, schema=item_schema, validator=checker,
                     instructions=instructions, content=key_content, repairs=repairs,
                     replays=replays, split=bool(spec.split), source=source)
+        check_fit(provider, self.ledger, name, item_schema, pending, ident, mode)
         spender = Spender(max_calls, self.budget, self.tally, pricing_of(provider))
         if spec.refuse_short_budget:
             spender.refuse_if_short(len(pending), cheapest_call(plan, provider, spender.pricing,
@@ -261,7 +263,7 @@ class Session:
             outcome.errors[broken[0]["task_id"]] = [broken[0]]
         elif pending:
             outcome = self._replay(plan, GuardedProvider(provider), spender, pending,
-                                   spec.progress, name)
+                                   spec.progress, name, len(task_list))
             if plan.split:  # halves made during the run: remember what they saw too
                 seen.record_seen(self.ledger, [(r.key, seen_key(r.tasks_json))
                                          for r in self.ledger.leaves(revision.id)])
@@ -273,8 +275,10 @@ class Session:
                               resumed=len(requests) - len(pending) - len(rechecked),
                               revision_id=revision.id)
         result.rechecked = len(rechecked)
-        result.identity_compared = tuple(preflight.compared_candidates(task_list, ident)
-                                         if mode == "items" else ())
+        if mode == "items":  # what the prompt asks to copy; other task fields, if echoed
+            result.identity_compared = tuple(ident)
+            result.compared_if_echoed = tuple(f for f in preflight.compared_candidates(
+                task_list, ident) if f not in ident)
         result.provider = f"{provider_name}/{provider_model}" if provider_model else provider_name
         if changed is not None:
             result.notes.append(changed)
@@ -302,15 +306,19 @@ class Session:
         return advise(self.ledger, name, **options)
 
     def _replay(self, plan: Plan, provider: Any, spender: Spender, pending: list,
-                progress: Any, name: str) -> Outcome:
+                progress: Any, name: str, total: int) -> Outcome:
+        """Run the pending requests; a progress bar counts every task of the batch, those
+        resumed from the ledger already done (2000/2000 at the end, as tqdm users expect)."""
         bar = None
-        total = sum(len(r.tasks) for r in pending)
+        done = max(0, total - sum(len(r.tasks) for r in pending))
         if callable(progress):  # a face's own bar (a notebook widget): progress(total, name)
             bar = progress(total, name)
+            if done:
+                bar.update(done)
         elif progress:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=total, desc=name, unit="task", leave=True)
+            bar = tqdm(total=total, initial=done, desc=name, unit="task", leave=True)
         inner = getattr(provider, "inner", provider)  # the real provider, not this run's guard
         if not any(p is inner for p in self._used):
             self._used.append(inner)

@@ -1,6 +1,7 @@
 """The caller's validator, run so that it can only say yes, no, or that it is broken.
 
-``ValueError`` or ``False`` rejects an item (repairable); ``None``, ``True`` or the item itself
+``ValueError``, a failed ``assert`` (``AssertionError``, as pydantic treats it) or ``False``
+rejects an item (repairable); ``None``, ``True`` or the item itself
 accepts; anything else, a return or an exception (``BaseException`` subclasses included, unless
 the run itself is being interrupted), is a ``validator_error``: a bug, reported, never retried.
 """
@@ -11,6 +12,7 @@ import asyncio
 import inspect
 import json
 import threading
+import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -20,9 +22,9 @@ from ._canon import canonical_json
 # -- the caller's validator --------------------------------------------------------------------
 async def run_validator_async(validator: Callable[[Any, Mapping[str, Any]], Any], value: Any,
                               task: Mapping[str, Any], task_id: str) -> list[dict[str, Any]]:
-    """ValueError or ``False`` rejects (repairable); any other exception is a validator crash,
-    never retried. An ``async def`` validator is awaited. The validator gets its own copy of
-    the task, so nothing it does reaches the ledger's request.
+    """ValueError, AssertionError or ``False`` rejects (repairable); any other exception is a
+    validator crash, never retried. An ``async def`` validator is awaited. The validator gets
+    its own copy of the task, so nothing it does reaches the ledger's request.
 
     Only ``None``, ``True`` (or a bool-like such as ``numpy.bool_``) and the item itself
     accept: a validator returning an error string, ``0`` or another object did not say yes,
@@ -34,11 +36,13 @@ async def run_validator_async(validator: Callable[[Any, Mapping[str, Any]], Any]
         verdict = _returned(out, value)
     except ValueError as exc:
         return [_error("validation", f"task {task_id!r}: {exc}", task_id)]
+    except AssertionError as exc:  # pydantic's rule too: a failed assert rejects the item
+        return [_error("validation", f"task {task_id!r}: {_assertion(exc)}", task_id)]
     except BaseException as exc:  # a bug in the caller's validator, reported not retried
         if not judged_code_raised(exc):
             raise
-        return [_error("validator_error",
-                       f"task {task_id!r}: validator raised {type(exc).__name__}: {exc}", task_id)]
+        return [_error("validator_error", f"task {task_id!r}: validator raised "
+                       f"{type(exc).__name__}: {exc}{_model_hint(exc, value)}", task_id)]
     if verdict is False:
         return [_error("validation", f"task {task_id!r}: the validator returned False", task_id)]
     if verdict is None:
@@ -47,6 +51,26 @@ async def run_validator_async(validator: Callable[[Any, Mapping[str, Any]], Any]
                        "False (or raise ValueError) to reject: its return value is never used "
                        "as the item", task_id)]
     return []
+
+
+def _assertion(exc: AssertionError) -> str:
+    """An assert's own message, else the failing ``assert`` line as written (a repair prompt
+    then tells the model which rule its answer broke)."""
+    if str(exc):
+        return str(exc)
+    frames = traceback.extract_tb(exc.__traceback__)
+    line = (frames[-1].line or "").strip() if frames else ""
+    return f"{line} failed" if line.startswith("assert") else "an assert in the validator failed"
+
+
+def _model_hint(exc: BaseException, value: Any) -> str:
+    """Why ``item["field"]`` fails when a pydantic schema hands the validator a model."""
+    fields = getattr(type(value), "model_fields", None)
+    if not isinstance(exc, TypeError) or not fields or "subscriptable" not in str(exc):
+        return ""
+    name = next(iter(fields), "field")
+    return (f" (with a pydantic schema the validator gets a {type(value).__name__} instance, "
+            f"not a dict: read item.{name}, not item[{name!r}])")
 
 
 def _returned(out: Any, value: Any) -> bool | None:

@@ -8,8 +8,6 @@ import re
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic_arguments import parse_argstring
-from IPython.utils.process import arg_split
 
 from .._errors import InvalidBatch
 from .._registry import ValidatorRegistry
@@ -31,18 +29,6 @@ def allow_empty_body(lines: list[str]) -> list[str]:
     return lines
 
 
-def parse_line(magic: Any, line: str) -> Any:
-    """A magic's arguments; an unclosed quote (which the shell-style splitter reports as a bare
-    ValueError) is a UsageError naming the line and the fix, like every other bad argument."""
-    try:
-        return parse_argstring(magic, line)
-    except ValueError as exc:
-        name = getattr(magic, "__name__", "magic")
-        raise UsageError(f"%{name} {line.strip()}: {exc} (a quote is opened and never closed); "
-                         "close the quote, or build the value in the cell body and pass its "
-                         "name") from None
-
-
 def identity_option(text: str) -> tuple[str, ...]:
     """``--identity a,b``'s field names, or a UsageError that shows the spelling to use.
     IPython keeps the quotes of a quoted option value; ``'a,b'`` names the fields a and b."""
@@ -52,20 +38,6 @@ def identity_option(text: str) -> tuple[str, ...]:
         return parse_identity(text, "--identity")
     except InvalidBatch as exc:
         raise UsageError(str(exc)) from None
-
-
-def spaced_identity(line: str, parser: Any) -> None:
-    """``--identity task_id case_id`` unquoted: argparse takes ``task_id`` and finds
-    ``case_id`` unrecognized. When the unrecognized words are exactly the rest of what follows
-    ``--identity``, say that fields are separated by commas (and how to write them)."""
-    words = arg_split(line, strict=False)
-    if "--identity" not in words:
-        return
-    extra = parser.parse_known_args(words)[1]
-    after = words[words.index("--identity") + 1:]
-    run = after[:next((i for i, w in enumerate(after) if w.startswith("-")), len(after))]
-    if run[1:] == extra:
-        identity_option(" ".join(run))
 
 
 def check_identifier(var: str, option: str) -> None:

@@ -9,7 +9,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._cliview import describe_error, printable
+from .._cliview import describe_error, printable, receipt_cost
+from .._forgetting import forgotten_line
 from .._result import money
 
 
@@ -141,6 +142,8 @@ class StatusView(TextView):
         for sup in s["superseded"][: self.limit]:
             rows.append(("  superseded", f"{sup['batch']} rev {sup['revision']} -> rev "
                                          f"{sup['superseded_by']} ({sup['reason']})"))
+        for f in s.get("forgotten", [])[-self.limit:]:
+            rows.append(("  forgotten", forgotten_line(f)))
         for u in self.owed[: self.limit]:
             rows.append(("  owed", f"{u.batch} rev {u.revision} request {u.key[:12]}: "
                                    f"{clip(', '.join(u.task_ids), 60)}"))
@@ -284,7 +287,8 @@ def receipt_rows(receipts: Sequence[Any], start: int = 1, errors_shown: int = 3
         rows.append({"number": n, "revision": r.revision, "kind": r.kind, "status": r.status,
                      "model": answered_by(r), "tasks": describe_tasks(r.task_ids),
                      "tokens": r.tokens,
-                     "cost": money(r.cost), "errors": errors[:errors_shown],
+                     "cost": receipt_cost(r.cost, r.status, r.sent_at),
+                     "errors": errors[:errors_shown],
                      "more_errors": max(0, len(errors) - errors_shown), "raw": r.raw})
     return rows
 

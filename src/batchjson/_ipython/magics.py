@@ -12,6 +12,7 @@ session's validator registry (define-once), and identical work resumes from the 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable
 from copy import deepcopy
@@ -29,6 +30,7 @@ from traitlets.config.loader import LazyConfigValue
 from .._checks import whole_argument
 from .._cliview import DEFAULT_LEDGER
 from .._errors import BatchJsonError, BatchUnresolved
+from .._forgetting import forget_batch, forget_message
 from .._providers.masking import looks_like_key, masked
 from .._providers.select import PROVIDER_NAMES
 from .._session import Session
@@ -41,9 +43,7 @@ from .cell import (
     identity_option,
     interrupted_line,
     one_line,
-    parse_line,
     run_body,
-    spaced_identity,
     unresolved_hint,
 )
 from .display import (
@@ -54,9 +54,13 @@ from .display import (
     in_notebook_frontend,
     receipt_rows,
 )
+from .options import check_result_variable, parse, wants_help
 from .settings import AsGiven, NotApplied, Refused, guarded, refused, shield, shown
 from .state import KernelState
 
+# The code file of a notebook or IPython cell, as a validator's "where" records it:
+# ipykernel's temporary file (a number) or IPython's <ipython-input-N-hash>.
+_CELL_FILE = re.compile(r"\d+\.py|<ipython-input-\d+-[0-9a-f]+>")
 SETTINGS = ("provider", "model", "ledger", "concurrency", "max_calls", "repairs", "replays",
             "strict")
 WHOLE = ("concurrency", "max_calls", "repairs", "replays")
@@ -202,7 +206,8 @@ class BatchJson(Magics):
     @argument("name", help="Batch name; the BatchResult is bound to this variable unless --out.")
     @argument("--tasks", metavar="EXPR", help="Task list (default: the variable `tasks`).")
     @argument("--schema", metavar="EXPR", help="Answer schema (default: the variable `schema`).")
-    @argument("--validator", metavar="EXPR", help="validator(item, task); ValueError rejects.")
+    @argument("--validator", metavar="EXPR",
+              help="validator(item, task); ValueError, a failed assert or False rejects.")
     @argument("--identity", metavar="a,b,c", help="Identity fields checked on every item.")
     @argument("--pack", type=whole_argument(1), metavar="N", default=1, help="Tasks per request.")
     @argument("--repairs", type=whole_argument(0), metavar="N", help="Repairs per failing request.")
@@ -222,18 +227,13 @@ class BatchJson(Magics):
         batch is unresolved a short failure report is shown instead of a traceback, and
         re-running the cell resumes, spending calls only on unresolved requests.
         """
-        try:
-            args = parse_line(self.batch_json, line)
-        except UsageError as exc:
-            if "unrecognized arguments" not in str(exc):
-                raise
-            spaced_identity(line, self.batch_json.parser)
-            raise UsageError(f"{one_line(exc)}. An option's EXPR may not contain spaces: build "
-                             "the value in the cell body and pass its name, e.g. --tasks "
-                             "my_tasks") from None
+        args = parse(self.batch_json, line, "%%", expr_options=True)
+        if args is None:  # --help: its usage is printed, nothing runs
+            return
         session = self.session
         var = args.out or args.name
         check_identifier(var, "pass --out VAR" if args.out is None else "choose another --out")
+        check_result_variable(self.shell.user_ns, var, args.name, out=args.out is not None)
         identity = None  # the default: task_id, and every task field an item echoes
         if args.identity is not None:
             identity = identity_option(args.identity)
@@ -257,6 +257,7 @@ class BatchJson(Magics):
                    if args.validator else None)
         instructions = (evaluate(self.shell, "--instructions", args.instructions, default=False)
                         if args.instructions else None)
+        check_result_variable(ns, var, args.name, out=args.out is not None)  # the body's too
         max_calls = args.max_calls if args.max_calls is not None else self.max_calls
         if in_notebook_frontend(self.shell):  # drawn as HTML in place, never a stderr box
             progress: Any = NotebookProgress
@@ -294,10 +295,12 @@ class BatchJson(Magics):
     @magic_arguments()
     @argument("name", nargs="?", help="Only this batch (default: every batch in the ledger).")
     @line_magic
-    def batch_status(self, line: str) -> StatusView:
+    def batch_status(self, line: str) -> StatusView | None:
         """What is still owed and what has been spent: unresolved and superseded requests,
         minimum exact retry calls, calls, cost so far and cost per usable result."""
-        args = parse_line(self.batch_status, line)
+        args = parse(self.batch_status, line)
+        if args is None:
+            return None
         session = self.session
         if args.name is not None:
             self._known_batch(args.name)
@@ -308,11 +311,14 @@ class BatchJson(Magics):
                           provider=self._state.provider_label(),
                           owed=session.evidence.requests(args.name))
 
+    @magic_arguments()
     @line_magic
-    def validators(self, line: str) -> Table:
+    def validators(self, line: str) -> Table | None:
         """Validators: name, version, short fingerprint, where defined, batches using it."""
+        if wants_help(self.validators, line):
+            return None
         if line.strip():
-            raise UsageError("%validators takes no arguments")
+            raise UsageError("%validators takes no arguments (%validators --help)")
         session = self.session
         rows: dict[tuple[str, str], list[Any]] = {}
         used: dict[str, str] = {}  # fingerprint -> batches with a revision under it
@@ -329,6 +335,8 @@ class BatchJson(Magics):
             filename, _, line_no = str(row[3]).rpartition(":")
             if filename in cells:
                 row[3] = f"{cells[filename]}, line {line_no}"
+            elif _CELL_FILE.fullmatch(filename):  # a cell of a kernel that is gone
+                row[3] = f"an earlier kernel, line {line_no}"
         ordered = sorted(rows.values(), key=lambda row: (row[0], int(row[1])))
         return Table(f"validators ({len(session.validators)} current in this session)",
                      ["name", "version", "fingerprint", "where", "batches", "current"], ordered,
@@ -343,10 +351,12 @@ class BatchJson(Magics):
     @argument("--per-page", type=whole_argument(1), default=20, metavar="N", dest="per_page",
               help="Receipts per page (default 20).")
     @line_magic
-    def batch_receipts(self, line: str) -> ReceiptsView:
+    def batch_receipts(self, line: str) -> ReceiptsView | None:
         """Every attempt of a batch in call order, numbered 1..N, a page at a time: kind, status,
         tokens, cost and its errors in full (identity errors name the field and both values)."""
-        args = parse_line(self.batch_receipts, line)
+        args = parse(self.batch_receipts, line)
+        if args is None:
+            return None
         self._known_batch(args.name)
         receipts = self.session.ledger.attempts(args.name)
         numbered = [(n, r) for n, r in enumerate(receipts, 1)
@@ -366,6 +376,22 @@ class BatchJson(Magics):
         return ReceiptsView(f"{which} of batch {args.name!r} ({len(numbered)})", rows,
                             page=args.page, per_page=args.per_page, total=len(numbered),
                             next_hint=hint, raw=args.raw)
+
+    @magic_arguments()
+    @argument("name", help="Batch name.")
+    @line_magic
+    def batch_forget(self, line: str) -> None:
+        """Stop batch NAME (every revision of it) from owing calls: its unresolved requests no
+        longer count in %batch_status. Its receipts and costs stay in the account, the
+        forgetting is recorded (who, when) and shown by %batch_status, and a later run of NAME
+        owes again."""
+        args = parse(self.batch_forget, line)
+        if args is None:
+            return
+        self._known_batch(args.name)
+        ledger = self.session.ledger
+        record = forget_batch(ledger, args.name, via="%batch_forget")
+        print(f"batchjson: {forget_message(args.name, record, ledger.spend(args.name))}")
 
     def _cell_names(self) -> dict[str, str]:
         """Basename of a cell's code file -> "In[n]", as IPython names cells in tracebacks."""

@@ -125,6 +125,19 @@ async def close_provider(provider: Any) -> None:
         await closer()
 
 
+def declared_output_cap(provider: Any) -> int | None:
+    """The output ceiling a provider sends with each call (``max_tokens``, or ``max_tokens`` /
+    ``max_completion_tokens`` in ``extra_body``), or None when it sends none."""
+    cap = getattr(provider, "max_tokens", None)
+    if isinstance(cap, int) and not isinstance(cap, bool) and cap >= 1:
+        return cap
+    extra = getattr(provider, "extra_body", None)
+    extra = extra if isinstance(extra, Mapping) else {}
+    return next((extra[k] for k in ("max_completion_tokens", "max_tokens")
+                 if isinstance(extra.get(k), int) and not isinstance(extra.get(k), bool)
+                 and extra[k] > 0), None)
+
+
 def estimate_tokens(text: str) -> int:
     """An estimate of a text's tokens (a quarter of its characters), where a provider reports
     none, and for the cost floor of a call whose answer never came: never a bound (a CJK

@@ -1,4 +1,10 @@
-"""A deterministic offline model with injectable faults, so the safety machinery can be shown."""
+"""A deterministic offline model with injectable faults, so the safety machinery can be shown.
+
+Without an ``answer`` function it answers every schema batchjson accepts: each item (or bare
+value) is made by the seeded generator of :mod:`batchjson._schemagen` from the call's own wire
+schema, with the identity fields copied from the task, so the same task gets the same answer in
+every process and a batch of any schema can resolve offline.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._canon import canonical_json
 from .._errors import ProviderError, ProviderSetupError
+from .._schemagen import GENERATOR, Unanswerable, answer_item, answer_value
 from .._tasks import sha
 from .base import Call, Reply, estimate_tokens
 from .masking import check_name
@@ -83,12 +91,9 @@ class FaultPlan:
         return chosen
 
 
-def _default_answer(task: Mapping[str, Any]) -> Any:
-    return {}
-
-
 class SimulatedModel:
-    """``answer(task)`` gives the correct answer fields; faults corrupt the wire text."""
+    """``answer(task)`` gives the correct answer fields (default: schema-valid values made from
+    the call's schema and the seed); faults corrupt the wire text."""
 
     name = "simulated"
 
@@ -102,7 +107,7 @@ class SimulatedModel:
         model: str = "simulated-1",
         price_per_million: tuple[float, float] | None = None,
     ) -> None:
-        self.answer = answer or _default_answer
+        self.answer = answer  # None: generated from each call's schema
         self.faults = faults or FaultPlan()
         self.seed = seed
         self.latency = latency
@@ -112,17 +117,52 @@ class SimulatedModel:
         self.calls = 0
         self._fingerprint: Any = None  # keeps identity-compared objects alive (no id reuse)
 
+    def __repr__(self) -> str:
+        answer = ("generated from the schema" if self.answer is None else
+                  getattr(self.answer, "__qualname__", type(self.answer).__name__))
+        rates = ", ".join(f"{k}={v:g}" for k, v in self.faults.content().items()
+                          if isinstance(v, float) and v)
+        return (f"SimulatedModel(model={self.model!r}, answer={answer}, seed={self.seed!r}"
+                + (f", faults: {rates}" if rates else "") + ")")
+
     def source_key(self) -> str:
-        """What decides this model's answers: its answer function by content, its seed and its
-        fault plan (never its call counter, latency or prices)."""
+        """What decides this model's answers: its answer function by content (or the version
+        of the generator), its seed and its fault plan (never its call counter, latency or
+        prices)."""
         from .._canon import content_hash
         from .._fingerprint import fingerprint_callable
         from .base import refuse_unseen
 
-        self._fingerprint = refuse_unseen(fingerprint_callable(self.answer), "SimulatedModel")
+        if self.answer is None:
+            answer = f"generated:{GENERATOR}"
+        else:
+            self._fingerprint = refuse_unseen(fingerprint_callable(self.answer),
+                                              "SimulatedModel")
+            answer = self._fingerprint.digest[:24]
         plan = content_hash(self.faults.content())[:16]
-        return (f"simulated:{self.model}#answer={self._fingerprint.digest[:24]},"
-                f"seed={self.seed!r},faults={plan}")
+        return f"simulated:{self.model}#answer={answer},seed={self.seed!r},faults={plan}"
+
+    def check_answerable(self, schema: Mapping[str, Any], mode: str, task: Mapping[str, Any],
+                         identity: Sequence[str]) -> Any:
+        """The answer this model gives ``task`` under a call's ``schema``, checked against that
+        schema; a keyword the generator cannot satisfy is refused, by name, before any call."""
+        try:
+            return self._answer(schema, mode, task, identity, verify=True)
+        except Unanswerable as exc:
+            raise ProviderSetupError(
+                f"the simulated model cannot answer this schema: {exc}. Simplify that part of "
+                "the schema, or give the answers yourself: SimulatedModel(answer=lambda task: "
+                "{...})") from None
+
+    def _answer(self, schema: Mapping[str, Any], mode: str, task: Mapping[str, Any],
+                identity: Sequence[str], *, verify: bool = False) -> Any:
+        if self.answer is not None:
+            value = self.answer(task)
+            return value if mode == "value" else {**{k: task[k] for k in identity}, **value}
+        seed = f"{self.seed}:{canonical_json(task)}"  # the same task, the same answer
+        if mode == "value":
+            return answer_value(schema, seed, verify=verify)
+        return answer_item(schema, task, identity, seed, verify=verify)
 
     def price_for_budget(self) -> Any:
         """The simulated price as a Price, for cost budgets; None when it has none."""
@@ -163,12 +203,12 @@ class SimulatedModel:
     def render(self, call: Call, faults: Sequence[str]) -> str:
         """The text a model with these faults would have returned for this call."""
         if call.mode == "value":
-            value = self.answer(call.tasks[0])
+            value = self._answer(call.schema, "value", call.tasks[0], call.identity)
             if "wrong_type" in faults:
                 value = _wrong_type(value)
             payload: Any = value
         else:
-            items = [{**{k: t[k] for k in call.identity}, **self.answer(t)} for t in call.tasks]
+            items = [self._answer(call.schema, "items", t, call.identity) for t in call.tasks]
             self._item_faults(items, call)
             items = _corrupt_items(items, call, faults, self.seed)
             payload = {"items": items}

@@ -298,6 +298,8 @@ class LoopbackServer:
         self._seen[seen_key] = attempt + 1
         # ``kind`` only labels the call (the simulated model never reads it): a later attempt of
         # the same tasks is taken for a repair, without reading the prompt's wording.
+        if wrapped:  # the value's own schema, as the client's call carried it
+            schema = _unwrapped(schema)
         call = Call(tasks=tuple(tasks), prompt=user, system=system, schema=schema,
                     attempt=attempt, request_key=sha(seen_key), mode=mode, identity=identity,
                     kind="repair" if attempt else "answer")
@@ -395,6 +397,14 @@ def main(argv: Sequence[str] | None = None,
                        "or --host\n")
     print(json.dumps(server.stats()), flush=True)
     return 0
+
+
+def _unwrapped(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """A value-mode schema the client wrapped as ``{"value": schema}`` (its $defs at the root)."""
+    inner = dict((schema.get("properties") or {}).get("value") or {})
+    if "$defs" in schema:
+        inner["$defs"] = schema["$defs"]
+    return inner
 
 
 if __name__ == "__main__":

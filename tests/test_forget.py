@@ -1,0 +1,162 @@
+"""Forgetting a batch: its evidence stops owing, its account stays, the forgetting is on record,
+a later run owes again, and no RLM namespace offers it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from batchjson import CallableProvider, FaultPlan, InvalidBatch, Session, SimulatedModel
+from batchjson._forgetting import forget_batch, forgotten
+from batchjson._ledger import Ledger
+from batchjson._migrations import SCHEMA_VERSION
+from tests.helpers import LABEL_SCHEMA, answer, review_tasks
+from tests.test_ledger import ledger_at_schema, one_open_request
+
+
+def broken_session(path: Path | None = None, *, strict: bool = True) -> Session:
+    """Every return is cut in half: nothing resolves, everything stays owed."""
+    model = SimulatedModel(answer=answer, faults=FaultPlan(malformed_json=1.0))
+    return Session(model, ledger=path, strict=strict, repairs=0, replays=0)
+
+
+def owe_two_revisions(session: Session) -> None:
+    session.run_batch("review", review_tasks(6), LABEL_SCHEMA, pack=2, on_exhausted="return")
+    session.run_batch("review", review_tasks(4), LABEL_SCHEMA, pack=2, on_exhausted="return")
+
+
+def test_forgetting_stops_every_revision_owing_and_keeps_the_whole_account():
+    session = broken_session()
+    owe_two_revisions(session)  # strict: the first revision keeps owing beside the second
+    assert session.evidence.unresolved_batches == 2
+    before = session.ledger.spend("review")
+    receipts = session.ledger.attempts("review")
+    record = forget_batch(session.ledger, "review", via="test", by="ana@lab")
+    assert record is not None
+    assert (record["revisions"], record["requests"], record["items"]) == ([1, 2], 5, 6)
+    assert session.evidence.minimum_exact_retry_calls == 0
+    assert session.evidence.summary()["unresolved_requests"] == 0
+    assert session.ledger.spend("review") == before  # calls and costs stay in the account
+    assert session.ledger.attempts("review") == receipts
+    (on_record,) = forgotten(session.ledger)
+    assert on_record["by"] == "ana@lab" and on_record["via"] == "test"
+    assert on_record["at"] == record["at"] and on_record["in_effect"] == 2
+    assert session.evidence.summary("review")["forgotten"] == [on_record]
+    session.close()
+
+
+def test_a_later_run_of_the_same_batch_owes_again():
+    session = broken_session()
+    session.run_batch("review", review_tasks(4), LABEL_SCHEMA, pack=2, on_exhausted="return")
+    forget_batch(session.ledger, "review", via="test")
+    assert session.evidence.unresolved_batches == 0
+    session.run_batch("review", review_tasks(4), LABEL_SCHEMA, pack=2, on_exhausted="return")
+    assert session.evidence.minimum_exact_retry_calls == 2
+    assert forgotten(session.ledger)[0]["in_effect"] == 0  # the record stays, reopened
+    session.close()
+
+
+def test_a_forgotten_strict_batch_frees_its_validator_to_change():
+    session = broken_session()
+
+    def check(item, task):
+        return item["verdict"] in ("match", "no_match")
+
+    first = session.validators.define(check, name="check")
+    session.run_batch("review", review_tasks(2), LABEL_SCHEMA, validator=first,
+                      on_exhausted="return")
+
+    def check(item, task):  # noqa: F811 - the same name, new logic
+        return item["verdict"] == "match"
+
+    with pytest.raises(Exception, match="unresolved"):
+        session.validators.define(check, name="check")
+    forget_batch(session.ledger, "review", via="test")
+    assert session.validators.define(check, name="check") is check
+    session.close()
+
+
+def test_forgetting_what_owes_nothing_records_nothing_and_an_unknown_name_is_refused():
+    session = Session(CallableProvider(lambda call: _items(call)))
+    session.run_batch("done", review_tasks(2), LABEL_SCHEMA)
+    assert forget_batch(session.ledger, "done", via="test") is None
+    assert forgotten(session.ledger) == []
+    with pytest.raises(InvalidBatch, match="no batch named 'nope'.*batches: done"):
+        forget_batch(session.ledger, "nope", via="test")
+    session.close()
+
+
+def _items(call) -> str:
+    return json.dumps({"items": [{"task_id": t["task_id"], **answer(t)} for t in call.tasks]})
+
+
+def test_rlm_namespaces_never_offer_forgetting():
+    from batchjson import rlm
+
+    session = broken_session()
+    bound: dict = {}
+    rlm.bind(bound, session=session)
+    for names in (bound, rlm.tools(session=session), rlm.namespace(session)):
+        for key, value in names.items():
+            assert "forget" not in key.lower()
+            assert not [a for a in dir(value) if "forget" in a.lower()], key
+    session.close()
+
+
+def bj(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "batchjson", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_batchjson_forget_then_status_shows_who_forgot_and_owes_nothing(tmp_path: Path):
+    path = tmp_path / "l.sqlite"
+    session = broken_session(path)
+    owe_two_revisions(session)
+    session.close()
+    done = bj("forget", "review", "--ledger", str(path), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("forgot batch 'review': revision(s) 1, 2 no longer owe 5 "
+                                  "request(s) (6 item(s)); recorded as forgotten by ")
+    assert "stay in the account, and a later run of 'review' owes again" in done.stdout
+    status = bj("status", "--ledger", str(path), cwd=tmp_path)
+    assert "still owed" not in status.stdout
+    assert "forgotten: review revision(s) 1, 2: 5 request(s), 6 item(s) no longer owed" in (
+        " ".join(status.stdout.split()))
+    data = json.loads(bj("status", "--json", "--ledger", str(path), cwd=tmp_path).stdout)
+    assert data["minimum_exact_retry_calls"] == 0 and data["forgotten"][0]["via"] == (
+        "batchjson forget")
+    assert data["total"]["calls"] == 5  # every call (3, then 2) stays in the account
+    again = bj("forget", "review", "--ledger", str(path), cwd=tmp_path)
+    assert again.returncode == 0 and "owes nothing, so nothing was forgotten" in again.stdout
+    unknown = bj("forget", "nope", "--ledger", str(path), cwd=tmp_path)
+    assert unknown.returncode == 2 and "no batch named 'nope'" in unknown.stderr
+
+
+def test_a_schema_6_ledger_is_upgraded_and_its_batches_still_owe(tmp_path: Path):
+    path = tmp_path / "l.sqlite"
+    db = ledger_at_schema(path, 6)
+    one_open_request(db)
+    db.close()
+    ledger = Ledger(path)
+    assert ledger._rows("PRAGMA user_version")[0][0] == SCHEMA_VERSION == 7
+    assert [r["key"] for r in ledger.unresolved()] == ["k"]
+    assert forget_batch(ledger, "r", via="test")["requests"] == 1
+    assert ledger.unresolved() == []
+    ledger.close()
+
+
+def test_a_merged_ledger_keeps_what_its_owner_forgot(tmp_path: Path):
+    theirs = broken_session(tmp_path / "theirs.sqlite")
+    owe_two_revisions(theirs)
+    forget_batch(theirs.ledger, "review", via="test", by="ana@lab")
+    theirs.close()
+    ours = Ledger(tmp_path / "ours.sqlite")
+    ours.merge(tmp_path / "theirs.sqlite")
+    assert ours.unresolved() == []
+    (record,) = forgotten(ours)
+    assert (record["by"], record["revisions"], record["in_effect"]) == ("ana@lab", [1, 2], 2)
+    ours.close()
