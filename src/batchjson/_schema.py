@@ -97,6 +97,12 @@ def compile_schema(schema: Any) -> ItemSchema:
 
 def _compile_mapping(schema: Mapping[str, Any]) -> ItemSchema:
     """A JSON Schema dict, checked; compile_schema guards its recursion."""
+    bad = _non_string_key(schema, "")
+    if bad is not None:  # json.dumps would quietly turn 1 into "1": another schema
+        where, key = bad
+        raise InvalidBatch(f"schema keys must be strings: {key!r} ({type(key).__name__}) at "
+                           f"{where or '<root>'}; JSON objects have only string keys, so write "
+                           f"{str(key)!r} if that is the name meant")
     try:
         js = json.loads(json.dumps(schema, allow_nan=False))
     except (TypeError, ValueError) as exc:
@@ -112,6 +118,23 @@ def _compile_mapping(schema: Mapping[str, Any]) -> ItemSchema:
     # the validator judges its own copy: the schema handed to providers (a value-mode call
     # carries json_schema itself) can be changed by one without widening what is accepted
     return ItemSchema(js, sha(text), _validator=cls(json.loads(text)))
+
+
+def _non_string_key(value: Any, where: str) -> tuple[str, Any] | None:
+    """The first key of an object in ``value`` that is not a string, and where it is."""
+    if isinstance(value, Mapping):
+        for key, child in value.items():
+            if not isinstance(key, str):
+                return where, key
+            found = _non_string_key(child, f"{where}/{key}" if where else key)
+            if found is not None:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for index, child in enumerate(value):
+            found = _non_string_key(child, f"{where}/{index}" if where else str(index))
+            if found is not None:
+                return found
+    return None
 
 
 def _own_copy(item: ItemSchema) -> dict:

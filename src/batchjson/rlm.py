@@ -22,8 +22,8 @@ from ._errors import (
     ValidatorChanged,
 )
 from ._rebind import canonical_validator, canonical_version, cell_frame
-from ._structured import default_batch_name, llm_batch_json
-from ._subcalls import as_provider, is_subcall_source
+from ._structured import check_droste_schema, default_batch_name, llm_batch_json
+from ._subcalls import as_provider, is_droste_client, is_subcall_source
 
 if TYPE_CHECKING:
     from ._session import Session
@@ -36,15 +36,22 @@ HELPER_NAMES = ("llm_batch_json", "llm_query_batched_json", "validator", "batch_
 
 def bind(namespace: MutableMapping[str, Any], provider_or_subcalls: Any = None, *,
          session: Session | None = None, strict: bool = True, ledger: Any = None,
-         budget: Any = None, context: Any = None) -> Session:
+         budget: Any = None, context: Any = None, replays: int | None = None,
+         transport_retries: int | None = None) -> Session:
     """Install the structured helpers into ``namespace`` and return the session behind them.
 
     ``provider_or_subcalls`` is a batchjson provider (or provider name), an object with droste's
     ``llm_batch_with_errors``, or a function of a list of prompts returning a list of strings
     (alexzhang13/rlm's ``llm_query_batched``). ``session=`` shares one session, its ledger,
     registry and budget, between hosts; otherwise a new one is made with ``strict``,
-    ``ledger`` and ``budget``. ``context`` is a droste ``ExecutionContext`` to account
-    subcalls to.
+    ``ledger``, ``budget``, ``replays`` and ``transport_retries``. ``context`` is a droste
+    ``ExecutionContext`` to account subcalls to.
+
+    Bound to a droste subcall client, the helper keeps droste's contract: attempts are 1 +
+    repairs (no exact replays, no transport retries unless ``replays=`` or
+    ``transport_retries=`` ask for them) and the schema must be in droste's subset. Other
+    sources keep batchjson's defaults (one exact replay; three transport retries for a
+    provider, none for a plain helper, whose own client retried).
     """
     if not isinstance(namespace, MutableMapping):
         raise InvalidBatch(f"bind needs the dict a host runs cells in, got "
@@ -57,20 +64,25 @@ def bind(namespace: MutableMapping[str, Any], provider_or_subcalls: Any = None, 
             "provider (or provider name), an object with llm_batch_with_errors(prompts, "
             "contexts) -> (values, errors), or a function of a list of prompts returning a list "
             "of strings")
+    if session is not None and (replays is not None or transport_retries is not None):
+        raise ConfigError("replays= and transport_retries= set the rules of the session bind "
+                          "makes; a shared session (session=) keeps its own. Make that session "
+                          "with Session(..., replays=..., transport_retries=...) instead")
     provider = as_provider(provider_or_subcalls, context=context)
+    # droste's clients count one call per attempt; a plain helper's client retried already
+    rules = _call_rules(provider_or_subcalls, replays, transport_retries)
     if session is None:  # a host binding every turn must not reset evidence or budget
-        session = _rebinding(namespace, strict=strict, ledger=ledger, budget=budget)
+        session = _rebinding(namespace, strict=strict, ledger=ledger, budget=budget,
+                             rules=rules)
     _keep_owed(namespace, session, ledger)
     if session is None:
         from ._session import Session
 
-        adapted = is_subcall_source(provider_or_subcalls)
-        # A host's subcall helper already retried what it could: one failure is one subcall.
         session = Session(provider, ledger=ledger, strict=strict, budget=budget,
-                          transport_retries=0 if adapted else 3)
+                          replays=rules[0], transport_retries=rules[1])
     elif provider_or_subcalls is not None:
         _share(session, provider)
-    binding = _Binding(session, namespace)
+    binding = _Binding(session, namespace, droste=_answers_as_droste(session))
     helper = binding.llm_batch_json  # one object under both names, as droste binds them
     namespace["llm_batch_json"] = helper
     namespace["llm_query_batched_json"] = helper
@@ -122,8 +134,29 @@ def namespace(session: Session) -> dict[str, Any]:
             "run_batch": session.run_batch, "validator": session.validators.define}
 
 
+def _call_rules(source: Any, replays: int | None,
+                transport_retries: int | None) -> tuple[int, int]:
+    """(replays, transport retries) of a new session for this answer source."""
+    if is_droste_client(source):
+        defaults = (0, 0)
+    else:
+        defaults = (1, 0 if is_subcall_source(source) else 3)
+    return (defaults[0] if replays is None else replays,
+            defaults[1] if transport_retries is None else transport_retries)
+
+
+def _answers_as_droste(session: Session) -> bool:
+    """True when the session answers from a droste subcall client: droste's schema subset."""
+    try:
+        provider = session.provider
+    except ProviderNotConfigured:
+        return False
+    return is_droste_client(getattr(provider, "target", None)) and (
+        getattr(provider, "kind", None) == "subcalls")
+
+
 def _rebinding(namespace: MutableMapping[str, Any], *, strict: bool, ledger: Any,
-               budget: Any) -> Session | None:
+               budget: Any, rules: tuple[int, int]) -> Session | None:
     """The session already bound into ``namespace`` when this bind asks for the same one."""
     from pathlib import Path
 
@@ -137,7 +170,9 @@ def _rebinding(namespace: MutableMapping[str, Any], *, strict: bool, ledger: Any
     same_ledger = (ledger is None and path is None) or (
         isinstance(ledger, (str, Path)) and path is not None and Path(ledger) == path) or (
         ledger is session.ledger)
-    if same_ledger and session.strict == bool(strict) and Budget.of(budget) == session.budget:
+    same_rules = rules == (session.replays, session.transport.retries)
+    if (same_ledger and same_rules and session.strict == bool(strict)
+            and Budget.of(budget) == session.budget):
         return session
     return None
 
@@ -189,9 +224,11 @@ def _source(provider: Any) -> Any:
 class _Binding:
     """The helpers of one namespace over one session."""
 
-    def __init__(self, session: Session, namespace: MutableMapping[str, Any]) -> None:
+    def __init__(self, session: Session, namespace: MutableMapping[str, Any], *,
+                 droste: bool = False) -> None:
         self.session = session
         self.namespace = namespace
+        self.droste = droste  # answering from a droste client: droste's schema subset
 
     def llm_batch_json(self, prompts: Sequence[str], schema: Any,
                        contexts: Sequence[str] | None = None, max_repair_attempts: int = 1,
@@ -202,6 +239,8 @@ class _Binding:
         Returns ``values``, ``errors``, ``attempts`` and ``repairs_made``. Re-running the same
         call resumes its requests; prompts already accepted are not paid again.
         """
+        if self.droste:
+            check_droste_schema(schema)
         registered = None  # its version record: the run need not fingerprint it again
         if validator is not None and callable(validator):
             validator, registered = self._registered(validator, call=(prompts, contexts, name))
