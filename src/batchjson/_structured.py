@@ -50,7 +50,7 @@ def check_droste_schema(schema: Any) -> None:
         where, node = pending.pop()
         if not isinstance(node, Mapping):
             continue  # a shape error: compile_schema names it
-        unknown = sorted(str(k) for k in node if k not in DROSTE_KEYWORDS)
+        unknown = sorted(k for k in node if isinstance(k, str) and k not in DROSTE_KEYWORDS)
         if unknown:
             raise InvalidBatch(
                 f"unsupported JSON schema keywords: {', '.join(unknown)} (at {where}); this "
