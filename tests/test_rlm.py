@@ -9,7 +9,7 @@ import pytest
 from batchjson import BudgetExceeded, Session, SimulatedModel, ValidatorChanged
 from batchjson._errors import ConfigError, InvalidBatch
 from batchjson._subcalls import SubcallProvider
-from batchjson.rlm import HELPER_NAMES, bind, tools
+from batchjson.rlm import HELPER_NAMES, bind
 
 SCHEMA = {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]}
 PROMPTS = ["Label the review: great film", "Label the review: dull film"]
@@ -278,12 +278,6 @@ def test_subcalls_are_accounted_to_a_droste_context_the_way_droste_does():
     other = RecordingContext()
     bind({}, client, context=other)
     assert client.context is other and other.attempts == 0  # the client accounts for itself
-
-
-def test_tools_gives_a_dict_for_custom_tools():
-    names = tools(SimulatedModel(answer=lambda task: {"label": "pos"}))
-    assert set(names) == set(HELPER_NAMES)
-    assert names["llm_batch_json"](PROMPTS, SCHEMA)["errors"] == []
 
 
 DOCS_PATTERN_CELL = '''

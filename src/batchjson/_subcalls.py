@@ -44,6 +44,17 @@ def as_provider(target: Any, *, context: Any = None) -> Any:
     return SubcallProvider(target, context=context) if is_subcall_source(target) else target
 
 
+def _kind_of(target: Any) -> str:
+    if callable(getattr(target, "llm_batch_with_errors", None)):
+        return "subcalls"
+    if callable(target):
+        return "function"
+    raise ConfigError(
+        f"cannot answer from a {type(target).__name__}: pass a batchjson provider, an object "
+        "with llm_batch_with_errors(prompts, contexts) -> (values, errors), or a function of a "
+        "list of prompts returning a list of strings")
+
+
 def _budget_exhausted(exc: BaseException) -> bool:
     """droste's budget refusals: its BudgetExhausted, or a broker error coded budget_exhausted."""
     if any(cls.__name__ == "BudgetExhausted" for cls in type(exc).__mro__):
@@ -86,15 +97,7 @@ class SubcallProvider:
     """
 
     def __init__(self, target: Any, *, context: Any = None) -> None:
-        if callable(getattr(target, "llm_batch_with_errors", None)):
-            self.kind = "subcalls"
-        elif callable(target):
-            self.kind = "function"
-        else:
-            raise ConfigError(
-                f"cannot answer from a {type(target).__name__}: pass a batchjson provider, an "
-                "object with llm_batch_with_errors(prompts, contexts) -> (values, errors), or a "
-                "function of a list of prompts returning a list of strings")
+        self.kind = _kind_of(target)
         self.target = target
         self.context = context
         self._self_accounting = False
@@ -115,6 +118,17 @@ class SubcallProvider:
         self.name = f"{self.kind}:{base}"
         self.model = getattr(target, "model", None) if isinstance(
             getattr(target, "model", None), str) else base
+
+    def retarget(self, target: Any) -> None:
+        """Answer through ``target`` from now on: another object of the same source (rlm makes
+        a REPL, and so a new ``llm_query_batched``, for every completion)."""
+        if target == self.target:  # bound methods of one object compare equal
+            return
+        if _source_key(_kind_of(target), target) != self._key:
+            raise ConfigError(f"cannot answer through {target!r}: it is another answer source "
+                              f"than {self.target!r}; a ledger's evidence is kept per source")
+        with self._lock:
+            self.target = target
 
     def source_key(self) -> str:
         """Stable across calls and processes: the wrapped object's class or function's code."""

@@ -10,6 +10,7 @@ can no longer be paid for before anything is spent.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -26,9 +27,10 @@ from ._structured import check_droste_schema, default_batch_name, llm_batch_json
 from ._subcalls import as_provider, is_droste_client, is_subcall_source
 
 if TYPE_CHECKING:
+    from ._rlm_hooks import RlmHooks
     from ._session import Session
 
-__all__ = ["bind", "bind_local_repl", "droste_environment", "namespace", "tools"]
+__all__ = ["bind", "droste_environment", "namespace", "rlm_hooks"]
 
 HELPER_NAMES = ("llm_batch_json", "llm_query_batched_json", "validator", "batch_status",
                 "finalization_check")
@@ -82,7 +84,8 @@ def bind(namespace: MutableMapping[str, Any], provider_or_subcalls: Any = None, 
                           replays=rules[0], transport_retries=rules[1])
     elif provider_or_subcalls is not None:
         _share(session, provider)
-    binding = _Binding(session, namespace, droste=_answers_as_droste(session))
+    binding = _Binding(session, namespace,
+                       droste=_answers_as_droste(session, provider_or_subcalls))
     helper = binding.llm_batch_json  # one object under both names, as droste binds them
     namespace["llm_batch_json"] = helper
     namespace["llm_query_batched_json"] = helper
@@ -92,32 +95,17 @@ def bind(namespace: MutableMapping[str, Any], provider_or_subcalls: Any = None, 
     return session
 
 
-def tools(provider_or_subcalls: Any = None, *, session: Session | None = None,
-          strict: bool = True, **options: Any) -> dict[str, Any]:
-    """The helpers as a dict, e.g. for alexzhang13/rlm's ``RLM(custom_tools=...)``."""
-    names: dict[str, Any] = {}
-    bind(names, provider_or_subcalls, session=session, strict=strict, **options)
-    return names
+def rlm_hooks(*, strict: bool = True, ledger: Any = None, budget: Any = None) -> RlmHooks:
+    """batchjson for alexzhang13/rlm's ``RLM``, through its public options only.
 
-
-def bind_local_repl(repl: Any, provider_or_subcalls: Any = None, *,
-                    session: Session | None = None, strict: bool = True,
-                    **options: Any) -> Session:
-    """Bind into an alexzhang13/rlm ``LocalREPL`` (or any REPL with a ``globals`` dict).
-
-    Without a provider the REPL's own ``llm_query_batched`` answers. LocalREPL runs each cell
-    in a fresh copy of its globals and locals, keeps no variable of a failing cell and sets the
-    ``globals`` builtin to None; the helpers live in ``repl.globals``, which it never drops.
+    Pass ``custom_tools=hooks.custom_tools`` and ``environment_kwargs={"setup_code":
+    hooks.setup_code}``: each described tool answers through the calling REPL's own
+    ``llm_query_batched`` (rlm's client and usage accounting), and the setup code gates
+    ``answer["ready"]`` on ``finalization_check()``. See docs/rlm.md.
     """
-    scope = getattr(repl, "globals", None)
-    if not isinstance(scope, MutableMapping):
-        raise InvalidBatch(f"{type(repl).__name__} has no globals dict to bind into")
-    if provider_or_subcalls is None and session is None:
-        provider_or_subcalls = scope.get("llm_query_batched")
-        if not callable(provider_or_subcalls):
-            raise ConfigError("this REPL has no llm_query_batched helper: pass a provider or "
-                              "subcall client")
-    return bind(scope, provider_or_subcalls, session=session, strict=strict, **options)
+    from ._rlm_hooks import RlmHooks
+
+    return RlmHooks(strict=strict, ledger=ledger, budget=budget)
 
 
 def namespace(session: Session) -> dict[str, Any]:
@@ -145,14 +133,15 @@ def _call_rules(source: Any, replays: int | None,
             defaults[1] if transport_retries is None else transport_retries)
 
 
-def _answers_as_droste(session: Session) -> bool:
-    """True when the session answers from a droste subcall client: droste's schema subset."""
-    try:
-        provider = session.provider
-    except ProviderNotConfigured:
-        return False
-    return is_droste_client(getattr(provider, "target", None)) and (
-        getattr(provider, "kind", None) == "subcalls")
+_DROSTE_SESSIONS: weakref.WeakSet[Any] = weakref.WeakSet()  # sessions bind gave a droste client
+
+
+def _answers_as_droste(session: Session, source: Any) -> bool:
+    """True when the session answers from a droste subcall client: droste's schema subset
+    (a later binding sharing the session without naming a source inherits it)."""
+    if is_droste_client(source):
+        _DROSTE_SESSIONS.add(session)
+    return session in _DROSTE_SESSIONS
 
 
 def _rebinding(namespace: MutableMapping[str, Any], *, strict: bool, ledger: Any,
