@@ -257,6 +257,13 @@ def test_equal_numbers_match_const_and_enum_across_int_and_float(helper, value, 
     assert result["errors"] == [] and result["values"] == [value]
 
 
+@pytest.mark.parametrize(("text", "accepted"), [("3", True), ("3.0", False), ("true", False)])
+def test_an_integer_is_an_integer_literal_as_droste_checks_it(helper, text, accepted):
+    client = ScriptedClient({"alpha": [text]})
+    result = helper(client).call(["alpha"], {"type": "integer"}, max_repair_attempts=0)
+    assert (result["values"] == [3]) is accepted and (result["errors"] == []) is accepted
+
+
 @pytest.mark.parametrize(("schema", "infinite", "finite", "expected"), [
     ({"type": "number"}, "1e999", "1", 1),
     ({"type": "object"}, '{"nested":[{"value":1e999}]}', '{"nested":[{"value":1}]}',

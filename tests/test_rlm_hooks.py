@@ -8,9 +8,7 @@ batchjson makes is one rlm counts.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -19,6 +17,8 @@ rlm = pytest.importorskip("rlm", reason="the rlms package is not installed")
 
 from batchjson import ConfigError, NotReady  # noqa: E402
 from batchjson.rlm import rlm_hooks  # noqa: E402
+
+from .helpers import MockOpenAI, flaky_labels  # noqa: E402
 
 MODEL = "mock-model"
 REVIEWS = ["great", "superb", "lovely"]
@@ -46,69 +46,6 @@ CLAIMING_CELL = SEED_CELL.replace(
     'answer["content"] = "all labelled"')
 
 
-class MockOpenAI:
-    """OpenAI chat completions on 127.0.0.1 for rlm's client. A root request (it opens with
-    rlm's system prompt) gets ``root_reply``; a subcall (one user message) gets
-    ``subcall(prompt)``. Every request body is kept."""
-
-    def __init__(self, root_reply: str, subcall: Callable[[str], str]) -> None:
-        self.root_reply = root_reply
-        self.subcall = subcall
-        self.roots: list[list[dict[str, Any]]] = []
-        self.subcalls: list[str] = []
-        self._lock = threading.Lock()
-        mock = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                text = mock.answer(body["messages"])
-                payload = json.dumps({
-                    "id": "chatcmpl-mock", "object": "chat.completion", "created": 0,
-                    "model": body["model"],
-                    "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": text}}],
-                    "usage": {"prompt_tokens": 10, "completion_tokens": 5,
-                              "total_tokens": 15}}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-    def answer(self, messages: list[dict[str, Any]]) -> str:
-        with self._lock:
-            if messages[0]["role"] == "system":
-                self.roots.append(messages)
-                return self.root_reply
-            self.subcalls.append(messages[-1]["content"])
-            return self.subcall(messages[-1]["content"])
-
-    def __enter__(self) -> MockOpenAI:
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def flaky(bad: int) -> Callable[[str], str]:
-    """Subcall answers: the first ``bad`` break the validator, then every one passes."""
-    seen = iter(range(10**6))
-
-    def answer(prompt: str) -> str:
-        return '{"label": "maybe"}' if next(seen) < bad else '{"label": "pos"}'
-
-    return answer
-
-
 def run_rlm(server: MockOpenAI, hooks: Any, max_iterations: int) -> Any:
     """One completion of rlm's own loop, wired in through its public options only."""
     loop = rlm.RLM(backend="openai",
@@ -129,7 +66,7 @@ def test_a_real_rlm_loop_re_running_an_inline_validator_reaches_ready(cell_reply
     keyed by content, so the re-run resumes the same requests and the gate lets ready through
     once nothing is owed. Every subcall went through rlm's own client and accounting."""
     hooks = rlm_hooks()
-    with MockOpenAI(cell_reply(SEED_CELL), flaky(bad=12)) as server:
+    with MockOpenAI(cell_reply(SEED_CELL), flaky_labels(bad=12)) as server:
         result = run_rlm(server, hooks, max_iterations=6)
     assert result.response == "pos,pos,pos"
     assert len(server.roots) == 2  # the cell failed once, and the re-run reached ready
@@ -144,7 +81,7 @@ def test_a_real_rlm_loop_re_running_an_inline_validator_reaches_ready(cell_reply
 
 def test_rlm_s_prompt_describes_every_tool(cell_reply):
     hooks = rlm_hooks()
-    with MockOpenAI(cell_reply(SEED_CELL), flaky(bad=0)) as server:
+    with MockOpenAI(cell_reply(SEED_CELL), flaky_labels(bad=0)) as server:
         run_rlm(server, hooks, max_iterations=2)
     system = server.roots[0][0]["content"]
     assert "A custom function" not in system
@@ -155,7 +92,7 @@ def test_rlm_s_prompt_describes_every_tool(cell_reply):
 def test_ready_is_refused_while_requests_are_unresolved_and_rlm_gets_no_final_answer(
         cell_reply):
     hooks = rlm_hooks()
-    with MockOpenAI(cell_reply(CLAIMING_CELL), flaky(bad=10**6)) as server:
+    with MockOpenAI(cell_reply(CLAIMING_CELL), flaky_labels(bad=10**6)) as server:
         result = run_rlm(server, hooks, max_iterations=2)
     assert result.response != "all labelled"  # rlm's own fallback answer, not the claim
     assert len(server.roots) == 3  # two cells refused, then rlm asks for a default answer
@@ -169,10 +106,10 @@ def test_each_completion_answers_through_its_own_repl_and_resumes_the_same_evide
     """rlm makes a new REPL (and LM handler) per completion: the second completion's calls go
     through its own REPL, and the requests the first one left owed are resumed, not repeated."""
     hooks = rlm_hooks()
-    with MockOpenAI(cell_reply(SEED_CELL), flaky(bad=9)) as first:
+    with MockOpenAI(cell_reply(SEED_CELL), flaky_labels(bad=9)) as first:
         assert run_rlm(first, hooks, max_iterations=1).response != "pos,pos,pos"
     assert hooks.batch_status()["minimum_exact_retry_calls"] == 3
-    with MockOpenAI(cell_reply(SEED_CELL), flaky(bad=0)) as second:
+    with MockOpenAI(cell_reply(SEED_CELL), flaky_labels(bad=0)) as second:
         assert run_rlm(second, hooks, max_iterations=2).response == "pos,pos,pos"
     assert len(second.subcalls) == 3  # only the owed prompts, through the new handler
     assert hooks.finalization_check() == []

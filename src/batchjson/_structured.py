@@ -79,7 +79,8 @@ def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
                    validator: Callable[[Any, int], Any] | None = None, *,
                    name: str | None = None, refuse_short_budget: bool = False,
                    keyed_by_content: bool = False, max_calls: int | None = None,
-                   registered: ValidatorVersion | None = None) -> dict[str, Any]:
+                   registered: ValidatorVersion | None = None,
+                   droste_schema: bool = False) -> dict[str, Any]:
     """Run one prompt per call, each returning a bare JSON value; droste's return shape.
 
     droste spends what the budget has and reports the rest as ``budget_exhausted``;
@@ -90,6 +91,8 @@ def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
     stays owed and keeps blocking a ready answer, as under droste's identity keying.
     ``max_calls=0`` with ``refuse_short_budget`` answers only from what is already accepted.
     ``registered``: the validator's version record, when the caller registered it just now.
+    ``droste_schema=True`` (a droste subcall client's binding) takes droste's schema subset
+    only and judges ``"integer"`` as droste does.
     """
     if isinstance(prompts, str) or not isinstance(prompts, Sequence):
         raise InvalidBatch("prompts must be a list of strings")
@@ -105,7 +108,10 @@ def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
     if validator is not None and not callable(validator):
         raise InvalidBatch(f"validator must be callable (value, index) -> None, got "
                            f"{type(validator).__name__}")
-    item_schema = compile_schema(schema)  # once: the run reuses it, and it dumps the values
+    if droste_schema:
+        check_droste_schema(schema)
+    # once: the run reuses it, and it dumps the values
+    item_schema = compile_schema(schema, strict_integers=droste_schema)
     if not prompts:  # droste answers no prompts with an empty result, after checking the schema
         return {"values": [], "errors": [], "attempts": [], "repairs_made": 0}
     tasks = []

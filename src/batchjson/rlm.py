@@ -228,7 +228,7 @@ class _Binding:
         Returns ``values``, ``errors``, ``attempts`` and ``repairs_made``. Re-running the same
         call resumes its requests; prompts already accepted are not paid again.
         """
-        if self.droste:
+        if self.droste:  # before the validator is registered: nothing is recorded
             check_droste_schema(schema)
         registered = None  # its version record: the run need not fingerprint it again
         if validator is not None and callable(validator):
@@ -240,14 +240,16 @@ class _Binding:
                 return llm_batch_json(self.session, prompts, schema, contexts,
                                       max_repair_attempts, validator, name=name,
                                       refuse_short_budget=True, keyed_by_content=True,
-                                      max_calls=0, registered=registered)
+                                      max_calls=0, registered=registered,
+                                      droste_schema=self.droste)
             except BudgetExceeded:
                 raise _refused(owed, remaining or 0, "to clear the unresolved evidence already "
                                "recorded", cost_spent=cost_spent) from None
         try:
             return llm_batch_json(self.session, prompts, schema, contexts, max_repair_attempts,
                                   validator, name=name, refuse_short_budget=True,
-                                  keyed_by_content=True, registered=registered)
+                                  keyed_by_content=True, registered=registered,
+                                  droste_schema=self.droste)
         except BudgetExceeded as exc:
             raise _refused(exc.needed, exc.remaining, "to answer the prompts of this call "
                            "that are not yet accepted",
