@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import MockOpenAI, flaky_labels
+from tests.helpers import MockOpenAI, flaky_labels
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "rlm.md"
 

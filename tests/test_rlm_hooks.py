@@ -17,8 +17,7 @@ rlm = pytest.importorskip("rlm", reason="the rlms package is not installed")
 
 from batchjson import ConfigError, NotReady  # noqa: E402
 from batchjson.rlm import rlm_hooks  # noqa: E402
-
-from .helpers import MockOpenAI, flaky_labels  # noqa: E402
+from tests.helpers import MockOpenAI, flaky_labels  # noqa: E402
 
 MODEL = "mock-model"
 REVIEWS = ["great", "superb", "lovely"]
