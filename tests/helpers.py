@@ -104,6 +104,29 @@ def anthropic(srv: LoopbackServer, **kw: Any) -> AnthropicProvider:
 
 # -- RLM engines' own OpenAI clients against a scripted endpoint --------------------------
 
+_LABELLING_CELL = '''
+reviews = REVIEWS
+prompts = [f"Label the sentiment of review {i}: {text}" for i, text in enumerate(reviews)]
+schema = {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]}
+
+def validate_labels(value, index):
+    if value["label"] not in ("pos", "neg"):
+        raise ValueError(f"label must be 'pos' or 'neg', got {value['label']!r}")
+
+result = llm_batch_json(prompts, schema, max_repair_attempts=1, validator=validate_labels)
+if result["errors"]:
+    raise RuntimeError(f"{len(result['errors'])} prompt(s) still failing")
+answer["content"] = ",".join(value["label"] for value in result["values"])
+answer["ready"] = True
+'''
+
+
+def labelling_cell(reviews: str) -> str:
+    """The seed's RLM cell: its validator is defined inline and it raises while prompts fail,
+    so the host re-runs it. ``reviews`` is the expression that gives the review texts."""
+    return _LABELLING_CELL.replace("REVIEWS", reviews, 1)
+
+
 class MockOpenAI:
     """OpenAI chat completions on 127.0.0.1 for an RLM engine's own client (rlm's, droste's).
     A root request (it opens with the engine's system prompt) gets ``root_reply``; a subcall

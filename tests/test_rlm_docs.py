@@ -12,25 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import MockOpenAI, flaky_labels
+from tests.helpers import MockOpenAI, flaky_labels, labelling_cell
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "rlm.md"
 
-CELL = '''
-reviews = context if isinstance(context, list) else context.splitlines()
-prompts = [f"Label the sentiment of review {i}: {text}" for i, text in enumerate(reviews)]
-schema = {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]}
-
-def validate_labels(value, index):
-    if value["label"] not in ("pos", "neg"):
-        raise ValueError(f"label must be 'pos' or 'neg', got {value['label']!r}")
-
-result = llm_batch_json(prompts, schema, max_repair_attempts=1, validator=validate_labels)
-if result["errors"]:
-    raise RuntimeError(f"{len(result['errors'])} prompt(s) still failing")
-answer["content"] = ",".join(value["label"] for value in result["values"])
-answer["ready"] = True
-'''
+# rlm hands the cell a list, droste a text
+CELL = labelling_cell("context if isinstance(context, list) else context.splitlines()")
 
 
 def snippet(heading: str) -> str:

@@ -17,25 +17,12 @@ rlm = pytest.importorskip("rlm", reason="the rlms package is not installed")
 
 from batchjson import ConfigError, NotReady  # noqa: E402
 from batchjson.rlm import rlm_hooks  # noqa: E402
-from tests.helpers import MockOpenAI, flaky_labels  # noqa: E402
+from tests.helpers import MockOpenAI, flaky_labels, labelling_cell  # noqa: E402
 
 MODEL = "mock-model"
 REVIEWS = ["great", "superb", "lovely"]
 
-SEED_CELL = '''
-prompts = [f"Label the sentiment of review {i}: {text}" for i, text in enumerate(context)]
-schema = {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]}
-
-def validate_labels(value, index):
-    if value["label"] not in ("pos", "neg"):
-        raise ValueError(f"label must be 'pos' or 'neg', got {value['label']!r}")
-
-result = llm_batch_json(prompts, schema, max_repair_attempts=1, validator=validate_labels)
-if result["errors"]:
-    raise RuntimeError(f"{len(result['errors'])} prompt(s) still failing")
-answer["content"] = ",".join(value["label"] for value in result["values"])
-answer["ready"] = True
-'''
+SEED_CELL = labelling_cell("context")
 
 # A model that claims ready whatever the errors say: the gate must hold it back.
 CLAIMING_CELL = SEED_CELL.replace(
