@@ -18,6 +18,8 @@ from ._tasks import sha
 
 if TYPE_CHECKING:
     from ._registry import ValidatorVersion
+    from ._result import BatchResult
+    from ._schema import ItemSchema
     from ._session import Session
 
 _DROSTE_TYPES = {
@@ -135,7 +137,12 @@ def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
         identity=("task_id",), repairs=max_repair_attempts, on_exhausted="return",
         mode="value", validator_args="index", refuse_short_budget=refuse_short_budget,
         max_calls=max_calls), registered=version or registered)
+    return _droste_shape(result, tasks, item_schema)
 
+
+def _droste_shape(result: BatchResult, tasks: list[dict[str, Any]],
+                  item_schema: ItemSchema) -> dict[str, Any]:
+    """droste's return: values in prompt order, one error per failed index, calls per prompt."""
     dump = item_schema.dump
     values = [dump(result.values[t["task_id"]]) if t["task_id"] in result.values else None
               for t in tasks]

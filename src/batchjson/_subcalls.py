@@ -5,7 +5,9 @@ Two shapes reach an RLM binding besides a batchjson provider: droste's subcall p
 ``llm_query_batched(prompts) -> list[str]``, whose failures are strings beginning ``"Error:"``.
 Both become one ``complete(call)`` per request, so the replay loop, acceptance and the ledger
 stay the only judges of an answer; the prompts of calls waiting together are sent as one
-batch. A provider failure is a :class:`ProviderError`, never a rejected answer.
+batch. A provider failure is a :class:`ProviderError`, never a rejected answer; a droste client
+that breaks droste's protocol fails the call loudly (:class:`SubcallClientError`), as droste's
+own helper does.
 """
 
 from __future__ import annotations
