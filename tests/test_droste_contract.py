@@ -405,3 +405,15 @@ def test_other_hosts_keep_batchjson_s_full_schema_support_and_replays():
     result = namespace["llm_batch_json"](["alpha"], {"type": "string", "pattern": "^a"},
                                          max_repair_attempts=0)
     assert result["values"] == ["abc"] and result["attempts"] == [2]  # one exact replay
+
+
+def test_binding_again_keeps_the_session_and_droste_s_rules_unless_others_are_asked():
+    namespace: dict[str, Any] = {}
+    first = bind(namespace, ScriptedClient({}))
+    assert (first.replays, first.transport.retries) == (0, 0)
+    assert bind(namespace, ScriptedClient({})) is first  # a host binding before every turn
+    assert bind(namespace) is first  # no source named: the session already there
+    with pytest.raises(ValueError, match="unsupported JSON schema keywords"):
+        namespace["llm_batch_json"](["alpha"], {"type": "string", "format": "date"})
+    other = bind(namespace, ScriptedClient({}), replays=1)
+    assert other is not first and other.replays == 1

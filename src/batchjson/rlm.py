@@ -74,8 +74,10 @@ def bind(namespace: MutableMapping[str, Any], provider_or_subcalls: Any = None, 
     # droste's clients count one call per attempt; a plain helper's client retried already
     rules = _call_rules(provider_or_subcalls, replays, transport_retries)
     if session is None:  # a host binding every turn must not reset evidence or budget
+        asked = provider_or_subcalls is not None or replays is not None or (
+            transport_retries is not None)
         session = _rebinding(namespace, strict=strict, ledger=ledger, budget=budget,
-                             rules=rules)
+                             rules=rules if asked else None)
     _keep_owed(namespace, session, ledger)
     if session is None:
         from ._session import Session
@@ -145,7 +147,7 @@ def _answers_as_droste(session: Session, source: Any) -> bool:
 
 
 def _rebinding(namespace: MutableMapping[str, Any], *, strict: bool, ledger: Any,
-               budget: Any, rules: tuple[int, int]) -> Session | None:
+               budget: Any, rules: tuple[int, int] | None) -> Session | None:
     """The session already bound into ``namespace`` when this bind asks for the same one."""
     from pathlib import Path
 
@@ -159,7 +161,7 @@ def _rebinding(namespace: MutableMapping[str, Any], *, strict: bool, ledger: Any
     same_ledger = (ledger is None and path is None) or (
         isinstance(ledger, (str, Path)) and path is not None and Path(ledger) == path) or (
         ledger is session.ledger)
-    same_rules = rules == (session.replays, session.transport.retries)
+    same_rules = rules is None or rules == (session.replays, session.transport.retries)
     if (same_ledger and same_rules and session.strict == bool(strict)
             and Budget.of(budget) == session.budget):
         return session
