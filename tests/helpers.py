@@ -1,9 +1,12 @@
-"""Shared builders for tests: tasks shaped like the seed's review batch, and calls and HTTP
-providers pointed at the loopback server."""
+"""Shared builders for tests: tasks shaped like the seed's review batch, calls and HTTP
+providers pointed at the loopback server, and a scripted endpoint for RLM engines' clients."""
 
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from batchjson._providers.anthropic import AnthropicProvider
@@ -97,3 +100,92 @@ def anthropic(srv: LoopbackServer, **kw: Any) -> AnthropicProvider:
     kw.setdefault("api_key", KEY)
     return AnthropicProvider(kw.pop("model", "claude-haiku-4-5"),
                              base_url=srv.anthropic_base_url, **kw)
+
+
+# -- RLM engines' own OpenAI clients against a scripted endpoint --------------------------
+
+_LABELLING_CELL = '''
+reviews = REVIEWS
+prompts = [f"Label the sentiment of review {i}: {text}" for i, text in enumerate(reviews)]
+schema = {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]}
+
+def validate_labels(value, index):
+    if value["label"] not in ("pos", "neg"):
+        raise ValueError(f"label must be 'pos' or 'neg', got {value['label']!r}")
+
+result = llm_batch_json(prompts, schema, max_repair_attempts=1, validator=validate_labels)
+if result["errors"]:
+    raise RuntimeError(f"{len(result['errors'])} prompt(s) still failing")
+answer["content"] = ",".join(value["label"] for value in result["values"])
+answer["ready"] = True
+'''
+
+
+def labelling_cell(reviews: str) -> str:
+    """The seed's RLM cell: its validator is defined inline and it raises while prompts fail,
+    so the host re-runs it. ``reviews`` is the expression that gives the review texts."""
+    return _LABELLING_CELL.replace("REVIEWS", reviews, 1)
+
+
+class MockOpenAI:
+    """OpenAI chat completions on 127.0.0.1 for an RLM engine's own client (rlm's, droste's).
+    A root request (it opens with the engine's system prompt) gets ``root_reply``; a subcall
+    gets ``subcall(prompt)``. Every request's messages are kept. A scripted endpoint, not a
+    model: it tests the engines' loops and clients, never an API dialect."""
+
+    def __init__(self, root_reply: str, subcall: Callable[[str], str]) -> None:
+        self.root_reply = root_reply
+        self.subcall = subcall
+        self.roots: list[list[dict[str, Any]]] = []
+        self.subcalls: list[str] = []
+        self._lock = threading.Lock()
+        mock = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                text = mock.answer(body["messages"])
+                payload = json.dumps({
+                    "id": "chatcmpl-mock", "object": "chat.completion", "created": 0,
+                    "model": body["model"],
+                    "choices": [{"index": 0, "finish_reason": "stop",
+                                 "message": {"role": "assistant", "content": text}}],
+                    "usage": {"prompt_tokens": 10, "completion_tokens": 5,
+                              "total_tokens": 15}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def answer(self, messages: list[dict[str, Any]]) -> str:
+        with self._lock:
+            if messages[0]["role"] == "system":
+                self.roots.append(messages)
+                return self.root_reply
+            self.subcalls.append(messages[-1]["content"])
+            return self.subcall(messages[-1]["content"])
+
+    def __enter__(self) -> MockOpenAI:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def flaky_labels(bad: int) -> Callable[[str], str]:
+    """Subcall answers: the first ``bad`` break the validator, then every one passes."""
+    seen = iter(range(10**6))
+
+    def answer(prompt: str) -> str:
+        return '{"label": "maybe"}' if next(seen) < bad else '{"label": "pos"}'
+
+    return answer

@@ -123,22 +123,9 @@ from droste.protocols.llm_client import TokenUsage  # noqa: E402
 from droste.testing import MockEnvironment, MockLLMClient, MockResponse  # noqa: E402
 
 from batchjson.rlm import droste_environment  # noqa: E402
+from tests.helpers import labelling_cell  # noqa: E402
 
-SEED_CELL = '''
-reviews = ["great", "dull", "fine", "awful", "superb"]
-prompts = [f"Label the sentiment of review {i}: {text}" for i, text in enumerate(reviews)]
-schema = {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]}
-
-def validate_labels(value, index):
-    if value["label"] not in ("pos", "neg"):
-        raise ValueError(f"label must be 'pos' or 'neg', got {value['label']!r}")
-
-result = llm_batch_json(prompts, schema, max_repair_attempts=1, validator=validate_labels)
-if result["errors"]:
-    raise RuntimeError(f"{len(result['errors'])} prompt(s) still failing")
-answer["content"] = ",".join(value["label"] for value in result["values"])
-answer["ready"] = True
-'''
+SEED_CELL = labelling_cell('["great", "dull", "fine", "awful", "superb"]')
 
 
 class FlakyDrosteSubcalls:

@@ -62,7 +62,7 @@ def test_every_public_error_is_in_the_one_tree() -> None:
     errors = [getattr(batchjson, n) for n in batchjson.__all__
               if isinstance(getattr(batchjson, n), type)
               and issubclass(getattr(batchjson, n), Exception)]
-    assert len(errors) == 10
+    assert len(errors) == 12
     assert all(issubclass(e, BatchJsonError) for e in errors)
 
 

@@ -9,7 +9,7 @@ import pytest
 from batchjson import BudgetExceeded, Session, SimulatedModel, ValidatorChanged
 from batchjson._errors import ConfigError, InvalidBatch
 from batchjson._subcalls import SubcallProvider
-from batchjson.rlm import HELPER_NAMES, bind, tools
+from batchjson.rlm import HELPER_NAMES, bind
 
 SCHEMA = {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]}
 PROMPTS = ["Label the review: great film", "Label the review: dull film"]
@@ -54,7 +54,7 @@ def run_cell(code: str, namespace: dict) -> str:
 
 
 def test_seed_cell_reexecuted_seven_times_keeps_one_request_and_one_validator():
-    subcalls = FlakySubcalls(bad=12)  # 3 calls a prompt a run: the cell fails twice
+    subcalls = FlakySubcalls(bad=8)  # droste's 2 calls a prompt a run: the cell fails twice
     namespace = {"prompts": PROMPTS, "schema": SCHEMA, "history": []}
     session = bind(namespace, subcalls)
     outcomes = []
@@ -147,8 +147,8 @@ def test_budget_gate_refuses_before_spending_when_owed_calls_exceed_what_remains
     subcalls = FlakySubcalls(bad=100)
     namespace = {"prompts": PROMPTS + ["Label the review: fine film"], "schema": SCHEMA,
                  "history": []}
-    bind(namespace, subcalls, budget={"calls": 10})
-    assert run_cell(SEED_CELL, namespace) == "error"  # 9 calls spent, 3 requests owed
+    bind(namespace, subcalls, budget={"calls": 7})
+    assert run_cell(SEED_CELL, namespace) == "error"  # 6 calls spent, 3 requests owed
     assert namespace["batch_status"]()["remaining_calls"] == 1
     spent = subcalls.calls
     with pytest.raises(BudgetExceeded) as refused:
@@ -280,12 +280,6 @@ def test_subcalls_are_accounted_to_a_droste_context_the_way_droste_does():
     assert client.context is other and other.attempts == 0  # the client accounts for itself
 
 
-def test_tools_gives_a_dict_for_custom_tools():
-    names = tools(SimulatedModel(answer=lambda task: {"label": "pos"}))
-    assert set(names) == set(HELPER_NAMES)
-    assert names["llm_batch_json"](PROMPTS, SCHEMA)["errors"] == []
-
-
 DOCS_PATTERN_CELL = '''
 @validator
 def validate_labels(value, index):
@@ -305,13 +299,13 @@ else:
 
 
 def test_the_documented_in_cell_bounded_replay_reaches_ready_in_one_execution():
-    subcalls = FlakySubcalls(bad=12)  # what took the seed cell three executions
+    subcalls = FlakySubcalls(bad=8)  # what took the seed cell three executions
     namespace = {"prompts": PROMPTS, "schema": SCHEMA,
                  "answer": {"content": "", "ready": False}}
     bind(namespace, subcalls)
     exec(compile(DOCS_PATTERN_CELL, "<cell>", "exec"), namespace)
     assert namespace["answer"] == {"content": "pos,pos", "ready": True}
-    assert subcalls.calls == 14
+    assert subcalls.calls == 10
 
 
 def test_the_documented_pattern_reports_instead_of_claiming_ready_when_it_cannot_clear():
@@ -321,7 +315,7 @@ def test_the_documented_pattern_reports_instead_of_claiming_ready_when_it_cannot
     bind(namespace, subcalls)
     exec(compile(DOCS_PATTERN_CELL, "<cell>", "exec"), namespace)
     assert namespace["answer"] == {"content": "2 of 2 prompts unresolved", "ready": False}
-    assert subcalls.calls == 18  # three bounded turns of three calls per prompt, then it stops
+    assert subcalls.calls == 12  # three bounded turns of droste's 2 calls a prompt, then stop
 
 
 class RecordingBatches:

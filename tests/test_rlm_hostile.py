@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from batchjson import BudgetExceeded, ValidatorChanged
-from batchjson._errors import BatchJsonError, ConfigError, InvalidBatch
+from batchjson._errors import BatchJsonError, ConfigError, InvalidBatch, SubcallClientError
 from batchjson.rlm import bind, droste_environment
 
 SCHEMA = {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]}
@@ -237,11 +237,11 @@ def test_the_gate_still_returns_a_fully_accepted_call_for_free():
 
     namespace = {"schema": SCHEMA}
     subcalls = ByPrompt()
-    bind(namespace, subcalls, budget={"calls": 9})
+    bind(namespace, subcalls, budget={"calls": 7})
     good = ["good one", "good two"]
     code = STRICT_CHECK + "r = llm_batch_json(P, schema, validator=check)\n"
     cell(code, {**namespace, "P": good})
-    cell(code, {**namespace, "P": ["bad one", "bad two"]})  # 6 calls, 2 owed, 1 left
+    cell(code, {**namespace, "P": ["bad one", "bad two"]})  # 4 calls, 2 owed, 1 left
     spent = subcalls.calls
     scope = {**namespace, "P": good}
     cell(code, scope)  # refused to spend, but nothing is needed: the values come back
@@ -350,9 +350,9 @@ def test_binding_the_same_namespace_again_keeps_its_evidence_and_budget():
     """A careless host that calls bind() before every turn must not reset the ready gate."""
     namespace = {"prompts": PROMPTS, "schema": SCHEMA}
     subcalls = Subcalls()
-    first = bind(namespace, subcalls, budget={"calls": 8})
+    first = bind(namespace, subcalls, budget={"calls": 6})
     cell(STRICT_CHECK + "r = llm_batch_json(prompts, schema, validator=check)\n", namespace)
-    assert bind(namespace, Subcalls(), budget={"calls": 8}) is first  # same class: same source
+    assert bind(namespace, Subcalls(), budget={"calls": 6}) is first  # same class: same source
     assert namespace["batch_status"]()["remaining_calls"] == 2
     assert len(namespace["finalization_check"]()) == 2
     with pytest.raises(BudgetExceeded):
@@ -396,26 +396,43 @@ def _raise(prompts):
     raise RuntimeError("connection reset")
 
 
+def test_a_subcall_object_that_raises_gives_every_prompt_a_provider_error_still_owed():
+    class Client:
+        def llm_batch_with_errors(self, prompts, contexts=None):
+            return _raise(prompts)
+
+    namespace: dict = {}
+    bind(namespace, Client())
+    out = namespace["llm_batch_json"](PROMPTS, SCHEMA)
+    assert out["values"] == [None, None] and "connection reset" in out["errors"][0]["error"]
+    assert {e["type"] for e in out["errors"]} == {"provider_error"}
+    assert len(namespace["finalization_check"]()) == 2  # owed, never silently answered
+
+
 @pytest.mark.parametrize("reply", [
-    _raise,
     lambda prompts: (['{"label": "pos"}'] * (len(prompts) - 1), []),
     lambda prompts: ([{"label": "pos"}] * len(prompts), []),
     lambda prompts: None,
     lambda prompts: (None, []),
     lambda prompts: (['{"label": "pos"}'] * len(prompts), [{"index": 7}]),
     lambda prompts: (['{"label": "pos"}'] * len(prompts), ["boom"]),
-], ids=["raises", "short", "non-string", "none", "values-none", "bad-index", "bad-error"])
-def test_a_misbehaving_subcall_object_is_a_provider_error_never_an_escape(reply):
+    lambda prompts: (['{"label": "pos"}'] * len(prompts), {"index": 0}),
+], ids=["short", "non-string", "none", "values-none", "bad-index", "bad-error", "errors-dict"])
+def test_a_subcall_object_breaking_droste_s_protocol_fails_the_call_loudly(reply):
+    """droste's helper raises RuntimeError for a broken client; so does bind, with its own
+    error, after recording the calls made: nothing it returned is accepted."""
     class Client:
         def llm_batch_with_errors(self, prompts, contexts=None):
             return reply(prompts)
 
     namespace: dict = {}
     bind(namespace, Client())
-    out = namespace["llm_batch_json"](PROMPTS, SCHEMA)
-    assert out["values"] == [None, None]
-    assert {e["type"] for e in out["errors"]} == {"provider_error"}
-    assert len(namespace["finalization_check"]()) == 2  # owed, never silently answered
+    with pytest.raises(SubcallClientError, match="subcall client returned") as raised:
+        namespace["llm_batch_json"](PROMPTS, SCHEMA)
+    assert isinstance(raised.value, RuntimeError) and isinstance(raised.value, BatchJsonError)
+    status = namespace["batch_status"]()
+    assert status["calls"] == 2 and status["usable_results"] == 0  # the calls stay accounted
+    assert len(namespace["finalization_check"]()) == 2
 
 
 @pytest.mark.parametrize("reply", [

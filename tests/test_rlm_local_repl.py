@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from batchjson import BudgetExceeded
-from batchjson.rlm import bind, bind_local_repl
+from batchjson.rlm import bind, rlm_hooks
 
 SCHEMA = {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]}
 
@@ -106,14 +106,14 @@ def test_budget_gate_in_a_repl_refuses_before_spending():
         repl.globals["llm_batch_json"](["Label: new"], SCHEMA)
 
 
-def test_real_local_repl_gets_define_once_and_its_own_helper_by_default():
-    """Against alexzhang13/rlm itself (the rlms package), when it is installed."""
+def test_real_local_repl_gets_define_once_and_the_hooks_answer_through_its_own_helper():
+    """Against alexzhang13/rlm itself (the rlms package, a test dependency)."""
     rlm_local_repl = pytest.importorskip("rlm.environments.local_repl",
                                          reason="the rlms package is not installed")
     repl = rlm_local_repl.LocalREPL()
     try:
         helper, state = flaky_llm_query_batched(bad=12)
-        bind_local_repl(repl, helper)
+        bind(repl.globals, helper)
         repl.locals.update(prompts=["Label: great", "Label: dull"], schema=SCHEMA, history=[])
         results = [repl.execute_code(SEED_CELL) for _ in range(7)]
         assert ["RuntimeError" in r.stderr for r in results] == [True, True] + [False] * 5
@@ -123,12 +123,12 @@ def test_real_local_repl_gets_define_once_and_its_own_helper_by_default():
     finally:
         repl.cleanup()
 
-    bare = rlm_local_repl.LocalREPL()  # no LM handler: its helper answers "Error: ..."
+    hooks = rlm_hooks()  # no LM handler: the REPL's own helper answers "Error: ..."
+    bare = rlm_local_repl.LocalREPL(custom_tools=hooks.custom_tools, setup_code=hooks.setup_code)
     try:
-        bind_local_repl(bare)
         bare.locals.update(schema=SCHEMA)
         out = bare.execute_code("r = llm_batch_json(['Label: great'], schema)\n"
-                                "print(r['errors'][0]['type'])")
-        assert out.stdout.strip() == "provider_error"
+                                "print(r['errors'][0]['type'], r['errors'][0]['error'])")
+        assert out.stdout.startswith("provider_error") and "No LM handler" in out.stdout
     finally:
         bare.cleanup()

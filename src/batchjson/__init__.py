@@ -18,9 +18,11 @@ from ._errors import (
     ConfigError,
     InvalidBatch,
     LedgerError,
+    NotReady,
     ProviderError,
     ProviderNotConfigured,
     ProviderSetupError,
+    SubcallClientError,
     ValidatorChanged,
 )
 from ._evidence import Evidence
@@ -47,8 +49,8 @@ __all__ = [
     "OpenAIProvider", "AnthropicProvider", "Price", "set_prices", "PRICES_AS_OF",
     # the one exception tree
     "BatchJsonError", "InvalidBatch", "ConfigError", "ProviderNotConfigured",
-    "ProviderSetupError", "LedgerError", "ProviderError", "ValidatorChanged", "BudgetExceeded",
-    "BatchUnresolved",
+    "ProviderSetupError", "LedgerError", "ProviderError", "SubcallClientError", "ValidatorChanged",
+    "BudgetExceeded", "BatchUnresolved", "NotReady",
     # IPython
     "load_ipython_extension", "unload_ipython_extension",
 ]

@@ -111,7 +111,12 @@ class BatchUnresolved(BatchJsonError):
 
 
 class ProviderError(BatchJsonError):
-    """A transport or provider failure: recorded as provider_error, never as a repair."""
+    """A transport or provider failure: recorded as provider_error, never as a repair.
+
+    ``kind`` is the answer source's own name for the failure when it gives one (a droste
+    subcall client's error type, ``budget_exhausted`` for its BudgetExhausted); the droste
+    contract reports it as the prompt's error type.
+    """
 
     def __init__(
         self,
@@ -122,6 +127,8 @@ class ProviderError(BatchJsonError):
         retry_after: float | None = None,
         usage: dict[str, Any] | None = None,
         unreachable: bool = False,
+        kind: str = "provider_error",
+        fatal: bool = False,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -131,3 +138,36 @@ class ProviderError(BatchJsonError):
         self.unreachable = unreachable
         self.retry_after = retry_after
         self.usage = usage or {}
+        self.kind = kind
+        # The answer source itself is broken: the run opens no further call and raises this
+        # error once its calls have unwound (each call made is recorded first).
+        self.fatal = fatal
+
+
+class SubcallClientError(ProviderError, RuntimeError):
+    """A host's subcall client broke droste's protocol (error indices that are not indices of
+    the batch, a wrong number of results, values that are not text): the call fails loudly, as
+    droste's own helper does (a ``RuntimeError`` for droste callers), after recording the
+    calls it made. Fix the client; nothing it returned was accepted."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=False, fatal=True)
+
+
+class NotReady(BatchJsonError):
+    """``answer["ready"] = True`` was refused: structured requests are still unresolved.
+
+    ``owed`` is ``finalization_check()`` at the moment of refusal.
+    """
+
+    def __init__(self, owed: list[dict[str, Any]]) -> None:
+        self.owed = owed
+        first = owed[0] if owed else {}
+        super().__init__(
+            f"answer['ready'] = True refused: {len(owed)} structured request(s) are unresolved "
+            f"(first: batch {first.get('batch')!r}, prompts {first.get('prompts')!r}, last "
+            f"error {first.get('last_error')!r}). Replay the exact call that failed (same "
+            "prompts, schema and validator object) in a bounded loop inside one cell, then set "
+            "ready again; finalization_check() lists what is unresolved and batch_status() what "
+            "it costs. If the budget cannot clear it, keep answer['ready'] False and say in "
+            "answer['content'] what is unresolved.")

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
-from tenacity.wait import wait_exponential_jitter
+from tenacity.wait import wait_exponential, wait_random
 
 from . import _acceptance as acceptance
 from . import _claims as claims
@@ -60,9 +60,11 @@ class Replayer(CallSteps):
         self.outcome = Outcome()
         self._attempts: dict[str, int] = {}
         self.writes = GroupCommit(ledger)
-        self._backoff = wait_exponential_jitter(multiplier=transport.backoff_initial,
-                                                max=transport.backoff_max,
-                                                jitter=transport.backoff_initial)
+        # initial * 2**(n-1) plus up to `initial` of jitter, capped below in _delay: written with
+        # strategies every tenacity since 8 has (rlm's google-genai pins tenacity below 9.2)
+        self._backoff = (wait_exponential(multiplier=transport.backoff_initial,
+                                          max=transport.backoff_max)
+                         + wait_random(0, transport.backoff_initial))
         self._system = system_prompt(plan)
         self._provider_name = getattr(provider, "name", type(provider).__name__)
         self._model = getattr(provider, "model", None)
@@ -292,8 +294,8 @@ class Replayer(CallSteps):
                 await asyncio.sleep(self._delay(first, 1))
             retrying = AsyncRetrying(
                 stop=stop_after_attempt(self.transport.retries),
-                wait=lambda state: self._delay(state.outcome.exception(),
-                                               state.attempt_number + 1),
+                wait=lambda retry_state: self._delay(retry_state.outcome.exception(),
+                                                     retry_state.attempt_number + 1),
                 retry=retry_if_exception(lambda e: isinstance(e, ProviderError) and e.retryable),
                 reraise=True,
             )
@@ -303,17 +305,23 @@ class Replayer(CallSteps):
         except ProviderError as exc:
             if exc.unreachable and self._prober == request.key:
                 self._unreachable(exc)
+            elif exc.fatal and self._fatal is None:  # a broken source: nothing more is sent
+                self._fatal = self._stop = exc
+                self._changed.set()
             status = f" (HTTP {exc.status})" if exc.status else ""
-            return acceptance.Verdict(False, errors=[{
-                "type": "provider_error", "task_id": None, "retryable": exc.retryable,
-                "message": f"provider failed{status}: {exc}"}]), None
+            error = {"type": "provider_error", "task_id": None, "retryable": exc.retryable,
+                     "message": f"provider failed{status}: {exc}"}
+            if exc.kind != "provider_error":  # the source's own type (droste's error types)
+                error["kind"] = exc.kind
+            return acceptance.Verdict(False, errors=[error]), None
         raise AssertionError("unreachable: tenacity either returns or re-raises")
 
     def _delay(self, error: BaseException | None, failures: int) -> float:
         """Retry-After when the provider gave one, else exponential backoff with jitter."""
         if isinstance(error, ProviderError) and error.retry_after is not None:
             return min(max(0.0, error.retry_after), self.transport.backoff_max)
-        return self._backoff(SimpleNamespace(attempt_number=failures))
+        return min(self._backoff(SimpleNamespace(attempt_number=failures)),
+                   self.transport.backoff_max)
 
     def _unreachable(self, exc: ProviderError) -> None:
         """The probing call's retries all failed to connect: stop the run with one message."""

@@ -71,8 +71,12 @@ class ItemSchema:
         return stored
 
 
-def compile_schema(schema: Any) -> ItemSchema:
-    """Refuse an invalid schema before any call is made."""
+def compile_schema(schema: Any, *, strict_integers: bool = False) -> ItemSchema:
+    """Refuse an invalid schema before any call is made.
+
+    ``strict_integers``: ``"integer"`` admits integer literals only, as droste's checker does
+    (JSON Schema also admits ``1.0``); a JSON Schema dict compiled so is another schema.
+    """
     if isinstance(schema, ItemSchema):
         return schema
     if isinstance(schema, type) and issubclass(schema, BaseModel):
@@ -87,7 +91,7 @@ def compile_schema(schema: Any) -> ItemSchema:
                           unseen=whole.unseen)
     if isinstance(schema, Mapping):
         try:
-            return _compile_mapping(schema)
+            return _compile_mapping(schema, strict_integers)
         except RecursionError:
             raise InvalidBatch("schema is nested too deeply to check; flatten it, or name its "
                                "repeated parts under $defs and $ref them") from None
@@ -95,8 +99,14 @@ def compile_schema(schema: Any) -> ItemSchema:
                        f"{type(schema).__name__}")
 
 
-def _compile_mapping(schema: Mapping[str, Any]) -> ItemSchema:
+def _compile_mapping(schema: Mapping[str, Any], strict_integers: bool = False) -> ItemSchema:
     """A JSON Schema dict, checked; compile_schema guards its recursion."""
+    bad = _non_string_key(schema, "")
+    if bad is not None:  # json.dumps would quietly turn 1 into "1": another schema
+        where, key = bad
+        raise InvalidBatch(f"schema keys must be strings: {key!r} ({type(key).__name__}) at "
+                           f"{where or '<root>'}; JSON objects have only string keys, so write "
+                           f"{str(key)!r} if that is the name meant")
     try:
         js = json.loads(json.dumps(schema, allow_nan=False))
     except (TypeError, ValueError) as exc:
@@ -109,9 +119,31 @@ def _compile_mapping(schema: Mapping[str, Any]) -> ItemSchema:
         raise InvalidBatch(f"invalid JSON Schema at {where}: {exc.message}; fix the schema "
                            "(see json-schema.org) before running") from None
     text = json.dumps(js, sort_keys=True, separators=(",", ":"))
+    fingerprint = sha(text)
+    if strict_integers:
+        cls = jsonschema.validators.extend(cls, type_checker=cls.TYPE_CHECKER.redefine(
+            "integer", lambda _, value: isinstance(value, int) and not isinstance(value, bool)))
+        fingerprint = sha(f"strict-integers:{text}")
     # the validator judges its own copy: the schema handed to providers (a value-mode call
     # carries json_schema itself) can be changed by one without widening what is accepted
-    return ItemSchema(js, sha(text), _validator=cls(json.loads(text)))
+    return ItemSchema(js, fingerprint, _validator=cls(json.loads(text)))
+
+
+def _non_string_key(value: Any, where: str) -> tuple[str, Any] | None:
+    """The first key of an object in ``value`` that is not a string, and where it is."""
+    if isinstance(value, Mapping):
+        for key, child in value.items():
+            if not isinstance(key, str):
+                return where, key
+            found = _non_string_key(child, f"{where}/{key}" if where else key)
+            if found is not None:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for index, child in enumerate(value):
+            found = _non_string_key(child, f"{where}/{index}" if where else str(index))
+            if found is not None:
+                return found
+    return None
 
 
 def _own_copy(item: ItemSchema) -> dict:

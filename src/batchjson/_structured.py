@@ -7,7 +7,7 @@ both call :func:`llm_batch_json`, which builds a :class:`RunSpec` like any other
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._checks import is_whole
@@ -18,6 +18,8 @@ from ._tasks import sha
 
 if TYPE_CHECKING:
     from ._registry import ValidatorVersion
+    from ._result import BatchResult
+    from ._schema import ItemSchema
     from ._session import Session
 
 _DROSTE_TYPES = {
@@ -27,6 +29,41 @@ _DROSTE_TYPES = {
     "budget_exhausted": "budget_exhausted", "not_attempted": "budget_exhausted",
     "cancelled": "provider_error",
 }
+
+
+RAW_SHOWN = 1000  # droste's errors carry the start of the rejected return
+
+# droste 0.26's deterministic schema subset: its helper refuses any other keyword before spending
+DROSTE_KEYWORDS = frozenset({"type", "enum", "const", "required", "properties",
+                             "additionalProperties", "items", "minItems", "maxItems", "minimum",
+                             "maximum"})
+
+
+def check_droste_schema(schema: Any) -> None:
+    """Refuse, before anything is spent, a schema droste's helper would refuse: not a dict, or
+    a keyword outside droste's subset at any level it reads. Shapes (a bad ``minimum``, a
+    non-unique ``required``) and non-string keys are then refused by :func:`compile_schema`."""
+    if not isinstance(schema, Mapping):
+        raise InvalidBatch(f"schema must be a JSON Schema dict in droste's subset "
+                           f"({', '.join(sorted(DROSTE_KEYWORDS))}), got "
+                           f"{getattr(schema, '__qualname__', type(schema).__name__)}")
+    pending: list[tuple[str, Any]] = [("schema", schema)]
+    while pending:
+        where, node = pending.pop()
+        if not isinstance(node, Mapping):
+            continue  # a shape error: compile_schema names it
+        unknown = sorted(k for k in node if isinstance(k, str) and k not in DROSTE_KEYWORDS)
+        if unknown:
+            raise InvalidBatch(
+                f"unsupported JSON schema keywords: {', '.join(unknown)} (at {where}); this "
+                f"host's llm_batch_json takes droste's schema subset only "
+                f"({', '.join(sorted(DROSTE_KEYWORDS))}). Check what the keyword checked in "
+                "your validator instead (raise ValueError there)")
+        properties = node.get("properties")
+        if isinstance(properties, Mapping):
+            pending.extend((f"{where}.properties.{k}", v) for k, v in properties.items())
+        for keyword in ("additionalProperties", "items"):
+            pending.append((f"{where}.{keyword}", node.get(keyword)))
 
 
 def default_batch_name(prompts: Sequence[str], contexts: Sequence[str] | None,
@@ -44,7 +81,8 @@ def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
                    validator: Callable[[Any, int], Any] | None = None, *,
                    name: str | None = None, refuse_short_budget: bool = False,
                    keyed_by_content: bool = False, max_calls: int | None = None,
-                   registered: ValidatorVersion | None = None) -> dict[str, Any]:
+                   registered: ValidatorVersion | None = None,
+                   droste_schema: bool = False) -> dict[str, Any]:
     """Run one prompt per call, each returning a bare JSON value; droste's return shape.
 
     droste spends what the budget has and reports the rest as ``budget_exhausted``;
@@ -55,6 +93,8 @@ def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
     stays owed and keeps blocking a ready answer, as under droste's identity keying.
     ``max_calls=0`` with ``refuse_short_budget`` answers only from what is already accepted.
     ``registered``: the validator's version record, when the caller registered it just now.
+    ``droste_schema=True`` (a droste subcall client's binding) takes droste's schema subset
+    only and judges ``"integer"`` as droste does.
     """
     if isinstance(prompts, str) or not isinstance(prompts, Sequence):
         raise InvalidBatch("prompts must be a list of strings")
@@ -70,7 +110,10 @@ def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
     if validator is not None and not callable(validator):
         raise InvalidBatch(f"validator must be callable (value, index) -> None, got "
                            f"{type(validator).__name__}")
-    item_schema = compile_schema(schema)  # once: the run reuses it, and it dumps the values
+    if droste_schema:
+        check_droste_schema(schema)
+    # once: the run reuses it, and it dumps the values
+    item_schema = compile_schema(schema, strict_integers=droste_schema)
     if not prompts:  # droste answers no prompts with an empty result, after checking the schema
         return {"values": [], "errors": [], "attempts": [], "repairs_made": 0}
     tasks = []
@@ -94,7 +137,12 @@ def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
         identity=("task_id",), repairs=max_repair_attempts, on_exhausted="return",
         mode="value", validator_args="index", refuse_short_budget=refuse_short_budget,
         max_calls=max_calls), registered=version or registered)
+    return _droste_shape(result, tasks, item_schema)
 
+
+def _droste_shape(result: BatchResult, tasks: list[dict[str, Any]],
+                  item_schema: ItemSchema) -> dict[str, Any]:
+    """droste's return: values in prompt order, one error per failed index, calls per prompt."""
     dump = item_schema.dump
     values = [dump(result.values[t["task_id"]]) if t["task_id"] in result.values else None
               for t in tasks]
@@ -102,14 +150,24 @@ def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
     errors = []
     for error in result.errors:
         index = int(error["task_id"])
-        entry = {"index": index, "type": _DROSTE_TYPES.get(error["type"], "validation_error"),
+        entry = {"index": index, "type": _droste_type(error),
                  "error": error["message"], "attempts": attempts[index]}
-        if "raw" in error and entry["type"] == "validation_error":
-            entry["raw"] = error["raw"]
+        raw = result.raws.get(str(error.get("request")))  # the result keeps it per request
+        if raw is not None and entry["type"] == "validation_error":
+            entry["raw"] = raw[:RAW_SHOWN]
         errors.append(entry)
     errors.sort(key=lambda e: e["index"])
     return {"values": values, "errors": _one_per_index(errors), "attempts": attempts,
             "repairs_made": result.repairs_made}
+
+
+def _droste_type(error: dict[str, Any]) -> str:
+    """droste's type for an error: a provider error keeps its source's own type (a droste
+    subcall client's, ``budget_exhausted`` for its BudgetExhausted), as droste reports it."""
+    kind = error.get("kind")
+    if error["type"] == "provider_error" and isinstance(kind, str) and kind:
+        return kind
+    return _DROSTE_TYPES.get(error["type"], "validation_error")
 
 
 def _one_per_index(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:

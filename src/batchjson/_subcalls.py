@@ -5,7 +5,9 @@ Two shapes reach an RLM binding besides a batchjson provider: droste's subcall p
 ``llm_query_batched(prompts) -> list[str]``, whose failures are strings beginning ``"Error:"``.
 Both become one ``complete(call)`` per request, so the replay loop, acceptance and the ledger
 stay the only judges of an answer; the prompts of calls waiting together are sent as one
-batch. A provider failure is a :class:`ProviderError`, never a rejected answer.
+batch. A provider failure is a :class:`ProviderError`, never a rejected answer; a droste client
+that breaks droste's protocol fails the call loudly (:class:`SubcallClientError`), as droste's
+own helper does.
 """
 
 from __future__ import annotations
@@ -19,12 +21,12 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ._errors import ConfigError, ProviderError
+from ._errors import ConfigError, ProviderError, SubcallClientError
 from ._fingerprint import fingerprint_function
 from ._providers.base import Call, Reply, estimate_tokens
-from ._tasks import sha
+from ._tasks import render_value_prompt, sha
 
-__all__ = ["SubcallProvider", "as_provider", "is_subcall_source"]
+__all__ = ["SubcallProvider", "as_provider", "is_droste_client", "is_subcall_source"]
 
 
 def is_subcall_source(target: Any) -> bool:
@@ -34,9 +36,25 @@ def is_subcall_source(target: Any) -> bool:
     return callable(getattr(target, "llm_batch_with_errors", None)) or callable(target)
 
 
+def is_droste_client(target: Any) -> bool:
+    """An object with droste's subcall protocol (``llm_batch_with_errors``), not a provider."""
+    return is_subcall_source(target) and callable(getattr(target, "llm_batch_with_errors", None))
+
+
 def as_provider(target: Any, *, context: Any = None) -> Any:
     """A batchjson provider for ``target``: providers and provider names pass through."""
     return SubcallProvider(target, context=context) if is_subcall_source(target) else target
+
+
+def _kind_of(target: Any) -> str:
+    if callable(getattr(target, "llm_batch_with_errors", None)):
+        return "subcalls"
+    if callable(target):
+        return "function"
+    raise ConfigError(
+        f"cannot answer from a {type(target).__name__}: pass a batchjson provider, an object "
+        "with llm_batch_with_errors(prompts, contexts) -> (values, errors), or a function of a "
+        "list of prompts returning a list of strings")
 
 
 def _budget_exhausted(exc: BaseException) -> bool:
@@ -81,15 +99,7 @@ class SubcallProvider:
     """
 
     def __init__(self, target: Any, *, context: Any = None) -> None:
-        if callable(getattr(target, "llm_batch_with_errors", None)):
-            self.kind = "subcalls"
-        elif callable(target):
-            self.kind = "function"
-        else:
-            raise ConfigError(
-                f"cannot answer from a {type(target).__name__}: pass a batchjson provider, an "
-                "object with llm_batch_with_errors(prompts, contexts) -> (values, errors), or a "
-                "function of a list of prompts returning a list of strings")
+        self.kind = _kind_of(target)
         self.target = target
         self.context = context
         self._self_accounting = False
@@ -110,6 +120,17 @@ class SubcallProvider:
         self.name = f"{self.kind}:{base}"
         self.model = getattr(target, "model", None) if isinstance(
             getattr(target, "model", None), str) else base
+
+    def retarget(self, target: Any) -> None:
+        """Answer through ``target`` from now on: another object of the same source (rlm makes
+        a REPL, and so a new ``llm_query_batched``, for every completion)."""
+        if target == self.target:  # bound methods of one object compare equal
+            return
+        if _source_key(_kind_of(target), target) != self._key:
+            raise ConfigError(f"cannot answer through {target!r}: it is another answer source "
+                              f"than {self.target!r}; a ledger's evidence is kept per source")
+        with self._lock:
+            self.target = target
 
     def source_key(self) -> str:
         """Stable across calls and processes: the wrapped object's class or function's code."""
@@ -160,11 +181,19 @@ class SubcallProvider:
                 del self._queues[loop]
 
     def _message(self, call: Call) -> tuple[str, str | None]:
-        """droste's subcalls take prompt and context apart; a repair prompt already quotes both."""
+        """droste's subcalls take prompt and context apart, repairs too, as droste sends them;
+        a plain helper takes one text, so the context is quoted in it."""
         task = call.tasks[0] if call.tasks else {}
-        if self.kind == "subcalls" and call.kind != "repair" and "prompt" in task:
-            context = task.get("context")
-            return str(task["prompt"]), None if context is None else str(context)
+        if self.kind != "subcalls" or not isinstance(task.get("prompt"), str):
+            return call.prompt, None
+        context = task.get("context")
+        if context is None:
+            return (task["prompt"] if call.kind != "repair" else call.prompt), None
+        if call.kind != "repair":
+            return task["prompt"], str(context)
+        quoted = render_value_prompt(task)  # a repair prompt begins with the prompt it repairs
+        if call.prompt.startswith(quoted):
+            return task["prompt"] + call.prompt[len(quoted):], str(context)
         return call.prompt, None
 
     def _batch(self, prompts: list[str], contexts: list[str | None]) -> list[str | Exception]:
@@ -182,7 +211,7 @@ class SubcallProvider:
             except Exception as exc:
                 if _budget_exhausted(exc):
                     error = ProviderError(f"the host's subcall budget is exhausted: {exc}",
-                                          retryable=False)
+                                          retryable=False, kind="budget_exhausted")
                 else:
                     error = ProviderError(f"subcall failed: {type(exc).__name__}: {exc}")
                 outcomes = [error] * len(prompts)
@@ -200,22 +229,33 @@ class SubcallProvider:
 
     def _from_subcalls(self, prompts: list[str],
                        contexts: list[str] | None) -> list[str | Exception]:
+        """droste's protocol, kept as droste keeps it: a client that breaks it fails the call
+        loudly (SubcallClientError) instead of passing as one more provider error."""
         out = self.target.llm_batch_with_errors(prompts, contexts)
-        if not (isinstance(out, Sequence) and len(out) == 2):
-            raise ProviderError("subcall client returned something other than (values, errors)",
-                                retryable=False)
+        if isinstance(out, (str, bytes)) or not (isinstance(out, Sequence) and len(out) == 2):
+            raise SubcallClientError(f"the subcall client returned a {type(out).__name__} "
+                                     "from llm_batch_with_errors, not (values, errors)")
         values, errors = out
-        outcomes: list[str | Exception] = list(_texts(values, len(prompts)))
-        for error in errors or ():
-            index = error.get("index") if isinstance(error, Mapping) else None
-            if not isinstance(index, int) or isinstance(index, bool) or not (
-                    0 <= index < len(prompts)):
-                raise ProviderError(f"subcall client returned a batch error with an invalid "
-                                    f"index: {error!r}"[:300], retryable=False)
-            kind = str(error.get("type") or "provider_error")
-            message = str(error.get("error") or kind)
-            outcomes[index] = ProviderError(f"subcall {kind}: {message}",
-                                            retryable=kind != "budget_exhausted")
+        failed = _batch_errors(errors, len(prompts))
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(
+                values) != len(prompts):
+            count = len(values) if isinstance(values, Sequence) else type(values).__name__
+            raise SubcallClientError(f"the subcall client returned {count} value(s) for "
+                                     f"{len(prompts)} prompt(s); it must return one per prompt")
+        outcomes: list[str | Exception] = []
+        for index, value in enumerate(values):
+            error = failed.get(index)
+            if error is not None:  # its value is ignored, as droste ignores it
+                kind = str(error.get("type") or "provider_error")
+                message = str(error.get("error") or kind)
+                outcomes.append(ProviderError(f"subcall {kind}: {message}",
+                                              retryable=kind != "budget_exhausted", kind=kind))
+            elif isinstance(value, str):
+                outcomes.append(value)
+            else:
+                raise SubcallClientError(f"the subcall client returned a "
+                                         f"{type(value).__name__} as value {index} with no "
+                                         "batch error for it; values must be text")
         return outcomes
 
     def _from_function(self, prompts: list[str]) -> list[str | Exception]:
@@ -225,6 +265,33 @@ class SubcallProvider:
             outcomes.append(ProviderError(f"subcall failed: {text.strip()[:500]}")
                             if _is_error_text(text) else text)
         return outcomes
+
+
+def _batch_errors(errors: Any, count: int) -> dict[int, Mapping[str, Any]]:
+    """The batch errors of a droste client by index; anything but one object per distinct
+    index of the batch is a broken client."""
+    if errors is None:
+        return {}
+    if isinstance(errors, (str, bytes, Mapping)) or not isinstance(errors, Sequence):
+        raise SubcallClientError(f"the subcall client returned a {type(errors).__name__} as its "
+                                 "batch errors, not a list of {'index', 'type', 'error'} objects")
+    failed: dict[int, Mapping[str, Any]] = {}
+    for error in errors:
+        if not isinstance(error, Mapping):
+            raise SubcallClientError(f"the subcall client returned a non-object batch error: "
+                                     f"{error!r}"[:300])
+        index = error.get("index")
+        if not isinstance(index, int) or isinstance(index, bool):
+            raise SubcallClientError(f"the subcall client returned a batch error with an "
+                                     f"invalid index: {error!r}"[:300])
+        if not 0 <= index < count:
+            raise SubcallClientError(f"the subcall client returned a batch error index out of "
+                                     f"range (0..{count - 1}): {error!r}"[:300])
+        if index in failed:
+            raise SubcallClientError(f"the subcall client returned duplicate batch error "
+                                     f"indices: {index} twice")
+        failed[index] = error
+    return failed
 
 
 def _is_error_text(text: str) -> bool:

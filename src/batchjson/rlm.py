@@ -10,6 +10,7 @@ can no longer be paid for before anything is spent.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -23,13 +24,14 @@ from ._errors import (
     ValidatorChanged,
 )
 from ._rebind import canonical_validator, canonical_version, cell_frame
-from ._structured import default_batch_name, llm_batch_json
-from ._subcalls import as_provider, is_subcall_source
+from ._structured import check_droste_schema, default_batch_name, llm_batch_json
+from ._subcalls import as_provider, is_droste_client, is_subcall_source
 
 if TYPE_CHECKING:
+    from ._rlm_hooks import RlmHooks
     from ._session import Session
 
-__all__ = ["bind", "bind_local_repl", "droste_environment", "namespace", "tools"]
+__all__ = ["bind", "droste_environment", "namespace", "rlm_hooks"]
 
 HELPER_NAMES = ("llm_batch_json", "llm_query_batched_json", "validator", "batch_status",
                 "finalization_check")
@@ -37,15 +39,22 @@ HELPER_NAMES = ("llm_batch_json", "llm_query_batched_json", "validator", "batch_
 
 def bind(namespace: MutableMapping[str, Any], provider_or_subcalls: Any = None, *,
          session: Session | None = None, strict: bool = True, ledger: Any = None,
-         budget: Any = None, context: Any = None) -> Session:
+         budget: Any = None, context: Any = None, replays: int | None = None,
+         transport_retries: int | None = None) -> Session:
     """Install the structured helpers into ``namespace`` and return the session behind them.
 
     ``provider_or_subcalls`` is a batchjson provider (or provider name), an object with droste's
     ``llm_batch_with_errors``, or a function of a list of prompts returning a list of strings
     (alexzhang13/rlm's ``llm_query_batched``). ``session=`` shares one session, its ledger,
     registry and budget, between hosts; otherwise a new one is made with ``strict``,
-    ``ledger`` and ``budget``. ``context`` is a droste ``ExecutionContext`` to account
-    subcalls to.
+    ``ledger``, ``budget``, ``replays`` and ``transport_retries``. ``context`` is a droste
+    ``ExecutionContext`` to account subcalls to.
+
+    Bound to a droste subcall client, the helper keeps droste's contract: attempts are 1 +
+    repairs (no exact replays, no transport retries unless ``replays=`` or
+    ``transport_retries=`` ask for them) and the schema must be in droste's subset. Other
+    sources keep batchjson's defaults (one exact replay; three transport retries for a
+    provider, none for a plain helper, whose own client retried).
     """
     if not isinstance(namespace, MutableMapping):
         raise InvalidBatch(f"bind needs the dict a host runs cells in, got "
@@ -58,20 +67,28 @@ def bind(namespace: MutableMapping[str, Any], provider_or_subcalls: Any = None, 
             "provider (or provider name), an object with llm_batch_with_errors(prompts, "
             "contexts) -> (values, errors), or a function of a list of prompts returning a list "
             "of strings")
+    if session is not None and (replays is not None or transport_retries is not None):
+        raise ConfigError("replays= and transport_retries= set the rules of the session bind "
+                          "makes; a shared session (session=) keeps its own. Make that session "
+                          "with Session(..., replays=..., transport_retries=...) instead")
     provider = as_provider(provider_or_subcalls, context=context)
+    # droste's clients count one call per attempt; a plain helper's client retried already
+    rules = _call_rules(provider_or_subcalls, replays, transport_retries)
     if session is None:  # a host binding every turn must not reset evidence or budget
-        session = _rebinding(namespace, strict=strict, ledger=ledger, budget=budget)
+        asked = provider_or_subcalls is not None or replays is not None or (
+            transport_retries is not None)
+        session = _rebinding(namespace, strict=strict, ledger=ledger, budget=budget,
+                             rules=rules if asked else None)
     _keep_owed(namespace, session, ledger)
     if session is None:
         from ._session import Session
 
-        adapted = is_subcall_source(provider_or_subcalls)
-        # A host's subcall helper already retried what it could: one failure is one subcall.
         session = Session(provider, ledger=ledger, strict=strict, budget=budget,
-                          transport_retries=0 if adapted else 3)
+                          replays=rules[0], transport_retries=rules[1])
     elif provider_or_subcalls is not None:
         _share(session, provider)
-    binding = _Binding(session, namespace)
+    binding = _Binding(session, namespace,
+                       droste=_answers_as_droste(session, provider_or_subcalls))
     helper = binding.llm_batch_json  # one object under both names, as droste binds them
     namespace["llm_batch_json"] = helper
     namespace["llm_query_batched_json"] = helper
@@ -81,32 +98,17 @@ def bind(namespace: MutableMapping[str, Any], provider_or_subcalls: Any = None, 
     return session
 
 
-def tools(provider_or_subcalls: Any = None, *, session: Session | None = None,
-          strict: bool = True, **options: Any) -> dict[str, Any]:
-    """The helpers as a dict, e.g. for alexzhang13/rlm's ``RLM(custom_tools=...)``."""
-    names: dict[str, Any] = {}
-    bind(names, provider_or_subcalls, session=session, strict=strict, **options)
-    return names
+def rlm_hooks(*, strict: bool = True, ledger: Any = None, budget: Any = None) -> RlmHooks:
+    """batchjson for alexzhang13/rlm's ``RLM``, through its public options only.
 
-
-def bind_local_repl(repl: Any, provider_or_subcalls: Any = None, *,
-                    session: Session | None = None, strict: bool = True,
-                    **options: Any) -> Session:
-    """Bind into an alexzhang13/rlm ``LocalREPL`` (or any REPL with a ``globals`` dict).
-
-    Without a provider the REPL's own ``llm_query_batched`` answers. LocalREPL runs each cell
-    in a fresh copy of its globals and locals, keeps no variable of a failing cell and sets the
-    ``globals`` builtin to None; the helpers live in ``repl.globals``, which it never drops.
+    Pass ``custom_tools=hooks.custom_tools`` and ``environment_kwargs={"setup_code":
+    hooks.setup_code}``: each described tool answers through the calling REPL's own
+    ``llm_query_batched`` (rlm's client and usage accounting), and the setup code gates
+    ``answer["ready"]`` on ``finalization_check()``. See docs/rlm.md.
     """
-    scope = getattr(repl, "globals", None)
-    if not isinstance(scope, MutableMapping):
-        raise InvalidBatch(f"{type(repl).__name__} has no globals dict to bind into")
-    if provider_or_subcalls is None and session is None:
-        provider_or_subcalls = scope.get("llm_query_batched")
-        if not callable(provider_or_subcalls):
-            raise ConfigError("this REPL has no llm_query_batched helper: pass a provider or "
-                              "subcall client")
-    return bind(scope, provider_or_subcalls, session=session, strict=strict, **options)
+    from ._rlm_hooks import RlmHooks
+
+    return RlmHooks(strict=strict, ledger=ledger, budget=budget)
 
 
 def namespace(session: Session) -> dict[str, Any]:
@@ -123,8 +125,30 @@ def namespace(session: Session) -> dict[str, Any]:
             "run_batch": session.run_batch, "validator": session.validators.define}
 
 
+def _call_rules(source: Any, replays: int | None,
+                transport_retries: int | None) -> tuple[int, int]:
+    """(replays, transport retries) of a new session for this answer source."""
+    if is_droste_client(source):
+        defaults = (0, 0)
+    else:
+        defaults = (1, 0 if is_subcall_source(source) else 3)
+    return (defaults[0] if replays is None else replays,
+            defaults[1] if transport_retries is None else transport_retries)
+
+
+_DROSTE_SESSIONS: weakref.WeakSet[Any] = weakref.WeakSet()  # sessions bind gave a droste client
+
+
+def _answers_as_droste(session: Session, source: Any) -> bool:
+    """True when the session answers from a droste subcall client: droste's schema subset
+    (a later binding sharing the session without naming a source inherits it)."""
+    if is_droste_client(source):
+        _DROSTE_SESSIONS.add(session)
+    return session in _DROSTE_SESSIONS
+
+
 def _rebinding(namespace: MutableMapping[str, Any], *, strict: bool, ledger: Any,
-               budget: Any) -> Session | None:
+               budget: Any, rules: tuple[int, int] | None) -> Session | None:
     """The session already bound into ``namespace`` when this bind asks for the same one."""
     from pathlib import Path
 
@@ -138,7 +162,9 @@ def _rebinding(namespace: MutableMapping[str, Any], *, strict: bool, ledger: Any
     same_ledger = (ledger is None and path is None) or (
         isinstance(ledger, (str, Path)) and path is not None and Path(ledger) == path) or (
         ledger is session.ledger)
-    if same_ledger and session.strict == bool(strict) and Budget.of(budget) == session.budget:
+    same_rules = rules is None or rules == (session.replays, session.transport.retries)
+    if (same_ledger and same_rules and session.strict == bool(strict)
+            and Budget.of(budget) == session.budget):
         return session
     return None
 
@@ -190,9 +216,11 @@ def _source(provider: Any) -> Any:
 class _Binding:
     """The helpers of one namespace over one session."""
 
-    def __init__(self, session: Session, namespace: MutableMapping[str, Any]) -> None:
+    def __init__(self, session: Session, namespace: MutableMapping[str, Any], *,
+                 droste: bool = False) -> None:
         self.session = session
         self.namespace = namespace
+        self.droste = droste  # answering from a droste client: droste's schema subset
 
     def llm_batch_json(self, prompts: Sequence[str], schema: Any,
                        contexts: Sequence[str] | None = None, max_repair_attempts: int = 1,
@@ -203,6 +231,8 @@ class _Binding:
         Returns ``values``, ``errors``, ``attempts`` and ``repairs_made``. Re-running the same
         call resumes its requests; prompts already accepted are not paid again.
         """
+        if self.droste:  # before the validator is registered: nothing is recorded
+            check_droste_schema(schema)
         registered = None  # its version record: the run need not fingerprint it again
         if validator is not None and callable(validator):
             validator, registered = self._registered(validator, call=(prompts, contexts, name))
@@ -213,14 +243,16 @@ class _Binding:
                 return llm_batch_json(self.session, prompts, schema, contexts,
                                       max_repair_attempts, validator, name=name,
                                       refuse_short_budget=True, keyed_by_content=True,
-                                      max_calls=0, registered=registered)
+                                      max_calls=0, registered=registered,
+                                      droste_schema=self.droste)
             except BudgetExceeded:
                 raise _refused(owed, remaining or 0, "to clear the unresolved evidence already "
                                "recorded", cost_spent=cost_spent) from None
         try:
             return llm_batch_json(self.session, prompts, schema, contexts, max_repair_attempts,
                                   validator, name=name, refuse_short_budget=True,
-                                  keyed_by_content=True, registered=registered)
+                                  keyed_by_content=True, registered=registered,
+                                  droste_schema=self.droste)
         except BudgetExceeded as exc:
             raise _refused(exc.needed, exc.remaining, "to answer the prompts of this call "
                            "that are not yet accepted", one_call=exc.one_call) from None
