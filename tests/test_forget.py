@@ -100,10 +100,13 @@ def test_rlm_namespaces_never_offer_forgetting():
     session = broken_session()
     bound: dict = {}
     rlm.bind(bound, session=session)
-    for names in (bound, rlm.tools(session=session), rlm.namespace(session)):
+    hooks = rlm.rlm_hooks()
+    tools = {name: entry["tool"] for name, entry in hooks.custom_tools.items()}
+    for names in (bound, tools, rlm.namespace(session)):
         for key, value in names.items():
             assert "forget" not in key.lower()
             assert not [a for a in dir(value) if "forget" in a.lower()], key
+    assert "forget" not in hooks.setup_code.lower()
     session.close()
 
 
