@@ -5,6 +5,9 @@ One session per kernel, configured through the ``BatchJson`` configurable::
     %config BatchJson.provider = "openai"        # or a provider object from the namespace
     %config BatchJson.ledger = "runs/ledger.sqlite"
 
+``%config`` is IPython's own: a value a setting refuses raises ``TraitError`` from its trait,
+which IPython reports, and the old value stays in force.
+
 Re-running a ``%%batch_json`` cell is safe: functions the body defines are passed through the
 session's validator registry (define-once), and identical work resumes from the ledger.
 """
@@ -91,8 +94,9 @@ class BatchJson(Magics):
 
     provider = AnyTrait(None, allow_none=True, help=(
         "'openai', 'anthropic', 'simulated', or a provider object (any name in the notebook's "
-        "namespace: %config BatchJson.provider = my_model). None uses BATCHJSON_PROVIDER. API "
-        "keys are read from the environment, never from here.")).tag(config=True)
+        "namespace: %config BatchJson.provider = my_model; one of your own class as "
+        "ProviderHandle(my_model)). None uses BATCHJSON_PROVIDER. API keys are read from the "
+        "environment, never from here.")).tag(config=True)
     model = Unicode(None, allow_none=True, help="Model name for a named provider.").tag(
         config=True)
     ledger = Unicode(DEFAULT_LEDGER, help=(
