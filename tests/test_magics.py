@@ -216,19 +216,26 @@ plain = Plain()
 
 
 def test_a_provider_object_of_ones_own_is_held_by_a_handle_and_stays_itself(
-        loaded: Any, caplog: Any) -> None:
-    """traitlets deep-copies config values: batchjson's providers come back as themselves,
-    another object is refused (a copy would be another provider) until held by a handle, and
-    later %config lines never swap it for a copy."""
+        loaded: Any, capsys: Any, caplog: Any) -> None:
+    """traitlets sets a deep copy of each config value, again at every %config line:
+    batchjson's providers come back as themselves, another object is refused (a copy would be
+    another provider) until held by a handle, and later lines never swap it for a copy."""
     ok(loaded, OWN_PROVIDERS)
     said = refused(loaded, "%config BatchJson.provider = plain", caplog)
     assert "a copy of a Plain would be another provider" in said
     assert "batchjson.ProviderHandle(obj)" in said
+    assert refused(loaded, "%config BatchJson.provider = mine", caplog) == (
+        "a MyProvider is one client")  # the copy itself failed, before batchjson saw it
     assert ok(loaded, "batch_session.provider is model") is True
+    line = usage_error(loaded, "%reload_ext batchjson", capsys)  # IPython kept it: named
+    assert "c.BatchJson.provider = <__main__.MyProvider object" in line
+    assert "which is refused (TypeError: a MyProvider is one client)" in line
     ok(loaded, "from batchjson import ProviderHandle")
     caplog.clear()
     for name in ("mine", "plain"):
         ok(loaded, f"%config BatchJson.provider = ProviderHandle({name})")
+        if name == "mine":
+            ok(loaded, "%load_ext batchjson")
         ok(loaded, "%config BatchJson.repairs = 2")  # another line: nothing is copied again
         assert ok(loaded, f"batch_session.provider is {name}") is True
         assert ok(loaded, "%config BatchJson.provider") is loaded.user_ns[name]

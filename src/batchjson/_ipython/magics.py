@@ -136,8 +136,9 @@ class BatchJson(Magics):
                              f"complete(call) method, got {kind}; wrap a plain function as "
                              "batchjson.CallableProvider(fn)")
         if value is held and deepcopy(value) is not value:
-            raise TraitError(f"BatchJson.provider: %config copies what it is given, and a copy "
-                             f"of a {kind} would be another provider; give it as "
+            raise TraitError(f"BatchJson.provider: IPython's config hands over a deep copy "
+                             f"of each value, at every %config line, and a copy of a {kind} "
+                             "would be another provider; give it as "
                              f"batchjson.ProviderHandle(obj), or give {kind} a __deepcopy__ "
                              "that returns self")
         return value
@@ -414,12 +415,12 @@ def _refused_setting(config: Any) -> str | None:
             continue
         try:
             BatchJson(config=Config({"BatchJson": {name: section[name]}}))
-        except TraitError as refusal:
+        except Exception as refusal:  # a TraitError, or a value traitlets cannot deep-copy
             return (f"batchjson was not loaded: the IPython configuration sets c.BatchJson."
                     f"{name} = {shown(name, section[name])}, which is refused "
-                    f"({one_line(refusal)}). Fix or remove it where it is set "
-                    "(ipython_config.py, a kernel's config, or an earlier %config), or in this "
-                    f"kernel with get_ipython().config.BatchJson.pop({name!r}), then run "
+                    f"({type(refusal).__name__}: {one_line(refusal)}). Fix or remove it where "
+                    "it is set (ipython_config.py, a kernel's config, or an earlier %config), or "
+                    f"in this kernel with get_ipython().config.BatchJson.pop({name!r}), then run "
                     "%load_ext batchjson again")
     return None
 

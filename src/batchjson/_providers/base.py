@@ -173,8 +173,8 @@ def utf8_length(text: str) -> int:
 
 class OneService:
     """A provider is one service (a connection pool, counters, a lock): a deep copy would be a
-    second provider with state of its own, so deep-copying one gives it back. Traitlets
-    deep-copies every config value, and ``%config BatchJson.provider = model`` must keep
+    second provider with state of its own, so deep-copying one gives it back. Traitlets sets
+    a deep copy of each config value, and ``%config BatchJson.provider = model`` must keep
     ``model`` itself."""
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
