@@ -156,6 +156,11 @@ def test_rerunning_a_failing_cell_converges_and_restart_resumes(kernel: Kernel,
 
     kernel.restart()
     kernel.ok(SETUP)
+    assert kernel.value("batch_session.provider is model") is True  # through later %config
+    refused = kernel.ok("%config BatchJson.concurrency = 0")  # IPython's %config: said, runs on
+    assert "'concurrency' trait of a BatchJson instance should not be less than 1" in (
+        refused.stderr)
+    assert kernel.value("batch_session.concurrency") == 16
     kernel.ok(CELL)
     assert kernel.value("labels.status") == "resolved"
     assert kernel.value("labels.calls") == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,17 @@ def usage_error(ip: Any, source: str, capsys: Any) -> str:
     assert len(err) == 1 and err[0].startswith("UsageError: "), err
     assert "Traceback" not in err[0]
     return err[0]
+
+
+def refused(ip: Any, source: str, caplog: Any) -> str:
+    """Run a ``%config`` cell whose setting must be refused IPython's way: the cell runs on and
+    IPython logs one error (a line on stderr in a notebook); return that error."""
+    caplog.clear()
+    with caplog.at_level(logging.ERROR):
+        ok(ip, source)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1, errors
+    return errors[0]
 
 
 def calls_recorded(ip: Any) -> int:
@@ -174,16 +186,64 @@ def test_config_provider_object_from_namespace(loaded: Any) -> None:
     assert ok(loaded, "batch_session.provider is model") is True
 
 
-def test_config_refuses_bad_provider(loaded: Any, capsys: Any) -> None:
-    lines = [usage_error(loaded, f"%config BatchJson.provider = {bad}", capsys)
+def test_config_refuses_bad_provider(loaded: Any, caplog: Any) -> None:
+    lines = [refused(loaded, f"%config BatchJson.provider = {bad}", caplog)
              for bad in ("'nope'", "42", "print")]
-    assert lines[0].startswith("UsageError: BatchJson.provider = 'nope'... (4 chars) is refused: "
-                               "unknown provider name")
+    assert lines[0].startswith("BatchJson.provider: unknown provider name 'nope'... (4 chars)")
     assert "openai, anthropic, simulated" in lines[0]
-    assert "stays SimulatedModel(model='simulated-1', answer=<lambda>" in lines[0]
     assert all("CallableProvider(fn)" in line for line in lines[1:])
     assert ok(loaded, "batch_session.provider is model") is True
     assert ok(loaded, "%config BatchJson.provider") is loaded.user_ns["model"]
+
+
+OWN_PROVIDERS = """
+class MyProvider:
+    name = "mine"
+    def __init__(self):
+        import threading
+        self.lock = threading.Lock()  # cannot be deep-copied, as a client's pool cannot
+    async def complete(self, call):
+        raise RuntimeError("not called here")
+    def __deepcopy__(self, memo):
+        raise TypeError("a MyProvider is one client")
+mine = MyProvider()
+class Plain:
+    name = "plain"
+    async def complete(self, call):
+        raise RuntimeError("not called here")
+plain = Plain()
+"""
+
+
+def test_a_provider_object_of_ones_own_is_held_by_a_handle_and_stays_itself(
+        loaded: Any, capsys: Any, caplog: Any) -> None:
+    """traitlets sets a deep copy of each config value, again at every %config line:
+    batchjson's providers come back as themselves, another object is refused (a copy would be
+    another provider) until held by a handle, and later lines never swap it for a copy."""
+    ok(loaded, OWN_PROVIDERS)
+    said = refused(loaded, "%config BatchJson.provider = plain", caplog)
+    assert "a copy of a Plain would be another provider" in said
+    assert "batchjson.ProviderHandle(obj)" in said
+    assert refused(loaded, "%config BatchJson.provider = mine", caplog) == (
+        "a MyProvider is one client")  # the copy itself failed, before batchjson saw it
+    assert ok(loaded, "batch_session.provider is model") is True
+    line = usage_error(loaded, "%reload_ext batchjson", capsys)  # IPython kept it: named
+    assert "c.BatchJson.provider = <__main__.MyProvider object" in line
+    assert "which is refused (TypeError: a MyProvider is one client)" in line
+    ok(loaded, "from batchjson import ProviderHandle")
+    caplog.clear()
+    for name in ("mine", "plain"):
+        ok(loaded, f"%config BatchJson.provider = ProviderHandle({name})")
+        if name == "mine":
+            ok(loaded, "%load_ext batchjson")
+        ok(loaded, "%config BatchJson.repairs = 2")  # another line: nothing is copied again
+        assert ok(loaded, f"batch_session.provider is {name}") is True
+        assert ok(loaded, "%config BatchJson.provider") is loaded.user_ns[name]
+    ok(loaded, "%config BatchJson.provider = model")
+    ok(loaded, "%config BatchJson.concurrency = 3")
+    assert ok(loaded, "batch_session.provider is model") is True
+    assert loaded.config.BatchJson.provider is loaded.user_ns["model"]  # as IPython keeps it
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # no copy was tried
 
 
 def test_ipython_config_style(ip: Any, tmp_path: Path) -> None:
@@ -237,12 +297,12 @@ def test_config_strict_opens_new_session_on_same_ledger(loaded: Any) -> None:
 
 
 def test_config_ledger_that_cannot_open_changes_nothing(loaded: Any, tmp_path: Path,
-                                                        capsys: Any) -> None:
+                                                        caplog: Any) -> None:
     ip = loaded
     session = ip.user_ns["batch_session"]
     (tmp_path / "a_directory").mkdir()
-    line = usage_error(ip, "%config BatchJson.ledger = 'a_directory'", capsys)
-    assert "BatchJson.ledger = 'a_directory' was not applied" in line
+    line = refused(ip, "%config BatchJson.ledger = 'a_directory'", caplog)
+    assert line.startswith("BatchJson.ledger = 'a_directory' was not applied: LedgerError")
     assert ip.magics_manager.registry["BatchJson"].ledger == ".batchjson/ledger.sqlite"
     assert ip.user_ns["batch_session"] is session and default_session() is session
     ok(ip, "%%batch_json labels\n" + BODY)  # the session still works
@@ -265,42 +325,42 @@ def test_config_updates_live_session(loaded: Any) -> None:
     assert ip.user_ns["batch_session"] is session
 
 
-def test_config_refuses_bad_numbers(loaded: Any, capsys: Any) -> None:
-    session = loaded.user_ns["batch_session"]
-    usage_error(loaded, "%config BatchJson.concurrency = 0", capsys)
-    usage_error(loaded, "%config BatchJson.max_calls = -1", capsys)
-    assert session.concurrency == 16
-    assert loaded.magics_manager.registry["BatchJson"].max_calls is None
-
-
 @pytest.mark.parametrize(("line", "said"), [
-    ("concurrency = 0", "BatchJson.concurrency = 0 is refused: it must be a whole number >= 1. "
-                        "BatchJson.concurrency stays 16"),
-    ("concurrency = 'four'", "BatchJson.concurrency = 'four' is refused: it must be a whole "
-                             "number >= 1. BatchJson.concurrency stays 16"),
-    ("repairs = True", "BatchJson.repairs = True is refused: it must be a whole number >= 0. "
-                       "BatchJson.repairs stays 1"),
-    ("max_calls = 2.5", "BatchJson.max_calls = 2.5 is refused: it must be a whole number >= 0 "
-                        "or None. BatchJson.max_calls stays None"),
-    ("strict = 'yes'", "BatchJson.strict = 'yes' is refused: it must be True or False. "
-                       "BatchJson.strict stays False"),
-    ("ledger = 3", "BatchJson.ledger = 3 is refused: it must be a file path (a string) or "
-                   "':memory:'. BatchJson.ledger stays '.batchjson/ledger.sqlite'"),
+    ("concurrency = 0", "'concurrency' trait of a BatchJson instance should not be less than 1"),
+    ("concurrency = 'four'", "'concurrency' trait of a BatchJson instance expected an int"),
+    ("max_calls = -1", "'max_calls' trait of a BatchJson instance should not be less than 0"),
+    ("repairs = True", "'repairs' trait of a BatchJson instance expected an int, not the bool"),
+    ("max_calls = 2.5", "'max_calls' trait of a BatchJson instance expected an int"),
+    ("strict = 'yes'", "'strict' trait of a BatchJson instance expected a boolean"),
+    ("ledger = 3", "'ledger' trait of a BatchJson instance expected a unicode string"),
 ])
-def test_a_bad_config_value_fails_the_cell_naming_what_is_allowed_and_changes_nothing(
-        loaded: Any, capsys: Any, line: str, said: str) -> None:
+def test_a_bad_config_value_is_refused_naming_the_setting_and_the_old_value_stays(
+        loaded: Any, caplog: Any, line: str, said: str) -> None:
     session = loaded.user_ns["batch_session"]
     name = line.split()[0]
     before = getattr(loaded.magics_manager.registry["BatchJson"], name)
-    assert usage_error(loaded, f"%config BatchJson.{line}", capsys) == f"UsageError: {said}"
+    assert said in refused(loaded, f"%config BatchJson.{line}", caplog)
     assert getattr(loaded.magics_manager.registry["BatchJson"], name) == before
     assert loaded.user_ns["batch_session"] is session
-    assert "BatchJson" not in loaded.config or name not in loaded.config.BatchJson
-    ok(loaded, "%unload_ext batchjson")  # a later load reads the shell's config again
-    ok(loaded, "%load_ext batchjson")
-    assert getattr(loaded.magics_manager.registry["BatchJson"], name) == before
+    assert (session.concurrency, session.repairs, session.strict) == (16, 1, False)
     ok(loaded, "%config BatchJson.concurrency = 3")  # %config itself still works
     assert loaded.user_ns["batch_session"].concurrency == 3
+
+
+def test_a_refused_value_left_in_ipythons_config_is_named_when_batchjson_loads_again(
+        loaded: Any, capsys: Any, caplog: Any) -> None:
+    """IPython keeps what %config was given in its own configuration, refused or not: a later
+    load names it and the fix, and loads nothing until it is gone; the session is kept."""
+    session = loaded.user_ns["batch_session"]
+    refused(loaded, "%config BatchJson.concurrency = 0", caplog)
+    line = usage_error(loaded, "%reload_ext batchjson", capsys)
+    assert "sets c.BatchJson.concurrency = 0, which is refused" in line
+    assert "get_ipython().config.BatchJson.pop('concurrency')" in line
+    assert loaded.find_cell_magic("batch_json") is None
+    ok(loaded, "get_ipython().config.BatchJson.pop('concurrency')")
+    ok(loaded, "%load_ext batchjson")
+    assert loaded.user_ns["batch_session"] is session and session.concurrency == 16
+    assert ok(loaded, "batch_session.provider is model") is True
 
 
 @pytest.mark.parametrize(("name", "value"), [("concurrency", 0), ("strict", "yes"),
@@ -322,11 +382,18 @@ def test_a_bad_value_in_the_ipython_config_fails_the_load_naming_it_and_the_fix(
     assert ip.find_cell_magic("batch_json") is not None
 
 
-def test_unloading_gives_back_ipythons_own_config_magic(loaded: Any, capsys: Any) -> None:
+def test_config_lists_batchjson_only_while_it_is_loaded(loaded: Any, capsys: Any,
+                                                        caplog: Any) -> None:
+    capsys.readouterr()
+    ok(loaded, "%config")
+    assert "    BatchJson\n" in capsys.readouterr().out
     ok(loaded, "%unload_ext batchjson")
-    assert not hasattr(loaded.find_line_magic("config"), "__wrapped__")
+    ok(loaded, "%config")
+    listed = capsys.readouterr().out
+    assert "Available objects for config" in listed and "BatchJson" not in listed
+    caplog.clear()
     ok(loaded, "%config BatchJson.concurrency = 0")  # nothing of ours is left to refuse it
-    assert "Available objects for config" in (run(loaded, "%config") and capsys.readouterr().out)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 def test_config_max_calls_is_the_default_ceiling(loaded: Any, capsys: Any) -> None:
@@ -884,8 +951,9 @@ def test_an_unresolved_cell_lists_its_failed_requests_once(loaded: Any, capsys: 
 def test_a_key_pasted_as_the_provider_in_config_is_never_echoed(loaded: Any, capsys: Any,
                                                                 caplog: Any) -> None:
     key = "sk-proj-" + "Zq9x" * 12
-    line = usage_error(loaded, f"%config BatchJson.provider = {key!r}", capsys)
-    assert key not in line + caplog.text and key[8:] not in line + caplog.text
+    line = refused(loaded, f"%config BatchJson.provider = {key!r}", caplog)
+    shown = line + caplog.text + "".join(capsys.readouterr())
+    assert key not in shown and key[8:] not in shown
     assert "'sk-p'..." in line  # its first four characters, to recognise it by
     assert ok(loaded, "batch_session.provider is model") is True
 

@@ -188,13 +188,13 @@ def test_a_magic_refuses_an_async_generator_validator_before_spending_or_recordi
     assert spy.calls == 0 and recorded(Path(".batchjson/ledger.sqlite")) == {}
 
 
-def test_a_magic_refuses_a_strict_setting_that_is_not_a_bool(ip: Any, capsys: Any) -> None:
-    from tests.test_magics import usage_error
+def test_a_magic_refuses_a_strict_setting_that_is_not_a_bool(ip: Any, caplog: Any) -> None:
+    from tests.test_magics import refused
 
     magic_setup(ip)
-    said = usage_error(ip, "%config BatchJson.strict = 'yes'", capsys)
-    assert "BatchJson.strict = 'yes' is refused: it must be True or False" in said
-    assert "BatchJson.strict stays False" in said
+    said = refused(ip, "%config BatchJson.strict = 'yes'", caplog)
+    assert "'strict' trait of a BatchJson instance expected a boolean, not the str 'yes'" in said
+    assert ip.magics_manager.registry["BatchJson"].strict is False
 
 
 # -- the command line --------------------------------------------------------------------------

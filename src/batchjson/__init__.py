@@ -27,7 +27,7 @@ from ._errors import (
 )
 from ._evidence import Evidence
 from ._ledger import Ledger
-from ._providers.base import Call, CallableProvider, Provider, Reply
+from ._providers.base import Call, CallableProvider, Provider, ProviderHandle, Reply
 from ._providers.pricing import PRICES_AS_OF, Price, set_prices
 from ._providers.simulated import FaultPlan, SimulatedModel
 from ._records import Receipt
@@ -45,8 +45,8 @@ __all__ = [
     # what a session holds
     "Ledger", "Receipt", "Evidence", "ValidatorRegistry",
     # providers and prices
-    "Provider", "Call", "Reply", "CallableProvider", "SimulatedModel", "FaultPlan",
-    "OpenAIProvider", "AnthropicProvider", "Price", "set_prices", "PRICES_AS_OF",
+    "Provider", "Call", "Reply", "CallableProvider", "ProviderHandle", "SimulatedModel",
+    "FaultPlan", "OpenAIProvider", "AnthropicProvider", "Price", "set_prices", "PRICES_AS_OF",
     # the one exception tree
     "BatchJsonError", "InvalidBatch", "ConfigError", "ProviderNotConfigured",
     "ProviderSetupError", "LedgerError", "ProviderError", "SubcallClientError", "ValidatorChanged",

@@ -5,6 +5,9 @@ One session per kernel, configured through the ``BatchJson`` configurable::
     %config BatchJson.provider = "openai"        # or a provider object from the namespace
     %config BatchJson.ledger = "runs/ledger.sqlite"
 
+``%config`` is IPython's own: a value a setting refuses raises ``TraitError`` from its trait,
+which IPython reports, and the old value stays in force.
+
 Re-running a ``%%batch_json`` cell is safe: functions the body defines are passed through the
 session's validator registry (define-once), and identical work resumes from the ledger.
 """
@@ -14,7 +17,6 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Callable
 from copy import deepcopy
 from typing import Any
 
@@ -25,13 +27,13 @@ from IPython.display import display
 from traitlets import Any as AnyTrait
 from traitlets import Bool, Int, TraitError, Unicode, observe, validate
 from traitlets.config import Config
-from traitlets.config.loader import LazyConfigValue
 
 from .._checks import whole_argument
 from .._cliview import DEFAULT_LEDGER
 from .._errors import BatchJsonError, BatchUnresolved
 from .._forgetting import forget_batch, forget_message
-from .._providers.masking import looks_like_key, masked
+from .._providers.base import ProviderHandle
+from .._providers.masking import looks_like_key, masked, public_url
 from .._providers.select import PROVIDER_NAMES
 from .._session import Session
 from .cell import (
@@ -51,11 +53,11 @@ from .display import (
     ReceiptsView,
     StatusView,
     Table,
+    clip,
     in_notebook_frontend,
     receipt_rows,
 )
 from .options import check_result_variable, parse, wants_help
-from .settings import AsGiven, NotApplied, Refused, guarded, refused, shield, shown
 from .state import KernelState
 
 # The code file of a notebook or IPython cell, as a validator's "where" records it:
@@ -63,7 +65,17 @@ from .state import KernelState
 _CELL_FILE = re.compile(r"\d+\.py|<ipython-input-\d+-[0-9a-f]+>")
 SETTINGS = ("provider", "model", "ledger", "concurrency", "max_calls", "repairs", "replays",
             "strict")
-WHOLE = ("concurrency", "max_calls", "repairs", "replays")
+
+
+class Count(Int):  # type: ignore[type-arg]
+    """A whole number: a bool is an int to Python, never a count here."""
+
+    def validate(self, obj: Any, value: Any) -> Any:
+        if isinstance(value, bool):
+            self.error(obj, value)
+        return super().validate(obj, value)
+
+
 def _import_progress_bar() -> None:
     """Import tqdm.auto once without its 'IProgress not found' warning: without ipywidgets
     the text bar is a fine progress bar, not something the user must act on."""
@@ -82,98 +94,64 @@ class BatchJson(Magics):
 
     provider = AnyTrait(None, allow_none=True, help=(
         "'openai', 'anthropic', 'simulated', or a provider object (any name in the notebook's "
-        "namespace: %config BatchJson.provider = my_model). None uses BATCHJSON_PROVIDER. API "
-        "keys are read from the environment, never from here.")).tag(config=True)
+        "namespace: %config BatchJson.provider = my_model; one of your own class as "
+        "ProviderHandle(my_model)). None uses BATCHJSON_PROVIDER. API keys are read from the "
+        "environment, never from here.")).tag(config=True)
     model = Unicode(None, allow_none=True, help="Model name for a named provider.").tag(
         config=True)
     ledger = Unicode(DEFAULT_LEDGER, help=(
         "Ledger file; a relative path is under the working directory, ':memory:' keeps it in "
         "memory. Changing it opens a new session on that ledger.")).tag(config=True)
-    concurrency = Int(16, min=1, help="Calls in flight at once.").tag(config=True)
-    max_calls = Int(None, allow_none=True, min=0, help=(
+    concurrency = Count(16, min=1, help="Calls in flight at once.").tag(config=True)
+    max_calls = Count(None, allow_none=True, min=0, help=(
         "Default call ceiling per %%batch_json run (None: no ceiling).")).tag(config=True)
-    repairs = Int(1, min=0, help="Repair calls per failing request.").tag(config=True)
-    replays = Int(1, min=0, help="Exact replays per failing request.").tag(config=True)
+    repairs = Count(1, min=0, help="Repair calls per failing request.").tag(config=True)
+    replays = Count(1, min=0, help="Exact replays per failing request.").tag(config=True)
     strict = Bool(False, help=(
         "Refuse a changed validator while requests under the old one are unresolved. Changing "
         "it opens a new session.")).tag(config=True)
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         self._state: KernelState | None = None  # set once loaded; config during init waits
-        self.refusals: list[str] | None = None  # collected while a %config line runs
-        self.builtin_config: Callable[[str], Any] | None = None  # IPython's %config, wrapped
-        if shell is not None:
-            shield(shell.config)
         super().__init__(shell=shell, **kwargs)
-
-    def update_config(self, config: Any) -> None:
-        """``%config``: keep a provider object as given (traitlets deep-copies config values);
-        a refused setting changes nothing and fails the ``%config`` cell (``guarded``)."""
-        shield(config)
-        refusal = self._set_each(config)
-        if refusal is not None:
-            if self.refusals is None:
-                raise TraitError(refusal)
-            self.refusals.append(refusal)
-            return
-        super().update_config(config)
-        for configurable in (self.shell, *getattr(self.shell, "configurables", ())):
-            shield(getattr(configurable, "config", None))
-
-    def _set_each(self, config: Any) -> str | None:
-        """Set this section's settings one at a time, so that a refusal names its setting and
-        leaves it as it was (traitlets stores no value that fails validation, and a change the
-        session cannot take is put back); the first refusal, or None."""
-        section = config.get("BatchJson") if isinstance(config, dict) else None
-        if not isinstance(section, dict):
-            return None
-        for name in SETTINGS:
-            if name not in section or isinstance(section[name], LazyConfigValue):
-                continue  # absent, or a container operation traitlets resolves itself
-            value = section[name]
-            old = getattr(self, name)
-            try:
-                setattr(self, name, deepcopy(value))
-            except NotApplied as exc:
-                return str(exc)
-            except TraitError as exc:
-                return refused(name, value, old, self.traits()[name], exc)
-        return None
 
     @validate("provider")
     def _check_provider(self, proposal: Any) -> Any:
-        value = proposal["value"]
-        if isinstance(value, AsGiven):
-            value = value.value
+        """A name, or a provider object kept as itself: traitlets deep-copies config values,
+        so an object whose deep copy is another object must come in a ``ProviderHandle``."""
+        value = held = proposal["value"]
+        if isinstance(held, ProviderHandle):
+            value = held.provider
         if value is None:
             return None
         if isinstance(value, str):
-            name = value.strip().lower()
-            if name not in PROVIDER_NAMES:
-                raise TraitError(f"unknown provider name {masked(value)}; use one of "
-                                 f"{', '.join(PROVIDER_NAMES)} or a provider object")
-            return name
-        if callable(getattr(value, "complete", None)):
-            return value
-        raise TraitError(f"a provider must be {', '.join(map(repr, PROVIDER_NAMES))} or an object "
-                         f"with an async complete(call) method, got {type(value).__name__}; wrap "
-                         "a plain function as batchjson.CallableProvider(fn)")
+            if value.strip().lower() not in PROVIDER_NAMES:
+                raise TraitError(f"BatchJson.provider: unknown provider name {masked(value)}; "
+                                 f"use one of {', '.join(PROVIDER_NAMES)} or a provider object")
+            return value.strip().lower()
+        kind = type(value).__name__
+        if not callable(getattr(value, "complete", None)):
+            raise TraitError(f"BatchJson.provider: a provider must be "
+                             f"{', '.join(map(repr, PROVIDER_NAMES))} or an object with an async "
+                             f"complete(call) method, got {kind}; wrap a plain function as "
+                             "batchjson.CallableProvider(fn)")
+        if value is held and deepcopy(value) is not value:
+            raise TraitError(f"BatchJson.provider: IPython's config hands over a deep copy "
+                             f"of each value, at every %config line, and a copy of a {kind} "
+                             "would be another provider; give it as "
+                             f"batchjson.ProviderHandle(obj), or give {kind} a __deepcopy__ "
+                             "that returns self")
+        return value
 
     @validate("model")
     def _check_model(self, proposal: Any) -> Any:
         """A key pasted as the model is refused, as ``OpenAIProvider(model=...)`` refuses it."""
         value = proposal["value"]
         if isinstance(value, str) and looks_like_key(value):
-            raise Refused(f"{masked(value)} looks like an API key, not a model name; give the "
-                          "model's name (e.g. 'gpt-4o-mini') and keep the key in the "
-                          "environment (OPENAI_API_KEY or ANTHROPIC_API_KEY)")
+            raise TraitError(f"BatchJson.model: {masked(value)} looks like an API key, not a "
+                             "model name; give the model's name (e.g. 'gpt-4o-mini') and keep "
+                             "the key in the environment (OPENAI_API_KEY or ANTHROPIC_API_KEY)")
         return value
-
-    @validate(*WHOLE)
-    def _no_bools(self, proposal: Any) -> Any:
-        if isinstance(proposal["value"], bool):  # an int to traitlets; never a count here
-            raise TraitError(f"{proposal['trait'].name} is a whole number, not a bool")
-        return proposal["value"]
 
     @observe(*SETTINGS)
     def _setting_changed(self, change: Any) -> None:
@@ -189,7 +167,7 @@ class BatchJson(Magics):
                 setattr(self, change["name"], change["old"])
             finally:
                 self._state = state
-            raise NotApplied(f"BatchJson.{change['name']} = {shown(change['name'], change['new'])}"
+            raise TraitError(f"BatchJson.{change['name']} = {shown(change['name'], change['new'])}"
                              f" was not applied: {type(exc).__name__}: {exc}") from exc
 
     def settings(self) -> dict[str, Any]:
@@ -411,51 +389,47 @@ def load_ipython_extension(shell: Any) -> None:
     assert state is not None
     if state.magics is not None:
         return  # already loaded: harmless
-    try:
-        magics = BatchJson(shell=shell)
-    except TraitError as exc:  # the shell's config (ipython_config.py) holds a bad value
-        # IPython had already counted the half-made instance among the shell's configurables
-        shell.configurables[:] = [c for c in shell.configurables if not isinstance(c, BatchJson)]
-        raise UsageError(_bad_config(shell, exc)) from None
+    refusal = _refused_setting(shell.config)
+    if refusal is not None:
+        raise UsageError(refusal)
+    magics = BatchJson(shell=shell)  # IPython lists it among the configurables %config sets
     try:
         state.attach(magics.settings())
     except Exception:  # e.g. a configured ledger that cannot be opened: leave nothing behind
-        if magics in shell.configurables:
-            shell.configurables.remove(magics)
+        shell.configurables.remove(magics)
         raise
     magics._state = state
     state.magics = magics
     shell.register_magics(magics)
-    builtin = shell.find_line_magic("config")  # loads it if IPython declared it lazily
-    if builtin is not None:
-        magics.builtin_config = builtin
-        shell.magics_manager.magics["line"]["config"] = guarded(magics, builtin)
     shell.events.register("pre_run_cell", state.pre_run_cell)
     if allow_empty_body not in shell.input_transformers_cleanup:
         shell.input_transformers_cleanup.append(allow_empty_body)
 
 
-def _bad_config(shell: Any, exc: TraitError) -> str:
-    """Which configured BatchJson value was refused at load, and where to fix it."""
-    section = shell.config.get("BatchJson") or {}
-    name, why = None, one_line(exc)
-    for candidate in SETTINGS:  # each setting alone, on a configurable of its own
-        if candidate in section and not isinstance(section[candidate], LazyConfigValue):
-            try:
-                BatchJson(config=Config({"BatchJson": {candidate: section[candidate]}}))
-            except TraitError as refusal:
-                name, why = candidate, one_line(refusal)
-                break
-    what = (f"c.BatchJson.{name} = {shown(name, section[name])}" if name is not None
-            else "a c.BatchJson setting")
-    return (f"batchjson was not loaded: the IPython configuration sets {what}, which is "
-            f"refused ({why}). Fix or remove it where it is set (ipython_config.py, or a "
-            f"kernel's config), or in this kernel with get_ipython().config.BatchJson.pop("
-            f"{name or 'NAME'!r}), then run %load_ext batchjson again")
+def _refused_setting(config: Any) -> str | None:
+    """What is wrong with the first ``c.BatchJson`` setting the shell's configuration holds
+    that BatchJson refuses (each is tried alone, so the message names it), or None."""
+    section = config.get("BatchJson") or {}
+    for name in SETTINGS:
+        if name not in section:
+            continue
+        try:
+            BatchJson(config=Config({"BatchJson": {name: section[name]}}))
+        except Exception as refusal:  # a TraitError, or a value traitlets cannot deep-copy
+            return (f"batchjson was not loaded: the IPython configuration sets c.BatchJson."
+                    f"{name} = {shown(name, section[name])}, which is refused "
+                    f"({type(refusal).__name__}: {one_line(refusal)}). Fix or remove it where "
+                    "it is set (ipython_config.py, a kernel's config, or an earlier %config), or "
+                    f"in this kernel with get_ipython().config.BatchJson.pop({name!r}), then run "
+                    "%load_ext batchjson again")
+    return None
 
 
 def unload_ipython_extension(shell: Any) -> None:
-    """Remove what loading added; the session itself stays on the shell for a later load."""
+    """Remove what loading added; the session itself stays on the shell for a later load.
+
+    IPython has no public way to unregister magics, so this is the one place that edits the
+    magics manager's tables: it removes only the entries that are still this instance's."""
     state = KernelState.of(shell, create=False)
     if state is None or state.magics is None:
         return
@@ -464,10 +438,6 @@ def unload_ipython_extension(shell: Any) -> None:
         for name, func in table.items():
             if manager.magics[kind].get(name) == func:
                 del manager.magics[kind][name]
-    builtin = getattr(magics, "builtin_config", None)
-    if builtin is not None and getattr(manager.magics["line"].get("config"), "__wrapped__",
-                                       None) is builtin:
-        manager.magics["line"]["config"] = builtin
     if manager.registry.get(type(magics).__name__) is magics:
         del manager.registry[type(magics).__name__]
     if magics in shell.configurables:
@@ -480,3 +450,13 @@ def unload_ipython_extension(shell: Any) -> None:
     state.restore_default()
     magics._state = None
     state.magics = None
+
+
+def shown(name: str, value: Any) -> str:
+    """A setting's value for a message: a string given as provider or model may be a pasted
+    key (only its first characters are shown), and a ledger URL's password is masked."""
+    if name in ("provider", "model") and isinstance(value, str):
+        return masked(value)
+    if name == "ledger" and isinstance(value, str):
+        value = public_url(value)
+    return clip(repr(value), 80)

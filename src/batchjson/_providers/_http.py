@@ -25,7 +25,7 @@ import pydantic_core
 from .._canon import Unhashable, content_hash
 from .._checks import positive_seconds
 from .._errors import ProviderError, ProviderSetupError
-from .base import Call
+from .base import Call, OneService
 from .masking import (
     Secret,
     Secrets,
@@ -343,7 +343,7 @@ def is_official(base_url: str, domain: str) -> bool:
     return host == domain or host.endswith("." + domain)
 
 
-class HttpProvider:
+class HttpProvider(OneService):
     """What the HTTP providers share: model, endpoint and key from arguments or the
     environment (the key never leaves its Secret), checked settings, and one pooled aiohttp
     session per event loop."""

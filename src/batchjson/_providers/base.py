@@ -171,7 +171,29 @@ def utf8_length(text: str) -> int:
     return len(text.encode("utf-8", "surrogatepass"))
 
 
-class CallableProvider:
+class OneService:
+    """A provider is one service (a connection pool, counters, a lock): a deep copy would be a
+    second provider with state of its own, so deep-copying one gives it back. Traitlets sets
+    a deep copy of each config value, and ``%config BatchJson.provider = model`` must keep
+    ``model`` itself."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        return self
+
+
+class ProviderHandle(OneService):
+    """Holds a provider object of your own for ``%config BatchJson.provider =
+    ProviderHandle(obj)``: IPython's config deep-copies what it is given, the handle is never
+    copied, and the extension takes ``obj`` itself out of it."""
+
+    def __init__(self, provider: Any) -> None:
+        self.provider = provider
+
+    def __repr__(self) -> str:
+        return f"ProviderHandle({self.provider!r})"
+
+
+class CallableProvider(OneService):
     """Wrap ``fn(call) -> str | Reply`` (sync or async) as a provider, for tests and glue code.
 
     Its answer source (part of every request key) is the function's content fingerprint, or

@@ -19,7 +19,7 @@ from .._canon import canonical_json
 from .._errors import ProviderError, ProviderSetupError
 from .._schemagen import GENERATOR, Unanswerable, answer_item, answer_value
 from .._tasks import sha
-from .base import Call, Reply, estimate_tokens
+from .base import Call, OneService, Reply, estimate_tokens
 from .masking import check_name
 
 TRANSPORT_FAULTS = ("provider_error", "timeout")
@@ -91,7 +91,7 @@ class FaultPlan:
         return chosen
 
 
-class SimulatedModel:
+class SimulatedModel(OneService):
     """``answer(task)`` gives the correct answer fields (default: schema-valid values made from
     the call's schema and the seed); faults corrupt the wire text."""
 
