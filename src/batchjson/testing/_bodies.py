@@ -126,7 +126,7 @@ def anthropic_message(ask: Ask, answer: Answer, input_tokens: int, number: int,
         tool_input = tool_input_of(answer.text, whole=answer.stop != "length")
         if tool_input is not None:
             block = {"type": "tool_use", "id": "toolu_01" + token(f"toolu:{number}", 22, _BASE58),
-                     "name": answer.tool, "input": tool_input}
+                     "name": answer.tool, "input": tool_input, "caller": {"type": "direct"}}
             stop = "tool_use" if answer.stop == "end" else stop
     read, written = cache_split(input_tokens, fault)
     return {
@@ -137,7 +137,8 @@ def anthropic_message(ask: Ask, answer: Answer, input_tokens: int, number: int,
                   "cache_creation_input_tokens": written, "cache_read_input_tokens": read,
                   "cache_creation": {"ephemeral_5m_input_tokens": written,
                                      "ephemeral_1h_input_tokens": 0},
-                  "output_tokens": answer.output_tokens, "service_tier": "standard"},
+                  "output_tokens": answer.output_tokens, "service_tier": "standard",
+                  "inference_geo": "not_available"},
     }
 
 
