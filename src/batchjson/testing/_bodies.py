@@ -24,13 +24,10 @@ CHARS_PER_TOKEN = 4  # the simulated model's token estimate (base.estimate_token
 
 
 def token(seed: str, length: int, alphabet: str = _BASE62) -> str:
-    """``length`` characters of ``alphabet`` drawn from ``seed`` (reproducible ids)."""
-    number = int.from_bytes(hashlib.sha256(seed.encode()).digest(), "big")
-    out = []
-    for _ in range(length):
-        number, digit = divmod(number, len(alphabet))
-        out.append(alphabet[digit])
-    return "".join(out)
+    """``length`` (at most 32) characters of ``alphabet`` drawn from ``seed`` (reproducible
+    ids)."""
+    digest = hashlib.sha256(seed.encode()).digest()
+    return "".join(alphabet[byte % len(alphabet)] for byte in digest[:length])
 
 
 def request_id(protocol: str, number: int) -> str:

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pydantic_core
 from aiohttp import web
 
 from .._checks import whole_argument
@@ -350,7 +351,7 @@ class LoopbackServer:
         if self._exchanges[id(request)].protocol == "anthropic":
             body = json.dumps(payload, separators=(",", ":")).encode()
         else:
-            body = (json.dumps(payload, indent=2) + "\n").encode()
+            body = pydantic_core.to_json(payload, indent=2) + b"\n"
         if fault == "cut_json":
             return web.Response(body=body[: len(body) // 2], headers=JSON_HEADERS)
         if fault != "truncate":
