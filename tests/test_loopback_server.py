@@ -239,3 +239,69 @@ def test_pricing_table_lookup_overrides_and_tiers() -> None:
     assert price_for("house-model") is None
     with pytest.raises(ConfigError, match="input"):
         set_prices({"bad": {"in": 1}})
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(0, "0s"), (0.001, "1ms"), (0.012, "12ms"),
+                                               (1.235, "1.235s"), (20, "20s"), (360, "6m0s"),
+                                               (411480, "114h18m0s")])
+def test_openai_resets_are_go_durations_as_recorded(seconds: float, text: str) -> None:
+    from batchjson.testing._ratelimits import go_duration
+
+    assert go_duration(seconds) == text
+
+
+def test_anthropic_resets_are_rfc3339_seconds_in_utc() -> None:
+    from batchjson.testing._ratelimits import rfc3339
+
+    assert rfc3339(1755780059.2) == "2025-08-21T12:41:00Z"
+
+
+@pytest.mark.parametrize(("text", "closed"), [
+    ('{"items": [{"task_id": "a", "n": 3}, {"task_id": "b", "n"', {"items": [
+        {"task_id": "a", "n": 3}, {"task_id": "b"}]}),
+    ('{"items": [{"task_id": "a", "label": "po', {"items": [{"task_id": "a", "label": "po"}]}),
+    ('{"value": tr', {}),
+    ('{"items": [{"task_id": "a", "n": 3}]', {"items": [{"task_id": "a", "n": 3}]}),
+    ('{"a": "x\\', {"a": "x"}),
+])
+def test_a_tool_call_cut_by_max_tokens_keeps_what_a_partial_json_parser_reads(text, closed):
+    from batchjson.testing._bodies import tool_input_of
+
+    assert tool_input_of(text, whole=False) == closed
+
+
+def test_anthropic_max_tokens_inside_a_batch_tool_call_drops_the_unfinished_items() -> None:
+    tasks = [{"task_id": str(i), "prompt": "x" * 40} for i in range(6)]
+    body = {"model": "c", "max_tokens": 4096, "messages": [
+        {"role": "user", "content": render_items_prompt(tasks, ("task_id",), None)}],
+        "tools": [{"name": "t", "input_schema": {"type": "object", "properties": {
+            "items": {"type": "array"}}}}], "tool_choice": {"type": "tool", "name": "t"}}
+    with LoopbackServer(SimulatedModel(answer), faults=HttpFaults(script={1: "length"})) as srv:
+        status, headers, data = post(f"{srv.anthropic_base_url}/v1/messages", body,
+                                     ANTHROPIC_HEADERS)
+    assert status == 200 and data["stop_reason"] == "max_tokens"
+    items = data["content"][0]["input"]["items"]
+    assert 0 < len(items) < len(tasks) and items[0] == {"task_id": "0", "n": 40}
+    assert {k.lower(): v for k, v in headers.items()}["request-id"].startswith("req_011C")
+
+
+def test_every_fault_name_is_accepted_and_answers_as_the_provider_would() -> None:
+    from batchjson.testing import HTTP_FAULTS
+
+    script = dict(enumerate(HTTP_FAULTS, start=1))
+    statuses = {}
+    with LoopbackServer(SimulatedModel(answer), faults=HttpFaults(script=script, hold=0.01,
+                                                                 retry_after=0)) as srv:
+        for name in HTTP_FAULTS:
+            if name in ("truncate", "cut_json"):
+                with pytest.raises((aiohttp.ClientPayloadError, ValueError)):
+                    chat(srv)  # a body cut short
+                statuses[name] = None
+                continue
+            status, headers, data = chat(srv)
+            statuses[name] = status
+            assert "x-request-id" in {k.lower() for k in headers}, name
+    assert srv.injected == dict.fromkeys(HTTP_FAULTS, 1)
+    assert {k: v for k, v in statuses.items() if v not in (200, None)} == {
+        "400": 400, "401": 401, "404": 404, "429": 429, "429_tokens": 429,
+        "insufficient_quota": 429, "500": 500, "503": 503, "529": 529, "timeout": 504}

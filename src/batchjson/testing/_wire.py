@@ -1,101 +1,137 @@
-"""Protocol details of the loopback server: injectable HTTP faults and provider-shaped bodies.
+"""Error responses as OpenAI and Anthropic send them, and the parts of a request the server reads.
 
-Kept apart from the server so the request path stays short to read.
+Kept apart from the server so the request path stays short to read. Error types, codes and
+messages are the providers' own (see tests/fixtures/recorded/ for recorded ones).
 """
 
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
-from .._errors import ConfigError
+from ._faults import HttpFaults
+from ._ratelimits import Limits, go_duration
 
-HTTP_FAULTS = ("429", "500", "503", "529", "400", "401", "404", "timeout", "truncate", "cut_json")
 JSON_HEADERS = {"Content-Type": "application/json"}
-
-
-@dataclass(frozen=True)
-class HttpFaults:
-    """HTTP-level faults, drawn per request number (1 = first request this server saw).
-
-    ``script`` maps a request number to one of HTTP_FAULTS and wins over the rates; rates are
-    seeded by (seed, request number) so a run is reproducible. ``timeout`` holds the request for
-    ``hold`` seconds (longer than the client's timeout); ``truncate`` promises more bytes in
-    Content-Length than it sends and closes the connection; ``cut_json`` sends half a JSON body
-    with a matching length. ``retry_after`` is sent on 429/503/529: seconds, or a string sent
-    verbatim (e.g. an HTTP-date).
-    """
-
-    rate_429: float = 0.0
-    rate_500: float = 0.0
-    rate_timeout: float = 0.0
-    rate_truncate: float = 0.0
-    script: Mapping[int, str] = field(default_factory=dict)
-    retry_after: float | str | None = 1.0
-    hold: float = 30.0
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        for number, name in self.script.items():
-            if name not in HTTP_FAULTS:
-                raise ConfigError(f"HttpFaults.script[{number}] = {name!r}; choose from "
-                                 f"{', '.join(HTTP_FAULTS)}")
-        for name in ("rate_429", "rate_500", "rate_timeout", "rate_truncate"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ConfigError(f"HttpFaults.{name} must be a probability in [0, 1]")
-
-    def draw(self, number: int) -> str | None:
-        if number in self.script:
-            return self.script[number]
-        rates = (("429", self.rate_429), ("500", self.rate_500),
-                 ("timeout", self.rate_timeout), ("truncate", self.rate_truncate))
-        if not any(rate for _, rate in rates):
-            return None
-        rng = random.Random(f"{self.seed}:{number}")
-        for name, rate in rates:
-            if rng.random() < rate:
-                return name
-        return None
-
-
-STATUS_TEXT = {400: "Invalid request (loopback fault)",
-               404: "The model does not exist (loopback fault)",
-               429: "Rate limit reached (loopback fault)",
-               500: "The server had an error while processing your request (loopback fault)",
-               503: "The engine is currently overloaded (loopback fault)",
-               529: "Overloaded (loopback fault)"}
 _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
-                    404: "not_found_error", 429: "rate_limit_error", 500: "api_error",
-                    503: "api_error", 504: "api_error", 529: "overloaded_error"}
+                    403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+                    429: "rate_limit_error", 500: "api_error", 503: "api_error",
+                    504: "timeout_error", 529: "overloaded_error"}
+_OPENAI_TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
+                 404: "invalid_request_error", 429: "requests"}
+RATE_LIMIT_DOCS = ("Visit https://platform.openai.com/account/rate-limits to learn more.")
+QUOTA_MESSAGE = ("You exceeded your current quota, please check your plan and billing details. "
+                 "For more information on this error, read the docs: "
+                 "https://platform.openai.com/docs/guides/error-codes/api-errors.")
+CREDIT_MESSAGE = ("Your credit balance is too low to access the Anthropic API. Please go to "
+                  "Plans & Billing to upgrade or purchase credits.")
+ANTHROPIC_LIMIT_TAIL = (
+    "For details, refer to: https://docs.claude.com/en/api/rate-limits. You can see the "
+    "response headers for current usage. Please reduce the prompt length or the maximum tokens "
+    "requested, or try again later. You may also contact sales at "
+    "https://www.anthropic.com/contact-sales to discuss your options for a rate limit increase.")
+STATUS_TEXT = {
+    ("openai", 400): "Invalid request: injected by the loopback server's HttpFaults.",
+    ("anthropic", 400): "Invalid request: injected by the loopback server's HttpFaults.",
+    ("openai", 500): "The server had an error while processing your request. Sorry about that!",
+    ("anthropic", 500): "Internal server error",
+    ("openai", 503): "The engine is currently overloaded, please try again later.",
+    ("anthropic", 503): "Service unavailable",
+    ("openai", 529): "Overloaded",
+    ("anthropic", 529): "Overloaded",
+}
 
 
-def error_response(protocol: str, status: int, message: str,
-                   code: str | None = None) -> web.Response:
-    """An error body shaped like the real provider's, so providers parse it as in production."""
+def error_response(protocol: str, status: int, message: str, code: str | None = None, *,
+                   kind: str | None = None, param: str | None = None,
+                   request_id: str | None = None,
+                   headers: Mapping[str, str] | None = None) -> web.Response:
+    """An error shaped as the provider's: OpenAI ``{"error": {message, type, param, code}}``,
+    Anthropic ``{"type": "error", "error": {type, message}, "request_id"}``. ``kind`` is the
+    error type (default: the provider's type for ``status``). Anthropic errors say
+    ``x-should-retry`` as the real API does."""
+    out = {**JSON_HEADERS, **(headers or {})}
     if protocol == "anthropic":
-        body = {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"),
-                                           "message": message}}
+        body: dict[str, Any] = {"type": "error", "error": {
+            "type": kind or _ANTHROPIC_TYPES.get(status, "api_error"), "message": message}}
+        if request_id:
+            body["request_id"] = request_id
+        out.setdefault("x-should-retry", "true" if status in (408, 409, 429) or status >= 500
+                       else "false")
     else:
-        body = {"error": {"message": message, "type": "loopback_error", "param": None,
-                          "code": code}}
-    return web.Response(status=status, body=json.dumps(body).encode(), headers=JSON_HEADERS)
+        body = {"error": {"message": message,
+                          "type": kind or _OPENAI_TYPES.get(status, "server_error"),
+                          "param": param, "code": code}}
+    return web.Response(status=status, body=json.dumps(body).encode(), headers=out)
 
 
-def unauthorized(protocol: str, key: str | None) -> web.Response:
+def unauthorized(protocol: str, key: str | None, request_id: str | None = None) -> web.Response:
     """Like OpenAI, echo a masked key: the client must still keep it out of its errors."""
     if protocol == "anthropic":
-        return error_response(protocol, 401, "invalid x-api-key")
+        return error_response(protocol, 401, "invalid x-api-key", request_id=request_id)
     if not key:
-        return error_response(protocol, 401, "You didn't provide an API key.", "invalid_api_key")
+        return error_response(protocol, 401, "You didn't provide an API key. You need to provide "
+                              "your API key in an Authorization header using Bearer auth (i.e. "
+                              "Authorization: Bearer YOUR_KEY).", "invalid_api_key")
     masked = f"{key[:3]}{'*' * 8}{key[-4:]}" if len(key) > 8 else "****"
     return error_response(protocol, 401, f"Incorrect API key provided: {masked}. You can find "
                           "your API key at https://platform.openai.com/account/api-keys.",
                           "invalid_api_key")
+
+
+def fault_response(protocol: str, fault: str, faults: HttpFaults | None, model: str,
+                   limits: Limits, now: float, request_id: str) -> web.Response:
+    """The error an injected status fault answers with: the provider's body, its rate-limit
+    headers and its retry advice (``retry-after``, ``x-should-retry``)."""
+    faults = faults or HttpFaults()
+    wait = faults.retry_after if isinstance(faults.retry_after, (int, float)) else None
+    retry = faults.retry_header()
+    if fault == "insufficient_quota":
+        stop = {"x-should-retry": "false"}
+        if protocol == "anthropic":
+            return error_response(protocol, 400, CREDIT_MESSAGE, request_id=request_id,
+                                  headers=stop)
+        return error_response(protocol, 429, QUOTA_MESSAGE, "insufficient_quota",
+                              kind="insufficient_quota", headers=stop)
+    if fault in ("429", "429_tokens"):
+        return _rate_limited(protocol, fault, model, limits, now, wait, retry, request_id)
+    if fault == "404":
+        if protocol == "anthropic":
+            return error_response(protocol, 404, f"model: {model}", request_id=request_id)
+        return error_response(protocol, 404, f"The model `{model}` does not exist or you do "
+                              "not have access to it.", "model_not_found")
+    status = int(fault)
+    headers = retry if status in (503, 529) else {}
+    return error_response(protocol, status, STATUS_TEXT[(protocol, status)],
+                          request_id=request_id, headers=headers)
+
+
+def _rate_limited(protocol: str, fault: str, model: str, limits: Limits, now: float,
+                  wait: float | None, retry: Mapping[str, str],
+                  request_id: str) -> web.Response:
+    bucket = "tokens" if fault == "429_tokens" else "requests"
+    again = go_duration(wait if wait is not None else 60.0)
+    if protocol == "anthropic":
+        limit = limits.tokens.limit if bucket == "tokens" else limits.requests.limit
+        unit = "tokens" if bucket == "tokens" else "requests"
+        message = (f"This request would exceed the rate limit for your organization "
+                   f"(org-loopback) of {limit:,} {unit} per minute. {ANTHROPIC_LIMIT_TAIL}")
+        headers = {**limits.anthropic_headers(now, exhausted=True, wait=wait), **retry}
+        return error_response(protocol, 429, message, request_id=request_id, headers=headers)
+    if bucket == "tokens":
+        limit = limits.tokens.limit
+        what = f"tokens per min (TPM): Limit {limit}, Used {limit - 1}, Requested 1000"
+    else:
+        limit = limits.requests.limit
+        what = f"requests per min (RPM): Limit {limit}, Used {limit}, Requested 1"
+    message = (f"Rate limit reached for {model} in organization org-loopback on {what}. "
+               f"Please try again in {again}. {RATE_LIMIT_DOCS}")
+    headers = {**limits.openai_headers(now, exhausted=bucket, wait=wait), **retry}
+    return error_response(protocol, 429, message, "rate_limit_exceeded", kind=bucket,
+                          headers=headers)
 
 
 async def read_body(request: web.Request) -> dict[str, Any] | None:

@@ -17,29 +17,43 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import pydantic_core
 from aiohttp import web
 
 from .._checks import whole_argument
 from .._errors import ConfigError
-from .._providers._http import WRAPPED_VALUE
 from .._providers.base import Call
 from .._providers.simulated import SimulatedModel
 from .._tasks import sha, tasks_block
+from ._bodies import anthropic_message, openai_completion, request_id, shape
+from ._faults import HTTP_FAULTS, STATUS_FAULTS, HttpFaults
+from ._ratelimits import Limits
+from ._requests import Ask, anthropic_ask, openai_ask
 from ._wire import (
-    HTTP_FAULTS,
     JSON_HEADERS,
-    STATUS_TEXT,
-    HttpFaults,
-    content_text,
     error_response,
+    fault_response,
     identity_fields,
     read_body,
     unauthorized,
 )
 
 __all__ = ["HTTP_FAULTS", "HttpFaults", "LoopbackServer", "main"]
+
+@dataclass
+class Exchange:
+    """One request in flight: its protocol, request id, start and the tokens it spent."""
+
+    protocol: str
+    request_id: str
+    started: float
+    tokens: tuple[int, int] = (0, 0)
+
+
+ORGANIZATION_ID = "00000000-0000-4000-8000-00000000b10c"  # anthropic-organization-id
 
 
 class LoopbackServer:
@@ -64,6 +78,8 @@ class LoopbackServer:
         self.responses: Counter[int] = Counter()
         self.injected: Counter[str] = Counter()
         self.last_body: dict[str, Any] | None = None
+        self.limits = Limits()
+        self._exchanges: dict[int, Exchange] = {}
         self.first_at: float | None = None
         self.last_at: float | None = None
         self._seen: dict[str, int] = {}
@@ -103,9 +119,9 @@ class LoopbackServer:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         for path in ("/v1/chat/completions", "/chat/completions"):
-            app.router.add_post(path, self._counted(self._openai))
+            app.router.add_post(path, self._counted("openai", self._openai))
         for path in ("/v1/messages", "/messages"):
-            app.router.add_post(path, self._counted(self._anthropic))
+            app.router.add_post(path, self._counted("anthropic", self._anthropic))
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/stats", self._stats)
         app.router.add_post("/stats/reset", self._reset)
@@ -169,7 +185,8 @@ class LoopbackServer:
 
     # -- request handling -------------------------------------------------------------------
 
-    def _counted(self, handler: Callable[[web.Request, str | None], Awaitable[web.StreamResponse]]
+    def _counted(self, protocol: str,
+                 handler: Callable[[web.Request, str | None], Awaitable[web.StreamResponse]]
                  ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         async def wrapper(request: web.Request) -> web.StreamResponse:
             self.requests += 1
@@ -177,13 +194,45 @@ class LoopbackServer:
             if self.first_at is None:
                 self.first_at = now
             self.last_at = now
+            self._exchanges[id(request)] = Exchange(protocol, request_id(protocol, self.requests),
+                                                    now)
             fault = self.faults.draw(self.requests) if self.faults else None
             if fault:
                 self.injected[fault] += 1
-            response = await handler(request, fault)
+            try:
+                response = await handler(request, fault)
+                if not response.prepared:
+                    self._stamp(request, response)
+            finally:
+                self._exchanges.pop(id(request), None)
             self.responses[response.status] += 1
             return response
         return wrapper
+
+    def _stamp(self, request: web.Request, response: web.StreamResponse) -> None:
+        """The headers every real answer carries: its request id, processing time and rate
+        limits (as the bucket stands after this request; a 429 already set its own)."""
+        exchange = self._exchanges[id(request)]
+        self.limits.spend(*exchange.tokens)
+        now = time.time()
+        headers = response.headers
+        if exchange.protocol == "anthropic":
+            headers.setdefault("request-id", exchange.request_id)
+            headers.setdefault("anthropic-organization-id", ORGANIZATION_ID)
+            for name, value in self.limits.anthropic_headers(now).items():
+                headers.setdefault(name, value)
+            return
+        millis = round((time.perf_counter() - exchange.started) * 1000)
+        headers.setdefault("x-request-id", exchange.request_id)
+        headers.setdefault("openai-version", "2020-10-01")
+        headers.setdefault("openai-organization", "org-loopback")
+        headers.setdefault("openai-processing-ms", str(millis))
+        headers.setdefault("access-control-expose-headers", "X-Request-ID")
+        for name, value in self.limits.openai_headers(now).items():
+            headers.setdefault(name, value)
+
+    def _rid(self, request: web.Request) -> str:
+        return self._exchanges[id(request)].request_id
 
     async def _openai(self, request: web.Request, fault: str | None) -> web.StreamResponse:
         auth = request.headers.get("Authorization", "")
@@ -192,94 +241,61 @@ class LoopbackServer:
         if early is not None:
             return early
         data = self.last_body = await read_body(request)
-        if data is None:
-            return error_response("openai", 400, "request body is not a JSON object")
-        system = "\n".join(content_text(m.get("content")) for m in data.get("messages", [])
-                           if m.get("role") in ("system", "developer"))
-        user = next((content_text(m.get("content")) for m in reversed(data.get("messages", []))
-                     if m.get("role") == "user"), "")
-        fmt = data.get("response_format") or {}
-        spec = (fmt.get("json_schema") or {}) if fmt.get("type") == "json_schema" else {}
-        schema = spec.get("schema") or {}
-        outcome = await self._answer("openai", system, user, schema,
-                                     spec.get("name") == WRAPPED_VALUE)
+        refused = _refused("openai", data)
+        if refused is not None or data is None:
+            return error_response("openai", 400, refused or "request body is not a JSON object")
+        ask = openai_ask(data, self.model.model)
+        outcome = await self._answer("openai", ask, self._rid(request))
         if isinstance(outcome, web.Response):
             return outcome
         text, reply = outcome
-        payload = {
-            "id": f"chatcmpl-loopback-{self.requests}", "object": "chat.completion",
-            "created": int(time.time()), "model": data.get("model", self.model.model),
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": text}}],
-            "usage": {"prompt_tokens": reply.input_tokens,
-                      "completion_tokens": reply.output_tokens,
-                      "total_tokens": reply.tokens, "prompt_tokens_details": {"cached_tokens": 0}},
-        }
+        answer = shape(ask, text, reply.output_tokens, fault)
+        self._exchanges[id(request)].tokens = (reply.input_tokens, answer.output_tokens)
+        payload = openai_completion(ask, answer, reply.input_tokens, self.requests, fault)
         return await self._send(request, payload, fault)
 
     async def _anthropic(self, request: web.Request, fault: str | None) -> web.StreamResponse:
         early = await self._early(request, fault, request.headers.get("x-api-key"), "anthropic")
         if early is not None:
             return early
+        rid = self._rid(request)
         if "anthropic-version" not in request.headers:
-            return error_response("anthropic", 400, "anthropic-version: header is required")
+            return error_response("anthropic", 400, "anthropic-version: header is required",
+                                  request_id=rid)
         data = self.last_body = await read_body(request)
-        if data is None:
-            return error_response("anthropic", 400, "request body is not a JSON object")
-        if "max_tokens" not in data:
-            return error_response("anthropic", 400, "max_tokens: Field required")
-        system = data.get("system") or ""
-        system = system if isinstance(system, str) else content_text(system)
-        user = next((content_text(m.get("content")) for m in reversed(data.get("messages", []))
-                     if m.get("role") == "user"), "")
-        choice = data.get("tool_choice") or {}
-        tool = next((t for t in data.get("tools") or [] if t.get("name") == choice.get("name")),
-                    None) if choice.get("type") == "tool" else None
-        schema = (tool or {}).get("input_schema") or {}
-        wrapped = tool is not None and tool.get("name") == WRAPPED_VALUE
-        outcome = await self._answer("anthropic", system, user, schema, wrapped)
+        refused = _refused("anthropic", data)
+        if refused is not None or data is None:
+            return error_response("anthropic", 400, refused or "request body is not a JSON "
+                                  "object", request_id=rid)
+        ask = anthropic_ask(data, self.model.model)
+        outcome = await self._answer("anthropic", ask, rid)
         if isinstance(outcome, web.Response):
             return outcome
         text, reply = outcome
-        block: dict[str, Any] = {"type": "text", "text": text}
-        stop = "end_turn"
-        if tool is not None:
-            try:
-                block = {"type": "tool_use", "id": f"toolu_loopback_{self.requests}",
-                         "name": tool["name"], "input": json.loads(text)}
-                stop = "tool_use"
-            except ValueError:
-                pass  # a malformed answer cannot be a tool call: it arrives as text
-        payload = {
-            "id": f"msg_loopback_{self.requests}", "type": "message", "role": "assistant",
-            "model": data.get("model", self.model.model), "content": [block],
-            "stop_reason": stop, "stop_sequence": None,
-            "usage": {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens,
-                      "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0},
-        }
+        answer = shape(ask, text, reply.output_tokens, fault)
+        self._exchanges[id(request)].tokens = (reply.input_tokens, answer.output_tokens)
+        payload = anthropic_message(ask, answer, reply.input_tokens, self.requests, fault)
         return await self._send(request, payload, fault)
 
     async def _early(self, request: web.Request, fault: str | None, key: str | None,
                      protocol: str) -> web.Response | None:
         """Answer auth failures and injected status/timeouts before touching the model."""
+        rid = self._rid(request)
         if fault == "401" or (self.expected_key is not None and key != self.expected_key):
-            return unauthorized(protocol, key)
+            return unauthorized(protocol, key, rid)
         if fault == "timeout":
             await self._hold(self.faults.hold if self.faults else 30.0)
-            return error_response(protocol, 504, "loopback: request held past the client timeout")
-        if fault in ("400", "404", "429", "500", "503", "529"):
-            status = int(fault)
-            response = error_response(protocol, status, STATUS_TEXT[status])
-            retry_after = self.faults.retry_after if self.faults else None
-            if status in (429, 503, 529) and retry_after is not None:
-                response.headers["Retry-After"] = (retry_after if isinstance(retry_after, str)
-                                                   else f"{retry_after:g}")
-            return response
+            return error_response(protocol, 504, "loopback: request held past the client "
+                                  "timeout", request_id=rid)
+        if fault in STATUS_FAULTS:
+            model = ((await read_body(request)) or {}).get("model") or self.model.model
+            return fault_response(protocol, fault, self.faults, str(model), self.limits,
+                                  time.time(), rid)
         return None
 
-    async def _answer(self, protocol: str, system: str, user: str, schema: Mapping[str, Any],
-                      wrapped: bool) -> tuple[str, Any] | web.Response:
+    async def _answer(self, protocol: str, ask: Ask, rid: str) -> tuple[str, Any] | web.Response:
         """Rebuild the Call the client made, then let the simulated model render its answer."""
+        user, schema = ask.user, ask.schema
         block = tasks_block(user)
         try:
             if block is not None:
@@ -293,14 +309,15 @@ class LoopbackServer:
                 tasks = [{"task_id": "0", "prompt": user}]
                 mode, seen_key, identity = "value", user, ("task_id",)
         except ValueError as exc:
-            return error_response(protocol, 400, f"loopback: unreadable tasks block ({exc})")
+            return error_response(protocol, 400, f"loopback: unreadable tasks block ({exc})",
+                                  request_id=rid)
         attempt = self._seen.get(seen_key, 0)
         self._seen[seen_key] = attempt + 1
         # ``kind`` only labels the call (the simulated model never reads it): a later attempt of
         # the same tasks is taken for a repair, without reading the prompt's wording.
-        if wrapped:  # the value's own schema, as the client's call carried it
+        if ask.wrapped:  # the value's own schema, as the client's call carried it
             schema = _unwrapped(schema)
-        call = Call(tasks=tuple(tasks), prompt=user, system=system, schema=schema,
+        call = Call(tasks=tuple(tasks), prompt=user, system=ask.system, schema=schema,
                     attempt=attempt, request_key=sha(seen_key), mode=mode, identity=identity,
                     kind="repair" if attempt else "answer")
         model = self.model
@@ -312,12 +329,13 @@ class LoopbackServer:
         if "timeout" in drawn:
             await self._hold(self.faults.hold if self.faults else 30.0)
         if "provider_error" in drawn:
-            return error_response(protocol, 503, "simulated provider error")
+            return error_response(protocol, 503, "simulated provider error", request_id=rid)
         try:
             text = model.render(call, drawn)
         except Exception as exc:  # the test's answer() is broken: say so, do not retry
-            return error_response(protocol, 400, f"loopback: simulated model failed: {exc!r}")
-        if wrapped:
+            return error_response(protocol, 400, f"loopback: simulated model failed: {exc!r}",
+                                  request_id=rid)
+        if ask.wrapped:
             text = f'{{"value": {text}}}'
         return text, model.reply(call, text)
 
@@ -328,13 +346,19 @@ class LoopbackServer:
 
     async def _send(self, request: web.Request, payload: dict[str, Any],
                     fault: str | None) -> web.StreamResponse:
-        body = json.dumps(payload).encode()
+        """The body as each API formats it: OpenAI pretty-printed with a final newline,
+        Anthropic compact; or cut short, for the transport faults."""
+        if self._exchanges[id(request)].protocol == "anthropic":
+            body = json.dumps(payload, separators=(",", ":")).encode()
+        else:
+            body = pydantic_core.to_json(payload, indent=2) + b"\n"
         if fault == "cut_json":
             return web.Response(body=body[: len(body) // 2], headers=JSON_HEADERS)
         if fault != "truncate":
             return web.Response(body=body, headers=JSON_HEADERS)
         response = web.StreamResponse(headers=JSON_HEADERS)
         response.content_length = len(body)
+        self._stamp(request, response)
         await response.prepare(request)
         await response.write(body[: len(body) // 2])
         if request.transport is not None:
@@ -397,6 +421,24 @@ def main(argv: Sequence[str] | None = None,
                        "or --host\n")
     print(json.dumps(server.stats()), flush=True)
     return 0
+
+
+def _refused(protocol: str, data: dict[str, Any] | None) -> str | None:
+    """What the real API refuses before answering: no model, no messages, no max_tokens
+    (Anthropic), a streamed answer (this server answers whole bodies only)."""
+    if data is None:
+        return None
+    if not data.get("model"):
+        return ("model: Field required" if protocol == "anthropic"
+                else "you must provide a model parameter")
+    if not isinstance(data.get("messages"), list):
+        return ("messages: Field required" if protocol == "anthropic"
+                else "Missing required parameter: 'messages'.")
+    if protocol == "anthropic" and "max_tokens" not in data:
+        return "max_tokens: Field required"
+    if data.get("stream"):
+        return "loopback: streaming is not supported; send stream=false"
+    return None
 
 
 def _unwrapped(schema: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,106 @@
+"""Rate-limit state and the headers OpenAI and Anthropic report it in.
+
+Each limit is a bucket that drains continuously over a minute, so ``remaining`` falls as requests
+arrive and ``reset`` is the time until the bucket is full again. OpenAI writes resets as Go
+durations (``"0s"``, ``"12ms"``, ``"1.235s"``, ``"6m0s"``); Anthropic as RFC 3339 instants
+(``"2025-08-21T12:40:59Z"``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+
+@dataclass
+class Bucket:
+    """``limit`` units per ``per`` seconds, spent by requests and refilled continuously."""
+
+    limit: int
+    per: float = 60.0
+    level: float = 0.0
+    at: float = field(default_factory=time.time)
+
+    def _drained(self, now: float) -> float:
+        return max(0.0, self.level - (now - self.at) * self.limit / self.per)
+
+    def spend(self, amount: float, now: float) -> None:
+        self.level = min(float(self.limit), self._drained(now) + amount)
+        self.at = now
+
+    def remaining(self, now: float) -> int:
+        return max(0, self.limit - math.ceil(self._drained(now)))
+
+    def reset_seconds(self, now: float) -> float:
+        return self._drained(now) * self.per / self.limit
+
+
+def go_duration(seconds: float) -> str:
+    """A duration as Go's ``time.Duration`` prints it (to the millisecond), as OpenAI sends."""
+    millis = max(0, round(seconds * 1000))
+    if millis == 0:
+        return "0s"
+    if millis < 1000:
+        return f"{millis}ms"
+    hours, rest = divmod(millis, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    secs = f"{rest / 1000:.3f}".rstrip("0").rstrip(".")
+    if hours:
+        return f"{hours}h{minutes}m{secs}s"
+    if minutes:
+        return f"{minutes}m{secs}s"
+    return f"{secs}s"
+
+
+def rfc3339(epoch: float) -> str:
+    """An instant as Anthropic's reset headers write it: UTC, whole seconds, ``Z``."""
+    return datetime.fromtimestamp(math.ceil(epoch), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Limits:
+    """The server's request and token buckets, and the headers each protocol reports."""
+
+    def __init__(self, requests: int = 10_000, input_tokens: int = 2_000_000,
+                 output_tokens: int = 400_000) -> None:
+        self.requests = Bucket(requests)
+        self.input = Bucket(input_tokens)
+        self.output = Bucket(output_tokens)
+        self.tokens = Bucket(input_tokens + output_tokens)
+
+    def spend(self, input_tokens: int, output_tokens: int, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        self.requests.spend(1, now)
+        self.input.spend(input_tokens, now)
+        self.output.spend(output_tokens, now)
+        self.tokens.spend(input_tokens + output_tokens, now)
+
+    def openai_headers(self, now: float, exhausted: str | None = None,
+                       wait: float | None = None) -> dict[str, str]:
+        """``x-ratelimit-*``; the ``exhausted`` bucket ("requests" or "tokens") shows 0 left
+        and resets after ``wait`` seconds."""
+        headers: dict[str, str] = {}
+        for name, bucket in (("requests", self.requests), ("tokens", self.tokens)):
+            left, reset = bucket.remaining(now), bucket.reset_seconds(now)
+            if name == exhausted:
+                left, reset = 0, (wait if wait is not None else bucket.per)
+            headers[f"x-ratelimit-limit-{name}"] = str(bucket.limit)
+            headers[f"x-ratelimit-remaining-{name}"] = str(left)
+            headers[f"x-ratelimit-reset-{name}"] = go_duration(reset)
+        return headers
+
+    def anthropic_headers(self, now: float, exhausted: bool = False,
+                          wait: float | None = None) -> dict[str, str]:
+        """``anthropic-ratelimit-*`` for requests, tokens, input and output tokens; when
+        ``exhausted`` the requests bucket shows 0 left, resetting after ``wait`` seconds."""
+        headers: dict[str, str] = {}
+        for name, bucket in (("requests", self.requests), ("tokens", self.tokens),
+                             ("input-tokens", self.input), ("output-tokens", self.output)):
+            left, reset = bucket.remaining(now), bucket.reset_seconds(now)
+            if exhausted and name == "requests":
+                left, reset = 0, (wait if wait is not None else bucket.per)
+            headers[f"anthropic-ratelimit-{name}-limit"] = str(bucket.limit)
+            headers[f"anthropic-ratelimit-{name}-remaining"] = str(left)
+            headers[f"anthropic-ratelimit-{name}-reset"] = rfc3339(now + reset)
+        return headers
