@@ -202,6 +202,22 @@ def check(item, task):
     assert "stars must be 1 to 5" in ok(ip, "prompts[1]")  # the repair was told the rule
 
 
+# -- only the validator is a validator --------------------------------------------------------
+def test_helper_functions_of_the_body_are_not_recorded_as_validators(loaded: Any) -> None:
+    """Functions that only build the tasks never reach the ledger's validators or
+    %validators; the function passed as --validator does, under its variable name."""
+    ip = loaded
+    body = BODY.replace("tasks = [", "def make(i):\n    return {'task_id': f't{i}', "
+                        "'prompt': 'p'}\nmk = lambda i: make(i)\ntasks = [mk(i) for i in "
+                        "range(3)]\nunused = [")
+    for header in ("%%batch_json labels", "%%batch_json labels --validator check"):
+        ok(ip, header + "\n" + body)
+    session = ip.user_ns["batch_session"]
+    assert [v.name for v in session.validators] == ["check"]
+    assert [r["name"] for r in session.ledger.validator_usage()] == ["check"]
+    assert [row[0] for row in ok(ip, "%validators").rows] == ["check"]
+
+
 # -- forgetting ------------------------------------------------------------------------------
 def test_forget_stops_a_failing_batch_owing_and_a_rerun_owes_again(
         loaded: Any, capsys: Any) -> None:
