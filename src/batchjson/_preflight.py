@@ -36,7 +36,7 @@ def check_validator(fn: Any, args: str) -> None:
         return
     if not callable(fn):
         raise InvalidBatch(f"validator must be callable, got {type(fn).__name__}")
-    second = "index" if args == "index" else "task"
+    second = "task" if args == "task" else "index"
     check_not_generator(fn, second)
     check_asserts_kept(fn)
     try:
@@ -285,12 +285,13 @@ def check_mode(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str], mode
         raise InvalidBatch(f"mode='value' returns a bare value that echoes no fields, so "
                            f"identity={list(identity)!r} could never be compared; drop identity= "
                            "or use mode='items'")
-    if validator is not None and validator_args == "index":
+    if validator is not None and validator_args != "task":
         missing = next((t for t in tasks if type(t.get("index")) is not int), None)
         if missing is not None:
             raise InvalidBatch(f"task {missing['task_id']!r} has no integer 'index', but "
-                               "validator_args='index' calls validator(value, task['index']); "
-                               "give every task its index or use validator_args='task'")
+                               f"validator_args={validator_args!r} calls validator(value, "
+                               "task['index']); give every task its index or use "
+                               "validator_args='task'")
 
 
 def check_all(*, tasks: Sequence[Mapping[str, Any]], identity: Sequence[str],

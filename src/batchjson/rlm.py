@@ -220,7 +220,7 @@ class _Binding:
                  droste: bool = False) -> None:
         self.session = session
         self.namespace = namespace
-        self.droste = droste  # answering from a droste client: droste's schema subset
+        self.droste = droste  # answering from a droste client: droste's schema and verdicts
 
     def llm_batch_json(self, prompts: Sequence[str], schema: Any,
                        contexts: Sequence[str] | None = None, max_repair_attempts: int = 1,
@@ -244,7 +244,7 @@ class _Binding:
                                       max_repair_attempts, validator, name=name,
                                       refuse_short_budget=True, keyed_by_content=True,
                                       max_calls=0, registered=registered,
-                                      droste_schema=self.droste)
+                                      droste=self.droste)
             except BudgetExceeded:
                 raise _refused(owed, remaining or 0, "to clear the unresolved evidence already "
                                "recorded", cost_spent=cost_spent) from None
@@ -252,7 +252,7 @@ class _Binding:
             return llm_batch_json(self.session, prompts, schema, contexts, max_repair_attempts,
                                   validator, name=name, refuse_short_budget=True,
                                   keyed_by_content=True, registered=registered,
-                                  droste_schema=self.droste)
+                                  droste=self.droste)
         except BudgetExceeded as exc:
             raise _refused(exc.needed, exc.remaining, "to answer the prompts of this call "
                            "that are not yet accepted", one_call=exc.one_call) from None
