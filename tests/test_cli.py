@@ -91,6 +91,30 @@ def test_values_come_out_as_jsonl_csv_or_json(demo_dir: Path) -> None:
     assert by_id[table[0]["task_id"]]["verdict"] == table[0]["verdict"]
 
 
+@pytest.mark.parametrize("text", ['=HYPERLINK("http://evil.example/")', "+1+cmd|' /C calc'!A0",
+                                  "-2+3", "@SUM(A1:A9)", "\t=1+1"])
+def test_csv_cells_a_spreadsheet_would_run_as_formulas_are_written_as_text(
+        tmp_path: Path, text: str) -> None:
+    """OWASP's CSV-injection rule: a cell starting with = + - @ tab or CR gets a leading ',
+    in the task_id, an identity field and the answer alike; numbers stay numbers."""
+    def reply(call):
+        return json.dumps({"items": [{"task_id": text, "case_id": text, "verdict": text,
+                                      "confidence": -0.5}]})
+
+    session = Session(CallableProvider(reply, source="csv"), ledger=tmp_path / "l.sqlite")
+    tasks = [{"task_id": text, "case_id": text, "prompt": "q"}]
+    schema = {"type": "object", "properties": {"verdict": {"type": "string"},
+                                               "confidence": {"type": "number"}}}
+    assert session.run_batch("b", tasks, schema, identity="task_id,case_id").resolved
+    session.close()
+    out = bj("values", "b", "--csv", "--identity", "--ledger", "l.sqlite", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    [row] = list(csv.DictReader(io.StringIO(out.stdout)))
+    assert row == {"task_id": "'" + text, "case_id": "'" + text, "verdict": "'" + text,
+                   "confidence": "-0.5"}
+    assert cli_module._cell("\r=1+1") == "'\r=1+1"  # a text pipe would turn CR into a newline
+
+
 def test_export_import_merge_and_advise_round_trip(demo_dir: Path, tmp_path: Path) -> None:
     whole = json.loads(bj("export", cwd=demo_dir).stdout)
     jsonl = bj("export", "--jsonl", cwd=demo_dir).stdout.splitlines()

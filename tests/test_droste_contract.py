@@ -205,6 +205,33 @@ def test_a_validator_crash_is_reported_for_its_item_and_never_repaired(helper):
     assert client.calls == 3
 
 
+def test_a_failed_assert_is_a_validator_error_never_repaired_as_droste_judges_it(helper):
+    """droste's helper repairs only on ValueError: an AssertionError is a validator crash."""
+    client = ScriptedClient({"alpha": counts(1, 9)})
+
+    def above_five(value, index):
+        assert value["count"] > 5, "count must be above 5"
+
+    result = helper(client).call(["alpha"], COUNT, validator=above_five)
+    assert result["values"] == [None] and result["repairs_made"] == 0
+    [error] = result["errors"]
+    assert (error["index"], error["type"], error["attempts"]) == (0, "validator_error", 1)
+    assert "count must be above 5" in error["error"]
+    assert client.calls == 1
+
+
+@pytest.mark.parametrize("verdict", [False, "an error string", 0])
+def test_what_a_validator_returns_is_ignored_as_droste_ignores_it(helper, verdict):
+    """droste calls validator(value, index) for its exceptions only: returning False (or
+    anything else) accepts the value, with no repair."""
+    client = ScriptedClient({"alpha": counts(1, 9)})
+    bound = helper(client)
+    result = bound.call(["alpha"], COUNT, validator=lambda value, index: verdict)
+    assert result == {"values": [{"count": 1}], "errors": [], "attempts": [1],
+                      "repairs_made": 0}
+    assert client.calls == 1 and bound.owed() == (0, 0, 0)
+
+
 def test_repair_calls_send_contexts_apart_from_prompts_as_first_calls_do(helper):
     client = ScriptedClient({"alpha": counts(1), "beta": ["not json", *counts(2)]})
     result = helper(client).call(["alpha", "beta"], COUNT, ["record a", "record b"], 1)
@@ -405,6 +432,25 @@ def test_other_hosts_keep_batchjson_s_full_schema_support_and_replays():
     result = namespace["llm_batch_json"](["alpha"], {"type": "string", "pattern": "^a"},
                                          max_repair_attempts=0)
     assert result["values"] == ["abc"] and result["attempts"] == [2]  # one exact replay
+
+
+@pytest.mark.parametrize("kind", ["assert", "False"])
+def test_other_hosts_keep_batchjson_s_verdicts_an_assert_or_false_rejects_and_is_repaired(kind):
+    replies = iter([[json.dumps({"count": 1})], [json.dumps({"count": 9})]])
+
+    def llm_query_batched(prompts):  # not a droste client: batchjson's own contract
+        return next(replies)
+
+    def above_five(value, index):
+        if kind == "False":
+            return value["count"] > 5
+        assert value["count"] > 5, "count must be above 5"
+
+    namespace: dict[str, Any] = {}
+    bind(namespace, llm_query_batched)
+    result = namespace["llm_batch_json"](["alpha"], COUNT, validator=above_five)
+    assert result == {"values": [{"count": 9}], "errors": [], "attempts": [2],
+                      "repairs_made": 1}
 
 
 def test_binding_again_keeps_the_session_and_droste_s_rules_unless_others_are_asked():

@@ -102,7 +102,7 @@ def test_rlm_namespaces_never_offer_forgetting():
     rlm.bind(bound, session=session)
     hooks = rlm.rlm_hooks()
     tools = {name: entry["tool"] for name, entry in hooks.custom_tools.items()}
-    for names in (bound, tools, rlm.namespace(session)):
+    for names in (bound, tools):
         for key, value in names.items():
             assert "forget" not in key.lower()
             assert not [a for a in dir(value) if "forget" in a.lower()], key

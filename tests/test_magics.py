@@ -138,13 +138,13 @@ def test_unload_removes_what_load_added(ip: Any) -> None:
 def test_reset_reinjects_names_and_keeps_session_and_validators(loaded: Any) -> None:
     ip = loaded
     session = ip.user_ns["batch_session"]
-    ok(ip, "%%batch_json labels\n" + BODY)
+    ok(ip, "%%batch_json labels --validator check\n" + BODY)
     first = ok(ip, "id(check)")
     ok(ip, "%reset -f")
     assert ok(ip, "batch_session") is session
     assert set(INJECTED) <= set(ip.user_ns)
     ok(ip, MODEL)
-    ok(ip, "%%batch_json labels\n" + BODY)
+    ok(ip, "%%batch_json labels --validator check\n" + BODY)
     assert ok(ip, "id(check)") == first
     assert ok(ip, "labels.calls") == 0  # resumed from the ledger
 
@@ -159,7 +159,7 @@ def test_reload_ext_keeps_session_config_and_validator_identity(loaded: Any) -> 
     ip = loaded
     session = ip.user_ns["batch_session"]
     ok(ip, "%config BatchJson.repairs = 3")
-    ok(ip, "%%batch_json labels\n" + BODY)
+    ok(ip, "%%batch_json labels --validator check\n" + BODY)
     first = ok(ip, "id(check)")
     ok(ip, "%reload_ext batchjson")
     assert ip.user_ns["batch_session"] is session
@@ -167,7 +167,7 @@ def test_reload_ext_keeps_session_config_and_validator_identity(loaded: Any) -> 
     magics = ip.magics_manager.registry["BatchJson"]
     assert magics.repairs == 3 and session.repairs == 3
     assert magics.provider is ip.user_ns["model"]
-    ok(ip, "%%batch_json labels\n" + BODY)
+    ok(ip, "%%batch_json labels --validator check\n" + BODY)
     assert ok(ip, "id(check)") == first
     assert sum(isinstance(c, BatchJson) for c in ip.configurables) == 1
     assert len(ip.events.callbacks["pre_run_cell"]) == len(set(
@@ -646,11 +646,12 @@ def test_define_once_keeps_identity_across_seven_reruns(loaded: Any, capsys: Any
     ids = set()
     for _ in range(7):
         ok(ip, "%%batch_json labels --validator check\n" + BODY + "def helper():\n    pass\n")
-        ids.add((ok(ip, "id(check)"), ok(ip, "id(helper)")))
+        ids.add(ok(ip, "id(check)"))
     assert len(ids) == 1
     assert "changed" not in capsys.readouterr().out
     registry = ip.user_ns["batch_session"].validators
     assert [v.version for v in registry.versions("check")] == [1]
+    assert [v.name for v in registry] == ["check"]  # the helper is no validator
     assert ok(ip, "batch_session.evidence.unresolved_batches") == 0
 
 
@@ -774,7 +775,7 @@ def test_validators_magic(loaded: Any, capsys: Any) -> None:
     assert "takes no arguments" in usage_error(ip, "%validators extra", capsys)
 
 
-def test_only_functions_the_body_defines_are_registered_and_each_once(loaded: Any) -> None:
+def test_only_the_validator_the_body_defines_is_registered_and_once(loaded: Any) -> None:
     ip = loaded
     ok(ip, "def shared(x):\n    return x\n")  # an earlier cell's function
     body = BODY.replace("def check(item, task):", "def make(limit):\n  def check(item, task):")
@@ -785,7 +786,7 @@ def test_only_functions_the_body_defines_are_registered_and_each_once(loaded: An
     for _ in range(2):
         ok(ip, source)
     names = sorted(v.name for v in ip.user_ns["batch_session"].validators)
-    assert names == ["check", "make"]  # not join, not alias, not make.<locals>.check
+    assert names == ["check"]  # not make, join, alias, nor make.<locals>.check
     assert ok(ip, "batch_session.evidence.unresolved_batches") == 0
 
 

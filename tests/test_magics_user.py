@@ -45,6 +45,36 @@ def test_a_result_variable_the_body_fills_with_data_is_refused_before_any_call(
     assert ip.user_ns["labels"] == ["mine"] and calls_recorded(ip) == 0
 
 
+@pytest.mark.parametrize("header", ["%%batch_json sorted", "%%batch_json labels --out len",
+                                    "%%batch_json print", "%%batch_json list",
+                                    "%%batch_json filter", "%%batch_json id",
+                                    "%%batch_json labels --out type", "%%batch_json display"])
+def test_a_result_variable_that_would_shadow_a_builtin_is_refused_before_any_call(
+        loaded: Any, capsys: Any, header: str) -> None:
+    """The body's next run would call the result (``sorted(records)`` on a BatchResult)."""
+    ip = loaded
+    var = header.split()[-1]
+    line = usage_error(ip, header + "\nran = True\n" + BODY, capsys)
+    assert line.startswith(f"UsageError: `{var}` is a Python builtin, which the result of batch ")
+    assert ("choose another --out VAR" in line if "--out" in header else
+            f"give the batch another name (%%batch_json {var}_results)" in line)
+    assert line.endswith(f"Nothing was run and `{var}` is unchanged")
+    assert var not in ip.user_ns and "ran" not in ip.user_ns and calls_recorded(ip) == 0
+    ok(ip, f"%%batch_json {var}_results\n" + BODY)  # the advised name works
+
+
+def test_a_batch_named_like_a_builtin_can_be_rerun_because_it_was_never_bound(
+        loaded: Any, capsys: Any) -> None:
+    ip = loaded
+    cell = ("%%batch_json sorted_results\nrecords = ['b', 'a']\n"
+            "tasks = [{'task_id': r, 'prompt': r} for r in sorted(records)]\n"
+            "schema = {'type': 'object'}\n")
+    usage_error(ip, cell.replace("sorted_results", "sorted"), capsys)
+    for _ in range(2):
+        ok(ip, cell)
+    assert ok(ip, "sorted([2, 1])") == [1, 2]
+
+
 def test_an_earlier_result_may_be_replaced(loaded: Any) -> None:
     ip = loaded
     ok(ip, "%%batch_json labels\n" + BODY)
@@ -99,6 +129,47 @@ def test_identity_fields_split_by_a_space_get_the_corrected_spelling(
     assert "a space ends the option" in line and calls_recorded(ip) == 0
 
 
+def test_identity_given_with_an_equals_sign_and_a_space_gets_the_corrected_spelling(
+        loaded: Any, capsys: Any) -> None:
+    ip = loaded
+    ok(ip, REVIEWS)
+    line = usage_error(ip, "%%batch_json labels --tasks reviews --identity=task_id, product_id\n",
+                       capsys)
+    assert line.endswith("write --identity task_id,product_id"), line
+    assert "EXPR" not in line and calls_recorded(ip) == 0
+
+
+def test_a_value_given_to_a_flag_says_the_flag_takes_none(loaded: Any, capsys: Any) -> None:
+    line = usage_error(loaded, "%%batch_json labels --split yes\nran = True\n" + BODY, capsys)
+    assert line == ("UsageError: --split is a flag and takes no value, so 'yes' was not read; "
+                    "write --split alone to turn it on, or leave it out")
+    assert "ran" not in loaded.user_ns and calls_recorded(loaded) == 0
+
+
+def test_an_unclosed_quote_in_a_line_magic_is_told_to_close_it_not_to_use_a_cell_body(
+        loaded: Any, capsys: Any) -> None:
+    line = usage_error(loaded, "%batch_forget 'unclosed", capsys)
+    assert line.endswith("(a quote is opened and never closed); close the quote"), line
+    line = usage_error(loaded, "%%batch_json labels --instructions 'abc\n" + BODY, capsys)
+    assert line.endswith("close the quote, or build the value in the cell body and pass its "
+                         "name"), line
+
+
+def test_h_as_the_value_of_an_option_is_that_value_not_a_request_for_help(
+        loaded: Any, capsys: Any) -> None:
+    """``-h`` asks for help only where it is an option: after --instructions it is the EXPR
+    ``-h`` (minus the variable h), evaluated like any other."""
+    ip = loaded
+    ok(ip, "h = -1")
+    capsys.readouterr()
+    line = usage_error(ip, "%%batch_json labels --instructions -h\n" + BODY, capsys)
+    assert line == ("UsageError: instructions must be a string, e.g. instructions='Answer in "
+                    "English.'; got 1")  # -h was read as the EXPR, and -(-1) is no string
+    ok(ip, '%%batch_json labels --instructions "-h"\n' + BODY)  # the string itself
+    assert "usage:" not in capsys.readouterr().out
+    assert ok(ip, "labels.resolved")
+
+
 # -- asserts reject, and are repaired --------------------------------------------------------
 def test_an_assert_in_a_validator_rejects_the_return_and_the_repair_is_accepted(
         loaded: Any) -> None:
@@ -129,6 +200,22 @@ def check(item, task):
     assert {e["type"] for e in receipts[0].errors} == {"validation"}
     assert "stars must be 1 to 5" in receipts[0].errors[0]["message"]
     assert "stars must be 1 to 5" in ok(ip, "prompts[1]")  # the repair was told the rule
+
+
+# -- only the validator is a validator --------------------------------------------------------
+def test_helper_functions_of_the_body_are_not_recorded_as_validators(loaded: Any) -> None:
+    """Functions that only build the tasks never reach the ledger's validators or
+    %validators; the function passed as --validator does, under its variable name."""
+    ip = loaded
+    body = BODY.replace("tasks = [", "def make(i):\n    return {'task_id': f't{i}', "
+                        "'prompt': 'p'}\nmk = lambda i: make(i)\ntasks = [mk(i) for i in "
+                        "range(3)]\nunused = [")
+    for header in ("%%batch_json labels", "%%batch_json labels --validator check"):
+        ok(ip, header + "\n" + body)
+    session = ip.user_ns["batch_session"]
+    assert [v.name for v in session.validators] == ["check"]
+    assert [r["name"] for r in session.ledger.validator_usage()] == ["check"]
+    assert [row[0] for row in ok(ip, "%validators").rows] == ["check"]
 
 
 # -- forgetting ------------------------------------------------------------------------------

@@ -358,12 +358,11 @@ def _assert_every_shape_registered(ns: dict[str, Any], registry: ValidatorRegist
     assert callable(ns["bare"]) and registry.current("bare").fn is ns["bare"]
 
 
-def test_every_validator_shape_works_in_a_plain_rlm_namespace() -> None:
+def test_every_validator_shape_works_in_a_plain_namespace_given_the_session_s_helper() -> None:
     from batchjson import CallableProvider, Session
-    from batchjson.rlm import namespace
 
     session = Session(CallableProvider(lambda call: "{}"))
-    ns = dict(namespace(session))
+    ns = {"llm_batch_json": session.llm_batch_json, "validator": session.validators.define}
     exec(compile(SHAPES_CELL, "<cell>", "exec"), ns)
     _assert_every_shape_registered(ns, session.validators)
     exec(compile(SHAPES_CELL, "<cell>", "exec"), ns)  # re-run: same objects, no new versions
@@ -469,11 +468,10 @@ def test_a_strict_session_resumes_an_rlm_cell_whose_validator_uses_a_type_adapte
     """The seed's ratchet: the RLM loop re-runs a failing cell; with the TypeAdapter compared by
     identity every re-run was a 'changed' validator, refused while evidence was open."""
     from batchjson import CallableProvider, Session
-    from batchjson.rlm import namespace
 
     answers = {"text": "not json"}
     session = Session(CallableProvider(lambda call: answers["text"]), strict=True, replays=0)
-    ns = dict(namespace(session))
+    ns = {"llm_batch_json": session.llm_batch_json, "validator": session.validators.define}
     for _ in range(3):
         with pytest.raises(RuntimeError, match="unresolved"):
             exec(compile(STRICT_RLM_CELL, "<cell>", "exec", dont_inherit=True), ns)

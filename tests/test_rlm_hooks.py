@@ -163,3 +163,58 @@ def test_the_gate_holds_in_a_local_repl_run_by_hand_until_the_evidence_clears():
     finally:
         repl.cleanup()
         handler.stop()
+
+
+# -- what cell code can defeat, and the host's check that it cannot -----------------------------
+# One line each: in-process code can reach the base class of the gated answer dict (rlm's own
+# _AnswerDict), whose __setitem__ / _on_ready capture the answer. docs/rlm.md lists them.
+BYPASSES = {
+    "the base class's __setitem__": 'type(answer).__mro__[1].__setitem__(answer, "ready", True)',
+    "super().__setitem__": 'super(type(answer), answer).__setitem__("ready", True)',
+    "re-typing the answer": 'answer.__class__ = type(answer).__mro__[1]\nanswer["ready"] = True',
+    "rlm's private _on_ready": 'answer._on_ready(answer["content"])',
+}
+
+
+@pytest.mark.parametrize("bypass", list(BYPASSES))
+def test_a_cell_that_gets_past_the_ready_gate_is_caught_by_the_host_s_check_after_completion(
+        cell_reply, bypass):
+    """rlm takes the claim (the gate lives in the cell's process and one line gets past it),
+    but the documented host check reads the ledger, which the bypass did not touch."""
+    hooks = rlm_hooks()
+    cell = CLAIMING_CELL.replace('answer["ready"] = True', BYPASSES[bypass])
+    assert cell != CLAIMING_CELL
+    with MockOpenAI(cell_reply(cell), flaky_labels(bad=10**6)) as server:
+        result = run_rlm(server, hooks, max_iterations=2)
+    assert result.response == "all labelled"  # the bypass reached rlm
+    owed = hooks.finalization_check()  # the host's check, as docs/rlm.md's snippet does it
+    assert len(owed) == 3 and all("label must be" in entry["last_error"] for entry in owed)
+    assert hooks.batch_status()["ready_allowed"] is False
+    assert hooks.batch_status()["calls"] == len(server.subcalls)  # every subcall on record
+
+
+def test_no_tool_a_cell_is_given_leads_to_the_session_or_its_ledger(cell_reply):
+    """No bound method (``tool.__self__.session.ledger``), wrapped object or closure value
+    hands a cell the session: it would let the cell forget its own gate."""
+    from batchjson import Session
+    from batchjson._ledger import Ledger
+    from batchjson.rlm import bind
+
+    namespace: dict[str, Any] = {}
+    session = bind(namespace, lambda prompts: ['{"label": "pos"}'] * len(prompts))
+    hooks = rlm_hooks()
+    given = [*namespace.values(), *(entry["tool"] for entry in hooks.custom_tools.values())]
+    for tool in given:
+        assert not hasattr(tool, "__self__") and not hasattr(tool, "__wrapped__"), tool
+        reachable = [cell.cell_contents for cell in tool.__closure__ or ()]
+        reachable += [*(tool.__defaults__ or ()), *vars(tool).values()]
+        assert not [r for r in reachable if isinstance(r, (Session, Ledger, type(hooks)))
+                    or hasattr(r, "session") or hasattr(r, "ledger")], tool
+    probe = "seen = [hasattr(llm_batch_json, '__self__')]\n" + "".join(
+        f"try:\n    {name}\n    seen.append(True)\nexcept NameError:\n    seen.append(False)\n"
+        for name in ("batch_session", "run_batch", "session")) + (
+        "answer['content'] = repr(seen)\nanswer['ready'] = True\n")  # LocalREPL has no eval
+    with MockOpenAI(cell_reply(probe), flaky_labels(bad=0)) as server:
+        result = run_rlm(server, hooks, max_iterations=2)
+    assert result.response == "[False, False, False, False]"
+    assert namespace["batch_status"]()["calls"] == 0 and session.evidence.unresolved_batches == 0

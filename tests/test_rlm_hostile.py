@@ -360,7 +360,7 @@ def test_binding_the_same_namespace_again_keeps_its_evidence_and_budget():
              namespace)
     with pytest.raises(ConfigError, match="still owes 2 exact call"):
         bind(namespace, subcalls, budget={"calls": 100})  # a new in-memory ledger: refused
-    assert namespace["llm_batch_json"].__self__.session is first  # nothing was replaced
+    assert bind(namespace, Subcalls(), budget={"calls": 6}) is first  # nothing was replaced
 
 
 def test_rebinding_with_other_settings_on_the_same_ledger_file_keeps_the_evidence(tmp_path):

@@ -356,15 +356,12 @@ def test_cost_budget_stops_spending_before_it_would_be_exceeded():
     assert model.calls == calls
 
 
-def test_rlm_namespace_gives_cells_a_droste_compatible_helper():
-    from batchjson.rlm import namespace
-
+def test_the_session_s_llm_batch_json_is_a_droste_compatible_helper():
     session = Session(SimulatedModel(answer=lambda task: {"label": "pos"}))
-    names = namespace(session)
-    assert set(names) == {"llm_batch_json", "batch_session", "run_batch", "validator"}
-    out = names["llm_batch_json"](["a", "b"], {"type": "object"})
+    out = session.llm_batch_json(["a", "b"], {"type": "object"})
     assert out["values"] == [{"label": "pos"}, {"label": "pos"}] and out["errors"] == []
-    assert names["batch_session"].evidence.unresolved_batches == 0
+    assert out["attempts"] == [1, 1] and out["repairs_made"] == 0
+    assert session.evidence.unresolved_batches == 0
 
 
 def test_a_top_level_identity_beside_items_is_rejected_not_ignored():

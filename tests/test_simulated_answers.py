@@ -122,6 +122,72 @@ def test_a_pydantic_validator_the_generator_cannot_meet_is_refused_by_its_own_me
     session.close()
 
 
+class Even(BaseModel):
+    x: int
+
+    @field_validator("x")
+    @classmethod
+    def even(cls, value: int) -> int:
+        if value % 2:
+            raise ValueError("x must be even")
+        return value
+
+
+SOMETIMES_INVALID = {  # schemas where an earlier generator's answer failed for some seeds
+    "oneOf integer|number": {"type": "object", "required": ["x"], "properties": {
+        "x": {"oneOf": [{"type": "integer"}, {"type": "number"}]}}},
+    "oneOf overlapping ranges": {"type": "object", "required": ["x"], "properties": {
+        "x": {"oneOf": [{"type": "number", "minimum": 0, "maximum": 10},
+                        {"type": "number", "minimum": 5, "maximum": 20}]}}},
+    "uniqueItems over 1, 1.0, true": {"type": "object", "required": ["x"], "properties": {
+        "x": {"type": "array", "items": {"enum": [1, 1.0, True]}, "minItems": 2,
+              "uniqueItems": True}}},
+    "uniqueItems over booleans": {"type": "object", "required": ["x"], "properties": {
+        "x": {"type": "array", "items": {"type": "boolean"}, "uniqueItems": True}}},
+}
+
+
+@pytest.mark.parametrize("name", list(SOMETIMES_INVALID))
+def test_every_seed_s_answers_to_oneof_and_uniqueitems_schemas_resolve(name: str):
+    """oneOf takes a value valid for exactly one branch (an integer is a number too), and
+    uniqueItems compares as JSON Schema does (1 equals 1.0, true does not): for every seed,
+    every task's answer passes, so no batch ends unresolved."""
+    for seed in range(12):
+        session = Session(SimulatedModel(seed=seed), repairs=0, replays=0)
+        result = session.run_batch("b", reviews(25), SOMETIMES_INVALID[name],
+                                   on_exhausted="return")
+        assert result.status == "resolved" and result.rejected_returns == 0, (seed, result)
+        session.close()
+
+
+def test_a_pydantic_validator_some_answers_fail_is_refused_for_every_seed_before_any_call():
+    """The simulated model cannot read code: each pending task's answer is checked up front,
+    so the run is refused, saying why and how many, instead of ending unresolved after calls
+    (its answer to a task never changes, so no repair could help)."""
+    for seed in range(8):
+        model = SimulatedModel(seed=seed)
+        session = Session(model, repairs=0, replays=0)
+        with pytest.raises(ProviderSetupError) as caught:
+            session.run_batch("b", reviews(10), Even)
+        message = str(caught.value)
+        assert "of 10 task(s) fail the checks of Even's own code" in message, message
+        assert "x must be even" in message and "cannot read code" in message
+        assert "same answer on every attempt" in message and "SimulatedModel(answer=" in message
+        assert model.calls == 0 and session.ledger.batch_names() == []
+        session.close()
+
+
+def test_a_schema_part_the_generator_cannot_honour_is_not_blamed_on_code():
+    schema = {"type": "object", "required": ["v"],
+              "properties": {"self": {"$ref": "#"}, "v": {"type": "string"}}}
+    session = Session(SimulatedModel())
+    with pytest.raises(ProviderSetupError) as caught:
+        session.run_batch("b", reviews(2), schema)
+    message = str(caught.value)
+    assert "its generator cannot honour" in message and "code" not in message
+    session.close()
+
+
 def test_an_answer_function_still_decides_the_answers():
     session = Session(SimulatedModel(answer=lambda task: {"verdict": "match"}))
     schema = {"type": "object", "properties": {"verdict": {"type": "string"}},

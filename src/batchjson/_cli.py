@@ -204,7 +204,7 @@ def cmd_values(args: argparse.Namespace, out: TextIO) -> int:
         for task_id, v in values.items():
             v = v if isinstance(v, dict) else {"value": v}
             task = tasks.get(task_id, {})
-            writer.writerow([task_id, *(_cell(task.get(k)) for k in fields),
+            writer.writerow([_cell(task_id), *(_cell(task.get(k)) for k in fields),
                              *(_cell(v.get(k)) for k in columns)])
         out.write(buffer.getvalue())
     else:
@@ -228,10 +228,20 @@ def _identity(held: Ledger, name: str) -> tuple[list[str], dict[str, dict[str, A
     return fields, tasks
 
 
+# What a spreadsheet reads as the start of a formula (OWASP, "CSV Injection"): a cell of text
+# that starts so is written after a single quote, which a spreadsheet shows as text.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
 def _cell(value: Any) -> str:
+    """A CSV cell: text as itself unless a spreadsheet would run it as a formula (then after a
+    ``'``); anything else as JSON, which starts with a digit, a bracket, a letter or, for a
+    negative number (a number to a spreadsheet too), ``-``."""
     if value is None:
         return ""
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    if not isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    return "'" + value if value.startswith(FORMULA_STARTS) else value
 
 
 def cmd_export(args: argparse.Namespace, out: TextIO) -> int:

@@ -2,8 +2,9 @@
 
 Two checks need the provider, so they run once it is known and before anything is recorded:
 
-- the simulated model must be able to answer the schema: its generator makes one answer and
-  checks it, and a keyword it cannot satisfy is named (``ProviderSetupError``);
+- the simulated model must be able to answer the schema: its generator makes the answer of
+  every pending task and checks it, and a keyword it cannot satisfy, or the schema's own code
+  (a pydantic validator) rejecting an answer, is named (``ProviderSetupError``);
 - a pack must fit the call's output ceiling (the provider's ``max_tokens``). A request whose
   smallest schema-valid answer (identity echoes included) is longer than the ceiling, or longer
   than what this batch's accepted returns measured per item say, would be cut off on every
@@ -53,7 +54,7 @@ def check_fit(provider: Any, ledger: Ledger, name: str, schema: ItemSchema,
     no output ceiling (``declared_output_cap``)."""
     if not pending:
         return
-    answerable(provider, schema, pending[0].tasks[0], identity, mode)
+    answerable(provider, schema, pending, identity, mode)
     cap = declared_output_cap(provider)
     if cap is not None:
         measured = measured_per_item(ledger, name, 0 if mode == "value" else
@@ -72,26 +73,48 @@ def measured_per_item(ledger: Ledger, name: str, envelope: int) -> float | None:
     return rows[0][0] if rows and rows[0][0] is not None else None
 
 
-def answerable(provider: Any, schema: ItemSchema, task: Mapping[str, Any],
+def answerable(provider: Any, schema: ItemSchema, pending: Sequence[Request],
                identity: Sequence[str], mode: str) -> None:
-    """A provider that makes its answers from the schema (the simulated model) answers one
-    task here; that answer must pass the schema as acceptance will judge it (a pydantic
-    model's own validators included)."""
+    """A provider that makes its answers from the schema (the simulated model) answers every
+    pending task here, as it will when called (a task gets the same answer on every attempt);
+    each answer must pass the schema as acceptance will judge it, a pydantic model's own
+    validators included, or the run is refused before anything is spent."""
     check = getattr(provider, "check_answerable", None)
     if not callable(check) or getattr(provider, "answer", None) is not None:
         return
-    wire = schema.json_schema if mode == "value" else wire_schema(schema, [task], identity)
-    answer = check(wire, mode, task, identity)
-    if mode != "value":
-        declared = schema.declared_fields
-        answer = {k: v for k, v in answer.items()
-                  if k not in identity or declared is None or k in declared}
-    errors = schema.validate(answer, "answer")[1]
-    if errors:
-        raise ProviderSetupError(
-            f"the simulated model's answer does not pass the schema's own checks ({errors[0]}): "
-            "its generator meets the JSON Schema, not code such as a pydantic validator. Give "
-            "the answers yourself: SimulatedModel(answer=lambda task: {...})")
+    tasks = list({t["task_id"]: t for r in pending for t in r.tasks}.values())
+    failed: list[tuple[str, str]] = []
+    for n, task in enumerate(tasks):
+        wire = schema.json_schema if mode == "value" else wire_schema(schema, [task], identity)
+        # the first is checked against the JSON Schema there, naming a keyword it fails; the
+        # rest only as acceptance judges them (the schema below), which is enough and cheaper
+        answer = check(wire, mode, task, identity, verify=n == 0)
+        if mode != "value":
+            declared = schema.declared_fields
+            answer = {k: v for k, v in answer.items()
+                      if k not in identity or declared is None or k in declared}
+        errors = schema.validate(answer, "answer")[1]
+        if errors:
+            failed.append((task["task_id"], errors[0]))
+    if failed:
+        raise ProviderSetupError(_unanswered(schema, failed, len(tasks)))
+
+
+def _unanswered(schema: ItemSchema, failed: Sequence[tuple[str, str]], total: int) -> str:
+    (task_id, error), count = failed[0], f"{len(failed)} of {total} task(s)"
+    fix = ("Give the answers yourself: SimulatedModel(answer=lambda task: {...}); nothing "
+           "was sent")
+    if schema.model is not None:  # the answer met the model's JSON Schema: its code said no
+        return (f"the simulated model's answers to {count} fail the checks of "
+                f"{schema.model.__name__}'s own code (first: task {task_id!r}, {error}). The "
+                "simulated model answers from the JSON Schema and cannot read code such as a "
+                "pydantic validator, and it gives a task the same answer on every attempt, so "
+                f"no repair could help. {fix}")
+    return (f"the simulated model's answers to {count} do not pass the schema (first: task "
+            f"{task_id!r}, {error}), though each was made from the JSON Schema the call "
+            "sends: a part of this schema its generator cannot honour (a $ref to the root is "
+            "one). Simplify that part of the schema, or give the answers yourself: "
+            "SimulatedModel(answer=lambda task: {...}); nothing was sent")
 
 
 def _pack_fits(cap: int, measured: float | None, schema: ItemSchema,

@@ -8,7 +8,12 @@ the ledger.
 
 from __future__ import annotations
 
+import ast
 import inspect
+import io
+import sys
+import textwrap
+import tokenize
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -16,6 +21,7 @@ import jsonschema
 
 from ._acceptance import ECHO_EXEMPT
 from ._errors import InvalidBatch
+from ._fingerprint import unwrap_callable
 from ._schema import MISSING as _MISSING
 from ._schema import ItemSchema
 from ._schema import resolve_pointer as _resolve
@@ -30,8 +36,9 @@ def check_validator(fn: Any, args: str) -> None:
         return
     if not callable(fn):
         raise InvalidBatch(f"validator must be callable, got {type(fn).__name__}")
-    second = "index" if args == "index" else "task"
+    second = "task" if args == "task" else "index"
     check_not_generator(fn, second)
+    check_asserts_kept(fn)
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # some builtins have none: nothing to check
@@ -65,6 +72,41 @@ def check_not_generator(fn: Any, second: str = "task") -> None:
             "not a verdict; write a plain def (or async def) without yield: "
             f"def {name}(item, {second}): ... raising ValueError or returning False to reject "
             "an item")
+
+
+def check_asserts_kept(fn: Any) -> None:
+    """Under ``python -O`` every ``assert`` is compiled away, so a validator that checks with
+    asserts would accept every item without a word: refused, before anything is recorded,
+    when its own source (nested functions included) holds an ``assert``. Helpers it calls are
+    not read, and a validator without source (made by ``exec`` of a string) cannot be seen."""
+    if not sys.flags.optimize:
+        return
+    try:
+        target = unwrap_callable(fn)
+        if not inspect.isroutine(target) and not inspect.isclass(target):
+            target = type(target).__call__  # a callable object: what is called
+        source = textwrap.dedent(inspect.getsource(target))
+    except Exception:  # no source to read (a builtin, exec'd code): nothing to see
+        return
+    if not _has_assert(source):
+        return
+    name = getattr(fn, "__name__", type(fn).__name__)
+    raise InvalidBatch(
+        f"validator {name} checks with assert, and this Python runs with -O "
+        f"(sys.flags.optimize={sys.flags.optimize}), which removes every assert: it would "
+        "accept every item. Raise ValueError instead (if not ok: raise ValueError('...')), or "
+        "run Python without -O")
+
+
+def _has_assert(source: str) -> bool:
+    try:
+        return any(isinstance(node, ast.Assert) for node in ast.walk(ast.parse(source)))
+    except SyntaxError:  # a lambda's line cut from a larger expression: read its tokens
+        try:
+            return any(t.type == tokenize.NAME and t.string == "assert" for t in
+                       tokenize.generate_tokens(io.StringIO(source).readline))
+        except (tokenize.TokenError, SyntaxError):
+            return False
 
 
 def compared_candidates(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str]) -> list[str]:
@@ -243,12 +285,13 @@ def check_mode(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str], mode
         raise InvalidBatch(f"mode='value' returns a bare value that echoes no fields, so "
                            f"identity={list(identity)!r} could never be compared; drop identity= "
                            "or use mode='items'")
-    if validator is not None and validator_args == "index":
+    if validator is not None and validator_args != "task":
         missing = next((t for t in tasks if type(t.get("index")) is not int), None)
         if missing is not None:
             raise InvalidBatch(f"task {missing['task_id']!r} has no integer 'index', but "
-                               "validator_args='index' calls validator(value, task['index']); "
-                               "give every task its index or use validator_args='task'")
+                               f"validator_args={validator_args!r} calls validator(value, "
+                               "task['index']); give every task its index or use "
+                               "validator_args='task'")
 
 
 def check_all(*, tasks: Sequence[Mapping[str, Any]], identity: Sequence[str],

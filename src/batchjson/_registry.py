@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from ._errors import InvalidBatch, ValidatorChanged
 from ._fingerprint import Fingerprint, describe_changes, fingerprint_function, unwrap_callable
-from ._preflight import check_not_generator
+from ._preflight import check_asserts_kept, check_not_generator
 from ._records import now
 
 __all__ = ["Definition", "ValidatorRegistry", "ValidatorVersion"]
@@ -150,6 +150,7 @@ class ValidatorRegistry:
             raise InvalidBatch(f"a validator must be callable, got {type(fn).__qualname__}"
                                f"{hint}")
         check_not_generator(fn)  # never a validator: refused before its version is recorded
+        check_asserts_kept(fn)  # under python -O it would accept everything
         fingerprint = fingerprint_function(fn)  # outside the lock: pure, possibly slow
         if name is None:  # the name it was defined under, if this very object was defined
             name = self._name_of(fn) or _default_name(fn)

@@ -18,7 +18,7 @@ from typing import Any
 
 from ._errors import ConfigError, NotReady
 from ._subcalls import SubcallProvider
-from .rlm import bind
+from .rlm import bind, tool
 
 __all__ = ["RlmHooks"]
 
@@ -65,6 +65,13 @@ class RlmHooks:
         self._provider: SubcallProvider | None = None
         self._lock = threading.RLock()  # one call at a time: its REPL answers the whole run
         self._gates: dict[type, type] = {}
+        # What cells are given: plain functions, none leading back to these hooks or the session
+        # (a bound method would, as tool.__self__.session.ledger)
+        helper = tool(self, "llm_batch_json")
+        self._tools = {"llm_batch_json": helper, "llm_query_batched_json": helper,
+                       **{name: self._names[name] for name in ("validator", "batch_status",
+                                                               "finalization_check")},
+                       "batchjson_connect": tool(self, "connect")}
 
     # -- what RLM takes ------------------------------------------------------------------------
     @property
@@ -75,14 +82,8 @@ class RlmHooks:
     @property
     def custom_tools(self) -> dict[str, dict[str, Any]]:
         """For ``RLM(custom_tools=...)``: each tool with the description rlm shows the model."""
-        tools = {"llm_batch_json": self.llm_batch_json,
-                 "llm_query_batched_json": self.llm_batch_json,
-                 "validator": self._names["validator"],
-                 "batch_status": self._names["batch_status"],
-                 "finalization_check": self._names["finalization_check"],
-                 "batchjson_connect": self.connect}
         return {name: {"tool": tool, "description": DESCRIPTIONS[name]}
-                for name, tool in tools.items()}
+                for name, tool in self._tools.items()}
 
     # -- for the host, after a completion -------------------------------------------------------
     def finalization_check(self) -> list[dict[str, Any]]:
@@ -98,7 +99,7 @@ class RlmHooks:
                        validator: Callable[[Any, int], Any] | None = None, *,
                        name: str | None = None) -> dict[str, Any]:
         """droste's ``llm_batch_json``, answered by the calling REPL's ``llm_query_batched``."""
-        helper = sys._getframe(1).f_globals.get("llm_query_batched")
+        helper = _callers_global("llm_query_batched")
         if not callable(helper):
             raise ConfigError(
                 "llm_batch_json from batchjson.rlm.rlm_hooks answers through the "
@@ -131,7 +132,7 @@ class RlmHooks:
         return answer
 
     def _gate(self, base: type) -> type:
-        check = self.finalization_check
+        check = self._names["finalization_check"]  # a tool: the class leads to no session
 
         def __setitem__(answer: dict, key: Any, value: Any) -> None:
             if key == "ready" and value:
@@ -151,3 +152,12 @@ class RlmHooks:
             self.session.provider = self._provider
         else:
             self._provider.retarget(helper)
+
+
+def _callers_global(name: str) -> Any:
+    """``name`` in the globals of the nearest caller outside batchjson: the REPL cell that
+    called the tool (through the tool's own frames)."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] == "batchjson":
+        frame = frame.f_back  # type: ignore[assignment]
+    return None if frame is None else frame.f_globals.get(name)

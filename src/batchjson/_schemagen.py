@@ -5,9 +5,11 @@ objects, arrays, numbers, strings with ``pattern``/``format``, ``anyOf``/``oneOf
 ``not``, ``if``/``then``/``else``, ``$ref``/``$defs``, the schemas pydantic writes). The same seed
 gives the same value in every process (no salted ``hash()``). ``minimal`` makes the smallest
 value instead: fewest properties and items, shortest strings and numbers, which is what a pack's
-least possible output is measured by. A value is checked against the schema before it is handed
-out; a keyword the generator cannot satisfy raises :class:`Unanswerable` naming the keyword and
-where it is, so the caller can refuse before anything runs.
+least possible output is measured by. A ``oneOf`` value is valid for exactly one branch, and
+``uniqueItems`` compares as JSON Schema does (``1`` is ``1.0``, ``true`` is neither). A value is
+checked against the schema before it is handed out; a keyword the generator cannot satisfy
+raises :class:`Unanswerable` naming the keyword and where it is, so the caller can refuse before
+anything runs.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from ._schemaparts import (
     between,
     bound,
     canonical,
+    few_values,
     float_multiple,
     has_type,
     interval,
@@ -44,7 +47,10 @@ from ._schemaparts import (
 )
 from ._tasks import sha
 
-GENERATOR = "schemagen-1"  # part of the simulated model's answer source: a new one re-asks
+GENERATOR = "schemagen-2"  # part of the simulated model's answer source: a new one re-asks
+# The seed of the draws: kept while a new generator leaves the answers to schemas it did not
+# change as they were (schemagen-2 changed oneOf, uniqueItems, not and enum equality).
+_DRAWS = "schemagen-1"
 MAX_DEPTH = 48  # nesting a required chain of $refs may reach before it is called endless
 _SAMPLE_DEPTH = 6  # below this, optional parts are left out so recursive schemas end
 _OBJECT = ("properties", "required", "additionalProperties", "patternProperties",
@@ -59,7 +65,7 @@ class Generator:
 
     def __init__(self, root: Any, seed: str = "", *, minimal: bool = False) -> None:
         self.root = root
-        self.rng = random.Random(int(sha(f"{GENERATOR}:{seed}")[:16], 16))
+        self.rng = random.Random(int(sha(f"{_DRAWS}:{seed}")[:16], 16))
         self.minimal = minimal
         self._validator: Any = None
 
@@ -226,6 +232,9 @@ class Generator:
             for branch in branches:
                 try:
                     sub = merge(rest, self._flat(as_schema(branch, where), where), where)
+                    others = [b for b in branches if b is not branch]
+                    if key == "oneOf" and others:  # exactly one: a value none of the others takes
+                        sub = merge(sub, {"not": {"anyOf": others}}, where)
                     make = (lambda sub=sub: self._gen(sub, where, depth + 1, fixed))  # noqa: E731
                     value = self._drawing(make) if drawn else make()
                 except Unanswerable as exc:
@@ -260,9 +269,10 @@ class Generator:
     def _negated(self, node: Mapping[str, Any], where: str, depth: int,
                  fixed: Mapping[str, Any] | None) -> Any:
         rest = {k: v for k, v in node.items() if k != "not"}
-        for attempt in range(12):
-            make = (lambda: self._gen(rest, where, depth + 1, fixed))  # noqa: E731
-            value = make() if attempt == 0 else self._drawing(make)
+        make = (lambda: self._gen(rest, where, depth + 1, fixed))  # noqa: E731
+        for attempt in range(14):  # as asked, the smallest, then drawn afresh
+            value = (make() if attempt == 0 else self._minimally(make) if attempt == 1
+                     else self._drawing(make))
             if self._fits(node, value):
                 return value
         raise Unanswerable("not", where, "every value tried matches the schema under not")
@@ -306,21 +316,36 @@ class Generator:
         values: list[Any] = []
         for i in range(count):
             sub = prefix[i] if i < len(prefix) else items
-            values.append(self._distinct(sub, values, f"{where}[{i}]", depth + 1,
-                                         bool(node.get("uniqueItems"))))
+            try:
+                values.append(self._distinct(sub, values, f"{where}[{i}]", depth + 1,
+                                             node.get("uniqueItems") is True))
+            except Unanswerable as exc:  # fewer distinct values than drawn: stop at enough
+                if exc.keyword != "uniqueItems" or i < max(low, len(prefix)):
+                    raise
+                break
         if "contains" in node:
             self._contain(node, values, items, high, where, depth)
         return values
 
     def _distinct(self, sub: Any, values: Sequence[Any], where: str, depth: int,
                   unique: bool) -> Any:
-        seen = {canonical(v) for v in values} if unique else set()
+        """A value of ``sub``; with ``unique``, one no earlier value equals as JSON Schema
+        compares (``1`` is ``1.0``, not ``true``): drawn afresh, then picked from the few
+        values a small domain has (an enum, booleans, a short integer range)."""
         value = self._gen(sub, where, depth)
-        for _ in range(16):
+        if not unique:
+            return value
+        seen = {canonical(v) for v in values}
+        for _ in range(24):
             if canonical(value) not in seen:
-                break
+                return value
             value = self._drawing(lambda: self._gen(sub, where, depth))
-        return value
+        flat = self._flat(as_schema(sub, where), where)
+        for candidate in few_values(flat):
+            if canonical(candidate) not in seen and self._fits(sub, candidate):
+                return deepcopy(candidate)
+        raise Unanswerable("uniqueItems", where, f"no value other than the {len(values)} "
+                           "already made could be found")
 
     def _contain(self, node: Mapping[str, Any], values: list[Any], items: Any,
                  high: int | None, where: str, depth: int) -> None:

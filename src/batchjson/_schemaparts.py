@@ -60,6 +60,8 @@ def merge(a: Any, b: Any, where: str) -> dict[str, Any]:
             a[key] = max(a[key], theirs)
         elif key in (*_MAX_KEYS, "exclusiveMaximum") and _numbers_both(a[key], theirs):
             a[key] = min(a[key], theirs)
+        elif key == "not" and a[key] != theirs:  # neither: not (either)
+            a[key] = {"anyOf": [a[key], theirs]}
         elif key in _BOTH and a[key] != theirs:
             a[key] = {"allOf": [a[key], theirs]}
         elif key in ("anyOf", "oneOf") and a[key] != theirs:
@@ -101,6 +103,27 @@ def _common_types(a: Any, b: Any, where: str) -> Any:
     ordered = [t for t in ([a] if isinstance(a, str) else a) if t in common]
     ordered += sorted(common.difference(ordered))
     return ordered[0] if len(ordered) == 1 else ordered
+
+
+def few_values(node: Mapping[str, Any]) -> list[Any]:
+    """Every value a small domain holds (the members of an enum, a const, both booleans, an
+    integer range of at most 64), or ``[]`` when it is not small."""
+    if "const" in node:
+        return [node["const"]]
+    if isinstance(node.get("enum"), list):
+        return list(node["enum"])
+    kinds = node.get("type")
+    if kinds == "boolean":
+        return [False, True]
+    if kinds == "integer":
+        low, low_open = bound(node, "minimum", "exclusiveMinimum", lower=True)
+        high, high_open = bound(node, "maximum", "exclusiveMaximum", lower=False)
+        if low is not None and high is not None and high - low <= 64:
+            first = math.floor(low) + 1 if low_open and low.denominator == 1 else math.ceil(low)
+            last = math.ceil(high) - 1 if high_open and high.denominator == 1 else \
+                math.floor(high)
+            return list(range(first, last + 1))
+    return []
 
 
 def property_schema(node: Mapping[str, Any], name: str, where: str) -> Any:
@@ -203,8 +226,22 @@ def interval(low: Fraction | None, low_open: bool, high: Fraction | None,
 
 
 def canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    """A key equal for values JSON Schema holds equal (``enum``, ``const``, ``uniqueItems``):
+    ``1`` and ``1.0`` are one number, ``true`` is not ``1``, key order does not count."""
+    return json.dumps(_json_equal_form(value), sort_keys=True, separators=(",", ":"),
+                      default=str)
+
+
+def _json_equal_form(value: Any) -> Any:
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    if isinstance(value, Mapping):
+        return {str(k): _json_equal_form(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_equal_form(v) for v in value]
+    return value
 
 
 def size(value: Any) -> int:
-    return len(canonical(value))
+    """The length of ``value`` as JSON text (what the smallest answer is measured by)."""
+    return len(json.dumps(value, sort_keys=True, separators=(",", ":"), default=str))

@@ -42,6 +42,7 @@ from ._tasks import (
     revision_fingerprint,
     sourceless_content,
 )
+from ._validators import droste_verdicts
 
 
 class Session:
@@ -195,8 +196,9 @@ class Session:
                 version = definition.record
                 changed = definition.message if definition.kind == "changed" else None
             validator = version.fn
-        checker = (_index_form(validator) if validator is not None and
-                   spec.validator_args == "index" else validator)
+        forms = {"index": _index_form, "droste": droste_verdicts}
+        checker = (forms[spec.validator_args](validator) if validator is not None and
+                   spec.validator_args in forms else validator)
         if checker is not None:  # an async validator that never returns must not hang the run
             checker = _bounded(checker, self.transport.timeout)
         components, key_content, seen_content = compose_contents(

@@ -24,7 +24,7 @@ from ._schema import ItemSchema, compile_schema
 from ._tasks import Identity, normalize_identity, normalize_tasks
 
 MODES = ("items", "value")
-VALIDATOR_ARGS = ("task", "index")
+VALIDATOR_ARGS = ("task", "index", "droste")
 ON_EXHAUSTED = ("raise", "return")
 
 
@@ -36,7 +36,8 @@ class RunSpec:
       judged for coverage and identity; ``mode="value"``: one task per call, a bare JSON value
       (droste's ``llm_batch_json`` shape).
     - ``validator_args="task"`` calls ``validator(value, task)``; ``"index"`` calls
-      ``validator(value, task["index"])`` as droste does.
+      ``validator(value, task["index"])`` as droste does; ``"droste"`` also judges what it says
+      as droste's helper does (only ``ValueError`` rejects; its return is ignored).
     - ``refuse_short_budget``: refuse before spending when the budget cannot cover one call per
       pending request (droste's helper instead spends what it has and reports the rest).
     - ``None`` for ``repairs``/``replays`` takes the session's setting.

@@ -82,7 +82,7 @@ def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
                    name: str | None = None, refuse_short_budget: bool = False,
                    keyed_by_content: bool = False, max_calls: int | None = None,
                    registered: ValidatorVersion | None = None,
-                   droste_schema: bool = False) -> dict[str, Any]:
+                   droste: bool = False) -> dict[str, Any]:
     """Run one prompt per call, each returning a bare JSON value; droste's return shape.
 
     droste spends what the budget has and reports the rest as ``budget_exhausted``;
@@ -93,8 +93,10 @@ def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
     stays owed and keeps blocking a ready answer, as under droste's identity keying.
     ``max_calls=0`` with ``refuse_short_budget`` answers only from what is already accepted.
     ``registered``: the validator's version record, when the caller registered it just now.
-    ``droste_schema=True`` (a droste subcall client's binding) takes droste's schema subset
-    only and judges ``"integer"`` as droste does.
+    ``droste=True`` (a droste subcall client's binding) takes droste's schema subset only,
+    judges ``"integer"`` as droste does, and the validator's verdicts too (only ``ValueError``
+    rejects, a failed ``assert`` is a ``validator_error``, its return is ignored); an unnamed
+    call's batch name says so, so answers judged by one contract are never reused by the other.
     """
     if isinstance(prompts, str) or not isinstance(prompts, Sequence):
         raise InvalidBatch("prompts must be a list of strings")
@@ -110,10 +112,10 @@ def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
     if validator is not None and not callable(validator):
         raise InvalidBatch(f"validator must be callable (value, index) -> None, got "
                            f"{type(validator).__name__}")
-    if droste_schema:
+    if droste:
         check_droste_schema(schema)
     # once: the run reuses it, and it dumps the values
-    item_schema = compile_schema(schema, strict_integers=droste_schema)
+    item_schema = compile_schema(schema, strict_integers=droste)
     if not prompts:  # droste answers no prompts with an empty result, after checking the schema
         return {"values": [], "errors": [], "attempts": [], "repairs_made": 0}
     tasks = []
@@ -128,14 +130,16 @@ def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
                    and registered.fn is validator else session.validators.version_of(validator))
         validator = validator if version is None else version.fn
         content = sha(json.dumps([item_schema.fingerprint,
-                                  None if version is None else version.fingerprint.digest]))
+                                  None if version is None else version.fingerprint.digest]
+                                 + (["droste verdicts"] if droste and validator else [])))
         batch = default_batch_name(prompts, contexts, content)
     elif batch is None:
         batch = default_batch_name(prompts, contexts)
     result = session._run(RunSpec(
         name=batch, tasks=tasks, schema=item_schema, validator=validator,
         identity=("task_id",), repairs=max_repair_attempts, on_exhausted="return",
-        mode="value", validator_args="index", refuse_short_budget=refuse_short_budget,
+        mode="value", validator_args="droste" if droste else "index",
+        refuse_short_budget=refuse_short_budget,
         max_calls=max_calls), registered=version or registered)
     return _droste_shape(result, tasks, item_schema)
 

@@ -4,6 +4,7 @@
 rejects an item (repairable); ``None``, ``True`` or the item itself
 accepts; anything else, a return or an exception (``BaseException`` subclasses included, unless
 the run itself is being interrupted), is a ``validator_error``: a bug, reported, never retried.
+Bound to a droste client, droste's own verdicts apply instead (:func:`droste_verdicts`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ async def run_validator_async(validator: Callable[[Any, Mapping[str, Any]], Any]
         if inspect.isawaitable(out):
             out = await out
         verdict = _returned(out, value)
+    except CountedAsCrash as exc:  # a contract that counts what was raised as a crash
+        cause = exc.__cause__
+        return [_error("validator_error", f"task {task_id!r}: validator raised "
+                       f"{type(cause).__name__}: {cause}", task_id)]
     except ValueError as exc:
         return [_error("validation", f"task {task_id!r}: {exc}", task_id)]
     except AssertionError as exc:  # pydantic's rule too: a failed assert rejects the item
@@ -51,6 +56,32 @@ async def run_validator_async(validator: Callable[[Any, Mapping[str, Any]], Any]
                        "False (or raise ValueError) to reject: its return value is never used "
                        "as the item", task_id)]
     return []
+
+
+class CountedAsCrash(Exception):
+    """Raised (from the validator's own exception) by a wrapper whose contract counts that
+    exception as the validator failing, not as a rejection."""
+
+
+def droste_verdicts(fn: Callable[[Any, int], Any]) -> Callable[[Any, Mapping[str, Any]], Any]:
+    """``fn(value, index)`` judged as droste 0.26's helper judges it: only ``ValueError``
+    rejects; a failed ``assert`` (like any other exception) is a ``validator_error``; whatever
+    it returns is ignored (``False`` accepts). An ``async def`` one is awaited."""
+    def check(value: Any, task: Mapping[str, Any]) -> Any:
+        try:
+            out = fn(value, task["index"])
+        except AssertionError as exc:
+            raise CountedAsCrash() from exc
+        return _awaited_ignoring(out) if inspect.isawaitable(out) else None
+
+    return check
+
+
+async def _awaited_ignoring(out: Any) -> None:
+    try:
+        await out
+    except AssertionError as exc:
+        raise CountedAsCrash() from exc
 
 
 def _assertion(exc: AssertionError) -> str:

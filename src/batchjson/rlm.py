@@ -10,6 +10,7 @@ can no longer be paid for before anything is spent.
 
 from __future__ import annotations
 
+import inspect
 import weakref
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from ._rlm_hooks import RlmHooks
     from ._session import Session
 
-__all__ = ["bind", "droste_environment", "namespace", "rlm_hooks"]
+__all__ = ["bind", "droste_environment", "rlm_hooks"]
 
 HELPER_NAMES = ("llm_batch_json", "llm_query_batched_json", "validator", "batch_status",
                 "finalization_check")
@@ -89,13 +90,39 @@ def bind(namespace: MutableMapping[str, Any], provider_or_subcalls: Any = None, 
         _share(session, provider)
     binding = _Binding(session, namespace,
                        droste=_answers_as_droste(session, provider_or_subcalls))
-    helper = binding.llm_batch_json  # one object under both names, as droste binds them
+    helper = tool(binding, "llm_batch_json")  # one object under both names, as droste binds
     namespace["llm_batch_json"] = helper
     namespace["llm_query_batched_json"] = helper
-    namespace["validator"] = binding.validator
-    namespace["batch_status"] = binding.batch_status
-    namespace["finalization_check"] = binding.finalization_check
+    for name in ("validator", "batch_status", "finalization_check"):
+        namespace[name] = tool(binding, name)
     return session
+
+
+# The binding behind each tool a namespace was given, kept here rather than on the tool: a
+# bound method would hand any cell its session (and ledger) as ``tool.__self__.session``.
+_OWNERS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def tool(owner: Any, method: str) -> Callable[..., Any]:
+    """``owner.<method>`` as a plain function a cell may be given: its name, signature and doc,
+    and nothing that leads to ``owner`` (no ``__self__``, ``__wrapped__`` or closure over it)."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(_OWNERS[call], method)(*args, **kwargs)
+
+    bound = getattr(owner, method)
+    call.__name__ = call.__qualname__ = method
+    call.__doc__ = bound.__doc__
+    call.__signature__ = inspect.signature(bound)  # type: ignore[attr-defined]
+    _OWNERS[call] = owner
+    return call
+
+
+def _binding_of(namespace: MutableMapping[str, Any]) -> _Binding | None:
+    try:
+        owner = _OWNERS.get(namespace.get("llm_batch_json"))  # type: ignore[arg-type]
+    except TypeError:  # a name the cell rebound to something that cannot be a key
+        return None
+    return owner if isinstance(owner, _Binding) else None
 
 
 def rlm_hooks(*, strict: bool = True, ledger: Any = None, budget: Any = None) -> RlmHooks:
@@ -109,20 +136,6 @@ def rlm_hooks(*, strict: bool = True, ledger: Any = None, budget: Any = None) ->
     from ._rlm_hooks import RlmHooks
 
     return RlmHooks(strict=strict, ledger=ledger, budget=budget)
-
-
-def namespace(session: Session) -> dict[str, Any]:
-    """Names an RLM host puts in a cell's globals: the helper, the session and its evidence."""
-    def bound(prompts: Sequence[str], schema: Any, contexts: Sequence[str] | None = None,
-              max_repair_attempts: int = 1, validator: Callable[[Any, int], Any] | None = None,
-              *, name: str | None = None) -> dict[str, Any]:
-        return llm_batch_json(session, prompts, schema, contexts, max_repair_attempts,
-                              validator, name=name)
-
-    bound.__name__ = "llm_batch_json"
-    bound.__doc__ = llm_batch_json.__doc__
-    return {"llm_batch_json": bound, "batch_session": session,
-            "run_batch": session.run_batch, "validator": session.validators.define}
 
 
 def _call_rules(source: Any, replays: int | None,
@@ -154,8 +167,8 @@ def _rebinding(namespace: MutableMapping[str, Any], *, strict: bool, ledger: Any
 
     from ._budget import Budget
 
-    bound = getattr(namespace.get("llm_batch_json"), "__self__", None)
-    if not isinstance(bound, _Binding):
+    bound = _binding_of(namespace)
+    if bound is None:
         return None
     session = bound.session
     path = session.ledger.path
@@ -174,8 +187,8 @@ def _keep_owed(namespace: MutableMapping[str, Any], session: Session | None,
     """Rebinding a namespace must not hide the evidence its current session still owes."""
     from pathlib import Path
 
-    bound = getattr(namespace.get("llm_batch_json"), "__self__", None)
-    if not isinstance(bound, _Binding) or bound.session is session:
+    bound = _binding_of(namespace)
+    if bound is None or bound.session is session:
         return
     old = bound.session
     if session is not None:
@@ -220,7 +233,7 @@ class _Binding:
                  droste: bool = False) -> None:
         self.session = session
         self.namespace = namespace
-        self.droste = droste  # answering from a droste client: droste's schema subset
+        self.droste = droste  # answering from a droste client: droste's schema and verdicts
 
     def llm_batch_json(self, prompts: Sequence[str], schema: Any,
                        contexts: Sequence[str] | None = None, max_repair_attempts: int = 1,
@@ -244,7 +257,7 @@ class _Binding:
                                       max_repair_attempts, validator, name=name,
                                       refuse_short_budget=True, keyed_by_content=True,
                                       max_calls=0, registered=registered,
-                                      droste_schema=self.droste)
+                                      droste=self.droste)
             except BudgetExceeded:
                 raise _refused(owed, remaining or 0, "to clear the unresolved evidence already "
                                "recorded", cost_spent=cost_spent) from None
@@ -252,7 +265,7 @@ class _Binding:
             return llm_batch_json(self.session, prompts, schema, contexts, max_repair_attempts,
                                   validator, name=name, refuse_short_budget=True,
                                   keyed_by_content=True, registered=registered,
-                                  droste_schema=self.droste)
+                                  droste=self.droste)
         except BudgetExceeded as exc:
             raise _refused(exc.needed, exc.remaining, "to answer the prompts of this call "
                            "that are not yet accepted", one_call=exc.one_call) from None

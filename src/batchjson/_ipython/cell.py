@@ -72,24 +72,26 @@ def run_body(shell: Any, cell: str) -> list[str]:
             and value.__code__.co_filename == filename]
 
 
-def define_once(registry: ValidatorRegistry, ns: dict[str, Any], names: list[str]) -> list[str]:
-    """Pass each rebound function through the registry under its variable name.
+def define_once(registry: ValidatorRegistry, ns: dict[str, Any], names: list[str],
+                validator: Any) -> tuple[Any, list[str]]:
+    """Pass the validator through the registry under its variable name, when the body defined
+    it (one of ``names``); other functions of the body (helpers that build the tasks) are not
+    validators and are left alone.
 
     The variable is rebound to the canonical object, so re-running an unchanged cell leaves
-    ``id(fn)`` unchanged. Returns the registry's one-line message for each definition that
-    changed or went back to an earlier version, or whose fingerprint is partial (a first, fully
-    seen definition is not news).
+    ``id(fn)`` unchanged. Returns the validator to run (the canonical object) and the
+    registry's one-line message when the definition changed or went back to an earlier
+    version, or when its fingerprint is partial (a first, fully seen definition is not news).
+    A validator the body did not define is returned as it is: the run registers it.
     """
-    events = []
-    for name in names:
-        if inspect.isgeneratorfunction(ns[name]) or inspect.isasyncgenfunction(ns[name]):
-            continue  # a generator is never a validator (a run refuses one as such)
-        definition = registry.register(ns[name], name=name)
-        if definition.fn is not ns[name]:
-            ns[name] = definition.fn
-        if definition.kind in ("changed", "reused") or definition.fingerprint.partial:
-            events.append(definition.message)
-    return events
+    name = next((n for n in names if ns[n] is validator), None)
+    if validator is None or name is None:
+        return validator, []
+    definition = registry.register(validator, name=name)
+    if definition.fn is not ns[name]:
+        ns[name] = definition.fn
+    news = definition.kind in ("changed", "reused") or definition.fingerprint.partial
+    return definition.fn, [definition.message] if news else []
 
 
 def evaluate(shell: Any, option: str, expr: str, *, default: bool) -> Any:

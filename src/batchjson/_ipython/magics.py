@@ -8,8 +8,8 @@ One session per kernel, configured through the ``BatchJson`` configurable::
 ``%config`` is IPython's own: a value a setting refuses raises ``TraitError`` from its trait,
 which IPython reports, and the old value stays in force.
 
-Re-running a ``%%batch_json`` cell is safe: functions the body defines are passed through the
-session's validator registry (define-once), and identical work resumes from the ledger.
+Re-running a ``%%batch_json`` cell is safe: the validator the body defines is passed through
+the session's validator registry (define-once), and identical work resumes from the ledger.
 """
 
 from __future__ import annotations
@@ -200,10 +200,11 @@ class BatchJson(Magics):
     def batch_json(self, line: str, cell: str) -> None:
         """Run the cell body, then resolve batch NAME over `tasks` with `schema`.
 
-        Functions the body defines are registered once (re-running an unchanged cell keeps the
-        same objects). The BatchResult is bound to NAME (or --out VAR) and displayed; when the
-        batch is unresolved a short failure report is shown instead of a traceback, and
-        re-running the cell resumes, spending calls only on unresolved requests.
+        The validator the body defines is registered once (re-running an unchanged cell keeps
+        the same object); other functions of the body are not validators. The BatchResult is
+        bound to NAME (or --out VAR) and displayed; when the batch is unresolved a short
+        failure report is shown instead of a traceback, and re-running the cell resumes,
+        spending calls only on unresolved requests.
         """
         args = parse(self.batch_json, line, "%%", expr_options=True)
         if args is None:  # --help: its usage is printed, nothing runs
@@ -221,18 +222,18 @@ class BatchJson(Magics):
                              "--tasks EXPR --schema EXPR")
 
         ns = self.shell.user_ns
-        try:
-            events = define_once(session.validators, ns, run_body(self.shell, cell))
-        except BatchJsonError as exc:  # a strict session refusing a changed validator
-            raise UsageError(one_line(exc)) from None
-        for event in events:
-            print(f"batchjson: {event}")
-
+        defined = run_body(self.shell, cell)
         tasks = evaluate(self.shell, "--tasks", args.tasks or "tasks", default=not args.tasks)
         schema = evaluate(self.shell, "--schema", args.schema or "schema",
                           default=not args.schema)
         checker = (evaluate(self.shell, "--validator", args.validator, default=False)
                    if args.validator else None)
+        try:
+            checker, events = define_once(session.validators, ns, defined, checker)
+        except BatchJsonError as exc:  # a strict session refusing a changed validator
+            raise UsageError(one_line(exc)) from None
+        for event in events:
+            print(f"batchjson: {event}")
         instructions = (evaluate(self.shell, "--instructions", args.instructions, default=False)
                         if args.instructions else None)
         check_result_variable(ns, var, args.name, out=args.out is not None)  # the body's too
@@ -318,7 +319,8 @@ class BatchJson(Magics):
         ordered = sorted(rows.values(), key=lambda row: (row[0], int(row[1])))
         return Table(f"validators ({len(session.validators)} current in this session)",
                      ["name", "version", "fingerprint", "where", "batches", "current"], ordered,
-                     empty="no validators yet: functions a %%batch_json cell defines appear here")
+                     empty="no validators yet: the --validator of each %%batch_json cell "
+                     "appears here")
 
     @magic_arguments()
     @argument("name", help="Batch name.")

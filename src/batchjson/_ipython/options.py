@@ -8,6 +8,7 @@ jupysql's ``%sql --help`` does. A mistyped option is named with the closest real
 
 from __future__ import annotations
 
+import builtins
 import difflib
 import re
 from argparse import Namespace
@@ -25,11 +26,15 @@ _NUMBER = re.compile(r"-\.?\d")
 
 
 def wants_help(magic: Callable[..., Any], line: str, sigil: str = "%") -> bool:
-    """Print the magic's usage and say True when its line asks for help."""
+    """Print the magic's usage and say True when its line asks for help: ``--help`` or ``-h``
+    as an option, not as the value of one (``--instructions -h`` passes the EXPR ``-h``)."""
+    parser = magic.parser  # type: ignore[attr-defined]
     words = arg_split(line, strict=False)
-    if not any(word in HELP for word in words):
+    valued = _valued_options(parser)
+    if not any(word in HELP and not (i and words[i - 1] in valued)
+               for i, word in enumerate(words)):
         return False
-    text = magic.parser.format_help()  # type: ignore[attr-defined]
+    text = parser.format_help()
     head, _, rest = text.partition("%")  # IPython's formatter starts "::\n\n  %name ..."
     print("usage: " + sigil + rest if head.strip(": \n") == "" else text)
     return True
@@ -39,31 +44,67 @@ def parse(magic: Callable[..., Any], line: str, sigil: str = "%", *,
           expr_options: bool = False) -> Namespace | None:
     """The magic's options, or None after ``--help`` printed its usage. An unknown option is
     named with the nearest real one; with ``expr_options`` (``%%batch_json``), stray words are
-    explained (identity fields written with spaces, an EXPR that holds spaces)."""
+    explained (identity fields written with spaces, a value given to a flag, an EXPR that holds
+    spaces)."""
+    parser = magic.parser  # type: ignore[attr-defined]
     try:
         if wants_help(magic, line, sigil):
             return None
-        return magic.parser.parse_argstring(line)  # type: ignore[attr-defined]
+        words = _values_joined(arg_split(line), parser)
+        return parser.parse_args(words)  # type: ignore[no-any-return]
     except ValueError as exc:  # the shell-style splitter's bare error for an unclosed quote
-        raise UsageError(f"{sigil}{magic.parser.prog} {line.strip()}: {exc} (a quote is "  # type: ignore[attr-defined]
-                         "opened and never closed); close the quote, or build the value in "
-                         "the cell body and pass its name") from None
+        fix = (", or build the value in the cell body and pass its name" if expr_options
+               else "")
+        raise UsageError(f"{sigil}{parser.prog} {line.strip()}: {exc} (a quote is opened and "
+                         f"never closed); close the quote{fix}") from None
     except UsageError as exc:
-        parser = magic.parser  # type: ignore[attr-defined]
         if "unrecognized arguments" not in str(exc):
             raise
         words = arg_split(line, strict=False)
-        extra = parser.parse_known_args(words)[1]
+        extra = parser.parse_known_args(_values_joined(words, parser))[1]
         unknown = next((w for w in extra if w.startswith("-") and w != "-"
                         and not _NUMBER.match(w)), None)
         if unknown is not None:
             raise UsageError(unknown_option(unknown, parser, sigil)) from None
+        flag = _flag_given_a_value(words, extra, parser)
+        if flag is not None:
+            raise UsageError(f"{flag} is a flag and takes no value, so {extra[0]!r} was not "
+                             f"read; write {flag} alone to turn it on, or leave it out") from None
         if not expr_options:
             raise
         spaced_identity(words, parser)
         raise UsageError(f"{one_line(exc)}. An option's EXPR may not contain spaces: build "
                          "the value in the cell body and pass its name, e.g. --tasks "
                          "my_tasks") from None
+
+
+def _valued_options(parser: Any) -> set[str]:
+    """The option strings that take a value (the word after one is that value)."""
+    return {s for action in parser._actions if action.nargs != 0 for s in action.option_strings}
+
+
+def _values_joined(words: list[str], parser: Any) -> list[str]:
+    """``--instructions -h`` as ``--instructions=-h``: argparse would read a value that
+    starts with ``-`` as an option of its own and say the option has no value."""
+    valued, known = _valued_options(parser), {s for a in parser._actions
+                                              for s in a.option_strings}
+    out: list[str] = []
+    for word in words:
+        if (out and out[-1] in valued and word.startswith("-") and not word.startswith("--")
+                and word not in known and not _NUMBER.match(word)):
+            out[-1] = f"{out[-1]}={word}"
+        else:
+            out.append(word)
+    return out
+
+
+def _flag_given_a_value(words: list[str], extra: list[str], parser: Any) -> str | None:
+    """The flag (``--split``) whose next word is the first one argparse could not place."""
+    flags = {s for action in parser._actions if action.nargs == 0 for s in action.option_strings}
+    for i, word in enumerate(words[:-1]):
+        if word in flags and extra and words[i + 1] == extra[0]:
+            return word
+    return None
 
 
 def unknown_option(word: str, parser: Any, sigil: str) -> str:
@@ -83,6 +124,8 @@ def spaced_identity(words: list[str], parser: Any) -> None:
     """``--identity task_id case_id`` or ``--identity task_id, case_id``: a space ended the
     option's value, so argparse took the first field and found the rest unrecognized. When the
     unrecognized words are exactly what follows ``--identity``, show the spelling to use."""
+    words = [part for word in words for part in (
+        word.split("=", 1) if word.startswith("--identity=") else [word])]
     if "--identity" not in words:
         return
     extra = parser.parse_known_args(words)[1]
@@ -99,14 +142,30 @@ def spaced_identity(words: list[str], parser: Any) -> None:
 
 def check_result_variable(ns: Mapping[str, Any], var: str, name: str, *, out: bool) -> None:
     """The variable a result will be bound to must be free or hold an earlier BatchResult:
-    anything else is the user's own data, which a result must never replace."""
-    if var not in ns or isinstance(ns[var], BatchResult):
-        return
+    anything else is the user's own data, which a result must never replace. A builtin
+    (``sorted``, ``len``, ``print``) is not in the namespace but is just as much in use: a
+    result bound to its name would shadow it, and the body's next run would call the result."""
     fix = ("choose another --out VAR" if out else
            f"give the batch another name (%%batch_json {name}_results) or bind the result "
            "elsewhere with --out VAR")
+    if var not in ns:
+        if _is_builtin(ns, var):
+            raise UsageError(f"`{var}` is a Python builtin, which the result of batch {name!r} "
+                             f"would shadow (code calling {var} would get the result); {fix}. "
+                             f"Nothing was run and `{var}` is unchanged")
+        return
+    if isinstance(ns[var], BatchResult):
+        return
     raise UsageError(f"`{var}` holds {_described(ns[var])}, which the result of batch "
                      f"{name!r} would replace; {fix}. Nothing was run and `{var}` is unchanged")
+
+
+def _is_builtin(ns: Mapping[str, Any], var: str) -> bool:
+    """Whether code run in ``ns`` finds ``var`` among its builtins (Python's own, and what
+    IPython adds there while a cell runs, such as ``display``)."""
+    scope = ns.get("__builtins__", builtins)
+    names = scope if isinstance(scope, Mapping) else vars(scope)
+    return var in names or var in vars(builtins)
 
 
 def _described(value: Any) -> str:

@@ -14,12 +14,19 @@ from typing import Any
 from .. import _session as session_module
 from .._providers.select import provider_label
 from .._session import Session
-from ..rlm import namespace
 
 ATTRIBUTE = "_batchjson_state"
 INJECTED = ("run_batch", "llm_batch_json", "validator", "batch_session")
 REOPEN = ("ledger", "strict")
 MEMORY = ":memory:"
+
+
+def notebook_names(session: Session) -> dict[str, Any]:
+    """The names a notebook gets (``INJECTED``): droste's helper over the session, its
+    ``run_batch``, define-once, and the session itself. Handing a person the session is the
+    point here; an RLM host's cells get ``batchjson.rlm``'s tools instead, which carry none."""
+    return {"run_batch": session.run_batch, "llm_batch_json": session.llm_batch_json,
+            "validator": session.validators.define, "batch_session": session}
 
 
 def resolve_ledger(setting: str) -> Path | None:
@@ -75,7 +82,7 @@ class KernelState:
             repairs=settings["repairs"], replays=settings["replays"], model=settings["model"])
         self.settings = dict(settings)
         previous_names = self.names
-        self.names = namespace(self.session)
+        self.names = notebook_names(self.session)
         self.inject(replace=previous_names)
         if old is not None:
             if session_module.default_session(create=False) is old:

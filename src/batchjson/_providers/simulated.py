@@ -143,11 +143,12 @@ class SimulatedModel(OneService):
         return f"simulated:{self.model}#answer={answer},seed={self.seed!r},faults={plan}"
 
     def check_answerable(self, schema: Mapping[str, Any], mode: str, task: Mapping[str, Any],
-                         identity: Sequence[str]) -> Any:
+                         identity: Sequence[str], *, verify: bool = True) -> Any:
         """The answer this model gives ``task`` under a call's ``schema``, checked against that
-        schema; a keyword the generator cannot satisfy is refused, by name, before any call."""
+        schema (unless ``verify=False``: the caller judges it); a keyword the generator cannot
+        satisfy is refused, by name, before any call."""
         try:
-            return self._answer(schema, mode, task, identity, verify=True)
+            return self._answer(schema, mode, task, identity, verify=verify)
         except Unanswerable as exc:
             raise ProviderSetupError(
                 f"the simulated model cannot answer this schema: {exc}. Simplify that part of "
