@@ -158,16 +158,29 @@ def _scan(code: types.CodeType) -> CodeFacts:
 
 def _site(ops: Ops, at: int, first: str | None, mutated: set[tuple[str, str]],
           files: list[Read]) -> None:
-    """Note what the instruction at ``at`` starts: a container changed in place, a file read."""
+    """Note what the instruction at ``at`` starts: a file read, or a change of a container in
+    place by a mutating method, a subscript store (``X[k] = v``, ``X[k] += 1``) or, for
+    ``self``, an assignment."""
     op, arg = ops[at]
-    target = _changed_in_place(ops, at, first)
-    if target is not None:
-        mutated.add(target)
     if (op in _ATTR and arg in PATH_METHODS) or (
             op in ("LOAD_GLOBAL", "LOAD_NAME") and arg == "open" and not _attr_next(ops, at)):
         site = _method_site(ops, at) if op in _ATTR else _open_site(ops, at)
         if site is not None:
             files.append(site)
+    if op in _ROOTS:
+        target, rest = (_ROOTS[op], arg), ops[at + 1:at + 5]
+    elif op == "LOAD_FAST" and arg == first and at + 1 < len(ops) and (
+            ops[at + 1][0] == "LOAD_ATTR"):
+        target, rest = ("a", ops[at + 1][1]), ops[at + 2:at + 6]
+    else:
+        if op in ("STORE_ATTR", "DELETE_ATTR") and first is not None:
+            mutated.add(("a", arg))
+        return
+    names = [o for o, _ in rest]
+    if (rest and names[0] in _ATTR and rest[0][1] in MUTATORS) or (
+            names[:1] and _simple(names[0]) and names[0].count("LOAD_FAST") < 2 and (
+                names[1:2] in _SUBSCRIPT_STORES or names[1:4] == _AUGMENTED)):
+        mutated.add(target)
 
 
 def _attr_next(ops: Ops, at: int) -> bool:
@@ -176,27 +189,6 @@ def _attr_next(ops: Ops, at: int) -> bool:
 
 def _simple(op: str) -> bool:
     return op in _SIMPLE or "LOAD_FAST" in op
-
-
-def _changed_in_place(ops: Ops, at: int, first: str | None) -> tuple[str, str] | None:
-    """The container the instruction at ``at`` starts changing in place, by a mutating method,
-    a subscript store (``X[k] = v``, ``X[k] += 1``) or, for ``self``, an assignment."""
-    op, arg = ops[at]
-    if op in _ROOTS:
-        target, rest = (_ROOTS[op], arg), ops[at + 1:at + 5]
-    elif op == "LOAD_FAST" and arg == first and at + 1 < len(ops) and (
-            ops[at + 1][0] == "LOAD_ATTR"):
-        target, rest = ("a", ops[at + 1][1]), ops[at + 2:at + 6]
-    elif op in ("STORE_ATTR", "DELETE_ATTR") and first is not None:
-        return ("a", arg)
-    else:
-        return None
-    names = [o for o, _ in rest]
-    if (rest and names[0] in _ATTR and rest[0][1] in MUTATORS) or (
-            names[:1] and _simple(names[0]) and names[0].count("LOAD_FAST") < 2 and (
-                names[1:2] in _SUBSCRIPT_STORES or names[1:4] == _AUGMENTED)):
-        return target
-    return None
 
 
 def _path_at(ops: Ops, at: int) -> tuple[str, Any] | None:

@@ -1,14 +1,9 @@
 """What a fingerprint counts: a validator's judging, or what an answer source is.
 
-The walk is one algorithm; the two views differ only in what this policy names. A validator is
-fingerprinted by everything that decides what it accepts: mutable values by content, the files
-it reads, and what it reads out of sight is named. An answer source is keyed by what it is, not
-by what it keeps: immutable values only, and the globals, closure cells and attributes its code
-assigns while serving calls (``self.calls += 1``) left out, so a stub that counts keeps one key.
-
-In both views a container the code itself fills while running (``LOG.append``, ``self.seen.add``,
-``cls.judged.append`` in a pydantic validator) counts by its type alone: its growth must not make
-every run a new validator (in a strict session, ``ValidatorChanged`` forever: the seed's ratchet).
+One walk, two policies. A container the code itself fills while running (``LOG.append``,
+``self.seen.add``, ``cls.judged.append`` in a pydantic validator) counts by its type alone in
+both: its growth must not make every run a new validator (in a strict session,
+``ValidatorChanged`` forever: the seed's ratchet).
 """
 
 from __future__ import annotations
@@ -39,8 +34,10 @@ class Policy:
     instance: Literal["state", "config"]
 
 
+# a validator: everything that decides what it accepts, what it reads out of sight named
 JUDGING = Policy(None, immutable_only=False, leaves_out_assigned=False, reads_outside=True,
                  instance="state")
+# an answer source: what it is, not what it keeps (a stub that counts its calls keeps one key)
 SOURCE = Policy("batchjson:source:1", immutable_only=True, leaves_out_assigned=True,
                 reads_outside=False, instance="config")
 

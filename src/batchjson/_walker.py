@@ -4,7 +4,9 @@ A :class:`Walker` turns an object into a :class:`Node`: its digest, the named pa
 (code, defaults, closure cells, globals, module attributes, class members, instance state), the
 paths compared by identity and what the code reads out of sight. It carries the cycle guard, the
 memo tables (a subtree with no back-reference is digested once per walk) and the fallbacks that
-make fingerprinting total. ``_fingerprint`` wraps the result as a public ``Fingerprint``.
+make fingerprinting total. What it counts is its :class:`~batchjson._policy.Policy`'s (a
+validator's judging, or an answer source); ``_fingerprint`` wraps the result as a public
+``Fingerprint``.
 """
 
 from __future__ import annotations
