@@ -268,3 +268,71 @@ def test_a_pydantic_model_logging_on_its_class_while_judging_keeps_one_revision(
     again = _run(session, schema=ns["Label"])
     assert again.revision == first.revision and again.calls == 0 and len(sent) == 4
     assert len(session.ledger.revisions("labels")) == 1
+
+
+FREE_SCHEMA = {"type": "object", "properties": {"verdict": {"type": "string"}},
+               "required": ["verdict"]}
+BANNED_CELL = '''
+BANNED = {banned!r}
+def check(item, task):
+    if item["verdict"] in globals()["BANNED"]:
+        raise ValueError("banned verdict")
+'''
+
+
+def _answering() -> tuple[Session, dict[str, str], list[int]]:
+    """A session whose model answers every task with ``reply["verdict"]``, set by the test."""
+    reply, sent = {"verdict": "a"}, []
+
+    def model(call: Any) -> str:
+        sent.append(len(call.tasks))
+        return items_reply(call, **{t["task_id"]: reply for t in call.tasks})
+
+    session = Session(CallableProvider(model, source="answering"), repairs=0, replays=0)
+    return session, reply, sent
+
+
+def _banned_run(session: Session, ns: dict[str, Any], banned: set[str],
+                name: str = "free") -> Any:
+    _cell(BANNED_CELL, banned, ns)  # the cell re-run: the same code, another hidden value
+    return session.run_batch(name, TASKS[:2], FREE_SCHEMA, validator=ns["check"],
+                             identity=["task_id"], on_exhausted="return")
+
+
+def test_an_answer_accepted_after_a_hidden_change_is_re_judged_after_the_next_one() -> None:
+    session, reply, sent = _answering()
+    ns: dict[str, Any] = {}
+    _banned_run(session, ns, set())
+    reply["verdict"] = "b"
+    second = _banned_run(session, ns, {"a"})  # the 'a' answers fail: asked again, now 'b'
+    assert {v["verdict"] for v in second.values.values()} == {"b"} and len(sent) == 4
+    reply["verdict"] = "c"
+    # the first answers fail exactly as before, and so do those the second run accepted
+    third = _banned_run(session, ns, {"a", "b"})
+    assert {v["verdict"] for v in third.values.values()} == {"c"} and len(sent) == 6
+    assert third.status == "resolved" and third.calls == 2
+
+
+def test_hidden_rules_met_before_take_back_the_answers_they_accepted_with_no_call() -> None:
+    session, reply, sent = _answering()
+    ns: dict[str, Any] = {}
+    first = _banned_run(session, ns, set())
+    reply["verdict"] = "b"
+    _banned_run(session, ns, {"a"})
+    reply["verdict"] = "c"
+    _banned_run(session, ns, {"a", "b"})
+    assert len(sent) == 6
+    again = _banned_run(session, ns, {"a"})  # the second run's rules: its answers pass again
+    assert {v["verdict"] for v in again.values.values()} == {"b"} and len(sent) == 6
+    back = _banned_run(session, ns, set())
+    assert back.values == first.values and back.revision == first.revision and len(sent) == 6
+
+
+def test_another_batch_of_the_same_tasks_never_takes_answers_its_hidden_rules_reject() -> None:
+    session, reply, sent = _answering()
+    ns: dict[str, Any] = {}
+    _banned_run(session, ns, set(), name="kept")  # 'a' accepted under content keys
+    reply["verdict"] = "b"
+    other = _banned_run(session, ns, {"a"}, name="other")  # the same keys, stricter rules
+    assert {v["verdict"] for v in other.values.values()} == {"b"} and len(sent) == 4
+    assert any("no fingerprint can see" in note for note in other.notes)

@@ -8,15 +8,14 @@ puts the file's content hash into the fingerprint, read again every time the fin
 (every run). Any other read cannot be hashed ahead of the run: a path computed at run time
 (``open(task["file"])``), a read inside an installed library (``pandas.read_csv``, ``np.load``,
 ``gzip.open``). Those are named as ``unseen``, which makes the fingerprint partial, so stored
-answers are re-judged before they are reused. Found from the bytecode, so what a read looks like
-is all that is known: a read hidden behind other names is not seen.
+answers are re-judged before they are reused. The read sites come from the one bytecode scan
+(:mod:`batchjson._bytecode`), so what a read looks like is all that is known: a read hidden
+behind other names is not seen.
 """
 
 from __future__ import annotations
 
 import builtins
-import dis
-import functools
 import hashlib
 import io
 import os
@@ -24,23 +23,20 @@ import pathlib
 import stat
 import types
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from ._bytecode import is_module
+from ._bytecode import CodeFacts, Read, is_module
 from ._canon import digest
+from ._library import is_library_module, is_plain
 
-__all__ = ["Read", "file_digest", "file_reads", "library_reader", "resolve"]
+__all__ = ["file_digest", "file_parts", "library_reader", "outside_read", "resolve"]
 
-_SKIP = frozenset({"CACHE", "NOP", "EXTENDED_ARG", "PRECALL", "PUSH_NULL", "KW_NAMES",
-                   "RESUME", "COPY_FREE_VARS", "MAKE_CELL"})
-_NAMES = {"LOAD_GLOBAL": "g", "LOAD_NAME": "g", "LOAD_DEREF": "c", "LOAD_CLASSDEREF": "c"}
-_ATTR = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
-_SIMPLE = frozenset({"LOAD_CONST", "LOAD_SMALL_INT", *_NAMES})  # and every LOAD_FAST form
 COMPUTED = ": a file read whose path is computed at run time"
-PATH_METHODS = frozenset({"read_text", "read_bytes", "open"})
-_MODE = frozenset("rwxabt+U")
 _OPENS = (builtins.open, io.open)
+_FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType)  # read without asking the object
+# An installed module's containers (os.environ, sys.argv) are keyed by name; a validator reading
+# one may judge differently when it changes, so its fingerprint says it cannot see them.
+_ENVIRONMENT = (Mapping, list, set)
 
 # Library functions whose name says they read a file given its path.
 READERS = frozenset({"open", "load", "loadtxt", "genfromtxt", "fromfile", "read_text",
@@ -49,105 +45,35 @@ READERS = frozenset({"open", "load", "loadtxt", "genfromtxt", "fromfile", "read_
 FILE_OBJECT_LOADERS = frozenset({"json", "pickle", "_pickle", "marshal", "tomllib", "plistlib"})
 
 
-@dataclass(frozen=True)
-class Read:
-    """One read site: what it calls, the path when it is a constant or a name, and for
-    ``Path(p).read_text()`` the name the path class was loaded by."""
-
-    call: str
-    path: tuple[str, Any] | None = None  # ("const", "rules.json") or ("name", (root, name))
-    receiver: tuple[str, ...] | None = None  # the chain a Path(...) or a method was read from
-
-
-@functools.lru_cache(maxsize=4096)
-def file_reads(code: types.CodeType) -> tuple[Read, ...]:
-    """The read sites of ``code`` and the code nested in it; cached, equal code reads alike."""
-    ops = [(i.opname, i.argval) for i in dis.get_instructions(code) if i.opname not in _SKIP]
-    found: list[Read | None] = []
-    for at, (op, arg) in enumerate(ops):
-        if op in ("LOAD_GLOBAL", "LOAD_NAME") and arg == "open" and (
-                at + 1 == len(ops) or ops[at + 1][0] not in _ATTR):
-            found.append(_open_site(ops, at))
-        elif op in _ATTR and arg in PATH_METHODS:
-            found.append(_method_site(ops, at))
-    out = [r for r in found if r is not None]
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            out += file_reads(const)
-    return tuple(dict.fromkeys(out))
+def file_parts(facts: CodeFacts, found: Mapping[str, Any], cells: Mapping[str, Any]
+               ) -> tuple[list[tuple[str, str]], list[str]]:
+    """(parts, unseen) of the files the code reads: a file at a constant path by its content
+    now; a read that cannot be hashed ahead (a computed path, an installed library's reader
+    imported by name) named unseen."""
+    parts: dict[str, str] = {}
+    unseen: list[str] = []
+    for read in facts.files:
+        path, hidden = resolve(read, found, cells)
+        if hidden is not None:
+            unseen.append(hidden)
+        elif path is not None:
+            parts.setdefault(f"file:{path}", file_digest(path))
+    for name in sorted(facts.globals):  # `from pandas import read_csv`, then read_csv(path)
+        value = found.get(name)
+        if type(value) in _FUNCTIONS and is_library_module(value.__module__):
+            reader = library_reader(value.__module__, value.__name__, value)
+            if reader is not None:
+                unseen.append(reader)
+    return list(parts.items()), unseen
 
 
-def _path_at(ops: list[tuple[str, Any]], at: int) -> tuple[str, Any] | None:
-    """A path argument that is a constant (``"rules.json"``) or a bare name (``RULES``)."""
-    if at >= len(ops):
-        return None
-    op, arg = ops[at]
-    if op == "LOAD_CONST" and isinstance(arg, (str, bytes)):
-        return ("const", arg)
-    if op in _NAMES and (at + 1 == len(ops) or ops[at + 1][0] not in _ATTR):
-        return ("name", (_NAMES[op], arg))
-    return None
-
-
-def _arguments(ops: list[tuple[str, Any]], start: int, loaded: int) -> list[Any] | None:
-    """The constants among simple arguments from ``start`` up to the call that takes them
-    (``loaded`` already on the stack for it); None when anything else is computed there."""
-    consts = []
-    for at in range(start, len(ops)):
-        op, arg = ops[at]
-        if op.startswith("CALL") and op != "CALL_FUNCTION_EX":
-            count = loaded - (op == "CALL_KW")  # 3.13 loads the keyword names as one more
-            return consts if isinstance(arg, int) and count == arg else None
-        fast = op.count("LOAD_FAST")  # LOAD_FAST_LOAD_FAST (3.13) loads two
-        if not (fast or op in _SIMPLE) or (at + 1 < len(ops) and ops[at + 1][0] in _ATTR):
-            return None  # an expression, or an attribute of what was loaded: computed
-        if op == "LOAD_CONST":
-            consts.append(arg)
-        loaded += fast or 1
-    return None
-
-
-def _writes(consts: list[Any]) -> bool:
-    """A mode among the arguments that writes (``"w"``, ``"a"``, ``"x"``, ``"r+"``)."""
-    return any(isinstance(c, str) and c and set(c) <= _MODE and set(c) & set("wax+")
-               for c in consts)
-
-
-def _open_site(ops: list[tuple[str, Any]], at: int) -> Read | None:
-    path = _path_at(ops, at + 1)
-    consts = _arguments(ops, at + 2, 1) if path is not None else None
-    if consts is not None and _writes(consts):
-        return None  # a file the validator writes (a log) is not what it judges by
-    return Read("open()", path if consts is not None else None)
-
-
-def _method_site(ops: list[tuple[str, Any]], at: int) -> Read | None:
-    method = ops[at][1]
-    consts = _arguments(ops, at + 1, 0)
-    if method == "open" and consts is not None and _writes(consts):
-        return None
-    before = ops[at - 1] if at >= 1 else ("", None)
-    if before[0] in _NAMES:  # RULES.read_text(), gzip.open(...)
-        return Read(f".{method}()", ("name", (_NAMES[before[0]], before[1])),
-                    receiver=(before[1],))
-    if before[0].startswith("CALL") and before[1] == 1 and at >= 3:  # Path(p).read_text()
-        path = _path_at(ops, at - 2)
-        callee = _chain_before(ops, at - 2)
-        if path is not None and callee is not None:
-            return Read(f"{callee[-1]}(...).{method}()", path, receiver=callee)
-    return Read(f".{method}()")
-
-
-def _chain_before(ops: list[tuple[str, Any]], end: int) -> tuple[str, ...] | None:
-    """The names of a ``Path`` or ``pathlib.Path`` loaded just before index ``end``."""
-    names: list[str] = []
-    at = end - 1
-    while at >= 0 and ops[at][0] in _ATTR:
-        names.insert(0, ops[at][1])
-        at -= 1
-    if at < 0 or ops[at][0] not in _NAMES:
-        return None
-    return (ops[at][1], *names)
+def outside_read(module: str, used: list[str], value: Any) -> str | None:
+    """What to name when code reads ``module.<used>`` of an installed module out of sight: a
+    function that reads a file (``pd.read_csv``), or a container (``os.environ``)."""
+    reader = library_reader(module, used[-1], value)
+    if reader is None and isinstance(value, _ENVIRONMENT) and not is_plain(value):
+        return f"{module}.{'.'.join(used)}"
+    return reader
 
 
 def resolve(read: Read, found: Mapping[str, Any], cells: Mapping[str, Any]

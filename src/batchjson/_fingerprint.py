@@ -30,6 +30,7 @@ from pydantic import BaseModel
 from . import _canon as canon
 from ._canon import Unhashable, canonical_json, content_hash
 from ._describe import describe_changes
+from ._policy import JUDGING, SOURCE, Policy
 from ._walker import Node, Walker
 
 __all__ = ["Fingerprint", "Unhashable", "canonical_json", "content_hash", "describe_changes",
@@ -91,13 +92,13 @@ def unwrap_callable(fn: Any) -> Any:
     return fn
 
 
-def _fingerprint(obj: Any, *, source: bool) -> Fingerprint:
-    walker = Walker(source=source)
+def _fingerprint(obj: Any, policy: Policy) -> Fingerprint:
+    walker = Walker(policy)
     if callable(obj) or not _is_data(obj):
         try:
             node = walker.node(obj)
         except Exception:  # an object that raises when read (a hostile __getattribute__)
-            walker = Walker(source=source)
+            walker = Walker(policy)
             parts = (("self", walker.by_identity(obj, "")),)
             node = Node(_digest("batchjson:fp:1", ["opaque", list(parts)]), parts, ("",),
                         (), ())
@@ -107,7 +108,7 @@ def _fingerprint(obj: Any, *, source: bool) -> Fingerprint:
                     tuple(walker.identity), tuple(walker.unseen), tuple(walker.details))
     unseen = tuple(dict.fromkeys(f"{path}: {what}" if path else what
                                  for path, what in node.unseen))
-    digest = _digest("batchjson:source:1", node.digest) if source else node.digest
+    digest = _digest(policy.namespace, node.digest) if policy.namespace else node.digest
     return Fingerprint(digest, tuple(dict.fromkeys(node.by_identity)), node.parts, unseen,
                        node.details, tuple(walker.pins))
 
@@ -124,7 +125,7 @@ def fingerprint_function(fn: Callable[..., Any]) -> Fingerprint:
     """
     if not callable(fn):
         raise TypeError(f"expected a callable, got {type(fn).__qualname__}")
-    return _fingerprint(fn, source=False)
+    return _fingerprint(fn, JUDGING)
 
 
 def fingerprint_callable(obj: Any) -> Fingerprint:
@@ -139,7 +140,7 @@ def fingerprint_callable(obj: Any) -> Fingerprint:
     out, as are random generators, locks and library objects' state. A stub that counts its
     calls keeps one key. Digests never equal a :func:`fingerprint_function` digest.
     """
-    return _fingerprint(obj, source=True)
+    return _fingerprint(obj, SOURCE)
 
 
 def model_fingerprint(model: type[BaseModel], json_schema: dict[str, Any],

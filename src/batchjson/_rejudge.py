@@ -6,6 +6,13 @@ new revision that changed only the second part first re-judges, locally and for 
 returns of earlier exact attempts that saw the same thing; those that pass are committed as
 receipts of kind ``recheck`` with cost 0, and only the rest are sent.
 
+Judging a fingerprint cannot fully see (a validator reading ``globals()["X"]``) re-judges on
+every run, since the same key may judge differently now: stored answers are never reused on
+trust. A revision is kept only while every answer it accepted passes the rules as they are now;
+else the run moves to a revision whose ``unseen`` component names the one before and the requests
+whose answers fail there, where those are asked again and the rest re-judged (the same rules
+reach the same revision again, and rules changed back reach the first).
+
 The same path keeps ledgers written before the answer source joined the key resuming: their
 accepted returns are found under the old key, from the same provider name and model.
 """
@@ -18,12 +25,14 @@ from typing import Any
 
 from . import _acceptance as acceptance
 from . import _seen as seen
+from ._canon import digest
 from ._ledger import Ledger
 from ._providers.base import Reply
 from ._schema import ItemSchema
 from ._tasks import Request
 
 MAX_CANDIDATES = 8  # earlier returns tried per request: bounded local work
+UNSEEN = "unseen"  # the revision component of judging no fingerprint fully sees
 
 
 def rejudge(ledger: Ledger, pending: Sequence[Request], *, run: Callable[..., Any],
@@ -79,6 +88,39 @@ def rejudge(ledger: Ledger, pending: Sequence[Request], *, run: Callable[..., An
         return passed
 
     return run(judge_all)  # on the session's loop: validators may be async
+
+
+def unseen_token(ledger: Ledger, requests: Sequence[Request], previous: str | None, *,
+                 run: Callable[..., Any], mode: str, identity: Sequence[str],
+                 schema: ItemSchema, validator: Callable[..., Any] | None) -> str | None:
+    """None when every accepted answer among ``requests`` passes the rules as they are now with
+    the very values it committed; else the ``unseen`` component of the revision to run instead,
+    naming ``previous`` (this one's) and the requests whose answers fail."""
+    accepted = ledger.accepted_keys([r.key for r in requests])
+    failing: list[str] = []
+    work = []
+    for request in requests:
+        found = seen.accepted_return(ledger, request.key) if request.key in accepted else None
+        if found is not None:
+            work.append((request, found))
+        elif request.key in accepted:  # accepted without a raw text on record: no re-judging
+            failing.append(request.key)
+
+    async def judge_all() -> None:
+        for request, (row, items) in work:
+            verdict = await acceptance.judge(
+                Reply(text=row["raw"]), request.tasks, mode=mode, identity=identity,
+                schema=schema, validator=validator)
+            if not verdict.accepted or _json(verdict.stored) != _json(items):
+                failing.append(request.key)
+
+    if work:
+        run(judge_all)  # on the session's loop: validators may be async
+    return digest("batchjson:unseen:1", [previous, sorted(failing)]) if failing else None
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
 
 
 def clear_legacy(ledger: Ledger, accepted: Sequence[Request], legacy_of: Mapping[str, str],

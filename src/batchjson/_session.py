@@ -18,7 +18,6 @@ from typing import Any
 from . import _preflight as preflight
 from . import _seen as seen
 from . import _structured as structured
-from . import _unseen as unseen
 from ._aio import BackgroundLoop
 from ._budget import Budget, Spender, Tally, pricing_of
 from ._calls import cheapest_call
@@ -30,7 +29,7 @@ from ._plan import Outcome, Plan, Transport
 from ._providers.base import answer_source, close_provider
 from ._providers.select import make_provider, provider_label
 from ._registry import ValidatorRegistry, ValidatorVersion
-from ._rejudge import clear_legacy, rejudge
+from ._rejudge import UNSEEN, clear_legacy, rejudge, unseen_token
 from ._replay import Replayer
 from ._replies import GuardedProvider, provider_names
 from ._result import BatchResult
@@ -204,16 +203,19 @@ class Session:
         components, key_content, seen_content = compose_contents(
             task_list, item_schema, version.fingerprint.digest if version else "none", pack,
             instructions, ident, mode, source)
-        blind = unseen.blind_spots(version.fingerprint.unseen if version else (), item_schema)
-        if blind:  # the key cannot say whether stored answers still pass: re-judge them
-            components[unseen.COMPONENT] = key_content[unseen.COMPONENT] = unseen.generation(
-                self.ledger, name, components, verify=lambda revision: unseen.still_passes(
-                    self.ledger, revision, run=self._loop.run, mode=mode, identity=ident,
-                    schema=item_schema, validator=checker))
-        fingerprint = revision_fingerprint(components)
-        existing = self.ledger.find_revision(name, fingerprint)
-        requests = (self.ledger.leaves(existing.id) if existing else
-                    pack_requests(task_list, pack, key_content, task_texts))
+        blind = [f"validator: {u}" for u in (version.fingerprint.unseen if version else ())
+                 ] + [f"schema: {u}" for u in item_schema.unseen]
+        while True:  # the key cannot say whether stored answers still pass: re-judge them
+            fingerprint = revision_fingerprint(components)
+            existing = self.ledger.find_revision(name, fingerprint)
+            requests = (self.ledger.leaves(existing.id) if existing else
+                        pack_requests(task_list, pack, key_content, task_texts))
+            token = unseen_token(
+                self.ledger, requests, components.get(UNSEEN), run=self._loop.run, mode=mode,
+                identity=ident, schema=item_schema, validator=checker) if blind else None
+            if token is None:
+                break
+            components[UNSEEN] = key_content[UNSEEN] = token
         done = self.ledger.accepted_keys([r.key for r in requests])
         pending = [r for r in requests if r.key not in done]
         # answers of unknown source (imported, or an older ledger's) are found under the key

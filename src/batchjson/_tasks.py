@@ -209,7 +209,8 @@ class Request:
 
 
 # The revision components that go into every request key besides its tasks. "source" (the
-# answer source) joined later; "unseen" names a generation of judging no fingerprint fully sees.
+# answer source) joined later; "unseen" moves judging no fingerprint fully sees past answers that
+# no longer pass (see _rejudge).
 KEY_COMPONENTS = ("schema", "validator", "instructions", "identity", "mode", "source", "unseen")
 # What keys answers of unknown source: receipts imported from another system, and ledgers
 # written before the answer source joined keys (their identity part had no "+echoed" either).

@@ -4,7 +4,9 @@ A :class:`Walker` turns an object into a :class:`Node`: its digest, the named pa
 (code, defaults, closure cells, globals, module attributes, class members, instance state), the
 paths compared by identity and what the code reads out of sight. It carries the cycle guard, the
 memo tables (a subtree with no back-reference is digested once per walk) and the fallbacks that
-make fingerprinting total. ``_fingerprint`` wraps the result as a public ``Fingerprint``.
+make fingerprinting total. What it counts is its :class:`~batchjson._policy.Policy`'s (a
+validator's judging, or an answer source); ``_fingerprint`` wraps the result as a public
+``Fingerprint``.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import functools
 import re
 import sys
 import types
-from collections.abc import Mapping
 from operator import itemgetter
 from typing import Any, NamedTuple
 
@@ -24,13 +25,13 @@ from ._bytecode import (
     DYNAMIC_ATTRS,
     DYNAMIC_BUILTINS,
     MISSING,
+    CodeFacts,
     code_canon,
     is_module,
-    reads_of,
     resolve_chain,
-    writes_of,
+    scan,
 )
-from ._files import file_digest, file_reads, library_reader, resolve
+from ._files import file_parts, outside_read
 from ._library import (
     declares_state,
     is_library_module,
@@ -40,7 +41,7 @@ from ._library import (
     slots_of,
     special_content,
 )
-from ._mutations import class_state, is_state, mutated_by, self_state, state_digest
+from ._policy import Policy, class_state, self_state, state_digest, writes_of
 
 _digest, _qualname = canon.digest, canon.qualname
 _VALUE_TYPES, _BUILTIN_CALLABLES = canon.VALUE_TYPES, canon.BUILTIN_CALLABLES
@@ -56,10 +57,6 @@ _BOOKKEEPING = frozenset({
 })
 
 _ROOTS = {"g": "global", "c": "closure", "m": "import"}
-_FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType)  # read without asking the object
-# An installed module's containers (os.environ, sys.argv) are keyed by name; a validator reading
-# one may judge differently when it changes, so its fingerprint says it cannot see them.
-_ENVIRONMENT = (Mapping, list, set)
 
 
 class Node(NamedTuple):
@@ -88,8 +85,8 @@ _ABSENT = _digest("batchjson:absent:1", None)
 class Walker:
     """One fingerprint computation: cycle guard, memo tables and identity fallbacks."""
 
-    def __init__(self, *, source: bool) -> None:
-        self.source = source  # key an answer source: immutable values only, written state out
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
         self.index: dict[int, int] = {}  # id -> stack position of objects being fingerprinted
         self.low: list[int] = []  # per stack frame: lowest stack position it refers back to
         self.memo: dict[int, Node] = {}
@@ -104,7 +101,7 @@ class Walker:
         self.label = ""
         self.root = 0  # id of the value a ref() started from: its nodes are named by the label
         self.hook_calls = 0
-        self.canon = canon.Canon(self._hook, immutable_only=source)
+        self.canon = canon.Canon(self._hook, immutable_only=policy.immutable_only)
 
     def node(self, obj: Any) -> Node:
         key = id(obj)
@@ -235,9 +232,8 @@ class Walker:
 
     def _function(self, fn: types.FunctionType) -> list[tuple[str, str]]:
         code = fn.__code__
-        reads = reads_of(code)
-        mutated = mutated_by(code)
-        self.written_attrs |= writes_of(fn)
+        facts = scan(code)
+        self._note_writes(fn)
         parts = [("code", _digest("batchjson:code:1", code_canon(code)))]
         if fn.__defaults__:
             parts.append(("defaults", self.ref(fn.__defaults__, "defaults")))
@@ -245,64 +241,52 @@ class Walker:
             parts.append(("kwdefaults", self.ref(fn.__kwdefaults__, "kwdefaults")))
         cells: dict[str, Any] = {}
         for name, cell in zip(code.co_freevars, fn.__closure__ or (), strict=False):
-            label = f"closure:{name}"
             try:
-                cells[name] = value = cell.cell_contents
+                cells[name] = cell.cell_contents
             except ValueError:  # not yet assigned
-                parts.append((label, _ABSENT))
+                parts.append((f"closure:{name}", _ABSENT))
                 continue
-            written = self.source and name in reads.written_cells
-            if not written and is_state(("c", name), value, mutated):
-                parts.append((label, state_digest(value)))
-                continue
-            parts.append((label, _WRITTEN if written else self.ref(value, label)))
+            parts.append(self._held("c", name, cells[name], facts))
         found, builtin_ns = fn.__globals__, fn.__builtins__
         if isinstance(builtin_ns, types.ModuleType):
             builtin_ns = vars(builtin_ns)
-        if self.source:  # `Stub.calls += 1` in a helper: known before Stub is walked
-            for name in reads.globals:
-                self.written_attrs |= writes_of(found.get(name))
-        for name in sorted(reads.globals):
+        for name in facts.globals:  # `Stub.calls += 1` in a helper: known before Stub is walked
+            self._note_writes(found.get(name))
+        for name in sorted(facts.globals):
             if name in found:
-                written = self.source and name in reads.written_globals
-                label = f"global:{name}"
-                if not written and is_state(("g", name), found[name], mutated):
-                    parts.append((label, state_digest(found[name])))
-                    continue
-                parts.append((label, _WRITTEN if written else self.ref(found[name], label)))
+                parts.append(self._held("g", name, found[name], facts))
             elif name in builtin_ns:
                 parts.append((f"builtin:{name}", self.ref(builtin_ns[name], f"builtin:{name}")))
                 if name in DYNAMIC_BUILTINS:
                     self.unseen.append(("", f"{name}()"))
         scope = (found, builtin_ns, cells)
-        parts += self._module_reads(reads.chains, scope)
-        if not self.source:  # what judging reads from files (an answer source's files: no)
-            parts += self._file_reads(code, reads.globals, found, cells)
-        for chain in sorted(reads.dynamic, key=repr):  # getattr(cfg, name): out of sight
+        parts += self._module_reads(facts.chains, scope)
+        if self.policy.reads_outside:  # what judging reads from files, by content or unseen
+            files, unseen = file_parts(facts, found, cells)
+            parts += files
+            self.unseen += [("", what) for what in unseen]
+        for chain in sorted(facts.dynamic, key=repr):  # getattr(cfg, name): out of sight
             resolved = resolve_chain(chain, scope)
             if resolved is not None and is_module(resolved[1]):
                 names = ".".join([chain[0][1], *resolved[2]])
                 self.unseen.append(("", f"getattr({names}, <name>)"))
         return parts
 
-    def _file_reads(self, code: types.CodeType, names: frozenset[str], found: dict[str, Any],
-                    cells: dict[str, Any]) -> list[tuple[str, str]]:
-        """Files read at a constant path, by their content now; reads that cannot be hashed
-        ahead (a computed path, an installed library's reader) are named unseen."""
-        out: dict[str, str] = {}
-        for read in file_reads(code):
-            path, unseen = resolve(read, found, cells)
-            if unseen is not None:
-                self.unseen.append(("", unseen))
-            elif path is not None:
-                out.setdefault(f"file:{path}", file_digest(path))
-        for name in sorted(names):  # `from pandas import read_csv`, then read_csv(path)
-            value = found.get(name)
-            if type(value) in _FUNCTIONS and is_library_module(value.__module__):
-                reader = library_reader(value.__module__, value.__name__, value)
-                if reader is not None:
-                    self.unseen.append(("", reader))
-        return list(out.items())
+    def _held(self, kind: str, name: str, value: Any, facts: CodeFacts) -> tuple[str, str]:
+        """A global or closure cell: left out when the policy leaves out what the code
+        assigns, by type when the code fills it in place, else by content."""
+        label = f"{_ROOTS[kind]}:{name}"
+        if self.policy.leaves_out_assigned and name in (
+                facts.written_globals if kind == "g" else facts.written_cells):
+            return label, _WRITTEN
+        held = state_digest(value) if (kind, name) in facts.mutated else None
+        return label, held or self.ref(value, label)
+
+    def _note_writes(self, value: Any) -> None:
+        """Attributes a function or class assigns while serving calls, for the policy that
+        leaves them out wherever they are read (``Stub.calls``, ``self.calls``)."""
+        if self.policy.leaves_out_assigned:
+            self.written_attrs |= writes_of(value)
 
     def _module_reads(self, chains: frozenset, scope: tuple[dict[str, Any], ...]
                       ) -> list[tuple[str, str]]:
@@ -319,19 +303,18 @@ class Walker:
                 continue
             if (owner.__name__, used[-1]) in DYNAMIC_ATTRS:
                 self.unseen.append(("", f"{owner.__name__}.{used[-1]}()"))
-            reader = (None if self.source or not is_library_module(owner.__name__)
-                      else library_reader(owner.__name__, used[-1], value))
-            if reader is not None:  # pd.read_csv(path): the file is read out of sight
-                self.unseen.append(("", reader))
+            library = is_library_module(owner.__name__)
+            hidden = (outside_read(owner.__name__, used, value)
+                      if library and self.policy.reads_outside else None)
+            if hidden is not None:  # pd.read_csv(path), os.environ: read out of sight
+                self.unseen.append(("", hidden))
             if value is MISSING:
                 out[label] = _ABSENT
-            elif self.source and used[-1] in self.written_attrs:
+            elif used[-1] in self.written_attrs:
                 out[label] = _WRITTEN
-            elif is_library_module(owner.__name__) and not is_plain(value):
+            elif library and not is_plain(value):
                 # installed modules' own state (os.environ, sys.modules) is the environment
                 out[label] = _digest("batchjson:ref:1", [owner.__name__, used[-1]])
-                if not self.source and isinstance(value, _ENVIRONMENT):  # judging reads it:
-                    self.unseen.append(("", f"{owner.__name__}.{'.'.join(used)}"))
             else:
                 out[label] = self.ref(value, label)
         return list(out.items())
@@ -352,10 +335,9 @@ class Walker:
                 label = f"base:{base.__qualname__}"
                 parts.append((label, self.ref(base, label)))
         members = sorted(vars(cls).items(), key=itemgetter(0))
-        if self.source:  # attributes a method writes are state, not part of the source
-            self.written_attrs |= writes_of(cls)
+        self._note_writes(cls)
         # a log its validators fill while judging is state, not content
-        kept = class_state(cls, frozenset(decorators)) if model and not self.source else ()
+        kept = class_state(cls, frozenset(decorators)) if model else ()
         for name, value in members:
             if name in _BOOKKEEPING or (model and name.startswith("__pydantic")):
                 continue
@@ -364,12 +346,10 @@ class Walker:
             elif isinstance(value, property):
                 value = (value.fget, value.fset, value.fdel)
             label = f"{'validator' if name in decorators else 'attr'}:{name}"
-            if self.source and name in self.written_attrs and not callable(value):
-                parts.append((label, _WRITTEN))
-            elif name in kept and is_state(("a", name), value, frozenset({("a", name)})):
-                parts.append((label, state_digest(value)))
-            else:
-                parts.append((label, self.ref(value, label)))
+            held = state_digest(value) if name in kept else None
+            if name in self.written_attrs and not callable(value):
+                held = _WRITTEN
+            parts.append((label, held or self.ref(value, label)))
         return parts
 
     def _class_facts(self, cls: type) -> tuple[str, bool, bool, tuple[str, ...]]:
@@ -396,7 +376,7 @@ class Walker:
             kind, content = special
             if content is not None:
                 own.append((kind, self.ref(content, kind)))
-        elif not self.source:  # what judging itself changes (self.log.append) is state
+        elif self.policy.instance == "state":  # what judging changes (self.log) by type
             own.append(("instance", self._state(obj, self_state(call))))
         elif not self._class_facts(cls)[1]:  # a source's own object: its configuration only
             own.append(("config", self._config(obj)))
