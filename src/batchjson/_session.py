@@ -20,7 +20,7 @@ from . import _seen as seen
 from . import _structured as structured
 from . import _unseen as unseen
 from ._aio import BackgroundLoop
-from ._budget import Budget, Spender, Tally, pricing_of
+from ._budget import Budget, Spender, Tally, pricing_of, usd
 from ._calls import cheapest_call
 from ._errors import BatchUnresolved, InvalidBatch
 from ._evidence import Evidence
@@ -370,6 +370,11 @@ class Session:
             attempts_by_task=dict(outcome.attempts_by_task), repairs_made=outcome.repairs_made)
         if outcome.stopped:
             result.notes.append(outcome.stopped)
+        if outcome.overrun:
+            result.notes.append(
+                f"over budget: this run's calls billed {usd(outcome.overrun)} beyond what was "
+                f"reserved for them; the session has spent {usd(self.tally.cost)} of its "
+                f"{usd(self.budget.cost or 0.0)} cost budget (each receipt keeps its real cost)")
         if outcome.taken_from_ledger:
             result.notes.append(f"{outcome.taken_from_ledger} request(s) were resolved by another "
                                 "runner of the same content; their values come from the ledger")

@@ -98,6 +98,7 @@ def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
     """
     if isinstance(prompts, str) or not isinstance(prompts, Sequence):
         raise InvalidBatch("prompts must be a list of strings")
+    _check_texts("prompts", prompts, "prompt must be a string")
     if not is_whole(max_repair_attempts):  # droste's own wording, which its callers match
         raise InvalidBatch(f"max_repair_attempts must be an integer >= 0, got "
                            f"{max_repair_attempts!r}")
@@ -107,6 +108,7 @@ def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
         if len(contexts) != len(prompts):
             raise InvalidBatch(f"contexts length ({len(contexts)}) must match prompts length "
                                f"({len(prompts)})")
+        _check_texts("contexts", contexts, "a context must be a string or None", none=True)
     if validator is not None and not callable(validator):
         raise InvalidBatch(f"validator must be callable (value, index) -> None, got "
                            f"{type(validator).__name__}")
@@ -138,6 +140,16 @@ def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
         mode="value", validator_args="index", refuse_short_budget=refuse_short_budget,
         max_calls=max_calls), registered=version or registered)
     return _droste_shape(result, tasks, item_schema)
+
+
+def _check_texts(name: str, texts: Sequence[Any], rule: str, *, none: bool = False) -> None:
+    """Each of ``texts`` is a str (or None where ``none``), refused by index before anything
+    is recorded: bytes or another object would otherwise fail deep inside the run."""
+    for index, text in enumerate(texts):
+        if not isinstance(text, str) and not (none and text is None):
+            fix = (f"; decode it first, e.g. {name}[{index}].decode('utf-8')"
+                   if isinstance(text, (bytes, bytearray)) else "")
+            raise InvalidBatch(f"{name}[{index}]: {rule}, got {type(text).__name__}{fix}")
 
 
 def _droste_shape(result: BatchResult, tasks: list[dict[str, Any]],

@@ -23,6 +23,7 @@ from ._errors import (
     ProviderNotConfigured,
     ValidatorChanged,
 )
+from ._preflight import check_validator
 from ._rebind import canonical_validator, canonical_version, cell_frame
 from ._structured import check_droste_schema, default_batch_name, llm_batch_json
 from ._subcalls import as_provider, is_droste_client, is_subcall_source
@@ -280,6 +281,7 @@ class _Binding:
         if not callable(fn):
             raise InvalidBatch(f"a validator must be a function (value, index) -> None that "
                                f"raises ValueError to reject, got {type(fn).__name__}")
+        check_validator(fn, "index")  # refused before the registry records it
         frame = cell_frame(3)
         registry = self.session.validators
         try:
