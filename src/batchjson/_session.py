@@ -372,9 +372,9 @@ class Session:
             result.notes.append(outcome.stopped)
         if outcome.overrun:
             result.notes.append(
-                f"over budget: this run's calls billed {usd(outcome.overrun)} beyond what was "
-                f"reserved for them; the session has spent {usd(self.tally.cost)} of its "
-                f"{usd(self.budget.cost or 0.0)} cost budget (each receipt keeps its real cost)")
+                f"calls billed beyond their reservations: {usd(outcome.overrun)} in this run; "
+                f"the session has spent {usd(self.tally.cost)} of its "
+                f"{usd(self.budget.cost or 0.0)} cost budget (each receipt keeps its usage)")
         if outcome.taken_from_ledger:
             result.notes.append(f"{outcome.taken_from_ledger} request(s) were resolved by another "
                                 "runner of the same content; their values come from the ledger")

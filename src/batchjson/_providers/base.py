@@ -140,9 +140,9 @@ def declared_output_cap(provider: Any) -> int | None:
 
 
 def estimate_tokens(text: str) -> int:
-    """An estimate of a text's tokens (a quarter of its characters), where a provider reports
-    none, and for the cost floor of a call whose answer never came: never a bound (a CJK
-    character or an emoji is a token or more)."""
+    """An estimate of a text's tokens (a quarter of its characters): the simulated model's own
+    count, and the labelled cost floor of a call whose usage is unknown. Never a bound (a CJK
+    character or an emoji is a token or more), and never recorded as a provider's usage."""
     return max(1, len(text) // 4)
 
 
