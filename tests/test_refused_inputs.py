@@ -5,6 +5,7 @@ traceback in the CLI)."""
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import subprocess
 import sys
@@ -162,7 +163,7 @@ def test_a_prompt_that_is_not_text_is_refused_by_index_before_anything_is_record
         bind(namespace, CallableProvider(spy), ledger=ledger)
         helper = namespace[face.split()[1]]
     with pytest.raises(InvalidBatch) as raised:
-        helper(prompts, {"type": "string"})
+        helper(prompts, {"type": "string"}, validator=lambda value, index: None)
     index = len(prompts) - 1
     assert str(raised.value).startswith(f"prompts[{index}]: prompt must be a string, got "
                                         f"{type(prompts[index]).__name__}")
@@ -187,6 +188,25 @@ def test_binds_helper_refuses_a_validator_it_cannot_call_before_registering_it(
     bind(namespace, CallableProvider(spy), ledger=ledger)
     with pytest.raises(InvalidBatch, match=r"cannot be called as validator\(item, index\)"):
         namespace["llm_batch_json"](["is it?"], {"type": "string"}, validator=validator)
+    assert spy.calls == 0 and recorded(ledger) == {}
+
+
+@pytest.mark.parametrize(("bad", "said"), [
+    ({"schema": {"type": "strin"}}, "invalid JSON Schema"),
+    ({"name": "labels\x00"}, "control character"),
+    ({"prompts": ["is it?", b"and this?"]}, "prompts[1]: prompt must be a string"),
+    ({"contexts": [3]}, "contexts[0]: a context must be a string or None"),
+], ids=["a bad schema", "a bad name", "bytes as a prompt", "a number as a context"])
+def test_binds_helper_registers_a_good_validator_only_for_a_call_it_makes(
+        tmp_path: Path, bad: dict[str, Any], said: str) -> None:
+    """The helper registers the call's validator (a ``validators`` row) before it runs: every
+    input that refuses the call is checked first, so a refused call leaves no row."""
+    spy, ledger, namespace = Spy(), tmp_path / "l.sqlite", {}
+    bind(namespace, CallableProvider(spy), ledger=ledger)
+    args = {"prompts": ["is it?"], "schema": {"type": "string"}, **bad}
+    with pytest.raises(InvalidBatch, match=re.escape(said)):
+        namespace["llm_batch_json"](args.pop("prompts"), args.pop("schema"),
+                                    validator=lambda value, index: None, **args)
     assert spy.calls == 0 and recorded(ledger) == {}
 
 

@@ -395,9 +395,7 @@ class HttpProvider(OneService):
         self.timeout = positive_seconds(f"{kind}: timeout", timeout, ProviderSetupError)
         try:
             self.prices = normalize_prices(prices)
-        except ProviderSetupError:
-            raise
-        except ConfigError as exc:
+        except ConfigError as exc:  # named as this provider's setting
             raise ProviderSetupError(f"{kind}: {exc}") from None
         self.extra_body = checked_extra_body(kind, extra_body, self.body_keys)
         whole(f"{kind}: max_connections (0 for no limit)", max_connections, 0,

@@ -11,7 +11,7 @@ from .._errors import ProviderNotConfigured, ProviderSetupError
 from .masking import check_name, shown_name, shown_value
 
 PROVIDER_NAMES = ("openai", "anthropic", "simulated")
-# A plausible model id may be repeated in a hint; anything else is shown by 4 characters.
+# A plausible model id given as the provider gets a hint naming the provider it belongs to.
 _MODEL_NAME = re.compile(r"^(gpt|o1|o3|o4|claude|llama)[A-Za-z0-9.:_\-]{0,60}$")
 
 
