@@ -95,6 +95,8 @@ class Session:
 
     @property
     def spent_cost(self) -> float:
+        """USD charged to the cost budget by settled calls: each at its real cost, or at its
+        worst case when its cost is unknown (the ledger records that cost as unknown)."""
         return self.tally.cost
 
     def __repr__(self) -> str:
