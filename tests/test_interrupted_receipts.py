@@ -7,7 +7,7 @@ import sqlite3
 
 import pytest
 
-from batchjson import CallableProvider, Session
+from batchjson import CallableProvider, Reply, Session
 from batchjson._errors import LedgerError
 from batchjson._ledger import Ledger
 from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
@@ -51,7 +51,7 @@ def test_an_answer_interrupted_while_being_judged_is_kept_and_judged_on_resume_n
 
     def model(call):
         sent.append(call)
-        return items_reply(call)
+        return Reply(items_reply(call), input_tokens=40, output_tokens=12)
 
     interrupted = []  # state the validator itself writes: not part of its fingerprint
 
@@ -74,7 +74,7 @@ def test_an_answer_interrupted_while_being_judged_is_kept_and_judged_on_resume_n
         loop.close()
     (kept,) = session.ledger.attempts("r")
     assert kept.status == "cancelled" and kept.raw == items_reply(sent[0])
-    assert kept.input_tokens is not None  # the paid call's usage stays in the account
+    assert kept.input_tokens == 40  # the paid call's usage stays in the account
     assert len(sent) == 1
 
     result = session.run_batch("r", review_tasks(1), LABEL_SCHEMA, validator=slow_check)

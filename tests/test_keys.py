@@ -313,3 +313,75 @@ def test_provider_metadata_echoing_the_key_is_masked_and_the_answer_text_kept(
         reply = asyncio.run(twice(provider))
     assert reply.model == "<redacted>" and reply.extra["id"] == "<redacted>"
     assert reply.text and key not in repr(reply)
+
+
+class AuthEchoingServer(LoopbackServer):
+    """A debugging gateway: it refuses every request with a 401 whose body echoes the
+    ``Authorization`` header it got, as some proxies do."""
+
+    async def _early(self, request: Any, fault: Any, key: Any, protocol: str) -> Any:
+        from batchjson.testing._wire import error_response
+
+        return error_response(protocol, 401, "bad credentials "
+                              + request.headers.get("Authorization", "<none>"))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("user", ["user", "", "us%C3%A9r"])
+def test_url_credentials_never_reach_the_ledger_as_the_basic_auth_header_a_server_echoes(
+        shape: str, user: str, tmp_path: Path, capsys: Any) -> None:
+    """A URL's user:password travels as base64 in a basic-auth header; a server echoing that
+    header put the credentials in the ledger, receipts and exports in that encoding."""
+    import base64
+    from urllib.parse import unquote
+
+    key = KEYS[shape]
+    ledger = tmp_path / "ledger.sqlite"
+    with AuthEchoingServer(SimulatedModel(answer=answer)) as srv:
+        base = srv.base_url.replace("http://", f"http://{user}:{key}@")
+        session = Session(OpenAIProvider("gpt-4o-mini", base_url=base, api_key=""),
+                          ledger=ledger, repairs=0, replays=0, transport_retries=0)
+        result = session.run_batch("keys", review_tasks(2), LABEL_SCHEMA, on_exhausted="return")
+    encoded = base64.b64encode(f"{unquote(user)}:{key}".encode("latin-1")).decode()
+    assert "Basic <redacted>" in result.failure_report()  # the server did echo it
+    shown = everything_shown(ledger, session, result, capsys)
+    for secret in (encoded, encoded.rstrip("="), key):
+        assert_absent(secret, shown)
+
+
+@pytest.mark.parametrize("name", ["opnai", "gpt 4o", "my model v2", "GPT-4o mini (2024)",
+                                  "x1000000000000000000000000000005001",
+                                  "build20240611a1b2c3d4e5f60718293a4b5c", "llama3" * 60])
+def test_typos_spaced_names_and_build_ids_are_shown_as_written_not_taken_for_keys(
+        name: str, ip: Any, caplog: Any) -> None:
+    """The shape rule matches whole values shaped like a vendor's key, 32 or more hex digits or
+    a UUID, nothing else: a typo masked as ``'opna'... (5 chars)`` cannot be seen to be fixed,
+    and a model or source name with a space or a build id was refused as a key."""
+    from batchjson._providers.masking import shown_value
+    from tests.test_magics import MODEL, ok, refused
+
+    assert not looks_like_key(name) and shown_name(name) == name
+    assert shown_value(name) == repr(name)
+    assert CallableProvider(lambda call: "", source=name, model=name).source == name
+    assert SimulatedModel(model=name).model == name
+    with pytest.raises(ConfigError) as raised:
+        _ = Session(name).provider
+    assert f"Unknown provider {name!r} from provider" in str(raised.value)
+    assert repr(name) in repr(Session(name))
+    ok(ip, "%load_ext batchjson")
+    ok(ip, MODEL)
+    ok(ip, f"%config BatchJson.model = {name!r}")
+    assert ip.magics_manager.registry["BatchJson"].model == name
+    line = refused(ip, f"%config BatchJson.provider = {name!r}", caplog)
+    assert f"unknown provider name {name!r}" in line
+
+
+def test_every_key_shape_is_still_taken_for_a_key_whole_and_only_whole() -> None:
+    hex40 = "9f86d081884c7d659a2feaa0c55ad015b3bf4f1b"
+    for key in [*KEYS.values(), *OTHER.values(), hex40, hex40.upper(),
+                "AIzaSyD-9tSrke72PouQMnMX-a7eZSW0jkFMBWY", "gsk_" + "a1B2" * 10,
+                "Bearer " + KEYS["sk-proj"], " " + KEYS["uuid"] + "\n"]:
+        assert looks_like_key(key) and shown_name(key) != key, key
+    for name in ("sk-1", "sk-", "hf_llama", KEYS["sk-proj"] + " is my key", "uuid " + KEYS["uuid"],
+                 KEYS["32-hex"][:31], "gpt-4o-" + KEYS["32-hex"][:8]):
+        assert not looks_like_key(name), name

@@ -5,6 +5,7 @@ traceback in the CLI)."""
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import subprocess
 import sys
@@ -148,6 +149,142 @@ def test_rlm_helper_refuses_bad_input_before_spending_or_recording(
     assert spy.calls == 0 and recorded(ledger) == {}
 
 
+@pytest.mark.parametrize("prompts", [[b"is it?"], ["is it?", bytearray(b"and this?")],
+                                     ["is it?", {"text": "and this?"}]])
+@pytest.mark.parametrize("face", ["Session", "bind llm_batch_json",
+                                  "bind llm_query_batched_json"])
+def test_a_prompt_that_is_not_text_is_refused_by_index_before_anything_is_recorded(
+        tmp_path: Path, face: str, prompts: list[Any]) -> None:
+    """bytes read from a file used to fail deep in the run with a raw TypeError."""
+    spy, ledger, namespace = Spy(), tmp_path / "l.sqlite", {}
+    if face == "Session":
+        helper = Session(CallableProvider(spy), ledger=ledger).llm_batch_json
+    else:
+        bind(namespace, CallableProvider(spy), ledger=ledger)
+        helper = namespace[face.split()[1]]
+    with pytest.raises(InvalidBatch) as raised:
+        helper(prompts, {"type": "string"}, validator=lambda value, index: None)
+    index = len(prompts) - 1
+    assert str(raised.value).startswith(f"prompts[{index}]: prompt must be a string, got "
+                                        f"{type(prompts[index]).__name__}")
+    if isinstance(prompts[index], (bytes, bytearray)):
+        assert f"prompts[{index}].decode('utf-8')" in str(raised.value)
+    with pytest.raises(InvalidBatch, match=r"contexts\[0\]: a context must be a string or None"):
+        helper(["is it?"], {"type": "string"}, contexts=[b"ctx"])
+    assert spy.calls == 0 and recorded(ledger) == {}
+
+
+def kw_check(value: Any, index: Any, *, must: Any) -> None:
+    return None
+
+
+@pytest.mark.parametrize("validator", [lambda value: None, len, kw_check],
+                         ids=["one parameter", "len", "a required keyword"])
+def test_binds_helper_refuses_a_validator_it_cannot_call_before_registering_it(
+        tmp_path: Path, validator: Any) -> None:
+    """Refused, as Session.llm_batch_json refuses it, before the registry writes a
+    ``validators`` row: nothing is recorded for a call that was never made."""
+    spy, ledger, namespace = Spy(), tmp_path / "l.sqlite", {}
+    bind(namespace, CallableProvider(spy), ledger=ledger)
+    with pytest.raises(InvalidBatch, match=r"cannot be called as validator\(item, index\)"):
+        namespace["llm_batch_json"](["is it?"], {"type": "string"}, validator=validator)
+    assert spy.calls == 0 and recorded(ledger) == {}
+
+
+@pytest.mark.parametrize(("bad", "said"), [
+    ({"schema": {"type": "strin"}}, "invalid JSON Schema"),
+    ({"name": "labels\x00"}, "control character"),
+    ({"prompts": ["is it?", b"and this?"]}, "prompts[1]: prompt must be a string"),
+    ({"contexts": [3]}, "contexts[0]: a context must be a string or None"),
+], ids=["a bad schema", "a bad name", "bytes as a prompt", "a number as a context"])
+def test_binds_helper_registers_a_good_validator_only_for_a_call_it_makes(
+        tmp_path: Path, bad: dict[str, Any], said: str) -> None:
+    """The helper registers the call's validator (a ``validators`` row) before it runs: every
+    input that refuses the call is checked first, so a refused call leaves no row."""
+    spy, ledger, namespace = Spy(), tmp_path / "l.sqlite", {}
+    bind(namespace, CallableProvider(spy), ledger=ledger)
+    args = {"prompts": ["is it?"], "schema": {"type": "string"}, **bad}
+    with pytest.raises(InvalidBatch, match=re.escape(said)):
+        namespace["llm_batch_json"](args.pop("prompts"), args.pop("schema"),
+                                    validator=lambda value, index: None, **args)
+    assert spy.calls == 0 and recorded(ledger) == {}
+
+
+# -- provider settings -------------------------------------------------------------------------
+PROVIDER_SETTINGS = [
+    ("extra_body a list", {"extra_body": [1]}, "extra_body must be a dict"),
+    ("extra_body with a number as a key", {"extra_body": {1: "x"}}, "extra_body must be a dict"),
+    ("a negative max_tokens", {"extra_body": {"max_tokens": -1}},
+     "extra_body 'max_tokens' must be a whole number of tokens >= 1"),
+    ("max_completion_tokens as text", {"extra_body": {"max_completion_tokens": "100"}},
+     "got '100'; e.g. extra_body={'max_completion_tokens': 1024}"),
+    ("max_connections -1", {"max_connections": -1}, "max_connections (0 for no limit) must be"),
+    ("max_connections 1.5", {"max_connections": 1.5}, "max_connections (0 for no limit) must be"),
+    ("base_url a number", {"base_url": 8000}, "base_url must be a string"),
+    ("api_key a number", {"api_key": 1234}, "api_key= must be a string"),
+    ("prices a list", {"prices": [1]}, "prices must map model names to prices"),
+]
+
+
+@pytest.mark.parametrize("protocol", ["OpenAIProvider", "AnthropicProvider"])
+@pytest.mark.parametrize(("what", "setting", "said"), PROVIDER_SETTINGS,
+                         ids=[c[0] for c in PROVIDER_SETTINGS])
+def test_a_provider_setting_no_call_could_use_is_refused_when_the_provider_is_made(
+        protocol: str, what: str, setting: dict[str, Any], said: str) -> None:
+    """Each used to be accepted and then sent as is, ignored by the budget, or crash with a raw
+    TypeError: refused now, naming the setting and what it must be."""
+    import batchjson
+
+    if protocol == "AnthropicProvider" and "max_tokens" in setting.get("extra_body", {}):
+        said = "extra_body may not set 'max_tokens'"  # its own max_tokens= argument
+    options = {"base_url": "http://127.0.0.1:9/v1", **setting}
+    with pytest.raises(ProviderSetupError) as raised:
+        getattr(batchjson, protocol)("m1", **options)
+    assert said in str(raised.value) and str(raised.value).startswith(protocol)
+
+
+@pytest.mark.parametrize("key", ["sk-proj-Xq7Lm2Np9Rs4Tv6Wy8Za1Bc3De5Fg7Hj9Kl2Mn4\n",
+                                 " sk-proj-Xq7Lm2Np9Rs4Tv6Wy8Za1Bc3De5Fg7Hj9Kl2Mn4",
+                                 "sk-proj-Xq7Lm2Np9Rs4Tv6Wy8Za1Bc3De5Fg7Hj9Kl2Mn4\r\n"])
+@pytest.mark.parametrize("given", ["api_key", "environment"])
+def test_an_api_key_with_whitespace_around_it_is_refused_at_setup_not_blamed_on_the_base_url(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key: str, given: str) -> None:
+    """A key read from a file keeps its newline, which no HTTP header can carry: every call
+    used to be recorded as a provider error telling the user to check the base URL."""
+    from batchjson import OpenAIProvider
+    from batchjson.testing import LoopbackServer
+
+    ledger = tmp_path / "l.sqlite"
+    with LoopbackServer() as srv:
+        options = {"api_key": key} if given == "api_key" else {}
+        monkeypatch.setenv("OPENAI_API_KEY", key)
+        session = Session(provider="openai", model="gpt-4o-mini", ledger=ledger)
+        monkeypatch.setenv("OPENAI_BASE_URL", srv.base_url)
+        with pytest.raises(ProviderSetupError) as raised:
+            if options:
+                OpenAIProvider("gpt-4o-mini", base_url=srv.base_url, **options)
+            else:
+                session.run_batch("r", review_tasks(2), LABEL_SCHEMA)
+        assert srv.requests == 0
+    message = str(raised.value)
+    where = "api_key=" if given == "api_key" else "the OPENAI_API_KEY environment variable"
+    assert f"the API key from {where}" in message and "whitespace around it" in message
+    assert ".strip()" in message and "base URL" not in message
+    assert key.strip() not in message and key.strip()[-12:] not in message
+    session.close()
+    assert recorded(ledger) == {}
+
+
+def test_an_api_key_with_a_space_or_control_character_inside_is_refused_at_setup() -> None:
+    from batchjson import AnthropicProvider
+
+    for key in ("sk-ant-api03 Zy9Xw8Vu7Ts6Rq5Po4", "sk-ant-api03\x00Zy9Xw8Vu7Ts6Rq5Po4",
+                "sk-ant-api03-Zy9Xw8Vu7Ts6Rq5Po4\u200b"):
+        with pytest.raises(ProviderSetupError, match="copy the key again") as raised:
+            AnthropicProvider("claude-haiku-4-5", base_url="http://127.0.0.1:9", api_key=key)
+        assert "Zy9Xw8Vu7Ts6Rq5Po4" not in str(raised.value)
+
+
 # -- the notebook face -------------------------------------------------------------------------
 def magic_setup(ip: Any) -> Spy:
     from tests.test_magics import ok
@@ -205,6 +342,28 @@ def test_serve_with_a_bad_port_exits_2_without_a_traceback(tmp_path: Path, port:
     assert done.returncode == 2
     assert "Traceback" not in done.stderr and "Error:" not in done.stderr
     assert "argument --port: must be a whole number from 0 to 65535" in done.stderr
+
+
+@pytest.mark.parametrize(("option", "value"), [("--latency", "nan"), ("--latency", "inf"),
+                                               ("--latency", "-1"), ("--hold", "nan"),
+                                               ("--retry-after", "-0.5"), ("--rate-429", "nan"),
+                                               ("--rate-500", "2")])
+def test_serve_with_a_delay_or_rate_that_is_no_number_exits_2_without_a_traceback(
+        tmp_path: Path, option: str, value: str) -> None:
+    """``--latency nan`` used to start a server that never answers."""
+    done = subprocess.run([sys.executable, "-m", "batchjson", "serve", option, value],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert option in done.stderr and ("finite number of seconds >= 0" in done.stderr
+                                      or "probability in [0, 1]" in done.stderr)
+
+
+def test_a_simulated_model_with_a_delay_that_is_no_number_is_refused() -> None:
+    from batchjson import SimulatedModel
+
+    for latency in (-1, float("nan"), float("inf"), "0.1"):
+        with pytest.raises(ProviderSetupError, match="SimulatedModel latency must be a finite"):
+            SimulatedModel(latency=latency)
 
 
 def test_serve_on_a_port_in_use_exits_2_naming_it(tmp_path: Path) -> None:

@@ -7,6 +7,13 @@ fixed overhead, :func:`~batchjson._providers.base.input_bound`: a byte-level BPE
 makes more tokens than bytes, whatever the script) plus its output ceiling (``max_tokens``), at
 the model's prices. Reservations of every run and thread of a session share one :class:`Tally`,
 so a cost budget holds at any concurrency and in any language.
+
+The bound holds only if the server holds the output ceiling. One that bills more (it ignores
+``max_completion_tokens``, or answers with a pricier model) can make a call cost more than its
+reservation; then the real cost is what is charged, and no further call is opened under the
+budget (its worst case is no bound any more). Until a session's first call has settled, a
+run sends that call alone, so such a server is found out by one call, not by a whole round of
+concurrent ones.
 """
 
 from __future__ import annotations
@@ -78,14 +85,16 @@ class Pricing:
     input: float | None
     output: float | None
     max_output_tokens: int | None = None
+    cache_write: float = 0.0  # an input token written to a prompt cache may cost more (Anthropic)
 
     @property
     def priced(self) -> bool:
         return self.input is not None and self.output is not None
 
     def worst_case(self, input_bound: int) -> float:
-        """The most one call can cost: its input bound plus a full answer at the output price."""
-        return ((input_bound * (self.input or 0.0))
+        """The most one call can cost: its input bound at the dearest input rate plus a full
+        answer at the output price."""
+        return ((input_bound * max(self.input or 0.0, self.cache_write))
                 + (self.max_output_tokens or 0) * (self.output or 0.0)) / 1e6
 
     def floor(self, input_tokens: int) -> float | None:
@@ -108,24 +117,40 @@ def pricing_of(provider: Any) -> Pricing:
     cap = declared_output_cap(provider)
     if price is None:
         return Pricing(model, None, None, cap)
-    return Pricing(model, float(price.input), float(price.output), cap)
+    write = getattr(price, "cache_write", None)
+    return Pricing(model, float(price.input), float(price.output), cap,
+                   float(write) if write is not None else 0.0)
 
 
 def usd(amount: float) -> str:
-    """Dollars as a budget message shows them: enough digits to tell two amounts apart."""
-    return f"${amount:.6f}".rstrip("0").rstrip(".") if amount < 1 else f"${amount:,.2f}"
+    """Dollars as a budget message shows them: cents from $1, else at least six decimals and
+    three significant digits, so a tiny amount never reads as $0."""
+    if amount >= 1:
+        return f"${amount:,.2f}"
+    if amount <= 0:
+        return "$0"
+    if amount < 1e-12:
+        return f"${amount:.3g}"
+    places = max(6, 2 - math.floor(math.log10(amount)))
+    return f"${amount:.{places}f}".rstrip("0").rstrip(".")
 
 
 class Tally:
     """What a session has spent, charged call by call by every run (and thread) using it.
 
-    ``reserved`` holds the worst-case cost of calls not yet settled.
+    ``reserved`` holds the worst-case cost of calls not yet settled; ``cost`` the settled ones
+    (a call whose cost is unknown is charged its worst case). ``overrun`` is what calls billed
+    beyond their reservations under a cost budget, and ``unbounded`` says why: once set, the
+    cost budget opens no further call.
     """
 
     def __init__(self) -> None:
         self.calls = 0
         self.cost = 0.0
         self.reserved = 0.0
+        self.settled = 0
+        self.overrun = 0.0
+        self.unbounded: str | None = None
         self.lock = threading.Lock()
 
 
@@ -181,6 +206,9 @@ class Spender:
             raise BudgetExceeded(needed, remaining)
         if self.budget.cost is None or not needed or cheapest is None:
             return
+        if self._tally.unbounded is not None:
+            raise BudgetExceeded(needed, 0, message=(
+                f"budget refused: {self._tally.unbounded}; nothing was spent."))
         left = self.budget.cost - self._tally.cost - self._tally.reserved
         worst = cheapest(left)
         if worst is not None and worst > left:
@@ -202,6 +230,8 @@ class Spender:
         remaining = self.remaining_calls()
         if remaining is not None and remaining <= 0:
             return "no calls left"
+        if self._tally.unbounded is not None:
+            return self._tally.unbounded
         left = max(0.0, (self.budget.cost or 0.0) - self._tally.cost - self._tally.reserved)
         return (f"one call for it may cost up to {usd(self.pricing.worst_case(input_bound))} "
                 f"and the cost budget has {usd(left)} left")
@@ -213,8 +243,10 @@ class Spender:
             remaining = self.remaining_calls()
             if remaining is not None and remaining <= 0:
                 return None
-            if (self.budget.cost is not None
-                    and self._tally.cost + self._tally.reserved + worst > self.budget.cost):
+            if self.budget.cost is not None and (
+                    self._tally.unbounded is not None
+                    or (self.outstanding and not self._tally.settled)  # the first goes alone
+                    or self._tally.cost + self._tally.reserved + worst > self.budget.cost):
                 return None
             self.calls += 1
             self.outstanding += 1
@@ -231,19 +263,44 @@ class Spender:
             self._tally.reserved -= reserved
         self._settled()
 
-    def settle(self, reserved: float, cost: float | None) -> None:
-        """Replace a call's reservation by its real cost; an unknown cost keeps the worst case."""
+    def settle(self, reserved: float, cost: float | None, why: Callable[[], str] | None = None
+               ) -> float:
+        """Replace a call's reservation by its real cost; an unknown cost keeps the worst case.
+
+        Under a cost budget, returns what the call billed beyond its reservation (0.0 within
+        it); then ``why()`` (what the reply says of the overrun) stops the budget opening calls.
+        """
         if cost is None or not math.isfinite(cost) or cost < 0:
             cost = reserved
+        beyond = (cost - reserved if self.budget.cost is not None
+                  and cost > reserved * (1 + 1e-9) else 0.0)  # float noise is no overrun
         with self._tally.lock:
             self.outstanding -= 1
+            self._tally.settled += 1
             self._tally.reserved -= reserved
             self._tally.cost += cost
+            if beyond:
+                self._tally.overrun += beyond
+                if self._tally.unbounded is None:
+                    self._tally.unbounded = (
+                        f"a call billed {usd(cost)}, {usd(beyond)} beyond the {usd(reserved)} "
+                        f"reserved for it{f' ({why()})' if why else ''}, so the provider does "
+                        "not hold the output ceiling or the price a cost budget reserves by, "
+                        "and no further call is opened under it. Use a server that honours "
+                        "the ceiling (some read only max_tokens), check the model's price, or "
+                        "use a calls budget")
         self._settled()
+        return beyond
 
     def _settled(self) -> None:
         if self.on_settle is not None:
             self.on_settle()
+
+    @property
+    def stopped(self) -> str | None:
+        """Why the cost budget opens no further call, once a call billed beyond its
+        reservation (None while reservations hold)."""
+        return self._tally.unbounded if self.budget.cost is not None else None
 
     @property
     def waiting_on_reservations(self) -> bool:

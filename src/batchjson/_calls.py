@@ -77,7 +77,7 @@ class CallSteps:
             reserved = spender.reserve(bound)
             if reserved is not None:
                 return reserved
-            if not spender.waiting_on_reservations:
+            if not spender.waiting_on_reservations or spender.stopped is not None:
                 raise OutOfBudget(spender.shortfall(bound))
             self._settled.clear()
             await self._settled.wait()
@@ -211,13 +211,17 @@ class CallSteps:
             error = exc if isinstance(exc, ProviderError) else ProviderError(
                 f"no answer within {self.transport.timeout:g}s", retryable=True)
             self._provider_failed(error, call)
-            # An HTTP error status or a refused connection is not billed; a call cut off after
-            # it was sent may have been, so it keeps its worst case.
+            # Nothing is billed for a request that never reached the server (connection
+            # refused, no such host) or that the API refused before its model ran (a 4xx:
+            # invalid, unauthorised, rate-limited). A 5xx (a gateway timing out after the model
+            # ran) or a call cut off after it was sent may have been billed: it keeps its worst
+            # case, and its receipt records the cost as unknown.
             billed = self.spender.pricing.cost(error.usage.get("input_tokens"),
                                                error.usage.get("output_tokens"))
-            unbilled = error.unreachable or (error.status is not None and error.status >= 400)
-            self.spender.settle(reserved, billed if billed is not None else
-                                (0.0 if unbilled else None))
+            unbilled = error.unreachable or (error.status is not None
+                                             and 400 <= error.status < 500)
+            self._settle(reserved, billed if billed is not None else
+                         (0.0 if unbilled else None), error.usage)
             self._record_provider_error(attempt_id, str(error), error.status, error.usage,
                                         sent_at)
             raise error from None
@@ -229,8 +233,25 @@ class CallSteps:
             self._record_provider_error(attempt_id, message, None, {}, sent_at)
             raise ProviderError(message, retryable=False) from exc
         self._reachable_again(call)
-        self.spender.settle(reserved, self._cost(reply))
+        self._settle(reserved, self._cost(reply), _usage(reply))
         return reply
+
+    def _settle(self, reserved: float, cost: float | None, usage: Mapping[str, Any]) -> None:
+        """Settle the call's reservation; a call billed beyond it stops the cost budget opening
+        calls, and the run says by how much (its receipt keeps the real cost)."""
+        cap = self.spender.pricing.max_output_tokens
+
+        def why() -> str:
+            out = usage.get("output_tokens")
+            if isinstance(out, int) and cap is not None and out > cap:
+                return f"{out} output tokens against a ceiling of max_tokens={cap}"
+            return (f"{usage.get('input_tokens')} input and {out} output tokens, answered by "
+                    f"{usage.get('model') or self._model}")
+
+        beyond = self.spender.settle(reserved, cost, why)
+        if beyond:
+            self.outcome.overrun += beyond
+            self.outcome.stopped = self.spender.stopped
 
     def _provider_failed(self, error: ProviderError, call: Call) -> None:
         """The first call that cannot connect probes the host alone; the others wait for it."""

@@ -53,6 +53,7 @@ class Outcome:
     repairs_made: int = 0
     taken_from_ledger: int = 0  # requests another runner resolved while this run waited
     stopped: str | None = None  # why the run stopped opening calls early, if it did
+    overrun: float = 0.0  # USD this run's calls billed beyond their cost-budget reservations
     attempts_by_task: dict[str, int] = field(default_factory=dict)
     errors: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 

@@ -19,7 +19,7 @@ from . import _preflight as preflight
 from . import _seen as seen
 from . import _structured as structured
 from ._aio import BackgroundLoop
-from ._budget import Budget, Spender, Tally, pricing_of
+from ._budget import Budget, Spender, Tally, pricing_of, usd
 from ._calls import cheapest_call
 from ._errors import BatchUnresolved, InvalidBatch
 from ._evidence import Evidence
@@ -95,6 +95,8 @@ class Session:
 
     @property
     def spent_cost(self) -> float:
+        """USD charged to the cost budget by settled calls: each at its real cost, or at its
+        worst case when its cost is unknown (the ledger records that cost as unknown)."""
         return self.tally.cost
 
     def __repr__(self) -> str:
@@ -374,6 +376,11 @@ class Session:
             attempts_by_task=dict(outcome.attempts_by_task), repairs_made=outcome.repairs_made)
         if outcome.stopped:
             result.notes.append(outcome.stopped)
+        if outcome.overrun:
+            result.notes.append(
+                f"calls billed beyond their reservations: {usd(outcome.overrun)} in this run; "
+                f"the session has spent {usd(self.tally.cost)} of its "
+                f"{usd(self.budget.cost or 0.0)} cost budget (each receipt keeps its usage)")
         if outcome.taken_from_ledger:
             result.notes.append(f"{outcome.taken_from_ledger} request(s) were resolved by another "
                                 "runner of the same content; their values come from the ledger")

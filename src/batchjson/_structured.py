@@ -12,14 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 from ._checks import is_whole
 from ._errors import InvalidBatch
-from ._schema import compile_schema
-from ._spec import RunSpec
+from ._schema import ItemSchema, compile_schema
+from ._spec import RunSpec, check_text
 from ._tasks import sha
 
 if TYPE_CHECKING:
     from ._registry import ValidatorVersion
     from ._result import BatchResult
-    from ._schema import ItemSchema
     from ._session import Session
 
 _DROSTE_TYPES = {
@@ -98,21 +97,8 @@ def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
     rejects, a failed ``assert`` is a ``validator_error``, its return is ignored); an unnamed
     call's batch name says so, so answers judged by one contract are never reused by the other.
     """
-    if isinstance(prompts, str) or not isinstance(prompts, Sequence):
-        raise InvalidBatch("prompts must be a list of strings")
-    if not is_whole(max_repair_attempts):  # droste's own wording, which its callers match
-        raise InvalidBatch(f"max_repair_attempts must be an integer >= 0, got "
-                           f"{max_repair_attempts!r}")
-    if contexts is not None:
-        if isinstance(contexts, str) or not isinstance(contexts, Sequence):
-            raise InvalidBatch("contexts must be a list of strings or None")
-        if len(contexts) != len(prompts):
-            raise InvalidBatch(f"contexts length ({len(contexts)}) must match prompts length "
-                               f"({len(prompts)})")
-    if validator is not None and not callable(validator):
-        raise InvalidBatch(f"validator must be callable (value, index) -> None, got "
-                           f"{type(validator).__name__}")
-    if droste:
+    check_call(prompts, contexts, max_repair_attempts, validator, name)
+    if droste and not isinstance(schema, ItemSchema):  # else the caller compiled it so
         check_droste_schema(schema)
     # once: the run reuses it, and it dumps the values
     item_schema = compile_schema(schema, strict_integers=droste)
@@ -142,6 +128,39 @@ def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
         refuse_short_budget=refuse_short_budget,
         max_calls=max_calls), registered=version or registered)
     return _droste_shape(result, tasks, item_schema)
+
+
+def check_call(prompts: Any, contexts: Any, max_repair_attempts: Any, validator: Any,
+               name: Any = None) -> None:
+    """The droste contract's own inputs (and a batch name given), refused (in droste's wording
+    where it has one) before anything is recorded."""
+    check_text("batch name", name, "name='labels'")
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+        raise InvalidBatch("prompts must be a list of strings")
+    _check_texts("prompts", prompts, "prompt must be a string")
+    if not is_whole(max_repair_attempts):  # droste's own wording, which its callers match
+        raise InvalidBatch(f"max_repair_attempts must be an integer >= 0, got "
+                           f"{max_repair_attempts!r}")
+    if contexts is not None:
+        if isinstance(contexts, str) or not isinstance(contexts, Sequence):
+            raise InvalidBatch("contexts must be a list of strings or None")
+        if len(contexts) != len(prompts):
+            raise InvalidBatch(f"contexts length ({len(contexts)}) must match prompts length "
+                               f"({len(prompts)})")
+        _check_texts("contexts", contexts, "a context must be a string or None", none=True)
+    if validator is not None and not callable(validator):
+        raise InvalidBatch(f"validator must be callable (value, index) -> None, got "
+                           f"{type(validator).__name__}")
+
+
+def _check_texts(name: str, texts: Sequence[Any], rule: str, *, none: bool = False) -> None:
+    """Each of ``texts`` is a str (or None where ``none``), refused by index before anything
+    is recorded: bytes or another object would otherwise fail deep inside the run."""
+    for index, text in enumerate(texts):
+        if not isinstance(text, str) and not (none and text is None):
+            fix = (f"; decode it first, e.g. {name}[{index}].decode('utf-8')"
+                   if isinstance(text, (bytes, bytearray)) else "")
+            raise InvalidBatch(f"{name}[{index}]: {rule}, got {type(text).__name__}{fix}")
 
 
 def _droste_shape(result: BatchResult, tasks: list[dict[str, Any]],

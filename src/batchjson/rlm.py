@@ -24,8 +24,10 @@ from ._errors import (
     ProviderNotConfigured,
     ValidatorChanged,
 )
+from ._preflight import check_validator
 from ._rebind import canonical_validator, canonical_version, cell_frame
-from ._structured import check_droste_schema, default_batch_name, llm_batch_json
+from ._schema import compile_schema
+from ._structured import check_call, check_droste_schema, default_batch_name, llm_batch_json
 from ._subcalls import as_provider, is_droste_client, is_subcall_source
 
 if TYPE_CHECKING:
@@ -244,8 +246,11 @@ class _Binding:
         Returns ``values``, ``errors``, ``attempts`` and ``repairs_made``. Re-running the same
         call resumes its requests; prompts already accepted are not paid again.
         """
-        if self.droste:  # before the validator is registered: nothing is recorded
+        # before the validator is registered: a refused call records nothing
+        check_call(prompts, contexts, max_repair_attempts, validator, name)
+        if self.droste:
             check_droste_schema(schema)
+        schema = compile_schema(schema, strict_integers=self.droste)
         registered = None  # its version record: the run need not fingerprint it again
         if validator is not None and callable(validator):
             validator, registered = self._registered(validator, call=(prompts, contexts, name))
@@ -293,6 +298,7 @@ class _Binding:
         if not callable(fn):
             raise InvalidBatch(f"a validator must be a function (value, index) -> None that "
                                f"raises ValueError to reject, got {type(fn).__name__}")
+        check_validator(fn, "index")  # refused before the registry records it
         frame = cell_frame(3)
         registry = self.session.validators
         try:

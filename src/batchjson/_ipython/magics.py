@@ -33,7 +33,7 @@ from .._cliview import DEFAULT_LEDGER
 from .._errors import BatchJsonError, BatchUnresolved
 from .._forgetting import forget_batch, forget_message
 from .._providers.base import ProviderHandle
-from .._providers.masking import looks_like_key, masked, public_url
+from .._providers.masking import looks_like_key, masked, public_url, shown_value
 from .._providers.select import PROVIDER_NAMES
 from .._session import Session
 from .cell import (
@@ -126,7 +126,7 @@ class BatchJson(Magics):
             return None
         if isinstance(value, str):
             if value.strip().lower() not in PROVIDER_NAMES:
-                raise TraitError(f"BatchJson.provider: unknown provider name {masked(value)}; "
+                raise TraitError(f"BatchJson.provider: unknown provider name {shown_value(value)}; "
                                  f"use one of {', '.join(PROVIDER_NAMES)} or a provider object")
             return value.strip().lower()
         kind = type(value).__name__
@@ -455,10 +455,10 @@ def unload_ipython_extension(shell: Any) -> None:
 
 
 def shown(name: str, value: Any) -> str:
-    """A setting's value for a message: a string given as provider or model may be a pasted
-    key (only its first characters are shown), and a ledger URL's password is masked."""
+    """A setting's value for a message: a string given as provider or model shaped like a
+    pasted key shows only its first characters, and a ledger URL's password is masked."""
     if name in ("provider", "model") and isinstance(value, str):
-        return masked(value)
+        return clip(shown_value(value), 80)
     if name == "ledger" and isinstance(value, str):
         value = public_url(value)
     return clip(repr(value), 80)

@@ -23,8 +23,8 @@ import aiohttp
 import pydantic_core
 
 from .._canon import Unhashable, content_hash
-from .._checks import positive_seconds
-from .._errors import ProviderError, ProviderSetupError
+from .._checks import positive_seconds, whole
+from .._errors import ConfigError, ProviderError, ProviderSetupError
 from .base import Call, OneService
 from .masking import (
     Secret,
@@ -36,6 +36,7 @@ from .masking import (
     public_url,
 )
 from .pricing import cost_of, normalize_prices, price_for
+from .settings import checked_extra_body, checked_key
 
 _NON_RETRYABLE_QUOTA = ("insufficient_quota", "billing_hard_limit_reached")
 # OS errors that mean no server can be reached at that address at all.
@@ -375,7 +376,7 @@ class HttpProvider(OneService):
                                      f"model={self.example_model!r} or set BATCHJSON_MODEL.")
         base = self._base_url(base_url)
         endpoint = with_path(base, lambda path: path + self.path)
-        self._key = Secret(api_key if api_key is not None else os.environ.get(self.key_env))
+        self._key = Secret(checked_key(kind, api_key, self.key_env))
         # What may never be shown: the key, and the URL's userinfo and credential parameters.
         # The URL requests go to is held like the key; base_url and url are what may be shown.
         self._secrets = Secrets([self._key.get()], urls=[base, endpoint])
@@ -392,19 +393,21 @@ class HttpProvider(OneService):
                 f"{kind} has no API key for {display_url(self.base_url)}: set {self.key_env} in "
                 f"the environment or pass api_key=...{self.keyless_hint}")
         self.timeout = positive_seconds(f"{kind}: timeout", timeout, ProviderSetupError)
-        self.prices = normalize_prices(prices)
-        self.extra_body = dict(extra_body or {})
-        owned = sorted(set(self.extra_body) & self.body_keys)
-        if owned:
-            raise ProviderSetupError(f"{kind}: extra_body may not set "
-                                     f"{', '.join(map(repr, owned))}; batchjson builds "
-                                     "those fields from the call and the provider's own "
-                                     "settings (model=, response_format= or mode=)")
+        try:
+            self.prices = normalize_prices(prices)
+        except ConfigError as exc:  # named as this provider's setting
+            raise ProviderSetupError(f"{kind}: {exc}") from None
+        self.extra_body = checked_extra_body(kind, extra_body, self.body_keys)
+        whole(f"{kind}: max_connections (0 for no limit)", max_connections, 0,
+              ProviderSetupError)
         self._sessions = LoopSessions(make_session_factory(self.timeout, max_connections))
 
     def _base_url(self, base_url: str | None) -> str:
         """The endpoint's base, checked now rather than failing as a retried connection error;
         a pasted full endpoint (``.../chat/completions``) is trimmed to its base."""
+        if base_url is not None and not isinstance(base_url, str):
+            raise ProviderSetupError(f"{type(self).__name__}: base_url must be a string such as "
+                                     f"{self.default_base!r}, got {type(base_url).__name__}")
         source = "base_url" if base_url else self.base_env
         base = with_path(base_url or os.environ.get(self.base_env) or self.default_base,
                          lambda path: path.rstrip("/"))

@@ -14,6 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 from .._checks import positive_seconds, whole
 from .._errors import ProviderError, ProviderSetupError
 from .masking import check_name
+from .settings import OUTPUT_CAPS
 
 
 @dataclass(frozen=True)
@@ -133,15 +134,15 @@ def declared_output_cap(provider: Any) -> int | None:
         return cap
     extra = getattr(provider, "extra_body", None)
     extra = extra if isinstance(extra, Mapping) else {}
-    return next((extra[k] for k in ("max_completion_tokens", "max_tokens")
+    return next((extra[k] for k in OUTPUT_CAPS
                  if isinstance(extra.get(k), int) and not isinstance(extra.get(k), bool)
                  and extra[k] > 0), None)
 
 
 def estimate_tokens(text: str) -> int:
-    """An estimate of a text's tokens (a quarter of its characters), where a provider reports
-    none, and for the cost floor of a call whose answer never came: never a bound (a CJK
-    character or an emoji is a token or more)."""
+    """An estimate of a text's tokens (a quarter of its characters): the simulated model's own
+    count, and the labelled cost floor of a call whose usage is unknown. Never a bound (a CJK
+    character or an emoji is a token or more), and never recorded as a provider's usage."""
     return max(1, len(text) // 4)
 
 
@@ -195,6 +196,10 @@ class ProviderHandle(OneService):
 
 class CallableProvider(OneService):
     """Wrap ``fn(call) -> str | Reply`` (sync or async) as a provider, for tests and glue code.
+
+    A ``str`` is the answer with its usage unknown; return ``Reply(text, input_tokens=...,
+    output_tokens=...)`` (or ``cost=``) with what the call was billed, and a cost budget settles
+    each call at that instead of keeping its worst case.
 
     Its answer source (part of every request key) is the function's content fingerprint, or
     ``source="my-model-v2"`` when the caller names it. ``fn.blocking = True`` runs ``fn`` in a
@@ -263,12 +268,10 @@ class CallableProvider(OneService):
                 f"callable provider returned {type(out).__name__}, expected str or Reply",
                 retryable=False,
             )
-        return Reply(
-            text=out,
-            input_tokens=estimate_tokens(call.prompt),
-            output_tokens=estimate_tokens(out),
-            model=self.model,
-        )
+        # A bare text says nothing of what the call was billed: its usage stays unknown, so a
+        # cost budget keeps the call's worst case and the ledger records its cost as unknown
+        # (at least the receipt's estimated floor), never an estimate passed off as usage.
+        return Reply(text=out, model=self.model)
 
     async def _invoke(self, call: Call) -> Any:
         out = await in_thread(self.fn, call) if _is_blocking(self.fn) else self.fn(call)

@@ -7,15 +7,19 @@ Two kinds of rule, kept apart on purpose:
   they appear in what batchjson writes or says: messages, reprs, provider metadata and provider
   error bodies (:class:`Secrets`). The model's answer text (``raw``) is never touched: it is
   kept byte for byte.
-- **Shape rules** (``sk-...``, ``sk-proj-...``, ``sk-ant-...``, a 32-digit hex string, a UUID, a
-  long token of letters and digits) recognise a pasted key by its look. They apply only to a
-  *whole* value in a field that names a provider or a model (``model=``, ``%config
-  BatchJson.model``, a response's ``model`` field): never to task data, identity values,
-  request ids or batchjson's own digests, which may look the same and must be shown as they are.
+- **Shape rules** (``sk-...``, ``sk-proj-...``, ``sk-ant-...`` and the other vendors' key
+  prefixes followed by a key's worth of key characters, 32 or more hex digits, a UUID)
+  recognise a pasted key by its look. They match only a *whole* value shaped exactly like a
+  key, so a typo (``'opnai'``), a name with a space (``'gpt 4o'``) or a build id is shown as
+  written; and they apply only to a field that names a provider or a model (``model=``,
+  ``%config BatchJson.model``, a response's ``model`` field): never to task data, identity
+  values, request ids or batchjson's own digests, which may look the same and must be shown as
+  they are.
 """
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -26,26 +30,29 @@ from .._errors import ProviderSetupError
 REDACTED = "<redacted>"
 MIN_MASKED = 4  # shorter secret values are masked only inside the URL that carries them
 
-# Prefixes of the API keys people paste (OpenAI sk-/sk-proj-, Anthropic sk-ant-, Groq, Hugging
-# Face, Google, xAI, GitHub, Replicate, session tokens) and bearer headers.
-_KEY_PREFIX = re.compile(r"^(sk-|sk_|gsk_|hf_|AIza|xai-|ghp_|gho_|r8_|sess-|pk-|bearer\s)",
-                         re.IGNORECASE)
-# A long token of letters and digits only (no -, ., /, :) with both kinds: a key, not a name.
-_BARE_TOKEN = re.compile(r"^(?=.*[0-9])(?=.*[A-Za-z])[A-Za-z0-9]{24,}$")
-_HEX32 = re.compile(r"^[0-9a-fA-F]{32}$")  # Azure and many gateways issue 32-hex keys
-_UUID = re.compile(r"^[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
+# The whole value of a key people paste: a vendor's prefix (OpenAI sk-/sk-proj-, Anthropic
+# sk-ant-, Groq, Hugging Face, Google, xAI, GitHub, Replicate, session tokens), perhaps as a
+# bearer header, then at least 16 key characters; 32 or more hex digits (Azure and many
+# gateways); a UUID. Nothing else: a typo, a spaced name or a build id is a name.
+_KEY_SHAPE = re.compile(
+    r"^(?:bearer\s+)?(?:(?:sk-|sk_|gsk_|hf_|AIza|xai-|ghp_|gho_|r8_|sess-|pk-)[\w-]{16,}"
+    r"|[0-9a-f]{32,}|[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12})$", re.IGNORECASE | re.ASCII)
 
 
 def looks_like_key(text: str) -> bool:
     """True for a whole value shaped like an API key rather than a model or provider name."""
-    value = text.strip()
-    return bool(_KEY_PREFIX.match(value) or _BARE_TOKEN.match(value) or _HEX32.match(value)
-                or _UUID.match(value) or " " in value or len(value) > 200)
+    return bool(_KEY_SHAPE.match(text.strip()))
 
 
 def masked(text: str) -> str:
     """The first four characters and the length: enough to recognise, never enough to use."""
     return f"{text[:4]!r}... ({len(text)} chars)"
+
+
+def shown_value(text: str) -> str:
+    """A name the user typed, for a message: as written (a typo must be visible to be fixed),
+    or masked if it is shaped like a key."""
+    return masked(text) if looks_like_key(text) else repr(text)
 
 
 _MASKED = re.compile(r"^(['\"]).{0,4}\1\.\.\. \(\d+ chars\)$|^<redacted>$")
@@ -105,6 +112,29 @@ def url_secrets(url: str) -> list[str]:
     return [v for v in dict.fromkeys(found + [unquote(v) for v in found]) if v]
 
 
+def basic_auth_forms(url: str) -> list[str]:
+    """What a URL's userinfo becomes on the wire: the base64 of ``user:password`` that HTTP
+    basic auth sends (aiohttp encodes it as Latin-1; UTF-8 too, as other clients do), padded
+    and not, for the userinfo as written and decoded. A server that echoes the request's
+    ``Authorization`` header in an error body echoes exactly this."""
+    try:
+        userinfo, at, _ = urlsplit(url).netloc.rpartition("@")
+    except ValueError:
+        return []
+    if not at:
+        return []
+    user, _, password = userinfo.partition(":")
+    forms = []
+    for pair in dict.fromkeys((f"{user}:{password}", f"{unquote(user)}:{unquote(password)}")):
+        for encoding in ("latin-1", "utf-8"):
+            try:
+                encoded = base64.b64encode(pair.encode(encoding)).decode("ascii")
+            except UnicodeEncodeError:
+                continue
+            forms += [encoded, encoded.rstrip("=")]
+    return list(dict.fromkeys(forms))
+
+
 def public_query(query: str) -> str:
     """A URL query without its credential parameters (what may decide answers, and be shown)."""
     return urlencode([(name, value) for name, value in parse_qsl(query, keep_blank_values=True)
@@ -127,7 +157,8 @@ def public_url(url: str) -> str:
 
 class Secrets:
     """The secret values one configuration holds; :meth:`mask` replaces each wherever it
-    appears, as written, URL-encoded, or as the masked echo a provider's 401 body shows
+    appears, as written, URL-encoded, as the basic-auth base64 a URL's ``user:password``
+    travels as (:func:`basic_auth_forms`), or as the masked echo a provider's 401 body shows
     (``sk-********abcd``: its last four characters are part of the key). A URL given in
     ``urls`` is first replaced whole by its :func:`public_url`, so even a short password in it
     goes; a value shorter than :data:`MIN_MASKED` is masked only there (replacing every "pw" in
@@ -141,10 +172,11 @@ class Secrets:
         for value in [*values, *(v for u in urls for v in url_secrets(u))]:
             if value and len(value) >= MIN_MASKED:
                 forms.update((value, quote(value, safe=""), quote_plus(value)))
+        tails = {v[-4:] for v in forms if len(v) >= 12}
+        forms.update(f for u in urls for f in basic_auth_forms(u) if len(f) >= MIN_MASKED)
         self._urls = {u: public_url(u) for u in sorted(set(urls), key=len, reverse=True)
                       if public_url(u) != u}
         self._values = sorted(forms, key=len, reverse=True)  # a longer form is replaced first
-        tails = {v[-4:] for v in self._values if len(v) >= 12}
         self._echo = (re.compile(r"[\w-]*[*\u2022]{3,}[\w-]*?(?:"
                                  + "|".join(map(re.escape, sorted(tails))) + ")")
                       if tails else None)

@@ -8,18 +8,19 @@ import re
 from typing import Any
 
 from .._errors import ProviderNotConfigured, ProviderSetupError
-from .masking import check_name, masked, shown_name
+from .masking import check_name, shown_name, shown_value
 
 PROVIDER_NAMES = ("openai", "anthropic", "simulated")
-# A plausible model id may be repeated in a hint; anything else is shown by 4 characters.
+# A plausible model id given as the provider gets a hint naming the provider it belongs to.
 _MODEL_NAME = re.compile(r"^(gpt|o1|o3|o4|claude|llama)[A-Za-z0-9.:_\-]{0,60}$")
 
 
 def provider_label(spec: Any) -> str:
     """A name for a provider spec; never its configuration (API keys stay inside it), and an
-    unrecognised string only by its first four characters (it may be a pasted key)."""
+    unrecognised string as written, unless it is shaped like a pasted key (then only its first
+    four characters)."""
     if isinstance(spec, str):
-        return spec if spec.strip().lower() in PROVIDER_NAMES else masked(spec)
+        return spec if spec.strip().lower() in PROVIDER_NAMES else shown_value(spec)
     return str(shown_name(getattr(spec, "name", type(spec).__name__)))
 
 
@@ -75,7 +76,7 @@ def _named(spec: str, source: str, model: str | None) -> Any:
     if _MODEL_NAME.match(name):
         family = "anthropic" if name.startswith("claude") else "openai"
         hint = f" That looks like a model name: pass provider={family!r}, model={spec.strip()!r}."
-    raise ProviderNotConfigured(f"Unknown provider {masked(spec)} from {source} (known: "
+    raise ProviderNotConfigured(f"Unknown provider {shown_value(spec)} from {source} (known: "
                                 f"{', '.join(PROVIDER_NAMES)}).{hint}")
 
 

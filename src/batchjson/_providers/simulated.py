@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._canon import canonical_json
+from .._checks import seconds
 from .._errors import ProviderError, ProviderSetupError
 from .._schemagen import GENERATOR, Unanswerable, answer_item, answer_value
 from .._tasks import sha
@@ -110,7 +111,7 @@ class SimulatedModel(OneService):
         self.answer = answer  # None: generated from each call's schema
         self.faults = faults or FaultPlan()
         self.seed = seed
-        self.latency = latency
+        self.latency = seconds("SimulatedModel latency", latency, ProviderSetupError)
         self.model = check_name(model, "SimulatedModel model",
                                 "name the simulated model in plain words")
         self.price_per_million = price_per_million

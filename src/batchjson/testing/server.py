@@ -23,7 +23,7 @@ from typing import Any
 import pydantic_core
 from aiohttp import web
 
-from .._checks import whole_argument
+from .._checks import seconds, seconds_argument, whole_argument
 from .._errors import ConfigError
 from .._providers.base import Call
 from .._providers.simulated import SimulatedModel
@@ -69,7 +69,7 @@ class LoopbackServer:
                  faults: HttpFaults | None = None, host: str = "127.0.0.1", port: int = 0,
                  api_key: str | None = None) -> None:
         self.model = model or SimulatedModel()
-        self.latency = float(latency)
+        self.latency = seconds("LoopbackServer latency", latency, ConfigError)
         self.faults = faults
         self.host = host
         self.port = port
@@ -385,19 +385,24 @@ def main(argv: Sequence[str] | None = None,
     parser.add_argument("--host", default="127.0.0.1", help="address (default 127.0.0.1)")
     parser.add_argument("--port", type=whole_argument(0, 65535), default=0,
                         help="0 picks a free port")
-    parser.add_argument("--latency", type=float, default=0.0, help="seconds per answer")
+    parser.add_argument("--latency", type=seconds_argument, default=0.0,
+                        help="seconds per answer")
     parser.add_argument("--api-key", default=None, help="require this key (401 otherwise)")
     for name in ("429", "500", "timeout", "truncate"):
         parser.add_argument(f"--rate-{name}", type=float, default=0.0,
                             help=f"probability of a {name} fault per request")
-    parser.add_argument("--retry-after", type=float, default=1.0,
+    parser.add_argument("--retry-after", type=seconds_argument, default=1.0,
                         help="seconds a 429 fault asks the client to wait")
-    parser.add_argument("--hold", type=float, default=30.0, help="seconds a timeout is held")
+    parser.add_argument("--hold", type=seconds_argument, default=30.0,
+                        help="seconds a timeout is held")
     parser.add_argument("--seed", type=int, default=0, help="fault seed (default 0)")
     args = parser.parse_args(argv)
-    faults = HttpFaults(rate_429=args.rate_429, rate_500=args.rate_500,
-                        rate_timeout=args.rate_timeout, rate_truncate=args.rate_truncate,
-                        retry_after=args.retry_after, hold=args.hold, seed=args.seed)
+    try:
+        faults = HttpFaults(rate_429=args.rate_429, rate_500=args.rate_500,
+                            rate_timeout=args.rate_timeout, rate_truncate=args.rate_truncate,
+                            retry_after=args.retry_after, hold=args.hold, seed=args.seed)
+    except ConfigError as exc:  # a rate outside [0, 1]: usage, exit 2
+        parser.error(str(exc).replace("HttpFaults.rate_", "--rate-").replace("_", "-"))
     server = LoopbackServer(latency=args.latency, faults=faults, host=args.host, port=args.port,
                             api_key=args.api_key)
 

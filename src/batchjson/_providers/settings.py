@@ -1,0 +1,73 @@
+"""An HTTP provider's settings, checked when it is made: a setting no call could use is
+refused with :class:`~batchjson._errors.ProviderSetupError` naming it and the fix, before
+anything is spent, rather than failing (or being paid for) call by call."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from .._checks import is_whole
+from .._errors import ProviderSetupError
+from .masking import masked
+
+# Request fields that make the server bill several answers of which batchjson reads one.
+BILL_MULTIPLIERS = ("n", "best_of")
+# Request fields that cap a call's output: the ceiling a cost budget reserves.
+OUTPUT_CAPS = ("max_completion_tokens", "max_tokens")
+
+
+def checked_extra_body(kind: str, extra_body: Any, owned_keys: frozenset[str]) -> dict[str, Any]:
+    """``extra_body`` as a dict of request fields, refused now (before anything is spent) when
+    it is not a mapping with string keys, replaces a field batchjson builds, asks for several
+    answers (``n``, ``best_of``: each is billed, batchjson reads only the first), or sets an
+    output ceiling that is not a whole number of tokens >= 1."""
+    if extra_body is None:
+        return {}
+    if not isinstance(extra_body, Mapping) or not all(isinstance(k, str) for k in extra_body):
+        raise ProviderSetupError(f"{kind}: extra_body must be a dict of request fields with "
+                                 f"string names, e.g. {{'temperature': 0}}; got "
+                                 f"{type(extra_body).__name__}")
+    body = dict(extra_body)
+    owned = sorted(set(body) & owned_keys)
+    if owned:
+        raise ProviderSetupError(f"{kind}: extra_body may not set {', '.join(map(repr, owned))}; "
+                                 "batchjson builds those fields from the call and the "
+                                 "provider's own settings (model=, response_format= or mode=)")
+    for name in BILL_MULTIPLIERS:
+        if name in body and body[name] != 1:
+            raise ProviderSetupError(
+                f"{kind}: extra_body {name}={body[name]!r} asks for several answers per call, "
+                "and the server bills every one while batchjson reads only the first; drop "
+                f"{name!r} (repairs and replays already ask again when an answer fails)")
+    for name in OUTPUT_CAPS:
+        if name in body and not is_whole(body[name], 1):
+            raise ProviderSetupError(
+                f"{kind}: extra_body {name!r} must be a whole number of tokens >= 1 (the most "
+                f"output one call may bill), got {body[name]!r}; e.g. extra_body={{{name!r}: "
+                "1024}")
+    return body
+
+
+def checked_key(kind: str, api_key: Any, env: str) -> str | None:
+    """The API key from ``api_key=`` or the environment, refused now if no HTTP header could
+    carry it as given: not a string, or holding whitespace or control characters (a key read
+    from a file keeps its newline), which would otherwise fail every call as a provider error."""
+    key = api_key if api_key is not None else os.environ.get(env)
+    where = "api_key=" if api_key is not None else f"the {env} environment variable"
+    if key is None or key == "":
+        return key
+    if not isinstance(key, str):
+        raise ProviderSetupError(f"{kind}: {where} must be a string, got {type(key).__name__}")
+    if key.strip() != key:
+        raise ProviderSetupError(
+            f"{kind}: the API key from {where} ({masked(key.strip())}) has whitespace around "
+            "it (a key read from a file keeps its newline), which no HTTP header can carry; "
+            "strip it, e.g. api_key=Path('key.txt').read_text().strip()")
+    if not key.isascii() or not key.isprintable() or " " in key:
+        raise ProviderSetupError(
+            f"{kind}: the API key from {where} ({masked(key)}) holds spaces, control or "
+            "non-ASCII characters, which no API key has and no HTTP header can carry; copy the "
+            "key again from the provider's console")
+    return key
