@@ -17,10 +17,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from . import _acceptance as acceptance
-from . import _seen as seen
 from ._ledger import Ledger
+from ._ledger.records import Revision
 from ._providers.base import Reply
-from ._records import Revision
 from ._schema import ItemSchema
 
 COMPONENT = "unseen"
@@ -59,7 +58,7 @@ def still_passes(ledger: Ledger, revision: Revision, *, run: Callable[..., Any],
     for request in requests:
         if request.key not in accepted:
             continue
-        found = seen.accepted_return(ledger, request.key)
+        found = ledger.store.accepted_return(request.key)
         if found is None:  # accepted without a raw text on record: nothing to re-judge
             return False
         work.append((request, found[0]["raw"]))
