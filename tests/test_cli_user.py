@@ -10,6 +10,7 @@ from pathlib import Path
 
 from batchjson import CallableProvider, Session
 from batchjson._ledger import Ledger
+from batchjson._ledger.claims import Owner
 from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
 from tests.test_forget import bj
 
@@ -58,10 +59,13 @@ def test_a_call_cancelled_before_it_was_sent_costs_nothing_in_receipts(tmp_path:
     ledger = Ledger(path)
     revision = ledger.revisions("labels")[0]
     request = ledger.leaves(revision.id)[0]
-    with ledger.transaction() as db:
-        attempt = Ledger.op_begin(db, revision.batch_id, revision.id, request, "replay",
-                                  "callable", "m")
-    ledger.finish_attempt(attempt, "cancelled")  # interrupted before its call was sent
+    owner = Owner.start("test")
+    with ledger.store.transaction() as tx:
+        _, attempt = ledger.store.begin_call(tx, revision.batch_id, revision.id, request,
+                                             "replay", "callable", "m", None, owner=owner)
+    with ledger.store.transaction() as tx:  # interrupted before its call was sent
+        ledger.store.finish_call(tx, attempt, "cancelled", [], None, {})
+    owner.stop()
     ledger.close()
     out = bj("receipts", "labels", "--ledger", str(path), cwd=tmp_path).stdout
     row = [line for line in out.splitlines() if " cancelled " in line][0]

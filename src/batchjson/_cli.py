@@ -189,7 +189,7 @@ def cmd_values(args: argparse.Namespace, out: TextIO) -> int:
 def _identity(held: Ledger, name: str) -> tuple[list[str], dict[str, dict[str, Any]]]:
     """The identity fields of the batch's current revision besides task_id (under the default
     identity: every task field but prompt and context) and its tasks, for ``--identity``."""
-    rule, tasks = held.current_tasks(name)
+    rule, tasks = held.store.current_tasks(name)
     if rule.endswith("+echoed"):
         fields = list(dict.fromkeys(k for t in tasks.values() for k in t))
         fields = [k for k in fields if k not in ("task_id", "prompt", "context")]
@@ -223,7 +223,7 @@ def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_import(args: argparse.Namespace, out: TextIO) -> int:
     if not args.file.is_file():  # checked before a ledger is created for it
         raise Problem(f"no receipts file at {args.file}", USAGE)
-    from ._recovery import read_lines
+    from ._ledger.recovery import read_lines
 
     try:
         read_lines(args.file, {})  # a bad file is refused before a ledger is created for it

@@ -108,7 +108,7 @@ def rlm_hooks(*, strict: bool = True, ledger: Any = None, budget: Any = None) ->
     """
     from ._rlm_hooks import RlmHooks
 
-    return RlmHooks(strict=strict, ledger=ledger, budget=budget)
+    return RlmHooks(bind, strict=strict, ledger=ledger, budget=budget)
 
 
 def namespace(session: Session) -> dict[str, Any]:

@@ -110,6 +110,8 @@ class SQLiteStore(Store):
                                        timeout=busy_timeout)
             self._db.row_factory = sqlite3.Row
             self._lock = threading.RLock()
+            # a ledger at another version is refused before anything (WAL included) is changed
+            refuse_version(self._db.execute("PRAGMA user_version").fetchone()[0], path)
             if path is not None:
                 self._wal()
             self._db.execute("PRAGMA synchronous=NORMAL")
@@ -118,6 +120,9 @@ class SQLiteStore(Store):
                 self._schema()
         except (sqlite3.Error, OSError) as exc:
             raise LedgerError(records.open_problem(path), path=self.where, cause=exc) from exc
+        except LedgerError:
+            self._db.close()
+            raise
 
     def _wal(self) -> None:
         """Switch to WAL. The switch needs the file to itself and SQLite does not wait for it,
@@ -134,15 +139,14 @@ class SQLiteStore(Store):
                 time.sleep(0.02)
 
     def _schema(self) -> None:
-        """Make the schema in a new ledger; refuse one at another version, changing nothing.
-        The version is read again under the write lock, so two runners creating one ledger
-        never both make it."""
-        refuse_version(self._db.execute("PRAGMA user_version").fetchone()[0], self.path)
+        """Make the schema in a new ledger. The version is read again under the write lock,
+        so two runners creating one ledger never both make it."""
         if self._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION:
             return
         self._db.execute("BEGIN IMMEDIATE")
         try:
             version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            refuse_version(version, self.path)
             if version == 0:
                 for statement in SCHEMA.split(";"):
                     if statement.strip():

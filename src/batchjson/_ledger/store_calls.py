@@ -18,7 +18,7 @@ from typing import Any
 
 from .._tasks import Request
 from . import claims
-from .claims import ACCEPTED, HELD, LEASE_SECONDS, MINE, Owner
+from .claims import ACCEPTED, HELD, MINE, Owner
 from .records import _uid, now
 from .store_base import StoreBase, Tx
 from .store_runs import CHECKPOINT_SQL
@@ -55,15 +55,15 @@ class CallStore(StoreBase):
         statement claims a request that is free or already ours and not accepted; anything
         else (accepted, held by another runner, held by one that is gone) takes the slower
         path of :meth:`_claim`."""
+        lease = time.time() + claims.LEASE_SECONDS
         if self._exec(tx, TAKE_SQL, (request_key, owner.id, owner.host, owner.pid,
-                                     owner.session, attempt_id, time.time() + LEASE_SECONDS,
-                                     stamp, request_key)).rowcount:
+                                     owner.session, attempt_id, lease, stamp,
+                                     request_key)).rowcount:
             return MINE
         state = self._claim(tx, request_key, owner)
         if state == MINE:  # its holder was gone: taken over
             self._exec(tx, HOLD_SQL, (request_key, owner.id, owner.host, owner.pid,
-                                      owner.session, attempt_id, time.time() + LEASE_SECONDS,
-                                      stamp))
+                                      owner.session, attempt_id, lease, stamp))
         return state
 
     def _claim(self, tx: Tx, request_key: str, owner: Owner) -> str:
@@ -109,7 +109,7 @@ class CallStore(StoreBase):
 
     def renew_claims(self, tx: Tx, owner: Owner) -> None:
         self._exec(tx, "UPDATE claims SET lease_expires_at = ? WHERE owner = ?",
-                   (time.time() + LEASE_SECONDS, owner.id))
+                   (time.time() + claims.LEASE_SECONDS, owner.id))
 
     # -- completing a receipt ------------------------------------------------------------------
     def accept_call(self, tx: Tx, attempt_id: int, batch_id: int, request_key: str,

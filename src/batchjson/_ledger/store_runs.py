@@ -136,6 +136,16 @@ class RunStore(StoreBase):
                           "ON r.id = b.current_revision WHERE b.name = ?", (name,))
         return (rows[0]["id"], json.loads(rows[0]["components"])) if rows else None
 
+    def current_tasks(self, name: str) -> tuple[str, dict[str, dict[str, Any]]]:
+        """(identity rule, task_id -> task) of batch ``name``'s current revision: the rule as
+        its key component says it (``"task_id,case_id"``, or ``"task_id+echoed"``)."""
+        current = self.current_revision(name)
+        if current is None:
+            return "task_id", {}
+        revision_id, components = current
+        return components.get("identity", "task_id"), {
+            t["task_id"]: t for r in self.leaves(revision_id) for t in r.tasks}
+
     # -- attempts and accepted values ----------------------------------------------------------
     def accepted_keys(self, keys: Sequence[str]) -> set[str]:
         """Keys with an accepted return, under any batch: evidence is content, not a name."""
