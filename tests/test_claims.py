@@ -112,7 +112,7 @@ RUNNER = textwrap.dedent("""
 
 def test_two_processes_pay_each_request_once(tmp_path):
     path, go = tmp_path / "l.sqlite", tmp_path / "go"
-    Session(ledger=path).close()  # created (and migrated) once, before both start
+    Session(ledger=path).close()  # created once, before both start
     procs = [subprocess.Popen([sys.executable, "-c", RUNNER, str(path), str(go),
                                str(tmp_path / f"sent{i}")], env=ENV, cwd=os.getcwd(),
                               stdout=subprocess.PIPE, text=True) for i in range(2)]

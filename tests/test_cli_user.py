@@ -10,7 +10,6 @@ from pathlib import Path
 
 from batchjson import CallableProvider, Session
 from batchjson._ledger import Ledger
-from batchjson._ledger.claims import Owner
 from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
 from tests.test_forget import bj
 
@@ -59,13 +58,12 @@ def test_a_call_cancelled_before_it_was_sent_costs_nothing_in_receipts(tmp_path:
     ledger = Ledger(path)
     revision = ledger.revisions("labels")[0]
     request = ledger.leaves(revision.id)[0]
-    owner = Owner.start("test")
-    with ledger.store.transaction() as tx:
-        _, attempt = ledger.store.begin_call(tx, revision.batch_id, revision.id, request,
-                                             "replay", "callable", "m", None, owner=owner)
-    with ledger.store.transaction() as tx:  # interrupted before its call was sent
-        ledger.store.finish_call(tx, attempt, "cancelled", [], None, {})
-    owner.stop()
+    with ledger.store.transaction() as db:  # a replay interrupted before its call was sent
+        db.execute("INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, "
+                   "status, errors, provider, model, started_at, finished_at, uid) VALUES "
+                   "(?,?,?,?, 'replay', 'cancelled', '[]', 'callable', 'm', ?, ?, 'u-unsent')",
+                   (revision.batch_id, revision.id, request.key, request.task_ids_json,
+                    "2026-12-01T10:00:00.000000+00:00", "2026-12-01T10:00:01.000000+00:00"))
     ledger.close()
     out = bj("receipts", "labels", "--ledger", str(path), cwd=tmp_path).stdout
     row = [line for line in out.splitlines() if " cancelled " in line][0]

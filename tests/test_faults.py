@@ -33,7 +33,7 @@ DISK_FULL = textwrap.dedent("""
         return items_reply(call)
 
     session = Session(CallableProvider(model, source="test-model"), ledger=path,
-                      concurrency=16)  # migrated here
+                      concurrency=16)  # the ledger is created here
     sizes = [os.path.getsize(p) for p in (path, path + "-wal") if os.path.exists(p)]
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a failed write, not a killed process
     limit = max(sizes) + 600_000
