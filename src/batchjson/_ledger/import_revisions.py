@@ -116,9 +116,13 @@ def _group_revision(store: Store, tx: Any, batch_id: int, current: int | None, g
         return found
     if current is not None and not group.own and _imported_alike(store, tx, current, group):
         return current
-    return store.add_import_revision(tx, batch_id, fingerprint, components,
-                                     group.validator_name, None if fresh else current,
-                                     BESIDE_LIVE, stamp, current=current is None)
+    revision_id = store.add_revision(tx, batch_id, fingerprint, components, stamp,
+                                     validator=(group.validator_name, None),
+                                     superseded_by=None if fresh else current,
+                                     reason=BESIDE_LIVE)
+    if current is None:
+        store.make_current(tx, batch_id, revision_id)
+    return revision_id
 
 
 def _imported_alike(store: Store, tx: Any, revision_id: int, group: Group) -> bool:

@@ -12,11 +12,12 @@ PostgreSQL store is one more such module.
 
 from __future__ import annotations
 
+from .store_calls import CallStore
 from .store_imports import ImportStore
 from .store_merge import MergeStore
 from .store_runs import RunStore
 from .store_views import ViewStore
 
 
-class Store(RunStore, ImportStore, MergeStore, ViewStore):
+class Store(ImportStore, CallStore, RunStore, MergeStore, ViewStore):
     """Every read and write of the ledger; a subclass connects it to one database."""

@@ -14,11 +14,12 @@ from typing import Any
 
 from .._tasks import Request
 from .records import now
-from .store_base import Row, StoreBase, Tx
+from .store_base import Row, Tx
 from .store_calls import CallStore
+from .store_runs import RunStore
 
 
-class ImportStore(CallStore, StoreBase):
+class ImportStore(CallStore, RunStore):
     """Imported receipts and their revisions; the export's rows."""
 
     def import_of(self, tx: Tx, digest: str) -> Row | None:
@@ -79,11 +80,6 @@ class ImportStore(CallStore, StoreBase):
                          (batch_id, key, preferred or 0)).fetchone()
         return row["id"] if row is not None else None
 
-    def revision_with(self, tx: Tx, batch_id: int, fingerprint: str) -> int | None:
-        row = self._exec(tx, "SELECT id FROM revisions WHERE batch_id = ? AND fingerprint = ?",
-                         (batch_id, fingerprint)).fetchone()
-        return row["id"] if row is not None else None
-
     def imported_revision(self, tx: Tx, revision_id: int) -> dict[str, str] | None:
         """The components of ``revision_id`` when an import made it (no attempt of it but
         imported ones), else None."""
@@ -91,26 +87,6 @@ class ImportStore(CallStore, StoreBase):
                          "revision_id = ? AND kind != 'import') AS only FROM revisions "
                          "WHERE id = ?", (revision_id, revision_id)).fetchone()
         return json.loads(row["components"]) if row["only"] else None
-
-    def add_import_revision(self, tx: Tx, batch_id: int, fingerprint: str,
-                            components: Mapping[str, str], validator_name: str | None,
-                            beside: int | None, reason: str, stamp: str,
-                            current: bool) -> int:
-        """A new revision of the batch for imported attempts: open, or superseded by
-        ``beside`` (the batch's current revision) with ``reason``; ``current`` makes it the
-        batch's current revision."""
-        number = self._exec(tx, "SELECT COALESCE(MAX(number), 0) + 1 FROM revisions WHERE "
-                            "batch_id = ?", (batch_id,)).fetchone()[0]
-        revision_id = self._insert(
-            tx, "INSERT INTO revisions(batch_id, number, fingerprint, components, "
-            "validator_name, validator_fingerprint, status, superseded_by, supersede_reason, "
-            "created_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
-            (batch_id, number, fingerprint, json.dumps(dict(components)), validator_name,
-             components.get("validator"), "open" if beside is None else "superseded", beside,
-             None if beside is None else reason, stamp))
-        if current:
-            self.make_current(tx, batch_id, revision_id)
-        return revision_id
 
     def add_import_request(self, tx: Tx, revision_id: int, request: Request) -> None:
         """Add ``request`` to the revision, after its others (kept if already there)."""

@@ -69,23 +69,16 @@ class RunStore(StoreBase):
         stamp = now()
         with self.transaction() as tx:
             batch_id, previous_id = self.batch_row(tx, name, stamp)
-            found = self._exec(tx, "SELECT id FROM revisions WHERE batch_id = ? AND "
-                               "fingerprint = ?", (batch_id, fingerprint)).fetchone()
+            found = self.revision_with(tx, batch_id, fingerprint)
             if found is not None:
-                revision_id = found["id"]
+                revision_id = found
                 self._exec(tx, "UPDATE revisions SET status = 'open', superseded_by = NULL, "
                            "supersede_reason = NULL, forget_id = NULL WHERE id = ?",
                            (revision_id,))  # a forgotten revision run again owes again
             else:
-                number = self._exec(tx, "SELECT COALESCE(MAX(number), 0) + 1 FROM revisions "
-                                    "WHERE batch_id = ?", (batch_id,)).fetchone()[0]
-                revision_id = self._insert(
-                    tx, "INSERT INTO revisions(batch_id, number, fingerprint, components, "
-                    "validator_name, validator_version, validator_fingerprint, status, "
-                    "created_at) VALUES (?,?,?,?,?,?,?, 'open', ?)",
-                    (batch_id, number, fingerprint, json.dumps(dict(components)),
-                     validator and validator["name"], validator and validator["version"],
-                     components.get("validator"), stamp))
+                revision_id = self.add_revision(
+                    tx, batch_id, fingerprint, components, stamp,
+                    validator=(validator["name"], validator["version"]) if validator else None)
                 self.insert_requests(tx, revision_id, requests)
             superseded = None
             if previous_id is not None and previous_id != revision_id and not strict:
@@ -94,6 +87,28 @@ class RunStore(StoreBase):
                        (revision_id, batch_id))
         current = self.revision_by_id(revision_id)
         return current, (self.revision_by_id(superseded) if superseded else None)
+
+    def revision_with(self, tx: Tx, batch_id: int, fingerprint: str) -> int | None:
+        row = self._exec(tx, "SELECT id FROM revisions WHERE batch_id = ? AND fingerprint = ?",
+                         (batch_id, fingerprint)).fetchone()
+        return row["id"] if row is not None else None
+
+    def add_revision(self, tx: Tx, batch_id: int, fingerprint: str,
+                     components: Mapping[str, str], stamp: str, *,
+                     validator: tuple[str | None, int | None] | None = None,
+                     superseded_by: int | None = None, reason: str | None = None) -> int:
+        """A new revision of the batch, numbered after its others: open, or superseded by
+        ``superseded_by`` with ``reason``; ``validator`` is its (name, version) if known."""
+        number = self._exec(tx, "SELECT COALESCE(MAX(number), 0) + 1 FROM revisions WHERE "
+                            "batch_id = ?", (batch_id,)).fetchone()[0]
+        name, version = validator or (None, None)
+        return self._insert(
+            tx, "INSERT INTO revisions(batch_id, number, fingerprint, components, "
+            "validator_name, validator_version, validator_fingerprint, status, superseded_by, "
+            "supersede_reason, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            (batch_id, number, fingerprint, json.dumps(dict(components)), name, version,
+             components.get("validator"), "open" if superseded_by is None else "superseded",
+             superseded_by, reason if superseded_by is not None else None, stamp))
 
     def _supersede(self, tx: Tx, previous_id: int, revision_id: int,
                    components: Mapping[str, str]) -> int | None:
