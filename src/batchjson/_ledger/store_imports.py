@@ -84,9 +84,9 @@ class ImportStore(CallStore, RunStore):
         """The components of ``revision_id`` when an import made it (no attempt of it but
         imported ones), else None."""
         row = self._exec(tx, "SELECT components, NOT EXISTS (SELECT 1 FROM attempts WHERE "
-                         "revision_id = ? AND kind != 'import') AS only FROM revisions "
+                         "revision_id = ? AND kind != 'import') AS imports_only FROM revisions "
                          "WHERE id = ?", (revision_id, revision_id)).fetchone()
-        return json.loads(row["components"]) if row["only"] else None
+        return json.loads(row["components"]) if row["imports_only"] else None
 
     def add_import_request(self, tx: Tx, revision_id: int, request: Request) -> None:
         """Add ``request`` to the revision, after its others (kept if already there)."""
