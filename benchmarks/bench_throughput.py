@@ -15,11 +15,9 @@ single-task calls is ceil(N / C) * latency; every phase is reported as a ratio t
 (a), (a2), (b0) and (b) run in interleaved rounds (``--rounds``, default 5) against the same server,
 and the verdict is on the median of (b): on a shared 2-core machine single runs of the same
 code vary by several hundredths of the ideal, and interleaving exposes (a) and (b) to the same
-moments of noise. Two figures are judged, each beside the bare loop of the same run:
-  - wall time: median of (b) <= 1.15x the ideal (``--target``; 1.02x is the target at 1 s
-    latency, where real models live: ``--n 640 --latency 1``);
-  - client CPU per call (``time.process_time()``, every thread of this process): median of (b)
-    <= 2x the bare loop's.
+moments of noise. The figure judged is wall time, beside the bare loop of the same run: median
+of (b) <= 1.15x the ideal (``--target``; 1.02x is the target at 1 s latency, where real models
+live: ``--n 640 --latency 1``). Client CPU per call is printed for diagnosis only.
 
 Run: .venv/bin/python benchmarks/bench_throughput.py [--n 2000 --concurrency 64 --latency 0.05]
      .venv/bin/python benchmarks/bench_throughput.py --n 640 --latency 1 --rounds 3
@@ -55,7 +53,6 @@ from batchjson._tasks import render_items_prompt  # noqa: E402
 
 TARGET = 1.15  # wall, as a ratio to the ideal, at 50 ms latency
 TARGET_SLOW = 1.02  # at >= 0.5 s latency
-CPU_TARGET = 2.0  # client CPU per call, as a ratio to the bare loop's
 SCHEMA = {"type": "object", "properties": {}}
 MODEL = "gpt-4o-mini"
 
@@ -291,7 +288,6 @@ def main(argv: list[str] | None = None) -> int:
                   f"(median {median_b:.3f}x; bare loop {median_a:.3f}x, difference "
                   f"{median_b - median_a:+.3f}x)")
             cpu_a, cpu_b = statistics.median(CPU["a"]), statistics.median(CPU["b"])
-            cpu_ok = cpu_b <= CPU_TARGET * cpu_a
             before = statistics.median(b for b, _ in OUTSIDE)
             after = statistics.median(a for _, a in OUTSIDE)
             print(f"  (b) of which outside the replay loop: {before * 1000:.0f} ms before it, "
@@ -301,11 +297,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"adds {(cpu_a2 - cpu_a) * 1e6:+.0f} us; session, replay loop, acceptance and "
                   f"an in-memory ledger {(cpu_b0 - cpu_a2) * 1e6:+.0f} us; the ledger file "
                   f"(WAL writes, commits) {(cpu_b - cpu_b0) * 1e6:+.0f} us")
-            print(f"  (b) CPU per call target <= {CPU_TARGET}x the bare loop's: "
-                  f"{'PASS' if cpu_ok else 'FAIL'} (median {cpu_b * 1e6:.0f} us against "
-                  f"{cpu_a * 1e6:.0f} us, {cpu_b / cpu_a:.2f}x; rounds "
-                  f"{', '.join(f'{v * 1e6:.0f}' for v in CPU['b'])} us)")
-            verdict = verdict or (0 if ok and cpu_ok else 1)
+            print(f"  (b) CPU per call (not a target): median {cpu_b * 1e6:.0f} us against "
+                  f"{cpu_a * 1e6:.0f} us for the bare loop, {cpu_b / cpu_a:.2f}x; rounds "
+                  f"{', '.join(f'{v * 1e6:.0f}' for v in CPU['b'])} us")
+            verdict = verdict or (0 if ok else 1)
         else:
             print("  (b) skipped (--skip-session)")
         per_call = asyncio.run(sequential(base_url, args.sequential))

@@ -16,7 +16,7 @@ import threading
 import time
 
 from batchjson import CallableProvider, Session
-from batchjson import _claims as claims_module
+from batchjson._ledger import claims as claims_module
 from tests.helpers import LABEL_SCHEMA, ConcurrentModel, items_reply, review_tasks
 
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
@@ -112,7 +112,7 @@ RUNNER = textwrap.dedent("""
 
 def test_two_processes_pay_each_request_once(tmp_path):
     path, go = tmp_path / "l.sqlite", tmp_path / "go"
-    Session(ledger=path).close()  # created (and migrated) once, before both start
+    Session(ledger=path).close()  # created once, before both start
     procs = [subprocess.Popen([sys.executable, "-c", RUNNER, str(path), str(go),
                                str(tmp_path / f"sent{i}")], env=ENV, cwd=os.getcwd(),
                               stdout=subprocess.PIPE, text=True) for i in range(2)]
@@ -233,7 +233,7 @@ def test_a_live_lease_on_another_host_is_waited_for_and_never_sent(tmp_path, mon
 KILLED = textwrap.dedent("""
     import asyncio, sys
     from batchjson import CallableProvider, Session
-    from batchjson import _claims as claims
+    from batchjson._ledger import claims
     from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
 
     claims.LEASE_SECONDS = 3600.0  # only "its process is gone" can free these claims
@@ -266,8 +266,7 @@ def test_a_killed_runners_claims_are_taken_over_at_once_and_its_calls_abandoned(
     abandoned = [r for r in receipts if r.status == "abandoned"]
     assert len(abandoned) == 4 and all(r.cost is None for r in abandoned)
     # taken over before our first call went out: nobody waited for a lease
-    first_sent = min(r[0] for r in session.ledger._rows(
-        "SELECT sent_at FROM attempts WHERE status = 'accepted'"))
+    first_sent = min(r.sent_at for r in receipts if r.status == "accepted")
     assert all(r.finished_at <= first_sent for r in abandoned)
     spend = session.evidence.summary("r")
     assert spend["abandoned_calls"] == 4 and spend["calls"] == 12

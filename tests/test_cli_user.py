@@ -58,10 +58,12 @@ def test_a_call_cancelled_before_it_was_sent_costs_nothing_in_receipts(tmp_path:
     ledger = Ledger(path)
     revision = ledger.revisions("labels")[0]
     request = ledger.leaves(revision.id)[0]
-    with ledger.transaction() as db:
-        attempt = Ledger.op_begin(db, revision.batch_id, revision.id, request, "replay",
-                                  "callable", "m")
-    ledger.finish_attempt(attempt, "cancelled")  # interrupted before its call was sent
+    with ledger.store.transaction() as db:  # a replay interrupted before its call was sent
+        db.execute("INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, "
+                   "status, errors, provider, model, started_at, finished_at, uid) VALUES "
+                   "(?,?,?,?, 'replay', 'cancelled', '[]', 'callable', 'm', ?, ?, 'u-unsent')",
+                   (revision.batch_id, revision.id, request.key, request.task_ids_json,
+                    "2026-12-01T10:00:00.000000+00:00", "2026-12-01T10:00:01.000000+00:00"))
     ledger.close()
     out = bj("receipts", "labels", "--ledger", str(path), cwd=tmp_path).stdout
     row = [line for line in out.splitlines() if " cancelled " in line][0]

@@ -33,7 +33,7 @@ DISK_FULL = textwrap.dedent("""
         return items_reply(call)
 
     session = Session(CallableProvider(model, source="test-model"), ledger=path,
-                      concurrency=16)  # migrated here
+                      concurrency=16)  # the ledger is created here
     sizes = [os.path.getsize(p) for p in (path, path + "-wal") if os.path.exists(p)]
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a failed write, not a killed process
     limit = max(sizes) + 600_000
@@ -107,7 +107,7 @@ def test_a_ledger_locked_past_the_busy_timeout_stops_the_run(tmp_path):
 def test_a_read_only_ledger_refuses_before_any_call():
     sent = []
     session = Session(CallableProvider(lambda call: sent.append(call) or items_reply(call)))
-    session.ledger._db.execute("PRAGMA query_only = ON")  # every write now fails
+    session.ledger.store._db.execute("PRAGMA query_only = ON")  # every write now fails
     with pytest.raises(LedgerError, match="readonly|read-only|query_only") as raised:
         session.run_batch("r", review_tasks(3), LABEL_SCHEMA)
     assert ":memory:" in str(raised.value) and sent == []
@@ -115,12 +115,12 @@ def test_a_read_only_ledger_refuses_before_any_call():
 
 def test_rollback_after_a_failed_write_keeps_the_real_cause():
     ledger = Ledger(None)
-    with pytest.raises(LedgerError) as raised, ledger.transaction() as db:
+    with pytest.raises(LedgerError) as raised, ledger.store.transaction() as db:
         db.execute("PRAGMA query_only = ON")
         db.execute("INSERT INTO batches(name, created_at) VALUES ('x', 'now')")
     assert "readonly" in str(raised.value) and "no transaction" not in str(raised.value)
     assert isinstance(raised.value.cause, sqlite3.Error)
-    ledger._db.execute("PRAGMA query_only = OFF")
-    with ledger.transaction() as db:  # the ledger is usable again, nothing half-done
+    ledger.store._db.execute("PRAGMA query_only = OFF")
+    with ledger.store.transaction() as db:  # the ledger is usable again, nothing half-done
         db.execute("INSERT INTO batches(name, created_at) VALUES ('y', 'now')")
     assert ledger.batch_names() == ["y"]

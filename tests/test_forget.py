@@ -11,11 +11,9 @@ from pathlib import Path
 import pytest
 
 from batchjson import CallableProvider, FaultPlan, InvalidBatch, Session, SimulatedModel
-from batchjson._forgetting import forget_batch, forgotten
 from batchjson._ledger import Ledger
-from batchjson._migrations import SCHEMA_VERSION
+from batchjson._ledger.forgetting import forget_batch, forgotten
 from tests.helpers import LABEL_SCHEMA, answer, review_tasks
-from tests.test_ledger import ledger_at_schema, one_open_request
 
 
 def broken_session(path: Path | None = None, *, strict: bool = True) -> Session:
@@ -35,14 +33,14 @@ def test_forgetting_stops_every_revision_owing_and_keeps_the_whole_account():
     assert session.evidence.unresolved_batches == 2
     before = session.ledger.spend("review")
     receipts = session.ledger.attempts("review")
-    record = forget_batch(session.ledger, "review", via="test", by="ana@lab")
+    record = forget_batch(session.ledger.store, "review", via="test", by="ana@lab")
     assert record is not None
     assert (record["revisions"], record["requests"], record["items"]) == ([1, 2], 5, 6)
     assert session.evidence.minimum_exact_retry_calls == 0
     assert session.evidence.summary()["unresolved_requests"] == 0
     assert session.ledger.spend("review") == before  # calls and costs stay in the account
     assert session.ledger.attempts("review") == receipts
-    (on_record,) = forgotten(session.ledger)
+    (on_record,) = forgotten(session.ledger.store)
     assert on_record["by"] == "ana@lab" and on_record["via"] == "test"
     assert on_record["at"] == record["at"] and on_record["in_effect"] == 2
     assert session.evidence.summary("review")["forgotten"] == [on_record]
@@ -52,11 +50,11 @@ def test_forgetting_stops_every_revision_owing_and_keeps_the_whole_account():
 def test_a_later_run_of_the_same_batch_owes_again():
     session = broken_session()
     session.run_batch("review", review_tasks(4), LABEL_SCHEMA, pack=2, on_exhausted="return")
-    forget_batch(session.ledger, "review", via="test")
+    forget_batch(session.ledger.store, "review", via="test")
     assert session.evidence.unresolved_batches == 0
     session.run_batch("review", review_tasks(4), LABEL_SCHEMA, pack=2, on_exhausted="return")
     assert session.evidence.minimum_exact_retry_calls == 2
-    assert forgotten(session.ledger)[0]["in_effect"] == 0  # the record stays, reopened
+    assert forgotten(session.ledger.store)[0]["in_effect"] == 0  # the record stays, reopened
     session.close()
 
 
@@ -75,7 +73,7 @@ def test_a_forgotten_strict_batch_frees_its_validator_to_change():
 
     with pytest.raises(Exception, match="unresolved"):
         session.validators.define(check, name="check")
-    forget_batch(session.ledger, "review", via="test")
+    forget_batch(session.ledger.store, "review", via="test")
     assert session.validators.define(check, name="check") is check
     session.close()
 
@@ -83,10 +81,10 @@ def test_a_forgotten_strict_batch_frees_its_validator_to_change():
 def test_forgetting_what_owes_nothing_records_nothing_and_an_unknown_name_is_refused():
     session = Session(CallableProvider(lambda call: _items(call)))
     session.run_batch("done", review_tasks(2), LABEL_SCHEMA)
-    assert forget_batch(session.ledger, "done", via="test") is None
-    assert forgotten(session.ledger) == []
+    assert forget_batch(session.ledger.store, "done", via="test") is None
+    assert forgotten(session.ledger.store) == []
     with pytest.raises(InvalidBatch, match="no batch named 'nope'.*batches: done"):
-        forget_batch(session.ledger, "nope", via="test")
+        forget_batch(session.ledger.store, "nope", via="test")
     session.close()
 
 
@@ -139,27 +137,14 @@ def test_batchjson_forget_then_status_shows_who_forgot_and_owes_nothing(tmp_path
     assert unknown.returncode == 2 and "no batch named 'nope'" in unknown.stderr
 
 
-def test_a_schema_6_ledger_is_upgraded_and_its_batches_still_owe(tmp_path: Path):
-    path = tmp_path / "l.sqlite"
-    db = ledger_at_schema(path, 6)
-    one_open_request(db)
-    db.close()
-    ledger = Ledger(path)
-    assert ledger._rows("PRAGMA user_version")[0][0] == SCHEMA_VERSION == 7
-    assert [r["key"] for r in ledger.unresolved()] == ["k"]
-    assert forget_batch(ledger, "r", via="test")["requests"] == 1
-    assert ledger.unresolved() == []
-    ledger.close()
-
-
 def test_a_merged_ledger_keeps_what_its_owner_forgot(tmp_path: Path):
     theirs = broken_session(tmp_path / "theirs.sqlite")
     owe_two_revisions(theirs)
-    forget_batch(theirs.ledger, "review", via="test", by="ana@lab")
+    forget_batch(theirs.ledger.store, "review", via="test", by="ana@lab")
     theirs.close()
     ours = Ledger(tmp_path / "ours.sqlite")
     ours.merge(tmp_path / "theirs.sqlite")
-    assert ours.unresolved() == []
-    (record,) = forgotten(ours)
+    assert ours.store.unresolved() == []
+    (record,) = forgotten(ours.store)
     assert (record["by"], record["revisions"], record["in_effect"]) == ("ana@lab", [1, 2], 2)
     ours.close()

@@ -168,6 +168,28 @@ def test_every_admitted_item_is_shown_and_a_live_rerun_of_the_same_content_makes
     assert session.run_batch("review", tasks, LABEL_SCHEMA, pack=2).calls == 0
 
 
+def test_a_strict_session_answering_an_imported_request_whose_receipt_was_rejected_clears_it(
+        tmp_path: Path) -> None:
+    """A receipt of another system rejected on import leaves its request owed under the key of
+    its content without an answer source. A strict session (an RLM host's) never supersedes
+    it, so when it answers the same tasks the imported request is cleared by a cost-0 recheck
+    of that answer instead of owing forever on a key no live run computes as its own."""
+    tasks = review_tasks(2)
+    swapped = receipt(tasks, items_for(tasks, {0: "gold-pair-079"}))
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    assert ledger.import_receipts(write(tmp_path / "old.jsonl", swapped))["diagnostic"] == 1
+    ledger.close()
+    session = Session(CallableProvider(items_reply, source="live"),
+                      ledger=tmp_path / "ledger.sqlite", strict=True)
+    assert session.evidence.minimum_exact_retry_calls == 1
+    result = session.run_batch("review", tasks, LABEL_SCHEMA, pack=2)
+    assert result.resolved and result.calls == 1
+    assert session.evidence.minimum_exact_retry_calls == 0
+    assert [r.kind for r in session.ledger.attempts("review")] == ["import", "initial",
+                                                                    "recheck"]
+    session.close()
+
+
 def test_a_rejected_first_receipt_does_not_hide_the_admitted_second(tmp_path: Path) -> None:
     tasks, lines = three_requests()
     lines[0] = receipt(tasks[:2], items_for(tasks[:2], {1: "gold-pair-079"}))

@@ -9,19 +9,19 @@ import pytest
 
 from batchjson import CallableProvider, Reply, Session
 from batchjson._errors import LedgerError
-from batchjson._ledger import Ledger
+from batchjson._ledger.store_calls import CallStore
 from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
 
 
 def test_a_write_failure_in_a_notebook_loop_leaves_no_receipt_in_flight(monkeypatch):
-    begin = Ledger.op_begin
+    begin = CallStore.begin_call
 
-    def op_begin(db, batch_id, revision_id, request, *args, **kwargs):
+    def begin_call(store, tx, batch_id, revision_id, request, *args, **kwargs):
         if request.position == 1:
             raise sqlite3.OperationalError("disk I/O error")
-        return begin(db, batch_id, revision_id, request, *args, **kwargs)
+        return begin(store, tx, batch_id, revision_id, request, *args, **kwargs)
 
-    monkeypatch.setattr(Ledger, "op_begin", staticmethod(op_begin))
+    monkeypatch.setattr(CallStore, "begin_call", begin_call)
 
     async def model(call):
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import sqlite3
@@ -18,8 +19,8 @@ import pytest
 from batchjson import CallableProvider, Session
 from batchjson._errors import LedgerError
 from batchjson._ledger import Ledger
-from batchjson._migrations import SCHEMA_VERSION
-from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
+from batchjson._ledger.sqlite import SCHEMA_VERSION
+from tests.helpers import LABEL_SCHEMA, answer, items_reply, review_tasks
 
 
 def test_receipt_is_in_flight_while_the_call_runs(tmp_path):
@@ -94,7 +95,7 @@ def test_interrupt_inside_a_live_loop_cancels_calls_and_commits_nothing():
 CRASH_SCRIPT = textwrap.dedent("""
     import asyncio, json, sys
     from batchjson import CallableProvider, Session
-    from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
+    from tests.helpers import LABEL_SCHEMA, answer, items_reply, review_tasks
 
     async def slow(call):
         if call.tasks[0]["candidate_id"].endswith("127"):
@@ -179,17 +180,16 @@ def test_checkpoint_count_matches_the_checkpoint_for_one_batch_and_all():
     session.run_batch("b", review_tasks(2, case="gold-pair-079"), LABEL_SCHEMA)
     session.run_batch("b", review_tasks(1, case="gold-pair-079"), LABEL_SCHEMA)  # revision 2
     ledger = session.ledger
-    assert ledger.checkpoint_count("a") == len(ledger.checkpoint("a")) == 3
-    assert ledger.checkpoint_count("b") == len(ledger.checkpoint("b")) == 1
-    assert ledger.checkpoint_count() == 4 == session.evidence.summary()["usable_results"]
+    assert ledger.store.checkpoint_count("a") == len(ledger.checkpoint("a")) == 3
+    assert ledger.store.checkpoint_count("b") == len(ledger.checkpoint("b")) == 1
+    assert ledger.store.checkpoint_count() == 4 == session.evidence.summary()["usable_results"]
 
 
 KILL_AT = textwrap.dedent("""
     import os, signal, sys
     from batchjson import CallableProvider, Session
-    from batchjson import _claims as claims
-    from batchjson._ledger import Ledger
-    from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
+    from batchjson._ledger.store_calls import CallStore
+    from tests.helpers import LABEL_SCHEMA, answer, items_reply, review_tasks
 
     point, seen = sys.argv[2], []
 
@@ -199,15 +199,15 @@ KILL_AT = textwrap.dedent("""
             if len(seen) == 3:  # two of these went through; die on the third
                 os.kill(os.getpid(), signal.SIGKILL)
 
-    take, accept = claims.take, Ledger.op_accept
+    take, accept = CallStore._take, CallStore.accept_call
 
-    def claiming(db, *args):
-        state = take(db, *args)
+    def claiming(store, *args):
+        state = take(store, *args)
         maybe_die("claim")  # inside the transaction of the claim and its receipt
         return state
 
-    def accepting(db, *args, **kwargs):
-        out = accept(db, *args, **kwargs)
+    def accepting(store, *args, **kwargs):
+        out = accept(store, *args, **kwargs)
         maybe_die("accept")  # accepted and checkpointed, not yet committed
         return out
 
@@ -215,8 +215,8 @@ KILL_AT = textwrap.dedent("""
         maybe_die("send")  # claim and receipt committed, the call is out
         return items_reply(call)
 
-    claims.take = claiming
-    Ledger.op_accept = staticmethod(accepting)
+    CallStore._take = claiming
+    CallStore.accept_call = accepting
     session = Session(CallableProvider(model, source="test-model"), ledger=sys.argv[1],
                       concurrency=2)
     session.run_batch("r", review_tasks(6), LABEL_SCHEMA)
@@ -250,80 +250,75 @@ def test_a_kill_at_any_point_leaves_a_consistent_ledger_and_rerun_spends_nothing
     session.close()
 
 
-def ledger_at_schema(path, version: int) -> sqlite3.Connection:
-    """A ledger file as batchjson wrote it at an older schema ``version``, open for rows."""
-    from batchjson._migrations import MIGRATIONS
-
-    db = sqlite3.connect(path, isolation_level=None)
-    for number, script in enumerate(MIGRATIONS[:version], start=1):
-        db.executescript(script)
-        db.execute(f"PRAGMA user_version = {number}")
-    return db
-
-
-def one_open_request(db: sqlite3.Connection) -> None:
-    """Rows of batch 'r': its open revision 1 with one request 'k' for task 'a'."""
-    db.execute("INSERT INTO batches VALUES (1, 'r', 1, 'then')")
-    db.execute("INSERT INTO revisions(id, batch_id, number, fingerprint, components, status, "
-               "created_at) VALUES (1, 1, 1, 'f', '{}', 'open', 'then')")
-    db.execute("INSERT INTO requests(revision_id, key, position, task_ids, tasks) VALUES "
-               "(1, 'k', 0, '[\"a\"]', '[]')")
-
-
-def test_a_schema_2_ledger_is_upgraded_keeping_its_claims_and_receipts(tmp_path):
-    path = tmp_path / "l.sqlite"
-    db = ledger_at_schema(path, 2)
-    db.execute("INSERT INTO claims VALUES ('k', 'h/1/s/r', 'h', 1, 's', NULL, 1.0, 'then')")
+def ledger_at_schema(path, version: int) -> None:
+    """A ledger file as an earlier batchjson left it: a table with a row, and its version."""
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE attempts (id INTEGER PRIMARY KEY, request_key TEXT)")
+    db.execute("INSERT INTO attempts(request_key) VALUES ('k')")
+    db.execute(f"PRAGMA user_version = {version}")
+    db.commit()
     db.close()
-    ledger = Ledger(path)
-    assert ledger._rows("PRAGMA user_version")[0][0] == SCHEMA_VERSION
-    assert [tuple(r) for r in ledger._rows("SELECT request_key, owner FROM claims")] == [
-        ("k", "h/1/s/r")]
-    assert "cost_floor" in {r[1] for r in ledger._rows("PRAGMA table_info(attempts)")}
-    ledger.close()
 
 
-def test_a_schema_5_ledger_is_upgraded_keeping_every_accepted_value(tmp_path):
-    """Schema 6 rebuilds the checkpoint (one b-tree a row) and drops status from the key index:
-    values, the once-only admission and reading by key all survive the upgrade."""
-    path = tmp_path / "l.sqlite"
-    db = ledger_at_schema(path, 5)
-    one_open_request(db)
-    db.execute("INSERT INTO attempts(id, batch_id, revision_id, request_key, task_ids, kind, "
-               "status, started_at, uid) VALUES (7, 1, 1, 'k', '[\"a\"]', 'initial', "
-               "'accepted', 'then', 'u7')")
-    db.execute("INSERT INTO checkpoint VALUES (1, 'k', 'a', 7, '{\"verdict\": \"match\"}', "
-               "'then')")
-    db.close()
-    ledger = Ledger(path)
-    assert ledger._rows("PRAGMA user_version")[0][0] == SCHEMA_VERSION
-    assert ledger.checkpoint("r") == {"a": {"verdict": "match"}}
-    assert ledger.accepted_keys(["k", "other"]) == {"k"}
-    assert [r["name"] for r in ledger._rows("PRAGMA index_info(attempts_by_key)")] == [
-        "request_key"]
-    with ledger.transaction() as db:  # a second return for the same task admits nothing
-        later = db.execute("INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, "
-                           "kind, status, started_at, uid) VALUES (1, 1, 'k', '[\"a\"]', "
-                           "'replay', 'in_flight', 'now', 'u8')").lastrowid
-        assert not Ledger.op_accept(db, later, 1, "k", {"a": {"verdict": "other"}}, "{}", {})
-    assert ledger.checkpoint("r") == {"a": {"verdict": "match"}}
-    assert ledger._rows("PRAGMA integrity_check")[0][0] == "ok"
-    ledger.close()
+@pytest.mark.parametrize("version", [1, 6, SCHEMA_VERSION - 1])
+def test_a_ledger_an_earlier_batchjson_wrote_is_refused_saying_what_to_do_and_left_as_it_was(
+        tmp_path, version):
+    path = tmp_path / "old.sqlite"
+    ledger_at_schema(path, version)
+    before = path.read_bytes()
+    for opening in (lambda: Ledger(path), lambda: Session(CallableProvider(items_reply),
+                                                          ledger=path)):
+        with pytest.raises(LedgerError) as raised:
+            opening()
+        said = str(raised.value)
+        assert f"schema version {version} was written by an earlier batchjson" in said
+        assert f"reads only schema {SCHEMA_VERSION}" in said and "nothing was changed" in said
+        assert f"batchjson export --jsonl --ledger {path}" in said  # with the version that
+        assert "batchjson import receipts.jsonl --ledger" in said  # wrote it, then here
+    assert path.read_bytes() == before
+    ours = Ledger(tmp_path / "new.sqlite")
+    with pytest.raises(LedgerError, match=f"schema version {version} was written by an "
+                       "earlier batchjson"):
+        ours.merge(path)
+    assert ours.batch_names() == []
+    ours.close()
 
 
-def test_a_fresh_ledger_has_no_old_style_keys_to_look_for(tmp_path):
-    """Runs look up keys made before the answer source joined them only in ledgers that have
-    such revisions (an old ledger, or one merged from it)."""
+def test_the_cli_refuses_an_older_ledger_with_exit_3_and_what_to_do(tmp_path):
+    path = tmp_path / "old.sqlite"
+    ledger_at_schema(path, 6)
+    for args in (["status"], ["receipts", "r"], ["merge", str(path), "--ledger",
+                                                 str(tmp_path / "new.sqlite")]):
+        if args[0] != "merge":
+            args = [*args, "--ledger", str(path)]
+        done = subprocess.run([sys.executable, "-m", "batchjson", *args], capture_output=True,
+                              text=True, timeout=60, cwd=tmp_path)
+        assert done.returncode == 3 and "Traceback" not in done.stderr, args
+        assert "was written by an earlier batchjson" in done.stderr
+        assert "batchjson export --jsonl" in done.stderr
+
+
+def test_a_fresh_ledger_has_no_answers_of_unknown_source_to_look_for(tmp_path):
+    """Runs look answers up under the key without an answer source only when the ledger holds
+    an imported receipt of another system (its answer source unknown)."""
     session = Session(CallableProvider(items_reply, source="test-model"),
                       ledger=tmp_path / "l.sqlite")
     session.run_batch("r", review_tasks(2), LABEL_SCHEMA)
-    assert not session.ledger.has_legacy_keys()
-    with session.ledger.transaction() as db:
-        db.execute("UPDATE revisions SET components = json_remove(components, '$.source')")
-    assert session.ledger.has_legacy_keys()
-    with session.ledger.transaction() as db:  # unreadable: looked through, never an error
-        db.execute("UPDATE revisions SET components = 'not json'")
-    assert session.ledger.has_legacy_keys()
+    assert not session.ledger.store.has_sourceless_answers()
+    exported = tmp_path / "ours.jsonl"  # batchjson's own export names its source
+    exported.write_text("".join(json.dumps(r) + "\n" for r in session.ledger.export_receipts()))
+    other = Ledger(tmp_path / "other.sqlite")
+    other.import_receipts(exported)
+    assert not other.store.has_sourceless_answers()
+    tasks = review_tasks(1, case="gold-pair-090")
+    foreign = tmp_path / "foreign.jsonl"
+    foreign.write_text(json.dumps({"batch": "f", "tasks": tasks, "status": "ok",
+                                   "raw": json.dumps({"items": [
+                                       {"task_id": t["task_id"]} | answer(t) for t in tasks]})})
+                       + "\n")
+    other.import_receipts(foreign)
+    assert other.store.has_sourceless_answers()
+    other.close()
     session.close()
 
 
@@ -332,8 +327,9 @@ def test_a_checkpoint_row_that_is_not_one_json_text_never_lends_its_values_to_ot
     in) must fail as itself, never shift values onto other tasks of the same request."""
     session = Session(CallableProvider(items_reply, source="test-model"))
     session.run_batch("r", review_tasks(3), LABEL_SCHEMA, pack=3)
-    ids = [r[0] for r in session.ledger._rows("SELECT task_id FROM checkpoint ORDER BY task_id")]
-    with session.ledger.transaction() as db:  # three rows that, joined, read as three values
+    with session.ledger.store.transaction() as db:
+        ids = [r[0] for r in db.execute("SELECT task_id FROM checkpoint ORDER BY task_id")]
+        # three rows that, joined, read as three values
         for task_id, text in zip(ids, ['{"verdict": "x"},{"verdict": "y"}', "[3", "4]"],
                                  strict=True):
             db.execute("UPDATE checkpoint SET item = ? WHERE task_id = ?", (text, task_id))

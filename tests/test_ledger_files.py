@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from batchjson import CallableProvider, LedgerError, Session
-from batchjson._records import write_problem
+from batchjson._ledger.records import write_problem
 from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
 
 ROOT = Path(__file__).resolve().parents[1]

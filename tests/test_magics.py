@@ -913,7 +913,7 @@ def test_batch_status_counts_calls_that_never_completed_with_a_lower_bound(
     ip = loaded
     ok(ip, "%%batch_json labels\n" + BODY)
     ledger = ip.user_ns["batch_session"].ledger
-    with ledger.transaction() as db:
+    with ledger.store.transaction() as db:
         row = db.execute("SELECT batch_id, revision_id, request_key, task_ids FROM attempts "
                          "LIMIT 1").fetchone()
         db.execute("INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, "
@@ -990,7 +990,7 @@ def test_a_ledger_that_cannot_record_a_receipt_fails_the_cell_naming_it_and_send
     """A full disk (here a trigger refusing receipts with SQLite's own words) from the magic:
     one line naming the ledger file and the cause, and not one call sent."""
     ledger = loaded.user_ns["batch_session"].ledger
-    with ledger.transaction() as db:
+    with ledger.store.transaction() as db:
         db.execute("CREATE TRIGGER full BEFORE INSERT ON attempts BEGIN "
                    "SELECT RAISE(FAIL, 'database or disk is full'); END")
     capsys.readouterr()

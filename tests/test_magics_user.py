@@ -252,9 +252,9 @@ def test_config_shows_the_provider_as_what_it_is(loaded: Any, capsys: Any) -> No
 def test_validators_defined_in_a_kernel_that_is_gone_say_so(loaded: Any) -> None:
     ip = loaded
     ledger = ip.user_ns["batch_session"].ledger
-    ledger.number_validator("old_check", "f" * 64, "2629222579.py:3")  # ipykernel's cell file
-    ledger.number_validator("older_check", "e" * 64, "<ipython-input-8-40d3b0035d30>:2")
-    ledger.number_validator("helper", "d" * 64, "rules.py:10")  # a module: shown as it is
+    ledger.store.number_validator("old_check", "f" * 64, "2629222579.py:3")  # ipykernel's cell file
+    ledger.store.number_validator("older_check", "e" * 64, "<ipython-input-8-40d3b0035d30>:2")
+    ledger.store.number_validator("helper", "d" * 64, "rules.py:10")  # a module: shown as it is
     rows = {r[0]: r[3] for r in ok(ip, "%validators").rows}
     assert rows == {"old_check": "an earlier kernel, line 3",
                     "older_check": "an earlier kernel, line 2", "helper": "rules.py:10"}

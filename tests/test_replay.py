@@ -43,18 +43,18 @@ def test_an_interrupted_run_counts_only_the_calls_it_sent():
 def test_a_receipt_committed_but_never_sent_is_not_a_call(monkeypatch):
     """A Ctrl-C landing between the receipt's commit and the send: the receipt is closed as
     cancelled with no sent_at, and neither the ledger nor the budget counts it."""
-    from batchjson._ledger import Ledger
+    from batchjson._ledger.store_calls import CallStore
 
-    begin = Ledger.op_begin
+    begin = CallStore.begin_call
 
-    def op_begin(db, *args, **kwargs):
-        attempt_id = begin(db, *args, **kwargs)
+    def begin_call(store, tx, *args, **kwargs):
+        begun = begin(store, tx, *args, **kwargs)
         loop = asyncio.get_running_loop()
         for task in asyncio.all_tasks(loop):  # the interrupt lands before the worker resumes
             loop.call_soon(task.cancel)
-        return attempt_id
+        return begun
 
-    monkeypatch.setattr(Ledger, "op_begin", staticmethod(op_begin))
+    monkeypatch.setattr(CallStore, "begin_call", begin_call)
     sent = []
     session = Session(CallableProvider(lambda call: sent.append(call) or items_reply(call)))
     with pytest.raises((asyncio.CancelledError, KeyboardInterrupt)):
@@ -185,30 +185,41 @@ def test_one_event_loop_and_connection_pool_serve_every_run_of_a_session():
         assert pool[0].closed
 
 
-def test_runs_on_two_threads_leave_the_collector_as_they_found_it():
-    """A run collects its young objects less often while it goes; overlapping runs (two threads,
-    two sessions) must still hand the kernel back its own collector settings and heap."""
+def test_runs_on_two_threads_never_touch_the_kernels_collector_or_start_threads_of_their_own(
+        tmp_path):
+    """A notebook library keeps its hands off process-wide settings: while two runs overlap
+    (two threads, two sessions on ledger files) the collector's thresholds and frozen heap are
+    the kernel's own, and no thread runs but the sessions' event loops and the callers'."""
     import gc
 
     before = gc.get_threshold()
     both_running = threading.Barrier(2)
-    seen_during: list[tuple[int, ...]] = []
+    seen_during: list[tuple[tuple[int, ...], int, set[str]]] = []
 
     def model(call):
         if call.tasks[0]["task_id"].endswith("127"):
             both_running.wait(timeout=10)  # each run waits inside a call until the other is in
-            seen_during.append(gc.get_threshold())
+            seen_during.append((gc.get_threshold(), gc.get_freeze_count(),
+                                {t.name for t in threading.enumerate()}))
         return items_reply(call)
 
     def run(name):
-        Session(CallableProvider(model), concurrency=1).run_batch(name, review_tasks(2),
-                                                                  LABEL_SCHEMA)
+        Session(CallableProvider(model), concurrency=1,
+                ledger=tmp_path / f"{name}.sqlite").run_batch(name, review_tasks(2),
+                                                              LABEL_SCHEMA)
 
-    threads = [threading.Thread(target=run, args=(f"gc{i}",)) for i in range(2)]
+    already = {t.name for t in threading.enumerate()}
+    threads = [threading.Thread(target=run, args=(f"runner{i}",), name=f"runner{i}")
+               for i in range(2)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert len(seen_during) == 2 and all(t[0] > before[0] for t in seen_during)
-    assert gc.get_threshold() == before
-    assert gc.get_freeze_count() == 0
+    assert len(seen_during) == 2
+    for threshold, frozen, names in seen_during:
+        assert threshold == before and frozen == 0
+        extra = {n for n in names - already if not n.startswith(("runner", "batchjson-"))}
+        extra -= {n for n in names if n.startswith("asyncio_")}  # a loop's executor threads
+        assert extra == set(), extra
+        assert not {n for n in names if "checkpoint" in n}
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0

@@ -14,10 +14,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from batchjson import CallableProvider, Session, SimulatedModel
 from batchjson._errors import ConfigError, InvalidBatch
-from batchjson._ledger import Ledger
 from batchjson._providers.base import answer_source
-from batchjson._schema import compile_schema
-from batchjson._tasks import normalize_tasks, pack_requests, sha
 from tests.helpers import LABEL_SCHEMA, answer, items_reply, review_tasks
 
 
@@ -192,56 +189,6 @@ def test_a_stored_value_the_schema_no_longer_loads_is_an_error_of_that_task():
     assert result.status == "unresolved"
     assert set(result.unresolved) == set(failing)
     assert all(v.verdict == "no_match" for v in result.values.values())
-
-
-def _old_ledger(path, tasks, *, accepted: bool) -> None:
-    """A ledger as the earlier version wrote it: keys without the answer source or the echoed
-    identity rule, receipts without a source."""
-    schema = compile_schema(LABEL_SCHEMA)
-    old_content = {"schema": schema.fingerprint, "validator": "none",
-                   "instructions": sha(""), "identity": "task_id", "mode": "items"}
-    task_list, texts = normalize_tasks(tasks, ("task_id",))
-    (request,) = pack_requests(task_list, len(tasks), old_content, texts)
-    raw = json.dumps({"items": [{"task_id": t["task_id"], **answer(t)} for t in tasks]})
-    ledger = Ledger(path)
-    revision, _ = ledger.open_revision("r", "old-fingerprint", {"tasks": "x", **old_content},
-                                       [request], strict=True)
-    with ledger.transaction() as db:
-        attempt = Ledger.op_begin(db, revision.batch_id, revision.id, request, "initial",
-                                  "simulated", "simulated-1")
-        if accepted:
-            Ledger.op_accept(db, attempt, revision.batch_id, request.key,
-                             {t["task_id"]: answer(t) for t in tasks}, raw, {})
-        else:
-            Ledger.op_finish(db, attempt, "rejected", [{"type": "json", "task_id": None,
-                                                        "message": "not json"}], "oops", {})
-    ledger.close()
-
-
-def test_a_ledger_written_before_the_source_joined_the_key_keeps_resuming(tmp_path):
-    """The same provider name and model resume an old ledger without a call; another model
-    re-asks."""
-    path = tmp_path / "old.sqlite"
-    tasks = review_tasks(4)
-    _old_ledger(path, tasks, accepted=True)
-    model = SimulatedModel(answer=answer)
-    result = Session(model, ledger=path).run_batch("r", tasks, LABEL_SCHEMA, pack=4)
-    assert result.status == "resolved" and result.calls == 0 and model.calls == 0
-    assert result.rechecked == 1
-    other = SimulatedModel(answer=answer, model="simulated-2")
-    assert Session(other, ledger=path).run_batch("r2", tasks, LABEL_SCHEMA, pack=4).calls == 1
-
-
-def test_old_unresolved_evidence_in_a_strict_session_clears_when_its_tasks_are_answered(
-        tmp_path):
-    path = tmp_path / "old.sqlite"
-    tasks = review_tasks(4)
-    _old_ledger(path, tasks, accepted=False)
-    session = Session(SimulatedModel(answer=answer), ledger=path, strict=True)
-    assert session.evidence.minimum_exact_retry_calls == 1
-    result = session.run_batch("r", tasks, LABEL_SCHEMA, pack=4)
-    assert result.status == "resolved" and result.calls == 1
-    assert session.evidence.minimum_exact_retry_calls == 0  # not stuck on an old key
 
 
 # -- refused before spending -------------------------------------------------------------------

@@ -15,8 +15,8 @@ files do not move them. The anchors (keep them when you restructure, or update M
   reported.
 - _acceptance.py, coverage check: the same for errors of type ``"coverage"`` (missing,
   duplicated and extra tasks are never reported).
-- _evidence.py, the views: the method ``Evidence.requests`` (what is owed) and the property
-  ``Evidence.superseded`` return an empty list.
+- _ledger/evidence.py, the views: the method ``Evidence.requests`` (what is owed) and the
+  property ``Evidence.superseded`` return an empty list.
 
 An anchor that is no longer found fails the check with its name, rather than passing quietly.
 
@@ -131,9 +131,9 @@ EVIDENCE_TESTS = ("tests/test_ratchet.py", "tests/test_shared_requests.py",
 MUTANTS = (
     Mutant("identity check removed", "_acceptance.py", silence("identity"), ACCEPTANCE_TESTS),
     Mutant("coverage check removed", "_acceptance.py", silence("coverage"), ACCEPTANCE_TESTS),
-    Mutant("Evidence.requests returns nothing", "_evidence.py",
+    Mutant("Evidence.requests returns nothing", "_ledger/evidence.py",
            empty_member("Evidence", "requests"), EVIDENCE_TESTS),
-    Mutant("Evidence.superseded returns nothing", "_evidence.py",
+    Mutant("Evidence.superseded returns nothing", "_ledger/evidence.py",
            empty_member("Evidence", "superseded"), EVIDENCE_TESTS),
 )
 

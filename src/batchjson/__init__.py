@@ -25,12 +25,12 @@ from ._errors import (
     SubcallClientError,
     ValidatorChanged,
 )
-from ._evidence import Evidence
 from ._ledger import Ledger
+from ._ledger.evidence import Evidence
+from ._ledger.records import Receipt
 from ._providers.base import Call, CallableProvider, Provider, ProviderHandle, Reply
 from ._providers.pricing import PRICES_AS_OF, Price, set_prices
 from ._providers.simulated import FaultPlan, SimulatedModel
-from ._records import Receipt
 from ._registry import ValidatorRegistry
 from ._result import BatchResult
 from ._session import Session, default_session, set_default_session, validator

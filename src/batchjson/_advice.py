@@ -92,11 +92,7 @@ def _item_rate(returns: Sequence[tuple[int, bool]]) -> float:
 
 def fit(ledger: Ledger, name: str) -> Fit:
     """Fit the model's parameters from every receipt of batch ``name``."""
-    rows = ledger._rows(
-        "SELECT a.kind, a.status, a.errors, a.task_ids, a.input_tokens, a.output_tokens, "
-        "a.cost, a.model, LENGTH(q.tasks) AS chars FROM attempts a JOIN batches b "
-        "ON b.id = a.batch_id LEFT JOIN requests q ON q.revision_id = a.revision_id AND "
-        "q.key = a.request_key WHERE b.name = ? AND a.kind != 'import'", (name,))
+    rows = ledger.store.fit_rows(name)
     tasks = ledger.cost_summary(name)["total"]["tasks"]
     judged, item_returns, fresh_in, outs, repairs_extra, chars = [], [], [], [], [], []
     provider_errors, call_faults, models, priced = 0, 0, set(), []
@@ -299,10 +295,8 @@ def advise(ledger: Ledger, name: str, *, repairs: int = 1, replays: int = 1,
     options = [estimate(f, k, split=s, repairs=repairs, replays=replays)
                for k in sizes for s in (False, True) if split is None or s == split]
     best = choose(options, max_unresolved)
-    observed = ledger._rows(
-        "SELECT components FROM revisions r JOIN batches b ON b.current_revision = r.id "
-        "WHERE b.name = ?", (name,))
-    current = int(json.loads(observed[0]["components"]).get("pack", 0)) if observed else None
+    observed = ledger.store.current_revision(name)
+    current = int(observed[1].get("pack", 0)) if observed else None
     return {
         "batch": name, "tasks": f.tasks, "repairs": repairs, "replays": replays,
         "max_unresolved": max_unresolved,

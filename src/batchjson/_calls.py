@@ -14,14 +14,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from . import _acceptance as acceptance
-from . import _claims as claims
 from ._budget import Pricing, Spender
 from ._errors import LedgerError, ProviderError
 from ._groupcommit import GroupCommit
-from ._ledger import Ledger
+from ._ledger.claims import ACCEPTED, MINE, Owner
+from ._ledger.records import now
+from ._ledger.store import Store
 from ._plan import Outcome, Plan, Transport, system_prompt
 from ._providers.base import Call, Reply, estimate_tokens, input_bound
-from ._records import now
 from ._schema import wire_schema
 from ._tasks import Request, render_items_prompt, render_value_prompt
 
@@ -46,13 +46,13 @@ class CallSteps:
     """The steps of one call; the Replayer supplies the attributes declared here."""
 
     plan: Plan
-    ledger: Ledger
+    store: Store
     provider: Any
     spender: Spender
     transport: Transport
     outcome: Outcome
     writes: GroupCommit
-    owner: claims.Owner
+    owner: Owner
     _attempts: dict[str, int]
     _system: str
     _provider_name: str
@@ -92,7 +92,7 @@ class CallSteps:
             await self._reachable.wait()  # another call is finding out whether the host is up
         if self._stop is not None:
             raise Stopped()
-        ledger, plan, owner = self.ledger, self.plan, self.owner
+        store, plan, owner = self.store, self.plan, self.owner
         number = self._attempts.get(request.key, 0)
         # Built before anything is reserved or written: whatever fails here leaves no receipt.
         call = make_call(self.plan, self._system, request, kind, prompt, number)
@@ -100,19 +100,10 @@ class CallSteps:
         estimated = estimate_tokens(self._system + prompt)  # for the floor: an estimate
         floor = self.spender.pricing.floor(estimated)
 
-        def begin(db: Any) -> tuple[str, int | None]:
-            stamp = now()
-            attempt_id = ledger.op_begin(db, plan.batch_id, plan.revision_id, request, kind,
-                                         self._provider_name, self._model, plan.source,
-                                         owner=owner.id, estimated_input_tokens=estimated,
-                                         cost_floor=floor, stamp=stamp)
-            state = claims.take(db, request.key, owner, attempt_id, stamp)
-            if state != claims.MINE:  # nothing will be sent: the receipt is not kept
-                ledger.op_drop(db, attempt_id)
-                return state, None
-            return state, attempt_id
-
-        begun = self.writes.submit(begin)
+        begun = self.writes.submit(lambda tx: store.begin_call(
+            tx, plan.batch_id, plan.revision_id, request, kind, self._provider_name,
+            self._model, plan.source, owner=owner, estimated_input_tokens=estimated,
+            cost_floor=floor))
         try:
             state, attempt_id = await begun
         except asyncio.CancelledError:
@@ -125,13 +116,12 @@ class CallSteps:
         except Exception as exc:
             self.spender.release(reserved)
             error = exc if isinstance(exc, LedgerError) else LedgerError(
-                "the receipt of a call could not be written", path=ledger.path or ":memory:",
-                cause=exc)
+                "the receipt of a call could not be written", path=store.where, cause=exc)
             self._stop_for(error)
             raise Stopped() from exc
-        if state != claims.MINE:
+        if state != MINE:  # nothing will be sent: its receipt was not kept
             self.spender.release(reserved)
-            raise Resolved() if state == claims.ACCEPTED else Held()
+            raise Resolved() if state == ACCEPTED else Held()
         assert attempt_id is not None
         if not self._reachable.is_set() and self._prober != request.key:
             try:  # a call failed to connect meanwhile: send only if its host comes back
@@ -188,15 +178,15 @@ class CallSteps:
         # the receipt stays in flight (a possible call) and that failure is what is reported.
         self.writes.flush_now()
         kept = reply is not None and isinstance(reply.text, str)
+        errors = [{"type": "cancelled", "task_id": None,
+                   "message": (f"{why}; re-run to resume" if sent_at is None else
+                               f"{why} before the return was judged; re-run to resume")
+                   + (" (the answer is kept and is judged first)" if kept else "")}]
         try:
-            self.ledger.finish_attempt(
-                attempt_id, "cancelled", sent_at=sent_at,
-                raw=reply.text if kept else None,
-                usage=_usage(reply) if kept else None, errors=[{
-                    "type": "cancelled", "task_id": None,
-                    "message": (f"{why}; re-run to resume" if sent_at is None else
-                                f"{why} before the return was judged; re-run to resume")
-                               + (" (the answer is kept and is judged first)" if kept else "")}])
+            with self.store.transaction() as tx:
+                self.store.finish_call(tx, attempt_id, "cancelled", errors,
+                                       reply.text if kept else None,
+                                       _usage(reply) if kept else {}, sent_at=sent_at)
         except LedgerError as exc:
             self._stop_for(exc)
 
@@ -282,19 +272,19 @@ class CallSteps:
         queued write before it returns, so a failed commit can never pass as success; a failed
         commit also fails every later receipt, so no further call is sent.
         """
-        ledger = self.ledger
+        store = self.store
         usage = self._account(reply)
         verdict = await acceptance.judge(
             reply, request.tasks, mode=self.plan.mode, identity=self.plan.identity,
             schema=self.plan.schema, validator=self.plan.validator)
         if verdict.accepted:
-            self.writes.queue(lambda db: ledger.op_accept(
-                db, attempt_id, self.plan.batch_id, request.key, verdict.stored, reply.text,
+            self.writes.queue(lambda tx: store.accept_call(
+                tx, attempt_id, self.plan.batch_id, request.key, verdict.stored, reply.text,
                 usage, sent_at))
             self.outcome.accepted_returns += 1
         else:
-            self.writes.queue(lambda db: ledger.op_finish(
-                db, attempt_id, "rejected", verdict.errors, reply.text, usage, sent_at))
+            self.writes.queue(lambda tx: store.finish_call(
+                tx, attempt_id, "rejected", verdict.errors, reply.text, usage, sent_at))
             self.outcome.rejected_returns += 1
         return verdict, reply.text
 
@@ -303,8 +293,8 @@ class CallSteps:
         self.outcome.provider_errors += 1
         errors = [{"type": "provider_error", "task_id": None, "message": message,
                    "status": status}]
-        self.writes.queue(lambda db: self.ledger.op_finish(
-            db, attempt_id, "provider_error", errors, None, usage, sent_at))
+        self.writes.queue(lambda tx: self.store.finish_call(
+            tx, attempt_id, "provider_error", errors, None, usage, sent_at))
 
     def _account(self, reply: Reply) -> dict[str, Any]:
         out = self.outcome

@@ -16,7 +16,6 @@ import csv
 import io
 import json
 import os
-import sqlite3
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -27,10 +26,11 @@ from . import _cliview as cliview
 from ._checks import whole_argument
 from ._demo import command_name, demo_ledger_problem, run_demo
 from ._errors import BatchJsonError, InvalidBatch, LedgerError
-from ._evidence import Evidence
-from ._forgetting import forget_batch, forget_message
 from ._ledger import Ledger
-from ._records import ledger_problem
+from ._ledger.evidence import Evidence
+from ._ledger.forgetting import forget_batch, forget_message
+from ._ledger.sqlite import file_problem as ledger_problem
+from ._ledger.sqlite import holds_nothing
 
 DEFAULT_LEDGER = Path(cliview.DEFAULT_LEDGER)
 OK, UNRESOLVED, USAGE, LEDGER, INTERRUPTED = 0, 1, 2, 3, 130
@@ -46,23 +46,6 @@ class Problem(Exception):
 
 
 # -- commands -------------------------------------------------------------------------------
-def _holds_nothing(path: Path) -> bool | None:
-    """An empty file or a SQLite file without tables: nothing to lose by making it a ledger
-    (it may be one another process is creating this moment). None: busy, ask again."""
-    try:
-        if path.stat().st_size == 0:
-            return True
-        db = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True, timeout=1.0)
-        try:
-            return db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0] == 0
-        finally:
-            db.close()
-    except sqlite3.OperationalError as exc:
-        return None if "locked" in str(exc) or "busy" in str(exc) else False
-    except (OSError, sqlite3.Error):
-        return False
-
-
 def _refusal(path: Path, create: bool) -> str | None:
     """Why ``path`` cannot be opened as a ledger. With ``create``, a file another process is
     making a ledger this moment is waited for (polling to a deadline), never refused."""
@@ -71,10 +54,10 @@ def _refusal(path: Path, create: bool) -> str | None:
         problem = ledger_problem(path) if path.exists() or not create else None
         if problem is None or not create:
             return problem
-        empty = _holds_nothing(path)
+        empty = holds_nothing(path)
         if empty:
             return None
-        again = ledger_problem(path)  # its migrations may have committed since the first look
+        again = ledger_problem(path)  # its schema may have been committed since the first look
         if again is None or (empty is False or time.monotonic() > deadline):
             return again
         time.sleep(0.05)
@@ -89,23 +72,10 @@ def _open(path: Path, *, create: bool = False) -> Ledger:
                     "run on it)")
     if problem:
         raise Problem(problem, LEDGER)
-    deadline = time.monotonic() + OPEN_WAIT
-    while True:
-        try:
-            return Ledger(path)
-        except LedgerError as exc:
-            raise Problem(str(exc), LEDGER) from None
-        except sqlite3.OperationalError as exc:
-            # Two processes creating one ledger race: for the switch to WAL ("database is
-            # locked", which SQLite's busy timeout does not cover), and in the migrations,
-            # which read the schema version before taking the write lock ("table ... already
-            # exists"). Opening again once the other is done succeeds: poll until a deadline.
-            racing = "locked" in str(exc) or "already exists" in str(exc)
-            if not racing or time.monotonic() > deadline:
-                raise Problem(f"cannot open the ledger {path}: {exc}", LEDGER) from None
-            time.sleep(0.05)
-        except sqlite3.Error as exc:
-            raise Problem(f"cannot open the ledger {path}: {exc}", LEDGER) from None
+    try:  # a ledger another process is creating is waited for (Ledger's busy timeout)
+        return Ledger(path)
+    except LedgerError as exc:
+        raise Problem(str(exc), LEDGER) from None
 
 
 def _known(ledger: Ledger, name: str | None) -> None:
@@ -129,7 +99,7 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     try:
         _known(held, args.name)
         summary = held.cost_summary(args.name)
-        evidence = Evidence(held).summary(args.name)
+        evidence = Evidence(held.store).summary(args.name)
     finally:
         held.close()
     for key in ("unresolved_batches", "unresolved_requests", "unresolved_items",
@@ -219,7 +189,7 @@ def cmd_values(args: argparse.Namespace, out: TextIO) -> int:
 def _identity(held: Ledger, name: str) -> tuple[list[str], dict[str, dict[str, Any]]]:
     """The identity fields of the batch's current revision besides task_id (under the default
     identity: every task field but prompt and context) and its tasks, for ``--identity``."""
-    rule, tasks = held.current_tasks(name)
+    rule, tasks = held.store.current_tasks(name)
     if rule.endswith("+echoed"):
         fields = list(dict.fromkeys(k for t in tasks.values() for k in t))
         fields = [k for k in fields if k not in ("task_id", "prompt", "context")]
@@ -263,7 +233,7 @@ def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_import(args: argparse.Namespace, out: TextIO) -> int:
     if not args.file.is_file():  # checked before a ledger is created for it
         raise Problem(f"no receipts file at {args.file}", USAGE)
-    from ._recovery import read_lines
+    from ._ledger.recovery import read_lines
 
     try:
         read_lines(args.file, {})  # a bad file is refused before a ledger is created for it
@@ -336,7 +306,7 @@ def cmd_forget(args: argparse.Namespace, out: TextIO) -> int:
     held = _open(args.ledger)
     try:
         _known(held, args.name)
-        record = forget_batch(held, args.name, via="batchjson forget")
+        record = forget_batch(held.store, args.name, via="batchjson forget")
         spend = held.spend(args.name)
     finally:
         held.close()
@@ -424,7 +394,7 @@ def _main(argv: list[str], out: TextIO) -> int:
     except Problem as exc:
         print(f"batchjson {args.command}: error: {exc}", file=sys.stderr)
         return exc.code
-    except (LedgerError, sqlite3.Error) as exc:  # e.g. a read-only or vanished ledger
+    except LedgerError as exc:  # e.g. a read-only or vanished ledger
         print(f"batchjson {args.command}: ledger error: {exc}", file=sys.stderr)
         return LEDGER
     except BatchJsonError as exc:

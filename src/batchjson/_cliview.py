@@ -8,7 +8,7 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ._forgetting import forgotten_line
+from ._ledger.forgetting import forgotten_line
 from ._result import money
 
 # Control characters (ANSI escapes, carriage returns, bells) and bidirectional overrides in a

@@ -16,7 +16,7 @@ from typing import TextIO
 
 from . import _cliview as cliview
 from ._ledger import Ledger
-from ._records import ledger_problem
+from ._ledger.sqlite import file_problem as ledger_problem
 from ._result import money
 from ._session import Session
 

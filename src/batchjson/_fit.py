@@ -65,12 +65,7 @@ def check_fit(provider: Any, ledger: Ledger, name: str, schema: ItemSchema,
 def measured_per_item(ledger: Ledger, name: str, envelope: int) -> float | None:
     """The fewest output tokens per item any accepted return of batch ``name`` took (its
     envelope taken off), or None when none has been measured."""
-    rows = ledger._rows(
-        "SELECT MIN((a.output_tokens - ?) * 1.0 / json_array_length(a.task_ids)) FROM attempts a "
-        "JOIN batches b ON b.id = a.batch_id WHERE b.name = ? AND a.status = 'accepted' "
-        "AND a.kind != 'recheck' AND a.output_tokens > ? AND json_array_length(a.task_ids) > 0",
-        (envelope, name, envelope))
-    return rows[0][0] if rows and rows[0][0] is not None else None
+    return ledger.store.fewest_output_tokens_per_item(name, envelope)
 
 
 def answerable(provider: Any, schema: ItemSchema, pending: Sequence[Request],

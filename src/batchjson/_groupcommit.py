@@ -1,6 +1,6 @@
 """Group commit: ledger writes from concurrent calls share one transaction per loop turn.
 
-Sixty-four calls finishing together would otherwise pay sixty-four SQLite commits on the event
+Sixty-four calls finishing together would otherwise pay sixty-four commits on the event
 loop. Each write still runs whole or not at all, and its caller resumes only after the
 transaction holding it has committed, so "receipt before call" and "accepted attempt and
 checkpoint together" hold exactly as with one transaction per write.
@@ -14,24 +14,21 @@ later one: the run stops before any further call.
 from __future__ import annotations
 
 import asyncio
-import sqlite3
-import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from ._errors import LedgerError
-from ._ledger import Ledger
+from ._ledger.store import Store
 
-Op = Callable[[sqlite3.Connection], Any]
+Op = Callable[[Any], Any]  # a write: given the store's open transaction, it runs there
 Outcome = tuple[asyncio.Future | None, Any, BaseException | None]
 
 
 class GroupCommit:
     """Queue ledger operations; commit them together on the next turn of the event loop."""
 
-    def __init__(self, ledger: Ledger) -> None:
-        self._ledger = ledger
+    def __init__(self, store: Store) -> None:
+        self._store = store
         self._pending: list[tuple[Op, asyncio.Future | None]] = []
         self._failures: list[BaseException] = []  # every failed write, awaited or not
         self._scheduled = False
@@ -109,7 +106,7 @@ class GroupCommit:
     def _together(self, live: list[tuple[Op, asyncio.Future | None]]) -> list[Outcome]:
         """The common case: every write in one transaction, no per-write savepoints. The
         outcomes are handed out only after COMMIT has returned."""
-        with self._ledger.transaction() as db:
+        with self._store.transaction() as db:
             results = [op(db) for op, _ in live]
         return [(fut, result, None) for (_, fut), result in zip(live, results, strict=True)]
 
@@ -121,7 +118,7 @@ class GroupCommit:
                 outcomes.append((fut, None, self.broken))
                 continue
             try:
-                with self._ledger.transaction() as db:
+                with self._store.transaction() as db:
                     result = op(db)
                 outcomes.append((fut, result, None))
             except LedgerError as exc:
@@ -130,71 +127,3 @@ class GroupCommit:
             except Exception as exc:  # this write alone failed and is reported to its caller
                 outcomes.append((fut, None, exc))
         return outcomes
-
-
-class Checkpointer:
-    """Copies the ledger's WAL back into its file on a thread of its own while a run goes.
-
-    SQLite's automatic checkpoint runs inside the COMMIT that crosses 1,000 WAL pages: a copy
-    and two fsyncs, stalling the event loop (and every call waiting on it) for milliseconds
-    several times a run. Here a thread with its own connection runs a passive checkpoint (it
-    never blocks a writer) every ``interval`` seconds, and sqlite3 lets go of the GIL while it
-    works; the loop's commits checkpoint only every ``RUN_AUTOCHECKPOINT`` pages, finding most
-    of them copied already. What the WAL holds is as durable as before; a
-    checkpoint that fails (full disk) is left to the next one, and to the commits, which
-    report the ledger's failure themselves.
-    """
-
-    def __init__(self, ledger: Ledger, interval: float = 0.2) -> None:
-        self._ledger = ledger
-        self._interval = interval
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> Checkpointer:
-        if self._ledger.path is not None:
-            try:  # the file the ledger has open, wherever the working directory is now
-                file = self._ledger._rows("PRAGMA database_list")[0]["file"]
-                if not file:
-                    return self
-                self._ledger.autocheckpoint(RUN_AUTOCHECKPOINT)
-            except sqlite3.Error:  # a ledger that cannot take the setting checkpoints as before
-                return self
-            self._thread = threading.Thread(target=self._serve, args=(file,),
-                                            name="batchjson-checkpoint", daemon=True)
-            self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """End the thread; commits checkpoint for themselves again."""
-        if self._thread is None:
-            return
-        self._stop.set()
-        self._thread.join()
-        self._thread = None
-        try:
-            self._ledger.autocheckpoint(DEFAULT_AUTOCHECKPOINT)
-        except sqlite3.Error:  # the ledger was closed meanwhile: nothing to restore
-            pass
-
-    def _serve(self, file: str) -> None:
-        try:  # mode=rw: a checkpointer never creates a file
-            db = sqlite3.connect(Path(file).as_uri() + "?mode=rw", uri=True, timeout=0,
-                                 isolation_level=None)
-        except sqlite3.Error:
-            return
-        try:
-            while not self._stop.wait(self._interval):
-                try:
-                    db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-                except sqlite3.Error:
-                    pass
-        finally:
-            db.close()
-
-
-DEFAULT_AUTOCHECKPOINT = 1000  # SQLite's own default, in WAL pages
-# While a run goes: the thread copies pages alongside the commits, but the WAL only starts over
-# once a checkpoint has copied every frame with no commit in between, which a busy run never
-# leaves time for. So a commit still checkpoints, rarely, and then finds little left to copy.
-RUN_AUTOCHECKPOINT = 4000

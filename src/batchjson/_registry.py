@@ -19,8 +19,8 @@ from typing import Any, Literal
 
 from ._errors import InvalidBatch, ValidatorChanged
 from ._fingerprint import Fingerprint, describe_changes, fingerprint_function, unwrap_callable
+from ._ledger.records import now
 from ._preflight import check_asserts_kept, check_not_generator
-from ._records import now
 
 __all__ = ["Definition", "ValidatorRegistry", "ValidatorVersion"]
 

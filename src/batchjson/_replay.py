@@ -13,8 +13,6 @@ aside and waited for at the end; its accepted result is read from the ledger.
 from __future__ import annotations
 
 import asyncio
-import gc
-import threading
 from collections import deque
 from collections.abc import Callable, Mapping
 from types import SimpleNamespace
@@ -24,12 +22,12 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 from tenacity.wait import wait_exponential, wait_random
 
 from . import _acceptance as acceptance
-from . import _claims as claims
 from ._budget import Spender
 from ._calls import CallSteps, Held, OutOfBudget, Resolved, Stopped, first_prompt
 from ._errors import LedgerError, ProviderError
-from ._groupcommit import Checkpointer, GroupCommit
+from ._groupcommit import GroupCommit
 from ._ledger import Ledger
+from ._ledger.claims import LEASE_SECONDS, Owner
 from ._plan import Outcome, Plan, Transport, system_prompt
 from ._providers.masking import public_url
 from ._tasks import (
@@ -38,7 +36,6 @@ from ._tasks import (
     split_request,
 )
 
-YOUNG_THRESHOLD = 20_000  # allocations between young collections while a run goes
 Item = tuple[Request, int, "str | None"]  # a queued request, its split depth, its first kind
 
 
@@ -50,7 +47,7 @@ class Replayer(CallSteps):
                  on_progress: Callable[[int], None] | None = None, *,
                  session_id: str = "session") -> None:
         self.plan = plan
-        self.ledger = ledger
+        self.store = ledger.store
         self.provider = provider
         self.spender = spender
         self.transport = transport
@@ -59,7 +56,7 @@ class Replayer(CallSteps):
         self.session_id = session_id
         self.outcome = Outcome()
         self._attempts: dict[str, int] = {}
-        self.writes = GroupCommit(ledger)
+        self.writes = GroupCommit(self.store)
         # initial * 2**(n-1) plus up to `initial` of jitter, capped below in _delay: written with
         # strategies every tenacity since 8 has (rlm's google-genai pins tenacity below 9.2)
         self._backoff = (wait_exponential(multiplier=transport.backoff_initial,
@@ -83,10 +80,9 @@ class Replayer(CallSteps):
     async def run(self, requests: list[Request]) -> Outcome:
         """Drive every request with ``concurrency`` workers; each takes the next request as soon
         as its previous one is resolved or given up."""
-        self.owner = claims.Owner.start(self.session_id)
-        self._attempts = self.ledger.attempt_counts([r.key for r in requests])
-        with self.ledger.transaction() as db:
-            claims.reap(db)  # runners that are gone give up their claims before we start
+        self.owner = Owner.start(self.session_id)
+        self._attempts = self.store.attempt_counts([r.key for r in requests])
+        self.store.reap()  # runners that are gone give up their claims before we start
         self._queue: deque[Item] = deque((r, 0, None) for r in requests)
         self._held: list[Item] = []
         self._active = 0
@@ -103,14 +99,6 @@ class Replayer(CallSteps):
                                                                              work))]
         self._workers = workers
         lease = asyncio.ensure_future(self._renew())
-        checkpoints = Checkpointer(self.ledger).start()
-        # Every call allocates futures and records; the collector would otherwise rescan the
-        # whole long-lived heap (a kernel's, say) many times a run. Frozen objects are skipped
-        # until the run ends and hands them back. The youngest generation is collected less often
-        # too: a call's objects are short-lived and acyclic, so frequent young collections find
-        # almost nothing (about 15 us a call at the default threshold of 700).
-        gc.freeze()
-        _young_collections_rarer(True)
         try:
             await asyncio.gather(*workers)
         except asyncio.CancelledError:
@@ -122,12 +110,9 @@ class Replayer(CallSteps):
             # Let cancelled workers close their receipts before the run returns.
             await asyncio.wait(workers)
             lease.cancel()
-            self.writes.queue(lambda db: claims.release_all(db, self.owner))
+            self.writes.queue(lambda tx: self.store.release_claims(tx, self.owner))
             self.writes.flush_now()  # whatever was judged is committed before we return
-            checkpoints.stop()
             self.owner.stop()
-            _young_collections_rarer(False)
-            gc.unfreeze()
         if self._fatal is not None:
             raise self._fatal
         try:
@@ -136,14 +121,14 @@ class Replayer(CallSteps):
             raise
         except Exception as exc:  # a write that failed on its own: still a lost record
             raise LedgerError("a record of this run could not be written",
-                              path=self.ledger.path or ":memory:", cause=exc) from exc
+                              path=self.store.where, cause=exc) from exc
         return self.outcome
 
     async def _renew(self) -> None:
         """Keep this run's claims alive while it runs."""
         while True:
-            await asyncio.sleep(claims.LEASE_SECONDS / 3)
-            self.writes.queue(lambda db: claims.renew(db, self.owner))
+            await asyncio.sleep(LEASE_SECONDS / 3)
+            self.writes.queue(lambda tx: self.store.renew_claims(tx, self.owner))
 
     async def _worker(self) -> None:
         while self._stop is None:
@@ -239,7 +224,7 @@ class Replayer(CallSteps):
 
     def _release(self, request: Request) -> None:
         owner = self.owner
-        self.writes.queue(lambda db: claims.release(db, request.key, owner))
+        self.writes.queue(lambda tx: self.store.release_claim(tx, request.key, owner))
 
     def _resolved(self, request: Request) -> None:
         """Accepted by another runner: its values are read from the ledger, nothing is paid."""
@@ -255,8 +240,8 @@ class Replayer(CallSteps):
     def _split(self, request: Request, depth: int) -> None:
         """Replace the request by its halves, queued first so they keep the batch's order."""
         children = split_request(request, self.plan.content)
-        self.ledger.record_split(self.plan.revision_id, request, children)
-        done = self.ledger.accepted_keys([c.key for c in children])
+        self.store.record_split(self.plan.revision_id, request, children)
+        done = self.store.accepted_keys([c.key for c in children])
         for child in reversed(children):
             if child.key in done:  # accepted before (another revision): never paid twice
                 self._progress(child)
@@ -336,26 +321,6 @@ class Replayer(CallSteps):
         self._changed.set()
         assert self._reachable is not None
         self._reachable.set()
-
-_gc_lock = threading.Lock()
-_gc_runs = 0  # runs going in this process (threads, sessions) that raised the threshold
-_gc_saved: tuple[int, ...] = ()
-
-
-def _young_collections_rarer(start: bool) -> None:
-    """Raise the young generation's threshold while any run goes; the last run to end puts
-    back the threshold the first one found (runs on several threads overlap)."""
-    global _gc_runs, _gc_saved
-    with _gc_lock:
-        if start:
-            if _gc_runs == 0:
-                _gc_saved = gc.get_threshold()
-                gc.set_threshold(max(_gc_saved[0], YOUNG_THRESHOLD), *_gc_saved[1:])
-            _gc_runs += 1
-        else:
-            _gc_runs -= 1
-            if _gc_runs == 0:
-                gc.set_threshold(*_gc_saved)
 
 
 def _first_line(error: Mapping[str, Any]) -> str:

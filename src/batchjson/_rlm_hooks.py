@@ -18,7 +18,7 @@ from typing import Any
 
 from ._errors import ConfigError, NotReady
 from ._subcalls import SubcallProvider
-from .rlm import bind, tool
+from ._tools import tool
 
 __all__ = ["RlmHooks"]
 
@@ -54,7 +54,10 @@ DESCRIPTIONS = {
 class RlmHooks:
     """What ``RLM(custom_tools=..., environment_kwargs={"setup_code": ...})`` needs."""
 
-    def __init__(self, *, strict: bool = True, ledger: Any = None, budget: Any = None) -> None:
+    def __init__(self, bind: Callable[..., Any], *, strict: bool = True, ledger: Any = None,
+                 budget: Any = None) -> None:
+        """``bind`` is :func:`batchjson.rlm.bind`, handed in so this module need not import
+        the public one that imports it."""
         from ._session import Session
 
         # answered by rlm's own client, which retried already: one failure is one subcall

@@ -16,25 +16,26 @@ from pathlib import Path
 from typing import Any
 
 from . import _preflight as preflight
-from . import _seen as seen
 from . import _structured as structured
 from ._aio import BackgroundLoop
 from ._budget import Budget, Spender, Tally, pricing_of, usd
 from ._calls import cheapest_call
 from ._errors import BatchUnresolved, InvalidBatch
-from ._evidence import Evidence
 from ._fit import check_fit
 from ._ledger import Ledger
+from ._ledger.evidence import Evidence
+from ._ledger.rejudge import UNSEEN, clear_sourceless, rejudge, unseen_token
+from ._ledger.store import Store
 from ._plan import Outcome, Plan, Transport
 from ._providers.base import answer_source, close_provider
 from ._providers.select import make_provider, provider_label
 from ._registry import ValidatorRegistry, ValidatorVersion
-from ._rejudge import UNSEEN, clear_legacy, rejudge, unseen_token
 from ._replay import Replayer
 from ._replies import GuardedProvider, provider_names
 from ._result import BatchResult
 from ._spec import RunSpec, SessionOptions
 from ._tasks import (
+    Request,
     compose_contents,
     key_maker,
     pack_requests,
@@ -75,11 +76,12 @@ class Session:
         self.model = model
         self._provider_spec = provider
         self._provider: Any = None
+        store = self.ledger.store
         self.validators = ValidatorRegistry(
-            strict=self.strict, unresolved_under=self.ledger.unresolved_under_validator,
-            numbering=lambda v: self.ledger.number_validator(
+            strict=self.strict, unresolved_under=store.unresolved_under_validator,
+            numbering=lambda v: store.number_validator(
                 v.name, v.fingerprint.digest, v.where, v.fingerprint.by_identity))
-        self.evidence = Evidence(self.ledger)
+        self.evidence = Evidence(store)
         self.tally = Tally()  # charged as calls are reserved, by every run and thread
         # Told things a person should hear before anything is spent (e.g. a supersession).
         self.on_note: Callable[[str], None] | None = None
@@ -207,30 +209,30 @@ class Session:
             instructions, ident, mode, source)
         blind = [f"validator: {u}" for u in (version.fingerprint.unseen if version else ())
                  ] + [f"schema: {u}" for u in item_schema.unseen]
+        store = self.ledger.store
         while True:  # the key cannot say whether stored answers still pass: re-judge them
             fingerprint = revision_fingerprint(components)
-            existing = self.ledger.find_revision(name, fingerprint)
-            requests = (self.ledger.leaves(existing.id) if existing else
+            existing = store.find_revision(name, fingerprint)
+            requests = (store.leaves(existing.id) if existing else
                         pack_requests(task_list, pack, key_content, task_texts))
             token = unseen_token(
-                self.ledger, requests, components.get(UNSEEN), run=self._loop.run, mode=mode,
+                store, requests, components.get(UNSEEN), run=self._loop.run, mode=mode,
                 identity=ident, schema=item_schema, validator=checker) if blind else None
             if token is None:
                 break
             components[UNSEEN] = key_content[UNSEEN] = token
-        done = self.ledger.accepted_keys([r.key for r in requests])
+        done = store.accepted_keys([r.key for r in requests])
         pending = [r for r in requests if r.key not in done]
-        # answers of unknown source (imported, or an older ledger's) are found under the key
+        # answers of unknown source (imported from another system) are found under the key
         # the same content has without one, and re-judged under this run's rules
-        seen_key, legacy_key = key_maker(seen_content), key_maker(sourceless_content(components))
+        seen_key = key_maker(seen_content)
         seen_of = {r.key: seen_key(r.tasks_json) for r in requests}
-        legacy_of = ({r.key: legacy_key(r.tasks_json) for r in pending}
-                     if pending and self.ledger.has_legacy_keys() else {})
+        sourceless_of = _sourceless_keys(store, pending, components)
         broken: list[dict[str, Any]] = []  # a validator_error met while re-judging
         rechecked = rejudge(
-            self.ledger, pending, run=self._loop.run, seen_of=seen_of, legacy_of=legacy_of,
-            provider=provider_name, model=provider_model, mode=mode, identity=ident,
-            schema=item_schema, validator=checker, same_key=bool(blind), broken=broken)
+            store, pending, run=self._loop.run, seen_of=seen_of, sourceless_of=sourceless_of,
+            mode=mode, identity=ident, schema=item_schema, validator=checker,
+            same_key=bool(blind), broken=broken)
         passed = {request.key for request, _, _ in rechecked}
         owed = pending  # what this run resolves, by re-judging or by calls
         pending = [r for r in pending if r.key not in passed]
@@ -246,7 +248,7 @@ class Session:
 
         validator_record = (None if version is None else  # its definition is already on record
                             {"name": version.name, "version": version.version})
-        revision, superseded = self.ledger.open_revision(
+        revision, superseded = store.open_revision(
             name, fingerprint, components, requests, strict=self.strict,
             validator=validator_record)
         superseded_note = None
@@ -257,9 +259,9 @@ class Session:
                 self.on_note(f"{name}: {superseded_note}; revision {revision.number} runs "
                              f"{len(pending)} request(s)")
         if existing is None or pending or rechecked:  # a resumed revision has them already
-            seen.record_seen(self.ledger, list(seen_of.items()))
+            store.record_seen(list(seen_of.items()))
         if rechecked:
-            seen.commit_rechecks(self.ledger, revision.batch_id, revision.id, rechecked, source)
+            store.commit_rechecks(revision.batch_id, revision.id, rechecked, source)
         plan.batch_id, plan.revision_id = revision.batch_id, revision.id
         outcome = Outcome()
         if pending and broken:  # retrying cannot help: the validator fails on stored returns
@@ -271,12 +273,12 @@ class Session:
             outcome = self._replay(plan, GuardedProvider(provider), spender, pending,
                                    spec.progress, name, len(task_list))
             if plan.split:  # halves made during the run: remember what they saw too
-                seen.record_seen(self.ledger, [(r.key, seen_key(r.tasks_json))
-                                         for r in self.ledger.leaves(revision.id)])
-        if legacy_of:
-            now_accepted = self.ledger.accepted_keys([r.key for r in owed])
-            clear_legacy(self.ledger, [r for r in owed if r.key in now_accepted], legacy_of,
-                         source)
+                store.record_seen([(r.key, seen_key(r.tasks_json))
+                                   for r in store.leaves(revision.id)])
+        if sourceless_of:
+            now_accepted = store.accepted_keys([r.key for r in owed])
+            clear_sourceless(store, [r for r in owed if r.key in now_accepted], sourceless_of,
+                             source)
         result = self._result(name, revision.number, task_list, item_schema, outcome,
                               resumed=len(requests) - len(pending) - len(rechecked),
                               revision_id=revision.id)
@@ -385,6 +387,16 @@ class Session:
             result.notes.append(f"{outcome.taken_from_ledger} request(s) were resolved by another "
                                 "runner of the same content; their values come from the ledger")
         return result
+
+
+def _sourceless_keys(store: Store, pending: Sequence[Request],
+                     components: Mapping[str, str]) -> dict[str, str]:
+    """Each pending request's key without an answer source, where imported answers of
+    unknown source are found; empty when the ledger holds none."""
+    if not pending or not store.has_sourceless_answers():
+        return {}
+    key = key_maker(sourceless_content(components))
+    return {r.key: key(r.tasks_json) for r in pending}
 
 
 def _shutdown(loop: BackgroundLoop, providers: list[Any]) -> None:

@@ -208,12 +208,12 @@ class Request:
         object.__setattr__(self, "task_ids_json", "[" + ",".join(map(_json_string, ids)) + "]")
 
 
-# The revision components that go into every request key besides its tasks. "source" (the
-# answer source) joined later; "unseen" moves judging no fingerprint fully sees past answers that
-# no longer pass (see _rejudge).
+# The revision components that go into every request key besides its tasks. "source" is the
+# answer source; "unseen" moves judging no fingerprint fully sees past answers that no longer
+# pass (see _rejudge).
 KEY_COMPONENTS = ("schema", "validator", "instructions", "identity", "mode", "source", "unseen")
-# What keys answers of unknown source: receipts imported from another system, and ledgers
-# written before the answer source joined keys (their identity part had no "+echoed" either).
+# What keys answers of unknown source: receipts imported from another system (keyed with the
+# identity fields alone, no "+echoed").
 SOURCELESS_COMPONENTS = ("schema", "validator", "instructions", "identity", "mode")
 
 
@@ -221,9 +221,9 @@ def key_content(components: Mapping[str, str]) -> dict[str, str]:
     """The part of a revision's components that keys its requests: the one composition of key
     content, for live runs, imports and the look-up of imported answers alike.
 
-    Components without an answer source (an import of another system's receipts, an old
-    ledger) key by :data:`SOURCELESS_COMPONENTS` with the identity fields alone: a live run
-    computes that key too (:func:`sourceless_content`), finds answers stored under it and
+    Components without an answer source (an import of another system's receipts) key by
+    :data:`SOURCELESS_COMPONENTS` with the identity fields alone: a live run computes that key
+    too (:func:`sourceless_content`), finds answers stored under it and
     re-judges them under its own rules before reusing them.
     """
     if "source" in components:

@@ -10,7 +10,6 @@ can no longer be paid for before anything is spent.
 
 from __future__ import annotations
 
-import inspect
 import weakref
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -29,6 +28,7 @@ from ._rebind import canonical_validator, canonical_version, cell_frame
 from ._schema import compile_schema
 from ._structured import check_call, check_droste_schema, default_batch_name, llm_batch_json
 from ._subcalls import as_provider, is_droste_client, is_subcall_source
+from ._tools import owner_of, tool
 
 if TYPE_CHECKING:
     from ._rlm_hooks import RlmHooks
@@ -102,26 +102,9 @@ def bind(namespace: MutableMapping[str, Any], provider_or_subcalls: Any = None, 
 
 # The binding behind each tool a namespace was given, kept here rather than on the tool: a
 # bound method would hand any cell its session (and ledger) as ``tool.__self__.session``.
-_OWNERS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-
-
-def tool(owner: Any, method: str) -> Callable[..., Any]:
-    """``owner.<method>`` as a plain function a cell may be given: its name, signature and doc,
-    and nothing that leads to ``owner`` (no ``__self__``, ``__wrapped__`` or closure over it)."""
-    def call(*args: Any, **kwargs: Any) -> Any:
-        return getattr(_OWNERS[call], method)(*args, **kwargs)
-
-    bound = getattr(owner, method)
-    call.__name__ = call.__qualname__ = method
-    call.__doc__ = bound.__doc__
-    call.__signature__ = inspect.signature(bound)  # type: ignore[attr-defined]
-    _OWNERS[call] = owner
-    return call
-
-
 def _binding_of(namespace: MutableMapping[str, Any]) -> _Binding | None:
     try:
-        owner = _OWNERS.get(namespace.get("llm_batch_json"))  # type: ignore[arg-type]
+        owner = owner_of(namespace.get("llm_batch_json"))
     except TypeError:  # a name the cell rebound to something that cannot be a key
         return None
     return owner if isinstance(owner, _Binding) else None
@@ -137,7 +120,7 @@ def rlm_hooks(*, strict: bool = True, ledger: Any = None, budget: Any = None) ->
     """
     from ._rlm_hooks import RlmHooks
 
-    return RlmHooks(strict=strict, ledger=ledger, budget=budget)
+    return RlmHooks(bind, strict=strict, ledger=ledger, budget=budget)
 
 
 def _call_rules(source: Any, replays: int | None,

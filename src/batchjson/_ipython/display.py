@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._cliview import describe_error, printable, receipt_cost
-from .._forgetting import forgotten_line
+from .._ledger.forgetting import forgotten_line
 from .._result import money
 
 

@@ -31,7 +31,7 @@ from traitlets.config import Config
 from .._checks import whole_argument
 from .._cliview import DEFAULT_LEDGER
 from .._errors import BatchJsonError, BatchUnresolved
-from .._forgetting import forget_batch, forget_message
+from .._ledger.forgetting import forget_batch, forget_message
 from .._providers.base import ProviderHandle
 from .._providers.masking import looks_like_key, masked, public_url, shown_value
 from .._providers.select import PROVIDER_NAMES
@@ -370,7 +370,7 @@ class BatchJson(Magics):
             return
         self._known_batch(args.name)
         ledger = self.session.ledger
-        record = forget_batch(ledger, args.name, via="%batch_forget")
+        record = forget_batch(ledger.store, args.name, via="%batch_forget")
         print(f"batchjson: {forget_message(args.name, record, ledger.spend(args.name))}")
 
     def _cell_names(self) -> dict[str, str]:

@@ -11,68 +11,20 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ._ledger import Ledger
-from ._providers.pricing import price_for
+from .._providers.pricing import price_for
+from .store import Store
 
 COUNTERS = ("calls", "rechecks", "accepted_returns", "rejected_returns", "provider_errors",
             "abandoned", "cancelled", "in_flight", "imported", "input_tokens", "output_tokens",
             "cached_tokens", "unknown_cost_calls", "unpriced_calls", "tasks", "usable_results")
 
-# The one definition of what a call is and what is known of its cost. Ledger.spend() and
-# cost_summary() are both views of calls(), so the two accounts cannot drift apart.
-#
-# A receipt is a call unless it was cancelled before sending; a recheck sends nothing.
-IS_CALL = "(a.kind != 'recheck' AND NOT (a.status = 'cancelled' AND a.sent_at IS NULL))"
-# A call with no recorded cost (killed, interrupted, an error without usage, an unpriced model)
-# is never free: it cost at least its floor, priced when it was sent.
-UNKNOWN = f"({IS_CALL} AND a.cost IS NULL)"
-
-_CALLS_SQL = (
-    "SELECT b.name AS batch, "
-    f"SUM({IS_CALL}) AS calls, SUM(a.kind = 'recheck') AS rechecks, "
-    "SUM(a.kind != 'recheck' AND a.status = 'cancelled' AND a.sent_at IS NULL) AS unsent, "
-    f"SUM({IS_CALL} AND a.status = 'accepted') AS accepted_returns, "
-    f"SUM({IS_CALL} AND a.status = 'rejected') AS rejected_returns, "
-    f"SUM({IS_CALL} AND a.status = 'provider_error') AS provider_errors, "
-    f"SUM({IS_CALL} AND a.status = 'abandoned') AS abandoned, "
-    f"SUM({IS_CALL} AND a.status = 'cancelled') AS cancelled, "
-    f"SUM({IS_CALL} AND a.status = 'in_flight') AS in_flight, "
-    f"SUM({IS_CALL} AND a.kind = 'import') AS imported, "
-    "COALESCE(SUM(a.input_tokens), 0) AS input_tokens, "
-    "COALESCE(SUM(a.output_tokens), 0) AS output_tokens, "
-    "COALESCE(SUM(a.cached_tokens), 0) AS cached_tokens, "
-    f"SUM(CASE WHEN {IS_CALL} THEN a.cost END) AS cost, "  # NULL: no call has a known cost
-    f"SUM({UNKNOWN}) AS unknown_cost_calls, "
-    f"COALESCE(SUM(CASE WHEN {UNKNOWN} THEN a.cost_floor END), 0.0) "
-    "AS unknown_cost_lower_bound, "
-    f"SUM({UNKNOWN} AND a.cost_floor IS NULL) AS unfloored "
-    "FROM attempts a JOIN batches b ON b.id = a.batch_id{where} GROUP BY b.id ORDER BY b.id")
-
-# Unknown-cost calls with no recorded floor (imported, or from a ledger older than floors): their
-# prompt tokens as reported, else as estimated when sent, else a quarter of their tasks' text
-# (which every prompt carries), per batch and model, to be priced at the model's input rate.
-_UNFLOORED_SQL = (
-    "SELECT batch, model, COUNT(*) AS calls, SUM(tokens - MIN(cached, tokens)) AS uncached, "
-    "SUM(MIN(cached, tokens)) AS cached FROM (SELECT b.name AS batch, a.model, "
-    "COALESCE(a.input_tokens, a.estimated_input_tokens, COALESCE(LENGTH(q.tasks), 0) / 4) "
-    "AS tokens, COALESCE(a.cached_tokens, 0) AS cached FROM attempts a "
-    "JOIN batches b ON b.id = a.batch_id LEFT JOIN requests q "
-    "ON q.revision_id = a.revision_id AND q.key = a.request_key "
-    f"WHERE {UNKNOWN} AND a.cost_floor IS NULL{{where}}) GROUP BY batch, model")
+# What a call is, and what is known of its cost, is defined once, in the store's SQL
+# (store_views.IS_CALL); Ledger.spend() and cost_summary() are both views of calls(), so the two
+# accounts cannot drift apart.
 
 _CALL_COUNTS = ("calls", "rechecks", "unsent", "accepted_returns", "rejected_returns",
                 "provider_errors", "abandoned", "cancelled", "in_flight", "imported",
                 "input_tokens", "output_tokens", "cached_tokens", "unknown_cost_calls")
-
-_TASKS_SQL = (
-    "SELECT b.name AS batch, q.task_ids FROM batches b JOIN requests q "
-    "ON q.revision_id = b.current_revision WHERE q.split = 0")
-
-_USABLE_SQL = (
-    "SELECT b.name AS batch, COUNT(DISTINCT c.task_id) AS usable FROM batches b "
-    "JOIN requests q ON q.revision_id = b.current_revision JOIN checkpoint c "
-    "ON c.request_key = q.key WHERE q.split = 0 GROUP BY b.id")
-
 
 def _empty(batch: str | None) -> dict[str, Any]:
     return {"batch": batch, **{k: 0 for k in COUNTERS}, "cost": 0.0,
@@ -89,18 +41,16 @@ def floor_price(model: str | None, uncached: int, cached: int) -> float | None:
     return (uncached * price.input + cached * rate) / 1_000_000
 
 
-def calls(ledger: Ledger, name: str | None = None) -> dict[str, dict[str, Any]]:
+def calls(store: Store, name: str | None = None) -> dict[str, dict[str, Any]]:
     """Per batch that has attempts: its calls by outcome, tokens, the known cost (None when no
     attempt has one), and the unknown-cost calls with the least they cost."""
-    where, args = (" WHERE b.name = ?", (name,)) if name is not None else ("", ())
     per: dict[str, dict[str, Any]] = {}
-    for row in ledger._rows(_CALLS_SQL.format(where=where), args):
+    for row in store.call_rows(name):
         per[row["batch"]] = {**{k: row[k] or 0 for k in _CALL_COUNTS}, "cost": row["cost"],
                              "unknown_cost_lower_bound": row["unknown_cost_lower_bound"],
                              "unpriced_calls": 0, "unfloored": row["unfloored"] or 0}
     if sum(entry.pop("unfloored") for entry in per.values()):
-        for row in ledger._rows(_UNFLOORED_SQL.format(where=where.replace("WHERE", "AND")),
-                                args):
+        for row in store.unfloored_rows(name):
             entry = per[row["batch"]]
             usd = floor_price(row["model"], row["uncached"], row["cached"])
             if usd is None:
@@ -110,9 +60,9 @@ def calls(ledger: Ledger, name: str | None = None) -> dict[str, dict[str, Any]]:
     return per
 
 
-def spend(ledger: Ledger, name: str | None = None) -> dict[str, Any]:
+def spend(store: Store, name: str | None = None) -> dict[str, Any]:
     """``Ledger.spend()``: the sum of :func:`calls` over every batch (or one)."""
-    entries = list(calls(ledger, name).values())
+    entries = list(calls(store, name).values())
 
     def total(key: str) -> Any:
         return sum(e[key] for e in entries)
@@ -155,22 +105,20 @@ def per_usable_result(cost: float | None, unknown_lower_bound: float, unknown_ca
     return ((cost or 0.0) + unknown_lower_bound) / usable
 
 
-def cost_summary(ledger: Ledger, name: str | None = None) -> dict[str, Any]:
+def cost_summary(store: Store, name: str | None = None) -> dict[str, Any]:
     """Per batch and in total: calls by outcome, tokens, cost (known, and the lower bound of
     the unknown), usable results and cost per usable result counting every attempt."""
-    args = (name,) if name is not None else ()
-    per: dict[str, dict[str, Any]] = {n: _empty(n) for n in ledger.batch_names()
+    per: dict[str, dict[str, Any]] = {n: _empty(n) for n in store.batch_names()
                                       if name is None or n == name}
-    for batch, entry in calls(ledger, name).items():
+    for batch, entry in calls(store, name).items():
         target = per.setdefault(batch, _empty(batch))
         target.update({k: entry[k] for k in (*_CALL_COUNTS, "unpriced_calls",
                                              "unknown_cost_lower_bound") if k in target})
         target["cost"] = entry["cost"] or 0.0
-    for row in ledger._rows(_TASKS_SQL + (" AND b.name = ?" if name is not None else ""), args):
+    for row in store.task_rows(name):
         if row["batch"] in per:
             per[row["batch"]]["tasks"] += len(json.loads(row["task_ids"]))
-    for row in ledger._rows(_USABLE_SQL.replace("GROUP BY", "AND b.name = ? GROUP BY")
-                            if name is not None else _USABLE_SQL, args):
+    for row in store.usable_rows(name):
         if row["batch"] in per:
             per[row["batch"]]["usable_results"] = row["usable"]
     total = _empty(None)

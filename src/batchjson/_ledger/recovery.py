@@ -17,14 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._acceptance import Verdict, accept_items, accept_value
-from ._canon import canonical_json
-from ._errors import InvalidBatch
-from ._import_revisions import Placement, group_lines, revision_for, settle
-from ._ledger import Ledger
-from ._records import now
-from ._schema import ItemSchema, compile_schema
-from ._tasks import (
+from .._acceptance import Verdict, accept_items, accept_value
+from .._canon import canonical_json
+from .._errors import InvalidBatch
+from .._schema import ItemSchema, compile_schema
+from .._tasks import (
     Identity,
     Request,
     compose_contents,
@@ -34,6 +31,9 @@ from ._tasks import (
     pack_requests,
     sha,
 )
+from .import_revisions import Placement, group_lines, revision_for, settle
+from .records import now
+from .store import Store
 
 EXPORT_FORMAT = "batchjson/receipt-1"
 SUCCESS_WORDS = frozenset({"ok", "success", "succeeded", "accepted", "done", "complete",
@@ -264,9 +264,10 @@ def _identity_errors(errors: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]
             for e in errors if e.get("type") == "identity"]
 
 
-def import_receipts(ledger: Ledger, path: str | Path, *,
+def import_receipts(store: Store, path: str | Path, *,
                     validators: Any = None) -> dict[str, Any]:
-    """Import a JSONL file of receipts into ``ledger``; returns the report (see docs/recovery.md).
+    """Import a JSONL file of receipts into the ledger; returns the report (see
+    docs/recovery.md).
 
     ``validators`` is a session's registry (or a name -> ValidatorVersion mapping): a receipt
     naming a validator registered there is rechecked by it.
@@ -277,14 +278,13 @@ def import_receipts(ledger: Ledger, path: str | Path, *,
     outcomes: list[Outcome] = []
     source = str(path)
     groups, placed = group_lines(lines), Placement()
-    with ledger.transaction() as db:
+    with store.transaction() as tx:
         seen: dict[str, int] = {}
         for line in lines:
             rec = line.record
             base = Outcome(line.number, rec["batch"], str(rec.get("status")), "skipped",
                            len(line.tasks))
-            done = db.execute("SELECT line, source FROM imports WHERE digest = ?",
-                              (line.digest,)).fetchone()
+            done = store.import_of(tx, line.digest)
             uid = rec.get("uid") if line.own and isinstance(rec.get("uid"), str) else None
             if done is not None or line.digest in seen:
                 where = (f"line {seen[line.digest]} of this file" if line.digest in seen
@@ -292,8 +292,7 @@ def import_receipts(ledger: Ledger, path: str | Path, *,
                 base.reason = f"already imported ({where})"
                 outcomes.append(base)
                 continue
-            held = (db.execute("SELECT id, batch_id, status FROM attempts WHERE uid = ?",
-                               (uid,)).fetchone() if uid else None)
+            held = store.attempt_of_uid(tx, uid) if uid else None
             # Exported while that call was in flight, finished since: its outcome completes the
             # receipt already here (the same call, not a second one).
             completes = (held is not None and held["status"] in ("in_flight", "abandoned")
@@ -306,80 +305,28 @@ def import_receipts(ledger: Ledger, path: str | Path, *,
             if completes:  # the receipt this line completes: its batch, its attempt
                 batch_id, revision_id = held["batch_id"], None
             else:
-                batch_id, revision_id = revision_for(db, line, groups[line.number], placed)
-            outcome = _import_line(db, ledger, line, registry, uid, source,
-                                   (batch_id, revision_id), held if completes else None)
+                batch_id, revision_id = revision_for(store, tx, line, groups[line.number],
+                                                     placed)
+            outcome = _import_line(store, tx, line, registry, uid, source,
+                                   (batch_id, revision_id), held["id"] if completes else None)
             if revision_id is not None:
                 placed.record(revision_id, line.number, outcome.admitted_items)
             outcomes.append(outcome)
-        revisions = settle(db, placed)
+        revisions = settle(store, tx, placed)
     return _report(source, outcomes, revisions)
 
 
-def _import_line(db: Any, ledger: Ledger, line: Line, registry: Mapping[str, Any],
+def _import_line(store: Store, tx: Any, line: Line, registry: Mapping[str, Any],
                  uid: str | None, source: str, where: tuple[int, int | None],
-                 in_flight: Any = None) -> Outcome:
+                 completes: int | None = None) -> Outcome:
     rec = line.record
     claimed = str(rec.get("status"))
     out = Outcome(line.number, rec["batch"], claimed, "rejected", len(line.tasks))
     batch_id, revision_id = where
-    if in_flight is not None:
-        db.execute("UPDATE attempts SET status = 'in_flight' WHERE id = ?", (in_flight["id"],))
     usage = {k: rec.get(k) for k in OPTIONAL_NUMBERS} | {"model": rec.get("model")}
-    name = rec.get("validator")
-    version = registry.get(name) if name else None
-    success = claimed.strip().lower() in SUCCESS_WORDS
-    stored: dict[str, Any] = {}
-    if line.own and rec.get("raw") is None:
-        status, errors = _exported_status(rec), list(rec.get("errors") or [])
-        out.outcome, out.reason, out.errors = "recorded", f"exported {status} attempt", errors
-    else:
-        verdict = _judge(line, version.fn if version is not None else None)
-        identity = _identity_errors(verdict.errors)
-        if identity:
-            status, errors = "rejected", verdict.errors
-            out.outcome, out.errors = "diagnostic", identity
-            fields = sorted({e["field"] for e in identity if e.get("field")})
-            out.reason = (f"identity error in {len(identity)} item(s) ({', '.join(fields)}); "
-                          f"receipt claimed {claimed!r}; none of its {len(line.tasks)} items "
-                          "admitted")
-        elif not verdict.accepted:
-            status, errors = "rejected", verdict.errors
-            out.errors = [{k: e.get(k) for k in ("type", "task_id", "message")}
-                          for e in verdict.errors]
-            out.reason = f"recheck rejected it ({verdict.errors[0]['type']}); claimed {claimed!r}"
-        elif not success and (not rec.get("schema") or (name and version is None)):
-            status = "rejected"
-            missing = (f"its validator {name!r} is not registered here" if rec.get("schema")
-                       else "it carries no schema")
-            errors = [{"type": "unverified", "task_id": None, "message":
-                       f"receipt claimed {claimed!r} and {missing}, so the recheck cannot "
-                       "overrule the claim"}]
-            out.outcome, out.reason, out.errors = "unverified", errors[0]["message"], errors
-        else:
-            status, errors = "accepted", []
-            out.outcome, out.admitted_items = "admitted", len(line.tasks)
-            notes = []
-            if not success:
-                notes.append(f"receipt claimed {claimed!r} but every check passed")
-            if name and version is None:
-                notes.append(f"validator {name!r} is not registered here: not rerun")
-            out.reason = "; ".join(notes) or "every check passed"
-            stored = verdict.stored
-    attempt_id = in_flight["id"] if in_flight is not None else db.execute(
-        "INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, status, "
-        "errors, raw, input_tokens, output_tokens, cached_tokens, cost, provider, model, "
-        "started_at, finished_at, uid, sent_at, source) VALUES "
-        "(?,?,?,?, 'import', 'in_flight', NULL, NULL, NULL, NULL, NULL, NULL, ?, ?, ?, NULL, "
-        "?, ?, ?)",
-        (batch_id, revision_id, line.request.key, line.request.task_ids_json,
-         rec.get("provider") or "import", rec.get("model"), str(rec.get("at") or now()),
-         uid or f"import-{line.digest[:32]}", rec.get("at"),
-         # batchjson's own export names its answer source; another file's is unknown
-         rec.get("source") if line.own and isinstance(rec.get("source"), str) else None,
-         )).lastrowid
+    status, errors, stored = _judged(line, registry.get(rec.get("validator") or ""), out)
     if status == "accepted":
-        held = _accepted_here(db, batch_id, line.request.key)
+        held = store.accepted_items(tx, batch_id, line.request.key)
         if held:  # the ledger's accepted values are never replaced by an import
             differ = sum(held.get(k) != json.dumps(v) for k, v in stored.items())
             out.outcome, out.admitted_items = "duplicate", 0
@@ -389,23 +336,60 @@ def _import_line(db: Any, ledger: Ledger, line: Line, registry: Mapping[str, Any
                              else " (this return's values are the same)")
                           + "; the return counts in the account")
             stored = {}
-        ledger.op_accept(db, attempt_id, batch_id, line.request.key, stored, rec["raw"], usage)
-    else:
-        ledger.op_finish(db, attempt_id, status, errors, rec.get("raw"), usage)
-    if in_flight is not None:
+    if completes is not None:
         out.reason = "; ".join(filter(None, [out.reason, "completes the receipt of this call, "
                                              "unfinished when it was last seen here"]))
-    db.execute("INSERT INTO imports(digest, attempt_id, source, line, outcome, imported_at) "
-               "VALUES (?,?,?,?,?,?)", (line.digest, attempt_id, source, line.number,
-                                        out.outcome, now()))
+    store.record_import(tx, {
+        "batch_id": batch_id, "revision_id": revision_id, "request": line.request,
+        "provider": rec.get("provider") or "import", "model": rec.get("model"),
+        "at": str(rec.get("at") or now()), "uid": uid or f"import-{line.digest[:32]}",
+        "sent_at": rec.get("at"), "raw": rec.get("raw"),
+        # batchjson's own export names its answer source; another file's is unknown
+        "source": rec.get("source") if line.own and isinstance(rec.get("source"), str) else None,
+        "digest": line.digest, "file": source, "line": line.number, "outcome": out.outcome,
+    }, status=status, errors=errors, stored=stored, usage=usage, completes=completes)
     return out
 
 
-def _accepted_here(db: Any, batch_id: int, key: str) -> dict[str, str]:
-    """task_id -> stored item JSON already accepted for this request of this batch."""
-    return {r["task_id"]: r["item"] for r in db.execute(
-        "SELECT task_id, item FROM checkpoint WHERE batch_id = ? AND request_key = ?",
-        (batch_id, key))}
+def _judged(line: Line, version: Any, out: Outcome) -> tuple[str, list, dict[str, Any]]:
+    """(status, errors, stored items) of one imported receipt, its outcome said in ``out``."""
+    rec = line.record
+    claimed, name = str(rec.get("status")), rec.get("validator")
+    success = claimed.strip().lower() in SUCCESS_WORDS
+    if line.own and rec.get("raw") is None:
+        status, errors = _exported_status(rec), list(rec.get("errors") or [])
+        out.outcome, out.reason, out.errors = "recorded", f"exported {status} attempt", errors
+        return status, errors, {}
+    verdict = _judge(line, version.fn if version is not None else None)
+    identity = _identity_errors(verdict.errors)
+    if identity:
+        out.outcome, out.errors = "diagnostic", identity
+        fields = sorted({e["field"] for e in identity if e.get("field")})
+        out.reason = (f"identity error in {len(identity)} item(s) ({', '.join(fields)}); "
+                      f"receipt claimed {claimed!r}; none of its {len(line.tasks)} items "
+                      "admitted")
+        return "rejected", verdict.errors, {}
+    if not verdict.accepted:
+        out.errors = [{k: e.get(k) for k in ("type", "task_id", "message")}
+                      for e in verdict.errors]
+        out.reason = f"recheck rejected it ({verdict.errors[0]['type']}); claimed {claimed!r}"
+        return "rejected", verdict.errors, {}
+    if not success and (not rec.get("schema") or (name and version is None)):
+        missing = (f"its validator {name!r} is not registered here" if rec.get("schema")
+                   else "it carries no schema")
+        errors = [{"type": "unverified", "task_id": None, "message":
+                   f"receipt claimed {claimed!r} and {missing}, so the recheck cannot "
+                   "overrule the claim"}]
+        out.outcome, out.reason, out.errors = "unverified", errors[0]["message"], errors
+        return "rejected", errors, {}
+    out.outcome, out.admitted_items = "admitted", len(line.tasks)
+    notes = []
+    if not success:
+        notes.append(f"receipt claimed {claimed!r} but every check passed")
+    if name and version is None:
+        notes.append(f"validator {name!r} is not registered here: not rerun")
+    out.reason = "; ".join(notes) or "every check passed"
+    return "accepted", [], verdict.stored
 
 
 def _exported_status(rec: Mapping[str, Any]) -> str:
@@ -424,12 +408,6 @@ def _report(source: str, outcomes: list[Outcome],
 
 
 # -- export ---------------------------------------------------------------------------------------
-_EXPORT_SQL = (
-    "SELECT a.*, b.name AS batch, r.number AS revision, r.components, r.validator_name, "
-    "b.current_revision = a.revision_id AS current, "
-    "q.tasks FROM attempts a JOIN batches b ON b.id = a.batch_id "
-    "JOIN revisions r ON r.id = a.revision_id LEFT JOIN requests q "
-    "ON q.revision_id = a.revision_id AND q.key = a.request_key")
 
 
 def _identity_names(joined: str, tasks: list[dict]) -> list[str]:
@@ -451,12 +429,11 @@ def _identity_names(joined: str, tasks: list[dict]) -> list[str]:
     return (regroup(0) if len(parts) <= 32 else None) or parts
 
 
-def export_receipts(ledger: Ledger, name: str | None = None) -> list[dict[str, Any]]:
+def export_receipts(store: Store, name: str | None = None) -> list[dict[str, Any]]:
     """Every attempt as an importable receipt (batchjson's own format), in call order."""
-    where, args = (" WHERE b.name = ?", (name,)) if name else ("", ())
     out = []
     numbers: dict[str, int] = {}
-    for row in ledger._rows(_EXPORT_SQL + where + " ORDER BY a.id", args):
+    for row in store.export_rows(name):
         components = json.loads(row["components"])
         numbers[row["batch"]] = numbers.get(row["batch"], 0) + 1
         out.append({

@@ -14,14 +14,14 @@ revisions are superseded by the batch's current one, and the report says so.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._canon import canonical_json
-from ._ledger import Ledger
-from ._records import now
-from ._tasks import revision_fingerprint, tasks_digest
+from .._canon import canonical_json
+from .._tasks import revision_fingerprint, tasks_digest
+from .records import now
+from .store import Store
 
 # The components that say how a receipt was judged (tasks and pack say what was asked).
 JUDGING = ("schema", "validator", "instructions", "identity", "mode", "source", "unseen")
@@ -86,75 +86,58 @@ class Placement:
         self.admitted[revision_id] = self.admitted.get(revision_id, 0) + admitted
 
 
-def revision_for(db: Any, line: Any, group: Group, placed: Placement) -> tuple[int, int]:
+def revision_for(store: Store, tx: Any, line: Any, group: Group,
+                 placed: Placement) -> tuple[int, int]:
     """The batch and revision an imported attempt belongs to: a revision of the batch already
     holding its request, else its group's revision (found or made once per import)."""
     name, stamp = line.record["batch"], now()
-    batch_id, current = Ledger.batch_row(db, name, stamp)
+    batch_id, current = store.batch_row(tx, name, stamp)
     placed.fresh.setdefault(name, current is None)
-    held = db.execute(
-        "SELECT r.id FROM revisions r JOIN requests q ON q.revision_id = r.id WHERE "
-        "r.batch_id = ? AND q.key = ? ORDER BY r.id = ? DESC, r.id LIMIT 1",
-        (batch_id, line.request.key, group.revision_id or 0)).fetchone()
+    held = store.revision_holding(tx, batch_id, line.request.key, group.revision_id)
     if held is not None:
-        return batch_id, held["id"]
+        return batch_id, held
     if group.revision_id is None:
-        group.revision_id = _group_revision(db, batch_id, current, group, placed.fresh[name],
-                                            stamp)
+        group.revision_id = _group_revision(store, tx, batch_id, current, group,
+                                            placed.fresh[name], stamp)
         placed.current_there[group.revision_id] = group.current_there
-    db.execute("INSERT OR IGNORE INTO requests(revision_id, key, position, parent_key, "
-               "task_ids, tasks) VALUES (?,?, (SELECT COUNT(*) FROM requests WHERE "
-               "revision_id = ?), NULL, ?, ?)",
-               (group.revision_id, line.request.key, group.revision_id,
-                line.request.task_ids_json, line.request.tasks_json))
+    store.add_import_request(tx, group.revision_id, line.request)
     return batch_id, group.revision_id
 
 
-def _group_revision(db: Any, batch_id: int, current: int | None, group: Group, fresh: bool,
-                    stamp: str) -> int:
+def _group_revision(store: Store, tx: Any, batch_id: int, current: int | None, group: Group,
+                    fresh: bool, stamp: str) -> int:
     """The revision with the group's content; else the batch's current revision when an
     earlier import made it and judged alike (a history file imported again as it grows);
     else a new one: open for a batch new to the ledger, beside a live batch superseded."""
     components = group.revision_components()
     fingerprint = revision_fingerprint(components)
-    found = db.execute("SELECT id FROM revisions WHERE batch_id = ? AND fingerprint = ?",
-                       (batch_id, fingerprint)).fetchone()
+    found = store.revision_with(tx, batch_id, fingerprint)
     if found is not None:
-        return found["id"]
-    if current is not None and not group.own and _imported_alike(db, current, group):
+        return found
+    if current is not None and not group.own and _imported_alike(store, tx, current, group):
         return current
-    number = db.execute("SELECT COALESCE(MAX(number), 0) + 1 FROM revisions WHERE "
-                        "batch_id = ?", (batch_id,)).fetchone()[0]
-    beside = None if fresh else current
-    revision_id = db.execute(
-        "INSERT INTO revisions(batch_id, number, fingerprint, components, validator_name, "
-        "validator_fingerprint, status, superseded_by, supersede_reason, created_at) "
-        "VALUES (?,?,?,?,?,?,?,?,?,?)",
-        (batch_id, number, fingerprint, json.dumps(components), group.validator_name,
-         components.get("validator"), "open" if beside is None else "superseded", beside,
-         None if beside is None else BESIDE_LIVE, stamp)).lastrowid
+    revision_id = store.add_revision(tx, batch_id, fingerprint, components, stamp,
+                                     validator=(group.validator_name, None),
+                                     superseded_by=None if fresh else current,
+                                     reason=BESIDE_LIVE)
     if current is None:
-        db.execute("UPDATE batches SET current_revision = ? WHERE id = ?",
-                   (revision_id, batch_id))
+        store.make_current(tx, batch_id, revision_id)
     return revision_id
 
 
-def _imported_alike(db: Any, revision_id: int, group: Group) -> bool:
+def _imported_alike(store: Store, tx: Any, revision_id: int, group: Group) -> bool:
     """Whether ``revision_id`` was made by an import (no answer source, no live attempt) and
     judges as ``group`` does."""
-    row = db.execute("SELECT components FROM revisions WHERE id = ?", (revision_id,)).fetchone()
-    theirs = json.loads(row["components"])
-    if "source" in theirs or {k: v for k, v in theirs.items() if k in JUDGING} != group.components:
-        return False
-    return db.execute("SELECT NOT EXISTS (SELECT 1 FROM attempts WHERE revision_id = ? AND "
-                      "kind != 'import')", (revision_id,)).fetchone()[0] == 1
+    theirs = store.imported_revision(tx, revision_id)
+    return theirs is not None and "source" not in theirs and {
+        k: v for k, v in theirs.items() if k in JUDGING} == group.components
 
 
-def settle(db: Any, placed: Placement) -> list[dict[str, Any]]:
+def settle(store: Store, tx: Any, placed: Placement) -> list[dict[str, Any]]:
     """For each batch new to the ledger that this import gave several revisions, make one
     current (the one current where it was exported, else the most admitted items, else the
     latest line) and record the others beside it; then describe every revision touched."""
-    rows = {r["id"]: r for r in _revision_rows(db, list(placed.lines))}
+    rows = {r["id"]: r for r in store.revision_rows(tx, list(placed.lines))}
     by_batch: dict[str, list[int]] = {}
     for revision_id in placed.lines:
         by_batch.setdefault(rows[revision_id]["batch"], []).append(revision_id)
@@ -164,31 +147,20 @@ def settle(db: Any, placed: Placement) -> list[dict[str, Any]]:
             continue
         winner = max(made, key=lambda i: (placed.current_there.get(i, False),
                                           placed.admitted.get(i, 0), max(placed.lines[i])))
-        db.execute("UPDATE batches SET current_revision = ? WHERE id = ?",
-                   (winner, rows[winner]["batch_id"]))
+        store.make_current(tx, rows[winner]["batch_id"], winner)
         for other in made:
             if other != winner:
                 differ = _differences(rows[other]["components"], rows[winner]["components"])
-                db.execute("UPDATE revisions SET status = 'superseded', superseded_by = ?, "
-                           "supersede_reason = ? WHERE id = ?",
-                           (winner, f"imported beside revision {rows[winner]['number']}: its "
-                            f"receipts differ in {', '.join(differ)}", other))
-    rows = {r["id"]: r for r in _revision_rows(db, list(placed.lines))}
+                store.supersede(tx, other, winner, f"imported beside revision "
+                                f"{rows[winner]['number']}: its receipts differ in "
+                                f"{', '.join(differ)}")
+    rows = {r["id"]: r for r in store.revision_rows(tx, list(placed.lines))}
     return [_describe(rows[i], placed) for ids in by_batch.values() for i in ids]
 
 
 def _differences(mine: str, theirs: str) -> list[str]:
     a, b = json.loads(mine), json.loads(theirs)
     return [k for k in JUDGING if a.get(k) != b.get(k)] or ["the tasks asked"]
-
-
-def _revision_rows(db: Any, ids: Sequence[int]) -> list[Any]:
-    marks = ",".join("?" * len(ids))
-    return db.execute(
-        "SELECT r.id, r.number, r.status, r.components, r.supersede_reason, r.batch_id, "
-        "b.name AS batch, b.current_revision = r.id AS current, c.number AS current_number "
-        f"FROM revisions r JOIN batches b ON b.id = r.batch_id LEFT JOIN revisions c "
-        f"ON c.id = b.current_revision WHERE r.id IN ({marks})", list(ids)).fetchall()
 
 
 def _describe(row: Any, placed: Placement) -> dict[str, Any]:

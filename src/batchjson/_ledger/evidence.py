@@ -10,9 +10,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ._accounts import per_usable_result
-from ._forgetting import forgotten
-from ._ledger import Ledger
+from . import accounts
+from .accounts import per_usable_result
+from .forgetting import forgotten
+from .store import Store
 
 
 @dataclass(frozen=True)
@@ -26,11 +27,11 @@ class UnresolvedRequest:
 class Evidence:
     """Counts over open (non-superseded) revisions; accepted calls are never counted again."""
 
-    def __init__(self, ledger: Ledger) -> None:
-        self._ledger = ledger
+    def __init__(self, store: Store) -> None:
+        self._store = store
 
     def requests(self, batch: str | None = None) -> list[UnresolvedRequest]:
-        rows = self._ledger.unresolved()
+        rows = self._store.unresolved()
         out = [UnresolvedRequest(r["batch"], r["revision"], r["key"],
                                  tuple(json.loads(r["task_ids"]))) for r in rows]
         return [u for u in out if batch is None or u.batch == batch]
@@ -54,13 +55,13 @@ class Evidence:
 
     @property
     def superseded(self) -> list[dict[str, Any]]:
-        return [dict(r) for r in self._ledger.superseded()]
+        return [dict(r) for r in self._store.superseded()]
 
     def summary(self, batch: str | None = None) -> dict[str, Any]:
         """Numbers a person asks for: what is owed, what was spent, and cost per usable result."""
         owed = self.requests(batch)
-        spend = self._ledger.spend(batch)
-        usable = self._ledger.checkpoint_count(batch)
+        spend = accounts.spend(self._store, batch)
+        usable = self._store.checkpoint_count(batch)
         cost = spend["cost"]
         superseded = [s for s in self.superseded if batch is None or s["batch"] == batch]
         # Calls with no recorded cost (killed, interrupted, unpriced) are shown with the least
@@ -71,7 +72,7 @@ class Evidence:
             "batch": batch,
             **_counts(owed),
             "superseded": superseded,
-            "forgotten": forgotten(self._ledger, batch),
+            "forgotten": forgotten(self._store, batch),
             "calls": spend["calls"],
             "accepted_returns": spend["accepted"],
             "rejected_returns": spend["rejected"],

@@ -1,7 +1,8 @@
 """The ledger's rows as Python values: receipts, revisions, ids and timestamps.
 
-Kept apart from :mod:`batchjson._ledger` (which writes and queries) so the shapes a reader
-meets, and the one timestamp format every record uses, live in one small place.
+Kept apart from the store (which writes and queries) so the shapes a reader meets, the one
+timestamp format every record uses, and what is said about a ledger file that cannot be opened
+live in one small place.
 """
 
 from __future__ import annotations
@@ -10,16 +11,14 @@ import json
 import os
 import random
 import re
-import sqlite3
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ._errors import ConfigError
-from ._migrations import SCHEMA_VERSION
-from ._providers.masking import masked, public_url
+from .._errors import ConfigError
+from .._providers.masking import masked, public_url
 
 _second: tuple[int, str] = (-1, "")  # the last whole second formatted, and its text
 
@@ -99,30 +98,6 @@ def ledger_path(value: Any) -> Path | None:
         raise ConfigError(f"ledger {shown} is a URL, but a batchjson ledger is a SQLite file; "
                           "pass a file path, e.g. ledger='runs/ledger.sqlite'")
     return Path(text)
-
-
-def ledger_problem(path: Path) -> str | None:
-    """Why the file at ``path`` cannot be read as a ledger, or None; it is opened read-only,
-    so a wrong path is never turned into a ledger by the migrations."""
-    if not path.exists():
-        return f"no ledger at {path}"
-    if path.is_dir():
-        return f"{path} is a directory; pass --ledger with the ledger file inside it"
-    try:
-        db = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
-        try:
-            version = db.execute("PRAGMA user_version").fetchone()[0]
-            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master")}
-        finally:
-            db.close()
-    except sqlite3.DatabaseError:
-        return f"{path} {unreadable(path)}"
-    if version == 0 or "attempts" not in tables:
-        return f"{path} is a SQLite file but not a batchjson ledger"
-    if version > SCHEMA_VERSION:
-        return (f"{path} has ledger schema version {version} but this batchjson knows up to "
-                f"{SCHEMA_VERSION}; upgrade batchjson to read it")
-    return None
 
 
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -212,13 +187,13 @@ def read_only_place(path: Path) -> str | None:
     return None
 
 
-def _revision(row: sqlite3.Row) -> Revision:
+def _revision(row: Any) -> Revision:
     return Revision(row["id"], row["batch_id"], row["batch"], row["number"], row["fingerprint"],
                     json.loads(row["components"]), row["status"], row["supersede_reason"],
                     row["validator_name"], row["created_at"])
 
 
-def _receipt(row: sqlite3.Row) -> Receipt:
+def _receipt(row: Any) -> Receipt:
     return Receipt(row["id"], row["batch"], row["revision"], row["request_key"],
                    tuple(json.loads(row["task_ids"])), row["kind"], row["status"],
                    json.loads(row["errors"]) if row["errors"] else [], row["raw"],

@@ -1,0 +1,15 @@
+"""The ledger: the one source of truth for batches, receipts and accepted values.
+
+This package owns everything about it. ``store.Store`` holds every SQL statement batchjson runs
+(its ``store_*`` modules, by what they serve); ``sqlite.SQLiteStore`` connects it to a SQLite
+file and holds what is SQLite's own (PRAGMAs, WAL, the one schema and its version). Beside the
+store, and importing it (never the facade), are the ledger's rows as values (``records``),
+claims (``claims``), the accounts (``accounts``), evidence (``evidence``), re-judging
+(``rejudge``), forgetting (``forgetting``), recovery: import and export (``recovery``), where
+imported attempts go (``import_revisions``) and merging (``merge``). ``ledger.Ledger`` is the
+public facade over the store. No module outside this package holds SQL.
+"""
+
+from .ledger import Ledger
+
+__all__ = ["Ledger"]

@@ -1,0 +1,74 @@
+"""Forgetting a batch: its evidence stops owing calls; its account stays whole.
+
+An abandoned batch with unresolved requests owes calls forever (``%batch_status``,
+``minimum_exact_retry_calls``, a strict session's validator, an RLM host's gate). Forgetting
+marks every revision of the batch that still owes as forgotten, in one transaction, and records
+who forgot it, when, how, and what it stopped owing. Receipts, costs and accepted values are
+untouched. A later run of the same content reopens its revision, which owes again; new content
+opens a new revision as always.
+
+Only a person forgets: ``batchjson forget`` and ``%batch_forget`` offer it. No RLM helper does,
+and the ``Session`` has no method for it, so a model cannot clear its own gate through the
+names it is given.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import socket
+from typing import Any
+
+from .._errors import InvalidBatch
+from .._result import money
+from .records import now
+from .store import Store
+
+
+def who() -> str:
+    """``user@host`` for the record; a missing user name (some containers) is said so."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # noqa: BLE001 - no USER/LOGNAME and no passwd entry
+        user = "unknown-user"
+    return f"{user}@{socket.gethostname() or 'unknown-host'}"
+
+
+def forget_batch(store: Store, name: str, *, via: str, by: str | None = None
+                 ) -> dict[str, Any] | None:
+    """Stop every revision of batch ``name`` that owes requests from owing them.
+
+    Returns the record (batch, revisions, requests, items, by, via, at), or None when the batch
+    owes nothing (then nothing is recorded). An unknown name is an InvalidBatch listing the
+    batches there are."""
+    problem = store.no_such_batch(name)
+    if problem:
+        raise InvalidBatch(problem)
+    return store.forget(name, via=via, by=by or who(), stamp=now())
+
+
+def forgotten(store: Store, name: str | None = None) -> list[dict[str, Any]]:
+    """Every forgetting on record (of one batch, or all), oldest first; ``in_effect`` says how
+    many of its revisions still stand forgotten (a later run of one reopens it)."""
+    return [{"batch": r[0], "at": r[1], "by": r[2], "via": r[3], "revisions": json.loads(r[4]),
+             "requests": r[5], "items": r[6], "in_effect": r[7]} for r in store.forgotten(name)]
+
+
+def forgotten_line(f: dict[str, Any]) -> str:
+    """One line for status: what was forgotten, by whom, when, and whether it still stands."""
+    revs = ", ".join(map(str, f["revisions"]))
+    state = "" if f["in_effect"] else "; owed again since a later run reopened it"
+    return (f"{f['batch']} revision(s) {revs}: {f['requests']} request(s), {f['items']} item(s) "
+            f"no longer owed, forgotten by {f['by']} via {f['via']} at {f['at'][:19]}Z{state}")
+
+
+def forget_message(name: str, record: dict[str, Any] | None, spend: dict[str, Any]) -> str:
+    """What a face says after forgetting (the CLI and the magic say the same)."""
+    if record is None:
+        return f"batch {name!r} owes nothing, so nothing was forgotten"
+    revs = ", ".join(map(str, record["revisions"]))
+    return (f"forgot batch {name!r}: revision(s) {revs} no longer owe {record['requests']} "
+            f"request(s) ({record['items']} item(s)); recorded as forgotten by {record['by']} "
+            f"at {record['at'][:19]}Z. Its {spend['calls']} call(s) and their cost "
+            f"({money(spend['cost'])}) stay in the account, and a later run of {name!r} owes "
+            "again.")

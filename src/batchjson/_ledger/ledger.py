@@ -1,0 +1,106 @@
+"""The public ``Ledger``: a facade over the store, the single source of truth for batches and
+receipts.
+
+Every attempt is written *before* its call (in flight) and completed after. An accepted return
+and its checkpoint rows are committed in one transaction; a rejected return admits nothing.
+The reading a user does is here; batchjson's own code reaches the store through ``store``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .._tasks import Request
+from . import accounts, merge, recovery
+from .records import Receipt, Revision, ledger_path
+from .sqlite import SQLiteStore
+from .store import Store
+
+
+class Ledger:
+    """Thread-safe access to the ledger file (``path=None`` keeps it in memory)."""
+
+    def __init__(self, path: str | Path | None = None, *, busy_timeout: float = 30.0) -> None:
+        self.path = ledger_path(path)  # refused (ConfigError) before any file is made
+        self.store: Store = SQLiteStore(self.path, busy_timeout=busy_timeout)
+
+    def __repr__(self) -> str:
+        return f"Ledger({str(self.path) if self.path else ':memory:'})"
+
+    def close(self) -> None:
+        self.store.close()
+
+    # -- reading -------------------------------------------------------------------------------
+    def attempts(self, name: str, *, failed: bool = False) -> list[Receipt]:
+        """Receipts of a batch in call order (every revision)."""
+        return self.store.receipts(name, failed=failed)
+
+    def checkpoint(self, name: str, revision_id: int | None = None) -> dict[str, Any]:
+        """task_id -> accepted item for one revision of the batch (default: its current one).
+
+        A run reads its own revision: another runner may have made a different one current.
+        """
+        return self.store.checkpoint(name, revision_id)
+
+    def batch_names(self) -> list[str]:
+        return self.store.batch_names()
+
+    def revisions(self, name: str | None = None) -> list[Revision]:
+        return self.store.revisions(name)
+
+    def leaves(self, revision_id: int) -> list[Request]:
+        """The requests of a revision that are sent (split ones give way to their halves)."""
+        return self.store.leaves(revision_id)
+
+    def accepted_keys(self, keys: Sequence[str]) -> set[str]:
+        """Keys with an accepted return, under any batch: evidence is content, not a name."""
+        return self.store.accepted_keys(keys)
+
+    def no_such_batch(self, name: str) -> str | None:
+        """Why ``name`` is not a batch here, listing those that are; None when it is one."""
+        return self.store.no_such_batch(name)
+
+    def validator_usage(self) -> list[dict[str, Any]]:
+        """Every recorded validator version, with the sorted names of batches run under it."""
+        out: dict[tuple[str, int], dict[str, Any]] = {}
+        for r in self.store.validator_rows():
+            row = out.setdefault((r["name"], r["version"]), {
+                k: r[k] for k in ("name", "version", "fingerprint", "where_defined",
+                                  "defined_at")} | {"batches": []})
+            if r["batch"] is not None and r["batch"] not in row["batches"]:
+                row["batches"].append(r["batch"])
+        return list(out.values())
+
+    # -- accounts and recovery (accounts.py, recovery.py, merge.py hold the logic) -------------
+    def spend(self, name: str | None = None) -> dict[str, Any]:
+        """Calls, tokens and cost of every call ever made (for one batch or all): the same
+        account as :meth:`cost_summary`, summed (accounts.py holds the one definition).
+
+        A receipt whose call was never sent (cancelled before sending) is not a call; nor is a
+        recheck. A call with no recorded cost (killed or interrupted before its answer, an error
+        without usage, a model with no price) has an unknown cost: it is counted in
+        ``unknown_cost_calls``, and ``cost_lower_bound_unknown`` is the least those calls cost
+        (their prompt tokens at the model's input price); ``cost_lower_bound`` adds it to the
+        known ``cost``.
+        """
+        return accounts.spend(self.store, name)
+
+    def cost_summary(self, name: str | None = None) -> dict[str, Any]:
+        """Per batch and in total: every attempt's calls, tokens and cost; see accounts.py."""
+        return accounts.cost_summary(self.store, name)
+
+    def import_receipts(self, path: str | Path, *, validators: Any = None) -> dict[str, Any]:
+        """Import historical receipts (JSONL), rechecking every item; see docs/recovery.md."""
+        with self.store.whole_or_nothing("the import"):
+            return recovery.import_receipts(self.store, path, validators=validators)
+
+    def export_receipts(self, name: str | None = None) -> list[dict[str, Any]]:
+        """Every attempt as an importable receipt, in call order."""
+        return recovery.export_receipts(self.store, name)
+
+    def merge(self, other: str | Path) -> dict[str, Any]:
+        """Bring another ledger's batches, attempts and accepted values in (idempotent)."""
+        with self.store.whole_or_nothing("the merge"):
+            return merge.merge_ledger(self.store, other)

@@ -1,0 +1,27 @@
+"""Merging another ledger into this one, so every attempt ever made stays in one account.
+
+Attempts are matched by ``uid`` (unique across ledgers), revisions by (batch name, fingerprint),
+requests by (revision, key) and validators by (name, fingerprint), so merging the same file twice
+changes nothing. The other file is opened read-only; everything is written in one transaction.
+A revision another ledger had forgotten stays forgotten here, under a copy of its record. The
+statements are the store's (``store_merge.py``); the other file is read by ``sqlite.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .._errors import LedgerError
+from .sqlite import read_ledger_file
+from .store import Store
+
+
+def merge_ledger(store: Store, other: str | Path) -> dict[str, Any]:
+    """Bring the other ledger's batches, revisions, requests, attempts, accepted values and
+    validators into the store's ledger; returns what was added."""
+    path = Path(other)
+    if store.path is not None and path.exists() and path.resolve() == store.path.resolve():
+        raise LedgerError(f"{path} is this ledger; merge another ledger into it", path=path)
+    merged = store.merge_tables(read_ledger_file(path), path.name)
+    return {"source": str(path), **merged}

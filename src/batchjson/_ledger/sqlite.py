@@ -1,0 +1,340 @@
+"""The SQLite store: one file in WAL mode (or memory), and everything that is SQLite's own.
+
+Here, and nowhere else, are the connection and its PRAGMAs, the switch to WAL and the wait for
+it, the schema and its version in ``PRAGMA user_version``, ``WITHOUT ROWID`` tables, SQLite's
+JSON functions, and what a SQLite error means (the file failed, or one statement did). The
+statements every store shares are in the ``store_*`` modules.
+
+There is one schema. A ledger at an older version is refused, never converted: nothing has
+been released that wrote one, and its receipts can be exported by the version that wrote it
+and imported into a new ledger.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from .._errors import LedgerError
+from . import records
+from .store import Store
+from .store_base import Row, Tx
+
+SCHEMA_VERSION = 8
+
+# The tables docs/design.md lists, with their columns' names and meanings; times are ISO 8601
+# UTC text. Claims and checkpoint rows are written with every call: WITHOUT ROWID keeps each
+# row in one b-tree (one page written instead of two). A receipt's completion changes its
+# status, so the key index leaves status out (no index page rewritten per call).
+SCHEMA = """
+CREATE TABLE batches (
+    id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, current_revision INTEGER,
+    created_at TEXT NOT NULL);
+CREATE TABLE forgets (
+    id INTEGER PRIMARY KEY, batch_id INTEGER NOT NULL REFERENCES batches(id),
+    forgotten_at TEXT NOT NULL, forgotten_by TEXT NOT NULL, via TEXT NOT NULL,
+    revisions TEXT NOT NULL, requests INTEGER NOT NULL, items INTEGER NOT NULL);
+CREATE TABLE revisions (
+    id INTEGER PRIMARY KEY, batch_id INTEGER NOT NULL REFERENCES batches(id),
+    number INTEGER NOT NULL, fingerprint TEXT NOT NULL, components TEXT NOT NULL,
+    validator_name TEXT, validator_version INTEGER, validator_fingerprint TEXT,
+    status TEXT NOT NULL CHECK (status IN ('open', 'superseded')),
+    superseded_by INTEGER REFERENCES revisions(id), supersede_reason TEXT,
+    created_at TEXT NOT NULL, forget_id INTEGER REFERENCES forgets(id),
+    UNIQUE (batch_id, number), UNIQUE (batch_id, fingerprint));
+CREATE TABLE requests (
+    id INTEGER PRIMARY KEY, revision_id INTEGER NOT NULL REFERENCES revisions(id),
+    key TEXT NOT NULL, position INTEGER NOT NULL, parent_key TEXT,
+    task_ids TEXT NOT NULL, tasks TEXT NOT NULL, split INTEGER NOT NULL DEFAULT 0,
+    UNIQUE (revision_id, key));
+CREATE TABLE attempts (
+    id INTEGER PRIMARY KEY, batch_id INTEGER NOT NULL REFERENCES batches(id),
+    revision_id INTEGER NOT NULL REFERENCES revisions(id), request_key TEXT NOT NULL,
+    task_ids TEXT NOT NULL,
+    kind TEXT NOT NULL CHECK (kind IN
+        ('initial', 'repair', 'replay', 'split', 'recheck', 'import')),
+    status TEXT NOT NULL CHECK (status IN
+        ('in_flight', 'accepted', 'rejected', 'provider_error', 'cancelled', 'abandoned')),
+    errors TEXT, raw TEXT, input_tokens INTEGER, output_tokens INTEGER,
+    cached_tokens INTEGER, cost REAL, provider TEXT, model TEXT,
+    started_at TEXT NOT NULL, finished_at TEXT,
+    uid TEXT NOT NULL UNIQUE, sent_at TEXT, owner TEXT, source TEXT,
+    estimated_input_tokens INTEGER, cost_floor REAL);
+CREATE INDEX attempts_by_key ON attempts (request_key);
+CREATE INDEX attempts_by_batch ON attempts (batch_id, id);
+CREATE INDEX attempts_in_flight ON attempts (owner) WHERE status = 'in_flight';
+CREATE TABLE checkpoint (
+    batch_id INTEGER NOT NULL REFERENCES batches(id), request_key TEXT NOT NULL,
+    task_id TEXT NOT NULL, attempt_id INTEGER NOT NULL REFERENCES attempts(id),
+    item TEXT NOT NULL, committed_at TEXT NOT NULL,
+    PRIMARY KEY (request_key, task_id, batch_id)) WITHOUT ROWID;
+CREATE TABLE claims (
+    request_key TEXT PRIMARY KEY, owner TEXT NOT NULL, host TEXT NOT NULL,
+    pid INTEGER NOT NULL, session TEXT NOT NULL, attempt_id INTEGER,
+    lease_expires_at REAL NOT NULL, claimed_at TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE imports (
+    digest TEXT PRIMARY KEY, attempt_id INTEGER REFERENCES attempts(id),
+    source TEXT, line INTEGER, outcome TEXT NOT NULL, imported_at TEXT NOT NULL);
+CREATE TABLE validators (
+    name TEXT NOT NULL, version INTEGER NOT NULL, fingerprint TEXT NOT NULL,
+    where_defined TEXT, defined_at TEXT NOT NULL, by_identity TEXT,
+    PRIMARY KEY (name, fingerprint), UNIQUE (name, version));
+CREATE TABLE seen (request_key TEXT PRIMARY KEY, seen_key TEXT NOT NULL);
+CREATE INDEX seen_by_seen_key ON seen (seen_key);
+CREATE TABLE rechecks (
+    attempt_id INTEGER PRIMARY KEY REFERENCES attempts(id),
+    from_attempt INTEGER NOT NULL REFERENCES attempts(id));
+"""
+
+# WAL pages a commit lets pile up before it copies them into the file itself. The copy runs in
+# that commit, on the run's event loop; a call writes about seven pages, mostly the same b-tree
+# pages again, so a longer stretch copies each hot page once where SQLite's 1,000 would copy it
+# eight times, and a run stalls less often. The WAL file grows to about 32 MB before it starts
+# over (it is removed when the ledger is closed). This connection's setting, nothing else's.
+WAL_PAGES = 8000
+
+
+class SQLiteStore(Store):
+    """The ledger in one SQLite file (``path=None``: in memory), safe to share between threads
+    of a process and between processes."""
+
+    def __init__(self, path: Path | None, *, busy_timeout: float = 30.0) -> None:
+        self.path = path
+        self._busy_timeout = busy_timeout
+        target = ":memory:" if path is None else str(path)
+        try:
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(target, check_same_thread=False, isolation_level=None,
+                                       timeout=busy_timeout)
+            self._db.row_factory = sqlite3.Row
+            self._lock = threading.RLock()
+            # a ledger at another version is refused before anything (WAL included) is changed
+            refuse_version(self._db.execute("PRAGMA user_version").fetchone()[0], path)
+            if path is not None:
+                self._wal()
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute(f"PRAGMA wal_autocheckpoint={WAL_PAGES}")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            with self._lock:
+                self._schema()
+        except (sqlite3.Error, OSError) as exc:
+            raise LedgerError(records.open_problem(path), path=self.where, cause=exc) from exc
+        except LedgerError:
+            self._db.close()
+            raise
+
+    def _wal(self) -> None:
+        """Switch to WAL. The switch needs the file to itself and SQLite does not wait for it,
+        so a ledger another process is creating is waited for, within the busy timeout,
+        instead of failing with "database is locked"."""
+        deadline = time.monotonic() + self._busy_timeout
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+
+    def _schema(self) -> None:
+        """Make the schema in a new ledger. The version is read again under the write lock,
+        so two runners creating one ledger never both make it."""
+        if self._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION:
+            return
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            refuse_version(version, self.path)
+            if version == 0:
+                for statement in SCHEMA.split(";"):
+                    if statement.strip():
+                        self._db.execute(statement)
+                self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            self._db.execute("COMMIT")
+        except BaseException:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise
+
+    def __repr__(self) -> str:
+        return f"SQLiteStore({self.path or ':memory:'})"
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE``: the write lock first, so writers of every process take turns.
+        A failure of the file itself raises LedgerError; the rollback after a failure never
+        replaces its cause."""
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise self._error("could not start a write", exc) from exc
+            try:
+                yield self._db
+            except BaseException as exc:
+                self._rollback()
+                if isinstance(exc, sqlite3.Error) and is_ledger_fault(exc):
+                    raise self._error("a write failed", exc) from exc
+                raise
+            try:
+                self._db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                self._rollback()
+                raise self._error("could not commit", exc) from exc
+
+    @contextmanager
+    def whole_or_nothing(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise LedgerError(f"{what} failed and was rolled back whole", path=self.where,
+                              cause=exc) from exc
+
+    def _rollback(self) -> None:
+        """Undo what is left of a failed transaction; SQLite may already have undone it."""
+        if self._db.in_transaction:
+            try:
+                self._db.execute("ROLLBACK")
+            except sqlite3.Error:  # the original failure is the one worth reporting
+                pass
+
+    def _error(self, what: str, exc: BaseException) -> LedgerError:
+        return LedgerError(f"{what}; the run stopped before any further call"
+                           f"{records.write_problem(self.path, exc)}", path=self.where,
+                           cause=exc)
+
+    def _exec(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> sqlite3.Cursor:
+        return tx.execute(sql, args)
+
+    def _many(self, tx: Tx, sql: str, rows: Sequence[Sequence[Any]]) -> sqlite3.Cursor:
+        return tx.executemany(sql, rows)
+
+    def _insert(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> int:
+        return tx.execute(sql, args).lastrowid
+
+    def _read(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
+        with self._lock:
+            try:
+                return self._db.execute(sql, args).fetchall()
+            except sqlite3.Error as exc:  # closed, corrupt, locked: a batchjson error, named
+                raise LedgerError("could not be read", path=self.where, cause=exc) from exc
+
+    def _json_valid(self, expr: str) -> str:
+        return f"json_valid({expr})"
+
+    def _json_length(self, expr: str) -> str:
+        return f"json_array_length({expr})"
+
+
+def refuse_version(version: int, path: Path | None) -> None:
+    """A LedgerError for a ledger at a schema version this batchjson does not read (0, a new
+    or empty file, and SCHEMA_VERSION are read); nothing is changed."""
+    if version > SCHEMA_VERSION:
+        raise LedgerError(
+            f"schema version {version} is newer than this batchjson knows ({SCHEMA_VERSION}); "
+            "upgrade batchjson to read it (nothing was changed)", path=path or ":memory:")
+    if 0 < version < SCHEMA_VERSION:
+        raise LedgerError(older_schema(version, path), path=path or ":memory:")
+
+
+def older_schema(version: int, path: Path | None) -> str:
+    """What to do with a ledger an earlier batchjson wrote: it is not converted."""
+    where = str(path) if path is not None else "LEDGER"
+    return (f"ledger schema version {version} was written by an earlier batchjson; this "
+            f"batchjson reads only schema {SCHEMA_VERSION} and does not convert older ledgers "
+            "(nothing was changed). Keep using the batchjson that wrote it, or export its "
+            f"receipts with that version (batchjson export --jsonl --ledger {where} > "
+            "receipts.jsonl) and import them into a new ledger (batchjson import "
+            "receipts.jsonl --ledger NEW.sqlite)")
+
+
+_FAULTS = ("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_READONLY", "SQLITE_BUSY", "SQLITE_LOCKED",
+           "SQLITE_CANTOPEN", "SQLITE_CORRUPT", "SQLITE_NOTADB", "SQLITE_PERM", "SQLITE_NOMEM")
+
+
+def is_ledger_fault(exc: sqlite3.Error) -> bool:
+    """The file or disk failed (not a bad statement): the run cannot keep records any more."""
+    name = getattr(exc, "sqlite_errorname", None) or ""
+    return name.startswith(_FAULTS)
+
+
+# -- ledger files, read without opening them as a store ---------------------------------------
+def file_problem(path: Path) -> str | None:
+    """Why the file at ``path`` cannot be read as a ledger, or None; it is opened read-only,
+    so a wrong path is never turned into a ledger."""
+    if not path.exists():
+        return f"no ledger at {path}"
+    if path.is_dir():
+        return f"{path} is a directory; pass --ledger with the ledger file inside it"
+    try:
+        db = _read_only(path)
+        try:
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master")}
+        finally:
+            db.close()
+    except sqlite3.DatabaseError:
+        return f"{path} {records.unreadable(path)}"
+    if version == 0 or "attempts" not in tables:
+        return f"{path} is a SQLite file but not a batchjson ledger"
+    if version > SCHEMA_VERSION:
+        return (f"{path} has ledger schema version {version} but this batchjson knows up to "
+                f"{SCHEMA_VERSION}; upgrade batchjson to read it")
+    if version < SCHEMA_VERSION:
+        return f"{path}: {older_schema(version, path)}"
+    return None
+
+
+def holds_nothing(path: Path) -> bool | None:
+    """An empty file or a SQLite file without tables: nothing to lose by making it a ledger
+    (it may be one another process is creating this moment). None: busy, ask again."""
+    try:
+        if path.stat().st_size == 0:
+            return True
+        db = _read_only(path, timeout=1.0)
+        try:
+            return db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0] == 0
+        finally:
+            db.close()
+    except sqlite3.OperationalError as exc:
+        return None if "locked" in str(exc) or "busy" in str(exc) else False
+    except (OSError, sqlite3.Error):
+        return False
+
+
+def read_ledger_file(path: Path) -> dict[str, list[Row]]:
+    """Every row of another ledger file that a merge brings in, table by table, in the order
+    they were written; opened read-only. A file that is not a ledger of this schema is a
+    LedgerError saying so."""
+    problem = file_problem(path)
+    if problem:
+        raise LedgerError(problem, path=path)
+    db = _read_only(path)
+    db.row_factory = sqlite3.Row
+    try:
+        tables = {table: db.execute(f"SELECT * FROM {table} ORDER BY rowid").fetchall()
+                  for table in ("batches", "revisions", "requests", "attempts", "validators",
+                                "imports", "forgets")}
+        # checkpoint has no rowid: by accepting attempt (the order they were opened)
+        tables["checkpoint"] = db.execute(
+            "SELECT * FROM checkpoint ORDER BY attempt_id, task_id").fetchall()
+        return tables
+    except sqlite3.DatabaseError as exc:
+        raise LedgerError(f"cannot read {path}: {exc}", path=path, cause=exc) from None
+    finally:
+        db.close()
+
+
+def _read_only(path: Path, timeout: float = 5.0) -> sqlite3.Connection:
+    return sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True, timeout=timeout)

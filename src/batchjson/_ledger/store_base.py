@@ -1,0 +1,84 @@
+"""What every store is made of: transactions, statements, and the few spellings SQL dialects
+disagree on.
+
+The SQL of the ledger is written once, in the ``store_*`` modules, in the SQL SQLite and
+PostgreSQL share: ``?`` marks a parameter, ``ON CONFLICT`` says what a clashing insert does,
+booleans are counted with ``CASE``. A store for a database is a subclass that says how to
+open a transaction, run a statement, get a new row's id and spell the rest (``sqlite.py``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+Tx = Any  # a store's open transaction: what its statements run on, opaque to everyone else
+Row = Any  # a row read by name (``row["id"]``) or position (``row[0]``)
+
+CHUNK = 500  # keys bound per statement, under every database's parameter limit
+
+
+class StoreBase(ABC):
+    """The transaction protocol the SQL of the ``store_*`` modules runs on."""
+
+    path: Path | None  # the ledger's file, None when it is kept in memory
+
+    @property
+    def where(self) -> str | Path:
+        """The ledger as an error names it."""
+        return self.path or ":memory:"
+
+    @abstractmethod
+    def transaction(self) -> AbstractContextManager[Tx]:
+        """One write transaction: committed whole, or rolled back whole; a failure of the
+        ledger itself (disk full, I/O error, read-only, locked past the busy timeout) is a
+        LedgerError naming the ledger and the cause."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    @abstractmethod
+    def whole_or_nothing(self, what: str) -> AbstractContextManager[None]:
+        """Around an operation that is one transaction (an import, a merge): any failure of the
+        database underneath is a LedgerError saying ``what`` was rolled back whole."""
+
+    @abstractmethod
+    def _exec(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> Any:
+        """Run one statement in ``tx``; the cursor (``rowcount``, ``fetchone``, ``fetchall``)."""
+
+    @abstractmethod
+    def _many(self, tx: Tx, sql: str, rows: Sequence[Sequence[Any]]) -> Any:
+        """Run one statement for each of ``rows`` in ``tx``; the cursor (``rowcount``)."""
+
+    @abstractmethod
+    def _insert(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> int:
+        """Run an INSERT into a table with an ``id`` column; the new row's id."""
+
+    @abstractmethod
+    def _read(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
+        """Rows of one query outside any write transaction; a failure is a LedgerError."""
+
+    @abstractmethod
+    def _json_valid(self, expr: str) -> str:
+        """SQL true when the text ``expr`` is one JSON text."""
+
+    @abstractmethod
+    def _json_length(self, expr: str) -> str:
+        """SQL for the length of the JSON array held as text in ``expr``."""
+
+    def _by_keys(self, sql: str, keys: Sequence[str], tx: Tx = None) -> list[Row]:
+        """``sql`` with ``{marks}`` bound to ``keys``, a chunk at a time (in ``tx`` if given)."""
+        rows: list[Row] = []
+        for chunk in _chunks(list(keys)):
+            query = sql.format(marks=",".join("?" * len(chunk)))
+            rows += (self._exec(tx, query, chunk).fetchall() if tx is not None
+                     else self._read(query, chunk))
+        return rows
+
+
+def _chunks(keys: list[str]) -> Iterator[list[str]]:
+    for start in range(0, len(keys), CHUNK):
+        yield keys[start:start + CHUNK]

@@ -1,0 +1,190 @@
+"""The store's SQL for the calls themselves: a receipt and its claim before a call is sent, the
+receipt completed after, an accepted return's checkpoint rows, and the claims' leases.
+
+Every method that takes ``tx`` runs inside the caller's transaction (the group commit puts the
+writes of many calls in one); the others open their own. Every statement is plain SQL that a
+PostgreSQL store runs as it is, inside one transaction; there the slow path reads the claim row
+with ``SELECT ... FOR UPDATE SKIP LOCKED`` (docs/design.md). SQLite's ``BEGIN IMMEDIATE``
+already serialises writers, so the read-then-write below is atomic.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .._tasks import Request
+from . import claims
+from .claims import ACCEPTED, HELD, MINE, Owner
+from .records import _uid, now
+from .store_base import StoreBase, Tx
+from .store_runs import CHECKPOINT_SQL
+
+
+class CallStore(StoreBase):
+    """Receipts, checkpoint rows and claims: the writes of every call."""
+
+    def begin_call(self, tx: Tx, batch_id: int, revision_id: int, request: Request, kind: str,
+                   provider: str | None, model: str | None, source: str | None, *,
+                   owner: Owner, estimated_input_tokens: int | None = None,
+                   cost_floor: float | None = None) -> tuple[str, int | None]:
+        """Write a call's in-flight receipt and claim its request, in ``tx``; it is committed
+        before the call is sent. Returns (MINE, receipt id), or (HELD or ACCEPTED, None) when
+        another live runner holds the request or it is accepted: then nothing will be sent and
+        the receipt never leaves this transaction. The receipt and its claim share one clock
+        reading. ``source`` is the provider's answer source."""
+        stamp = now()
+        attempt_id = self._insert(
+            tx, "INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, status, "
+            "provider, model, started_at, uid, owner, estimated_input_tokens, cost_floor, "
+            "source) VALUES (?,?,?,?,?, 'in_flight', ?,?,?,?,?,?,?,?)",
+            (batch_id, revision_id, request.key, request.task_ids_json, kind, provider, model,
+             stamp, _uid(), owner.id, estimated_input_tokens, cost_floor, source))
+        state = self._take(tx, request.key, owner, attempt_id, stamp)
+        if state != MINE:
+            self._exec(tx, "DELETE FROM attempts WHERE id = ? AND status = 'in_flight'",
+                       (attempt_id,))
+            return state, None
+        return state, attempt_id
+
+    def _take(self, tx: Tx, request_key: str, owner: Owner, attempt_id: int, stamp: str) -> str:
+        """Claim ``request_key`` for the receipt just written; the hot path of every call. One
+        statement claims a request that is free or already ours and not accepted; anything
+        else (accepted, held by another runner, held by one that is gone) takes the slower
+        path of :meth:`_claim`."""
+        lease = time.time() + claims.LEASE_SECONDS
+        if self._exec(tx, TAKE_SQL, (request_key, owner.id, owner.host, owner.pid,
+                                     owner.session, attempt_id, lease, stamp,
+                                     request_key)).rowcount:
+            return MINE
+        state = self._claim(tx, request_key, owner)
+        if state == MINE:  # its holder was gone: taken over
+            self._exec(tx, HOLD_SQL, (request_key, owner.id, owner.host, owner.pid,
+                                      owner.session, attempt_id, lease, stamp))
+        return state
+
+    def _claim(self, tx: Tx, request_key: str, owner: Owner) -> str:
+        """One statement reads both whether ``request_key`` is accepted and who holds it; a
+        holder that is gone is abandoned. ACCEPTED, HELD (a live runner has it) or MINE."""
+        row = self._exec(tx, CLAIM_SQL, (request_key, request_key)).fetchone()
+        if row[0]:
+            return ACCEPTED
+        holder = row[1]
+        if holder is not None and holder != owner.id:
+            if not claims.owner_gone(holder, row[2], row[3], row[4], time.time()):
+                return HELD
+            self._abandon(tx, holder)
+        return MINE
+
+    def _abandon(self, tx: Tx, owner: str) -> int:
+        """Take every claim of a gone owner; its in-flight receipts become 'abandoned'."""
+        self._exec(tx, "DELETE FROM claims WHERE owner = ?", (owner,))
+        return self._exec(
+            tx, "UPDATE attempts SET status = 'abandoned', finished_at = ?, errors = ? "
+            "WHERE owner = ? AND status = 'in_flight'",
+            (now(), json.dumps([claims.ABANDONED]), owner)).rowcount
+
+    def reap(self) -> int:
+        """Abandon the claims and in-flight receipts of every owner that is gone (every run
+        does this when it starts); how many receipts were abandoned."""
+        at = time.time()
+        with self.transaction() as tx:
+            holders = self._exec(tx, "SELECT owner, MAX(host), MAX(pid), MAX(lease_expires_at) "
+                                 "FROM claims GROUP BY owner").fetchall()
+            in_flight = self._exec(tx, "SELECT DISTINCT owner FROM attempts WHERE status = "
+                                   "'in_flight' AND owner IS NOT NULL").fetchall()
+            gone = claims.gone_owners([tuple(r) for r in holders], [r[0] for r in in_flight],
+                                      at)
+            return sum(self._abandon(tx, owner) for owner in gone)
+
+    def release_claim(self, tx: Tx, request_key: str, owner: Owner) -> None:
+        self._exec(tx, "DELETE FROM claims WHERE request_key = ? AND owner = ?",
+                   (request_key, owner.id))
+
+    def release_claims(self, tx: Tx, owner: Owner) -> None:
+        self._exec(tx, "DELETE FROM claims WHERE owner = ?", (owner.id,))
+
+    def renew_claims(self, tx: Tx, owner: Owner) -> None:
+        self._exec(tx, "UPDATE claims SET lease_expires_at = ? WHERE owner = ?",
+                   (time.time() + claims.LEASE_SECONDS, owner.id))
+
+    # -- completing a receipt ------------------------------------------------------------------
+    def accept_call(self, tx: Tx, attempt_id: int, batch_id: int, request_key: str,
+                    items: Mapping[str, Any], raw: str, usage: Mapping[str, Any],
+                    sent_at: str | None = None) -> bool:
+        """Mark the receipt accepted and admit every item, in ``tx``.
+
+        Checkpoint rows are written once and never re-pointed: if another runner's return for
+        this request was admitted first, this one is kept as a paid return that admitted
+        nothing (``already_accepted``) and False is returned.
+        """
+        stamp = now()
+        rows = [(batch_id, request_key, task_id, attempt_id, json.dumps(item), stamp)
+                for task_id, item in items.items()]
+        added = (self._exec(tx, CHECKPOINT_SQL, rows[0]) if len(rows) == 1
+                 else self._many(tx, CHECKPOINT_SQL, rows)).rowcount
+        if rows and added == 0:  # every row was already there: another return came first
+            first = self._exec(tx, "SELECT attempt_id FROM checkpoint WHERE request_key = ? AND "
+                               "batch_id = ? LIMIT 1", (request_key, batch_id)).fetchone()[0]
+            self._complete(tx, attempt_id, "rejected", [{
+                "type": "already_accepted", "task_id": None,
+                "message": f"attempt {first} of another runner was admitted first; this "
+                "return was paid for but admits nothing"}], raw, usage, stamp, sent_at)
+            return False
+        self._complete(tx, attempt_id, "accepted", (), raw, usage, stamp, sent_at)
+        return True
+
+    def finish_call(self, tx: Tx, attempt_id: int, status: str, errors: Sequence[Mapping],
+                    raw: str | None, usage: Mapping[str, Any],
+                    sent_at: str | None = None) -> None:
+        """Complete a receipt that admits nothing (rejected, provider_error or cancelled), in
+        ``tx``; ``sent_at=None`` on a cancelled receipt says its call was never sent."""
+        if status == "accepted":
+            raise ValueError("use accept_call for an accepted return: it writes the checkpoint")
+        self._complete(tx, attempt_id, status, errors, raw, usage, sent_at=sent_at)
+
+    def _complete(self, tx: Tx, attempt_id: int, status: str, errors: Sequence[Mapping],
+                  raw: str | None, usage: Mapping[str, Any], stamp: str | None = None,
+                  sent_at: str | None = None) -> None:
+        # An 'abandoned' receipt may still be completed: its owner was presumed gone (lease
+        # expired) but came back with the answer, which is the better account.
+        cost = usage.get("cost")
+        if cost is not None and not (isinstance(cost, (int, float)) and math.isfinite(cost)
+                                     and cost >= 0):
+            cost = None  # a NaN or negative cost is no cost at all; the account says unknown
+        self._exec(
+            tx, "UPDATE attempts SET status = ?, errors = ?, raw = ?, input_tokens = ?, "
+            "output_tokens = ?, cached_tokens = ?, cost = ?, model = COALESCE(?, model), "
+            "finished_at = ?, sent_at = COALESCE(?, sent_at) WHERE id = ? "
+            "AND status IN ('in_flight', 'abandoned')",
+            (status, json.dumps(list(errors)) if errors else "[]", raw,
+             usage.get("input_tokens"), usage.get("output_tokens"), usage.get("cached_tokens"),
+             cost, usage.get("model"), stamp or now(), sent_at, attempt_id))
+
+
+# PostgreSQL: SELECT ... FROM claims WHERE request_key = $1 FOR UPDATE SKIP LOCKED (a row
+# another transaction is deciding on is skipped and treated as HELD), and the accepted check
+# as the same EXISTS; SQLite's BEGIN IMMEDIATE makes the plain read atomic with the write.
+CLAIM_SQL = (
+    "SELECT EXISTS (SELECT 1 FROM attempts WHERE request_key = ? AND status = 'accepted'), "
+    "c.owner, c.host, c.pid, c.lease_expires_at FROM (SELECT ? AS k) AS x "
+    "LEFT JOIN claims c ON c.request_key = x.k")
+
+# PostgreSQL: the same INSERT ... ON CONFLICT ... DO UPDATE ... WHERE; a row another
+# transaction holds is waited for there, so the slow path reads it FOR UPDATE SKIP LOCKED.
+TAKE_SQL = (
+    "INSERT INTO claims(request_key, owner, host, pid, session, attempt_id, lease_expires_at, "
+    "claimed_at) SELECT ?,?,?,?,?,?,?,? WHERE NOT EXISTS (SELECT 1 FROM attempts WHERE "
+    "request_key = ? AND status = 'accepted') ON CONFLICT(request_key) DO UPDATE SET "
+    "attempt_id = excluded.attempt_id, lease_expires_at = excluded.lease_expires_at "
+    "WHERE claims.owner = excluded.owner")
+
+HOLD_SQL = (
+    "INSERT INTO claims(request_key, owner, host, pid, session, attempt_id, lease_expires_at, "
+    "claimed_at) VALUES (?,?,?,?,?,?,?,?) ON CONFLICT(request_key) DO UPDATE SET "
+    "owner = excluded.owner, host = excluded.host, pid = excluded.pid, "
+    "session = excluded.session, attempt_id = excluded.attempt_id, "
+    "lease_expires_at = excluded.lease_expires_at")

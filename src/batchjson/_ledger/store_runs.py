@@ -1,0 +1,348 @@
+"""The store's SQL for what a run reads and opens: batches, revisions, requests, accepted
+values, what is owed, validator versions, and the memory for re-judging (seen keys, rechecks).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .._tasks import Request
+from .records import Receipt, Revision, _receipt, _revision, _uid, now
+from .store_base import Row, StoreBase, Tx
+
+JUDGED = ("tasks", "schema", "validator", "pack", "instructions", "identity", "mode")
+
+
+class RunStore(StoreBase):
+    """Batches, revisions and requests; accepted values; evidence; re-judging's memory."""
+
+    # -- batches and revisions ---------------------------------------------------------------
+    def find_revision(self, name: str, fingerprint: str) -> Revision | None:
+        rows = self._read(REVISION_SQL + " WHERE b.name = ? AND r.fingerprint = ?",
+                          (name, fingerprint))
+        return _revision(rows[0]) if rows else None
+
+    def revisions(self, name: str | None = None) -> list[Revision]:
+        if name is None:
+            return [_revision(r) for r in self._read(REVISION_SQL + " ORDER BY r.id")]
+        return [_revision(r) for r in self._read(REVISION_SQL + " WHERE b.name = ? ORDER BY r.id",
+                                                 (name,))]
+
+    def revision_by_id(self, revision_id: int) -> Revision:
+        return _revision(self._read(REVISION_SQL + " WHERE r.id = ?", (revision_id,))[0])
+
+    def batch_names(self) -> list[str]:
+        return [r["name"] for r in self._read("SELECT name FROM batches ORDER BY id")]
+
+    def batch_id(self, name: str) -> int | None:
+        rows = self._read("SELECT id FROM batches WHERE name = ?", (name,))
+        return rows[0]["id"] if rows else None
+
+    def no_such_batch(self, name: str) -> str | None:
+        """Why ``name`` is not a batch here, listing those that are; None when it is one."""
+        if self.batch_id(name) is not None:
+            return None
+        known = ", ".join(self.batch_names()) or "none yet"
+        return f"no batch named {name!r} in this ledger (batches: {known})"
+
+    def batch_row(self, tx: Tx, name: str, stamp: str) -> tuple[int, int | None]:
+        """(batch id, current revision id) of batch ``name``, made if new, in ``tx``. Live
+        runs and imports find their batch the same way."""
+        row = self._exec(tx, "SELECT id, current_revision FROM batches WHERE name = ?",
+                         (name,)).fetchone()
+        if row is None:
+            return self._insert(tx, "INSERT INTO batches(name, created_at) VALUES (?, ?)",
+                                (name, stamp)), None
+        return row["id"], row["current_revision"]
+
+    def open_revision(self, name: str, fingerprint: str, components: Mapping[str, str],
+                      requests: Sequence[Request], *, strict: bool,
+                      validator: Mapping[str, Any] | None = None,
+                      ) -> tuple[Revision, Revision | None]:
+        """Make (or reuse) the revision for this content and mark it current.
+
+        Returns (revision, superseded) where ``superseded`` is the previous current revision if
+        it was unresolved and has now been marked superseded (never in a strict session).
+        """
+        stamp = now()
+        with self.transaction() as tx:
+            batch_id, previous_id = self.batch_row(tx, name, stamp)
+            found = self.revision_with(tx, batch_id, fingerprint)
+            if found is not None:
+                revision_id = found
+                self._exec(tx, "UPDATE revisions SET status = 'open', superseded_by = NULL, "
+                           "supersede_reason = NULL, forget_id = NULL WHERE id = ?",
+                           (revision_id,))  # a forgotten revision run again owes again
+            else:
+                revision_id = self.add_revision(
+                    tx, batch_id, fingerprint, components, stamp,
+                    validator=(validator["name"], validator["version"]) if validator else None)
+                self.insert_requests(tx, revision_id, requests)
+            superseded = None
+            if previous_id is not None and previous_id != revision_id and not strict:
+                superseded = self._supersede(tx, previous_id, revision_id, components)
+            self._exec(tx, "UPDATE batches SET current_revision = ? WHERE id = ?",
+                       (revision_id, batch_id))
+        current = self.revision_by_id(revision_id)
+        return current, (self.revision_by_id(superseded) if superseded else None)
+
+    def revision_with(self, tx: Tx, batch_id: int, fingerprint: str) -> int | None:
+        row = self._exec(tx, "SELECT id FROM revisions WHERE batch_id = ? AND fingerprint = ?",
+                         (batch_id, fingerprint)).fetchone()
+        return row["id"] if row is not None else None
+
+    def add_revision(self, tx: Tx, batch_id: int, fingerprint: str,
+                     components: Mapping[str, str], stamp: str, *,
+                     validator: tuple[str | None, int | None] | None = None,
+                     superseded_by: int | None = None, reason: str | None = None) -> int:
+        """A new revision of the batch, numbered after its others: open, or superseded by
+        ``superseded_by`` with ``reason``; ``validator`` is its (name, version) if known."""
+        number = self._exec(tx, "SELECT COALESCE(MAX(number), 0) + 1 FROM revisions WHERE "
+                            "batch_id = ?", (batch_id,)).fetchone()[0]
+        name, version = validator or (None, None)
+        return self._insert(
+            tx, "INSERT INTO revisions(batch_id, number, fingerprint, components, "
+            "validator_name, validator_version, validator_fingerprint, status, superseded_by, "
+            "supersede_reason, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            (batch_id, number, fingerprint, json.dumps(dict(components)), name, version,
+             components.get("validator"), "open" if superseded_by is None else "superseded",
+             superseded_by, reason if superseded_by is not None else None, stamp))
+
+    def _supersede(self, tx: Tx, previous_id: int, revision_id: int,
+                   components: Mapping[str, str]) -> int | None:
+        """Mark the previous revision superseded by ``revision_id`` if it is unresolved,
+        naming what changed; its id, or None when it owed nothing."""
+        owed = self._exec(tx, UNRESOLVED_SQL.format(select="COUNT(*)") + " AND q.revision_id = ?",
+                          (previous_id,)).fetchone()[0]
+        if not owed:
+            return None
+        old = json.loads(self._exec(tx, "SELECT components FROM revisions WHERE id = ?",
+                                    (previous_id,)).fetchone()[0])
+        changed = [k for k in JUDGED if old.get(k) != components.get(k)]
+        self._exec(tx, "UPDATE revisions SET status = 'superseded', superseded_by = ?, "
+                   "supersede_reason = ? WHERE id = ?",
+                   (revision_id, "changed: " + ", ".join(changed or ["content"]), previous_id))
+        return previous_id
+
+    def insert_requests(self, tx: Tx, revision_id: int, requests: Sequence[Request]) -> None:
+        self._many(tx, "INSERT INTO requests(revision_id, key, position, parent_key, task_ids, "
+                   "tasks) VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING",
+                   [(revision_id, r.key, r.position, r.parent_key, r.task_ids_json, r.tasks_json)
+                    for r in requests])
+
+    def record_split(self, revision_id: int, parent: Request, children: Sequence[Request]) -> None:
+        """Replace a leaf request by its halves; the parent stays on record as split."""
+        with self.transaction() as tx:
+            self._exec(tx, "UPDATE requests SET split = 1 WHERE revision_id = ? AND key = ?",
+                       (revision_id, parent.key))
+            self.insert_requests(tx, revision_id, children)
+
+    def leaves(self, revision_id: int) -> list[Request]:
+        rows = self._read("SELECT key, tasks, position, parent_key FROM requests WHERE "
+                          "revision_id = ? AND split = 0 ORDER BY position, id", (revision_id,))
+        return [Request(r["key"], tuple(json.loads(r["tasks"])), r["position"], r["parent_key"],
+                        tasks_json=r["tasks"]) for r in rows]  # the stored text is canonical
+
+    def current_revision(self, name: str) -> tuple[int, dict[str, str]] | None:
+        """(id, components) of batch ``name``'s current revision, or None."""
+        rows = self._read("SELECT r.id, r.components FROM batches b JOIN revisions r "
+                          "ON r.id = b.current_revision WHERE b.name = ?", (name,))
+        return (rows[0]["id"], json.loads(rows[0]["components"])) if rows else None
+
+    def current_tasks(self, name: str) -> tuple[str, dict[str, dict[str, Any]]]:
+        """(identity rule, task_id -> task) of batch ``name``'s current revision: the rule as
+        its key component says it (``"task_id,case_id"``, or ``"task_id+echoed"``)."""
+        current = self.current_revision(name)
+        if current is None:
+            return "task_id", {}
+        revision_id, components = current
+        return components.get("identity", "task_id"), {
+            t["task_id"]: t for r in self.leaves(revision_id) for t in r.tasks}
+
+    # -- attempts and accepted values ----------------------------------------------------------
+    def accepted_keys(self, keys: Sequence[str]) -> set[str]:
+        """Keys with an accepted return, under any batch: evidence is content, not a name."""
+        return {r[0] for r in self._by_keys(
+            "SELECT DISTINCT request_key FROM attempts WHERE status = 'accepted' AND "
+            "request_key IN ({marks})", keys)}
+
+    def attempt_counts(self, keys: Sequence[str]) -> dict[str, int]:
+        """How many attempts each exact request has had so far (any batch, any run)."""
+        return {r[0]: r[1] for r in self._by_keys(
+            "SELECT request_key, COUNT(*) FROM attempts WHERE request_key IN ({marks}) "
+            "GROUP BY request_key", keys)}
+
+    def receipts(self, name: str, *, failed: bool = False) -> list[Receipt]:
+        """Receipts of a batch in call order (every revision)."""
+        sql = RECEIPT_SQL + " WHERE b.name = ?"
+        if failed:
+            sql += " AND a.status != 'accepted'"
+        return [_receipt(r) for r in self._read(sql + " ORDER BY a.id", (name,))]
+
+    def checkpoint(self, name: str, revision_id: int | None = None) -> dict[str, Any]:
+        """task_id -> accepted item for one revision of the batch (default: its current one)."""
+        if revision_id is None:
+            rows = self._read("SELECT current_revision FROM batches WHERE name = ?", (name,))
+            if not rows or rows[0][0] is None:
+                return {}
+            revision_id = rows[0][0]
+        rows = self._read(
+            f"SELECT c.task_id, c.item, {self._json_valid('c.item')} FROM requests q "
+            "JOIN checkpoint c ON c.request_key = q.key WHERE q.revision_id = ? AND q.split = 0 "
+            "ORDER BY q.position, q.id, c.attempt_id", (revision_id,))
+        if all(r[2] for r in rows):  # each item one JSON text (the database says): one decode
+            items = json.loads("[" + ",".join(r[1] for r in rows) + "]")
+        else:  # joined, "1,2" next to "[3" and "4]" would shift values between tasks
+            items = [json.loads(r[1]) for r in rows]
+        return {r[0]: item for r, item in zip(rows, items, strict=True)}
+
+    def checkpoint_count(self, name: str | None = None) -> int:
+        """``len(checkpoint(name))`` summed over one batch or all, without decoding items."""
+        sql = ("SELECT COUNT(*) FROM (SELECT DISTINCT b.id, c.task_id FROM batches b "
+               "JOIN requests q ON q.revision_id = b.current_revision JOIN checkpoint c "
+               "ON c.request_key = q.key WHERE q.split = 0" + (" AND b.name = ?) AS d" if name
+                                                                else ") AS d"))
+        return self._read(sql, (name,) if name else ())[0][0]
+
+    # -- what is owed --------------------------------------------------------------------------
+    def unresolved(self) -> list[Row]:
+        """Leaf requests of open revisions with no accepted return for their exact key."""
+        return self._read(UNRESOLVED_SQL.format(
+            select="b.name AS batch, r.number AS revision, q.key, q.task_ids") +
+            " ORDER BY b.id, r.number, q.position")
+
+    def superseded(self) -> list[Row]:
+        return self._read(
+            "SELECT b.name AS batch, r.number AS revision, r.supersede_reason AS reason, "
+            "n.number AS superseded_by FROM revisions r JOIN batches b ON b.id = r.batch_id "
+            "LEFT JOIN revisions n ON n.id = r.superseded_by WHERE r.status = 'superseded' "
+            "ORDER BY b.id, r.number")
+
+    def unresolved_under_validator(self, fingerprint: str) -> int:
+        return self._read(UNRESOLVED_SQL.format(select="COUNT(*)") +
+                          " AND r.validator_fingerprint = ?", (fingerprint,))[0][0]
+
+    # -- validator versions --------------------------------------------------------------------
+    def number_validator(self, name: str, fingerprint: str, where: str | None,
+                         by_identity: Sequence[str] = ()) -> int:
+        """The version number of this content of ``name``: as recorded, or the next one."""
+        with self.transaction() as tx:
+            row = self._exec(tx, "SELECT version FROM validators WHERE name = ? AND "
+                             "fingerprint = ?", (name, fingerprint)).fetchone()
+            if row is not None:
+                return row[0]
+            version = self._exec(tx, "SELECT COALESCE(MAX(version), 0) + 1 FROM validators "
+                                 "WHERE name = ?", (name,)).fetchone()[0]
+            self._exec(tx, "INSERT INTO validators(name, version, fingerprint, where_defined, "
+                       "defined_at, by_identity) VALUES (?,?,?,?,?,?)",
+                       (name, version, fingerprint, where, now(), json.dumps(list(by_identity))))
+            return version
+
+    def validator_rows(self) -> list[Row]:
+        """Every recorded validator version beside each batch run under it (if any)."""
+        return self._read(
+            "SELECT v.name, v.version, v.fingerprint, v.where_defined, v.defined_at, "
+            "b.name AS batch FROM validators v LEFT JOIN revisions r "
+            "ON r.validator_fingerprint = v.fingerprint LEFT JOIN batches b "
+            "ON b.id = r.batch_id ORDER BY v.name, v.version, b.name")
+
+    # -- re-judging's memory -------------------------------------------------------------------
+    def record_seen(self, pairs: Sequence[tuple[str, str]]) -> None:
+        """Remember what the model saw for each request key: (request_key, seen_key)."""
+        with self.transaction() as tx:
+            self._many(tx, "INSERT INTO seen(request_key, seen_key) VALUES (?, ?) "
+                       "ON CONFLICT DO NOTHING", pairs)
+
+    def earlier_returns(self, seen_keys: Sequence[str]) -> list[Row]:
+        """Raw returns of earlier exact (non-repair) attempts that saw one of ``seen_keys``,
+        accepted ones first, newest first."""
+        return self._by_keys(EARLIER_SQL, list(dict.fromkeys(seen_keys)))
+
+    def has_sourceless_answers(self) -> bool:
+        """Whether any imported receipt has no answer source on record (another system's):
+        only then do runs look its answers up under the key without one."""
+        return bool(self._read(
+            "SELECT COUNT(*) FROM (SELECT 1 FROM imports i JOIN attempts a ON a.id = "
+            "i.attempt_id WHERE a.source IS NULL LIMIT 1) AS s")[0][0])
+
+    def sourceless_returns(self, keys: Sequence[str]) -> list[Row]:
+        """Accepted imported returns of unknown answer source under ``keys`` (the keys the
+        same content has without a source), newest first; ``seen_key`` is that key."""
+        return self._by_keys(SOURCELESS_SQL, list(dict.fromkeys(keys)))
+
+    def sourceless_unresolved(self, keys: Sequence[str]) -> list[Row]:
+        """Leaf requests under ``keys`` (keys without an answer source) with no accepted
+        return."""
+        return self._by_keys(
+            "SELECT q.key, q.task_ids, q.tasks, q.revision_id, r.batch_id FROM requests q "
+            "JOIN revisions r ON r.id = q.revision_id WHERE q.key IN ({marks}) AND q.split = 0 "
+            "AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.request_key = q.key "
+            "AND a.status = 'accepted')", list(dict.fromkeys(keys)))
+
+    def accepted_return(self, key: str) -> tuple[Row, dict[str, Any]] | None:
+        """The latest accepted attempt for ``key`` and the items it committed, or None."""
+        rows = self._read("SELECT id, raw, provider, model FROM attempts WHERE request_key = ? "
+                          "AND status = 'accepted' AND raw IS NOT NULL ORDER BY id DESC LIMIT 1",
+                          (key,))
+        if not rows:
+            return None
+        items = self._read("SELECT task_id, item FROM checkpoint WHERE attempt_id = ?",
+                           (rows[0]["id"],))
+        return rows[0], {r["task_id"]: json.loads(r["item"]) for r in items}
+
+    def commit_rechecks(self, batch_id: int, revision_id: int,
+                        entries: Sequence[tuple[Request, Row, Mapping[str, Any]]],
+                        source: str | None) -> None:
+        """Commit re-judged returns: per (request, earlier attempt, stored items) a receipt of
+        kind 'recheck' with cost 0 (no call was made) and its checkpoint rows, in one
+        transaction."""
+        stamp = now()
+        with self.transaction() as tx:
+            for request, origin, items in entries:
+                attempt_id = self._insert(
+                    tx, "INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, "
+                    "kind, status, errors, raw, input_tokens, output_tokens, cached_tokens, "
+                    "cost, provider, model, started_at, finished_at, uid, source) VALUES "
+                    "(?,?,?,?, 'recheck', 'accepted', '[]', ?, 0, 0, 0, 0.0, ?,?,?,?,?,?)",
+                    (batch_id, revision_id, request.key, request.task_ids_json, origin["raw"],
+                     origin["provider"], origin["model"], stamp, stamp, _uid(), source))
+                self._exec(tx, "INSERT INTO rechecks(attempt_id, from_attempt) VALUES (?, ?)",
+                           (attempt_id, origin["id"]))
+                self._many(tx, CHECKPOINT_SQL,  # written once, never re-pointed
+                           [(batch_id, request.key, task_id, attempt_id, json.dumps(item), stamp)
+                            for task_id, item in items.items()])
+
+
+REVISION_SQL = (
+    "SELECT r.id, r.batch_id, b.name AS batch, r.number, r.fingerprint, r.components, r.status, "
+    "r.supersede_reason, r.validator_name, r.created_at FROM revisions r "
+    "JOIN batches b ON b.id = r.batch_id")
+
+RECEIPT_SQL = (
+    "SELECT a.*, b.name AS batch, r.number AS revision FROM attempts a "
+    "JOIN batches b ON b.id = a.batch_id JOIN revisions r ON r.id = a.revision_id")
+
+UNRESOLVED_SQL = (
+    "SELECT {select} FROM requests q JOIN revisions r ON r.id = q.revision_id "
+    "JOIN batches b ON b.id = r.batch_id WHERE r.status = 'open' AND r.forget_id IS NULL "
+    "AND q.split = 0 "
+    "AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.request_key = q.key "
+    "AND a.status = 'accepted')")
+
+CHECKPOINT_SQL = (
+    "INSERT INTO checkpoint(batch_id, request_key, task_id, attempt_id, item, committed_at) "
+    "VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING")
+
+EARLIER_SQL = (
+    "SELECT s.seen_key, a.id, a.request_key, a.raw, a.provider, a.model, a.status "
+    "FROM seen s JOIN attempts a ON a.request_key = s.request_key "
+    "WHERE s.seen_key IN ({marks}) AND a.raw IS NOT NULL AND a.kind != 'repair' "
+    "AND a.status IN ('accepted', 'rejected', 'cancelled') "
+    "ORDER BY CASE WHEN a.status = 'accepted' THEN 0 ELSE 1 END, a.id DESC")
+
+SOURCELESS_SQL = (
+    "SELECT a.request_key AS seen_key, a.id, a.request_key, a.raw, a.provider, a.model, "
+    "a.status FROM attempts a WHERE a.request_key IN ({marks}) AND a.status = 'accepted' "
+    "AND a.kind = 'import' AND a.source IS NULL AND a.raw IS NOT NULL ORDER BY a.id DESC")

@@ -1,0 +1,117 @@
+"""The store's SQL for the accounts and for advice: every attempt counted, priced and fitted.
+
+What a call is and what is known of its cost is defined here once (``IS_CALL``, ``UNKNOWN``);
+``accounts.py`` turns these rows into ``Ledger.spend()`` and ``cost_summary()``, so the two
+accounts cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from .store_base import Row, StoreBase
+
+# A receipt is a call unless it was cancelled before sending; a recheck sends nothing.
+IS_CALL = "(a.kind != 'recheck' AND NOT (a.status = 'cancelled' AND a.sent_at IS NULL))"
+# A call with no recorded cost (killed, interrupted, an error without usage, an unpriced model)
+# is never free: it cost at least its floor, priced when it was sent.
+UNKNOWN = f"({IS_CALL} AND a.cost IS NULL)"
+
+
+def _count(condition: str) -> str:
+    return f"SUM(CASE WHEN {condition} THEN 1 ELSE 0 END)"
+
+
+_COUNTS = {  # what each counter of a batch counts
+    "calls": IS_CALL,
+    "rechecks": "a.kind = 'recheck'",
+    "unsent": "a.kind != 'recheck' AND a.status = 'cancelled' AND a.sent_at IS NULL",
+    **{f"{status}{plural}": f"{IS_CALL} AND a.status = '{status}'"
+       for status, plural in (("accepted", ""), ("rejected", ""), ("provider_error", "s"),
+                              ("abandoned", ""), ("cancelled", ""), ("in_flight", ""))},
+    "imported": f"{IS_CALL} AND a.kind = 'import'",
+    "unknown_cost_calls": UNKNOWN,
+    "unfloored": f"{UNKNOWN} AND a.cost_floor IS NULL",
+}
+_RENAMED = {"accepted": "accepted_returns", "rejected": "rejected_returns"}
+
+CALLS_SQL = (
+    "SELECT b.name AS batch, "
+    + "".join(f"{_count(condition)} AS {_RENAMED.get(name, name)}, "
+              for name, condition in _COUNTS.items())
+    + "COALESCE(SUM(a.input_tokens), 0) AS input_tokens, "
+    "COALESCE(SUM(a.output_tokens), 0) AS output_tokens, "
+    "COALESCE(SUM(a.cached_tokens), 0) AS cached_tokens, "
+    f"SUM(CASE WHEN {IS_CALL} THEN a.cost END) AS cost, "  # NULL: no call has a known cost
+    f"COALESCE(SUM(CASE WHEN {UNKNOWN} THEN a.cost_floor END), 0.0) "
+    "AS unknown_cost_lower_bound "
+    "FROM attempts a JOIN batches b ON b.id = a.batch_id{where} GROUP BY b.id, b.name "
+    "ORDER BY b.id")
+
+# Unknown-cost calls with no recorded floor (imported): their prompt tokens as reported, else
+# as estimated when sent, else a quarter of their tasks' text (which every prompt carries), per
+# batch and model, to be priced at the model's input rate.
+UNFLOORED_SQL = (
+    "SELECT batch, model, COUNT(*) AS calls, "
+    "SUM(tokens - CASE WHEN cached < tokens THEN cached ELSE tokens END) AS uncached, "
+    "SUM(CASE WHEN cached < tokens THEN cached ELSE tokens END) AS cached FROM ("
+    "SELECT b.name AS batch, a.model, "
+    "COALESCE(a.input_tokens, a.estimated_input_tokens, COALESCE(LENGTH(q.tasks), 0) / 4) "
+    "AS tokens, COALESCE(a.cached_tokens, 0) AS cached FROM attempts a "
+    "JOIN batches b ON b.id = a.batch_id LEFT JOIN requests q "
+    "ON q.revision_id = a.revision_id AND q.key = a.request_key "
+    f"WHERE {UNKNOWN} AND a.cost_floor IS NULL{{where}}) AS u GROUP BY batch, model")
+
+TASKS_SQL = (
+    "SELECT b.name AS batch, q.task_ids FROM batches b JOIN requests q "
+    "ON q.revision_id = b.current_revision WHERE q.split = 0")
+
+USABLE_SQL = (
+    "SELECT b.name AS batch, COUNT(DISTINCT c.task_id) AS usable FROM batches b "
+    "JOIN requests q ON q.revision_id = b.current_revision JOIN checkpoint c "
+    "ON c.request_key = q.key WHERE q.split = 0{where} GROUP BY b.id, b.name")
+
+
+class ViewStore(StoreBase):
+    """Rows for the accounts, for pack-size advice and for what a pack may hold."""
+
+    def call_rows(self, name: str | None = None) -> list[Row]:
+        """Per batch with attempts: calls by outcome, tokens, known cost, unknown-cost calls
+        and the floors recorded for them (``unfloored``: how many have none)."""
+        where, args = (" WHERE b.name = ?", (name,)) if name is not None else ("", ())
+        return self._read(CALLS_SQL.format(where=where), args)
+
+    def unfloored_rows(self, name: str | None = None) -> list[Row]:
+        """Per batch and model: unknown-cost calls with no recorded floor, and their prompt
+        tokens (uncached, cached) to price."""
+        where, args = (" AND b.name = ?", (name,)) if name is not None else ("", ())
+        return self._read(UNFLOORED_SQL.format(where=where), args)
+
+    def task_rows(self, name: str | None = None) -> list[Row]:
+        """(batch, task_ids) of every leaf request of each batch's current revision."""
+        where, args = (" AND b.name = ?", (name,)) if name is not None else ("", ())
+        return self._read(TASKS_SQL + where, args)
+
+    def usable_rows(self, name: str | None = None) -> list[Row]:
+        """(batch, usable): accepted tasks of each batch's current revision."""
+        where, args = (" AND b.name = ?", (name,)) if name is not None else ("", ())
+        return self._read(USABLE_SQL.format(where=where), args)
+
+    def fit_rows(self, name: str) -> list[Row]:
+        """Every live receipt of batch ``name`` (imports aside), with its request's text
+        length (``chars``), for fitting pack-size advice."""
+        return self._read(
+            "SELECT a.kind, a.status, a.errors, a.task_ids, a.input_tokens, a.output_tokens, "
+            "a.cost, a.model, LENGTH(q.tasks) AS chars FROM attempts a JOIN batches b "
+            "ON b.id = a.batch_id LEFT JOIN requests q ON q.revision_id = a.revision_id AND "
+            "q.key = a.request_key WHERE b.name = ? AND a.kind != 'import' ORDER BY a.id",
+            (name,))
+
+    def fewest_output_tokens_per_item(self, name: str, envelope: int) -> float | None:
+        """The fewest output tokens per item any accepted return of batch ``name`` took (its
+        ``envelope`` taken off), or None when none has been measured."""
+        count = self._json_length("a.task_ids")
+        rows = self._read(
+            f"SELECT MIN((a.output_tokens - ?) * 1.0 / {count}) FROM attempts a "
+            "JOIN batches b ON b.id = a.batch_id WHERE b.name = ? AND a.status = 'accepted' "
+            f"AND a.kind != 'recheck' AND a.output_tokens > ? AND {count} > 0",
+            (envelope, name, envelope))
+        return rows[0][0] if rows and rows[0][0] is not None else None
