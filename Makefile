@@ -15,15 +15,17 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m batchjson demo
 
-lint: $(STAMP)
+lint: $(STAMP)  # ruff, then the layers and no import circle (pyproject.toml's importlinter)
 	$(PY) -m ruff check src tests benchmarks tools
+	$(VENV)/bin/lint-imports
 
 test: $(STAMP) lint
 	$(PY) -m pytest -q -p no:cacheprovider tests notebooks --nbval --nbval-current-env
 	$(PY) tools/mutants.py
 
-# Hand mutations of acceptance.py and evidence.py in a temporary copy (tools/mutants.py says
-# which); fails if the suite lets one survive. About 20 s, so `make test` runs it too.
+# Hand mutations of _acceptance/judge.py and _ledger/evidence.py in a temporary copy
+# (tools/mutants.py says which); fails if the suite lets one survive. About 20 s, so
+# `make test` runs it too.
 check: $(STAMP)
 	$(PY) tools/mutants.py
 
@@ -35,4 +37,4 @@ bench: $(STAMP)  # every benchmark runs and prints its verdict; fails if any tar
 	exit $$status
 
 clean:
-	rm -rf $(VENV) .batchjson .pytest_cache
+	rm -rf $(VENV) .batchjson .pytest_cache .import_linter_cache

@@ -9,11 +9,11 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from batchjson._content.schema import compile_schema, wire_schema
+from batchjson._content.tasks import render_items_prompt
 from batchjson._providers.anthropic import AnthropicProvider
 from batchjson._providers.base import Call
 from batchjson._providers.openai import OpenAIProvider
-from batchjson._schema import compile_schema, wire_schema
-from batchjson._tasks import render_items_prompt
 from batchjson.testing import LoopbackServer
 
 LABEL_SCHEMA = {

@@ -9,9 +9,9 @@ import pytest
 from pydantic import BaseModel, field_validator
 
 from batchjson import CallableProvider, Session
-from batchjson._acceptance import accept_items, parse_json
+from batchjson._acceptance.judge import accept_items, parse_json
+from batchjson._content.schema import compile_schema
 from batchjson._providers.base import Reply
-from batchjson._schema import compile_schema
 from tests.helpers import LABEL_SCHEMA, answer, items_reply, review_tasks
 
 SEED_IDENTITY = ("task_id", "case_id", "candidate_id")

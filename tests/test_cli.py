@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from batchjson import CallableProvider, Session
-from batchjson import _cli as cli_module
+from batchjson._cli import commands as cli_module
 from batchjson._errors import InvalidBatch, ProviderError
 from batchjson._ledger import Ledger
 from tests.helpers import LABEL_SCHEMA, answer, items_reply, review_tasks

@@ -86,7 +86,7 @@ def test_an_answer_interrupted_while_being_judged_is_kept_and_judged_on_resume_n
 def test_a_call_that_cannot_be_built_leaves_no_receipt_and_is_no_call(monkeypatch, tmp_path):
     """Whatever fails while the request is turned into a call fails before its receipt is
     written: nothing is left in flight as a possible paid call."""
-    from batchjson import _calls
+    from batchjson._replay import calls as _calls
 
     def broken(*args, **kwargs):
         raise RecursionError("maximum recursion depth exceeded")

@@ -374,7 +374,7 @@ def test_rebinding_with_other_settings_on_the_same_ledger_file_keeps_the_evidenc
 
 def test_partials_of_different_helpers_are_different_answer_sources():
     """Every functools.partial has one class: the source is the function it calls."""
-    from batchjson._subcalls import SubcallProvider
+    from batchjson.rlm._subcalls import SubcallProvider
 
     def ask_a(prompts, model):
         return ['{"label": "pos"}'] * len(prompts)

@@ -29,13 +29,13 @@ from traitlets import Bool, Int, TraitError, Unicode, observe, validate
 from traitlets.config import Config
 
 from .._checks import whole_argument
-from .._cliview import DEFAULT_LEDGER
 from .._errors import BatchJsonError, BatchUnresolved
 from .._ledger.forgetting import forget_batch, forget_message
 from .._providers.base import ProviderHandle
 from .._providers.masking import looks_like_key, masked, public_url, shown_value
 from .._providers.select import PROVIDER_NAMES
-from .._session import Session
+from .._session.session import Session
+from .._textview import DEFAULT_LEDGER
 from .cell import (
     BatchInterrupted,
     allow_empty_body,

@@ -20,7 +20,7 @@ import socket
 from typing import Any
 
 from .._errors import InvalidBatch
-from .._result import money
+from .._money import money
 from .records import now
 from .store import Store
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .._tasks import Request
+from .._content.tasks import Request
 from . import accounts, merge, recovery
 from .records import Receipt, Revision, ledger_path
 from .sqlite import SQLiteStore

@@ -17,11 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._acceptance import Verdict, accept_items, accept_value
+from .._acceptance.judge import Verdict, accept_items, accept_value
 from .._canon import canonical_json
-from .._errors import InvalidBatch
-from .._schema import ItemSchema, compile_schema
-from .._tasks import (
+from .._content.schema import ItemSchema, compile_schema
+from .._content.tasks import (
     Identity,
     Request,
     compose_contents,
@@ -31,6 +30,7 @@ from .._tasks import (
     pack_requests,
     sha,
 )
+from .._errors import InvalidBatch
 from .import_revisions import Placement, group_lines, revision_for, settle
 from .records import now
 from .store import Store

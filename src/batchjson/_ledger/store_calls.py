@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._tasks import Request
+from .._content.tasks import Request
 from . import claims
 from .claims import ACCEPTED, HELD, MINE, Owner
 from .records import _uid, now

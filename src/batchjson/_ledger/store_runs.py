@@ -8,7 +8,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._tasks import Request
+from .._content.tasks import Request
 from .records import Receipt, Revision, _receipt, _revision, _uid, now
 from .store_base import Row, StoreBase, Tx
 

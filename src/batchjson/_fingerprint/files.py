@@ -1,0 +1,156 @@
+"""Files a validator reads: their content is part of what it judges by.
+
+A validator that loads ``rules.json`` accepts or rejects by the file's content as much as by its
+code: after the file is edited, answers stored under the old rules may no longer pass. A read of
+a constant path in the user's code (``open("rules.json")``, ``json.load(open(RULES))`` where
+``RULES`` is a str or ``Path`` global, ``Path("rules.json").read_text()``, ``RULES.read_bytes()``)
+puts the file's content hash into the fingerprint, read again every time the fingerprint is made
+(every run). Any other read cannot be hashed ahead of the run: a path computed at run time
+(``open(task["file"])``), a read inside an installed library (``pandas.read_csv``, ``np.load``,
+``gzip.open``). Those are named as ``unseen``, which makes the fingerprint partial, so stored
+answers are re-judged before they are reused. The read sites come from the one bytecode scan
+(:mod:`batchjson._fingerprint.bytecode`), so what a read looks like is all that is known: a read
+hidden behind other names is not seen.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import io
+import os
+import pathlib
+import stat
+import types
+from collections.abc import Mapping
+from typing import Any
+
+from .._canon import digest
+from .bytecode import CodeFacts, Read, is_module
+from .library import is_library_module, is_plain
+
+__all__ = ["file_digest", "file_parts", "library_reader", "outside_read", "resolve"]
+
+COMPUTED = ": a file read whose path is computed at run time"
+_OPENS = (builtins.open, io.open)
+_FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType)  # read without asking the object
+# An installed module's containers (os.environ, sys.argv) are keyed by name; a validator reading
+# one may judge differently when it changes, so its fingerprint says it cannot see them.
+_ENVIRONMENT = (Mapping, list, set)
+
+# Library functions whose name says they read a file given its path.
+READERS = frozenset({"open", "load", "loadtxt", "genfromtxt", "fromfile", "read_text",
+                     "read_bytes", "urlopen", "imread"})
+# ``load(f)`` of these takes a file already open: the ``open`` is the read, seen on its own.
+FILE_OBJECT_LOADERS = frozenset({"json", "pickle", "_pickle", "marshal", "tomllib", "plistlib"})
+
+
+def file_parts(facts: CodeFacts, found: Mapping[str, Any], cells: Mapping[str, Any]
+               ) -> tuple[list[tuple[str, str]], list[str]]:
+    """(parts, unseen) of the files the code reads: a file at a constant path by its content
+    now; a read that cannot be hashed ahead (a computed path, an installed library's reader
+    imported by name) named unseen."""
+    parts: dict[str, str] = {}
+    unseen: list[str] = []
+    for read in facts.files:
+        path, hidden = resolve(read, found, cells)
+        if hidden is not None:
+            unseen.append(hidden)
+        elif path is not None:
+            parts.setdefault(f"file:{path}", file_digest(path))
+    for name in sorted(facts.globals):  # `from pandas import read_csv`, then read_csv(path)
+        value = found.get(name)
+        if type(value) in _FUNCTIONS and is_library_module(value.__module__):
+            reader = library_reader(value.__module__, value.__name__, value)
+            if reader is not None:
+                unseen.append(reader)
+    return list(parts.items()), unseen
+
+
+def outside_read(module: str, used: list[str], value: Any) -> str | None:
+    """What to name when code reads ``module.<used>`` of an installed module out of sight: a
+    function that reads a file (``pd.read_csv``), or a container (``os.environ``)."""
+    reader = library_reader(module, used[-1], value)
+    if reader is None and isinstance(value, _ENVIRONMENT) and not is_plain(value):
+        return f"{module}.{'.'.join(used)}"
+    return reader
+
+
+def resolve(read: Read, found: Mapping[str, Any], cells: Mapping[str, Any]
+            ) -> tuple[str | None, str | None]:
+    """(path to hash, None) for a constant path; (None, what to name as unseen) for a read
+    that cannot be hashed ahead; (None, None) when the site is not a file read after all."""
+    def value(root: tuple[str, str]) -> Any:
+        kind, name = root
+        scope = cells if kind == "c" else found
+        return scope.get(name, getattr(builtins, name, None) if kind == "g" else None)
+
+    if read.call == "open()" and not any(found.get("open", builtins.open) is o for o in _OPENS):
+        return None, None  # the user's own `open`, walked by content like any global
+    if read.receiver is not None and read.call.startswith("."):  # NAME.method()
+        target = value(read.path[1]) if read.path else None
+        if issubclass(type(target), types.ModuleType):  # never asks the object itself
+            return None, None  # gzip.open: a module's function, seen as one (library_reader)
+        if not issubclass(type(target), pathlib.PurePath):
+            return None, f"{read.receiver[0]}{read.call}{COMPUTED}"
+        return _checked(os.fspath(target), read.call)
+    if read.receiver is not None:  # Path(p).method(): the callee must be a path class
+        callee = cells.get(read.receiver[0], value(("g", read.receiver[0])))
+        for attr in read.receiver[1:]:  # pathlib.Path: modules only, never an object's hooks
+            callee = getattr(callee, attr, None) if is_module(callee) else None
+        if not (issubclass(type(callee), type) and issubclass(callee, pathlib.PurePath)):
+            return None, f"{read.call}{COMPUTED}"
+    path = _path_value(read.path, value)
+    if path is None:
+        return None, f"{read.call}{COMPUTED}"
+    return _checked(path, read.call)
+
+
+def _path_value(path: tuple[str, Any] | None, value: Any) -> str | None:
+    if path is None:
+        return None
+    kind, what = path
+    raw = what if kind == "const" else value(what)
+    if issubclass(type(raw), (str, bytes, pathlib.PurePath)):
+        return os.fsdecode(raw)
+    return None
+
+
+def _checked(path: str, call: str) -> tuple[str | None, str | None]:
+    """A regular file (or one that is missing) is hashed; a pipe or a device is never read
+    ahead, since reading it would consume it or block."""
+    try:
+        mode = os.stat(path).st_mode
+    except ValueError:  # a NUL inside the path: no file has that name
+        return None, f"{call} of {path!r}: not a path a file can have"
+    except OSError:
+        return path, None  # missing or unreadable: hashed as such, and seen once it appears
+    if not stat.S_ISREG(mode):
+        return None, f"{call} of {path!r}: not a regular file, read only at run time"
+    return path, None
+
+
+def file_digest(path: str) -> str:
+    """The content of the file at ``path`` as a digest: read now, never cached (an edit
+    between two runs must be seen)."""
+    content = hashlib.sha256()
+    try:
+        with open(path, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                content.update(chunk)
+    except FileNotFoundError:
+        return digest("batchjson:file:1", ["missing"])
+    except OSError as exc:
+        return digest("batchjson:file:1", ["unreadable", type(exc).__name__])
+    return digest("batchjson:file:1", ["content", content.hexdigest()])
+
+
+def library_reader(module: str, name: str, value: Any) -> str | None:
+    """What to name when installed code called ``module.name`` reads a file, else None."""
+    if not isinstance(name, str) or not (name in READERS or name.startswith("read_")):
+        return None
+    if name == "load" and module.split(".")[0] in FILE_OBJECT_LOADERS:
+        return None
+    if value is not None and not callable(value):
+        return None
+    return f"{module}.{name}(): a file read inside an installed library"
