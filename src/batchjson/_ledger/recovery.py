@@ -219,12 +219,17 @@ def _identity_rule(path: Path, number: int, record: Mapping[str, Any], own: bool
                             echo=not exported or record.get("identity_echo") is True)
     except InvalidBatch as exc:
         raise _refuse(path, number, str(exc)) from None
-    judged = record["components"].get("identity") if exported else None
-    if judged is not None and judged != identity.key:
-        # the key says how its answers were judged: a weaker rule must not ride on it
-        raise _refuse(path, number, f"its identity {identity.key!r} is not the one its "
-                      f"components name ({str(judged)!r:.80}; the receipt was altered); give "
-                      "the identity the batch ran with")
+    if exported:  # the key says how its answers were judged: a weaker rule must not ride on it
+        judged = record["components"].get("identity")
+        if judged != identity.key:
+            raise _refuse(path, number, f"its identity {identity.key!r} is not the one its "
+                          f"components name ({str(judged)!r:.80}; the receipt was altered); "
+                          "give the identity the batch ran with")
+        judged = record["components"].get("mode")
+        if judged != record.get("mode", "items"):
+            raise _refuse(path, number, f"its mode {record.get('mode', 'items')!r} is not the "
+                          f"one its components name ({str(judged)!r:.40}; the receipt was "
+                          "altered); give the mode the batch ran with")
     return identity
 
 
@@ -244,7 +249,7 @@ def _judge(line: Line, validator: Callable[..., Any] | None) -> Verdict:
     raw = line.record["raw"]
     try:
         if line.record.get("mode", "items") == "value":
-            verdict = accept_value(raw, line.tasks[0], line.schema, validator)
+            verdict = accept_value(raw, line.tasks[0], line.schema, validator, line.identity)
         else:
             verdict = accept_items(raw, line.tasks, line.identity, line.schema, validator)
         if verdict.accepted:
