@@ -26,7 +26,7 @@ def _reject_constant(name: str) -> Any:
 _NONZERO_DIGIT = re.compile(r"[1-9]")
 
 
-def _finite_float(text: str) -> float:
+def finite_float(text: str) -> float:
     """A float that means the number written: 1e400 (infinity) and 1e-400 (0.0) do not."""
     value = float(text)
     if math.isinf(value):  # 1e400 and -1e999 are valid JSON but overflow to infinity
@@ -84,7 +84,7 @@ def _loads(text: str, decoder: json.JSONDecoder) -> Any:
 
 # Built once: json.loads with options builds a decoder (and its scanner) on every call.
 _STRICT = json.JSONDecoder(parse_constant=_reject_constant, object_pairs_hook=_unique_keys,
-                           parse_float=_finite_float)
+                           parse_float=finite_float)
 _EXACT = json.JSONDecoder(parse_constant=_reject_constant, object_pairs_hook=_unique_keys,
                           parse_float=Decimal)
 

@@ -11,9 +11,9 @@ imported once: its digest is recorded in the ``imports`` table.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from .._acceptance import Verdict, accept_items, accept_value
 from .._canon import canonical_json
 from .._errors import InvalidBatch
 from .._schema import ItemSchema, compile_schema
+from .._strictjson import finite_float
 from .._tasks import (
     Identity,
     Request,
@@ -88,11 +89,17 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"non-finite number {name} is not valid JSON")
 
 
+class _OutOfRange(ValueError):
+    """A number of the line no float holds: 1e400 (infinity) or 1e-400 (read as 0.0)."""
+
+
 def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):  # 1e400 parses as inf: a number no receipt can mean
-        raise ValueError(f"number {text} is out of range")
-    return value
+    """As a return's numbers are read: 1e400 would be infinity, and 1e-400 read as 0.0 would
+    pass a maximum of -1e-400, equal an item's 0 or record a cost of nothing."""
+    try:
+        return finite_float(text)
+    except ValueError as exc:
+        raise _OutOfRange(str(exc)) from None
 
 
 def _loads(text: str) -> Any:
@@ -101,6 +108,26 @@ def _loads(text: str) -> Any:
         return json.loads(text, parse_constant=_no_constants, parse_float=_finite)
     except RecursionError:
         raise ValueError("nested too deeply to read") from None
+
+
+def _where_out_of_range(text: str) -> str:
+    """The field holding the first number of a line no float holds (``tasks[0].x``), read
+    again with numbers kept exact; the line's own parse cannot say where it was."""
+    stack: list[tuple[Any, str]] = [(json.loads(text, parse_float=Decimal), "")]
+    while stack:
+        node, where = stack.pop()
+        if isinstance(node, Decimal):
+            try:
+                finite_float(str(node))
+            except ValueError:
+                return where or "the line"
+        children = (node.items() if isinstance(node, dict) else
+                    ((f"[{i}]", v) for i, v in enumerate(node)) if isinstance(node, list)
+                    else ())
+        for key, child in reversed(list(children)):
+            stack.append((child, f"{where}.{key}" if isinstance(node, dict) and where
+                          else f"{where}{key}"))
+    return "the line"
 
 
 def _jsonl_lines(text: str) -> Iterable[str]:
@@ -128,6 +155,8 @@ def read_lines(path: Path, validators: Mapping[str, Any]) -> list[Line]:
             continue
         try:
             record = _loads(raw_line)
+        except _OutOfRange as exc:
+            raise _refuse(path, number, f"field {_where_out_of_range(raw_line)}: {exc}") from None
         except ValueError as exc:
             raise _refuse(path, number, f"not JSON ({exc})") from None
         if not isinstance(record, dict):
