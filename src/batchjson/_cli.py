@@ -377,7 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
     advise.add_argument("--replays", type=whole_argument(0), default=1, metavar="N",
                         help="exact replays per failing request (default 1)")
     forget = command("forget", "stop a batch's unresolved requests from being owed (its "
-                     "receipts and costs stay; a later run owes again)", cmd_forget)
+                     "receipts and costs stay; later work on it owes again)", cmd_forget)
     forget.add_argument("name", help="batch name")
     sub.add_parser("serve", help="the loopback OpenAI/Anthropic test server "
                    "(batchjson serve --help lists its options)")
