@@ -8,28 +8,40 @@ puts the file's content hash into the fingerprint, read again every time the fin
 (every run). Any other read cannot be hashed ahead of the run: a path computed at run time
 (``open(task["file"])``), a read inside an installed library (``pandas.read_csv``, ``np.load``,
 ``gzip.open``). Those are named as ``unseen``, which makes the fingerprint partial, so stored
-answers are re-judged before they are reused. The read sites come from the one bytecode scan
-(:mod:`batchjson._bytecode`), so what a read looks like is all that is known: a read hidden
-behind other names is not seen.
+answers are re-judged before they are reused. The stdlib's other ways to read the file system
+count the same way (``STDLIB_READS``), with a constant path: ``sqlite3.connect``,
+``linecache.getline`` and ``fileinput.input`` by the file's bytes; ``os.listdir``,
+``os.scandir``, ``os.walk`` and ``glob.glob`` by the listing; ``os.path.exists``, ``isfile``,
+``isdir``, ``getsize`` and ``getmtime`` by their answer. With any other path, and for a program
+run (``subprocess``, ``os.system``), they are unseen. A cache that keeps what was read
+(``linecache``'s, ``functools.lru_cache`` around a reader) hides an edit from this process, so it
+is named unseen too. The read sites come from the one bytecode scan (:mod:`batchjson._bytecode`),
+so what a read looks like is all that is known: a read hidden behind other names is not seen.
 """
 
 from __future__ import annotations
 
 import builtins
+import fileinput
+import glob
 import hashlib
 import io
+import linecache
 import os
 import pathlib
+import sqlite3
 import stat
+import subprocess
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from ._bytecode import CodeFacts, Read, is_module
+from ._bytecode import CALL_READS, MISSING, CodeFacts, Read, is_module, resolve_chain
 from ._canon import digest
 from ._library import is_library_module, is_plain
 
-__all__ = ["file_digest", "file_parts", "library_reader", "outside_read", "resolve"]
+__all__ = ["STDLIB_READS", "file_digest", "file_parts", "library_reader", "outside_read",
+           "resolve"]
 
 COMPUTED = ": a file read whose path is computed at run time"
 _OPENS = (builtins.open, io.open)
@@ -58,13 +70,106 @@ def file_parts(facts: CodeFacts, found: Mapping[str, Any], cells: Mapping[str, A
             unseen.append(hidden)
         elif path is not None:
             parts.setdefault(f"file:{path}", file_digest(path))
+    called = set()
+    for read in facts.calls:  # os.listdir("allowed"), sqlite3.connect(DB), subprocess.run(...)
+        reader = STDLIB_READS.get(id(_callee(read.receiver, found, cells)))
+        if reader is not None:
+            called.add(read.receiver)
+            _stdlib_read(read, reader, found, cells, parts, unseen)
     for name in sorted(facts.globals):  # `from pandas import read_csv`, then read_csv(path)
         value = found.get(name)
+        reader = STDLIB_READS.get(id(value))
+        if reader is not None and (("g", name),) not in called:  # `ls = os.listdir`: unseen
+            unseen.append(f"{name}(), which is {reader[2]}(){COMPUTED}")
         if type(value) in _FUNCTIONS and is_library_module(value.__module__):
             reader = library_reader(value.__module__, value.__name__, value)
             if reader is not None:
                 unseen.append(reader)
     return list(parts.items()), unseen
+
+
+def _reads() -> dict[int, tuple[str, Any, str]]:
+    """id -> (kind, function, name) of the stdlib functions that read the file system by a
+    path (or run a program): what a constant path of theirs counts as."""
+    kinds = {
+        "file": (sqlite3.connect, linecache.getline, linecache.getlines, fileinput.input),
+        "listing": (os.listdir, os.scandir),
+        "tree": (os.walk,),
+        "glob": (glob.glob, glob.iglob),
+        "check": (os.path.exists, os.path.lexists, os.path.isfile, os.path.isdir,
+                  os.path.getsize, os.path.getmtime),
+        "program": (subprocess.run, subprocess.call, subprocess.check_call,
+                    subprocess.check_output, subprocess.Popen, subprocess.getoutput,
+                    subprocess.getstatusoutput, os.system, os.popen),
+    }
+    out = {}
+    for kind, functions in kinds.items():
+        for fn in functions:
+            module = {"posixpath": "os.path", "ntpath": "os.path", "genericpath": "os.path",
+                      "posix": "os", "nt": "os"}.get(fn.__module__, fn.__module__)
+            out[id(fn)] = (kind, fn, f"{module}.{fn.__name__}")
+    return out
+
+
+STDLIB_READS = _reads()
+assert {name.rpartition(".")[2] for _, _, name in STDLIB_READS.values()} <= CALL_READS
+LINECACHE = ("linecache keeps the lines it read in this process: an edit of {path!r} is not "
+             "read until linecache.checkcache()")
+
+
+def _callee(chain: tuple, found: Mapping[str, Any], cells: Mapping[str, Any]) -> Any:
+    """What a call site's chain names: ``listdir`` (a global or closure), ``os.path.exists``."""
+    (kind, root), *attrs = chain
+    if not attrs:
+        return (cells if kind == "c" else found).get(root, MISSING)
+    resolved = resolve_chain(chain, (found, vars(builtins), cells))  # type: ignore[arg-type]
+    return MISSING if resolved is None else resolved[1]
+
+
+def _stdlib_read(read: Read, reader: tuple[str, Any, str], found: Mapping[str, Any],
+                 cells: Mapping[str, Any], parts: dict[str, str], unseen: list[str]) -> None:
+    """A stdlib read's part (by the path's content, listing or state now), or why unseen."""
+    kind, fn, name = reader
+    if kind == "program":
+        unseen.append(f"{name}(): runs a program; what it reads is seen only at run time")
+        return
+    path = _path_value(read.path, lambda root: (cells if root[0] == "c" else found).get(
+        root[1], getattr(builtins, root[1], None) if root[0] == "g" else None))
+    if path is None:
+        unseen.append(f"{name}(){COMPUTED}")
+    elif kind == "file" and fn is sqlite3.connect and path in ("", ":memory:"):
+        return  # an in-memory database: nothing on disk
+    elif kind == "file" and fn is sqlite3.connect and path.startswith("file:"):
+        unseen.append(f"{name}() of the URI {path!r}: read only at run time")
+    elif kind == "file":
+        checked, hidden = _checked(path, f"{name}()")
+        if checked is None:
+            unseen.append(hidden or f"{name}(){COMPUTED}")
+            return
+        parts.setdefault(f"file:{path}", file_digest(path))
+        if fn is sqlite3.connect and os.path.exists(path + "-wal"):  # rows not yet in the file
+            parts.setdefault(f"file:{path}-wal", file_digest(path + "-wal"))
+        if fn in (linecache.getline, linecache.getlines):
+            unseen.append(f"{name}(): " + LINECACHE.format(path=path))
+    else:
+        what = f"{name.rpartition('.')[2]}({path!r})" if kind == "check" else path
+        parts.setdefault(f"{kind}:{what}", _state_digest(kind, fn, path))
+
+
+def _state_digest(kind: str, fn: Callable[..., Any], path: str) -> str:
+    """What a listing, a glob or a path check answers now, as a digest (read every run)."""
+    try:
+        if kind == "listing":
+            found: Any = sorted(os.listdir(path))
+        elif kind == "tree":  # os.walk ignores errors: a missing top is an empty walk
+            found = sorted((top, sorted(dirs), sorted(files)) for top, dirs, files in os.walk(path))
+        elif kind == "glob":
+            found = sorted(glob.glob(path, recursive="**" in path))
+        else:
+            found = fn(path)
+    except (OSError, ValueError) as exc:  # missing, not a directory, a NUL in the path
+        found = ["unreadable", type(exc).__name__]
+    return digest(f"batchjson:{kind}:1", found)
 
 
 def outside_read(module: str, used: list[str], value: Any) -> str | None:
