@@ -22,7 +22,16 @@ from typing import Any
 from ._canon import canonical_json
 from ._replies import ODD_TEXT, text_of
 from ._schema import ItemSchema
-from ._strictjson import exact_json, has_float, json_equal, parse_json, strip_fence
+from ._strictjson import (
+    exact_if_lossy,
+    exact_json,
+    has_float,
+    holds_lossy,
+    json_equal,
+    parse_json,
+    parse_json_noting,
+    strip_fence,
+)
 from ._validators import clip, judged_code_raised, run_validator_async
 
 REPAIRABLE = frozenset({"json", "coverage", "identity", "schema", "validation"})
@@ -206,7 +215,7 @@ def _sync(coro: Any) -> Verdict:
 def _prepare_items(text: str, tasks: Sequence[Mapping[str, Any]], identity: Sequence[str],
                    schema: ItemSchema) -> Verdict | Prepared:
     try:
-        payload = parse_json(text)
+        payload, long_numbers = parse_json_noting(text)
     except ValueError as exc:
         return Verdict(False, errors=[_error("json", f"return is not valid JSON: {exc}")])
     if not isinstance(payload, dict) or not isinstance(payload.get("items"), list):
@@ -236,12 +245,18 @@ def _prepare_items(text: str, tasks: Sequence[Mapping[str, Any]], identity: Sequ
 
     declared = schema.declared_fields
     prepared: Prepared = []
-    for item in items:
+    # numbers a float does not hold as written, read exactly
+    lossy = exact_if_lossy(text) if long_numbers else None
+    for position, item in enumerate(items):
         task_id = item["task_id"]
         fields = compared[task_id]
         kept = [n for n in fields if declared is not None and n in declared]  # may be coerced
         answer = {k: v for k, v in item.items() if k not in fields or k in kept}
         value, messages, crashed = _validate(schema, answer, f"items[{task_id}]")
+        exact = lossy["items"][position] if lossy is not None else None
+        if not messages and exact is not None and holds_lossy(exact):  # judged as written
+            exact = {k: v for k, v in exact.items() if k in answer}
+            messages = schema.exact_errors(exact, answer, f"items[{task_id}]")
         errors.extend(_error("validator_error" if crashed else "schema", m, task_id)
                       for m in messages)
         if not messages:
@@ -337,13 +352,16 @@ def _prepare_value(text: str, task: Mapping[str, Any], identity: Sequence[str],
                    schema: ItemSchema) -> Verdict | Prepared:
     task_id = task["task_id"]
     try:
-        payload = parse_json(text)
+        payload, long_numbers = parse_json_noting(text)
     except ValueError as exc:
         return Verdict(False, errors=[_error("json", f"return is not valid JSON: {exc}", task_id)])
     errors = _value_echoes(text, payload, task, identity)
     if errors:
         return Verdict(False, errors=errors)
     value, messages, crashed = _validate(schema, payload, "$")
+    lossy = exact_if_lossy(text) if long_numbers and not messages else None
+    if lossy is not None:  # a number a float does not hold as written: judged as written
+        messages = schema.exact_errors(lossy, payload, "$")
     if messages:
         return Verdict(False, errors=[_error("validator_error" if crashed else "schema", m,
                                              task_id) for m in messages])
