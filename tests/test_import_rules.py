@@ -56,13 +56,10 @@ def three_requests() -> tuple[list[dict], list[dict[str, Any]]]:
     return tasks, [receipt(tasks[i:i + 2], items_for(tasks[i:i + 2])) for i in (0, 2, 4)]
 
 
-@pytest.mark.parametrize("identity", [["task_id"], ["task_id", "candidate_id"], [], None,
-                                      "missing"])
-def test_the_seed_swap_is_kept_as_diagnostic_whatever_identity_list_the_receipt_gives(
-        tmp_path: Path, identity: Any) -> None:
-    tasks = review_tasks(20)
-    line = receipt(tasks, items_for(tasks, {0: "gold-pair-079"}), identity=identity)
-    if identity == "missing":
+def imported_as_diagnostic(tmp_path: Path, line: dict[str, Any]) -> dict[str, Any]:
+    """Import one line (its identity list "missing": without one) by the CLI; it must be kept
+    as diagnostic, nothing admitted and nothing in ``values``. Returns the report."""
+    if line.get("identity") == "missing":
         del line["identity"]
     ledger = tmp_path / "ledger.sqlite"
     done = cli("import", str(write(tmp_path / "old.jsonl", line)), "--ledger", str(ledger),
@@ -70,11 +67,21 @@ def test_the_seed_swap_is_kept_as_diagnostic_whatever_identity_list_the_receipt_
     assert done.returncode == 1, done.stderr
     report = json.loads(done.stdout)
     assert (report["admitted"], report["diagnostic"], report["items_admitted"]) == (0, 1, 0)
+    values = cli("values", "review", "--ledger", str(ledger), "--json", cwd=tmp_path)
+    assert json.loads(values.stdout) == {}
+    return report
+
+
+@pytest.mark.parametrize("identity", [["task_id"], ["task_id", "candidate_id"], [], None,
+                                      "missing"])
+def test_the_seed_swap_is_kept_as_diagnostic_whatever_identity_list_the_receipt_gives(
+        tmp_path: Path, identity: Any) -> None:
+    tasks = review_tasks(20)
+    line = receipt(tasks, items_for(tasks, {0: "gold-pair-079"}), identity=identity)
+    report = imported_as_diagnostic(tmp_path, line)
     (error,) = report["receipts"][0]["errors"]
     assert (error["field"], error["expected"], error["got"]) == (
         "case_id", "gold-pair-078", "gold-pair-079")
-    values = cli("values", "review", "--ledger", str(ledger), "--json", cwd=tmp_path)
-    assert json.loads(values.stdout) == {}
 
 
 def test_a_receipt_whose_identity_is_not_a_list_is_refused_naming_the_line(
@@ -279,17 +286,8 @@ def test_the_seed_swap_in_a_value_mode_receipt_is_kept_as_diagnostic(
     answer (an object) and any object in it naming a task_id must echo the task's fields."""
     line = receipt([SEED_TASK], json.dumps(VALUE_SWAPS[shape]), mode="value",
                    identity=identity, schema={})
-    if identity == "missing":
-        del line["identity"]
-    ledger = tmp_path / "ledger.sqlite"
-    done = cli("import", str(write(tmp_path / "old.jsonl", line)), "--ledger", str(ledger),
-               "--json", cwd=tmp_path)
-    assert done.returncode == 1, done.stderr
-    report = json.loads(done.stdout)
-    assert (report["diagnostic"], report["items_admitted"]) == (1, 0)
+    report = imported_as_diagnostic(tmp_path, line)
     assert {e["field"] for e in report["receipts"][0]["errors"]} <= {"case_id", "task_id"}
-    assert json.loads(cli("values", "review", "--ledger", str(ledger), "--json",
-                          cwd=tmp_path).stdout) == {}
 
 
 @pytest.mark.parametrize("claimed", ["batchjson format without components", "fenced",

@@ -58,6 +58,7 @@ _SKIP = frozenset({"CACHE", "NOP", "EXTENDED_ARG", "PRECALL", "PUSH_NULL", "KW_N
 _ROOTS = {"LOAD_GLOBAL": "g", "LOAD_NAME": "g", "LOAD_DEREF": "c", "LOAD_CLASSDEREF": "c"}
 _ATTR = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
 _SIMPLE = frozenset({"LOAD_CONST", "LOAD_SMALL_INT", *_ROOTS})  # and every LOAD_FAST form
+_CONSTS = frozenset({"LOAD_CONST", "LOAD_SMALL_INT"})  # 3.14 loads an import's level so
 _STORE_LOCAL = frozenset({"STORE_FAST", "STORE_DEREF", "STORE_NAME"})
 _WRITES = {"STORE_GLOBAL": "g", "DELETE_GLOBAL": "g", "STORE_ATTR": "a", "DELETE_ATTR": "a",
            "STORE_DEREF": "c", "DELETE_DEREF": "c"}
@@ -167,8 +168,8 @@ def _scan(code: types.CodeType) -> CodeFacts:
             written[_WRITES[op]].add(arg)
         if op == "LOAD_GLOBAL" and arg in _GETATTR:
             getattr_step = 1
-        before_const, last_const = (last_const, arg) if op == "LOAD_CONST" else (_NO_CONST,
-                                                                                 _NO_CONST)
+        before_const, last_const = (last_const, arg) if op in _CONSTS else (_NO_CONST,
+                                                                             _NO_CONST)
     if cur is not None:
         chains.add(tuple(cur))  # type: ignore[arg-type]
     return CodeFacts(frozenset(globals_), frozenset(chains), frozenset(dynamic),

@@ -22,16 +22,12 @@ so what a read looks like is all that is known: a read hidden behind other names
 from __future__ import annotations
 
 import builtins
-import fileinput
 import glob
 import hashlib
 import io
-import linecache
 import os
 import pathlib
-import sqlite3
 import stat
-import subprocess
 import types
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -41,7 +37,7 @@ from ._canon import digest
 from ._library import is_library_module, is_plain
 
 __all__ = ["STDLIB_READS", "file_digest", "file_parts", "library_reader", "outside_read",
-           "resolve"]
+           "resolve", "stdlib_read"]
 
 COMPUTED = ": a file read whose path is computed at run time"
 _OPENS = (builtins.open, io.open)
@@ -72,15 +68,16 @@ def file_parts(facts: CodeFacts, found: Mapping[str, Any], cells: Mapping[str, A
             parts.setdefault(f"file:{path}", file_digest(path))
     called = set()
     for read in facts.calls:  # os.listdir("allowed"), sqlite3.connect(DB), subprocess.run(...)
-        reader = STDLIB_READS.get(id(_callee(read.receiver, found, cells)))
+        callee = _callee(read.receiver, found, cells)
+        reader = stdlib_read(callee)
         if reader is not None:
             called.add(read.receiver)
-            _stdlib_read(read, reader, found, cells, parts, unseen)
+            _read_part(read, (*reader, callee), found, cells, parts, unseen)
     for name in sorted(facts.globals):  # `from pandas import read_csv`, then read_csv(path)
         value = found.get(name)
-        reader = STDLIB_READS.get(id(value))
+        reader = stdlib_read(value)
         if reader is not None and (("g", name),) not in called:  # `ls = os.listdir`: unseen
-            unseen.append(f"{name}(), which is {reader[2]}(){COMPUTED}")
+            unseen.append(f"{name}(), which is {reader[0]}(){COMPUTED}")
         if type(value) in _FUNCTIONS and is_library_module(value.__module__):
             reader = library_reader(value.__module__, value.__name__, value)
             if reader is not None:
@@ -88,31 +85,40 @@ def file_parts(facts: CodeFacts, found: Mapping[str, Any], cells: Mapping[str, A
     return list(parts.items()), unseen
 
 
-def _reads() -> dict[int, tuple[str, Any, str]]:
-    """id -> (kind, function, name) of the stdlib functions that read the file system by a
-    path (or run a program): what a constant path of theirs counts as."""
-    kinds = {
-        "file": (sqlite3.connect, linecache.getline, linecache.getlines, fileinput.input),
-        "listing": (os.listdir, os.scandir),
-        "tree": (os.walk,),
-        "glob": (glob.glob, glob.iglob),
-        "check": (os.path.exists, os.path.lexists, os.path.isfile, os.path.isdir,
-                  os.path.getsize, os.path.getmtime),
-        "program": (subprocess.run, subprocess.call, subprocess.check_call,
-                    subprocess.check_output, subprocess.Popen, subprocess.getoutput,
-                    subprocess.getstatusoutput, os.system, os.popen),
-    }
-    out = {}
-    for kind, functions in kinds.items():
-        for fn in functions:
-            module = {"posixpath": "os.path", "ntpath": "os.path", "genericpath": "os.path",
-                      "posix": "os", "nt": "os"}.get(fn.__module__, fn.__module__)
-            out[id(fn)] = (kind, fn, f"{module}.{fn.__name__}")
-    return out
+# The stdlib's functions that read the file system by a path (or run a program), by name, and
+# what a constant path of theirs counts as. Named, not imported: a validator's call is known by
+# the installed function it resolves to.
+STDLIB_READS = {
+    **dict.fromkeys(("sqlite3.connect", "linecache.getline", "linecache.getlines",
+                     "fileinput.input"), "file"),
+    **dict.fromkeys(("os.listdir", "os.scandir"), "listing"),
+    "os.walk": "tree",
+    **dict.fromkeys(("glob.glob", "glob.iglob"), "glob"),
+    **dict.fromkeys(("os.path.exists", "os.path.lexists", "os.path.isfile", "os.path.isdir",
+                     "os.path.getsize", "os.path.getmtime"), "check"),
+    **dict.fromkeys(("subprocess.run", "subprocess.call", "subprocess.check_call",
+                     "subprocess.check_output", "subprocess.Popen", "subprocess.getoutput",
+                     "subprocess.getstatusoutput", "os.system", "os.popen"), "program"),
+}
+# Where the stdlib defines what it exports under another module's name.
+_HOMES = {"posix": "os", "nt": "os", "posixpath": "os.path", "ntpath": "os.path",
+          "genericpath": "os.path", "_sqlite3": "sqlite3"}
+assert {name.rpartition(".")[2] for name in STDLIB_READS} <= CALL_READS
 
 
-STDLIB_READS = _reads()
-assert {name.rpartition(".")[2] for _, _, name in STDLIB_READS.values()} <= CALL_READS
+def stdlib_read(value: Any) -> tuple[str, str] | None:
+    """(name, kind) when ``value`` is one of STDLIB_READS's functions, else None. Only a
+    function or class of installed code is asked its names (never an object's hooks)."""
+    if type(value) not in (*_FUNCTIONS, type):
+        return None
+    module = getattr(value, "__module__", None)
+    if not isinstance(module, str) or not is_library_module(module):
+        return None
+    name = f"{_HOMES.get(module, module)}.{getattr(value, '__qualname__', '')}"
+    kind = STDLIB_READS.get(name)
+    return (name, kind) if kind is not None else None
+
+
 LINECACHE = ("linecache keeps the lines it read in this process: an edit of {path!r} is not "
              "read until linecache.checkcache()")
 
@@ -126,10 +132,10 @@ def _callee(chain: tuple, found: Mapping[str, Any], cells: Mapping[str, Any]) ->
     return MISSING if resolved is None else resolved[1]
 
 
-def _stdlib_read(read: Read, reader: tuple[str, Any, str], found: Mapping[str, Any],
-                 cells: Mapping[str, Any], parts: dict[str, str], unseen: list[str]) -> None:
+def _read_part(read: Read, reader: tuple[str, str, Any], found: Mapping[str, Any],
+               cells: Mapping[str, Any], parts: dict[str, str], unseen: list[str]) -> None:
     """A stdlib read's part (by the path's content, listing or state now), or why unseen."""
-    kind, fn, name = reader
+    name, kind, fn = reader
     if kind == "program":
         unseen.append(f"{name}(): runs a program; what it reads is seen only at run time")
         return
@@ -137,9 +143,9 @@ def _stdlib_read(read: Read, reader: tuple[str, Any, str], found: Mapping[str, A
         root[1], getattr(builtins, root[1], None) if root[0] == "g" else None))
     if path is None:
         unseen.append(f"{name}(){COMPUTED}")
-    elif kind == "file" and fn is sqlite3.connect and path in ("", ":memory:"):
+    elif name == "sqlite3.connect" and path in ("", ":memory:"):
         return  # an in-memory database: nothing on disk
-    elif kind == "file" and fn is sqlite3.connect and path.startswith("file:"):
+    elif name == "sqlite3.connect" and path.startswith("file:"):
         unseen.append(f"{name}() of the URI {path!r}: read only at run time")
     elif kind == "file":
         checked, hidden = _checked(path, f"{name}()")
@@ -147,9 +153,9 @@ def _stdlib_read(read: Read, reader: tuple[str, Any, str], found: Mapping[str, A
             unseen.append(hidden or f"{name}(){COMPUTED}")
             return
         parts.setdefault(f"file:{path}", file_digest(path))
-        if fn is sqlite3.connect and os.path.exists(path + "-wal"):  # rows not yet in the file
+        if name == "sqlite3.connect" and os.path.exists(path + "-wal"):  # rows not yet in it
             parts.setdefault(f"file:{path}-wal", file_digest(path + "-wal"))
-        if fn in (linecache.getline, linecache.getlines):
+        if name.startswith("linecache."):
             unseen.append(f"{name}(): " + LINECACHE.format(path=path))
     else:
         what = f"{name.rpartition('.')[2]}({path!r})" if kind == "check" else path
