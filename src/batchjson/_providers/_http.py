@@ -7,14 +7,12 @@ Providers only transport: every failure becomes a ProviderError whose ``retryabl
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import errno
 import hashlib
 import json
 import os
 import socket
 import threading
-import time
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 from urllib.parse import urlparse, urlsplit, urlunparse, urlunsplit
@@ -36,6 +34,7 @@ from .masking import (
     public_url,
 )
 from .pricing import cost_of, normalize_prices, price_for
+from .ratelimits import report_headers, retry_after, retry_wait
 from .settings import checked_extra_body, checked_key
 
 _NON_RETRYABLE_QUOTA = ("insufficient_quota", "billing_hard_limit_reached")
@@ -46,24 +45,7 @@ _UNREACHABLE_ERRNOS = frozenset({errno.ECONNREFUSED, errno.ENETUNREACH, errno.EH
 
 def parse_retry_after(headers: Mapping[str, str]) -> float | None:
     """Seconds to wait, from ``retry-after-ms``, ``Retry-After`` seconds, or an HTTP-date."""
-    millis = headers.get("retry-after-ms")
-    if millis:
-        try:
-            return max(0.0, float(millis) / 1000.0)
-        except ValueError:
-            pass
-    value = headers.get("Retry-After")
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
+    return retry_after(headers)
 
 
 def is_retryable_status(status: int) -> bool:
@@ -114,7 +96,9 @@ def http_error(provider: str, status: int, headers: Mapping[str, str], raw: byte
     if hint:
         text += f" ({hint.format(key_env=key_env)})"
     return ProviderError(secrets.mask(text) if secrets else text, status=status,
-                         retryable=retryable, retry_after=parse_retry_after(headers))
+                         retryable=retryable,
+                         retry_after=retry_wait(headers) if status == 429 else
+                         parse_retry_after(headers))
 
 
 def display_url(url: str) -> str:
@@ -167,6 +151,7 @@ async def post_json(session: aiohttp.ClientSession, url: str, body: bytes,
             status = resp.status
             raw = await resp.read()
             resp_headers = resp.headers
+            report_headers(resp_headers)  # the pacer's view of the rate limits
     except TimeoutError:
         failure = ProviderError(f"{provider}: no complete answer within the {timeout:g}s "
                                 "client timeout", retryable=True)

@@ -31,9 +31,11 @@ from .._errors import LedgerError, ProviderError
 from .._ledger import Ledger
 from .._ledger.claims import LEASE_SECONDS, Owner
 from .._providers.masking import public_url
+from .._providers.ratelimits import HEADER_LISTENER, request_tokens
 from .budget import Spender
 from .calls import CallSteps, Held, OutOfBudget, Resolved, Stopped, first_prompt
 from .groupcommit import GroupCommit
+from .pacing import Pacer
 from .plan import Outcome, Plan, Transport, system_prompt
 
 Item = tuple[Request, int, "str | None"]  # a queued request, its split depth, its first kind
@@ -45,7 +47,7 @@ class Replayer(CallSteps):
     def __init__(self, plan: Plan, ledger: Ledger, provider: Any, spender: Spender,
                  transport: Transport, concurrency: int,
                  on_progress: Callable[[int], None] | None = None, *,
-                 session_id: str = "session") -> None:
+                 session_id: str = "session", pacer: Pacer | None = None) -> None:
         self.plan = plan
         self.store = ledger.store
         self.provider = provider
@@ -55,6 +57,9 @@ class Replayer(CallSteps):
         self.on_progress = on_progress
         self.session_id = session_id
         self.outcome = Outcome()
+        self.pacer = pacer
+        if pacer is not None:
+            pacer.set_ceiling(concurrency)
         self._attempts: dict[str, int] = {}
         self.writes = GroupCommit(self.store)
         # initial * 2**(n-1) plus up to `initial` of jitter, capped below in _delay: written with
@@ -272,7 +277,7 @@ class Replayer(CallSteps):
         """
         try:
             try:
-                return await self._call(request, kind, prompt)
+                return await self._paced_call(request, kind, prompt)
             except ProviderError as first:
                 if not first.retryable or self.transport.retries == 0:
                     raise
@@ -286,7 +291,7 @@ class Replayer(CallSteps):
             )
             async for attempt in retrying:
                 with attempt:
-                    return await self._call(request, kind, prompt)
+                    return await self._paced_call(request, kind, prompt)
         except ProviderError as exc:
             if exc.unreachable and self._prober == request.key:
                 self._unreachable(exc)
@@ -300,6 +305,29 @@ class Replayer(CallSteps):
                 error["kind"] = exc.kind
             return acceptance.Verdict(False, errors=[error]), None
         raise AssertionError("unreachable: tenacity either returns or re-raises")
+
+    async def _paced_call(self, request: Request, kind: str,
+                          prompt: str) -> tuple[acceptance.Verdict, str | None]:
+        """``_call`` under the session's pacer: sent only within the rate limits; the headers
+        of its response teach the pacer, and a 429 pauses every call of the session."""
+        pacer = self.pacer
+        if pacer is None:
+            return await self._call(request, kind, prompt)
+        await pacer.acquire(1, request_tokens(self._system, prompt,
+                                              self.spender.pricing.max_output_tokens))
+        listening = HEADER_LISTENER.set(pacer.observe)
+        answered = False
+        try:
+            verdict = await self._call(request, kind, prompt)
+            answered = True
+            return verdict
+        except ProviderError as exc:
+            if exc.status == 429 and exc.retryable:
+                pacer.penalise(exc.retry_after)
+            raise
+        finally:
+            HEADER_LISTENER.reset(listening)
+            pacer.release(answered)
 
     def _delay(self, error: BaseException | None, failures: int) -> float:
         """Retry-After when the provider gave one, else exponential backoff with jitter."""

@@ -34,6 +34,7 @@ from .._providers.base import answer_source, close_provider
 from .._providers.select import make_provider, provider_label
 from .._replay.budget import Budget, Spender, Tally, pricing_of, usd
 from .._replay.calls import cheapest_call
+from .._replay.pacing import Pacer, RateLimits
 from .._replay.plan import Outcome, Plan, Transport
 from .._replay.replay import Replayer
 from . import preflight, structured
@@ -60,11 +61,14 @@ class Session:
         transport_retries: int = 3,
         timeout: float = 120.0,
         model: str | None = None,
+        rate_limits: RateLimits | Mapping[str, int] | tuple[int, int] | None = None,
     ) -> None:
         options = SessionOptions(strict=strict, budget=budget, concurrency=concurrency,
                                  repairs=repairs, replays=replays,
                                  transport_retries=transport_retries, timeout=timeout,
                                  model=model)  # all checked before the ledger is opened
+        # One pacer for every run of the session (docs/providers.md, "Rate limits").
+        self.pacer = Pacer(RateLimits.of(rate_limits), options.concurrency)
         self.ledger = ledger if isinstance(ledger, Ledger) else Ledger(ledger)
         self.strict = options.strict
         self.budget = options.budget
@@ -89,6 +93,15 @@ class Session:
         self._loop = BackgroundLoop(f"batchjson-{self.id}")
         self._used: list[Any] = []  # providers that ran on the loop, closed with it
         self._finalizer = weakref.finalize(self, _shutdown, self._loop, self._used)
+
+    @property
+    def rate_limits(self) -> RateLimits:
+        """The limits the session paces to (those set; learnt ones are ``pacer.learnt``)."""
+        return self.pacer.limits
+
+    @rate_limits.setter
+    def rate_limits(self, value: Any) -> None:
+        self.pacer.set_limits(RateLimits.of(value))
 
     @property
     def spent_calls(self) -> int:
@@ -333,7 +346,7 @@ class Session:
         async def go() -> Outcome:
             replayer = Replayer(plan, self.ledger, provider, spender, self.transport,
                                 self.concurrency, on_progress=bar.update if bar else None,
-                                session_id=self.id)
+                                session_id=self.id, pacer=self.pacer)
             return await replayer.run(pending)
 
         try:

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import signal
 import threading
 import time
@@ -30,18 +31,19 @@ from .._providers.base import Call
 from .._providers.simulated import SimulatedModel
 from ._bodies import anthropic_message, openai_completion, request_id, shape
 from ._faults import HTTP_FAULTS, STATUS_FAULTS, HttpFaults
-from ._ratelimits import Limits
+from ._ratelimits import Limits, counted_tokens
 from ._requests import Ask, anthropic_ask, openai_ask
 from ._wire import (
     JSON_HEADERS,
     error_response,
     fault_response,
     identity_fields,
+    rate_limited,
     read_body,
     unauthorized,
 )
 
-__all__ = ["HTTP_FAULTS", "HttpFaults", "LoopbackServer", "main"]
+__all__ = ["HTTP_FAULTS", "HttpFaults", "Limits", "LoopbackServer", "main"]
 
 @dataclass
 class Exchange:
@@ -67,7 +69,7 @@ class LoopbackServer:
 
     def __init__(self, model: SimulatedModel | None = None, *, latency: float = 0.0,
                  faults: HttpFaults | None = None, host: str = "127.0.0.1", port: int = 0,
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, rate_limits: Limits | None = None) -> None:
         self.model = model or SimulatedModel()
         self.latency = seconds("LoopbackServer latency", latency, ConfigError)
         self.faults = faults
@@ -77,8 +79,10 @@ class LoopbackServer:
         self.requests = 0
         self.responses: Counter[int] = Counter()
         self.injected: Counter[str] = Counter()
+        self.limited: Counter[str] = Counter()  # 429s of enforced limits, by bucket
+        self.admitted_tokens = 0  # tokens counted against enforced limits, as they arrived
         self.last_body: dict[str, Any] | None = None
-        self.limits = Limits()
+        self.limits = rate_limits or Limits()  # Limits.enforced(...) refuses beyond them
         self._exchanges: dict[int, Exchange] = {}
         self.first_at: float | None = None
         self.last_at: float | None = None
@@ -104,13 +108,16 @@ class LoopbackServer:
         span = (self.last_at - self.first_at) if self.first_at and self.last_at else 0.0
         return {"requests": self.requests, "responses": {str(k): v for k, v in
                                                          sorted(self.responses.items())},
-                "injected": dict(self.injected), "span_seconds": span,
+                "injected": dict(self.injected), "limited": dict(self.limited),
+                "span_seconds": span,
                 "requests_per_second": (self.requests - 1) / span if span > 0 else None}
 
     def reset_stats(self) -> None:
         self.requests = 0
         self.responses.clear()
         self.injected.clear()
+        self.limited.clear()
+        self.admitted_tokens = 0
         self._seen.clear()  # attempt numbers (and so seeded fault draws) start over too
         self.first_at = self.last_at = None
 
@@ -244,6 +251,9 @@ class LoopbackServer:
         refused = _refused("openai", data)
         if refused is not None or data is None:
             return error_response("openai", 400, refused or "request body is not a JSON object")
+        limited = self._admit("openai", data, self._rid(request))
+        if limited is not None:
+            return limited
         ask = openai_ask(data, self.model.model)
         outcome = await self._answer("openai", ask, self._rid(request))
         if isinstance(outcome, web.Response):
@@ -267,6 +277,9 @@ class LoopbackServer:
         if refused is not None or data is None:
             return error_response("anthropic", 400, refused or "request body is not a JSON "
                                   "object", request_id=rid)
+        limited = self._admit("anthropic", data, rid)
+        if limited is not None:
+            return limited
         ask = anthropic_ask(data, self.model.model)
         outcome = await self._answer("anthropic", ask, rid)
         if isinstance(outcome, web.Response):
@@ -292,6 +305,27 @@ class LoopbackServer:
             return fault_response(protocol, fault, self.faults, str(model), self.limits,
                                   time.time(), rid)
         return None
+
+    def _admit(self, protocol: str, data: dict[str, Any], rid: str) -> web.Response | None:
+        """Under enforced limits, a 429 for what arrives beyond them: OpenAI sends no
+        ``retry-after`` (only ``x-ratelimit-reset-*`` and the wait in its message), Anthropic
+        sends ``retry-after`` in whole seconds."""
+        if not self.limits.enforcing:
+            return None
+        now = time.time()
+        tokens = counted_tokens(data)
+        refused = self.limits.admit(tokens, now)
+        if refused is None:
+            self.admitted_tokens += tokens
+            return None
+        self.limited[refused[0]] += 1
+        bucket, wait = refused
+        retry = ({"retry-after": str(math.ceil(wait))}
+                 if protocol == "anthropic" and wait is not None else {})
+        held = self.limits.tokens if bucket == "tokens" else self.limits.requests
+        used = held.limit - held.remaining(now)
+        return rate_limited(protocol, bucket, str(data.get("model")), self.limits, now, wait,
+                            used, tokens if bucket == "tokens" else 1, rid, retry)
 
     async def _answer(self, protocol: str, ask: Ask, rid: str) -> tuple[str, Any] | web.Response:
         """Rebuild the Call the client made, then let the simulated model render its answer."""
