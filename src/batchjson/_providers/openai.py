@@ -14,6 +14,7 @@ from typing import Any
 from .._errors import ProviderError, ProviderSetupError
 from ._http import HttpProvider, as_int, object_schema
 from .base import Call, Reply
+from .caching import prefix_cacheable, prompt_cache_key
 
 __all__ = ["DEFAULT_OPENAI_BASE_URL", "OpenAIProvider", "strict_schema"]
 
@@ -110,6 +111,8 @@ class OpenAIProvider(HttpProvider):
                 "name": name, "schema": strict_schema(schema), "strict": True}}
         elif self.response_format == "json_object":
             body["response_format"] = {"type": "json_object"}
+        if prefix_cacheable(self, call.system, call.shared):  # routed to one prompt cache
+            body.setdefault("prompt_cache_key", prompt_cache_key(call.system, call.shared))
         return body, wrapped
 
     def overhead_tokens(self, call: Call) -> int:

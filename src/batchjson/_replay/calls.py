@@ -15,7 +15,7 @@ from typing import Any
 
 from .._acceptance import judge as acceptance
 from .._content.schema import wire_schema
-from .._content.tasks import Request, render_items_prompt, render_value_prompt
+from .._content.tasks import Request, render_items_prompt, render_value_prompt, shared_head
 from .._errors import LedgerError, ProviderError
 from .._ledger.claims import ACCEPTED, MINE, Owner
 from .._ledger.records import now
@@ -55,6 +55,7 @@ class CallSteps:
     owner: Owner
     _attempts: dict[str, int]
     _system: str
+    _cached_prefix: bool
     _provider_name: str
     _model: str | None
     _needs_timer: bool
@@ -95,7 +96,8 @@ class CallSteps:
         store, plan, owner = self.store, self.plan, self.owner
         number = self._attempts.get(request.key, 0)
         # Built before anything is reserved or written: whatever fails here leaves no receipt.
-        call = make_call(self.plan, self._system, request, kind, prompt, number)
+        call = make_call(self.plan, self._system, request, kind, prompt, number,
+                         self._cached_prefix)
         reserved = await self._reserve(call)
         estimated = estimate_tokens(self._system + prompt)  # for the floor: an estimate
         floor = self.spender.pricing.floor(estimated)
@@ -316,15 +318,21 @@ def first_prompt(plan: Plan, request: Request) -> str:
 
 
 def make_call(plan: Plan, system: str, request: Request, kind: str, prompt: str,
-              number: int) -> Call:
+              number: int, cached_prefix: bool = False) -> Call:
+    """``cached_prefix``: the batch's shared prefix is long enough for the provider to cache,
+    so the wire schema is the batch's constant one (docs/providers.md, "Prompt caching")."""
+    shared = ""
     if plan.mode == "value":
         schema: Mapping[str, Any] = plan.schema.json_schema
     else:
-        schema = wire_schema(plan.schema, request.tasks, plan.identity)
+        schema = wire_schema(plan.schema, request.tasks, plan.identity,
+                             pinned=not cached_prefix)
+        shared = shared_head(plan.instructions)
     # The provider gets its own copy: acceptance compares against the ledger's request.
     return Call(tasks=tuple(json.loads(request.tasks_json)), prompt=prompt, system=system,
                 schema=schema, attempt=number, kind=kind, request_key=request.key,
-                mode=plan.mode, identity=plan.identity)
+                mode=plan.mode, identity=plan.identity,
+                shared=shared if prompt.startswith(shared) else "")
 
 
 def cheapest_call(plan: Plan, provider: Any, pricing: Pricing,

@@ -25,11 +25,13 @@ from .._acceptance import judge as acceptance
 from .._content.tasks import (
     Request,
     render_repair_prompt,
+    shared_head,
     split_request,
 )
 from .._errors import LedgerError, ProviderError
 from .._ledger import Ledger
 from .._ledger.claims import LEASE_SECONDS, Owner
+from .._providers.caching import prefix_cacheable
 from .._providers.masking import public_url
 from .._providers.ratelimits import HEADER_LISTENER, request_tokens
 from .budget import Spender
@@ -68,6 +70,8 @@ class Replayer(CallSteps):
                                           max=transport.backoff_max)
                          + wait_random(0, transport.backoff_initial))
         self._system = system_prompt(plan)
+        self._cached_prefix = plan.mode == "items" and prefix_cacheable(
+            provider, self._system, shared_head(plan.instructions))
         self._provider_name = getattr(provider, "name", type(provider).__name__)
         self._model = getattr(provider, "model", None)
         # A provider whose own client timeout is at least as tight bounds every call already;
