@@ -29,11 +29,12 @@ from traitlets import Bool, Int, TraitError, Unicode, observe, validate
 from traitlets.config import Config
 
 from .._checks import whole_argument
-from .._errors import BatchJsonError, BatchUnresolved
+from .._errors import BatchJsonError, BatchUnresolved, ConfigError
 from .._ledger.forgetting import forget_batch, forget_message
 from .._providers.base import ProviderHandle
 from .._providers.masking import looks_like_key, masked, public_url, shown_value
 from .._providers.select import PROVIDER_NAMES
+from .._replay.pacing import RateLimits
 from .._session.session import Session
 from .._textview import DEFAULT_LEDGER
 from .cell import (
@@ -64,7 +65,7 @@ from .state import KernelState
 # ipykernel's temporary file (a number) or IPython's <ipython-input-N-hash>.
 _CELL_FILE = re.compile(r"\d+\.py|<ipython-input-\d+-[0-9a-f]+>")
 SETTINGS = ("provider", "model", "ledger", "concurrency", "max_calls", "repairs", "replays",
-            "strict")
+            "strict", "rate_limits")
 
 
 class Count(Int):  # type: ignore[type-arg]
@@ -107,6 +108,10 @@ class BatchJson(Magics):
         "Default call ceiling per %%batch_json run (None: no ceiling).")).tag(config=True)
     repairs = Count(1, min=0, help="Repair calls per failing request.").tag(config=True)
     replays = Count(1, min=0, help="Exact replays per failing request.").tag(config=True)
+    rate_limits = AnyTrait(None, allow_none=True, help=(
+        "Requests and tokens per minute the session paces to, e.g. {'requests_per_minute': "
+        "500, 'tokens_per_minute': 200000}; None learns them from the provider's rate-limit "
+        "headers.")).tag(config=True)
     strict = Bool(False, help=(
         "Refuse a changed validator while requests under the old one are unresolved. Changing "
         "it opens a new session.")).tag(config=True)
@@ -114,6 +119,13 @@ class BatchJson(Magics):
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         self._state: KernelState | None = None  # set once loaded; config during init waits
         super().__init__(shell=shell, **kwargs)
+
+    @validate("rate_limits")
+    def _check_rate_limits(self, proposal: Any) -> Any:
+        try:
+            return RateLimits.of(proposal["value"]) or None
+        except ConfigError as exc:
+            raise TraitError(f"BatchJson.rate_limits: {exc}") from None
 
     @validate("provider")
     def _check_provider(self, proposal: Any) -> Any:

@@ -39,9 +39,14 @@ def cache_minimum(provider: Any) -> int | None:
     if name == "openai":
         return OPENAI_CACHE_MINIMUM
     if name == "anthropic":
-        return next((least for family, least in ANTHROPIC_CACHE_MINIMUM
-                     if model.startswith(family)), ANTHROPIC_UNLISTED_MINIMUM)
+        return anthropic_cache_minimum(model)
     return None
+
+
+def anthropic_cache_minimum(model: str) -> int:
+    """The fewest tokens Anthropic caches for ``model`` (the table above)."""
+    return next((least for family, least in ANTHROPIC_CACHE_MINIMUM
+                 if model.startswith(family)), ANTHROPIC_UNLISTED_MINIMUM)
 
 
 def shared_tokens(system: str, shared: str) -> int:

@@ -141,6 +141,11 @@ def retry_wait(headers: Mapping[str, str], now: float | None = None) -> float | 
     return max(resets) if resets else None
 
 
+def reports_limits(provider: Any) -> bool:
+    """Whether ``provider`` speaks an API that reports its rate limits in headers."""
+    return getattr(getattr(provider, "inner", provider), "name", None) in ("openai", "anthropic")
+
+
 def request_tokens(system: str, prompt: str, output_cap: int | None) -> int:
     """What a provider's rate limiter counts for a request when it arrives: its prompt's
     characters / 4 and its ``max_tokens`` (OpenAI documents this estimate; actual usage never

@@ -101,7 +101,8 @@ class Pacer:
         self._largest = 1  # the largest token count acquired: the token bucket's least burst
         self._open_at = 0.0  # loop time before which no call is sent
         self._waiting: list[asyncio.Future[None]] = []
-        self._learning = not self.limits  # until the first answer, when no limits are set
+        self._learning = False  # one call alone until the first answer: see learn()
+        self._heard = False  # an answer has come back
         self._build()
 
     @property
@@ -123,6 +124,11 @@ class Pacer:
         self.allowed = float(concurrency) if self.allowed >= self.ceiling else min(
             self.allowed, float(concurrency))
         self.ceiling = concurrency
+
+    def learn(self) -> None:
+        """The provider reports its limits in headers: with none set, the session's first call
+        goes alone, so that its answer says the limits before a burst meets them blind."""
+        self._learning = not self.limits and not self._heard
 
     def set_limits(self, limits: RateLimits) -> None:
         """New limits from the user; what was learnt stays for the limits left unset."""
@@ -161,7 +167,7 @@ class Pacer:
 
     def release(self, answered: bool = True) -> None:
         """A call is over; an answered one lets the calls in flight climb one step back."""
-        self._learning = False
+        self._learning, self._heard = False, True
         if answered and self.allowed < self.ceiling:
             self.allowed = min(float(self.ceiling), self.allowed + 1.0 / self.allowed)
         self._leave()
@@ -214,10 +220,10 @@ class Pacer:
     def _leave(self) -> None:
         """Synchronous, so a cancelled call gives its slot back without awaiting."""
         self.in_flight -= 1
-        free = self._room() - self.in_flight
-        for turn in self._waiting[:max(0, free)]:
-            if not turn.done():
-                turn.set_result(None)
+        if self.in_flight < self._room():
+            for turn in self._waiting:  # each looks again; those without room wait on
+                if not turn.done():
+                    turn.set_result(None)
 
     def describe(self) -> str:
         """The limits in force, for notes and errors."""

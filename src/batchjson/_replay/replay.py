@@ -33,7 +33,7 @@ from .._ledger import Ledger
 from .._ledger.claims import LEASE_SECONDS, Owner
 from .._providers.caching import prefix_cacheable
 from .._providers.masking import public_url
-from .._providers.ratelimits import HEADER_LISTENER, request_tokens
+from .._providers.ratelimits import HEADER_LISTENER, reports_limits, request_tokens
 from .budget import Spender
 from .calls import CallSteps, Held, OutOfBudget, Resolved, Stopped, first_prompt
 from .groupcommit import GroupCommit
@@ -62,6 +62,8 @@ class Replayer(CallSteps):
         self.pacer = pacer
         if pacer is not None:
             pacer.set_ceiling(concurrency)
+            if reports_limits(provider):
+                pacer.learn()
         self._attempts: dict[str, int] = {}
         self.writes = GroupCommit(self.store)
         # initial * 2**(n-1) plus up to `initial` of jitter, capped below in _delay: written with

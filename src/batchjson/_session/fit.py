@@ -28,7 +28,11 @@ from .._content.tasks import Request
 from .._errors import InvalidBatch, ProviderSetupError
 from .._ledger import Ledger
 from .._providers.base import declared_output_cap
+from .._providers.ratelimits import request_tokens
 from .._providers.schemagen import Generator, Unanswerable
+from .._replay.calls import first_prompt
+from .._replay.pacing import Pacer, pack_that_fits
+from .._replay.plan import Plan, system_prompt
 
 # The pieces GPT-style tokenizers (cl100k, o200k; Llama 3 uses the same rules) cut text into
 # before any merge: a letter run with at most one leading mark (and a contraction), digits in
@@ -163,3 +167,29 @@ def smallest_answers(schema: ItemSchema, tasks: Sequence[Mapping[str, Any]],
 
 def _compact(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def check_rate_fit(pacer: Pacer, plan: Plan, pending: Sequence[Request],
+                   output_cap: int | None) -> None:
+    """Refuse, before anything is spent, a run whose largest request is more tokens than the
+    provider's limiter lets through in a minute: every try of it would be answered 429. Packs
+    are never split to fit the limits of the day (their keys would change from run to run), so
+    the error names the pack size that fits."""
+    limit = pacer.tokens_per_minute
+    if not limit or not pending:
+        return
+    system = system_prompt(plan)
+    largest, request = max((request_tokens(system, first_prompt(plan, r), output_cap), r)
+                           for r in pending)
+    if largest <= limit:
+        return
+    pack = max(len(r.tasks) for r in pending)
+    fixed = request_tokens(system, "", output_cap)
+    fits = pack_that_fits(pack, largest, fixed, limit)
+    advice = (f"pack {fits} task(s) per request (pack={fits})" if 0 < fits < pack else
+              "raise the limit or lower max_tokens: not even one task fits")
+    raise InvalidBatch(
+        f"a request of {len(request.tasks)} task(s) counts {largest:,} tokens against "
+        f"a limit of {limit:,} tokens per minute ({pacer.describe()}; prompt characters / 4 "
+        f"plus max_tokens={output_cap or 0}), so the provider would refuse it on every try; "
+        f"{advice}. Nothing was spent.")

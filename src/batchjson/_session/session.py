@@ -38,7 +38,7 @@ from .._replay.pacing import Pacer, RateLimits
 from .._replay.plan import Outcome, Plan, Transport
 from .._replay.replay import Replayer
 from . import preflight, structured
-from .fit import check_fit
+from .fit import check_fit, check_rate_fit
 from .loop import BackgroundLoop
 from .registry import ValidatorRegistry, ValidatorVersion
 from .result import BatchResult
@@ -254,6 +254,7 @@ class Session:
                     replays=replays, split=bool(spec.split), source=source)
         check_fit(provider, self.ledger, name, item_schema, pending, ident, mode)
         spender = Spender(max_calls, self.budget, self.tally, pricing_of(provider))
+        check_rate_fit(self.pacer, plan, pending, spender.pricing.max_output_tokens)
         if spec.refuse_short_budget:
             spender.refuse_if_short(len(pending), cheapest_call(plan, provider, spender.pricing,
                                                                 pending))

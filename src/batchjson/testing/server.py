@@ -30,6 +30,7 @@ from .._errors import ConfigError
 from .._providers.base import Call
 from .._providers.simulated import SimulatedModel
 from ._bodies import anthropic_message, openai_completion, request_id, shape
+from ._cache import PromptCache
 from ._faults import HTTP_FAULTS, STATUS_FAULTS, HttpFaults
 from ._ratelimits import Limits, counted_tokens
 from ._requests import Ask, anthropic_ask, openai_ask
@@ -83,6 +84,7 @@ class LoopbackServer:
         self.admitted_tokens = 0  # tokens counted against enforced limits, as they arrived
         self.last_body: dict[str, Any] | None = None
         self.limits = rate_limits or Limits()  # Limits.enforced(...) refuses beyond them
+        self.prompt_cache = PromptCache()
         self._exchanges: dict[int, Exchange] = {}
         self.first_at: float | None = None
         self.last_at: float | None = None
@@ -261,7 +263,8 @@ class LoopbackServer:
         text, reply = outcome
         answer = shape(ask, text, reply.output_tokens, fault)
         self._exchanges[id(request)].tokens = (reply.input_tokens, answer.output_tokens)
-        payload = openai_completion(ask, answer, reply.input_tokens, self.requests, fault)
+        cache = self.prompt_cache.openai(data, reply.input_tokens)
+        payload = openai_completion(ask, answer, reply.input_tokens, self.requests, fault, cache)
         return await self._send(request, payload, fault)
 
     async def _anthropic(self, request: web.Request, fault: str | None) -> web.StreamResponse:
@@ -287,7 +290,9 @@ class LoopbackServer:
         text, reply = outcome
         answer = shape(ask, text, reply.output_tokens, fault)
         self._exchanges[id(request)].tokens = (reply.input_tokens, answer.output_tokens)
-        payload = anthropic_message(ask, answer, reply.input_tokens, self.requests, fault)
+        cache = self.prompt_cache.anthropic(data, reply.input_tokens)
+        payload = anthropic_message(ask, answer, reply.input_tokens, self.requests, fault,
+                                    cache)
         return await self._send(request, payload, fault)
 
     async def _early(self, request: web.Request, fault: str | None, key: str | None,
