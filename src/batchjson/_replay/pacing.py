@@ -113,11 +113,15 @@ class Pacer:
     def tokens_per_minute(self) -> int | None:
         return self.limits.tokens_per_minute or self.learnt.tokens_per_minute
 
-    def _build(self, requests: bool = True) -> None:
+    def _build(self, requests: bool = True, tokens: bool = True) -> None:
+        """New buckets for the limits named (a new bucket starts empty, so only a limit that
+        changed gets one)."""
         rpm, tpm = self.requests_per_minute, self.tokens_per_minute
         if requests:
             self._requests = _bucket(rpm, self.slice_seconds, 1) if rpm else None
-        self._tokens = _bucket(tpm, self.slice_seconds, min(self._largest, tpm)) if tpm else None
+        if tokens:
+            self._tokens = (_bucket(tpm, self.slice_seconds, min(self._largest, tpm)) if tpm
+                            else None)
 
     def set_ceiling(self, concurrency: int) -> None:
         """The session's concurrency: the most calls in flight, to which a 429's cut climbs."""
@@ -132,9 +136,11 @@ class Pacer:
 
     def set_limits(self, limits: RateLimits) -> None:
         """New limits from the user; what was learnt stays for the limits left unset."""
+        rpm, tpm = self.requests_per_minute, self.tokens_per_minute
         self.limits = limits
         self._learning = self._learning and not limits
-        self._build()
+        self._build(requests=self.requests_per_minute != rpm,
+                    tokens=self.tokens_per_minute != tpm)
 
     # -- the interface a shared pacer would implement -------------------------------------------
     async def acquire(self, requests: int = 1, tokens: int = 0) -> None:
@@ -181,10 +187,10 @@ class Pacer:
         learnt = RateLimits(seen.requests.limit or self.learnt.requests_per_minute,
                             seen.tokens.limit or self.learnt.tokens_per_minute)
         if learnt != self.learnt:
-            before = (self.requests_per_minute, self.tokens_per_minute)
+            rpm, tpm = self.requests_per_minute, self.tokens_per_minute
             self.learnt = learnt
-            if (self.requests_per_minute, self.tokens_per_minute) != before:
-                self._build()
+            self._build(requests=self.requests_per_minute != rpm,
+                        tokens=self.tokens_per_minute != tpm)
         self._pause_if_short(seen)
 
     def penalise(self, wait: float | None) -> None:
@@ -235,8 +241,8 @@ class Pacer:
         return " and ".join(parts) + " per minute" if parts else "no rate limits"
 
 
-def pack_that_fits(pack: int, largest_tokens: int, fixed_tokens: int, limit: int) -> int:
-    """The pack size whose requests fit ``limit`` tokens, given the largest request of ``pack``
-    tasks and the tokens every request spends whatever its pack (system text, max_tokens)."""
-    per_task = max(1.0, (largest_tokens - fixed_tokens) / max(1, pack))
-    return max(0, math.floor((limit - fixed_tokens) / per_task))
+def pack_that_fits(limit: int, fixed_tokens: float, task_tokens: float) -> int:
+    """The most tasks a request may pack and stay within ``limit`` tokens, when every request
+    spends ``fixed_tokens`` whatever its pack (system text, instructions, max_tokens) and each
+    task at most ``task_tokens``."""
+    return max(0, math.floor((limit - fixed_tokens) / max(task_tokens, 1e-9)))

@@ -179,13 +179,15 @@ def check_rate_fit(pacer: Pacer, plan: Plan, pending: Sequence[Request],
     if not limit or not pending:
         return
     system = system_prompt(plan)
-    largest, request = max((request_tokens(system, first_prompt(plan, r), output_cap), r)
-                           for r in pending)
+    largest, request = max(((request_tokens(system, first_prompt(plan, r), output_cap), r)
+                            for r in pending), key=lambda pair: pair[0])
     if largest <= limit:
         return
     pack = max(len(r.tasks) for r in pending)
-    fixed = request_tokens(system, "", output_cap)
-    fits = pack_that_fits(pack, largest, fixed, limit)
+    task_chars = max(len(json.dumps(t, ensure_ascii=False, separators=(",", ":"))) + 1
+                     for r in pending for t in r.tasks)  # its JSON and a comma
+    fixed = largest - len(request.tasks_json) / 4 + 1  # everything but the tasks, and a digit
+    fits = pack_that_fits(limit, fixed, task_chars / 4)
     advice = (f"pack {fits} task(s) per request (pack={fits})" if 0 < fits < pack else
               "raise the limit or lower max_tokens: not even one task fits")
     raise InvalidBatch(
