@@ -183,7 +183,7 @@ class CallSteps:
                                f"{why} before the return was judged; re-run to resume")
                    + (" (the answer is kept and is judged first)" if kept else "")}]
         try:
-            with self.store.transaction() as tx:
+            with self.store.call_transaction() as tx:
                 self.store.finish_call(tx, attempt_id, "cancelled", errors,
                                        reply.text if kept else None,
                                        _usage(reply) if kept else {}, sent_at=sent_at)

@@ -27,7 +27,7 @@ from ._calls import CallSteps, Held, OutOfBudget, Resolved, Stopped, first_promp
 from ._errors import LedgerError, ProviderError
 from ._groupcommit import GroupCommit
 from ._ledger import Ledger
-from ._ledger.claims import LEASE_SECONDS, Owner
+from ._ledger.claims import Owner
 from ._plan import Outcome, Plan, Transport, system_prompt
 from ._providers.masking import public_url
 from ._tasks import (
@@ -127,7 +127,7 @@ class Replayer(CallSteps):
     async def _renew(self) -> None:
         """Keep this run's claims alive while it runs."""
         while True:
-            await asyncio.sleep(LEASE_SECONDS / 3)
+            await asyncio.sleep(self.store.lease_seconds / 3)
             self.writes.queue(lambda tx: self.store.renew_claims(tx, self.owner))
 
     async def _worker(self) -> None:
