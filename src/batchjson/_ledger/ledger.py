@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .._errors import ConfigError
 from .._tasks import Request
 from . import accounts, merge, recovery
-from .._errors import ConfigError
 from .records import Receipt, Revision, ledger_path
 from .sqlite import SQLiteStore
 from .store import Store

@@ -251,7 +251,9 @@ class PostgresStore(Store):
     def _connect(self) -> Any:
         psycopg = self._psycopg
         try:
-            db = psycopg.connect(self._url, autocommit=True, row_factory=_rows)
+            # a server that never answers is given up on, as libpq does not by itself
+            wait = {} if "connect_timeout" in self._url else {"connect_timeout": 10}
+            db = psycopg.connect(self._url, autocommit=True, row_factory=_rows, **wait)
         except psycopg.Error as exc:
             raise self._error("could not connect (is the server running, and the URL right?)",
                               exc) from None
