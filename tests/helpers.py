@@ -189,3 +189,35 @@ def flaky_labels(bad: int) -> Callable[[str], str]:
         return '{"label": "maybe"}' if next(seen) < bad else '{"label": "pos"}'
 
     return answer
+
+
+# -- reading and writing a ledger of either store, as the store itself does -------------------
+
+def ledger_rows(target: Any, sql: str, *args: Any) -> list[tuple]:
+    """The rows of one query (``?`` parameters) on the ledger at ``target``."""
+    from batchjson._ledger import Ledger
+
+    held = Ledger(target)
+    try:
+        return [tuple(row) for row in held.store._read(sql, args)]
+    finally:
+        held.close()
+
+
+def ledger_write(target: Any, *statements: tuple[str, tuple]) -> list[Any]:
+    """Run statements in one transaction on the ledger at ``target`` (another runner's or a
+    crashed one's writes); for each INSERT the new row's id."""
+    from batchjson._ledger import Ledger
+
+    held = Ledger(target)
+    out = []
+    try:
+        with held.store.transaction() as tx:
+            for sql, args in statements:
+                if sql.lstrip().upper().startswith("INSERT INTO ATTEMPTS"):
+                    out.append(held.store._insert(tx, sql, args))
+                else:
+                    out.append(held.store._exec(tx, sql, args).rowcount)
+        return out
+    finally:
+        held.close()

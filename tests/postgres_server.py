@@ -95,8 +95,10 @@ class PostgresServer:
 
     def database(self, name: str) -> str:
         """A new empty database on this server; its URL."""
-        self.run("psql", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "-q",
-                 "-c", f'CREATE DATABASE "{name}"')
+        import psycopg
+
+        with psycopg.connect(self.url, autocommit=True) as db:
+            db.execute(f'CREATE DATABASE "{name}"')
         return f"postgresql://postgres@127.0.0.1:{self.port}/{name}"
 
     def run(self, tool: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
