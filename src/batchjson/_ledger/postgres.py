@@ -217,7 +217,7 @@ class PostgresStore(Store):
     path = None
 
     def __init__(self, url: str, *, lease: float | None = None) -> None:
-        self._url = url
+        self.url = url
         self._public = public_url(url)
         self._secrets = Secrets(urls=[url])
         if lease is not None:
@@ -252,8 +252,8 @@ class PostgresStore(Store):
         psycopg = self._psycopg
         try:
             # a server that never answers is given up on, as libpq does not by itself
-            wait = {} if "connect_timeout" in self._url else {"connect_timeout": 10}
-            db = psycopg.connect(self._url, autocommit=True, row_factory=_rows, **wait)
+            wait = {} if "connect_timeout" in self.url else {"connect_timeout": 10}
+            db = psycopg.connect(self.url, autocommit=True, row_factory=_rows, **wait)
         except psycopg.Error as exc:
             raise self._error("could not connect (is the server running, and the URL right?)",
                               exc) from None
@@ -287,6 +287,16 @@ class PostgresStore(Store):
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+    def tables(self) -> dict[str, list[Row]]:
+        """Every row a merge into another ledger brings in, table by table, in the order they
+        were written (``sqlite.read_ledger_file``'s shape)."""
+        out = {table: self._read(f"SELECT * FROM {table} ORDER BY id")
+               for table in ("batches", "revisions", "requests", "attempts", "forgets")}
+        out["validators"] = self._read("SELECT * FROM validators ORDER BY name, version")
+        out["imports"] = self._read("SELECT * FROM imports ORDER BY imported_at, digest")
+        out["checkpoint"] = self._read("SELECT * FROM checkpoint ORDER BY attempt_id, task_id")
+        return out
 
     # -- transactions --------------------------------------------------------------------------
     def transaction(self) -> Any:
