@@ -12,10 +12,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .._budget import Budget
 from .._errors import ConfigError
 from .._tasks import Request
 from . import accounts, merge, recovery
-from .records import Receipt, Revision, ledger_path
+from .forgetting import who
+from .records import Receipt, Revision, ledger_path, now
 from .sqlite import SQLiteStore
 from .store import Store
 
@@ -112,6 +114,19 @@ class Ledger:
     def cost_summary(self, name: str | None = None) -> dict[str, Any]:
         """Per batch and in total: every attempt's calls, tokens and cost; see accounts.py."""
         return accounts.cost_summary(self.store, name)
+
+    def budget(self) -> dict[str, Any] | None:
+        """The ledger's own cost budget (cost, spent, reserved, left, set_at, set_by), or None.
+        Every runner on the ledger holds it together, beside any budget of its own session."""
+        return self.store.shared_budget()
+
+    def set_budget(self, cost: float | None) -> None:
+        """Set the ledger's cost budget in USD (what was spent under it still counts), or
+        remove it with None. Runs reserve each call's worst case on it beside the call's
+        claim; a run already going when it is set refuses its next call (re-run it)."""
+        if cost is not None:
+            cost = Budget(cost=cost).cost
+        self.store.set_shared_budget(cost, by=who(), stamp=now())
 
     def import_receipts(self, path: str | Path, *, validators: Any = None) -> dict[str, Any]:
         """Import historical receipts (JSONL), rechecking every item; see docs/recovery.md."""
