@@ -140,10 +140,11 @@ class CallSteps:
         """Reserve the call's worst case, then claim the request and commit its receipt (and,
         on a ledger with a budget of its own, the same reservation there): (reserved, receipt
         id). A request held elsewhere or accepted meanwhile raises Held or Resolved, with
-        nothing kept; a ledger budget that cannot hold the call waits for this run's calls in
-        flight to settle, then gives up (OutOfBudget)."""
+        nothing kept; a ledger budget that cannot hold the call is looked at again while calls
+        in flight may make room, then given up on (OutOfBudget)."""
         store, plan, owner = self.store, self.plan, self.owner
         floor = self.spender.pricing.floor(estimated)  # for the account: an estimate
+        pause = 0.05
         while True:
             reserved = await self._reserve(call)
             shared = reserved if self.spender.shared is not None else None
@@ -172,24 +173,27 @@ class CallSteps:
             self.spender.release(reserved)  # nothing will be sent: its receipt was not kept
             if state != OVER:
                 raise Resolved() if state == ACCEPTED else Held()
-            await self._await_ledger_budget(reserved)
+            pause = await self._await_ledger_budget(reserved, pause)
 
-    async def _await_ledger_budget(self, worst: float) -> None:
-        """The ledger's own budget cannot hold a call: wait while this run's calls in flight
-        settle (they may cost less than they hold), else give up saying what is left."""
-        assert self._settled is not None
-        if not self.spender.waiting_on_reservations:
-            shared = self.store.shared_budget()
-            if shared is None:  # removed a moment ago: the next try holds nothing
-                return
+    async def _await_ledger_budget(self, worst: float, pause: float) -> float:
+        """The ledger's own budget cannot hold a call: while calls in flight (on any host) hold
+        enough of it that their settling could make room, look again after ``pause`` (the next
+        pause returned); else give up, saying what is left."""
+        if self.spender.shared is None:
+            raise OutOfBudget("a cost budget was set on the ledger after this run started, so "
+                              "its calls were not priced against it; re-run to hold it")
+        shared = self.store.shared_budget()
+        if shared is None:  # removed a moment ago: the next try holds nothing
+            return pause
+        if not shared["reserved"] or worst > shared["cost"] - shared["spent"]:
             raise OutOfBudget(
                 f"one call for it may cost up to {usd(worst)} and the ledger's cost budget of "
                 f"{usd(shared['cost'])} has {usd(shared['left'])} left "
                 f"({usd(shared['reserved'])} held by calls in flight on every host)")
-        self._settled.clear()
-        await self._settled.wait()
+        await asyncio.sleep(pause)
         if self._stop is not None:
             raise Stopped()
+        return min(pause * 1.5, 1.0)
 
     def _stop_for(self, exc: LedgerError) -> None:
         """The ledger failed: no call is opened, and calls in flight (whose answers could not
