@@ -24,7 +24,7 @@ import re
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from functools import lru_cache
+from functools import lru_cache, reduce
 from typing import Any
 
 from .._errors import ConfigError, LedgerError
@@ -32,6 +32,7 @@ from .._providers.masking import Secrets, public_url
 from . import claims
 from .claims import HELD, MINE, Owner
 from .records import now
+from .sqlite import SCHEMA as SQLITE_SCHEMA
 from .sqlite import SCHEMA_VERSION
 from .store import Store
 from .store_base import Row, Tx
@@ -40,72 +41,18 @@ from .store_base import Row, Tx
 SERIAL_LOCK = "SELECT pg_advisory_xact_lock(7089063493536607342)"
 CLOCK = "EXTRACT(EPOCH FROM clock_timestamp())"
 
-# The tables of sqlite.py, in PostgreSQL's types: whole numbers BIGINT, REAL double precision.
-SCHEMA = """
-CREATE TABLE batches (
-    id BIGSERIAL PRIMARY KEY, name TEXT NOT NULL UNIQUE, current_revision BIGINT,
-    created_at TEXT NOT NULL);
-CREATE TABLE forgets (
-    id BIGSERIAL PRIMARY KEY, batch_id BIGINT NOT NULL REFERENCES batches(id),
-    forgotten_at TEXT NOT NULL, forgotten_by TEXT NOT NULL, via TEXT NOT NULL,
-    revisions TEXT NOT NULL, requests BIGINT NOT NULL, items BIGINT NOT NULL);
-CREATE TABLE revisions (
-    id BIGSERIAL PRIMARY KEY, batch_id BIGINT NOT NULL REFERENCES batches(id),
-    number BIGINT NOT NULL, fingerprint TEXT NOT NULL, components TEXT NOT NULL,
-    validator_name TEXT, validator_version BIGINT, validator_fingerprint TEXT,
-    status TEXT NOT NULL CHECK (status IN ('open', 'superseded')),
-    superseded_by BIGINT REFERENCES revisions(id), supersede_reason TEXT,
-    created_at TEXT NOT NULL, forget_id BIGINT REFERENCES forgets(id),
-    UNIQUE (batch_id, number), UNIQUE (batch_id, fingerprint));
-CREATE TABLE requests (
-    id BIGSERIAL PRIMARY KEY, revision_id BIGINT NOT NULL REFERENCES revisions(id),
-    key TEXT NOT NULL, position BIGINT NOT NULL, parent_key TEXT,
-    task_ids TEXT NOT NULL, tasks TEXT NOT NULL, split INTEGER NOT NULL DEFAULT 0,
-    UNIQUE (revision_id, key));
+# The one schema (sqlite.py's), in PostgreSQL's spelling: ids from sequences, whole numbers
+# BIGINT, REAL double precision, raw provider text bytea, no WITHOUT ROWID. Then what only a
+# server with writers side by side needs: a request's rows by key (claims lock the lowest),
+# claims by owner (renewed and taken over by owner), checkpoint rows by attempt, the version.
+_SPELLING = ((r"\bid INTEGER PRIMARY KEY,", "id BIGSERIAL PRIMARY KEY,"),
+             (r"\bINTEGER\b", "BIGINT"), (r"\bREAL\b", "DOUBLE PRECISION"),
+             (r"\braw TEXT\b", "raw BYTEA"), (r"\)\s*WITHOUT ROWID", ")"))
+SCHEMA = reduce(lambda sql, rule: re.sub(rule[0], rule[1], sql), _SPELLING,
+                          SQLITE_SCHEMA) + """
 CREATE INDEX requests_by_key ON requests (key, id);
-CREATE TABLE attempts (
-    id BIGSERIAL PRIMARY KEY, batch_id BIGINT NOT NULL REFERENCES batches(id),
-    revision_id BIGINT NOT NULL REFERENCES revisions(id), request_key TEXT NOT NULL,
-    task_ids TEXT NOT NULL,
-    kind TEXT NOT NULL CHECK (kind IN
-        ('initial', 'repair', 'replay', 'split', 'recheck', 'import')),
-    status TEXT NOT NULL CHECK (status IN
-        ('in_flight', 'accepted', 'rejected', 'provider_error', 'cancelled', 'abandoned')),
-    errors TEXT, raw BYTEA, input_tokens BIGINT, output_tokens BIGINT,
-    cached_tokens BIGINT, cost DOUBLE PRECISION, provider TEXT, model TEXT,
-    started_at TEXT NOT NULL, finished_at TEXT,
-    uid TEXT NOT NULL UNIQUE, sent_at TEXT, owner TEXT, source TEXT,
-    estimated_input_tokens BIGINT, cost_floor DOUBLE PRECISION, reserved DOUBLE PRECISION);
-CREATE INDEX attempts_by_key ON attempts (request_key);
-CREATE INDEX attempts_by_batch ON attempts (batch_id, id);
-CREATE INDEX attempts_in_flight ON attempts (owner) WHERE status = 'in_flight';
-CREATE TABLE checkpoint (
-    batch_id BIGINT NOT NULL REFERENCES batches(id), request_key TEXT NOT NULL,
-    task_id TEXT NOT NULL, attempt_id BIGINT NOT NULL REFERENCES attempts(id),
-    item TEXT NOT NULL, committed_at TEXT NOT NULL,
-    PRIMARY KEY (request_key, task_id, batch_id));
-CREATE INDEX checkpoint_by_attempt ON checkpoint (attempt_id);
-CREATE TABLE claims (
-    request_key TEXT PRIMARY KEY, owner TEXT NOT NULL, host TEXT NOT NULL,
-    pid BIGINT NOT NULL, session TEXT NOT NULL, attempt_id BIGINT,
-    lease_expires_at DOUBLE PRECISION NOT NULL, claimed_at TEXT NOT NULL);
 CREATE INDEX claims_by_owner ON claims (owner);
-CREATE TABLE imports (
-    digest TEXT PRIMARY KEY, attempt_id BIGINT REFERENCES attempts(id),
-    source TEXT, line BIGINT, outcome TEXT NOT NULL, imported_at TEXT NOT NULL);
-CREATE TABLE validators (
-    name TEXT NOT NULL, version BIGINT NOT NULL, fingerprint TEXT NOT NULL,
-    where_defined TEXT, defined_at TEXT NOT NULL, by_identity TEXT,
-    PRIMARY KEY (name, fingerprint), UNIQUE (name, version));
-CREATE TABLE seen (request_key TEXT PRIMARY KEY, seen_key TEXT NOT NULL);
-CREATE INDEX seen_by_seen_key ON seen (seen_key);
-CREATE TABLE rechecks (
-    attempt_id BIGINT PRIMARY KEY REFERENCES attempts(id),
-    from_attempt BIGINT NOT NULL REFERENCES attempts(id));
-CREATE TABLE budget (
-    id INTEGER PRIMARY KEY CHECK (id = 1), cost DOUBLE PRECISION NOT NULL,
-    spent DOUBLE PRECISION NOT NULL, reserved DOUBLE PRECISION NOT NULL,
-    set_at TEXT NOT NULL, set_by TEXT NOT NULL);
+CREATE INDEX checkpoint_by_attempt ON checkpoint (attempt_id);
 CREATE TABLE batchjson_schema (version INTEGER NOT NULL);
 """
 
