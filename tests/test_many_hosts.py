@@ -38,12 +38,13 @@ RUNNER = textwrap.dedent("""
         if role == "victim" and answered >= 40:  # mid-run: every later call never returns
             print("hanging", flush=True)
             await asyncio.sleep(600)
-        await asyncio.sleep(0.002)
+        await asyncio.sleep(0.02)
         answered += 1
         return items_reply(call)
 
     provider = CallableProvider(model, source="one-model", price={"input": 2.0, "output": 8.0})
     session = Session(provider, ledger=Ledger(url, lease=float(lease)), concurrency=16)
+    print("ready", flush=True)
     deadline = time.monotonic() + 60
     while not os.path.exists(go) and time.monotonic() < deadline:  # start together
         time.sleep(0.005)
@@ -62,6 +63,8 @@ def start_hosts(url: str, tmp_path, roles: list[str]) -> list[subprocess.Popen]:
         [sys.executable, "-c", RUNNER, url, str(go), str(tmp_path / f"sent{i}"), role,
          str(LEASE)], env={**ENV, "BATCHJSON_HOST": f"host-{i}"}, cwd=os.getcwd(),
         stdout=subprocess.PIPE, text=True) for i, role in enumerate(roles)]
+    for proc in procs:  # each has imported batchjson and connected: start them together
+        assert proc.stdout.readline().strip() == "ready"
     go.touch()
     return procs
 
