@@ -4,6 +4,7 @@ The same 2,000-task batch (pack=1) runs, in interleaved rounds against one loopb
 answering after ``--latency`` seconds:
 
   (s) one process, its ledger a SQLite file, at concurrency 4 x C: one machine doing it all;
+  (p) the same on a PostgreSQL database, for diagnosis: what the store costs, apart from sharing;
   (h) four processes, each its own host (``BATCHJSON_HOST``), each at concurrency C, on one
       PostgreSQL database (a new one each round) of a server started here: they divide the work.
 
@@ -81,19 +82,19 @@ def hosts_round(url: str, base_url: str, n: int, concurrency: int, tmp: Path) ->
     return max(float(out[3]) for out in outs) - start
 
 
-def sqlite_round(base_url: str, n: int, concurrency: int, tmp: Path) -> float:
-    """(s): one process, a SQLite file, the hosts' concurrency all together."""
+def one_process_round(base_url: str, n: int, concurrency: int, ledger: Path | str) -> float:
+    """(s): one process, a SQLite file, the hosts' concurrency all together; (p) the same on
+    a PostgreSQL database, for diagnosis (what the store costs, apart from sharing it)."""
     from batchjson import OpenAIProvider, Session
 
     provider = OpenAIProvider(MODEL, base_url=base_url, api_key="sk-test")
-    session = Session(provider=provider, ledger=tmp / f"one-{time.monotonic_ns()}.sqlite",
-                      concurrency=concurrency)
+    session = Session(provider=provider, ledger=ledger, concurrency=concurrency)
     start = time.perf_counter()
     result = session.run_batch("bench", tasks_for(n), SCHEMA, pack=1, on_exhausted="return")
     wall = time.perf_counter() - start
     session.close()
     if len(result.values) != n:
-        raise RuntimeError(f"the SQLite run returned {len(result.values)} of {n} values")
+        raise RuntimeError(f"one process returned {len(result.values)} of {n} values")
     return wall
 
 
@@ -107,24 +108,30 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     ideal = math.ceil(args.n / (HOSTS * args.concurrency)) * args.latency
     server = start_postgres()
-    walls: dict[str, list[float]] = {"s": [], "h": []}
+    walls: dict[str, list[float]] = {"s": [], "p": [], "h": []}
+    whole = HOSTS * args.concurrency
     try:
         with server_process(args.latency) as base_url, tempfile.TemporaryDirectory() as tmp:
             for i in range(args.rounds):
-                walls["s"].append(sqlite_round(base_url, args.n, HOSTS * args.concurrency,
-                                               Path(tmp)))
+                walls["s"].append(one_process_round(base_url, args.n, whole,
+                                                    Path(tmp) / f"one-{i}.sqlite"))
+                walls["p"].append(one_process_round(base_url, args.n, whole,
+                                                    server.database(f"one_{i}")))
                 walls["h"].append(hosts_round(server.database(f"bench_{i}"), base_url, args.n,
                                               args.concurrency, Path(tmp)))
                 print(f"round {i + 1}: (s) one SQLite process {walls['s'][-1] / ideal:.3f}x, "
+                      f"(p) one PostgreSQL process {walls['p'][-1] / ideal:.3f}x, "
                       f"(h) {HOSTS} hosts on PostgreSQL {walls['h'][-1] / ideal:.3f}x",
                       flush=True)
     finally:
         server.stop()
-    s, h = statistics.median(walls["s"]), statistics.median(walls["h"])
+    s, p, h = (statistics.median(walls[k]) for k in ("s", "p", "h"))
     print(f"N={args.n}, {HOSTS} hosts x concurrency {args.concurrency}, latency "
           f"{args.latency * 1000:g} ms: ideal {ideal:.3f} s")
     print(f"(s) one process, SQLite, concurrency {HOSTS * args.concurrency}: median "
           f"{s:.3f} s = {s / ideal:.3f}x the ideal")
+    print(f"(p) one process, PostgreSQL, concurrency {whole} (diagnosis): median {p:.3f} s = "
+          f"{p / ideal:.3f}x the ideal")
     print(f"(h) {HOSTS} hosts, one PostgreSQL ledger: median {h:.3f} s = {h / ideal:.3f}x the "
           f"ideal ({h / s:.3f}x the SQLite process)")
     passed = h / ideal <= args.target

@@ -206,9 +206,9 @@ KILL_AT = textwrap.dedent("""
 
 
     def claiming(store, *args):
-        state = take(store, *args)
+        opened = take(store, *args)
         maybe_die("claim")  # inside the transaction of the claim and its receipt
-        return state
+        return opened
 
     def accepting(store, *args, **kwargs):
         out = accept(store, *args, **kwargs)
@@ -222,8 +222,8 @@ KILL_AT = textwrap.dedent("""
     session = Session(CallableProvider(model, source="test-model"), ledger=sys.argv[1],
                       concurrency=2)
     store = type(session.ledger.store)  # SQLite's or PostgreSQL's
-    take, accept = store._take, store.accept_call
-    store._take = claiming
+    take, accept = store._open, store.accept_call
+    store._open = claiming
     store.accept_call = accepting
     session.run_batch("r", review_tasks(6), LABEL_SCHEMA)
 """)

@@ -223,8 +223,10 @@ class Spender:
         if remaining is not None and needed > remaining:
             raise BudgetExceeded(needed, remaining)
         if self.shared is not None and needed and cheapest is not None:
-            worst = cheapest(self.shared["left"])
-            if worst is not None and worst > self.shared["left"]:
+            # what calls in flight on other hosts hold may come back: only what is spent counts
+            room = self.shared["cost"] - self.shared["spent"]
+            worst = cheapest(room)
+            if worst is not None and worst > room:
                 raise BudgetExceeded(needed, 0, one_call=worst, message=(
                     f"budget refused: one call may cost up to {usd(worst)}, and the ledger's "
                     f"cost budget of {usd(self.shared['cost'])} has {usd(self.shared['left'])} "

@@ -36,6 +36,7 @@ from .sqlite import SCHEMA as SQLITE_SCHEMA
 from .sqlite import SCHEMA_VERSION
 from .store import Store
 from .store_base import Row, Tx
+from .store_calls import RECEIPT_SQL
 
 # The one lock of transactions that read before they write ("batchjson" in ASCII).
 SERIAL_LOCK = "SELECT pg_advisory_xact_lock(7089063493536607342)"
@@ -56,11 +57,13 @@ CREATE INDEX checkpoint_by_attempt ON checkpoint (attempt_id);
 CREATE TABLE batchjson_schema (version INTEGER NOT NULL);
 """
 
-# The hot path of every call, one statement: lock the request's row (the lowest-numbered row of
-# its key, whichever revision holds it) unless another runner is deciding on it, then claim the
-# request if it is free (no row yet) or already this runner's, and not accepted.
+# The hot path of every call, one statement: write the receipt, lock the request's row (the
+# lowest-numbered row of its key, whichever revision holds it) unless another runner is
+# deciding on it, then claim the request if it is free (no row yet) or already this runner's,
+# and not accepted; and say whether the ledger has a budget of its own.
 TAKE = f"""
-WITH job AS (
+WITH receipt AS ({{receipt}} RETURNING id),
+job AS (
     SELECT id FROM requests WHERE id = (SELECT MIN(id) FROM requests WHERE key = %(key)s)
     FOR UPDATE SKIP LOCKED),
 free AS (
@@ -69,15 +72,22 @@ free AS (
 fresh AS (
     INSERT INTO claims(request_key, owner, host, pid, session, attempt_id, lease_expires_at,
                        claimed_at)
-    SELECT %(key)s, %(owner)s, %(host)s, %(pid)s, %(session)s, %(attempt)s,
+    SELECT %(key)s, %(owner)s, %(host)s, %(pid)s, %(session)s, (SELECT id FROM receipt),
            {CLOCK} + %(lease)s, %(stamp)s FROM free
     ON CONFLICT (request_key) DO NOTHING RETURNING 1),
 again AS (
-    UPDATE claims SET attempt_id = %(attempt)s, lease_expires_at = {CLOCK} + %(lease)s
+    UPDATE claims SET attempt_id = (SELECT id FROM receipt),
+                      lease_expires_at = {CLOCK} + %(lease)s
     WHERE request_key = %(key)s AND owner = %(owner)s AND EXISTS (SELECT 1 FROM free)
     RETURNING 1)
-SELECT EXISTS (SELECT 1 FROM job), EXISTS (SELECT 1 FROM fresh) OR EXISTS (SELECT 1 FROM again)
+SELECT (SELECT id FROM receipt), EXISTS (SELECT 1 FROM job),
+       EXISTS (SELECT 1 FROM fresh) OR EXISTS (SELECT 1 FROM again),
+       EXISTS (SELECT 1 FROM budget WHERE id = 1)
 """
+
+_RECEIPT = RECEIPT_SQL.split("?")  # its "?" as the named parameters r0, r1, ...
+OPEN = TAKE.replace("{receipt}", "".join(
+    part + (f"%(r{i})s" if i < len(_RECEIPT) - 1 else "") for i, part in enumerate(_RECEIPT)))
 
 # Who holds the request, by the server's clock; its row locked only to take it over.
 HOLDER = (f"SELECT EXISTS (SELECT 1 FROM attempts WHERE request_key = %s AND status = "
@@ -314,7 +324,15 @@ class PostgresStore(Store):
             except (self._psycopg.Error, LedgerError) as exc:
                 raise self._error("could not be read", exc) from None
 
+    def _by_keys(self, sql: str, keys: Sequence[Any], tx: Tx = None) -> list[Row]:
+        """All ``keys`` bound as one array (``= ANY(?)``): one statement, whatever their number."""
+        query, args = sql.replace("IN ({marks})", "= ANY(?)"), (list(keys),)
+        return self._exec(tx, query, args).fetchall() if tx is not None else self._read(
+            query, args)
+
     def _clock(self, tx: Tx) -> float:
+        if tx is None:
+            return self._read(f"SELECT {CLOCK}")[0][0]
         return tx.execute(f"SELECT {CLOCK}").fetchone()[0]
 
     def _raw(self, text: str | None) -> Any:
@@ -327,19 +345,25 @@ class PostgresStore(Store):
         return f"json_array_length(({expr})::json)"
 
     # -- claims side by side -------------------------------------------------------------------
-    def _take(self, tx: Tx, request_key: str, owner: Owner, attempt_id: int, stamp: str) -> str:
-        """Claim ``request_key``: the request's row locked first (``SKIP LOCKED``: another
-        runner deciding on it means HELD), then the claim written if free or ours. Anything
-        else is read, by the server's clock: ACCEPTED, HELD by a live runner, or a gone
-        runner's, taken over if its row can be locked."""
+    def _open(self, tx: Tx, receipt: Sequence[Any], request_key: str, owner: Owner,
+              stamp: str) -> tuple[int, str, bool | None]:
+        """The receipt and the claim in one statement (one round trip): the request's row
+        locked first (``SKIP LOCKED``: another runner deciding on it means HELD), then the
+        claim written if free or ours. Anything else: :meth:`_decide`."""
         mine = {"key": request_key, "owner": owner.id, "host": owner.host, "pid": owner.pid,
-                "session": owner.session, "attempt": attempt_id, "lease": self.lease_seconds,
-                "stamp": stamp}
-        locked, taken = tx.execute(TAKE, mine).fetchone()
+                "session": owner.session, "lease": self.lease_seconds, "stamp": stamp,
+                **{f"r{i}": value for i, value in enumerate(receipt)}}
+        attempt_id, locked, taken, budgeted = tx.execute(OPEN, mine).fetchone()
         if not locked:
-            return HELD
+            return attempt_id, HELD, budgeted
         if taken:
-            return MINE
+            return attempt_id, MINE, budgeted
+        return attempt_id, self._decide(tx, request_key, owner, {**mine, "attempt": attempt_id}
+                                        ), budgeted
+
+    def _decide(self, tx: Tx, request_key: str, owner: Owner, mine: dict[str, Any]) -> str:
+        """A claimed or accepted request, read by the server's clock: ACCEPTED, HELD by a live
+        runner, or a gone runner's, taken over if its row can be locked."""
         accepted, holder, host, pid, lease, at = tx.execute(
             HOLDER, (request_key, request_key)).fetchone()
         if accepted:

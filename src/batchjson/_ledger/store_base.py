@@ -74,7 +74,8 @@ class StoreBase(ABC):
         """Rows of one query outside any write transaction; a failure is a LedgerError."""
 
     def _clock(self, tx: Tx) -> float:
-        """Seconds since the epoch by the clock every runner of the ledger reads for leases."""
+        """Seconds since the epoch by the clock every runner of the ledger reads for leases
+        (``tx=None``: outside a transaction)."""
         return time.time()
 
     def _raw(self, text: str | None) -> Any:

@@ -62,14 +62,17 @@ class BudgetStore(StoreBase):
                        "cost = excluded.cost, set_at = excluded.set_at, "
                        "set_by = excluded.set_by", (cost, stamp, by))
 
-    def _reserve_shared(self, tx: Tx, attempt_id: int, amount: float | None) -> bool:
+    def _reserve_shared(self, tx: Tx, attempt_id: int, amount: float | None,
+                        budgeted: bool | None = None) -> bool:
         """Reserve ``amount`` (a call's worst case; None: not priced) for the receipt just
         written, in ``tx``. False when the ledger has a budget that cannot hold it (or it has
-        one and the call is not priced); with no budget, the receipt holds nothing."""
-        if amount is not None and self._exec(tx, RESERVE_SQL, (amount, amount)).rowcount:
-            return True
-        if self._exec(tx, "SELECT 1 FROM budget WHERE id = 1").fetchone() is not None:
-            return False
+        one and the call is not priced); with no budget, the receipt holds nothing.
+        ``budgeted``: whether the ledger has a budget, if the caller read it in ``tx``."""
+        if budgeted is not False:
+            if amount is not None and self._exec(tx, RESERVE_SQL, (amount, amount)).rowcount:
+                return True
+            if self._exec(tx, "SELECT 1 FROM budget WHERE id = 1").fetchone() is not None:
+                return False
         if amount is not None:
             self._exec(tx, "UPDATE attempts SET reserved = NULL WHERE id = ?", (attempt_id,))
         return True

@@ -43,14 +43,11 @@ class CallStore(BudgetStore):
         nothing will be sent and the receipt never leaves this transaction. The receipt and
         its claim share one clock reading. ``source`` is the provider's answer source."""
         stamp = now()
-        attempt_id = self._insert(
-            tx, "INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, status, "
-            "provider, model, started_at, uid, owner, estimated_input_tokens, cost_floor, "
-            "source, reserved) VALUES (?,?,?,?,?, 'in_flight', ?,?,?,?,?,?,?,?,?)",
-            (batch_id, revision_id, request.key, request.task_ids_json, kind, provider, model,
-             stamp, _uid(), owner.id, estimated_input_tokens, cost_floor, source, reserve))
-        state = self._take(tx, request.key, owner, attempt_id, stamp)
-        if state == MINE and not self._reserve_shared(tx, attempt_id, reserve):
+        receipt = (batch_id, revision_id, request.key, request.task_ids_json, kind, provider,
+                   model, stamp, _uid(), owner.id, estimated_input_tokens, cost_floor, source,
+                   reserve)
+        attempt_id, state, budgeted = self._open(tx, receipt, request.key, owner, stamp)
+        if state == MINE and not self._reserve_shared(tx, attempt_id, reserve, budgeted):
             self.release_claim(tx, request.key, owner)
             state = OVER
         if state != MINE:
@@ -58,6 +55,13 @@ class CallStore(BudgetStore):
                        (attempt_id,))
             return state, None
         return state, attempt_id
+
+    def _open(self, tx: Tx, receipt: Sequence[Any], request_key: str, owner: Owner,
+              stamp: str) -> tuple[int, str, bool | None]:
+        """Write the receipt (``RECEIPT_SQL``'s values) and claim its request: (receipt id,
+        what the claim found, whether the ledger has a budget of its own: None, not asked)."""
+        attempt_id = self._insert(tx, RECEIPT_SQL, receipt)
+        return attempt_id, self._take(tx, request_key, owner, attempt_id, stamp), None
 
     def _take(self, tx: Tx, request_key: str, owner: Owner, attempt_id: int, stamp: str) -> str:
         """Claim ``request_key`` for the receipt just written; the hot path of every call. One
@@ -112,6 +116,18 @@ class CallStore(BudgetStore):
             gone = claims.gone_owners([tuple(r) for r in holders], [r[0] for r in in_flight],
                                       at)
             return sum(self._abandon(tx, owner) for owner in gone)
+
+    def taken(self, keys: Sequence[str], owner: Owner) -> tuple[set[str], set[str]]:
+        """Of ``keys``: those accepted, and those another live runner holds a claim on (a read:
+        no claim is taken or changed; a gone runner's claim is left for ``begin_call`` to take
+        over)."""
+        accepted = self.accepted_keys(keys)
+        rows = self._by_keys("SELECT request_key, owner, host, pid, lease_expires_at FROM "
+                             "claims WHERE request_key IN ({marks})", keys)
+        at = self._clock(None) if rows else 0.0
+        held = {r[0] for r in rows if r[1] != owner.id and r[0] not in accepted
+                and not claims.owner_gone(r[1], r[2], r[3], r[4], at)}
+        return accepted, held
 
     def release_claim(self, tx: Tx, request_key: str, owner: Owner) -> None:
         self._exec(tx, "DELETE FROM claims WHERE request_key = ? AND owner = ?",
@@ -182,6 +198,11 @@ class CallStore(BudgetStore):
              usage.get("input_tokens"), usage.get("output_tokens"), usage.get("cached_tokens"),
              cost, usage.get("model"), stamp or now(), sent_at, attempt_id))
 
+
+RECEIPT_SQL = (
+    "INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, status, provider, "
+    "model, started_at, uid, owner, estimated_input_tokens, cost_floor, source, reserved) "
+    "VALUES (?,?,?,?,?, 'in_flight', ?,?,?,?,?,?,?,?,?)")
 
 # PostgreSQL: SELECT ... FROM claims WHERE request_key = $1 FOR UPDATE SKIP LOCKED (a row
 # another transaction is deciding on is skipped and treated as HELD), and the accepted check
