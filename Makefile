@@ -15,25 +15,28 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m batchjson demo
 
-lint: $(STAMP)
+lint: $(STAMP)  # ruff, then the layers and no import circle (pyproject.toml's importlinter)
 	$(PY) -m ruff check src tests benchmarks tools
+	$(VENV)/bin/lint-imports
 
 test: $(STAMP) lint
 	$(PY) -m pytest -q -p no:cacheprovider tests notebooks --nbval --nbval-current-env
 	$(PY) tools/mutants.py
 
-# Hand mutations of acceptance.py and evidence.py in a temporary copy (tools/mutants.py says
-# which); fails if the suite lets one survive. About 20 s, so `make test` runs it too.
+# Hand mutations of _acceptance/judge.py and _ledger/evidence.py in a temporary copy
+# (tools/mutants.py says which); fails if the suite lets one survive. About 20 s, so
+# `make test` runs it too.
 check: $(STAMP)
 	$(PY) tools/mutants.py
 
 bench: $(STAMP)  # every benchmark runs and prints its verdict; fails if any target was missed
 	@status=0; \
 	$(PY) benchmarks/bench_fingerprint.py || status=1; \
+	$(PY) benchmarks/bench_judging.py || status=1; \
 	$(PY) benchmarks/bench_throughput.py || status=1; \
 	$(PY) benchmarks/bench_throughput.py --n 640 --latency 1 --rounds 3 || status=1; \
 	$(PY) benchmarks/bench_hosts.py || status=1; \
 	exit $$status
 
 clean:
-	rm -rf $(VENV) .batchjson .pytest_cache
+	rm -rf $(VENV) .batchjson .pytest_cache .import_linter_cache

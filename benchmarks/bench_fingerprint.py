@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from batchjson._fingerprint import content_hash, fingerprint_function  # noqa: E402
+from batchjson._fingerprint.fingerprint import content_hash, fingerprint_function  # noqa: E402
 
 REPEATS = 50
 TARGET_MS = 5.0

@@ -46,10 +46,10 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from batchjson._content.schema import compile_schema, wire_schema  # noqa: E402
+from batchjson._content.tasks import render_items_prompt  # noqa: E402
 from batchjson._providers.base import Call  # noqa: E402
 from batchjson._providers.openai import OpenAIProvider  # noqa: E402
-from batchjson._schema import compile_schema, wire_schema  # noqa: E402
-from batchjson._tasks import render_items_prompt  # noqa: E402
 
 TARGET = 1.15  # wall, as a ratio to the ideal, at 50 ms latency
 TARGET_SLOW = 1.02  # at >= 0.5 s latency
@@ -162,7 +162,7 @@ def _time_the_loop() -> None:
     """Diagnosis only: note when the replay loop starts and ends inside (b), so the report can
     say how much of (b) is the session's own work before and after it (normalising the tasks,
     keys, the revision, re-judging, reading the result)."""
-    from batchjson._replay import Replayer
+    from batchjson._replay.replay import Replayer
 
     if getattr(Replayer.run, "_timed", False):
         return

@@ -47,8 +47,8 @@ def ip(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     pytest.importorskip("IPython")
     from IPython.testing import globalipapp
 
-    from batchjson import _session as session_module
     from batchjson._ipython.state import ATTRIBUTE
+    from batchjson._session import session as session_module
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("BATCHJSON_PROVIDER", raising=False)

@@ -11,11 +11,11 @@ from importlib.metadata import requires, version
 import pytest
 from packaging.requirements import Requirement
 
+from batchjson._content.schema import compile_schema
 from batchjson._errors import ProviderError
 from batchjson._ledger import Ledger
-from batchjson._plan import Plan, Transport
-from batchjson._replay import Replayer
-from batchjson._schema import compile_schema
+from batchjson._replay.plan import Plan, Transport
+from batchjson._replay.replay import Replayer
 
 
 def requirement(package: str, name: str) -> Requirement:

@@ -19,11 +19,11 @@ from batchjson import (
     OpenAIProvider,
     Session,
 )
-from batchjson._budget import pricing_of
 from batchjson._errors import ConfigError
 from batchjson._providers._http import encode_body
 from batchjson._providers.anthropic import FORCED_TOOL_SYSTEM_TOKENS
 from batchjson._providers.base import Call, Reply, input_bound
+from batchjson._replay.budget import pricing_of
 from tests.helpers import LABEL_SCHEMA, ConcurrentModel, items_reply, review_tasks
 
 

@@ -176,7 +176,7 @@ def _foreign_claim(path, request_key, *, lease_in: float) -> str:
 
 def _prepare(path, n: int):
     """A ledger holding batch 'r' with n requests, nothing attempted yet (a budget of 0)."""
-    from batchjson._spec import RunSpec
+    from batchjson._session.spec import RunSpec
 
     session = Session(CallableProvider(items_reply, source=SOURCE), ledger=path, budget=0)
     session.run(RunSpec("r", review_tasks(n), LABEL_SCHEMA, refuse_short_budget=False,

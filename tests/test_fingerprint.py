@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, field_validator
 
-from batchjson._fingerprint import (
+from batchjson._fingerprint.fingerprint import (
     Fingerprint,
     Unhashable,
     canonical_json,
@@ -334,7 +334,7 @@ bounded = functools.partial(validate, index=0)
 
 CHILD = """
 import json, sys
-from batchjson._fingerprint import content_hash, fingerprint_function
+from batchjson._fingerprint.fingerprint import content_hash, fingerprint_function
 out = []
 for src, name in ((sys.argv[1], "validate_labels"), (sys.argv[2], "validate"),
                   (sys.argv[2], "bounded")):

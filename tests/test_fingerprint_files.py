@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from batchjson import CallableProvider, Session, ValidatorChanged
-from batchjson._fingerprint import describe_changes, fingerprint_function
+from batchjson._fingerprint.fingerprint import describe_changes, fingerprint_function
 from tests.helpers import LABEL_SCHEMA, answer, items_reply, review_tasks
 
 RULES = "rules.json"

@@ -16,14 +16,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchjson._fingerprint import (
+from batchjson._content.schema import compile_schema
+from batchjson._fingerprint.fingerprint import (
     Fingerprint,
     content_hash,
     describe_changes,
     fingerprint_function,
     model_fingerprint,
 )
-from batchjson._schema import compile_schema
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -256,7 +256,7 @@ def check(item, task):
 
 CHILD = """
 import json, sys
-from batchjson._fingerprint import fingerprint_function
+from batchjson._fingerprint.fingerprint import fingerprint_function
 ns = {}
 exec(compile(sys.argv[1], "<cell>", "exec"), ns)
 fp = fingerprint_function(ns["check"])

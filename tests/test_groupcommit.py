@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from batchjson._groupcommit import GroupCommit
 from batchjson._ledger import Ledger
 from batchjson._ledger.store import Store
+from batchjson._replay.groupcommit import GroupCommit
 
 
 def _ledger_with_table() -> Store:

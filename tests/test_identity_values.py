@@ -9,8 +9,8 @@ import pytest
 from pydantic import BaseModel
 
 from batchjson import CallableProvider, InvalidBatch, Session
-from batchjson._acceptance import accept_items
-from batchjson._schema import compile_schema
+from batchjson._acceptance.judge import accept_items
+from batchjson._content.schema import compile_schema
 from tests.helpers import LABEL_SCHEMA
 
 

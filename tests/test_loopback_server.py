@@ -17,10 +17,10 @@ from typing import Any
 import aiohttp
 import pytest
 
+from batchjson._content.tasks import TASKS_BEGIN, TASKS_END, render_items_prompt
 from batchjson._errors import ConfigError
 from batchjson._providers.pricing import Price, cost_of, price_for, set_prices
 from batchjson._providers.simulated import FaultPlan, SimulatedModel
-from batchjson._tasks import TASKS_BEGIN, TASKS_END, render_items_prompt
 from batchjson.testing import HttpFaults, LoopbackServer
 
 TASKS = [{"task_id": "a", "case_id": "x", "prompt": "one"},
@@ -100,7 +100,7 @@ def test_attempts_count_per_tasks_block_so_seeded_faults_vary() -> None:
 
 
 def _wire(identity: tuple[str, ...]) -> dict[str, Any]:
-    from batchjson._schema import compile_schema, wire_schema
+    from batchjson._content.schema import compile_schema, wire_schema
 
     answer_schema = {"type": "object", "properties": {"n": {"type": "integer"}},
                      "required": ["n"]}

@@ -114,7 +114,7 @@ def test_double_load_is_harmless(ip: Any) -> None:
 
 
 def test_unload_removes_what_load_added(ip: Any) -> None:
-    before = batchjson._session._default
+    before = batchjson._session.session._default
     ok(ip, "%load_ext batchjson")
     session = ip.user_ns["batch_session"]
     ok(ip, "validator = 'mine now'")
@@ -130,7 +130,7 @@ def test_unload_removes_what_load_added(ip: Any) -> None:
     for name in ("run_batch", "llm_batch_json", "batch_session"):
         assert name not in ip.user_ns
     assert ip.user_ns["validator"] == "mine now"  # the user's own binding is kept
-    assert batchjson._session._default is before
+    assert batchjson._session.session._default is before
     ok(ip, "%load_ext batchjson")  # loading again reattaches the same session
     assert ip.user_ns["batch_session"] is session
 

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from batchjson._acceptance import unwrap
+from batchjson._acceptance.judge import unwrap
+from batchjson._content.schema import compile_schema, wire_schema
 from batchjson._errors import ConfigError, ProviderError, ProviderNotConfigured, ProviderSetupError
 from batchjson._providers._http import http_error, is_retryable_status, parse_retry_after
 from batchjson._providers.anthropic import AnthropicProvider
@@ -27,7 +28,6 @@ from batchjson._providers.openai import OpenAIProvider, strict_schema
 from batchjson._providers.pricing import cost_of
 from batchjson._providers.select import make_provider
 from batchjson._providers.simulated import SimulatedModel
-from batchjson._schema import compile_schema, wire_schema
 from batchjson.testing import HttpFaults, LoopbackServer
 from tests.helpers import IDENTITY, KEY, TASKS, anthropic, items_call, openai, upper
 

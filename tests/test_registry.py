@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from batchjson._errors import InvalidBatch, ValidatorChanged
-from batchjson._registry import ValidatorRegistry, ValidatorVersion
+from batchjson._session.registry import ValidatorRegistry, ValidatorVersion
 
 CELL = '''
 THRESHOLD = 0.5
@@ -382,7 +382,7 @@ def test_the_public_validator_decorator_has_the_same_shapes() -> None:
     from batchjson import CallableProvider, Session
 
     session = Session(CallableProvider(lambda call: "{}"))
-    previous = batchjson._session._default
+    previous = batchjson._session.session._default
     batchjson.set_default_session(session)
     try:
         ns: dict[str, Any] = {"validator": batchjson.validator}

@@ -8,8 +8,8 @@ import pytest
 
 from batchjson import BudgetExceeded, Session, SimulatedModel, ValidatorChanged
 from batchjson._errors import ConfigError, InvalidBatch
-from batchjson._subcalls import SubcallProvider
 from batchjson.rlm import HELPER_NAMES, bind
+from batchjson.rlm._subcalls import SubcallProvider
 
 SCHEMA = {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]}
 PROMPTS = ["Label the review: great film", "Label the review: dull film"]
@@ -354,7 +354,7 @@ def test_an_rlm_call_fingerprints_its_validator_once(monkeypatch, named):
     """The face registers the validator (to rebind the canonical object) and names the batch
     by it; the run reuses that record instead of walking the validator (and everything it
     reads) again, whether or not the call names its batch."""
-    from batchjson import _registry
+    from batchjson._session import registry as _registry
 
     walked = []
     real = _registry.fingerprint_function

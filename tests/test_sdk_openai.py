@@ -13,6 +13,7 @@ from pydantic import BaseModel, Field
 
 from batchjson._providers.simulated import SimulatedModel
 from batchjson.testing import HttpFaults, LoopbackServer
+from batchjson.testing._ratelimits import Limits
 from tests.protocol import GO_DURATION, OPENAI_LIMIT_HEADERS, OPENAI_REQUEST_ID, Sleeps
 
 QUESTION = [{"role": "user", "content": "What's the weather like in SF?"}]
@@ -83,6 +84,7 @@ def test_a_completion_carries_every_field_the_spec_requires_and_the_api_sends() 
 
 def test_request_ids_differ_and_the_request_bucket_drains() -> None:
     with LoopbackServer() as srv:
+        srv.limits = Limits(requests=60)  # one request a second refills: two quick ones show it
         sdk = client(srv)
         first, second = (sdk.chat.completions.with_raw_response.create(model="m",
                                                                        messages=QUESTION)

@@ -18,7 +18,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchjson._fingerprint import describe_changes, fingerprint_callable, fingerprint_function
+from batchjson._fingerprint.fingerprint import (
+    describe_changes,
+    fingerprint_callable,
+    fingerprint_function,
+)
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -147,7 +151,7 @@ def test_source_keys_never_equal_validator_fingerprints() -> None:
 
 CHILD = """
 import json, sys
-from batchjson._fingerprint import fingerprint_callable
+from batchjson._fingerprint.fingerprint import fingerprint_callable
 ns = {}
 exec(compile(sys.argv[1], "<cell>", "exec", dont_inherit=True), ns)
 stub = ns["Stub"]()

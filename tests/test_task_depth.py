@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from batchjson import CallableProvider, Session
+from batchjson._content.tasks import MAX_TASK_DEPTH, normalize_tasks
 from batchjson._errors import InvalidBatch
-from batchjson._tasks import MAX_TASK_DEPTH, normalize_tasks
 from tests.helpers import LABEL_SCHEMA
 
 

@@ -7,7 +7,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchjson._tasks import (
+from batchjson._content.tasks import (
     Request,
     normalize_tasks,
     pack_requests,

@@ -8,12 +8,12 @@ green "survives": a promise that nothing protects. Exit status 0 means every mut
 Mutation points are found in the syntax tree, not by line number, so edits elsewhere in the
 files do not move them. The anchors (keep them when you restructure, or update MUTANTS):
 
-- _acceptance.py, identity check: every statement that builds an error of type ``"identity"``
+- _acceptance/judge.py, identity check: every statement that builds an error of type ``"identity"``
   (a call ``<name ending in error>("identity", ...)``, or with ``kind=``/``type=``
   ``"identity"``, or a dict literal ``{"type": "identity"}``); the innermost such statement
   is replaced by ``pass`` (``return []`` for a ``return``), so no identity mismatch is ever
   reported.
-- _acceptance.py, coverage check: the same for errors of type ``"coverage"`` (missing,
+- _acceptance/judge.py, coverage check: the same for errors of type ``"coverage"`` (missing,
   duplicated and extra tasks are never reported).
 - _ledger/evidence.py, the views: the method ``Evidence.requests`` (what is owed) and the
   property ``Evidence.superseded`` return an empty list.
@@ -129,8 +129,8 @@ EVIDENCE_TESTS = ("tests/test_ratchet.py", "tests/test_shared_requests.py",
                   "tests/test_session.py", "tests/test_ledger.py")
 
 MUTANTS = (
-    Mutant("identity check removed", "_acceptance.py", silence("identity"), ACCEPTANCE_TESTS),
-    Mutant("coverage check removed", "_acceptance.py", silence("coverage"), ACCEPTANCE_TESTS),
+    Mutant("identity check removed", "_acceptance/judge.py", silence("identity"), ACCEPTANCE_TESTS),
+    Mutant("coverage check removed", "_acceptance/judge.py", silence("coverage"), ACCEPTANCE_TESTS),
     Mutant("Evidence.requests returns nothing", "_ledger/evidence.py",
            empty_member("Evidence", "requests"), EVIDENCE_TESTS),
     Mutant("Evidence.superseded returns nothing", "_ledger/evidence.py",

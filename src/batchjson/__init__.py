@@ -10,7 +10,6 @@ are private. Two public submodules: :mod:`batchjson.rlm` (RLM hosts) and
 
 from typing import Any
 
-from ._budget import Budget
 from ._errors import (
     BatchJsonError,
     BatchUnresolved,
@@ -31,10 +30,11 @@ from ._ledger.records import Receipt
 from ._providers.base import Call, CallableProvider, Provider, ProviderHandle, Reply
 from ._providers.pricing import PRICES_AS_OF, Price, set_prices
 from ._providers.simulated import FaultPlan, SimulatedModel
-from ._registry import ValidatorRegistry
-from ._result import BatchResult
-from ._session import Session, default_session, set_default_session, validator
-from ._spec import RunSpec
+from ._replay.budget import Budget
+from ._session.registry import ValidatorRegistry
+from ._session.result import BatchResult
+from ._session.session import Session, default_session, set_default_session, validator
+from ._session.spec import RunSpec
 
 __version__ = "0.1.0"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._result import BatchResult
+    from ._session.result import BatchResult
 
 
 class BatchJsonError(Exception):

@@ -9,9 +9,9 @@ from typing import Any
 
 from IPython.core.error import UsageError
 
+from .._content.tasks import parse_identity
 from .._errors import InvalidBatch
-from .._registry import ValidatorRegistry
-from .._tasks import parse_identity
+from .._session.registry import ValidatorRegistry
 
 _MISSING = object()
 _HEADER = re.compile(r"%%batch_json(\s|$)")

@@ -9,9 +9,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._cliview import describe_error, printable, receipt_cost
 from .._ledger.forgetting import forgotten_line
-from .._result import money
+from .._money import money
+from .._textview import describe_error, printable, receipt_cost
 
 
 def describe_tasks(task_ids: Sequence[str], width: int = 60) -> str:

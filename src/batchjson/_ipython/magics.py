@@ -29,13 +29,13 @@ from traitlets import Bool, Int, TraitError, Unicode, observe, validate
 from traitlets.config import Config
 
 from .._checks import whole_argument
-from .._cliview import DEFAULT_LEDGER
 from .._errors import BatchJsonError, BatchUnresolved
 from .._ledger.forgetting import forget_batch, forget_message
 from .._providers.base import ProviderHandle
 from .._providers.masking import looks_like_key, masked, public_url, shown_value
 from .._providers.select import PROVIDER_NAMES
-from .._session import Session
+from .._session.session import Session
+from .._textview import DEFAULT_LEDGER
 from .cell import (
     BatchInterrupted,
     allow_empty_body,
@@ -364,8 +364,8 @@ class BatchJson(Magics):
     def batch_forget(self, line: str) -> None:
         """Stop batch NAME (every revision of it) from owing calls: its unresolved requests no
         longer count in %batch_status. Its receipts and costs stay in the account, the
-        forgetting is recorded (who, when) and shown by %batch_status, and a later run of NAME
-        owes again."""
+        forgetting is recorded (who, when) and shown by %batch_status, and later work on NAME
+        (a run still going on, a later run, work merged in) owes again."""
         args = parse(self.batch_forget, line)
         if args is None:
             return

@@ -11,9 +11,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .. import _session as session_module
 from .._providers.select import provider_label
-from .._session import Session
+from .._session import session as session_module
+from .._session.session import Session
 
 ATTRIBUTE = "_batchjson_state"
 INJECTED = ("run_batch", "llm_batch_json", "validator", "batch_session")

@@ -8,7 +8,11 @@ store, and importing it (never the facade), are the ledger's rows as values (``r
 claims (``claims``), the accounts (``accounts``), evidence (``evidence``), re-judging
 (``rejudge``), forgetting (``forgetting``), recovery: import and export (``recovery``), where
 imported attempts go (``import_revisions``) and merging (``merge``). ``ledger.Ledger`` is the
-public facade over the store. No module outside this package holds SQL.
+public facade over the store, and pack-size advice (``advice``) is a read-only view over it.
+No module outside this package holds SQL.
+
+May import acceptance (to re-judge stored returns), providers, content, fingerprints and the
+flat modules; never the replay loop, the session or a face.
 """
 
 from .ledger import Ledger

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._canon import canonical_json
-from .._tasks import revision_fingerprint, tasks_digest
+from .._content.tasks import revision_fingerprint, tasks_digest
 from .records import now
 from .store import Store
 

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .._budget import Budget
+from .._content.tasks import Request
 from .._errors import ConfigError
-from .._tasks import Request
+from .._money import cost_value
 from . import accounts, merge, recovery
 from .forgetting import who
 from .records import Receipt, Revision, ledger_path, now
@@ -124,8 +124,7 @@ class Ledger:
         """Set the ledger's cost budget in USD (what was spent under it still counts), or
         remove it with None. Runs reserve each call's worst case on it beside the call's
         claim; a run already going when it is set refuses its next call (re-run it)."""
-        if cost is not None:
-            cost = Budget(cost=cost).cost
+        cost = cost_value(cost)
         self.store.set_shared_budget(cost, by=who(), stamp=now())
 
     def import_receipts(self, path: str | Path, *, validators: Any = None) -> dict[str, Any]:

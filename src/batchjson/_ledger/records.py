@@ -104,6 +104,10 @@ def ledger_path(value: Any) -> Path | str | None:
         raise ConfigError(f"ledger {shown} is a URL batchjson cannot keep a ledger at; pass a "
                           "file path (ledger='runs/ledger.sqlite') or a PostgreSQL URL as a "
                           "str (ledger='postgresql://user@host/db')")
+    if "\x00" in text:  # no file system takes it: os.stat would raise a bare ValueError
+        raise ConfigError(f"ledger path {text[:80]!r} holds a NUL character ('\\x00'), which "
+                          "no file name can; pass the path without it, e.g. "
+                          "ledger='runs/ledger.sqlite'")
     return Path(text)
 
 

@@ -24,11 +24,11 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .. import _acceptance as acceptance
+from .._acceptance import judge as acceptance
 from .._canon import digest
+from .._content.schema import ItemSchema
+from .._content.tasks import Request
 from .._providers.base import Reply
-from .._schema import ItemSchema
-from .._tasks import Request
 from .store import Store
 
 MAX_CANDIDATES = 8  # earlier returns tried per request: bounded local work

@@ -19,7 +19,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._tasks import Request
+from .._content.tasks import Request
 from . import claims
 from .claims import ACCEPTED, HELD, MINE, OVER, Owner
 from .records import _uid, now

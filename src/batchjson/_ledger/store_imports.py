@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._tasks import Request
+from .._content.tasks import Request
 from .records import now
 from .store_base import Row, Tx
 from .store_calls import CallStore

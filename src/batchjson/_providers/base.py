@@ -244,7 +244,7 @@ class CallableProvider(OneService):
         the same function in another process gives the same key, a changed one another."""
         if self.source is not None:
             return f"callable:{self.source}"
-        from .._fingerprint import fingerprint_callable
+        from .._fingerprint.fingerprint import fingerprint_callable
 
         self._fingerprint = refuse_unseen(fingerprint_callable(self.fn), "CallableProvider")
         head = f"callable:{self._named_model}" if self._named_model else "callable"
@@ -350,7 +350,7 @@ def answer_source(provider: Any) -> str:
     reads them.
     """
     from .._canon import canonical_json
-    from .._tasks import sha
+    from .._content.tasks import sha
 
     cls = type(provider)
     own = getattr(provider, "source_key", None)
@@ -367,10 +367,10 @@ def answer_source(provider: Any) -> str:
 
 def _source_part(value: Any) -> Any:
     """A setting's part of an answer source: plain values as they are; functions and objects
-    by :func:`~batchjson._fingerprint.fingerprint_callable` (code and immutable values, never
-    the counters or logs a stub keeps)."""
+    by :func:`~batchjson._fingerprint.fingerprint.fingerprint_callable` (code and immutable
+    values, never the counters or logs a stub keeps)."""
     if isinstance(value, (str, int, float, bool, type(None))):
         return value
-    from .._fingerprint import fingerprint_callable
+    from .._fingerprint.fingerprint import fingerprint_callable
 
     return fingerprint_callable(value).digest

@@ -1,9 +1,9 @@
 """A deterministic offline model with injectable faults, so the safety machinery can be shown.
 
 Without an ``answer`` function it answers every schema batchjson accepts: each item (or bare
-value) is made by the seeded generator of :mod:`batchjson._schemagen` from the call's own wire
-schema, with the identity fields copied from the task, so the same task gets the same answer in
-every process and a batch of any schema can resolve offline.
+value) is made by the seeded generator of :mod:`batchjson._providers.schemagen` from the call's
+own wire schema, with the identity fields copied from the task, so the same task gets the same
+answer in every process and a batch of any schema can resolve offline.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Any
 
 from .._canon import canonical_json
 from .._checks import seconds
+from .._content.tasks import sha
 from .._errors import ProviderError, ProviderSetupError
-from .._schemagen import GENERATOR, Unanswerable, answer_item, answer_value
-from .._tasks import sha
 from .base import Call, OneService, Reply, estimate_tokens
 from .masking import check_name
+from .schemagen import GENERATOR, Unanswerable, answer_item, answer_value
 
 TRANSPORT_FAULTS = ("provider_error", "timeout")
 OUTPUT_FAULTS = ("malformed_json", "identity_swap", "missing_item", "duplicate_item",
@@ -131,7 +131,7 @@ class SimulatedModel(OneService):
         of the generator), its seed and its fault plan (never its call counter, latency or
         prices)."""
         from .._canon import content_hash
-        from .._fingerprint import fingerprint_callable
+        from .._fingerprint.fingerprint import fingerprint_callable
         from .base import refuse_unseen
 
         if self.answer is None:

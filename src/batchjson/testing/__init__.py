@@ -1,4 +1,8 @@
-"""Test helpers: a real loopback HTTP server that speaks OpenAI and Anthropic, offline."""
+"""Test helpers: a real loopback HTTP server that speaks OpenAI and Anthropic, offline.
+
+Public package. May import the providers and every layer below them; never the session, the
+ledger or a face.
+"""
 
 from __future__ import annotations
 

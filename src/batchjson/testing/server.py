@@ -24,10 +24,10 @@ import pydantic_core
 from aiohttp import web
 
 from .._checks import seconds, seconds_argument, whole_argument
+from .._content.tasks import sha, tasks_block
 from .._errors import ConfigError
 from .._providers.base import Call
 from .._providers.simulated import SimulatedModel
-from .._tasks import sha, tasks_block
 from ._bodies import anthropic_message, openai_completion, request_id, shape
 from ._faults import HTTP_FAULTS, STATUS_FAULTS, HttpFaults
 from ._ratelimits import Limits

@@ -1,0 +1,472 @@
+"""The commit boundary: a return is accepted whole, or not at all.
+
+Checks run in a fixed order (JSON, coverage, identity, schema, caller validator) and stop at the
+first failing stage, naming every problem found in that stage. Nothing here "fixes" a return.
+
+Judging is total: whatever a provider hands back (odd text types, JSON nested thousands deep,
+numbers that overflow) and whatever the schema or the caller's validator raise, the outcome is a
+:class:`Verdict`, never an exception, so the raw text is kept and the run goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._canon import canonical_json
+from .._content.schema import ItemSchema
+from .._content.strictjson import (
+    exact_if_lossy,
+    exact_json,
+    has_float,
+    holds_lossy,
+    json_equal,
+    parse_json,
+    parse_json_noting,
+    strip_fence,
+)
+from .replies import ODD_TEXT, text_of
+from .validators import clip, judged_code_raised, run_validator_async
+
+REPAIRABLE = frozenset({"json", "coverage", "identity", "schema", "validation"})
+
+
+@dataclass
+class Verdict:
+    """Outcome of acceptance for one return: accepted values, or the errors that rejected it."""
+
+    accepted: bool
+    values: dict[str, Any] = field(default_factory=dict)
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    stored: dict[str, Any] = field(default_factory=dict)  # values in their ledger (JSON) form
+
+    @property
+    def repairable(self) -> bool:
+        return bool(self.errors) and all(e["type"] in REPAIRABLE for e in self.errors)
+
+
+def _error(kind: str, message: str, task_id: str | None = None, **extra: Any) -> dict[str, Any]:
+    return {"type": kind, "task_id": task_id, "message": message, **extra}
+
+
+def unwrap(reply: Any) -> Any:
+    """The answer's text inside the envelope its provider reported (``Reply.envelope``, see
+    docs/providers.md): a ``{"value": ...}`` wrapper a strict JSON mode asked for is opened
+    here, so the ledger keeps what the model sent. Anything else (no envelope, a wrapper with
+    more than ``value``, text that is not JSON, an odd reply) comes back as it came, for the
+    checks to judge."""
+    text = _plain(getattr(reply, "text", None))
+    if getattr(reply, "envelope", None) not in ("value", "tool_input/value"):
+        return text
+    if not isinstance(text, str):
+        return text
+    try:
+        parsed = parse_json(text)
+        if isinstance(parsed, dict) and parsed.keys() == {"value"}:
+            inner = _inner_text(text)  # as written: a re-dump would round 10000000000000001.0
+            return inner if inner is not None else json.dumps(parsed["value"],
+                                                              ensure_ascii=False)
+    except Exception:  # noqa: BLE001 - not JSON, too deep, ...: the checks reject it with why
+        pass
+    return text
+
+
+_VALUE_OPEN = re.compile(r'\s*\{\s*"value"\s*:\s*')
+_CLOSE = re.compile(r"\s*\}\s*")
+
+
+def _inner_text(text: str) -> str | None:
+    """The text of X in ``{"value": X}``, exactly as the model wrote it, or None."""
+    stripped = strip_fence(text)
+    opened = _VALUE_OPEN.match(stripped)
+    if opened is None:
+        return None
+    try:
+        _, end = json.JSONDecoder().raw_decode(stripped, opened.end())
+    except ValueError:
+        return None
+    return stripped[opened.end():end] if _CLOSE.fullmatch(stripped, end) else None
+
+
+def _plain(text: Any) -> Any:
+    """A str subclass as the exact str it holds: its own strip() or startswith() could show
+    acceptance other text than the ledger keeps."""
+    if isinstance(text, str) and type(text) is not str:
+        return str.__getitem__(text, slice(None))
+    return text
+
+
+def reply_text(reply: Any) -> tuple[str, str | None]:
+    """The text to judge and keep, and why it is unacceptable when the provider broke the
+    contract (text that is not a str)."""
+    text = _plain(getattr(reply, "text", None))
+    extra = getattr(reply, "extra", None)
+    odd = extra.get(ODD_TEXT) if isinstance(extra, Mapping) else None
+    if isinstance(text, str) and odd is None:
+        return text, None
+    kind = odd or type(text).__name__
+    return (text if isinstance(text, str) else text_of(text)), (
+        f"provider returned its text as {kind}, not str: a provider must hand back the raw "
+        "text it received (fix the provider)")
+
+
+# -- the entry point ---------------------------------------------------------------------------
+async def judge(
+    reply: Any,
+    tasks: Sequence[Mapping[str, Any]],
+    *,
+    mode: str,
+    identity: Sequence[str],
+    schema: ItemSchema,
+    validator: Callable[[Any, Mapping[str, Any]], Any] | None,
+) -> Verdict:
+    """The one entry point of the replay loop: judge a provider's reply against the ledger's own
+    copy of the requested ``tasks``. ``mode`` is ``"items"`` or ``"value"``.
+
+    ``identity`` names the fields every item must echo; when it carries ``echo=True`` (the
+    default identity, see :class:`~batchjson._content.tasks.Identity`) every other task field an
+    item returns (prompt and context aside) must equal the task's value too.
+    """
+    try:
+        text, odd = reply_text(reply)
+        if odd is None:  # open the envelope the provider reported (the ledger keeps it whole)
+            text = unwrap(reply)
+        if odd is not None:
+            task_id = tasks[0]["task_id"] if mode == "value" else None
+            return Verdict(False, errors=[_error("json", odd, task_id)])
+        prepared = _prepare(text, tasks, mode, identity, schema)
+        if isinstance(prepared, Verdict) or validator is None:
+            return prepared if isinstance(prepared, Verdict) else _accepted(prepared)
+        errors: list[dict[str, Any]] = []
+        for task_id, value, _, task in prepared:
+            errors.extend(await run_validator_async(validator, value, task, task_id))
+        return Verdict(False, errors=errors) if errors else _accepted(prepared)
+    except BaseException as exc:  # judging never crashes a run that has already paid for it
+        if not judged_code_raised(exc):
+            raise
+        return Verdict(False, errors=[_error(
+            "json", f"the return could not be judged ({type(exc).__name__}: {exc})")])
+
+
+Prepared = list[tuple[str, Any, Any, Mapping[str, Any]]]  # task_id, value, stored, task
+
+
+def _accepted(prepared: Prepared) -> Verdict:
+    return Verdict(True, values={t: v for t, v, _, _ in prepared},
+                   stored={t: s for t, _, s, _ in prepared})
+
+
+def _prepare(text: str, tasks: Sequence[Mapping[str, Any]], mode: str, identity: Sequence[str],
+             schema: ItemSchema) -> Verdict | Prepared:
+    if mode == "value":
+        return _prepare_value(text, tasks[0], identity, schema)
+    return _prepare_items(text, tasks, identity, schema)
+
+
+def accept_items(
+    text: str,
+    tasks: Sequence[Mapping[str, Any]],
+    identity: Sequence[str],
+    schema: ItemSchema,
+    validator: Callable[[Any, Mapping[str, Any]], Any] | None,
+) -> Verdict:
+    """Judge an ``{"items": [...]}`` return against exactly the tasks that were requested."""
+    return _sync(judge(_Text(text), tasks, mode="items", identity=identity, schema=schema,
+                       validator=validator))
+
+
+def accept_value(
+    text: str,
+    task: Mapping[str, Any],
+    schema: ItemSchema,
+    validator: Callable[[Any, Mapping[str, Any]], Any] | None,
+    identity: Sequence[str] = ("task_id",),
+) -> Verdict:
+    """Judge a bare JSON value returned for one prompt (the droste-compatible shape); an
+    ``identity`` with ``echo`` holds the task fields an object value echoes to the task."""
+    return _sync(judge(_Text(text), [task], mode="value", identity=identity, schema=schema,
+                       validator=validator))
+
+
+@dataclass
+class _Text:
+    text: Any
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _sync(coro: Any) -> Verdict:
+    """Run a judgement from sync code. Under a running loop (a notebook cell importing old
+    receipts) it runs on a thread of its own, since a loop cannot be nested."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with ThreadPoolExecutor(1, thread_name_prefix="batchjson-judge") as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+# -- items -------------------------------------------------------------------------------------
+def _prepare_items(text: str, tasks: Sequence[Mapping[str, Any]], identity: Sequence[str],
+                   schema: ItemSchema) -> Verdict | Prepared:
+    try:
+        payload, long_numbers = parse_json_noting(text)
+    except ValueError as exc:
+        return Verdict(False, errors=[_error("json", f"return is not valid JSON: {exc}")])
+    if not isinstance(payload, dict) or not isinstance(payload.get("items"), list):
+        return Verdict(False, errors=[_error(
+            "json", 'return must be a JSON object {"items": [...]} with one object per task')])
+    extra = sorted(set(payload) - {"items"})
+    if extra:  # e.g. a top-level case_id: which request would it belong to? Ambiguous: reject.
+        return Verdict(False, errors=[_error(
+            "json", f"unexpected top-level key(s) {', '.join(map(repr, extra))}: return only "
+            '{"items": [...]}')])
+    items = payload["items"]
+    not_objects = [i for i, item in enumerate(items) if not isinstance(item, dict)]
+    if not_objects:
+        return Verdict(False, errors=[_error(
+            "json", f"items[{i}] is not an object") for i in not_objects])
+
+    expected = {t["task_id"]: t for t in tasks}
+    errors = _coverage(items, expected)
+    if errors:
+        return Verdict(False, errors=errors)
+
+    compared = {item["task_id"]: compared_fields(expected[item["task_id"]], identity, item)
+                for item in items}
+    errors = _identity(text, items, expected, identity, compared)
+    if errors:
+        return Verdict(False, errors=errors)
+
+    declared = schema.declared_fields
+    prepared: Prepared = []
+    # numbers a float does not hold as written, read exactly
+    lossy = exact_if_lossy(text) if long_numbers else None
+    for position, item in enumerate(items):
+        task_id = item["task_id"]
+        fields = compared[task_id]
+        kept = [n for n in fields if declared is not None and n in declared]  # may be coerced
+        answer = {k: v for k, v in item.items() if k not in fields or k in kept}
+        value, messages, crashed = _validate(schema, answer, f"items[{task_id}]")
+        exact = lossy["items"][position] if lossy is not None else None
+        if not messages and exact is not None and holds_lossy(exact):  # judged as written
+            exact = {k: v for k, v in exact.items() if k in answer}
+            messages = schema.exact_errors(exact, answer, f"items[{task_id}]")
+        errors.extend(_error("validator_error" if crashed else "schema", m, task_id)
+                      for m in messages)
+        if not messages:
+            stored, problem = _stored(schema, value, task_id)
+            if problem:
+                errors.append(problem)
+                continue
+            # what would be committed, not only what was returned: a schema may add or change
+            # a compared field (a pydantic before-validator setting case_id, extra="allow")
+            held = compared_fields(expected[task_id], identity,
+                                   stored if isinstance(stored, dict) else {})
+            errors.extend(_coerced_identity(stored, expected[task_id], held))
+            prepared.append((task_id, value, stored, expected[task_id]))
+    if errors:
+        return Verdict(False, errors=errors)
+    return prepared
+
+
+def compared_fields(task: Mapping[str, Any], identity: Sequence[str],
+                    item: Mapping[str, Any] | None = None) -> list[str]:
+    """The fields of ``task`` an item is held to: the identity fields, and under the default
+    identity (``echo``) every other task field the item returns, prompt and context aside."""
+    fields = list(identity)
+    if getattr(identity, "echo", False):
+        fields += [k for k in task if k not in fields and k not in ECHO_EXEMPT
+                   and (item is None or k in item)]
+    return fields
+
+
+ECHO_EXEMPT = frozenset({"prompt", "context"})
+
+
+def _identity(text: str, items: list[dict], expected: Mapping[str, Mapping[str, Any]],
+              identity: Sequence[str], compared: Mapping[str, list[str]]) -> list[dict[str, Any]]:
+    echoes = [(item, expected[item["task_id"]], compared[item["task_id"]]) for item in items]
+    return _compare_echoes(echoes, identity, lambda: exact_json(text)["items"])
+
+
+Echo = tuple[Mapping[str, Any], Mapping[str, Any], list[str]]  # an object, its task, its fields
+
+
+def _compare_echoes(echoes: Sequence[Echo], identity: Sequence[str],
+                    exact_objects: Callable[[], list[Any]]) -> list[dict[str, Any]]:
+    """Identity errors of objects held to their task: each listed field must be there and equal
+    the task's value. ``exact_objects`` reads the same objects with floats kept exact (only
+    built when a float could compare equal by rounding)."""
+    errors = []
+    exact: list[Any] | None = None
+    for position, (item, task, fields) in enumerate(echoes):
+        for name in fields:
+            if name not in item:
+                errors.append(_error("identity", f"identity field {name!r} is missing (task "
+                                     f"{task['task_id']!r})", task["task_id"], field=name))
+                continue
+            got = item[name]
+            if has_float(task[name]) and json_equal(got, task[name]):
+                if exact is None:
+                    exact = exact_objects()
+                got = exact[position][name]
+            if not json_equal(got, task[name]):
+                shown, wanted = item[name], task[name]
+                hint = ("" if name in identity else "; an echoed task field: under the default "
+                        "identity every task field an item returns is compared (pass identity= "
+                        "to compare only the fields you list)")
+                errors.append(_error(
+                    "identity", f"{name} is {clip(shown)} but the request has "
+                    f"{clip(wanted)} (task {task['task_id']!r}){hint}", task["task_id"],
+                    field=name, expected=_scalar_orclip(wanted), got=_scalar_orclip(shown)))
+    return errors
+
+
+def _scalar_orclip(value: Any) -> Any:
+    """Values kept in an error: scalars as they are, structures as a short text (a value nested
+    hundreds deep must not make the receipt unwritable)."""
+    return clip(value) if isinstance(value, (dict, list)) else value
+
+
+def _validate(schema: ItemSchema, value: Any, path: str) -> tuple[Any, list[str], bool]:
+    """Schema validation that never raises: (value, messages, crashed). A crash is the schema's
+    own code failing (a pydantic validator raising TypeError, a dangling $ref)."""
+    try:
+        value, messages = schema.validate(value, path)
+        return value, messages, False
+    except BaseException as exc:
+        if not judged_code_raised(exc):
+            raise
+        return None, [f"{path}: the schema's own validation raised {type(exc).__name__}: "
+                      f"{exc}; fix the schema or its validators"], True
+
+
+# -- value -------------------------------------------------------------------------------------
+def _prepare_value(text: str, task: Mapping[str, Any], identity: Sequence[str],
+                   schema: ItemSchema) -> Verdict | Prepared:
+    task_id = task["task_id"]
+    try:
+        payload, long_numbers = parse_json_noting(text)
+    except ValueError as exc:
+        return Verdict(False, errors=[_error("json", f"return is not valid JSON: {exc}", task_id)])
+    errors = _value_echoes(text, payload, task, identity)
+    if errors:
+        return Verdict(False, errors=errors)
+    value, messages, crashed = _validate(schema, payload, "$")
+    lossy = exact_if_lossy(text) if long_numbers and not messages else None
+    if lossy is not None:  # a number a float does not hold as written: judged as written
+        messages = schema.exact_errors(lossy, payload, "$")
+    if messages:
+        return Verdict(False, errors=[_error("validator_error" if crashed else "schema", m,
+                                             task_id) for m in messages])
+    stored, problem = _stored(schema, value, task_id)
+    if problem:
+        return Verdict(False, errors=[problem])
+    if getattr(identity, "echo", False) and isinstance(stored, dict):
+        held = [n for n in compared_fields(task, identity, stored) if n in stored]
+        errors = _coerced_identity(stored, task, held)  # a schema may set or coerce an echo
+        if errors:
+            return Verdict(False, errors=errors)
+    return [(task_id, value, stored, task)]
+
+
+def _value_echoes(text: str, payload: Any, task: Mapping[str, Any],
+                  identity: Sequence[str]) -> list[dict[str, Any]]:
+    """Under an identity that compares echoes (the default; every receipt another system
+    wrote), a value that is an object is held to its task like an item: each task field it
+    carries (prompt and context aside) must equal the task's. So is every object inside it that
+    names a ``task_id`` (``{"items": [...]}`` sent as a value, a list of one answer): it claims
+    to answer a task, and only this one was asked. A bare value echoes nothing."""
+    if not getattr(identity, "echo", False) or not isinstance(payload, (dict, list)):
+        return []
+    paths = _echo_paths(payload)
+    if not paths:
+        return []
+    echoes = []
+    for path in paths:
+        obj = _at(payload, path)
+        echoes.append((obj, task, [n for n in compared_fields(task, identity, obj) if n in obj]))
+    return _compare_echoes(echoes, identity,
+                           lambda: [_at(exact_json(text), path) for path in paths])
+
+
+def _echo_paths(payload: Any) -> list[tuple[Any, ...]]:
+    """Where the objects a value holds to its task are: the value itself when an object, and
+    every object within it that names a ``task_id`` (iterative: a value may nest deep)."""
+    paths: list[tuple[Any, ...]] = [()] if isinstance(payload, dict) else []
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(payload, ())]
+    while stack:
+        node, path = stack.pop()
+        children = (node.items() if isinstance(node, dict) else enumerate(node)
+                    if isinstance(node, list) else ())
+        for key, child in children:
+            if isinstance(child, dict) and "task_id" in child:
+                paths.append((*path, key))
+            if isinstance(child, (dict, list)):
+                stack.append((child, (*path, key)))
+    return paths
+
+
+def _at(value: Any, path: Sequence[Any]) -> Any:
+    for key in path:
+        value = value[key]
+    return value
+
+
+def _stored(schema: ItemSchema, value: Any, task_id: str) -> tuple[Any, dict[str, Any] | None]:
+    """The ledger (JSON) form of a validated value, or the schema error that prevents one: a
+    schema may coerce "1e400" into an infinite float, which no ledger row may hold."""
+    try:
+        text = canonical_json(schema.dump(value))
+        text.encode("utf-8")  # an unpaired surrogate ("\\ud800") cannot be written as UTF-8
+        return json.loads(text), None
+    except (TypeError, ValueError) as exc:
+        return None, _error("schema", f"task {task_id!r}: the validated value has no JSON form "
+                            f"({clip(str(exc), 160)}); numbers must be finite and strings "
+                            "valid Unicode (no unpaired surrogate escapes)", task_id)
+
+
+def _coerced_identity(stored: Any, task: Mapping[str, Any],
+                      identity: Sequence[str]) -> list[dict[str, Any]]:
+    """A schema that declares an identity field may coerce it ("078" -> 78): what would be
+    committed must still equal the request."""
+    if not isinstance(stored, dict):
+        return []
+    return [_error("schema", f"the schema turns {name} {clip(task[name])} into "
+                   f"{clip(stored[name])} (task {task['task_id']!r}); declare it with the "
+                   "task's JSON type", task["task_id"], field=name)
+            for name in identity if name in stored and not json_equal(stored[name], task[name])]
+
+
+def _coverage(items: list[dict], expected: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Count and set of task_ids must equal the request's: name missing, duplicated and extra."""
+    ids = [item.get("task_id") for item in items]
+    if len(ids) == len(expected) and all(type(i) is str for i in ids) and len(
+            set(ids)) == len(ids) and expected.keys() == set(ids):
+        return []  # the common return: every task once, nothing else
+    errors = []
+    without_id = [i for i, item in enumerate(items) if not isinstance(item.get("task_id"), str)]
+    for i in without_id:
+        errors.append(_error("coverage", f"items[{i}] has no string task_id"))
+    counts = Counter(item["task_id"] for item in items if isinstance(item.get("task_id"), str))
+    for task_id in expected:
+        if task_id not in counts:
+            errors.append(_error("coverage", f"task {task_id!r} is missing from the return",
+                                 task_id, problem="missing"))
+    for task_id, n in counts.items():
+        if task_id not in expected:
+            errors.append(_error("coverage", f"item {task_id!r} was not requested",
+                                 task_id, problem="extra"))
+        elif n > 1:
+            errors.append(_error("coverage", f"task {task_id!r} appears {n} times",
+                                 task_id, problem="duplicated"))
+    if not errors and len(items) != len(expected):
+        errors.append(_error("coverage", f"return has {len(items)} items for "
+                             f"{len(expected)} tasks"))
+    return errors

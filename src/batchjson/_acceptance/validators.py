@@ -1,0 +1,153 @@
+"""The caller's validator, run so that it can only say yes, no, or that it is broken.
+
+``ValueError``, a failed ``assert`` (``AssertionError``, as pydantic treats it) or ``False``
+rejects an item (repairable); ``None``, ``True`` or the item itself
+accepts; anything else, a return or an exception (``BaseException`` subclasses included, unless
+the run itself is being interrupted), is a ``validator_error``: a bug, reported, never retried.
+Bound to a droste client, droste's own verdicts apply instead (:func:`droste_verdicts`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import threading
+import traceback
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .._canon import canonical_json
+
+
+# -- the caller's validator --------------------------------------------------------------------
+async def run_validator_async(validator: Callable[[Any, Mapping[str, Any]], Any], value: Any,
+                              task: Mapping[str, Any], task_id: str) -> list[dict[str, Any]]:
+    """ValueError, AssertionError or ``False`` rejects (repairable); any other exception is a
+    validator crash, never retried. An ``async def`` validator is awaited. The validator gets
+    its own copy of the task, so nothing it does reaches the ledger's request.
+
+    Only ``None``, ``True`` (or a bool-like such as ``numpy.bool_``) and the item itself
+    accept: a validator returning an error string, ``0`` or another object did not say yes,
+    and committing on its word could commit a bad item, so that is a ``validator_error``."""
+    try:
+        out = validator(value, _copy(dict(task)))
+        if inspect.isawaitable(out):
+            out = await out
+        verdict = _returned(out, value)
+    except CountedAsCrash as exc:  # a contract that counts what was raised as a crash
+        cause = exc.__cause__
+        return [_error("validator_error", f"task {task_id!r}: validator raised "
+                       f"{type(cause).__name__}: {cause}", task_id)]
+    except ValueError as exc:
+        return [_error("validation", f"task {task_id!r}: {exc}", task_id)]
+    except AssertionError as exc:  # pydantic's rule too: a failed assert rejects the item
+        return [_error("validation", f"task {task_id!r}: {_assertion(exc)}", task_id)]
+    except BaseException as exc:  # a bug in the caller's validator, reported not retried
+        if not judged_code_raised(exc):
+            raise
+        return [_error("validator_error", f"task {task_id!r}: validator raised "
+                       f"{type(exc).__name__}: {exc}{_model_hint(exc, value)}", task_id)]
+    if verdict is False:
+        return [_error("validation", f"task {task_id!r}: the validator returned False", task_id)]
+    if verdict is None:
+        return [_error("validator_error", f"task {task_id!r}: the validator returned "
+                       f"{clip(out, 80)} ({type(out).__name__}); return None or True to accept, "
+                       "False (or raise ValueError) to reject: its return value is never used "
+                       "as the item", task_id)]
+    return []
+
+
+class CountedAsCrash(Exception):
+    """Raised (from the validator's own exception) by a wrapper whose contract counts that
+    exception as the validator failing, not as a rejection."""
+
+
+def droste_verdicts(fn: Callable[[Any, int], Any]) -> Callable[[Any, Mapping[str, Any]], Any]:
+    """``fn(value, index)`` judged as droste 0.26's helper judges it: only ``ValueError``
+    rejects; a failed ``assert`` (like any other exception) is a ``validator_error``; whatever
+    it returns is ignored (``False`` accepts). An ``async def`` one is awaited."""
+    def check(value: Any, task: Mapping[str, Any]) -> Any:
+        try:
+            out = fn(value, task["index"])
+        except AssertionError as exc:
+            raise CountedAsCrash() from exc
+        return _awaited_ignoring(out) if inspect.isawaitable(out) else None
+
+    return check
+
+
+async def _awaited_ignoring(out: Any) -> None:
+    try:
+        await out
+    except AssertionError as exc:
+        raise CountedAsCrash() from exc
+
+
+def _assertion(exc: AssertionError) -> str:
+    """An assert's own message, else the failing ``assert`` line as written (a repair prompt
+    then tells the model which rule its answer broke)."""
+    if str(exc):
+        return str(exc)
+    frames = traceback.extract_tb(exc.__traceback__)
+    line = (frames[-1].line or "").strip() if frames else ""
+    return f"{line} failed" if line.startswith("assert") else "an assert in the validator failed"
+
+
+def _model_hint(exc: BaseException, value: Any) -> str:
+    """Why ``item["field"]`` fails when a pydantic schema hands the validator a model."""
+    fields = getattr(type(value), "model_fields", None)
+    if not isinstance(exc, TypeError) or not fields or "subscriptable" not in str(exc):
+        return ""
+    name = next(iter(fields), "field")
+    return (f" (with a pydantic schema the validator gets a {type(value).__name__} instance, "
+            f"not a dict: read item.{name}, not item[{name!r}])")
+
+
+def _returned(out: Any, value: Any) -> bool | None:
+    """What a validator's return says: True accepts, False rejects, None is no answer."""
+    if out is None or out is True or out is value:
+        return True
+    if out is False:
+        return False
+    kind = type(out)
+    if kind.__name__ in ("bool_", "bool") and kind.__module__.split(".")[0] in _BOOL_LIKE:
+        return bool(out)
+    return None
+
+
+_BOOL_LIKE = frozenset({"numpy", "jax", "torch", "cupy"})
+
+
+def judged_code_raised(exc: BaseException) -> bool:
+    """Whether an exception out of code run while judging (a validator, a schema's own
+    validators) is that code's own doing, to be reported as a ``validator_error``, rather than
+    the run being stopped: a real cancellation of this task, or Ctrl-C on the main thread
+    (judging normally runs on the session's loop thread, where no signal is delivered)."""
+    if isinstance(exc, asyncio.CancelledError):
+        try:
+            current = asyncio.current_task()
+        except RuntimeError:
+            current = None
+        return current is not None and not current.cancelling()
+    if isinstance(exc, KeyboardInterrupt):
+        return threading.current_thread() is not threading.main_thread()
+    return True
+
+
+def _error(kind: str, message: str, task_id: str | None = None) -> dict[str, Any]:
+    return {"type": kind, "task_id": task_id, "message": message}
+
+
+def _copy(value: Any) -> Any:
+    """An independent JSON copy: nothing the validator does reaches the ledger's request."""
+    return json.loads(canonical_json(value))
+
+
+def clip(value: Any, limit: int = 200) -> str:
+    """A short repr for a message; one whose repr fails (or recurses) is named by its type."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - RecursionError included
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -1,0 +1,489 @@
+"""batchjson's command line: run the demo, read a ledger, import, merge, export and advise.
+
+Every subcommand takes --ledger PATH or a postgresql:// URL (default .batchjson/ledger.sqlite,
+the notebook default; a URL's password is never shown) and --json (one JSON document on stdout
+for scripts; human tables otherwise).
+
+Exit codes: 0 the command did its work (status reported, whatever the batches hold); 1 a batch
+the command ran or imported ended unresolved or was kept as diagnostic; 2 usage (bad arguments,
+an unknown batch, an unreadable import file); 3 a ledger problem (missing, not a ledger, newer
+schema); 130 interrupted. A closed pipe (| head) ends quietly with 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from .. import _textview as cliview
+from .._checks import whole_argument
+from .._errors import BatchJsonError, InvalidBatch, LedgerError
+from .._ledger import Ledger
+from .._ledger.evidence import Evidence
+from .._ledger.forgetting import forget_batch, forget_message
+from .._ledger.records import ledger_path
+from .._ledger.sqlite import file_problem as ledger_problem
+from .._ledger.sqlite import holds_nothing
+from .._money import cost_value
+from .._providers.masking import public_url
+from .demo import command_name, demo_ledger_problem, run_demo
+
+DEFAULT_LEDGER = Path(cliview.DEFAULT_LEDGER)
+OK, UNRESOLVED, USAGE, LEDGER, INTERRUPTED = 0, 1, 2, 3, 130
+OPEN_WAIT = 30.0  # seconds another process may hold a new ledger while creating it
+
+
+class Problem(Exception):
+    """A refusal with its exit code; printed as one line, never a traceback."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# -- commands -------------------------------------------------------------------------------
+def _refusal(path: Path, create: bool) -> str | None:
+    """Why ``path`` cannot be opened as a ledger. With ``create``, a file another process is
+    making a ledger this moment is waited for (polling to a deadline), never refused."""
+    deadline = time.monotonic() + OPEN_WAIT
+    while True:
+        problem = ledger_problem(path) if path.exists() or not create else None
+        if problem is None or not create:
+            return problem
+        empty = holds_nothing(path)
+        if empty:
+            return None
+        again = ledger_problem(path)  # its schema may have been committed since the first look
+        if again is None or (empty is False or time.monotonic() > deadline):
+            return again
+        time.sleep(0.05)
+
+
+def ledger_argument(text: str) -> Path | str:
+    """``--ledger``: a file path, or a PostgreSQL URL kept as written."""
+    return text if isinstance(ledger_path(text), str) else Path(text)
+
+
+def shown(ledger: Path | str) -> str:
+    """The ledger as the command line prints it: a URL's password masked."""
+    return public_url(ledger) if isinstance(ledger, str) else str(ledger)
+
+
+def _open(path: Path | str, *, create: bool = False) -> Ledger:
+    if isinstance(path, str):  # a database: the server says what is wrong, if anything is
+        try:
+            return Ledger(path)
+        except LedgerError as exc:
+            raise Problem(str(exc), LEDGER) from None
+    problem = _refusal(path, create)
+    if problem and not path.exists():  # say what to do, for the path given or the default
+        problem += ("; a batch run in this directory makes it (batchjson demo shows how), or "
+                    "pass --ledger PATH to read another" if path == DEFAULT_LEDGER else
+                    "; check the path given to --ledger (a ledger is made by the first batch "
+                    "run on it)")
+    if problem:
+        raise Problem(problem, LEDGER)
+    try:  # a ledger another process is creating is waited for (Ledger's busy timeout)
+        return Ledger(path)
+    except LedgerError as exc:
+        raise Problem(str(exc), LEDGER) from None
+
+
+def _known(ledger: Ledger, name: str | None) -> None:
+    problem = ledger.no_such_batch(name) if name is not None else None
+    if problem:
+        raise Problem(problem, USAGE)
+
+
+def _say(lines: Sequence[str], out: TextIO) -> None:
+    """Human output: names and returns from a ledger or an import file never act on the
+    terminal (escape sequences are shown, not sent)."""
+    print("\n".join(map(cliview.printable, lines)), file=out)
+
+
+def _dump(obj: Any, out: TextIO) -> None:
+    print(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False), file=out)
+
+
+def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
+    held = _open(args.ledger)
+    try:
+        _known(held, args.name)
+        summary = held.cost_summary(args.name)
+        evidence = Evidence(held.store).summary(args.name)
+    finally:
+        held.close()
+    for key in ("unresolved_batches", "unresolved_requests", "unresolved_items",
+                "minimum_exact_retry_calls", "superseded", "forgotten"):
+        summary[key] = evidence[key]
+    summary["ledger"] = shown(args.ledger)
+    if args.json:
+        _dump(summary, out)
+    else:
+        _say(cliview.status_lines(summary, shown(args.ledger), command_name()), out)
+    return OK
+
+
+def _receipt_dicts(held: Ledger, name: str, failed: bool, raw: bool) -> list[dict[str, Any]]:
+    rows = []
+    for number, r in enumerate(held.attempts(name), 1):
+        if failed and r.status == "accepted":
+            continue
+        rows.append({"number": number, "revision": r.revision, "kind": r.kind,
+                     "status": r.status, "task_ids": list(r.task_ids), "errors": r.errors,
+                     "input_tokens": r.input_tokens, "output_tokens": r.output_tokens,
+                     "cached_tokens": r.cached_tokens, "cost": r.cost, "provider": r.provider,
+                     "model": r.model, "source": r.source,
+                     "started_at": r.started_at, "sent_at": r.sent_at,
+                     "finished_at": r.finished_at,
+                     **({"raw": r.raw} if raw else {"raw": None})})
+    return rows
+
+
+def cmd_receipts(args: argparse.Namespace, out: TextIO) -> int:
+    held = _open(args.ledger)
+    try:
+        _known(held, args.name)
+        rows = _receipt_dicts(held, args.name, args.failed, args.raw)
+    finally:
+        held.close()
+    if args.json:
+        _dump(rows, out)
+        return OK
+    _say(cliview.receipt_lines(args.name, rows, args.raw, args.failed), out)
+    return OK
+
+
+def _one_format(args: argparse.Namespace, other: str) -> None:
+    if args.json and getattr(args, other):
+        raise Problem(f"--json and --{other} ask for two formats: give one", USAGE)
+
+
+def cmd_values(args: argparse.Namespace, out: TextIO) -> int:
+    _one_format(args, "csv")
+    if args.json and args.identity:
+        raise Problem("--identity adds columns to --csv or fields to JSON Lines; drop --json",
+                      USAGE)
+    held = _open(args.ledger)
+    try:
+        _known(held, args.name)
+        values = held.checkpoint(args.name)
+        fields, tasks = _identity(held, args.name) if args.identity else ([], {})
+    finally:
+        held.close()
+    if args.json:
+        _dump(values, out)
+    elif args.csv:
+        columns: list[str] = []
+        for v in values.values():
+            for k in (v if isinstance(v, dict) else {"value": v}):
+                if k not in columns and k != "task_id" and k not in fields:
+                    columns.append(k)
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        writer.writerow(["task_id", *fields, *columns])
+        for task_id, v in values.items():
+            v = v if isinstance(v, dict) else {"value": v}
+            task = tasks.get(task_id, {})
+            writer.writerow([_cell(task_id), *(_cell(task.get(k)) for k in fields),
+                             *(_cell(v.get(k)) for k in columns)])
+        out.write(buffer.getvalue())
+    else:
+        for task_id, v in values.items():
+            line = {"task_id": task_id, "value": v}
+            if args.identity:
+                line["identity"] = {k: tasks.get(task_id, {}).get(k) for k in fields}
+            print(json.dumps(line, ensure_ascii=False), file=out)
+    return OK
+
+
+def _identity(held: Ledger, name: str) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """The identity fields of the batch's current revision besides task_id (under the default
+    identity: every task field but prompt and context) and its tasks, for ``--identity``."""
+    rule, tasks = held.store.current_tasks(name)
+    if rule.endswith("+echoed"):
+        fields = list(dict.fromkeys(k for t in tasks.values() for k in t))
+        fields = [k for k in fields if k not in ("task_id", "prompt", "context")]
+    else:
+        fields = [k for k in rule.split(",") if k != "task_id"]
+    return fields, tasks
+
+
+# What a spreadsheet reads as the start of a formula (OWASP, "CSV Injection"): a cell of text
+# that starts so is written after a single quote, which a spreadsheet shows as text.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _cell(value: Any) -> str:
+    """A CSV cell: text as itself unless a spreadsheet would run it as a formula (then after a
+    ``'``); anything else as JSON, which starts with a digit, a bracket, a letter or, for a
+    negative number (a number to a spreadsheet too), ``-``."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    return "'" + value if value.startswith(FORMULA_STARTS) else value
+
+
+def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
+    _one_format(args, "jsonl")
+    held = _open(args.ledger)
+    try:
+        _known(held, args.batch)
+        receipts = held.export_receipts(args.batch)
+    finally:
+        held.close()
+    if args.jsonl:
+        for r in receipts:
+            print(json.dumps(r, ensure_ascii=False, sort_keys=True), file=out)
+    else:
+        _dump({"ledger": shown(args.ledger), "receipts": receipts}, out)
+    return OK
+
+
+def cmd_import(args: argparse.Namespace, out: TextIO) -> int:
+    if not args.file.is_file():  # checked before a ledger is created for it
+        raise Problem(f"no receipts file at {args.file}", USAGE)
+    from .._ledger.recovery import read_lines
+
+    try:
+        read_lines(args.file, {})  # a bad file is refused before a ledger is created for it
+    except InvalidBatch as exc:
+        raise Problem(str(exc), USAGE) from None
+    held = _open(args.ledger, create=True)
+    try:
+        report = held.import_receipts(args.file)
+    except InvalidBatch as exc:
+        raise Problem(str(exc), USAGE) from None
+    finally:
+        held.close()
+    if args.json:
+        _dump(report, out)
+    else:
+        _say(cliview.import_lines(report), out)
+    kept = report["diagnostic"] + report["rejected"] + report["unverified"]
+    return UNRESOLVED if kept else OK
+
+
+def cmd_merge(args: argparse.Namespace, out: TextIO) -> int:
+    if isinstance(args.other, str):  # a database: read as it is, or refused by the merge
+        pass
+    elif not args.other.exists() or args.other.is_dir():  # the hint is about OTHER, not --ledger
+        raise Problem(f"no ledger to merge at {args.other}"
+                      + (" (a directory: name the ledger file inside it)"
+                         if args.other.is_dir() else ""), LEDGER)
+    problem = (None if isinstance(args.other, str) else
+               ledger_problem(args.other))  # checked before a ledger is made to receive it
+    if problem:
+        raise Problem(problem, LEDGER)
+    held = _open(args.ledger, create=True)
+    try:
+        report = held.merge(args.other)
+    except LedgerError as exc:
+        raise Problem(str(exc), LEDGER) from None
+    finally:
+        held.close()
+    if args.json:
+        _dump(report, out)
+    else:
+        added = report["added"]
+        completed = added.get("attempts_completed", 0)
+        new = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in added.items()
+                        if v and k != "attempts_completed")
+        _say([f"merged {report['source']} into {shown(args.ledger)}: "
+              + (f"added {new}" if new else "nothing new")
+              + f"; {report['attempts_already_present']} attempt(s) were already here"
+              + (f", {completed} of them completed by this merge" if completed else "")], out)
+    return OK
+
+
+def cmd_advise(args: argparse.Namespace, out: TextIO) -> int:
+    from .._ledger.advice import advise
+
+    held = _open(args.ledger)
+    try:
+        _known(held, args.name)
+        try:
+            advice = advise(held, args.name, repairs=args.repairs, replays=args.replays)
+        except InvalidBatch as exc:
+            raise Problem(str(exc), USAGE) from None
+    finally:
+        held.close()
+    if args.json:
+        _dump(advice, out)
+    else:
+        _say(cliview.advice_lines(advice), out)
+    return OK
+
+
+def cmd_forget(args: argparse.Namespace, out: TextIO) -> int:
+    held = _open(args.ledger)
+    try:
+        _known(held, args.name)
+        record = forget_batch(held.store, args.name, via="batchjson forget")
+        spend = held.spend(args.name)
+    finally:
+        held.close()
+    if args.json:
+        _dump({"batch": args.name, "forgotten": record}, out)
+    else:
+        _say([forget_message(args.name, record, spend)], out)
+    return OK
+
+
+def cmd_budget(args: argparse.Namespace, out: TextIO) -> int:
+    if args.cost is not None and args.clear:
+        raise Problem("--cost sets the budget and --clear removes it: give one", USAGE)
+    held = _open(args.ledger, create=args.cost is not None)
+    try:
+        if args.cost is not None or args.clear:
+            held.set_budget(None if args.clear else args.cost)
+        budget = held.budget()
+    finally:
+        held.close()
+    if args.json:
+        _dump({"ledger": shown(args.ledger), "budget": budget}, out)
+    else:
+        _say([cliview.budget_line(budget)], out)
+    return OK
+
+
+def _usd_argument(text: str) -> float:
+    try:
+        return cost_value(float(text)) or 0.0
+    except (ValueError, InvalidBatch):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a cost in USD: give a finite number >= 0, e.g. --cost 50") from None
+
+
+def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
+    problem = demo_ledger_problem(args.ledger)
+    if problem:
+        raise Problem(problem, USAGE)
+    return run_demo(args.ledger, args.seed, out, as_json=args.json,
+                    progress=sys.stderr.isatty())
+
+
+# -- the parser -----------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="batchjson", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, helptext: str, fn: Callable[..., int]) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=helptext, description=helptext)
+        p.add_argument("--ledger", type=ledger_argument, default=DEFAULT_LEDGER,
+                       metavar="PATH|URL", help=f"ledger file or postgresql:// URL (default "
+                       f"{DEFAULT_LEDGER})")
+        p.add_argument("--json", action="store_true",
+                       help="print one JSON document for scripts instead of tables")
+        p.set_defaults(run=fn)
+        return p
+
+    demo = command("demo", "run a faulty offline batch end to end, then resume it", cmd_demo)
+    demo.add_argument("--seed", type=int, default=0, help="fault seed (default 0)")
+    status = command("status", "calls, tokens and cost of every attempt, per batch and total",
+                     cmd_status)
+    status.add_argument("name", nargs="?", help="only this batch (default: every batch)")
+    receipts = command("receipts", "the attempts of one batch, numbered 1..N in call order",
+                       cmd_receipts)
+    receipts.add_argument("name", help="batch name")
+    receipts.add_argument("--failed", action="store_true", help="only attempts not accepted")
+    receipts.add_argument("--raw", action="store_true", help="include each raw return")
+    values = command("values", "the accepted values of one batch (JSON Lines, or --csv)",
+                     cmd_values)
+    values.add_argument("name", help="batch name")
+    values.add_argument("--csv", action="store_true", help="CSV with a column per field")
+    values.add_argument("--identity", action="store_true",
+                        help="add each task's identity fields (case_id, ...) after task_id: "
+                        "those the batch listed, else every task field but prompt and context")
+    export = command("export", "every receipt in batchjson's importable format", cmd_export)
+    export.add_argument("--jsonl", action="store_true",
+                        help="one receipt per line (`batchjson import` reads this and the "
+                        "default JSON document alike)")
+    export.add_argument("--batch", metavar="NAME", help="only this batch")
+    imp = command("import", "import historical receipts (JSONL), rechecking every item",
+                  cmd_import)
+    imp.add_argument("file", type=Path, help="JSON Lines file, one receipt per line, or the "
+                     "JSON document `batchjson export` prints")
+    merge = command("merge", "bring another ledger's batches and attempts into this one",
+                    cmd_merge)
+    merge.add_argument("other", type=ledger_argument,
+                       help="the other ledger: a file or a postgresql:// URL")
+    advise = command("advise", "pack-size advice from the batch's observed faults and tokens",
+                     cmd_advise)
+    advise.add_argument("name", help="batch name")
+    advise.add_argument("--repairs", type=whole_argument(0), default=1, metavar="N",
+                        help="repair calls per failing request (default 1)")
+    advise.add_argument("--replays", type=whole_argument(0), default=1, metavar="N",
+                        help="exact replays per failing request (default 1)")
+    forget = command("forget", "stop a batch's unresolved requests from being owed (its "
+                     "receipts and costs stay; later work on it owes again)", cmd_forget)
+    forget.add_argument("name", help="batch name")
+    budget = command("budget", "the ledger's own cost budget, held by every runner on it "
+                     "together (show it, set it with --cost, remove it with --clear)",
+                     cmd_budget)
+    budget.add_argument("--cost", type=_usd_argument, metavar="USD",
+                        help="set the ceiling in USD (what was spent under it still counts)")
+    budget.add_argument("--clear", action="store_true", help="remove the budget")
+    sub.add_parser("serve", help="the loopback OpenAI/Anthropic test server "
+                   "(batchjson serve --help lists its options)")
+    return parser
+
+
+def _main(argv: list[str], out: TextIO) -> int:
+    if argv[:1] == ["serve"]:  # the server owns its options (--port, --latency, faults)
+        from ..testing.server import main as serve_main
+
+        return serve_main(argv[1:], prog="batchjson serve") or 0
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args, out)
+    except Problem as exc:
+        print(f"batchjson {args.command}: error: {exc}", file=sys.stderr)
+        return exc.code
+    except LedgerError as exc:  # e.g. a read-only or vanished ledger
+        print(f"batchjson {args.command}: ledger error: {exc}", file=sys.stderr)
+        return LEDGER
+    except BatchJsonError as exc:
+        print(f"batchjson {args.command}: error: {exc}", file=sys.stderr)
+        return USAGE
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    """Entry point: exit codes as documented above; no traceback on a closed pipe or Ctrl-C."""
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    try:
+        code = _main(args_in, out or sys.stdout)
+        (out or sys.stdout).flush()
+        return code
+    except BrokenPipeError:
+        # The reader went away (| head): say nothing, and keep Python's exit flush quiet too.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return OK
+    except KeyboardInterrupt:
+        if args_in[:1] in (["import"], ["merge"]):  # one transaction: rolled back whole
+            done = {"import": "imported", "merge": "merged"}[args_in[0]]
+            print(f"batchjson: interrupted; nothing was {done} (it is one transaction), "
+                  "run it again", file=sys.stderr)
+        else:
+            print("batchjson: interrupted; receipts written so far are kept, re-run to resume",
+                  file=sys.stderr)
+        return INTERRUPTED
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,8 @@
+"""What a batch is made of: tasks, requests, schemas and the JSON a model returns.
+
+Owns tasks, the requests they are packed into, their keys and the prompt text a request is
+sent as (``tasks``), answer schemas and the per-call wire schema (``schema``), and reading a
+model's JSON strictly and comparing JSON values exactly (``strictjson``).
+
+May import fingerprints and the flat modules; never providers or anything above them.
+"""

@@ -1,0 +1,264 @@
+"""Answer schemas (a pydantic model or a JSON Schema dict) and the per-call wire schema."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from fractions import Fraction
+from typing import Any
+
+import jsonschema
+from pydantic import BaseModel, ValidationError
+
+from .._canon import canonical_json
+from .._errors import InvalidBatch
+from .._fingerprint.fingerprint import fingerprint_function, model_fingerprint
+from .tasks import sha
+
+
+@dataclass
+class ItemSchema:
+    """A compiled answer schema: validates items and stores/restores validated values."""
+
+    json_schema: dict
+    fingerprint: str
+    model: type[BaseModel] | None = None
+    _validator: Any = field(default=None, repr=False)
+    # what the model's validators read that no fingerprint can see (``globals()["X"]``)
+    unseen: tuple[str, ...] = ()
+
+    @property
+    def declared_fields(self) -> frozenset[str] | None:
+        """The item fields the schema declares (read for every item judged: made once)."""
+        cached = self.__dict__.get("_declared", False)
+        if cached is False:
+            if self.model is not None:
+                cached = frozenset(self.model.model_fields)
+            else:
+                props = self.json_schema.get("properties")
+                cached = frozenset(props) if isinstance(props, Mapping) else None
+            self.__dict__["_declared"] = cached
+        return cached
+
+    def validate(self, value: Any, path: str) -> tuple[Any, list[str]]:
+        """Return (validated value, error messages); messages name the path and the field."""
+        if self.model is not None:
+            try:
+                return self.model.model_validate(value), []
+            except ValidationError as exc:
+                return None, [
+                    f"{path}.{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
+                    for err in exc.errors()
+                ]
+        errors = sorted(self._validator.iter_errors(value), key=lambda e: list(e.absolute_path))
+        if not errors:
+            return value, []
+        return None, [
+            f"{path}{''.join(f'.{p}' for p in err.absolute_path)}: {err.message}"
+            for err in errors
+        ]
+
+    def exact_errors(self, exact: Any, plain: Any, path: str) -> list[str]:
+        """The verdicts that change when a return's numbers are judged as written (``exact``,
+        read with Decimals) instead of as the floats they round to (``plain``, which already
+        passed): ``5.0000000000000000001`` is no integer, ``0.30000000000000001`` is above a
+        maximum of 0.3, ``1.00000000000000000001`` is not in ``enum [1]``. A pydantic model
+        judged the floats; its JSON Schema is judged exactly here, and only what reading
+        exactly changes counts (pydantic's own coercions stay its own)."""
+        exact_validator, plain_validator = self._exact_validators()
+        errors = list(exact_validator.iter_errors(exact))
+        if errors and self.model is not None:
+            known = {(tuple(e.absolute_path), e.validator)
+                     for e in plain_validator.iter_errors(plain)}
+            errors = [e for e in errors if (tuple(e.absolute_path), e.validator) not in known]
+        return [f"{path}{''.join(f'.{p}' for p in e.absolute_path)}: "
+                f"{_as_written(e.message)} (the number as written; as a float it "
+                "would round to a value the check passes)"
+                for e in sorted(errors, key=lambda e: list(map(str, e.absolute_path)))]
+
+    def _exact_validators(self) -> tuple[Any, Any]:
+        """(a validator reading numbers as Decimals, the schema's numbers too; for a pydantic
+        model, one of its JSON Schema over floats), made once, when a return first needs
+        them."""
+        made = self.__dict__.get("_exact")
+        if made is None:
+            text = json.dumps(self.json_schema, sort_keys=True)
+            cls = jsonschema.validators.validator_for(self.json_schema,
+                                                      default=jsonschema.Draft202012Validator)
+            plain = cls(json.loads(text)) if self.model is not None else None
+            base = type(self._validator) if self._validator is not None else cls
+            exact = jsonschema.validators.extend(
+                base, {"multipleOf": _exact_multiple_of},
+                type_checker=base.TYPE_CHECKER.redefine("integer", _exact_integer)
+                if not self.__dict__.get("_strict_integers") else base.TYPE_CHECKER)
+            made = self.__dict__["_exact"] = (exact(json.loads(text, parse_float=Decimal)),
+                                              plain)
+        return made
+
+    def dump(self, value: Any) -> Any:
+        """JSON form kept in the ledger."""
+        if isinstance(value, BaseModel):
+            return value.model_dump(mode="json")
+        return value
+
+    def load(self, stored: Any) -> Any:
+        """Value handed back to the caller: a model instance for a pydantic schema."""
+        if self.model is not None:
+            return self.model.model_validate(stored)
+        return stored
+
+
+def compile_schema(schema: Any, *, strict_integers: bool = False) -> ItemSchema:
+    """Refuse an invalid schema before any call is made.
+
+    ``strict_integers``: ``"integer"`` admits integer literals only, as droste's checker does
+    (JSON Schema also admits ``1.0``); a JSON Schema dict compiled so is another schema.
+    """
+    if isinstance(schema, ItemSchema):
+        return schema
+    if isinstance(schema, type) and issubclass(schema, BaseModel):
+        try:
+            js = schema.model_json_schema()
+        except Exception as exc:  # pydantic raises several types for unschemable models
+            raise InvalidBatch(
+                f"pydantic model {schema.__qualname__} has no JSON schema: {exc}") from None
+        # the whole class, not only its JSON schema: an edited field_validator is a new schema
+        whole = fingerprint_function(schema)
+        return ItemSchema(js, model_fingerprint(schema, js, whole), model=schema,
+                          unseen=whole.unseen)
+    if isinstance(schema, Mapping):
+        try:
+            return _compile_mapping(schema, strict_integers)
+        except RecursionError:
+            raise InvalidBatch("schema is nested too deeply to check; flatten it, or name its "
+                               "repeated parts under $defs and $ref them") from None
+    raise InvalidBatch(f"schema must be a pydantic model class or a JSON Schema dict, got "
+                       f"{type(schema).__name__}")
+
+
+def _compile_mapping(schema: Mapping[str, Any], strict_integers: bool = False) -> ItemSchema:
+    """A JSON Schema dict, checked; compile_schema guards its recursion."""
+    bad = _non_string_key(schema, "")
+    if bad is not None:  # json.dumps would quietly turn 1 into "1": another schema
+        where, key = bad
+        raise InvalidBatch(f"schema keys must be strings: {key!r} ({type(key).__name__}) at "
+                           f"{where or '<root>'}; JSON objects have only string keys, so write "
+                           f"{str(key)!r} if that is the name meant")
+    try:
+        js = json.loads(json.dumps(schema, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise InvalidBatch(f"schema is not JSON-serialisable: {exc}") from None
+    cls = jsonschema.validators.validator_for(js, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(js)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "<root>"
+        raise InvalidBatch(f"invalid JSON Schema at {where}: {exc.message}; fix the schema "
+                           "(see json-schema.org) before running") from None
+    text = json.dumps(js, sort_keys=True, separators=(",", ":"))
+    fingerprint = sha(text)
+    if strict_integers:
+        cls = jsonschema.validators.extend(cls, type_checker=cls.TYPE_CHECKER.redefine(
+            "integer", lambda _, value: isinstance(value, int) and not isinstance(value, bool)))
+        fingerprint = sha(f"strict-integers:{text}")
+    # the validator judges its own copy: the schema handed to providers (a value-mode call
+    # carries json_schema itself) can be changed by one without widening what is accepted
+    item = ItemSchema(js, fingerprint, _validator=cls(json.loads(text)))
+    item.__dict__["_strict_integers"] = strict_integers  # integers by literal, exact or not
+    return item
+
+
+_DECIMAL = re.compile(r"Decimal\('([^']*)'\)")
+
+
+def _as_written(message: str) -> str:
+    """A jsonschema message showing numbers as written, not as ``Decimal('0.3')``."""
+    return _DECIMAL.sub(r"\1", message)
+
+
+def _exact_integer(checker: Any, value: Any) -> bool:
+    """JSON Schema's integer (``5.0`` is one) over exact numbers."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, Decimal):
+        return value.is_finite() and value == value.to_integral_value()
+    return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+
+
+def _exact_multiple_of(validator: Any, step: Any, instance: Any, schema: Any) -> Any:
+    """``multipleOf`` in exact fractions: no float division, no decimal precision limit."""
+    if not validator.is_type(instance, "number"):
+        return
+    if (Fraction(instance) / Fraction(step)).denominator != 1:
+        yield jsonschema.ValidationError(f"{_as_written(repr(instance))} is not a "
+                                         f"multiple of {_as_written(repr(step))}")
+
+
+def _non_string_key(value: Any, where: str) -> tuple[str, Any] | None:
+    """The first key of an object in ``value`` that is not a string, and where it is."""
+    if isinstance(value, Mapping):
+        for key, child in value.items():
+            if not isinstance(key, str):
+                return where, key
+            found = _non_string_key(child, f"{where}/{key}" if where else key)
+            if found is not None:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for index, child in enumerate(value):
+            found = _non_string_key(child, f"{where}/{index}" if where else str(index))
+            if found is not None:
+                return found
+    return None
+
+
+def _own_copy(item: ItemSchema) -> dict:
+    text = item.__dict__.get("_text")
+    if text is None:
+        text = item.__dict__["_text"] = json.dumps(item.json_schema)
+    return json.loads(text)
+
+
+def wire_schema(item: ItemSchema, tasks: Sequence[Mapping[str, Any]],
+                identity: Sequence[str]) -> dict:
+    """The schema a provider may enforce: identity fields pinned, exact item count."""
+    base = _own_copy(item)  # the provider's own: it may change it, nothing else sees that
+    defs = base.pop("$defs", None)
+    props = dict(base.get("properties") or {})
+    for name in identity:
+        distinct = {canonical_json(t[name]): t[name] for t in tasks}
+        props[name] = {"enum": [distinct[text] for text in sorted(distinct)]}
+    required = list(dict.fromkeys([*identity, *(base.get("required") or [])]))
+    item_schema = {**base, "type": "object", "properties": props, "required": required}
+    wire: dict[str, Any] = {
+        "type": "object",
+        "properties": {"items": {"type": "array", "items": item_schema,
+                                 "minItems": len(tasks), "maxItems": len(tasks)}},
+        "required": ["items"],
+        "additionalProperties": False,
+    }
+    if defs:
+        wire["$defs"] = defs
+    return wire
+
+
+MISSING = object()  # what resolve_pointer gives for a $ref that names nothing in the schema
+
+
+def resolve_pointer(root: Any, ref: str) -> Any:
+    """The node ``ref`` (``#/$defs/Name``, a JSON pointer within the schema) names, or
+    ``MISSING`` when it names nothing there (another document, a wrong path)."""
+    if not ref.startswith("#"):
+        return MISSING
+    node = root
+    for part in filter(None, ref[1:].split("/")):
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, Mapping) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return MISSING
+    return node

@@ -1,0 +1,373 @@
+"""Tasks, the requests they are packed into, and the prompt text a request is sent as."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._canon import canonical_json as _canonical
+from .._checks import whole
+from .._errors import InvalidBatch
+from .strictjson import nesting
+
+TASKS_BEGIN = "<<<BATCHJSON_TASKS"
+TASKS_END = "BATCHJSON_TASKS>>>"
+# How deep a task's JSON may nest (the task itself is one level). Its request is copied, keyed,
+# stored and read back by recursive code (json) on stacks of other threads: the session's loop,
+# a provider's executor. Encoding it once on the caller's stack proves nothing about those, so
+# the bound leaves room under Python's default recursion limit of 1000 for any of them.
+MAX_TASK_DEPTH = 768
+
+
+_json_string = json.encoder.encode_basestring  # a str as a JSON literal, non-ASCII kept
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def normalize_tasks(tasks: Iterable[Mapping[str, Any]],
+                    identity: Sequence[str]) -> tuple[list[dict], list[str]]:
+    """Check every task before anything is spent, naming the first bad one and the fix.
+
+    Returns the tasks and their canonical JSON texts: checking serialisability already
+    produces the text that request keys, the ledger and prompts are built from.
+    """
+    if isinstance(tasks, (str, bytes)) or isinstance(tasks, Mapping):
+        raise InvalidBatch("tasks must be a list of mappings, one per task; got "
+                           f"{type(tasks).__name__}")
+    try:
+        items = list(tasks)
+    except TypeError:
+        raise InvalidBatch(
+            f"tasks must be a list of mappings, got {type(tasks).__name__}") from None
+    if not items:
+        raise InvalidBatch("empty batch: pass at least one task")
+    identity = normalize_identity(identity)
+    seen: dict[str, int] = {}
+    texts: list[str] = []
+    for position, task in enumerate(items):
+        if type(task) is not dict and not isinstance(task, Mapping):
+            raise InvalidBatch(f"task #{position} is a {type(task).__name__}, not a mapping; "
+                               "each task must be a dict with task_id and prompt")
+        if "task_id" not in task:
+            raise InvalidBatch(f"task #{position} has no task_id; give every task a unique "
+                               "'task_id' string")
+        task_id = task["task_id"]
+        if not isinstance(task_id, str) or not task_id:
+            raise InvalidBatch(f"task #{position}: task_id must be a non-empty string, got "
+                               f"{task_id!r}")
+        if task_id in seen:
+            raise InvalidBatch(f"duplicate task_id {task_id!r} (tasks #{seen[task_id]} and "
+                               f"#{position}); task_ids must be unique within a batch")
+        seen[task_id] = position
+        prompt = task.get("prompt")
+        if not isinstance(prompt, str):
+            raise InvalidBatch(f"task {task_id!r}: prompt must be a string, got "
+                               f"{type(prompt).__name__}")
+        for name in identity:
+            if name not in task:
+                words = name.split()
+                if len(words) > 1 and all(word in task for word in words):  # "task_id case_id"
+                    raise InvalidBatch(
+                        f"identity names the field {name!r}, which no task has, but the task has "
+                        f"{', '.join(map(repr, words))}: list each field on its own, e.g. "
+                        f"identity={list(dict.fromkeys(['task_id', *words]))!r}")
+                raise InvalidBatch(f"task {task_id!r} lacks identity field {name!r}; add it to "
+                                   "the task or drop it from identity=")
+        try:
+            texts.append(_canonical(task))
+        except RecursionError:
+            raise _too_deep(task_id, "to encode as JSON") from None
+        except (TypeError, ValueError) as exc:
+            raise InvalidBatch(f"task {task_id!r} is not JSON-serialisable ({exc}); keep tasks "
+                               "to str/int/float/bool/None/list/dict with finite numbers") from None
+    joined = "[" + ",".join(texts) + "]"
+    try:
+        joined.encode("utf-8")  # keys and the ledger hash and store UTF-8
+    except UnicodeEncodeError:
+        for text, task in zip(texts, items, strict=True):  # which task: the rare path
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise InvalidBatch(
+                    f"task {task['task_id']!r} holds a string that is not valid Unicode (an "
+                    f"unpaired surrogate at position {exc.start} of its JSON); decode its text "
+                    "with errors='replace' or fix the source") from None
+    if joined.count("[") + joined.count("{") > MAX_TASK_DEPTH:  # few brackets: none is deep
+        for text, task in zip(texts, items, strict=True):
+            depth = nesting(text, MAX_TASK_DEPTH)
+            if depth > MAX_TASK_DEPTH:
+                raise _too_deep(task["task_id"], f"({depth} levels of JSON, at most "
+                                f"{MAX_TASK_DEPTH})")
+    try:
+        out = json.loads(joined)  # the ledger's form, which acceptance compares to: in one call
+    except RecursionError:  # within the bound, on a caller's stack that is deeper still
+        deepest = max(range(len(texts)), key=lambda i: nesting(texts[i], 0))
+        raise _too_deep(items[deepest]["task_id"], "to read back on this stack") from None
+    return out, texts
+
+
+def _too_deep(task_id: str, why: str) -> InvalidBatch:
+    return InvalidBatch(f"task {task_id!r} is nested too deeply {why}; flatten it (or pass it "
+                        "as a JSON string)")
+
+
+ECHOED = "+echoed"  # an Identity's key part when echoed task fields are compared too
+
+
+class Identity(tuple):
+    """The identity fields every item must echo unchanged (``task_id`` first).
+
+    ``echo`` is True for the default identity (``identity=None``): then every other field a task
+    carries (prompt and context aside) that an item returns must equal the task's value too, so
+    an item echoing ``case_id`` 079 for a task whose ``case_id`` is 078 is rejected. An explicit
+    ``identity=`` lists exactly what is compared (``echo`` False). It is a tuple, so code that
+    renders prompts or wire schemas sees only the required fields.
+    """
+
+    echo: bool
+
+    def __new__(cls, fields: Iterable[str], echo: bool = False) -> Identity:
+        self = super().__new__(cls, fields)
+        self.echo = echo
+        return self
+
+    @property
+    def key(self) -> str:
+        """Its part of a request key: the fields, and whether echoed fields are compared."""
+        return ",".join(self) + (ECHOED if self.echo else "")
+
+
+def parse_identity(text: str, option: str | None = None) -> tuple[str, ...]:
+    """``"task_id,case_id"`` -> its field names. An empty name (``"task_id,,case_id"``, ``","``)
+    and a name with whitespace inside (``"task_id case_id"``: spaces where commas were meant)
+    are refused, in the API and the magic alike, since each is a typo, not a field; the
+    message shows the spelling to use, as ``option`` (``--identity``) when given."""
+    parts = tuple(part.strip() for part in text.split(","))
+    said = f"{option or 'identity'} {text!r}"
+    if any(len(part.split()) > 1 for part in parts):
+        fixed = ",".join(word for part in parts for word in part.split())
+        raise InvalidBatch(f"{said}: the fields are separated by commas, not spaces (a field "
+                           "whose name holds a space goes in a list: identity=[...]); write "
+                           + (f"{option} {fixed}" if option else f"identity={fixed!r}"))
+    if not text.strip() or not all(parts):
+        raise InvalidBatch(f"{said}: give field names separated by commas, e.g. "
+                           + (f"{option} task_id,case_id" if option else "'task_id,case_id'"))
+    return parts
+
+
+def normalize_identity(identity: Sequence[str] | str | None) -> Identity:
+    if isinstance(identity, Identity):
+        return identity
+    if identity is None:
+        return Identity(("task_id",), echo=True)
+    if isinstance(identity, str):
+        identity = parse_identity(identity)
+    if isinstance(identity, (set, frozenset, Mapping)) or not isinstance(identity, Iterable):
+        if not isinstance(identity, (set, frozenset)):
+            raise InvalidBatch(f"identity must be a list of task field names, got "
+                               f"{type(identity).__name__}")
+        # a set has no order of its own (it varies with the process's hash seed): without one,
+        # the request keys, and so every stored answer, would change on each restart
+        identity = sorted(identity, key=lambda f: (f != "task_id", str(f)))
+    fields = tuple(identity)
+    if not all(isinstance(f, str) and f for f in fields):
+        raise InvalidBatch(f"identity must name task fields as strings, got {identity!r}")
+    if "task_id" not in fields:
+        fields = ("task_id", *fields)
+    if len(set(fields)) != len(fields):
+        raise InvalidBatch(f"identity names a field twice: {fields!r}")
+    return Identity(fields)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One unit of evidence: a fixed group of tasks sent together, keyed by its content.
+
+    ``tasks_json`` is the canonical JSON array of the tasks, computed once: the request key,
+    the ledger row and the prompt's task block are all built from this one text.
+    """
+
+    key: str
+    tasks: tuple[dict, ...]
+    position: int
+    parent_key: str | None = None
+    tasks_json: str = field(default="", repr=False, compare=False)
+    task_ids: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    task_ids_json: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.tasks_json:
+            object.__setattr__(self, "tasks_json", _canonical(list(self.tasks)))
+        ids = tuple(t["task_id"] for t in self.tasks)
+        object.__setattr__(self, "task_ids", ids)
+        object.__setattr__(self, "task_ids_json", "[" + ",".join(map(_json_string, ids)) + "]")
+
+
+# The revision components that go into every request key besides its tasks. "source" is the
+# answer source; "unseen" moves judging no fingerprint fully sees past answers that no longer
+# pass (see _rejudge).
+KEY_COMPONENTS = ("schema", "validator", "instructions", "identity", "mode", "source", "unseen")
+# What keys answers of unknown source: receipts imported from another system (keyed with the
+# identity fields alone, no "+echoed").
+SOURCELESS_COMPONENTS = ("schema", "validator", "instructions", "identity", "mode")
+
+
+def key_content(components: Mapping[str, str]) -> dict[str, str]:
+    """The part of a revision's components that keys its requests: the one composition of key
+    content, for live runs, imports and the look-up of imported answers alike.
+
+    Components without an answer source (an import of another system's receipts) key by
+    :data:`SOURCELESS_COMPONENTS` with the identity fields alone: a live run computes that key
+    too (:func:`sourceless_content`), finds answers stored under it and
+    re-judges them under its own rules before reusing them.
+    """
+    if "source" in components:
+        return {k: components[k] for k in KEY_COMPONENTS if k in components}
+    out = {k: components[k] for k in SOURCELESS_COMPONENTS if k in components}
+    if "identity" in out:
+        out["identity"] = out["identity"].removesuffix(ECHOED)
+    return out
+
+
+def sourceless_content(components: Mapping[str, str]) -> dict[str, str]:
+    """The key content of the same content with its answer source unknown: the key an import
+    of it writes, which a live run looks up before asking (see :func:`key_content`)."""
+    return key_content({k: v for k, v in components.items() if k != "source"})
+
+
+def tasks_digest(task_list: Sequence[Mapping[str, Any]]) -> str:
+    """The ``tasks`` component of a revision: every task, in order."""
+    return sha(json.dumps(list(task_list), sort_keys=True, separators=(",", ":")))
+
+
+def compose_contents(task_list: Sequence[Mapping[str, Any]], schema: Any, validator: str,
+                     pack: int, instructions: str | None, ident: Identity, mode: str,
+                     source: str | None) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """(revision components, request-key content, seen content) of a run or an import.
+
+    A request key covers what the model saw (the seen content: wire schema, instructions, the
+    identity fields the prompt names, mode, answer source) and how its return is judged (schema
+    fingerprint, validator, identity rules); the tasks are spliced in per request. ``source``
+    None: the answer source is unknown (an imported receipt of another system).
+    """
+    components = {
+        "tasks": tasks_digest(task_list),
+        "schema": schema.fingerprint, "validator": validator, "pack": str(pack),
+        "instructions": sha(instructions or ""), "identity": ident.key, "mode": mode,
+    }
+    seen_content = {"wire": sha(_canonical(schema.json_schema)),
+                    "instructions": components["instructions"], "identity": ",".join(ident),
+                    "mode": mode}
+    if source is not None:
+        components["source"] = seen_content["source"] = source
+    return components, key_content(components), seen_content
+
+
+def revision_fingerprint(components: Mapping[str, str]) -> str:
+    """A revision's identity: the digest of all its components (tasks, schema, validator, pack,
+    instructions, identity, mode, source). Live runs and imports compute it alike."""
+    return sha(json.dumps(dict(components), sort_keys=True))
+
+
+def request_key(tasks: Sequence[Mapping[str, Any]], content: Mapping[str, str]) -> str:
+    """Hash of exact content: the tasks (prompts, contexts, identity values) plus fingerprints."""
+    return sha(_canonical({"tasks": list(tasks), **content}))
+
+
+def key_maker(content: Mapping[str, str]) -> Callable[[str], str]:
+    """:func:`request_key` as a function of the tasks' canonical JSON, for many requests.
+
+    Canonical JSON of a dict is its sorted ``"key":value`` pairs joined by commas, so the
+    content around the tasks is encoded once and the ready tasks text spliced in: the very
+    bytes :func:`request_key` hashes (a test holds the two equal).
+    """
+    members = sorted({"tasks": None, **content}.items())
+    where = [k for k, _ in members].index("tasks")
+    encoded = [f"{_canonical(k)}:{_canonical(v)}" for k, v in members]
+    head = "{" + "".join(part + "," for part in encoded[:where]) + '"tasks":'
+    tail = "".join("," + part for part in encoded[where + 1:]) + "}"
+    return lambda tasks_json: sha(head + tasks_json + tail)
+
+
+def pack_requests(tasks: Sequence[dict], pack: int, content: Mapping[str, str],
+                  texts: Sequence[str] | None = None) -> list[Request]:
+    """Group tasks ``pack`` at a time; ``texts`` are their canonical JSON, if already made."""
+    whole("pack", pack, 1)
+    if texts is None:
+        texts = [_canonical(t) for t in tasks]
+    key_of = key_maker(content)
+    out = []
+    for position, start in enumerate(range(0, len(tasks), pack)):
+        tasks_json = "[" + ",".join(texts[start:start + pack]) + "]"
+        out.append(Request(key_of(tasks_json), tuple(tasks[start:start + pack]), position,
+                           tasks_json=tasks_json))
+    return out
+
+
+def split_request(request: Request, content: Mapping[str, str]) -> list[Request]:
+    """Deterministic halving: the first half keeps the extra task on odd sizes."""
+    middle = (len(request.tasks) + 1) // 2
+    halves = (request.tasks[:middle], request.tasks[middle:])
+    key_of = key_maker(content)
+    out = []
+    for half in filter(None, halves):
+        tasks_json = _canonical(list(half))
+        out.append(Request(key_of(tasks_json), half, request.position, parent_key=request.key,
+                           tasks_json=tasks_json))
+    return out
+
+
+def render_items_prompt(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str],
+                        instructions: str | None, tasks_json: str | None = None) -> str:
+    """The user message for a packed request; tasks travel as one JSON block.
+
+    ``tasks_json``, when given, is the tasks' canonical JSON (a Request carries it).
+    """
+    lines = []
+    if instructions:
+        lines += [instructions.strip(), ""]
+    lines += [
+        f"Answer each of the {len(tasks)} task(s) below. Return only JSON of the form "
+        '{"items": [...]} with exactly one object per task, in any order. Copy these identity '
+        f"fields from the task unchanged into its object: {', '.join(identity)}.",
+        TASKS_BEGIN,
+        tasks_json if tasks_json is not None else _canonical([dict(t) for t in tasks]),
+        TASKS_END,
+    ]
+    return "\n".join(lines)
+
+
+def render_value_prompt(task: Mapping[str, Any]) -> str:
+    """The droste-style prompt: the caller's prompt, then its context if any."""
+    prompt = task["prompt"]
+    context = task.get("context")
+    if context is None:
+        return prompt
+    return f"{prompt}\n\nContext:\n{context}"
+
+
+def render_repair_prompt(prompt: str, raw: str, errors: Sequence[Mapping[str, Any]],
+                         limit: int = 4000) -> str:
+    """The original prompt plus the exact errors and the (truncated) previous return."""
+    listed = "\n".join(f"- {e.get('message', e)}" for e in errors[:50])
+    more = f"\n- ... and {len(errors) - 50} more" if len(errors) > 50 else ""
+    shown = raw if len(raw) <= limit else raw[:limit] + f"... [truncated, {len(raw)} chars]"
+    return (
+        f"{prompt}\n\nYour previous response was rejected. Errors:\n{listed}{more}\n"
+        f"Previous response:\n{shown}\n"
+        "Return only corrected JSON, with no markdown or explanation."
+    )
+
+
+def tasks_block(prompt: str) -> str | None:
+    """The JSON text of the tasks a rendered prompt carries (the loopback server reads it)."""
+    start = prompt.find(TASKS_BEGIN)
+    end = prompt.find(TASKS_END, start + 1) if start >= 0 else -1
+    if start < 0 or end < 0:
+        return None
+    return prompt[start + len(TASKS_BEGIN):end]

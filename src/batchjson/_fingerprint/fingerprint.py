@@ -1,0 +1,153 @@
+"""Content fingerprints for validators, answer sources and data.
+
+An RLM engine keys evidence on validator *object identity*, so a cell re-executed after an error
+defines a new function object and orphans the evidence recorded under the old one. batchjson keys
+validators by *content*: code, defaults, closure values, referenced globals, the module attributes
+the code reads (``cfg.THRESHOLD``), the files it reads at a constant path (``rules.json``, read
+anew each time), classes with all their attributes, pydantic models by their core schema and
+validators, and library objects by what they hold. The same content gives the same digest, in
+this process or any other, wherever it was defined. What cannot be seen is said: ``by_identity``
+(compared by object identity) and ``unseen`` (``globals()["X"]``, ``eval``, a file read at a
+computed path).
+
+Two views: :func:`fingerprint_function` sees everything that decides acceptance, mutable state
+included; :func:`fingerprint_callable` keys an answer source by its code and the immutable values
+it reads only, so a stub that counts its calls keeps one key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from .. import _canon as canon
+from .._canon import Unhashable, canonical_json, content_hash
+from .describe import describe_changes
+from .policy import JUDGING, SOURCE, Policy
+from .walker import Node, Walker
+
+__all__ = ["Fingerprint", "Unhashable", "canonical_json", "content_hash", "describe_changes",
+           "fingerprint_callable", "fingerprint_function", "model_fingerprint",
+           "unwrap_callable"]
+
+_digest = canon.digest
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """Content identity of a callable: equal digests mean interchangeable code.
+
+    ``by_identity`` lists values compared by object identity (pinned: kept alive so their ids
+    cannot be reused while this fingerprint exists), which makes the digest valid in this process
+    only (not ``stable``); ``unseen`` lists what the code reads that no fingerprint can see
+    (``globals()``, ``eval``), which makes it ``partial``: equal digests may then hide different
+    behaviour.
+    """
+
+    digest: str
+    by_identity: tuple[str, ...] = ()
+    parts: tuple[tuple[str, str], ...] = ()
+    unseen: tuple[str, ...] = ()
+    details: tuple[tuple[str, str], ...] = field(default=(), repr=False, compare=False)
+    _pins: tuple[Any, ...] = field(default=(), repr=False, compare=False)
+
+    @property
+    def stable(self) -> bool:
+        """True when the digest means the same thing in every process."""
+        return not self.by_identity
+
+    @property
+    def partial(self) -> bool:
+        """True when part of what the code reads could not be seen at all."""
+        return bool(self.unseen)
+
+    @property
+    def short(self) -> str:
+        return self.digest[:12]
+
+
+def _is_data(obj: Any) -> bool:
+    """Values canon encodes itself; anything else is an object the walker reads."""
+    return isinstance(obj, (*canon.SCALARS, list, dict, tuple, set, frozenset, enum.Enum,
+                            BaseModel)) or (dataclasses.is_dataclass(obj)
+                                            and not isinstance(obj, type))
+
+
+def unwrap_callable(fn: Any) -> Any:
+    """The function under partials and bound methods (bounded, in case of odd nesting)."""
+    for _ in range(16):
+        if isinstance(fn, functools.partial):
+            fn = fn.func
+        elif isinstance(fn, types.MethodType):
+            fn = fn.__func__
+        else:
+            break
+    return fn
+
+
+def _fingerprint(obj: Any, policy: Policy) -> Fingerprint:
+    walker = Walker(policy)
+    if callable(obj) or not _is_data(obj):
+        try:
+            node = walker.node(obj)
+        except Exception:  # an object that raises when read (a hostile __getattribute__)
+            walker = Walker(policy)
+            parts = (("self", walker.by_identity(obj, "")),)
+            node = Node(_digest("batchjson:fp:1", ["opaque", list(parts)]), parts, ("",),
+                        (), ())
+    else:  # a plain value: by content (for a source, immutable content only)
+        parts = (("value", walker.ref(obj, "value")),)
+        node = Node(_digest("batchjson:fp:1", ["value", list(parts)]), parts,
+                    tuple(walker.identity), tuple(walker.unseen), tuple(walker.details))
+    unseen = tuple(dict.fromkeys(f"{path}: {what}" if path else what
+                                 for path, what in node.unseen))
+    digest = _digest(policy.namespace, node.digest) if policy.namespace else node.digest
+    return Fingerprint(digest, tuple(dict.fromkeys(node.by_identity)), node.parts, unseen,
+                       node.details, tuple(walker.pins))
+
+
+def fingerprint_function(fn: Callable[..., Any]) -> Fingerprint:
+    """Content fingerprint of a validator: everything that decides what it accepts.
+
+    Code, defaults, closure, referenced globals and module attributes, the content of files read
+    at a constant path (read again at every call), classes with every attribute, pydantic models
+    by core schema, instances and library objects by content. The
+    same function defined in another cell, file or line, or in another process, gets the same
+    digest; values that cannot be content-hashed are compared by identity (``by_identity``),
+    dynamic lookups are listed in ``unseen``.
+    """
+    if not callable(fn):
+        raise TypeError(f"expected a callable, got {type(fn).__qualname__}")
+    return _fingerprint(fn, JUDGING)
+
+
+def fingerprint_callable(obj: Any) -> Fingerprint:
+    """Key of an answer source (a provider's answer function, a subcall object).
+
+    Keyed by code (bytecode, constants, defaults, the code of the functions and classes it uses)
+    and the immutable values it reads (str, numbers, tuples, frozensets, enums, frozen
+    dataclasses and models), including the configuration of its own objects (attributes set up
+    in ``__init__``, like ``self.model``). Never by mutable state: lists, dicts, sets and other
+    mutable values count by type only, and attributes, globals and closure cells the code
+    assigns while serving calls (``self.calls += 1``, ``global COUNT``, ``nonlocal n``) are left
+    out, as are random generators, locks and library objects' state. A stub that counts its
+    calls keeps one key. Digests never equal a :func:`fingerprint_function` digest.
+    """
+    return _fingerprint(obj, SOURCE)
+
+
+def model_fingerprint(model: type[BaseModel], json_schema: dict[str, Any],
+                      fp: Fingerprint | None = None) -> str:
+    """Fingerprint of a pydantic answer schema: the JSON schema the model is shown plus the
+    whole class (validators, Annotated constraints, nested models, config); ``fp`` is the
+    class's :func:`fingerprint_function`, if already made."""
+    fp = fp or fingerprint_function(model)
+    return _digest("batchjson:model:1", [f"{model.__module__}.{model.__qualname__}",
+                                         canonical_json(json_schema), fp.digest])

@@ -1,0 +1,330 @@
+"""Call and cost budgets: validated up front, reserved at worst case before a call, settled after.
+
+A cost is known only after a call returns, so each call first reserves its worst case and settles
+to the real cost when the reply arrives. The worst case is a sound upper bound, not an estimate:
+the call's input bound (the UTF-8 bytes of everything it sends plus the provider's documented
+fixed overhead, :func:`~batchjson._providers.base.input_bound`: a byte-level BPE tokenizer never
+makes more tokens than bytes, whatever the script) plus its output ceiling (``max_tokens``), at
+the model's prices. Reservations of every run and thread of a session share one :class:`Tally`,
+so a cost budget holds at any concurrency and in any language.
+
+The bound holds only if the server holds the output ceiling. One that bills more (it ignores
+``max_completion_tokens``, or answers with a pricier model) can make a call cost more than its
+reservation; then the real cost is what is charged, and no further call is opened under the
+budget (its worst case is no bound any more). Until a session's first call has settled, a
+run sends that call alone, so such a server is found out by one call, not by a whole round of
+concurrent ones.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .._errors import BudgetExceeded, ConfigError, InvalidBatch
+from .._money import cost_value
+from .._providers.base import declared_output_cap
+
+
+def _calls_value(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidBatch(f"budget calls must be a whole number >= 0 (or None for no limit), "
+                           f"got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A session's ceiling: ``calls`` and/or ``cost`` (USD); None means unlimited."""
+
+    calls: int | None = None
+    cost: float | None = None
+
+    def __post_init__(self) -> None:
+        """A bad budget is refused here, before anything can be spent under it."""
+        object.__setattr__(self, "calls", _calls_value(self.calls))
+        object.__setattr__(self, "cost", cost_value(self.cost))
+
+    @classmethod
+    def of(cls, value: Budget | Mapping[str, Any] | int | None) -> Budget:
+        if value is None:
+            return cls()
+        if isinstance(value, Budget):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            return cls(calls=value)
+        if isinstance(value, Mapping):
+            unknown = set(value) - {"calls", "cost"}
+            if unknown:
+                raise InvalidBatch(f"budget has unknown keys {sorted(unknown)}; use calls= and "
+                                   "cost=")
+            return cls(calls=value.get("calls"), cost=value.get("cost"))
+        raise InvalidBatch(f"budget must be Budget(calls=, cost=), a dict or an int, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """What a cost budget needs to know of the provider: USD per million tokens, and the most
+    output tokens one call may bill (its ``max_tokens``; None when the provider sets none)."""
+
+    model: str | None
+    input: float | None
+    output: float | None
+    max_output_tokens: int | None = None
+    cache_write: float = 0.0  # an input token written to a prompt cache may cost more (Anthropic)
+
+    @property
+    def priced(self) -> bool:
+        return self.input is not None and self.output is not None
+
+    def worst_case(self, input_bound: int) -> float:
+        """The most one call can cost: its input bound at the dearest input rate plus a full
+        answer at the output price."""
+        return ((input_bound * max(self.input or 0.0, self.cache_write))
+                + (self.max_output_tokens or 0) * (self.output or 0.0)) / 1e6
+
+    def floor(self, input_tokens: int) -> float | None:
+        """An estimate of the least one sent call costs: its estimated input at the input price
+        (None if unpriced)."""
+        return None if self.input is None else input_tokens * self.input / 1e6
+
+    def cost(self, input_tokens: int | None, output_tokens: int | None) -> float | None:
+        if not self.priced or input_tokens is None or output_tokens is None:
+            return None
+        return (input_tokens * (self.input or 0.0) + output_tokens * (self.output or 0.0)) / 1e6
+
+
+def pricing_of(provider: Any) -> Pricing:
+    """Ask the provider for its prices (``price_for_budget()``) and its output ceiling: its
+    ``max_tokens``, else ``max_completion_tokens`` / ``max_tokens`` in its ``extra_body``."""
+    model = getattr(provider, "model", None)
+    ask = getattr(provider, "price_for_budget", None)
+    price = ask() if callable(ask) else None
+    cap = declared_output_cap(provider)
+    if price is None:
+        return Pricing(model, None, None, cap)
+    write = getattr(price, "cache_write", None)
+    return Pricing(model, float(price.input), float(price.output), cap,
+                   float(write) if write is not None else 0.0)
+
+
+def usd(amount: float) -> str:
+    """Dollars as a budget message shows them: cents from $1, else at least six decimals and
+    three significant digits, so a tiny amount never reads as $0."""
+    if amount >= 1:
+        return f"${amount:,.2f}"
+    if amount <= 0:
+        return "$0"
+    if amount < 1e-12:
+        return f"${amount:.3g}"
+    places = max(6, 2 - math.floor(math.log10(amount)))
+    return f"${amount:.{places}f}".rstrip("0").rstrip(".")
+
+
+class Tally:
+    """What a session has spent, charged call by call by every run (and thread) using it.
+
+    ``reserved`` holds the worst-case cost of calls not yet settled; ``cost`` the settled ones
+    (a call whose cost is unknown is charged its worst case). ``overrun`` is what calls billed
+    beyond their reservations under a cost budget, and ``unbounded`` says why: once set, the
+    cost budget opens no further call.
+    """
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.cost = 0.0
+        self.reserved = 0.0
+        self.settled = 0
+        self.overrun = 0.0
+        self.unbounded: str | None = None
+        self.lock = threading.Lock()
+
+
+def charge_of(reserved: float, cost: float | None) -> float:
+    """What a settled call is charged: its cost, or its worst case when that is unknown."""
+    if cost is None or not math.isfinite(cost) or cost < 0:
+        return reserved
+    return cost
+
+
+class Spender:
+    """What one run may still spend, against its max_calls and the session's budget.
+
+    Each reserved call is charged to the session's ``tally`` at once, so a run that is
+    interrupted or fails still counts, and concurrent runs share one budget. ``shared`` is the
+    ledger's own budget when it has one (``store_budget.py``): then every call's worst case is
+    computed, for the ledger to reserve beside the claim.
+    """
+
+    def __init__(self, max_calls: int | None, budget: Budget, tally: Tally,
+                 pricing: Pricing | None = None, *,
+                 shared: Mapping[str, Any] | None = None) -> None:
+        self.max_calls = max_calls
+        self.budget = budget
+        self.shared = shared
+        self.calls = 0
+        self.outstanding = 0  # this run's reservations not yet settled or released
+        self.on_settle: Callable[[], None] | None = None
+        self._tally = tally
+        self.pricing = pricing or Pricing(None, None, None)
+        if not self.costed:
+            return
+        name = self.pricing.model or "this provider's model"
+        what = "a cost budget" if budget.cost is not None else "the ledger's cost budget"
+        if not self.pricing.priced:
+            raise ConfigError(
+                f"{what} needs the model's price, and {name!r} has none, so its spend "
+                "could not be held; nothing was spent. Set a price (USD per million tokens) "
+                f"with batchjson.set_prices({{{name!r}: {{'input': ..., "
+                "'output': ...}}) or the provider's prices= argument, or use a calls budget.")
+        if self.pricing.max_output_tokens is None:
+            raise ConfigError(
+                f"{what} needs each call's output ceiling, and {name!r} is called "
+                "without one, so a single answer could bill any number of tokens; nothing was "
+                "spent. Set max_tokens: CallableProvider(..., max_tokens=N), "
+                "AnthropicProvider(max_tokens=N), OpenAIProvider(extra_body="
+                "{'max_completion_tokens': N}), or use a calls budget.")
+
+    @property
+    def costed(self) -> bool:
+        """Whether each call's worst case is reserved: under a cost budget, the session's or
+        the ledger's."""
+        return self.budget.cost is not None or self.shared is not None
+
+    def remaining_calls(self) -> int | None:
+        limits = []
+        if self.max_calls is not None:
+            limits.append(self.max_calls - self.calls)
+        if self.budget.calls is not None:
+            limits.append(self.budget.calls - self._tally.calls)
+        return max(0, min(limits)) if limits else None
+
+    def refuse_if_short(self, needed: int,
+                        cheapest: Callable[[float], float | None] | None = None) -> None:
+        """Refuse before spending when the calls budget cannot cover ``needed`` calls, or when
+        not even the cheapest next call fits in what the cost budget has left.
+        ``cheapest(left)`` is the worst case of a call that fits in ``left`` if there is one,
+        else the least worst case of any (None: nothing to send)."""
+        remaining = self.remaining_calls()
+        if remaining is not None and needed > remaining:
+            raise BudgetExceeded(needed, remaining)
+        if self.shared is not None and needed and cheapest is not None:
+            # what calls in flight on other hosts hold may come back: only what is spent counts
+            room = self.shared["cost"] - self.shared["spent"]
+            worst = cheapest(room)
+            if worst is not None and worst > room:
+                raise BudgetExceeded(needed, 0, one_call=worst, message=(
+                    f"budget refused: one call may cost up to {usd(worst)}, and the ledger's "
+                    f"cost budget of {usd(self.shared['cost'])} has {usd(self.shared['left'])} "
+                    f"left ({usd(self.shared['spent'])} spent, {usd(self.shared['reserved'])} "
+                    "held by calls in flight on every host); raise it with batchjson budget "
+                    "--cost USD; nothing was spent."))
+        if self.budget.cost is None or not needed or cheapest is None:
+            return
+        if self._tally.unbounded is not None:
+            raise BudgetExceeded(needed, 0, message=(
+                f"budget refused: {self._tally.unbounded}; nothing was spent."))
+        left = self.budget.cost - self._tally.cost - self._tally.reserved
+        worst = cheapest(left)
+        if worst is not None and worst > left:
+            raise self.too_small(worst, needed)
+
+    def too_small(self, worst: float, needed: int) -> BudgetExceeded:
+        """The refusal for a call whose worst case does not fit in what is left."""
+        spent = self._tally.cost + self._tally.reserved
+        held = f" (of which {usd(spent)} is spent or held by calls in flight)" if spent else ""
+        return BudgetExceeded(needed, 0, one_call=worst, message=(
+            f"budget refused: one call may cost up to {usd(worst)} (its input, counted as "
+            f"the bytes it sends, plus max_tokens={self.pricing.max_output_tokens} of output at "
+            f"{self.pricing.model or 'the model'}'s prices); the budget is "
+            f"{usd(self.budget.cost or 0.0)}{held}. Raise the cost budget, lower max_tokens or "
+            "pack fewer tasks per call; nothing was spent."))
+
+    def shortfall(self, input_bound: int) -> str:
+        """Why a call of ``input_bound`` input tokens cannot be reserved, in words."""
+        remaining = self.remaining_calls()
+        if remaining is not None and remaining <= 0:
+            return "no calls left"
+        if self._tally.unbounded is not None:
+            return self._tally.unbounded
+        left = max(0.0, (self.budget.cost or 0.0) - self._tally.cost - self._tally.reserved)
+        return (f"one call for it may cost up to {usd(self.pricing.worst_case(input_bound))} "
+                f"and the cost budget has {usd(left)} left")
+
+    def reserve(self, input_bound: int) -> float | None:
+        """Take one call (and its worst-case cost) from the budget; None when it cannot fit."""
+        worst = self.pricing.worst_case(input_bound) if self.costed else 0.0
+        with self._tally.lock:
+            remaining = self.remaining_calls()
+            if remaining is not None and remaining <= 0:
+                return None
+            if self.shared is not None and self._tally.unbounded is not None:
+                return None  # a call billed beyond its worst case: no bound holds any more
+            if self.budget.cost is not None and (
+                    self._tally.unbounded is not None
+                    or (self.outstanding and not self._tally.settled)  # the first goes alone
+                    or self._tally.cost + self._tally.reserved + worst > self.budget.cost):
+                return None
+            self.calls += 1
+            self.outstanding += 1
+            self._tally.calls += 1
+            self._tally.reserved += worst
+            return worst
+
+    def release(self, reserved: float) -> None:
+        """A reserved call was never sent: it costs nothing and is not a call."""
+        with self._tally.lock:
+            self.calls -= 1
+            self.outstanding -= 1
+            self._tally.calls -= 1
+            self._tally.reserved -= reserved
+        self._settled()
+
+    def settle(self, reserved: float, cost: float | None, why: Callable[[], str] | None = None
+               ) -> float:
+        """Replace a call's reservation by its real cost; an unknown cost keeps the worst case.
+
+        Under a cost budget, returns what the call billed beyond its reservation (0.0 within
+        it); then ``why()`` (what the reply says of the overrun) stops the budget opening calls.
+        """
+        cost = charge_of(reserved, cost)
+        beyond = (cost - reserved if self.costed
+                  and cost > reserved * (1 + 1e-9) else 0.0)  # float noise is no overrun
+        with self._tally.lock:
+            self.outstanding -= 1
+            self._tally.settled += 1
+            self._tally.reserved -= reserved
+            self._tally.cost += cost
+            if beyond:
+                self._tally.overrun += beyond
+                if self._tally.unbounded is None:
+                    self._tally.unbounded = (
+                        f"a call billed {usd(cost)}, {usd(beyond)} beyond the {usd(reserved)} "
+                        f"reserved for it{f' ({why()})' if why else ''}, so the provider does "
+                        "not hold the output ceiling or the price a cost budget reserves by, "
+                        "and no further call is opened under it. Use a server that honours "
+                        "the ceiling (some read only max_tokens), check the model's price, or "
+                        "use a calls budget")
+        self._settled()
+        return beyond
+
+    def _settled(self) -> None:
+        if self.on_settle is not None:
+            self.on_settle()
+
+    @property
+    def stopped(self) -> str | None:
+        """Why the cost budget opens no further call, once a call billed beyond its
+        reservation (None while reservations hold)."""
+        return self._tally.unbounded if self.costed else None
+
+    @property
+    def waiting_on_reservations(self) -> bool:
+        """True when this run's reserved calls may settle below their reservation and so free
+        cost budget for another call."""
+        return self.costed and self.outstanding > 0

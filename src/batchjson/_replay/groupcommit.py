@@ -1,0 +1,129 @@
+"""Group commit: ledger writes from concurrent calls share one transaction per loop turn.
+
+Sixty-four calls finishing together would otherwise pay sixty-four commits on the event
+loop. Each write still runs whole or not at all, and its caller resumes only after the
+transaction holding it has committed, so "receipt before call" and "accepted attempt and
+checkpoint together" hold exactly as with one transaction per write.
+
+If one write fails on its own (a bug in that write), the group is undone and each write runs again
+in a transaction of its own. If the ledger itself fails (disk full, I/O error, read-only file,
+locked past the busy timeout) every queued write fails with that LedgerError, and so does every
+later one: the run stops before any further call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from .._errors import LedgerError
+from .._ledger.store import Store
+
+Op = Callable[[Any], Any]  # a write: given the store's open transaction, it runs there
+Outcome = tuple[asyncio.Future | None, Any, BaseException | None]
+
+
+class GroupCommit:
+    """Queue ledger operations; commit them together on the next turn of the event loop."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._pending: list[tuple[Op, asyncio.Future | None]] = []
+        self._failures: list[BaseException] = []  # every failed write, awaited or not
+        self._scheduled = False
+        self.broken: LedgerError | None = None
+        self.flushes = 0
+
+    def submit(self, op: Op) -> asyncio.Future:
+        """Queue a write; ``raise_failures`` reports it if it fails and nobody awaits it."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        if self.broken is not None:  # the ledger failed: nothing more is written or sent
+            future.set_exception(self.broken)
+            future.exception()
+            return future
+        self._pending.append((op, future))
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._flush)
+        return future
+
+    def queue(self, op: Op) -> None:
+        """Queue a write nobody waits for (a record of a judged return, a released claim): no
+        future is made for it; ``raise_failures`` reports it if it fails."""
+        if self.broken is not None:
+            self._failures.append(self.broken)
+            return
+        self._pending.append((op, None))
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    async def run(self, op: Op) -> Any:
+        """Queue a write and wait until the transaction holding it has committed."""
+        return await self.submit(op)
+
+    def flush_now(self) -> None:
+        """Commit whatever is queued, now (the run is ending or unwinding)."""
+        self._flush()
+
+    def raise_failures(self) -> None:
+        """Raise the ledger's failure, else the first write that failed: a run never ends as if
+        its records were kept."""
+        failures, self._failures = self._failures, []
+        if self.broken is not None:
+            raise self.broken
+        if failures:
+            raise failures[0]
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        batch, self._pending = self._pending, []
+        live = [(op, fut) for op, fut in batch  # a cancelled waiter's write never runs
+                if fut is None or not fut.cancelled()]
+        if not live:
+            return
+        try:
+            outcomes = self._together(live)
+        except LedgerError as exc:
+            self.broken = exc
+            outcomes = [(fut, None, exc) for _, fut in live]
+        except Exception:  # one write failed: undo them all, then run each on its own
+            outcomes = self._one_by_one(live)
+        self.flushes += 1
+        for fut, result, error in outcomes:
+            if error is not None:
+                self._failures.append(error)
+            if fut is None or fut.done():
+                continue
+            if error is None:
+                fut.set_result(result)
+            else:
+                fut.set_exception(error)
+                fut.exception()  # reported by raise_failures, not as "never retrieved"
+
+    def _together(self, live: list[tuple[Op, asyncio.Future | None]]) -> list[Outcome]:
+        """The common case: every write in one transaction, no per-write savepoints. The
+        outcomes are handed out only after COMMIT has returned."""
+        with self._store.call_transaction() as db:
+            results = [op(db) for op, _ in live]
+        return [(fut, result, None) for (_, fut), result in zip(live, results, strict=True)]
+
+    def _one_by_one(self, live: list[tuple[Op, asyncio.Future | None]]) -> list[Outcome]:
+        """After a failure: each write whole or not at all, in a transaction of its own."""
+        outcomes: list[Outcome] = []
+        for op, fut in live:
+            if self.broken is not None:
+                outcomes.append((fut, None, self.broken))
+                continue
+            try:
+                with self._store.call_transaction() as db:
+                    result = op(db)
+                outcomes.append((fut, result, None))
+            except LedgerError as exc:
+                self.broken = exc
+                outcomes.append((fut, None, exc))
+            except Exception as exc:  # this write alone failed and is reported to its caller
+                outcomes.append((fut, None, exc))
+        return outcomes

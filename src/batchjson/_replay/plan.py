@@ -1,0 +1,74 @@
+"""What one run of one batch revision is asked to do, and what it reports back."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._content.schema import ItemSchema
+
+
+@dataclass
+class Plan:
+    """Everything fixed for one run of one batch revision."""
+
+    batch_id: int
+    revision_id: int
+    mode: str
+    identity: tuple[str, ...]
+    schema: ItemSchema
+    validator: Callable[[Any, Mapping[str, Any]], Any] | None
+    instructions: str | None
+    content: Mapping[str, str]
+    repairs: int
+    replays: int
+    split: bool
+    max_split_depth: int = 4
+    source: str | None = None  # the provider's answer source, written on every receipt
+
+
+@dataclass
+class Transport:
+    """How provider failures are retried: bounded, with backoff, honouring Retry-After."""
+
+    retries: int = 3
+    timeout: float = 120.0
+    backoff_initial: float = 0.5
+    backoff_max: float = 20.0
+
+
+@dataclass
+class Outcome:
+    """Counters and per-task errors of one run; the values themselves live in the ledger."""
+
+    calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: float | None = 0.0
+    accepted_returns: int = 0
+    rejected_returns: int = 0
+    provider_errors: int = 0
+    repairs_made: int = 0
+    taken_from_ledger: int = 0  # requests another runner resolved while this run waited
+    stopped: str | None = None  # why the run stopped opening calls early, if it did
+    overrun: float = 0.0  # USD this run's calls billed beyond their cost-budget reservations
+    attempts_by_task: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+def system_prompt(plan: Plan) -> str:
+    """Built once per run: the answer schema, and the envelope every return must use."""
+    answer = json.dumps(plan.schema.json_schema, sort_keys=True)
+    if plan.mode == "value":
+        return ("Respond with only a JSON value, no markdown or explanation, matching this JSON "
+                f"Schema: {answer}")
+    return ('Respond with only JSON, no markdown or explanation: {"items": [...]} with exactly '
+            "one object per task. Each object copies the task's identity fields ("
+            f"{', '.join(plan.identity)}) unchanged and answers with fields matching this JSON "
+            f"Schema: {answer}")

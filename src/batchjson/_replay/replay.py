@@ -1,0 +1,368 @@
+"""The bounded in-cell replay loop: resolve each request or give up within a fixed allowance.
+
+Per failing request: up to ``repairs`` repair calls (original prompt + exact errors + raw return),
+then up to ``replays`` exact fresh replays, then, with ``split``, deterministic halving. Transport
+failures get their own receipts and backoff, and never count as repairs.
+
+A pool of ``concurrency`` workers takes requests from one queue. For every call a worker reserves
+its worst-case cost, claims the request and commits the in-flight receipt (the group commit
+batches these writes across workers), and only then sends. A request another runner holds is set
+aside and waited for at the end; its accepted result is read from the ledger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from types import SimpleNamespace
+from typing import Any
+
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
+from tenacity.wait import wait_exponential, wait_random
+
+from .._acceptance import judge as acceptance
+from .._content.tasks import (
+    Request,
+    render_repair_prompt,
+    split_request,
+)
+from .._errors import LedgerError, ProviderError
+from .._ledger import Ledger
+from .._ledger.claims import Owner
+from .._providers.masking import public_url
+from .budget import Spender
+from .calls import CallSteps, Held, OutOfBudget, Resolved, Stopped, first_prompt
+from .groupcommit import GroupCommit
+from .plan import Outcome, Plan, Transport, system_prompt
+
+Item = tuple[Request, int, "str | None"]  # a queued request, its split depth, its first kind
+
+
+class Replayer(CallSteps):
+    """Drives every unresolved request of a plan concurrently through provider and acceptance."""
+
+    def __init__(self, plan: Plan, ledger: Ledger, provider: Any, spender: Spender,
+                 transport: Transport, concurrency: int,
+                 on_progress: Callable[[int], None] | None = None, *,
+                 session_id: str = "session") -> None:
+        self.plan = plan
+        self.store = ledger.store
+        self.provider = provider
+        self.spender = spender
+        self.transport = transport
+        self.concurrency = concurrency
+        self.on_progress = on_progress
+        self.session_id = session_id
+        self.outcome = Outcome()
+        self._attempts: dict[str, int] = {}
+        self.writes = GroupCommit(self.store)
+        # initial * 2**(n-1) plus up to `initial` of jitter, capped below in _delay: written with
+        # strategies every tenacity since 8 has (rlm's google-genai pins tenacity below 9.2)
+        self._backoff = (wait_exponential(multiplier=transport.backoff_initial,
+                                          max=transport.backoff_max)
+                         + wait_random(0, transport.backoff_initial))
+        self._system = system_prompt(plan)
+        self._provider_name = getattr(provider, "name", type(provider).__name__)
+        self._model = getattr(provider, "model", None)
+        # A provider whose own client timeout is at least as tight bounds every call already;
+        # a second asyncio timer per call would only cost time.
+        own = getattr(provider, "timeout", None) if getattr(provider, "enforces_timeout",
+                                                              False) else None
+        self._needs_timer = not (isinstance(own, (int, float)) and own <= transport.timeout)
+        self._stop: BaseException | None = None  # why no new call may be opened
+        self._fatal: BaseException | None = None  # raised by run() once everything unwound
+        self._reachable: asyncio.Event | None = None
+        self._prober: str | None = None  # the request whose retries probe an unreachable host
+        self._settled: asyncio.Event | None = None
+        self._workers: list[asyncio.Future] = []
+
+    async def run(self, requests: list[Request]) -> Outcome:
+        """Drive every request with ``concurrency`` workers; each takes the next request as soon
+        as its previous one is resolved or given up."""
+        self.owner = Owner.start(self.session_id)
+        self._attempts = self.store.attempt_counts([r.key for r in requests])
+        self.store.reap()  # runners that are gone give up their claims before we start
+        self._queue: deque[Item] = deque((r, 0, None) for r in requests)
+        self._held: list[Item] = []
+        self._active = 0
+        self._poll = 0.05
+        self._polling = False
+        self._next_sweep = 0.0  # when the queue may next be checked against the ledger
+        self._changed = asyncio.Event()
+        self._reachable = asyncio.Event()
+        self._reachable.set()
+        self._settled = asyncio.Event()
+        self.spender.on_settle = self._settled.set
+        # Splitting can turn one request into many: with split on, size the pool for tasks.
+        work = sum(len(r.tasks) for r in requests) if self.plan.split else len(requests)
+        workers = [asyncio.ensure_future(self._worker()) for _ in range(min(self.concurrency,
+                                                                             work))]
+        self._workers = workers
+        lease = asyncio.ensure_future(self._renew())
+        try:
+            await asyncio.gather(*workers)
+        except asyncio.CancelledError:
+            if self._fatal is None:
+                raise  # interrupted from outside; a ledger failure is raised below instead
+        finally:
+            for worker in workers:
+                worker.cancel()
+            # Let cancelled workers close their receipts before the run returns.
+            await asyncio.wait(workers)
+            lease.cancel()
+            self.writes.queue(lambda tx: self.store.release_claims(tx, self.owner))
+            self.writes.flush_now()  # whatever was judged is committed before we return
+            self.owner.stop()
+        if self._fatal is not None:
+            raise self._fatal
+        try:
+            self.writes.raise_failures()
+        except LedgerError:
+            raise
+        except Exception as exc:  # a write that failed on its own: still a lost record
+            raise LedgerError("a record of this run could not be written",
+                              path=self.store.where, cause=exc) from exc
+        return self.outcome
+
+    async def _renew(self) -> None:
+        """Keep this run's claims alive while it runs."""
+        while True:
+            await asyncio.sleep(self.store.lease_seconds / 3)
+            self.writes.queue(lambda tx: self.store.renew_claims(tx, self.owner))
+
+    async def _worker(self) -> None:
+        while self._stop is None:
+            if self._queue:
+                item = self._queue.popleft()
+            elif self._active or self._polling:
+                self._changed.clear()
+                await self._changed.wait()
+                continue
+            elif self._held:
+                await self._wait_for_held()
+                continue
+            else:
+                return
+            self._active += 1
+            try:
+                await self._drive(*item)
+            finally:
+                self._active -= 1
+                self._changed.set()
+
+    async def _wait_for_held(self) -> None:
+        """Everything else is done: look again at requests other runners hold, after a pause
+        that grows while nothing changes (50 ms to 250 ms; a look is one read). Those accepted
+        meanwhile are read from the ledger; those no live runner holds any more (released, or
+        their holder gone: taken over) are queued again."""
+        self._polling = True
+        try:
+            await asyncio.sleep(self._poll)
+            done, held = self.store.taken([item[0].key for item in self._held], self.owner)
+            still = [item for item in self._held if item[0].key in held]
+            self._poll = min(self._poll * 1.5, 0.25) if len(still) == len(self._held) else 0.05
+            for item in self._held:
+                if item[0].key in done:
+                    self._resolved(item[0])
+                elif item[0].key not in held:
+                    self._queue.append(item)
+            self._held = still
+        finally:
+            self._polling = False
+            self._changed.set()
+
+    # -- one request -----------------------------------------------------------------------
+    def _first_kind(self, request: Request, first_kind: str | None) -> str:
+        return first_kind or ("initial" if self._attempts.get(request.key, 0) == 0 else "replay")
+
+    async def _drive(self, request: Request, depth: int, first_kind: str | None = None) -> None:
+        plan = self.plan
+        prompt = first_prompt(self.plan, request)
+        kind = self._first_kind(request, first_kind)
+        repairs_left, replays_left = plan.repairs, plan.replays
+        try:
+            verdict, raw = await self._attempt(request, kind, prompt)
+            while not verdict.accepted:
+                if verdict.errors and not verdict.repairable and raw is not None:
+                    break  # a validator crash: reported, never retried
+                if raw is None and not all(e.get("retryable", True) for e in verdict.errors):
+                    break  # 400/401/403/404: asking again cannot help
+                if raw is not None and verdict.repairable and repairs_left > 0:
+                    repairs_left -= 1
+                    self.outcome.repairs_made += 1
+                    verdict, raw = await self._attempt(
+                        request, "repair", render_repair_prompt(prompt, raw, verdict.errors))
+                elif replays_left > 0:
+                    replays_left -= 1
+                    verdict, raw = await self._attempt(request, "replay", prompt)
+                elif plan.split and len(request.tasks) > 1 and depth < plan.max_split_depth:
+                    self._release(request)
+                    return self._split(request, depth)
+                else:
+                    break
+        except Held:
+            self._held.append((request, depth, first_kind))
+            self._sweep()
+            return
+        except Resolved:
+            self._resolved(request)
+            self._sweep()
+            return
+        except OutOfBudget as short:
+            self._release(request)
+            self._fail(request, [{"type": "budget_exhausted", "task_id": None,
+                                  "message": "the budget ran out before this request "
+                                  f"was resolved ({short})"}])
+            self._progress(request)
+            return
+        except Stopped:
+            self._release(request)
+            return
+        if not verdict.accepted:  # an accepted request's claim goes with the run's release
+            self._release(request)
+        self._progress(request)
+        if verdict.accepted:
+            for task_id in request.task_ids:
+                self.outcome.errors.pop(task_id, None)
+            return
+        self._fail(request, verdict.errors, raw)
+        crash = next((e for e in verdict.errors if e.get("type") == "validator_error"), None)
+        if crash is not None and self._stop is None:
+            self._stop = Stopped(_first_line(crash))
+            self.outcome.stopped = (f"the validator crashed ({_first_line(crash)}); no further "
+                                    "calls were opened. Fix the validator and re-run.")
+
+    def _sweep(self) -> None:
+        """Another runner works on this content too: take out of the queue, with one read and
+        no write, what the ledger says is accepted (resolved) or claimed by another runner
+        (held, looked at again later), at most five times a second, and go on from a random
+        place in the queue, so runners do not walk it in step."""
+        now = time.monotonic()
+        if now < self._next_sweep or not self._queue:
+            return
+        self._next_sweep = now + 0.2
+        self._queue.rotate(-random.randrange(len(self._queue)))
+        done, held = self.store.taken([item[0].key for item in self._queue], self.owner)
+        waiting: deque[Item] = deque()
+        for item in self._queue:
+            if item[0].key in done:
+                self._resolved(item[0])
+            elif item[0].key in held:
+                self._held.append(item)
+            else:
+                waiting.append(item)
+        self._queue = waiting
+
+    def _release(self, request: Request) -> None:
+        owner = self.owner
+        self.writes.queue(lambda tx: self.store.release_claim(tx, request.key, owner))
+
+    def _resolved(self, request: Request) -> None:
+        """Accepted by another runner: its values are read from the ledger, nothing is paid."""
+        self.outcome.taken_from_ledger += 1
+        for task_id in request.task_ids:
+            self.outcome.errors.pop(task_id, None)
+        self._progress(request)
+
+    def _progress(self, request: Request) -> None:
+        if self.on_progress is not None:
+            self.on_progress(len(request.tasks))
+
+    def _split(self, request: Request, depth: int) -> None:
+        """Replace the request by its halves, queued first so they keep the batch's order."""
+        children = split_request(request, self.plan.content)
+        self.store.record_split(self.plan.revision_id, request, children)
+        done = self.store.accepted_keys([c.key for c in children])
+        for child in reversed(children):
+            if child.key in done:  # accepted before (another revision): never paid twice
+                self._progress(child)
+                for task_id in child.task_ids:
+                    self.outcome.errors.pop(task_id, None)
+            else:
+                self._queue.appendleft((child, depth + 1, "split"))
+        self._changed.set()
+
+    def _fail(self, request: Request, errors: list[dict[str, Any]],
+              raw: str | None = None) -> None:
+        for task_id in request.task_ids:
+            mine = [e for e in errors if e.get("task_id") in (task_id, None)]
+            if not mine:
+                mine = [{"type": "batch_rejected", "task_id": task_id,
+                         "message": "this task's item was fine but another item of the same "
+                         "request failed, so the whole return was rejected"}]
+            extra = {"request": request.key, **({"raw": raw} if raw is not None else {})}
+            self.outcome.errors[task_id] = [{**e, "task_id": task_id, **extra} for e in mine]
+
+    # -- one attempt (with transport retries) --------------------------------------------------
+    async def _attempt(self, request: Request, kind: str,
+                       prompt: str) -> tuple[acceptance.Verdict, str | None]:
+        """One logical attempt: transport retries inside, acceptance on the text that arrives.
+
+        The first try runs bare; tenacity's retry machinery is built only once a retryable
+        transport failure has happened, which keeps the common path cheap.
+        """
+        try:
+            try:
+                return await self._call(request, kind, prompt)
+            except ProviderError as first:
+                if not first.retryable or self.transport.retries == 0:
+                    raise
+                await asyncio.sleep(self._delay(first, 1))
+            retrying = AsyncRetrying(
+                stop=stop_after_attempt(self.transport.retries),
+                wait=lambda retry_state: self._delay(retry_state.outcome.exception(),
+                                                     retry_state.attempt_number + 1),
+                retry=retry_if_exception(lambda e: isinstance(e, ProviderError) and e.retryable),
+                reraise=True,
+            )
+            async for attempt in retrying:
+                with attempt:
+                    return await self._call(request, kind, prompt)
+        except ProviderError as exc:
+            if exc.unreachable and self._prober == request.key:
+                self._unreachable(exc)
+            elif exc.fatal and self._fatal is None:  # a broken source: nothing more is sent
+                self._fatal = self._stop = exc
+                self._changed.set()
+            status = f" (HTTP {exc.status})" if exc.status else ""
+            error = {"type": "provider_error", "task_id": None, "retryable": exc.retryable,
+                     "message": f"provider failed{status}: {exc}"}
+            if exc.kind != "provider_error":  # the source's own type (droste's error types)
+                error["kind"] = exc.kind
+            return acceptance.Verdict(False, errors=[error]), None
+        raise AssertionError("unreachable: tenacity either returns or re-raises")
+
+    def _delay(self, error: BaseException | None, failures: int) -> float:
+        """Retry-After when the provider gave one, else exponential backoff with jitter."""
+        if isinstance(error, ProviderError) and error.retry_after is not None:
+            return min(max(0.0, error.retry_after), self.transport.backoff_max)
+        return min(self._backoff(SimpleNamespace(attempt_number=failures)),
+                   self.transport.backoff_max)
+
+    def _unreachable(self, exc: ProviderError) -> None:
+        """The probing call's retries all failed to connect: stop the run with one message."""
+        where = getattr(self.provider, "url", None) or getattr(self.provider, "base_url", None)
+        target = public_url(where) if isinstance(where, str) else (
+            f"the {self._provider_name} provider")
+        self._fatal = ProviderError(
+            f"cannot reach {target}: is the server running? The run stopped after "
+            f"{self.transport.retries + 1} tries of one call, and no other request was sent "
+            f"({exc})", retryable=False, unreachable=True)
+        self._stop = self._fatal
+        self._changed.set()
+        assert self._reachable is not None
+        self._reachable.set()
+
+
+def _first_line(error: Mapping[str, Any]) -> str:
+    """The first line of a validator crash: where it happened when the error says, else why."""
+    for key in ("traceback", "where", "message"):
+        value = error.get(key)
+        if isinstance(value, list) and value:
+            value = value[0]
+        if isinstance(value, str) and value.strip():
+            return value.strip().splitlines()[0]
+    return "validator_error"

@@ -1,0 +1,165 @@
+"""Refused before spending: what the chosen provider cannot do with this run.
+
+Two checks need the provider, so they run once it is known and before anything is recorded:
+
+- the simulated model must be able to answer the schema: its generator makes the answer of
+  every pending task and checks it, and a keyword it cannot satisfy, or the schema's own code
+  (a pydantic validator) rejecting an answer, is named (``ProviderSetupError``);
+- a pack must fit the call's output ceiling (the provider's ``max_tokens``). A request whose
+  smallest schema-valid answer (identity echoes included) is longer than the ceiling, or longer
+  than what this batch's accepted returns measured per item say, would be cut off on every
+  attempt, and each repair and replay paid for nothing (``InvalidBatch``, naming the pack size
+  that fits).
+
+Output tokens are counted from below (:func:`output_tokens_floor`), so a pack is refused only
+when it cannot fit, never because an estimate ran high.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .._content.schema import ItemSchema, wire_schema
+from .._content.tasks import Request
+from .._errors import InvalidBatch, ProviderSetupError
+from .._ledger import Ledger
+from .._providers.base import declared_output_cap
+from .._providers.schemagen import Generator, Unanswerable
+
+# The pieces GPT-style tokenizers (cl100k, o200k; Llama 3 uses the same rules) cut text into
+# before any merge: a letter run with at most one leading mark (and a contraction), digits in
+# groups of at most three, a run of punctuation, whitespace. No token spans two pieces, so their
+# count is a lower bound on the tokens of the text (pieces are written a little coarser than
+# either tokenizer's, never finer).
+_PIECES = re.compile(r"(?:[^\r\n\w]|_)?[^\W\d_]+(?:'[^\W\d_]{1,2})?|\d{1,3}"
+                     r"| ?(?:[^\s\w]|_)+[\r\n]*|\s*[\r\n]+|\s+")
+_ENVELOPE = '{"items":[]}'
+
+
+def output_tokens_floor(text: str) -> int:
+    """The fewest tokens ``text`` can be: one per piece (see ``_PIECES``). The true count is
+    this or more (long words and numbers take several tokens); for a tokenizer that splits
+    text by other rules (Anthropic's is not published) it is an estimate, which is why the
+    output measured in the ledger is checked too."""
+    return sum(1 for _ in _PIECES.finditer(text))
+
+
+def check_fit(provider: Any, ledger: Ledger, name: str, schema: ItemSchema,
+              pending: Sequence[Request], identity: Sequence[str], mode: str) -> None:
+    """Both checks, over the requests about to be sent. Nothing to fit when the provider sends
+    no output ceiling (``declared_output_cap``)."""
+    if not pending:
+        return
+    answerable(provider, schema, pending, identity, mode)
+    cap = declared_output_cap(provider)
+    if cap is not None:
+        measured = measured_per_item(ledger, name, 0 if mode == "value" else
+                                     output_tokens_floor(_ENVELOPE))
+        _pack_fits(cap, measured, schema, pending, identity, mode)
+
+
+def measured_per_item(ledger: Ledger, name: str, envelope: int) -> float | None:
+    """The fewest output tokens per item any accepted return of batch ``name`` took (its
+    envelope taken off), or None when none has been measured."""
+    return ledger.store.fewest_output_tokens_per_item(name, envelope)
+
+
+def answerable(provider: Any, schema: ItemSchema, pending: Sequence[Request],
+               identity: Sequence[str], mode: str) -> None:
+    """A provider that makes its answers from the schema (the simulated model) answers every
+    pending task here, as it will when called (a task gets the same answer on every attempt);
+    each answer must pass the schema as acceptance will judge it, a pydantic model's own
+    validators included, or the run is refused before anything is spent."""
+    check = getattr(provider, "check_answerable", None)
+    if not callable(check) or getattr(provider, "answer", None) is not None:
+        return
+    tasks = list({t["task_id"]: t for r in pending for t in r.tasks}.values())
+    failed: list[tuple[str, str]] = []
+    for n, task in enumerate(tasks):
+        wire = schema.json_schema if mode == "value" else wire_schema(schema, [task], identity)
+        # the first is checked against the JSON Schema there, naming a keyword it fails; the
+        # rest only as acceptance judges them (the schema below), which is enough and cheaper
+        answer = check(wire, mode, task, identity, verify=n == 0)
+        if mode != "value":
+            declared = schema.declared_fields
+            answer = {k: v for k, v in answer.items()
+                      if k not in identity or declared is None or k in declared}
+        errors = schema.validate(answer, "answer")[1]
+        if errors:
+            failed.append((task["task_id"], errors[0]))
+    if failed:
+        raise ProviderSetupError(_unanswered(schema, failed, len(tasks)))
+
+
+def _unanswered(schema: ItemSchema, failed: Sequence[tuple[str, str]], total: int) -> str:
+    (task_id, error), count = failed[0], f"{len(failed)} of {total} task(s)"
+    fix = ("Give the answers yourself: SimulatedModel(answer=lambda task: {...}); nothing "
+           "was sent")
+    if schema.model is not None:  # the answer met the model's JSON Schema: its code said no
+        return (f"the simulated model's answers to {count} fail the checks of "
+                f"{schema.model.__name__}'s own code (first: task {task_id!r}, {error}). The "
+                "simulated model answers from the JSON Schema and cannot read code such as a "
+                "pydantic validator, and it gives a task the same answer on every attempt, so "
+                f"no repair could help. {fix}")
+    return (f"the simulated model's answers to {count} do not pass the schema (first: task "
+            f"{task_id!r}, {error}), though each was made from the JSON Schema the call "
+            "sends: a part of this schema its generator cannot honour (a $ref to the root is "
+            "one). Simplify that part of the schema, or give the answers yourself: "
+            "SimulatedModel(answer=lambda task: {...}); nothing was sent")
+
+
+def _pack_fits(cap: int, measured: float | None, schema: ItemSchema,
+               pending: Sequence[Request], identity: Sequence[str], mode: str) -> None:
+    largest = max(pending, key=lambda r: len(r.tasks))
+    size = len(largest.tasks)
+    texts = smallest_answers(schema, largest.tasks, identity, mode)
+    if mode == "value":
+        need, envelope, each = output_tokens_floor(texts[0]), 0, output_tokens_floor(texts[0])
+    else:  # an item's opening {" joins the comma and closing brace before it: one piece less
+        need = output_tokens_floor('{"items":[' + ",".join(texts) + "]}")
+        envelope = output_tokens_floor(_ENVELOPE)
+        each = max(1, max(output_tokens_floor(t) - 1 for t in texts))
+    fits = (cap - envelope) // each
+    why = (f"its smallest schema-valid answer (identity echoes included) is at least {need:,} "
+           f"output tokens")
+    if measured is not None and size * measured + envelope > cap:
+        need = max(need, math.ceil(size * measured + envelope))
+        fits = min(fits, math.floor((cap - envelope) / measured))
+        why = (f"this batch's accepted returns took at least {measured:.1f} output tokens per "
+               f"item, so {size} items need about {need:,}")
+    elif need <= cap:
+        return
+    if fits < 1 or size == 1:
+        raise InvalidBatch(
+            f"a request of even one task cannot fit the provider's max_tokens={cap:,}: {why}. "
+            "Raise max_tokens, or shorten what the schema requires; nothing was sent")
+    raise InvalidBatch(
+        f"pack {size} cannot fit the provider's max_tokens={cap:,}: {why}, so every attempt "
+        f"would be cut off. Use pack {min(fits, size - 1)} or less (pack="
+        f"{min(fits, size - 1)}, --pack {min(fits, size - 1)}), or raise max_tokens; nothing "
+        "was sent")
+
+
+def smallest_answers(schema: ItemSchema, tasks: Sequence[Mapping[str, Any]],
+                     identity: Sequence[str], mode: str) -> list[str]:
+    """The smallest answer each task can get, as compact JSON text: what the schema requires
+    at its least (made once: the echoes are the only part that differs by task), with the
+    task's identity values. A schema the generator cannot meet counts the echoes alone."""
+    fixed = {} if mode == "value" else {k: tasks[0][k] for k in identity}
+    try:
+        least = Generator(schema.json_schema, minimal=True).value(fixed=fixed or None,
+                                                                 verify=False)
+    except Unanswerable:
+        least = dict(fixed)
+    if mode == "value" or not isinstance(least, dict):
+        return [_compact(least)] * len(tasks)
+    rest = {k: v for k, v in least.items() if k not in fixed}
+    return [_compact({**{k: t[k] for k in identity}, **rest}) for t in tasks]
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))

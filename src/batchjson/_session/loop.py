@@ -1,0 +1,140 @@
+"""One background event loop per Session, so runs from sync code (and Jupyter) share it.
+
+Jupyter runs cells inside a live loop, where a nested ``asyncio.run`` fails; a fresh thread and
+loop per run would also throw away the provider's connection pool every time. The Session owns
+one daemon thread running one loop for its whole life: every run is a task on it, HTTP
+connections are reused across batches and cells, and ``close()`` (or interpreter exit) shuts it
+down after closing what the providers pooled (the Session registers that with
+``weakref.finalize``, which also runs at exit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from .._errors import InvalidBatch
+
+T = TypeVar("T")
+
+# Blocking providers run in the loop's executor; the stdlib default (cpu + 4 threads) would
+# cap a 2-core machine at 6 calls in flight.
+EXECUTOR_THREADS = 64
+
+
+class BackgroundLoop:
+    """A daemon thread running one event loop until :meth:`close`."""
+
+    def __init__(self, name: str = "batchjson-loop") -> None:
+        self._name = name
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._loop is not None and self._loop.is_running()
+
+    def _start(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is not None and not self._loop.is_closed():
+                return self._loop
+            loop = asyncio.new_event_loop()
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                EXECUTOR_THREADS, thread_name_prefix=f"{self._name}-call")
+            loop.set_default_executor(self._executor)
+            ready = threading.Event()
+
+            def serve() -> None:
+                asyncio.set_event_loop(loop)
+                loop.call_soon(ready.set)
+                while True:
+                    try:
+                        loop.run_forever()
+                        return  # stopped by close()
+                    except (KeyboardInterrupt, SystemExit):
+                        # Raised inside a task (a provider, say): asyncio re-raises it out of
+                        # the loop after storing it on the task, whose waiter takes it from there.
+                        continue
+
+            thread = threading.Thread(target=serve, name=self._name, daemon=True)
+            # Kept before the waits: a Ctrl-C landing in them leaves no loop nobody can close.
+            self._loop, self._thread = loop, thread
+            thread.start()
+            ready.wait()
+            return loop
+
+    def run(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """Run ``make()`` on the background loop and wait for it from this (sync) thread.
+
+        A KeyboardInterrupt while waiting cancels the task and waits for it to unwind, so
+        in-flight receipts are closed before the interrupt propagates.
+        """
+        if self._thread is not None and threading.current_thread() is self._thread:
+            raise InvalidBatch("a batch cannot be run from inside a provider or validator of "
+                               "the same session (its event loop would wait on itself)")
+        loop = self._start()
+        done = threading.Event()
+        box: dict[str, Any] = {}
+
+        def start() -> None:
+            if "stopped" in box:  # interrupted before the run began: it never starts
+                return
+            task = loop.create_task(make())
+            box["task"] = task
+            task.add_done_callback(lambda _: done.set())
+
+        def stop() -> None:
+            box["stopped"] = True
+            if "task" in box:
+                box["task"].cancel()
+            else:
+                done.set()
+
+        try:
+            # The hand-off is inside the try: the loop thread may start the run and send its
+            # calls before this thread returns from handing it over, and a Ctrl-C landing then
+            # must cancel the run like any other.
+            loop.call_soon_threadsafe(start)
+            # A timed wait, so that a simulated interrupt (and Jupyter's SIGINT) is seen while
+            # waiting; it returns the moment the run is done.
+            while not done.wait(0.05):
+                pass
+        except KeyboardInterrupt:
+            loop.call_soon_threadsafe(stop)  # runs after start() if start() was queued
+            while not done.wait(0.05):
+                pass
+            raise
+        task = box["task"]
+        if task.cancelled():
+            raise KeyboardInterrupt
+        error = task.exception()
+        if error is not None:
+            raise error
+        return task.result()
+
+    def close(self, finalize: Callable[[], Coroutine[Any, Any, None]] | None = None) -> None:
+        """Run ``finalize`` (closing pooled connections) on the loop, then stop it."""
+        with self._lock:
+            loop, thread, executor = self._loop, self._thread, self._executor
+            self._loop = self._thread = self._executor = None
+        if loop is None or loop.is_closed():
+            return
+        inside = thread is threading.current_thread()  # collected on the loop's own thread
+        if finalize is not None and thread is not None and thread.is_alive() and not inside:
+            future = asyncio.run_coroutine_threadsafe(finalize(), loop)
+            try:
+                future.result(timeout=10)
+            except Exception:  # noqa: BLE001 - closing connections is best effort at the end
+                pass
+        loop.call_soon_threadsafe(loop.stop)
+        if thread is not None and not inside:
+            thread.join(10)
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)  # a hung blocking call stays
+        if not loop.is_running():
+            loop.close()

@@ -1,0 +1,243 @@
+"""Define-once validator registry keyed by content, not by object identity.
+
+Re-running a cell that defines a validator creates a new function object. Identity-keyed
+evidence would then be orphaned; the registry instead hands back the *first* object registered
+with the same content fingerprint, so downstream identity checks see one validator. A fingerprint
+that could not see everything (``globals()["X"]``, ``eval``) never hands back an older object:
+the object just defined is used, since its logic may differ where the fingerprint is blind.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .._errors import InvalidBatch, ValidatorChanged
+from .._fingerprint.fingerprint import (
+    Fingerprint,
+    describe_changes,
+    fingerprint_function,
+    unwrap_callable,
+)
+from .._ledger.records import now
+from .preflight import check_asserts_kept, check_not_generator
+
+__all__ = ["Definition", "ValidatorRegistry", "ValidatorVersion"]
+
+
+@dataclass
+class ValidatorVersion:
+    """One distinct content of a named validator; ``fn`` is the object handed back on reuse."""
+
+    name: str
+    version: int
+    fingerprint: Fingerprint
+    fn: Callable[..., Any]
+    defined_at: str
+    where: str
+
+
+def _default_name(fn: Any) -> str:
+    """A readable key: the qualname, ``partial(inner)`` for partials, the class for instances."""
+    try:
+        if isinstance(fn, functools.partial):
+            return f"partial({_default_name(fn.func)})"
+        name = getattr(fn, "__qualname__", None)
+    except Exception:  # an object that raises when read is named by its class
+        name = None
+    return name if isinstance(name, str) and name else type(fn).__qualname__
+
+
+def _where(fn: Any) -> str:
+    """Best-effort "file:line" of the definition, for messages and the ledger."""
+    try:
+        return _location(fn)
+    except Exception:  # an object that raises when read
+        return "<unknown>"
+
+
+def _location(fn: Any) -> str:
+    target = unwrap_callable(fn)
+    code = getattr(target, "__code__", None)
+    if code is None and callable(target):
+        code = getattr(type(target).__call__, "__code__", None)
+    if not isinstance(code, types.CodeType):
+        return "<unknown>"
+    filename = code.co_filename
+    if not filename.startswith("<"):
+        filename = os.path.basename(filename)
+    return f"{filename}:{code.co_firstlineno}"
+
+
+Kind = Literal["registered", "unchanged", "reused", "changed"]
+
+
+@dataclass(frozen=True)
+class Definition:
+    """What one definition did, returned instead of a side channel.
+
+    ``kind`` is ``registered`` (first version of the name), ``unchanged`` (same content as the
+    current version), ``reused`` (same content as an older version, current again) or
+    ``changed`` (a new version); ``fn`` is the object to use from now on; ``message`` is one line
+    for the user, naming what changed and what the fingerprint could not see.
+    """
+
+    name: str
+    version: int
+    fingerprint: Fingerprint
+    kind: Kind
+    message: str
+    fn: Callable[..., Any] = field(repr=False)
+    record: ValidatorVersion = field(repr=False, compare=False)
+    changes: tuple[str, ...] = ()
+
+
+def _notes(fingerprint: Fingerprint) -> str:
+    notes = ""
+    if fingerprint.by_identity:
+        notes += f"; compared by identity: {', '.join(fingerprint.by_identity)}"
+    if fingerprint.partial:
+        notes += (f"; partial fingerprint, cannot see: {', '.join(fingerprint.unseen)} "
+                  "(using the object just defined)")
+    return notes
+
+
+class ValidatorRegistry:
+    """Named validators, each a list of content versions; ``define`` is idempotent by content.
+
+    In a strict registry a *new* content for a name is refused while requests recorded under the
+    current version are unresolved (``unresolved_under(digest) > 0``), so open evidence cannot be
+    silently answered by different logic.
+    """
+
+    def __init__(
+        self,
+        *,
+        strict: bool = False,
+        unresolved_under: Callable[[str], int] | None = None,
+        numbering: Callable[[ValidatorVersion], int] | None = None,
+    ) -> None:
+        self.strict = strict
+        self.unresolved_under = unresolved_under
+        self.numbering = numbering  # the ledger's numbering, stable across kernel restarts
+        self._lock = threading.RLock()
+        self._versions: dict[str, list[ValidatorVersion]] = {}
+        self._current: dict[str, ValidatorVersion] = {}
+
+    def define(self, fn: Callable[..., Any] | None = None, *,
+               name: str | None = None) -> Any:
+        """Register ``fn`` and return the canonical object for its content.
+
+        One shape everywhere: ``@define``, ``@define(name="x")``, ``define(fn)`` and
+        ``define(fn, name="x")``; a notebook's or RLM cell's injected ``validator`` is this
+        method. If a version of ``name`` with the same fingerprint exists, that version's original
+        object is returned (same ``id()``), however many times the defining cell is re-run;
+        unless the fingerprint is partial, when the object just defined is used.
+        """
+        if fn is None:
+            return lambda f: self.register(f, name=name).fn
+        return self.register(fn, name=name).fn
+
+    def version_of(self, fn: Callable[..., Any], name: str | None = None) -> ValidatorVersion:
+        """Like ``define``, but return the version record (number, fingerprint, where)."""
+        return self.register(fn, name=name).record
+
+    def register(self, fn: Callable[..., Any], *, name: str | None = None) -> Definition:
+        """Register ``fn`` under ``name`` and say what happened (a :class:`Definition`)."""
+        if not callable(fn):
+            hint = (" (names go by keyword: @validator(name=...))" if isinstance(fn, str)
+                    else "")
+            raise InvalidBatch(f"a validator must be callable, got {type(fn).__qualname__}"
+                               f"{hint}")
+        check_not_generator(fn)  # never a validator: refused before its version is recorded
+        check_asserts_kept(fn)  # under python -O it would accept everything
+        fingerprint = fingerprint_function(fn)  # outside the lock: pure, possibly slow
+        if name is None:  # the name it was defined under, if this very object was defined
+            name = self._name_of(fn) or _default_name(fn)
+            if name.endswith("<lambda>"):  # lambdas share one name: tell them apart by content
+                name = f"{name}#{fingerprint.short}"
+        if not isinstance(name, str) or not name:
+            raise InvalidBatch(f"a validator name must be a non-empty string, got {name!r}")
+        with self._lock:
+            history = self._versions.get(name, [])
+            current = self._current.get(name)
+            match = next((v for v in history if v.fingerprint.digest == fingerprint.digest), None)
+            if match is not None:
+                return self._reuse(name, match, current, fn, fingerprint)
+            changes = tuple(describe_changes(current.fingerprint, fingerprint)) if current else ()
+            if current is not None and self.strict and self.unresolved_under is not None:
+                unresolved = int(self.unresolved_under(current.fingerprint.digest))
+                if unresolved > 0:
+                    raise ValidatorChanged(name, current.fingerprint.digest, fingerprint.digest,
+                                           list(changes), unresolved)
+            record = ValidatorVersion(name, len(history) + 1, fingerprint, fn, now(), _where(fn))
+            if self.numbering is not None:
+                record.version = self.numbering(record)
+            self._versions.setdefault(name, []).append(record)
+            self._current[name] = record
+            if current is None:
+                kind: Kind = "registered"
+                message = (f"validator {name!r} registered (version {record.version}, "
+                           f"{fingerprint.short})")
+            else:
+                kind = "changed"
+                message = (f"validator {name!r} changed ({', '.join(changes)}): now version "
+                           f"{record.version}")
+            return Definition(name, record.version, fingerprint, kind,
+                              message + _notes(fingerprint), fn, record, changes)
+
+    def _reuse(self, name: str, match: ValidatorVersion, current: ValidatorVersion | None,
+               fn: Callable[..., Any], fingerprint: Fingerprint) -> Definition:
+        """Same content as a known version: hand back its object, unless the fingerprint could
+        not see everything, when the new object replaces it (its logic may differ unseen)."""
+        if fingerprint.partial:
+            match.fn, match.fingerprint = fn, fingerprint
+        if current is match:
+            kind: Kind = "unchanged"
+            message = f"validator {name!r} unchanged: reusing version {match.version}"
+        else:
+            kind = "reused"
+            message = (f"validator {name!r} matches version {match.version}: reusing it "
+                       f"(was version {current.version if current else '?'})")
+        self._current[name] = match
+        return Definition(name, match.version, fingerprint, kind, message + _notes(fingerprint),
+                          match.fn, match)
+
+    def _name_of(self, fn: Callable[..., Any]) -> str | None:
+        """The name ``fn`` itself was registered under: ``define(fn, name="check_v2")`` then
+        ``run_batch(validator=fn)`` is one validator, not a second one named after its code."""
+        with self._lock:
+            return next((v.name for history in self._versions.values() for v in history
+                         if v.fn is fn), None)
+
+    def current(self, name: str) -> ValidatorVersion | None:
+        """The version most recently defined (or re-selected) under ``name``."""
+        with self._lock:
+            return self._current.get(name)
+
+    def versions(self, name: str) -> list[ValidatorVersion]:
+        """Every version of ``name``, oldest first."""
+        with self._lock:
+            return list(self._versions.get(name, ()))
+
+    def __iter__(self) -> Iterator[ValidatorVersion]:
+        with self._lock:
+            return iter(list(self._current.values()))
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._current)
+
+    def __contains__(self, name: object) -> bool:
+        with self._lock:
+            return name in self._current
+
+    def __repr__(self) -> str:
+        with self._lock:
+            names = ", ".join(f"{v.name} v{v.version}" for v in self._current.values())
+        return f"ValidatorRegistry(strict={self.strict}, [{names}])"

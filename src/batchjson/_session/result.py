@@ -1,0 +1,191 @@
+"""What a run hands back: values that passed acceptance, and an honest account of the rest."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._money import money
+
+
+@dataclass
+class BatchResult:
+    """``values`` holds only committed answers; ``errors`` says why the rest are not there."""
+
+    name: str
+    status: str
+    values: dict[str, Any]
+    errors: list[dict[str, Any]]
+    calls: int
+    tokens: int
+    cost: float | None
+    revision: int
+    total_tasks: int
+    accepted_returns: int = 0
+    rejected_returns: int = 0
+    provider_errors: int = 0
+    resumed: int = 0
+    superseded: str | None = None
+    attempts_by_task: dict[str, int] = field(default_factory=dict)
+    repairs_made: int = 0
+    notes: list[str] = field(default_factory=list)
+    rechecked: int = 0  # requests resolved by re-judging earlier returns (no calls)
+    identity_compared: tuple[str, ...] = ()  # fields every item must copy from its task
+    # under the default identity, other task fields an item is held to only if it echoes them
+    compared_if_echoed: tuple[str, ...] = ()
+    provider: str | None = None  # provider name / model the run asked
+
+    @property
+    def resolved(self) -> bool:
+        return self.status == "resolved"
+
+    @property
+    def unresolved(self) -> list[str]:
+        """task_ids with no committed answer."""
+        seen = []
+        for e in self.errors:
+            task_id = e.get("task_id")
+            if task_id and task_id not in seen and task_id not in self.values:
+                seen.append(task_id)
+        return seen
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "batch": self.name, "revision": self.revision, "status": self.status,
+            "accepted": len(self.values), "tasks": self.total_tasks,
+            "accepted_returns": self.accepted_returns, "rejected_returns": self.rejected_returns,
+            "provider_errors": self.provider_errors, "calls": self.calls, "tokens": self.tokens,
+            "cost": self.cost, "unresolved": self.total_tasks - len(self.values),
+            "resumed": self.resumed, "rechecked": self.rechecked,
+            "identity_compared": list(self.identity_compared),
+            "compared_if_echoed": list(self.compared_if_echoed), "provider": self.provider,
+        }
+
+    def __post_init__(self) -> None:
+        """Keep each failed request's raw return once (in ``raws``), not on every task's error."""
+        self.raws: dict[str, str] = {}
+        for e in self.errors:
+            raw = e.pop("raw", None)
+            if raw is not None:
+                self.raws.setdefault(_request_of(e), raw)
+
+    @property
+    def failures(self) -> list[dict[str, Any]]:
+        """One entry per failed request: its tasks, its own errors once (an error about the whole
+        return is not repeated per task), how many bystanders shared the rejection, the raw
+        return (kept once)."""
+        groups: dict[str, dict[str, Any]] = {}
+        for e in self.errors:
+            if e.get("task_id") in self.values:
+                continue
+            key = _request_of(e)
+            group = groups.setdefault(key, {"request": e.get("request"), "tasks": [],
+                                            "errors": [], "bystanders": 0,
+                                            "raw": self.raws.get(key)})
+            task_id = e.get("task_id")
+            if task_id is not None and task_id not in group["tasks"]:
+                group["tasks"].append(task_id)
+            if e.get("type") == "batch_rejected":
+                group["bystanders"] += 1
+                continue
+            seen = {(x.get("type"), x.get("message")) for x in group["errors"]}
+            if (e.get("type"), e.get("message")) not in seen:
+                group["errors"].append({k: v for k, v in e.items() if k != "request"})
+        return list(groups.values())
+
+    def failure_report(self, limit: int = 10) -> str:
+        """A short account: which requests failed, why, what was spent, and how to resume."""
+        missing = self.total_tasks - len(self.values)
+        lines = [f"batch {self.name!r} (revision {self.revision}) is unresolved: {missing} of "
+                 f"{self.total_tasks} task(s) have no accepted answer after {self.calls} call(s), "
+                 f"{self.tokens} tokens, cost {money(self.cost)}."]
+        failures = self.failures
+        for f in failures[:limit]:
+            tasks = f["tasks"]
+            what = (tasks[0] if len(tasks) == 1 else
+                    f"{len(tasks)} tasks ({tasks[0]} .. {tasks[-1]})")
+            lines.append(f"  request of {what}:")
+            for e in f["errors"][:3]:
+                lines.append(f"    {e.get('type')}: {e.get('message')}")
+            if len(f["errors"]) > 3:
+                lines.append(f"    ... and {len(f['errors']) - 3} more error(s)")
+            if f["bystanders"]:
+                lines.append(f"    {f['bystanders']} other task(s) of this request were fine but "
+                             "shared the rejected return (a return is accepted whole or not at "
+                             "all)")
+        if len(failures) > limit:
+            lines.append(f"  ... and {len(failures) - limit} more failed request(s)")
+        if any(e.get("type") == "validator_error" for e in self.errors):
+            lines.append("A validator raised something other than ValueError or AssertionError: "
+                         "fix the validator (those errors are never retried).")
+        lines.append("Accepted answers are committed; re-running the same batch resumes and "
+                     "spends calls only on the unresolved requests.")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        s = self.summary()
+        return (f"<BatchResult {self.name!r} rev {self.revision}: {self.status}, "
+                f"{s['accepted']}/{s['tasks']} accepted, {s['rejected_returns']} rejected "
+                f"return(s), {self.calls} call(s), {self.tokens} tokens, cost "
+                f"{money(self.cost)}, {s['unresolved']} unresolved"
+                f"{f', {self.resumed} request(s) resumed' if self.resumed else ''}"
+                f"{f', {self.rechecked} re-judged without a call' if self.rechecked else ''}"
+                + (f", identity compared: {self._compared()}" if self.identity_compared
+                   else "") + ">")
+
+    def _compared(self) -> str:
+        """"task_id (and case_id if echoed)": the fields every item copies, then those an item
+        is held to only when it returns them."""
+        also = (f" (and {', '.join(self.compared_if_echoed)} if echoed)"
+                if self.compared_if_echoed else "")
+        return ", ".join(self.identity_compared) + also
+
+    def _repr_html_(self) -> str:
+        s = self.summary()
+        colour = "#1a7f37" if self.resolved else "#cf222e"
+        cells = "".join(
+            f"<td style='padding:2px 10px'><b>{html.escape(str(v))}</b><br>"
+            f"<span style='color:#666'>{html.escape(k)}</span></td>"
+            for k, v in (("accepted", f"{s['accepted']}/{s['tasks']}"),
+                         ("rejected returns", s["rejected_returns"]),
+                         ("provider errors", s["provider_errors"]), ("calls", self.calls),
+                         ("tokens", self.tokens), ("cost", money(self.cost)),
+                         ("unresolved", s["unresolved"]), ("resumed requests", self.resumed)))
+        failed = ""
+        failures = self.failures
+        if failures:
+            rows = []
+            for f in failures[:10]:
+                tasks = f["tasks"]
+                what = (tasks[0] if len(tasks) == 1 else
+                        f"{len(tasks)} tasks: {tasks[0]} .. {tasks[-1]}")
+                first = f["errors"][0] if f["errors"] else {"type": "batch_rejected",
+                                                            "message": "rejected with others"}
+                more = (f" (+{len(f['errors']) - 1} more)" if len(f["errors"]) > 1 else "")
+                rows.append(f"<li><code>{html.escape(what)}</code>: "
+                            f"{html.escape(str(first.get('type')))}: "
+                            f"{html.escape(str(first.get('message')))}{html.escape(more)}</li>")
+            if len(failures) > 10:
+                rows.append(f"<li>... and {len(failures) - 10} more failed request(s)</li>")
+            failed = (f"<div>{len(failures)} failed request(s):<ul style='margin:2px 0'>"
+                      f"{''.join(rows)}</ul></div>")
+
+        compared = (f"<div style='color:#666'>identity compared: "
+                    f"{html.escape(self._compared())}</div>" if self.identity_compared else "")
+        if self.rechecked:
+            compared += (f"<div style='color:#666'>{self.rechecked} request(s) resolved by "
+                         "re-judging earlier returns, without a call</div>")
+        return (f"<div><span style='color:{colour}'>&#9679;</span> batch "
+                f"<code>{html.escape(self.name)}</code> revision {self.revision}: "
+                f"<b>{self.status}</b><table><tr>{cells}</tr></table>{compared}{failed}</div>")
+
+
+def _request_of(error: dict[str, Any]) -> str:
+    """The failed request an error belongs to (the replay loop tags it), else its message."""
+    if error.get("request"):
+        return str(error["request"])
+    if error.get("type") == "not_attempted":
+        return "not_attempted"
+    return f"{error.get('type')}:{error.get('task_id')}:{error.get('message')}"
+

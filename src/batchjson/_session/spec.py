@@ -1,0 +1,173 @@
+"""The one public description of a run, and the one place that checks a run's inputs.
+
+Every face (``Session.run_batch``, the magic, the RLM bindings, the CLI's demo) builds a
+``RunSpec`` and ``Session.run`` runs it, so every face refuses the same inputs in the same words.
+A spec checks its options when it is made (``__post_init__``) and its content (tasks, schema,
+identity, validator against them) in :meth:`RunSpec.checked`, which the session calls before it
+touches the ledger or the provider: a refusal never costs a call and never records anything.
+The session's own settings are checked the same way, by :class:`SessionOptions`.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .._checks import is_whole, positive_seconds, whole
+from .._content.schema import ItemSchema, compile_schema
+from .._content.tasks import Identity, normalize_identity, normalize_tasks
+from .._errors import ConfigError, InvalidBatch
+from .._providers.masking import check_name
+from .._replay.budget import Budget
+from . import preflight
+
+MODES = ("items", "value")
+VALIDATOR_ARGS = ("task", "index", "droste")
+ON_EXHAUSTED = ("raise", "return")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What to resolve and under which rules.
+
+    - ``mode="items"``: tasks are packed ``pack`` at a time and each return is ``{"items": [...]}``
+      judged for coverage and identity; ``mode="value"``: one task per call, a bare JSON value
+      (droste's ``llm_batch_json`` shape).
+    - ``validator_args="task"`` calls ``validator(value, task)``; ``"index"`` calls
+      ``validator(value, task["index"])`` as droste does; ``"droste"`` also judges what it says
+      as droste's helper does (only ``ValueError`` rejects; its return is ignored).
+    - ``refuse_short_budget``: refuse before spending when the budget cannot cover one call per
+      pending request (droste's helper instead spends what it has and reports the rest).
+    - ``None`` for ``repairs``/``replays`` takes the session's setting.
+
+    A bad option is an :class:`~batchjson.InvalidBatch` when the spec is made.
+    """
+
+    name: str
+    tasks: Sequence[Mapping[str, Any]]
+    schema: Any
+    validator: Callable[..., Any] | None = None
+    validator_name: str | None = None
+    identity: Sequence[str] | str | None = None
+    pack: int = 1
+    instructions: str | None = None
+    repairs: int | None = None
+    replays: int | None = None
+    split: bool = False
+    max_calls: int | None = None
+    on_exhausted: str = "raise"
+    progress: bool | Callable[[int, str], Any] = False  # or a face's bar: progress(total, name)
+    mode: str = "items"
+    validator_args: str = "task"
+    refuse_short_budget: bool = True
+
+    def __post_init__(self) -> None:
+        """The options, each checked alone: cheap, and before any face does anything with them."""
+        check_text("batch name", self.name, "run_batch('labels', ...)", required=True)
+        check_text("instructions", self.instructions, "instructions='Answer in English.'",
+                   free=True)
+        for label, value, allowed in (("on_exhausted", self.on_exhausted, ON_EXHAUSTED),
+                                      ("mode", self.mode, MODES),
+                                      ("validator_args", self.validator_args, VALIDATOR_ARGS)):
+            if not isinstance(value, str) or value not in allowed:
+                raise InvalidBatch(f"{label} must be {' or '.join(map(repr, allowed))}, got "
+                                   f"{value!r}")
+        whole("pack", self.pack, 1)
+        for label, count in (("repairs", self.repairs), ("replays", self.replays),
+                             ("max_calls", self.max_calls)):
+            if count is not None:
+                whole(label, count, 0)
+        for label, flag in (("split", self.split),
+                            ("refuse_short_budget", self.refuse_short_budget)):
+            if not isinstance(flag, bool):
+                raise InvalidBatch(f"{label} must be True or False, got {flag!r}")
+        if not isinstance(self.progress, bool) and not callable(self.progress):
+            raise InvalidBatch(f"progress must be True, False or a callable progress(total, "
+                               f"name) returning a bar, got {self.progress!r}")
+        if self.validator_name is not None:
+            check_text("validator_name", self.validator_name, "validator_name='label_check'")
+        preflight.check_validator(self.validator, self.validator_args)
+        if isinstance(self.identity, Iterator):  # read once here, so kept as read
+            object.__setattr__(self, "identity", tuple(self.identity))
+        normalize_identity(self.identity)  # its shape; the tasks are checked against it later
+
+    def checked(self) -> CheckedRun:
+        """The content of the run, checked and in the ledger's (JSON) form: every task (ids,
+        prompts, identity fields, JSON-serialisable, not too deep), the schema, and what the
+        mode, identity and validator need of them. Raises InvalidBatch naming the first
+        problem and the fix; reads nothing but the spec."""
+        identity = normalize_identity(self.identity)
+        tasks, texts = normalize_tasks(self.tasks, identity)
+        schema = compile_schema(self.schema)
+        preflight.check_all(tasks=tasks, identity=identity, schema=schema, mode=self.mode,
+                            validator=self.validator, validator_args=self.validator_args,
+                            pack=self.pack)
+        return CheckedRun(self, tasks, texts, schema, identity)
+
+
+@dataclass(frozen=True)
+class CheckedRun:
+    """A :class:`RunSpec` whose content passed every check, in the forms the run uses."""
+
+    spec: RunSpec
+    tasks: list[dict[str, Any]]
+    texts: list[str]  # each task's canonical JSON, which keys, ledger rows and prompts reuse
+    schema: ItemSchema
+    identity: Identity
+
+
+def check_text(label: str, value: Any, example: str, *, required: bool = False,
+               free: bool = False) -> None:
+    """A name or text a ledger stores and a terminal shows: a str of valid Unicode, and, unless
+    it is ``free`` text for the model (where newlines belong), with no control characters
+    (``'\\x00'`` would be cut short or act on the terminal)."""
+    if value is None and not required:
+        return
+    if not isinstance(value, str) or (required and not value.strip()):
+        kind = "a non-empty string" if required else "a string"
+        raise InvalidBatch(f"{label} must be {kind}, e.g. {example}; got {value!r}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidBatch(f"{label} holds an unpaired surrogate at position {exc.start}, which "
+                           "is not valid Unicode and cannot be stored; fix the text") from None
+    if free:
+        return
+    control = next((i for i, ch in enumerate(value) if unicodedata.category(ch) == "Cc"), None)
+    if control is not None:
+        raise InvalidBatch(f"{label} {value!r} holds the control character "
+                           f"{value[control]!r} at position {control}, which a ledger, a "
+                           f"terminal or a file name cannot show as written; use printable "
+                           f"characters, e.g. {example}")
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """A :class:`~batchjson.Session`'s own settings, checked before it opens its ledger: a bad
+    one is refused (``ConfigError``) before anything is created, spent or recorded."""
+
+    strict: bool = False
+    budget: Any = None
+    concurrency: int = 16
+    repairs: int = 1
+    replays: int = 1
+    transport_retries: int = 3
+    timeout: float = 120.0
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.strict, bool):
+            raise ConfigError(f"strict must be True or False, got {self.strict!r}; e.g. "
+                              "Session(provider, strict=True)")
+        for label, value, least in (("concurrency", self.concurrency, 1),
+                                    ("repairs", self.repairs, 0), ("replays", self.replays, 0),
+                                    ("transport_retries", self.transport_retries, 0)):
+            if not is_whole(value, least):
+                raise ConfigError(f"{label} must be a whole number >= {least}, got {value!r}")
+        object.__setattr__(self, "timeout", positive_seconds("timeout", self.timeout,
+                                                              ConfigError))
+        check_name(self.model, "Session model", "pass the key as the provider's api_key=... (or "
+                   "set OPENAI_API_KEY / ANTHROPIC_API_KEY) and the model's name as model=")
+        object.__setattr__(self, "budget", Budget.of(self.budget))  # InvalidBatch, as documented

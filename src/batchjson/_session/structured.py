@@ -1,0 +1,201 @@
+"""droste's ``llm_batch_json`` contract over a session: one prompt per call, a bare JSON value.
+
+Core, not a face: it knows nothing of hosts. ``Session.llm_batch_json`` and the RLM binding
+both call :func:`llm_batch_json`, which builds a :class:`RunSpec` like any other face.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .._checks import is_whole
+from .._content.schema import ItemSchema, compile_schema
+from .._content.tasks import sha
+from .._errors import InvalidBatch
+from .spec import RunSpec, check_text
+
+if TYPE_CHECKING:
+    from .registry import ValidatorVersion
+    from .result import BatchResult
+    from .session import Session
+
+_DROSTE_TYPES = {
+    "json": "validation_error", "schema": "validation_error", "validation": "validation_error",
+    "coverage": "validation_error", "identity": "validation_error",
+    "validator_error": "validator_error", "provider_error": "provider_error",
+    "budget_exhausted": "budget_exhausted", "not_attempted": "budget_exhausted",
+    "cancelled": "provider_error",
+}
+
+
+RAW_SHOWN = 1000  # droste's errors carry the start of the rejected return
+
+# droste 0.26's deterministic schema subset: its helper refuses any other keyword before spending
+DROSTE_KEYWORDS = frozenset({"type", "enum", "const", "required", "properties",
+                             "additionalProperties", "items", "minItems", "maxItems", "minimum",
+                             "maximum"})
+
+
+def check_droste_schema(schema: Any) -> None:
+    """Refuse, before anything is spent, a schema droste's helper would refuse: not a dict, or
+    a keyword outside droste's subset at any level it reads. Shapes (a bad ``minimum``, a
+    non-unique ``required``) and non-string keys are then refused by :func:`compile_schema`."""
+    if not isinstance(schema, Mapping):
+        raise InvalidBatch(f"schema must be a JSON Schema dict in droste's subset "
+                           f"({', '.join(sorted(DROSTE_KEYWORDS))}), got "
+                           f"{getattr(schema, '__qualname__', type(schema).__name__)}")
+    pending: list[tuple[str, Any]] = [("schema", schema)]
+    while pending:
+        where, node = pending.pop()
+        if not isinstance(node, Mapping):
+            continue  # a shape error: compile_schema names it
+        unknown = sorted(k for k in node if isinstance(k, str) and k not in DROSTE_KEYWORDS)
+        if unknown:
+            raise InvalidBatch(
+                f"unsupported JSON schema keywords: {', '.join(unknown)} (at {where}); this "
+                f"host's llm_batch_json takes droste's schema subset only "
+                f"({', '.join(sorted(DROSTE_KEYWORDS))}). Check what the keyword checked in "
+                "your validator instead (raise ValueError there)")
+        properties = node.get("properties")
+        if isinstance(properties, Mapping):
+            pending.extend((f"{where}.properties.{k}", v) for k, v in properties.items())
+        for keyword in ("additionalProperties", "items"):
+            pending.append((f"{where}.{keyword}", node.get(keyword)))
+
+
+def default_batch_name(prompts: Sequence[str], contexts: Sequence[str] | None,
+                       content: str | None = None) -> str:
+    """Same prompts and contexts -> same batch, so (in a session that is not strict) a changed
+    validator or schema supersedes. With ``content`` (a digest of schema and validator) every
+    distinct request content is its own batch, as droste keys evidence: nothing supersedes."""
+    digest = sha(json.dumps([list(prompts), None if contexts is None else list(contexts)]))
+    name = f"llm_batch_json/{digest[:16]}"
+    return name if content is None else f"{name}/{content[:8]}"
+
+
+def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
+                   contexts: Sequence[str] | None = None, max_repair_attempts: int = 1,
+                   validator: Callable[[Any, int], Any] | None = None, *,
+                   name: str | None = None, refuse_short_budget: bool = False,
+                   keyed_by_content: bool = False, max_calls: int | None = None,
+                   registered: ValidatorVersion | None = None,
+                   droste: bool = False) -> dict[str, Any]:
+    """Run one prompt per call, each returning a bare JSON value; droste's return shape.
+
+    droste spends what the budget has and reports the rest as ``budget_exhausted``;
+    ``refuse_short_budget=True`` (the RLM binding's budget gate) instead refuses before spending
+    when the calls still owed for these prompts exceed what remains. ``keyed_by_content=True``
+    (the RLM binding) names an unnamed call by its whole request content, schema and validator
+    included, so a changed validator opens new evidence and never supersedes the old: the old
+    stays owed and keeps blocking a ready answer, as under droste's identity keying.
+    ``max_calls=0`` with ``refuse_short_budget`` answers only from what is already accepted.
+    ``registered``: the validator's version record, when the caller registered it just now.
+    ``droste=True`` (a droste subcall client's binding) takes droste's schema subset only,
+    judges ``"integer"`` as droste does, and the validator's verdicts too (only ``ValueError``
+    rejects, a failed ``assert`` is a ``validator_error``, its return is ignored); an unnamed
+    call's batch name says so, so answers judged by one contract are never reused by the other.
+    """
+    check_call(prompts, contexts, max_repair_attempts, validator, name)
+    if droste and not isinstance(schema, ItemSchema):  # else the caller compiled it so
+        check_droste_schema(schema)
+    # once: the run reuses it, and it dumps the values
+    item_schema = compile_schema(schema, strict_integers=droste)
+    if not prompts:  # droste answers no prompts with an empty result, after checking the schema
+        return {"values": [], "errors": [], "attempts": [], "repairs_made": 0}
+    tasks = []
+    for index, prompt in enumerate(prompts):
+        task: dict[str, Any] = {"task_id": str(index), "index": index, "prompt": prompt}
+        if contexts is not None:
+            task["context"] = contexts[index]
+        tasks.append(task)
+    batch, version = name, None
+    if batch is None and keyed_by_content:
+        version = (None if validator is None else registered if registered is not None
+                   and registered.fn is validator else session.validators.version_of(validator))
+        validator = validator if version is None else version.fn
+        content = sha(json.dumps([item_schema.fingerprint,
+                                  None if version is None else version.fingerprint.digest]
+                                 + (["droste verdicts"] if droste and validator else [])))
+        batch = default_batch_name(prompts, contexts, content)
+    elif batch is None:
+        batch = default_batch_name(prompts, contexts)
+    result = session._run(RunSpec(
+        name=batch, tasks=tasks, schema=item_schema, validator=validator,
+        identity=("task_id",), repairs=max_repair_attempts, on_exhausted="return",
+        mode="value", validator_args="droste" if droste else "index",
+        refuse_short_budget=refuse_short_budget,
+        max_calls=max_calls), registered=version or registered)
+    return _droste_shape(result, tasks, item_schema)
+
+
+def check_call(prompts: Any, contexts: Any, max_repair_attempts: Any, validator: Any,
+               name: Any = None) -> None:
+    """The droste contract's own inputs (and a batch name given), refused (in droste's wording
+    where it has one) before anything is recorded."""
+    check_text("batch name", name, "name='labels'")
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+        raise InvalidBatch("prompts must be a list of strings")
+    _check_texts("prompts", prompts, "prompt must be a string")
+    if not is_whole(max_repair_attempts):  # droste's own wording, which its callers match
+        raise InvalidBatch(f"max_repair_attempts must be an integer >= 0, got "
+                           f"{max_repair_attempts!r}")
+    if contexts is not None:
+        if isinstance(contexts, str) or not isinstance(contexts, Sequence):
+            raise InvalidBatch("contexts must be a list of strings or None")
+        if len(contexts) != len(prompts):
+            raise InvalidBatch(f"contexts length ({len(contexts)}) must match prompts length "
+                               f"({len(prompts)})")
+        _check_texts("contexts", contexts, "a context must be a string or None", none=True)
+    if validator is not None and not callable(validator):
+        raise InvalidBatch(f"validator must be callable (value, index) -> None, got "
+                           f"{type(validator).__name__}")
+
+
+def _check_texts(name: str, texts: Sequence[Any], rule: str, *, none: bool = False) -> None:
+    """Each of ``texts`` is a str (or None where ``none``), refused by index before anything
+    is recorded: bytes or another object would otherwise fail deep inside the run."""
+    for index, text in enumerate(texts):
+        if not isinstance(text, str) and not (none and text is None):
+            fix = (f"; decode it first, e.g. {name}[{index}].decode('utf-8')"
+                   if isinstance(text, (bytes, bytearray)) else "")
+            raise InvalidBatch(f"{name}[{index}]: {rule}, got {type(text).__name__}{fix}")
+
+
+def _droste_shape(result: BatchResult, tasks: list[dict[str, Any]],
+                  item_schema: ItemSchema) -> dict[str, Any]:
+    """droste's return: values in prompt order, one error per failed index, calls per prompt."""
+    dump = item_schema.dump
+    values = [dump(result.values[t["task_id"]]) if t["task_id"] in result.values else None
+              for t in tasks]
+    attempts = [result.attempts_by_task.get(t["task_id"], 0) for t in tasks]
+    errors = []
+    for error in result.errors:
+        index = int(error["task_id"])
+        entry = {"index": index, "type": _droste_type(error),
+                 "error": error["message"], "attempts": attempts[index]}
+        raw = result.raws.get(str(error.get("request")))  # the result keeps it per request
+        if raw is not None and entry["type"] == "validation_error":
+            entry["raw"] = raw[:RAW_SHOWN]
+        errors.append(entry)
+    errors.sort(key=lambda e: e["index"])
+    return {"values": values, "errors": _one_per_index(errors), "attempts": attempts,
+            "repairs_made": result.repairs_made}
+
+
+def _droste_type(error: dict[str, Any]) -> str:
+    """droste's type for an error: a provider error keeps its source's own type (a droste
+    subcall client's, ``budget_exhausted`` for its BudgetExhausted), as droste reports it."""
+    kind = error.get("kind")
+    if error["type"] == "provider_error" and isinstance(kind, str) and kind:
+        return kind
+    return _DROSTE_TYPES.get(error["type"], "validation_error")
+
+
+def _one_per_index(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """droste reports one error per failed index: keep the last one seen for each."""
+    last: dict[int, dict[str, Any]] = {}
+    for e in errors:
+        last[e["index"]] = e
+    return [last[i] for i in sorted(last)]

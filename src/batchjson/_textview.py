@@ -1,0 +1,295 @@
+"""Plain-text renderings both faces print (the CLI, the notebook display): aligned tables, money
+as money, no reprs."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import textwrap
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ._ledger.forgetting import forgotten_line
+from ._money import money
+from ._replay.budget import usd
+
+# Control characters (ANSI escapes, carriage returns, bells) and bidirectional overrides in a
+# model's return or an imported batch name would act on the terminal instead of being read.
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` with every character that would act on a terminal shown as its escape."""
+    return _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256
+                       else f"\\u{ord(m.group()):04x}", text)
+
+
+def table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, indent: str = "  ",
+          right: Sequence[int] = ()) -> list[str]:
+    """Aligned columns; indices in ``right`` are right-aligned (numbers)."""
+    cells = [[("" if v is None else
+               printable(str(v)).replace("\n", "\\n").replace("\t", "\\t")) for v in row]
+             for row in rows]  # a newline in a cell would forge a row
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [v.rjust(w) if i in right else v.ljust(w)
+                 for i, (v, w) in enumerate(zip(values, widths, strict=True))]
+        return (indent + "  ".join(parts)).rstrip()
+
+    return [line(columns), indent + "  ".join("-" * w for w in widths), *map(line, cells)]
+
+
+def wrapped(text: str, indent: str, width: int = 100) -> list[str]:
+    return textwrap.wrap(printable(" ".join(str(text).split())), width, initial_indent=indent,
+                         subsequent_indent=" " * len(indent) + "  ", break_long_words=False,
+                         break_on_hyphens=False) or [indent]
+
+
+DEFAULT_LEDGER = ".batchjson/ledger.sqlite"  # the CLI's and the notebooks' default
+
+
+def status_lines(summary: Mapping[str, Any], ledger: str, me: str = "batchjson") -> list[str]:
+    """``batchjson status``: one row per batch and a total; unknown costs shown apart."""
+    total = summary["total"]
+    # Columns that are zero for every batch say nothing: they are left out (and said below), so
+    # the table fits a terminal; --json always carries every figure.
+    optional = [(k, h) for k, h in (("provider_errors", "provider err"),
+                                    ("abandoned", "abandoned"), ("in_flight", "in flight"))
+                if total[k]]
+    cached = bool(total["cached_tokens"])
+    columns = ["batch", "tasks", "usable", "calls", "accepted", "rejected",
+               *(h for _, h in optional), "tokens in/out" + ("/cached" if cached else ""),
+               "cost", "cost/usable"]
+    rows = []
+    for e in [*summary["batches"], {**total, "batch": "total"}]:
+        tokens = f"{e['input_tokens']}/{e['output_tokens']}" + (
+            f"/{e['cached_tokens']}" if cached else "")
+        rows.append([e["batch"], e["tasks"], e["usable_results"], e["calls"],
+                     e["accepted_returns"], e["rejected_returns"],
+                     *(e[k] for k, _ in optional), tokens, *_cost_cells(e)])
+    lines = [f"ledger {ledger}", *table(columns, rows, right=range(1, 6 + len(optional)))]
+    none = [h for k, h in (("provider_errors", "provider errors"),
+                           ("abandoned", "abandoned calls"), ("in_flight", "calls in flight"))
+            if not total[k]]
+    if none:
+        lines.append("  no " + ", no ".join(none))
+    total = summary["total"]
+    unknown, unpriced = total["unknown_cost_calls"], total["unpriced_calls"]
+    if unknown and unpriced == unknown:
+        lines += wrapped(f"{unknown} call(s) have no recorded cost and their models have no "
+                         "price in batchjson's table, so their cost is unknown (not zero)", "  ")
+    elif unknown:
+        also = (f"; {unpriced} more are for models with no price and add nothing to it"
+                if unpriced else "")
+        lines += wrapped(f"{unknown} call(s) have no recorded cost (killed, abandoned, or "
+                         f"imported without cost): an estimated "
+                         f"{money(total['unknown_cost_lower_bound'])} more, pricing their "
+                         f"prompts (a token per 4 characters) at the input rate{also}; '+' and "
+                         "'≥' mark figures that include that estimate", "  ")
+    owed = summary.get("unresolved_requests", 0)
+    if owed:
+        lines.append(f"  still owed: {owed} request(s), {summary['unresolved_items']} item(s); "
+                     f"at least {summary['minimum_exact_retry_calls']} call(s) to finish")
+    for sup in summary.get("superseded", []):
+        lines.append(f"  superseded: {sup['batch']} revision {sup['revision']} -> "
+                     f"{sup['superseded_by']} ({sup['reason']})")
+    for f in summary.get("forgotten", []):
+        lines += wrapped(forgotten_line(f), "  forgotten: ")
+    return lines + _status_next(summary, ledger, me)
+
+
+def _status_next(summary: Mapping[str, Any], ledger: str, me: str) -> list[str]:
+    """What to run next, for the first batch that needs a look (or the first batch)."""
+    batches = summary["batches"]
+    if not batches:
+        return ["", "the ledger holds no batches yet: run one (batchjson demo shows how)"]
+    flag = "" if ledger == DEFAULT_LEDGER else f" --ledger {shlex.quote(ledger)}"
+    worst = max(batches, key=lambda e: (e["unresolved_tasks"], e["rejected_returns"]))
+    name = shlex.quote(worst["batch"]).replace("\n", "\\n")  # as typed in a shell
+    hints = [(f"{me} receipts {name} --failed{flag}", "why returns were rejected")]
+    if worst["unresolved_tasks"]:
+        hints.insert(0, (f"re-run batch {worst['batch']!r}",
+                         "accepted requests are never paid again"))
+    else:
+        hints.append((f"{me} values {name} --csv{flag}", "the accepted answers"))
+    if worst["accepted_returns"] + worst["rejected_returns"]:  # advice needs judged returns
+        hints.append((f"{me} advise {name}{flag}", "the cheapest pack size"))
+    width = max(len(c) for c, _ in hints) + 2
+    return ["", "next:", *(f"  {c.ljust(width)}{why}" for c, why in hints)]
+
+
+def _cost_cells(e: Mapping[str, Any]) -> tuple[str, str]:
+    """(cost, cost per usable result) as printed: exact, a lower bound, or unknown."""
+    per = e["cost_per_usable_result"]
+    if e["cost_is_lower_bound"] and not e["cost_at_least"]:
+        return "unknown", "unknown" if e["usable_results"] else "n/a"
+    mark = "+" if e["cost_is_lower_bound"] else ""
+    return (money(e["cost_at_least"]) + mark,
+            "n/a" if per is None else ("≥" if mark else "") + money(per))
+
+
+def receipt_cost(cost: float | None, status: str, sent_at: str | None) -> str:
+    """A receipt's cost as shown: a call cancelled before it was sent cost nothing."""
+    if cost is None and status == "cancelled" and sent_at is None:
+        return "$0.00 (not sent)"
+    return money(cost)
+
+
+def _answered_by(receipt: Mapping[str, Any]) -> str:
+    provider, model = receipt.get("provider") or "?", receipt.get("model")
+    return f"{provider}/{model}" if model and model != provider else provider
+
+
+def receipt_lines(name: str, receipts: Sequence[Mapping[str, Any]], raw: bool,
+                  failed: bool = False) -> list[str]:
+    if not receipts:
+        return [f"no failed receipts for batch {name!r}: every attempt was accepted" if failed
+                else f"no receipts for batch {name!r}"]
+    rows = [[r["number"], r["revision"], r["kind"], r["status"], _answered_by(r),
+             len(r["task_ids"]),
+             r["input_tokens"] if r["input_tokens"] is not None else "-",
+             r["output_tokens"] if r["output_tokens"] is not None else "-",
+             receipt_cost(r["cost"], r["status"], r.get("sent_at"))]
+            for r in receipts]
+    head = table(["#", "rev", "kind", "status", "model", "tasks", "in", "out", "cost"], rows,
+                 right=(0, 1, 5, 6, 7))
+    lines = head[:2]
+    for line, r in zip(head[2:], receipts, strict=True):
+        lines.append(line)
+        for e in r["errors"][:5]:
+            lines += wrapped(describe_error(e), "      - ")
+        if len(r["errors"]) > 5:
+            lines.append(f"      ... and {len(r['errors']) - 5} more error(s)")
+        if raw and r["raw"] is not None:
+            lines += ["      raw return:",
+                      *("        " + printable(x) for x in r["raw"].split("\n"))]
+    return lines
+
+
+def describe_error(e: Mapping[str, Any]) -> str:
+    if e.get("type") == "identity" and "field" in e and "got" in e:
+        return (f"identity: {e['field']} is {e['got']!r}, the request has {e.get('expected')!r} "
+                f"(task {e.get('task_id')!r})")
+    return f"{e.get('type')}: {e.get('message')}"
+
+
+def import_lines(report: Mapping[str, Any]) -> list[str]:
+    lines = [f"imported {report['source']}: {report['lines']} receipt(s): "
+             f"{report['admitted']} admitted ({report['items_admitted']} item(s)), "
+             + (f"{report['duplicate']} already accepted here (values kept), "
+                if report.get("duplicate") else "")
+             + f"{report['diagnostic']} kept as diagnostic, {report['rejected']} rejected, "
+             f"{report['unverified']} unverified, {report['recorded']} recorded, "
+             f"{report['skipped']} skipped"]
+    # Lines that went as expected are grouped by outcome and reason; the others (kept as
+    # diagnostic, rejected, unverified, duplicate) are shown one by one, up to DETAILED.
+    grouped: dict[tuple[str, str], list[int]] = {}
+    detailed = []
+    for r in report["receipts"]:
+        if r["outcome"] in ("admitted", "skipped", "recorded"):
+            reason = ("already imported" if r["reason"].startswith("already imported")
+                      else r["reason"])
+            grouped.setdefault((r["outcome"], reason), []).append(r["line"])
+        else:
+            detailed.append(r)
+    unit = report.get("numbered", "line")  # an export's JSON document numbers its receipts
+    for (outcome, reason), numbers in grouped.items():
+        ranges = line_ranges(numbers).replace("line", unit)
+        lines += wrapped(f"{outcome.upper()}: {len(numbers)} {unit}(s) ({ranges})"
+                         + (f": {reason}" if reason else ""), "  ")
+    for r in detailed[:DETAILED]:
+        lines.append(f"  {unit} {r['line']}: batch {r['batch']!r}, {r['items']} item(s), claimed "
+                     f"{r['claimed_status']!r}: {r['outcome'].upper()}")
+        if r["reason"]:
+            lines += wrapped(r["reason"], "      ")
+        for e in r["errors"][:10]:
+            lines += wrapped(describe_error({"type": "identity", **e}) if "field" in e
+                             else describe_error(e), "      - ")
+        if len(r["errors"]) > 10:
+            lines.append(f"      ... and {len(r['errors']) - 10} more")
+    if len(detailed) > DETAILED:
+        lines.append(f"  ... and {len(detailed) - DETAILED} more {unit}(s) not admitted "
+                     "(--json lists every line)")
+    return lines + revision_lines(report.get("revisions", []))
+
+
+def revision_lines(revisions: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Which revision of each batch is current, said whenever an import's receipts of a batch
+    went to more than one revision or beside the current one (values shows the current)."""
+    by_batch: dict[str, list[Mapping[str, Any]]] = {}
+    for r in revisions:
+        by_batch.setdefault(r["batch"], []).append(r)
+    lines = []
+    for batch, kept in by_batch.items():
+        if len(kept) == 1 and kept[0]["current"]:
+            continue
+        lines.append(f"  batch {batch!r}: revision {kept[0]['current_revision']} is current "
+                     "(values and status show it)")
+        for r in kept:
+            said = (f"revision {r['revision']}: {line_ranges(r['lines'])}, "
+                    f"{r['admitted_items']} item(s) admitted, "
+                    + ("current" if r["current"] else r["reason"] or "not current"))
+            lines += wrapped(said, "      ")
+    return lines
+
+
+DETAILED = 20
+
+
+def line_ranges(numbers: Sequence[int]) -> str:
+    """1, 2, 3, 5, 7, 8 -> "lines 1-3, 5, 7-8"."""
+    runs: list[list[int]] = []
+    for n in sorted(numbers):
+        if runs and runs[-1][-1] == n - 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    text = ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+    return ("line " if len(numbers) == 1 else "lines ") + text
+
+
+def advice_lines(advice: Mapping[str, Any]) -> list[str]:
+    f = advice["fit"]
+    unit = "cost" if advice["priced"] else "tokens"
+    lines = [f"pack-size advice for batch {advice['batch']!r} ({advice['tasks']} tasks, "
+             f"repairs {advice['repairs']}, replays {advice['replays']}; current pack "
+             f"{advice['current_pack']})",
+             f"  fitted from {f['returns']} judged return(s): per-item fault rate "
+             f"{f['item_fault_rate']:.4f}, whole-return fault rate {f['call_fault_rate']:.4f}, "
+             f"{f['shared_input']:.0f} shared + {f['input_per_task']:.1f} per-task input tokens"]
+    rows = []
+    for c in advice["candidates"]:
+        per = (money(c["cost_per_usable_result"]) if advice["priced"]
+               else c["tokens_per_usable_result"])
+        rows.append([c["pack"], "yes" if c["split"] else "no", f"{c['calls']:.1f}",
+                     f"{c['input_tokens'] + c['output_tokens']:.0f}",
+                     money(c["cost"]) if c["cost"] is not None else "-",
+                     f"{c['usable_results']:.1f}", per])
+    lines += table(["pack", "split", "calls", "tokens", "cost", "usable", f"{unit}/usable"],
+                   rows, right=(0, 2, 3, 4, 5, 6))
+    best = advice["recommended"]
+    per_cost = best["cost_per_usable_result"]
+    per = (f"{'n/a' if per_cost is None else money(per_cost)} per usable result"
+           if advice["priced"] else
+           f"{_or_na(best['tokens_per_usable_result'])} tokens per usable result")
+    lines.append(f"recommended: pack {best['pack']}{' with split=True' if best['split'] else ''} "
+                 f"(expected {best['calls']:.1f} calls, "
+                 f"{best['usable_results']:.1f} usable results, {per})")
+    if advice.get("warning"):
+        lines += wrapped(advice["warning"], "warning: ")
+    return lines
+
+
+def _or_na(value: Any) -> str:
+    return "n/a" if value is None else str(value)
+
+
+def budget_line(budget: Mapping[str, Any] | None) -> str:
+    """What ``batchjson budget`` says of the ledger's own cost budget."""
+    if budget is None:
+        return ("this ledger has no cost budget of its own; set one that every runner on it "
+                "holds together with: batchjson budget --cost USD")
+    return (f"ledger cost budget {usd(budget['cost'])}: {usd(budget['spent'])} spent, "
+            f"{usd(budget['reserved'])} held by calls in flight, {usd(budget['left'])} left "
+            f"(set by {budget['set_by']} at {budget['set_at'][:19]}Z)")

@@ -1,0 +1,115 @@
+"""Canonical validators for droste's own structured helpers, droste's code untouched.
+
+droste keys unresolved structured-batch evidence by validator object identity, so a cell that
+defines its validator inline and is re-executed after an error orphans the evidence of every
+earlier execution. ``run_rlm`` binds its evidence-tracked ``llm_batch_json`` and
+``llm_query_batched_json`` into the environment's globals after setup, replacing whatever the
+environment put there, so they cannot be pre-populated: the wrapper instead re-wraps them
+before every executed cell. Each call then hands droste the first object registered with the
+same content; a changed validator is still a different validator to droste.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .._errors import ConfigError
+from .._session.registry import ValidatorRegistry
+from ._rebind import canonical_validator, cell_frame
+
+if TYPE_CHECKING:
+    from .._session.session import Session
+
+__all__ = ["CanonicalValidatorsEnvironment", "droste_environment"]
+
+STRUCTURED_HELPERS = ("llm_batch_json", "llm_query_batched_json")
+_VALIDATOR_POSITION = 4  # droste: (prompts, schema, contexts, max_repair_attempts, validator)
+
+
+def droste_environment(environment: Any, *, session: Session | None = None,
+                       registry: ValidatorRegistry | None = None
+                       ) -> CanonicalValidatorsEnvironment:
+    """Wrap any droste ``RLMEnvironment`` so its structured helpers get canonical validators.
+
+    ``session=`` shares that session's validator registry (one validator object for batchjson
+    and droste alike); otherwise the wrapper keeps its own.
+    """
+    wanted = registry if registry is not None else (
+        session.validators if session is not None else None)
+    if isinstance(environment, CanonicalValidatorsEnvironment):  # wrapping twice: once
+        if wanted is not None and wanted is not environment.validators:
+            raise ConfigError(
+                "this environment is already wrapped by droste_environment with another "
+                "validator registry; wrap the unwrapped environment once, passing session= "
+                "(or registry=) the first time, so batchjson and droste share one validator")
+        return environment
+    if registry is None:
+        registry = wanted if wanted is not None else ValidatorRegistry()
+    return CanonicalValidatorsEnvironment(environment, registry)
+
+
+class CanonicalValidatorsEnvironment:
+    """Delegates everything to the wrapped environment; ``execute`` first re-wraps helpers."""
+
+    def __init__(self, environment: Any, registry: ValidatorRegistry) -> None:
+        self.environment = environment
+        self.validators = registry
+        self._wrappers: dict[int, tuple[Callable[..., Any], Callable[..., Any]]] = {}
+
+    def __getattr__(self, name: str) -> Any:  # accessor_manifest, capacity, broker, ...
+        return getattr(self.environment, name)
+
+    # -- the RLMEnvironment protocol -----------------------------------------------------------
+    def capabilities(self) -> Any:
+        return self.environment.capabilities()
+
+    def globals(self) -> dict[str, Any]:
+        return self.environment.globals()
+
+    def sandbox_subcalls(self, subcalls: Any, ledger: Any, **callbacks: Any) -> Any:
+        return self.environment.sandbox_subcalls(subcalls, ledger, **callbacks)
+
+    def prompt_fragment(self) -> str:
+        return self.environment.prompt_fragment()
+
+    def execute(self, code: str) -> Any:
+        self.install()
+        return self.environment.execute(code)
+
+    def close(self) -> None:
+        self.environment.close()
+
+    # -- canonical validators ------------------------------------------------------------------
+    def install(self) -> None:
+        """Wrap whatever structured helpers the globals hold now (droste rebinds them)."""
+        scope = self.environment.globals()
+        for name in STRUCTURED_HELPERS:
+            current = scope.get(name)
+            if callable(current) and not getattr(current, "__batchjson_canonical__", False):
+                scope[name] = self._wrap(current)
+
+    def _wrap(self, helper: Callable[..., Any]) -> Callable[..., Any]:
+        known = self._wrappers.get(id(helper))
+        if known is not None and known[0] is helper:
+            return known[1]
+        registry, scope = self.validators, self.environment.globals
+
+        def canonical_helper(*args: Any, **kwargs: Any) -> Any:
+            frame = cell_frame(2)
+            if kwargs.get("validator") is not None and callable(kwargs["validator"]):
+                kwargs["validator"] = canonical_validator(
+                    registry, kwargs["validator"], namespaces=[scope()], frame=frame)
+            elif len(args) > _VALIDATOR_POSITION and callable(args[_VALIDATOR_POSITION]):
+                args = (*args[:_VALIDATOR_POSITION],
+                        canonical_validator(registry, args[_VALIDATOR_POSITION],
+                                            namespaces=[scope()], frame=frame),
+                        *args[_VALIDATOR_POSITION + 1:])
+            return helper(*args, **kwargs)
+
+        canonical_helper.__batchjson_canonical__ = True  # type: ignore[attr-defined]
+        canonical_helper.__name__ = getattr(helper, "__name__", "llm_batch_json")
+        canonical_helper.__doc__ = getattr(helper, "__doc__", None)
+        canonical_helper.__wrapped__ = helper  # type: ignore[attr-defined]
+        self._wrappers[id(helper)] = (helper, canonical_helper)  # keeps helper alive: id stable
+        return canonical_helper

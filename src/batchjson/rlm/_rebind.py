@@ -1,0 +1,78 @@
+"""Call-time canonical validators: a redefined, identical validator becomes the first object.
+
+An RLM cell that defines its validator inline and is re-executed hands a new function object to
+every call. Code keyed on identity (droste's evidence, a model's own ``is`` checks) then sees a
+new validator each time. Here the registry hands back the first object registered with the same
+content, and every name bound to the duplicate is rebound to it: in the function's
+``__globals__`` (hosts such as alexzhang13/rlm's LocalREPL run each cell in a fresh dict copied
+in and out), in the calling cell's locals (``exec(code, {}, env)`` hosts), and in the
+namespaces the host named.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import types
+from collections.abc import Callable, Iterable, MutableMapping
+from typing import Any
+
+from .._session.registry import ValidatorRegistry, ValidatorVersion
+
+__all__ = ["canonical_validator", "canonical_version", "cell_frame"]
+
+_FRAMES_UP = 8  # how far a helper called from a cell's own helper function looks for the cell
+
+
+def cell_frame(depth: int = 2) -> types.FrameType | None:
+    """The nearest calling frame that runs cell code (module level: its locals are a dict)."""
+    try:
+        frame: types.FrameType | None = sys._getframe(depth)
+    except ValueError:  # called from the bottom of a thread's stack: no cell above
+        return None
+    for _ in range(_FRAMES_UP):
+        if frame is None:
+            return None
+        if not frame.f_code.co_flags & inspect.CO_OPTIMIZED:
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def canonical_validator(registry: ValidatorRegistry, fn: Callable[..., Any], *,
+                        namespaces: Iterable[MutableMapping[str, Any]] = (),
+                        frame: types.FrameType | None = None,
+                        name: str | None = None) -> Callable[..., Any]:
+    """Register ``fn`` and return the canonical object for its content, rebinding duplicates.
+
+    A changed validator is a new version (a strict registry may refuse it with
+    ValidatorChanged); only identical re-definitions are replaced.
+    """
+    return canonical_version(registry, fn, namespaces=namespaces, frame=frame, name=name).fn
+
+
+def canonical_version(registry: ValidatorRegistry, fn: Callable[..., Any], *,
+                      namespaces: Iterable[MutableMapping[str, Any]] = (),
+                      frame: types.FrameType | None = None,
+                      name: str | None = None) -> ValidatorVersion:
+    """Like :func:`canonical_validator`, returning the version record (name, fingerprint)."""
+    version = registry.version_of(fn, name)
+    canonical = version.fn
+    if canonical is fn:
+        return version
+    targets: list[MutableMapping[str, Any]] = []
+    found = getattr(fn, "__globals__", None)
+    if isinstance(found, MutableMapping):
+        targets.append(found)
+    if frame is not None and isinstance(frame.f_locals, MutableMapping):
+        targets.append(frame.f_locals)
+    targets.extend(namespaces)
+    seen: set[int] = set()
+    for target in targets:
+        if id(target) in seen:
+            continue
+        seen.add(id(target))
+        for key, value in list(target.items()):
+            if value is fn:
+                target[key] = canonical
+    return version

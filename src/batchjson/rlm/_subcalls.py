@@ -1,0 +1,329 @@
+"""RLM hosts' subcall helpers as a batchjson provider.
+
+Two shapes reach an RLM binding besides a batchjson provider: droste's subcall protocol
+(``llm_batch_with_errors(prompts, contexts) -> (values, errors)``) and alexzhang13/rlm's
+``llm_query_batched(prompts) -> list[str]``, whose failures are strings beginning ``"Error:"``.
+Both become one ``complete(call)`` per request, so the replay loop, acceptance and the ledger
+stay the only judges of an answer; the prompts of calls waiting together are sent as one
+batch. A provider failure is a :class:`ProviderError`, never a rejected answer; a droste client
+that breaks droste's protocol fails the call loudly (:class:`SubcallClientError`), as droste's
+own helper does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import functools
+import json
+import threading
+import types
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .._content.tasks import render_value_prompt, sha
+from .._errors import ConfigError, ProviderError, SubcallClientError
+from .._fingerprint.fingerprint import fingerprint_function
+from .._providers.base import Call, Reply, estimate_tokens
+
+__all__ = ["SubcallProvider", "as_provider", "is_droste_client", "is_subcall_source"]
+
+
+def is_subcall_source(target: Any) -> bool:
+    """True for what :class:`SubcallProvider` adapts: not already a batchjson provider."""
+    if callable(getattr(target, "complete", None)) or isinstance(target, str) or target is None:
+        return False
+    return callable(getattr(target, "llm_batch_with_errors", None)) or callable(target)
+
+
+def is_droste_client(target: Any) -> bool:
+    """An object with droste's subcall protocol (``llm_batch_with_errors``), not a provider."""
+    return is_subcall_source(target) and callable(getattr(target, "llm_batch_with_errors", None))
+
+
+def as_provider(target: Any, *, context: Any = None) -> Any:
+    """A batchjson provider for ``target``: providers and provider names pass through."""
+    return SubcallProvider(target, context=context) if is_subcall_source(target) else target
+
+
+def _kind_of(target: Any) -> str:
+    if callable(getattr(target, "llm_batch_with_errors", None)):
+        return "subcalls"
+    if callable(target):
+        return "function"
+    raise ConfigError(
+        f"cannot answer from a {type(target).__name__}: pass a batchjson provider, an object "
+        "with llm_batch_with_errors(prompts, contexts) -> (values, errors), or a function of a "
+        "list of prompts returning a list of strings")
+
+
+def _budget_exhausted(exc: BaseException) -> bool:
+    """droste's budget refusals: its BudgetExhausted, or a broker error coded budget_exhausted."""
+    if any(cls.__name__ == "BudgetExhausted" for cls in type(exc).__mro__):
+        return True
+    return getattr(getattr(exc, "error", None), "code", None) == "budget_exhausted"
+
+
+def _code_only(fn: types.FunctionType) -> types.FunctionType:
+    """The same code with no defaults, empty closure cells and no globals: its state dropped."""
+    cells = tuple(types.CellType() for _ in fn.__code__.co_freevars)
+    return types.FunctionType(fn.__code__, {"__builtins__": builtins}, fn.__name__, None,
+                              cells or None)
+
+
+def _source_key(kind: str, target: Any) -> str:
+    """Digest of the code that answers, never of its state: clients count calls and test
+    doubles draw random faults, and neither may turn the same source into a new one."""
+    if isinstance(target, functools.partial):  # the function it calls, not its arguments
+        inner = _source_key(kind, target.func)
+        return sha(json.dumps(["batchjson:subcalls:1", [kind, "partial"], inner]))
+    if isinstance(target, types.MethodType):
+        label = [kind, "method", target.__func__.__name__]
+        digest = fingerprint_function(type(target.__self__)).digest
+    elif isinstance(target, types.FunctionType):
+        label = [kind, "function", target.__qualname__]
+        digest = fingerprint_function(_code_only(target)).digest
+    else:
+        label = [kind, "object", type(target).__qualname__]
+        digest = fingerprint_function(type(target)).digest
+    return sha(json.dumps(["batchjson:subcalls:1", label, digest]))
+
+
+class SubcallProvider:
+    """A droste subcall client or an rlm ``llm_query_batched`` function, one prompt per call.
+
+    ``context`` is a droste ``ExecutionContext`` (or anything with its ``record_subcall_*``
+    methods): a client with ``bind_context`` is bound to it once and accounts for itself, as
+    droste's clients do; for any other source the adapter records one attempt per call and one
+    success per usable answer, as droste's protocol asks of a client.
+    """
+
+    def __init__(self, target: Any, *, context: Any = None) -> None:
+        self.kind = _kind_of(target)
+        self.target = target
+        self.context = context
+        self._self_accounting = False
+        bind_context = getattr(target, "bind_context", None)
+        if context is not None and callable(bind_context):
+            try:
+                bind_context(context)
+            except Exception as exc:
+                raise ConfigError(f"the subcall client's bind_context(context) failed: "
+                                  f"{type(exc).__name__}: {exc}. Pass the droste "
+                                  "ExecutionContext the client was made for, or no context="
+                                  ) from exc
+            self._self_accounting = True
+        self._key = _source_key(self.kind, target)
+        self._lock = threading.Lock()  # one call of the helper at a time, as droste makes them
+        self._queues: dict[asyncio.AbstractEventLoop, _Queue] = {}
+        base = getattr(target, "__qualname__", None) or type(target).__qualname__
+        self.name = f"{self.kind}:{base}"
+        self.model = getattr(target, "model", None) if isinstance(
+            getattr(target, "model", None), str) else base
+
+    def retarget(self, target: Any) -> None:
+        """Answer through ``target`` from now on: another object of the same source (rlm makes
+        a REPL, and so a new ``llm_query_batched``, for every completion)."""
+        if target == self.target:  # bound methods of one object compare equal
+            return
+        if _source_key(_kind_of(target), target) != self._key:
+            raise ConfigError(f"cannot answer through {target!r}: it is another answer source "
+                              f"than {self.target!r}; a ledger's evidence is kept per source")
+        with self._lock:
+            self.target = target
+
+    def source_key(self) -> str:
+        """Stable across calls and processes: the wrapped object's class or function's code."""
+        return self._key
+
+    def __repr__(self) -> str:
+        return f"SubcallProvider({self.name}, source={self._key[:12]})"
+
+    async def complete(self, call: Call) -> Reply:
+        """Queue this prompt for the next batch: calls waiting while a batch is out go together
+        in one ``llm_batch_with_errors`` (one wire request, as droste's clients make), and the
+        helper is never called from two threads at once."""
+        prompt, context = self._message(call)
+        loop = asyncio.get_running_loop()
+        queue = self._queues.setdefault(loop, _Queue())
+        future: asyncio.Future[str] = loop.create_future()
+        queue.waiting.append((prompt, context, future))
+        if not queue.draining:
+            queue.draining = True
+            queue.task = loop.create_task(self._drain(loop, queue))
+        text = await future
+        return Reply(text=text, input_tokens=estimate_tokens(prompt + (context or "")),
+                     output_tokens=estimate_tokens(text), model=self.model)
+
+    async def _drain(self, loop: asyncio.AbstractEventLoop, queue: _Queue) -> None:
+        try:
+            await asyncio.sleep(0)  # workers ready on this turn of the loop join the first batch
+            while queue.waiting:
+                batch, queue.waiting = queue.waiting, []
+                for group in _by_context(batch):
+                    outcomes = await asyncio.to_thread(self._batch, [p for p, _, _ in group],
+                                                       [c for _, c, _ in group])
+                    for (_, _, future), outcome in zip(group, outcomes, strict=True):
+                        if future.done():  # its worker was cancelled
+                            continue
+                        if isinstance(outcome, BaseException):
+                            future.set_exception(outcome)
+                        else:
+                            future.set_result(outcome)
+        except BaseException as exc:  # never leave a worker waiting on a dead drain
+            for _, _, future in queue.waiting:
+                if not future.done():
+                    future.set_exception(ProviderError(f"subcall batch failed: {exc}"))
+            raise
+        finally:
+            queue.draining = False
+            if self._queues.get(loop) is queue and not queue.waiting:
+                del self._queues[loop]
+
+    def _message(self, call: Call) -> tuple[str, str | None]:
+        """droste's subcalls take prompt and context apart, repairs too, as droste sends them;
+        a plain helper takes one text, so the context is quoted in it."""
+        task = call.tasks[0] if call.tasks else {}
+        if self.kind != "subcalls" or not isinstance(task.get("prompt"), str):
+            return call.prompt, None
+        context = task.get("context")
+        if context is None:
+            return (task["prompt"] if call.kind != "repair" else call.prompt), None
+        if call.kind != "repair":
+            return task["prompt"], str(context)
+        quoted = render_value_prompt(task)  # a repair prompt begins with the prompt it repairs
+        if call.prompt.startswith(quoted):
+            return task["prompt"] + call.prompt[len(quoted):], str(context)
+        return call.prompt, None
+
+    def _batch(self, prompts: list[str], contexts: list[str | None]) -> list[str | Exception]:
+        """One call of the host's helper; each prompt gets its text or its ProviderError."""
+        with self._lock:
+            self._record("record_subcall_attempts", len(prompts))
+            try:
+                if self.kind == "subcalls":
+                    given = None if contexts[0] is None else [str(c) for c in contexts]
+                    outcomes = self._from_subcalls(prompts, given)
+                else:
+                    outcomes = self._from_function(prompts)
+            except ProviderError as exc:
+                outcomes = [exc] * len(prompts)
+            except Exception as exc:
+                if _budget_exhausted(exc):
+                    error = ProviderError(f"the host's subcall budget is exhausted: {exc}",
+                                          retryable=False, kind="budget_exhausted")
+                else:
+                    error = ProviderError(f"subcall failed: {type(exc).__name__}: {exc}")
+                outcomes = [error] * len(prompts)
+            usable = sum(1 for o in outcomes if isinstance(o, str) and o.strip())
+            if usable:
+                self._record("record_subcall_successes", usable)
+            return outcomes
+
+    def _record(self, method: str, count: int) -> None:
+        if self.context is None or self._self_accounting:
+            return
+        record = getattr(self.context, method, None)
+        if callable(record):
+            record(count)
+
+    def _from_subcalls(self, prompts: list[str],
+                       contexts: list[str] | None) -> list[str | Exception]:
+        """droste's protocol, kept as droste keeps it: a client that breaks it fails the call
+        loudly (SubcallClientError) instead of passing as one more provider error."""
+        out = self.target.llm_batch_with_errors(prompts, contexts)
+        if isinstance(out, (str, bytes)) or not (isinstance(out, Sequence) and len(out) == 2):
+            raise SubcallClientError(f"the subcall client returned a {type(out).__name__} "
+                                     "from llm_batch_with_errors, not (values, errors)")
+        values, errors = out
+        failed = _batch_errors(errors, len(prompts))
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(
+                values) != len(prompts):
+            count = len(values) if isinstance(values, Sequence) else type(values).__name__
+            raise SubcallClientError(f"the subcall client returned {count} value(s) for "
+                                     f"{len(prompts)} prompt(s); it must return one per prompt")
+        outcomes: list[str | Exception] = []
+        for index, value in enumerate(values):
+            error = failed.get(index)
+            if error is not None:  # its value is ignored, as droste ignores it
+                kind = str(error.get("type") or "provider_error")
+                message = str(error.get("error") or kind)
+                outcomes.append(ProviderError(f"subcall {kind}: {message}",
+                                              retryable=kind != "budget_exhausted", kind=kind))
+            elif isinstance(value, str):
+                outcomes.append(value)
+            else:
+                raise SubcallClientError(f"the subcall client returned a "
+                                         f"{type(value).__name__} as value {index} with no "
+                                         "batch error for it; values must be text")
+        return outcomes
+
+    def _from_function(self, prompts: list[str]) -> list[str | Exception]:
+        outcomes: list[str | Exception] = []
+        for text in _texts(self.target(prompts), len(prompts)):
+            # rlm's helpers report failures as text; such a string is never an answer
+            outcomes.append(ProviderError(f"subcall failed: {text.strip()[:500]}")
+                            if _is_error_text(text) else text)
+        return outcomes
+
+
+def _batch_errors(errors: Any, count: int) -> dict[int, Mapping[str, Any]]:
+    """The batch errors of a droste client by index; anything but one object per distinct
+    index of the batch is a broken client."""
+    if errors is None:
+        return {}
+    if isinstance(errors, (str, bytes, Mapping)) or not isinstance(errors, Sequence):
+        raise SubcallClientError(f"the subcall client returned a {type(errors).__name__} as its "
+                                 "batch errors, not a list of {'index', 'type', 'error'} objects")
+    failed: dict[int, Mapping[str, Any]] = {}
+    for error in errors:
+        if not isinstance(error, Mapping):
+            raise SubcallClientError(f"the subcall client returned a non-object batch error: "
+                                     f"{error!r}"[:300])
+        index = error.get("index")
+        if not isinstance(index, int) or isinstance(index, bool):
+            raise SubcallClientError(f"the subcall client returned a batch error with an "
+                                     f"invalid index: {error!r}"[:300])
+        if not 0 <= index < count:
+            raise SubcallClientError(f"the subcall client returned a batch error index out of "
+                                     f"range (0..{count - 1}): {error!r}"[:300])
+        if index in failed:
+            raise SubcallClientError(f"the subcall client returned duplicate batch error "
+                                     f"indices: {index} twice")
+        failed[index] = error
+    return failed
+
+
+def _is_error_text(text: str) -> bool:
+    """rlm's failure strings: "Error: ..." (any case, leading space). No JSON value starts so."""
+    return text.lstrip()[:6].lower() == "error:"
+
+
+class _Queue:
+    """Prompts waiting for the next batch on one event loop."""
+
+    def __init__(self) -> None:
+        self.waiting: list[tuple[str, str | None, asyncio.Future[str]]] = []
+        self.draining = False
+        self.task: asyncio.Task[None] | None = None  # held so the drain is not collected
+
+
+def _by_context(batch: list[Any]) -> list[list[Any]]:
+    """droste takes contexts for all prompts of a batch or for none."""
+    with_context = [item for item in batch if item[1] is not None]
+    without = [item for item in batch if item[1] is None]
+    return [group for group in (with_context, without) if group]
+
+
+def _texts(values: Any, expected: int) -> list[str]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise ProviderError("subcall helper must return a list with one string per prompt, got "
+                            f"{type(values).__name__}", retryable=False)
+    if len(values) != expected:
+        raise ProviderError(f"subcall helper returned {len(values)} results for {expected} "
+                            "prompt(s)", retryable=False)
+    for value in values:
+        if not isinstance(value, str):
+            raise ProviderError(f"subcall helper returned a {type(value).__name__}, expected a "
+                                "string", retryable=False)
+    return list(values)
