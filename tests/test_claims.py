@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from batchjson import CallableProvider, Session
+from batchjson._ledger import Ledger
 from batchjson._ledger import claims as claims_module
 from tests.helpers import (
     LABEL_SCHEMA,
@@ -275,3 +276,42 @@ def test_a_killed_runners_claims_are_taken_over_at_once_and_its_calls_abandoned(
     assert checkpoint_problems(path) == []
     assert ledger_rows(path, "SELECT COUNT(*) FROM claims") == [(0,)]
     assert claims_module.LEASE_SECONDS == 30.0  # the subprocess's setting stayed there
+
+
+SLOW_HOST = textwrap.dedent("""
+    import asyncio, sys
+    from batchjson import CallableProvider, Ledger, Session
+    from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
+
+    async def model(call):
+        print("sent", flush=True)
+        await asyncio.sleep(2.5)  # five leases long
+        return items_reply(call)
+
+    session = Session(CallableProvider(model, source="test-model"),
+                      ledger=Ledger(sys.argv[1], lease=0.5))
+    print(session.run_batch("r", review_tasks(1), LABEL_SCHEMA).status, flush=True)
+""")
+
+
+def test_a_call_longer_than_the_lease_keeps_its_claim_while_it_runs(ledger_at):
+    """Another host sees only the lease: renewed while the call runs, the claim is never taken
+    over, and the request is paid once, by the host that holds it."""
+    path = ledger_at()
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_HOST, str(path)],
+                            env={**ENV, "BATCHJSON_HOST": "another-machine"},
+                            stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    try:
+        assert proc.stdout.readline().strip() == "sent"
+        model = ConcurrentModel()
+        session = Session(CallableProvider(model, source=SOURCE),
+                          ledger=Ledger(path, lease=0.5))
+        result = session.run_batch("r", review_tasks(1), LABEL_SCHEMA)
+        assert proc.stdout.readline().strip() == "resolved"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert result.status == "resolved" and model.sent == []  # waited, never sent by us
+    assert ledger_rows(path, "SELECT status FROM attempts") == [("accepted",)]
+    assert checkpoint_problems(path) == []
+
