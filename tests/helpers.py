@@ -245,3 +245,23 @@ def ledger_write(target: Any, *statements: tuple[str, tuple]) -> list[Any]:
         return out
     finally:
         held.close()
+
+
+def kill_runner_mid_call(script: str, target: Any, calls: int) -> None:
+    """Run ``script`` (``python -c``, the ledger as its argument) until it has printed "sent"
+    for ``calls`` calls, then SIGKILL it: a runner that died with its calls in flight."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, "-c", script, str(target)], env=env,
+                            stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    try:
+        for _ in range(calls):
+            assert proc.stdout.readline().strip() == "sent"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -23,6 +22,7 @@ from tests.helpers import (
     LABEL_SCHEMA,
     ConcurrentModel,
     items_reply,
+    kill_runner_mid_call,
     ledger_rows,
     ledger_write,
     review_tasks,
@@ -253,12 +253,7 @@ KILLED = textwrap.dedent("""
 
 def test_a_killed_runners_claims_are_taken_over_at_once_and_its_calls_abandoned(ledger_at):
     path = ledger_at()
-    proc = subprocess.Popen([sys.executable, "-c", KILLED, str(path)], env=ENV,
-                            stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
-    for _ in range(4):
-        assert proc.stdout.readline().strip() == "sent"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_runner_mid_call(KILLED, path, 4)
     assert ledger_rows(path, "SELECT COUNT(*) FROM claims") == [(4,)]
 
     session = Session(CallableProvider(items_reply), ledger=path, concurrency=4)

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
-import subprocess
 import sys
 import textwrap
 import threading
@@ -17,7 +15,13 @@ import pytest
 
 from batchjson import Budget, BudgetExceeded, CallableProvider, Ledger, Session
 from batchjson._providers.base import Reply
-from tests.helpers import LABEL_SCHEMA, items_reply, ledger_rows, review_tasks
+from tests.helpers import (
+    LABEL_SCHEMA,
+    items_reply,
+    kill_runner_mid_call,
+    ledger_rows,
+    review_tasks,
+)
 
 PRICE = {"input": 1000.0, "output": 1000.0}  # USD per million tokens: a call costs cents
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
@@ -122,12 +126,7 @@ HANGING = textwrap.dedent("""
 def test_a_killed_runners_calls_are_charged_their_worst_case_when_taken_over(ledger_at):
     path = ledger_at()
     Ledger(path).set_budget(10.0)
-    proc = subprocess.Popen([sys.executable, "-c", HANGING, str(path)], env=ENV,
-                            stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
-    for _ in range(3):
-        assert proc.stdout.readline().strip() == "sent"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_runner_mid_call(HANGING, path, 3)
     (held,), = ledger_rows(path, "SELECT SUM(reserved) FROM attempts")
     assert Ledger(path).budget()["reserved"] == pytest.approx(held) and held > 0
     session = Session(CallableProvider(priced, price=PRICE, max_tokens=40), ledger=path)
