@@ -120,22 +120,37 @@ class PostgresServer:
             stdin=subprocess.PIPE, start_new_session=True)  # Ctrl-C is not for it
 
     def _start(self, attempts: int = 3) -> None:
-        data, log = self.root / "data", self.root / "server.log"
-        self.run("initdb", "-D", str(data), "-U", "postgres", "-A", "trust", "-E", "UTF8",
-                 "--no-locale", "--no-sync")
+        self.run("initdb", "-D", str(self.root / "data"), "-U", "postgres", "-A", "trust", "-E",
+                 "UTF8", "--no-locale", "--no-sync")
         for _ in range(attempts):  # a port taken between choosing and binding is chosen again
             self.port = _free_port()
-            log.unlink(missing_ok=True)
-            options = (f"-c listen_addresses=127.0.0.1 -p {self.port} -c fsync=off "
-                       f"-c unix_socket_directories={self.root} -c max_connections=200")
-            started = self.run("pg_ctl", "-D", str(data), "-l", str(log), "-o", options,
-                               "-w", "-t", "30", "start", check=False)
-            if started.returncode == 0:
+            started, text = self._pg_ctl_start()
+            if started:
                 return
-            text = log.read_text(errors="replace") if log.exists() else started.stderr
             if "could not bind" not in text:
                 raise RuntimeError(f"PostgreSQL did not start:\n{text}")
         raise RuntimeError("PostgreSQL found no free port on 127.0.0.1")
+
+    def _pg_ctl_start(self) -> tuple[bool, str]:
+        log = self.root / "server.log"
+        log.unlink(missing_ok=True)
+        options = (f"-c listen_addresses=127.0.0.1 -p {self.port} -c fsync=off "
+                   f"-c unix_socket_directories={self.root} -c max_connections=200")
+        started = self.run("pg_ctl", "-D", str(self.root / "data"), "-l", str(log), "-o",
+                           options, "-w", "-t", "30", "start", check=False)
+        text = log.read_text(errors="replace") if log.exists() else started.stderr
+        return started.returncode == 0, text
+
+    def crash(self) -> None:
+        """Stop the server at once, as a power cut would (``immediate``: no shutdown
+        checkpoint, every connection cut); committed transactions survive it."""
+        self.run("pg_ctl", "-D", str(self.root / "data"), "-m", "immediate", "-w", "stop")
+
+    def restart(self) -> None:
+        """Start the server again on its port, after :meth:`crash`."""
+        started, text = self._pg_ctl_start()
+        if not started:
+            raise RuntimeError(f"PostgreSQL did not start again:\n{text}")
 
     def stop(self) -> None:
         try:

@@ -4,6 +4,7 @@ URL's password never shown, whether the database answers or not."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import subprocess
@@ -13,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from batchjson import CallableProvider, Session
+from batchjson import CallableProvider, RunSpec, Session
 from batchjson._errors import LedgerError
 from batchjson._ledger import Ledger
-from tests.helpers import ledger_rows
+from tests.helpers import LABEL_SCHEMA, items_reply, ledger_rows, review_tasks
 
 PASSWORD = "s3cret-Pw0rd"  # the test server trusts every local connection: any password works
 NOTE_SCHEMA = {
@@ -130,3 +131,46 @@ def test_config_ledger_to_a_database_opens_a_session_there_and_shows_it_masked(
     refusal = " ".join(r.getMessage() for r in caplog.records)
     assert "was not applied: LedgerError" in refusal and PASSWORD not in refusal
     assert ip.user_ns["batch_session"] is session  # the working session stays
+
+
+def test_a_server_that_dies_mid_run_stops_it_and_a_rerun_after_its_restart_pays_nothing_twice(
+        ) -> None:
+    from tests.postgres_server import start_postgres
+
+    server = start_postgres()  # its own: this test stops it
+    try:
+        url = with_password(server.database("crash"))
+        tasks = review_tasks(12)
+        sent: list[str] = []
+        after_crash: list[str] = []
+
+        async def model(call: Any) -> str:
+            (after_crash if server.port < 0 else sent).append(call.tasks[0]["task_id"])
+            if len(sent) == 6 and server.port > 0:
+                server.crash()
+                server.port = -server.port  # calls started from here on are counted apart
+            await asyncio.sleep(0.01)
+            return items_reply(call)
+
+        session = Session(CallableProvider(model, source="m"), ledger=url, concurrency=3)
+        with pytest.raises(LedgerError) as raised:
+            session.run(RunSpec("r", tasks, LABEL_SCHEMA, pack=1))
+        assert after_crash == []  # no call opened once the ledger could not be written
+        assert str(raised.value).startswith(f"ledger ({masked(url)}): a write failed; the run "
+                                            "stopped before any further call")
+        server.port = -server.port
+        server.restart()
+        kept = {key for key, in ledger_rows(url, "SELECT request_key FROM attempts "
+                                                 "WHERE status = 'accepted'")}
+        rerun: list[str] = []
+        again = Session(CallableProvider(lambda call: rerun.append(call.tasks[0]["task_id"])
+                                         or items_reply(call), source="m"), ledger=url)
+        result = again.run(RunSpec("r", tasks, LABEL_SCHEMA, pack=1))
+        assert result.status == "resolved" and len(result.values) == 12
+        assert len(rerun) == 12 - len(kept)  # what committed before the crash is never re-paid
+        per_key = ledger_rows(url, "SELECT request_key, COUNT(*) FROM attempts WHERE status = "
+                              "'accepted' GROUP BY request_key")
+        assert len(per_key) == 12 and {n for _, n in per_key} == {1}
+        again.close()
+    finally:
+        server.stop()
