@@ -280,11 +280,11 @@ SLOW_HOST = textwrap.dedent("""
 
     async def model(call):
         print("sent", flush=True)
-        await asyncio.sleep(2.5)  # five leases long
+        await asyncio.sleep(3.0)  # three leases long
         return items_reply(call)
 
     session = Session(CallableProvider(model, source="test-model"),
-                      ledger=Ledger(sys.argv[1], lease=0.5))
+                      ledger=Ledger(sys.argv[1], lease=1.0))
     print(session.run_batch("r", review_tasks(1), LABEL_SCHEMA).status, flush=True)
 """)
 
@@ -300,7 +300,7 @@ def test_a_call_longer_than_the_lease_keeps_its_claim_while_it_runs(ledger_at):
         assert proc.stdout.readline().strip() == "sent"
         model = ConcurrentModel()
         session = Session(CallableProvider(model, source=SOURCE),
-                          ledger=Ledger(path, lease=0.5))
+                          ledger=Ledger(path, lease=1.0))
         result = session.run_batch("r", review_tasks(1), LABEL_SCHEMA)
         assert proc.stdout.readline().strip() == "resolved"
     finally:
