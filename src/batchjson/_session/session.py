@@ -253,7 +253,8 @@ class Session:
                     instructions=instructions, content=key_content, repairs=repairs,
                     replays=replays, split=bool(spec.split), source=source)
         check_fit(provider, self.ledger, name, item_schema, pending, ident, mode)
-        spender = Spender(max_calls, self.budget, self.tally, pricing_of(provider))
+        spender = Spender(max_calls, self.budget, self.tally, pricing_of(provider),
+                          shared=store.shared_budget())
         check_rate_fit(self.pacer, plan, pending, spender.pricing.max_output_tokens)
         if spec.refuse_short_budget:
             spender.refuse_if_short(len(pending), cheapest_call(plan, provider, spender.pricing,
