@@ -11,7 +11,7 @@ import pytest
 from batchjson import ConfigError, InvalidBatch, RateLimits, Session
 from batchjson._providers.ratelimits import request_tokens
 from batchjson._replay.pacing import Pacer
-from batchjson.testing import Limits, LoopbackServer
+from batchjson.testing import HttpFaults, Limits, LoopbackServer
 from batchjson.testing._ratelimits import counted_tokens
 from tests.helpers import LABEL_SCHEMA, openai, review_tasks
 
@@ -148,3 +148,14 @@ def test_a_pack_larger_than_the_token_limit_is_refused_before_spending_naming_th
 def test_a_bad_rate_limit_is_refused_naming_the_setting(value: object) -> None:
     with pytest.raises(ConfigError, match="rate_limits"):
         Session(ledger=":memory:", rate_limits=value)
+
+
+def test_a_pack_refused_by_the_rate_limit_is_never_split() -> None:
+    """Halving changes a request's keys: a 429 (a limit of the day) must not do it."""
+    with LoopbackServer(faults=HttpFaults(rate_429=1.0, retry_after=0.0)) as srv:
+        session = Session(openai(srv), ledger=":memory:", transport_retries=1, repairs=0,
+                          replays=0)
+        result = session.run_batch("limited", review_tasks(4), LABEL_SCHEMA, pack=4, split=True,
+                                   on_exhausted="return")
+    assert result.status != "resolved" and srv.requests == 2  # one call and its one retry
+    assert {e["status"] for e in result.errors} == {429}

@@ -209,7 +209,8 @@ class Replayer(CallSteps):
                 elif replays_left > 0:
                     replays_left -= 1
                     verdict, raw = await self._attempt(request, "replay", prompt)
-                elif plan.split and len(request.tasks) > 1 and depth < plan.max_split_depth:
+                elif (plan.split and len(request.tasks) > 1 and depth < plan.max_split_depth
+                      and not _rate_limited(verdict)):  # the limits of the day split no pack
                     self._release(request)
                     return self._split(request, depth)
                 else:
@@ -341,6 +342,8 @@ class Replayer(CallSteps):
             status = f" (HTTP {exc.status})" if exc.status else ""
             error = {"type": "provider_error", "task_id": None, "retryable": exc.retryable,
                      "message": f"provider failed{status}: {exc}"}
+            if exc.status == 429:
+                error["status"] = 429
             if exc.kind != "provider_error":  # the source's own type (droste's error types)
                 error["kind"] = exc.kind
             return acceptance.Verdict(False, errors=[error]), None
@@ -389,6 +392,11 @@ class Replayer(CallSteps):
         self._changed.set()
         assert self._reachable is not None
         self._reachable.set()
+
+
+def _rate_limited(verdict: acceptance.Verdict) -> bool:
+    """The request failed on a 429: halving it would change its keys for a limit of the day."""
+    return any(e.get("status") == 429 for e in verdict.errors)
 
 
 def _first_line(error: Mapping[str, Any]) -> str:
