@@ -98,12 +98,16 @@ def test_openai_sends_a_stable_prompt_cache_key_and_a_batch_constant_schema() ->
     assert cached[0] == 0 and all(c >= 1024 for c in cached[1:])
 
 
-def test_a_short_prefix_sends_no_prompt_cache_key() -> None:
+def test_a_short_prefix_sends_no_prompt_cache_key_nor_does_a_user_who_says_none() -> None:
     with LoopbackServer() as srv:
         provider = openai(srv)
         bodies = recording(provider)
         run(provider, SHORT, n=2)
+        refusing = openai(srv, extra_body={"prompt_cache_key": None})
+        refused_bodies = recording(refusing)
+        run(refusing, LONG, n=2)
     assert "prompt_cache_key" not in bodies[0]
+    assert "prompt_cache_key" not in refused_bodies[0]
 
 
 def test_a_batch_constant_schema_still_rejects_a_swapped_identity() -> None:

@@ -113,6 +113,8 @@ class OpenAIProvider(HttpProvider):
             body["response_format"] = {"type": "json_object"}
         if prefix_cacheable(self, call.system, call.shared):  # routed to one prompt cache
             body.setdefault("prompt_cache_key", prompt_cache_key(call.system, call.shared))
+        if "prompt_cache_key" in body and body["prompt_cache_key"] is None:
+            del body["prompt_cache_key"]  # extra_body's None: a server that refuses the field
         return body, wrapped
 
     def overhead_tokens(self, call: Call) -> int:
