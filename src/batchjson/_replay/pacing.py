@@ -218,10 +218,14 @@ class Pacer:
             self.paused += until - max(self._open_at, loop.time())
             self._open_at = until
 
-    def _room(self) -> int:
+    def _room(self) -> float:
         """Calls allowed in flight: one alone until the first answer has said whether the
-        provider reports limits (a burst before that would meet the limit blind)."""
-        return 1 if self._learning else max(1, int(self.allowed))
+        provider reports limits (a burst before that would meet the limit blind); after a 429,
+        ``allowed`` across the session until it has climbed back; else no cap beyond each run's
+        own workers (runs of one session never wait on each other's slots)."""
+        if self._learning:
+            return 1
+        return math.inf if self.allowed >= self.ceiling else max(1, int(self.allowed))
 
     def _leave(self) -> None:
         """Synchronous, so a cancelled call gives its slot back without awaiting."""
