@@ -23,14 +23,14 @@ def refused_share(srv: LoopbackServer) -> float:
 
 
 def test_a_run_stays_under_the_limits_it_learns_with_under_one_percent_429s() -> None:
-    # 1,200 requests and 48,000 tokens a minute over one-second slices: 20 calls a second,
-    # far below what 32 workers would send unpaced.
-    with LoopbackServer(rate_limits=Limits.enforced(1200, 48_000, 1.0)) as srv:
+    # 2,400 requests and 600,000 tokens a minute over one-second slices: 40 calls (about
+    # 10,000 tokens) a second, both near binding, far below what 32 workers send unpaced.
+    with LoopbackServer(rate_limits=Limits.enforced(2400, 600_000, 1.0)) as srv:
         session = Session(openai(srv, extra_body=CAP), ledger=":memory:", concurrency=32)
         result = session.run_batch("paced", review_tasks(60), LABEL_SCHEMA)
     assert result.status == "resolved"
     assert refused_share(srv) < 0.01
-    assert session.pacer.learnt == RateLimits(1200, 48_000)  # from the first answer's headers
+    assert session.pacer.learnt == RateLimits(2400, 600_000)  # from the first answer's headers
 
 
 def test_limits_the_user_sets_pace_the_first_calls_too() -> None:
