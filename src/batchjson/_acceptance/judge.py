@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._canon import canonical_json
+from .._content.optional import without_absent_nulls
 from .._content.schema import ItemSchema
 from .._content.strictjson import exact_json, has_float, json_equal, parse_json, strip_fence
 from .replies import ODD_TEXT, text_of
@@ -220,6 +221,8 @@ def _prepare_items(text: str, tasks: Sequence[Mapping[str, Any]], identity: Sequ
     if not_objects:
         return Verdict(False, errors=[_error(
             "json", f"items[{i}] is not an object") for i in not_objects])
+    if "null" in text:  # strict mode's "absent" for an optional field (_content/optional.py)
+        items = [without_absent_nulls(item, schema.json_schema) for item in items]
 
     expected = {t["task_id"]: t for t in tasks}
     errors = _coverage(items, expected)
@@ -326,6 +329,8 @@ def _prepare_value(text: str, task: Mapping[str, Any], schema: ItemSchema) -> Ve
         payload = parse_json(text)
     except ValueError as exc:
         return Verdict(False, errors=[_error("json", f"return is not valid JSON: {exc}", task_id)])
+    if "null" in text:
+        payload = without_absent_nulls(payload, schema.json_schema)
     value, messages, crashed = _validate(schema, payload, "$")
     if messages:
         return Verdict(False, errors=[_error("validator_error" if crashed else "schema", m,

@@ -306,14 +306,15 @@ WRAPPED_VALUE = "batchjson_value"  # value mode, scalar wrapped as {"value": ...
 OBJECT_VALUE = "batchjson_answer"  # value mode whose schema is already an object
 
 
-def object_schema(call: Call) -> tuple[dict[str, Any], str, bool]:
-    """The call's schema with an object root, its schema/tool name, and whether it was wrapped.
+def object_schema(call_schema: Mapping[str, Any],
+                  mode: str) -> tuple[dict[str, Any], str, bool]:
+    """A call's schema with an object root, its schema/tool name, and whether it was wrapped.
 
     Tool inputs and OpenAI's json_schema both need an object root, so a value-mode scalar schema
     travels as {"value": schema}; the name tells the two value cases apart on the wire.
     """
-    schema = dict(call.schema)
-    if call.mode != "value":
+    schema = dict(call_schema)
+    if mode != "value":
         return schema, ITEMS_NAME, False
     if schema.get("type") == "object":
         return schema, OBJECT_VALUE, False

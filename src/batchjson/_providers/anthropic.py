@@ -69,7 +69,7 @@ class AnthropicProvider(HttpProvider):
             body["system"] = call.system
         if self.mode != "tool":
             return body, None, False
-        schema, tool, wrapped = object_schema(call)
+        schema, tool, wrapped = object_schema(call.schema, call.mode)
         what = ("the answer value" if call.mode == "value"
                 else "the answers, one object per task in items")
         body["tools"] = [{"name": tool, "description": f"Record {what}.",

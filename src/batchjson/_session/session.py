@@ -239,7 +239,8 @@ class Session:
                     identity=ident, schema=item_schema, validator=checker,
                     instructions=instructions, content=key_content, repairs=repairs,
                     replays=replays, split=bool(spec.split), source=source)
-        check_fit(provider, self.ledger, name, item_schema, pending, ident, mode)
+        provider_notes = check_fit(provider, self.ledger, name, item_schema, pending, ident,
+                                   mode)
         spender = Spender(max_calls, self.budget, self.tally, pricing_of(provider))
         if spec.refuse_short_budget:
             spender.refuse_if_short(len(pending), cheapest_call(plan, provider, spender.pricing,
@@ -287,6 +288,7 @@ class Session:
             result.compared_if_echoed = tuple(f for f in preflight.compared_candidates(
                 task_list, ident) if f not in ident)
         result.provider = f"{provider_name}/{provider_model}" if provider_model else provider_name
+        result.notes += provider_notes  # how this run's calls were sent, when not as asked
         if changed is not None:
             result.notes.append(changed)
         if superseded_note is not None:
