@@ -21,9 +21,9 @@ import pytest
 from batchjson._acceptance.judge import unwrap
 from batchjson._content.schema import compile_schema, wire_schema
 from batchjson._errors import ConfigError, ProviderError, ProviderNotConfigured, ProviderSetupError
-from batchjson._providers._http import http_error, is_retryable_status, parse_retry_after
 from batchjson._providers.anthropic import AnthropicProvider
 from batchjson._providers.base import Call, Reply, estimate_tokens
+from batchjson._providers.http_errors import http_error, is_retryable_status, parse_retry_after
 from batchjson._providers.openai import OpenAIProvider
 from batchjson._providers.pricing import cost_of
 from batchjson._providers.select import make_provider
