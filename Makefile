@@ -32,6 +32,7 @@ check: $(STAMP)
 bench: $(STAMP)  # every benchmark runs and prints its verdict; fails if any target was missed
 	@status=0; \
 	$(PY) benchmarks/bench_fingerprint.py || status=1; \
+	$(PY) benchmarks/bench_judging.py || status=1; \
 	$(PY) benchmarks/bench_throughput.py || status=1; \
 	$(PY) benchmarks/bench_throughput.py --n 640 --latency 1 --rounds 3 || status=1; \
 	exit $$status

@@ -3,11 +3,16 @@ providers pointed at the loopback server, and a scripted endpoint for RLM engine
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+import pytest
 
 from batchjson._content.schema import compile_schema, wire_schema
 from batchjson._content.tasks import render_items_prompt
@@ -189,3 +194,22 @@ def flaky_labels(bad: int) -> Callable[[str], str]:
         return '{"label": "maybe"}' if next(seen) < bad else '{"label": "pos"}'
 
     return answer
+
+
+def ctrl_c_in_a_live_loop(cell: Callable[[], Any]) -> float:
+    """Run the coroutine ``cell()`` as Jupyter runs a cell (on a live event loop) and expect the
+    Ctrl-C it simulates with ``_thread.interrupt_main()``; the seconds it took to raise.
+
+    Garbage left by earlier tests is collected first: a Ctrl-C that lands while a finalizer
+    runs on this thread is swallowed by Python ("Exception ignored in ..."), whatever the code
+    under test does.
+    """
+    gc.collect()
+    loop = asyncio.new_event_loop()  # no asyncio.run: it would swallow the first SIGINT
+    started = time.perf_counter()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            loop.run_until_complete(cell())
+    finally:
+        loop.close()
+    return time.perf_counter() - started

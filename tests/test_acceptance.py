@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from pydantic import BaseModel, field_validator
+from pydantic import BaseModel, Field, create_model, field_validator
 
 from batchjson import CallableProvider, Session
 from batchjson._acceptance.judge import accept_items, parse_json
@@ -77,6 +77,80 @@ def test_a_non_zero_number_that_reads_as_zero_is_rejected_in_value_mode(number):
 ])
 def test_long_decimals_and_written_zeros_are_still_read(text, value):
     assert parse_json('{"x": ' + text + "}") == {"x": value}
+
+
+ROUNDING_ONTO_A_VERDICT = [  # a float reads the number as a value the written one is not
+    ({"type": "integer"}, "5.0000000000000000001"),
+    ({"type": "integer"}, "9007199254740993.5"),
+    ({"type": "number", "maximum": 0.3}, "0.30000000000000001"),
+    ({"type": "number", "minimum": 0.30000000000000004}, "0.30000000000000003"),
+    ({"enum": [1]}, "1.00000000000000000001"),
+    ({"const": 2.5}, "2.50000000000000000001"),
+    ({"type": "number", "multipleOf": 0.5}, "1.00000000000000000001"),
+]
+
+
+@pytest.mark.parametrize(("rule", "number"), ROUNDING_ONTO_A_VERDICT)
+def test_a_long_decimal_that_only_its_float_lets_pass_is_rejected_live_and_on_import(
+        tmp_path, rule, number):
+    """Judged as written: 5.0000000000000000001 is no integer, though its float 5.0 is."""
+    schema = {"type": "object", "properties": {"n": rule}, "required": ["n"]}
+    text = '{"items": [{"task_id": "t1", "n": ' + number + "}]}"
+    session = one_shot(lambda call: text)
+    result = session.run_batch("r", [{"task_id": "t1", "prompt": "p"}], schema,
+                               on_exhausted="return")
+    assert result.values == {} and session.ledger.checkpoint("r") == {}
+    (error,) = only_receipt(session).errors
+    assert error["type"] == "schema" and "(the number as written;" in error["message"]
+    receipt = {"batch": "r", "tasks": [{"task_id": "t1", "prompt": "p"}], "raw": text,
+               "status": "ok", "schema": schema}
+    (tmp_path / "old.jsonl").write_text(json.dumps(receipt) + "\n")
+    report = session.ledger.import_receipts(tmp_path / "old.jsonl")
+    assert (report["rejected"], report["items_admitted"]) == (1, 0)
+
+
+@pytest.mark.parametrize("schema", [{"type": "integer"}, {"type": "number", "maximum": 0.3}])
+def test_a_long_decimal_is_judged_as_written_in_value_mode(schema):
+    number = "0.30000000000000001" if "maximum" in schema else "5.0000000000000000001"
+    session = one_shot(lambda call: number)
+    out = session.llm_batch_json(["how many?"], schema, max_repair_attempts=0)
+    assert out["values"] == [None] and "the number as written" in out["errors"][0]["error"]
+
+
+class Scored(BaseModel):
+    n: int
+    score: float
+    rank: int
+
+
+def test_a_pydantic_model_judges_its_numbers_as_written_and_keeps_its_own_coercions():
+    bounded = create_model("Bounded", score=(float, Field(le=0.3)), rank=(int, ...))
+    tasks = [{"task_id": "t1", "prompt": "p"}]
+
+    def judged(model, fields: str):
+        text = '{"items": [{"task_id": "t1", ' + fields + "}]}"
+        return accept_items(text, tasks, ("task_id",), compile_schema(model), None)
+
+    assert not judged(Scored, '"n": 5.0000000000000000001, "score": 1, "rank": "3"').accepted
+    assert not judged(bounded, '"score": 0.30000000000000001, "rank": 1').accepted
+    kept = judged(bounded, '"score": 0.29999999999999999999, "rank": "7"')  # pydantic's "7"
+    assert kept.accepted and kept.stored == {"t1": {"score": 0.3, "rank": 7}}
+
+
+@pytest.mark.parametrize(("rule", "number", "stored"), [
+    ({"type": "number"}, "3.14159265358979323846", 3.141592653589793),
+    ({"type": "number", "maximum": 4}, "3.14159265358979323846", 3.141592653589793),
+    ({"type": "integer"}, "5.0", 5.0),
+    ({"type": "number", "maximum": 0.3}, "0.29999999999999999999", 0.3),
+    ({"type": "number", "minimum": 0.1}, "0.1000000000000000055511151231257827", 0.1),
+])
+def test_a_long_decimal_that_passes_as_written_is_accepted_and_what_is_stored_passes(
+        rule, number, stored):
+    schema = compile_schema({"type": "object", "properties": {"n": rule}})
+    text = '{"items": [{"task_id": "t1", "n": ' + number + "}]}"
+    verdict = accept_items(text, [{"task_id": "t1", "prompt": "p"}], ("task_id",), schema, None)
+    assert verdict.accepted and verdict.stored == {"t1": {"n": stored}}
+    assert schema.validate(verdict.stored["t1"], "$")[1] == []
 
 
 def test_parse_json_keeps_large_finite_numbers():

@@ -140,6 +140,32 @@ def test_export_import_merge_and_advise_round_trip(demo_dir: Path, tmp_path: Pat
     assert human.strip().splitlines()[-1].startswith("recommended: pack ")
 
 
+@pytest.mark.parametrize("form", [[], ["--json"], ["--jsonl"]])
+def test_what_export_prints_in_every_format_imports_into_a_fresh_ledger(
+        demo_dir: Path, tmp_path: Path, form: list[str]) -> None:
+    """`batchjson export > file; batchjson import file` round-trips whichever format export
+    printed: the default JSON document as well as JSON Lines."""
+    exported = tmp_path / "out.json"
+    exported.write_text(bj("export", *form, cwd=demo_dir).stdout)
+    fresh = tmp_path / "fresh.sqlite"
+    imported = bj("import", str(exported), "--ledger", str(fresh), "--json", cwd=tmp_path)
+    report = json.loads(imported.stdout)
+    assert report["items_admitted"] == 60 and report["diagnostic"] > 0, imported.stderr
+    assert report["numbered"] == ("line" if form == ["--jsonl"] else "receipt")
+    assert Ledger(fresh).checkpoint("review") == Ledger(
+        demo_dir / ".batchjson" / "ledger.sqlite").checkpoint("review")
+    again = bj("import", str(exported), "--ledger", str(fresh), cwd=tmp_path)
+    assert again.returncode == 0 and "SKIPPED" in again.stdout  # each receipt imported once
+    if not form:  # a receipt of the document is named by its place when refused
+        document = json.loads(exported.read_text())
+        document["receipts"][2]["cost"] = "@"
+        exported.write_text(json.dumps(document, indent=2).replace('"@"', "1e-400"))
+        refused = bj("import", str(exported), "--ledger", str(tmp_path / "x.sqlite"),
+                     cwd=tmp_path)
+        assert refused.returncode == 2
+        assert "receipt 3: field cost: number 1e-400 underflows a float" in refused.stderr
+
+
 def test_exit_codes_are_as_documented(demo_dir: Path, tmp_path: Path) -> None:
     not_sqlite = tmp_path / "notes.json"
     not_sqlite.write_text('{"a": 1}')

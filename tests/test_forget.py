@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from batchjson import CallableProvider, FaultPlan, InvalidBatch, Session, SimulatedModel
 from batchjson._ledger import Ledger
+from batchjson._ledger.evidence import Evidence
 from batchjson._ledger.forgetting import forget_batch, forgotten
 from tests.helpers import LABEL_SCHEMA, answer, review_tasks
 
@@ -122,7 +124,8 @@ def test_batchjson_forget_then_status_shows_who_forgot_and_owes_nothing(tmp_path
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("forgot batch 'review': revision(s) 1, 2 no longer owe 5 "
                                   "request(s) (6 item(s)); recorded as forgotten by ")
-    assert "stay in the account, and a later run of 'review' owes again" in done.stdout
+    assert "stay in the account, and later work on 'review' (a run, a merge) owes again" in (
+        done.stdout)
     status = bj("status", "--ledger", str(path), cwd=tmp_path)
     assert "still owed" not in status.stdout
     assert "forgotten: review revision(s) 1, 2: 5 request(s), 6 item(s) no longer owed" in (
@@ -148,3 +151,58 @@ def test_a_merged_ledger_keeps_what_its_owner_forgot(tmp_path: Path):
     (record,) = forgotten(ours.store)
     assert (record["by"], record["revisions"], record["in_effect"]) == ("ana@lab", [1, 2], 2)
     ours.close()
+
+
+def test_a_run_going_on_when_its_batch_is_forgotten_is_owed_again_for_what_it_leaves(
+        tmp_path: Path):
+    """Forgetting is a decision about what is owed, not a cancel: a run in another thread (or
+    process) goes on, and its calls after the forgetting reopen its revision, so the run that
+    ends "unresolved" is owed by the evidence; the CLI says calls are in flight."""
+    path = tmp_path / "l.sqlite"
+    in_flight, forgotten_now = threading.Event(), threading.Event()
+
+    def slow_and_wrong(call) -> str:
+        if not in_flight.is_set():
+            in_flight.set()
+            assert forgotten_now.wait(30)
+        return '{"items": []}'
+
+    slow_and_wrong.blocking = True
+    session = Session(CallableProvider(slow_and_wrong, source="s"), ledger=path, repairs=1,
+                      replays=0)
+    results = []
+    run = threading.Thread(target=lambda: results.append(session.run_batch(
+        "review", review_tasks(2), LABEL_SCHEMA, pack=2, on_exhausted="return")))
+    run.start()
+    assert in_flight.wait(30)
+    done = bj("forget", "review", "--ledger", str(path), cwd=tmp_path)
+    assert "1 of its call(s) are in flight (a run going on" in " ".join(done.stdout.split())
+    forgotten_now.set()
+    run.join(60)
+    (result,) = results
+    assert result.status == "unresolved" and result.calls == 2
+    assert session.evidence.minimum_exact_retry_calls == 1  # the run's leftovers are owed
+    assert forgotten(session.ledger.store)[0]["in_effect"] == 0
+    session.close()
+    status = bj("status", "--ledger", str(path), cwd=tmp_path).stdout
+    assert "owed again since later work on it reopened it" in " ".join(status.split())
+
+
+def test_a_merge_of_later_work_reopens_a_forgotten_batch_but_earlier_work_does_not(
+        tmp_path: Path):
+    """A forgetting covers the requests owed when it was made: the same content's work from
+    another ledger done before it stays forgotten here; work done after it owes again."""
+    earlier, here, later = (tmp_path / f"{n}.sqlite" for n in ("earlier", "here", "later"))
+    for path in (earlier, here):
+        broken_session(path).run_batch("review", review_tasks(2), LABEL_SCHEMA, pack=2,
+                                       on_exhausted="return")
+    ledger = Ledger(here)
+    assert forget_batch(ledger.store, "review", via="test") is not None
+    ledger.merge(earlier)
+    assert Evidence(ledger.store).minimum_exact_retry_calls == 0
+    broken_session(later).run_batch("review", review_tasks(2), LABEL_SCHEMA, pack=2,
+                                    on_exhausted="return")
+    ledger.merge(later)
+    assert Evidence(ledger.store).minimum_exact_retry_calls == 1
+    assert forgotten(ledger.store)[0]["in_effect"] == 0
+    ledger.close()

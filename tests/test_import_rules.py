@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from batchjson import CallableProvider, Session
+from batchjson import CallableProvider, RunSpec, Session
 from batchjson._errors import InvalidBatch
 from batchjson._ledger import Ledger
 from tests.helpers import LABEL_SCHEMA, answer, items_reply, review_tasks
@@ -56,13 +56,10 @@ def three_requests() -> tuple[list[dict], list[dict[str, Any]]]:
     return tasks, [receipt(tasks[i:i + 2], items_for(tasks[i:i + 2])) for i in (0, 2, 4)]
 
 
-@pytest.mark.parametrize("identity", [["task_id"], ["task_id", "candidate_id"], [], None,
-                                      "missing"])
-def test_the_seed_swap_is_kept_as_diagnostic_whatever_identity_list_the_receipt_gives(
-        tmp_path: Path, identity: Any) -> None:
-    tasks = review_tasks(20)
-    line = receipt(tasks, items_for(tasks, {0: "gold-pair-079"}), identity=identity)
-    if identity == "missing":
+def imported_as_diagnostic(tmp_path: Path, line: dict[str, Any]) -> dict[str, Any]:
+    """Import one line (its identity list "missing": without one) by the CLI; it must be kept
+    as diagnostic, nothing admitted and nothing in ``values``. Returns the report."""
+    if line.get("identity") == "missing":
         del line["identity"]
     ledger = tmp_path / "ledger.sqlite"
     done = cli("import", str(write(tmp_path / "old.jsonl", line)), "--ledger", str(ledger),
@@ -70,11 +67,21 @@ def test_the_seed_swap_is_kept_as_diagnostic_whatever_identity_list_the_receipt_
     assert done.returncode == 1, done.stderr
     report = json.loads(done.stdout)
     assert (report["admitted"], report["diagnostic"], report["items_admitted"]) == (0, 1, 0)
+    values = cli("values", "review", "--ledger", str(ledger), "--json", cwd=tmp_path)
+    assert json.loads(values.stdout) == {}
+    return report
+
+
+@pytest.mark.parametrize("identity", [["task_id"], ["task_id", "candidate_id"], [], None,
+                                      "missing"])
+def test_the_seed_swap_is_kept_as_diagnostic_whatever_identity_list_the_receipt_gives(
+        tmp_path: Path, identity: Any) -> None:
+    tasks = review_tasks(20)
+    line = receipt(tasks, items_for(tasks, {0: "gold-pair-079"}), identity=identity)
+    report = imported_as_diagnostic(tmp_path, line)
     (error,) = report["receipts"][0]["errors"]
     assert (error["field"], error["expected"], error["got"]) == (
         "case_id", "gold-pair-078", "gold-pair-079")
-    values = cli("values", "review", "--ledger", str(ledger), "--json", cwd=tmp_path)
-    assert json.loads(values.stdout) == {}
 
 
 def test_a_receipt_whose_identity_is_not_a_list_is_refused_naming_the_line(
@@ -254,3 +261,83 @@ def test_an_export_of_several_revisions_keeps_the_current_one_current(tmp_path: 
     assert [(r["revision"], r["current"]) for r in report["revisions"]] == [(1, True), (2, False)]
     assert [r.status for r in fresh.revisions("review")] == ["open", "superseded"]
     assert fresh.checkpoint("review") == session.ledger.checkpoint("review")
+
+
+SEED_TASK = review_tasks(1)[0]
+SEED_ECHO = {k: SEED_TASK[k] for k in ECHOED}
+OTHER_TASK = review_tasks(2)[1]["task_id"]
+VALUE_SWAPS = {  # a value-mode answer that somewhere says it answers another case or task
+    "the object echoes the swap": SEED_ECHO | {"case_id": "gold-pair-079", "verdict": "match"},
+    "no task_id, only the case": {"case_id": "gold-pair-079", "verdict": "match"},
+    "another task's id": {"task_id": OTHER_TASK, "verdict": "match"},
+    "an items envelope sent as the value": {"items": [SEED_ECHO | {"case_id": "gold-pair-079",
+                                                                   "verdict": "match"}]},
+    "a list of one answer": [SEED_ECHO | {"case_id": "gold-pair-079", "verdict": "match"}],
+    "nested under a wrapper": {"answer": SEED_ECHO | {"case_id": "gold-pair-079"}},
+}
+
+
+@pytest.mark.parametrize("identity", [["task_id", "candidate_id", "case_id"], ["task_id"], [],
+                                      None, "missing"])
+@pytest.mark.parametrize("shape", list(VALUE_SWAPS))
+def test_the_seed_swap_in_a_value_mode_receipt_is_kept_as_diagnostic(
+        tmp_path: Path, shape: str, identity: Any) -> None:
+    """A receipt of another system saying ``"mode": "value"`` is held to its task too: the
+    answer (an object) and any object in it naming a task_id must echo the task's fields."""
+    line = receipt([SEED_TASK], json.dumps(VALUE_SWAPS[shape]), mode="value",
+                   identity=identity, schema={})
+    report = imported_as_diagnostic(tmp_path, line)
+    assert {e["field"] for e in report["receipts"][0]["errors"]} <= {"case_id", "task_id"}
+
+
+@pytest.mark.parametrize("claimed", ["batchjson format without components", "fenced",
+                                     "float identity rounding onto the task's"])
+def test_a_value_mode_swap_is_diagnostic_however_the_receipt_dresses_it(
+        tmp_path: Path, claimed: str) -> None:
+    task, raw, extra = SEED_TASK, json.dumps(VALUE_SWAPS["the object echoes the swap"]), {}
+    if claimed == "batchjson format without components":
+        extra = {"format": "batchjson/receipt-1", "identity_echo": False}
+    elif claimed == "fenced":
+        raw = f"```json\n{raw}\n```"
+    else:  # 0.10000000000000001 reads as the float 0.1, but is not the number requested
+        task = {**SEED_TASK, "score": 0.1}
+        raw = json.dumps({"task_id": task["task_id"]})[:-1] + ', "score": 0.10000000000000001}'
+    line = receipt([task], raw, mode="value", schema={}, **extra)
+    report = Ledger(tmp_path / "l.sqlite").import_receipts(write(tmp_path / "o.jsonl", line))
+    assert (report["diagnostic"], report["items_admitted"]) == (1, 0)
+
+
+def test_a_value_mode_receipt_that_echoes_its_task_or_nothing_is_admitted(
+        tmp_path: Path) -> None:
+    lines = [receipt([task], raw, mode="value", schema=schema) for task, raw, schema in (
+        (SEED_TASK, json.dumps(SEED_ECHO | {"verdict": "match"}), LABEL_SCHEMA),
+        (review_tasks(2)[1], json.dumps("no_match"), {"enum": ["match", "no_match"]}))]
+    report = Ledger(tmp_path / "l.sqlite").import_receipts(write(tmp_path / "o.jsonl", *lines))
+    assert (report["admitted"], report["items_admitted"]) == (2, 2)
+
+
+def test_an_export_whose_mode_was_changed_to_value_is_refused(tmp_path: Path) -> None:
+    session = Session(CallableProvider(items_reply), ledger=tmp_path / "a.sqlite")
+    assert session.run_batch("review", review_tasks(1), LABEL_SCHEMA, pack=1).resolved
+    (line,) = session.ledger.export_receipts()
+    with pytest.raises(InvalidBatch, match="its mode 'value' is not the one its components "
+                                           "name \\('items'"):
+        Ledger(tmp_path / "b.sqlite").import_receipts(
+            write(tmp_path / "w.jsonl", {**line, "mode": "value"}))
+
+
+def test_a_live_value_mode_run_rejects_an_answer_echoing_another_case_and_repairs_it(
+        tmp_path: Path) -> None:
+    """The same rule live: under the default identity a value that echoes a task field is held
+    to it; droste's contract (an explicit identity of task_id alone) compares nothing."""
+    answers = iter([SEED_ECHO | {"case_id": "gold-pair-079", "verdict": "match"},
+                    SEED_ECHO | {"verdict": "match"}, {"index": 7, "task_id": "mine"}])
+    session = Session(CallableProvider(lambda call: json.dumps(next(answers))),
+                      ledger=tmp_path / "a.sqlite")
+    result = session.run(RunSpec("review", [SEED_TASK], {}, mode="value"))
+    assert result.resolved and result.calls == 2
+    (rejected, _) = session.ledger.attempts("review")
+    assert rejected.errors[0]["field"] == "case_id"
+    droste = session.llm_batch_json(["p"], {"type": "object"})
+    assert droste["values"] == [{"index": 7, "task_id": "mine"}]  # the task's are ours
+    session.close()

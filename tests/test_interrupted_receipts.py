@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import sys
+import threading
 
 import pytest
 
 from batchjson import CallableProvider, Reply, Session
 from batchjson._errors import LedgerError
 from batchjson._ledger.store_calls import CallStore
-from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
+from tests.helpers import LABEL_SCHEMA, ctrl_c_in_a_live_loop, items_reply, review_tasks
 
 
 def test_a_write_failure_in_a_notebook_loop_leaves_no_receipt_in_flight(monkeypatch):
@@ -66,12 +68,7 @@ def test_an_answer_interrupted_while_being_judged_is_kept_and_judged_on_resume_n
     async def cell():
         return session.run_batch("r", review_tasks(1), LABEL_SCHEMA, validator=slow_check)
 
-    loop = asyncio.new_event_loop()  # no asyncio.run: it would swallow the first SIGINT
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            loop.run_until_complete(cell())
-    finally:
-        loop.close()
+    ctrl_c_in_a_live_loop(cell)
     (kept,) = session.ledger.attempts("r")
     assert kept.status == "cancelled" and kept.raw == items_reply(sent[0])
     assert kept.input_tokens == 40  # the paid call's usage stays in the account
@@ -100,3 +97,62 @@ def test_a_call_that_cannot_be_built_leaves_no_receipt_and_is_no_call(monkeypatc
     assert sent == [] and session.ledger.attempts("r") == []
     assert session.ledger.spend("r")["calls"] == 0
     session.close()
+
+
+def _hold_the_hand_off(until: threading.Event | None):
+    """A trace for the caller's thread at the moment it queues the run on the session's loop
+    (``call_soon_threadsafe``, called from the loop's ``run``): with ``until``, the thread is
+    held on its way back until ``until`` is set (the Ctrl-C lands there); without, Ctrl-C lands
+    as the hand-off begins, before anything is queued."""
+    def on_return(frame, event, arg):
+        if event == "return":
+            sys.settrace(None)
+            assert until is not None and until.wait(10), "the run never sent its calls"
+        return on_return
+
+    def on_call(frame, event, arg):
+        if (event == "call" and frame.f_code.co_name == "call_soon_threadsafe"
+                and frame.f_back is not None and frame.f_back.f_code.co_name == "run"):
+            if until is None:
+                sys.settrace(None)
+                raise KeyboardInterrupt
+            return on_return
+        return None
+
+    return on_call
+
+
+@pytest.mark.parametrize("moment", ["as the calls go out", "before the run is queued"])
+def test_a_ctrl_c_while_the_run_is_handed_to_its_loop_leaves_no_receipt_in_flight(moment):
+    """The session's loop thread may start the run and send its calls before the caller's
+    thread is back from handing the run over; a Ctrl-C landing then cancels the calls and
+    closes their receipts like any other. One landing before the run was queued sends none."""
+    import _thread
+
+    sent = []
+    both_out = threading.Event()
+
+    async def hang(call):
+        sent.append(call)
+        if len(sent) == 2:  # both calls are out: now the user presses Ctrl-C
+            _thread.interrupt_main()
+            both_out.set()
+        await asyncio.sleep(30)
+
+    session = Session(CallableProvider(hang))
+
+    async def cell():
+        before = sys.gettrace()
+        sys.settrace(_hold_the_hand_off(both_out if moment == "as the calls go out" else None))
+        try:
+            return session.run_batch("r", review_tasks(2), LABEL_SCHEMA)
+        finally:
+            sys.settrace(before)
+
+    assert ctrl_c_in_a_live_loop(cell) < 10  # did not wait out the 30 s calls
+    statuses = [r.status for r in session.ledger.attempts("r")]
+    if moment == "as the calls go out":
+        assert len(sent) == 2 and statuses == ["cancelled", "cancelled"]
+    else:
+        assert sent == [] and statuses == []
+    assert session.ledger.checkpoint("r") == {}

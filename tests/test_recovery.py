@@ -262,7 +262,7 @@ def test_an_exported_receipt_whose_request_key_is_not_its_content_is_refused(
 
 
 @pytest.mark.parametrize(("spoil", "message"), [
-    (lambda line: line.replace('"cost": 0.00066', '"cost": 1e400'), "1e400 is out of range"),
+    (lambda line: line.replace('"cost": 0.00066', '"cost": 1e400'), "1e400 overflows a float"),
     (lambda line: line.replace('"input_tokens": 1200', '"input_tokens": ' + "9" * 30),
      "whole number of tokens below 2\\*\\*63"),
     (lambda line: line.replace('"input_tokens": 1200', '"input_tokens": 12.5'),
@@ -283,6 +283,33 @@ def test_a_crafted_line_is_refused_naming_it_not_crashing(tmp_path: Path, spoil:
     path = tmp_path / "crafted.jsonl"
     path.write_text(good + "\n" + spoil(good) + "\n")
     with pytest.raises(InvalidBatch, match=f"line 2: .*{message}"):
+        Ledger(tmp_path / "ledger.sqlite").import_receipts(path)
+    assert counts(tmp_path / "ledger.sqlite")["attempts"] == 0
+
+
+@pytest.mark.parametrize(("spoil", "field"), [
+    (lambda line: line.replace('"cost": 0.00066', '"cost": 1e-400'), "cost"),
+    (lambda line: line.replace('"output_tokens": 800', '"output_tokens": -4.9e-325'),
+     "output_tokens"),
+    (lambda line: line.replace('"prompt": "Does', '"x": 1e-400, "prompt": "Does', 1),
+     "tasks\\[0\\].x"),
+    (lambda line: line.replace('"enum"', '"maximum": -1e-400, "enum"'),
+     "schema.properties.verdict.maximum"),
+    (lambda line: line.replace('"enum"', '"minimum": -1e400, "enum"'),
+     "schema.properties.verdict.minimum"),
+])
+def test_a_number_a_float_cannot_hold_anywhere_in_a_line_is_refused_naming_its_field(
+        tmp_path: Path, spoil: Any, field: str) -> None:
+    """1e-400 is not zero: read as 0.0 it would pass a maximum of -1e-400, equal a return's 0,
+    or record a cost of nothing. It is refused as 1e400 is, the line and field named."""
+    tasks = review_tasks(2)
+    good = json.dumps(receipt(tasks, items_for(tasks)))
+    spoiled = spoil(good)
+    assert spoiled != good
+    path = tmp_path / "crafted.jsonl"
+    path.write_text(good + "\n" + spoiled + "\n")
+    with pytest.raises(InvalidBatch, match=f"line 2: field {field}: number -?[0-9.e-]+ "
+                                           "(underflows|overflows) a float"):
         Ledger(tmp_path / "ledger.sqlite").import_receipts(path)
     assert counts(tmp_path / "ledger.sqlite")["attempts"] == 0
 

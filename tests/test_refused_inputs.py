@@ -105,6 +105,8 @@ def test_a_spec_refuses_a_bad_option_when_it_is_made() -> None:
     ("strict=1", {"strict": 1}, "strict must be True or False"),
     ("ledger=123", {"ledger": 123}, "ledger must be a file path (a str or pathlib.Path) or None"),
     ("ledger as bytes", {"ledger": b"l.sqlite"}, "ledger must be a file path"),
+    ("ledger with a NUL", {"ledger": "a\x00b.sqlite"}, "ledger path 'a\\x00b.sqlite' holds a "
+     "NUL character"),
     ("concurrency 0", {"concurrency": 0}, "concurrency must be a whole number >= 1"),
     ("replays 'two'", {"replays": "two"}, "replays must be a whole number >= 0"),
 ], ids=lambda case: case if isinstance(case, str) else None)
@@ -128,6 +130,7 @@ def test_a_callable_provider_with_a_negative_max_tokens_is_refused() -> None:
 @pytest.mark.parametrize(("options", "said"), [
     ({"strict": "yes"}, "strict must be True or False"),
     ({"ledger": 123}, "ledger must be a file path"),
+    ({"ledger": "/tmp/a\x00b"}, "holds a NUL character"),
 ])
 def test_rlm_bind_refuses_bad_settings_the_same_way(options: dict[str, Any], said: str) -> None:
     namespace: dict[str, Any] = {}

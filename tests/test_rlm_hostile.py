@@ -312,7 +312,12 @@ def test_finalization_check_names_the_owed_prompts_and_their_last_error():
     assert all("label must be pos" in entry["last_error"] for entry in owed)
 
 
-def test_two_threads_running_the_cell_on_one_namespace_share_one_validator_and_request():
+def test_two_threads_running_the_cell_on_one_namespace_share_one_validator_and_request(
+        monkeypatch):
+    """Each thread's call is handed the same validator object, the one the namespace holds at
+    the end. (What a thread reads from the shared namespace right after its call is not: the
+    other thread's ``def`` may have just put its own new object there, until its call rebinds
+    it.)"""
     class Locked(Subcalls):
         def __init__(self) -> None:
             super().__init__()
@@ -322,10 +327,19 @@ def test_two_threads_running_the_cell_on_one_namespace_share_one_validator_and_r
             with self.lock:
                 return super().llm_batch_with_errors(prompts, contexts)
 
-    namespace = {"prompts": PROMPTS, "schema": SCHEMA, "seen": []}
-    bind(namespace, Locked())
-    code = compile(STRICT_CHECK + "r = llm_batch_json(prompts, schema, validator=check)\n"
-                   "seen.append(check)\n", "<cell>", "exec")
+    namespace = {"prompts": PROMPTS, "schema": SCHEMA}
+    registry = bind(namespace, Locked()).validators
+    handed = []  # (thread, the object its definition was handed)
+    register = registry.register
+
+    def spy(fn, **kwargs):
+        definition = register(fn, **kwargs)
+        handed.append((threading.current_thread().name, definition.fn))
+        return definition
+
+    monkeypatch.setattr(registry, "register", spy)
+    code = compile(STRICT_CHECK + "r = llm_batch_json(prompts, schema, validator=check)\n",
+                   "<cell>", "exec")
     start = threading.Barrier(2)
     failures: list[BaseException] = []
 
@@ -342,7 +356,9 @@ def test_two_threads_running_the_cell_on_one_namespace_share_one_validator_and_r
     for thread in threads:
         thread.join()
     assert failures == []
-    assert namespace["seen"][0] is namespace["seen"][1] is namespace["check"]
+    assert {name for name, _ in handed} == {thread.name for thread in threads}
+    assert all(fn is namespace["check"] for _, fn in handed)
+    assert [v.fn for v in registry.versions("check")] == [namespace["check"]]
     assert namespace["batch_status"]()["minimum_exact_retry_calls"] == 2
 
 

@@ -192,11 +192,13 @@ def import_lines(report: Mapping[str, Any]) -> list[str]:
             grouped.setdefault((r["outcome"], reason), []).append(r["line"])
         else:
             detailed.append(r)
+    unit = report.get("numbered", "line")  # an export's JSON document numbers its receipts
     for (outcome, reason), numbers in grouped.items():
-        lines += wrapped(f"{outcome.upper()}: {len(numbers)} line(s) ({line_ranges(numbers)})"
+        ranges = line_ranges(numbers).replace("line", unit)
+        lines += wrapped(f"{outcome.upper()}: {len(numbers)} {unit}(s) ({ranges})"
                          + (f": {reason}" if reason else ""), "  ")
     for r in detailed[:DETAILED]:
-        lines.append(f"  line {r['line']}: batch {r['batch']!r}, {r['items']} item(s), claimed "
+        lines.append(f"  {unit} {r['line']}: batch {r['batch']!r}, {r['items']} item(s), claimed "
                      f"{r['claimed_status']!r}: {r['outcome'].upper()}")
         if r["reason"]:
             lines += wrapped(r["reason"], "      ")
@@ -206,7 +208,7 @@ def import_lines(report: Mapping[str, Any]) -> list[str]:
         if len(r["errors"]) > 10:
             lines.append(f"      ... and {len(r['errors']) - 10} more")
     if len(detailed) > DETAILED:
-        lines.append(f"  ... and {len(detailed) - DETAILED} more line(s) not admitted "
+        lines.append(f"  ... and {len(detailed) - DETAILED} more {unit}(s) not admitted "
                      "(--json lists every line)")
     return lines + revision_lines(report.get("revisions", []))
 

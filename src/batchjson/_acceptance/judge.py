@@ -22,7 +22,16 @@ from typing import Any
 from .._canon import canonical_json
 from .._content.optional import without_absent_nulls
 from .._content.schema import ItemSchema
-from .._content.strictjson import exact_json, has_float, json_equal, parse_json, strip_fence
+from .._content.strictjson import (
+    exact_if_lossy,
+    exact_json,
+    has_float,
+    holds_lossy,
+    json_equal,
+    parse_json,
+    parse_json_noting,
+    strip_fence,
+)
 from .replies import ODD_TEXT, text_of
 from .validators import clip, judged_code_raised, run_validator_async
 
@@ -157,7 +166,7 @@ def _accepted(prepared: Prepared) -> Verdict:
 def _prepare(text: str, tasks: Sequence[Mapping[str, Any]], mode: str, identity: Sequence[str],
              schema: ItemSchema) -> Verdict | Prepared:
     if mode == "value":
-        return _prepare_value(text, tasks[0], schema)
+        return _prepare_value(text, tasks[0], identity, schema)
     return _prepare_items(text, tasks, identity, schema)
 
 
@@ -178,9 +187,11 @@ def accept_value(
     task: Mapping[str, Any],
     schema: ItemSchema,
     validator: Callable[[Any, Mapping[str, Any]], Any] | None,
+    identity: Sequence[str] = ("task_id",),
 ) -> Verdict:
-    """Judge a bare JSON value returned for one prompt (the droste-compatible shape)."""
-    return _sync(judge(_Text(text), [task], mode="value", identity=("task_id",), schema=schema,
+    """Judge a bare JSON value returned for one prompt (the droste-compatible shape); an
+    ``identity`` with ``echo`` holds the task fields an object value echoes to the task."""
+    return _sync(judge(_Text(text), [task], mode="value", identity=identity, schema=schema,
                        validator=validator))
 
 
@@ -205,7 +216,7 @@ def _sync(coro: Any) -> Verdict:
 def _prepare_items(text: str, tasks: Sequence[Mapping[str, Any]], identity: Sequence[str],
                    schema: ItemSchema) -> Verdict | Prepared:
     try:
-        payload = parse_json(text)
+        payload, long_numbers = parse_json_noting(text)
     except ValueError as exc:
         return Verdict(False, errors=[_error("json", f"return is not valid JSON: {exc}")])
     if not isinstance(payload, dict) or not isinstance(payload.get("items"), list):
@@ -237,12 +248,18 @@ def _prepare_items(text: str, tasks: Sequence[Mapping[str, Any]], identity: Sequ
 
     declared = schema.declared_fields
     prepared: Prepared = []
-    for item in items:
+    # numbers a float does not hold as written, read exactly
+    lossy = exact_if_lossy(text) if long_numbers else None
+    for position, item in enumerate(items):
         task_id = item["task_id"]
         fields = compared[task_id]
         kept = [n for n in fields if declared is not None and n in declared]  # may be coerced
         answer = {k: v for k, v in item.items() if k not in fields or k in kept}
         value, messages, crashed = _validate(schema, answer, f"items[{task_id}]")
+        exact = lossy["items"][position] if lossy is not None else None
+        if not messages and exact is not None and holds_lossy(exact):  # judged as written
+            exact = {k: v for k, v in exact.items() if k in answer}
+            messages = schema.exact_errors(exact, answer, f"items[{task_id}]")
         errors.extend(_error("validator_error" if crashed else "schema", m, task_id)
                       for m in messages)
         if not messages:
@@ -277,11 +294,22 @@ ECHO_EXEMPT = frozenset({"prompt", "context"})
 
 def _identity(text: str, items: list[dict], expected: Mapping[str, Mapping[str, Any]],
               identity: Sequence[str], compared: Mapping[str, list[str]]) -> list[dict[str, Any]]:
+    echoes = [(item, expected[item["task_id"]], compared[item["task_id"]]) for item in items]
+    return _compare_echoes(echoes, identity, lambda: exact_json(text)["items"])
+
+
+Echo = tuple[Mapping[str, Any], Mapping[str, Any], list[str]]  # an object, its task, its fields
+
+
+def _compare_echoes(echoes: Sequence[Echo], identity: Sequence[str],
+                    exact_objects: Callable[[], list[Any]]) -> list[dict[str, Any]]:
+    """Identity errors of objects held to their task: each listed field must be there and equal
+    the task's value. ``exact_objects`` reads the same objects with floats kept exact (only
+    built when a float could compare equal by rounding)."""
     errors = []
-    exact: list[Any] | None = None  # the items with floats read exactly, built when needed
-    for position, item in enumerate(items):
-        task = expected[item["task_id"]]
-        for name in compared[item["task_id"]]:
+    exact: list[Any] | None = None
+    for position, (item, task, fields) in enumerate(echoes):
+        for name in fields:
             if name not in item:
                 errors.append(_error("identity", f"identity field {name!r} is missing (task "
                                      f"{task['task_id']!r})", task["task_id"], field=name))
@@ -289,7 +317,7 @@ def _identity(text: str, items: list[dict], expected: Mapping[str, Mapping[str, 
             got = item[name]
             if has_float(task[name]) and json_equal(got, task[name]):
                 if exact is None:
-                    exact = exact_json(text)["items"]
+                    exact = exact_objects()
                 got = exact[position][name]
             if not json_equal(got, task[name]):
                 shown, wanted = item[name], task[name]
@@ -323,22 +351,78 @@ def _validate(schema: ItemSchema, value: Any, path: str) -> tuple[Any, list[str]
 
 
 # -- value -------------------------------------------------------------------------------------
-def _prepare_value(text: str, task: Mapping[str, Any], schema: ItemSchema) -> Verdict | Prepared:
+def _prepare_value(text: str, task: Mapping[str, Any], identity: Sequence[str],
+                   schema: ItemSchema) -> Verdict | Prepared:
     task_id = task["task_id"]
     try:
-        payload = parse_json(text)
+        payload, long_numbers = parse_json_noting(text)
     except ValueError as exc:
         return Verdict(False, errors=[_error("json", f"return is not valid JSON: {exc}", task_id)])
-    if "null" in text:
+    errors = _value_echoes(text, payload, task, identity)
+    if errors:
+        return Verdict(False, errors=errors)
+    if "null" in text:  # strict mode's "absent" for an optional field (_content/optional.py)
         payload = without_absent_nulls(payload, schema.json_schema)
     value, messages, crashed = _validate(schema, payload, "$")
+    lossy = exact_if_lossy(text) if long_numbers and not messages else None
+    if lossy is not None:  # a number a float does not hold as written: judged as written
+        messages = schema.exact_errors(without_absent_nulls(lossy, schema.json_schema), payload,
+                                       "$")
     if messages:
         return Verdict(False, errors=[_error("validator_error" if crashed else "schema", m,
                                              task_id) for m in messages])
     stored, problem = _stored(schema, value, task_id)
     if problem:
         return Verdict(False, errors=[problem])
+    if getattr(identity, "echo", False) and isinstance(stored, dict):
+        held = [n for n in compared_fields(task, identity, stored) if n in stored]
+        errors = _coerced_identity(stored, task, held)  # a schema may set or coerce an echo
+        if errors:
+            return Verdict(False, errors=errors)
     return [(task_id, value, stored, task)]
+
+
+def _value_echoes(text: str, payload: Any, task: Mapping[str, Any],
+                  identity: Sequence[str]) -> list[dict[str, Any]]:
+    """Under an identity that compares echoes (the default; every receipt another system
+    wrote), a value that is an object is held to its task like an item: each task field it
+    carries (prompt and context aside) must equal the task's. So is every object inside it that
+    names a ``task_id`` (``{"items": [...]}`` sent as a value, a list of one answer): it claims
+    to answer a task, and only this one was asked. A bare value echoes nothing."""
+    if not getattr(identity, "echo", False) or not isinstance(payload, (dict, list)):
+        return []
+    paths = _echo_paths(payload)
+    if not paths:
+        return []
+    echoes = []
+    for path in paths:
+        obj = _at(payload, path)
+        echoes.append((obj, task, [n for n in compared_fields(task, identity, obj) if n in obj]))
+    return _compare_echoes(echoes, identity,
+                           lambda: [_at(exact_json(text), path) for path in paths])
+
+
+def _echo_paths(payload: Any) -> list[tuple[Any, ...]]:
+    """Where the objects a value holds to its task are: the value itself when an object, and
+    every object within it that names a ``task_id`` (iterative: a value may nest deep)."""
+    paths: list[tuple[Any, ...]] = [()] if isinstance(payload, dict) else []
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(payload, ())]
+    while stack:
+        node, path = stack.pop()
+        children = (node.items() if isinstance(node, dict) else enumerate(node)
+                    if isinstance(node, list) else ())
+        for key, child in children:
+            if isinstance(child, dict) and "task_id" in child:
+                paths.append((*path, key))
+            if isinstance(child, (dict, list)):
+                stack.append((child, (*path, key)))
+    return paths
+
+
+def _at(value: Any, path: Sequence[Any]) -> Any:
+    for key in path:
+        value = value[key]
+    return value
 
 
 def _stored(schema: ItemSchema, value: Any, task_id: str) -> tuple[Any, dict[str, Any] | None]:

@@ -359,11 +359,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "those the batch listed, else every task field but prompt and context")
     export = command("export", "every receipt in batchjson's importable format", cmd_export)
     export.add_argument("--jsonl", action="store_true",
-                        help="one receipt per line (the format `batchjson import` reads)")
+                        help="one receipt per line (`batchjson import` reads this and the "
+                        "default JSON document alike)")
     export.add_argument("--batch", metavar="NAME", help="only this batch")
     imp = command("import", "import historical receipts (JSONL), rechecking every item",
                   cmd_import)
-    imp.add_argument("file", type=Path, help="JSON Lines file, one receipt per line")
+    imp.add_argument("file", type=Path, help="JSON Lines file, one receipt per line, or the "
+                     "JSON document `batchjson export` prints")
     merge = command("merge", "bring another ledger's batches and attempts into this one",
                     cmd_merge)
     merge.add_argument("other", type=Path, help="the other ledger file")
@@ -375,7 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
     advise.add_argument("--replays", type=whole_argument(0), default=1, metavar="N",
                         help="exact replays per failing request (default 1)")
     forget = command("forget", "stop a batch's unresolved requests from being owed (its "
-                     "receipts and costs stay; a later run owes again)", cmd_forget)
+                     "receipts and costs stay; later work on it owes again)", cmd_forget)
     forget.add_argument("name", help="batch name")
     sub.add_parser("serve", help="the loopback OpenAI/Anthropic test server "
                    "(batchjson serve --help lists its options)")

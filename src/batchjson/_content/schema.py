@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 import jsonschema
@@ -57,6 +60,43 @@ class ItemSchema:
             f"{path}{''.join(f'.{p}' for p in err.absolute_path)}: {err.message}"
             for err in errors
         ]
+
+    def exact_errors(self, exact: Any, plain: Any, path: str) -> list[str]:
+        """The verdicts that change when a return's numbers are judged as written (``exact``,
+        read with Decimals) instead of as the floats they round to (``plain``, which already
+        passed): ``5.0000000000000000001`` is no integer, ``0.30000000000000001`` is above a
+        maximum of 0.3, ``1.00000000000000000001`` is not in ``enum [1]``. A pydantic model
+        judged the floats; its JSON Schema is judged exactly here, and only what reading
+        exactly changes counts (pydantic's own coercions stay its own)."""
+        exact_validator, plain_validator = self._exact_validators()
+        errors = list(exact_validator.iter_errors(exact))
+        if errors and self.model is not None:
+            known = {(tuple(e.absolute_path), e.validator)
+                     for e in plain_validator.iter_errors(plain)}
+            errors = [e for e in errors if (tuple(e.absolute_path), e.validator) not in known]
+        return [f"{path}{''.join(f'.{p}' for p in e.absolute_path)}: "
+                f"{_as_written(e.message)} (the number as written; as a float it "
+                "would round to a value the check passes)"
+                for e in sorted(errors, key=lambda e: list(map(str, e.absolute_path)))]
+
+    def _exact_validators(self) -> tuple[Any, Any]:
+        """(a validator reading numbers as Decimals, the schema's numbers too; for a pydantic
+        model, one of its JSON Schema over floats), made once, when a return first needs
+        them."""
+        made = self.__dict__.get("_exact")
+        if made is None:
+            text = json.dumps(self.json_schema, sort_keys=True)
+            cls = jsonschema.validators.validator_for(self.json_schema,
+                                                      default=jsonschema.Draft202012Validator)
+            plain = cls(json.loads(text)) if self.model is not None else None
+            base = type(self._validator) if self._validator is not None else cls
+            exact = jsonschema.validators.extend(
+                base, {"multipleOf": _exact_multiple_of},
+                type_checker=base.TYPE_CHECKER.redefine("integer", _exact_integer)
+                if not self.__dict__.get("_strict_integers") else base.TYPE_CHECKER)
+            made = self.__dict__["_exact"] = (exact(json.loads(text, parse_float=Decimal)),
+                                              plain)
+        return made
 
     def dump(self, value: Any) -> Any:
         """JSON form kept in the ledger."""
@@ -126,7 +166,35 @@ def _compile_mapping(schema: Mapping[str, Any], strict_integers: bool = False) -
         fingerprint = sha(f"strict-integers:{text}")
     # the validator judges its own copy: the schema handed to providers (a value-mode call
     # carries json_schema itself) can be changed by one without widening what is accepted
-    return ItemSchema(js, fingerprint, _validator=cls(json.loads(text)))
+    item = ItemSchema(js, fingerprint, _validator=cls(json.loads(text)))
+    item.__dict__["_strict_integers"] = strict_integers  # integers by literal, exact or not
+    return item
+
+
+_DECIMAL = re.compile(r"Decimal\('([^']*)'\)")
+
+
+def _as_written(message: str) -> str:
+    """A jsonschema message showing numbers as written, not as ``Decimal('0.3')``."""
+    return _DECIMAL.sub(r"\1", message)
+
+
+def _exact_integer(checker: Any, value: Any) -> bool:
+    """JSON Schema's integer (``5.0`` is one) over exact numbers."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, Decimal):
+        return value.is_finite() and value == value.to_integral_value()
+    return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+
+
+def _exact_multiple_of(validator: Any, step: Any, instance: Any, schema: Any) -> Any:
+    """``multipleOf`` in exact fractions: no float division, no decimal precision limit."""
+    if not validator.is_type(instance, "number"):
+        return
+    if (Fraction(instance) / Fraction(step)).denominator != 1:
+        yield jsonschema.ValidationError(f"{_as_written(repr(instance))} is not a "
+                                         f"multiple of {_as_written(repr(step))}")
 
 
 def _non_string_key(value: Any, where: str) -> tuple[str, Any] | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 from decimal import Decimal
 from itertools import accumulate
 from typing import Any
@@ -26,7 +27,7 @@ def _reject_constant(name: str) -> Any:
 _NONZERO_DIGIT = re.compile(r"[1-9]")
 
 
-def _finite_float(text: str) -> float:
+def finite_float(text: str) -> float:
     """A float that means the number written: 1e400 (infinity) and 1e-400 (0.0) do not."""
     value = float(text)
     if math.isinf(value):  # 1e400 and -1e999 are valid JSON but overflow to infinity
@@ -36,7 +37,13 @@ def _finite_float(text: str) -> float:
         # pass "type": "integer" or "minimum": 0 and be committed as a value nobody wrote
         raise ValueError(f"number {text[:40]} underflows a float (it is not zero but reads as "
                          "0.0); only numbers a float can hold are valid")
+    if len(text) > 15 or (value and -_NORMAL < value < _NORMAL):  # 15 digits or fewer always
+        _NOTED.long = True  # round-trip, unless subnormal: the exact read decides
     return value
+
+
+_NORMAL = 2.2250738585072014e-308  # the smallest normal float
+_NOTED = threading.local()  # whether the parse running on this thread met such a number
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -84,7 +91,7 @@ def _loads(text: str, decoder: json.JSONDecoder) -> Any:
 
 # Built once: json.loads with options builds a decoder (and its scanner) on every call.
 _STRICT = json.JSONDecoder(parse_constant=_reject_constant, object_pairs_hook=_unique_keys,
-                           parse_float=_finite_float)
+                           parse_float=finite_float)
 _EXACT = json.JSONDecoder(parse_constant=_reject_constant, object_pairs_hook=_unique_keys,
                           parse_float=Decimal)
 
@@ -92,12 +99,43 @@ _EXACT = json.JSONDecoder(parse_constant=_reject_constant, object_pairs_hook=_un
 def parse_json(text: str) -> Any:
     """Strict JSON (finite numbers only, overflow included; bounded nesting); a single ```json
     fence is tolerated. Raises ValueError for anything else."""
-    return _loads(strip_fence(text), _STRICT)
+    return parse_json_noting(text)[0]
+
+
+def parse_json_noting(text: str) -> tuple[Any, bool]:
+    """:func:`parse_json`, and whether one of its numbers may not be the value its float holds
+    (16 characters or more, or subnormal): only then is :func:`exact_if_lossy` worth asking."""
+    _NOTED.long = False
+    value = _loads(strip_fence(text), _STRICT)
+    return value, _NOTED.long
 
 
 def exact_json(text: str) -> Any:
     """The same text with every float kept as its exact decimal value, for identity checks."""
     return _loads(strip_fence(text), _EXACT)
+
+
+def exact_if_lossy(text: str) -> Any:
+    """The text read with exact numbers (as :func:`exact_json`) when one of its numbers is not
+    the value its float holds (``5.0000000000000000001`` reads as 5.0, ``0.30000000000000001``
+    as 0.3), else None: only then can reading floats change a schema's verdict."""
+    exact = exact_json(text)
+    return exact if holds_lossy(exact) else None
+
+
+def holds_lossy(value: Any) -> bool:
+    """Whether a value read by :func:`exact_json` holds a number its float does not hold."""
+    stack = [value]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, Decimal):
+            if Decimal(repr(float(x))) != x:
+                return True
+        elif isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+    return False
 
 
 # -- exact JSON equality -----------------------------------------------------------------------

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dis
 import functools
+import importlib
+import importlib.util
 import sys
 import types
 from dataclasses import dataclass
@@ -20,8 +22,8 @@ from typing import Any, NamedTuple
 
 from .._canon import dump
 
-__all__ = ["DYNAMIC_ATTRS", "DYNAMIC_BUILTINS", "MISSING", "CodeFacts", "Read", "code_canon",
-           "is_module", "resolve_chain", "scan"]
+__all__ = ["CALL_READS", "DYNAMIC_ATTRS", "DYNAMIC_BUILTINS", "MISSING", "CodeFacts", "Read",
+           "code_canon", "imported", "is_module", "resolve_chain", "scan"]
 
 # Builtins that look names up at run time, out of a scan's sight.
 DYNAMIC_BUILTINS = frozenset({"globals", "locals", "vars", "eval", "exec", "__import__"})
@@ -37,6 +39,14 @@ MUTATORS = frozenset({"append", "extend", "insert", "add", "update", "setdefault
                       "popleft", "difference_update", "intersection_update",
                       "symmetric_difference_update", "sort", "reverse"})
 PATH_METHODS = frozenset({"read_text", "read_bytes", "open"})  # Path(p).read_text(), f.open()
+# Names of stdlib functions that read the file system or run a program (os.listdir,
+# sqlite3.connect, subprocess.run, ...): a call of a name among these is noted with its first
+# argument; what the name is bound to decides whether it reads (_files.STDLIB_READS).
+CALL_READS = frozenset({"connect", "getline", "getlines", "input", "listdir", "scandir", "walk",
+                        "glob", "iglob",
+                        "exists", "lexists", "isfile", "isdir", "getsize", "getmtime", "run",
+                        "call", "check_call", "check_output", "Popen", "getoutput",
+                        "getstatusoutput", "system", "popen"})
 _GETATTR = frozenset({"getattr", "hasattr"})
 
 # A chain starts at a root: ("g", name) a global, ("c", name) a closure variable, ("m", module)
@@ -48,6 +58,7 @@ _SKIP = frozenset({"CACHE", "NOP", "EXTENDED_ARG", "PRECALL", "PUSH_NULL", "KW_N
 _ROOTS = {"LOAD_GLOBAL": "g", "LOAD_NAME": "g", "LOAD_DEREF": "c", "LOAD_CLASSDEREF": "c"}
 _ATTR = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
 _SIMPLE = frozenset({"LOAD_CONST", "LOAD_SMALL_INT", *_ROOTS})  # and every LOAD_FAST form
+_CONSTS = frozenset({"LOAD_CONST", "LOAD_SMALL_INT"})  # 3.14 loads an import's level so
 _STORE_LOCAL = frozenset({"STORE_FAST", "STORE_DEREF", "STORE_NAME"})
 _WRITES = {"STORE_GLOBAL": "g", "DELETE_GLOBAL": "g", "STORE_ATTR": "a", "DELETE_ATTR": "a",
            "STORE_DEREF": "c", "DELETE_DEREF": "c"}
@@ -55,6 +66,7 @@ _SUBSCRIPT_STORES = (["STORE_SUBSCR"], ["DELETE_SUBSCR"])
 _AUGMENTED = ["COPY", "COPY", "BINARY_SUBSCR"]  # X[k] += 1
 _SITES = frozenset({*_ROOTS, *_WRITES, *_ATTR, "LOAD_FAST"})  # where a site may start
 _MODE = frozenset("rwxabt+U")
+_NOT_CALLED = ("STORE", "DELETE", "POP_TOP", "RETURN", "IMPORT_FROM")  # a name bound, not called
 _NO_CONST = object()
 MISSING = object()  # an attribute a chain names that is not there
 
@@ -84,6 +96,7 @@ class CodeFacts(NamedTuple):
     # first argument's attributes ("a": self.log.append(...), or any assignment to self.x)
     mutated: frozenset[tuple[str, str]]
     files: tuple[Read, ...]  # file read sites, in order
+    calls: tuple[Read, ...]  # calls of a CALL_READS name: its chain in ``receiver``
 
 
 @functools.lru_cache(maxsize=4096)
@@ -107,10 +120,12 @@ def _scan(code: types.CodeType) -> CodeFacts:
     written: dict[str, set[str]] = {"g": set(), "a": set(), "c": set()}
     mutated: set[tuple[str, str]] = set()
     files: list[Read] = []
+    calls: list[Read] = []
     bound: dict[str, list] = {}  # local name -> the import chain it was bound to
     cur: list | None = None  # the chain being read: root, then attribute names
     import_root: list | None = None
     last_const: object = _NO_CONST
+    before_const: object = _NO_CONST  # `from .x import y`: its level, two constants back
     getattr_step = 0  # 1: `getattr` loaded; 2: its object loaded, the name comes next
     for at, (op, arg) in enumerate(ops):
         if op in _SITES:
@@ -129,6 +144,9 @@ def _scan(code: types.CodeType) -> CodeFacts:
             bound[arg] = cur  # `import cfg` / `from cfg import X` inside the code
         if cur is not None:
             chains.add(tuple(cur))  # type: ignore[arg-type]
+            name = cur[-1] if len(cur) > 1 else cur[0][1]
+            if name in CALL_READS and not op.startswith(_NOT_CALLED):  # os.listdir("allowed")
+                calls.append(_call_site(ops, at, tuple(cur)))
             cur = None
         if op in _ROOTS:
             if _ROOTS[op] == "g":
@@ -138,6 +156,8 @@ def _scan(code: types.CodeType) -> CodeFacts:
             cur = list(bound[arg])
         elif op == "IMPORT_NAME":  # no fromlist: the top package is what gets bound
             module = arg if last_const not in (None, _NO_CONST) else arg.split(".")[0]
+            if type(before_const) is int and before_const > 0:  # relative: its dots kept
+                module = "." * before_const + module
             import_root = [("m", module)]
             cur = list(import_root)
         elif op == "IMPORT_FROM" and import_root is not None:
@@ -148,12 +168,13 @@ def _scan(code: types.CodeType) -> CodeFacts:
             written[_WRITES[op]].add(arg)
         if op == "LOAD_GLOBAL" and arg in _GETATTR:
             getattr_step = 1
-        last_const = arg if op == "LOAD_CONST" else _NO_CONST
+        before_const, last_const = (last_const, arg) if op in _CONSTS else (_NO_CONST,
+                                                                             _NO_CONST)
     if cur is not None:
         chains.add(tuple(cur))  # type: ignore[arg-type]
     return CodeFacts(frozenset(globals_), frozenset(chains), frozenset(dynamic),
                      *(frozenset(written[k]) for k in "gac"), frozenset(mutated),
-                     tuple(dict.fromkeys(files)))
+                     tuple(dict.fromkeys(files)), tuple(dict.fromkeys(calls)))
 
 
 def _site(ops: Ops, at: int, first: str | None, mutated: set[tuple[str, str]],
@@ -224,6 +245,15 @@ def _writes(consts: list[Any]) -> bool:
     """A mode among the arguments that writes (``"w"``, ``"a"``, ``"x"``, ``"r+"``)."""
     return any(isinstance(c, str) and c and set(c) <= _MODE and set(c) & set("wax+")
                for c in consts)
+
+
+def _call_site(ops: Ops, at: int, chain: tuple) -> Read:
+    """A call of ``chain`` whose arguments start at ``at``: its path when the first is a
+    constant or a bare name and the rest are simple."""
+    path = _path_at(ops, at)
+    consts = _arguments(ops, at + 1, 1) if path is not None else None
+    name = ".".join([chain[0][1], *chain[1:]])
+    return Read(f"{name}()", path if consts is not None else None, receiver=chain)
 
 
 def _open_site(ops: Ops, at: int) -> Read | None:
@@ -302,7 +332,7 @@ def resolve_chain(chain: tuple, scope: tuple[dict[str, Any], ...]
     elif kind == "c":
         base = cells.get(root, MISSING)
     else:
-        base = sys.modules.get(root, MISSING)
+        base = imported(root, found)
     if not is_module(base):
         return None
     owner, value, used = base, base, []
@@ -313,5 +343,22 @@ def resolve_chain(chain: tuple, scope: tuple[dict[str, Any], ...]
             owner, value = value, getattr(value, attr, MISSING)
         except Exception:  # a module __getattr__ (lazy import) failing: nothing to read
             owner, value = value, MISSING
+        if value is MISSING and kind == "m":  # `import a.b` in the code loads a.b when it runs
+            value = imported(f"{owner.__name__}.{attr}", found)
         used.append(attr)
     return owner, value, used
+
+
+def imported(name: str, found: dict[str, Any]) -> Any:
+    """The module an import inside the code binds, imported now when it is not yet, as the
+    code itself does when it runs: a validator with ``import difflib`` in its body then has
+    one fingerprint before and after its first run (else each re-run of its cell would be a
+    changed validator: the seed's ratchet). A relative name resolves against the code's
+    package; a module that cannot be imported is MISSING, as the code's own import fails."""
+    try:
+        if name.startswith("."):
+            name = importlib.util.resolve_name(name, found.get("__package__") or "")
+        module = sys.modules.get(name)
+        return module if module is not None else importlib.import_module(name)
+    except Exception:  # noqa: BLE001 - missing, failing on import, no package to be relative to
+        return MISSING

@@ -21,7 +21,9 @@ _SUBJECTS = {"code": "code", "defaults": "default arguments",
 _PREFIXES = {"global": "global", "builtin": "builtin", "closure": "closure variable",
              "partial": "partial", "attr": "attribute", "base": "base class",
              "import": "imported", "validator": "validator", "private": "private attribute",
-             "class": "class", "function": "function", "file": "file"}
+             "class": "class", "function": "function", "file": "file",
+             "listing": "directory listing", "tree": "directory tree", "glob": "files matching",
+             "check": "path check"}
 _MAX_DETAILS = 3  # per changed top-level part
 
 

@@ -8,7 +8,14 @@ puts the file's content hash into the fingerprint, read again every time the fin
 (every run). Any other read cannot be hashed ahead of the run: a path computed at run time
 (``open(task["file"])``), a read inside an installed library (``pandas.read_csv``, ``np.load``,
 ``gzip.open``). Those are named as ``unseen``, which makes the fingerprint partial, so stored
-answers are re-judged before they are reused. The read sites come from the one bytecode scan
+answers are re-judged before they are reused. The stdlib's other ways to read the file system
+count the same way (``STDLIB_READS``), with a constant path: ``sqlite3.connect``,
+``linecache.getline`` and ``fileinput.input`` by the file's bytes; ``os.listdir``,
+``os.scandir``, ``os.walk`` and ``glob.glob`` by the listing; ``os.path.exists``, ``isfile``,
+``isdir``, ``getsize`` and ``getmtime`` by their answer. With any other path, and for a program
+run (``subprocess``, ``os.system``), they are unseen. A cache that keeps what was read
+(``linecache``'s, ``functools.lru_cache`` around a reader) hides an edit from this process, so it
+is named unseen too. The read sites come from the one bytecode scan
 (:mod:`batchjson._fingerprint.bytecode`), so what a read looks like is all that is known: a read
 hidden behind other names is not seen.
 """
@@ -16,20 +23,22 @@ hidden behind other names is not seen.
 from __future__ import annotations
 
 import builtins
+import glob
 import hashlib
 import io
 import os
 import pathlib
 import stat
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .._canon import digest
-from .bytecode import CodeFacts, Read, is_module
+from .bytecode import CALL_READS, MISSING, CodeFacts, Read, is_module, resolve_chain
 from .library import is_library_module, is_plain
 
-__all__ = ["file_digest", "file_parts", "library_reader", "outside_read", "resolve"]
+__all__ = ["STDLIB_READS", "file_digest", "file_parts", "library_reader", "outside_read",
+           "resolve", "stdlib_read"]
 
 COMPUTED = ": a file read whose path is computed at run time"
 _OPENS = (builtins.open, io.open)
@@ -58,13 +67,116 @@ def file_parts(facts: CodeFacts, found: Mapping[str, Any], cells: Mapping[str, A
             unseen.append(hidden)
         elif path is not None:
             parts.setdefault(f"file:{path}", file_digest(path))
+    called = set()
+    for read in facts.calls:  # os.listdir("allowed"), sqlite3.connect(DB), subprocess.run(...)
+        callee = _callee(read.receiver, found, cells)
+        reader = stdlib_read(callee)
+        if reader is not None:
+            called.add(read.receiver)
+            _read_part(read, (*reader, callee), found, cells, parts, unseen)
     for name in sorted(facts.globals):  # `from pandas import read_csv`, then read_csv(path)
         value = found.get(name)
+        reader = stdlib_read(value)
+        if reader is not None and (("g", name),) not in called:  # `ls = os.listdir`: unseen
+            unseen.append(f"{name}(), which is {reader[0]}(){COMPUTED}")
         if type(value) in _FUNCTIONS and is_library_module(value.__module__):
             reader = library_reader(value.__module__, value.__name__, value)
             if reader is not None:
                 unseen.append(reader)
     return list(parts.items()), unseen
+
+
+# The stdlib's functions that read the file system by a path (or run a program), by name, and
+# what a constant path of theirs counts as. Named, not imported: a validator's call is known by
+# the installed function it resolves to.
+STDLIB_READS = {
+    **dict.fromkeys(("sqlite3.connect", "linecache.getline", "linecache.getlines",
+                     "fileinput.input"), "file"),
+    **dict.fromkeys(("os.listdir", "os.scandir"), "listing"),
+    "os.walk": "tree",
+    **dict.fromkeys(("glob.glob", "glob.iglob"), "glob"),
+    **dict.fromkeys(("os.path.exists", "os.path.lexists", "os.path.isfile", "os.path.isdir",
+                     "os.path.getsize", "os.path.getmtime"), "check"),
+    **dict.fromkeys(("subprocess.run", "subprocess.call", "subprocess.check_call",
+                     "subprocess.check_output", "subprocess.Popen", "subprocess.getoutput",
+                     "subprocess.getstatusoutput", "os.system", "os.popen"), "program"),
+}
+# Where the stdlib defines what it exports under another module's name.
+_HOMES = {"posix": "os", "nt": "os", "posixpath": "os.path", "ntpath": "os.path",
+          "genericpath": "os.path", "_sqlite3": "sqlite3"}
+assert {name.rpartition(".")[2] for name in STDLIB_READS} <= CALL_READS
+
+
+def stdlib_read(value: Any) -> tuple[str, str] | None:
+    """(name, kind) when ``value`` is one of STDLIB_READS's functions, else None. Only a
+    function or class of installed code is asked its names (never an object's hooks)."""
+    if type(value) not in (*_FUNCTIONS, type):
+        return None
+    module = getattr(value, "__module__", None)
+    if not isinstance(module, str) or not is_library_module(module):
+        return None
+    name = f"{_HOMES.get(module, module)}.{getattr(value, '__qualname__', '')}"
+    kind = STDLIB_READS.get(name)
+    return (name, kind) if kind is not None else None
+
+
+LINECACHE = ("linecache keeps the lines it read in this process: an edit of {path!r} is not "
+             "read until linecache.checkcache()")
+
+
+def _callee(chain: tuple, found: Mapping[str, Any], cells: Mapping[str, Any]) -> Any:
+    """What a call site's chain names: ``listdir`` (a global or closure), ``os.path.exists``."""
+    (kind, root), *attrs = chain
+    if not attrs:
+        return (cells if kind == "c" else found).get(root, MISSING)
+    resolved = resolve_chain(chain, (found, vars(builtins), cells))  # type: ignore[arg-type]
+    return MISSING if resolved is None else resolved[1]
+
+
+def _read_part(read: Read, reader: tuple[str, str, Any], found: Mapping[str, Any],
+               cells: Mapping[str, Any], parts: dict[str, str], unseen: list[str]) -> None:
+    """A stdlib read's part (by the path's content, listing or state now), or why unseen."""
+    name, kind, fn = reader
+    if kind == "program":
+        unseen.append(f"{name}(): runs a program; what it reads is seen only at run time")
+        return
+    path = _path_value(read.path, lambda root: (cells if root[0] == "c" else found).get(
+        root[1], getattr(builtins, root[1], None) if root[0] == "g" else None))
+    if path is None:
+        unseen.append(f"{name}(){COMPUTED}")
+    elif name == "sqlite3.connect" and path in ("", ":memory:"):
+        return  # an in-memory database: nothing on disk
+    elif name == "sqlite3.connect" and path.startswith("file:"):
+        unseen.append(f"{name}() of the URI {path!r}: read only at run time")
+    elif kind == "file":
+        checked, hidden = _checked(path, f"{name}()")
+        if checked is None:
+            unseen.append(hidden or f"{name}(){COMPUTED}")
+            return
+        parts.setdefault(f"file:{path}", file_digest(path))
+        if name == "sqlite3.connect" and os.path.exists(path + "-wal"):  # rows not yet in it
+            parts.setdefault(f"file:{path}-wal", file_digest(path + "-wal"))
+        if name.startswith("linecache."):
+            unseen.append(f"{name}(): " + LINECACHE.format(path=path))
+    else:
+        what = f"{name.rpartition('.')[2]}({path!r})" if kind == "check" else path
+        parts.setdefault(f"{kind}:{what}", _state_digest(kind, fn, path))
+
+
+def _state_digest(kind: str, fn: Callable[..., Any], path: str) -> str:
+    """What a listing, a glob or a path check answers now, as a digest (read every run)."""
+    try:
+        if kind == "listing":
+            found: Any = sorted(os.listdir(path))
+        elif kind == "tree":  # os.walk ignores errors: a missing top is an empty walk
+            found = sorted((top, sorted(dirs), sorted(files)) for top, dirs, files in os.walk(path))
+        elif kind == "glob":
+            found = sorted(glob.glob(path, recursive="**" in path))
+        else:
+            found = fn(path)
+    except (OSError, ValueError) as exc:  # missing, not a directory, a NUL in the path
+        found = ["unreadable", type(exc).__name__]
+    return digest(f"batchjson:{kind}:1", found)
 
 
 def outside_read(module: str, used: list[str], value: Any) -> str | None:

@@ -75,6 +75,16 @@ def _merge(inner: list[tuple[str, str]], own: list[tuple[str, str]]) -> list[tup
     return inner + own
 
 
+_OUTSIDE = ("file:", "listing:", "tree:", "glob:", "check:")  # parts that read the file system
+
+
+def _reads_outside(parts: list[tuple[str, str]], details: list[tuple[str, str]],
+                   unseen: list[tuple[str, str]]) -> bool:
+    """Whether a walked callable reads files (its own or its helpers') or out of sight."""
+    return bool(unseen) or any(name.rpartition(">")[2].startswith(_OUTSIDE)
+                               for name, _ in (*parts, *details))
+
+
 def _join(label: str, rel: str) -> str:
     return f"{label}>{rel}" if rel else label
 
@@ -217,7 +227,15 @@ class Walker:
             return "method", _merge(self._inner(obj.__func__), own)
         wrapped = getattr(obj, "__wrapped__", None) if callable(obj) else None
         if callable(wrapped) and self._importable(type(obj)):  # lru_cache: the code, not the cache
-            return "wrapper", _merge(self._inner(wrapped), [("type", self.ref(type(obj), "type"))])
+            marks = len(self.details), len(self.unseen)
+            inner = self._inner(wrapped)
+            if self.policy.reads_outside and hasattr(obj, "cache_clear") and _reads_outside(
+                    inner, self.details[marks[0]:], self.unseen[marks[1]:]):
+                name = getattr(wrapped, "__qualname__", "a function")
+                self.unseen.append(("", f"{name}() is cached (functools.lru_cache): an edit of "
+                                    "what it reads is not seen by this process until "
+                                    f"{name}.cache_clear()"))
+            return "wrapper", _merge(inner, [("type", self.ref(type(obj), "type"))])
         return "instance", self._instance(obj)
 
     def _inner(self, fn: Any) -> list[tuple[str, str]]:
@@ -298,7 +316,8 @@ class Walker:
                 continue
             owner, value, used = resolved
             (kind, root) = chain[0]
-            label = f"{_ROOTS[kind]}:{root}.{'.'.join(used)}"
+            dot = "" if root.endswith(".") else "."  # `from . import x` names ".x"
+            label = f"{_ROOTS[kind]}:{root}{dot}{'.'.join(used)}"
             if label in out:
                 continue
             if (owner.__name__, used[-1]) in DYNAMIC_ATTRS:

@@ -363,8 +363,8 @@ class BatchJson(Magics):
     def batch_forget(self, line: str) -> None:
         """Stop batch NAME (every revision of it) from owing calls: its unresolved requests no
         longer count in %batch_status. Its receipts and costs stay in the account, the
-        forgetting is recorded (who, when) and shown by %batch_status, and a later run of NAME
-        owes again."""
+        forgetting is recorded (who, when) and shown by %batch_status, and later work on NAME
+        (a run still going on, a later run, work merged in) owes again."""
         args = parse(self.batch_forget, line)
         if args is None:
             return

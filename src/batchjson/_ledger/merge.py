@@ -3,7 +3,8 @@
 Attempts are matched by ``uid`` (unique across ledgers), revisions by (batch name, fingerprint),
 requests by (revision, key) and validators by (name, fingerprint), so merging the same file twice
 changes nothing. The other file is opened read-only; everything is written in one transaction.
-A revision another ledger had forgotten stays forgotten here, under a copy of its record. The
+A revision another ledger had forgotten stays forgotten here, under a copy of its record; one
+forgotten here owes again when merged work on it started or ended after its forgetting. The
 statements are the store's (``store_merge.py``); the other file is read by ``sqlite.py``.
 """
 

@@ -97,6 +97,10 @@ def ledger_path(value: Any) -> Path | None:
         shown = masked(text) if len(text) > 200 else repr(public_url(text))
         raise ConfigError(f"ledger {shown} is a URL, but a batchjson ledger is a SQLite file; "
                           "pass a file path, e.g. ledger='runs/ledger.sqlite'")
+    if "\x00" in text:  # no file system takes it: os.stat would raise a bare ValueError
+        raise ConfigError(f"ledger path {text[:80]!r} holds a NUL character ('\\x00'), which "
+                          "no file name can; pass the path without it, e.g. "
+                          "ledger='runs/ledger.sqlite'")
     return Path(text)
 
 

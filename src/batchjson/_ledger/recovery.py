@@ -11,7 +11,6 @@ imported once: its digest is recorded in the ``imports`` table.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 from .._acceptance.judge import Verdict, accept_items, accept_value
 from .._canon import canonical_json
 from .._content.schema import ItemSchema, compile_schema
+from .._content.strictjson import finite_float
 from .._content.tasks import (
     Identity,
     Request,
@@ -69,15 +69,15 @@ class Outcome:
     errors: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"line": self.line, "batch": self.batch, "claimed_status": self.claimed_status,
+        return {"line": int(self.line), "batch": self.batch, "claimed_status": self.claimed_status,
                 "outcome": self.outcome, "items": self.items,
                 "admitted_items": self.admitted_items, "reason": self.reason,
                 "errors": self.errors}
 
 
 def _refuse(path: Path, number: int, problem: str) -> InvalidBatch:
-    return InvalidBatch(f"{path}, line {number}: {problem}; nothing was imported (fix the line "
-                        "and import the file again)")
+    return InvalidBatch(f"{path}, {_place(number)}: {problem}; nothing was imported (fix the "
+                        f"{_place(number).split()[0]} and import the file again)")
 
 
 MAX_INTEGER = 2**63 - 1  # what SQLite stores; a token count beyond it is not a count
@@ -88,11 +88,17 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"non-finite number {name} is not valid JSON")
 
 
+class _OutOfRange(ValueError):
+    """A number of the line no float holds: 1e400 (infinity) or 1e-400 (read as 0.0)."""
+
+
 def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):  # 1e400 parses as inf: a number no receipt can mean
-        raise ValueError(f"number {text} is out of range")
-    return value
+    """As a return's numbers are read: 1e400 would be infinity, and 1e-400 read as 0.0 would
+    pass a maximum of -1e-400, equal an item's 0 or record a cost of nothing."""
+    try:
+        return finite_float(text)
+    except ValueError as exc:
+        raise _OutOfRange(str(exc)) from None
 
 
 def _loads(text: str) -> Any:
@@ -101,6 +107,59 @@ def _loads(text: str) -> Any:
         return json.loads(text, parse_constant=_no_constants, parse_float=_finite)
     except RecursionError:
         raise ValueError("nested too deeply to read") from None
+
+
+class _Written(str):
+    """A number's text as written, read so that a field holding one out of range is found."""
+
+
+def _exact_to_floats(value: Any) -> tuple[str, str] | None:
+    """Turn the numbers of a value read with ``parse_float=_Written`` into floats, in place
+    (iteratively: a receipt may nest deep); (field, problem) of a number no float holds
+    (``tasks[0].x``), else None."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        node, where = stack.pop()
+        pairs = (list(node.items()) if isinstance(node, dict) else list(enumerate(node))
+                 if isinstance(node, list) else [])
+        for key, child in pairs:
+            at = (f"{where}.{key}" if where else str(key)) if isinstance(node, dict) \
+                else f"{where}[{key}]"
+            if isinstance(child, _Written):
+                try:
+                    node[key] = finite_float(child)
+                except ValueError as exc:
+                    return at, str(exc)
+            elif isinstance(child, (dict, list)):
+                stack.append((child, at))
+    return None
+
+
+class InDocument(int):
+    """A receipt's number in an export's JSON document, which is said as "receipt N"."""
+
+
+def _place(number: int) -> str:
+    return f"receipt {int(number)}" if isinstance(number, InDocument) else f"line {number}"
+
+
+def _document_receipts(path: Path, text: str) -> list[Any] | None:
+    """The receipts of the JSON document ``batchjson export`` prints by default (``{"ledger":
+    ..., "receipts": [...]}``), each checked for numbers as a line is; None for JSON Lines."""
+    if not text.lstrip().startswith("{"):
+        return None
+    try:
+        document = json.loads(text, parse_float=_Written, parse_constant=_no_constants)
+    except (ValueError, RecursionError):  # several lines of JSON, or not JSON: read as lines
+        return None
+    if not isinstance(document, dict) or "batch" in document or not isinstance(
+            document.get("receipts"), list):
+        return None
+    for number, record in enumerate(document["receipts"], 1):
+        bad = _exact_to_floats(record)
+        if bad is not None:
+            raise _refuse(path, InDocument(number), f"field {bad[0]}: {bad[1]}")
+    return document["receipts"]
 
 
 def _jsonl_lines(text: str) -> Iterable[str]:
@@ -122,14 +181,11 @@ def read_lines(path: Path, validators: Mapping[str, Any]) -> list[Line]:
         raise InvalidBatch(f"cannot read {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise InvalidBatch(f"{path} is not UTF-8 text; receipts are JSON Lines") from None
+    document = _document_receipts(path, text)
+    numbered = ((InDocument(n), r) for n, r in enumerate(document, 1)) if document is not None \
+        else _parsed_lines(path, text)
     out = []
-    for number, raw_line in enumerate(_jsonl_lines(text), 1):
-        if not raw_line.strip():
-            continue
-        try:
-            record = _loads(raw_line)
-        except ValueError as exc:
-            raise _refuse(path, number, f"not JSON ({exc})") from None
+    for number, record in numbered:
         if not isinstance(record, dict):
             raise _refuse(path, number, "a receipt must be a JSON object")
         out.append(_check(path, number, record, validators))
@@ -137,6 +193,20 @@ def read_lines(path: Path, validators: Mapping[str, Any]) -> list[Line]:
         raise InvalidBatch(f"{path} holds no receipts (expected JSON Lines, one receipt per "
                            "line)")
     return out
+
+
+def _parsed_lines(path: Path, text: str) -> Iterable[tuple[int, Any]]:
+    for number, raw_line in enumerate(_jsonl_lines(text), 1):
+        if not raw_line.strip():
+            continue
+        try:
+            yield number, _loads(raw_line)
+        except _OutOfRange as exc:
+            where = _exact_to_floats(json.loads(raw_line, parse_float=_Written))
+            raise _refuse(path, number, f"field {where[0] if where else 'of the line'}: "
+                          f"{exc}") from None
+        except ValueError as exc:
+            raise _refuse(path, number, f"not JSON ({exc})") from None
 
 
 def _check(path: Path, number: int, record: dict[str, Any],
@@ -219,12 +289,17 @@ def _identity_rule(path: Path, number: int, record: Mapping[str, Any], own: bool
                             echo=not exported or record.get("identity_echo") is True)
     except InvalidBatch as exc:
         raise _refuse(path, number, str(exc)) from None
-    judged = record["components"].get("identity") if exported else None
-    if judged is not None and judged != identity.key:
-        # the key says how its answers were judged: a weaker rule must not ride on it
-        raise _refuse(path, number, f"its identity {identity.key!r} is not the one its "
-                      f"components name ({str(judged)!r:.80}; the receipt was altered); give "
-                      "the identity the batch ran with")
+    if exported:  # the key says how its answers were judged: a weaker rule must not ride on it
+        judged = record["components"].get("identity")
+        if judged != identity.key:
+            raise _refuse(path, number, f"its identity {identity.key!r} is not the one its "
+                          f"components name ({str(judged)!r:.80}; the receipt was altered); "
+                          "give the identity the batch ran with")
+        judged = record["components"].get("mode")
+        if judged != record.get("mode", "items"):
+            raise _refuse(path, number, f"its mode {record.get('mode', 'items')!r} is not the "
+                          f"one its components name ({str(judged)!r:.40}; the receipt was "
+                          "altered); give the mode the batch ran with")
     return identity
 
 
@@ -244,7 +319,7 @@ def _judge(line: Line, validator: Callable[..., Any] | None) -> Verdict:
     raw = line.record["raw"]
     try:
         if line.record.get("mode", "items") == "value":
-            verdict = accept_value(raw, line.tasks[0], line.schema, validator)
+            verdict = accept_value(raw, line.tasks[0], line.schema, validator, line.identity)
         else:
             verdict = accept_items(raw, line.tasks, line.identity, line.schema, validator)
         if verdict.accepted:
@@ -346,7 +421,7 @@ def _import_line(store: Store, tx: Any, line: Line, registry: Mapping[str, Any],
         "sent_at": rec.get("at"), "raw": rec.get("raw"),
         # batchjson's own export names its answer source; another file's is unknown
         "source": rec.get("source") if line.own and isinstance(rec.get("source"), str) else None,
-        "digest": line.digest, "file": source, "line": line.number, "outcome": out.outcome,
+        "digest": line.digest, "file": source, "line": int(line.number), "outcome": out.outcome,
     }, status=status, errors=errors, stored=stored, usage=usage, completes=completes)
     return out
 
@@ -402,7 +477,8 @@ def _report(source: str, outcomes: list[Outcome],
     count = {k: sum(o.outcome == k for o in outcomes) for k in
              ("admitted", "duplicate", "diagnostic", "rejected", "unverified", "recorded",
               "skipped")}
-    return {"source": source, "lines": len(outcomes), **count,
+    numbered = "receipt" if any(isinstance(o.line, InDocument) for o in outcomes) else "line"
+    return {"source": source, "lines": len(outcomes), "numbered": numbered, **count,
             "items_admitted": sum(o.admitted_items for o in outcomes),
             "receipts": [o.as_dict() for o in outcomes], "revisions": revisions}
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .store_base import Row, StoreBase, Tx
-from .store_runs import UNRESOLVED_SQL
+from .store_runs import LATER_WORK_SQL, UNRESOLVED_SQL
 
 ATTEMPT_COLUMNS = ("request_key", "task_ids", "kind", "status", "errors", "raw",
                    "input_tokens", "output_tokens", "cached_tokens", "cost", "provider",
@@ -231,10 +231,11 @@ class MergeStore(StoreBase):
 
     def forgotten(self, name: str | None = None) -> list[Row]:
         """Every forgetting on record (of one batch, or all), oldest first, with how many of
-        its revisions still stand forgotten (``in_effect``)."""
+        its revisions still stand forgotten (``in_effect``: no work on them started since)."""
         return self._read(
             "SELECT b.name, f.forgotten_at, f.forgotten_by, f.via, f.revisions, f.requests, "
-            "f.items, (SELECT COUNT(*) FROM revisions r WHERE r.forget_id = f.id) AS in_effect "
+            "f.items, (SELECT COUNT(*) FROM revisions r WHERE r.forget_id = f.id "
+            f"AND NOT {LATER_WORK_SQL}) AS in_effect "
             "FROM forgets f JOIN batches b ON b.id = f.batch_id"
             + (" WHERE b.name = ?" if name is not None else "") + " ORDER BY f.id",
             (name,) if name is not None else ())

@@ -324,9 +324,18 @@ RECEIPT_SQL = (
     "SELECT a.*, b.name AS batch, r.number AS revision FROM attempts a "
     "JOIN batches b ON b.id = a.batch_id JOIN revisions r ON r.id = a.revision_id")
 
+# A forgetting covers the work there was when it was made: a forgotten revision owes again
+# once an attempt on it starts or ends after it (a run still going on, a later run, attempts
+# merged or imported from elsewhere, by their own times).
+LATER_WORK_SQL = (
+    "EXISTS (SELECT 1 FROM forgets f JOIN attempts a ON a.batch_id = f.batch_id "
+    "WHERE f.id = r.forget_id AND a.revision_id = r.id "
+    "AND COALESCE(a.finished_at, a.started_at) > f.forgotten_at)")
+
 UNRESOLVED_SQL = (
     "SELECT {select} FROM requests q JOIN revisions r ON r.id = q.revision_id "
-    "JOIN batches b ON b.id = r.batch_id WHERE r.status = 'open' AND r.forget_id IS NULL "
+    "JOIN batches b ON b.id = r.batch_id WHERE r.status = 'open' "
+    "AND (r.forget_id IS NULL OR " + LATER_WORK_SQL + ") "
     "AND q.split = 0 "
     "AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.request_key = q.key "
     "AND a.status = 'accepted')")

@@ -62,9 +62,10 @@ class BackgroundLoop:
                         continue
 
             thread = threading.Thread(target=serve, name=self._name, daemon=True)
+            # Kept before the waits: a Ctrl-C landing in them leaves no loop nobody can close.
+            self._loop, self._thread = loop, thread
             thread.start()
             ready.wait()
-            self._loop, self._thread = loop, thread
             return loop
 
     def run(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
@@ -81,18 +82,30 @@ class BackgroundLoop:
         box: dict[str, Any] = {}
 
         def start() -> None:
+            if "stopped" in box:  # interrupted before the run began: it never starts
+                return
             task = loop.create_task(make())
             box["task"] = task
             task.add_done_callback(lambda _: done.set())
 
-        loop.call_soon_threadsafe(start)
+        def stop() -> None:
+            box["stopped"] = True
+            if "task" in box:
+                box["task"].cancel()
+            else:
+                done.set()
+
         try:
+            # The hand-off is inside the try: the loop thread may start the run and send its
+            # calls before this thread returns from handing it over, and a Ctrl-C landing then
+            # must cancel the run like any other.
+            loop.call_soon_threadsafe(start)
             # A timed wait, so that a simulated interrupt (and Jupyter's SIGINT) is seen while
             # waiting; it returns the moment the run is done.
             while not done.wait(0.05):
                 pass
         except KeyboardInterrupt:
-            loop.call_soon_threadsafe(lambda: box["task"].cancel() if "task" in box else None)
+            loop.call_soon_threadsafe(stop)  # runs after start() if start() was queued
             while not done.wait(0.05):
                 pass
             raise

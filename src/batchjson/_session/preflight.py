@@ -276,15 +276,17 @@ def _short(sub: Any) -> str:
 
 def check_mode(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str], mode: str,
                pack: int, validator: Callable[..., Any] | None, validator_args: str) -> None:
-    """What each mode can judge: ``mode="value"`` sends one prompt per call and compares no
-    identity (a bare value echoes nothing), and ``validator(value, index)`` needs an index."""
+    """What each mode can judge: ``mode="value"`` sends one prompt per call and requires no
+    identity (a bare value need echo nothing; an object value is held to the task fields it
+    echoes), and ``validator(value, index)`` needs an index."""
     if mode == "value" and pack != 1:
         raise InvalidBatch(f"mode='value' sends one prompt per call and judges one bare value, "
                            f"so pack must be 1, got {pack}; use mode='items' to pack tasks")
     if mode == "value" and tuple(identity) != ("task_id",):
-        raise InvalidBatch(f"mode='value' returns a bare value that echoes no fields, so "
-                           f"identity={list(identity)!r} could never be compared; drop identity= "
-                           "or use mode='items'")
+        raise InvalidBatch(f"mode='value' returns a bare value that need echo no fields, so "
+                           f"identity={list(identity)!r} could not be required; drop identity= "
+                           "(a field an object value echoes is compared anyway) or use "
+                           "mode='items'")
     if validator is not None and validator_args != "task":
         missing = next((t for t in tasks if type(t.get("index")) is not int), None)
         if missing is not None:
