@@ -387,7 +387,7 @@ class HttpProvider(OneService):
         """The response's model and metadata as they may be kept: a known secret the server
         echoes (its model field, an id) is masked; the answer text is never touched. (The
         shape rule for a key-shaped model is applied where every reply passes,
-        ``_replies.sane_reply``.)"""
+        ``reply.received``.)"""
         mask = self._secrets.mask
         if isinstance(model, str):
             model = mask(model)

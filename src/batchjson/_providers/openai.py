@@ -14,8 +14,9 @@ from typing import Any
 
 from .._errors import ProviderError, ProviderSetupError
 from ._http import HttpProvider, as_int, object_schema
-from .base import Call, Reply
+from .base import Call
 from .capabilities import Capabilities, capabilities_for, shaped_extra_body
+from .reply import REFUSED, TOOL_CALL, TRUNCATED, Reply
 from .strict import strict_form
 
 __all__ = ["DEFAULT_OPENAI_BASE_URL", "OpenAIProvider"]
@@ -155,7 +156,9 @@ class OpenAIProvider(HttpProvider):
         content = message.get("content")
         refusal = message.get("refusal")
         answered = isinstance(content, str)
-        text = content if answered else (refusal or "")
+        finish = choices[0].get("finish_reason")
+        arguments = _tool_arguments(message)
+        text = content if answered else (refusal or arguments or "")
         # The content string is the model's own text; a wrapped scalar stays wrapped and says
         # so, for acceptance to unwrap (the ledger keeps what the model sent).
         envelope = "value" if wrapped and answered else None
@@ -169,7 +172,7 @@ class OpenAIProvider(HttpProvider):
             "reasoning_tokens"))
         model = data.get("model") or self.model
         cost = self._cost(model, inp, out, cached or 0, written)
-        extra = {"finish_reason": choices[0].get("finish_reason"), "id": data.get("id")}
+        extra = {"finish_reason": finish, "id": data.get("id")}
         if refusal:
             extra["refusal"] = refusal
         if reasoning:
@@ -178,7 +181,31 @@ class OpenAIProvider(HttpProvider):
             extra["cache_write_tokens"] = written
         model, extra = self._shown(model, extra)
         return Reply(text=text, input_tokens=inp, output_tokens=out, cached_tokens=cached,
-                     cost=cost, model=model, extra=extra, envelope=envelope)
+                     cost=cost, model=model, extra=extra, envelope=envelope,
+                     stop=_stop(finish, refusal, answered, arguments))
+
+
+def _tool_arguments(message: Mapping[str, Any]) -> str | None:
+    """The first tool call's arguments as the model wrote them, when it called a tool."""
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list) or not calls or not isinstance(calls[0], Mapping):
+        return None
+    function = calls[0].get("function")
+    arguments = function.get("arguments") if isinstance(function, Mapping) else None
+    return arguments if isinstance(arguments, str) else json.dumps(arguments)
+
+
+def _stop(finish: Any, refusal: Any, answered: bool, arguments: str | None) -> str | None:
+    """How the choice ended, as acceptance judges it: cut off at the output ceiling, refused
+    (``message.refusal``, or the content filter withholding it), or a tool call where text
+    was asked; None for a text answer that ended on its own."""
+    if finish == "length":
+        return TRUNCATED
+    if refusal or finish == "content_filter":
+        return REFUSED
+    if (arguments is not None and not answered) or finish in ("tool_calls", "function_call"):
+        return TOOL_CALL
+    return None
 
 
 def _listed(problems: list[str], mode: str) -> str:
