@@ -244,13 +244,14 @@ class Replayer(CallSteps):
             return self._split(request, depth)
         self._progress(request)
         cap = declared_output_cap(self.provider)
-        limit = f"max_tokens={cap}" if cap is not None else "the provider's output limit"
+        limit = (f"more than max_tokens={cap} output tokens" if cap is not None else
+                 "more output tokens than the provider's limit")
         earlier = "" if verdict is not None else (
             "an earlier return of this request was cut off at this provider's output limit; ")
         fix = ("raise max_tokens" + (", pack fewer tasks per call, or pass split=True"
                                      if len(request.tasks) > 1 else ""))
         self._fail(request, [{"type": TRUNCATED, "task_id": None, "message": (
-            f"{earlier}the answer needs more than {limit} output tokens, and asking again "
+            f"{earlier}the answer needs {limit}, and asking again "
             f"under the same limit would be cut off again (not re-asked): {fix}")}], raw)
 
     def _release(self, request: Request) -> None:
