@@ -229,13 +229,11 @@ def _prepare_items(text: str, tasks: Sequence[Mapping[str, Any]], identity: Sequ
         return Verdict(False, errors=[_error(
             "json", f"unexpected top-level key(s) {', '.join(map(repr, extra))}: return only "
             '{"items": [...]}')])
-    items = payload["items"]
+    items = [_absent_dropped(item, text, schema) for item in payload["items"]]
     not_objects = [i for i, item in enumerate(items) if not isinstance(item, dict)]
     if not_objects:
         return Verdict(False, errors=[_error(
             "json", f"items[{i}] is not an object") for i in not_objects])
-    if "null" in text:  # strict mode's "absent" for an optional field (_content/optional.py)
-        items = [without_absent_nulls(item, schema.json_schema) for item in items]
 
     expected = {t["task_id"]: t for t in tasks}
     errors = _coverage(items, expected)
@@ -278,6 +276,12 @@ def _prepare_items(text: str, tasks: Sequence[Mapping[str, Any]], identity: Sequ
     if errors:
         return Verdict(False, errors=errors)
     return prepared
+
+
+def _absent_dropped(value: Any, text: str, schema: ItemSchema) -> Any:
+    """``value`` without the nulls OpenAI's strict mode writes for an absent optional field
+    (``_content/optional.py``); only text with a ``null`` in it can hold one."""
+    return without_absent_nulls(value, schema.json_schema) if "null" in text else value
 
 
 def compared_fields(task: Mapping[str, Any], identity: Sequence[str],
@@ -363,8 +367,7 @@ def _prepare_value(text: str, task: Mapping[str, Any], identity: Sequence[str],
     errors = _value_echoes(text, payload, task, identity)
     if errors:
         return Verdict(False, errors=errors)
-    if "null" in text:  # strict mode's "absent" for an optional field (_content/optional.py)
-        payload = without_absent_nulls(payload, schema.json_schema)
+    payload = _absent_dropped(payload, text, schema)
     value, messages, crashed = _validate(schema, payload, "$")
     lossy = exact_if_lossy(text) if long_numbers and not messages else None
     if lossy is not None:  # a number a float does not hold as written: judged as written

@@ -185,10 +185,10 @@ class Replayer(CallSteps):
                 stop = _stop_of(verdict)
                 if stop == TRUNCATED:  # a repair or replay would be cut off at the same limit
                     return self._cut_short(request, depth, verdict, raw)
-                if stop == REFUSED and not plan.reask_refusals:
-                    break  # not re-asked (no repair paid for it) unless the run says so
-                if verdict.errors and not verdict.repairable and raw is not None and not stop:
-                    break  # a validator crash: reported, never retried
+                # a refusal is not re-asked unless the run says so; a validator crash never is
+                if (stop == REFUSED and not plan.reask_refusals) or (
+                        verdict.errors and not verdict.repairable and raw is not None and not stop):
+                    break
                 if raw is None and not all(e.get("retryable", True) for e in verdict.errors):
                     break  # 400/401/403/404: asking again cannot help
                 if raw is not None and verdict.repairable and repairs_left > 0:
