@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from batchjson import ProviderError, Session, SimulatedModel
+from batchjson import CallableProvider, ProviderError, Reply, Session, SimulatedModel
 from batchjson._acceptance.judge import judge
 from batchjson._cli import commands as cli_module
 from batchjson._content.schema import compile_schema
@@ -222,3 +222,28 @@ def test_a_truncated_return_is_never_accepted_by_re_judging_it_under_new_rules(t
         assert result.values == {} and later.ledger.checkpoint("r") == {}
         assert result.rechecked == 0
         later.close()
+
+
+def test_a_return_that_used_every_output_token_is_taken_as_cut_off_and_not_paid_again(tmp_path):
+    """Review F18: a provider of your own (CallableProvider(max_tokens=...)) that says nothing
+    of how its answer ended but reports every output token of the ceiling used was cut off;
+    its pack was repaired and replayed, and paid again on every re-run, each cut off again."""
+    calls = []
+
+    def cut(call):
+        calls.append(call.kind)
+        return Reply(text='{"items": [{"task_id": "', input_tokens=90, output_tokens=80)
+
+    path = tmp_path / "l.sqlite"
+    for _ in range(2):
+        session = Session(CallableProvider(cut, source="cut-80", max_tokens=80), ledger=path,
+                          repairs=2, replays=2)
+        result = session.run_batch("r", review_tasks(2), LABEL_SCHEMA, pack=2,
+                                   on_exhausted="return")
+        (receipt,) = session.ledger.attempts("r")
+        session.close()
+        assert calls == ["initial"]  # one call, then neither repaired nor asked on a re-run
+        (failure,) = result.failures
+        assert "needs more than max_tokens=80 output tokens" in failure["errors"][0]["message"]
+    assert receipt.errors[0]["type"] == "truncated"
+    assert "all 80 output tokens of max_tokens=80 used" in receipt.errors[0]["message"]

@@ -16,7 +16,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .._canon import canonical_json
@@ -90,9 +90,10 @@ def unwrap(reply: Reply) -> str:
 def stop_error(reply: Reply, task_id: str | None) -> dict[str, Any]:
     """The error a reply's ``stop`` is rejected with, named as the stop (a text that was not a
     str is a ``json`` error: the provider broke the contract)."""
-    how = reply.extra.get("finish_reason") or reply.extra.get("stop_reason")
-    said = f" ({'finish_reason' if 'finish_reason' in reply.extra else 'stop_reason'}: {how})" \
-        if isinstance(how, str) else ""
+    said = next((f" ({key}: {reply.extra[key]})" for key in ("finish_reason", "stop_reason")
+                 if isinstance(reply.extra.get(key), str)), "")
+    if isinstance(reply.extra.get("cut_at"), str):  # inferred from the usage (reply.received)
+        said = f" ({reply.extra['cut_at']})"
     messages = {
         TRUNCATED: f"the provider cut this return off at its output limit{said}: it is no "
                    "whole answer even where it parses, and asking again under the same limit "
@@ -150,6 +151,10 @@ async def judge(
                                                      "value" else None)])
         text = unwrap(reply)  # the envelope the provider reported (the ledger keeps it whole)
         prepared = _prepare(text, tasks, mode, identity, schema)
+        if isinstance(prepared, Verdict) and reply.extra.get("cut_at") and _unparsed(prepared):
+            # every output token used and the JSON unfinished: cut off at the ceiling
+            return Verdict(False, errors=[stop_error(replace(reply, stop=TRUNCATED), tasks[0][
+                "task_id"] if mode == "value" else None)])
         if isinstance(prepared, Verdict) or validator is None:
             return prepared if isinstance(prepared, Verdict) else _accepted(prepared)
         errors: list[dict[str, Any]] = []
@@ -276,6 +281,11 @@ def _prepare_items(text: str, tasks: Sequence[Mapping[str, Any]], identity: Sequ
     if errors:
         return Verdict(False, errors=errors)
     return prepared
+
+
+def _unparsed(verdict: Verdict) -> bool:
+    return any(e["type"] == "json" and e["message"].startswith("return is not valid JSON")
+               for e in verdict.errors)
 
 
 def _absent_dropped(value: Any, text: str, schema: ItemSchema) -> Any:

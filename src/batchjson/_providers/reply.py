@@ -61,14 +61,17 @@ class Reply:
         return (self.input_tokens or 0) + (self.output_tokens or 0)
 
 
-def received(out: Any) -> Reply:
+def received(out: Any, output_cap: int | None = None) -> Reply:
     """What ``provider.complete`` returned, as the :class:`Reply` the rest of batchjson trusts.
 
     A ``str`` is the answer with its usage unknown. Usage is bookkeeping, never a reason to lose
     a paid-for return: a count given as a numeric string or a whole float is read as a number,
     anything else (negative, bool, NaN, garbage) is unknown and kept in
     ``extra["unreadable_usage"]``. Text that is not a ``str`` is kept as text with ``stop``
-    :data:`NOT_TEXT`, so acceptance rejects it and the receipt keeps it."""
+    :data:`NOT_TEXT`, so acceptance rejects it and the receipt keeps it. A reply that says
+    nothing of how it ended but used every output token of ``output_cap`` (the ceiling the
+    provider sends) is marked ``extra["cut_at"]``: if its text is not whole JSON, acceptance
+    rejects it as cut off there (``truncated``), not as a JSON error."""
     if isinstance(out, str):
         return Reply(text=str.__getitem__(out, slice(None)))
     if not hasattr(out, "text"):
@@ -94,6 +97,10 @@ def received(out: Any) -> Reply:
         if stop is not None:
             extra["unknown_stop"] = repr(stop)[:80]
         stop = None
+    out_tokens = counts["output_tokens"]
+    if stop is None and output_cap is not None and out_tokens is not None and (
+            out_tokens >= output_cap):  # a sign of a cut, for acceptance to weigh
+        extra["cut_at"] = f"all {out_tokens} output tokens of max_tokens={output_cap} used"
     if isinstance(text, str):
         text = str.__getitem__(text, slice(None))  # a subclass's own methods could lie
     else:
@@ -155,11 +162,14 @@ class GuardedProvider:
     provider's own (timeout, aclose, max_tokens, ...)."""
 
     def __init__(self, inner: Any) -> None:
+        from .base import declared_output_cap  # base builds on Reply: read here, not above
+
         self.inner = inner
         self.name, self.model = provider_names(inner)
+        self._cap = declared_output_cap(inner)
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self.inner, attr)
 
     async def complete(self, call: Any) -> Reply:
-        return received(await self.inner.complete(call))
+        return received(await self.inner.complete(call), self._cap)

@@ -182,8 +182,7 @@ class Replayer(CallSteps):
         try:
             verdict, raw = await self._attempt(request, kind, prompt)
             while not verdict.accepted:
-                stop = _stop_of(verdict)
-                if stop == TRUNCATED:  # a repair or replay would be cut off at the same limit
+                if (stop := _stop_of(verdict)) == TRUNCATED:  # so would a repair or replay
                     return self._cut_short(request, depth, verdict, raw)
                 # a refusal is not re-asked unless the run says so; a validator crash never is
                 if (stop == REFUSED and not plan.reask_refusals) or (
