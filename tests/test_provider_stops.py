@@ -17,6 +17,7 @@ from batchjson._cli import commands as cli_module
 from batchjson._content.schema import compile_schema
 from batchjson._providers._http import Answer
 from batchjson._providers.anthropic import AnthropicProvider
+from batchjson._providers.http_errors import http_error
 from batchjson._providers.openai import OpenAIProvider
 from batchjson._providers.reply import received
 from batchjson.rlm import bind
@@ -247,3 +248,23 @@ def test_a_return_that_used_every_output_token_is_taken_as_cut_off_and_not_paid_
         assert "needs more than max_tokens=80 output tokens" in failure["errors"][0]["message"]
     assert receipt.errors[0]["type"] == "truncated"
     assert "all 80 output tokens of max_tokens=80 used" in receipt.errors[0]["message"]
+
+
+@pytest.mark.parametrize(("status", "headers", "body", "fatal", "retryable"), [
+    (429, {"x-should-retry": "false"}, {"error": {"message": "Rate limit reached",
+                                                  "code": "rate_limit_exceeded"}}, True, False),
+    (429, {"x-should-retry": "true"}, {"error": {"message": "Rate limit reached",
+                                                 "code": "rate_limit_exceeded"}}, False, True),
+    (400, {}, {"type": "error", "error": {"type": "invalid_request_error", "message":
+               "Your credit balance is too low to access the Anthropic API."}}, True, False),
+    (500, {"x-should-retry": "false"}, {"error": {"message": "boom"}}, False, False),
+])
+def test_errors_no_request_can_get_past_stop_the_run_and_others_do_not(status, headers, body,
+                                                                        fatal, retryable):
+    """The server's own retry advice (x-should-retry, which both official SDKs obey) and the
+    providers' out-of-credit words decide: a limit that will not pass by waiting stops the run;
+    a one-request failure does not."""
+    error = http_error("openai", status, headers, json.dumps(body).encode(), None,
+                       "OPENAI_API_KEY")
+    assert (error.fatal, error.retryable) == (fatal, retryable)
+    assert ("stopped" in str(error)) == fatal
