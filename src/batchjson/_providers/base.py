@@ -15,7 +15,6 @@ from .._checks import positive_seconds, whole
 from .._errors import ProviderError, ProviderSetupError
 from .masking import check_name
 from .reply import Reply
-from .settings import OUTPUT_CAPS
 
 
 @dataclass(frozen=True)
@@ -51,19 +50,6 @@ async def close_provider(provider: Any) -> None:
     closer = getattr(provider, "aclose", None)
     if closer is not None:
         await closer()
-
-
-def declared_output_cap(provider: Any) -> int | None:
-    """The output ceiling a provider sends with each call (``max_tokens``, or ``max_tokens`` /
-    ``max_completion_tokens`` in ``extra_body``), or None when it sends none."""
-    cap = getattr(provider, "max_tokens", None)
-    if isinstance(cap, int) and not isinstance(cap, bool) and cap >= 1:
-        return cap
-    extra = getattr(provider, "extra_body", None)
-    extra = extra if isinstance(extra, Mapping) else {}
-    return next((extra[k] for k in OUTPUT_CAPS
-                 if isinstance(extra.get(k), int) and not isinstance(extra.get(k), bool)
-                 and extra[k] > 0), None)
 
 
 def estimate_tokens(text: str) -> int:

@@ -17,6 +17,7 @@ from typing import Any
 
 from .._errors import ProviderError
 from .masking import shown_name
+from .settings import declared_output_cap
 
 ENVELOPES = (None, "value", "tool_input", "tool_input/value")
 
@@ -162,8 +163,6 @@ class GuardedProvider:
     provider's own (timeout, aclose, max_tokens, ...)."""
 
     def __init__(self, inner: Any) -> None:
-        from .base import declared_output_cap  # base builds on Reply: read here, not above
-
         self.inner = inner
         self.name, self.model = provider_names(inner)
         self._cap = declared_output_cap(inner)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import BudgetExceeded, ConfigError, InvalidBatch
-from .._providers.base import declared_output_cap
+from .._providers.settings import declared_output_cap
 
 
 def _calls_value(value: Any) -> int | None:

@@ -30,9 +30,9 @@ from .._content.tasks import (
 from .._errors import LedgerError, ProviderError
 from .._ledger import Ledger
 from .._ledger.claims import LEASE_SECONDS, Owner
-from .._providers.base import declared_output_cap
 from .._providers.masking import public_url
 from .._providers.reply import REFUSED, STOP_ERRORS, TRUNCATED
+from .._providers.settings import declared_output_cap
 from .budget import Spender
 from .calls import CallSteps, Held, OutOfBudget, Resolved, Stopped, first_prompt
 from .groupcommit import GroupCommit

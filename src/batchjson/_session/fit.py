@@ -30,8 +30,8 @@ from .._content.schema import ItemSchema, wire_schema
 from .._content.tasks import Request
 from .._errors import InvalidBatch, ProviderSetupError
 from .._ledger import Ledger
-from .._providers.base import declared_output_cap
 from .._providers.schemagen import Generator, Unanswerable
+from .._providers.settings import declared_output_cap
 
 # The pieces GPT-style tokenizers (cl100k, o200k; Llama 3 uses the same rules) cut text into
 # before any merge: a letter run with at most one leading mark (and a contraction), digits in
