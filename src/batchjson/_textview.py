@@ -11,6 +11,7 @@ from typing import Any
 
 from ._ledger.forgetting import forgotten_line
 from ._money import money
+from ._replay.budget import usd
 
 # Control characters (ANSI escapes, carriage returns, bells) and bidirectional overrides in a
 # model's return or an imported batch name would act on the terminal instead of being read.
@@ -290,3 +291,13 @@ def advice_lines(advice: Mapping[str, Any]) -> list[str]:
 
 def _or_na(value: Any) -> str:
     return "n/a" if value is None else str(value)
+
+
+def budget_line(budget: Mapping[str, Any] | None) -> str:
+    """What ``batchjson budget`` says of the ledger's own cost budget."""
+    if budget is None:
+        return ("this ledger has no cost budget of its own; set one that every runner on it "
+                "holds together with: batchjson budget --cost USD")
+    return (f"ledger cost budget {usd(budget['cost'])}: {usd(budget['spent'])} spent, "
+            f"{usd(budget['reserved'])} held by calls in flight, {usd(budget['left'])} left "
+            f"(set by {budget['set_by']} at {budget['set_at'][:19]}Z)")

@@ -13,6 +13,8 @@ aside and waited for at the end; its accepted result is read from the ledger.
 from __future__ import annotations
 
 import asyncio
+import random
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from types import SimpleNamespace
@@ -29,7 +31,7 @@ from .._content.tasks import (
 )
 from .._errors import LedgerError, ProviderError
 from .._ledger import Ledger
-from .._ledger.claims import LEASE_SECONDS, Owner
+from .._ledger.claims import Owner
 from .._providers.masking import public_url
 from .._providers.reply import REFUSED, STOP_ERRORS, TRUNCATED
 from .._providers.settings import declared_output_cap
@@ -93,6 +95,7 @@ class Replayer(CallSteps):
         self._active = 0
         self._poll = 0.05
         self._polling = False
+        self._next_sweep = 0.0  # when the queue may next be checked against the ledger
         self._changed = asyncio.Event()
         self._reachable = asyncio.Event()
         self._reachable.set()
@@ -132,7 +135,7 @@ class Replayer(CallSteps):
     async def _renew(self) -> None:
         """Keep this run's claims alive while it runs."""
         while True:
-            await asyncio.sleep(LEASE_SECONDS / 3)
+            await asyncio.sleep(self.store.lease_seconds / 3)
             self.writes.queue(lambda tx: self.store.renew_claims(tx, self.owner))
 
     async def _worker(self) -> None:
@@ -157,13 +160,21 @@ class Replayer(CallSteps):
 
     async def _wait_for_held(self) -> None:
         """Everything else is done: look again at requests other runners hold, after a pause
-        that grows while nothing changes. A claim whose owner is gone is taken over."""
+        that grows while nothing changes (50 ms to 250 ms; a look is one read). Those accepted
+        meanwhile are read from the ledger; those no live runner holds any more (released, or
+        their holder gone: taken over) are queued again."""
         self._polling = True
         try:
             await asyncio.sleep(self._poll)
-            self._poll = min(self._poll * 1.5, 1.0)
-            self._queue.extend(self._held)
-            self._held = []
+            done, held = self.store.taken([item[0].key for item in self._held], self.owner)
+            still = [item for item in self._held if item[0].key in held]
+            self._poll = min(self._poll * 1.5, 0.25) if len(still) == len(self._held) else 0.05
+            for item in self._held:
+                if item[0].key in done:
+                    self._resolved(item[0])
+                elif item[0].key not in held:
+                    self._queue.append(item)
+            self._held = still
         finally:
             self._polling = False
             self._changed.set()
@@ -205,9 +216,11 @@ class Replayer(CallSteps):
                     break
         except Held:
             self._held.append((request, depth, first_kind))
+            self._sweep()
             return
         except Resolved:
             self._resolved(request)
+            self._sweep()
             return
         except OutOfBudget as short:
             self._release(request)
@@ -219,6 +232,12 @@ class Replayer(CallSteps):
         except Stopped:
             self._release(request)
             return
+        self._settled_as(request, verdict, raw)
+
+    def _settled_as(self, request: Request, verdict: acceptance.Verdict,
+                    raw: str | None) -> None:
+        """The request's last verdict: accepted, or failed with its errors (a validator crash
+        also stops the run opening calls)."""
         if not verdict.accepted:  # an accepted request's claim goes with the run's release
             self._release(request)
         self._progress(request)
@@ -252,6 +271,27 @@ class Replayer(CallSteps):
         self._fail(request, [{"type": TRUNCATED, "task_id": None, "message": (
             f"{earlier}the answer needs {limit}, and asking again "
             f"under the same limit would be cut off again (not re-asked): {fix}")}], raw)
+
+    def _sweep(self) -> None:
+        """Another runner works on this content too: take out of the queue, with one read and
+        no write, what the ledger says is accepted (resolved) or claimed by another runner
+        (held, looked at again later), at most five times a second, and go on from a random
+        place in the queue, so runners do not walk it in step."""
+        now = time.monotonic()
+        if now < self._next_sweep or not self._queue:
+            return
+        self._next_sweep = now + 0.2
+        self._queue.rotate(-random.randrange(len(self._queue)))
+        done, held = self.store.taken([item[0].key for item in self._queue], self.owner)
+        waiting: deque[Item] = deque()
+        for item in self._queue:
+            if item[0].key in done:
+                self._resolved(item[0])
+            elif item[0].key in held:
+                self._held.append(item)
+            else:
+                waiting.append(item)
+        self._queue = waiting
 
     def _release(self, request: Request) -> None:
         owner = self.owner

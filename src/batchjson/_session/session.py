@@ -244,7 +244,8 @@ class Session:
                     reask_refusals=spec.reask_refusals)
         provider_notes = check_fit(provider, self.ledger, name, item_schema, pending, ident,
                                    mode)
-        spender = Spender(max_calls, self.budget, self.tally, pricing_of(provider))
+        spender = Spender(max_calls, self.budget, self.tally, pricing_of(provider),
+                          shared=store.shared_budget())
         if spec.refuse_short_budget:
             spender.refuse_if_short(len(pending), cheapest_call(plan, provider, spender.pricing,
                                                                 pending))
