@@ -32,6 +32,7 @@ from .._providers.simulated import SimulatedModel
 from ._bodies import anthropic_message, openai_completion, request_id, shape
 from ._cache import PromptCache
 from ._faults import HTTP_FAULTS, STATUS_FAULTS, HttpFaults
+from ._openai_rules import refusal as openai_refusal
 from ._ratelimits import Limits, counted_tokens
 from ._requests import Ask, anthropic_ask, openai_ask
 from ._wire import (
@@ -256,6 +257,9 @@ class LoopbackServer:
         limited = self._admit("openai", data, self._rid(request))
         if limited is not None:
             return limited
+        rule = openai_refusal(data)  # what the real API refuses: the model's, strict mode's
+        if rule is not None:
+            return error_response("openai", 400, rule.message, rule.code, param=rule.param)
         ask = openai_ask(data, self.model.model)
         outcome = await self._answer("openai", ask, self._rid(request))
         if isinstance(outcome, web.Response):
