@@ -1,15 +1,15 @@
-"""Tasks, the requests they are packed into, and the prompt text a request is sent as."""
+"""Tasks, the requests they are packed into (keyed in ``keys``), and the prompt text a request
+is sent as."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .._canon import canonical_json as _canonical
-from .._checks import whole
 from .._errors import InvalidBatch
 from .strictjson import nesting
 
@@ -206,120 +206,6 @@ class Request:
         ids = tuple(t["task_id"] for t in self.tasks)
         object.__setattr__(self, "task_ids", ids)
         object.__setattr__(self, "task_ids_json", "[" + ",".join(map(_json_string, ids)) + "]")
-
-
-# The revision components that go into every request key besides its tasks. "source" is the
-# answer source; "unseen" moves judging no fingerprint fully sees past answers that no longer
-# pass (see _rejudge).
-KEY_COMPONENTS = ("schema", "validator", "instructions", "identity", "mode", "source", "unseen")
-# What keys answers of unknown source: receipts imported from another system (keyed with the
-# identity fields alone, no "+echoed").
-SOURCELESS_COMPONENTS = ("schema", "validator", "instructions", "identity", "mode")
-
-
-def key_content(components: Mapping[str, str]) -> dict[str, str]:
-    """The part of a revision's components that keys its requests: the one composition of key
-    content, for live runs, imports and the look-up of imported answers alike.
-
-    Components without an answer source (an import of another system's receipts) key by
-    :data:`SOURCELESS_COMPONENTS` with the identity fields alone: a live run computes that key
-    too (:func:`sourceless_content`), finds answers stored under it and
-    re-judges them under its own rules before reusing them.
-    """
-    if "source" in components:
-        return {k: components[k] for k in KEY_COMPONENTS if k in components}
-    out = {k: components[k] for k in SOURCELESS_COMPONENTS if k in components}
-    if "identity" in out:
-        out["identity"] = out["identity"].removesuffix(ECHOED)
-    return out
-
-
-def sourceless_content(components: Mapping[str, str]) -> dict[str, str]:
-    """The key content of the same content with its answer source unknown: the key an import
-    of it writes, which a live run looks up before asking (see :func:`key_content`)."""
-    return key_content({k: v for k, v in components.items() if k != "source"})
-
-
-def tasks_digest(task_list: Sequence[Mapping[str, Any]]) -> str:
-    """The ``tasks`` component of a revision: every task, in order."""
-    return sha(json.dumps(list(task_list), sort_keys=True, separators=(",", ":")))
-
-
-def compose_contents(task_list: Sequence[Mapping[str, Any]], schema: Any, validator: str,
-                     pack: int, instructions: str | None, ident: Identity, mode: str,
-                     source: str | None) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
-    """(revision components, request-key content, seen content) of a run or an import.
-
-    A request key covers what the model saw (the seen content: wire schema, instructions, the
-    identity fields the prompt names, mode, answer source) and how its return is judged (schema
-    fingerprint, validator, identity rules); the tasks are spliced in per request. ``source``
-    None: the answer source is unknown (an imported receipt of another system).
-    """
-    components = {
-        "tasks": tasks_digest(task_list),
-        "schema": schema.fingerprint, "validator": validator, "pack": str(pack),
-        "instructions": sha(instructions or ""), "identity": ident.key, "mode": mode,
-    }
-    seen_content = {"wire": sha(_canonical(schema.json_schema)),
-                    "instructions": components["instructions"], "identity": ",".join(ident),
-                    "mode": mode}
-    if source is not None:
-        components["source"] = seen_content["source"] = source
-    return components, key_content(components), seen_content
-
-
-def revision_fingerprint(components: Mapping[str, str]) -> str:
-    """A revision's identity: the digest of all its components (tasks, schema, validator, pack,
-    instructions, identity, mode, source). Live runs and imports compute it alike."""
-    return sha(json.dumps(dict(components), sort_keys=True))
-
-
-def request_key(tasks: Sequence[Mapping[str, Any]], content: Mapping[str, str]) -> str:
-    """Hash of exact content: the tasks (prompts, contexts, identity values) plus fingerprints."""
-    return sha(_canonical({"tasks": list(tasks), **content}))
-
-
-def key_maker(content: Mapping[str, str]) -> Callable[[str], str]:
-    """:func:`request_key` as a function of the tasks' canonical JSON, for many requests.
-
-    Canonical JSON of a dict is its sorted ``"key":value`` pairs joined by commas, so the
-    content around the tasks is encoded once and the ready tasks text spliced in: the very
-    bytes :func:`request_key` hashes (a test holds the two equal).
-    """
-    members = sorted({"tasks": None, **content}.items())
-    where = [k for k, _ in members].index("tasks")
-    encoded = [f"{_canonical(k)}:{_canonical(v)}" for k, v in members]
-    head = "{" + "".join(part + "," for part in encoded[:where]) + '"tasks":'
-    tail = "".join("," + part for part in encoded[where + 1:]) + "}"
-    return lambda tasks_json: sha(head + tasks_json + tail)
-
-
-def pack_requests(tasks: Sequence[dict], pack: int, content: Mapping[str, str],
-                  texts: Sequence[str] | None = None) -> list[Request]:
-    """Group tasks ``pack`` at a time; ``texts`` are their canonical JSON, if already made."""
-    whole("pack", pack, 1)
-    if texts is None:
-        texts = [_canonical(t) for t in tasks]
-    key_of = key_maker(content)
-    out = []
-    for position, start in enumerate(range(0, len(tasks), pack)):
-        tasks_json = "[" + ",".join(texts[start:start + pack]) + "]"
-        out.append(Request(key_of(tasks_json), tuple(tasks[start:start + pack]), position,
-                           tasks_json=tasks_json))
-    return out
-
-
-def split_request(request: Request, content: Mapping[str, str]) -> list[Request]:
-    """Deterministic halving: the first half keeps the extra task on odd sizes."""
-    middle = (len(request.tasks) + 1) // 2
-    halves = (request.tasks[:middle], request.tasks[middle:])
-    key_of = key_maker(content)
-    out = []
-    for half in filter(None, halves):
-        tasks_json = _canonical(list(half))
-        out.append(Request(key_of(tasks_json), half, request.position, parent_key=request.key,
-                           tasks_json=tasks_json))
-    return out
 
 
 def render_items_prompt(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str],

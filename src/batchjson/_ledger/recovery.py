@@ -18,18 +18,10 @@ from typing import Any
 
 from .._acceptance.judge import Verdict, accept_items, accept_value
 from .._canon import canonical_json
+from .._content.keys import Keys
 from .._content.schema import ItemSchema, compile_schema
 from .._content.strictjson import finite_float
-from .._content.tasks import (
-    Identity,
-    Request,
-    compose_contents,
-    key_content,
-    normalize_identity,
-    normalize_tasks,
-    pack_requests,
-    sha,
-)
+from .._content.tasks import Identity, Request, normalize_identity, normalize_tasks, sha
 from .._errors import InvalidBatch
 from .import_revisions import Placement, group_lines, revision_for, settle
 from .records import now
@@ -250,16 +242,15 @@ def _check(path: Path, number: int, record: dict[str, Any],
         raise _refuse(path, number, "field 'validator' must be a validator's name (a string)")
     version = validators.get(validator_name) if validator_name else None
     if own and isinstance(record.get("components"), dict):
-        components = {str(k): str(v) for k, v in record["components"].items()}
-        if record.get("schema") and components.get("schema") != schema.fingerprint:
+        keys = Keys({str(k): str(v) for k, v in record["components"].items()})
+        if record.get("schema") and keys.components.get("schema") != schema.fingerprint:
             raise _refuse(path, number, "its schema is not the one its components name (the "
                           "receipt was altered); give the schema the batch ran with")
     else:  # as a live run of this content composes them, its answer source unknown
-        components = compose_contents(
+        keys = Keys.compose(
             tasks, schema, version.fingerprint.digest if version is not None else "none",
-            len(tasks), None, identity, mode, source=None)[0]
-    content = key_content(components)  # the key a live run of this content looks up
-    request = pack_requests(tasks, len(tasks), content, texts)[0]
+            len(tasks), None, identity, mode, source=None)
+    request = keys.pack(tasks, len(tasks), texts)[0]  # the key a live run looks up
     claimed_key = record.get("request_key") if own else None
     if claimed_key is not None and claimed_key != request.key:
         # The key is what a later run resumes by: one that is not the hash of this receipt's
@@ -268,7 +259,7 @@ def _check(path: Path, number: int, record: dict[str, Any],
                       "this receipt's tasks and components (the receipt was altered); drop "
                       "request_key to import it under the key its content gives")
     return Line(number, record, sha(canonical_json(record)), tasks, identity, schema,
-                components, request, own)
+                dict(keys.components), request, own)
 
 
 def _identity_rule(path: Path, number: int, record: Mapping[str, Any], own: bool) -> Identity:

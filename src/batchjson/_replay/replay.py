@@ -25,7 +25,6 @@ from .._acceptance import judge as acceptance
 from .._content.tasks import (
     Request,
     render_repair_prompt,
-    split_request,
 )
 from .._errors import LedgerError, ProviderError
 from .._ledger import Ledger
@@ -239,7 +238,7 @@ class Replayer(CallSteps):
 
     def _split(self, request: Request, depth: int) -> None:
         """Replace the request by its halves, queued first so they keep the batch's order."""
-        children = split_request(request, self.plan.content)
+        children = self.plan.keys.split(request)
         self.store.record_split(self.plan.revision_id, request, children)
         done = self.store.accepted_keys([c.key for c in children])
         for child in reversed(children):

@@ -17,20 +17,14 @@ from typing import Any
 
 from .._acceptance.replies import GuardedProvider, provider_names
 from .._acceptance.validators import droste_verdicts
-from .._content.tasks import (
-    Request,
-    compose_contents,
-    key_maker,
-    pack_requests,
-    revision_fingerprint,
-    sourceless_content,
-)
+from .._content.keys import Keys, answer_source
+from .._content.tasks import Request
 from .._errors import BatchUnresolved, InvalidBatch
 from .._ledger import Ledger
 from .._ledger.evidence import Evidence
 from .._ledger.rejudge import UNSEEN, clear_sourceless, rejudge, unseen_token
 from .._ledger.store import Store
-from .._providers.base import answer_source, close_provider
+from .._providers.base import close_provider
 from .._providers.select import make_provider, provider_label
 from .._replay.budget import Budget, Spender, Tally, pricing_of, usd
 from .._replay.calls import cheapest_call
@@ -203,30 +197,28 @@ class Session:
                    spec.validator_args in forms else validator)
         if checker is not None:  # an async validator that never returns must not hang the run
             checker = _bounded(checker, self.transport.timeout)
-        components, key_content, seen_content = compose_contents(
+        keys = Keys.compose(
             task_list, item_schema, version.fingerprint.digest if version else "none", pack,
             instructions, ident, mode, source)
         blind = [f"validator: {u}" for u in (version.fingerprint.unseen if version else ())
                  ] + [f"schema: {u}" for u in item_schema.unseen]
         store = self.ledger.store
         while True:  # the key cannot say whether stored answers still pass: re-judge them
-            fingerprint = revision_fingerprint(components)
-            existing = store.find_revision(name, fingerprint)
+            existing = store.find_revision(name, keys.revision)
             requests = (store.leaves(existing.id) if existing else
-                        pack_requests(task_list, pack, key_content, task_texts))
+                        keys.pack(task_list, pack, task_texts))
             token = unseen_token(
-                store, requests, components.get(UNSEEN), run=self._loop.run, mode=mode,
+                store, requests, keys.components.get(UNSEEN), run=self._loop.run, mode=mode,
                 identity=ident, schema=item_schema, validator=checker) if blind else None
             if token is None:
                 break
-            components[UNSEEN] = key_content[UNSEEN] = token
+            keys = keys.with_part(UNSEEN, token)
         done = store.accepted_keys([r.key for r in requests])
         pending = [r for r in requests if r.key not in done]
         # answers of unknown source (imported from another system) are found under the key
         # the same content has without one, and re-judged under this run's rules
-        seen_key = key_maker(seen_content)
-        seen_of = {r.key: seen_key(r.tasks_json) for r in requests}
-        sourceless_of = _sourceless_keys(store, pending, components)
+        seen_of = {r.key: keys.seen_key(r.tasks_json) for r in requests}
+        sourceless_of = _sourceless_keys(store, pending, keys)
         broken: list[dict[str, Any]] = []  # a validator_error met while re-judging
         rechecked = rejudge(
             store, pending, run=self._loop.run, seen_of=seen_of, sourceless_of=sourceless_of,
@@ -237,7 +229,7 @@ class Session:
         pending = [r for r in pending if r.key not in passed]
         plan = Plan(batch_id=0, revision_id=0, mode=mode,  # ids set once the revision opens
                     identity=ident, schema=item_schema, validator=checker,
-                    instructions=instructions, content=key_content, repairs=repairs,
+                    instructions=instructions, keys=keys, repairs=repairs,
                     replays=replays, split=bool(spec.split), source=source)
         check_fit(provider, self.ledger, name, item_schema, pending, ident, mode)
         spender = Spender(max_calls, self.budget, self.tally, pricing_of(provider))
@@ -248,7 +240,7 @@ class Session:
         validator_record = (None if version is None else  # its definition is already on record
                             {"name": version.name, "version": version.version})
         revision, superseded = store.open_revision(
-            name, fingerprint, components, requests, strict=self.strict,
+            name, keys.revision, dict(keys.components), requests, strict=self.strict,
             validator=validator_record)
         superseded_note = None
         if superseded is not None:
@@ -272,7 +264,7 @@ class Session:
             outcome = self._replay(plan, GuardedProvider(provider), spender, pending,
                                    spec.progress, name, len(task_list))
             if plan.split:  # halves made during the run: remember what they saw too
-                store.record_seen([(r.key, seen_key(r.tasks_json))
+                store.record_seen([(r.key, keys.seen_key(r.tasks_json))
                                    for r in store.leaves(revision.id)])
         if sourceless_of:
             now_accepted = store.accepted_keys([r.key for r in owed])
@@ -388,14 +380,12 @@ class Session:
         return result
 
 
-def _sourceless_keys(store: Store, pending: Sequence[Request],
-                     components: Mapping[str, str]) -> dict[str, str]:
+def _sourceless_keys(store: Store, pending: Sequence[Request], keys: Keys) -> dict[str, str]:
     """Each pending request's key without an answer source, where imported answers of
     unknown source are found; empty when the ledger holds none."""
     if not pending or not store.has_sourceless_answers():
         return {}
-    key = key_maker(sourceless_content(components))
-    return {r.key: key(r.tasks_json) for r in pending}
+    return {r.key: keys.sourceless(r.tasks_json) for r in pending}
 
 
 def _shutdown(loop: BackgroundLoop, providers: list[Any]) -> None:

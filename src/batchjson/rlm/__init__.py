@@ -20,6 +20,7 @@ import weakref
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .._content.keys import answer_source
 from .._content.schema import compile_schema
 from .._errors import (
     BudgetExceeded,
@@ -218,8 +219,7 @@ def _share(session: Session, provider: Any) -> None:
 
 
 def _source(provider: Any) -> Any:
-    key = getattr(provider, "source_key", None)
-    return key() if callable(key) else None
+    return answer_source(provider) if callable(getattr(provider, "source_key", None)) else None
 
 
 class _Binding:
