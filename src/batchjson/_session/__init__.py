@@ -1,7 +1,7 @@
 """The session: the one way into a run, and what a run goes through before the replay loop.
 
-Owns ``Session`` and the default session (``session``), the one public description of a run and
-the session's settings (``spec``), a run's content checks (``preflight``), what the chosen
+Owns ``Session`` and the default session (``session``), a run as a pipeline of named steps
+(``run``), the one public description of a run and the session's settings (``spec``), a run's content checks (``preflight``), what the chosen
 provider cannot do with a run (``fit``), the define-once validator registry (``registry``),
 droste's ``llm_batch_json`` contract over a session (``structured``), the session's background
 event loop (``loop``) and what a run hands back (``result``: ``BatchResult``).
