@@ -25,7 +25,7 @@ from .loop import BackgroundLoop
 from .registry import ValidatorRegistry
 from .result import BatchResult
 from .run import run_spec
-from .spec import RunSpec, SessionOptions
+from .spec import OnExhausted, RunSpec, SessionOptions
 
 
 class Session:
@@ -124,7 +124,7 @@ class Session:
         replays: int | None = None,
         split: bool = False,
         max_calls: int | None = None,
-        on_exhausted: str = "raise",
+        on_exhausted: OnExhausted = "raise",
         progress: bool = False,
     ) -> BatchResult:
         """Resolve every task of batch ``name`` or say exactly what is still owed.
