@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import re
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -145,3 +146,22 @@ def test_faces_reach_a_session_only_through_its_public_names():
     assert reached == []
     structured = (PACKAGE / "_session" / "structured.py").read_text()
     assert "session.run(RunSpec(" in structured and "._run(" not in structured
+
+
+FACES = ("batchjson._cli", "batchjson._ipython", "batchjson.rlm", "batchjson._textview")
+
+
+def test_faces_import_the_core_only_through_its_public_surface():
+    """No face (the magics, the RLM bindings, the CLI, their shared text) imports a private
+    module of the core: what they use is named in ``batchjson.core``. import-linter keeps the
+    same rule (a forbidden contract in pyproject.toml); this reads the imports directly."""
+    graph = import_graph()
+    assert "batchjson.core" in graph["batchjson._ipython.magics"]  # edges are seen
+    private = {m: sorted(d for d in deps if d.split(".")[1].startswith("_")
+                         and not d.startswith(FACES))
+               for m, deps in graph.items() if m.startswith(FACES)}
+    assert {m: deps for m, deps in private.items() if deps} == {}
+    contracts = tomllib.loads((PACKAGE.parents[1] / "pyproject.toml").read_text())
+    forbidden = [c for c in contracts["tool"]["importlinter"]["contracts"]
+                 if c["type"] == "forbidden"]
+    assert [sorted(c["source_modules"]) for c in forbidden] == [sorted(FACES)]

@@ -23,13 +23,18 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .. import _textview as cliview
-from .._checks import whole_argument
-from .._errors import BatchJsonError, InvalidBatch, LedgerError
-from .._ledger import Ledger
-from .._ledger.evidence import Evidence
-from .._ledger.forgetting import forget_batch, forget_message
-from .._ledger.sqlite import file_problem as ledger_problem
-from .._ledger.sqlite import holds_nothing
+from ..core import (
+    BatchJsonError,
+    Evidence,
+    InvalidBatch,
+    Ledger,
+    LedgerError,
+    forget_batch,
+    forget_message,
+    holds_nothing,
+    whole_argument,
+)
+from ..core import file_problem as ledger_problem
 from .demo import command_name, demo_ledger_problem, run_demo
 
 DEFAULT_LEDGER = Path(cliview.DEFAULT_LEDGER)
@@ -233,7 +238,7 @@ def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_import(args: argparse.Namespace, out: TextIO) -> int:
     if not args.file.is_file():  # checked before a ledger is created for it
         raise Problem(f"no receipts file at {args.file}", USAGE)
-    from .._ledger.recovery import read_lines
+    from ..core import read_lines
 
     try:
         read_lines(args.file, {})  # a bad file is refused before a ledger is created for it
@@ -284,7 +289,7 @@ def cmd_merge(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_advise(args: argparse.Namespace, out: TextIO) -> int:
-    from .._ledger.advice import advise
+    from ..core import advise
 
     held = _open(args.ledger)
     try:

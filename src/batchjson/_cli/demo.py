@@ -15,10 +15,8 @@ from pathlib import Path
 from typing import TextIO
 
 from .. import _textview as cliview
-from .._ledger import Ledger
-from .._ledger.sqlite import file_problem as ledger_problem
-from .._money import money
-from .._session.session import Session
+from ..core import Ledger, Session, money
+from ..core import file_problem as ledger_problem
 
 DEMO_SCHEMA = {
     "type": "object",
@@ -49,7 +47,7 @@ def demo_answer(task: dict) -> dict:
 
 
 def demo_model(seed: int = 0):  # noqa: ANN201 - returns a SimulatedModel
-    from .._providers.simulated import FaultPlan, SimulatedModel
+    from ..core import FaultPlan, SimulatedModel
 
     faults = FaultPlan(identity_swap=0.2, malformed_json=0.1, missing_item=0.05,
                        non_finite=0.05, clean_after=3)

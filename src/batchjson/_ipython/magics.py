@@ -28,14 +28,21 @@ from traitlets import Any as AnyTrait
 from traitlets import Bool, Int, TraitError, Unicode, observe, validate
 from traitlets.config import Config
 
-from .._checks import whole_argument
-from .._errors import BatchJsonError, BatchUnresolved
-from .._ledger.forgetting import forget_batch, forget_message
-from .._providers.base import ProviderHandle
-from .._providers.masking import looks_like_key, masked, public_url, shown_value
-from .._providers.select import PROVIDER_NAMES
-from .._session.session import Session
 from .._textview import DEFAULT_LEDGER
+from ..core import (
+    PROVIDER_NAMES,
+    BatchJsonError,
+    BatchUnresolved,
+    ProviderHandle,
+    Session,
+    forget_batch,
+    forget_message,
+    looks_like_key,
+    masked,
+    public_url,
+    shown_value,
+    whole_argument,
+)
 from .cell import (
     BatchInterrupted,
     allow_empty_body,

@@ -20,22 +20,20 @@ import weakref
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._content.keys import answer_source
-from .._content.schema import compile_schema
-from .._errors import (
+from ..core import (
     BudgetExceeded,
     ConfigError,
     InvalidBatch,
     ProviderNotConfigured,
     ValidatorChanged,
-)
-from .._replay.budget import usd
-from .._session.preflight import check_validator
-from .._session.structured import (
+    answer_source,
     check_call,
     check_droste_schema,
+    check_validator,
+    compile_schema,
     default_batch_name,
     llm_batch_json,
+    usd,
 )
 from ._droste_env import droste_environment
 from ._rebind import canonical_validator, canonical_version, cell_frame
@@ -43,7 +41,7 @@ from ._subcalls import as_provider, is_droste_client, is_subcall_source
 from ._tools import owner_of, tool
 
 if TYPE_CHECKING:
-    from .._session.session import Session
+    from ..core import Session
     from ._hooks import RlmHooks
 
 __all__ = ["bind", "droste_environment", "rlm_hooks"]
@@ -96,7 +94,7 @@ def bind(namespace: MutableMapping[str, Any], provider_or_subcalls: Any = None, 
                              rules=rules if asked else None)
     _keep_owed(namespace, session, ledger)
     if session is None:
-        from .._session.session import Session
+        from ..core import Session
 
         session = Session(provider, ledger=ledger, strict=strict, budget=budget,
                           replays=rules[0], transport_retries=rules[1])
@@ -162,7 +160,7 @@ def _rebinding(namespace: MutableMapping[str, Any], *, strict: bool, ledger: Any
     """The session already bound into ``namespace`` when this bind asks for the same one."""
     from pathlib import Path
 
-    from .._replay.budget import Budget
+    from ..core import Budget
 
     bound = _binding_of(namespace)
     if bound is None:

@@ -17,7 +17,7 @@ import types
 from collections.abc import Callable, Iterable, MutableMapping
 from typing import Any
 
-from .._session.registry import ValidatorRegistry, ValidatorVersion
+from ..core import ValidatorRegistry, ValidatorVersion
 
 __all__ = ["canonical_validator", "canonical_version", "cell_frame"]
 

@@ -20,11 +20,18 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._content.keys import source_text
-from .._content.tasks import render_value_prompt
-from .._errors import ConfigError, ProviderError, SubcallClientError
-from .._providers.base import Call, Reply, estimate_tokens
-from .._sources import Code, Hashed
+from ..core import (
+    Call,
+    Code,
+    ConfigError,
+    Hashed,
+    ProviderError,
+    Reply,
+    SubcallClientError,
+    estimate_tokens,
+    render_value_prompt,
+    source_text,
+)
 
 __all__ = ["SubcallProvider", "as_provider", "is_droste_client", "is_subcall_source"]
 
