@@ -157,7 +157,7 @@ def test_faces_import_the_core_only_through_its_public_surface():
     same rule (a forbidden contract in pyproject.toml); this reads the imports directly."""
     graph = import_graph()
     assert "batchjson.core" in graph["batchjson._ipython.magics"]  # edges are seen
-    private = {m: sorted(d for d in deps if d.split(".")[1].startswith("_")
+    private = {m: sorted(d for d in deps if d.startswith("batchjson._")
                          and not d.startswith(FACES))
                for m, deps in graph.items() if m.startswith(FACES)}
     assert {m: deps for m, deps in private.items() if deps} == {}

@@ -11,35 +11,17 @@ from ._checks import whole_argument
 from ._content.keys import answer_source, source_text
 from ._content.schema import compile_schema
 from ._content.tasks import parse_identity, render_value_prompt
-from ._errors import (
-    BatchJsonError,
-    BatchUnresolved,
-    BudgetExceeded,
-    ConfigError,
-    InvalidBatch,
-    LedgerError,
-    NotReady,
-    ProviderError,
-    ProviderNotConfigured,
-    SubcallClientError,
-    ValidatorChanged,
-)
-from ._ledger import Ledger
 from ._ledger.advice import advise
-from ._ledger.evidence import Evidence
 from ._ledger.forgetting import forget_batch, forget_message, forgotten_line
 from ._ledger.recovery import read_lines
 from ._ledger.sqlite import file_problem, holds_nothing
 from ._money import money
-from ._providers.base import Call, ProviderHandle, Reply, estimate_tokens
+from ._providers.base import estimate_tokens
 from ._providers.masking import looks_like_key, masked, public_url, shown_value
 from ._providers.select import PROVIDER_NAMES, provider_label
-from ._providers.simulated import FaultPlan, SimulatedModel
-from ._replay.budget import Budget, usd
+from ._replay.budget import usd
 from ._session.preflight import check_validator
-from ._session.registry import ValidatorRegistry, ValidatorVersion
-from ._session.result import BatchResult
-from ._session.session import Session, default_session, set_default_session
+from ._session.registry import ValidatorVersion
 from ._session.structured import (
     check_call,
     check_droste_schema,
@@ -49,26 +31,19 @@ from ._session.structured import (
 from ._sources import Code, Hashed
 
 __all__ = [
-    # sessions and runs
-    "Session", "default_session", "set_default_session", "BatchResult", "Budget",
-    "ValidatorRegistry", "ValidatorVersion", "check_validator", "compile_schema",
-    "parse_identity",
+    # runs: a validator's checks and version, a schema compiled once, an identity option
+    "check_validator", "ValidatorVersion", "compile_schema", "parse_identity",
     # droste's llm_batch_json contract over a session
     "llm_batch_json", "check_call", "check_droste_schema", "default_batch_name",
     "render_value_prompt",
-    # the ledger, read and kept
-    "Ledger", "Evidence", "advise", "read_lines", "forget_batch", "forget_message",
-    "forgotten_line", "file_problem", "holds_nothing",
+    # the ledger: advice, receipts read, forgetting, what is wrong with a ledger file
+    "advise", "read_lines", "forget_batch", "forget_message", "forgotten_line",
+    "file_problem", "holds_nothing",
     # providers, and what a face may show of them
-    "Call", "Reply", "ProviderHandle", "SimulatedModel", "FaultPlan", "PROVIDER_NAMES",
-    "provider_label", "estimate_tokens", "looks_like_key", "masked", "public_url",
-    "shown_value",
+    "PROVIDER_NAMES", "provider_label", "estimate_tokens", "looks_like_key", "masked",
+    "public_url", "shown_value",
     # answer sources: a face's own provider describes its source, the core keys it
     "answer_source", "source_text", "Code", "Hashed",
     # one wording for numbers and dollars
     "whole_argument", "money", "usd",
-    # the one exception tree
-    "BatchJsonError", "BatchUnresolved", "BudgetExceeded", "ConfigError", "InvalidBatch",
-    "LedgerError", "NotReady", "ProviderError", "ProviderNotConfigured", "SubcallClientError",
-    "ValidatorChanged",
 ]

@@ -22,19 +22,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from .. import BatchJsonError, Evidence, InvalidBatch, Ledger, LedgerError
 from .. import _textview as cliview
-from ..core import (
-    BatchJsonError,
-    Evidence,
-    InvalidBatch,
-    Ledger,
-    LedgerError,
-    forget_batch,
-    forget_message,
-    holds_nothing,
-    whole_argument,
-)
 from ..core import file_problem as ledger_problem
+from ..core import forget_batch, forget_message, holds_nothing, whole_argument
 from .demo import command_name, demo_ledger_problem, run_demo
 
 DEFAULT_LEDGER = Path(cliview.DEFAULT_LEDGER)

@@ -9,7 +9,8 @@ from typing import Any
 
 from IPython.core.error import UsageError
 
-from ..core import InvalidBatch, ValidatorRegistry, parse_identity
+from .. import InvalidBatch, ValidatorRegistry
+from ..core import parse_identity
 
 _MISSING = object()
 _HEADER = re.compile(r"%%batch_json(\s|$)")

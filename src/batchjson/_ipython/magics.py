@@ -28,13 +28,10 @@ from traitlets import Any as AnyTrait
 from traitlets import Bool, Int, TraitError, Unicode, observe, validate
 from traitlets.config import Config
 
+from .. import BatchJsonError, BatchUnresolved, ProviderHandle, Session
 from .._textview import DEFAULT_LEDGER
 from ..core import (
     PROVIDER_NAMES,
-    BatchJsonError,
-    BatchUnresolved,
-    ProviderHandle,
-    Session,
     forget_batch,
     forget_message,
     looks_like_key,

@@ -11,7 +11,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..core import Session, default_session, provider_label, set_default_session
+from .. import Session, default_session, set_default_session
+from ..core import provider_label
 
 ATTRIBUTE = "_batchjson_state"
 INJECTED = ("run_batch", "llm_batch_json", "validator", "batch_session")

@@ -20,12 +20,8 @@ import weakref
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .. import BudgetExceeded, ConfigError, InvalidBatch, ProviderNotConfigured, ValidatorChanged
 from ..core import (
-    BudgetExceeded,
-    ConfigError,
-    InvalidBatch,
-    ProviderNotConfigured,
-    ValidatorChanged,
     answer_source,
     check_call,
     check_droste_schema,
@@ -41,7 +37,7 @@ from ._subcalls import as_provider, is_droste_client, is_subcall_source
 from ._tools import owner_of, tool
 
 if TYPE_CHECKING:
-    from ..core import Session
+    from .. import Session
     from ._hooks import RlmHooks
 
 __all__ = ["bind", "droste_environment", "rlm_hooks"]
@@ -94,7 +90,7 @@ def bind(namespace: MutableMapping[str, Any], provider_or_subcalls: Any = None, 
                              rules=rules if asked else None)
     _keep_owed(namespace, session, ledger)
     if session is None:
-        from ..core import Session
+        from .. import Session
 
         session = Session(provider, ledger=ledger, strict=strict, budget=budget,
                           replays=rules[0], transport_retries=rules[1])
@@ -160,7 +156,7 @@ def _rebinding(namespace: MutableMapping[str, Any], *, strict: bool, ledger: Any
     """The session already bound into ``namespace`` when this bind asks for the same one."""
     from pathlib import Path
 
-    from ..core import Budget
+    from .. import Budget
 
     bound = _binding_of(namespace)
     if bound is None:

@@ -17,7 +17,8 @@ import types
 from collections.abc import Callable, Iterable, MutableMapping
 from typing import Any
 
-from ..core import ValidatorRegistry, ValidatorVersion
+from .. import ValidatorRegistry
+from ..core import ValidatorVersion
 
 __all__ = ["canonical_validator", "canonical_version", "cell_frame"]
 

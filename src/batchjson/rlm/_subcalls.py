@@ -20,18 +20,8 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..core import (
-    Call,
-    Code,
-    ConfigError,
-    Hashed,
-    ProviderError,
-    Reply,
-    SubcallClientError,
-    estimate_tokens,
-    render_value_prompt,
-    source_text,
-)
+from .. import Call, ConfigError, ProviderError, Reply, SubcallClientError
+from ..core import Code, Hashed, estimate_tokens, render_value_prompt, source_text
 
 __all__ = ["SubcallProvider", "as_provider", "is_droste_client", "is_subcall_source"]
 
