@@ -165,3 +165,15 @@ def test_faces_import_the_core_only_through_its_public_surface():
     forbidden = [c for c in contracts["tool"]["importlinter"]["contracts"]
                  if c["type"] == "forbidden"]
     assert [sorted(c["source_modules"]) for c in forbidden] == [sorted(FACES)]
+
+
+def test_no_function_over_60_lines_and_no_module_over_500_in_the_package():
+    """Small enough to read at once: a function fits a screen, a module holds one concept."""
+    long_functions = [f"{name}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1})"
+                      for name, _, tree in modules() for node in ast.walk(tree)
+                      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                      and node.end_lineno - node.lineno + 1 > 60]
+    assert long_functions == []
+    long_modules = [f"{name} ({n})" for name, file, _ in modules()
+                    if (n := len(file.read_text().splitlines())) > 500]
+    assert long_modules == []

@@ -48,46 +48,62 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]],
         raise InvalidBatch("empty batch: pass at least one task")
     identity = normalize_identity(identity)
     seen: dict[str, int] = {}
-    texts: list[str] = []
-    for position, task in enumerate(items):
-        if type(task) is not dict and not isinstance(task, Mapping):
-            raise InvalidBatch(f"task #{position} is a {type(task).__name__}, not a mapping; "
-                               "each task must be a dict with task_id and prompt")
-        if "task_id" not in task:
-            raise InvalidBatch(f"task #{position} has no task_id; give every task a unique "
-                               "'task_id' string")
-        task_id = task["task_id"]
-        if not isinstance(task_id, str) or not task_id:
-            raise InvalidBatch(f"task #{position}: task_id must be a non-empty string, got "
-                               f"{task_id!r}")
-        if task_id in seen:
-            raise InvalidBatch(f"duplicate task_id {task_id!r} (tasks #{seen[task_id]} and "
-                               f"#{position}); task_ids must be unique within a batch")
-        seen[task_id] = position
-        prompt = task.get("prompt")
-        if not isinstance(prompt, str):
-            raise InvalidBatch(f"task {task_id!r}: prompt must be a string, got "
-                               f"{type(prompt).__name__}")
-        for name in identity:
-            if name not in task:
-                words = name.split()
-                if len(words) > 1 and all(word in task for word in words):  # "task_id case_id"
-                    raise InvalidBatch(
-                        f"identity names the field {name!r}, which no task has, but the task has "
-                        f"{', '.join(map(repr, words))}: list each field on its own, e.g. "
-                        f"identity={list(dict.fromkeys(['task_id', *words]))!r}")
-                raise InvalidBatch(f"task {task_id!r} lacks identity field {name!r}; add it to "
-                                   "the task or drop it from identity=")
-        try:
-            texts.append(_canonical(task))
-        except RecursionError:
-            raise _too_deep(task_id, "to encode as JSON") from None
-        except (TypeError, ValueError) as exc:
-            raise InvalidBatch(f"task {task_id!r} is not JSON-serialisable ({exc}); keep tasks "
-                               "to str/int/float/bool/None/list/dict with finite numbers") from None
+    texts = [_task_text(position, task, identity, seen) for position, task in enumerate(items)]
     joined = "[" + ",".join(texts) + "]"
+    _check_encoded(joined, texts, items)
     try:
-        joined.encode("utf-8")  # keys and the ledger hash and store UTF-8
+        out = json.loads(joined)  # the ledger's form, which acceptance compares to: in one call
+    except RecursionError:  # within the bound, on a caller's stack that is deeper still
+        deepest = max(range(len(texts)), key=lambda i: nesting(texts[i], 0))
+        raise _too_deep(items[deepest]["task_id"], "to read back on this stack") from None
+    return out, texts
+
+
+def _task_text(position: int, task: Any, identity: Sequence[str], seen: dict[str, int]) -> str:
+    """One task checked (a mapping, a unique task_id, a string prompt, its identity fields),
+    as canonical JSON."""
+    if type(task) is not dict and not isinstance(task, Mapping):
+        raise InvalidBatch(f"task #{position} is a {type(task).__name__}, not a mapping; "
+                           "each task must be a dict with task_id and prompt")
+    if "task_id" not in task:
+        raise InvalidBatch(f"task #{position} has no task_id; give every task a unique "
+                           "'task_id' string")
+    task_id = task["task_id"]
+    if not isinstance(task_id, str) or not task_id:
+        raise InvalidBatch(f"task #{position}: task_id must be a non-empty string, got "
+                           f"{task_id!r}")
+    if task_id in seen:
+        raise InvalidBatch(f"duplicate task_id {task_id!r} (tasks #{seen[task_id]} and "
+                           f"#{position}); task_ids must be unique within a batch")
+    seen[task_id] = position
+    prompt = task.get("prompt")
+    if not isinstance(prompt, str):
+        raise InvalidBatch(f"task {task_id!r}: prompt must be a string, got "
+                           f"{type(prompt).__name__}")
+    for name in identity:
+        if name not in task:
+            words = name.split()
+            if len(words) > 1 and all(word in task for word in words):  # "task_id case_id"
+                raise InvalidBatch(
+                    f"identity names the field {name!r}, which no task has, but the task has "
+                    f"{', '.join(map(repr, words))}: list each field on its own, e.g. "
+                    f"identity={list(dict.fromkeys(['task_id', *words]))!r}")
+            raise InvalidBatch(f"task {task_id!r} lacks identity field {name!r}; add it to "
+                               "the task or drop it from identity=")
+    try:
+        return _canonical(task)
+    except RecursionError:
+        raise _too_deep(task_id, "to encode as JSON") from None
+    except (TypeError, ValueError) as exc:
+        raise InvalidBatch(f"task {task_id!r} is not JSON-serialisable ({exc}); keep tasks "
+                           "to str/int/float/bool/None/list/dict with finite numbers") from None
+
+
+def _check_encoded(joined: str, texts: Sequence[str], items: Sequence[Any]) -> None:
+    """Every task's text is valid UTF-8 (keys and the ledger hash and store it) and nests at
+    most :data:`MAX_TASK_DEPTH` deep; the first that is not is named."""
+    try:
+        joined.encode("utf-8")
     except UnicodeEncodeError:
         for text, task in zip(texts, items, strict=True):  # which task: the rare path
             try:
@@ -103,12 +119,6 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]],
             if depth > MAX_TASK_DEPTH:
                 raise _too_deep(task["task_id"], f"({depth} levels of JSON, at most "
                                 f"{MAX_TASK_DEPTH})")
-    try:
-        out = json.loads(joined)  # the ledger's form, which acceptance compares to: in one call
-    except RecursionError:  # within the bound, on a caller's stack that is deeper still
-        deepest = max(range(len(texts)), key=lambda i: nesting(texts[i], 0))
-        raise _too_deep(items[deepest]["task_id"], "to read back on this stack") from None
-    return out, texts
 
 
 def _too_deep(task_id: str, why: str) -> InvalidBatch:
