@@ -19,6 +19,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from contextlib import closing
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -91,13 +92,10 @@ def _dump(obj: Any, out: TextIO) -> None:
 
 
 def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
-    held = _open(args.ledger)
-    try:
+    with closing(_open(args.ledger)) as held:
         _known(held, args.name)
         summary = held.cost_summary(args.name)
         evidence = Evidence(held.store).summary(args.name)
-    finally:
-        held.close()
     for key in ("unresolved_batches", "unresolved_requests", "unresolved_items",
                 "minimum_exact_retry_calls", "superseded", "forgotten"):
         summary[key] = evidence[key]
@@ -126,12 +124,9 @@ def _receipt_dicts(held: Ledger, name: str, failed: bool, raw: bool) -> list[dic
 
 
 def cmd_receipts(args: argparse.Namespace, out: TextIO) -> int:
-    held = _open(args.ledger)
-    try:
+    with closing(_open(args.ledger)) as held:
         _known(held, args.name)
         rows = _receipt_dicts(held, args.name, args.failed, args.raw)
-    finally:
-        held.close()
     if args.json:
         _dump(rows, out)
         return OK
@@ -149,13 +144,10 @@ def cmd_values(args: argparse.Namespace, out: TextIO) -> int:
     if args.json and args.identity:
         raise Problem("--identity adds columns to --csv or fields to JSON Lines; drop --json",
                       USAGE)
-    held = _open(args.ledger)
-    try:
+    with closing(_open(args.ledger)) as held:
         _known(held, args.name)
         values = held.checkpoint(args.name)
         fields, tasks = _identity(held, args.name) if args.identity else ([], {})
-    finally:
-        held.close()
     if args.json:
         _dump(values, out)
     elif args.csv:
@@ -212,12 +204,9 @@ def _cell(value: Any) -> str:
 
 def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
     _one_format(args, "jsonl")
-    held = _open(args.ledger)
-    try:
+    with closing(_open(args.ledger)) as held:
         _known(held, args.batch)
         receipts = held.export_receipts(args.batch)
-    finally:
-        held.close()
     if args.jsonl:
         for r in receipts:
             print(json.dumps(r, ensure_ascii=False, sort_keys=True), file=out)
@@ -282,15 +271,12 @@ def cmd_merge(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_advise(args: argparse.Namespace, out: TextIO) -> int:
     from ..core import advise
 
-    held = _open(args.ledger)
-    try:
+    with closing(_open(args.ledger)) as held:
         _known(held, args.name)
         try:
             advice = advise(held, args.name, repairs=args.repairs, replays=args.replays)
         except InvalidBatch as exc:
             raise Problem(str(exc), USAGE) from None
-    finally:
-        held.close()
     if args.json:
         _dump(advice, out)
     else:
@@ -299,13 +285,10 @@ def cmd_advise(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_forget(args: argparse.Namespace, out: TextIO) -> int:
-    held = _open(args.ledger)
-    try:
+    with closing(_open(args.ledger)) as held:
         _known(held, args.name)
         record = forget_batch(held.store, args.name, via="batchjson forget")
         spend = held.spend(args.name)
-    finally:
-        held.close()
     if args.json:
         _dump({"batch": args.name, "forgotten": record}, out)
     else:
