@@ -211,7 +211,7 @@ def _replay(session: Any, plan: Plan, provider: Any, spender: Spender, state: Ru
         from tqdm.auto import tqdm
 
         bar = tqdm(total=total, initial=done, desc=name, unit="task", leave=True)
-    session.remember_provider(state.provider)
+    session.remember_provider(provider)  # the run's guard: its inner provider is kept
 
     async def go() -> Outcome:
         replayer = Replayer(plan, session.ledger, provider, spender, session.transport,
