@@ -23,6 +23,7 @@ from .._ledger.claims import ACCEPTED, MINE, Owner
 from .._ledger.records import now
 from .._ledger.store import Store
 from .._providers.base import Call, Reply, estimate_tokens, input_bound
+from .._providers.masking import public_url
 from .budget import Pricing, Spender
 from .groupcommit import GroupCommit
 from .plan import Outcome, Plan, Transport, system_prompt
@@ -101,9 +102,13 @@ class HostProbe:
             self.prober = None
             self._up.set()
 
-    def give_up(self) -> None:
-        """The probe failed: waiting calls go on, to find the run stopped."""
+    def give_up(self, key: str) -> bool:
+        """Whether ``key``'s call was the probe; if so, waiting calls go on, to find the run
+        stopped."""
+        if self.prober != key:
+            return False
         self._up.set()
+        return True
 
 
 @dataclass
@@ -169,6 +174,21 @@ class Caller:
                 # its text and usage are kept, and a re-run judges it before asking again.
                 self._close(claimed, _why(exc), sent_at, reply)
             raise
+
+    def host_down(self, exc: ProviderError, key: str) -> bool:
+        """The probing call's retries all failed to connect: the run stops, with one message
+        naming the host, and the calls waiting for it go on to find it stopped."""
+        if not exc.unreachable or not self.probe.give_up(key):
+            return False
+        where = getattr(self.provider, "url", None) or getattr(self.provider, "base_url", None)
+        target = public_url(where) if isinstance(where, str) else (
+            f"the {self.provider_name} provider")
+        self.control.fatal = ProviderError(
+            f"cannot reach {target}: is the server running? The run stopped after "
+            f"{self.transport.retries + 1} tries of one call, and no other request was sent "
+            f"({exc})", retryable=False, unreachable=True)
+        self.control.halt(self.control.fatal)
+        return True
 
     async def _reserve(self, call: Call) -> float | NotSent:
         """Reserve this call's worst case (its input bound, computed only under a cost budget,

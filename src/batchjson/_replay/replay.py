@@ -27,7 +27,6 @@ from .._content.tasks import Request, render_repair_prompt
 from .._errors import LedgerError, ProviderError
 from .._ledger import Ledger
 from .._ledger.claims import LEASE_SECONDS, Owner
-from .._providers.masking import public_url
 from .budget import Spender
 from .calls import Caller, Control, Judged, NotSent, first_prompt
 from .groupcommit import GroupCommit
@@ -292,10 +291,9 @@ class Replayer:
     def _failed(self, exc: ProviderError, request: Request) -> Judged:
         """A provider failure past its retries, as the verdict on the attempt; an unreachable
         host (after the probing call's retries) or a broken source stops the run."""
-        if exc.unreachable and self.caller.probe.prober == request.key:
-            self._unreachable(exc)
-        elif exc.fatal and self.control.fatal is None:  # a broken source: nothing more is sent
-            self.control.halt(exc, fatal=True)
+        down = self.caller.host_down(exc, request.key)  # if so, the run stopped naming it
+        if not down and exc.fatal and self.control.fatal is None:  # a broken source
+            self.control.halt(exc, fatal=True)  # nothing more is sent
         status = f" (HTTP {exc.status})" if exc.status else ""
         error = {"type": "provider_error", "task_id": None, "retryable": exc.retryable,
                  "message": f"provider failed{status}: {exc}"}
@@ -310,17 +308,6 @@ class Replayer:
         return min(self._backoff(SimpleNamespace(attempt_number=failures)),
                    self.transport.backoff_max)
 
-    def _unreachable(self, exc: ProviderError) -> None:
-        """The probing call's retries all failed to connect: stop the run with one message."""
-        where = getattr(self.provider, "url", None) or getattr(self.provider, "base_url", None)
-        target = public_url(where) if isinstance(where, str) else (
-            f"the {self.caller.provider_name} provider")
-        self.control.fatal = ProviderError(
-            f"cannot reach {target}: is the server running? The run stopped after "
-            f"{self.transport.retries + 1} tries of one call, and no other request was sent "
-            f"({exc})", retryable=False, unreachable=True)
-        self.control.halt(self.control.fatal)
-        self.caller.probe.give_up()
 
 
 def _first_line(error: Mapping[str, Any]) -> str:
