@@ -11,7 +11,7 @@ import asyncio
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._acceptance.replies import GuardedProvider, provider_names
 from .._acceptance.validators import droste_verdicts
@@ -28,6 +28,9 @@ from .fit import check_fit
 from .registry import ValidatorVersion
 from .result import BatchResult
 from .spec import CheckedRun, RunSpec
+
+if TYPE_CHECKING:
+    from .session import Session
 
 
 @dataclass
@@ -53,7 +56,7 @@ class Run:
     superseded: str | None = None  # the revision this run's content replaced, said
 
 
-def run_spec(session: Any, spec: RunSpec) -> BatchResult:
+def run_spec(session: Session, spec: RunSpec) -> BatchResult:
     """Resolve every task of ``spec`` or say exactly what is still owed."""
     content = spec.checked()  # every input check, before anything is recorded or spent
     provider = session.provider  # refused here when none is configured
@@ -70,7 +73,7 @@ def run_spec(session: Any, spec: RunSpec) -> BatchResult:
     return result
 
 
-def judge_with(session: Any, state: Run) -> None:
+def judge_with(session: Session, state: Run) -> None:
     """The validator's version (registered now, or handed over by the helper that registered
     it a moment ago) and the checker acceptance calls."""
     spec, validator = state.spec, state.spec.validator
@@ -91,7 +94,7 @@ def judge_with(session: Any, state: Run) -> None:
     state.checker = _bounded(checker, session.transport.timeout)  # an async one may hang
 
 
-def find_requests(session: Any, state: Run) -> None:
+def find_requests(session: Session, state: Run) -> None:
     """The run's keys and requests: those of its revision when one is on record. Judging no
     fingerprint fully sees moves on to a revision naming the answers that no longer pass."""
     spec, content, store = state.spec, state.content, session.ledger.store
@@ -115,7 +118,7 @@ def find_requests(session: Any, state: Run) -> None:
         state.keys = state.keys.with_part(UNSEEN, token)
 
 
-def rejudge_stored(session: Any, state: Run) -> None:
+def rejudge_stored(session: Session, state: Run) -> None:
     """Earlier returns of what the model saw, judged under this run's rules: those that pass
     resolve their requests for free. Answers of unknown source (imported) are found under the
     key of the same content without one."""
@@ -133,7 +136,7 @@ def rejudge_stored(session: Any, state: Run) -> None:
     state.pending = [r for r in state.owed if r.key not in passed]
 
 
-def plan_calls(session: Any, state: Run) -> tuple[Plan, Spender]:
+def plan_calls(session: Session, state: Run) -> tuple[Plan, Spender]:
     """What the calls are asked to do, refused before spending when the provider cannot do it
     or the budget cannot cover one call per pending request."""
     spec, content = state.spec, state.content
@@ -152,7 +155,7 @@ def plan_calls(session: Any, state: Run) -> tuple[Plan, Spender]:
     return plan, spender
 
 
-def record_revision(session: Any, state: Run, plan: Plan) -> Any:
+def record_revision(session: Session, state: Run, plan: Plan) -> Any:
     """Open (or resume) the revision, with what its requests saw and the rechecked returns."""
     store, version, name = session.ledger.store, state.version, state.spec.name
     revision, superseded = store.open_revision(
@@ -173,7 +176,7 @@ def record_revision(session: Any, state: Run, plan: Plan) -> Any:
     return revision
 
 
-def send(session: Any, state: Run, plan: Plan, spender: Spender, revision: Any) -> Outcome:
+def send(session: Session, state: Run, plan: Plan, spender: Spender, revision: Any) -> Outcome:
     """The calls: none when the validator broke on a stored return (it would break on theirs)."""
     store, outcome = session.ledger.store, Outcome()
     if state.pending and state.broken:
@@ -196,7 +199,7 @@ def _seen_of(state: Run, requests: Sequence[Request]) -> dict[str, str]:
     return {r.key: state.keys.seen_key(r.tasks_json) for r in requests}
 
 
-def _replay(session: Any, plan: Plan, provider: Any, spender: Spender, state: Run) -> Outcome:
+def _replay(session: Session, plan: Plan, provider: Any, spender: Spender, state: Run) -> Outcome:
     """Run the pending requests; a progress bar counts every task of the batch, those
     resumed from the ledger already done (2000/2000 at the end, as tqdm users expect)."""
     pending, progress, name = state.pending, state.spec.progress, state.spec.name
@@ -226,7 +229,7 @@ def _replay(session: Any, plan: Plan, provider: Any, spender: Spender, state: Ru
             bar.close()
 
 
-def report(session: Any, state: Run, revision: Any, outcome: Outcome) -> BatchResult:
+def report(session: Session, state: Run, revision: Any, outcome: Outcome) -> BatchResult:
     """The result, with a note for each thing a person should know about how it was reached."""
     spec, content = state.spec, state.content
     result = _result(session, spec.name, revision, content, outcome,
@@ -252,7 +255,7 @@ def report(session: Any, state: Run, revision: Any, outcome: Outcome) -> BatchRe
     return result
 
 
-def _result(session: Any, name: str, revision: Any, content: CheckedRun, outcome: Outcome,
+def _result(session: Session, name: str, revision: Any, content: CheckedRun, outcome: Outcome,
             resumed: int) -> BatchResult:
     values, errors = _values(session, name, revision.id, content, outcome)
     result = BatchResult(
@@ -275,7 +278,7 @@ def _result(session: Any, name: str, revision: Any, content: CheckedRun, outcome
     return result
 
 
-def _values(session: Any, name: str, revision_id: int, content: CheckedRun,
+def _values(session: Session, name: str, revision_id: int, content: CheckedRun,
             outcome: Outcome) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Each task's stored value, loaded under the schema, and an error for every other."""
     stored = session.ledger.checkpoint(name, revision_id)
