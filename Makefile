@@ -35,6 +35,7 @@ bench: $(STAMP)  # every benchmark runs and prints its verdict; fails if any tar
 	$(PY) benchmarks/bench_judging.py || status=1; \
 	$(PY) benchmarks/bench_throughput.py || status=1; \
 	$(PY) benchmarks/bench_throughput.py --n 640 --latency 1 --rounds 3 || status=1; \
+	$(PY) benchmarks/bench_hosts.py || status=1; \
 	exit $$status
 
 clean:

@@ -1,11 +1,44 @@
-"""Fixtures for the IPython face: one real in-process shell, left as it was found."""
+"""Fixtures: one real in-process IPython shell, left as it was found; and the ledger contract's
+two stores, a SQLite file and a database on a real PostgreSQL server the tests start."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import itertools
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+_databases = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Any]:
+    """One PostgreSQL server for the whole run (started on first use, about half a second)."""
+    from tests.postgres_server import start_postgres
+
+    server = start_postgres()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def ledger_at(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., Any]:
+    """Where a test keeps its ledgers, once per store: ``ledger_at("a")`` is the file
+    ``a.sqlite`` in the test's directory, or the URL of a new database of its own; the same
+    name gives the same ledger."""
+    if request.param == "sqlite":
+        return lambda name="l": tmp_path / f"{name}.sqlite"
+    server = request.getfixturevalue("postgres")
+    made: dict[str, str] = {}
+
+    def at(name: str = "l") -> str:
+        if name not in made:
+            made[name] = server.database(f"{name.lower()}_{next(_databases)}")
+        return made[name]
+
+    return at
 
 
 @pytest.fixture

@@ -213,3 +213,55 @@ def ctrl_c_in_a_live_loop(cell: Callable[[], Any]) -> float:
     finally:
         loop.close()
     return time.perf_counter() - started
+
+
+# -- reading and writing a ledger of either store, as the store itself does -------------------
+
+def ledger_rows(target: Any, sql: str, *args: Any) -> list[tuple]:
+    """The rows of one query (``?`` parameters) on the ledger at ``target``."""
+    from batchjson._ledger import Ledger
+
+    held = Ledger(target)
+    try:
+        return [tuple(row) for row in held.store._read(sql, args)]
+    finally:
+        held.close()
+
+
+def ledger_write(target: Any, *statements: tuple[str, tuple]) -> list[Any]:
+    """Run statements in one transaction on the ledger at ``target`` (another runner's or a
+    crashed one's writes); for each INSERT the new row's id."""
+    from batchjson._ledger import Ledger
+
+    held = Ledger(target)
+    out = []
+    try:
+        with held.store.transaction() as tx:
+            for sql, args in statements:
+                if sql.lstrip().upper().startswith("INSERT INTO ATTEMPTS"):
+                    out.append(held.store._insert(tx, sql, args))
+                else:
+                    out.append(held.store._exec(tx, sql, args).rowcount)
+        return out
+    finally:
+        held.close()
+
+
+def kill_runner_mid_call(script: str, target: Any, calls: int) -> None:
+    """Run ``script`` (``python -c``, the ledger as its argument) until it has printed "sent"
+    for ``calls`` calls, then SIGKILL it: a runner that died with its calls in flight."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, "-c", script, str(target)], env=env,
+                            stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    try:
+        for _ in range(calls):
+            assert proc.stdout.readline().strip() == "sent"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()

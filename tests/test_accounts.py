@@ -365,10 +365,11 @@ def test_spend_and_cost_summary_agree_on_every_kind_of_call_and_cost(tmp_path: P
     ledger.close()
 
 
-def test_a_batch_with_no_known_cost_has_no_cost_per_usable_result(tmp_path: Path) -> None:
+def test_a_batch_with_no_known_cost_has_no_cost_per_usable_result(
+        tmp_path: Path, ledger_at) -> None:
     """A model with no price and no reported cost: the account says unknown, not $0."""
     session = Session(CallableProvider(lambda call: Reply(text=items_reply(call)),
-                                       source="no-price"), ledger=tmp_path / "l.sqlite")
+                                       source="no-price"), ledger=ledger_at("l"))
     assert session.run_batch("r", review_tasks(2), LABEL_SCHEMA).status == "resolved"
     (entry,) = [e for e in session.ledger.cost_summary()["batches"] if e["batch"] == "r"]
     assert entry["usable_results"] == 2 and entry["cost_is_lower_bound"]
@@ -377,10 +378,10 @@ def test_a_batch_with_no_known_cost_has_no_cost_per_usable_result(tmp_path: Path
 
 
 def test_status_and_evidence_give_one_cost_per_usable_result_for_every_kind_of_batch(
-        tmp_path: Path) -> None:
+        tmp_path: Path, ledger_at) -> None:
     """Priced, unpriced, re-judged for free and mixed: the two accounts never disagree, an
     unpriced batch is unknown (None), and one answered only by free rechecks cost $0."""
-    path = tmp_path / "l.sqlite"
+    path = ledger_at("l")
     unpriced = Session(CallableProvider(lambda call: Reply(text=items_reply(call)),
                                         source="no-price"), ledger=path)
     def any_label(item, task):  # only how returns are judged changes: stored ones re-judged

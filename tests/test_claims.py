@@ -1,23 +1,32 @@
 """One payer per request: runners of the same content (threads, Sessions, processes) on one
 ledger never send a claimed request, take each other's accepted results from the ledger, and
-take over at once the claims of a runner that is gone."""
+take over at once the claims of a runner that is gone. Every test runs on both stores: a SQLite
+file and a PostgreSQL database."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
-import signal
-import sqlite3
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 from batchjson import CallableProvider, Session
+from batchjson._ledger import Ledger
 from batchjson._ledger import claims as claims_module
-from tests.helpers import LABEL_SCHEMA, ConcurrentModel, items_reply, review_tasks
+from tests.helpers import (
+    LABEL_SCHEMA,
+    ConcurrentModel,
+    items_reply,
+    kill_runner_mid_call,
+    ledger_rows,
+    ledger_write,
+    review_tasks,
+)
 
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
 
@@ -25,19 +34,18 @@ SOURCE = "test-model"  # one model answering across the runners of a test
 
 
 def checkpoint_problems(path) -> list[str]:
-    """Accepted receipts without their checkpoint rows, or rows re-pointed to another attempt."""
-    with sqlite3.connect(path) as db:
-        missing = db.execute(
-            "SELECT a.id FROM attempts a WHERE a.status = 'accepted' AND NOT EXISTS (SELECT 1 "
-            "FROM checkpoint c WHERE c.attempt_id = a.id)").fetchall()
-        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    """Accepted receipts without their checkpoint rows (and, in a file, a damaged file)."""
+    missing = ledger_rows(
+        path, "SELECT a.id FROM attempts a WHERE a.status = 'accepted' AND NOT EXISTS "
+        "(SELECT 1 FROM checkpoint c WHERE c.attempt_id = a.id)")
+    if isinstance(path, Path):
+        assert ledger_rows(path, "PRAGMA integrity_check") == [("ok",)]
     return [f"accepted attempt {r[0]} has no checkpoint rows" for r in missing]
 
 
 def accepted_per_key(path) -> dict[str, int]:
-    with sqlite3.connect(path) as db:
-        return dict(db.execute("SELECT request_key, COUNT(*) FROM attempts WHERE status = "
-                               "'accepted' GROUP BY request_key").fetchall())
+    return dict(ledger_rows(path, "SELECT request_key, COUNT(*) FROM attempts WHERE status = "
+                            "'accepted' GROUP BY request_key"))
 
 
 def run_together(*runs):
@@ -57,8 +65,8 @@ def run_together(*runs):
     return results
 
 
-def test_two_threads_on_one_session_pay_each_request_once(tmp_path):
-    path = tmp_path / "l.sqlite"
+def test_two_threads_on_one_session_pay_each_request_once(ledger_at):
+    path = ledger_at()
     model = ConcurrentModel(delay=0.005)
     session = Session(CallableProvider(model), ledger=path, concurrency=8)
     tasks = review_tasks(60)
@@ -72,8 +80,8 @@ def test_two_threads_on_one_session_pay_each_request_once(tmp_path):
     session.close()
 
 
-def test_two_sessions_on_one_ledger_pay_each_request_once(tmp_path):
-    path = tmp_path / "l.sqlite"
+def test_two_sessions_on_one_ledger_pay_each_request_once(ledger_at):
+    path = ledger_at()
     model = ConcurrentModel(delay=0.005)
     sessions = [Session(CallableProvider(model), ledger=path, concurrency=8) for _ in range(2)]
     tasks = review_tasks(60)
@@ -110,8 +118,8 @@ RUNNER = textwrap.dedent("""
 """)
 
 
-def test_two_processes_pay_each_request_once(tmp_path):
-    path, go = tmp_path / "l.sqlite", tmp_path / "go"
+def test_two_processes_pay_each_request_once(ledger_at, tmp_path):
+    path, go = ledger_at(), tmp_path / "go"
     Session(ledger=path).close()  # created once, before both start
     procs = [subprocess.Popen([sys.executable, "-c", RUNNER, str(path), str(go),
                                str(tmp_path / f"sent{i}")], env=ENV, cwd=os.getcwd(),
@@ -154,18 +162,16 @@ def test_two_revisions_at_once_each_get_their_own_values():
 def _foreign_claim(path, request_key, *, lease_in: float) -> str:
     """A claim and in-flight receipt written by a runner on another host."""
     owner = "elsewhere/4242/s0/r0"
-    with sqlite3.connect(path) as db:
-        batch_id, revision_id = db.execute("SELECT id, current_revision FROM batches").fetchone()
-        task_ids = db.execute("SELECT task_ids FROM requests WHERE key = ?",
-                              (request_key,)).fetchone()[0]
-        attempt = db.execute(
-            "INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, status, "
-            "started_at, uid, owner, estimated_input_tokens, cost_floor) VALUES "
-            "(?,?,?,?, 'initial', 'in_flight', 'then', 'u-foreign', ?, 100, 0.001)",
-            (batch_id, revision_id, request_key, task_ids, owner)).lastrowid
-        db.execute("INSERT INTO claims VALUES (?,?,?,?,?,?,?,?)",
-                   (request_key, owner, "elsewhere", 4242, "s0", attempt,
-                    time.time() + lease_in, "then"))
+    (batch_id, revision_id), = ledger_rows(path, "SELECT id, current_revision FROM batches")
+    (task_ids,), = ledger_rows(path, "SELECT task_ids FROM requests WHERE key = ?", request_key)
+    attempt, = ledger_write(path, (
+        "INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, status, "
+        "started_at, uid, owner, estimated_input_tokens, cost_floor) VALUES "
+        "(?,?,?,?, 'initial', 'in_flight', 'then', 'u-foreign', ?, 100, 0.001)",
+        (batch_id, revision_id, request_key, task_ids, owner)))
+    ledger_write(path, ("INSERT INTO claims VALUES (?,?,?,?,?,?,?,?)",
+                        (request_key, owner, "elsewhere", 4242, "s0", attempt,
+                         time.time() + lease_in, "then")))
     return owner
 
 
@@ -177,12 +183,11 @@ def _prepare(path, n: int):
     session.run(RunSpec("r", review_tasks(n), LABEL_SCHEMA, refuse_short_budget=False,
                         on_exhausted="return"))
     session.close()
-    with sqlite3.connect(path) as db:
-        return [r[0] for r in db.execute("SELECT key FROM requests ORDER BY position")]
+    return [r[0] for r in ledger_rows(path, "SELECT key FROM requests ORDER BY position")]
 
 
-def test_an_expired_lease_on_another_host_is_taken_over_and_its_call_abandoned(tmp_path):
-    path = tmp_path / "l.sqlite"
+def test_an_expired_lease_on_another_host_is_taken_over_and_its_call_abandoned(ledger_at):
+    path = ledger_at()
     keys = _prepare(path, 3)
     _foreign_claim(path, keys[0], lease_in=-1.0)
     model = ConcurrentModel()
@@ -195,8 +200,8 @@ def test_an_expired_lease_on_another_host_is_taken_over_and_its_call_abandoned(t
     assert spend["abandoned_calls"] == 1 and spend["cost_lower_bound_unknown"] == 0.001
 
 
-def test_a_live_lease_on_another_host_is_waited_for_and_never_sent(tmp_path, monkeypatch):
-    path = tmp_path / "l.sqlite"
+def test_a_live_lease_on_another_host_is_waited_for_and_never_sent(ledger_at):
+    path = ledger_at()
     keys = _prepare(path, 3)
     _foreign_claim(path, keys[0], lease_in=600.0)
     held = review_tasks(3)[0]["task_id"]
@@ -208,14 +213,14 @@ def test_a_live_lease_on_another_host_is_waited_for_and_never_sent(tmp_path, mon
         deadline = time.monotonic() + 30
         while len(model.sent) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
-        with sqlite3.connect(path) as db:
-            attempt, batch_id = db.execute("SELECT id, batch_id FROM attempts WHERE uid = "
-                                           "'u-foreign'").fetchone()
-            db.execute("UPDATE attempts SET status = 'accepted', sent_at = 'then' WHERE id = ?",
-                       (attempt,))
-            db.execute("INSERT INTO checkpoint VALUES (?,?,?,?,?, 'then')",
-                       (batch_id, keys[0], held, attempt, json.dumps({"verdict": "match"})))
-            db.execute("DELETE FROM claims WHERE request_key = ?", (keys[0],))
+        (attempt, batch_id), = ledger_rows(path, "SELECT id, batch_id FROM attempts WHERE "
+                                           "uid = 'u-foreign'")
+        ledger_write(
+            path, ("UPDATE attempts SET status = 'accepted', sent_at = 'then' WHERE id = ?",
+                   (attempt,)),
+            ("INSERT INTO checkpoint VALUES (?,?,?,?,?, 'then')",
+             (batch_id, keys[0], held, attempt, json.dumps({"verdict": "match"}))),
+            ("DELETE FROM claims WHERE request_key = ?", (keys[0],)))
 
     helper = threading.Thread(target=finish_elsewhere)
     helper.start()
@@ -225,39 +230,31 @@ def test_a_live_lease_on_another_host_is_waited_for_and_never_sent(tmp_path, mon
     assert held not in [t for call in model.sent for t in call]  # never sent by us
     assert len(model.sent) == 2
     assert any("another runner" in note for note in result.notes)
-    with sqlite3.connect(path) as db:  # each look at the held claim left no receipt behind
-        assert db.execute("SELECT uid FROM attempts WHERE request_key = ?",
-                          (keys[0],)).fetchall() == [("u-foreign",)]
+    # each look at the held claim left no receipt behind
+    assert ledger_rows(path, "SELECT uid FROM attempts WHERE request_key = ?",
+                       keys[0]) == [("u-foreign",)]
 
 
 KILLED = textwrap.dedent("""
     import asyncio, sys
-    from batchjson import CallableProvider, Session
-    from batchjson._ledger import claims
+    from batchjson import CallableProvider, Ledger, Session
     from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
-
-    claims.LEASE_SECONDS = 3600.0  # only "its process is gone" can free these claims
 
     async def model(call):
         print("sent", flush=True)
         await asyncio.sleep(600)
 
     session = Session(CallableProvider(model, price={"input": 2.0, "output": 8.0}),
-                      ledger=sys.argv[1], concurrency=4)
+                      ledger=Ledger(sys.argv[1], lease=3600), concurrency=4)  # only "its
+    # process is gone" can free these claims
     session.run_batch("r", review_tasks(8), LABEL_SCHEMA)
 """)
 
 
-def test_a_killed_runners_claims_are_taken_over_at_once_and_its_calls_abandoned(tmp_path):
-    path = tmp_path / "l.sqlite"
-    proc = subprocess.Popen([sys.executable, "-c", KILLED, str(path)], env=ENV,
-                            stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
-    for _ in range(4):
-        assert proc.stdout.readline().strip() == "sent"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    with sqlite3.connect(path) as db:
-        assert db.execute("SELECT COUNT(*) FROM claims").fetchone()[0] == 4
+def test_a_killed_runners_claims_are_taken_over_at_once_and_its_calls_abandoned(ledger_at):
+    path = ledger_at()
+    kill_runner_mid_call(KILLED, path, 4)
+    assert ledger_rows(path, "SELECT COUNT(*) FROM claims") == [(4,)]
 
     session = Session(CallableProvider(items_reply), ledger=path, concurrency=4)
     result = session.run_batch("r", review_tasks(8), LABEL_SCHEMA)
@@ -272,6 +269,44 @@ def test_a_killed_runners_claims_are_taken_over_at_once_and_its_calls_abandoned(
     assert spend["abandoned_calls"] == 4 and spend["calls"] == 12
     assert spend["cost_lower_bound_unknown"] > 0  # never zero, never left out
     assert checkpoint_problems(path) == []
-    with sqlite3.connect(path) as db:
-        assert db.execute("SELECT COUNT(*) FROM claims").fetchone()[0] == 0
+    assert ledger_rows(path, "SELECT COUNT(*) FROM claims") == [(0,)]
     assert claims_module.LEASE_SECONDS == 30.0  # the subprocess's setting stayed there
+
+
+SLOW_HOST = textwrap.dedent("""
+    import asyncio, sys
+    from batchjson import CallableProvider, Ledger, Session
+    from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
+
+    async def model(call):
+        print("sent", flush=True)
+        await asyncio.sleep(3.0)  # three leases long
+        return items_reply(call)
+
+    session = Session(CallableProvider(model, source="test-model"),
+                      ledger=Ledger(sys.argv[1], lease=1.0))
+    print(session.run_batch("r", review_tasks(1), LABEL_SCHEMA).status, flush=True)
+""")
+
+
+def test_a_call_longer_than_the_lease_keeps_its_claim_while_it_runs(ledger_at):
+    """Another host sees only the lease: renewed while the call runs, the claim is never taken
+    over, and the request is paid once, by the host that holds it."""
+    path = ledger_at()
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_HOST, str(path)],
+                            env={**ENV, "BATCHJSON_HOST": "another-machine"},
+                            stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    try:
+        assert proc.stdout.readline().strip() == "sent"
+        model = ConcurrentModel()
+        session = Session(CallableProvider(model, source=SOURCE),
+                          ledger=Ledger(path, lease=1.0))
+        result = session.run_batch("r", review_tasks(1), LABEL_SCHEMA)
+        assert proc.stdout.readline().strip() == "resolved"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert result.status == "resolved" and model.sent == []  # waited, never sent by us
+    assert ledger_rows(path, "SELECT status FROM attempts") == [("accepted",)]
+    assert checkpoint_problems(path) == []
+

@@ -140,13 +140,13 @@ def test_batchjson_forget_then_status_shows_who_forgot_and_owes_nothing(tmp_path
     assert unknown.returncode == 2 and "no batch named 'nope'" in unknown.stderr
 
 
-def test_a_merged_ledger_keeps_what_its_owner_forgot(tmp_path: Path):
-    theirs = broken_session(tmp_path / "theirs.sqlite")
+def test_a_merged_ledger_keeps_what_its_owner_forgot(tmp_path: Path, ledger_at):
+    theirs = broken_session(ledger_at("theirs"))
     owe_two_revisions(theirs)
     forget_batch(theirs.ledger.store, "review", via="test", by="ana@lab")
     theirs.close()
-    ours = Ledger(tmp_path / "ours.sqlite")
-    ours.merge(tmp_path / "theirs.sqlite")
+    ours = Ledger(ledger_at("ours"))
+    ours.merge(ledger_at("theirs"))
     assert ours.store.unresolved() == []
     (record,) = forgotten(ours.store)
     assert (record["by"], record["revisions"], record["in_effect"]) == ("ana@lab", [1, 2], 2)

@@ -80,7 +80,8 @@ def test_an_answer_interrupted_while_being_judged_is_kept_and_judged_on_resume_n
     assert result.revision == 1  # the same validator, the same request: judged, not re-keyed
 
 
-def test_a_call_that_cannot_be_built_leaves_no_receipt_and_is_no_call(monkeypatch, tmp_path):
+def test_a_call_that_cannot_be_built_leaves_no_receipt_and_is_no_call(
+        monkeypatch, tmp_path, ledger_at):
     """Whatever fails while the request is turned into a call fails before its receipt is
     written: nothing is left in flight as a possible paid call."""
     from batchjson._replay import calls as _calls
@@ -91,7 +92,7 @@ def test_a_call_that_cannot_be_built_leaves_no_receipt_and_is_no_call(monkeypatc
     monkeypatch.setattr(_calls, "wire_schema", broken)
     sent = []
     session = Session(CallableProvider(lambda call: sent.append(call) or items_reply(call),
-                                       source="test-model"), ledger=tmp_path / "l.sqlite")
+                                       source="test-model"), ledger=ledger_at("l"))
     with pytest.raises(RecursionError):
         session.run_batch("r", review_tasks(2), LABEL_SCHEMA)
     assert sent == [] and session.ledger.attempts("r") == []

@@ -17,6 +17,7 @@ from batchjson import (
     AnthropicProvider,
     CallableProvider,
     ConfigError,
+    LedgerError,
     OpenAIProvider,
     ProviderError,
     ProviderSetupError,
@@ -259,15 +260,30 @@ def test_a_key_in_both_the_url_and_api_key_is_refused_at_setup(shape: str) -> No
     assert_absent(key, "\n".join(traceback.format_exception(raised.value)))
 
 
-@pytest.mark.parametrize("kind", [str, Path])
-def test_a_ledger_url_is_refused_with_its_password_masked(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: type) -> None:
+def test_a_ledger_url_that_cannot_be_reached_says_so_with_its_password_masked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     key = KEYS["sk-proj"]
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ConfigError) as raised:  # pathlib folds "//": still a URL, still masked
-        Session(CallableProvider(lambda call: ""), ledger=kind(f"postgresql://app:{key}@db/runs"))
+    with pytest.raises(LedgerError) as raised:
+        Session(CallableProvider(lambda call: ""), ledger=f"postgresql://app:{key}@db.invalid/runs")
     message = str(raised.value)
-    assert "is a URL" in message and "postgresql://<redacted>@db/runs" in message
+    assert "could not connect" in message and "postgresql://<redacted>@db.invalid/runs" in message
+    assert_absent(key, "\n".join([message, *traceback.format_exception(raised.value)]))
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("url", ["mysql://app:{key}@db/runs", "postgresql://app:{key}@db/runs"])
+def test_a_ledger_url_batchjson_cannot_use_is_refused_with_its_password_masked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    key = KEYS["sk-proj"]
+    monkeypatch.chdir(tmp_path)
+    given = url.format(key=key)
+    with pytest.raises(ConfigError) as raised:  # pathlib folds "//": still a URL, still masked
+        Session(CallableProvider(lambda call: ""),
+                ledger=Path(given) if given.startswith("postgresql") else given)
+    message = str(raised.value)
+    assert "cannot keep a ledger at" in message and "://<redacted>@db/runs" in message
+    assert "as a str" in message
     assert_absent(key, "\n".join([message, *traceback.format_exception(raised.value)]))
     assert list(tmp_path.iterdir()) == []
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import batchjson
 
 PACKAGE = Path(batchjson.__file__).parent
-STORE_MODULES = re.compile(r"^_ledger/(store(_\w+)?|sqlite)\.py$")
+STORE_MODULES = re.compile(r"^_ledger/(store(_\w+)?|sqlite|postgres)\.py$")
 SQL = re.compile(r"\b(SELECT\b.+\bFROM|INSERT\s+INTO|UPDATE\s+\w+\s+SET|DELETE\s+FROM|"
                  r"CREATE\s+(TABLE|INDEX|TRIGGER|VIEW)|DROP\s+(TABLE|INDEX)|ALTER\s+TABLE|"
                  r"PRAGMA\s+\w+|BEGIN\s+(IMMEDIATE|TRANSACTION)|ON\s+CONFLICT)", re.S)
@@ -40,8 +40,17 @@ def test_sql_statements_appear_only_in_the_store():
     found = {name: sql_in(tree) for name, _, tree in modules()}
     outside = {name: hits for name, hits in found.items()
                if hits and not STORE_MODULES.match(name)}
-    assert outside == {}, f"SQL outside the store (_ledger/store*.py, _ledger/sqlite.py): {outside}"
+    assert outside == {}, ("SQL outside the store (_ledger/store*.py, _ledger/sqlite.py, "
+                           f"_ledger/postgres.py): {outside}")
     assert len(found["_ledger/store_calls.py"]) > 5  # the scan does see SQL where it is
+
+
+def test_only_the_postgresql_store_uses_psycopg():
+    users = {name for name, _, tree in modules() for node in ast.walk(tree)
+             if (isinstance(node, ast.Import) and any(a.name.startswith("psycopg")
+                                                      for a in node.names))
+             or (isinstance(node, ast.ImportFrom) and (node.module or "").startswith("psycopg"))}
+    assert users == {"_ledger/postgres.py"}
 
 
 def test_only_the_sqlite_store_uses_sqlite3():

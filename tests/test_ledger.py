@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +26,7 @@ from tests.helpers import (
     answer,
     ctrl_c_in_a_live_loop,
     items_reply,
+    ledger_rows,
     review_tasks,
 )
 
@@ -111,15 +113,20 @@ CRASH_SCRIPT = textwrap.dedent("""
 
 def _statuses(path) -> list[str]:
     """Attempt statuses as another process sees them (empty until the ledger exists)."""
+    if isinstance(path, Path):
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+                return sorted(r[0] for r in db.execute("SELECT status FROM attempts"))
+        except sqlite3.Error:
+            return []
     try:
-        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
-            return sorted(r[0] for r in db.execute("SELECT status FROM attempts"))
-    except sqlite3.Error:
+        return sorted(r[0] for r in ledger_rows(path, "SELECT status FROM attempts"))
+    except LedgerError:  # its schema is still being made
         return []
 
 
-def test_killed_process_loses_nothing_and_rerun_completes(tmp_path):
-    path = tmp_path / "l.sqlite"
+def test_killed_process_loses_nothing_and_rerun_completes(ledger_at):
+    path = ledger_at()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.Popen([sys.executable, "-c", CRASH_SCRIPT, str(path)], env=env,
                             stdout=subprocess.PIPE, cwd=os.getcwd())
@@ -142,8 +149,8 @@ def test_killed_process_loses_nothing_and_rerun_completes(tmp_path):
     assert result.status == "resolved" and result.calls == 3
 
 
-def test_validator_versions_are_numbered_by_the_ledger_across_restarts(tmp_path):
-    path = tmp_path / "l.sqlite"
+def test_validator_versions_are_numbered_by_the_ledger_across_restarts(ledger_at):
+    path = ledger_at()
 
     def make(threshold):
         namespace = {"THRESHOLD": threshold}
@@ -187,7 +194,6 @@ def test_checkpoint_count_matches_the_checkpoint_for_one_batch_and_all():
 KILL_AT = textwrap.dedent("""
     import os, signal, sys
     from batchjson import CallableProvider, Session
-    from batchjson._ledger.store_calls import CallStore
     from tests.helpers import LABEL_SCHEMA, answer, items_reply, review_tasks
 
     point, seen = sys.argv[2], []
@@ -198,12 +204,11 @@ KILL_AT = textwrap.dedent("""
             if len(seen) == 3:  # two of these went through; die on the third
                 os.kill(os.getpid(), signal.SIGKILL)
 
-    take, accept = CallStore._take, CallStore.accept_call
 
     def claiming(store, *args):
-        state = take(store, *args)
+        opened = take(store, *args)
         maybe_die("claim")  # inside the transaction of the claim and its receipt
-        return state
+        return opened
 
     def accepting(store, *args, **kwargs):
         out = accept(store, *args, **kwargs)
@@ -214,29 +219,31 @@ KILL_AT = textwrap.dedent("""
         maybe_die("send")  # claim and receipt committed, the call is out
         return items_reply(call)
 
-    CallStore._take = claiming
-    CallStore.accept_call = accepting
     session = Session(CallableProvider(model, source="test-model"), ledger=sys.argv[1],
                       concurrency=2)
+    store = type(session.ledger.store)  # SQLite's or PostgreSQL's
+    take, accept = store._open, store.accept_call
+    store._open = claiming
+    store.accept_call = accepting
     session.run_batch("r", review_tasks(6), LABEL_SCHEMA)
 """)
 
 
 @pytest.mark.parametrize("point", ["claim", "send", "accept"])
 def test_a_kill_at_any_point_leaves_a_consistent_ledger_and_rerun_spends_nothing_twice(
-        tmp_path, point):
-    path = tmp_path / "l.sqlite"
+        ledger_at, point):
+    path = ledger_at()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.run([sys.executable, "-c", KILL_AT, str(path), point], env=env,
                           cwd=os.getcwd(), timeout=60)
     assert proc.returncode == -signal.SIGKILL
-    with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-        assert db.execute("SELECT COUNT(*) FROM attempts a WHERE status = 'accepted' AND NOT "
-                          "EXISTS (SELECT 1 FROM checkpoint c WHERE c.attempt_id = a.id)"
-                          ).fetchone()[0] == 0
-        accepted_before = db.execute("SELECT COUNT(*) FROM attempts WHERE status = 'accepted'"
-                                     ).fetchone()[0]
+    if isinstance(path, Path):
+        assert ledger_rows(path, "PRAGMA integrity_check") == [("ok",)]
+    assert ledger_rows(path, "SELECT COUNT(*) FROM attempts a WHERE status = 'accepted' AND "
+                       "NOT EXISTS (SELECT 1 FROM checkpoint c WHERE c.attempt_id = a.id)"
+                       ) == [(0,)]
+    (accepted_before,), = ledger_rows(path, "SELECT COUNT(*) FROM attempts WHERE status = "
+                                      "'accepted'")
     sent = []
     session = Session(CallableProvider(lambda call: sent.append(call) or items_reply(call),
                                        source="test-model"), ledger=path, concurrency=2)
@@ -297,16 +304,15 @@ def test_the_cli_refuses_an_older_ledger_with_exit_3_and_what_to_do(tmp_path):
         assert "batchjson export --jsonl" in done.stderr
 
 
-def test_a_fresh_ledger_has_no_answers_of_unknown_source_to_look_for(tmp_path):
+def test_a_fresh_ledger_has_no_answers_of_unknown_source_to_look_for(tmp_path, ledger_at):
     """Runs look answers up under the key without an answer source only when the ledger holds
     an imported receipt of another system (its answer source unknown)."""
-    session = Session(CallableProvider(items_reply, source="test-model"),
-                      ledger=tmp_path / "l.sqlite")
+    session = Session(CallableProvider(items_reply, source="test-model"), ledger=ledger_at())
     session.run_batch("r", review_tasks(2), LABEL_SCHEMA)
     assert not session.ledger.store.has_sourceless_answers()
     exported = tmp_path / "ours.jsonl"  # batchjson's own export names its source
     exported.write_text("".join(json.dumps(r) + "\n" for r in session.ledger.export_receipts()))
-    other = Ledger(tmp_path / "other.sqlite")
+    other = Ledger(ledger_at("other"))
     other.import_receipts(exported)
     assert not other.store.has_sourceless_answers()
     tasks = review_tasks(1, case="gold-pair-090")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +13,7 @@ import pytest
 from batchjson import CallableProvider, Session
 from batchjson._errors import InvalidBatch
 from batchjson._ledger import Ledger
-from tests.helpers import LABEL_SCHEMA, answer, items_reply, review_tasks
+from tests.helpers import LABEL_SCHEMA, answer, items_reply, ledger_rows, review_tasks
 
 IDENTITY = ["task_id", "case_id", "candidate_id"]
 TABLES = ("batches", "revisions", "requests", "attempts", "checkpoint", "imports")
@@ -39,12 +38,8 @@ def write(path: Path, *records: dict[str, Any]) -> Path:
     return path
 
 
-def counts(ledger_path: Path) -> dict[str, int]:
-    db = sqlite3.connect(ledger_path)
-    try:
-        return {t: db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in TABLES}
-    finally:
-        db.close()
+def counts(ledger_path: Path | str) -> dict[str, int]:
+    return {t: ledger_rows(ledger_path, f"SELECT COUNT(*) FROM {t}")[0][0] for t in TABLES}
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -100,13 +95,13 @@ def test_ok_receipt_with_swapped_case_id_admits_none_of_20_and_a_later_return_is
 
 
 def test_a_correct_historical_return_is_admitted_and_resumes_with_zero_calls(
-        tmp_path: Path) -> None:
+        tmp_path: Path, ledger_at) -> None:
     tasks = review_tasks(20)
     history = write(tmp_path / "old.jsonl",
                     receipt(tasks, items_for(tasks, {3: "gold-pair-079"}), status="ok"),
                     receipt(tasks, items_for(tasks), status="ok"))
     session = Session(CallableProvider(lambda call: pytest.fail("no call may be made")),
-                      ledger=tmp_path / "ledger.sqlite")
+                      ledger=ledger_at("ledger"))
     report = session.ledger.import_receipts(history, validators=session.validators)
     assert [r["outcome"] for r in report["receipts"]] == ["diagnostic", "admitted"]
     assert report["items_admitted"] == 20
@@ -117,22 +112,22 @@ def test_a_correct_historical_return_is_admitted_and_resumes_with_zero_calls(
     assert (account["input_tokens"], account["output_tokens"]) == (2400, 1600)
 
 
-def test_importing_the_same_file_twice_changes_nothing(tmp_path: Path) -> None:
+def test_importing_the_same_file_twice_changes_nothing(tmp_path: Path, ledger_at) -> None:
     tasks = review_tasks(4)
     history = write(tmp_path / "old.jsonl", receipt(tasks, items_for(tasks, {1: "x"})),
                     receipt(tasks, items_for(tasks)), receipt(tasks, "not json", "error"))
-    ledger = Ledger(tmp_path / "ledger.sqlite")
+    ledger = Ledger(ledger_at("ledger"))
     first = ledger.import_receipts(history)
-    before = counts(tmp_path / "ledger.sqlite")
+    before = counts(ledger_at("ledger"))
     second = ledger.import_receipts(history)
-    assert counts(tmp_path / "ledger.sqlite") == before
+    assert counts(ledger_at("ledger")) == before
     assert (first["admitted"], first["diagnostic"], first["rejected"]) == (1, 1, 1)
     assert second["skipped"] == 3 and second["admitted"] == 0
     assert ledger.cost_summary()["total"]["calls"] == 3
 
 
 def test_a_malformed_line_refuses_the_whole_file_before_anything_is_written(
-        tmp_path: Path) -> None:
+        tmp_path: Path, ledger_at) -> None:
     tasks = review_tasks(2)
     good = receipt(tasks, items_for(tasks))
     cases = [({**good, "tasks": "nope"}, "field 'tasks' must be a list"),
@@ -140,7 +135,7 @@ def test_a_malformed_line_refuses_the_whole_file_before_anything_is_written(
              ({**good, "identity": ["task_id", "shard"]}, "lacks identity field 'shard'"),
              ({**good, "cost": -1}, "field 'cost' must be a number >= 0"),
              ({**good, "schema": {"type": "nonsense"}}, "invalid JSON Schema")]
-    ledger = Ledger(tmp_path / "ledger.sqlite")
+    ledger = Ledger(ledger_at("ledger"))
     for bad, message in cases:
         path = write(tmp_path / "mixed.jsonl", good, bad)
         with pytest.raises(InvalidBatch, match="line 2") as refused:
@@ -149,12 +144,12 @@ def test_a_malformed_line_refuses_the_whole_file_before_anything_is_written(
     (tmp_path / "text.jsonl").write_text(json.dumps(good) + "\n{not json\n")
     with pytest.raises(InvalidBatch, match="line 2: not JSON"):
         ledger.import_receipts(tmp_path / "text.jsonl")
-    assert counts(tmp_path / "ledger.sqlite")["attempts"] == 0
+    assert counts(ledger_at("ledger"))["attempts"] == 0
 
 
-def test_a_registered_validator_rechecks_imported_items(tmp_path: Path) -> None:
+def test_a_registered_validator_rechecks_imported_items(tmp_path: Path, ledger_at) -> None:
     tasks = review_tasks(3)
-    session = Session(CallableProvider(items_reply), ledger=tmp_path / "ledger.sqlite")
+    session = Session(CallableProvider(items_reply), ledger=ledger_at("ledger"))
 
     def strict_review(item: Any, task: Any) -> None:
         if item["verdict"] != "match":
@@ -170,31 +165,32 @@ def test_a_registered_validator_rechecks_imported_items(tmp_path: Path) -> None:
 
 
 def test_a_claimed_failure_is_not_overruled_without_the_checks_that_failed_it(
-        tmp_path: Path) -> None:
+        tmp_path: Path, ledger_at) -> None:
     tasks = review_tasks(3)
     no_schema = {k: v for k, v in receipt(tasks, items_for(tasks), "failed").items()
                  if k != "schema"}
     history = write(tmp_path / "old.jsonl", no_schema,
                     receipt(tasks, items_for(tasks), "failed", validator="gone"))
-    report = Ledger(tmp_path / "ledger.sqlite").import_receipts(history)
+    report = Ledger(ledger_at("ledger")).import_receipts(history)
     assert [r["outcome"] for r in report["receipts"]] == ["unverified", "unverified"]
     assert report["items_admitted"] == 0
 
 
-def test_export_then_import_carries_every_attempt_into_a_new_ledger(tmp_path: Path) -> None:
+def test_export_then_import_carries_every_attempt_into_a_new_ledger(
+        tmp_path: Path, ledger_at) -> None:
     calls = {"n": 0}
 
     def flaky(call: Any) -> str:
         calls["n"] += 1
         return "{broken" if calls["n"] == 1 else items_reply(call)
 
-    first = Session(CallableProvider(flaky), ledger=tmp_path / "a.sqlite")
+    first = Session(CallableProvider(flaky), ledger=ledger_at("a"))
     first.run_batch("labels", review_tasks(4), LABEL_SCHEMA, pack=2)
     exported = tmp_path / "a.jsonl"
     exported.write_text("".join(json.dumps(r) + "\n" for r in first.ledger.export_receipts()))
     assert first.ledger.import_receipts(exported)["skipped"] == 3  # same uids: already here
 
-    second = Session(CallableProvider(flaky), ledger=tmp_path / "b.sqlite")  # same source
+    second = Session(CallableProvider(flaky), ledger=ledger_at("b"))  # same source
     calls["n"] = 0
     report = second.ledger.import_receipts(exported)
     assert (report["admitted"], report["rejected"]) == (2, 1)
@@ -204,8 +200,8 @@ def test_export_then_import_carries_every_attempt_into_a_new_ledger(tmp_path: Pa
 
 
 def test_an_import_beside_a_live_batch_leaves_its_current_revision_and_what_is_owed_alone(
-        tmp_path: Path) -> None:
-    session = Session(CallableProvider(items_reply), ledger=tmp_path / "ledger.sqlite")
+        tmp_path: Path, ledger_at) -> None:
+    session = Session(CallableProvider(items_reply), ledger=ledger_at("ledger"))
     live = session.run_batch("review", review_tasks(4), LABEL_SCHEMA, identity=IDENTITY, pack=2)
     assert live.resolved
     other = review_tasks(3, case="gold-pair-090")
@@ -219,9 +215,10 @@ def test_an_import_beside_a_live_batch_leaves_its_current_revision_and_what_is_o
     assert (summary["calls"], summary["imported"], summary["rejected_returns"]) == (3, 1, 1)
 
 
-def test_an_import_never_replaces_values_the_ledger_already_accepted(tmp_path: Path) -> None:
+def test_an_import_never_replaces_values_the_ledger_already_accepted(
+        tmp_path: Path, ledger_at) -> None:
     tasks = review_tasks(4)
-    session = Session(CallableProvider(items_reply), ledger=tmp_path / "ledger.sqlite")
+    session = Session(CallableProvider(items_reply), ledger=ledger_at("ledger"))
     assert session.run_batch("review", tasks, LABEL_SCHEMA, identity=IDENTITY, pack=4).resolved
     before = session.ledger.checkpoint("review")
     exported = session.ledger.export_receipts("review")[0]
@@ -238,27 +235,28 @@ def test_an_import_never_replaces_values_the_ledger_already_accepted(tmp_path: P
     assert session.ledger.cost_summary("review")["total"]["calls"] == 3  # both still count
 
 
-def test_two_passing_receipts_for_one_request_in_a_file_admit_the_first(tmp_path: Path) -> None:
+def test_two_passing_receipts_for_one_request_in_a_file_admit_the_first(
+        tmp_path: Path, ledger_at) -> None:
     tasks = review_tasks(3)
     first = receipt(tasks, items_for(tasks))
     second = receipt(tasks, json.dumps({"items": [
         {k: t[k] for k in IDENTITY} | {"verdict": "no_match"} for t in tasks]}))
-    ledger = Ledger(tmp_path / "ledger.sqlite")
+    ledger = Ledger(ledger_at("ledger"))
     report = ledger.import_receipts(write(tmp_path / "old.jsonl", first, second))
     assert [r["outcome"] for r in report["receipts"]] == ["admitted", "duplicate"]
     assert ledger.checkpoint("review") == {t["task_id"]: answer(t) for t in tasks}
 
 
 def test_an_exported_receipt_whose_request_key_is_not_its_content_is_refused(
-        tmp_path: Path) -> None:
-    session = Session(CallableProvider(items_reply), ledger=tmp_path / "a.sqlite")
+        tmp_path: Path, ledger_at) -> None:
+    session = Session(CallableProvider(items_reply), ledger=ledger_at("a"))
     session.run_batch("labels", review_tasks(4), LABEL_SCHEMA, pack=2)
     one, two = session.ledger.export_receipts()
     forged = {**one, "request_key": two["request_key"]}  # would serve one's answers to two
-    target = Ledger(tmp_path / "b.sqlite")
+    target = Ledger(ledger_at("b"))
     with pytest.raises(InvalidBatch, match="request_key .* is not the key of this receipt"):
         target.import_receipts(write(tmp_path / "forged.jsonl", forged))
-    assert counts(tmp_path / "b.sqlite")["attempts"] == 0
+    assert counts(ledger_at("b"))["attempts"] == 0
 
 
 @pytest.mark.parametrize(("spoil", "message"), [
@@ -277,14 +275,14 @@ def test_an_exported_receipt_whose_request_key_is_not_its_content_is_refused(
     (lambda line: line[:-1] + ', "validator": ""}', "field 'validator' must be"),
 ])
 def test_a_crafted_line_is_refused_naming_it_not_crashing(tmp_path: Path, spoil: Any,
-                                                           message: str) -> None:
+                                                           message: str, ledger_at) -> None:
     tasks = review_tasks(2)
     good = json.dumps(receipt(tasks, items_for(tasks)))
     path = tmp_path / "crafted.jsonl"
     path.write_text(good + "\n" + spoil(good) + "\n")
     with pytest.raises(InvalidBatch, match=f"line 2: .*{message}"):
-        Ledger(tmp_path / "ledger.sqlite").import_receipts(path)
-    assert counts(tmp_path / "ledger.sqlite")["attempts"] == 0
+        Ledger(ledger_at("ledger")).import_receipts(path)
+    assert counts(ledger_at("ledger"))["attempts"] == 0
 
 
 @pytest.mark.parametrize(("spoil", "field"), [
@@ -315,7 +313,7 @@ def test_a_number_a_float_cannot_hold_anywhere_in_a_line_is_refused_naming_its_f
 
 
 def test_a_bom_crlf_and_line_separators_inside_strings_read_as_json_lines(
-        tmp_path: Path) -> None:
+        tmp_path: Path, ledger_at) -> None:
     tasks = review_tasks(2)
     one = receipt(tasks, items_for(tasks), note="first\u2028line\x0cfeed\x1cgroup")
     other = receipt(review_tasks(2, case="gold-pair-090"),
@@ -323,18 +321,18 @@ def test_a_bom_crlf_and_line_separators_inside_strings_read_as_json_lines(
     text = json.dumps(one, ensure_ascii=False) + "\r\n" + json.dumps(other) + "\r\n"
     path = tmp_path / "windows.jsonl"
     path.write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
-    report = Ledger(tmp_path / "ledger.sqlite").import_receipts(path)
+    report = Ledger(ledger_at("ledger")).import_receipts(path)
     assert [(r["line"], r["outcome"]) for r in report["receipts"]] == [(1, "admitted"),
                                                                       (2, "admitted")]
 
 
 def test_a_return_too_deep_or_out_of_range_is_rejected_as_json_not_a_crash(
-        tmp_path: Path) -> None:
+        tmp_path: Path, ledger_at) -> None:
     tasks = review_tasks(2)
     huge = items_for(tasks).replace('"verdict": "match"', '"verdict": "match", "score": 1e400', 1)
     history = write(tmp_path / "old.jsonl", receipt(tasks, "[" * 3000 + "]" * 3000),
                     receipt(tasks, huge))
-    ledger = Ledger(tmp_path / "ledger.sqlite")
+    ledger = Ledger(ledger_at("ledger"))
     report = ledger.import_receipts(history)
     assert [r["outcome"] for r in report["receipts"]] == ["rejected", "rejected"]
     assert "nested deeper" in report["receipts"][0]["errors"][0]["message"]
@@ -362,13 +360,13 @@ def test_two_processes_importing_one_file_into_a_new_ledger_record_each_line_onc
 
 
 def test_an_exported_receipt_with_a_schema_other_than_its_components_name_is_refused(
-        tmp_path: Path) -> None:
-    session = Session(CallableProvider(items_reply), ledger=tmp_path / "a.sqlite")
+        tmp_path: Path, ledger_at) -> None:
+    session = Session(CallableProvider(items_reply), ledger=ledger_at("a"))
     session.run_batch("labels", review_tasks(2), LABEL_SCHEMA, pack=2)
     (line,) = session.ledger.export_receipts()
     with_its_schema = {**line, "uid": "copy-1", "schema": LABEL_SCHEMA}
     loose = {**line, "uid": "copy-2", "schema": {"type": "object"}}  # would admit anything
-    target = Ledger(tmp_path / "b.sqlite")
+    target = Ledger(ledger_at("b"))
     assert target.import_receipts(write(tmp_path / "ok.jsonl", with_its_schema))["admitted"] == 1
     with pytest.raises(InvalidBatch, match="its schema is not the one its components name"):
         target.import_receipts(write(tmp_path / "loose.jsonl", loose))
@@ -376,11 +374,11 @@ def test_an_exported_receipt_with_a_schema_other_than_its_components_name_is_ref
 
 @pytest.mark.parametrize("claimed", ["OK", " ok ", "Success\n"])
 def test_a_claimed_success_is_read_whatever_its_case_and_spacing(tmp_path: Path,
-                                                                 claimed: str) -> None:
+                                                                 claimed: str, ledger_at) -> None:
     tasks = review_tasks(2)
     no_schema = {k: v for k, v in receipt(tasks, items_for(tasks), claimed).items()
                  if k != "schema"}
-    report = Ledger(tmp_path / "l.sqlite").import_receipts(write(tmp_path / "o.jsonl", no_schema))
+    report = Ledger(ledger_at("l")).import_receipts(write(tmp_path / "o.jsonl", no_schema))
     assert report["receipts"][0]["outcome"] == "admitted"  # not 'unverified' as a failure claim
 
 
@@ -395,19 +393,19 @@ def test_importing_a_ledger_file_says_to_merge_it(tmp_path: Path) -> None:
 
 
 def test_an_identity_field_whose_name_holds_a_comma_survives_export_and_import(
-        tmp_path: Path) -> None:
+        tmp_path: Path, ledger_at) -> None:
     tasks = [{"task_id": f"t{i}", "prompt": "p", "a,b": f"x{i}", "a": 0} for i in range(2)]
 
     def reply(call: Any) -> str:
         return json.dumps({"items": [{"task_id": t["task_id"], "a,b": t["a,b"], "v": 1}
                                      for t in call.tasks]})
 
-    first = Session(CallableProvider(reply), ledger=tmp_path / "a.sqlite")
+    first = Session(CallableProvider(reply), ledger=ledger_at("a"))
     assert first.run_batch("c", tasks, {"type": "object"}, identity=["task_id", "a,b"],
                            pack=2).resolved
     (line,) = first.ledger.export_receipts()
     assert line["identity"] == ["task_id", "a,b"]
-    report = Ledger(tmp_path / "b.sqlite").import_receipts(write(tmp_path / "c.jsonl", line))
+    report = Ledger(ledger_at("b")).import_receipts(write(tmp_path / "c.jsonl", line))
     assert report["admitted"] == 1 and report["items_admitted"] == 2
 
 
@@ -427,13 +425,14 @@ def test_the_human_import_report_groups_the_expected_and_details_the_rest(
     assert again[1:] == ["  SKIPPED: 30 line(s) (lines 1-30): already imported"]
 
 
-def test_an_exported_call_that_was_in_flight_here_completes_its_receipt(tmp_path: Path) -> None:
-    there = Session(CallableProvider(items_reply), ledger=tmp_path / "there.sqlite")
+def test_an_exported_call_that_was_in_flight_here_completes_its_receipt(
+        tmp_path: Path, ledger_at) -> None:
+    there = Session(CallableProvider(items_reply), ledger=ledger_at("there"))
     assert there.run_batch("labels", review_tasks(2), LABEL_SCHEMA, pack=2).resolved
     (done,) = there.ledger.export_receipts()
     early = {**done, "status": "in_flight", "raw": None, "input_tokens": None,
              "output_tokens": None, "finished_at": None}
-    here = Ledger(tmp_path / "here.sqlite")
+    here = Ledger(ledger_at("here"))
     assert here.import_receipts(write(tmp_path / "early.jsonl", early))["recorded"] == 1
     report = here.import_receipts(write(tmp_path / "late.jsonl", done))
     (line,) = report["receipts"]
@@ -444,7 +443,8 @@ def test_an_exported_call_that_was_in_flight_here_completes_its_receipt(tmp_path
     assert len(here.checkpoint("labels")) == 2
 
 
-def test_an_import_from_inside_a_running_loop_rechecks_like_any_other(tmp_path: Path) -> None:
+def test_an_import_from_inside_a_running_loop_rechecks_like_any_other(
+        tmp_path: Path, ledger_at) -> None:
     """A notebook cell runs inside the kernel's event loop: importing there must still judge
     every line (a nested loop is not allowed, so the recheck runs on a thread of its own)."""
     import asyncio
@@ -453,7 +453,7 @@ def test_an_import_from_inside_a_running_loop_rechecks_like_any_other(tmp_path: 
     history = write(tmp_path / "old.jsonl",
                     receipt(tasks, items_for(tasks, {0: "gold-pair-079"}), status="ok"),
                     receipt(tasks, items_for(tasks), status="ok"))
-    ledger = Ledger(tmp_path / "ledger.sqlite")
+    ledger = Ledger(ledger_at("ledger"))
 
     async def cell() -> dict:
         return ledger.import_receipts(history)

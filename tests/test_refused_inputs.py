@@ -103,7 +103,8 @@ def test_a_spec_refuses_a_bad_option_when_it_is_made() -> None:
 @pytest.mark.parametrize(("what", "options", "said"), [
     ("strict='yes'", {"strict": "yes"}, "strict must be True or False, got 'yes'"),
     ("strict=1", {"strict": 1}, "strict must be True or False"),
-    ("ledger=123", {"ledger": 123}, "ledger must be a file path (a str or pathlib.Path) or None"),
+    ("ledger=123", {"ledger": 123},
+     "ledger must be a file path (a str or pathlib.Path), a postgresql:// URL, or None"),
     ("ledger as bytes", {"ledger": b"l.sqlite"}, "ledger must be a file path"),
     ("ledger with a NUL", {"ledger": "a\x00b.sqlite"}, "ledger path 'a\\x00b.sqlite' holds a "
      "NUL character"),

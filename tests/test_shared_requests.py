@@ -1,4 +1,5 @@
-"""A request shared by revisions or batches (same content key) is owed, and paid, once."""
+"""A request shared by revisions or batches (same content key) is owed, and paid, once: the
+evidence of a ledger of either store (a SQLite file, a database on a PostgreSQL server)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,10 @@ from batchjson import CallableProvider, Session
 from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
 
 
-def test_strict_evidence_counts_a_request_shared_by_two_revisions_once():
+def test_strict_evidence_counts_a_request_shared_by_two_revisions_once(ledger_at):
     fixed = []  # the model's state, not its source: fixing it keeps the answer source
     session = Session(CallableProvider(lambda call: items_reply(call) if fixed else "not json"),
-                      strict=True, repairs=0, replays=0)
+                      strict=True, repairs=0, replays=0, ledger=ledger_at())
     tasks = review_tasks(5)
     session.run_batch("r", tasks[:4], LABEL_SCHEMA, on_exhausted="return")
     session.run_batch("r", tasks, LABEL_SCHEMA, on_exhausted="return")  # one task appended
@@ -21,10 +22,10 @@ def test_strict_evidence_counts_a_request_shared_by_two_revisions_once():
     assert session.evidence.minimum_exact_retry_calls == 0
 
 
-def test_evidence_counts_a_request_shared_by_two_batches_once():
+def test_evidence_counts_a_request_shared_by_two_batches_once(ledger_at):
     fixed = []
     session = Session(CallableProvider(lambda call: items_reply(call) if fixed else "not json"),
-                      repairs=0, replays=0)
+                      repairs=0, replays=0, ledger=ledger_at())
     tasks = review_tasks(2)
     session.run_batch("a", tasks, LABEL_SCHEMA, on_exhausted="return")
     session.run_batch("b", tasks, LABEL_SCHEMA, on_exhausted="return")  # same content

@@ -1,9 +1,13 @@
-"""How an amount of dollars is written: one wording for results, the ledger's records and
-every face."""
+"""How an amount of dollars is written (one wording for results, the ledger's records and
+every face), and which amounts a cost budget may be (one check for a session's budget and the
+ledger's own)."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
+
+from ._errors import InvalidBatch
 
 
 def money(cost: float | None) -> str:
@@ -17,3 +21,14 @@ def money(cost: float | None) -> str:
         digits = max(6, 2 - math.floor(math.log10(abs(cost))))
         return f"${cost:.{digits}f}"
     return f"${cost:.4f}"
+
+
+def cost_value(value: Any) -> float | None:
+    """A cost budget in USD as given, checked: a finite number >= 0, or None for no limit."""
+    if value is None:
+        return None
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not math.isfinite(value) or value < 0):
+        raise InvalidBatch(f"budget cost must be a finite number of USD >= 0 (or None for no "
+                           f"limit), got {value!r}")
+    return float(value)

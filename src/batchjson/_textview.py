@@ -9,7 +9,7 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .core import forgotten_line, money
+from .core import forgotten_line, money, usd
 
 # Control characters (ANSI escapes, carriage returns, bells) and bidirectional overrides in a
 # model's return or an imported batch name would act on the terminal instead of being read.
@@ -281,3 +281,13 @@ def advice_lines(advice: Mapping[str, Any]) -> list[str]:
 
 def _or_na(value: Any) -> str:
     return "n/a" if value is None else str(value)
+
+
+def budget_line(budget: Mapping[str, Any] | None) -> str:
+    """What ``batchjson budget`` says of the ledger's own cost budget."""
+    if budget is None:
+        return ("this ledger has no cost budget of its own; set one that every runner on it "
+                "holds together with: batchjson budget --cost USD")
+    return (f"ledger cost budget {usd(budget['cost'])}: {usd(budget['spent'])} spent, "
+            f"{usd(budget['reserved'])} held by calls in flight, {usd(budget['left'])} left "
+            f"(set by {budget['set_by']} at {budget['set_at'][:19]}Z)")

@@ -13,9 +13,10 @@ from ._content.schema import compile_schema
 from ._content.tasks import parse_identity, render_value_prompt
 from ._ledger.advice import advise
 from ._ledger.forgetting import forget_batch, forget_message, forgotten_line
+from ._ledger.records import ledger_path
 from ._ledger.recovery import read_lines
 from ._ledger.sqlite import file_problem, holds_nothing
-from ._money import money
+from ._money import cost_value, money
 from ._providers.base import estimate_tokens
 from ._providers.masking import looks_like_key, masked, public_url, shown_value
 from ._providers.select import PROVIDER_NAMES, provider_label
@@ -38,12 +39,12 @@ __all__ = [
     "render_value_prompt",
     # the ledger: advice, receipts read, forgetting, what is wrong with a ledger file
     "advise", "read_lines", "forget_batch", "forget_message", "forgotten_line",
-    "file_problem", "holds_nothing",
+    "file_problem", "holds_nothing", "ledger_path",
     # providers, and what a face may show of them
     "PROVIDER_NAMES", "provider_label", "estimate_tokens", "looks_like_key", "masked",
     "public_url", "shown_value",
     # answer sources: a face's own provider describes its source, the core keys it
     "answer_source", "source_text", "Code", "Hashed",
     # one wording for numbers and dollars
-    "whole_argument", "money", "usd",
+    "whole_argument", "money", "cost_value", "usd",
 ]

@@ -1,7 +1,8 @@
 """batchjson's command line: run the demo, read a ledger, import, merge, export and advise.
 
-Every subcommand takes --ledger PATH (default .batchjson/ledger.sqlite, the notebook default)
-and --json (one JSON document on stdout for scripts; human tables otherwise).
+Every subcommand takes --ledger PATH or a postgresql:// URL (default .batchjson/ledger.sqlite,
+the notebook default; a URL's password is never shown) and --json (one JSON document on stdout
+for scripts; human tables otherwise).
 
 Exit codes: 0 the command did its work (status reported, whatever the batches hold); 1 a batch
 the command ran or imported ended unresolved or was kept as diagnostic; 2 usage (bad arguments,
@@ -25,8 +26,16 @@ from typing import Any, TextIO
 
 from .. import BatchJsonError, Evidence, InvalidBatch, Ledger, LedgerError
 from .. import _textview as cliview
+from ..core import (
+    cost_value,
+    forget_batch,
+    forget_message,
+    holds_nothing,
+    ledger_path,
+    public_url,
+    whole_argument,
+)
 from ..core import file_problem as ledger_problem
-from ..core import forget_batch, forget_message, holds_nothing, whole_argument
 from .demo import command_name, demo_ledger_problem, run_demo
 
 DEFAULT_LEDGER = Path(cliview.DEFAULT_LEDGER)
@@ -60,7 +69,22 @@ def _refusal(path: Path, create: bool) -> str | None:
         time.sleep(0.05)
 
 
-def _open(path: Path, *, create: bool = False) -> Ledger:
+def ledger_argument(text: str) -> Path | str:
+    """``--ledger``: a file path, or a PostgreSQL URL kept as written."""
+    return text if isinstance(ledger_path(text), str) else Path(text)
+
+
+def shown(ledger: Path | str) -> str:
+    """The ledger as the command line prints it: a URL's password masked."""
+    return public_url(ledger) if isinstance(ledger, str) else str(ledger)
+
+
+def _open(path: Path | str, *, create: bool = False) -> Ledger:
+    if isinstance(path, str):  # a database: the server says what is wrong, if anything is
+        try:
+            return Ledger(path)
+        except LedgerError as exc:
+            raise Problem(str(exc), LEDGER) from None
     problem = _refusal(path, create)
     if problem and not path.exists():  # say what to do, for the path given or the default
         problem += ("; a batch run in this directory makes it (batchjson demo shows how), or "
@@ -99,11 +123,11 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     for key in ("unresolved_batches", "unresolved_requests", "unresolved_items",
                 "minimum_exact_retry_calls", "superseded", "forgotten"):
         summary[key] = evidence[key]
-    summary["ledger"] = str(args.ledger)
+    summary["ledger"] = shown(args.ledger)
     if args.json:
         _dump(summary, out)
     else:
-        _say(cliview.status_lines(summary, str(args.ledger), command_name()), out)
+        _say(cliview.status_lines(summary, shown(args.ledger), command_name()), out)
     return OK
 
 
@@ -211,7 +235,7 @@ def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
         for r in receipts:
             print(json.dumps(r, ensure_ascii=False, sort_keys=True), file=out)
     else:
-        _dump({"ledger": str(args.ledger), "receipts": receipts}, out)
+        _dump({"ledger": shown(args.ledger), "receipts": receipts}, out)
     return OK
 
 
@@ -240,11 +264,14 @@ def cmd_import(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_merge(args: argparse.Namespace, out: TextIO) -> int:
-    if not args.other.exists() or args.other.is_dir():  # the hint is about OTHER, not --ledger
+    if isinstance(args.other, str):  # a database: read as it is, or refused by the merge
+        pass
+    elif not args.other.exists() or args.other.is_dir():  # the hint is about OTHER, not --ledger
         raise Problem(f"no ledger to merge at {args.other}"
                       + (" (a directory: name the ledger file inside it)"
                          if args.other.is_dir() else ""), LEDGER)
-    problem = ledger_problem(args.other)  # checked before a ledger is created to receive it
+    problem = (None if isinstance(args.other, str) else
+               ledger_problem(args.other))  # checked before a ledger is made to receive it
     if problem:
         raise Problem(problem, LEDGER)
     held = _open(args.ledger, create=True)
@@ -261,7 +288,7 @@ def cmd_merge(args: argparse.Namespace, out: TextIO) -> int:
         completed = added.get("attempts_completed", 0)
         new = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in added.items()
                         if v and k != "attempts_completed")
-        _say([f"merged {report['source']} into {args.ledger}: "
+        _say([f"merged {report['source']} into {shown(args.ledger)}: "
               + (f"added {new}" if new else "nothing new")
               + f"; {report['attempts_already_present']} attempt(s) were already here"
               + (f", {completed} of them completed by this merge" if completed else "")], out)
@@ -296,6 +323,31 @@ def cmd_forget(args: argparse.Namespace, out: TextIO) -> int:
     return OK
 
 
+def cmd_budget(args: argparse.Namespace, out: TextIO) -> int:
+    if args.cost is not None and args.clear:
+        raise Problem("--cost sets the budget and --clear removes it: give one", USAGE)
+    held = _open(args.ledger, create=args.cost is not None)
+    try:
+        if args.cost is not None or args.clear:
+            held.set_budget(None if args.clear else args.cost)
+        budget = held.budget()
+    finally:
+        held.close()
+    if args.json:
+        _dump({"ledger": shown(args.ledger), "budget": budget}, out)
+    else:
+        _say([cliview.budget_line(budget)], out)
+    return OK
+
+
+def _usd_argument(text: str) -> float:
+    try:
+        return cost_value(float(text)) or 0.0
+    except (ValueError, InvalidBatch):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a cost in USD: give a finite number >= 0, e.g. --cost 50") from None
+
+
 def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     problem = demo_ledger_problem(args.ledger)
     if problem:
@@ -312,8 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     def command(name: str, helptext: str, fn: Callable[..., int]) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=helptext, description=helptext)
-        p.add_argument("--ledger", type=Path, default=DEFAULT_LEDGER, metavar="PATH",
-                       help=f"ledger file (default {DEFAULT_LEDGER})")
+        p.add_argument("--ledger", type=ledger_argument, default=DEFAULT_LEDGER,
+                       metavar="PATH|URL", help=f"ledger file or postgresql:// URL (default "
+                       f"{DEFAULT_LEDGER})")
         p.add_argument("--json", action="store_true",
                        help="print one JSON document for scripts instead of tables")
         p.set_defaults(run=fn)
@@ -341,13 +394,22 @@ def build_parser() -> argparse.ArgumentParser:
                         help="one receipt per line (`batchjson import` reads this and the "
                         "default JSON document alike)")
     export.add_argument("--batch", metavar="NAME", help="only this batch")
+    _ledger_changing(command)
+    sub.add_parser("serve", help="the loopback OpenAI/Anthropic test server "
+                   "(batchjson serve --help lists its options)")
+    return parser
+
+
+def _ledger_changing(command: Callable[..., argparse.ArgumentParser]) -> None:
+    """The commands that change a ledger (and advise, beside them)."""
     imp = command("import", "import historical receipts (JSONL), rechecking every item",
                   cmd_import)
     imp.add_argument("file", type=Path, help="JSON Lines file, one receipt per line, or the "
                      "JSON document `batchjson export` prints")
     merge = command("merge", "bring another ledger's batches and attempts into this one",
                     cmd_merge)
-    merge.add_argument("other", type=Path, help="the other ledger file")
+    merge.add_argument("other", type=ledger_argument,
+                       help="the other ledger: a file or a postgresql:// URL")
     advise = command("advise", "pack-size advice from the batch's observed faults and tokens",
                      cmd_advise)
     advise.add_argument("name", help="batch name")
@@ -358,9 +420,12 @@ def build_parser() -> argparse.ArgumentParser:
     forget = command("forget", "stop a batch's unresolved requests from being owed (its "
                      "receipts and costs stay; later work on it owes again)", cmd_forget)
     forget.add_argument("name", help="batch name")
-    sub.add_parser("serve", help="the loopback OpenAI/Anthropic test server "
-                   "(batchjson serve --help lists its options)")
-    return parser
+    budget = command("budget", "the ledger's own cost budget, held by every runner on it "
+                     "together (show it, set it with --cost, remove it with --clear)",
+                     cmd_budget)
+    budget.add_argument("--cost", type=_usd_argument, metavar="USD",
+                        help="set the ceiling in USD (what was spent under it still counts)")
+    budget.add_argument("--clear", action="store_true", help="remove the budget")
 
 
 def _main(argv: list[str], out: TextIO) -> int:

@@ -106,7 +106,8 @@ class BatchJson(Magics):
         config=True)
     ledger = Unicode(DEFAULT_LEDGER, help=(
         "Ledger file; a relative path is under the working directory, ':memory:' keeps it in "
-        "memory. Changing it opens a new session on that ledger.")).tag(config=True)
+        "memory, a postgresql:// URL is a database runners on many hosts share. Changing it "
+        "opens a new session on that ledger.")).tag(config=True)
     concurrency = Count(16, min=1, help="Calls in flight at once.").tag(config=True)
     max_calls = Count(None, allow_none=True, min=0, help=(
         "Default call ceiling per %%batch_json run (None: no ceiling).")).tag(config=True)

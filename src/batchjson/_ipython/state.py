@@ -32,7 +32,7 @@ def resolve_ledger(setting: str) -> Path | None:
     """``:memory:`` (or empty) keeps the ledger in memory; a relative path is under the cwd."""
     if not setting or setting == MEMORY:
         return None
-    if "://" in setting:  # a URL: the ledger refuses it, naming it (its password masked)
+    if "://" in setting:  # a URL: a postgresql:// database, or refused naming it (masked)
         return setting  # type: ignore[return-value]
     path = Path(setting).expanduser()
     return path if path.is_absolute() else Path.cwd() / path
@@ -130,8 +130,8 @@ class KernelState:
     def ledger_label(self) -> str:
         assert self.session is not None
         path = self.session.ledger.path
-        if path is None:
-            return MEMORY
+        if path is None:  # in memory, or a database (its password masked)
+            return self.session.ledger.where
         return str(self.settings.get("ledger") or path)  # as configured: no machine-local prefix
 
     def provider_label(self) -> str:

@@ -2,7 +2,8 @@
 
 This package owns everything about it. ``store.Store`` holds every SQL statement batchjson runs
 (its ``store_*`` modules, by what they serve); ``sqlite.SQLiteStore`` connects it to a SQLite
-file and holds what is SQLite's own (PRAGMAs, WAL, the one schema and its version). Beside the
+file and holds what is SQLite's own (PRAGMAs, WAL, the one schema and its version);
+``postgres.PostgresStore`` to a PostgreSQL database that runners on many hosts share. Beside the
 store, and importing it (never the facade), are the ledger's rows as values (``records``),
 claims (``claims``), the accounts (``accounts``), evidence (``evidence``), re-judging
 (``rejudge``), forgetting (``forgetting``), recovery: import and export (``recovery``), where

@@ -19,8 +19,10 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-HOST = socket.gethostname()
-LEASE_SECONDS = 30.0  # renewed every third of this while the owner runs
+# Who "this host" is: its host name, or BATCHJSON_HOST where machines share one (containers
+# with the host's name but their own process ids): a process id is checked only on its host.
+HOST = os.environ.get("BATCHJSON_HOST") or socket.gethostname()
+LEASE_SECONDS = 30.0  # the default lease (Ledger(lease=)); renewed every third of it
 
 _live_lock = threading.Lock()
 _live_runs: set[str] = set()  # owners of this process whose run is still going
@@ -100,3 +102,4 @@ ABANDONED = {"type": "abandoned", "task_id": None, "message": "its runner was ki
              "before the answer was recorded; the call may have been paid for"}
 
 MINE, HELD, ACCEPTED = "mine", "held", "accepted"  # what begin_call finds
+OVER = "over"  # the ledger's own cost budget cannot hold the call

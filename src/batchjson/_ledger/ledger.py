@@ -13,21 +13,45 @@ from pathlib import Path
 from typing import Any
 
 from .._content.tasks import Request
+from .._errors import ConfigError
+from .._money import cost_value
 from . import accounts, export, merge, recovery
-from .records import Receipt, Revision, ledger_path
+from .forgetting import who
+from .records import Receipt, Revision, ledger_path, now
 from .sqlite import SQLiteStore
 from .store import Store
 
 
 class Ledger:
-    """Thread-safe access to the ledger file (``path=None`` keeps it in memory)."""
+    """Thread-safe access to the ledger: a SQLite file (``path=None`` keeps it in memory) or a
+    PostgreSQL database (``"postgresql://user@host/db"``) that runners on many hosts share.
 
-    def __init__(self, path: str | Path | None = None, *, busy_timeout: float = 30.0) -> None:
-        self.path = ledger_path(path)  # refused (ConfigError) before any file is made
-        self.store: Store = SQLiteStore(self.path, busy_timeout=busy_timeout)
+    ``lease``: seconds a runner's claim on a request holds unless renewed (every third of it
+    while the runner lives); a claim of a runner on another host that stopped renewing is
+    taken over once it has expired. Default 30.
+    """
+
+    def __init__(self, path: str | Path | None = None, *, busy_timeout: float = 30.0,
+                 lease: float | None = None) -> None:
+        target = ledger_path(path)  # refused (ConfigError) before any file is made
+        lease = _lease(lease)
+        if isinstance(target, str):  # a postgresql:// URL
+            from .postgres import PostgresStore
+
+            self.path: Path | None = None
+            self.store: Store = PostgresStore(target, lease=lease)
+        else:
+            self.path = target
+            self.store = SQLiteStore(self.path, busy_timeout=busy_timeout, lease=lease)
+
+    @property
+    def where(self) -> str:
+        """The ledger as batchjson shows it: its file, ``:memory:``, or its URL with any
+        password masked."""
+        return str(self.store.where)
 
     def __repr__(self) -> str:
-        return f"Ledger({str(self.path) if self.path else ':memory:'})"
+        return f"Ledger({self.where})"
 
     def close(self) -> None:
         self.store.close()
@@ -91,6 +115,18 @@ class Ledger:
         """Per batch and in total: every attempt's calls, tokens and cost; see accounts.py."""
         return accounts.cost_summary(self.store, name)
 
+    def budget(self) -> dict[str, Any] | None:
+        """The ledger's own cost budget (cost, spent, reserved, left, set_at, set_by), or None.
+        Every runner on the ledger holds it together, beside any budget of its own session."""
+        return self.store.shared_budget()
+
+    def set_budget(self, cost: float | None) -> None:
+        """Set the ledger's cost budget in USD (what was spent under it still counts), or
+        remove it with None. Runs reserve each call's worst case on it beside the call's
+        claim; a run already going when it is set refuses its next call (re-run it)."""
+        cost = cost_value(cost)
+        self.store.set_shared_budget(cost, by=who(), stamp=now())
+
     def import_receipts(self, path: str | Path, *, validators: Any = None) -> dict[str, Any]:
         """Import historical receipts (JSONL), rechecking every item; see docs/recovery.md."""
         with self.store.whole_or_nothing("the import"):
@@ -104,3 +140,13 @@ class Ledger:
         """Bring another ledger's batches, attempts and accepted values in (idempotent)."""
         with self.store.whole_or_nothing("the merge"):
             return merge.merge_ledger(self.store, other)
+
+
+def _lease(value: Any) -> float | None:
+    if value is None:
+        return None
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not 0 < value < float("inf")):
+        raise ConfigError(f"lease must be a number of seconds > 0, got {value!r}; e.g. "
+                          "Ledger('postgresql://host/db', lease=30)")
+    return float(value)

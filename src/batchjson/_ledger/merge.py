@@ -5,7 +5,8 @@ requests by (revision, key) and validators by (name, fingerprint), so merging th
 changes nothing. The other file is opened read-only; everything is written in one transaction.
 A revision another ledger had forgotten stays forgotten here, under a copy of its record; one
 forgotten here owes again when merged work on it started or ended after its forgetting. The
-statements are the store's (``store_merge.py``); the other file is read by ``sqlite.py``.
+statements are the store's (``store_merge.py``); the other ledger is read by ``sqlite.py`` (a
+file) or ``postgres.py`` (a database).
 """
 
 from __future__ import annotations
@@ -14,13 +15,28 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import LedgerError
+from .._providers.masking import public_url
+from .records import ledger_path
 from .sqlite import read_ledger_file
 from .store import Store
 
 
 def merge_ledger(store: Store, other: str | Path) -> dict[str, Any]:
     """Bring the other ledger's batches, revisions, requests, attempts, accepted values and
-    validators into the store's ledger; returns what was added."""
+    validators into the store's ledger; returns what was added. ``other`` is a ledger file or
+    a ``postgresql://`` URL."""
+    if isinstance(other, str) and isinstance(ledger_path(other), str):
+        from .postgres import PostgresStore
+
+        shown = public_url(other)
+        if other == getattr(store, "url", None):
+            raise LedgerError(f"{shown} is this ledger; merge another ledger into it", path=shown)
+        theirs = PostgresStore(other)
+        try:
+            tables = theirs.tables()
+        finally:
+            theirs.close()
+        return {"source": shown, **store.merge_tables(tables, shown)}
     path = Path(other)
     if store.path is not None and path.exists() and path.resolve() == store.path.resolve():
         raise LedgerError(f"{path} is this ledger; merge another ledger into it", path=path)

@@ -79,24 +79,31 @@ class Revision:
 
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/+")
+POSTGRES_SCHEMES = ("postgresql", "postgres")
 
 
-def ledger_path(value: Any) -> Path | None:
-    """What ``Ledger(path)`` and ``Session(ledger=...)`` accept: a file path (str or
-    ``os.PathLike``) or None (in memory). Anything else is refused before a file is made; a
-    URL is refused with its password masked (a ledger is a SQLite file)."""
+def ledger_path(value: Any) -> Path | str | None:
+    """What ``Ledger(path)`` and ``Session(ledger=...)`` accept: a SQLite file path (str or
+    ``os.PathLike``), a ``postgresql://`` URL (returned as the str), or None (in memory).
+    Anything else is refused before a file is made or a server reached; a URL of another
+    scheme is refused with its password masked."""
     if value is None:
         return None
     text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
     if not isinstance(text, str):
-        raise ConfigError(f"ledger must be a file path (a str or pathlib.Path) or None to keep "
-                          f"it in memory, got {type(value).__name__}; e.g. "
-                          "Session(provider, ledger='runs/ledger.sqlite')")
-    if _URL.match(text):  # "scheme://", or "scheme:/" once pathlib has folded the slashes
+        raise ConfigError(f"ledger must be a file path (a str or pathlib.Path), a "
+                          f"postgresql:// URL, or None to keep it in memory, got "
+                          f"{type(value).__name__}; e.g. Session(provider, "
+                          "ledger='runs/ledger.sqlite')")
+    found = _URL.match(text)  # "scheme://", or "scheme:/" once pathlib has folded the slashes
+    if found:
         text = _URL.sub(lambda m: m.group(1) + "://", text, count=1)
+        if found.group(1).lower() in POSTGRES_SCHEMES and isinstance(value, str):
+            return text
         shown = masked(text) if len(text) > 200 else repr(public_url(text))
-        raise ConfigError(f"ledger {shown} is a URL, but a batchjson ledger is a SQLite file; "
-                          "pass a file path, e.g. ledger='runs/ledger.sqlite'")
+        raise ConfigError(f"ledger {shown} is a URL batchjson cannot keep a ledger at; pass a "
+                          "file path (ledger='runs/ledger.sqlite') or a PostgreSQL URL as a "
+                          "str (ledger='postgresql://user@host/db')")
     if "\x00" in text:  # no file system takes it: os.stat would raise a bare ValueError
         raise ConfigError(f"ledger path {text[:80]!r} holds a NUL character ('\\x00'), which "
                           "no file name can; pass the path without it, e.g. "

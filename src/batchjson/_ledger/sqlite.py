@@ -25,7 +25,7 @@ from . import records
 from .store import Store
 from .store_base import Row, Tx
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 # The tables docs/design.md lists, with their columns' names and meanings; times are ISO 8601
 # UTC text. Claims and checkpoint rows are written with every call: WITHOUT ROWID keeps each
@@ -64,7 +64,7 @@ CREATE TABLE attempts (
     cached_tokens INTEGER, cost REAL, provider TEXT, model TEXT,
     started_at TEXT NOT NULL, finished_at TEXT,
     uid TEXT NOT NULL UNIQUE, sent_at TEXT, owner TEXT, source TEXT,
-    estimated_input_tokens INTEGER, cost_floor REAL);
+    estimated_input_tokens INTEGER, cost_floor REAL, reserved REAL);
 CREATE INDEX attempts_by_key ON attempts (request_key);
 CREATE INDEX attempts_by_batch ON attempts (batch_id, id);
 CREATE INDEX attempts_in_flight ON attempts (owner) WHERE status = 'in_flight';
@@ -89,6 +89,9 @@ CREATE INDEX seen_by_seen_key ON seen (seen_key);
 CREATE TABLE rechecks (
     attempt_id INTEGER PRIMARY KEY REFERENCES attempts(id),
     from_attempt INTEGER NOT NULL REFERENCES attempts(id));
+CREATE TABLE budget (
+    id INTEGER PRIMARY KEY CHECK (id = 1), cost REAL NOT NULL, spent REAL NOT NULL,
+    reserved REAL NOT NULL, set_at TEXT NOT NULL, set_by TEXT NOT NULL);
 """
 
 # WAL pages a commit lets pile up before it copies them into the file itself. The copy runs in
@@ -103,9 +106,12 @@ class SQLiteStore(Store):
     """The ledger in one SQLite file (``path=None``: in memory), safe to share between threads
     of a process and between processes."""
 
-    def __init__(self, path: Path | None, *, busy_timeout: float = 30.0) -> None:
+    def __init__(self, path: Path | None, *, busy_timeout: float = 30.0,
+                 lease: float | None = None) -> None:
         self.path = path
         self._busy_timeout = busy_timeout
+        if lease is not None:
+            self.lease_seconds = lease
         target = ":memory:" if path is None else str(path)
         try:
             if path is not None:

@@ -4,10 +4,10 @@
 ``store_*`` modules): a run's batches, revisions, requests and accepted values
 (``store_runs``), the writes of each call and its claim (``store_calls``), imports and the
 export (``store_imports``), merging and forgetting (``store_merge``), the accounts and advice
-(``store_views``). Each kind of write is one method: those that take ``tx`` run inside the
-caller's transaction (so the group commit can put many calls' writes in one), the others open
-their own. A store for one database says how to talk to it: ``sqlite.SQLiteStore``; a
-PostgreSQL store is one more such module.
+(``store_views``), the ledger's own cost budget (``store_budget``). Each kind of write is
+one method: those that take ``tx`` run inside the caller's transaction (so the group commit
+can put many calls' writes in one), the others open their own. A store for one database says
+how to talk to it: ``sqlite.SQLiteStore``, ``postgres.PostgresStore``.
 """
 
 from __future__ import annotations

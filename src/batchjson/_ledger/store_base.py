@@ -4,16 +4,20 @@ disagree on.
 The SQL of the ledger is written once, in the ``store_*`` modules, in the SQL SQLite and
 PostgreSQL share: ``?`` marks a parameter, ``ON CONFLICT`` says what a clashing insert does,
 booleans are counted with ``CASE``. A store for a database is a subclass that says how to
-open a transaction, run a statement, get a new row's id and spell the rest (``sqlite.py``).
+open a transaction, run a statement, get a new row's id and spell the rest (``sqlite.py``,
+``postgres.py``).
 """
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
+
+from .claims import LEASE_SECONDS
 
 Tx = Any  # a store's open transaction: what its statements run on, opaque to everyone else
 Row = Any  # a row read by name (``row["id"]``) or position (``row[0]``)
@@ -24,18 +28,26 @@ CHUNK = 500  # keys bound per statement, under every database's parameter limit
 class StoreBase(ABC):
     """The transaction protocol the SQL of the ``store_*`` modules runs on."""
 
-    path: Path | None  # the ledger's file, None when it is kept in memory
+    path: Path | None  # the ledger's file, None when it is kept in memory or on a server
+    lease_seconds: float = LEASE_SECONDS  # how long a claim holds unless renewed
 
     @property
     def where(self) -> str | Path:
-        """The ledger as an error names it."""
+        """The ledger as an error (or a person) names it; never a password."""
         return self.path or ":memory:"
 
     @abstractmethod
     def transaction(self) -> AbstractContextManager[Tx]:
-        """One write transaction: committed whole, or rolled back whole; a failure of the
-        ledger itself (disk full, I/O error, read-only, locked past the busy timeout) is a
-        LedgerError naming the ledger and the cause."""
+        """One write transaction: committed whole, or rolled back whole, and run as if alone
+        (the reads in it decide its writes); a failure of the ledger itself (disk full, I/O
+        error, read-only, locked past the busy timeout, a lost server) is a LedgerError naming
+        the ledger and the cause."""
+
+    def call_transaction(self) -> AbstractContextManager[Tx]:
+        """The transaction the writes of calls share (receipts, claims, checkpoint rows, the
+        budget's reservations): their statements decide on rows of their own requests, so a
+        database with row locks runs many runners' side by side. SQLite: ``transaction``."""
+        return self.transaction()
 
     @abstractmethod
     def close(self) -> None: ...
@@ -60,6 +72,15 @@ class StoreBase(ABC):
     @abstractmethod
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
         """Rows of one query outside any write transaction; a failure is a LedgerError."""
+
+    def _clock(self, tx: Tx) -> float:
+        """Seconds since the epoch by the clock every runner of the ledger reads for leases
+        (``tx=None``: outside a transaction)."""
+        return time.time()
+
+    def _raw(self, text: str | None) -> Any:
+        """A provider's raw text as the database keeps it, byte for byte."""
+        return text
 
     @abstractmethod
     def _json_valid(self, expr: str) -> str:

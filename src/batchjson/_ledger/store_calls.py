@@ -5,57 +5,70 @@ Every method that takes ``tx`` runs inside the caller's transaction (the group c
 writes of many calls in one); the others open their own. Every statement is plain SQL that a
 PostgreSQL store runs as it is, inside one transaction; there the slow path reads the claim row
 with ``SELECT ... FOR UPDATE SKIP LOCKED`` (docs/design.md). SQLite's ``BEGIN IMMEDIATE``
-already serialises writers, so the read-then-write below is atomic.
+already serialises writers, so the read-then-write below is atomic; ``postgres.py`` says how
+the same claims are taken where writers run side by side.
+
+A ledger with a cost budget of its own (``store_budget.py``) has each call's worst case
+reserved in the transaction of its receipt and claim, and settled in the one completing it.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._content.tasks import Request
 from . import claims
-from .claims import ACCEPTED, HELD, MINE, Owner
+from .claims import ACCEPTED, HELD, MINE, OVER, Owner
 from .records import _uid, now
-from .store_base import StoreBase, Tx
+from .store_base import Tx
+from .store_budget import BudgetStore
 from .store_runs import CHECKPOINT_SQL
 
 
-class CallStore(StoreBase):
+class CallStore(BudgetStore):
     """Receipts, checkpoint rows and claims: the writes of every call."""
 
     def begin_call(self, tx: Tx, batch_id: int, revision_id: int, request: Request, kind: str,
                    provider: str | None, model: str | None, source: str | None, *,
                    owner: Owner, estimated_input_tokens: int | None = None,
-                   cost_floor: float | None = None) -> tuple[str, int | None]:
+                   cost_floor: float | None = None,
+                   reserve: float | None = None) -> tuple[str, int | None]:
         """Write a call's in-flight receipt and claim its request, in ``tx``; it is committed
-        before the call is sent. Returns (MINE, receipt id), or (HELD or ACCEPTED, None) when
-        another live runner holds the request or it is accepted: then nothing will be sent and
-        the receipt never leaves this transaction. The receipt and its claim share one clock
-        reading. ``source`` is the provider's answer source."""
+        before the call is sent. Returns (MINE, receipt id), or (HELD, ACCEPTED or OVER, None)
+        when another live runner holds the request, it is accepted, or the ledger's own budget
+        cannot hold ``reserve`` (the call's worst case; None when the run prices none): then
+        nothing will be sent and the receipt never leaves this transaction. The receipt and
+        its claim share one clock reading. ``source`` is the provider's answer source."""
         stamp = now()
-        attempt_id = self._insert(
-            tx, "INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, status, "
-            "provider, model, started_at, uid, owner, estimated_input_tokens, cost_floor, "
-            "source) VALUES (?,?,?,?,?, 'in_flight', ?,?,?,?,?,?,?,?)",
-            (batch_id, revision_id, request.key, request.task_ids_json, kind, provider, model,
-             stamp, _uid(), owner.id, estimated_input_tokens, cost_floor, source))
-        state = self._take(tx, request.key, owner, attempt_id, stamp)
+        receipt = (batch_id, revision_id, request.key, request.task_ids_json, kind, provider,
+                   model, stamp, _uid(), owner.id, estimated_input_tokens, cost_floor, source,
+                   reserve)
+        attempt_id, state, budgeted = self._open(tx, receipt, request.key, owner, stamp)
+        if state == MINE and not self._reserve_shared(tx, attempt_id, reserve, budgeted):
+            self.release_claim(tx, request.key, owner)
+            state = OVER
         if state != MINE:
             self._exec(tx, "DELETE FROM attempts WHERE id = ? AND status = 'in_flight'",
                        (attempt_id,))
             return state, None
         return state, attempt_id
 
+    def _open(self, tx: Tx, receipt: Sequence[Any], request_key: str, owner: Owner,
+              stamp: str) -> tuple[int, str, bool | None]:
+        """Write the receipt (``RECEIPT_SQL``'s values) and claim its request: (receipt id,
+        what the claim found, whether the ledger has a budget of its own: None, not asked)."""
+        attempt_id = self._insert(tx, RECEIPT_SQL, receipt)
+        return attempt_id, self._take(tx, request_key, owner, attempt_id, stamp), None
+
     def _take(self, tx: Tx, request_key: str, owner: Owner, attempt_id: int, stamp: str) -> str:
         """Claim ``request_key`` for the receipt just written; the hot path of every call. One
         statement claims a request that is free or already ours and not accepted; anything
         else (accepted, held by another runner, held by one that is gone) takes the slower
         path of :meth:`_claim`."""
-        lease = time.time() + claims.LEASE_SECONDS
+        lease = self._clock(tx) + self.lease_seconds
         if self._exec(tx, TAKE_SQL, (request_key, owner.id, owner.host, owner.pid,
                                      owner.session, attempt_id, lease, stamp,
                                      request_key)).rowcount:
@@ -74,14 +87,18 @@ class CallStore(StoreBase):
             return ACCEPTED
         holder = row[1]
         if holder is not None and holder != owner.id:
-            if not claims.owner_gone(holder, row[2], row[3], row[4], time.time()):
+            if not claims.owner_gone(holder, row[2], row[3], row[4], self._clock(tx)):
                 return HELD
             self._abandon(tx, holder)
         return MINE
 
     def _abandon(self, tx: Tx, owner: str) -> int:
-        """Take every claim of a gone owner; its in-flight receipts become 'abandoned'."""
+        """Take every claim of a gone owner; its in-flight receipts become 'abandoned', each
+        charged its worst case to the ledger's budget."""
         self._exec(tx, "DELETE FROM claims WHERE owner = ?", (owner,))
+        held = self._exec(tx, "SELECT COALESCE(SUM(reserved), 0) FROM attempts WHERE owner = ? "
+                          "AND status = 'in_flight'", (owner,)).fetchone()[0]
+        self._charge_abandoned(tx, held)
         return self._exec(
             tx, "UPDATE attempts SET status = 'abandoned', finished_at = ?, errors = ? "
             "WHERE owner = ? AND status = 'in_flight'",
@@ -90,8 +107,8 @@ class CallStore(StoreBase):
     def reap(self) -> int:
         """Abandon the claims and in-flight receipts of every owner that is gone (every run
         does this when it starts); how many receipts were abandoned."""
-        at = time.time()
         with self.transaction() as tx:
+            at = self._clock(tx)
             holders = self._exec(tx, "SELECT owner, MAX(host), MAX(pid), MAX(lease_expires_at) "
                                  "FROM claims GROUP BY owner").fetchall()
             in_flight = self._exec(tx, "SELECT DISTINCT owner FROM attempts WHERE status = "
@@ -99,6 +116,18 @@ class CallStore(StoreBase):
             gone = claims.gone_owners([tuple(r) for r in holders], [r[0] for r in in_flight],
                                       at)
             return sum(self._abandon(tx, owner) for owner in gone)
+
+    def taken(self, keys: Sequence[str], owner: Owner) -> tuple[set[str], set[str]]:
+        """Of ``keys``: those accepted, and those another live runner holds a claim on (a read:
+        no claim is taken or changed; a gone runner's claim is left for ``begin_call`` to take
+        over)."""
+        accepted = self.accepted_keys(keys)
+        rows = self._by_keys("SELECT request_key, owner, host, pid, lease_expires_at FROM "
+                             "claims WHERE request_key IN ({marks})", keys)
+        at = self._clock(None) if rows else 0.0
+        held = {r[0] for r in rows if r[1] != owner.id and r[0] not in accepted
+                and not claims.owner_gone(r[1], r[2], r[3], r[4], at)}
+        return accepted, held
 
     def release_claim(self, tx: Tx, request_key: str, owner: Owner) -> None:
         self._exec(tx, "DELETE FROM claims WHERE request_key = ? AND owner = ?",
@@ -109,17 +138,18 @@ class CallStore(StoreBase):
 
     def renew_claims(self, tx: Tx, owner: Owner) -> None:
         self._exec(tx, "UPDATE claims SET lease_expires_at = ? WHERE owner = ?",
-                   (time.time() + claims.LEASE_SECONDS, owner.id))
+                   (self._clock(tx) + self.lease_seconds, owner.id))
 
     # -- completing a receipt ------------------------------------------------------------------
     def accept_call(self, tx: Tx, attempt_id: int, batch_id: int, request_key: str,
                     items: Mapping[str, Any], raw: str, usage: Mapping[str, Any],
-                    sent_at: str | None = None) -> bool:
+                    sent_at: str | None = None, charge: float | None = None) -> bool:
         """Mark the receipt accepted and admit every item, in ``tx``.
 
         Checkpoint rows are written once and never re-pointed: if another runner's return for
         this request was admitted first, this one is kept as a paid return that admitted
-        nothing (``already_accepted``) and False is returned.
+        nothing (``already_accepted``) and False is returned. ``charge`` is what the call cost
+        the ledger's budget when the run reserved on it (None: it did not).
         """
         stamp = now()
         rows = [(batch_id, request_key, task_id, attempt_id, json.dumps(item), stamp)
@@ -132,25 +162,29 @@ class CallStore(StoreBase):
             self._complete(tx, attempt_id, "rejected", [{
                 "type": "already_accepted", "task_id": None,
                 "message": f"attempt {first} of another runner was admitted first; this "
-                "return was paid for but admits nothing"}], raw, usage, stamp, sent_at)
+                "return was paid for but admits nothing"}], raw, usage, stamp, sent_at, charge)
             return False
-        self._complete(tx, attempt_id, "accepted", (), raw, usage, stamp, sent_at)
+        self._complete(tx, attempt_id, "accepted", (), raw, usage, stamp, sent_at, charge)
         return True
 
     def finish_call(self, tx: Tx, attempt_id: int, status: str, errors: Sequence[Mapping],
                     raw: str | None, usage: Mapping[str, Any],
-                    sent_at: str | None = None) -> None:
+                    sent_at: str | None = None, charge: float | None = None) -> None:
         """Complete a receipt that admits nothing (rejected, provider_error or cancelled), in
-        ``tx``; ``sent_at=None`` on a cancelled receipt says its call was never sent."""
+        ``tx``; ``sent_at=None`` on a cancelled receipt says its call was never sent.
+        ``charge``: as for :meth:`accept_call`."""
         if status == "accepted":
             raise ValueError("use accept_call for an accepted return: it writes the checkpoint")
-        self._complete(tx, attempt_id, status, errors, raw, usage, sent_at=sent_at)
+        self._complete(tx, attempt_id, status, errors, raw, usage, sent_at=sent_at,
+                       charge=charge)
 
     def _complete(self, tx: Tx, attempt_id: int, status: str, errors: Sequence[Mapping],
                   raw: str | None, usage: Mapping[str, Any], stamp: str | None = None,
-                  sent_at: str | None = None) -> None:
+                  sent_at: str | None = None, charge: float | None = None) -> None:
         # An 'abandoned' receipt may still be completed: its owner was presumed gone (lease
         # expired) but came back with the answer, which is the better account.
+        if charge is not None:
+            self._settle_shared(tx, attempt_id, charge)
         cost = usage.get("cost")
         if cost is not None and not (isinstance(cost, (int, float)) and math.isfinite(cost)
                                      and cost >= 0):
@@ -160,10 +194,15 @@ class CallStore(StoreBase):
             "output_tokens = ?, cached_tokens = ?, cost = ?, model = COALESCE(?, model), "
             "finished_at = ?, sent_at = COALESCE(?, sent_at) WHERE id = ? "
             "AND status IN ('in_flight', 'abandoned')",
-            (status, json.dumps(list(errors)) if errors else "[]", raw,
+            (status, json.dumps(list(errors)) if errors else "[]", self._raw(raw),
              usage.get("input_tokens"), usage.get("output_tokens"), usage.get("cached_tokens"),
              cost, usage.get("model"), stamp or now(), sent_at, attempt_id))
 
+
+RECEIPT_SQL = (
+    "INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, status, provider, "
+    "model, started_at, uid, owner, estimated_input_tokens, cost_floor, source, reserved) "
+    "VALUES (?,?,?,?,?, 'in_flight', ?,?,?,?,?,?,?,?,?)")
 
 # PostgreSQL: SELECT ... FROM claims WHERE request_key = $1 FOR UPDATE SKIP LOCKED (a row
 # another transaction is deciding on is skipped and treated as HELD), and the accepted check

@@ -193,7 +193,7 @@ class MergeStore(StoreBase):
                         tx, "UPDATE attempts SET status = ?, errors = ?, raw = ?, "
                         "input_tokens = ?, output_tokens = ?, cached_tokens = ?, cost = ?, "
                         "model = ?, finished_at = ? WHERE id = ? AND status = 'in_flight'",
-                        (a["status"], a["errors"], a["raw"], a["input_tokens"],
+                        (a["status"], a["errors"], self._raw(a["raw"]), a["input_tokens"],
                          a["output_tokens"], a["cached_tokens"], a["cost"], a["model"],
                          a["finished_at"], row["id"]))
                     added["attempts_completed"] += 1
@@ -202,7 +202,7 @@ class MergeStore(StoreBase):
                 tx, f"INSERT INTO attempts(batch_id, revision_id, {', '.join(ATTEMPT_COLUMNS)}) "
                 f"VALUES ({', '.join('?' * (len(ATTEMPT_COLUMNS) + 2))})",
                 [batch_map[a["batch_id"]], revision_map[a["revision_id"]],
-                 *(a[c] for c in ATTEMPT_COLUMNS)])
+                 *(self._raw(a[c]) if c == "raw" else a[c] for c in ATTEMPT_COLUMNS)])
             added["attempts"] += 1
         return attempt_map, present
 

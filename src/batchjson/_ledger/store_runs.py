@@ -306,7 +306,8 @@ class RunStore(StoreBase):
                     "kind, status, errors, raw, input_tokens, output_tokens, cached_tokens, "
                     "cost, provider, model, started_at, finished_at, uid, source) VALUES "
                     "(?,?,?,?, 'recheck', 'accepted', '[]', ?, 0, 0, 0, 0.0, ?,?,?,?,?,?)",
-                    (batch_id, revision_id, request.key, request.task_ids_json, origin["raw"],
+                    (batch_id, revision_id, request.key, request.task_ids_json,
+                     self._raw(origin["raw"]),
                      origin["provider"], origin["model"], stamp, stamp, _uid(), source))
                 self._exec(tx, "INSERT INTO rechecks(attempt_id, from_attempt) VALUES (?, ?)",
                            (attempt_id, origin["id"]))

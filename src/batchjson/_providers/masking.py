@@ -93,9 +93,10 @@ def is_credential_param(name: str) -> bool:
     return lowered in _CREDENTIAL_NAMES or any(w in lowered for w in _CREDENTIAL_WORDS)
 
 
-def url_secrets(url: str) -> list[str]:
-    """The secret values a URL carries: its userinfo (user and password) and the values of
-    its credential query parameters, each as written and decoded."""
+def url_secrets(url: str, *, user: bool = True) -> list[str]:
+    """The secret values a URL carries: its userinfo (user and password; the password only
+    with ``user=False``) and the values of its credential query parameters, each as written
+    and decoded."""
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -103,8 +104,8 @@ def url_secrets(url: str) -> list[str]:
     found = []
     userinfo, at, _ = parts.netloc.rpartition("@")
     if at:
-        user, _, password = userinfo.partition(":")
-        found += [user, password]
+        name, _, password = userinfo.partition(":")
+        found += [name, password] if user else [password]
     found += [value for name, value in parse_qsl(parts.query, keep_blank_values=True)
               if is_credential_param(name)]
     found += [raw.partition("=")[2] for raw in parts.query.split("&")
@@ -162,14 +163,17 @@ class Secrets:
     (``sk-********abcd``: its last four characters are part of the key). A URL given in
     ``urls`` is first replaced whole by its :func:`public_url`, so even a short password in it
     goes; a value shorter than :data:`MIN_MASKED` is masked only there (replacing every "pw" in
-    a message would garble it and hide nothing). Its repr says only how many it holds."""
+    a message would garble it and hide nothing). With ``url_users=False`` a URL's user name is
+    not one of them: a database's user is no secret, and "postgres" masked everywhere would
+    garble every ``postgresql://`` in a message. Its repr says only how many it holds."""
 
     __slots__ = ("_urls", "_values", "_echo")
 
-    def __init__(self, values: Iterable[str | None] = (), urls: Iterable[str] = ()) -> None:
+    def __init__(self, values: Iterable[str | None] = (), urls: Iterable[str] = (), *,
+                 url_users: bool = True) -> None:
         urls = [u for u in urls if u]
         forms: set[str] = set()
-        for value in [*values, *(v for u in urls for v in url_secrets(u))]:
+        for value in [*values, *(v for u in urls for v in url_secrets(u, user=url_users))]:
             if value and len(value) >= MIN_MASKED:
                 forms.update((value, quote(value, safe=""), quote_plus(value)))
         tails = {v[-4:] for v in forms if len(v) >= 12}

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import BudgetExceeded, ConfigError, InvalidBatch
+from .._money import cost_value
 from .._providers.base import declared_output_cap
 
 
@@ -37,16 +38,6 @@ def _calls_value(value: Any) -> int | None:
     return value
 
 
-def _cost_value(value: Any) -> float | None:
-    if value is None:
-        return None
-    if (isinstance(value, bool) or not isinstance(value, (int, float))
-            or not math.isfinite(value) or value < 0):
-        raise InvalidBatch(f"budget cost must be a finite number of USD >= 0 (or None for no "
-                           f"limit), got {value!r}")
-    return float(value)
-
-
 @dataclass(frozen=True)
 class Budget:
     """A session's ceiling: ``calls`` and/or ``cost`` (USD); None means unlimited."""
@@ -57,7 +48,7 @@ class Budget:
     def __post_init__(self) -> None:
         """A bad budget is refused here, before anything can be spent under it."""
         object.__setattr__(self, "calls", _calls_value(self.calls))
-        object.__setattr__(self, "cost", _cost_value(self.cost))
+        object.__setattr__(self, "cost", cost_value(self.cost))
 
     @classmethod
     def of(cls, value: Budget | Mapping[str, Any] | int | None) -> Budget:
@@ -154,38 +145,56 @@ class Tally:
         self.lock = threading.Lock()
 
 
+def charge_of(reserved: float, cost: float | None) -> float:
+    """What a settled call is charged: its cost, or its worst case when that is unknown."""
+    if cost is None or not math.isfinite(cost) or cost < 0:
+        return reserved
+    return cost
+
+
 class Spender:
     """What one run may still spend, against its max_calls and the session's budget.
 
     Each reserved call is charged to the session's ``tally`` at once, so a run that is
-    interrupted or fails still counts, and concurrent runs share one budget.
+    interrupted or fails still counts, and concurrent runs share one budget. ``shared`` is the
+    ledger's own budget when it has one (``store_budget.py``): then every call's worst case is
+    computed, for the ledger to reserve beside the claim.
     """
 
     def __init__(self, max_calls: int | None, budget: Budget, tally: Tally,
-                 pricing: Pricing | None = None) -> None:
+                 pricing: Pricing | None = None, *,
+                 shared: Mapping[str, Any] | None = None) -> None:
         self.max_calls = max_calls
         self.budget = budget
+        self.shared = shared
         self.calls = 0
         self.outstanding = 0  # this run's reservations not yet settled or released
         self.on_settle: Callable[[], None] | None = None
         self._tally = tally
         self.pricing = pricing or Pricing(None, None, None)
-        if budget.cost is None:
+        if not self.costed:
             return
         name = self.pricing.model or "this provider's model"
+        what = "a cost budget" if budget.cost is not None else "the ledger's cost budget"
         if not self.pricing.priced:
             raise ConfigError(
-                f"a cost budget needs the model's price, and {name!r} has none, so its spend "
+                f"{what} needs the model's price, and {name!r} has none, so its spend "
                 "could not be held; nothing was spent. Set a price (USD per million tokens) "
                 f"with batchjson.set_prices({{{name!r}: {{'input': ..., "
                 "'output': ...}}) or the provider's prices= argument, or use a calls budget.")
         if self.pricing.max_output_tokens is None:
             raise ConfigError(
-                f"a cost budget needs each call's output ceiling, and {name!r} is called "
+                f"{what} needs each call's output ceiling, and {name!r} is called "
                 "without one, so a single answer could bill any number of tokens; nothing was "
                 "spent. Set max_tokens: CallableProvider(..., max_tokens=N), "
                 "AnthropicProvider(max_tokens=N), OpenAIProvider(extra_body="
                 "{'max_completion_tokens': N}), or use a calls budget.")
+
+    @property
+    def costed(self) -> bool:
+        """Whether each call's worst case is reserved: under a cost budget, the session's or
+        the ledger's."""
+        return self.budget.cost is not None or self.shared is not None
 
     def remaining_calls(self) -> int | None:
         limits = []
@@ -204,6 +213,17 @@ class Spender:
         remaining = self.remaining_calls()
         if remaining is not None and needed > remaining:
             raise BudgetExceeded(needed, remaining)
+        if self.shared is not None and needed and cheapest is not None:
+            # what calls in flight on other hosts hold may come back: only what is spent counts
+            room = self.shared["cost"] - self.shared["spent"]
+            worst = cheapest(room)
+            if worst is not None and worst > room:
+                raise BudgetExceeded(needed, 0, one_call=worst, message=(
+                    f"budget refused: one call may cost up to {usd(worst)}, and the ledger's "
+                    f"cost budget of {usd(self.shared['cost'])} has {usd(self.shared['left'])} "
+                    f"left ({usd(self.shared['spent'])} spent, {usd(self.shared['reserved'])} "
+                    "held by calls in flight on every host); raise it with batchjson budget "
+                    "--cost USD; nothing was spent."))
         if self.budget.cost is None or not needed or cheapest is None:
             return
         if self._tally.unbounded is not None:
@@ -238,11 +258,13 @@ class Spender:
 
     def reserve(self, input_bound: int) -> float | None:
         """Take one call (and its worst-case cost) from the budget; None when it cannot fit."""
-        worst = self.pricing.worst_case(input_bound) if self.budget.cost is not None else 0.0
+        worst = self.pricing.worst_case(input_bound) if self.costed else 0.0
         with self._tally.lock:
             remaining = self.remaining_calls()
             if remaining is not None and remaining <= 0:
                 return None
+            if self.shared is not None and self._tally.unbounded is not None:
+                return None  # a call billed beyond its worst case: no bound holds any more
             if self.budget.cost is not None and (
                     self._tally.unbounded is not None
                     or (self.outstanding and not self._tally.settled)  # the first goes alone
@@ -270,9 +292,8 @@ class Spender:
         Under a cost budget, returns what the call billed beyond its reservation (0.0 within
         it); then ``why()`` (what the reply says of the overrun) stops the budget opening calls.
         """
-        if cost is None or not math.isfinite(cost) or cost < 0:
-            cost = reserved
-        beyond = (cost - reserved if self.budget.cost is not None
+        cost = charge_of(reserved, cost)
+        beyond = (cost - reserved if self.costed
                   and cost > reserved * (1 + 1e-9) else 0.0)  # float noise is no overrun
         with self._tally.lock:
             self.outstanding -= 1
@@ -300,10 +321,10 @@ class Spender:
     def stopped(self) -> str | None:
         """Why the cost budget opens no further call, once a call billed beyond its
         reservation (None while reservations hold)."""
-        return self._tally.unbounded if self.budget.cost is not None else None
+        return self._tally.unbounded if self.costed else None
 
     @property
     def waiting_on_reservations(self) -> bool:
         """True when this run's reserved calls may settle below their reservation and so free
         cost budget for another call."""
-        return self.budget.cost is not None and self.outstanding > 0
+        return self.costed and self.outstanding > 0

@@ -19,12 +19,12 @@ from .._acceptance import judge as acceptance
 from .._content.schema import wire_schema
 from .._content.tasks import Request, render_items_prompt, render_value_prompt
 from .._errors import LedgerError, ProviderError
-from .._ledger.claims import ACCEPTED, MINE, Owner
+from .._ledger.claims import ACCEPTED, MINE, OVER, Owner
 from .._ledger.records import now
 from .._ledger.store import Store
 from .._providers.base import Call, Reply, estimate_tokens, input_bound
 from .._providers.masking import public_url
-from .budget import Pricing, Spender
+from .budget import Pricing, Spender, charge_of, usd
 from .groupcommit import GroupCommit
 from .plan import Outcome, Plan, Transport, system_prompt
 
@@ -149,30 +149,29 @@ class Caller:
         number = self.attempts.get(request.key, 0)
         # Built before anything is reserved or written: whatever fails here leaves no receipt.
         call = make_call(self.plan, self.system, request, kind, prompt, number)
-        reserved = await self._reserve(call)
-        if isinstance(reserved, NotSent):
-            return reserved
-        claimed = await self._claim(request, kind, prompt, reserved)
-        if isinstance(claimed, NotSent):
-            return claimed
+        opened = await self._open(request, kind, call, estimate_tokens(self.system + prompt))
+        if isinstance(opened, NotSent):
+            return opened
+        reserved, claimed = opened
         self.attempts[request.key] = number + 1
         self._count(request)
         sent_at, settled, reply = now(), False, None
+        charge = reserved  # what the call costs until its reply says: its worst case
         try:
             try:
-                reply = await self._send(call, claimed, sent_at, reserved)
+                reply, charge = await self._send(call, claimed, sent_at, reserved)
                 settled = True
             except ProviderError:
                 settled = True
                 raise
-            return await self._judge(request, reply, claimed, sent_at)
+            return await self._judge(request, reply, claimed, sent_at, charge)
         except BaseException as exc:  # cancellation, Ctrl-C, SystemExit: close the receipt
             if not settled:
                 self.spender.settle(reserved, None)  # sent, answer unknown: the worst case
             if not isinstance(exc, ProviderError):
                 # An answer that arrived but was interrupted while being judged is paid for:
                 # its text and usage are kept, and a re-run judges it before asking again.
-                self._close(claimed, _why(exc), sent_at, reply)
+                self._close(claimed, _why(exc), sent_at, reply, charge)
             raise
 
     def host_down(self, exc: ProviderError, key: str) -> bool:
@@ -195,7 +194,7 @@ class Caller:
         plus its output ceiling); wait for calls in flight to settle before giving up, since
         their real cost is usually below their reservation."""
         spender = self.spender
-        bound = input_bound(self.provider, call) if spender.budget.cost is not None else 0
+        bound = input_bound(self.provider, call) if spender.costed else 0
         while True:
             reserved = spender.reserve(bound)
             if reserved is not None:
@@ -207,35 +206,52 @@ class Caller:
             if self.control.stop is not None:
                 return STOPPED
 
-    async def _claim(self, request: Request, kind: str, prompt: str,
-                     reserved: float) -> int | NotSent:
-        """Claim the request and commit its in-flight receipt; the attempt's id, or why no call
-        may be sent (its reservation released)."""
+    async def _open(self, request: Request, kind: str, call: Call,
+                    estimated: int) -> tuple[float, int] | NotSent:
+        """Reserve the call's worst case, then claim the request and commit its receipt (and,
+        on a ledger with a budget of its own, the same reservation there): (reserved, receipt
+        id), or why no call may be sent, nothing kept. A ledger budget that cannot hold the
+        call is looked at again while calls in flight may make room."""
         store, plan = self.store, self.plan
-        estimated = estimate_tokens(self.system + prompt)  # for the floor: an estimate
-        begun = self.writes.submit(lambda tx: store.begin_call(
-            tx, plan.batch_id, plan.revision_id, request, kind, self.provider_name,
-            self.model, plan.source, owner=self.owner, estimated_input_tokens=estimated,
-            cost_floor=self.spender.pricing.floor(estimated)))
+        floor = self.spender.pricing.floor(estimated)  # for the account: an estimate
+        pause: float | NotSent = 0.05
+        while isinstance(pause, float):
+            reserved = await self._reserve(call)
+            if isinstance(reserved, NotSent):
+                return reserved
+            shared = reserved if self.spender.shared is not None else None
+            begun = self.writes.submit(lambda tx, shared=shared: store.begin_call(
+                tx, plan.batch_id, plan.revision_id, request, kind, self.provider_name,
+                self.model, plan.source, owner=self.owner, estimated_input_tokens=estimated,
+                cost_floor=floor, reserve=shared))
+            try:
+                state, attempt_id = await begun
+            except asyncio.CancelledError:
+                self.spender.release(reserved)
+                if begun.done() and not begun.cancelled() and begun.exception() is None:
+                    attempt = begun.result()[1]  # committed, but cancelled before we resumed
+                    if attempt is not None:
+                        self._close(attempt, "interrupted", None)
+                raise
+            except Exception as exc:
+                self.spender.release(reserved)
+                self.control.ledger_failed(exc if isinstance(exc, LedgerError) else LedgerError(
+                    "the receipt of a call could not be written", path=store.where, cause=exc))
+                return STOPPED
+            if state == MINE:
+                assert attempt_id is not None
+                return await self._when_host_up(request, reserved, attempt_id)
+            self.spender.release(reserved)  # nothing will be sent: its receipt was not kept
+            if state != OVER:
+                return NotSent("resolved" if state == ACCEPTED else "held")
+            pause = await self._await_ledger_budget(reserved, pause)
+        return pause
+
+    async def _when_host_up(self, request: Request, reserved: float,
+                            attempt_id: int) -> tuple[float, int] | NotSent:
+        """A call failed to connect meanwhile: send only if its host comes back (and the run
+        goes on)."""
         try:
-            state, attempt_id = await begun
-        except asyncio.CancelledError:
-            self.spender.release(reserved)
-            if begun.done() and not begun.cancelled() and begun.exception() is None:
-                attempt = begun.result()[1]  # committed, but cancelled before we resumed
-                if attempt is not None:
-                    self._close(attempt, "interrupted", None)
-            raise
-        except Exception as exc:
-            self.spender.release(reserved)
-            self.control.ledger_failed(exc if isinstance(exc, LedgerError) else LedgerError(
-                "the receipt of a call could not be written", path=store.where, cause=exc))
-            return STOPPED
-        if state != MINE:  # nothing will be sent: its receipt was not kept
-            self.spender.release(reserved)
-            return NotSent("resolved" if state == ACCEPTED else "held")
-        assert attempt_id is not None
-        try:  # a call failed to connect meanwhile: send only if its host comes back
             await self.probe.wait_turn(request.key)
         except asyncio.CancelledError:
             self.spender.release(reserved)
@@ -245,7 +261,29 @@ class Caller:
             self.spender.release(reserved)
             self._close(attempt_id, "stopped before it was sent", None)
             return STOPPED
-        return attempt_id
+        return reserved, attempt_id
+
+    async def _await_ledger_budget(self, worst: float, pause: float) -> float | NotSent:
+        """The ledger's own budget cannot hold a call: while calls in flight (on any host) hold
+        enough of it that their settling could make room, look again after ``pause`` (the next
+        pause returned); else give up, saying what is left."""
+        if self.spender.shared is None:
+            return NotSent("out_of_budget", "a cost budget was set on the ledger after this "
+                           "run started, so its calls were not priced against it; re-run to "
+                           "hold it")
+        shared = self.store.shared_budget()
+        if shared is None:  # removed a moment ago: the next try holds nothing
+            return pause
+        if not shared["reserved"] or worst > shared["cost"] - shared["spent"]:
+            return NotSent(
+                "out_of_budget",
+                f"one call for it may cost up to {usd(worst)} and the ledger's cost budget of "
+                f"{usd(shared['cost'])} has {usd(shared['left'])} left "
+                f"({usd(shared['reserved'])} held by calls in flight on every host)")
+        await asyncio.sleep(pause)
+        if self.control.stop is not None:
+            return STOPPED
+        return min(pause * 1.5, 1.0)
 
     def _count(self, request: Request) -> None:
         self.outcome.calls += 1
@@ -254,7 +292,7 @@ class Caller:
                 self.outcome.attempts_by_task.get(task_id, 0) + 1)
 
     def _close(self, attempt_id: int, why: str, sent_at: str | None,
-               reply: Reply | None = None) -> None:
+               reply: Reply | None = None, charge: float = 0.0) -> None:
         # Synchronous on purpose: the loop may be unwinding. A receipt already completed is left
         # as it is (the update only touches in-flight rows). If the ledger itself has failed,
         # the receipt stays in flight (a possible call) and that failure is what is reported.
@@ -265,14 +303,17 @@ class Caller:
                                f"{why} before the return was judged; re-run to resume")
                    + (" (the answer is kept and is judged first)" if kept else "")}]
         try:
-            with self.store.transaction() as tx:
+            with self.store.call_transaction() as tx:
                 self.store.finish_call(tx, attempt_id, "cancelled", errors,
                                        reply.text if kept else None,
-                                       _usage(reply) if kept else {}, sent_at=sent_at)
+                                       _usage(reply) if kept else {}, sent_at=sent_at,
+                                       charge=self._ledger_charge(charge))
         except LedgerError as exc:
             self.control.ledger_failed(exc)
 
-    async def _send(self, call: Call, attempt_id: int, sent_at: str, reserved: float) -> Reply:
+    async def _send(self, call: Call, attempt_id: int, sent_at: str,
+                    reserved: float) -> tuple[Reply, float]:
+        """The reply and what the call was charged (its cost, or its worst case)."""
         try:
             if not self.needs_timer:
                 reply = await self.provider.complete(call)
@@ -292,25 +333,25 @@ class Caller:
                                                error.usage.get("output_tokens"))
             unbilled = error.unreachable or (error.status is not None
                                              and 400 <= error.status < 500)
-            self._settle(reserved, billed if billed is not None else
-                         (0.0 if unbilled else None), error.usage)
+            charge = self._settle(reserved, billed if billed is not None else
+                                  (0.0 if unbilled else None), error.usage)
             self._record_provider_error(attempt_id, str(error), error.status, error.usage,
-                                        sent_at)
+                                        sent_at, charge)
             raise error from None
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a provider bug must not leave an in-flight receipt
             message = f"{type(exc).__name__}: {exc}"
             self.spender.settle(reserved, None)
-            self._record_provider_error(attempt_id, message, None, {}, sent_at)
+            self._record_provider_error(attempt_id, message, None, {}, sent_at, reserved)
             raise ProviderError(message, retryable=False) from exc
         self.probe.back(call.request_key)
-        self._settle(reserved, self._cost(reply), _usage(reply))
-        return reply
+        return reply, self._settle(reserved, self._cost(reply), _usage(reply))
 
-    def _settle(self, reserved: float, cost: float | None, usage: Mapping[str, Any]) -> None:
-        """Settle the call's reservation; a call billed beyond it stops the cost budget opening
-        calls, and the run says by how much (its receipt keeps the real cost)."""
+    def _settle(self, reserved: float, cost: float | None, usage: Mapping[str, Any]) -> float:
+        """Settle the call's reservation, returning what it was charged; a call billed beyond
+        it stops the cost budget opening calls, and the run says by how much (its receipt keeps
+        the real cost)."""
         cap = self.spender.pricing.max_output_tokens
 
         def why() -> str:
@@ -324,21 +365,27 @@ class Caller:
         if beyond:
             self.outcome.overrun += beyond
             self.outcome.stopped = self.spender.stopped
+        return charge_of(reserved, cost)
+
+    def _ledger_charge(self, charge: float) -> float | None:
+        """What a completing receipt charges the ledger's own budget (None: the run reserved
+        nothing there)."""
+        return charge if self.spender.shared is not None else None
 
     def _cost(self, reply: Reply) -> float | None:
         if reply.cost is not None:
             return reply.cost
         return self.spender.pricing.cost(reply.input_tokens, reply.output_tokens)
 
-    async def _judge(self, request: Request, reply: Reply, attempt_id: int,
-                     sent_at: str) -> Judged:
+    async def _judge(self, request: Request, reply: Reply, attempt_id: int, sent_at: str,
+                     charge: float) -> Judged:
         """Judge now; the record joins the next group commit without holding up this worker.
 
         Nothing reads the checkpoint before the run ends, and the run flushes and checks every
         queued write before it returns, so a failed commit can never pass as success; a failed
         commit also fails every later receipt, so no further call is sent.
         """
-        store, plan = self.store, self.plan
+        store, plan, charged = self.store, self.plan, self._ledger_charge(charge)
         usage = self._account(reply)
         verdict = await acceptance.judge(
             reply, request.tasks, mode=plan.mode, identity=plan.identity,
@@ -346,21 +393,23 @@ class Caller:
         if verdict.accepted:
             self.writes.queue(lambda tx: store.accept_call(
                 tx, attempt_id, plan.batch_id, request.key, verdict.stored, reply.text,
-                usage, sent_at))
+                usage, sent_at, charged))
             self.outcome.accepted_returns += 1
         else:
             self.writes.queue(lambda tx: store.finish_call(
-                tx, attempt_id, "rejected", verdict.errors, reply.text, usage, sent_at))
+                tx, attempt_id, "rejected", verdict.errors, reply.text, usage, sent_at,
+                charged))
             self.outcome.rejected_returns += 1
         return Judged(verdict, reply.text)
 
     def _record_provider_error(self, attempt_id: int, message: str, status: int | None,
-                               usage: Mapping[str, Any], sent_at: str) -> None:
+                               usage: Mapping[str, Any], sent_at: str, charge: float) -> None:
         self.outcome.provider_errors += 1
         errors = [{"type": "provider_error", "task_id": None, "message": message,
                    "status": status}]
+        charged = self._ledger_charge(charge)
         self.writes.queue(lambda tx: self.store.finish_call(
-            tx, attempt_id, "provider_error", errors, None, usage, sent_at))
+            tx, attempt_id, "provider_error", errors, None, usage, sent_at, charged))
 
     def _account(self, reply: Reply) -> dict[str, Any]:
         out = self.outcome

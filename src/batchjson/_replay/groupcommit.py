@@ -106,7 +106,7 @@ class GroupCommit:
     def _together(self, live: list[tuple[Op, asyncio.Future | None]]) -> list[Outcome]:
         """The common case: every write in one transaction, no per-write savepoints. The
         outcomes are handed out only after COMMIT has returned."""
-        with self._store.transaction() as db:
+        with self._store.call_transaction() as db:
             results = [op(db) for op, _ in live]
         return [(fut, result, None) for (_, fut), result in zip(live, results, strict=True)]
 
@@ -118,7 +118,7 @@ class GroupCommit:
                 outcomes.append((fut, None, self.broken))
                 continue
             try:
-                with self._store.transaction() as db:
+                with self._store.call_transaction() as db:
                     result = op(db)
                 outcomes.append((fut, result, None))
             except LedgerError as exc:

@@ -148,7 +148,8 @@ def plan_calls(session: Session, state: Run) -> tuple[Plan, Spender]:
                 split=spec.split, source=state.source)
     check_fit(state.provider, session.ledger, spec.name, content.schema, state.pending,
               content.identity, spec.mode)
-    spender = Spender(spec.max_calls, session.budget, session.tally, pricing_of(state.provider))
+    spender = Spender(spec.max_calls, session.budget, session.tally, pricing_of(state.provider),
+                      shared=session.ledger.store.shared_budget())
     if spec.refuse_short_budget:
         spender.refuse_if_short(len(state.pending), cheapest_call(
             plan, state.provider, spender.pricing, state.pending))

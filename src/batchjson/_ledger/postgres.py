@@ -1,0 +1,398 @@
+"""The PostgreSQL store: one ledger for runners on many hosts, over psycopg 3.
+
+Here, and nowhere else, is what is PostgreSQL's own: the connection and how its rows read, the
+schema (raw provider text in ``bytea``: ``text`` cannot hold NUL, ``jsonb`` reorders keys and
+refuses NaN; times are ISO 8601 UTC text as in SQLite, so exports and merges carry them byte
+for byte), ``%s`` for ``?``, ``RETURNING id``, and claims taken side by side.
+
+SQLite serialises writers (``BEGIN IMMEDIATE``). Here a transaction that reads before it writes
+(opening a revision, numbering a validator, an import, a merge, forgetting) takes one
+transaction-level advisory lock, so it runs as if alone; the writes of calls do not, and run
+side by side across hosts. Their claims follow the job-queue pattern: a runner locks the
+request's row with ``FOR UPDATE SKIP LOCKED`` before deciding on its claim, so two runners never
+decide on one request at once, and a row another runner is deciding on is skipped (the request
+is held: look again later) instead of waited for. A runner never waits for a lock another
+runner's claim holds, and takes over a gone runner's rows only when it can lock them
+(``SKIP LOCKED`` again), so the hosts' transactions cannot wait on each other in a circle.
+Leases are measured by the server's clock, so the hosts' clocks need not agree.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from functools import lru_cache, reduce
+from typing import Any
+
+from .._errors import ConfigError, LedgerError
+from .._providers.masking import Secrets, public_url
+from . import claims
+from .claims import HELD, MINE, Owner
+from .records import now
+from .sqlite import SCHEMA as SQLITE_SCHEMA
+from .sqlite import SCHEMA_VERSION
+from .store import Store
+from .store_base import Row, Tx
+from .store_calls import RECEIPT_SQL
+
+# The one lock of transactions that read before they write ("batchjson" in ASCII).
+SERIAL_LOCK = "SELECT pg_advisory_xact_lock(7089063493536607342)"
+CLOCK = "EXTRACT(EPOCH FROM clock_timestamp())"
+
+# The one schema (sqlite.py's), in PostgreSQL's spelling: ids from sequences, whole numbers
+# BIGINT, REAL double precision, raw provider text bytea, no WITHOUT ROWID. Then what only a
+# server with writers side by side needs: a request's rows by key (claims lock the lowest),
+# claims by owner (renewed and taken over by owner), checkpoint rows by attempt, the version.
+_SPELLING = ((r"\bid INTEGER PRIMARY KEY,", "id BIGSERIAL PRIMARY KEY,"),
+             (r"\bINTEGER\b", "BIGINT"), (r"\bREAL\b", "DOUBLE PRECISION"),
+             (r"\braw TEXT\b", "raw BYTEA"), (r"\)\s*WITHOUT ROWID", ")"))
+SCHEMA = reduce(lambda sql, rule: re.sub(rule[0], rule[1], sql), _SPELLING,
+                          SQLITE_SCHEMA) + """
+CREATE INDEX requests_by_key ON requests (key, id);
+CREATE INDEX claims_by_owner ON claims (owner);
+CREATE INDEX checkpoint_by_attempt ON checkpoint (attempt_id);
+CREATE TABLE batchjson_schema (version INTEGER NOT NULL);
+"""
+
+# The hot path of every call, one statement: write the receipt, lock the request's row (the
+# lowest-numbered row of its key, whichever revision holds it) unless another runner is
+# deciding on it, then claim the request if it is free (no row yet) or already this runner's,
+# and not accepted; and say whether the ledger has a budget of its own.
+TAKE = f"""
+WITH receipt AS ({{receipt}} RETURNING id),
+job AS (
+    SELECT id FROM requests WHERE id = (SELECT MIN(id) FROM requests WHERE key = %(key)s)
+    FOR UPDATE SKIP LOCKED),
+free AS (
+    SELECT 1 FROM job WHERE NOT EXISTS (
+        SELECT 1 FROM attempts WHERE request_key = %(key)s AND status = 'accepted')),
+fresh AS (
+    INSERT INTO claims(request_key, owner, host, pid, session, attempt_id, lease_expires_at,
+                       claimed_at)
+    SELECT %(key)s, %(owner)s, %(host)s, %(pid)s, %(session)s, (SELECT id FROM receipt),
+           {CLOCK} + %(lease)s, %(stamp)s FROM free
+    ON CONFLICT (request_key) DO NOTHING RETURNING 1),
+again AS (
+    UPDATE claims SET attempt_id = (SELECT id FROM receipt),
+                      lease_expires_at = {CLOCK} + %(lease)s
+    WHERE request_key = %(key)s AND owner = %(owner)s AND EXISTS (SELECT 1 FROM free)
+    RETURNING 1)
+SELECT (SELECT id FROM receipt), EXISTS (SELECT 1 FROM job),
+       EXISTS (SELECT 1 FROM fresh) OR EXISTS (SELECT 1 FROM again),
+       EXISTS (SELECT 1 FROM budget WHERE id = 1)
+"""
+
+_RECEIPT = RECEIPT_SQL.split("?")  # its "?" as the named parameters r0, r1, ...
+OPEN = TAKE.replace("{receipt}", "".join(
+    part + (f"%(r{i})s" if i < len(_RECEIPT) - 1 else "") for i, part in enumerate(_RECEIPT)))
+
+# Who holds the request, by the server's clock; its row locked only to take it over.
+HOLDER = (f"SELECT EXISTS (SELECT 1 FROM attempts WHERE request_key = %s AND status = "
+          f"'accepted'), owner, host, pid, lease_expires_at, {CLOCK} FROM (SELECT 1) AS one "
+          "LEFT JOIN claims ON request_key = %s")
+LOCK_HOLDER = ("SELECT 1 FROM claims WHERE request_key = %s AND owner = %s "
+               "FOR UPDATE SKIP LOCKED")
+HOLD = f"""
+INSERT INTO claims(request_key, owner, host, pid, session, attempt_id, lease_expires_at,
+                   claimed_at)
+VALUES (%(key)s, %(owner)s, %(host)s, %(pid)s, %(session)s, %(attempt)s, {CLOCK} + %(lease)s,
+        %(stamp)s)
+"""
+# A gone runner's rows, each only if no other runner is taking it over this moment.
+ABANDON_CLAIMS = ("DELETE FROM claims WHERE request_key IN (SELECT request_key FROM claims "
+                  "WHERE owner = %s FOR UPDATE SKIP LOCKED)")
+ABANDON_RECEIPTS = (
+    "WITH gone AS (SELECT id FROM attempts WHERE owner = %s AND status = 'in_flight' "
+    "FOR UPDATE SKIP LOCKED) UPDATE attempts SET status = 'abandoned', finished_at = %s, "
+    "errors = %s WHERE id IN (SELECT id FROM gone) RETURNING reserved")
+# A row a runner is taking over this moment is renewed at the next turn, or not at all.
+RENEW = (f"UPDATE claims SET lease_expires_at = {CLOCK} + %s WHERE request_key IN (SELECT "
+         "request_key FROM claims WHERE owner = %s FOR UPDATE SKIP LOCKED)")
+
+TRANSIENT = {"40001", "40P01", "55P03"}  # serialization failure, deadlock, lock not available
+_LITERAL = re.compile(r"('(?:[^']|'')*')")
+
+
+@lru_cache(maxsize=2048)
+def dialect(sql: str) -> str:
+    """The shared SQL in psycopg's spelling: ``%s`` for ``?``, ``%%`` for ``%``."""
+    parts = _LITERAL.split(sql)
+    return "".join(part.replace("%", "%%") if i % 2 else
+                   part.replace("%", "%%").replace("?", "%s") for i, part in enumerate(parts))
+
+
+class _Row(tuple):
+    """A row read by name or position, as ``sqlite3.Row`` is (``dict(row)`` works too)."""
+
+    __slots__ = ()
+    _index: dict[str, int] = {}
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, str):
+            return tuple.__getitem__(self, self._index[key])
+        return tuple.__getitem__(self, key)
+
+    def keys(self) -> list[str]:
+        return list(self._index)
+
+
+@lru_cache(maxsize=512)
+def _row_class(names: tuple[str, ...]) -> type[_Row]:
+    return type("Row", (_Row,), {"__slots__": (),
+                                 "_index": {n: i for i, n in reversed(list(enumerate(names)))}})
+
+
+def _rows(cursor: Any) -> Any:
+    description = cursor.description
+    return _row_class(tuple(c.name for c in description)) if description else tuple
+
+
+def _loaders(psycopg: Any) -> tuple[type, type]:
+    """``bytea`` read as the provider's text, ``numeric`` (what SUM of whole numbers gives) as
+    int or float: the values SQLite hands back."""
+    from psycopg.adapt import Loader
+    from psycopg.types.string import ByteaLoader
+
+    class TextLoader(ByteaLoader):
+        def load(self, data: Any) -> str:
+            return super().load(bytes(data)).decode("utf-8", "surrogatepass")
+
+    class NumberLoader(Loader):
+        def load(self, data: Any) -> int | float:
+            text = bytes(data)
+            return int(text) if text.lstrip(b"-").isdigit() else float(text)
+
+    return TextLoader, NumberLoader
+
+
+class PostgresStore(Store):
+    """The ledger in a PostgreSQL database, shared by runners on any number of hosts."""
+
+    path = None
+
+    def __init__(self, url: str, *, lease: float | None = None) -> None:
+        self.url = url
+        self._public = public_url(url)
+        self._secrets = Secrets(urls=[url], url_users=False)
+        if lease is not None:
+            self.lease_seconds = lease
+        self._lock = threading.RLock()
+        try:
+            import psycopg
+        except ImportError:
+            raise ConfigError(f"ledger {self._public} is a PostgreSQL database, and that needs "
+                              "psycopg 3: pip install 'batchjson[postgres]'") from None
+        self._psycopg = psycopg
+        self._db = self._connect()
+        self._json_check = ("pg_input_is_valid({}, 'json')"
+                            if self._db.info.server_version >= 160000 else "FALSE")
+        try:
+            self._schema()
+        except LedgerError:
+            self._db.close()
+            raise
+        except psycopg.Error as exc:
+            self._db.close()
+            raise self._error("could not be prepared", exc) from None
+
+    @property
+    def where(self) -> str:
+        return self._public
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({self._public})"
+
+    def _connect(self) -> Any:
+        psycopg = self._psycopg
+        try:
+            # a server that never answers is given up on, as libpq does not by itself
+            wait = {} if "connect_timeout" in self.url else {"connect_timeout": 10}
+            db = psycopg.connect(self.url, autocommit=True, row_factory=_rows, **wait)
+        except psycopg.Error as exc:
+            raise self._error("could not connect (is the server running, and the URL right?)",
+                              exc) from None
+        text, number = _loaders(psycopg)
+        db.adapters.register_loader("bytea", text)
+        db.adapters.register_loader("numeric", number)
+        return db
+
+    def _schema(self) -> None:
+        """Make the schema in an empty database, once, however many runners start at once."""
+        with self._db.transaction():
+            self._db.execute(SERIAL_LOCK)
+            found = self._db.execute("SELECT to_regclass('batchjson_schema'), "
+                                     "to_regclass('attempts')").fetchone()
+            if found[0] is not None:
+                version = self._db.execute("SELECT MAX(version) FROM batchjson_schema"
+                                           ).fetchone()[0]
+                if version != SCHEMA_VERSION:
+                    raise LedgerError(_other_version(version), path=self._public)
+                return
+            if found[1] is not None:
+                raise LedgerError("the database has an 'attempts' table that batchjson did not "
+                                  "make; give a database (or a schema, with ?options=-csearch_"
+                                  "path%3DNAME) of its own to the ledger", path=self._public)
+            for statement in SCHEMA.split(";"):
+                if statement.strip():
+                    self._db.execute(statement)
+            self._db.execute("INSERT INTO batchjson_schema(version) VALUES (%s)",
+                             (SCHEMA_VERSION,))
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def tables(self) -> dict[str, list[Row]]:
+        """Every row a merge into another ledger brings in, table by table, in the order they
+        were written (``sqlite.read_ledger_file``'s shape)."""
+        out = {table: self._read(f"SELECT * FROM {table} ORDER BY id")
+               for table in ("batches", "revisions", "requests", "attempts", "forgets")}
+        out["validators"] = self._read("SELECT * FROM validators ORDER BY name, version")
+        out["imports"] = self._read("SELECT * FROM imports ORDER BY imported_at, digest")
+        out["checkpoint"] = self._read("SELECT * FROM checkpoint ORDER BY attempt_id, task_id")
+        return out
+
+    # -- transactions --------------------------------------------------------------------------
+    def transaction(self) -> Any:
+        return self._transaction(serial=True)
+
+    def call_transaction(self) -> Any:
+        return self._transaction(serial=False)
+
+    @contextmanager
+    def _transaction(self, *, serial: bool) -> Iterator[Any]:
+        """A failure of the server or the connection is a LedgerError (the run stops); a
+        statement's own error, or a conflict another try resolves (deadlock, serialization),
+        is raised as it is, for the group commit to run each write alone."""
+        with self._lock:
+            db = self._live()
+            try:
+                with db.transaction():
+                    if serial:
+                        db.execute(SERIAL_LOCK)
+                    yield db
+            except self._psycopg.Error as exc:
+                if self._fault(exc):
+                    raise self._error("a write failed; the run stopped before any further "
+                                      "call", exc) from exc
+                raise
+
+    @contextmanager
+    def whole_or_nothing(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except self._psycopg.Error as exc:
+            raise self._error(f"{what} failed and was rolled back whole", exc) from exc
+
+    def _live(self) -> Any:
+        """The connection, made again if the last one was lost (a server restart)."""
+        if self._db.closed or self._db.broken:
+            self._db = self._connect()
+        return self._db
+
+    def _fault(self, exc: BaseException) -> bool:
+        psycopg = self._psycopg
+        if getattr(exc, "sqlstate", None) in TRANSIENT:
+            return False
+        return isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError,
+                                psycopg.InternalError)) or self._db.broken
+
+    def _error(self, what: str, exc: BaseException) -> LedgerError:
+        error = LedgerError(what, path=self._public, cause=exc)
+        error.args = (self._secrets.mask(str(error)),)
+        return error
+
+    # -- statements ----------------------------------------------------------------------------
+    def _exec(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> Any:
+        return tx.execute(dialect(sql), tuple(args))
+
+    def _many(self, tx: Tx, sql: str, rows: Sequence[Sequence[Any]]) -> Any:
+        cursor = tx.cursor()
+        cursor.executemany(dialect(sql), rows)
+        return cursor
+
+    def _insert(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> int:
+        return tx.execute(dialect(sql) + " RETURNING id", tuple(args)).fetchone()[0]
+
+    def _read(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
+        with self._lock:
+            try:
+                return self._live().execute(dialect(sql), tuple(args)).fetchall()
+            except (self._psycopg.Error, LedgerError) as exc:
+                raise self._error("could not be read", exc) from None
+
+    def _by_keys(self, sql: str, keys: Sequence[Any], tx: Tx = None) -> list[Row]:
+        """All ``keys`` bound as one array (``= ANY(?)``): one statement, whatever their number."""
+        query, args = sql.replace("IN ({marks})", "= ANY(?)"), (list(keys),)
+        return self._exec(tx, query, args).fetchall() if tx is not None else self._read(
+            query, args)
+
+    def _clock(self, tx: Tx) -> float:
+        if tx is None:
+            return self._read(f"SELECT {CLOCK}")[0][0]
+        return tx.execute(f"SELECT {CLOCK}").fetchone()[0]
+
+    def _raw(self, text: str | None) -> Any:
+        return None if text is None else text.encode("utf-8", "surrogatepass")
+
+    def _json_valid(self, expr: str) -> str:
+        return self._json_check.format(expr)
+
+    def _json_length(self, expr: str) -> str:
+        return f"json_array_length(({expr})::json)"
+
+    # -- claims side by side -------------------------------------------------------------------
+    def _open(self, tx: Tx, receipt: Sequence[Any], request_key: str, owner: Owner,
+              stamp: str) -> tuple[int, str, bool | None]:
+        """The receipt and the claim in one statement (one round trip): the request's row
+        locked first (``SKIP LOCKED``: another runner deciding on it means HELD), then the
+        claim written if free or ours. Anything else: :meth:`_decide`."""
+        mine = {"key": request_key, "owner": owner.id, "host": owner.host, "pid": owner.pid,
+                "session": owner.session, "lease": self.lease_seconds, "stamp": stamp,
+                **{f"r{i}": value for i, value in enumerate(receipt)}}
+        attempt_id, locked, taken, budgeted = tx.execute(OPEN, mine).fetchone()
+        if not locked:
+            return attempt_id, HELD, budgeted
+        if taken:
+            return attempt_id, MINE, budgeted
+        return attempt_id, self._decide(tx, request_key, owner, {**mine, "attempt": attempt_id}
+                                        ), budgeted
+
+    def _decide(self, tx: Tx, request_key: str, owner: Owner, mine: dict[str, Any]) -> str:
+        """A claimed or accepted request, read by the server's clock: ACCEPTED, HELD by a live
+        runner, or a gone runner's, taken over if its row can be locked."""
+        accepted, holder, host, pid, lease, at = tx.execute(
+            HOLDER, (request_key, request_key)).fetchone()
+        if accepted:
+            return claims.ACCEPTED
+        if holder is None or holder == owner.id or not claims.owner_gone(holder, host, pid,
+                                                                         lease, at):
+            return HELD  # released a moment ago, or held: look again later
+        if tx.execute(LOCK_HOLDER, (request_key, holder)).fetchone() is None:
+            return HELD  # another runner is taking it over this moment
+        self._abandon(tx, holder)
+        tx.execute(HOLD, mine)
+        return MINE
+
+    def _abandon(self, tx: Tx, owner: str) -> int:
+        tx.execute(ABANDON_CLAIMS, (owner,))
+        held = [r[0] for r in tx.execute(ABANDON_RECEIPTS, (
+            owner, now(), json.dumps([claims.ABANDONED]))).fetchall()]
+        self._charge_abandoned(tx, sum(r for r in held if r is not None))
+        return len(held)
+
+    def renew_claims(self, tx: Tx, owner: Owner) -> None:
+        tx.execute(RENEW, (self.lease_seconds, owner.id))
+
+
+def _other_version(version: Any) -> str:
+    if isinstance(version, int) and version > SCHEMA_VERSION:
+        return (f"schema version {version} is newer than this batchjson knows "
+                f"({SCHEMA_VERSION}); upgrade batchjson to read it (nothing was changed)")
+    return (f"ledger schema version {version} was written by an earlier batchjson; this "
+            f"batchjson reads only schema {SCHEMA_VERSION} and does not convert older ledgers "
+            "(nothing was changed). Export its receipts with the batchjson that wrote it "
+            "(batchjson export --jsonl) and import them into a new ledger")

@@ -1,0 +1,176 @@
+"""A ledger in a PostgreSQL database as its users meet it: the provider's text kept byte for
+byte (on both stores), the command line and the magics on a ``postgresql://`` URL, and the
+URL's password never shown, whether the database answers or not."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from batchjson import CallableProvider, RunSpec, Session
+from batchjson._errors import LedgerError
+from batchjson._ledger import Ledger
+from tests.helpers import LABEL_SCHEMA, items_reply, ledger_rows, review_tasks
+
+PASSWORD = "s3cret-Pw0rd"  # the test server trusts every local connection: any password works
+NOTE_SCHEMA = {
+    "type": "object",
+    "properties": {"verdict": {"type": "string", "enum": ["match", "no_match"]},
+                   "note": {"type": "string"}},
+    "required": ["verdict", "note"],
+}
+TASKS = [{"task_id": "t1", "prompt": "Does it match?"}]
+# What a model may send that a jsonb or text column would not keep as sent: keys in its own
+# order, its own spacing and escapes, a NUL (escaped inside a string, bare outside one), NaN,
+# text beyond ASCII.
+REJECTED = '{"items": [{"verdict": NaN, "task_id": "t1", "note": "\x00"}]}\x00'
+ACCEPTED = ('{ "items" :[\n\t{"note":"na\\u00efve\\u0000 \u2713 \u65e5\u672c \\ud83d\\ude00",'
+            ' "verdict" : "match","task_id":"t1"} ]  }')
+
+
+def with_password(url: str) -> str:
+    return url.replace("postgres@", f"postgres:{PASSWORD}@", 1)
+
+
+def masked(url: str) -> str:
+    """The URL as batchjson shows it: who logs in, and with what, left out."""
+    return url.replace(f"postgres:{PASSWORD}@", "<redacted>@", 1)
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def bj(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "batchjson", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_providers_text_is_kept_byte_for_byte_accepted_or_not(ledger_at):
+    target = ledger_at()
+    session = Session(CallableProvider(
+        lambda call: REJECTED if call.kind == "initial" else ACCEPTED), ledger=target,
+        repairs=1, replays=0)
+    result = session.run_batch("raw", TASKS, NOTE_SCHEMA)
+    session.close()
+    assert result.values["t1"]["note"] == "na\u00efve\x00 \u2713 \u65e5\u672c \U0001f600"
+    stored = ledger_rows(target, "SELECT raw, status FROM attempts ORDER BY id")
+    assert stored == [(REJECTED, "rejected"), (ACCEPTED, "accepted")]
+    held = Ledger(target)
+    try:
+        assert [r["raw"] for r in held.export_receipts("raw")] == [REJECTED, ACCEPTED]
+    finally:
+        held.close()
+
+
+def test_the_command_line_reads_and_budgets_a_database_ledger_and_never_prints_its_password(
+        postgres: Any, tmp_path: Path) -> None:
+    url = with_password(postgres.database("cli_ledger"))
+    session = Session(CallableProvider(lambda call: ACCEPTED), ledger=url)
+    session.run_batch("raw", TASKS, NOTE_SCHEMA)
+    session.close()
+    runs = {
+        "status": bj("status", "--ledger", url, cwd=tmp_path),
+        "set": bj("budget", "--cost", "50", "--ledger", url, cwd=tmp_path),
+        "show": bj("budget", "--json", "--ledger", url, cwd=tmp_path),
+        "values": bj("values", "raw", "--ledger", url, cwd=tmp_path),
+    }
+    for name, done in runs.items():
+        assert done.returncode == 0, (name, done.stderr)
+        assert PASSWORD not in done.stdout + done.stderr, name
+    assert runs["status"].stdout.splitlines()[0] == f"ledger {masked(url)}"
+    assert runs["set"].stdout.startswith("ledger cost budget $50.00: $0 spent")
+    shown = json.loads(runs["show"].stdout)
+    assert shown["ledger"] == masked(url)
+    assert shown["budget"]["cost"] == 50 and shown["budget"]["reserved"] == 0
+    assert json.loads(runs["values"].stdout.splitlines()[0])["task_id"] == "t1"
+    assert Ledger(url).budget()["cost"] == 50  # every runner on the database now holds it
+
+
+def test_a_database_that_does_not_answer_is_named_without_its_password_before_any_call(
+        tmp_path: Path) -> None:
+    url = f"postgresql://batch:{PASSWORD}@127.0.0.1:{closed_port()}/ledger"
+    done = bj("status", "--ledger", url, cwd=tmp_path)
+    assert done.returncode == 3 and PASSWORD not in done.stdout + done.stderr
+    assert "could not connect (is the server running, and the URL right?)" in done.stderr
+    sent = []
+    with pytest.raises(LedgerError) as raised:
+        Session(CallableProvider(lambda call: sent.append(call) or ACCEPTED),
+                ledger=url).run_batch("raw", TASKS, NOTE_SCHEMA)
+    assert PASSWORD not in str(raised.value) and "127.0.0.1" in str(raised.value)
+    assert sent == []
+
+
+def test_config_ledger_to_a_database_opens_a_session_there_and_shows_it_masked(
+        ip: Any, postgres: Any, caplog: Any) -> None:
+    url = with_password(postgres.database("magic_ledger"))
+    ip.run_cell("%load_ext batchjson")
+    ip.run_cell("from batchjson import CallableProvider\n"
+                f"model = CallableProvider(lambda call: {ACCEPTED!r})")
+    ip.run_cell("%config BatchJson.provider = model")
+    assert ip.run_cell(f"%config BatchJson.ledger = {url!r}").success
+    session = ip.user_ns["batch_session"]
+    assert session.ledger.store.url == url
+    result = ip.run_cell(f"run_batch('raw', {TASKS!r}, {NOTE_SCHEMA!r})")
+    assert result.success and Ledger(url).spend()["calls"] == 1
+    status = ip.run_cell("%batch_status").result
+    assert PASSWORD not in repr(status) + str(status._repr_html_())
+    assert masked(url) in repr(status)
+    unreachable = f"postgresql://batch:{PASSWORD}@127.0.0.1:{closed_port()}/ledger"
+    caplog.clear()
+    assert ip.run_cell(f"%config BatchJson.ledger = {unreachable!r}").success
+    refusal = " ".join(r.getMessage() for r in caplog.records)
+    assert "was not applied: LedgerError" in refusal and PASSWORD not in refusal
+    assert ip.user_ns["batch_session"] is session  # the working session stays
+
+
+def test_a_server_that_dies_mid_run_stops_it_and_a_rerun_after_its_restart_pays_nothing_twice(
+        ) -> None:
+    from tests.postgres_server import start_postgres
+
+    server = start_postgres()  # its own: this test stops it
+    try:
+        url = with_password(server.database("crash"))
+        tasks = review_tasks(12)
+        sent: list[str] = []
+        after_crash: list[str] = []
+
+        async def model(call: Any) -> str:
+            (after_crash if server.port < 0 else sent).append(call.tasks[0]["task_id"])
+            if len(sent) == 6 and server.port > 0:
+                server.crash()
+                server.port = -server.port  # calls started from here on are counted apart
+            await asyncio.sleep(0.01)
+            return items_reply(call)
+
+        session = Session(CallableProvider(model, source="m"), ledger=url, concurrency=3)
+        with pytest.raises(LedgerError) as raised:
+            session.run(RunSpec("r", tasks, LABEL_SCHEMA, pack=1))
+        assert after_crash == []  # no call opened once the ledger could not be written
+        assert str(raised.value).startswith(f"ledger ({masked(url)}): a write failed; the run "
+                                            "stopped before any further call")
+        server.port = -server.port
+        server.restart()
+        kept = {key for key, in ledger_rows(url, "SELECT request_key FROM attempts "
+                                                 "WHERE status = 'accepted'")}
+        rerun: list[str] = []
+        again = Session(CallableProvider(lambda call: rerun.append(call.tasks[0]["task_id"])
+                                         or items_reply(call), source="m"), ledger=url)
+        result = again.run(RunSpec("r", tasks, LABEL_SCHEMA, pack=1))
+        assert result.status == "resolved" and len(result.values) == 12
+        assert len(rerun) == 12 - len(kept)  # what committed before the crash is never re-paid
+        per_key = ledger_rows(url, "SELECT request_key, COUNT(*) FROM attempts WHERE status = "
+                              "'accepted' GROUP BY request_key")
+        assert len(per_key) == 12 and {n for _, n in per_key} == {1}
+        again.close()
+    finally:
+        server.stop()
