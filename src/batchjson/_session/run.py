@@ -13,12 +13,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .._acceptance.replies import GuardedProvider, provider_names
 from .._acceptance.validators import droste_verdicts
 from .._content.keys import Keys, answer_source
 from .._content.tasks import Request
 from .._errors import BatchUnresolved
 from .._ledger.rejudge import UNSEEN, clear_sourceless, rejudge, unseen_token
+from .._providers.reply import GuardedProvider, provider_names
 from .._replay.budget import Spender, pricing_of, usd
 from .._replay.calls import cheapest_call
 from .._replay.plan import Outcome, Plan
@@ -54,6 +54,7 @@ class Run:
     sourceless_of: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     superseded: str | None = None  # the revision this run's content replaced, said
+    provider_notes: list[str] = field(default_factory=list)  # calls not sent as asked, why
 
 
 def run_spec(session: Session, spec: RunSpec) -> BatchResult:
@@ -145,9 +146,9 @@ def plan_calls(session: Session, state: Run) -> tuple[Plan, Spender]:
                 instructions=spec.instructions, keys=state.keys,
                 repairs=session.repairs if spec.repairs is None else spec.repairs,
                 replays=session.replays if spec.replays is None else spec.replays,
-                split=spec.split, source=state.source)
-    check_fit(state.provider, session.ledger, spec.name, content.schema, state.pending,
-              content.identity, spec.mode)
+                split=spec.split, source=state.source, reask_refusals=spec.reask_refusals)
+    state.provider_notes = check_fit(state.provider, session.ledger, spec.name, content.schema,
+                                     state.pending, content.identity, spec.mode)
     spender = Spender(spec.max_calls, session.budget, session.tally, pricing_of(state.provider),
                       shared=session.ledger.store.shared_budget())
     if spec.refuse_short_budget:
@@ -242,6 +243,7 @@ def report(session: Session, state: Run, revision: Any, outcome: Outcome) -> Bat
             content.tasks, content.identity) if f not in content.identity)
     name, model = provider_names(state.provider)
     result.provider = f"{name}/{model}" if model else name
+    result.notes += state.provider_notes  # how this run's calls were sent, when not as asked
     result.notes.extend(state.notes)
     if state.superseded is not None:
         result.superseded = state.superseded

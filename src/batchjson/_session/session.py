@@ -126,6 +126,7 @@ class Session:
         max_calls: int | None = None,
         on_exhausted: OnExhausted = "raise",
         progress: bool = False,
+        reask_refusals: bool = False,
     ) -> BatchResult:
         """Resolve every task of batch ``name`` or say exactly what is still owed.
 
@@ -134,13 +135,14 @@ class Session:
         ``validator(item, task)`` (a dict, or a model instance for a pydantic schema; sync or
         ``async def``) raises ValueError or returns False to reject an item. ``identity=None``
         compares ``task_id`` and every other task field an item echoes; an explicit list
-        compares exactly those fields.
+        compares exactly those fields. A return the model refused is not asked again (its
+        request ends unresolved, reason ``refused``) unless ``reask_refusals=True``.
         """
         return self.run(RunSpec(
             name=name, tasks=tasks, schema=schema, validator=validator,
             identity=identity, pack=pack, instructions=instructions, repairs=repairs,
             replays=replays, split=split, max_calls=max_calls, on_exhausted=on_exhausted,
-            progress=progress))
+            progress=progress, reask_refusals=reask_refusals))
 
     def llm_batch_json(self, prompts: Sequence[str], schema: Any,
                        contexts: Sequence[str] | None = None, max_repair_attempts: int = 1,

@@ -44,6 +44,8 @@ class RunSpec:
     - ``refuse_short_budget``: refuse before spending when the budget cannot cover one call per
       pending request (droste's helper instead spends what it has and reports the rest).
     - ``None`` for ``repairs``/``replays`` takes the session's setting.
+    - ``reask_refusals``: a return the model refused is asked again (as a replay, within
+      ``replays``); by default a refusal ends its request unresolved with reason ``refused``.
 
     A bad option is an :class:`~batchjson.InvalidBatch` when the spec is made.
     """
@@ -59,6 +61,7 @@ class RunSpec:
     repairs: int | None = None
     replays: int | None = None
     split: bool = False
+    reask_refusals: bool = False
     max_calls: int | None = None
     on_exhausted: OnExhausted = "raise"
     progress: bool | Callable[[int, str], Any] = False  # or a face's bar: progress(total, name)
@@ -82,7 +85,7 @@ class RunSpec:
                              ("max_calls", self.max_calls)):
             if count is not None:
                 whole(label, count, 0)
-        for label, flag in (("split", self.split),
+        for label, flag in (("split", self.split), ("reask_refusals", self.reask_refusals),
                             ("refuse_short_budget", self.refuse_short_budget)):
             if not isinstance(flag, bool):
                 raise InvalidBatch(f"{label} must be True or False, got {flag!r}")
