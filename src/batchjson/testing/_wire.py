@@ -7,6 +7,7 @@ messages are the providers' own (see tests/fixtures/recorded/ for recorded ones)
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -146,6 +147,18 @@ def rate_limited(protocol: str, bucket: str, model: str, limits: Limits, now: fl
     headers = {**limits.openai_headers(now, exhausted=bucket, wait=wait), **retry}
     return error_response(protocol, 429, message, "rate_limit_exceeded", kind=bucket,
                           headers=headers)
+
+
+def enforced_429(protocol: str, bucket: str, model: str, limits: Limits, now: float,
+                 wait: float | None, requested: int, request_id: str) -> web.Response:
+    """The 429 of an enforced limit: what was used of the exhausted bucket, and the wait as
+    each provider says it (Anthropic's ``retry-after`` in whole seconds; OpenAI only in its
+    reset headers and message)."""
+    held = limits.tokens if bucket == "tokens" else limits.requests
+    retry = ({"retry-after": str(math.ceil(wait))}
+             if protocol == "anthropic" and wait is not None else {})
+    return rate_limited(protocol, bucket, model, limits, now, wait,
+                        held.limit - held.remaining(now), requested, request_id, retry)
 
 
 async def read_body(request: web.Request) -> dict[str, Any] | None:

@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import math
 import signal
 import threading
 import time
@@ -37,10 +36,10 @@ from ._ratelimits import Limits, counted_tokens
 from ._requests import Ask, anthropic_ask, openai_ask
 from ._wire import (
     JSON_HEADERS,
+    enforced_429,
     error_response,
     fault_response,
     identity_fields,
-    rate_limited,
     read_body,
     unauthorized,
 )
@@ -327,14 +326,10 @@ class LoopbackServer:
         if refused is None:
             self.admitted_tokens += tokens
             return None
-        self.limited[refused[0]] += 1
         bucket, wait = refused
-        retry = ({"retry-after": str(math.ceil(wait))}
-                 if protocol == "anthropic" and wait is not None else {})
-        held = self.limits.tokens if bucket == "tokens" else self.limits.requests
-        used = held.limit - held.remaining(now)
-        return rate_limited(protocol, bucket, str(data.get("model")), self.limits, now, wait,
-                            used, tokens if bucket == "tokens" else 1, rid, retry)
+        self.limited[bucket] += 1
+        return enforced_429(protocol, bucket, str(data.get("model")), self.limits, now, wait,
+                            tokens if bucket == "tokens" else 1, rid)
 
     async def _answer(self, protocol: str, ask: Ask, rid: str) -> tuple[str, Any] | web.Response:
         """Rebuild the Call the client made, then let the simulated model render its answer."""
