@@ -20,6 +20,10 @@ from .masking import looks_like_key, masked
 # relying on costs for billing; override with set_prices() or a provider's prices= argument.
 PRICES_AS_OF = "2026-11-30"
 
+# What a provider batch job (OpenAI Batch, Anthropic Message Batches) bills of the live price,
+# for input, output and cache tokens alike, as both providers publish it.
+BATCH_PRICE_FACTOR = 0.5
+
 
 @dataclass(frozen=True)
 class Price:

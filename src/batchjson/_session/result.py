@@ -35,6 +35,8 @@ class BatchResult:
     # under the default identity, other task fields an item is held to only if it echoes them
     compared_if_echoed: tuple[str, ...] = ()
     provider: str | None = None  # provider name / model the run asked
+    # batch transport: every job still holding a request of this batch (status "pending")
+    jobs: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def resolved(self) -> bool:
@@ -60,6 +62,7 @@ class BatchResult:
             "resumed": self.resumed, "rechecked": self.rechecked,
             "identity_compared": list(self.identity_compared),
             "compared_if_echoed": list(self.compared_if_echoed), "provider": self.provider,
+            "jobs": [{k: v for k, v in job.items() if k != "keys"} for job in self.jobs],
         }
 
     def __post_init__(self) -> None:

@@ -32,11 +32,12 @@ from .._ledger.rejudge import UNSEEN, clear_sourceless, rejudge, unseen_token
 from .._ledger.store import Store
 from .._providers.base import answer_source, close_provider
 from .._providers.select import make_provider, provider_label
-from .._replay.budget import Budget, Spender, Tally, pricing_of, usd
+from .._replay.budget import Budget, Spender, Tally, usd
 from .._replay.calls import cheapest_call
+from .._replay.jobs import JobRunner, JobsOutcome
 from .._replay.plan import Outcome, Plan, Transport
 from .._replay.replay import Replayer
-from . import preflight, structured
+from . import batches, preflight, structured
 from .fit import check_fit
 from .loop import BackgroundLoop
 from .registry import ValidatorRegistry, ValidatorVersion
@@ -89,6 +90,8 @@ class Session:
         self._loop = BackgroundLoop(f"batchjson-{self.id}")
         self._used: list[Any] = []  # providers that ran on the loop, closed with it
         self._finalizer = weakref.finalize(self, _shutdown, self._loop, self._used)
+        self.job_poll = 1.0  # seconds between looks at a batch job while a run waits on it
+        self._job_reservations: dict[int, float] = {}  # batch lines' worst cases, by receipt
 
     @property
     def spent_calls(self) -> int:
@@ -142,6 +145,8 @@ class Session:
         max_calls: int | None = None,
         on_exhausted: str = "raise",
         progress: bool = False,
+        transport: str = "live",
+        wait: bool = False,
     ) -> BatchResult:
         """Resolve every task of batch ``name`` or say exactly what is still owed.
 
@@ -150,13 +155,15 @@ class Session:
         ``validator(item, task)`` (a dict, or a model instance for a pydantic schema; sync or
         ``async def``) raises ValueError or returns False to reject an item. ``identity=None``
         compares ``task_id`` and every other task field an item echoes; an explicit list
-        compares exactly those fields.
+        compares exactly those fields. ``transport="batch"`` sends the pending requests as
+        provider batch jobs at batch prices and returns ``status == "pending"`` with ``jobs``
+        (``wait=True``: blocks until they end); re-running collects.
         """
         return self.run(RunSpec(
             name=name, tasks=tasks, schema=schema, validator=validator,
             identity=identity, pack=pack, instructions=instructions, repairs=repairs,
             replays=replays, split=split, max_calls=max_calls, on_exhausted=on_exhausted,
-            progress=progress))
+            progress=progress, transport=transport, wait=wait))
 
     def llm_batch_json(self, prompts: Sequence[str], schema: Any,
                        contexts: Sequence[str] | None = None, max_repair_attempts: int = 1,
@@ -240,9 +247,11 @@ class Session:
                     instructions=instructions, content=key_content, repairs=repairs,
                     replays=replays, split=bool(spec.split), source=source)
         check_fit(provider, self.ledger, name, item_schema, pending, ident, mode)
-        spender = Spender(max_calls, self.budget, self.tally, pricing_of(provider),
+        client = (batches.client_for(provider, store, self._loop.run)
+                  if spec.transport == "batch" else None)  # refused before anything is recorded
+        spender = Spender(max_calls, self.budget, self.tally, batches.pricing(provider, client),
                           shared=store.shared_budget())
-        if spec.refuse_short_budget:
+        if spec.refuse_short_budget and client is None:
             spender.refuse_if_short(len(pending), cheapest_call(plan, provider, spender.pricing,
                                                                 pending))
 
@@ -263,12 +272,16 @@ class Session:
         if rechecked:
             store.commit_rechecks(revision.batch_id, revision.id, rechecked, source)
         plan.batch_id, plan.revision_id = revision.batch_id, revision.id
-        outcome = Outcome()
+        outcome, ran = Outcome(), None
         if pending and broken:  # retrying cannot help: the validator fails on stored returns
             outcome.stopped = (f"the validator failed while re-judging a stored return, so no "
                                f"call was sent ({broken[0]['message'][:300]}); fix the validator "
                                "and re-run")
             outcome.errors[broken[0]["task_id"]] = [broken[0]]
+        elif pending and client is not None:
+            ran = self._jobs(plan, provider, client, spender, pending, spec, name,
+                             len(task_list))
+            outcome = ran.outcome
         elif pending:
             outcome = self._replay(plan, GuardedProvider(provider), spender, pending,
                                    spec.progress, name, len(task_list))
@@ -300,7 +313,9 @@ class Session:
         if rechecked:
             result.notes.append(f"{len(rechecked)} request(s) resolved by re-judging earlier "
                                 "returns under the new rules (no calls)")
-        if result.status != "resolved" and spec.on_exhausted == "raise":
+        if ran is not None:
+            batches.report(result, ran)
+        if result.status not in ("resolved", "pending") and spec.on_exhausted == "raise":
             raise BatchUnresolved(result)
         return result
 
@@ -313,8 +328,20 @@ class Session:
         options.setdefault("replays", self.replays)
         return advise(self.ledger, name, **options)
 
+    def _jobs(self, plan: Plan, provider: Any, client: Any, spender: Spender,
+              pending: list[Request], spec: RunSpec, name: str, total: int) -> JobsOutcome:
+        """Submit, poll and collect the run's batch jobs (one pass, or until they end)."""
+        def drive(on_progress: Any) -> Any:
+            runner = JobRunner(plan, self.ledger, provider, client, spender,
+                               self._job_reservations, session_id=self.id, poll=self.job_poll,
+                               on_progress=on_progress)
+            return runner.run(pending, wait=spec.wait)
+
+        return self._replay(plan, provider, spender, pending, spec.progress and spec.wait,
+                            name, total, drive)
+
     def _replay(self, plan: Plan, provider: Any, spender: Spender, pending: list,
-                progress: Any, name: str, total: int) -> Outcome:
+                progress: Any, name: str, total: int, drive: Any = None) -> Any:
         """Run the pending requests; a progress bar counts every task of the batch, those
         resumed from the ledger already done (2000/2000 at the end, as tqdm users expect)."""
         bar = None
@@ -331,7 +358,9 @@ class Session:
         if not any(p is inner for p in self._used):
             self._used.append(inner)
 
-        async def go() -> Outcome:
+        async def go() -> Any:
+            if drive is not None:  # the batch transport
+                return await drive(bar.update if bar else None)
             replayer = Replayer(plan, self.ledger, provider, spender, self.transport,
                                 self.concurrency, on_progress=bar.update if bar else None,
                                 session_id=self.id)

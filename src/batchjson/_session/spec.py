@@ -26,6 +26,7 @@ from . import preflight
 MODES = ("items", "value")
 VALIDATOR_ARGS = ("task", "index", "droste")
 ON_EXHAUSTED = ("raise", "return")
+TRANSPORTS = ("live", "batch")
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,9 @@ class RunSpec:
     - ``refuse_short_budget``: refuse before spending when the budget cannot cover one call per
       pending request (droste's helper instead spends what it has and reports the rest).
     - ``None`` for ``repairs``/``replays`` takes the session's setting.
+    - ``transport="batch"`` sends the pending requests as provider batch jobs (half price,
+      results within 24 hours): the run returns ``status == "pending"`` with ``jobs`` unless
+      ``wait=True``, and a re-run collects (docs/providers.md).
 
     A bad option is an :class:`~batchjson.InvalidBatch` when the spec is made.
     """
@@ -62,6 +66,8 @@ class RunSpec:
     mode: str = "items"
     validator_args: str = "task"
     refuse_short_budget: bool = True
+    transport: str = "live"
+    wait: bool = False
 
     def __post_init__(self) -> None:
         """The options, each checked alone: cheap, and before any face does anything with them."""
@@ -70,7 +76,8 @@ class RunSpec:
                    free=True)
         for label, value, allowed in (("on_exhausted", self.on_exhausted, ON_EXHAUSTED),
                                       ("mode", self.mode, MODES),
-                                      ("validator_args", self.validator_args, VALIDATOR_ARGS)):
+                                      ("validator_args", self.validator_args, VALIDATOR_ARGS),
+                                      ("transport", self.transport, TRANSPORTS)):
             if not isinstance(value, str) or value not in allowed:
                 raise InvalidBatch(f"{label} must be {' or '.join(map(repr, allowed))}, got "
                                    f"{value!r}")
@@ -79,7 +86,7 @@ class RunSpec:
                              ("max_calls", self.max_calls)):
             if count is not None:
                 whole(label, count, 0)
-        for label, flag in (("split", self.split),
+        for label, flag in (("split", self.split), ("wait", self.wait),
                             ("refuse_short_budget", self.refuse_short_budget)):
             if not isinstance(flag, bool):
                 raise InvalidBatch(f"{label} must be True or False, got {flag!r}")

@@ -1,0 +1,64 @@
+"""What the session adds for the batch transport: which providers have a batch API (refused
+before anything is recorded when there is none), batch prices for the budget, and what a run's
+result says of its jobs (``status == "pending"`` while one holds a request)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .._errors import ConfigError
+from .._ledger.store import Store
+from .._providers.openai import OpenAIProvider
+from .._providers.openai_batch import OpenAIBatches
+from .._providers.pricing import BATCH_PRICE_FACTOR
+from .._replay.budget import Pricing, batch_pricing, pricing_of
+from .._replay.jobs import JobsOutcome
+from .result import BatchResult
+
+
+def client_for(provider: Any, store: Store, run: Callable[[Any], Any]) -> Any:
+    """The batch API of ``provider``, checked to exist (one look at its endpoint), or a
+    ConfigError naming why the batch transport does not apply; nothing is recorded."""
+    if isinstance(provider, OpenAIProvider):
+        client: Any = OpenAIBatches(provider)
+    else:
+        raise ConfigError(
+            f"transport='batch' needs a provider with a batch API (OpenAIProvider or "
+            f"AnthropicProvider); {getattr(provider, 'name', type(provider).__name__)!r} has "
+            "none. Use transport='live', or an OpenAI or Anthropic provider")
+    if store.shared_budget() is not None:
+        raise ConfigError("transport='batch' does not reserve on a ledger's own cost budget "
+                          "yet; use transport='live' on this ledger, or remove its budget "
+                          "(batchjson budget --clear)")
+    run(client.check)
+    return client
+
+
+def pricing(provider: Any, client: Any) -> Pricing:
+    """The prices a cost budget reserves by: the provider's, halved for a batch job."""
+    live = pricing_of(provider)
+    return live if client is None else batch_pricing(live, BATCH_PRICE_FACTOR)
+
+
+def report(result: BatchResult, ran: JobsOutcome) -> None:
+    """The jobs of a run on its result: pending while any still holds one of its requests."""
+    result.jobs = ran.jobs
+    result.notes.extend(ran.notes)
+    if ran.submitted:
+        result.notes.append(f"{ran.submitted} request(s) submitted as a batch job at batch "
+                            "prices")
+    holding = [job for job in ran.jobs if job["status"] in ("recording", "open", "uncertain")]
+    if holding and not result.resolved:
+        result.status = "pending"
+        ids = ", ".join(f"{job['id']} ({job['provider_job_id'] or job['status']})"
+                        for job in holding)
+        result.notes.append(f"pending in batch job(s) {ids}: re-run the same cell or call to "
+                            "collect what has ended, or pass wait=True to block until they end")
+    for job in holding:
+        if job["status"] == "uncertain":
+            why = job["why"] or "its provider id was never recorded"
+            result.notes.append(
+                f"job {job['id']} is uncertain: {why}; its requests are not resubmitted on "
+                "their own. Check the provider's console, "
+                f"then `batchjson cancel {job['id']}` to release them")

@@ -1,0 +1,215 @@
+"""OpenAI's Files and Batches endpoints on the loopback server, answered by its simulated model.
+
+A batch runs on the server's loop: ``validating``, then ``in_progress`` for ``delay`` seconds
+(by default a job ends within about a second), then each line is answered as a chat completion
+would be and the batch ends ``completed`` with an output and an error file. Faults are given
+per batch, in the order batches are created: ``whole`` (``"fail_validation"``,
+``"token_limit"``, ``"expire"``, ``"all_failed"``) and ``lines`` (line index -> ``"errored"``,
+``"expired"``, ``"http_400"``, ``"duplicate"``, ``"unknown"``), and ``shuffle`` reverses the
+output order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from ._bodies import openai_completion, request_id, shape
+from ._requests import openai_ask
+from ._wire import error_response
+
+if TYPE_CHECKING:
+    from .server import LoopbackServer
+
+WHOLE_FAULTS = ("fail_validation", "token_limit", "expire", "all_failed")
+LINE_FAULTS = ("errored", "expired", "http_400", "duplicate", "unknown")
+
+
+@dataclass
+class BatchFaults:
+    """Faults of one batch (the n-th created takes the n-th ``BatchFaults`` of the desk)."""
+
+    whole: str | None = None
+    lines: dict[int, str] = field(default_factory=dict)
+    shuffle: bool = False
+
+
+class BatchDesk:
+    """Files and batches kept in memory for the server's life."""
+
+    def __init__(self, server: LoopbackServer, delay: float = 0.3) -> None:
+        self.server = server
+        self.delay = delay
+        self.faults: list[BatchFaults] = []
+        self.files: dict[str, dict[str, Any]] = {}
+        self.contents: dict[str, bytes] = {}
+        self.batches: dict[str, dict[str, Any]] = {}
+        self.created = 0  # batches created (so a test can say nothing was submitted)
+        self.lines_answered: Counter[str] = Counter()  # custom_id -> times answered
+        self._tasks: set[asyncio.Task] = set()
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/files", self._upload)
+        app.router.add_get("/v1/files/{id}/content", self._content)
+        app.router.add_get("/v1/files/{id}", self._file)
+        app.router.add_post("/v1/batches", self._create)
+        app.router.add_get("/v1/batches", self._list)
+        app.router.add_get("/v1/batches/{id}", self._get)
+        app.router.add_post("/v1/batches/{id}/cancel", self._cancel)
+
+    def _keep(self, data: bytes, purpose: str, filename: str) -> dict[str, Any]:
+        file_id = "file-" + uuid.uuid4().hex[:24]
+        self.files[file_id] = {"id": file_id, "object": "file", "bytes": len(data),
+                               "created_at": int(time.time()), "filename": filename,
+                               "purpose": purpose, "status": "processed"}
+        self.contents[file_id] = data
+        return self.files[file_id]
+
+    async def _upload(self, request: web.Request) -> web.Response:
+        form = await request.post()
+        upload, purpose = form.get("file"), form.get("purpose")
+        if purpose != "batch" or not hasattr(upload, "file"):
+            return error_response("openai", 400, "expected purpose=batch and a file")
+        data = upload.file.read()
+        return web.json_response(self._keep(data, "batch", upload.filename or "input.jsonl"))
+
+    async def _content(self, request: web.Request) -> web.StreamResponse:
+        data = self.contents.get(request.match_info["id"])
+        if data is None:
+            return error_response("openai", 404, "No such File object")
+        return web.Response(body=data, content_type="application/octet-stream")
+
+    async def _file(self, request: web.Request) -> web.Response:
+        meta = self.files.get(request.match_info["id"])
+        if meta is None:
+            return error_response("openai", 404, "No such File object")
+        return web.json_response(meta)
+
+    async def _create(self, request: web.Request) -> web.Response:
+        data = await request.json()
+        file_id = data.get("input_file_id")
+        if file_id not in self.contents or data.get("completion_window") != "24h":
+            return error_response("openai", 400, "input_file_id must name an uploaded file and "
+                                  "completion_window must be 24h")
+        faults = self.faults[self.created] if self.created < len(self.faults) else BatchFaults()
+        self.created += 1
+        now = int(time.time())
+        batch = {"id": "batch_" + uuid.uuid4().hex[:24], "object": "batch",
+                 "endpoint": data.get("endpoint"), "errors": None, "input_file_id": file_id,
+                 "completion_window": "24h", "status": "validating", "output_file_id": None,
+                 "error_file_id": None, "created_at": now, "in_progress_at": None,
+                 "expires_at": now + 86400, "finalizing_at": None, "completed_at": None,
+                 "failed_at": None, "expired_at": None, "cancelling_at": None,
+                 "cancelled_at": None, "request_counts": {"total": 0, "completed": 0,
+                                                          "failed": 0},
+                 "metadata": data.get("metadata")}
+        self.batches[batch["id"]] = batch
+        task = asyncio.ensure_future(self._run(batch, faults))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return web.json_response(batch)
+
+    async def _list(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": list(self.batches.values()),
+                                  "has_more": False})
+
+    async def _get(self, request: web.Request) -> web.Response:
+        batch = self.batches.get(request.match_info["id"])
+        if batch is None:
+            return error_response("openai", 404, "No such Batch object")
+        return web.json_response(batch)
+
+    async def _cancel(self, request: web.Request) -> web.Response:
+        batch = self.batches.get(request.match_info["id"])
+        if batch is None:
+            return error_response("openai", 404, "No such Batch object")
+        if batch["status"] in ("validating", "in_progress", "finalizing"):
+            batch["status"], batch["cancelling_at"] = "cancelling", int(time.time())
+        return web.json_response(batch)
+
+    # -- running a batch -----------------------------------------------------------------------
+    async def _run(self, batch: dict[str, Any], faults: BatchFaults) -> None:
+        lines = [json.loads(t) for t in self.contents[batch["input_file_id"]].splitlines()
+                 if t.strip()]
+        batch["request_counts"]["total"] = len(lines)
+        await asyncio.sleep(self.delay / 3)
+        if faults.whole in ("fail_validation", "token_limit"):
+            code = ("token_limit_exceeded" if faults.whole == "token_limit"
+                    else "invalid_request")
+            batch.update(status="failed", failed_at=int(time.time()), errors={
+                "object": "list", "data": [{"code": code, "message": f"loopback: {code}",
+                                            "param": None, "line": None}]})
+            return
+        batch.update(status="in_progress", in_progress_at=int(time.time()))
+        await asyncio.sleep(self.delay * 2 / 3)
+        if batch["status"] == "cancelling":
+            return self._finish(batch, [], [self._lost(line, "batch_cancelled") for line in lines],
+                                "cancelled")
+        output, errors = [], []
+        for index, line in enumerate(lines):
+            fault = "expired" if faults.whole == "expire" else faults.lines.get(index)
+            if faults.whole == "all_failed":
+                fault = "errored"
+            if fault == "expired":
+                errors.append(self._lost(line, "batch_expired"))
+                continue
+            out = await self._answer(line, fault)
+            (errors if fault in ("errored", "http_400") else output).append(out)
+            if fault == "duplicate":
+                output.append(dict(out, id="batch_req_" + uuid.uuid4().hex[:24]))
+            if fault == "unknown":
+                output.append(dict(out, custom_id="bj_" + "0" * 48))
+        if faults.shuffle:
+            output.reverse()
+        status = "expired" if faults.whole == "expire" else "completed"
+        self._finish(batch, output, errors, status)
+
+    def _finish(self, batch: dict[str, Any], output: list, errors: list, status: str) -> None:
+        batch["request_counts"].update(completed=len(output), failed=len(errors))
+        batch.update(status="finalizing", finalizing_at=int(time.time()))
+        for name, rows in (("output_file_id", output), ("error_file_id", errors)):
+            if rows:
+                data = "".join(json.dumps(r) + "\n" for r in rows).encode()
+                batch[name] = self._keep(data, "batch_output", f"{name}.jsonl")["id"]
+        batch["status"] = status
+        batch[{"completed": "completed_at", "expired": "expired_at",
+               "cancelled": "cancelled_at"}[status]] = int(time.time())
+
+    @staticmethod
+    def _lost(line: dict[str, Any], code: str) -> dict[str, Any]:
+        return {"id": "batch_req_" + uuid.uuid4().hex[:24], "custom_id": line.get("custom_id"),
+                "response": None, "error": {"code": code, "message": f"loopback: {code}"}}
+
+    async def _answer(self, line: dict[str, Any], fault: str | None) -> dict[str, Any]:
+        """One line answered as the chat-completions endpoint answers its body."""
+        server = self.server
+        server.requests += 1
+        rid = request_id("openai", server.requests)
+        self.lines_answered[str(line.get("custom_id"))] += 1
+        out = {"id": "batch_req_" + uuid.uuid4().hex[:24], "custom_id": line.get("custom_id"),
+               "error": None}
+        if fault in ("errored", "http_400"):
+            status = 500 if fault == "errored" else 400
+            body = {"error": {"message": f"loopback: {fault} line", "type": "invalid_request"
+                              if status == 400 else "server_error", "param": None,
+                              "code": None}}
+            out["response"] = {"status_code": status, "request_id": rid, "body": body}
+            return out
+        ask = openai_ask(line.get("body") or {}, server.model.model)
+        outcome = await server._answer("openai", ask, rid)
+        if isinstance(outcome, web.Response):
+            body = json.loads(outcome.body)
+            out["response"] = {"status_code": outcome.status, "request_id": rid, "body": body}
+            return out
+        text, reply = outcome
+        answer = shape(ask, text, reply.output_tokens, None)
+        payload = openai_completion(ask, answer, reply.input_tokens, server.requests, None)
+        out["response"] = {"status_code": 200, "request_id": rid, "body": payload}
+        return out
