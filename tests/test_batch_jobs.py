@@ -1,0 +1,278 @@
+"""The batch transport against the loopback server's OpenAI Batch endpoints: recorded before
+upload, collected by custom_id only through the same acceptance, follow-up jobs within the
+run's repairs and replays, batch prices, pending results and resumption from another process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from typing import Any
+
+import pytest
+
+from batchjson import Budget, Session
+from batchjson._errors import ConfigError
+from batchjson._providers.pricing import cost_of
+from batchjson._providers.simulated import FaultPlan, SimulatedModel
+from batchjson.testing import BatchFaults, LoopbackServer
+from tests.helpers import ledger_rows, openai
+
+SCHEMA = {"type": "object", "properties": {"task_id": {"type": "string"},
+                                           "label": {"type": "string"}},
+          "required": ["task_id", "label"]}
+
+
+def tasks(n: int = 6) -> list[dict[str, Any]]:
+    return [{"task_id": f"t{i}", "case_id": f"{i:03d}", "prompt": f"Label review {i}."}
+            for i in range(n)]
+
+
+def session(srv: LoopbackServer, ledger: Any = None, **kw: Any) -> Session:
+    provider = openai(srv, extra_body=kw.pop("extra_body", None))
+    out = Session(provider, ledger=ledger, **kw)
+    out.job_poll = 0.05
+    return out
+
+
+@pytest.fixture
+def srv():
+    with LoopbackServer() as server:
+        server.batches.delay = 0.15
+        yield server
+
+
+def accepted_per_key(target: Any) -> dict[str, int]:
+    rows = ledger_rows(target, "SELECT request_key, COUNT(*) FROM attempts WHERE status = "
+                       "'accepted' GROUP BY request_key")
+    return dict(rows)
+
+
+def test_faults_and_lost_lines_resolve_through_follow_up_jobs_at_batch_prices(ledger_at):
+    """Identity swaps and broken JSON (first answers), an errored and an expired line: all
+    resolve in follow-up jobs; no accepted request is ever sent again; every receipt's cost is
+    half the live price."""
+    model = SimulatedModel(faults=FaultPlan(identity_swap=0.4, malformed_json=0.3,
+                                            clean_after=1), seed=3)
+    target = ledger_at()
+    with LoopbackServer(model) as srv:
+        srv.batches.delay = 0.15
+        srv.batches.faults = [BatchFaults(lines={1: "errored", 2: "expired"}, shuffle=True)]
+        s = session(srv, target)
+        result = s.run_batch("labels", tasks(), SCHEMA, transport="batch", wait=True)
+        s.close()
+        assert result.status == "resolved" and len(result.values) == 6
+        assert srv.batches.created >= 2  # the first job and at least one follow-up
+    assert result.rejected_returns >= 1 and result.provider_errors == 2
+    assert set(accepted_per_key(target).values()) == {1}
+    # nothing was sent for a request after its accepted receipt
+    after = ledger_rows(target, "SELECT COUNT(*) FROM attempts a WHERE EXISTS (SELECT 1 FROM "
+                        "attempts b WHERE b.request_key = a.request_key AND b.status = "
+                        "'accepted' AND b.id < a.id)")
+    assert after == [(0,)]
+    for inp, out, cost in ledger_rows(target, "SELECT input_tokens, output_tokens, cost FROM "
+                                      "attempts WHERE input_tokens IS NOT NULL"):
+        assert cost == pytest.approx(cost_of("gpt-4o-mini", inp, out) / 2)
+    kinds = {k for (k,) in ledger_rows(target, "SELECT DISTINCT kind FROM attempts")}
+    assert {"initial", "replay"} <= kinds
+
+
+def test_a_pending_result_names_its_job_and_a_rerun_collects_it_without_submitting(srv):
+    s = session(srv)
+    first = s.run_batch("labels", tasks(), SCHEMA, transport="batch")  # on_exhausted="raise"
+    assert first.status == "pending" and not first.values
+    [job] = first.jobs
+    assert job["status"] == "open" and job["provider_job_id"].startswith("batch_")
+    assert job["requests"] == 6
+    assert all(e["type"] == "pending" for e in first.errors)
+    assert any("re-run" in note for note in first.notes)
+    again = s.run_batch("labels", tasks(), SCHEMA, transport="batch")  # still running
+    assert again.status == "pending" and srv.batches.created == 1
+    time.sleep(0.4)
+    done = s.run_batch("labels", tasks(), SCHEMA, transport="batch")
+    assert done.status == "resolved" and len(done.values) == 6 and not done.jobs
+    assert srv.batches.created == 1
+
+
+def test_out_of_order_duplicated_unknown_and_4xx_lines_are_named_and_never_admitted(srv):
+    srv.batches.faults = [BatchFaults(lines={0: "duplicate", 1: "unknown", 2: "http_400"},
+                                      shuffle=True)]
+    s = session(srv)
+    result = s.run_batch("labels", tasks(4), SCHEMA, transport="batch", wait=True, repairs=0,
+                         replays=0, on_exhausted="return")
+    assert result.status == "unresolved"
+    assert set(result.values) == {"t1", "t3"}  # out of order, joined by custom_id
+    by_task = {e["task_id"]: e for e in result.errors}
+    assert "came back 2 times" in by_task["t0"]["message"]
+    assert "HTTP 400" in by_task["t2"]["message"]
+    assert any("custom_id it was never sent" in note and "bj_000" in note
+               for note in result.notes)
+
+
+def test_a_completed_job_whose_every_line_failed_admits_nothing(srv):
+    srv.batches.faults = [BatchFaults(whole="all_failed")]
+    s = session(srv)
+    result = s.run_batch("labels", tasks(3), SCHEMA, transport="batch", wait=True, repairs=0,
+                         replays=0, on_exhausted="return")
+    assert result.status == "unresolved" and not result.values
+    assert result.provider_errors == 3 and result.accepted_returns == 0
+    assert all(e["type"] == "provider_error" and "HTTP 500" in e["message"]
+               for e in result.errors)
+
+
+def test_a_job_failing_validation_or_token_limit_is_answered_with_smaller_jobs(srv):
+    srv.batches.faults = [BatchFaults(whole="token_limit")]
+    s = session(srv)
+    result = s.run_batch("labels", tasks(4), SCHEMA, transport="batch", wait=True)
+    assert result.resolved
+    assert srv.batches.created == 3  # the failed job of 4, then two of 2
+    assert any("token_limit_exceeded" in note for note in result.notes)
+
+
+def test_a_cost_budget_holds_across_a_job_and_its_follow_ups(srv):
+    budget = 0.0004  # batch prices: a few lines' worst cases, not all
+    s = session(srv, budget=Budget(cost=budget),
+                extra_body={"max_completion_tokens": 200})
+    srv.model.faults = FaultPlan(identity_swap=1.0, clean_after=1)
+    result = s.run_batch("labels", tasks(8), SCHEMA, transport="batch", wait=True,
+                         on_exhausted="return")
+    assert any("were not submitted" in note for note in result.notes)
+    assert 0 < s.spent_cost <= budget
+    assert s.tally.reserved == pytest.approx(0.0, abs=1e-12)
+    assert 0 < len(result.values) < 8
+
+
+def test_a_provider_without_batch_endpoints_is_refused_before_anything_is_recorded(tmp_path):
+    from aiohttp import web
+
+    app = web.Application()  # no Files or Batches endpoints: every path is a 404
+    with _Plain(app) as url:
+        s = Session(openai_at(url), ledger=tmp_path / "l.sqlite")
+        with pytest.raises(ConfigError, match="has no Batch API"):
+            s.run_batch("labels", tasks(2), SCHEMA, transport="batch")
+        assert s.ledger.store.jobs(every=True) == []
+        assert ledger_rows(tmp_path / "l.sqlite", "SELECT COUNT(*) FROM batches") == [(0,)]
+        s.close()
+
+
+def test_the_simulated_provider_has_no_batch_transport():
+    s = Session("simulated")
+    with pytest.raises(ConfigError, match="needs a provider with a batch API"):
+        s.run_batch("labels", tasks(2), SCHEMA, transport="batch")
+
+
+# -- killed processes --------------------------------------------------------------------------
+
+CHILD = textwrap.dedent("""
+    import os, signal, sys
+    from batchjson import Session
+    from batchjson._providers.openai import OpenAIProvider
+    from tests.test_batch_jobs import SCHEMA, tasks
+    url, target, where = sys.argv[1], sys.argv[2], sys.argv[3]
+    s = Session(OpenAIProvider("gpt-4o-mini", base_url=url, api_key="sk-test"), ledger=target)
+    if where == "before-record":
+        def die(*a, **k):
+            os.kill(os.getpid(), signal.SIGKILL)
+        s.ledger.store.job_submitted = die
+    result = s.run_batch("labels", tasks(), SCHEMA, transport="batch")
+    print(result.status, flush=True)
+    import time; time.sleep(60)
+""")
+
+
+def run_child(srv: LoopbackServer, target: Any, where: str) -> str:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, srv.base_url, str(target), where],
+                            env=env, stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    try:
+        if where == "after-submit":
+            return proc.stdout.readline().strip()
+        proc.wait(timeout=60)
+        return ""
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()
+
+
+def test_a_process_killed_after_submitting_is_resumed_by_polling_its_job(ledger_at):
+    target = ledger_at()
+    with LoopbackServer() as srv:
+        srv.batches.delay = 1.0
+        assert run_child(srv, target, "after-submit") == "pending"
+        assert srv.batches.created == 1
+        s = session(srv, target)
+        result = s.run_batch("labels", tasks(), SCHEMA, transport="batch", wait=True)
+        s.close()
+        assert result.resolved and len(result.values) == 6
+        assert srv.batches.created == 1  # the same job, polled: nothing submitted again
+    assert ledger_rows(target, "SELECT COUNT(*) FROM attempts") == [(6,)]
+
+
+def test_a_kill_between_create_and_record_leaves_an_uncertain_job_never_resubmitted(ledger_at):
+    target = ledger_at()
+    with LoopbackServer() as srv:
+        srv.batches.delay = 0.1
+        run_child(srv, target, "before-record")
+        assert srv.batches.created == 1
+        s = session(srv, target)
+        result = s.run_batch("labels", tasks(), SCHEMA, transport="batch", wait=True)
+        assert result.status == "pending"
+        [job] = result.jobs
+        assert job["status"] == "uncertain" and job["provider_job_id"] is None
+        assert any("uncertain" in note and "batchjson cancel" in note for note in result.notes)
+        again = s.run_batch("labels", tasks(), SCHEMA, transport="batch", wait=True)
+        assert again.status == "pending" and srv.batches.created == 1  # never resubmitted
+        s.close()
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+def openai_at(url: str) -> Any:
+    from batchjson._providers.openai import OpenAIProvider
+
+    return OpenAIProvider("gpt-4o-mini", base_url=url, api_key="sk-test")
+
+
+class _Plain:
+    """An aiohttp app on loopback in a thread: a server without the batch endpoints."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    def __enter__(self) -> str:
+        import asyncio
+        import threading
+
+        from aiohttp import web
+
+        ready = threading.Event()
+        self.loop = asyncio.new_event_loop()
+
+        async def start() -> None:
+            self.runner = web.AppRunner(self.app)
+            await self.runner.setup()
+            site = web.TCPSite(self.runner, "127.0.0.1", 0)
+            await site.start()
+            self.port = self.runner.addresses[0][1]
+            ready.set()
+
+        def serve() -> None:
+            self.loop.run_until_complete(start())
+            self.loop.run_forever()
+
+        self.thread = threading.Thread(target=serve, daemon=True)
+        self.thread.start()
+        ready.wait(10)
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def __exit__(self, *exc: Any) -> None:
+        import asyncio
+
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
