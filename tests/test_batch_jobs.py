@@ -4,6 +4,9 @@ run's repairs and replays, batch prices, pending results and resumption from ano
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import os
 import signal
 import subprocess
@@ -276,3 +279,68 @@ class _Plain:
         asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
+
+
+# -- jobs, cancel, forget ----------------------------------------------------------------------
+
+def test_jobs_lists_open_jobs_and_cancel_releases_an_uncertain_one(tmp_path):
+    from batchjson._cli.commands import main
+
+    target = tmp_path / "l.sqlite"
+    with LoopbackServer() as srv:
+        srv.batches.delay = 0.1
+        run_child(srv, target, "before-record")
+        out = io.StringIO()
+        assert main(["jobs", "--ledger", str(target)], out) == 0
+        assert "uncertain" in out.getvalue() and "batchjson cancel JOB" in out.getvalue()
+        out = io.StringIO()
+        assert main(["cancel", "1", "--ledger", str(target)], out) == 0
+        assert "released: its 6 request(s) are owed again" in out.getvalue()
+        out = io.StringIO()
+        assert main(["jobs", "--ledger", str(target)], out) == 0
+        assert out.getvalue().strip() == "no open batch jobs"
+        s = session(srv, target)
+        result = s.run_batch("labels", tasks(), SCHEMA, transport="batch", wait=True)
+        assert result.resolved and srv.batches.created == 2  # resubmitted only after cancel
+        s.close()
+    receipts = ledger_rows(target, "SELECT status, errors FROM attempts WHERE status = "
+                           "'cancelled'")
+    assert len(receipts) == 6 and all("may have run and been billed" in e for _, e in receipts)
+
+
+def test_cancel_stops_an_open_job_and_the_next_run_owes_what_it_did_not_answer(tmp_path):
+    from batchjson._cli.commands import main
+
+    target = tmp_path / "l.sqlite"
+    with LoopbackServer() as srv:
+        srv.batches.delay = 1.0
+        s = session(srv, target)
+        assert s.run_batch("labels", tasks(3), SCHEMA, transport="batch").status == "pending"
+        out = io.StringIO()
+        assert main(["jobs", "--ledger", str(target), "--json"], out) == 0
+        [job] = json.loads(out.getvalue())["jobs"]
+        assert job["requests"] == 3 and job["provider_job_id"].startswith("batch_")
+        out = io.StringIO()
+        os.environ.setdefault("OPENAI_API_KEY", "sk-test")
+        assert main(["cancel", job["provider_job_id"], "--ledger", str(target)], out) == 0
+        assert "cancelling at the provider" in out.getvalue()
+        time.sleep(1.2)
+        result = s.run_batch("labels", tasks(3), SCHEMA, transport="batch", replays=0,
+                             on_exhausted="return")
+        assert not result.values and result.status == "unresolved"
+        assert all("batch_cancelled" in e["message"]
+                   for e in result.errors)
+        s.close()
+
+
+def test_forget_refuses_a_batch_with_an_open_job(srv, tmp_path):
+    from batchjson._cli.commands import main
+
+    target = tmp_path / "l.sqlite"
+    s = session(srv, target)
+    s.run_batch("labels", tasks(2), SCHEMA, transport="batch")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main(["forget", "labels", "--ledger", str(target)], io.StringIO()) == 2
+    assert "unfinished batch job(s) 1" in err.getvalue()
+    s.close()

@@ -293,3 +293,29 @@ def budget_line(budget: Mapping[str, Any] | None) -> str:
     return (f"ledger cost budget {usd(budget['cost'])}: {usd(budget['spent'])} spent, "
             f"{usd(budget['reserved'])} held by calls in flight, {usd(budget['left'])} left "
             f"(set by {budget['set_by']} at {budget['set_at'][:19]}Z)")
+
+
+def job_lines(jobs: Sequence[Mapping[str, Any]], *, every: bool = False) -> list[str]:
+    """What ``batchjson jobs`` prints: one row per job, and what to do with an uncertain one."""
+    if not jobs:
+        return ["no batch jobs" if every else "no open batch jobs"]
+    rows = [(j["id"], j["provider"], j["provider_job_id"] or "-", j["batch"], j["status"]
+             + (f" ({j['provider_status']})" if j.get("provider_status") else ""),
+             j["requests"], j["created_at"][:19] + "Z", usd(j["reserved"] or 0.0))
+            for j in jobs]
+    lines = table(("job", "provider", "provider id", "batch", "status", "requests", "created",
+                   "reserved"), rows, indent="")
+    if any(j["status"] == "uncertain" for j in jobs):
+        lines.append("an uncertain job may exist at the provider and be billed, but its id was "
+                     "never recorded; its requests stay claimed. Check the provider's console, "
+                     "then `batchjson cancel JOB` releases them.")
+    return lines
+
+
+def cancel_line(job: Mapping[str, Any]) -> str:
+    """What ``batchjson cancel`` says it did."""
+    if job["status"] == "cancelled":
+        return (f"job {job['id']} released: its {job.get('released', 0)} request(s) are owed "
+                "again (their receipts stay, as possibly billed)")
+    return (f"job {job['id']} ({job['provider_job_id']}) is {job['provider_status']} at the "
+            "provider; the next run of its batch collects what ended and owes the rest again")

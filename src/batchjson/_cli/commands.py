@@ -34,6 +34,7 @@ from .._ledger.sqlite import file_problem as ledger_problem
 from .._ledger.sqlite import holds_nothing
 from .._money import cost_value
 from .._providers.masking import public_url
+from .._session.batches import cancel_job, list_jobs
 from .demo import command_name, demo_ledger_problem, run_demo
 
 DEFAULT_LEDGER = Path(cliview.DEFAULT_LEDGER)
@@ -356,6 +357,32 @@ def cmd_budget(args: argparse.Namespace, out: TextIO) -> int:
     return OK
 
 
+def cmd_jobs(args: argparse.Namespace, out: TextIO) -> int:
+    held = _open(args.ledger)
+    try:
+        jobs = list_jobs(held, every=args.all)
+    finally:
+        held.close()
+    if args.json:
+        _dump({"jobs": [{k: v for k, v in j.items() if k != "keys"} for j in jobs]}, out)
+    else:
+        _say(cliview.job_lines(jobs, every=args.all), out)
+    return OK
+
+
+def cmd_cancel(args: argparse.Namespace, out: TextIO) -> int:
+    held = _open(args.ledger)
+    try:
+        job = cancel_job(held, args.job)
+    finally:
+        held.close()
+    if args.json:
+        _dump({"cancelled": {k: v for k, v in job.items() if k != "keys"}}, out)
+    else:
+        _say([cliview.cancel_line(job)], out)
+    return OK
+
+
 def _usd_argument(text: str) -> float:
     try:
         return cost_value(float(text)) or 0.0
@@ -434,6 +461,12 @@ def build_parser() -> argparse.ArgumentParser:
     budget.add_argument("--cost", type=_usd_argument, metavar="USD",
                         help="set the ceiling in USD (what was spent under it still counts)")
     budget.add_argument("--clear", action="store_true", help="remove the budget")
+    jobs = command("jobs", "provider batch jobs still open: provider, id, requests, age, "
+                   "reserved cost", cmd_jobs)
+    jobs.add_argument("--all", action="store_true", help="every job, ended ones too")
+    cancel = command("cancel", "cancel one batch job at its provider and record it (what "
+                     "ended is still collected; the rest is owed again)", cmd_cancel)
+    cancel.add_argument("job", help="the job's number, or its provider id")
     sub.add_parser("serve", help="the loopback OpenAI/Anthropic test server "
                    "(batchjson serve --help lists its options)")
     return parser

@@ -139,10 +139,18 @@ class JobStore(CallStore):
                        "job_lines WHERE job_id = ?)", (errors, now(), sent, job_id))
         return True
 
-    def recording_writer_gone(self, row: Row) -> bool:
-        """Whether the process recording job ``row`` is gone (so the job will never be
-        recorded as created by it)."""
-        return claims.owner_gone(row["owner"], row["host"], row["pid"], None, self._clock(None))
+    def lost_recordings(self) -> int:
+        """Jobs still ``recording`` whose writer is gone become ``uncertain``: it may have
+        created the job (and been billed) without recording its id. How many."""
+        at, lost = self._clock(None), 0
+        for row in self._read("SELECT id, owner, host, pid FROM jobs WHERE status = "
+                              "'recording'"):
+            if claims.owner_gone(row["owner"], row["host"], row["pid"], None, at):
+                self.job_uncertain(row["id"], "its runner stopped between recording the job "
+                                   "and recording the provider's id: the job may exist and "
+                                   "be billed")
+                lost += 1
+        return lost
 
     # -- reads ---------------------------------------------------------------------------------
     def jobs_holding(self, keys: Sequence[str]) -> list[Row]:

@@ -84,13 +84,8 @@ class JobRunner:
 
     # -- collection ----------------------------------------------------------------------------
     async def _collect_ended(self, keys: list[str]) -> None:
+        self.store.lost_recordings()
         for row in self.store.jobs_holding(keys):
-            if row["status"] == "recording":
-                if self.store.recording_writer_gone(row):
-                    self.store.job_uncertain(row["id"], "its runner stopped between recording "
-                                             "the job and recording the provider's id: the "
-                                             "job may exist and be billed")
-                continue
             if row["status"] != "open" or row["protocol"] != self.client.protocol:
                 continue
             batch = await self.client.poll(row["provider_job_id"])

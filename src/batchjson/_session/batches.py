@@ -4,16 +4,21 @@ result says of its jobs (``status == "pending"`` while one holds a request)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import Callable
 from typing import Any
 
-from .._errors import ConfigError
+from .._errors import ConfigError, InvalidBatch
+from .._ledger import Ledger
+from .._ledger.records import now
 from .._ledger.store import Store
+from .._providers.base import close_provider
 from .._providers.openai import OpenAIProvider
 from .._providers.openai_batch import OpenAIBatches
 from .._providers.pricing import BATCH_PRICE_FACTOR
 from .._replay.budget import Pricing, batch_pricing, pricing_of
-from .._replay.jobs import JobsOutcome
+from .._replay.jobs import JobsOutcome, job_view
 from .result import BatchResult
 
 
@@ -62,3 +67,45 @@ def report(result: BatchResult, ran: JobsOutcome) -> None:
                 f"job {job['id']} is uncertain: {why}; its requests are not resubmitted on "
                 "their own. Check the provider's console, "
                 f"then `batchjson cancel {job['id']}` to release them")
+
+
+def list_jobs(ledger: Ledger, *, every: bool = False) -> list[dict[str, Any]]:
+    """The ledger's unfinished batch jobs (``every``: all), newest first, as shown."""
+    ledger.store.lost_recordings()
+    return [job_view(row) for row in ledger.store.jobs(every=every)]
+
+
+def cancel_job(ledger: Ledger, job: str, *, provider: Any = None) -> dict[str, Any]:
+    """Cancel job ``job`` (its number, provider id or uid) and record it. An open job is
+    cancelled at the provider (``provider``: the one to ask, else one built from the job's
+    model and endpoint with the key from the environment) and collected by the next run: what
+    ended is kept, the rest is owed again. A job whose provider id was never recorded is
+    released at once, its receipts kept as possibly billed."""
+    store = ledger.store
+    store.lost_recordings()
+    rows = store.jobs(job=str(job))
+    if not rows:
+        raise InvalidBatch(f"no batch job {job!r} in this ledger; `batchjson jobs` lists them")
+    row = rows[0]
+    if row["status"] in ("recording", "uncertain"):
+        store.cancel_job(row["id"], "cancelled by a person before its provider id was "
+                         "recorded", sent=True, was=("recording", "uncertain"))
+        return {**job_view(row), "status": "cancelled", "released": row["requests"]}
+    if row["status"] != "open":
+        raise InvalidBatch(f"batch job {row['id']} has already {row['status']}; nothing to "
+                           "cancel")
+    if provider is None:
+        provider = OpenAIProvider(row["model"], base_url=row["endpoint"])
+    client = OpenAIBatches(provider)
+
+    async def cancel() -> dict[str, Any]:
+        try:
+            return await client.cancel(row["provider_job_id"])
+        finally:
+            await close_provider(provider)
+
+    batch = asyncio.run(cancel())
+    detail = {**json.loads(row["detail"] or "{}"), "cancel_requested_at": now(),
+              "provider_status": client.status(batch)}
+    store.job_detail(row["id"], detail)
+    return {**job_view(row), "provider_status": client.status(batch)}

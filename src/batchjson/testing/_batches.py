@@ -147,8 +147,9 @@ class BatchDesk:
                 "object": "list", "data": [{"code": code, "message": f"loopback: {code}",
                                             "param": None, "line": None}]})
             return
-        batch.update(status="in_progress", in_progress_at=int(time.time()))
-        await asyncio.sleep(self.delay * 2 / 3)
+        if batch["status"] != "cancelling":
+            batch.update(status="in_progress", in_progress_at=int(time.time()))
+            await asyncio.sleep(self.delay * 2 / 3)
         if batch["status"] == "cancelling":
             return self._finish(batch, [], [self._lost(line, "batch_cancelled") for line in lines],
                                 "cancelled")
