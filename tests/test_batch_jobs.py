@@ -344,3 +344,13 @@ def test_forget_refuses_a_batch_with_an_open_job(srv, tmp_path):
         assert main(["forget", "labels", "--ledger", str(target)], io.StringIO()) == 2
     assert "unfinished batch job(s) 1" in err.getvalue()
     s.close()
+
+
+def test_a_live_run_never_sends_what_an_unfinished_job_claims(srv):
+    s = session(srv)
+    assert s.run_batch("labels", tasks(3), SCHEMA, transport="batch").status == "pending"
+    calls = srv.requests
+    live = s.run_batch("labels", tasks(4), SCHEMA)  # one more task: only it is sent live
+    assert live.status == "pending" and set(live.values) == {"t3"}
+    assert srv.requests == calls + 1 and live.jobs[0]["requests"] == 3
+    assert {e["type"] for e in live.errors} == {"pending"}

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from .._content.tasks import Request
 from .._errors import ConfigError, InvalidBatch
 from .._ledger import Ledger
 from .._ledger.records import now
@@ -19,6 +20,7 @@ from .._providers.openai_batch import OpenAIBatches
 from .._providers.pricing import BATCH_PRICE_FACTOR
 from .._replay.budget import Pricing, batch_pricing, pricing_of
 from .._replay.jobs import JobsOutcome, job_view
+from .._replay.plan import Outcome
 from .result import BatchResult
 
 
@@ -38,6 +40,28 @@ def client_for(provider: Any, store: Store, run: Callable[[Any], Any]) -> Any:
                           "(batchjson budget --clear)")
     run(client.check)
     return client
+
+
+def held_by_jobs(store: Store, pending: Sequence[Request]
+                 ) -> tuple[JobsOutcome, list[Request]]:
+    """Of a live run's pending requests, those an unfinished batch job claims are never sent
+    live while the job may still answer them: (the jobs and those requests' errors, the
+    requests left to send)."""
+    held = store.job_held_keys([r.key for r in pending])
+    out = JobsOutcome(Outcome())
+    if not held:
+        return out, list(pending)
+    out.jobs = [job_view(r, store.job_keys(r["id"])) for r in store.jobs_holding(list(held))]
+    for request in pending:
+        if request.key in held:
+            for task_id in request.task_ids:
+                out.outcome.errors[task_id] = [{
+                    "type": "pending", "task_id": task_id, "request": request.key,
+                    "message": "claimed by an unfinished batch job: re-run with "
+                    "transport='batch' to collect it"}]
+    out.notes.append(f"{len(held)} request(s) are claimed by unfinished batch job(s) and were "
+                     "not sent live; re-run with transport='batch' to collect them")
+    return out, [r for r in pending if r.key not in held]
 
 
 def pricing(provider: Any, client: Any) -> Pricing:

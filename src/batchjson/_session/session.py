@@ -283,8 +283,13 @@ class Session:
                              len(task_list))
             outcome = ran.outcome
         elif pending:
-            outcome = self._replay(plan, GuardedProvider(provider), spender, pending,
-                                   spec.progress, name, len(task_list))
+            held, pending = batches.held_by_jobs(store, pending)  # a job may answer them
+            ran = held if held.jobs else None
+            if pending:
+                outcome = self._replay(plan, GuardedProvider(provider), spender, pending,
+                                       spec.progress, name, len(task_list))
+            if ran is not None:
+                outcome.errors.update(ran.outcome.errors)
             if plan.split:  # halves made during the run: remember what they saw too
                 store.record_seen([(r.key, seen_key(r.tasks_json))
                                    for r in store.leaves(revision.id)])
