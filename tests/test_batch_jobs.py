@@ -22,7 +22,7 @@ from batchjson._errors import ConfigError
 from batchjson._providers.pricing import cost_of
 from batchjson._providers.simulated import FaultPlan, SimulatedModel
 from batchjson.testing import BatchFaults, LoopbackServer
-from tests.helpers import ledger_rows, openai
+from tests.helpers import anthropic, ledger_rows, openai
 
 SCHEMA = {"type": "object", "properties": {"task_id": {"type": "string"},
                                            "label": {"type": "string"}},
@@ -34,8 +34,12 @@ def tasks(n: int = 6) -> list[dict[str, Any]]:
             for i in range(n)]
 
 
-def session(srv: LoopbackServer, ledger: Any = None, **kw: Any) -> Session:
-    provider = openai(srv, extra_body=kw.pop("extra_body", None))
+PROTOCOLS = {"openai": ("gpt-4o-mini", openai), "anthropic": ("claude-haiku-4-5", anthropic)}
+
+
+def session(srv: LoopbackServer, ledger: Any = None, protocol: str = "openai",
+            **kw: Any) -> Session:
+    provider = PROTOCOLS[protocol][1](srv, extra_body=kw.pop("extra_body", None))
     out = Session(provider, ledger=ledger, **kw)
     out.job_poll = 0.05
     return out
@@ -54,7 +58,9 @@ def accepted_per_key(target: Any) -> dict[str, int]:
     return dict(rows)
 
 
-def test_faults_and_lost_lines_resolve_through_follow_up_jobs_at_batch_prices(ledger_at):
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_faults_and_lost_lines_resolve_through_follow_up_jobs_at_batch_prices(ledger_at,
+                                                                              protocol):
     """Identity swaps and broken JSON (first answers), an errored and an expired line: all
     resolve in follow-up jobs; no accepted request is ever sent again; every receipt's cost is
     half the live price."""
@@ -64,7 +70,7 @@ def test_faults_and_lost_lines_resolve_through_follow_up_jobs_at_batch_prices(le
     with LoopbackServer(model) as srv:
         srv.batches.delay = 0.15
         srv.batches.faults = [BatchFaults(lines={1: "errored", 2: "expired"}, shuffle=True)]
-        s = session(srv, target)
+        s = session(srv, target, protocol)
         result = s.run_batch("labels", tasks(), SCHEMA, transport="batch", wait=True)
         s.close()
         assert result.status == "resolved" and len(result.values) == 6
@@ -78,7 +84,7 @@ def test_faults_and_lost_lines_resolve_through_follow_up_jobs_at_batch_prices(le
     assert after == [(0,)]
     for inp, out, cost in ledger_rows(target, "SELECT input_tokens, output_tokens, cost FROM "
                                       "attempts WHERE input_tokens IS NOT NULL"):
-        assert cost == pytest.approx(cost_of("gpt-4o-mini", inp, out) / 2)
+        assert cost == pytest.approx(cost_of(PROTOCOLS[protocol][0], inp, out) / 2)
     kinds = {k for (k,) in ledger_rows(target, "SELECT DISTINCT kind FROM attempts")}
     assert {"initial", "replay"} <= kinds
 
@@ -100,10 +106,12 @@ def test_a_pending_result_names_its_job_and_a_rerun_collects_it_without_submitti
     assert srv.batches.created == 1
 
 
-def test_out_of_order_duplicated_unknown_and_4xx_lines_are_named_and_never_admitted(srv):
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_out_of_order_duplicated_unknown_and_4xx_lines_are_named_and_never_admitted(srv,
+                                                                                    protocol):
     srv.batches.faults = [BatchFaults(lines={0: "duplicate", 1: "unknown", 2: "http_400"},
                                       shuffle=True)]
-    s = session(srv)
+    s = session(srv, protocol=protocol)
     result = s.run_batch("labels", tasks(4), SCHEMA, transport="batch", wait=True, repairs=0,
                          replays=0, on_exhausted="return")
     assert result.status == "unresolved"
@@ -115,15 +123,17 @@ def test_out_of_order_duplicated_unknown_and_4xx_lines_are_named_and_never_admit
                for note in result.notes)
 
 
-def test_a_completed_job_whose_every_line_failed_admits_nothing(srv):
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_completed_job_whose_every_line_failed_admits_nothing(srv, protocol):
     srv.batches.faults = [BatchFaults(whole="all_failed")]
-    s = session(srv)
+    s = session(srv, protocol=protocol)
     result = s.run_batch("labels", tasks(3), SCHEMA, transport="batch", wait=True, repairs=0,
                          replays=0, on_exhausted="return")
     assert result.status == "unresolved" and not result.values
     assert result.provider_errors == 3 and result.accepted_returns == 0
     assert all(e["type"] == "provider_error" and "HTTP 500" in e["message"]
                for e in result.errors)
+    assert {j["status"] for j in s.ledger.store.jobs(every=True)} == {"ended"}
 
 
 def test_a_job_failing_validation_or_token_limit_is_answered_with_smaller_jobs(srv):
@@ -135,17 +145,21 @@ def test_a_job_failing_validation_or_token_limit_is_answered_with_smaller_jobs(s
     assert any("token_limit_exceeded" in note for note in result.notes)
 
 
-def test_a_cost_budget_holds_across_a_job_and_its_follow_ups(srv):
-    budget = 0.0004  # batch prices: a few lines' worst cases, not all
-    s = session(srv, budget=Budget(cost=budget),
-                extra_body={"max_completion_tokens": 200})
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_cost_budget_holds_across_a_job_and_its_follow_ups(srv, protocol):
+    budget = 0.0004 if protocol == "openai" else 0.004  # a few lines' worst cases, not all
+    s = session(srv, protocol=protocol, budget=Budget(cost=budget),
+                extra_body={"max_completion_tokens": 200} if protocol == "openai" else None)
+    if protocol == "anthropic":
+        s.provider.max_tokens = 200
     srv.model.faults = FaultPlan(identity_swap=1.0, clean_after=1)
     result = s.run_batch("labels", tasks(8), SCHEMA, transport="batch", wait=True,
                          on_exhausted="return")
     assert any("were not submitted" in note for note in result.notes)
     assert 0 < s.spent_cost <= budget
     assert s.tally.reserved == pytest.approx(0.0, abs=1e-12)
-    assert 0 < len(result.values) < 8
+    first = s.ledger.store.jobs(every=True)[-1]
+    assert 0 < first["requests"] < 8 and first["reserved"] <= budget  # the part that fits
 
 
 def test_a_provider_without_batch_endpoints_is_refused_before_anything_is_recorded(tmp_path):

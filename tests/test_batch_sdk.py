@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import time
 
+import anthropic
 import openai
+import pytest
 
 from batchjson.testing import BatchFaults, LoopbackServer
 
@@ -75,3 +77,55 @@ def test_openai_sdk_cancels_a_batch_and_sees_failed_validation():
                                        endpoint="/v1/chat/completions")
         done = wait_for(client, failed.id)
         assert done.status == "failed" and done.errors.data[0].code == "invalid_request"
+
+
+def message_params(text: str) -> dict:
+    return {"model": "claude-haiku-4-5", "max_tokens": 256,
+            "messages": [{"role": "user", "content": text}],
+            "tools": [{"name": "answer", "input_schema": SCHEMA}],
+            "tool_choice": {"type": "tool", "name": "answer"}}
+
+
+def test_anthropic_sdk_creates_polls_and_streams_message_batch_results():
+    with LoopbackServer() as srv:
+        srv.batches.delay = 0.1
+        srv.batches.faults = [BatchFaults(lines={1: "http_400", 2: "expired"}, shuffle=True)]
+        client = anthropic.Anthropic(base_url=srv.anthropic_base_url, api_key="sk-ant-test",
+                                     max_retries=0)
+        batch = client.messages.batches.create(requests=[
+            {"custom_id": f"req-{i}", "params": message_params(f"Label {i}.")}
+            for i in range(4)])
+        assert batch.processing_status == "in_progress"
+        assert batch.request_counts.processing == 4
+        deadline = time.monotonic() + 10
+        while batch.processing_status != "ended" and time.monotonic() < deadline:
+            time.sleep(0.05)
+            batch = client.messages.batches.retrieve(batch.id)
+        assert batch.processing_status == "ended" and batch.results_url
+        assert batch.request_counts.succeeded == 2 and batch.request_counts.errored == 1
+        assert batch.request_counts.expired == 1
+        results = {r.custom_id: r.result for r in client.messages.batches.results(batch.id)}
+        assert set(results) == {"req-0", "req-1", "req-2", "req-3"}
+        assert results["req-1"].type == "errored"
+        assert results["req-1"].error.error.type == "invalid_request_error"
+        assert results["req-2"].type == "expired"
+        [block] = results["req-0"].message.content
+        assert block.type == "tool_use" and block.input["label"]
+        assert [b.id for b in client.messages.batches.list()] == [batch.id]
+
+
+def test_anthropic_sdk_cancels_and_is_refused_a_bad_custom_id():
+    with LoopbackServer() as srv:
+        srv.batches.delay = 0.5
+        client = anthropic.Anthropic(base_url=srv.anthropic_base_url, api_key="sk-ant-test",
+                                     max_retries=0)
+        batch = client.messages.batches.create(requests=[
+            {"custom_id": "a", "params": message_params("x")}])
+        cancelling = client.messages.batches.cancel(batch.id)
+        assert cancelling.processing_status == "canceling" and cancelling.cancel_initiated_at
+        time.sleep(0.7)
+        [line] = list(client.messages.batches.results(batch.id))
+        assert line.result.type == "canceled"
+        with pytest.raises(anthropic.BadRequestError, match="custom_id"):
+            client.messages.batches.create(requests=[
+                {"custom_id": "not valid!", "params": message_params("x")}])

@@ -2,11 +2,8 @@
 ``batch``), one batch over it (``completion_window: "24h"``), its status, its output and error
 files.
 
-Like the providers, this only transports: each output line becomes a ``Reply`` (through the
-provider's own reading of a chat completion) or a ``ProviderError``; joining lines to
-receipts, judging and recording are the job runner's. Lines come in any order and carry the
-``custom_id`` they were sent with; ``completed`` says only that the batch stopped, not that any
-line succeeded.
+Output lines come in any order and carry the ``custom_id`` they were sent with; ``completed``
+says only that the batch stopped, not that any line succeeded.
 """
 
 from __future__ import annotations
@@ -17,17 +14,17 @@ from typing import Any
 
 import aiohttp
 
-from .._errors import ProviderError, ProviderSetupError
-from ._http import exchange, http_error
+from .._errors import ProviderError
+from ._http import http_error
 from .base import Call, Reply
-from .openai import OpenAIProvider
+from .batch_client import BatchClient
 from .pricing import BATCH_PRICE_FACTOR
 
 RUNNING = frozenset(("validating", "in_progress", "finalizing", "cancelling"))
 ENDED = frozenset(("completed", "failed", "expired", "cancelled"))
 
 
-class OpenAIBatches:
+class OpenAIBatches(BatchClient):
     """The Files and Batches endpoints of the provider's base URL, with its key and pool."""
 
     protocol = "openai-batch"
@@ -35,50 +32,7 @@ class OpenAIBatches:
     max_bytes = 200 * 1024 * 1024
     url = "/v1/chat/completions"
     running = RUNNING
-
-    def __init__(self, provider: OpenAIProvider) -> None:
-        self.provider = provider
-        self.endpoint = provider.base_url  # what may be shown of where jobs go
-
-    def _base(self) -> str:
-        private = self.provider._endpoint.get() or self.provider.url
-        return private.removesuffix(self.provider.path)
-
-    async def _call(self, method: str, path: str, body: Any = None,
-                    json_body: Mapping[str, Any] | None = None) -> bytes:
-        p = self.provider
-        headers = p._headers
-        if json_body is not None:
-            body = json.dumps(json_body).encode()
-        elif body is not None:
-            def headers() -> dict[str, str]:  # multipart: aiohttp sets the content type
-                return {k: v for k, v in p._headers().items() if k != "Content-Type"}
-        return (await exchange(p._sessions.get(), method, self._base() + path, body, headers,
-                               provider=p.name, timeout=p.timeout, secrets=p._secrets,
-                               key_env=p.key_env))[1]
-
-    async def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-        raw = await self._call(method, path, **kwargs)
-        try:
-            data = json.loads(raw)
-        except ValueError:
-            data = None
-        if not isinstance(data, dict):
-            raise ProviderError(f"openai batch: {method} {path} did not answer a JSON object",
-                                retryable=True)
-        return data
-
-    async def check(self) -> None:
-        """Refuse a base URL without the Batch endpoints before anything is recorded."""
-        try:
-            await self._json("GET", "/batches?limit=1")
-        except ProviderError as exc:
-            if exc.status in (404, 405, 501):
-                raise ProviderSetupError(
-                    f"{self.provider.base_url} has no Batch API (GET /batches answered HTTP "
-                    f"{exc.status}); use transport='live' with this server, or an endpoint "
-                    "with OpenAI's Files and Batches endpoints") from None
-            raise
+    list_path = "/batches?limit=1"
 
     def line(self, custom_id: str, call: Call) -> tuple[dict[str, Any], bool]:
         """One request of the input file, and whether its value was wrapped."""
@@ -150,10 +104,6 @@ class OpenAIBatches:
                 except ValueError:
                     lines.append(text)
         return lines
-
-    @staticmethod
-    def line_id(line: Any) -> Any:
-        return line.get("custom_id") if isinstance(line, dict) else None
 
     def outcome(self, line: Mapping[str, Any], wrapped: bool) -> Reply | ProviderError:
         """One output line: a reply, or the provider error it reports (a non-2xx status or an

@@ -14,6 +14,8 @@ from .._errors import ConfigError, InvalidBatch
 from .._ledger import Ledger
 from .._ledger.records import now
 from .._ledger.store import Store
+from .._providers.anthropic import AnthropicProvider
+from .._providers.anthropic_batch import AnthropicBatches
 from .._providers.base import close_provider
 from .._providers.openai import OpenAIProvider
 from .._providers.openai_batch import OpenAIBatches
@@ -29,6 +31,8 @@ def client_for(provider: Any, store: Store, run: Callable[[Any], Any]) -> Any:
     ConfigError naming why the batch transport does not apply; nothing is recorded."""
     if isinstance(provider, OpenAIProvider):
         client: Any = OpenAIBatches(provider)
+    elif isinstance(provider, AnthropicProvider):
+        client = AnthropicBatches(provider)
     else:
         raise ConfigError(
             f"transport='batch' needs a provider with a batch API (OpenAIProvider or "
@@ -118,9 +122,11 @@ def cancel_job(ledger: Ledger, job: str, *, provider: Any = None) -> dict[str, A
     if row["status"] != "open":
         raise InvalidBatch(f"batch job {row['id']} has already {row['status']}; nothing to "
                            "cancel")
+    anthropic = row["protocol"] == AnthropicBatches.protocol
     if provider is None:
-        provider = OpenAIProvider(row["model"], base_url=row["endpoint"])
-    client = OpenAIBatches(provider)
+        provider = (AnthropicProvider if anthropic else OpenAIProvider)(
+            row["model"], base_url=row["endpoint"])
+    client = AnthropicBatches(provider) if anthropic else OpenAIBatches(provider)
 
     async def cancel() -> dict[str, Any]:
         try:

@@ -1,4 +1,5 @@
-"""OpenAI's Files and Batches endpoints on the loopback server, answered by its simulated model.
+"""OpenAI's Files and Batches endpoints on the loopback server, answered by its simulated model
+(Anthropic's Message Batches, in ``_message_batches.py``, share its faults and line answers).
 
 A batch runs on the server's loop: ``validating``, then ``in_progress`` for ``delay`` seconds
 (by default a job ends within about a second), then each line is answered as a chat completion
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from ._bodies import openai_completion, request_id, shape
+from ._message_batches import MessageBatches
 from ._requests import openai_ask
 from ._wire import error_response
 
@@ -54,8 +56,10 @@ class BatchDesk:
         self.created = 0  # batches created (so a test can say nothing was submitted)
         self.lines_answered: Counter[str] = Counter()  # custom_id -> times answered
         self._tasks: set[asyncio.Task] = set()
+        self.messages = MessageBatches(self)  # Anthropic's Message Batches
 
     def routes(self, app: web.Application) -> None:
+        self.messages.routes(app)
         app.router.add_post("/v1/files", self._upload)
         app.router.add_get("/v1/files/{id}/content", self._content)
         app.router.add_get("/v1/files/{id}", self._file)
@@ -98,8 +102,7 @@ class BatchDesk:
         if file_id not in self.contents or data.get("completion_window") != "24h":
             return error_response("openai", 400, "input_file_id must name an uploaded file and "
                                   "completion_window must be 24h")
-        faults = self.faults[self.created] if self.created < len(self.faults) else BatchFaults()
-        self.created += 1
+        faults = self._faults()
         now = int(time.time())
         batch = {"id": "batch_" + uuid.uuid4().hex[:24], "object": "batch",
                  "endpoint": data.get("endpoint"), "errors": None, "input_file_id": file_id,
@@ -111,9 +114,7 @@ class BatchDesk:
                                                           "failed": 0},
                  "metadata": data.get("metadata")}
         self.batches[batch["id"]] = batch
-        task = asyncio.ensure_future(self._run(batch, faults))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._schedule(self._run(batch, faults))
         return web.json_response(batch)
 
     async def _list(self, request: web.Request) -> web.Response:
@@ -135,6 +136,38 @@ class BatchDesk:
         return web.json_response(batch)
 
     # -- running a batch -----------------------------------------------------------------------
+    def _faults(self) -> BatchFaults:
+        faults = self.faults[self.created] if self.created < len(self.faults) else BatchFaults()
+        self.created += 1
+        return faults
+
+    def _schedule(self, work: Any) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _lines(self, lines: list[dict[str, Any]], faults: BatchFaults,
+                     answer: Any, lost: Any) -> tuple[list, list]:
+        """Every line answered (``answer(line, fault)``) or lost (``lost(line, code)``), with
+        the batch's line faults: (output lines, error lines)."""
+        output, errors = [], []
+        for index, line in enumerate(lines):
+            fault = "expired" if faults.whole == "expire" else faults.lines.get(index)
+            if faults.whole == "all_failed":
+                fault = "errored"
+            if fault == "expired":
+                errors.append(lost(line, "expired"))
+                continue
+            out = await answer(line, fault)
+            (errors if fault in ("errored", "http_400") else output).append(out)
+            if fault == "duplicate":
+                output.append(dict(out))
+            if fault == "unknown":
+                output.append(dict(out, custom_id="bj_" + "0" * 48))
+        if faults.shuffle:
+            output.reverse()
+        return output, errors
+
     async def _run(self, batch: dict[str, Any], faults: BatchFaults) -> None:
         lines = [json.loads(t) for t in self.contents[batch["input_file_id"]].splitlines()
                  if t.strip()]
@@ -151,26 +184,11 @@ class BatchDesk:
             batch.update(status="in_progress", in_progress_at=int(time.time()))
             await asyncio.sleep(self.delay * 2 / 3)
         if batch["status"] == "cancelling":
-            return self._finish(batch, [], [self._lost(line, "batch_cancelled") for line in lines],
+            return self._finish(batch, [], [self._lost(line, "cancelled") for line in lines],
                                 "cancelled")
-        output, errors = [], []
-        for index, line in enumerate(lines):
-            fault = "expired" if faults.whole == "expire" else faults.lines.get(index)
-            if faults.whole == "all_failed":
-                fault = "errored"
-            if fault == "expired":
-                errors.append(self._lost(line, "batch_expired"))
-                continue
-            out = await self._answer(line, fault)
-            (errors if fault in ("errored", "http_400") else output).append(out)
-            if fault == "duplicate":
-                output.append(dict(out, id="batch_req_" + uuid.uuid4().hex[:24]))
-            if fault == "unknown":
-                output.append(dict(out, custom_id="bj_" + "0" * 48))
-        if faults.shuffle:
-            output.reverse()
-        status = "expired" if faults.whole == "expire" else "completed"
-        self._finish(batch, output, errors, status)
+        output, errors = await self._lines(lines, faults, self._answer, self._lost)
+        self._finish(batch, output, errors, "expired" if faults.whole == "expire"
+                     else "completed")
 
     def _finish(self, batch: dict[str, Any], output: list, errors: list, status: str) -> None:
         batch["request_counts"].update(completed=len(output), failed=len(errors))
@@ -184,16 +202,20 @@ class BatchDesk:
                "cancelled": "cancelled_at"}[status]] = int(time.time())
 
     @staticmethod
-    def _lost(line: dict[str, Any], code: str) -> dict[str, Any]:
+    def _lost(line: dict[str, Any], why: str) -> dict[str, Any]:
+        code = f"batch_{why}"
         return {"id": "batch_req_" + uuid.uuid4().hex[:24], "custom_id": line.get("custom_id"),
                 "response": None, "error": {"code": code, "message": f"loopback: {code}"}}
 
-    async def _answer(self, line: dict[str, Any], fault: str | None) -> dict[str, Any]:
-        """One line answered as the chat-completions endpoint answers its body."""
+    def _number(self, line: dict[str, Any], protocol: str) -> str:
         server = self.server
         server.requests += 1
-        rid = request_id("openai", server.requests)
         self.lines_answered[str(line.get("custom_id"))] += 1
+        return request_id(protocol, server.requests)
+
+    async def _answer(self, line: dict[str, Any], fault: str | None) -> dict[str, Any]:
+        """One line answered as the chat-completions endpoint answers its body."""
+        rid = self._number(line, "openai")
         out = {"id": "batch_req_" + uuid.uuid4().hex[:24], "custom_id": line.get("custom_id"),
                "error": None}
         if fault in ("errored", "http_400"):
@@ -203,6 +225,7 @@ class BatchDesk:
                               "code": None}}
             out["response"] = {"status_code": status, "request_id": rid, "body": body}
             return out
+        server = self.server
         ask = openai_ask(line.get("body") or {}, server.model.model)
         outcome = await server._answer("openai", ask, rid)
         if isinstance(outcome, web.Response):
