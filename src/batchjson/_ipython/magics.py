@@ -25,7 +25,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 from traitlets import Any as AnyTrait
-from traitlets import Bool, Int, TraitError, Unicode, observe, validate
+from traitlets import Bool, Enum, Int, TraitError, Unicode, observe, validate
 from traitlets.config import Config
 
 from .._checks import whole_argument
@@ -111,6 +111,10 @@ class BatchJson(Magics):
     strict = Bool(False, help=(
         "Refuse a changed validator while requests under the old one are unresolved. Changing "
         "it opens a new session.")).tag(config=True)
+    transport = Enum(("live", "batch"), "live", help=(
+        "'live' calls the provider now; 'batch' sends pending requests as provider batch jobs "
+        "at batch prices: the cell returns a pending result and re-running it collects "
+        "(docs/providers.md).")).tag(config=True)
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         self._state: KernelState | None = None  # set once loaded; config during init waits
@@ -196,6 +200,11 @@ class BatchJson(Magics):
               help="Call ceiling for this run.")
     @argument("--instructions", metavar="EXPR", help="Instructions string sent with each call.")
     @argument("--out", metavar="VAR", help="Variable for the BatchResult (default: NAME).")
+    @argument("--transport", choices=("live", "batch"),
+              help="live calls, or provider batch jobs (default: %%config BatchJson.transport).")
+    @argument("--wait", action="store_true",
+              help="With --transport batch: block until the jobs end (Ctrl-C leaves them "
+              "running and recorded).")
     @no_var_expand
     @cell_magic
     def batch_json(self, line: str, cell: str) -> None:
@@ -255,7 +264,8 @@ class BatchJson(Magics):
             result = session.run_batch(
                 args.name, tasks, schema, validator=checker, identity=identity, pack=args.pack,
                 instructions=instructions, repairs=args.repairs, replays=args.replays,
-                split=args.split, max_calls=max_calls, on_exhausted="return", progress=progress)
+                split=args.split, max_calls=max_calls, on_exhausted="return", progress=progress,
+                transport=args.transport or self.transport, wait=args.wait)
         except KeyboardInterrupt as exc:
             print(interrupted_line(args.name), file=sys.stderr)
             raise BatchInterrupted() from exc
@@ -268,7 +278,7 @@ class BatchJson(Magics):
         if result.superseded and not notes:  # nothing was spent, so nothing was announced
             print(f"batchjson: {args.name}: {result.superseded}")
         display(result)
-        if not result.resolved:
+        if result.status == "unresolved":  # a pending result is no failure: re-run collects
             raise BatchUnresolved(result, unresolved_hint(result, var))
 
     # -- inspection ------------------------------------------------------------------------------

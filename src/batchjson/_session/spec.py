@@ -93,6 +93,11 @@ class RunSpec:
         if not isinstance(self.progress, bool) and not callable(self.progress):
             raise InvalidBatch(f"progress must be True, False or a callable progress(total, "
                                f"name) returning a bar, got {self.progress!r}")
+        if self.transport == "batch" and self.validator_args != "task":
+            raise InvalidBatch(
+                "transport='batch' is refused for droste's llm_batch_json contract (the droste "
+                "and rlm bindings): it returns values now and has no pending result; use "
+                "transport='live' there, or run_batch / %%batch_json for batch jobs")
         if self.validator_name is not None:
             check_text("validator_name", self.validator_name, "validator_name='label_check'")
         preflight.check_validator(self.validator, self.validator_args)
