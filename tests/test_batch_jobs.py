@@ -368,3 +368,27 @@ def test_a_live_run_never_sends_what_an_unfinished_job_claims(srv):
     assert live.status == "pending" and set(live.values) == {"t3"}
     assert srv.requests == calls + 1 and live.jobs[0]["requests"] == 3
     assert {e["type"] for e in live.errors} == {"pending"}
+
+
+def test_an_expired_job_keeps_what_it_answered_and_the_rest_follows_up(srv):
+    srv.batches.faults = [BatchFaults(whole="expire")]
+    s = session(srv)
+    result = s.run_batch("labels", tasks(3), SCHEMA, transport="batch", wait=True)
+    assert result.resolved and srv.batches.created == 2
+    assert result.provider_errors == 3  # every line of the expired job, none admitted
+
+
+def test_an_interrupt_while_waiting_leaves_the_job_recorded_and_running(srv):
+    import _thread
+    import threading
+
+    srv.batches.delay = 1.0
+    s = session(srv)
+    threading.Timer(0.4, _thread.interrupt_main).start()
+    with pytest.raises(KeyboardInterrupt):
+        s.run_batch("labels", tasks(3), SCHEMA, transport="batch", wait=True)
+    [job] = s.ledger.store.jobs()
+    assert job["status"] == "open" and job["provider_job_id"]
+    time.sleep(1.0)
+    result = s.run_batch("labels", tasks(3), SCHEMA, transport="batch")
+    assert result.resolved and srv.batches.created == 1
