@@ -15,14 +15,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from ._bodies import openai_completion, request_id, shape
+from ._bodies import openai_completion, request_id, shape, token
 from ._message_batches import MessageBatches
 from ._requests import openai_ask
 from ._wire import error_response
@@ -56,7 +55,13 @@ class BatchDesk:
         self.created = 0  # batches created (so a test can say nothing was submitted)
         self.lines_answered: Counter[str] = Counter()  # custom_id -> times answered
         self._tasks: set[asyncio.Task] = set()
+        self._made: Counter[str] = Counter()
         self.messages = MessageBatches(self)  # Anthropic's Message Batches
+
+    def token(self, kind: str) -> str:
+        """The next id of ``kind`` on this server, the same in every run (notebooks show them)."""
+        self._made[kind] += 1
+        return token(f"{kind}:{self._made[kind]}", 24)
 
     def routes(self, app: web.Application) -> None:
         self.messages.routes(app)
@@ -69,7 +74,7 @@ class BatchDesk:
         app.router.add_post("/v1/batches/{id}/cancel", self._cancel)
 
     def _keep(self, data: bytes, purpose: str, filename: str) -> dict[str, Any]:
-        file_id = "file-" + uuid.uuid4().hex[:24]
+        file_id = "file-" + self.token("file")
         self.files[file_id] = {"id": file_id, "object": "file", "bytes": len(data),
                                "created_at": int(time.time()), "filename": filename,
                                "purpose": purpose, "status": "processed"}
@@ -104,7 +109,7 @@ class BatchDesk:
                                   "completion_window must be 24h")
         faults = self._faults()
         now = int(time.time())
-        batch = {"id": "batch_" + uuid.uuid4().hex[:24], "object": "batch",
+        batch = {"id": "batch_" + self.token("batch"), "object": "batch",
                  "endpoint": data.get("endpoint"), "errors": None, "input_file_id": file_id,
                  "completion_window": "24h", "status": "validating", "output_file_id": None,
                  "error_file_id": None, "created_at": now, "in_progress_at": None,
@@ -204,8 +209,8 @@ class BatchDesk:
     @staticmethod
     def _lost(line: dict[str, Any], why: str) -> dict[str, Any]:
         code = f"batch_{why}"
-        return {"id": "batch_req_" + uuid.uuid4().hex[:24], "custom_id": line.get("custom_id"),
-                "response": None, "error": {"code": code, "message": f"loopback: {code}"}}
+        return {"id": _line_id(line), "custom_id": line.get("custom_id"), "response": None,
+                "error": {"code": code, "message": f"loopback: {code}"}}
 
     def _number(self, line: dict[str, Any], protocol: str) -> str:
         server = self.server
@@ -216,8 +221,7 @@ class BatchDesk:
     async def _answer(self, line: dict[str, Any], fault: str | None) -> dict[str, Any]:
         """One line answered as the chat-completions endpoint answers its body."""
         rid = self._number(line, "openai")
-        out = {"id": "batch_req_" + uuid.uuid4().hex[:24], "custom_id": line.get("custom_id"),
-               "error": None}
+        out = {"id": _line_id(line), "custom_id": line.get("custom_id"), "error": None}
         if fault in ("errored", "http_400"):
             status = 500 if fault == "errored" else 400
             body = {"error": {"message": f"loopback: {fault} line", "type": "invalid_request"
@@ -237,3 +241,7 @@ class BatchDesk:
         payload = openai_completion(ask, answer, reply.input_tokens, server.requests, None)
         out["response"] = {"status_code": 200, "request_id": rid, "body": payload}
         return out
+
+
+def _line_id(line: dict[str, Any]) -> str:
+    return "batch_req_" + token(f"line:{line.get('custom_id')}", 24)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import uuid
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -57,7 +56,7 @@ class MessageBatches:
         faults = self.desk._faults()
         if faults.whole in ("fail_validation", "token_limit"):
             return error_response("anthropic", 400, "loopback: requests failed validation")
-        batch_id = "msgbatch_" + uuid.uuid4().hex[:24]
+        batch_id = "msgbatch_" + self.desk.token("msgbatch")
         host = request.host
         batch = {"id": batch_id, "type": "message_batch", "processing_status": "in_progress",
                  "request_counts": {"processing": len(lines), "succeeded": 0, "errored": 0,
