@@ -33,7 +33,7 @@ class AnthropicBatches(BatchClient):
     max_requests = 100_000
     max_bytes = 256 * 1024 * 1024
     running = frozenset(("in_progress", "canceling"))
-    list_path = "/v1/messages/batches?limit=1"
+    jobs_path = "/v1/messages/batches"
 
     def __init__(self, provider: Any) -> None:
         super().__init__(provider)
@@ -58,12 +58,6 @@ class AnthropicBatches(BatchClient):
         return await self._json("POST", "/v1/messages/batches",
                                 json_body={"requests": self._staged.pop(staged)})
 
-    async def poll(self, job_id: str) -> dict[str, Any]:
-        return await self._json("GET", f"/v1/messages/batches/{job_id}")
-
-    async def cancel(self, job_id: str) -> dict[str, Any]:
-        return await self._json("POST", f"/v1/messages/batches/{job_id}/cancel")
-
     @staticmethod
     def status(batch: Mapping[str, Any]) -> str:
         """``processing_status``, with an ended batch that was asked to cancel said so."""
@@ -71,10 +65,6 @@ class AnthropicBatches(BatchClient):
         if status == "ended":
             return "cancelled" if batch.get("cancel_initiated_at") else "completed"
         return status
-
-    @staticmethod
-    def counts(batch: Mapping[str, Any]) -> dict[str, Any]:
-        return dict(batch.get("request_counts") or {})
 
     @staticmethod
     def whole_failure(batch: Mapping[str, Any]) -> str | None:

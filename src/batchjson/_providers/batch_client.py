@@ -22,7 +22,7 @@ class BatchClient:
 
     protocol = ""
     max_requests = 0
-    list_path = ""  # a cheap GET that exists exactly when the batch API does
+    jobs_path = ""  # the batches: GET it to list (exactly when the batch API exists)
 
     def __init__(self, provider: HttpProvider) -> None:
         self.provider = provider
@@ -59,14 +59,24 @@ class BatchClient:
     async def check(self) -> None:
         """Refuse a base URL without the batch endpoints before anything is recorded."""
         try:
-            await self._json("GET", self.list_path)
+            await self._json("GET", f"{self.jobs_path}?limit=1")
         except ProviderError as exc:
             if exc.status in (404, 405, 501):
                 raise ProviderSetupError(
-                    f"{self.provider.base_url} has no Batch API (GET {self.list_path} answered "
+                    f"{self.provider.base_url} has no Batch API (GET {self.jobs_path} answered "
                     f"HTTP {exc.status}); use transport='live' with this server, or an "
                     "endpoint with the provider's batch endpoints") from None
             raise
+
+    async def poll(self, job_id: str) -> dict[str, Any]:
+        return await self._json("GET", f"{self.jobs_path}/{job_id}")
+
+    async def cancel(self, job_id: str) -> dict[str, Any]:
+        return await self._json("POST", f"{self.jobs_path}/{job_id}/cancel")
+
+    @staticmethod
+    def counts(batch: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(batch.get("request_counts") or {})
 
     @staticmethod
     def line_id(line: Any) -> Any:

@@ -32,7 +32,7 @@ class OpenAIBatches(BatchClient):
     max_bytes = 200 * 1024 * 1024
     url = "/v1/chat/completions"
     running = RUNNING
-    list_path = "/batches?limit=1"
+    jobs_path = "/batches"
 
     def line(self, custom_id: str, call: Call) -> tuple[dict[str, Any], bool]:
         """One request of the input file, and whether its value was wrapped."""
@@ -57,19 +57,9 @@ class OpenAIBatches(BatchClient):
             "input_file_id": file_id, "endpoint": self.url, "completion_window": "24h",
             "metadata": dict(metadata)})
 
-    async def poll(self, job_id: str) -> dict[str, Any]:
-        return await self._json("GET", f"/batches/{job_id}")
-
-    async def cancel(self, job_id: str) -> dict[str, Any]:
-        return await self._json("POST", f"/batches/{job_id}/cancel")
-
     @staticmethod
     def status(batch: Mapping[str, Any]) -> str:
         return str(batch.get("status"))
-
-    @staticmethod
-    def counts(batch: Mapping[str, Any]) -> dict[str, Any]:
-        return dict(batch.get("request_counts") or {})
 
     @staticmethod
     def whole_failure(batch: Mapping[str, Any]) -> str | None:

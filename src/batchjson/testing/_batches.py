@@ -95,11 +95,17 @@ class BatchDesk:
             return error_response("openai", 404, "No such File object")
         return web.Response(body=data, content_type="application/octet-stream")
 
+    @staticmethod
+    def _found(table: dict[str, Any], request: web.Request, what: str
+               ) -> dict[str, Any] | web.Response:
+        """The object the path names, or the API's 404 for it."""
+        item = table.get(request.match_info["id"])
+        return item if item is not None else error_response("openai", 404,
+                                                            f"No such {what} object")
+
     async def _file(self, request: web.Request) -> web.Response:
-        meta = self.files.get(request.match_info["id"])
-        if meta is None:
-            return error_response("openai", 404, "No such File object")
-        return web.json_response(meta)
+        meta = self._found(self.files, request, "File")
+        return meta if isinstance(meta, web.Response) else web.json_response(meta)
 
     async def _create(self, request: web.Request) -> web.Response:
         data = await request.json()
@@ -127,15 +133,13 @@ class BatchDesk:
                                   "has_more": False})
 
     async def _get(self, request: web.Request) -> web.Response:
-        batch = self.batches.get(request.match_info["id"])
-        if batch is None:
-            return error_response("openai", 404, "No such Batch object")
-        return web.json_response(batch)
+        batch = self._found(self.batches, request, "Batch")
+        return batch if isinstance(batch, web.Response) else web.json_response(batch)
 
     async def _cancel(self, request: web.Request) -> web.Response:
-        batch = self.batches.get(request.match_info["id"])
-        if batch is None:
-            return error_response("openai", 404, "No such Batch object")
+        batch = self._found(self.batches, request, "Batch")
+        if isinstance(batch, web.Response):
+            return batch
         if batch["status"] in ("validating", "in_progress", "finalizing"):
             batch["status"], batch["cancelling_at"] = "cancelling", int(time.time())
         return web.json_response(batch)
