@@ -26,8 +26,9 @@ from .._replay.plan import Outcome
 from .result import BatchResult
 
 
-def client_for(provider: Any, store: Store, run: Callable[[Any], Any]) -> Any:
-    """The batch API of ``provider``, checked to exist (one look at its endpoint), or a
+def client_for(provider: Any, store: Store, run: Callable[[Any], Any], used: list[Any]) -> Any:
+    """The batch API of ``provider``, checked to exist (one look at its endpoint, on the
+    session's loop: ``provider`` joins ``used``, the providers the session closes), or a
     ConfigError naming why the batch transport does not apply; nothing is recorded."""
     if isinstance(provider, OpenAIProvider):
         client: Any = OpenAIBatches(provider)
@@ -42,6 +43,8 @@ def client_for(provider: Any, store: Store, run: Callable[[Any], Any]) -> Any:
         raise ConfigError("transport='batch' does not reserve on a ledger's own cost budget "
                           "yet; use transport='live' on this ledger, or remove its budget "
                           "(batchjson budget --clear)")
+    if not any(p is provider for p in used):
+        used.append(provider)
     run(client.check)
     return client
 

@@ -247,7 +247,7 @@ class Session:
                     instructions=instructions, content=key_content, repairs=repairs,
                     replays=replays, split=bool(spec.split), source=source)
         check_fit(provider, self.ledger, name, item_schema, pending, ident, mode)
-        client = (batches.client_for(provider, store, self._loop.run)
+        client = (batches.client_for(provider, store, self._loop.run, self._used)
                   if spec.transport == "batch" else None)  # refused before anything is recorded
         spender = Spender(max_calls, self.budget, self.tally, batches.pricing(provider, client),
                           shared=store.shared_budget())
