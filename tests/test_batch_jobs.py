@@ -392,3 +392,24 @@ def test_an_interrupt_while_waiting_leaves_the_job_recorded_and_running(srv):
     time.sleep(1.0)
     result = s.run_batch("labels", tasks(3), SCHEMA, transport="batch")
     assert result.resolved and srv.batches.created == 1
+
+
+def test_the_ledgers_own_cost_budget_holds_across_jobs_and_is_settled_on_collection(ledger_at):
+    from batchjson import Ledger
+
+    target = ledger_at()
+    held = Ledger(target)
+    held.set_budget(0.0004)
+    held.close()
+    with LoopbackServer(SimulatedModel(faults=FaultPlan(identity_swap=1.0, clean_after=1))
+                        ) as srv:
+        srv.batches.delay = 0.1
+        s = session(srv, target, extra_body={"max_completion_tokens": 200})
+        result = s.run_batch("labels", tasks(8), SCHEMA, transport="batch", wait=True,
+                             on_exhausted="return")
+        budget = s.ledger.budget()
+        s.close()
+    assert any("past the ledger's own cost budget" in note for note in result.notes)
+    assert 0 < budget["spent"] <= 0.0004 and budget["reserved"] == pytest.approx(0, abs=1e-12)
+    [(spent,)] = ledger_rows(target, "SELECT SUM(cost) FROM attempts")
+    assert budget["spent"] == pytest.approx(spent)

@@ -53,12 +53,14 @@ class JobStore(CallStore):
 
     def open_job(self, *, uid: str, protocol: str, batch_id: int, revision_id: int,
                  model: str | None, endpoint: str, provider: str, source: str | None,
-                 writer: Owner, lines: Sequence[tuple[Request, str, bool, float, int]]
-                 ) -> tuple[int, list[dict[str, Any]]]:
+                 writer: Owner, lines: Sequence[tuple[Request, str, bool, float, int]],
+                 shared: bool = False) -> tuple[int, list[dict[str, Any]]]:
         """Record a job (status ``recording``) and, for each (request, kind, wrapped, reserved,
         estimated input tokens) whose request is free, its receipt, claim and line: (job id,
         the lines written: custom_id, attempt_id, request_key, kind). A request accepted or
-        held by another runner meanwhile gets no line. Committed before anything is uploaded."""
+        held by another runner meanwhile gets no line, nor one the ledger's own cost budget
+        cannot hold (``shared``: each line's worst case is reserved on it). Committed before
+        anything is uploaded."""
         owner, stamp = job_owner(uid), now()
         written: list[dict[str, Any]] = []
         with self.call_transaction() as tx:
@@ -69,7 +71,8 @@ class JobStore(CallStore):
             for request, kind, wrapped, reserved, estimated in lines:
                 state, attempt_id = self.begin_call(
                     tx, batch_id, revision_id, request, kind, provider, model, source,
-                    owner=owner, estimated_input_tokens=estimated)
+                    owner=owner, estimated_input_tokens=estimated,
+                    reserve=reserved if shared else None)
                 if state != MINE or attempt_id is None:
                     continue
                 line = custom_id(uid, attempt_id, request.key)
@@ -133,6 +136,11 @@ class JobStore(CallStore):
         with self.transaction() as tx:
             if not self.end_job(tx, job_id, "cancelled", {"why": message}, was):
                 return False
+            for attempt_id, reserved in self._exec(
+                    tx, "SELECT id, reserved FROM attempts WHERE status = 'in_flight' AND "
+                    "reserved IS NOT NULL AND id IN (SELECT attempt_id FROM job_lines WHERE "
+                    "job_id = ?)", (job_id,)).fetchall():  # possibly billed: its worst case
+                self._settle_shared(tx, attempt_id, reserved if sent else 0.0)
             self._exec(tx, "UPDATE attempts SET status = 'cancelled', errors = ?, "
                        "finished_at = ?, sent_at = CASE WHEN ? THEN sent_at ELSE NULL END "
                        "WHERE status = 'in_flight' AND id IN (SELECT attempt_id FROM "

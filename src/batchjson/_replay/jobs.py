@@ -25,7 +25,7 @@ from .._errors import ProviderError
 from .._ledger import Ledger
 from .._ledger.claims import Owner
 from .._providers.base import estimate_tokens, input_bound
-from .budget import Spender, charge_line, reserve_lines
+from .budget import Spender, charge_line, charge_of, reserve_lines
 from .calls import _usage, first_prompt, make_call
 from .plan import Outcome, Plan, system_prompt
 
@@ -157,17 +157,19 @@ class JobRunner:
         else:
             got = ProviderError(f"custom_id {line['custom_id']} is missing from the output of "
                                 f"a {status} job", retryable=True)
+        shared = self.spender.shared is not None  # the ledger's own budget settles too
         if isinstance(got, ProviderError):
             charge_line(self.spender, reserved, 0.0)  # a line without an answer is not billed
             out.provider_errors += 1
             errors = [{"type": "provider_error", "task_id": None, "status": got.status,
                        "message": f"provider failed{_http(got)}: {got}"}]
             return lambda tx: store.finish_call(tx, attempt_id, "provider_error", errors, None,
-                                                got.usage or {})
+                                                got.usage or {}, charge=0.0 if shared else None)
         reply = sane_reply(got)
         cost = reply.cost if reply.cost is not None else self.spender.pricing.cost(
             reply.input_tokens, reply.output_tokens)
         charge_line(self.spender, reserved, cost)
+        charged_ledger = charge_of(line["reserved"], cost) if shared else None
         out.input_tokens += reply.input_tokens or 0
         out.output_tokens += reply.output_tokens or 0
         out.cost = None if out.cost is None or cost is None else out.cost + cost
@@ -181,10 +183,11 @@ class JobRunner:
             if self.on_progress is not None:
                 self.on_progress(len(request.tasks))
             return lambda tx: store.accept_call(tx, attempt_id, plan.batch_id, key,
-                                                verdict.stored, reply.text, usage)
+                                                verdict.stored, reply.text, usage,
+                                                charge=charged_ledger)
         out.rejected_returns += 1
         return lambda tx: store.finish_call(tx, attempt_id, "rejected", verdict.errors,
-                                            reply.text, usage)
+                                            reply.text, usage, charge=charged_ledger)
 
     # -- submission ----------------------------------------------------------------------------
     def _owed(self, keys: list[str]) -> list[tuple[Request, str, str]]:
@@ -250,15 +253,19 @@ class JobRunner:
             uid=uid, protocol=self.client.protocol, batch_id=plan.batch_id,
             revision_id=plan.revision_id, model=getattr(self.provider, "model", None),
             endpoint=self.client.endpoint, provider=getattr(self.provider, "name", None),
-            source=plan.source, writer=writer, lines=[
+            source=plan.source, writer=writer, shared=self.spender.shared is not None, lines=[
                 (r, kind, self.client.line("", c)[1], worst,
                  estimate_tokens(self._system + c.prompt))
                 for (r, kind, _), c, worst in zip(owed, calls, reserved, strict=True)])
         by_key = {w["request_key"]: w for w in written}
         body = []
+        if len(written) < len(owed):
+            self.result.notes.append(
+                f"{len(owed) - len(written)} request(s) were not submitted: accepted or "
+                "claimed by another runner meanwhile, or past the ledger's own cost budget")
         for (request, _, _), call, worst in zip(owed, calls, reserved, strict=True):
             mine = by_key.get(request.key)
-            if mine is None:  # accepted or taken meanwhile: nothing is sent for it
+            if mine is None:  # nothing is sent for it
                 self.spender.release(worst)
                 continue
             self.reservations[mine["attempt_id"]] = worst

@@ -39,10 +39,6 @@ def client_for(provider: Any, store: Store, run: Callable[[Any], Any], used: lis
             f"transport='batch' needs a provider with a batch API (OpenAIProvider or "
             f"AnthropicProvider); {getattr(provider, 'name', type(provider).__name__)!r} has "
             "none. Use transport='live', or an OpenAI or Anthropic provider")
-    if store.shared_budget() is not None:
-        raise ConfigError("transport='batch' does not reserve on a ledger's own cost budget "
-                          "yet; use transport='live' on this ledger, or remove its budget "
-                          "(batchjson budget --clear)")
     if not any(p is provider for p in used):
         used.append(provider)
     run(client.check)
