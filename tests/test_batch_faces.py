@@ -81,3 +81,14 @@ def test_droste_and_rlm_contract_refuses_the_batch_transport(args):
     with pytest.raises(InvalidBatch, match="no pending result"):
         RunSpec(name="b", tasks=[], schema={}, mode="value", validator_args=args,
                 transport="batch")
+
+
+def test_batch_status_names_the_open_jobs_and_how_to_collect_them(ip, srv):
+    ok(ip, "%load_ext batchjson")
+    ip.user_ns["model"] = openai(srv)
+    ok(ip, "%config BatchJson.provider = model")
+    ok(ip, f"%%batch_json labels --transport batch\n{BODY}")
+    view = ok(ip, "%batch_status labels")
+    job = ip.user_ns["labels"].jobs[0]["provider_job_id"]
+    assert f"job 1 of 'labels' ({job}, open, 3 request(s))" in repr(view)
+    assert "re-run their cells to collect" in repr(view)

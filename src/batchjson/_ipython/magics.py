@@ -34,6 +34,7 @@ from .._ledger.forgetting import forget_batch, forget_message
 from .._providers.base import ProviderHandle
 from .._providers.masking import looks_like_key, masked, public_url, shown_value
 from .._providers.select import PROVIDER_NAMES
+from .._session.batches import list_jobs
 from .._session.session import Session
 from .._textview import DEFAULT_LEDGER
 from .cell import (
@@ -287,7 +288,8 @@ class BatchJson(Magics):
     @line_magic
     def batch_status(self, line: str) -> StatusView | None:
         """What is still owed and what has been spent: unresolved and superseded requests,
-        minimum exact retry calls, calls, cost so far and cost per usable result."""
+        minimum exact retry calls, calls, cost so far and cost per usable result, and the
+        batch jobs still open (re-run their cell to collect them)."""
         args = parse(self.batch_status, line)
         if args is None:
             return None
@@ -297,6 +299,8 @@ class BatchJson(Magics):
         assert self._state is not None
         summary = session.evidence.summary(args.name)
         summary["account"] = session.ledger.cost_summary(args.name)["total"]
+        summary["jobs"] = [j for j in list_jobs(session.ledger)
+                           if args.name in (None, j["batch"])]
         return StatusView(summary, ledger=self._state.ledger_label(),
                           provider=self._state.provider_label(),
                           owed=session.evidence.requests(args.name))
