@@ -413,3 +413,32 @@ def test_the_ledgers_own_cost_budget_holds_across_jobs_and_is_settled_on_collect
     assert 0 < budget["spent"] <= 0.0004 and budget["reserved"] == pytest.approx(0, abs=1e-12)
     [(spent,)] = ledger_rows(target, "SELECT SUM(cost) FROM attempts")
     assert budget["spent"] == pytest.approx(spent)
+
+
+def test_two_sessions_submitting_the_same_content_send_each_request_once(srv, tmp_path):
+    import threading
+
+    target = tmp_path / "l.sqlite"
+    sessions = [session(srv, target) for _ in range(2)]
+    results: list[Any] = []
+    threads = [threading.Thread(target=lambda s=s: results.append(s.run_batch(
+        "labels", tasks(), SCHEMA, transport="batch", wait=True))) for s in sessions]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(results) == 2 and all(r.resolved for r in results)
+    assert ledger_rows(target, "SELECT COUNT(*) FROM job_lines") == [(6,)]
+    assert ledger_rows(target, "SELECT COUNT(*) FROM jobs WHERE requests = 0") == [(0,)]
+    assert sum(srv.batches.lines_answered.values()) == 6
+    for s in sessions:
+        s.close()
+
+
+def test_a_job_the_provider_cannot_be_asked_about_stays_open_and_is_named(srv):
+    s = session(srv)
+    first = s.run_batch("labels", tasks(2), SCHEMA, transport="batch")
+    srv.batches.batches.clear()  # the provider lost it: every poll answers 404
+    again = s.run_batch("labels", tasks(2), SCHEMA, transport="batch")
+    assert again.status == "pending" and again.jobs[0]["id"] == first.jobs[0]["id"]
+    assert any("could not be read this time" in note and "404" in note for note in again.notes)

@@ -54,10 +54,11 @@ class JobStore(CallStore):
     def open_job(self, *, uid: str, protocol: str, batch_id: int, revision_id: int,
                  model: str | None, endpoint: str, provider: str, source: str | None,
                  writer: Owner, lines: Sequence[tuple[Request, str, bool, float, int]],
-                 shared: bool = False) -> tuple[int, list[dict[str, Any]]]:
+                 shared: bool = False) -> tuple[int | None, list[dict[str, Any]]]:
         """Record a job (status ``recording``) and, for each (request, kind, wrapped, reserved,
         estimated input tokens) whose request is free, its receipt, claim and line: (job id,
-        the lines written: custom_id, attempt_id, request_key, kind). A request accepted or
+        the lines written: custom_id, attempt_id, request_key, kind; None and none when no
+        request was free). A request accepted or
         held by another runner meanwhile gets no line, nor one the ledger's own cost budget
         cannot hold (``shared``: each line's worst case is reserved on it). Committed before
         anything is uploaded."""
@@ -84,6 +85,9 @@ class JobStore(CallStore):
                 written.append({"custom_id": line, "attempt_id": attempt_id,
                                 "request_key": request.key, "kind": kind,
                                 "reserved": reserved})
+            if not written:  # every request was taken meanwhile: no job at all
+                self._exec(tx, "DELETE FROM jobs WHERE id = ?", (job_id,))
+                return None, []
             self._exec(tx, "UPDATE claims SET lease_expires_at = ? WHERE owner = ?",
                        (NEVER, owner.id))
             self._exec(tx, "UPDATE jobs SET requests = ?, reserved = ? WHERE id = ?",

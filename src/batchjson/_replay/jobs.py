@@ -88,13 +88,18 @@ class JobRunner:
         for row in self.store.jobs_holding(keys):
             if row["status"] != "open" or row["protocol"] != self.client.protocol:
                 continue
-            batch = await self.client.poll(row["provider_job_id"])
-            status = self.client.status(batch)
-            if status in self.client.running:
-                self.store.job_detail(row["id"], {**_detail(row), "provider_status": status,
-                                                  "counts": self.client.counts(batch)})
+            try:
+                batch = await self.client.poll(row["provider_job_id"])
+                status = self.client.status(batch)
+                if status not in self.client.running:
+                    await self._collect(row, batch)
+                    continue
+            except ProviderError as exc:  # the job stays open: the next run looks again
+                self.result.notes.append(f"job {row['id']} ({row['provider_job_id']}) could "
+                                         f"not be read this time: {exc}")
                 continue
-            await self._collect(row, batch)
+            self.store.job_detail(row["id"], {**_detail(row), "provider_status": status,
+                                              "counts": self.client.counts(batch)})
 
     async def _collect(self, row: Mapping[str, Any], batch: Mapping[str, Any]) -> None:
         """Join the job's lines to its receipts by custom_id, judge each, and complete every
@@ -270,7 +275,7 @@ class JobRunner:
                 continue
             self.reservations[mine["attempt_id"]] = worst
             body.append(self.client.line(mine["custom_id"], call)[0])
-        if not body:
+        if job_id is None:
             return True
         return await self._send(job_id, uid, body, [w["attempt_id"] for w in written])
 
