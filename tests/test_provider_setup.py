@@ -14,6 +14,7 @@ from batchjson._errors import ConfigError, ProviderError, ProviderSetupError
 from batchjson._providers.anthropic import AnthropicProvider
 from batchjson._providers.base import Call, Reply
 from batchjson._providers.openai import OpenAIProvider
+from batchjson._providers.reply import received
 from batchjson._providers.select import make_provider, provider_label
 from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
 
@@ -189,10 +190,12 @@ def test_a_blocking_provider_still_answers_and_raises_through_its_thread():
 
 
 def test_odd_usage_in_a_reply_is_read_or_recorded_as_unknown_never_a_crash():
-    reply = Reply("{}", input_tokens="12", output_tokens=3.0, cached_tokens=-1, cost="0.5")
+    """The one boundary (received) reads what a provider's Reply carries."""
+    reply = received(Reply("{}", input_tokens="12", output_tokens=3.0, cached_tokens=-1,
+                           cost="0.5"))
     assert (reply.input_tokens, reply.output_tokens, reply.cached_tokens) == (12, 3, None)
     assert reply.cost == 0.5 and reply.extra["unreadable_usage"] == {"cached_tokens": "-1"}
-    odd = Reply("{}", input_tokens=True, output_tokens="many", cost=float("nan"))
+    odd = received(Reply("{}", input_tokens=True, output_tokens="many", cost=float("nan")))
     assert (odd.input_tokens, odd.output_tokens, odd.cost) == (None, None, None)
     assert set(odd.extra["unreadable_usage"]) == {"input_tokens", "output_tokens", "cost"}
     assert odd.tokens == 0

@@ -21,13 +21,14 @@ import pytest
 from batchjson._acceptance.judge import unwrap
 from batchjson._content.schema import compile_schema, wire_schema
 from batchjson._errors import ConfigError, ProviderError, ProviderNotConfigured, ProviderSetupError
-from batchjson._providers._http import http_error, is_retryable_status, parse_retry_after
 from batchjson._providers.anthropic import AnthropicProvider
 from batchjson._providers.base import Call, Reply, estimate_tokens
-from batchjson._providers.openai import OpenAIProvider, strict_schema
+from batchjson._providers.http_errors import http_error, is_retryable_status, parse_retry_after
+from batchjson._providers.openai import OpenAIProvider
 from batchjson._providers.pricing import cost_of
 from batchjson._providers.select import make_provider
 from batchjson._providers.simulated import SimulatedModel
+from batchjson._providers.strict import strict_form
 from batchjson.testing import HttpFaults, LoopbackServer
 from tests.helpers import IDENTITY, KEY, TASKS, anthropic, items_call, openai, upper
 
@@ -92,7 +93,7 @@ def test_openai_json_schema_body_carries_wire_schema_strict() -> None:
     assert body["messages"] == [{"role": "system", "content": "Be exact."},
                                 {"role": "user", "content": call.prompt}]
     assert body["response_format"] == {"type": "json_schema", "json_schema": {
-        "name": "batchjson_items", "schema": call.schema, "strict": True}}
+        "name": "batchjson_items", "schema": strict_form(call.schema).schema, "strict": True}}
     pinned = body["response_format"]["json_schema"]["schema"]["properties"]["items"]
     assert pinned["minItems"] == pinned["maxItems"] == 2
     assert pinned["items"]["properties"]["task_id"] == {"enum": ["t1", "t2"]}
@@ -103,10 +104,11 @@ def test_strict_schema_tightens_objects_without_loosening_anything() -> None:
                                               "note": {"type": ["string", "null"]}},
              "required": ["answer"]}
     wire = wire_schema(compile_schema(loose), TASKS, IDENTITY)
-    strict = strict_schema(wire)
+    strict = strict_form(wire).schema
     item = strict["properties"]["items"]["items"]
     assert item["additionalProperties"] is False
-    assert item["required"] == ["task_id", "case_id", "answer", "note"]
+    assert sorted(item["required"]) == ["answer", "case_id", "note", "task_id"]
+    assert item["properties"]["note"] == {"type": ["string", "null"]}  # nullable already
     assert "additionalProperties" not in wire["properties"]["items"]["items"]  # no mutation
 
 

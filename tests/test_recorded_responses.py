@@ -18,6 +18,7 @@ from tests.protocol import (
     ANTHROPIC_REQUEST_ID,
     GO_DURATION,
     OPENAI_REQUEST_ID,
+    RECORDED,
     RFC3339,
     missing_from,
     recorded,
@@ -35,8 +36,30 @@ OPENAI_TOOLS = {"tools": [{"type": "function", "function": {
 ANTHROPIC_TOOLS = {"tools": [{"name": "get_weather", "input_schema": WEATHER}]}
 OUTPUT_CONFIG = {"output_config": {"format": {"type": "json_schema", "schema": WEATHER}}}
 
+# the recorded requests of the reasoning models (o1-mini takes its system text as a user message)
+O1_SYSTEM = [{"role": "system", "content": "You are a helpful assistant."},
+             {"role": "user", "content": "Hello"}]
+O1_FOLDED = [{"role": "user", "content": "You are a helpful assistant."},
+             {"role": "user", "content": "What's the capital of France?"}]
+UNCLOSED = {"type": "json_schema", "json_schema": {"name": "default", "strict": True, "schema": {
+    "type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}}}
+
 # Each recording, and the fault and request that make the loopback server answer the same case.
 CASES: dict[str, tuple[str | None, dict[str, Any]]] = {
+    "openai/oa_400_o1mini_system_role.json": (None, {"model": "o1-mini", "messages": O1_SYSTEM}),
+    "openai/oa_400_o1mini_developer_role.json": (None, {"model": "o1-mini", "messages": [
+        {**O1_SYSTEM[0], "role": "developer"}, O1_SYSTEM[1]]}),
+    "openai/oa_400_unsupported_parameter_stop_headers.json": (None, {"model": "o1-mini",
+                                                                      "stop": ["stop"]}),
+    "openai/oa_400_unsupported_max_tokens.json": (None, {"model": "o4-mini", "max_tokens": 64}),
+    "openai/oa_400_unsupported_temperature.json": (None, {"model": "o3-mini",
+                                                          "temperature": 0.2}),
+    "openai/oa_400_invalid_schema_additional_properties.json": (None, {
+        "response_format": UNCLOSED}),
+    "openai/oa_chat_o1mini_reasoning_tokens.json": ("reasoning", {"model": "o1-mini",
+                                                                  "messages": O1_FOLDED}),
+    "openai/oa_chat_max_completion_tokens_o3mini.json": ("reasoning", {
+        "model": "o3-mini", "max_completion_tokens": 100}),
     "openai/oa_chat_structured.json": (None, JSON_SCHEMA),
     "openai/oa_chat_finish_length.json": ("length", JSON_SCHEMA),
     "openai/oa_chat_refusal.json": ("refusal", JSON_SCHEMA),
@@ -203,3 +226,41 @@ def _same_headers(protocol: str, theirs: dict[str, str], ours: dict[str, str]) -
             assert _header_kind(ours[name]) == _header_kind(theirs[name]), (name, ours[name])
     if "content-type" in theirs:
         assert ours["content-type"].startswith("application/json")
+
+
+@pytest.mark.parametrize("name", sorted(n for n in CASES if recorded(n)["status"] == 400))
+def test_the_loopback_server_refuses_what_the_real_api_refused_in_its_own_words(name) -> None:
+    """The real API's 400s for the reasoning models' parameters and for a strict schema it
+    cannot take, word for word: a client the server accepts sends none of them."""
+    status, _, body = _server_answer(name)
+    assert status == 400 and body["error"] == recorded(name)["body"]["error"]
+
+
+ORGANIZATIONS = {"type": "object", "additionalProperties": False, "required": ["organizations"],
+                 "properties": {"organizations": {"type": "array", "items": {
+                     "type": "object", "additionalProperties": False, "required": ["name"],
+                     "properties": {"name": {"type": "string"},
+                                    "roles": {"type": "array", "items": {"type": "string"}}}}}}}
+# Quoted messages (the thread kept the message, not the body) and the request behind each.
+QUOTED = {
+    "oa_400_invalid_schema_required_missing.json": {"response_format": {
+        "type": "json_schema", "json_schema": {"name": "response", "strict": True,
+                                               "schema": ORGANIZATIONS}}},
+    "oa_400_o1mini_json_schema_unsupported.json": {"model": "o1-mini", "response_format": {
+        "type": "json_schema", "json_schema": {"name": "r", "strict": True,
+                                               "schema": ORGANIZATIONS}}},
+}
+
+
+@pytest.mark.parametrize("name", sorted(QUOTED))
+def test_the_loopback_server_words_a_quoted_refusal_as_the_real_api_did(name) -> None:
+    quote = json.loads((RECORDED / "openai" / "messages" / name).read_text(encoding="utf-8"))
+    assert quote["source"].get("issue") and quote["status"] == 400
+    with LoopbackServer() as srv:
+        sdk = openai.OpenAI(base_url=srv.base_url, api_key="sk-test", max_retries=0)
+        with pytest.raises(openai.BadRequestError) as caught:
+            sdk.chat.completions.create(model="gpt-4o", messages=[{"role": "user",
+                                                                   "content": "hi"}],
+                                        extra_body=QUOTED[name])
+    assert caught.value.body["message"] == quote["body_text"]
+    assert caught.value.body["type"] == "invalid_request_error"

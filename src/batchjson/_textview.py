@@ -91,6 +91,14 @@ def status_lines(summary: Mapping[str, Any], ledger: str, me: str = "batchjson")
     if owed:
         lines.append(f"  still owed: {owed} request(s), {summary['unresolved_items']} item(s); "
                      f"at least {summary['minimum_exact_retry_calls']} call(s) to finish")
+    if summary.get("refused_requests"):
+        lines += wrapped(f"refused: {summary['refused_requests']} owed request(s) the model "
+                         "refused to answer; a refusal is not asked again unless the run says "
+                         "so (reask_refusals=True, or --reask-refusals)", "  ")
+    if summary.get("cut_off_requests"):
+        lines += wrapped(f"cut off: {summary['cut_off_requests']} owed request(s) whose answer "
+                         "was cut off at the provider's output limit and is not asked again "
+                         "under it: raise max_tokens, pack fewer tasks, or pass split=True", "  ")
     for sup in summary.get("superseded", []):
         lines.append(f"  superseded: {sup['batch']} revision {sup['revision']} -> "
                      f"{sup['superseded_by']} ({sup['reason']})")

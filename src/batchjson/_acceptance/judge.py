@@ -16,10 +16,11 @@ import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .._canon import canonical_json
+from .._content.optional import without_absent_nulls
 from .._content.schema import ItemSchema
 from .._content.strictjson import (
     exact_if_lossy,
@@ -31,10 +32,21 @@ from .._content.strictjson import (
     parse_json_noting,
     strip_fence,
 )
-from .replies import ODD_TEXT, text_of
+from .._providers.reply import (
+    NO_TOOL_CALL,
+    NOT_TEXT,
+    REFUSED,
+    TOOL_CALL,
+    TRUNCATED,
+    Reply,
+    received,
+)
 from .validators import clip, judged_code_raised, run_validator_async
 
-REPAIRABLE = frozenset({"json", "coverage", "identity", "schema", "validation"})
+# Asking again with the errors named can mend these; a truncated or refused return cannot be
+# mended by a repair (the replay loop splits, reports, or re-asks a refusal only when told to).
+REPAIRABLE = frozenset({"json", "coverage", "identity", "schema", "validation", TOOL_CALL,
+                        NO_TOOL_CALL})
 
 
 @dataclass
@@ -55,16 +67,14 @@ def _error(kind: str, message: str, task_id: str | None = None, **extra: Any) ->
     return {"type": kind, "task_id": task_id, "message": message, **extra}
 
 
-def unwrap(reply: Any) -> Any:
+def unwrap(reply: Reply) -> str:
     """The answer's text inside the envelope its provider reported (``Reply.envelope``, see
     docs/providers.md): a ``{"value": ...}`` wrapper a strict JSON mode asked for is opened
     here, so the ledger keeps what the model sent. Anything else (no envelope, a wrapper with
-    more than ``value``, text that is not JSON, an odd reply) comes back as it came, for the
-    checks to judge."""
-    text = _plain(getattr(reply, "text", None))
-    if getattr(reply, "envelope", None) not in ("value", "tool_input/value"):
-        return text
-    if not isinstance(text, str):
+    more than ``value``, text that is not JSON) comes back as it came, for the checks to
+    judge."""
+    text = reply.text
+    if reply.envelope not in ("value", "tool_input/value"):
         return text
     try:
         parsed = parse_json(text)
@@ -75,6 +85,28 @@ def unwrap(reply: Any) -> Any:
     except Exception:  # noqa: BLE001 - not JSON, too deep, ...: the checks reject it with why
         pass
     return text
+
+
+def stop_error(reply: Reply, task_id: str | None) -> dict[str, Any]:
+    """The error a reply's ``stop`` is rejected with, named as the stop (a text that was not a
+    str is a ``json`` error: the provider broke the contract)."""
+    said = next((f" ({key}: {reply.extra[key]})" for key in ("finish_reason", "stop_reason")
+                 if isinstance(reply.extra.get(key), str)), "")
+    if isinstance(reply.extra.get("cut_at"), str):  # inferred from the usage (reply.received)
+        said = f" ({reply.extra['cut_at']})"
+    messages = {
+        TRUNCATED: f"the provider cut this return off at its output limit{said}: it is no "
+                   "whole answer even where it parses, and asking again under the same limit "
+                   "would be cut off again",
+        REFUSED: f"the model refused to answer{said}: {clip(reply.text, 200) or '(no text)'}",
+        TOOL_CALL: "the model answered with a tool call where a JSON text answer was asked",
+        NO_TOOL_CALL: f"the model answered in text where it was to call the answer tool{said}",
+        NOT_TEXT: f"provider returned its text as {reply.extra.get('text_type', 'not str')}, "
+                  "not str: a provider must hand back the raw text it received (fix the "
+                  "provider)",
+    }
+    kind = "json" if reply.stop == NOT_TEXT else str(reply.stop)
+    return _error(kind, messages[str(reply.stop)], task_id)
 
 
 _VALUE_OPEN = re.compile(r'\s*\{\s*"value"\s*:\s*')
@@ -94,31 +126,9 @@ def _inner_text(text: str) -> str | None:
     return stripped[opened.end():end] if _CLOSE.fullmatch(stripped, end) else None
 
 
-def _plain(text: Any) -> Any:
-    """A str subclass as the exact str it holds: its own strip() or startswith() could show
-    acceptance other text than the ledger keeps."""
-    if isinstance(text, str) and type(text) is not str:
-        return str.__getitem__(text, slice(None))
-    return text
-
-
-def reply_text(reply: Any) -> tuple[str, str | None]:
-    """The text to judge and keep, and why it is unacceptable when the provider broke the
-    contract (text that is not a str)."""
-    text = _plain(getattr(reply, "text", None))
-    extra = getattr(reply, "extra", None)
-    odd = extra.get(ODD_TEXT) if isinstance(extra, Mapping) else None
-    if isinstance(text, str) and odd is None:
-        return text, None
-    kind = odd or type(text).__name__
-    return (text if isinstance(text, str) else text_of(text)), (
-        f"provider returned its text as {kind}, not str: a provider must hand back the raw "
-        "text it received (fix the provider)")
-
-
 # -- the entry point ---------------------------------------------------------------------------
 async def judge(
-    reply: Any,
+    reply: Reply,
     tasks: Sequence[Mapping[str, Any]],
     *,
     mode: str,
@@ -126,21 +136,25 @@ async def judge(
     schema: ItemSchema,
     validator: Callable[[Any, Mapping[str, Any]], Any] | None,
 ) -> Verdict:
-    """The one entry point of the replay loop: judge a provider's reply against the ledger's own
-    copy of the requested ``tasks``. ``mode`` is ``"items"`` or ``"value"``.
+    """The one entry point of the replay loop: judge a provider's reply (as the boundary,
+    :func:`~batchjson._providers.reply.received`, made it) against the ledger's own copy of the
+    requested ``tasks``. ``mode`` is ``"items"`` or ``"value"``. A reply its provider says was
+    cut off, refused or sent in the wrong shape (``Reply.stop``) is rejected under that name.
 
     ``identity`` names the fields every item must echo; when it carries ``echo=True`` (the
     default identity, see :class:`~batchjson._content.tasks.Identity`) every other task field an
     item returns (prompt and context aside) must equal the task's value too.
     """
     try:
-        text, odd = reply_text(reply)
-        if odd is None:  # open the envelope the provider reported (the ledger keeps it whole)
-            text = unwrap(reply)
-        if odd is not None:
-            task_id = tasks[0]["task_id"] if mode == "value" else None
-            return Verdict(False, errors=[_error("json", odd, task_id)])
+        if reply.stop is not None:  # the provider says this is no whole answer, whatever it reads
+            return Verdict(False, errors=[stop_error(reply, tasks[0]["task_id"] if mode ==
+                                                     "value" else None)])
+        text = unwrap(reply)  # the envelope the provider reported (the ledger keeps it whole)
         prepared = _prepare(text, tasks, mode, identity, schema)
+        if isinstance(prepared, Verdict) and reply.extra.get("cut_at") and _unparsed(prepared):
+            # every output token used and the JSON unfinished: cut off at the ceiling
+            return Verdict(False, errors=[stop_error(replace(reply, stop=TRUNCATED), tasks[0][
+                "task_id"] if mode == "value" else None)])
         if isinstance(prepared, Verdict) or validator is None:
             return prepared if isinstance(prepared, Verdict) else _accepted(prepared)
         errors: list[dict[str, Any]] = []
@@ -177,8 +191,8 @@ def accept_items(
     validator: Callable[[Any, Mapping[str, Any]], Any] | None,
 ) -> Verdict:
     """Judge an ``{"items": [...]}`` return against exactly the tasks that were requested."""
-    return _sync(judge(_Text(text), tasks, mode="items", identity=identity, schema=schema,
-                       validator=validator))
+    return _sync(judge(received(Reply(text=text)), tasks, mode="items", identity=identity,
+                       schema=schema, validator=validator))
 
 
 def accept_value(
@@ -190,14 +204,8 @@ def accept_value(
 ) -> Verdict:
     """Judge a bare JSON value returned for one prompt (the droste-compatible shape); an
     ``identity`` with ``echo`` holds the task fields an object value echoes to the task."""
-    return _sync(judge(_Text(text), [task], mode="value", identity=identity, schema=schema,
-                       validator=validator))
-
-
-@dataclass
-class _Text:
-    text: Any
-    extra: dict[str, Any] = field(default_factory=dict)
+    return _sync(judge(received(Reply(text=text)), [task], mode="value", identity=identity,
+                       schema=schema, validator=validator))
 
 
 def _sync(coro: Any) -> Verdict:
@@ -226,7 +234,7 @@ def _prepare_items(text: str, tasks: Sequence[Mapping[str, Any]], identity: Sequ
         return Verdict(False, errors=[_error(
             "json", f"unexpected top-level key(s) {', '.join(map(repr, extra))}: return only "
             '{"items": [...]}')])
-    items = payload["items"]
+    items = [_absent_dropped(item, text, schema) for item in payload["items"]]
     not_objects = [i for i, item in enumerate(items) if not isinstance(item, dict)]
     if not_objects:
         return Verdict(False, errors=[_error(
@@ -273,6 +281,17 @@ def _prepare_items(text: str, tasks: Sequence[Mapping[str, Any]], identity: Sequ
     if errors:
         return Verdict(False, errors=errors)
     return prepared
+
+
+def _unparsed(verdict: Verdict) -> bool:
+    return any(e["type"] == "json" and e["message"].startswith("return is not valid JSON")
+               for e in verdict.errors)
+
+
+def _absent_dropped(value: Any, text: str, schema: ItemSchema) -> Any:
+    """``value`` without the nulls OpenAI's strict mode writes for an absent optional field
+    (``_content/optional.py``); only text with a ``null`` in it can hold one."""
+    return without_absent_nulls(value, schema.json_schema) if "null" in text else value
 
 
 def compared_fields(task: Mapping[str, Any], identity: Sequence[str],
@@ -358,10 +377,12 @@ def _prepare_value(text: str, task: Mapping[str, Any], identity: Sequence[str],
     errors = _value_echoes(text, payload, task, identity)
     if errors:
         return Verdict(False, errors=errors)
+    payload = _absent_dropped(payload, text, schema)
     value, messages, crashed = _validate(schema, payload, "$")
     lossy = exact_if_lossy(text) if long_numbers and not messages else None
     if lossy is not None:  # a number a float does not hold as written: judged as written
-        messages = schema.exact_errors(lossy, payload, "$")
+        messages = schema.exact_errors(without_absent_nulls(lossy, schema.json_schema), payload,
+                                       "$")
     if messages:
         return Verdict(False, errors=[_error("validator_error" if crashed else "schema", m,
                                              task_id) for m in messages])

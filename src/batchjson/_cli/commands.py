@@ -123,7 +123,8 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     finally:
         held.close()
     for key in ("unresolved_batches", "unresolved_requests", "unresolved_items",
-                "minimum_exact_retry_calls", "superseded", "forgotten"):
+                "minimum_exact_retry_calls", "refused_requests", "cut_off_requests",
+                "superseded", "forgotten"):
         summary[key] = evidence[key]
     summary["ledger"] = shown(args.ledger)
     if args.json:

@@ -197,6 +197,8 @@ class BatchJson(Magics):
     @argument("--repairs", type=whole_argument(0), metavar="N", help="Repairs per failing request.")
     @argument("--replays", type=whole_argument(0), metavar="N", help="Exact replays per request.")
     @argument("--split", action="store_true", help="Halve requests that exhaust their retries.")
+    @argument("--reask-refusals", action="store_true", dest="reask_refusals",
+              help="Ask again when the model refuses (by default a refusal is not re-asked).")
     @argument("--max-calls", type=whole_argument(0), metavar="N", dest="max_calls",
               help="Call ceiling for this run.")
     @argument("--instructions", metavar="EXPR", help="Instructions string sent with each call.")
@@ -266,7 +268,8 @@ class BatchJson(Magics):
                 args.name, tasks, schema, validator=checker, identity=identity, pack=args.pack,
                 instructions=instructions, repairs=args.repairs, replays=args.replays,
                 split=args.split, max_calls=max_calls, on_exhausted="return", progress=progress,
-                transport=args.transport or self.transport, wait=args.wait)
+                reask_refusals=args.reask_refusals, transport=args.transport or self.transport,
+                wait=args.wait)
         except KeyboardInterrupt as exc:
             print(interrupted_line(args.name), file=sys.stderr)
             raise BatchInterrupted() from exc

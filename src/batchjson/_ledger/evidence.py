@@ -68,9 +68,14 @@ class Evidence:
         # they cost, and cost per usable result counts them at that floor (flagged as a lower
         # bound); the rule is status's own (accounts.per_usable_result).
         unknown = spend["unknown_cost_calls"]
+        stops = self._store.stops_of(list(dict.fromkeys(u.key for u in owed)))
         return {
             "batch": batch,
             **_counts(owed),
+            # owed requests whose returns the provider said were refused, or cut off at the
+            # output limit: neither is asked again as it stands (docs/recovery.md)
+            "refused_requests": sum(1 for s in stops.values() if "refused" in s),
+            "cut_off_requests": sum(1 for s in stops.values() if "truncated" in s),
             "superseded": superseded,
             "forgotten": forgotten(self._store, batch),
             "calls": spend["calls"],

@@ -30,6 +30,7 @@ from .._content.schema import ItemSchema
 from .._content.tasks import Request
 from .._providers.base import Reply
 from .store import Store
+from .store_runs import stop_types
 
 MAX_CANDIDATES = 8  # earlier returns tried per request: bounded local work
 UNSEEN = "unseen"  # the revision component of judging no fingerprint fully sees
@@ -63,7 +64,8 @@ def rejudge(store: Store, pending: Sequence[Request], *, run: Callable[..., Any]
         # A return under this very key was judged by these rules already, unless its judging
         # was interrupted (cancelled with its text kept) or reads what no fingerprint sees.
         rows = [row for row in candidates.get(seen_of[request.key], [])
-                if same_key or row["request_key"] != request.key or row["status"] == "cancelled"]
+                if (same_key or row["request_key"] != request.key or row["status"] == "cancelled")
+                and not stop_types(row["errors"])]  # the provider's word: never an answer
         rows += imported.get(sourceless_of.get(request.key, ""), [])
         if rows:
             work.append((request, rows[:MAX_CANDIDATES]))

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._content.tasks import Request
+from .._providers.reply import STOP_ERRORS
 from .records import Receipt, Revision, _receipt, _revision, _uid, now
 from .store_base import Row, StoreBase, Tx
 
@@ -173,6 +174,20 @@ class RunStore(StoreBase):
         return {r[0]: r[1] for r in self._by_keys(
             "SELECT request_key, COUNT(*) FROM attempts WHERE request_key IN ({marks}) "
             "GROUP BY request_key", keys)}
+
+    def stops_of(self, keys: Sequence[str]) -> dict[str, set[str]]:
+        """For the requests among ``keys`` a return was rejected for on its provider's word,
+        those words: ``truncated`` (cut off at the output ceiling), ``refused``, ... (the error
+        types of ``STOP_ERRORS``). Under the very same key: the same provider
+        settings, so the same ceiling."""
+        found: dict[str, set[str]] = {}
+        for key, errors in self._by_keys(
+                "SELECT request_key, errors FROM attempts WHERE request_key IN ({marks}) "
+                "AND status = 'rejected'", keys):
+            types = stop_types(errors)
+            if types:
+                found.setdefault(key, set()).update(types)
+        return found
 
     def receipts(self, name: str, *, failed: bool = False) -> list[Receipt]:
         """Receipts of a batch in call order (every revision)."""
@@ -346,7 +361,7 @@ CHECKPOINT_SQL = (
     "VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING")
 
 EARLIER_SQL = (
-    "SELECT s.seen_key, a.id, a.request_key, a.raw, a.provider, a.model, a.status "
+    "SELECT s.seen_key, a.id, a.request_key, a.raw, a.provider, a.model, a.status, a.errors "
     "FROM seen s JOIN attempts a ON a.request_key = s.request_key "
     "WHERE s.seen_key IN ({marks}) AND a.raw IS NOT NULL AND a.kind != 'repair' "
     "AND a.status IN ('accepted', 'rejected', 'cancelled') "
@@ -356,3 +371,14 @@ SOURCELESS_SQL = (
     "SELECT a.request_key AS seen_key, a.id, a.request_key, a.raw, a.provider, a.model, "
     "a.status FROM attempts a WHERE a.request_key IN ({marks}) AND a.status = 'accepted' "
     "AND a.kind = 'import' AND a.source IS NULL AND a.raw IS NOT NULL ORDER BY a.id DESC")
+
+
+def stop_types(errors: Any) -> set[str]:
+    """The provider's words a receipt's errors (JSON text, or a list) were rejected on."""
+    try:
+        listed = json.loads(errors or "[]") if isinstance(errors, (str, type(None))) else errors
+    except ValueError:
+        return set()
+    if not isinstance(listed, list):
+        return set()
+    return {e.get("type") for e in listed if isinstance(e, dict)} & STOP_ERRORS

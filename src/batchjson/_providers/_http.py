@@ -7,14 +7,12 @@ Providers only transport: every failure becomes a ProviderError whose ``retryabl
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import errno
 import hashlib
 import json
 import os
 import socket
 import threading
-import time
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 from urllib.parse import urlparse, urlsplit, urlunparse, urlunsplit
@@ -26,6 +24,7 @@ from .._canon import Unhashable, content_hash
 from .._checks import positive_seconds, whole
 from .._errors import ConfigError, ProviderError, ProviderSetupError
 from .base import Call, OneService
+from .http_errors import http_error
 from .masking import (
     Secret,
     Secrets,
@@ -38,83 +37,9 @@ from .masking import (
 from .pricing import cost_of, normalize_prices, price_for
 from .settings import checked_extra_body, checked_key
 
-_NON_RETRYABLE_QUOTA = ("insufficient_quota", "billing_hard_limit_reached")
 # OS errors that mean no server can be reached at that address at all.
 _UNREACHABLE_ERRNOS = frozenset({errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH,
                                  errno.EADDRNOTAVAIL})
-
-
-def parse_retry_after(headers: Mapping[str, str]) -> float | None:
-    """Seconds to wait, from ``retry-after-ms``, ``Retry-After`` seconds, or an HTTP-date."""
-    millis = headers.get("retry-after-ms")
-    if millis:
-        try:
-            return max(0.0, float(millis) / 1000.0)
-        except ValueError:
-            pass
-    value = headers.get("Retry-After")
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
-
-
-def is_retryable_status(status: int) -> bool:
-    """Timeouts, conflicts, rate limits and server trouble can pass; request errors cannot."""
-    return status in (408, 409, 425, 429) or status >= 500
-
-
-def error_message(raw: bytes) -> tuple[str, str | None]:
-    """The provider's own message and error code/type from an error body, if it has them."""
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        text = raw[:300].decode("utf-8", "replace").strip()
-        return (text or "<empty body>"), None
-    if isinstance(data, Mapping):
-        err = data.get("error", data)
-        if isinstance(err, Mapping):
-            msg = err.get("message") or err.get("detail") or data.get("message")
-            code = err.get("code") or err.get("type")
-            if msg:
-                return str(msg)[:500], (str(code) if code else None)
-        elif isinstance(err, str):
-            return err[:500], None
-        if data.get("detail"):
-            return str(data["detail"])[:500], None
-    return json.dumps(data)[:300], None
-
-
-_STATUS_HINTS = {
-    401: "the API key was rejected; check {key_env}",
-    403: "the key may not use this model or endpoint",
-    404: "check the model name and the base URL",
-    413: "the request is too large; pack fewer tasks per call",
-}
-
-
-def http_error(provider: str, status: int, headers: Mapping[str, str], raw: bytes,
-               secrets: Secrets | None, key_env: str) -> ProviderError:
-    """Map an HTTP error response to a ProviderError, keeping the provider's own words."""
-    message, code = error_message(raw)
-    retryable = is_retryable_status(status)
-    if status == 429 and code in _NON_RETRYABLE_QUOTA:
-        retryable = False  # out of credit: waiting will not help
-    hint = _STATUS_HINTS.get(status, "")
-    text = f"{provider} HTTP {status}: {message}"
-    if code:
-        text += f" [{code}]"
-    if hint:
-        text += f" ({hint.format(key_env=key_env)})"
-    return ProviderError(secrets.mask(text) if secrets else text, status=status,
-                         retryable=retryable, retry_after=parse_retry_after(headers))
 
 
 def display_url(url: str) -> str:
@@ -317,14 +242,15 @@ WRAPPED_VALUE = "batchjson_value"  # value mode, scalar wrapped as {"value": ...
 OBJECT_VALUE = "batchjson_answer"  # value mode whose schema is already an object
 
 
-def object_schema(call: Call) -> tuple[dict[str, Any], str, bool]:
-    """The call's schema with an object root, its schema/tool name, and whether it was wrapped.
+def object_schema(call_schema: Mapping[str, Any],
+                  mode: str) -> tuple[dict[str, Any], str, bool]:
+    """A call's schema with an object root, its schema/tool name, and whether it was wrapped.
 
     Tool inputs and OpenAI's json_schema both need an object root, so a value-mode scalar schema
     travels as {"value": schema}; the name tells the two value cases apart on the wire.
     """
-    schema = dict(call.schema)
-    if call.mode != "value":
+    schema = dict(call_schema)
+    if mode != "value":
         return schema, ITEMS_NAME, False
     if schema.get("type") == "object":
         return schema, OBJECT_VALUE, False
@@ -472,7 +398,7 @@ class HttpProvider(OneService):
         """The response's model and metadata as they may be kept: a known secret the server
         echoes (its model field, an id) is masked; the answer text is never touched. (The
         shape rule for a key-shaped model is applied where every reply passes,
-        ``_replies.sane_reply``.)"""
+        ``reply.received``.)"""
         mask = self._secrets.mask
         if isinstance(model, str):
             model = mask(model)

@@ -13,7 +13,8 @@ from typing import Any
 from .._checks import whole
 from .._errors import ProviderError, ProviderSetupError
 from ._http import HttpProvider, as_int, object_schema, with_path
-from .base import Call, Reply
+from .base import Call
+from .reply import NO_TOOL_CALL, REFUSED, TOOL_CALL, TRUNCATED, Reply
 from .spans import value_span
 
 DEFAULT_ANTHROPIC_BASE_URL = "https://api.anthropic.com"
@@ -69,7 +70,7 @@ class AnthropicProvider(HttpProvider):
             body["system"] = call.system
         if self.mode != "tool":
             return body, None, False
-        schema, tool, wrapped = object_schema(call)
+        schema, tool, wrapped = object_schema(call.schema, call.mode)
         what = ("the answer value" if call.mode == "value"
                 else "the answers, one object per task in items")
         body["tools"] = [{"name": tool, "description": f"Record {what}.",
@@ -105,6 +106,8 @@ class AnthropicProvider(HttpProvider):
         if found is None:  # text mode, or the model stopped before calling the tool
             text = "".join(b.get("text", "") for b in content
                            if isinstance(b, dict) and b.get("type") == "text")
+            called = _tool_text(content, "", body_text, at) if not tool and not text else None
+            text = called[0] if called else text  # a tool call where text was asked: its input
         else:
             text, exact = found
             envelope = "tool_input/value" if wrapped else "tool_input"
@@ -126,7 +129,23 @@ class AnthropicProvider(HttpProvider):
         model, extra = self._shown(model, extra)
         return Reply(text=text, input_tokens=inp, output_tokens=out,
                      cached_tokens=read if "cache_read_input_tokens" in usage else None,
-                     cost=cost, model=model, extra=extra, envelope=envelope)
+                     cost=cost, model=model, extra=extra, envelope=envelope,
+                     stop=_stop(data.get("stop_reason"), tool, found is not None, content))
+
+
+def _stop(reason: Any, tool: str | None, called: bool, content: list[Any]) -> str | None:
+    """How the message ended, as acceptance judges it: cut off at ``max_tokens`` (or the
+    context window), refused, text where the answer tool was forced, or a tool call where
+    text was asked; None for an answer that ended on its own."""
+    if reason in ("max_tokens", "model_context_window_exceeded"):
+        return TRUNCATED
+    if reason == "refusal":
+        return REFUSED
+    if tool and not called:
+        return NO_TOOL_CALL
+    if not tool and any(isinstance(b, dict) and b.get("type") == "tool_use" for b in content):
+        return TOOL_CALL
+    return None
 
 
 def _tool_text(content: list[Any], tool: str, body: str | None,

@@ -16,9 +16,10 @@ from typing import Any
 
 from .._errors import ProviderError
 from ._http import ITEMS_NAME, WRAPPED_VALUE
-from .base import Call, Reply
+from .base import Call
 from .batch_client import BatchClient
 from .pricing import BATCH_PRICE_FACTOR
+from .reply import Reply
 
 # Anthropic error types and the HTTP status each stands for on the live endpoint.
 ERROR_STATUS = {"invalid_request_error": 400, "authentication_error": 401,

@@ -1,20 +1,20 @@
-"""The provider contract: one call in, raw text and usage out. Providers never validate."""
+"""The provider contract: one call in, raw text and usage out (a :class:`~.reply.Reply`).
+Providers never validate."""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
 import json
-import math
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from .._checks import positive_seconds, whole
 from .._errors import ProviderError, ProviderSetupError
 from .masking import check_name
-from .settings import OUTPUT_CAPS
+from .reply import Reply
 
 
 @dataclass(frozen=True)
@@ -36,80 +36,6 @@ class Call:
     identity: tuple[str, ...] = ("task_id",)
 
 
-ENVELOPES = (None, "value", "tool_input", "tool_input/value")
-
-
-@dataclass
-class Reply:
-    """The raw text a provider returned, with usage as the provider reported it.
-
-    ``text`` is what the model sent, byte for byte; ``envelope`` says how the answer sits in
-    it, for acceptance to unwrap (docs/providers.md): ``None`` the text is the answer;
-    ``"value"`` the text is the ``{"value": ...}`` object a strict JSON mode was asked for
-    (a scalar answer cannot be a root there); ``"tool_input"`` the text is the exact JSON of a
-    tool call's input object, which is the answer; ``"tool_input/value"`` that input is the
-    ``{"value": ...}`` wrapper.
-    """
-
-    text: str
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    cached_tokens: int | None = None
-    cost: float | None = None
-    model: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    envelope: str | None = None
-
-    def __post_init__(self) -> None:
-        """Usage is bookkeeping, never a reason to lose a paid-for return: a count given as a
-        numeric string or a whole float is read as a number, anything else (negative, bool,
-        NaN, garbage) is recorded as unknown and kept in ``extra["unreadable_usage"]``."""
-        odd: dict[str, Any] = {}
-        for name in ("input_tokens", "output_tokens", "cached_tokens"):
-            value = getattr(self, name)
-            count = _count(value)
-            if count is None and value is not None:
-                odd[name] = repr(value)[:80]
-            setattr(self, name, count)
-        cost = _money(self.cost)
-        if cost is None and self.cost is not None:
-            odd["cost"] = repr(self.cost)[:80]
-        self.cost = cost
-        if not isinstance(self.extra, dict):
-            odd["extra"] = repr(self.extra)[:80]
-            self.extra = {}
-        if odd:
-            self.extra["unreadable_usage"] = odd
-
-    @property
-    def tokens(self) -> int:
-        return (self.input_tokens or 0) + (self.output_tokens or 0)
-
-
-def _count(value: Any) -> int | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, str):
-        value = value.strip()
-        return int(value) if value.isdigit() else None
-    if isinstance(value, float):
-        return int(value) if math.isfinite(value) and value.is_integer() and value >= 0 else None
-    return value if isinstance(value, int) and value >= 0 else None
-
-
-def _money(value: Any) -> float | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            return None
-    if isinstance(value, (int, float)) and math.isfinite(value) and value >= 0:
-        return float(value)
-    return None
-
-
 @runtime_checkable
 class Provider(Protocol):
     """Anything with an async ``complete(call) -> Reply``."""
@@ -124,19 +50,6 @@ async def close_provider(provider: Any) -> None:
     closer = getattr(provider, "aclose", None)
     if closer is not None:
         await closer()
-
-
-def declared_output_cap(provider: Any) -> int | None:
-    """The output ceiling a provider sends with each call (``max_tokens``, or ``max_tokens`` /
-    ``max_completion_tokens`` in ``extra_body``), or None when it sends none."""
-    cap = getattr(provider, "max_tokens", None)
-    if isinstance(cap, int) and not isinstance(cap, bool) and cap >= 1:
-        return cap
-    extra = getattr(provider, "extra_body", None)
-    extra = extra if isinstance(extra, Mapping) else {}
-    return next((extra[k] for k in OUTPUT_CAPS
-                 if isinstance(extra.get(k), int) and not isinstance(extra.get(k), bool)
-                 and extra[k] > 0), None)
 
 
 def estimate_tokens(text: str) -> int:

@@ -9,69 +9,30 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import asdict
 from typing import Any
 
 from .._errors import ProviderError, ProviderSetupError
 from ._http import HttpProvider, as_int, object_schema
-from .base import Call, Reply
+from .base import Call
+from .capabilities import Capabilities, capabilities_for, shaped_extra_body
+from .reply import REFUSED, TOOL_CALL, TRUNCATED, Reply
+from .strict import strict_form
 
-__all__ = ["DEFAULT_OPENAI_BASE_URL", "OpenAIProvider", "strict_schema"]
+__all__ = ["DEFAULT_OPENAI_BASE_URL", "OpenAIProvider"]
 
 DEFAULT_OPENAI_BASE_URL = "https://api.openai.com/v1"
-RESPONSE_FORMATS = ("json_schema", "json_object", "text")
-
-
-def strict_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
-    """Make object nodes strict-mode legal: additionalProperties false, every property required.
-
-    A stricter schema accepts a subset of what the original accepts, so answers still pass
-    the caller's own validation. Returns a copy; the call's schema is left untouched.
-    """
-    return _strict(schema, True)
-
-
-_SCHEMA_LISTS = frozenset(("anyOf", "oneOf", "allOf", "prefixItems"))
-_SCHEMA_MAPS = frozenset(("properties", "$defs", "definitions"))
-_SCHEMA_ONE = frozenset(("items", "not", "additionalProperties"))
-_SCHEMA_KEYS = _SCHEMA_LISTS | _SCHEMA_MAPS | _SCHEMA_ONE
-
-
-def _strict(node: Any, is_schema: bool) -> Any:
-    """Tighten object nodes; everything else is shared, not copied (bodies are only serialised).
-
-    Payloads (enum/const/default values) are never walked: they are data, not schemas.
-    """
-    if not is_schema:
-        return node
-    if isinstance(node, list):
-        return [_strict(item, True) for item in node]
-    if not isinstance(node, Mapping) or not (node.keys() & _SCHEMA_KEYS):
-        return node  # a leaf schema ({"type": "string"}, {"enum": [...]}): nothing to tighten
-    return _strict_object(node)
-
-
-def _strict_object(node: Mapping[str, Any]) -> Mapping[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        if key in _SCHEMA_MAPS and isinstance(value, Mapping):
-            out[key] = {name: _strict(sub, True) for name, sub in value.items()}
-        elif key in _SCHEMA_LISTS or key in _SCHEMA_ONE:
-            out[key] = _strict(value, True)
-        else:
-            out[key] = value
-    props = out.get("properties")
-    if isinstance(props, dict):
-        out.setdefault("additionalProperties", False)
-        required = list(out.get("required") or [])
-        out["required"] = required + [name for name in props if name not in required]
-    return out
+RESPONSE_FORMATS = ("auto", "json_schema", "json_object", "text")
 
 
 class OpenAIProvider(HttpProvider):
     """Chat completions against OpenAI or any compatible server; a custom base_url may be keyless.
 
-    ``response_format``: ``"json_schema"`` sends the call's wire schema with ``strict: true``,
-    ``"json_object"`` asks for any JSON object, ``"text"`` sends no format at all.
+    ``response_format``: ``"auto"`` (the default) sends the call's wire schema in strict mode
+    when strict mode can express it and asks for a JSON object when it cannot (saying so once
+    per run); ``"json_schema"`` insists on strict mode and refuses, before anything is spent, a
+    schema it cannot express; ``"json_object"`` asks for any JSON object; ``"text"`` sends no
+    format. ``capabilities`` overrides what the model is taken to accept (capabilities.py).
     """
 
     name = "openai"
@@ -87,30 +48,92 @@ class OpenAIProvider(HttpProvider):
     body_keys = frozenset(("model", "messages", "response_format"))
 
     def __init__(self, model: str | None = None, *, base_url: str | None = None,
-                 api_key: str | None = None, response_format: str = "json_schema",
+                 api_key: str | None = None, response_format: str = "auto",
                  timeout: float = 60.0, prices: Mapping[str, Any] | None = None,
-                 max_connections: int = 0, extra_body: Mapping[str, Any] | None = None) -> None:
+                 max_connections: int = 0, extra_body: Mapping[str, Any] | None = None,
+                 capabilities: Mapping[str, Any] | Capabilities | None = None) -> None:
         self._setup(model, base_url, api_key, timeout, prices, extra_body, max_connections)
         if response_format not in RESPONSE_FORMATS:
             raise ProviderSetupError(f"response_format must be one of "
                                      f"{', '.join(RESPONSE_FORMATS)}; got {response_format!r}")
         self.response_format = response_format
+        self.capabilities = capabilities_for(self.model, capabilities)
+        if not self.capabilities.response_format and response_format in ("json_schema",
+                                                                          "json_object"):
+            raise ProviderSetupError(
+                f"OpenAIProvider: {self.model} takes no response_format, so "
+                f"response_format={response_format!r} would be refused on every call; use "
+                "'auto' (the prompt asks for JSON, and acceptance judges it against your "
+                "schema), or pass capabilities={'response_format': True} if this deployment "
+                "takes one")
+        self.extra_body = shaped_extra_body(self.model, self.capabilities, self.extra_body)
 
     def request_body(self, call: Call) -> tuple[dict[str, Any], bool]:
         """The JSON body for a call, and whether a value-mode scalar was wrapped."""
-        messages = []
-        if call.system:
-            messages.append({"role": "system", "content": call.system})
-        messages.append({"role": "user", "content": call.prompt})
-        body: dict[str, Any] = {"model": self.model, "messages": messages, **self.extra_body}
-        wrapped = False
-        if self.response_format == "json_schema":
-            schema, name, wrapped = object_schema(call)
-            body["response_format"] = {"type": "json_schema", "json_schema": {
-                "name": name, "schema": strict_schema(schema), "strict": True}}
-        elif self.response_format == "json_object":
-            body["response_format"] = {"type": "json_object"}
+        body: dict[str, Any] = {"model": self.model, "messages": self._messages(call),
+                                **self.extra_body}
+        fmt, wrapped = self._format(call.schema, call.mode)
+        if fmt is not None:
+            body["response_format"] = fmt
         return body, wrapped
+
+    def _messages(self, call: Call) -> list[dict[str, str]]:
+        """The system text in the role the model takes it in; a model that takes neither
+        ``system`` nor ``developer`` gets it as a user message before the prompt."""
+        prompt = {"role": "user", "content": call.prompt}
+        if not call.system:
+            return [prompt]
+        return [{"role": self.capabilities.system_role, "content": call.system}, prompt]
+
+    def _format(self, schema: Mapping[str, Any],
+                mode: str) -> tuple[dict[str, Any] | None, bool]:
+        """The ``response_format`` a call with this wire schema sends, and whether a scalar
+        was wrapped as ``{"value": ...}`` for it."""
+        if self.response_format == "text" or not self.capabilities.response_format:
+            return None, False
+        if self.response_format == "json_object":
+            return {"type": "json_object"}, False
+        root, name, wrapped = object_schema(schema, mode)
+        form = strict_form(root)
+        if form.schema is not None:
+            return {"type": "json_schema", "json_schema": {
+                "name": name, "schema": form.schema, "strict": True}}, wrapped
+        if self.response_format == "json_schema":  # the run's check refuses this first
+            raise ProviderError(self._inexpressible(form.problems, mode), retryable=False,
+                                fatal=True)
+        # JSON mode answers objects only: a scalar value goes without a format
+        return (None, False) if wrapped else ({"type": "json_object"}, False)
+
+    def check_schema(self, schema: Mapping[str, Any], mode: str) -> str | None:
+        """How a run's calls will send their wire schema, checked before anything is spent:
+        None when as asked, a note for the run's result when strict mode cannot express it
+        (the calls ask for a JSON object), or ProviderSetupError when ``json_schema`` was
+        asked for explicitly."""
+        if not self.capabilities.response_format:
+            return (f"{self.model} takes no response_format: its calls ask for JSON in the "
+                    "prompt only, and acceptance judges every answer against your schema")
+        if self.response_format not in ("auto", "json_schema"):
+            return None
+        root, _, wrapped = object_schema(schema, mode)
+        problems = strict_form(root).problems
+        if not problems:
+            return None
+        if self.response_format == "json_schema":
+            raise ProviderSetupError(self._inexpressible(problems, mode))
+        how = ("send no response_format" if wrapped else
+               "ask for a JSON object (response_format json_object)")
+        return (f"OpenAI's strict mode cannot express this schema ({_listed(problems, mode)}), "
+                f"so its calls {how}, and acceptance judges every answer against your schema; "
+                "to have the API hold the model to it, declare the fields of free-form objects "
+                "and dicts and leave out the keywords named (a validator can check them)")
+
+    def _inexpressible(self, problems: list[str], mode: str) -> str:
+        return (f"OpenAIProvider(response_format='json_schema') was asked for, but OpenAI's "
+                f"strict mode cannot express this schema ({_listed(problems, mode)}), and the "
+                "API would refuse every call with a 400; nothing was sent. Use "
+                "response_format='auto' (such a schema then goes as a JSON object, and "
+                "acceptance still judges every answer against it), or declare the fields of "
+                "free-form objects and dicts and leave out the keywords named")
 
     def overhead_tokens(self, call: Call) -> int:
         """OpenAI's documented count for chat models: 3 tokens framing each message, 3
@@ -118,7 +141,8 @@ class OpenAIProvider(HttpProvider):
         return 3 * (2 if call.system else 1) + 3
 
     def settings(self) -> dict[str, Any]:
-        return {**super().settings(), "response_format": self.response_format}
+        return {**super().settings(), "response_format": self.response_format,
+                "capabilities": asdict(self.capabilities)}
 
     async def complete(self, call: Call) -> Reply:
         body, wrapped = self.request_body(call)
@@ -137,21 +161,63 @@ class OpenAIProvider(HttpProvider):
         content = message.get("content")
         refusal = message.get("refusal")
         answered = isinstance(content, str)
-        text = content if answered else (refusal or "")
+        finish = choices[0].get("finish_reason")
+        arguments = _tool_arguments(message)
+        text = content if answered else (refusal or arguments or "")
         # The content string is the model's own text; a wrapped scalar stays wrapped and says
         # so, for acceptance to unwrap (the ledger keeps what the model sent).
         envelope = "value" if wrapped and answered else None
         usage = data.get("usage") or {}
-        inp = as_int(usage.get("prompt_tokens"))
-        out = as_int(usage.get("completion_tokens"))
-        cached = as_int((usage.get("prompt_tokens_details") or {}).get("cached_tokens"))
+        inp = as_int(usage.get("prompt_tokens"))  # cache reads and writes included
+        out = as_int(usage.get("completion_tokens"))  # reasoning tokens included: billed
+        prompt_details = usage.get("prompt_tokens_details") or {}
+        cached = as_int(prompt_details.get("cached_tokens"))
+        written = as_int(prompt_details.get("cache_write_tokens")) or 0
+        reasoning = as_int((usage.get("completion_tokens_details") or {}).get(
+            "reasoning_tokens"))
         model = data.get("model") or self.model
-        cost = self._cost(model, inp, out, cached or 0)
+        cost = self._cost(model, inp, out, cached or 0, written)
         if cost is not None:
             cost *= price_factor
-        extra = {"finish_reason": choices[0].get("finish_reason"), "id": data.get("id")}
+        extra = {"finish_reason": finish, "id": data.get("id")}
         if refusal:
             extra["refusal"] = refusal
+        if reasoning:
+            extra["reasoning_tokens"] = reasoning
+        if written:
+            extra["cache_write_tokens"] = written
         model, extra = self._shown(model, extra)
         return Reply(text=text, input_tokens=inp, output_tokens=out, cached_tokens=cached,
-                     cost=cost, model=model, extra=extra, envelope=envelope)
+                     cost=cost, model=model, extra=extra, envelope=envelope,
+                     stop=_stop(finish, refusal, answered, arguments))
+
+
+def _tool_arguments(message: Mapping[str, Any]) -> str | None:
+    """The first tool call's arguments as the model wrote them, when it called a tool."""
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list) or not calls or not isinstance(calls[0], Mapping):
+        return None
+    function = calls[0].get("function")
+    arguments = function.get("arguments") if isinstance(function, Mapping) else None
+    return arguments if isinstance(arguments, str) else json.dumps(arguments)
+
+
+def _stop(finish: Any, refusal: Any, answered: bool, arguments: str | None) -> str | None:
+    """How the choice ended, as acceptance judges it: cut off at the output ceiling, refused
+    (``message.refusal``, or the content filter withholding it), or a tool call where text
+    was asked; None for a text answer that ended on its own."""
+    if finish == "length":
+        return TRUNCATED
+    if refusal or finish == "content_filter":
+        return REFUSED
+    if (arguments is not None and not answered) or finish in ("tool_calls", "function_call"):
+        return TOOL_CALL
+    return None
+
+
+def _listed(problems: list[str], mode: str) -> str:
+    """The first problems, named by the answer's own fields (batchjson's wrapper left out)."""
+    prefix = "items[]." if mode == "items" else "value."
+    shown = [p.removeprefix(prefix) for p in problems[:3]]
+    more = f"; and {len(problems) - 3} more" if len(problems) > 3 else ""
+    return "; ".join(shown) + more

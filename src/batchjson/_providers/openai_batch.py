@@ -16,9 +16,10 @@ import aiohttp
 
 from .._errors import ProviderError
 from ._http import http_error
-from .base import Call, Reply
+from .base import Call
 from .batch_client import BatchClient
 from .pricing import BATCH_PRICE_FACTOR
+from .reply import Reply
 
 RUNNING = frozenset(("validating", "in_progress", "finalizing", "cancelling"))
 ENDED = frozenset(("completed", "failed", "expired", "cancelled"))

@@ -18,6 +18,19 @@ BILL_MULTIPLIERS = ("n", "best_of")
 OUTPUT_CAPS = ("max_completion_tokens", "max_tokens")
 
 
+def declared_output_cap(provider: Any) -> int | None:
+    """The output ceiling a provider sends with each call (``max_tokens``, or ``max_tokens`` /
+    ``max_completion_tokens`` in ``extra_body``), or None when it sends none."""
+    cap = getattr(provider, "max_tokens", None)
+    if isinstance(cap, int) and not isinstance(cap, bool) and cap >= 1:
+        return cap
+    extra = getattr(provider, "extra_body", None)
+    extra = extra if isinstance(extra, Mapping) else {}
+    return next((extra[k] for k in OUTPUT_CAPS
+                 if isinstance(extra.get(k), int) and not isinstance(extra.get(k), bool)
+                 and extra[k] > 0), None)
+
+
 def checked_extra_body(kind: str, extra_body: Any, owned_keys: frozenset[str]) -> dict[str, Any]:
     """``extra_body`` as a dict of request fields, refused now (before anything is spent) when
     it is not a mapping with string keys, replaces a field batchjson builds, asks for several

@@ -26,7 +26,7 @@ from typing import Any
 
 from .._errors import BudgetExceeded, ConfigError, InvalidBatch
 from .._money import cost_value
-from .._providers.base import declared_output_cap
+from .._providers.settings import declared_output_cap
 
 
 def _calls_value(value: Any) -> int | None:

@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._acceptance import judge as acceptance
-from .._acceptance.replies import sane_reply
 from .._content.tasks import Request, render_repair_prompt
 from .._errors import ProviderError
 from .._ledger import Ledger
 from .._ledger.claims import Owner
 from .._providers.base import estimate_tokens, input_bound
+from .._providers.reply import REFUSED, TRUNCATED, received
+from .._providers.settings import declared_output_cap
 from .budget import Spender, charge_line, charge_of, reserve_lines
 from .calls import _usage, first_prompt, make_call
 from .plan import Outcome, Plan, system_prompt
@@ -167,10 +168,11 @@ class JobRunner:
             charge_line(self.spender, reserved, 0.0)  # a line without an answer is not billed
             out.provider_errors += 1
             errors = [{"type": "provider_error", "task_id": None, "status": got.status,
+                       "retryable": got.retryable,
                        "message": f"provider failed{_http(got)}: {got}"}]
             return lambda tx: store.finish_call(tx, attempt_id, "provider_error", errors, None,
                                                 got.usage or {}, charge=0.0 if shared else None)
-        reply = sane_reply(got)
+        reply = received(got, declared_output_cap(self.provider))
         cost = reply.cost if reply.cost is not None else self.spender.pricing.cost(
             reply.input_tokens, reply.output_tokens)
         charge_line(self.spender, reserved, cost)
@@ -219,12 +221,18 @@ class JobRunner:
             return ("replay" if request.key in self.tried else "initial"), prompt
         last = rows[-1]
         errors = json.loads(last["errors"] or "[]")
-        if any(e.get("type") == "validator_error" for e in errors):
+        kinds = {e.get("type") for e in errors}
+        # as the live loop decides: a cut-off answer would be cut off again, a refusal is
+        # re-asked only when the run says so, a validator crash and a 4xx never are
+        if TRUNCATED in kinds or "validator_error" in kinds or (
+                REFUSED in kinds and not self.plan.reask_refusals) or any(
+                e.get("retryable") is False for e in errors):
             return None
         raw = last["raw"]
         repairs = sum(r["kind"] == "repair" for r in rows)
         replays = sum(r["kind"] == "replay" for r in rows[1:])
-        if last["status"] == "rejected" and isinstance(raw, str) and repairs < self.plan.repairs:
+        if (last["status"] == "rejected" and isinstance(raw, str) and kinds
+                and kinds <= acceptance.REPAIRABLE and repairs < self.plan.repairs):
             return "repair", render_repair_prompt(prompt, raw, errors)
         if replays < self.plan.replays:
             return "replay", prompt

@@ -26,6 +26,7 @@ class Plan:
     replays: int
     split: bool
     max_split_depth: int = 4
+    reask_refusals: bool = False  # a refused return is asked again (within the replays)
     source: str | None = None  # the provider's answer source, written on every receipt
 
 

@@ -33,6 +33,8 @@ from .._errors import LedgerError, ProviderError
 from .._ledger import Ledger
 from .._ledger.claims import Owner
 from .._providers.masking import public_url
+from .._providers.reply import REFUSED, STOP_ERRORS, TRUNCATED
+from .._providers.settings import declared_output_cap
 from .budget import Spender
 from .calls import CallSteps, Held, OutOfBudget, Resolved, Stopped, first_prompt
 from .groupcommit import GroupCommit
@@ -58,6 +60,7 @@ class Replayer(CallSteps):
         self.session_id = session_id
         self.outcome = Outcome()
         self._attempts: dict[str, int] = {}
+        self._cut_off: set[str] = set()  # requests cut off before under the same settings
         self.writes = GroupCommit(self.store)
         # initial * 2**(n-1) plus up to `initial` of jitter, capped below in _delay: written with
         # strategies every tenacity since 8 has (rlm's google-genai pins tenacity below 9.2)
@@ -84,6 +87,8 @@ class Replayer(CallSteps):
         as its previous one is resolved or given up."""
         self.owner = Owner.start(self.session_id)
         self._attempts = self.store.attempt_counts([r.key for r in requests])
+        self._cut_off = {key for key, stops in self.store.stops_of(
+            [r.key for r in requests]).items() if TRUNCATED in stops}
         self.store.reap()  # runners that are gone give up their claims before we start
         self._queue: deque[Item] = deque((r, 0, None) for r in requests)
         self._held: list[Item] = []
@@ -180,14 +185,20 @@ class Replayer(CallSteps):
 
     async def _drive(self, request: Request, depth: int, first_kind: str | None = None) -> None:
         plan = self.plan
+        if request.key in self._cut_off:  # cut off before at this very ceiling: not paid again
+            return self._cut_short(request, depth, None)
         prompt = first_prompt(self.plan, request)
         kind = self._first_kind(request, first_kind)
         repairs_left, replays_left = plan.repairs, plan.replays
         try:
             verdict, raw = await self._attempt(request, kind, prompt)
             while not verdict.accepted:
-                if verdict.errors and not verdict.repairable and raw is not None:
-                    break  # a validator crash: reported, never retried
+                if (stop := _stop_of(verdict)) == TRUNCATED:  # so would a repair or replay
+                    return self._cut_short(request, depth, verdict, raw)
+                # a refusal is not re-asked unless the run says so; a validator crash never is
+                if (stop == REFUSED and not plan.reask_refusals) or (
+                        verdict.errors and not verdict.repairable and raw is not None and not stop):
+                    break
                 if raw is None and not all(e.get("retryable", True) for e in verdict.errors):
                     break  # 400/401/403/404: asking again cannot help
                 if raw is not None and verdict.repairable and repairs_left > 0:
@@ -221,6 +232,12 @@ class Replayer(CallSteps):
         except Stopped:
             self._release(request)
             return
+        self._settled_as(request, verdict, raw)
+
+    def _settled_as(self, request: Request, verdict: acceptance.Verdict,
+                    raw: str | None) -> None:
+        """The request's last verdict: accepted, or failed with its errors (a validator crash
+        also stops the run opening calls)."""
         if not verdict.accepted:  # an accepted request's claim goes with the run's release
             self._release(request)
         self._progress(request)
@@ -234,6 +251,26 @@ class Replayer(CallSteps):
             self._stop = Stopped(_first_line(crash))
             self.outcome.stopped = (f"the validator crashed ({_first_line(crash)}); no further "
                                     "calls were opened. Fix the validator and re-run.")
+
+    def _cut_short(self, request: Request, depth: int, verdict: acceptance.Verdict | None,
+                   raw: str | None = None) -> None:
+        """A request whose return was cut off at the output ceiling: split when the run allows
+        it (``split=True``, more than one task), else reported as needing a higher ceiling;
+        never asked again under the same limit."""
+        self._release(request)
+        if self.plan.split and len(request.tasks) > 1 and depth < self.plan.max_split_depth:
+            return self._split(request, depth)
+        self._progress(request)
+        cap = declared_output_cap(self.provider)
+        limit = (f"more than max_tokens={cap} output tokens" if cap is not None else
+                 "more output tokens than the provider's limit")
+        earlier = "" if verdict is not None else (
+            "an earlier return of this request was cut off at this provider's output limit; ")
+        fix = ("raise max_tokens" + (", pack fewer tasks per call, or pass split=True"
+                                     if len(request.tasks) > 1 else ""))
+        self._fail(request, [{"type": TRUNCATED, "task_id": None, "message": (
+            f"{earlier}the answer needs {limit}, and asking again "
+            f"under the same limit would be cut off again (not re-asked): {fix}")}], raw)
 
     def _sweep(self) -> None:
         """Another runner works on this content too: take out of the queue, with one read and
@@ -355,6 +392,12 @@ class Replayer(CallSteps):
         self._changed.set()
         assert self._reachable is not None
         self._reachable.set()
+
+
+def _stop_of(verdict: acceptance.Verdict) -> str | None:
+    """The provider's stop a rejected return carries (cut off, refused, the wrong shape)."""
+    return next((e["type"] for e in verdict.errors if e.get("type") in STOP_ERRORS),
+                None)
 
 
 def _first_line(error: Mapping[str, Any]) -> str:

@@ -1,6 +1,6 @@
 """Refused before spending: what the chosen provider cannot do with this run.
 
-Two checks need the provider, so they run once it is known and before anything is recorded:
+Three checks need the provider, so they run once it is known and before anything is recorded:
 
 - the simulated model must be able to answer the schema: its generator makes the answer of
   every pending task and checks it, and a keyword it cannot satisfy, or the schema's own code
@@ -9,7 +9,10 @@ Two checks need the provider, so they run once it is known and before anything i
   smallest schema-valid answer (identity echoes included) is longer than the ceiling, or longer
   than what this batch's accepted returns measured per item say, would be cut off on every
   attempt, and each repair and replay paid for nothing (``InvalidBatch``, naming the pack size
-  that fits).
+  that fits);
+- a provider that sends the wire schema in a mode taking only part of JSON Schema (OpenAI's
+  strict mode) checks it: a schema it cannot send as asked is refused (``ProviderSetupError``),
+  or sent another way with a note in the run's result.
 
 Output tokens are counted from below (:func:`output_tokens_floor`), so a pack is refused only
 when it cannot fit, never because an estimate ran high.
@@ -27,8 +30,8 @@ from .._content.schema import ItemSchema, wire_schema
 from .._content.tasks import Request
 from .._errors import InvalidBatch, ProviderSetupError
 from .._ledger import Ledger
-from .._providers.base import declared_output_cap
 from .._providers.schemagen import Generator, Unanswerable
+from .._providers.settings import declared_output_cap
 
 # The pieces GPT-style tokenizers (cl100k, o200k; Llama 3 uses the same rules) cut text into
 # before any merge: a letter run with at most one leading mark (and a contraction), digits in
@@ -49,17 +52,34 @@ def output_tokens_floor(text: str) -> int:
 
 
 def check_fit(provider: Any, ledger: Ledger, name: str, schema: ItemSchema,
-              pending: Sequence[Request], identity: Sequence[str], mode: str) -> None:
-    """Both checks, over the requests about to be sent. Nothing to fit when the provider sends
-    no output ceiling (``declared_output_cap``)."""
+              pending: Sequence[Request], identity: Sequence[str], mode: str) -> list[str]:
+    """The checks, over the requests about to be sent, and the provider's notes on how it will
+    send them (an OpenAI provider falling back from strict mode says so). Nothing to fit when
+    the provider sends no output ceiling (``declared_output_cap``)."""
     if not pending:
-        return
+        return []
     answerable(provider, schema, pending, identity, mode)
+    note = schema_note(provider, schema, pending, identity, mode)
     cap = declared_output_cap(provider)
     if cap is not None:
         measured = measured_per_item(ledger, name, 0 if mode == "value" else
                                      output_tokens_floor(_ENVELOPE))
         _pack_fits(cap, measured, schema, pending, identity, mode)
+    return [note] if note else []
+
+
+def schema_note(provider: Any, schema: ItemSchema, pending: Sequence[Request],
+                identity: Sequence[str], mode: str) -> str | None:
+    """A provider that checks the wire schema it will send (``check_schema``: OpenAI's strict
+    mode takes only a subset of JSON Schema) sees the largest pending request's; it may refuse
+    the run (ProviderSetupError) or give a note for its result."""
+    check = getattr(provider, "check_schema", None)
+    if not callable(check):
+        return None
+    largest = max(pending, key=lambda r: len(r.tasks))
+    wire = schema.json_schema if mode == "value" else wire_schema(schema, largest.tasks,
+                                                                   identity)
+    return check(wire, mode)
 
 
 def measured_per_item(ledger: Ledger, name: str, envelope: int) -> float | None:

@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .._acceptance.replies import GuardedProvider, provider_names
 from .._acceptance.validators import droste_verdicts
 from .._content.tasks import (
     Request,
@@ -31,6 +30,7 @@ from .._ledger.evidence import Evidence
 from .._ledger.rejudge import UNSEEN, clear_sourceless, rejudge, unseen_token
 from .._ledger.store import Store
 from .._providers.base import answer_source, close_provider
+from .._providers.reply import GuardedProvider, provider_names
 from .._providers.select import make_provider, provider_label
 from .._replay.budget import Budget, Spender, Tally, usd
 from .._replay.calls import cheapest_call
@@ -145,6 +145,7 @@ class Session:
         max_calls: int | None = None,
         on_exhausted: str = "raise",
         progress: bool = False,
+        reask_refusals: bool = False,
         transport: str = "live",
         wait: bool = False,
     ) -> BatchResult:
@@ -155,15 +156,18 @@ class Session:
         ``validator(item, task)`` (a dict, or a model instance for a pydantic schema; sync or
         ``async def``) raises ValueError or returns False to reject an item. ``identity=None``
         compares ``task_id`` and every other task field an item echoes; an explicit list
-        compares exactly those fields. ``transport="batch"`` sends the pending requests as
-        provider batch jobs at batch prices and returns ``status == "pending"`` with ``jobs``
-        (``wait=True``: blocks until they end); re-running collects.
+        compares exactly those fields. A return the model refused is not asked again (its
+        request ends unresolved, reason ``refused``) unless ``reask_refusals=True``.
+        ``transport="batch"`` sends the pending requests as provider batch jobs at batch prices
+        and returns ``status == "pending"`` with ``jobs`` (``wait=True``: blocks until they
+        end); re-running collects.
         """
         return self.run(RunSpec(
             name=name, tasks=tasks, schema=schema, validator=validator,
             identity=identity, pack=pack, instructions=instructions, repairs=repairs,
             replays=replays, split=split, max_calls=max_calls, on_exhausted=on_exhausted,
-            progress=progress, transport=transport, wait=wait))
+            progress=progress, reask_refusals=reask_refusals, transport=transport,
+            wait=wait))
 
     def llm_batch_json(self, prompts: Sequence[str], schema: Any,
                        contexts: Sequence[str] | None = None, max_repair_attempts: int = 1,
@@ -245,8 +249,10 @@ class Session:
         plan = Plan(batch_id=0, revision_id=0, mode=mode,  # ids set once the revision opens
                     identity=ident, schema=item_schema, validator=checker,
                     instructions=instructions, content=key_content, repairs=repairs,
-                    replays=replays, split=bool(spec.split), source=source)
-        check_fit(provider, self.ledger, name, item_schema, pending, ident, mode)
+                    replays=replays, split=bool(spec.split), source=source,
+                    reask_refusals=spec.reask_refusals)
+        provider_notes = check_fit(provider, self.ledger, name, item_schema, pending, ident,
+                                   mode)
         client = (batches.client_for(provider, store, self._loop.run, self._used)
                   if spec.transport == "batch" else None)  # refused before anything is recorded
         spender = Spender(max_calls, self.budget, self.tally, batches.pricing(provider, client),
@@ -306,6 +312,7 @@ class Session:
             result.compared_if_echoed = tuple(f for f in preflight.compared_candidates(
                 task_list, ident) if f not in ident)
         result.provider = f"{provider_name}/{provider_model}" if provider_model else provider_name
+        result.notes += provider_notes  # how this run's calls were sent, when not as asked
         if changed is not None:
             result.notes.append(changed)
         if superseded_note is not None:

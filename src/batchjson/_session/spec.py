@@ -42,6 +42,8 @@ class RunSpec:
     - ``refuse_short_budget``: refuse before spending when the budget cannot cover one call per
       pending request (droste's helper instead spends what it has and reports the rest).
     - ``None`` for ``repairs``/``replays`` takes the session's setting.
+    - ``reask_refusals``: a return the model refused is asked again (as a replay, within
+      ``replays``); by default a refusal ends its request unresolved with reason ``refused``.
     - ``transport="batch"`` sends the pending requests as provider batch jobs (half price,
       results within 24 hours): the run returns ``status == "pending"`` with ``jobs`` unless
       ``wait=True``, and a re-run collects (docs/providers.md).
@@ -60,6 +62,7 @@ class RunSpec:
     repairs: int | None = None
     replays: int | None = None
     split: bool = False
+    reask_refusals: bool = False
     max_calls: int | None = None
     on_exhausted: str = "raise"
     progress: bool | Callable[[int, str], Any] = False  # or a face's bar: progress(total, name)
@@ -86,7 +89,8 @@ class RunSpec:
                              ("max_calls", self.max_calls)):
             if count is not None:
                 whole(label, count, 0)
-        for label, flag in (("split", self.split), ("wait", self.wait),
+        for label, flag in (("split", self.split), ("reask_refusals", self.reask_refusals),
+                            ("wait", self.wait),
                             ("refuse_short_budget", self.refuse_short_budget)):
             if not isinstance(flag, bool):
                 raise InvalidBatch(f"{label} must be True or False, got {flag!r}")

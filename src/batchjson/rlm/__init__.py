@@ -378,8 +378,9 @@ class _Binding:
     def finalization_check(self) -> list[dict[str, Any]]:
         """The unresolved evidence that must block a ready answer; empty when it may be given.
 
-        One entry per owed request: its batch, the prompts (shortened) and the last error, so a
-        model can say what is unresolved, or replay exactly that call.
+        One entry per owed request: its batch, the prompts (shortened), the last error and its
+        type as ``reason`` (``refused`` for a request the model refused), so a model can say
+        what is unresolved, or replay exactly that call.
         """
         owed = self.session.evidence.requests()
         ledger, details = self.session.ledger, {}
@@ -396,6 +397,7 @@ class _Binding:
             out.append({"batch": u.batch, "revision": u.revision, "request": u.key[:16],
                         "items": list(u.task_ids),
                         "prompts": [_short(t.get("prompt")) for t in tasks.get(u.key, ())],
+                        "reason": last[-1].get("type") if last[-1] else None,
                         "last_error": _short(last[-1].get("message")) if last[-1] else None})
         return out
 

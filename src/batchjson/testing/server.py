@@ -31,6 +31,7 @@ from .._providers.simulated import SimulatedModel
 from ._batches import BatchDesk, BatchFaults
 from ._bodies import anthropic_message, openai_completion, request_id, shape
 from ._faults import HTTP_FAULTS, STATUS_FAULTS, HttpFaults
+from ._openai_rules import refusal as openai_refusal
 from ._ratelimits import Limits
 from ._requests import Ask, anthropic_ask, openai_ask
 from ._wire import (
@@ -247,6 +248,9 @@ class LoopbackServer:
         refused = _refused("openai", data)
         if refused is not None or data is None:
             return error_response("openai", 400, refused or "request body is not a JSON object")
+        rule = openai_refusal(data)  # what the real API refuses: the model's, strict mode's
+        if rule is not None:
+            return error_response("openai", 400, rule.message, rule.code, param=rule.param)
         ask = openai_ask(data, self.model.model)
         outcome = await self._answer("openai", ask, self._rid(request))
         if isinstance(outcome, web.Response):

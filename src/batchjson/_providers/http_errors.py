@@ -1,0 +1,128 @@
+"""An HTTP error response as a ProviderError: the provider's own words, the server's retry
+advice, and the errors no request of a run can get past.
+
+Those stop the whole run (``ProviderError(fatal=True)``): the account cannot pay, or the server
+says a limit will not pass by waiting. No other request is sent, none is retried, and the error
+says what to fix. They are recognised by the providers' own words: OpenAI's 429
+``insufficient_quota`` (and ``billing_hard_limit_reached``), Anthropic's 400 "credit balance is
+too low" and ``billing_error``, a spend limit (``enforced_spend_limit_reached``), a 402 from a
+gateway, and a status otherwise worth retrying (408, 409, 425, 429) sent with
+``x-should-retry: false``, the header both official SDKs obey.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import time
+from collections.abc import Mapping
+
+from .._errors import ProviderError
+from .masking import Secrets
+
+QUOTA_CODES = frozenset({"insufficient_quota", "billing_hard_limit_reached", "billing_error",
+                         "enforced_spend_limit_reached"})
+QUOTA_WORDS = ("credit balance", "exceeded your current quota")
+WAITABLE = (408, 409, 425, 429)  # statuses that can pass by waiting (and 5xx)
+BILLING_PAGES = {"openai": "https://platform.openai.com/settings/organization/billing",
+                 "anthropic": "https://console.anthropic.com/settings/billing"}
+
+
+def should_retry(headers: Mapping[str, str]) -> bool | None:
+    """The server's own retry advice (``x-should-retry``), or None when it gives none."""
+    value = (headers.get("x-should-retry") or "").strip().lower()
+    return {"true": True, "false": False}.get(value)
+
+
+def run_stop(provider: str, status: int, code: str | None, message: str,
+             headers: Mapping[str, str]) -> str | None:
+    """Why no request of this run can succeed, with the fix, or None for an error of one
+    request."""
+    page = BILLING_PAGES.get(provider, "the provider's console")
+    if (code in QUOTA_CODES or status == 402
+            or any(words in message.lower() for words in QUOTA_WORDS)):
+        return (f"the account cannot pay for requests (out of credit, or over its spending "
+                f"limit): check its plan and billing at {page}. The run stopped: no further "
+                "request was sent and none is retried, since waiting cannot help. Re-run once "
+                "billing is fixed; what was accepted is kept")
+    if status in WAITABLE and should_retry(headers) is False:
+        return (f"the server says not to retry (x-should-retry: false), so this limit will not "
+                f"pass by waiting: check the account's limits, plan and billing at {page}. The "
+                "run stopped: no further request was sent and none is retried")
+    return None
+
+
+def parse_retry_after(headers: Mapping[str, str]) -> float | None:
+    """Seconds to wait, from ``retry-after-ms``, ``Retry-After`` seconds, or an HTTP-date."""
+    millis = headers.get("retry-after-ms")
+    if millis:
+        try:
+            return max(0.0, float(millis) / 1000.0)
+        except ValueError:
+            pass
+    value = headers.get("Retry-After")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def is_retryable_status(status: int) -> bool:
+    """Timeouts, conflicts, rate limits and server trouble can pass; request errors cannot."""
+    return status in WAITABLE or status >= 500
+
+
+def error_message(raw: bytes) -> tuple[str, str | None]:
+    """The provider's own message and error code/type from an error body, if it has them."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        text = raw[:300].decode("utf-8", "replace").strip()
+        return (text or "<empty body>"), None
+    if isinstance(data, Mapping):
+        err = data.get("error", data)
+        if isinstance(err, Mapping):
+            msg = err.get("message") or err.get("detail") or data.get("message")
+            details = err.get("details")  # Anthropic names a spend limit in details
+            code = ((details.get("error_code") if isinstance(details, Mapping) else None)
+                    or err.get("code") or err.get("type"))
+            if msg:
+                return str(msg)[:500], (str(code) if code else None)
+        elif isinstance(err, str):
+            return err[:500], None
+        if data.get("detail"):
+            return str(data["detail"])[:500], None
+    return json.dumps(data)[:300], None
+
+
+_STATUS_HINTS = {
+    401: "the API key was rejected; check {key_env}",
+    403: "the key may not use this model or endpoint",
+    404: "check the model name and the base URL",
+    413: "the request is too large; pack fewer tasks per call",
+}
+
+
+def http_error(provider: str, status: int, headers: Mapping[str, str], raw: bytes,
+               secrets: Secrets | None, key_env: str) -> ProviderError:
+    """Map an HTTP error response to a ProviderError, keeping the provider's own words."""
+    message, code = error_message(raw)
+    advice = should_retry(headers)  # the server's word wins, as in the official SDKs
+    retryable = is_retryable_status(status) if advice is None else advice
+    stop = run_stop(provider, status, code, message, headers)  # out of credit: stop the run
+    hint = _STATUS_HINTS.get(status, "")
+    text = f"{provider} HTTP {status}: {message}"
+    if code:
+        text += f" [{code}]"
+    if stop or hint:
+        text += f" ({stop or hint.format(key_env=key_env)})"
+    return ProviderError(secrets.mask(text) if secrets else text, status=status,
+                         retryable=retryable and not stop, fatal=stop is not None,
+                         retry_after=parse_retry_after(headers))

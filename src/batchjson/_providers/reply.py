@@ -1,0 +1,174 @@
+"""The one boundary where what a provider hands back becomes a :class:`Reply` acceptance trusts.
+
+A provider is any object with an async ``complete(call)``, so what comes back may be a bare
+``str``, a ``Reply`` with token counts as strings, text as bytes or a lying ``str`` subclass.
+:func:`received` coerces it once, for every provider, built-in or the caller's own: text is an
+exact ``str``, counts are whole numbers or unknown, the model name is masked, and the provider's
+own account of how the answer ended (``stop``) is one of :data:`STOPS`. Nothing downstream
+cleans a reply again: acceptance judges ``text`` and ``stop`` as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._errors import ProviderError
+from .masking import shown_name
+from .settings import declared_output_cap
+
+ENVELOPES = (None, "value", "tool_input", "tool_input/value")
+
+# Why a return cannot be an answer whatever its text says, as its provider reported it (the
+# built-in providers read OpenAI's finish_reason, refusal and tool_calls, Anthropic's
+# stop_reason and content blocks); acceptance rejects it under the same name.
+TRUNCATED = "truncated"  # cut off at the output ceiling (length, max_tokens)
+REFUSED = "refused"  # the model declined (OpenAI message.refusal, Anthropic stop_reason refusal)
+TOOL_CALL = "tool_call"  # a tool call came where text was asked
+NO_TOOL_CALL = "no_tool_call"  # text came where the answer tool was to be called
+NOT_TEXT = "not_text"  # the provider's text was not a str (set here, by the boundary)
+STOPS = (TRUNCATED, REFUSED, TOOL_CALL, NO_TOOL_CALL, NOT_TEXT)
+# The error types a return is rejected under on its provider's word (NOT_TEXT is a json error).
+STOP_ERRORS = frozenset({TRUNCATED, REFUSED, TOOL_CALL, NO_TOOL_CALL})
+
+
+@dataclass
+class Reply:
+    """The raw text a provider returned, with usage and how it ended as the provider reported.
+
+    ``text`` is what the model sent, byte for byte (a refusal's text, a tool call's arguments
+    where text was asked); ``envelope`` says how the answer sits in it, for acceptance to
+    unwrap (docs/providers.md): ``None`` the text is the answer; ``"value"`` the text is the
+    ``{"value": ...}`` object a strict JSON mode was asked for (a scalar answer cannot be a
+    root there); ``"tool_input"`` the text is the exact JSON of a tool call's input object,
+    which is the answer; ``"tool_input/value"`` that input is the ``{"value": ...}`` wrapper.
+    ``stop`` is None for a return that ended as an answer may, else one of :data:`STOPS`.
+    """
+
+    text: str
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cached_tokens: int | None = None
+    cost: float | None = None
+    model: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    envelope: str | None = None
+    stop: str | None = None
+
+    @property
+    def tokens(self) -> int:
+        return (self.input_tokens or 0) + (self.output_tokens or 0)
+
+
+def received(out: Any, output_cap: int | None = None) -> Reply:
+    """What ``provider.complete`` returned, as the :class:`Reply` the rest of batchjson trusts.
+
+    A ``str`` is the answer with its usage unknown. Usage is bookkeeping, never a reason to lose
+    a paid-for return: a count given as a numeric string or a whole float is read as a number,
+    anything else (negative, bool, NaN, garbage) is unknown and kept in
+    ``extra["unreadable_usage"]``. Text that is not a ``str`` is kept as text with ``stop``
+    :data:`NOT_TEXT`, so acceptance rejects it and the receipt keeps it. A reply that says
+    nothing of how it ended but used every output token of ``output_cap`` (the ceiling the
+    provider sends) is marked ``extra["cut_at"]``: if its text is not whole JSON, acceptance
+    rejects it as cut off there (``truncated``), not as a JSON error."""
+    if isinstance(out, str):
+        return Reply(text=str.__getitem__(out, slice(None)))
+    if not hasattr(out, "text"):
+        raise ProviderError(f"provider returned a {type(out).__name__}, not a Reply: return "
+                            "Reply(text=...) or the raw text as a str", retryable=False)
+    extra = getattr(out, "extra", None)
+    extra = dict(extra) if isinstance(extra, dict) else {}
+    odd: dict[str, Any] = {} if isinstance(getattr(out, "extra", None), dict) else {
+        "extra": repr(getattr(out, "extra", None))[:80]}
+    counts = {}
+    for name in ("input_tokens", "output_tokens", "cached_tokens"):
+        value = getattr(out, name, None)
+        counts[name] = _count(value)
+        if counts[name] is None and value is not None:
+            odd[name] = repr(value)[:80]
+    cost = _money(getattr(out, "cost", None))
+    if cost is None and getattr(out, "cost", None) is not None:
+        odd["cost"] = repr(out.cost)[:80]
+    if odd:
+        extra["unreadable_usage"] = odd
+    text, stop = out.text, getattr(out, "stop", None)
+    if stop not in STOPS:
+        if stop is not None:
+            extra["unknown_stop"] = repr(stop)[:80]
+        stop = None
+    out_tokens = counts["output_tokens"]
+    if stop is None and output_cap is not None and out_tokens is not None and (
+            out_tokens >= output_cap):  # a sign of a cut, for acceptance to weigh
+        extra["cut_at"] = f"all {out_tokens} output tokens of max_tokens={output_cap} used"
+    if isinstance(text, str):
+        text = str.__getitem__(text, slice(None))  # a subclass's own methods could lie
+    else:
+        extra["text_type"] = type(text).__name__
+        text, stop = text_of(text), NOT_TEXT
+    envelope = getattr(out, "envelope", None)
+    model = getattr(out, "model", None)
+    return Reply(text=text, cost=cost, model=shown_name(model) if isinstance(model, str) else None,
+                 extra=extra, envelope=envelope if envelope in ENVELOPES else None, stop=stop,
+                 **counts)
+
+
+def text_of(value: Any) -> str:
+    """A str for storage, whatever a provider put in ``Reply.text``."""
+    if value is None:
+        return ""
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", errors="replace")
+    try:
+        return json.dumps(value, ensure_ascii=False, default=repr)
+    except (TypeError, ValueError, RecursionError):
+        return repr(value)[:100_000]
+
+
+def _count(value: Any) -> int | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, str):
+        value = value.strip()
+        return int(value) if value.isdigit() else None
+    if isinstance(value, float):
+        return int(value) if math.isfinite(value) and value.is_integer() and value >= 0 else None
+    return int(value) if isinstance(value, int) and value >= 0 else None
+
+
+def _money(value: Any) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    if isinstance(value, (int, float)) and math.isfinite(value) and value >= 0:
+        return float(value)
+    return None
+
+
+def provider_names(provider: Any) -> tuple[Any, Any]:
+    """A provider's name and model as receipts and results record them: a custom provider
+    whose ``name`` or ``model`` is a pasted key has it masked (the one masking rule)."""
+    return (shown_name(getattr(provider, "name", type(provider).__name__)),
+            shown_name(getattr(provider, "model", None)))
+
+
+class GuardedProvider:
+    """The provider as the replay loop sees it: every reply passes :func:`received`, and its
+    name and model are shown as :func:`provider_names` says. Everything else is the
+    provider's own (timeout, aclose, max_tokens, ...)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name, self.model = provider_names(inner)
+        self._cap = declared_output_cap(inner)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+    async def complete(self, call: Any) -> Reply:
+        return received(await self.inner.complete(call), self._cap)

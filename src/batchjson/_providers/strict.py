@@ -1,0 +1,279 @@
+"""OpenAI's strict mode (Structured Outputs): a wire schema's strict form, or why it has none.
+
+Strict mode takes a subset of JSON Schema, which OpenAI's Structured Outputs guide ("Supported
+schemas") lists: a root that is an object and not an ``anyOf``; every object closed
+(``additionalProperties: false``) with every property required; the types, ``enum``,
+``const``, ``anyOf``, local ``$ref``/``$defs``, and per type ``pattern`` and the listed
+``format``s, ``minimum``/``maximum``/``exclusiveMinimum``/``exclusiveMaximum``/``multipleOf``,
+``minItems``/``maxItems``; at most 5000 object properties, 10 levels of nested objects, 1000
+enum values and 120,000 characters of names and values. The API answers any other schema sent
+with ``strict: true`` with a 400, on every call.
+
+:func:`strict_form` rewrites a schema into that subset only where the rewrite accepts a subset
+of what the schema accepts: objects are closed, a property the schema does not require becomes
+required and nullable (acceptance reads its ``null`` as absent, ``_content/optional.py``),
+annotations the subset has no use for are dropped. What it cannot rewrite so (a free-form
+object, a ``dict[str, X]``, a keyword outside the subset) is named instead, and the provider
+falls back to JSON mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._content.optional import allows_null
+from .._content.schema import MISSING, resolve_pointer
+
+SUPPORTED_FORMATS = frozenset({"date-time", "time", "date", "duration", "email", "hostname",
+                               "ipv4", "ipv6", "uuid"})
+TYPES = frozenset({"string", "number", "integer", "boolean", "object", "array", "null"})
+KEPT_ANNOTATIONS = frozenset({"title", "description"})
+# Annotations: no JSON Schema validator judges by them, so leaving them out changes nothing
+# that is accepted (``nullable`` is OpenAPI's, which JSON Schema ignores).
+DROPPED_ANNOTATIONS = frozenset({"default", "examples", "example", "deprecated", "readOnly",
+                                 "writeOnly", "$comment", "$schema", "$id", "nullable"})
+CONSTRAINTS = frozenset({"enum", "const", "pattern", "minimum", "maximum", "exclusiveMinimum",
+                         "exclusiveMaximum", "multipleOf", "minItems", "maxItems"})
+MAX_PROPERTIES = 5000
+MAX_DEPTH = 10
+MAX_ENUM_VALUES = 1000
+MAX_CHARS = 120_000
+BIG_ENUM, BIG_ENUM_CHARS = 250, 15_000
+_NULL = {"type": "null"}
+
+
+@dataclass
+class StrictForm:
+    """The strict form of a schema (``schema``), or ``None`` with the ``problems`` that keep
+    strict mode from expressing it, each naming where it is."""
+
+    schema: dict[str, Any] | None
+    problems: list[str] = field(default_factory=list)
+
+
+def strict_form(schema: Mapping[str, Any]) -> StrictForm:
+    """The strict-mode form of ``schema`` (a copy; ``schema`` is left untouched)."""
+    walker = _Walker(schema)
+    if schema.get("type") != "object" or "anyOf" in schema:
+        walker.problem((), "a root that is not an object (strict mode needs an object root "
+                       "without anyOf)")
+    out = walker.node(schema, ())
+    for key in ("$defs", "definitions"):
+        defs = schema.get(key)
+        if isinstance(defs, Mapping):
+            out[key] = {name: walker.node(sub, (key, name)) for name, sub in defs.items()}
+    if not walker.problems:
+        walker.problems += limit_problems(out)
+    return StrictForm(None if walker.problems else out, walker.problems)
+
+
+def where(path: tuple[str, ...]) -> str:
+    """A schema path as a field path: ``('properties', 'a', 'items')`` is ``a[]``."""
+    out, parts = "", list(path)
+    while parts:
+        key = parts.pop(0)
+        if key in ("properties", "$defs", "definitions") and parts:
+            name = parts.pop(0)
+            out += (f"{key}.{name}" if key != "properties" else
+                    (f".{name}" if out else name))
+        elif key == "items":
+            out += "[]"
+        elif key == "anyOf" and parts:
+            out += f"(anyOf {parts.pop(0)})"
+    return out or "the root"
+
+
+class _Walker:
+    def __init__(self, root: Mapping[str, Any]) -> None:
+        self.root = root
+        self.problems: list[str] = []
+
+    def problem(self, path: tuple[str, ...], what: str) -> None:
+        self.problems.append(f"{where(path)}: {what}")
+
+    def node(self, node: Any, path: tuple[str, ...]) -> Any:
+        if not isinstance(node, Mapping):
+            self.problem(path, "a schema of true/false (any value, or none)")
+            return node
+        node = self._inlined(node, path)
+        if "$ref" in node:
+            return self._ref(node, path)
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            if key in DROPPED_ANNOTATIONS or key in ("properties", "required",
+                                                      "additionalProperties"):
+                continue
+            if key in ("$defs", "definitions"):
+                if path:
+                    self.problem(path, f"{key} below the root")
+            elif key in KEPT_ANNOTATIONS:
+                if isinstance(value, str):  # else an annotation of no use to anyone
+                    out[key] = value
+            elif key in CONSTRAINTS:
+                if key.startswith("exclusive") and isinstance(value, bool):
+                    self.problem(path, f"{key}: {value} (draft 4's flag; give the bound)")
+                out[key] = value
+            elif key == "type":
+                self._type(value, path)
+                out[key] = value
+            elif key == "format":
+                if value not in SUPPORTED_FORMATS:
+                    self.problem(path, f"format {value!r} (strict mode takes "
+                                 f"{', '.join(sorted(SUPPORTED_FORMATS))})")
+                out[key] = value
+            elif key == "anyOf" and isinstance(value, list):
+                out[key] = [self.node(b, (*path, "anyOf", str(i))) for i, b in enumerate(value)]
+            elif key == "items" and isinstance(value, Mapping):
+                out[key] = self.node(value, (*path, "items"))
+            else:
+                self.problem(path, f"the keyword {key!r}, which strict mode does not take")
+        return self._shaped(node, out, path)
+
+    def _inlined(self, node: Mapping[str, Any], path: tuple[str, ...]) -> Mapping[str, Any]:
+        """``allOf`` of one schema (older pydantic's way to describe a ``$ref``) is that
+        schema, when nothing but annotations stands beside it."""
+        parts = node.get("allOf")
+        if not (isinstance(parts, list) and len(parts) == 1 and isinstance(parts[0], Mapping)):
+            return node
+        beside = set(node) - {"allOf"} - KEPT_ANNOTATIONS - DROPPED_ANNOTATIONS
+        if beside:
+            return node  # judged as it is: allOf is outside the subset
+        return {**{k: v for k, v in node.items() if k != "allOf"}, **parts[0]}
+
+    def _ref(self, node: Mapping[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
+        """A bare local ``$ref`` into ``$defs``/``definitions``; annotations beside it are
+        dropped (strict mode takes none), anything else is a problem."""
+        ref = node["$ref"]
+        beside = set(node) - {"$ref"} - KEPT_ANNOTATIONS - DROPPED_ANNOTATIONS
+        if beside:
+            self.problem(path, f"$ref beside {', '.join(sorted(beside))}")
+        target = resolve_pointer(self.root, ref) if isinstance(ref, str) else MISSING
+        if not (isinstance(ref, str) and ref.split("/")[:2] in (["#", "$defs"],
+                                                                ["#", "definitions"])
+                and target is not MISSING):
+            self.problem(path, f"$ref {ref!r} (strict mode follows only #/$defs/... here)")
+        return {"$ref": ref}
+
+    def _type(self, value: Any, path: tuple[str, ...]) -> None:
+        kinds = value if isinstance(value, list) else [value]
+        if not kinds or not all(isinstance(k, str) and k in TYPES for k in kinds):
+            self.problem(path, f"type {value!r}")
+
+    def _shaped(self, node: Mapping[str, Any], out: dict[str, Any],
+                path: tuple[str, ...]) -> dict[str, Any]:
+        kinds = node.get("type")
+        kinds = set(kinds) if isinstance(kinds, list) else {kinds}
+        if "object" in kinds or "properties" in node or "additionalProperties" in node:
+            self._object(node, out, path)
+        if ("array" in kinds or "items" in node) and not isinstance(out.get("items"), Mapping):
+            self.problem(path, "an array whose items have no schema")
+            return out
+        if not out.keys() & {"type", "enum", "const", "anyOf"}:
+            if "items" in out:
+                out["type"] = "array"  # items alone also let non-arrays through: a subset
+            else:
+                self.problem(path, "a value of any type (no type, enum or anyOf)")
+        return out
+
+    def _object(self, node: Mapping[str, Any], out: dict[str, Any],
+                path: tuple[str, ...]) -> None:
+        props = node.get("properties")
+        extra = node.get("additionalProperties")
+        keyed = isinstance(extra, Mapping) and bool(extra)
+        if keyed:
+            self.problem(path, "keys of any name with a schema of their own "
+                         "(additionalProperties: {...}, a dict[str, X])")
+        if not isinstance(props, Mapping) or not props:
+            if extra is not False and not keyed:
+                self.problem(path, "a free-form object (no declared properties)")
+            out.setdefault("type", "object")
+            out["additionalProperties"] = False
+            return
+        required = node.get("required")
+        required = required if isinstance(required, list) else []
+        undeclared = [name for name in required if name not in props]
+        if undeclared:
+            self.problem(path, f"required {', '.join(map(repr, undeclared))} not declared "
+                         "under properties")
+        shaped = {}
+        for name, sub in props.items():
+            strict = self.node(sub, (*path, "properties", name))
+            shaped[name] = strict if name in required else self._nullable(strict)
+        out.setdefault("type", "object")
+        out.update(properties=shaped, required=list(props), additionalProperties=False)
+
+    def _nullable(self, node: Any) -> Any:
+        """An optional property's schema, made to take ``null`` too (which acceptance reads as
+        the property being absent)."""
+        if not isinstance(node, dict) or allows_null(node, self.root):
+            return node
+        if set(node) - KEPT_ANNOTATIONS == {"anyOf"} and isinstance(node["anyOf"], list):
+            return {**node, "anyOf": [*node["anyOf"], _NULL]}
+        kind = node.get("type")
+        if isinstance(kind, str) and not node.keys() & {"enum", "const"}:
+            return {**node, "type": [kind, "null"]}
+        return {"anyOf": [node, _NULL]}
+
+
+def limit_problems(schema: Mapping[str, Any]) -> list[str]:
+    """The guide's size limits a strict form goes over (counted on the form that is sent)."""
+    counts = {"properties": 0, "enum": 0, "chars": 0}
+    problems: list[str] = []
+    nodes = [schema]
+    for key in ("$defs", "definitions"):
+        defs = schema.get(key)
+        if isinstance(defs, Mapping):
+            counts["chars"] += sum(len(name) for name in defs)
+            nodes += list(defs.values())
+    while nodes:
+        node = nodes.pop()
+        if not isinstance(node, Mapping):
+            continue
+        props = node.get("properties")
+        if isinstance(props, Mapping):
+            counts["properties"] += len(props)
+            counts["chars"] += sum(len(name) for name in props)
+            nodes += list(props.values())
+        nodes += [node[k] for k in ("items",) if k in node]
+        nodes += list(node.get("anyOf") or [])
+        _count_values(node, counts, problems)
+    depth = _depth(schema, schema, ())
+    for what, value, limit in (("object properties", counts["properties"], MAX_PROPERTIES),
+                               ("levels of nested objects", depth, MAX_DEPTH),
+                               ("enum values", counts["enum"], MAX_ENUM_VALUES),
+                               ("characters of names, enum and const values", counts["chars"],
+                                MAX_CHARS)):
+        if value > limit:
+            problems.append(f"{value:,} {what}, more than strict mode's {limit:,}")
+    return problems
+
+
+def _count_values(node: Mapping[str, Any], counts: dict[str, int], problems: list[str]) -> None:
+    values = node.get("enum")
+    if isinstance(values, list):
+        counts["enum"] += len(values)
+        chars = sum(len(v) for v in values if isinstance(v, str))
+        counts["chars"] += chars
+        if len(values) > BIG_ENUM and chars > BIG_ENUM_CHARS:
+            problems.append(f"an enum of {len(values)} values with {chars:,} characters (over "
+                            f"{BIG_ENUM} values may total at most {BIG_ENUM_CHARS:,})")
+    if isinstance(node.get("const"), str):
+        counts["chars"] += len(node["const"])
+
+
+def _depth(node: Any, root: Mapping[str, Any], refs: tuple[str, ...]) -> int:
+    """Levels of objects nested in ``node`` (a recursive ``$ref`` counts once)."""
+    if not isinstance(node, Mapping):
+        return 0
+    ref = node.get("$ref")
+    if isinstance(ref, str):
+        if ref in refs:
+            return 0
+        return _depth(resolve_pointer(root, ref), root, (*refs, ref))
+    inner = [*((node.get("properties") or {}).values()), *(node.get("anyOf") or [])]
+    if "items" in node:
+        inner.append(node["items"])
+    below = max((_depth(sub, root, refs) for sub in inner), default=0)
+    return below + (1 if isinstance(node.get("properties"), Mapping) else 0)
