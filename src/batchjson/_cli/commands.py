@@ -20,21 +20,24 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from contextlib import closing
 from pathlib import Path
 from typing import Any, TextIO
 
+from .. import BatchJsonError, Evidence, InvalidBatch, Ledger, LedgerError
 from .. import _textview as cliview
-from .._checks import whole_argument
-from .._errors import BatchJsonError, InvalidBatch, LedgerError
-from .._ledger import Ledger
-from .._ledger.evidence import Evidence
-from .._ledger.forgetting import forget_batch, forget_message
-from .._ledger.records import ledger_path
-from .._ledger.sqlite import file_problem as ledger_problem
-from .._ledger.sqlite import holds_nothing
-from .._money import cost_value
-from .._providers.masking import public_url
-from .._session.batches import cancel_job, list_jobs
+from ..core import (
+    cancel_job,
+    cost_value,
+    forget_batch,
+    forget_message,
+    holds_nothing,
+    ledger_path,
+    list_jobs,
+    public_url,
+    whole_argument,
+)
+from ..core import file_problem as ledger_problem
 from .demo import command_name, demo_ledger_problem, run_demo
 
 DEFAULT_LEDGER = Path(cliview.DEFAULT_LEDGER)
@@ -115,13 +118,10 @@ def _dump(obj: Any, out: TextIO) -> None:
 
 
 def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
-    held = _open(args.ledger)
-    try:
+    with closing(_open(args.ledger)) as held:
         _known(held, args.name)
         summary = held.cost_summary(args.name)
         evidence = Evidence(held.store).summary(args.name)
-    finally:
-        held.close()
     for key in ("unresolved_batches", "unresolved_requests", "unresolved_items",
                 "minimum_exact_retry_calls", "refused_requests", "cut_off_requests",
                 "superseded", "forgotten"):
@@ -151,12 +151,9 @@ def _receipt_dicts(held: Ledger, name: str, failed: bool, raw: bool) -> list[dic
 
 
 def cmd_receipts(args: argparse.Namespace, out: TextIO) -> int:
-    held = _open(args.ledger)
-    try:
+    with closing(_open(args.ledger)) as held:
         _known(held, args.name)
         rows = _receipt_dicts(held, args.name, args.failed, args.raw)
-    finally:
-        held.close()
     if args.json:
         _dump(rows, out)
         return OK
@@ -174,13 +171,10 @@ def cmd_values(args: argparse.Namespace, out: TextIO) -> int:
     if args.json and args.identity:
         raise Problem("--identity adds columns to --csv or fields to JSON Lines; drop --json",
                       USAGE)
-    held = _open(args.ledger)
-    try:
+    with closing(_open(args.ledger)) as held:
         _known(held, args.name)
         values = held.checkpoint(args.name)
         fields, tasks = _identity(held, args.name) if args.identity else ([], {})
-    finally:
-        held.close()
     if args.json:
         _dump(values, out)
     elif args.csv:
@@ -237,12 +231,9 @@ def _cell(value: Any) -> str:
 
 def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
     _one_format(args, "jsonl")
-    held = _open(args.ledger)
-    try:
+    with closing(_open(args.ledger)) as held:
         _known(held, args.batch)
         receipts = held.export_receipts(args.batch)
-    finally:
-        held.close()
     if args.jsonl:
         for r in receipts:
             print(json.dumps(r, ensure_ascii=False, sort_keys=True), file=out)
@@ -254,7 +245,7 @@ def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_import(args: argparse.Namespace, out: TextIO) -> int:
     if not args.file.is_file():  # checked before a ledger is created for it
         raise Problem(f"no receipts file at {args.file}", USAGE)
-    from .._ledger.recovery import read_lines
+    from ..core import read_lines
 
     try:
         read_lines(args.file, {})  # a bad file is refused before a ledger is created for it
@@ -308,17 +299,14 @@ def cmd_merge(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_advise(args: argparse.Namespace, out: TextIO) -> int:
-    from .._ledger.advice import advise
+    from ..core import advise
 
-    held = _open(args.ledger)
-    try:
+    with closing(_open(args.ledger)) as held:
         _known(held, args.name)
         try:
             advice = advise(held, args.name, repairs=args.repairs, replays=args.replays)
         except InvalidBatch as exc:
             raise Problem(str(exc), USAGE) from None
-    finally:
-        held.close()
     if args.json:
         _dump(advice, out)
     else:
@@ -327,13 +315,10 @@ def cmd_advise(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_forget(args: argparse.Namespace, out: TextIO) -> int:
-    held = _open(args.ledger)
-    try:
+    with closing(_open(args.ledger)) as held:
         _known(held, args.name)
         record = forget_batch(held.store, args.name, via="batchjson forget")
         spend = held.spend(args.name)
-    finally:
-        held.close()
     if args.json:
         _dump({"batch": args.name, "forgotten": record}, out)
     else:
@@ -359,28 +344,15 @@ def cmd_budget(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_jobs(args: argparse.Namespace, out: TextIO) -> int:
-    held = _open(args.ledger)
-    try:
-        jobs = list_jobs(held, every=args.all)
-    finally:
-        held.close()
-    if args.json:
-        _dump({"jobs": [{k: v for k, v in j.items() if k != "keys"} for j in jobs]}, out)
-    else:
-        _say(cliview.job_lines(jobs, every=args.all), out)
-    return OK
-
-
-def cmd_cancel(args: argparse.Namespace, out: TextIO) -> int:
-    held = _open(args.ledger)
-    try:
-        job = cancel_job(held, args.job)
-    finally:
-        held.close()
-    if args.json:
-        _dump({"cancelled": {k: v for k, v in job.items() if k != "keys"}}, out)
-    else:
-        _say([cliview.cancel_line(job)], out)
+    """``jobs`` lists the ledger's batch jobs; ``cancel JOB`` cancels one and records it."""
+    with closing(_open(args.ledger)) as held:
+        if args.command == "cancel":
+            job = cancel_job(held, args.job)
+            data, lines = {"cancelled": job}, [cliview.cancel_line(job)]
+        else:
+            jobs = list_jobs(held, every=args.all)
+            data, lines = {"jobs": jobs}, cliview.job_lines(jobs, every=args.all)
+    _dump(data, out) if args.json else _say(lines, out)
     return OK
 
 
@@ -438,6 +410,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="one receipt per line (`batchjson import` reads this and the "
                         "default JSON document alike)")
     export.add_argument("--batch", metavar="NAME", help="only this batch")
+    _ledger_changing(command)
+    sub.add_parser("serve", help="the loopback OpenAI/Anthropic test server "
+                   "(batchjson serve --help lists its options)")
+    return parser
+
+
+def _ledger_changing(command: Callable[..., argparse.ArgumentParser]) -> None:
+    """The commands that change a ledger (and advise and jobs, beside them)."""
     imp = command("import", "import historical receipts (JSONL), rechecking every item",
                   cmd_import)
     imp.add_argument("file", type=Path, help="JSON Lines file, one receipt per line, or the "
@@ -462,15 +442,12 @@ def build_parser() -> argparse.ArgumentParser:
     budget.add_argument("--cost", type=_usd_argument, metavar="USD",
                         help="set the ceiling in USD (what was spent under it still counts)")
     budget.add_argument("--clear", action="store_true", help="remove the budget")
-    jobs = command("jobs", "provider batch jobs still open: provider, id, requests, age, "
-                   "reserved cost", cmd_jobs)
-    jobs.add_argument("--all", action="store_true", help="every job, ended ones too")
-    cancel = command("cancel", "cancel one batch job at its provider and record it (what "
-                     "ended is still collected; the rest is owed again)", cmd_cancel)
-    cancel.add_argument("job", help="the job's number, or its provider id")
-    sub.add_parser("serve", help="the loopback OpenAI/Anthropic test server "
-                   "(batchjson serve --help lists its options)")
-    return parser
+    command("jobs", "provider batch jobs still open: provider, id, requests, counts, age, "
+            "reserved cost", cmd_jobs).add_argument("--all", action="store_true",
+                                                   help="every job, ended ones too")
+    command("cancel", "cancel one batch job at its provider and record it (what ended is "
+            "still collected; the rest is owed again)", cmd_jobs).add_argument(
+        "job", help="the job's number, or its provider id")
 
 
 def _main(argv: list[str], out: TextIO) -> int:

@@ -343,14 +343,16 @@ class JobRunner:
                                               "same request failed"}]
 
 
-def job_view(row: Mapping[str, Any], keys: Sequence[str] = ()) -> dict[str, Any]:
-    """A job as a result, ``batchjson jobs`` and the notebook show it."""
+def job_view(row: Mapping[str, Any], keys: Sequence[str] | None = ()) -> dict[str, Any]:
+    """A job as a result, ``batchjson jobs`` and the notebook show it; ``keys`` (its requests'
+    keys, for a run to tell which of its requests it holds) is left out when None."""
     detail = _detail(row)
-    return {"keys": tuple(keys), "id": row["id"], "provider": row["protocol"], "provider_job_id":
-            row["provider_job_id"], "status": row["status"], "batch": row["batch"],
-            "requests": row["requests"], "reserved": row["reserved"],
-            "created_at": row["created_at"], "provider_status": detail.get("provider_status"),
-            "counts": detail.get("counts"), "why": detail.get("why")}
+    shown = {"id": row["id"], "provider": row["protocol"], "provider_job_id":
+             row["provider_job_id"], "status": row["status"], "batch": row["batch"],
+             "requests": row["requests"], "reserved": row["reserved"],
+             "created_at": row["created_at"], "provider_status": detail.get("provider_status"),
+             "counts": detail.get("counts"), "why": detail.get("why")}
+    return shown if keys is None else {**shown, "keys": tuple(keys)}
 
 
 def _detail(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from .._money import money
 
@@ -14,7 +14,7 @@ class BatchResult:
     """``values`` holds only committed answers; ``errors`` says why the rest are not there."""
 
     name: str
-    status: str
+    status: Literal["resolved", "unresolved"]
     values: dict[str, Any]
     errors: list[dict[str, Any]]
     calls: int

@@ -13,7 +13,7 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 from .._checks import is_whole, positive_seconds, whole
 from .._content.schema import ItemSchema, compile_schema
@@ -23,10 +23,14 @@ from .._providers.masking import check_name
 from .._replay.budget import Budget
 from . import preflight
 
-MODES = ("items", "value")
-VALIDATOR_ARGS = ("task", "index", "droste")
-ON_EXHAUSTED = ("raise", "return")
-TRANSPORTS = ("live", "batch")
+Mode = Literal["items", "value"]
+ValidatorArgs = Literal["task", "index", "droste"]
+OnExhausted = Literal["raise", "return"]
+TransportName = Literal["live", "batch"]
+MODES: tuple[str, ...] = get_args(Mode)
+VALIDATOR_ARGS: tuple[str, ...] = get_args(ValidatorArgs)
+ON_EXHAUSTED: tuple[str, ...] = get_args(OnExhausted)
+TRANSPORTS: tuple[str, ...] = get_args(TransportName)
 
 
 @dataclass(frozen=True)
@@ -64,12 +68,12 @@ class RunSpec:
     split: bool = False
     reask_refusals: bool = False
     max_calls: int | None = None
-    on_exhausted: str = "raise"
+    on_exhausted: OnExhausted = "raise"
     progress: bool | Callable[[int, str], Any] = False  # or a face's bar: progress(total, name)
-    mode: str = "items"
-    validator_args: str = "task"
+    mode: Mode = "items"
+    validator_args: ValidatorArgs = "task"
     refuse_short_budget: bool = True
-    transport: str = "live"
+    transport: TransportName = "live"
     wait: bool = False
 
     def __post_init__(self) -> None:
