@@ -186,10 +186,14 @@ def test_the_simulated_provider_has_no_batch_transport():
 CHILD = textwrap.dedent("""
     import os, signal, sys
     from batchjson import Session
+    from batchjson._providers.anthropic import AnthropicProvider
     from batchjson._providers.openai import OpenAIProvider
     from tests.test_batch_jobs import SCHEMA, tasks
-    url, target, where = sys.argv[1], sys.argv[2], sys.argv[3]
-    s = Session(OpenAIProvider("gpt-4o-mini", base_url=url, api_key="sk-test"), ledger=target)
+    url, target, where, protocol = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+    provider = (OpenAIProvider("gpt-4o-mini", base_url=url, api_key="sk-test")
+                if protocol == "openai" else
+                AnthropicProvider("claude-haiku-4-5", base_url=url, api_key="sk-test"))
+    s = Session(provider, ledger=target)
     if where == "before-record":
         def die(*a, **k):
             os.kill(os.getpid(), signal.SIGKILL)
@@ -200,9 +204,10 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def run_child(srv: LoopbackServer, target: Any, where: str) -> str:
+def run_child(srv: LoopbackServer, target: Any, where: str, protocol: str = "openai") -> str:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, srv.base_url, str(target), where],
+    url = srv.base_url if protocol == "openai" else srv.anthropic_base_url
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, url, str(target), where, protocol],
                             env=env, stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
     try:
         if where == "after-submit":
@@ -216,13 +221,14 @@ def run_child(srv: LoopbackServer, target: Any, where: str) -> str:
         proc.stdout.close()
 
 
-def test_a_process_killed_after_submitting_is_resumed_by_polling_its_job(ledger_at):
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_process_killed_after_submitting_is_resumed_by_polling_its_job(ledger_at, protocol):
     target = ledger_at()
     with LoopbackServer() as srv:
         srv.batches.delay = 1.0
-        assert run_child(srv, target, "after-submit") == "pending"
+        assert run_child(srv, target, "after-submit", protocol) == "pending"
         assert srv.batches.created == 1
-        s = session(srv, target)
+        s = session(srv, target, protocol)
         result = s.run_batch("labels", tasks(), SCHEMA, transport="batch", wait=True)
         s.close()
         assert result.resolved and len(result.values) == 6
@@ -230,13 +236,15 @@ def test_a_process_killed_after_submitting_is_resumed_by_polling_its_job(ledger_
     assert ledger_rows(target, "SELECT COUNT(*) FROM attempts") == [(6,)]
 
 
-def test_a_kill_between_create_and_record_leaves_an_uncertain_job_never_resubmitted(ledger_at):
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_kill_between_create_and_record_leaves_an_uncertain_job_never_resubmitted(ledger_at,
+                                                                                   protocol):
     target = ledger_at()
     with LoopbackServer() as srv:
         srv.batches.delay = 0.1
-        run_child(srv, target, "before-record")
+        run_child(srv, target, "before-record", protocol)
         assert srv.batches.created == 1
-        s = session(srv, target)
+        s = session(srv, target, protocol)
         result = s.run_batch("labels", tasks(), SCHEMA, transport="batch", wait=True)
         assert result.status == "pending"
         [job] = result.jobs
