@@ -450,3 +450,16 @@ def test_a_job_the_provider_cannot_be_asked_about_stays_open_and_is_named(srv):
     again = s.run_batch("labels", tasks(2), SCHEMA, transport="batch")
     assert again.status == "pending" and again.jobs[0]["id"] == first.jobs[0]["id"]
     assert any("could not be read this time" in note and "404" in note for note in again.notes)
+
+
+def test_a_models_own_batch_share_prices_its_lines(srv):
+    """Half of live unless the price table says otherwise: a price's ``batch`` share."""
+    s = Session(openai(srv, prices={"gpt-4o-mini": {"input": 0.15, "output": 0.60,
+                                                    "batch": 0.4}}))
+    s.job_poll = 0.05
+    result = s.run_batch("labels", tasks(2), SCHEMA, transport="batch", wait=True)
+    receipts = s.ledger.attempts("labels")
+    live = sum(cost_of("gpt-4o-mini", r.input_tokens, r.output_tokens) for r in receipts)
+    assert result.resolved and result.cost == pytest.approx(live * 0.4)
+    with pytest.raises(ConfigError, match="batch must be the share"):
+        openai(srv, prices={"gpt-4o-mini": {"input": 0.15, "output": 0.60, "batch": -1}})

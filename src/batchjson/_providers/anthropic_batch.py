@@ -18,7 +18,6 @@ from .._errors import ProviderError
 from ._http import ITEMS_NAME, WRAPPED_VALUE
 from .base import Call
 from .batch_client import BatchClient
-from .pricing import BATCH_PRICE_FACTOR
 from .reply import Reply
 
 # Anthropic error types and the HTTP status each stands for on the live endpoint.
@@ -99,7 +98,7 @@ class AnthropicBatches(BatchClient):
             try:
                 return self.provider.read_reply(result["message"], line.get("__text__"), tool,
                                                 wrapped, at=("result", "message"),
-                                                price_factor=BATCH_PRICE_FACTOR)
+                                                price_factor=self.share)
             except ProviderError as exc:
                 return exc
         if kind == "errored":

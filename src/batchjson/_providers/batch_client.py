@@ -15,6 +15,7 @@ from typing import Any
 
 from .._errors import ProviderError, ProviderSetupError
 from ._http import HttpProvider, exchange
+from .pricing import batch_share
 
 
 class BatchClient:
@@ -27,6 +28,8 @@ class BatchClient:
     def __init__(self, provider: HttpProvider) -> None:
         self.provider = provider
         self.endpoint = provider.base_url  # what may be shown of where jobs go
+        # the share of the live price a job bills: half, unless the model's price says so
+        self.share = batch_share(provider.model, provider.prices)
 
     def _base(self) -> str:
         private = self.provider._endpoint.get() or self.provider.url

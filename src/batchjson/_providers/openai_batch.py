@@ -18,7 +18,6 @@ from .._errors import ProviderError
 from ._http import http_error
 from .base import Call
 from .batch_client import BatchClient
-from .pricing import BATCH_PRICE_FACTOR
 from .reply import Reply
 
 RUNNING = frozenset(("validating", "in_progress", "finalizing", "cancelling"))
@@ -115,6 +114,6 @@ class OpenAIBatches(BatchClient):
             return ProviderError("openai batch line has no response body", status=status,
                                  retryable=True)
         try:
-            return self.provider.read_reply(body, wrapped, price_factor=BATCH_PRICE_FACTOR)
+            return self.provider.read_reply(body, wrapped, price_factor=self.share)
         except ProviderError as exc:
             return exc

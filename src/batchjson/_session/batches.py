@@ -19,7 +19,7 @@ from .._providers.anthropic_batch import AnthropicBatches
 from .._providers.base import close_provider
 from .._providers.openai import OpenAIProvider
 from .._providers.openai_batch import OpenAIBatches
-from .._providers.pricing import BATCH_PRICE_FACTOR
+from .._providers.pricing import batch_share
 from .._replay.budget import Pricing, batch_pricing, pricing_of
 from .._replay.jobs import JobsOutcome, job_view
 from .._replay.plan import Outcome
@@ -68,9 +68,13 @@ def held_by_jobs(store: Store, pending: Sequence[Request]
 
 
 def pricing(provider: Any, client: Any) -> Pricing:
-    """The prices a cost budget reserves by: the provider's, halved for a batch job."""
+    """The prices a cost budget reserves by: the provider's, at its batch share (half unless
+    its price says otherwise) for a batch job."""
     live = pricing_of(provider)
-    return live if client is None else batch_pricing(live, BATCH_PRICE_FACTOR)
+    if client is None:
+        return live
+    return batch_pricing(live, batch_share(getattr(provider, "model", None),
+                                           getattr(provider, "prices", None)))
 
 
 def report(result: BatchResult, ran: JobsOutcome) -> None:
