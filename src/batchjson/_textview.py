@@ -299,3 +299,48 @@ def budget_line(budget: Mapping[str, Any] | None) -> str:
     return (f"ledger cost budget {usd(budget['cost'])}: {usd(budget['spent'])} spent, "
             f"{usd(budget['reserved'])} held by calls in flight, {usd(budget['left'])} left "
             f"(set by {budget['set_by']} at {budget['set_at'][:19]}Z)")
+
+
+def job_lines(jobs: Sequence[Mapping[str, Any]], *, every: bool = False) -> list[str]:
+    """What ``batchjson jobs`` prints: one row per job, and what to do with an uncertain one."""
+    if not jobs:
+        return ["no batch jobs" if every else "no open batch jobs"]
+    rows = [(j["id"], j["provider"], j["provider_job_id"] or "-", j["batch"], j["status"]
+             + (f" ({j['provider_status']})" if j.get("provider_status") else ""),
+             j["requests"], _counts(j.get("counts")), _age(j["created_at"]),
+             usd(j["reserved"] or 0.0)) for j in jobs]
+    lines = table(("job", "provider", "provider id", "batch", "status", "requests", "counts",
+                   "age", "reserved"), rows, indent="")
+    if any(j["status"] == "uncertain" for j in jobs):
+        lines.append("an uncertain job may exist at the provider and be billed, but its id was "
+                     "never recorded; its requests stay claimed. Check the provider's console, "
+                     "then `batchjson cancel JOB` releases them.")
+    return lines
+
+
+def cancel_line(job: Mapping[str, Any]) -> str:
+    """What ``batchjson cancel`` says it did."""
+    if job["status"] == "cancelled":
+        return (f"job {job['id']} released: its {job.get('released', 0)} request(s) are owed "
+                "again (their receipts stay, as possibly billed)")
+    return (f"job {job['id']} ({job['provider_job_id']}) is {job['provider_status']} at the "
+            "provider; the next run of its batch collects what ended and owes the rest again")
+
+
+def _counts(counts: Mapping[str, Any] | None) -> str:
+    """A job's request counts as its provider last reported them (``completed=3 failed=1``)."""
+    return " ".join(f"{k}={v}" for k, v in (counts or {}).items() if v) or "-"
+
+
+def _age(stamp: str) -> str:
+    """How long ago an ISO 8601 UTC time was: ``42s``, ``7m``, ``3h``, ``2d``."""
+    from datetime import UTC, datetime
+
+    try:
+        seconds = (datetime.now(UTC) - datetime.fromisoformat(stamp)).total_seconds()
+    except ValueError:
+        return stamp[:19]
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{max(0, int(seconds))}s"

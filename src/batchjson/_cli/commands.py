@@ -27,11 +27,13 @@ from typing import Any, TextIO
 from .. import BatchJsonError, Evidence, InvalidBatch, Ledger, LedgerError
 from .. import _textview as cliview
 from ..core import (
+    cancel_job,
     cost_value,
     forget_batch,
     forget_message,
     holds_nothing,
     ledger_path,
+    list_jobs,
     public_url,
     whole_argument,
 )
@@ -341,6 +343,19 @@ def cmd_budget(args: argparse.Namespace, out: TextIO) -> int:
     return OK
 
 
+def cmd_jobs(args: argparse.Namespace, out: TextIO) -> int:
+    """``jobs`` lists the ledger's batch jobs; ``cancel JOB`` cancels one and records it."""
+    with closing(_open(args.ledger)) as held:
+        if args.command == "cancel":
+            job = cancel_job(held, args.job)
+            data, lines = {"cancelled": job}, [cliview.cancel_line(job)]
+        else:
+            jobs = list_jobs(held, every=args.all)
+            data, lines = {"jobs": jobs}, cliview.job_lines(jobs, every=args.all)
+    _dump(data, out) if args.json else _say(lines, out)
+    return OK
+
+
 def _usd_argument(text: str) -> float:
     try:
         return cost_value(float(text)) or 0.0
@@ -402,7 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _ledger_changing(command: Callable[..., argparse.ArgumentParser]) -> None:
-    """The commands that change a ledger (and advise, beside them)."""
+    """The commands that change a ledger (and advise and jobs, beside them)."""
     imp = command("import", "import historical receipts (JSONL), rechecking every item",
                   cmd_import)
     imp.add_argument("file", type=Path, help="JSON Lines file, one receipt per line, or the "
@@ -427,6 +442,12 @@ def _ledger_changing(command: Callable[..., argparse.ArgumentParser]) -> None:
     budget.add_argument("--cost", type=_usd_argument, metavar="USD",
                         help="set the ceiling in USD (what was spent under it still counts)")
     budget.add_argument("--clear", action="store_true", help="remove the budget")
+    command("jobs", "provider batch jobs still open: provider, id, requests, counts, age, "
+            "reserved cost", cmd_jobs).add_argument("--all", action="store_true",
+                                                   help="every job, ended ones too")
+    command("cancel", "cancel one batch job at its provider and record it (what ended is "
+            "still collected; the rest is owed again)", cmd_jobs).add_argument(
+        "job", help="the job's number, or its provider id")
 
 
 def _main(argv: list[str], out: TextIO) -> int:

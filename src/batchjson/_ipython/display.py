@@ -120,6 +120,12 @@ class StatusView(TextView):
             ("usable results", str(s["usable_results"])),
             ("cost per usable result", "n/a" if per is None else money(per)),
         ]
+        jobs = s.get("jobs")
+        if jobs:
+            rows.insert(1, ("batch jobs", f"{len(jobs)} unfinished: " + "; ".join(
+                f"job {j['id']} of {j['batch']!r} ({j['provider_job_id'] or 'no provider id'}, "
+                f"{j['status']}, {j['requests']} request(s))" for j in jobs)
+                + "; re-run their cells to collect what has ended"))
         account = s.get("account")
         if account and (account["abandoned"] or account["in_flight"] or account["cancelled"]):
             rows.insert(4, ("calls not completed", f"{account['abandoned']} abandoned, "

@@ -25,23 +25,16 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 from traitlets import Any as AnyTrait
-from traitlets import Bool, Int, TraitError, Unicode, observe, validate
+from traitlets import Bool, Enum, Int, TraitError, Unicode, observe, validate
 from traitlets.config import Config
 
-from .. import (
-    BatchJsonError,
-    BatchUnresolved,
-    ConfigError,
-    ProviderHandle,
-    RateLimits,
-    RunSpec,
-    Session,
-)
+from .. import BatchJsonError, BatchUnresolved, ProviderHandle, RateLimits, RunSpec, Session
 from .._textview import DEFAULT_LEDGER
 from ..core import (
     PROVIDER_NAMES,
     forget_batch,
     forget_message,
+    list_jobs,
     looks_like_key,
     masked,
     public_url,
@@ -128,6 +121,10 @@ class BatchJson(Magics):
     strict = Bool(False, help=(
         "Refuse a changed validator while requests under the old one are unresolved. Changing "
         "it opens a new session.")).tag(config=True)
+    transport = Enum(("live", "batch"), "live", help=(
+        "'live' calls the provider now; 'batch' sends pending requests as provider batch jobs "
+        "at batch prices: the cell returns a pending result and re-running it collects "
+        "(docs/providers.md).")).tag(config=True)
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         self._state: KernelState | None = None  # set once loaded; config during init waits
@@ -137,7 +134,7 @@ class BatchJson(Magics):
     def _check_rate_limits(self, proposal: Any) -> Any:
         try:
             return RateLimits.of(proposal["value"]) or None
-        except ConfigError as exc:
+        except ValueError as exc:  # batchjson's ConfigError
             raise TraitError(f"BatchJson.rate_limits: {exc}") from None
 
     @validate("provider")
@@ -222,6 +219,11 @@ class BatchJson(Magics):
               help="Call ceiling for this run.")
     @argument("--instructions", metavar="EXPR", help="Instructions string sent with each call.")
     @argument("--out", metavar="VAR", help="Variable for the BatchResult (default: NAME).")
+    @argument("--transport", choices=("live", "batch"),
+              help="live calls, or provider batch jobs (default: %%config BatchJson.transport).")
+    @argument("--wait", action="store_true",
+              help="With --transport batch: block until the jobs end (Ctrl-C leaves them "
+              "running and recorded).")
     @no_var_expand
     @cell_magic
     def batch_json(self, line: str, cell: str) -> None:
@@ -268,14 +270,15 @@ class BatchJson(Magics):
             name=args.name, tasks=tasks, schema=schema, validator=checker, identity=identity,
             pack=args.pack, instructions=instructions, repairs=args.repairs,
             replays=args.replays, split=args.split, on_exhausted="return",
-            reask_refusals=args.reask_refusals,
+            reask_refusals=args.reask_refusals, transport=args.transport or self.transport,
+            wait=args.wait,
             max_calls=args.max_calls if args.max_calls is not None else self.max_calls,
             progress=NotebookProgress if in_notebook_frontend(self.shell) else _text_bar())
         ns[var] = result
         if result.superseded and not noted:  # nothing was spent, so nothing was announced
             print(f"batchjson: {args.name}: {result.superseded}")
         display(result)
-        if not result.resolved:
+        if result.status == "unresolved":  # a pending result is no failure: re-run collects
             raise BatchUnresolved(result, unresolved_hint(result, var))
 
     def _resolve(self, **spec: Any) -> tuple[Any, bool]:
@@ -304,7 +307,8 @@ class BatchJson(Magics):
     @line_magic
     def batch_status(self, line: str) -> StatusView | None:
         """What is still owed and what has been spent: unresolved and superseded requests,
-        minimum exact retry calls, calls, cost so far and cost per usable result."""
+        minimum exact retry calls, calls, cost so far and cost per usable result, and the
+        batch jobs still open (re-run their cell to collect them)."""
         args = parse(self.batch_status, line)
         if args is None:
             return None
@@ -314,6 +318,8 @@ class BatchJson(Magics):
         assert self._state is not None
         summary = session.evidence.summary(args.name)
         summary["account"] = session.ledger.cost_summary(args.name)["total"]
+        summary["jobs"] = [j for j in list_jobs(session.ledger)
+                           if args.name in (None, j["batch"])]
         return StatusView(summary, ledger=self._state.ledger_label(),
                           provider=self._state.provider_label(),
                           owed=session.evidence.requests(args.name))

@@ -25,7 +25,7 @@ from . import records
 from .store import Store
 from .store_base import Row, Tx
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 # The tables docs/design.md lists, with their columns' names and meanings; times are ISO 8601
 # UTC text. Claims and checkpoint rows are written with every call: WITHOUT ROWID keeps each
@@ -89,6 +89,20 @@ CREATE INDEX seen_by_seen_key ON seen (seen_key);
 CREATE TABLE rechecks (
     attempt_id INTEGER PRIMARY KEY REFERENCES attempts(id),
     from_attempt INTEGER NOT NULL REFERENCES attempts(id));
+CREATE TABLE jobs (
+    id INTEGER PRIMARY KEY, uid TEXT NOT NULL UNIQUE, protocol TEXT NOT NULL,
+    provider_job_id TEXT, status TEXT NOT NULL CHECK (status IN
+        ('recording', 'open', 'uncertain', 'ended', 'cancelled')),
+    batch_id INTEGER NOT NULL REFERENCES batches(id),
+    revision_id INTEGER NOT NULL REFERENCES revisions(id), model TEXT, endpoint TEXT,
+    requests INTEGER NOT NULL, reserved REAL NOT NULL, owner TEXT NOT NULL, host TEXT NOT NULL,
+    pid INTEGER NOT NULL, created_at TEXT NOT NULL, submitted_at TEXT, ended_at TEXT,
+    detail TEXT);
+CREATE TABLE job_lines (
+    custom_id TEXT PRIMARY KEY, job_id INTEGER NOT NULL REFERENCES jobs(id),
+    attempt_id INTEGER NOT NULL UNIQUE REFERENCES attempts(id), request_key TEXT NOT NULL,
+    wrapped INTEGER NOT NULL, reserved REAL NOT NULL) WITHOUT ROWID;
+CREATE INDEX job_lines_by_job ON job_lines (job_id);
 CREATE TABLE budget (
     id INTEGER PRIMARY KEY CHECK (id = 1), cost REAL NOT NULL, spent REAL NOT NULL,
     reserved REAL NOT NULL, set_at TEXT NOT NULL, set_by TEXT NOT NULL);

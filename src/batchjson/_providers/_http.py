@@ -86,9 +86,20 @@ async def post_json(session: aiohttp.ClientSession, url: str, body: bytes,
     raised outside the ``except`` blocks so no aiohttp exception (whose request_info holds the
     headers, key included) rides along as ``__context__``.
     """
+    status, raw, resp_headers = await exchange(session, "POST", url, body, headers,
+                                               provider=provider, timeout=timeout,
+                                               secrets=secrets, key_env=key_env)
+    return decoded(raw, status, resp_headers, provider, secrets)
+
+
+async def exchange(session: aiohttp.ClientSession, method: str, url: str, body: Any,
+                   headers: Callable[[], Mapping[str, str]], *, provider: str, timeout: float,
+                   secrets: Secrets, key_env: str) -> tuple[int, bytes, Mapping[str, str]]:
+    """One request: (status, body bytes, headers) of a success; every failure, a 4xx/5xx
+    included, is a ProviderError as :func:`post_json` says."""
     failure: ProviderError | None = None
     try:
-        async with session.post(url, data=body, headers=headers()) as resp:
+        async with session.request(method, url, data=body, headers=headers()) as resp:
             status = resp.status
             raw = await resp.read()
             resp_headers = resp.headers
@@ -122,10 +133,10 @@ async def post_json(session: aiohttp.ClientSession, url: str, body: bytes,
         raise masked_error(failure, secrets)
     if status >= 400:
         raise http_error(provider, status, resp_headers, raw, secrets, key_env)
-    return _decoded(raw, status, resp_headers, provider, secrets)
+    return status, raw, resp_headers
 
 
-def _decoded(raw: bytes, status: int, resp_headers: Mapping[str, str], provider: str,
+def decoded(raw: bytes, status: int, resp_headers: Mapping[str, str], provider: str,
              secrets: Secrets) -> Answer:
     """A successful response's JSON object and its exact text; a body that is not one is a
     ProviderError (retryable when it looks cut off)."""

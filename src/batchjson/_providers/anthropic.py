@@ -92,16 +92,24 @@ class AnthropicProvider(HttpProvider):
     async def complete(self, call: Call) -> Reply:
         body, tool, wrapped = self.request_body(call)
         data, body_text = await self._post(body)
+        return self.read_reply(data, body_text, tool, wrapped)
+
+    def read_reply(self, data: Mapping[str, Any], body_text: str | None, tool: str | None,
+                   wrapped: bool, *, at: tuple[str | int, ...] = (),
+                   price_factor: float = 1.0) -> Reply:
+        """A Message's reply; ``body_text`` is the JSON text it came in, with the message at
+        path ``at`` (a batch result line carries it under ``result.message``);
+        ``price_factor`` scales its cost (batch prices)."""
         content = data.get("content")
         if not isinstance(content, list):
             raise ProviderError("anthropic: response has no content list", status=200,
                                 retryable=True)
-        found = _tool_text(content, tool, body_text) if tool else None
+        found = _tool_text(content, tool, body_text, at) if tool else None
         envelope: str | None = None
         if found is None:  # text mode, or the model stopped before calling the tool
             text = "".join(b.get("text", "") for b in content
                            if isinstance(b, dict) and b.get("type") == "text")
-            called = _tool_text(content, "", body_text) if not tool and not text else None
+            called = _tool_text(content, "", body_text, at) if not tool and not text else None
             text = called[0] if called else text  # a tool call where text was asked: its input
         else:
             text, exact = found
@@ -114,6 +122,8 @@ class AnthropicProvider(HttpProvider):
         out = as_int(usage.get("output_tokens"))
         model = data.get("model") or self.model
         cost = self._cost(model, inp, out, read, written)
+        if cost is not None:
+            cost *= price_factor
         extra = {"stop_reason": data.get("stop_reason"), "id": data.get("id")}
         if found is not None and not found[1]:
             extra["raw_reserialised"] = True  # the body was not UTF-8: no exact text to keep
@@ -156,7 +166,8 @@ def mark_cache_prefix(body: dict[str, Any], call: Call) -> None:
                            "cache_control": dict(CACHE_CONTROL)}]
 
 
-def _tool_text(content: list[Any], tool: str, body: str | None) -> tuple[str, bool] | None:
+def _tool_text(content: list[Any], tool: str, body: str | None,
+               at: tuple[str | int, ...] = ()) -> tuple[str, bool] | None:
     """The forced tool's input as the exact JSON text the body carried, and whether it is
     exact; ``None`` if the model made no such call."""
     calls = [(i, b) for i, b in enumerate(content)
@@ -165,7 +176,7 @@ def _tool_text(content: list[Any], tool: str, body: str | None) -> tuple[str, bo
     if chosen is None:
         return None
     index, block = chosen
-    span = value_span(body, ["content", index, "input"]) if body is not None else None
+    span = value_span(body, [*at, "content", index, "input"]) if body is not None else None
     if span is not None:
         return body[span[0]:span[1]], True  # type: ignore[index]
     return json.dumps(block.get("input"), ensure_ascii=False), False

@@ -151,7 +151,12 @@ class OpenAIProvider(HttpProvider):
 
     async def complete(self, call: Call) -> Reply:
         body, wrapped = self.request_body(call)
-        data = (await self._post(body)).data
+        return self.read_reply((await self._post(body)).data, wrapped)
+
+    def read_reply(self, data: Mapping[str, Any], wrapped: bool, *,
+                   price_factor: float = 1.0) -> Reply:
+        """A chat completion's reply (a batch job's output line carries the same body);
+        ``price_factor`` scales its cost (batch prices)."""
         choices = data.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             detail = self._secrets.mask(json.dumps(data)[:200])
@@ -177,6 +182,8 @@ class OpenAIProvider(HttpProvider):
             "reasoning_tokens"))
         model = data.get("model") or self.model
         cost = self._cost(model, inp, out, cached or 0, written)
+        if cost is not None:
+            cost *= price_factor
         extra = {"finish_reason": finish, "id": data.get("id")}
         if refusal:
             extra["refusal"] = refusal

@@ -20,6 +20,11 @@ from .masking import looks_like_key, masked
 # relying on costs for billing; override with set_prices() or a provider's prices= argument.
 PRICES_AS_OF = "2026-11-30"
 
+# What a provider batch job (OpenAI Batch, Anthropic Message Batches) bills of the live price,
+# for input, output and cache tokens alike, as both providers publish it; a model's price may
+# say otherwise (``Price.batch``).
+BATCH_PRICE_FACTOR = 0.5
+
 
 @dataclass(frozen=True)
 class Price:
@@ -28,7 +33,8 @@ class Price:
     ``cached_input`` prices prompt-cache reads, ``cache_write`` prompt-cache writes (Anthropic);
     ``None`` means "bill as plain input". ``max_input_tokens`` marks where a long-context tier
     with different prices starts: beyond it :func:`cost_of` returns ``None`` rather than a wrong
-    number.
+    number. ``batch`` is the share of these prices a provider batch job bills (half, unless a
+    model's batch prices say otherwise).
     """
 
     input: float
@@ -36,6 +42,7 @@ class Price:
     cached_input: float | None = None
     cache_write: float | None = None
     max_input_tokens: int | None = None
+    batch: float = BATCH_PRICE_FACTOR
 
     def __post_init__(self) -> None:
         """A bad price fails here, at setup, not as a crash after a call was paid for."""
@@ -52,6 +59,11 @@ class Price:
                                   or limit < 1):
             raise ConfigError(f"max_input_tokens must be a whole number of tokens or None, got "
                              f"{limit!r}")
+        share = self.batch
+        if (isinstance(share, bool) or not isinstance(share, (int, float))
+                or not math.isfinite(share) or share < 0):
+            raise ConfigError(f"batch must be the share of the live price a batch job bills, a "
+                              f"number >= 0 (0.5: half), got {share!r}")
 
 
 def _p(inp: float, out: float, cached: float | None = None, write: float | None = None,
@@ -104,14 +116,15 @@ def as_price(value: Any) -> Price:
         return value
     if isinstance(value, Mapping):
         unknown = set(value) - {"input", "output", "cached_input", "cache_write",
-                                "max_input_tokens"}
+                                "max_input_tokens", "batch"}
         if unknown or "input" not in value or "output" not in value:
             raise ConfigError(f"a price mapping needs 'input' and 'output' (USD per million "
-                             f"tokens) and may add cached_input, cache_write, max_input_tokens; "
-                             f"got {dict(value)!r}")
+                             f"tokens) and may add cached_input, cache_write, max_input_tokens, "
+                             f"batch; got {dict(value)!r}")
         return Price(_number(value["input"]), _number(value["output"]),
                      _number(value.get("cached_input")), _number(value.get("cache_write")),
-                     value.get("max_input_tokens"))
+                     value.get("max_input_tokens"),
+                     _number(value.get("batch", BATCH_PRICE_FACTOR)))
     if isinstance(value, (tuple, list)) and 2 <= len(value) <= 4:
         return Price(*(_number(v) for v in value))
     raise ConfigError(f"cannot read a price from {value!r}; use Price(input, output, "
@@ -193,3 +206,10 @@ def cost_of(model: str | None, input_tokens: int | None, output_tokens: int | No
     total = (plain * price.input + cached * read_rate + written * write_rate
              + output_tokens * price.output)
     return total / 1_000_000
+
+
+def batch_share(model: str | None, overrides: Mapping[str, Any] | None = None) -> float:
+    """The share of ``model``'s live price a provider batch job bills: its price's ``batch``,
+    else half."""
+    price = price_for(model, overrides)
+    return BATCH_PRICE_FACTOR if price is None else price.batch

@@ -328,3 +328,47 @@ class Spender:
         """True when this run's reserved calls may settle below their reservation and so free
         cost budget for another call."""
         return self.costed and self.outstanding > 0
+
+
+def batch_pricing(pricing: Pricing, factor: float) -> Pricing:
+    """The prices of a provider batch job: every rate times ``factor``."""
+    def scaled(rate: float | None) -> float | None:
+        return None if rate is None else rate * factor
+
+    return Pricing(pricing.model, scaled(pricing.input), scaled(pricing.output),
+                   pricing.max_output_tokens, pricing.cache_write * factor)
+
+
+def reserve_lines(spender: Spender, bounds: list[int]) -> list[float]:
+    """Reserve the worst case of a job's lines, in order, as many as the budget holds (a job's
+    lines are sent together, so none waits for another to settle); what each reserved."""
+    reserved: list[float] = []
+    tally = spender._tally
+    for bound in bounds:
+        worst = spender.pricing.worst_case(bound) if spender.costed else 0.0
+        with tally.lock:
+            remaining = spender.remaining_calls()
+            if (remaining is not None and remaining <= 0) or (
+                    spender.budget.cost is not None and (
+                        tally.unbounded is not None
+                        or tally.cost + tally.reserved + worst > spender.budget.cost)):
+                break
+            spender.calls += 1
+            spender.outstanding += 1
+            tally.calls += 1
+            tally.reserved += worst
+        reserved.append(worst)
+    return reserved
+
+
+def charge_line(spender: Spender, reserved: float | None, cost: float | None) -> float:
+    """Settle one collected line: against its reservation when this session made it, else (a
+    job another process submitted) its cost is charged as it stands; what it was charged."""
+    if reserved is not None:
+        spender.settle(reserved, cost)
+        return charge_of(reserved, cost)
+    charged = cost if cost is not None and math.isfinite(cost) and cost >= 0 else 0.0
+    with spender._tally.lock:
+        spender._tally.calls += 1
+        spender._tally.cost += charged
+    return charged

@@ -35,6 +35,8 @@ class BatchResult:
     # under the default identity, other task fields an item is held to only if it echoes them
     compared_if_echoed: tuple[str, ...] = ()
     provider: str | None = None  # provider name / model the run asked
+    # batch transport: every job still holding a request of this batch (status "pending")
+    jobs: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def resolved(self) -> bool:
@@ -60,6 +62,7 @@ class BatchResult:
             "resumed": self.resumed, "rechecked": self.rechecked,
             "identity_compared": list(self.identity_compared),
             "compared_if_echoed": list(self.compared_if_echoed), "provider": self.provider,
+            "jobs": [{k: v for k, v in job.items() if k != "keys"} for job in self.jobs],
         }
 
     def __post_init__(self) -> None:
@@ -143,7 +146,8 @@ class BatchResult:
 
     def _repr_html_(self) -> str:
         s = self.summary()
-        colour = "#1a7f37" if self.resolved else "#cf222e"
+        colour = ("#1a7f37" if self.resolved else "#9a6700" if self.status == "pending"
+                  else "#cf222e")
         cells = "".join(
             f"<td style='padding:2px 10px'><b>{html.escape(str(v))}</b><br>"
             f"<span style='color:#666'>{html.escape(k)}</span></td>"
@@ -152,8 +156,9 @@ class BatchResult:
                          ("provider errors", s["provider_errors"]), ("calls", self.calls),
                          ("tokens", self.tokens), ("cost", money(self.cost)),
                          ("unresolved", s["unresolved"]), ("resumed requests", self.resumed)))
-        failed = ""
-        failures = self.failures
+        failed = _jobs_html(self.jobs)
+        failures = [f for f in self.failures
+                    if not all(e.get("type") == "pending" for e in f["errors"])]
         if failures:
             rows = []
             for f in failures[:10]:
@@ -168,7 +173,7 @@ class BatchResult:
                             f"{html.escape(str(first.get('message')))}{html.escape(more)}</li>")
             if len(failures) > 10:
                 rows.append(f"<li>... and {len(failures) - 10} more failed request(s)</li>")
-            failed = (f"<div>{len(failures)} failed request(s):<ul style='margin:2px 0'>"
+            failed += (f"<div>{len(failures)} failed request(s):<ul style='margin:2px 0'>"
                       f"{''.join(rows)}</ul></div>")
 
         compared = (f"<div style='color:#666'>identity compared: "
@@ -179,6 +184,19 @@ class BatchResult:
         return (f"<div><span style='color:{colour}'>&#9679;</span> batch "
                 f"<code>{html.escape(self.name)}</code> revision {self.revision}: "
                 f"<b>{self.status}</b><table><tr>{cells}</tr></table>{compared}{failed}</div>")
+
+
+def _jobs_html(jobs: list[dict[str, Any]]) -> str:
+    """The batch jobs still holding requests: what they are and how to collect them."""
+    if not jobs:
+        return ""
+    rows = "".join(
+        f"<li>job {job['id']} <code>{html.escape(str(job['provider_job_id'] or '-'))}</code> "
+        f"({html.escape(str(job['provider']))}): {html.escape(str(job['status']))}"
+        f"{' / ' + html.escape(str(job['provider_status'])) if job.get('provider_status') else ''}"
+        f", {job['requests']} request(s)</li>" for job in jobs)
+    return (f"<div>pending in {len(jobs)} batch job(s); re-run to collect what has ended:"
+            f"<ul style='margin:2px 0'>{rows}</ul></div>")
 
 
 def _request_of(error: dict[str, Any]) -> str:

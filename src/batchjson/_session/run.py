@@ -19,11 +19,12 @@ from .._content.tasks import Request
 from .._errors import BatchUnresolved
 from .._ledger.rejudge import UNSEEN, clear_sourceless, rejudge, unseen_token
 from .._providers.reply import GuardedProvider, provider_names
-from .._replay.budget import Spender, pricing_of, usd
+from .._replay.budget import Spender, usd
 from .._replay.calls import cheapest_call
+from .._replay.jobs import JobRunner, JobsOutcome
 from .._replay.plan import Outcome, Plan
 from .._replay.replay import Replayer
-from . import preflight
+from . import batches, preflight
 from .fit import check_fit, check_rate_fit
 from .registry import ValidatorVersion
 from .result import BatchResult
@@ -55,6 +56,8 @@ class Run:
     notes: list[str] = field(default_factory=list)
     superseded: str | None = None  # the revision this run's content replaced, said
     provider_notes: list[str] = field(default_factory=list)  # calls not sent as asked, why
+    client: Any = None  # the provider's batch API, when the run's transport is "batch"
+    jobs: JobsOutcome | None = None  # the batch jobs holding this run's requests
 
 
 def run_spec(session: Session, spec: RunSpec) -> BatchResult:
@@ -69,7 +72,9 @@ def run_spec(session: Session, spec: RunSpec) -> BatchResult:
     revision = record_revision(session, state, plan)
     outcome = send(session, state, plan, spender, revision)
     result = report(session, state, revision, outcome)
-    if result.status != "resolved" and spec.on_exhausted == "raise":
+    if state.jobs is not None:  # pending while a job holds a request: never BatchUnresolved
+        batches.report(result, state.jobs)
+    if result.status not in ("resolved", "pending") and spec.on_exhausted == "raise":
         raise BatchUnresolved(result)
     return result
 
@@ -149,10 +154,15 @@ def plan_calls(session: Session, state: Run) -> tuple[Plan, Spender]:
                 split=spec.split, source=state.source, reask_refusals=spec.reask_refusals)
     state.provider_notes = check_fit(state.provider, session.ledger, spec.name, content.schema,
                                      state.pending, content.identity, spec.mode)
-    spender = Spender(spec.max_calls, session.budget, session.tally, pricing_of(state.provider),
+    if spec.transport == "batch":  # refused here, before anything is recorded, if it has none
+        state.client = batches.client_for(state.provider, session.ledger.store,
+                                          session._loop.run, session._used)
+    spender = Spender(spec.max_calls, session.budget, session.tally,
+                      batches.pricing(state.provider, state.client),
                       shared=session.ledger.store.shared_budget())
-    check_rate_fit(session.pacer, plan, state.pending, spender.pricing.max_output_tokens)
-    if spec.refuse_short_budget:
+    if state.client is None:  # live calls are paced; a job has the batch API's own pool
+        check_rate_fit(session.pacer, plan, state.pending, spender.pricing.max_output_tokens)
+    if spec.refuse_short_budget and state.client is None:  # a job submits the part that fits
         spender.refuse_if_short(len(state.pending), cheapest_call(
             plan, state.provider, spender.pricing, state.pending))
     return plan, spender
@@ -187,8 +197,11 @@ def send(session: Session, state: Run, plan: Plan, spender: Spender, revision: A
                            f"call was sent ({state.broken[0]['message'][:300]}); fix the "
                            "validator and re-run")
         outcome.errors[state.broken[0]["task_id"]] = [state.broken[0]]
+    elif state.pending and state.client is not None:
+        state.jobs = _jobs(session, plan, spender, state)
+        outcome = state.jobs.outcome
     elif state.pending:
-        outcome = _replay(session, plan, GuardedProvider(state.provider), spender, state)
+        outcome = _live(session, plan, spender, state)
         if plan.split:  # halves made during the run: remember what they saw too
             store.record_seen(list(_seen_of(state, store.leaves(revision.id)).items()))
     if state.sourceless_of:
@@ -202,10 +215,38 @@ def _seen_of(state: Run, requests: Sequence[Request]) -> dict[str, str]:
     return {r.key: state.keys.seen_key(r.tasks_json) for r in requests}
 
 
-def _replay(session: Session, plan: Plan, provider: Any, spender: Spender, state: Run) -> Outcome:
-    """Run the pending requests; a progress bar counts every task of the batch, those
-    resumed from the ledger already done (2000/2000 at the end, as tqdm users expect)."""
-    pending, progress, name = state.pending, state.spec.progress, state.spec.name
+def _live(session: Session, plan: Plan, spender: Spender, state: Run) -> Outcome:
+    """The live calls, of what no unfinished batch job claims (a job may still answer it)."""
+    held, pending = batches.held_by_jobs(session.ledger.store, state.pending)
+    outcome = Outcome()
+    if pending:
+        outcome = _replay(session, plan, GuardedProvider(state.provider), spender, state,
+                          pending)
+    if held.jobs:
+        state.jobs = held
+        outcome.errors.update(held.outcome.errors)
+    return outcome
+
+
+def _jobs(session: Session, plan: Plan, spender: Spender, state: Run) -> JobsOutcome:
+    """Submit, poll and collect the run's batch jobs (one pass, or until they end)."""
+    def drive(on_progress: Any) -> Any:
+        runner = JobRunner(plan, session.ledger, state.provider, state.client, spender,
+                           session._job_reservations, session_id=session.id,
+                           poll=session.job_poll, on_progress=on_progress)
+        return runner.run(state.pending, wait=state.spec.wait)
+
+    return _replay(session, plan, state.provider, spender, state, state.pending, drive,
+                   progress=state.spec.progress if state.spec.wait else False)
+
+
+def _replay(session: Session, plan: Plan, provider: Any, spender: Spender, state: Run,
+            pending: list[Request], drive: Any = None, progress: Any = None) -> Any:
+    """Run the pending requests (``drive``: as batch jobs); a progress bar counts every task
+    of the batch, those resumed from the ledger already done (2000/2000 at the end, as tqdm
+    users expect)."""
+    name = state.spec.name
+    progress = state.spec.progress if progress is None else progress
     total = len(state.content.tasks)
     bar = None
     done = max(0, total - sum(len(r.tasks) for r in pending))
@@ -219,7 +260,9 @@ def _replay(session: Session, plan: Plan, provider: Any, spender: Spender, state
         bar = tqdm(total=total, initial=done, desc=name, unit="task", leave=True)
     session.remember_provider(provider)  # the run's guard: its inner provider is kept
 
-    async def go() -> Outcome:
+    async def go() -> Any:
+        if drive is not None:
+            return await drive(bar.update if bar else None)
         replayer = Replayer(plan, session.ledger, provider, spender, session.transport,
                             session.concurrency, on_progress=bar.update if bar else None,
                             session_id=session.id, pacer=session.pacer)

@@ -26,7 +26,7 @@ from .loop import BackgroundLoop
 from .registry import ValidatorRegistry
 from .result import BatchResult
 from .run import run_spec
-from .spec import OnExhausted, RunSpec, SessionOptions
+from .spec import OnExhausted, RunSpec, SessionOptions, TransportName
 
 
 class Session:
@@ -77,6 +77,8 @@ class Session:
         self._loop = BackgroundLoop(f"batchjson-{self.id}")
         self._used: list[Any] = []  # providers that ran on the loop, closed with it
         self._finalizer = weakref.finalize(self, _shutdown, self._loop, self._used)
+        self.job_poll = 1.0  # seconds between looks at a batch job while a run waits on it
+        self._job_reservations: dict[int, float] = {}  # batch lines' worst cases, by receipt
 
     @property
     def rate_limits(self) -> RateLimits:
@@ -140,6 +142,8 @@ class Session:
         on_exhausted: OnExhausted = "raise",
         progress: bool = False,
         reask_refusals: bool = False,
+        transport: TransportName = "live",
+        wait: bool = False,
     ) -> BatchResult:
         """Resolve every task of batch ``name`` or say exactly what is still owed.
 
@@ -150,12 +154,16 @@ class Session:
         compares ``task_id`` and every other task field an item echoes; an explicit list
         compares exactly those fields. A return the model refused is not asked again (its
         request ends unresolved, reason ``refused``) unless ``reask_refusals=True``.
+        ``transport="batch"`` sends the pending requests as provider batch jobs at batch prices
+        and returns ``status == "pending"`` with ``jobs`` (``wait=True``: blocks until they
+        end); re-running collects.
         """
         return self.run(RunSpec(
             name=name, tasks=tasks, schema=schema, validator=validator,
             identity=identity, pack=pack, instructions=instructions, repairs=repairs,
             replays=replays, split=split, max_calls=max_calls, on_exhausted=on_exhausted,
-            progress=progress, reask_refusals=reask_refusals))
+            progress=progress, reask_refusals=reask_refusals, transport=transport,
+            wait=wait))
 
     def llm_batch_json(self, prompts: Sequence[str], schema: Any,
                        contexts: Sequence[str] | None = None, max_repair_attempts: int = 1,

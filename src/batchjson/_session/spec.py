@@ -26,9 +26,11 @@ from . import preflight
 Mode = Literal["items", "value"]
 ValidatorArgs = Literal["task", "index", "droste"]
 OnExhausted = Literal["raise", "return"]
+TransportName = Literal["live", "batch"]
 MODES: tuple[str, ...] = get_args(Mode)
 VALIDATOR_ARGS: tuple[str, ...] = get_args(ValidatorArgs)
 ON_EXHAUSTED: tuple[str, ...] = get_args(OnExhausted)
+TRANSPORTS: tuple[str, ...] = get_args(TransportName)
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,9 @@ class RunSpec:
     - ``None`` for ``repairs``/``replays`` takes the session's setting.
     - ``reask_refusals``: a return the model refused is asked again (as a replay, within
       ``replays``); by default a refusal ends its request unresolved with reason ``refused``.
+    - ``transport="batch"`` sends the pending requests as provider batch jobs (half price,
+      results within 24 hours): the run returns ``status == "pending"`` with ``jobs`` unless
+      ``wait=True``, and a re-run collects (docs/providers.md).
 
     A bad option is an :class:`~batchjson.InvalidBatch` when the spec is made.
     """
@@ -68,6 +73,8 @@ class RunSpec:
     mode: Mode = "items"
     validator_args: ValidatorArgs = "task"
     refuse_short_budget: bool = True
+    transport: TransportName = "live"
+    wait: bool = False
 
     def __post_init__(self) -> None:
         """The options, each checked alone: cheap, and before any face does anything with them."""
@@ -76,7 +83,8 @@ class RunSpec:
                    free=True)
         for label, value, allowed in (("on_exhausted", self.on_exhausted, ON_EXHAUSTED),
                                       ("mode", self.mode, MODES),
-                                      ("validator_args", self.validator_args, VALIDATOR_ARGS)):
+                                      ("validator_args", self.validator_args, VALIDATOR_ARGS),
+                                      ("transport", self.transport, TRANSPORTS)):
             if not isinstance(value, str) or value not in allowed:
                 raise InvalidBatch(f"{label} must be {' or '.join(map(repr, allowed))}, got "
                                    f"{value!r}")
@@ -86,12 +94,18 @@ class RunSpec:
             if count is not None:
                 whole(label, count, 0)
         for label, flag in (("split", self.split), ("reask_refusals", self.reask_refusals),
+                            ("wait", self.wait),
                             ("refuse_short_budget", self.refuse_short_budget)):
             if not isinstance(flag, bool):
                 raise InvalidBatch(f"{label} must be True or False, got {flag!r}")
         if not isinstance(self.progress, bool) and not callable(self.progress):
             raise InvalidBatch(f"progress must be True, False or a callable progress(total, "
                                f"name) returning a bar, got {self.progress!r}")
+        if self.transport == "batch" and self.validator_args != "task":
+            raise InvalidBatch(
+                "transport='batch' is refused for droste's llm_batch_json contract (the droste "
+                "and rlm bindings): it returns values now and has no pending result; use "
+                "transport='live' there, or run_batch / %%batch_json for batch jobs")
         if self.validator_name is not None:
             check_text("validator_name", self.validator_name, "validator_name='label_check'")
         preflight.check_validator(self.validator, self.validator_args)

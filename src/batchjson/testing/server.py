@@ -28,6 +28,7 @@ from .._content.tasks import sha, tasks_block
 from .._errors import ConfigError
 from .._providers.base import Call
 from .._providers.simulated import SimulatedModel
+from ._batches import BatchDesk, BatchFaults
 from ._bodies import anthropic_message, openai_completion, request_id, shape
 from ._cache import PromptCache
 from ._faults import HTTP_FAULTS, STATUS_FAULTS, HttpFaults
@@ -44,7 +45,7 @@ from ._wire import (
     unauthorized,
 )
 
-__all__ = ["HTTP_FAULTS", "HttpFaults", "Limits", "LoopbackServer", "main"]
+__all__ = ["HTTP_FAULTS", "BatchFaults", "HttpFaults", "Limits", "LoopbackServer", "main"]
 
 @dataclass
 class Exchange:
@@ -95,6 +96,7 @@ class LoopbackServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._error: BaseException | None = None
+        self.batches = BatchDesk(self)  # OpenAI's Files and Batches endpoints (_batches.py)
 
     @property
     def base_url(self) -> str:
@@ -131,6 +133,7 @@ class LoopbackServer:
             app.router.add_post(path, self._counted("openai", self._openai))
         for path in ("/v1/messages", "/messages"):
             app.router.add_post(path, self._counted("anthropic", self._anthropic))
+        self.batches.routes(app)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/stats", self._stats)
         app.router.add_post("/stats/reset", self._reset)

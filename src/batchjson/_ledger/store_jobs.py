@@ -1,0 +1,223 @@
+"""The store's SQL for provider batch jobs: a job row and its lines, written before upload.
+
+A job is recorded in one transaction with an in-flight receipt per request and the request's
+claim, held by the job itself (an owner no process or lease stands for: it is never presumed
+gone), so no runner on any host sends those requests while the job may still answer. Each line
+carries a ``custom_id`` naming its receipt, unique by construction (the job's random uid and the
+receipt's id) and by the table's key. The job's provider id is written once the provider has
+created it; a job still ``recording`` whose writer is gone may have been created and billed, so
+it becomes ``uncertain``: shown, its requests still claimed, never resubmitted on its own.
+Collection completes every receipt of a job and releases its claims in one transaction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .._content.tasks import Request
+from . import claims
+from .claims import MINE, Owner
+from .records import now
+from .store_base import Row, Tx
+from .store_calls import CallStore
+
+JOB_HOST = "batchjson-job"  # the host of a job's claims: no process, never presumed gone
+NEVER = 1e18  # a job's claims have no lease: they are released when the job is collected
+OPEN_STATES = ("recording", "open", "uncertain")
+CUSTOM_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+
+
+def job_owner(uid: str) -> Owner:
+    """The claim holder of job ``uid``."""
+    return Owner(JOB_HOST, 0, "job", uid)
+
+
+def custom_id(job_uid: str, attempt_id: int, request_key: str) -> str:
+    """A line's id: a digest naming one receipt of one job, so a stale line (of an earlier job
+    or attempt) can never be joined to a later one; it fits both providers' rule
+    ``^[a-zA-Z0-9_-]{1,64}$``."""
+    digest = hashlib.sha256(f"{job_uid}:{attempt_id}:{request_key}".encode()).hexdigest()
+    return f"bj_{digest[:48]}"
+
+
+def valid_custom_id(value: Any) -> bool:
+    return (isinstance(value, str) and 1 <= len(value) <= 64
+            and set(value) <= CUSTOM_ID_CHARS)
+
+
+class JobStore(CallStore):
+    """Job rows, their lines and their claims."""
+
+    def open_job(self, *, uid: str, protocol: str, batch_id: int, revision_id: int,
+                 model: str | None, endpoint: str, provider: str, source: str | None,
+                 writer: Owner, lines: Sequence[tuple[Request, str, bool, float, int]],
+                 shared: bool = False) -> tuple[int | None, list[dict[str, Any]]]:
+        """Record a job (status ``recording``) and, for each (request, kind, wrapped, reserved,
+        estimated input tokens) whose request is free, its receipt, claim and line: (job id,
+        the lines written: custom_id, attempt_id, request_key, kind; None and none when no
+        request was free). A request accepted or
+        held by another runner meanwhile gets no line, nor one the ledger's own cost budget
+        cannot hold (``shared``: each line's worst case is reserved on it). Committed before
+        anything is uploaded."""
+        owner, stamp = job_owner(uid), now()
+        written: list[dict[str, Any]] = []
+        with self.call_transaction() as tx:
+            job_id = self._insert(tx, JOB_SQL, (
+                uid, protocol, batch_id, revision_id, model, endpoint, len(lines),
+                sum(line[3] for line in lines), writer.id, writer.host, writer.pid,
+                stamp))
+            for request, kind, wrapped, reserved, estimated in lines:
+                state, attempt_id = self.begin_call(
+                    tx, batch_id, revision_id, request, kind, provider, model, source,
+                    owner=owner, estimated_input_tokens=estimated,
+                    reserve=reserved if shared else None)
+                if state != MINE or attempt_id is None:
+                    continue
+                line = custom_id(uid, attempt_id, request.key)
+                if not valid_custom_id(line):  # cannot happen: a digest; checked all the same
+                    raise ValueError(f"custom_id {line!r} breaks the providers' rule")
+                self._exec(tx, "INSERT INTO job_lines(custom_id, job_id, attempt_id, "
+                           "request_key, wrapped, reserved) VALUES (?,?,?,?,?,?)",
+                           (line, job_id, attempt_id, request.key, int(wrapped), reserved))
+                written.append({"custom_id": line, "attempt_id": attempt_id,
+                                "request_key": request.key, "kind": kind,
+                                "reserved": reserved})
+            if not written:  # every request was taken meanwhile: no job at all
+                self._exec(tx, "DELETE FROM jobs WHERE id = ?", (job_id,))
+                return None, []
+            self._exec(tx, "UPDATE claims SET lease_expires_at = ? WHERE owner = ?",
+                       (NEVER, owner.id))
+            self._exec(tx, "UPDATE jobs SET requests = ?, reserved = ? WHERE id = ?",
+                       (len(written), sum(w["reserved"] for w in written), job_id))
+        return job_id, written
+
+    def job_submitted(self, job_id: int, provider_job_id: str,
+                      detail: Mapping[str, Any]) -> None:
+        """The provider created the job: its id, and every line's receipt sent."""
+        stamp = now()
+        with self.transaction() as tx:
+            self._exec(tx, "UPDATE jobs SET status = 'open', provider_job_id = ?, "
+                       "submitted_at = ?, detail = ? WHERE id = ?",
+                       (provider_job_id, stamp, json.dumps(dict(detail)), job_id))
+            self._exec(tx, "UPDATE attempts SET sent_at = ? WHERE id IN (SELECT attempt_id "
+                       "FROM job_lines WHERE job_id = ?)", (stamp, job_id))
+
+    def job_detail(self, job_id: int, detail: Mapping[str, Any]) -> None:
+        with self.transaction() as tx:
+            self._exec(tx, "UPDATE jobs SET detail = ? WHERE id = ?",
+                       (json.dumps(dict(detail)), job_id))
+
+    def job_uncertain(self, job_id: int, why: str) -> None:
+        """A job that may have been created (and billed) without its id on record."""
+        with self.transaction() as tx:
+            self._exec(tx, "UPDATE jobs SET status = 'uncertain', detail = ? WHERE id = ? AND "
+                       "status = 'recording'", (json.dumps({"why": why}), job_id))
+
+    def end_job(self, tx: Tx, job_id: int, status: str, detail: Mapping[str, Any],
+                was: Sequence[str] = ("open",)) -> bool:
+        """In ``tx`` (which completes the job's receipts): the job ended (``ended``) or was
+        cancelled, and its claims are released. False (nothing written) when the job was no
+        longer in a state of ``was``: another runner collected it first."""
+        marks = ",".join("?" * len(was))
+        if not self._exec(tx, f"UPDATE jobs SET status = ?, ended_at = ?, detail = ? WHERE "
+                          f"id = ? AND status IN ({marks})",
+                          (status, now(), json.dumps(dict(detail)), job_id, *was)).rowcount:
+            return False
+        uid = self._exec(tx, "SELECT uid FROM jobs WHERE id = ?", (job_id,)).fetchone()[0]
+        self._exec(tx, "DELETE FROM claims WHERE owner = ?", (job_owner(uid).id,))
+        return True
+
+    def cancel_job(self, job_id: int, why: str, *, sent: bool,
+                   was: Sequence[str] = ("recording",)) -> bool:
+        """A job that will never be collected: its receipts still in flight are cancelled
+        (``sent``: it may have run and been billed; else it never left), its claims released."""
+        message = (f"{why}; the job may have run and been billed" if sent else
+                   f"{why}; nothing was sent")
+        errors = json.dumps([{"type": "cancelled", "task_id": None, "message": message}])
+        with self.transaction() as tx:
+            if not self.end_job(tx, job_id, "cancelled", {"why": message}, was):
+                return False
+            for attempt_id, reserved in self._exec(
+                    tx, "SELECT id, reserved FROM attempts WHERE status = 'in_flight' AND "
+                    "reserved IS NOT NULL AND id IN (SELECT attempt_id FROM job_lines WHERE "
+                    "job_id = ?)", (job_id,)).fetchall():  # possibly billed: its worst case
+                self._settle_shared(tx, attempt_id, reserved if sent else 0.0)
+            self._exec(tx, "UPDATE attempts SET status = 'cancelled', errors = ?, "
+                       "finished_at = ?, sent_at = CASE WHEN ? THEN sent_at ELSE NULL END "
+                       "WHERE status = 'in_flight' AND id IN (SELECT attempt_id FROM "
+                       "job_lines WHERE job_id = ?)", (errors, now(), sent, job_id))
+        return True
+
+    def lost_recordings(self) -> int:
+        """Jobs still ``recording`` whose writer is gone become ``uncertain``: it may have
+        created the job (and been billed) without recording its id. How many."""
+        at, lost = self._clock(None), 0
+        for row in self._read("SELECT id, owner, host, pid FROM jobs WHERE status = "
+                              "'recording'"):
+            if claims.owner_gone(row["owner"], row["host"], row["pid"], None, at):
+                self.job_uncertain(row["id"], "its runner stopped between recording the job "
+                                   "and recording the provider's id: the job may exist and "
+                                   "be billed")
+                lost += 1
+        return lost
+
+    # -- reads ---------------------------------------------------------------------------------
+    def jobs_holding(self, keys: Sequence[str]) -> list[Row]:
+        """Open, recording and uncertain jobs with a line for any of ``keys``."""
+        ids = {r[0] for r in self._by_keys(
+            "SELECT DISTINCT l.job_id FROM job_lines l JOIN jobs j ON j.id = l.job_id WHERE "
+            "j.status IN ('recording', 'open', 'uncertain') AND l.request_key IN ({marks})",
+            keys)}
+        return [r for r in self.jobs() if r["id"] in ids]
+
+    def jobs(self, *, every: bool = False, job: str | None = None) -> list[Row]:
+        """Job rows, newest first: open ones (``every``: all), or the one named by its id or
+        provider id."""
+        sql = ("SELECT j.*, b.name AS batch FROM jobs j JOIN batches b ON b.id = j.batch_id")
+        if job is not None:
+            return self._read(sql + " WHERE CAST(j.id AS TEXT) = ? OR j.provider_job_id = ? "
+                              "OR j.uid = ?", (job, job, job))
+        if not every:
+            sql += " WHERE j.status IN ('recording', 'open', 'uncertain')"
+        return self._read(sql + " ORDER BY j.id DESC")
+
+    def job_lines(self, job_id: int) -> list[Row]:
+        return self._read("SELECT l.custom_id, l.attempt_id, l.request_key, l.wrapped, "
+                          "l.reserved, a.kind, a.sent_at, a.status FROM job_lines l JOIN "
+                          "attempts a ON a.id = l.attempt_id WHERE l.job_id = ? ORDER BY "
+                          "l.attempt_id", (job_id,))
+
+    def job_history(self, keys: Sequence[str], revision_id: int) -> dict[str, list[Row]]:
+        """Each key's job receipts of one revision, oldest first (for follow-ups)."""
+        out: dict[str, list[Row]] = {}
+        for row in self._by_keys(
+                "SELECT a.id, a.request_key, a.kind, a.status, a.errors, a.raw FROM attempts a "
+                "JOIN job_lines l ON l.attempt_id = a.id WHERE a.revision_id = "
+                f"{int(revision_id)} AND a.request_key IN ({{marks}}) ORDER BY a.id", keys):
+            out.setdefault(row["request_key"], []).append(row)
+        return out
+
+    def job_keys(self, job_id: int) -> list[str]:
+        return [r[0] for r in self._read("SELECT request_key FROM job_lines WHERE job_id = ?",
+                                         (job_id,))]
+
+    def request_by_key(self, key: str) -> Request:
+        """The ledger's copy of a request (a job's line may belong to another revision)."""
+        row = self._read("SELECT key, tasks, position, parent_key FROM requests WHERE key = ? "
+                         "ORDER BY id LIMIT 1", (key,))[0]
+        return Request(row["key"], tuple(json.loads(row["tasks"])), row["position"],
+                       row["parent_key"], tasks_json=row["tasks"])
+
+    def job_held_keys(self, keys: Sequence[str]) -> set[str]:
+        """Of ``keys``, those an unfinished job claims."""
+        return {r[0] for r in self._by_keys(
+            "SELECT request_key FROM claims WHERE owner LIKE '" + JOB_HOST + "/%' AND "
+            "request_key IN ({marks})", keys)}
+
+
+JOB_SQL = (
+    "INSERT INTO jobs(uid, protocol, status, batch_id, revision_id, model, endpoint, requests, "
+    "reserved, owner, host, pid, created_at) VALUES (?,?, 'recording', ?,?,?,?,?,?,?,?,?,?)")

@@ -1,0 +1,114 @@
+"""Anthropic's Message Batches as a transport: ``POST /v1/messages/batches`` with
+``requests: [{custom_id, params}]``, its ``processing_status`` (``in_progress``, ``canceling``,
+``ended``), and its results (JSONL, only once it has ended) whose ``result.type`` is
+``succeeded``, ``errored``, ``canceled`` or ``expired``, in any order.
+
+There is no file to upload: ``upload`` only stages the requests, so a failure before the batch
+is created is known to have created nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .._errors import ProviderError
+from ._http import ITEMS_NAME, WRAPPED_VALUE
+from .base import Call
+from .batch_client import BatchClient
+from .reply import Reply
+
+# Anthropic error types and the HTTP status each stands for on the live endpoint.
+ERROR_STATUS = {"invalid_request_error": 400, "authentication_error": 401,
+                "permission_error": 403, "not_found_error": 404, "request_too_large": 413,
+                "rate_limit_error": 429, "api_error": 500, "overloaded_error": 529}
+
+
+class AnthropicBatches(BatchClient):
+    """The Message Batches endpoints of an AnthropicProvider's base URL."""
+
+    protocol = "anthropic-batch"
+    max_requests = 100_000
+    max_bytes = 256 * 1024 * 1024
+    running = frozenset(("in_progress", "canceling"))
+    jobs_path = "/v1/messages/batches"
+
+    def __init__(self, provider: Any) -> None:
+        super().__init__(provider)
+        self._staged: dict[str, list[Mapping[str, Any]]] = {}
+
+    def _base(self) -> str:
+        return super()._base().removesuffix("/v1")
+
+    def line(self, custom_id: str, call: Call) -> tuple[dict[str, Any], bool]:
+        body, _, wrapped = self.provider.request_body(call)
+        return {"custom_id": custom_id, "params": body}, wrapped
+
+    async def upload(self, lines: Sequence[Mapping[str, Any]]) -> str:
+        if len(json.dumps({"requests": list(lines)}).encode()) > self.max_bytes:
+            raise ProviderError(f"anthropic batch: requests over {self.max_bytes} bytes",
+                                retryable=False)
+        token = uuid.uuid4().hex
+        self._staged[token] = list(lines)
+        return token
+
+    async def create(self, staged: str, metadata: Mapping[str, str]) -> dict[str, Any]:
+        return await self._json("POST", "/v1/messages/batches",
+                                json_body={"requests": self._staged.pop(staged)})
+
+    @staticmethod
+    def status(batch: Mapping[str, Any]) -> str:
+        """``processing_status``, with an ended batch that was asked to cancel said so."""
+        status = str(batch.get("processing_status"))
+        if status == "ended":
+            return "cancelled" if batch.get("cancel_initiated_at") else "completed"
+        return status
+
+    @staticmethod
+    def whole_failure(batch: Mapping[str, Any]) -> str | None:
+        return None  # a batch Anthropic refuses is refused when it is created
+
+    @staticmethod
+    def too_large(batch: Mapping[str, Any]) -> bool:
+        return False
+
+    async def results(self, batch: Mapping[str, Any]) -> list[Any]:
+        """Every result line, parsed, with its own text kept (``"__text__"``) so a tool
+        input is kept as the exact text the provider sent."""
+        raw = await self._call("GET", f"/v1/messages/batches/{batch['id']}/results")
+        lines: list[Any] = []
+        for text in raw.decode("utf-8", "replace").splitlines():
+            if not text.strip():
+                continue
+            try:
+                parsed = json.loads(text)
+            except ValueError:
+                parsed = None
+            lines.append({**parsed, "__text__": text} if isinstance(parsed, dict) else text)
+        return lines
+
+    def outcome(self, line: Mapping[str, Any], wrapped: bool) -> Reply | ProviderError:
+        result = line.get("result") if isinstance(line.get("result"), dict) else {}
+        kind = result.get("type")
+        if kind == "succeeded" and isinstance(result.get("message"), dict):
+            tool = (WRAPPED_VALUE if wrapped else ITEMS_NAME) if (
+                self.provider.mode == "tool") else None
+            try:
+                return self.provider.read_reply(result["message"], line.get("__text__"), tool,
+                                                wrapped, at=("result", "message"),
+                                                price_factor=self.share)
+            except ProviderError as exc:
+                return exc
+        if kind == "errored":
+            error = ((result.get("error") or {}).get("error") or {})
+            status = ERROR_STATUS.get(error.get("type"), 500)
+            return ProviderError(f"anthropic batch line errored: {error.get('type')}: "
+                                 f"{error.get('message')}", status=status,
+                                 retryable=status >= 500 or status == 429)
+        if kind in ("canceled", "expired"):
+            return ProviderError(f"anthropic batch line {kind} before it was answered",
+                                 retryable=True)
+        return ProviderError(f"anthropic batch line of unknown result type {kind!r}",
+                             retryable=True)

@@ -1,0 +1,86 @@
+"""What the batch APIs' clients share: requests to the provider's own base URL with its key,
+secrets and connection pool, and the one check that the endpoints exist (a compatible server
+without them is refused before anything is recorded).
+
+A client (``openai_batch.py``, ``anthropic_batch.py``) only transports, as a provider does:
+each result line becomes a ``Reply`` through the provider's own reading of a live answer, or a
+``ProviderError``. Joining lines to receipts, judging and recording are the job runner's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from .._errors import ProviderError, ProviderSetupError
+from ._http import HttpProvider, exchange
+from .pricing import batch_share
+
+
+class BatchClient:
+    """The batch endpoints under ``provider``'s base URL."""
+
+    protocol = ""
+    max_requests = 0
+    jobs_path = ""  # the batches: GET it to list (exactly when the batch API exists)
+
+    def __init__(self, provider: HttpProvider) -> None:
+        self.provider = provider
+        self.endpoint = provider.base_url  # what may be shown of where jobs go
+        # the share of the live price a job bills: half, unless the model's price says so
+        self.share = batch_share(provider.model, provider.prices)
+
+    def _base(self) -> str:
+        private = self.provider._endpoint.get() or self.provider.url
+        return private.removesuffix(self.provider.path)
+
+    async def _call(self, method: str, path: str, body: Any = None,
+                    json_body: Mapping[str, Any] | None = None) -> bytes:
+        p = self.provider
+        headers = p._headers
+        if json_body is not None:
+            body = json.dumps(json_body).encode()
+        elif body is not None:
+            def headers() -> dict[str, str]:  # multipart: aiohttp sets the content type
+                return {k: v for k, v in p._headers().items() if k != "Content-Type"}
+        return (await exchange(p._sessions.get(), method, self._base() + path, body, headers,
+                               provider=p.name, timeout=p.timeout, secrets=p._secrets,
+                               key_env=p.key_env))[1]
+
+    async def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        raw = await self._call(method, path, **kwargs)
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            raise ProviderError(f"{self.protocol}: {method} {path} did not answer a JSON "
+                                "object", retryable=True)
+        return data
+
+    async def check(self) -> None:
+        """Refuse a base URL without the batch endpoints before anything is recorded."""
+        try:
+            await self._json("GET", f"{self.jobs_path}?limit=1")
+        except ProviderError as exc:
+            if exc.status in (404, 405, 501):
+                raise ProviderSetupError(
+                    f"{self.provider.base_url} has no Batch API (GET {self.jobs_path} answered "
+                    f"HTTP {exc.status}); use transport='live' with this server, or an "
+                    "endpoint with the provider's batch endpoints") from None
+            raise
+
+    async def poll(self, job_id: str) -> dict[str, Any]:
+        return await self._json("GET", f"{self.jobs_path}/{job_id}")
+
+    async def cancel(self, job_id: str) -> dict[str, Any]:
+        return await self._json("POST", f"{self.jobs_path}/{job_id}/cancel")
+
+    @staticmethod
+    def counts(batch: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(batch.get("request_counts") or {})
+
+    @staticmethod
+    def line_id(line: Any) -> Any:
+        return line.get("custom_id") if isinstance(line, dict) else None

@@ -1,0 +1,119 @@
+"""OpenAI's Batch API as a transport: a JSONL file of chat-completion requests (purpose
+``batch``), one batch over it (``completion_window: "24h"``), its status, its output and error
+files.
+
+Output lines come in any order and carry the ``custom_id`` they were sent with; ``completed``
+says only that the batch stopped, not that any line succeeded.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import aiohttp
+
+from .._errors import ProviderError
+from ._http import http_error
+from .base import Call
+from .batch_client import BatchClient
+from .reply import Reply
+
+RUNNING = frozenset(("validating", "in_progress", "finalizing", "cancelling"))
+ENDED = frozenset(("completed", "failed", "expired", "cancelled"))
+
+
+class OpenAIBatches(BatchClient):
+    """The Files and Batches endpoints of the provider's base URL, with its key and pool."""
+
+    protocol = "openai-batch"
+    max_requests = 50_000
+    max_bytes = 200 * 1024 * 1024
+    url = "/v1/chat/completions"
+    running = RUNNING
+    jobs_path = "/batches"
+
+    def line(self, custom_id: str, call: Call) -> tuple[dict[str, Any], bool]:
+        """One request of the input file, and whether its value was wrapped."""
+        body, wrapped = self.provider.request_body(call)
+        return {"custom_id": custom_id, "method": "POST", "url": self.url,
+                "body": body}, wrapped
+
+    async def upload(self, lines: Sequence[Mapping[str, Any]]) -> str:
+        """Upload the input file; its id. Nothing is billed for a file."""
+        data = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines)
+        if len(data.encode()) > self.max_bytes:
+            raise ProviderError(f"openai batch: input file over {self.max_bytes} bytes",
+                                retryable=False)
+        form = aiohttp.FormData()
+        form.add_field("purpose", "batch")
+        form.add_field("file", data.encode(), filename="batchjson.jsonl",
+                       content_type="application/jsonl")
+        return str((await self._json("POST", "/files", body=form))["id"])
+
+    async def create(self, file_id: str, metadata: Mapping[str, str]) -> dict[str, Any]:
+        return await self._json("POST", "/batches", json_body={
+            "input_file_id": file_id, "endpoint": self.url, "completion_window": "24h",
+            "metadata": dict(metadata)})
+
+    @staticmethod
+    def status(batch: Mapping[str, Any]) -> str:
+        return str(batch.get("status"))
+
+    @staticmethod
+    def whole_failure(batch: Mapping[str, Any]) -> str | None:
+        """Why a batch failed as a whole (validation, token_limit_exceeded), else None."""
+        if batch.get("status") != "failed":
+            return None
+        errors = (batch.get("errors") or {}).get("data") or []
+        words = "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors
+                          if isinstance(e, dict)) or "no reason given"
+        return words
+
+    @staticmethod
+    def too_large(batch: Mapping[str, Any]) -> bool:
+        errors = (batch.get("errors") or {}).get("data") or []
+        return any(isinstance(e, dict) and e.get("code") == "token_limit_exceeded"
+                   for e in errors)
+
+    async def results(self, batch: Mapping[str, Any]) -> list[Any]:
+        """Every line of the output and error files (either may be absent), parsed; a line
+        that is not a JSON object is kept as its text, for the runner to name."""
+        lines: list[Any] = []
+        for field in ("output_file_id", "error_file_id"):
+            file_id = batch.get(field)
+            if not file_id:
+                continue
+            raw = await self._call("GET", f"/files/{file_id}/content")
+            for text in raw.decode("utf-8", "replace").splitlines():
+                if not text.strip():
+                    continue
+                try:
+                    lines.append(json.loads(text))
+                except ValueError:
+                    lines.append(text)
+        return lines
+
+    def outcome(self, line: Mapping[str, Any], wrapped: bool) -> Reply | ProviderError:
+        """One output line: a reply, or the provider error it reports (a non-2xx status or an
+        ``error``); never an answer taken from an error line."""
+        response = line.get("response") or {}
+        error = line.get("error")
+        status = response.get("status_code") if isinstance(response, dict) else None
+        body = response.get("body") if isinstance(response, dict) else None
+        if error or not isinstance(status, int) or not 200 <= status < 300:
+            if isinstance(status, int) and status >= 400:
+                return http_error("openai", status, {}, json.dumps(body).encode(),
+                                  self.provider._secrets, self.provider.key_env)
+            what = error if isinstance(error, dict) else {"message": str(error)}
+            return ProviderError(f"openai batch line failed: {what.get('code') or ''} "
+                                 f"{what.get('message') or 'no response'}".strip(),
+                                 status=status, retryable=True)
+        if not isinstance(body, dict):
+            return ProviderError("openai batch line has no response body", status=status,
+                                 retryable=True)
+        try:
+            return self.provider.read_reply(body, wrapped, price_factor=self.share)
+        except ProviderError as exc:
+            return exc

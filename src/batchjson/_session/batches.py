@@ -1,0 +1,144 @@
+"""What the session adds for the batch transport: which providers have a batch API (refused
+before anything is recorded when there is none), batch prices for the budget, and what a run's
+result says of its jobs (``status == "pending"`` while one holds a request)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .._content.tasks import Request
+from .._errors import ConfigError, InvalidBatch
+from .._ledger import Ledger
+from .._ledger.records import now
+from .._ledger.store import Store
+from .._providers.anthropic import AnthropicProvider
+from .._providers.anthropic_batch import AnthropicBatches
+from .._providers.base import close_provider
+from .._providers.openai import OpenAIProvider
+from .._providers.openai_batch import OpenAIBatches
+from .._providers.pricing import batch_share
+from .._replay.budget import Pricing, batch_pricing, pricing_of
+from .._replay.jobs import JobsOutcome, job_view
+from .._replay.plan import Outcome
+from .result import BatchResult
+
+
+def client_for(provider: Any, store: Store, run: Callable[[Any], Any], used: list[Any]) -> Any:
+    """The batch API of ``provider``, checked to exist (one look at its endpoint, on the
+    session's loop: ``provider`` joins ``used``, the providers the session closes), or a
+    ConfigError naming why the batch transport does not apply; nothing is recorded."""
+    if isinstance(provider, OpenAIProvider):
+        client: Any = OpenAIBatches(provider)
+    elif isinstance(provider, AnthropicProvider):
+        client = AnthropicBatches(provider)
+    else:
+        raise ConfigError(
+            f"transport='batch' needs a provider with a batch API (OpenAIProvider or "
+            f"AnthropicProvider); {getattr(provider, 'name', type(provider).__name__)!r} has "
+            "none. Use transport='live', or an OpenAI or Anthropic provider")
+    if not any(p is provider for p in used):
+        used.append(provider)
+    run(client.check)
+    return client
+
+
+def held_by_jobs(store: Store, pending: Sequence[Request]
+                 ) -> tuple[JobsOutcome, list[Request]]:
+    """Of a live run's pending requests, those an unfinished batch job claims are never sent
+    live while the job may still answer them: (the jobs and those requests' errors, the
+    requests left to send)."""
+    held = store.job_held_keys([r.key for r in pending])
+    out = JobsOutcome(Outcome())
+    if not held:
+        return out, list(pending)
+    out.jobs = [job_view(r, store.job_keys(r["id"])) for r in store.jobs_holding(list(held))]
+    for request in pending:
+        if request.key in held:
+            for task_id in request.task_ids:
+                out.outcome.errors[task_id] = [{
+                    "type": "pending", "task_id": task_id, "request": request.key,
+                    "message": "claimed by an unfinished batch job: re-run with "
+                    "transport='batch' to collect it"}]
+    out.notes.append(f"{len(held)} request(s) are claimed by unfinished batch job(s) and were "
+                     "not sent live; re-run with transport='batch' to collect them")
+    return out, [r for r in pending if r.key not in held]
+
+
+def pricing(provider: Any, client: Any) -> Pricing:
+    """The prices a cost budget reserves by: the provider's, at its batch share (half unless
+    its price says otherwise) for a batch job."""
+    live = pricing_of(provider)
+    if client is None:
+        return live
+    return batch_pricing(live, batch_share(getattr(provider, "model", None),
+                                           getattr(provider, "prices", None)))
+
+
+def report(result: BatchResult, ran: JobsOutcome) -> None:
+    """The jobs of a run on its result: pending while any still holds one of its requests."""
+    result.jobs = ran.jobs
+    result.notes.extend(ran.notes)
+    if ran.submitted:
+        result.notes.append(f"{ran.submitted} request(s) submitted as a batch job at batch "
+                            "prices")
+    holding = [job for job in ran.jobs if job["status"] in ("recording", "open", "uncertain")]
+    if holding and not result.resolved:
+        result.status = "pending"
+        ids = ", ".join(f"{job['id']} ({job['provider_job_id'] or job['status']})"
+                        for job in holding)
+        result.notes.append(f"pending in batch job(s) {ids}: re-run the same cell or call to "
+                            "collect what has ended, or pass wait=True to block until they end")
+    for job in holding:
+        if job["status"] == "uncertain":
+            why = job["why"] or "its provider id was never recorded"
+            result.notes.append(
+                f"job {job['id']} is uncertain: {why}; its requests are not resubmitted on "
+                "their own. Check the provider's console, "
+                f"then `batchjson cancel {job['id']}` to release them")
+
+
+def list_jobs(ledger: Ledger, *, every: bool = False) -> list[dict[str, Any]]:
+    """The ledger's unfinished batch jobs (``every``: all), newest first, as shown."""
+    ledger.store.lost_recordings()
+    return [job_view(row, keys=None) for row in ledger.store.jobs(every=every)]
+
+
+def cancel_job(ledger: Ledger, job: str, *, provider: Any = None) -> dict[str, Any]:
+    """Cancel job ``job`` (its number, provider id or uid) and record it. An open job is
+    cancelled at the provider (``provider``: the one to ask, else one built from the job's
+    model and endpoint with the key from the environment) and collected by the next run: what
+    ended is kept, the rest is owed again. A job whose provider id was never recorded is
+    released at once, its receipts kept as possibly billed."""
+    store = ledger.store
+    store.lost_recordings()
+    rows = store.jobs(job=str(job))
+    if not rows:
+        raise InvalidBatch(f"no batch job {job!r} in this ledger; `batchjson jobs` lists them")
+    row = rows[0]
+    if row["status"] in ("recording", "uncertain"):
+        store.cancel_job(row["id"], "cancelled by a person before its provider id was "
+                         "recorded", sent=True, was=("recording", "uncertain"))
+        return {**job_view(row, keys=None), "status": "cancelled", "released": row["requests"]}
+    if row["status"] != "open":
+        raise InvalidBatch(f"batch job {row['id']} has already {row['status']}; nothing to "
+                           "cancel")
+    anthropic = row["protocol"] == AnthropicBatches.protocol
+    if provider is None:
+        provider = (AnthropicProvider if anthropic else OpenAIProvider)(
+            row["model"], base_url=row["endpoint"])
+    client = AnthropicBatches(provider) if anthropic else OpenAIBatches(provider)
+
+    async def cancel() -> dict[str, Any]:
+        try:
+            return await client.cancel(row["provider_job_id"])
+        finally:
+            await close_provider(provider)
+
+    batch = asyncio.run(cancel())
+    detail = {**json.loads(row["detail"] or "{}"), "cancel_requested_at": now(),
+              "provider_status": client.status(batch)}
+    store.job_detail(row["id"], detail)
+    return {**job_view(row, keys=None), "provider_status": client.status(batch)}

@@ -1,0 +1,251 @@
+"""OpenAI's Files and Batches endpoints on the loopback server, answered by its simulated model
+(Anthropic's Message Batches, in ``_message_batches.py``, share its faults and line answers).
+
+A batch runs on the server's loop: ``validating``, then ``in_progress`` for ``delay`` seconds
+(by default a job ends within about a second), then each line is answered as a chat completion
+would be and the batch ends ``completed`` with an output and an error file. Faults are given
+per batch, in the order batches are created: ``whole`` (``"fail_validation"``,
+``"token_limit"``, ``"expire"``, ``"all_failed"``) and ``lines`` (line index -> ``"errored"``,
+``"expired"``, ``"http_400"``, ``"duplicate"``, ``"unknown"``), and ``shuffle`` reverses the
+output order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from ._bodies import openai_completion, request_id, shape, token
+from ._message_batches import MessageBatches
+from ._requests import openai_ask
+from ._wire import error_response
+
+if TYPE_CHECKING:
+    from .server import LoopbackServer
+
+WHOLE_FAULTS = ("fail_validation", "token_limit", "expire", "all_failed")
+LINE_FAULTS = ("errored", "expired", "http_400", "duplicate", "unknown")
+
+
+@dataclass
+class BatchFaults:
+    """Faults of one batch (the n-th created takes the n-th ``BatchFaults`` of the desk)."""
+
+    whole: str | None = None
+    lines: dict[int, str] = field(default_factory=dict)
+    shuffle: bool = False
+
+
+class BatchDesk:
+    """Files and batches kept in memory for the server's life."""
+
+    def __init__(self, server: LoopbackServer, delay: float = 0.3) -> None:
+        self.server = server
+        self.delay = delay
+        self.faults: list[BatchFaults] = []
+        self.files: dict[str, dict[str, Any]] = {}
+        self.contents: dict[str, bytes] = {}
+        self.batches: dict[str, dict[str, Any]] = {}
+        self.created = 0  # batches created (so a test can say nothing was submitted)
+        self.lines_answered: Counter[str] = Counter()  # custom_id -> times answered
+        self._tasks: set[asyncio.Task] = set()
+        self._made: Counter[str] = Counter()
+        self.messages = MessageBatches(self)  # Anthropic's Message Batches
+
+    def token(self, kind: str) -> str:
+        """The next id of ``kind`` on this server, the same in every run (notebooks show them)."""
+        self._made[kind] += 1
+        return token(f"{kind}:{self._made[kind]}", 24)
+
+    def routes(self, app: web.Application) -> None:
+        self.messages.routes(app)
+        app.router.add_post("/v1/files", self._upload)
+        app.router.add_get("/v1/files/{id}/content", self._content)
+        app.router.add_get("/v1/files/{id}", self._file)
+        app.router.add_post("/v1/batches", self._create)
+        app.router.add_get("/v1/batches", self._list)
+        app.router.add_get("/v1/batches/{id}", self._get)
+        app.router.add_post("/v1/batches/{id}/cancel", self._cancel)
+
+    def _keep(self, data: bytes, purpose: str, filename: str) -> dict[str, Any]:
+        file_id = "file-" + self.token("file")
+        self.files[file_id] = {"id": file_id, "object": "file", "bytes": len(data),
+                               "created_at": int(time.time()), "filename": filename,
+                               "purpose": purpose, "status": "processed"}
+        self.contents[file_id] = data
+        return self.files[file_id]
+
+    async def _upload(self, request: web.Request) -> web.Response:
+        form = await request.post()
+        upload, purpose = form.get("file"), form.get("purpose")
+        if purpose != "batch" or not hasattr(upload, "file"):
+            return error_response("openai", 400, "expected purpose=batch and a file")
+        data = upload.file.read()
+        return web.json_response(self._keep(data, "batch", upload.filename or "input.jsonl"))
+
+    async def _content(self, request: web.Request) -> web.StreamResponse:
+        data = self.contents.get(request.match_info["id"])
+        if data is None:
+            return error_response("openai", 404, "No such File object")
+        return web.Response(body=data, content_type="application/octet-stream")
+
+    @staticmethod
+    def _found(table: dict[str, Any], request: web.Request, what: str
+               ) -> dict[str, Any] | web.Response:
+        """The object the path names, or the API's 404 for it."""
+        item = table.get(request.match_info["id"])
+        return item if item is not None else error_response("openai", 404,
+                                                            f"No such {what} object")
+
+    async def _file(self, request: web.Request) -> web.Response:
+        meta = self._found(self.files, request, "File")
+        return meta if isinstance(meta, web.Response) else web.json_response(meta)
+
+    async def _create(self, request: web.Request) -> web.Response:
+        data = await request.json()
+        file_id = data.get("input_file_id")
+        if file_id not in self.contents or data.get("completion_window") != "24h":
+            return error_response("openai", 400, "input_file_id must name an uploaded file and "
+                                  "completion_window must be 24h")
+        faults = self._faults()
+        now = int(time.time())
+        batch = {"id": "batch_" + self.token("batch"), "object": "batch",
+                 "endpoint": data.get("endpoint"), "errors": None, "input_file_id": file_id,
+                 "completion_window": "24h", "status": "validating", "output_file_id": None,
+                 "error_file_id": None, "created_at": now, "in_progress_at": None,
+                 "expires_at": now + 86400, "finalizing_at": None, "completed_at": None,
+                 "failed_at": None, "expired_at": None, "cancelling_at": None,
+                 "cancelled_at": None, "request_counts": {"total": 0, "completed": 0,
+                                                          "failed": 0},
+                 "metadata": data.get("metadata")}
+        self.batches[batch["id"]] = batch
+        self._schedule(self._run(batch, faults))
+        return web.json_response(batch)
+
+    async def _list(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": list(self.batches.values()),
+                                  "has_more": False})
+
+    async def _get(self, request: web.Request) -> web.Response:
+        batch = self._found(self.batches, request, "Batch")
+        return batch if isinstance(batch, web.Response) else web.json_response(batch)
+
+    async def _cancel(self, request: web.Request) -> web.Response:
+        batch = self._found(self.batches, request, "Batch")
+        if isinstance(batch, web.Response):
+            return batch
+        if batch["status"] in ("validating", "in_progress", "finalizing"):
+            batch["status"], batch["cancelling_at"] = "cancelling", int(time.time())
+        return web.json_response(batch)
+
+    # -- running a batch -----------------------------------------------------------------------
+    def _faults(self) -> BatchFaults:
+        faults = self.faults[self.created] if self.created < len(self.faults) else BatchFaults()
+        self.created += 1
+        return faults
+
+    def _schedule(self, work: Any) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _lines(self, lines: list[dict[str, Any]], faults: BatchFaults,
+                     answer: Any, lost: Any) -> tuple[list, list]:
+        """Every line answered (``answer(line, fault)``) or lost (``lost(line, code)``), with
+        the batch's line faults: (output lines, error lines)."""
+        output, errors = [], []
+        for index, line in enumerate(lines):
+            fault = "expired" if faults.whole == "expire" else faults.lines.get(index)
+            if faults.whole == "all_failed":
+                fault = "errored"
+            if fault == "expired":
+                errors.append(lost(line, "expired"))
+                continue
+            out = await answer(line, fault)
+            (errors if fault in ("errored", "http_400") else output).append(out)
+            if fault == "duplicate":
+                output.append(dict(out))
+            if fault == "unknown":
+                output.append(dict(out, custom_id="bj_" + "0" * 48))
+        if faults.shuffle:
+            output.reverse()
+        return output, errors
+
+    async def _run(self, batch: dict[str, Any], faults: BatchFaults) -> None:
+        lines = [json.loads(t) for t in self.contents[batch["input_file_id"]].splitlines()
+                 if t.strip()]
+        batch["request_counts"]["total"] = len(lines)
+        await asyncio.sleep(self.delay / 3)
+        if faults.whole in ("fail_validation", "token_limit"):
+            code = ("token_limit_exceeded" if faults.whole == "token_limit"
+                    else "invalid_request")
+            batch.update(status="failed", failed_at=int(time.time()), errors={
+                "object": "list", "data": [{"code": code, "message": f"loopback: {code}",
+                                            "param": None, "line": None}]})
+            return
+        if batch["status"] != "cancelling":
+            batch.update(status="in_progress", in_progress_at=int(time.time()))
+            await asyncio.sleep(self.delay * 2 / 3)
+        if batch["status"] == "cancelling":
+            return self._finish(batch, [], [self._lost(line, "cancelled") for line in lines],
+                                "cancelled")
+        output, errors = await self._lines(lines, faults, self._answer, self._lost)
+        self._finish(batch, output, errors, "expired" if faults.whole == "expire"
+                     else "completed")
+
+    def _finish(self, batch: dict[str, Any], output: list, errors: list, status: str) -> None:
+        batch["request_counts"].update(completed=len(output), failed=len(errors))
+        batch.update(status="finalizing", finalizing_at=int(time.time()))
+        for name, rows in (("output_file_id", output), ("error_file_id", errors)):
+            if rows:
+                data = "".join(json.dumps(r) + "\n" for r in rows).encode()
+                batch[name] = self._keep(data, "batch_output", f"{name}.jsonl")["id"]
+        batch["status"] = status
+        batch[{"completed": "completed_at", "expired": "expired_at",
+               "cancelled": "cancelled_at"}[status]] = int(time.time())
+
+    @staticmethod
+    def _lost(line: dict[str, Any], why: str) -> dict[str, Any]:
+        code = f"batch_{why}"
+        return {"id": _line_id(line), "custom_id": line.get("custom_id"), "response": None,
+                "error": {"code": code, "message": f"loopback: {code}"}}
+
+    def _number(self, line: dict[str, Any], protocol: str) -> str:
+        server = self.server
+        server.requests += 1
+        self.lines_answered[str(line.get("custom_id"))] += 1
+        return request_id(protocol, server.requests)
+
+    async def _answer(self, line: dict[str, Any], fault: str | None) -> dict[str, Any]:
+        """One line answered as the chat-completions endpoint answers its body."""
+        rid = self._number(line, "openai")
+        out = {"id": _line_id(line), "custom_id": line.get("custom_id"), "error": None}
+        if fault in ("errored", "http_400"):
+            status = 500 if fault == "errored" else 400
+            body = {"error": {"message": f"loopback: {fault} line", "type": "invalid_request"
+                              if status == 400 else "server_error", "param": None,
+                              "code": None}}
+            out["response"] = {"status_code": status, "request_id": rid, "body": body}
+            return out
+        server = self.server
+        ask = openai_ask(line.get("body") or {}, server.model.model)
+        outcome = await server._answer("openai", ask, rid)
+        if isinstance(outcome, web.Response):
+            body = json.loads(outcome.body)
+            out["response"] = {"status_code": outcome.status, "request_id": rid, "body": body}
+            return out
+        text, reply = outcome
+        answer = shape(ask, text, reply.output_tokens, None)
+        payload = openai_completion(ask, answer, reply.input_tokens, server.requests, None)
+        out["response"] = {"status_code": 200, "request_id": rid, "body": payload}
+        return out
+
+
+def _line_id(line: dict[str, Any]) -> str:
+    return "batch_req_" + token(f"line:{line.get('custom_id')}", 24)

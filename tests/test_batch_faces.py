@@ -1,0 +1,94 @@
+"""The batch transport through the faces: ``%%batch_json --transport batch``, ``%config
+BatchJson.transport``, and the RLM bindings that refuse it (their contract has no pending
+result)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from batchjson import InvalidBatch, RunSpec
+from batchjson.testing import LoopbackServer
+from tests.helpers import openai
+
+pytest.importorskip("IPython")
+
+BODY = """
+tasks = [{"task_id": f"t{i}", "prompt": f"question {i}"} for i in range(3)]
+schema = {"type": "object", "properties": {"task_id": {"type": "string"},
+                                           "verdict": {"type": "string"}},
+          "required": ["task_id", "verdict"]}
+"""
+
+
+def ok(ip: Any, source: str) -> Any:
+    result = ip.run_cell(source)
+    assert result.success, result.error_before_exec or result.error_in_exec
+    return result.result
+
+
+@pytest.fixture
+def srv():
+    with LoopbackServer() as server:
+        server.batches.delay = 0.1
+        yield server
+
+
+@pytest.mark.parametrize("how", ["option", "config"])
+def test_a_batch_cell_returns_pending_and_rerunning_it_collects(ip, srv, how):
+    ok(ip, "%load_ext batchjson")
+    ip.user_ns["model"] = openai(srv)
+    ok(ip, "%config BatchJson.provider = model")
+    ok(ip, "%config BatchJson.ledger = 'l.sqlite'")
+    line = "%%batch_json labels --transport batch"
+    if how == "config":
+        ok(ip, "%config BatchJson.transport = 'batch'")
+        line = "%%batch_json labels"
+    ok(ip, f"{line}\n{BODY}")  # a pending result is no error
+    pending = ip.user_ns["labels"]
+    assert pending.status == "pending" and pending.jobs[0]["requests"] == 3
+    time.sleep(0.3)
+    ok(ip, f"{line}\n{BODY}")
+    assert ip.user_ns["labels"].resolved and srv.batches.created == 1
+
+
+def test_the_wait_option_blocks_until_the_job_ends(ip, srv):
+    ok(ip, "%load_ext batchjson")
+    ip.user_ns["model"] = openai(srv)
+    ok(ip, "%config BatchJson.provider = model")
+    ip.user_ns["batch_session"].job_poll = 0.05
+    ok(ip, f"%%batch_json labels --transport batch --wait\n{BODY}")
+    assert ip.user_ns["labels"].resolved
+
+
+def test_a_bad_transport_is_refused_by_config_and_option(ip, capsys):
+    ok(ip, "%load_ext batchjson")
+    ip.run_cell("%config BatchJson.transport = 'carrier-pigeon'")
+    assert ip.user_ns["batch_session"] is not None
+    from batchjson._ipython.state import ATTRIBUTE
+
+    assert getattr(ip, ATTRIBUTE).magics.transport == "live"
+    result = ip.run_cell(f"%%batch_json labels --transport pigeon\n{BODY}")
+    assert not result.success
+
+
+@pytest.mark.parametrize("args", ["index", "droste"])
+def test_droste_and_rlm_contract_refuses_the_batch_transport(args):
+    """The llm_batch_json helpers the droste and rlm bindings hand out build their runs with
+    validator_args "index" or "droste": a pending result has no place in that contract."""
+    with pytest.raises(InvalidBatch, match="no pending result"):
+        RunSpec(name="b", tasks=[], schema={}, mode="value", validator_args=args,
+                transport="batch")
+
+
+def test_batch_status_names_the_open_jobs_and_how_to_collect_them(ip, srv):
+    ok(ip, "%load_ext batchjson")
+    ip.user_ns["model"] = openai(srv)
+    ok(ip, "%config BatchJson.provider = model")
+    ok(ip, f"%%batch_json labels --transport batch\n{BODY}")
+    view = ok(ip, "%batch_status labels")
+    job = ip.user_ns["labels"].jobs[0]["provider_job_id"]
+    assert f"job 1 of 'labels' ({job}, open, 3 request(s))" in repr(view)
+    assert "re-run their cells to collect" in repr(view)

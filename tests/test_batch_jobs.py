@@ -1,0 +1,465 @@
+"""The batch transport against the loopback server's OpenAI Batch endpoints: recorded before
+upload, collected by custom_id only through the same acceptance, follow-up jobs within the
+run's repairs and replays, batch prices, pending results and resumption from another process."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from typing import Any
+
+import pytest
+
+from batchjson import Budget, Session
+from batchjson._errors import ConfigError
+from batchjson._providers.pricing import cost_of
+from batchjson._providers.simulated import FaultPlan, SimulatedModel
+from batchjson.testing import BatchFaults, LoopbackServer
+from tests.helpers import anthropic, ledger_rows, openai
+
+SCHEMA = {"type": "object", "properties": {"task_id": {"type": "string"},
+                                           "label": {"type": "string"}},
+          "required": ["task_id", "label"]}
+
+
+def tasks(n: int = 6) -> list[dict[str, Any]]:
+    return [{"task_id": f"t{i}", "case_id": f"{i:03d}", "prompt": f"Label review {i}."}
+            for i in range(n)]
+
+
+PROTOCOLS = {"openai": ("gpt-4o-mini", openai), "anthropic": ("claude-haiku-4-5", anthropic)}
+
+
+def session(srv: LoopbackServer, ledger: Any = None, protocol: str = "openai",
+            **kw: Any) -> Session:
+    provider = PROTOCOLS[protocol][1](srv, extra_body=kw.pop("extra_body", None))
+    out = Session(provider, ledger=ledger, **kw)
+    out.job_poll = 0.05
+    return out
+
+
+@pytest.fixture
+def srv():
+    with LoopbackServer() as server:
+        server.batches.delay = 0.15
+        yield server
+
+
+def accepted_per_key(target: Any) -> dict[str, int]:
+    rows = ledger_rows(target, "SELECT request_key, COUNT(*) FROM attempts WHERE status = "
+                       "'accepted' GROUP BY request_key")
+    return dict(rows)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_faults_and_lost_lines_resolve_through_follow_up_jobs_at_batch_prices(ledger_at,
+                                                                              protocol):
+    """Identity swaps and broken JSON (first answers), an errored and an expired line: all
+    resolve in follow-up jobs; no accepted request is ever sent again; every receipt's cost is
+    half the live price."""
+    model = SimulatedModel(faults=FaultPlan(identity_swap=0.4, malformed_json=0.3,
+                                            clean_after=1), seed=3)
+    target = ledger_at()
+    with LoopbackServer(model) as srv:
+        srv.batches.delay = 0.15
+        srv.batches.faults = [BatchFaults(lines={1: "errored", 2: "expired"}, shuffle=True)]
+        s = session(srv, target, protocol)
+        result = s.run_batch("labels", tasks(), SCHEMA, transport="batch", wait=True)
+        s.close()
+        assert result.status == "resolved" and len(result.values) == 6
+        assert srv.batches.created >= 2  # the first job and at least one follow-up
+    assert result.rejected_returns >= 1 and result.provider_errors == 2
+    assert set(accepted_per_key(target).values()) == {1}
+    # nothing was sent for a request after its accepted receipt
+    after = ledger_rows(target, "SELECT COUNT(*) FROM attempts a WHERE EXISTS (SELECT 1 FROM "
+                        "attempts b WHERE b.request_key = a.request_key AND b.status = "
+                        "'accepted' AND b.id < a.id)")
+    assert after == [(0,)]
+    for inp, out, cost in ledger_rows(target, "SELECT input_tokens, output_tokens, cost FROM "
+                                      "attempts WHERE input_tokens IS NOT NULL"):
+        assert cost == pytest.approx(cost_of(PROTOCOLS[protocol][0], inp, out) / 2)
+    kinds = {k for (k,) in ledger_rows(target, "SELECT DISTINCT kind FROM attempts")}
+    assert {"initial", "replay"} <= kinds
+
+
+def test_a_pending_result_names_its_job_and_a_rerun_collects_it_without_submitting(srv):
+    s = session(srv)
+    first = s.run_batch("labels", tasks(), SCHEMA, transport="batch")  # on_exhausted="raise"
+    assert first.status == "pending" and not first.values
+    [job] = first.jobs
+    assert job["status"] == "open" and job["provider_job_id"].startswith("batch_")
+    assert job["requests"] == 6
+    assert all(e["type"] == "pending" for e in first.errors)
+    assert any("re-run" in note for note in first.notes)
+    again = s.run_batch("labels", tasks(), SCHEMA, transport="batch")  # still running
+    assert again.status == "pending" and srv.batches.created == 1
+    time.sleep(0.4)
+    done = s.run_batch("labels", tasks(), SCHEMA, transport="batch")
+    assert done.status == "resolved" and len(done.values) == 6 and not done.jobs
+    assert srv.batches.created == 1
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_out_of_order_duplicated_unknown_and_4xx_lines_are_named_and_never_admitted(srv,
+                                                                                    protocol):
+    srv.batches.faults = [BatchFaults(lines={0: "duplicate", 1: "unknown", 2: "http_400"},
+                                      shuffle=True)]
+    s = session(srv, protocol=protocol)
+    result = s.run_batch("labels", tasks(4), SCHEMA, transport="batch", wait=True, repairs=0,
+                         replays=0, on_exhausted="return")
+    assert result.status == "unresolved"
+    assert set(result.values) == {"t1", "t3"}  # out of order, joined by custom_id
+    by_task = {e["task_id"]: e for e in result.errors}
+    assert "came back 2 times" in by_task["t0"]["message"]
+    assert "HTTP 400" in by_task["t2"]["message"]
+    assert any("custom_id it was never sent" in note and "bj_000" in note
+               for note in result.notes)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_completed_job_whose_every_line_failed_admits_nothing(srv, protocol):
+    srv.batches.faults = [BatchFaults(whole="all_failed")]
+    s = session(srv, protocol=protocol)
+    result = s.run_batch("labels", tasks(3), SCHEMA, transport="batch", wait=True, repairs=0,
+                         replays=0, on_exhausted="return")
+    assert result.status == "unresolved" and not result.values
+    assert result.provider_errors == 3 and result.accepted_returns == 0
+    assert all(e["type"] == "provider_error" and "HTTP 500" in e["message"]
+               for e in result.errors)
+    assert {j["status"] for j in s.ledger.store.jobs(every=True)} == {"ended"}
+
+
+def test_a_job_failing_validation_or_token_limit_is_answered_with_smaller_jobs(srv):
+    srv.batches.faults = [BatchFaults(whole="token_limit")]
+    s = session(srv)
+    result = s.run_batch("labels", tasks(4), SCHEMA, transport="batch", wait=True)
+    assert result.resolved
+    assert srv.batches.created == 3  # the failed job of 4, then two of 2
+    assert any("token_limit_exceeded" in note for note in result.notes)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_cost_budget_holds_across_a_job_and_its_follow_ups(srv, protocol):
+    budget = 0.0004 if protocol == "openai" else 0.004  # a few lines' worst cases, not all
+    s = session(srv, protocol=protocol, budget=Budget(cost=budget),
+                extra_body={"max_completion_tokens": 200} if protocol == "openai" else None)
+    if protocol == "anthropic":
+        s.provider.max_tokens = 200
+    srv.model.faults = FaultPlan(identity_swap=1.0, clean_after=1)
+    result = s.run_batch("labels", tasks(8), SCHEMA, transport="batch", wait=True,
+                         on_exhausted="return")
+    assert any("were not submitted" in note for note in result.notes)
+    assert 0 < s.spent_cost <= budget
+    assert s.tally.reserved == pytest.approx(0.0, abs=1e-12)
+    first = s.ledger.store.jobs(every=True)[-1]
+    assert 0 < first["requests"] < 8 and first["reserved"] <= budget  # the part that fits
+
+
+def test_a_provider_without_batch_endpoints_is_refused_before_anything_is_recorded(tmp_path):
+    from aiohttp import web
+
+    app = web.Application()  # no Files or Batches endpoints: every path is a 404
+    with _Plain(app) as url:
+        s = Session(openai_at(url), ledger=tmp_path / "l.sqlite")
+        with pytest.raises(ConfigError, match="has no Batch API"):
+            s.run_batch("labels", tasks(2), SCHEMA, transport="batch")
+        assert s.ledger.store.jobs(every=True) == []
+        assert ledger_rows(tmp_path / "l.sqlite", "SELECT COUNT(*) FROM batches") == [(0,)]
+        s.close()
+
+
+def test_the_simulated_provider_has_no_batch_transport():
+    s = Session("simulated")
+    with pytest.raises(ConfigError, match="needs a provider with a batch API"):
+        s.run_batch("labels", tasks(2), SCHEMA, transport="batch")
+
+
+# -- killed processes --------------------------------------------------------------------------
+
+CHILD = textwrap.dedent("""
+    import os, signal, sys
+    from batchjson import Session
+    from batchjson._providers.anthropic import AnthropicProvider
+    from batchjson._providers.openai import OpenAIProvider
+    from tests.test_batch_jobs import SCHEMA, tasks
+    url, target, where, protocol = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+    provider = (OpenAIProvider("gpt-4o-mini", base_url=url, api_key="sk-test")
+                if protocol == "openai" else
+                AnthropicProvider("claude-haiku-4-5", base_url=url, api_key="sk-test"))
+    s = Session(provider, ledger=target)
+    if where == "before-record":
+        def die(*a, **k):
+            os.kill(os.getpid(), signal.SIGKILL)
+        s.ledger.store.job_submitted = die
+    result = s.run_batch("labels", tasks(), SCHEMA, transport="batch")
+    print(result.status, flush=True)
+    import time; time.sleep(60)
+""")
+
+
+def run_child(srv: LoopbackServer, target: Any, where: str, protocol: str = "openai") -> str:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    url = srv.base_url if protocol == "openai" else srv.anthropic_base_url
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, url, str(target), where, protocol],
+                            env=env, stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    try:
+        if where == "after-submit":
+            return proc.stdout.readline().strip()
+        proc.wait(timeout=60)
+        return ""
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_process_killed_after_submitting_is_resumed_by_polling_its_job(ledger_at, protocol):
+    target = ledger_at()
+    with LoopbackServer() as srv:
+        srv.batches.delay = 1.0
+        assert run_child(srv, target, "after-submit", protocol) == "pending"
+        assert srv.batches.created == 1
+        s = session(srv, target, protocol)
+        result = s.run_batch("labels", tasks(), SCHEMA, transport="batch", wait=True)
+        s.close()
+        assert result.resolved and len(result.values) == 6
+        assert srv.batches.created == 1  # the same job, polled: nothing submitted again
+    assert ledger_rows(target, "SELECT COUNT(*) FROM attempts") == [(6,)]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_kill_between_create_and_record_leaves_an_uncertain_job_never_resubmitted(ledger_at,
+                                                                                   protocol):
+    target = ledger_at()
+    with LoopbackServer() as srv:
+        srv.batches.delay = 0.1
+        run_child(srv, target, "before-record", protocol)
+        assert srv.batches.created == 1
+        s = session(srv, target, protocol)
+        result = s.run_batch("labels", tasks(), SCHEMA, transport="batch", wait=True)
+        assert result.status == "pending"
+        [job] = result.jobs
+        assert job["status"] == "uncertain" and job["provider_job_id"] is None
+        assert any("uncertain" in note and "batchjson cancel" in note for note in result.notes)
+        again = s.run_batch("labels", tasks(), SCHEMA, transport="batch", wait=True)
+        assert again.status == "pending" and srv.batches.created == 1  # never resubmitted
+        s.close()
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+def openai_at(url: str) -> Any:
+    from batchjson._providers.openai import OpenAIProvider
+
+    return OpenAIProvider("gpt-4o-mini", base_url=url, api_key="sk-test")
+
+
+class _Plain:
+    """An aiohttp app on loopback in a thread: a server without the batch endpoints."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    def __enter__(self) -> str:
+        import asyncio
+        import threading
+
+        from aiohttp import web
+
+        ready = threading.Event()
+        self.loop = asyncio.new_event_loop()
+
+        async def start() -> None:
+            self.runner = web.AppRunner(self.app)
+            await self.runner.setup()
+            site = web.TCPSite(self.runner, "127.0.0.1", 0)
+            await site.start()
+            self.port = self.runner.addresses[0][1]
+            ready.set()
+
+        def serve() -> None:
+            self.loop.run_until_complete(start())
+            self.loop.run_forever()
+
+        self.thread = threading.Thread(target=serve, daemon=True)
+        self.thread.start()
+        ready.wait(10)
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def __exit__(self, *exc: Any) -> None:
+        import asyncio
+
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+# -- jobs, cancel, forget ----------------------------------------------------------------------
+
+def test_jobs_lists_open_jobs_and_cancel_releases_an_uncertain_one(tmp_path):
+    from batchjson._cli.commands import main
+
+    target = tmp_path / "l.sqlite"
+    with LoopbackServer() as srv:
+        srv.batches.delay = 0.1
+        run_child(srv, target, "before-record")
+        out = io.StringIO()
+        assert main(["jobs", "--ledger", str(target)], out) == 0
+        assert "uncertain" in out.getvalue() and "batchjson cancel JOB" in out.getvalue()
+        out = io.StringIO()
+        assert main(["cancel", "1", "--ledger", str(target)], out) == 0
+        assert "released: its 6 request(s) are owed again" in out.getvalue()
+        out = io.StringIO()
+        assert main(["jobs", "--ledger", str(target)], out) == 0
+        assert out.getvalue().strip() == "no open batch jobs"
+        s = session(srv, target)
+        result = s.run_batch("labels", tasks(), SCHEMA, transport="batch", wait=True)
+        assert result.resolved and srv.batches.created == 2  # resubmitted only after cancel
+        s.close()
+    receipts = ledger_rows(target, "SELECT status, errors FROM attempts WHERE status = "
+                           "'cancelled'")
+    assert len(receipts) == 6 and all("may have run and been billed" in e for _, e in receipts)
+
+
+def test_cancel_stops_an_open_job_and_the_next_run_owes_what_it_did_not_answer(tmp_path):
+    from batchjson._cli.commands import main
+
+    target = tmp_path / "l.sqlite"
+    with LoopbackServer() as srv:
+        srv.batches.delay = 1.0
+        s = session(srv, target)
+        assert s.run_batch("labels", tasks(3), SCHEMA, transport="batch").status == "pending"
+        out = io.StringIO()
+        assert main(["jobs", "--ledger", str(target), "--json"], out) == 0
+        [job] = json.loads(out.getvalue())["jobs"]
+        assert job["requests"] == 3 and job["provider_job_id"].startswith("batch_")
+        out = io.StringIO()
+        os.environ.setdefault("OPENAI_API_KEY", "sk-test")
+        assert main(["cancel", job["provider_job_id"], "--ledger", str(target)], out) == 0
+        assert "cancelling at the provider" in out.getvalue()
+        time.sleep(1.2)
+        result = s.run_batch("labels", tasks(3), SCHEMA, transport="batch", replays=0,
+                             on_exhausted="return")
+        assert not result.values and result.status == "unresolved"
+        assert all("batch_cancelled" in e["message"]
+                   for e in result.errors)
+        s.close()
+
+
+def test_forget_refuses_a_batch_with_an_open_job(srv, tmp_path):
+    from batchjson._cli.commands import main
+
+    target = tmp_path / "l.sqlite"
+    s = session(srv, target)
+    s.run_batch("labels", tasks(2), SCHEMA, transport="batch")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main(["forget", "labels", "--ledger", str(target)], io.StringIO()) == 2
+    assert "unfinished batch job(s) 1" in err.getvalue()
+    s.close()
+
+
+def test_a_live_run_never_sends_what_an_unfinished_job_claims(srv):
+    s = session(srv)
+    assert s.run_batch("labels", tasks(3), SCHEMA, transport="batch").status == "pending"
+    calls = srv.requests
+    live = s.run_batch("labels", tasks(4), SCHEMA)  # one more task: only it is sent live
+    assert live.status == "pending" and set(live.values) == {"t3"}
+    assert srv.requests == calls + 1 and live.jobs[0]["requests"] == 3
+    assert {e["type"] for e in live.errors} == {"pending"}
+
+
+def test_an_expired_job_keeps_what_it_answered_and_the_rest_follows_up(srv):
+    srv.batches.faults = [BatchFaults(whole="expire")]
+    s = session(srv)
+    result = s.run_batch("labels", tasks(3), SCHEMA, transport="batch", wait=True)
+    assert result.resolved and srv.batches.created == 2
+    assert result.provider_errors == 3  # every line of the expired job, none admitted
+
+
+def test_an_interrupt_while_waiting_leaves_the_job_recorded_and_running(srv):
+    import _thread
+    import threading
+
+    srv.batches.delay = 1.0
+    s = session(srv)
+    threading.Timer(0.4, _thread.interrupt_main).start()
+    with pytest.raises(KeyboardInterrupt):
+        s.run_batch("labels", tasks(3), SCHEMA, transport="batch", wait=True)
+    [job] = s.ledger.store.jobs()
+    assert job["status"] == "open" and job["provider_job_id"]
+    time.sleep(1.0)
+    result = s.run_batch("labels", tasks(3), SCHEMA, transport="batch")
+    assert result.resolved and srv.batches.created == 1
+
+
+def test_the_ledgers_own_cost_budget_holds_across_jobs_and_is_settled_on_collection(ledger_at):
+    from batchjson import Ledger
+
+    target = ledger_at()
+    held = Ledger(target)
+    held.set_budget(0.0004)
+    held.close()
+    with LoopbackServer(SimulatedModel(faults=FaultPlan(identity_swap=1.0, clean_after=1))
+                        ) as srv:
+        srv.batches.delay = 0.1
+        s = session(srv, target, extra_body={"max_completion_tokens": 200})
+        result = s.run_batch("labels", tasks(8), SCHEMA, transport="batch", wait=True,
+                             on_exhausted="return")
+        budget = s.ledger.budget()
+        s.close()
+    assert any("past the ledger's own cost budget" in note for note in result.notes)
+    assert 0 < budget["spent"] <= 0.0004 and budget["reserved"] == pytest.approx(0, abs=1e-12)
+    [(spent,)] = ledger_rows(target, "SELECT SUM(cost) FROM attempts")
+    assert budget["spent"] == pytest.approx(spent)
+
+
+def test_two_sessions_submitting_the_same_content_send_each_request_once(srv, tmp_path):
+    import threading
+
+    target = tmp_path / "l.sqlite"
+    sessions = [session(srv, target) for _ in range(2)]
+    results: list[Any] = []
+    threads = [threading.Thread(target=lambda s=s: results.append(s.run_batch(
+        "labels", tasks(), SCHEMA, transport="batch", wait=True))) for s in sessions]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(results) == 2 and all(r.resolved for r in results)
+    assert ledger_rows(target, "SELECT COUNT(*) FROM job_lines") == [(6,)]
+    assert ledger_rows(target, "SELECT COUNT(*) FROM jobs WHERE requests = 0") == [(0,)]
+    assert sum(srv.batches.lines_answered.values()) == 6
+    for s in sessions:
+        s.close()
+
+
+def test_a_job_the_provider_cannot_be_asked_about_stays_open_and_is_named(srv):
+    s = session(srv)
+    first = s.run_batch("labels", tasks(2), SCHEMA, transport="batch")
+    srv.batches.batches.clear()  # the provider lost it: every poll answers 404
+    again = s.run_batch("labels", tasks(2), SCHEMA, transport="batch")
+    assert again.status == "pending" and again.jobs[0]["id"] == first.jobs[0]["id"]
+    assert any("could not be read this time" in note and "404" in note for note in again.notes)
+
+
+def test_a_models_own_batch_share_prices_its_lines(srv):
+    """Half of live unless the price table says otherwise: a price's ``batch`` share."""
+    s = Session(openai(srv, prices={"gpt-4o-mini": {"input": 0.15, "output": 0.60,
+                                                    "batch": 0.4}}))
+    s.job_poll = 0.05
+    result = s.run_batch("labels", tasks(2), SCHEMA, transport="batch", wait=True)
+    receipts = s.ledger.attempts("labels")
+    live = sum(cost_of("gpt-4o-mini", r.input_tokens, r.output_tokens) for r in receipts)
+    assert result.resolved and result.cost == pytest.approx(live * 0.4)
+    with pytest.raises(ConfigError, match="batch must be the share"):
+        openai(srv, prices={"gpt-4o-mini": {"input": 0.15, "output": 0.60, "batch": -1}})

@@ -1,0 +1,131 @@
+"""The official SDKs' batch calls against the loopback server: what they cannot parse, or parse
+into something the real API never sends, is a dialect of ours."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import anthropic
+import openai
+import pytest
+
+from batchjson.testing import BatchFaults, LoopbackServer
+
+SCHEMA = {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"],
+          "additionalProperties": False}
+
+
+def chat_line(custom_id: str, text: str) -> str:
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
+                       "body": {"model": "gpt-4o-mini", "messages": [
+                           {"role": "user", "content": text}], "response_format": {
+                               "type": "json_schema", "json_schema": {
+                                   "name": "answer", "schema": SCHEMA, "strict": True}}}})
+
+
+def wait_for(client: openai.OpenAI, batch_id: str) -> openai.types.Batch:
+    deadline = time.monotonic() + 10
+    while True:
+        batch = client.batches.retrieve(batch_id)
+        if batch.status in ("completed", "failed", "expired", "cancelled") or (
+                time.monotonic() > deadline):
+            return batch
+        time.sleep(0.05)
+
+
+def test_openai_sdk_uploads_creates_polls_and_reads_a_batch():
+    with LoopbackServer() as srv:
+        srv.batches.delay = 0.1
+        srv.batches.faults = [BatchFaults(lines={1: "http_400"}, shuffle=True)]
+        client = openai.OpenAI(base_url=srv.base_url, api_key="sk-test", max_retries=0)
+        data = "\n".join(chat_line(f"req-{i}", f"Label {i}.") for i in range(3)) + "\n"
+        upload = client.files.create(file=("in.jsonl", data.encode()), purpose="batch")
+        assert upload.purpose == "batch" and upload.bytes == len(data.encode())
+        batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
+                                      completion_window="24h", metadata={"run": "x"})
+        assert batch.status == "validating" and batch.metadata == {"run": "x"}
+        done = wait_for(client, batch.id)
+        assert done.status == "completed" and done.request_counts.total == 3
+        assert done.request_counts.completed == 2 and done.request_counts.failed == 1
+        output = [json.loads(line) for line in
+                  client.files.content(done.output_file_id).text.splitlines()]
+        assert [o["custom_id"] for o in output] == ["req-2", "req-0"]  # any order
+        for line in output:
+            completion = openai.types.chat.ChatCompletion.model_validate(
+                line["response"]["body"])
+            assert json.loads(completion.choices[0].message.content)["label"]
+        [error] = [json.loads(line) for line in
+                   client.files.content(done.error_file_id).text.splitlines()]
+        assert error["custom_id"] == "req-1" and error["response"]["status_code"] == 400
+        assert [b.id for b in client.batches.list()] == [batch.id]
+
+
+def test_openai_sdk_cancels_a_batch_and_sees_failed_validation():
+    with LoopbackServer() as srv:
+        srv.batches.delay = 0.5
+        srv.batches.faults = [BatchFaults(), BatchFaults(whole="fail_validation")]
+        client = openai.OpenAI(base_url=srv.base_url, api_key="sk-test", max_retries=0)
+        upload = client.files.create(file=("in.jsonl", (chat_line("a", "x") + "\n").encode()),
+                                     purpose="batch")
+        running = client.batches.create(input_file_id=upload.id, completion_window="24h",
+                                        endpoint="/v1/chat/completions")
+        time.sleep(0.25)
+        assert client.batches.cancel(running.id).status == "cancelling"
+        assert wait_for(client, running.id).status == "cancelled"
+        failed = client.batches.create(input_file_id=upload.id, completion_window="24h",
+                                       endpoint="/v1/chat/completions")
+        done = wait_for(client, failed.id)
+        assert done.status == "failed" and done.errors.data[0].code == "invalid_request"
+
+
+def message_params(text: str) -> dict:
+    return {"model": "claude-haiku-4-5", "max_tokens": 256,
+            "messages": [{"role": "user", "content": text}],
+            "tools": [{"name": "answer", "input_schema": SCHEMA}],
+            "tool_choice": {"type": "tool", "name": "answer"}}
+
+
+def test_anthropic_sdk_creates_polls_and_streams_message_batch_results():
+    with LoopbackServer() as srv:
+        srv.batches.delay = 0.1
+        srv.batches.faults = [BatchFaults(lines={1: "http_400", 2: "expired"}, shuffle=True)]
+        client = anthropic.Anthropic(base_url=srv.anthropic_base_url, api_key="sk-ant-test",
+                                     max_retries=0)
+        batch = client.messages.batches.create(requests=[
+            {"custom_id": f"req-{i}", "params": message_params(f"Label {i}.")}
+            for i in range(4)])
+        assert batch.processing_status == "in_progress"
+        assert batch.request_counts.processing == 4
+        deadline = time.monotonic() + 10
+        while batch.processing_status != "ended" and time.monotonic() < deadline:
+            time.sleep(0.05)
+            batch = client.messages.batches.retrieve(batch.id)
+        assert batch.processing_status == "ended" and batch.results_url
+        assert batch.request_counts.succeeded == 2 and batch.request_counts.errored == 1
+        assert batch.request_counts.expired == 1
+        results = {r.custom_id: r.result for r in client.messages.batches.results(batch.id)}
+        assert set(results) == {"req-0", "req-1", "req-2", "req-3"}
+        assert results["req-1"].type == "errored"
+        assert results["req-1"].error.error.type == "invalid_request_error"
+        assert results["req-2"].type == "expired"
+        [block] = results["req-0"].message.content
+        assert block.type == "tool_use" and block.input["label"]
+        assert [b.id for b in client.messages.batches.list()] == [batch.id]
+
+
+def test_anthropic_sdk_cancels_and_is_refused_a_bad_custom_id():
+    with LoopbackServer() as srv:
+        srv.batches.delay = 0.5
+        client = anthropic.Anthropic(base_url=srv.anthropic_base_url, api_key="sk-ant-test",
+                                     max_retries=0)
+        batch = client.messages.batches.create(requests=[
+            {"custom_id": "a", "params": message_params("x")}])
+        cancelling = client.messages.batches.cancel(batch.id)
+        assert cancelling.processing_status == "canceling" and cancelling.cancel_initiated_at
+        time.sleep(0.7)
+        [line] = list(client.messages.batches.results(batch.id))
+        assert line.result.type == "canceled"
+        with pytest.raises(anthropic.BadRequestError, match="custom_id"):
+            client.messages.batches.create(requests=[
+                {"custom_id": "not valid!", "params": message_params("x")}])
