@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 from .._canon import canonical_json as _canonical
 from .._checks import whole
 from .._errors import InvalidBatch
+from .spool import is_task_file, stream_tasks
 from .strictjson import nesting
 
 TASKS_BEGIN = "<<<BATCHJSON_TASKS"
@@ -29,62 +31,82 @@ def sha(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def normalize_tasks(tasks: Iterable[Mapping[str, Any]],
+CHUNK = 10_000  # tasks decoded back at once: one json.loads each, and a bounded transient
+
+
+def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
                     identity: Sequence[str]) -> tuple[list[dict], list[str]]:
     """Check every task before anything is spent, naming the first bad one and the fix.
 
-    Returns the tasks and their canonical JSON texts: checking serialisability already
-    produces the text that request keys, the ledger and prompts are built from.
+    ``tasks`` is a list, any iterable (a generator, read once) or a JSON Lines file's path.
+    Returns the tasks in the ledger's (JSON) form and their canonical JSON texts: checking
+    serialisability already produces the text that request keys, the ledger and prompts are
+    built from. The caller's own objects are not kept: each is replaced by its JSON form,
+    decoded back a chunk at a time.
     """
-    if isinstance(tasks, (str, bytes)) or isinstance(tasks, Mapping):
-        raise InvalidBatch("tasks must be a list of mappings, one per task; got "
-                           f"{type(tasks).__name__}")
-    try:
-        items = list(tasks)
-    except TypeError:
-        raise InvalidBatch(
-            f"tasks must be a list of mappings, got {type(tasks).__name__}") from None
-    if not items:
-        raise InvalidBatch("empty batch: pass at least one task")
     identity = normalize_identity(identity)
+    from_file = is_task_file(tasks)  # a file's tasks are JSON already: nothing to decode back
     seen: dict[str, int] = {}
+    out: list[dict] = []
     texts: list[str] = []
-    for position, task in enumerate(items):
-        if type(task) is not dict and not isinstance(task, Mapping):
-            raise InvalidBatch(f"task #{position} is a {type(task).__name__}, not a mapping; "
-                               "each task must be a dict with task_id and prompt")
-        if "task_id" not in task:
-            raise InvalidBatch(f"task #{position} has no task_id; give every task a unique "
-                               "'task_id' string")
-        task_id = task["task_id"]
-        if not isinstance(task_id, str) or not task_id:
-            raise InvalidBatch(f"task #{position}: task_id must be a non-empty string, got "
-                               f"{task_id!r}")
-        if task_id in seen:
-            raise InvalidBatch(f"duplicate task_id {task_id!r} (tasks #{seen[task_id]} and "
-                               f"#{position}); task_ids must be unique within a batch")
-        seen[task_id] = position
-        prompt = task.get("prompt")
-        if not isinstance(prompt, str):
-            raise InvalidBatch(f"task {task_id!r}: prompt must be a string, got "
-                               f"{type(prompt).__name__}")
-        for name in identity:
-            if name not in task:
-                words = name.split()
-                if len(words) > 1 and all(word in task for word in words):  # "task_id case_id"
-                    raise InvalidBatch(
-                        f"identity names the field {name!r}, which no task has, but the task has "
-                        f"{', '.join(map(repr, words))}: list each field on its own, e.g. "
-                        f"identity={list(dict.fromkeys(['task_id', *words]))!r}")
-                raise InvalidBatch(f"task {task_id!r} lacks identity field {name!r}; add it to "
-                                   "the task or drop it from identity=")
-        try:
-            texts.append(_canonical(task))
-        except RecursionError:
-            raise _too_deep(task_id, "to encode as JSON") from None
-        except (TypeError, ValueError) as exc:
-            raise InvalidBatch(f"task {task_id!r} is not JSON-serialisable ({exc}); keep tasks "
-                               "to str/int/float/bool/None/list/dict with finite numbers") from None
+    chunk: list[Any] = []
+    for position, task in enumerate(stream_tasks(tasks)):
+        texts.append(_checked_text(task, position, identity, seen))
+        chunk.append(task)
+        if len(chunk) == CHUNK:
+            out += _json_form(chunk, texts[-len(chunk):], from_file)
+            chunk = []
+    if chunk:
+        out += _json_form(chunk, texts[-len(chunk):], from_file)
+    if not out:
+        raise InvalidBatch("empty batch: pass at least one task")
+    return out, texts
+
+
+def _checked_text(task: Any, position: int, identity: Sequence[str],
+                  seen: dict[str, int]) -> str:
+    """One task checked (a mapping, its task_id unique, its prompt, its identity fields), as
+    canonical JSON."""
+    if type(task) is not dict and not isinstance(task, Mapping):
+        raise InvalidBatch(f"task #{position} is a {type(task).__name__}, not a mapping; "
+                           "each task must be a dict with task_id and prompt")
+    if "task_id" not in task:
+        raise InvalidBatch(f"task #{position} has no task_id; give every task a unique "
+                           "'task_id' string")
+    task_id = task["task_id"]
+    if not isinstance(task_id, str) or not task_id:
+        raise InvalidBatch(f"task #{position}: task_id must be a non-empty string, got "
+                           f"{task_id!r}")
+    if task_id in seen:
+        raise InvalidBatch(f"duplicate task_id {task_id!r} (tasks #{seen[task_id]} and "
+                           f"#{position}); task_ids must be unique within a batch")
+    seen[task_id] = position
+    prompt = task.get("prompt")
+    if not isinstance(prompt, str):
+        raise InvalidBatch(f"task {task_id!r}: prompt must be a string, got "
+                           f"{type(prompt).__name__}")
+    for name in identity:
+        if name not in task:
+            words = name.split()
+            if len(words) > 1 and all(word in task for word in words):  # "task_id case_id"
+                raise InvalidBatch(
+                    f"identity names the field {name!r}, which no task has, but the task has "
+                    f"{', '.join(map(repr, words))}: list each field on its own, e.g. "
+                    f"identity={list(dict.fromkeys(['task_id', *words]))!r}")
+            raise InvalidBatch(f"task {task_id!r} lacks identity field {name!r}; add it to "
+                               "the task or drop it from identity=")
+    try:
+        return _canonical(task)
+    except RecursionError:
+        raise _too_deep(task_id, "to encode as JSON") from None
+    except (TypeError, ValueError) as exc:
+        raise InvalidBatch(f"task {task_id!r} is not JSON-serialisable ({exc}); keep tasks "
+                           "to str/int/float/bool/None/list/dict with finite numbers") from None
+
+
+def _json_form(items: list[Any], texts: list[str], from_file: bool) -> list[dict]:
+    """A chunk's tasks as the ledger holds them (what acceptance compares to), once their
+    texts are known to be valid UTF-8 and not too deep."""
     joined = "[" + ",".join(texts) + "]"
     try:
         joined.encode("utf-8")  # keys and the ledger hash and store UTF-8
@@ -103,12 +125,13 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]],
             if depth > MAX_TASK_DEPTH:
                 raise _too_deep(task["task_id"], f"({depth} levels of JSON, at most "
                                 f"{MAX_TASK_DEPTH})")
+    if from_file:
+        return items
     try:
-        out = json.loads(joined)  # the ledger's form, which acceptance compares to: in one call
+        return json.loads(joined)  # the ledger's form, in one call per chunk
     except RecursionError:  # within the bound, on a caller's stack that is deeper still
         deepest = max(range(len(texts)), key=lambda i: nesting(texts[i], 0))
         raise _too_deep(items[deepest]["task_id"], "to read back on this stack") from None
-    return out, texts
 
 
 def _too_deep(task_id: str, why: str) -> InvalidBatch:

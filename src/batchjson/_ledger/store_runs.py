@@ -213,6 +213,43 @@ class RunStore(StoreBase):
             items = [json.loads(r[1]) for r in rows]
         return {r[0]: item for r, item in zip(rows, items, strict=True)}
 
+    def revision_value_count(self, revision_id: int) -> int:
+        """How many tasks of one revision have an accepted value, without decoding any."""
+        return self._read(
+            "SELECT COUNT(DISTINCT c.task_id) FROM requests q JOIN checkpoint c ON "
+            "c.request_key = q.key WHERE q.revision_id = ? AND q.split = 0",
+            (revision_id,))[0][0]
+
+    def revision_value_page(self, revision_id: int, after: tuple[int, int],
+                            limit: int) -> tuple[list[tuple[str, str]], tuple[int, int] | None]:
+        """One page of a revision's accepted values in task order: (task_id, item text) of up
+        to ``limit`` leaf requests after ``after`` (their (position, id)), and where the next
+        page starts (None at the end). Pages end between requests, so none splits one."""
+        rows = self._read(
+            "SELECT q.position, q.id, c.task_id, c.item FROM requests q JOIN checkpoint c "
+            "ON c.request_key = q.key WHERE q.id IN (SELECT id FROM requests WHERE "
+            "revision_id = ? AND split = 0 AND (position > ? OR (position = ? AND id > ?)) "
+            "ORDER BY position, id LIMIT ?) ORDER BY q.position, q.id, c.attempt_id",
+            (revision_id, after[0], after[0], after[1], limit))
+        last = self._read(
+            "SELECT position, id FROM requests WHERE revision_id = ? AND split = 0 AND "
+            "(position > ? OR (position = ? AND id > ?)) ORDER BY position, id LIMIT 1 "
+            "OFFSET ?", (revision_id, after[0], after[0], after[1], limit - 1))
+        return [(r[2], r[3]) for r in rows], ((last[0][0], last[0][1]) if last else None)
+
+    def revision_task_requests(self, revision_id: int) -> list[tuple[str, str]]:
+        """(key, task_ids JSON) of every leaf request of a revision: where each task's value
+        would be, read once when a result is first looked up by task_id."""
+        return [(r[0], r[1]) for r in self._read(
+            "SELECT key, task_ids FROM requests WHERE revision_id = ? AND split = 0",
+            (revision_id,))]
+
+    def accepted_item(self, request_key: str, task_id: str) -> str | None:
+        """The stored text of one task's accepted value under one request key, or None."""
+        rows = self._read("SELECT item FROM checkpoint WHERE request_key = ? AND task_id = ? "
+                          "ORDER BY attempt_id DESC LIMIT 1", (request_key, task_id))
+        return rows[0][0] if rows else None
+
     def checkpoint_count(self, name: str | None = None) -> int:
         """``len(checkpoint(name))`` summed over one batch or all, without decoding items."""
         sql = ("SELECT COUNT(*) FROM (SELECT DISTINCT b.id, c.task_id FROM batches b "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +16,7 @@ class BatchResult:
 
     name: str
     status: str
-    values: dict[str, Any]
+    values: Mapping[str, Any]  # read from the ledger on demand; dict(values) copies it
     errors: list[dict[str, Any]]
     calls: int
     tokens: int

@@ -42,6 +42,7 @@ from .loop import BackgroundLoop
 from .registry import ValidatorRegistry, ValidatorVersion
 from .result import BatchResult
 from .spec import RunSpec, SessionOptions
+from .values import result_values
 
 
 class Session:
@@ -129,7 +130,7 @@ class Session:
     def run_batch(
         self,
         name: str,
-        tasks: Iterable[Mapping[str, Any]],
+        tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
         schema: Any,
         *,
         validator: Callable[..., Any] | None = None,
@@ -153,6 +154,8 @@ class Session:
         compares ``task_id`` and every other task field an item echoes; an explicit list
         compares exactly those fields. A return the model refused is not asked again (its
         request ends unresolved, reason ``refused``) unless ``reask_refusals=True``.
+        ``tasks`` is a list, any iterable (a generator is read once) or the path of a JSON
+        Lines file (``Path("tasks.jsonl")``), one task object a line.
         """
         return self.run(RunSpec(
             name=name, tasks=tasks, schema=schema, validator=validator,
@@ -349,31 +352,16 @@ class Session:
                 bar.close()
 
     def _result(self, name: str, revision: int, task_list: list[dict], item_schema: Any,
-                outcome: Outcome, resumed: int, revision_id: int | None = None) -> BatchResult:
-        stored = self.ledger.checkpoint(name, revision_id)
-        values: dict[str, Any] = {}
-        unloadable = []
+                outcome: Outcome, resumed: int, revision_id: int) -> BatchResult:
+        values, unloadable = result_values(self.ledger.store, revision_id, item_schema)
         why = (f"no call was made for this task in this run: {outcome.stopped}"
                if outcome.stopped else "no call was made for this task in this run")
-        for t in task_list:
-            task_id = t["task_id"]
-            if task_id not in stored:
-                continue
-            try:
-                values[task_id] = item_schema.load(stored[task_id])
-            except Exception as exc:  # a stored value the schema no longer accepts
-                unloadable.append({
-                    "type": "stored_invalid", "task_id": task_id,
-                    "message": f"the stored answer no longer loads under the schema "
-                               f"({type(exc).__name__}: {str(exc)[:300]}); change the schema "
-                               "back, or re-run under a schema it satisfies"})
         errors = [e for task_id, errs in outcome.errors.items() if task_id not in values
                   for e in errs] + unloadable
-        failed = {e["task_id"] for e in errors}
-        for t in task_list:
-            if t["task_id"] not in values and t["task_id"] not in failed:
-                errors.append({"type": "not_attempted", "task_id": t["task_id"],
-                               "message": why})
+        if len(values) < len(task_list):  # the tasks neither answered nor failed, in order
+            failed = {e["task_id"] for e in errors}.union(values)
+            errors += [{"type": "not_attempted", "task_id": t["task_id"], "message": why}
+                       for t in task_list if t["task_id"] not in failed]
         result = BatchResult(
             name=name, status="resolved" if len(values) == len(task_list) else "unresolved",
             values=values, errors=errors, calls=outcome.calls, tokens=outcome.tokens,

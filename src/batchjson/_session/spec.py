@@ -10,8 +10,9 @@ The session's own settings are checked the same way, by :class:`SessionOptions`.
 
 from __future__ import annotations
 
+import os
 import unicodedata
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +49,7 @@ class RunSpec:
     """
 
     name: str
-    tasks: Sequence[Mapping[str, Any]]
+    tasks: Iterable[Mapping[str, Any]] | str | os.PathLike  # a list, a generator, a JSONL path
     schema: Any
     validator: Callable[..., Any] | None = None
     validator_name: str | None = None
