@@ -116,8 +116,9 @@ def main() -> int:
         for label, row in rows.items():
             count = args.small if label == "small" else args.n
             per_task = row["wall"] / count * 1e6
-            print(f"  {label:9s} wall {row['wall']:8.2f} s  {per_task:6.1f} us/task  peak RSS {row['peak_mb']:7.1f} MB ({row['peak_mb'] / size_mb:.2f}x the "
-                  f"file)  calls {row['calls']}  accepted {row['accepted']}  {row['status']}")
+            print(f"  {label:9s} wall {row['wall']:8.2f} s  {per_task:6.1f} us/task  "
+                  f"peak RSS {row['peak_mb']:7.1f} MB ({row['peak_mb'] / size_mb:.2f}x the file)"
+                  f"  calls {row['calls']}  accepted {row['accepted']}  {row['status']}")
         for label in ("file", "generator"):
             if label in rows:
                 ok &= _verdict(f"{label}: peak RSS <= {RSS_LIMIT_MB:.0f} MB",
