@@ -1,0 +1,118 @@
+"""Batches too big to hold several times: tasks streamed from a generator or a JSON Lines file,
+values read back from the ledger when asked for, memory bounded at hundreds of thousands of
+tasks (the figures themselves live in benchmarks/bench_scale.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from batchjson import CallableProvider, InvalidBatch, Session
+from batchjson._session import values as values_module
+from tests.helpers import LABEL_SCHEMA, answer, items_reply, review_tasks
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def labeller():
+    return CallableProvider(items_reply)
+
+
+def write_jsonl(path: Path, tasks: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(t) + "\n" for t in tasks), encoding="utf-8")
+    return path
+
+
+def test_tasks_from_a_generator_or_a_jsonl_file_resolve_as_a_list_does(tmp_path):
+    tasks = review_tasks(30)
+    listed = Session(labeller()).run_batch("b", tasks, LABEL_SCHEMA, pack=4)
+    session = Session(labeller(), ledger=tmp_path / "l.sqlite")
+    generated = session.run_batch("b", (dict(t) for t in tasks), LABEL_SCHEMA, pack=4)
+    from_file = session.run_batch("b", write_jsonl(tmp_path / "t.jsonl", tasks), LABEL_SCHEMA,
+                                  pack=4)
+    assert dict(generated.values) == dict(listed.values) == {
+        t["task_id"]: answer(t) for t in tasks}
+    assert from_file.calls == 0 and from_file.revision == generated.revision  # same content
+    as_text = session.run_batch("b", str(tmp_path / "t.jsonl"), LABEL_SCHEMA, pack=4)
+    assert as_text.calls == 0 and as_text.status == "resolved"
+
+
+def test_a_bad_line_of_a_tasks_file_is_refused_by_its_number_before_any_call(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(review_tasks(1)[0]) + "\n\n{not json\n", encoding="utf-8")
+    calls = []
+    session = Session(CallableProvider(lambda call: calls.append(call) or items_reply(call)))
+    with pytest.raises(InvalidBatch, match="line 3 of the tasks file .*is not JSON"):
+        session.run_batch("b", path, LABEL_SCHEMA)
+    with pytest.raises(InvalidBatch, match="cannot be read"):
+        session.run_batch("b", tmp_path / "missing.jsonl", LABEL_SCHEMA)
+    assert calls == [] and session.ledger.batch_names() == []
+
+
+def test_a_duplicate_late_in_a_generator_is_refused_before_anything_is_spent():
+    calls = []
+    session = Session(CallableProvider(lambda call: calls.append(call) or items_reply(call)))
+    tasks = review_tasks(25_000) + [review_tasks(1)[0]]
+    with pytest.raises(InvalidBatch, match=r"duplicate task_id .*tasks #0 and #25000"):
+        session.run_batch("b", iter(tasks), LABEL_SCHEMA, pack=50)
+    assert calls == [] and session.ledger.batch_names() == []
+
+
+def test_values_are_a_read_only_mapping_over_the_ledger_in_task_order(ledger_at, monkeypatch):
+    monkeypatch.setattr(values_module, "PAGE_REQUESTS", 2)  # several pages
+    tasks = review_tasks(23)
+    session = Session(labeller(), ledger=ledger_at())
+    values = session.run_batch("b", tasks, LABEL_SCHEMA, pack=3).values
+    expected = {t["task_id"]: answer(t) for t in tasks}
+    assert len(values) == 23 and list(values) == list(expected)
+    assert list(values.items()) == list(expected.items()) and dict(values) == expected
+    first = tasks[0]["task_id"]
+    assert values[first] == expected[first] and values.get("nope") is None
+    assert first in values and "nope" not in values and values == expected
+    with pytest.raises(KeyError):
+        values["nope"]
+    with pytest.raises(TypeError):
+        values[first] = {}  # type: ignore[index]
+    session.close()
+
+
+def test_values_hold_model_instances_and_leave_out_one_the_schema_no_longer_loads(tmp_path):
+    class Label(BaseModel):
+        verdict: str
+
+    tasks = review_tasks(6)
+    ledger = tmp_path / "l.sqlite"
+    values = Session(labeller(), ledger=ledger).run_batch("b", tasks, Label, pack=2).values
+    assert all(isinstance(v, Label) for v in values.values()) and len(values) == 6
+
+
+def test_a_generator_of_200000_tasks_runs_in_bounded_memory(tmp_path):
+    """A ceiling, never a timing, far above what it takes (about 200 MB; bench_scale.py holds
+    1M tasks within 1 GB): 3 KB a task, so it fails only when memory per task grows by
+    multiples, as when every value was built as a Python object at the end (or a
+    generator is drained into a list again beside its copies)."""
+    script = textwrap.dedent("""
+        import json, resource, sys
+        from batchjson import CallableProvider, Session
+        def answer(call):
+            return json.dumps({"items": [{"task_id": t["task_id"], "case_id": t["case_id"],
+                                          "label": "ok"} for t in call.tasks]})
+        tasks = ({"task_id": f"t{i:07d}", "case_id": f"c{i:07d}", "prompt": f"label {i}"}
+                 for i in range(200_000))
+        schema = {"type": "object", "properties": {"label": {"type": "string"}}}
+        result = Session(CallableProvider(answer), ledger=sys.argv[1]).run_batch(
+            "big", tasks, schema, pack=50, identity=["task_id", "case_id"])
+        print(json.dumps({"accepted": len(result.values), "status": result.status,
+                          "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    """)
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "big.sqlite")],
+                         capture_output=True, text=True, check=True, timeout=300)
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["accepted"] == 200_000 and seen["status"] == "resolved"
+    assert seen["peak_mb"] < 600, seen
