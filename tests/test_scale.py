@@ -94,9 +94,8 @@ def test_values_hold_model_instances_and_leave_out_one_the_schema_no_longer_load
 
 def test_a_generator_of_200000_tasks_runs_in_bounded_memory(tmp_path):
     """A ceiling, never a timing, far above what it takes (about 200 MB; bench_scale.py holds
-    1M tasks within 1 GB): 3 KB a task, so it fails only when memory per task grows by
-    multiples, as when every value was built as a Python object at the end (or a
-    generator is drained into a list again beside its copies)."""
+    1M tasks within 1 GB): 3 KB a task, so it fails only when memory per task grows to
+    several times what it is now (under 1 KB a task beyond the interpreter), not on noise."""
     script = textwrap.dedent("""
         import json, resource, sys
         from batchjson import CallableProvider, Session
