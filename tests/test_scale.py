@@ -115,3 +115,61 @@ def test_a_generator_of_200000_tasks_runs_in_bounded_memory(tmp_path):
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert seen["accepted"] == 200_000 and seen["status"] == "resolved"
     assert seen["peak_mb"] < 600, seen
+
+
+def test_a_finished_run_of_a_tasks_file_resumes_without_reading_a_task(tmp_path, monkeypatch):
+    from batchjson._session import spec as spec_module
+
+    tasks = review_tasks(40)
+    path = write_jsonl(tmp_path / "t.jsonl", tasks)
+    ledger = tmp_path / "l.sqlite"
+    first = Session(labeller(), ledger=ledger).run_batch("b", path, LABEL_SCHEMA, pack=4)
+
+    def unread(*args, **kwargs):
+        raise AssertionError("the tasks were read again")
+
+    monkeypatch.setattr(spec_module, "normalize_tasks", unread)
+    again = Session(labeller(), ledger=ledger).run_batch("b", path, LABEL_SCHEMA, pack=4)
+    assert (again.calls, again.status, again.resumed, again.revision) == (0, "resolved", 10,
+                                                                          first.revision)
+    assert dict(again.values) == dict(first.values) and again.total_tasks == 40
+    assert again.compared_if_echoed == first.compared_if_echoed == ("case_id", "candidate_id")
+    with pytest.raises(AssertionError, match="read again"):  # other rules: the full path
+        Session(labeller(), ledger=ledger).run_batch("b", path, LABEL_SCHEMA, pack=5)
+
+
+def test_a_tasks_file_changed_or_owing_work_takes_the_full_path(tmp_path):
+    tasks = review_tasks(12)
+    path = write_jsonl(tmp_path / "t.jsonl", tasks)
+    ledger = tmp_path / "l.sqlite"
+    refusing = CallableProvider(lambda call: "not json")
+    owed = Session(refusing, ledger=ledger, repairs=0, replays=0).run_batch(
+        "b", path, LABEL_SCHEMA, pack=4, on_exhausted="return")
+    assert owed.status == "unresolved" and len(owed.values) == 0
+    done = Session(labeller(), ledger=ledger).run_batch("b", path, LABEL_SCHEMA, pack=4)
+    assert done.calls == 3 and done.status == "resolved"  # the owed requests were asked
+    changed = [dict(t) for t in tasks]
+    changed[-1]["case_id"] = "gold-pair-079"
+    write_jsonl(path, changed)  # same name, other bytes: its tasks are read and checked
+    redone = Session(labeller(), ledger=ledger).run_batch("b", path, LABEL_SCHEMA, pack=4)
+    assert redone.revision == done.revision + 1 and redone.calls == 1
+    assert redone.values[changed[-1]["task_id"]] == answer(changed[-1])
+
+
+def test_a_changed_validator_is_not_trusted_by_a_resume_from_a_file(tmp_path):
+    tasks = review_tasks(8)
+    path = write_jsonl(tmp_path / "t.jsonl", tasks)
+    session = Session(labeller(), ledger=tmp_path / "l.sqlite")
+    allowed = {"match", "no_match"}
+
+    def check(item, task):
+        if item["verdict"] not in allowed:
+            raise ValueError("unknown verdict")
+
+    first = session.run_batch("b", path, LABEL_SCHEMA, pack=4, validator=check)
+    same = session.run_batch("b", path, LABEL_SCHEMA, pack=4, validator=check)
+    assert same.calls == 0 and same.revision == first.revision
+    allowed.discard("no_match")  # what the validator reads changed: its answers are re-judged
+    with pytest.raises(Exception, match="unresolved"):
+        session.run_batch("b", path, LABEL_SCHEMA, pack=4, validator=check, replays=0,
+                          repairs=0)

@@ -6,6 +6,7 @@ first copied whole into a list of its own: the run's checks see each task as it 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
@@ -23,12 +24,14 @@ def is_task_file(tasks: Any) -> bool:
         isinstance(tasks, str) and tasks.endswith(JSONL_SUFFIXES) and "\n" not in tasks)
 
 
-def stream_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike) -> Iterator[Any]:
+def stream_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
+                 hasher: Any = None) -> Iterator[Any]:
     """Each task in order, from a list, an iterable or a JSON Lines file (one object a line;
     blank lines skipped), without holding the whole. A file's tasks are already JSON, read
-    exactly as written (a line that is not JSON is refused by its number)."""
+    exactly as written (a line that is not JSON is refused by its number); ``hasher`` (a
+    hashlib object) is fed the very bytes read, so their digest names what was checked."""
     if is_task_file(tasks):
-        return _read_jsonl(Path(tasks))
+        return _read_jsonl(Path(tasks), hasher)
     if isinstance(tasks, (str, bytes)) or isinstance(tasks, Mapping):
         raise InvalidBatch("tasks must be a list of mappings, one per task, or the path of a "
                            f"JSON Lines file (Path('tasks.jsonl')); got {type(tasks).__name__}")
@@ -39,24 +42,34 @@ def stream_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike) -> Iter
             f"tasks must be a list of mappings, got {type(tasks).__name__}") from None
 
 
-def _read_jsonl(path: Path) -> Iterator[Any]:
+def file_digest(path: str | os.PathLike) -> str | None:
+    """The SHA-256 of a tasks file's bytes (what :func:`stream_tasks` feeds its hasher), or
+    None when it cannot be read (the run's own read then says why)."""
+    digest = hashlib.sha256()
     try:
-        lines = path.open(encoding="utf-8")
+        with open(path, "rb") as data:
+            while block := data.read(1 << 20):
+                digest.update(block)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def _read_jsonl(path: Path, hasher: Any) -> Iterator[Any]:
+    try:
+        lines = path.open("rb")
     except OSError as exc:
         raise InvalidBatch(f"the tasks file {str(path)!r} cannot be read ({exc.strerror or exc}); "
                            "give the path of a JSON Lines file, one task object a line") from None
     with lines:
-        number = 0
-        try:
-            for number, line in enumerate(lines, 1):  # noqa: B007 - named in errors below
-                if not line.strip():
-                    continue
-                try:
-                    yield json.loads(line)
-                except (ValueError, RecursionError) as exc:
-                    raise InvalidBatch(f"line {number} of the tasks file {str(path)!r} is not "
-                                       f"JSON ({str(exc)[:200]}); write one task object a "
-                                       "line") from None
-        except UnicodeDecodeError:
-            raise InvalidBatch(f"the tasks file {str(path)!r} is not UTF-8 text (after line "
-                               f"{number}); save it as UTF-8 JSON Lines") from None
+        for number, line in enumerate(lines, 1):
+            if hasher is not None:
+                hasher.update(line)
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except (ValueError, RecursionError) as exc:  # a UnicodeDecodeError is a ValueError
+                raise InvalidBatch(f"line {number} of the tasks file {str(path)!r} is not JSON "
+                                   f"({str(exc)[:200]}); write one task object a line, as "
+                                   "UTF-8") from None

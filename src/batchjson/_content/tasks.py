@@ -35,14 +35,14 @@ CHUNK = 10_000  # tasks decoded back at once: one json.loads each, and a bounded
 
 
 def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
-                    identity: Sequence[str]) -> tuple[list[dict], list[str]]:
+                    identity: Sequence[str], hasher: Any = None) -> tuple[list[dict], list[str]]:
     """Check every task before anything is spent, naming the first bad one and the fix.
 
     ``tasks`` is a list, any iterable (a generator, read once) or a JSON Lines file's path.
     Returns the tasks in the ledger's (JSON) form and their canonical JSON texts: checking
     serialisability already produces the text that request keys, the ledger and prompts are
     built from. The caller's own objects are not kept: each is replaced by its JSON form,
-    decoded back a chunk at a time.
+    decoded back a chunk at a time. ``hasher`` is fed a file's bytes as they are read.
     """
     identity = normalize_identity(identity)
     from_file = is_task_file(tasks)  # a file's tasks are JSON already: nothing to decode back
@@ -50,7 +50,7 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
     out: list[dict] = []
     texts: list[str] = []
     chunk: list[Any] = []
-    for position, task in enumerate(stream_tasks(tasks)):
+    for position, task in enumerate(stream_tasks(tasks, hasher)):
         texts.append(_checked_text(task, position, identity, seen))
         chunk.append(task)
         if len(chunk) == CHUNK:
@@ -270,16 +270,18 @@ def tasks_digest(task_list: Sequence[Mapping[str, Any]]) -> str:
 
 def compose_contents(task_list: Sequence[Mapping[str, Any]], schema: Any, validator: str,
                      pack: int, instructions: str | None, ident: Identity, mode: str,
-                     source: str | None) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+                     source: str | None, digest: str | None = None,
+                     ) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
     """(revision components, request-key content, seen content) of a run or an import.
 
     A request key covers what the model saw (the seen content: wire schema, instructions, the
     identity fields the prompt names, mode, answer source) and how its return is judged (schema
     fingerprint, validator, identity rules); the tasks are spliced in per request. ``source``
-    None: the answer source is unknown (an imported receipt of another system).
+    None: the answer source is unknown (an imported receipt of another system). ``digest``:
+    the tasks' digest when already known (a tasks file seen before), so they need not be read.
     """
     components = {
-        "tasks": tasks_digest(task_list),
+        "tasks": digest or tasks_digest(task_list),
         "schema": schema.fingerprint, "validator": validator, "pack": str(pack),
         "instructions": sha(instructions or ""), "identity": ident.key, "mode": mode,
     }

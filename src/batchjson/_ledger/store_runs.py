@@ -307,6 +307,36 @@ class RunStore(StoreBase):
             self._many(tx, "INSERT INTO seen(request_key, seen_key) VALUES (?, ?) "
                        "ON CONFLICT DO NOTHING", pairs)
 
+    def record_task_file(self, digest: str, tasks: str, count: int,
+                         fields: Sequence[str]) -> None:
+        """Remember what a JSON Lines file of these exact bytes holds: its ``tasks`` digest (a
+        revision component), how many tasks, every field name they use."""
+        with self.transaction() as tx:
+            self._exec(tx, "INSERT INTO task_files(digest, tasks, count, fields) VALUES "
+                       "(?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                       (digest, tasks, count, json.dumps(list(fields))))
+
+    def task_file(self, digest: str) -> tuple[str, int, list[str]] | None:
+        """(tasks digest, count, field names) of a tasks file seen before, by its bytes."""
+        rows = self._read("SELECT tasks, count, fields FROM task_files WHERE digest = ?",
+                          (digest,))
+        return (rows[0][0], rows[0][1], json.loads(rows[0][2])) if rows else None
+
+    def completed_revision(self, name: str, fingerprint: str) -> tuple[int, int, int] | None:
+        """(id, number, leaf requests) of batch ``name``'s revision ``fingerprint`` when a run
+        of it has nothing to do: it is the current revision, open, not forgotten, and every leaf
+        request has an accepted return. Else None."""
+        rows = self._read(
+            "SELECT r.id, r.number, COUNT(q.id), COUNT(a.request_key) FROM batches b "
+            "JOIN revisions r ON r.id = b.current_revision JOIN requests q ON "
+            "q.revision_id = r.id AND q.split = 0 LEFT JOIN (SELECT DISTINCT request_key FROM "
+            "attempts WHERE status = 'accepted') a ON a.request_key = q.key WHERE b.name = ? "
+            "AND r.fingerprint = ? AND r.status = 'open' AND r.forget_id IS NULL "
+            "GROUP BY r.id, r.number", (name, fingerprint))
+        if not rows or rows[0][2] != rows[0][3]:
+            return None
+        return rows[0][0], rows[0][1], rows[0][2]
+
     def earlier_returns(self, seen_keys: Sequence[str]) -> list[Row]:
         """Raw returns of earlier exact (non-repair) attempts that saw one of ``seen_keys``,
         accepted ones first, newest first."""

@@ -158,7 +158,7 @@ class ValidatorRegistry:
         check_asserts_kept(fn)  # under python -O it would accept everything
         fingerprint = fingerprint_function(fn)  # outside the lock: pure, possibly slow
         if name is None:  # the name it was defined under, if this very object was defined
-            name = self._name_of(fn) or _default_name(fn)
+            name = self.name_of(fn) or _default_name(fn)
             if name.endswith("<lambda>"):  # lambdas share one name: tell them apart by content
                 name = f"{name}#{fingerprint.short}"
         if not isinstance(name, str) or not name:
@@ -208,7 +208,7 @@ class ValidatorRegistry:
         return Definition(name, match.version, fingerprint, kind, message + _notes(fingerprint),
                           match.fn, match)
 
-    def _name_of(self, fn: Callable[..., Any]) -> str | None:
+    def name_of(self, fn: Callable[..., Any]) -> str | None:
         """The name ``fn`` itself was registered under: ``define(fn, name="check_v2")`` then
         ``run_batch(validator=fn)`` is one validator, not a second one named after its code."""
         with self._lock:

@@ -41,6 +41,7 @@ from .fit import check_fit
 from .loop import BackgroundLoop
 from .registry import ValidatorRegistry, ValidatorVersion
 from .result import BatchResult
+from .resume import completed_from_file, remember_file
 from .spec import RunSpec, SessionOptions
 from .values import result_values
 
@@ -181,6 +182,9 @@ class Session:
         validator is not fingerprinted a second time."""
         if not isinstance(spec, RunSpec):
             raise InvalidBatch(f"Session.run takes a RunSpec, got {type(spec).__name__}")
+        resumed = completed_from_file(self, spec, registered)  # a tasks file's finished run
+        if resumed is not None:
+            return resumed
         run = spec.checked()  # every input check, before anything is recorded or spent
         name, mode, instructions = spec.name, spec.mode, spec.instructions
         validator = spec.validator
@@ -190,7 +194,6 @@ class Session:
         replays = self.replays if spec.replays is None else spec.replays
         provider = self.provider  # make_provider refuses what has no async complete()
         source = answer_source(provider)
-        provider_name, provider_model = provider_names(provider)
 
         version, changed = None, None
         if validator is not None:
@@ -265,6 +268,8 @@ class Session:
             if self.on_note is not None and pending:
                 self.on_note(f"{name}: {superseded_note}; revision {revision.number} runs "
                              f"{len(pending)} request(s)")
+        if run.file_digest is not None:  # so a finished run of this file resumes without it
+            remember_file(store, run.file_digest, components["tasks"], task_list)
         if existing is None or pending or rechecked:  # a resumed revision has them already
             store.record_seen(list(seen_of.items()))
         if rechecked:
@@ -286,27 +291,38 @@ class Session:
             now_accepted = store.accepted_keys([r.key for r in owed])
             clear_sourceless(store, [r for r in owed if r.key in now_accepted], sourceless_of,
                              source)
-        result = self._result(name, revision.number, task_list, item_schema, outcome,
+        result = self._result(name, revision.number, len(task_list),
+                              (t["task_id"] for t in task_list), item_schema, outcome,
                               resumed=len(requests) - len(pending) - len(rechecked),
                               revision_id=revision.id)
         result.rechecked = len(rechecked)
-        if mode == "items":  # what the prompt asks to copy; other task fields, if echoed
+        return self._described(result, spec, ident, task_list, provider, provider_notes,
+                               changed=changed, superseded=superseded_note,
+                               blind=blind)
+
+    def _described(self, result: BatchResult, spec: RunSpec, ident: Any,
+                   tasks: Sequence[Mapping[str, Any]], provider: Any,
+                   provider_notes: list[str], *, changed: str | None = None,
+                   superseded: str | None = None, blind: Sequence[str] = ()) -> BatchResult:
+        """The result with what the run compared and why, raised if unresolved and asked to."""
+        if spec.mode == "items":  # what the prompt asks to copy; other task fields, if echoed
             result.identity_compared = tuple(ident)
             result.compared_if_echoed = tuple(f for f in preflight.compared_candidates(
-                task_list, ident) if f not in ident)
+                tasks, ident) if f not in ident)
+        provider_name, provider_model = provider_names(provider)
         result.provider = f"{provider_name}/{provider_model}" if provider_model else provider_name
         result.notes += provider_notes  # how this run's calls were sent, when not as asked
         if changed is not None:
             result.notes.append(changed)
-        if superseded_note is not None:
-            result.superseded = superseded_note
+        if superseded is not None:
+            result.superseded = superseded
             result.notes.append(result.superseded)
         if blind:
             result.notes.append(f"the judging reads what no fingerprint can see ("
                                 f"{'; '.join(blind)}): stored answers were re-judged under the "
                                 "rules as they are now, not reused on trust")
-        if rechecked:
-            result.notes.append(f"{len(rechecked)} request(s) resolved by re-judging earlier "
+        if result.rechecked:
+            result.notes.append(f"{result.rechecked} request(s) resolved by re-judging earlier "
                                 "returns under the new rules (no calls)")
         if result.status != "resolved" and spec.on_exhausted == "raise":
             raise BatchUnresolved(result)
@@ -351,21 +367,24 @@ class Session:
             if bar is not None:
                 bar.close()
 
-    def _result(self, name: str, revision: int, task_list: list[dict], item_schema: Any,
-                outcome: Outcome, resumed: int, revision_id: int) -> BatchResult:
+    def _result(self, name: str, revision: int, total: int, task_ids: Iterable[str],
+                item_schema: Any, outcome: Outcome, resumed: int,
+                revision_id: int) -> BatchResult:
+        """The run's result over the revision's values in the ledger; ``task_ids`` (every task
+        in order) is read only when some task has no value."""
         values, unloadable = result_values(self.ledger.store, revision_id, item_schema)
         why = (f"no call was made for this task in this run: {outcome.stopped}"
                if outcome.stopped else "no call was made for this task in this run")
         errors = [e for task_id, errs in outcome.errors.items() if task_id not in values
                   for e in errs] + unloadable
-        if len(values) < len(task_list):  # the tasks neither answered nor failed, in order
+        if len(values) < total:  # the tasks neither answered nor failed, in order
             failed = {e["task_id"] for e in errors}.union(values)
-            errors += [{"type": "not_attempted", "task_id": t["task_id"], "message": why}
-                       for t in task_list if t["task_id"] not in failed]
+            errors += [{"type": "not_attempted", "task_id": task_id, "message": why}
+                       for task_id in task_ids if task_id not in failed]
         result = BatchResult(
-            name=name, status="resolved" if len(values) == len(task_list) else "unresolved",
+            name=name, status="resolved" if len(values) == total else "unresolved",
             values=values, errors=errors, calls=outcome.calls, tokens=outcome.tokens,
-            cost=outcome.cost, revision=revision, total_tasks=len(task_list),
+            cost=outcome.cost, revision=revision, total_tasks=total,
             accepted_returns=outcome.accepted_returns, rejected_returns=outcome.rejected_returns,
             provider_errors=outcome.provider_errors, resumed=resumed,
             attempts_by_task=dict(outcome.attempts_by_task), repairs_made=outcome.repairs_made)

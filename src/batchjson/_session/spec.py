@@ -10,6 +10,7 @@ The session's own settings are checked the same way, by :class:`SessionOptions`.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -18,6 +19,7 @@ from typing import Any
 
 from .._checks import is_whole, positive_seconds, whole
 from .._content.schema import ItemSchema, compile_schema
+from .._content.spool import is_task_file
 from .._content.tasks import Identity, normalize_identity, normalize_tasks
 from .._errors import ConfigError, InvalidBatch
 from .._providers.masking import check_name
@@ -103,12 +105,14 @@ class RunSpec:
         mode, identity and validator need of them. Raises InvalidBatch naming the first
         problem and the fix; reads nothing but the spec."""
         identity = normalize_identity(self.identity)
-        tasks, texts = normalize_tasks(self.tasks, identity)
+        hasher = hashlib.sha256() if is_task_file(self.tasks) else None
+        tasks, texts = normalize_tasks(self.tasks, identity, hasher)
         schema = compile_schema(self.schema)
         preflight.check_all(tasks=tasks, identity=identity, schema=schema, mode=self.mode,
                             validator=self.validator, validator_args=self.validator_args,
                             pack=self.pack)
-        return CheckedRun(self, tasks, texts, schema, identity)
+        return CheckedRun(self, tasks, texts, schema, identity,
+                          hasher.hexdigest() if hasher else None)
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,7 @@ class CheckedRun:
     texts: list[str]  # each task's canonical JSON, which keys, ledger rows and prompts reuse
     schema: ItemSchema
     identity: Identity
+    file_digest: str | None = None  # the SHA-256 of a tasks file's bytes, as they were read
 
 
 def check_text(label: str, value: Any, example: str, *, required: bool = False,

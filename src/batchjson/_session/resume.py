@@ -1,0 +1,98 @@
+"""Resuming a completed run from a tasks file without reading its tasks again.
+
+Checking a million tasks costs about a third of running them against an instant provider, so
+a resume that re-read every task could never be cheap. A JSON Lines file's bytes decide its
+tasks, so the ledger remembers, by the SHA-256 of those bytes (fed as they were read and
+checked), the ``tasks`` component they gave, their count and field names. A later run of the
+same file under the same rules finds its revision by that component; when the revision is
+current and every request of it has an accepted return, nothing could be sent, and the result
+is read from the ledger as it stands. Anything else (a new file, a change of rules, work still
+owed, judging a fingerprint cannot fully see, a validator not yet known to the session) takes
+the full path, which reads and checks every task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .._content.schema import compile_schema
+from .._content.spool import file_digest, is_task_file
+from .._content.tasks import compose_contents, normalize_identity, revision_fingerprint
+from .._errors import BatchJsonError
+from .._fingerprint.fingerprint import fingerprint_function
+from .._ledger.store import Store
+from .._providers.base import answer_source
+from .._replay.plan import Outcome
+from .fit import check_fit
+from .registry import ValidatorVersion
+from .spec import RunSpec
+
+if TYPE_CHECKING:
+    from .result import BatchResult
+    from .session import Session
+
+UNKNOWN = object()  # a validator the session cannot vouch for without registering it
+
+
+def remember_file(store: Store, digest: str, tasks_component: str,
+                  tasks: Sequence[Mapping[str, Any]]) -> None:
+    """Record what the tasks file of ``digest`` holds, once its run has opened a revision."""
+    fields: dict[str, None] = {}
+    for task in tasks:
+        fields.update(dict.fromkeys(task))
+    store.record_task_file(digest, tasks_component, len(tasks), list(fields))
+
+
+def completed_from_file(session: Session, spec: RunSpec,
+                        registered: ValidatorVersion | None) -> BatchResult | None:
+    """The result of ``spec`` when its tasks file was seen before and its revision is complete
+    (nothing would be sent); None when the full path must run."""
+    if not is_task_file(spec.tasks):
+        return None
+    store = session.ledger.store
+    digest = file_digest(spec.tasks)
+    memo = store.task_file(digest) if digest else None
+    if memo is None:
+        return None
+    try:
+        schema = compile_schema(spec.schema)
+    except BatchJsonError:  # the full path says what is wrong, in its own order
+        return None
+    version = _known_validator(session, spec, registered)
+    if schema.unseen or version is UNKNOWN:
+        return None
+    tasks_component, count, fields = memo
+    ident = normalize_identity(spec.identity)
+    provider = session.provider
+    components, _, _ = compose_contents(
+        (), schema, version.fingerprint.digest if version else "none", spec.pack,
+        spec.instructions, ident, spec.mode, answer_source(provider), digest=tasks_component)
+    done = store.completed_revision(spec.name, revision_fingerprint(components))
+    if done is None:
+        return None
+    revision_id, number, leaves = done
+    result = session._result(spec.name, number, count, (), schema, Outcome(), resumed=leaves,
+                             revision_id=revision_id)
+    notes = check_fit(provider, session.ledger, spec.name, schema, [], ident, spec.mode)
+    return session._described(result, spec, ident, [dict.fromkeys(fields)], provider, notes)
+
+
+def _known_validator(session: Session, spec: RunSpec,
+                     registered: ValidatorVersion | None) -> Any:
+    """The validator's current version when the session knows this content under its name
+    and can see all of it (no partial fingerprint); None without a validator; else UNKNOWN."""
+    fn = spec.validator
+    if fn is None:
+        return None
+    if registered is not None and registered.fn is fn:
+        current = registered
+    else:
+        name = spec.validator_name or session.validators.name_of(fn)
+        current = session.validators.current(name) if name else None
+    if current is None:
+        return UNKNOWN
+    fingerprint = fingerprint_function(fn)
+    if fingerprint.partial or fingerprint.digest != current.fingerprint.digest:
+        return UNKNOWN
+    return current
