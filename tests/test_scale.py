@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from batchjson import CallableProvider, InvalidBatch, Session
+from batchjson import CallableProvider, ConfigError, InvalidBatch, Session
 from batchjson._session import values as values_module
 from tests.helpers import LABEL_SCHEMA, answer, items_reply, review_tasks
 
@@ -156,20 +156,56 @@ def test_a_tasks_file_changed_or_owing_work_takes_the_full_path(tmp_path):
     assert redone.values[changed[-1]["task_id"]] == answer(changed[-1])
 
 
-def test_a_changed_validator_is_not_trusted_by_a_resume_from_a_file(tmp_path):
+def test_a_changed_validator_is_not_trusted_by_a_resume_from_a_file(tmp_path, monkeypatch):
+    from batchjson._session import spec as spec_module
+
     tasks = review_tasks(8)
     path = write_jsonl(tmp_path / "t.jsonl", tasks)
-    session = Session(labeller(), ledger=tmp_path / "l.sqlite")
+    ledger = tmp_path / "l.sqlite"
     allowed = {"match", "no_match"}
 
     def check(item, task):
         if item["verdict"] not in allowed:
             raise ValueError("unknown verdict")
 
-    first = session.run_batch("b", path, LABEL_SCHEMA, pack=4, validator=check)
-    same = session.run_batch("b", path, LABEL_SCHEMA, pack=4, validator=check)
+    first = Session(labeller(), ledger=ledger).run_batch("b", path, LABEL_SCHEMA, pack=4,
+                                                         validator=check)
+    session = Session(labeller(), ledger=ledger)  # a new kernel: the validator is new to it
+    with monkeypatch.context() as patched:  # answered from the ledger, no task read
+        patched.setattr(spec_module, "normalize_tasks", None)
+        same = session.run_batch("b", path, LABEL_SCHEMA, pack=4, validator=check)
     assert same.calls == 0 and same.revision == first.revision
+    assert session.validators.current(first_name(session)).fn is check
     allowed.discard("no_match")  # what the validator reads changed: its answers are re-judged
     with pytest.raises(Exception, match="unresolved"):
         session.run_batch("b", path, LABEL_SCHEMA, pack=4, validator=check, replays=0,
                           repairs=0)
+
+
+def test_values_materialise_as_jsonl_and_a_dataframe_in_task_order(tmp_path):
+    class Label(BaseModel):
+        verdict: str
+
+    tasks = review_tasks(7)
+    result = Session(labeller(), ledger=tmp_path / "l.sqlite").run_batch("b", tasks, Label,
+                                                                          pack=3)
+    lines = [json.loads(line) for line in result.to_jsonl().splitlines()]
+    assert lines == [{"task_id": t["task_id"], "value": answer(t)} for t in tasks]
+    result.to_jsonl(tmp_path / "out.jsonl")
+    assert (tmp_path / "out.jsonl").read_text(encoding="utf-8") == result.to_jsonl()
+    import pandas
+
+    frame = result.to_pandas()
+    assert isinstance(frame, pandas.DataFrame)
+    assert frame.to_dict("records") == [{"task_id": t["task_id"], **answer(t)} for t in tasks]
+
+
+def test_to_pandas_without_pandas_says_how_to_get_it(monkeypatch):
+    result = Session(labeller()).run_batch("b", review_tasks(2), LABEL_SCHEMA)
+    monkeypatch.setitem(sys.modules, "pandas", None)
+    with pytest.raises(ConfigError, match="pip install pandas"):
+        result.to_pandas()
+
+
+def first_name(session: Session) -> str:
+    return next(iter(session.validators)).name

@@ -7,8 +7,8 @@ checked), the ``tasks`` component they gave, their count and field names. A late
 same file under the same rules finds its revision by that component; when the revision is
 current and every request of it has an accepted return, nothing could be sent, and the result
 is read from the ledger as it stands. Anything else (a new file, a change of rules, work still
-owed, judging a fingerprint cannot fully see, a validator not yet known to the session) takes
-the full path, which reads and checks every task.
+owed, judging a fingerprint cannot fully see) takes the full path, which reads and checks
+every task. The validator is fingerprinted and registered as a full run does it.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from .result import BatchResult
     from .session import Session
 
-UNKNOWN = object()  # a validator the session cannot vouch for without registering it
+UNKNOWN = object()  # a validator whose fingerprint cannot see all it reads
 
 
 def remember_file(store: Store, digest: str, tasks_component: str,
@@ -59,40 +59,43 @@ def completed_from_file(session: Session, spec: RunSpec,
         schema = compile_schema(spec.schema)
     except BatchJsonError:  # the full path says what is wrong, in its own order
         return None
-    version = _known_validator(session, spec, registered)
-    if schema.unseen or version is UNKNOWN:
+    validator = _validator_digest(spec, registered)
+    if schema.unseen or validator is UNKNOWN:
         return None
     tasks_component, count, fields = memo
     ident = normalize_identity(spec.identity)
     provider = session.provider
     components, _, _ = compose_contents(
-        (), schema, version.fingerprint.digest if version else "none", spec.pack,
-        spec.instructions, ident, spec.mode, answer_source(provider), digest=tasks_component)
+        (), schema, validator, spec.pack, spec.instructions, ident, spec.mode,
+        answer_source(provider), digest=tasks_component)
     done = store.completed_revision(spec.name, revision_fingerprint(components))
     if done is None:
         return None
+    changed = _register(session, spec, registered)  # as the full path would have, content equal
     revision_id, number, leaves = done
     result = session._result(spec.name, number, count, (), schema, Outcome(), resumed=leaves,
                              revision_id=revision_id)
     notes = check_fit(provider, session.ledger, spec.name, schema, [], ident, spec.mode)
-    return session._described(result, spec, ident, [dict.fromkeys(fields)], provider, notes)
+    return session._described(result, spec, ident, [dict.fromkeys(fields)], provider, notes,
+                              changed=changed)
 
 
-def _known_validator(session: Session, spec: RunSpec,
-                     registered: ValidatorVersion | None) -> Any:
-    """The validator's current version when the session knows this content under its name
-    and can see all of it (no partial fingerprint); None without a validator; else UNKNOWN."""
-    fn = spec.validator
-    if fn is None:
-        return None
-    if registered is not None and registered.fn is fn:
-        current = registered
+def _validator_digest(spec: RunSpec, registered: ValidatorVersion | None) -> Any:
+    """The validator's fingerprint digest ("none" without one), or UNKNOWN when what it
+    reads cannot all be seen (its answers are re-judged on every run)."""
+    if spec.validator is None:
+        return "none"
+    if registered is not None and registered.fn is spec.validator:
+        fingerprint = registered.fingerprint
     else:
-        name = spec.validator_name or session.validators.name_of(fn)
-        current = session.validators.current(name) if name else None
-    if current is None:
-        return UNKNOWN
-    fingerprint = fingerprint_function(fn)
-    if fingerprint.partial or fingerprint.digest != current.fingerprint.digest:
-        return UNKNOWN
-    return current
+        fingerprint = fingerprint_function(spec.validator)
+    return UNKNOWN if fingerprint.partial else fingerprint.digest
+
+
+def _register(session: Session, spec: RunSpec, registered: ValidatorVersion | None) -> str | None:
+    """Register the validator as a full run does (a strict session may refuse a change); the
+    message when its name now has another version."""
+    if spec.validator is None or (registered is not None and registered.fn is spec.validator):
+        return None
+    definition = session.validators.register(spec.validator, name=spec.validator_name)
+    return definition.message if definition.kind == "changed" else None

@@ -115,3 +115,15 @@ def result_values(store: Store, revision_id: int,
         return values, []
     hidden = frozenset(e["task_id"] for e in unloadable)
     return LedgerValues(store, revision_id, schema.load, hidden), unloadable
+
+
+def plain_items(values: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+    """(task_id, value as plain JSON data) in task order: a ledger's values as stored, without
+    building model instances; a dict's values with models dumped to JSON data."""
+    if isinstance(values, LedgerValues):
+        for task_id, text in values.stored_items():
+            yield task_id, json.loads(text)
+        return
+    for task_id, value in values.items():
+        dump = getattr(value, "model_dump", None)
+        yield task_id, dump(mode="json") if callable(dump) else value
