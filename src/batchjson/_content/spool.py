@@ -61,6 +61,7 @@ def _read_jsonl(path: Path, hasher: Any) -> Iterator[Any]:
     except OSError as exc:
         raise InvalidBatch(f"the tasks file {str(path)!r} cannot be read ({exc.strerror or exc}); "
                            "give the path of a JSON Lines file, one task object a line") from None
+    names: dict[str, str] = {}
     with lines:
         for number, line in enumerate(lines, 1):
             if hasher is not None:
@@ -68,8 +69,11 @@ def _read_jsonl(path: Path, hasher: Any) -> Iterator[Any]:
             if not line.strip():
                 continue
             try:
-                yield json.loads(line)
+                task = json.loads(line)
             except (ValueError, RecursionError) as exc:  # a UnicodeDecodeError is a ValueError
                 raise InvalidBatch(f"line {number} of the tasks file {str(path)!r} is not JSON "
                                    f"({str(exc)[:200]}); write one task object a line, as "
                                    "UTF-8") from None
+            if type(task) is dict:  # one str per field name, not one per line
+                task = {names.setdefault(k, k): v for k, v in task.items()}
+            yield task

@@ -35,37 +35,59 @@ CHUNK = 10_000  # tasks decoded back at once: one json.loads each, and a bounded
 
 
 def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
-                    identity: Sequence[str], hasher: Any = None) -> tuple[list[dict], list[str]]:
+                    identity: Sequence[str], hasher: Any = None,
+                    pack: int | None = None) -> tuple[list[dict], list[str]]:
     """Check every task before anything is spent, naming the first bad one and the fix.
 
     ``tasks`` is a list, any iterable (a generator, read once) or a JSON Lines file's path.
     Returns the tasks in the ledger's (JSON) form and their canonical JSON texts: checking
     serialisability already produces the text that request keys, the ledger and prompts are
-    built from. The caller's own objects are not kept: each is replaced by its JSON form,
-    decoded back a chunk at a time. ``hasher`` is fed a file's bytes as they are read.
+    built from; with ``pack``, one text per ``pack`` tasks (each request's ``tasks_json``), so
+    the text of a task is held once, not twice. The caller's own objects are not kept: each is
+    replaced by its JSON form, decoded back a chunk at a time. ``hasher`` is fed a file's bytes
+    as they are read.
     """
     identity = normalize_identity(identity)
     from_file = is_task_file(tasks)  # a file's tasks are JSON already: nothing to decode back
-    seen: dict[str, int] = {}
+    seen: set[str] = set()
     out: list[dict] = []
     texts: list[str] = []
     chunk: list[Any] = []
+    chunk_texts: list[str] = []
+    size = pack * max(1, CHUNK // pack) if pack else CHUNK  # whole requests in each chunk
     for position, task in enumerate(stream_tasks(tasks, hasher)):
-        texts.append(_checked_text(task, position, identity, seen))
+        task_id = task.get("task_id") if isinstance(task, Mapping) else None
+        if isinstance(task_id, str) and task_id in seen:
+            first = next(i for i, t in enumerate(out + chunk)
+                         if t["task_id"] == task["task_id"])
+            raise InvalidBatch(f"duplicate task_id {task['task_id']!r} (tasks #{first} and "
+                               f"#{position}); task_ids must be unique within a batch")
+        chunk_texts.append(_checked_text(task, position, identity))
+        seen.add(task["task_id"])
         chunk.append(task)
-        if len(chunk) == CHUNK:
-            out += _json_form(chunk, texts[-len(chunk):], from_file)
-            chunk = []
+        if len(chunk) == size:
+            out += _json_form(chunk, chunk_texts, from_file)
+            texts += _grouped(chunk_texts, pack)
+            chunk, chunk_texts = [], []
     if chunk:
-        out += _json_form(chunk, texts[-len(chunk):], from_file)
+        out += _json_form(chunk, chunk_texts, from_file)
+        texts += _grouped(chunk_texts, pack)
     if not out:
         raise InvalidBatch("empty batch: pass at least one task")
     return out, texts
 
 
-def _checked_text(task: Any, position: int, identity: Sequence[str],
-                  seen: dict[str, int]) -> str:
-    """One task checked (a mapping, its task_id unique, its prompt, its identity fields), as
+def _grouped(chunk_texts: list[str], pack: int | None) -> list[str]:
+    """A chunk's task texts, or with ``pack`` its requests' texts (a chunk holds whole
+    requests, but for the last one)."""
+    if not pack:
+        return chunk_texts
+    return ["[" + ",".join(chunk_texts[i:i + pack]) + "]"
+            for i in range(0, len(chunk_texts), pack)]
+
+
+def _checked_text(task: Any, position: int, identity: Sequence[str]) -> str:
+    """One task checked (a mapping with a task_id, its prompt, its identity fields), as
     canonical JSON."""
     if type(task) is not dict and not isinstance(task, Mapping):
         raise InvalidBatch(f"task #{position} is a {type(task).__name__}, not a mapping; "
@@ -77,10 +99,6 @@ def _checked_text(task: Any, position: int, identity: Sequence[str],
     if not isinstance(task_id, str) or not task_id:
         raise InvalidBatch(f"task #{position}: task_id must be a non-empty string, got "
                            f"{task_id!r}")
-    if task_id in seen:
-        raise InvalidBatch(f"duplicate task_id {task_id!r} (tasks #{seen[task_id]} and "
-                           f"#{position}); task_ids must be unique within a batch")
-    seen[task_id] = position
     prompt = task.get("prompt")
     if not isinstance(prompt, str):
         raise InvalidBatch(f"task {task_id!r}: prompt must be a string, got "
@@ -320,15 +338,17 @@ def key_maker(content: Mapping[str, str]) -> Callable[[str], str]:
 
 
 def pack_requests(tasks: Sequence[dict], pack: int, content: Mapping[str, str],
-                  texts: Sequence[str] | None = None) -> list[Request]:
-    """Group tasks ``pack`` at a time; ``texts`` are their canonical JSON, if already made."""
+                  texts: Sequence[str] | None = None, *, packed: bool = False) -> list[Request]:
+    """Group tasks ``pack`` at a time; ``texts`` are their canonical JSON, if already made:
+    one per task, or (``packed``) one per request, as ``normalize_tasks(..., pack=)`` makes."""
     whole("pack", pack, 1)
     if texts is None:
         texts = [_canonical(t) for t in tasks]
     key_of = key_maker(content)
     out = []
     for position, start in enumerate(range(0, len(tasks), pack)):
-        tasks_json = "[" + ",".join(texts[start:start + pack]) + "]"
+        tasks_json = (texts[position] if packed else
+                      "[" + ",".join(texts[start:start + pack]) + "]")
         out.append(Request(key_of(tasks_json), tuple(tasks[start:start + pack]), position,
                            tasks_json=tasks_json))
     return out

@@ -221,7 +221,7 @@ class Session:
             fingerprint = revision_fingerprint(components)
             existing = store.find_revision(name, fingerprint)
             requests = (store.leaves(existing.id) if existing else
-                        pack_requests(task_list, pack, key_content, task_texts))
+                        pack_requests(task_list, pack, key_content, task_texts, packed=True))
             token = unseen_token(
                 store, requests, components.get(UNSEEN), run=self._loop.run, mode=mode,
                 identity=ident, schema=item_schema, validator=checker) if blind else None

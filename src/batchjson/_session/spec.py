@@ -106,7 +106,7 @@ class RunSpec:
         problem and the fix; reads nothing but the spec."""
         identity = normalize_identity(self.identity)
         hasher = hashlib.sha256() if is_task_file(self.tasks) else None
-        tasks, texts = normalize_tasks(self.tasks, identity, hasher)
+        tasks, texts = normalize_tasks(self.tasks, identity, hasher, pack=self.pack)
         schema = compile_schema(self.schema)
         preflight.check_all(tasks=tasks, identity=identity, schema=schema, mode=self.mode,
                             validator=self.validator, validator_args=self.validator_args,
@@ -121,7 +121,8 @@ class CheckedRun:
 
     spec: RunSpec
     tasks: list[dict[str, Any]]
-    texts: list[str]  # each task's canonical JSON, which keys, ledger rows and prompts reuse
+    texts: list[str]  # each request's tasks as canonical JSON (pack at a time), which keys,
+    # ledger rows and prompts reuse
     schema: ItemSchema
     identity: Identity
     file_digest: str | None = None  # the SHA-256 of a tasks file's bytes, as they were read
