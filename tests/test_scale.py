@@ -209,3 +209,20 @@ def test_to_pandas_without_pandas_says_how_to_get_it(monkeypatch):
 
 def first_name(session: Session) -> str:
     return next(iter(session.validators)).name
+
+
+def test_values_are_read_after_the_session_closed_its_ledger(ledger_at):
+    tasks = review_tasks(5)
+    session = Session(labeller(), ledger=ledger_at())
+    result = session.run_batch("b", tasks, LABEL_SCHEMA, pack=2)
+    session.close()
+    assert dict(result.values) == {t["task_id"]: answer(t) for t in tasks}
+    assert result.values[tasks[0]["task_id"]] == answer(tasks[0])
+
+
+def test_values_of_an_in_memory_ledger_outlive_its_session():
+    tasks = review_tasks(3)
+    session = Session(labeller())
+    result = session.run_batch("b", tasks, LABEL_SCHEMA)
+    session.close()
+    assert dict(result.values) == {t["task_id"]: answer(t) for t in tasks}

@@ -4,7 +4,9 @@ A batch of a million tasks would need gigabytes to hold every value as a Python 
 ledger has them already. ``BatchResult.values`` is a read-only mapping over one revision's
 checkpoint: iteration and ``items()`` read it in pages, in task order; ``len`` is one count;
 ``values[task_id]``, ``.get`` and ``in`` read one row, after an index of which request holds
-which task (task ids only) is read on the first such look-up.
+which task (task ids only) is read on the first such look-up. A result outlives its session:
+once the session's ledger is closed, the mapping opens the same file or database again to
+read. An in-memory ledger's values would go with it, so they are copied into the result.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import json
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from .._errors import LedgerError
+from .._ledger.ledger import Ledger
 from .._ledger.store import Store
 
 PAGE_REQUESTS = 200  # leaf requests per page read while iterating
@@ -35,7 +39,7 @@ class LedgerValues(Mapping[str, Any]):
 
     def __len__(self) -> int:
         if self._count is None:
-            self._count = self._store.revision_value_count(self._revision) - len(self._hidden)
+            self._count = self._read("revision_value_count", self._revision) - len(self._hidden)
         return self._count
 
     def __iter__(self) -> Iterator[str]:
@@ -64,7 +68,7 @@ class LedgerValues(Mapping[str, Any]):
         """(task_id, stored JSON text) in task order, without loading the values."""
         after: tuple[int, int] | None = (-1, -1)
         while after is not None:
-            rows, after = self._store.revision_value_page(self._revision, after, PAGE_REQUESTS)
+            rows, after = self._read("revision_value_page", self._revision, after, PAGE_REQUESTS)
             seen: dict[str, str] = {}
             for task_id, text in rows:  # the latest accepted attempt's row wins, as checkpoint
                 seen[task_id] = text
@@ -82,22 +86,46 @@ class LedgerValues(Mapping[str, Any]):
     def __repr__(self) -> str:
         return f"<values of {len(self)} task(s), read from the ledger; dict(values) copies them>"
 
+    def _read(self, what: str, *args: Any) -> Any:
+        """One of the store's reads; once the session closed its ledger, from the same file or
+        database opened again."""
+        try:
+            return getattr(self._store, what)(*args)
+        except LedgerError:
+            where = _where(self._store)
+            if where is None:  # in memory: nothing to open again (its values were copied)
+                raise
+            self._store = Ledger(where).store
+            return getattr(self._store, what)(*args)
+
     def _text(self, task_id: str) -> str | None:
         if task_id in self._hidden:
             return None
         if self._where is None:
-            self._where = {t: key for key, ids in self._store.revision_task_requests(
+            self._where = {t: key for key, ids in self._read("revision_task_requests",
                 self._revision) for t in json.loads(ids)}
         key = self._where.get(task_id)
-        return None if key is None else self._store.accepted_item(key, task_id)
+        return None if key is None else self._read("accepted_item", key, task_id)
+
+
+def _where(store: Store) -> Any:
+    """The file or URL a store opens again; None in memory."""
+    return getattr(store, "url", None) or getattr(store, "path", None)
 
 
 def result_values(store: Store, revision_id: int,
-                  schema: Any) -> tuple[LedgerValues, list[dict[str, Any]]]:
-    """A revision's values as a :class:`LedgerValues`, and a ``stored_invalid`` error for each
-    stored value the schema no longer loads. Only a pydantic model's load can fail (a JSON
-    Schema hands the stored value back as it is), so only then is every value read once, a
-    page at a time, to find them."""
+                  schema: Any) -> tuple[Mapping[str, Any], list[dict[str, Any]]]:
+    """A revision's values as a :class:`LedgerValues` (a dict for an in-memory ledger, which
+    would take them with it when closed), and a ``stored_invalid`` error for each stored
+    value the schema no longer loads. Only a pydantic model's load can fail (a JSON Schema
+    hands the stored value back as it is), so only then is every value read once, a page at a
+    time, to find them."""
+    values, unloadable = _ledger_values(store, revision_id, schema)
+    return (values if _where(store) is not None else dict(values.items())), unloadable
+
+
+def _ledger_values(store: Store, revision_id: int,
+                   schema: Any) -> tuple[LedgerValues, list[dict[str, Any]]]:
     values = LedgerValues(store, revision_id, schema.load)
     if schema.model is None:
         return values, []
