@@ -7,7 +7,8 @@ Each phase runs in a fresh child process, so its peak RSS (``ru_maxrss``) is its
   (a) ``--small`` tasks (default 100,000) from a JSON Lines file: the baseline of time per task;
   (b) N tasks (default 1,000,000; ``BATCHJSON_BENCH_SCALE_N`` or ``--n``) from a JSON Lines file;
   (c) N tasks from a generator;
-  (d) (b) again, resumed from its completed ledger.
+  (d) (b) again, resumed from its completed ledger;
+  (e) (c) again, resumed (diagnosis only: a generator's tasks are read and checked again).
 
 Targets: peak RSS of (b) and (c) <= 1 GB (also printed as a ratio to the JSONL file's size);
 time per task of (b) <= 1.25x (a) (a shared 2-core machine varies by that much between runs);
@@ -112,11 +113,13 @@ def main() -> int:
             rows["generator"] = phase("generator", args.n, where / "generator.db")
         if "resume" in phases and "file" in phases:
             rows["resume"] = phase(str(big_file), args.n, where / "file.db")
+        if "resume" in phases and "generator" in phases:  # diagnosis: tasks read and checked
+            rows["resume-gen"] = phase("generator", args.n, where / "generator.db")
         print(f"input: {args.n} tasks, JSONL file {size_mb:.1f} MB")
         for label, row in rows.items():
             count = args.small if label == "small" else args.n
             per_task = row["wall"] / count * 1e6
-            print(f"  {label:9s} wall {row['wall']:8.2f} s  {per_task:6.1f} us/task  "
+            print(f"  {label:10s} wall {row['wall']:8.2f} s  {per_task:6.1f} us/task  "
                   f"peak RSS {row['peak_mb']:7.1f} MB ({row['peak_mb'] / size_mb:.2f}x the file)"
                   f"  calls {row['calls']}  accepted {row['accepted']}  {row['status']}")
         for label in ("file", "generator"):

@@ -141,10 +141,15 @@ class RunStore(StoreBase):
             self.insert_requests(tx, revision_id, children)
 
     def leaves(self, revision_id: int) -> list[Request]:
-        rows = self._read("SELECT key, tasks, position, parent_key FROM requests WHERE "
-                          "revision_id = ? AND split = 0 ORDER BY position, id", (revision_id,))
         return [Request(r["key"], tuple(json.loads(r["tasks"])), r["position"], r["parent_key"],
-                        tasks_json=r["tasks"]) for r in rows]  # the stored text is canonical
+                        tasks_json=r["tasks"]) for r in self.leaf_rows(revision_id)]
+
+    def leaf_rows(self, revision_id: int) -> list[Row]:
+        """A revision's leaf requests as stored: key, tasks (canonical JSON text), task_ids
+        (JSON), position, parent_key; in order."""
+        return self._read("SELECT key, tasks, task_ids, position, parent_key FROM requests "
+                          "WHERE revision_id = ? AND split = 0 ORDER BY position, id",
+                          (revision_id,))
 
     def current_revision(self, name: str) -> tuple[int, dict[str, str]] | None:
         """(id, components) of batch ``name``'s current revision, or None."""

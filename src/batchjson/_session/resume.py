@@ -13,12 +13,18 @@ every task. The validator is fingerprinted and registered as a full run does it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._content.schema import compile_schema
 from .._content.spool import file_digest, is_task_file
-from .._content.tasks import compose_contents, normalize_identity, revision_fingerprint
+from .._content.tasks import (
+    Request,
+    compose_contents,
+    normalize_identity,
+    revision_fingerprint,
+)
 from .._errors import BatchJsonError
 from .._fingerprint.fingerprint import fingerprint_function
 from .._ledger.store import Store
@@ -42,6 +48,25 @@ def remember_file(store: Store, digest: str, tasks_component: str,
     for task in tasks:
         fields.update(dict.fromkeys(task))
     store.record_task_file(digest, tasks_component, len(tasks), list(fields))
+
+
+def resumed_requests(store: Store, revision_id: int, tasks: Sequence[dict[str, Any]],
+                     pack: int) -> list[Request]:
+    """The leaf requests of a revision being run again, their tasks the run's own objects
+    where a request is a whole pack (as the first run made them) rather than a second copy
+    decoded from the ledger; a split half, or a pack whose task ids differ, is decoded."""
+    out = []
+    for row in store.leaf_rows(revision_id):
+        start = row["position"] * pack
+        request = None
+        if row["parent_key"] is None:
+            request = Request(row["key"], tuple(tasks[start:start + pack]), row["position"],
+                              tasks_json=row["tasks"])
+        if request is None or request.task_ids_json != row["task_ids"]:
+            request = Request(row["key"], tuple(json.loads(row["tasks"])), row["position"],
+                              row["parent_key"], tasks_json=row["tasks"])
+        out.append(request)
+    return out
 
 
 def completed_from_file(session: Session, spec: RunSpec,

@@ -41,7 +41,7 @@ from .fit import check_fit
 from .loop import BackgroundLoop
 from .registry import ValidatorRegistry, ValidatorVersion
 from .result import BatchResult
-from .resume import completed_from_file, remember_file
+from .resume import completed_from_file, remember_file, resumed_requests
 from .spec import RunSpec, SessionOptions
 from .values import result_values
 
@@ -220,7 +220,7 @@ class Session:
         while True:  # the key cannot say whether stored answers still pass: re-judge them
             fingerprint = revision_fingerprint(components)
             existing = store.find_revision(name, fingerprint)
-            requests = (store.leaves(existing.id) if existing else
+            requests = (resumed_requests(store, existing.id, task_list, pack) if existing else
                         pack_requests(task_list, pack, key_content, task_texts, packed=True))
             token = unseen_token(
                 store, requests, components.get(UNSEEN), run=self._loop.run, mode=mode,
