@@ -226,3 +226,23 @@ def test_values_of_an_in_memory_ledger_outlive_its_session():
     result = session.run_batch("b", tasks, LABEL_SCHEMA)
     session.close()
     assert dict(result.values) == {t["task_id"]: answer(t) for t in tasks}
+
+
+def test_a_split_revision_run_again_sends_only_its_owed_half_with_its_own_tasks():
+    tasks = review_tasks(8)
+    poisoned, sent = [tasks[3]["task_id"]], []
+
+    def refuse_one(call):  # one provider (one answer source), refusing one task at first
+        sent.append(call)
+        return "{" if set(poisoned) & {t["task_id"] for t in call.tasks} else items_reply(call)
+
+    session = Session(CallableProvider(refuse_one), repairs=0, replays=0)
+    first = session.run_batch("r", tasks, LABEL_SCHEMA, pack=4, split=True,
+                              on_exhausted="return")
+    assert len(first.values) == 7
+    sent.clear()
+    poisoned.clear()
+    again = session.run_batch("r", (dict(t) for t in tasks), LABEL_SCHEMA, pack=4, split=True)
+    assert [[t["task_id"] for t in call.tasks] for call in sent] == [[tasks[3]["task_id"]]]
+    assert dict(again.values) == {t["task_id"]: answer(t) for t in tasks}
+    assert again.revision == first.revision
