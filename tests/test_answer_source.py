@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from batchjson import CallableProvider, FaultPlan, SimulatedModel
+from batchjson._content.keys import answer_source, source_text
 from batchjson._providers.anthropic import AnthropicProvider
 from batchjson._providers.openai import OpenAIProvider
 from tests.helpers import answer, items_reply
@@ -26,13 +27,13 @@ BASE = "http://127.0.0.1:9/v1"
 def openai_key(**kw: Any) -> str:
     kw.setdefault("base_url", BASE)
     kw.setdefault("api_key", KEY)
-    return OpenAIProvider(kw.pop("model", "llama3"), **kw).source_key()
+    return source_text(OpenAIProvider(kw.pop("model", "llama3"), **kw))
 
 
 def anthropic_key(**kw: Any) -> str:
     kw.setdefault("base_url", "http://127.0.0.1:9")
     kw.setdefault("api_key", KEY)
-    return AnthropicProvider(kw.pop("model", "claude-haiku-4-5"), **kw).source_key()
+    return source_text(AnthropicProvider(kw.pop("model", "claude-haiku-4-5"), **kw))
 
 
 def test_http_providers_differing_in_model_url_or_any_sent_setting_have_different_sources():
@@ -69,20 +70,20 @@ def test_a_simulated_model_is_keyed_by_its_answer_function_seed_and_faults():
         return {"verdict": "match"}
 
     base = SimulatedModel(answer)
-    keys = [base.source_key(), SimulatedModel(other).source_key(),
-            SimulatedModel(answer, seed=1).source_key(),
-            SimulatedModel(answer, faults=FaultPlan(malformed_json=0.5)).source_key(),
-            SimulatedModel(answer, faults=FaultPlan(script={0: "missing_item"})).source_key(),
-            SimulatedModel(answer, model="simulated-2").source_key()]
+    keys = [source_text(base), source_text(SimulatedModel(other)),
+            source_text(SimulatedModel(answer, seed=1)),
+            source_text(SimulatedModel(answer, faults=FaultPlan(malformed_json=0.5))),
+            source_text(SimulatedModel(answer, faults=FaultPlan(script={0: "missing_item"}))),
+            source_text(SimulatedModel(answer, model="simulated-2"))]
     assert len(set(keys)) == len(keys)
-    assert SimulatedModel(answer, latency=0.5, price_per_million=(1, 2)).source_key() == keys[0]
+    assert source_text(SimulatedModel(answer, latency=0.5, price_per_million=(1, 2))) == keys[0]
 
 
 def test_a_simulated_model_keeps_its_source_while_it_counts_calls():
     model = SimulatedModel(answer)
-    before = model.source_key()
+    before = source_text(model)
     model.calls += 5
-    assert model.source_key() == before
+    assert source_text(model) == before
 
 
 def test_a_callable_provider_is_keyed_by_its_function_or_the_source_it_names():
@@ -92,13 +93,13 @@ def test_a_callable_provider_is_keyed_by_its_function_or_the_source_it_names():
     def whisper(call):
         return items_reply(call).lower()
 
-    assert CallableProvider(shout).source_key() != CallableProvider(whisper).source_key()
-    named = CallableProvider(shout, source="my-model-v2").source_key()
-    assert named == CallableProvider(whisper, source="my-model-v2").source_key()
+    assert source_text(CallableProvider(shout)) != source_text(CallableProvider(whisper))
+    named = source_text(CallableProvider(shout, source="my-model-v2"))
+    assert named == source_text(CallableProvider(whisper, source="my-model-v2"))
     assert named == "callable:my-model-v2"
-    assert CallableProvider(shout, source="my-model-v3").source_key() != named
-    assert CallableProvider(shout, model="gpt-x").source_key() != CallableProvider(
-        shout).source_key()
+    assert source_text(CallableProvider(shout, source="my-model-v3")) != named
+    assert source_text(CallableProvider(shout, model="gpt-x")) != source_text(CallableProvider(
+        shout))
 
 
 def test_a_stub_that_counts_its_calls_keeps_one_source():
@@ -109,27 +110,29 @@ def test_a_stub_that_counts_its_calls_keeps_one_source():
         return "{}"
 
     provider = CallableProvider(stub)
-    before = provider.source_key()
+    before = source_text(provider)
     stub(None)
     stub(None)
-    assert seen and provider.source_key() == before
+    assert seen and source_text(provider) == before
 
 
 SCRIPT = textwrap.dedent("""
     import json
     from batchjson import CallableProvider, FaultPlan, SimulatedModel
+    from batchjson._content.keys import answer_source, source_text
     from batchjson._providers.anthropic import AnthropicProvider
     from batchjson._providers.openai import OpenAIProvider
     from tests.helpers import answer, items_reply
 
     print(json.dumps([
-        OpenAIProvider("llama3", base_url="http://127.0.0.1:9/v1", api_key="sk-x-000000000000",
-                       extra_body={"temperature": 0, "seed": 7}).source_key(),
-        AnthropicProvider("claude-haiku-4-5", base_url="http://127.0.0.1:9", mode="text",
-                          max_tokens=99).source_key(),
-        SimulatedModel(answer, faults=FaultPlan(malformed_json=0.25, script={1: "timeout"}),
-                       seed=3).source_key(),
-        CallableProvider(items_reply).source_key(),
+        source_text(OpenAIProvider("llama3", base_url="http://127.0.0.1:9/v1",
+                                   api_key="sk-x-000000000000",
+                                   extra_body={"temperature": 0, "seed": 7})),
+        source_text(AnthropicProvider("claude-haiku-4-5", base_url="http://127.0.0.1:9",
+                                      mode="text", max_tokens=99)),
+        source_text(SimulatedModel(answer, seed=3, faults=FaultPlan(malformed_json=0.25,
+                                                                    script={1: "timeout"}))),
+        source_text(CallableProvider(items_reply)),
     ]))
 """)
 
@@ -177,3 +180,18 @@ def test_an_answer_function_reading_what_no_fingerprint_sees_is_refused_before_a
         assert session.ledger.attempts("r") == [] and calls == []
     named = Session(CallableProvider(model, source="reviewer-v1"))  # named: the user's word
     assert named.run_batch("r", review_tasks(2), LABEL_SCHEMA).resolved
+
+
+def test_answer_sources_of_existing_ledgers_do_not_change():
+    """Pinned sources: if one moves, every stored answer of that source stops being reused."""
+    openai = OpenAIProvider("gpt-4o", base_url="http://127.0.0.1:9/v1", api_key="sk-x",
+                            extra_body={"seed": 7})
+    anthropic = AnthropicProvider("claude-haiku-4-5", base_url="http://127.0.0.1:9",
+                                  api_key="sk-x")
+    sources = [answer_source(p).split(":")[1] for p in (
+        openai, anthropic, SimulatedModel(), CallableProvider(answer, source="v1"))]
+    assert sources == [
+        "4d7c23bca777790d692c1dfa7ee91d5e47cadb1d4b25e0183fd22b8934ca18b2",
+        "845197a48fc32584dbb0d308a195a56a5c12b577281681547e2f17bec0e95399",
+        "12fc2790e3fc0ad581596ff2e120f5d8915fd3be61d07efcc1efcfde5356ffc8",
+        "e1b08bc442b164e835cee54911bdb745c00ec2a456108458cb775f0a8443d198"]

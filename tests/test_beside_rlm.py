@@ -11,6 +11,7 @@ from importlib.metadata import requires, version
 import pytest
 from packaging.requirements import Requirement
 
+from batchjson._content.keys import Keys
 from batchjson._content.schema import compile_schema
 from batchjson._errors import ProviderError
 from batchjson._ledger import Ledger
@@ -33,7 +34,7 @@ def test_batchjson_admits_the_tenacity_rlm_pins_and_this_suite_runs_on_it():
 def backoff(initial: float = 0.5, cap: float = 20.0) -> Replayer:
     plan = Plan(batch_id=1, revision_id=1, mode="value", identity=("task_id",),
                 schema=compile_schema({"type": "object"}), validator=None, instructions=None,
-                content={}, repairs=0, replays=0, split=False)
+                keys=Keys({}), repairs=0, replays=0, split=False)
     return Replayer(plan, Ledger(None), object(), None,
                     Transport(backoff_initial=initial, backoff_max=cap), 1)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import re
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -141,3 +142,47 @@ def test_the_design_module_map_names_every_package_and_flat_module_and_nothing_m
     assert set(re.findall(r"`(\w+)/`", table)) == packages
     assert flat <= set(re.findall(r"`(\w+\.py)`", table))
     assert set(re.findall(r"`(\w+\.py)`", table)) <= files
+
+
+def test_faces_reach_a_session_only_through_its_public_names():
+    """The RLM helpers and the droste adapter hand a RunSpec to the public ``Session.run``:
+    nothing outside the session package calls ``session._run`` or any private name of it."""
+    reached = [(name, node.lineno, ast.unparse(node)) for name, _, tree in modules()
+               if not name.startswith("_session/") for node in ast.walk(tree)
+               if isinstance(node, ast.Attribute) and node.attr.startswith("_")
+               and not node.attr.startswith("__")
+               and re.search(r"\bsession$", ast.unparse(node.value), re.I)]
+    assert reached == []
+    structured = (PACKAGE / "_session" / "structured.py").read_text()
+    assert "session.run(RunSpec(" in structured and "._run(" not in structured
+
+
+FACES = ("batchjson._cli", "batchjson._ipython", "batchjson.rlm", "batchjson._textview")
+
+
+def test_faces_import_the_core_only_through_its_public_surface():
+    """No face (the magics, the RLM bindings, the CLI, their shared text) imports a private
+    module of the core: what they use is named in ``batchjson.core``. import-linter keeps the
+    same rule (a forbidden contract in pyproject.toml); this reads the imports directly."""
+    graph = import_graph()
+    assert "batchjson.core" in graph["batchjson._ipython.magics"]  # edges are seen
+    private = {m: sorted(d for d in deps if d.startswith("batchjson._")
+                         and not d.startswith(FACES))
+               for m, deps in graph.items() if m.startswith(FACES)}
+    assert {m: deps for m, deps in private.items() if deps} == {}
+    contracts = tomllib.loads((PACKAGE.parents[1] / "pyproject.toml").read_text())
+    forbidden = [c for c in contracts["tool"]["importlinter"]["contracts"]
+                 if c["type"] == "forbidden"]
+    assert [sorted(c["source_modules"]) for c in forbidden] == [sorted(FACES)]
+
+
+def test_no_function_over_60_lines_and_no_module_over_500_in_the_package():
+    """Small enough to read at once: a function fits a screen, a module holds one concept."""
+    long_functions = [f"{name}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1})"
+                      for name, _, tree in modules() for node in ast.walk(tree)
+                      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                      and node.end_lineno - node.lineno + 1 > 60]
+    assert long_functions == []
+    long_modules = [f"{name} ({n})" for name, file, _ in modules()
+                    if (n := len(file.read_text().splitlines())) > 500]
+    assert long_modules == []

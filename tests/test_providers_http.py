@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from batchjson._acceptance.judge import unwrap
+from batchjson._content.keys import source_text
 from batchjson._content.schema import compile_schema, wire_schema
 from batchjson._errors import ConfigError, ProviderError, ProviderNotConfigured, ProviderSetupError
 from batchjson._providers.anthropic import AnthropicProvider
@@ -424,7 +425,7 @@ def test_a_host_that_does_not_resolve_is_unreachable_without_echoing_the_passwor
     assert exc.unreachable and "does not resolve" in str(exc)
     assert "http://no-such-host.invalid/v1/chat/completions" in str(exc)
     assert "hunter2" not in str(exc) and "hunter2" not in repr(provider)
-    assert "hunter2" not in provider.source_key()
+    assert "hunter2" not in source_text(provider)
 
 
 def test_a_server_error_is_not_unreachable() -> None:

@@ -55,7 +55,15 @@ def test_every_documented_name_imports(dotted: str) -> None:
 
 def test_the_reference_and_all_list_the_same_top_level_names() -> None:
     top = {d.split(".")[1] for d in DOCUMENTED if d.count(".") == 1}
-    assert top - {"rlm", "testing"} == set(batchjson.__all__)  # two public submodules beside
+    assert top - {"rlm", "testing", "core"} == set(batchjson.__all__)  # public submodules
+
+
+def test_every_name_the_faces_surface_lists_is_there() -> None:
+    import batchjson.core
+
+    assert all(hasattr(batchjson.core, name) for name in batchjson.core.__all__)
+    public = {n for n in dir(batchjson.core) if not n.startswith("_")}
+    assert public == set(batchjson.core.__all__)  # nothing reachable there goes unlisted
 
 
 def test_every_public_error_is_in_the_one_tree() -> None:
@@ -204,3 +212,22 @@ def test_reading_a_closed_ledger_is_a_ledger_error_naming_it(tmp_path: Path) -> 
         session.ledger.checkpoint("r")
     with pytest.raises(LedgerError):
         session.evidence.summary()
+
+
+def test_options_that_take_a_fixed_set_of_strings_are_typed_as_literals():
+    """A type checker or an editor tells a user the allowed values before anything runs; the
+    run's own check refuses exactly the same values."""
+    import typing
+
+    from batchjson import BatchResult, RunSpec, Session
+    from batchjson._session import spec
+
+    hints = typing.get_type_hints(RunSpec)
+    for option, allowed in (("mode", spec.MODES), ("validator_args", spec.VALIDATOR_ARGS),
+                            ("on_exhausted", spec.ON_EXHAUSTED)):
+        assert typing.get_origin(hints[option]) is typing.Literal
+        assert typing.get_args(hints[option]) == allowed
+    assert typing.get_args(typing.get_type_hints(Session.run_batch)["on_exhausted"]) == (
+        "raise", "return")
+    assert typing.get_args(typing.get_type_hints(BatchResult)["status"]) == (
+        "resolved", "unresolved")

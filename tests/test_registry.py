@@ -518,3 +518,29 @@ def test_the_magic_runs_a_redefined_underscore_limit_on_a_never_seen_task(
     assert result.status == "unresolved" and result.values == {} and result.resumed == 0
     assert {e["task_id"] for e in result.errors} == {"t0", "t1", "t2"}
     assert all("score below 0.9" in e["message"] for e in result.errors)
+
+
+def test_a_run_fingerprints_a_validator_again_unless_a_helper_handed_it_over() -> None:
+    """A validator defined, then its global changed before a run, is judged as it is at the
+    run; only a helper registering it on its way to the run (RLM, droste) skips a second
+    fingerprint, and only for that one run."""
+    from batchjson import Session, SimulatedModel
+    from tests.helpers import LABEL_SCHEMA, answer, review_tasks
+
+    session = Session(SimulatedModel(answer))
+    ns: dict[str, Any] = {}
+    exec(compile("LIMIT = 1\ndef check(item, task):\n    return LIMIT > 0\n", "<cell>", "exec"),
+         ns)
+    check = session.validators.define(ns["check"], name="check")
+    ns["LIMIT"] = 2  # changed after the definition, before the run
+    result = session.run_batch("b", review_tasks(2), LABEL_SCHEMA, validator=check)
+    assert any("validator 'check' changed" in note for note in result.notes)
+
+    handed = session.validators.version_of(check, hand_over=True)
+    assert session.validators.handed_over(check) is handed
+    ns["LIMIT"] = 3  # a helper's hand-over is trusted for the run it is on its way to
+    assert session.run_batch("b", review_tasks(2), LABEL_SCHEMA, validator=check).notes == []
+    assert session.validators.handed_over(check) is None  # taken by that run
+    result = session.run_batch("b", review_tasks(2), LABEL_SCHEMA, validator=check)
+    assert any("changed" in note for note in result.notes)  # and never again
+    session.close()

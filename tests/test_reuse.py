@@ -13,8 +13,8 @@ import pytest
 from pydantic import BaseModel, Field, field_validator
 
 from batchjson import CallableProvider, Session, SimulatedModel
+from batchjson._content.keys import answer_source
 from batchjson._errors import ConfigError, InvalidBatch
-from batchjson._providers.base import answer_source
 from tests.helpers import LABEL_SCHEMA, answer, items_reply, review_tasks
 
 

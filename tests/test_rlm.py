@@ -7,6 +7,7 @@ import random
 import pytest
 
 from batchjson import BudgetExceeded, Session, SimulatedModel, ValidatorChanged
+from batchjson._content.keys import source_text
 from batchjson._errors import ConfigError, InvalidBatch
 from batchjson.rlm import HELPER_NAMES, bind
 from batchjson.rlm._subcalls import SubcallProvider
@@ -212,15 +213,15 @@ class RandomFaults:
 def test_answer_source_is_keyed_by_code_not_state():
     counting = FlakySubcalls()
     provider = SubcallProvider(counting)
-    key = provider.source_key()
+    key = source_text(provider)
     namespace: dict = {}
     bind(namespace, provider)
     namespace["llm_batch_json"](PROMPTS, SCHEMA)
-    assert counting.calls > 0 and provider.source_key() == key
-    assert SubcallProvider(FlakySubcalls(bad=3)).source_key() == key  # same code, other state
-    assert SubcallProvider(RandomFaults(1)).source_key() == SubcallProvider(
-        RandomFaults(2)).source_key()
-    assert SubcallProvider(RandomFaults(1)).source_key() != key  # other code: other source
+    assert counting.calls > 0 and source_text(provider) == key
+    assert source_text(SubcallProvider(FlakySubcalls(bad=3))) == key  # same code, other state
+    assert source_text(SubcallProvider(RandomFaults(1))) == source_text(SubcallProvider(
+        RandomFaults(2)))
+    assert source_text(SubcallProvider(RandomFaults(1))) != key  # other code: other source
 
     count = 0
 
@@ -229,9 +230,9 @@ def test_answer_source_is_keyed_by_code_not_state():
         count += 1
         return ['{"label": "pos"}'] * len(prompts)
 
-    before = SubcallProvider(llm_query_batched).source_key()
+    before = source_text(SubcallProvider(llm_query_batched))
     llm_query_batched(["x"])
-    assert SubcallProvider(llm_query_batched).source_key() == before
+    assert source_text(SubcallProvider(llm_query_batched)) == before
 
 
 def test_a_shared_session_keeps_one_registry_and_refuses_a_second_source():

@@ -13,6 +13,7 @@ import threading
 import pytest
 
 from batchjson import BudgetExceeded, ValidatorChanged
+from batchjson._content.keys import source_text
 from batchjson._errors import BatchJsonError, ConfigError, InvalidBatch, SubcallClientError
 from batchjson.rlm import bind, droste_environment
 
@@ -398,9 +399,9 @@ def test_partials_of_different_helpers_are_different_answer_sources():
     def ask_b(prompts, model):
         return ['{"label": "neg"}'] * len(prompts)
 
-    a1 = SubcallProvider(functools.partial(ask_a, model="m1")).source_key()
-    a2 = SubcallProvider(functools.partial(ask_a, model="m2")).source_key()
-    b = SubcallProvider(functools.partial(ask_b, model="m1")).source_key()
+    a1 = source_text(SubcallProvider(functools.partial(ask_a, model="m1")))
+    a2 = source_text(SubcallProvider(functools.partial(ask_a, model="m2")))
+    b = source_text(SubcallProvider(functools.partial(ask_b, model="m1")))
     assert a1 == a2 and a1 != b
     session = bind({}, functools.partial(ask_a, model="m1"))
     with pytest.raises(ConfigError, match="already answers from"):

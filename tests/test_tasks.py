@@ -7,17 +7,12 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchjson._content.tasks import (
-    Request,
-    normalize_tasks,
-    pack_requests,
-    render_items_prompt,
-    request_key,
-    split_request,
-)
+from batchjson._content.keys import KEY_COMPONENTS, Keys, key_maker, request_key
+from batchjson._content.tasks import Request, normalize_tasks, render_items_prompt
 
 CONTENT = {"schema": "s" * 64, "validator": "none", "instructions": "i" * 64,
            "identity": "task_id,case_id", "mode": "items"}
+KEYS = Keys(CONTENT)  # components without an answer source: keyed by CONTENT alone
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
@@ -40,17 +35,18 @@ def task_lists(draw):
 
 @settings(max_examples=150, deadline=None)
 @given(task_lists(), st.integers(1, 4),
-       st.dictionaries(st.sampled_from(sorted(CONTENT) + ["z", "a", "täsks"]), st.text(),
-                       min_size=1))
-def test_packed_keys_equal_request_key_on_any_content(tasks, pack, content):
+       st.dictionaries(st.sampled_from(KEY_COMPONENTS), st.text(), min_size=1))
+def test_packed_keys_equal_request_key_on_any_content(tasks, pack, components):
     normalized, texts = normalize_tasks(tasks, ("task_id", "case_id"))
-    requests = pack_requests(normalized, pack, content, texts)
+    keys = Keys({**components, "source": "s"})
+    content = keys.content
+    requests = keys.pack(normalized, pack, texts)
     assert [t for r in requests for t in r.tasks] == normalized
     for request in requests:
         assert request.key == request_key(request.tasks, content)
         assert json.loads(request.tasks_json) == list(request.tasks)
         assert json.loads(request.task_ids_json) == [t["task_id"] for t in request.tasks]
-        for child in split_request(request, content):
+        for child in keys.split(request):
             assert child.key == request_key(child.tasks, content)
             assert json.loads(child.tasks_json) == list(child.tasks)
 
@@ -59,16 +55,23 @@ def test_request_keys_of_existing_ledgers_do_not_change():
     """A pinned key: if this moves, every ledger written before would stop resuming."""
     tasks = [{"task_id": "case-078", "prompt": "Review the pair.", "case_id": "gold-pair-078",
               "note": "naïve ✓"}]
-    (request,) = pack_requests(tasks, 1, CONTENT)
+    (request,) = KEYS.pack(tasks, 1)
     assert request.key == "de5a537051136c8d0da4fb82a732d995d4153f2371920afa486856563936ddf2"
 
 
 def test_ledger_round_trip_keeps_the_same_prompt_and_children():
     tasks, texts = normalize_tasks([{"task_id": f"t{i}", "prompt": f"p{i}", "x": {"b": 1, "a": 2}}
                                     for i in range(3)], ("task_id",))
-    (packed,) = pack_requests(tasks, 3, CONTENT, texts)
+    (packed,) = KEYS.pack(tasks, 3, texts)
     reloaded = Request(packed.key, tuple(json.loads(packed.tasks_json)), packed.position)
     prompt = render_items_prompt(packed.tasks, ("task_id",), None, packed.tasks_json)
     assert prompt == render_items_prompt(reloaded.tasks, ("task_id",), None)
-    assert [c.key for c in split_request(packed, CONTENT)] == [
-        c.key for c in split_request(reloaded, CONTENT)]
+    assert [c.key for c in KEYS.split(packed)] == [c.key for c in KEYS.split(reloaded)]
+
+
+@settings(max_examples=100, deadline=None)
+@given(task_lists(), st.dictionaries(st.text(), st.text(), min_size=1))
+def test_spliced_keys_equal_request_key_for_any_content_names(tasks, content):
+    normalized, _ = normalize_tasks(tasks, ("task_id",))
+    assert key_maker(content)(json.dumps(normalized, sort_keys=True, separators=(",", ":"),
+                                         ensure_ascii=False)) == request_key(normalized, content)

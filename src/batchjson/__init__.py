@@ -4,8 +4,9 @@ Evidence is keyed by content, validators are defined once per session, and a ret
 only after the whole of it passes acceptance (coverage, identity, schema, caller validator).
 
 Everything a user needs is importable from here (docs/api.md lists it); the modules behind it
-are private. Two public submodules: :mod:`batchjson.rlm` (RLM hosts) and
-:mod:`batchjson.testing` (a loopback OpenAI/Anthropic server for tests).
+are private. Three public submodules: :mod:`batchjson.rlm` (RLM hosts),
+:mod:`batchjson.testing` (a loopback OpenAI/Anthropic server for tests) and
+:mod:`batchjson.core` (what faces use of the core beyond these names).
 """
 
 from typing import Any

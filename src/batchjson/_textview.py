@@ -9,9 +9,7 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ._ledger.forgetting import forgotten_line
-from ._money import money
-from ._replay.budget import usd
+from .core import forgotten_line, money, usd
 
 # Control characters (ANSI escapes, carriage returns, bells) and bidirectional overrides in a
 # model's return or an imported batch name would act on the terminal instead of being read.

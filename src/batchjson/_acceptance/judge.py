@@ -239,7 +239,6 @@ def _prepare_items(text: str, tasks: Sequence[Mapping[str, Any]], identity: Sequ
     if not_objects:
         return Verdict(False, errors=[_error(
             "json", f"items[{i}] is not an object") for i in not_objects])
-
     expected = {t["task_id"]: t for t in tasks}
     errors = _coverage(items, expected)
     if errors:

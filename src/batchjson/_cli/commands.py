@@ -20,20 +20,22 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from contextlib import closing
 from pathlib import Path
 from typing import Any, TextIO
 
+from .. import BatchJsonError, Evidence, InvalidBatch, Ledger, LedgerError
 from .. import _textview as cliview
-from .._checks import whole_argument
-from .._errors import BatchJsonError, InvalidBatch, LedgerError
-from .._ledger import Ledger
-from .._ledger.evidence import Evidence
-from .._ledger.forgetting import forget_batch, forget_message
-from .._ledger.records import ledger_path
-from .._ledger.sqlite import file_problem as ledger_problem
-from .._ledger.sqlite import holds_nothing
-from .._money import cost_value
-from .._providers.masking import public_url
+from ..core import (
+    cost_value,
+    forget_batch,
+    forget_message,
+    holds_nothing,
+    ledger_path,
+    public_url,
+    whole_argument,
+)
+from ..core import file_problem as ledger_problem
 from .demo import command_name, demo_ledger_problem, run_demo
 
 DEFAULT_LEDGER = Path(cliview.DEFAULT_LEDGER)
@@ -114,13 +116,10 @@ def _dump(obj: Any, out: TextIO) -> None:
 
 
 def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
-    held = _open(args.ledger)
-    try:
+    with closing(_open(args.ledger)) as held:
         _known(held, args.name)
         summary = held.cost_summary(args.name)
         evidence = Evidence(held.store).summary(args.name)
-    finally:
-        held.close()
     for key in ("unresolved_batches", "unresolved_requests", "unresolved_items",
                 "minimum_exact_retry_calls", "refused_requests", "cut_off_requests",
                 "superseded", "forgotten"):
@@ -150,12 +149,9 @@ def _receipt_dicts(held: Ledger, name: str, failed: bool, raw: bool) -> list[dic
 
 
 def cmd_receipts(args: argparse.Namespace, out: TextIO) -> int:
-    held = _open(args.ledger)
-    try:
+    with closing(_open(args.ledger)) as held:
         _known(held, args.name)
         rows = _receipt_dicts(held, args.name, args.failed, args.raw)
-    finally:
-        held.close()
     if args.json:
         _dump(rows, out)
         return OK
@@ -173,13 +169,10 @@ def cmd_values(args: argparse.Namespace, out: TextIO) -> int:
     if args.json and args.identity:
         raise Problem("--identity adds columns to --csv or fields to JSON Lines; drop --json",
                       USAGE)
-    held = _open(args.ledger)
-    try:
+    with closing(_open(args.ledger)) as held:
         _known(held, args.name)
         values = held.checkpoint(args.name)
         fields, tasks = _identity(held, args.name) if args.identity else ([], {})
-    finally:
-        held.close()
     if args.json:
         _dump(values, out)
     elif args.csv:
@@ -236,12 +229,9 @@ def _cell(value: Any) -> str:
 
 def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
     _one_format(args, "jsonl")
-    held = _open(args.ledger)
-    try:
+    with closing(_open(args.ledger)) as held:
         _known(held, args.batch)
         receipts = held.export_receipts(args.batch)
-    finally:
-        held.close()
     if args.jsonl:
         for r in receipts:
             print(json.dumps(r, ensure_ascii=False, sort_keys=True), file=out)
@@ -253,7 +243,7 @@ def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_import(args: argparse.Namespace, out: TextIO) -> int:
     if not args.file.is_file():  # checked before a ledger is created for it
         raise Problem(f"no receipts file at {args.file}", USAGE)
-    from .._ledger.recovery import read_lines
+    from ..core import read_lines
 
     try:
         read_lines(args.file, {})  # a bad file is refused before a ledger is created for it
@@ -307,17 +297,14 @@ def cmd_merge(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_advise(args: argparse.Namespace, out: TextIO) -> int:
-    from .._ledger.advice import advise
+    from ..core import advise
 
-    held = _open(args.ledger)
-    try:
+    with closing(_open(args.ledger)) as held:
         _known(held, args.name)
         try:
             advice = advise(held, args.name, repairs=args.repairs, replays=args.replays)
         except InvalidBatch as exc:
             raise Problem(str(exc), USAGE) from None
-    finally:
-        held.close()
     if args.json:
         _dump(advice, out)
     else:
@@ -326,13 +313,10 @@ def cmd_advise(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_forget(args: argparse.Namespace, out: TextIO) -> int:
-    held = _open(args.ledger)
-    try:
+    with closing(_open(args.ledger)) as held:
         _known(held, args.name)
         record = forget_batch(held.store, args.name, via="batchjson forget")
         spend = held.spend(args.name)
-    finally:
-        held.close()
     if args.json:
         _dump({"batch": args.name, "forgotten": record}, out)
     else:
@@ -411,6 +395,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="one receipt per line (`batchjson import` reads this and the "
                         "default JSON document alike)")
     export.add_argument("--batch", metavar="NAME", help="only this batch")
+    _ledger_changing(command)
+    sub.add_parser("serve", help="the loopback OpenAI/Anthropic test server "
+                   "(batchjson serve --help lists its options)")
+    return parser
+
+
+def _ledger_changing(command: Callable[..., argparse.ArgumentParser]) -> None:
+    """The commands that change a ledger (and advise, beside them)."""
     imp = command("import", "import historical receipts (JSONL), rechecking every item",
                   cmd_import)
     imp.add_argument("file", type=Path, help="JSON Lines file, one receipt per line, or the "
@@ -435,9 +427,6 @@ def build_parser() -> argparse.ArgumentParser:
     budget.add_argument("--cost", type=_usd_argument, metavar="USD",
                         help="set the ceiling in USD (what was spent under it still counts)")
     budget.add_argument("--clear", action="store_true", help="remove the budget")
-    sub.add_parser("serve", help="the loopback OpenAI/Anthropic test server "
-                   "(batchjson serve --help lists its options)")
-    return parser
 
 
 def _main(argv: list[str], out: TextIO) -> int:

@@ -14,11 +14,10 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from .. import Ledger, Session
 from .. import _textview as cliview
-from .._ledger import Ledger
-from .._ledger.sqlite import file_problem as ledger_problem
-from .._money import money
-from .._session.session import Session
+from ..core import file_problem as ledger_problem
+from ..core import money
 
 DEMO_SCHEMA = {
     "type": "object",
@@ -49,7 +48,7 @@ def demo_answer(task: dict) -> dict:
 
 
 def demo_model(seed: int = 0):  # noqa: ANN201 - returns a SimulatedModel
-    from .._providers.simulated import FaultPlan, SimulatedModel
+    from .. import FaultPlan, SimulatedModel
 
     faults = FaultPlan(identity_swap=0.2, malformed_json=0.1, missing_item=0.05,
                        non_finite=0.05, clean_after=3)

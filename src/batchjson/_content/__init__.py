@@ -1,8 +1,9 @@
 """What a batch is made of: tasks, requests, schemas and the JSON a model returns.
 
-Owns tasks, the requests they are packed into, their keys and the prompt text a request is
-sent as (``tasks``), answer schemas and the per-call wire schema (``schema``), and reading a
-model's JSON strictly and comparing JSON values exactly (``strictjson``).
+Owns tasks, the requests they are packed into and the prompt text a request is sent as
+(``tasks``), every key of a run or an import and the answer source (``keys``), answer schemas
+and the per-call wire schema (``schema``), and reading a model's JSON strictly and comparing
+JSON values exactly (``strictjson``).
 
 May import fingerprints and the flat modules; never providers or anything above them.
 """

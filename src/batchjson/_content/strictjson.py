@@ -20,7 +20,7 @@ from typing import Any
 MAX_DEPTH = 256  # deeper JSON is refused before anything recursive walks it
 
 
-def _reject_constant(name: str) -> Any:
+def reject_constant(name: str) -> Any:
     raise ValueError(f"non-finite number {name} is not valid JSON")
 
 
@@ -90,9 +90,9 @@ def _loads(text: str, decoder: json.JSONDecoder) -> Any:
 
 
 # Built once: json.loads with options builds a decoder (and its scanner) on every call.
-_STRICT = json.JSONDecoder(parse_constant=_reject_constant, object_pairs_hook=_unique_keys,
+_STRICT = json.JSONDecoder(parse_constant=reject_constant, object_pairs_hook=_unique_keys,
                            parse_float=finite_float)
-_EXACT = json.JSONDecoder(parse_constant=_reject_constant, object_pairs_hook=_unique_keys,
+_EXACT = json.JSONDecoder(parse_constant=reject_constant, object_pairs_hook=_unique_keys,
                           parse_float=Decimal)
 
 

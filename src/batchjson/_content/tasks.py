@@ -1,16 +1,16 @@
-"""Tasks, the requests they are packed into, and the prompt text a request is sent as."""
+"""Tasks, the requests they are packed into (keyed in ``keys``), and the prompt text a request
+is sent as."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .._canon import canonical_json as _canonical
-from .._checks import whole
 from .._errors import InvalidBatch
 from .spool import is_task_file, stream_tasks
 from .strictjson import nesting
@@ -58,11 +58,10 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
     for position, task in enumerate(stream_tasks(tasks, hasher)):
         task_id = task.get("task_id") if isinstance(task, Mapping) else None
         if isinstance(task_id, str) and task_id in seen:
-            first = next(i for i, t in enumerate(out + chunk)
-                         if t["task_id"] == task["task_id"])
-            raise InvalidBatch(f"duplicate task_id {task['task_id']!r} (tasks #{first} and "
+            first = next(i for i, t in enumerate(out + chunk) if t["task_id"] == task_id)
+            raise InvalidBatch(f"duplicate task_id {task_id!r} (tasks #{first} and "
                                f"#{position}); task_ids must be unique within a batch")
-        chunk_texts.append(_checked_text(task, position, identity))
+        chunk_texts.append(_task_text(position, task, identity))
         seen.add(task["task_id"])
         chunk.append(task)
         if len(chunk) == size:
@@ -86,9 +85,23 @@ def _grouped(chunk_texts: list[str], pack: int | None) -> list[str]:
             for i in range(0, len(chunk_texts), pack)]
 
 
-def _checked_text(task: Any, position: int, identity: Sequence[str]) -> str:
-    """One task checked (a mapping with a task_id, its prompt, its identity fields), as
-    canonical JSON."""
+def _json_form(items: list[Any], texts: list[str], from_file: bool) -> list[dict]:
+    """A chunk's tasks as the ledger holds them (what acceptance compares to), once their
+    texts are known to be valid UTF-8 and not too deep."""
+    joined = "[" + ",".join(texts) + "]"
+    _check_encoded(joined, texts, items)
+    if from_file:
+        return items
+    try:
+        return json.loads(joined)  # the ledger's form, in one call per chunk
+    except RecursionError:  # within the bound, on a caller's stack that is deeper still
+        deepest = max(range(len(texts)), key=lambda i: nesting(texts[i], 0))
+        raise _too_deep(items[deepest]["task_id"], "to read back on this stack") from None
+
+
+def _task_text(position: int, task: Any, identity: Sequence[str]) -> str:
+    """One task checked (a mapping with a task_id, a string prompt, its identity fields), as
+    canonical JSON (its task_id's uniqueness is the caller's check)."""
     if type(task) is not dict and not isinstance(task, Mapping):
         raise InvalidBatch(f"task #{position} is a {type(task).__name__}, not a mapping; "
                            "each task must be a dict with task_id and prompt")
@@ -122,12 +135,11 @@ def _checked_text(task: Any, position: int, identity: Sequence[str]) -> str:
                            "to str/int/float/bool/None/list/dict with finite numbers") from None
 
 
-def _json_form(items: list[Any], texts: list[str], from_file: bool) -> list[dict]:
-    """A chunk's tasks as the ledger holds them (what acceptance compares to), once their
-    texts are known to be valid UTF-8 and not too deep."""
-    joined = "[" + ",".join(texts) + "]"
+def _check_encoded(joined: str, texts: Sequence[str], items: Sequence[Any]) -> None:
+    """Every task's text is valid UTF-8 (keys and the ledger hash and store it) and nests at
+    most :data:`MAX_TASK_DEPTH` deep; the first that is not is named."""
     try:
-        joined.encode("utf-8")  # keys and the ledger hash and store UTF-8
+        joined.encode("utf-8")
     except UnicodeEncodeError:
         for text, task in zip(texts, items, strict=True):  # which task: the rare path
             try:
@@ -143,13 +155,6 @@ def _json_form(items: list[Any], texts: list[str], from_file: bool) -> list[dict
             if depth > MAX_TASK_DEPTH:
                 raise _too_deep(task["task_id"], f"({depth} levels of JSON, at most "
                                 f"{MAX_TASK_DEPTH})")
-    if from_file:
-        return items
-    try:
-        return json.loads(joined)  # the ledger's form, in one call per chunk
-    except RecursionError:  # within the bound, on a caller's stack that is deeper still
-        deepest = max(range(len(texts)), key=lambda i: nesting(texts[i], 0))
-        raise _too_deep(items[deepest]["task_id"], "to read back on this stack") from None
 
 
 def _too_deep(task_id: str, why: str) -> InvalidBatch:
@@ -247,124 +252,6 @@ class Request:
         ids = tuple(t["task_id"] for t in self.tasks)
         object.__setattr__(self, "task_ids", ids)
         object.__setattr__(self, "task_ids_json", "[" + ",".join(map(_json_string, ids)) + "]")
-
-
-# The revision components that go into every request key besides its tasks. "source" is the
-# answer source; "unseen" moves judging no fingerprint fully sees past answers that no longer
-# pass (see _rejudge).
-KEY_COMPONENTS = ("schema", "validator", "instructions", "identity", "mode", "source", "unseen")
-# What keys answers of unknown source: receipts imported from another system (keyed with the
-# identity fields alone, no "+echoed").
-SOURCELESS_COMPONENTS = ("schema", "validator", "instructions", "identity", "mode")
-
-
-def key_content(components: Mapping[str, str]) -> dict[str, str]:
-    """The part of a revision's components that keys its requests: the one composition of key
-    content, for live runs, imports and the look-up of imported answers alike.
-
-    Components without an answer source (an import of another system's receipts) key by
-    :data:`SOURCELESS_COMPONENTS` with the identity fields alone: a live run computes that key
-    too (:func:`sourceless_content`), finds answers stored under it and
-    re-judges them under its own rules before reusing them.
-    """
-    if "source" in components:
-        return {k: components[k] for k in KEY_COMPONENTS if k in components}
-    out = {k: components[k] for k in SOURCELESS_COMPONENTS if k in components}
-    if "identity" in out:
-        out["identity"] = out["identity"].removesuffix(ECHOED)
-    return out
-
-
-def sourceless_content(components: Mapping[str, str]) -> dict[str, str]:
-    """The key content of the same content with its answer source unknown: the key an import
-    of it writes, which a live run looks up before asking (see :func:`key_content`)."""
-    return key_content({k: v for k, v in components.items() if k != "source"})
-
-
-def tasks_digest(task_list: Sequence[Mapping[str, Any]]) -> str:
-    """The ``tasks`` component of a revision: every task, in order."""
-    return sha(json.dumps(list(task_list), sort_keys=True, separators=(",", ":")))
-
-
-def compose_contents(task_list: Sequence[Mapping[str, Any]], schema: Any, validator: str,
-                     pack: int, instructions: str | None, ident: Identity, mode: str,
-                     source: str | None, digest: str | None = None,
-                     ) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
-    """(revision components, request-key content, seen content) of a run or an import.
-
-    A request key covers what the model saw (the seen content: wire schema, instructions, the
-    identity fields the prompt names, mode, answer source) and how its return is judged (schema
-    fingerprint, validator, identity rules); the tasks are spliced in per request. ``source``
-    None: the answer source is unknown (an imported receipt of another system). ``digest``:
-    the tasks' digest when already known (a tasks file seen before), so they need not be read.
-    """
-    components = {
-        "tasks": digest or tasks_digest(task_list),
-        "schema": schema.fingerprint, "validator": validator, "pack": str(pack),
-        "instructions": sha(instructions or ""), "identity": ident.key, "mode": mode,
-    }
-    seen_content = {"wire": sha(_canonical(schema.json_schema)),
-                    "instructions": components["instructions"], "identity": ",".join(ident),
-                    "mode": mode}
-    if source is not None:
-        components["source"] = seen_content["source"] = source
-    return components, key_content(components), seen_content
-
-
-def revision_fingerprint(components: Mapping[str, str]) -> str:
-    """A revision's identity: the digest of all its components (tasks, schema, validator, pack,
-    instructions, identity, mode, source). Live runs and imports compute it alike."""
-    return sha(json.dumps(dict(components), sort_keys=True))
-
-
-def request_key(tasks: Sequence[Mapping[str, Any]], content: Mapping[str, str]) -> str:
-    """Hash of exact content: the tasks (prompts, contexts, identity values) plus fingerprints."""
-    return sha(_canonical({"tasks": list(tasks), **content}))
-
-
-def key_maker(content: Mapping[str, str]) -> Callable[[str], str]:
-    """:func:`request_key` as a function of the tasks' canonical JSON, for many requests.
-
-    Canonical JSON of a dict is its sorted ``"key":value`` pairs joined by commas, so the
-    content around the tasks is encoded once and the ready tasks text spliced in: the very
-    bytes :func:`request_key` hashes (a test holds the two equal).
-    """
-    members = sorted({"tasks": None, **content}.items())
-    where = [k for k, _ in members].index("tasks")
-    encoded = [f"{_canonical(k)}:{_canonical(v)}" for k, v in members]
-    head = "{" + "".join(part + "," for part in encoded[:where]) + '"tasks":'
-    tail = "".join("," + part for part in encoded[where + 1:]) + "}"
-    return lambda tasks_json: sha(head + tasks_json + tail)
-
-
-def pack_requests(tasks: Sequence[dict], pack: int, content: Mapping[str, str],
-                  texts: Sequence[str] | None = None, *, packed: bool = False) -> list[Request]:
-    """Group tasks ``pack`` at a time; ``texts`` are their canonical JSON, if already made:
-    one per task, or (``packed``) one per request, as ``normalize_tasks(..., pack=)`` makes."""
-    whole("pack", pack, 1)
-    if texts is None:
-        texts = [_canonical(t) for t in tasks]
-    key_of = key_maker(content)
-    out = []
-    for position, start in enumerate(range(0, len(tasks), pack)):
-        tasks_json = (texts[position] if packed else
-                      "[" + ",".join(texts[start:start + pack]) + "]")
-        out.append(Request(key_of(tasks_json), tuple(tasks[start:start + pack]), position,
-                           tasks_json=tasks_json))
-    return out
-
-
-def split_request(request: Request, content: Mapping[str, str]) -> list[Request]:
-    """Deterministic halving: the first half keeps the extra task on odd sizes."""
-    middle = (len(request.tasks) + 1) // 2
-    halves = (request.tasks[:middle], request.tasks[middle:])
-    key_of = key_maker(content)
-    out = []
-    for half in filter(None, halves):
-        tasks_json = _canonical(list(half))
-        out.append(Request(key_of(tasks_json), half, request.position, parent_key=request.key,
-                           tasks_json=tasks_json))
-    return out
 
 
 def render_items_prompt(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str],

@@ -68,6 +68,7 @@ _SITES = frozenset({*_ROOTS, *_WRITES, *_ATTR, "LOAD_FAST"})  # where a site may
 _MODE = frozenset("rwxabt+U")
 _NOT_CALLED = ("STORE", "DELETE", "POP_TOP", "RETURN", "IMPORT_FROM")  # a name bound, not called
 _NO_CONST = object()
+_NO_CONSTS = (_NO_CONST, _NO_CONST)
 MISSING = object()  # an attribute a chain names that is not there
 
 Ops = list[tuple[str, Any]]
@@ -115,12 +116,10 @@ def _scan(code: types.CodeType) -> CodeFacts:
     ops = [(i.opname, i.argval) for i in dis.get_instructions(code) if i.opname not in _SKIP]
     first = code.co_varnames[0] if code.co_argcount else None
     globals_: set[str] = set()
-    chains: set[Chain] = set()
-    dynamic: set[Chain] = set()
+    chains, dynamic = set[Chain](), set[Chain]()  # chains read, and read by a dynamic name
     written: dict[str, set[str]] = {"g": set(), "a": set(), "c": set()}
     mutated: set[tuple[str, str]] = set()
-    files: list[Read] = []
-    calls: list[Read] = []
+    files, calls = list[Read](), list[Read]()
     bound: dict[str, list] = {}  # local name -> the import chain it was bound to
     cur: list | None = None  # the chain being read: root, then attribute names
     import_root: list | None = None
@@ -166,10 +165,8 @@ def _scan(code: types.CodeType) -> CodeFacts:
             import_root = None
         elif op in _WRITES:
             written[_WRITES[op]].add(arg)
-        if op == "LOAD_GLOBAL" and arg in _GETATTR:
-            getattr_step = 1
-        before_const, last_const = (last_const, arg) if op in _CONSTS else (_NO_CONST,
-                                                                             _NO_CONST)
+        getattr_step = 1 if op == "LOAD_GLOBAL" and arg in _GETATTR else getattr_step
+        before_const, last_const = (last_const, arg) if op in _CONSTS else _NO_CONSTS
     if cur is not None:
         chains.add(tuple(cur))  # type: ignore[arg-type]
     return CodeFacts(frozenset(globals_), frozenset(chains), frozenset(dynamic),

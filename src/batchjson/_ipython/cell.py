@@ -9,9 +9,8 @@ from typing import Any
 
 from IPython.core.error import UsageError
 
-from .._content.tasks import parse_identity
-from .._errors import InvalidBatch
-from .._session.registry import ValidatorRegistry
+from .. import InvalidBatch, ValidatorRegistry
+from ..core import parse_identity
 
 _MISSING = object()
 _HEADER = re.compile(r"%%batch_json(\s|$)")

@@ -9,9 +9,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._ledger.forgetting import forgotten_line
-from .._money import money
 from .._textview import describe_error, printable, receipt_cost
+from ..core import forgotten_line, money
 
 
 def describe_tasks(task_ids: Sequence[str], width: int = 60) -> str:

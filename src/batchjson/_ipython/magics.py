@@ -28,14 +28,18 @@ from traitlets import Any as AnyTrait
 from traitlets import Bool, Int, TraitError, Unicode, observe, validate
 from traitlets.config import Config
 
-from .._checks import whole_argument
-from .._errors import BatchJsonError, BatchUnresolved
-from .._ledger.forgetting import forget_batch, forget_message
-from .._providers.base import ProviderHandle
-from .._providers.masking import looks_like_key, masked, public_url, shown_value
-from .._providers.select import PROVIDER_NAMES
-from .._session.session import Session
+from .. import BatchJsonError, BatchUnresolved, ProviderHandle, RunSpec, Session
 from .._textview import DEFAULT_LEDGER
+from ..core import (
+    PROVIDER_NAMES,
+    forget_batch,
+    forget_message,
+    looks_like_key,
+    masked,
+    public_url,
+    shown_value,
+    whole_argument,
+)
 from .cell import (
     BatchInterrupted,
     allow_empty_body,
@@ -76,7 +80,7 @@ class Count(Int):  # type: ignore[type-arg]
         return super().validate(obj, value)
 
 
-def _import_progress_bar() -> None:
+def _text_bar() -> bool:
     """Import tqdm.auto once without its 'IProgress not found' warning: without ipywidgets
     the text bar is a fine progress bar, not something the user must act on."""
     import warnings
@@ -86,6 +90,7 @@ def _import_progress_bar() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TqdmWarning)
         import tqdm.auto  # noqa: F401
+    return True
 
 
 @magics_class
@@ -240,39 +245,39 @@ class BatchJson(Magics):
         instructions = (evaluate(self.shell, "--instructions", args.instructions, default=False)
                         if args.instructions else None)
         check_result_variable(ns, var, args.name, out=args.out is not None)  # the body's too
-        max_calls = args.max_calls if args.max_calls is not None else self.max_calls
-        if in_notebook_frontend(self.shell):  # drawn as HTML in place, never a stderr box
-            progress: Any = NotebookProgress
-        else:
-            _import_progress_bar()
-            progress = True
-        notes: list[str] = []
+        result, noted = self._resolve(
+            name=args.name, tasks=tasks, schema=schema, validator=checker, identity=identity,
+            pack=args.pack, instructions=instructions, repairs=args.repairs,
+            replays=args.replays, split=args.split, on_exhausted="return",
+            reask_refusals=args.reask_refusals,
+            max_calls=args.max_calls if args.max_calls is not None else self.max_calls,
+            progress=NotebookProgress if in_notebook_frontend(self.shell) else _text_bar())
+        ns[var] = result
+        if result.superseded and not noted:  # nothing was spent, so nothing was announced
+            print(f"batchjson: {args.name}: {result.superseded}")
+        display(result)
+        if not result.resolved:
+            raise BatchUnresolved(result, unresolved_hint(result, var))
+
+    def _resolve(self, **spec: Any) -> tuple[Any, bool]:
+        """The run of the one public description every face builds, and whether it said
+        anything before spending (printed as it happened)."""
+        session, noted = self.session, []
 
         def note(text: str) -> None:  # said before the new revision spends anything
-            notes.append(text)
+            noted.append(text)
             print(f"batchjson: {text}", flush=True)
 
         previous_note, session.on_note = session.on_note, note
         try:
-            result = session.run_batch(
-                args.name, tasks, schema, validator=checker, identity=identity, pack=args.pack,
-                instructions=instructions, repairs=args.repairs, replays=args.replays,
-                split=args.split, max_calls=max_calls, on_exhausted="return", progress=progress,
-                reask_refusals=args.reask_refusals)
+            return session.run(RunSpec(**spec)), bool(noted)
         except KeyboardInterrupt as exc:
-            print(interrupted_line(args.name), file=sys.stderr)
+            print(interrupted_line(spec["name"]), file=sys.stderr)
             raise BatchInterrupted() from exc
         except BatchJsonError as exc:
             raise UsageError(one_line(exc)) from None
         finally:
             session.on_note = previous_note
-
-        ns[var] = result
-        if result.superseded and not notes:  # nothing was spent, so nothing was announced
-            print(f"batchjson: {args.name}: {result.superseded}")
-        display(result)
-        if not result.resolved:
-            raise BatchUnresolved(result, unresolved_hint(result, var))
 
     # -- inspection ------------------------------------------------------------------------------
     @magic_arguments()

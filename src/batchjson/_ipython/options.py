@@ -18,7 +18,7 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.utils.process import arg_split
 
-from .._session.result import BatchResult
+from .. import BatchResult
 from .cell import identity_option, one_line
 
 HELP = ("--help", "-h")

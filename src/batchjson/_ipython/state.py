@@ -11,9 +11,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .._providers.select import provider_label
-from .._session import session as session_module
-from .._session.session import Session
+from .. import Session, default_session, set_default_session
+from ..core import provider_label
 
 ATTRIBUTE = "_batchjson_state"
 INJECTED = ("run_batch", "llm_batch_json", "validator", "batch_session")
@@ -62,14 +61,14 @@ class KernelState:
     def attach(self, settings: dict[str, Any]) -> Session:
         """Open the session on first load; on a later load apply what changed meanwhile."""
         if self.session is None:
-            self.previous_default = session_module.default_session(create=False)
+            self.previous_default = default_session(create=False)
             self.open(settings)
         else:
             for name, value in settings.items():
                 if not same(self.settings.get(name, _MISSING), value):
                     self.apply(name, value, settings)
         assert self.session is not None
-        session_module.set_default_session(self.session)
+        set_default_session(self.session)
         self.inject()
         return self.session
 
@@ -85,8 +84,8 @@ class KernelState:
         self.names = notebook_names(self.session)
         self.inject(replace=previous_names)
         if old is not None:
-            if session_module.default_session(create=False) is old:
-                session_module.set_default_session(self.session)
+            if default_session(create=False) is old:
+                set_default_session(self.session)
             old.close()
 
     def apply(self, name: str, value: Any, settings: dict[str, Any]) -> None:
@@ -125,8 +124,8 @@ class KernelState:
                 del ns[key]
 
     def restore_default(self) -> None:
-        if session_module.default_session(create=False) is self.session:
-            session_module.set_default_session(self.previous_default)
+        if default_session(create=False) is self.session:
+            set_default_session(self.previous_default)
 
     def ledger_label(self) -> str:
         assert self.session is not None

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._canon import canonical_json
-from .._content.tasks import revision_fingerprint, tasks_digest
+from .._content.keys import Keys, tasks_digest
 from .records import now
 from .store import Store
 
@@ -60,7 +60,7 @@ def group_lines(lines: Iterable[Any]) -> dict[int, Group]:
     out = {}
     for line in lines:
         judged = {k: v for k, v in line.components.items() if k in JUDGING}
-        key = (line.record["batch"], revision_fingerprint(line.components) if line.own
+        key = (line.record["batch"], Keys(line.components).revision if line.own
                else canonical_json([judged, line.record.get("validator")]))
         group = groups.get(key)
         if group is None:
@@ -110,7 +110,7 @@ def _group_revision(store: Store, tx: Any, batch_id: int, current: int | None, g
     earlier import made it and judged alike (a history file imported again as it grows);
     else a new one: open for a batch new to the ledger, beside a live batch superseded."""
     components = group.revision_components()
-    fingerprint = revision_fingerprint(components)
+    fingerprint = Keys(components).revision
     found = store.revision_with(tx, batch_id, fingerprint)
     if found is not None:
         return found

@@ -15,7 +15,7 @@ from typing import Any
 from .._content.tasks import Request
 from .._errors import ConfigError
 from .._money import cost_value
-from . import accounts, merge, recovery
+from . import accounts, export, merge, recovery
 from .forgetting import who
 from .records import Receipt, Revision, ledger_path, now
 from .sqlite import SQLiteStore
@@ -97,7 +97,7 @@ class Ledger:
                 row["batches"].append(r["batch"])
         return list(out.values())
 
-    # -- accounts and recovery (accounts.py, recovery.py, merge.py hold the logic) -------------
+    # -- accounts and recovery (accounts.py, recovery.py, export.py, merge.py: the logic) -----
     def spend(self, name: str | None = None) -> dict[str, Any]:
         """Calls, tokens and cost of every call ever made (for one batch or all): the same
         account as :meth:`cost_summary`, summed (accounts.py holds the one definition).
@@ -134,7 +134,7 @@ class Ledger:
 
     def export_receipts(self, name: str | None = None) -> list[dict[str, Any]]:
         """Every attempt as an importable receipt, in call order."""
-        return recovery.export_receipts(self.store, name)
+        return export.export_receipts(self.store, name)
 
     def merge(self, other: str | Path) -> dict[str, Any]:
         """Bring another ledger's batches, attempts and accepted values in (idempotent)."""

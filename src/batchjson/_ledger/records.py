@@ -56,7 +56,7 @@ class Receipt:
     model: str | None
     started_at: str
     finished_at: str | None
-    source: str | None = None  # the answer source (providers.base.answer_source)
+    source: str | None = None  # the answer source (_content.keys.answer_source)
     sent_at: str | None = None  # None: the call was never sent (it cost nothing)
 
     @property

@@ -5,7 +5,8 @@ Every imported return is therefore judged again by the same acceptance code a li
 through (coverage, identity, schema, and the validator when one is registered under the recorded
 name). A return with an identity error is kept as diagnostic material and none of its items is
 admitted, whatever it claims. Every imported line is an attempt in the account, and a line is
-imported once: its digest is recorded in the ``imports`` table.
+imported once: its digest is recorded in the ``imports`` table. (batchjson's own export
+format is ``export.py``'s.)
 """
 
 from __future__ import annotations
@@ -18,24 +19,16 @@ from typing import Any
 
 from .._acceptance.judge import Verdict, accept_items, accept_value
 from .._canon import canonical_json
+from .._content.keys import Keys
 from .._content.schema import ItemSchema, compile_schema
-from .._content.strictjson import finite_float
-from .._content.tasks import (
-    Identity,
-    Request,
-    compose_contents,
-    key_content,
-    normalize_identity,
-    normalize_tasks,
-    pack_requests,
-    sha,
-)
+from .._content.strictjson import finite_float, reject_constant
+from .._content.tasks import Identity, Request, normalize_identity, normalize_tasks, sha
 from .._errors import InvalidBatch
+from .export import EXPORT_FORMAT
 from .import_revisions import Placement, group_lines, revision_for, settle
 from .records import now
 from .store import Store
 
-EXPORT_FORMAT = "batchjson/receipt-1"
 SUCCESS_WORDS = frozenset({"ok", "success", "succeeded", "accepted", "done", "complete",
                            "completed", "pass", "passed"})
 REQUIRED = {"batch": str, "tasks": list, "raw": str, "status": str}
@@ -84,10 +77,6 @@ MAX_INTEGER = 2**63 - 1  # what SQLite stores; a token count beyond it is not a 
 TEXT_FIELDS = ("model", "provider", "at")
 
 
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"non-finite number {name} is not valid JSON")
-
-
 class _OutOfRange(ValueError):
     """A number of the line no float holds: 1e400 (infinity) or 1e-400 (read as 0.0)."""
 
@@ -104,7 +93,7 @@ def _finite(text: str) -> float:
 def _loads(text: str) -> Any:
     """Strict JSON: finite numbers only, and a nesting Python's parser can hold."""
     try:
-        return json.loads(text, parse_constant=_no_constants, parse_float=_finite)
+        return json.loads(text, parse_constant=reject_constant, parse_float=_finite)
     except RecursionError:
         raise ValueError("nested too deeply to read") from None
 
@@ -149,7 +138,7 @@ def _document_receipts(path: Path, text: str) -> list[Any] | None:
     if not text.lstrip().startswith("{"):
         return None
     try:
-        document = json.loads(text, parse_float=_Written, parse_constant=_no_constants)
+        document = json.loads(text, parse_float=_Written, parse_constant=reject_constant)
     except (ValueError, RecursionError):  # several lines of JSON, or not JSON: read as lines
         return None
     if not isinstance(document, dict) or "batch" in document or not isinstance(
@@ -250,16 +239,15 @@ def _check(path: Path, number: int, record: dict[str, Any],
         raise _refuse(path, number, "field 'validator' must be a validator's name (a string)")
     version = validators.get(validator_name) if validator_name else None
     if own and isinstance(record.get("components"), dict):
-        components = {str(k): str(v) for k, v in record["components"].items()}
-        if record.get("schema") and components.get("schema") != schema.fingerprint:
+        keys = Keys({str(k): str(v) for k, v in record["components"].items()})
+        if record.get("schema") and keys.components.get("schema") != schema.fingerprint:
             raise _refuse(path, number, "its schema is not the one its components name (the "
                           "receipt was altered); give the schema the batch ran with")
     else:  # as a live run of this content composes them, its answer source unknown
-        components = compose_contents(
+        keys = Keys.compose(
             tasks, schema, version.fingerprint.digest if version is not None else "none",
-            len(tasks), None, identity, mode, source=None)[0]
-    content = key_content(components)  # the key a live run of this content looks up
-    request = pack_requests(tasks, len(tasks), content, texts)[0]
+            len(tasks), None, identity, mode, source=None)
+    request = keys.pack(tasks, len(tasks), texts)[0]  # the key a live run looks up
     claimed_key = record.get("request_key") if own else None
     if claimed_key is not None and claimed_key != request.key:
         # The key is what a later run resumes by: one that is not the hash of this receipt's
@@ -268,7 +256,7 @@ def _check(path: Path, number: int, record: dict[str, Any],
                       "this receipt's tasks and components (the receipt was altered); drop "
                       "request_key to import it under the key its content gives")
     return Line(number, record, sha(canonical_json(record)), tasks, identity, schema,
-                components, request, own)
+                dict(keys.components), request, own)
 
 
 def _identity_rule(path: Path, number: int, record: Mapping[str, Any], own: bool) -> Identity:
@@ -481,53 +469,3 @@ def _report(source: str, outcomes: list[Outcome],
     return {"source": source, "lines": len(outcomes), "numbered": numbered, **count,
             "items_admitted": sum(o.admitted_items for o in outcomes),
             "receipts": [o.as_dict() for o in outcomes], "revisions": revisions}
-
-
-# -- export ---------------------------------------------------------------------------------------
-
-
-def _identity_names(joined: str, tasks: list[dict]) -> list[str]:
-    """The identity field names a revision's components hold joined by commas. A field's own
-    name may hold a comma ("a,b"), so the parts are regrouped into names the tasks carry."""
-    parts = joined.split(",")
-    keys = set(tasks[0]) if tasks else set()
-
-    def regroup(start: int) -> list[str] | None:
-        if start == len(parts):
-            return []
-        for end in range(len(parts), start, -1):
-            name = ",".join(parts[start:end])
-            rest = regroup(end) if name in keys else None
-            if rest is not None:
-                return [name, *rest]
-        return None
-
-    return (regroup(0) if len(parts) <= 32 else None) or parts
-
-
-def export_receipts(store: Store, name: str | None = None) -> list[dict[str, Any]]:
-    """Every attempt as an importable receipt (batchjson's own format), in call order."""
-    out = []
-    numbers: dict[str, int] = {}
-    for row in store.export_rows(name):
-        components = json.loads(row["components"])
-        numbers[row["batch"]] = numbers.get(row["batch"], 0) + 1
-        out.append({
-            "format": EXPORT_FORMAT, "batch": row["batch"], "receipt": numbers[row["batch"]],
-            "revision": row["revision"], "current": bool(row["current"]), "uid": row["uid"],
-            "kind": row["kind"],
-            "status": row["status"], "tasks": json.loads(row["tasks"]) if row["tasks"] else [],
-            "raw": row["raw"], "source": row["source"],
-            "identity": _identity_names(
-                components.get("identity", "task_id").removesuffix("+echoed"),
-                json.loads(row["tasks"]) if row["tasks"] else []),
-            "identity_echo": components.get("identity", "").endswith("+echoed"),
-            "mode": components.get("mode", "items"), "validator": row["validator_name"],
-            "errors": json.loads(row["errors"]) if row["errors"] else [],
-            "input_tokens": row["input_tokens"], "output_tokens": row["output_tokens"],
-            "cached_tokens": row["cached_tokens"], "cost": row["cost"],
-            "provider": row["provider"], "model": row["model"], "at": row["started_at"],
-            "finished_at": row["finished_at"], "request_key": row["request_key"],
-            "components": components,
-        })
-    return out

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import hashlib
 import json
 import os
 import socket
@@ -20,9 +19,9 @@ from urllib.parse import urlparse, urlsplit, urlunparse, urlunsplit
 import aiohttp
 import pydantic_core
 
-from .._canon import Unhashable, content_hash
 from .._checks import positive_seconds, whole
 from .._errors import ConfigError, ProviderError, ProviderSetupError
+from .._sources import Digest
 from .base import Call, OneService
 from .http_errors import http_error
 from .masking import (
@@ -397,7 +396,7 @@ class HttpProvider(OneService):
         """Every setting sent with a request besides model and URL (subclasses add theirs)."""
         return {"extra_body": self.extra_body}
 
-    def source_key(self) -> str:
+    def source_key(self) -> tuple[Any, ...]:
         """What decides this provider's answers: protocol, base URL, model and every setting
         sent with the request; never the API key (nor a password or query in the URL). The
         readable head names the model and endpoint, the digest covers everything."""
@@ -408,7 +407,8 @@ class HttpProvider(OneService):
         config = {"protocol": self.name, "url": display_url(self.url), "query": query,
                   "model": self.model,
                   **self.settings()}
-        return f"{self.name}:{self.model}@{where}#{_digest(config)}"
+        return (f"{self.name}:{self.model}@{where}#",
+                Digest(config, fallback=lambda: encode_body(config)))
 
     def price_for_budget(self) -> Any:
         """The asked-for model's price (``prices=``, set_prices, defaults) for cost budgets."""
@@ -423,11 +423,3 @@ class HttpProvider(OneService):
     async def aclose(self) -> None:
         """Close the pooled connections of the running loop (and of loops already closed)."""
         await self._sessions.aclose()
-
-
-def _digest(config: Mapping[str, Any]) -> str:
-    """A short, process-stable digest of settings (JSON values, as they travel in the body)."""
-    try:
-        return content_hash(dict(config))[:16]
-    except Unhashable:
-        return hashlib.sha256(encode_body(config)).hexdigest()[:16]

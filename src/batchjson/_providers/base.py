@@ -13,6 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from .._checks import positive_seconds, whole
 from .._errors import ProviderError, ProviderSetupError
+from .._sources import Code
 from .masking import check_name
 from .reply import Reply
 
@@ -140,7 +141,7 @@ class CallableProvider(OneService):
             self.timeout = positive_seconds("CallableProvider timeout", timeout,
                                             ProviderSetupError)
             self.enforces_timeout = True
-        self._fingerprint: Any = None  # keeps identity-compared objects alive (no id reuse)
+        self._code = Code(fn, owner="CallableProvider")  # keyed by content (see _sources)
         from .pricing import as_price  # the price table imports errors only; kept local
 
         self.price = None if price is None else as_price(price)
@@ -152,16 +153,13 @@ class CallableProvider(OneService):
         """USD per million tokens for cost budgets (``price=``), or None: unpriced."""
         return self.price
 
-    def source_key(self) -> str:
+    def source_key(self) -> str | tuple[Any, ...]:
         """The named source, else the function by content (code, constants, what it reads):
         the same function in another process gives the same key, a changed one another."""
         if self.source is not None:
             return f"callable:{self.source}"
-        from .._fingerprint.fingerprint import fingerprint_callable
-
-        self._fingerprint = refuse_unseen(fingerprint_callable(self.fn), "CallableProvider")
         head = f"callable:{self._named_model}" if self._named_model else "callable"
-        return f"{head}#{self._fingerprint.digest[:24]}"
+        return (f"{head}#", self._code)
 
     async def complete(self, call: Call) -> Reply:
         timeout = getattr(self, "timeout", None)
@@ -229,61 +227,6 @@ async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
     return await future
 
 
-def refuse_unseen(fingerprint: Any, what: str) -> Any:
-    """An answer function that reads what no fingerprint can see (``globals()["K"]``, ``eval``)
-    could change its answers while its key stays the same, and stored answers would be reused
-    for it: refused before anything is spent, with the way to name the source instead."""
-    if fingerprint.partial:
-        raise ProviderSetupError(
-            f"{what}: the answer function reads values batchjson cannot see "
-            f"({', '.join(fingerprint.unseen)}), so its stored answers could not safely be "
-            "matched to it; name the answer source instead, CallableProvider(fn, "
-            "source='my-model-v1'), and change the name when its answers change")
-    return fingerprint
-
-
 def _is_blocking(fn: Any) -> bool:
     """Callables opt in to a worker thread with ``fn.blocking = True``."""
     return bool(getattr(fn, "blocking", False))
-
-
-# Settings that decide answers, read when a provider defines no ``source_key()``.
-_ANSWER_SETTINGS = ("name", "model", "base_url", "temperature", "top_p", "max_tokens", "seed",
-                    "response_format", "mode", "extra_body", "answer", "faults", "fn", "source")
-
-
-def answer_source(provider: Any) -> str:
-    """Where answers come from, as a stable key: part of every request key, so switching
-    provider, model, endpoint or a sent setting never reuses another source's answers.
-
-    The provider's class plus ``provider.source_key()`` when it defines one (each built-in
-    provider does: base URL, model and every sent setting; an offline model's answer code, seed
-    and fault plan). Otherwise the settings above that it has: values by content, functions
-    and callable objects by their code (see :func:`_code_part`). Never API keys: nothing here
-    reads them.
-    """
-    from .._canon import canonical_json
-    from .._content.tasks import sha
-
-    cls = type(provider)
-    own = getattr(provider, "source_key", None)
-    if callable(own):
-        detail: Any = own()
-    else:
-        detail = {name: getattr(provider, name) for name in _ANSWER_SETTINGS
-                  if hasattr(provider, name)}
-    if not isinstance(detail, str):
-        items = detail.items() if isinstance(detail, Mapping) else [("", detail)]
-        detail = canonical_json({str(k): _source_part(v) for k, v in items})
-    return f"{cls.__module__}.{cls.__qualname__}:{sha(detail)}"
-
-
-def _source_part(value: Any) -> Any:
-    """A setting's part of an answer source: plain values as they are; functions and objects
-    by :func:`~batchjson._fingerprint.fingerprint.fingerprint_callable` (code and immutable
-    values, never the counters or logs a stub keeps)."""
-    if isinstance(value, (str, int, float, bool, type(None))):
-        return value
-    from .._fingerprint.fingerprint import fingerprint_callable
-
-    return fingerprint_callable(value).digest

@@ -19,6 +19,7 @@ from .._canon import canonical_json
 from .._checks import seconds
 from .._content.tasks import sha
 from .._errors import ProviderError, ProviderSetupError
+from .._sources import Code, Digest
 from .base import Call, OneService, Reply, estimate_tokens
 from .masking import check_name
 from .schemagen import GENERATOR, Unanswerable, answer_item, answer_value
@@ -116,7 +117,7 @@ class SimulatedModel(OneService):
                                 "name the simulated model in plain words")
         self.price_per_million = price_per_million
         self.calls = 0
-        self._fingerprint: Any = None  # keeps identity-compared objects alive (no id reuse)
+        self._code = None if answer is None else Code(answer, owner="SimulatedModel")
 
     def __repr__(self) -> str:
         answer = ("generated from the schema" if self.answer is None else
@@ -126,22 +127,13 @@ class SimulatedModel(OneService):
         return (f"SimulatedModel(model={self.model!r}, answer={answer}, seed={self.seed!r}"
                 + (f", faults: {rates}" if rates else "") + ")")
 
-    def source_key(self) -> str:
+    def source_key(self) -> tuple[Any, ...]:
         """What decides this model's answers: its answer function by content (or the version
         of the generator), its seed and its fault plan (never its call counter, latency or
         prices)."""
-        from .._canon import content_hash
-        from .._fingerprint.fingerprint import fingerprint_callable
-        from .base import refuse_unseen
-
-        if self.answer is None:
-            answer = f"generated:{GENERATOR}"
-        else:
-            self._fingerprint = refuse_unseen(fingerprint_callable(self.answer),
-                                              "SimulatedModel")
-            answer = self._fingerprint.digest[:24]
-        plan = content_hash(self.faults.content())[:16]
-        return f"simulated:{self.model}#answer={answer},seed={self.seed!r},faults={plan}"
+        answer = f"generated:{GENERATOR}" if self._code is None else self._code
+        return (f"simulated:{self.model}#answer=", answer, f",seed={self.seed!r},faults=",
+                Digest(self.faults.content()))
 
     def check_answerable(self, schema: Mapping[str, Any], mode: str, task: Mapping[str, Any],
                          identity: Sequence[str], *, verify: bool = True) -> Any:

@@ -1,9 +1,10 @@
-"""One call of the replay loop: reserve its worst case, claim the request and commit the
-in-flight receipt, and only then send; judge the return and queue its record.
+"""One call of the replay loop, one coroutine: reserve its worst case, claim the request and
+commit the in-flight receipt, and only then send; judge the return and queue its record.
 
-A mixin of :class:`~batchjson._replay.replay.Replayer`, which owns the state used here (plan,
-ledger, provider, spender, group commit, stop flags); kept apart so the loop's shape (queue,
-workers, repairs and replays) reads on its own.
+:meth:`Caller.call` returns what happened as a value (:class:`Judged`, or :class:`NotSent`
+saying why nothing was sent); only a provider's failure is raised, for the transport retries.
+The run's stop state (:class:`Control`) and the unreachable-host probe (:class:`HostProbe`) are
+objects of their own that the loop (``replay.py``) shares with its calls.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from .._acceptance import judge as acceptance
 from .._content.schema import wire_schema
@@ -21,29 +23,98 @@ from .._ledger.claims import ACCEPTED, MINE, OVER, Owner
 from .._ledger.records import now
 from .._ledger.store import Store
 from .._providers.base import Call, Reply, estimate_tokens, input_bound
+from .._providers.masking import public_url
 from .budget import Pricing, Spender, charge_of, usd
 from .groupcommit import GroupCommit
 from .plan import Outcome, Plan, Transport, system_prompt
 
 
-class OutOfBudget(Exception):
-    """No call may be reserved any more; the request is left unresolved for this run."""
+@dataclass(frozen=True)
+class NotSent:
+    """Why a call was not sent, returned instead of raised: ``held`` (another live runner holds
+    the request's claim: wait for its result), ``resolved`` (accepted meanwhile by another
+    runner: nothing to send), ``out_of_budget`` (no call may be reserved any more; ``detail``
+    says by how much) or ``stopped`` (the run stopped opening calls)."""
+
+    why: Literal["held", "resolved", "out_of_budget", "stopped"]
+    detail: str = ""
 
 
-class Held(Exception):
-    """Another live runner holds this request's claim: wait for its result instead."""
+@dataclass(frozen=True)
+class Judged:
+    """A call that was sent: the verdict on its return, and the return's text."""
+
+    verdict: acceptance.Verdict
+    raw: str | None
 
 
-class Resolved(Exception):
-    """The request was accepted meanwhile (by another runner): nothing to send."""
+STOPPED = NotSent("stopped")
 
 
-class Stopped(Exception):
-    """The run stopped opening calls (validator crash, unreachable provider, ledger failure)."""
+class Control:
+    """Whether the run may open calls: ``stop`` says why not, ``fatal`` is what the run raises
+    once every call has unwound; ``changed`` wakes workers waiting for work."""
+
+    def __init__(self) -> None:
+        self.stop: BaseException | None = None
+        self.fatal: BaseException | None = None
+        self.changed = asyncio.Event()
+        self.workers: list[asyncio.Future] = []
+
+    def halt(self, why: BaseException, *, fatal: bool = False) -> None:
+        if fatal and self.fatal is None:
+            self.fatal = why
+        self.stop = why
+        self.changed.set()
+
+    def ledger_failed(self, exc: LedgerError) -> None:
+        """No call is opened, and calls in flight (whose answers could not be recorded) are
+        cancelled."""
+        self.halt(exc, fatal=True)
+        current = asyncio.current_task()
+        for worker in self.workers:
+            if worker is not current:
+                worker.cancel()
 
 
-class CallSteps:
-    """The steps of one call; the Replayer supplies the attributes declared here."""
+class HostProbe:
+    """The first call that cannot connect probes the host alone (its own retries); every other
+    call waits to hear whether the host is back before it is sent."""
+
+    def __init__(self) -> None:
+        self._up = asyncio.Event()
+        self._up.set()
+        self.prober: str | None = None  # the request whose retries probe an unreachable host
+
+    async def wait_turn(self, key: str) -> None:
+        if not self._up.is_set() and self.prober != key:
+            await self._up.wait()
+
+    def failed(self, error: ProviderError, key: str) -> None:
+        if not error.unreachable:
+            self.back(key)
+        elif self.prober is None:
+            self.prober = key
+            self._up.clear()
+
+    def back(self, key: str) -> None:
+        if self.prober == key:
+            self.prober = None
+            self._up.set()
+
+    def give_up(self, key: str) -> bool:
+        """Whether ``key``'s call was the probe; if so, waiting calls go on, to find the run
+        stopped."""
+        if self.prober != key:
+            return False
+        self._up.set()
+        return True
+
+
+@dataclass
+class Caller:
+    """Places one call at a time for a run: :meth:`call` composes reserve -> claim -> send ->
+    judge -> record. The run (:class:`~batchjson._replay.replay.Replayer`) makes one."""
 
     plan: Plan
     store: Store
@@ -53,24 +124,75 @@ class CallSteps:
     outcome: Outcome
     writes: GroupCommit
     owner: Owner
-    _attempts: dict[str, int]
-    _system: str
-    _provider_name: str
-    _model: str | None
-    _needs_timer: bool
-    _stop: BaseException | None
-    _fatal: BaseException | None
-    _reachable: asyncio.Event | None
-    _prober: str | None
-    _settled: asyncio.Event | None
-    _workers: list[asyncio.Future]
-    _changed: asyncio.Event
+    control: Control
+    attempts: dict[str, int]
+    probe: HostProbe = field(default_factory=HostProbe)
+    settled: asyncio.Event = field(default_factory=asyncio.Event)
 
-    async def _reserve(self, call: Call) -> float:
+    def __post_init__(self) -> None:
+        self.system = system_prompt(self.plan)
+        self.provider_name = getattr(self.provider, "name", type(self.provider).__name__)
+        self.model = getattr(self.provider, "model", None)
+        # A provider whose own client timeout is at least as tight bounds every call already;
+        # a second asyncio timer per call would only cost time.
+        own = getattr(self.provider, "timeout", None) if getattr(
+            self.provider, "enforces_timeout", False) else None
+        self.needs_timer = not (isinstance(own, (int, float)) and own <= self.transport.timeout)
+        self.spender.on_settle = self.settled.set
+
+    async def call(self, request: Request, kind: str, prompt: str) -> Judged | NotSent:
+        """Reserve, claim and commit the receipt; then send, judge and record the return.
+        A provider's failure is raised (:class:`ProviderError`) after its receipt is queued."""
+        await self.probe.wait_turn(request.key)  # another call finds out if the host is up
+        if self.control.stop is not None:
+            return STOPPED
+        number = self.attempts.get(request.key, 0)
+        # Built before anything is reserved or written: whatever fails here leaves no receipt.
+        call = make_call(self.plan, self.system, request, kind, prompt, number)
+        opened = await self._open(request, kind, call, estimate_tokens(self.system + prompt))
+        if isinstance(opened, NotSent):
+            return opened
+        reserved, claimed = opened
+        self.attempts[request.key] = number + 1
+        self._count(request)
+        sent_at, settled, reply = now(), False, None
+        charge = reserved  # what the call costs until its reply says: its worst case
+        try:
+            try:
+                reply, charge = await self._send(call, claimed, sent_at, reserved)
+                settled = True
+            except ProviderError:
+                settled = True
+                raise
+            return await self._judge(request, reply, claimed, sent_at, charge)
+        except BaseException as exc:  # cancellation, Ctrl-C, SystemExit: close the receipt
+            if not settled:
+                self.spender.settle(reserved, None)  # sent, answer unknown: the worst case
+            if not isinstance(exc, ProviderError):
+                # An answer that arrived but was interrupted while being judged is paid for:
+                # its text and usage are kept, and a re-run judges it before asking again.
+                self._close(claimed, _why(exc), sent_at, reply, charge)
+            raise
+
+    def host_down(self, exc: ProviderError, key: str) -> bool:
+        """The probing call's retries all failed to connect: the run stops, with one message
+        naming the host, and the calls waiting for it go on to find it stopped."""
+        if not exc.unreachable or not self.probe.give_up(key):
+            return False
+        where = getattr(self.provider, "url", None) or getattr(self.provider, "base_url", None)
+        target = public_url(where) if isinstance(where, str) else (
+            f"the {self.provider_name} provider")
+        self.control.fatal = ProviderError(
+            f"cannot reach {target}: is the server running? The run stopped after "
+            f"{self.transport.retries + 1} tries of one call, and no other request was sent "
+            f"({exc})", retryable=False, unreachable=True)
+        self.control.halt(self.control.fatal)
+        return True
+
+    async def _reserve(self, call: Call) -> float | NotSent:
         """Reserve this call's worst case (its input bound, computed only under a cost budget,
         plus its output ceiling); wait for calls in flight to settle before giving up, since
         their real cost is usually below their reservation."""
-        assert self._settled is not None
         spender = self.spender
         bound = input_bound(self.provider, call) if spender.costed else 0
         while True:
@@ -78,79 +200,29 @@ class CallSteps:
             if reserved is not None:
                 return reserved
             if not spender.waiting_on_reservations or spender.stopped is not None:
-                raise OutOfBudget(spender.shortfall(bound))
-            self._settled.clear()
-            await self._settled.wait()
-            if self._stop is not None:
-                raise Stopped()
-
-    async def _call(self, request: Request,
-                    kind: str, prompt: str) -> tuple[acceptance.Verdict, str | None]:
-        """Reserve, claim and commit the receipt; then send, judge and record the return."""
-        assert self._reachable is not None
-        if not self._reachable.is_set() and self._prober != request.key:
-            await self._reachable.wait()  # another call is finding out whether the host is up
-        if self._stop is not None:
-            raise Stopped()
-        number = self._attempts.get(request.key, 0)
-        # Built before anything is reserved or written: whatever fails here leaves no receipt.
-        call = make_call(self.plan, self._system, request, kind, prompt, number)
-        reserved, attempt_id = await self._open(request, kind, call,
-                                                estimate_tokens(self._system + prompt))
-        assert attempt_id is not None
-        if not self._reachable.is_set() and self._prober != request.key:
-            try:  # a call failed to connect meanwhile: send only if its host comes back
-                await self._reachable.wait()
-            except asyncio.CancelledError:
-                self.spender.release(reserved)
-                self._close(attempt_id, "interrupted", None)
-                raise
-        if self._stop is not None:  # stopped while the receipt was committed: never sent
-            self.spender.release(reserved)
-            self._close(attempt_id, "stopped before it was sent", None)
-            raise Stopped()
-        self._attempts[request.key] = number + 1
-        self.outcome.calls += 1
-        for task_id in request.task_ids:
-            self.outcome.attempts_by_task[task_id] = (
-                self.outcome.attempts_by_task.get(task_id, 0) + 1)
-        sent_at = now()
-        settled = False
-        reply: Reply | None = None
-        charge = reserved  # what the call costs until its reply says: its worst case
-        try:
-            try:
-                reply, charge = await self._send(call, attempt_id, sent_at, reserved)
-                settled = True
-            except ProviderError:
-                settled = True
-                raise
-            return await self._judge(request, reply, attempt_id, sent_at, charge)
-        except BaseException as exc:  # cancellation, Ctrl-C, SystemExit: close the receipt
-            if not settled:
-                self.spender.settle(reserved, None)  # sent, answer unknown: the worst case
-            if not isinstance(exc, ProviderError):
-                # An answer that arrived but was interrupted while being judged is paid for:
-                # its text and usage are kept, and a re-run judges it before asking again.
-                self._close(attempt_id, _why(exc), sent_at, reply, charge)
-            raise
+                return NotSent("out_of_budget", str(spender.shortfall(bound)))
+            self.settled.clear()
+            await self.settled.wait()
+            if self.control.stop is not None:
+                return STOPPED
 
     async def _open(self, request: Request, kind: str, call: Call,
-                    estimated: int) -> tuple[float, int]:
+                    estimated: int) -> tuple[float, int] | NotSent:
         """Reserve the call's worst case, then claim the request and commit its receipt (and,
         on a ledger with a budget of its own, the same reservation there): (reserved, receipt
-        id). A request held elsewhere or accepted meanwhile raises Held or Resolved, with
-        nothing kept; a ledger budget that cannot hold the call is looked at again while calls
-        in flight may make room, then given up on (OutOfBudget)."""
-        store, plan, owner = self.store, self.plan, self.owner
+        id), or why no call may be sent, nothing kept. A ledger budget that cannot hold the
+        call is looked at again while calls in flight may make room."""
+        store, plan = self.store, self.plan
         floor = self.spender.pricing.floor(estimated)  # for the account: an estimate
-        pause = 0.05
-        while True:
+        pause: float | NotSent = 0.05
+        while isinstance(pause, float):
             reserved = await self._reserve(call)
+            if isinstance(reserved, NotSent):
+                return reserved
             shared = reserved if self.spender.shared is not None else None
             begun = self.writes.submit(lambda tx, shared=shared: store.begin_call(
-                tx, plan.batch_id, plan.revision_id, request, kind, self._provider_name,
-                self._model, plan.source, owner=owner, estimated_input_tokens=estimated,
+                tx, plan.batch_id, plan.revision_id, request, kind, self.provider_name,
+                self.model, plan.source, owner=self.owner, estimated_input_tokens=estimated,
                 cost_floor=floor, reserve=shared))
             try:
                 state, attempt_id = await begun
@@ -163,49 +235,61 @@ class CallSteps:
                 raise
             except Exception as exc:
                 self.spender.release(reserved)
-                error = exc if isinstance(exc, LedgerError) else LedgerError(
-                    "the receipt of a call could not be written", path=store.where, cause=exc)
-                self._stop_for(error)
-                raise Stopped() from exc
+                self.control.ledger_failed(exc if isinstance(exc, LedgerError) else LedgerError(
+                    "the receipt of a call could not be written", path=store.where, cause=exc))
+                return STOPPED
             if state == MINE:
                 assert attempt_id is not None
-                return reserved, attempt_id
+                return await self._when_host_up(request, reserved, attempt_id)
             self.spender.release(reserved)  # nothing will be sent: its receipt was not kept
             if state != OVER:
-                raise Resolved() if state == ACCEPTED else Held()
+                return NotSent("resolved" if state == ACCEPTED else "held")
             pause = await self._await_ledger_budget(reserved, pause)
+        return pause
 
-    async def _await_ledger_budget(self, worst: float, pause: float) -> float:
+    async def _when_host_up(self, request: Request, reserved: float,
+                            attempt_id: int) -> tuple[float, int] | NotSent:
+        """A call failed to connect meanwhile: send only if its host comes back (and the run
+        goes on)."""
+        try:
+            await self.probe.wait_turn(request.key)
+        except asyncio.CancelledError:
+            self.spender.release(reserved)
+            self._close(attempt_id, "interrupted", None)
+            raise
+        if self.control.stop is not None:  # stopped while the receipt was committed
+            self.spender.release(reserved)
+            self._close(attempt_id, "stopped before it was sent", None)
+            return STOPPED
+        return reserved, attempt_id
+
+    async def _await_ledger_budget(self, worst: float, pause: float) -> float | NotSent:
         """The ledger's own budget cannot hold a call: while calls in flight (on any host) hold
         enough of it that their settling could make room, look again after ``pause`` (the next
         pause returned); else give up, saying what is left."""
         if self.spender.shared is None:
-            raise OutOfBudget("a cost budget was set on the ledger after this run started, so "
-                              "its calls were not priced against it; re-run to hold it")
+            return NotSent("out_of_budget", "a cost budget was set on the ledger after this "
+                           "run started, so its calls were not priced against it; re-run to "
+                           "hold it")
         shared = self.store.shared_budget()
         if shared is None:  # removed a moment ago: the next try holds nothing
             return pause
         if not shared["reserved"] or worst > shared["cost"] - shared["spent"]:
-            raise OutOfBudget(
+            return NotSent(
+                "out_of_budget",
                 f"one call for it may cost up to {usd(worst)} and the ledger's cost budget of "
                 f"{usd(shared['cost'])} has {usd(shared['left'])} left "
                 f"({usd(shared['reserved'])} held by calls in flight on every host)")
         await asyncio.sleep(pause)
-        if self._stop is not None:
-            raise Stopped()
+        if self.control.stop is not None:
+            return STOPPED
         return min(pause * 1.5, 1.0)
 
-    def _stop_for(self, exc: LedgerError) -> None:
-        """The ledger failed: no call is opened, and calls in flight (whose answers could not
-        be recorded) are cancelled."""
-        if self._fatal is None:
-            self._fatal = exc
-        self._stop = exc
-        self._changed.set()
-        current = asyncio.current_task()
-        for worker in self._workers:
-            if worker is not current:
-                worker.cancel()
+    def _count(self, request: Request) -> None:
+        self.outcome.calls += 1
+        for task_id in request.task_ids:
+            self.outcome.attempts_by_task[task_id] = (
+                self.outcome.attempts_by_task.get(task_id, 0) + 1)
 
     def _close(self, attempt_id: int, why: str, sent_at: str | None,
                reply: Reply | None = None, charge: float = 0.0) -> None:
@@ -225,13 +309,13 @@ class CallSteps:
                                        _usage(reply) if kept else {}, sent_at=sent_at,
                                        charge=self._ledger_charge(charge))
         except LedgerError as exc:
-            self._stop_for(exc)
+            self.control.ledger_failed(exc)
 
     async def _send(self, call: Call, attempt_id: int, sent_at: str,
                     reserved: float) -> tuple[Reply, float]:
         """The reply and what the call was charged (its cost, or its worst case)."""
         try:
-            if not self._needs_timer:
+            if not self.needs_timer:
                 reply = await self.provider.complete(call)
             else:
                 async with asyncio.timeout(self.transport.timeout):
@@ -239,7 +323,7 @@ class CallSteps:
         except (ProviderError, TimeoutError) as exc:
             error = exc if isinstance(exc, ProviderError) else ProviderError(
                 f"no answer within {self.transport.timeout:g}s", retryable=True)
-            self._provider_failed(error, call)
+            self.probe.failed(error, call.request_key)
             # Nothing is billed for a request that never reached the server (connection
             # refused, no such host) or that the API refused before its model ran (a 4xx:
             # invalid, unauthorised, rate-limited). A 5xx (a gateway timing out after the model
@@ -261,7 +345,7 @@ class CallSteps:
             self.spender.settle(reserved, None)
             self._record_provider_error(attempt_id, message, None, {}, sent_at, reserved)
             raise ProviderError(message, retryable=False) from exc
-        self._reachable_again(call)
+        self.probe.back(call.request_key)
         return reply, self._settle(reserved, self._cost(reply), _usage(reply))
 
     def _settle(self, reserved: float, cost: float | None, usage: Mapping[str, Any]) -> float:
@@ -275,7 +359,7 @@ class CallSteps:
             if isinstance(out, int) and cap is not None and out > cap:
                 return f"{out} output tokens against a ceiling of max_tokens={cap}"
             return (f"{usage.get('input_tokens')} input and {out} output tokens, answered by "
-                    f"{usage.get('model') or self._model}")
+                    f"{usage.get('model') or self.model}")
 
         beyond = self.spender.settle(reserved, cost, why)
         if beyond:
@@ -288,43 +372,27 @@ class CallSteps:
         nothing there)."""
         return charge if self.spender.shared is not None else None
 
-    def _provider_failed(self, error: ProviderError, call: Call) -> None:
-        """The first call that cannot connect probes the host alone; the others wait for it."""
-        assert self._reachable is not None
-        if error.unreachable:
-            if self._prober is None:
-                self._prober = call.request_key
-                self._reachable.clear()
-        else:
-            self._reachable_again(call)
-
-    def _reachable_again(self, call: Call) -> None:
-        if self._prober == call.request_key:
-            self._prober = None
-            assert self._reachable is not None
-            self._reachable.set()
-
     def _cost(self, reply: Reply) -> float | None:
         if reply.cost is not None:
             return reply.cost
         return self.spender.pricing.cost(reply.input_tokens, reply.output_tokens)
 
     async def _judge(self, request: Request, reply: Reply, attempt_id: int, sent_at: str,
-                     charge: float) -> tuple[acceptance.Verdict, str | None]:
+                     charge: float) -> Judged:
         """Judge now; the record joins the next group commit without holding up this worker.
 
         Nothing reads the checkpoint before the run ends, and the run flushes and checks every
         queued write before it returns, so a failed commit can never pass as success; a failed
         commit also fails every later receipt, so no further call is sent.
         """
-        store, charged = self.store, self._ledger_charge(charge)
+        store, plan, charged = self.store, self.plan, self._ledger_charge(charge)
         usage = self._account(reply)
         verdict = await acceptance.judge(
-            reply, request.tasks, mode=self.plan.mode, identity=self.plan.identity,
-            schema=self.plan.schema, validator=self.plan.validator)
+            reply, request.tasks, mode=plan.mode, identity=plan.identity,
+            schema=plan.schema, validator=plan.validator)
         if verdict.accepted:
             self.writes.queue(lambda tx: store.accept_call(
-                tx, attempt_id, self.plan.batch_id, request.key, verdict.stored, reply.text,
+                tx, attempt_id, plan.batch_id, request.key, verdict.stored, reply.text,
                 usage, sent_at, charged))
             self.outcome.accepted_returns += 1
         else:
@@ -332,7 +400,7 @@ class CallSteps:
                 tx, attempt_id, "rejected", verdict.errors, reply.text, usage, sent_at,
                 charged))
             self.outcome.rejected_returns += 1
-        return verdict, reply.text
+        return Judged(verdict, reply.text)
 
     def _record_provider_error(self, attempt_id: int, message: str, status: int | None,
                                usage: Mapping[str, Any], sent_at: str, charge: float) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._content.keys import Keys
 from .._content.schema import ItemSchema
 
 
@@ -21,7 +22,7 @@ class Plan:
     schema: ItemSchema
     validator: Callable[[Any, Mapping[str, Any]], Any] | None
     instructions: str | None
-    content: Mapping[str, str]
+    keys: Keys
     repairs: int
     replays: int
     split: bool

@@ -6,7 +6,8 @@ failures get their own receipts and backoff, and never count as repairs.
 
 A pool of ``concurrency`` workers takes requests from one queue. For every call a worker reserves
 its worst-case cost, claims the request and commits the in-flight receipt (the group commit
-batches these writes across workers), and only then sends. A request another runner holds is set
+batches these writes across workers), and only then sends: one coroutine, ``Caller.call``
+(``calls.py``), which says what happened as a value. A request another runner holds is set
 aside and waited for at the end; its accepted result is read from the ledger.
 """
 
@@ -24,26 +25,21 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 from tenacity.wait import wait_exponential, wait_random
 
 from .._acceptance import judge as acceptance
-from .._content.tasks import (
-    Request,
-    render_repair_prompt,
-    split_request,
-)
+from .._content.tasks import Request, render_repair_prompt
 from .._errors import LedgerError, ProviderError
 from .._ledger import Ledger
 from .._ledger.claims import Owner
-from .._providers.masking import public_url
 from .._providers.reply import REFUSED, STOP_ERRORS, TRUNCATED
 from .._providers.settings import declared_output_cap
 from .budget import Spender
-from .calls import CallSteps, Held, OutOfBudget, Resolved, Stopped, first_prompt
+from .calls import Caller, Control, Judged, NotSent, first_prompt
 from .groupcommit import GroupCommit
-from .plan import Outcome, Plan, Transport, system_prompt
+from .plan import Outcome, Plan, Transport
 
 Item = tuple[Request, int, "str | None"]  # a queued request, its split depth, its first kind
 
 
-class Replayer(CallSteps):
+class Replayer:
     """Drives every unresolved request of a plan concurrently through provider and acceptance."""
 
     def __init__(self, plan: Plan, ledger: Ledger, provider: Any, spender: Spender,
@@ -67,20 +63,7 @@ class Replayer(CallSteps):
         self._backoff = (wait_exponential(multiplier=transport.backoff_initial,
                                           max=transport.backoff_max)
                          + wait_random(0, transport.backoff_initial))
-        self._system = system_prompt(plan)
-        self._provider_name = getattr(provider, "name", type(provider).__name__)
-        self._model = getattr(provider, "model", None)
-        # A provider whose own client timeout is at least as tight bounds every call already;
-        # a second asyncio timer per call would only cost time.
-        own = getattr(provider, "timeout", None) if getattr(provider, "enforces_timeout",
-                                                              False) else None
-        self._needs_timer = not (isinstance(own, (int, float)) and own <= transport.timeout)
-        self._stop: BaseException | None = None  # why no new call may be opened
-        self._fatal: BaseException | None = None  # raised by run() once everything unwound
-        self._reachable: asyncio.Event | None = None
-        self._prober: str | None = None  # the request whose retries probe an unreachable host
-        self._settled: asyncio.Event | None = None
-        self._workers: list[asyncio.Future] = []
+        self.control = Control()
 
     async def run(self, requests: list[Request]) -> Outcome:
         """Drive every request with ``concurrency`` workers; each takes the next request as soon
@@ -89,6 +72,9 @@ class Replayer(CallSteps):
         self._attempts = self.store.attempt_counts([r.key for r in requests])
         self._cut_off = {key for key, stops in self.store.stops_of(
             [r.key for r in requests]).items() if TRUNCATED in stops}
+        self.caller = Caller(self.plan, self.store, self.provider, self.spender, self.transport,
+                             self.outcome, self.writes, self.owner, self.control,
+                             self._attempts)
         self.store.reap()  # runners that are gone give up their claims before we start
         self._queue: deque[Item] = deque((r, 0, None) for r in requests)
         self._held: list[Item] = []
@@ -96,21 +82,16 @@ class Replayer(CallSteps):
         self._poll = 0.05
         self._polling = False
         self._next_sweep = 0.0  # when the queue may next be checked against the ledger
-        self._changed = asyncio.Event()
-        self._reachable = asyncio.Event()
-        self._reachable.set()
-        self._settled = asyncio.Event()
-        self.spender.on_settle = self._settled.set
         # Splitting can turn one request into many: with split on, size the pool for tasks.
         work = sum(len(r.tasks) for r in requests) if self.plan.split else len(requests)
         workers = [asyncio.ensure_future(self._worker()) for _ in range(min(self.concurrency,
                                                                              work))]
-        self._workers = workers
+        self.control.workers = workers
         lease = asyncio.ensure_future(self._renew())
         try:
             await asyncio.gather(*workers)
         except asyncio.CancelledError:
-            if self._fatal is None:
+            if self.control.fatal is None:
                 raise  # interrupted from outside; a ledger failure is raised below instead
         finally:
             for worker in workers:
@@ -121,8 +102,8 @@ class Replayer(CallSteps):
             self.writes.queue(lambda tx: self.store.release_claims(tx, self.owner))
             self.writes.flush_now()  # whatever was judged is committed before we return
             self.owner.stop()
-        if self._fatal is not None:
-            raise self._fatal
+        if self.control.fatal is not None:
+            raise self.control.fatal
         try:
             self.writes.raise_failures()
         except LedgerError:
@@ -139,12 +120,13 @@ class Replayer(CallSteps):
             self.writes.queue(lambda tx: self.store.renew_claims(tx, self.owner))
 
     async def _worker(self) -> None:
-        while self._stop is None:
+        changed = self.control.changed
+        while self.control.stop is None:
             if self._queue:
                 item = self._queue.popleft()
             elif self._active or self._polling:
-                self._changed.clear()
-                await self._changed.wait()
+                changed.clear()
+                await changed.wait()
                 continue
             elif self._held:
                 await self._wait_for_held()
@@ -156,7 +138,7 @@ class Replayer(CallSteps):
                 await self._drive(*item)
             finally:
                 self._active -= 1
-                self._changed.set()
+                changed.set()
 
     async def _wait_for_held(self) -> None:
         """Everything else is done: look again at requests other runners hold, after a pause
@@ -177,67 +159,76 @@ class Replayer(CallSteps):
             self._held = still
         finally:
             self._polling = False
-            self._changed.set()
+            self.control.changed.set()
 
     # -- one request -----------------------------------------------------------------------
     def _first_kind(self, request: Request, first_kind: str | None) -> str:
         return first_kind or ("initial" if self._attempts.get(request.key, 0) == 0 else "replay")
 
     async def _drive(self, request: Request, depth: int, first_kind: str | None = None) -> None:
-        plan = self.plan
+        """Attempts until the request is accepted or its allowance is spent, then what the
+        run reports of it."""
         if request.key in self._cut_off:  # cut off before at this very ceiling: not paid again
             return self._cut_short(request, depth, None)
-        prompt = first_prompt(self.plan, request)
-        kind = self._first_kind(request, first_kind)
+        done = await self._attempts_of(request, depth, first_kind)
+        if isinstance(done, NotSent):
+            self._not_sent(done, (request, depth, first_kind))
+        elif done is not None:
+            self._judged(request, done)
+
+    async def _attempts_of(self, request: Request, depth: int,
+                           first_kind: str | None) -> Judged | NotSent | None:
+        """Repairs (the errors and the return sent back), then exact replays, then halves;
+        None when the request was split instead."""
+        plan = self.plan
+        prompt = first_prompt(plan, request)
         repairs_left, replays_left = plan.repairs, plan.replays
-        try:
-            verdict, raw = await self._attempt(request, kind, prompt)
-            while not verdict.accepted:
-                if (stop := _stop_of(verdict)) == TRUNCATED:  # so would a repair or replay
-                    return self._cut_short(request, depth, verdict, raw)
-                # a refusal is not re-asked unless the run says so; a validator crash never is
-                if (stop == REFUSED and not plan.reask_refusals) or (
-                        verdict.errors and not verdict.repairable and raw is not None and not stop):
-                    break
-                if raw is None and not all(e.get("retryable", True) for e in verdict.errors):
-                    break  # 400/401/403/404: asking again cannot help
-                if raw is not None and verdict.repairable and repairs_left > 0:
-                    repairs_left -= 1
-                    self.outcome.repairs_made += 1
-                    verdict, raw = await self._attempt(
-                        request, "repair", render_repair_prompt(prompt, raw, verdict.errors))
-                elif replays_left > 0:
-                    replays_left -= 1
-                    verdict, raw = await self._attempt(request, "replay", prompt)
-                elif plan.split and len(request.tasks) > 1 and depth < plan.max_split_depth:
-                    self._release(request)
-                    return self._split(request, depth)
-                else:
-                    break
-        except Held:
-            self._held.append((request, depth, first_kind))
+        done = await self._attempt(request, self._first_kind(request, first_kind), prompt)
+        while isinstance(done, Judged) and not done.verdict.accepted:
+            verdict, raw = done.verdict, done.raw
+            if (stop := _stop_of(verdict)) == TRUNCATED:  # so would a repair or replay be
+                self._cut_short(request, depth, verdict, raw)
+                return None
+            # a refusal is not re-asked unless the run says so; a validator crash never is
+            if (stop == REFUSED and not plan.reask_refusals) or (
+                    verdict.errors and not verdict.repairable and raw is not None and not stop):
+                break
+            if raw is None and not all(e.get("retryable", True) for e in verdict.errors):
+                break  # 400/401/403/404: asking again cannot help
+            if raw is not None and verdict.repairable and repairs_left > 0:
+                repairs_left -= 1
+                self.outcome.repairs_made += 1
+                done = await self._attempt(
+                    request, "repair", render_repair_prompt(prompt, raw, verdict.errors))
+            elif replays_left > 0:
+                replays_left -= 1
+                done = await self._attempt(request, "replay", prompt)
+            elif plan.split and len(request.tasks) > 1 and depth < plan.max_split_depth:
+                self._release(request)
+                self._split(request, depth)
+                return None
+            else:
+                break
+        return done
+
+    def _not_sent(self, why: NotSent, item: Item) -> None:
+        request = item[0]
+        if why.why in ("held", "resolved"):  # another runner works on this content too
+            if why.why == "held":
+                self._held.append(item)
+            else:
+                self._resolved(request)
             self._sweep()
             return
-        except Resolved:
-            self._resolved(request)
-            self._sweep()
-            return
-        except OutOfBudget as short:
-            self._release(request)
+        self._release(request)
+        if why.why == "out_of_budget":
             self._fail(request, [{"type": "budget_exhausted", "task_id": None,
                                   "message": "the budget ran out before this request "
-                                  f"was resolved ({short})"}])
+                                  f"was resolved ({why.detail})"}])
             self._progress(request)
-            return
-        except Stopped:
-            self._release(request)
-            return
-        self._settled_as(request, verdict, raw)
 
-    def _settled_as(self, request: Request, verdict: acceptance.Verdict,
-                    raw: str | None) -> None:
-        """The request's last verdict: accepted, or failed with its errors (a validator crash
-        also stops the run opening calls)."""
+    def _judged(self, request: Request, done: Judged) -> None:
+        verdict, raw = done.verdict, done.raw
         if not verdict.accepted:  # an accepted request's claim goes with the run's release
             self._release(request)
         self._progress(request)
@@ -247,8 +238,8 @@ class Replayer(CallSteps):
             return
         self._fail(request, verdict.errors, raw)
         crash = next((e for e in verdict.errors if e.get("type") == "validator_error"), None)
-        if crash is not None and self._stop is None:
-            self._stop = Stopped(_first_line(crash))
+        if crash is not None and self.control.stop is None:
+            self.control.halt(RuntimeError(_first_line(crash)))
             self.outcome.stopped = (f"the validator crashed ({_first_line(crash)}); no further "
                                     "calls were opened. Fix the validator and re-run.")
 
@@ -310,7 +301,7 @@ class Replayer(CallSteps):
 
     def _split(self, request: Request, depth: int) -> None:
         """Replace the request by its halves, queued first so they keep the batch's order."""
-        children = split_request(request, self.plan.content)
+        children = self.plan.keys.split(request)
         self.store.record_split(self.plan.revision_id, request, children)
         done = self.store.accepted_keys([c.key for c in children])
         for child in reversed(children):
@@ -320,7 +311,7 @@ class Replayer(CallSteps):
                     self.outcome.errors.pop(task_id, None)
             else:
                 self._queue.appendleft((child, depth + 1, "split"))
-        self._changed.set()
+        self.control.changed.set()
 
     def _fail(self, request: Request, errors: list[dict[str, Any]],
               raw: str | None = None) -> None:
@@ -334,16 +325,16 @@ class Replayer(CallSteps):
             self.outcome.errors[task_id] = [{**e, "task_id": task_id, **extra} for e in mine]
 
     # -- one attempt (with transport retries) --------------------------------------------------
-    async def _attempt(self, request: Request, kind: str,
-                       prompt: str) -> tuple[acceptance.Verdict, str | None]:
+    async def _attempt(self, request: Request, kind: str, prompt: str) -> Judged | NotSent:
         """One logical attempt: transport retries inside, acceptance on the text that arrives.
 
         The first try runs bare; tenacity's retry machinery is built only once a retryable
         transport failure has happened, which keeps the common path cheap.
         """
+        call = self.caller.call
         try:
             try:
-                return await self._call(request, kind, prompt)
+                return await call(request, kind, prompt)
             except ProviderError as first:
                 if not first.retryable or self.transport.retries == 0:
                     raise
@@ -357,20 +348,23 @@ class Replayer(CallSteps):
             )
             async for attempt in retrying:
                 with attempt:
-                    return await self._call(request, kind, prompt)
+                    return await call(request, kind, prompt)
         except ProviderError as exc:
-            if exc.unreachable and self._prober == request.key:
-                self._unreachable(exc)
-            elif exc.fatal and self._fatal is None:  # a broken source: nothing more is sent
-                self._fatal = self._stop = exc
-                self._changed.set()
-            status = f" (HTTP {exc.status})" if exc.status else ""
-            error = {"type": "provider_error", "task_id": None, "retryable": exc.retryable,
-                     "message": f"provider failed{status}: {exc}"}
-            if exc.kind != "provider_error":  # the source's own type (droste's error types)
-                error["kind"] = exc.kind
-            return acceptance.Verdict(False, errors=[error]), None
+            return self._failed(exc, request)
         raise AssertionError("unreachable: tenacity either returns or re-raises")
+
+    def _failed(self, exc: ProviderError, request: Request) -> Judged:
+        """A provider failure past its retries, as the verdict on the attempt; an unreachable
+        host (after the probing call's retries) or a broken source stops the run."""
+        down = self.caller.host_down(exc, request.key)  # if so, the run stopped naming it
+        if not down and exc.fatal and self.control.fatal is None:  # a broken source
+            self.control.halt(exc, fatal=True)  # nothing more is sent
+        status = f" (HTTP {exc.status})" if exc.status else ""
+        error = {"type": "provider_error", "task_id": None, "retryable": exc.retryable,
+                 "message": f"provider failed{status}: {exc}"}
+        if exc.kind != "provider_error":  # the source's own type (droste's error types)
+            error["kind"] = exc.kind
+        return Judged(acceptance.Verdict(False, errors=[error]), None)
 
     def _delay(self, error: BaseException | None, failures: int) -> float:
         """Retry-After when the provider gave one, else exponential backoff with jitter."""
@@ -379,19 +373,6 @@ class Replayer(CallSteps):
         return min(self._backoff(SimpleNamespace(attempt_number=failures)),
                    self.transport.backoff_max)
 
-    def _unreachable(self, exc: ProviderError) -> None:
-        """The probing call's retries all failed to connect: stop the run with one message."""
-        where = getattr(self.provider, "url", None) or getattr(self.provider, "base_url", None)
-        target = public_url(where) if isinstance(where, str) else (
-            f"the {self._provider_name} provider")
-        self._fatal = ProviderError(
-            f"cannot reach {target}: is the server running? The run stopped after "
-            f"{self.transport.retries + 1} tries of one call, and no other request was sent "
-            f"({exc})", retryable=False, unreachable=True)
-        self._stop = self._fatal
-        self._changed.set()
-        assert self._reachable is not None
-        self._reachable.set()
 
 
 def _stop_of(verdict: acceptance.Verdict) -> str | None:

@@ -128,6 +128,7 @@ class ValidatorRegistry:
         self._lock = threading.RLock()
         self._versions: dict[str, list[ValidatorVersion]] = {}
         self._current: dict[str, ValidatorVersion] = {}
+        self._handed = threading.local()  # see version_of(hand_over=True)
 
     def define(self, fn: Callable[..., Any] | None = None, *,
                name: str | None = None) -> Any:
@@ -143,9 +144,28 @@ class ValidatorRegistry:
             return lambda f: self.register(f, name=name).fn
         return self.register(fn, name=name).fn
 
-    def version_of(self, fn: Callable[..., Any], name: str | None = None) -> ValidatorVersion:
-        """Like ``define``, but return the version record (number, fingerprint, where)."""
-        return self.register(fn, name=name).record
+    def version_of(self, fn: Callable[..., Any], name: str | None = None, *,
+                   hand_over: bool = False) -> ValidatorVersion:
+        """Like ``define``, but return the version record (number, fingerprint, where).
+
+        ``hand_over``: a helper registering ``fn`` on its way to a run (the RLM and droste
+        helpers): the next run on this thread finds this record by the object instead of
+        fingerprinting it a second time. Any other registration, and every run, ends the hand-over.
+        """
+        record = self.register(fn, name=name).record
+        self._handed.record = record if hand_over else None
+        return record
+
+    def handed_over(self, fn: Any, name: str | None = None, *,
+                    take: bool = False) -> ValidatorVersion | None:
+        """The record :meth:`version_of` handed over for this very object (and ``name``, if
+        given) on this thread, else None; ``take`` ends the hand-over either way."""
+        record = getattr(self._handed, "record", None)
+        if take:
+            self._handed.record = None
+        if record is None or record.fn is not fn or name not in (None, record.name):
+            return None
+        return record
 
     def register(self, fn: Callable[..., Any], *, name: str | None = None) -> Definition:
         """Register ``fn`` under ``name`` and say what happened (a :class:`Definition`)."""
@@ -154,11 +174,12 @@ class ValidatorRegistry:
                     else "")
             raise InvalidBatch(f"a validator must be callable, got {type(fn).__qualname__}"
                                f"{hint}")
+        self._handed.record = None
         check_not_generator(fn)  # never a validator: refused before its version is recorded
         check_asserts_kept(fn)  # under python -O it would accept everything
         fingerprint = fingerprint_function(fn)  # outside the lock: pure, possibly slow
         if name is None:  # the name it was defined under, if this very object was defined
-            name = self.name_of(fn) or _default_name(fn)
+            name = self._name_of(fn) or _default_name(fn)
             if name.endswith("<lambda>"):  # lambdas share one name: tell them apart by content
                 name = f"{name}#{fingerprint.short}"
         if not isinstance(name, str) or not name:
@@ -208,7 +229,7 @@ class ValidatorRegistry:
         return Definition(name, match.version, fingerprint, kind, message + _notes(fingerprint),
                           match.fn, match)
 
-    def name_of(self, fn: Callable[..., Any]) -> str | None:
+    def _name_of(self, fn: Callable[..., Any]) -> str | None:
         """The name ``fn`` itself was registered under: ``define(fn, name="check_v2")`` then
         ``run_batch(validator=fn)`` is one validator, not a second one named after its code."""
         with self._lock:

@@ -8,7 +8,7 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from .._errors import ConfigError
 from .._money import money
@@ -20,7 +20,7 @@ class BatchResult:
     """``values`` holds only committed answers; ``errors`` says why the rest are not there."""
 
     name: str
-    status: str
+    status: Literal["resolved", "unresolved"]
     values: Mapping[str, Any]  # read from the ledger on demand; dict(values) copies it
     errors: list[dict[str, Any]]
     calls: int

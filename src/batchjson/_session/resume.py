@@ -1,4 +1,5 @@
-"""Resuming a completed run from a tasks file without reading its tasks again.
+"""Running a revision again: a finished run of a tasks file found without reading its tasks,
+and the requests of a revision on record built over the run's own task objects.
 
 Checking a million tasks costs about a third of running them against an instant provider, so
 a resume that re-read every task could never be cheap. A JSON Lines file's bytes decide its
@@ -8,37 +9,42 @@ same file under the same rules finds its revision by that component; when the re
 current and every request of it has an accepted return, nothing could be sent, and the result
 is read from the ledger as it stands. Anything else (a new file, a change of rules, work still
 owed, judging a fingerprint cannot fully see) takes the full path, which reads and checks
-every task. The validator is fingerprinted and registered as a full run does it.
+every task. The validator is registered as a full run registers it.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .._content.schema import compile_schema
+from .._content.keys import Keys, answer_source
+from .._content.schema import ItemSchema, compile_schema
 from .._content.spool import file_digest, is_task_file
-from .._content.tasks import (
-    Request,
-    compose_contents,
-    normalize_identity,
-    revision_fingerprint,
-)
+from .._content.tasks import Identity, Request, normalize_identity
 from .._errors import BatchJsonError
 from .._fingerprint.fingerprint import fingerprint_function
+from .._ledger.records import Revision
 from .._ledger.store import Store
-from .._providers.base import answer_source
-from .._replay.plan import Outcome
-from .fit import check_fit
-from .registry import ValidatorVersion
 from .spec import RunSpec
 
 if TYPE_CHECKING:
-    from .result import BatchResult
     from .session import Session
 
-UNKNOWN = object()  # a validator whose fingerprint cannot see all it reads
+
+@dataclass(frozen=True)
+class Completed:
+    """A finished revision of a tasks file's run, found without reading the file's tasks."""
+
+    revision: Revision
+    leaves: int  # its leaf requests, every one accepted
+    count: int  # its tasks
+    fields: list[str]  # every field name its tasks use, in first-seen order
+    schema: ItemSchema
+    identity: Identity
+    provider: Any
+    source: str
 
 
 def remember_file(store: Store, digest: str, tasks_component: str,
@@ -69,10 +75,9 @@ def resumed_requests(store: Store, revision_id: int, tasks: Sequence[dict[str, A
     return out
 
 
-def completed_from_file(session: Session, spec: RunSpec,
-                        registered: ValidatorVersion | None) -> BatchResult | None:
-    """The result of ``spec`` when its tasks file was seen before and its revision is complete
-    (nothing would be sent); None when the full path must run."""
+def find_completed(session: Session, spec: RunSpec) -> Completed | None:
+    """The finished revision of ``spec`` when its tasks file was seen before and nothing of
+    it is owed; None when the full path must run."""
     if not is_task_file(spec.tasks):
         return None
     store = session.ledger.store
@@ -84,43 +89,29 @@ def completed_from_file(session: Session, spec: RunSpec,
         schema = compile_schema(spec.schema)
     except BatchJsonError:  # the full path says what is wrong, in its own order
         return None
-    validator = _validator_digest(spec, registered)
-    if schema.unseen or validator is UNKNOWN:
+    validator = _validator_digest(session, spec)
+    if schema.unseen or validator is None:
         return None
     tasks_component, count, fields = memo
-    ident = normalize_identity(spec.identity)
+    identity = normalize_identity(spec.identity)
     provider = session.provider
-    components, _, _ = compose_contents(
-        (), schema, validator, spec.pack, spec.instructions, ident, spec.mode,
-        answer_source(provider), digest=tasks_component)
-    done = store.completed_revision(spec.name, revision_fingerprint(components))
+    source = answer_source(provider)
+    keys = Keys.compose((), schema, validator, spec.pack, spec.instructions, identity,
+                        spec.mode, source, digest=tasks_component)
+    done = store.completed_revision(spec.name, keys.revision)
     if done is None:
         return None
-    changed = _register(session, spec, registered)  # as the full path would have, content equal
-    revision_id, number, leaves = done
-    result = session._result(spec.name, number, count, (), schema, Outcome(), resumed=leaves,
-                             revision_id=revision_id)
-    notes = check_fit(provider, session.ledger, spec.name, schema, [], ident, spec.mode)
-    return session._described(result, spec, ident, [dict.fromkeys(fields)], provider, notes,
-                              changed=changed)
+    revision_id, _, leaves = done
+    return Completed(store.revision_by_id(revision_id), leaves, count, fields, schema,
+                     identity, provider, source)
 
 
-def _validator_digest(spec: RunSpec, registered: ValidatorVersion | None) -> Any:
-    """The validator's fingerprint digest ("none" without one), or UNKNOWN when what it
-    reads cannot all be seen (its answers are re-judged on every run)."""
+def _validator_digest(session: Session, spec: RunSpec) -> str | None:
+    """The validator's fingerprint digest ("none" without one), or None when what it reads
+    cannot all be seen (its answers are re-judged on every run)."""
     if spec.validator is None:
         return "none"
-    if registered is not None and registered.fn is spec.validator:
-        fingerprint = registered.fingerprint
-    else:
-        fingerprint = fingerprint_function(spec.validator)
-    return UNKNOWN if fingerprint.partial else fingerprint.digest
-
-
-def _register(session: Session, spec: RunSpec, registered: ValidatorVersion | None) -> str | None:
-    """Register the validator as a full run does (a strict session may refuse a change); the
-    message when its name now has another version."""
-    if spec.validator is None or (registered is not None and registered.fn is spec.validator):
-        return None
-    definition = session.validators.register(spec.validator, name=spec.validator_name)
-    return definition.message if definition.kind == "changed" else None
+    handed = session.validators.handed_over(spec.validator, spec.validator_name)
+    fingerprint = (handed.fingerprint if handed is not None else
+                   fingerprint_function(spec.validator))
+    return None if fingerprint.partial else fingerprint.digest

@@ -15,7 +15,7 @@ import os
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 from .._checks import is_whole, positive_seconds, whole
 from .._content.schema import ItemSchema, compile_schema
@@ -26,9 +26,12 @@ from .._providers.masking import check_name
 from .._replay.budget import Budget
 from . import preflight
 
-MODES = ("items", "value")
-VALIDATOR_ARGS = ("task", "index", "droste")
-ON_EXHAUSTED = ("raise", "return")
+Mode = Literal["items", "value"]
+ValidatorArgs = Literal["task", "index", "droste"]
+OnExhausted = Literal["raise", "return"]
+MODES: tuple[str, ...] = get_args(Mode)
+VALIDATOR_ARGS: tuple[str, ...] = get_args(ValidatorArgs)
+ON_EXHAUSTED: tuple[str, ...] = get_args(OnExhausted)
 
 
 @dataclass(frozen=True)
@@ -63,10 +66,10 @@ class RunSpec:
     split: bool = False
     reask_refusals: bool = False
     max_calls: int | None = None
-    on_exhausted: str = "raise"
+    on_exhausted: OnExhausted = "raise"
     progress: bool | Callable[[int, str], Any] = False  # or a face's bar: progress(total, name)
-    mode: str = "items"
-    validator_args: str = "task"
+    mode: Mode = "items"
+    validator_args: ValidatorArgs = "task"
     refuse_short_budget: bool = True
 
     def __post_init__(self) -> None:

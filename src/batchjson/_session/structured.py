@@ -17,7 +17,6 @@ from .._errors import InvalidBatch
 from .spec import RunSpec, check_text
 
 if TYPE_CHECKING:
-    from .registry import ValidatorVersion
     from .result import BatchResult
     from .session import Session
 
@@ -80,7 +79,6 @@ def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
                    validator: Callable[[Any, int], Any] | None = None, *,
                    name: str | None = None, refuse_short_budget: bool = False,
                    keyed_by_content: bool = False, max_calls: int | None = None,
-                   registered: ValidatorVersion | None = None,
                    droste: bool = False) -> dict[str, Any]:
     """Run one prompt per call, each returning a bare JSON value; droste's return shape.
 
@@ -91,7 +89,8 @@ def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
     included, so a changed validator opens new evidence and never supersedes the old: the old
     stays owed and keeps blocking a ready answer, as under droste's identity keying.
     ``max_calls=0`` with ``refuse_short_budget`` answers only from what is already accepted.
-    ``registered``: the validator's version record, when the caller registered it just now.
+    A validator the caller registered on its way here (``version_of(fn, hand_over=True)``)
+    is not fingerprinted again.
     ``droste=True`` (a droste subcall client's binding) takes droste's schema subset only,
     judges ``"integer"`` as droste does, and the validator's verdicts too (only ``ValueError``
     rejects, a failed ``assert`` is a ``validator_error``, its return is ignored); an unnamed
@@ -112,8 +111,9 @@ def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
         tasks.append(task)
     batch, version = name, None
     if batch is None and keyed_by_content:
-        version = (None if validator is None else registered if registered is not None
-                   and registered.fn is validator else session.validators.version_of(validator))
+        registry = session.validators
+        version = None if validator is None else (
+            registry.handed_over(validator) or registry.version_of(validator, hand_over=True))
         validator = validator if version is None else version.fn
         content = sha(json.dumps([item_schema.fingerprint,
                                   None if version is None else version.fingerprint.digest]
@@ -121,12 +121,11 @@ def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
         batch = default_batch_name(prompts, contexts, content)
     elif batch is None:
         batch = default_batch_name(prompts, contexts)
-    result = session._run(RunSpec(
+    result = session.run(RunSpec(
         name=batch, tasks=tasks, schema=item_schema, validator=validator,
         identity=("task_id",), repairs=max_repair_attempts, on_exhausted="return",
         mode="value", validator_args="droste" if droste else "index",
-        refuse_short_budget=refuse_short_budget,
-        max_calls=max_calls), registered=version or registered)
+        refuse_short_budget=refuse_short_budget, max_calls=max_calls))
     return _droste_shape(result, tasks, item_schema)
 
 

@@ -20,21 +20,16 @@ import weakref
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._content.schema import compile_schema
-from .._errors import (
-    BudgetExceeded,
-    ConfigError,
-    InvalidBatch,
-    ProviderNotConfigured,
-    ValidatorChanged,
-)
-from .._replay.budget import usd
-from .._session.preflight import check_validator
-from .._session.structured import (
+from .. import BudgetExceeded, ConfigError, InvalidBatch, ProviderNotConfigured, ValidatorChanged
+from ..core import (
+    answer_source,
     check_call,
     check_droste_schema,
+    check_validator,
+    compile_schema,
     default_batch_name,
     llm_batch_json,
+    usd,
 )
 from ._droste_env import droste_environment
 from ._rebind import canonical_validator, canonical_version, cell_frame
@@ -42,7 +37,7 @@ from ._subcalls import as_provider, is_droste_client, is_subcall_source
 from ._tools import owner_of, tool
 
 if TYPE_CHECKING:
-    from .._session.session import Session
+    from .. import Session
     from ._hooks import RlmHooks
 
 __all__ = ["bind", "droste_environment", "rlm_hooks"]
@@ -95,7 +90,7 @@ def bind(namespace: MutableMapping[str, Any], provider_or_subcalls: Any = None, 
                              rules=rules if asked else None)
     _keep_owed(namespace, session, ledger)
     if session is None:
-        from .._session.session import Session
+        from .. import Session
 
         session = Session(provider, ledger=ledger, strict=strict, budget=budget,
                           replays=rules[0], transport_retries=rules[1])
@@ -161,7 +156,7 @@ def _rebinding(namespace: MutableMapping[str, Any], *, strict: bool, ledger: Any
     """The session already bound into ``namespace`` when this bind asks for the same one."""
     from pathlib import Path
 
-    from .._replay.budget import Budget
+    from .. import Budget
 
     bound = _binding_of(namespace)
     if bound is None:
@@ -218,8 +213,7 @@ def _share(session: Session, provider: Any) -> None:
 
 
 def _source(provider: Any) -> Any:
-    key = getattr(provider, "source_key", None)
-    return key() if callable(key) else None
+    return answer_source(provider) if callable(getattr(provider, "source_key", None)) else None
 
 
 class _Binding:
@@ -245,9 +239,8 @@ class _Binding:
         if self.droste:
             check_droste_schema(schema)
         schema = compile_schema(schema, strict_integers=self.droste)
-        registered = None  # its version record: the run need not fingerprint it again
-        if validator is not None and callable(validator):
-            validator, registered = self._registered(validator, call=(prompts, contexts, name))
+        if validator is not None and callable(validator):  # handed over to the run
+            validator = self._registered(validator, call=(prompts, contexts, name))
         owed, remaining = self.session.evidence.minimum_exact_retry_calls, self._remaining()
         cost_spent = self._cost_spent()
         if owed and ((remaining is not None and owed > remaining) or cost_spent):
@@ -255,16 +248,14 @@ class _Binding:
                 return llm_batch_json(self.session, prompts, schema, contexts,
                                       max_repair_attempts, validator, name=name,
                                       refuse_short_budget=True, keyed_by_content=True,
-                                      max_calls=0, registered=registered,
-                                      droste=self.droste)
+                                      max_calls=0, droste=self.droste)
             except BudgetExceeded:
                 raise _refused(owed, remaining or 0, "to clear the unresolved evidence already "
                                "recorded", cost_spent=cost_spent) from None
         try:
             return llm_batch_json(self.session, prompts, schema, contexts, max_repair_attempts,
                                   validator, name=name, refuse_short_budget=True,
-                                  keyed_by_content=True, registered=registered,
-                                  droste=self.droste)
+                                  keyed_by_content=True, droste=self.droste)
         except BudgetExceeded as exc:
             raise _refused(exc.needed, exc.remaining, "to answer the prompts of this call "
                            "that are not yet accepted", one_call=exc.one_call) from None
@@ -283,12 +274,12 @@ class _Binding:
 
     def _rebind(self, fn: Any, name: str | None = None,
                    call: tuple[Any, Any, Any] | None = None) -> Callable[..., Any]:
-        return self._registered(fn, name, call)[0]
+        return self._registered(fn, name, call)
 
     def _registered(self, fn: Any, name: str | None = None,
-                    call: tuple[Any, Any, Any] | None = None) -> tuple[Callable[..., Any], Any]:
-        """The canonical object for ``fn`` and its version record (None when it went by a
-        name of its own, below)."""
+                    call: tuple[Any, Any, Any] | None = None) -> Callable[..., Any]:
+        """The canonical object for ``fn``; for a ``call``, its version is handed over to the
+        run (not fingerprinted twice)."""
         if not callable(fn):
             raise InvalidBatch(f"a validator must be a function (value, index) -> None that "
                                f"raises ValueError to reject, got {type(fn).__name__}")
@@ -297,7 +288,7 @@ class _Binding:
         registry = self.session.validators
         try:
             version = canonical_version(registry, fn, name=name, namespaces=[self.namespace],
-                                        frame=frame)
+                                        frame=frame, hand_over=call is not None)
         except ValidatorChanged as exc:
             # Another validator of the same code (a factory's or a loop's closure) for prompts
             # with no evidence under another version of it orphans nothing: its own validator.
@@ -305,7 +296,7 @@ class _Binding:
             if call is not None and name is None and not owed:
                 return canonical_validator(registry, fn, namespaces=[self.namespace],
                                            frame=frame,
-                                           name=f"{exc.name}#{exc.new_fingerprint[:12]}"), None
+                                           name=f"{exc.name}#{exc.new_fingerprint[:12]}")
             exc.args = (_changed_message(exc, owed, during="call" if call else "definition"),)
             raise
         if call is not None and self.session.strict:
@@ -318,7 +309,7 @@ class _Binding:
                 refused = ValidatorChanged(version.name, old, digest, [], len(owed))
                 refused.args = (_changed_message(refused, owed, during="call"),)
                 raise refused
-        return version.fn, version
+        return version.fn
 
     def _owing_digest(self, batch: str, name: str) -> str:
         for revision in self.session.ledger.revisions(batch):

@@ -14,12 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .._errors import ConfigError
-from .._session.registry import ValidatorRegistry
+from .. import ConfigError, ValidatorRegistry
 from ._rebind import canonical_validator, cell_frame
 
 if TYPE_CHECKING:
-    from .._session.session import Session
+    from .. import Session
 
 __all__ = ["CanonicalValidatorsEnvironment", "droste_environment"]
 

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._errors import ConfigError, NotReady
+from .. import ConfigError, NotReady
 from ._subcalls import SubcallProvider
 from ._tools import tool
 
@@ -58,7 +58,7 @@ class RlmHooks:
                  budget: Any = None) -> None:
         """``bind`` is :func:`batchjson.rlm.bind`, handed in so this module need not import
         the public one that imports it."""
-        from .._session.session import Session
+        from .. import Session
 
         # answered by rlm's own client, which retried already: one failure is one subcall
         session = Session(None, ledger=ledger, strict=strict, budget=budget,

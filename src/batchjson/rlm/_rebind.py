@@ -17,7 +17,8 @@ import types
 from collections.abc import Callable, Iterable, MutableMapping
 from typing import Any
 
-from .._session.registry import ValidatorRegistry, ValidatorVersion
+from .. import ValidatorRegistry
+from ..core import ValidatorVersion
 
 __all__ = ["canonical_validator", "canonical_version", "cell_frame"]
 
@@ -54,9 +55,10 @@ def canonical_validator(registry: ValidatorRegistry, fn: Callable[..., Any], *,
 def canonical_version(registry: ValidatorRegistry, fn: Callable[..., Any], *,
                       namespaces: Iterable[MutableMapping[str, Any]] = (),
                       frame: types.FrameType | None = None,
-                      name: str | None = None) -> ValidatorVersion:
-    """Like :func:`canonical_validator`, returning the version record (name, fingerprint)."""
-    version = registry.version_of(fn, name)
+                      name: str | None = None, hand_over: bool = False) -> ValidatorVersion:
+    """Like :func:`canonical_validator`, returning the version record (name, fingerprint);
+    ``hand_over``: for the run this call is on its way to (see ``version_of``)."""
+    version = registry.version_of(fn, name, hand_over=hand_over)
     canonical = version.fn
     if canonical is fn:
         return version

@@ -15,16 +15,13 @@ from __future__ import annotations
 import asyncio
 import builtins
 import functools
-import json
 import threading
 import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._content.tasks import render_value_prompt, sha
-from .._errors import ConfigError, ProviderError, SubcallClientError
-from .._fingerprint.fingerprint import fingerprint_function
-from .._providers.base import Call, Reply, estimate_tokens
+from .. import Call, ConfigError, ProviderError, Reply, SubcallClientError
+from ..core import Code, Hashed, estimate_tokens, render_value_prompt, source_text
 
 __all__ = ["SubcallProvider", "as_provider", "is_droste_client", "is_subcall_source"]
 
@@ -71,22 +68,18 @@ def _code_only(fn: types.FunctionType) -> types.FunctionType:
                               cells or None)
 
 
-def _source_key(kind: str, target: Any) -> str:
-    """Digest of the code that answers, never of its state: clients count calls and test
-    doubles draw random faults, and neither may turn the same source into a new one."""
+def _source_key(kind: str, target: Any) -> Hashed:
+    """The code that answers, never its state: clients count calls and test doubles draw
+    random faults, and neither may turn the same source into a new one."""
     if isinstance(target, functools.partial):  # the function it calls, not its arguments
-        inner = _source_key(kind, target.func)
-        return sha(json.dumps(["batchjson:subcalls:1", [kind, "partial"], inner]))
+        return Hashed(["batchjson:subcalls:1", [kind, "partial"], _source_key(kind, target.func)])
     if isinstance(target, types.MethodType):
-        label = [kind, "method", target.__func__.__name__]
-        digest = fingerprint_function(type(target.__self__)).digest
+        label, code = [kind, "method", target.__func__.__name__], type(target.__self__)
     elif isinstance(target, types.FunctionType):
-        label = [kind, "function", target.__qualname__]
-        digest = fingerprint_function(_code_only(target)).digest
+        label, code = [kind, "function", target.__qualname__], _code_only(target)
     else:
-        label = [kind, "object", type(target).__qualname__]
-        digest = fingerprint_function(type(target)).digest
-    return sha(json.dumps(["batchjson:subcalls:1", label, digest]))
+        label, code = [kind, "object", type(target).__qualname__], type(target)
+    return Hashed(["batchjson:subcalls:1", label, Code(code, length=None, whole=False)])
 
 
 class SubcallProvider:
@@ -114,6 +107,7 @@ class SubcallProvider:
                                   ) from exc
             self._self_accounting = True
         self._key = _source_key(self.kind, target)
+        self._digest = source_text((self._key,))
         self._lock = threading.Lock()  # one call of the helper at a time, as droste makes them
         self._queues: dict[asyncio.AbstractEventLoop, _Queue] = {}
         base = getattr(target, "__qualname__", None) or type(target).__qualname__
@@ -126,18 +120,18 @@ class SubcallProvider:
         a REPL, and so a new ``llm_query_batched``, for every completion)."""
         if target == self.target:  # bound methods of one object compare equal
             return
-        if _source_key(_kind_of(target), target) != self._key:
+        if source_text((_source_key(_kind_of(target), target),)) != self._digest:
             raise ConfigError(f"cannot answer through {target!r}: it is another answer source "
                               f"than {self.target!r}; a ledger's evidence is kept per source")
         with self._lock:
             self.target = target
 
-    def source_key(self) -> str:
+    def source_key(self) -> tuple[Hashed]:
         """Stable across calls and processes: the wrapped object's class or function's code."""
-        return self._key
+        return (self._key,)
 
     def __repr__(self) -> str:
-        return f"SubcallProvider({self.name}, source={self._key[:12]})"
+        return f"SubcallProvider({self.name}, source={self._digest[:12]})"
 
     async def complete(self, call: Call) -> Reply:
         """Queue this prompt for the next batch: calls waiting while a batch is out go together

@@ -1,0 +1,228 @@
+"""Keys: the one type that composes every key of a run or an import, and the answer source.
+
+A request key covers what the model saw (the *seen* content: wire schema, instructions, the
+identity fields the prompt names, mode, answer source) and how its return is judged (schema
+fingerprint, validator, identity rules); the tasks are spliced in per request. A revision is the
+digest of all of it. Answers imported from another system have no answer source: they are keyed
+by the same content without one (the *sourceless* key), which a live run computes too, finds
+and re-judges. A live run and an import of the same content compose byte-identical keys here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from functools import cached_property
+from typing import Any
+
+from .._canon import Unhashable, canonical_json, content_hash
+from .._checks import whole
+from .._errors import ProviderSetupError
+from .._fingerprint.fingerprint import fingerprint_callable, fingerprint_function
+from .._sources import Code, Digest, Hashed
+from .tasks import ECHOED, Identity, Request, sha
+
+# The revision components that go into every request key besides its tasks. "source" is the
+# answer source; "unseen" moves judging no fingerprint fully sees past answers that no longer
+# pass (see _ledger/rejudge.py).
+KEY_COMPONENTS = ("schema", "validator", "instructions", "identity", "mode", "source", "unseen")
+# What keys answers of unknown source: receipts imported from another system (keyed with the
+# identity fields alone, no "+echoed").
+SOURCELESS_COMPONENTS = ("schema", "validator", "instructions", "identity", "mode")
+
+
+def _key_content(components: Mapping[str, str]) -> dict[str, str]:
+    """The part of a revision's components that keys its requests. Components without an
+    answer source key by :data:`SOURCELESS_COMPONENTS`, the identity fields alone."""
+    if "source" in components:
+        return {k: components[k] for k in KEY_COMPONENTS if k in components}
+    out = {k: components[k] for k in SOURCELESS_COMPONENTS if k in components}
+    if "identity" in out:
+        out["identity"] = out["identity"].removesuffix(ECHOED)
+    return out
+
+
+def tasks_digest(task_list: Sequence[Mapping[str, Any]]) -> str:
+    """The ``tasks`` component of a revision: every task, in order."""
+    return sha(json.dumps(list(task_list), sort_keys=True, separators=(",", ":")))
+
+
+def key_maker(content: Mapping[str, str]) -> Callable[[str], str]:
+    """The key of ``{"tasks": <tasks>, **content}`` as a function of the tasks' canonical JSON.
+
+    Canonical JSON of a dict is its sorted ``"key":value`` pairs joined by commas, so the
+    content around the tasks is encoded once and each request's ready tasks text spliced in.
+    """
+    members = sorted({"tasks": None, **content}.items())
+    where = [k for k, _ in members].index("tasks")
+    encoded = [f"{canonical_json(k)}:{canonical_json(v)}" for k, v in members]
+    head = "{" + "".join(part + "," for part in encoded[:where]) + '"tasks":'
+    tail = "".join("," + part for part in encoded[where + 1:]) + "}"
+    return lambda tasks_json: sha(head + tasks_json + tail)
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Every key of one content: ``components`` (the revision's, as the ledger stores them) and
+    ``seen`` (what the model saw; None for components read back from an export)."""
+
+    components: Mapping[str, str]
+    seen: Mapping[str, str] | None = None
+
+    @classmethod
+    def compose(cls, task_list: Sequence[Mapping[str, Any]], schema: Any, validator: str,
+                pack: int, instructions: str | None, identity: Identity, mode: str,
+                source: str | None, digest: str | None = None) -> Keys:
+        """The keys of a run, or of an import (``source`` None: the answer source unknown).
+        ``digest``: the tasks' digest when already known (a tasks file seen before), so they
+        need not be read."""
+        components = {
+            "tasks": digest or tasks_digest(task_list),
+            "schema": schema.fingerprint, "validator": validator, "pack": str(pack),
+            "instructions": sha(instructions or ""), "identity": identity.key, "mode": mode,
+        }
+        seen = {"wire": sha(canonical_json(schema.json_schema)),
+                "instructions": components["instructions"], "identity": ",".join(identity),
+                "mode": mode}
+        if source is not None:
+            components["source"] = seen["source"] = source
+        return cls(components, seen)
+
+    @property
+    def revision(self) -> str:
+        """A revision's identity: the digest of all its components."""
+        return sha(json.dumps(dict(self.components), sort_keys=True))
+
+    @cached_property
+    def content(self) -> dict[str, str]:
+        """What keys each request besides its tasks."""
+        return _key_content(self.components)
+
+    @cached_property
+    def request(self) -> Callable[[str], str]:
+        """A request's key from its tasks' canonical JSON."""
+        return key_maker(self.content)
+
+    @cached_property
+    def seen_key(self) -> Callable[[str], str]:
+        """What a request's model saw, from its tasks' canonical JSON: where earlier returns
+        that may be re-judged are found."""
+        assert self.seen is not None, "components read back carry no seen content"
+        return key_maker(self.seen)
+
+    @cached_property
+    def sourceless(self) -> Callable[[str], str]:
+        """A request's key with its answer source unknown: the key an import of the same
+        content writes, which a live run looks up before asking."""
+        return key_maker(_key_content({k: v for k, v in self.components.items()
+                                       if k != "source"}))
+
+    def with_part(self, name: str, value: str) -> Keys:
+        """The same keys with one more revision component that keys requests (``unseen``)."""
+        return replace(self, components={**self.components, name: value})
+
+    def pack(self, tasks: Sequence[dict], pack: int, texts: Sequence[str] | None = None, *,
+             packed: bool = False) -> list[Request]:
+        """Group tasks ``pack`` at a time; ``texts`` are their canonical JSON, if made: one per
+        task, or (``packed``) one per request, as ``normalize_tasks(..., pack=)`` makes them."""
+        whole("pack", pack, 1)
+        if texts is None:
+            texts = [canonical_json(t) for t in tasks]
+        out = []
+        for position, start in enumerate(range(0, len(tasks), pack)):
+            tasks_json = (texts[position] if packed else
+                          "[" + ",".join(texts[start:start + pack]) + "]")
+            out.append(Request(self.request(tasks_json), tuple(tasks[start:start + pack]),
+                               position, tasks_json=tasks_json))
+        return out
+
+    def split(self, request: Request) -> list[Request]:
+        """Deterministic halving: the first half keeps the extra task on odd sizes."""
+        middle = (len(request.tasks) + 1) // 2
+        out = []
+        for half in filter(None, (request.tasks[:middle], request.tasks[middle:])):
+            tasks_json = canonical_json(list(half))
+            out.append(Request(self.request(tasks_json), half, request.position,
+                               parent_key=request.key, tasks_json=tasks_json))
+        return out
+
+
+def request_key(tasks: Sequence[Mapping[str, Any]], content: Mapping[str, str]) -> str:
+    """Hash of exact content, the tasks encoded with it: what :func:`key_maker` splices."""
+    return sha(canonical_json({"tasks": list(tasks), **content}))
+
+
+# Settings that decide answers, read when a provider defines no ``source_key()``.
+_ANSWER_SETTINGS = ("name", "model", "base_url", "temperature", "top_p", "max_tokens", "seed",
+                    "response_format", "mode", "extra_body", "answer", "faults", "fn", "source")
+
+
+def answer_source(provider: Any) -> str:
+    """Where answers come from, as a stable key: part of every request key, so switching
+    provider, model, endpoint or a sent setting never reuses another source's answers. The
+    provider's class plus the digest of its :func:`source_text`."""
+    cls = type(provider)
+    return f"{cls.__module__}.{cls.__qualname__}:{sha(source_text(provider))}"
+
+
+def source_text(provider: Any) -> str:
+    """What decides a provider's answers, as text: what its ``source_key()`` describes (a
+    string, or a tuple of parts in the words of ``_sources``, which may also be passed alone),
+    else the settings above that it has: values by content, functions and callable objects by
+    their code. Never API keys: nothing here reads them."""
+    if isinstance(provider, tuple):
+        return "".join(map(_resolved, provider))
+    own = getattr(provider, "source_key", None)
+    if callable(own):
+        detail: Any = own()
+        if isinstance(detail, tuple):
+            return "".join(map(_resolved, detail))
+    else:
+        detail = {name: getattr(provider, name) for name in _ANSWER_SETTINGS
+                  if hasattr(provider, name)}
+    if isinstance(detail, str):
+        return detail
+    items = detail.items() if isinstance(detail, Mapping) else [("", detail)]
+    return canonical_json({str(k): _setting(v) for k, v in items})
+
+
+def _setting(value: Any) -> Any:
+    """A setting's part of an answer source: plain values as they are, functions and objects by
+    their code and immutable values (never the counters or logs a stub keeps)."""
+    if isinstance(value, (str, int, float, bool, type(None))):
+        return value
+    return fingerprint_callable(value).digest
+
+
+def _resolved(part: Any) -> Any:
+    """One part of a source description, as text (lists inside :class:`Hashed` as they are)."""
+    if isinstance(part, Code):
+        return _code_digest(part)
+    if isinstance(part, Digest):
+        try:
+            return content_hash(part.value)[:16]
+        except Unhashable:
+            if part.fallback is None:
+                raise
+            return hashlib.sha256(part.fallback()).hexdigest()[:16]
+    if isinstance(part, Hashed):
+        return sha(json.dumps([_resolved(p) for p in part.items]))
+    if isinstance(part, list):
+        return [_resolved(p) for p in part]
+    return part
+
+
+def _code_digest(part: Code) -> str:
+    fingerprint = (fingerprint_callable if part.whole else fingerprint_function)(part.obj)
+    if part.owner is not None and fingerprint.partial:
+        # An answer function reading what no fingerprint sees (globals()["K"], eval) could
+        # change its answers while its key stays the same: refused before anything is spent.
+        raise ProviderSetupError(
+            f"{part.owner}: the answer function reads values batchjson cannot see "
+            f"({', '.join(fingerprint.unseen)}), so its stored answers could not safely be "
+            "matched to it; name the answer source instead, CallableProvider(fn, "
+            "source='my-model-v1'), and change the name when its answers change")
+    part.fingerprint = fingerprint
+    return fingerprint.digest if part.length is None else fingerprint.digest[:part.length]

@@ -1,0 +1,361 @@
+"""A run as a pipeline: check, judge with, key, re-judge, plan, record, send, report.
+
+``run_spec(session, spec)`` is the whole of ``Session.run``: each step is one short function over a
+:class:`Run`, the record of what the run has learned so far, and nothing is recorded or spent
+before the spec's inputs and the plan's budget and fit have been checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .._acceptance.validators import droste_verdicts
+from .._content.keys import Keys, answer_source
+from .._content.tasks import Request
+from .._errors import BatchUnresolved
+from .._ledger.rejudge import UNSEEN, clear_sourceless, rejudge, unseen_token
+from .._providers.reply import GuardedProvider, provider_names
+from .._replay.budget import Spender, pricing_of, usd
+from .._replay.calls import cheapest_call
+from .._replay.plan import Outcome, Plan
+from .._replay.replay import Replayer
+from . import preflight
+from .fit import check_fit
+from .registry import ValidatorVersion
+from .result import BatchResult
+from .resume import Completed, find_completed, remember_file, resumed_requests
+from .spec import CheckedRun, RunSpec
+from .values import result_values
+
+if TYPE_CHECKING:
+    from .session import Session
+
+
+@dataclass
+class Run:
+    """One run's state, handed from step to step."""
+
+    spec: RunSpec
+    content: CheckedRun
+    provider: Any
+    source: str  # the provider's answer source, part of every key
+    version: ValidatorVersion | None = None
+    checker: Callable[[Any, Mapping[str, Any]], Any] | None = None
+    keys: Keys | None = None
+    blind: list[str] = field(default_factory=list)  # judging no fingerprint fully sees
+    existing: Any = None  # the revision of this content already on record, if any
+    requests: list[Request] = field(default_factory=list)
+    pending: list[Request] = field(default_factory=list)  # what calls must resolve
+    owed: list[Request] = field(default_factory=list)  # what this run resolves, either way
+    rechecked: list[tuple[Request, Any, dict[str, Any]]] = field(default_factory=list)
+    broken: list[dict[str, Any]] = field(default_factory=list)  # a validator_error re-judging
+    sourceless_of: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    superseded: str | None = None  # the revision this run's content replaced, said
+    provider_notes: list[str] = field(default_factory=list)  # calls not sent as asked, why
+
+
+def run_spec(session: Session, spec: RunSpec) -> BatchResult:
+    """Resolve every task of ``spec`` or say exactly what is still owed."""
+    finished = find_completed(session, spec)  # a tasks file's finished run: nothing to read
+    if finished is not None:
+        return report_completed(session, spec, finished)
+    content = spec.checked()  # every input check, before anything is recorded or spent
+    provider = session.provider  # refused here when none is configured
+    state = Run(spec, content, provider, answer_source(provider))
+    judge_with(session, state)
+    find_requests(session, state)
+    rejudge_stored(session, state)
+    plan, spender = plan_calls(session, state)
+    revision = record_revision(session, state, plan)
+    outcome = send(session, state, plan, spender, revision)
+    result = report(session, state, revision, outcome)
+    if result.status != "resolved" and spec.on_exhausted == "raise":
+        raise BatchUnresolved(result)
+    return result
+
+
+def judge_with(session: Session, state: Run) -> None:
+    """The validator's version (registered now, or handed over by the helper that registered
+    it a moment ago) and the checker acceptance calls."""
+    spec, validator = state.spec, state.spec.validator
+    handed = session.validators.handed_over(validator, spec.validator_name, take=True)
+    if validator is None:
+        return
+    if handed is not None:
+        state.version = handed
+    else:  # a new version says what changed (its code, a file it reads)
+        definition = session.validators.register(validator, name=spec.validator_name)
+        state.version = definition.record
+        if definition.kind == "changed":
+            state.notes.append(definition.message)
+    forms = {"index": _index_form, "droste": droste_verdicts}
+    checker = state.version.fn
+    if spec.validator_args in forms:
+        checker = forms[spec.validator_args](checker)
+    state.checker = _bounded(checker, session.transport.timeout)  # an async one may hang
+
+
+def find_requests(session: Session, state: Run) -> None:
+    """The run's keys and requests: those of its revision when one is on record. Judging no
+    fingerprint fully sees moves on to a revision naming the answers that no longer pass."""
+    spec, content, store = state.spec, state.content, session.ledger.store
+    state.keys = Keys.compose(
+        content.tasks, content.schema,
+        state.version.fingerprint.digest if state.version else "none", spec.pack,
+        spec.instructions, content.identity, spec.mode, state.source)
+    state.blind = [f"validator: {u}" for u in (state.version.fingerprint.unseen
+                                               if state.version else ())
+                   ] + [f"schema: {u}" for u in content.schema.unseen]
+    while True:
+        state.existing = store.find_revision(spec.name, state.keys.revision)
+        state.requests = (
+            resumed_requests(store, state.existing.id, content.tasks, spec.pack)
+            if state.existing else
+            state.keys.pack(content.tasks, spec.pack, content.texts, packed=True))
+        token = unseen_token(
+            store, state.requests, state.keys.components.get(UNSEEN), run=session._loop.run,
+            mode=spec.mode, identity=content.identity, schema=content.schema,
+            validator=state.checker) if state.blind else None
+        if token is None:
+            return
+        state.keys = state.keys.with_part(UNSEEN, token)
+
+
+def rejudge_stored(session: Session, state: Run) -> None:
+    """Earlier returns of what the model saw, judged under this run's rules: those that pass
+    resolve their requests for free. Answers of unknown source (imported) are found under the
+    key of the same content without one."""
+    store, keys = session.ledger.store, state.keys
+    done = store.accepted_keys([r.key for r in state.requests])
+    state.owed = [r for r in state.requests if r.key not in done]
+    if state.owed and store.has_sourceless_answers():
+        state.sourceless_of = {r.key: keys.sourceless(r.tasks_json) for r in state.owed}
+    state.rechecked = rejudge(
+        store, state.owed, run=session._loop.run, seen_of=_seen_of(state, state.requests),
+        sourceless_of=state.sourceless_of, mode=state.spec.mode,
+        identity=state.content.identity, schema=state.content.schema,
+        validator=state.checker, same_key=bool(state.blind), broken=state.broken)
+    passed = {request.key for request, _, _ in state.rechecked}
+    state.pending = [r for r in state.owed if r.key not in passed]
+
+
+def plan_calls(session: Session, state: Run) -> tuple[Plan, Spender]:
+    """What the calls are asked to do, refused before spending when the provider cannot do it
+    or the budget cannot cover one call per pending request."""
+    spec, content = state.spec, state.content
+    plan = Plan(batch_id=0, revision_id=0, mode=spec.mode,  # ids set once the revision opens
+                identity=content.identity, schema=content.schema, validator=state.checker,
+                instructions=spec.instructions, keys=state.keys,
+                repairs=session.repairs if spec.repairs is None else spec.repairs,
+                replays=session.replays if spec.replays is None else spec.replays,
+                split=spec.split, source=state.source, reask_refusals=spec.reask_refusals)
+    state.provider_notes = check_fit(state.provider, session.ledger, spec.name, content.schema,
+                                     state.pending, content.identity, spec.mode)
+    spender = Spender(spec.max_calls, session.budget, session.tally, pricing_of(state.provider),
+                      shared=session.ledger.store.shared_budget())
+    if spec.refuse_short_budget:
+        spender.refuse_if_short(len(state.pending), cheapest_call(
+            plan, state.provider, spender.pricing, state.pending))
+    return plan, spender
+
+
+def record_revision(session: Session, state: Run, plan: Plan) -> Any:
+    """Open (or resume) the revision, with what its requests saw and the rechecked returns."""
+    store, version, name = session.ledger.store, state.version, state.spec.name
+    revision, superseded = store.open_revision(
+        name, state.keys.revision, dict(state.keys.components), state.requests,
+        strict=session.strict, validator=None if version is None else  # already on record
+        {"name": version.name, "version": version.version})
+    if superseded is not None:
+        state.superseded = (f"revision {superseded.number} superseded "
+                            f"({superseded.supersede_reason or 'content changed'})")
+        if session.on_note is not None and state.pending:
+            session.on_note(f"{name}: {state.superseded}; revision {revision.number} runs "
+                            f"{len(state.pending)} request(s)")
+    if state.content.file_digest is not None:  # so a finished run of it resumes unread
+        remember_file(store, state.content.file_digest, state.keys.components["tasks"],
+                      state.content.tasks)
+    if state.existing is None or state.pending or state.rechecked:  # else on record already
+        store.record_seen(list(_seen_of(state, state.requests).items()))
+    if state.rechecked:
+        store.commit_rechecks(revision.batch_id, revision.id, state.rechecked, state.source)
+    plan.batch_id, plan.revision_id = revision.batch_id, revision.id
+    return revision
+
+
+def send(session: Session, state: Run, plan: Plan, spender: Spender, revision: Any) -> Outcome:
+    """The calls: none when the validator broke on a stored return (it would break on theirs)."""
+    store, outcome = session.ledger.store, Outcome()
+    if state.pending and state.broken:
+        outcome.stopped = (f"the validator failed while re-judging a stored return, so no "
+                           f"call was sent ({state.broken[0]['message'][:300]}); fix the "
+                           "validator and re-run")
+        outcome.errors[state.broken[0]["task_id"]] = [state.broken[0]]
+    elif state.pending:
+        outcome = _replay(session, plan, GuardedProvider(state.provider), spender, state)
+        if plan.split:  # halves made during the run: remember what they saw too
+            store.record_seen(list(_seen_of(state, store.leaves(revision.id)).items()))
+    if state.sourceless_of:
+        now_accepted = store.accepted_keys([r.key for r in state.owed])
+        clear_sourceless(store, [r for r in state.owed if r.key in now_accepted],
+                         state.sourceless_of, state.source)
+    return outcome
+
+
+def _seen_of(state: Run, requests: Sequence[Request]) -> dict[str, str]:
+    return {r.key: state.keys.seen_key(r.tasks_json) for r in requests}
+
+
+def _replay(session: Session, plan: Plan, provider: Any, spender: Spender, state: Run) -> Outcome:
+    """Run the pending requests; a progress bar counts every task of the batch, those
+    resumed from the ledger already done (2000/2000 at the end, as tqdm users expect)."""
+    pending, progress, name = state.pending, state.spec.progress, state.spec.name
+    total = len(state.content.tasks)
+    bar = None
+    done = max(0, total - sum(len(r.tasks) for r in pending))
+    if callable(progress):  # a face's own bar (a notebook widget): progress(total, name)
+        bar = progress(total, name)
+        if done:
+            bar.update(done)
+    elif progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total, initial=done, desc=name, unit="task", leave=True)
+    session.remember_provider(provider)  # the run's guard: its inner provider is kept
+
+    async def go() -> Outcome:
+        replayer = Replayer(plan, session.ledger, provider, spender, session.transport,
+                            session.concurrency, on_progress=bar.update if bar else None,
+                            session_id=session.id)
+        return await replayer.run(pending)
+
+    try:
+        return session._loop.run(go)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def report(session: Session, state: Run, revision: Any, outcome: Outcome) -> BatchResult:
+    """The result, with a note for each thing a person should know about how it was reached."""
+    spec, content = state.spec, state.content
+    result = _result(session, spec.name, revision, len(content.tasks),
+                     (t["task_id"] for t in content.tasks), content.schema, outcome,
+                     resumed=len(state.requests) - len(state.pending) - len(state.rechecked))
+    result.rechecked = len(state.rechecked)
+    return _described(result, state, content.tasks)
+
+
+def report_completed(session: Session, spec: RunSpec, done: Completed) -> BatchResult:
+    """The result of a finished revision found without reading its tasks file: its values
+    from the ledger, its validator registered as a full run registers it."""
+    state = Run(spec, CheckedRun(spec, [], [], done.schema, done.identity), done.provider,
+                done.source)
+    judge_with(session, state)
+    state.provider_notes = check_fit(done.provider, session.ledger, spec.name, done.schema, [],
+                                     done.identity, spec.mode)
+    result = _result(session, spec.name, done.revision, done.count, (), done.schema,
+                     Outcome(), resumed=done.leaves)
+    result = _described(result, state, [dict.fromkeys(done.fields)])
+    if result.status != "resolved" and spec.on_exhausted == "raise":  # a value not loading
+        raise BatchUnresolved(result)
+    return result
+
+
+def _described(result: BatchResult, state: Run,
+               tasks: Sequence[Mapping[str, Any]]) -> BatchResult:
+    """What the run compared (``tasks``: whose fields an item may echo) and its notes."""
+    spec, identity = state.spec, state.content.identity
+    if spec.mode == "items":  # what the prompt asks to copy; other task fields, if echoed
+        result.identity_compared = tuple(identity)
+        result.compared_if_echoed = tuple(f for f in preflight.compared_candidates(
+            tasks, identity) if f not in identity)
+    name, model = provider_names(state.provider)
+    result.provider = f"{name}/{model}" if model else name
+    result.notes += state.provider_notes  # how this run's calls were sent, when not as asked
+    result.notes.extend(state.notes)
+    if state.superseded is not None:
+        result.superseded = state.superseded
+        result.notes.append(state.superseded)
+    if state.blind:
+        result.notes.append(f"the judging reads what no fingerprint can see ("
+                            f"{'; '.join(state.blind)}): stored answers were re-judged under "
+                            "the rules as they are now, not reused on trust")
+    if state.rechecked:
+        result.notes.append(f"{len(state.rechecked)} request(s) resolved by re-judging earlier "
+                            "returns under the new rules (no calls)")
+    return result
+
+
+def _result(session: Session, name: str, revision: Any, total: int, task_ids: Iterable[str],
+            schema: Any, outcome: Outcome, resumed: int) -> BatchResult:
+    """The result over the revision's values in the ledger; ``task_ids`` (every task in
+    order) is read only when some task has no value."""
+    values, errors = _values(session, revision.id, total, task_ids, schema, outcome)
+    result = BatchResult(
+        name=name, status="resolved" if len(values) == total else "unresolved",
+        values=values, errors=errors, calls=outcome.calls, tokens=outcome.tokens,
+        cost=outcome.cost, revision=revision.number, total_tasks=total,
+        accepted_returns=outcome.accepted_returns, rejected_returns=outcome.rejected_returns,
+        provider_errors=outcome.provider_errors, resumed=resumed,
+        attempts_by_task=dict(outcome.attempts_by_task), repairs_made=outcome.repairs_made)
+    if outcome.stopped:
+        result.notes.append(outcome.stopped)
+    if outcome.overrun:
+        result.notes.append(
+            f"calls billed beyond their reservations: {usd(outcome.overrun)} in this run; "
+            f"the session has spent {usd(session.tally.cost)} of its "
+            f"{usd(session.budget.cost or 0.0)} cost budget (each receipt keeps its usage)")
+    if outcome.taken_from_ledger:
+        result.notes.append(f"{outcome.taken_from_ledger} request(s) were resolved by another "
+                            "runner of the same content; their values come from the ledger")
+    return result
+
+
+def _values(session: Session, revision_id: int, total: int, task_ids: Iterable[str],
+            schema: Any, outcome: Outcome) -> tuple[Mapping[str, Any], list[dict[str, Any]]]:
+    """The revision's values, read from the ledger when asked for, and an error for every
+    task without one."""
+    values, unloadable = result_values(session.ledger.store, revision_id, schema)
+    errors = [e for task_id, errs in outcome.errors.items() if task_id not in values
+              for e in errs] + unloadable
+    if len(values) < total:  # the tasks neither answered nor failed, in order
+        failed = {e["task_id"] for e in errors}.union(values)
+        why = (f"no call was made for this task in this run: {outcome.stopped}"
+               if outcome.stopped else "no call was made for this task in this run")
+        errors += [{"type": "not_attempted", "task_id": task_id, "message": why}
+                   for task_id in task_ids if task_id not in failed]
+    return values, errors
+
+
+def _bounded(fn: Callable[[Any, Mapping[str, Any]], Any],
+             seconds: float) -> Callable[[Any, Mapping[str, Any]], Any]:
+    """The validator, with an ``async def`` one bounded by the session's timeout: one that never
+    returns becomes a ``validator_error`` instead of holding the run forever."""
+    def check(value: Any, task: Mapping[str, Any]) -> Any:
+        out = fn(value, task)
+        return _within(out, seconds) if inspect.isawaitable(out) else out
+
+    return check
+
+
+async def _within(awaitable: Any, seconds: float) -> Any:
+    try:
+        async with asyncio.timeout(seconds):
+            return await awaitable
+    except TimeoutError:
+        raise TimeoutError(f"the async validator did not return within {seconds:g}s (the "
+                           "session's timeout=)") from None
+
+
+def _index_form(fn: Callable[[Any, int], Any]) -> Callable[[Any, Mapping[str, Any]], Any]:
+    """droste validators take (value, index); acceptance hands (value, task)."""
+    def check(value: Any, task: Mapping[str, Any]) -> Any:
+        return fn(value, task["index"])
+
+    return check

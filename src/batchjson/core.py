@@ -1,0 +1,50 @@
+"""The core's surface for faces: what a notebook extension, an RLM binding or a command line
+needs of batchjson beyond the names in ``batchjson`` itself.
+
+The faces shipped here (``%load_ext batchjson``, :mod:`batchjson.rlm`, the ``batchjson``
+command) use only this module and ``batchjson``: an import-linter contract in pyproject.toml
+forbids them every private module of the core, so what a face relies on is named here, in
+one place (docs/api.md, "For faces").
+"""
+
+from ._checks import whole_argument
+from ._content.keys import answer_source, source_text
+from ._content.schema import compile_schema
+from ._content.tasks import parse_identity, render_value_prompt
+from ._ledger.advice import advise
+from ._ledger.forgetting import forget_batch, forget_message, forgotten_line
+from ._ledger.records import ledger_path
+from ._ledger.recovery import read_lines
+from ._ledger.sqlite import file_problem, holds_nothing
+from ._money import cost_value, money
+from ._providers.base import estimate_tokens
+from ._providers.masking import looks_like_key, masked, public_url, shown_value
+from ._providers.select import PROVIDER_NAMES, provider_label
+from ._replay.budget import usd
+from ._session.preflight import check_validator
+from ._session.registry import ValidatorVersion
+from ._session.structured import (
+    check_call,
+    check_droste_schema,
+    default_batch_name,
+    llm_batch_json,
+)
+from ._sources import Code, Hashed
+
+__all__ = [
+    # runs: a validator's checks and version, a schema compiled once, an identity option
+    "check_validator", "ValidatorVersion", "compile_schema", "parse_identity",
+    # droste's llm_batch_json contract over a session
+    "llm_batch_json", "check_call", "check_droste_schema", "default_batch_name",
+    "render_value_prompt",
+    # the ledger: advice, receipts read, forgetting, what is wrong with a ledger file
+    "advise", "read_lines", "forget_batch", "forget_message", "forgotten_line",
+    "file_problem", "holds_nothing", "ledger_path",
+    # providers, and what a face may show of them
+    "PROVIDER_NAMES", "provider_label", "estimate_tokens", "looks_like_key", "masked",
+    "public_url", "shown_value",
+    # answer sources: a face's own provider describes its source, the core keys it
+    "answer_source", "source_text", "Code", "Hashed",
+    # one wording for numbers and dollars
+    "whole_argument", "money", "cost_value", "usd",
+]
