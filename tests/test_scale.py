@@ -246,3 +246,22 @@ def test_a_split_revision_run_again_sends_only_its_owed_half_with_its_own_tasks(
     assert [[t["task_id"] for t in call.tasks] for call in sent] == [[tasks[3]["task_id"]]]
     assert dict(again.values) == {t["task_id"]: answer(t) for t in tasks}
     assert again.revision == first.revision
+
+
+def test_an_unresolved_result_over_a_ledger_file_reports_as_one_in_memory_does(tmp_path):
+    tasks = review_tasks(9)
+    poisoned = tasks[4]["task_id"]
+
+    def one_wrong(call):
+        return items_reply(call, **{poisoned: {"case_id": "gold-pair-079"}})
+
+    def run(ledger):
+        return Session(CallableProvider(one_wrong), ledger=ledger, repairs=0, replays=0,
+                       ).run_batch("b", tasks, LABEL_SCHEMA, pack=3, on_exhausted="return")
+
+    on_file, in_memory = run(tmp_path / "l.sqlite"), run(None)
+    assert not isinstance(on_file.values, dict) and isinstance(in_memory.values, dict)
+    assert on_file.unresolved == in_memory.unresolved == [t["task_id"] for t in tasks[3:6]]
+    assert on_file.failures == in_memory.failures and on_file.errors == in_memory.errors
+    assert on_file.failure_report() == in_memory.failure_report()
+    assert on_file._repr_html_() == in_memory._repr_html_()

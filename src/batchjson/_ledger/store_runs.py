@@ -249,6 +249,13 @@ class RunStore(StoreBase):
             "SELECT key, task_ids FROM requests WHERE revision_id = ? AND split = 0",
             (revision_id,))]
 
+    def revision_accepted_requests(self, revision_id: int) -> set[str]:
+        """Keys of a revision's leaf requests with accepted values (every task of each has
+        one: a return is accepted whole)."""
+        return {r[0] for r in self._read(
+            "SELECT DISTINCT q.key FROM requests q JOIN checkpoint c ON c.request_key = q.key "
+            "WHERE q.revision_id = ? AND q.split = 0", (revision_id,))}
+
     def accepted_item(self, request_key: str, task_id: str) -> str | None:
         """The stored text of one task's accepted value under one request key, or None."""
         rows = self._read("SELECT item FROM checkpoint WHERE request_key = ? AND task_id = ? "

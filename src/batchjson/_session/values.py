@@ -36,6 +36,7 @@ class LedgerValues(Mapping[str, Any]):
         self._hidden = hidden
         self._count: int | None = None
         self._where: dict[str, str] | None = None  # task_id -> request key, read on first use
+        self._accepted: set[str] | None = None  # request keys with values, read on first use
 
     def __len__(self) -> int:
         if self._count is None:
@@ -53,7 +54,12 @@ class LedgerValues(Mapping[str, Any]):
         return self._load(json.loads(text))
 
     def __contains__(self, task_id: object) -> bool:
-        return isinstance(task_id, str) and self._text(task_id) is not None
+        """Read without a query per task (a result's errors ask it of every failed task)."""
+        if not isinstance(task_id, str) or task_id in self._hidden:
+            return False
+        if self._accepted is None:
+            self._accepted = self._read("revision_accepted_requests", self._revision)
+        return self._where_of().get(task_id) in self._accepted
 
     def items(self) -> Iterator[tuple[str, Any]]:  # type: ignore[override]
         """(task_id, value) in task order, a page of requests at a time."""
@@ -98,13 +104,16 @@ class LedgerValues(Mapping[str, Any]):
             self._store = Ledger(where).store
             return getattr(self._store, what)(*args)
 
+    def _where_of(self) -> dict[str, str]:
+        if self._where is None:
+            self._where = {t: key for key, ids in self._read(
+                "revision_task_requests", self._revision) for t in json.loads(ids)}
+        return self._where
+
     def _text(self, task_id: str) -> str | None:
         if task_id in self._hidden:
             return None
-        if self._where is None:
-            self._where = {t: key for key, ids in self._read("revision_task_requests",
-                self._revision) for t in json.loads(ids)}
-        key = self._where.get(task_id)
+        key = self._where_of().get(task_id)
         return None if key is None else self._read("accepted_item", key, task_id)
 
 
