@@ -117,12 +117,13 @@ def test_a_generator_of_200000_tasks_runs_in_bounded_memory(tmp_path):
     assert seen["peak_mb"] < 600, seen
 
 
-def test_a_finished_run_of_a_tasks_file_resumes_without_reading_a_task(tmp_path, monkeypatch):
+def test_a_finished_run_of_a_tasks_file_resumes_without_reading_a_task(tmp_path, monkeypatch,
+                                                                        ledger_at):
     from batchjson._session import spec as spec_module
 
     tasks = review_tasks(40)
     path = write_jsonl(tmp_path / "t.jsonl", tasks)
-    ledger = tmp_path / "l.sqlite"
+    ledger = ledger_at()
     first = Session(labeller(), ledger=ledger).run_batch("b", path, LABEL_SCHEMA, pack=4)
 
     def unread(*args, **kwargs):
