@@ -82,7 +82,7 @@ def test_values_are_a_read_only_mapping_over_the_ledger_in_task_order(ledger_at,
     session.close()
 
 
-def test_values_hold_model_instances_and_leave_out_one_the_schema_no_longer_loads(tmp_path):
+def test_values_hold_model_instances_for_a_pydantic_schema(tmp_path):
     class Label(BaseModel):
         verdict: str
 
@@ -266,3 +266,26 @@ def test_an_unresolved_result_over_a_ledger_file_reports_as_one_in_memory_does(t
     assert on_file.failures == in_memory.failures and on_file.errors == in_memory.errors
     assert on_file.failure_report() == in_memory.failure_report()
     assert on_file._repr_html_() == in_memory._repr_html_()
+
+
+def test_stored_values_the_schema_no_longer_loads_are_left_out_and_named(tmp_path):
+    from types import SimpleNamespace
+
+    from batchjson._session.values import result_values
+
+    tasks = review_tasks(6)
+    session = Session(labeller(), ledger=tmp_path / "l.sqlite")
+    session.run_batch("b", tasks, LABEL_SCHEMA, pack=2)
+
+    def load(stored):  # as a pydantic model whose rules moved under the stored answers
+        if stored["verdict"] == "no_match":
+            raise ValueError("verdict no longer allowed")
+        return stored
+
+    revision_id = session.ledger.revisions("b")[-1].id
+    values, errors = result_values(session.ledger.store, revision_id,
+                                   SimpleNamespace(model=object(), load=load))
+    gone = [t["task_id"] for t in tasks if answer(t)["verdict"] == "no_match"]
+    assert dict(values) == {t["task_id"]: answer(t) for t in tasks if t["task_id"] not in gone}
+    assert len(values) == 3 and gone[0] not in values and values.get(gone[0]) is None
+    assert [(e["type"], e["task_id"]) for e in errors] == [("stored_invalid", g) for g in gone]
