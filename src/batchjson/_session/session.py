@@ -128,7 +128,7 @@ class Session:
     def run_batch(
         self,
         name: str,
-        tasks: Iterable[Mapping[str, Any]],
+        tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
         schema: Any,
         *,
         validator: Callable[..., Any] | None = None,
@@ -157,6 +157,8 @@ class Session:
         ``transport="batch"`` sends the pending requests as provider batch jobs at batch prices
         and returns ``status == "pending"`` with ``jobs`` (``wait=True``: blocks until they
         end); re-running collects.
+        ``tasks`` is a list, any iterable (a generator is read once) or the path of a JSON
+        Lines file (``Path("tasks.jsonl")``), one task object a line.
         """
         return self.run(RunSpec(
             name=name, tasks=tasks, schema=schema, validator=validator,
