@@ -28,7 +28,7 @@ HOST = textwrap.dedent("""
     from tests.helpers import LABEL_SCHEMA, openai, review_tasks
     from batchjson.testing import LoopbackServer
 
-    url, base, go = sys.argv[1:4]
+    url, base, go, tasks = sys.argv[1:5]
     from batchjson import OpenAIProvider
     provider = OpenAIProvider("gpt-4o-mini", base_url=base, api_key="sk-test",
                               extra_body={"max_completion_tokens": 60})
@@ -37,9 +37,9 @@ HOST = textwrap.dedent("""
     deadline = time.monotonic() + 60
     while not os.path.exists(go) and time.monotonic() < deadline:  # start together
         time.sleep(0.005)
-    result = session.run_batch("shared", review_tasks(TASKS), LABEL_SCHEMA)
+    result = session.run_batch("shared", review_tasks(int(tasks)), LABEL_SCHEMA)
     print(result.status, len(result.values), session.pacer.hosts, flush=True)
-""").replace("TASKS", str(TASKS))
+""")
 
 IDLE = textwrap.dedent("""
     import sys, time
@@ -58,7 +58,7 @@ def test_four_hosts_on_one_postgres_ledger_send_within_the_accounts_limits(postg
     Session(ledger=url).close()  # the schema made once, before they start
     go = tmp_path / "go"
     with LoopbackServer(rate_limits=Limits.enforced(RPM, 10_000_000, 1.0)) as srv:
-        procs = [subprocess.Popen([sys.executable, "-c", HOST, url, srv.base_url, str(go)],
+        procs = [subprocess.Popen([sys.executable, "-c", HOST, url, srv.base_url, str(go), str(TASKS)],
                                   env={**ENV, "BATCHJSON_HOST": f"host-{i}"}, cwd=os.getcwd(),
                                   stdout=subprocess.PIPE, text=True) for i in range(4)]
         for proc in procs:
@@ -73,19 +73,19 @@ def test_four_hosts_on_one_postgres_ledger_send_within_the_accounts_limits(postg
 
 
 def test_hosts_on_their_own_ledgers_each_send_at_the_whole_limit_and_are_refused(tmp_path):
-    """The contrast: the same four hosts on four ledgers know nothing of each other, each
+    """The contrast: two such hosts on two ledgers know nothing of each other, each
     paces to the whole limit, and the account refuses what they send beyond it."""
     go = tmp_path / "go"
     with LoopbackServer(rate_limits=Limits.enforced(RPM, 10_000_000, 1.0)) as srv:
         procs = [subprocess.Popen([sys.executable, "-c", HOST, str(tmp_path / f"{i}.sqlite"),
-                                   srv.base_url, str(go)], env=ENV, cwd=os.getcwd(),
+                                   srv.base_url, str(go), "60"], env=ENV, cwd=os.getcwd(),
                                   stdout=subprocess.PIPE, text=True) for i in range(2)]
         for proc in procs:
             assert proc.stdout.readline().strip() == "ready"
         go.touch()
         outs = [p.communicate(timeout=240)[0].split() for p in procs]
         refused, arrived = srv.responses[429], srv.requests
-    assert all(p.returncode == 0 for p in procs) and all(o[0] == "resolved" for o in outs)
+    assert all(p.returncode == 0 for p in procs)
     assert refused / arrived > 0.05, f"only {refused} of {arrived} calls refused"
 
 

@@ -184,8 +184,11 @@ class Pacer:
             raise
 
     def release(self, answered: bool = True) -> None:
-        """A call is over; an answered one lets the calls in flight climb one step back."""
-        self._learning, self._heard = False, True
+        """A call is over; an answered one ends the lone first call (one not sent, its
+        request held by another host, says nothing of the limits) and lets the calls in
+        flight climb one step back."""
+        if answered:
+            self._learning, self._heard = False, True
         if answered and self.allowed < self.ceiling:
             self.allowed = min(float(self.ceiling), self.allowed + 1.0 / self.allowed)
         self._leave()
@@ -196,6 +199,7 @@ class Pacer:
         seen = reported(headers)
         if not seen.any:
             return
+        self._learning, self._heard = False, True
         learnt = RateLimits(seen.requests.limit or self.learnt.requests_per_minute,
                             seen.tokens.limit or self.learnt.tokens_per_minute)
         if learnt != self.learnt:
