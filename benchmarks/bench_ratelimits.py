@@ -186,8 +186,8 @@ def four_hosts(n: int, rpm: int, tpm: int, concurrency: int) -> tuple[bool, str]
         answered = srv.responses[200]
     passed = outs == [["resolved", str(n)]] * 4 and answered == n and share < TARGET_REFUSED
     return passed, (f"(c) batchjson, four hosts on one ledger: {answered} calls answered for {n} "
-                    f"tasks, every host returned {sum(o == ['resolved', str(n)] for o in outs)}"
-                    f"/4 whole, {wall:.1f}s against an ideal of {ideal:.1f}s = "
+                    f"tasks, {sum(o == ['resolved', str(n)] for o in outs)}/4 hosts returned "
+                    f"them whole, {wall:.1f}s against an ideal of {ideal:.1f}s = "
                     f"{ideal / wall:.3f} of the ideal, {share:.2%} of calls answered 429 "
                     f"{'PASS' if passed else 'FAIL'}")
 
