@@ -345,7 +345,7 @@ def read_ledger_file(path: Path) -> dict[str, list[Row]]:
     try:
         tables = {table: db.execute(f"SELECT * FROM {table} ORDER BY rowid").fetchall()
                   for table in ("batches", "revisions", "requests", "attempts", "validators",
-                                "imports", "forgets")}
+                                "imports", "forgets", "jobs")}
         # checkpoint has no rowid: by accepting attempt (the order they were opened)
         tables["checkpoint"] = db.execute(
             "SELECT * FROM checkpoint ORDER BY attempt_id, task_id").fetchall()
