@@ -32,6 +32,7 @@ from .. import BatchJsonError, BatchUnresolved, ProviderHandle, RunSpec, Session
 from .._textview import DEFAULT_LEDGER
 from ..core import (
     PROVIDER_NAMES,
+    collect_ended,
     forget_batch,
     forget_message,
     list_jobs,
@@ -297,7 +298,8 @@ class BatchJson(Magics):
     def batch_status(self, line: str) -> StatusView | None:
         """What is still owed and what has been spent: unresolved and superseded requests,
         minimum exact retry calls, calls, cost so far and cost per usable result, and the
-        batch jobs still open (re-run their cell to collect them)."""
+        batch jobs still open. A job that has ended is collected first, when this kernel
+        knows its validator (else re-run its cell)."""
         args = parse(self.batch_status, line)
         if args is None:
             return None
@@ -305,7 +307,9 @@ class BatchJson(Magics):
         if args.name is not None:
             self._known_batch(args.name)
         assert self._state is not None
+        collected = collect_ended(session, args.name)
         summary = session.evidence.summary(args.name)
+        summary["collected"] = collected
         summary["account"] = session.ledger.cost_summary(args.name)["total"]
         summary["jobs"] = [j for j in list_jobs(session.ledger)
                            if args.name in (None, j["batch"])]

@@ -25,7 +25,7 @@ from . import records
 from .store import Store
 from .store_base import Row, Tx
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 # The tables docs/design.md lists, with their columns' names and meanings; times are ISO 8601
 # UTC text. Claims and checkpoint rows are written with every call: WITHOUT ROWID keeps each
@@ -97,7 +97,7 @@ CREATE TABLE jobs (
     revision_id INTEGER NOT NULL REFERENCES revisions(id), model TEXT, endpoint TEXT,
     requests INTEGER NOT NULL, reserved REAL NOT NULL, owner TEXT NOT NULL, host TEXT NOT NULL,
     pid INTEGER NOT NULL, created_at TEXT NOT NULL, submitted_at TEXT, ended_at TEXT,
-    detail TEXT);
+    detail TEXT, plan TEXT, lease_expires_at REAL);
 CREATE TABLE job_lines (
     custom_id TEXT PRIMARY KEY, job_id INTEGER NOT NULL REFERENCES jobs(id),
     attempt_id INTEGER NOT NULL UNIQUE REFERENCES attempts(id), request_key TEXT NOT NULL,

@@ -83,6 +83,15 @@ class JobRunner:
         self._unresolved(keys)
         return self.result
 
+    async def collect(self, keys: list[str]) -> JobsOutcome:
+        """Only collect the ended jobs holding ``keys`` (``%batch_status``): nothing is
+        submitted, and a request's own content comes from the ledger."""
+        self.requests = {}
+        await self._collect_ended(keys)
+        self.result.jobs = [job_view(r, self.store.job_keys(r["id"]))
+                            for r in self.store.jobs_holding(keys)]
+        return self.result
+
     # -- collection ----------------------------------------------------------------------------
     async def _collect_ended(self, keys: list[str]) -> None:
         self.store.lost_recordings()
@@ -266,7 +275,8 @@ class JobRunner:
             uid=uid, protocol=self.client.protocol, batch_id=plan.batch_id,
             revision_id=plan.revision_id, model=getattr(self.provider, "model", None),
             endpoint=self.client.endpoint, provider=getattr(self.provider, "name", None),
-            source=plan.source, writer=writer, shared=self.spender.shared is not None, lines=[
+            source=plan.source, writer=writer, shared=self.spender.shared is not None,
+            plan=plan_facts(plan), lines=[
                 (r, kind, self.client.line("", c)[1], worst,
                  estimate_tokens(self._system + c.prompt))
                 for (r, kind, _), c, worst in zip(owed, calls, reserved, strict=True)])
@@ -293,12 +303,13 @@ class JobRunner:
         it cancels the job's receipts (never sent); any other leaves the job uncertain."""
         store = self.store
         try:
-            file_id = await self.client.upload(body)
+            file_id = await self._renewing(job_id, self.client.upload(body))
         except ProviderError as exc:
             self._unsent(job_id, attempts, f"the input file could not be uploaded ({exc})")
             return False
         try:
-            batch = await self.client.create(file_id, {"batchjson_job": uid})
+            batch = await self._renewing(job_id, self.client.create(
+                file_id, {"batchjson_job": uid}))
         except ProviderError as exc:
             if exc.status is not None and 400 <= exc.status < 500:
                 self._unsent(job_id, attempts, f"the provider refused the job ({exc})")
@@ -310,6 +321,21 @@ class JobRunner:
                                                         "provider_status": batch.get("status")})
         self.result.submitted += len(body)
         return True
+
+    async def _renewing(self, job_id: int, awaitable: Any) -> Any:
+        """``awaitable``, the job's lease renewed every third of it meanwhile (a large upload
+        outlasts a lease): a runner on another host takes the job for uncertain only once
+        this one stopped renewing."""
+        async def renew() -> None:
+            while True:
+                await asyncio.sleep(self.store.lease_seconds / 3)
+                self.store.renew_job(job_id)
+
+        renewer = asyncio.ensure_future(renew())
+        try:
+            return await awaitable
+        finally:
+            renewer.cancel()
 
     def _unsent(self, job_id: int, attempts: list[int], why: str) -> None:
         for attempt_id in attempts:
@@ -353,6 +379,17 @@ def job_view(row: Mapping[str, Any], keys: Sequence[str] | None = ()) -> dict[st
              "created_at": row["created_at"], "provider_status": detail.get("provider_status"),
              "counts": detail.get("counts"), "why": detail.get("why")}
     return shown if keys is None else {**shown, "keys": tuple(keys)}
+
+
+def plan_facts(plan: Plan) -> dict[str, Any]:
+    """What judging a job's lines needs beside its revision, kept on the job row so a kernel
+    that did not run the cell can collect it: the answer schema (None when it is no JSON),
+    mode and identity fields."""
+    try:
+        schema = json.loads(json.dumps(plan.schema.json_schema))
+    except (TypeError, ValueError):
+        schema = None
+    return {"schema": schema, "mode": plan.mode, "identity": list(plan.identity)}
 
 
 def _detail(row: Mapping[str, Any]) -> dict[str, Any]:
