@@ -64,3 +64,68 @@ def test_an_export_refuses_a_batch_whose_job_may_still_answer(srv):
     assert s.run_batch("labels", tasks(2), SCHEMA, transport="batch").resolved
     assert len(s.ledger.export_receipts("labels")) == 2
     s.close()
+
+
+# -- uncertain jobs, on this host and others ---------------------------------------------------
+
+def others(tag: str) -> list[dict[str, str]]:
+    return [{"task_id": f"{tag}{i}", "case_id": tag, "prompt": f"Another review {tag}{i}."}
+            for i in range(2)]
+
+
+def test_a_kill_between_create_and_record_is_found_by_its_uid_and_polled_not_resubmitted(
+        ledger_at):
+    """OpenAI keeps the job's uid as the batch's metadata: the batch list finds it (paged, a
+    batch at a time here, past two batches of other runs), and the job is collected."""
+    target = ledger_at()
+    with LoopbackServer() as srv:
+        srv.batches.delay = 0.1
+        s = session(srv, target)
+        s.run_batch("other", others("a"), SCHEMA, transport="batch", wait=True)
+        run_child(srv, target, "before-record")
+        s.run_batch("later", others("b"), SCHEMA, transport="batch", wait=True)
+        assert srv.batches.created == 3
+        srv.batches.page_limit = 1
+        listed = srv.batches.listed
+        result = s.run_batch("labels", tasks(), SCHEMA, transport="batch", wait=True)
+        assert result.resolved and len(result.values) == 6
+        assert srv.batches.created == 3  # the child's job, polled: nothing submitted again
+        assert srv.batches.listed - listed >= 2  # it took more than one page to find it
+        assert any("found as batch_" in note and "by its uid" in note for note in result.notes)
+        [job] = [j for j in s.ledger.store.jobs(every=True) if j["batch"] == "labels"]
+        assert job["status"] == "ended"
+        s.close()
+
+
+def test_a_runner_on_another_host_that_died_recording_is_uncertain_once_its_lease_ran_out(
+        ledger_at):
+    target = ledger_at()
+    with LoopbackServer() as srv:
+        srv.batches.delay = 0.1
+        srv.batches.faults = []
+        run_child(srv, target, "before-record", "anthropic", BATCHJSON_HOST="elsewhere",
+                  CHILD_LEASE="1.5")
+        s = session(srv, target, "anthropic")
+        [job] = s.ledger.store.jobs()
+        assert job["host"] == "elsewhere"
+        assert s.ledger.store.lost_recordings() == 0  # its lease still runs: it may live
+        assert s.ledger.store.jobs()[0]["status"] == "recording"
+        time.sleep(1.6)
+        result = s.run_batch("labels", tasks(), SCHEMA, transport="batch")
+        assert result.status == "pending" and srv.batches.created == 1
+        [job] = result.jobs
+        assert job["status"] == "uncertain" and "runner stopped" in job["why"]
+        s.close()
+
+
+def test_a_runner_on_another_host_that_died_recording_an_openai_job_is_found_and_collected(
+        ledger_at):
+    target = ledger_at()
+    with LoopbackServer() as srv:
+        srv.batches.delay = 0.1
+        run_child(srv, target, "before-record", BATCHJSON_HOST="elsewhere", CHILD_LEASE="1")
+        s = session(srv, target)
+        time.sleep(1.1)
+        result = s.run_batch("labels", tasks(), SCHEMA, transport="batch", wait=True)
+        assert result.resolved and srv.batches.created == 1
+        s.close()

@@ -16,6 +16,7 @@ import json
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 from .._acceptance import judge as acceptance
@@ -96,7 +97,11 @@ class JobRunner:
     async def _collect_ended(self, keys: list[str]) -> None:
         self.store.lost_recordings()
         for row in self.store.jobs_holding(keys):
-            if row["status"] != "open" or row["protocol"] != self.client.protocol:
+            if row["protocol"] != self.client.protocol:
+                continue
+            if row["status"] == "uncertain" and row["provider_job_id"] is None:
+                row = await self._recover(row)
+            if row["status"] != "open":
                 continue
             try:
                 batch = await self.client.poll(row["provider_job_id"])
@@ -110,6 +115,27 @@ class JobRunner:
                 continue
             self.store.job_detail(row["id"], {**_detail(row), "provider_status": status,
                                               "counts": self.client.counts(batch)})
+
+    async def _recover(self, row: Mapping[str, Any]) -> Mapping[str, Any]:
+        """An uncertain job found at the provider by the uid it was created with (OpenAI keeps
+        it as the batch's metadata) is recorded open under the id found, and polled as any
+        open job; else it stays uncertain."""
+        try:  # listed back to an hour before it was recorded (clocks differ)
+            batch = await self.client.find(row["uid"], unix(row["created_at"]) - 3600)
+        except ProviderError as exc:
+            self.result.notes.append(f"job {row['id']} is uncertain and the provider's jobs "
+                                     f"could not be listed to find it this time: {exc}")
+            return row
+        if batch is None:
+            return row
+        self.store.job_submitted(row["id"], str(batch["id"]), {
+            "input_file_id": batch.get("input_file_id"),
+            "provider_status": batch.get("status"),
+            "recovered": "found at the provider by the uid it was created with"})
+        self.result.notes.append(f"job {row['id']} was uncertain (its runner stopped before "
+                                 f"recording the provider's id): found as {batch['id']} by "
+                                 "its uid, and polled as any open job")
+        return self.store.jobs(job=str(row["id"]))[0]
 
     async def _collect(self, row: Mapping[str, Any], batch: Mapping[str, Any]) -> None:
         """Join the job's lines to its receipts by custom_id, judge each, and complete every
@@ -390,6 +416,12 @@ def plan_facts(plan: Plan) -> dict[str, Any]:
     except (TypeError, ValueError):
         schema = None
     return {"schema": schema, "mode": plan.mode, "identity": list(plan.identity)}
+
+
+def unix(stamp: str) -> float:
+    """Seconds since the epoch of a ledger time (ISO 8601 UTC)."""
+    moment = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
 
 
 def _detail(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -34,9 +34,10 @@ def collect_ended(session: Session, name: str | None = None) -> list[str]:
     store.lost_recordings()
     said = []
     for row in store.jobs():
-        if row["status"] != "open" or name not in (None, row["batch"]):
-            continue
-        shown = f"job {row['id']} of {row['batch']!r} ({row['provider_job_id']})"
+        if row["status"] not in ("open", "uncertain") or name not in (None, row["batch"]):
+            continue  # an uncertain one may be found at the provider (OpenAI), then collected
+        shown = (f"job {row['id']} of {row['batch']!r} "
+                 f"({row['provider_job_id'] or 'no provider id'})")
         plan, why = job_plan(session, row)
         if plan is None:
             said.append(f"{shown} was not collected here: {why}; re-run its cell to collect it")
@@ -97,6 +98,10 @@ def _collect(session: Session, row: Mapping[str, Any], plan: Plan) -> str:
     keys = store.job_keys(row["id"])
     ran = session._loop.run(lambda: runner.collect(keys))
     after = store.jobs(job=str(row["id"]))[0]
+    if after["status"] == "uncertain":
+        return ("stays uncertain: it was not found at the provider by its uid (Anthropic "
+                "keeps none); check the provider's console, then `batchjson cancel "
+                f"{row['id']}` to release its requests")
     if after["status"] == "open":
         status = json.loads(after["detail"] or "{}").get("provider_status") or "running"
         return f"is still {status}" + "".join(f"; {note}" for note in ran.notes)
