@@ -16,7 +16,7 @@ import json
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from .._acceptance import judge as acceptance
@@ -420,8 +420,8 @@ def plan_facts(plan: Plan) -> dict[str, Any]:
 
 def unix(stamp: str) -> float:
     """Seconds since the epoch of a ledger time (ISO 8601 UTC)."""
-    moment = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
+    moment = datetime.fromisoformat(stamp)
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 def _detail(row: Mapping[str, Any]) -> dict[str, Any]:
