@@ -1,6 +1,8 @@
-"""Batch jobs and the ledger's other ways in and out: a merge, an export or a forgetting never
-carries away receipts a job may still answer (and bill) without the job row that collects them,
-on SQLite and PostgreSQL alike."""
+"""Batch jobs and the ledger, on SQLite and PostgreSQL alike: a merge or an export never carries
+away receipts a job may still answer (and bill) without the job row that collects them; a job
+whose runner died recording it is uncertain by the rule for claims (its process on this host,
+its lease elsewhere) and, on OpenAI, found again by its uid; a job refused at create is never
+uncertain."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ import pytest
 
 from batchjson import Ledger
 from batchjson._errors import InvalidBatch, LedgerError
-from batchjson.testing import LoopbackServer
+from batchjson.testing import BatchFaults, LoopbackServer
+from tests.helpers import ledger_rows
 from tests.test_batch_jobs import SCHEMA, run_child, session, tasks
 
 
@@ -128,4 +131,29 @@ def test_a_runner_on_another_host_that_died_recording_an_openai_job_is_found_and
         time.sleep(1.1)
         result = s.run_batch("labels", tasks(), SCHEMA, transport="batch", wait=True)
         assert result.resolved and srv.batches.created == 1
+        s.close()
+
+
+def test_an_anthropic_batch_refused_at_create_cancels_its_receipts_as_never_sent(ledger_at):
+    """Anthropic validates a message batch when it is created: a 4xx there means no job exists,
+    so nothing is uncertain or billed and the next run submits again."""
+    target = ledger_at()
+    with LoopbackServer() as srv:
+        srv.batches.delay = 0.1
+        srv.batches.faults = [BatchFaults(whole="fail_validation")]
+        s = session(srv, target, "anthropic")
+        refused = s.run_batch("labels", tasks(3), SCHEMA, transport="batch",
+                              on_exhausted="return")
+        assert refused.status == "unresolved" and not refused.jobs
+        assert any("was not submitted: the provider refused the job" in note
+                   for note in refused.notes)
+        [job] = s.ledger.store.jobs(every=True)
+        assert job["status"] == "cancelled" and job["provider_job_id"] is None
+        receipts = ledger_rows(target, "SELECT status, sent_at, errors FROM attempts")
+        assert len(receipts) == 3 and all(
+            status == "cancelled" and sent is None and "nothing was sent" in errors
+            for status, sent, errors in receipts)
+        assert s.ledger.spend("labels")["calls"] == 0  # never sent: no call in the account
+        again = s.run_batch("labels", tasks(3), SCHEMA, transport="batch", wait=True)
+        assert again.resolved and len(again.values) == 3
         s.close()
