@@ -30,12 +30,16 @@ check: $(STAMP)
 	$(PY) tools/mutants.py
 
 bench: $(STAMP)  # every benchmark runs and prints its verdict; fails if any target was missed
+# (bench_scale at 200,000 tasks: BATCHJSON_BENCH_SCALE_N=1000000 make bench for the full 1M)
 	@status=0; \
 	$(PY) benchmarks/bench_fingerprint.py || status=1; \
 	$(PY) benchmarks/bench_judging.py || status=1; \
 	$(PY) benchmarks/bench_throughput.py || status=1; \
 	$(PY) benchmarks/bench_throughput.py --n 640 --latency 1 --rounds 3 || status=1; \
+	$(PY) benchmarks/bench_ratelimits.py || status=1; \
 	$(PY) benchmarks/bench_hosts.py || status=1; \
+	BATCHJSON_BENCH_SCALE_N=$${BATCHJSON_BENCH_SCALE_N:-200000} \
+		$(PY) benchmarks/bench_scale.py || status=1; \
 	exit $$status
 
 clean:

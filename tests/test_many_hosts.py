@@ -51,7 +51,7 @@ RUNNER = textwrap.dedent("""
     result = session.run_batch("many", review_tasks(TASKS), LABEL_SCHEMA)
     with open(log, "w") as out:
         out.write("\\n".join(sent))
-    digest = hashlib.sha256(json.dumps(result.values, sort_keys=True).encode()).hexdigest()
+    digest = hashlib.sha256(json.dumps(dict(result.values), sort_keys=True).encode()).hexdigest()
     print(result.status, len(result.values), digest, flush=True)
 """).replace("TASKS", str(TASKS))
 

@@ -74,10 +74,12 @@ class Keys:
     @classmethod
     def compose(cls, task_list: Sequence[Mapping[str, Any]], schema: Any, validator: str,
                 pack: int, instructions: str | None, identity: Identity, mode: str,
-                source: str | None) -> Keys:
-        """The keys of a run, or of an import (``source`` None: the answer source unknown)."""
+                source: str | None, digest: str | None = None) -> Keys:
+        """The keys of a run, or of an import (``source`` None: the answer source unknown).
+        ``digest``: the tasks' digest when already known (a tasks file seen before), so they
+        need not be read."""
         components = {
-            "tasks": tasks_digest(task_list),
+            "tasks": digest or tasks_digest(task_list),
             "schema": schema.fingerprint, "validator": validator, "pack": str(pack),
             "instructions": sha(instructions or ""), "identity": identity.key, "mode": mode,
         }
@@ -121,15 +123,17 @@ class Keys:
         """The same keys with one more revision component that keys requests (``unseen``)."""
         return replace(self, components={**self.components, name: value})
 
-    def pack(self, tasks: Sequence[dict], pack: int,
-             texts: Sequence[str] | None = None) -> list[Request]:
-        """Group tasks ``pack`` at a time; ``texts`` are their canonical JSON, if made."""
+    def pack(self, tasks: Sequence[dict], pack: int, texts: Sequence[str] | None = None, *,
+             packed: bool = False) -> list[Request]:
+        """Group tasks ``pack`` at a time; ``texts`` are their canonical JSON, if made: one per
+        task, or (``packed``) one per request, as ``normalize_tasks(..., pack=)`` makes them."""
         whole("pack", pack, 1)
         if texts is None:
             texts = [canonical_json(t) for t in tasks]
         out = []
         for position, start in enumerate(range(0, len(tasks), pack)):
-            tasks_json = "[" + ",".join(texts[start:start + pack]) + "]"
+            tasks_json = (texts[position] if packed else
+                          "[" + ",".join(texts[start:start + pack]) + "]")
             out.append(Request(self.request(tasks_json), tuple(tasks[start:start + pack]),
                                position, tasks_json=tasks_json))
         return out

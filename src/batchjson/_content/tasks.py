@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .._canon import canonical_json as _canonical
 from .._errors import InvalidBatch
+from .spool import is_task_file, stream_tasks
 from .strictjson import nesting
 
 TASKS_BEGIN = "<<<BATCHJSON_TASKS"
@@ -29,39 +31,77 @@ def sha(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def normalize_tasks(tasks: Iterable[Mapping[str, Any]],
-                    identity: Sequence[str]) -> tuple[list[dict], list[str]]:
+CHUNK = 10_000  # tasks decoded back at once: one json.loads each, and a bounded transient
+
+
+def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
+                    identity: Sequence[str], hasher: Any = None,
+                    pack: int | None = None) -> tuple[list[dict], list[str]]:
     """Check every task before anything is spent, naming the first bad one and the fix.
 
-    Returns the tasks and their canonical JSON texts: checking serialisability already
-    produces the text that request keys, the ledger and prompts are built from.
+    ``tasks`` is a list, any iterable (a generator, read once) or a JSON Lines file's path.
+    Returns the tasks in the ledger's (JSON) form and their canonical JSON texts: checking
+    serialisability already produces the text that request keys, the ledger and prompts are
+    built from; with ``pack``, one text per ``pack`` tasks (each request's ``tasks_json``), so
+    the text of a task is held once, not twice. The caller's own objects are not kept: each is
+    replaced by its JSON form, decoded back a chunk at a time. ``hasher`` is fed a file's bytes
+    as they are read.
     """
-    if isinstance(tasks, (str, bytes)) or isinstance(tasks, Mapping):
-        raise InvalidBatch("tasks must be a list of mappings, one per task; got "
-                           f"{type(tasks).__name__}")
-    try:
-        items = list(tasks)
-    except TypeError:
-        raise InvalidBatch(
-            f"tasks must be a list of mappings, got {type(tasks).__name__}") from None
-    if not items:
-        raise InvalidBatch("empty batch: pass at least one task")
     identity = normalize_identity(identity)
-    seen: dict[str, int] = {}
-    texts = [_task_text(position, task, identity, seen) for position, task in enumerate(items)]
-    joined = "[" + ",".join(texts) + "]"
-    _check_encoded(joined, texts, items)
-    try:
-        out = json.loads(joined)  # the ledger's form, which acceptance compares to: in one call
-    except RecursionError:  # within the bound, on a caller's stack that is deeper still
-        deepest = max(range(len(texts)), key=lambda i: nesting(texts[i], 0))
-        raise _too_deep(items[deepest]["task_id"], "to read back on this stack") from None
+    from_file = is_task_file(tasks)  # a file's tasks are JSON already: nothing to decode back
+    seen: set[str] = set()
+    out: list[dict] = []
+    texts: list[str] = []
+    chunk: list[Any] = []
+    chunk_texts: list[str] = []
+    size = pack * max(1, CHUNK // pack) if pack else CHUNK  # whole requests in each chunk
+    for position, task in enumerate(stream_tasks(tasks, hasher)):
+        task_id = task.get("task_id") if isinstance(task, Mapping) else None
+        if isinstance(task_id, str) and task_id in seen:
+            first = next(i for i, t in enumerate(out + chunk) if t["task_id"] == task_id)
+            raise InvalidBatch(f"duplicate task_id {task_id!r} (tasks #{first} and "
+                               f"#{position}); task_ids must be unique within a batch")
+        chunk_texts.append(_task_text(position, task, identity))
+        seen.add(task["task_id"])
+        chunk.append(task)
+        if len(chunk) == size:
+            out += _json_form(chunk, chunk_texts, from_file)
+            texts += _grouped(chunk_texts, pack)
+            chunk, chunk_texts = [], []
+    if chunk:
+        out += _json_form(chunk, chunk_texts, from_file)
+        texts += _grouped(chunk_texts, pack)
+    if not out:
+        raise InvalidBatch("empty batch: pass at least one task")
     return out, texts
 
 
-def _task_text(position: int, task: Any, identity: Sequence[str], seen: dict[str, int]) -> str:
-    """One task checked (a mapping, a unique task_id, a string prompt, its identity fields),
-    as canonical JSON."""
+def _grouped(chunk_texts: list[str], pack: int | None) -> list[str]:
+    """A chunk's task texts, or with ``pack`` its requests' texts (a chunk holds whole
+    requests, but for the last one)."""
+    if not pack:
+        return chunk_texts
+    return ["[" + ",".join(chunk_texts[i:i + pack]) + "]"
+            for i in range(0, len(chunk_texts), pack)]
+
+
+def _json_form(items: list[Any], texts: list[str], from_file: bool) -> list[dict]:
+    """A chunk's tasks as the ledger holds them (what acceptance compares to), once their
+    texts are known to be valid UTF-8 and not too deep."""
+    joined = "[" + ",".join(texts) + "]"
+    _check_encoded(joined, texts, items)
+    if from_file:
+        return items
+    try:
+        return json.loads(joined)  # the ledger's form, in one call per chunk
+    except RecursionError:  # within the bound, on a caller's stack that is deeper still
+        deepest = max(range(len(texts)), key=lambda i: nesting(texts[i], 0))
+        raise _too_deep(items[deepest]["task_id"], "to read back on this stack") from None
+
+
+def _task_text(position: int, task: Any, identity: Sequence[str]) -> str:
+    """One task checked (a mapping with a task_id, a string prompt, its identity fields), as
+    canonical JSON (its task_id's uniqueness is the caller's check)."""
     if type(task) is not dict and not isinstance(task, Mapping):
         raise InvalidBatch(f"task #{position} is a {type(task).__name__}, not a mapping; "
                            "each task must be a dict with task_id and prompt")
@@ -72,10 +112,6 @@ def _task_text(position: int, task: Any, identity: Sequence[str], seen: dict[str
     if not isinstance(task_id, str) or not task_id:
         raise InvalidBatch(f"task #{position}: task_id must be a non-empty string, got "
                            f"{task_id!r}")
-    if task_id in seen:
-        raise InvalidBatch(f"duplicate task_id {task_id!r} (tasks #{seen[task_id]} and "
-                           f"#{position}); task_ids must be unique within a batch")
-    seen[task_id] = position
     prompt = task.get("prompt")
     if not isinstance(prompt, str):
         raise InvalidBatch(f"task {task_id!r}: prompt must be a string, got "
@@ -236,6 +272,12 @@ def render_items_prompt(tasks: Sequence[Mapping[str, Any]], identity: Sequence[s
         TASKS_END,
     ]
     return "\n".join(lines)
+
+
+def shared_head(instructions: str | None) -> str:
+    """The head every packed prompt of a batch starts with (its instructions), byte for byte:
+    what a provider's prompt cache can hold. Empty without instructions."""
+    return f"{instructions.strip()}\n\n" if instructions and instructions.strip() else ""
 
 
 def render_value_prompt(task: Mapping[str, Any]) -> str:

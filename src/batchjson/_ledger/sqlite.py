@@ -86,6 +86,9 @@ CREATE TABLE validators (
     PRIMARY KEY (name, fingerprint), UNIQUE (name, version));
 CREATE TABLE seen (request_key TEXT PRIMARY KEY, seen_key TEXT NOT NULL);
 CREATE INDEX seen_by_seen_key ON seen (seen_key);
+CREATE TABLE task_files (
+    digest TEXT PRIMARY KEY, tasks TEXT NOT NULL, count INTEGER NOT NULL,
+    fields TEXT NOT NULL);
 CREATE TABLE rechecks (
     attempt_id INTEGER PRIMARY KEY REFERENCES attempts(id),
     from_attempt INTEGER NOT NULL REFERENCES attempts(id));

@@ -141,10 +141,15 @@ class RunStore(StoreBase):
             self.insert_requests(tx, revision_id, children)
 
     def leaves(self, revision_id: int) -> list[Request]:
-        rows = self._read("SELECT key, tasks, position, parent_key FROM requests WHERE "
-                          "revision_id = ? AND split = 0 ORDER BY position, id", (revision_id,))
         return [Request(r["key"], tuple(json.loads(r["tasks"])), r["position"], r["parent_key"],
-                        tasks_json=r["tasks"]) for r in rows]  # the stored text is canonical
+                        tasks_json=r["tasks"]) for r in self.leaf_rows(revision_id)]
+
+    def leaf_rows(self, revision_id: int) -> list[Row]:
+        """A revision's leaf requests as stored: key, tasks (canonical JSON text), task_ids
+        (JSON), position, parent_key; in order."""
+        return self._read("SELECT key, tasks, task_ids, position, parent_key FROM requests "
+                          "WHERE revision_id = ? AND split = 0 ORDER BY position, id",
+                          (revision_id,))
 
     def current_revision(self, name: str) -> tuple[int, dict[str, str]] | None:
         """(id, components) of batch ``name``'s current revision, or None."""
@@ -213,6 +218,50 @@ class RunStore(StoreBase):
             items = [json.loads(r[1]) for r in rows]
         return {r[0]: item for r, item in zip(rows, items, strict=True)}
 
+    def revision_value_count(self, revision_id: int) -> int:
+        """How many tasks of one revision have an accepted value, without decoding any."""
+        return self._read(
+            "SELECT COUNT(DISTINCT c.task_id) FROM requests q JOIN checkpoint c ON "
+            "c.request_key = q.key WHERE q.revision_id = ? AND q.split = 0",
+            (revision_id,))[0][0]
+
+    def revision_value_page(self, revision_id: int, after: tuple[int, int],
+                            limit: int) -> tuple[list[tuple[str, str]], tuple[int, int] | None]:
+        """One page of a revision's accepted values in task order: (task_id, item text) of up
+        to ``limit`` leaf requests after ``after`` (their (position, id)), and where the next
+        page starts (None at the end). Pages end between requests, so none splits one."""
+        rows = self._read(
+            "SELECT q.position, q.id, c.task_id, c.item FROM requests q JOIN checkpoint c "
+            "ON c.request_key = q.key WHERE q.id IN (SELECT id FROM requests WHERE "
+            "revision_id = ? AND split = 0 AND (position > ? OR (position = ? AND id > ?)) "
+            "ORDER BY position, id LIMIT ?) ORDER BY q.position, q.id, c.attempt_id",
+            (revision_id, after[0], after[0], after[1], limit))
+        last = self._read(
+            "SELECT position, id FROM requests WHERE revision_id = ? AND split = 0 AND "
+            "(position > ? OR (position = ? AND id > ?)) ORDER BY position, id LIMIT 1 "
+            "OFFSET ?", (revision_id, after[0], after[0], after[1], limit - 1))
+        return [(r[2], r[3]) for r in rows], ((last[0][0], last[0][1]) if last else None)
+
+    def revision_task_requests(self, revision_id: int) -> list[tuple[str, str]]:
+        """(key, task_ids JSON) of every leaf request of a revision: where each task's value
+        would be, read once when a result is first looked up by task_id."""
+        return [(r[0], r[1]) for r in self._read(
+            "SELECT key, task_ids FROM requests WHERE revision_id = ? AND split = 0",
+            (revision_id,))]
+
+    def revision_accepted_requests(self, revision_id: int) -> set[str]:
+        """Keys of a revision's leaf requests with accepted values (every task of each has
+        one: a return is accepted whole)."""
+        return {r[0] for r in self._read(
+            "SELECT DISTINCT q.key FROM requests q JOIN checkpoint c ON c.request_key = q.key "
+            "WHERE q.revision_id = ? AND q.split = 0", (revision_id,))}
+
+    def accepted_item(self, request_key: str, task_id: str) -> str | None:
+        """The stored text of one task's accepted value under one request key, or None."""
+        rows = self._read("SELECT item FROM checkpoint WHERE request_key = ? AND task_id = ? "
+                          "ORDER BY attempt_id DESC LIMIT 1", (request_key, task_id))
+        return rows[0][0] if rows else None
+
     def checkpoint_count(self, name: str | None = None) -> int:
         """``len(checkpoint(name))`` summed over one batch or all, without decoding items."""
         sql = ("SELECT COUNT(*) FROM (SELECT DISTINCT b.id, c.task_id FROM batches b "
@@ -269,6 +318,36 @@ class RunStore(StoreBase):
         with self.transaction() as tx:
             self._many(tx, "INSERT INTO seen(request_key, seen_key) VALUES (?, ?) "
                        "ON CONFLICT DO NOTHING", pairs)
+
+    def record_task_file(self, digest: str, tasks: str, count: int,
+                         fields: Sequence[str]) -> None:
+        """Remember what a JSON Lines file of these exact bytes holds: its ``tasks`` digest (a
+        revision component), how many tasks, every field name they use."""
+        with self.transaction() as tx:
+            self._exec(tx, "INSERT INTO task_files(digest, tasks, count, fields) VALUES "
+                       "(?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                       (digest, tasks, count, json.dumps(list(fields))))
+
+    def task_file(self, digest: str) -> tuple[str, int, list[str]] | None:
+        """(tasks digest, count, field names) of a tasks file seen before, by its bytes."""
+        rows = self._read("SELECT tasks, count, fields FROM task_files WHERE digest = ?",
+                          (digest,))
+        return (rows[0][0], rows[0][1], json.loads(rows[0][2])) if rows else None
+
+    def completed_revision(self, name: str, fingerprint: str) -> tuple[int, int, int] | None:
+        """(id, number, leaf requests) of batch ``name``'s revision ``fingerprint`` when a run
+        of it has nothing to do: it is the current revision, open, not forgotten, and every leaf
+        request has an accepted return. Else None."""
+        rows = self._read(
+            "SELECT r.id, r.number, COUNT(q.id), COUNT(a.request_key) FROM batches b "
+            "JOIN revisions r ON r.id = b.current_revision JOIN requests q ON "
+            "q.revision_id = r.id AND q.split = 0 LEFT JOIN (SELECT DISTINCT request_key FROM "
+            "attempts WHERE status = 'accepted') a ON a.request_key = q.key WHERE b.name = ? "
+            "AND r.fingerprint = ? AND r.status = 'open' AND r.forget_id IS NULL "
+            "GROUP BY r.id, r.number", (name, fingerprint))
+        if not rows or rows[0][2] != rows[0][3]:
+            return None
+        return rows[0][0], rows[0][1], rows[0][2]
 
     def earlier_returns(self, seen_keys: Sequence[str]) -> list[Row]:
         """Raw returns of earlier exact (non-repair) attempts that saw one of ``seen_keys``,

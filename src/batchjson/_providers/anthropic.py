@@ -14,6 +14,7 @@ from .._checks import whole
 from .._errors import ProviderError, ProviderSetupError
 from ._http import HttpProvider, as_int, object_schema, with_path
 from .base import Call
+from .caching import CACHE_CONTROL, prefix_cacheable
 from .reply import NO_TOOL_CALL, REFUSED, TOOL_CALL, TRUNCATED, Reply
 from .spans import value_span
 
@@ -68,6 +69,8 @@ class AnthropicProvider(HttpProvider):
         }
         if call.system:
             body["system"] = call.system
+        if prefix_cacheable(self, call.system, call.shared):
+            mark_cache_prefix(body, call)
         if self.mode != "tool":
             return body, None, False
         schema, tool, wrapped = object_schema(call.schema, call.mode)
@@ -146,6 +149,21 @@ def _stop(reason: Any, tool: str | None, called: bool, content: list[Any]) -> st
     if not tool and any(isinstance(b, dict) and b.get("type") == "tool_use" for b in content):
         return TOOL_CALL
     return None
+
+
+def mark_cache_prefix(body: dict[str, Any], call: Call) -> None:
+    """Put the cache breakpoint at the end of the batch's shared prefix: after the
+    instructions (the user message's first block) when there are some, else after the system
+    text. Everything before it (the tool, the system text) is byte-identical across the
+    batch; the text itself is unchanged, only split into blocks."""
+    shared = call.shared
+    if shared and call.prompt.startswith(shared) and len(call.prompt) > len(shared):
+        body["messages"] = [{"role": "user", "content": [
+            {"type": "text", "text": shared, "cache_control": dict(CACHE_CONTROL)},
+            {"type": "text", "text": call.prompt[len(shared):]}]}]
+    elif call.system:
+        body["system"] = [{"type": "text", "text": call.system,
+                           "cache_control": dict(CACHE_CONTROL)}]
 
 
 def _tool_text(content: list[Any], tool: str, body: str | None,

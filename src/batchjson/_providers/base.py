@@ -23,7 +23,9 @@ class Call:
     """Everything a provider needs for one request attempt.
 
     ``mode`` is ``"items"`` (return ``{"items": [...]}``, one object per task) or
-    ``"value"`` (return one bare JSON value, the droste-compatible helper).
+    ``"value"`` (return one bare JSON value, the droste-compatible helper). ``shared`` is the
+    head of ``prompt`` that every request of the batch starts with (its instructions), which
+    a provider may mark for its prompt cache.
     """
 
     tasks: tuple[Mapping[str, Any], ...]
@@ -35,6 +37,7 @@ class Call:
     request_key: str
     mode: str = "items"
     identity: tuple[str, ...] = ("task_id",)
+    shared: str = ""
 
 
 @runtime_checkable

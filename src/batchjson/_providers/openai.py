@@ -15,6 +15,7 @@ from typing import Any
 from .._errors import ProviderError, ProviderSetupError
 from ._http import HttpProvider, as_int, object_schema
 from .base import Call
+from .caching import prefix_cacheable, prompt_cache_key
 from .capabilities import Capabilities, capabilities_for, shaped_extra_body
 from .reply import REFUSED, TOOL_CALL, TRUNCATED, Reply
 from .strict import strict_form
@@ -75,6 +76,10 @@ class OpenAIProvider(HttpProvider):
         fmt, wrapped = self._format(call.schema, call.mode)
         if fmt is not None:
             body["response_format"] = fmt
+        if prefix_cacheable(self, call.system, call.shared):  # routed to one prompt cache
+            body.setdefault("prompt_cache_key", prompt_cache_key(call.system, call.shared))
+        if "prompt_cache_key" in body and body["prompt_cache_key"] is None:
+            del body["prompt_cache_key"]  # extra_body's None: a server that refuses the field
         return body, wrapped
 
     def _messages(self, call: Call) -> list[dict[str, str]]:

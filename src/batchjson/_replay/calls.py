@@ -17,12 +17,13 @@ from typing import Any, Literal
 
 from .._acceptance import judge as acceptance
 from .._content.schema import wire_schema
-from .._content.tasks import Request, render_items_prompt, render_value_prompt
+from .._content.tasks import Request, render_items_prompt, render_value_prompt, shared_head
 from .._errors import LedgerError, ProviderError
 from .._ledger.claims import ACCEPTED, MINE, OVER, Owner
 from .._ledger.records import now
 from .._ledger.store import Store
 from .._providers.base import Call, Reply, estimate_tokens, input_bound
+from .._providers.caching import prefix_cacheable
 from .._providers.masking import public_url
 from .budget import Pricing, Spender, charge_of, usd
 from .groupcommit import GroupCommit
@@ -131,6 +132,8 @@ class Caller:
 
     def __post_init__(self) -> None:
         self.system = system_prompt(self.plan)
+        self.cached_prefix = self.plan.mode == "items" and prefix_cacheable(
+            self.provider, self.system, shared_head(self.plan.instructions))
         self.provider_name = getattr(self.provider, "name", type(self.provider).__name__)
         self.model = getattr(self.provider, "model", None)
         # A provider whose own client timeout is at least as tight bounds every call already;
@@ -148,7 +151,8 @@ class Caller:
             return STOPPED
         number = self.attempts.get(request.key, 0)
         # Built before anything is reserved or written: whatever fails here leaves no receipt.
-        call = make_call(self.plan, self.system, request, kind, prompt, number)
+        call = make_call(self.plan, self.system, request, kind, prompt, number,
+                         self.cached_prefix)
         opened = await self._open(request, kind, call, estimate_tokens(self.system + prompt))
         if isinstance(opened, NotSent):
             return opened
@@ -431,15 +435,21 @@ def first_prompt(plan: Plan, request: Request) -> str:
 
 
 def make_call(plan: Plan, system: str, request: Request, kind: str, prompt: str,
-              number: int) -> Call:
+              number: int, cached_prefix: bool = False) -> Call:
+    """``cached_prefix``: the batch's shared prefix is long enough for the provider to cache,
+    so the wire schema is the batch's constant one (docs/providers.md, "Prompt caching")."""
+    shared = ""
     if plan.mode == "value":
         schema: Mapping[str, Any] = plan.schema.json_schema
     else:
-        schema = wire_schema(plan.schema, request.tasks, plan.identity)
+        schema = wire_schema(plan.schema, request.tasks, plan.identity,
+                             pinned=not cached_prefix)
+        shared = shared_head(plan.instructions)
     # The provider gets its own copy: acceptance compares against the ledger's request.
     return Call(tasks=tuple(json.loads(request.tasks_json)), prompt=prompt, system=system,
                 schema=schema, attempt=number, kind=kind, request_key=request.key,
-                mode=plan.mode, identity=plan.identity)
+                mode=plan.mode, identity=plan.identity,
+                shared=shared if prompt.startswith(shared) else "")
 
 
 def cheapest_call(plan: Plan, provider: Any, pricing: Pricing,

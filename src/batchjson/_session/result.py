@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import html
+import io
+import json
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .._errors import ConfigError
 from .._money import money
+from .values import plain_items
 
 
 @dataclass
@@ -15,7 +21,7 @@ class BatchResult:
 
     name: str
     status: Literal["resolved", "unresolved"]
-    values: dict[str, Any]
+    values: Mapping[str, Any]  # read from the ledger on demand; dict(values) copies it
     errors: list[dict[str, Any]]
     calls: int
     tokens: int
@@ -51,6 +57,35 @@ class BatchResult:
             if task_id and task_id not in seen and task_id not in self.values:
                 seen.append(task_id)
         return seen
+
+    def to_jsonl(self, path: str | os.PathLike | None = None) -> str | None:
+        """Every accepted value as JSON Lines, ``{"task_id": ..., "value": ...}`` a line in task
+        order (as ``batchjson values`` prints them), streamed from the ledger to ``path``; with
+        no path, the text itself (fine for small batches: it is the whole in memory)."""
+        if path is None:
+            out = io.StringIO()
+            self._write_jsonl(out)
+            return out.getvalue()
+        with open(path, "w", encoding="utf-8") as out:
+            self._write_jsonl(out)
+        return None
+
+    def _write_jsonl(self, out: Any) -> None:
+        for task_id, value in plain_items(self.values):
+            out.write(json.dumps({"task_id": task_id, "value": value}, ensure_ascii=False))
+            out.write("\n")
+
+    def to_pandas(self) -> Any:
+        """A pandas DataFrame of the accepted values: a ``task_id`` column, then one column per
+        field of an object value (a ``value`` column for any other value). Needs pandas."""
+        try:
+            import pandas
+        except ImportError:
+            raise ConfigError("to_pandas() needs pandas: pip install pandas (or write the "
+                              "values with to_jsonl(path))") from None
+        rows = ({"task_id": task_id, **(v if isinstance(v, dict) else {"value": v})}
+                for task_id, v in plain_items(self.values))
+        return pandas.DataFrame.from_records(rows)
 
     def summary(self) -> dict[str, Any]:
         return {

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -25,10 +25,12 @@ from .._replay.jobs import JobRunner, JobsOutcome
 from .._replay.plan import Outcome, Plan
 from .._replay.replay import Replayer
 from . import batches, preflight
-from .fit import check_fit
+from .fit import check_fit, check_rate_fit
 from .registry import ValidatorVersion
 from .result import BatchResult
+from .resume import Completed, find_completed, remember_file, resumed_requests
 from .spec import CheckedRun, RunSpec
+from .values import result_values
 
 if TYPE_CHECKING:
     from .session import Session
@@ -62,6 +64,9 @@ class Run:
 
 def run_spec(session: Session, spec: RunSpec) -> BatchResult:
     """Resolve every task of ``spec`` or say exactly what is still owed."""
+    finished = find_completed(session, spec)  # a tasks file's finished run: nothing to read
+    if finished is not None:
+        return report_completed(session, spec, finished)
     content = spec.checked()  # every input check, before anything is recorded or spent
     provider = session.provider  # refused here when none is configured
     state = Run(spec, content, provider, answer_source(provider))
@@ -119,8 +124,10 @@ def find_requests(session: Session, state: Run) -> None:
                    ] + [f"schema: {u}" for u in content.schema.unseen]
     while True:
         state.existing = store.find_revision(spec.name, state.keys.revision)
-        state.requests = (store.leaves(state.existing.id) if state.existing else
-                          state.keys.pack(content.tasks, spec.pack, content.texts))
+        state.requests = (
+            resumed_requests(store, state.existing.id, content.tasks, spec.pack)
+            if state.existing else
+            state.keys.pack(content.tasks, spec.pack, content.texts, packed=True))
         token = unseen_token(
             store, state.requests, state.keys.components.get(UNSEEN), run=session._loop.run,
             mode=spec.mode, identity=content.identity, schema=content.schema,
@@ -167,6 +174,8 @@ def plan_calls(session: Session, state: Run) -> tuple[Plan, Spender]:
     spender = Spender(spec.max_calls, session.budget, session.tally,
                       batches.pricing(state.provider, state.client),
                       shared=session.ledger.store.shared_budget())
+    if state.client is None:  # live calls are paced; a job has the batch API's own pool
+        check_rate_fit(session.pacer, plan, state.pending, spender.pricing.max_output_tokens)
     if spec.refuse_short_budget and state.client is None:  # a job submits the part that fits
         spender.refuse_if_short(len(state.pending), cheapest_call(
             plan, state.provider, spender.pricing, state.pending))
@@ -186,6 +195,9 @@ def record_revision(session: Session, state: Run, plan: Plan) -> Any:
         if session.on_note is not None and state.pending:
             session.on_note(f"{name}: {state.superseded}; revision {revision.number} runs "
                             f"{len(state.pending)} request(s)")
+    if state.content.file_digest is not None:  # so a finished run of it resumes unread
+        remember_file(store, state.content.file_digest, state.keys.components["tasks"],
+                      state.content.tasks)
     if state.existing is None or state.pending or state.rechecked:  # else on record already
         store.record_seen(list(_seen_of(state, state.requests).items()))
     if state.rechecked:
@@ -270,7 +282,7 @@ def _replay(session: Session, plan: Plan, provider: Any, spender: Spender, state
             return await drive(bar.update if bar else None)
         replayer = Replayer(plan, session.ledger, provider, spender, session.transport,
                             session.concurrency, on_progress=bar.update if bar else None,
-                            session_id=session.id)
+                            session_id=session.id, pacer=session.pacer)
         return await replayer.run(pending)
 
     try:
@@ -283,13 +295,37 @@ def _replay(session: Session, plan: Plan, provider: Any, spender: Spender, state
 def report(session: Session, state: Run, revision: Any, outcome: Outcome) -> BatchResult:
     """The result, with a note for each thing a person should know about how it was reached."""
     spec, content = state.spec, state.content
-    result = _result(session, spec.name, revision, content, outcome,
+    result = _result(session, spec.name, revision, len(content.tasks),
+                     (t["task_id"] for t in content.tasks), content.schema, outcome,
                      resumed=len(state.requests) - len(state.pending) - len(state.rechecked))
     result.rechecked = len(state.rechecked)
+    return _described(result, state, content.tasks)
+
+
+def report_completed(session: Session, spec: RunSpec, done: Completed) -> BatchResult:
+    """The result of a finished revision found without reading its tasks file: its values
+    from the ledger, its validator registered as a full run registers it."""
+    state = Run(spec, CheckedRun(spec, [], [], done.schema, done.identity), done.provider,
+                done.source)
+    judge_with(session, state)
+    state.provider_notes = check_fit(done.provider, session.ledger, spec.name, done.schema, [],
+                                     done.identity, spec.mode)
+    result = _result(session, spec.name, done.revision, done.count, (), done.schema,
+                     Outcome(), resumed=done.leaves)
+    result = _described(result, state, [dict.fromkeys(done.fields)])
+    if result.status != "resolved" and spec.on_exhausted == "raise":  # a value not loading
+        raise BatchUnresolved(result)
+    return result
+
+
+def _described(result: BatchResult, state: Run,
+               tasks: Sequence[Mapping[str, Any]]) -> BatchResult:
+    """What the run compared (``tasks``: whose fields an item may echo) and its notes."""
+    spec, identity = state.spec, state.content.identity
     if spec.mode == "items":  # what the prompt asks to copy; other task fields, if echoed
-        result.identity_compared = tuple(content.identity)
+        result.identity_compared = tuple(identity)
         result.compared_if_echoed = tuple(f for f in preflight.compared_candidates(
-            content.tasks, content.identity) if f not in content.identity)
+            tasks, identity) if f not in identity)
     name, model = provider_names(state.provider)
     result.provider = f"{name}/{model}" if model else name
     result.notes += state.provider_notes  # how this run's calls were sent, when not as asked
@@ -307,13 +343,15 @@ def report(session: Session, state: Run, revision: Any, outcome: Outcome) -> Bat
     return result
 
 
-def _result(session: Session, name: str, revision: Any, content: CheckedRun, outcome: Outcome,
-            resumed: int) -> BatchResult:
-    values, errors = _values(session, name, revision.id, content, outcome)
+def _result(session: Session, name: str, revision: Any, total: int, task_ids: Iterable[str],
+            schema: Any, outcome: Outcome, resumed: int) -> BatchResult:
+    """The result over the revision's values in the ledger; ``task_ids`` (every task in
+    order) is read only when some task has no value."""
+    values, errors = _values(session, revision.id, total, task_ids, schema, outcome)
     result = BatchResult(
-        name=name, status="resolved" if len(values) == len(content.tasks) else "unresolved",
+        name=name, status="resolved" if len(values) == total else "unresolved",
         values=values, errors=errors, calls=outcome.calls, tokens=outcome.tokens,
-        cost=outcome.cost, revision=revision.number, total_tasks=len(content.tasks),
+        cost=outcome.cost, revision=revision.number, total_tasks=total,
         accepted_returns=outcome.accepted_returns, rejected_returns=outcome.rejected_returns,
         provider_errors=outcome.provider_errors, resumed=resumed,
         attempts_by_task=dict(outcome.attempts_by_task), repairs_made=outcome.repairs_made)
@@ -330,32 +368,19 @@ def _result(session: Session, name: str, revision: Any, content: CheckedRun, out
     return result
 
 
-def _values(session: Session, name: str, revision_id: int, content: CheckedRun,
-            outcome: Outcome) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Each task's stored value, loaded under the schema, and an error for every other."""
-    stored = session.ledger.checkpoint(name, revision_id)
-    values: dict[str, Any] = {}
-    unloadable = []
-    for t in content.tasks:
-        task_id = t["task_id"]
-        if task_id not in stored:
-            continue
-        try:
-            values[task_id] = content.schema.load(stored[task_id])
-        except Exception as exc:  # a stored value the schema no longer accepts
-            unloadable.append({
-                "type": "stored_invalid", "task_id": task_id,
-                "message": f"the stored answer no longer loads under the schema "
-                           f"({type(exc).__name__}: {str(exc)[:300]}); change the schema "
-                           "back, or re-run under a schema it satisfies"})
+def _values(session: Session, revision_id: int, total: int, task_ids: Iterable[str],
+            schema: Any, outcome: Outcome) -> tuple[Mapping[str, Any], list[dict[str, Any]]]:
+    """The revision's values, read from the ledger when asked for, and an error for every
+    task without one."""
+    values, unloadable = result_values(session.ledger.store, revision_id, schema)
     errors = [e for task_id, errs in outcome.errors.items() if task_id not in values
               for e in errs] + unloadable
-    failed = {e["task_id"] for e in errors}
-    why = (f"no call was made for this task in this run: {outcome.stopped}"
-           if outcome.stopped else "no call was made for this task in this run")
-    errors += [{"type": "not_attempted", "task_id": t["task_id"], "message": why}
-               for t in content.tasks if t["task_id"] not in values
-               and t["task_id"] not in failed]
+    if len(values) < total:  # the tasks neither answered nor failed, in order
+        failed = {e["task_id"] for e in errors}.union(values)
+        why = (f"no call was made for this task in this run: {outcome.stopped}"
+               if outcome.stopped else "no call was made for this task in this run")
+        errors += [{"type": "not_attempted", "task_id": task_id, "message": why}
+                   for task_id in task_ids if task_id not in failed]
     return values, errors
 
 

@@ -10,13 +10,16 @@ The session's own settings are checked the same way, by :class:`SessionOptions`.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import unicodedata
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from .._checks import is_whole, positive_seconds, whole
 from .._content.schema import ItemSchema, compile_schema
+from .._content.spool import is_task_file
 from .._content.tasks import Identity, normalize_identity, normalize_tasks
 from .._errors import ConfigError, InvalidBatch
 from .._providers.masking import check_name
@@ -56,7 +59,7 @@ class RunSpec:
     """
 
     name: str
-    tasks: Sequence[Mapping[str, Any]]
+    tasks: Iterable[Mapping[str, Any]] | str | os.PathLike  # a list, a generator, a JSONL path
     schema: Any
     validator: Callable[..., Any] | None = None
     validator_name: str | None = None
@@ -119,12 +122,14 @@ class RunSpec:
         mode, identity and validator need of them. Raises InvalidBatch naming the first
         problem and the fix; reads nothing but the spec."""
         identity = normalize_identity(self.identity)
-        tasks, texts = normalize_tasks(self.tasks, identity)
+        hasher = hashlib.sha256() if is_task_file(self.tasks) else None
+        tasks, texts = normalize_tasks(self.tasks, identity, hasher, pack=self.pack)
         schema = compile_schema(self.schema)
         preflight.check_all(tasks=tasks, identity=identity, schema=schema, mode=self.mode,
                             validator=self.validator, validator_args=self.validator_args,
                             pack=self.pack)
-        return CheckedRun(self, tasks, texts, schema, identity)
+        return CheckedRun(self, tasks, texts, schema, identity,
+                          hasher.hexdigest() if hasher else None)
 
 
 @dataclass(frozen=True)
@@ -133,9 +138,11 @@ class CheckedRun:
 
     spec: RunSpec
     tasks: list[dict[str, Any]]
-    texts: list[str]  # each task's canonical JSON, which keys, ledger rows and prompts reuse
+    texts: list[str]  # each request's tasks as canonical JSON (pack at a time), which keys,
+    # ledger rows and prompts reuse
     schema: ItemSchema
     identity: Identity
+    file_digest: str | None = None  # the SHA-256 of a tasks file's bytes, as they were read
 
 
 def check_text(label: str, value: Any, example: str, *, required: bool = False,

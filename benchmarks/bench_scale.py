@@ -1,0 +1,150 @@
+"""A million tasks from one notebook: memory bounded by streaming, time per task flat, resume cheap.
+
+An instant provider (it echoes ``task_id`` and ``case_id`` at once, no network) answers packs of
+50, so what is measured is batchjson's own cost per task: checking, keying, the ledger, results.
+Each phase runs in a fresh child process, so its peak RSS (``ru_maxrss``) is its own:
+
+  (a) ``--small`` tasks (default 100,000) from a JSON Lines file: the baseline of time per task;
+  (b) N tasks (default 1,000,000; ``BATCHJSON_BENCH_SCALE_N`` or ``--n``) from a JSON Lines file;
+  (c) N tasks from a generator;
+  (d) (b) again, resumed from its completed ledger;
+  (e) (c) again, resumed (diagnosis only: a generator's tasks are read and checked again).
+
+Targets: peak RSS of (b) and (c) <= 1 GB (also printed as a ratio to the JSONL file's size);
+time per task of (b) <= 1.25x (a) (a shared 2-core machine varies by that much between runs);
+(d) makes 0 calls and takes <= 0.1x the time of (b).
+
+Run: .venv/bin/python benchmarks/bench_scale.py [--n 1000000] [--small 100000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+RSS_LIMIT_MB = 1024.0
+TIME_RATIO = 1.25
+RESUME_RATIO = 0.1
+SCHEMA = {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]}
+
+
+def task(i: int) -> dict:
+    return {"task_id": f"t{i:07d}", "case_id": f"c{i:07d}", "prompt": f"label record {i}"}
+
+
+def write_jsonl(path: Path, n: int) -> None:
+    with path.open("w", encoding="utf-8") as out:
+        for i in range(n):
+            out.write(json.dumps(task(i)) + "\n")
+
+
+def instant_answers(call) -> str:
+    """Every task answered at once, its identity copied: no network, no waiting."""
+    return json.dumps({"items": [{"task_id": t["task_id"], "case_id": t["case_id"],
+                                  "label": "ok"} for t in call.tasks]})
+
+
+def child(source: str, n: int, ledger: str) -> None:
+    """One phase, in its own process: run the batch and print what it cost."""
+    from batchjson import CallableProvider, Session
+
+    if source == "generator":
+        tasks = (task(i) for i in range(n))
+    elif os.environ.get("BATCHJSON_BENCH_AS_LIST"):  # the tasks read into a list first
+        with open(source, encoding="utf-8") as lines:
+            tasks = [json.loads(line) for line in lines]
+    else:
+        tasks = Path(source)
+    session = Session(CallableProvider(instant_answers), ledger=ledger, concurrency=16)
+    start = time.perf_counter()
+    result = session.run_batch("scale", tasks, SCHEMA, pack=50, identity=["task_id", "case_id"])
+    count = len(result.values)
+    wall = time.perf_counter() - start
+    session.close()
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"wall": wall, "calls": result.calls, "accepted": count,
+                      "status": result.status, "peak_mb": peak_mb}))
+
+
+def phase(source: str, n: int, ledger: Path) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", source, "--n", str(n),
+                          "--ledger", str(ledger)], capture_output=True, text=True, check=False)
+    if out.returncode:
+        raise SystemExit(f"phase {source} n={n} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int,
+                        default=int(os.environ.get("BATCHJSON_BENCH_SCALE_N", 1_000_000)))
+    parser.add_argument("--small", type=int, default=100_000)
+    parser.add_argument("--child")
+    parser.add_argument("--ledger")
+    parser.add_argument("--phases", default="small,file,generator,resume")
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.n, args.ledger)
+        return 0
+    phases = args.phases.split(",")
+    ok = True
+    with tempfile.TemporaryDirectory() as tmp:
+        where = Path(tmp)
+        rows = {}
+        small_file, big_file = where / "small.jsonl", where / "big.jsonl"
+        if "small" in phases:
+            write_jsonl(small_file, args.small)
+            rows["small"] = phase(str(small_file), args.small, where / "small.db")
+        write_jsonl(big_file, args.n)
+        size_mb = big_file.stat().st_size / 2**20
+        if "file" in phases:
+            rows["file"] = phase(str(big_file), args.n, where / "file.db")
+        if "generator" in phases:
+            rows["generator"] = phase("generator", args.n, where / "generator.db")
+        if "resume" in phases and "file" in phases:
+            rows["resume"] = phase(str(big_file), args.n, where / "file.db")
+        if "resume" in phases and "generator" in phases:  # diagnosis: tasks read and checked
+            rows["resume-gen"] = phase("generator", args.n, where / "generator.db")
+        print(f"input: {args.n} tasks, JSONL file {size_mb:.1f} MB")
+        for label, row in rows.items():
+            count = args.small if label == "small" else args.n
+            per_task = row["wall"] / count * 1e6
+            print(f"  {label:10s} wall {row['wall']:8.2f} s  {per_task:6.1f} us/task  "
+                  f"peak RSS {row['peak_mb']:7.1f} MB ({row['peak_mb'] / size_mb:.2f}x the file)"
+                  f"  calls {row['calls']}  accepted {row['accepted']}  {row['status']}")
+        for label in ("file", "generator"):
+            if label in rows:
+                ok &= _verdict(f"{label}: peak RSS <= {RSS_LIMIT_MB:.0f} MB",
+                               rows[label]["peak_mb"] <= RSS_LIMIT_MB)
+                ok &= _verdict(f"{label}: every task accepted",
+                               rows[label]["accepted"] == args.n)
+        if "small" in rows and "file" in rows:
+            ratio = (rows["file"]["wall"] / args.n) / (rows["small"]["wall"] / args.small)
+            ok &= _verdict(f"time per task {ratio:.2f}x the {args.small} run's "
+                           f"(<= {TIME_RATIO})", ratio <= TIME_RATIO)
+        if "resume" in rows:
+            ratio = rows["resume"]["wall"] / rows["file"]["wall"]
+            ok &= _verdict(f"resume {ratio:.3f}x the first run's time (<= {RESUME_RATIO}), "
+                           f"{rows['resume']['calls']} calls",
+                           ratio <= RESUME_RATIO and rows["resume"]["calls"] == 0)
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+def _verdict(what: str, passed: bool) -> bool:
+    print(f"  {'ok  ' if passed else 'MISS'} {what}")
+    return passed
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

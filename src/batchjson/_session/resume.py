@@ -1,0 +1,117 @@
+"""Running a revision again: a finished run of a tasks file found without reading its tasks,
+and the requests of a revision on record built over the run's own task objects.
+
+Checking a million tasks costs about a third of running them against an instant provider, so
+a resume that re-read every task could never be cheap. A JSON Lines file's bytes decide its
+tasks, so the ledger remembers, by the SHA-256 of those bytes (fed as they were read and
+checked), the ``tasks`` component they gave, their count and field names. A later run of the
+same file under the same rules finds its revision by that component; when the revision is
+current and every request of it has an accepted return, nothing could be sent, and the result
+is read from the ledger as it stands. Anything else (a new file, a change of rules, work still
+owed, judging a fingerprint cannot fully see) takes the full path, which reads and checks
+every task. The validator is registered as a full run registers it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .._content.keys import Keys, answer_source
+from .._content.schema import ItemSchema, compile_schema
+from .._content.spool import file_digest, is_task_file
+from .._content.tasks import Identity, Request, normalize_identity
+from .._errors import BatchJsonError
+from .._fingerprint.fingerprint import fingerprint_function
+from .._ledger.records import Revision
+from .._ledger.store import Store
+from .spec import RunSpec
+
+if TYPE_CHECKING:
+    from .session import Session
+
+
+@dataclass(frozen=True)
+class Completed:
+    """A finished revision of a tasks file's run, found without reading the file's tasks."""
+
+    revision: Revision
+    leaves: int  # its leaf requests, every one accepted
+    count: int  # its tasks
+    fields: list[str]  # every field name its tasks use, in first-seen order
+    schema: ItemSchema
+    identity: Identity
+    provider: Any
+    source: str
+
+
+def remember_file(store: Store, digest: str, tasks_component: str,
+                  tasks: Sequence[Mapping[str, Any]]) -> None:
+    """Record what the tasks file of ``digest`` holds, once its run has opened a revision."""
+    fields: dict[str, None] = {}
+    for task in tasks:
+        fields.update(dict.fromkeys(task))
+    store.record_task_file(digest, tasks_component, len(tasks), list(fields))
+
+
+def resumed_requests(store: Store, revision_id: int, tasks: Sequence[dict[str, Any]],
+                     pack: int) -> list[Request]:
+    """The leaf requests of a revision being run again, their tasks the run's own objects
+    where a request is a whole pack (as the first run made them) rather than a second copy
+    decoded from the ledger; a split half, or a pack whose task ids differ, is decoded."""
+    out = []
+    for row in store.leaf_rows(revision_id):
+        start = row["position"] * pack
+        request = None
+        if row["parent_key"] is None:
+            request = Request(row["key"], tuple(tasks[start:start + pack]), row["position"],
+                              tasks_json=row["tasks"])
+        if request is None or request.task_ids_json != row["task_ids"]:
+            request = Request(row["key"], tuple(json.loads(row["tasks"])), row["position"],
+                              row["parent_key"], tasks_json=row["tasks"])
+        out.append(request)
+    return out
+
+
+def find_completed(session: Session, spec: RunSpec) -> Completed | None:
+    """The finished revision of ``spec`` when its tasks file was seen before and nothing of
+    it is owed; None when the full path must run."""
+    if not is_task_file(spec.tasks):
+        return None
+    store = session.ledger.store
+    digest = file_digest(spec.tasks)
+    memo = store.task_file(digest) if digest else None
+    if memo is None:
+        return None
+    try:
+        schema = compile_schema(spec.schema)
+    except BatchJsonError:  # the full path says what is wrong, in its own order
+        return None
+    validator = _validator_digest(session, spec)
+    if schema.unseen or validator is None:
+        return None
+    tasks_component, count, fields = memo
+    identity = normalize_identity(spec.identity)
+    provider = session.provider
+    source = answer_source(provider)
+    keys = Keys.compose((), schema, validator, spec.pack, spec.instructions, identity,
+                        spec.mode, source, digest=tasks_component)
+    done = store.completed_revision(spec.name, keys.revision)
+    if done is None:
+        return None
+    revision_id, _, leaves = done
+    return Completed(store.revision_by_id(revision_id), leaves, count, fields, schema,
+                     identity, provider, source)
+
+
+def _validator_digest(session: Session, spec: RunSpec) -> str | None:
+    """The validator's fingerprint digest ("none" without one), or None when what it reads
+    cannot all be seen (its answers are re-judged on every run)."""
+    if spec.validator is None:
+        return "none"
+    handed = session.validators.handed_over(spec.validator, spec.validator_name)
+    fingerprint = (handed.fingerprint if handed is not None else
+                   fingerprint_function(spec.validator))
+    return None if fingerprint.partial else fingerprint.digest

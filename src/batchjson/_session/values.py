@@ -1,0 +1,166 @@
+"""A result's accepted values, read from the ledger when asked for instead of held at once.
+
+A batch of a million tasks would need gigabytes to hold every value as a Python object; the
+ledger has them already. ``BatchResult.values`` is a read-only mapping over one revision's
+checkpoint: iteration and ``items()`` read it in pages, in task order; ``len`` is one count;
+``values[task_id]``, ``.get`` and ``in`` read one row, after an index of which request holds
+which task (task ids only) is read on the first such look-up. A result outlives its session:
+once the session's ledger is closed, the mapping opens the same file or database again to
+read. An in-memory ledger's values would go with it, so they are copied into the result.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from .._errors import LedgerError
+from .._ledger.ledger import Ledger
+from .._ledger.store import Store
+
+PAGE_REQUESTS = 200  # leaf requests per page read while iterating
+
+
+class LedgerValues(Mapping[str, Any]):
+    """task_id -> accepted value of one revision, each loaded from the ledger when read.
+
+    ``load`` turns the stored JSON into what the caller gets (a model instance for a pydantic
+    schema); ``hidden`` are task ids whose stored value no longer loads (the result's errors
+    name them), left out as if absent. ``dict(values)`` materialises it.
+    """
+
+    def __init__(self, store: Store, revision_id: int, load: Callable[[Any], Any],
+                 hidden: frozenset[str] = frozenset()) -> None:
+        self._store, self._revision, self._load = store, revision_id, load
+        self._hidden = hidden
+        self._count: int | None = None
+        self._where: dict[str, str] | None = None  # task_id -> request key, read on first use
+        self._accepted: set[str] | None = None  # request keys with values, read on first use
+
+    def __len__(self) -> int:
+        if self._count is None:
+            self._count = self._read("revision_value_count", self._revision) - len(self._hidden)
+        return self._count
+
+    def __iter__(self) -> Iterator[str]:
+        for task_id, _ in self.stored_items():
+            yield task_id
+
+    def __getitem__(self, task_id: str) -> Any:
+        text = self._text(task_id)
+        if text is None:
+            raise KeyError(task_id)
+        return self._load(json.loads(text))
+
+    def __contains__(self, task_id: object) -> bool:
+        """Read without a query per task (a result's errors ask it of every failed task)."""
+        if not isinstance(task_id, str) or task_id in self._hidden:
+            return False
+        if self._accepted is None:
+            self._accepted = self._read("revision_accepted_requests", self._revision)
+        return self._where_of().get(task_id) in self._accepted
+
+    def items(self) -> Iterator[tuple[str, Any]]:  # type: ignore[override]
+        """(task_id, value) in task order, a page of requests at a time."""
+        for task_id, text in self.stored_items():
+            yield task_id, self._load(json.loads(text))
+
+    def values(self) -> Iterator[Any]:  # type: ignore[override]
+        for _, value in self.items():
+            yield value
+
+    def stored_items(self) -> Iterator[tuple[str, str]]:
+        """(task_id, stored JSON text) in task order, without loading the values."""
+        after: tuple[int, int] | None = (-1, -1)
+        while after is not None:
+            rows, after = self._read("revision_value_page", self._revision, after, PAGE_REQUESTS)
+            seen: dict[str, str] = {}
+            for task_id, text in rows:  # the latest accepted attempt's row wins, as checkpoint
+                seen[task_id] = text
+            for task_id, text in seen.items():
+                if task_id not in self._hidden:
+                    yield task_id, text
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Mapping):
+            return dict(self.items()) == dict(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"<values of {len(self)} task(s), read from the ledger; dict(values) copies them>"
+
+    def _read(self, what: str, *args: Any) -> Any:
+        """One of the store's reads; once the session closed its ledger, from the same file or
+        database opened again."""
+        try:
+            return getattr(self._store, what)(*args)
+        except LedgerError:
+            where = _where(self._store)
+            if where is None:  # in memory: nothing to open again (its values were copied)
+                raise
+            self._store = Ledger(where).store
+            return getattr(self._store, what)(*args)
+
+    def _where_of(self) -> dict[str, str]:
+        if self._where is None:
+            self._where = {t: key for key, ids in self._read(
+                "revision_task_requests", self._revision) for t in json.loads(ids)}
+        return self._where
+
+    def _text(self, task_id: str) -> str | None:
+        if task_id in self._hidden:
+            return None
+        key = self._where_of().get(task_id)
+        return None if key is None else self._read("accepted_item", key, task_id)
+
+
+def _where(store: Store) -> Any:
+    """The file or URL a store opens again; None in memory."""
+    return getattr(store, "url", None) or getattr(store, "path", None)
+
+
+def result_values(store: Store, revision_id: int,
+                  schema: Any) -> tuple[Mapping[str, Any], list[dict[str, Any]]]:
+    """A revision's values as a :class:`LedgerValues` (a dict for an in-memory ledger, which
+    would take them with it when closed), and a ``stored_invalid`` error for each stored
+    value the schema no longer loads. Only a pydantic model's load can fail (a JSON Schema
+    hands the stored value back as it is), so only then is every value read once, a page at a
+    time, to find them."""
+    values, unloadable = _ledger_values(store, revision_id, schema)
+    return (values if _where(store) is not None else dict(values.items())), unloadable
+
+
+def _ledger_values(store: Store, revision_id: int,
+                   schema: Any) -> tuple[LedgerValues, list[dict[str, Any]]]:
+    values = LedgerValues(store, revision_id, schema.load)
+    if schema.model is None:
+        return values, []
+    unloadable = []
+    for task_id, text in values.stored_items():
+        try:
+            schema.load(json.loads(text))
+        except Exception as exc:  # noqa: BLE001 - a stored value the schema no longer accepts
+            unloadable.append({
+                "type": "stored_invalid", "task_id": task_id,
+                "message": f"the stored answer no longer loads under the schema "
+                           f"({type(exc).__name__}: {str(exc)[:300]}); change the schema "
+                           "back, or re-run under a schema it satisfies"})
+    if not unloadable:
+        return values, []
+    hidden = frozenset(e["task_id"] for e in unloadable)
+    return LedgerValues(store, revision_id, schema.load, hidden), unloadable
+
+
+def plain_items(values: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+    """(task_id, value as plain JSON data) in task order: a ledger's values as stored, without
+    building model instances; a dict's values with models dumped to JSON data."""
+    if isinstance(values, LedgerValues):
+        for task_id, text in values.stored_items():
+            yield task_id, json.loads(text)
+        return
+    for task_id, value in values.items():
+        dump = getattr(value, "model_dump", None)
+        yield task_id, dump(mode="json") if callable(dump) else value
