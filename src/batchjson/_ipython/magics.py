@@ -32,14 +32,13 @@ from .. import BatchJsonError, BatchUnresolved, ProviderHandle, RateLimits, RunS
 from .._textview import DEFAULT_LEDGER
 from ..core import (
     PROVIDER_NAMES,
-    collect_ended,
     forget_batch,
     forget_message,
-    list_jobs,
     looks_like_key,
     masked,
     public_url,
     shown_value,
+    status_summary,
     whole_argument,
 )
 from .cell import (
@@ -318,13 +317,7 @@ class BatchJson(Magics):
         if args.name is not None:
             self._known_batch(args.name)
         assert self._state is not None
-        collected = collect_ended(session, args.name)
-        summary = session.evidence.summary(args.name)
-        summary["collected"] = collected
-        summary["account"] = session.ledger.cost_summary(args.name)["total"]
-        summary["jobs"] = [j for j in list_jobs(session.ledger)
-                           if args.name in (None, j["batch"])]
-        return StatusView(summary, ledger=self._state.ledger_label(),
+        return StatusView(status_summary(session, args.name), ledger=self._state.ledger_label(),
                           provider=self._state.provider_label(),
                           owed=session.evidence.requests(args.name))
 

@@ -27,6 +27,17 @@ if TYPE_CHECKING:
     from .session import Session
 
 
+def status_summary(session: Session, name: str | None = None) -> dict[str, Any]:
+    """What ``%batch_status`` shows: the ended jobs collected first, then the evidence's
+    summary, the account and the jobs still unfinished (of batch ``name``, or all)."""
+    collected = collect_ended(session, name)
+    summary = session.evidence.summary(name)
+    summary["collected"] = collected
+    summary["account"] = session.ledger.cost_summary(name)["total"]
+    summary["jobs"] = [j for j in batches.list_jobs(session.ledger) if name in (None, j["batch"])]
+    return summary
+
+
 def collect_ended(session: Session, name: str | None = None) -> list[str]:
     """Collect every open job (of batch ``name``) that has ended and this kernel can judge;
     one line per job looked at, saying what was collected or what to do."""
