@@ -116,29 +116,36 @@ def test_batch_status_collects_an_ended_job_with_the_kernels_validator(ip, srv):
     assert srv.batches.lines_answered.total() == 3  # nothing asked again
 
 
-def test_batch_status_in_a_kernel_without_the_validator_says_to_rerun_the_cell(ip, srv,
-                                                                             tmp_path):
+def pending_elsewhere(srv: LoopbackServer, path: Any, **spec: Any) -> None:
+    """A batch job of two tasks submitted by another session (another kernel), then ended."""
     from batchjson import Session
 
-    other = Session(openai(srv), ledger=tmp_path / "l.sqlite")
-    other.job_poll = 0.05
-
-    def has_verdict(item: Any, task: Any) -> None:
-        assert item["verdict"]
-
+    other = Session(openai(srv), ledger=path)
     tasks = [{"task_id": f"t{i}", "prompt": f"question {i}"} for i in range(2)]
     schema = {"type": "object", "properties": {"task_id": {"type": "string"},
                                                "verdict": {"type": "string"}}}
-    assert other.run(RunSpec(name="labels", tasks=tasks, schema=schema, validator=has_verdict,
-                             validator_name="has_verdict", transport="batch",
-                             on_exhausted="return")).status == "pending"
+    assert other.run(RunSpec(name="labels", tasks=tasks, schema=schema, transport="batch",
+                             on_exhausted="return", **spec)).status == "pending"
     other.close()
     time.sleep(0.3)
+
+
+def status_here(ip: Any, srv: LoopbackServer, path: Any) -> Any:
     ok(ip, "%load_ext batchjson")
     ip.user_ns["model"] = openai(srv)
     ok(ip, "%config BatchJson.provider = model")
-    ok(ip, f"%config BatchJson.ledger = '{tmp_path / 'l.sqlite'}'")
-    view = ok(ip, "%batch_status labels")
+    ok(ip, f"%config BatchJson.ledger = '{path}'")
+    return ok(ip, "%batch_status labels")
+
+
+def test_batch_status_in_a_kernel_without_the_validator_says_to_rerun_the_cell(ip, srv,
+                                                                             tmp_path):
+    def has_verdict(item: Any, task: Any) -> None:
+        assert item["verdict"]
+
+    pending_elsewhere(srv, tmp_path / "l.sqlite", validator=has_verdict,
+                      validator_name="has_verdict")
+    view = status_here(ip, srv, tmp_path / "l.sqlite")
     assert ("was not collected here: its validator 'has_verdict' (the version it ran with) is "
             "not registered in this kernel; re-run its cell to collect it") in repr(view)
     assert len(view["jobs"]) == 1  # still open, for the cell to collect
@@ -146,19 +153,7 @@ def test_batch_status_in_a_kernel_without_the_validator_says_to_rerun_the_cell(i
 
 def test_batch_status_collects_a_job_without_a_validator_from_the_schema_on_record(
         ip, srv, tmp_path):
-    from batchjson import Session
-
-    other = Session(openai(srv), ledger=tmp_path / "l.sqlite")
-    tasks = [{"task_id": f"t{i}", "prompt": f"question {i}"} for i in range(2)]
-    schema = {"type": "object", "properties": {"task_id": {"type": "string"},
-                                               "verdict": {"type": "string"}}}
-    assert other.run_batch("labels", tasks, schema, transport="batch").status == "pending"
-    other.close()
-    time.sleep(0.3)
-    ok(ip, "%load_ext batchjson")
-    ip.user_ns["model"] = openai(srv)
-    ok(ip, "%config BatchJson.provider = model")
-    ok(ip, f"%config BatchJson.ledger = '{tmp_path / 'l.sqlite'}'")
-    view = ok(ip, "%batch_status")
+    pending_elsewhere(srv, tmp_path / "l.sqlite")
+    view = status_here(ip, srv, tmp_path / "l.sqlite")
     assert "ended: collected 2 line(s), 2 accepted" in repr(view)
     assert view["unresolved_requests"] == 0
