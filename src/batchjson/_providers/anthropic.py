@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, get_args
 
 from .._checks import whole
 from .._errors import ProviderError, ProviderSetupError
@@ -20,7 +20,8 @@ from .spans import value_span
 
 DEFAULT_ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"
-MODES = ("tool", "text")
+AnthropicMode = Literal["tool", "text"]
+MODES: tuple[str, ...] = get_args(AnthropicMode)
 # The tool-use system prompt Anthropic adds when a tool is forced (tool_choice "any" or
 # "tool"), from its tool-use pricing table: Claude 3 Opus 281, Claude 3 Sonnet 235, Claude 3
 # Haiku and 3.5 Haiku 340, Claude 3.5/3.7 Sonnet and the Claude 4 models 313. A cost budget
@@ -45,7 +46,7 @@ class AnthropicProvider(HttpProvider):
     static_headers = {"Content-Type": "application/json", "anthropic-version": ANTHROPIC_VERSION}
 
     def __init__(self, model: str | None = None, *, base_url: str | None = None,
-                 api_key: str | None = None, mode: str = "tool", max_tokens: int = 4096,
+                 api_key: str | None = None, mode: AnthropicMode = "tool", max_tokens: int = 4096,
                  timeout: float = 60.0, prices: Mapping[str, Any] | None = None,
                  max_connections: int = 0, extra_body: Mapping[str, Any] | None = None) -> None:
         self._setup(model, base_url, api_key, timeout, prices, extra_body, max_connections)

@@ -9,13 +9,17 @@ import json
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from .._checks import positive_seconds, whole
 from .._errors import ProviderError, ProviderSetupError
 from .._sources import Code
 from .masking import check_name
 from .reply import Reply
+
+# why a request is asked: its first ask, a repair of a rejected return, or a replay of one never
+# answered; the receipt's ``kind`` column holds the same words
+CallKind = Literal["initial", "repair", "replay"]
 
 
 @dataclass(frozen=True)
@@ -33,9 +37,9 @@ class Call:
     system: str
     schema: Mapping[str, Any]
     attempt: int
-    kind: str
+    kind: CallKind
     request_key: str
-    mode: str = "items"
+    mode: Literal["items", "value"] = "items"
     identity: tuple[str, ...] = ("task_id",)
     shared: str = ""
 

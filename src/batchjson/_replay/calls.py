@@ -22,7 +22,7 @@ from .._errors import LedgerError, ProviderError
 from .._ledger.claims import ACCEPTED, MINE, OVER, Owner
 from .._ledger.records import now
 from .._ledger.store import Store
-from .._providers.base import Call, Reply, estimate_tokens, input_bound
+from .._providers.base import Call, CallKind, Reply, estimate_tokens, input_bound
 from .._providers.caching import prefix_cacheable
 from .._providers.masking import public_url
 from .budget import Pricing, Spender, charge_of, usd
@@ -143,7 +143,7 @@ class Caller:
         self.needs_timer = not (isinstance(own, (int, float)) and own <= self.transport.timeout)
         self.spender.on_settle = self.settled.set
 
-    async def call(self, request: Request, kind: str, prompt: str) -> Judged | NotSent:
+    async def call(self, request: Request, kind: CallKind, prompt: str) -> Judged | NotSent:
         """Reserve, claim and commit the receipt; then send, judge and record the return.
         A provider's failure is raised (:class:`ProviderError`) after its receipt is queued."""
         await self.probe.wait_turn(request.key)  # another call finds out if the host is up
@@ -210,7 +210,7 @@ class Caller:
             if self.control.stop is not None:
                 return STOPPED
 
-    async def _open(self, request: Request, kind: str, call: Call,
+    async def _open(self, request: Request, kind: CallKind, call: Call,
                     estimated: int) -> tuple[float, int] | NotSent:
         """Reserve the call's worst case, then claim the request and commit its receipt (and,
         on a ledger with a budget of its own, the same reservation there): (reserved, receipt
@@ -434,7 +434,7 @@ def first_prompt(plan: Plan, request: Request) -> str:
                                request.tasks_json)
 
 
-def make_call(plan: Plan, system: str, request: Request, kind: str, prompt: str,
+def make_call(plan: Plan, system: str, request: Request, kind: CallKind, prompt: str,
               number: int, cached_prefix: bool = False) -> Call:
     """``cached_prefix``: the batch's shared prefix is long enough for the provider to cache,
     so the wire schema is the batch's constant one (docs/providers.md, "Prompt caching")."""

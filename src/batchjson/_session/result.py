@@ -20,7 +20,7 @@ class BatchResult:
     """``values`` holds only committed answers; ``errors`` says why the rest are not there."""
 
     name: str
-    status: Literal["resolved", "unresolved"]
+    status: Literal["resolved", "unresolved", "pending"]
     values: Mapping[str, Any]  # read from the ledger on demand; dict(values) copies it
     errors: list[dict[str, Any]]
     calls: int
