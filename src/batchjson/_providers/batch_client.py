@@ -71,6 +71,12 @@ class BatchClient:
                     "endpoint with the provider's batch endpoints") from None
             raise
 
+    async def find(self, uid: str, since: float) -> dict[str, Any] | None:
+        """The job created with ``uid`` in its metadata (by a runner that stopped before
+        recording its id), created after ``since`` (unix seconds); None when there is none or
+        the API keeps no metadata on its jobs (Anthropic's)."""
+        return None
+
     async def poll(self, job_id: str) -> dict[str, Any]:
         return await self._json("GET", f"{self.jobs_path}/{job_id}")
 
