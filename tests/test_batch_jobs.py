@@ -464,3 +464,29 @@ def test_a_models_own_batch_share_prices_its_lines(srv):
     assert result.resolved and result.cost == pytest.approx(live * 0.4)
     with pytest.raises(ConfigError, match="batch must be the share"):
         openai(srv, prices={"gpt-4o-mini": {"input": 0.15, "output": 0.60, "batch": -1}})
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_requests_past_one_jobs_upload_ceiling_go_in_further_jobs(srv, protocol, monkeypatch,
+                                                                   tmp_path):
+    """A run larger than the provider's upload ceiling (200 MB OpenAI, 256 MB Anthropic) is
+    sent as several jobs that each fit, rather than one refused upload."""
+    from batchjson._providers.batch_client import BatchClient
+
+    sizes: list[int] = []
+    fit = BatchClient.lines_that_fit
+
+    def measured(self: BatchClient, calls: list[Any]) -> int:
+        sizes.extend(len(json.dumps(self.line("bj_" + "0" * 48, c)[0]).encode())
+                     for c in calls)
+        return fit(self, calls)
+
+    monkeypatch.setattr(BatchClient, "lines_that_fit", measured)
+    for cls in BatchClient.__subclasses__():
+        monkeypatch.setattr(cls, "max_bytes", 3500)  # two lines of this batch, never three
+    s = session(srv, ledger=tmp_path / "l.sqlite", protocol=protocol)
+    result = s.run_batch("labels", tasks(6), SCHEMA, transport="batch", wait=True)
+    assert 1100 < min(sizes) and max(sizes) < 1650, sizes
+    assert result.resolved and len(result.values) == 6
+    assert srv.batches.created == 3
+    assert set(accepted_per_key(tmp_path / "l.sqlite").values()) == {1}

@@ -277,15 +277,21 @@ class JobRunner:
         owed = self._owed(keys)
         while owed:
             part, owed = owed[:self.chunk], owed[self.chunk:]
-            if not await self._submit(part, writer):
+            sent, unsent = await self._submit(part, writer)
+            owed = unsent + owed
+            if not sent:
                 break
 
-    async def _submit(self, owed: list[tuple[Request, str, str]], writer: Owner) -> bool:
-        """Record one job, then upload and create it; False when nothing more may be sent."""
+    async def _submit(self, owed: list[tuple[Request, str, str]], writer: Owner
+                      ) -> tuple[bool, list[tuple[Request, str, str]]]:
+        """Record one job, then upload and create it: whether more may be sent, and the
+        requests past the provider's upload ceiling, for the next job."""
         plan, store = self.plan, self.store
         counts = store.attempt_counts([r.key for r, _, _ in owed])
         calls = [make_call(plan, self._system, r, kind, prompt, counts.get(r.key, 0))
                  for r, kind, prompt in owed]
+        fit = self.client.lines_that_fit(calls)
+        owed, unsent, calls = owed[:fit], owed[fit:], calls[:fit]
         bounds = ([input_bound(self.provider, c) for c in calls] if self.spender.costed
                   else [0] * len(calls))
         reserved = reserve_lines(self.spender, bounds)
@@ -294,7 +300,7 @@ class JobRunner:
                 f"{len(calls) - len(reserved)} request(s) were not submitted: the budget "
                 f"holds the worst case of {len(reserved)} of {len(calls)}; raise it and re-run")
         if not reserved:
-            return False
+            return False, []
         calls, owed = calls[:len(reserved)], owed[:len(reserved)]
         uid = uuid.uuid4().hex
         job_id, written = store.open_job(
@@ -320,8 +326,9 @@ class JobRunner:
             self.reservations[mine["attempt_id"]] = worst
             body.append(self.client.line(mine["custom_id"], call)[0])
         if job_id is None:
-            return True
-        return await self._send(job_id, uid, body, [w["attempt_id"] for w in written])
+            return True, unsent
+        return (await self._send(job_id, uid, body, [w["attempt_id"] for w in written]),
+                unsent)
 
     async def _send(self, job_id: int, uid: str, body: list[dict[str, Any]],
                     attempts: list[int]) -> bool:
