@@ -84,6 +84,7 @@ class Session:
         weakref.finalize(self, self.hosts.owner.stop)  # a collected session is gone at once
         self.job_poll = 1.0  # seconds between looks at a batch job while a run waits on it
         self._job_reservations: dict[int, float] = {}  # batch lines' worst cases, by receipt
+        self._job_schemas: dict[str, Any] = {}  # fingerprint -> schema jobs of this kernel use
 
     @property
     def rate_limits(self) -> RateLimits:
