@@ -25,7 +25,7 @@ from . import records
 from .store import Store
 from .store_base import Row, Tx
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 
 # The tables docs/design.md lists, with their columns' names and meanings; times are ISO 8601
 # UTC text. Claims and checkpoint rows are written with every call: WITHOUT ROWID keeps each
