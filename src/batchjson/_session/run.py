@@ -25,6 +25,7 @@ from .._replay.jobs import JobRunner, JobsOutcome
 from .._replay.plan import Outcome, Plan
 from .._replay.replay import Replayer
 from . import batches, preflight
+from .errors import ResultErrors
 from .fit import check_fit
 from .registry import ValidatorVersion
 from .result import BatchResult
@@ -287,7 +288,7 @@ def report(session: Session, state: Run, revision: Any, outcome: Outcome) -> Bat
     """The result, with a note for each thing a person should know about how it was reached."""
     spec, content = state.spec, state.content
     result = _result(session, spec.name, revision, len(content.tasks),
-                     (t["task_id"] for t in content.tasks), content.schema, outcome,
+                     lambda: (t["task_id"] for t in content.tasks), content.schema, outcome,
                      resumed=len(state.requests) - len(state.pending) - len(state.rechecked))
     result.rechecked = len(state.rechecked)
     return _described(result, state, content.tasks)
@@ -301,7 +302,7 @@ def report_completed(session: Session, spec: RunSpec, done: Completed) -> BatchR
     judge_with(session, state)
     state.provider_notes = check_fit(done.provider, session.ledger, spec.name, done.schema, [],
                                      done.identity, spec.mode)
-    result = _result(session, spec.name, done.revision, done.count, (), done.schema,
+    result = _result(session, spec.name, done.revision, done.count, tuple, done.schema,
                      Outcome(), resumed=done.leaves)
     result = _described(result, state, [dict.fromkeys(done.fields)])
     if result.status != "resolved" and spec.on_exhausted == "raise":  # a value not loading
@@ -334,10 +335,11 @@ def _described(result: BatchResult, state: Run,
     return result
 
 
-def _result(session: Session, name: str, revision: Any, total: int, task_ids: Iterable[str],
+def _result(session: Session, name: str, revision: Any, total: int,
+            task_ids: Callable[[], Iterable[str]],
             schema: Any, outcome: Outcome, resumed: int) -> BatchResult:
     """The result over the revision's values in the ledger; ``task_ids`` (every task in
-    order) is read only when some task has no value."""
+    order, each time it is called) is read only when some task has no value."""
     values, errors = _values(session, revision.id, total, task_ids, schema, outcome)
     result = BatchResult(
         name=name, status="resolved" if len(values) == total else "unresolved",
@@ -359,20 +361,15 @@ def _result(session: Session, name: str, revision: Any, total: int, task_ids: It
     return result
 
 
-def _values(session: Session, revision_id: int, total: int, task_ids: Iterable[str],
-            schema: Any, outcome: Outcome) -> tuple[Mapping[str, Any], list[dict[str, Any]]]:
+def _values(session: Session, revision_id: int, total: int, task_ids: Callable[[], Iterable[str]],
+            schema: Any, outcome: Outcome) -> tuple[Mapping[str, Any], ResultErrors]:
     """The revision's values, read from the ledger when asked for, and an error for every
-    task without one."""
+    task without one, built when read."""
     values, unloadable = result_values(session.ledger.store, revision_id, schema)
-    errors = [e for task_id, errs in outcome.errors.items() if task_id not in values
-              for e in errs] + unloadable
-    if len(values) < total:  # the tasks neither answered nor failed, in order
-        failed = {e["task_id"] for e in errors}.union(values)
-        why = (f"no call was made for this task in this run: {outcome.stopped}"
-               if outcome.stopped else "no call was made for this task in this run")
-        errors += [{"type": "not_attempted", "task_id": task_id, "message": why}
-                   for task_id in task_ids if task_id not in failed]
-    return values, errors
+    why = (f"no call was made for this task in this run: {outcome.stopped}"
+           if outcome.stopped else "no call was made for this task in this run")
+    return values, ResultErrors(outcome.errors, values, unloadable, task_ids,
+                                total - len(values), why)
 
 
 def _bounded(fn: Callable[[Any, Mapping[str, Any]], Any],
