@@ -72,6 +72,10 @@ def run_spec(session: Session, spec: RunSpec) -> BatchResult:
     provider = session.provider  # refused here when none is configured
     state = Run(spec, content, provider, answer_source(provider))
     judge_with(session, state)
+    compose_keys(state)
+    done = finished_revision(session, state)
+    if done is not None:  # every request of this content accepted: nothing to plan or send
+        return report_completed(session, spec, done, state)
     find_requests(session, state)
     rejudge_stored(session, state)
     plan, spender = plan_calls(session, state)
@@ -106,10 +110,9 @@ def judge_with(session: Session, state: Run) -> None:
     state.checker = _bounded(checker, session.transport.timeout)  # an async one may hang
 
 
-def find_requests(session: Session, state: Run) -> None:
-    """The run's keys and requests: those of its revision when one is on record. Judging no
-    fingerprint fully sees moves on to a revision naming the answers that no longer pass."""
-    spec, content, store = state.spec, state.content, session.ledger.store
+def compose_keys(state: Run) -> None:
+    """The run's keys, and what of its judging no fingerprint fully sees."""
+    spec, content = state.spec, state.content
     state.keys = Keys.compose(
         content.tasks, content.schema,
         state.version.fingerprint.digest if state.version else "none", spec.pack,
@@ -117,6 +120,27 @@ def find_requests(session: Session, state: Run) -> None:
     state.blind = [f"validator: {u}" for u in (state.version.fingerprint.unseen
                                                if state.version else ())
                    ] + [f"schema: {u}" for u in content.schema.unseen]
+
+
+def finished_revision(session: Session, state: Run) -> Completed | None:
+    """The current revision of exactly this content when every request of it is accepted and
+    its judging is fully fingerprinted: a resume of tasks from a list or a generator then
+    builds no request and reads no key (a tasks file's run is remembered by its bytes)."""
+    if state.blind or state.content.file_digest is not None:
+        return None
+    done = session.ledger.store.completed_revision(state.spec.name, state.keys.revision)
+    if done is None:
+        return None
+    revision_id, _, leaves = done
+    return Completed(session.ledger.store.revision_by_id(revision_id), leaves,
+                     len(state.content.tasks), [], state.content.schema,
+                     state.content.identity, state.provider, state.source)
+
+
+def find_requests(session: Session, state: Run) -> None:
+    """The run's requests: those of its revision when one is on record. Judging no
+    fingerprint fully sees moves on to a revision naming the answers that no longer pass."""
+    spec, content, store = state.spec, state.content, session.ledger.store
     while True:
         state.existing = store.find_revision(spec.name, state.keys.revision)
         state.requests = (
@@ -294,17 +318,21 @@ def report(session: Session, state: Run, revision: Any, outcome: Outcome) -> Bat
     return _described(result, state, content.tasks)
 
 
-def report_completed(session: Session, spec: RunSpec, done: Completed) -> BatchResult:
-    """The result of a finished revision found without reading its tasks file: its values
-    from the ledger, its validator registered as a full run registers it."""
-    state = Run(spec, CheckedRun(spec, [], [], done.schema, done.identity), done.provider,
-                done.source)
-    judge_with(session, state)
+def report_completed(session: Session, spec: RunSpec, done: Completed,
+                     judged: Run | None = None) -> BatchResult:
+    """The result of a finished revision found without building its requests: its values
+    from the ledger, its validator registered as a full run registers it (``judged``: the run
+    that registered it already)."""
+    state = judged or Run(spec, CheckedRun(spec, [], [], done.schema, done.identity),
+                          done.provider, done.source)
+    if judged is None:
+        judge_with(session, state)
     state.provider_notes = check_fit(done.provider, session.ledger, spec.name, done.schema, [],
                                      done.identity, spec.mode)
     result = _result(session, spec.name, done.revision, done.count, tuple, done.schema,
                      Outcome(), resumed=done.leaves)
-    result = _described(result, state, [dict.fromkeys(done.fields)])
+    result = _described(result, state, state.content.tasks if judged is not None else
+                        [dict.fromkeys(done.fields)])
     if result.status != "resolved" and spec.on_exhausted == "raise":  # a value not loading
         raise BatchUnresolved(result)
     return result
