@@ -289,3 +289,17 @@ def test_stored_values_the_schema_no_longer_loads_are_left_out_and_named(tmp_pat
     assert dict(values) == {t["task_id"]: answer(t) for t in tasks if t["task_id"] not in gone}
     assert len(values) == 3 and gone[0] not in values and values.get(gone[0]) is None
     assert [(e["type"], e["task_id"]) for e in errors] == [("stored_invalid", g) for g in gone]
+
+
+def test_a_revisions_tasks_digest_is_that_of_the_whole_array_fed_in_slices(monkeypatch):
+    """Keys of revisions on record must not change: hashing a slice at a time (never one text
+    of a million tasks) feeds exactly the bytes of the whole array, across slice edges."""
+    from batchjson._content import keys as keys_module
+    from batchjson._content.tasks import sha
+
+    monkeypatch.setattr(keys_module, "DIGEST_SLICE", 3)
+    for n in (1, 3, 4, 7):
+        tasks = [{"task_id": f"t{i}", "prompt": "é\u2028 ünïcode", "n": i,
+                  "nested": [1, {"b": 2, "a": None}]} for i in range(n)]
+        whole = json.dumps(tasks, sort_keys=True, separators=(",", ":"))
+        assert keys_module.tasks_digest(tasks) == sha(whole)

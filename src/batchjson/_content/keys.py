@@ -44,9 +44,22 @@ def _key_content(components: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
+DIGEST_SLICE = 1000  # tasks encoded at once while hashing: the whole is never one text
+
+
 def tasks_digest(task_list: Sequence[Mapping[str, Any]]) -> str:
-    """The ``tasks`` component of a revision: every task, in order."""
-    return sha(json.dumps(list(task_list), sort_keys=True, separators=(",", ":")))
+    """The ``tasks`` component of a revision: every task, in order, as the SHA-256 of their
+    JSON array (sorted keys, ASCII), fed a slice at a time so a million tasks are never one
+    text of their own (the bytes hashed, and so the digest, are those of the whole array)."""
+    hasher = hashlib.sha256(b"[")
+    for start in range(0, len(task_list), DIGEST_SLICE):
+        text = _ascii_json(list(task_list[start:start + DIGEST_SLICE]))
+        hasher.update((("," if start else "") + text[1:-1]).encode("utf-8"))
+    hasher.update(b"]")
+    return hasher.hexdigest()
+
+
+_ascii_json = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
 
 
 def key_maker(content: Mapping[str, str]) -> Callable[[str], str]:
