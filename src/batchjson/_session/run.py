@@ -375,7 +375,7 @@ def _result(session: Session, name: str, revision: Any, total: int,
         cost=outcome.cost, revision=revision.number, total_tasks=total,
         accepted_returns=outcome.accepted_returns, rejected_returns=outcome.rejected_returns,
         provider_errors=outcome.provider_errors, resumed=resumed,
-        attempts_by_task=dict(outcome.attempts_by_task), repairs_made=outcome.repairs_made)
+        attempts_by_task=outcome.attempts_by_task, repairs_made=outcome.repairs_made)
     if outcome.stopped:
         result.notes.append(outcome.stopped)
     if outcome.overrun:
