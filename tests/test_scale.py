@@ -134,7 +134,7 @@ def test_a_finished_run_of_a_tasks_file_resumes_without_reading_a_task(tmp_path,
     assert (again.calls, again.status, again.resumed, again.revision) == (0, "resolved", 10,
                                                                           first.revision)
     assert dict(again.values) == dict(first.values) and again.total_tasks == 40
-    assert again.compared_if_echoed == first.compared_if_echoed == ("case_id", "candidate_id")
+    assert again.compared_if_echoed == first.compared_if_echoed == ("candidate_id", "case_id")
     with pytest.raises(AssertionError, match="read again"):  # other rules: the full path
         Session(labeller(), ledger=ledger).run_batch("b", path, LABEL_SCHEMA, pack=5)
 

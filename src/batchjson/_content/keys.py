@@ -22,6 +22,7 @@ from .._checks import whole
 from .._errors import ProviderSetupError
 from .._fingerprint.fingerprint import fingerprint_callable, fingerprint_function
 from .._sources import Code, Digest, Hashed
+from .packed import PackedTasks
 from .tasks import ECHOED, Identity, Request, sha
 
 # The revision components that go into every request key besides its tasks. "source" is the
@@ -147,8 +148,9 @@ class Keys:
         for position, start in enumerate(range(0, len(tasks), pack)):
             tasks_json = (texts[position] if packed else
                           "[" + ",".join(texts[start:start + pack]) + "]")
-            out.append(Request(self.request(tasks_json), tuple(tasks[start:start + pack]),
-                               position, tasks_json=tasks_json))
+            held = (tasks.request(position) if isinstance(tasks, PackedTasks) else
+                    tuple(tasks[start:start + pack]))  # decoded when read, not held twice
+            out.append(Request(self.request(tasks_json), held, position, tasks_json=tasks_json))
         return out
 
     def split(self, request: Request) -> list[Request]:

@@ -16,12 +16,16 @@ from itertools import islice
 from typing import Any, overload
 
 
+SHOWN = 20  # errors a repr shows
+
+
 class ResultErrors(Sequence[dict[str, Any]]):
     """Every task's errors (failed tasks in the order they failed, then stored values that no
     longer load, then the tasks never attempted, in task order), each a fresh dict when read.
 
     ``failed``: task_id -> the errors the run recorded for it (read as it is, not copied);
-    ``accepted``: answers ``task_id in accepted`` for tasks that have a value after all;
+    ``accepted``: answers ``task_id in accepted`` for tasks that have a value after all (asked
+    once of each failed task, when made, and of never-attempted tasks when read);
     ``task_ids``: a callable giving every task id in order (read only if some task was never
     attempted); ``missing``: tasks without a value.
     """
@@ -33,7 +37,9 @@ class ResultErrors(Sequence[dict[str, Any]]):
         self._task_ids, self._missing, self._why = task_ids, missing, not_attempted
         self._len: int | None = None
         self._raws: dict[str, str] | None = None
-        self._answered: set[str] | None = None  # failed once, accepted since (read once)
+        # failed in the run yet accepted by its end (another runner's answer): read now, so
+        # the errors stay those of this run's end when the ledger gains values later
+        self._answered = {t for t in failed if t in accepted}
         self._unattempted: int | None = None
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -49,8 +55,6 @@ class ResultErrors(Sequence[dict[str, Any]]):
                     yield {"type": "not_attempted", "task_id": task_id, "message": self._why}
 
     def _failed_items(self) -> Iterator[tuple[str, list[dict[str, Any]]]]:
-        if self._answered is None:
-            self._answered = {t for t in self._failed if t in self._accepted}
         answered = self._answered
         return ((t, errs) for t, errs in self._failed.items() if t not in answered)
 
@@ -97,8 +101,12 @@ class ResultErrors(Sequence[dict[str, Any]]):
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return (f"<{len(self)} error(s), built when read; list(errors) copies them, "
-                "failure_report() groups them by request>")
+        """As a list, up to the first :data:`SHOWN`; beyond, those and a count of the rest."""
+        first = list(islice(self, SHOWN + 1))
+        if len(first) <= SHOWN:
+            return repr(first)
+        return (repr(first[:SHOWN])[:-1] + f", ... and {len(self) - SHOWN} more; "
+                "list(errors) copies them]")
 
     @property
     def raws(self) -> dict[str, str]:

@@ -144,7 +144,7 @@ def find_requests(session: Session, state: Run) -> None:
     while True:
         state.existing = store.find_revision(spec.name, state.keys.revision)
         state.requests = (
-            resumed_requests(store, state.existing.id, content.tasks, spec.pack)
+            resumed_requests(store, state.existing.id)
             if state.existing else
             state.keys.pack(content.tasks, spec.pack, content.texts, packed=True))
         token = unseen_token(
