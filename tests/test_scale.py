@@ -303,3 +303,25 @@ def test_a_revisions_tasks_digest_is_that_of_the_whole_array_fed_in_slices(monke
                   "nested": [1, {"b": 2, "a": None}]} for i in range(n)]
         whole = json.dumps(tasks, sort_keys=True, separators=(",", ":"))
         assert keys_module.tasks_digest(tasks) == sha(whole)
+
+
+def test_checked_tasks_are_held_as_request_texts_and_read_back_as_given():
+    """A run keeps each task once, inside its request's text: read back, it is the task."""
+    from batchjson._content.keys import Keys
+    from batchjson._content.schema import compile_schema
+    from batchjson._content.tasks import normalize_identity, normalize_tasks
+
+    tasks = [dict(t, note="é\u2028", n=i) for i, t in enumerate(review_tasks(23))]
+    held, texts = normalize_tasks(iter(tasks), normalize_identity(None), pack=5)
+    assert len(texts) == 5 and not isinstance(held, list)
+    assert len(held) == 23 and held == tasks and list(held) == tasks
+    assert held[0] == tasks[0] and held[-1] == tasks[-1] and held[4:11] == tasks[4:11]
+    assert held[20:40] == tasks[20:] and held[::7] == tasks[::7]
+    with pytest.raises(IndexError):
+        held[23]
+    keys = Keys.compose(held, compile_schema(LABEL_SCHEMA), "none", 5, None,
+                        normalize_identity(None), "items", "src")
+    requests = keys.pack(held, 5, texts, packed=True)
+    assert [list(r.tasks) for r in requests] == [tasks[i:i + 5] for i in range(0, 23, 5)]
+    assert requests[-1].task_ids == tuple(t["task_id"] for t in tasks[20:])
+    assert requests[1].tasks[1:3] == tuple(tasks[6:8]) and len(requests[-1].tasks) == 3
