@@ -15,7 +15,20 @@ from itertools import islice
 from typing import Any
 
 
-class RequestTasks(Sequence[dict[str, Any]]):
+class SequenceView(Sequence[Any]):
+    """A read-only sequence built when read, equal to the list (or tuple) it stands for."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, str):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class RequestTasks(SequenceView):
     """One request's tasks, decoded from its ``tasks_json`` on each read."""
 
     __slots__ = ("_json", "_count")
@@ -33,18 +46,11 @@ class RequestTasks(Sequence[dict[str, Any]]):
         found = json.loads(self._json)[index]
         return tuple(found) if isinstance(index, slice) else found
 
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Sequence) and not isinstance(other, str):
-            return tuple(self) == tuple(other)
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
-
     def __repr__(self) -> str:
         return repr(tuple(self))
 
 
-class PackedTasks(Sequence[dict[str, Any]]):
+class PackedTasks(SequenceView):
     """Every task of a run, from its requests' texts (``pack`` tasks each, the last fewer)."""
 
     def __init__(self, texts: Sequence[str], pack: int, count: int) -> None:
@@ -73,13 +79,6 @@ class PackedTasks(Sequence[dict[str, Any]]):
         for n, text in enumerate(islice(self.texts, start // self.pack, None)):
             tasks = json.loads(text)
             yield from (tasks[start % self.pack:] if n == 0 else tasks)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Sequence) and not isinstance(other, str):
-            return list(self) == list(other)
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
 
     def request(self, position: int) -> RequestTasks:
         """The tasks of request ``position`` (its text is ``texts[position]``)."""

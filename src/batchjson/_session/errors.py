@@ -11,15 +11,16 @@ building an entry. ``list(errors)`` materialises it. Failed requests are grouped
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from itertools import islice
 from typing import Any, overload
 
+from .._content.packed import SequenceView
 
 SHOWN = 20  # errors a repr shows
 
 
-class ResultErrors(Sequence[dict[str, Any]]):
+class ResultErrors(SequenceView):
     """Every task's errors (failed tasks in the order they failed, then stored values that no
     longer load, then the tasks never attempted, in task order), each a fresh dict when read.
 
@@ -92,13 +93,6 @@ class ResultErrors(Sequence[dict[str, Any]]):
         if found is None:
             raise IndexError("error index out of range")
         return found
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Sequence) and not isinstance(other, str):
-            return list(self) == list(other)
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         """As a list, up to the first :data:`SHOWN`; beyond, those and a count of the rest."""
