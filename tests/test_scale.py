@@ -295,14 +295,16 @@ def test_a_revisions_tasks_digest_is_that_of_the_whole_array_fed_in_slices(monke
     """Keys of revisions on record must not change: hashing a slice at a time (never one text
     of a million tasks) feeds exactly the bytes of the whole array, across slice edges."""
     from batchjson._content import keys as keys_module
-    from batchjson._content.tasks import sha
+    from batchjson._content.tasks import normalize_identity, normalize_tasks, sha
 
     monkeypatch.setattr(keys_module, "DIGEST_SLICE", 3)
     for n in (1, 3, 4, 7):
-        tasks = [{"task_id": f"t{i}", "prompt": "é\u2028 ünïcode", "n": i,
-                  "nested": [1, {"b": 2, "a": None}]} for i in range(n)]
-        whole = json.dumps(tasks, sort_keys=True, separators=(",", ":"))
-        assert keys_module.tasks_digest(tasks) == sha(whole)
+        for text in ("é\u2028 ünïcode", "plain", "DEL \x7f and \x01\n\"\\"):
+            tasks = [{"task_id": f"t{i}", "prompt": text, "n": i,
+                      "nested": [1, {"b": 2, "a": None}]} for i in range(n)]
+            whole = sha(json.dumps(tasks, sort_keys=True, separators=(",", ":")))
+            held, _ = normalize_tasks(iter(tasks), normalize_identity(None), pack=2)
+            assert keys_module.tasks_digest(tasks) == keys_module.tasks_digest(held) == whole
 
 
 def test_checked_tasks_are_held_as_request_texts_and_read_back_as_given():
