@@ -36,6 +36,7 @@ bench: $(STAMP)  # every benchmark runs and prints its verdict; fails if any tar
 	$(PY) benchmarks/bench_judging.py || status=1; \
 	$(PY) benchmarks/bench_throughput.py || status=1; \
 	$(PY) benchmarks/bench_throughput.py --n 640 --latency 1 --rounds 3 || status=1; \
+	$(PY) benchmarks/bench_ratelimits.py || status=1; \
 	$(PY) benchmarks/bench_hosts.py || status=1; \
 	BATCHJSON_BENCH_SCALE_N=$${BATCHJSON_BENCH_SCALE_N:-200000} \
 		$(PY) benchmarks/bench_scale.py || status=1; \

@@ -325,6 +325,17 @@ def test_config_updates_live_session(loaded: Any) -> None:
     assert ip.user_ns["batch_session"] is session
 
 
+def test_rate_limits_set_by_config_pace_the_live_session(loaded: Any) -> None:
+    from batchjson import RateLimits
+
+    session = loaded.user_ns["batch_session"]
+    ok(loaded, "%config BatchJson.rate_limits = {'rpm': 600, 'tpm': 90_000}")
+    assert session.rate_limits == RateLimits(600, 90_000)
+    assert session.pacer.requests_per_minute == 600
+    ok(loaded, "%config BatchJson.rate_limits = None")
+    assert session.rate_limits == RateLimits()
+
+
 @pytest.mark.parametrize(("line", "said"), [
     ("concurrency = 0", "'concurrency' trait of a BatchJson instance should not be less than 1"),
     ("concurrency = 'four'", "'concurrency' trait of a BatchJson instance expected an int"),
@@ -364,7 +375,7 @@ def test_a_refused_value_left_in_ipythons_config_is_named_when_batchjson_loads_a
 
 
 @pytest.mark.parametrize(("name", "value"), [("concurrency", 0), ("strict", "yes"),
-                                             ("provider", 5)])
+                                             ("provider", 5), ("rate_limits", {"rpm": 0})])
 def test_a_bad_value_in_the_ipython_config_fails_the_load_naming_it_and_the_fix(
         ip: Any, capsys: Any, name: str, value: Any) -> None:
     from batchjson._ipython.magics import BatchJson

@@ -230,4 +230,26 @@ def test_options_that_take_a_fixed_set_of_strings_are_typed_as_literals():
     assert typing.get_args(typing.get_type_hints(Session.run_batch)["on_exhausted"]) == (
         "raise", "return")
     assert typing.get_args(typing.get_type_hints(BatchResult)["status"]) == (
-        "resolved", "unresolved")
+        "resolved", "unresolved", "pending")
+    assert typing.get_args(hints["transport"]) == ("live", "batch")
+
+
+def test_provider_options_that_take_a_fixed_set_of_strings_are_literals_the_check_enforces():
+    """The provider's own refusal names exactly the values its type admits."""
+    import typing
+
+    from batchjson import AnthropicProvider, Call, OpenAIProvider, ProviderSetupError
+    from batchjson._providers.base import CallKind
+
+    cases = ((OpenAIProvider, "response_format", ("auto", "json_schema", "json_object", "text")),
+             (AnthropicProvider, "mode", ("tool", "text")))
+    for provider, option, allowed in cases:
+        hint = typing.get_type_hints(provider.__init__)[option]
+        assert typing.get_args(hint) == allowed
+        with pytest.raises(ProviderSetupError) as refused:
+            provider(model="m", base_url="http://127.0.0.1:9", api_key="k", **{option: "jsn"})
+        assert all(value in str(refused.value) for value in allowed)
+    call_hints = typing.get_type_hints(Call)
+    assert typing.get_args(call_hints["kind"]) == typing.get_args(CallKind) == (
+        "initial", "repair", "replay")
+    assert typing.get_args(call_hints["mode"]) == ("items", "value")

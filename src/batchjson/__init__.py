@@ -32,6 +32,7 @@ from ._providers.base import Call, CallableProvider, Provider, ProviderHandle, R
 from ._providers.pricing import PRICES_AS_OF, Price, set_prices
 from ._providers.simulated import FaultPlan, SimulatedModel
 from ._replay.budget import Budget
+from ._replay.pacing import RateLimits
 from ._session.registry import ValidatorRegistry
 from ._session.result import BatchResult
 from ._session.session import Session, default_session, set_default_session, validator
@@ -41,7 +42,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     # running batches
-    "Session", "RunSpec", "BatchResult", "Budget", "validator", "default_session",
+    "Session", "RunSpec", "BatchResult", "Budget", "RateLimits", "validator", "default_session",
     "set_default_session",
     # what a session holds
     "Ledger", "Receipt", "Evidence", "ValidatorRegistry",

@@ -222,12 +222,17 @@ def _own_copy(item: ItemSchema) -> dict:
 
 
 def wire_schema(item: ItemSchema, tasks: Sequence[Mapping[str, Any]],
-                identity: Sequence[str]) -> dict:
-    """The schema a provider may enforce: identity fields pinned, exact item count."""
+                identity: Sequence[str], pinned: bool = True) -> dict:
+    """The schema a provider may enforce: identity fields pinned (``pinned``) or only typed
+    (the same for every request of a batch, so a prompt cache can hold it), exact item count.
+    Acceptance checks every identity value either way."""
     base = _own_copy(item)  # the provider's own: it may change it, nothing else sees that
     defs = base.pop("$defs", None)
     props = dict(base.get("properties") or {})
     for name in identity:
+        if not pinned:
+            props.setdefault(name, _typed(tasks, name))
+            continue
         distinct = {canonical_json(t[name]): t[name] for t in tasks}
         props[name] = {"enum": [distinct[text] for text in sorted(distinct)]}
     required = list(dict.fromkeys([*identity, *(base.get("required") or [])]))
@@ -242,6 +247,17 @@ def wire_schema(item: ItemSchema, tasks: Sequence[Mapping[str, Any]],
     if defs:
         wire["$defs"] = defs
     return wire
+
+
+_JSON_TYPES = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"),
+               (list, "array"), (dict, "object"))
+
+
+def _typed(tasks: Sequence[Mapping[str, Any]], name: str) -> dict[str, Any]:
+    """An identity field's JSON type(s) across ``tasks``, without their values."""
+    kinds = sorted({next((kind for cls, kind in _JSON_TYPES if isinstance(t[name], cls)), "null")
+                    for t in tasks})
+    return {"type": kinds[0] if len(kinds) == 1 else kinds}
 
 
 MISSING = object()  # what resolve_pointer gives for a $ref that names nothing in the schema

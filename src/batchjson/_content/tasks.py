@@ -287,6 +287,12 @@ def render_items_prompt(tasks: Sequence[Mapping[str, Any]], identity: Sequence[s
     return "\n".join(lines)
 
 
+def shared_head(instructions: str | None) -> str:
+    """The head every packed prompt of a batch starts with (its instructions), byte for byte:
+    what a provider's prompt cache can hold. Empty without instructions."""
+    return f"{instructions.strip()}\n\n" if instructions and instructions.strip() else ""
+
+
 def render_value_prompt(task: Mapping[str, Any]) -> str:
     """The droste-style prompt: the caller's prompt, then its context if any."""
     prompt = task["prompt"]

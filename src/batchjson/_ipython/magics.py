@@ -28,7 +28,7 @@ from traitlets import Any as AnyTrait
 from traitlets import Bool, Enum, Int, TraitError, Unicode, observe, validate
 from traitlets.config import Config
 
-from .. import BatchJsonError, BatchUnresolved, ProviderHandle, RunSpec, Session
+from .. import BatchJsonError, BatchUnresolved, ProviderHandle, RateLimits, RunSpec, Session
 from .._textview import DEFAULT_LEDGER
 from ..core import (
     PROVIDER_NAMES,
@@ -69,7 +69,7 @@ from .state import KernelState
 # ipykernel's temporary file (a number) or IPython's <ipython-input-N-hash>.
 _CELL_FILE = re.compile(r"\d+\.py|<ipython-input-\d+-[0-9a-f]+>")
 SETTINGS = ("provider", "model", "ledger", "concurrency", "max_calls", "repairs", "replays",
-            "strict")
+            "strict", "rate_limits")
 
 
 class Count(Int):  # type: ignore[type-arg]
@@ -114,6 +114,10 @@ class BatchJson(Magics):
         "Default call ceiling per %%batch_json run (None: no ceiling).")).tag(config=True)
     repairs = Count(1, min=0, help="Repair calls per failing request.").tag(config=True)
     replays = Count(1, min=0, help="Exact replays per failing request.").tag(config=True)
+    rate_limits = AnyTrait(None, allow_none=True, help=(
+        "Requests and tokens per minute the session paces to, e.g. {'requests_per_minute': "
+        "500, 'tokens_per_minute': 200000}; None learns them from the provider's rate-limit "
+        "headers.")).tag(config=True)
     strict = Bool(False, help=(
         "Refuse a changed validator while requests under the old one are unresolved. Changing "
         "it opens a new session.")).tag(config=True)
@@ -125,6 +129,13 @@ class BatchJson(Magics):
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         self._state: KernelState | None = None  # set once loaded; config during init waits
         super().__init__(shell=shell, **kwargs)
+
+    @validate("rate_limits")
+    def _check_rate_limits(self, proposal: Any) -> Any:
+        try:
+            return RateLimits.of(proposal["value"]) or None
+        except ValueError as exc:  # batchjson's ConfigError
+            raise TraitError(f"BatchJson.rate_limits: {exc}") from None
 
     @validate("provider")
     def _check_provider(self, proposal: Any) -> Any:

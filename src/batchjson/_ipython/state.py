@@ -78,7 +78,8 @@ class KernelState:
         self.session = Session(
             provider=settings["provider"], ledger=resolve_ledger(settings["ledger"]),
             strict=settings["strict"], concurrency=settings["concurrency"],
-            repairs=settings["repairs"], replays=settings["replays"], model=settings["model"])
+            repairs=settings["repairs"], replays=settings["replays"], model=settings["model"],
+            rate_limits=settings.get("rate_limits"))
         self.settings = dict(settings)
         previous_names = self.names
         self.names = notebook_names(self.session)
@@ -101,7 +102,7 @@ class KernelState:
         elif name == "model":
             self.session.model = value
             self.session.provider = self.settings["provider"]  # rebuilt with the new model
-        elif name in ("concurrency", "repairs", "replays"):
+        elif name in ("concurrency", "repairs", "replays", "rate_limits"):
             setattr(self.session, name, value)
 
     # -- names in the user namespace -----------------------------------------------------------

@@ -4,6 +4,8 @@ The model (stated in full in docs/recovery.md):
 
 - a call for a pack of ``k`` tasks costs ``S + t*k`` input tokens (``S`` is shared: system prompt,
   instructions, envelope; ``t`` per task) and ``O + u*k`` output tokens;
+- ``C`` of a call's input tokens are read from the provider's prompt cache (the shared prefix,
+  fitted from the receipts' cached tokens), billed at the cache-read price;
 - a return is broken as a whole (bad JSON, missing or extra items) with probability ``c``, and
   otherwise each item is faulty with probability ``p``, independently; a return is accepted
   only when none of its items is: ``s(k) = (1 - c) * (1 - p)**k``;
@@ -49,6 +51,8 @@ class Fit:
     repair_extra_input: float  # R
     input_price: float | None  # USD per token
     output_price: float | None
+    cached_input: float = 0.0  # C: input tokens per call read from the prompt cache
+    cached_price: float | None = None  # USD per cached input token (None: the input price)
 
 
 def _least_squares(points: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
@@ -95,6 +99,7 @@ def fit(ledger: Ledger, name: str) -> Fit:
     rows = ledger.store.fit_rows(name)
     tasks = ledger.cost_summary(name)["total"]["tasks"]
     judged, item_returns, fresh_in, outs, repairs_extra, chars = [], [], [], [], [], []
+    cached: list[int] = []
     provider_errors, call_faults, models, priced = 0, 0, set(), []
     for r in rows:
         k = len(json.loads(r["task_ids"]))
@@ -113,6 +118,7 @@ def fit(ledger: Ledger, name: str) -> Fit:
             item_returns.append((k, False))
         if r["input_tokens"] is not None and r["kind"] != "repair":
             fresh_in.append((k, r["input_tokens"]))
+            cached.append(min(r["cached_tokens"] or 0, r["input_tokens"]))
             if r["chars"]:
                 chars.append(r["chars"] / k / 4)
         if r["output_tokens"] is not None and r["status"] == "accepted":
@@ -139,7 +145,15 @@ def fit(ledger: Ledger, name: str) -> Fit:
                output_per_task=out_per,
                repair_extra_input=(sum(repairs_extra) / len(repairs_extra) if repairs_extra
                                    else out_shared + out_per * (sum(judged) / len(judged))),
-               input_price=in_price, output_price=out_price)
+               input_price=in_price, output_price=out_price,
+               cached_input=min(shared, sum(cached) / len(cached)) if cached else 0.0,
+               cached_price=_cached_price(models))
+
+
+def _cached_price(models: set[str]) -> float | None:
+    """USD per prompt-cache read of the batch's one known model, if its table prices them."""
+    price = price_for(next(iter(models))) if len(models) == 1 else None
+    return None if price is None or price.cached_input is None else price.cached_input / 1e6
 
 
 def _split_tokens(points: list[tuple[int, int]], per_task_hint: list[float]) -> tuple[float, float]:
@@ -263,8 +277,17 @@ def estimate(f: Fit, pack: int, *, split: bool, repairs: int, replays: int,
             totals[i] += v
     calls, inp, outp, usable = totals
     cost = (None if f.input_price is None or f.output_price is None
-            else inp * f.input_price + outp * f.output_price)
+            else inp * f.input_price + outp * f.output_price - _cache_saving(f, calls))
     return Estimate(pack, split, calls, inp, outp, cost, usable, n)
+
+
+def _cache_saving(f: Fit, calls: float) -> float:
+    """What prompt-cache reads take off the input bill: the shared prefix a call read from the
+    cache (``C`` per call, fitted from the receipts) is the same whatever the pack size, so a
+    cached prefix makes small packs cheaper than its full price would say."""
+    if f.cached_price is None or f.input_price is None or not f.cached_input:
+        return 0.0
+    return calls * f.cached_input * (f.input_price - f.cached_price)
 
 
 def choose(options: Sequence[Estimate], max_unresolved: float = 0.01) -> Estimate:

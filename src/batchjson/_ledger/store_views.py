@@ -100,7 +100,8 @@ class ViewStore(StoreBase):
         length (``chars``), for fitting pack-size advice."""
         return self._read(
             "SELECT a.kind, a.status, a.errors, a.task_ids, a.input_tokens, a.output_tokens, "
-            "a.cost, a.model, LENGTH(q.tasks) AS chars FROM attempts a JOIN batches b "
+            "a.cached_tokens, a.cost, a.model, LENGTH(q.tasks) AS chars FROM attempts a "
+            "JOIN batches b "
             "ON b.id = a.batch_id LEFT JOIN requests q ON q.revision_id = a.revision_id AND "
             "q.key = a.request_key WHERE b.name = ? AND a.kind != 'import' ORDER BY a.id",
             (name,))

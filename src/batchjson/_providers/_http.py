@@ -34,6 +34,7 @@ from .masking import (
     public_url,
 )
 from .pricing import cost_of, normalize_prices, price_for
+from .ratelimits import report_headers
 from .settings import checked_extra_body, checked_key
 
 # OS errors that mean no server can be reached at that address at all.
@@ -102,6 +103,7 @@ async def exchange(session: aiohttp.ClientSession, method: str, url: str, body: 
             status = resp.status
             raw = await resp.read()
             resp_headers = resp.headers
+            report_headers(resp_headers)  # the pacer's view of the rate limits
     except TimeoutError:
         failure = ProviderError(f"{provider}: no complete answer within the {timeout:g}s "
                                 "client timeout", retryable=True)

@@ -8,18 +8,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, get_args
 
 from .._checks import whole
 from .._errors import ProviderError, ProviderSetupError
 from ._http import HttpProvider, as_int, object_schema, with_path
 from .base import Call
+from .caching import CACHE_CONTROL, prefix_cacheable
 from .reply import NO_TOOL_CALL, REFUSED, TOOL_CALL, TRUNCATED, Reply
 from .spans import value_span
 
 DEFAULT_ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"
-MODES = ("tool", "text")
+AnthropicMode = Literal["tool", "text"]
+MODES: tuple[str, ...] = get_args(AnthropicMode)
 # The tool-use system prompt Anthropic adds when a tool is forced (tool_choice "any" or
 # "tool"), from its tool-use pricing table: Claude 3 Opus 281, Claude 3 Sonnet 235, Claude 3
 # Haiku and 3.5 Haiku 340, Claude 3.5/3.7 Sonnet and the Claude 4 models 313. A cost budget
@@ -44,7 +46,7 @@ class AnthropicProvider(HttpProvider):
     static_headers = {"Content-Type": "application/json", "anthropic-version": ANTHROPIC_VERSION}
 
     def __init__(self, model: str | None = None, *, base_url: str | None = None,
-                 api_key: str | None = None, mode: str = "tool", max_tokens: int = 4096,
+                 api_key: str | None = None, mode: AnthropicMode = "tool", max_tokens: int = 4096,
                  timeout: float = 60.0, prices: Mapping[str, Any] | None = None,
                  max_connections: int = 0, extra_body: Mapping[str, Any] | None = None) -> None:
         self._setup(model, base_url, api_key, timeout, prices, extra_body, max_connections)
@@ -68,6 +70,8 @@ class AnthropicProvider(HttpProvider):
         }
         if call.system:
             body["system"] = call.system
+        if prefix_cacheable(self, call.system, call.shared):
+            mark_cache_prefix(body, call)
         if self.mode != "tool":
             return body, None, False
         schema, tool, wrapped = object_schema(call.schema, call.mode)
@@ -146,6 +150,21 @@ def _stop(reason: Any, tool: str | None, called: bool, content: list[Any]) -> st
     if not tool and any(isinstance(b, dict) and b.get("type") == "tool_use" for b in content):
         return TOOL_CALL
     return None
+
+
+def mark_cache_prefix(body: dict[str, Any], call: Call) -> None:
+    """Put the cache breakpoint at the end of the batch's shared prefix: after the
+    instructions (the user message's first block) when there are some, else after the system
+    text. Everything before it (the tool, the system text) is byte-identical across the
+    batch; the text itself is unchanged, only split into blocks."""
+    shared = call.shared
+    if shared and call.prompt.startswith(shared) and len(call.prompt) > len(shared):
+        body["messages"] = [{"role": "user", "content": [
+            {"type": "text", "text": shared, "cache_control": dict(CACHE_CONTROL)},
+            {"type": "text", "text": call.prompt[len(shared):]}]}]
+    elif call.system:
+        body["system"] = [{"type": "text", "text": call.system,
+                           "cache_control": dict(CACHE_CONTROL)}]
 
 
 def _tool_text(content: list[Any], tool: str, body: str | None,

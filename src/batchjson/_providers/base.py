@@ -9,7 +9,7 @@ import json
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from .._checks import positive_seconds, whole
 from .._errors import ProviderError, ProviderSetupError
@@ -17,13 +17,19 @@ from .._sources import Code
 from .masking import check_name
 from .reply import Reply
 
+# why a request is asked: its first ask, a repair of a rejected return, or a replay of one never
+# answered; the receipt's ``kind`` column holds the same words
+CallKind = Literal["initial", "repair", "replay"]
+
 
 @dataclass(frozen=True)
 class Call:
     """Everything a provider needs for one request attempt.
 
     ``mode`` is ``"items"`` (return ``{"items": [...]}``, one object per task) or
-    ``"value"`` (return one bare JSON value, the droste-compatible helper).
+    ``"value"`` (return one bare JSON value, the droste-compatible helper). ``shared`` is the
+    head of ``prompt`` that every request of the batch starts with (its instructions), which
+    a provider may mark for its prompt cache.
     """
 
     tasks: tuple[Mapping[str, Any], ...]
@@ -31,10 +37,11 @@ class Call:
     system: str
     schema: Mapping[str, Any]
     attempt: int
-    kind: str
+    kind: CallKind
     request_key: str
-    mode: str = "items"
+    mode: Literal["items", "value"] = "items"
     identity: tuple[str, ...] = ("task_id",)
+    shared: str = ""
 
 
 @runtime_checkable

@@ -12,13 +12,12 @@ gateway, and a status otherwise worth retrying (408, 409, 425, 429) sent with
 
 from __future__ import annotations
 
-import email.utils
 import json
-import time
 from collections.abc import Mapping
 
 from .._errors import ProviderError
 from .masking import Secrets
+from .ratelimits import retry_after, retry_wait
 
 QUOTA_CODES = frozenset({"insufficient_quota", "billing_hard_limit_reached", "billing_error",
                          "enforced_spend_limit_reached"})
@@ -54,24 +53,7 @@ def run_stop(provider: str, status: int, code: str | None, message: str,
 
 def parse_retry_after(headers: Mapping[str, str]) -> float | None:
     """Seconds to wait, from ``retry-after-ms``, ``Retry-After`` seconds, or an HTTP-date."""
-    millis = headers.get("retry-after-ms")
-    if millis:
-        try:
-            return max(0.0, float(millis) / 1000.0)
-        except ValueError:
-            pass
-    value = headers.get("Retry-After")
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
+    return retry_after(headers)
 
 
 def is_retryable_status(status: int) -> bool:
@@ -125,4 +107,5 @@ def http_error(provider: str, status: int, headers: Mapping[str, str], raw: byte
         text += f" ({stop or hint.format(key_env=key_env)})"
     return ProviderError(secrets.mask(text) if secrets else text, status=status,
                          retryable=retryable and not stop, fatal=stop is not None,
-                         retry_after=parse_retry_after(headers))
+                         retry_after=retry_wait(headers) if status == 429 else
+                         parse_retry_after(headers))

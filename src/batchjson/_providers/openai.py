@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Literal, get_args
 
 from .._errors import ProviderError, ProviderSetupError
 from ._http import HttpProvider, as_int, object_schema
 from .base import Call
+from .caching import prefix_cacheable, prompt_cache_key
 from .capabilities import Capabilities, capabilities_for, shaped_extra_body
 from .reply import REFUSED, TOOL_CALL, TRUNCATED, Reply
 from .strict import strict_form
@@ -22,7 +23,8 @@ from .strict import strict_form
 __all__ = ["DEFAULT_OPENAI_BASE_URL", "OpenAIProvider"]
 
 DEFAULT_OPENAI_BASE_URL = "https://api.openai.com/v1"
-RESPONSE_FORMATS = ("auto", "json_schema", "json_object", "text")
+ResponseFormat = Literal["auto", "json_schema", "json_object", "text"]
+RESPONSE_FORMATS: tuple[str, ...] = get_args(ResponseFormat)
 
 
 class OpenAIProvider(HttpProvider):
@@ -48,7 +50,7 @@ class OpenAIProvider(HttpProvider):
     body_keys = frozenset(("model", "messages", "response_format"))
 
     def __init__(self, model: str | None = None, *, base_url: str | None = None,
-                 api_key: str | None = None, response_format: str = "auto",
+                 api_key: str | None = None, response_format: ResponseFormat = "auto",
                  timeout: float = 60.0, prices: Mapping[str, Any] | None = None,
                  max_connections: int = 0, extra_body: Mapping[str, Any] | None = None,
                  capabilities: Mapping[str, Any] | Capabilities | None = None) -> None:
@@ -75,6 +77,10 @@ class OpenAIProvider(HttpProvider):
         fmt, wrapped = self._format(call.schema, call.mode)
         if fmt is not None:
             body["response_format"] = fmt
+        if prefix_cacheable(self, call.system, call.shared):  # routed to one prompt cache
+            body.setdefault("prompt_cache_key", prompt_cache_key(call.system, call.shared))
+        if "prompt_cache_key" in body and body["prompt_cache_key"] is None:
+            del body["prompt_cache_key"]  # extra_body's None: a server that refuses the field
         return body, wrapped
 
     def _messages(self, call: Call) -> list[dict[str, str]]:

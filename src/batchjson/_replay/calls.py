@@ -17,12 +17,13 @@ from typing import Any, Literal
 
 from .._acceptance import judge as acceptance
 from .._content.schema import wire_schema
-from .._content.tasks import Request, render_items_prompt, render_value_prompt
+from .._content.tasks import Request, render_items_prompt, render_value_prompt, shared_head
 from .._errors import LedgerError, ProviderError
 from .._ledger.claims import ACCEPTED, MINE, OVER, Owner
 from .._ledger.records import now
 from .._ledger.store import Store
-from .._providers.base import Call, Reply, estimate_tokens, input_bound
+from .._providers.base import Call, CallKind, Reply, estimate_tokens, input_bound
+from .._providers.caching import prefix_cacheable
 from .._providers.masking import public_url
 from .budget import Pricing, Spender, charge_of, usd
 from .groupcommit import GroupCommit
@@ -131,6 +132,8 @@ class Caller:
 
     def __post_init__(self) -> None:
         self.system = system_prompt(self.plan)
+        self.cached_prefix = self.plan.mode == "items" and prefix_cacheable(
+            self.provider, self.system, shared_head(self.plan.instructions))
         self.provider_name = getattr(self.provider, "name", type(self.provider).__name__)
         self.model = getattr(self.provider, "model", None)
         # A provider whose own client timeout is at least as tight bounds every call already;
@@ -140,7 +143,7 @@ class Caller:
         self.needs_timer = not (isinstance(own, (int, float)) and own <= self.transport.timeout)
         self.spender.on_settle = self.settled.set
 
-    async def call(self, request: Request, kind: str, prompt: str) -> Judged | NotSent:
+    async def call(self, request: Request, kind: CallKind, prompt: str) -> Judged | NotSent:
         """Reserve, claim and commit the receipt; then send, judge and record the return.
         A provider's failure is raised (:class:`ProviderError`) after its receipt is queued."""
         await self.probe.wait_turn(request.key)  # another call finds out if the host is up
@@ -148,7 +151,8 @@ class Caller:
             return STOPPED
         number = self.attempts.get(request.key, 0)
         # Built before anything is reserved or written: whatever fails here leaves no receipt.
-        call = make_call(self.plan, self.system, request, kind, prompt, number)
+        call = make_call(self.plan, self.system, request, kind, prompt, number,
+                         self.cached_prefix)
         opened = await self._open(request, kind, call, estimate_tokens(self.system + prompt))
         if isinstance(opened, NotSent):
             return opened
@@ -206,7 +210,7 @@ class Caller:
             if self.control.stop is not None:
                 return STOPPED
 
-    async def _open(self, request: Request, kind: str, call: Call,
+    async def _open(self, request: Request, kind: CallKind, call: Call,
                     estimated: int) -> tuple[float, int] | NotSent:
         """Reserve the call's worst case, then claim the request and commit its receipt (and,
         on a ledger with a budget of its own, the same reservation there): (reserved, receipt
@@ -430,16 +434,22 @@ def first_prompt(plan: Plan, request: Request) -> str:
                                request.tasks_json)
 
 
-def make_call(plan: Plan, system: str, request: Request, kind: str, prompt: str,
-              number: int) -> Call:
+def make_call(plan: Plan, system: str, request: Request, kind: CallKind, prompt: str,
+              number: int, cached_prefix: bool = False) -> Call:
+    """``cached_prefix``: the batch's shared prefix is long enough for the provider to cache,
+    so the wire schema is the batch's constant one (docs/providers.md, "Prompt caching")."""
+    shared = ""
     if plan.mode == "value":
         schema: Mapping[str, Any] = plan.schema.json_schema
     else:
-        schema = wire_schema(plan.schema, request.tasks, plan.identity)
+        schema = wire_schema(plan.schema, request.tasks, plan.identity,
+                             pinned=not cached_prefix)
+        shared = shared_head(plan.instructions)
     # The provider gets its own copy: acceptance compares against the ledger's request.
     return Call(tasks=tuple(json.loads(request.tasks_json)), prompt=prompt, system=system,
                 schema=schema, attempt=number, kind=kind, request_key=request.key,
-                mode=plan.mode, identity=plan.identity)
+                mode=plan.mode, identity=plan.identity,
+                shared=shared if prompt.startswith(shared) else "")
 
 
 def cheapest_call(plan: Plan, provider: Any, pricing: Pricing,

@@ -29,11 +29,13 @@ from .._content.tasks import Request, render_repair_prompt
 from .._errors import LedgerError, ProviderError
 from .._ledger import Ledger
 from .._ledger.claims import Owner
+from .._providers.ratelimits import HEADER_LISTENER, reports_limits, request_tokens
 from .._providers.reply import REFUSED, STOP_ERRORS, TRUNCATED
 from .._providers.settings import declared_output_cap
 from .budget import Spender
 from .calls import Caller, Control, Judged, NotSent, first_prompt
 from .groupcommit import GroupCommit
+from .pacing import Pacer
 from .plan import Outcome, Plan, Transport
 
 Item = tuple[Request, int, "str | None"]  # a queued request, its split depth, its first kind
@@ -45,7 +47,7 @@ class Replayer:
     def __init__(self, plan: Plan, ledger: Ledger, provider: Any, spender: Spender,
                  transport: Transport, concurrency: int,
                  on_progress: Callable[[int], None] | None = None, *,
-                 session_id: str = "session") -> None:
+                 session_id: str = "session", pacer: Pacer | None = None) -> None:
         self.plan = plan
         self.store = ledger.store
         self.provider = provider
@@ -55,6 +57,11 @@ class Replayer:
         self.on_progress = on_progress
         self.session_id = session_id
         self.outcome = Outcome()
+        self.pacer = pacer
+        if pacer is not None:
+            pacer.set_ceiling(concurrency)
+            if reports_limits(provider):
+                pacer.learn()
         self._attempts: dict[str, int] = {}
         self._cut_off: set[str] = set()  # requests cut off before under the same settings
         self.writes = GroupCommit(self.store)
@@ -203,7 +210,8 @@ class Replayer:
             elif replays_left > 0:
                 replays_left -= 1
                 done = await self._attempt(request, "replay", prompt)
-            elif plan.split and len(request.tasks) > 1 and depth < plan.max_split_depth:
+            elif (plan.split and len(request.tasks) > 1 and depth < plan.max_split_depth
+                  and not _rate_limited(verdict)):  # the limits of the day split no pack
                 self._release(request)
                 self._split(request, depth)
                 return None
@@ -334,7 +342,7 @@ class Replayer:
         The first try runs bare; tenacity's retry machinery is built only once a retryable
         transport failure has happened, which keeps the common path cheap.
         """
-        call = self.caller.call
+        call = self._paced_call
         try:
             try:
                 return await call(request, kind, prompt)
@@ -365,9 +373,34 @@ class Replayer:
         status = f" (HTTP {exc.status})" if exc.status else ""
         error = {"type": "provider_error", "task_id": None, "retryable": exc.retryable,
                  "message": f"provider failed{status}: {exc}"}
+        if exc.status == 429:
+            error["status"] = 429
         if exc.kind != "provider_error":  # the source's own type (droste's error types)
             error["kind"] = exc.kind
         return Judged(acceptance.Verdict(False, errors=[error]), None)
+
+    async def _paced_call(self, request: Request, kind: str,
+                          prompt: str) -> Judged | NotSent:
+        """One call under the session's pacer: sent only within the rate limits; the headers
+        of its response teach the pacer, and a 429 pauses every call of the session."""
+        pacer = self.pacer
+        if pacer is None:
+            return await self.caller.call(request, kind, prompt)
+        await pacer.acquire(1, request_tokens(self.caller.system, prompt,
+                                              self.spender.pricing.max_output_tokens))
+        listening = HEADER_LISTENER.set(pacer.observe)
+        answered = False
+        try:
+            done = await self.caller.call(request, kind, prompt)
+            answered = isinstance(done, Judged)
+            return done
+        except ProviderError as exc:
+            if exc.status == 429 and exc.retryable:
+                pacer.penalise(exc.retry_after)
+            raise
+        finally:
+            HEADER_LISTENER.reset(listening)
+            pacer.release(answered)
 
     def _delay(self, error: BaseException | None, failures: int) -> float:
         """Retry-After when the provider gave one, else exponential backoff with jitter."""
@@ -376,6 +409,11 @@ class Replayer:
         return min(self._backoff(SimpleNamespace(attempt_number=failures)),
                    self.transport.backoff_max)
 
+
+
+def _rate_limited(verdict: acceptance.Verdict) -> bool:
+    """The request failed on a 429: halving it would change its keys for a limit of the day."""
+    return any(e.get("status") == 429 for e in verdict.errors)
 
 
 def _stop_of(verdict: acceptance.Verdict) -> str | None:

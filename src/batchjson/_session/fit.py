@@ -30,8 +30,12 @@ from .._content.schema import ItemSchema, wire_schema
 from .._content.tasks import Request
 from .._errors import InvalidBatch, ProviderSetupError
 from .._ledger import Ledger
+from .._providers.ratelimits import request_tokens
 from .._providers.schemagen import Generator, Unanswerable
 from .._providers.settings import declared_output_cap
+from .._replay.calls import first_prompt
+from .._replay.pacing import Pacer, pack_that_fits
+from .._replay.plan import Plan, system_prompt
 
 # The pieces GPT-style tokenizers (cl100k, o200k; Llama 3 uses the same rules) cut text into
 # before any merge: a letter run with at most one leading mark (and a contraction), digits in
@@ -183,3 +187,31 @@ def smallest_answers(schema: ItemSchema, tasks: Sequence[Mapping[str, Any]],
 
 def _compact(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def check_rate_fit(pacer: Pacer, plan: Plan, pending: Sequence[Request],
+                   output_cap: int | None) -> None:
+    """Refuse, before anything is spent, a run whose largest request is more tokens than the
+    provider's limiter lets through in a minute: every try of it would be answered 429. Packs
+    are never split to fit the limits of the day (their keys would change from run to run), so
+    the error names the pack size that fits."""
+    limit = pacer.tokens_per_minute
+    if not limit or not pending:
+        return
+    system = system_prompt(plan)
+    largest, request = max(((request_tokens(system, first_prompt(plan, r), output_cap), r)
+                            for r in pending), key=lambda pair: pair[0])
+    if largest <= limit:
+        return
+    pack = max(len(r.tasks) for r in pending)
+    task_chars = max(len(json.dumps(t, ensure_ascii=False, separators=(",", ":"))) + 1
+                     for r in pending for t in r.tasks)  # its JSON and a comma
+    fixed = largest - len(request.tasks_json) / 4 + 1  # everything but the tasks, and a digit
+    fits = pack_that_fits(limit, fixed, task_chars / 4)
+    advice = (f"pack {fits} task(s) per request (pack={fits})" if 0 < fits < pack else
+              "raise the limit or lower max_tokens: not even one task fits")
+    raise InvalidBatch(
+        f"a request of {len(request.tasks)} task(s) counts {largest:,} tokens against "
+        f"a limit of {limit:,} tokens per minute ({pacer.describe()}; prompt characters / 4 "
+        f"plus max_tokens={output_cap or 0}), so the provider would refuse it on every try; "
+        f"{advice}. Nothing was spent.")

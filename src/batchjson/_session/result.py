@@ -23,7 +23,7 @@ class BatchResult:
     """``values`` holds only committed answers; ``errors`` says why the rest are not there."""
 
     name: str
-    status: Literal["resolved", "unresolved"]
+    status: Literal["resolved", "unresolved", "pending"]
     values: Mapping[str, Any]  # read from the ledger on demand; dict(values) copies it
     errors: Sequence[dict[str, Any]]  # built one at a time when read; list(errors) copies it
     calls: int

@@ -26,7 +26,7 @@ from .._replay.plan import Outcome, Plan
 from .._replay.replay import Replayer
 from . import batches, preflight
 from .errors import ResultErrors
-from .fit import check_fit
+from .fit import check_fit, check_rate_fit
 from .registry import ValidatorVersion
 from .result import BatchResult
 from .resume import Completed, find_completed, remember_file, resumed_requests
@@ -192,6 +192,8 @@ def plan_calls(session: Session, state: Run) -> tuple[Plan, Spender]:
     spender = Spender(spec.max_calls, session.budget, session.tally,
                       batches.pricing(state.provider, state.client),
                       shared=session.ledger.store.shared_budget())
+    if state.client is None:  # live calls are paced; a job has the batch API's own pool
+        check_rate_fit(session.pacer, plan, state.pending, spender.pricing.max_output_tokens)
     if spec.refuse_short_budget and state.client is None:  # a job submits the part that fits
         spender.refuse_if_short(len(state.pending), cheapest_call(
             plan, state.provider, spender.pricing, state.pending))
@@ -298,7 +300,7 @@ def _replay(session: Session, plan: Plan, provider: Any, spender: Spender, state
             return await drive(bar.update if bar else None)
         replayer = Replayer(plan, session.ledger, provider, spender, session.transport,
                             session.concurrency, on_progress=bar.update if bar else None,
-                            session_id=session.id)
+                            session_id=session.id, pacer=session.pacer)
         return await replayer.run(pending)
 
     try:

@@ -19,6 +19,7 @@ from .._ledger.evidence import Evidence
 from .._providers.base import close_provider
 from .._providers.select import make_provider, provider_label
 from .._replay.budget import Budget, Tally
+from .._replay.pacing import Pacer, RateLimits
 from .._replay.plan import Transport
 from . import structured
 from .loop import BackgroundLoop
@@ -44,11 +45,14 @@ class Session:
         transport_retries: int = 3,
         timeout: float = 120.0,
         model: str | None = None,
+        rate_limits: RateLimits | Mapping[str, int] | tuple[int, int] | None = None,
     ) -> None:
         options = SessionOptions(strict=strict, budget=budget, concurrency=concurrency,
                                  repairs=repairs, replays=replays,
                                  transport_retries=transport_retries, timeout=timeout,
                                  model=model)  # all checked before the ledger is opened
+        # One pacer for every run of the session (docs/providers.md, "Rate limits").
+        self.pacer = Pacer(RateLimits.of(rate_limits), options.concurrency)
         self.ledger = ledger if isinstance(ledger, Ledger) else Ledger(ledger)
         self.strict = options.strict
         self.budget = options.budget
@@ -75,6 +79,15 @@ class Session:
         self._finalizer = weakref.finalize(self, _shutdown, self._loop, self._used)
         self.job_poll = 1.0  # seconds between looks at a batch job while a run waits on it
         self._job_reservations: dict[int, float] = {}  # batch lines' worst cases, by receipt
+
+    @property
+    def rate_limits(self) -> RateLimits:
+        """The limits the session paces to (those set; learnt ones are ``pacer.learnt``)."""
+        return self.pacer.limits
+
+    @rate_limits.setter
+    def rate_limits(self, value: Any) -> None:
+        self.pacer.set_limits(RateLimits.of(value))
 
     @property
     def spent_calls(self) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["HTTP_FAULTS", "BatchFaults", "HttpFaults", "LoopbackServer", "main"]
+__all__ = ["HTTP_FAULTS", "BatchFaults", "HttpFaults", "Limits", "LoopbackServer", "main"]
 
 
 def __getattr__(name: str) -> Any:

@@ -71,14 +71,16 @@ def shape(ask: Ask, text: str, output_tokens: int, fault: str | None) -> Answer:
     return Answer(text, tool, "end", output_tokens + reasoning, reasoning)
 
 
-def cache_split(input_tokens: int, fault: str | None) -> tuple[int, int]:
-    """(read from the cache, written to it): three quarters of the input under the fault."""
+def cache_split(input_tokens: int, fault: str | None,
+                cache: tuple[int, int] = (0, 0)) -> tuple[int, int]:
+    """(read from the cache, written to it): three quarters of the input under the fault,
+    else what the simulated prompt cache found (``cache``)."""
     part = input_tokens * 3 // 4
-    return (part, 0) if fault == "cached" else (0, part) if fault == "cache_write" else (0, 0)
+    return (part, 0) if fault == "cached" else (0, part) if fault == "cache_write" else cache
 
 
 def openai_completion(ask: Ask, answer: Answer, input_tokens: int, number: int,
-                      fault: str | None) -> dict[str, Any]:
+                      fault: str | None, cache: tuple[int, int] = (0, 0)) -> dict[str, Any]:
     """A ``CreateChatCompletionResponse``: every field the spec requires (``logprobs``,
     ``message.refusal``) and those the API sends today (``annotations``, ``service_tier``,
     ``system_fingerprint``, usage details)."""
@@ -92,7 +94,7 @@ def openai_completion(ask: Ask, answer: Answer, input_tokens: int, number: int,
         message["tool_calls"] = [{"id": "call_" + token(f"call:{number}", 24), "type": "function",
                                   "function": {"name": answer.tool, "arguments": answer.text}}]
         finish = "length" if answer.stop == "length" else "tool_calls"
-    cached, written = cache_split(input_tokens, fault)
+    cached, written = cache_split(input_tokens, fault, cache)
     prompt_details = {"cached_tokens": cached, "audio_tokens": 0}
     if written:
         prompt_details["cache_write_tokens"] = written
@@ -113,7 +115,7 @@ def openai_completion(ask: Ask, answer: Answer, input_tokens: int, number: int,
 
 
 def anthropic_message(ask: Ask, answer: Answer, input_tokens: int, number: int,
-                      fault: str | None) -> dict[str, Any]:
+                      fault: str | None, cache: tuple[int, int] = (0, 0)) -> dict[str, Any]:
     """A ``Message``: content blocks, ``stop_reason`` (``end_turn``, ``tool_use``,
     ``max_tokens``, ``refusal``), ``stop_sequence`` and usage whose ``input_tokens`` excludes
     cache reads and writes, as the API counts them."""
@@ -125,7 +127,7 @@ def anthropic_message(ask: Ask, answer: Answer, input_tokens: int, number: int,
             block = {"type": "tool_use", "id": "toolu_01" + token(f"toolu:{number}", 22, _BASE58),
                      "name": answer.tool, "input": tool_input, "caller": {"type": "direct"}}
             stop = "tool_use" if answer.stop == "end" else stop
-    read, written = cache_split(input_tokens, fault)
+    read, written = cache_split(input_tokens, fault, cache)
     return {
         "id": "msg_01" + token(f"msg:{number}", 22, _BASE58), "type": "message",
         "role": "assistant", "model": ask.model, "content": [block], "stop_reason": stop,

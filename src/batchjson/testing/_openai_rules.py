@@ -24,7 +24,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from ._wire import content_text
+from ._ratelimits import content_text
 
 
 class Refusal(NamedTuple):

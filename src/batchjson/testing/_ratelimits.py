@@ -10,18 +10,36 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 
 @dataclass
 class Bucket:
-    """``limit`` units per ``per`` seconds, spent by requests and refilled continuously."""
+    """``limit`` units per ``per`` seconds, spent by requests and refilled continuously.
+
+    ``capacity`` (default ``limit``) is how much may arrive at once: a limit applied over short
+    slices, as OpenAI may ("60,000 requests/minute may be enforced as 1,000 requests/second"),
+    holds ``limit * slice / per``. A request larger than that passes only into an empty bucket,
+    and one larger than ``limit`` never passes.
+    """
 
     limit: int
     per: float = 60.0
     level: float = 0.0
     at: float = field(default_factory=time.time)
+    capacity: float | None = None
+
+    def refusal(self, amount: float, now: float) -> float | None:
+        """Seconds until ``amount`` fits (0 when it fits now, None when it never can)."""
+        if amount > self.limit:
+            return None
+        drained = self._drained(now)
+        room = max(self.capacity or self.limit, amount)
+        over = drained + amount - room
+        return max(0.0, over) * self.per / self.limit
 
     def _drained(self, now: float) -> float:
         return max(0.0, self.level - (now - self.at) * self.limit / self.per)
@@ -60,7 +78,39 @@ def rfc3339(epoch: float) -> str:
 
 
 class Limits:
-    """The server's request and token buckets, and the headers each protocol reports."""
+    """The server's request and token buckets, and the headers each protocol reports.
+
+    By default they only report; :meth:`enforced` makes a server refuse (429) what arrives
+    beyond them, counting tokens when a request arrives as OpenAI documents (see
+    :func:`counted_tokens`).
+    """
+
+    enforcing = False
+    slice_seconds = 60.0
+
+    @classmethod
+    def enforced(cls, requests_per_minute: int, tokens_per_minute: int,
+                 slice_seconds: float = 1.0) -> Limits:
+        """Limits the server enforces, each applied over ``slice_seconds`` of the minute."""
+        limits = cls(requests_per_minute, tokens_per_minute, tokens_per_minute)
+        limits.tokens = Bucket(tokens_per_minute)
+        for bucket in (limits.requests, limits.tokens):
+            bucket.capacity = bucket.limit * slice_seconds / bucket.per
+        limits.enforcing, limits.slice_seconds = True, slice_seconds
+        return limits
+
+    def admit(self, tokens: int, now: float | None = None) -> tuple[str, float | None] | None:
+        """Spend one request of ``tokens`` if both buckets have room; else the exhausted
+        bucket ("requests" or "tokens") and the seconds until it would fit (None: never)."""
+        now = time.time() if now is None else now
+        for name, bucket, amount in (("requests", self.requests, 1),
+                                     ("tokens", self.tokens, tokens)):
+            wait = bucket.refusal(amount, now)
+            if wait is None or wait > 0:
+                return name, wait
+        self.requests.spend(1, now)
+        self.tokens.spend(tokens, now)
+        return None
 
     def __init__(self, requests: int = 10_000, input_tokens: int = 2_000_000,
                  output_tokens: int = 400_000) -> None:
@@ -70,6 +120,9 @@ class Limits:
         self.tokens = Bucket(input_tokens + output_tokens)
 
     def spend(self, input_tokens: int, output_tokens: int, now: float | None = None) -> None:
+        """Usage after an answer (only reported: enforcing limits spend on arrival)."""
+        if self.enforcing:
+            return
         now = time.time() if now is None else now
         self.requests.spend(1, now)
         self.input.spend(input_tokens, now)
@@ -104,3 +157,24 @@ class Limits:
             headers[f"anthropic-ratelimit-{name}-remaining"] = str(left)
             headers[f"anthropic-ratelimit-{name}-reset"] = rfc3339(now + reset)
         return headers
+
+
+def counted_tokens(body: Mapping[str, Any]) -> int:
+    """A request's tokens as OpenAI's limiter counts them on arrival: the characters of its
+    messages (and Anthropic's ``system``) / 4, plus ``max_tokens`` or
+    ``max_completion_tokens``."""
+    chars = len(content_text(body.get("system")))
+    for message in body.get("messages") or []:
+        if isinstance(message, Mapping):
+            chars += len(content_text(message.get("content")))
+    cap = body.get("max_completion_tokens") or body.get("max_tokens") or 0
+    return max(1, chars // 4) + (cap if isinstance(cap, int) else 0)
+
+
+def content_text(content: Any) -> str:
+    """Message content as text: a string, or the text parts of a content list."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""

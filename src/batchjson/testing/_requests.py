@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._providers._http import WRAPPED_VALUE
-from ._wire import content_text
+from ._ratelimits import content_text
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ messages are the providers' own (see tests/fixtures/recorded/ for recorded ones)
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -113,25 +114,51 @@ def _rate_limited(protocol: str, fault: str, model: str, limits: Limits, now: fl
                   wait: float | None, retry: Mapping[str, str],
                   request_id: str) -> web.Response:
     bucket = "tokens" if fault == "429_tokens" else "requests"
-    again = go_duration(wait if wait is not None else 60.0)
+    used = limits.tokens.limit - 1 if bucket == "tokens" else limits.requests.limit
+    return rate_limited(protocol, bucket, model, limits, now, 60.0 if wait is None else wait, used,
+                        1000 if bucket == "tokens" else 1, request_id, retry)
+
+
+def rate_limited(protocol: str, bucket: str, model: str, limits: Limits, now: float,
+                 wait: float | None, used: int, requested: int, request_id: str,
+                 retry: Mapping[str, str] | None = None) -> web.Response:
+    """A 429 as each provider sends it for an exhausted ``bucket`` ("requests" or "tokens"):
+    OpenAI's ``rate_limit_exceeded`` body naming the limit, what was used and requested and the
+    wait, with ``x-ratelimit-*`` headers (the exhausted one at 0, resetting after the wait);
+    Anthropic's ``rate_limit_error`` with ``anthropic-ratelimit-*``. ``wait`` None is a request
+    larger than the whole limit, which no wait cures."""
+    retry = dict(retry or {})
+    limit = limits.tokens.limit if bucket == "tokens" else limits.requests.limit
     if protocol == "anthropic":
-        limit = limits.tokens.limit if bucket == "tokens" else limits.requests.limit
         unit = "tokens" if bucket == "tokens" else "requests"
         message = (f"This request would exceed the rate limit for your organization "
                    f"(org-loopback) of {limit:,} {unit} per minute. {ANTHROPIC_LIMIT_TAIL}")
         headers = {**limits.anthropic_headers(now, exhausted=True, wait=wait), **retry}
         return error_response(protocol, 429, message, request_id=request_id, headers=headers)
-    if bucket == "tokens":
-        limit = limits.tokens.limit
-        what = f"tokens per min (TPM): Limit {limit}, Used {limit - 1}, Requested 1000"
+    unit = "tokens per min (TPM)" if bucket == "tokens" else "requests per min (RPM)"
+    if wait is None:
+        message = (f"Request too large for {model} in organization org-loopback on {unit}: "
+                   f"Limit {limit}, Requested {requested}. The input or output tokens must be "
+                   f"reduced in order to run successfully. {RATE_LIMIT_DOCS}")
     else:
-        limit = limits.requests.limit
-        what = f"requests per min (RPM): Limit {limit}, Used {limit}, Requested 1"
-    message = (f"Rate limit reached for {model} in organization org-loopback on {what}. "
-               f"Please try again in {again}. {RATE_LIMIT_DOCS}")
+        message = (f"Rate limit reached for {model} in organization org-loopback on {unit}: "
+                   f"Limit {limit}, Used {used}, Requested {requested}. Please try again in "
+                   f"{go_duration(wait)}. {RATE_LIMIT_DOCS}")
     headers = {**limits.openai_headers(now, exhausted=bucket, wait=wait), **retry}
     return error_response(protocol, 429, message, "rate_limit_exceeded", kind=bucket,
                           headers=headers)
+
+
+def enforced_429(protocol: str, bucket: str, model: str, limits: Limits, now: float,
+                 wait: float | None, requested: int, request_id: str) -> web.Response:
+    """The 429 of an enforced limit: what was used of the exhausted bucket, and the wait as
+    each provider says it (Anthropic's ``retry-after`` in whole seconds; OpenAI only in its
+    reset headers and message)."""
+    held = limits.tokens if bucket == "tokens" else limits.requests
+    retry = ({"retry-after": str(math.ceil(wait))}
+             if protocol == "anthropic" and wait is not None else {})
+    return rate_limited(protocol, bucket, model, limits, now, wait,
+                        held.limit - held.remaining(now), requested, request_id, retry)
 
 
 async def read_body(request: web.Request) -> dict[str, Any] | None:
@@ -141,15 +168,6 @@ async def read_body(request: web.Request) -> dict[str, Any] | None:
     except ValueError:
         return None
     return data if isinstance(data, dict) else None
-
-
-def content_text(content: Any) -> str:
-    """Message content as text: a string, or the text parts of a content list."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return ""
 
 
 ANSWER_ONLY = frozenset(("prompt", "context"))  # task fields that are content, never echoed

@@ -30,12 +30,14 @@ from .._providers.base import Call
 from .._providers.simulated import SimulatedModel
 from ._batches import BatchDesk, BatchFaults
 from ._bodies import anthropic_message, openai_completion, request_id, shape
+from ._cache import PromptCache
 from ._faults import HTTP_FAULTS, STATUS_FAULTS, HttpFaults
 from ._openai_rules import refusal as openai_refusal
-from ._ratelimits import Limits
+from ._ratelimits import Limits, counted_tokens
 from ._requests import Ask, anthropic_ask, openai_ask
 from ._wire import (
     JSON_HEADERS,
+    enforced_429,
     error_response,
     fault_response,
     identity_fields,
@@ -43,7 +45,7 @@ from ._wire import (
     unauthorized,
 )
 
-__all__ = ["HTTP_FAULTS", "BatchFaults", "HttpFaults", "LoopbackServer", "main"]
+__all__ = ["HTTP_FAULTS", "BatchFaults", "HttpFaults", "Limits", "LoopbackServer", "main"]
 
 @dataclass
 class Exchange:
@@ -69,7 +71,7 @@ class LoopbackServer:
 
     def __init__(self, model: SimulatedModel | None = None, *, latency: float = 0.0,
                  faults: HttpFaults | None = None, host: str = "127.0.0.1", port: int = 0,
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, rate_limits: Limits | None = None) -> None:
         self.model = model or SimulatedModel()
         self.latency = seconds("LoopbackServer latency", latency, ConfigError)
         self.faults = faults
@@ -79,8 +81,11 @@ class LoopbackServer:
         self.requests = 0
         self.responses: Counter[int] = Counter()
         self.injected: Counter[str] = Counter()
+        self.limited: Counter[str] = Counter()  # 429s of enforced limits, by bucket
+        self.admitted_tokens = 0  # tokens counted against enforced limits, as they arrived
         self.last_body: dict[str, Any] | None = None
-        self.limits = Limits()
+        self.limits = rate_limits or Limits()  # Limits.enforced(...) refuses beyond them
+        self.prompt_cache = PromptCache()
         self._exchanges: dict[int, Exchange] = {}
         self.first_at: float | None = None
         self.last_at: float | None = None
@@ -107,13 +112,16 @@ class LoopbackServer:
         span = (self.last_at - self.first_at) if self.first_at and self.last_at else 0.0
         return {"requests": self.requests, "responses": {str(k): v for k, v in
                                                          sorted(self.responses.items())},
-                "injected": dict(self.injected), "span_seconds": span,
+                "injected": dict(self.injected), "limited": dict(self.limited),
+                "span_seconds": span,
                 "requests_per_second": (self.requests - 1) / span if span > 0 else None}
 
     def reset_stats(self) -> None:
         self.requests = 0
         self.responses.clear()
         self.injected.clear()
+        self.limited.clear()
+        self.admitted_tokens = 0
         self._seen.clear()  # attempt numbers (and so seeded fault draws) start over too
         self.first_at = self.last_at = None
 
@@ -248,6 +256,9 @@ class LoopbackServer:
         refused = _refused("openai", data)
         if refused is not None or data is None:
             return error_response("openai", 400, refused or "request body is not a JSON object")
+        limited = self._admit("openai", data, self._rid(request))
+        if limited is not None:
+            return limited
         rule = openai_refusal(data)  # what the real API refuses: the model's, strict mode's
         if rule is not None:
             return error_response("openai", 400, rule.message, rule.code, param=rule.param)
@@ -258,7 +269,8 @@ class LoopbackServer:
         text, reply = outcome
         answer = shape(ask, text, reply.output_tokens, fault)
         self._exchanges[id(request)].tokens = (reply.input_tokens, answer.output_tokens)
-        payload = openai_completion(ask, answer, reply.input_tokens, self.requests, fault)
+        cache = self.prompt_cache.openai(data, reply.input_tokens)
+        payload = openai_completion(ask, answer, reply.input_tokens, self.requests, fault, cache)
         return await self._send(request, payload, fault)
 
     async def _anthropic(self, request: web.Request, fault: str | None) -> web.StreamResponse:
@@ -274,6 +286,9 @@ class LoopbackServer:
         if refused is not None or data is None:
             return error_response("anthropic", 400, refused or "request body is not a JSON "
                                   "object", request_id=rid)
+        limited = self._admit("anthropic", data, rid)
+        if limited is not None:
+            return limited
         ask = anthropic_ask(data, self.model.model)
         outcome = await self._answer("anthropic", ask, rid)
         if isinstance(outcome, web.Response):
@@ -281,7 +296,9 @@ class LoopbackServer:
         text, reply = outcome
         answer = shape(ask, text, reply.output_tokens, fault)
         self._exchanges[id(request)].tokens = (reply.input_tokens, answer.output_tokens)
-        payload = anthropic_message(ask, answer, reply.input_tokens, self.requests, fault)
+        cache = self.prompt_cache.anthropic(data, reply.input_tokens)
+        payload = anthropic_message(ask, answer, reply.input_tokens, self.requests, fault,
+                                    cache)
         return await self._send(request, payload, fault)
 
     async def _early(self, request: web.Request, fault: str | None, key: str | None,
@@ -299,6 +316,23 @@ class LoopbackServer:
             return fault_response(protocol, fault, self.faults, str(model), self.limits,
                                   time.time(), rid)
         return None
+
+    def _admit(self, protocol: str, data: dict[str, Any], rid: str) -> web.Response | None:
+        """Under enforced limits, a 429 for what arrives beyond them: OpenAI sends no
+        ``retry-after`` (only ``x-ratelimit-reset-*`` and the wait in its message), Anthropic
+        sends ``retry-after`` in whole seconds."""
+        if not self.limits.enforcing:
+            return None
+        now = time.time()
+        tokens = counted_tokens(data)
+        refused = self.limits.admit(tokens, now)
+        if refused is None:
+            self.admitted_tokens += tokens
+            return None
+        bucket, wait = refused
+        self.limited[bucket] += 1
+        return enforced_429(protocol, bucket, str(data.get("model")), self.limits, now, wait,
+                            tokens if bucket == "tokens" else 1, rid)
 
     async def _answer(self, protocol: str, ask: Ask, rid: str) -> tuple[str, Any] | web.Response:
         """Rebuild the Call the client made, then let the simulated model render its answer."""

@@ -1,0 +1,181 @@
+"""What providers say about their rate limits, read from response headers.
+
+OpenAI sends ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` with resets as Go
+durations (``"12ms"``, ``"3.89s"``, ``"1m30s"``, ``"114h18m0s"``); Anthropic sends
+``anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}``
+with resets as RFC 3339 instants. Both may send ``retry-after`` (seconds or an HTTP-date) and
+``retry-after-ms``. Nothing here waits or paces: it only reads, for the replay loop's pacer.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import email.utils
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from .base import estimate_tokens
+
+_GO_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(h|ms|us|µs|ns|m|s)")
+_GO_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+
+def go_seconds(text: str) -> float | None:
+    """Seconds in a Go duration (``"1m30s"``, ``"3.89s"``, ``"12ms"``, ``"0s"``), or None."""
+    text = text.strip()
+    if not text:
+        return None
+    position, total = 0, 0.0
+    for match in _GO_PART.finditer(text):
+        if match.start() != position:
+            return None
+        total += float(match.group(1)) * _GO_UNITS[match.group(2)]
+        position = match.end()
+    if position != len(text):
+        try:
+            return max(0.0, float(text))  # a bare number of seconds
+        except ValueError:
+            return None
+    return total
+
+
+def reset_seconds(text: str, now: float | None = None) -> float | None:
+    """Seconds until a reset header's moment: a Go duration (OpenAI) or an RFC 3339 instant
+    (Anthropic), never negative; None when unreadable."""
+    seconds = go_seconds(text)
+    if seconds is not None:
+        return seconds
+    try:
+        when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def retry_after(headers: Mapping[str, str]) -> float | None:
+    """Seconds the server asks the client to wait: ``retry-after-ms``, else ``retry-after`` as
+    seconds or an HTTP-date."""
+    millis = _header(headers, "retry-after-ms")
+    if millis:
+        try:
+            return max(0.0, float(millis) / 1000.0)
+        except ValueError:
+            pass
+    value = _header(headers, "retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+@dataclass(frozen=True)
+class LimitState:
+    """One limit as a response reported it: its size per minute, what is left, and the seconds
+    until the bucket is full again (each None when not sent)."""
+
+    limit: int | None = None
+    remaining: int | None = None
+    reset: float | None = None
+
+
+@dataclass(frozen=True)
+class Reported:
+    """The request and token limits one response reported."""
+
+    requests: LimitState
+    tokens: LimitState
+
+    @property
+    def any(self) -> bool:
+        return any(v is not None for s in (self.requests, self.tokens)
+                   for v in (s.limit, s.remaining, s.reset))
+
+
+def reported(headers: Mapping[str, str], now: float | None = None) -> Reported:
+    """The limits in OpenAI's or Anthropic's headers. Anthropic's combined ``tokens`` limit is
+    used when sent, else its input-tokens limit (what a request's prompt is counted against)."""
+    def state(names: tuple[str, str, str]) -> LimitState:
+        limit, left, reset = (_header(headers, name) for name in names)
+        return LimitState(_whole(limit), _whole(left),
+                          None if reset is None else reset_seconds(reset, now))
+
+    if any(k.lower().startswith("anthropic-ratelimit-") for k in headers):
+        kind = "tokens" if _header(headers, "anthropic-ratelimit-tokens-limit") else "input-tokens"
+        return Reported(
+            state(tuple(f"anthropic-ratelimit-requests-{p}"  # type: ignore[arg-type]
+                        for p in ("limit", "remaining", "reset"))),
+            state(tuple(f"anthropic-ratelimit-{kind}-{p}"  # type: ignore[arg-type]
+                        for p in ("limit", "remaining", "reset"))))
+    return Reported(
+        state(tuple(f"x-ratelimit-{p}-requests"  # type: ignore[arg-type]
+                    for p in ("limit", "remaining", "reset"))),
+        state(tuple(f"x-ratelimit-{p}-tokens"  # type: ignore[arg-type]
+                    for p in ("limit", "remaining", "reset"))))
+
+
+def retry_wait(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    """How long a refused request should wait: ``retry-after-ms`` / ``retry-after`` when sent,
+    else the reset of the exhausted limit (OpenAI's 429s often carry only
+    ``x-ratelimit-reset-tokens``), else None."""
+    wait = retry_after(headers)
+    if wait is not None:
+        return wait
+    seen = reported(headers, now)
+    resets = [s.reset for s in (seen.requests, seen.tokens)
+              if s.reset is not None and s.remaining == 0]
+    if not resets:  # nothing says which is exhausted: the later reset is safe for both
+        resets = [s.reset for s in (seen.requests, seen.tokens) if s.reset is not None]
+    return max(resets) if resets else None
+
+
+def reports_limits(provider: Any) -> bool:
+    """Whether ``provider`` speaks an API that reports its rate limits in headers."""
+    return getattr(getattr(provider, "inner", provider), "name", None) in ("openai", "anthropic")
+
+
+def request_tokens(system: str, prompt: str, output_cap: int | None) -> int:
+    """What a provider's rate limiter counts for a request when it arrives: its prompt's
+    characters / 4 and its ``max_tokens`` (OpenAI documents this estimate; actual usage never
+    enters it). The budget's worst case is a different, sound bound and stays the budget's."""
+    return estimate_tokens(system + prompt) + (output_cap or 0)
+
+
+# The replay loop sets a listener here around each call; HTTP providers report the headers of
+# every response they read (answers and errors alike), so a pacer learns limits and what is left
+# without the provider knowing there is one.
+HEADER_LISTENER: contextvars.ContextVar[Callable[[Mapping[str, str]], None] | None] = (
+    contextvars.ContextVar("batchjson_header_listener", default=None))
+
+
+def report_headers(headers: Mapping[str, str]) -> None:
+    """Hand a response's headers to the listening pacer, if any."""
+    listener = HEADER_LISTENER.get()
+    if listener is not None:
+        listener(headers)
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    value = headers.get(name)
+    if value is None and not hasattr(headers, "getall"):  # a plain dict: any case
+        lowered = name.lower()
+        value = next((v for k, v in headers.items() if k.lower() == lowered), None)
+    return value.strip() if isinstance(value, str) else None
+
+
+def _whole(value: Any) -> int | None:
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return None

@@ -1,0 +1,252 @@
+"""Pacing: keep every run of a session under the provider's requests and tokens per minute.
+
+A rate-limited API refuses what arrives beyond its limits (429) and may apply them over short
+slices of the minute, so a semaphore alone cannot keep a run under them: its retries then fire
+into the same closed window and burn money. The :class:`Pacer` is one per session, shared by
+all its runs, and has a narrow interface (``acquire`` / ``release`` / ``observe`` /
+``penalise``) so that a pacer shared across hosts can stand behind it later.
+
+* Two leaky buckets (aiolimiter) for requests and tokens, drained at the limit's rate with a
+  burst of half a slice: the session sends no faster than the limit, however many workers wait.
+* Tokens are counted as the provider's limiter counts them when a request arrives (prompt
+  characters / 4 plus ``max_tokens``), never the budget's worst case.
+* Limits come from the user (``Session(rate_limits=...)``) or are learnt from the first
+  response's ``x-ratelimit-*`` / ``anthropic-ratelimit-*`` headers; ``remaining`` below what
+  the pacer expects (another client on the same key) pauses it until the provider catches up.
+* A 429 pauses every call for ``retry-after`` / ``retry-after-ms`` / the reset headers, halves
+  the calls allowed in flight, and each answer then climbs one step back (AIMD).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aiolimiter import AsyncLimiter
+
+from .._checks import is_whole
+from .._errors import ConfigError
+from .._providers.ratelimits import Reported, reported
+
+HEADROOM = 0.98  # pace a little under the limit: network jitter bunches arrivals
+_KEYS = {"requests_per_minute": "requests_per_minute", "rpm": "requests_per_minute",
+         "tokens_per_minute": "tokens_per_minute", "tpm": "tokens_per_minute"}
+
+
+@dataclass(frozen=True)
+class RateLimits:
+    """The limits a session paces to; None means not set (learnt from headers, or unpaced)."""
+
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("requests_per_minute", "tokens_per_minute"):
+            value = getattr(self, name)
+            if value is not None and not is_whole(value, 1):
+                raise ConfigError(f"rate_limits {name} must be a whole number >= 1 (or None to "
+                                  f"learn it from the provider's headers), got {value!r}; e.g. "
+                                  "rate_limits={'requests_per_minute': 500, "
+                                  "'tokens_per_minute': 200_000}")
+
+    @classmethod
+    def of(cls, value: Any) -> RateLimits:
+        """From None, a RateLimits, a mapping (``requests_per_minute`` / ``rpm``,
+        ``tokens_per_minute`` / ``tpm``) or a pair ``(rpm, tpm)``."""
+        if value is None:
+            return cls()
+        if isinstance(value, RateLimits):
+            return value
+        if isinstance(value, Mapping):
+            unknown = [k for k in value if k not in _KEYS]
+            if unknown:
+                raise ConfigError(f"rate_limits has unknown key(s) {unknown}; use "
+                                  "requests_per_minute (rpm) and tokens_per_minute (tpm)")
+            return cls(**{_KEYS[k]: v for k, v in value.items()})
+        if isinstance(value, (tuple, list)) and len(value) == 2:
+            return cls(*value)
+        raise ConfigError(f"rate_limits must be a mapping such as {{'requests_per_minute': 500, "
+                          f"'tokens_per_minute': 200_000}} or a pair (rpm, tpm), got {value!r}")
+
+    def __bool__(self) -> bool:
+        return self.requests_per_minute is not None or self.tokens_per_minute is not None
+
+
+def _bucket(per_minute: int, slice_seconds: float, least: float) -> AsyncLimiter:
+    """Drains at ``per_minute`` (less the headroom) with a burst of half a slice, never less
+    than ``least`` (one request, or one request's tokens)."""
+    rate = per_minute * HEADROOM / 60.0
+    burst = max(least, rate * slice_seconds / 2)
+    return AsyncLimiter(burst, burst / rate)
+
+
+class Pacer:
+    """One session's pacing of requests and tokens per minute and of the calls in flight."""
+
+    def __init__(self, limits: RateLimits | None = None, concurrency: int = 16, *,
+                 slice_seconds: float = 1.0) -> None:
+        self.limits = limits or RateLimits()
+        self.learnt = RateLimits()  # what the provider's headers said, when the user set none
+        self.slice_seconds = slice_seconds
+        self.ceiling = concurrency
+        self.allowed = float(concurrency)  # calls allowed in flight: halved by a 429
+        self.in_flight = 0
+        self.refused = 0  # 429s seen
+        self.paused = 0.0  # seconds every call was held by 429s and low remaining counts
+        self._requests: AsyncLimiter | None = None
+        self._tokens: AsyncLimiter | None = None
+        self._largest = 1  # the largest token count acquired: the token bucket's least burst
+        self._open_at = 0.0  # loop time before which no call is sent
+        self._waiting: list[asyncio.Future[None]] = []
+        self._learning = False  # one call alone until the first answer: see learn()
+        self._heard = False  # an answer has come back
+        self._build()
+
+    @property
+    def requests_per_minute(self) -> int | None:
+        return self.limits.requests_per_minute or self.learnt.requests_per_minute
+
+    @property
+    def tokens_per_minute(self) -> int | None:
+        return self.limits.tokens_per_minute or self.learnt.tokens_per_minute
+
+    def _build(self, requests: bool = True, tokens: bool = True) -> None:
+        """New buckets for the limits named (a new bucket starts empty, so only a limit that
+        changed gets one)."""
+        rpm, tpm = self.requests_per_minute, self.tokens_per_minute
+        if requests:
+            self._requests = _bucket(rpm, self.slice_seconds, 1) if rpm else None
+        if tokens:
+            self._tokens = (_bucket(tpm, self.slice_seconds, min(self._largest, tpm)) if tpm
+                            else None)
+
+    def set_ceiling(self, concurrency: int) -> None:
+        """The session's concurrency: the most calls in flight, to which a 429's cut climbs."""
+        self.allowed = float(concurrency) if self.allowed >= self.ceiling else min(
+            self.allowed, float(concurrency))
+        self.ceiling = concurrency
+
+    def learn(self) -> None:
+        """The provider reports its limits in headers: with none set, the session's first call
+        goes alone, so that its answer says the limits before a burst meets them blind."""
+        self._learning = not self.limits and not self._heard
+
+    def set_limits(self, limits: RateLimits) -> None:
+        """New limits from the user; what was learnt stays for the limits left unset."""
+        rpm, tpm = self.requests_per_minute, self.tokens_per_minute
+        self.limits = limits
+        self._learning = self._learning and not limits
+        self._build(requests=self.requests_per_minute != rpm,
+                    tokens=self.tokens_per_minute != tpm)
+
+    # -- the interface a shared pacer would implement -------------------------------------------
+    async def acquire(self, requests: int = 1, tokens: int = 0) -> None:
+        """Wait until a call of ``tokens`` may be sent: no pause in force, a slot among the
+        calls allowed in flight, and room in both buckets. Pair with :meth:`release`."""
+        loop = asyncio.get_running_loop()
+        while self.in_flight >= self._room():
+            turn = loop.create_future()
+            self._waiting.append(turn)
+            try:
+                await turn
+            finally:
+                if turn in self._waiting:
+                    self._waiting.remove(turn)
+        self.in_flight += 1
+        try:
+            while loop.time() < self._open_at:
+                await asyncio.sleep(self._open_at - loop.time())
+            if self._requests is not None:
+                await self._requests.acquire(min(requests, self._requests.max_rate))
+            if tokens and self.tokens_per_minute and tokens > self._largest:
+                self._largest = min(tokens, self.tokens_per_minute)
+                if self._tokens is not None and self._largest > self._tokens.max_rate:
+                    self._build(requests=False)  # a burst of at least one such request
+            if self._tokens is not None and tokens:
+                await self._tokens.acquire(min(tokens, self._tokens.max_rate))
+        except BaseException:
+            self._leave()
+            raise
+
+    def release(self, answered: bool = True) -> None:
+        """A call is over; an answered one lets the calls in flight climb one step back."""
+        self._learning, self._heard = False, True
+        if answered and self.allowed < self.ceiling:
+            self.allowed = min(float(self.ceiling), self.allowed + 1.0 / self.allowed)
+        self._leave()
+
+    def observe(self, headers: Mapping[str, str]) -> None:
+        """Learn limits the user did not set, and pause when the provider reports less left
+        than one burst (its count of this key's use is ahead of ours)."""
+        seen = reported(headers)
+        if not seen.any:
+            return
+        learnt = RateLimits(seen.requests.limit or self.learnt.requests_per_minute,
+                            seen.tokens.limit or self.learnt.tokens_per_minute)
+        if learnt != self.learnt:
+            rpm, tpm = self.requests_per_minute, self.tokens_per_minute
+            self.learnt = learnt
+            self._build(requests=self.requests_per_minute != rpm,
+                        tokens=self.tokens_per_minute != tpm)
+        self._pause_if_short(seen)
+
+    def penalise(self, wait: float | None) -> None:
+        """The provider refused a call (429): nothing is sent for ``wait`` seconds (one slice
+        when it gave no wait), and the calls allowed in flight are halved, once per pause."""
+        self.refused += 1
+        loop = asyncio.get_running_loop()
+        wait = self.slice_seconds if wait is None else max(0.0, wait)
+        if loop.time() >= self._open_at:
+            self.allowed = max(1.0, self.allowed / 2)
+        self._hold(loop, wait)
+
+    # -- inside ---------------------------------------------------------------------------------
+    def _pause_if_short(self, seen: Reported) -> None:
+        for state, bucket in ((seen.requests, self._requests), (seen.tokens, self._tokens)):
+            if bucket is None or state.remaining is None or state.limit is None:
+                continue
+            short = bucket.max_rate - state.remaining
+            if short > 0:
+                self._hold(asyncio.get_running_loop(), short * 60.0 / state.limit)
+
+    def _hold(self, loop: asyncio.AbstractEventLoop, wait: float) -> None:
+        until = loop.time() + wait
+        if until > self._open_at:
+            self.paused += until - max(self._open_at, loop.time())
+            self._open_at = until
+
+    def _room(self) -> float:
+        """Calls allowed in flight: one alone until the first answer has said whether the
+        provider reports limits (a burst before that would meet the limit blind); after a 429,
+        ``allowed`` across the session until it has climbed back; else no cap beyond each run's
+        own workers (runs of one session never wait on each other's slots)."""
+        if self._learning:
+            return 1
+        return math.inf if self.allowed >= self.ceiling else max(1, int(self.allowed))
+
+    def _leave(self) -> None:
+        """Synchronous, so a cancelled call gives its slot back without awaiting."""
+        self.in_flight -= 1
+        if self.in_flight < self._room():
+            for turn in self._waiting:  # each looks again; those without room wait on
+                if not turn.done():
+                    turn.set_result(None)
+
+    def describe(self) -> str:
+        """The limits in force, for notes and errors."""
+        parts = []
+        if self.requests_per_minute:
+            parts.append(f"{self.requests_per_minute:,} requests")
+        if self.tokens_per_minute:
+            parts.append(f"{self.tokens_per_minute:,} tokens")
+        return " and ".join(parts) + " per minute" if parts else "no rate limits"
+
+
+def pack_that_fits(limit: int, fixed_tokens: float, task_tokens: float) -> int:
+    """The most tasks a request may pack and stay within ``limit`` tokens, when every request
+    spends ``fixed_tokens`` whatever its pack (system text, instructions, max_tokens) and each
+    task at most ``task_tokens``."""
+    return max(0, math.floor((limit - fixed_tokens) / max(task_tokens, 1e-9)))

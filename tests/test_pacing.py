@@ -1,0 +1,161 @@
+"""Pacing: a session's runs stay under the provider's requests and tokens per minute, learn the
+limits from its headers, and a 429 holds every call for the reset instead of retrying into it."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from batchjson import ConfigError, InvalidBatch, RateLimits, Session
+from batchjson._providers.ratelimits import request_tokens
+from batchjson._replay.pacing import Pacer
+from batchjson.testing import HttpFaults, Limits, LoopbackServer
+from batchjson.testing._ratelimits import counted_tokens
+from tests.helpers import LABEL_SCHEMA, openai, review_tasks
+
+CAP = {"max_completion_tokens": 60}
+
+
+def refused_share(srv: LoopbackServer) -> float:
+    return srv.responses[429] / max(1, srv.requests)
+
+
+def test_a_run_stays_under_the_limits_it_learns_with_under_one_percent_429s() -> None:
+    # 2,400 requests and 600,000 tokens a minute over one-second slices: 40 calls (about
+    # 10,000 tokens) a second, both near binding, far below what 32 workers send unpaced.
+    with LoopbackServer(rate_limits=Limits.enforced(2400, 600_000, 1.0)) as srv:
+        session = Session(openai(srv, extra_body=CAP), ledger=":memory:", concurrency=32)
+        result = session.run_batch("paced", review_tasks(60), LABEL_SCHEMA)
+    assert result.status == "resolved"
+    assert refused_share(srv) < 0.01
+    assert session.pacer.learnt == RateLimits(2400, 600_000)  # from the first answer's headers
+
+
+def test_limits_the_user_sets_pace_the_first_calls_too() -> None:
+    with LoopbackServer(rate_limits=Limits.enforced(1200, 1_000_000, 1.0)) as srv:
+        session = Session(openai(srv, extra_body=CAP), ledger=":memory:", concurrency=32,
+                          rate_limits={"rpm": 1200})
+        result = session.run_batch("set", review_tasks(40), LABEL_SCHEMA)
+    assert result.status == "resolved" and srv.responses[429] == 0
+    assert session.rate_limits == RateLimits(requests_per_minute=1200)
+
+
+def test_pacing_is_shared_by_all_runs_of_one_session() -> None:
+    """Two runs at once from two threads: each alone would fill the limit, so only one pacer
+    for both keeps the session under it."""
+    with LoopbackServer(rate_limits=Limits.enforced(1200, 1_000_000, 1.0)) as srv:
+        session = Session(openai(srv, extra_body=CAP), ledger=":memory:", concurrency=16,
+                          rate_limits={"requests_per_minute": 1200})
+        results = {}
+
+        def run(name: str) -> None:
+            results[name] = session.run_batch(name, review_tasks(30, case=name), LABEL_SCHEMA)
+
+        threads = [threading.Thread(target=run, args=(name,)) for name in ("one", "two")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    assert {r.status for r in results.values()} == {"resolved"}
+    assert srv.responses[200] == 60 and srv.responses[429] == 0
+
+
+def test_the_pacer_counts_tokens_as_the_providers_limiter_does() -> None:
+    """Prompt characters / 4 plus max_tokens, the same count the server charges on arrival;
+    not the budget's worst case (every byte of the body)."""
+    with LoopbackServer() as srv:
+        provider = openai(srv, extra_body=CAP)
+        from tests.helpers import items_call
+
+        call = items_call()
+        body = provider.request_body(call)[0]
+    assert request_tokens(call.system, call.prompt, 60) == counted_tokens(body)
+    assert request_tokens(call.system, call.prompt, 60) < provider.input_bound(call) + 60
+
+
+def test_a_429_holds_every_call_for_its_wait_and_halves_the_calls_in_flight() -> None:
+    async def go() -> tuple[float, float, float]:
+        pacer = Pacer(RateLimits(), concurrency=8)
+        loop = asyncio.get_running_loop()
+        pacer.penalise(0.3)
+        halved = pacer.allowed
+        pacer.penalise(0.3)  # a second 429 of the same burst does not halve again
+        start = loop.time()
+        await pacer.acquire(1, 100)
+        waited = loop.time() - start
+        for _ in range(40):
+            pacer.release(answered=True)
+            await pacer.acquire(1, 100)
+        pacer.release()
+        return halved, waited, pacer.allowed
+
+    halved, waited, climbed = asyncio.run(go())
+    assert halved == 4.0
+    assert waited >= 0.29
+    assert climbed == 8.0  # each answer climbs back a step, up to the session's concurrency
+
+
+def test_calls_in_flight_never_exceed_what_the_pacer_allows() -> None:
+    async def go() -> int:
+        pacer = Pacer(RateLimits(), concurrency=4)
+        pacer.allowed = 2.0
+        most = 0
+
+        async def call() -> None:
+            nonlocal most
+            await pacer.acquire()
+            most = max(most, pacer.in_flight)
+            await asyncio.sleep(0.01)
+            pacer.release(answered=False)
+
+        await asyncio.gather(*(call() for _ in range(12)))
+        return most
+
+    assert asyncio.run(go()) == 2
+
+
+def test_remaining_tokens_below_a_burst_pause_the_session_until_the_provider_catches_up() -> None:
+    async def go() -> float:
+        pacer = Pacer(RateLimits(tokens_per_minute=60_000), concurrency=4)
+        pacer.observe({"x-ratelimit-limit-tokens": "60000", "x-ratelimit-remaining-tokens": "0"})
+        return pacer.paused
+
+    paused = asyncio.run(go())
+    assert 0.4 < paused < 0.6  # half a second's worth of tokens at 1,000 a second
+
+
+def test_a_pack_larger_than_the_token_limit_is_refused_before_spending_naming_the_pack_that_fits(
+) -> None:
+    with LoopbackServer() as srv:
+        session = Session(openai(srv, extra_body={"max_completion_tokens": 1200}),
+                          ledger=":memory:", rate_limits={"tokens_per_minute": 1600})
+        with pytest.raises(InvalidBatch) as refused:
+            session.run_batch("big", review_tasks(40), LABEL_SCHEMA, pack=20)
+        assert srv.requests == 0 and session.spent_calls == 0
+        message = str(refused.value)
+        assert "1,600 tokens per minute" in message and "Nothing was spent" in message
+        fits = int(message.split("(pack=")[1].split(")")[0])
+        assert 1 <= fits < 20
+        # the largest pack it names fits: sent at once (one request, so no wait for the next)
+        result = session.run_batch("fits", review_tasks(40)[-fits:], LABEL_SCHEMA, pack=fits)
+    assert result.status == "resolved" and result.calls == 1
+
+
+@pytest.mark.parametrize("value", [{"rpm": 0}, {"requests": 5}, "fast", (1, 2, 3),
+                                   {"tpm": 1.5}])
+def test_a_bad_rate_limit_is_refused_naming_the_setting(value: object) -> None:
+    with pytest.raises(ConfigError, match="rate_limits"):
+        Session(ledger=":memory:", rate_limits=value)
+
+
+def test_a_pack_refused_by_the_rate_limit_is_never_split() -> None:
+    """Halving changes a request's keys: a 429 (a limit of the day) must not do it."""
+    with LoopbackServer(faults=HttpFaults(rate_429=1.0, retry_after=0.0)) as srv:
+        session = Session(openai(srv), ledger=":memory:", transport_retries=1, repairs=0,
+                          replays=0)
+        result = session.run_batch("limited", review_tasks(4), LABEL_SCHEMA, pack=4, split=True,
+                                   on_exhausted="return")
+    assert result.status != "resolved" and srv.requests == 2  # one call and its one retry
+    assert {e["status"] for e in result.errors} == {429}
