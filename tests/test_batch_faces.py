@@ -92,3 +92,68 @@ def test_batch_status_names_the_open_jobs_and_how_to_collect_them(ip, srv):
     job = ip.user_ns["labels"].jobs[0]["provider_job_id"]
     assert f"job 1 of 'labels' ({job}, open, 3 request(s))" in repr(view)
     assert "re-run their cells to collect" in repr(view)
+
+
+VALIDATED = BODY + """
+def has_verdict(item, task):
+    assert item["verdict"], "an empty verdict"
+"""
+
+
+def test_batch_status_collects_an_ended_job_with_the_kernels_validator(ip, srv):
+    ok(ip, "%load_ext batchjson")
+    ip.user_ns["model"] = openai(srv)
+    ok(ip, "%config BatchJson.provider = model")
+    ok(ip, f"%%batch_json labels --transport batch --validator has_verdict\n{VALIDATED}")
+    assert ip.user_ns["labels"].status == "pending"
+    time.sleep(0.3)
+    view = ok(ip, "%batch_status labels")
+    assert "job 1 of 'labels'" in repr(view) and "ended: collected 3 line(s), 3 accepted" in \
+        repr(view) and "re-run its cell for the values" in repr(view)
+    assert view["unresolved_requests"] == 0 and not view["jobs"]
+    ok(ip, f"%%batch_json labels --transport batch --validator has_verdict\n{VALIDATED}")
+    assert ip.user_ns["labels"].resolved and srv.batches.created == 1
+    assert srv.batches.lines_answered.total() == 3  # nothing asked again
+
+
+def pending_elsewhere(srv: LoopbackServer, path: Any, **spec: Any) -> None:
+    """A batch job of two tasks submitted by another session (another kernel), then ended."""
+    from batchjson import Session
+
+    other = Session(openai(srv), ledger=path)
+    tasks = [{"task_id": f"t{i}", "prompt": f"question {i}"} for i in range(2)]
+    schema = {"type": "object", "properties": {"task_id": {"type": "string"},
+                                               "verdict": {"type": "string"}}}
+    assert other.run(RunSpec(name="labels", tasks=tasks, schema=schema, transport="batch",
+                             on_exhausted="return", **spec)).status == "pending"
+    other.close()
+    time.sleep(0.3)
+
+
+def status_here(ip: Any, srv: LoopbackServer, path: Any) -> Any:
+    ok(ip, "%load_ext batchjson")
+    ip.user_ns["model"] = openai(srv)
+    ok(ip, "%config BatchJson.provider = model")
+    ok(ip, f"%config BatchJson.ledger = '{path}'")
+    return ok(ip, "%batch_status labels")
+
+
+def test_batch_status_in_a_kernel_without_the_validator_says_to_rerun_the_cell(ip, srv,
+                                                                             tmp_path):
+    def has_verdict(item: Any, task: Any) -> None:
+        assert item["verdict"]
+
+    pending_elsewhere(srv, tmp_path / "l.sqlite", validator=has_verdict,
+                      validator_name="has_verdict")
+    view = status_here(ip, srv, tmp_path / "l.sqlite")
+    assert ("was not collected here: its validator 'has_verdict' (the version it ran with) is "
+            "not registered in this kernel; re-run its cell to collect it") in repr(view)
+    assert len(view["jobs"]) == 1  # still open, for the cell to collect
+
+
+def test_batch_status_collects_a_job_without_a_validator_from_the_schema_on_record(
+        ip, srv, tmp_path):
+    pending_elsewhere(srv, tmp_path / "l.sqlite")
+    view = status_here(ip, srv, tmp_path / "l.sqlite")
+    assert "ended: collected 2 line(s), 2 accepted" in repr(view)
+    assert view["unresolved_requests"] == 0

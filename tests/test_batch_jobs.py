@@ -193,7 +193,8 @@ CHILD = textwrap.dedent("""
     provider = (OpenAIProvider("gpt-4o-mini", base_url=url, api_key="sk-test")
                 if protocol == "openai" else
                 AnthropicProvider("claude-haiku-4-5", base_url=url, api_key="sk-test"))
-    s = Session(provider, ledger=target)
+    from batchjson import Ledger
+    s = Session(provider, ledger=Ledger(target, lease=float(os.environ.get("CHILD_LEASE", 30))))
     if where == "before-record":
         def die(*a, **k):
             os.kill(os.getpid(), signal.SIGKILL)
@@ -204,8 +205,9 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def run_child(srv: LoopbackServer, target: Any, where: str, protocol: str = "openai") -> str:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+def run_child(srv: LoopbackServer, target: Any, where: str, protocol: str = "openai",
+              **env_vars: str) -> str:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **env_vars}
     url = srv.base_url if protocol == "openai" else srv.anthropic_base_url
     proc = subprocess.Popen([sys.executable, "-c", CHILD, url, str(target), where, protocol],
                             env=env, stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
@@ -236,10 +238,9 @@ def test_a_process_killed_after_submitting_is_resumed_by_polling_its_job(ledger_
     assert ledger_rows(target, "SELECT COUNT(*) FROM attempts") == [(6,)]
 
 
-@pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_a_kill_between_create_and_record_leaves_an_uncertain_job_never_resubmitted(ledger_at,
-                                                                                   protocol):
-    target = ledger_at()
+def test_a_kill_between_create_and_record_leaves_an_uncertain_job_never_resubmitted(ledger_at):
+    """Anthropic's batches keep no metadata: the job cannot be found again by its uid."""
+    target, protocol = ledger_at(), "anthropic"
     with LoopbackServer() as srv:
         srv.batches.delay = 0.1
         run_child(srv, target, "before-record", protocol)
@@ -463,3 +464,29 @@ def test_a_models_own_batch_share_prices_its_lines(srv):
     assert result.resolved and result.cost == pytest.approx(live * 0.4)
     with pytest.raises(ConfigError, match="batch must be the share"):
         openai(srv, prices={"gpt-4o-mini": {"input": 0.15, "output": 0.60, "batch": -1}})
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_requests_past_one_jobs_upload_ceiling_go_in_further_jobs(srv, protocol, monkeypatch,
+                                                                   tmp_path):
+    """A run larger than the provider's upload ceiling (200 MB OpenAI, 256 MB Anthropic) is
+    sent as several jobs that each fit, rather than one refused upload."""
+    from batchjson._providers.batch_client import BatchClient
+
+    sizes: list[int] = []
+    fit = BatchClient.lines_that_fit
+
+    def measured(self: BatchClient, calls: list[Any]) -> int:
+        sizes.extend(len(json.dumps(self.line("bj_" + "0" * 48, c)[0]).encode())
+                     for c in calls)
+        return fit(self, calls)
+
+    monkeypatch.setattr(BatchClient, "lines_that_fit", measured)
+    for cls in BatchClient.__subclasses__():
+        monkeypatch.setattr(cls, "max_bytes", 3500)  # two lines of this batch, never three
+    s = session(srv, ledger=tmp_path / "l.sqlite", protocol=protocol)
+    result = s.run_batch("labels", tasks(6), SCHEMA, transport="batch", wait=True)
+    assert 1100 < min(sizes) and max(sizes) < 1650, sizes
+    assert result.resolved and len(result.values) == 6
+    assert srv.batches.created == 3
+    assert set(accepted_per_key(tmp_path / "l.sqlite").values()) == {1}

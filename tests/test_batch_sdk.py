@@ -34,6 +34,24 @@ def wait_for(client: openai.OpenAI, batch_id: str) -> openai.types.Batch:
         time.sleep(0.05)
 
 
+def test_openai_sdk_lists_every_batch_newest_first_page_by_page():
+    """The SDK's auto-pagination (``after`` the last id while ``has_more``) reads the whole
+    list: batchjson finds a job whose id was never recorded the same way."""
+    with LoopbackServer() as srv:
+        client = openai.OpenAI(base_url=srv.base_url, api_key="sk-test", max_retries=0)
+        upload = client.files.create(file=("in.jsonl", (chat_line("a", "A.") + "\n").encode()),
+                                     purpose="batch")
+        made = [client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
+                                      completion_window="24h", metadata={"n": str(i)}).id
+                for i in range(5)]
+        page = client.batches.list(limit=2)
+        assert [b.id for b in page.data] == made[:-3:-1] and page.has_more
+        assert [b.id for b in client.batches.list(limit=2)] == made[::-1]  # every page
+        assert [b.id for b in client.batches.list(limit=2, after=made[2])] == made[1::-1]
+        with pytest.raises(openai.BadRequestError):
+            client.batches.list(limit=101)
+
+
 def test_openai_sdk_uploads_creates_polls_and_reads_a_batch():
     with LoopbackServer() as srv:
         srv.batches.delay = 0.1

@@ -22,6 +22,7 @@ from ._providers.masking import looks_like_key, masked, public_url, shown_value
 from ._providers.select import PROVIDER_NAMES, provider_label
 from ._replay.budget import usd
 from ._session.batches import cancel_job, list_jobs
+from ._session.collect import collect_ended, status_summary
 from ._session.preflight import check_validator
 from ._session.registry import ValidatorVersion
 from ._session.structured import (
@@ -46,8 +47,9 @@ __all__ = [
     "public_url", "shown_value",
     # answer sources: a face's own provider describes its source, the core keys it
     "answer_source", "source_text", "Code", "Hashed",
-    # provider batch jobs: those still open, and cancelling one
-    "list_jobs", "cancel_job",
+    # provider batch jobs: those still open, collecting those that ended, cancelling one;
+    # what %batch_status shows (ended jobs collected first)
+    "list_jobs", "collect_ended", "cancel_job", "status_summary",
     # one wording for numbers and dollars
     "whole_argument", "money", "cost_value", "usd",
 ]

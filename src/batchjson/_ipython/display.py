@@ -144,6 +144,7 @@ class StatusView(TextView):
             rows.append(("cost unknown", text))
             if at_least is not None and bound:
                 rows.append(("  counting that", f"about {money(at_least)} per usable result"))
+        rows.extend(("  batch job", said) for said in s.get("collected", ()))
         for sup in s["superseded"][: self.limit]:
             rows.append(("  superseded", f"{sup['batch']} rev {sup['revision']} -> rev "
                                          f"{sup['superseded_by']} ({sup['reason']})"))

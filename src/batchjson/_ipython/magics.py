@@ -34,11 +34,11 @@ from ..core import (
     PROVIDER_NAMES,
     forget_batch,
     forget_message,
-    list_jobs,
     looks_like_key,
     masked,
     public_url,
     shown_value,
+    status_summary,
     whole_argument,
 )
 from .cell import (
@@ -308,7 +308,8 @@ class BatchJson(Magics):
     def batch_status(self, line: str) -> StatusView | None:
         """What is still owed and what has been spent: unresolved and superseded requests,
         minimum exact retry calls, calls, cost so far and cost per usable result, and the
-        batch jobs still open (re-run their cell to collect them)."""
+        batch jobs still open. A job that has ended is collected first, when this kernel
+        knows its validator (else re-run its cell)."""
         args = parse(self.batch_status, line)
         if args is None:
             return None
@@ -316,11 +317,7 @@ class BatchJson(Magics):
         if args.name is not None:
             self._known_batch(args.name)
         assert self._state is not None
-        summary = session.evidence.summary(args.name)
-        summary["account"] = session.ledger.cost_summary(args.name)["total"]
-        summary["jobs"] = [j for j in list_jobs(session.ledger)
-                           if args.name in (None, j["batch"])]
-        return StatusView(summary, ledger=self._state.ledger_label(),
+        return StatusView(status_summary(session, args.name), ledger=self._state.ledger_label(),
                           provider=self._state.provider_label(),
                           owed=session.evidence.requests(args.name))
 

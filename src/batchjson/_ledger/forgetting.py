@@ -25,6 +25,7 @@ from .._errors import InvalidBatch
 from .._money import money
 from .records import now
 from .store import Store
+from .unfinished import unfinished_jobs
 
 
 def who() -> str:
@@ -46,11 +47,10 @@ def forget_batch(store: Store, name: str, *, via: str, by: str | None = None
     problem = store.no_such_batch(name)
     if problem:
         raise InvalidBatch(problem)
-    jobs = [j for j in store.jobs() if j["batch"] == name]
-    if jobs:  # its requests may still be answered, and billed: decide on the job first
-        named = ", ".join(f"{j['id']} ({j['provider_job_id'] or j['status']})" for j in jobs)
-        raise InvalidBatch(f"batch {name!r} has unfinished batch job(s) {named}; re-run the "
-                           "batch to collect them, or `batchjson cancel JOB` first, then forget")
+    problem = unfinished_jobs([j for j in store.jobs() if j["batch"] == name],
+                              f"batch {name!r}", "forget it")
+    if problem:  # its requests may still be answered, and billed: decide on the job first
+        raise InvalidBatch(problem)
     return store.forget(name, via=via, by=by or who(), stamp=now())
 
 

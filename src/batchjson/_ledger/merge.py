@@ -3,10 +3,11 @@
 Attempts are matched by ``uid`` (unique across ledgers), revisions by (batch name, fingerprint),
 requests by (revision, key) and validators by (name, fingerprint), so merging the same file twice
 changes nothing. The other file is opened read-only; everything is written in one transaction.
-A revision another ledger had forgotten stays forgotten here, under a copy of its record; one
-forgotten here owes again when merged work on it started or ended after its forgetting. The
-statements are the store's (``store_merge.py``); the other ledger is read by ``sqlite.py`` (a
-file) or ``postgres.py`` (a database).
+A ledger with an unfinished batch job is refused (collect or cancel it there first): only its
+own job row can collect what the job answers. A revision another ledger had forgotten stays
+forgotten here, under a copy of its record; one forgotten here owes again when merged work on it
+started or ended after its forgetting. The statements are the store's (``store_merge.py``); the
+other ledger is read by ``sqlite.py`` (a file) or ``postgres.py`` (a database).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from .._providers.masking import public_url
 from .records import ledger_path
 from .sqlite import read_ledger_file
 from .store import Store
+from .unfinished import unfinished_jobs
 
 
 def merge_ledger(store: Store, other: str | Path) -> dict[str, Any]:
@@ -36,9 +38,24 @@ def merge_ledger(store: Store, other: str | Path) -> dict[str, Any]:
             tables = theirs.tables()
         finally:
             theirs.close()
+        _refuse_unfinished(tables, shown)
         return {"source": shown, **store.merge_tables(tables, shown)}
     path = Path(other)
     if store.path is not None and path.exists() and path.resolve() == store.path.resolve():
         raise LedgerError(f"{path} is this ledger; merge another ledger into it", path=path)
-    merged = store.merge_tables(read_ledger_file(path), path.name)
+    tables = read_ledger_file(path)
+    _refuse_unfinished(tables, str(path))
+    merged = store.merge_tables(tables, path.name)
     return {"source": str(path), **merged}
+
+
+def _refuse_unfinished(tables: dict[str, Any], shown: str) -> None:
+    """A job of the other ledger that may still answer is collected there, by its own job row:
+    merged here, its receipts would stay in flight for ever. Refused before anything is
+    written."""
+    names = {b["id"]: b["name"] for b in tables["batches"]}
+    problem = unfinished_jobs([{**dict(j), "batch": names.get(j["batch_id"])}
+                               for j in tables["jobs"]], f"the ledger {shown}",
+                              "merge it")
+    if problem:
+        raise LedgerError(problem, path=shown)

@@ -249,7 +249,8 @@ class PostgresStore(Store):
         """Every row a merge into another ledger brings in, table by table, in the order they
         were written (``sqlite.read_ledger_file``'s shape)."""
         out = {table: self._read(f"SELECT * FROM {table} ORDER BY id")
-               for table in ("batches", "revisions", "requests", "attempts", "forgets")}
+               for table in ("batches", "revisions", "requests", "attempts", "forgets",
+                             "jobs")}
         out["validators"] = self._read("SELECT * FROM validators ORDER BY name, version")
         out["imports"] = self._read("SELECT * FROM imports ORDER BY imported_at, digest")
         out["checkpoint"] = self._read("SELECT * FROM checkpoint ORDER BY attempt_id, task_id")

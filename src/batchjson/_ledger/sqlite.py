@@ -25,7 +25,7 @@ from . import records
 from .store import Store
 from .store_base import Row, Tx
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 # The tables docs/design.md lists, with their columns' names and meanings; times are ISO 8601
 # UTC text. Claims and checkpoint rows are written with every call: WITHOUT ROWID keeps each
@@ -100,7 +100,7 @@ CREATE TABLE jobs (
     revision_id INTEGER NOT NULL REFERENCES revisions(id), model TEXT, endpoint TEXT,
     requests INTEGER NOT NULL, reserved REAL NOT NULL, owner TEXT NOT NULL, host TEXT NOT NULL,
     pid INTEGER NOT NULL, created_at TEXT NOT NULL, submitted_at TEXT, ended_at TEXT,
-    detail TEXT);
+    detail TEXT, plan TEXT, lease_expires_at REAL);
 CREATE TABLE job_lines (
     custom_id TEXT PRIMARY KEY, job_id INTEGER NOT NULL REFERENCES jobs(id),
     attempt_id INTEGER NOT NULL UNIQUE REFERENCES attempts(id), request_key TEXT NOT NULL,
@@ -348,7 +348,7 @@ def read_ledger_file(path: Path) -> dict[str, list[Row]]:
     try:
         tables = {table: db.execute(f"SELECT * FROM {table} ORDER BY rowid").fetchall()
                   for table in ("batches", "revisions", "requests", "attempts", "validators",
-                                "imports", "forgets")}
+                                "imports", "forgets", "jobs")}
         # checkpoint has no rowid: by accepting attempt (the order they were opened)
         tables["checkpoint"] = db.execute(
             "SELECT * FROM checkpoint ORDER BY attempt_id, task_id").fetchall()

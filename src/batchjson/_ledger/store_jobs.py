@@ -54,13 +54,16 @@ class JobStore(CallStore):
     def open_job(self, *, uid: str, protocol: str, batch_id: int, revision_id: int,
                  model: str | None, endpoint: str, provider: str, source: str | None,
                  writer: Owner, lines: Sequence[tuple[Request, str, bool, float, int]],
-                 shared: bool = False) -> tuple[int | None, list[dict[str, Any]]]:
+                 shared: bool = False, plan: Mapping[str, Any] | None = None,
+                 ) -> tuple[int | None, list[dict[str, Any]]]:
         """Record a job (status ``recording``) and, for each (request, kind, wrapped, reserved,
         estimated input tokens) whose request is free, its receipt, claim and line: (job id,
         the lines written: custom_id, attempt_id, request_key, kind; None and none when no
         request was free). A request accepted or
         held by another runner meanwhile gets no line, nor one the ledger's own cost budget
-        cannot hold (``shared``: each line's worst case is reserved on it). Committed before
+        cannot hold (``shared``: each line's worst case is reserved on it). ``plan``: what
+        judging its lines needs beside the revision (the schema, for a kernel that did not run
+        it). The writer's lease on the recording runs from now (``renew_job``). Committed before
         anything is uploaded."""
         owner, stamp = job_owner(uid), now()
         written: list[dict[str, Any]] = []
@@ -68,7 +71,8 @@ class JobStore(CallStore):
             job_id = self._insert(tx, JOB_SQL, (
                 uid, protocol, batch_id, revision_id, model, endpoint, len(lines),
                 sum(line[3] for line in lines), writer.id, writer.host, writer.pid,
-                stamp))
+                stamp, None if plan is None else json.dumps(dict(plan)),
+                self._clock(tx) + self.lease_seconds))
             for request, kind, wrapped, reserved, estimated in lines:
                 state, attempt_id = self.begin_call(
                     tx, batch_id, revision_id, request, kind, provider, model, source,
@@ -94,13 +98,21 @@ class JobStore(CallStore):
                        (len(written), sum(w["reserved"] for w in written), job_id))
         return job_id, written
 
+    def renew_job(self, job_id: int) -> None:
+        """The writer of a job still being recorded lives: its lease runs on."""
+        with self.transaction() as tx:
+            self._exec(tx, "UPDATE jobs SET lease_expires_at = ? WHERE id = ? AND status = "
+                       "'recording'", (self._clock(tx) + self.lease_seconds, job_id))
+
     def job_submitted(self, job_id: int, provider_job_id: str,
                       detail: Mapping[str, Any]) -> None:
-        """The provider created the job: its id, and every line's receipt sent."""
+        """The provider created the job: its id, and every line's receipt sent. A job taken
+        for uncertain meanwhile (its writer's lease ran out) is open again: its id is known."""
         stamp = now()
         with self.transaction() as tx:
             self._exec(tx, "UPDATE jobs SET status = 'open', provider_job_id = ?, "
-                       "submitted_at = ?, detail = ? WHERE id = ?",
+                       "submitted_at = ?, detail = ? WHERE id = ? AND status IN "
+                       "('recording', 'uncertain')",
                        (provider_job_id, stamp, json.dumps(dict(detail)), job_id))
             self._exec(tx, "UPDATE attempts SET sent_at = ? WHERE id IN (SELECT attempt_id "
                        "FROM job_lines WHERE job_id = ?)", (stamp, job_id))
@@ -153,11 +165,13 @@ class JobStore(CallStore):
 
     def lost_recordings(self) -> int:
         """Jobs still ``recording`` whose writer is gone become ``uncertain``: it may have
-        created the job (and been billed) without recording its id. How many."""
+        created the job (and been billed) without recording its id. Gone as a claim's holder
+        is: its process ended (on this host), or its lease ran out (on any). How many."""
         at, lost = self._clock(None), 0
-        for row in self._read("SELECT id, owner, host, pid FROM jobs WHERE status = "
-                              "'recording'"):
-            if claims.owner_gone(row["owner"], row["host"], row["pid"], None, at):
+        for row in self._read("SELECT id, owner, host, pid, lease_expires_at FROM jobs WHERE "
+                              "status = 'recording'"):
+            if claims.owner_gone(row["owner"], row["host"], row["pid"],
+                                 row["lease_expires_at"], at):
                 self.job_uncertain(row["id"], "its runner stopped between recording the job "
                                    "and recording the provider's id: the job may exist and "
                                    "be billed")
@@ -220,4 +234,5 @@ class JobStore(CallStore):
 
 JOB_SQL = (
     "INSERT INTO jobs(uid, protocol, status, batch_id, revision_id, model, endpoint, requests, "
-    "reserved, owner, host, pid, created_at) VALUES (?,?, 'recording', ?,?,?,?,?,?,?,?,?,?)")
+    "reserved, owner, host, pid, created_at, plan, lease_expires_at) "
+    "VALUES (?,?, 'recording', ?,?,?,?,?,?,?,?,?,?,?,?)")

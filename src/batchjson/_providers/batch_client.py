@@ -17,12 +17,15 @@ from .._errors import ProviderError, ProviderSetupError
 from ._http import HttpProvider, exchange
 from .pricing import batch_share
 
+LONGEST_ID = "bj_" + "0" * 48  # the length of every custom_id (_ledger/store_jobs.custom_id)
+
 
 class BatchClient:
     """The batch endpoints under ``provider``'s base URL."""
 
     protocol = ""
     max_requests = 0
+    max_bytes = 0  # the provider's ceiling on one job's upload
     jobs_path = ""  # the batches: GET it to list (exactly when the batch API exists)
 
     def __init__(self, provider: HttpProvider) -> None:
@@ -30,6 +33,17 @@ class BatchClient:
         self.endpoint = provider.base_url  # what may be shown of where jobs go
         # the share of the live price a job bills: half, unless the model's price says so
         self.share = batch_share(provider.model, provider.prices)
+
+    def lines_that_fit(self, calls: list[Any]) -> int:
+        """How many of ``calls``, from the first, one job's upload holds (at least one: a single
+        line over the ceiling is the upload's to refuse). Each line is sized as the wider of
+        the two providers' serialisations, with a custom_id as long as a real one."""
+        room = self.max_bytes - 64  # the request's own wrapping
+        for taken, call in enumerate(calls):
+            room -= len(json.dumps(self.line(LONGEST_ID, call)[0]).encode()) + 2
+            if room < 0:
+                return max(1, taken)
+        return len(calls)
 
     def _base(self) -> str:
         private = self.provider._endpoint.get() or self.provider.url
@@ -70,6 +84,12 @@ class BatchClient:
                     f"HTTP {exc.status}); use transport='live' with this server, or an "
                     "endpoint with the provider's batch endpoints") from None
             raise
+
+    async def find(self, uid: str, since: float) -> dict[str, Any] | None:
+        """The job created with ``uid`` in its metadata (by a runner that stopped before
+        recording its id), created after ``since`` (unix seconds); None when there is none or
+        the API keeps no metadata on its jobs (Anthropic's)."""
+        return None
 
     async def poll(self, job_id: str) -> dict[str, Any]:
         return await self._json("GET", f"{self.jobs_path}/{job_id}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 
@@ -56,6 +57,22 @@ class OpenAIBatches(BatchClient):
         return await self._json("POST", "/batches", json_body={
             "input_file_id": file_id, "endpoint": self.url, "completion_window": "24h",
             "metadata": dict(metadata)})
+
+    async def find(self, uid: str, since: float) -> dict[str, Any] | None:
+        """The batch whose metadata names ``uid``: the batches are listed newest first, a page
+        of 100 at a time (``after`` the last one seen), back to ``since``."""
+        after = ""
+        while True:
+            page = await self._json("GET", f"/batches?limit=100{after}")
+            data = [b for b in page.get("data") or () if isinstance(b, dict)]
+            for batch in data:
+                if (batch.get("metadata") or {}).get("batchjson_job") == uid:
+                    return batch
+            oldest = data[-1].get("created_at") if data else None
+            if not page.get("has_more") or not data or (
+                    isinstance(oldest, (int, float)) and oldest < since):
+                return None
+            after = f"&after={quote(str(data[-1].get('id')), safe='')}"
 
     @staticmethod
     def status(batch: Mapping[str, Any]) -> str:

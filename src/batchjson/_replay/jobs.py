@@ -16,6 +16,7 @@ import json
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from .._acceptance import judge as acceptance
@@ -83,11 +84,24 @@ class JobRunner:
         self._unresolved(keys)
         return self.result
 
+    async def collect(self, keys: list[str]) -> JobsOutcome:
+        """Only collect the ended jobs holding ``keys`` (``%batch_status``): nothing is
+        submitted, and a request's own content comes from the ledger."""
+        self.requests = {}
+        await self._collect_ended(keys)
+        self.result.jobs = [job_view(r, self.store.job_keys(r["id"]))
+                            for r in self.store.jobs_holding(keys)]
+        return self.result
+
     # -- collection ----------------------------------------------------------------------------
     async def _collect_ended(self, keys: list[str]) -> None:
         self.store.lost_recordings()
         for row in self.store.jobs_holding(keys):
-            if row["status"] != "open" or row["protocol"] != self.client.protocol:
+            if row["protocol"] != self.client.protocol:
+                continue
+            if row["status"] == "uncertain" and row["provider_job_id"] is None:
+                row = await self._recover(row)
+            if row["status"] != "open":
                 continue
             try:
                 batch = await self.client.poll(row["provider_job_id"])
@@ -101,6 +115,27 @@ class JobRunner:
                 continue
             self.store.job_detail(row["id"], {**_detail(row), "provider_status": status,
                                               "counts": self.client.counts(batch)})
+
+    async def _recover(self, row: Mapping[str, Any]) -> Mapping[str, Any]:
+        """An uncertain job found at the provider by the uid it was created with (OpenAI keeps
+        it as the batch's metadata) is recorded open under the id found, and polled as any
+        open job; else it stays uncertain."""
+        try:  # listed back to an hour before it was recorded (clocks differ)
+            batch = await self.client.find(row["uid"], unix(row["created_at"]) - 3600)
+        except ProviderError as exc:
+            self.result.notes.append(f"job {row['id']} is uncertain and the provider's jobs "
+                                     f"could not be listed to find it this time: {exc}")
+            return row
+        if batch is None:
+            return row
+        self.store.job_submitted(row["id"], str(batch["id"]), {
+            "input_file_id": batch.get("input_file_id"),
+            "provider_status": batch.get("status"),
+            "recovered": "found at the provider by the uid it was created with"})
+        self.result.notes.append(f"job {row['id']} was uncertain (its runner stopped before "
+                                 f"recording the provider's id): found as {batch['id']} by "
+                                 "its uid, and polled as any open job")
+        return self.store.jobs(job=str(row["id"]))[0]
 
     async def _collect(self, row: Mapping[str, Any], batch: Mapping[str, Any]) -> None:
         """Join the job's lines to its receipts by custom_id, judge each, and complete every
@@ -242,15 +277,21 @@ class JobRunner:
         owed = self._owed(keys)
         while owed:
             part, owed = owed[:self.chunk], owed[self.chunk:]
-            if not await self._submit(part, writer):
+            sent, unsent = await self._submit(part, writer)
+            owed = unsent + owed
+            if not sent:
                 break
 
-    async def _submit(self, owed: list[tuple[Request, str, str]], writer: Owner) -> bool:
-        """Record one job, then upload and create it; False when nothing more may be sent."""
+    async def _submit(self, owed: list[tuple[Request, str, str]], writer: Owner
+                      ) -> tuple[bool, list[tuple[Request, str, str]]]:
+        """Record one job, then upload and create it: whether more may be sent, and the
+        requests past the provider's upload ceiling, for the next job."""
         plan, store = self.plan, self.store
         counts = store.attempt_counts([r.key for r, _, _ in owed])
         calls = [make_call(plan, self._system, r, kind, prompt, counts.get(r.key, 0))
                  for r, kind, prompt in owed]
+        fit = self.client.lines_that_fit(calls)
+        owed, unsent, calls = owed[:fit], owed[fit:], calls[:fit]
         bounds = ([input_bound(self.provider, c) for c in calls] if self.spender.costed
                   else [0] * len(calls))
         reserved = reserve_lines(self.spender, bounds)
@@ -259,14 +300,15 @@ class JobRunner:
                 f"{len(calls) - len(reserved)} request(s) were not submitted: the budget "
                 f"holds the worst case of {len(reserved)} of {len(calls)}; raise it and re-run")
         if not reserved:
-            return False
+            return False, []
         calls, owed = calls[:len(reserved)], owed[:len(reserved)]
         uid = uuid.uuid4().hex
         job_id, written = store.open_job(
             uid=uid, protocol=self.client.protocol, batch_id=plan.batch_id,
             revision_id=plan.revision_id, model=getattr(self.provider, "model", None),
             endpoint=self.client.endpoint, provider=getattr(self.provider, "name", None),
-            source=plan.source, writer=writer, shared=self.spender.shared is not None, lines=[
+            source=plan.source, writer=writer, shared=self.spender.shared is not None,
+            plan=plan_facts(plan), lines=[
                 (r, kind, self.client.line("", c)[1], worst,
                  estimate_tokens(self._system + c.prompt))
                 for (r, kind, _), c, worst in zip(owed, calls, reserved, strict=True)])
@@ -284,8 +326,9 @@ class JobRunner:
             self.reservations[mine["attempt_id"]] = worst
             body.append(self.client.line(mine["custom_id"], call)[0])
         if job_id is None:
-            return True
-        return await self._send(job_id, uid, body, [w["attempt_id"] for w in written])
+            return True, unsent
+        return (await self._send(job_id, uid, body, [w["attempt_id"] for w in written]),
+                unsent)
 
     async def _send(self, job_id: int, uid: str, body: list[dict[str, Any]],
                     attempts: list[int]) -> bool:
@@ -293,12 +336,13 @@ class JobRunner:
         it cancels the job's receipts (never sent); any other leaves the job uncertain."""
         store = self.store
         try:
-            file_id = await self.client.upload(body)
+            file_id = await self._renewing(job_id, self.client.upload(body))
         except ProviderError as exc:
             self._unsent(job_id, attempts, f"the input file could not be uploaded ({exc})")
             return False
         try:
-            batch = await self.client.create(file_id, {"batchjson_job": uid})
+            batch = await self._renewing(job_id, self.client.create(
+                file_id, {"batchjson_job": uid}))
         except ProviderError as exc:
             if exc.status is not None and 400 <= exc.status < 500:
                 self._unsent(job_id, attempts, f"the provider refused the job ({exc})")
@@ -310,6 +354,21 @@ class JobRunner:
                                                         "provider_status": batch.get("status")})
         self.result.submitted += len(body)
         return True
+
+    async def _renewing(self, job_id: int, awaitable: Any) -> Any:
+        """``awaitable``, the job's lease renewed every third of it meanwhile (a large upload
+        outlasts a lease): a runner on another host takes the job for uncertain only once
+        this one stopped renewing."""
+        async def renew() -> None:
+            while True:
+                await asyncio.sleep(self.store.lease_seconds / 3)
+                self.store.renew_job(job_id)
+
+        renewer = asyncio.ensure_future(renew())
+        try:
+            return await awaitable
+        finally:
+            renewer.cancel()
 
     def _unsent(self, job_id: int, attempts: list[int], why: str) -> None:
         for attempt_id in attempts:
@@ -353,6 +412,23 @@ def job_view(row: Mapping[str, Any], keys: Sequence[str] | None = ()) -> dict[st
              "created_at": row["created_at"], "provider_status": detail.get("provider_status"),
              "counts": detail.get("counts"), "why": detail.get("why")}
     return shown if keys is None else {**shown, "keys": tuple(keys)}
+
+
+def plan_facts(plan: Plan) -> dict[str, Any]:
+    """What judging a job's lines needs beside its revision, kept on the job row so a kernel
+    that did not run the cell can collect it: the answer schema (None when it is no JSON),
+    mode and identity fields."""
+    try:
+        schema = json.loads(json.dumps(plan.schema.json_schema))
+    except (TypeError, ValueError):
+        schema = None
+    return {"schema": schema, "mode": plan.mode, "identity": list(plan.identity)}
+
+
+def unix(stamp: str) -> float:
+    """Seconds since the epoch of a ledger time (ISO 8601 UTC)."""
+    moment = datetime.fromisoformat(stamp)
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 def _detail(row: Mapping[str, Any]) -> dict[str, Any]:

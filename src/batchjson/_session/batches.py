@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .._content.tasks import Request
@@ -100,6 +100,17 @@ def report(result: BatchResult, ran: JobsOutcome) -> None:
                 f"then `batchjson cancel {job['id']}` to release them")
 
 
+def job_client(row: Mapping[str, Any], provider: Any = None) -> tuple[Any, Any]:
+    """The provider (``provider`` when it speaks the job's protocol, else one built from the
+    job's model and endpoint with the key from the environment) and batch API of a job."""
+    anthropic = row["protocol"] == AnthropicBatches.protocol
+    kind = AnthropicProvider if anthropic else OpenAIProvider
+    if (not isinstance(provider, kind) or getattr(provider, "model", None) != row["model"]
+            or getattr(provider, "base_url", None) != row["endpoint"]):
+        provider = kind(row["model"], base_url=row["endpoint"])
+    return provider, (AnthropicBatches(provider) if anthropic else OpenAIBatches(provider))
+
+
 def list_jobs(ledger: Ledger, *, every: bool = False) -> list[dict[str, Any]]:
     """The ledger's unfinished batch jobs (``every``: all), newest first, as shown."""
     ledger.store.lost_recordings()
@@ -125,11 +136,7 @@ def cancel_job(ledger: Ledger, job: str, *, provider: Any = None) -> dict[str, A
     if row["status"] != "open":
         raise InvalidBatch(f"batch job {row['id']} has already {row['status']}; nothing to "
                            "cancel")
-    anthropic = row["protocol"] == AnthropicBatches.protocol
-    if provider is None:
-        provider = (AnthropicProvider if anthropic else OpenAIProvider)(
-            row["model"], base_url=row["endpoint"])
-    client = AnthropicBatches(provider) if anthropic else OpenAIBatches(provider)
+    provider, client = job_client(row, provider)
 
     async def cancel() -> dict[str, Any]:
         try:

@@ -103,11 +103,17 @@ def judge_with(session: Session, state: Run) -> None:
         state.version = definition.record
         if definition.kind == "changed":
             state.notes.append(definition.message)
+    state.checker = checker_of(state.version, spec.validator_args, session.transport.timeout)
+
+
+def checker_of(version: ValidatorVersion, validator_args: str | None,
+               timeout: float) -> Callable[[Any, Mapping[str, Any]], Any]:
+    """What acceptance calls for a validator version called as ``validator_args`` says."""
     forms = {"index": _index_form, "droste": droste_verdicts}
-    checker = state.version.fn
-    if spec.validator_args in forms:
-        checker = forms[spec.validator_args](checker)
-    state.checker = _bounded(checker, session.transport.timeout)  # an async one may hang
+    checker = version.fn
+    if validator_args in forms:
+        checker = forms[validator_args](checker)
+    return _bounded(checker, timeout)  # an async one may hang
 
 
 def compose_keys(state: Run) -> None:
@@ -189,6 +195,7 @@ def plan_calls(session: Session, state: Run) -> tuple[Plan, Spender]:
     if spec.transport == "batch":  # refused here, before anything is recorded, if it has none
         state.client = batches.client_for(state.provider, session.ledger.store,
                                           session._loop.run, session._used)
+        session._job_schemas[content.schema.fingerprint] = content.schema  # for %batch_status
     spender = Spender(spec.max_calls, session.budget, session.tally,
                       batches.pricing(state.provider, state.client),
                       shared=session.ledger.store.shared_budget())

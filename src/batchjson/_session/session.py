@@ -79,6 +79,7 @@ class Session:
         self._finalizer = weakref.finalize(self, _shutdown, self._loop, self._used)
         self.job_poll = 1.0  # seconds between looks at a batch job while a run waits on it
         self._job_reservations: dict[int, float] = {}  # batch lines' worst cases, by receipt
+        self._job_schemas: dict[str, Any] = {}  # fingerprint -> schema jobs of this kernel use
 
     @property
     def rate_limits(self) -> RateLimits:

@@ -53,6 +53,8 @@ class BatchDesk:
         self.contents: dict[str, bytes] = {}
         self.batches: dict[str, dict[str, Any]] = {}
         self.created = 0  # batches created (so a test can say nothing was submitted)
+        self.page_limit = 100  # the most batches one page of the list holds (tests lower it)
+        self.listed = 0  # pages of the batch list served
         self.lines_answered: Counter[str] = Counter()  # custom_id -> times answered
         self._tasks: set[asyncio.Task] = set()
         self._made: Counter[str] = Counter()
@@ -129,8 +131,26 @@ class BatchDesk:
         return web.json_response(batch)
 
     async def _list(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": list(self.batches.values()),
-                                  "has_more": False})
+        """As OpenAI lists batches: newest first, ``limit`` (1 to 100, default 20) at a time,
+        ``after`` the id of the last one of the previous page."""
+        try:
+            limit = int(request.query.get("limit", 20))
+        except ValueError:
+            limit = 0
+        if not 1 <= limit <= 100:
+            return error_response("openai", 400, "limit must be an integer from 1 to 100")
+        newest = list(reversed(self.batches.values()))  # created in order, so newest last
+        after = request.query.get("after")
+        if after is not None:
+            ids = [b["id"] for b in newest]
+            if after not in ids:
+                return error_response("openai", 400, f"No such Batch object: {after}")
+            newest = newest[ids.index(after) + 1:]
+        page = newest[:min(limit, self.page_limit)]
+        self.listed += 1
+        return web.json_response({
+            "object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": len(newest) > len(page)})
 
     async def _get(self, request: web.Request) -> web.Response:
         batch = self._found(self.batches, request, "Batch")

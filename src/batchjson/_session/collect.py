@@ -1,0 +1,123 @@
+"""``%batch_status`` collects what has ended: each open job's lines are joined and judged as its
+run would judge them, through the same runner and store methods, and nothing is submitted.
+
+Judging needs the job's answer schema and validator. The schema is the kernel's when it ran the
+job's content, else the one kept on the job row (when its fingerprint is the revision's: a
+pydantic model's own validators are not in its JSON Schema). The validator is the version
+registered in this kernel's registry under the revision's validator name and fingerprint; a job
+whose validator this kernel does not know is left open, saying to re-run its cell.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from .._content.keys import Keys
+from .._content.schema import ItemSchema, compile_schema
+from .._errors import BatchJsonError
+from .._replay.budget import Spender
+from .._replay.jobs import JobRunner
+from .._replay.plan import Plan
+from . import batches
+from .run import checker_of
+
+if TYPE_CHECKING:
+    from .session import Session
+
+
+def status_summary(session: Session, name: str | None = None) -> dict[str, Any]:
+    """What ``%batch_status`` shows: the ended jobs collected first, then the evidence's
+    summary, the account and the jobs still unfinished (of batch ``name``, or all)."""
+    collected = collect_ended(session, name)
+    summary = session.evidence.summary(name)
+    summary["collected"] = collected
+    summary["account"] = session.ledger.cost_summary(name)["total"]
+    summary["jobs"] = [j for j in batches.list_jobs(session.ledger) if name in (None, j["batch"])]
+    return summary
+
+
+def collect_ended(session: Session, name: str | None = None) -> list[str]:
+    """Collect every open job (of batch ``name``) that has ended and this kernel can judge;
+    one line per job looked at, saying what was collected or what to do."""
+    store = session.ledger.store
+    store.lost_recordings()
+    said = []
+    for row in store.jobs():
+        if row["status"] not in ("open", "uncertain") or name not in (None, row["batch"]):
+            continue  # an uncertain one may be found at the provider (OpenAI), then collected
+        shown = (f"job {row['id']} of {row['batch']!r} "
+                 f"({row['provider_job_id'] or 'no provider id'})")
+        plan, why = job_plan(session, row)
+        if plan is None:
+            said.append(f"{shown} was not collected here: {why}; re-run its cell to collect it")
+            continue
+        try:
+            said.append(f"{shown} {_collect(session, row, plan)}")
+        except BatchJsonError as exc:  # the job stays open: the next look tries again
+            said.append(f"{shown} could not be collected this time: {exc}")
+    return said
+
+
+def job_plan(session: Session, row: Mapping[str, Any]) -> tuple[Plan | None, str]:
+    """What judging job ``row``'s lines needs, or None and why this kernel cannot judge them."""
+    revision = session.ledger.store.revision_by_id(row["revision_id"])
+    facts = json.loads(row["plan"] or "{}")
+    schema = _schema(session, revision.components.get("schema"), facts.get("schema"))
+    if schema is None:
+        return None, ("its answer schema is not on record in a form this kernel can rebuild "
+                      "(a pydantic model with validators of its own)")
+    digest, checker = revision.components.get("validator"), None
+    if digest not in (None, "none"):
+        version = next((v for v in session.validators.versions(revision.validator_name or "")
+                        if v.fingerprint.digest == digest), None)
+        if version is None:
+            return None, (f"its validator {revision.validator_name!r} (the version it ran "
+                          "with) is not registered in this kernel")
+        checker = checker_of(version, "task", session.transport.timeout)
+    return Plan(batch_id=row["batch_id"], revision_id=row["revision_id"],
+                mode=facts.get("mode", "items"), identity=tuple(facts.get("identity", ())),
+                schema=schema, validator=checker, instructions=None,
+                keys=Keys(revision.components, None), repairs=0, replays=0, split=False), ""
+
+
+def _schema(session: Session, fingerprint: str | None, kept: Any) -> ItemSchema | None:
+    known = session._job_schemas.get(fingerprint or "")
+    if known is not None or kept is None:
+        return known
+    try:
+        schema = compile_schema(kept)
+    except BatchJsonError:
+        return None
+    return schema if schema.fingerprint == fingerprint else None
+
+
+def _collect(session: Session, row: Mapping[str, Any], plan: Plan) -> str:
+    """Poll the job once and collect it if it ended; what happened, in words."""
+    store = session.ledger.store
+    try:  # the session's own provider, when it speaks the job's protocol (its key, its pool)
+        configured = session.provider
+    except BatchJsonError:
+        configured = None
+    provider, client = batches.job_client(row, configured)
+    session.remember_provider(provider)
+    spender = Spender(None, session.budget, session.tally, batches.pricing(provider, client),
+                      shared=store.shared_budget())
+    runner = JobRunner(plan, session.ledger, provider, client, spender,
+                       session._job_reservations, session_id=session.id)
+    keys = store.job_keys(row["id"])
+    ran = session._loop.run(lambda: runner.collect(keys))
+    after = store.jobs(job=str(row["id"]))[0]
+    if after["status"] == "uncertain":
+        return ("stays uncertain: it was not found at the provider by its uid (Anthropic "
+                "keeps none); check the provider's console, then `batchjson cancel "
+                f"{row['id']}` to release its requests")
+    if after["status"] == "open":
+        status = json.loads(after["detail"] or "{}").get("provider_status") or "running"
+        return f"is still {status}" + "".join(f"; {note}" for note in ran.notes)
+    out = ran.outcome
+    return (f"{after['status']}: collected {out.calls} line(s), {out.accepted_returns} "
+            f"accepted, {out.rejected_returns} rejected, {out.provider_errors} provider "
+            "error(s); re-run its cell for the values (what was accepted is never sent again) "
+            "and follow-ups of the rest" + "".join(f"; {note}" for note in ran.notes))
