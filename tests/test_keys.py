@@ -81,7 +81,7 @@ def everything_shown(ledger: Path, session: Session, result: Any, capsys: Any) -
     parts = [path.read_bytes().decode("latin-1") for path in
              (ledger, ledger.with_name(ledger.name + "-wal")) if path.exists()]
     parts += [repr(session), repr(session.provider), repr(vars(session.provider)),
-              repr(result), result.failure_report(), json.dumps(result.errors),
+              repr(result), result.failure_report(), json.dumps(list(result.errors)),
               repr(session.ledger.attempts("keys")),
               json.dumps(session.ledger.export_receipts(), default=str)]
     session.close()

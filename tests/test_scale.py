@@ -134,7 +134,7 @@ def test_a_finished_run_of_a_tasks_file_resumes_without_reading_a_task(tmp_path,
     assert (again.calls, again.status, again.resumed, again.revision) == (0, "resolved", 10,
                                                                           first.revision)
     assert dict(again.values) == dict(first.values) and again.total_tasks == 40
-    assert again.compared_if_echoed == first.compared_if_echoed == ("case_id", "candidate_id")
+    assert again.compared_if_echoed == first.compared_if_echoed == ("candidate_id", "case_id")
     with pytest.raises(AssertionError, match="read again"):  # other rules: the full path
         Session(labeller(), ledger=ledger).run_batch("b", path, LABEL_SCHEMA, pack=5)
 
@@ -289,3 +289,41 @@ def test_stored_values_the_schema_no_longer_loads_are_left_out_and_named(tmp_pat
     assert dict(values) == {t["task_id"]: answer(t) for t in tasks if t["task_id"] not in gone}
     assert len(values) == 3 and gone[0] not in values and values.get(gone[0]) is None
     assert [(e["type"], e["task_id"]) for e in errors] == [("stored_invalid", g) for g in gone]
+
+
+def test_a_revisions_tasks_digest_is_that_of_the_whole_array_fed_in_slices(monkeypatch):
+    """Keys of revisions on record must not change: hashing a slice at a time (never one text
+    of a million tasks) feeds exactly the bytes of the whole array, across slice edges."""
+    from batchjson._content import keys as keys_module
+    from batchjson._content.tasks import normalize_identity, normalize_tasks, sha
+
+    monkeypatch.setattr(keys_module, "DIGEST_SLICE", 3)
+    for n in (1, 3, 4, 7):
+        for text in ("é\u2028 ünïcode", "plain", "DEL \x7f and \x01\n\"\\"):
+            tasks = [{"task_id": f"t{i}", "prompt": text, "n": i,
+                      "nested": [1, {"b": 2, "a": None}]} for i in range(n)]
+            whole = sha(json.dumps(tasks, sort_keys=True, separators=(",", ":")))
+            held, _ = normalize_tasks(iter(tasks), normalize_identity(None), pack=2)
+            assert keys_module.tasks_digest(tasks) == keys_module.tasks_digest(held) == whole
+
+
+def test_checked_tasks_are_held_as_request_texts_and_read_back_as_given():
+    """A run keeps each task once, inside its request's text: read back, it is the task."""
+    from batchjson._content.keys import Keys
+    from batchjson._content.schema import compile_schema
+    from batchjson._content.tasks import normalize_identity, normalize_tasks
+
+    tasks = [dict(t, note="é\u2028", n=i) for i, t in enumerate(review_tasks(23))]
+    held, texts = normalize_tasks(iter(tasks), normalize_identity(None), pack=5)
+    assert len(texts) == 5 and not isinstance(held, list)
+    assert len(held) == 23 and held == tasks and list(held) == tasks
+    assert held[0] == tasks[0] and held[-1] == tasks[-1] and held[4:11] == tasks[4:11]
+    assert held[20:40] == tasks[20:] and held[::7] == tasks[::7]
+    with pytest.raises(IndexError):
+        held[23]
+    keys = Keys.compose(held, compile_schema(LABEL_SCHEMA), "none", 5, None,
+                        normalize_identity(None), "items", "src")
+    requests = keys.pack(held, 5, texts, packed=True)
+    assert [list(r.tasks) for r in requests] == [tasks[i:i + 5] for i in range(0, 23, 5)]
+    assert requests[-1].task_ids == tuple(t["task_id"] for t in tasks[20:])
+    assert requests[1].tasks[1:3] == tuple(tasks[6:8]) and len(requests[-1].tasks) == 3

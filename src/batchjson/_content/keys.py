@@ -22,6 +22,7 @@ from .._checks import whole
 from .._errors import ProviderSetupError
 from .._fingerprint.fingerprint import fingerprint_callable, fingerprint_function
 from .._sources import Code, Digest, Hashed
+from .packed import PackedTasks
 from .tasks import ECHOED, Identity, Request, sha
 
 # The revision components that go into every request key besides its tasks. "source" is the
@@ -44,9 +45,30 @@ def _key_content(components: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
+DIGEST_SLICE = 1000  # tasks encoded at once while hashing: the whole is never one text
+
+
 def tasks_digest(task_list: Sequence[Mapping[str, Any]]) -> str:
-    """The ``tasks`` component of a revision: every task, in order."""
-    return sha(json.dumps(list(task_list), sort_keys=True, separators=(",", ":")))
+    """The ``tasks`` component of a revision: every task, in order, as the SHA-256 of their
+    JSON array (sorted keys, ASCII), fed a slice at a time so a million tasks are never one
+    text of their own (the bytes hashed, and so the digest, are those of the whole array).
+    Held tasks' request texts are canonical JSON with sorted keys: one that is ASCII is those
+    very bytes, hashed without decoding it."""
+    hasher = hashlib.sha256(b"[")
+    if isinstance(task_list, PackedTasks):  # an ASCII request text is those bytes already
+        for n, text in enumerate(task_list.texts):
+            plain = text.isascii() and "\x7f" not in text  # DEL: escaped in ASCII JSON only
+            part = text if plain else _ascii_json(json.loads(text))
+            hasher.update((("," if n else "") + part[1:-1]).encode("utf-8"))
+    else:
+        for start in range(0, len(task_list), DIGEST_SLICE):
+            text = _ascii_json(list(task_list[start:start + DIGEST_SLICE]))
+            hasher.update((("," if start else "") + text[1:-1]).encode("utf-8"))
+    hasher.update(b"]")
+    return hasher.hexdigest()
+
+
+_ascii_json = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
 
 
 def key_maker(content: Mapping[str, str]) -> Callable[[str], str]:
@@ -134,8 +156,9 @@ class Keys:
         for position, start in enumerate(range(0, len(tasks), pack)):
             tasks_json = (texts[position] if packed else
                           "[" + ",".join(texts[start:start + pack]) + "]")
-            out.append(Request(self.request(tasks_json), tuple(tasks[start:start + pack]),
-                               position, tasks_json=tasks_json))
+            held = (tasks.request(position) if isinstance(tasks, PackedTasks) else
+                    tuple(tasks[start:start + pack]))  # decoded when read, not held twice
+            out.append(Request(self.request(tasks_json), held, position, tasks_json=tasks_json))
         return out
 
     def split(self, request: Request) -> list[Request]:

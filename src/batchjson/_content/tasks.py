@@ -8,10 +8,12 @@ import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 from .._canon import canonical_json as _canonical
 from .._errors import InvalidBatch
+from .packed import PackedTasks
 from .spool import is_task_file, stream_tasks
 from .strictjson import nesting
 
@@ -36,16 +38,16 @@ CHUNK = 10_000  # tasks decoded back at once: one json.loads each, and a bounded
 
 def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
                     identity: Sequence[str], hasher: Any = None,
-                    pack: int | None = None) -> tuple[list[dict], list[str]]:
+                    pack: int | None = None) -> tuple[Sequence[dict], list[str]]:
     """Check every task before anything is spent, naming the first bad one and the fix.
 
     ``tasks`` is a list, any iterable (a generator, read once) or a JSON Lines file's path.
     Returns the tasks in the ledger's (JSON) form and their canonical JSON texts: checking
     serialisability already produces the text that request keys, the ledger and prompts are
-    built from; with ``pack``, one text per ``pack`` tasks (each request's ``tasks_json``), so
-    the text of a task is held once, not twice. The caller's own objects are not kept: each is
-    replaced by its JSON form, decoded back a chunk at a time. ``hasher`` is fed a file's bytes
-    as they are read.
+    built from. With ``pack``, one text per ``pack`` tasks (each request's ``tasks_json``),
+    and the tasks are a :class:`PackedTasks` over those texts, decoded when read, so a task is
+    held once, as text. The caller's own objects are not kept. ``hasher`` is fed a file's
+    bytes as they are read.
     """
     identity = normalize_identity(identity)
     from_file = is_task_file(tasks)  # a file's tasks are JSON already: nothing to decode back
@@ -54,26 +56,37 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
     texts: list[str] = []
     chunk: list[Any] = []
     chunk_texts: list[str] = []
+    count = 0
     size = pack * max(1, CHUNK // pack) if pack else CHUNK  # whole requests in each chunk
     for position, task in enumerate(stream_tasks(tasks, hasher)):
         task_id = task.get("task_id") if isinstance(task, Mapping) else None
         if isinstance(task_id, str) and task_id in seen:
-            first = next(i for i, t in enumerate(out + chunk) if t["task_id"] == task_id)
+            done = PackedTasks(texts, pack, count) if pack else out
+            first = next(i for i, t in enumerate(chain(done, chunk)) if t["task_id"] == task_id)
             raise InvalidBatch(f"duplicate task_id {task_id!r} (tasks #{first} and "
                                f"#{position}); task_ids must be unique within a batch")
         chunk_texts.append(_task_text(position, task, identity))
         seen.add(task["task_id"])
         chunk.append(task)
         if len(chunk) == size:
-            out += _json_form(chunk, chunk_texts, from_file)
-            texts += _grouped(chunk_texts, pack)
+            count += _take(chunk, chunk_texts, out, texts, pack, from_file)
             chunk, chunk_texts = [], []
     if chunk:
-        out += _json_form(chunk, chunk_texts, from_file)
-        texts += _grouped(chunk_texts, pack)
-    if not out:
+        count += _take(chunk, chunk_texts, out, texts, pack, from_file)
+    if not count:
         raise InvalidBatch("empty batch: pass at least one task")
-    return out, texts
+    return (PackedTasks(texts, pack, count) if pack else out), texts
+
+
+def _take(chunk: list[Any], chunk_texts: list[str], out: list[dict], texts: list[str],
+          pack: int | None, from_file: bool) -> int:
+    """A checked chunk into the run's texts (and, without ``pack``, its tasks' JSON form)."""
+    if pack:
+        _check_encoded("[" + ",".join(chunk_texts) + "]", chunk_texts, chunk)
+    else:
+        out += _json_form(chunk, chunk_texts, from_file)
+    texts += _grouped(chunk_texts, pack)
+    return len(chunk)
 
 
 def _grouped(chunk_texts: list[str], pack: int | None) -> list[str]:

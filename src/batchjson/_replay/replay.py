@@ -337,14 +337,17 @@ class Replayer:
 
     def _fail(self, request: Request, errors: list[dict[str, Any]],
               raw: str | None = None) -> None:
+        """Each task's errors; what all of a request's tasks share (an error about the whole
+        return, a bystander's) is one dict for them all (the result names the task on read)."""
+        extra = {"request": request.key, **({"raw": raw} if raw is not None else {})}
+        shared = [{**e, **extra} for e in errors if e.get("task_id") is None]
+        bystander = [{"type": "batch_rejected", **extra,
+                      "message": "this task's item was fine but another item of the same "
+                      "request failed, so the whole return was rejected"}]
         for task_id in request.task_ids:
-            mine = [e for e in errors if e.get("task_id") in (task_id, None)]
-            if not mine:
-                mine = [{"type": "batch_rejected", "task_id": task_id,
-                         "message": "this task's item was fine but another item of the same "
-                         "request failed, so the whole return was rejected"}]
-            extra = {"request": request.key, **({"raw": raw} if raw is not None else {})}
-            self.outcome.errors[task_id] = [{**e, "task_id": task_id, **extra} for e in mine]
+            own = any(e.get("task_id") == task_id for e in errors)
+            self.outcome.errors[task_id] = ([{**e, **extra} for e in errors if e.get(
+                "task_id") in (task_id, None)] if own else shared or bystander)
 
     # -- one attempt (with transport retries) --------------------------------------------------
     async def _attempt(self, request: Request, kind: str, prompt: str) -> Judged | NotSent:

@@ -6,13 +6,16 @@ import html
 import io
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .._errors import ConfigError
 from .._money import money
+from .errors import ResultErrors, failure_groups
 from .values import plain_items
+
+SHOWN = 10  # failed requests a notebook shows; the rest are counted
 
 
 @dataclass
@@ -22,7 +25,7 @@ class BatchResult:
     name: str
     status: Literal["resolved", "unresolved", "pending"]
     values: Mapping[str, Any]  # read from the ledger on demand; dict(values) copies it
-    errors: list[dict[str, Any]]
+    errors: Sequence[dict[str, Any]]  # built one at a time when read; list(errors) copies it
     calls: int
     tokens: int
     cost: float | None
@@ -51,12 +54,8 @@ class BatchResult:
     @property
     def unresolved(self) -> list[str]:
         """task_ids with no committed answer."""
-        seen = []
-        for e in self.errors:
-            task_id = e.get("task_id")
-            if task_id and task_id not in seen and task_id not in self.values:
-                seen.append(task_id)
-        return seen
+        return list(dict.fromkeys(e["task_id"] for e in self.errors
+                                  if e.get("task_id") and e["task_id"] not in self.values))
 
     def to_jsonl(self, path: str | os.PathLike | None = None) -> str | None:
         """Every accepted value as JSON Lines, ``{"task_id": ..., "value": ...}`` a line in task
@@ -100,37 +99,23 @@ class BatchResult:
             "jobs": [{k: v for k, v in job.items() if k != "keys"} for job in self.jobs],
         }
 
-    def __post_init__(self) -> None:
-        """Keep each failed request's raw return once (in ``raws``), not on every task's error."""
-        self.raws: dict[str, str] = {}
-        for e in self.errors:
-            raw = e.pop("raw", None)
-            if raw is not None:
-                self.raws.setdefault(_request_of(e), raw)
+    @property
+    def raws(self) -> dict[str, str]:
+        """Each failed request's raw return, kept once (not on every task's error)."""
+        return getattr(self.errors, "raws", {})
 
     @property
     def failures(self) -> list[dict[str, Any]]:
         """One entry per failed request: its tasks, its own errors once (an error about the whole
         return is not repeated per task), how many bystanders shared the rejection, the raw
-        return (kept once)."""
-        groups: dict[str, dict[str, Any]] = {}
-        for e in self.errors:
-            if e.get("task_id") in self.values:
-                continue
-            key = _request_of(e)
-            group = groups.setdefault(key, {"request": e.get("request"), "tasks": [],
-                                            "errors": [], "bystanders": 0,
-                                            "raw": self.raws.get(key)})
-            task_id = e.get("task_id")
-            if task_id is not None and task_id not in group["tasks"]:
-                group["tasks"].append(task_id)
-            if e.get("type") == "batch_rejected":
-                group["bystanders"] += 1
-                continue
-            seen = {(x.get("type"), x.get("message")) for x in group["errors"]}
-            if (e.get("type"), e.get("message")) not in seen:
-                group["errors"].append({k: v for k, v in e.items() if k != "request"})
-        return list(groups.values())
+        return (kept once). Every failed request: ``failure_report`` shows the first few."""
+        return failure_groups(self._failed_errors, self.raws)[0]
+
+    def _failed_errors(self) -> Any:
+        """The errors of tasks still without a value (a run's own errors are only those)."""
+        if isinstance(self.errors, ResultErrors):
+            return iter(self.errors)
+        return (e for e in self.errors if e.get("task_id") not in self.values)
 
     def failure_report(self, limit: int = 10) -> str:
         """A short account: which requests failed, why, what was spent, and how to resume."""
@@ -138,8 +123,8 @@ class BatchResult:
         lines = [f"batch {self.name!r} (revision {self.revision}) is unresolved: {missing} of "
                  f"{self.total_tasks} task(s) have no accepted answer after {self.calls} call(s), "
                  f"{self.tokens} tokens, cost {money(self.cost)}."]
-        failures = self.failures
-        for f in failures[:limit]:
+        failures, count = failure_groups(self._failed_errors, self.raws, limit)
+        for f in failures:
             tasks = f["tasks"]
             what = (tasks[0] if len(tasks) == 1 else
                     f"{len(tasks)} tasks ({tasks[0]} .. {tasks[-1]})")
@@ -152,8 +137,8 @@ class BatchResult:
                 lines.append(f"    {f['bystanders']} other task(s) of this request were fine but "
                              "shared the rejected return (a return is accepted whole or not at "
                              "all)")
-        if len(failures) > limit:
-            lines.append(f"  ... and {len(failures) - limit} more failed request(s)")
+        if count > limit:
+            lines.append(f"  ... and {count - limit} more failed request(s)")
         if any(e.get("type") == "validator_error" for e in self.errors):
             lines.append("A validator raised something other than ValueError or AssertionError: "
                          "fix the validator (those errors are never retried).")
@@ -192,11 +177,11 @@ class BatchResult:
                          ("tokens", self.tokens), ("cost", money(self.cost)),
                          ("unresolved", s["unresolved"]), ("resumed requests", self.resumed)))
         failed = _jobs_html(self.jobs)
-        failures = [f for f in self.failures
-                    if not all(e.get("type") == "pending" for e in f["errors"])]
+        failures, count = failure_groups(self._failed_errors, self.raws, SHOWN,
+                                         keep=lambda e: e.get("type") != "pending")
         if failures:
             rows = []
-            for f in failures[:10]:
+            for f in failures:
                 tasks = f["tasks"]
                 what = (tasks[0] if len(tasks) == 1 else
                         f"{len(tasks)} tasks: {tasks[0]} .. {tasks[-1]}")
@@ -206,9 +191,9 @@ class BatchResult:
                 rows.append(f"<li><code>{html.escape(what)}</code>: "
                             f"{html.escape(str(first.get('type')))}: "
                             f"{html.escape(str(first.get('message')))}{html.escape(more)}</li>")
-            if len(failures) > 10:
-                rows.append(f"<li>... and {len(failures) - 10} more failed request(s)</li>")
-            failed += (f"<div>{len(failures)} failed request(s):<ul style='margin:2px 0'>"
+            if count > SHOWN:
+                rows.append(f"<li>... and {count - SHOWN} more failed request(s)</li>")
+            failed += (f"<div>{count} failed request(s):<ul style='margin:2px 0'>"
                       f"{''.join(rows)}</ul></div>")
 
         compared = (f"<div style='color:#666'>identity compared: "
@@ -232,13 +217,3 @@ def _jobs_html(jobs: list[dict[str, Any]]) -> str:
         f", {job['requests']} request(s)</li>" for job in jobs)
     return (f"<div>pending in {len(jobs)} batch job(s); re-run to collect what has ended:"
             f"<ul style='margin:2px 0'>{rows}</ul></div>")
-
-
-def _request_of(error: dict[str, Any]) -> str:
-    """The failed request an error belongs to (the replay loop tags it), else its message."""
-    if error.get("request"):
-        return str(error["request"])
-    if error.get("type") == "not_attempted":
-        return "not_attempted"
-    return f"{error.get('type')}:{error.get('task_id')}:{error.get('message')}"
-

@@ -1,5 +1,5 @@
 """Running a revision again: a finished run of a tasks file found without reading its tasks,
-and the requests of a revision on record built over the run's own task objects.
+and the requests of a revision on record, their tasks read from the ledger's texts.
 
 Checking a million tasks costs about a third of running them against an instant provider, so
 a resume that re-read every task could never be cheap. A JSON Lines file's bytes decide its
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._content.keys import Keys, answer_source
+from .._content.packed import RequestTasks
 from .._content.schema import ItemSchema, compile_schema
 from .._content.spool import file_digest, is_task_file
 from .._content.tasks import Identity, Request, normalize_identity
@@ -56,23 +57,12 @@ def remember_file(store: Store, digest: str, tasks_component: str,
     store.record_task_file(digest, tasks_component, len(tasks), list(fields))
 
 
-def resumed_requests(store: Store, revision_id: int, tasks: Sequence[dict[str, Any]],
-                     pack: int) -> list[Request]:
-    """The leaf requests of a revision being run again, their tasks the run's own objects
-    where a request is a whole pack (as the first run made them) rather than a second copy
-    decoded from the ledger; a split half, or a pack whose task ids differ, is decoded."""
-    out = []
-    for row in store.leaf_rows(revision_id):
-        start = row["position"] * pack
-        request = None
-        if row["parent_key"] is None:
-            request = Request(row["key"], tuple(tasks[start:start + pack]), row["position"],
-                              tasks_json=row["tasks"])
-        if request is None or request.task_ids_json != row["task_ids"]:
-            request = Request(row["key"], tuple(json.loads(row["tasks"])), row["position"],
-                              row["parent_key"], tasks_json=row["tasks"])
-        out.append(request)
-    return out
+def resumed_requests(store: Store, revision_id: int) -> list[Request]:
+    """The leaf requests of a revision being run again, their tasks decoded from the ledger's
+    text of each when read (a request's key names its content: the text is the run's own)."""
+    return [Request(row["key"], RequestTasks(row["tasks"], len(json.loads(row["task_ids"]))),
+                    row["position"], row["parent_key"], tasks_json=row["tasks"])
+            for row in store.leaf_rows(revision_id)]
 
 
 def find_completed(session: Session, spec: RunSpec) -> Completed | None:

@@ -25,6 +25,7 @@ from .._replay.jobs import JobRunner, JobsOutcome
 from .._replay.plan import Outcome, Plan
 from .._replay.replay import Replayer
 from . import batches, preflight
+from .errors import ResultErrors
 from .fit import check_fit, check_rate_fit
 from .registry import ValidatorVersion
 from .result import BatchResult
@@ -71,6 +72,10 @@ def run_spec(session: Session, spec: RunSpec) -> BatchResult:
     provider = session.provider  # refused here when none is configured
     state = Run(spec, content, provider, answer_source(provider))
     judge_with(session, state)
+    compose_keys(state)
+    done = finished_revision(session, state)
+    if done is not None:  # every request of this content accepted: nothing to plan or send
+        return report_completed(session, spec, done, state)
     find_requests(session, state)
     rejudge_stored(session, state)
     plan, spender = plan_calls(session, state)
@@ -111,10 +116,9 @@ def checker_of(version: ValidatorVersion, validator_args: str | None,
     return _bounded(checker, timeout)  # an async one may hang
 
 
-def find_requests(session: Session, state: Run) -> None:
-    """The run's keys and requests: those of its revision when one is on record. Judging no
-    fingerprint fully sees moves on to a revision naming the answers that no longer pass."""
-    spec, content, store = state.spec, state.content, session.ledger.store
+def compose_keys(state: Run) -> None:
+    """The run's keys, and what of its judging no fingerprint fully sees."""
+    spec, content = state.spec, state.content
     state.keys = Keys.compose(
         content.tasks, content.schema,
         state.version.fingerprint.digest if state.version else "none", spec.pack,
@@ -122,10 +126,31 @@ def find_requests(session: Session, state: Run) -> None:
     state.blind = [f"validator: {u}" for u in (state.version.fingerprint.unseen
                                                if state.version else ())
                    ] + [f"schema: {u}" for u in content.schema.unseen]
+
+
+def finished_revision(session: Session, state: Run) -> Completed | None:
+    """The current revision of exactly this content when every request of it is accepted and
+    its judging is fully fingerprinted: a resume of tasks from a list or a generator then
+    builds no request and reads no key (a tasks file's run is remembered by its bytes)."""
+    if state.blind or state.content.file_digest is not None:
+        return None
+    done = session.ledger.store.completed_revision(state.spec.name, state.keys.revision)
+    if done is None:
+        return None
+    revision_id, _, leaves = done
+    return Completed(session.ledger.store.revision_by_id(revision_id), leaves,
+                     len(state.content.tasks), [], state.content.schema,
+                     state.content.identity, state.provider, state.source)
+
+
+def find_requests(session: Session, state: Run) -> None:
+    """The run's requests: those of its revision when one is on record. Judging no
+    fingerprint fully sees moves on to a revision naming the answers that no longer pass."""
+    spec, content, store = state.spec, state.content, session.ledger.store
     while True:
         state.existing = store.find_revision(spec.name, state.keys.revision)
         state.requests = (
-            resumed_requests(store, state.existing.id, content.tasks, spec.pack)
+            resumed_requests(store, state.existing.id)
             if state.existing else
             state.keys.pack(content.tasks, spec.pack, content.texts, packed=True))
         token = unseen_token(
@@ -297,23 +322,27 @@ def report(session: Session, state: Run, revision: Any, outcome: Outcome) -> Bat
     """The result, with a note for each thing a person should know about how it was reached."""
     spec, content = state.spec, state.content
     result = _result(session, spec.name, revision, len(content.tasks),
-                     (t["task_id"] for t in content.tasks), content.schema, outcome,
+                     lambda: (t["task_id"] for t in content.tasks), content.schema, outcome,
                      resumed=len(state.requests) - len(state.pending) - len(state.rechecked))
     result.rechecked = len(state.rechecked)
     return _described(result, state, content.tasks)
 
 
-def report_completed(session: Session, spec: RunSpec, done: Completed) -> BatchResult:
-    """The result of a finished revision found without reading its tasks file: its values
-    from the ledger, its validator registered as a full run registers it."""
-    state = Run(spec, CheckedRun(spec, [], [], done.schema, done.identity), done.provider,
-                done.source)
-    judge_with(session, state)
+def report_completed(session: Session, spec: RunSpec, done: Completed,
+                     judged: Run | None = None) -> BatchResult:
+    """The result of a finished revision found without building its requests: its values
+    from the ledger, its validator registered as a full run registers it (``judged``: the run
+    that registered it already)."""
+    state = judged or Run(spec, CheckedRun(spec, [], [], done.schema, done.identity),
+                          done.provider, done.source)
+    if judged is None:
+        judge_with(session, state)
     state.provider_notes = check_fit(done.provider, session.ledger, spec.name, done.schema, [],
                                      done.identity, spec.mode)
-    result = _result(session, spec.name, done.revision, done.count, (), done.schema,
+    result = _result(session, spec.name, done.revision, done.count, tuple, done.schema,
                      Outcome(), resumed=done.leaves)
-    result = _described(result, state, [dict.fromkeys(done.fields)])
+    result = _described(result, state, state.content.tasks if judged is not None else
+                        [dict.fromkeys(done.fields)])
     if result.status != "resolved" and spec.on_exhausted == "raise":  # a value not loading
         raise BatchUnresolved(result)
     return result
@@ -344,10 +373,11 @@ def _described(result: BatchResult, state: Run,
     return result
 
 
-def _result(session: Session, name: str, revision: Any, total: int, task_ids: Iterable[str],
+def _result(session: Session, name: str, revision: Any, total: int,
+            task_ids: Callable[[], Iterable[str]],
             schema: Any, outcome: Outcome, resumed: int) -> BatchResult:
     """The result over the revision's values in the ledger; ``task_ids`` (every task in
-    order) is read only when some task has no value."""
+    order, each time it is called) is read only when some task has no value."""
     values, errors = _values(session, revision.id, total, task_ids, schema, outcome)
     result = BatchResult(
         name=name, status="resolved" if len(values) == total else "unresolved",
@@ -355,7 +385,7 @@ def _result(session: Session, name: str, revision: Any, total: int, task_ids: It
         cost=outcome.cost, revision=revision.number, total_tasks=total,
         accepted_returns=outcome.accepted_returns, rejected_returns=outcome.rejected_returns,
         provider_errors=outcome.provider_errors, resumed=resumed,
-        attempts_by_task=dict(outcome.attempts_by_task), repairs_made=outcome.repairs_made)
+        attempts_by_task=outcome.attempts_by_task, repairs_made=outcome.repairs_made)
     if outcome.stopped:
         result.notes.append(outcome.stopped)
     if outcome.overrun:
@@ -369,20 +399,15 @@ def _result(session: Session, name: str, revision: Any, total: int, task_ids: It
     return result
 
 
-def _values(session: Session, revision_id: int, total: int, task_ids: Iterable[str],
-            schema: Any, outcome: Outcome) -> tuple[Mapping[str, Any], list[dict[str, Any]]]:
+def _values(session: Session, revision_id: int, total: int, task_ids: Callable[[], Iterable[str]],
+            schema: Any, outcome: Outcome) -> tuple[Mapping[str, Any], ResultErrors]:
     """The revision's values, read from the ledger when asked for, and an error for every
-    task without one."""
+    task without one, built when read."""
     values, unloadable = result_values(session.ledger.store, revision_id, schema)
-    errors = [e for task_id, errs in outcome.errors.items() if task_id not in values
-              for e in errs] + unloadable
-    if len(values) < total:  # the tasks neither answered nor failed, in order
-        failed = {e["task_id"] for e in errors}.union(values)
-        why = (f"no call was made for this task in this run: {outcome.stopped}"
-               if outcome.stopped else "no call was made for this task in this run")
-        errors += [{"type": "not_attempted", "task_id": task_id, "message": why}
-                   for task_id in task_ids if task_id not in failed]
-    return values, errors
+    why = (f"no call was made for this task in this run: {outcome.stopped}"
+           if outcome.stopped else "no call was made for this task in this run")
+    return values, ResultErrors(outcome.errors, values, unloadable, task_ids,
+                                total - len(values), why)
 
 
 def _bounded(fn: Callable[[Any, Mapping[str, Any]], Any],
