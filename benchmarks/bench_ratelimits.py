@@ -9,10 +9,13 @@ of N / RPM and the requested tokens / TPM. Two clients in the same run:
 
   (a) a semaphore-only async client (aiohttp, concurrency C, retrying a 429 after its
       ``retry-after`` or else an exponential backoff with jitter, as SDK retry loops do);
-  (b) batchjson: Session(OpenAIProvider).run_batch(pack=1), limits learnt from the headers.
+  (b) batchjson: Session(OpenAIProvider).run_batch(pack=1), limits learnt from the headers;
+  (c) batchjson on four hosts: four processes, one ledger (SQLite here; PostgreSQL is the same
+      code), the same batch, each learning the account's limits and pacing to its quarter.
 
 Each is reported as the ideal over its wall time (1.0 is the limit's own pace) with its share
-of calls answered 429. Targets for (b): every task resolved, >= 0.95 of the ideal, < 1% 429s.
+of calls answered 429. Targets for (b): every task resolved, >= 0.95 of the ideal, < 1% 429s;
+for (c): every task resolved on every host, each paid once, < 1% 429s (its ratio is reported).
 
 Second figure: cost per usable result of a batch whose instructions are a 2,000-token prefix,
 for OpenAI (gpt-4o-mini, automatic caching) and Anthropic (claude-sonnet-4-5, cache_control),
@@ -27,8 +30,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -142,6 +148,50 @@ def throughput(n: int, rpm: int, tpm: int, concurrency: int) -> tuple[bool, list
     return ok, lines
 
 
+HOST = """
+import os, sys, time
+ledger, base, go, n, here, concurrency = sys.argv[1:7]
+sys.path.insert(0, here)
+from bench_ratelimits import CAP, SCHEMA, tasks
+from batchjson import OpenAIProvider, Session
+provider = OpenAIProvider("gpt-4o-mini", base_url=base, api_key="k",
+                          extra_body={"max_completion_tokens": CAP})
+session = Session(provider, ledger=ledger, concurrency=int(concurrency))
+print("ready", flush=True)
+while not os.path.exists(go):
+    time.sleep(0.005)
+result = session.run_batch("hosts", tasks(int(n)), SCHEMA, on_exhausted="return")
+print(result.status, len(result.values), flush=True)
+"""
+
+
+def four_hosts(n: int, rpm: int, tpm: int, concurrency: int) -> tuple[bool, str]:
+    """(c): four processes on one ledger share the account's limits."""
+    here = str(Path(__file__).resolve().parent)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    with tempfile.TemporaryDirectory() as tmp, LoopbackServer(
+            rate_limits=Limits.enforced(rpm, tpm, 1.0)) as srv:
+        go = Path(tmp) / "go"
+        procs = [subprocess.Popen([sys.executable, "-c", HOST, str(Path(tmp) / "l.sqlite"),
+                                   srv.base_url, str(go), str(n), here, str(concurrency)],
+                                  env=env, stdout=subprocess.PIPE, text=True) for _ in range(4)]
+        for proc in procs:
+            proc.stdout.readline()
+        start = time.perf_counter()
+        go.touch()
+        outs = [proc.communicate()[0].split() for proc in procs]
+        wall = time.perf_counter() - start
+        ideal = ideal_seconds(srv, n, rpm, tpm)
+        share = srv.responses[429] / max(1, srv.requests)
+        answered = srv.responses[200]
+    passed = outs == [["resolved", str(n)]] * 4 and answered == n and share < TARGET_REFUSED
+    return passed, (f"(c) batchjson, four hosts on one ledger: {answered} calls answered for {n} "
+                    f"tasks, {sum(o == ['resolved', str(n)] for o in outs)}/4 hosts returned "
+                    f"them whole, {wall:.1f}s against an ideal of {ideal:.1f}s = "
+                    f"{ideal / wall:.3f} of the ideal, {share:.2%} of calls answered 429 "
+                    f"{'PASS' if passed else 'FAIL'}")
+
+
 def cost_per_result(provider_of: Any, model: str, instructions: str, n: int) -> tuple[float,
                                                                                       float]:
     """(cost per usable result as billed, the same tokens without the prompt cache)."""
@@ -188,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bench_ratelimits: {args.n} single-task requests, limits {args.rpm:,} RPM and "
           f"{args.tpm:,} TPM over 1 s slices, concurrency {args.concurrency}", flush=True)
     ok_pace, lines = throughput(args.n, args.rpm, args.tpm, args.concurrency)
+    ok_hosts, line = four_hosts(args.n, args.rpm, args.tpm, args.concurrency // 4)
+    ok_pace &= ok_hosts
+    lines.append(line)
     for line in lines:
         print("  " + line, flush=True)
     ok_cache, lines = caching(args.cost_n)

@@ -25,7 +25,7 @@ from . import records
 from .store import Store
 from .store_base import Row, Tx
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 
 # The tables docs/design.md lists, with their columns' names and meanings; times are ISO 8601
 # UTC text. Claims and checkpoint rows are written with every call: WITHOUT ROWID keeps each
@@ -109,6 +109,9 @@ CREATE INDEX job_lines_by_job ON job_lines (job_id);
 CREATE TABLE budget (
     id INTEGER PRIMARY KEY CHECK (id = 1), cost REAL NOT NULL, spent REAL NOT NULL,
     reserved REAL NOT NULL, set_at TEXT NOT NULL, set_by TEXT NOT NULL);
+CREATE TABLE hosts (
+    owner TEXT PRIMARY KEY, host TEXT NOT NULL, pid INTEGER NOT NULL,
+    lease_expires_at REAL NOT NULL, joined_at TEXT NOT NULL) WITHOUT ROWID;
 """
 
 # WAL pages a commit lets pile up before it copies them into the file itself. The copy runs in

@@ -15,6 +15,9 @@ all its runs, and has a narrow interface (``acquire`` / ``release`` / ``observe`
   the pacer expects (another client on the same key) pauses it until the provider catches up.
 * A 429 pauses every call for ``retry-after`` / ``retry-after-ms`` / the reset headers, halves
   the calls allowed in flight, and each answer then climbs one step back (AIMD).
+* Limits are the account's: the sessions live on one ledger (its hosts, ``hosts.py``) each pace
+  to an equal share of them (:meth:`Pacer.share`), set and learnt limits alike. A 429 pauses
+  only the host that met it.
 """
 
 from __future__ import annotations
@@ -75,7 +78,7 @@ class RateLimits:
         return self.requests_per_minute is not None or self.tokens_per_minute is not None
 
 
-def _bucket(per_minute: int, slice_seconds: float, least: float) -> AsyncLimiter:
+def _bucket(per_minute: float, slice_seconds: float, least: float) -> AsyncLimiter:
     """Drains at ``per_minute`` (less the headroom) with a burst of half a slice, never less
     than ``least`` (one request, or one request's tokens)."""
     rate = per_minute * HEADROOM / 60.0
@@ -103,6 +106,7 @@ class Pacer:
         self._waiting: list[asyncio.Future[None]] = []
         self._learning = False  # one call alone until the first answer: see learn()
         self._heard = False  # an answer has come back
+        self.hosts = 1  # the live hosts of the ledger, dividing the limits between them
         self._build()
 
     @property
@@ -118,10 +122,10 @@ class Pacer:
         changed gets one)."""
         rpm, tpm = self.requests_per_minute, self.tokens_per_minute
         if requests:
-            self._requests = _bucket(rpm, self.slice_seconds, 1) if rpm else None
+            self._requests = _bucket(rpm / self.hosts, self.slice_seconds, 1) if rpm else None
         if tokens:
-            self._tokens = (_bucket(tpm, self.slice_seconds, min(self._largest, tpm)) if tpm
-                            else None)
+            self._tokens = (_bucket(tpm / self.hosts, self.slice_seconds,
+                                    min(self._largest, tpm)) if tpm else None)
 
     def set_ceiling(self, concurrency: int) -> None:
         """The session's concurrency: the most calls in flight, to which a 429's cut climbs."""
@@ -141,6 +145,14 @@ class Pacer:
         self._learning = self._learning and not limits
         self._build(requests=self.requests_per_minute != rpm,
                     tokens=self.tokens_per_minute != tpm)
+
+    def share(self, hosts: int) -> None:
+        """``hosts`` sessions are live on the ledger: this one paces to its share of the
+        account's limits, one ``hosts``-th of each."""
+        hosts = max(1, hosts)
+        if hosts != self.hosts:
+            self.hosts = hosts
+            self._build()
 
     # -- the interface a shared pacer would implement -------------------------------------------
     async def acquire(self, requests: int = 1, tokens: int = 0) -> None:
@@ -172,8 +184,11 @@ class Pacer:
             raise
 
     def release(self, answered: bool = True) -> None:
-        """A call is over; an answered one lets the calls in flight climb one step back."""
-        self._learning, self._heard = False, True
+        """A call is over; an answered one ends the lone first call (one not sent, its
+        request held by another host, says nothing of the limits) and lets the calls in
+        flight climb one step back."""
+        if answered:
+            self._learning, self._heard = False, True
         if answered and self.allowed < self.ceiling:
             self.allowed = min(float(self.ceiling), self.allowed + 1.0 / self.allowed)
         self._leave()
@@ -184,6 +199,7 @@ class Pacer:
         seen = reported(headers)
         if not seen.any:
             return
+        self._learning, self._heard = False, True
         learnt = RateLimits(seen.requests.limit or self.learnt.requests_per_minute,
                             seen.tokens.limit or self.learnt.tokens_per_minute)
         if learnt != self.learnt:
@@ -242,7 +258,10 @@ class Pacer:
             parts.append(f"{self.requests_per_minute:,} requests")
         if self.tokens_per_minute:
             parts.append(f"{self.tokens_per_minute:,} tokens")
-        return " and ".join(parts) + " per minute" if parts else "no rate limits"
+        if not parts:
+            return "no rate limits"
+        shared = f", this host's share 1/{self.hosts} of them" if self.hosts > 1 else ""
+        return " and ".join(parts) + " per minute" + shared
 
 
 def pack_that_fits(limit: int, fixed_tokens: float, task_tokens: float) -> int:

@@ -35,6 +35,7 @@ from .._providers.settings import declared_output_cap
 from .budget import Spender
 from .calls import Caller, Control, Judged, NotSent, first_prompt
 from .groupcommit import GroupCommit
+from .hosts import COUNT_SECONDS, HostShare
 from .pacing import Pacer
 from .plan import Outcome, Plan, Transport
 
@@ -47,7 +48,8 @@ class Replayer:
     def __init__(self, plan: Plan, ledger: Ledger, provider: Any, spender: Spender,
                  transport: Transport, concurrency: int,
                  on_progress: Callable[[int], None] | None = None, *,
-                 session_id: str = "session", pacer: Pacer | None = None) -> None:
+                 session_id: str = "session", pacer: Pacer | None = None,
+                 hosts: HostShare | None = None) -> None:
         self.plan = plan
         self.store = ledger.store
         self.provider = provider
@@ -58,6 +60,7 @@ class Replayer:
         self.session_id = session_id
         self.outcome = Outcome()
         self.pacer = pacer
+        self.hosts = hosts  # this session among the ledger's hosts: its share of the limits
         if pacer is not None:
             pacer.set_ceiling(concurrency)
             if reports_limits(provider):
@@ -83,6 +86,8 @@ class Replayer:
                              self.outcome, self.writes, self.owner, self.control,
                              self._attempts)
         self.store.reap()  # runners that are gone give up their claims before we start
+        if self.hosts is not None:  # the share of the limits as it is now, before any call
+            await self.writes.run(self.hosts.count)
         self._queue: deque[Item] = deque((r, 0, None) for r in requests)
         self._held: list[Item] = []
         self._active = 0
@@ -121,10 +126,19 @@ class Replayer:
         return self.outcome
 
     async def _renew(self) -> None:
-        """Keep this run's claims alive while it runs."""
+        """Keep this run's claims alive while it runs (every third of the lease), and this
+        session's row among the ledger's hosts and its share of the limits (every tick)."""
+        period = self.store.lease_seconds / 3
+        tick = period if self.hosts is None else min(period, COUNT_SECONDS)
+        waited = 0.0
         while True:
-            await asyncio.sleep(self.store.lease_seconds / 3)
-            self.writes.queue(lambda tx: self.store.renew_claims(tx, self.owner))
+            await asyncio.sleep(tick)
+            waited += tick
+            if waited >= period - 1e-9:
+                waited = 0.0
+                self.writes.queue(lambda tx: self.store.renew_claims(tx, self.owner))
+            if self.hosts is not None:
+                self.writes.queue(self.hosts.count)
 
     async def _worker(self) -> None:
         changed = self.control.changed

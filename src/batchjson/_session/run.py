@@ -307,7 +307,8 @@ def _replay(session: Session, plan: Plan, provider: Any, spender: Spender, state
             return await drive(bar.update if bar else None)
         replayer = Replayer(plan, session.ledger, provider, spender, session.transport,
                             session.concurrency, on_progress=bar.update if bar else None,
-                            session_id=session.id, pacer=session.pacer)
+                            session_id=session.id, pacer=session.pacer,
+                            hosts=session.hosts)
         return await replayer.run(pending)
 
     try:

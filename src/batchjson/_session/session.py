@@ -19,6 +19,7 @@ from .._ledger.evidence import Evidence
 from .._providers.base import close_provider
 from .._providers.select import make_provider, provider_label
 from .._replay.budget import Budget, Tally
+from .._replay.hosts import HostShare
 from .._replay.pacing import Pacer, RateLimits
 from .._replay.plan import Transport
 from . import structured
@@ -77,6 +78,10 @@ class Session:
         self._loop = BackgroundLoop(f"batchjson-{self.id}")
         self._used: list[Any] = []  # providers that ran on the loop, closed with it
         self._finalizer = weakref.finalize(self, _shutdown, self._loop, self._used)
+        # A live host of the ledger: the sessions on it share the account's rate limits.
+        self.hosts = HostShare(store, self.id, self.pacer)
+        self.hosts.join()
+        weakref.finalize(self, self.hosts.owner.stop)  # a collected session is gone at once
         self.job_poll = 1.0  # seconds between looks at a batch job while a run waits on it
         self._job_reservations: dict[int, float] = {}  # batch lines' worst cases, by receipt
         self._job_schemas: dict[str, Any] = {}  # fingerprint -> schema jobs of this kernel use
@@ -123,6 +128,7 @@ class Session:
     def close(self) -> None:
         """Close pooled provider connections, stop the session's event loop, close the ledger."""
         self._finalizer()
+        self.hosts.leave()
         self.ledger.close()
 
     # -- the main entry point ------------------------------------------------------------------

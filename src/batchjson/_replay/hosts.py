@@ -1,0 +1,52 @@
+"""This session as one live host of its ledger, so that the hosts on one account divide its
+rate limits instead of each sending at all of them.
+
+A session joins the ledger's hosts when it opens it and counts them again while it runs, on
+every tick of its lease renewal; its pacer takes one equal share of the account's limits. A
+host that ended leaves at once (``Session.close``, or its process gone on this machine); one
+that died on another machine drops out when its lease expires, and the others take its share
+at their next count.
+"""
+
+from __future__ import annotations
+
+from .._errors import LedgerError
+from .._ledger.claims import Owner
+from .._ledger.records import now
+from .._ledger.store import Store
+from .._ledger.store_base import Tx
+from .pacing import Pacer
+
+COUNT_SECONDS = 1.0  # the longest a run paces to a stale count of the hosts
+
+
+class HostShare:
+    """One session's row among the ledger's hosts, and its pacer's share of the limits."""
+
+    def __init__(self, store: Store, session_id: str, pacer: Pacer) -> None:
+        self.store = store
+        self.pacer = pacer
+        self.owner = Owner.start(session_id)
+
+    def count(self, tx: Tx) -> None:
+        """Renew this host's row in ``tx`` and take its share of the hosts counted alive."""
+        self.pacer.share(self.store.live_hosts(tx, self.owner, now()))
+
+    def join(self) -> None:
+        """Counted among the hosts from the session's start, so hosts started together pace
+        to their share from their first call. A ledger that cannot be written now is left to
+        the first run to report."""
+        try:
+            with self.store.call_transaction() as tx:
+                self.count(tx)
+        except LedgerError:
+            pass
+
+    def leave(self) -> None:
+        """The session ends: the other hosts take its share at their next count."""
+        self.owner.stop()
+        try:
+            with self.store.call_transaction() as tx:
+                self.store.leave_hosts(tx, self.owner)
+        except LedgerError:
+            pass  # its row is dropped as a gone host's anyway
