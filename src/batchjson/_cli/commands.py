@@ -242,6 +242,16 @@ def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
     return OK
 
 
+def _into_ledger(path: Any, write: Callable[[Ledger], dict[str, Any]],
+                 refused: type[BatchJsonError], code: int) -> dict[str, Any]:
+    """``write`` on the ledger at ``path`` (made when absent); its refusal is the command's."""
+    with closing(_open(path, create=True)) as held:
+        try:
+            return write(held)
+        except refused as exc:
+            raise Problem(str(exc), code) from None
+
+
 def cmd_import(args: argparse.Namespace, out: TextIO) -> int:
     if not args.file.is_file():  # checked before a ledger is created for it
         raise Problem(f"no receipts file at {args.file}", USAGE)
@@ -251,13 +261,8 @@ def cmd_import(args: argparse.Namespace, out: TextIO) -> int:
         read_lines(args.file, {})  # a bad file is refused before a ledger is created for it
     except InvalidBatch as exc:
         raise Problem(str(exc), USAGE) from None
-    held = _open(args.ledger, create=True)
-    try:
-        report = held.import_receipts(args.file)
-    except InvalidBatch as exc:
-        raise Problem(str(exc), USAGE) from None
-    finally:
-        held.close()
+    report = _into_ledger(args.ledger, lambda held: held.import_receipts(args.file),
+                          InvalidBatch, USAGE)
     if args.json:
         _dump(report, out)
     else:
@@ -277,13 +282,7 @@ def cmd_merge(args: argparse.Namespace, out: TextIO) -> int:
                ledger_problem(args.other))  # checked before a ledger is made to receive it
     if problem:
         raise Problem(problem, LEDGER)
-    held = _open(args.ledger, create=True)
-    try:
-        report = held.merge(args.other)
-    except LedgerError as exc:
-        raise Problem(str(exc), LEDGER) from None
-    finally:
-        held.close()
+    report = _into_ledger(args.ledger, lambda held: held.merge(args.other), LedgerError, LEDGER)
     if args.json:
         _dump(report, out)
     else:
