@@ -323,7 +323,7 @@ def test_checked_tasks_are_held_as_request_texts_and_read_back_as_given():
         held[23]
     keys = Keys.compose(held, compile_schema(LABEL_SCHEMA), "none", 5, None,
                         normalize_identity(None), "items", "src")
-    requests = keys.pack(held, 5, texts, packed=True)
+    requests = keys.window(held, 0, len(texts))
     assert [list(r.tasks) for r in requests] == [tasks[i:i + 5] for i in range(0, 23, 5)]
     assert requests[-1].task_ids == tuple(t["task_id"] for t in tasks[20:])
     assert requests[1].tasks[1:3] == tuple(tasks[6:8]) and len(requests[-1].tasks) == 3

@@ -131,7 +131,10 @@ class RequestTexts(Sequence[str]):
         if self._held is not None:
             return self._held[index]
         if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
+            start, stop, step = index.indices(len(self))
+            if step == 1:
+                return self._read(start, stop) if start < stop else []
+            return [self[i] for i in range(start, stop, step)]
         if index < 0:
             index += len(self)
         if not 0 <= index < len(self):

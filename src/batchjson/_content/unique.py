@@ -29,7 +29,7 @@ class TaskIds:
         """Raise InvalidBatch for the first id that occurs twice among ``tasks`` (every task
         added so far, in order); nothing when none does."""
         ordered = sorted(self._hashes)
-        repeated = {a for a, b in zip(ordered, islice(ordered, 1, None)) if a == b}
+        repeated = {a for a, b in zip(ordered, islice(ordered, 1, None), strict=False) if a == b}
         del ordered
         if not repeated:
             return
