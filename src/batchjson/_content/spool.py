@@ -81,11 +81,12 @@ def _read_jsonl(path: Path, hasher: Any) -> Iterator[Any]:
             yield task
 
 
-SPILL_CHARS = 1 << 22  # request texts kept in memory up to this many characters, then on disk
+SPILL_CHARS = 1 << 22  # texts kept in memory up to this many characters, then on disk
 
 
-class RequestTexts(Sequence[str]):
-    """Each request's canonical JSON text, in order: the one copy of a run's tasks.
+class TextSpool(Sequence[str]):
+    """JSON texts in order, appended one at a time: each request's tasks (the one copy of a
+    run's tasks), or each call's task ids (what a result's ``attempts_by_task`` counts).
 
     A small run keeps them in a list; past :data:`SPILL_CHARS` they go to an unnamed temporary
     file (one text a line: JSON text holds no raw newline), read back by offset, so a million

@@ -14,7 +14,7 @@ from typing import Any
 from .._canon import canonical_json as _canonical
 from .._errors import InvalidBatch
 from .packed import PackedTasks
-from .spool import RequestTexts, is_task_file, stream_tasks
+from .spool import TextSpool, is_task_file, stream_tasks
 from .strictjson import nesting
 from .unique import TaskIds
 
@@ -47,7 +47,7 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
     serialisability already produces the text that request keys, the ledger and prompts are
     built from. With ``pack``, one text per ``pack`` tasks (each request's ``tasks_json``),
     and the tasks are a :class:`PackedTasks` over those texts, decoded when read, so a task is
-    held once, as text (:class:`RequestTexts`: on disk past a few megabytes, so a run then
+    held once, as text (:class:`TextSpool`: on disk past a few megabytes, so a run then
     streams over them). The caller's own objects are not kept, nor a set of their ids (see
     ``unique``). ``hasher`` is fed a file's bytes as they are read.
     """
@@ -55,7 +55,7 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
     from_file = is_task_file(tasks)  # a file's tasks are JSON already: nothing to decode back
     ids = TaskIds()
     out: list[dict] = []
-    texts: Any = RequestTexts() if pack else []
+    texts: Any = TextSpool() if pack else []
     chunk: list[Any] = []
     chunk_texts: list[str] = []
     count = 0
@@ -80,6 +80,7 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
             chunk, chunk_texts = [], []
     if chunk:
         count += _take(chunk, chunk_texts, out, texts, pack, from_file)
+        chunk = []
     ids.refuse_repeats(so_far())
     if not count:
         raise InvalidBatch("empty batch: pass at least one task")

@@ -1,9 +1,10 @@
 """The duplicate task id check of a million tasks without a set of a million strings.
 
-A pass over the tasks keeps each id as its 8-byte hash; once the pass ends (or a task is
-refused), the hashes are sorted and any that repeat are looked up again, in task order, among
-the tasks themselves (the spool holds them): only an id that truly repeats is refused, named
-with its first and second positions, exactly as a set would have found it.
+A pass over the tasks keeps each id as its 8-byte hash, in one of 256 arrays by its low byte;
+once the pass ends (or a task is refused), each array is sorted on its own (a small list at a
+time, never one of a million) and any hash that repeats is looked up again, in task order,
+among the tasks themselves (the spool holds them): only an id that truly repeats is refused,
+named with its first and second positions, exactly as a set would have found it.
 """
 
 from __future__ import annotations
@@ -20,17 +21,20 @@ class TaskIds:
     """The ids a pass has seen, in order, as hashes (8 bytes each)."""
 
     def __init__(self) -> None:
-        self._hashes = array("q")
+        self._buckets = [array("q") for _ in range(256)]
 
     def add(self, task_id: str) -> None:
-        self._hashes.append(hash(task_id))
+        hashed = hash(task_id)
+        self._buckets[hashed & 255].append(hashed)
 
     def refuse_repeats(self, tasks: Iterable[Mapping[str, Any]]) -> None:
         """Raise InvalidBatch for the first id that occurs twice among ``tasks`` (every task
         added so far, in order); nothing when none does."""
-        ordered = sorted(self._hashes)
-        repeated = {a for a, b in zip(ordered, islice(ordered, 1, None), strict=False) if a == b}
-        del ordered
+        repeated: set[int] = set()
+        for bucket in self._buckets:
+            ordered = sorted(bucket)
+            repeated.update(a for a, b in zip(ordered, islice(ordered, 1, None), strict=False)
+                            if a == b)
         if not repeated:
             return
         first: dict[str, int] = {}

@@ -41,7 +41,7 @@ from .pacing import Pacer
 from .plan import Outcome, Plan, Transport
 
 Item = tuple[Request, int, "str | None"]  # a queued request, its split depth, its first kind
-FEED = 1000  # requests taken from a stream into the queue at once
+FEED = 500  # requests taken from a stream into the queue at once
 
 
 class Replayer:
@@ -216,6 +216,7 @@ class Replayer:
             self._not_sent(done, (request, depth, first_kind))
         elif done is not None:
             self._judged(request, done)
+            self._attempts.pop(request.key, None)  # done with in this run: held no longer
 
     async def _attempts_of(self, request: Request, depth: int,
                            first_kind: str | None) -> Judged | NotSent | None:

@@ -28,7 +28,7 @@ from . import batches, preflight, window
 from .errors import ResultErrors
 from .fit import check_fit, check_rate_fit
 from .registry import ValidatorVersion
-from .result import BatchResult
+from .result import BatchResult, TaskAttempts
 from .resume import Completed, find_completed, remember_file
 from .spec import CheckedRun, RunSpec
 from .values import result_values
@@ -374,7 +374,8 @@ def _result(session: Session, name: str, revision: Any, total: int,
         cost=outcome.cost, revision=revision.number, total_tasks=total,
         accepted_returns=outcome.accepted_returns, rejected_returns=outcome.rejected_returns,
         provider_errors=outcome.provider_errors, resumed=resumed,
-        attempts_by_task=outcome.attempts_by_task, repairs_made=outcome.repairs_made)
+        attempts_by_task=TaskAttempts(outcome.calls_log),
+        repairs_made=outcome.repairs_made)
     if outcome.stopped:
         result.notes.append(outcome.stopped)
     if outcome.overrun:

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from .run import Run
     from .session import Session
 
-WINDOW = 2000  # requests looked at together: keyed, read from the ledger, queued to send
+WINDOW = 1000  # requests looked at together: keyed, read from the ledger, queued to send
 
 
 def windows(store: Store, state: Run) -> Iterator[list[Request]]:
