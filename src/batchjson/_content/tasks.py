@@ -8,6 +8,7 @@ import json
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import chain
 from typing import Any
 
@@ -261,19 +262,24 @@ class Request:
     """
 
     key: str
-    tasks: tuple[dict, ...]
+    tasks: Sequence[dict]  # a tuple, or a RequestTasks decoding ``tasks_json`` when read
     position: int
     parent_key: str | None = None
     tasks_json: str = field(default="", repr=False, compare=False)
-    task_ids: tuple[str, ...] = field(init=False, repr=False, compare=False)
-    task_ids_json: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.tasks_json:
             object.__setattr__(self, "tasks_json", _canonical(list(self.tasks)))
-        ids = tuple(t["task_id"] for t in self.tasks)
-        object.__setattr__(self, "task_ids", ids)
-        object.__setattr__(self, "task_ids_json", "[" + ",".join(map(_json_string, ids)) + "]")
+
+    @cached_property
+    def task_ids(self) -> tuple[str, ...]:
+        """Its tasks' ids, read when first asked for (a run that only keys a request, to learn
+        whether the ledger holds it, never decodes its tasks)."""
+        return tuple(t["task_id"] for t in self.tasks)
+
+    @cached_property
+    def task_ids_json(self) -> str:
+        return "[" + ",".join(map(_json_string, self.task_ids)) + "]"
 
 
 def render_items_prompt(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str],

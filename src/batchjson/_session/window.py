@@ -94,9 +94,15 @@ def seen_of(state: Run, requests: Any) -> dict[str, str]:
 
 
 def seen_pairs(store: Store, state: Run) -> Iterator[tuple[str, str]]:
-    """(request key, what its model saw) of every request, read a window at a time."""
-    for window in windows(store, state):
-        yield from seen_of(state, window).items()
+    """(request key, what its model saw) of every request, read a window at a time, from the
+    requests' texts alone."""
+    keys = state.keys
+    if state.existing is not None:
+        for rows in store.leaf_pages(state.existing.id, WINDOW):
+            yield from ((row["key"], keys.seen_key(row["tasks"])) for row in rows)
+        return
+    for text in state.content.tasks.texts:
+        yield keys.request(text), keys.seen_key(text)
 
 
 class Pending:
