@@ -29,9 +29,6 @@ from ._wire import error_response
 if TYPE_CHECKING:
     from .server import LoopbackServer
 
-WHOLE_FAULTS = ("fail_validation", "token_limit", "expire", "all_failed")
-LINE_FAULTS = ("errored", "expired", "http_400", "duplicate", "unknown")
-
 
 @dataclass
 class BatchFaults:

@@ -28,10 +28,6 @@ class Ask:
     offered: str | None = None  # what a tool call nobody asked for is named (fault tool_call)
     limit: int | None = None  # max output tokens
 
-    def with_tool(self, name: str | None) -> Ask:
-        return Ask(self.model, self.system, self.user, self.schema, self.wrapped, name,
-                   self.offered, self.limit)
-
 
 def _last_user(messages: Sequence[Any]) -> str:
     return next((content_text(m.get("content")) for m in reversed(messages)

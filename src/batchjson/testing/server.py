@@ -262,16 +262,7 @@ class LoopbackServer:
         rule = openai_refusal(data)  # what the real API refuses: the model's, strict mode's
         if rule is not None:
             return error_response("openai", 400, rule.message, rule.code, param=rule.param)
-        ask = openai_ask(data, self.model.model)
-        outcome = await self._answer("openai", ask, self._rid(request))
-        if isinstance(outcome, web.Response):
-            return outcome
-        text, reply = outcome
-        answer = shape(ask, text, reply.output_tokens, fault)
-        self._exchanges[id(request)].tokens = (reply.input_tokens, answer.output_tokens)
-        cache = self.prompt_cache.openai(data, reply.input_tokens)
-        payload = openai_completion(ask, answer, reply.input_tokens, self.requests, fault, cache)
-        return await self._send(request, payload, fault)
+        return await self._reply(request, fault, data, openai_ask(data, self.model.model))
 
     async def _anthropic(self, request: web.Request, fault: str | None) -> web.StreamResponse:
         early = await self._early(request, fault, request.headers.get("x-api-key"), "anthropic")
@@ -289,16 +280,26 @@ class LoopbackServer:
         limited = self._admit("anthropic", data, rid)
         if limited is not None:
             return limited
-        ask = anthropic_ask(data, self.model.model)
-        outcome = await self._answer("anthropic", ask, rid)
+        return await self._reply(request, fault, data, anthropic_ask(data, self.model.model))
+
+    async def _reply(self, request: web.Request, fault: str | None, data: dict[str, Any],
+                     ask: Ask) -> web.StreamResponse:
+        """The simulated model's answer to ``ask``, in the body its protocol sends."""
+        exchange = self._exchanges[id(request)]
+        outcome = await self._answer(exchange.protocol, ask, exchange.request_id)
         if isinstance(outcome, web.Response):
             return outcome
         text, reply = outcome
         answer = shape(ask, text, reply.output_tokens, fault)
-        self._exchanges[id(request)].tokens = (reply.input_tokens, answer.output_tokens)
-        cache = self.prompt_cache.anthropic(data, reply.input_tokens)
-        payload = anthropic_message(ask, answer, reply.input_tokens, self.requests, fault,
-                                    cache)
+        exchange.tokens = (reply.input_tokens, answer.output_tokens)
+        if exchange.protocol == "anthropic":
+            cache = self.prompt_cache.anthropic(data, reply.input_tokens)
+            payload = anthropic_message(ask, answer, reply.input_tokens, self.requests, fault,
+                                        cache)
+        else:
+            cache = self.prompt_cache.openai(data, reply.input_tokens)
+            payload = openai_completion(ask, answer, reply.input_tokens, self.requests, fault,
+                                        cache)
         return await self._send(request, payload, fault)
 
     async def _early(self, request: web.Request, fault: str | None, key: str | None,
