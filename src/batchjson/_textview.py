@@ -142,8 +142,9 @@ def receipt_cost(cost: float | None, status: str, sent_at: str | None) -> str:
     return money(cost)
 
 
-def _answered_by(receipt: Mapping[str, Any]) -> str:
-    provider, model = receipt.get("provider") or "?", receipt.get("model")
+def answered_by(provider: str | None, model: str | None) -> str:
+    """Who answered: ``provider/model`` (an imported or re-judged receipt says so by its kind)."""
+    provider = provider or "?"
     return f"{provider}/{model}" if model and model != provider else provider
 
 
@@ -152,8 +153,8 @@ def receipt_lines(name: str, receipts: Sequence[Mapping[str, Any]], raw: bool,
     if not receipts:
         return [f"no failed receipts for batch {name!r}: every attempt was accepted" if failed
                 else f"no receipts for batch {name!r}"]
-    rows = [[r["number"], r["revision"], r["kind"], r["status"], _answered_by(r),
-             len(r["task_ids"]),
+    rows = [[r["number"], r["revision"], r["kind"], r["status"],
+             answered_by(r.get("provider"), r.get("model")), len(r["task_ids"]),
              r["input_tokens"] if r["input_tokens"] is not None else "-",
              r["output_tokens"] if r["output_tokens"] is not None else "-",
              receipt_cost(r["cost"], r["status"], r.get("sent_at"))]
