@@ -276,20 +276,16 @@ def advice_lines(advice: Mapping[str, Any]) -> list[str]:
     lines += table(["pack", "split", "calls", "tokens", "cost", "usable", f"{unit}/usable"],
                    rows, right=(0, 2, 3, 4, 5, 6))
     best = advice["recommended"]
-    per_cost = best["cost_per_usable_result"]
+    per_cost, per_tokens = best["cost_per_usable_result"], best["tokens_per_usable_result"]
     per = (f"{'n/a' if per_cost is None else money(per_cost)} per usable result"
            if advice["priced"] else
-           f"{_or_na(best['tokens_per_usable_result'])} tokens per usable result")
+           f"{'n/a' if per_tokens is None else per_tokens} tokens per usable result")
     lines.append(f"recommended: pack {best['pack']}{' with split=True' if best['split'] else ''} "
                  f"(expected {best['calls']:.1f} calls, "
                  f"{best['usable_results']:.1f} usable results, {per})")
     if advice.get("warning"):
         lines += wrapped(advice["warning"], "warning: ")
     return lines
-
-
-def _or_na(value: Any) -> str:
-    return "n/a" if value is None else str(value)
 
 
 def budget_line(budget: Mapping[str, Any] | None) -> str:

@@ -282,7 +282,7 @@ def receipt_rows(receipts: Sequence[Any], start: int = 1, errors_shown: int = 3
     messages are whole (wrapping is the renderer's job)."""
     rows = []
     for n, r in enumerate(receipts, start):
-        errors = [_one_line_error(e) for e in r.errors]
+        errors = [" ".join(describe_error(e).split()) for e in r.errors]  # wrapped when shown
         rows.append({"number": n, "revision": r.revision, "kind": r.kind, "status": r.status,
                      "model": answered_by(r.provider, r.model), "tasks": describe_tasks(r.task_ids),
                      "tokens": r.tokens,
@@ -290,9 +290,3 @@ def receipt_rows(receipts: Sequence[Any], start: int = 1, errors_shown: int = 3
                      "errors": errors[:errors_shown],
                      "more_errors": max(0, len(errors) - errors_shown), "raw": r.raw})
     return rows
-
-
-def _one_line_error(error: Mapping[str, Any]) -> str:
-    """An error in full on one line (identity errors name the field and both values first);
-    wrapping is the renderer's job."""
-    return " ".join(describe_error(error).split())
