@@ -290,17 +290,20 @@ class LoopbackServer:
         if isinstance(outcome, web.Response):
             return outcome
         text, reply = outcome
-        answer = shape(ask, text, reply.output_tokens, fault)
-        exchange.tokens = (reply.input_tokens, answer.output_tokens)
-        if exchange.protocol == "anthropic":
-            cache = self.prompt_cache.anthropic(data, reply.input_tokens)
-            payload = anthropic_message(ask, answer, reply.input_tokens, self.requests, fault,
-                                        cache)
-        else:
-            cache = self.prompt_cache.openai(data, reply.input_tokens)
-            payload = openai_completion(ask, answer, reply.input_tokens, self.requests, fault,
-                                        cache)
+        cached = (self.prompt_cache.anthropic if exchange.protocol == "anthropic"
+                  else self.prompt_cache.openai)(data, reply.input_tokens)
+        output_tokens, payload = self.payload(exchange.protocol, ask, text, reply, fault, cached)
+        exchange.tokens = (reply.input_tokens, output_tokens)
         return await self._send(request, payload, fault)
+
+    def payload(self, protocol: str, ask: Ask, text: str, reply: Any, fault: str | None,
+                cache: tuple[int, int] = (0, 0)) -> tuple[int, dict[str, Any]]:
+        """The answer's output tokens and the body its protocol answers with (a batch line's
+        too)."""
+        answer = shape(ask, text, reply.output_tokens, fault)
+        build = anthropic_message if protocol == "anthropic" else openai_completion
+        return answer.output_tokens, build(ask, answer, reply.input_tokens, self.requests, fault,
+                                           cache)
 
     async def _early(self, request: web.Request, fault: str | None, key: str | None,
                      protocol: str) -> web.Response | None:
