@@ -34,7 +34,7 @@ from ._cache import PromptCache
 from ._faults import HTTP_FAULTS, STATUS_FAULTS, HttpFaults
 from ._openai_rules import refusal as openai_refusal
 from ._ratelimits import Limits, counted_tokens
-from ._requests import Ask, anthropic_ask, openai_ask
+from ._requests import Ask, anthropic_ask, openai_ask, refusal_of
 from ._wire import (
     JSON_HEADERS,
     enforced_429,
@@ -253,7 +253,7 @@ class LoopbackServer:
         if early is not None:
             return early
         data = self.last_body = await read_body(request)
-        refused = _refused("openai", data)
+        refused = refusal_of("openai", data)
         if refused is not None or data is None:
             return error_response("openai", 400, refused or "request body is not a JSON object")
         limited = self._admit("openai", data, self._rid(request))
@@ -273,7 +273,7 @@ class LoopbackServer:
             return error_response("anthropic", 400, "anthropic-version: header is required",
                                   request_id=rid)
         data = self.last_body = await read_body(request)
-        refused = _refused("anthropic", data)
+        refused = refusal_of("anthropic", data)
         if refused is not None or data is None:
             return error_response("anthropic", 400, refused or "request body is not a JSON "
                                   "object", request_id=rid)
@@ -471,24 +471,6 @@ def main(argv: Sequence[str] | None = None,
                        "or --host\n")
     print(json.dumps(server.stats()), flush=True)
     return 0
-
-
-def _refused(protocol: str, data: dict[str, Any] | None) -> str | None:
-    """What the real API refuses before answering: no model, no messages, no max_tokens
-    (Anthropic), a streamed answer (this server answers whole bodies only)."""
-    if data is None:
-        return None
-    if not data.get("model"):
-        return ("model: Field required" if protocol == "anthropic"
-                else "you must provide a model parameter")
-    if not isinstance(data.get("messages"), list):
-        return ("messages: Field required" if protocol == "anthropic"
-                else "Missing required parameter: 'messages'.")
-    if protocol == "anthropic" and "max_tokens" not in data:
-        return "max_tokens: Field required"
-    if data.get("stream"):
-        return "loopback: streaming is not supported; send stream=false"
-    return None
 
 
 def _unwrapped(schema: Mapping[str, Any]) -> dict[str, Any]:
