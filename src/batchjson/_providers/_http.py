@@ -368,13 +368,14 @@ class HttpProvider(OneService):
         return headers
 
     def _cost(self, model: str, inp: int | None, out: int | None, cached: int,
-              written: int = 0) -> float | None:
-        """Cost by the model the provider says answered, else by the model asked for."""
+              written: int = 0, factor: float = 1.0) -> float | None:
+        """Cost by the model the provider says answered, else by the model asked for;
+        ``factor`` scales it (a batch job's share of the live price)."""
         cost = cost_of(model, inp, out, cached, self.prices, cache_write_tokens=written)
         if cost is None and model != self.model:
             cost = cost_of(self.model, inp, out, cached, self.prices,
                            cache_write_tokens=written)
-        return cost
+        return None if cost is None else cost * factor
 
     def overhead_tokens(self, call: Call) -> int:
         """Input tokens the provider documents adding to every request (subclasses say)."""
