@@ -21,16 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from ._bodies import openai_completion, request_id, shape, token
+from ._bodies import request_id, token
 from ._message_batches import MessageBatches
 from ._requests import openai_ask
 from ._wire import error_response
 
 if TYPE_CHECKING:
     from .server import LoopbackServer
-
-WHOLE_FAULTS = ("fail_validation", "token_limit", "expire", "all_failed")
-LINE_FAULTS = ("errored", "expired", "http_400", "duplicate", "unknown")
 
 
 @dataclass
@@ -260,9 +257,7 @@ class BatchDesk:
             body = json.loads(outcome.body)
             out["response"] = {"status_code": outcome.status, "request_id": rid, "body": body}
             return out
-        text, reply = outcome
-        answer = shape(ask, text, reply.output_tokens, None)
-        payload = openai_completion(ask, answer, reply.input_tokens, server.requests, None)
+        payload = server.payload("openai", ask, *outcome, None)[1]
         out["response"] = {"status_code": 200, "request_id": rid, "body": payload}
         return out
 
