@@ -229,7 +229,7 @@ def send(session: Session, state: Run, plan: Plan, spender: Spender, revision: A
     elif state.pending:
         outcome = _live(session, plan, spender, state)
         if plan.split:  # halves made during the run: remember what they saw too
-            store.record_seen(window.seen_of(state, store.leaves(revision.id)).items())
+            store.record_seen(window.stored_seen_pairs(store, state, revision.id, halves=True))
     if state.sourceless_of:
         now_accepted = store.accepted_keys([r.key for r in state.owed])
         clear_sourceless(store, [r for r in state.owed if r.key in now_accepted],

@@ -9,8 +9,9 @@ anything is recorded or spent, learns what each request needs, one mark a reques
 then stream the pending ones again from the same source (:class:`Pending`).
 
 What still needs every request at once says so where it is: judging no fingerprint fully sees
-(``unseen_token`` re-judges the whole revision), the batch transport (a job's upload), and
-answers of unknown source (rare: imports from another system).
+(``unseen_token`` re-judges the whole revision), the batch transport (a job's upload), earlier
+returns resolved by re-judging (committed once the revision opens) and answers of unknown
+source (rare: imports from another system).
 """
 
 from __future__ import annotations
@@ -98,11 +99,19 @@ def seen_pairs(store: Store, state: Run) -> Iterator[tuple[str, str]]:
     requests' texts alone."""
     keys = state.keys
     if state.existing is not None:
-        for rows in store.leaf_pages(state.existing.id, WINDOW):
-            yield from ((row["key"], keys.seen_key(row["tasks"])) for row in rows)
+        yield from stored_seen_pairs(store, state, state.existing.id)
         return
     for text in state.content.tasks.texts:
         yield keys.request(text), keys.seen_key(text)
+
+
+def stored_seen_pairs(store: Store, state: Run, revision_id: int, *,
+                      halves: bool = False) -> Iterator[tuple[str, str]]:
+    """:func:`seen_pairs` of a revision on record, a page at a time (``halves``: only the
+    requests a split made)."""
+    for rows in store.leaf_pages(revision_id, WINDOW):
+        yield from ((row["key"], state.keys.seen_key(row["tasks"])) for row in rows
+                    if row["parent_key"] or not halves)
 
 
 class Pending:
