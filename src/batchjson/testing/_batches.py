@@ -30,6 +30,10 @@ if TYPE_CHECKING:
     from .server import LoopbackServer
 
 
+WHOLE_FAULTS = {"fail_validation", "token_limit", "expire", "all_failed"}
+LINE_FAULTS = {"errored", "expired", "http_400", "duplicate", "unknown"}
+
+
 @dataclass
 class BatchFaults:
     """Faults of one batch (the n-th created takes the n-th ``BatchFaults`` of the desk)."""
@@ -37,6 +41,13 @@ class BatchFaults:
     whole: str | None = None
     lines: dict[int, str] = field(default_factory=dict)
     shuffle: bool = False
+
+    def __post_init__(self) -> None:
+        # a misspelled fault would inject nothing and let the test that asked for it pass
+        wrong = {self.whole} - WHOLE_FAULTS - {None} | set(self.lines.values()) - LINE_FAULTS
+        if wrong:
+            raise ValueError(f"unknown batch fault(s) {sorted(map(str, wrong))}: the faults are "
+                             f"whole={sorted(WHOLE_FAULTS)} and lines={sorted(LINE_FAULTS)}")
 
 
 class BatchDesk:
