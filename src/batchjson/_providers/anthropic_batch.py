@@ -17,7 +17,7 @@ from typing import Any
 from .._errors import ProviderError
 from ._http import ITEMS_NAME, WRAPPED_VALUE
 from .base import Call
-from .batch_client import BatchClient
+from .batch_client import BatchClient, OutputLines
 from .reply import Reply
 
 # Anthropic error types and the HTTP status each stands for on the live endpoint.
@@ -74,20 +74,11 @@ class AnthropicBatches(BatchClient):
     def too_large(batch: Mapping[str, Any]) -> bool:
         return False
 
-    async def results(self, batch: Mapping[str, Any]) -> list[Any]:
-        """Every result line, parsed, with its own text kept (``"__text__"``) so a tool
-        input is kept as the exact text the provider sent."""
-        raw = await self._call("GET", f"/v1/messages/batches/{batch['id']}/results")
-        lines: list[Any] = []
-        for text in raw.decode("utf-8", "replace").splitlines():
-            if not text.strip():
-                continue
-            try:
-                parsed = json.loads(text)
-            except ValueError:
-                parsed = None
-            lines.append({**parsed, "__text__": text} if isinstance(parsed, dict) else text)
-        return lines
+    async def results(self, batch: Mapping[str, Any]) -> OutputLines:
+        """The result lines, each parsed when read, with its own text kept (``"__text__"``)
+        so a tool input is kept as the exact text the provider sent."""
+        return OutputLines([await self._call("GET", f"/v1/messages/batches/{batch['id']}/"
+                                              "results")], _parsed)
 
     def outcome(self, line: Mapping[str, Any], wrapped: bool) -> Reply | ProviderError:
         result = line.get("result") if isinstance(line.get("result"), dict) else {}
@@ -112,3 +103,11 @@ class AnthropicBatches(BatchClient):
                                  retryable=True)
         return ProviderError(f"anthropic batch line of unknown result type {kind!r}",
                              retryable=True)
+
+
+def _parsed(text: str) -> Any:
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        parsed = None
+    return {**parsed, "__text__": text} if isinstance(parsed, dict) else text

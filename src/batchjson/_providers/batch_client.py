@@ -9,8 +9,9 @@ each result line becomes a ``Reply`` through the provider's own reading of a liv
 
 from __future__ import annotations
 
+import io
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from .._errors import ProviderError, ProviderSetupError
@@ -104,3 +105,20 @@ class BatchClient:
     @staticmethod
     def line_id(line: Any) -> Any:
         return line.get("custom_id") if isinstance(line, dict) else None
+
+
+class OutputLines:
+    """A job's result files as lines, parsed one at a time each time they are iterated (a
+    collection reads them twice: to count each ``custom_id``, then to judge): only the files'
+    bytes are held, never every parsed line. Lines are split at newlines alone (JSON Lines), so
+    a U+2028 inside a string never cuts one; blank lines are skipped."""
+
+    def __init__(self, files: Sequence[bytes], parse: Callable[[str], Any]) -> None:
+        self.files, self.parse = files, parse
+
+    def __iter__(self) -> Iterator[Any]:
+        for raw in self.files:
+            for line in io.BytesIO(raw):
+                text = line.decode("utf-8", "replace").rstrip("\r\n")
+                if text.strip():
+                    yield self.parse(text)

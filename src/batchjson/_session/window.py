@@ -16,13 +16,11 @@ source (rare: imports from another system).
 
 from __future__ import annotations
 
-import json
 from array import array
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from .._content.packed import RequestTasks
-from .._content.tasks import Request
+from .._content.tasks import Request, stored_request
 from .._ledger.rejudge import rejudge
 from .._ledger.store import Store
 
@@ -48,13 +46,6 @@ def windows(store: Store, state: Run) -> Iterator[list[Request]]:
 def every_request(store: Store, state: Run) -> Iterator[Request]:
     for window in windows(store, state):
         yield from window
-
-
-def stored_request(row: Any) -> Request:
-    """A request of a revision on record, its tasks decoded from the ledger's text when read
-    (a request's key names its content: the text is the run's own)."""
-    return Request(row["key"], RequestTasks(row["tasks"], len(json.loads(row["task_ids"]))),
-                   row["position"], row["parent_key"], tasks_json=row["tasks"])
 
 
 def survey(session: Session, state: Run) -> None:
