@@ -48,9 +48,9 @@ class Collection:
         self.watched = {row["id"] for row in rows}
         return rows
 
-    async def _collect_ended(self) -> list[str]:
-        """Poll the watched jobs and collect those that ended: the keys of every watched job
-        that is no longer unfinished (collected here, or by another runner meanwhile)."""
+    async def _collect_ended(self) -> list[int]:
+        """Poll the watched jobs and collect those that ended: the ids of every watched job
+        no longer unfinished (collected here, or by another runner meanwhile)."""
         self.store.lost_recordings()
         for row in self.store.jobs():
             if row["id"] not in self.watched or row["protocol"] != self.client.protocol:
@@ -72,8 +72,7 @@ class Collection:
             self.store.job_detail(row["id"], {**detail_of(row), "provider_status": status,
                                               "counts": self.client.counts(batch)})
         before = set(self.watched)
-        gone = before - {row["id"] for row in self._open_rows()}
-        return [key for job_id in sorted(gone) for key in self.store.job_keys(job_id)]
+        return sorted(before - {row["id"] for row in self._open_rows()})
 
     async def _recover(self, row: Mapping[str, Any]) -> Mapping[str, Any]:
         """An uncertain job found at the provider by the uid it was created with (OpenAI keeps

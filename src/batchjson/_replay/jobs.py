@@ -82,7 +82,7 @@ class JobRunner(Collection):
                     rescan = await self._submit_over(windows(), writer)
                 ended = await self._collect_ended()
                 if ended:  # follow-ups of what they held
-                    rescan = await self._submit_over(self._ours(ended), writer) or rescan
+                    rescan = await self._submit_over(self._held_by(ended), writer) or rescan
                 running = [row for row in self._open_rows()
                            if row["status"] in ("open", "recording")]
                 if not wait or not running:
@@ -183,13 +183,14 @@ class JobRunner(Collection):
         sent, unsent = await self._submit(part, writer)
         return sent, unsent + rest
 
-    def _ours(self, keys: Sequence[str]) -> Iterator[list[Request]]:
-        """The requests of this run's revision among ``keys`` (those of jobs that ended), read
-        from the ledger a window at a time."""
-        for start in range(0, len(keys), WINDOW):
-            found = self.store.requests_by_keys(keys[start:start + WINDOW],
-                                                self.plan.revision_id)
-            yield list(found.values())
+    def _held_by(self, jobs: Sequence[int]) -> Iterator[list[Request]]:
+        """The requests of this run's revision that the ended ``jobs`` held, read from the
+        ledger a window at a time, one job's keys at a time."""
+        for job_id in jobs:
+            keys = self.store.job_keys(job_id)
+            for start in range(0, len(keys), WINDOW):
+                yield list(self.store.requests_by_keys(keys[start:start + WINDOW],
+                                                       self.plan.revision_id).values())
 
     async def _submit(self, owed: list[tuple[Request, str, str]], writer: Owner
                       ) -> tuple[bool, list[tuple[Request, str, str]]]:
@@ -335,12 +336,12 @@ def plan_facts(plan: Plan) -> dict[str, Any]:
 
 
 def _pending(out: Outcome, request: Request, job: Mapping[str, Any] | None) -> None:
+    """The tasks of a request a job holds, told as pending (their errors built when read)."""
     where = (f"job {job['id']} ({job['provider_job_id'] or 'no provider id'}, "
              f"{job['status']})" if job else "a batch job")
-    for task_id in request.task_ids:
-        out.errors[task_id] = [{"type": "pending", "task_id": task_id, "request": request.key,
-                                "message": f"submitted in {where}; re-run to collect what "
-                                "has ended"}]
+    out.pending.append(json.dumps({"request": request.key, "where": where,
+                                   "task_ids": list(request.task_ids)}))
+    out.pending_tasks += len(request.task_ids)
 
 
 def _failed(out: Outcome, request: Request, last: Mapping[str, Any]) -> None:

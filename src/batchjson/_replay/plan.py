@@ -60,6 +60,10 @@ class Outcome:
     # each call's task ids as JSON, spooled to disk past a few megabytes
     calls_log: TextSpool = field(default_factory=TextSpool)
     errors: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # requests a batch job still holds, one JSON text each ({"request", "where", "task_ids"}):
+    # their tasks' "pending" errors, built when read (spooled, as the calls log)
+    pending: TextSpool = field(default_factory=TextSpool)
+    pending_tasks: int = 0
 
     @property
     def tokens(self) -> int:

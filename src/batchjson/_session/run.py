@@ -396,7 +396,8 @@ def _values(session: Session, revision_id: int, total: int, task_ids: Callable[[
     why = (f"no call was made for this task in this run: {outcome.stopped}"
            if outcome.stopped else "no call was made for this task in this run")
     return values, ResultErrors(outcome.errors, values, unloadable, task_ids,
-                                total - len(values), why)
+                                total - len(values), why, outcome.pending,
+                                outcome.pending_tasks)
 
 
 def _bounded(fn: Callable[[Any, Mapping[str, Any]], Any],

@@ -8,10 +8,11 @@ rows, a page of positions at a time, for one on record. A first pass (:func:`sur
 anything is recorded or spent, learns what each request needs, one mark a request; the calls
 then stream the pending ones again from the same source (:class:`Pending`).
 
-What still needs every request at once says so where it is: judging no fingerprint fully sees
-(``unseen_token`` re-judges the whole revision), the batch transport (a job's upload), earlier
-returns resolved by re-judging (committed once the revision opens) and answers of unknown
-source (rare: imports from another system).
+The batch transport reads the pending requests the same way, a job's worth at a time
+(``_replay/jobs.py``). What still needs every request at once says so where it is: judging no
+fingerprint fully sees (``unseen_token`` re-judges the whole revision), earlier returns
+resolved by re-judging (committed once the revision opens) and answers of unknown source (rare:
+imports from another system).
 """
 
 from __future__ import annotations
