@@ -41,7 +41,7 @@ def test_a_batch_run_holds_about_a_jobs_requests_never_all_of_them(tmp_path, mon
                                                                     small_jobs):
     n = 200
     with LoopbackServer() as srv:
-        srv.batches.delay = 0.05
+        srv.batches.delay = 2.0  # every job still running when the first run returns
         held = live_requests(monkeypatch)
         first = batch_session(srv, tmp_path / "w.sqlite")
         pending = first.run_batch("labels", tasks(n), SCHEMA, transport="batch")
