@@ -232,9 +232,11 @@ class JobStore(CallStore):
 
     def requests_by_keys(self, keys: Sequence[str], revision_id: int | None = None
                          ) -> dict[str, Request]:
-        """The ledger's copy of each of ``keys`` found (of one revision, else the first
-        recorded: a job's line may belong to another revision, and a key names its content)."""
-        where = "" if revision_id is None else f"revision_id = {int(revision_id)} AND "
+        """The ledger's copy of each of ``keys`` found (those of one revision not split into
+        halves, else the first recorded: a job's line may belong to another revision, and a key
+        names its content)."""
+        where = ("" if revision_id is None else
+                 f"revision_id = {int(revision_id)} AND split = 0 AND ")
         found: dict[str, Request] = {}
         for row in self._by_keys("SELECT key, tasks, task_ids, position, parent_key FROM "
                                  f"requests WHERE {where}key IN ({{marks}}) ORDER BY id", keys):
