@@ -37,7 +37,7 @@ class AnthropicBatches(BatchClient):
 
     def __init__(self, provider: Any) -> None:
         super().__init__(provider)
-        self._staged: dict[str, list[Mapping[str, Any]]] = {}
+        self._staged: dict[str, bytes] = {}  # a creation's body, by its upload token
 
     def _base(self) -> str:
         return super()._base().removesuffix("/v1")
@@ -46,17 +46,19 @@ class AnthropicBatches(BatchClient):
         body, _, wrapped = self.provider.request_body(call)
         return {"custom_id": custom_id, "params": body}, wrapped
 
-    async def upload(self, lines: Sequence[Mapping[str, Any]]) -> str:
-        if len(json.dumps({"requests": list(lines)}).encode()) > self.max_bytes:
+    async def upload(self, lines: Sequence[str]) -> str:
+        """Stage the requests (each line's JSON text) as the body of the batch's creation."""
+        data = ('{"requests":[' + ",".join(lines) + "]}").encode()
+        if len(data) > self.max_bytes:
             raise ProviderError(f"anthropic batch: requests over {self.max_bytes} bytes",
                                 retryable=False)
         token = uuid.uuid4().hex
-        self._staged[token] = list(lines)
+        self._staged[token] = data
         return token
 
     async def create(self, staged: str, metadata: Mapping[str, str]) -> dict[str, Any]:
         return await self._json("POST", "/v1/messages/batches",
-                                json_body={"requests": self._staged.pop(staged)})
+                                json_text=self._staged.pop(staged))
 
     @staticmethod
     def status(batch: Mapping[str, Any]) -> str:

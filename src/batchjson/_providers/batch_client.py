@@ -35,6 +35,10 @@ class BatchClient:
         # the share of the live price a job bills: half, unless the model's price says so
         self.share = batch_share(provider.model, provider.prices)
 
+    def line_text(self, custom_id: str, call: Any) -> str:
+        """One line of a job's upload as the JSON text sent."""
+        return json.dumps(self.line(custom_id, call)[0], separators=(",", ":"))
+
     def lines_that_fit(self, calls: list[Any]) -> int:
         """How many of ``calls``, from the first, one job's upload holds (at least one: a single
         line over the ceiling is the upload's to refuse). Each line is sized as the wider of
@@ -51,11 +55,16 @@ class BatchClient:
         return private.removesuffix(self.provider.path)
 
     async def _call(self, method: str, path: str, body: Any = None,
-                    json_body: Mapping[str, Any] | None = None) -> bytes:
+                    json_body: Mapping[str, Any] | None = None,
+                    json_text: bytes | None = None) -> bytes:
+        """``json_body``, or ``json_text`` (a JSON body already encoded), or ``body`` (a
+        multipart form)."""
         p = self.provider
         headers = p._headers
         if json_body is not None:
             body = json.dumps(json_body).encode()
+        elif json_text is not None:
+            body = json_text
         elif body is not None:
             def headers() -> dict[str, str]:  # multipart: aiohttp sets the content type
                 return {k: v for k, v in p._headers().items() if k != "Content-Type"}

@@ -40,15 +40,16 @@ class OpenAIBatches(BatchClient):
         return {"custom_id": custom_id, "method": "POST", "url": self.url,
                 "body": body}, wrapped
 
-    async def upload(self, lines: Sequence[Mapping[str, Any]]) -> str:
-        """Upload the input file; its id. Nothing is billed for a file."""
-        data = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines)
-        if len(data.encode()) > self.max_bytes:
+    async def upload(self, lines: Sequence[str]) -> str:
+        """Upload the input file (each line's JSON text); its id. Nothing is billed for a
+        file."""
+        data = "".join(line + "\n" for line in lines).encode()
+        if len(data) > self.max_bytes:
             raise ProviderError(f"openai batch: input file over {self.max_bytes} bytes",
                                 retryable=False)
         form = aiohttp.FormData()
         form.add_field("purpose", "batch")
-        form.add_field("file", data.encode(), filename="batchjson.jsonl",
+        form.add_field("file", data, filename="batchjson.jsonl",
                        content_type="application/jsonl")
         return str((await self._json("POST", "/files", body=form))["id"])
 

@@ -187,12 +187,13 @@ class Collection:
             out.accepted_returns += 1
             if self.on_progress is not None:
                 self.on_progress(len(request.tasks))
-            return lambda tx: store.accept_call(tx, attempt_id, plan.batch_id, key,
-                                                verdict.stored, reply.text, usage,
-                                                charge=charged_ledger)
+            stored, text = verdict.stored, reply.text  # held until the job's commit: no more
+            return lambda tx: store.accept_call(tx, attempt_id, plan.batch_id, key, stored,
+                                                text, usage, charge=charged_ledger)
         out.rejected_returns += 1
-        return lambda tx: store.finish_call(tx, attempt_id, "rejected", verdict.errors,
-                                            reply.text, usage, charge=charged_ledger)
+        errors, text = verdict.errors, reply.text
+        return lambda tx: store.finish_call(tx, attempt_id, "rejected", errors, text, usage,
+                                            charge=charged_ledger)
 
 
 def unix(stamp: str) -> float:

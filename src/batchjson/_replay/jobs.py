@@ -238,14 +238,15 @@ class JobRunner(Collection):
                 self.spender.release(worst)
                 continue
             self.reservations[mine["attempt_id"]] = worst
-            body.append(self.client.line(mine["custom_id"], call)[0])
+            body.append(self.client.line_text(mine["custom_id"], call))
+        del calls  # only the upload's texts are kept while it is sent
         if job_id is None:
             return True, unsent
         self.watched.add(job_id)
         return (await self._send(job_id, uid, body, [w["attempt_id"] for w in written]),
                 unsent)
 
-    async def _send(self, job_id: int, uid: str, body: list[dict[str, Any]],
+    async def _send(self, job_id: int, uid: str, body: list[str],
                     attempts: list[int]) -> bool:
         """Upload and create a recorded job. A failure before the provider could have created
         it cancels the job's receipts (never sent); any other leaves the job uncertain."""
