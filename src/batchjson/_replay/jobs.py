@@ -113,7 +113,7 @@ class JobRunner(Collection):
         done = store.accepted_keys(keys) | holders.keys()
         free = [r for r in window if r.key not in done]
         history = store.job_history([r.key for r in free], self.plan.revision_id)
-        tried = store.attempt_counts([r.key for r in free if r.key not in history])
+        tried = store.attempt_counts([r.key for r in free])
         owed = []
         for request in free:
             rows = self._chain(request, history.get(request.key, []))
