@@ -91,3 +91,25 @@ def job_rows(path: Any) -> int:
 
 def job_lines(path: Any) -> list[tuple[int]]:
     return ledger_rows(path, "SELECT COUNT(*) FROM job_lines GROUP BY job_id")
+
+
+def test_requests_a_past_run_gave_up_on_start_a_new_chain_as_replays(tmp_path):
+    """What an earlier run found on record decides the chain: its exhausted requests are sent
+    again (as replays), once, and not again within the same run."""
+    path = tmp_path / "w.sqlite"
+    with LoopbackServer() as srv:
+        srv.batches.delay = 0.05
+        srv.batches.faults = [BatchFaults(whole="all_failed")] * 2
+        s = batch_session(srv, path)
+        gave_up = s.run_batch("labels", tasks(3), SCHEMA, transport="batch", wait=True,
+                              replays=0, on_exhausted="return")
+        assert gave_up.status == "unresolved" and srv.batches.created == 1
+        again = s.run_batch("labels", tasks(3), SCHEMA, transport="batch", wait=True,
+                            replays=0, on_exhausted="return")
+        assert again.status == "unresolved" and srv.batches.created == 2  # one job, no more
+        done = s.run_batch("labels", tasks(3), SCHEMA, transport="batch", wait=True,
+                           replays=0)
+        s.close()
+    assert done.resolved and srv.batches.created == 3
+    kinds = ledger_rows(path, "SELECT kind, COUNT(*) FROM attempts GROUP BY kind ORDER BY kind")
+    assert kinds == [("initial", 3), ("replay", 6)]
