@@ -82,6 +82,8 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
     if chunk:
         count += _take(chunk, chunk_texts, out, texts, pack, from_file)
         chunk = []
+    if pack:
+        texts.flush()  # a disk with no room for them is said now, before anything is spent
     ids.refuse_repeats(so_far())
     if not count:
         raise InvalidBatch("empty batch: pass at least one task")
