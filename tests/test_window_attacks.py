@@ -18,6 +18,7 @@ import unicodedata
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel, field_validator
 
 from batchjson import CallableProvider, ConfigError, InvalidBatch, RunSpec, Session
 from batchjson._content import spool
@@ -363,6 +364,37 @@ def test_two_processes_running_one_windowed_batch_on_one_ledger_pay_each_request
     assert sum(int(out[1]) for out in outs) == 40  # every call made by one of them, once
     assert ledger_rows(path, "SELECT COUNT(*) FROM attempts") == [(40,)]
     accepted_once(path, 40)
+
+
+# -- values read back ----------------------------------------------------------------------------
+
+class Shouted(BaseModel):
+    """A fully fingerprinted model that cannot load what it dumps: its validator upper-cases
+    the verdict and refuses one already upper-case."""
+
+    verdict: str
+
+    @field_validator("verdict")
+    @classmethod
+    def shout(cls, verdict: str) -> str:
+        if verdict.isupper():
+            raise ValueError("already shouted")
+        return verdict.upper()
+
+
+@pytest.mark.parametrize("ledger", ["file", "memory"])
+def test_a_value_its_own_model_cannot_load_back_is_an_error_of_its_task_not_a_crash(
+        tmp_path, ledger):
+    tasks = review_tasks(4)
+    path = tmp_path / "v.sqlite" if ledger == "file" else None
+    session = Session(CallableProvider(items_reply), ledger=path)
+    for _ in range(2):  # the run that accepted them, then a resume of it
+        result = session.run_batch("b", iter(tasks), Shouted, pack=2, on_exhausted="return")
+        assert result.status == "unresolved" and dict(result.values) == {}
+        assert [(e["task_id"], e["type"]) for e in result.errors] == [
+            (t["task_id"], "stored_invalid") for t in tasks]
+        assert result.values.get(tasks[0]["task_id"]) is None
+    assert result.calls == 0 and "already shouted" in result.errors[0]["message"]
 
 
 # -- what a notebook shows -----------------------------------------------------------------------
