@@ -62,22 +62,33 @@ def outcome(result) -> tuple:
 def test_a_task_dict_reused_and_mutated_after_each_yield_is_run_as_it_was_yielded(
         tmp_path, small_windows):
     tasks = review_tasks(50)
-
-    def reusing():  # one dict, refilled for every task, then spoiled once the run read it
-        task: dict = {}
-        for t in tasks:
-            task.clear()
-            task.update(t)
-            yield task
-        task.update(task_id="spoiled", prompt="spoiled")
-
     result = Session(CallableProvider(items_reply), ledger=tmp_path / "g.sqlite").run_batch(
-        "b", reusing(), LABEL_SCHEMA, pack=3)
+        "b", reusing(tasks), LABEL_SCHEMA, pack=3)
     listed = Session(CallableProvider(items_reply), ledger=tmp_path / "l.sqlite").run_batch(
         "b", tasks, LABEL_SCHEMA, pack=3)
     assert dict(result.values) == expected(tasks) and result.calls == 17
     assert request_keys(tmp_path / "g.sqlite") == request_keys(tmp_path / "l.sqlite")
     assert listed.revision == result.revision
+
+
+def reusing(tasks):
+    """One dict, refilled for every task: the caller keeps it and changes it after yielding."""
+    task: dict = {}
+    for t in tasks:
+        task.clear()
+        task.update(t)
+        yield task
+
+
+@pytest.mark.parametrize("pack", [1, 2])
+def test_a_refused_task_of_a_reused_dict_is_named_as_it_was_yielded(pack):
+    tasks, session = review_tasks(6), Session(CallableProvider(items_reply))
+    with pytest.raises(InvalidBatch, match=r"candidate-127' \(tasks #0 and #3\)"):
+        session.run_batch("b", reusing([*tasks[:3], dict(tasks[0], prompt=5), tasks[4]]),
+                          LABEL_SCHEMA, pack=pack)
+    with pytest.raises(InvalidBatch, match=r"candidate-129' holds a string that is not valid"):
+        session.run_batch("b", reusing([*tasks[:2], dict(tasks[2], prompt="\ud800"),
+                                        *tasks[3:]]), LABEL_SCHEMA, pack=pack)
 
 
 def test_a_generator_that_raises_midway_records_and_spends_nothing(tmp_path, small_windows):
@@ -211,6 +222,34 @@ def test_budget_exhausted_midway_through_a_window_then_resumed_pays_each_request
     assert len(sent) == len(set(sent)) == 30 and dict(again.values) == expected(tasks)
 
 
+def test_requests_split_in_one_run_are_resumed_from_ledger_pages_paying_each_half_once(
+        tmp_path, small_windows):
+    """Halves share their parent's position: a page of positions holds a request and its
+    halves together, across a resume that stopped midway."""
+    tasks, path, sent = review_tasks(64), tmp_path / "s.sqlite", []
+    bad = {t["task_id"] for t in tasks[::9]}
+
+    def model(call):  # a pack carrying a bad task is refused until it is alone
+        ids = tuple(t["task_id"] for t in call.tasks)
+        sent.append((call.request_key, ids))
+        return "not json" if len(ids) > 1 and bad & set(ids) else items_reply(call)
+
+    def run(**limits):
+        return Session(CallableProvider(model, source="m"), ledger=path, repairs=0, replays=0,
+                       concurrency=2).run(RunSpec(
+            "b", iter(tasks), LABEL_SCHEMA, pack=4, split=True, on_exhausted="return",
+            refuse_short_budget=False, **limits))
+
+    first = run(max_calls=20)
+    assert first.status == "unresolved" and first.calls == 20
+    again = run()
+    assert again.status == "resolved" and dict(again.values) == expected(tasks)
+    keys = [key for key, _ in sent]
+    assert len(keys) == len(set(keys)) == 8 + 8 * 5  # a bad pack: itself, 2 halves, 2 singles
+    leaves = ledger_rows(path, "SELECT COUNT(*) FROM requests WHERE split = 0")[0][0]
+    accepted_once(path, leaves, leaves_only=True)
+
+
 # -- a full disk ---------------------------------------------------------------------------------
 
 TEMPORARY_FILE = tempfile.TemporaryFile
@@ -325,11 +364,12 @@ def runner(path, die: str, count: int, **env) -> subprocess.Popen:
                             stdout=subprocess.PIPE, text=True)
 
 
-def accepted_once(path, requests: int) -> None:
-    """Every request accepted exactly once, none still open, no half-written revision."""
+def accepted_once(path, requests: int, leaves_only: bool = False) -> None:
+    """Every request accepted exactly once, no half-written revision."""
     accepted = ledger_rows(path, "SELECT request_key FROM attempts WHERE status = 'accepted'")
     assert len(accepted) == len(set(accepted)) == requests
-    assert ledger_rows(path, "SELECT COUNT(*) FROM requests") == [(requests,)]
+    if not leaves_only:
+        assert ledger_rows(path, "SELECT COUNT(*) FROM requests") == [(requests,)]
     assert ledger_rows(path, "PRAGMA integrity_check") == [("ok",)]
 
 
