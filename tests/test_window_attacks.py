@@ -288,27 +288,40 @@ def disk_with_room(room: int, spare_files: int = 0):
     return FullDisk
 
 
-@pytest.mark.parametrize("room", [0, 700])
+def no_file_to_be_had(*args, **kwargs):
+    raise OSError(errno.EMFILE, "Too many open files")
+
+
+@pytest.mark.parametrize("room", [0, 700, None])
 def test_no_room_to_spill_tasks_is_a_batchjson_error_naming_tmpdir_before_anything_is_spent(
         tmp_path, monkeypatch, small_windows, room):
-    monkeypatch.setattr(spool.tempfile, "TemporaryFile", disk_with_room(room))
+    monkeypatch.setattr(spool.tempfile, "TemporaryFile",
+                        no_file_to_be_had if room is None else disk_with_room(room))
     path, sent = tmp_path / "full.sqlite", []
     session = Session(CallableProvider(lambda call: sent.append(call) or items_reply(call)),
                       ledger=path)
     with pytest.raises(ConfigError, match="set TMPDIR to a directory on a disk with room"
                        ) as raised:
         session.run_batch("b", iter(review_tasks(40)), LABEL_SCHEMA, pack=3)
-    assert "No space left" in str(raised.value)
+    assert ("Too many open files" if room is None else "No space left") in str(raised.value)
     assert sent == [] and ledger_rows(path, "SELECT COUNT(*) FROM requests") == [(0,)]
 
 
-@pytest.mark.parametrize("room", [0, 700])
+@pytest.mark.parametrize("room", [0, 700, None])
 def test_no_room_to_spill_the_calls_log_midrun_loses_no_call_and_counts_each_one(
         tmp_path, monkeypatch, room):
     tasks, path = review_tasks(60), tmp_path / "log.sqlite"
     monkeypatch.setattr(spool, "SPILL_CHARS", 600)
     monkeypatch.setattr(spool, "WRITE_BYTES", 100, raising=False)
-    monkeypatch.setattr(spool.tempfile, "TemporaryFile", disk_with_room(room, spare_files=1))
+    disk = disk_with_room(room or 0, spare_files=1)
+    made: list = []
+
+    def no_second_file(*args, **kwargs):
+        made.append(1)
+        return disk() if len(made) == 1 else no_file_to_be_had()
+
+    monkeypatch.setattr(spool.tempfile, "TemporaryFile", disk if room is not None else
+                        no_second_file)
     result = Session(CallableProvider(items_reply), ledger=path, concurrency=2).run_batch(
         "b", iter(tasks), LABEL_SCHEMA, pack=1)  # the tasks' file has room, the log's not
     assert result.status == "resolved" and result.calls == 60
