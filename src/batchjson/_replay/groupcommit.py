@@ -19,6 +19,7 @@ from typing import Any
 
 from .._errors import LedgerError
 from .._ledger.store import Store
+from .._ledger.store_base import Later
 
 Op = Callable[[Any], Any]  # a write: given the store's open transaction, it runs there
 Outcome = tuple[asyncio.Future | None, Any, BaseException | None]
@@ -108,6 +109,7 @@ class GroupCommit:
         outcomes are handed out only after COMMIT has returned."""
         with self._store.call_transaction() as db:
             results = [op(db) for op, _ in live]
+            results = [_outcome(result) for result in results]  # every write sent first
         return [(fut, result, None) for (_, fut), result in zip(live, results, strict=True)]
 
     def _one_by_one(self, live: list[tuple[Op, asyncio.Future | None]]) -> list[Outcome]:
@@ -119,7 +121,7 @@ class GroupCommit:
                 continue
             try:
                 with self._store.call_transaction() as db:
-                    result = op(db)
+                    result = _outcome(op(db))
                 outcomes.append((fut, result, None))
             except LedgerError as exc:
                 self.broken = exc
@@ -127,3 +129,7 @@ class GroupCommit:
             except Exception as exc:  # this write alone failed and is reported to its caller
                 outcomes.append((fut, None, exc))
         return outcomes
+
+
+def _outcome(result: Any) -> Any:
+    return result.result() if isinstance(result, Later) else result
