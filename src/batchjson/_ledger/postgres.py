@@ -27,6 +27,7 @@ from contextlib import contextmanager, nullcontext
 from functools import lru_cache, reduce
 from typing import Any
 
+from .._content.tasks import Request
 from .._errors import ConfigError, LedgerError
 from .._providers.masking import Secrets, public_url
 from . import claims
@@ -124,6 +125,17 @@ ACCEPT = (
         errors=f"CASE WHEN {_ADMITTED} THEN '[]' ELSE replace(?, '{{first}}', (SELECT "
         "COALESCE(MIN(attempt_id)::text, '?') FROM checkpoint WHERE request_key = ? AND "
         "batch_id = ?)) END"))
+
+# Many rows in one statement, each column bound as one array and the rows kept in order
+# (psycopg's executemany runs a statement once per row): a batch's requests, what they saw.
+ROWS_PER_STATEMENT = 5000
+REQUESTS = (
+    "INSERT INTO requests(revision_id, key, position, parent_key, task_ids, tasks) SELECT ?, "
+    "key, position, parent_key, task_ids, tasks FROM unnest(?::text[], ?::bigint[], ?::text[], "
+    "?::text[], ?::text[]) WITH ORDINALITY AS t(key, position, parent_key, task_ids, tasks, n) "
+    "ORDER BY n ON CONFLICT DO NOTHING")
+SEEN = ("INSERT INTO seen(request_key, seen_key) SELECT * FROM unnest(?::text[], ?::text[]) "
+        "ON CONFLICT DO NOTHING")
 
 TRANSIENT = {"40001", "40P01", "55P03"}  # serialization failure, deadlock, lock not available
 _LITERAL = re.compile(r"('(?:[^']|'')*')")
@@ -448,6 +460,17 @@ class PostgresStore(Store):
     def renew_claims(self, tx: Tx, owner: Owner) -> None:
         tx.execute(RENEW, (self.lease_seconds, owner.id))
 
+    def insert_requests(self, tx: Tx, revision_id: int, requests: Sequence[Request]) -> None:
+        for chunk in _chunks(requests):
+            self._exec(tx, REQUESTS, (revision_id, *map(list, zip(*(
+                (r.key, r.position, r.parent_key, r.task_ids_json, r.tasks_json)
+                for r in chunk), strict=True))))
+
+    def record_seen(self, pairs: Sequence[tuple[str, str]]) -> None:
+        with self.transaction() as tx:
+            for chunk in _chunks(pairs):
+                self._exec(tx, SEEN, tuple(map(list, zip(*chunk, strict=True))))
+
     def accept_call(self, tx: Tx, attempt_id: int, batch_id: int, request_key: str,
                     items: Mapping[str, Any], raw: str, usage: Mapping[str, Any],
                     sent_at: str | None = None, charge: float | None = None) -> None:
@@ -459,6 +482,11 @@ class PostgresStore(Store):
             [json.dumps(item) for item in items.values()], empty, empty,
             json.dumps(already_accepted("{first}")), request_key, batch_id,
             *self._completion(tx, attempt_id, raw, usage, stamp, sent_at, charge)))
+
+
+def _chunks(rows: Sequence[Any]) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(rows), ROWS_PER_STATEMENT):
+        yield rows[start:start + ROWS_PER_STATEMENT]
 
 
 def _other_version(version: Any) -> str:
