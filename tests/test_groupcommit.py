@@ -106,3 +106,41 @@ def test_after_the_ledger_fails_a_queued_write_is_reported_not_dropped():
     assert rows(store) == []
     with pytest.raises(LedgerError, match="disk full"):
         writes.raise_failures()
+
+
+def test_on_a_server_groups_commit_off_the_loop_one_at_a_time_and_in_order(postgres):
+    """PostgreSQL's round trips are waited for on a thread: the event loop goes on meanwhile,
+    the writes queued while a group commits form the next one, in order, and a flush that
+    must happen now waits for the group in flight first."""
+    store = Ledger(postgres.database("groups_off_the_loop")).store
+    with store.transaction() as db:
+        db.execute("CREATE TABLE t (k TEXT, n BIGSERIAL)")
+    writes = GroupCommit(store)
+    turns = []
+
+    async def main():
+        ticking = asyncio.ensure_future(_tick(turns))
+        slow = writes.submit(lambda db: db.execute("SELECT pg_sleep(0.3)"))
+        await asyncio.sleep(0.1)  # the slow group is in flight
+        later = [writes.submit(lambda db, k=k: db.execute("INSERT INTO t(k) VALUES (%s)", (k,)))
+                 for k in "abc"]
+        await asyncio.gather(slow, *later)
+        writes.queue(lambda db: db.execute("SELECT pg_sleep(0.2)"))
+        await asyncio.sleep(0.05)  # that group is in flight; this record waits its turn
+        writes.queue(lambda db: db.execute("INSERT INTO t(k) VALUES ('last')"))
+        writes.close()
+        ticking.cancel()
+
+    asyncio.run(main())
+    assert len(turns) >= 5  # the loop ran on while the server slept
+    assert writes.flushes == 4  # slow; a, b, c together; the queued sleep; 'last' now
+    with store.transaction() as db:
+        assert [r[0] for r in db.execute("SELECT k FROM t ORDER BY n")] == [
+            "a", "b", "c", "last"]
+    store.close()
+
+
+async def _tick(turns: list) -> None:
+    while True:
+        turns.append(None)
+        await asyncio.sleep(0.02)
