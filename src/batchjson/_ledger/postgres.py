@@ -232,8 +232,6 @@ class PostgresStore(Store):
         if lease is not None:
             self.lease_seconds = lease
         self._lock = threading.RLock()
-        self._reader: Any = None  # reads beside a group commit on another thread
-        self._reading = threading.Lock()
         try:
             import psycopg
         except ImportError:
@@ -298,9 +296,6 @@ class PostgresStore(Store):
     def close(self) -> None:
         with self._lock:
             self._db.close()
-        with self._reading:
-            if self._reader is not None:
-                self._reader.close()
 
     def tables(self) -> dict[str, list[Row]]:
         """Every row a merge into another ledger brings in, table by table, in the order they
@@ -390,26 +385,11 @@ class PostgresStore(Store):
         return tx.execute(dialect(sql) + " RETURNING id", tuple(args)).fetchone()[0]
 
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
-        """Rows of one query; while another thread commits a group of calls' writes, on a
-        connection of its own beside it (the event loop does not wait for that group)."""
-        if self._lock.acquire(blocking=False):  # free, or this thread's own transaction
+        with self._lock:
             try:
-                return self._fetch(self._live, sql, args)
-            finally:
-                self._lock.release()
-        with self._reading:
-            return self._fetch(self._live_reader, sql, args)
-
-    def _fetch(self, connection: Any, sql: str, args: Sequence[Any]) -> list[Row]:
-        try:
-            return connection().execute(dialect(sql), tuple(args)).fetchall()
-        except (self._psycopg.Error, LedgerError) as exc:
-            raise self._error("could not be read", exc) from None
-
-    def _live_reader(self) -> Any:
-        if self._reader is None or self._reader.closed or self._reader.broken:
-            self._reader = self._connect()
-        return self._reader
+                return self._live().execute(dialect(sql), tuple(args)).fetchall()
+            except (self._psycopg.Error, LedgerError) as exc:
+                raise self._error("could not be read", exc) from None
 
     def _by_keys(self, sql: str, keys: Sequence[Any], tx: Tx = None) -> list[Row]:
         """All ``keys`` bound as one array (``= ANY(?)``): one statement, whatever their number."""
