@@ -222,7 +222,6 @@ class PostgresStore(Store):
     """The ledger in a PostgreSQL database, shared by runners on any number of hosts."""
 
     path = None
-    commits_off_loop = True
     _pipelined: Any = None  # the pipeline of the open transaction of calls, if pipelined
 
     def __init__(self, url: str, *, lease: float | None = None) -> None:

@@ -44,10 +44,6 @@ class StoreBase(ABC):
 
     path: Path | None  # the ledger's file, None when it is kept in memory or on a server
     lease_seconds: float = LEASE_SECONDS  # how long a claim holds unless renewed
-    # Whether the group commit commits off the event loop: a server's round trips are waited
-    # for on a thread of their own (the connection is the store's, used by one thread at a
-    # time); SQLite's commits take less than handing them to a thread would.
-    commits_off_loop = False
 
     @property
     def where(self) -> str | Path:

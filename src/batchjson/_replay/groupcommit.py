@@ -5,10 +5,6 @@ loop. Each write still runs whole or not at all, and its caller resumes only aft
 transaction holding it has committed, so "receipt before call" and "accepted attempt and
 checkpoint together" hold exactly as with one transaction per write.
 
-A store whose commits wait on a server (``Store.commits_off_loop``: PostgreSQL) commits each group
-on a thread of its own, one group at a time and in order, so the event loop goes on sending and
-judging calls meanwhile; the writes queued in the meantime form the next group.
-
 If one write fails on its own (a bug in that write), the group is undone and each write runs again
 in a transaction of its own. If the ledger itself fails (disk full, I/O error, read-only file,
 locked past the busy timeout) every queued write fails with that LedgerError, and so does every
@@ -18,9 +14,7 @@ later one: the run stops before any further call.
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .._errors import LedgerError
@@ -29,16 +23,6 @@ from .._ledger.store_base import Later
 
 Op = Callable[[Any], Any]  # a write: given the store's open transaction, it runs there
 Outcome = tuple[asyncio.Future | None, Any, BaseException | None]
-Committed = tuple[list[Outcome], LedgerError | None]  # and the ledger's failure, if it failed
-
-
-class _Landing:
-    """A group being committed off the loop: its outcomes once ``ready``."""
-
-    def __init__(self) -> None:
-        self.ready = threading.Event()
-        self.committed: Committed = ([], None)
-        self.handed_out = False
 
 
 class GroupCommit:
@@ -49,8 +33,6 @@ class GroupCommit:
         self._pending: list[tuple[Op, asyncio.Future | None]] = []
         self._failures: list[BaseException] = []  # every failed write, awaited or not
         self._scheduled = False
-        self._landing: _Landing | None = None  # the group committing off the loop, if any
-        self._thread: ThreadPoolExecutor | None = None
         self.broken: LedgerError | None = None
         self.flushes = 0
 
@@ -63,7 +45,9 @@ class GroupCommit:
             future.exception()
             return future
         self._pending.append((op, future))
-        self._schedule()
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._flush)
         return future
 
     def queue(self, op: Op) -> None:
@@ -73,28 +57,17 @@ class GroupCommit:
             self._failures.append(self.broken)
             return
         self._pending.append((op, None))
-        self._schedule()
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
 
     async def run(self, op: Op) -> Any:
         """Queue a write and wait until the transaction holding it has committed."""
         return await self.submit(op)
 
     def flush_now(self) -> None:
-        """Commit whatever is queued, now (the run is ending or unwinding), after the group
-        committing off the loop, if any."""
-        if self._landing is not None:
-            self._land(self._landing)
-        self._scheduled = False
-        live = self._take()
-        if live:
-            self._hand_out(self._commit(live))
-
-    def close(self) -> None:
-        """Commit whatever is queued; the thread of off-loop commits ends."""
-        self.flush_now()
-        if self._thread is not None:
-            self._thread.shutdown(wait=False)
-            self._thread = None
+        """Commit whatever is queued, now (the run is ending or unwinding)."""
+        self._flush()
 
     def raise_failures(self) -> None:
         """Raise the ledger's failure, else the first write that failed: a run never ends as if
@@ -105,62 +78,20 @@ class GroupCommit:
         if failures:
             raise failures[0]
 
-    def _schedule(self) -> None:
-        if not self._scheduled and self._landing is None:  # a landing group schedules the next
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
-
-    def _take(self) -> list[tuple[Op, asyncio.Future | None]]:
-        batch, self._pending = self._pending, []
-        return [(op, fut) for op, fut in batch  # a cancelled waiter's write never runs
-                if fut is None or not fut.cancelled()]
-
     def _flush(self) -> None:
         self._scheduled = False
-        live = self._take()
+        batch, self._pending = self._pending, []
+        live = [(op, fut) for op, fut in batch  # a cancelled waiter's write never runs
+                if fut is None or not fut.cancelled()]
         if not live:
             return
-        if not self._store.commits_off_loop:
-            self._hand_out(self._commit(live))
-            return
-        landing = self._landing = _Landing()
-        loop = asyncio.get_running_loop()
-
-        def commit() -> None:
-            landing.committed = self._commit(live)
-            landing.ready.set()
-
-        if self._thread is None:
-            self._thread = ThreadPoolExecutor(1, thread_name_prefix="batchjson-commit")
-        done = loop.run_in_executor(self._thread, commit)
-        done.add_done_callback(lambda _: self._landed(landing))
-
-    def _landed(self, landing: _Landing) -> None:
-        if not landing.handed_out:  # else flush_now handed it out already
-            self._land(landing)
-        if self._pending:
-            self._schedule()
-
-    def _land(self, landing: _Landing) -> None:
-        landing.ready.wait()
-        self._landing = None
-        landing.handed_out = True
-        self._hand_out(landing.committed)
-
-    def _commit(self, live: list[tuple[Op, asyncio.Future | None]]) -> Committed:
-        """Commit the group (on the loop, or off it): each write's outcome, never raised."""
         try:
-            return self._together(live), None
+            outcomes = self._together(live)
         except LedgerError as exc:
-            return [(fut, None, exc) for _, fut in live], exc
+            self.broken = exc
+            outcomes = [(fut, None, exc) for _, fut in live]
         except Exception:  # one write failed: undo them all, then run each on its own
-            return self._one_by_one(live)
-
-    def _hand_out(self, committed: Committed) -> None:
-        """On the loop: each waiter resumes with its write's outcome."""
-        outcomes, broken = committed
-        if broken is not None and self.broken is None:
-            self.broken = broken
+            outcomes = self._one_by_one(live)
         self.flushes += 1
         for fut, result, error in outcomes:
             if error is not None:
@@ -181,24 +112,23 @@ class GroupCommit:
             results = [_outcome(result) for result in results]  # every write sent first
         return [(fut, result, None) for (_, fut), result in zip(live, results, strict=True)]
 
-    def _one_by_one(self, live: list[tuple[Op, asyncio.Future | None]]) -> Committed:
+    def _one_by_one(self, live: list[tuple[Op, asyncio.Future | None]]) -> list[Outcome]:
         """After a failure: each write whole or not at all, in a transaction of its own."""
         outcomes: list[Outcome] = []
-        broken = self.broken
         for op, fut in live:
-            if broken is not None:
-                outcomes.append((fut, None, broken))
+            if self.broken is not None:
+                outcomes.append((fut, None, self.broken))
                 continue
             try:
                 with self._store.call_transaction() as db:
                     result = _outcome(op(db))
                 outcomes.append((fut, result, None))
             except LedgerError as exc:
-                broken = exc
+                self.broken = exc
                 outcomes.append((fut, None, exc))
             except Exception as exc:  # this write alone failed and is reported to its caller
                 outcomes.append((fut, None, exc))
-        return outcomes, broken
+        return outcomes
 
 
 def _outcome(result: Any) -> Any:

@@ -30,12 +30,7 @@ class HostShare:
 
     def count(self, tx: Tx) -> None:
         """Renew this host's row in ``tx`` and take its share of the hosts counted alive."""
-        self.pacer.share(self.live(tx))
-
-    def live(self, tx: Tx) -> int:
-        """Renew this host's row in ``tx``: the hosts counted alive (a write alone, which may
-        commit off the event loop; the pacer's share is taken on it)."""
-        return self.store.live_hosts(tx, self.owner, now())
+        self.pacer.share(self.store.live_hosts(tx, self.owner, now()))
 
     def join(self) -> None:
         """Counted among the hosts from the session's start, so hosts started together pace

@@ -89,12 +89,11 @@ class Replayer:
                              self.outcome, self.writes, self.owner, self.control,
                              self._attempts)
         self.store.reap()  # runners that are gone give up their claims before we start
-        hosts = 1
         if self.hosts is not None:  # the share of the limits as it is now, before any call
-            hosts = await self.writes.run(self.hosts.live)
-            self.hosts.pacer.share(hosts)
+            await self.writes.run(self.hosts.count)
         self._queue: deque[Item] = deque((r, 0, None) for r in requests)
-        if hosts > 1 and self._queue:  # hosts sharing the batch start at different places
+        if self.hosts is not None and self.hosts.pacer.hosts > 1 and self._queue:
+            # hosts sharing the batch start at different places in it
             self._queue.rotate(-random.randrange(len(self._queue)))
         self._held: list[Item] = []
         self._active = 0
@@ -119,7 +118,7 @@ class Replayer:
             await asyncio.wait(workers)
             lease.cancel()
             self.writes.queue(lambda tx: self.store.release_claims(tx, self.owner))
-            self.writes.close()  # whatever was judged is committed before we return
+            self.writes.flush_now()  # whatever was judged is committed before we return
             self.owner.stop()
         if self.control.fatal is not None:
             raise self.control.fatal
@@ -144,12 +143,8 @@ class Replayer:
             if waited >= period - 1e-9:
                 waited = 0.0
                 self.writes.queue(lambda tx: self.store.renew_claims(tx, self.owner))
-            if self.hosts is not None:  # a write may commit off the loop: shared on it
-                self.writes.submit(self.hosts.live).add_done_callback(self._share)
-
-    def _share(self, counted: asyncio.Future) -> None:
-        if not counted.cancelled() and counted.exception() is None:  # else raise_failures
-            self.hosts.pacer.share(counted.result())
+            if self.hosts is not None:
+                self.writes.queue(self.hosts.count)
 
     async def _worker(self) -> None:
         changed = self.control.changed
