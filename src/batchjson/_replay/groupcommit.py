@@ -5,6 +5,10 @@ loop. Each write still runs whole or not at all, and its caller resumes only aft
 transaction holding it has committed, so "receipt before call" and "accepted attempt and
 checkpoint together" hold exactly as with one transaction per write.
 
+A write may hand back its outcome as a ``Later`` (a store that pipelines statements:
+PostgreSQL): every write of the group is sent before any outcome is read, still inside the
+transaction, so the group waits for the server's answers once.
+
 If one write fails on its own (a bug in that write), the group is undone and each write runs again
 in a transaction of its own. If the ledger itself fails (disk full, I/O error, read-only file,
 locked past the busy timeout) every queued write fails with that LedgerError, and so does every
