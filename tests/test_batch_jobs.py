@@ -490,3 +490,11 @@ def test_requests_past_one_jobs_upload_ceiling_go_in_further_jobs(srv, protocol,
     assert result.resolved and len(result.values) == 6
     assert srv.batches.created == 3
     assert set(accepted_per_key(tmp_path / "l.sqlite").values()) == {1}
+
+
+def test_a_misspelled_batch_fault_is_refused_rather_than_injecting_nothing():
+    with pytest.raises(ValueError, match="unknown batch fault.*'expird'.*lines="):
+        BatchFaults(lines={0: "expird"})
+    with pytest.raises(ValueError, match="unknown batch fault.*'all_fail'"):
+        BatchFaults(whole="all_fail")
+    assert BatchFaults(whole="expire", lines={3: "duplicate"}).lines == {3: "duplicate"}

@@ -24,9 +24,10 @@ from batchjson._content.schema import compile_schema, wire_schema
 from batchjson._errors import ConfigError, ProviderError, ProviderNotConfigured, ProviderSetupError
 from batchjson._providers.anthropic import AnthropicProvider
 from batchjson._providers.base import Call, Reply, estimate_tokens
-from batchjson._providers.http_errors import http_error, is_retryable_status, parse_retry_after
+from batchjson._providers.http_errors import http_error, is_retryable_status
 from batchjson._providers.openai import OpenAIProvider
 from batchjson._providers.pricing import cost_of
+from batchjson._providers.ratelimits import retry_after
 from batchjson._providers.select import make_provider
 from batchjson._providers.simulated import SimulatedModel
 from batchjson._providers.strict import strict_form
@@ -449,7 +450,7 @@ def test_simulated_transport_fault_becomes_503() -> None:
     ({"Retry-After": "garbage"}, None), ({}, None),
     ({"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"}, 0.0)])
 def test_parse_retry_after(headers: dict[str, str], expected: float | None) -> None:
-    assert parse_retry_after(headers) == expected
+    assert retry_after(headers) == expected
 
 
 # -- configuration -------------------------------------------------------------------------------

@@ -142,8 +142,9 @@ def receipt_cost(cost: float | None, status: str, sent_at: str | None) -> str:
     return money(cost)
 
 
-def _answered_by(receipt: Mapping[str, Any]) -> str:
-    provider, model = receipt.get("provider") or "?", receipt.get("model")
+def answered_by(provider: str | None, model: str | None) -> str:
+    """Who answered: ``provider/model`` (an imported or re-judged receipt says so by its kind)."""
+    provider = provider or "?"
     return f"{provider}/{model}" if model and model != provider else provider
 
 
@@ -152,8 +153,8 @@ def receipt_lines(name: str, receipts: Sequence[Mapping[str, Any]], raw: bool,
     if not receipts:
         return [f"no failed receipts for batch {name!r}: every attempt was accepted" if failed
                 else f"no receipts for batch {name!r}"]
-    rows = [[r["number"], r["revision"], r["kind"], r["status"], _answered_by(r),
-             len(r["task_ids"]),
+    rows = [[r["number"], r["revision"], r["kind"], r["status"],
+             answered_by(r.get("provider"), r.get("model")), len(r["task_ids"]),
              r["input_tokens"] if r["input_tokens"] is not None else "-",
              r["output_tokens"] if r["output_tokens"] is not None else "-",
              receipt_cost(r["cost"], r["status"], r.get("sent_at"))]
@@ -275,20 +276,16 @@ def advice_lines(advice: Mapping[str, Any]) -> list[str]:
     lines += table(["pack", "split", "calls", "tokens", "cost", "usable", f"{unit}/usable"],
                    rows, right=(0, 2, 3, 4, 5, 6))
     best = advice["recommended"]
-    per_cost = best["cost_per_usable_result"]
+    per_cost, per_tokens = best["cost_per_usable_result"], best["tokens_per_usable_result"]
     per = (f"{'n/a' if per_cost is None else money(per_cost)} per usable result"
            if advice["priced"] else
-           f"{_or_na(best['tokens_per_usable_result'])} tokens per usable result")
+           f"{'n/a' if per_tokens is None else per_tokens} tokens per usable result")
     lines.append(f"recommended: pack {best['pack']}{' with split=True' if best['split'] else ''} "
                  f"(expected {best['calls']:.1f} calls, "
                  f"{best['usable_results']:.1f} usable results, {per})")
     if advice.get("warning"):
         lines += wrapped(advice["warning"], "warning: ")
     return lines
-
-
-def _or_na(value: Any) -> str:
-    return "n/a" if value is None else str(value)
 
 
 def budget_line(budget: Mapping[str, Any] | None) -> str:

@@ -42,6 +42,7 @@ from .._providers.reply import (
     received,
 )
 from .validators import clip, judged_code_raised, run_validator_async
+from .validators import error as _error
 
 # Asking again with the errors named can mend these; a truncated or refused return cannot be
 # mended by a repair (the replay loop splits, reports, or re-asks a refusal only when told to).
@@ -61,10 +62,6 @@ class Verdict:
     @property
     def repairable(self) -> bool:
         return bool(self.errors) and all(e["type"] in REPAIRABLE for e in self.errors)
-
-
-def _error(kind: str, message: str, task_id: str | None = None, **extra: Any) -> dict[str, Any]:
-    return {"type": kind, "task_id": task_id, "message": message, **extra}
 
 
 def unwrap(reply: Reply) -> str:

@@ -31,27 +31,27 @@ async def run_validator_async(validator: Callable[[Any, Mapping[str, Any]], Any]
     accept: a validator returning an error string, ``0`` or another object did not say yes,
     and committing on its word could commit a bad item, so that is a ``validator_error``."""
     try:
-        out = validator(value, _copy(dict(task)))
+        out = validator(value, json.loads(canonical_json(dict(task))))  # its own copy
         if inspect.isawaitable(out):
             out = await out
         verdict = _returned(out, value)
     except CountedAsCrash as exc:  # a contract that counts what was raised as a crash
         cause = exc.__cause__
-        return [_error("validator_error", f"task {task_id!r}: validator raised "
+        return [error("validator_error", f"task {task_id!r}: validator raised "
                        f"{type(cause).__name__}: {cause}", task_id)]
     except ValueError as exc:
-        return [_error("validation", f"task {task_id!r}: {exc}", task_id)]
+        return [error("validation", f"task {task_id!r}: {exc}", task_id)]
     except AssertionError as exc:  # pydantic's rule too: a failed assert rejects the item
-        return [_error("validation", f"task {task_id!r}: {_assertion(exc)}", task_id)]
+        return [error("validation", f"task {task_id!r}: {_assertion(exc)}", task_id)]
     except BaseException as exc:  # a bug in the caller's validator, reported not retried
         if not judged_code_raised(exc):
             raise
-        return [_error("validator_error", f"task {task_id!r}: validator raised "
+        return [error("validator_error", f"task {task_id!r}: validator raised "
                        f"{type(exc).__name__}: {exc}{_model_hint(exc, value)}", task_id)]
     if verdict is False:
-        return [_error("validation", f"task {task_id!r}: the validator returned False", task_id)]
+        return [error("validation", f"task {task_id!r}: the validator returned False", task_id)]
     if verdict is None:
-        return [_error("validator_error", f"task {task_id!r}: the validator returned "
+        return [error("validator_error", f"task {task_id!r}: the validator returned "
                        f"{clip(out, 80)} ({type(out).__name__}); return None or True to accept, "
                        "False (or raise ValueError) to reject: its return value is never used "
                        "as the item", task_id)]
@@ -135,13 +135,9 @@ def judged_code_raised(exc: BaseException) -> bool:
     return True
 
 
-def _error(kind: str, message: str, task_id: str | None = None) -> dict[str, Any]:
-    return {"type": kind, "task_id": task_id, "message": message}
-
-
-def _copy(value: Any) -> Any:
-    """An independent JSON copy: nothing the validator does reaches the ledger's request."""
-    return json.loads(canonical_json(value))
+def error(kind: str, message: str, task_id: str | None = None, **extra: Any) -> dict[str, Any]:
+    """One error of a verdict, as receipts keep it."""
+    return {"type": kind, "task_id": task_id, "message": message, **extra}
 
 
 def clip(value: Any, limit: int = 200) -> str:

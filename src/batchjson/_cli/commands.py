@@ -117,6 +117,13 @@ def _dump(obj: Any, out: TextIO) -> None:
     print(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False), file=out)
 
 
+def _done(args: argparse.Namespace, out: TextIO, data: Any, lines: Sequence[str],
+          code: int = OK) -> int:
+    """Print ``data`` as JSON (``--json``) or ``lines`` for a person; the exit code."""
+    _dump(data, out) if args.json else _say(lines, out)
+    return code
+
+
 def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     with closing(_open(args.ledger)) as held:
         _known(held, args.name)
@@ -127,11 +134,8 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
                 "superseded", "forgotten"):
         summary[key] = evidence[key]
     summary["ledger"] = shown(args.ledger)
-    if args.json:
-        _dump(summary, out)
-    else:
-        _say(cliview.status_lines(summary, shown(args.ledger), command_name()), out)
-    return OK
+    return _done(args, out, summary,
+                 cliview.status_lines(summary, shown(args.ledger), command_name()))
 
 
 def _receipt_dicts(held: Ledger, name: str, failed: bool, raw: bool) -> list[dict[str, Any]]:
@@ -154,11 +158,7 @@ def cmd_receipts(args: argparse.Namespace, out: TextIO) -> int:
     with closing(_open(args.ledger)) as held:
         _known(held, args.name)
         rows = _receipt_dicts(held, args.name, args.failed, args.raw)
-    if args.json:
-        _dump(rows, out)
-        return OK
-    _say(cliview.receipt_lines(args.name, rows, args.raw, args.failed), out)
-    return OK
+    return _done(args, out, rows, cliview.receipt_lines(args.name, rows, args.raw, args.failed))
 
 
 def _one_format(args: argparse.Namespace, other: str) -> None:
@@ -263,12 +263,8 @@ def cmd_import(args: argparse.Namespace, out: TextIO) -> int:
         raise Problem(str(exc), USAGE) from None
     report = _into_ledger(args.ledger, lambda held: held.import_receipts(args.file),
                           InvalidBatch, USAGE)
-    if args.json:
-        _dump(report, out)
-    else:
-        _say(cliview.import_lines(report), out)
     kept = report["diagnostic"] + report["rejected"] + report["unverified"]
-    return UNRESOLVED if kept else OK
+    return _done(args, out, report, cliview.import_lines(report), UNRESOLVED if kept else OK)
 
 
 def cmd_merge(args: argparse.Namespace, out: TextIO) -> int:
@@ -283,18 +279,15 @@ def cmd_merge(args: argparse.Namespace, out: TextIO) -> int:
     if problem:
         raise Problem(problem, LEDGER)
     report = _into_ledger(args.ledger, lambda held: held.merge(args.other), LedgerError, LEDGER)
-    if args.json:
-        _dump(report, out)
-    else:
-        added = report["added"]
-        completed = added.get("attempts_completed", 0)
-        new = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in added.items()
-                        if v and k != "attempts_completed")
-        _say([f"merged {report['source']} into {shown(args.ledger)}: "
-              + (f"added {new}" if new else "nothing new")
-              + f"; {report['attempts_already_present']} attempt(s) were already here"
-              + (f", {completed} of them completed by this merge" if completed else "")], out)
-    return OK
+    added = report["added"]
+    completed = added.get("attempts_completed", 0)
+    new = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in added.items()
+                    if v and k != "attempts_completed")
+    return _done(args, out, report, [
+        f"merged {report['source']} into {shown(args.ledger)}: "
+        + (f"added {new}" if new else "nothing new")
+        + f"; {report['attempts_already_present']} attempt(s) were already here"
+        + (f", {completed} of them completed by this merge" if completed else "")])
 
 
 def cmd_advise(args: argparse.Namespace, out: TextIO) -> int:
@@ -306,11 +299,7 @@ def cmd_advise(args: argparse.Namespace, out: TextIO) -> int:
             advice = advise(held, args.name, repairs=args.repairs, replays=args.replays)
         except InvalidBatch as exc:
             raise Problem(str(exc), USAGE) from None
-    if args.json:
-        _dump(advice, out)
-    else:
-        _say(cliview.advice_lines(advice), out)
-    return OK
+    return _done(args, out, advice, cliview.advice_lines(advice))
 
 
 def cmd_forget(args: argparse.Namespace, out: TextIO) -> int:
@@ -318,28 +307,19 @@ def cmd_forget(args: argparse.Namespace, out: TextIO) -> int:
         _known(held, args.name)
         record = forget_batch(held.store, args.name, via="batchjson forget")
         spend = held.spend(args.name)
-    if args.json:
-        _dump({"batch": args.name, "forgotten": record}, out)
-    else:
-        _say([forget_message(args.name, record, spend)], out)
-    return OK
+    return _done(args, out, {"batch": args.name, "forgotten": record},
+                 [forget_message(args.name, record, spend)])
 
 
 def cmd_budget(args: argparse.Namespace, out: TextIO) -> int:
     if args.cost is not None and args.clear:
         raise Problem("--cost sets the budget and --clear removes it: give one", USAGE)
-    held = _open(args.ledger, create=args.cost is not None)
-    try:
+    with closing(_open(args.ledger, create=args.cost is not None)) as held:
         if args.cost is not None or args.clear:
             held.set_budget(None if args.clear else args.cost)
         budget = held.budget()
-    finally:
-        held.close()
-    if args.json:
-        _dump({"ledger": shown(args.ledger), "budget": budget}, out)
-    else:
-        _say([cliview.budget_line(budget)], out)
-    return OK
+    return _done(args, out, {"ledger": shown(args.ledger), "budget": budget},
+                 [cliview.budget_line(budget)])
 
 
 def cmd_jobs(args: argparse.Namespace, out: TextIO) -> int:
@@ -351,8 +331,7 @@ def cmd_jobs(args: argparse.Namespace, out: TextIO) -> int:
         else:
             jobs = list_jobs(held, every=args.all)
             data, lines = {"jobs": jobs}, cliview.job_lines(jobs, every=args.all)
-    _dump(data, out) if args.json else _say(lines, out)
-    return OK
+    return _done(args, out, data, lines)
 
 
 def _usd_argument(text: str) -> float:

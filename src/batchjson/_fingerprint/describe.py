@@ -38,10 +38,6 @@ def _phrase(name: str, what: str, identity: set[str]) -> str:
     return f"{_subject(name)} {what}" + (" (compared by identity)" if name in identity else "")
 
 
-def _path_phrase(path: str, what: str) -> str:
-    return ": ".join(_subject(step) for step in path.split(">")) + f" {what}"
-
-
 def _deeper(part: str, before: dict[str, str], after: dict[str, str]) -> list[str]:
     """The innermost changed paths under a changed top-level part."""
     prefix = part + ">"
@@ -51,7 +47,7 @@ def _deeper(part: str, before: dict[str, str], after: dict[str, str]) -> list[st
     out = []
     for path in leaves[:_MAX_DETAILS]:
         what = "added" if path not in before else "removed" if path not in after else "changed"
-        out.append(_path_phrase(path, what))
+        out.append(": ".join(_subject(step) for step in path.split(">")) + f" {what}")
     return out
 
 

@@ -9,7 +9,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._textview import describe_error, printable, receipt_cost
+from .._textview import answered_by, describe_error, printable, receipt_cost, table
 from ..core import forgotten_line, money
 
 
@@ -61,14 +61,7 @@ class Table(TextView):
         if not self.rows:
             lines.append(f"  {self.empty}")
         else:
-            widths = [max(len(c), *(len(r[i]) for r in self.rows))
-                      for i, c in enumerate(self.columns)]
-            lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(self.columns, widths,
-                                                                       strict=True)).rstrip())
-            lines.append("  " + "  ".join("-" * w for w in widths))
-            for row in self.rows:
-                lines.append("  " + "  ".join(v.ljust(w) for v, w in zip(row, widths,
-                                                                         strict=True)).rstrip())
+            lines += table(self.columns, self.rows)
         lines += [f"  {note}" for note in self.notes]
         for label, text in self.details:
             lines += ["", f"{label}:", text]
@@ -289,23 +282,11 @@ def receipt_rows(receipts: Sequence[Any], start: int = 1, errors_shown: int = 3
     messages are whole (wrapping is the renderer's job)."""
     rows = []
     for n, r in enumerate(receipts, start):
-        errors = [_one_line_error(e) for e in r.errors]
+        errors = [" ".join(describe_error(e).split()) for e in r.errors]  # wrapped when shown
         rows.append({"number": n, "revision": r.revision, "kind": r.kind, "status": r.status,
-                     "model": answered_by(r), "tasks": describe_tasks(r.task_ids),
+                     "model": answered_by(r.provider, r.model), "tasks": describe_tasks(r.task_ids),
                      "tokens": r.tokens,
                      "cost": receipt_cost(r.cost, r.status, r.sent_at),
                      "errors": errors[:errors_shown],
                      "more_errors": max(0, len(errors) - errors_shown), "raw": r.raw})
     return rows
-
-
-def answered_by(receipt: Any) -> str:
-    """Who answered: ``provider/model`` (an imported or re-judged receipt says so by its kind)."""
-    provider, model = receipt.provider or "?", receipt.model
-    return f"{provider}/{model}" if model and model != provider else provider
-
-
-def _one_line_error(error: Mapping[str, Any]) -> str:
-    """An error in full on one line (identity errors name the field and both values first);
-    wrapping is the renderer's job."""
-    return " ".join(describe_error(error).split())

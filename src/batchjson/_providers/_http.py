@@ -130,7 +130,8 @@ async def exchange(session: aiohttp.ClientSession, method: str, url: str, body: 
                                 f"({type(exc).__name__}: {exc}); check the base URL",
                                 retryable=False)
     if failure is not None:
-        raise masked_error(failure, secrets)
+        failure.args = (secrets.mask(str(failure)),)
+        raise failure
     if status >= 400:
         raise http_error(provider, status, resp_headers, raw, secrets, key_env)
     return status, raw, resp_headers
@@ -160,12 +161,6 @@ def decoded(raw: bytes, status: int, resp_headers: Mapping[str, str], provider: 
                             f"response (starts {snippet!r}); check the base URL", status=status,
                             retryable=False)  # a web page will not turn into an API answer
     return Answer(data, text)
-
-
-def masked_error(error: ProviderError, secrets: Secrets) -> ProviderError:
-    """``error`` with every known secret masked in its message."""
-    error.args = (secrets.mask(str(error)),)
-    return error
 
 
 def encode_body(body: Mapping[str, Any]) -> bytes:
@@ -277,11 +272,6 @@ def as_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def is_official(base_url: str, domain: str) -> bool:
-    host = (urlparse(base_url).hostname or "").lower()
-    return host == domain or host.endswith("." + domain)
-
-
 class HttpProvider(OneService):
     """What the HTTP providers share: model, endpoint and key from arguments or the
     environment (the key never leaves its Secret), checked settings, and one pooled aiohttp
@@ -326,7 +316,9 @@ class HttpProvider(OneService):
                 "key is set too, but both would go in the one Authorization header; keep the "
                 "key (api_key= or the environment) and drop user:password@ from the URL, or "
                 "pass api_key='' to authenticate with the URL alone")
-        if not self._key and is_official(self.base_url, self.official_domain):
+        host = (urlparse(self.base_url).hostname or "").lower()
+        if not self._key and (host == self.official_domain
+                              or host.endswith("." + self.official_domain)):
             raise ProviderSetupError(
                 f"{kind} has no API key for {display_url(self.base_url)}: set {self.key_env} in "
                 f"the environment or pass api_key=...{self.keyless_hint}")
@@ -376,13 +368,14 @@ class HttpProvider(OneService):
         return headers
 
     def _cost(self, model: str, inp: int | None, out: int | None, cached: int,
-              written: int = 0) -> float | None:
-        """Cost by the model the provider says answered, else by the model asked for."""
+              written: int = 0, factor: float = 1.0) -> float | None:
+        """Cost by the model the provider says answered, else by the model asked for;
+        ``factor`` scales it (a batch job's share of the live price)."""
         cost = cost_of(model, inp, out, cached, self.prices, cache_write_tokens=written)
         if cost is None and model != self.model:
             cost = cost_of(self.model, inp, out, cached, self.prices,
                            cache_write_tokens=written)
-        return cost
+        return None if cost is None else cost * factor
 
     def overhead_tokens(self, call: Call) -> int:
         """Input tokens the provider documents adding to every request (subclasses say)."""

@@ -122,9 +122,7 @@ class AnthropicProvider(HttpProvider):
         inp = None if fresh is None else fresh + read + written
         out = as_int(usage.get("output_tokens"))
         model = data.get("model") or self.model
-        cost = self._cost(model, inp, out, read, written)
-        if cost is not None:
-            cost *= price_factor
+        cost = self._cost(model, inp, out, read, written, price_factor)
         extra = {"stop_reason": data.get("stop_reason"), "id": data.get("id")}
         if found is not None and not found[1]:
             extra["raw_reserialised"] = True  # the body was not UTF-8: no exact text to keep

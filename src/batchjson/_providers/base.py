@@ -192,7 +192,8 @@ class CallableProvider(OneService):
         return Reply(text=out, model=self.model)
 
     async def _invoke(self, call: Call) -> Any:
-        out = await in_thread(self.fn, call) if _is_blocking(self.fn) else self.fn(call)
+        blocking = getattr(self.fn, "blocking", False)  # fn.blocking = True: a worker thread
+        out = await in_thread(self.fn, call) if blocking else self.fn(call)
         if inspect.isawaitable(out):  # async functions and objects with an async __call__
             out = await out
         return out
@@ -232,8 +233,3 @@ async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
     name = getattr(fn, "__name__", type(fn).__name__)
     threading.Thread(target=work, name=f"batchjson-blocking-{name}", daemon=True).start()
     return await future
-
-
-def _is_blocking(fn: Any) -> bool:
-    """Callables opt in to a worker thread with ``fn.blocking = True``."""
-    return bool(getattr(fn, "blocking", False))

@@ -49,16 +49,11 @@ def anthropic_cache_minimum(model: str) -> int:
                  if model.startswith(family)), ANTHROPIC_UNLISTED_MINIMUM)
 
 
-def shared_tokens(system: str, shared: str) -> int:
-    """The shared prefix's tokens, estimated as a provider's limiter does (chars / 4)."""
-    return estimate_tokens(system + shared) if system or shared else 0
-
-
 def prefix_cacheable(provider: Any, system: str, shared: str) -> bool:
     """Whether the batch's shared prefix (system text and instructions) is long enough for
-    ``provider`` to cache."""
+    ``provider`` to cache (its tokens estimated as a provider's limiter does, chars / 4)."""
     least = cache_minimum(provider)
-    return least is not None and shared_tokens(system, shared) >= least
+    return least is not None and estimate_tokens(system + shared) >= least
 
 
 def prompt_cache_key(system: str, shared: str) -> str:

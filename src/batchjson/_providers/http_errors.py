@@ -51,11 +51,6 @@ def run_stop(provider: str, status: int, code: str | None, message: str,
     return None
 
 
-def parse_retry_after(headers: Mapping[str, str]) -> float | None:
-    """Seconds to wait, from ``retry-after-ms``, ``Retry-After`` seconds, or an HTTP-date."""
-    return retry_after(headers)
-
-
 def is_retryable_status(status: int) -> bool:
     """Timeouts, conflicts, rate limits and server trouble can pass; request errors cannot."""
     return status in WAITABLE or status >= 500
@@ -108,4 +103,4 @@ def http_error(provider: str, status: int, headers: Mapping[str, str], raw: byte
     return ProviderError(secrets.mask(text) if secrets else text, status=status,
                          retryable=retryable and not stop, fatal=stop is not None,
                          retry_after=retry_wait(headers) if status == 429 else
-                         parse_retry_after(headers))
+                         retry_after(headers))

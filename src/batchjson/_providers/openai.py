@@ -182,9 +182,7 @@ class OpenAIProvider(HttpProvider):
         reasoning = as_int((usage.get("completion_tokens_details") or {}).get(
             "reasoning_tokens"))
         model = data.get("model") or self.model
-        cost = self._cost(model, inp, out, cached or 0, written)
-        if cost is not None:
-            cost *= price_factor
+        cost = self._cost(model, inp, out, cached or 0, written, price_factor)
         extra = {"finish_reason": finish, "id": data.get("id")}
         if refusal:
             extra["refusal"] = refusal

@@ -22,7 +22,6 @@ from .batch_client import BatchClient
 from .reply import Reply
 
 RUNNING = frozenset(("validating", "in_progress", "finalizing", "cancelling"))
-ENDED = frozenset(("completed", "failed", "expired", "cancelled"))
 
 
 class OpenAIBatches(BatchClient):

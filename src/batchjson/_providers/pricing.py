@@ -46,24 +46,20 @@ class Price:
 
     def __post_init__(self) -> None:
         """A bad price fails here, at setup, not as a crash after a call was paid for."""
-        for name in ("input", "output", "cached_input", "cache_write"):
+        for name in ("input", "output", "cached_input", "cache_write", "batch"):
             value = getattr(self, name)
             if value is None and name in ("cached_input", "cache_write"):
                 continue
             if (isinstance(value, bool) or not isinstance(value, (int, float))
                     or not math.isfinite(value) or value < 0):
-                raise ConfigError(f"{name} must be a number >= 0 (USD per million tokens), got "
-                                 f"{value!r}")
+                what = ("the share of the live price a batch job bills, a number >= 0 (0.5: "
+                        "half)" if name == "batch" else "a number >= 0 (USD per million tokens)")
+                raise ConfigError(f"{name} must be {what}, got {value!r}")
         limit = self.max_input_tokens
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
                                   or limit < 1):
             raise ConfigError(f"max_input_tokens must be a whole number of tokens or None, got "
                              f"{limit!r}")
-        share = self.batch
-        if (isinstance(share, bool) or not isinstance(share, (int, float))
-                or not math.isfinite(share) or share < 0):
-            raise ConfigError(f"batch must be the share of the live price a batch job bills, a "
-                              f"number >= 0 (0.5: half), got {share!r}")
 
 
 def _p(inp: float, out: float, cached: float | None = None, write: float | None = None,

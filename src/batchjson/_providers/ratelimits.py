@@ -107,23 +107,17 @@ class Reported:
 def reported(headers: Mapping[str, str], now: float | None = None) -> Reported:
     """The limits in OpenAI's or Anthropic's headers. Anthropic's combined ``tokens`` limit is
     used when sent, else its input-tokens limit (what a request's prompt is counted against)."""
-    def state(names: tuple[str, str, str]) -> LimitState:
-        limit, left, reset = (_header(headers, name) for name in names)
+    def state(name: str) -> LimitState:  # the header's name, {} where its part goes
+        limit, left, reset = (_header(headers, name.format(part))
+                              for part in ("limit", "remaining", "reset"))
         return LimitState(_whole(limit), _whole(left),
                           None if reset is None else reset_seconds(reset, now))
 
     if any(k.lower().startswith("anthropic-ratelimit-") for k in headers):
         kind = "tokens" if _header(headers, "anthropic-ratelimit-tokens-limit") else "input-tokens"
-        return Reported(
-            state(tuple(f"anthropic-ratelimit-requests-{p}"  # type: ignore[arg-type]
-                        for p in ("limit", "remaining", "reset"))),
-            state(tuple(f"anthropic-ratelimit-{kind}-{p}"  # type: ignore[arg-type]
-                        for p in ("limit", "remaining", "reset"))))
-    return Reported(
-        state(tuple(f"x-ratelimit-{p}-requests"  # type: ignore[arg-type]
-                    for p in ("limit", "remaining", "reset"))),
-        state(tuple(f"x-ratelimit-{p}-tokens"  # type: ignore[arg-type]
-                    for p in ("limit", "remaining", "reset"))))
+        return Reported(state("anthropic-ratelimit-requests-{}"),
+                        state(f"anthropic-ratelimit-{kind}-{{}}"))
+    return Reported(state("x-ratelimit-{}-requests"), state("x-ratelimit-{}-tokens"))
 
 
 def retry_wait(headers: Mapping[str, str], now: float | None = None) -> float | None:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from ._bodies import openai_completion, request_id, shape, token
+from ._bodies import request_id, token
 from ._message_batches import MessageBatches
 from ._requests import openai_ask
 from ._wire import error_response
@@ -29,8 +29,9 @@ from ._wire import error_response
 if TYPE_CHECKING:
     from .server import LoopbackServer
 
-WHOLE_FAULTS = ("fail_validation", "token_limit", "expire", "all_failed")
-LINE_FAULTS = ("errored", "expired", "http_400", "duplicate", "unknown")
+
+WHOLE_FAULTS = {"fail_validation", "token_limit", "expire", "all_failed"}
+LINE_FAULTS = {"errored", "expired", "http_400", "duplicate", "unknown"}
 
 
 @dataclass
@@ -40,6 +41,13 @@ class BatchFaults:
     whole: str | None = None
     lines: dict[int, str] = field(default_factory=dict)
     shuffle: bool = False
+
+    def __post_init__(self) -> None:
+        # a misspelled fault would inject nothing and let the test that asked for it pass
+        wrong = {self.whole} - WHOLE_FAULTS - {None} | set(self.lines.values()) - LINE_FAULTS
+        if wrong:
+            raise ValueError(f"unknown batch fault(s) {sorted(map(str, wrong))}: the faults are "
+                             f"whole={sorted(WHOLE_FAULTS)} and lines={sorted(LINE_FAULTS)}")
 
 
 class BatchDesk:
@@ -260,9 +268,7 @@ class BatchDesk:
             body = json.loads(outcome.body)
             out["response"] = {"status_code": outcome.status, "request_id": rid, "body": body}
             return out
-        text, reply = outcome
-        answer = shape(ask, text, reply.output_tokens, None)
-        payload = openai_completion(ask, answer, reply.input_tokens, server.requests, None)
+        payload = server.payload("openai", ask, *outcome, None)[1]
         out["response"] = {"status_code": 200, "request_id": rid, "body": payload}
         return out
 

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from ._bodies import anthropic_message, shape
 from ._requests import anthropic_ask
 from ._wire import error_response
 
@@ -130,9 +129,7 @@ class MessageBatches:
             body = json.loads(outcome.body)
             return {"custom_id": line.get("custom_id"), "result": {"type": "errored",
                                                                    "error": body}}
-        text, reply = outcome
-        answer = shape(ask, text, reply.output_tokens, None)
-        message = anthropic_message(ask, answer, reply.input_tokens, server.requests, None)
+        message = server.payload("anthropic", ask, *outcome, None)[1]
         return {"custom_id": line.get("custom_id"),
                 "result": {"type": "succeeded", "message": message}}
 

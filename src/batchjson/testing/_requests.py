@@ -28,10 +28,6 @@ class Ask:
     offered: str | None = None  # what a tool call nobody asked for is named (fault tool_call)
     limit: int | None = None  # max output tokens
 
-    def with_tool(self, name: str | None) -> Ask:
-        return Ask(self.model, self.system, self.user, self.schema, self.wrapped, name,
-                   self.offered, self.limit)
-
 
 def _last_user(messages: Sequence[Any]) -> str:
     return next((content_text(m.get("content")) for m in reversed(messages)
@@ -89,3 +85,21 @@ def anthropic_ask(data: Mapping[str, Any], default_model: str) -> Ask:
                tool is not None and tool.get("name") == WRAPPED_VALUE,
                called if tool else None, next(iter(tools), None) or "answer",
                _whole(data.get("max_tokens")))
+
+
+def refusal_of(protocol: str, data: dict[str, Any] | None) -> str | None:
+    """What the real API refuses before answering: no model, no messages, no max_tokens
+    (Anthropic), a streamed answer (this server answers whole bodies only)."""
+    if data is None:
+        return None
+    if not data.get("model"):
+        return ("model: Field required" if protocol == "anthropic"
+                else "you must provide a model parameter")
+    if not isinstance(data.get("messages"), list):
+        return ("messages: Field required" if protocol == "anthropic"
+                else "Missing required parameter: 'messages'.")
+    if protocol == "anthropic" and "max_tokens" not in data:
+        return "max_tokens: Field required"
+    if data.get("stream"):
+        return "loopback: streaming is not supported; send stream=false"
+    return None

@@ -98,7 +98,10 @@ def fault_response(protocol: str, fault: str, faults: HttpFaults | None, model: 
         return error_response(protocol, 429, QUOTA_MESSAGE, "insufficient_quota",
                               kind="insufficient_quota", headers=stop)
     if fault in ("429", "429_tokens"):
-        return _rate_limited(protocol, fault, model, limits, now, wait, retry, request_id)
+        bucket = "tokens" if fault == "429_tokens" else "requests"
+        used = limits.tokens.limit - 1 if bucket == "tokens" else limits.requests.limit
+        return rate_limited(protocol, bucket, model, limits, now, 60.0 if wait is None else wait,
+                            used, 1000 if bucket == "tokens" else 1, request_id, retry)
     if fault == "404":
         if protocol == "anthropic":
             return error_response(protocol, 404, f"model: {model}", request_id=request_id)
@@ -108,15 +111,6 @@ def fault_response(protocol: str, fault: str, faults: HttpFaults | None, model: 
     headers = retry if status in (503, 529) else {}
     return error_response(protocol, status, STATUS_TEXT[(protocol, status)],
                           request_id=request_id, headers=headers)
-
-
-def _rate_limited(protocol: str, fault: str, model: str, limits: Limits, now: float,
-                  wait: float | None, retry: Mapping[str, str],
-                  request_id: str) -> web.Response:
-    bucket = "tokens" if fault == "429_tokens" else "requests"
-    used = limits.tokens.limit - 1 if bucket == "tokens" else limits.requests.limit
-    return rate_limited(protocol, bucket, model, limits, now, 60.0 if wait is None else wait, used,
-                        1000 if bucket == "tokens" else 1, request_id, retry)
 
 
 def rate_limited(protocol: str, bucket: str, model: str, limits: Limits, now: float,

@@ -34,7 +34,7 @@ from ._cache import PromptCache
 from ._faults import HTTP_FAULTS, STATUS_FAULTS, HttpFaults
 from ._openai_rules import refusal as openai_refusal
 from ._ratelimits import Limits, counted_tokens
-from ._requests import Ask, anthropic_ask, openai_ask
+from ._requests import Ask, anthropic_ask, openai_ask, refusal_of
 from ._wire import (
     JSON_HEADERS,
     enforced_429,
@@ -253,7 +253,7 @@ class LoopbackServer:
         if early is not None:
             return early
         data = self.last_body = await read_body(request)
-        refused = _refused("openai", data)
+        refused = refusal_of("openai", data)
         if refused is not None or data is None:
             return error_response("openai", 400, refused or "request body is not a JSON object")
         limited = self._admit("openai", data, self._rid(request))
@@ -262,16 +262,7 @@ class LoopbackServer:
         rule = openai_refusal(data)  # what the real API refuses: the model's, strict mode's
         if rule is not None:
             return error_response("openai", 400, rule.message, rule.code, param=rule.param)
-        ask = openai_ask(data, self.model.model)
-        outcome = await self._answer("openai", ask, self._rid(request))
-        if isinstance(outcome, web.Response):
-            return outcome
-        text, reply = outcome
-        answer = shape(ask, text, reply.output_tokens, fault)
-        self._exchanges[id(request)].tokens = (reply.input_tokens, answer.output_tokens)
-        cache = self.prompt_cache.openai(data, reply.input_tokens)
-        payload = openai_completion(ask, answer, reply.input_tokens, self.requests, fault, cache)
-        return await self._send(request, payload, fault)
+        return await self._reply(request, fault, data, openai_ask(data, self.model.model))
 
     async def _anthropic(self, request: web.Request, fault: str | None) -> web.StreamResponse:
         early = await self._early(request, fault, request.headers.get("x-api-key"), "anthropic")
@@ -282,24 +273,37 @@ class LoopbackServer:
             return error_response("anthropic", 400, "anthropic-version: header is required",
                                   request_id=rid)
         data = self.last_body = await read_body(request)
-        refused = _refused("anthropic", data)
+        refused = refusal_of("anthropic", data)
         if refused is not None or data is None:
             return error_response("anthropic", 400, refused or "request body is not a JSON "
                                   "object", request_id=rid)
         limited = self._admit("anthropic", data, rid)
         if limited is not None:
             return limited
-        ask = anthropic_ask(data, self.model.model)
-        outcome = await self._answer("anthropic", ask, rid)
+        return await self._reply(request, fault, data, anthropic_ask(data, self.model.model))
+
+    async def _reply(self, request: web.Request, fault: str | None, data: dict[str, Any],
+                     ask: Ask) -> web.StreamResponse:
+        """The simulated model's answer to ``ask``, in the body its protocol sends."""
+        exchange = self._exchanges[id(request)]
+        outcome = await self._answer(exchange.protocol, ask, exchange.request_id)
         if isinstance(outcome, web.Response):
             return outcome
         text, reply = outcome
-        answer = shape(ask, text, reply.output_tokens, fault)
-        self._exchanges[id(request)].tokens = (reply.input_tokens, answer.output_tokens)
-        cache = self.prompt_cache.anthropic(data, reply.input_tokens)
-        payload = anthropic_message(ask, answer, reply.input_tokens, self.requests, fault,
-                                    cache)
+        cached = (self.prompt_cache.anthropic if exchange.protocol == "anthropic"
+                  else self.prompt_cache.openai)(data, reply.input_tokens)
+        output_tokens, payload = self.payload(exchange.protocol, ask, text, reply, fault, cached)
+        exchange.tokens = (reply.input_tokens, output_tokens)
         return await self._send(request, payload, fault)
+
+    def payload(self, protocol: str, ask: Ask, text: str, reply: Any, fault: str | None,
+                cache: tuple[int, int] = (0, 0)) -> tuple[int, dict[str, Any]]:
+        """The answer's output tokens and the body its protocol answers with (a batch line's
+        too)."""
+        answer = shape(ask, text, reply.output_tokens, fault)
+        build = anthropic_message if protocol == "anthropic" else openai_completion
+        return answer.output_tokens, build(ask, answer, reply.input_tokens, self.requests, fault,
+                                           cache)
 
     async def _early(self, request: web.Request, fault: str | None, key: str | None,
                      protocol: str) -> web.Response | None:
@@ -467,24 +471,6 @@ def main(argv: Sequence[str] | None = None,
                        "or --host\n")
     print(json.dumps(server.stats()), flush=True)
     return 0
-
-
-def _refused(protocol: str, data: dict[str, Any] | None) -> str | None:
-    """What the real API refuses before answering: no model, no messages, no max_tokens
-    (Anthropic), a streamed answer (this server answers whole bodies only)."""
-    if data is None:
-        return None
-    if not data.get("model"):
-        return ("model: Field required" if protocol == "anthropic"
-                else "you must provide a model parameter")
-    if not isinstance(data.get("messages"), list):
-        return ("messages: Field required" if protocol == "anthropic"
-                else "Missing required parameter: 'messages'.")
-    if protocol == "anthropic" and "max_tokens" not in data:
-        return "max_tokens: Field required"
-    if data.get("stream"):
-        return "loopback: streaming is not supported; send stream=false"
-    return None
 
 
 def _unwrapped(schema: Mapping[str, Any]) -> dict[str, Any]:
