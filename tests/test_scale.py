@@ -92,12 +92,15 @@ def test_values_hold_model_instances_for_a_pydantic_schema(tmp_path):
     assert all(isinstance(v, Label) for v in values.values()) and len(values) == 6
 
 
-def test_a_generator_of_200000_tasks_runs_in_bounded_memory(tmp_path):
-    """A ceiling, never a timing, far above what it takes (about 200 MB; bench_scale.py holds
-    1M tasks within 1 GB): 3 KB a task, so it fails only when memory per task grows to
-    several times what it is now (under 1 KB a task beyond the interpreter), not on noise."""
+def test_a_generator_of_200000_tasks_runs_in_less_memory_than_its_tasks_as_a_list(tmp_path):
+    """A ceiling measured in the same run, never a timing: the peak of the whole run stays
+    below that of merely holding its 200,000 tasks as a list (the interpreter and batchjson
+    loaded alike), so it fails if the run ever held them all at once. Each child reads its own
+    high-water mark (VmHWM): ru_maxrss would carry that of the test process that forked it.
+    (tests/test_window.py shows the requests are held a window at a time; bench_scale.py
+    holds 1M within 1 GB.)"""
     script = textwrap.dedent("""
-        import json, resource, sys
+        import json, sys
         from batchjson import CallableProvider, Session
         def answer(call):
             return json.dumps({"items": [{"task_id": t["task_id"], "case_id": t["case_id"],
@@ -105,16 +108,25 @@ def test_a_generator_of_200000_tasks_runs_in_bounded_memory(tmp_path):
         tasks = ({"task_id": f"t{i:07d}", "case_id": f"c{i:07d}", "prompt": f"label {i}"}
                  for i in range(200_000))
         schema = {"type": "object", "properties": {"label": {"type": "string"}}}
-        result = Session(CallableProvider(answer), ledger=sys.argv[1]).run_batch(
-            "big", tasks, schema, pack=50, identity=["task_id", "case_id"])
-        print(json.dumps({"accepted": len(result.values), "status": result.status,
-                          "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+        if sys.argv[1] == "list":
+            held, result = list(tasks), None
+        else:
+            result = Session(CallableProvider(answer), ledger=sys.argv[1]).run_batch(
+                "big", tasks, schema, pack=50, identity=["task_id", "case_id"])
+        with open("/proc/self/status") as status:  # this process's own high-water mark
+            peak = next(int(line.split()[1]) for line in status if line.startswith("VmHWM"))
+        print(json.dumps({"accepted": len(result.values) if result else 0,
+                          "status": result.status if result else None, "peak_mb": peak / 1024}))
     """)
-    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "big.sqlite")],
-                         capture_output=True, text=True, check=True, timeout=300)
-    seen = json.loads(out.stdout.strip().splitlines()[-1])
+
+    def child(arg: str) -> dict:
+        out = subprocess.run([sys.executable, "-c", script, arg], capture_output=True,
+                             text=True, check=True, timeout=300)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    seen, as_list = child(str(tmp_path / "big.sqlite")), child("list")
     assert seen["accepted"] == 200_000 and seen["status"] == "resolved"
-    assert seen["peak_mb"] < 600, seen
+    assert seen["peak_mb"] < as_list["peak_mb"], (seen, as_list)
 
 
 def test_a_finished_run_of_a_tasks_file_resumes_without_reading_a_task(tmp_path, monkeypatch,
@@ -283,8 +295,8 @@ def test_stored_values_the_schema_no_longer_loads_are_left_out_and_named(tmp_pat
         return stored
 
     revision_id = session.ledger.revisions("b")[-1].id
-    values, errors = result_values(session.ledger.store, revision_id,
-                                   SimpleNamespace(model=object(), load=load))
+    values, errors = result_values(session.ledger.store, revision_id, SimpleNamespace(
+        model=object(), load=load, unseen=("globals()['ALLOWED']",)))
     gone = [t["task_id"] for t in tasks if answer(t)["verdict"] == "no_match"]
     assert dict(values) == {t["task_id"]: answer(t) for t in tasks if t["task_id"] not in gone}
     assert len(values) == 3 and gone[0] not in values and values.get(gone[0]) is None
@@ -323,7 +335,7 @@ def test_checked_tasks_are_held_as_request_texts_and_read_back_as_given():
         held[23]
     keys = Keys.compose(held, compile_schema(LABEL_SCHEMA), "none", 5, None,
                         normalize_identity(None), "items", "src")
-    requests = keys.pack(held, 5, texts, packed=True)
+    requests = keys.window(held, 0, len(texts))
     assert [list(r.tasks) for r in requests] == [tasks[i:i + 5] for i in range(0, 23, 5)]
     assert requests[-1].task_ids == tuple(t["task_id"] for t in tasks[20:])
     assert requests[1].tasks[1:3] == tuple(tasks[6:8]) and len(requests[-1].tasks) == 3

@@ -145,21 +145,26 @@ class Keys:
         """The same keys with one more revision component that keys requests (``unseen``)."""
         return replace(self, components={**self.components, name: value})
 
-    def pack(self, tasks: Sequence[dict], pack: int, texts: Sequence[str] | None = None, *,
-             packed: bool = False) -> list[Request]:
-        """Group tasks ``pack`` at a time; ``texts`` are their canonical JSON, if made: one per
-        task, or (``packed``) one per request, as ``normalize_tasks(..., pack=)`` makes them."""
+    def pack(self, tasks: Sequence[dict], pack: int,
+             texts: Sequence[str] | None = None) -> list[Request]:
+        """Group tasks ``pack`` at a time; ``texts`` are their canonical JSON, one per task,
+        if made."""
         whole("pack", pack, 1)
         if texts is None:
             texts = [canonical_json(t) for t in tasks]
         out = []
         for position, start in enumerate(range(0, len(tasks), pack)):
-            tasks_json = (texts[position] if packed else
-                          "[" + ",".join(texts[start:start + pack]) + "]")
-            held = (tasks.request(position) if isinstance(tasks, PackedTasks) else
-                    tuple(tasks[start:start + pack]))  # decoded when read, not held twice
-            out.append(Request(self.request(tasks_json), held, position, tasks_json=tasks_json))
+            tasks_json = "[" + ",".join(texts[start:start + pack]) + "]"
+            out.append(Request(self.request(tasks_json), tuple(tasks[start:start + pack]),
+                               position, tasks_json=tasks_json))
         return out
+
+    def window(self, tasks: PackedTasks, start: int, stop: int) -> list[Request]:
+        """Requests ``start`` to ``stop`` (positions) of checked tasks held as their requests'
+        texts (``normalize_tasks(..., pack=)``), each task decoded when read, not held twice."""
+        texts = tasks.texts[start:stop]
+        return [Request(self.request(text), tasks.request(position, text), position,
+                        tasks_json=text) for position, text in enumerate(texts, start)]
 
     def split(self, request: Request) -> list[Request]:
         """Deterministic halving: the first half keeps the extra task on odd sizes."""

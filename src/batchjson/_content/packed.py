@@ -80,7 +80,8 @@ class PackedTasks(SequenceView):
             tasks = json.loads(text)
             yield from (tasks[start % self.pack:] if n == 0 else tasks)
 
-    def request(self, position: int) -> RequestTasks:
-        """The tasks of request ``position`` (its text is ``texts[position]``)."""
+    def request(self, position: int, text: str | None = None) -> RequestTasks:
+        """The tasks of request ``position`` (its text is ``texts[position]``, or ``text``
+        when already read)."""
         count = min(self.pack, self._count - position * self.pack)
-        return RequestTasks(self.texts[position], count)
+        return RequestTasks(self.texts[position] if text is None else text, count)

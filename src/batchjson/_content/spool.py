@@ -9,7 +9,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Iterator, Mapping
+import tempfile
+from array import array
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,3 +79,85 @@ def _read_jsonl(path: Path, hasher: Any) -> Iterator[Any]:
             if type(task) is dict:  # one str per field name, not one per line
                 task = {names.setdefault(k, k): v for k, v in task.items()}
             yield task
+
+
+SPILL_CHARS = 1 << 22  # texts kept in memory up to this many characters, then on disk
+
+
+class TextSpool(Sequence[str]):
+    """JSON texts in order, appended one at a time: each request's tasks (the one copy of a
+    run's tasks), or each call's task ids (what a result's ``attempts_by_task`` counts).
+
+    A small run keeps them in a list; past :data:`SPILL_CHARS` they go to an unnamed temporary
+    file (one text a line: JSON text holds no raw newline), read back by offset, so a million
+    tasks from a generator or a file take no memory of their own while the run streams over
+    them a window at a time. Reads use ``os.pread``: safe from the session's loop thread while
+    another reader iterates. The file goes when the last holder lets go (a result's errors
+    keep it for the tasks they name).
+    """
+
+    def __init__(self) -> None:
+        self._held: list[str] | None = []
+        self._chars = 0
+        self._file: Any = None
+        self._offsets = array("Q", [0])  # where each text starts; the last: where the file ends
+        self._unflushed = False
+
+    def append(self, text: str) -> None:
+        if self._held is not None:
+            self._held.append(text)
+            self._chars += len(text)
+            if self._chars > SPILL_CHARS:
+                self._spill()
+            return
+        data = text.encode("utf-8") + b"\n"
+        self._file.write(data)
+        self._offsets.append(self._offsets[-1] + len(data))
+        self._unflushed = True
+
+    def extend(self, texts: Iterable[str]) -> None:
+        for text in texts:
+            self.append(text)
+
+    def _spill(self) -> None:
+        held, self._held = self._held or [], None
+        self._file = tempfile.TemporaryFile(prefix="batchjson-tasks-")
+        for text in held:
+            self.append(text)
+
+    def __len__(self) -> int:
+        return len(self._held) if self._held is not None else len(self._offsets) - 1
+
+    def __getitem__(self, index: Any) -> Any:
+        if self._held is not None:
+            return self._held[index]
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step == 1:
+                return self._read(start, stop) if start < stop else []
+            return [self[i] for i in range(start, stop, step)]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError("request index out of range")
+        return self._read(index, index + 1)[0]
+
+    def __iter__(self) -> Iterator[str]:
+        if self._held is not None:
+            yield from list(self._held)  # a list appended to while read: what it held
+            return
+        count = len(self)
+        for start in range(0, count, READ_TEXTS):
+            yield from self._read(start, min(count, start + READ_TEXTS))
+
+    def _read(self, start: int, stop: int) -> list[str]:
+        """Texts ``start`` to ``stop`` in one read of the file."""
+        if self._unflushed:
+            self._file.flush()
+            self._unflushed = False
+        first = self._offsets[start]
+        data = os.pread(self._file.fileno(), self._offsets[stop] - first, first)
+        return data.decode("utf-8").split("\n")[:-1]
+
+
+READ_TEXTS = 256  # texts read back from disk at once

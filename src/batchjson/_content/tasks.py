@@ -6,16 +6,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import chain
 from typing import Any
 
 from .._canon import canonical_json as _canonical
 from .._errors import InvalidBatch
 from .packed import PackedTasks
-from .spool import is_task_file, stream_tasks
+from .spool import TextSpool, is_task_file, stream_tasks
 from .strictjson import nesting
+from .unique import TaskIds
 
 TASKS_BEGIN = "<<<BATCHJSON_TASKS"
 TASKS_END = "BATCHJSON_TASKS>>>"
@@ -38,7 +40,7 @@ CHUNK = 10_000  # tasks decoded back at once: one json.loads each, and a bounded
 
 def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
                     identity: Sequence[str], hasher: Any = None,
-                    pack: int | None = None) -> tuple[Sequence[dict], list[str]]:
+                    pack: int | None = None) -> tuple[Sequence[dict], Sequence[str]]:
     """Check every task before anything is spent, naming the first bad one and the fix.
 
     ``tasks`` is a list, any iterable (a generator, read once) or a JSON Lines file's path.
@@ -46,46 +48,54 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
     serialisability already produces the text that request keys, the ledger and prompts are
     built from. With ``pack``, one text per ``pack`` tasks (each request's ``tasks_json``),
     and the tasks are a :class:`PackedTasks` over those texts, decoded when read, so a task is
-    held once, as text. The caller's own objects are not kept. ``hasher`` is fed a file's
-    bytes as they are read.
+    held once, as text (:class:`TextSpool`: on disk past a few megabytes, so a run then
+    streams over them). The caller's own objects are not kept, nor a set of their ids (see
+    ``unique``). ``hasher`` is fed a file's bytes as they are read.
     """
     identity = normalize_identity(identity)
     from_file = is_task_file(tasks)  # a file's tasks are JSON already: nothing to decode back
-    seen: set[str] = set()
+    ids = TaskIds()
     out: list[dict] = []
-    texts: list[str] = []
+    texts: Any = TextSpool() if pack else []
     chunk: list[Any] = []
     chunk_texts: list[str] = []
     count = 0
     size = pack * max(1, CHUNK // pack) if pack else CHUNK  # whole requests in each chunk
+
+    def so_far(*more: Any) -> Iterator[Any]:  # every task read, in order
+        return chain(PackedTasks(texts, pack, count) if pack else out, chunk, more)
+
     for position, task in enumerate(stream_tasks(tasks, hasher)):
-        task_id = task.get("task_id") if isinstance(task, Mapping) else None
-        if isinstance(task_id, str) and task_id in seen:
-            done = PackedTasks(texts, pack, count) if pack else out
-            first = next(i for i, t in enumerate(chain(done, chunk)) if t["task_id"] == task_id)
-            raise InvalidBatch(f"duplicate task_id {task_id!r} (tasks #{first} and "
-                               f"#{position}); task_ids must be unique within a batch")
-        chunk_texts.append(_task_text(position, task, identity))
-        seen.add(task["task_id"])
+        try:
+            chunk_texts.append(_task_text(position, task, identity))
+        except InvalidBatch:  # a repeated id before it (or its own) is named first
+            own = task.get("task_id") if isinstance(task, Mapping) else None
+            if isinstance(own, str):
+                ids.add(own)
+            ids.refuse_repeats(so_far(task))
+            raise
+        ids.add(task["task_id"])
         chunk.append(task)
         if len(chunk) == size:
             count += _take(chunk, chunk_texts, out, texts, pack, from_file)
             chunk, chunk_texts = [], []
     if chunk:
         count += _take(chunk, chunk_texts, out, texts, pack, from_file)
+        chunk = []
+    ids.refuse_repeats(so_far())
     if not count:
         raise InvalidBatch("empty batch: pass at least one task")
     return (PackedTasks(texts, pack, count) if pack else out), texts
 
 
-def _take(chunk: list[Any], chunk_texts: list[str], out: list[dict], texts: list[str],
+def _take(chunk: list[Any], chunk_texts: list[str], out: list[dict], texts: Any,
           pack: int | None, from_file: bool) -> int:
     """A checked chunk into the run's texts (and, without ``pack``, its tasks' JSON form)."""
     if pack:
         _check_encoded("[" + ",".join(chunk_texts) + "]", chunk_texts, chunk)
     else:
         out += _json_form(chunk, chunk_texts, from_file)
-    texts += _grouped(chunk_texts, pack)
+    texts.extend(_grouped(chunk_texts, pack))
     return len(chunk)
 
 
@@ -252,19 +262,24 @@ class Request:
     """
 
     key: str
-    tasks: tuple[dict, ...]
+    tasks: Sequence[dict]  # a tuple, or a RequestTasks decoding ``tasks_json`` when read
     position: int
     parent_key: str | None = None
     tasks_json: str = field(default="", repr=False, compare=False)
-    task_ids: tuple[str, ...] = field(init=False, repr=False, compare=False)
-    task_ids_json: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.tasks_json:
             object.__setattr__(self, "tasks_json", _canonical(list(self.tasks)))
-        ids = tuple(t["task_id"] for t in self.tasks)
-        object.__setattr__(self, "task_ids", ids)
-        object.__setattr__(self, "task_ids_json", "[" + ",".join(map(_json_string, ids)) + "]")
+
+    @cached_property
+    def task_ids(self) -> tuple[str, ...]:
+        """Its tasks' ids, read when first asked for (a run that only keys a request, to learn
+        whether the ledger holds it, never decodes its tasks)."""
+        return tuple(t["task_id"] for t in self.tasks)
+
+    @cached_property
+    def task_ids_json(self) -> str:
+        return "[" + ",".join(map(_json_string, self.task_ids)) + "]"
 
 
 def render_items_prompt(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str],

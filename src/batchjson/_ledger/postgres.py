@@ -27,7 +27,6 @@ from contextlib import contextmanager, nullcontext
 from functools import lru_cache, reduce
 from typing import Any
 
-from .._content.tasks import Request
 from .._errors import ConfigError, LedgerError
 from .._providers.masking import Secrets, public_url
 from . import claims
@@ -38,6 +37,7 @@ from .sqlite import SCHEMA_VERSION
 from .store import Store
 from .store_base import Later, Row, Tx
 from .store_calls import COMPLETE_SQL, RECEIPT_SQL, already_accepted
+from .store_runs import REQUESTS_SQL, SEEN_SQL
 
 # The one lock of transactions that read before they write ("batchjson" in ASCII).
 SERIAL_LOCK = "SELECT pg_advisory_xact_lock(7089063493536607342)"
@@ -126,16 +126,18 @@ ACCEPT = (
         "COALESCE(MIN(attempt_id)::text, '?') FROM checkpoint WHERE request_key = ? AND "
         "batch_id = ?)) END"))
 
-# Many rows in one statement, each column bound as one array and the rows kept in order
-# (psycopg's executemany runs a statement once per row): a batch's requests, what they saw.
-ROWS_PER_STATEMENT = 5000
-REQUESTS = (
-    "INSERT INTO requests(revision_id, key, position, parent_key, task_ids, tasks) SELECT ?, "
-    "key, position, parent_key, task_ids, tasks FROM unnest(?::text[], ?::bigint[], ?::text[], "
-    "?::text[], ?::text[]) WITH ORDINALITY AS t(key, position, parent_key, task_ids, tasks, n) "
-    "ORDER BY n ON CONFLICT DO NOTHING")
-SEEN = ("INSERT INTO seen(request_key, seen_key) SELECT * FROM unnest(?::text[], ?::text[]) "
-        "ON CONFLICT DO NOTHING")
+# What runs for many rows (``_many``) runs once here, each column bound as one array, the rows
+# kept in order (psycopg's executemany runs a statement once per row): a batch's requests,
+# what each saw.
+BULK = {
+    REQUESTS_SQL: (
+        "INSERT INTO requests(revision_id, key, position, parent_key, task_ids, tasks) SELECT "
+        "r, k, p, pk, ti, t FROM unnest(?::bigint[], ?::text[], ?::bigint[], ?::text[], "
+        "?::text[], ?::text[]) WITH ORDINALITY AS u(r, k, p, pk, ti, t, n) ORDER BY n "
+        "ON CONFLICT DO NOTHING"),
+    SEEN_SQL: ("INSERT INTO seen(request_key, seen_key) SELECT * FROM unnest(?::text[], "
+               "?::text[]) ON CONFLICT DO NOTHING"),
+}
 
 TRANSIENT = {"40001", "40P01", "55P03"}  # serialization failure, deadlock, lock not available
 _LITERAL = re.compile(r"('(?:[^']|'')*')")
@@ -376,6 +378,8 @@ class PostgresStore(Store):
         return cursor if self._pipelined is None else _Answer(cursor, self._pipelined)
 
     def _many(self, tx: Tx, sql: str, rows: Sequence[Sequence[Any]]) -> Any:
+        if sql in BULK and rows:
+            return self._exec(tx, BULK[sql], [list(column) for column in zip(*rows, strict=True)])
         cursor = tx.cursor()
         cursor.executemany(dialect(sql), rows)
         return cursor if self._pipelined is None else _Answer(cursor, self._pipelined)
@@ -459,17 +463,6 @@ class PostgresStore(Store):
     def renew_claims(self, tx: Tx, owner: Owner) -> None:
         tx.execute(RENEW, (self.lease_seconds, owner.id))
 
-    def insert_requests(self, tx: Tx, revision_id: int, requests: Sequence[Request]) -> None:
-        for chunk in _chunks(requests):
-            self._exec(tx, REQUESTS, (revision_id, *map(list, zip(*(
-                (r.key, r.position, r.parent_key, r.task_ids_json, r.tasks_json)
-                for r in chunk), strict=True))))
-
-    def record_seen(self, pairs: Sequence[tuple[str, str]]) -> None:
-        with self.transaction() as tx:
-            for chunk in _chunks(pairs):
-                self._exec(tx, SEEN, tuple(map(list, zip(*chunk, strict=True))))
-
     def accept_call(self, tx: Tx, attempt_id: int, batch_id: int, request_key: str,
                     items: Mapping[str, Any], raw: str, usage: Mapping[str, Any],
                     sent_at: str | None = None, charge: float | None = None) -> None:
@@ -481,11 +474,6 @@ class PostgresStore(Store):
             [json.dumps(item) for item in items.values()], empty, empty,
             json.dumps(already_accepted("{first}")), request_key, batch_id,
             *self._completion(tx, attempt_id, raw, usage, stamp, sent_at, charge)))
-
-
-def _chunks(rows: Sequence[Any]) -> Iterator[Sequence[Any]]:
-    for start in range(0, len(rows), ROWS_PER_STATEMENT):
-        yield rows[start:start + ROWS_PER_STATEMENT]
 
 
 def _other_version(version: Any) -> str:

@@ -5,7 +5,8 @@ values, what is owed, validator versions, and the memory for re-judging (seen ke
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import islice
 from typing import Any
 
 from .._content.tasks import Request
@@ -13,6 +14,7 @@ from .._providers.reply import STOP_ERRORS
 from .records import Receipt, Revision, _receipt, _revision, _uid, now
 from .store_base import Row, StoreBase, Tx
 
+INSERT_ROWS = 2000  # rows a streamed insert writes per statement batch
 JUDGED = ("tasks", "schema", "validator", "pack", "instructions", "identity", "mode")
 
 
@@ -59,7 +61,7 @@ class RunStore(StoreBase):
         return row["id"], row["current_revision"]
 
     def open_revision(self, name: str, fingerprint: str, components: Mapping[str, str],
-                      requests: Sequence[Request], *, strict: bool,
+                      requests: Iterable[Request], *, strict: bool,
                       validator: Mapping[str, Any] | None = None,
                       ) -> tuple[Revision, Revision | None]:
         """Make (or reuse) the revision for this content and mark it current.
@@ -127,11 +129,12 @@ class RunStore(StoreBase):
                    (revision_id, "changed: " + ", ".join(changed or ["content"]), previous_id))
         return previous_id
 
-    def insert_requests(self, tx: Tx, revision_id: int, requests: Sequence[Request]) -> None:
-        self._many(tx, "INSERT INTO requests(revision_id, key, position, parent_key, task_ids, "
-                   "tasks) VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING",
-                   [(revision_id, r.key, r.position, r.parent_key, r.task_ids_json, r.tasks_json)
-                    for r in requests])
+    def insert_requests(self, tx: Tx, revision_id: int, requests: Iterable[Request]) -> None:
+        """``requests`` (a list, or a stream of a million read a window at a time) in ``tx``."""
+        rows = ((revision_id, r.key, r.position, r.parent_key, r.task_ids_json, r.tasks_json)
+                for r in requests)
+        while chunk := list(islice(rows, INSERT_ROWS)):
+            self._many(tx, REQUESTS_SQL, chunk)
 
     def record_split(self, revision_id: int, parent: Request, children: Sequence[Request]) -> None:
         """Replace a leaf request by its halves; the parent stays on record as split."""
@@ -150,6 +153,18 @@ class RunStore(StoreBase):
         return self._read("SELECT key, tasks, task_ids, position, parent_key FROM requests "
                           "WHERE revision_id = ? AND split = 0 ORDER BY position, id",
                           (revision_id,))
+
+    def leaf_pages(self, revision_id: int, positions: int) -> Iterator[list[Row]]:
+        """:meth:`leaf_rows` a page at a time, each page ``positions`` positions (a request
+        and the halves it was split into share one), so a page read later never holds a half
+        made meanwhile of a request an earlier page held."""
+        last = self._read("SELECT MAX(position) FROM requests WHERE revision_id = ?",
+                          (revision_id,))[0][0]
+        for start in range(0, -1 if last is None else last + 1, positions):
+            yield self._read("SELECT key, tasks, task_ids, position, parent_key FROM requests "
+                             "WHERE revision_id = ? AND split = 0 AND position >= ? AND "
+                             "position < ? ORDER BY position, id",
+                             (revision_id, start, start + positions))
 
     def current_revision(self, name: str) -> tuple[int, dict[str, str]] | None:
         """(id, components) of batch ``name``'s current revision, or None."""
@@ -313,11 +328,13 @@ class RunStore(StoreBase):
             "ON b.id = r.batch_id ORDER BY v.name, v.version, b.name")
 
     # -- re-judging's memory -------------------------------------------------------------------
-    def record_seen(self, pairs: Sequence[tuple[str, str]]) -> None:
-        """Remember what the model saw for each request key: (request_key, seen_key)."""
+    def record_seen(self, pairs: Iterable[tuple[str, str]]) -> None:
+        """Remember what the model saw for each request key: (request_key, seen_key); a
+        stream of pairs is written a chunk at a time, in one transaction."""
+        pairs = iter(pairs)
         with self.transaction() as tx:
-            self._many(tx, "INSERT INTO seen(request_key, seen_key) VALUES (?, ?) "
-                       "ON CONFLICT DO NOTHING", pairs)
+            while chunk := list(islice(pairs, INSERT_ROWS)):
+                self._many(tx, SEEN_SQL, chunk)
 
     def record_task_file(self, digest: str, tasks: str, count: int,
                          fields: Sequence[str]) -> None:
@@ -434,6 +451,10 @@ UNRESOLVED_SQL = (
     "AND q.split = 0 "
     "AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.request_key = q.key "
     "AND a.status = 'accepted')")
+
+REQUESTS_SQL = ("INSERT INTO requests(revision_id, key, position, parent_key, task_ids, tasks) "
+                "VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING")
+SEEN_SQL = "INSERT INTO seen(request_key, seen_key) VALUES (?, ?) ON CONFLICT DO NOTHING"
 
 CHECKPOINT_SQL = (
     "INSERT INTO checkpoint(batch_id, request_key, task_id, attempt_id, item, committed_at) "

@@ -291,9 +291,7 @@ class Caller:
 
     def _count(self, request: Request) -> None:
         self.outcome.calls += 1
-        for task_id in request.task_ids:
-            self.outcome.attempts_by_task[task_id] = (
-                self.outcome.attempts_by_task.get(task_id, 0) + 1)
+        self.outcome.calls_log.append(request.task_ids_json)
 
     def _close(self, attempt_id: int, why: str, sent_at: str | None,
                reply: Reply | None = None, charge: float = 0.0) -> None:

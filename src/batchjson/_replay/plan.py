@@ -9,6 +9,7 @@ from typing import Any
 
 from .._content.keys import Keys
 from .._content.schema import ItemSchema
+from .._content.spool import TextSpool
 
 
 @dataclass
@@ -56,7 +57,8 @@ class Outcome:
     taken_from_ledger: int = 0  # requests another runner resolved while this run waited
     stopped: str | None = None  # why the run stopped opening calls early, if it did
     overrun: float = 0.0  # USD this run's calls billed beyond their cost-budget reservations
-    attempts_by_task: dict[str, int] = field(default_factory=dict)
+    # each call's task ids as JSON, spooled to disk past a few megabytes
+    calls_log: TextSpool = field(default_factory=TextSpool)
     errors: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @property

@@ -17,7 +17,8 @@ import asyncio
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from itertools import islice
 from types import SimpleNamespace
 from typing import Any
 
@@ -40,6 +41,7 @@ from .pacing import Pacer
 from .plan import Outcome, Plan, Transport
 
 Item = tuple[Request, int, "str | None"]  # a queued request, its split depth, its first kind
+FEED = 500  # requests taken from a stream into the queue at once
 # The pause before each look at requests other runners hold, growing while nothing changes:
 # a run that waits for another's last calls returns within a look of their end.
 HELD_POLL = (0.02, 0.25)
@@ -78,32 +80,31 @@ class Replayer:
                          + wait_random(0, transport.backoff_initial))
         self.control = Control()
 
-    async def run(self, requests: list[Request]) -> Outcome:
+    async def run(self, requests: Iterable[Request]) -> Outcome:
         """Drive every request with ``concurrency`` workers; each takes the next request as soon
-        as its previous one is resolved or given up."""
+        as its previous one is resolved or given up. ``requests`` may be a stream (a million,
+        read a window at a time): the queue is filled from it :data:`FEED` at a time, as it
+        runs low, so only those are held."""
         self.owner = Owner.start(self.session_id)
-        self._attempts = self.store.attempt_counts([r.key for r in requests])
-        self._cut_off = {key for key, stops in self.store.stops_of(
-            [r.key for r in requests]).items() if TRUNCATED in stops}
         self.caller = Caller(self.plan, self.store, self.provider, self.spender, self.transport,
                              self.outcome, self.writes, self.owner, self.control,
                              self._attempts)
         self.store.reap()  # runners that are gone give up their claims before we start
         if self.hosts is not None:  # the share of the limits as it is now, before any call
             await self.writes.run(self.hosts.count)
-        self._queue: deque[Item] = deque((r, 0, None) for r in requests)
-        if self.hosts is not None and self.hosts.pacer.hosts > 1 and self._queue:
-            # hosts sharing the batch start at different places in it
-            self._queue.rotate(-random.randrange(len(self._queue)))
+        self._queue: deque[Item] = deque()
+        self._feed: Iterator[Request] | None = iter(requests)
+        self._fill()
         self._held: list[Item] = []
         self._active = 0
         self._poll = HELD_POLL[0]
         self._polling = False
         self._next_sweep = 0.0  # when the queue may next be checked against the ledger
         # Splitting can turn one request into many: with split on, size the pool for tasks.
-        work = sum(len(r.tasks) for r in requests) if self.plan.split else len(requests)
-        workers = [asyncio.ensure_future(self._worker()) for _ in range(min(self.concurrency,
-                                                                             work))]
+        work = (sum(len(item[0].tasks) for item in self._queue) if self.plan.split
+                else len(self._queue))
+        workers = [asyncio.ensure_future(self._worker()) for _ in range(
+            self.concurrency if self._feed is not None else min(self.concurrency, work))]
         self.control.workers = workers
         lease = asyncio.ensure_future(self._renew())
         try:
@@ -146,9 +147,25 @@ class Replayer:
             if self.hosts is not None:
                 self.writes.queue(self.hosts.count)
 
+    def _fill(self) -> None:
+        """The next requests of the stream into the queue, with what the ledger says of each
+        (its attempts so far, whether it was cut off before at this ceiling)."""
+        if self._feed is None:
+            return
+        requests = list(islice(self._feed, FEED))
+        if len(requests) < FEED:
+            self._feed = None
+        keys = [r.key for r in requests]
+        self._attempts.update(self.store.attempt_counts(keys))
+        self._cut_off.update(key for key, stops in self.store.stops_of(keys).items()
+                             if TRUNCATED in stops)
+        self._queue.extend((r, 0, None) for r in requests)
+
     async def _worker(self) -> None:
         changed = self.control.changed
         while self.control.stop is None:
+            if len(self._queue) < self.concurrency and self._feed is not None:
+                self._fill()
             if self._queue:
                 item = self._queue.popleft()
             elif self._active or self._polling:
@@ -203,6 +220,7 @@ class Replayer:
             self._not_sent(done, (request, depth, first_kind))
         elif done is not None:
             self._judged(request, done)
+            self._attempts.pop(request.key, None)  # done with in this run: held no longer
 
     async def _attempts_of(self, request: Request, depth: int,
                            first_kind: str | None) -> Judged | NotSent | None:

@@ -6,7 +6,7 @@ import html
 import io
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -14,6 +14,36 @@ from .._errors import ConfigError
 from .._money import money
 from .errors import ResultErrors, failure_groups
 from .values import plain_items
+
+
+class TaskAttempts(Mapping[str, int]):
+    """task_id -> calls this run made that carried the task, read on first use from the run's
+    log of its calls (each call's task ids as JSON, on disk past a few megabytes, so a run of
+    a million tasks holds no count a task); a task no call carried is absent."""
+
+    def __init__(self, calls_log: Iterable[str]) -> None:
+        self._log = calls_log
+        self._by_task: dict[str, int] | None = None
+
+    def _tasks(self) -> dict[str, int]:
+        if self._by_task is None:
+            self._by_task = {}
+            for line in self._log:
+                for task_id in json.loads(line):
+                    self._by_task[task_id] = self._by_task.get(task_id, 0) + 1
+        return self._by_task
+
+    def __getitem__(self, task_id: str) -> int:
+        return self._tasks()[task_id]
+
+    def __iter__(self) -> Any:
+        return iter(self._tasks())
+
+    def __len__(self) -> int:
+        return len(self._tasks())
+
+    def __repr__(self) -> str:
+        return repr(self._tasks())
 
 SHOWN = 10  # failed requests a notebook shows; the rest are counted
 
@@ -36,7 +66,7 @@ class BatchResult:
     provider_errors: int = 0
     resumed: int = 0
     superseded: str | None = None
-    attempts_by_task: dict[str, int] = field(default_factory=dict)
+    attempts_by_task: Mapping[str, int] = field(default_factory=dict)  # calls per task
     repairs_made: int = 0
     notes: list[str] = field(default_factory=list)
     rechecked: int = 0  # requests resolved by re-judging earlier returns (no calls)

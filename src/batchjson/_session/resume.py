@@ -14,16 +14,14 @@ every task. The validator is registered as a full run registers it.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._content.keys import Keys, answer_source
-from .._content.packed import RequestTasks
 from .._content.schema import ItemSchema, compile_schema
 from .._content.spool import file_digest, is_task_file
-from .._content.tasks import Identity, Request, normalize_identity
+from .._content.tasks import Identity, normalize_identity
 from .._errors import BatchJsonError
 from .._fingerprint.fingerprint import fingerprint_function
 from .._ledger.records import Revision
@@ -55,14 +53,6 @@ def remember_file(store: Store, digest: str, tasks_component: str,
     for task in tasks:
         fields.update(dict.fromkeys(task))
     store.record_task_file(digest, tasks_component, len(tasks), list(fields))
-
-
-def resumed_requests(store: Store, revision_id: int) -> list[Request]:
-    """The leaf requests of a revision being run again, their tasks decoded from the ledger's
-    text of each when read (a request's key names its content: the text is the run's own)."""
-    return [Request(row["key"], RequestTasks(row["tasks"], len(json.loads(row["task_ids"]))),
-                    row["position"], row["parent_key"], tasks_json=row["tasks"])
-            for row in store.leaf_rows(revision_id)]
 
 
 def find_completed(session: Session, spec: RunSpec) -> Completed | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -17,19 +17,19 @@ from .._acceptance.validators import droste_verdicts
 from .._content.keys import Keys, answer_source
 from .._content.tasks import Request
 from .._errors import BatchUnresolved
-from .._ledger.rejudge import UNSEEN, clear_sourceless, rejudge, unseen_token
+from .._ledger.rejudge import UNSEEN, clear_sourceless, unseen_token
 from .._providers.reply import GuardedProvider, provider_names
 from .._replay.budget import Spender, usd
 from .._replay.calls import cheapest_call
 from .._replay.jobs import JobRunner, JobsOutcome
 from .._replay.plan import Outcome, Plan
 from .._replay.replay import Replayer
-from . import batches, preflight
+from . import batches, preflight, window
 from .errors import ResultErrors
 from .fit import check_fit, check_rate_fit
 from .registry import ValidatorVersion
-from .result import BatchResult
-from .resume import Completed, find_completed, remember_file, resumed_requests
+from .result import BatchResult, TaskAttempts
+from .resume import Completed, find_completed, remember_file
 from .spec import CheckedRun, RunSpec
 from .values import result_values
 
@@ -50,9 +50,10 @@ class Run:
     keys: Keys | None = None
     blind: list[str] = field(default_factory=list)  # judging no fingerprint fully sees
     existing: Any = None  # the revision of this content already on record, if any
-    requests: list[Request] = field(default_factory=list)
-    pending: list[Request] = field(default_factory=list)  # what calls must resolve
-    owed: list[Request] = field(default_factory=list)  # what this run resolves, either way
+    pending: Sequence[Request] = ()  # what calls must resolve (a window.Pending: re-read)
+    owed: list[Request] = field(default_factory=list)  # when answers of unknown source exist
+    counts: dict[str, int] = field(  # requests, pending ones, their tasks (window.survey)
+        default_factory=lambda: dict.fromkeys(("requests", "pending", "pending_tasks"), 0))
     rechecked: list[tuple[Request, Any, dict[str, Any]]] = field(default_factory=list)
     broken: list[dict[str, Any]] = field(default_factory=list)  # a validator_error re-judging
     sourceless_of: dict[str, str] = field(default_factory=dict)
@@ -77,7 +78,7 @@ def run_spec(session: Session, spec: RunSpec) -> BatchResult:
     if done is not None:  # every request of this content accepted: nothing to plan or send
         return report_completed(session, spec, done, state)
     find_requests(session, state)
-    rejudge_stored(session, state)
+    window.survey(session, state)  # earlier returns re-judged, what is owed: no call yet
     plan, spender = plan_calls(session, state)
     revision = record_revision(session, state, plan)
     outcome = send(session, state, plan, spender, revision)
@@ -144,40 +145,22 @@ def finished_revision(session: Session, state: Run) -> Completed | None:
 
 
 def find_requests(session: Session, state: Run) -> None:
-    """The run's requests: those of its revision when one is on record. Judging no
-    fingerprint fully sees moves on to a revision naming the answers that no longer pass."""
+    """The run's revision when one is on record (its requests are then read from the
+    ledger). Judging no fingerprint fully sees moves on to a revision naming the answers that
+    no longer pass: it re-judges every accepted request of the revision, so that one step
+    holds them all."""
     spec, content, store = state.spec, state.content, session.ledger.store
     while True:
         state.existing = store.find_revision(spec.name, state.keys.revision)
-        state.requests = (
-            resumed_requests(store, state.existing.id)
-            if state.existing else
-            state.keys.pack(content.tasks, spec.pack, content.texts, packed=True))
+        if not state.blind:
+            return
         token = unseen_token(
-            store, state.requests, state.keys.components.get(UNSEEN), run=session._loop.run,
-            mode=spec.mode, identity=content.identity, schema=content.schema,
-            validator=state.checker) if state.blind else None
+            store, list(window.every_request(store, state)),
+            state.keys.components.get(UNSEEN), run=session._loop.run, mode=spec.mode,
+            identity=content.identity, schema=content.schema, validator=state.checker)
         if token is None:
             return
         state.keys = state.keys.with_part(UNSEEN, token)
-
-
-def rejudge_stored(session: Session, state: Run) -> None:
-    """Earlier returns of what the model saw, judged under this run's rules: those that pass
-    resolve their requests for free. Answers of unknown source (imported) are found under the
-    key of the same content without one."""
-    store, keys = session.ledger.store, state.keys
-    done = store.accepted_keys([r.key for r in state.requests])
-    state.owed = [r for r in state.requests if r.key not in done]
-    if state.owed and store.has_sourceless_answers():
-        state.sourceless_of = {r.key: keys.sourceless(r.tasks_json) for r in state.owed}
-    state.rechecked = rejudge(
-        store, state.owed, run=session._loop.run, seen_of=_seen_of(state, state.requests),
-        sourceless_of=state.sourceless_of, mode=state.spec.mode,
-        identity=state.content.identity, schema=state.content.schema,
-        validator=state.checker, same_key=bool(state.blind), broken=state.broken)
-    passed = {request.key for request, _, _ in state.rechecked}
-    state.pending = [r for r in state.owed if r.key not in passed]
 
 
 def plan_calls(session: Session, state: Run) -> tuple[Plan, Spender]:
@@ -210,8 +193,9 @@ def plan_calls(session: Session, state: Run) -> tuple[Plan, Spender]:
 def record_revision(session: Session, state: Run, plan: Plan) -> Any:
     """Open (or resume) the revision, with what its requests saw and the rechecked returns."""
     store, version, name = session.ledger.store, state.version, state.spec.name
-    revision, superseded = store.open_revision(
-        name, state.keys.revision, dict(state.keys.components), state.requests,
+    revision, superseded = store.open_revision(  # a new revision's requests: streamed
+        name, state.keys.revision, dict(state.keys.components),
+        window.every_request(store, state),
         strict=session.strict, validator=None if version is None else  # already on record
         {"name": version.name, "version": version.version})
     if superseded is not None:
@@ -224,7 +208,7 @@ def record_revision(session: Session, state: Run, plan: Plan) -> Any:
         remember_file(store, state.content.file_digest, state.keys.components["tasks"],
                       state.content.tasks)
     if state.existing is None or state.pending or state.rechecked:  # else on record already
-        store.record_seen(list(_seen_of(state, state.requests).items()))
+        store.record_seen(window.seen_pairs(store, state))
     if state.rechecked:
         store.commit_rechecks(revision.batch_id, revision.id, state.rechecked, state.source)
     plan.batch_id, plan.revision_id = revision.batch_id, revision.id
@@ -245,7 +229,7 @@ def send(session: Session, state: Run, plan: Plan, spender: Spender, revision: A
     elif state.pending:
         outcome = _live(session, plan, spender, state)
         if plan.split:  # halves made during the run: remember what they saw too
-            store.record_seen(list(_seen_of(state, store.leaves(revision.id)).items()))
+            store.record_seen(window.stored_seen_pairs(store, state, revision.id, halves=True))
     if state.sourceless_of:
         now_accepted = store.accepted_keys([r.key for r in state.owed])
         clear_sourceless(store, [r for r in state.owed if r.key in now_accepted],
@@ -253,17 +237,20 @@ def send(session: Session, state: Run, plan: Plan, spender: Spender, revision: A
     return outcome
 
 
-def _seen_of(state: Run, requests: Sequence[Request]) -> dict[str, str]:
-    return {r.key: state.keys.seen_key(r.tasks_json) for r in requests}
-
-
 def _live(session: Session, plan: Plan, spender: Spender, state: Run) -> Outcome:
-    """The live calls, of what no unfinished batch job claims (a job may still answer it)."""
-    held, pending = batches.held_by_jobs(session.ledger.store, state.pending)
-    outcome = Outcome()
-    if pending:
-        outcome = _replay(session, plan, GuardedProvider(state.provider), spender, state,
-                          pending)
+    """The live calls, of what no unfinished batch job claims (a job may still answer it),
+    fed to the replay loop a window at a time."""
+    store, claimed = session.ledger.store, []
+
+    def unclaimed() -> Iterator[Request]:
+        for pending in state.pending.windows():
+            held = store.job_held_keys([r.key for r in pending])
+            claimed.extend(r for r in pending if r.key in held)
+            yield from (r for r in pending if r.key not in held)
+
+    outcome = _replay(session, plan, GuardedProvider(state.provider), spender, state,
+                      unclaimed())
+    held, _ = batches.held_by_jobs(store, claimed)
     if held.jobs:
         state.jobs = held
         outcome.errors.update(held.outcome.errors)
@@ -276,14 +263,15 @@ def _jobs(session: Session, plan: Plan, spender: Spender, state: Run) -> JobsOut
         runner = JobRunner(plan, session.ledger, state.provider, state.client, spender,
                            session._job_reservations, session_id=session.id,
                            poll=session.job_poll, on_progress=on_progress)
-        return runner.run(state.pending, wait=state.spec.wait)
+        return runner.run(pending, wait=state.spec.wait)
 
-    return _replay(session, plan, state.provider, spender, state, state.pending, drive,
+    pending = list(state.pending)  # a job's upload is made of them all (in files that fit)
+    return _replay(session, plan, state.provider, spender, state, pending, drive,
                    progress=state.spec.progress if state.spec.wait else False)
 
 
 def _replay(session: Session, plan: Plan, provider: Any, spender: Spender, state: Run,
-            pending: list[Request], drive: Any = None, progress: Any = None) -> Any:
+            pending: Iterable[Request], drive: Any = None, progress: Any = None) -> Any:
     """Run the pending requests (``drive``: as batch jobs); a progress bar counts every task
     of the batch, those resumed from the ledger already done (2000/2000 at the end, as tqdm
     users expect)."""
@@ -291,7 +279,7 @@ def _replay(session: Session, plan: Plan, provider: Any, spender: Spender, state
     progress = state.spec.progress if progress is None else progress
     total = len(state.content.tasks)
     bar = None
-    done = max(0, total - sum(len(r.tasks) for r in pending))
+    done = max(0, total - state.counts["pending_tasks"])
     if callable(progress):  # a face's own bar (a notebook widget): progress(total, name)
         bar = progress(total, name)
         if done:
@@ -323,7 +311,8 @@ def report(session: Session, state: Run, revision: Any, outcome: Outcome) -> Bat
     spec, content = state.spec, state.content
     result = _result(session, spec.name, revision, len(content.tasks),
                      lambda: (t["task_id"] for t in content.tasks), content.schema, outcome,
-                     resumed=len(state.requests) - len(state.pending) - len(state.rechecked))
+                     resumed=state.counts["requests"] - state.counts["pending"]
+                     - len(state.rechecked))
     result.rechecked = len(state.rechecked)
     return _described(result, state, content.tasks)
 
@@ -385,7 +374,8 @@ def _result(session: Session, name: str, revision: Any, total: int,
         cost=outcome.cost, revision=revision.number, total_tasks=total,
         accepted_returns=outcome.accepted_returns, rejected_returns=outcome.rejected_returns,
         provider_errors=outcome.provider_errors, resumed=resumed,
-        attempts_by_task=outcome.attempts_by_task, repairs_made=outcome.repairs_made)
+        attempts_by_task=TaskAttempts(outcome.calls_log),
+        repairs_made=outcome.repairs_made)
     if outcome.stopped:
         result.notes.append(outcome.stopped)
     if outcome.overrun:

@@ -1,0 +1,150 @@
+"""A run's requests a window at a time, so its memory does not grow with its tasks.
+
+Checked tasks are held once, as their requests' texts (on disk past a few megabytes), and a
+revision on record holds its requests in the ledger. Every step that looks at requests (keying,
+what is accepted, re-judging, the fit and budget checks, recording, sending) reads them
+:data:`WINDOW` at a time from that source: from the texts for a new revision, from the ledger's
+rows, a page of positions at a time, for one on record. A first pass (:func:`survey`), before
+anything is recorded or spent, learns what each request needs, one mark a request; the calls
+then stream the pending ones again from the same source (:class:`Pending`).
+
+What still needs every request at once says so where it is: judging no fingerprint fully sees
+(``unseen_token`` re-judges the whole revision), the batch transport (a job's upload), earlier
+returns resolved by re-judging (committed once the revision opens) and answers of unknown
+source (rare: imports from another system).
+"""
+
+from __future__ import annotations
+
+import json
+from array import array
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from .._content.packed import RequestTasks
+from .._content.tasks import Request
+from .._ledger.rejudge import rejudge
+from .._ledger.store import Store
+
+if TYPE_CHECKING:
+    from .run import Run
+    from .session import Session
+
+WINDOW = 1000  # requests looked at together: keyed, read from the ledger, queued to send
+
+
+def windows(store: Store, state: Run) -> Iterator[list[Request]]:
+    """The run's requests in order, a window at a time: those of its revision on record, else
+    those its checked tasks pack into, keyed as they are read."""
+    if state.existing is not None:
+        for rows in store.leaf_pages(state.existing.id, WINDOW):
+            yield [stored_request(row) for row in rows]
+        return
+    tasks = state.content.tasks
+    for start in range(0, len(tasks.texts), WINDOW):
+        yield state.keys.window(tasks, start, start + WINDOW)
+
+
+def every_request(store: Store, state: Run) -> Iterator[Request]:
+    for window in windows(store, state):
+        yield from window
+
+
+def stored_request(row: Any) -> Request:
+    """A request of a revision on record, its tasks decoded from the ledger's text when read
+    (a request's key names its content: the text is the run's own)."""
+    return Request(row["key"], RequestTasks(row["tasks"], len(json.loads(row["task_ids"]))),
+                   row["position"], row["parent_key"], tasks_json=row["tasks"])
+
+
+def survey(session: Session, state: Run) -> None:
+    """What each request needs, before anything is recorded or spent: accepted already (under
+    any batch), resolved by re-judging an earlier return, or pending (a call must resolve it).
+    Keeps the counts, one mark a request, and the re-judged returns to commit."""
+    store, keys = session.ledger.store, state.keys
+    sourceless = store.has_sourceless_answers()
+    marks, sizes = bytearray(), array("L")
+    for window in windows(store, state):
+        done = store.accepted_keys([r.key for r in window])
+        owed = [r for r in window if r.key not in done]
+        sourceless_of = ({r.key: keys.sourceless(r.tasks_json) for r in owed}
+                         if owed and sourceless else {})
+        if sourceless_of:  # imports of unknown source are cleared once answered: kept
+            state.sourceless_of.update(sourceless_of)
+            state.owed += owed
+        rechecked = [] if state.broken else rejudge(
+            store, owed, run=session._loop.run, seen_of=seen_of(state, owed),
+            sourceless_of=sourceless_of, mode=state.spec.mode,
+            identity=state.content.identity, schema=state.content.schema,
+            validator=state.checker, same_key=bool(state.blind), broken=state.broken)
+        passed = {request.key for request, _, _ in rechecked}
+        state.rechecked += rechecked
+        pending = [r.key not in done and r.key not in passed for r in window]
+        marks += bytes(pending)
+        sizes.append(len(window))
+        state.counts["requests"] += len(window)
+        state.counts["pending"] += sum(pending)
+        state.counts["pending_tasks"] += sum(len(r.tasks) for r, due in zip(
+            window, pending, strict=True) if due)
+    state.pending = Pending(lambda: windows(store, state), marks, sizes,
+                            state.counts["pending"], store)
+
+
+def seen_of(state: Run, requests: Any) -> dict[str, str]:
+    return {r.key: state.keys.seen_key(r.tasks_json) for r in requests}
+
+
+def seen_pairs(store: Store, state: Run) -> Iterator[tuple[str, str]]:
+    """(request key, what its model saw) of every request, read a window at a time, from the
+    requests' texts alone."""
+    keys = state.keys
+    if state.existing is not None:
+        yield from stored_seen_pairs(store, state, state.existing.id)
+        return
+    for text in state.content.tasks.texts:
+        yield keys.request(text), keys.seen_key(text)
+
+
+def stored_seen_pairs(store: Store, state: Run, revision_id: int, *,
+                      halves: bool = False) -> Iterator[tuple[str, str]]:
+    """:func:`seen_pairs` of a revision on record, a page at a time (``halves``: only the
+    requests a split made)."""
+    for rows in store.leaf_pages(revision_id, WINDOW):
+        yield from ((row["key"], state.keys.seen_key(row["tasks"])) for row in rows
+                    if row["parent_key"] or not halves)
+
+
+class Pending:
+    """The requests a call must resolve, as the survey found them, read again from the run's
+    source a window at a time each time it is iterated; ``len`` counts them without reading.
+    A window of the ledger that changed size since the survey (another runner split one of
+    its requests) is taken as it is now: what is not accepted."""
+
+    def __init__(self, source: Callable[[], Iterator[list[Request]]], marks: bytearray,
+                 sizes: array, count: int, store: Store) -> None:
+        self._source, self._marks, self._sizes = source, marks, sizes
+        self._count, self._store = count, store
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __bool__(self) -> bool:
+        return self._count > 0
+
+    def __iter__(self) -> Iterator[Request]:
+        for window in self.windows():
+            yield from window
+
+    def windows(self) -> Iterator[list[Request]]:
+        start = 0
+        for n, window in enumerate(self._source()):
+            if n < len(self._sizes) and len(window) == self._sizes[n]:
+                marks = self._marks[start:start + len(window)]
+                start += self._sizes[n]
+                chosen = [r for r, mark in zip(window, marks, strict=True) if mark]
+            else:
+                start += self._sizes[n] if n < len(self._sizes) else 0
+                done = self._store.accepted_keys([r.key for r in window])
+                chosen = [r for r in window if r.key not in done]
+            if chosen:
+                yield chosen
