@@ -6,15 +6,20 @@ answering after ``--latency`` seconds:
   (s) one process, its ledger a SQLite file, at concurrency 4 x C: one machine doing it all;
   (p) the same on a PostgreSQL database, for diagnosis: what the store costs, apart from sharing;
   (h) four processes, each its own host (``BATCHJSON_HOST``), each at concurrency C, on one
-      PostgreSQL database (a new one each round) of a server started here: they divide the work.
+      PostgreSQL database (a new one each round) of a server started here: they divide the work;
+  (a) the floor of four processes on this machine: four bare aiohttp loops at concurrency C,
+      each posting a quarter of the tasks (pre-rendered), nothing else;
+  (m) four batchjson processes at concurrency C, each running its own quarter of the tasks
+      with its ledger in memory: what batchjson costs four processes, apart from any ledger.
 
-Both have the same ideal, ceil(N / (4 x C)) x latency: the four hosts together keep as many
-calls in flight as the one process. The hosts' wall time runs from the moment all four are
-told to start (each has imported batchjson and connected) to the moment the last one returns
-the whole result; each must return all N values, and each request must be paid once. The
-verdict is on the median of (h): <= 1.15x the ideal (``--target``). On this 2-core machine the
-four hosts, the loopback server and PostgreSQL share two cores, so (h) also measures that
-crowding; (s) beside it says what one process reaches on the same machine at the same moment.
+All have the same ideal, ceil(N / (4 x C)) x latency: the four hosts together keep as many
+calls in flight as the one process. The four processes' wall time runs from the moment all
+four are told to start (each has imported what it needs and connected) to the moment the last
+one returns; each host of (h) must return all N values, and each request must be paid once.
+The verdict is on the median of (h): <= 1.15x the ideal (``--target``). On this 2-core machine
+the four hosts, the loopback server and PostgreSQL share two cores, so (h) also measures that
+crowding; (a) and (m) beside it say what four processes reach on the same machine at the same
+moment, and (s) what one process does.
 
 Run: .venv/bin/python benchmarks/bench_hosts.py [--n 2000 --concurrency 16 --latency 0.05]
 """
@@ -42,30 +47,58 @@ TARGET = 1.15
 HOSTS = 4
 
 HOST = textwrap.dedent("""
-    import os, sys, time
-    sys.path[:0] = [sys.argv[6], sys.argv[7]]
-    from batchjson import OpenAIProvider, Session
-    from bench_throughput import MODEL, SCHEMA, tasks_for
+    import asyncio, json, os, sys, time
+    sys.path[:0] = [sys.argv[7], sys.argv[8]]
+    from bench_throughput import MODEL, SCHEMA, chat_body, tasks_for
 
-    ledger, base_url, go, n, concurrency = sys.argv[1:6]
+    mode, ledger, base_url, go, n, concurrency = sys.argv[1:7]
+    tasks = tasks_for(int(n))
+    if mode != "shared":  # (a), (m): this process's own quarter
+        tasks = tasks[int(sys.argv[9])::4]
+    if mode == "bare":
+        import aiohttp
+        bodies = [chat_body(t) for t in tasks]
+        headers = {"Content-Type": "application/json", "Authorization": "Bearer sk-test"}
+
+        async def bare():
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+                print("ready", flush=True)
+                while not os.path.exists(go):
+                    await asyncio.sleep(0.001)
+                queue = iter(bodies)
+
+                async def worker():
+                    for body in queue:
+                        async with http.post(f"{base_url}/chat/completions", data=body,
+                                             headers=headers) as resp:
+                            json.loads(await resp.read())
+
+                await asyncio.gather(*(worker() for _ in range(int(concurrency))))
+            print("resolved", len(bodies), len(bodies), time.time(), flush=True)
+
+        asyncio.run(bare())
+        sys.exit()
+    from batchjson import OpenAIProvider, Session
     provider = OpenAIProvider(MODEL, base_url=base_url, api_key="sk-test")
-    session = Session(provider=provider, ledger=ledger, concurrency=int(concurrency))
+    session = Session(provider=provider, ledger=None if mode == "memory" else ledger,
+                      concurrency=int(concurrency))
     print("ready", flush=True)
     while not os.path.exists(go):
         time.sleep(0.001)
-    result = session.run_batch("bench", tasks_for(int(n)), SCHEMA, pack=1, on_exhausted="return")
+    result = session.run_batch("bench", tasks, SCHEMA, pack=1, on_exhausted="return")
     end = time.time()
     print(result.status, len(result.values), result.calls, end, flush=True)
 """)
 
 
-def hosts_round(url: str, base_url: str, n: int, concurrency: int, tmp: Path) -> float:
-    """(h): the wall time from "go" to the last host's whole result."""
+def hosts_round(mode: str, url: str, base_url: str, n: int, concurrency: int,
+                tmp: Path) -> float:
+    """(h), (a), (m): the wall time from "go" to the last process's whole result."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
     go = tmp / f"go-{time.monotonic_ns()}"
     procs = [subprocess.Popen(
-        [sys.executable, "-c", HOST, url, base_url, str(go), str(n), str(concurrency),
-         str(ROOT / "benchmarks"), str(ROOT / "src")],
+        [sys.executable, "-c", HOST, mode, url, base_url, str(go), str(n), str(concurrency),
+         str(ROOT / "benchmarks"), str(ROOT / "src"), str(i)],
         env={**env, "BATCHJSON_HOST": f"bench-host-{i}"}, stdout=subprocess.PIPE, text=True)
         for i in range(HOSTS)]
     for proc in procs:
@@ -74,7 +107,8 @@ def hosts_round(url: str, base_url: str, n: int, concurrency: int, tmp: Path) ->
     start = time.time()
     go.touch()
     outs = [proc.communicate(timeout=600)[0].split() for proc in procs]
-    if any(out[:2] != ["resolved", str(n)] for out in outs):
+    whole = str(n) if mode == "shared" else None
+    if any(out[0] != "resolved" or (whole and out[1] != whole) for out in outs):
         raise RuntimeError(f"a host did not return the whole result: {outs}")
     paid = sum(int(out[2]) for out in outs)
     if paid != n:
@@ -108,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     ideal = math.ceil(args.n / (HOSTS * args.concurrency)) * args.latency
     server = start_postgres()
-    walls: dict[str, list[float]] = {"s": [], "p": [], "h": []}
+    walls: dict[str, list[float]] = {k: [] for k in "spham"}
     whole = HOSTS * args.concurrency
     try:
         with server_process(args.latency) as base_url, tempfile.TemporaryDirectory() as tmp:
@@ -117,15 +151,20 @@ def main(argv: list[str] | None = None) -> int:
                                                     Path(tmp) / f"one-{i}.sqlite"))
                 walls["p"].append(one_process_round(base_url, args.n, whole,
                                                     server.database(f"one_{i}")))
-                walls["h"].append(hosts_round(server.database(f"bench_{i}"), base_url, args.n,
-                                              args.concurrency, Path(tmp)))
+                walls["h"].append(hosts_round("shared", server.database(f"bench_{i}"),
+                                              base_url, args.n, args.concurrency, Path(tmp)))
+                for mode, key in (("bare", "a"), ("memory", "m")):
+                    walls[key].append(hosts_round(mode, "", base_url, args.n,
+                                                  args.concurrency, Path(tmp)))
                 print(f"round {i + 1}: (s) one SQLite process {walls['s'][-1] / ideal:.3f}x, "
                       f"(p) one PostgreSQL process {walls['p'][-1] / ideal:.3f}x, "
-                      f"(h) {HOSTS} hosts on PostgreSQL {walls['h'][-1] / ideal:.3f}x",
+                      f"(h) {HOSTS} hosts on PostgreSQL {walls['h'][-1] / ideal:.3f}x, "
+                      f"(a) {HOSTS} bare loops {walls['a'][-1] / ideal:.3f}x, "
+                      f"(m) {HOSTS} in-memory quarters {walls['m'][-1] / ideal:.3f}x",
                       flush=True)
     finally:
         server.stop()
-    s, p, h = (statistics.median(walls[k]) for k in ("s", "p", "h"))
+    s, p, h, a, m = (statistics.median(walls[k]) for k in "spham")
     print(f"N={args.n}, {HOSTS} hosts x concurrency {args.concurrency}, latency "
           f"{args.latency * 1000:g} ms: ideal {ideal:.3f} s")
     print(f"(s) one process, SQLite, concurrency {HOSTS * args.concurrency}: median "
@@ -134,6 +173,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{p / ideal:.3f}x the ideal")
     print(f"(h) {HOSTS} hosts, one PostgreSQL ledger: median {h:.3f} s = {h / ideal:.3f}x the "
           f"ideal ({h / s:.3f}x the SQLite process)")
+    print(f"(a) {HOSTS} bare aiohttp loops, a quarter each (the floor): median {a:.3f} s = "
+          f"{a / ideal:.3f}x the ideal; (h) - (a) = {(h - a) / ideal:+.3f}x")
+    print(f"(m) {HOSTS} batchjson processes, a quarter each, ledgers in memory: median "
+          f"{m:.3f} s = {m / ideal:.3f}x the ideal; (h) - (m) = {(h - m) / ideal:+.3f}x")
     passed = h / ideal <= args.target
     print(f"verdict: (h) {'<=' if passed else '>'} {args.target}x the ideal: "
           f"{'PASS' if passed else 'FAIL'}")

@@ -200,6 +200,35 @@ def test_an_expired_lease_on_another_host_is_taken_over_and_its_call_abandoned(l
     assert spend["abandoned_calls"] == 1 and spend["cost_lower_bound_unknown"] == 0.001
 
 
+def test_a_late_answer_of_a_host_taken_over_is_kept_paid_and_admits_nothing(ledger_at):
+    """A host presumed gone (its lease expired) comes back with its answer after another
+    runner's was admitted: its receipt is completed as a paid return that admits nothing,
+    naming the attempt that was admitted, and the checkpoint rows are not re-pointed."""
+    path = ledger_at()
+    keys = _prepare(path, 3)
+    _foreign_claim(path, keys[0], lease_in=-1.0)
+    session = Session(CallableProvider(items_reply, source=SOURCE), ledger=path)
+    result = session.run_batch("r", review_tasks(3), LABEL_SCHEMA)
+    task = review_tasks(3)[0]["task_id"]
+    (late, batch_id), = ledger_rows(path, "SELECT id, batch_id FROM attempts WHERE "
+                                    "uid = 'u-foreign'")
+    (admitted,), = ledger_rows(path, "SELECT id FROM attempts WHERE request_key = ? AND "
+                               "status = 'accepted'", keys[0])
+    store = Ledger(path).store
+    with store.call_transaction() as tx:
+        store.accept_call(tx, late, batch_id, keys[0], {task: {"verdict": "late"}},
+                          '{"items": ["late"]}', {"input_tokens": 7, "output_tokens": 3})
+    store.close()
+    (status, errors, raw, tokens), = ledger_rows(
+        path, "SELECT status, errors, raw, output_tokens FROM attempts WHERE id = ?", late)
+    assert (status, raw, tokens) == ("rejected", '{"items": ["late"]}', 3)
+    assert [(e["type"], e["message"].split(" of ")[0]) for e in json.loads(errors)] == [
+        ("already_accepted", f"attempt {admitted}")]
+    assert ledger_rows(path, "SELECT attempt_id FROM checkpoint WHERE request_key = ?",
+                       keys[0]) == [(admitted,)]
+    assert session.run_batch("r", review_tasks(3), LABEL_SCHEMA).values == result.values
+
+
 def test_a_live_lease_on_another_host_is_waited_for_and_never_sent(ledger_at):
     path = ledger_at()
     keys = _prepare(path, 3)

@@ -16,14 +16,14 @@ from tests.helpers import LABEL_SCHEMA, ctrl_c_in_a_live_loop, items_reply, revi
 
 
 def test_a_write_failure_in_a_notebook_loop_leaves_no_receipt_in_flight(monkeypatch):
-    begin = CallStore.begin_call
+    begin = CallStore.begin_call_later
 
     def begin_call(store, tx, batch_id, revision_id, request, *args, **kwargs):
         if request.position == 1:
             raise sqlite3.OperationalError("disk I/O error")
         return begin(store, tx, batch_id, revision_id, request, *args, **kwargs)
 
-    monkeypatch.setattr(CallStore, "begin_call", begin_call)
+    monkeypatch.setattr(CallStore, "begin_call_later", begin_call)
 
     async def model(call):
         try:

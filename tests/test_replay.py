@@ -45,7 +45,7 @@ def test_a_receipt_committed_but_never_sent_is_not_a_call(monkeypatch):
     cancelled with no sent_at, and neither the ledger nor the budget counts it."""
     from batchjson._ledger.store_calls import CallStore
 
-    begin = CallStore.begin_call
+    begin = CallStore.begin_call_later
 
     def begin_call(store, tx, *args, **kwargs):
         begun = begin(store, tx, *args, **kwargs)
@@ -54,7 +54,7 @@ def test_a_receipt_committed_but_never_sent_is_not_a_call(monkeypatch):
             loop.call_soon(task.cancel)
         return begun
 
-    monkeypatch.setattr(CallStore, "begin_call", begin_call)
+    monkeypatch.setattr(CallStore, "begin_call_later", begin_call)
     sent = []
     session = Session(CallableProvider(lambda call: sent.append(call) or items_reply(call)))
     with pytest.raises((asyncio.CancelledError, KeyboardInterrupt)):

@@ -13,12 +13,10 @@ import json
 import weakref
 
 import pytest
-from pydantic import BaseModel
 
 from batchjson import CallableProvider, InvalidBatch, Session
 from batchjson._content import spool, unique
 from batchjson._content import tasks as tasks_module
-from batchjson._content.schema import ItemSchema
 from batchjson._replay import replay
 from batchjson._session import window
 from tests.helpers import LABEL_SCHEMA, answer, items_reply, ledger_rows, review_tasks
@@ -133,25 +131,6 @@ def test_whichever_comes_first_of_a_duplicate_and_a_bad_task_is_named():
     with pytest.raises(InvalidBatch, match=r"duplicate task_id .* \(tasks #1 and #2\)"):
         tasks_module.normalize_tasks(iter([tasks[0], tasks[1], dict(tasks[1], prompt=None)]),
                                      identity, pack=2)
-
-
-def test_values_of_a_fully_fingerprinted_model_are_trusted_not_loaded_one_by_one(
-        tmp_path, monkeypatch):
-    class Label(BaseModel):
-        verdict: str
-
-    tasks, path = review_tasks(12), tmp_path / "w.sqlite"
-    first = Session(CallableProvider(items_reply), ledger=path).run_batch(
-        "b", tasks, Label, pack=3)
-    loads: list = []
-    load = ItemSchema.load
-    monkeypatch.setattr(ItemSchema, "load", lambda self, stored: loads.append(1) or load(
-        self, stored))
-    again = Session(CallableProvider(items_reply), ledger=path).run_batch(
-        "b", tasks, Label, pack=3)
-    assert again.calls == 0 and again.status == "resolved" and loads == []
-    assert again.values[tasks[4]["task_id"]] == first.values[tasks[4]["task_id"]]
-    assert len(loads) == 1  # read when asked for
 
 
 def test_attempts_per_task_count_every_call_that_carried_it_when_spooled(monkeypatch):

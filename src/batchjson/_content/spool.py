@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .._errors import InvalidBatch
+from .._errors import ConfigError, InvalidBatch
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 
@@ -82,6 +82,7 @@ def _read_jsonl(path: Path, hasher: Any) -> Iterator[Any]:
 
 
 SPILL_CHARS = 1 << 22  # texts kept in memory up to this many characters, then on disk
+WRITE_BYTES = 1 << 16  # spilled texts written to the file this many bytes at a time
 
 
 class TextSpool(Sequence[str]):
@@ -94,41 +95,83 @@ class TextSpool(Sequence[str]):
     them a window at a time. Reads use ``os.pread``: safe from the session's loop thread while
     another reader iterates. The file goes when the last holder lets go (a result's errors
     keep it for the tasks they name).
+
+    A disk with no room (or no file to be had) is a :class:`ConfigError` naming ``TMPDIR``,
+    raised by :meth:`append` or :meth:`flush`, which the run's task check calls before
+    anything is recorded or spent; a spool made ``keep_when_full`` (the log of calls already
+    paid for, which must not fail a call) holds its texts in memory instead.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, keep_when_full: bool = False) -> None:
         self._held: list[str] | None = []
         self._chars = 0
         self._file: Any = None
         self._offsets = array("Q", [0])  # where each text starts; the last: where the file ends
-        self._unflushed = False
+        self._unwritten: list[bytes] = []  # appended, not yet in the file
+        self._written = 0  # texts in the file
+        self._keep = keep_when_full
+        self._full = False  # no room on disk: held in memory from then on
 
     def append(self, text: str) -> None:
         if self._held is not None:
             self._held.append(text)
             self._chars += len(text)
-            if self._chars > SPILL_CHARS:
+            if self._chars > SPILL_CHARS and not self._full:
                 self._spill()
             return
         data = text.encode("utf-8") + b"\n"
-        self._file.write(data)
+        self._unwritten.append(data)
         self._offsets.append(self._offsets[-1] + len(data))
-        self._unflushed = True
+        if self._offsets[-1] - self._offsets[self._written] >= WRITE_BYTES:
+            self.flush()
 
     def extend(self, texts: Iterable[str]) -> None:
         for text in texts:
             self.append(text)
 
     def _spill(self) -> None:
-        held, self._held = self._held or [], None
-        self._file = tempfile.TemporaryFile(prefix="batchjson-tasks-")
+        held = self._held or []
+        try:
+            self._file = tempfile.TemporaryFile(prefix="batchjson-tasks-", buffering=0)
+        except OSError as exc:
+            return self._no_room(exc)
+        self._held = None
         for text in held:
             self.append(text)
+        self.flush()
+
+    def flush(self) -> None:
+        """Every text appended so far into the file (a spool held in memory has none to)."""
+        if self._held is not None or not self._unwritten:
+            return
+        data = memoryview(b"".join(self._unwritten))
+        try:
+            while data:
+                data = data[self._file.write(data):]  # unbuffered: it may write a part
+        except OSError as exc:
+            return self._no_room(exc)
+        self._unwritten = []
+        self._written = len(self._offsets) - 1
+
+    def _no_room(self, exc: OSError) -> None:
+        if not self._keep:
+            raise ConfigError(
+                f"no room to hold the run's tasks in a temporary file in "
+                f"{tempfile.gettempdir()} ({type(exc).__name__}: {exc}): free space there, or "
+                "set TMPDIR to a directory on a disk with room, and run again; nothing was "
+                "recorded or spent") from exc
+        if self._held is None:  # what the file holds, then what it could not take
+            self._held = self._read(0, self._written) + [
+                data[:-1].decode("utf-8") for data in self._unwritten]
+            self._file.close()
+            self._file, self._unwritten = None, []
+        self._full = True
 
     def __len__(self) -> int:
         return len(self._held) if self._held is not None else len(self._offsets) - 1
 
     def __getitem__(self, index: Any) -> Any:
+        self.flush()
         if self._held is not None:
             return self._held[index]
         if isinstance(index, slice):
@@ -143,6 +186,7 @@ class TextSpool(Sequence[str]):
         return self._read(index, index + 1)[0]
 
     def __iter__(self) -> Iterator[str]:
+        self.flush()
         if self._held is not None:
             yield from list(self._held)  # a list appended to while read: what it held
             return
@@ -151,10 +195,7 @@ class TextSpool(Sequence[str]):
             yield from self._read(start, min(count, start + READ_TEXTS))
 
     def _read(self, start: int, stop: int) -> list[str]:
-        """Texts ``start`` to ``stop`` in one read of the file."""
-        if self._unflushed:
-            self._file.flush()
-            self._unflushed = False
+        """Texts ``start`` to ``stop`` (all in the file) in one read of it."""
         first = self._offsets[start]
         data = os.pread(self._file.fileno(), self._offsets[stop] - first, first)
         return data.decode("utf-8").split("\n")[:-1]

@@ -75,13 +75,16 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
             ids.refuse_repeats(so_far(task))
             raise
         ids.add(task["task_id"])
-        chunk.append(task)
+        # a caller may refill or change its dict once yielded: what names it later is its id
+        chunk.append(task if from_file else {"task_id": task["task_id"]})
         if len(chunk) == size:
             count += _take(chunk, chunk_texts, out, texts, pack, from_file)
             chunk, chunk_texts = [], []
     if chunk:
         count += _take(chunk, chunk_texts, out, texts, pack, from_file)
         chunk = []
+    if pack:
+        texts.flush()  # a disk with no room for them is said now, before anything is spent
     ids.refuse_repeats(so_far())
     if not count:
         raise InvalidBatch("empty batch: pass at least one task")

@@ -22,8 +22,8 @@ from __future__ import annotations
 import json
 import re
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from functools import lru_cache, reduce
 from typing import Any
 
@@ -35,8 +35,9 @@ from .records import now
 from .sqlite import SCHEMA as SQLITE_SCHEMA
 from .sqlite import SCHEMA_VERSION
 from .store import Store
-from .store_base import Row, Tx
-from .store_calls import RECEIPT_SQL
+from .store_base import Later, Row, Tx
+from .store_calls import COMPLETE_SQL, RECEIPT_SQL, already_accepted
+from .store_runs import REQUESTS_SQL, SEEN_SQL
 
 # The one lock of transactions that read before they write ("batchjson" in ASCII).
 SERIAL_LOCK = "SELECT pg_advisory_xact_lock(7089063493536607342)"
@@ -112,6 +113,32 @@ ABANDON_RECEIPTS = (
 RENEW = (f"UPDATE claims SET lease_expires_at = {CLOCK} + %s WHERE request_key IN (SELECT "
          "request_key FROM claims WHERE owner = %s FOR UPDATE SKIP LOCKED)")
 
+# An accepted return in one statement, nothing read back: its checkpoint rows written unless
+# another runner's are there already, and its receipt accepted, or else kept as a paid return
+# that admits nothing (``already_accepted``, naming the attempt that was admitted).
+_ADMITTED = "(? OR EXISTS (SELECT 1 FROM added))"  # ?: the return has no items
+ACCEPT = (
+    "WITH added AS (INSERT INTO checkpoint(batch_id, request_key, task_id, attempt_id, item, "
+    "committed_at) SELECT ?, ?, t.task_id, ?, t.item, ? FROM unnest(?::text[], ?::text[]) "
+    "AS t(task_id, item) ON CONFLICT DO NOTHING RETURNING 1) " + COMPLETE_SQL.format(
+        status=f"CASE WHEN {_ADMITTED} THEN 'accepted' ELSE 'rejected' END",
+        errors=f"CASE WHEN {_ADMITTED} THEN '[]' ELSE replace(?, '{{first}}', (SELECT "
+        "COALESCE(MIN(attempt_id)::text, '?') FROM checkpoint WHERE request_key = ? AND "
+        "batch_id = ?)) END"))
+
+# What runs for many rows (``_many``) runs once here, each column bound as one array, the rows
+# kept in order (psycopg's executemany runs a statement once per row): a batch's requests,
+# what each saw.
+BULK = {
+    REQUESTS_SQL: (
+        "INSERT INTO requests(revision_id, key, position, parent_key, task_ids, tasks) SELECT "
+        "r, k, p, pk, ti, t FROM unnest(?::bigint[], ?::text[], ?::bigint[], ?::text[], "
+        "?::text[], ?::text[]) WITH ORDINALITY AS u(r, k, p, pk, ti, t, n) ORDER BY n "
+        "ON CONFLICT DO NOTHING"),
+    SEEN_SQL: ("INSERT INTO seen(request_key, seen_key) SELECT * FROM unnest(?::text[], "
+               "?::text[]) ON CONFLICT DO NOTHING"),
+}
+
 TRANSIENT = {"40001", "40P01", "55P03"}  # serialization failure, deadlock, lock not available
 _LITERAL = re.compile(r"('(?:[^']|'')*')")
 
@@ -122,6 +149,31 @@ def dialect(sql: str) -> str:
     parts = _LITERAL.split(sql)
     return "".join(part.replace("%", "%%") if i % 2 else
                    part.replace("%", "%%").replace("?", "%s") for i, part in enumerate(parts))
+
+
+class _Answer:
+    """A statement sent in a pipeline: its rows are read when asked for (psycopg waits for
+    them), and so is its row count (the pipeline is synced first)."""
+
+    __slots__ = ("_cursor", "_pipeline")
+
+    def __init__(self, cursor: Any, pipeline: Any) -> None:
+        self._cursor, self._pipeline = cursor, pipeline
+
+    @property
+    def rowcount(self) -> int:
+        if self._cursor.rowcount < 0:
+            self._pipeline.sync()
+        return self._cursor.rowcount
+
+    def fetchone(self) -> Any:
+        return self._cursor.fetchone()
+
+    def fetchall(self) -> list[Any]:
+        return self._cursor.fetchall()
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._cursor.fetchall())
 
 
 class _Row(tuple):
@@ -172,6 +224,7 @@ class PostgresStore(Store):
     """The ledger in a PostgreSQL database, shared by runners on any number of hosts."""
 
     path = None
+    _pipelined: Any = None  # the pipeline of the open transaction of calls, if pipelined
 
     def __init__(self, url: str, *, lease: float | None = None) -> None:
         self.url = url
@@ -267,11 +320,17 @@ class PostgresStore(Store):
     def _transaction(self, *, serial: bool) -> Iterator[Any]:
         """A failure of the server or the connection is a LedgerError (the run stops); a
         statement's own error, or a conflict another try resolves (deadlock, serialization),
-        is raised as it is, for the group commit to run each write alone."""
+        is raised as it is, for the group commit to run each write alone.
+
+        The writes of calls are pipelined where libpq can: their statements go out without
+        waiting for each other's answers, and the transaction costs a round trip for its
+        commit and one for each answer a write reads (a claim's outcome), however many
+        statements it holds. A statement's row count is read once the server has answered."""
         with self._lock:
             db = self._live()
             try:
-                with db.transaction():
+                with self._pipeline(db, serial) as pipeline, db.transaction():
+                    self._pipelined = pipeline
                     if serial:
                         db.execute(SERIAL_LOCK)
                     yield db
@@ -280,6 +339,13 @@ class PostgresStore(Store):
                     raise self._error("a write failed; the run stopped before any further "
                                       "call", exc) from exc
                 raise
+            finally:
+                self._pipelined = None
+
+    def _pipeline(self, db: Any, serial: bool) -> Any:
+        if serial or not self._psycopg.Pipeline.is_supported():
+            return nullcontext()
+        return db.pipeline()
 
     @contextmanager
     def whole_or_nothing(self, what: str) -> Iterator[None]:
@@ -308,12 +374,15 @@ class PostgresStore(Store):
 
     # -- statements ----------------------------------------------------------------------------
     def _exec(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> Any:
-        return tx.execute(dialect(sql), tuple(args))
+        cursor = tx.execute(dialect(sql), tuple(args))
+        return cursor if self._pipelined is None else _Answer(cursor, self._pipelined)
 
     def _many(self, tx: Tx, sql: str, rows: Sequence[Sequence[Any]]) -> Any:
+        if sql in BULK and rows:
+            return self._exec(tx, BULK[sql], [list(column) for column in zip(*rows, strict=True)])
         cursor = tx.cursor()
         cursor.executemany(dialect(sql), rows)
-        return cursor
+        return cursor if self._pipelined is None else _Answer(cursor, self._pipelined)
 
     def _insert(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> int:
         return tx.execute(dialect(sql) + " RETURNING id", tuple(args)).fetchone()[0]
@@ -347,20 +416,26 @@ class PostgresStore(Store):
 
     # -- claims side by side -------------------------------------------------------------------
     def _open(self, tx: Tx, receipt: Sequence[Any], request_key: str, owner: Owner,
-              stamp: str) -> tuple[int, str, bool | None]:
-        """The receipt and the claim in one statement (one round trip): the request's row
-        locked first (``SKIP LOCKED``: another runner deciding on it means HELD), then the
-        claim written if free or ours. Anything else: :meth:`_decide`."""
+              stamp: str) -> Later:
+        """The receipt and the claim in one statement (one round trip, shared by every write
+        of a pipelined transaction): the request's row locked first (``SKIP LOCKED``: another
+        runner deciding on it means HELD), then the claim written if free or ours. Anything
+        else: :meth:`_decide`, once the answer is read."""
         mine = {"key": request_key, "owner": owner.id, "host": owner.host, "pid": owner.pid,
                 "session": owner.session, "lease": self.lease_seconds, "stamp": stamp,
                 **{f"r{i}": value for i, value in enumerate(receipt)}}
-        attempt_id, locked, taken, budgeted = tx.execute(OPEN, mine).fetchone()
-        if not locked:
-            return attempt_id, HELD, budgeted
-        if taken:
-            return attempt_id, MINE, budgeted
-        return attempt_id, self._decide(tx, request_key, owner, {**mine, "attempt": attempt_id}
-                                        ), budgeted
+        cursor = tx.execute(OPEN, mine)
+
+        def found() -> tuple[int, str, bool | None]:
+            attempt_id, locked, taken, budgeted = cursor.fetchone()
+            if not locked:
+                return attempt_id, HELD, budgeted
+            if taken:
+                return attempt_id, MINE, budgeted
+            return attempt_id, self._decide(tx, request_key, owner,
+                                            {**mine, "attempt": attempt_id}), budgeted
+
+        return Later(found)
 
     def _decide(self, tx: Tx, request_key: str, owner: Owner, mine: dict[str, Any]) -> str:
         """A claimed or accepted request, read by the server's clock: ACCEPTED, HELD by a live
@@ -387,6 +462,18 @@ class PostgresStore(Store):
 
     def renew_claims(self, tx: Tx, owner: Owner) -> None:
         tx.execute(RENEW, (self.lease_seconds, owner.id))
+
+    def accept_call(self, tx: Tx, attempt_id: int, batch_id: int, request_key: str,
+                    items: Mapping[str, Any], raw: str, usage: Mapping[str, Any],
+                    sent_at: str | None = None, charge: float | None = None) -> None:
+        """As the shared one (``store_calls``), in one statement that reads nothing back:
+        in a pipelined transaction it waits for no answer."""
+        stamp, empty = now(), not items
+        self._exec(tx, ACCEPT, (
+            batch_id, request_key, attempt_id, stamp, list(items),
+            [json.dumps(item) for item in items.values()], empty, empty,
+            json.dumps(already_accepted("{first}")), request_key, batch_id,
+            *self._completion(tx, attempt_id, raw, usage, stamp, sent_at, charge)))
 
 
 def _other_version(version: Any) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,20 @@ Tx = Any  # a store's open transaction: what its statements run on, opaque to ev
 Row = Any  # a row read by name (``row["id"]``) or position (``row[0]``)
 
 CHUNK = 500  # keys bound per statement, under every database's parameter limit
+
+
+class Later:
+    """A write whose outcome is read when asked for, still inside its transaction: a store
+    that pipelines statements sends every write of a group commit before it waits for any
+    answer (``GroupCommit`` asks each for its outcome once all are sent)."""
+
+    __slots__ = ("_outcome",)
+
+    def __init__(self, outcome: Callable[[], Any]) -> None:
+        self._outcome = outcome
+
+    def result(self) -> Any:
+        return self._outcome()
 
 
 class StoreBase(ABC):

@@ -23,7 +23,7 @@ from .._content.tasks import Request
 from . import claims
 from .claims import ACCEPTED, HELD, MINE, OVER, Owner
 from .records import _uid, now
-from .store_base import Tx
+from .store_base import Later, Tx
 from .store_budget import BudgetStore
 from .store_runs import CHECKPOINT_SQL
 
@@ -42,26 +42,45 @@ class CallStore(BudgetStore):
         cannot hold ``reserve`` (the call's worst case; None when the run prices none): then
         nothing will be sent and the receipt never leaves this transaction. The receipt and
         its claim share one clock reading. ``source`` is the provider's answer source."""
+        return self.begin_call_later(
+            tx, batch_id, revision_id, request, kind, provider, model, source, owner=owner,
+            estimated_input_tokens=estimated_input_tokens, cost_floor=cost_floor,
+            reserve=reserve).result()
+
+    def begin_call_later(self, tx: Tx, batch_id: int, revision_id: int, request: Request,
+                         kind: str, provider: str | None, model: str | None,
+                         source: str | None, *, owner: Owner,
+                         estimated_input_tokens: int | None = None,
+                         cost_floor: float | None = None,
+                         reserve: float | None = None) -> Later:
+        """:meth:`begin_call`, its outcome (and what it writes once the claim is known) read
+        when asked for, in the same ``tx``."""
         stamp = now()
         receipt = (batch_id, revision_id, request.key, request.task_ids_json, kind, provider,
                    model, stamp, _uid(), owner.id, estimated_input_tokens, cost_floor, source,
                    reserve)
-        attempt_id, state, budgeted = self._open(tx, receipt, request.key, owner, stamp)
-        if state == MINE and not self._reserve_shared(tx, attempt_id, reserve, budgeted):
-            self.release_claim(tx, request.key, owner)
-            state = OVER
-        if state != MINE:
-            self._exec(tx, "DELETE FROM attempts WHERE id = ? AND status = 'in_flight'",
-                       (attempt_id,))
-            return state, None
-        return state, attempt_id
+        opened = self._open(tx, receipt, request.key, owner, stamp)
+
+        def outcome() -> tuple[str, int | None]:
+            attempt_id, state, budgeted = opened.result()
+            if state == MINE and not self._reserve_shared(tx, attempt_id, reserve, budgeted):
+                self.release_claim(tx, request.key, owner)
+                state = OVER
+            if state != MINE:
+                self._exec(tx, "DELETE FROM attempts WHERE id = ? AND status = 'in_flight'",
+                           (attempt_id,))
+                return state, None
+            return state, attempt_id
+
+        return Later(outcome)
 
     def _open(self, tx: Tx, receipt: Sequence[Any], request_key: str, owner: Owner,
-              stamp: str) -> tuple[int, str, bool | None]:
+              stamp: str) -> Later:
         """Write the receipt (``RECEIPT_SQL``'s values) and claim its request: (receipt id,
         what the claim found, whether the ledger has a budget of its own: None, not asked)."""
         attempt_id = self._insert(tx, RECEIPT_SQL, receipt)
-        return attempt_id, self._take(tx, request_key, owner, attempt_id, stamp), None
+        found = attempt_id, self._take(tx, request_key, owner, attempt_id, stamp), None
+        return Later(lambda: found)
 
     def _take(self, tx: Tx, request_key: str, owner: Owner, attempt_id: int, stamp: str) -> str:
         """Claim ``request_key`` for the receipt just written; the hot path of every call. One
@@ -143,13 +162,13 @@ class CallStore(BudgetStore):
     # -- completing a receipt ------------------------------------------------------------------
     def accept_call(self, tx: Tx, attempt_id: int, batch_id: int, request_key: str,
                     items: Mapping[str, Any], raw: str, usage: Mapping[str, Any],
-                    sent_at: str | None = None, charge: float | None = None) -> bool:
+                    sent_at: str | None = None, charge: float | None = None) -> None:
         """Mark the receipt accepted and admit every item, in ``tx``.
 
         Checkpoint rows are written once and never re-pointed: if another runner's return for
         this request was admitted first, this one is kept as a paid return that admitted
-        nothing (``already_accepted``) and False is returned. ``charge`` is what the call cost
-        the ledger's budget when the run reserved on it (None: it did not).
+        nothing (rejected, ``already_accepted``). ``charge`` is what the call cost the
+        ledger's budget when the run reserved on it (None: it did not).
         """
         stamp = now()
         rows = [(batch_id, request_key, task_id, attempt_id, json.dumps(item), stamp)
@@ -159,13 +178,10 @@ class CallStore(BudgetStore):
         if rows and added == 0:  # every row was already there: another return came first
             first = self._exec(tx, "SELECT attempt_id FROM checkpoint WHERE request_key = ? AND "
                                "batch_id = ? LIMIT 1", (request_key, batch_id)).fetchone()[0]
-            self._complete(tx, attempt_id, "rejected", [{
-                "type": "already_accepted", "task_id": None,
-                "message": f"attempt {first} of another runner was admitted first; this "
-                "return was paid for but admits nothing"}], raw, usage, stamp, sent_at, charge)
-            return False
+            self._complete(tx, attempt_id, "rejected", already_accepted(first), raw, usage,
+                           stamp, sent_at, charge)
+            return
         self._complete(tx, attempt_id, "accepted", (), raw, usage, stamp, sent_at, charge)
-        return True
 
     def finish_call(self, tx: Tx, attempt_id: int, status: str, errors: Sequence[Mapping],
                     raw: str | None, usage: Mapping[str, Any],
@@ -181,6 +197,13 @@ class CallStore(BudgetStore):
     def _complete(self, tx: Tx, attempt_id: int, status: str, errors: Sequence[Mapping],
                   raw: str | None, usage: Mapping[str, Any], stamp: str | None = None,
                   sent_at: str | None = None, charge: float | None = None) -> None:
+        self._exec(tx, COMPLETE_SQL.format(status="?", errors="?"), (
+            status, json.dumps(list(errors)) if errors else "[]",
+            *self._completion(tx, attempt_id, raw, usage, stamp, sent_at, charge)))
+
+    def _completion(self, tx: Tx, attempt_id: int, raw: str | None, usage: Mapping[str, Any],
+                    stamp: str | None, sent_at: str | None, charge: float | None) -> tuple:
+        """``COMPLETE_SQL``'s values after its status and errors; the charge settled first."""
         # An 'abandoned' receipt may still be completed: its owner was presumed gone (lease
         # expired) but came back with the answer, which is the better account.
         if charge is not None:
@@ -189,15 +212,24 @@ class CallStore(BudgetStore):
         if cost is not None and not (isinstance(cost, (int, float)) and math.isfinite(cost)
                                      and cost >= 0):
             cost = None  # a NaN or negative cost is no cost at all; the account says unknown
-        self._exec(
-            tx, "UPDATE attempts SET status = ?, errors = ?, raw = ?, input_tokens = ?, "
-            "output_tokens = ?, cached_tokens = ?, cost = ?, model = COALESCE(?, model), "
-            "finished_at = ?, sent_at = COALESCE(?, sent_at) WHERE id = ? "
-            "AND status IN ('in_flight', 'abandoned')",
-            (status, json.dumps(list(errors)) if errors else "[]", self._raw(raw),
-             usage.get("input_tokens"), usage.get("output_tokens"), usage.get("cached_tokens"),
-             cost, usage.get("model"), stamp or now(), sent_at, attempt_id))
+        return (self._raw(raw), usage.get("input_tokens"), usage.get("output_tokens"),
+                usage.get("cached_tokens"), cost, usage.get("model"), stamp or now(), sent_at,
+                attempt_id)
 
+
+def already_accepted(first: Any) -> list[dict[str, Any]]:
+    """The error of a paid return whose request another runner's attempt ``first`` admitted."""
+    return [{"type": "already_accepted", "task_id": None,
+             "message": f"attempt {first} of another runner was admitted first; this "
+             "return was paid for but admits nothing"}]
+
+
+# Completing a receipt; ``{status}`` and ``{errors}`` are SQL (each a parameter, in SQLite).
+COMPLETE_SQL = (
+    "UPDATE attempts SET status = {status}, errors = {errors}, raw = ?, input_tokens = ?, "
+    "output_tokens = ?, cached_tokens = ?, cost = ?, model = COALESCE(?, model), "
+    "finished_at = ?, sent_at = COALESCE(?, sent_at) WHERE id = ? "
+    "AND status IN ('in_flight', 'abandoned')")
 
 RECEIPT_SQL = (
     "INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, status, provider, "

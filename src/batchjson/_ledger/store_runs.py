@@ -134,8 +134,7 @@ class RunStore(StoreBase):
         rows = ((revision_id, r.key, r.position, r.parent_key, r.task_ids_json, r.tasks_json)
                 for r in requests)
         while chunk := list(islice(rows, INSERT_ROWS)):
-            self._many(tx, "INSERT INTO requests(revision_id, key, position, parent_key, "
-                       "task_ids, tasks) VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING", chunk)
+            self._many(tx, REQUESTS_SQL, chunk)
 
     def record_split(self, revision_id: int, parent: Request, children: Sequence[Request]) -> None:
         """Replace a leaf request by its halves; the parent stays on record as split."""
@@ -335,8 +334,7 @@ class RunStore(StoreBase):
         pairs = iter(pairs)
         with self.transaction() as tx:
             while chunk := list(islice(pairs, INSERT_ROWS)):
-                self._many(tx, "INSERT INTO seen(request_key, seen_key) VALUES (?, ?) "
-                           "ON CONFLICT DO NOTHING", chunk)
+                self._many(tx, SEEN_SQL, chunk)
 
     def record_task_file(self, digest: str, tasks: str, count: int,
                          fields: Sequence[str]) -> None:
@@ -453,6 +451,10 @@ UNRESOLVED_SQL = (
     "AND q.split = 0 "
     "AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.request_key = q.key "
     "AND a.status = 'accepted')")
+
+REQUESTS_SQL = ("INSERT INTO requests(revision_id, key, position, parent_key, task_ids, tasks) "
+                "VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING")
+SEEN_SQL = "INSERT INTO seen(request_key, seen_key) VALUES (?, ?) ON CONFLICT DO NOTHING"
 
 CHECKPOINT_SQL = (
     "INSERT INTO checkpoint(batch_id, request_key, task_id, attempt_id, item, committed_at) "

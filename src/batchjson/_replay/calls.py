@@ -224,7 +224,7 @@ class Caller:
             if isinstance(reserved, NotSent):
                 return reserved
             shared = reserved if self.spender.shared is not None else None
-            begun = self.writes.submit(lambda tx, shared=shared: store.begin_call(
+            begun = self.writes.submit(lambda tx, shared=shared: store.begin_call_later(
                 tx, plan.batch_id, plan.revision_id, request, kind, self.provider_name,
                 self.model, plan.source, owner=self.owner, estimated_input_tokens=estimated,
                 cost_floor=floor, reserve=shared))

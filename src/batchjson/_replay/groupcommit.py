@@ -5,6 +5,10 @@ loop. Each write still runs whole or not at all, and its caller resumes only aft
 transaction holding it has committed, so "receipt before call" and "accepted attempt and
 checkpoint together" hold exactly as with one transaction per write.
 
+A write may hand back its outcome as a ``Later`` (a store that pipelines statements:
+PostgreSQL): every write of the group is sent before any outcome is read, still inside the
+transaction, so the group waits for the server's answers once.
+
 If one write fails on its own (a bug in that write), the group is undone and each write runs again
 in a transaction of its own. If the ledger itself fails (disk full, I/O error, read-only file,
 locked past the busy timeout) every queued write fails with that LedgerError, and so does every
@@ -19,6 +23,7 @@ from typing import Any
 
 from .._errors import LedgerError
 from .._ledger.store import Store
+from .._ledger.store_base import Later
 
 Op = Callable[[Any], Any]  # a write: given the store's open transaction, it runs there
 Outcome = tuple[asyncio.Future | None, Any, BaseException | None]
@@ -108,6 +113,7 @@ class GroupCommit:
         outcomes are handed out only after COMMIT has returned."""
         with self._store.call_transaction() as db:
             results = [op(db) for op, _ in live]
+            results = [_outcome(result) for result in results]  # every write sent first
         return [(fut, result, None) for (_, fut), result in zip(live, results, strict=True)]
 
     def _one_by_one(self, live: list[tuple[Op, asyncio.Future | None]]) -> list[Outcome]:
@@ -119,7 +125,7 @@ class GroupCommit:
                 continue
             try:
                 with self._store.call_transaction() as db:
-                    result = op(db)
+                    result = _outcome(op(db))
                 outcomes.append((fut, result, None))
             except LedgerError as exc:
                 self.broken = exc
@@ -127,3 +133,7 @@ class GroupCommit:
             except Exception as exc:  # this write alone failed and is reported to its caller
                 outcomes.append((fut, None, exc))
         return outcomes
+
+
+def _outcome(result: Any) -> Any:
+    return result.result() if isinstance(result, Later) else result

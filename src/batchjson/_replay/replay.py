@@ -42,6 +42,9 @@ from .plan import Outcome, Plan, Transport
 
 Item = tuple[Request, int, "str | None"]  # a queued request, its split depth, its first kind
 FEED = 500  # requests taken from a stream into the queue at once
+# The pause before each look at requests other runners hold, growing while nothing changes:
+# a run that waits for another's last calls returns within a look of their end.
+HELD_POLL = (0.02, 0.25)
 
 
 class Replayer:
@@ -94,7 +97,7 @@ class Replayer:
         self._fill()
         self._held: list[Item] = []
         self._active = 0
-        self._poll = 0.05
+        self._poll = HELD_POLL[0]
         self._polling = False
         self._next_sweep = 0.0  # when the queue may next be checked against the ledger
         # Splitting can turn one request into many: with split on, size the pool for tasks.
@@ -183,7 +186,7 @@ class Replayer:
 
     async def _wait_for_held(self) -> None:
         """Everything else is done: look again at requests other runners hold, after a pause
-        that grows while nothing changes (50 ms to 250 ms; a look is one read). Those accepted
+        that grows while nothing changes (``HELD_POLL``; a look is one read). Those accepted
         meanwhile are read from the ledger; those no live runner holds any more (released, or
         their holder gone: taken over) are queued again."""
         self._polling = True
@@ -191,7 +194,8 @@ class Replayer:
             await asyncio.sleep(self._poll)
             done, held = self.store.taken([item[0].key for item in self._held], self.owner)
             still = [item for item in self._held if item[0].key in held]
-            self._poll = min(self._poll * 1.5, 0.25) if len(still) == len(self._held) else 0.05
+            self._poll = (min(self._poll * 1.5, HELD_POLL[1]) if len(still) == len(self._held)
+                          else HELD_POLL[0])
             for item in self._held:
                 if item[0].key in done:
                     self._resolved(item[0])

@@ -127,10 +127,10 @@ def result_values(store: Store, revision_id: int,
     """A revision's values as a :class:`LedgerValues` (a dict for an in-memory ledger, which
     would take them with it when closed), and a ``stored_invalid`` error for each stored
     value the schema no longer loads. Only a pydantic model's load can fail (a JSON Schema
-    hands the stored value back as it is), and only when its code reads what its fingerprint
-    cannot see: a fully fingerprinted model is part of every key of the revision, so each
-    value was accepted by this very model and is trusted. Else every value is read once, a
-    page at a time, to find them."""
+    hands the stored value back as it is), so only then is every value read once, a page at a
+    time, to find them: even this very model may not load back what it dumped (a validator
+    that refuses its own output, a field its dump leaves out), and a value that does not load
+    is an error of its task, never an exception on reading ``values``."""
     values, unloadable = _ledger_values(store, revision_id, schema)
     return (values if _where(store) is not None else dict(values.items())), unloadable
 
@@ -138,7 +138,7 @@ def result_values(store: Store, revision_id: int,
 def _ledger_values(store: Store, revision_id: int,
                    schema: Any) -> tuple[LedgerValues, list[dict[str, Any]]]:
     values = LedgerValues(store, revision_id, schema.load)
-    if schema.model is None or not schema.unseen:
+    if schema.model is None:
         return values, []
     unloadable = []
     for task_id, text in values.stored_items():
