@@ -62,8 +62,8 @@ class Outcome:
     calls_log: TextSpool = field(default_factory=lambda: TextSpool(keep_when_full=True))
     errors: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     # requests a batch job still holds, one JSON text each ({"request", "where", "task_ids"}):
-    # their tasks' "pending" errors, built when read (spooled, as the calls log)
-    pending: TextSpool = field(default_factory=TextSpool)
+    # their tasks' "pending" errors, built when read (spooled, and kept, as the calls log)
+    pending: TextSpool = field(default_factory=lambda: TextSpool(keep_when_full=True))
     pending_tasks: int = 0
 
     @property
