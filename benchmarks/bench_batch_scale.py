@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_scale import _peak_mb, _verdict  # noqa: E402
+from bench_scale import _peak_mb, _verdict, run_child  # noqa: E402
 
 RSS_RATIO = 1.3
 SCHEMA = {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]}
@@ -62,12 +61,9 @@ def child(url: str, n: int, pack: int, job_lines: int, ledger: str) -> None:
 
 
 def phase(url: str, n: int, args: argparse.Namespace, ledger: Path) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", url, "--n", str(n),
-                          "--pack", str(args.pack), "--job-lines", str(args.job_lines),
-                          "--ledger", str(ledger)], capture_output=True, text=True, check=False)
-    if out.returncode:
-        raise SystemExit(f"the batch run of {n} tasks failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_child(__file__, ["--child", url, "--n", str(n), "--pack", str(args.pack),
+                                "--job-lines", str(args.job_lines), "--ledger", str(ledger)],
+                     f"the batch run of {n} tasks")
 
 
 def main() -> int:
