@@ -40,6 +40,7 @@ bench: $(STAMP)  # every benchmark runs and prints its verdict; fails if any tar
 	$(PY) benchmarks/bench_hosts.py || status=1; \
 	BATCHJSON_BENCH_SCALE_N=$${BATCHJSON_BENCH_SCALE_N:-200000} \
 		$(PY) benchmarks/bench_scale.py || status=1; \
+	$(PY) benchmarks/bench_batch_scale.py || status=1; \
 	exit $$status
 
 clean:

@@ -89,10 +89,16 @@ def _peak_mb() -> float:
 
 
 def phase(source: str, n: int, ledger: Path) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", source, "--n", str(n),
-                          "--ledger", str(ledger)], capture_output=True, text=True, check=False)
+    return run_child(__file__, ["--child", source, "--n", str(n), "--ledger", str(ledger)],
+                     f"phase {source} n={n}")
+
+
+def run_child(script: str, argv: list[str], what: str) -> dict:
+    """``script argv`` in a fresh process: the JSON object its last line prints."""
+    out = subprocess.run([sys.executable, script, *argv], capture_output=True, text=True,
+                         check=False)
     if out.returncode:
-        raise SystemExit(f"phase {source} n={n} failed:\n{out.stderr[-3000:]}")
+        raise SystemExit(f"{what} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from .._canon import canonical_json as _canonical
 from .._errors import InvalidBatch
-from .packed import PackedTasks
+from .packed import PackedTasks, RequestTasks
 from .spool import TextSpool, is_task_file, stream_tasks
 from .strictjson import nesting
 from .unique import TaskIds
@@ -283,6 +283,13 @@ class Request:
     @cached_property
     def task_ids_json(self) -> str:
         return "[" + ",".join(map(_json_string, self.task_ids)) + "]"
+
+
+def stored_request(row: Any) -> Request:
+    """A request as the ledger's ``requests`` row holds it (key, tasks, task_ids, position,
+    parent_key), its tasks decoded from the row's text when read (a key names its content)."""
+    return Request(row["key"], RequestTasks(row["tasks"], len(json.loads(row["task_ids"]))),
+                   row["position"], row["parent_key"], tasks_json=row["tasks"])
 
 
 def render_items_prompt(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str],

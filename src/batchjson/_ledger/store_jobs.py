@@ -17,7 +17,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._content.tasks import Request
+from .._content.tasks import Request, stored_request
 from . import claims
 from .claims import MINE, Owner
 from .records import now
@@ -181,11 +181,22 @@ class JobStore(CallStore):
     # -- reads ---------------------------------------------------------------------------------
     def jobs_holding(self, keys: Sequence[str]) -> list[Row]:
         """Open, recording and uncertain jobs with a line for any of ``keys``."""
-        ids = {r[0] for r in self._by_keys(
-            "SELECT DISTINCT l.job_id FROM job_lines l JOIN jobs j ON j.id = l.job_id WHERE "
-            "j.status IN ('recording', 'open', 'uncertain') AND l.request_key IN ({marks})",
-            keys)}
+        ids = set(self.job_holders(keys).values())
         return [r for r in self.jobs() if r["id"] in ids]
+
+    def job_holders(self, keys: Sequence[str]) -> dict[str, int]:
+        """Of ``keys``, those an unfinished job claims, each with the job's id (read from the
+        claims, which a job holds exactly while it is recording, open or uncertain)."""
+        held = self._by_keys("SELECT request_key, owner FROM claims WHERE owner LIKE '"
+                             + JOB_HOST + "/%' AND request_key IN ({marks})", keys)
+        if not held:
+            return {}
+        ids = {job_owner(row["uid"]).id: row["id"] for row in self.jobs()}
+        return {row[0]: ids[row[1]] for row in held if row[1] in ids}
+
+    def last_attempt_id(self) -> int:
+        """The newest receipt's id (0 when there is none): what a run found on record."""
+        return self._read("SELECT COALESCE(MAX(id), 0) FROM attempts")[0][0]
 
     def jobs(self, *, every: bool = False, job: str | None = None) -> list[Row]:
         """Job rows, newest first: open ones (``every``: all), or the one named by its id or
@@ -208,7 +219,8 @@ class JobStore(CallStore):
         """Each key's job receipts of one revision, oldest first (for follow-ups)."""
         out: dict[str, list[Row]] = {}
         for row in self._by_keys(
-                "SELECT a.id, a.request_key, a.kind, a.status, a.errors, a.raw FROM attempts a "
+                "SELECT a.id, a.request_key, a.kind, a.status, a.errors, a.raw, l.job_id FROM "
+                "attempts a "
                 "JOIN job_lines l ON l.attempt_id = a.id WHERE a.revision_id = "
                 f"{int(revision_id)} AND a.request_key IN ({{marks}}) ORDER BY a.id", keys):
             out.setdefault(row["request_key"], []).append(row)
@@ -218,12 +230,18 @@ class JobStore(CallStore):
         return [r[0] for r in self._read("SELECT request_key FROM job_lines WHERE job_id = ?",
                                          (job_id,))]
 
-    def request_by_key(self, key: str) -> Request:
-        """The ledger's copy of a request (a job's line may belong to another revision)."""
-        row = self._read("SELECT key, tasks, position, parent_key FROM requests WHERE key = ? "
-                         "ORDER BY id LIMIT 1", (key,))[0]
-        return Request(row["key"], tuple(json.loads(row["tasks"])), row["position"],
-                       row["parent_key"], tasks_json=row["tasks"])
+    def requests_by_keys(self, keys: Sequence[str], revision_id: int | None = None
+                         ) -> dict[str, Request]:
+        """The ledger's copy of each of ``keys`` found (those of one revision not split into
+        halves, else the first recorded: a job's line may belong to another revision, and a key
+        names its content)."""
+        where = ("" if revision_id is None else
+                 f"revision_id = {int(revision_id)} AND split = 0 AND ")
+        found: dict[str, Request] = {}
+        for row in self._by_keys("SELECT key, tasks, task_ids, position, parent_key FROM "
+                                 f"requests WHERE {where}key IN ({{marks}}) ORDER BY id", keys):
+            found.setdefault(row["key"], stored_request(row))
+        return found
 
     def job_held_keys(self, keys: Sequence[str]) -> set[str]:
         """Of ``keys``, those an unfinished job claims."""

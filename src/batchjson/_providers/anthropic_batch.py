@@ -17,7 +17,7 @@ from typing import Any
 from .._errors import ProviderError
 from ._http import ITEMS_NAME, WRAPPED_VALUE
 from .base import Call
-from .batch_client import BatchClient
+from .batch_client import BatchClient, OutputLines
 from .reply import Reply
 
 # Anthropic error types and the HTTP status each stands for on the live endpoint.
@@ -37,7 +37,7 @@ class AnthropicBatches(BatchClient):
 
     def __init__(self, provider: Any) -> None:
         super().__init__(provider)
-        self._staged: dict[str, list[Mapping[str, Any]]] = {}
+        self._staged: dict[str, bytes] = {}  # a creation's body, by its upload token
 
     def _base(self) -> str:
         return super()._base().removesuffix("/v1")
@@ -46,17 +46,19 @@ class AnthropicBatches(BatchClient):
         body, _, wrapped = self.provider.request_body(call)
         return {"custom_id": custom_id, "params": body}, wrapped
 
-    async def upload(self, lines: Sequence[Mapping[str, Any]]) -> str:
-        if len(json.dumps({"requests": list(lines)}).encode()) > self.max_bytes:
+    async def upload(self, lines: Sequence[str]) -> str:
+        """Stage the requests (each line's JSON text) as the body of the batch's creation."""
+        data = ('{"requests":[' + ",".join(lines) + "]}").encode()
+        if len(data) > self.max_bytes:
             raise ProviderError(f"anthropic batch: requests over {self.max_bytes} bytes",
                                 retryable=False)
         token = uuid.uuid4().hex
-        self._staged[token] = list(lines)
+        self._staged[token] = data
         return token
 
     async def create(self, staged: str, metadata: Mapping[str, str]) -> dict[str, Any]:
         return await self._json("POST", "/v1/messages/batches",
-                                json_body={"requests": self._staged.pop(staged)})
+                                json_text=self._staged.pop(staged))
 
     @staticmethod
     def status(batch: Mapping[str, Any]) -> str:
@@ -74,20 +76,11 @@ class AnthropicBatches(BatchClient):
     def too_large(batch: Mapping[str, Any]) -> bool:
         return False
 
-    async def results(self, batch: Mapping[str, Any]) -> list[Any]:
-        """Every result line, parsed, with its own text kept (``"__text__"``) so a tool
-        input is kept as the exact text the provider sent."""
-        raw = await self._call("GET", f"/v1/messages/batches/{batch['id']}/results")
-        lines: list[Any] = []
-        for text in raw.decode("utf-8", "replace").splitlines():
-            if not text.strip():
-                continue
-            try:
-                parsed = json.loads(text)
-            except ValueError:
-                parsed = None
-            lines.append({**parsed, "__text__": text} if isinstance(parsed, dict) else text)
-        return lines
+    async def results(self, batch: Mapping[str, Any]) -> OutputLines:
+        """The result lines, each parsed when read, with its own text kept (``"__text__"``)
+        so a tool input is kept as the exact text the provider sent."""
+        return OutputLines([await self._call("GET", f"/v1/messages/batches/{batch['id']}/"
+                                              "results")], _parsed)
 
     def outcome(self, line: Mapping[str, Any], wrapped: bool) -> Reply | ProviderError:
         result = line.get("result") if isinstance(line.get("result"), dict) else {}
@@ -112,3 +105,11 @@ class AnthropicBatches(BatchClient):
                                  retryable=True)
         return ProviderError(f"anthropic batch line of unknown result type {kind!r}",
                              retryable=True)
+
+
+def _parsed(text: str) -> Any:
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        parsed = None
+    return {**parsed, "__text__": text} if isinstance(parsed, dict) else text

@@ -9,8 +9,9 @@ each result line becomes a ``Reply`` through the provider's own reading of a liv
 
 from __future__ import annotations
 
+import io
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from .._errors import ProviderError, ProviderSetupError
@@ -34,6 +35,10 @@ class BatchClient:
         # the share of the live price a job bills: half, unless the model's price says so
         self.share = batch_share(provider.model, provider.prices)
 
+    def line_text(self, custom_id: str, call: Any) -> str:
+        """One line of a job's upload as the JSON text sent."""
+        return json.dumps(self.line(custom_id, call)[0], separators=(",", ":"))
+
     def lines_that_fit(self, calls: list[Any]) -> int:
         """How many of ``calls``, from the first, one job's upload holds (at least one: a single
         line over the ceiling is the upload's to refuse). Each line is sized as the wider of
@@ -50,11 +55,16 @@ class BatchClient:
         return private.removesuffix(self.provider.path)
 
     async def _call(self, method: str, path: str, body: Any = None,
-                    json_body: Mapping[str, Any] | None = None) -> bytes:
+                    json_body: Mapping[str, Any] | None = None,
+                    json_text: bytes | None = None) -> bytes:
+        """``json_body``, or ``json_text`` (a JSON body already encoded), or ``body`` (a
+        multipart form)."""
         p = self.provider
         headers = p._headers
         if json_body is not None:
             body = json.dumps(json_body).encode()
+        elif json_text is not None:
+            body = json_text
         elif body is not None:
             def headers() -> dict[str, str]:  # multipart: aiohttp sets the content type
                 return {k: v for k, v in p._headers().items() if k != "Content-Type"}
@@ -104,3 +114,20 @@ class BatchClient:
     @staticmethod
     def line_id(line: Any) -> Any:
         return line.get("custom_id") if isinstance(line, dict) else None
+
+
+class OutputLines:
+    """A job's result files as lines, parsed one at a time each time they are iterated (a
+    collection reads them twice: to count each ``custom_id``, then to judge): only the files'
+    bytes are held, never every parsed line. Lines are split at newlines alone (JSON Lines), so
+    a U+2028 inside a string never cuts one; blank lines are skipped."""
+
+    def __init__(self, files: Sequence[bytes], parse: Callable[[str], Any]) -> None:
+        self.files, self.parse = files, parse
+
+    def __iter__(self) -> Iterator[Any]:
+        for raw in self.files:
+            for line in io.BytesIO(raw):
+                text = line.decode("utf-8", "replace").rstrip("\r\n")
+                if text.strip():
+                    yield self.parse(text)

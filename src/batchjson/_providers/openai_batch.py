@@ -18,7 +18,7 @@ import aiohttp
 from .._errors import ProviderError
 from ._http import http_error
 from .base import Call
-from .batch_client import BatchClient
+from .batch_client import BatchClient, OutputLines
 from .reply import Reply
 
 RUNNING = frozenset(("validating", "in_progress", "finalizing", "cancelling"))
@@ -40,15 +40,16 @@ class OpenAIBatches(BatchClient):
         return {"custom_id": custom_id, "method": "POST", "url": self.url,
                 "body": body}, wrapped
 
-    async def upload(self, lines: Sequence[Mapping[str, Any]]) -> str:
-        """Upload the input file; its id. Nothing is billed for a file."""
-        data = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines)
-        if len(data.encode()) > self.max_bytes:
+    async def upload(self, lines: Sequence[str]) -> str:
+        """Upload the input file (each line's JSON text); its id. Nothing is billed for a
+        file."""
+        data = "".join(line + "\n" for line in lines).encode()
+        if len(data) > self.max_bytes:
             raise ProviderError(f"openai batch: input file over {self.max_bytes} bytes",
                                 retryable=False)
         form = aiohttp.FormData()
         form.add_field("purpose", "batch")
-        form.add_field("file", data.encode(), filename="batchjson.jsonl",
+        form.add_field("file", data, filename="batchjson.jsonl",
                        content_type="application/jsonl")
         return str((await self._json("POST", "/files", body=form))["id"])
 
@@ -93,23 +94,15 @@ class OpenAIBatches(BatchClient):
         return any(isinstance(e, dict) and e.get("code") == "token_limit_exceeded"
                    for e in errors)
 
-    async def results(self, batch: Mapping[str, Any]) -> list[Any]:
-        """Every line of the output and error files (either may be absent), parsed; a line
-        that is not a JSON object is kept as its text, for the runner to name."""
-        lines: list[Any] = []
+    async def results(self, batch: Mapping[str, Any]) -> OutputLines:
+        """The lines of the output and error files (either may be absent), each parsed when
+        read; a line that is not JSON is kept as its text, for the runner to name."""
+        files = []
         for field in ("output_file_id", "error_file_id"):
             file_id = batch.get(field)
-            if not file_id:
-                continue
-            raw = await self._call("GET", f"/files/{file_id}/content")
-            for text in raw.decode("utf-8", "replace").splitlines():
-                if not text.strip():
-                    continue
-                try:
-                    lines.append(json.loads(text))
-                except ValueError:
-                    lines.append(text)
-        return lines
+            if file_id:
+                files.append(await self._call("GET", f"/files/{file_id}/content"))
+        return OutputLines(files, _parsed)
 
     def outcome(self, line: Mapping[str, Any], wrapped: bool) -> Reply | ProviderError:
         """One output line: a reply, or the provider error it reports (a non-2xx status or an
@@ -133,3 +126,10 @@ class OpenAIBatches(BatchClient):
             return self.provider.read_reply(body, wrapped, price_factor=self.share)
         except ProviderError as exc:
             return exc
+
+
+def _parsed(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text

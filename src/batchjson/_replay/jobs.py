@@ -1,12 +1,16 @@
 """The batch transport: a run's pending requests as provider batch jobs, judged line by line by
 the same acceptance and committed through the same store methods as a live return.
 
-One pass: poll every unfinished job holding a request of the run and collect those that ended
-(lines joined by ``custom_id`` only: an unknown, missing or duplicated id is named and never
-admitted; an error line is a provider error, never an answer); then submit what is still owed
-(first calls, and the follow-ups the run's repairs and replays allow) as one job, recorded
-before upload. ``wait=False`` returns after one pass with the jobs still open; ``wait=True``
-passes until every job ended.
+A run's requests come as a stream of windows, read again from the run's source each time (its
+checked tasks' texts, or the ledger's pages): the runner holds about one job's requests at a
+time, plus a few numbers a job. The first pass streams them once, submitting what is owed
+(first calls, and the follow-ups the run's repairs and replays allow) a job at a time, each
+recorded before upload, and learns which jobs hold the rest. Every pass then polls those jobs
+and collects the ones that ended (lines joined by ``custom_id`` only: an unknown, missing or
+duplicated id is named and never admitted; an error line is a provider error, never an
+answer), and submits the follow-ups of the requests they held, read from the ledger.
+``wait=False`` returns after one pass with the jobs still open; ``wait=True`` passes until
+every job ended.
 """
 
 from __future__ import annotations
@@ -14,9 +18,8 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from .._acceptance import judge as acceptance
@@ -25,11 +28,13 @@ from .._errors import ProviderError
 from .._ledger import Ledger
 from .._ledger.claims import Owner
 from .._providers.base import estimate_tokens, input_bound
-from .._providers.reply import REFUSED, TRUNCATED, received
-from .._providers.settings import declared_output_cap
-from .budget import Spender, charge_line, charge_of, reserve_lines
-from .calls import _usage, first_prompt, make_call
+from .._providers.reply import REFUSED, TRUNCATED
+from .budget import Spender, reserve_lines
+from .calls import first_prompt, make_call
+from .job_collect import WINDOW, Collection, detail_of
 from .plan import Outcome, Plan, system_prompt
+
+Windows = Callable[[], Iterable[Sequence[Request]]]  # a run's pending requests, anew each call
 
 
 @dataclass
@@ -43,7 +48,7 @@ class JobsOutcome:
     submitted: int = 0
 
 
-class JobRunner:
+class JobRunner(Collection):
     """Submits, polls and collects the jobs of one run of one batch revision."""
 
     def __init__(self, plan: Plan, ledger: Ledger, provider: Any, client: Any,
@@ -57,203 +62,84 @@ class JobRunner:
         self.on_progress = on_progress
         self.result = JobsOutcome(Outcome())
         self.chunk = client.max_requests  # lines per job; halved after token_limit_exceeded
+        self.watched: set[int] = set()  # ids of the unfinished jobs holding a request of it
+        self.short = False  # a submission stopped short: the next pass looks at every request
         self._system = system_prompt(plan)
 
-    async def run(self, requests: Sequence[Request], *, wait: bool) -> JobsOutcome:
-        self.requests = {r.key: r for r in requests}
-        keys = list(self.requests)
-        self.tried = set(self.store.attempt_counts(keys))
-        # A request whose allowance a past run used up starts a new chain in this run.
-        history = self.store.job_history(keys, self.plan.revision_id)
-        self.since = {key: rows[-1]["id"] for key, rows in history.items()
-                      if self._next(self.requests[key], rows) is None
-                      and rows[-1]["status"] != "in_flight"}
+    async def run(self, windows: Windows, *, wait: bool) -> JobsOutcome:
+        """Submit, poll and collect: ``windows()`` gives the run's pending requests anew, a
+        window at a time, each time it is called."""
+        self.windows = windows
+        # what was on record when the run began: which of a request's receipts are this
+        # run's own chain (see _chain)
+        self.open_at_start = {row["id"] for row in self.store.jobs()}
+        self.watermark = self.store.last_attempt_id()
         writer = Owner.start(self.session_id)
         try:
+            rescan = True  # look at every request: the first pass, or one cut short
             while True:
-                await self._collect_ended(keys)
-                await self._submit_owed(keys, writer)
-                self.result.jobs = [job_view(r, self.store.job_keys(r["id"]))
-                                    for r in self.store.jobs_holding(keys)]
-                running = [j for j in self.result.jobs if j["status"] in ("open", "recording")]
+                if rescan:
+                    rescan = await self._submit_over(windows(), writer)
+                ended = await self._collect_ended()
+                if ended:  # follow-ups of what they held
+                    rescan = await self._submit_over(self._held_by(ended), writer) or rescan
+                running = [row for row in self._open_rows()
+                           if row["status"] in ("open", "recording")]
                 if not wait or not running:
                     break
                 await asyncio.sleep(self.poll)
         finally:
             writer.stop()
-        self._unresolved(keys)
+        self._unresolved()
         return self.result
 
     async def collect(self, keys: list[str]) -> JobsOutcome:
         """Only collect the ended jobs holding ``keys`` (``%batch_status``): nothing is
         submitted, and a request's own content comes from the ledger."""
-        self.requests = {}
-        await self._collect_ended(keys)
-        self.result.jobs = [job_view(r, self.store.job_keys(r["id"]))
-                            for r in self.store.jobs_holding(keys)]
+        self.watched.update(self.store.job_holders(keys).values())
+        await self._collect_ended()
+        self.result.jobs = [job_view(row) for row in self._open_rows()]
         return self.result
 
-    # -- collection ----------------------------------------------------------------------------
-    async def _collect_ended(self, keys: list[str]) -> None:
-        self.store.lost_recordings()
-        for row in self.store.jobs_holding(keys):
-            if row["protocol"] != self.client.protocol:
-                continue
-            if row["status"] == "uncertain" and row["provider_job_id"] is None:
-                row = await self._recover(row)
-            if row["status"] != "open":
-                continue
-            try:
-                batch = await self.client.poll(row["provider_job_id"])
-                status = self.client.status(batch)
-                if status not in self.client.running:
-                    await self._collect(row, batch)
-                    continue
-            except ProviderError as exc:  # the job stays open: the next run looks again
-                self.result.notes.append(f"job {row['id']} ({row['provider_job_id']}) could "
-                                         f"not be read this time: {exc}")
-                continue
-            self.store.job_detail(row["id"], {**_detail(row), "provider_status": status,
-                                              "counts": self.client.counts(batch)})
-
-    async def _recover(self, row: Mapping[str, Any]) -> Mapping[str, Any]:
-        """An uncertain job found at the provider by the uid it was created with (OpenAI keeps
-        it as the batch's metadata) is recorded open under the id found, and polled as any
-        open job; else it stays uncertain."""
-        try:  # listed back to an hour before it was recorded (clocks differ)
-            batch = await self.client.find(row["uid"], unix(row["created_at"]) - 3600)
-        except ProviderError as exc:
-            self.result.notes.append(f"job {row['id']} is uncertain and the provider's jobs "
-                                     f"could not be listed to find it this time: {exc}")
-            return row
-        if batch is None:
-            return row
-        self.store.job_submitted(row["id"], str(batch["id"]), {
-            "input_file_id": batch.get("input_file_id"),
-            "provider_status": batch.get("status"),
-            "recovered": "found at the provider by the uid it was created with"})
-        self.result.notes.append(f"job {row['id']} was uncertain (its runner stopped before "
-                                 f"recording the provider's id): found as {batch['id']} by "
-                                 "its uid, and polled as any open job")
-        return self.store.jobs(job=str(row["id"]))[0]
-
-    async def _collect(self, row: Mapping[str, Any], batch: Mapping[str, Any]) -> None:
-        """Join the job's lines to its receipts by custom_id, judge each, and complete every
-        receipt and the job in one transaction."""
-        lines = {line["custom_id"]: line for line in self.store.job_lines(row["id"])}
-        whole = self.client.whole_failure(batch)
-        found: dict[str, list[Any]] = {}
-        unknown: list[str] = []
-        if whole is None:
-            for out in await self.client.results(batch):
-                cid = self.client.line_id(out)
-                if cid in lines:
-                    found.setdefault(cid, []).append(out)
-                else:
-                    unknown.append(str(cid)[:80])
-        elif self.client.too_large(batch):
-            self.chunk = max(1, min(self.chunk, len(lines)) // 2)
-        status = self.client.status(batch)
-        writes = []
-        for cid, line in lines.items():
-            writes.append(await self._judge_line(line, found.get(cid, []), whole, status))
-        detail = {**_detail(row), "provider_status": status, "counts": self.client.counts(batch)}
-        if unknown:
-            detail["unknown_custom_ids"] = unknown
-            self.result.notes.append(
-                f"job {row['id']} ({row['provider_job_id']}) returned {len(unknown)} line(s) "
-                f"with a custom_id it was never sent ({', '.join(unknown[:3])}); none was "
-                "admitted")
-        if whole is not None:
-            detail["failed"] = whole
-            self.result.notes.append(f"job {row['id']} ({row['provider_job_id']}) failed as a "
-                                     f"whole: {whole}")
-        store = self.store
-        with store.call_transaction() as tx:
-            if store.end_job(tx, row["id"], "cancelled" if status == "cancelled" else "ended",
-                             detail):
-                for write in writes:
-                    write(tx)
-
-    async def _judge_line(self, line: Mapping[str, Any], outs: list[Any], whole: str | None,
-                          status: str) -> Callable[[Any], None]:
-        """The write completing one receipt, from the lines the provider returned for it."""
-        store, out = self.store, self.result.outcome
-        attempt_id, key = line["attempt_id"], line["request_key"]
-        request = self.requests.get(key) or self.store.request_by_key(key)
-        reserved = self.reservations.pop(attempt_id, None)
-        out.calls += 1
-        if len(outs) == 1:
-            got = self.client.outcome(outs[0], bool(line["wrapped"]))
-        elif outs:
-            got = ProviderError(f"custom_id {line['custom_id']} came back {len(outs)} times in "
-                                "one job's output; none of its lines was admitted",
-                                retryable=True)
-        elif whole is not None:
-            got = ProviderError(f"the job failed as a whole before any line ran: {whole}",
-                                retryable=True)
-        elif status in ("expired", "cancelled", "canceled"):
-            got = ProviderError(f"the job {status} before this request was answered",
-                                retryable=True)
-        else:
-            got = ProviderError(f"custom_id {line['custom_id']} is missing from the output of "
-                                f"a {status} job", retryable=True)
-        shared = self.spender.shared is not None  # the ledger's own budget settles too
-        if isinstance(got, ProviderError):
-            charge_line(self.spender, reserved, 0.0)  # a line without an answer is not billed
-            out.provider_errors += 1
-            errors = [{"type": "provider_error", "task_id": None, "status": got.status,
-                       "retryable": got.retryable,
-                       "message": f"provider failed{_http(got)}: {got}"}]
-            return lambda tx: store.finish_call(tx, attempt_id, "provider_error", errors, None,
-                                                got.usage or {}, charge=0.0 if shared else None)
-        reply = received(got, declared_output_cap(self.provider))
-        cost = reply.cost if reply.cost is not None else self.spender.pricing.cost(
-            reply.input_tokens, reply.output_tokens)
-        charge_line(self.spender, reserved, cost)
-        charged_ledger = charge_of(line["reserved"], cost) if shared else None
-        out.input_tokens += reply.input_tokens or 0
-        out.output_tokens += reply.output_tokens or 0
-        out.cost = None if out.cost is None or cost is None else out.cost + cost
-        usage = _usage(reply)
-        plan = self.plan
-        verdict = await acceptance.judge(reply, request.tasks, mode=plan.mode,
-                                         identity=plan.identity, schema=plan.schema,
-                                         validator=plan.validator)
-        if verdict.accepted:
-            out.accepted_returns += 1
-            if self.on_progress is not None:
-                self.on_progress(len(request.tasks))
-            return lambda tx: store.accept_call(tx, attempt_id, plan.batch_id, key,
-                                                verdict.stored, reply.text, usage,
-                                                charge=charged_ledger)
-        out.rejected_returns += 1
-        return lambda tx: store.finish_call(tx, attempt_id, "rejected", verdict.errors,
-                                            reply.text, usage, charge=charged_ledger)
-
     # -- submission ----------------------------------------------------------------------------
-    def _owed(self, keys: list[str]) -> list[tuple[Request, str, str]]:
-        """What to send now: each request neither accepted nor held by a job, with the kind
-        and prompt of its next attempt, while its allowance lasts."""
+    def _owed(self, window: Sequence[Request]) -> list[tuple[Request, str, str]]:
+        """What to send now of ``window``: each request neither accepted nor held by a job
+        (the jobs holding the rest are watched), with the kind and prompt of its next attempt,
+        while its allowance lasts."""
         store = self.store
-        done = store.accepted_keys(keys) | store.job_held_keys(keys)
-        free = [k for k in keys if k not in done]
-        history = store.job_history(free, self.plan.revision_id)
+        keys = [r.key for r in window]
+        holders = store.job_holders(keys)
+        self.watched.update(holders.values())
+        done = store.accepted_keys(keys) | holders.keys()
+        free = [r for r in window if r.key not in done]
+        history = store.job_history([r.key for r in free], self.plan.revision_id)
+        tried = store.attempt_counts([r.key for r in free])
         owed = []
-        for key in free:
-            rows = [r for r in history.get(key, []) if r["id"] > self.since.get(key, 0)]
-            step = self._next(self.requests[key], rows)
+        for request in free:
+            rows = self._chain(request, history.get(request.key, []))
+            step = self._next(request, rows, request.key in tried)
             if step is not None:
-                owed.append((self.requests[key], *step))
+                owed.append((request, *step))
         return owed
 
-    def _next(self, request: Request, rows: Sequence[Mapping[str, Any]]
+    def _chain(self, request: Request, rows: Sequence[Mapping[str, Any]]
+               ) -> Sequence[Mapping[str, Any]]:
+        """This run's chain of a request's job receipts: all of them, unless its allowance
+        was used up before the run began (by receipts of no job open then): those since."""
+        before = [r for r in rows if r["id"] <= self.watermark]
+        if before and before[-1]["job_id"] not in self.open_at_start and self._next(
+                request, before, True) is None:
+            return [r for r in rows if r["id"] > before[-1]["id"]]
+        return rows
+
+    def _next(self, request: Request, rows: Sequence[Mapping[str, Any]], tried: bool
               ) -> tuple[str, str] | None:
-        """The next attempt of ``request`` after its job receipts ``rows`` (this chain's),
-        or None when its repairs and replays are spent (or its validator crashed)."""
+        """The next attempt of ``request`` after its job receipts ``rows`` (this chain's;
+        ``tried``: it has receipts of any kind), or None when its repairs and replays are
+        spent (or its validator crashed)."""
         prompt = first_prompt(self.plan, request)
         if not rows:
-            return ("replay" if request.key in self.tried else "initial"), prompt
+            return ("replay" if tried else "initial"), prompt
         last = rows[-1]
         errors = json.loads(last["errors"] or "[]")
         kinds = {e.get("type") for e in errors}
@@ -273,14 +159,38 @@ class JobRunner:
             return "replay", prompt
         return None
 
-    async def _submit_owed(self, keys: list[str], writer: Owner) -> None:
-        owed = self._owed(keys)
+    async def _submit_over(self, windows: Iterable[Sequence[Request]], writer: Owner) -> bool:
+        """Submit what the requests of ``windows`` owe, a job's worth at a time, holding no
+        more than that: whether it stopped short (the budget, a failed upload), so that the
+        next pass looks at every request again."""
+        owed: list[tuple[Request, str, str]] = []
+        self.short = False
+        for window in windows:
+            owed += self._owed(window)
+            while len(owed) >= self.chunk:
+                sent, owed = await self._submit_part(owed, writer)
+                if not sent:
+                    return True
         while owed:
-            part, owed = owed[:self.chunk], owed[self.chunk:]
-            sent, unsent = await self._submit(part, writer)
-            owed = unsent + owed
+            sent, owed = await self._submit_part(owed, writer)
             if not sent:
-                break
+                return True
+        return self.short
+
+    async def _submit_part(self, owed: list[tuple[Request, str, str]], writer: Owner
+                           ) -> tuple[bool, list[tuple[Request, str, str]]]:
+        part, rest = owed[:self.chunk], owed[self.chunk:]
+        sent, unsent = await self._submit(part, writer)
+        return sent, unsent + rest
+
+    def _held_by(self, jobs: Sequence[int]) -> Iterator[list[Request]]:
+        """The requests of this run's revision that the ended ``jobs`` held, read from the
+        ledger a window at a time, one job's keys at a time."""
+        for job_id in jobs:
+            keys = self.store.job_keys(job_id)
+            for start in range(0, len(keys), WINDOW):
+                yield list(self.store.requests_by_keys(keys[start:start + WINDOW],
+                                                       self.plan.revision_id).values())
 
     async def _submit(self, owed: list[tuple[Request, str, str]], writer: Owner
                       ) -> tuple[bool, list[tuple[Request, str, str]]]:
@@ -296,6 +206,7 @@ class JobRunner:
                   else [0] * len(calls))
         reserved = reserve_lines(self.spender, bounds)
         if len(reserved) < len(calls):
+            self.short = True
             self.result.notes.append(
                 f"{len(calls) - len(reserved)} request(s) were not submitted: the budget "
                 f"holds the worst case of {len(reserved)} of {len(calls)}; raise it and re-run")
@@ -314,7 +225,10 @@ class JobRunner:
                 for (r, kind, _), c, worst in zip(owed, calls, reserved, strict=True)])
         by_key = {w["request_key"]: w for w in written}
         body = []
-        if len(written) < len(owed):
+        if len(written) < len(owed):  # the jobs that took them are watched too
+            self.short = True
+            self.watched.update(store.job_holders(
+                [r.key for r, _, _ in owed if r.key not in by_key]).values())
             self.result.notes.append(
                 f"{len(owed) - len(written)} request(s) were not submitted: accepted or "
                 "claimed by another runner meanwhile, or past the ledger's own cost budget")
@@ -324,13 +238,15 @@ class JobRunner:
                 self.spender.release(worst)
                 continue
             self.reservations[mine["attempt_id"]] = worst
-            body.append(self.client.line(mine["custom_id"], call)[0])
+            body.append(self.client.line_text(mine["custom_id"], call))
+        del calls  # only the upload's texts are kept while it is sent
         if job_id is None:
             return True, unsent
+        self.watched.add(job_id)
         return (await self._send(job_id, uid, body, [w["attempt_id"] for w in written]),
                 unsent)
 
-    async def _send(self, job_id: int, uid: str, body: list[dict[str, Any]],
+    async def _send(self, job_id: int, uid: str, body: list[str],
                     attempts: list[int]) -> bool:
         """Upload and create a recorded job. A failure before the provider could have created
         it cancels the job's receipts (never sent); any other leaves the job uncertain."""
@@ -376,42 +292,37 @@ class JobRunner:
             if worst is not None:
                 self.spender.release(worst)
         self.store.cancel_job(job_id, why, sent=False)
+        self.watched.discard(job_id)  # never sent: owed again at the next pass's look
         self.result.notes.append(f"job {job_id} was not submitted: {why}")
 
-    def _unresolved(self, keys: list[str]) -> None:
-        """Each request neither accepted nor held by a job: the errors of its last receipt."""
+    def _unresolved(self) -> None:
+        """The jobs still holding a request of the run, and each request neither accepted nor
+        held by a job: the errors of its last receipt; read a window at a time."""
         store, out = self.store, self.result.outcome
-        held = store.job_held_keys(keys)
-        for key in held:
-            job = next((j for j in self.result.jobs if key in j.get("keys", ())), None)
-            where = f"job {job['id']} ({job['provider_job_id'] or 'no provider id'}, " \
-                f"{job['status']})" if job else "a batch job"
-            for task_id in self.requests[key].task_ids:
-                out.errors[task_id] = [{"type": "pending", "task_id": task_id, "request": key,
-                                        "message": f"submitted in {where}; re-run to collect "
-                                        "what has ended"}]
-        done = store.accepted_keys(keys) | held
-        history = store.job_history([k for k in keys if k not in done], self.plan.revision_id)
-        for key, rows in history.items():
-            errors = json.loads(rows[-1]["errors"] or "[]")
-            for task_id in self.requests[key].task_ids:
-                out.errors[task_id] = [{**e, "task_id": task_id, "request": key}
-                                       for e in errors if e.get("task_id") in (None, task_id)
-                                       ] or [{"type": "batch_rejected", "task_id": task_id,
-                                              "request": key, "message": "another item of the "
-                                              "same request failed"}]
+        jobs: dict[int, dict[str, Any]] = {}
+        for window in self.windows():
+            holders = store.job_holders([r.key for r in window])
+            self.watched.update(holders.values())
+            if holders and not jobs:
+                jobs = {row["id"]: job_view(row) for row in store.jobs()}
+            done = store.accepted_keys([r.key for r in window]) | holders.keys()
+            history = store.job_history([r.key for r in window if r.key not in done],
+                                        self.plan.revision_id)
+            for request in window:
+                if request.key in holders:
+                    _pending(out, request, jobs.get(holders[request.key]))
+                elif request.key in history:
+                    _failed(out, request, history[request.key][-1])
+        self.result.jobs = [job_view(row) for row in self._open_rows()]
 
-
-def job_view(row: Mapping[str, Any], keys: Sequence[str] | None = ()) -> dict[str, Any]:
-    """A job as a result, ``batchjson jobs`` and the notebook show it; ``keys`` (its requests'
-    keys, for a run to tell which of its requests it holds) is left out when None."""
-    detail = _detail(row)
-    shown = {"id": row["id"], "provider": row["protocol"], "provider_job_id":
-             row["provider_job_id"], "status": row["status"], "batch": row["batch"],
-             "requests": row["requests"], "reserved": row["reserved"],
-             "created_at": row["created_at"], "provider_status": detail.get("provider_status"),
-             "counts": detail.get("counts"), "why": detail.get("why")}
-    return shown if keys is None else {**shown, "keys": tuple(keys)}
+def job_view(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A job as a result, ``batchjson jobs`` and the notebook show it."""
+    detail = detail_of(row)
+    return {"id": row["id"], "provider": row["protocol"], "provider_job_id":
+            row["provider_job_id"], "status": row["status"], "batch": row["batch"],
+            "requests": row["requests"], "reserved": row["reserved"],
+            "created_at": row["created_at"], "provider_status": detail.get("provider_status"),
+            "counts": detail.get("counts"), "why": detail.get("why")}
 
 
 def plan_facts(plan: Plan) -> dict[str, Any]:
@@ -425,18 +336,19 @@ def plan_facts(plan: Plan) -> dict[str, Any]:
     return {"schema": schema, "mode": plan.mode, "identity": list(plan.identity)}
 
 
-def unix(stamp: str) -> float:
-    """Seconds since the epoch of a ledger time (ISO 8601 UTC)."""
-    moment = datetime.fromisoformat(stamp)
-    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+def _pending(out: Outcome, request: Request, job: Mapping[str, Any] | None) -> None:
+    """The tasks of a request a job holds, told as pending (their errors built when read)."""
+    where = (f"job {job['id']} ({job['provider_job_id'] or 'no provider id'}, "
+             f"{job['status']})" if job else "a batch job")
+    out.pending.append(json.dumps({"request": request.key, "where": where,
+                                   "task_ids": list(request.task_ids)}))
+    out.pending_tasks += len(request.task_ids)
 
 
-def _detail(row: Mapping[str, Any]) -> dict[str, Any]:
-    try:
-        return dict(json.loads(row["detail"] or "{}"))
-    except (TypeError, ValueError):
-        return {}
-
-
-def _http(error: ProviderError) -> str:
-    return f" (HTTP {error.status})" if error.status else ""
+def _failed(out: Outcome, request: Request, last: Mapping[str, Any]) -> None:
+    errors = json.loads(last["errors"] or "[]")
+    for task_id in request.task_ids:
+        out.errors[task_id] = [{**e, "task_id": task_id, "request": request.key}
+                               for e in errors if e.get("task_id") in (None, task_id)] or [{
+            "type": "batch_rejected", "task_id": task_id, "request": request.key,
+            "message": "another item of the same request failed"}]

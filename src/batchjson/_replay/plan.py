@@ -61,6 +61,10 @@ class Outcome:
     # disk has no room: a call already paid for is never failed by its count)
     calls_log: TextSpool = field(default_factory=lambda: TextSpool(keep_when_full=True))
     errors: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # requests a batch job still holds, one JSON text each ({"request", "where", "task_ids"}):
+    # their tasks' "pending" errors, built when read (spooled, and kept, as the calls log)
+    pending: TextSpool = field(default_factory=lambda: TextSpool(keep_when_full=True))
+    pending_tasks: int = 0
 
     @property
     def tokens(self) -> int:

@@ -54,7 +54,7 @@ def held_by_jobs(store: Store, pending: Sequence[Request]
     out = JobsOutcome(Outcome())
     if not held:
         return out, list(pending)
-    out.jobs = [job_view(r, store.job_keys(r["id"])) for r in store.jobs_holding(list(held))]
+    out.jobs = [job_view(r) for r in store.jobs_holding(list(held))]
     for request in pending:
         if request.key in held:
             for task_id in request.task_ids:
@@ -114,7 +114,7 @@ def job_client(row: Mapping[str, Any], provider: Any = None) -> tuple[Any, Any]:
 def list_jobs(ledger: Ledger, *, every: bool = False) -> list[dict[str, Any]]:
     """The ledger's unfinished batch jobs (``every``: all), newest first, as shown."""
     ledger.store.lost_recordings()
-    return [job_view(row, keys=None) for row in ledger.store.jobs(every=every)]
+    return [job_view(row) for row in ledger.store.jobs(every=every)]
 
 
 def cancel_job(ledger: Ledger, job: str, *, provider: Any = None) -> dict[str, Any]:
@@ -132,7 +132,7 @@ def cancel_job(ledger: Ledger, job: str, *, provider: Any = None) -> dict[str, A
     if row["status"] in ("recording", "uncertain"):
         store.cancel_job(row["id"], "cancelled by a person before its provider id was "
                          "recorded", sent=True, was=("recording", "uncertain"))
-        return {**job_view(row, keys=None), "status": "cancelled", "released": row["requests"]}
+        return {**job_view(row), "status": "cancelled", "released": row["requests"]}
     if row["status"] != "open":
         raise InvalidBatch(f"batch job {row['id']} has already {row['status']}; nothing to "
                            "cancel")
@@ -148,4 +148,4 @@ def cancel_job(ledger: Ledger, job: str, *, provider: Any = None) -> dict[str, A
     detail = {**json.loads(row["detail"] or "{}"), "cancel_requested_at": now(),
               "provider_status": client.status(batch)}
     store.job_detail(row["id"], detail)
-    return {**job_view(row, keys=None), "provider_status": client.status(batch)}
+    return {**job_view(row), "provider_status": client.status(batch)}

@@ -11,7 +11,8 @@ building an entry. ``list(errors)`` materialises it. Failed requests are grouped
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import json
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Any, overload
 
@@ -21,21 +22,26 @@ SHOWN = 20  # errors a repr shows
 
 
 class ResultErrors(SequenceView):
-    """Every task's errors (failed tasks in the order they failed, then stored values that no
-    longer load, then the tasks never attempted, in task order), each a fresh dict when read.
+    """Every task's errors (failed tasks in the order they failed, then the tasks of requests a
+    batch job still holds, then stored values that no longer load, then the tasks never
+    attempted, in task order), each a fresh dict when read.
 
     ``failed``: task_id -> the errors the run recorded for it (read as it is, not copied);
     ``accepted``: answers ``task_id in accepted`` for tasks that have a value after all (asked
     once of each failed task, when made, and of never-attempted tasks when read);
     ``task_ids``: a callable giving every task id in order (read only if some task was never
-    attempted); ``missing``: tasks without a value.
+    attempted); ``missing``: tasks without a value; ``pending``: one JSON text per request a
+    batch job held at the run's end (``{"request", "where", "task_ids"}``), ``pending_tasks``
+    their tasks.
     """
 
     def __init__(self, failed: Mapping[str, list[dict[str, Any]]], accepted: Any,
                  extra: list[dict[str, Any]], task_ids: Callable[[], Iterable[str]],
-                 missing: int, not_attempted: str) -> None:
+                 missing: int, not_attempted: str, pending: Sequence[str] = (),
+                 pending_tasks: int = 0) -> None:
         self._failed, self._accepted, self._extra = failed, accepted, extra
         self._task_ids, self._missing, self._why = task_ids, missing, not_attempted
+        self._pending, self._pending_tasks = pending, pending_tasks
         self._len: int | None = None
         self._raws: dict[str, str] | None = None
         # failed in the run yet accepted by its end (another runner's answer): read now, so
@@ -47,13 +53,24 @@ class ResultErrors(SequenceView):
         for task_id, errs in self._failed_items():
             for e in errs:
                 yield {**{k: v for k, v in e.items() if k != "raw"}, "task_id": task_id}
+        yield from self._pending_errors()
         yield from (dict(e) for e in self._extra)
         if self._unattempted_count():
             named = {e["task_id"] for e in self._extra}
+            named.update(e["task_id"] for e in self._pending_errors())
             for task_id in self._task_ids():
                 if (task_id not in self._failed and task_id not in named
                         and task_id not in self._accepted):
                     yield {"type": "not_attempted", "task_id": task_id, "message": self._why}
+
+    def _pending_errors(self) -> Iterator[dict[str, Any]]:
+        """The tasks of requests a batch job held when the run ended (as they were then)."""
+        for text in self._pending:
+            held = json.loads(text)
+            for task_id in held["task_ids"]:
+                yield {"type": "pending", "task_id": task_id, "request": held["request"],
+                       "message": f"submitted in {held['where']}; re-run to collect what has "
+                       "ended"}
 
     def _failed_items(self) -> Iterator[tuple[str, list[dict[str, Any]]]]:
         answered = self._answered
@@ -62,14 +79,14 @@ class ResultErrors(SequenceView):
     def _unattempted_count(self) -> int:
         if self._unattempted is None:
             failed = sum(1 for _ in self._failed_items())
-            self._unattempted = max(0, self._missing - failed
+            self._unattempted = max(0, self._missing - failed - self._pending_tasks
                                     - len({e["task_id"] for e in self._extra}))
         return self._unattempted
 
     def __len__(self) -> int:
         if self._len is None:
             self._len = (sum(len(errs) for _, errs in self._failed_items()) + len(self._extra)
-                         + self._unattempted_count())
+                         + self._pending_tasks + self._unattempted_count())
         return self._len
 
     def __bool__(self) -> bool:

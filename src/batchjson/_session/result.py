@@ -126,7 +126,7 @@ class BatchResult:
             "resumed": self.resumed, "rechecked": self.rechecked,
             "identity_compared": list(self.identity_compared),
             "compared_if_echoed": list(self.compared_if_echoed), "provider": self.provider,
-            "jobs": [{k: v for k, v in job.items() if k != "keys"} for job in self.jobs],
+            "jobs": list(self.jobs),
         }
 
     @property

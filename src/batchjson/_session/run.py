@@ -263,10 +263,9 @@ def _jobs(session: Session, plan: Plan, spender: Spender, state: Run) -> JobsOut
         runner = JobRunner(plan, session.ledger, state.provider, state.client, spender,
                            session._job_reservations, session_id=session.id,
                            poll=session.job_poll, on_progress=on_progress)
-        return runner.run(pending, wait=state.spec.wait)
+        return runner.run(state.pending.windows, wait=state.spec.wait)
 
-    pending = list(state.pending)  # a job's upload is made of them all (in files that fit)
-    return _replay(session, plan, state.provider, spender, state, pending, drive,
+    return _replay(session, plan, state.provider, spender, state, (), drive,
                    progress=state.spec.progress if state.spec.wait else False)
 
 
@@ -397,7 +396,8 @@ def _values(session: Session, revision_id: int, total: int, task_ids: Callable[[
     why = (f"no call was made for this task in this run: {outcome.stopped}"
            if outcome.stopped else "no call was made for this task in this run")
     return values, ResultErrors(outcome.errors, values, unloadable, task_ids,
-                                total - len(values), why)
+                                total - len(values), why, outcome.pending,
+                                outcome.pending_tasks)
 
 
 def _bounded(fn: Callable[[Any, Mapping[str, Any]], Any],

@@ -8,21 +8,20 @@ rows, a page of positions at a time, for one on record. A first pass (:func:`sur
 anything is recorded or spent, learns what each request needs, one mark a request; the calls
 then stream the pending ones again from the same source (:class:`Pending`).
 
-What still needs every request at once says so where it is: judging no fingerprint fully sees
-(``unseen_token`` re-judges the whole revision), the batch transport (a job's upload), earlier
-returns resolved by re-judging (committed once the revision opens) and answers of unknown
-source (rare: imports from another system).
+The batch transport reads the pending requests the same way, a job's worth at a time
+(``_replay/jobs.py``). What still needs every request at once says so where it is: judging no
+fingerprint fully sees (``unseen_token`` re-judges the whole revision), earlier returns
+resolved by re-judging (committed once the revision opens) and answers of unknown source (rare:
+imports from another system).
 """
 
 from __future__ import annotations
 
-import json
 from array import array
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from .._content.packed import RequestTasks
-from .._content.tasks import Request
+from .._content.tasks import Request, stored_request
 from .._ledger.rejudge import rejudge
 from .._ledger.store import Store
 
@@ -48,13 +47,6 @@ def windows(store: Store, state: Run) -> Iterator[list[Request]]:
 def every_request(store: Store, state: Run) -> Iterator[Request]:
     for window in windows(store, state):
         yield from window
-
-
-def stored_request(row: Any) -> Request:
-    """A request of a revision on record, its tasks decoded from the ledger's text when read
-    (a request's key names its content: the text is the run's own)."""
-    return Request(row["key"], RequestTasks(row["tasks"], len(json.loads(row["task_ids"]))),
-                   row["position"], row["parent_key"], tasks_json=row["tasks"])
 
 
 def survey(session: Session, state: Run) -> None:

@@ -1,0 +1,240 @@
+"""Collecting a run's batch jobs: poll the ones watched, find an uncertain OpenAI job by the uid
+it was created with, and judge an ended job's lines through the same acceptance as a live
+return, committing every receipt and the job in one transaction.
+
+An ended job's output is read a line at a time, twice (to count each ``custom_id``, then to
+judge a window of lines with their requests from the ledger), so collecting holds a job's
+output bytes and its receipts' writes, never every line parsed at once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from .._acceptance import judge as acceptance
+from .._content.tasks import Request
+from .._errors import ProviderError
+from .._ledger.store import Store
+from .._providers.reply import received
+from .._providers.settings import declared_output_cap
+from .budget import Spender, charge_line, charge_of
+from .calls import _usage
+from .plan import Plan
+
+WINDOW = 1000  # requests read from the ledger, or output lines judged, together
+
+
+class Collection:
+    """The collecting half of a :class:`~batchjson._replay.jobs.JobRunner` (its plan, store,
+    client, spender, reservations, result and the ids of the jobs it watches)."""
+
+    plan: Plan
+    store: Store
+    provider: Any
+    client: Any
+    spender: Spender
+    reservations: dict[int, float]
+    result: Any  # a JobsOutcome
+    watched: set[int]
+    chunk: int
+    on_progress: Callable[[int], None] | None
+
+    def _open_rows(self) -> list[Any]:
+        """The watched jobs still unfinished (those that ended are no longer watched)."""
+        rows = [row for row in self.store.jobs() if row["id"] in self.watched]
+        self.watched = {row["id"] for row in rows}
+        return rows
+
+    async def _collect_ended(self) -> list[int]:
+        """Poll the watched jobs and collect those that ended: the ids of every watched job
+        no longer unfinished (collected here, or by another runner meanwhile)."""
+        self.store.lost_recordings()
+        for row in self.store.jobs():
+            if row["id"] not in self.watched or row["protocol"] != self.client.protocol:
+                continue
+            if row["status"] == "uncertain" and row["provider_job_id"] is None:
+                row = await self._recover(row)
+            if row["status"] != "open":
+                continue
+            try:
+                batch = await self.client.poll(row["provider_job_id"])
+                status = self.client.status(batch)
+                if status not in self.client.running:
+                    await self._collect(row, batch)
+                    continue
+            except ProviderError as exc:  # the job stays open: the next run looks again
+                self.result.notes.append(f"job {row['id']} ({row['provider_job_id']}) could "
+                                         f"not be read this time: {exc}")
+                continue
+            self.store.job_detail(row["id"], {**detail_of(row), "provider_status": status,
+                                              "counts": self.client.counts(batch)})
+        before = set(self.watched)
+        return sorted(before - {row["id"] for row in self._open_rows()})
+
+    async def _recover(self, row: Mapping[str, Any]) -> Mapping[str, Any]:
+        """An uncertain job found at the provider by the uid it was created with (OpenAI keeps
+        it as the batch's metadata) is recorded open under the id found, and polled as any
+        open job; else it stays uncertain."""
+        try:  # listed back to an hour before it was recorded (clocks differ)
+            batch = await self.client.find(row["uid"], unix(row["created_at"]) - 3600)
+        except ProviderError as exc:
+            self.result.notes.append(f"job {row['id']} is uncertain and the provider's jobs "
+                                     f"could not be listed to find it this time: {exc}")
+            return row
+        if batch is None:
+            return row
+        self.store.job_submitted(row["id"], str(batch["id"]), {
+            "input_file_id": batch.get("input_file_id"),
+            "provider_status": batch.get("status"),
+            "recovered": "found at the provider by the uid it was created with"})
+        self.result.notes.append(f"job {row['id']} was uncertain (its runner stopped before "
+                                 f"recording the provider's id): found as {batch['id']} by "
+                                 "its uid, and polled as any open job")
+        return self.store.jobs(job=str(row["id"]))[0]
+
+    async def _collect(self, row: Mapping[str, Any], batch: Mapping[str, Any]) -> None:
+        """Join the job's lines to its receipts by custom_id, judge each, and complete every
+        receipt and the job in one transaction. The output is read twice, a line at a time:
+        once to count each custom_id (one that comes back twice is admitted in neither
+        copy), then to judge, a window of lines with their requests at a time."""
+        lines = {line["custom_id"]: line for line in self.store.job_lines(row["id"])}
+        whole = self.client.whole_failure(batch)
+        status = self.client.status(batch)
+        outs = await self.client.results(batch) if whole is None else ()
+        if whole is not None and self.client.too_large(batch):
+            self.chunk = max(1, min(self.chunk, len(lines)) // 2)
+        came: dict[str, int] = {}
+        unknown: list[str] = []
+        for out in outs:
+            cid = self.client.line_id(out)
+            if cid in lines:
+                came[cid] = came.get(cid, 0) + 1
+            else:
+                unknown.append(str(cid)[:80])
+        writes = []
+        once = (out for out in outs if came.get(self.client.line_id(out)) == 1)
+        for part in _batched(once, WINDOW):
+            cids = [self.client.line_id(out) for out in part]
+            requests = self.store.requests_by_keys([lines[c]["request_key"] for c in cids])
+            for cid, out in zip(cids, part, strict=True):
+                line = lines[cid]
+                writes.append(await self._judge_line(
+                    line, self.client.outcome(out, bool(line["wrapped"])),
+                    requests[line["request_key"]]))
+        for cid, line in lines.items():
+            if came.get(cid) != 1:
+                writes.append(self._failed_line(line, _lost(cid, came.get(cid, 0), whole,
+                                                            status)))
+        detail = {**detail_of(row), "provider_status": status, "counts": self.client.counts(batch)}
+        if unknown:
+            detail["unknown_custom_ids"] = unknown[:20]
+            self.result.notes.append(
+                f"job {row['id']} ({row['provider_job_id']}) returned {len(unknown)} line(s) "
+                f"with a custom_id it was never sent ({', '.join(unknown[:3])}); none was "
+                "admitted")
+        if whole is not None:
+            detail["failed"] = whole
+            self.result.notes.append(f"job {row['id']} ({row['provider_job_id']}) failed as a "
+                                     f"whole: {whole}")
+        store = self.store
+        with store.call_transaction() as tx:
+            if store.end_job(tx, row["id"], "cancelled" if status == "cancelled" else "ended",
+                             detail):
+                for write in writes:
+                    write(tx)
+
+    def _failed_line(self, line: Mapping[str, Any], got: ProviderError
+                     ) -> Callable[[Any], None]:
+        """The write completing a receipt whose line brought no answer (never billed)."""
+        store, out = self.store, self.result.outcome
+        attempt_id = line["attempt_id"]
+        charge_line(self.spender, self.reservations.pop(attempt_id, None), 0.0)
+        out.calls += 1
+        out.provider_errors += 1
+        errors = [{"type": "provider_error", "task_id": None, "status": got.status,
+                   "retryable": got.retryable, "message": f"provider failed{_http(got)}: {got}"}]
+        charge = 0.0 if self.spender.shared is not None else None
+        return lambda tx: store.finish_call(tx, attempt_id, "provider_error", errors, None,
+                                            got.usage or {}, charge=charge)
+
+    async def _judge_line(self, line: Mapping[str, Any], got: Any, request: Request
+                          ) -> Callable[[Any], None]:
+        """The write completing one receipt, from what the provider returned for it."""
+        if isinstance(got, ProviderError):
+            return self._failed_line(line, got)
+        store, out = self.store, self.result.outcome
+        attempt_id, key = line["attempt_id"], line["request_key"]
+        reserved = self.reservations.pop(attempt_id, None)
+        out.calls += 1
+        shared = self.spender.shared is not None  # the ledger's own budget settles too
+        reply = received(got, declared_output_cap(self.provider))
+        cost = reply.cost if reply.cost is not None else self.spender.pricing.cost(
+            reply.input_tokens, reply.output_tokens)
+        charge_line(self.spender, reserved, cost)
+        charged_ledger = charge_of(line["reserved"], cost) if shared else None
+        out.input_tokens += reply.input_tokens or 0
+        out.output_tokens += reply.output_tokens or 0
+        out.cost = None if out.cost is None or cost is None else out.cost + cost
+        usage = _usage(reply)
+        plan = self.plan
+        verdict = await acceptance.judge(reply, request.tasks, mode=plan.mode,
+                                         identity=plan.identity, schema=plan.schema,
+                                         validator=plan.validator)
+        if verdict.accepted:
+            out.accepted_returns += 1
+            if self.on_progress is not None:
+                self.on_progress(len(request.tasks))
+            stored, text = verdict.stored, reply.text  # held until the job's commit: no more
+            return lambda tx: store.accept_call(tx, attempt_id, plan.batch_id, key, stored,
+                                                text, usage, charge=charged_ledger)
+        out.rejected_returns += 1
+        errors, text = verdict.errors, reply.text
+        return lambda tx: store.finish_call(tx, attempt_id, "rejected", errors, text, usage,
+                                            charge=charged_ledger)
+
+
+def unix(stamp: str) -> float:
+    """Seconds since the epoch of a ledger time (ISO 8601 UTC)."""
+    moment = datetime.fromisoformat(stamp)
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
+def _lost(custom_id: str, came: int, whole: str | None, status: str) -> ProviderError:
+    """Why a receipt got no answer it could admit: its line came back ``came`` times (not
+    once), in a job that ended ``status`` (or failed as a whole: ``whole``)."""
+    if came:
+        why = (f"custom_id {custom_id} came back {came} times in one job's output; none of "
+               "its lines was admitted")
+    elif whole is not None:
+        why = f"the job failed as a whole before any line ran: {whole}"
+    elif status in ("expired", "cancelled", "canceled"):
+        why = f"the job {status} before this request was answered"
+    else:
+        why = f"custom_id {custom_id} is missing from the output of a {status} job"
+    return ProviderError(why, retryable=True)
+
+
+def _batched(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    part: list[Any] = []
+    for item in items:
+        part.append(item)
+        if len(part) == size:
+            yield part
+            part = []
+    if part:
+        yield part
+
+
+
+def detail_of(row: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        return dict(json.loads(row["detail"] or "{}"))
+    except (TypeError, ValueError):
+        return {}
+
+
+def _http(error: ProviderError) -> str:
+    return f" (HTTP {error.status})" if error.status else ""
