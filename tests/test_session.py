@@ -389,7 +389,9 @@ def test_split_halves_run_in_parallel_and_accepted_halves_are_never_paid_twice()
     session = Session(CallableProvider(model), repairs=0, replays=0, concurrency=4)
     first = session.run_batch("r", review_tasks(8), LABEL_SCHEMA, pack=8, split=True,
                               on_exhausted="return")
-    assert len(first.values) == 7 and model.peak == 2  # both halves of one request went out at once
+    # both halves of one request went out at once (a quarter of the bad half may follow while
+    # the good half is still in flight: 3 is as parallel as 2)
+    assert len(first.values) == 7 and model.peak >= 2
     # A new revision (pack=16, eight more tasks) sends its bigger request, which fails and
     # splits again: halves whose exact content was accepted under revision 1 are not re-sent.
     model.sent.clear()
