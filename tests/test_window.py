@@ -9,6 +9,7 @@ would, and checks the same keys, results and receipts as a run holding everythin
 
 from __future__ import annotations
 
+import copy
 import json
 import weakref
 
@@ -150,3 +151,13 @@ def test_attempts_per_task_count_every_call_that_carried_it_when_spooled(monkeyp
     assert dict(result.attempts_by_task) == {
         t["task_id"]: 2 if i in (2, 3) else 1 for i, t in enumerate(tasks)}
     assert json.loads(json.dumps(dict(result.attempts_by_task)))  # plain data
+
+
+def test_a_result_whose_texts_spilled_to_disk_can_be_deep_copied(monkeypatch, small_windows):
+    tasks = review_tasks(40)
+    result = Session(CallableProvider(items_reply)).run_batch(
+        "b", (dict(t) for t in tasks), LABEL_SCHEMA, pack=1)
+    copied = copy.deepcopy(result)
+    assert dict(copied.values) == dict(result.values) and len(copied.values) == 40
+    assert dict(copied.attempts_by_task) == dict(result.attempts_by_task)
+    assert set(dict(copied.attempts_by_task).values()) == {1}

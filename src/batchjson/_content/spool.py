@@ -167,6 +167,14 @@ class TextSpool(Sequence[str]):
             self._file, self._unwritten = None, []
         self._full = True
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> TextSpool:
+        """A spool of its own with the same texts (a spilled one in a file of its own): a
+        result copied with ``copy.deepcopy`` outlives and never shares the original's file."""
+        copied = TextSpool(keep_when_full=self._keep)
+        copied.extend(self)
+        copied.flush()
+        return copied
+
     def __len__(self) -> int:
         return len(self._held) if self._held is not None else len(self._offsets) - 1
 
