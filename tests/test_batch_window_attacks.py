@@ -204,3 +204,25 @@ def test_requests_accepted_live_are_skipped_in_every_window_and_job(tmp_path, sm
     assert result.status == "resolved" and len(result.values) == n
     never_past_acceptance(path)
     assert sum(size for (size,) in job_lines(path)) == n - len(tasks(n)[::3])
+
+
+def test_garbage_output_lines_are_named_and_never_stop_the_collection(tmp_path, monkeypatch):
+    """Lines a provider should never send (not JSON, not an object, a custom_id that is a
+    list, an object or a number) are unknown lines: named, never admitted, never a crash."""
+    junk = (b'not json at all\n[1, 2]\n"text"\n{"custom_id": ["x"]}\n{"custom_id": {"a": 1}}\n'
+            b'{"custom_id": 7}\n{"custom_id": null}\n')
+    for cls in BatchClient.__subclasses__():
+        real = cls.results
+
+        async def results(self, batch, _real=real):
+            got = await _real(self, batch)
+            return OutputLines([junk, *got.files], got.parse)
+
+        monkeypatch.setattr(cls, "results", results)
+    with LoopbackServer() as srv:
+        srv.batches.delay = 0.03
+        s = batch_session(srv, tmp_path / "w.sqlite")
+        result = s.run_batch("labels", tasks(3), SCHEMA, transport="batch", wait=True)
+        s.close()
+    assert result.status == "resolved" and len(result.values) == 3
+    assert any("never sent" in note for note in result.notes)
