@@ -119,8 +119,11 @@ class BatchClient:
         return dict(batch.get("request_counts") or {})
 
     @staticmethod
-    def line_id(line: Any) -> Any:
-        return line.get("custom_id") if isinstance(line, dict) else None
+    def line_id(line: Any) -> str | None:
+        """A line's ``custom_id``; one that is no string (a provider's garbage) as its JSON
+        text, which never matches one of ours (``bj_...``) and can be counted and named."""
+        cid = line.get("custom_id") if isinstance(line, dict) else None
+        return cid if cid is None or isinstance(cid, str) else json.dumps(cid)[:200]
 
 
 class OutputLines:

@@ -126,11 +126,12 @@ class JobRunner(Collection):
     def _chain(self, request: Request, rows: Sequence[Mapping[str, Any]]
                ) -> Sequence[Mapping[str, Any]]:
         """This run's chain of a request's job receipts: all of them, unless its allowance
-        was used up before the run began (by receipts of no job open then): those since."""
-        before = [r for r in rows if r["id"] <= self.watermark]
-        if before and before[-1]["job_id"] not in self.open_at_start and self._next(
-                request, before, True) is None:
-            return [r for r in rows if r["id"] > before[-1]["id"]]
+        was used up before the run began by receipts of no job open then: those since (a
+        job open then, of a run this one resumes, belongs to the chain that run began)."""
+        settled = [r for r in rows if r["id"] <= self.watermark
+                   and r["job_id"] not in self.open_at_start]
+        if settled and self._next(request, settled, True) is None:
+            return [r for r in rows if r["id"] > settled[-1]["id"]]
         return rows
 
     def _next(self, request: Request, rows: Sequence[Mapping[str, Any]], tried: bool
