@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from .._errors import ProviderError
@@ -19,6 +19,7 @@ from ._http import ITEMS_NAME, WRAPPED_VALUE
 from .base import Call
 from .batch_client import BatchClient, OutputLines
 from .reply import Reply
+from .upload import Upload
 
 # Anthropic error types and the HTTP status each stands for on the live endpoint.
 ERROR_STATUS = {"invalid_request_error": 400, "authentication_error": 401,
@@ -34,10 +35,11 @@ class AnthropicBatches(BatchClient):
     max_bytes = 256 * 1024 * 1024
     running = frozenset(("in_progress", "canceling"))
     jobs_path = "/v1/messages/batches"
+    frame = (b'{"requests":[', b",", b"", b"]}")
 
     def __init__(self, provider: Any) -> None:
         super().__init__(provider)
-        self._staged: dict[str, bytes] = {}  # a creation's body, by its upload token
+        self._staged: dict[str, Upload] = {}  # a creation's body, by its upload token
 
     def _base(self) -> str:
         return super()._base().removesuffix("/v1")
@@ -46,19 +48,20 @@ class AnthropicBatches(BatchClient):
         body, _, wrapped = self.provider.request_body(call)
         return {"custom_id": custom_id, "params": body}, wrapped
 
-    async def upload(self, lines: Sequence[str]) -> str:
-        """Stage the requests (each line's JSON text) as the body of the batch's creation."""
-        data = ('{"requests":[' + ",".join(lines) + "]}").encode()
-        if len(data) > self.max_bytes:
+    async def upload(self, upload: Upload) -> str:
+        """Stage the requests (the job's file on disk) as the body of the batch's creation,
+        streamed from that file when it is created."""
+        upload.finish()
+        if upload.size > self.max_bytes:
             raise ProviderError(f"anthropic batch: requests over {self.max_bytes} bytes",
                                 retryable=False)
         token = uuid.uuid4().hex
-        self._staged[token] = data
+        self._staged[token] = upload
         return token
 
     async def create(self, staged: str, metadata: Mapping[str, str]) -> dict[str, Any]:
         return await self._json("POST", "/v1/messages/batches",
-                                json_text=self._staged.pop(staged))
+                                json_text=self._staged.pop(staged).finish())
 
     @staticmethod
     def status(batch: Mapping[str, Any]) -> str:

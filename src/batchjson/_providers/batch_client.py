@@ -12,11 +12,12 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import IO, Any
 
 from .._errors import ProviderError, ProviderSetupError
 from ._http import HttpProvider, exchange
 from .pricing import batch_share
+from .upload import Upload
 
 LONGEST_ID = "bj_" + "0" * 48  # the length of every custom_id (_ledger/store_jobs.custom_id)
 
@@ -28,6 +29,7 @@ class BatchClient:
     max_requests = 0
     max_bytes = 0  # the provider's ceiling on one job's upload
     jobs_path = ""  # the batches: GET it to list (exactly when the batch API exists)
+    frame = (b"", b"", b"\n", b"")  # an upload's head, between two lines, after each, tail
 
     def __init__(self, provider: HttpProvider) -> None:
         self.provider = provider
@@ -38,6 +40,11 @@ class BatchClient:
     def line_text(self, custom_id: str, call: Any) -> str:
         """One line of a job's upload as the JSON text sent."""
         return json.dumps(self.line(custom_id, call)[0], separators=(",", ":"))
+
+    def spool(self) -> Upload:
+        """A job's upload, empty, on disk: a ConfigError naming TMPDIR when no file can be
+        had."""
+        return Upload(*self.frame)
 
     def lines_that_fit(self, calls: list[Any]) -> int:
         """How many of ``calls``, from the first, one job's upload holds (at least one: a single
@@ -56,9 +63,9 @@ class BatchClient:
 
     async def _call(self, method: str, path: str, body: Any = None,
                     json_body: Mapping[str, Any] | None = None,
-                    json_text: bytes | None = None) -> bytes:
-        """``json_body``, or ``json_text`` (a JSON body already encoded), or ``body`` (a
-        multipart form)."""
+                    json_text: bytes | IO[bytes] | None = None) -> bytes:
+        """``json_body``, or ``json_text`` (a JSON body already encoded, or a file of one,
+        streamed), or ``body`` (a multipart form)."""
         p = self.provider
         headers = p._headers
         if json_body is not None:

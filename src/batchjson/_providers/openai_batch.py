@@ -9,7 +9,7 @@ says only that the batch stopped, not that any line succeeded.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -20,6 +20,7 @@ from ._http import http_error
 from .base import Call
 from .batch_client import BatchClient, OutputLines
 from .reply import Reply
+from .upload import Upload
 
 RUNNING = frozenset(("validating", "in_progress", "finalizing", "cancelling"))
 
@@ -40,11 +41,11 @@ class OpenAIBatches(BatchClient):
         return {"custom_id": custom_id, "method": "POST", "url": self.url,
                 "body": body}, wrapped
 
-    async def upload(self, lines: Sequence[str]) -> str:
-        """Upload the input file (each line's JSON text); its id. Nothing is billed for a
-        file."""
-        data = "".join(line + "\n" for line in lines).encode()
-        if len(data) > self.max_bytes:
+    async def upload(self, upload: Upload) -> str:
+        """Upload the input file (streamed from the job's file on disk); its id. Nothing is
+        billed for a file."""
+        data = upload.finish()
+        if upload.size > self.max_bytes:
             raise ProviderError(f"openai batch: input file over {self.max_bytes} bytes",
                                 retryable=False)
         form = aiohttp.FormData()

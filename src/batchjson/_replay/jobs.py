@@ -29,6 +29,7 @@ from .._ledger import Ledger
 from .._ledger.claims import Owner
 from .._providers.base import estimate_tokens, input_bound
 from .._providers.reply import REFUSED, TRUNCATED
+from .._providers.upload import Upload
 from .budget import Spender, reserve_lines
 from .calls import first_prompt, make_call
 from .job_collect import WINDOW, Collection, detail_of
@@ -197,6 +198,14 @@ class JobRunner(Collection):
                       ) -> tuple[bool, list[tuple[Request, str, str]]]:
         """Record one job, then upload and create it: whether more may be sent, and the
         requests past the provider's upload ceiling, for the next job."""
+        body = self.client.spool()  # on disk; none to be had: a ConfigError, nothing recorded
+        try:
+            return await self._submit_into(body, owed, writer)
+        finally:
+            body.close()
+
+    async def _submit_into(self, body: Upload, owed: list[tuple[Request, str, str]],
+                           writer: Owner) -> tuple[bool, list[tuple[Request, str, str]]]:
         plan, store = self.plan, self.store
         counts = store.attempt_counts([r.key for r, _, _ in owed])
         calls = [make_call(plan, self._system, r, kind, prompt, counts.get(r.key, 0))
@@ -225,7 +234,6 @@ class JobRunner(Collection):
                  estimate_tokens(self._system + c.prompt))
                 for (r, kind, _), c, worst in zip(owed, calls, reserved, strict=True)])
         by_key = {w["request_key"]: w for w in written}
-        body = []
         if len(written) < len(owed):  # the jobs that took them are watched too
             self.short = True
             self.watched.update(store.job_holders(
@@ -239,15 +247,15 @@ class JobRunner(Collection):
                 self.spender.release(worst)
                 continue
             self.reservations[mine["attempt_id"]] = worst
-            body.append(self.client.line_text(mine["custom_id"], call))
-        del calls  # only the upload's texts are kept while it is sent
+            body.add(self.client.line_text(mine["custom_id"], call))  # to its file
+        del calls  # the upload is on disk while it is sent
         if job_id is None:
             return True, unsent
         self.watched.add(job_id)
         return (await self._send(job_id, uid, body, [w["attempt_id"] for w in written]),
                 unsent)
 
-    async def _send(self, job_id: int, uid: str, body: list[str],
+    async def _send(self, job_id: int, uid: str, body: Upload,
                     attempts: list[int]) -> bool:
         """Upload and create a recorded job. A failure before the provider could have created
         it cancels the job's receipts (never sent); any other leaves the job uncertain."""
@@ -269,7 +277,7 @@ class JobRunner(Collection):
             return False
         store.job_submitted(job_id, str(batch["id"]), {"input_file_id": file_id,
                                                         "provider_status": batch.get("status")})
-        self.result.submitted += len(body)
+        self.result.submitted += body.lines
         return True
 
     async def _renewing(self, job_id: int, awaitable: Any) -> Any:

@@ -34,6 +34,7 @@ class MessageBatches:
         self.desk = desk
         self.batches: dict[str, dict[str, Any]] = {}
         self.results: dict[str, bytes] = {}
+        self.bodies: list[bytes] = []  # each creation's body as received, byte for byte
 
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/messages/batches", self._create)
@@ -43,6 +44,7 @@ class MessageBatches:
         app.router.add_get("/v1/messages/batches/{id}/results", self._results)
 
     async def _create(self, request: web.Request) -> web.Response:
+        self.bodies.append(await request.read())
         data = await request.json()
         lines = data.get("requests") if isinstance(data, dict) else None
         if not isinstance(lines, list) or not lines:

@@ -1,0 +1,85 @@
+"""A batch job's upload on disk: its lines written to an unnamed temporary file as they are
+built, and sent from that file, so a job of 50,000 lines (about 10 KB each, the pinned schema in
+every one) takes disk, never the runner's memory.
+
+The bytes are the ones a job sent when it was held as text: each line's compact JSON, framed as
+the provider wants it (OpenAI: a JSON Lines file; Anthropic: ``{"requests":[...]}``, the lines
+joined by commas).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from tempfile import TemporaryFile
+from typing import IO
+
+from .._errors import ConfigError, ProviderError
+
+WRITE_BYTES = 1 << 16  # lines written to the file this many bytes at a time
+
+
+class Upload:
+    """One job's upload: ``head``, then each line (``sep`` between two, ``end`` after each),
+    then ``tail``. The file is made when the upload is (a :class:`ConfigError` naming
+    ``TMPDIR`` when none can be had, before the job is recorded); a write the disk refuses
+    later is kept and told as a failed upload by :meth:`finish` (the job is then cancelled
+    unsent, and its requests sent again by a later pass or run)."""
+
+    def __init__(self, head: bytes, sep: bytes, end: bytes, tail: bytes) -> None:
+        try:
+            self.file: IO[bytes] = TemporaryFile(prefix="batchjson-upload-", buffering=0)
+        except OSError as exc:
+            raise ConfigError(f"{_no_room(exc)}, and run again; this job was not recorded and "
+                              "nothing was spent for it") from exc
+        self.sep, self.end = sep, end
+        self.tail: bytes | None = tail  # None once written
+        self.lines = 0  # lines added
+        self.size = 0  # bytes of the whole upload, head and tail included
+        self.failed: OSError | None = None
+        self._unwritten, self._waiting = [head], len(head)
+
+    def add(self, text: str) -> None:
+        """One line's JSON text."""
+        data = (self.sep if self.lines else b"") + text.encode() + self.end
+        self.lines += 1
+        self._unwritten.append(data)
+        self._waiting += len(data)
+        if self._waiting >= WRITE_BYTES:
+            self._flush()
+
+    def finish(self) -> IO[bytes]:
+        """The whole upload, from its first byte: the file, or a ProviderError (retryable)
+        when the disk refused a write. Called again, the same file from its start."""
+        if self.tail is not None:
+            self._unwritten.append(self.tail)
+            self.tail = None
+            self._flush()
+        if self.failed is not None:
+            raise ProviderError(f"{_no_room(self.failed)}; its requests are sent again later",
+                                retryable=True)
+        self.file.seek(0)
+        return self.file
+
+    def _flush(self) -> None:
+        data = b"".join(self._unwritten)
+        self._unwritten, self._waiting = [], 0
+        self.size += len(data)
+        if self.failed is None:
+            try:
+                self._put(data)
+            except OSError as exc:
+                self.failed = exc
+
+    def _put(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[self.file.write(view):]  # unbuffered: it may write a part
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def _no_room(exc: OSError) -> str:
+    return (f"no room for a batch job's upload in a temporary file in {tempfile.gettempdir()} "
+            f"({type(exc).__name__}: {exc}): free space there, or set TMPDIR to a directory "
+            "on a disk with room")
