@@ -85,6 +85,20 @@ SPILL_CHARS = 1 << 22  # texts kept in memory up to this many characters, then o
 WRITE_BYTES = 1 << 16  # spilled texts written to the file this many bytes at a time
 
 
+def write_all(file: Any, data: bytes) -> None:
+    """``data`` into an unbuffered file, which may take a part of it at each write."""
+    view = memoryview(data)
+    while view:
+        view = view[file.write(view):]
+
+
+def no_room(what: str, exc: OSError) -> str:
+    """What a temporary file that cannot be had or written says, and the fix (TMPDIR)."""
+    return (f"no room {what} in a temporary file in {tempfile.gettempdir()} "
+            f"({type(exc).__name__}: {exc}): free space there, or set TMPDIR to a directory "
+            "on a disk with room")
+
+
 class TextSpool(Sequence[str]):
     """JSON texts in order, appended one at a time: each request's tasks (the one copy of a
     run's tasks), or each call's task ids (what a result's ``attempts_by_task`` counts).
@@ -144,10 +158,8 @@ class TextSpool(Sequence[str]):
         """Every text appended so far into the file (a spool held in memory has none to)."""
         if self._held is not None or not self._unwritten:
             return
-        data = memoryview(b"".join(self._unwritten))
         try:
-            while data:
-                data = data[self._file.write(data):]  # unbuffered: it may write a part
+            write_all(self._file, b"".join(self._unwritten))
         except OSError as exc:
             return self._no_room(exc)
         self._unwritten = []
@@ -155,11 +167,8 @@ class TextSpool(Sequence[str]):
 
     def _no_room(self, exc: OSError) -> None:
         if not self._keep:
-            raise ConfigError(
-                f"no room to hold the run's tasks in a temporary file in "
-                f"{tempfile.gettempdir()} ({type(exc).__name__}: {exc}): free space there, or "
-                "set TMPDIR to a directory on a disk with room, and run again; nothing was "
-                "recorded or spent") from exc
+            raise ConfigError(no_room("to hold the run's tasks", exc) + ", and run again; "
+                              "nothing was recorded or spent") from exc
         if self._held is None:  # what the file holds, then what it could not take
             self._held = self._read(0, self._written) + [
                 data[:-1].decode("utf-8") for data in self._unwritten]

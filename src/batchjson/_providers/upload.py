@@ -9,13 +9,14 @@ joined by commas).
 
 from __future__ import annotations
 
-import tempfile
 from tempfile import TemporaryFile
 from typing import IO
 
+from .._content.spool import no_room, write_all
 from .._errors import ConfigError, ProviderError
 
 WRITE_BYTES = 1 << 16  # lines written to the file this many bytes at a time
+WHAT = "for a batch job's upload"
 
 
 class Upload:
@@ -29,7 +30,7 @@ class Upload:
         try:
             self.file: IO[bytes] = TemporaryFile(prefix="batchjson-upload-", buffering=0)
         except OSError as exc:
-            raise ConfigError(f"{_no_room(exc)}, and run again; this job was not recorded and "
+            raise ConfigError(f"{no_room(WHAT, exc)}, and run again; this job was not recorded and "
                               "nothing was spent for it") from exc
         self.sep, self.end = sep, end
         self.tail: bytes | None = tail  # None once written
@@ -55,7 +56,7 @@ class Upload:
             self.tail = None
             self._flush()
         if self.failed is not None:
-            raise ProviderError(f"{_no_room(self.failed)}; its requests are sent again later",
+            raise ProviderError(f"{no_room(WHAT, self.failed)}; its requests are sent again later",
                                 retryable=True)
         self.file.seek(0)
         return self.file
@@ -71,15 +72,8 @@ class Upload:
                 self.failed = exc
 
     def _put(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            view = view[self.file.write(view):]  # unbuffered: it may write a part
+        write_all(self.file, data)
 
     def close(self) -> None:
         self.file.close()
 
-
-def _no_room(exc: OSError) -> str:
-    return (f"no room for a batch job's upload in a temporary file in {tempfile.gettempdir()} "
-            f"({type(exc).__name__}: {exc}): free space there, or set TMPDIR to a directory "
-            "on a disk with room")
