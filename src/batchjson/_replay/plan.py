@@ -34,12 +34,14 @@ class Plan:
 
 @dataclass
 class Transport:
-    """How provider failures are retried: bounded, with backoff, honouring Retry-After."""
+    """How provider failures are retried: bounded, with backoff, honouring Retry-After; a
+    run waits on a rate limit that keeps refusing for ``max_rate_wait`` seconds at most."""
 
     retries: int = 3
     timeout: float = 120.0
     backoff_initial: float = 0.5
     backoff_max: float = 20.0
+    max_rate_wait: float = 60.0
 
 
 @dataclass

@@ -295,7 +295,7 @@ def _replay(session: Session, plan: Plan, provider: Any, spender: Spender, state
         replayer = Replayer(plan, session.ledger, provider, spender, session.transport,
                             session.concurrency, on_progress=bar.update if bar else None,
                             session_id=session.id, pacer=session.pacer,
-                            hosts=session.hosts)
+                            hosts=session.hosts, on_wait=getattr(bar, "set_postfix_str", None))
         return await replayer.run(pending)
 
     try:
