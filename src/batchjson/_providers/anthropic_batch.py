@@ -17,8 +17,8 @@ from typing import Any
 from .._errors import ProviderError
 from ._http import ITEMS_NAME, WRAPPED_VALUE
 from .base import Call
-from .masking import without_key_fragments
 from .batch_client import BatchClient, OutputLines
+from .masking import without_key_fragments
 from .reply import Reply
 from .upload import Upload
 

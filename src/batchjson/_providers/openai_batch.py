@@ -18,8 +18,8 @@ import aiohttp
 from .._errors import ProviderError
 from ._http import http_error
 from .base import Call
-from .masking import without_key_fragments
 from .batch_client import BatchClient, OutputLines
+from .masking import without_key_fragments
 from .reply import Reply
 from .upload import Upload
 
