@@ -401,3 +401,58 @@ def test_every_key_shape_is_still_taken_for_a_key_whole_and_only_whole() -> None
     for name in ("sk-1", "sk-", "hf_llama", KEYS["sk-proj"] + " is my key", "uuid " + KEYS["uuid"],
                  KEYS["32-hex"][:31], "gpt-4o-" + KEYS["32-hex"][:8]):
         assert not looks_like_key(name), name
+
+
+class FragmentEchoingServer(LoopbackServer):
+    """A provider refusing every request with a 401 that echoes part of a key, as OpenAI's
+    ``Incorrect API key provided: sk-VKMIs***...wjh3`` does: here the part of another key
+    than the one configured (a provider echoes the key it received, perhaps an old one)."""
+
+    def __init__(self, echo: str) -> None:
+        super().__init__(SimulatedModel(answer=answer))
+        self.echo = echo
+
+    async def _early(self, request: Any, fault: Any, key: Any, protocol: str) -> Any:
+        from batchjson.testing._wire import error_response
+
+        return error_response(protocol, 401, f"Incorrect API key provided: {self.echo}. You "
+                              "can find your API key at https://platform.openai.com/account/"
+                              "api-keys.", "invalid_api_key")
+
+
+@pytest.mark.parametrize("shape", ["sk-proj", "sk-ant"])
+@pytest.mark.parametrize("hidden", ["***\u2026", "*" * 40, "\u2022" * 8, "..."])
+def test_a_401_echoing_part_of_another_key_is_never_stored_nor_shown(
+        shape: str, hidden: str, tmp_path: Path, capsys: Any) -> None:
+    """The echoed part matches no configured key, so the known-secret rule could not see it;
+    the shape rule masks a key's fragment in a provider's error text whichever key it is."""
+    other, head = OTHER[shape], OTHER[shape][:16]
+    echo = f"{head}{hidden}{other[-4:]}"
+    ledger = tmp_path / "ledger.sqlite"
+    make = OpenAIProvider if shape == "sk-proj" else AnthropicProvider
+    with FragmentEchoingServer(echo) as srv:
+        base = srv.base_url if shape == "sk-proj" else srv.anthropic_base_url
+        session = Session(make("gpt-4o-mini" if shape == "sk-proj" else "claude-haiku-4-5",
+                               base_url=base, api_key=KEYS[shape]),
+                          ledger=ledger, repairs=0, replays=0)
+        result = session.run_batch("keys", review_tasks(2), LABEL_SCHEMA, pack=2,
+                                   on_exhausted="return")
+    said = result.failure_report() + json.dumps(list(result.errors))
+    assert "Incorrect API key provided: <redacted>." in said  # the provider's words, kept
+    assert f"{hidden}{other[-4:]}" not in said
+    receipts = session.ledger.attempts("keys")
+    assert [r.status for r in receipts] == ["provider_error"]
+    assert "<redacted>" in json.dumps(receipts[0].errors)
+    shown = everything_shown(ledger, session, result, capsys)
+    assert echo not in shown and head not in shown
+
+
+def test_key_fragments_are_masked_in_provider_text_and_nothing_else_is() -> None:
+    from batchjson._providers.masking import without_key_fragments
+
+    for fragment in ("sk-VKMIs***\u2026wjh3", "sk-proj-****wjh3", "sk-ant-api03-AbCd\u2026wxyz",
+                     "sk-abc...wxyz", OTHER["sk-proj"], OTHER["sk-ant"]):
+        assert without_key_fragments(f"key {fragment}.") == "key <redacted>."
+    for text in ("sk-1", "sk-", "task-abc***d", "gpt-4o-mini *** later", "mask-ant-***x",
+                 "ask-me...", "a sk-abc."):
+        assert without_key_fragments(text) == text

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -14,6 +15,7 @@ from batchjson._replay.pacing import Pacer
 from batchjson.testing import HttpFaults, Limits, LoopbackServer
 from batchjson.testing._ratelimits import counted_tokens
 from tests.helpers import LABEL_SCHEMA, openai, review_tasks
+from tests.helpers import anthropic as anthropic_provider
 
 CAP = {"max_completion_tokens": 60}
 
@@ -159,3 +161,95 @@ def test_a_pack_refused_by_the_rate_limit_is_never_split() -> None:
                                    on_exhausted="return")
     assert result.status != "resolved" and srv.requests == 2  # one call and its one retry
     assert {e["status"] for e in result.errors} == {429}
+
+
+# -- a 429 that asks for a wait no run should make ------------------------------------------
+FAR = "2099-01-01T00:00:00Z"
+ENDLESS_WAITS = {  # (protocol, fault, the headers the 429 carries over the server's own)
+    "retry-after 86400": ("openai", "429", {"retry-after": "86400"}),
+    "retry-after-ms inf": ("openai", "429", {"retry-after-ms": "inf"}),
+    "retry-after 1e12": ("anthropic", "429", {"retry-after": "1e12"}),
+    "retry-after 2099": ("openai", "429", {"retry-after": "Thu, 01 Jan 2099 00:00:00 GMT"}),
+    "openai reset inf": ("openai", "429_tokens", {"x-ratelimit-reset-tokens": "inf"}),
+    "openai reset 114h": ("openai", "429_tokens", {"x-ratelimit-reset-tokens": "114h18m0s"}),
+    "openai reset 2099": ("openai", "429_tokens", {"x-ratelimit-reset-tokens": FAR}),
+    "anthropic reset inf": ("anthropic", "429", {"anthropic-ratelimit-requests-reset": "inf"}),
+    "anthropic reset 2099": ("anthropic", "429", {"anthropic-ratelimit-requests-reset": FAR}),
+}
+
+
+class WaitSaid:
+    """A face's progress bar (``progress=`` callable) that keeps what the run said of its
+    waits."""
+
+    def __init__(self, total: int, name: str) -> None:
+        self.said: list[str] = []
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_postfix_str(self, text: str) -> None:
+        self.said.append(text)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("shape", sorted(ENDLESS_WAITS))
+def test_a_429_asking_for_an_endless_wait_ends_the_run_within_max_rate_wait_nothing_lost(
+        shape: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Retry-After of a day, of 10^12 s, of infinity or until 2099, and resets of infinity,
+    114 hours or 2099 paused the session's pacer that long: the run hung with no word. Now a
+    limit still refusing after max_rate_wait ends the run unresolved, naming the limit, having
+    said in its progress that it waited; a later run answers every task."""
+    from batchjson._replay import replay
+
+    monkeypatch.setattr(replay, "SAY_WAIT", 0.2)  # "a few seconds", shortened for the test
+    protocol, fault, headers = ENDLESS_WAITS[shape]
+    make = openai if protocol == "openai" else anthropic_provider
+    bars: list[WaitSaid] = []
+
+    def bar(total: int, name: str) -> WaitSaid:
+        bars.append(WaitSaid(total, name))
+        return bars[-1]
+
+    faults = HttpFaults(script={n: fault for n in range(1, 100)}, retry_after=headers)
+    with LoopbackServer(faults=faults) as srv:
+        session = Session(make(srv), ledger=":memory:", max_rate_wait=1.0)
+        start = time.monotonic()
+        result = session.run_batch("limited", review_tasks(6), LABEL_SCHEMA, pack=2,
+                                   on_exhausted="return", progress=bar)
+        took = time.monotonic() - start
+        refused = srv.responses[429]
+    assert took < 4.0 and refused <= 4  # waited at most max_rate_wait, then stopped
+    assert result.status == "unresolved" and not result.values
+    note = next(n for n in result.notes if "max_rate_wait" in n)
+    assert "per min" in note and "re-run later" in note  # the limit, in the provider's words
+    assert any("waiting" in said for said in bars[0].said)
+    receipts = session.ledger.attempts("limited")
+    assert receipts and {r.status for r in receipts} == {"provider_error"}
+    with LoopbackServer() as srv:  # the limit has passed: the same ledger, every task answered
+        session.provider = make(srv)
+        again = session.run_batch("limited", review_tasks(6), LABEL_SCHEMA, pack=2)
+    assert again.status == "resolved" and again.calls == 3
+
+
+def test_a_retry_after_is_honoured_up_to_20_seconds_and_an_unreadable_wait_is_unknown() -> None:
+    from batchjson._providers.ratelimits import retry_after, retry_wait
+
+    assert retry_after({"retry-after": "86400"}) == 20.0
+    assert retry_after({"retry-after": "1e12"}) == 20.0
+    assert retry_after({"retry-after": "Thu, 01 Jan 2099 00:00:00 GMT"}) == 20.0
+    assert retry_after({"retry-after-ms": "inf", "retry-after": "2"}) == 2.0
+    for unknown in ("inf", "nan", "-inf", "1e400"):
+        assert retry_after({"retry-after-ms": unknown}) is None
+        assert retry_wait({"x-ratelimit-remaining-tokens": "0",
+                           "x-ratelimit-reset-tokens": unknown}) is None
+    assert retry_wait({"x-ratelimit-remaining-tokens": "0",
+                       "x-ratelimit-reset-tokens": "114h18m0s"}) == 114 * 3600 + 18 * 60
+
+
+@pytest.mark.parametrize("value", [0, -1, float("inf"), float("nan"), "60", True])
+def test_a_bad_max_rate_wait_is_refused_before_the_ledger_is_opened(value: object) -> None:
+    with pytest.raises(ConfigError, match="max_rate_wait must be a finite number of seconds"):
+        Session("simulated", ledger=":memory:", max_rate_wait=value)  # type: ignore[arg-type]

@@ -209,3 +209,65 @@ def test_a_provider_reporting_string_token_counts_still_commits_its_answer():
     result = session.run_batch("r", review_tasks(2), LABEL_SCHEMA)
     assert result.resolved and len(result.values) == 2
     assert [a.input_tokens for a in session.ledger.attempts("r")] == [10, 10]
+
+
+# -- a usage no call can have ----------------------------------------------------------------
+ABSURD = 10**30
+
+
+class AbsurdUsage(SimulatedModel):
+    """The loopback server's model, reporting 10^30 input tokens for every answer (live and
+    in batch output lines alike)."""
+
+    def reply(self, call: Any, text: str) -> Any:
+        out = super().reply(call, text)
+        out.input_tokens = ABSURD
+        return out
+
+
+def settled_with_usage_unknown(session: Session, result: Any, name: str,
+                               output_known: bool = True) -> None:
+    assert result.status == "resolved"
+    receipts = session.ledger.attempts(name)
+    assert receipts and {r.status for r in receipts} == {"accepted"}  # none left in flight
+    assert {r.input_tokens for r in receipts} == {None}
+    assert all(r.output_tokens for r in receipts) == output_known  # what is known is kept
+    assert any("usage no call can have" in note for note in result.notes)
+
+
+@pytest.mark.parametrize("protocol", ["openai", "anthropic", "callable"])
+def test_a_usage_of_10_to_the_30_tokens_settles_the_receipt_with_usage_unknown(protocol: str):
+    """SQLite cannot hold 10^30: the run stopped with a LedgerError and the paid call's
+    receipt stayed open. An impossible count is the provider's error, read as unknown."""
+    from batchjson.testing import LoopbackServer
+    from tests.helpers import anthropic, openai
+
+    if protocol == "callable":
+        session = Session(CallableProvider(lambda call: Reply(
+            items_reply(call), input_tokens=ABSURD, output_tokens=float(ABSURD))))
+        result = session.run_batch("r", review_tasks(2), LABEL_SCHEMA)
+        return settled_with_usage_unknown(session, result, "r", output_known=False)
+    with LoopbackServer(AbsurdUsage()) as srv:
+        session = Session((openai if protocol == "openai" else anthropic)(srv))
+        result = session.run_batch("r", review_tasks(4), LABEL_SCHEMA, pack=2)
+    settled_with_usage_unknown(session, result, "r")
+
+
+@pytest.mark.parametrize("protocol", ["openai", "anthropic"])
+def test_a_batch_output_line_with_an_absurd_usage_is_collected_with_usage_unknown(protocol: str):
+    from batchjson.testing import LoopbackServer
+    from tests.helpers import anthropic, openai
+
+    with LoopbackServer(AbsurdUsage()) as srv:
+        srv.batches.delay = 0.05
+        session = Session((openai if protocol == "openai" else anthropic)(srv))
+        session.job_poll = 0.05
+        result = session.run_batch("b", review_tasks(4), LABEL_SCHEMA, pack=2,
+                                   transport="batch", wait=True)
+    settled_with_usage_unknown(session, result, "b")
+
+
+def test_a_token_count_is_a_whole_number_up_to_a_billion():
+    for odd in (10**9 + 1, float(ABSURD), "1" * 5000, "\u00b2", str(ABSURD), -1):
+        assert received(Reply("{}", input_tokens=odd)).input_tokens is None, odd
+    assert received(Reply("{}", input_tokens=10**9, output_tokens="7")).tokens == 10**9 + 7

@@ -240,11 +240,11 @@ def test_429_is_retryable_with_retry_after_seconds() -> None:
 
 
 def test_429_retry_after_http_date() -> None:
-    when = email.utils.formatdate(time.time() + 30, usegmt=True)
+    when = email.utils.formatdate(time.time() + 15, usegmt=True)
     faults = HttpFaults(script={1: "429"}, retry_after=when)
     with LoopbackServer(SimulatedModel(upper), faults=faults) as srv:
         exc = failure(anthropic(srv), items_call())
-    assert exc.retryable and 25 <= exc.retry_after <= 31
+    assert exc.retryable and 10 <= exc.retry_after <= 16  # under the 20 s honoured
 
 
 @pytest.mark.parametrize("fault", ["500", "503", "529"])

@@ -176,7 +176,7 @@ class NotebookProgress:
     def __init__(self, total: int, desc: str, *, interval: float = 0.25) -> None:
         from IPython.display import display
 
-        self.total, self.desc, self.n = total, desc, 0
+        self.total, self.desc, self.n, self.postfix = total, desc, 0, ""
         self.interval = interval
         self._shown = time.monotonic()
         self._handle = display(self, display_id=True)
@@ -188,19 +188,26 @@ class NotebookProgress:
             self._shown = now
             self._handle.update(self)
 
+    def set_postfix_str(self, text: str) -> None:
+        """What the run is waiting on (a rate limit), shown after the count; "" when over."""
+        self.postfix, self._shown = text, 0.0
+        self.update(0)
+
     def close(self) -> None:
         if self._handle is not None:
             self._handle.update(self)
 
     def __repr__(self) -> str:
-        return f"{self.desc}: {self.n}/{self.total} task(s) judged"
+        return f"{self.desc}: {self.n}/{self.total} task(s) judged" + (
+            f", {self.postfix}" if self.postfix else "")
 
     def _repr_html_(self) -> str:
         esc = html.escape
         return (f"<div style='font-family:monospace'>{esc(self.desc)} "
                 f"<progress value='{self.n}' max='{max(self.total, 1)}' "
                 f"style='width:16em;vertical-align:middle'></progress> "
-                f"{self.n}/{self.total} task(s) judged</div>")
+                f"{self.n}/{self.total} task(s) judged"
+                f"{', ' + esc(self.postfix) if self.postfix else ''}</div>")
 
 
 def in_notebook_frontend(shell: Any) -> bool:

@@ -14,7 +14,9 @@ Two kinds of rule, kept apart on purpose:
   written; and they apply only to a field that names a provider or a model (``model=``,
   ``%config BatchJson.model``, a response's ``model`` field): never to task data, identity
   values, request ids or batchjson's own digests, which may look the same and must be shown as
-  they are.
+  they are. In a provider's error text alone, a key's fragment is masked wherever it stands,
+  whole or as the masked echo a provider shows (``sk-VKMIs***…wjh3``), whichever key it is
+  (:func:`without_key_fragments`): a provider echoes the key it received, perhaps an old one.
 """
 
 from __future__ import annotations
@@ -37,6 +39,18 @@ MIN_MASKED = 4  # shorter secret values are masked only inside the URL that carr
 _KEY_SHAPE = re.compile(
     r"^(?:bearer\s+)?(?:(?:sk-|sk_|gsk_|hf_|AIza|xai-|ghp_|gho_|r8_|sess-|pk-)[\w-]{16,}"
     r"|[0-9a-f]{32,}|[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12})$", re.IGNORECASE | re.ASCII)
+
+
+_MASK_MARK = r"(?:[*\u2022\u2026]|\.{3})"  # what a provider's echo hides a key's middle with
+_KEY_FRAGMENT = re.compile(
+    r"(?<![\w-])(?:sk-|sk_|gsk_|hf_|AIza|xai-|ghp_|gho_|r8_|sess-|pk-)"
+    rf"(?:[\w-]*{_MASK_MARK}+(?:[\w-]|{_MASK_MARK})*|[\w-]{{16,}})", re.ASCII)
+
+
+def without_key_fragments(text: str) -> str:
+    """A provider's error text with every key-shaped fragment in it masked, matching the
+    configured key or not; never applied to task data, which may look the same."""
+    return _KEY_FRAGMENT.sub(REDACTED, text)
 
 
 def looks_like_key(text: str) -> bool:

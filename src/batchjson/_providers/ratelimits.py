@@ -4,13 +4,17 @@ OpenAI sends ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` with rese
 durations (``"12ms"``, ``"3.89s"``, ``"1m30s"``, ``"114h18m0s"``); Anthropic sends
 ``anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}``
 with resets as RFC 3339 instants. Both may send ``retry-after`` (seconds or an HTTP-date) and
-``retry-after-ms``. Nothing here waits or paces: it only reads, for the replay loop's pacer.
+``retry-after-ms``. A value that is not a finite number of seconds (``inf``, ``nan``, an
+overflow) is unknown, and a Retry-After is honoured up to :data:`RETRY_AFTER_MAX` (a reset's
+bound is the session's ``max_rate_wait``). Nothing here waits or paces: it only reads, for the
+replay loop's pacer.
 """
 
 from __future__ import annotations
 
 import contextvars
 import email.utils
+import math
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -22,6 +26,12 @@ from .base import estimate_tokens
 
 _GO_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(h|ms|us|µs|ns|m|s)")
 _GO_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+RETRY_AFTER_MAX = 20.0  # seconds of a Retry-After honoured before the call is retried
+
+
+def _finite(seconds: float) -> float | None:
+    """Seconds, never negative; ``inf``, ``nan`` or an overflow say nothing: unknown."""
+    return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
 def go_seconds(text: str) -> float | None:
@@ -37,10 +47,10 @@ def go_seconds(text: str) -> float | None:
         position = match.end()
     if position != len(text):
         try:
-            return max(0.0, float(text))  # a bare number of seconds
+            return _finite(float(text))  # a bare number of seconds
         except ValueError:
             return None
-    return total
+    return _finite(total)
 
 
 def reset_seconds(text: str, now: float | None = None) -> float | None:
@@ -59,26 +69,26 @@ def reset_seconds(text: str, now: float | None = None) -> float | None:
 
 
 def retry_after(headers: Mapping[str, str]) -> float | None:
-    """Seconds the server asks the client to wait: ``retry-after-ms``, else ``retry-after`` as
-    seconds or an HTTP-date."""
-    millis = _header(headers, "retry-after-ms")
-    if millis:
+    """Seconds the server asks the client to wait, at most :data:`RETRY_AFTER_MAX`:
+    ``retry-after-ms``, else ``retry-after`` as seconds or an HTTP-date."""
+    wait = None
+    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        value = _header(headers, name)
         try:
-            return max(0.0, float(millis) / 1000.0)
+            wait = _finite(float(value) / scale) if value else None
         except ValueError:
-            pass
-    value = _header(headers, "retry-after")
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
+            wait = None if scale > 1 else _http_date(value)
+        if wait is not None:
+            return min(wait, RETRY_AFTER_MAX)
+    return None
+
+
+def _http_date(value: str) -> float | None:
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    return max(0.0, when.timestamp() - time.time())
+    return _finite(when.timestamp() - time.time())
 
 
 @dataclass(frozen=True)
@@ -128,10 +138,10 @@ def retry_wait(headers: Mapping[str, str], now: float | None = None) -> float | 
     if wait is not None:
         return wait
     seen = reported(headers, now)
-    resets = [s.reset for s in (seen.requests, seen.tokens)
-              if s.reset is not None and s.remaining == 0]
-    if not resets:  # nothing says which is exhausted: the later reset is safe for both
-        resets = [s.reset for s in (seen.requests, seen.tokens) if s.reset is not None]
+    exhausted = [s for s in (seen.requests, seen.tokens) if s.remaining == 0]
+    # nothing says which is exhausted: the later reset is safe for both; an exhausted limit
+    # whose reset is unreadable is waited for as unknown, not by another limit's reset
+    resets = [s.reset for s in exhausted or (seen.requests, seen.tokens) if s.reset is not None]
     return max(resets) if resets else None
 
 

@@ -20,6 +20,7 @@ from .masking import shown_name
 from .settings import declared_output_cap
 
 ENVELOPES = (None, "value", "tool_input", "tool_input/value")
+MOST_TOKENS = 10**9  # no call reads or writes more: a count above it is the provider's error
 
 # Why a return cannot be an answer whatever its text says, as its provider reported it (the
 # built-in providers read OpenAI's finish_reason, refusal and tool_calls, Anthropic's
@@ -67,12 +68,12 @@ def received(out: Any, output_cap: int | None = None) -> Reply:
 
     A ``str`` is the answer with its usage unknown. Usage is bookkeeping, never a reason to lose
     a paid-for return: a count given as a numeric string or a whole float is read as a number,
-    anything else (negative, bool, NaN, garbage) is unknown and kept in
-    ``extra["unreadable_usage"]``. Text that is not a ``str`` is kept as text with ``stop``
-    :data:`NOT_TEXT`, so acceptance rejects it and the receipt keeps it. A reply that says
-    nothing of how it ended but used every output token of ``output_cap`` (the ceiling the
-    provider sends) is marked ``extra["cut_at"]``: if its text is not whole JSON, acceptance
-    rejects it as cut off there (``truncated``), not as a JSON error."""
+    anything else (negative, bool, NaN, garbage, more than :data:`MOST_TOKENS`) is unknown and
+    kept in ``extra["unreadable_usage"]``, for the run to name. Text that is not a ``str`` is
+    kept as text with ``stop`` :data:`NOT_TEXT`, so acceptance rejects it and the receipt keeps
+    it. A reply that says nothing of how it ended but used every output token of ``output_cap``
+    (the ceiling the provider sends) is marked ``extra["cut_at"]``: if its text is not whole
+    JSON, acceptance rejects it as cut off there (``truncated``), not as a JSON error."""
     if isinstance(out, str):
         return Reply(text=str.__getitem__(out, slice(None)))
     if not hasattr(out, "text"):
@@ -127,14 +128,14 @@ def text_of(value: Any) -> str:
 
 
 def _count(value: Any) -> int | None:
-    if isinstance(value, bool) or value is None:
-        return None
     if isinstance(value, str):
-        value = value.strip()
-        return int(value) if value.isdigit() else None
-    if isinstance(value, float):
-        return int(value) if math.isfinite(value) and value.is_integer() and value >= 0 else None
-    return int(value) if isinstance(value, int) and value >= 0 else None
+        text = value.strip()
+        value = int(text) if text.isascii() and text.isdigit() and len(text) < 20 else None
+    elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MOST_TOKENS:
+        return None
+    return int(value)
 
 
 def _money(value: Any) -> float | None:

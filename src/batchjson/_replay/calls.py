@@ -415,6 +415,7 @@ class Caller:
 
     def _account(self, reply: Reply) -> dict[str, Any]:
         out = self.outcome
+        out.odd_usage += "unreadable_usage" in reply.extra
         out.input_tokens += reply.input_tokens or 0
         out.output_tokens += reply.output_tokens or 0
         if reply.cost is None:

@@ -175,6 +175,7 @@ class Collection:
             reply.input_tokens, reply.output_tokens)
         charge_line(self.spender, reserved, cost)
         charged_ledger = charge_of(line["reserved"], cost) if shared else None
+        out.odd_usage += "unreadable_usage" in reply.extra
         out.input_tokens += reply.input_tokens or 0
         out.output_tokens += reply.output_tokens or 0
         out.cost = None if out.cost is None or cost is None else out.cost + cost

@@ -13,7 +13,8 @@ all its runs, and has a narrow interface (``acquire`` / ``release`` / ``observe`
 * Limits come from the user (``Session(rate_limits=...)``) or are learnt from the first
   response's ``x-ratelimit-*`` / ``anthropic-ratelimit-*`` headers; ``remaining`` below what
   the pacer expects (another client on the same key) pauses it until the provider catches up.
-* A 429 pauses every call for ``retry-after`` / ``retry-after-ms`` / the reset headers, halves
+* A 429 pauses every call for ``retry-after`` / ``retry-after-ms`` / the reset headers (as
+  bounded by the run: ``Replayer`` gives at most what is left of its ``max_rate_wait``), halves
   the calls allowed in flight, and each answer then climbs one step back (AIMD).
 * Limits are the account's: the sessions live on one ledger (its hosts, ``hosts.py``) each pace
   to an equal share of them (:meth:`Pacer.share`), set and learnt limits alike. A 429 pauses
@@ -222,7 +223,7 @@ class Pacer:
     # -- inside ---------------------------------------------------------------------------------
     def _pause_if_short(self, seen: Reported) -> None:
         for state, bucket in ((seen.requests, self._requests), (seen.tokens, self._tokens)):
-            if bucket is None or state.remaining is None or state.limit is None:
+            if bucket is None or state.remaining is None or not state.limit:
                 continue
             short = bucket.max_rate - state.remaining
             if short > 0:

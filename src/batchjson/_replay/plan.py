@@ -34,12 +34,14 @@ class Plan:
 
 @dataclass
 class Transport:
-    """How provider failures are retried: bounded, with backoff, honouring Retry-After."""
+    """How provider failures are retried: bounded, with backoff, honouring Retry-After; a
+    run waits on a rate limit that keeps refusing for ``max_rate_wait`` seconds at most."""
 
     retries: int = 3
     timeout: float = 120.0
     backoff_initial: float = 0.5
     backoff_max: float = 20.0
+    max_rate_wait: float = 60.0
 
 
 @dataclass
@@ -57,6 +59,7 @@ class Outcome:
     taken_from_ledger: int = 0  # requests another runner resolved while this run waited
     stopped: str | None = None  # why the run stopped opening calls early, if it did
     overrun: float = 0.0  # USD this run's calls billed beyond their cost-budget reservations
+    odd_usage: int = 0  # returns whose usage no call can have, recorded as unknown
     # each call's task ids as JSON, spooled to disk past a few megabytes (in memory when the
     # disk has no room: a call already paid for is never failed by its count)
     calls_log: TextSpool = field(default_factory=lambda: TextSpool(keep_when_full=True))

@@ -45,6 +45,7 @@ FEED = 500  # requests taken from a stream into the queue at once
 # The pause before each look at requests other runners hold, growing while nothing changes:
 # a run that waits for another's last calls returns within a look of their end.
 HELD_POLL = (0.02, 0.25)
+SAY_WAIT = 5.0  # a rate-limit wait longer than this is said in the run's progress
 
 
 class Replayer:
@@ -54,7 +55,8 @@ class Replayer:
                  transport: Transport, concurrency: int,
                  on_progress: Callable[[int], None] | None = None, *,
                  session_id: str = "session", pacer: Pacer | None = None,
-                 hosts: HostShare | None = None) -> None:
+                 hosts: HostShare | None = None,
+                 on_wait: Callable[[str], Any] | None = None) -> None:
         self.plan = plan
         self.store = ledger.store
         self.provider = provider
@@ -62,6 +64,8 @@ class Replayer:
         self.transport = transport
         self.concurrency = concurrency
         self.on_progress = on_progress
+        self.on_wait = on_wait  # says a long rate-limit wait in the progress ("" when over)
+        self._limited_since: float | None = None  # this run's calls meet 429s since then
         self.session_id = session_id
         self.outcome = Outcome()
         self.pacer = pacer
@@ -435,11 +439,45 @@ class Replayer:
             return done
         except ProviderError as exc:
             if exc.status == 429 and exc.retryable:
-                pacer.penalise(exc.retry_after)
+                self._rate_limited(exc)
             raise
         finally:
             HEADER_LISTENER.reset(listening)
             pacer.release(answered)
+            if answered and self._limited_since is not None:
+                self._limited_since = None
+                self._say("")
+
+    def _rate_limited(self, exc: ProviderError) -> None:
+        """A 429: every call of the session waits what the provider asks, within what is left
+        of this run's ``max_rate_wait``; a limit still refusing after that long ends the run
+        unresolved, naming it (what was accepted is kept, the rest stays owed)."""
+        now, most = time.monotonic(), self.transport.max_rate_wait
+        if self._limited_since is None:
+            self._limited_since = now
+        left = self._limited_since + most - now
+        if left <= 0:
+            exc.retryable = False  # neither retried nor replayed: the run ends
+            if self.control.stop is None:
+                self.outcome.stopped = (
+                    f"the provider's rate limit still refused calls after {most:g} s of waiting "
+                    f"(max_rate_wait): {exc}. No further calls were opened; what was accepted "
+                    "is kept and the rest stays owed: re-run later, or raise "
+                    "Session(max_rate_wait=...)")
+                self.control.halt(exc)
+            return
+        assert self.pacer is not None
+        wait = min(self.pacer.slice_seconds if exc.retry_after is None else exc.retry_after, left)
+        self.pacer.penalise(wait)
+        if exc.retry_after is not None:
+            exc.retry_after = wait  # the retry's own delay waits no longer
+        if wait > SAY_WAIT:
+            self._say(f"rate limited (HTTP 429): waiting {wait:.0f} s, at most "
+                      f"{most:g} s in all (max_rate_wait)")
+
+    def _say(self, text: str) -> None:
+        if self.on_wait is not None:
+            self.on_wait(text)
 
     def _delay(self, error: BaseException | None, failures: int) -> float:
         """Retry-After when the provider gave one, else exponential backoff with jitter."""

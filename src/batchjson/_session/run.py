@@ -18,7 +18,7 @@ from .._content.keys import Keys, answer_source
 from .._content.tasks import Request
 from .._errors import BatchUnresolved
 from .._ledger.rejudge import UNSEEN, clear_sourceless, unseen_token
-from .._providers.reply import GuardedProvider, provider_names
+from .._providers.reply import MOST_TOKENS, GuardedProvider, provider_names
 from .._replay.budget import Spender, usd
 from .._replay.calls import cheapest_call
 from .._replay.jobs import JobRunner, JobsOutcome
@@ -295,7 +295,7 @@ def _replay(session: Session, plan: Plan, provider: Any, spender: Spender, state
         replayer = Replayer(plan, session.ledger, provider, spender, session.transport,
                             session.concurrency, on_progress=bar.update if bar else None,
                             session_id=session.id, pacer=session.pacer,
-                            hosts=session.hosts)
+                            hosts=session.hosts, on_wait=getattr(bar, "set_postfix_str", None))
         return await replayer.run(pending)
 
     try:
@@ -382,6 +382,11 @@ def _result(session: Session, name: str, revision: Any, total: int,
             f"calls billed beyond their reservations: {usd(outcome.overrun)} in this run; "
             f"the session has spent {usd(session.tally.cost)} of its "
             f"{usd(session.budget.cost or 0.0)} cost budget (each receipt keeps its usage)")
+    if outcome.odd_usage:
+        result.notes.append(f"{outcome.odd_usage} return(s) reported a usage no call can have (not "
+                            f"a whole number from 0 to {MOST_TOKENS:,} tokens): the provider's "
+                            "error, recorded as unknown on its receipt (a call of unknown cost "
+                            "counts against a cost budget at its worst case)")
     if outcome.taken_from_ledger:
         result.notes.append(f"{outcome.taken_from_ledger} request(s) were resolved by another "
                             "runner of the same content; their values come from the ledger")

@@ -47,11 +47,12 @@ class Session:
         timeout: float = 120.0,
         model: str | None = None,
         rate_limits: RateLimits | Mapping[str, int] | tuple[int, int] | None = None,
+        max_rate_wait: float = 60.0,
     ) -> None:
         options = SessionOptions(strict=strict, budget=budget, concurrency=concurrency,
                                  repairs=repairs, replays=replays,
                                  transport_retries=transport_retries, timeout=timeout,
-                                 model=model)  # all checked before the ledger is opened
+                                 model=model, max_rate_wait=max_rate_wait)  # checked first
         # One pacer for every run of the session (docs/providers.md, "Rate limits").
         self.pacer = Pacer(RateLimits.of(rate_limits), options.concurrency)
         self.ledger = ledger if isinstance(ledger, Ledger) else Ledger(ledger)
@@ -60,7 +61,8 @@ class Session:
         self.concurrency = options.concurrency
         self.repairs = options.repairs
         self.replays = options.replays
-        self.transport = Transport(retries=options.transport_retries, timeout=options.timeout)
+        self.transport = Transport(retries=options.transport_retries, timeout=options.timeout,
+                                   max_rate_wait=options.max_rate_wait)
         self.model = model
         self._provider_spec = provider
         self._provider: Any = None

@@ -183,6 +183,7 @@ class SessionOptions:
     transport_retries: int = 3
     timeout: float = 120.0
     model: str | None = None
+    max_rate_wait: float = 60.0  # the longest a run waits on a rate limit that keeps refusing
 
     def __post_init__(self) -> None:
         if not isinstance(self.strict, bool):
@@ -193,8 +194,9 @@ class SessionOptions:
                                     ("transport_retries", self.transport_retries, 0)):
             if not is_whole(value, least):
                 raise ConfigError(f"{label} must be a whole number >= {least}, got {value!r}")
-        object.__setattr__(self, "timeout", positive_seconds("timeout", self.timeout,
-                                                              ConfigError))
+        for name in ("timeout", "max_rate_wait"):
+            object.__setattr__(self, name, positive_seconds(name, getattr(self, name),
+                                                            ConfigError))
         check_name(self.model, "Session model", "pass the key as the provider's api_key=... (or "
                    "set OPENAI_API_KEY / ANTHROPIC_API_KEY) and the model's name as model=")
         object.__setattr__(self, "budget", Budget.of(self.budget))  # InvalidBatch, as documented

@@ -36,7 +36,9 @@ class HttpFaults:
     OpenAI's 429 (Anthropic's out-of-credit 400) with ``x-should-retry: false``; ``400``,
     ``401``, ``404``, ``500``, ``503``, ``529`` carry the provider's error types. ``retry_after``
     is sent on 429/503/529: seconds (also as ``retry-after-ms``), or a string sent verbatim
-    (an HTTP-date, say), or None for no header.
+    (an HTTP-date, say), or a mapping of headers sent verbatim over the server's own
+    (``{"retry-after-ms": "inf"}``, ``{"x-ratelimit-reset-tokens": "114h18m0s"}``), or None for
+    no header.
 
     Transport: ``timeout`` holds the request for ``hold`` seconds (longer than the client's
     timeout); ``truncate`` promises more bytes in Content-Length than it sends and closes the
@@ -57,7 +59,7 @@ class HttpFaults:
     rate_timeout: float = 0.0
     rate_truncate: float = 0.0
     script: Mapping[int, str] = field(default_factory=dict)
-    retry_after: float | str | None = 1.0
+    retry_after: float | str | Mapping[str, str] | None = 1.0
     hold: float = 30.0
     seed: int = 0
 
@@ -83,10 +85,11 @@ class HttpFaults:
         return None
 
     def retry_header(self) -> dict[str, str]:
-        """``retry-after`` (and ``retry-after-ms`` for a number of seconds), or nothing."""
+        """``retry-after`` (and ``retry-after-ms`` for a number of seconds), the headers
+        given, or nothing."""
         value = self.retry_after
-        if value is None:
-            return {}
+        if value is None or isinstance(value, Mapping):
+            return dict(value or {})
         if isinstance(value, str):
             return {"retry-after": value}
         return {"retry-after": f"{max(0, round(value))}", "retry-after-ms": f"{value * 1000:g}"}
