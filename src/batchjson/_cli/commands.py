@@ -131,7 +131,7 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
         evidence = Evidence(held.store).summary(args.name)
     for key in ("unresolved_batches", "unresolved_requests", "unresolved_items",
                 "minimum_exact_retry_calls", "refused_requests", "cut_off_requests",
-                "superseded", "forgotten"):
+                "superseded", "forgotten", "owing_batches"):
         summary[key] = evidence[key]
     summary["ledger"] = shown(args.ledger)
     return _done(args, out, summary,
