@@ -78,7 +78,7 @@ def ledger_argument(text: str) -> Path | str:
 
 def shown(ledger: Path | str) -> str:
     """The ledger as the command line prints it: a URL's password masked."""
-    return public_url(ledger) if isinstance(ledger, str) else str(ledger)
+    return public_url(ledger, user=False) if isinstance(ledger, str) else str(ledger)
 
 
 def _open(path: Path | str, *, create: bool = False) -> Ledger:
