@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 import socket
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 from batchjson import CallableProvider, RunSpec, Session
 from batchjson._errors import LedgerError
 from batchjson._ledger import Ledger
+from batchjson._providers.masking import public_url
 from tests.helpers import LABEL_SCHEMA, items_reply, ledger_rows, review_tasks
 
 PASSWORD = "s3cret-Pw0rd"  # the test server trusts every local connection: any password works
@@ -40,8 +42,8 @@ def with_password(url: str) -> str:
 
 
 def masked(url: str) -> str:
-    """The URL as batchjson shows it: who logs in, and with what, left out."""
-    return url.replace(f"postgres:{PASSWORD}@", "<redacted>@", 1)
+    """The URL as batchjson shows it: who logs in kept (no secret), the password left out."""
+    return url.replace(f"postgres:{PASSWORD}@", "postgres:<redacted>@", 1)
 
 
 def closed_port() -> int:
@@ -94,6 +96,23 @@ def test_the_command_line_reads_and_budgets_a_database_ledger_and_never_prints_i
     assert shown["budget"]["cost"] == 50 and shown["budget"]["reserved"] == 0
     assert json.loads(runs["values"].stdout.splitlines()[0])["task_id"] == "t1"
     assert Ledger(url).budget()["cost"] == 50  # every runner on the database now holds it
+
+
+def test_status_suggests_commands_with_the_ledger_url_user_kept_and_only_its_password_masked(
+        postgres: Any, tmp_path: Path) -> None:
+    assert public_url("postgresql://alice@localhost/db", user=False) == (
+        "postgresql://alice@localhost/db")
+    assert public_url("postgresql://alice:secret@host/db?sslmode=require", user=False) == (
+        "postgresql://alice:<redacted>@host/db?sslmode=require")
+    bare = postgres.database("hint_ledger")  # postgresql://postgres@...: no password
+    Session(CallableProvider(lambda call: ACCEPTED), ledger=bare).run_batch(
+        "raw", TASKS, NOTE_SCHEMA)
+    for url, expected in ((bare, bare), (with_password(bare), masked(with_password(bare)))):
+        done = bj("status", "--ledger", url, cwd=tmp_path)
+        assert done.returncode == 0 and PASSWORD not in done.stdout + done.stderr, done.stderr
+        hints = done.stdout.split("next:")[1]
+        assert f"values raw --csv --ledger {shlex.quote(expected)} " in hints, done.stdout
+        assert "//<redacted>@" not in hints  # the user name is shown, to be copied
 
 
 def test_a_database_that_does_not_answer_is_named_without_its_password_before_any_call(

@@ -140,6 +140,23 @@ def test_batchjson_forget_then_status_shows_who_forgot_and_owes_nothing(tmp_path
     assert unknown.returncode == 2 and "no batch named 'nope'" in unknown.stderr
 
 
+def test_status_after_forget_no_longer_suggests_rerunning_the_forgotten_batch(
+        tmp_path: Path):
+    path = tmp_path / "l.sqlite"
+    session = broken_session(path)
+    owe_two_revisions(session)
+    session.close()
+    before = bj("status", "--ledger", str(path), cwd=tmp_path).stdout
+    assert "re-run batch 'review'" in before
+    assert bj("forget", "review", "--ledger", str(path), cwd=tmp_path).returncode == 0
+    status = bj("status", "--ledger", str(path), cwd=tmp_path)
+    assert status.returncode == 0, status.stderr
+    hints = status.stdout.split("next:")[1]
+    assert "re-run" not in hints and "receipts review --failed" in hints, status.stdout
+    data = json.loads(bj("status", "--json", "--ledger", str(path), cwd=tmp_path).stdout)
+    assert data["owing_batches"] == []
+
+
 def test_a_merged_ledger_keeps_what_its_owner_forgot(tmp_path: Path, ledger_at):
     theirs = broken_session(ledger_at("theirs"))
     owe_two_revisions(theirs)

@@ -225,7 +225,7 @@ def test_config_ledger_url_is_refused_with_its_password_masked(ip: Any, caplog: 
     ok(ip, "%load_ext batchjson")
     ok(ip, MODEL)
     line = refused(ip, f"%config BatchJson.ledger = 'postgresql://app:{key}@db/runs'", caplog)
-    assert "was not applied" in line and "postgresql://<redacted>@db/runs" in line
+    assert "was not applied" in line and "postgresql://app:<redacted>@db/runs" in line
     assert ip.magics_manager.registry["BatchJson"].ledger == ".batchjson/ledger.sqlite"
     assert_absent(key, line)
 
@@ -267,7 +267,8 @@ def test_a_ledger_url_that_cannot_be_reached_says_so_with_its_password_masked(
     with pytest.raises(LedgerError) as raised:
         Session(CallableProvider(lambda call: ""), ledger=f"postgresql://app:{key}@db.invalid/runs")
     message = str(raised.value)
-    assert "could not connect" in message and "postgresql://<redacted>@db.invalid/runs" in message
+    assert "could not connect" in message and "postgresql://app:<redacted>@db.invalid/runs" in (
+        message)
     assert_absent(key, "\n".join([message, *traceback.format_exception(raised.value)]))
     assert list(tmp_path.iterdir()) == []
 

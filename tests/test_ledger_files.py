@@ -120,3 +120,66 @@ def test_a_ledger_on_a_read_only_mount_says_read_only_for_status_and_for_a_run(
     assert "LedgerError:" in run and "is on a read-only file system" in run
     assert "LedgerError:" in new and "would be on a read-only file system" in new
     assert "Traceback" not in said
+
+
+FULL_TMPDIR = textwrap.dedent("""
+    set -e
+    mount -t tmpfs -o size=64k none "$MNT"
+    TMPDIR="$MNT" SQLITE_TMPDIR="$MNT" "$PY" -c "$BIG"
+""")
+# 30,000 tasks with long ids: SQLite's DISTINCT over them outgrows its 2 MB cache, which on
+# a disk-backed temp store spills to a file in TMPDIR; batchjson's own spool is kept in memory
+# here so that only SQLite could meet the full TMPDIR.
+BIG = textwrap.dedent("""
+    import json, os
+    from batchjson import CallableProvider, LedgerError, Session
+    from batchjson._content import spool
+    spool.SPILL_CHARS = 1 << 30
+    tasks = [{"task_id": f"{i:06d}" + "x" * 120, "prompt": f"label {i}"} for i in range(30000)]
+    def answer(call):
+        return json.dumps({"items": [{"task_id": t["task_id"], "label": "ok"}
+                                     for t in call.tasks]})
+    schema = {"type": "object", "properties": {"label": {"type": "string"}}}
+    try:
+        result = Session(CallableProvider(answer), ledger=os.environ["LEDGER"]).run_batch(
+            "big", tasks, schema, pack=50)
+        print(result.status, len(result.values), result.calls)
+    except LedgerError as exc:
+        print("LedgerError:", exc)
+""")
+
+
+@pytest.mark.skipif(not _unshare_works(), reason="needs unshare -rm to mount a small tmpfs")
+def test_a_full_tmpdir_midrun_is_no_ledger_fault_and_every_call_is_recorded(
+        tmp_path: Path) -> None:
+    """SQLite keeps its temporaries in memory: a full TMPDIR (64 KB) is not reported as the
+    ledger's disk being full, and the run records and resolves every task."""
+    mount, ledger = tmp_path / "tmp", tmp_path / "ledger.sqlite"
+    mount.mkdir()
+    env = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "MNT": str(mount), "PY": sys.executable,
+           "BIG": BIG, "LEDGER": str(ledger), "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", FULL_TMPDIR], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert done.stdout.split() == ["resolved", "30000", "600"], done.stdout
+    db = sqlite3.connect(ledger)
+    try:
+        assert db.execute("SELECT status, COUNT(*) FROM attempts GROUP BY status").fetchall() == [
+            ("accepted", 600)]
+    finally:
+        db.close()
+
+
+def test_a_full_ledger_disk_is_named_as_the_ledgers_own_before_any_call(
+        tmp_path: Path) -> None:
+    """SQLITE_FULL on the ledger (here: its page limit reached) names the ledger's directory
+    and what to do; the run stops before a call is sent."""
+    path, sent = tmp_path / "runs" / "ledger.sqlite", []
+    session = Session(CallableProvider(lambda call: sent.append(call) or items_reply(call)),
+                      ledger=path)
+    db = session.ledger.store._db
+    db.execute(f"PRAGMA max_page_count = {db.execute('PRAGMA page_count').fetchone()[0]}")
+    with pytest.raises(LedgerError) as raised:
+        session.run_batch("r", review_tasks(40), LABEL_SCHEMA)
+    assert f"the disk holding {path.parent} is full: free space there, or move the ledger" in (
+        str(raised.value)) and sent == []

@@ -106,15 +106,18 @@ def status_lines(summary: Mapping[str, Any], ledger: str, me: str = "batchjson")
 
 
 def _status_next(summary: Mapping[str, Any], ledger: str, me: str) -> list[str]:
-    """What to run next, for the first batch that needs a look (or the first batch)."""
-    batches = summary["batches"]
+    """What to run next, for the first batch that needs a look (or the first batch). Only a
+    batch that still owes requests is offered a re-run: a forgotten one owes nothing, and a
+    re-run of it would pay again for what the user chose to leave."""
+    batches, owing = summary["batches"], set(summary.get("owing_batches", ()))
     if not batches:
         return ["", "the ledger holds no batches yet: run one (batchjson demo shows how)"]
     flag = "" if ledger == DEFAULT_LEDGER else f" --ledger {shlex.quote(ledger)}"
-    worst = max(batches, key=lambda e: (e["unresolved_tasks"], e["rejected_returns"]))
+    worst = max(batches, key=lambda e: (e["batch"] in owing, e["unresolved_tasks"],
+                                        e["rejected_returns"]))
     name = shlex.quote(worst["batch"]).replace("\n", "\\n")  # as typed in a shell
     hints = [(f"{me} receipts {name} --failed{flag}", "why returns were rejected")]
-    if worst["unresolved_tasks"]:
+    if worst["batch"] in owing:
         hints.insert(0, (f"re-run batch {worst['batch']!r}",
                          "accepted requests are never paid again"))
     else:

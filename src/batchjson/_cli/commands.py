@@ -78,7 +78,7 @@ def ledger_argument(text: str) -> Path | str:
 
 def shown(ledger: Path | str) -> str:
     """The ledger as the command line prints it: a URL's password masked."""
-    return public_url(ledger) if isinstance(ledger, str) else str(ledger)
+    return public_url(ledger, user=False) if isinstance(ledger, str) else str(ledger)
 
 
 def _open(path: Path | str, *, create: bool = False) -> Ledger:
@@ -131,7 +131,7 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
         evidence = Evidence(held.store).summary(args.name)
     for key in ("unresolved_batches", "unresolved_requests", "unresolved_items",
                 "minimum_exact_retry_calls", "refused_requests", "cut_off_requests",
-                "superseded", "forgotten"):
+                "superseded", "forgotten", "owing_batches"):
         summary[key] = evidence[key]
     summary["ledger"] = shown(args.ledger)
     return _done(args, out, summary,

@@ -491,5 +491,5 @@ def shown(name: str, value: Any) -> str:
     if name in ("provider", "model") and isinstance(value, str):
         return clip(shown_value(value), 80)
     if name == "ledger" and isinstance(value, str):
-        value = public_url(value)
+        value = public_url(value, user=False)
     return clip(repr(value), 80)

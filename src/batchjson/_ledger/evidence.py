@@ -78,6 +78,7 @@ class Evidence:
             "cut_off_requests": sum(1 for s in stops.values() if "truncated" in s),
             "superseded": superseded,
             "forgotten": forgotten(self._store, batch),
+            "owing_batches": sorted({u.batch for u in owed}),  # forgotten ones owe nothing
             "calls": spend["calls"],
             "accepted_returns": spend["accepted"],
             "rejected_returns": spend["rejected"],

@@ -30,7 +30,7 @@ def merge_ledger(store: Store, other: str | Path) -> dict[str, Any]:
     if isinstance(other, str) and isinstance(ledger_path(other), str):
         from .postgres import PostgresStore
 
-        shown = public_url(other)
+        shown = public_url(other, user=False)
         if other == getattr(store, "url", None):
             raise LedgerError(f"{shown} is this ledger; merge another ledger into it", path=shown)
         theirs = PostgresStore(other)

@@ -228,7 +228,7 @@ class PostgresStore(Store):
 
     def __init__(self, url: str, *, lease: float | None = None) -> None:
         self.url = url
-        self._public = public_url(url)
+        self._public = public_url(url, user=False)
         self._secrets = Secrets(urls=[url], url_users=False)
         if lease is not None:
             self.lease_seconds = lease

@@ -156,7 +156,12 @@ def open_problem(path: Path | None) -> str:
 
 def write_problem(path: Path | None, exc: BaseException) -> str:
     """What to do when a write to an open ledger failed because its place turned read-only
-    (a remount, a permission change), said after the failure; "" for other failures."""
+    (a remount, a permission change) or its disk is full, said after the failure; "" for
+    other failures. SQLite keeps its temporary files in memory (``temp_store``), so a full
+    disk is always the ledger's own, never TMPDIR's."""
+    if path is not None and getattr(exc, "sqlite_errorname", "") == "SQLITE_FULL":
+        return (f" (the disk holding {path.absolute().parent} is full: free space there, or "
+                "move the ledger to a disk with room, and run again)")
     place = read_only_place(path) if path is not None else None
     if place is None and "readonly" not in str(exc).replace("read-only", "readonly"):
         return ""

@@ -147,6 +147,10 @@ class SQLiteStore(Store):
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute(f"PRAGMA wal_autocheckpoint={WAL_PAGES}")
             self._db.execute("PRAGMA foreign_keys=ON")
+            # SQLite's temporary files (sorts, DISTINCT) in memory, not in TMPDIR: a full
+            # TMPDIR is then no ledger fault, and a full disk is the ledger's own (its memory
+            # cost at a million tasks: docs/api.md)
+            self._db.execute("PRAGMA temp_store=MEMORY")
             with self._lock:
                 self._schema()
         except (sqlite3.Error, OSError) as exc:

@@ -156,14 +156,18 @@ def public_query(query: str) -> str:
                       if not is_credential_param(name)])
 
 
-def public_url(url: str) -> str:
-    """A URL as it may be shown: its userinfo and credential parameters replaced."""
+def public_url(url: str, *, user: bool = True) -> str:
+    """A URL as it may be shown: its userinfo and credential parameters replaced. With
+    ``user=False`` (a ledger's database URL) only the password goes: its user is no secret,
+    and a command suggested with the user replaced would not work when copied."""
     try:
         parts = urlsplit(url)
     except ValueError:  # not even a URL's parts can be told apart: show nothing of it
         return masked(url)
-    _, at, host = parts.netloc.rpartition("@")
-    netloc = f"{REDACTED}@{host}" if at else parts.netloc
+    userinfo, at, host = parts.netloc.rpartition("@")
+    name, colon, password = userinfo.partition(":")
+    shown = REDACTED if user else name + (f":{REDACTED}" if password else colon)
+    netloc = f"{shown}@{host}" if at else parts.netloc
     query = "&".join(raw if not is_credential_param(unquote(raw.partition("=")[0]))
                      else f"{raw.partition('=')[0]}={REDACTED}" for raw in parts.query.split("&")
                      ) if parts.query else ""
@@ -192,8 +196,9 @@ class Secrets:
                 forms.update((value, quote(value, safe=""), quote_plus(value)))
         tails = {v[-4:] for v in forms if len(v) >= 12}
         forms.update(f for u in urls for f in basic_auth_forms(u) if len(f) >= MIN_MASKED)
-        self._urls = {u: public_url(u) for u in sorted(set(urls), key=len, reverse=True)
-                      if public_url(u) != u}
+        self._urls = {u: public_url(u, user=url_users)
+                      for u in sorted(set(urls), key=len, reverse=True)
+                      if public_url(u, user=url_users) != u}
         self._values = sorted(forms, key=len, reverse=True)  # a longer form is replaced first
         self._echo = (re.compile(r"[\w-]*[*\u2022]{3,}[\w-]*?(?:"
                                  + "|".join(map(re.escape, sorted(tails))) + ")")
