@@ -431,3 +431,40 @@ def test_every_json_schema_pydantic_writes_is_accepted_as_a_schema_dict(model, m
     item = compile_schema(model.model_json_schema(mode=mode))
     assert {k.split()[0] for k in item.unknown_keywords} <= {"discriminator", "x-ui"}
     assert ("discriminator (at properties/pet)" in item.unknown_keywords) == (model is Owner)
+
+
+# -- a validator that crashes ------------------------------------------------------------------
+def _field_of(item, name):
+    return item[name]
+
+
+def _crashing_check(item, task):
+    return _field_of(item, "lable") == "x"
+
+
+def _deep_check(item, task, depth=30):
+    return _deep_check(item, task, depth - 1) if depth else item["lable"]
+
+
+def test_a_crashed_validators_receipt_keeps_its_own_frames_and_none_of_batchjsons():
+    session = one_shot(items_reply)
+    result = session.run_batch("r", review_tasks(1), LABEL_SCHEMA, validator=_crashing_check,
+                               on_exhausted="return")
+    (error,) = only_receipt(session).errors  # as the ledger keeps it
+    assert error["message"].endswith("validator raised KeyError: 'lable'")
+    line = _crashing_check.__code__.co_firstlineno + 1
+    assert error["traceback"].splitlines() == [
+        f'File "{__file__}", line {line}, in _crashing_check',
+        '  return _field_of(item, "lable") == "x"',
+        f'File "{__file__}", line {_field_of.__code__.co_firstlineno + 1}, in _field_of',
+        "  return item[name]"]
+    assert f'line {line}, in _crashing_check' in result.failure_report()
+
+
+def test_a_deep_validator_traceback_is_capped_to_its_innermost_frames():
+    session = one_shot(items_reply)
+    session.run_batch("r", review_tasks(1), LABEL_SCHEMA, validator=_deep_check,
+                      on_exhausted="return")
+    frames = only_receipt(session).errors[0]["traceback"].splitlines()
+    assert frames[0] == "... 23 earlier frame(s)" and len(frames) == 1 + 8 * 2
+    assert frames[-1] == '  return _deep_check(item, task, depth - 1) if depth else item["lable"]'

@@ -10,6 +10,7 @@ from typing import Any
 from IPython.core.error import UsageError
 
 from .. import InvalidBatch, ValidatorRegistry
+from .._textview import frame_lines
 from ..core import parse_identity
 
 _MISSING = object()
@@ -115,9 +116,12 @@ def unresolved_hint(result: Any, var: str) -> str:
     (the result's display), so the error says how to go on instead of listing them again."""
     crash = next((e for e in result.errors if e.get("type") == "validator_error"), None)
     if crash is not None:  # re-running cannot help: say what to fix first
+        frames = frame_lines(crash, "    ")
         return (f"The validator itself failed ({one_line(crash.get('message', ''))[:300]});"
                 " fix it and re-run: the paid answers are kept and judged again first. "
-                f"{var}.failure_report() has the rest.")
+                f"{var}.failure_report() has the rest."
+                + "\n  where it failed (the validator's own frames):\n" * bool(frames)
+                + "\n".join(frames))
     return (f"The failed requests are listed with the result ({var}.failure_report() as text); "
             f"%batch_receipts {result.name} --failed shows every rejected return.")
 

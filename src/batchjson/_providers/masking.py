@@ -34,9 +34,13 @@ MIN_MASKED = 4  # shorter secret values are masked only inside the URL that carr
 # sk-ant-, Groq, Hugging Face, Google, xAI, GitHub, Replicate, session tokens), perhaps as a
 # bearer header, then at least 16 key characters; 32 or more hex digits (Azure and many
 # gateways); a UUID. Nothing else: a typo, a spaced name or a build id is a name.
+_VENDOR_KEY = r"(?:sk-|sk_|gsk_|hf_|AIza|xai-|ghp_|gho_|r8_|sess-|pk-)[\w-]{16,}"
 _KEY_SHAPE = re.compile(
-    r"^(?:bearer\s+)?(?:(?:sk-|sk_|gsk_|hf_|AIza|xai-|ghp_|gho_|r8_|sess-|pk-)[\w-]{16,}"
+    rf"^(?:bearer\s+)?(?:{_VENDOR_KEY}"
     r"|[0-9a-f]{32,}|[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12})$", re.IGNORECASE | re.ASCII)
+# a vendor's key inside other text (code, a message): hex and UUIDs only count whole, as ids
+# and digests inside text look the same
+_KEY_FRAGMENT = re.compile(rf"(?<![\w-]){_VENDOR_KEY}", re.ASCII)
 
 
 def looks_like_key(text: str) -> bool:
@@ -47,6 +51,11 @@ def looks_like_key(text: str) -> bool:
 def masked(text: str) -> str:
     """The first four characters and the length: enough to recognise, never enough to use."""
     return f"{text[:4]!r}... ({len(text)} chars)"
+
+
+def keys_masked(text: str) -> str:
+    """``text`` with each vendor-prefixed key in it masked, wherever it stands."""
+    return _KEY_FRAGMENT.sub(lambda found: masked(found.group()), text)
 
 
 def shown_value(text: str) -> str:
