@@ -1015,6 +1015,23 @@ def test_a_crashed_validator_shows_its_own_frames_in_the_cell_and_its_receipts(
     assert "return item[&#x27;lable&#x27;] &gt; 1</pre>" in loaded.user_ns["crashy"]._repr_html_()
 
 
+def test_a_cell_that_does_not_assign_schema_says_it_ran_on_the_notebooks_variable(
+        loaded: Any, capsys: Any) -> None:
+    ok(loaded, BODY)  # an earlier cell left `tasks` and `schema` in the notebook
+    note = "schema: the notebook's `schema`, not assigned in this cell"
+    capsys.readouterr()
+    ok(loaded, "%%batch_json labels\ntasks = [{'task_id': 'n1', 'prompt': 'p'}]\n")
+    assert f"batchjson: {note}" in capsys.readouterr().out.splitlines()
+    assert note in loaded.user_ns["labels"].notes
+    assert not any(n.startswith("tasks:") for n in loaded.user_ns["labels"].notes)
+    # the same object assigned again, or a new one by code the cell ran: both its own
+    ok(loaded, "%%batch_json labels\nschema = schema\nexec('tasks = list(tasks)')\n")
+    assert "not assigned in this cell" not in capsys.readouterr().out
+    assert not any("this cell" in n for n in loaded.user_ns["labels"].notes)
+    ok(loaded, "%%batch_json labels --schema schema --tasks tasks\n")  # named: not stale
+    assert "not assigned in this cell" not in capsys.readouterr().out
+
+
 def test_a_ledger_that_cannot_record_a_receipt_fails_the_cell_naming_it_and_sends_nothing(
         loaded: Any, capsys: Any) -> None:
     """A full disk (here a trigger refusing receipts with SQLite's own words) from the magic:
