@@ -4,6 +4,8 @@ identity values compare as exact JSON values, and what is committed is what pass
 from __future__ import annotations
 
 import json
+from enum import Enum
+from typing import Annotated, Literal, Optional, Union
 
 import pytest
 from pydantic import BaseModel, Field, create_model, field_validator
@@ -380,3 +382,89 @@ def test_a_schema_coercing_a_string_into_infinity_is_rejected_not_committed():
     assert result.values == {} and session.ledger.checkpoint("r") == {}
     receipt = only_receipt(session)
     assert receipt.status == "rejected" and receipt.errors[0]["type"] == "schema"
+
+
+# -- schema keywords ---------------------------------------------------------------------------
+def test_a_schema_with_x_and_vendor_keywords_runs_and_its_notes_name_them():
+    verdict = {**LABEL_SCHEMA["properties"]["verdict"], "x-ui": {"widget": "radio"},
+               "discriminator": {"propertyName": "kind"}}
+    schema = {**LABEL_SCHEMA, "x-owner": "team-a", "properties": {"verdict": verdict}}
+    result = one_shot(items_reply).run_batch("r", review_tasks(2), schema, pack=2)
+    assert result.status == "resolved" and result.calls == 1
+    (note,) = [n for n in result.notes if "JSON Schema does not define" in n]
+    for named in ("x-owner (at <root>)", "x-ui (at properties/verdict)",
+                  "discriminator (at properties/verdict)"):
+        assert named in note
+
+
+class Colour(str, Enum):  # noqa: UP042 (the pre-3.11 spelling pydantic users write)
+    RED = "red"
+    BLUE = "blue"
+
+
+class Cat(BaseModel):
+    kind: Literal["cat"]
+    lives: int = Field(ge=0, le=9)
+
+
+class Dog(BaseModel):
+    kind: Literal["dog"]
+    name: str = Field(min_length=1, max_length=20, pattern=r"^\w+$")
+
+
+class Owner(BaseModel):
+    colour: Colour
+    nickname: Optional[str] = None  # noqa: UP045 (the Optional spelling, as users write it)
+    pet: Annotated[Union[Cat, Dog], Field(discriminator="kind")]  # noqa: UP007
+    pets: list[Annotated[Cat | Dog, Field(discriminator="kind")]] = Field(max_length=3)
+    score: float = Field(gt=0, lt=1, multiple_of=0.25, description="how sure", examples=[0.5])
+    scores: dict[str, int] = Field(default_factory=dict, json_schema_extra={"x-ui": "table"})
+    pair: tuple[int, str] = (1, "a")
+    label: Literal["yes", "no"] = Field(title="Label")
+
+
+@pytest.mark.parametrize("model", [Owner, Cat, Dog], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("mode", ["validation", "serialization"])
+def test_every_json_schema_pydantic_writes_is_accepted_as_a_schema_dict(model, mode):
+    """Enums, Optional, nested models, discriminated unions, Field constraints, Literal: only
+    pydantic's own vendor keyword (``discriminator``) and an ``x-`` one are left unchecked."""
+    item = compile_schema(model.model_json_schema(mode=mode))
+    assert {k.split()[0] for k in item.unknown_keywords} <= {"discriminator", "x-ui"}
+    assert ("discriminator (at properties/pet)" in item.unknown_keywords) == (model is Owner)
+
+
+# -- a validator that crashes ------------------------------------------------------------------
+def _field_of(item, name):
+    return item[name]
+
+
+def _crashing_check(item, task):
+    return _field_of(item, "lable") == "x"
+
+
+def _deep_check(item, task, depth=30):
+    return _deep_check(item, task, depth - 1) if depth else item["lable"]
+
+
+def test_a_crashed_validators_receipt_keeps_its_own_frames_and_none_of_batchjsons():
+    session = one_shot(items_reply)
+    result = session.run_batch("r", review_tasks(1), LABEL_SCHEMA, validator=_crashing_check,
+                               on_exhausted="return")
+    (error,) = only_receipt(session).errors  # as the ledger keeps it
+    assert error["message"].endswith("validator raised KeyError: 'lable'")
+    line = _crashing_check.__code__.co_firstlineno + 1
+    assert error["traceback"].splitlines() == [
+        f'File "{__file__}", line {line}, in _crashing_check',
+        '  return _field_of(item, "lable") == "x"',
+        f'File "{__file__}", line {_field_of.__code__.co_firstlineno + 1}, in _field_of',
+        "  return item[name]"]
+    assert f'line {line}, in _crashing_check' in result.failure_report()
+
+
+def test_a_deep_validator_traceback_is_capped_to_its_innermost_frames():
+    session = one_shot(items_reply)
+    session.run_batch("r", review_tasks(1), LABEL_SCHEMA, validator=_deep_check,
+                      on_exhausted="return")
+    frames = only_receipt(session).errors[0]["traceback"].splitlines()
+    assert frames[0] == "... 23 earlier frame(s)" and len(frames) == 1 + 8 * 2
+    assert frames[-1] == '  return _deep_check(item, task, depth - 1) if depth else item["lable"]'

@@ -494,3 +494,23 @@ def test_receipts_say_which_provider_and_model_answered(tmp_path: Path) -> None:
     assert all(r["source"] for r in listed)  # the answer source the request key covers
     human = bj("receipts", "r", "--ledger", str(ledger), cwd=tmp_path).stdout
     assert "callable/reviewer-7b" in human
+
+
+def _check_with_a_pasted_key(item, task):
+    return item["lable"] == "sk-proj-a1b2c3d4e5f6g7h8i9j0k1"
+
+
+def test_receipts_failed_shows_a_crashed_validators_own_frames_with_keys_masked(
+        tmp_path: Path) -> None:
+    ledger = tmp_path / "crash.sqlite"
+    Session(CallableProvider(items_reply), ledger=ledger, repairs=0, replays=0).run_batch(
+        "labels", review_tasks(1), LABEL_SCHEMA, validator=_check_with_a_pasted_key,
+        on_exhausted="return")
+    done = bj("receipts", "labels", "--failed", "--ledger", str(ledger), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    line = _check_with_a_pasted_key.__code__.co_firstlineno + 1
+    lines = done.stdout.splitlines()
+    at = lines.index(f'          File "{__file__}", line {line}, in _check_with_a_pasted_key')
+    assert " ".join(x.strip() for x in lines[:at]).endswith("validator raised KeyError: 'lable'")
+    assert lines[at + 1] == "            return item[\"lable\"] == \"<redacted>\""
+    assert "a1b2c3" not in done.stdout and "_acceptance" not in done.stdout

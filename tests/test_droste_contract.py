@@ -327,6 +327,16 @@ def test_keywords_outside_droste_s_subset_are_refused_before_any_call(helper, sc
     assert client.calls == 0
 
 
+def test_a_typo_in_a_droste_schema_is_refused_naming_the_keyword_it_meant():
+    namespace: dict[str, Any] = {}
+    client = ScriptedClient({})
+    bind(namespace, client)
+    with pytest.raises(ValueError, match="unsupported JSON schema keywords: requried .*did you "
+                                         "mean 'required' for 'requried'"):
+        namespace["llm_batch_json"](["alpha"], {"type": "object", "requried": ["count"]})
+    assert client.calls == 0
+
+
 @pytest.mark.parametrize("schema", [
     {"type": "unsupported"}, {"type": ["object", 1]}, {"minimum": True}, {"maximum": "10"},
     {"minItems": True}, {"maxItems": -1}, {"required": "value"}, {"required": ["value", "value"]},

@@ -449,11 +449,11 @@ def test_a_401_echoing_part_of_another_key_is_never_stored_nor_shown(
 
 
 def test_key_fragments_are_masked_in_provider_text_and_nothing_else_is() -> None:
-    from batchjson._providers.masking import without_key_fragments
+    from batchjson._providers.masking import keys_masked
 
     for fragment in ("sk-VKMIs***\u2026wjh3", "sk-proj-****wjh3", "sk-ant-api03-AbCd\u2026wxyz",
                      "sk-abc...wxyz", OTHER["sk-proj"], OTHER["sk-ant"]):
-        assert without_key_fragments(f"key {fragment}.") == "key <redacted>."
+        assert keys_masked(f"key {fragment}.") == "key <redacted>."
     for text in ("sk-1", "sk-", "task-abc***d", "gpt-4o-mini *** later", "mask-ant-***x",
                  "ask-me...", "a sk-abc."):
-        assert without_key_fragments(text) == text
+        assert keys_masked(text) == text

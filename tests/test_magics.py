@@ -996,6 +996,42 @@ def test_an_unresolved_cell_whose_validator_crashed_says_to_fix_the_validator(
     assert "fix it and re-run" in shown
 
 
+def test_a_crashed_validator_shows_its_own_frames_in_the_cell_and_its_receipts(
+        loaded: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    r = run(loaded, "%%batch_json crashy --repairs 0 --replays 0 --validator broken\n"
+                    "schema = {'type': 'object', 'properties': {'verdict': {'type': 'string'}}}\n"
+                    "tasks = [{'task_id': 't1', 'prompt': 'p'}]\n"
+                    "def broken(item, task):\n"
+                    "    return item['lable'] > 1\n")
+    shown = "\n".join(r.error_in_exec._render_traceback_()).splitlines()
+    at = next(i for i, line in enumerate(shown) if line.endswith(", line 5, in broken"))
+    assert shown[at - 1] == "  where it failed (the validator's own frames):"
+    assert shown[at].startswith("    File ") and shown[at + 1] == "      return item['lable'] > 1"
+    assert not any("batchjson" in line for line in shown[at - 1:])
+    receipts = ok(loaded, "%batch_receipts crashy --failed")
+    assert "              return item['lable'] > 1" in receipts.as_text().splitlines()
+    assert "<pre style='margin:0'>File " in receipts._repr_html_()
+    monkeypatch.setattr(loaded, "kernel", object(), raising=False)  # the Jupyter display
+    assert "return item[&#x27;lable&#x27;] &gt; 1</pre>" in loaded.user_ns["crashy"]._repr_html_()
+
+
+def test_a_cell_that_does_not_assign_schema_says_it_ran_on_the_notebooks_variable(
+        loaded: Any, capsys: Any) -> None:
+    ok(loaded, BODY)  # an earlier cell left `tasks` and `schema` in the notebook
+    note = "schema: the notebook's `schema`, not assigned in this cell"
+    capsys.readouterr()
+    ok(loaded, "%%batch_json labels\ntasks = [{'task_id': 'n1', 'prompt': 'p'}]\n")
+    assert f"batchjson: {note}" in capsys.readouterr().out.splitlines()
+    assert note in loaded.user_ns["labels"].notes
+    assert not any(n.startswith("tasks:") for n in loaded.user_ns["labels"].notes)
+    # the same object assigned again, or a new one by code the cell ran: both its own
+    ok(loaded, "%%batch_json labels\nschema = schema\nexec('tasks = list(tasks)')\n")
+    assert "not assigned in this cell" not in capsys.readouterr().out
+    assert not any("this cell" in n for n in loaded.user_ns["labels"].notes)
+    ok(loaded, "%%batch_json labels --schema schema --tasks tasks\n")  # named: not stale
+    assert "not assigned in this cell" not in capsys.readouterr().out
+
+
 def test_a_ledger_that_cannot_record_a_receipt_fails_the_cell_naming_it_and_sends_nothing(
         loaded: Any, capsys: Any) -> None:
     """A full disk (here a trigger refusing receipts with SQLite's own words) from the magic:

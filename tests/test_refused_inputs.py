@@ -71,6 +71,19 @@ RUN_INPUTS = [
     ("pack True", {"pack": True}, "pack must be a whole number >= 1"),
     ("progress 'bar'", {"progress": "bar"}, "progress must be True, False or a callable"),
     ("instructions as bytes", {"instructions": b"be brief"}, "instructions must be a"),
+    # a typo'd keyword is ignored by every validator: `requried` would commit {} as resolved
+    ("'requried' in a schema", {"schema": {**LABEL_SCHEMA, "required": [],
+                                           "requried": ["verdict"]}},
+     "schema keyword 'requried' at <root> is not JSON Schema (did you mean 'required'?)"),
+    ("'propertes' in a schema", {"schema": {"type": "object", "required": ["verdict"],
+                                            "propertes": LABEL_SCHEMA["properties"]}},
+     "did you mean 'properties'?"),
+    ("'enun' in a property", {"schema": {**LABEL_SCHEMA, "properties": {
+        "verdict": {"type": "string", "enun": ["match", "no_match"]}}}},
+     "'enun' at properties/verdict is not JSON Schema (did you mean 'enum'?)"),
+    ("'minimun' deep in $defs", {"schema": {**LABEL_SCHEMA, "$defs": {"n": {"anyOf": [
+        {"type": "array", "items": {"type": "integer", "minimun": 0}}]}}}},
+     "'minimun' at $defs/n/anyOf/0/items is not JSON Schema (did you mean 'minimum'?)"),
 ]
 
 
@@ -200,7 +213,9 @@ def test_binds_helper_refuses_a_validator_it_cannot_call_before_registering_it(
     ({"name": "labels\x00"}, "control character"),
     ({"prompts": ["is it?", b"and this?"]}, "prompts[1]: prompt must be a string"),
     ({"contexts": [3]}, "contexts[0]: a context must be a string or None"),
-], ids=["a bad schema", "a bad name", "bytes as a prompt", "a number as a context"])
+    ({"schema": {"type": "object", "propertes": {}}}, "did you mean 'properties'?"),
+], ids=["a bad schema", "a bad name", "bytes as a prompt", "a number as a context",
+        "a schema typo"])
 def test_binds_helper_registers_a_good_validator_only_for_a_call_it_makes(
         tmp_path: Path, bad: dict[str, Any], said: str) -> None:
     """The helper registers the call's validator (a ``validators`` row) before it runs: every
@@ -326,6 +341,18 @@ def test_a_magic_refuses_an_async_generator_validator_before_spending_or_recordi
             f"schema = {LABEL_SCHEMA!r}\nasync def check(item, task):\n    yield item\n")
     said = usage_error(ip, cell, capsys)
     assert "check is an async generator function" in said and "without yield" in said
+    assert spy.calls == 0 and recorded(Path(".batchjson/ledger.sqlite")) == {}
+
+
+def test_a_magic_refuses_a_schema_typo_with_a_did_you_mean_before_spending(
+        ip: Any, capsys: Any) -> None:
+    from tests.test_magics import usage_error
+
+    spy = magic_setup(ip)
+    schema = {**LABEL_SCHEMA, "required": [], "requried": ["verdict"]}
+    said = usage_error(ip, f"%%batch_json b\ntasks = {review_tasks(2)!r}\nschema = {schema!r}\n",
+                       capsys)
+    assert "'requried'" in said and "did you mean 'required'?" in said
     assert spy.calls == 0 and recorded(Path(".batchjson/ledger.sqlite")) == {}
 
 

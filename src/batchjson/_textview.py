@@ -9,7 +9,7 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .core import forgotten_line, money, usd
+from .core import forgotten_line, money, tracebacks, usd
 
 # Control characters (ANSI escapes, carriage returns, bells) and bidirectional overrides in a
 # model's return or an imported batch name would act on the terminal instead of being read.
@@ -168,13 +168,18 @@ def receipt_lines(name: str, receipts: Sequence[Mapping[str, Any]], raw: bool,
     for line, r in zip(head[2:], receipts, strict=True):
         lines.append(line)
         for e in r["errors"][:5]:
-            lines += wrapped(describe_error(e), "      - ")
+            lines += wrapped(describe_error(e), "      - ") + frame_lines(e, " " * 10)
         if len(r["errors"]) > 5:
             lines.append(f"      ... and {len(r['errors']) - 5} more error(s)")
         if raw and r["raw"] is not None:
             lines += ["      raw return:",
                       *("        " + printable(x) for x in r["raw"].split("\n"))]
     return lines
+
+
+def frame_lines(e: Mapping[str, Any], indent: str) -> list[str]:
+    """The validator's own frames a ``validator_error`` keeps, shown (never obeyed)."""
+    return [indent + printable(line) for line in tracebacks(e)]
 
 
 def describe_error(e: Mapping[str, Any]) -> str:

@@ -25,6 +25,7 @@ from ._session.batches import cancel_job, list_jobs
 from ._session.collect import collect_ended, status_summary
 from ._session.preflight import check_validator
 from ._session.registry import ValidatorVersion
+from ._session.result import tracebacks
 from ._session.structured import (
     check_call,
     check_droste_schema,
@@ -36,6 +37,7 @@ from ._sources import Code, Hashed
 __all__ = [
     # runs: a validator's checks and version, a schema compiled once, an identity option
     "check_validator", "ValidatorVersion", "compile_schema", "parse_identity",
+    "tracebacks",  # a validator_error's own frames, as its receipt keeps them
     # droste's llm_batch_json contract over a session
     "llm_batch_json", "check_call", "check_droste_schema", "default_batch_name",
     "render_value_prompt",

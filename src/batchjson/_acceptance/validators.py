@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import os
 import threading
 import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from .._canon import canonical_json
+from .._providers.masking import keys_masked
 
 
 # -- the caller's validator --------------------------------------------------------------------
@@ -36,9 +38,7 @@ async def run_validator_async(validator: Callable[[Any, Mapping[str, Any]], Any]
             out = await out
         verdict = _returned(out, value)
     except CountedAsCrash as exc:  # a contract that counts what was raised as a crash
-        cause = exc.__cause__
-        return [error("validator_error", f"task {task_id!r}: validator raised "
-                       f"{type(cause).__name__}: {cause}", task_id)]
+        return [crashed(exc.__cause__ or exc, task_id)]
     except ValueError as exc:
         return [error("validation", f"task {task_id!r}: {exc}", task_id)]
     except AssertionError as exc:  # pydantic's rule too: a failed assert rejects the item
@@ -46,8 +46,7 @@ async def run_validator_async(validator: Callable[[Any, Mapping[str, Any]], Any]
     except BaseException as exc:  # a bug in the caller's validator, reported not retried
         if not judged_code_raised(exc):
             raise
-        return [error("validator_error", f"task {task_id!r}: validator raised "
-                       f"{type(exc).__name__}: {exc}{_model_hint(exc, value)}", task_id)]
+        return [crashed(exc, task_id, _model_hint(exc, value))]
     if verdict is False:
         return [error("validation", f"task {task_id!r}: the validator returned False", task_id)]
     if verdict is None:
@@ -56,6 +55,33 @@ async def run_validator_async(validator: Callable[[Any, Mapping[str, Any]], Any]
                        "False (or raise ValueError) to reject: its return value is never used "
                        "as the item", task_id)]
     return []
+
+
+def crashed(exc: BaseException, task_id: str, hint: str = "") -> dict[str, Any]:
+    """A ``validator_error`` naming what the validator raised, with its own frames (kept on
+    the receipt: a bare ``KeyError: 'lable'`` does not say where)."""
+    frames = validator_frames(exc)
+    return error("validator_error", keys_masked(f"task {task_id!r}: validator raised "
+                                                f"{type(exc).__name__}: {exc}{hint}"),
+                 task_id, **({"traceback": frames} if frames else {}))
+
+
+_OWN_CODE = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
+FRAMES_SHOWN, TRACEBACK_CHARS = 8, 2000
+
+
+def validator_frames(exc: BaseException) -> str:
+    """The frames of ``exc`` in the caller's code (batchjson's own left out), innermost last:
+    file, line and source line each, keys masked, the innermost ``FRAMES_SHOWN`` only."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not os.path.realpath(f.filename).startswith(_OWN_CODE)]
+    hidden = max(0, len(frames) - FRAMES_SHOWN)
+    lines = [f"... {hidden} earlier frame(s)"] if hidden else []
+    for frame in frames[hidden:]:
+        lines.append(f'File "{frame.filename}", line {frame.lineno}, in {frame.name}')
+        if frame.line:
+            lines.append(f"  {frame.line.strip()[:200]}")
+    return keys_masked("\n".join(lines))[-TRACEBACK_CHARS:]
 
 
 class CountedAsCrash(Exception):

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
 import jsonschema
+from jsonschema_specifications import REGISTRY as METASCHEMAS
 from pydantic import BaseModel, ValidationError
 
 from .._canon import canonical_json
@@ -29,6 +31,8 @@ class ItemSchema:
     _validator: Any = field(default=None, repr=False)
     # what the model's validators read that no fingerprint can see (``globals()["X"]``)
     unseen: tuple[str, ...] = ()
+    # keywords JSON Schema does not define (``x-...``, vendors'): kept, never checked, noted
+    unknown_keywords: tuple[str, ...] = ()
 
     @property
     def declared_fields(self) -> frozenset[str] | None:
@@ -158,6 +162,7 @@ def _compile_mapping(schema: Mapping[str, Any], strict_integers: bool = False) -
         where = "/".join(str(p) for p in exc.absolute_path) or "<root>"
         raise InvalidBatch(f"invalid JSON Schema at {where}: {exc.message}; fix the schema "
                            "(see json-schema.org) before running") from None
+    unknown = tuple(_unknown_keywords(js, ""))
     text = json.dumps(js, sort_keys=True, separators=(",", ":"))
     fingerprint = sha(text)
     if strict_integers:
@@ -166,9 +171,54 @@ def _compile_mapping(schema: Mapping[str, Any], strict_integers: bool = False) -
         fingerprint = sha(f"strict-integers:{text}")
     # the validator judges its own copy: the schema handed to providers (a value-mode call
     # carries json_schema itself) can be changed by one without widening what is accepted
-    item = ItemSchema(js, fingerprint, _validator=cls(json.loads(text)))
+    item = ItemSchema(js, fingerprint, _validator=cls(json.loads(text)),
+                      unknown_keywords=unknown)
     item.__dict__["_strict_integers"] = strict_integers  # integers by literal, exact or not
     return item
+
+
+# every keyword of every JSON Schema draft's metaschema (their vocabularies included)
+KEYWORDS = frozenset(key for uri in METASCHEMAS
+                     for key in (METASCHEMAS.contents(uri) or {}).get("properties", {}))
+# the keywords that constrain (an annotation's typo, ``exampels``, changes no verdict)
+_CONSTRAINTS = frozenset({"then", "else", "$defs", "definitions"}).union(*(
+    cls.VALIDATORS for cls in (jsonschema.Draft3Validator, jsonschema.Draft4Validator,
+                               jsonschema.Draft6Validator, jsonschema.Draft7Validator,
+                               jsonschema.Draft201909Validator, jsonschema.Draft202012Validator)))
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions",
+                   "dependentSchemas", "dependencies")
+_SUBSCHEMAS = ("items", "prefixItems", "additionalItems", "contains", "additionalProperties",
+               "unevaluatedProperties", "unevaluatedItems", "propertyNames", "allOf", "anyOf",
+               "oneOf", "not", "if", "then", "else", "contentSchema", "extends", "disallow")
+
+
+def _unknown_keywords(node: Any, where: str) -> Iterator[str]:
+    """Each keyword of ``node`` and its subschemas that no draft defines, as ``keyword (at
+    path)``; a near miss of a constraint (``requried``) is refused: a validator ignores it, so
+    the check it was meant to be would silently never run."""
+    if not isinstance(node, Mapping):
+        return
+    for key, value in node.items():
+        here = f"{where}/{key}" if where else key
+        if key in _SUBSCHEMA_MAPS and isinstance(value, Mapping):
+            for name, child in value.items():
+                yield from _unknown_keywords(child, f"{here}/{name}")
+        elif key in _SUBSCHEMAS:
+            for index, child in enumerate(value if isinstance(value, list) else [value]):
+                yield from _unknown_keywords(child, f"{here}/{index}"
+                                             if isinstance(value, list) else here)
+        elif key not in KEYWORDS:
+            near = None if key.startswith("x-") else near_miss(key, _CONSTRAINTS)
+            if near is not None:
+                raise InvalidBatch(f"schema keyword {key!r} at {where or '<root>'} is not JSON "
+                                   f"Schema (did you mean {near!r}?); a validator ignores it, "
+                                   "so nothing it meant would be checked: fix the spelling")
+            yield f"{key} (at {where or '<root>'})"
+
+
+def near_miss(word: str, known: Iterable[str]) -> str | None:
+    """The one of ``known`` that ``word`` is a likely typo of (``enun``: ``enum``), if any."""
+    return next(iter(difflib.get_close_matches(word, known, n=1, cutoff=0.75)), None)
 
 
 _DECIMAL = re.compile(r"Decimal\('([^']*)'\)")

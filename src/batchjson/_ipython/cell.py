@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dis
 import inspect
 import keyword
 import re
@@ -10,6 +11,7 @@ from typing import Any
 from IPython.core.error import UsageError
 
 from .. import InvalidBatch, ValidatorRegistry
+from .._textview import frame_lines
 from ..core import parse_identity
 
 _MISSING = object()
@@ -53,9 +55,10 @@ def running_cell(shell: Any) -> int:
     return max(mapping.values()) if mapping else shell.execution_count
 
 
-def run_body(shell: Any, cell: str) -> list[str]:
+def run_body(shell: Any, cell: str) -> tuple[list[str], set[str]]:
     """Execute the body in the user namespace; return the names it (re)bound to functions
-    defined in this body (an imported or helper-made function from elsewhere is not its own).
+    defined in this body (an imported or helper-made function from elsewhere is not its own),
+    and every name it assigned (by a statement of its own, or by what it ran: ``%run``).
 
     The source goes through the shell's compiler and line cache, with one leading blank line so
     traceback line numbers match the cell as the user sees it (line 1 is ``%%batch_json``).
@@ -66,9 +69,17 @@ def run_body(shell: Any, cell: str) -> list[str]:
     ns = shell.user_ns
     before = dict(ns)
     exec(code, shell.user_global_ns, ns)  # running the user's cell is the point
-    return [name for name, value in ns.items()
-            if inspect.isfunction(value) and before.get(name, _MISSING) is not value
-            and value.__code__.co_filename == filename]
+    rebound = {name for name, value in ns.items() if before.get(name, _MISSING) is not value}
+    return [name for name in rebound if inspect.isfunction(ns[name])
+            and ns[name].__code__.co_filename == filename], rebound | {
+        i.argval for i in dis.get_instructions(code) if i.opname == "STORE_NAME"}
+
+
+def left_by_another_cell(assigned: set[str], **options: str | None) -> list[str]:
+    """Each default variable (``tasks``, ``schema``) a run would read that this cell did not
+    assign and no option named: another cell's, perhaps stale, said rather than used silently."""
+    return [f"{name}: the notebook's `{name}`, not assigned in this cell"
+            for name, option in options.items() if option is None and name not in assigned]
 
 
 def define_once(registry: ValidatorRegistry, ns: dict[str, Any], names: list[str],
@@ -115,9 +126,12 @@ def unresolved_hint(result: Any, var: str) -> str:
     (the result's display), so the error says how to go on instead of listing them again."""
     crash = next((e for e in result.errors if e.get("type") == "validator_error"), None)
     if crash is not None:  # re-running cannot help: say what to fix first
+        frames = frame_lines(crash, "    ")
         return (f"The validator itself failed ({one_line(crash.get('message', ''))[:300]});"
                 " fix it and re-run: the paid answers are kept and judged again first. "
-                f"{var}.failure_report() has the rest.")
+                f"{var}.failure_report() has the rest."
+                + "\n  where it failed (the validator's own frames):\n" * bool(frames)
+                + "\n".join(frames))
     return (f"The failed requests are listed with the result ({var}.failure_report() as text); "
             f"%batch_receipts {result.name} --failed shows every rejected return.")
 

@@ -9,7 +9,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._textview import answered_by, describe_error, printable, receipt_cost, table
+from .._textview import (
+    answered_by,
+    describe_error,
+    frame_lines,
+    printable,
+    receipt_cost,
+    table,
+)
 from ..core import forgotten_line, money
 
 
@@ -247,10 +254,11 @@ class ReceiptsView(TextView):
             lines.append(f"  #{r['number']:<4} rev {r['revision']:<3} {r['kind']:<8} "
                          f"{r['status']:<15} {r['model']}  {r['tasks']}  {r['tokens']} tokens  "
                          f"{r['cost']}")
-            for e in r["errors"]:
+            for e, frames in zip(r["errors"], r["frames"], strict=True):
                 lines += textwrap.wrap(e, self.width, initial_indent="        - ",
                                        subsequent_indent="          ", break_long_words=False,
                                        break_on_hyphens=False)
+                lines += [f"            {line}" for line in frames]
             if r["more_errors"]:
                 lines.append(f"        ... and {r['more_errors']} more error(s)")
             if self.raw and r.get("raw") is not None:
@@ -266,7 +274,9 @@ class ReceiptsView(TextView):
                         "errors"))
         body = []
         for r in self.rows:
-            errors = "".join(f"<li>{esc(e)}</li>" for e in r["errors"])
+            errors = "".join(f"<li>{esc(e)}" + (f"<pre style='margin:0'>{esc(chr(10).join(f))}"
+                                                 "</pre>" if f else "") + "</li>"
+                             for e, f in zip(r["errors"], r["frames"], strict=True))
             if r["more_errors"]:
                 errors += f"<li>... and {r['more_errors']} more error(s)</li>"
             raw = (f"<details><summary>raw return</summary><pre style='white-space:pre-wrap'>"
@@ -295,5 +305,6 @@ def receipt_rows(receipts: Sequence[Any], start: int = 1, errors_shown: int = 3
                      "tokens": r.tokens,
                      "cost": receipt_cost(r.cost, r.status, r.sent_at),
                      "errors": errors[:errors_shown],
+                     "frames": [frame_lines(e, "") for e in r.errors[:errors_shown]],
                      "more_errors": max(0, len(errors) - errors_shown), "raw": r.raw})
     return rows

@@ -49,6 +49,7 @@ from .cell import (
     evaluate,
     identity_option,
     interrupted_line,
+    left_by_another_cell,
     one_line,
     run_body,
     unresolved_hint,
@@ -251,7 +252,8 @@ class BatchJson(Magics):
                              "--tasks EXPR --schema EXPR")
 
         ns = self.shell.user_ns
-        defined = run_body(self.shell, cell)
+        defined, assigned = run_body(self.shell, cell)
+        stale = left_by_another_cell(assigned, tasks=args.tasks, schema=args.schema)
         tasks = evaluate(self.shell, "--tasks", args.tasks or "tasks", default=not args.tasks)
         schema = evaluate(self.shell, "--schema", args.schema or "schema",
                           default=not args.schema)
@@ -261,7 +263,7 @@ class BatchJson(Magics):
             checker, events = define_once(session.validators, ns, defined, checker)
         except BatchJsonError as exc:  # a strict session refusing a changed validator
             raise UsageError(one_line(exc)) from None
-        for event in events:
+        for event in [*events, *stale]:
             print(f"batchjson: {event}")
         instructions = (evaluate(self.shell, "--instructions", args.instructions, default=False)
                         if args.instructions else None)
@@ -274,6 +276,7 @@ class BatchJson(Magics):
             wait=args.wait,
             max_calls=args.max_calls if args.max_calls is not None else self.max_calls,
             progress=NotebookProgress if in_notebook_frontend(self.shell) else _text_bar())
+        result.notes[:0] = stale
         ns[var] = result
         if result.superseded and not noted:  # nothing was spent, so nothing was announced
             print(f"batchjson: {args.name}: {result.superseded}")

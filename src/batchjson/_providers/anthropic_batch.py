@@ -18,7 +18,7 @@ from .._errors import ProviderError
 from ._http import ITEMS_NAME, WRAPPED_VALUE
 from .base import Call
 from .batch_client import BatchClient, OutputLines
-from .masking import without_key_fragments
+from .masking import keys_masked
 from .reply import Reply
 from .upload import Upload
 
@@ -102,7 +102,7 @@ class AnthropicBatches(BatchClient):
             error = ((result.get("error") or {}).get("error") or {})
             status = ERROR_STATUS.get(error.get("type"), 500)
             return ProviderError(f"anthropic batch line errored: {error.get('type')}: "
-                                 f"{without_key_fragments(str(error.get('message')))}",
+                                 f"{keys_masked(str(error.get('message')))}",
                                  status=status,
                                  retryable=status >= 500 or status == 429)
         if kind in ("canceled", "expired"):

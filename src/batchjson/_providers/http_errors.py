@@ -16,7 +16,7 @@ import json
 from collections.abc import Mapping
 
 from .._errors import ProviderError
-from .masking import Secrets, without_key_fragments
+from .masking import Secrets, keys_masked
 from .ratelimits import retry_after, retry_wait
 
 QUOTA_CODES = frozenset({"insufficient_quota", "billing_hard_limit_reached", "billing_error",
@@ -95,7 +95,7 @@ def http_error(provider: str, status: int, headers: Mapping[str, str], raw: byte
     retryable = is_retryable_status(status) if advice is None else advice
     stop = run_stop(provider, status, code, message, headers)  # out of credit: stop the run
     hint = _STATUS_HINTS.get(status, "")
-    text = f"{provider} HTTP {status}: {without_key_fragments(message)}"
+    text = f"{provider} HTTP {status}: {keys_masked(message)}"
     if code:
         text += f" [{code}]"
     if stop or hint:

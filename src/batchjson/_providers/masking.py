@@ -16,7 +16,7 @@ Two kinds of rule, kept apart on purpose:
   values, request ids or batchjson's own digests, which may look the same and must be shown as
   they are. In a provider's error text alone, a key's fragment is masked wherever it stands,
   whole or as the masked echo a provider shows (``sk-VKMIs***…wjh3``), whichever key it is
-  (:func:`without_key_fragments`): a provider echoes the key it received, perhaps an old one.
+  (:func:`keys_masked`): a provider echoes the key it received, perhaps an old one.
 """
 
 from __future__ import annotations
@@ -36,21 +36,14 @@ MIN_MASKED = 4  # shorter secret values are masked only inside the URL that carr
 # sk-ant-, Groq, Hugging Face, Google, xAI, GitHub, Replicate, session tokens), perhaps as a
 # bearer header, then at least 16 key characters; 32 or more hex digits (Azure and many
 # gateways); a UUID. Nothing else: a typo, a spaced name or a build id is a name.
+_VENDOR_KEY = r"(?:sk-|sk_|gsk_|hf_|AIza|xai-|ghp_|gho_|r8_|sess-|pk-)[\w-]{16,}"
 _KEY_SHAPE = re.compile(
-    r"^(?:bearer\s+)?(?:(?:sk-|sk_|gsk_|hf_|AIza|xai-|ghp_|gho_|r8_|sess-|pk-)[\w-]{16,}"
+    rf"^(?:bearer\s+)?(?:{_VENDOR_KEY}"
     r"|[0-9a-f]{32,}|[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12})$", re.IGNORECASE | re.ASCII)
-
-
 _MASK_MARK = r"(?:[*\u2022\u2026]|\.{3})"  # what a provider's echo hides a key's middle with
 _KEY_FRAGMENT = re.compile(
     r"(?<![\w-])(?:sk-|sk_|gsk_|hf_|AIza|xai-|ghp_|gho_|r8_|sess-|pk-)"
     rf"(?:[\w-]*{_MASK_MARK}+(?:[\w-]|{_MASK_MARK})*|[\w-]{{16,}})", re.ASCII)
-
-
-def without_key_fragments(text: str) -> str:
-    """A provider's error text with every key-shaped fragment in it masked, matching the
-    configured key or not; never applied to task data, which may look the same."""
-    return _KEY_FRAGMENT.sub(REDACTED, text)
 
 
 def looks_like_key(text: str) -> bool:
@@ -61,6 +54,12 @@ def looks_like_key(text: str) -> bool:
 def masked(text: str) -> str:
     """The first four characters and the length: enough to recognise, never enough to use."""
     return f"{text[:4]!r}... ({len(text)} chars)"
+
+
+def keys_masked(text: str) -> str:
+    """``text`` with each vendor-prefixed key in it masked, wherever it stands, whole or as a
+    provider echoes it (``sk-VKMIs***...wjh3``), matching the configured key or not."""
+    return _KEY_FRAGMENT.sub(REDACTED, text)
 
 
 def shown_value(text: str) -> str:

@@ -19,7 +19,7 @@ from .._errors import ProviderError
 from ._http import http_error
 from .base import Call
 from .batch_client import BatchClient, OutputLines
-from .masking import without_key_fragments
+from .masking import keys_masked
 from .reply import Reply
 from .upload import Upload
 
@@ -118,7 +118,7 @@ class OpenAIBatches(BatchClient):
                 return http_error("openai", status, {}, json.dumps(body).encode(),
                                   self.provider._secrets, self.provider.key_env)
             what = error if isinstance(error, dict) else {"message": str(error)}
-            said = without_key_fragments(str(what.get('message') or 'no response'))
+            said = keys_masked(str(what.get('message') or 'no response'))
             return ProviderError(f"openai batch line failed: {what.get('code') or ''} "
                                  f"{said}".strip(),
                                  status=status, retryable=True)

@@ -161,6 +161,7 @@ class BatchResult:
             lines.append(f"  request of {what}:")
             for e in f["errors"][:3]:
                 lines.append(f"    {e.get('type')}: {e.get('message')}")
+                lines += [f"      {line}" for line in tracebacks(e)]
             if len(f["errors"]) > 3:
                 lines.append(f"    ... and {len(f['errors']) - 3} more error(s)")
             if f["bystanders"]:
@@ -218,9 +219,12 @@ class BatchResult:
                 first = f["errors"][0] if f["errors"] else {"type": "batch_rejected",
                                                             "message": "rejected with others"}
                 more = (f" (+{len(f['errors']) - 1} more)" if len(f["errors"]) > 1 else "")
+                frames = "\n".join(tracebacks(first))
                 rows.append(f"<li><code>{html.escape(what)}</code>: "
                             f"{html.escape(str(first.get('type')))}: "
-                            f"{html.escape(str(first.get('message')))}{html.escape(more)}</li>")
+                            f"{html.escape(str(first.get('message')))}{html.escape(more)}"
+                            + (f"<pre style='margin:2px 0'>{html.escape(frames)}</pre>"
+                               if frames else "") + "</li>")
             if count > SHOWN:
                 rows.append(f"<li>... and {count - SHOWN} more failed request(s)</li>")
             failed += (f"<div>{count} failed request(s):<ul style='margin:2px 0'>"
@@ -234,6 +238,12 @@ class BatchResult:
         return (f"<div><span style='color:{colour}'>&#9679;</span> batch "
                 f"<code>{html.escape(self.name)}</code> revision {self.revision}: "
                 f"<b>{self.status}</b><table><tr>{cells}</tr></table>{compared}{failed}</div>")
+
+
+def tracebacks(error: Mapping[str, Any]) -> list[str]:
+    """The lines of the validator's own frames an error keeps (a ``validator_error``)."""
+    frames = error.get("traceback")
+    return frames.split("\n") if isinstance(frames, str) and frames else []
 
 
 def _jobs_html(jobs: list[dict[str, Any]]) -> str:

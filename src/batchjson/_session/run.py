@@ -355,6 +355,11 @@ def _described(result: BatchResult, state: Run,
         result.notes.append(f"the judging reads what no fingerprint can see ("
                             f"{'; '.join(state.blind)}): stored answers were re-judged under "
                             "the rules as they are now, not reused on trust")
+    unknown = state.content.schema.unknown_keywords
+    if unknown:
+        result.notes.append("schema keywords JSON Schema does not define, which no check reads: "
+                            + ", ".join(unknown[:5]) + f" and {len(unknown) - 5} more"
+                            * (len(unknown) > 5))
     if state.rechecked:
         result.notes.append(f"{len(state.rechecked)} request(s) resolved by re-judging earlier "
                             "returns under the new rules (no calls)")

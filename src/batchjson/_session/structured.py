@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._checks import is_whole
-from .._content.schema import ItemSchema, compile_schema
+from .._content.schema import ItemSchema, compile_schema, near_miss
 from .._content.tasks import sha
 from .._errors import InvalidBatch
 from .spec import RunSpec, check_text
@@ -52,8 +52,10 @@ def check_droste_schema(schema: Any) -> None:
             continue  # a shape error: compile_schema names it
         unknown = sorted(k for k in node if isinstance(k, str) and k not in DROSTE_KEYWORDS)
         if unknown:
+            near = next(((k, m) for k in unknown if (m := near_miss(k, DROSTE_KEYWORDS))), None)
             raise InvalidBatch(
-                f"unsupported JSON schema keywords: {', '.join(unknown)} (at {where}); this "
+                f"unsupported JSON schema keywords: {', '.join(unknown)} (at {where}); "
+                + (f"did you mean {near[1]!r} for {near[0]!r}? " if near else "") + "this "
                 f"host's llm_batch_json takes droste's schema subset only "
                 f"({', '.join(sorted(DROSTE_KEYWORDS))}). Check what the keyword checked in "
                 "your validator instead (raise ValueError there)")
