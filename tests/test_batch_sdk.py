@@ -173,7 +173,7 @@ def test_openai_sdk_lists_files_and_batches_from_the_loopback_server():
 
 def test_a_loopback_batch_passes_through_finalizing_before_it_completes():
     with LoopbackServer() as srv:
-        srv.batches.delay = 0.3
+        srv.batches.delay = 0.6  # finalizing for 0.2 s: a poll every 10 ms sees it
         client = openai.OpenAI(base_url=srv.base_url, api_key="sk-test", max_retries=0)
         upload = client.files.create(file=("in.jsonl", (chat_line("a", "A.") + "\n").encode()),
                                      purpose="batch")
@@ -185,7 +185,8 @@ def test_a_loopback_batch_passes_through_finalizing_before_it_completes():
             if not seen or seen[-1] != status:
                 seen.append(status)
             time.sleep(0.01)
-        assert seen == ["validating", "in_progress", "finalizing", "completed"]
+        order = ["validating", "in_progress", "finalizing", "completed"]
+        assert seen[-2:] == order[-2:] and seen == sorted(seen, key=order.index), seen
         done = client.batches.retrieve(batch.id)
         assert done.finalizing_at and done.finalizing_at <= done.completed_at
 
