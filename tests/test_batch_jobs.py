@@ -52,6 +52,18 @@ def srv():
         yield server
 
 
+def within(seconds: float, work: Any) -> Any:
+    """``work()``'s value, or a failure (not a hung test) when it has not returned in time."""
+    import threading
+
+    out: list[Any] = []
+    worker = threading.Thread(target=lambda: out.append(work()), daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert out, f"still running after {seconds} s"
+    return out[0]
+
+
 def accepted_per_key(target: Any) -> dict[str, int]:
     rows = ledger_rows(target, "SELECT request_key, COUNT(*) FROM attempts WHERE status = "
                        "'accepted' GROUP BY request_key")
@@ -498,3 +510,20 @@ def test_a_misspelled_batch_fault_is_refused_rather_than_injecting_nothing():
     with pytest.raises(ValueError, match="unknown batch fault.*'all_fail'"):
         BatchFaults(whole="all_fail")
     assert BatchFaults(whole="expire", lines={3: "duplicate"}).lines == {3: "duplicate"}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_wait_ends_when_a_jobs_output_answers_403_and_a_later_run_collects_it(srv, protocol):
+    """A final 4xx while collecting ended no wait (the loop polled for ever): the wait ends
+    with the error named, the job stays open, and a later run collects it once it reads."""
+    s = session(srv, protocol=protocol)
+    srv.batches.refuse_results = 403
+    result = within(20, lambda: s.run_batch("labels", tasks(3), SCHEMA, transport="batch",
+                                            wait=True))
+    assert result.status == "pending" and [j["status"] for j in result.jobs] == ["open"]
+    assert any("could not be read" in note and "403" in note and "wait for it ends" in note
+               for note in result.notes), result.notes
+    srv.batches.refuse_results = None
+    again = s.run_batch("labels", tasks(3), SCHEMA, transport="batch", wait=True)
+    assert again.resolved and len(again.values) == 3 and srv.batches.created == 1
+    s.close()

@@ -39,6 +39,7 @@ class Collection:
     reservations: dict[int, float]
     result: Any  # a JobsOutcome
     watched: set[int]
+    unreadable: set[int]  # open jobs whose reading failed with a final 4xx: not waited for
     chunk: int
     on_progress: Callable[[int], None] | None
 
@@ -66,8 +67,13 @@ class Collection:
                     await self._collect(row, batch)
                     continue
             except ProviderError as exc:  # the job stays open: the next run looks again
-                self.result.notes.append(f"job {row['id']} ({row['provider_job_id']}) could "
-                                         f"not be read this time: {exc}")
+                final = not exc.retryable and 400 <= (exc.status or 0) < 500
+                if final:  # asking again will not help: no wait for it (see JobRunner.run)
+                    self.unreadable.add(row["id"])
+                self.result.notes.append(
+                    f"job {row['id']} ({row['provider_job_id']}) could not be read this time: "
+                    f"{exc}" + ("; the wait for it ends, and it stays open for a later run or "
+                                "%batch_status to collect" if final else ""))
                 continue
             self.store.job_detail(row["id"], {**detail_of(row), "provider_status": status,
                                               "counts": self.client.counts(batch)})

@@ -64,6 +64,7 @@ class JobRunner(Collection):
         self.result = JobsOutcome(Outcome())
         self.chunk = client.max_requests  # lines per job; halved after token_limit_exceeded
         self.watched: set[int] = set()  # ids of the unfinished jobs holding a request of it
+        self.unreadable: set[int] = set()
         self.short = False  # a submission stopped short: the next pass looks at every request
         self._system = system_prompt(plan)
 
@@ -84,8 +85,8 @@ class JobRunner(Collection):
                 ended = await self._collect_ended()
                 if ended:  # follow-ups of what they held
                     rescan = await self._submit_over(self._held_by(ended), writer) or rescan
-                running = [row for row in self._open_rows()
-                           if row["status"] in ("open", "recording")]
+                running = [row for row in self._open_rows() if row["status"] in (
+                    "open", "recording") and row["id"] not in self.unreadable]
                 if not wait or not running:
                     break
                 await asyncio.sleep(self.poll)

@@ -7,7 +7,7 @@ would be and the batch ends ``completed`` with an output and an error file. Faul
 per batch, in the order batches are created: ``whole`` (``"fail_validation"``,
 ``"token_limit"``, ``"expire"``, ``"all_failed"``) and ``lines`` (line index -> ``"errored"``,
 ``"expired"``, ``"http_400"``, ``"duplicate"``, ``"unknown"``), and ``shuffle`` reverses the
-output order.
+output order. ``refuse_results`` (an HTTP status) answers every job's output with it.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ class BatchDesk:
         self.page_limit = 100  # the most batches one page of the list holds (tests lower it)
         self.listed = 0  # pages of the batch list served
         self.lines_answered: Counter[str] = Counter()  # custom_id -> times answered
+        self.refuse_results: int | None = None  # an HTTP status every job's output answers
         self._tasks: set[asyncio.Task] = set()
         self._made: Counter[str] = Counter()
         self.messages = MessageBatches(self)  # Anthropic's Message Batches
@@ -102,6 +103,9 @@ class BatchDesk:
 
     async def _content(self, request: web.Request) -> web.StreamResponse:
         data = self.contents.get(request.match_info["id"])
+        if self.refuse_results and self.files.get(request.match_info["id"], {}).get(
+                "purpose") == "batch_output":
+            return error_response("openai", self.refuse_results, "loopback: refused")
         if data is None:
             return error_response("openai", 404, "No such File object")
         return web.Response(body=data, content_type="application/octet-stream")

@@ -93,6 +93,8 @@ class MessageBatches:
 
     async def _results(self, request: web.Request) -> web.Response:
         data = self.results.get(request.match_info["id"])
+        if self.desk.refuse_results:
+            return error_response("anthropic", self.desk.refuse_results, "loopback: refused")
         if data is None:
             return error_response("anthropic", 404, "results are available once the batch "
                                   "has ended")
