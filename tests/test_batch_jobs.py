@@ -527,3 +527,43 @@ def test_wait_ends_when_a_jobs_output_answers_403_and_a_later_run_collects_it(sr
     again = s.run_batch("labels", tasks(3), SCHEMA, transport="batch", wait=True)
     assert again.resolved and len(again.values) == 3 and srv.batches.created == 1
     s.close()
+
+
+def ended_output(srv: LoopbackServer, protocol: str) -> tuple[dict[str, bytes], str]:
+    """The one job's output as the server keeps it (to craft it), once the job has ended."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if protocol == "anthropic" and srv.batches.messages.results:
+            [batch_id] = srv.batches.messages.results
+            return srv.batches.messages.results, batch_id
+        done = [b for b in srv.batches.batches.values() if b["status"] == "completed"]
+        if done:
+            return srv.batches.contents, done[0]["output_file_id"]
+        time.sleep(0.02)
+    raise AssertionError("the job never ended")
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_an_output_line_that_is_not_utf8_is_refused_and_named_never_admitted(srv, protocol,
+                                                                             tmp_path):
+    """A byte that is not UTF-8 inside an answer was read as U+FFFD and admitted in silence:
+    the line is refused as a provider error named in the notes and its receipt, and asked
+    again, as a live body that is not UTF-8 is refused."""
+    import re
+
+    target = tmp_path / "l.sqlite"
+    s = session(srv, target, protocol=protocol)
+    assert s.run_batch("labels", tasks(2), SCHEMA, transport="batch").status == "pending"
+    files, name = ended_output(srv, protocol)
+    first, rest = files[name].split(b"\n", 1)
+    files[name] = re.sub(rb'(label\\?"\s*:\s*\\?")', lambda m: m[1] + b"\xff", first,
+                                count=1) + b"\n" + rest
+    assert b"\xff" in files[name]
+    result = s.run_batch("labels", tasks(2), SCHEMA, transport="batch", wait=True)
+    assert result.resolved and srv.batches.created == 2  # the refused line asked again
+    assert "\ufffd" not in json.dumps(dict(result.values), ensure_ascii=False)
+    assert any("1 line(s) that are not valid UTF-8" in note for note in result.notes)
+    [(errors,)] = ledger_rows(target, "SELECT errors FROM attempts WHERE status = "
+                              "'provider_error'")
+    assert "not valid UTF-8 (byte" in errors and "refused" in errors
+    s.close()

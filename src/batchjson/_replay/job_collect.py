@@ -18,6 +18,7 @@ from .._acceptance import judge as acceptance
 from .._content.tasks import Request
 from .._errors import ProviderError
 from .._ledger.store import Store
+from .._providers.batch_client import NOT_UTF8
 from .._providers.reply import received
 from .._providers.settings import declared_output_cap
 from .budget import Spender, charge_line, charge_of
@@ -120,16 +121,21 @@ class Collection:
                 came[cid] = came.get(cid, 0) + 1
             else:
                 unknown.append(str(cid)[:80])
-        writes = []
+        writes, garbled = [], 0
         once = (out for out in outs if came.get(self.client.line_id(out)) == 1)
         for part in _batched(once, WINDOW):
             cids = [self.client.line_id(out) for out in part]
             requests = self.store.requests_by_keys([lines[c]["request_key"] for c in cids])
             for cid, out in zip(cids, part, strict=True):
                 line = lines[cid]
-                writes.append(await self._judge_line(
-                    line, self.client.outcome(out, bool(line["wrapped"])),
-                    requests[line["request_key"]]))
+                got = self.client.outcome(out, bool(line["wrapped"]))
+                if NOT_UTF8 in out:
+                    got, garbled = _not_utf8(got, out[NOT_UTF8]), garbled + 1
+                writes.append(await self._judge_line(line, got, requests[line["request_key"]]))
+        if garbled:
+            self.result.notes.append(
+                f"job {row['id']} ({row['provider_job_id']}) returned {garbled} line(s) that "
+                "are not valid UTF-8: refused as provider errors, never read as answers")
         for cid, line in lines.items():
             if came.get(cid) != 1:
                 writes.append(self._failed_line(line, _lost(cid, came.get(cid, 0), whole,
@@ -156,15 +162,16 @@ class Collection:
                      ) -> Callable[[Any], None]:
         """The write completing a receipt whose line brought no answer (never billed)."""
         store, out = self.store, self.result.outcome
-        attempt_id = line["attempt_id"]
-        charge_line(self.spender, self.reservations.pop(attempt_id, None), 0.0)
+        attempt_id, usage = line["attempt_id"], got.usage or {}
+        cost = usage.get("cost") or 0.0  # billed only when it brought a reply (not UTF-8)
+        charge_line(self.spender, self.reservations.pop(attempt_id, None), cost)
         out.calls += 1
         out.provider_errors += 1
         errors = [{"type": "provider_error", "task_id": None, "status": got.status,
                    "retryable": got.retryable, "message": f"provider failed{_http(got)}: {got}"}]
-        charge = 0.0 if self.spender.shared is not None else None
+        charge = cost if self.spender.shared is not None else None
         return lambda tx: store.finish_call(tx, attempt_id, "provider_error", errors, None,
-                                            got.usage or {}, charge=charge)
+                                            usage, charge=charge)
 
     async def _judge_line(self, line: Mapping[str, Any], got: Any, request: Request
                           ) -> Callable[[Any], None]:
@@ -221,6 +228,13 @@ def _lost(custom_id: str, came: int, whole: str | None, status: str) -> Provider
     else:
         why = f"custom_id {custom_id} is missing from the output of a {status} job"
     return ProviderError(why, retryable=True)
+
+
+def _not_utf8(got: Any, at: int) -> ProviderError:
+    """A line that was not valid UTF-8, refused; the usage of the reply it brought is kept."""
+    usage = {} if isinstance(got, ProviderError) else _usage(got)
+    return ProviderError(f"its output line is not valid UTF-8 (byte {at}): refused, never "
+                         "read as an answer", usage=usage, retryable=True)
 
 
 def _batched(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
