@@ -567,3 +567,70 @@ def test_an_output_line_that_is_not_utf8_is_refused_and_named_never_admitted(srv
                               "'provider_error'")
     assert "not valid UTF-8 (byte" in errors and "refused" in errors
     s.close()
+
+
+CANCEL_CHILD = textwrap.dedent("""
+    import json, sys
+    from batchjson import Session
+    from batchjson._providers.anthropic import AnthropicProvider
+    from batchjson._providers.openai import OpenAIProvider
+    from tests.test_batch_jobs import SCHEMA, tasks
+    url, target, protocol = sys.argv[1], sys.argv[2], sys.argv[3]
+    provider = (OpenAIProvider("gpt-4o-mini", base_url=url, api_key="sk-test")
+                if protocol == "openai" else
+                AnthropicProvider("claude-haiku-4-5", base_url=url, api_key="sk-test"))
+    s = Session(provider, ledger=target)
+    s.job_poll = 0.05
+    result = s.run_batch("labels", tasks(), SCHEMA, transport="batch", wait=True,
+                         on_exhausted="return")
+    print(json.dumps({"status": result.status, "notes": result.notes}), flush=True)
+    s.close()
+""")
+
+
+@pytest.mark.parametrize(("protocol", "after"), [
+    ("openai", 0.3), ("openai", 1.3), ("anthropic", 0.3), ("anthropic", 0.7)])
+def test_cancel_during_upload_never_pays_twice(tmp_path, protocol, after):
+    """``batchjson cancel`` from another process while the runner uploads (OpenAI: during the
+    file's upload, then during the batch's creation; Anthropic: during the creation, which
+    carries the requests): the job is never released under its writer, a batch created after
+    the cancel is cancelled at the provider and known to the ledger, the waiting run sends
+    nothing again, and the next run answers each request once in all."""
+    from batchjson._cli.commands import main
+
+    target = tmp_path / "l.sqlite"
+    with LoopbackServer() as srv:
+        srv.batches.delay, srv.batches.upload_delay = 0.3, 1.0
+        url = srv.base_url if protocol == "openai" else srv.anthropic_base_url
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        child = subprocess.Popen([sys.executable, "-c", CANCEL_CHILD, url, str(target),
+                                  protocol], env=env, stdout=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 30
+            while not target.exists() or not ledger_rows(
+                    target, "SELECT id FROM jobs WHERE status = 'recording'"):
+                assert time.monotonic() < deadline and child.poll() is None
+                time.sleep(0.02)
+            time.sleep(after)
+            out = io.StringIO()
+            assert main(["cancel", "1", "--ledger", str(target)], out) == 0
+            assert "still being created by its runner" in out.getvalue(), out.getvalue()
+            ran = json.loads(child.communicate(timeout=60)[0])
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.communicate()
+        assert srv.batches.created <= 1  # the waiting run sent nothing again
+        assert any("cancel" in note for note in ran["notes"]), ran
+        made = set(srv.batches.batches) | set(srv.batches.messages.batches)
+        known = {r[0] for r in ledger_rows(target, "SELECT provider_job_id FROM jobs")}
+        assert made <= known  # every batch the provider billed is on record
+        s = session(srv, target, protocol)
+        again = s.run_batch("labels", tasks(), SCHEMA, transport="batch", wait=True)
+        s.close()
+        assert again.resolved and len(again.values) == 6
+        owner = dict(ledger_rows(target, "SELECT custom_id, request_key FROM job_lines"))
+        billed: dict[str, int] = {}
+        for custom_id, times in srv.batches.lines_answered.items():
+            billed[owner[custom_id]] = billed.get(owner[custom_id], 0) + times
+        assert sorted(billed.values()) == [1] * 6, billed

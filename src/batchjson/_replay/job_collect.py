@@ -17,6 +17,7 @@ from typing import Any
 from .._acceptance import judge as acceptance
 from .._content.tasks import Request
 from .._errors import ProviderError
+from .._ledger.records import now
 from .._ledger.store import Store
 from .._providers.batch_client import NOT_UTF8
 from .._providers.reply import received
@@ -41,6 +42,8 @@ class Collection:
     result: Any  # a JobsOutcome
     watched: set[int]
     unreadable: set[int]  # open jobs whose reading failed with a final 4xx: not waited for
+    stopped: set[int]  # jobs a person cancelled during the run: none of their requests resent
+    cancelled_before: set[int]  # jobs asked to cancel before the run began
     chunk: int
     on_progress: Callable[[int], None] | None
 
@@ -61,6 +64,9 @@ class Collection:
                 row = await self._recover(row)
             if row["status"] != "open":
                 continue
+            if "cancel_requested_at" in detail_of(row):
+                await self._cancel_asked(row)
+                row = self.store.jobs(job=str(row["id"]))[0]  # what it recorded
             try:
                 batch = await self.client.poll(row["provider_job_id"])
                 status = self.client.status(batch)
@@ -79,7 +85,36 @@ class Collection:
             self.store.job_detail(row["id"], {**detail_of(row), "provider_status": status,
                                               "counts": self.client.counts(batch)})
         before = set(self.watched)
-        return sorted(before - {row["id"] for row in self._open_rows()})
+        gone = sorted(before - {row["id"] for row in self._open_rows()})
+        for job_id in gone:
+            if job_id not in self.cancelled_before and (
+                    self.store.jobs(job=str(job_id))[0]["status"] == "cancelled"):
+                self.stopped.add(job_id)
+                self.result.notes.append(
+                    f"job {job_id} was cancelled while this run watched it: none of its "
+                    "requests is sent again by this run; the next run you start owes them")
+        return [job_id for job_id in gone if job_id not in self.stopped]
+
+    async def _cancel_asked(self, row: Mapping[str, Any]) -> None:
+        """A job a person asked to cancel while its writer was creating it (or released
+        meanwhile) is cancelled at the provider once its id is known, and that is recorded."""
+        detail = detail_of(row)
+        if row["id"] not in self.cancelled_before:
+            self.stopped.add(row["id"])
+        if "cancel_sent_at" in detail:
+            return
+        try:
+            batch = await self.client.cancel(row["provider_job_id"])
+        except ProviderError as exc:
+            self.result.notes.append(
+                f"job {row['id']} ({row['provider_job_id']}) was cancelled by a person while "
+                f"it was created, but the provider could not be asked to cancel it: {exc}")
+            return
+        self.store.job_detail(row["id"], {**detail, "cancel_sent_at": now(),
+                                          "provider_status": self.client.status(batch)})
+        self.result.notes.append(
+            f"job {row['id']} ({row['provider_job_id']}) was cancelled at the provider, as a "
+            "person asked while it was being created")
 
     async def _recover(self, row: Mapping[str, Any]) -> Mapping[str, Any]:
         """An uncertain job found at the provider by the uid it was created with (OpenAI keeps

@@ -7,7 +7,8 @@ would be and the batch ends ``completed`` with an output and an error file. Faul
 per batch, in the order batches are created: ``whole`` (``"fail_validation"``,
 ``"token_limit"``, ``"expire"``, ``"all_failed"``) and ``lines`` (line index -> ``"errored"``,
 ``"expired"``, ``"http_400"``, ``"duplicate"``, ``"unknown"``), and ``shuffle`` reverses the
-output order. ``refuse_results`` (an HTTP status) answers every job's output with it.
+output order. ``refuse_results`` (an HTTP status) answers every job's output with it;
+``upload_delay`` slows each upload and creation (a large file, a slow link).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class BatchDesk:
         self.listed = 0  # pages of the batch list served
         self.lines_answered: Counter[str] = Counter()  # custom_id -> times answered
         self.refuse_results: int | None = None  # an HTTP status every job's output answers
+        self.upload_delay = 0.0  # seconds an upload, and a batch's creation, take once received
         self._tasks: set[asyncio.Task] = set()
         self._made: Counter[str] = Counter()
         self.messages = MessageBatches(self)  # Anthropic's Message Batches
@@ -99,6 +101,7 @@ class BatchDesk:
         if purpose != "batch" or not hasattr(upload, "file"):
             return error_response("openai", 400, "expected purpose=batch and a file")
         data = upload.file.read()
+        await asyncio.sleep(self.upload_delay)
         return web.json_response(self._keep(data, "batch", upload.filename or "input.jsonl"))
 
     async def _content(self, request: web.Request) -> web.StreamResponse:
@@ -144,6 +147,7 @@ class BatchDesk:
 
     async def _create(self, request: web.Request) -> web.Response:
         data = await request.json()
+        await asyncio.sleep(self.upload_delay)
         file_id = data.get("input_file_id")
         if file_id not in self.contents or data.get("completion_window") != "24h":
             return error_response("openai", 400, "input_file_id must name an uploaded file and "

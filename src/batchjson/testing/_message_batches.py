@@ -48,6 +48,7 @@ class MessageBatches:
     async def _create(self, request: web.Request) -> web.Response:
         self.bodies.append(await request.read())
         data = await request.json()
+        await asyncio.sleep(self.desk.upload_delay)  # the requests are its upload
         lines = data.get("requests") if isinstance(data, dict) else None
         if not isinstance(lines, list) or not lines:
             return error_response("anthropic", 400, "requests: a non-empty list is required")
