@@ -590,7 +590,7 @@ CANCEL_CHILD = textwrap.dedent("""
 
 @pytest.mark.parametrize(("protocol", "after"), [
     ("openai", 0.3), ("openai", 1.3), ("anthropic", 0.3), ("anthropic", 0.7)])
-def test_cancel_during_upload_never_pays_twice(tmp_path, protocol, after):
+def test_cancel_during_upload_never_pays_twice(ledger_at, protocol, after):
     """``batchjson cancel`` from another process while the runner uploads (OpenAI: during the
     file's upload, then during the batch's creation; Anthropic: during the creation, which
     carries the requests): the job is never released under its writer, a batch created after
@@ -598,7 +598,7 @@ def test_cancel_during_upload_never_pays_twice(tmp_path, protocol, after):
     nothing again, and the next run answers each request once in all."""
     from batchjson._cli.commands import main
 
-    target = tmp_path / "l.sqlite"
+    target = ledger_at()
     with LoopbackServer() as srv:
         srv.batches.delay, srv.batches.upload_delay = 0.3, 1.0
         url = srv.base_url if protocol == "openai" else srv.anthropic_base_url
@@ -607,7 +607,7 @@ def test_cancel_during_upload_never_pays_twice(tmp_path, protocol, after):
                                   protocol], env=env, stdout=subprocess.PIPE, text=True)
         try:
             deadline = time.monotonic() + 30
-            while not target.exists() or not ledger_rows(
+            while not (isinstance(target, str) or target.exists()) or not ledger_rows(
                     target, "SELECT id FROM jobs WHERE status = 'recording'"):
                 assert time.monotonic() < deadline and child.poll() is None
                 time.sleep(0.02)
