@@ -634,3 +634,41 @@ def test_cancel_during_upload_never_pays_twice(ledger_at, protocol, after):
         for custom_id, times in srv.batches.lines_answered.items():
             billed[owner[custom_id]] = billed.get(owner[custom_id], 0) + times
         assert sorted(billed.values()) == [1] * 6, billed
+
+
+def test_a_batch_created_after_its_job_was_released_is_known_and_cancelled_there(tmp_path):
+    """The job's writer was only slow (its lease ran out, so it was taken for uncertain) and a
+    person released it while the writer was creating it: the batch the provider created keeps
+    its id on the job and is cancelled at the provider; the run sends nothing again."""
+    from batchjson._session.batches import cancel_job
+
+    target = tmp_path / "l.sqlite"
+    with LoopbackServer() as srv:
+        srv.batches.delay, srv.batches.upload_delay = 0.3, 1.0
+        s = session(srv, target, "anthropic")
+        ran = []
+        import threading
+
+        writer = threading.Thread(target=lambda: ran.append(s.run_batch(
+            "labels", tasks(3), SCHEMA, transport="batch", wait=True, on_exhausted="return")))
+        writer.start()
+        deadline = time.monotonic() + 20
+        while not (target.exists() and ledger_rows(
+                target, "SELECT id FROM jobs WHERE status = 'recording'")):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        time.sleep(0.3)  # inside the creation, which carries the requests
+        from batchjson import Ledger
+
+        held = Ledger(target)
+        held.store.job_uncertain(1, "its writer's lease ran out")
+        assert cancel_job(held, "1")["released"] == 3
+        held.close()
+        writer.join(30)
+        [result] = ran
+        [(provider_id, detail)] = ledger_rows(target, "SELECT provider_job_id, detail FROM jobs")
+        assert provider_id in srv.batches.messages.batches  # known to the ledger
+        assert "created_after_cancel" in detail and "cancel_sent_at" in detail
+        assert srv.batches.messages.batches[provider_id]["cancel_initiated_at"]
+        assert srv.batches.created == 1 and not result.values
+        s.close()

@@ -76,8 +76,9 @@ class JobRunner(Collection):
         self.windows = windows
         # what was on record when the run began: which of a request's receipts are this
         # run's own chain (see _chain)
-        self.open_at_start = {row["id"] for row in self.store.jobs()}
-        self.cancelled_before = {row["id"] for row in self.store.jobs()
+        at_start = self.store.jobs()
+        self.open_at_start = {row["id"] for row in at_start}
+        self.cancelled_before = {row["id"] for row in at_start
                                  if "cancel_requested_at" in detail_of(row)}
         self.watermark = self.store.last_attempt_id()
         writer = Owner.start(self.session_id)
@@ -272,7 +273,8 @@ class JobRunner(Collection):
         except ProviderError as exc:
             self._unsent(job_id, attempts, f"the input file could not be uploaded ({exc})")
             return False
-        if "cancel_requested_at" in detail_of(store.jobs(job=str(job_id))[0]):
+        now_row = store.jobs(job=str(job_id))[0]
+        if now_row["status"] == "cancelled" or "cancel_requested_at" in detail_of(now_row):
             self.stopped.add(job_id)  # nothing created: its requests wait for the next run
             self._unsent(job_id, attempts, "a person cancelled it before it was created")
             return False
