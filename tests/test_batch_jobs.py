@@ -52,6 +52,18 @@ def srv():
         yield server
 
 
+def within(seconds: float, work: Any) -> Any:
+    """``work()``'s value, or a failure (not a hung test) when it has not returned in time."""
+    import threading
+
+    out: list[Any] = []
+    worker = threading.Thread(target=lambda: out.append(work()), daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert out, f"still running after {seconds} s"
+    return out[0]
+
+
 def accepted_per_key(target: Any) -> dict[str, int]:
     rows = ledger_rows(target, "SELECT request_key, COUNT(*) FROM attempts WHERE status = "
                        "'accepted' GROUP BY request_key")
@@ -498,3 +510,165 @@ def test_a_misspelled_batch_fault_is_refused_rather_than_injecting_nothing():
     with pytest.raises(ValueError, match="unknown batch fault.*'all_fail'"):
         BatchFaults(whole="all_fail")
     assert BatchFaults(whole="expire", lines={3: "duplicate"}).lines == {3: "duplicate"}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_wait_ends_when_a_jobs_output_answers_403_and_a_later_run_collects_it(srv, protocol):
+    """A final 4xx while collecting ended no wait (the loop polled for ever): the wait ends
+    with the error named, the job stays open, and a later run collects it once it reads."""
+    s = session(srv, protocol=protocol)
+    srv.batches.refuse_results = 403
+    result = within(20, lambda: s.run_batch("labels", tasks(3), SCHEMA, transport="batch",
+                                            wait=True))
+    assert result.status == "pending" and [j["status"] for j in result.jobs] == ["open"]
+    assert any("could not be read" in note and "403" in note and "wait for it ends" in note
+               for note in result.notes), result.notes
+    srv.batches.refuse_results = None
+    again = s.run_batch("labels", tasks(3), SCHEMA, transport="batch", wait=True)
+    assert again.resolved and len(again.values) == 3 and srv.batches.created == 1
+    s.close()
+
+
+def ended_output(srv: LoopbackServer, protocol: str) -> tuple[dict[str, bytes], str]:
+    """The one job's output as the server keeps it (to craft it), once the job has ended."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if protocol == "anthropic" and srv.batches.messages.results:
+            [batch_id] = srv.batches.messages.results
+            return srv.batches.messages.results, batch_id
+        done = [b for b in srv.batches.batches.values() if b["status"] == "completed"]
+        if done:
+            return srv.batches.contents, done[0]["output_file_id"]
+        time.sleep(0.02)
+    raise AssertionError("the job never ended")
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_an_output_line_that_is_not_utf8_is_refused_and_named_never_admitted(srv, protocol,
+                                                                             tmp_path):
+    """A byte that is not UTF-8 inside an answer was read as U+FFFD and admitted in silence:
+    the line is refused as a provider error named in the notes and its receipt, and asked
+    again, as a live body that is not UTF-8 is refused."""
+    import re
+
+    target = tmp_path / "l.sqlite"
+    s = session(srv, target, protocol=protocol)
+    assert s.run_batch("labels", tasks(2), SCHEMA, transport="batch").status == "pending"
+    files, name = ended_output(srv, protocol)
+    first, rest = files[name].split(b"\n", 1)
+    files[name] = re.sub(rb'(label\\?"\s*:\s*\\?")', lambda m: m[1] + b"\xff", first,
+                                count=1) + b"\n" + rest
+    assert b"\xff" in files[name]
+    result = s.run_batch("labels", tasks(2), SCHEMA, transport="batch", wait=True)
+    assert result.resolved and srv.batches.created == 2  # the refused line asked again
+    assert "\ufffd" not in json.dumps(dict(result.values), ensure_ascii=False)
+    assert any("1 line(s) that are not valid UTF-8" in note for note in result.notes)
+    [(errors,)] = ledger_rows(target, "SELECT errors FROM attempts WHERE status = "
+                              "'provider_error'")
+    assert "not valid UTF-8 (byte" in errors and "refused" in errors
+    s.close()
+
+
+CANCEL_CHILD = textwrap.dedent("""
+    import json, sys
+    from batchjson import Session
+    from batchjson._providers.anthropic import AnthropicProvider
+    from batchjson._providers.openai import OpenAIProvider
+    from tests.test_batch_jobs import SCHEMA, tasks
+    url, target, protocol = sys.argv[1], sys.argv[2], sys.argv[3]
+    provider = (OpenAIProvider("gpt-4o-mini", base_url=url, api_key="sk-test")
+                if protocol == "openai" else
+                AnthropicProvider("claude-haiku-4-5", base_url=url, api_key="sk-test"))
+    s = Session(provider, ledger=target)
+    s.job_poll = 0.05
+    result = s.run_batch("labels", tasks(), SCHEMA, transport="batch", wait=True,
+                         on_exhausted="return")
+    print(json.dumps({"status": result.status, "notes": result.notes}), flush=True)
+    s.close()
+""")
+
+
+@pytest.mark.parametrize(("protocol", "after"), [
+    ("openai", 0.3), ("openai", 1.3), ("anthropic", 0.3), ("anthropic", 0.7)])
+def test_cancel_during_upload_never_pays_twice(ledger_at, protocol, after):
+    """``batchjson cancel`` from another process while the runner uploads (OpenAI: during the
+    file's upload, then during the batch's creation; Anthropic: during the creation, which
+    carries the requests): the job is never released under its writer, a batch created after
+    the cancel is cancelled at the provider and known to the ledger, the waiting run sends
+    nothing again, and the next run answers each request once in all."""
+    from batchjson._cli.commands import main
+
+    target = ledger_at()
+    with LoopbackServer() as srv:
+        srv.batches.delay, srv.batches.upload_delay = 0.3, 1.0
+        url = srv.base_url if protocol == "openai" else srv.anthropic_base_url
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        child = subprocess.Popen([sys.executable, "-c", CANCEL_CHILD, url, str(target),
+                                  protocol], env=env, stdout=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 30
+            while not (isinstance(target, str) or target.exists()) or not ledger_rows(
+                    target, "SELECT id FROM jobs WHERE status = 'recording'"):
+                assert time.monotonic() < deadline and child.poll() is None
+                time.sleep(0.02)
+            time.sleep(after)
+            out = io.StringIO()
+            assert main(["cancel", "1", "--ledger", str(target)], out) == 0
+            assert "still being created by its runner" in out.getvalue(), out.getvalue()
+            ran = json.loads(child.communicate(timeout=60)[0])
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.communicate()
+        assert srv.batches.created <= 1  # the waiting run sent nothing again
+        assert any("cancel" in note for note in ran["notes"]), ran
+        made = set(srv.batches.batches) | set(srv.batches.messages.batches)
+        known = {r[0] for r in ledger_rows(target, "SELECT provider_job_id FROM jobs")}
+        assert made <= known  # every batch the provider billed is on record
+        s = session(srv, target, protocol)
+        again = s.run_batch("labels", tasks(), SCHEMA, transport="batch", wait=True)
+        s.close()
+        assert again.resolved and len(again.values) == 6
+        owner = dict(ledger_rows(target, "SELECT custom_id, request_key FROM job_lines"))
+        billed: dict[str, int] = {}
+        for custom_id, times in srv.batches.lines_answered.items():
+            billed[owner[custom_id]] = billed.get(owner[custom_id], 0) + times
+        assert sorted(billed.values()) == [1] * 6, billed
+
+
+def test_a_batch_created_after_its_job_was_released_is_known_and_cancelled_there(tmp_path):
+    """The job's writer was only slow (its lease ran out, so it was taken for uncertain) and a
+    person released it while the writer was creating it: the batch the provider created keeps
+    its id on the job and is cancelled at the provider; the run sends nothing again."""
+    from batchjson._session.batches import cancel_job
+
+    target = tmp_path / "l.sqlite"
+    with LoopbackServer() as srv:
+        srv.batches.delay, srv.batches.upload_delay = 0.3, 1.0
+        s = session(srv, target, "anthropic")
+        ran = []
+        import threading
+
+        writer = threading.Thread(target=lambda: ran.append(s.run_batch(
+            "labels", tasks(3), SCHEMA, transport="batch", wait=True, on_exhausted="return")))
+        writer.start()
+        deadline = time.monotonic() + 20
+        while not (target.exists() and ledger_rows(
+                target, "SELECT id FROM jobs WHERE status = 'recording'")):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        time.sleep(0.3)  # inside the creation, which carries the requests
+        from batchjson import Ledger
+
+        held = Ledger(target)
+        held.store.job_uncertain(1, "its writer's lease ran out")
+        assert cancel_job(held, "1")["released"] == 3
+        held.close()
+        writer.join(30)
+        [result] = ran
+        [(provider_id, detail)] = ledger_rows(target, "SELECT provider_job_id, detail FROM jobs")
+        assert provider_id in srv.batches.messages.batches  # known to the ledger
+        assert "created_after_cancel" in detail and "cancel_sent_at" in detail
+        assert srv.batches.messages.batches[provider_id]["cancel_initiated_at"]
+        assert srv.batches.created == 1 and not result.values
+        s.close()

@@ -7,6 +7,7 @@ import json
 import time
 
 import anthropic
+import httpx
 import openai
 import pytest
 
@@ -147,3 +148,70 @@ def test_anthropic_sdk_cancels_and_is_refused_a_bad_custom_id():
         with pytest.raises(anthropic.BadRequestError, match="custom_id"):
             client.messages.batches.create(requests=[
                 {"custom_id": "not valid!", "params": message_params("x")}])
+
+
+def test_openai_sdk_lists_files_and_batches_from_the_loopback_server():
+    """``files.list()`` (``GET /v1/files``) answered 405 before: the SDK pages both lists."""
+    with LoopbackServer() as srv:
+        srv.batches.delay = 0.1
+        client = openai.OpenAI(base_url=srv.base_url, api_key="sk-test", max_retries=0)
+        uploads = [client.files.create(file=(f"in{i}.jsonl", (chat_line("a", "A.") + "\n")
+                                             .encode()), purpose="batch").id for i in range(3)]
+        batch = client.batches.create(input_file_id=uploads[0], completion_window="24h",
+                                      endpoint="/v1/chat/completions")
+        wait_for(client, batch.id)
+        assert [f.id for f in client.files.list(purpose="batch")] == uploads[::-1]
+        assert [f.id for f in client.files.list(purpose="batch", limit=2)] == uploads[::-1]
+        page = client.files.list(purpose="batch", limit=2, order="asc")
+        assert [f.id for f in page.data] == uploads[:2] and page.has_more
+        every = {f.id: f.purpose for f in client.files.list()}
+        assert set(uploads) < set(every) and "batch_output" in every.values()
+        assert [b.id for b in client.batches.list()] == [batch.id]
+        with pytest.raises(openai.BadRequestError):
+            client.files.list(limit=0)
+
+
+def test_a_loopback_batch_passes_through_finalizing_before_it_completes():
+    with LoopbackServer() as srv:
+        srv.batches.delay = 0.6  # finalizing for 0.2 s: a poll every 10 ms sees it
+        client = openai.OpenAI(base_url=srv.base_url, api_key="sk-test", max_retries=0)
+        upload = client.files.create(file=("in.jsonl", (chat_line("a", "A.") + "\n").encode()),
+                                     purpose="batch")
+        batch = client.batches.create(input_file_id=upload.id, completion_window="24h",
+                                      endpoint="/v1/chat/completions")
+        seen, deadline = [], time.monotonic() + 10
+        while (not seen or seen[-1] != "completed") and time.monotonic() < deadline:
+            status = client.batches.retrieve(batch.id).status
+            if not seen or seen[-1] != status:
+                seen.append(status)
+            time.sleep(0.01)
+        order = ["validating", "in_progress", "finalizing", "completed"]
+        assert seen[-2:] == order[-2:] and seen == sorted(seen, key=order.index), seen
+        done = client.batches.retrieve(batch.id)
+        assert done.finalizing_at and done.finalizing_at <= done.completed_at
+
+
+def test_anthropic_message_batch_bodies_are_compact_json_as_the_api_writes_them():
+    """Every body of the Message Batches endpoints, results lines and errors included."""
+    with LoopbackServer() as srv:
+        srv.batches.delay = 0.1
+        srv.batches.faults = [BatchFaults(lines={1: "http_400"})]
+        client = anthropic.Anthropic(base_url=srv.anthropic_base_url, api_key="sk-ant-test",
+                                     max_retries=0)
+        created = client.messages.batches.with_raw_response.create(requests=[
+            {"custom_id": f"req-{i}", "params": message_params(f"Label {i}.")}
+            for i in range(2)])
+        batch = created.parse()
+        bodies = [created.http_response.content]
+        deadline = time.monotonic() + 10
+        while batch.processing_status != "ended" and time.monotonic() < deadline:
+            time.sleep(0.05)
+            raw = client.messages.batches.with_raw_response.retrieve(batch.id)
+            batch, _ = raw.parse(), bodies.append(raw.http_response.content)
+        bodies.append(client.messages.batches.with_raw_response.list().http_response.content)
+        bodies += httpx.get(f"{srv.anthropic_base_url}/v1/messages/batches/{batch.id}/"
+                            "results").content.splitlines()
+        bodies.append(httpx.get(f"{srv.anthropic_base_url}/v1/messages/batches/nope").content)
+        for body in bodies:
+            assert body == json.dumps(json.loads(body), separators=(",", ":")).encode(), body
+        assert len(bodies) >= 6

@@ -369,12 +369,16 @@ def test_anthropic_tool_input_is_kept_as_the_exact_text_the_body_carried() -> No
         assert reply.input_tokens == 10
 
 
-def test_a_body_that_is_not_utf8_is_read_and_says_its_tool_input_was_reserialised() -> None:
+def test_a_body_that_is_not_utf8_is_refused_never_read_as_an_answer() -> None:
+    """As a batch output line that is not UTF-8 is (tests/test_batch_jobs.py): a UTF-16 body
+    and a stray byte inside the answer are both refused, never reserialised or replaced."""
     body = ('{"content":[{"type":"tool_use","name":"batchjson_items","input":{"items" : []}}],'
             '"usage":{"input_tokens":1,"output_tokens":1}}')
-    with _Canned(body.encode("utf-16")) as srv:
-        reply = complete(AnthropicProvider("m", base_url=srv.url), items_call())
-    assert reply.text == '{"items": []}' and reply.extra["raw_reserialised"] is True
+    for raw in (body.encode("utf-16"), body.replace("items", "it\udcffems", 1).encode(
+            "utf-8", "surrogateescape")):
+        with _Canned(raw) as srv, pytest.raises(ProviderError, match="not valid UTF-8") as got:
+            complete(AnthropicProvider("m", base_url=srv.url), items_call())
+        assert got.value.retryable and "refused" in str(got.value)
 
 
 def test_openai_content_is_kept_as_the_model_sent_it() -> None:

@@ -325,6 +325,11 @@ def job_lines(jobs: Sequence[Mapping[str, Any]], *, every: bool = False) -> list
 
 def cancel_line(job: Mapping[str, Any]) -> str:
     """What ``batchjson cancel`` says it did."""
+    if job.get("cancel_requested"):
+        return (f"job {job['id']} is still being created by its runner: it cancels it at the "
+                "provider as soon as it is created (nothing is released before; `batchjson "
+                "jobs` shows it), and the next run you start owes its requests; if its runner "
+                "has stopped, the job turns uncertain once its lease runs out: cancel it then")
     if job["status"] == "cancelled":
         return (f"job {job['id']} released: its {job.get('released', 0)} request(s) are owed "
                 "again (their receipts stay, as possibly billed)")

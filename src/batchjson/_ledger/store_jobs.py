@@ -105,17 +105,45 @@ class JobStore(CallStore):
                        "'recording'", (self._clock(tx) + self.lease_seconds, job_id))
 
     def job_submitted(self, job_id: int, provider_job_id: str,
-                      detail: Mapping[str, Any]) -> None:
+                      detail: Mapping[str, Any]) -> bool:
         """The provider created the job: its id, and every line's receipt sent. A job taken
-        for uncertain meanwhile (its writer's lease ran out) is open again: its id is known."""
+        for uncertain meanwhile (its writer's lease ran out) is open again: its id is known.
+        Whether a person cancelled it meanwhile (``request_cancel``, or released it when it
+        was uncertain): then the writer cancels it at the provider, and a released job keeps
+        the id it was created under, so no batch is ever billed unknown to its ledger."""
         stamp = now()
         with self.transaction() as tx:
-            self._exec(tx, "UPDATE jobs SET status = 'open', provider_job_id = ?, "
-                       "submitted_at = ?, detail = ? WHERE id = ? AND status IN "
-                       "('recording', 'uncertain')",
-                       (provider_job_id, stamp, json.dumps(dict(detail)), job_id))
+            status, old = self._job_state(tx, job_id)
+            asked = {k: old[k] for k in ("cancel_requested_at",) if k in old}
+            if status in ("recording", "uncertain"):
+                self._exec(tx, "UPDATE jobs SET status = 'open', provider_job_id = ?, "
+                           "submitted_at = ?, detail = ? WHERE id = ?",
+                           (provider_job_id, stamp, json.dumps({**detail, **asked}), job_id))
+            else:  # released by a person meanwhile: its receipts stay cancelled
+                self._exec(tx, "UPDATE jobs SET provider_job_id = ?, detail = ? WHERE id = ?",
+                           (provider_job_id, json.dumps({**old, **detail,
+                                                         "created_after_cancel": stamp}),
+                            job_id))
             self._exec(tx, "UPDATE attempts SET sent_at = ? WHERE id IN (SELECT attempt_id "
                        "FROM job_lines WHERE job_id = ?)", (stamp, job_id))
+        return bool(asked) or status not in ("recording", "uncertain")
+
+    def request_cancel(self, job_id: int) -> bool:
+        """A person asks to cancel a job its writer is still creating (it may create it at
+        the provider any moment, so it is not released): recorded for the writer to honour
+        once it is created (``job_submitted``). False when the job is no longer recording."""
+        with self.transaction() as tx:
+            status, old = self._job_state(tx, job_id)
+            if status != "recording":
+                return False
+            self._exec(tx, "UPDATE jobs SET detail = ? WHERE id = ?",
+                       (json.dumps({**old, "cancel_requested_at": now()}), job_id))
+        return True
+
+    def _job_state(self, tx: Tx, job_id: int) -> tuple[str, dict[str, Any]]:
+        status, detail = self._exec(tx, "SELECT status, detail FROM jobs WHERE id = ?",
+                                    (job_id,)).fetchone()
+        return status, dict(json.loads(detail or "{}"))
 
     def job_detail(self, job_id: int, detail: Mapping[str, Any]) -> None:
         with self.transaction() as tx:
@@ -123,10 +151,12 @@ class JobStore(CallStore):
                        (json.dumps(dict(detail)), job_id))
 
     def job_uncertain(self, job_id: int, why: str) -> None:
-        """A job that may have been created (and billed) without its id on record."""
+        """A job that may have been created (and billed) without its id on record (a cancel
+        a person asked for is kept)."""
         with self.transaction() as tx:
+            old = self._job_state(tx, job_id)[1]
             self._exec(tx, "UPDATE jobs SET status = 'uncertain', detail = ? WHERE id = ? AND "
-                       "status = 'recording'", (json.dumps({"why": why}), job_id))
+                       "status = 'recording'", (json.dumps({**old, "why": why}), job_id))
 
     def end_job(self, tx: Tx, job_id: int, status: str, detail: Mapping[str, Any],
                 was: Sequence[str] = ("open",)) -> bool:

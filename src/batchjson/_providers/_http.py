@@ -140,12 +140,18 @@ async def exchange(session: aiohttp.ClientSession, method: str, url: str, body: 
 def decoded(raw: bytes, status: int, resp_headers: Mapping[str, str], provider: str,
              secrets: Secrets) -> Answer:
     """A successful response's JSON object and its exact text; a body that is not one is a
-    ProviderError (retryable when it looks cut off)."""
+    ProviderError (retryable when it looks cut off). A body that is not UTF-8 is refused, as a
+    batch output line that is not is (``batch_client.OutputLines``): no answer is read from
+    bytes that had to be guessed at."""
     text: str | None
     try:
         text = raw.decode("utf-8-sig")  # a byte-order mark is not part of the document
-    except UnicodeDecodeError:
-        text = None  # json.loads still reads UTF-16/32 bodies; there is no text to slice
+    except UnicodeDecodeError as exc:
+        if exc.reason != "unexpected end of data":  # a cut inside a character: cut off, below
+            raise ProviderError(f"{provider}: HTTP {status} body is not valid UTF-8 (byte "
+                                f"{exc.start}); refused, never read as an answer",
+                                status=status, retryable=True) from None
+        text = None
     try:
         data = json.loads(raw if text is None else text)
     except (ValueError, UnicodeDecodeError, RecursionError):

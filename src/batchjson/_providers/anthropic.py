@@ -125,7 +125,7 @@ class AnthropicProvider(HttpProvider):
         cost = self._cost(model, inp, out, read, written, price_factor)
         extra = {"stop_reason": data.get("stop_reason"), "id": data.get("id")}
         if found is not None and not found[1]:
-            extra["raw_reserialised"] = True  # the body was not UTF-8: no exact text to keep
+            extra["raw_reserialised"] = True  # no exact text of the input found to keep
         if written:
             extra["cache_creation_input_tokens"] = written
         model, extra = self._shown(model, extra)

@@ -20,6 +20,7 @@ from .pricing import batch_share
 from .upload import Upload
 
 LONGEST_ID = "bj_" + "0" * 48  # the length of every custom_id (_ledger/store_jobs.custom_id)
+NOT_UTF8 = "__not_utf8__"  # an output line's first byte that is not UTF-8 (OutputLines)
 
 
 class BatchClient:
@@ -130,7 +131,9 @@ class OutputLines:
     """A job's result files as lines, parsed one at a time each time they are iterated (a
     collection reads them twice: to count each ``custom_id``, then to judge): only the files'
     bytes are held, never every parsed line. Lines are split at newlines alone (JSON Lines), so
-    a U+2028 inside a string never cuts one; blank lines are skipped."""
+    a U+2028 inside a string never cuts one; blank lines are skipped. A line that is not valid
+    UTF-8 is read only for its ``custom_id``: it carries :data:`NOT_UTF8` (the first bad byte),
+    and its receipt is refused (``job_collect``), as a live body that is not UTF-8 is."""
 
     def __init__(self, files: Sequence[bytes], parse: Callable[[str], Any]) -> None:
         self.files, self.parse = files, parse
@@ -138,6 +141,12 @@ class OutputLines:
     def __iter__(self) -> Iterator[Any]:
         for raw in self.files:
             for line in io.BytesIO(raw):
-                text = line.decode("utf-8", "replace").rstrip("\r\n")
+                try:
+                    text, bad = line.decode("utf-8"), None
+                except UnicodeDecodeError as exc:
+                    text, bad = line.decode("utf-8", "replace"), exc.start
+                text = text.rstrip("\r\n")
                 if text.strip():
-                    yield self.parse(text)
+                    parsed = self.parse(text)
+                    yield ({**parsed, NOT_UTF8: bad} if bad is not None
+                           and isinstance(parsed, dict) else parsed)

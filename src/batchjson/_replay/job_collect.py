@@ -17,7 +17,9 @@ from typing import Any
 from .._acceptance import judge as acceptance
 from .._content.tasks import Request
 from .._errors import ProviderError
+from .._ledger.records import now
 from .._ledger.store import Store
+from .._providers.batch_client import NOT_UTF8
 from .._providers.reply import received
 from .._providers.settings import declared_output_cap
 from .budget import Spender, charge_line, charge_of
@@ -39,6 +41,9 @@ class Collection:
     reservations: dict[int, float]
     result: Any  # a JobsOutcome
     watched: set[int]
+    unreadable: set[int]  # open jobs whose reading failed with a final 4xx: not waited for
+    stopped: set[int]  # jobs a person cancelled during the run: none of their requests resent
+    cancelled_before: set[int]  # jobs asked to cancel before the run began
     chunk: int
     on_progress: Callable[[int], None] | None
 
@@ -59,6 +64,9 @@ class Collection:
                 row = await self._recover(row)
             if row["status"] != "open":
                 continue
+            if "cancel_requested_at" in detail_of(row):
+                await self._cancel_asked(row)
+                row = self.store.jobs(job=str(row["id"]))[0]  # what it recorded
             try:
                 batch = await self.client.poll(row["provider_job_id"])
                 status = self.client.status(batch)
@@ -66,13 +74,47 @@ class Collection:
                     await self._collect(row, batch)
                     continue
             except ProviderError as exc:  # the job stays open: the next run looks again
-                self.result.notes.append(f"job {row['id']} ({row['provider_job_id']}) could "
-                                         f"not be read this time: {exc}")
+                final = not exc.retryable and 400 <= (exc.status or 0) < 500
+                if final:  # asking again will not help: no wait for it (see JobRunner.run)
+                    self.unreadable.add(row["id"])
+                self.result.notes.append(
+                    f"job {row['id']} ({row['provider_job_id']}) could not be read this time: "
+                    f"{exc}" + ("; the wait for it ends, and it stays open for a later run or "
+                                "%batch_status to collect" if final else ""))
                 continue
             self.store.job_detail(row["id"], {**detail_of(row), "provider_status": status,
                                               "counts": self.client.counts(batch)})
         before = set(self.watched)
-        return sorted(before - {row["id"] for row in self._open_rows()})
+        gone = sorted(before - {row["id"] for row in self._open_rows()})
+        for job_id in gone:
+            if job_id not in self.cancelled_before and (
+                    self.store.jobs(job=str(job_id))[0]["status"] == "cancelled"):
+                self.stopped.add(job_id)
+                self.result.notes.append(
+                    f"job {job_id} was cancelled while this run watched it: none of its "
+                    "requests is sent again by this run; the next run you start owes them")
+        return [job_id for job_id in gone if job_id not in self.stopped]
+
+    async def _cancel_asked(self, row: Mapping[str, Any]) -> None:
+        """A job a person asked to cancel while its writer was creating it (or released
+        meanwhile) is cancelled at the provider once its id is known, and that is recorded."""
+        detail = detail_of(row)
+        if row["id"] not in self.cancelled_before:
+            self.stopped.add(row["id"])
+        if "cancel_sent_at" in detail:
+            return
+        try:
+            batch = await self.client.cancel(row["provider_job_id"])
+        except ProviderError as exc:
+            self.result.notes.append(
+                f"job {row['id']} ({row['provider_job_id']}) was cancelled by a person while "
+                f"it was created, but the provider could not be asked to cancel it: {exc}")
+            return
+        self.store.job_detail(row["id"], {**detail, "cancel_sent_at": now(),
+                                          "provider_status": self.client.status(batch)})
+        self.result.notes.append(
+            f"job {row['id']} ({row['provider_job_id']}) was cancelled at the provider, as a "
+            "person asked while it was being created")
 
     async def _recover(self, row: Mapping[str, Any]) -> Mapping[str, Any]:
         """An uncertain job found at the provider by the uid it was created with (OpenAI keeps
@@ -114,16 +156,21 @@ class Collection:
                 came[cid] = came.get(cid, 0) + 1
             else:
                 unknown.append(str(cid)[:80])
-        writes = []
+        writes, garbled = [], 0
         once = (out for out in outs if came.get(self.client.line_id(out)) == 1)
         for part in _batched(once, WINDOW):
             cids = [self.client.line_id(out) for out in part]
             requests = self.store.requests_by_keys([lines[c]["request_key"] for c in cids])
             for cid, out in zip(cids, part, strict=True):
                 line = lines[cid]
-                writes.append(await self._judge_line(
-                    line, self.client.outcome(out, bool(line["wrapped"])),
-                    requests[line["request_key"]]))
+                got = self.client.outcome(out, bool(line["wrapped"]))
+                if NOT_UTF8 in out:
+                    got, garbled = _not_utf8(got, out[NOT_UTF8]), garbled + 1
+                writes.append(await self._judge_line(line, got, requests[line["request_key"]]))
+        if garbled:
+            self.result.notes.append(
+                f"job {row['id']} ({row['provider_job_id']}) returned {garbled} line(s) that "
+                "are not valid UTF-8: refused as provider errors, never read as answers")
         for cid, line in lines.items():
             if came.get(cid) != 1:
                 writes.append(self._failed_line(line, _lost(cid, came.get(cid, 0), whole,
@@ -150,15 +197,16 @@ class Collection:
                      ) -> Callable[[Any], None]:
         """The write completing a receipt whose line brought no answer (never billed)."""
         store, out = self.store, self.result.outcome
-        attempt_id = line["attempt_id"]
-        charge_line(self.spender, self.reservations.pop(attempt_id, None), 0.0)
+        attempt_id, usage = line["attempt_id"], got.usage or {}
+        cost = usage.get("cost") or 0.0  # billed only when it brought a reply (not UTF-8)
+        charge_line(self.spender, self.reservations.pop(attempt_id, None), cost)
         out.calls += 1
         out.provider_errors += 1
         errors = [{"type": "provider_error", "task_id": None, "status": got.status,
                    "retryable": got.retryable, "message": f"provider failed{_http(got)}: {got}"}]
-        charge = 0.0 if self.spender.shared is not None else None
+        charge = cost if self.spender.shared is not None else None
         return lambda tx: store.finish_call(tx, attempt_id, "provider_error", errors, None,
-                                            got.usage or {}, charge=charge)
+                                            usage, charge=charge)
 
     async def _judge_line(self, line: Mapping[str, Any], got: Any, request: Request
                           ) -> Callable[[Any], None]:
@@ -216,6 +264,13 @@ def _lost(custom_id: str, came: int, whole: str | None, status: str) -> Provider
     else:
         why = f"custom_id {custom_id} is missing from the output of a {status} job"
     return ProviderError(why, retryable=True)
+
+
+def _not_utf8(got: Any, at: int) -> ProviderError:
+    """A line that was not valid UTF-8, refused; the usage of the reply it brought is kept."""
+    usage = {} if isinstance(got, ProviderError) else _usage(got)
+    return ProviderError(f"its output line is not valid UTF-8 (byte {at}): refused, never "
+                         "read as an answer", usage=usage, retryable=True)
 
 
 def _batched(items: Iterable[Any], size: int) -> Iterator[list[Any]]:

@@ -64,6 +64,9 @@ class JobRunner(Collection):
         self.result = JobsOutcome(Outcome())
         self.chunk = client.max_requests  # lines per job; halved after token_limit_exceeded
         self.watched: set[int] = set()  # ids of the unfinished jobs holding a request of it
+        self.unreadable: set[int] = set()
+        self.stopped: set[int] = set()  # jobs a person cancelled while this run ran
+        self.cancelled_before: set[int] = set()  # ... and those asked to cancel before it
         self.short = False  # a submission stopped short: the next pass looks at every request
         self._system = system_prompt(plan)
 
@@ -73,7 +76,10 @@ class JobRunner(Collection):
         self.windows = windows
         # what was on record when the run began: which of a request's receipts are this
         # run's own chain (see _chain)
-        self.open_at_start = {row["id"] for row in self.store.jobs()}
+        at_start = self.store.jobs()
+        self.open_at_start = {row["id"] for row in at_start}
+        self.cancelled_before = {row["id"] for row in at_start
+                                 if "cancel_requested_at" in detail_of(row)}
         self.watermark = self.store.last_attempt_id()
         writer = Owner.start(self.session_id)
         try:
@@ -84,8 +90,8 @@ class JobRunner(Collection):
                 ended = await self._collect_ended()
                 if ended:  # follow-ups of what they held
                     rescan = await self._submit_over(self._held_by(ended), writer) or rescan
-                running = [row for row in self._open_rows()
-                           if row["status"] in ("open", "recording")]
+                running = [row for row in self._open_rows() if row["status"] in (
+                    "open", "recording") and row["id"] not in self.unreadable]
                 if not wait or not running:
                     break
                 await asyncio.sleep(self.poll)
@@ -118,6 +124,8 @@ class JobRunner(Collection):
         owed = []
         for request in free:
             rows = self._chain(request, history.get(request.key, []))
+            if rows and rows[-1]["job_id"] in self.stopped:  # owed to the next run
+                continue
             step = self._next(request, rows, request.key in tried)
             if step is not None:
                 owed.append((request, *step))
@@ -265,6 +273,11 @@ class JobRunner(Collection):
         except ProviderError as exc:
             self._unsent(job_id, attempts, f"the input file could not be uploaded ({exc})")
             return False
+        now_row = store.jobs(job=str(job_id))[0]
+        if now_row["status"] == "cancelled" or "cancel_requested_at" in detail_of(now_row):
+            self.stopped.add(job_id)  # nothing created: its requests wait for the next run
+            self._unsent(job_id, attempts, "a person cancelled it before it was created")
+            return False
         try:
             batch = await self._renewing(job_id, self.client.create(
                 file_id, {"batchjson_job": uid}))
@@ -275,8 +288,10 @@ class JobRunner(Collection):
                 store.job_uncertain(job_id, f"creating the job failed without an answer "
                                     f"({exc}); it may exist and be billed")
             return False
-        store.job_submitted(job_id, str(batch["id"]), {"input_file_id": file_id,
-                                                        "provider_status": batch.get("status")})
+        if store.job_submitted(job_id, str(batch["id"]), {
+                "input_file_id": file_id, "provider_status": batch.get("status")}):
+            await self._cancel_asked(store.jobs(job=str(job_id))[0])
+            return True
         self.result.submitted += body.lines
         return True
 

@@ -121,7 +121,9 @@ def cancel_job(ledger: Ledger, job: str, *, provider: Any = None) -> dict[str, A
     """Cancel job ``job`` (its number, provider id or uid) and record it. An open job is
     cancelled at the provider (``provider``: the one to ask, else one built from the job's
     model and endpoint with the key from the environment) and collected by the next run: what
-    ended is kept, the rest is owed again. A job whose provider id was never recorded is
+    ended is kept, the rest is owed again. A job its runner is still creating is never
+    released (it may be created any moment): the runner is asked to cancel it at the provider
+    once created. An uncertain one (its runner gone before its provider id was recorded) is
     released at once, its receipts kept as possibly billed."""
     store = ledger.store
     store.lost_recordings()
@@ -129,7 +131,10 @@ def cancel_job(ledger: Ledger, job: str, *, provider: Any = None) -> dict[str, A
     if not rows:
         raise InvalidBatch(f"no batch job {job!r} in this ledger; `batchjson jobs` lists them")
     row = rows[0]
-    if row["status"] in ("recording", "uncertain"):
+    if row["status"] == "recording" and store.request_cancel(row["id"]):
+        return {**job_view(row), "cancel_requested": True}
+    row = store.jobs(job=str(row["id"]))[0]  # as it stands after that
+    if row["status"] == "uncertain":
         store.cancel_job(row["id"], "cancelled by a person before its provider id was "
                          "recorded", sent=True, was=("recording", "uncertain"))
         return {**job_view(row), "status": "cancelled", "released": row["requests"]}
@@ -146,6 +151,6 @@ def cancel_job(ledger: Ledger, job: str, *, provider: Any = None) -> dict[str, A
 
     batch = asyncio.run(cancel())
     detail = {**json.loads(row["detail"] or "{}"), "cancel_requested_at": now(),
-              "provider_status": client.status(batch)}
+              "cancel_sent_at": now(), "provider_status": client.status(batch)}
     store.job_detail(row["id"], detail)
     return {**job_view(row), "provider_status": client.status(batch)}

@@ -7,7 +7,8 @@ would be and the batch ends ``completed`` with an output and an error file. Faul
 per batch, in the order batches are created: ``whole`` (``"fail_validation"``,
 ``"token_limit"``, ``"expire"``, ``"all_failed"``) and ``lines`` (line index -> ``"errored"``,
 ``"expired"``, ``"http_400"``, ``"duplicate"``, ``"unknown"``), and ``shuffle`` reverses the
-output order.
+output order. ``refuse_results`` (an HTTP status) answers every job's output with it;
+``upload_delay`` slows each upload and creation (a large file, a slow link).
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ class BatchDesk:
         self.page_limit = 100  # the most batches one page of the list holds (tests lower it)
         self.listed = 0  # pages of the batch list served
         self.lines_answered: Counter[str] = Counter()  # custom_id -> times answered
+        self.refuse_results: int | None = None  # an HTTP status every job's output answers
+        self.upload_delay = 0.0  # seconds an upload, and a batch's creation, take once received
         self._tasks: set[asyncio.Task] = set()
         self._made: Counter[str] = Counter()
         self.messages = MessageBatches(self)  # Anthropic's Message Batches
@@ -76,6 +79,7 @@ class BatchDesk:
     def routes(self, app: web.Application) -> None:
         self.messages.routes(app)
         app.router.add_post("/v1/files", self._upload)
+        app.router.add_get("/v1/files", self._files)
         app.router.add_get("/v1/files/{id}/content", self._content)
         app.router.add_get("/v1/files/{id}", self._file)
         app.router.add_post("/v1/batches", self._create)
@@ -97,10 +101,14 @@ class BatchDesk:
         if purpose != "batch" or not hasattr(upload, "file"):
             return error_response("openai", 400, "expected purpose=batch and a file")
         data = upload.file.read()
+        await asyncio.sleep(self.upload_delay)
         return web.json_response(self._keep(data, "batch", upload.filename or "input.jsonl"))
 
     async def _content(self, request: web.Request) -> web.StreamResponse:
         data = self.contents.get(request.match_info["id"])
+        if self.refuse_results and self.files.get(request.match_info["id"], {}).get(
+                "purpose") == "batch_output":
+            return error_response("openai", self.refuse_results, "loopback: refused")
         if data is None:
             return error_response("openai", 404, "No such File object")
         return web.Response(body=data, content_type="application/octet-stream")
@@ -113,12 +121,33 @@ class BatchDesk:
         return item if item is not None else error_response("openai", 404,
                                                             f"No such {what} object")
 
+    async def _files(self, request: web.Request) -> web.Response:
+        """As OpenAI lists files: ``purpose`` filters, ``order`` (default ``desc``), ``limit``
+        (1 to 10,000) at a time, ``after`` the id of the last one of the previous page."""
+        query = request.query
+        files = [f for f in self.files.values() if query.get("purpose") in (None, f["purpose"])]
+        if query.get("order", "desc") == "desc":
+            files.reverse()  # created in order, so newest last
+        after = query.get("after")
+        if after is not None:
+            ids = [f["id"] for f in files]
+            files = files[ids.index(after) + 1:] if after in ids else []
+        limit = query.get("limit", "10000")
+        if not (limit.isdigit() and 1 <= int(limit) <= 10_000) or query.get(
+                "order", "desc") not in ("asc", "desc"):
+            return error_response("openai", 400, "limit must be 1 to 10000, order asc or desc")
+        page = files[:int(limit)]
+        return web.json_response({
+            "object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": len(files) > len(page)})
+
     async def _file(self, request: web.Request) -> web.Response:
         meta = self._found(self.files, request, "File")
         return meta if isinstance(meta, web.Response) else web.json_response(meta)
 
     async def _create(self, request: web.Request) -> web.Response:
         data = await request.json()
+        await asyncio.sleep(self.upload_delay)
         file_id = data.get("input_file_id")
         if file_id not in self.contents or data.get("completion_window") != "24h":
             return error_response("openai", 400, "input_file_id must name an uploaded file and "
@@ -221,15 +250,20 @@ class BatchDesk:
             batch.update(status="in_progress", in_progress_at=int(time.time()))
             await asyncio.sleep(self.delay * 2 / 3)
         if batch["status"] == "cancelling":
-            return self._finish(batch, [], [self._lost(line, "cancelled") for line in lines],
-                                "cancelled")
+            return await self._finish(batch, [], [self._lost(line, "cancelled")
+                                                  for line in lines], "cancelled")
         output, errors = await self._lines(lines, faults, self._answer, self._lost)
-        self._finish(batch, output, errors, "expired" if faults.whole == "expire"
-                     else "completed")
+        await self._finish(batch, output, errors, "expired" if faults.whole == "expire"
+                           else "completed")
 
-    def _finish(self, batch: dict[str, Any], output: list, errors: list, status: str) -> None:
+    async def _finish(self, batch: dict[str, Any], output: list, errors: list,
+                      status: str) -> None:
+        """Counted, then ``finalizing`` for a third of ``delay`` (a poll sees it, as at
+        OpenAI), then ended with its files."""
         batch["request_counts"].update(completed=len(output), failed=len(errors))
-        batch.update(status="finalizing", finalizing_at=int(time.time()))
+        if status != "cancelled":
+            batch.update(status="finalizing", finalizing_at=int(time.time()))
+            await asyncio.sleep(self.delay / 3)
         for name, rows in (("output_file_id", output), ("error_file_id", errors)):
             if rows:
                 data = "".join(json.dumps(r) + "\n" for r in rows).encode()

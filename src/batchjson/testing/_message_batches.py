@@ -10,6 +10,7 @@ import asyncio
 import json
 import re
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from ._batches import BatchDesk, BatchFaults
 
 CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+compact = partial(json.dumps, separators=(",", ":"))  # Anthropic's JSON has no spaces
 
 
 def _stamp(offset: float = 0.0) -> str:
@@ -46,6 +48,7 @@ class MessageBatches:
     async def _create(self, request: web.Request) -> web.Response:
         self.bodies.append(await request.read())
         data = await request.json()
+        await asyncio.sleep(self.desk.upload_delay)  # the requests are its upload
         lines = data.get("requests") if isinstance(data, dict) else None
         if not isinstance(lines, list) or not lines:
             return error_response("anthropic", 400, "requests: a non-empty list is required")
@@ -67,19 +70,19 @@ class MessageBatches:
                  "_results_url": f"http://{host}/v1/messages/batches/{batch_id}/results"}
         self.batches[batch_id] = batch
         self.desk._schedule(self._run(batch, lines, faults))
-        return web.json_response(_shown(batch))
+        return web.json_response(_shown(batch), dumps=compact)
 
     async def _list(self, request: web.Request) -> web.Response:
         data = [_shown(b) for b in self.batches.values()]
         return web.json_response({"data": data, "has_more": False,
                                   "first_id": data[0]["id"] if data else None,
-                                  "last_id": data[-1]["id"] if data else None})
+                                  "last_id": data[-1]["id"] if data else None}, dumps=compact)
 
     async def _get(self, request: web.Request) -> web.Response:
         batch = self.batches.get(request.match_info["id"])
         if batch is None:
             return error_response("anthropic", 404, "message batch not found")
-        return web.json_response(_shown(batch))
+        return web.json_response(_shown(batch), dumps=compact)
 
     async def _cancel(self, request: web.Request) -> web.Response:
         batch = self.batches.get(request.match_info["id"])
@@ -87,10 +90,12 @@ class MessageBatches:
             return error_response("anthropic", 404, "message batch not found")
         if batch["processing_status"] == "in_progress":
             batch.update(processing_status="canceling", cancel_initiated_at=_stamp())
-        return web.json_response(_shown(batch))
+        return web.json_response(_shown(batch), dumps=compact)
 
     async def _results(self, request: web.Request) -> web.Response:
         data = self.results.get(request.match_info["id"])
+        if self.desk.refuse_results:
+            return error_response("anthropic", self.desk.refuse_results, "loopback: refused")
         if data is None:
             return error_response("anthropic", 404, "results are available once the batch "
                                   "has ended")
@@ -109,7 +114,7 @@ class MessageBatches:
         for row in rows:
             kind = row["result"]["type"]
             counts[kind] = counts.get(kind, 0) + 1
-        self.results[batch["id"]] = "".join(json.dumps(r) + "\n" for r in rows).encode()
+        self.results[batch["id"]] = "".join(compact(r) + "\n" for r in rows).encode()
         batch.update(processing_status="ended", ended_at=_stamp(),
                      results_url=batch["_results_url"])
 

@@ -66,7 +66,9 @@ def error_response(protocol: str, status: int, message: str, code: str | None = 
         body = {"error": {"message": message,
                           "type": kind or _OPENAI_TYPES.get(status, "server_error"),
                           "param": param, "code": code}}
-    return web.Response(status=status, body=json.dumps(body).encode(), headers=out)
+    compact = (",", ":") if protocol == "anthropic" else None  # as each API writes it
+    return web.Response(status=status, body=json.dumps(body, separators=compact).encode(),
+                        headers=out)
 
 
 def unauthorized(protocol: str, key: str | None, request_id: str | None = None) -> web.Response:
