@@ -355,9 +355,12 @@ def _described(result: BatchResult, state: Run,
         result.notes.append(f"the judging reads what no fingerprint can see ("
                             f"{'; '.join(state.blind)}): stored answers were re-judged under "
                             "the rules as they are now, not reused on trust")
-    if state.rechecked:
+    if state.rechecked:  # an accepted repair's answer is evidence like any other
+        repaired = sum(row["kind"] == "repair" for _, row, _ in state.rechecked)
         result.notes.append(f"{len(state.rechecked)} request(s) resolved by re-judging earlier "
-                            "returns under the new rules (no calls)")
+                            "returns under the new rules (no calls)" + (
+                                f"; {repaired} of them came from repair calls" if repaired
+                                else ""))
     return result
 
 
