@@ -2,11 +2,13 @@
 
 An old system's receipt may say ``status: ok`` for a return whose items name the wrong case.
 Every imported return is therefore judged again by the same acceptance code a live call goes
-through (coverage, identity, schema, and the validator when one is registered under the recorded
-name). A return with an identity error is kept as diagnostic material and none of its items is
-admitted, whatever it claims. Every imported line is an attempt in the account, and a line is
-imported once: its digest is recorded in the ``imports`` table. (batchjson's own export
-format is ``export.py``'s.)
+through (coverage, identity, schema, and the validator the receipt names, which the user gives;
+a file naming one not given is refused unless the user opts out, when its receipts are kept
+unverified: shown and exported, never admitted). A return with an identity error is kept as
+diagnostic material and none of its items is admitted, whatever it claims. Every imported line
+is an attempt in the account, and a line is imported once: its digest is recorded in the
+``imports`` table. (batchjson's own export format is ``export.py``'s; a merge rechecks another
+ledger's accepted attempts by the same path, :func:`recheck_receipt`.)
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from .._content.schema import ItemSchema, compile_schema
 from .._content.strictjson import finite_float, reject_constant
 from .._content.tasks import Identity, Request, normalize_identity, normalize_tasks, sha
 from .._errors import InvalidBatch
+from .._fingerprint.fingerprint import Fingerprint, fingerprint_function
 from .export import EXPORT_FORMAT
 from .import_revisions import Placement, group_lines, revision_for, settle
 from .records import now
@@ -158,8 +161,12 @@ def _jsonl_lines(text: str) -> Iterable[str]:
         yield line[:-1] if line.endswith("\r") else line
 
 
-def read_lines(path: Path, validators: Mapping[str, Any]) -> list[Line]:
-    """Parse and check every line first, so a bad file is refused before anything is written."""
+def read_lines(path: Path, validators: Mapping[str, Any],
+               without_validator: bool | None = None) -> list[Line]:
+    """Parse and check every line first, so a bad file is refused before anything is written;
+    unless ``without_validator`` is None, also one naming a validator not in ``validators``
+    (without the opt-out)."""
+    validators = registry_view(validators)
     try:
         with path.open("rb") as head:
             if head.read(16) == b"SQLite format 3\x00":
@@ -181,6 +188,15 @@ def read_lines(path: Path, validators: Mapping[str, Any]) -> list[Line]:
     if not out:
         raise InvalidBatch(f"{path} holds no receipts (expected JSON Lines, one receipt per "
                            "line)")
+    missing = sorted({line.record["validator"] for line in out if line.record.get("validator")
+                      and line.record["validator"] not in validators})
+    if missing and without_validator is False:
+        raise InvalidBatch(
+            f"{path}: its receipts name validator(s) {', '.join(map(repr, missing))}, not given "
+            "here, so their items cannot be rechecked; give each (batchjson import FILE "
+            "--validator NAME=module:function; import_receipts(path, validators={NAME: fn})), "
+            "or keep those receipts unverified, never admitted (--without-validator; "
+            "without_validator=True); nothing was imported")
     return out
 
 
@@ -291,13 +307,31 @@ def _identity_rule(path: Path, number: int, record: Mapping[str, Any], own: bool
     return identity
 
 
-def _registry_view(validators: Any) -> dict[str, Any]:
-    """name -> current ValidatorVersion, from a session's registry (or nothing)."""
+@dataclass(frozen=True)
+class GivenValidator:
+    """A validator function the user handed to an import or a merge, under its name."""
+
+    name: str
+    fn: Callable[..., Any]
+    fingerprint: Fingerprint
+
+
+def registry_view(validators: Any) -> dict[str, Any]:
+    """name -> validator version (``.fn``, ``.fingerprint``), from a session's registry, a
+    mapping of names to versions or functions, or functions named by ``__name__``."""
     if validators is None:
         return {}
-    if isinstance(validators, Mapping):
-        return dict(validators)
-    return {v.name: v for v in validators}
+    pairs = (validators.items() if isinstance(validators, Mapping) else
+             [(getattr(v, "name", None) or getattr(v, "__name__", None), v) for v in validators])
+    out = {}
+    for name, given in pairs:
+        if not hasattr(given, "fn"):
+            if not callable(given) or not isinstance(name, str) or not name:
+                raise InvalidBatch(f"validators must map names to functions (or list named "
+                                   f"functions); got {name!r}: {type(given).__name__}")
+            given = GivenValidator(name, given, fingerprint_function(given))
+        out[name] = given
+    return out
 
 
 def _judge(line: Line, validator: Callable[..., Any] | None) -> Verdict:
@@ -327,17 +361,18 @@ def _identity_errors(errors: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]
             for e in errors if e.get("type") == "identity"]
 
 
-def import_receipts(store: Store, path: str | Path, *,
-                    validators: Any = None) -> dict[str, Any]:
+def import_receipts(store: Store, path: str | Path, *, validators: Any = None,
+                    without_validator: bool = False) -> dict[str, Any]:
     """Import a JSONL file of receipts into the ledger; returns the report (see
     docs/recovery.md).
 
-    ``validators`` is a session's registry (or a name -> ValidatorVersion mapping): a receipt
-    naming a validator registered there is rechecked by it.
+    ``validators`` (see :func:`registry_view`) rechecks each receipt naming one; a file naming
+    a validator not given is refused unless ``without_validator``, when those receipts are
+    kept unverified (never admitted).
     """
     path = Path(path)
-    registry = _registry_view(validators)
-    lines = read_lines(path, registry)
+    registry = registry_view(validators)
+    lines = read_lines(path, registry, bool(without_validator))
     outcomes: list[Outcome] = []
     source = str(path)
     groups, placed = group_lines(lines), Placement()
@@ -418,11 +453,17 @@ def _judged(line: Line, version: Any, out: Outcome) -> tuple[str, list, dict[str
     """(status, errors, stored items) of one imported receipt, its outcome said in ``out``."""
     rec = line.record
     claimed, name = str(rec.get("status")), rec.get("validator")
-    success = claimed.strip().lower() in SUCCESS_WORDS
-    if line.own and rec.get("raw") is None:
+    success = claimed.strip().lower() in SUCCESS_WORDS or _only_unverified(rec)
+    if line.own and (rec.get("raw") is None or not success):  # as its own ledger judged it
         status, errors = _exported_status(rec), list(rec.get("errors") or [])
         out.outcome, out.reason, out.errors = "recorded", f"exported {status} attempt", errors
         return status, errors, {}
+    if name and version is None:  # the user opted out of its validator
+        errors = [{"type": "unverified", "task_id": None, "message":
+                   f"its validator {name!r} was not given (imported without it), so it is kept "
+                   "unverified: shown and exported, never admitted"}]
+        out.outcome, out.reason, out.errors = "unverified", errors[0]["message"], errors
+        return "rejected", errors, {}
     verdict = _judge(line, version.fn if version is not None else None)
     identity = _identity_errors(verdict.errors)
     if identity:
@@ -437,27 +478,35 @@ def _judged(line: Line, version: Any, out: Outcome) -> tuple[str, list, dict[str
                       for e in verdict.errors]
         out.reason = f"recheck rejected it ({verdict.errors[0]['type']}); claimed {claimed!r}"
         return "rejected", verdict.errors, {}
-    if not success and (not rec.get("schema") or (name and version is None)):
-        missing = (f"its validator {name!r} is not registered here" if rec.get("schema")
-                   else "it carries no schema")
+    if not success and not rec.get("schema"):
         errors = [{"type": "unverified", "task_id": None, "message":
-                   f"receipt claimed {claimed!r} and {missing}, so the recheck cannot "
-                   "overrule the claim"}]
+                   f"receipt claimed {claimed!r} and it carries no schema, so the recheck "
+                   "cannot overrule the claim"}]
         out.outcome, out.reason, out.errors = "unverified", errors[0]["message"], errors
         return "rejected", errors, {}
     out.outcome, out.admitted_items = "admitted", len(line.tasks)
     notes = []
     if not success:
         notes.append(f"receipt claimed {claimed!r} but every check passed")
-    if name and version is None:
-        notes.append(f"validator {name!r} is not registered here: not rerun")
+    if line.own and version is not None and version.fingerprint.digest != line.components.get(
+            "validator"):
+        notes.append(f"judged by the validator {name!r} given, not the version it ran with")
     out.reason = "; ".join(notes) or "every check passed"
     return "accepted", [], verdict.stored
 
 
 def _exported_status(rec: Mapping[str, Any]) -> str:
     status = rec.get("status")
-    return status if status in ("provider_error", "abandoned", "cancelled") else "abandoned"
+    return (status if status in ("rejected", "provider_error", "abandoned", "cancelled")
+            and (status != "rejected" or rec.get("raw") is not None) else "abandoned")
+
+
+def _only_unverified(rec: Mapping[str, Any]) -> bool:
+    """A receipt batchjson kept unverified (its validator not given): a claim of nothing."""
+    errors = rec.get("errors")
+    return (rec.get("format") == EXPORT_FORMAT and rec.get("status") == "rejected"
+            and isinstance(errors, list) and bool(errors)
+            and all(isinstance(e, dict) and e.get("type") == "unverified" for e in errors))
 
 
 def _report(source: str, outcomes: list[Outcome],
