@@ -300,8 +300,9 @@ def cmd_merge(args: argparse.Namespace, out: TextIO) -> int:
                ledger_problem(args.other))  # checked before a ledger is made to receive it
     if problem:
         raise Problem(problem, LEDGER)
-    report = _into_ledger(args.ledger, lambda held: held.merge(args.other), LedgerError, LEDGER)
-    added = report["added"]
+    report = _into_ledger(args.ledger, lambda held: held.merge(
+        args.other, validators=dict(args.validator)), LedgerError, LEDGER)
+    added, refused = report["added"], report["not_admitted"]
     completed = added.get("attempts_completed", 0)
     new = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in added.items()
                     if v and k != "attempts_completed")
@@ -309,7 +310,10 @@ def cmd_merge(args: argparse.Namespace, out: TextIO) -> int:
         f"merged {report['source']} into {shown(args.ledger)}: "
         + (f"added {new}" if new else "nothing new")
         + f"; {report['attempts_already_present']} attempt(s) were already here"
-        + (f", {completed} of them completed by this merge" if completed else "")])
+        + (f", {completed} of them completed by this merge" if completed else ""),
+        *(f"  NOT ADMITTED: batch {r['batch']!r}"
+          + (f", attempt {r['uid']}" if r["uid"] else "") + f": {r['reason']}"
+          for r in refused)], UNRESOLVED if refused else OK)
 
 
 def cmd_advise(args: argparse.Namespace, out: TextIO) -> int:

@@ -139,10 +139,12 @@ class Ledger:
         """Every attempt as an importable receipt, in call order."""
         return export.export_receipts(self.store, name)
 
-    def merge(self, other: str | Path) -> dict[str, Any]:
-        """Bring another ledger's batches, attempts and accepted values in (idempotent)."""
+    def merge(self, other: str | Path, *, validators: Any = None) -> dict[str, Any]:
+        """Bring another ledger's batches, attempts and accepted values in (idempotent), each
+        accepted attempt rechecked against its raw return (by ``validators`` too, name ->
+        function, when given); see docs/recovery.md."""
         with self.store.whole_or_nothing("the merge"):
-            return merge.merge_ledger(self.store, other)
+            return merge.merge_ledger(self.store, other, validators)
 
 
 def _lease(value: Any) -> float | None:

@@ -356,6 +356,23 @@ def _judge(line: Line, validator: Callable[..., Any] | None) -> Verdict:
     return verdict
 
 
+def recheck_receipt(record: dict[str, Any], validators: Mapping[str, Any]
+                    ) -> tuple[dict[str, Any] | None, list[dict[str, Any]], str]:
+    """(items by task_id, the request's tasks, "") when an exported receipt's raw return passes
+    every check import reruns (its key and identity rule against its components, coverage,
+    identity, schema, the validator when given), else (None, [], why)."""
+    try:
+        line = _check(Path("receipt"), 1, record, validators)
+    except InvalidBatch as exc:
+        return None, [], str(exc).split(": ", 1)[-1].split("; nothing was imported")[0]
+    version = validators.get(record.get("validator") or "")
+    verdict = _judge(line, version.fn if version is not None else None)
+    if not verdict.accepted:
+        first = verdict.errors[0]
+        return None, [], f"its raw return fails the recheck ({first['type']}: {first['message']})"
+    return verdict.stored, line.tasks, ""
+
+
 def _identity_errors(errors: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [{k: e.get(k) for k in ("task_id", "field", "expected", "got", "message")}
             for e in errors if e.get("type") == "identity"]
