@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import importlib
 import io
 import json
 import os
@@ -40,6 +39,7 @@ from ..core import (
 )
 from ..core import file_problem as ledger_problem
 from .demo import command_name, demo_ledger_problem, run_demo
+from .validators import validator_options
 
 DEFAULT_LEDGER = Path(cliview.DEFAULT_LEDGER)
 OK, UNRESOLVED, USAGE, LEDGER, INTERRUPTED = 0, 1, 2, 3, 130
@@ -75,25 +75,6 @@ def _refusal(path: Path, create: bool) -> str | None:
 def ledger_argument(text: str) -> Path | str:
     """``--ledger``: a file path, or a PostgreSQL URL kept as written."""
     return text if isinstance(ledger_path(text), str) else Path(text)
-
-
-def validator_argument(text: str) -> tuple[str, Callable[..., Any]]:
-    """``--validator [NAME=]module:function``: the function (its module found from the current
-    directory too), under NAME, else its own name."""
-    name, _, where = text.rpartition("=")
-    module, _, attr = where.partition(":")
-    if not module or not attr:
-        raise argparse.ArgumentTypeError(f"expected [NAME=]module:function, got {text!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        fn = getattr(importlib.import_module(module), attr)
-    except Exception as exc:  # the user's module: whatever it raises is why it cannot load
-        raise argparse.ArgumentTypeError(f"cannot load validator {where!r}: "
-                                         f"{type(exc).__name__}: {exc}") from None
-    if not callable(fn):
-        raise argparse.ArgumentTypeError(f"{where!r} is not a function")
-    return name or getattr(fn, "__name__", attr), fn
 
 
 def shown(ledger: Path | str) -> str:
@@ -420,20 +401,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _validator_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--validator", type=validator_argument, action="append", default=[],
-                        metavar="[NAME=]MODULE:FUNCTION",
-                        help="the validator a batch ran with, rerun on its receipts "
-                        "(repeatable; NAME defaults to the function's name)")
-
-
 def _ledger_changing(command: Callable[..., argparse.ArgumentParser]) -> None:
     """The commands that change a ledger (and advise and jobs, beside them)."""
     imp = command("import", "import historical receipts (JSONL), rechecking every item",
                   cmd_import)
     imp.add_argument("file", type=Path, help="JSON Lines file, one receipt per line, or the "
                      "JSON document `batchjson export` prints")
-    _validator_options(imp)
+    validator_options(imp)
     imp.add_argument("--without-validator", action="store_true",
                      help="import receipts whose validator is not given, kept unverified: "
                      "shown and exported, never admitted")
@@ -441,7 +415,7 @@ def _ledger_changing(command: Callable[..., argparse.ArgumentParser]) -> None:
                     cmd_merge)
     merge.add_argument("other", type=ledger_argument,
                        help="the other ledger: a file or a postgresql:// URL")
-    _validator_options(merge)
+    validator_options(merge)
     advise = command("advise", "pack-size advice from the batch's observed faults and tokens",
                      cmd_advise)
     advise.add_argument("name", help="batch name")
