@@ -122,12 +122,14 @@ def test_export_import_merge_and_advise_round_trip(demo_dir: Path, tmp_path: Pat
     exported = tmp_path / "review.jsonl"
     exported.write_text("\n".join(jsonl) + "\n")
     fresh = tmp_path / "fresh.sqlite"
-    imported = bj("import", str(exported), "--ledger", str(fresh), "--json", cwd=tmp_path)
+    imported = bj("import", str(exported), "--ledger", str(fresh), "--json", *DEMO_VALIDATOR,
+                  cwd=tmp_path)
     report = json.loads(imported.stdout)
     swapped = [r for r in whole["receipts"]
                 if any(e["type"] == "identity" for e in r["errors"])]
-    assert report["items_admitted"] == 60 and report["diagnostic"] == len(swapped) > 0
-    assert imported.returncode == 1  # the demo's swapped returns are kept as diagnostic again
+    assert report["items_admitted"] == 60 and report["recorded"] >= len(swapped) > 0
+    assert report["diagnostic"] == 0  # its rejected returns are recorded as it judged them
+    assert imported.returncode == 0, imported.stdout
     merged = bj("merge", str(demo_dir / ".batchjson" / "ledger.sqlite"), "--ledger",
                 str(tmp_path / "merged.sqlite"), "--json", cwd=tmp_path)
     assert merged.returncode == 0 and json.loads(merged.stdout)["added"]["attempts"] == len(
@@ -140,6 +142,35 @@ def test_export_import_merge_and_advise_round_trip(demo_dir: Path, tmp_path: Pat
     assert human.strip().splitlines()[-1].startswith("recommended: pack ")
 
 
+DEMO_VALIDATOR = ("--validator", "batchjson._cli.demo:_demo_check")
+
+
+def test_batchjsons_own_export_imports_with_exit_0_only_after_its_validator_is_rerun(
+        demo_dir: Path, tmp_path: Path) -> None:
+    exported = tmp_path / "out.json"
+    exported.write_text(bj("export", cwd=demo_dir).stdout)
+    unnamed = bj("import", str(exported), "--ledger", str(tmp_path / "a.sqlite"), cwd=tmp_path)
+    assert unnamed.returncode == 2 and "'_demo_check', not given here" in unnamed.stderr
+    assert "--validator NAME=module:function" in unnamed.stderr and "--without-validator" in (
+        unnamed.stderr)
+    (tmp_path / "refuse_all.py").write_text(
+        "def check(item, task):\n    raise ValueError('refused by the given validator')\n")
+    refusing = bj("import", str(exported), "--ledger", str(tmp_path / "b.sqlite"), "--json",
+                  "--validator", "_demo_check=refuse_all:check", cwd=tmp_path)
+    assert json.loads(refusing.stdout)["items_admitted"] == 0  # the validator given was run
+    assert refusing.returncode == 1
+    opted_out = bj("import", str(exported), "--ledger", str(tmp_path / "c.sqlite"), "--json",
+                   "--without-validator", cwd=tmp_path)
+    report = json.loads(opted_out.stdout)
+    assert report["items_admitted"] == 0 and report["unverified"] > 0
+    assert Ledger(tmp_path / "c.sqlite").checkpoint("review") == {}  # never evidence
+    assert "unverified" in bj("export", "--ledger", str(tmp_path / "c.sqlite"),
+                              cwd=tmp_path).stdout  # shown and exported
+    clean = bj("import", str(exported), "--ledger", str(tmp_path / "d.sqlite"), *DEMO_VALIDATOR,
+               cwd=tmp_path)
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+
+
 @pytest.mark.parametrize("form", [[], ["--json"], ["--jsonl"]])
 def test_what_export_prints_in_every_format_imports_into_a_fresh_ledger(
         demo_dir: Path, tmp_path: Path, form: list[str]) -> None:
@@ -148,13 +179,14 @@ def test_what_export_prints_in_every_format_imports_into_a_fresh_ledger(
     exported = tmp_path / "out.json"
     exported.write_text(bj("export", *form, cwd=demo_dir).stdout)
     fresh = tmp_path / "fresh.sqlite"
-    imported = bj("import", str(exported), "--ledger", str(fresh), "--json", cwd=tmp_path)
+    imported = bj("import", str(exported), "--ledger", str(fresh), "--json", *DEMO_VALIDATOR,
+                  cwd=tmp_path)
     report = json.loads(imported.stdout)
-    assert report["items_admitted"] == 60 and report["diagnostic"] > 0, imported.stderr
+    assert report["items_admitted"] == 60 and report["recorded"] > 0, imported.stderr
     assert report["numbered"] == ("line" if form == ["--jsonl"] else "receipt")
     assert Ledger(fresh).checkpoint("review") == Ledger(
         demo_dir / ".batchjson" / "ledger.sqlite").checkpoint("review")
-    again = bj("import", str(exported), "--ledger", str(fresh), cwd=tmp_path)
+    again = bj("import", str(exported), "--ledger", str(fresh), *DEMO_VALIDATOR, cwd=tmp_path)
     assert again.returncode == 0 and "SKIPPED" in again.stdout  # each receipt imported once
     if not form:  # a receipt of the document is named by its place when refused
         document = json.loads(exported.read_text())

@@ -126,8 +126,10 @@ def test_an_export_reimported_into_a_fresh_ledger_admits_what_it_admitted_before
     runs = live_runs(tmp_path / "a.sqlite")
     before = Ledger(tmp_path / "a.sqlite")
     exported = write(tmp_path / "a.jsonl", *before.export_receipts())
-    report = Ledger(tmp_path / "b.sqlite").import_receipts(exported)
-    assert (report["admitted"], report["rejected"], report["diagnostic"]) == (6, 0, 1)
+    report = Ledger(tmp_path / "b.sqlite").import_receipts(exported, validators={
+        "live_runs.<locals>.sees_nothing": runs[2][2]})
+    assert (report["admitted"], report["rejected"], report["diagnostic"]) == (6, 0, 0)
+    assert report["recorded"] == 1  # the rejected return, as its ledger judged it
     after = Ledger(tmp_path / "b.sqlite")
     for name, _, _ in runs:
         assert after.checkpoint(name) == before.checkpoint(name)

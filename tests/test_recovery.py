@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -171,7 +172,9 @@ def test_a_claimed_failure_is_not_overruled_without_the_checks_that_failed_it(
                  if k != "schema"}
     history = write(tmp_path / "old.jsonl", no_schema,
                     receipt(tasks, items_for(tasks), "failed", validator="gone"))
-    report = Ledger(ledger_at("ledger")).import_receipts(history)
+    with pytest.raises(InvalidBatch, match="name validator\\(s\\) 'gone', not given here"):
+        Ledger(ledger_at("ledger")).import_receipts(history)
+    report = Ledger(ledger_at("ledger")).import_receipts(history, without_validator=True)
     assert [r["outcome"] for r in report["receipts"]] == ["unverified", "unverified"]
     assert report["items_admitted"] == 0
 
@@ -193,7 +196,7 @@ def test_export_then_import_carries_every_attempt_into_a_new_ledger(
     second = Session(CallableProvider(flaky), ledger=ledger_at("b"))  # same source
     calls["n"] = 0
     report = second.ledger.import_receipts(exported)
-    assert (report["admitted"], report["rejected"]) == (2, 1)
+    assert (report["admitted"], report["rejected"], report["recorded"]) == (2, 0, 1)
     assert second.ledger.cost_summary()["total"]["calls"] == 3
     again = second.run_batch("labels", review_tasks(4), LABEL_SCHEMA, pack=2)
     assert again.resolved and again.calls == 0 and calls["n"] == 0
@@ -461,3 +464,44 @@ def test_an_import_from_inside_a_running_loop_rechecks_like_any_other(
     report = asyncio.run(cell())
     assert [r["outcome"] for r in report["receipts"]] == ["diagnostic", "admitted"]
     assert len(ledger.checkpoint("review")) == 3
+
+
+def test_a_merge_admits_no_stored_value_its_receipts_raw_return_does_not_give(
+        tmp_path: Path, ledger_at) -> None:
+    tasks = review_tasks(4)
+    edited, honest = tmp_path / "edited.sqlite", tmp_path / "honest.sqlite"
+    for path in (edited, honest):
+        Session(CallableProvider(items_reply, source="m"), ledger=path).run_batch(
+            "review", tasks, LABEL_SCHEMA, pack=2)
+    db = sqlite3.connect(edited)  # by hand: a no_match turned match, a task no attempt covered
+    flipped, task_id = db.execute("SELECT attempt_id, task_id FROM checkpoint WHERE item LIKE "
+                                  "'%no_match%' ORDER BY task_id LIMIT 1").fetchone()
+    db.execute("UPDATE checkpoint SET item = ? WHERE task_id = ?", ('{"verdict": "match"}',
+                                                                     task_id))
+    db.execute("INSERT INTO checkpoint(batch_id, request_key, task_id, attempt_id, item, "
+               "committed_at) SELECT batch_id, request_key, 'never-asked', attempt_id, item, "
+               "committed_at FROM checkpoint WHERE attempt_id != ? LIMIT 1", (flipped,))
+    db.commit()
+    db.close()
+
+    target = Session(CallableProvider(items_reply, source="ours"), ledger=ledger_at("target"))
+    target.run_batch("review", tasks, LABEL_SCHEMA, pack=2)
+    ours = target.ledger.checkpoint("review")
+    report = target.ledger.merge(edited)
+    assert target.ledger.checkpoint("review") == ours  # the target's own values untouched
+    reasons = " ".join(r["reason"] for r in report["not_admitted"])
+    assert len(report["not_admitted"]) == 2 and report["added"]["checkpoint_rows"] == 0
+    assert f"the value stored for task {task_id!r} is not what its raw return gives" in reasons
+    assert "'never-asked', which its request did not ask" in reasons
+
+    fresh = Session(CallableProvider(items_reply, source="m"), ledger=ledger_at("fresh"))
+    assert fresh.ledger.merge(edited)["added"]["checkpoint_rows"] == 0
+    assert fresh.ledger.checkpoint("review") == {}  # nothing edited admitted: still owed
+    assert fresh.run_batch("review", tasks, LABEL_SCHEMA, pack=2).calls == 2
+    done = cli("merge", str(edited), "--ledger", str(tmp_path / "cli.sqlite"), cwd=tmp_path)
+    assert done.returncode == 1 and "NOT ADMITTED: batch 'review'" in done.stdout
+
+    whole = Ledger(ledger_at("whole"))
+    merged = whole.merge(honest)
+    assert merged["not_admitted"] == [] and merged["added"]["checkpoint_rows"] == 4
+    assert whole.checkpoint("review") == Ledger(honest).checkpoint("review")

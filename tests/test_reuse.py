@@ -137,6 +137,49 @@ def test_a_validator_change_every_stored_answer_passes_spends_zero_calls(tmp_pat
     assert len(result.values) == 20
 
 
+def test_a_validator_only_edit_after_repairs_pays_nothing_when_every_stored_answer_passes(
+        tmp_path):
+    calls = []
+
+    def model(call):  # a first answer the validator refuses, a repair it accepts
+        calls.append(call.kind)
+        label = "no_match" if call.kind == "repair" else "match"
+        return json.dumps({"items": [{"task_id": t["task_id"], "verdict": label}
+                                     for t in call.tasks]})
+
+    session = Session(CallableProvider(model, source="repairing"), ledger=tmp_path / "l.sqlite")
+    tasks = review_tasks(10)
+
+    def check(item, task):
+        if item["verdict"] != "no_match":
+            raise ValueError("every candidate here is no_match")
+
+    first = session.run_batch("r", tasks, LABEL_SCHEMA, validator=check, pack=5)
+    assert first.status == "resolved" and sorted(calls) == ["initial"] * 2 + ["repair"] * 2
+    calls.clear()
+
+    def check(item, task):  # noqa: F811 - the edited cell: still accepts every stored answer
+        if item["verdict"] != "no_match":
+            raise ValueError("every candidate here is no_match")
+        if not task["candidate_id"]:
+            raise ValueError("no candidate")
+
+    again = Session(CallableProvider(model, source="repairing"), ledger=tmp_path / "l.sqlite")
+    result = again.run_batch("r", tasks, LABEL_SCHEMA, validator=check, pack=5)
+    assert result.status == "resolved" and result.revision == 2
+    assert calls == [] and result.calls == 0 and result.rechecked == 2
+    assert "2 of them came from repair calls" in " ".join(result.notes)
+    assert {v["verdict"] for v in result.values.values()} == {"no_match"}
+
+    def check(item, task):  # noqa: F811 - edited again: the re-judged rechecks are still repairs
+        if item["verdict"] != "no_match" or not task["task_id"]:
+            raise ValueError("every candidate here is no_match")
+
+    third = again.run_batch("r", tasks, LABEL_SCHEMA, validator=check, pack=5)
+    assert calls == [] and third.rechecked == 2
+    assert "2 of them came from repair calls" in " ".join(third.notes)
+
+
 def test_rejudging_resends_exactly_the_requests_whose_stored_answer_fails_the_new_check():
     state = {"verdict": "match"}
     calls = []

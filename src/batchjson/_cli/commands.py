@@ -39,6 +39,7 @@ from ..core import (
 )
 from ..core import file_problem as ledger_problem
 from .demo import command_name, demo_ledger_problem, run_demo
+from .validators import validator_options
 
 DEFAULT_LEDGER = Path(cliview.DEFAULT_LEDGER)
 OK, UNRESOLVED, USAGE, LEDGER, INTERRUPTED = 0, 1, 2, 3, 130
@@ -257,12 +258,14 @@ def cmd_import(args: argparse.Namespace, out: TextIO) -> int:
         raise Problem(f"no receipts file at {args.file}", USAGE)
     from ..core import read_lines
 
-    try:
-        read_lines(args.file, {})  # a bad file is refused before a ledger is created for it
+    given = dict(args.validator)
+    try:  # a bad file is refused before a ledger is created for it
+        read_lines(args.file, given, args.without_validator)
     except InvalidBatch as exc:
         raise Problem(str(exc), USAGE) from None
-    report = _into_ledger(args.ledger, lambda held: held.import_receipts(args.file),
-                          InvalidBatch, USAGE)
+    report = _into_ledger(args.ledger, lambda held: held.import_receipts(
+        args.file, validators=given, without_validator=args.without_validator),
+        InvalidBatch, USAGE)
     kept = report["diagnostic"] + report["rejected"] + report["unverified"]
     return _done(args, out, report, cliview.import_lines(report), UNRESOLVED if kept else OK)
 
@@ -278,8 +281,9 @@ def cmd_merge(args: argparse.Namespace, out: TextIO) -> int:
                ledger_problem(args.other))  # checked before a ledger is made to receive it
     if problem:
         raise Problem(problem, LEDGER)
-    report = _into_ledger(args.ledger, lambda held: held.merge(args.other), LedgerError, LEDGER)
-    added = report["added"]
+    report = _into_ledger(args.ledger, lambda held: held.merge(
+        args.other, validators=dict(args.validator)), LedgerError, LEDGER)
+    added, refused = report["added"], report["not_admitted"]
     completed = added.get("attempts_completed", 0)
     new = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in added.items()
                     if v and k != "attempts_completed")
@@ -287,7 +291,10 @@ def cmd_merge(args: argparse.Namespace, out: TextIO) -> int:
         f"merged {report['source']} into {shown(args.ledger)}: "
         + (f"added {new}" if new else "nothing new")
         + f"; {report['attempts_already_present']} attempt(s) were already here"
-        + (f", {completed} of them completed by this merge" if completed else "")])
+        + (f", {completed} of them completed by this merge" if completed else ""),
+        *(f"  NOT ADMITTED: batch {r['batch']!r}"
+          + (f", attempt {r['uid']}" if r["uid"] else "") + f": {r['reason']}"
+          for r in refused)], UNRESOLVED if refused else OK)
 
 
 def cmd_advise(args: argparse.Namespace, out: TextIO) -> int:
@@ -400,10 +407,15 @@ def _ledger_changing(command: Callable[..., argparse.ArgumentParser]) -> None:
                   cmd_import)
     imp.add_argument("file", type=Path, help="JSON Lines file, one receipt per line, or the "
                      "JSON document `batchjson export` prints")
+    validator_options(imp)
+    imp.add_argument("--without-validator", action="store_true",
+                     help="import receipts whose validator is not given, kept unverified: "
+                     "shown and exported, never admitted")
     merge = command("merge", "bring another ledger's batches and attempts into this one",
                     cmd_merge)
     merge.add_argument("other", type=ledger_argument,
                        help="the other ledger: a file or a postgresql:// URL")
+    validator_options(merge)
     advise = command("advise", "pack-size advice from the batch's observed faults and tokens",
                      cmd_advise)
     advise.add_argument("name", help="batch name")

@@ -4,6 +4,7 @@ with the components it was keyed by (so an import keeps its revision and its ide
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from .._errors import InvalidBatch
@@ -44,24 +45,29 @@ def export_receipts(store: Store, name: str | None = None) -> list[dict[str, Any
     out = []
     numbers: dict[str, int] = {}
     for row in store.export_rows(name):
-        components = json.loads(row["components"])
         numbers[row["batch"]] = numbers.get(row["batch"], 0) + 1
-        out.append({
-            "format": EXPORT_FORMAT, "batch": row["batch"], "receipt": numbers[row["batch"]],
-            "revision": row["revision"], "current": bool(row["current"]), "uid": row["uid"],
-            "kind": row["kind"],
-            "status": row["status"], "tasks": json.loads(row["tasks"]) if row["tasks"] else [],
-            "raw": row["raw"], "source": row["source"],
-            "identity": _identity_names(
-                components.get("identity", "task_id").removesuffix("+echoed"),
-                json.loads(row["tasks"]) if row["tasks"] else []),
-            "identity_echo": components.get("identity", "").endswith("+echoed"),
-            "mode": components.get("mode", "items"), "validator": row["validator_name"],
-            "errors": json.loads(row["errors"]) if row["errors"] else [],
-            "input_tokens": row["input_tokens"], "output_tokens": row["output_tokens"],
-            "cached_tokens": row["cached_tokens"], "cost": row["cost"],
-            "provider": row["provider"], "model": row["model"], "at": row["started_at"],
-            "finished_at": row["finished_at"], "request_key": row["request_key"],
-            "components": components,
-        })
+        out.append(receipt_of(row, numbers[row["batch"]]))
     return out
+
+
+def receipt_of(row: Mapping[str, Any], number: int) -> dict[str, Any]:
+    """One attempt row (with its batch, revision number and components, validator name,
+    whether its revision is current and its request's tasks) as an importable receipt."""
+    components = json.loads(row["components"])
+    tasks = json.loads(row["tasks"]) if row["tasks"] else []
+    return {
+        "format": EXPORT_FORMAT, "batch": row["batch"], "receipt": number,
+        "revision": row["revision"], "current": bool(row["current"]), "uid": row["uid"],
+        "kind": row["kind"], "status": row["status"], "tasks": tasks,
+        "raw": row["raw"], "source": row["source"],
+        "identity": _identity_names(
+            components.get("identity", "task_id").removesuffix("+echoed"), tasks),
+        "identity_echo": components.get("identity", "").endswith("+echoed"),
+        "mode": components.get("mode", "items"), "validator": row["validator_name"],
+        "errors": json.loads(row["errors"]) if row["errors"] else [],
+        "input_tokens": row["input_tokens"], "output_tokens": row["output_tokens"],
+        "cached_tokens": row["cached_tokens"], "cost": row["cost"],
+        "provider": row["provider"], "model": row["model"], "at": row["started_at"],
+        "finished_at": row["finished_at"], "request_key": row["request_key"],
+        "components": components,
+    }

@@ -127,19 +127,24 @@ class Ledger:
         cost = cost_value(cost)
         self.store.set_shared_budget(cost, by=who(), stamp=now())
 
-    def import_receipts(self, path: str | Path, *, validators: Any = None) -> dict[str, Any]:
-        """Import historical receipts (JSONL), rechecking every item; see docs/recovery.md."""
+    def import_receipts(self, path: str | Path, *, validators: Any = None,
+                        without_validator: bool = False) -> dict[str, Any]:
+        """Import historical receipts (JSONL), rechecking every item, by the validators given
+        (name -> function) too; see docs/recovery.md."""
         with self.store.whole_or_nothing("the import"):
-            return recovery.import_receipts(self.store, path, validators=validators)
+            return recovery.import_receipts(self.store, path, validators=validators,
+                                            without_validator=without_validator)
 
     def export_receipts(self, name: str | None = None) -> list[dict[str, Any]]:
         """Every attempt as an importable receipt, in call order."""
         return export.export_receipts(self.store, name)
 
-    def merge(self, other: str | Path) -> dict[str, Any]:
-        """Bring another ledger's batches, attempts and accepted values in (idempotent)."""
+    def merge(self, other: str | Path, *, validators: Any = None) -> dict[str, Any]:
+        """Bring another ledger's batches, attempts and accepted values in (idempotent), each
+        accepted attempt rechecked against its raw return (by ``validators`` too, name ->
+        function, when given); see docs/recovery.md."""
         with self.store.whole_or_nothing("the merge"):
-            return merge.merge_ledger(self.store, other)
+            return merge.merge_ledger(self.store, other, validators)
 
 
 def _lease(value: Any) -> float | None:

@@ -2,11 +2,13 @@
 
 An old system's receipt may say ``status: ok`` for a return whose items name the wrong case.
 Every imported return is therefore judged again by the same acceptance code a live call goes
-through (coverage, identity, schema, and the validator when one is registered under the recorded
-name). A return with an identity error is kept as diagnostic material and none of its items is
-admitted, whatever it claims. Every imported line is an attempt in the account, and a line is
-imported once: its digest is recorded in the ``imports`` table. (batchjson's own export
-format is ``export.py``'s.)
+through (coverage, identity, schema, and the validator the receipt names, which the user gives;
+a file naming one not given is refused unless the user opts out, when its receipts are kept
+unverified: shown and exported, never admitted). A return with an identity error is kept as
+diagnostic material and none of its items is admitted, whatever it claims. Every imported line
+is an attempt in the account, and a line is imported once: its digest is recorded in the
+``imports`` table. (batchjson's own export format is ``export.py``'s; a merge rechecks another
+ledger's accepted attempts by the same path, :func:`recheck_receipt`.)
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from .._acceptance.judge import Verdict, accept_items, accept_value
 from .._canon import canonical_json
 from .._content.keys import Keys
 from .._content.schema import ItemSchema, compile_schema
-from .._content.strictjson import finite_float, reject_constant
 from .._content.tasks import Identity, Request, normalize_identity, normalize_tasks, sha
 from .._errors import InvalidBatch
+from .._fingerprint.fingerprint import Fingerprint, fingerprint_function
 from .export import EXPORT_FORMAT
 from .import_revisions import Placement, group_lines, revision_for, settle
+from .receipt_files import InDocument, document_receipts, parsed_lines, refuse
 from .records import now
 from .store import Store
 
@@ -68,98 +71,16 @@ class Outcome:
                 "errors": self.errors}
 
 
-def _refuse(path: Path, number: int, problem: str) -> InvalidBatch:
-    return InvalidBatch(f"{path}, {_place(number)}: {problem}; nothing was imported (fix the "
-                        f"{_place(number).split()[0]} and import the file again)")
-
-
 MAX_INTEGER = 2**63 - 1  # what SQLite stores; a token count beyond it is not a count
 TEXT_FIELDS = ("model", "provider", "at")
 
 
-class _OutOfRange(ValueError):
-    """A number of the line no float holds: 1e400 (infinity) or 1e-400 (read as 0.0)."""
-
-
-def _finite(text: str) -> float:
-    """As a return's numbers are read: 1e400 would be infinity, and 1e-400 read as 0.0 would
-    pass a maximum of -1e-400, equal an item's 0 or record a cost of nothing."""
-    try:
-        return finite_float(text)
-    except ValueError as exc:
-        raise _OutOfRange(str(exc)) from None
-
-
-def _loads(text: str) -> Any:
-    """Strict JSON: finite numbers only, and a nesting Python's parser can hold."""
-    try:
-        return json.loads(text, parse_constant=reject_constant, parse_float=_finite)
-    except RecursionError:
-        raise ValueError("nested too deeply to read") from None
-
-
-class _Written(str):
-    """A number's text as written, read so that a field holding one out of range is found."""
-
-
-def _exact_to_floats(value: Any) -> tuple[str, str] | None:
-    """Turn the numbers of a value read with ``parse_float=_Written`` into floats, in place
-    (iteratively: a receipt may nest deep); (field, problem) of a number no float holds
-    (``tasks[0].x``), else None."""
-    stack: list[tuple[Any, str]] = [(value, "")]
-    while stack:
-        node, where = stack.pop()
-        pairs = (list(node.items()) if isinstance(node, dict) else list(enumerate(node))
-                 if isinstance(node, list) else [])
-        for key, child in pairs:
-            at = (f"{where}.{key}" if where else str(key)) if isinstance(node, dict) \
-                else f"{where}[{key}]"
-            if isinstance(child, _Written):
-                try:
-                    node[key] = finite_float(child)
-                except ValueError as exc:
-                    return at, str(exc)
-            elif isinstance(child, (dict, list)):
-                stack.append((child, at))
-    return None
-
-
-class InDocument(int):
-    """A receipt's number in an export's JSON document, which is said as "receipt N"."""
-
-
-def _place(number: int) -> str:
-    return f"receipt {int(number)}" if isinstance(number, InDocument) else f"line {number}"
-
-
-def _document_receipts(path: Path, text: str) -> list[Any] | None:
-    """The receipts of the JSON document ``batchjson export`` prints by default (``{"ledger":
-    ..., "receipts": [...]}``), each checked for numbers as a line is; None for JSON Lines."""
-    if not text.lstrip().startswith("{"):
-        return None
-    try:
-        document = json.loads(text, parse_float=_Written, parse_constant=reject_constant)
-    except (ValueError, RecursionError):  # several lines of JSON, or not JSON: read as lines
-        return None
-    if not isinstance(document, dict) or "batch" in document or not isinstance(
-            document.get("receipts"), list):
-        return None
-    for number, record in enumerate(document["receipts"], 1):
-        bad = _exact_to_floats(record)
-        if bad is not None:
-            raise _refuse(path, InDocument(number), f"field {bad[0]}: {bad[1]}")
-    return document["receipts"]
-
-
-def _jsonl_lines(text: str) -> Iterable[str]:
-    """JSON Lines split on newlines only: a JSON string may hold U+2028 or a form feed, which
-    str.splitlines would cut through. A CR before the newline (CRLF files) is dropped."""
-    for line in text.split("\n"):
-        yield line[:-1] if line.endswith("\r") else line
-
-
-def read_lines(path: Path, validators: Mapping[str, Any]) -> list[Line]:
-    """Parse and check every line first, so a bad file is refused before anything is written."""
+def read_lines(path: Path, validators: Mapping[str, Any],
+               without_validator: bool | None = None) -> list[Line]:
+    """Parse and check every line first, so a bad file is refused before anything is written;
+    unless ``without_validator`` is None, also one naming a validator not in ``validators``
+    (without the opt-out)."""
+    validators = registry_view(validators)
     try:
         with path.open("rb") as head:
             if head.read(16) == b"SQLite format 3\x00":
@@ -170,32 +91,27 @@ def read_lines(path: Path, validators: Mapping[str, Any]) -> list[Line]:
         raise InvalidBatch(f"cannot read {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise InvalidBatch(f"{path} is not UTF-8 text; receipts are JSON Lines") from None
-    document = _document_receipts(path, text)
+    document = document_receipts(path, text)
     numbered = ((InDocument(n), r) for n, r in enumerate(document, 1)) if document is not None \
-        else _parsed_lines(path, text)
+        else parsed_lines(path, text)
     out = []
     for number, record in numbered:
         if not isinstance(record, dict):
-            raise _refuse(path, number, "a receipt must be a JSON object")
+            raise refuse(path, number, "a receipt must be a JSON object")
         out.append(_check(path, number, record, validators))
     if not out:
         raise InvalidBatch(f"{path} holds no receipts (expected JSON Lines, one receipt per "
                            "line)")
+    missing = sorted({line.record["validator"] for line in out if line.record.get("validator")
+                      and line.record["validator"] not in validators})
+    if missing and without_validator is False:
+        raise InvalidBatch(
+            f"{path}: its receipts name validator(s) {', '.join(map(repr, missing))}, not given "
+            "here, so their items cannot be rechecked; give each (batchjson import FILE "
+            "--validator NAME=module:function; import_receipts(path, validators={NAME: fn})), "
+            "or keep those receipts unverified, never admitted (--without-validator; "
+            "without_validator=True); nothing was imported")
     return out
-
-
-def _parsed_lines(path: Path, text: str) -> Iterable[tuple[int, Any]]:
-    for number, raw_line in enumerate(_jsonl_lines(text), 1):
-        if not raw_line.strip():
-            continue
-        try:
-            yield number, _loads(raw_line)
-        except _OutOfRange as exc:
-            where = _exact_to_floats(json.loads(raw_line, parse_float=_Written))
-            raise _refuse(path, number, f"field {where[0] if where else 'of the line'}: "
-                          f"{exc}") from None
-        except ValueError as exc:
-            raise _refuse(path, number, f"not JSON ({exc})") from None
 
 
 def _check(path: Path, number: int, record: dict[str, Any],
@@ -207,41 +123,41 @@ def _check(path: Path, number: int, record: dict[str, Any],
             continue  # an exported provider error or abandoned call has no return
         if not isinstance(value, kind) or (kind is str and name != "raw" and not value):
             what = "a list" if kind is list else "a non-empty string"
-            raise _refuse(path, number, f"field {name!r} must be {what}, got {value!r:.60}")
+            raise refuse(path, number, f"field {name!r} must be {what}, got {value!r:.60}")
     for name in OPTIONAL_NUMBERS:
         value = record.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                   or value < 0):
-            raise _refuse(path, number, f"field {name!r} must be a number >= 0 or absent")
+            raise refuse(path, number, f"field {name!r} must be a number >= 0 or absent")
         if name.endswith("tokens") and value is not None and (
                 value != int(value) or value > MAX_INTEGER):
-            raise _refuse(path, number, f"field {name!r} must be a whole number of tokens "
+            raise refuse(path, number, f"field {name!r} must be a whole number of tokens "
                           f"below 2**63, got {value!r:.40}")
     for name in TEXT_FIELDS:
         if record.get(name) is not None and not isinstance(record[name], str):
-            raise _refuse(path, number, f"field {name!r} must be a string or absent, got "
+            raise refuse(path, number, f"field {name!r} must be a string or absent, got "
                           f"{type(record[name]).__name__}")
     mode = record.get("mode", "items")
     if mode not in ("items", "value"):
-        raise _refuse(path, number, f"mode must be 'items' or 'value', got {mode!r}")
+        raise refuse(path, number, f"mode must be 'items' or 'value', got {mode!r}")
     if mode == "value" and len(record["tasks"]) != 1:
-        raise _refuse(path, number, f"a 'value' receipt answers one task, this one lists "
+        raise refuse(path, number, f"a 'value' receipt answers one task, this one lists "
                       f"{len(record['tasks'])}")
     identity = _identity_rule(path, number, record, own)
     try:
         tasks, texts = normalize_tasks(record["tasks"], identity)
         schema = compile_schema(record.get("schema") or {})
     except InvalidBatch as exc:
-        raise _refuse(path, number, str(exc)) from None
+        raise refuse(path, number, str(exc)) from None
     validator_name = record.get("validator")
     if validator_name is not None and (not isinstance(validator_name, str)
                                        or not validator_name):
-        raise _refuse(path, number, "field 'validator' must be a validator's name (a string)")
+        raise refuse(path, number, "field 'validator' must be a validator's name (a string)")
     version = validators.get(validator_name) if validator_name else None
     if own and isinstance(record.get("components"), dict):
         keys = Keys({str(k): str(v) for k, v in record["components"].items()})
         if record.get("schema") and keys.components.get("schema") != schema.fingerprint:
-            raise _refuse(path, number, "its schema is not the one its components name (the "
+            raise refuse(path, number, "its schema is not the one its components name (the "
                           "receipt was altered); give the schema the batch ran with")
     else:  # as a live run of this content composes them, its answer source unknown
         keys = Keys.compose(
@@ -252,7 +168,7 @@ def _check(path: Path, number: int, record: dict[str, Any],
     if claimed_key is not None and claimed_key != request.key:
         # The key is what a later run resumes by: one that is not the hash of this receipt's
         # own tasks and content would serve these answers to other tasks.
-        raise _refuse(path, number, f"request_key {str(claimed_key)[:16]}... is not the key of "
+        raise refuse(path, number, f"request_key {str(claimed_key)[:16]}... is not the key of "
                       "this receipt's tasks and components (the receipt was altered); drop "
                       "request_key to import it under the key its content gives")
     return Line(number, record, sha(canonical_json(record)), tasks, identity, schema,
@@ -270,34 +186,52 @@ def _identity_rule(path: Path, number: int, record: Mapping[str, Any], own: bool
     if listed is None and not exported:
         listed = []
     if not isinstance(listed, list):
-        raise _refuse(path, number, f"field 'identity' must be a list of field names"
+        raise refuse(path, number, f"field 'identity' must be a list of field names"
                       f"{'' if exported else ' (or absent)'}, got {listed!r:.60}")
     try:
         identity = Identity(normalize_identity(listed),
                             echo=not exported or record.get("identity_echo") is True)
     except InvalidBatch as exc:
-        raise _refuse(path, number, str(exc)) from None
+        raise refuse(path, number, str(exc)) from None
     if exported:  # the key says how its answers were judged: a weaker rule must not ride on it
         judged = record["components"].get("identity")
         if judged != identity.key:
-            raise _refuse(path, number, f"its identity {identity.key!r} is not the one its "
+            raise refuse(path, number, f"its identity {identity.key!r} is not the one its "
                           f"components name ({str(judged)!r:.80}; the receipt was altered); "
                           "give the identity the batch ran with")
         judged = record["components"].get("mode")
         if judged != record.get("mode", "items"):
-            raise _refuse(path, number, f"its mode {record.get('mode', 'items')!r} is not the "
+            raise refuse(path, number, f"its mode {record.get('mode', 'items')!r} is not the "
                           f"one its components name ({str(judged)!r:.40}; the receipt was "
                           "altered); give the mode the batch ran with")
     return identity
 
 
-def _registry_view(validators: Any) -> dict[str, Any]:
-    """name -> current ValidatorVersion, from a session's registry (or nothing)."""
+@dataclass(frozen=True)
+class GivenValidator:
+    """A validator function the user handed to an import or a merge, under its name."""
+
+    name: str
+    fn: Callable[..., Any]
+    fingerprint: Fingerprint
+
+
+def registry_view(validators: Any) -> dict[str, Any]:
+    """name -> validator version (``.fn``, ``.fingerprint``), from a session's registry, a
+    mapping of names to versions or functions, or functions named by ``__name__``."""
     if validators is None:
         return {}
-    if isinstance(validators, Mapping):
-        return dict(validators)
-    return {v.name: v for v in validators}
+    pairs = (validators.items() if isinstance(validators, Mapping) else
+             [(getattr(v, "name", None) or getattr(v, "__name__", None), v) for v in validators])
+    out = {}
+    for name, given in pairs:
+        if not hasattr(given, "fn"):
+            if not callable(given) or not isinstance(name, str) or not name:
+                raise InvalidBatch(f"validators must map names to functions (or list named "
+                                   f"functions); got {name!r}: {type(given).__name__}")
+            given = GivenValidator(name, given, fingerprint_function(given))
+        out[name] = given
+    return out
 
 
 def _judge(line: Line, validator: Callable[..., Any] | None) -> Verdict:
@@ -322,22 +256,40 @@ def _judge(line: Line, validator: Callable[..., Any] | None) -> Verdict:
     return verdict
 
 
+def recheck_receipt(record: dict[str, Any], validators: Mapping[str, Any]
+                    ) -> tuple[dict[str, Any] | None, list[dict[str, Any]], str]:
+    """(items by task_id, the request's tasks, "") when an exported receipt's raw return passes
+    every check import reruns (its key and identity rule against its components, coverage,
+    identity, schema, the validator when given), else (None, [], why)."""
+    try:
+        line = _check(Path("receipt"), 1, record, validators)
+    except InvalidBatch as exc:
+        return None, [], str(exc).split(": ", 1)[-1].split("; nothing was imported")[0]
+    version = validators.get(record.get("validator") or "")
+    verdict = _judge(line, version.fn if version is not None else None)
+    if not verdict.accepted:
+        first = verdict.errors[0]
+        return None, [], f"its raw return fails the recheck ({first['type']}: {first['message']})"
+    return verdict.stored, line.tasks, ""
+
+
 def _identity_errors(errors: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [{k: e.get(k) for k in ("task_id", "field", "expected", "got", "message")}
             for e in errors if e.get("type") == "identity"]
 
 
-def import_receipts(store: Store, path: str | Path, *,
-                    validators: Any = None) -> dict[str, Any]:
+def import_receipts(store: Store, path: str | Path, *, validators: Any = None,
+                    without_validator: bool = False) -> dict[str, Any]:
     """Import a JSONL file of receipts into the ledger; returns the report (see
     docs/recovery.md).
 
-    ``validators`` is a session's registry (or a name -> ValidatorVersion mapping): a receipt
-    naming a validator registered there is rechecked by it.
+    ``validators`` (see :func:`registry_view`) rechecks each receipt naming one; a file naming
+    a validator not given is refused unless ``without_validator``, when those receipts are
+    kept unverified (never admitted).
     """
     path = Path(path)
-    registry = _registry_view(validators)
-    lines = read_lines(path, registry)
+    registry = registry_view(validators)
+    lines = read_lines(path, registry, bool(without_validator))
     outcomes: list[Outcome] = []
     source = str(path)
     groups, placed = group_lines(lines), Placement()
@@ -418,11 +370,17 @@ def _judged(line: Line, version: Any, out: Outcome) -> tuple[str, list, dict[str
     """(status, errors, stored items) of one imported receipt, its outcome said in ``out``."""
     rec = line.record
     claimed, name = str(rec.get("status")), rec.get("validator")
-    success = claimed.strip().lower() in SUCCESS_WORDS
-    if line.own and rec.get("raw") is None:
+    success = claimed.strip().lower() in SUCCESS_WORDS or _only_unverified(rec)
+    if line.own and (rec.get("raw") is None or not success):  # as its own ledger judged it
         status, errors = _exported_status(rec), list(rec.get("errors") or [])
         out.outcome, out.reason, out.errors = "recorded", f"exported {status} attempt", errors
         return status, errors, {}
+    if name and version is None:  # the user opted out of its validator
+        errors = [{"type": "unverified", "task_id": None, "message":
+                   f"its validator {name!r} was not given (imported without it), so it is kept "
+                   "unverified: shown and exported, never admitted"}]
+        out.outcome, out.reason, out.errors = "unverified", errors[0]["message"], errors
+        return "rejected", errors, {}
     verdict = _judge(line, version.fn if version is not None else None)
     identity = _identity_errors(verdict.errors)
     if identity:
@@ -437,27 +395,35 @@ def _judged(line: Line, version: Any, out: Outcome) -> tuple[str, list, dict[str
                       for e in verdict.errors]
         out.reason = f"recheck rejected it ({verdict.errors[0]['type']}); claimed {claimed!r}"
         return "rejected", verdict.errors, {}
-    if not success and (not rec.get("schema") or (name and version is None)):
-        missing = (f"its validator {name!r} is not registered here" if rec.get("schema")
-                   else "it carries no schema")
+    if not success and not rec.get("schema"):
         errors = [{"type": "unverified", "task_id": None, "message":
-                   f"receipt claimed {claimed!r} and {missing}, so the recheck cannot "
-                   "overrule the claim"}]
+                   f"receipt claimed {claimed!r} and it carries no schema, so the recheck "
+                   "cannot overrule the claim"}]
         out.outcome, out.reason, out.errors = "unverified", errors[0]["message"], errors
         return "rejected", errors, {}
     out.outcome, out.admitted_items = "admitted", len(line.tasks)
     notes = []
     if not success:
         notes.append(f"receipt claimed {claimed!r} but every check passed")
-    if name and version is None:
-        notes.append(f"validator {name!r} is not registered here: not rerun")
+    if line.own and version is not None and version.fingerprint.digest != line.components.get(
+            "validator"):
+        notes.append(f"judged by the validator {name!r} given, not the version it ran with")
     out.reason = "; ".join(notes) or "every check passed"
     return "accepted", [], verdict.stored
 
 
 def _exported_status(rec: Mapping[str, Any]) -> str:
     status = rec.get("status")
-    return status if status in ("provider_error", "abandoned", "cancelled") else "abandoned"
+    return (status if status in ("rejected", "provider_error", "abandoned", "cancelled")
+            and (status != "rejected" or rec.get("raw") is not None) else "abandoned")
+
+
+def _only_unverified(rec: Mapping[str, Any]) -> bool:
+    """A receipt batchjson kept unverified (its validator not given): a claim of nothing."""
+    errors = rec.get("errors")
+    return (rec.get("format") == EXPORT_FORMAT and rec.get("status") == "rejected"
+            and isinstance(errors, list) and bool(errors)
+            and all(isinstance(e, dict) and e.get("type") == "unverified" for e in errors))
 
 
 def _report(source: str, outcomes: list[Outcome],

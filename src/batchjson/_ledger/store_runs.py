@@ -367,8 +367,8 @@ class RunStore(StoreBase):
         return rows[0][0], rows[0][1], rows[0][2]
 
     def earlier_returns(self, seen_keys: Sequence[str]) -> list[Row]:
-        """Raw returns of earlier exact (non-repair) attempts that saw one of ``seen_keys``,
-        accepted ones first, newest first."""
+        """Raw returns of earlier attempts that saw one of ``seen_keys`` (a repair's only if
+        accepted: its prompt was another), accepted ones first, newest first."""
         return self._by_keys(EARLIER_SQL, list(dict.fromkeys(seen_keys)))
 
     def has_sourceless_answers(self) -> bool:
@@ -420,8 +420,9 @@ class RunStore(StoreBase):
                     (batch_id, revision_id, request.key, request.task_ids_json,
                      self._raw(origin["raw"]),
                      origin["provider"], origin["model"], stamp, stamp, _uid(), source))
-                self._exec(tx, "INSERT INTO rechecks(attempt_id, from_attempt) VALUES (?, ?)",
-                           (attempt_id, origin["id"]))
+                self._exec(tx, "INSERT INTO rechecks(attempt_id, from_attempt) VALUES (?, "
+                           "COALESCE((SELECT from_attempt FROM rechecks WHERE attempt_id = ?), ?))",
+                           (attempt_id, origin["id"], origin["id"]))  # the call that answered
                 self._many(tx, CHECKPOINT_SQL,  # written once, never re-pointed
                            [(batch_id, request.key, task_id, attempt_id, json.dumps(item), stamp)
                             for task_id, item in items.items()])
@@ -460,16 +461,21 @@ CHECKPOINT_SQL = (
     "INSERT INTO checkpoint(batch_id, request_key, task_id, attempt_id, item, committed_at) "
     "VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING")
 
+# An accepted answer is evidence for its request whatever prompt produced it (a repair's too);
+# ``kind`` is that of the call that answered (a recheck's is its origin's).
 EARLIER_SQL = (
-    "SELECT s.seen_key, a.id, a.request_key, a.raw, a.provider, a.model, a.status, a.errors "
-    "FROM seen s JOIN attempts a ON a.request_key = s.request_key "
-    "WHERE s.seen_key IN ({marks}) AND a.raw IS NOT NULL AND a.kind != 'repair' "
+    "SELECT s.seen_key, a.id, a.request_key, a.raw, a.provider, a.model, a.status, a.errors, "
+    "COALESCE(o.kind, a.kind) AS kind FROM seen s JOIN attempts a "
+    "ON a.request_key = s.request_key LEFT JOIN rechecks k ON k.attempt_id = a.id "
+    "LEFT JOIN attempts o ON o.id = k.from_attempt "
+    "WHERE s.seen_key IN ({marks}) AND a.raw IS NOT NULL "
+    "AND (a.kind != 'repair' OR a.status = 'accepted') "
     "AND a.status IN ('accepted', 'rejected', 'cancelled') "
     "ORDER BY CASE WHEN a.status = 'accepted' THEN 0 ELSE 1 END, a.id DESC")
 
 SOURCELESS_SQL = (
     "SELECT a.request_key AS seen_key, a.id, a.request_key, a.raw, a.provider, a.model, "
-    "a.status FROM attempts a WHERE a.request_key IN ({marks}) AND a.status = 'accepted' "
+    "a.status, a.kind FROM attempts a WHERE a.request_key IN ({marks}) AND a.status = 'accepted' "
     "AND a.kind = 'import' AND a.source IS NULL AND a.raw IS NOT NULL ORDER BY a.id DESC")
 
 

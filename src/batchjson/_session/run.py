@@ -360,9 +360,12 @@ def _described(result: BatchResult, state: Run,
         result.notes.append("schema keywords JSON Schema does not define, which no check reads: "
                             + ", ".join(unknown[:5]) + f" and {len(unknown) - 5} more"
                             * (len(unknown) > 5))
-    if state.rechecked:
+    if state.rechecked:  # an accepted repair's answer is evidence like any other
+        repaired = sum(row["kind"] == "repair" for _, row, _ in state.rechecked)
         result.notes.append(f"{len(state.rechecked)} request(s) resolved by re-judging earlier "
-                            "returns under the new rules (no calls)")
+                            "returns under the new rules (no calls)" + (
+                                f"; {repaired} of them came from repair calls" if repaired
+                                else ""))
     return result
 
 
