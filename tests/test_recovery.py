@@ -7,9 +7,10 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
+from pydantic import BaseModel
 
 from batchjson import CallableProvider, Session
 from batchjson._errors import InvalidBatch
@@ -505,3 +506,29 @@ def test_a_merge_admits_no_stored_value_its_receipts_raw_return_does_not_give(
     merged = whole.merge(honest)
     assert merged["not_admitted"] == [] and merged["added"]["checkpoint_rows"] == 4
     assert whole.checkpoint("review") == Ledger(honest).checkpoint("review")
+
+
+class Verdict(BaseModel):
+    verdict: Literal["match", "no_match"]
+
+
+@pytest.mark.parametrize("schema", [LABEL_SCHEMA, Verdict], ids=["json-schema", "pydantic"])
+def test_an_exported_return_edited_past_its_schema_is_not_admitted_on_import(
+        schema: Any, tmp_path: Path, ledger_at) -> None:
+    """batchjson's own export carries the schema its batch was judged by, so an import
+    rechecks every item against it: a raw return edited to an answer the schema never
+    allowed ("maybe") is rejected, its pack-mates with it, while the honest receipts admit."""
+    first = Session(CallableProvider(items_reply), ledger=ledger_at("a"))
+    first.run_batch("labels", review_tasks(4), schema, pack=2)
+    receipts = first.ledger.export_receipts()
+    assert all(r["schema"]["properties"]["verdict"]["enum"] == ["match", "no_match"]
+               for r in receipts)
+    raw = json.loads(receipts[0]["raw"])
+    raw["items"][0]["verdict"] = "maybe"
+    receipts[0]["raw"] = json.dumps(raw)
+    exported = write(tmp_path / "edited.jsonl", *receipts)
+    second = Session(CallableProvider(items_reply), ledger=ledger_at("b"))
+    report = second.ledger.import_receipts(exported)
+    assert (report["admitted"], report["rejected"]) == (1, 1)
+    assert sorted(second.ledger.checkpoint("labels")) == sorted(
+        t["task_id"] for t in review_tasks(4)[2:])

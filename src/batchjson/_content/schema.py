@@ -47,6 +47,16 @@ class ItemSchema:
             self.__dict__["_declared"] = cached
         return cached
 
+    @property
+    def document(self) -> tuple[str, str]:
+        """(component name, canonical text) of what a revision keeps so that its export can
+        be rechecked on import: ``schema_doc`` when the text compiles back to this very
+        fingerprint, ``schema_shape`` (a pydantic model's JSON Schema, droste's integers) when
+        it only gives the structure the model's own code judged."""
+        text = json.dumps(self.json_schema, sort_keys=True, separators=(",", ":"))
+        exact = self.model is None and not self.__dict__.get("_strict_integers")
+        return ("schema_doc" if exact else "schema_shape"), text
+
     def validate(self, value: Any, path: str) -> tuple[Any, list[str]]:
         """Return (validated value, error messages); messages name the path and the field."""
         if self.model is not None:

@@ -70,4 +70,6 @@ def receipt_of(row: Mapping[str, Any], number: int) -> dict[str, Any]:
         "provider": row["provider"], "model": row["model"], "at": row["started_at"],
         "finished_at": row["finished_at"], "request_key": row["request_key"],
         "components": components,
+        "schema": json.loads(components.get("schema_doc") or components.get("schema_shape")
+                             or "null"),
     }

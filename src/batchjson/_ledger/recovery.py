@@ -156,7 +156,10 @@ def _check(path: Path, number: int, record: dict[str, Any],
     version = validators.get(validator_name) if validator_name else None
     if own and isinstance(record.get("components"), dict):
         keys = Keys({str(k): str(v) for k, v in record["components"].items()})
-        if record.get("schema") and keys.components.get("schema") != schema.fingerprint:
+        shape = keys.components.get("schema_shape")  # a model's: its structure, as run
+        if record.get("schema") and keys.components.get("schema") != schema.fingerprint and (
+                shape is None or shape != json.dumps(record["schema"], sort_keys=True,
+                                                     separators=(",", ":"))):
             raise refuse(path, number, "its schema is not the one its components name (the "
                           "receipt was altered); give the schema the batch ran with")
     else:  # as a live run of this content composes them, its answer source unknown

@@ -193,8 +193,9 @@ def plan_calls(session: Session, state: Run) -> tuple[Plan, Spender]:
 def record_revision(session: Session, state: Run, plan: Plan) -> Any:
     """Open (or resume) the revision, with what its requests saw and the rechecked returns."""
     store, version, name = session.ledger.store, state.version, state.spec.name
+    doc, text = state.content.schema.document  # so an export of it is rechecked whole
     revision, superseded = store.open_revision(  # a new revision's requests: streamed
-        name, state.keys.revision, dict(state.keys.components),
+        name, state.keys.revision, {**state.keys.components, doc: text},
         window.every_request(store, state),
         strict=session.strict, validator=None if version is None else  # already on record
         {"name": version.name, "version": version.version})
