@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from batchjson import CallableProvider, LedgerError, Session
+from batchjson import CallableProvider, LedgerError, Session, SimulatedModel
 from batchjson._ledger.records import write_problem
 from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
 
@@ -183,3 +183,14 @@ def test_a_full_ledger_disk_is_named_as_the_ledgers_own_before_any_call(
         session.run_batch("r", review_tasks(40), LABEL_SCHEMA)
     assert f"the disk holding {path.parent} is full: free space there, or move the ledger" in (
         str(raised.value)) and sent == []
+
+
+def test_a_ledger_path_starting_with_a_tilde_is_in_the_home_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Session(ledger="~/x.sqlite")`` keeps the ledger where a shell would, never in a
+    directory literally named ``~`` under the current one."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "home").mkdir()
+    Session(SimulatedModel(answer=lambda t: {"verdict": "match"}), ledger="~/runs.sqlite").close()
+    assert (tmp_path / "home" / "runs.sqlite").exists() and not (tmp_path / "~").exists()

@@ -108,7 +108,7 @@ def ledger_path(value: Any) -> Path | str | None:
         raise ConfigError(f"ledger path {text[:80]!r} holds a NUL character ('\\x00'), which "
                           "no file name can; pass the path without it, e.g. "
                           "ledger='runs/ledger.sqlite'")
-    return Path(text)
+    return Path(text).expanduser()  # "~/runs.sqlite" is the home directory, as in a shell
 
 
 SQLITE_HEADER = b"SQLite format 3\x00"
