@@ -672,3 +672,25 @@ def test_a_batch_created_after_its_job_was_released_is_known_and_cancelled_there
         assert srv.batches.messages.batches[provider_id]["cancel_initiated_at"]
         assert srv.batches.created == 1 and not result.values
         s.close()
+
+
+def test_a_request_cut_off_live_is_not_resubmitted_as_a_job_under_the_same_ceiling(tmp_path):
+    """The one next-attempt policy holds for jobs too: a return cut off at the output ceiling
+    would be cut off again, so a batch run at the same ceiling submits nothing for it (the
+    batch transport used to re-ask it as a replay, paying for another cut-off answer)."""
+    from batchjson.testing import HttpFaults
+
+    path = tmp_path / "cut.sqlite"
+    faults = HttpFaults(script={1: "length_parses"})
+    with LoopbackServer(SimulatedModel(), faults=faults) as srv:
+        srv.batches.delay = 0.05
+        live = session(srv, path, repairs=1, replays=1)
+        first = live.run_batch("labels", tasks(2), SCHEMA, pack=2, on_exhausted="return")
+        live.close()
+        assert srv.requests == 1 and first.failures  # cut off: no repair, no replay
+        again = session(srv, path, repairs=1, replays=1)
+        rerun = again.run_batch("labels", tasks(2), SCHEMA, pack=2, transport="batch",
+                                wait=True, on_exhausted="return")
+        again.close()
+        assert srv.batches.created == 0 and rerun.calls == 0
+        assert not rerun.values and "earlier return" in rerun.failure_report()

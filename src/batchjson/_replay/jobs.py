@@ -22,18 +22,18 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._acceptance import judge as acceptance
-from .._content.tasks import Request, render_repair_prompt
+from .._content.tasks import Request
 from .._errors import ProviderError
 from .._ledger import Ledger
 from .._ledger.claims import Owner
 from .._providers.base import estimate_tokens, input_bound
-from .._providers.reply import REFUSED, TRUNCATED
+from .._providers.reply import TRUNCATED
 from .._providers.upload import Upload
 from .budget import Spender, reserve_lines
-from .calls import first_prompt, make_call
+from .calls import make_call
 from .job_collect import WINDOW, Collection, detail_of
 from .plan import Outcome, Plan, system_prompt
+from .policy import HALVE, NONE, Next, Tried, cut_off_error, next_attempt
 
 Windows = Callable[[], Iterable[Sequence[Request]]]  # a run's pending requests, anew each call
 
@@ -121,14 +121,19 @@ class JobRunner(Collection):
         free = [r for r in window if r.key not in done]
         history = store.job_history([r.key for r in free], self.plan.revision_id)
         tried = store.attempt_counts([r.key for r in free])
+        cut = {key for key, stops in store.stops_of([r.key for r in free]).items()
+               if TRUNCATED in stops}
         owed = []
         for request in free:
             rows = self._chain(request, history.get(request.key, []))
             if rows and rows[-1]["job_id"] in self.stopped:  # owed to the next run
                 continue
-            step = self._next(request, rows, request.key in tried)
-            if step is not None:
-                owed.append((request, *step))
+            step = self._next(request, rows, request.key in tried, request.key in cut)
+            if step.kind not in (HALVE, NONE):
+                owed.append((request, step.kind, step.prompt))
+            elif not rows:  # cut off in an earlier run: asked again, cut off again
+                _failed(self.result.outcome, request,
+                        [cut_off_error(request, self.provider, earlier=True)])
         return owed
 
     def _chain(self, request: Request, rows: Sequence[Mapping[str, Any]]
@@ -138,36 +143,17 @@ class JobRunner(Collection):
         job open then, of a run this one resumes, belongs to the chain that run began)."""
         settled = [r for r in rows if r["id"] <= self.watermark
                    and r["job_id"] not in self.open_at_start]
-        if settled and self._next(request, settled, True) is None:
+        if settled and self._next(request, settled, True).kind in (HALVE, NONE):
             return [r for r in rows if r["id"] > settled[-1]["id"]]
         return rows
 
-    def _next(self, request: Request, rows: Sequence[Mapping[str, Any]], tried: bool
-              ) -> tuple[str, str] | None:
+    def _next(self, request: Request, rows: Sequence[Mapping[str, Any]], tried: bool,
+              cut_off: bool = False) -> Next:
         """The next attempt of ``request`` after its job receipts ``rows`` (this chain's;
-        ``tried``: it has receipts of any kind), or None when its repairs and replays are
-        spent (or its validator crashed)."""
-        prompt = first_prompt(self.plan, request)
-        if not rows:
-            return ("replay" if tried else "initial"), prompt
-        last = rows[-1]
-        errors = json.loads(last["errors"] or "[]")
-        kinds = {e.get("type") for e in errors}
-        # as the live loop decides: a cut-off answer would be cut off again, a refusal is
-        # re-asked only when the run says so, a validator crash and a 4xx never are
-        if TRUNCATED in kinds or "validator_error" in kinds or (
-                REFUSED in kinds and not self.plan.reask_refusals) or any(
-                e.get("retryable") is False for e in errors):
-            return None
-        raw = last["raw"]
-        repairs = sum(r["kind"] == "repair" for r in rows)
-        replays = sum(r["kind"] == "replay" for r in rows[1:])
-        if (last["status"] == "rejected" and isinstance(raw, str) and kinds
-                and kinds <= acceptance.REPAIRABLE and repairs < self.plan.repairs):
-            return "repair", render_repair_prompt(prompt, raw, errors)
-        if replays < self.plan.replays:
-            return "replay", prompt
-        return None
+        ``tried``: it has receipts of any kind), as the one policy says (jobs never halve a
+        request: :data:`HALVE` gives it up too)."""
+        chain = [Tried(r["kind"], json.loads(r["errors"] or "[]"), r["raw"]) for r in rows]
+        return next_attempt(self.plan, request, chain, tried=tried, cut_off=cut_off)
 
     async def _submit_over(self, windows: Iterable[Sequence[Request]], writer: Owner) -> bool:
         """Submit what the requests of ``windows`` owe, a job's worth at a time, holding no
@@ -336,7 +322,7 @@ class JobRunner(Collection):
                 if request.key in holders:
                     _pending(out, request, jobs.get(holders[request.key]))
                 elif request.key in history:
-                    _failed(out, request, history[request.key][-1])
+                    _failed(out, request, json.loads(history[request.key][-1]["errors"] or "[]"))
         self.result.jobs = [job_view(row) for row in self._open_rows()]
 
 def job_view(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -369,8 +355,7 @@ def _pending(out: Outcome, request: Request, job: Mapping[str, Any] | None) -> N
     out.pending_tasks += len(request.task_ids)
 
 
-def _failed(out: Outcome, request: Request, last: Mapping[str, Any]) -> None:
-    errors = json.loads(last["errors"] or "[]")
+def _failed(out: Outcome, request: Request, errors: list[dict[str, Any]]) -> None:
     for task_id in request.task_ids:
         out.errors[task_id] = [{**e, "task_id": task_id, "request": request.key}
                                for e in errors if e.get("task_id") in (None, task_id)] or [{
