@@ -694,3 +694,30 @@ def test_a_request_cut_off_live_is_not_resubmitted_as_a_job_under_the_same_ceili
         again.close()
         assert srv.batches.created == 0 and rerun.calls == 0
         assert not rerun.values and "earlier return" in rerun.failure_report()
+
+
+def test_a_4xx_is_recorded_in_one_shape_whether_sent_live_or_in_a_job(tmp_path):
+    """One settle step for both transports: a provider's 400 on a live call and on a job's
+    line leave receipts with the same error (its status, that it is final, and the message),
+    and the run reports it as the receipt says."""
+    from batchjson.testing import HttpFaults
+
+    shapes = []
+    for transport in ("live", "batch"):
+        faults = HttpFaults(script={1: "400"}) if transport == "live" else None
+        with LoopbackServer(SimulatedModel(), faults=faults) as srv:
+            srv.batches.delay = 0.05
+            srv.batches.faults = [BatchFaults(lines={0: "http_400"})]
+            s = session(srv, tmp_path / f"{transport}.sqlite")
+            result = s.run_batch("labels", tasks(1), SCHEMA, transport=transport, wait=True,
+                                 on_exhausted="return")
+            (receipt,) = s.ledger.attempts("labels")
+            s.close()
+        (error,) = receipt.errors
+        assert {k: error[k] for k in ("type", "status", "retryable")} == {
+            "type": "provider_error", "status": 400, "retryable": False}
+        assert error["message"].startswith("provider failed (HTTP 400): ")
+        (reported,) = result.errors
+        assert reported["message"] == error["message"]
+        shapes.append(sorted(error))
+    assert shapes[0] == shapes[1]

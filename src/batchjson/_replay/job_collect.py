@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from .._acceptance import judge as acceptance
 from .._content.tasks import Request
 from .._errors import ProviderError
 from .._ledger.records import now
@@ -22,9 +21,9 @@ from .._ledger.store import Store
 from .._providers.batch_client import NOT_UTF8
 from .._providers.reply import received
 from .._providers.settings import declared_output_cap
-from .budget import Spender, charge_line, charge_of
-from .calls import _usage
+from .budget import Spender, charge_of
 from .plan import Plan
+from .settle import Settle, usage_of
 
 WINDOW = 1000  # requests read from the ledger, or output lines judged, together
 
@@ -45,6 +44,7 @@ class Collection:
     stopped: set[int]  # jobs a person cancelled during the run: none of their requests resent
     cancelled_before: set[int]  # jobs asked to cancel before the run began
     chunk: int
+    settle: Settle
     on_progress: Callable[[int], None] | None
 
     def _open_rows(self) -> list[Any]:
@@ -195,54 +195,29 @@ class Collection:
 
     def _failed_line(self, line: Mapping[str, Any], got: ProviderError
                      ) -> Callable[[Any], None]:
-        """The write completing a receipt whose line brought no answer (never billed)."""
-        store, out = self.store, self.result.outcome
-        attempt_id, usage = line["attempt_id"], got.usage or {}
-        cost = usage.get("cost") or 0.0  # billed only when it brought a reply (not UTF-8)
-        charge_line(self.spender, self.reservations.pop(attempt_id, None), cost)
-        out.calls += 1
-        out.provider_errors += 1
-        errors = [{"type": "provider_error", "task_id": None, "status": got.status,
-                   "retryable": got.retryable, "message": f"provider failed{_http(got)}: {got}"}]
-        charge = cost if self.spender.shared is not None else None
-        return lambda tx: store.finish_call(tx, attempt_id, "provider_error", errors, None,
-                                            usage, charge=charge)
+        """The write completing a receipt whose line brought no answer (never billed, unless
+        it brought a reply that was refused: not UTF-8)."""
+        cost = got.usage.get("cost") or 0.0
+        self.settle.charge(self.reservations.pop(line["attempt_id"], None), cost, got.usage)
+        self.result.outcome.calls += 1
+        return self.settle.failed(line["attempt_id"], got, cost)
 
     async def _judge_line(self, line: Mapping[str, Any], got: Any, request: Request
                           ) -> Callable[[Any], None]:
         """The write completing one receipt, from what the provider returned for it."""
         if isinstance(got, ProviderError):
             return self._failed_line(line, got)
-        store, out = self.store, self.result.outcome
-        attempt_id, key = line["attempt_id"], line["request_key"]
-        reserved = self.reservations.pop(attempt_id, None)
-        out.calls += 1
-        shared = self.spender.shared is not None  # the ledger's own budget settles too
+        settle, attempt_id = self.settle, line["attempt_id"]
+        self.result.outcome.calls += 1
         reply = received(got, declared_output_cap(self.provider))
-        cost = reply.cost if reply.cost is not None else self.spender.pricing.cost(
-            reply.input_tokens, reply.output_tokens)
-        charge_line(self.spender, reserved, cost)
-        charged_ledger = charge_of(line["reserved"], cost) if shared else None
-        out.odd_usage += "unreadable_usage" in reply.extra
-        out.input_tokens += reply.input_tokens or 0
-        out.output_tokens += reply.output_tokens or 0
-        out.cost = None if out.cost is None or cost is None else out.cost + cost
-        usage = _usage(reply)
-        plan = self.plan
-        verdict = await acceptance.judge(reply, request.tasks, mode=plan.mode,
-                                         identity=plan.identity, schema=plan.schema,
-                                         validator=plan.validator)
-        if verdict.accepted:
-            out.accepted_returns += 1
-            if self.on_progress is not None:
-                self.on_progress(len(request.tasks))
-            stored, text = verdict.stored, reply.text  # held until the job's commit: no more
-            return lambda tx: store.accept_call(tx, attempt_id, plan.batch_id, key, stored,
-                                                text, usage, charge=charged_ledger)
-        out.rejected_returns += 1
-        errors, text = verdict.errors, reply.text
-        return lambda tx: store.finish_call(tx, attempt_id, "rejected", errors, text, usage,
-                                            charge=charged_ledger)
+        cost = settle.cost(reply)
+        settle.charge(self.reservations.pop(attempt_id, None), cost, usage_of(reply))
+        # the ledger's own budget settles against what the ledger reserved for the line
+        verdict, write = await settle.judge(request, reply, attempt_id,
+                                            charge_of(line["reserved"], cost))
+        if verdict.accepted and self.on_progress is not None:
+            self.on_progress(len(request.tasks))
+        return write
 
 
 def unix(stamp: str) -> float:
@@ -268,7 +243,7 @@ def _lost(custom_id: str, came: int, whole: str | None, status: str) -> Provider
 
 def _not_utf8(got: Any, at: int) -> ProviderError:
     """A line that was not valid UTF-8, refused; the usage of the reply it brought is kept."""
-    usage = {} if isinstance(got, ProviderError) else _usage(got)
+    usage = {} if isinstance(got, ProviderError) else usage_of(got)
     return ProviderError(f"its output line is not valid UTF-8 (byte {at}): refused, never "
                          "read as an answer", usage=usage, retryable=True)
 

@@ -34,6 +34,7 @@ from .calls import make_call
 from .job_collect import WINDOW, Collection, detail_of
 from .plan import Outcome, Plan, system_prompt
 from .policy import HALVE, NONE, Next, Tried, cut_off_error, next_attempt
+from .settle import Settle, fail
 
 Windows = Callable[[], Iterable[Sequence[Request]]]  # a run's pending requests, anew each call
 
@@ -69,6 +70,7 @@ class JobRunner(Collection):
         self.cancelled_before: set[int] = set()  # ... and those asked to cancel before it
         self.short = False  # a submission stopped short: the next pass looks at every request
         self._system = system_prompt(plan)
+        self.settle = Settle(plan, self.store, provider, spender, self.result.outcome)
 
     async def run(self, windows: Windows, *, wait: bool) -> JobsOutcome:
         """Submit, poll and collect: ``windows()`` gives the run's pending requests anew, a
@@ -132,8 +134,8 @@ class JobRunner(Collection):
             if step.kind not in (HALVE, NONE):
                 owed.append((request, step.kind, step.prompt))
             elif not rows:  # cut off in an earlier run: asked again, cut off again
-                _failed(self.result.outcome, request,
-                        [cut_off_error(request, self.provider, earlier=True)])
+                fail(self.result.outcome, request,
+                     [cut_off_error(request, self.provider, earlier=True)])
         return owed
 
     def _chain(self, request: Request, rows: Sequence[Mapping[str, Any]]
@@ -322,7 +324,8 @@ class JobRunner(Collection):
                 if request.key in holders:
                     _pending(out, request, jobs.get(holders[request.key]))
                 elif request.key in history:
-                    _failed(out, request, json.loads(history[request.key][-1]["errors"] or "[]"))
+                    last = history[request.key][-1]
+                    fail(out, request, json.loads(last["errors"] or "[]"), last["raw"])
         self.result.jobs = [job_view(row) for row in self._open_rows()]
 
 def job_view(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -353,11 +356,3 @@ def _pending(out: Outcome, request: Request, job: Mapping[str, Any] | None) -> N
     out.pending.append(json.dumps({"request": request.key, "where": where,
                                    "task_ids": list(request.task_ids)}))
     out.pending_tasks += len(request.task_ids)
-
-
-def _failed(out: Outcome, request: Request, errors: list[dict[str, Any]]) -> None:
-    for task_id in request.task_ids:
-        out.errors[task_id] = [{**e, "task_id": task_id, "request": request.key}
-                               for e in errors if e.get("task_id") in (None, task_id)] or [{
-            "type": "batch_rejected", "task_id": task_id, "request": request.key,
-            "message": "another item of the same request failed"}]

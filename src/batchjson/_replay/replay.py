@@ -39,6 +39,7 @@ from .hosts import COUNT_SECONDS, HostShare
 from .pacing import Pacer
 from .plan import Outcome, Plan, Transport
 from .policy import HALVE, NONE, Tried, cut_off_error, next_attempt
+from .settle import fail, provider_error
 
 Item = tuple[Request, int]  # a queued request and its split depth
 FEED = 500  # requests taken from a stream into the queue at once
@@ -249,9 +250,9 @@ class Replayer:
             return
         self._release(request)
         if why.why == "out_of_budget":
-            self._fail(request, [{"type": "budget_exhausted", "task_id": None,
-                                  "message": "the budget ran out before this request "
-                                  f"was resolved ({why.detail})"}])
+            fail(self.outcome, request, [{"type": "budget_exhausted", "task_id": None,
+                                          "message": "the budget ran out before this request "
+                                          f"was resolved ({why.detail})"}])
             self._progress(request)
 
     def _judged(self, request: Request, done: Judged) -> None:
@@ -263,7 +264,7 @@ class Replayer:
             for task_id in request.task_ids:
                 self.outcome.errors.pop(task_id, None)
             return
-        self._fail(request, verdict.errors, raw)
+        fail(self.outcome, request, verdict.errors, raw)
         crash = next((e for e in verdict.errors if e.get("type") == "validator_error"), None)
         if crash is not None and self.control.stop is None:
             self.control.halt(RuntimeError(_first_line(crash)))
@@ -275,8 +276,8 @@ class Replayer:
         earlier run), not halved: reported as needing a higher ceiling."""
         self._release(request)
         self._progress(request)
-        self._fail(request, [cut_off_error(request, self.provider, done is None)],
-                   done.raw if done is not None else None)
+        fail(self.outcome, request, [cut_off_error(request, self.provider, done is None)],
+             done.raw if done is not None else None)
 
     def _sweep(self) -> None:
         """Another runner works on this content too: take out of the queue, with one read and
@@ -328,20 +329,6 @@ class Replayer:
                 self._queue.appendleft((child, depth + 1))
         self.control.changed.set()
 
-    def _fail(self, request: Request, errors: list[dict[str, Any]],
-              raw: str | None = None) -> None:
-        """Each task's errors; what all of a request's tasks share (an error about the whole
-        return, a bystander's) is one dict for them all (the result names the task on read)."""
-        extra = {"request": request.key, **({"raw": raw} if raw is not None else {})}
-        shared = [{**e, **extra} for e in errors if e.get("task_id") is None]
-        bystander = [{"type": "batch_rejected", **extra,
-                      "message": "this task's item was fine but another item of the same "
-                      "request failed, so the whole return was rejected"}]
-        for task_id in request.task_ids:
-            own = any(e.get("task_id") == task_id for e in errors)
-            self.outcome.errors[task_id] = ([{**e, **extra} for e in errors if e.get(
-                "task_id") in (task_id, None)] if own else shared or bystander)
-
     # -- one attempt (with transport retries) --------------------------------------------------
     async def _attempt(self, request: Request, kind: str, prompt: str) -> Judged | NotSent:
         """One logical attempt: transport retries inside, acceptance on the text that arrives.
@@ -377,14 +364,7 @@ class Replayer:
         down = self.caller.host_down(exc, request.key)  # if so, the run stopped naming it
         if not down and exc.fatal and self.control.fatal is None:  # a broken source
             self.control.halt(exc, fatal=True)  # nothing more is sent
-        status = f" (HTTP {exc.status})" if exc.status else ""
-        error = {"type": "provider_error", "task_id": None, "retryable": exc.retryable,
-                 "message": f"provider failed{status}: {exc}"}
-        if exc.status == 429:
-            error["status"] = 429
-        if exc.kind != "provider_error":  # the source's own type (droste's error types)
-            error["kind"] = exc.kind
-        return Judged(acceptance.Verdict(False, errors=[error]), None)
+        return Judged(acceptance.Verdict(False, errors=[provider_error(exc)]), None)
 
     async def _paced_call(self, request: Request, kind: str,
                           prompt: str) -> Judged | NotSent:
