@@ -2,7 +2,7 @@
 budget, counted, judged and turned into the write that completes its receipt.
 
 A live call settles here as it returns (``calls.py``), a job's line as its job is collected
-(``job_collect.py``): one account of cost and usage, one shape for each error.
+(``jobs.py``): one account of cost and usage, one shape for each error.
 """
 
 from __future__ import annotations
