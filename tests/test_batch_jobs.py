@@ -672,3 +672,52 @@ def test_a_batch_created_after_its_job_was_released_is_known_and_cancelled_there
         assert srv.batches.messages.batches[provider_id]["cancel_initiated_at"]
         assert srv.batches.created == 1 and not result.values
         s.close()
+
+
+def test_a_request_cut_off_live_is_not_resubmitted_as_a_job_under_the_same_ceiling(tmp_path):
+    """The one next-attempt policy holds for jobs too: a return cut off at the output ceiling
+    would be cut off again, so a batch run at the same ceiling submits nothing for it (the
+    batch transport used to re-ask it as a replay, paying for another cut-off answer)."""
+    from batchjson.testing import HttpFaults
+
+    path = tmp_path / "cut.sqlite"
+    faults = HttpFaults(script={1: "length_parses"})
+    with LoopbackServer(SimulatedModel(), faults=faults) as srv:
+        srv.batches.delay = 0.05
+        live = session(srv, path, repairs=1, replays=1)
+        first = live.run_batch("labels", tasks(2), SCHEMA, pack=2, on_exhausted="return")
+        live.close()
+        assert srv.requests == 1 and first.failures  # cut off: no repair, no replay
+        again = session(srv, path, repairs=1, replays=1)
+        rerun = again.run_batch("labels", tasks(2), SCHEMA, pack=2, transport="batch",
+                                wait=True, on_exhausted="return")
+        again.close()
+        assert srv.batches.created == 0 and rerun.calls == 0
+        assert not rerun.values and "earlier return" in rerun.failure_report()
+
+
+def test_a_4xx_is_recorded_in_one_shape_whether_sent_live_or_in_a_job(tmp_path):
+    """One settle step for both transports: a provider's 400 on a live call and on a job's
+    line leave receipts with the same error (its status, that it is final, and the message),
+    and the run reports it as the receipt says."""
+    from batchjson.testing import HttpFaults
+
+    shapes = []
+    for transport in ("live", "batch"):
+        faults = HttpFaults(script={1: "400"}) if transport == "live" else None
+        with LoopbackServer(SimulatedModel(), faults=faults) as srv:
+            srv.batches.delay = 0.05
+            srv.batches.faults = [BatchFaults(lines={0: "http_400"})]
+            s = session(srv, tmp_path / f"{transport}.sqlite")
+            result = s.run_batch("labels", tasks(1), SCHEMA, transport=transport, wait=True,
+                                 on_exhausted="return")
+            (receipt,) = s.ledger.attempts("labels")
+            s.close()
+        (error,) = receipt.errors
+        assert {k: error[k] for k in ("type", "status", "retryable")} == {
+            "type": "provider_error", "status": 400, "retryable": False}
+        assert error["message"].startswith("provider failed (HTTP 400): ")
+        (reported,) = result.errors
+        assert reported["message"] == error["message"]
+        shapes.append(sorted(error))
+    assert shapes[0] == shapes[1]

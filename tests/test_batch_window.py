@@ -14,7 +14,7 @@ import pytest
 
 from batchjson import Session
 from batchjson._providers.batch_client import BatchClient
-from batchjson._replay import job_collect
+from batchjson._replay import jobs
 from batchjson.testing import BatchFaults, LoopbackServer
 from tests.helpers import ledger_rows, openai
 from tests.test_batch_jobs import SCHEMA, tasks
@@ -28,7 +28,7 @@ def small_jobs(monkeypatch, small_windows):  # noqa: F811
     """Jobs of 5 lines, ended jobs' lines judged 4 at a time."""
     for cls in BatchClient.__subclasses__():
         monkeypatch.setattr(cls, "max_requests", JOB)
-    monkeypatch.setattr(job_collect, "WINDOW", 4)
+    monkeypatch.setattr(jobs, "WINDOW", 4)
 
 
 def batch_session(srv: LoopbackServer, path: Any) -> Session:

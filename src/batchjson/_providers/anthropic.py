@@ -13,6 +13,7 @@ from typing import Any, Literal, get_args
 from .._checks import whole
 from .._errors import ProviderError, ProviderSetupError
 from ._http import HttpProvider, as_int, object_schema, with_path
+from .anthropic_batch import AnthropicBatches
 from .base import Call
 from .caching import CACHE_CONTROL, prefix_cacheable
 from .reply import NO_TOOL_CALL, REFUSED, TOOL_CALL, TRUNCATED, Reply
@@ -59,6 +60,10 @@ class AnthropicProvider(HttpProvider):
     def _base_url(self, base_url: str | None) -> str:
         # the path adds /v1 itself
         return with_path(super()._base_url(base_url), lambda path: path.removesuffix("/v1"))
+
+    def batch_api(self) -> AnthropicBatches:
+        """The batch transport it offers (``transport='batch'``): Message Batches."""
+        return AnthropicBatches(self)
 
     def request_body(self, call: Call) -> tuple[dict[str, Any], str | None, bool]:
         """The JSON body, the forced tool's name (tool mode) and whether a scalar was wrapped."""

@@ -133,7 +133,7 @@ class OutputLines:
     bytes are held, never every parsed line. Lines are split at newlines alone (JSON Lines), so
     a U+2028 inside a string never cuts one; blank lines are skipped. A line that is not valid
     UTF-8 is read only for its ``custom_id``: it carries :data:`NOT_UTF8` (the first bad byte),
-    and its receipt is refused (``job_collect``), as a live body that is not UTF-8 is."""
+    and its receipt is refused (``_replay/jobs.py``), as a live body that is not UTF-8 is."""
 
     def __init__(self, files: Sequence[bytes], parse: Callable[[str], Any]) -> None:
         self.files, self.parse = files, parse

@@ -17,6 +17,7 @@ from ._http import HttpProvider, as_int, object_schema
 from .base import Call
 from .caching import prefix_cacheable, prompt_cache_key
 from .capabilities import Capabilities, capabilities_for, shaped_extra_body
+from .openai_batch import OpenAIBatches
 from .reply import REFUSED, TOOL_CALL, TRUNCATED, Reply
 from .strict import strict_form
 
@@ -69,6 +70,10 @@ class OpenAIProvider(HttpProvider):
                 "schema), or pass capabilities={'response_format': True} if this deployment "
                 "takes one")
         self.extra_body = shaped_extra_body(self.model, self.capabilities, self.extra_body)
+
+    def batch_api(self) -> OpenAIBatches:
+        """The batch transport this provider offers (``transport='batch'``): OpenAI's Batch API."""
+        return OpenAIBatches(self)
 
     def request_body(self, call: Call) -> tuple[dict[str, Any], bool]:
         """The JSON body for a call, and whether a value-mode scalar was wrapped."""

@@ -361,13 +361,10 @@ def reserve_lines(spender: Spender, bounds: list[int]) -> list[float]:
     return reserved
 
 
-def charge_line(spender: Spender, reserved: float | None, cost: float | None) -> float:
-    """Settle one collected line: against its reservation when this session made it, else (a
-    job another process submitted) its cost is charged as it stands; what it was charged."""
-    if reserved is not None:
-        spender.settle(reserved, cost)
-        return charge_of(reserved, cost)
-    charged = cost if cost is not None and math.isfinite(cost) and cost >= 0 else 0.0
+def charge_unreserved(spender: Spender, cost: float | None) -> float:
+    """A collected line of a job another process submitted (and reserved): its cost is
+    charged as it stands; what it was charged."""
+    charged = charge_of(0.0, cost)
     with spender._tally.lock:
         spender._tally.calls += 1
         spender._tally.cost += charged

@@ -25,9 +25,10 @@ from .._ledger.store import Store
 from .._providers.base import Call, CallKind, Reply, estimate_tokens, input_bound
 from .._providers.caching import prefix_cacheable
 from .._providers.masking import public_url
-from .budget import Pricing, Spender, charge_of, usd
+from .budget import Pricing, Spender, usd
 from .groupcommit import GroupCommit
 from .plan import Outcome, Plan, Transport, system_prompt
+from .settle import Settle, usage_of
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,7 @@ class Caller:
             self.provider, "enforces_timeout", False) else None
         self.needs_timer = not (isinstance(own, (int, float)) and own <= self.transport.timeout)
         self.spender.on_settle = self.settled.set
+        self.settle = Settle(self.plan, self.store, self.provider, self.spender, self.outcome)
 
     async def call(self, request: Request, kind: CallKind, prompt: str) -> Judged | NotSent:
         """Reserve, claim and commit the receipt; then send, judge and record the return.
@@ -308,8 +310,8 @@ class Caller:
             with self.store.call_transaction() as tx:
                 self.store.finish_call(tx, attempt_id, "cancelled", errors,
                                        reply.text if kept else None,
-                                       _usage(reply) if kept else {}, sent_at=sent_at,
-                                       charge=self._ledger_charge(charge))
+                                       usage_of(reply) if kept else {}, sent_at=sent_at,
+                                       charge=self.settle.ledger(charge))
         except LedgerError as exc:
             self.control.ledger_failed(exc)
 
@@ -335,49 +337,19 @@ class Caller:
                                                error.usage.get("output_tokens"))
             unbilled = error.unreachable or (error.status is not None
                                              and 400 <= error.status < 500)
-            charge = self._settle(reserved, billed if billed is not None else
-                                  (0.0 if unbilled else None), error.usage)
-            self._record_provider_error(attempt_id, str(error), error.status, error.usage,
-                                        sent_at, charge)
+            charge = self.settle.charge(reserved, billed if billed is not None else
+                                        (0.0 if unbilled else None), error.usage)
+            self.writes.queue(self.settle.failed(attempt_id, error, charge, sent_at))
             raise error from None
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a provider bug must not leave an in-flight receipt
-            message = f"{type(exc).__name__}: {exc}"
-            self.spender.settle(reserved, None)
-            self._record_provider_error(attempt_id, message, None, {}, sent_at, reserved)
-            raise ProviderError(message, retryable=False) from exc
+            error = ProviderError(f"{type(exc).__name__}: {exc}", retryable=False)
+            charge = self.settle.charge(reserved, None, {})
+            self.writes.queue(self.settle.failed(attempt_id, error, charge, sent_at))
+            raise error from exc
         self.probe.back(call.request_key)
-        return reply, self._settle(reserved, self._cost(reply), _usage(reply))
-
-    def _settle(self, reserved: float, cost: float | None, usage: Mapping[str, Any]) -> float:
-        """Settle the call's reservation, returning what it was charged; a call billed beyond
-        it stops the cost budget opening calls, and the run says by how much (its receipt keeps
-        the real cost)."""
-        cap = self.spender.pricing.max_output_tokens
-
-        def why() -> str:
-            out = usage.get("output_tokens")
-            if isinstance(out, int) and cap is not None and out > cap:
-                return f"{out} output tokens against a ceiling of max_tokens={cap}"
-            return (f"{usage.get('input_tokens')} input and {out} output tokens, answered by "
-                    f"{usage.get('model') or self.model}")
-
-        beyond = self.spender.settle(reserved, cost, why)
-        if beyond:
-            self.outcome.overrun += beyond
-            self.outcome.stopped = self.spender.stopped
-        return charge_of(reserved, cost)
-
-    def _ledger_charge(self, charge: float) -> float | None:
-        """What a completing receipt charges the ledger's own budget (None: the run reserved
-        nothing there)."""
-        return charge if self.spender.shared is not None else None
-
-    def _cost(self, reply: Reply) -> float | None:
-        if reply.cost is not None:
-            return reply.cost
-        return self.spender.pricing.cost(reply.input_tokens, reply.output_tokens)
+        return reply, self.settle.charge(reserved, self.settle.cost(reply), usage_of(reply))
 
     async def _judge(self, request: Request, reply: Reply, attempt_id: int, sent_at: str,
                      charge: float) -> Judged:
@@ -387,42 +359,9 @@ class Caller:
         queued write before it returns, so a failed commit can never pass as success; a failed
         commit also fails every later receipt, so no further call is sent.
         """
-        store, plan, charged = self.store, self.plan, self._ledger_charge(charge)
-        usage = self._account(reply)
-        verdict = await acceptance.judge(
-            reply, request.tasks, mode=plan.mode, identity=plan.identity,
-            schema=plan.schema, validator=plan.validator)
-        if verdict.accepted:
-            self.writes.queue(lambda tx: store.accept_call(
-                tx, attempt_id, plan.batch_id, request.key, verdict.stored, reply.text,
-                usage, sent_at, charged))
-            self.outcome.accepted_returns += 1
-        else:
-            self.writes.queue(lambda tx: store.finish_call(
-                tx, attempt_id, "rejected", verdict.errors, reply.text, usage, sent_at,
-                charged))
-            self.outcome.rejected_returns += 1
+        verdict, write = await self.settle.judge(request, reply, attempt_id, charge, sent_at)
+        self.writes.queue(write)
         return Judged(verdict, reply.text)
-
-    def _record_provider_error(self, attempt_id: int, message: str, status: int | None,
-                               usage: Mapping[str, Any], sent_at: str, charge: float) -> None:
-        self.outcome.provider_errors += 1
-        errors = [{"type": "provider_error", "task_id": None, "message": message,
-                   "status": status}]
-        charged = self._ledger_charge(charge)
-        self.writes.queue(lambda tx: self.store.finish_call(
-            tx, attempt_id, "provider_error", errors, None, usage, sent_at, charged))
-
-    def _account(self, reply: Reply) -> dict[str, Any]:
-        out = self.outcome
-        out.odd_usage += "unreadable_usage" in reply.extra
-        out.input_tokens += reply.input_tokens or 0
-        out.output_tokens += reply.output_tokens or 0
-        if reply.cost is None:
-            out.cost = None
-        elif out.cost is not None:
-            out.cost += reply.cost
-        return _usage(reply)
 
 
 def first_prompt(plan: Plan, request: Request) -> str:
@@ -467,11 +406,6 @@ def cheapest_call(plan: Plan, provider: Any, pricing: Pricing,
         return least
 
     return cheapest
-
-
-def _usage(reply: Reply) -> dict[str, Any]:
-    return {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens,
-            "cached_tokens": reply.cached_tokens, "cost": reply.cost, "model": reply.model}
 
 
 def _why(exc: BaseException) -> str:

@@ -8,7 +8,10 @@ time, plus a few numbers a job. The first pass streams them once, submitting wha
 recorded before upload, and learns which jobs hold the rest. Every pass then polls those jobs
 and collects the ones that ended (lines joined by ``custom_id`` only: an unknown, missing or
 duplicated id is named and never admitted; an error line is a provider error, never an
-answer), and submits the follow-ups of the requests they held, read from the ledger.
+answer), and submits the follow-ups of the requests they held, read from the ledger. An ended
+job's output is read a line at a time, twice (to count each ``custom_id``, then to judge a
+window of lines with their requests from the ledger); each line settles through the one settle
+step (``settle.py``), and every receipt and the job commit in one transaction.
 ``wait=False`` returns after one pass with the jobs still open; ``wait=True`` passes until
 every job ended.
 """
@@ -20,21 +23,26 @@ import json
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
-from .._acceptance import judge as acceptance
-from .._content.tasks import Request, render_repair_prompt
+from .._content.tasks import Request
 from .._errors import ProviderError
 from .._ledger import Ledger
 from .._ledger.claims import Owner
+from .._ledger.records import now
 from .._providers.base import estimate_tokens, input_bound
-from .._providers.reply import REFUSED, TRUNCATED
+from .._providers.batch_client import NOT_UTF8
+from .._providers.reply import TRUNCATED, received
+from .._providers.settings import declared_output_cap
 from .._providers.upload import Upload
-from .budget import Spender, reserve_lines
-from .calls import first_prompt, make_call
-from .job_collect import WINDOW, Collection, detail_of
+from .budget import Spender, charge_of, reserve_lines
+from .calls import make_call
 from .plan import Outcome, Plan, system_prompt
+from .policy import HALVE, NONE, Next, Tried, cut_off_error, next_attempt
+from .settle import Settle, fail, usage_of
 
+WINDOW = 1000  # requests read from the ledger, or output lines judged, together
 Windows = Callable[[], Iterable[Sequence[Request]]]  # a run's pending requests, anew each call
 
 
@@ -49,7 +57,7 @@ class JobsOutcome:
     submitted: int = 0
 
 
-class JobRunner(Collection):
+class JobRunner:
     """Submits, polls and collects the jobs of one run of one batch revision."""
 
     def __init__(self, plan: Plan, ledger: Ledger, provider: Any, client: Any,
@@ -69,6 +77,7 @@ class JobRunner(Collection):
         self.cancelled_before: set[int] = set()  # ... and those asked to cancel before it
         self.short = False  # a submission stopped short: the next pass looks at every request
         self._system = system_prompt(plan)
+        self.settle = Settle(plan, self.store, provider, spender, self.result.outcome)
 
     async def run(self, windows: Windows, *, wait: bool) -> JobsOutcome:
         """Submit, poll and collect: ``windows()`` gives the run's pending requests anew, a
@@ -121,14 +130,19 @@ class JobRunner(Collection):
         free = [r for r in window if r.key not in done]
         history = store.job_history([r.key for r in free], self.plan.revision_id)
         tried = store.attempt_counts([r.key for r in free])
+        cut = {key for key, stops in store.stops_of([r.key for r in free]).items()
+               if TRUNCATED in stops}
         owed = []
         for request in free:
             rows = self._chain(request, history.get(request.key, []))
             if rows and rows[-1]["job_id"] in self.stopped:  # owed to the next run
                 continue
-            step = self._next(request, rows, request.key in tried)
-            if step is not None:
-                owed.append((request, *step))
+            step = self._next(request, rows, request.key in tried, request.key in cut)
+            if step.kind not in (HALVE, NONE):
+                owed.append((request, step.kind, step.prompt))
+            elif not rows:  # cut off in an earlier run: asked again, cut off again
+                fail(self.result.outcome, request,
+                     [cut_off_error(request, self.provider, earlier=True)])
         return owed
 
     def _chain(self, request: Request, rows: Sequence[Mapping[str, Any]]
@@ -138,36 +152,17 @@ class JobRunner(Collection):
         job open then, of a run this one resumes, belongs to the chain that run began)."""
         settled = [r for r in rows if r["id"] <= self.watermark
                    and r["job_id"] not in self.open_at_start]
-        if settled and self._next(request, settled, True) is None:
+        if settled and self._next(request, settled, True).kind in (HALVE, NONE):
             return [r for r in rows if r["id"] > settled[-1]["id"]]
         return rows
 
-    def _next(self, request: Request, rows: Sequence[Mapping[str, Any]], tried: bool
-              ) -> tuple[str, str] | None:
+    def _next(self, request: Request, rows: Sequence[Mapping[str, Any]], tried: bool,
+              cut_off: bool = False) -> Next:
         """The next attempt of ``request`` after its job receipts ``rows`` (this chain's;
-        ``tried``: it has receipts of any kind), or None when its repairs and replays are
-        spent (or its validator crashed)."""
-        prompt = first_prompt(self.plan, request)
-        if not rows:
-            return ("replay" if tried else "initial"), prompt
-        last = rows[-1]
-        errors = json.loads(last["errors"] or "[]")
-        kinds = {e.get("type") for e in errors}
-        # as the live loop decides: a cut-off answer would be cut off again, a refusal is
-        # re-asked only when the run says so, a validator crash and a 4xx never are
-        if TRUNCATED in kinds or "validator_error" in kinds or (
-                REFUSED in kinds and not self.plan.reask_refusals) or any(
-                e.get("retryable") is False for e in errors):
-            return None
-        raw = last["raw"]
-        repairs = sum(r["kind"] == "repair" for r in rows)
-        replays = sum(r["kind"] == "replay" for r in rows[1:])
-        if (last["status"] == "rejected" and isinstance(raw, str) and kinds
-                and kinds <= acceptance.REPAIRABLE and repairs < self.plan.repairs):
-            return "repair", render_repair_prompt(prompt, raw, errors)
-        if replays < self.plan.replays:
-            return "replay", prompt
-        return None
+        ``tried``: it has receipts of any kind), as the one policy says (jobs never halve a
+        request: :data:`HALVE` gives it up too)."""
+        chain = [Tried(r["kind"], json.loads(r["errors"] or "[]"), r["raw"]) for r in rows]
+        return next_attempt(self.plan, request, chain, tried=tried, cut_off=cut_off)
 
     async def _submit_over(self, windows: Iterable[Sequence[Request]], writer: Owner) -> bool:
         """Submit what the requests of ``windows`` owe, a job's worth at a time, holding no
@@ -336,8 +331,183 @@ class JobRunner(Collection):
                 if request.key in holders:
                     _pending(out, request, jobs.get(holders[request.key]))
                 elif request.key in history:
-                    _failed(out, request, history[request.key][-1])
+                    last = history[request.key][-1]
+                    fail(out, request, json.loads(last["errors"] or "[]"), last["raw"])
         self.result.jobs = [job_view(row) for row in self._open_rows()]
+
+    # -- collection ----------------------------------------------------------------------------
+    def _open_rows(self) -> list[Any]:
+        """The watched jobs still unfinished (those that ended are no longer watched)."""
+        rows = [row for row in self.store.jobs() if row["id"] in self.watched]
+        self.watched = {row["id"] for row in rows}
+        return rows
+
+    async def _collect_ended(self) -> list[int]:
+        """Poll the watched jobs and collect those that ended: the ids of every watched job
+        no longer unfinished (collected here, or by another runner meanwhile)."""
+        self.store.lost_recordings()
+        for row in self.store.jobs():
+            if row["id"] not in self.watched or row["protocol"] != self.client.protocol:
+                continue
+            if row["status"] == "uncertain" and row["provider_job_id"] is None:
+                row = await self._recover(row)
+            if row["status"] != "open":
+                continue
+            if "cancel_requested_at" in detail_of(row):
+                await self._cancel_asked(row)
+                row = self.store.jobs(job=str(row["id"]))[0]  # what it recorded
+            try:
+                batch = await self.client.poll(row["provider_job_id"])
+                status = self.client.status(batch)
+                if status not in self.client.running:
+                    await self._collect(row, batch)
+                    continue
+            except ProviderError as exc:  # the job stays open: the next run looks again
+                final = not exc.retryable and 400 <= (exc.status or 0) < 500
+                if final:  # asking again will not help: no wait for it (see JobRunner.run)
+                    self.unreadable.add(row["id"])
+                self.result.notes.append(
+                    f"job {row['id']} ({row['provider_job_id']}) could not be read this time: "
+                    f"{exc}" + ("; the wait for it ends, and it stays open for a later run or "
+                                "%batch_status to collect" if final else ""))
+                continue
+            self.store.job_detail(row["id"], {**detail_of(row), "provider_status": status,
+                                              "counts": self.client.counts(batch)})
+        before = set(self.watched)
+        gone = sorted(before - {row["id"] for row in self._open_rows()})
+        for job_id in gone:
+            if job_id not in self.cancelled_before and (
+                    self.store.jobs(job=str(job_id))[0]["status"] == "cancelled"):
+                self.stopped.add(job_id)
+                self.result.notes.append(
+                    f"job {job_id} was cancelled while this run watched it: none of its "
+                    "requests is sent again by this run; the next run you start owes them")
+        return [job_id for job_id in gone if job_id not in self.stopped]
+
+    async def _cancel_asked(self, row: Mapping[str, Any]) -> None:
+        """A job a person asked to cancel while its writer was creating it (or released
+        meanwhile) is cancelled at the provider once its id is known, and that is recorded."""
+        detail = detail_of(row)
+        if row["id"] not in self.cancelled_before:
+            self.stopped.add(row["id"])
+        if "cancel_sent_at" in detail:
+            return
+        try:
+            batch = await self.client.cancel(row["provider_job_id"])
+        except ProviderError as exc:
+            self.result.notes.append(
+                f"job {row['id']} ({row['provider_job_id']}) was cancelled by a person while "
+                f"it was created, but the provider could not be asked to cancel it: {exc}")
+            return
+        self.store.job_detail(row["id"], {**detail, "cancel_sent_at": now(),
+                                          "provider_status": self.client.status(batch)})
+        self.result.notes.append(
+            f"job {row['id']} ({row['provider_job_id']}) was cancelled at the provider, as a "
+            "person asked while it was being created")
+
+    async def _recover(self, row: Mapping[str, Any]) -> Mapping[str, Any]:
+        """An uncertain job found at the provider by the uid it was created with (OpenAI keeps
+        it as the batch's metadata) is recorded open under the id found, and polled as any
+        open job; else it stays uncertain."""
+        try:  # listed back to an hour before it was recorded (clocks differ)
+            batch = await self.client.find(row["uid"], unix(row["created_at"]) - 3600)
+        except ProviderError as exc:
+            self.result.notes.append(f"job {row['id']} is uncertain and the provider's jobs "
+                                     f"could not be listed to find it this time: {exc}")
+            return row
+        if batch is None:
+            return row
+        self.store.job_submitted(row["id"], str(batch["id"]), {
+            "input_file_id": batch.get("input_file_id"),
+            "provider_status": batch.get("status"),
+            "recovered": "found at the provider by the uid it was created with"})
+        self.result.notes.append(f"job {row['id']} was uncertain (its runner stopped before "
+                                 f"recording the provider's id): found as {batch['id']} by "
+                                 "its uid, and polled as any open job")
+        return self.store.jobs(job=str(row["id"]))[0]
+
+    async def _collect(self, row: Mapping[str, Any], batch: Mapping[str, Any]) -> None:
+        """Join the job's lines to its receipts by custom_id, judge each, and complete every
+        receipt and the job in one transaction. The output is read twice, a line at a time:
+        once to count each custom_id (one that comes back twice is admitted in neither
+        copy), then to judge, a window of lines with their requests at a time."""
+        lines = {line["custom_id"]: line for line in self.store.job_lines(row["id"])}
+        whole = self.client.whole_failure(batch)
+        status = self.client.status(batch)
+        outs = await self.client.results(batch) if whole is None else ()
+        if whole is not None and self.client.too_large(batch):
+            self.chunk = max(1, min(self.chunk, len(lines)) // 2)
+        came: dict[str, int] = {}
+        unknown: list[str] = []
+        for out in outs:
+            cid = self.client.line_id(out)
+            if cid in lines:
+                came[cid] = came.get(cid, 0) + 1
+            else:
+                unknown.append(str(cid)[:80])
+        writes, garbled = [], 0
+        once = (out for out in outs if came.get(self.client.line_id(out)) == 1)
+        for part in _batched(once, WINDOW):
+            cids = [self.client.line_id(out) for out in part]
+            requests = self.store.requests_by_keys([lines[c]["request_key"] for c in cids])
+            for cid, out in zip(cids, part, strict=True):
+                line = lines[cid]
+                got = self.client.outcome(out, bool(line["wrapped"]))
+                if NOT_UTF8 in out:
+                    got, garbled = _not_utf8(got, out[NOT_UTF8]), garbled + 1
+                writes.append(await self._judge_line(line, got, requests[line["request_key"]]))
+        if garbled:
+            self.result.notes.append(
+                f"job {row['id']} ({row['provider_job_id']}) returned {garbled} line(s) that "
+                "are not valid UTF-8: refused as provider errors, never read as answers")
+        for cid, line in lines.items():
+            if came.get(cid) != 1:
+                writes.append(self._failed_line(line, _lost(cid, came.get(cid, 0), whole,
+                                                            status)))
+        detail = {**detail_of(row), "provider_status": status, "counts": self.client.counts(batch)}
+        if unknown:
+            detail["unknown_custom_ids"] = unknown[:20]
+            self.result.notes.append(
+                f"job {row['id']} ({row['provider_job_id']}) returned {len(unknown)} line(s) "
+                f"with a custom_id it was never sent ({', '.join(unknown[:3])}); none was "
+                "admitted")
+        if whole is not None:
+            detail["failed"] = whole
+            self.result.notes.append(f"job {row['id']} ({row['provider_job_id']}) failed as a "
+                                     f"whole: {whole}")
+        store = self.store
+        with store.call_transaction() as tx:
+            if store.end_job(tx, row["id"], "cancelled" if status == "cancelled" else "ended",
+                             detail):
+                for write in writes:
+                    write(tx)
+
+    def _failed_line(self, line: Mapping[str, Any], got: ProviderError
+                     ) -> Callable[[Any], None]:
+        """The write completing a receipt whose line brought no answer (never billed, unless
+        it brought a reply that was refused: not UTF-8)."""
+        cost = got.usage.get("cost") or 0.0
+        self.settle.charge(self.reservations.pop(line["attempt_id"], None), cost, got.usage)
+        self.result.outcome.calls += 1
+        return self.settle.failed(line["attempt_id"], got, cost)
+
+    async def _judge_line(self, line: Mapping[str, Any], got: Any, request: Request
+                          ) -> Callable[[Any], None]:
+        """The write completing one receipt, from what the provider returned for it."""
+        if isinstance(got, ProviderError):
+            return self._failed_line(line, got)
+        settle, attempt_id = self.settle, line["attempt_id"]
+        self.result.outcome.calls += 1
+        reply = received(got, declared_output_cap(self.provider))
+        cost = settle.cost(reply)
+        settle.charge(self.reservations.pop(attempt_id, None), cost, usage_of(reply))
+        # the ledger's own budget settles against what the ledger reserved for the line
+        verdict, write = await settle.judge(request, reply, attempt_id,
+                                            charge_of(line["reserved"], cost))
+        if verdict.accepted and self.on_progress is not None:
+            self.on_progress(len(request.tasks))
+        return write
+
 
 def job_view(row: Mapping[str, Any]) -> dict[str, Any]:
     """A job as a result, ``batchjson jobs`` and the notebook show it."""
@@ -369,10 +539,52 @@ def _pending(out: Outcome, request: Request, job: Mapping[str, Any] | None) -> N
     out.pending_tasks += len(request.task_ids)
 
 
-def _failed(out: Outcome, request: Request, last: Mapping[str, Any]) -> None:
-    errors = json.loads(last["errors"] or "[]")
-    for task_id in request.task_ids:
-        out.errors[task_id] = [{**e, "task_id": task_id, "request": request.key}
-                               for e in errors if e.get("task_id") in (None, task_id)] or [{
-            "type": "batch_rejected", "task_id": task_id, "request": request.key,
-            "message": "another item of the same request failed"}]
+def unix(stamp: str) -> float:
+    """Seconds since the epoch of a ledger time (ISO 8601 UTC)."""
+    moment = datetime.fromisoformat(stamp)
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
+def _lost(custom_id: str, came: int, whole: str | None, status: str) -> ProviderError:
+    """Why a receipt got no answer it could admit: its line came back ``came`` times (not
+    once), in a job that ended ``status`` (or failed as a whole: ``whole``)."""
+    if came:
+        why = (f"custom_id {custom_id} came back {came} times in one job's output; none of "
+               "its lines was admitted")
+    elif whole is not None:
+        why = f"the job failed as a whole before any line ran: {whole}"
+    elif status in ("expired", "cancelled", "canceled"):
+        why = f"the job {status} before this request was answered"
+    else:
+        why = f"custom_id {custom_id} is missing from the output of a {status} job"
+    return ProviderError(why, retryable=True)
+
+
+def _not_utf8(got: Any, at: int) -> ProviderError:
+    """A line that was not valid UTF-8, refused; the usage of the reply it brought is kept."""
+    usage = {} if isinstance(got, ProviderError) else usage_of(got)
+    return ProviderError(f"its output line is not valid UTF-8 (byte {at}): refused, never "
+                         "read as an answer", usage=usage, retryable=True)
+
+
+def _batched(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    part: list[Any] = []
+    for item in items:
+        part.append(item)
+        if len(part) == size:
+            yield part
+            part = []
+    if part:
+        yield part
+
+
+
+def detail_of(row: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        return dict(json.loads(row["detail"] or "{}"))
+    except (TypeError, ValueError):
+        return {}
+
+
+def _http(error: ProviderError) -> str:
+    return f" (HTTP {error.status})" if error.status else ""

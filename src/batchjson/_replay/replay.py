@@ -1,8 +1,8 @@
 """The bounded in-cell replay loop: resolve each request or give up within a fixed allowance.
 
-Per failing request: up to ``repairs`` repair calls (original prompt + exact errors + raw return),
-then up to ``replays`` exact fresh replays, then, with ``split``, deterministic halving. Transport
-failures get their own receipts and backoff, and never count as repairs.
+What each failing request does next (repairs, replays, halves) is the one policy both
+transports share (``policy.py``). Transport failures get their own receipts and backoff, and
+never count as repairs.
 
 A pool of ``concurrency`` workers takes requests from one queue. For every call a worker reserves
 its worst-case cost, claims the request and commits the in-flight receipt (the group commit
@@ -26,21 +26,22 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 from tenacity.wait import wait_exponential, wait_random
 
 from .._acceptance import judge as acceptance
-from .._content.tasks import Request, render_repair_prompt
+from .._content.tasks import Request
 from .._errors import LedgerError, ProviderError
 from .._ledger import Ledger
 from .._ledger.claims import Owner
 from .._providers.ratelimits import HEADER_LISTENER, reports_limits, request_tokens
-from .._providers.reply import REFUSED, STOP_ERRORS, TRUNCATED
-from .._providers.settings import declared_output_cap
+from .._providers.reply import TRUNCATED
 from .budget import Spender
-from .calls import Caller, Control, Judged, NotSent, first_prompt
+from .calls import Caller, Control, Judged, NotSent
 from .groupcommit import GroupCommit
 from .hosts import COUNT_SECONDS, HostShare
 from .pacing import Pacer
 from .plan import Outcome, Plan, Transport
+from .policy import HALVE, NONE, Tried, cut_off_error, next_attempt
+from .settle import fail, provider_error
 
-Item = tuple[Request, int, "str | None"]  # a queued request, its split depth, its first kind
+Item = tuple[Request, int]  # a queued request and its split depth
 FEED = 500  # requests taken from a stream into the queue at once
 # The pause before each look at requests other runners hold, growing while nothing changes:
 # a run that waits for another's last calls returns within a look of their end.
@@ -163,7 +164,7 @@ class Replayer:
         self._attempts.update(self.store.attempt_counts(keys))
         self._cut_off.update(key for key, stops in self.store.stops_of(keys).items()
                              if TRUNCATED in stops)
-        self._queue.extend((r, 0, None) for r in requests)
+        self._queue.extend((r, 0) for r in requests)
 
     async def _worker(self) -> None:
         changed = self.control.changed
@@ -211,56 +212,32 @@ class Replayer:
             self.control.changed.set()
 
     # -- one request -----------------------------------------------------------------------
-    def _first_kind(self, request: Request, first_kind: str | None) -> str:
-        return first_kind or ("initial" if self._attempts.get(request.key, 0) == 0 else "replay")
-
-    async def _drive(self, request: Request, depth: int, first_kind: str | None = None) -> None:
-        """Attempts until the request is accepted or its allowance is spent, then what the
-        run reports of it."""
-        if request.key in self._cut_off:  # cut off before at this very ceiling: not paid again
-            return self._cut_short(request, depth, None)
-        done = await self._attempts_of(request, depth, first_kind)
-        if isinstance(done, NotSent):
-            self._not_sent(done, (request, depth, first_kind))
+    async def _drive(self, request: Request, depth: int) -> None:
+        """Attempts, as :func:`~batchjson._replay.policy.next_attempt` says, until the request
+        is accepted or given up (or halved), then what the run reports of it."""
+        chain: list[Tried] = []
+        step = next_attempt(self.plan, request, chain, depth=depth,
+                            tried=self._attempts.get(request.key, 0) > 0,
+                            cut_off=request.key in self._cut_off)
+        done: Judged | None = None
+        while step.kind not in (HALVE, NONE):
+            self.outcome.repairs_made += step.kind == "repair"
+            got = await self._attempt(request, step.kind, step.prompt)
+            if isinstance(got, NotSent):
+                return self._not_sent(got, (request, depth))
+            done = got
+            if done.verdict.accepted:
+                break
+            chain.append(Tried(step.kind, done.verdict.errors, done.raw))
+            step = next_attempt(self.plan, request, chain, tried=True, depth=depth)
+        if step.kind == HALVE:
+            self._release(request)
+            self._split(request, depth)
+        elif step.why == TRUNCATED:
+            self._cut_short(request, done)
         elif done is not None:
             self._judged(request, done)
             self._attempts.pop(request.key, None)  # done with in this run: held no longer
-
-    async def _attempts_of(self, request: Request, depth: int,
-                           first_kind: str | None) -> Judged | NotSent | None:
-        """Repairs (the errors and the return sent back), then exact replays, then halves;
-        None when the request was split instead."""
-        plan = self.plan
-        prompt = first_prompt(plan, request)
-        repairs_left, replays_left = plan.repairs, plan.replays
-        done = await self._attempt(request, self._first_kind(request, first_kind), prompt)
-        while isinstance(done, Judged) and not done.verdict.accepted:
-            verdict, raw = done.verdict, done.raw
-            if (stop := _stop_of(verdict)) == TRUNCATED:  # so would a repair or replay be
-                self._cut_short(request, depth, verdict, raw)
-                return None
-            # a refusal is not re-asked unless the run says so; a validator crash never is
-            if (stop == REFUSED and not plan.reask_refusals) or (
-                    verdict.errors and not verdict.repairable and raw is not None and not stop):
-                break
-            if raw is None and not all(e.get("retryable", True) for e in verdict.errors):
-                break  # 400/401/403/404: asking again cannot help
-            if raw is not None and verdict.repairable and repairs_left > 0:
-                repairs_left -= 1
-                self.outcome.repairs_made += 1
-                done = await self._attempt(
-                    request, "repair", render_repair_prompt(prompt, raw, verdict.errors))
-            elif replays_left > 0:
-                replays_left -= 1
-                done = await self._attempt(request, "replay", prompt)
-            elif (plan.split and len(request.tasks) > 1 and depth < plan.max_split_depth
-                  and not _rate_limited(verdict)):  # the limits of the day split no pack
-                self._release(request)
-                self._split(request, depth)
-                return None
-            else:
-                break
-        return done
 
     def _not_sent(self, why: NotSent, item: Item) -> None:
         request = item[0]
@@ -273,9 +250,9 @@ class Replayer:
             return
         self._release(request)
         if why.why == "out_of_budget":
-            self._fail(request, [{"type": "budget_exhausted", "task_id": None,
-                                  "message": "the budget ran out before this request "
-                                  f"was resolved ({why.detail})"}])
+            fail(self.outcome, request, [{"type": "budget_exhausted", "task_id": None,
+                                          "message": "the budget ran out before this request "
+                                          f"was resolved ({why.detail})"}])
             self._progress(request)
 
     def _judged(self, request: Request, done: Judged) -> None:
@@ -287,32 +264,20 @@ class Replayer:
             for task_id in request.task_ids:
                 self.outcome.errors.pop(task_id, None)
             return
-        self._fail(request, verdict.errors, raw)
+        fail(self.outcome, request, verdict.errors, raw)
         crash = next((e for e in verdict.errors if e.get("type") == "validator_error"), None)
         if crash is not None and self.control.stop is None:
             self.control.halt(RuntimeError(_first_line(crash)))
             self.outcome.stopped = (f"the validator crashed ({_first_line(crash)}); no further "
                                     "calls were opened. Fix the validator and re-run.")
 
-    def _cut_short(self, request: Request, depth: int, verdict: acceptance.Verdict | None,
-                   raw: str | None = None) -> None:
-        """A request whose return was cut off at the output ceiling: split when the run allows
-        it (``split=True``, more than one task), else reported as needing a higher ceiling;
-        never asked again under the same limit."""
+    def _cut_short(self, request: Request, done: Judged | None) -> None:
+        """A request whose return was cut off at the output ceiling (``done``; None: in an
+        earlier run), not halved: reported as needing a higher ceiling."""
         self._release(request)
-        if self.plan.split and len(request.tasks) > 1 and depth < self.plan.max_split_depth:
-            return self._split(request, depth)
         self._progress(request)
-        cap = declared_output_cap(self.provider)
-        limit = (f"more than max_tokens={cap} output tokens" if cap is not None else
-                 "more output tokens than the provider's limit")
-        earlier = "" if verdict is not None else (
-            "an earlier return of this request was cut off at this provider's output limit; ")
-        fix = ("raise max_tokens" + (", pack fewer tasks per call, or pass split=True"
-                                     if len(request.tasks) > 1 else ""))
-        self._fail(request, [{"type": TRUNCATED, "task_id": None, "message": (
-            f"{earlier}the answer needs {limit}, and asking again "
-            f"under the same limit would be cut off again (not re-asked): {fix}")}], raw)
+        fail(self.outcome, request, [cut_off_error(request, self.provider, done is None)],
+             done.raw if done is not None else None)
 
     def _sweep(self) -> None:
         """Another runner works on this content too: take out of the queue, with one read and
@@ -361,22 +326,8 @@ class Replayer:
                 for task_id in child.task_ids:
                     self.outcome.errors.pop(task_id, None)
             else:
-                self._queue.appendleft((child, depth + 1, "split"))
+                self._queue.appendleft((child, depth + 1))
         self.control.changed.set()
-
-    def _fail(self, request: Request, errors: list[dict[str, Any]],
-              raw: str | None = None) -> None:
-        """Each task's errors; what all of a request's tasks share (an error about the whole
-        return, a bystander's) is one dict for them all (the result names the task on read)."""
-        extra = {"request": request.key, **({"raw": raw} if raw is not None else {})}
-        shared = [{**e, **extra} for e in errors if e.get("task_id") is None]
-        bystander = [{"type": "batch_rejected", **extra,
-                      "message": "this task's item was fine but another item of the same "
-                      "request failed, so the whole return was rejected"}]
-        for task_id in request.task_ids:
-            own = any(e.get("task_id") == task_id for e in errors)
-            self.outcome.errors[task_id] = ([{**e, **extra} for e in errors if e.get(
-                "task_id") in (task_id, None)] if own else shared or bystander)
 
     # -- one attempt (with transport retries) --------------------------------------------------
     async def _attempt(self, request: Request, kind: str, prompt: str) -> Judged | NotSent:
@@ -413,14 +364,7 @@ class Replayer:
         down = self.caller.host_down(exc, request.key)  # if so, the run stopped naming it
         if not down and exc.fatal and self.control.fatal is None:  # a broken source
             self.control.halt(exc, fatal=True)  # nothing more is sent
-        status = f" (HTTP {exc.status})" if exc.status else ""
-        error = {"type": "provider_error", "task_id": None, "retryable": exc.retryable,
-                 "message": f"provider failed{status}: {exc}"}
-        if exc.status == 429:
-            error["status"] = 429
-        if exc.kind != "provider_error":  # the source's own type (droste's error types)
-            error["kind"] = exc.kind
-        return Judged(acceptance.Verdict(False, errors=[error]), None)
+        return Judged(acceptance.Verdict(False, errors=[provider_error(exc)]), None)
 
     async def _paced_call(self, request: Request, kind: str,
                           prompt: str) -> Judged | NotSent:
@@ -486,17 +430,6 @@ class Replayer:
         return min(self._backoff(SimpleNamespace(attempt_number=failures)),
                    self.transport.backoff_max)
 
-
-
-def _rate_limited(verdict: acceptance.Verdict) -> bool:
-    """The request failed on a 429: halving it would change its keys for a limit of the day."""
-    return any(e.get("status") == 429 for e in verdict.errors)
-
-
-def _stop_of(verdict: acceptance.Verdict) -> str | None:
-    """The provider's stop a rejected return carries (cut off, refused, the wrong shape)."""
-    return next((e["type"] for e in verdict.errors if e.get("type") in STOP_ERRORS),
-                None)
 
 
 def _first_line(error: Mapping[str, Any]) -> str:

@@ -1,4 +1,4 @@
-"""What the session adds for the batch transport: which providers have a batch API (refused
+"""What the session adds for the batch transport: the batch API a provider offers (refused
 before anything is recorded when there is none), batch prices for the budget, and what a run's
 result says of its jobs (``status == "pending"`` while one holds a request)."""
 
@@ -18,7 +18,6 @@ from .._providers.anthropic import AnthropicProvider
 from .._providers.anthropic_batch import AnthropicBatches
 from .._providers.base import close_provider
 from .._providers.openai import OpenAIProvider
-from .._providers.openai_batch import OpenAIBatches
 from .._providers.pricing import batch_share
 from .._replay.budget import Pricing, batch_pricing, pricing_of
 from .._replay.jobs import JobsOutcome, job_view
@@ -30,15 +29,13 @@ def client_for(provider: Any, store: Store, run: Callable[[Any], Any], used: lis
     """The batch API of ``provider``, checked to exist (one look at its endpoint, on the
     session's loop: ``provider`` joins ``used``, the providers the session closes), or a
     ConfigError naming why the batch transport does not apply; nothing is recorded."""
-    if isinstance(provider, OpenAIProvider):
-        client: Any = OpenAIBatches(provider)
-    elif isinstance(provider, AnthropicProvider):
-        client = AnthropicBatches(provider)
-    else:
+    offer = getattr(provider, "batch_api", None)  # a provider says if it has a batch transport
+    if not callable(offer):
         raise ConfigError(
             f"transport='batch' needs a provider with a batch API (OpenAIProvider or "
             f"AnthropicProvider); {getattr(provider, 'name', type(provider).__name__)!r} has "
             "none. Use transport='live', or an OpenAI or Anthropic provider")
+    client = offer()
     if not any(p is provider for p in used):
         used.append(provider)
     run(client.check)
@@ -108,7 +105,7 @@ def job_client(row: Mapping[str, Any], provider: Any = None) -> tuple[Any, Any]:
     if (not isinstance(provider, kind) or getattr(provider, "model", None) != row["model"]
             or getattr(provider, "base_url", None) != row["endpoint"]):
         provider = kind(row["model"], base_url=row["endpoint"])
-    return provider, (AnthropicBatches(provider) if anthropic else OpenAIBatches(provider))
+    return provider, provider.batch_api()
 
 
 def list_jobs(ledger: Ledger, *, every: bool = False) -> list[dict[str, Any]]:
