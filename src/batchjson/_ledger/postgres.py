@@ -20,11 +20,10 @@ Leases are measured by the server's clock, so the hosts' clocks need not agree.
 from __future__ import annotations
 
 import json
-import re
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
-from functools import lru_cache, reduce
+from functools import lru_cache
 from typing import Any
 
 from .._errors import ConfigError, LedgerError
@@ -32,31 +31,15 @@ from .._providers.masking import Secrets, public_url
 from . import claims
 from .claims import HELD, MINE, Owner
 from .records import now
-from .sqlite import SCHEMA as SQLITE_SCHEMA
-from .sqlite import SCHEMA_VERSION
 from .store import Store
 from .store_base import Later, Row, Tx
 from .store_calls import COMPLETE_SQL, RECEIPT_SQL, already_accepted
 from .store_runs import REQUESTS_SQL, SEEN_SQL
+from .store_schema import POSTGRES, SCHEMA_VERSION
 
 # The one lock of transactions that read before they write ("batchjson" in ASCII).
 SERIAL_LOCK = "SELECT pg_advisory_xact_lock(7089063493536607342)"
-CLOCK = "EXTRACT(EPOCH FROM clock_timestamp())"
-
-# The one schema (sqlite.py's), in PostgreSQL's spelling: ids from sequences, whole numbers
-# BIGINT, REAL double precision, raw provider text bytea, no WITHOUT ROWID. Then what only a
-# server with writers side by side needs: a request's rows by key (claims lock the lowest),
-# claims by owner (renewed and taken over by owner), checkpoint rows by attempt, the version.
-_SPELLING = ((r"\bid INTEGER PRIMARY KEY,", "id BIGSERIAL PRIMARY KEY,"),
-             (r"\bINTEGER\b", "BIGINT"), (r"\bREAL\b", "DOUBLE PRECISION"),
-             (r"\braw TEXT\b", "raw BYTEA"), (r"\)\s*WITHOUT ROWID", ")"))
-SCHEMA = reduce(lambda sql, rule: re.sub(rule[0], rule[1], sql), _SPELLING,
-                          SQLITE_SCHEMA) + """
-CREATE INDEX requests_by_key ON requests (key, id);
-CREATE INDEX claims_by_owner ON claims (owner);
-CREATE INDEX checkpoint_by_attempt ON checkpoint (attempt_id);
-CREATE TABLE batchjson_schema (version INTEGER NOT NULL);
-"""
+CLOCK = POSTGRES.now
 
 # The hot path of every call, one statement: write the receipt, lock the request's row (the
 # lowest-numbered row of its key, whichever revision holds it) unless another runner is
@@ -123,7 +106,7 @@ ACCEPT = (
     "AS t(task_id, item) ON CONFLICT DO NOTHING RETURNING 1) " + COMPLETE_SQL.format(
         status=f"CASE WHEN {_ADMITTED} THEN 'accepted' ELSE 'rejected' END",
         errors=f"CASE WHEN {_ADMITTED} THEN '[]' ELSE replace(?, '{{first}}', (SELECT "
-        "COALESCE(MIN(attempt_id)::text, '?') FROM checkpoint WHERE request_key = ? AND "
+        "COALESCE(MIN(attempt_id)::text, chr(63)) FROM checkpoint WHERE request_key = ? AND "
         "batch_id = ?)) END"))
 
 # What runs for many rows (``_many``) runs once here, each column bound as one array, the rows
@@ -140,15 +123,6 @@ BULK = {
 }
 
 TRANSIENT = {"40001", "40P01", "55P03"}  # serialization failure, deadlock, lock not available
-_LITERAL = re.compile(r"('(?:[^']|'')*')")
-
-
-@lru_cache(maxsize=2048)
-def dialect(sql: str) -> str:
-    """The shared SQL in psycopg's spelling: ``%s`` for ``?``, ``%%`` for ``%``."""
-    parts = _LITERAL.split(sql)
-    return "".join(part.replace("%", "%%") if i % 2 else
-                   part.replace("%", "%%").replace("?", "%s") for i, part in enumerate(parts))
 
 
 class _Answer:
@@ -224,6 +198,7 @@ class PostgresStore(Store):
     """The ledger in a PostgreSQL database, shared by runners on any number of hosts."""
 
     path = None
+    dialect = POSTGRES
     _pipelined: Any = None  # the pipeline of the open transaction of calls, if pipelined
 
     def __init__(self, url: str, *, lease: float | None = None) -> None:
@@ -240,8 +215,7 @@ class PostgresStore(Store):
                               "psycopg 3: pip install 'batchjson[postgres]'") from None
         self._psycopg = psycopg
         self._db = self._connect()
-        self._json_check = ("pg_input_is_valid({}, 'json')"
-                            if self._db.info.server_version >= 160000 else "FALSE")
+        self.dialect = POSTGRES.on_server(self._db.info.server_version)
         try:
             self._schema()
         except LedgerError:
@@ -288,7 +262,7 @@ class PostgresStore(Store):
                 raise LedgerError("the database has an 'attempts' table that batchjson did not "
                                   "make; give a database (or a schema, with ?options=-csearch_"
                                   "path%3DNAME) of its own to the ledger", path=self._public)
-            for statement in SCHEMA.split(";"):
+            for statement in POSTGRES.schema.split(";"):
                 if statement.strip():
                     self._db.execute(statement)
             self._db.execute("INSERT INTO batchjson_schema(version) VALUES (%s)",
@@ -374,31 +348,25 @@ class PostgresStore(Store):
 
     # -- statements ----------------------------------------------------------------------------
     def _exec(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> Any:
-        cursor = tx.execute(dialect(sql), tuple(args))
+        cursor = tx.execute(self.dialect.sql(sql), tuple(args))
         return cursor if self._pipelined is None else _Answer(cursor, self._pipelined)
 
     def _many(self, tx: Tx, sql: str, rows: Sequence[Sequence[Any]]) -> Any:
         if sql in BULK and rows:
             return self._exec(tx, BULK[sql], [list(column) for column in zip(*rows, strict=True)])
         cursor = tx.cursor()
-        cursor.executemany(dialect(sql), rows)
+        cursor.executemany(self.dialect.sql(sql), rows)
         return cursor if self._pipelined is None else _Answer(cursor, self._pipelined)
 
     def _insert(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> int:
-        return tx.execute(dialect(sql) + " RETURNING id", tuple(args)).fetchone()[0]
+        return tx.execute(self.dialect.sql(sql + " RETURNING id"), tuple(args)).fetchone()[0]
 
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
         with self._lock:
             try:
-                return self._live().execute(dialect(sql), tuple(args)).fetchall()
+                return self._live().execute(self.dialect.sql(sql), tuple(args)).fetchall()
             except (self._psycopg.Error, LedgerError) as exc:
                 raise self._error("could not be read", exc) from None
-
-    def _by_keys(self, sql: str, keys: Sequence[Any], tx: Tx = None) -> list[Row]:
-        """All ``keys`` bound as one array (``= ANY(?)``): one statement, whatever their number."""
-        query, args = sql.replace("IN ({marks})", "= ANY(?)"), (list(keys),)
-        return self._exec(tx, query, args).fetchall() if tx is not None else self._read(
-            query, args)
 
     def _clock(self, tx: Tx) -> float:
         if tx is None:
@@ -407,12 +375,6 @@ class PostgresStore(Store):
 
     def _raw(self, text: str | None) -> Any:
         return None if text is None else text.encode("utf-8", "surrogatepass")
-
-    def _json_valid(self, expr: str) -> str:
-        return self._json_check.format(expr)
-
-    def _json_length(self, expr: str) -> str:
-        return f"json_array_length(({expr})::json)"
 
     # -- claims side by side -------------------------------------------------------------------
     def _open(self, tx: Tx, receipt: Sequence[Any], request_key: str, owner: Owner,
