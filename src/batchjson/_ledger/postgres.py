@@ -28,12 +28,11 @@ from typing import Any
 
 from .._errors import ConfigError, LedgerError
 from .._providers.masking import Secrets, public_url
-from . import claims
 from .claims import HELD, MINE, Owner
 from .records import now
 from .store import Store
 from .store_base import Later, Row, Tx
-from .store_calls import COMPLETE_SQL, RECEIPT_SQL, already_accepted
+from .store_calls import COMPLETE_SQL, RECEIPT_COLUMNS, RECEIPT_INTO, already_accepted
 from .store_runs import REQUESTS_SQL, SEEN_SQL
 from .store_schema import POSTGRES, SCHEMA_VERSION
 
@@ -45,8 +44,9 @@ CLOCK = POSTGRES.now
 # lowest-numbered row of its key, whichever revision holds it) unless another runner is
 # deciding on it, then claim the request if it is free (no row yet) or already this runner's,
 # and not accepted; and say whether the ledger has a budget of its own.
-TAKE = f"""
-WITH receipt AS ({{receipt}} RETURNING id),
+_RECEIPT = RECEIPT_INTO + ", ".join(f"%({column})s" for column in RECEIPT_COLUMNS) + ")"
+OPEN = f"""
+WITH receipt AS ({_RECEIPT} RETURNING id),
 job AS (
     SELECT id FROM requests WHERE id = (SELECT MIN(id) FROM requests WHERE key = %(key)s)
     FOR UPDATE SKIP LOCKED),
@@ -68,33 +68,6 @@ SELECT (SELECT id FROM receipt), EXISTS (SELECT 1 FROM job),
        EXISTS (SELECT 1 FROM fresh) OR EXISTS (SELECT 1 FROM again),
        EXISTS (SELECT 1 FROM budget WHERE id = 1)
 """
-
-_RECEIPT = RECEIPT_SQL.split("?")  # its "?" as the named parameters r0, r1, ...
-OPEN = TAKE.replace("{receipt}", "".join(
-    part + (f"%(r{i})s" if i < len(_RECEIPT) - 1 else "") for i, part in enumerate(_RECEIPT)))
-
-# Who holds the request, by the server's clock; its row locked only to take it over.
-HOLDER = (f"SELECT EXISTS (SELECT 1 FROM attempts WHERE request_key = %s AND status = "
-          f"'accepted'), owner, host, pid, lease_expires_at, {CLOCK} FROM (SELECT 1) AS one "
-          "LEFT JOIN claims ON request_key = %s")
-LOCK_HOLDER = ("SELECT 1 FROM claims WHERE request_key = %s AND owner = %s "
-               "FOR UPDATE SKIP LOCKED")
-HOLD = f"""
-INSERT INTO claims(request_key, owner, host, pid, session, attempt_id, lease_expires_at,
-                   claimed_at)
-VALUES (%(key)s, %(owner)s, %(host)s, %(pid)s, %(session)s, %(attempt)s, {CLOCK} + %(lease)s,
-        %(stamp)s)
-"""
-# A gone runner's rows, each only if no other runner is taking it over this moment.
-ABANDON_CLAIMS = ("DELETE FROM claims WHERE request_key IN (SELECT request_key FROM claims "
-                  "WHERE owner = %s FOR UPDATE SKIP LOCKED)")
-ABANDON_RECEIPTS = (
-    "WITH gone AS (SELECT id FROM attempts WHERE owner = %s AND status = 'in_flight' "
-    "FOR UPDATE SKIP LOCKED) UPDATE attempts SET status = 'abandoned', finished_at = %s, "
-    "errors = %s WHERE id IN (SELECT id FROM gone) RETURNING reserved")
-# A row a runner is taking over this moment is renewed at the next turn, or not at all.
-RENEW = (f"UPDATE claims SET lease_expires_at = {CLOCK} + %s WHERE request_key IN (SELECT "
-         "request_key FROM claims WHERE owner = %s FOR UPDATE SKIP LOCKED)")
 
 # An accepted return in one statement, nothing read back: its checkpoint rows written unless
 # another runner's are there already, and its receipt accepted, or else kept as a paid return
@@ -385,7 +358,7 @@ class PostgresStore(Store):
         else: :meth:`_decide`, once the answer is read."""
         mine = {"key": request_key, "owner": owner.id, "host": owner.host, "pid": owner.pid,
                 "session": owner.session, "lease": self.lease_seconds, "stamp": stamp,
-                **{f"r{i}": value for i, value in enumerate(receipt)}}
+                **dict(zip(RECEIPT_COLUMNS, receipt, strict=True))}
         cursor = tx.execute(OPEN, mine)
 
         def found() -> tuple[int, str, bool | None]:
@@ -394,36 +367,10 @@ class PostgresStore(Store):
                 return attempt_id, HELD, budgeted
             if taken:
                 return attempt_id, MINE, budgeted
-            return attempt_id, self._decide(tx, request_key, owner,
-                                            {**mine, "attempt": attempt_id}), budgeted
+            return attempt_id, self._decide(tx, request_key, owner, attempt_id,
+                                            stamp), budgeted
 
         return Later(found)
-
-    def _decide(self, tx: Tx, request_key: str, owner: Owner, mine: dict[str, Any]) -> str:
-        """A claimed or accepted request, read by the server's clock: ACCEPTED, HELD by a live
-        runner, or a gone runner's, taken over if its row can be locked."""
-        accepted, holder, host, pid, lease, at = tx.execute(
-            HOLDER, (request_key, request_key)).fetchone()
-        if accepted:
-            return claims.ACCEPTED
-        if holder is None or holder == owner.id or not claims.owner_gone(holder, host, pid,
-                                                                         lease, at):
-            return HELD  # released a moment ago, or held: look again later
-        if tx.execute(LOCK_HOLDER, (request_key, holder)).fetchone() is None:
-            return HELD  # another runner is taking it over this moment
-        self._abandon(tx, holder)
-        tx.execute(HOLD, mine)
-        return MINE
-
-    def _abandon(self, tx: Tx, owner: str) -> int:
-        tx.execute(ABANDON_CLAIMS, (owner,))
-        held = [r[0] for r in tx.execute(ABANDON_RECEIPTS, (
-            owner, now(), json.dumps([claims.ABANDONED]))).fetchall()]
-        self._charge_abandoned(tx, sum(r for r in held if r is not None))
-        return len(held)
-
-    def renew_claims(self, tx: Tx, owner: Owner) -> None:
-        tx.execute(RENEW, (self.lease_seconds, owner.id))
 
     def accept_call(self, tx: Tx, attempt_id: int, batch_id: int, request_key: str,
                     items: Mapping[str, Any], raw: str, usage: Mapping[str, Any],

@@ -135,6 +135,8 @@ class Dialect:
     keys_as_array: bool  # a list of keys bound as one array (``IN (SELECT unnest(?))``)
     _rendered: dict[str, str] = field(default_factory=dict, init=False, repr=False,
                                       compare=False)
+    _spelled: dict[str, str] = field(default_factory=dict, init=False, repr=False,
+                                     compare=False)
 
     @property
     def schema(self) -> str:
@@ -150,8 +152,12 @@ class Dialect:
         return rendered
 
     def claim_sql(self, template: str) -> str:
-        """A claim's statement, its ``{lock}`` and ``{now}`` spelled for this database."""
-        return self.sql(template.format(lock=self.lock, now=self.now))
+        """A claim's statement, its ``{lock}`` and ``{now}`` spelled for this database (its
+        parameters still ``?``, as every statement a store runs); spelled once."""
+        spelled = self._spelled.get(template)
+        if spelled is None:
+            spelled = self._spelled[template] = template.format(lock=self.lock, now=self.now)
+        return spelled
 
     def marks(self, keys: list[Any]) -> str:
         """What stands for ``{marks}`` in ``IN ({marks})``, for ``keys`` (not empty); an array
