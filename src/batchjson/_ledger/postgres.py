@@ -1,9 +1,11 @@
 """The PostgreSQL store: one ledger for runners on many hosts, over psycopg 3.
 
-Here, and nowhere else, is what is PostgreSQL's own: the connection and how its rows read, the
-schema (raw provider text in ``bytea``: ``text`` cannot hold NUL, ``jsonb`` reorders keys and
-refuses NaN; times are ISO 8601 UTC text as in SQLite, so exports and merges carry them byte
-for byte), ``%s`` for ``?``, ``RETURNING id``, and claims taken side by side.
+Here, and nowhere else, is what is PostgreSQL's own: its connections (a ``psycopg_pool`` pool,
+one connection for each thread at work) and how their rows read, ``RETURNING id``, and the hot
+path of a claim in one statement. Its spelling of the one schema and of the statements is
+``store_schema.POSTGRES`` (raw provider text in ``bytea``: ``text`` cannot hold NUL, ``jsonb``
+reorders keys and refuses NaN; times are ISO 8601 UTC text as in SQLite, so exports and merges
+carry them byte for byte); the claim protocol is ``store_calls``'.
 
 SQLite serialises writers (``BEGIN IMMEDIATE``). Here a transaction that reads before it writes
 (opening a revision, numbering a validator, an import, a merge, forgetting) takes one
@@ -95,6 +97,8 @@ BULK = {
                "?::text[]) ON CONFLICT DO NOTHING"),
 }
 
+POOL_SIZE = 4  # connections: the group commit's writer, and readers beside it
+CONNECT_SECONDS = 10
 TRANSIENT = {"40001", "40P01", "55P03"}  # serialization failure, deadlock, lock not available
 
 
@@ -172,7 +176,6 @@ class PostgresStore(Store):
 
     path = None
     dialect = POSTGRES
-    _pipelined: Any = None  # the pipeline of the open transaction of calls, if pipelined
 
     def __init__(self, url: str, *, lease: float | None = None) -> None:
         self.url = url
@@ -180,23 +183,27 @@ class PostgresStore(Store):
         self._secrets = Secrets(urls=[url], url_users=False)
         if lease is not None:
             self.lease_seconds = lease
-        self._lock = threading.RLock()
+        self._here = threading.local()  # this thread's open transaction: its connection
         try:
             import psycopg
+            from psycopg_pool import ConnectionPool
         except ImportError:
             raise ConfigError(f"ledger {self._public} is a PostgreSQL database, and that needs "
-                              "psycopg 3: pip install 'batchjson[postgres]'") from None
+                              "psycopg 3 and psycopg-pool: pip install 'batchjson[postgres]'"
+                              ) from None
         self._psycopg = psycopg
-        self._db = self._connect()
-        self.dialect = POSTGRES.on_server(self._db.info.server_version)
+        first = self._connect()  # a wrong URL or a server down is named at once
         try:
-            self._schema()
-        except LedgerError:
-            self._db.close()
-            raise
+            self.dialect = POSTGRES.on_server(first.info.server_version)
+            self._schema(first)
         except psycopg.Error as exc:
-            self._db.close()
             raise self._error("could not be prepared", exc) from None
+        finally:
+            first.close()
+        # a connection for each thread that writes or reads at once, made again when lost
+        self._pool = ConnectionPool(self.url, min_size=1, max_size=POOL_SIZE,
+                                    timeout=CONNECT_SECONDS, kwargs=self._options(),
+                                    configure=self._configure, name="batchjson-ledger", open=True)
 
     @property
     def where(self) -> str:
@@ -205,28 +212,34 @@ class PostgresStore(Store):
     def __repr__(self) -> str:
         return f"PostgresStore({self._public})"
 
+    def _options(self) -> dict[str, Any]:
+        # a server that never answers is given up on, as libpq does not by itself
+        wait = {} if "connect_timeout" in self.url else {"connect_timeout": CONNECT_SECONDS}
+        return {"autocommit": True, "row_factory": _rows, **wait}
+
     def _connect(self) -> Any:
         psycopg = self._psycopg
         try:
-            # a server that never answers is given up on, as libpq does not by itself
-            wait = {} if "connect_timeout" in self.url else {"connect_timeout": 10}
-            db = psycopg.connect(self.url, autocommit=True, row_factory=_rows, **wait)
+            db = psycopg.connect(self.url, **self._options())
         except psycopg.Error as exc:
             raise self._error("could not connect (is the server running, and the URL right?)",
                               exc) from None
-        text, number = _loaders(psycopg)
-        db.adapters.register_loader("bytea", text)
-        db.adapters.register_loader("numeric", number)
+        self._configure(db)
         return db
 
-    def _schema(self) -> None:
+    def _configure(self, db: Any) -> None:
+        text, number = _loaders(self._psycopg)
+        db.adapters.register_loader("bytea", text)
+        db.adapters.register_loader("numeric", number)
+
+    def _schema(self, db: Any) -> None:
         """Make the schema in an empty database, once, however many runners start at once."""
-        with self._db.transaction():
-            self._db.execute(SERIAL_LOCK)
-            found = self._db.execute("SELECT to_regclass('batchjson_schema'), "
+        with db.transaction():
+            db.execute(SERIAL_LOCK)
+            found = db.execute("SELECT to_regclass('batchjson_schema'), "
                                      "to_regclass('attempts')").fetchone()
             if found[0] is not None:
-                version = self._db.execute("SELECT MAX(version) FROM batchjson_schema"
+                version = db.execute("SELECT MAX(version) FROM batchjson_schema"
                                            ).fetchone()[0]
                 if version != SCHEMA_VERSION:
                     raise LedgerError(_other_version(version), path=self._public)
@@ -237,13 +250,11 @@ class PostgresStore(Store):
                                   "path%3DNAME) of its own to the ledger", path=self._public)
             for statement in POSTGRES.schema.split(";"):
                 if statement.strip():
-                    self._db.execute(statement)
-            self._db.execute("INSERT INTO batchjson_schema(version) VALUES (%s)",
-                             (SCHEMA_VERSION,))
+                    db.execute(statement)
+            db.execute("INSERT INTO batchjson_schema(version) VALUES (%s)", (SCHEMA_VERSION,))
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        self._pool.close()
 
     def tables(self) -> dict[str, list[Row]]:
         """Every row a merge into another ledger brings in, table by table, in the order they
@@ -273,21 +284,42 @@ class PostgresStore(Store):
         waiting for each other's answers, and the transaction costs a round trip for its
         commit and one for each answer a write reads (a claim's outcome), however many
         statements it holds. A statement's row count is read once the server has answered."""
-        with self._lock:
-            db = self._live()
+        outer, db = self._pipelined, None
+        try:
+            with (self._connection() as db, self._pipeline(db, serial) as pipeline,
+                  db.transaction()):
+                self._here.pipeline = pipeline
+                if serial:
+                    db.execute(SERIAL_LOCK)
+                yield db
+        except self._psycopg.Error as exc:  # a pool that cannot connect in time as well
+            if self._fault(exc, db):
+                raise self._error("a write failed; the run stopped before any further "
+                                  "call", exc) from exc
+            raise
+        finally:
+            self._here.pipeline = outer
+
+    @contextmanager
+    def _connection(self) -> Iterator[Any]:
+        """This thread's connection: its open transaction's (what runs inside a transaction
+        sees its writes), or one from the pool, which replaces a lost one (a server restart)
+        and gives up after CONNECT_SECONDS."""
+        held = getattr(self._here, "db", None)
+        if held is not None:
+            yield held
+            return
+        with self._pool.connection() as db:
+            self._here.db = db
             try:
-                with self._pipeline(db, serial) as pipeline, db.transaction():
-                    self._pipelined = pipeline
-                    if serial:
-                        db.execute(SERIAL_LOCK)
-                    yield db
-            except self._psycopg.Error as exc:
-                if self._fault(exc):
-                    raise self._error("a write failed; the run stopped before any further "
-                                      "call", exc) from exc
-                raise
+                yield db
             finally:
-                self._pipelined = None
+                self._here.db = None
+
+    @property
+    def _pipelined(self) -> Any:
+        """The pipeline of this thread's open transaction of calls, if pipelined."""
+        return getattr(self._here, "pipeline", None)
 
     def _pipeline(self, db: Any, serial: bool) -> Any:
         if serial or not self._psycopg.Pipeline.is_supported():
@@ -301,18 +333,12 @@ class PostgresStore(Store):
         except self._psycopg.Error as exc:
             raise self._error(f"{what} failed and was rolled back whole", exc) from exc
 
-    def _live(self) -> Any:
-        """The connection, made again if the last one was lost (a server restart)."""
-        if self._db.closed or self._db.broken:
-            self._db = self._connect()
-        return self._db
-
-    def _fault(self, exc: BaseException) -> bool:
+    def _fault(self, exc: BaseException, db: Any) -> bool:
         psycopg = self._psycopg
         if getattr(exc, "sqlstate", None) in TRANSIENT:
             return False
         return isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError,
-                                psycopg.InternalError)) or self._db.broken
+                                psycopg.InternalError)) or db is None or db.broken
 
     def _error(self, what: str, exc: BaseException) -> LedgerError:
         error = LedgerError(what, path=self._public, cause=exc)
@@ -335,11 +361,11 @@ class PostgresStore(Store):
         return tx.execute(self.dialect.sql(sql + " RETURNING id"), tuple(args)).fetchone()[0]
 
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
-        with self._lock:
-            try:
-                return self._live().execute(self.dialect.sql(sql), tuple(args)).fetchall()
-            except (self._psycopg.Error, LedgerError) as exc:
-                raise self._error("could not be read", exc) from None
+        try:
+            with self._connection() as db:
+                return db.execute(self.dialect.sql(sql), tuple(args)).fetchall()
+        except (self._psycopg.Error, LedgerError) as exc:
+            raise self._error("could not be read", exc) from None
 
     def _clock(self, tx: Tx) -> float:
         if tx is None:
