@@ -1,9 +1,11 @@
 """The PostgreSQL store: one ledger for runners on many hosts, over psycopg 3.
 
-Here, and nowhere else, is what is PostgreSQL's own: the connection and how its rows read, the
-schema (raw provider text in ``bytea``: ``text`` cannot hold NUL, ``jsonb`` reorders keys and
-refuses NaN; times are ISO 8601 UTC text as in SQLite, so exports and merges carry them byte
-for byte), ``%s`` for ``?``, ``RETURNING id``, and claims taken side by side.
+Here, and nowhere else, is what is PostgreSQL's own: its connections (a ``psycopg_pool`` pool,
+one connection for each thread at work) and how their rows read, ``RETURNING id``, and the hot
+path of a claim in one statement. Its spelling of the one schema and of the statements is
+``store_schema.POSTGRES`` (raw provider text in ``bytea``: ``text`` cannot hold NUL, ``jsonb``
+reorders keys and refuses NaN; times are ISO 8601 UTC text as in SQLite, so exports and merges
+carry them byte for byte); the claim protocol is ``store_calls``'.
 
 SQLite serialises writers (``BEGIN IMMEDIATE``). Here a transaction that reads before it writes
 (opening a revision, numbering a validator, an import, a merge, forgetting) takes one
@@ -20,50 +22,33 @@ Leases are measured by the server's clock, so the hosts' clocks need not agree.
 from __future__ import annotations
 
 import json
-import re
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
-from functools import lru_cache, reduce
+from functools import lru_cache
 from typing import Any
 
 from .._errors import ConfigError, LedgerError
 from .._providers.masking import Secrets, public_url
-from . import claims
 from .claims import HELD, MINE, Owner
 from .records import now
-from .sqlite import SCHEMA as SQLITE_SCHEMA
-from .sqlite import SCHEMA_VERSION
 from .store import Store
 from .store_base import Later, Row, Tx
-from .store_calls import COMPLETE_SQL, RECEIPT_SQL, already_accepted
+from .store_calls import COMPLETE_SQL, RECEIPT_COLUMNS, RECEIPT_INTO, already_accepted
 from .store_runs import REQUESTS_SQL, SEEN_SQL
+from .store_schema import POSTGRES, SCHEMA_VERSION
 
 # The one lock of transactions that read before they write ("batchjson" in ASCII).
 SERIAL_LOCK = "SELECT pg_advisory_xact_lock(7089063493536607342)"
-CLOCK = "EXTRACT(EPOCH FROM clock_timestamp())"
-
-# The one schema (sqlite.py's), in PostgreSQL's spelling: ids from sequences, whole numbers
-# BIGINT, REAL double precision, raw provider text bytea, no WITHOUT ROWID. Then what only a
-# server with writers side by side needs: a request's rows by key (claims lock the lowest),
-# claims by owner (renewed and taken over by owner), checkpoint rows by attempt, the version.
-_SPELLING = ((r"\bid INTEGER PRIMARY KEY,", "id BIGSERIAL PRIMARY KEY,"),
-             (r"\bINTEGER\b", "BIGINT"), (r"\bREAL\b", "DOUBLE PRECISION"),
-             (r"\braw TEXT\b", "raw BYTEA"), (r"\)\s*WITHOUT ROWID", ")"))
-SCHEMA = reduce(lambda sql, rule: re.sub(rule[0], rule[1], sql), _SPELLING,
-                          SQLITE_SCHEMA) + """
-CREATE INDEX requests_by_key ON requests (key, id);
-CREATE INDEX claims_by_owner ON claims (owner);
-CREATE INDEX checkpoint_by_attempt ON checkpoint (attempt_id);
-CREATE TABLE batchjson_schema (version INTEGER NOT NULL);
-"""
+CLOCK = POSTGRES.now
 
 # The hot path of every call, one statement: write the receipt, lock the request's row (the
 # lowest-numbered row of its key, whichever revision holds it) unless another runner is
 # deciding on it, then claim the request if it is free (no row yet) or already this runner's,
 # and not accepted; and say whether the ledger has a budget of its own.
-TAKE = f"""
-WITH receipt AS ({{receipt}} RETURNING id),
+_RECEIPT = RECEIPT_INTO + ", ".join(f"%({column})s" for column in RECEIPT_COLUMNS) + ")"
+OPEN = f"""
+WITH receipt AS ({_RECEIPT} RETURNING id),
 job AS (
     SELECT id FROM requests WHERE id = (SELECT MIN(id) FROM requests WHERE key = %(key)s)
     FOR UPDATE SKIP LOCKED),
@@ -86,33 +71,6 @@ SELECT (SELECT id FROM receipt), EXISTS (SELECT 1 FROM job),
        EXISTS (SELECT 1 FROM budget WHERE id = 1)
 """
 
-_RECEIPT = RECEIPT_SQL.split("?")  # its "?" as the named parameters r0, r1, ...
-OPEN = TAKE.replace("{receipt}", "".join(
-    part + (f"%(r{i})s" if i < len(_RECEIPT) - 1 else "") for i, part in enumerate(_RECEIPT)))
-
-# Who holds the request, by the server's clock; its row locked only to take it over.
-HOLDER = (f"SELECT EXISTS (SELECT 1 FROM attempts WHERE request_key = %s AND status = "
-          f"'accepted'), owner, host, pid, lease_expires_at, {CLOCK} FROM (SELECT 1) AS one "
-          "LEFT JOIN claims ON request_key = %s")
-LOCK_HOLDER = ("SELECT 1 FROM claims WHERE request_key = %s AND owner = %s "
-               "FOR UPDATE SKIP LOCKED")
-HOLD = f"""
-INSERT INTO claims(request_key, owner, host, pid, session, attempt_id, lease_expires_at,
-                   claimed_at)
-VALUES (%(key)s, %(owner)s, %(host)s, %(pid)s, %(session)s, %(attempt)s, {CLOCK} + %(lease)s,
-        %(stamp)s)
-"""
-# A gone runner's rows, each only if no other runner is taking it over this moment.
-ABANDON_CLAIMS = ("DELETE FROM claims WHERE request_key IN (SELECT request_key FROM claims "
-                  "WHERE owner = %s FOR UPDATE SKIP LOCKED)")
-ABANDON_RECEIPTS = (
-    "WITH gone AS (SELECT id FROM attempts WHERE owner = %s AND status = 'in_flight' "
-    "FOR UPDATE SKIP LOCKED) UPDATE attempts SET status = 'abandoned', finished_at = %s, "
-    "errors = %s WHERE id IN (SELECT id FROM gone) RETURNING reserved")
-# A row a runner is taking over this moment is renewed at the next turn, or not at all.
-RENEW = (f"UPDATE claims SET lease_expires_at = {CLOCK} + %s WHERE request_key IN (SELECT "
-         "request_key FROM claims WHERE owner = %s FOR UPDATE SKIP LOCKED)")
-
 # An accepted return in one statement, nothing read back: its checkpoint rows written unless
 # another runner's are there already, and its receipt accepted, or else kept as a paid return
 # that admits nothing (``already_accepted``, naming the attempt that was admitted).
@@ -123,7 +81,7 @@ ACCEPT = (
     "AS t(task_id, item) ON CONFLICT DO NOTHING RETURNING 1) " + COMPLETE_SQL.format(
         status=f"CASE WHEN {_ADMITTED} THEN 'accepted' ELSE 'rejected' END",
         errors=f"CASE WHEN {_ADMITTED} THEN '[]' ELSE replace(?, '{{first}}', (SELECT "
-        "COALESCE(MIN(attempt_id)::text, '?') FROM checkpoint WHERE request_key = ? AND "
+        "COALESCE(MIN(attempt_id)::text, chr(63)) FROM checkpoint WHERE request_key = ? AND "
         "batch_id = ?)) END"))
 
 # What runs for many rows (``_many``) runs once here, each column bound as one array, the rows
@@ -139,16 +97,9 @@ BULK = {
                "?::text[]) ON CONFLICT DO NOTHING"),
 }
 
+POOL_SIZE = 4  # connections: the group commit's writer, and readers beside it
+CONNECT_SECONDS = 10
 TRANSIENT = {"40001", "40P01", "55P03"}  # serialization failure, deadlock, lock not available
-_LITERAL = re.compile(r"('(?:[^']|'')*')")
-
-
-@lru_cache(maxsize=2048)
-def dialect(sql: str) -> str:
-    """The shared SQL in psycopg's spelling: ``%s`` for ``?``, ``%%`` for ``%``."""
-    parts = _LITERAL.split(sql)
-    return "".join(part.replace("%", "%%") if i % 2 else
-                   part.replace("%", "%%").replace("?", "%s") for i, part in enumerate(parts))
 
 
 class _Answer:
@@ -224,7 +175,7 @@ class PostgresStore(Store):
     """The ledger in a PostgreSQL database, shared by runners on any number of hosts."""
 
     path = None
-    _pipelined: Any = None  # the pipeline of the open transaction of calls, if pipelined
+    dialect = POSTGRES
 
     def __init__(self, url: str, *, lease: float | None = None) -> None:
         self.url = url
@@ -232,24 +183,27 @@ class PostgresStore(Store):
         self._secrets = Secrets(urls=[url], url_users=False)
         if lease is not None:
             self.lease_seconds = lease
-        self._lock = threading.RLock()
+        self._here = threading.local()  # this thread's open transaction: its connection
         try:
             import psycopg
+            from psycopg_pool import ConnectionPool
         except ImportError:
             raise ConfigError(f"ledger {self._public} is a PostgreSQL database, and that needs "
-                              "psycopg 3: pip install 'batchjson[postgres]'") from None
+                              "psycopg 3 and psycopg-pool: pip install 'batchjson[postgres]'"
+                              ) from None
         self._psycopg = psycopg
-        self._db = self._connect()
-        self._json_check = ("pg_input_is_valid({}, 'json')"
-                            if self._db.info.server_version >= 160000 else "FALSE")
+        first = self._connect()  # a wrong URL or a server down is named at once
         try:
-            self._schema()
-        except LedgerError:
-            self._db.close()
-            raise
+            self.dialect = POSTGRES.on_server(first.info.server_version)
+            self._schema(first)
         except psycopg.Error as exc:
-            self._db.close()
             raise self._error("could not be prepared", exc) from None
+        finally:
+            first.close()
+        # a connection for each thread that writes or reads at once, made again when lost
+        self._pool = ConnectionPool(self.url, min_size=1, max_size=POOL_SIZE,
+                                    timeout=CONNECT_SECONDS, kwargs=self._options(),
+                                    configure=self._configure, name="batchjson-ledger", open=True)
 
     @property
     def where(self) -> str:
@@ -258,28 +212,34 @@ class PostgresStore(Store):
     def __repr__(self) -> str:
         return f"PostgresStore({self._public})"
 
+    def _options(self) -> dict[str, Any]:
+        # a server that never answers is given up on, as libpq does not by itself
+        wait = {} if "connect_timeout" in self.url else {"connect_timeout": CONNECT_SECONDS}
+        return {"autocommit": True, "row_factory": _rows, **wait}
+
     def _connect(self) -> Any:
         psycopg = self._psycopg
         try:
-            # a server that never answers is given up on, as libpq does not by itself
-            wait = {} if "connect_timeout" in self.url else {"connect_timeout": 10}
-            db = psycopg.connect(self.url, autocommit=True, row_factory=_rows, **wait)
+            db = psycopg.connect(self.url, **self._options())
         except psycopg.Error as exc:
             raise self._error("could not connect (is the server running, and the URL right?)",
                               exc) from None
-        text, number = _loaders(psycopg)
-        db.adapters.register_loader("bytea", text)
-        db.adapters.register_loader("numeric", number)
+        self._configure(db)
         return db
 
-    def _schema(self) -> None:
+    def _configure(self, db: Any) -> None:
+        text, number = _loaders(self._psycopg)
+        db.adapters.register_loader("bytea", text)
+        db.adapters.register_loader("numeric", number)
+
+    def _schema(self, db: Any) -> None:
         """Make the schema in an empty database, once, however many runners start at once."""
-        with self._db.transaction():
-            self._db.execute(SERIAL_LOCK)
-            found = self._db.execute("SELECT to_regclass('batchjson_schema'), "
+        with db.transaction():
+            db.execute(SERIAL_LOCK)
+            found = db.execute("SELECT to_regclass('batchjson_schema'), "
                                      "to_regclass('attempts')").fetchone()
             if found[0] is not None:
-                version = self._db.execute("SELECT MAX(version) FROM batchjson_schema"
+                version = db.execute("SELECT MAX(version) FROM batchjson_schema"
                                            ).fetchone()[0]
                 if version != SCHEMA_VERSION:
                     raise LedgerError(_other_version(version), path=self._public)
@@ -288,15 +248,13 @@ class PostgresStore(Store):
                 raise LedgerError("the database has an 'attempts' table that batchjson did not "
                                   "make; give a database (or a schema, with ?options=-csearch_"
                                   "path%3DNAME) of its own to the ledger", path=self._public)
-            for statement in SCHEMA.split(";"):
+            for statement in POSTGRES.schema.split(";"):
                 if statement.strip():
-                    self._db.execute(statement)
-            self._db.execute("INSERT INTO batchjson_schema(version) VALUES (%s)",
-                             (SCHEMA_VERSION,))
+                    db.execute(statement)
+            db.execute("INSERT INTO batchjson_schema(version) VALUES (%s)", (SCHEMA_VERSION,))
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        self._pool.close()
 
     def tables(self) -> dict[str, list[Row]]:
         """Every row a merge into another ledger brings in, table by table, in the order they
@@ -326,21 +284,42 @@ class PostgresStore(Store):
         waiting for each other's answers, and the transaction costs a round trip for its
         commit and one for each answer a write reads (a claim's outcome), however many
         statements it holds. A statement's row count is read once the server has answered."""
-        with self._lock:
-            db = self._live()
+        outer, db = self._pipelined, None
+        try:
+            with (self._connection() as db, self._pipeline(db, serial) as pipeline,
+                  db.transaction()):
+                self._here.pipeline = pipeline
+                if serial:
+                    db.execute(SERIAL_LOCK)
+                yield db
+        except self._psycopg.Error as exc:  # a pool that cannot connect in time as well
+            if self._fault(exc, db):
+                raise self._error("a write failed; the run stopped before any further "
+                                  "call", exc) from exc
+            raise
+        finally:
+            self._here.pipeline = outer
+
+    @contextmanager
+    def _connection(self) -> Iterator[Any]:
+        """This thread's connection: its open transaction's (what runs inside a transaction
+        sees its writes), or one from the pool, which replaces a lost one (a server restart)
+        and gives up after CONNECT_SECONDS."""
+        held = getattr(self._here, "db", None)
+        if held is not None:
+            yield held
+            return
+        with self._pool.connection() as db:
+            self._here.db = db
             try:
-                with self._pipeline(db, serial) as pipeline, db.transaction():
-                    self._pipelined = pipeline
-                    if serial:
-                        db.execute(SERIAL_LOCK)
-                    yield db
-            except self._psycopg.Error as exc:
-                if self._fault(exc):
-                    raise self._error("a write failed; the run stopped before any further "
-                                      "call", exc) from exc
-                raise
+                yield db
             finally:
-                self._pipelined = None
+                self._here.db = None
+
+    @property
+    def _pipelined(self) -> Any:
+        """The pipeline of this thread's open transaction of calls, if pipelined."""
+        return getattr(self._here, "pipeline", None)
 
     def _pipeline(self, db: Any, serial: bool) -> Any:
         if serial or not self._psycopg.Pipeline.is_supported():
@@ -354,18 +333,12 @@ class PostgresStore(Store):
         except self._psycopg.Error as exc:
             raise self._error(f"{what} failed and was rolled back whole", exc) from exc
 
-    def _live(self) -> Any:
-        """The connection, made again if the last one was lost (a server restart)."""
-        if self._db.closed or self._db.broken:
-            self._db = self._connect()
-        return self._db
-
-    def _fault(self, exc: BaseException) -> bool:
+    def _fault(self, exc: BaseException, db: Any) -> bool:
         psycopg = self._psycopg
         if getattr(exc, "sqlstate", None) in TRANSIENT:
             return False
         return isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError,
-                                psycopg.InternalError)) or self._db.broken
+                                psycopg.InternalError)) or db is None or db.broken
 
     def _error(self, what: str, exc: BaseException) -> LedgerError:
         error = LedgerError(what, path=self._public, cause=exc)
@@ -374,31 +347,25 @@ class PostgresStore(Store):
 
     # -- statements ----------------------------------------------------------------------------
     def _exec(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> Any:
-        cursor = tx.execute(dialect(sql), tuple(args))
+        cursor = tx.execute(self.dialect.sql(sql), tuple(args))
         return cursor if self._pipelined is None else _Answer(cursor, self._pipelined)
 
     def _many(self, tx: Tx, sql: str, rows: Sequence[Sequence[Any]]) -> Any:
         if sql in BULK and rows:
             return self._exec(tx, BULK[sql], [list(column) for column in zip(*rows, strict=True)])
         cursor = tx.cursor()
-        cursor.executemany(dialect(sql), rows)
+        cursor.executemany(self.dialect.sql(sql), rows)
         return cursor if self._pipelined is None else _Answer(cursor, self._pipelined)
 
     def _insert(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> int:
-        return tx.execute(dialect(sql) + " RETURNING id", tuple(args)).fetchone()[0]
+        return tx.execute(self.dialect.sql(sql + " RETURNING id"), tuple(args)).fetchone()[0]
 
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
-        with self._lock:
-            try:
-                return self._live().execute(dialect(sql), tuple(args)).fetchall()
-            except (self._psycopg.Error, LedgerError) as exc:
-                raise self._error("could not be read", exc) from None
-
-    def _by_keys(self, sql: str, keys: Sequence[Any], tx: Tx = None) -> list[Row]:
-        """All ``keys`` bound as one array (``= ANY(?)``): one statement, whatever their number."""
-        query, args = sql.replace("IN ({marks})", "= ANY(?)"), (list(keys),)
-        return self._exec(tx, query, args).fetchall() if tx is not None else self._read(
-            query, args)
+        try:
+            with self._connection() as db:
+                return db.execute(self.dialect.sql(sql), tuple(args)).fetchall()
+        except (self._psycopg.Error, LedgerError) as exc:
+            raise self._error("could not be read", exc) from None
 
     def _clock(self, tx: Tx) -> float:
         if tx is None:
@@ -407,12 +374,6 @@ class PostgresStore(Store):
 
     def _raw(self, text: str | None) -> Any:
         return None if text is None else text.encode("utf-8", "surrogatepass")
-
-    def _json_valid(self, expr: str) -> str:
-        return self._json_check.format(expr)
-
-    def _json_length(self, expr: str) -> str:
-        return f"json_array_length(({expr})::json)"
 
     # -- claims side by side -------------------------------------------------------------------
     def _open(self, tx: Tx, receipt: Sequence[Any], request_key: str, owner: Owner,
@@ -423,7 +384,7 @@ class PostgresStore(Store):
         else: :meth:`_decide`, once the answer is read."""
         mine = {"key": request_key, "owner": owner.id, "host": owner.host, "pid": owner.pid,
                 "session": owner.session, "lease": self.lease_seconds, "stamp": stamp,
-                **{f"r{i}": value for i, value in enumerate(receipt)}}
+                **dict(zip(RECEIPT_COLUMNS, receipt, strict=True))}
         cursor = tx.execute(OPEN, mine)
 
         def found() -> tuple[int, str, bool | None]:
@@ -432,36 +393,10 @@ class PostgresStore(Store):
                 return attempt_id, HELD, budgeted
             if taken:
                 return attempt_id, MINE, budgeted
-            return attempt_id, self._decide(tx, request_key, owner,
-                                            {**mine, "attempt": attempt_id}), budgeted
+            return attempt_id, self._decide(tx, request_key, owner, attempt_id,
+                                            stamp), budgeted
 
         return Later(found)
-
-    def _decide(self, tx: Tx, request_key: str, owner: Owner, mine: dict[str, Any]) -> str:
-        """A claimed or accepted request, read by the server's clock: ACCEPTED, HELD by a live
-        runner, or a gone runner's, taken over if its row can be locked."""
-        accepted, holder, host, pid, lease, at = tx.execute(
-            HOLDER, (request_key, request_key)).fetchone()
-        if accepted:
-            return claims.ACCEPTED
-        if holder is None or holder == owner.id or not claims.owner_gone(holder, host, pid,
-                                                                         lease, at):
-            return HELD  # released a moment ago, or held: look again later
-        if tx.execute(LOCK_HOLDER, (request_key, holder)).fetchone() is None:
-            return HELD  # another runner is taking it over this moment
-        self._abandon(tx, holder)
-        tx.execute(HOLD, mine)
-        return MINE
-
-    def _abandon(self, tx: Tx, owner: str) -> int:
-        tx.execute(ABANDON_CLAIMS, (owner,))
-        held = [r[0] for r in tx.execute(ABANDON_RECEIPTS, (
-            owner, now(), json.dumps([claims.ABANDONED]))).fetchall()]
-        self._charge_abandoned(tx, sum(r for r in held if r is not None))
-        return len(held)
-
-    def renew_claims(self, tx: Tx, owner: Owner) -> None:
-        tx.execute(RENEW, (self.lease_seconds, owner.id))
 
     def accept_call(self, tx: Tx, attempt_id: int, batch_id: int, request_key: str,
                     items: Mapping[str, Any], raw: str, usage: Mapping[str, Any],

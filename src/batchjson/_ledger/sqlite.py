@@ -1,13 +1,9 @@
 """The SQLite store: one file in WAL mode (or memory), and everything that is SQLite's own.
 
 Here, and nowhere else, are the connection and its PRAGMAs, the switch to WAL and the wait for
-it, the schema and its version in ``PRAGMA user_version``, ``WITHOUT ROWID`` tables, SQLite's
-JSON functions, and what a SQLite error means (the file failed, or one statement did). The
-statements every store shares are in the ``store_*`` modules.
-
-There is one schema. A ledger at an older version is refused, never converted: nothing has
-been released that wrote one, and its receipts can be exported by the version that wrote it
-and imported into a new ledger.
+it, the schema's version in ``PRAGMA user_version``, and what a SQLite error means (the file
+failed, or one statement did). The schema and SQLite's spelling are ``store_schema.SQLITE``;
+the statements every store shares are in the ``store_*`` modules.
 """
 
 from __future__ import annotations
@@ -24,95 +20,7 @@ from .._errors import LedgerError
 from . import records
 from .store import Store
 from .store_base import Row, Tx
-
-SCHEMA_VERSION = 13
-
-# The tables docs/design.md lists, with their columns' names and meanings; times are ISO 8601
-# UTC text. Claims and checkpoint rows are written with every call: WITHOUT ROWID keeps each
-# row in one b-tree (one page written instead of two). A receipt's completion changes its
-# status, so the key index leaves status out (no index page rewritten per call).
-SCHEMA = """
-CREATE TABLE batches (
-    id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, current_revision INTEGER,
-    created_at TEXT NOT NULL);
-CREATE TABLE forgets (
-    id INTEGER PRIMARY KEY, batch_id INTEGER NOT NULL REFERENCES batches(id),
-    forgotten_at TEXT NOT NULL, forgotten_by TEXT NOT NULL, via TEXT NOT NULL,
-    revisions TEXT NOT NULL, requests INTEGER NOT NULL, items INTEGER NOT NULL);
-CREATE TABLE revisions (
-    id INTEGER PRIMARY KEY, batch_id INTEGER NOT NULL REFERENCES batches(id),
-    number INTEGER NOT NULL, fingerprint TEXT NOT NULL, components TEXT NOT NULL,
-    validator_name TEXT, validator_version INTEGER, validator_fingerprint TEXT,
-    status TEXT NOT NULL CHECK (status IN ('open', 'superseded')),
-    superseded_by INTEGER REFERENCES revisions(id), supersede_reason TEXT,
-    created_at TEXT NOT NULL, forget_id INTEGER REFERENCES forgets(id),
-    UNIQUE (batch_id, number), UNIQUE (batch_id, fingerprint));
-CREATE TABLE requests (
-    id INTEGER PRIMARY KEY, revision_id INTEGER NOT NULL REFERENCES revisions(id),
-    key TEXT NOT NULL, position INTEGER NOT NULL, parent_key TEXT,
-    task_ids TEXT NOT NULL, tasks TEXT NOT NULL, split INTEGER NOT NULL DEFAULT 0,
-    UNIQUE (revision_id, key));
-CREATE TABLE attempts (
-    id INTEGER PRIMARY KEY, batch_id INTEGER NOT NULL REFERENCES batches(id),
-    revision_id INTEGER NOT NULL REFERENCES revisions(id), request_key TEXT NOT NULL,
-    task_ids TEXT NOT NULL,
-    kind TEXT NOT NULL CHECK (kind IN
-        ('initial', 'repair', 'replay', 'split', 'recheck', 'import')),
-    status TEXT NOT NULL CHECK (status IN
-        ('in_flight', 'accepted', 'rejected', 'provider_error', 'cancelled', 'abandoned')),
-    errors TEXT, raw TEXT, input_tokens INTEGER, output_tokens INTEGER,
-    cached_tokens INTEGER, cost REAL, provider TEXT, model TEXT,
-    started_at TEXT NOT NULL, finished_at TEXT,
-    uid TEXT NOT NULL UNIQUE, sent_at TEXT, owner TEXT, source TEXT,
-    estimated_input_tokens INTEGER, cost_floor REAL, reserved REAL);
-CREATE INDEX attempts_by_key ON attempts (request_key);
-CREATE INDEX attempts_by_batch ON attempts (batch_id, id);
-CREATE INDEX attempts_in_flight ON attempts (owner) WHERE status = 'in_flight';
-CREATE TABLE checkpoint (
-    batch_id INTEGER NOT NULL REFERENCES batches(id), request_key TEXT NOT NULL,
-    task_id TEXT NOT NULL, attempt_id INTEGER NOT NULL REFERENCES attempts(id),
-    item TEXT NOT NULL, committed_at TEXT NOT NULL,
-    PRIMARY KEY (request_key, task_id, batch_id)) WITHOUT ROWID;
-CREATE TABLE claims (
-    request_key TEXT PRIMARY KEY, owner TEXT NOT NULL, host TEXT NOT NULL,
-    pid INTEGER NOT NULL, session TEXT NOT NULL, attempt_id INTEGER,
-    lease_expires_at REAL NOT NULL, claimed_at TEXT NOT NULL) WITHOUT ROWID;
-CREATE TABLE imports (
-    digest TEXT PRIMARY KEY, attempt_id INTEGER REFERENCES attempts(id),
-    source TEXT, line INTEGER, outcome TEXT NOT NULL, imported_at TEXT NOT NULL);
-CREATE TABLE validators (
-    name TEXT NOT NULL, version INTEGER NOT NULL, fingerprint TEXT NOT NULL,
-    where_defined TEXT, defined_at TEXT NOT NULL, by_identity TEXT,
-    PRIMARY KEY (name, fingerprint), UNIQUE (name, version));
-CREATE TABLE seen (request_key TEXT PRIMARY KEY, seen_key TEXT NOT NULL);
-CREATE INDEX seen_by_seen_key ON seen (seen_key);
-CREATE TABLE task_files (
-    digest TEXT PRIMARY KEY, tasks TEXT NOT NULL, count INTEGER NOT NULL,
-    fields TEXT NOT NULL);
-CREATE TABLE rechecks (
-    attempt_id INTEGER PRIMARY KEY REFERENCES attempts(id),
-    from_attempt INTEGER NOT NULL REFERENCES attempts(id));
-CREATE TABLE jobs (
-    id INTEGER PRIMARY KEY, uid TEXT NOT NULL UNIQUE, protocol TEXT NOT NULL,
-    provider_job_id TEXT, status TEXT NOT NULL CHECK (status IN
-        ('recording', 'open', 'uncertain', 'ended', 'cancelled')),
-    batch_id INTEGER NOT NULL REFERENCES batches(id),
-    revision_id INTEGER NOT NULL REFERENCES revisions(id), model TEXT, endpoint TEXT,
-    requests INTEGER NOT NULL, reserved REAL NOT NULL, owner TEXT NOT NULL, host TEXT NOT NULL,
-    pid INTEGER NOT NULL, created_at TEXT NOT NULL, submitted_at TEXT, ended_at TEXT,
-    detail TEXT, plan TEXT, lease_expires_at REAL);
-CREATE TABLE job_lines (
-    custom_id TEXT PRIMARY KEY, job_id INTEGER NOT NULL REFERENCES jobs(id),
-    attempt_id INTEGER NOT NULL UNIQUE REFERENCES attempts(id), request_key TEXT NOT NULL,
-    wrapped INTEGER NOT NULL, reserved REAL NOT NULL) WITHOUT ROWID;
-CREATE INDEX job_lines_by_job ON job_lines (job_id);
-CREATE TABLE budget (
-    id INTEGER PRIMARY KEY CHECK (id = 1), cost REAL NOT NULL, spent REAL NOT NULL,
-    reserved REAL NOT NULL, set_at TEXT NOT NULL, set_by TEXT NOT NULL);
-CREATE TABLE hosts (
-    owner TEXT PRIMARY KEY, host TEXT NOT NULL, pid INTEGER NOT NULL,
-    lease_expires_at REAL NOT NULL, joined_at TEXT NOT NULL) WITHOUT ROWID;
-"""
+from .store_schema import SCHEMA_VERSION, SQLITE
 
 # WAL pages a commit lets pile up before it copies them into the file itself. The copy runs in
 # that commit, on the run's event loop; a call writes about seven pages, mostly the same b-tree
@@ -125,6 +33,8 @@ WAL_PAGES = 8000
 class SQLiteStore(Store):
     """The ledger in one SQLite file (``path=None``: in memory), safe to share between threads
     of a process and between processes."""
+
+    dialect = SQLITE
 
     def __init__(self, path: Path | None, *, busy_timeout: float = 30.0,
                  lease: float | None = None) -> None:
@@ -183,7 +93,7 @@ class SQLiteStore(Store):
             version = self._db.execute("PRAGMA user_version").fetchone()[0]
             refuse_version(version, self.path)
             if version == 0:
-                for statement in SCHEMA.split(";"):
+                for statement in SQLITE.schema.split(";"):
                     if statement.strip():
                         self._db.execute(statement)
                 self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -259,12 +169,6 @@ class SQLiteStore(Store):
                 return self._db.execute(sql, args).fetchall()
             except sqlite3.Error as exc:  # closed, corrupt, locked: a batchjson error, named
                 raise LedgerError("could not be read", path=self.where, cause=exc) from exc
-
-    def _json_valid(self, expr: str) -> str:
-        return f"json_valid({expr})"
-
-    def _json_length(self, expr: str) -> str:
-        return f"json_array_length({expr})"
 
 
 def refuse_version(version: int, path: Path | None) -> None:

@@ -1,23 +1,23 @@
-"""What every store is made of: transactions, statements, and the few spellings SQL dialects
-disagree on.
+"""What every store is made of: transactions and statements.
 
 The SQL of the ledger is written once, in the ``store_*`` modules, in the SQL SQLite and
 PostgreSQL share: ``?`` marks a parameter, ``ON CONFLICT`` says what a clashing insert does,
-booleans are counted with ``CASE``. A store for a database is a subclass that says how to
-open a transaction, run a statement, get a new row's id and spell the rest (``sqlite.py``,
-``postgres.py``).
+booleans are counted with ``CASE``. What the two spell differently is their ``Dialect``
+(``store_schema.py``); a store for a database is a subclass that says how to open a
+transaction, run a statement and get a new row's id (``sqlite.py``, ``postgres.py``).
 """
 
 from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 from .claims import LEASE_SECONDS
+from .store_schema import Dialect
 
 Tx = Any  # a store's open transaction: what its statements run on, opaque to everyone else
 Row = Any  # a row read by name (``row["id"]``) or position (``row[0]``)
@@ -43,6 +43,7 @@ class StoreBase(ABC):
     """The transaction protocol the SQL of the ``store_*`` modules runs on."""
 
     path: Path | None  # the ledger's file, None when it is kept in memory or on a server
+    dialect: Dialect  # how its database spells the schema and the statements
     lease_seconds: float = LEASE_SECONDS  # how long a claim holds unless renewed
 
     @property
@@ -96,24 +97,23 @@ class StoreBase(ABC):
         """A provider's raw text as the database keeps it, byte for byte."""
         return text
 
-    @abstractmethod
     def _json_valid(self, expr: str) -> str:
         """SQL true when the text ``expr`` is one JSON text."""
+        return self.dialect.json_valid.format(expr)
 
-    @abstractmethod
     def _json_length(self, expr: str) -> str:
         """SQL for the length of the JSON array held as text in ``expr``."""
+        return self.dialect.json_length.format(expr)
 
-    def _by_keys(self, sql: str, keys: Sequence[str], tx: Tx = None) -> list[Row]:
-        """``sql`` with ``{marks}`` bound to ``keys``, a chunk at a time (in ``tx`` if given)."""
+    def _by_keys(self, sql: str, keys: Sequence[Any], tx: Tx = None) -> list[Row]:
+        """``sql`` with ``{marks}`` bound to ``keys``, a chunk at a time, or all at once where
+        the database binds them as one array (in ``tx`` if given)."""
         rows: list[Row] = []
-        for chunk in _chunks(list(keys)):
-            query = sql.format(marks=",".join("?" * len(chunk)))
-            rows += (self._exec(tx, query, chunk).fetchall() if tx is not None
-                     else self._read(query, chunk))
+        keys, dialect = list(keys), self.dialect
+        step = (len(keys) or 1) if dialect.keys_as_array else CHUNK
+        for start in range(0, len(keys), step):
+            chunk = keys[start:start + step]
+            query, args = sql.format(marks=dialect.marks(chunk)), dialect.key_args(chunk)
+            rows += (self._exec(tx, query, args).fetchall() if tx is not None
+                     else self._read(query, args))
         return rows
-
-
-def _chunks(keys: list[str]) -> Iterator[list[str]]:
-    for start in range(0, len(keys), CHUNK):
-        yield keys[start:start + CHUNK]

@@ -2,11 +2,11 @@
 receipt completed after, an accepted return's checkpoint rows, and the claims' leases.
 
 Every method that takes ``tx`` runs inside the caller's transaction (the group commit puts the
-writes of many calls in one); the others open their own. Every statement is plain SQL that a
-PostgreSQL store runs as it is, inside one transaction; there the slow path reads the claim row
-with ``SELECT ... FOR UPDATE SKIP LOCKED`` (docs/design.md). SQLite's ``BEGIN IMMEDIATE``
-already serialises writers, so the read-then-write below is atomic; ``postgres.py`` says how
-the same claims are taken where writers run side by side.
+writes of many calls in one); the others open their own. The claim protocol is written once,
+here, for both databases; where they truly differ its statements say so with the dialect's
+``{lock}`` (PostgreSQL: ``FOR UPDATE SKIP LOCKED``; SQLite's ``BEGIN IMMEDIATE`` already
+serialises writers) and ``{now}`` (the ledger's clock). PostgreSQL sends the receipt and the
+hot path of its claim as one statement (``postgres.OPEN``): one round trip in a pipeline.
 
 A ledger with a cost budget of its own (``store_budget.py``) has each call's worst case
 reserved in the transaction of its receipt and claim, and settled in the one completing it.
@@ -77,51 +77,50 @@ class CallStore(BudgetStore):
     def _open(self, tx: Tx, receipt: Sequence[Any], request_key: str, owner: Owner,
               stamp: str) -> Later:
         """Write the receipt (``RECEIPT_SQL``'s values) and claim its request: (receipt id,
-        what the claim found, whether the ledger has a budget of its own: None, not asked)."""
+        what the claim found, whether the ledger has a budget of its own: None, not asked).
+        The hot path of every call: one statement claims a request that is free or already
+        ours and not accepted; anything else takes :meth:`_decide`. (PostgreSQL sends the
+        receipt and the hot path as one statement, and locks the request's row first.)"""
         attempt_id = self._insert(tx, RECEIPT_SQL, receipt)
-        found = attempt_id, self._take(tx, request_key, owner, attempt_id, stamp), None
+        lease = self._clock(tx) + self.lease_seconds
+        taken = self._exec(tx, TAKE_SQL, (request_key, owner.id, owner.host, owner.pid,
+                                          owner.session, attempt_id, lease, stamp,
+                                          request_key)).rowcount
+        found = (attempt_id, MINE if taken else self._decide(tx, request_key, owner,
+                                                             attempt_id, stamp), None)
         return Later(lambda: found)
 
-    def _take(self, tx: Tx, request_key: str, owner: Owner, attempt_id: int, stamp: str) -> str:
-        """Claim ``request_key`` for the receipt just written; the hot path of every call. One
-        statement claims a request that is free or already ours and not accepted; anything
-        else (accepted, held by another runner, held by one that is gone) takes the slower
-        path of :meth:`_claim`."""
-        lease = self._clock(tx) + self.lease_seconds
-        if self._exec(tx, TAKE_SQL, (request_key, owner.id, owner.host, owner.pid,
-                                     owner.session, attempt_id, lease, stamp,
-                                     request_key)).rowcount:
-            return MINE
-        state = self._claim(tx, request_key, owner)
-        if state == MINE:  # its holder was gone: taken over
-            self._exec(tx, HOLD_SQL, (request_key, owner.id, owner.host, owner.pid,
-                                      owner.session, attempt_id, lease, stamp))
-        return state
-
-    def _claim(self, tx: Tx, request_key: str, owner: Owner) -> str:
-        """One statement reads both whether ``request_key`` is accepted and who holds it; a
-        holder that is gone is abandoned. ACCEPTED, HELD (a live runner has it) or MINE."""
-        row = self._exec(tx, CLAIM_SQL, (request_key, request_key)).fetchone()
-        if row[0]:
+    def _decide(self, tx: Tx, request_key: str, owner: Owner, attempt_id: int,
+                stamp: str) -> str:
+        """A claimed or accepted request, read by the ledger's clock: ACCEPTED, HELD by a live
+        runner, or a gone runner's, taken over (MINE) if its row can be locked: where writers
+        run side by side a row another runner is taking over is skipped, never waited for
+        (the dialect's ``{lock}``), so the hosts' transactions cannot wait in a circle."""
+        sql = self.dialect.claim_sql
+        accepted, holder, host, pid, lease, at = self._exec(
+            tx, sql(HOLDER_SQL), (request_key, request_key)).fetchone()
+        if accepted:
             return ACCEPTED
-        holder = row[1]
-        if holder is not None and holder != owner.id:
-            if not claims.owner_gone(holder, row[2], row[3], row[4], self._clock(tx)):
-                return HELD
-            self._abandon(tx, holder)
+        if holder is None or holder == owner.id or not claims.owner_gone(holder, host, pid,
+                                                                         lease, at):
+            return HELD  # released a moment ago, or held: look again later
+        if self._exec(tx, sql(LOCK_HOLDER_SQL), (request_key, holder)).fetchone() is None:
+            return HELD  # another runner is taking it over this moment
+        self._abandon(tx, holder)
+        self._exec(tx, sql(HOLD_SQL), (request_key, owner.id, owner.host, owner.pid,
+                                       owner.session, attempt_id, self.lease_seconds, stamp))
         return MINE
 
     def _abandon(self, tx: Tx, owner: str) -> int:
         """Take every claim of a gone owner; its in-flight receipts become 'abandoned', each
-        charged its worst case to the ledger's budget."""
-        self._exec(tx, "DELETE FROM claims WHERE owner = ?", (owner,))
-        held = self._exec(tx, "SELECT COALESCE(SUM(reserved), 0) FROM attempts WHERE owner = ? "
-                          "AND status = 'in_flight'", (owner,)).fetchone()[0]
+        charged its worst case to the ledger's budget. Rows another runner is taking over
+        this moment are left to it (``{lock}``)."""
+        sql = self.dialect.claim_sql
+        self._exec(tx, sql(ABANDON_CLAIMS_SQL), (owner,))
+        held = self._exec(tx, sql(HELD_SQL), (owner,)).fetchone()[0]
         self._charge_abandoned(tx, held)
-        return self._exec(
-            tx, "UPDATE attempts SET status = 'abandoned', finished_at = ?, errors = ? "
-            "WHERE owner = ? AND status = 'in_flight'",
-            (now(), json.dumps([claims.ABANDONED]), owner)).rowcount
+        return self._exec(tx, sql(ABANDON_SQL), (now(), json.dumps([claims.ABANDONED]),
+                                                 owner)).rowcount
 
     def reap(self) -> int:
         """Abandon the claims and in-flight receipts of every owner that is gone (every run
@@ -156,8 +155,9 @@ class CallStore(BudgetStore):
         self._exec(tx, "DELETE FROM claims WHERE owner = ?", (owner.id,))
 
     def renew_claims(self, tx: Tx, owner: Owner) -> None:
-        self._exec(tx, "UPDATE claims SET lease_expires_at = ? WHERE owner = ?",
-                   (self._clock(tx) + self.lease_seconds, owner.id))
+        """A row another runner is taking over this moment is renewed at the next turn, or
+        not at all."""
+        self._exec(tx, self.dialect.claim_sql(RENEW_SQL), (self.lease_seconds, owner.id))
 
     # -- completing a receipt ------------------------------------------------------------------
     def accept_call(self, tx: Tx, attempt_id: int, batch_id: int, request_key: str,
@@ -231,31 +231,36 @@ COMPLETE_SQL = (
     "finished_at = ?, sent_at = COALESCE(?, sent_at) WHERE id = ? "
     "AND status IN ('in_flight', 'abandoned')")
 
-RECEIPT_SQL = (
-    "INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, status, provider, "
-    "model, started_at, uid, owner, estimated_input_tokens, cost_floor, source, reserved) "
-    "VALUES (?,?,?,?,?, 'in_flight', ?,?,?,?,?,?,?,?,?)")
+# An in-flight receipt: its columns, in the order ``begin_call`` gives their values.
+RECEIPT_COLUMNS = ("batch_id", "revision_id", "request_key", "task_ids", "kind", "provider",
+                   "model", "started_at", "uid", "owner", "estimated_input_tokens",
+                   "cost_floor", "source", "reserved")
+RECEIPT_INTO = f"INSERT INTO attempts(status, {', '.join(RECEIPT_COLUMNS)}) VALUES ('in_flight', "
+RECEIPT_SQL = RECEIPT_INTO + ",".join("?" * len(RECEIPT_COLUMNS)) + ")"
 
-# PostgreSQL: SELECT ... FROM claims WHERE request_key = $1 FOR UPDATE SKIP LOCKED (a row
-# another transaction is deciding on is skipped and treated as HELD), and the accepted check
-# as the same EXISTS; SQLite's BEGIN IMMEDIATE makes the plain read atomic with the write.
-CLAIM_SQL = (
-    "SELECT EXISTS (SELECT 1 FROM attempts WHERE request_key = ? AND status = 'accepted'), "
-    "c.owner, c.host, c.pid, c.lease_expires_at FROM (SELECT ? AS k) AS x "
-    "LEFT JOIN claims c ON c.request_key = x.k")
-
-# PostgreSQL: the same INSERT ... ON CONFLICT ... DO UPDATE ... WHERE; a row another
-# transaction holds is waited for there, so the slow path reads it FOR UPDATE SKIP LOCKED.
+# The claim protocol's statements, written once. A claim is decided by the ledger's clock
+# (``{now}``), so the hosts' clocks need not agree; ``{lock}`` is where the databases truly
+# differ: PostgreSQL locks the rows a read decides on and skips those another runner is
+# deciding on (FOR UPDATE SKIP LOCKED), SQLite's BEGIN IMMEDIATE already serialises writers.
 TAKE_SQL = (
     "INSERT INTO claims(request_key, owner, host, pid, session, attempt_id, lease_expires_at, "
     "claimed_at) SELECT ?,?,?,?,?,?,?,? WHERE NOT EXISTS (SELECT 1 FROM attempts WHERE "
     "request_key = ? AND status = 'accepted') ON CONFLICT(request_key) DO UPDATE SET "
     "attempt_id = excluded.attempt_id, lease_expires_at = excluded.lease_expires_at "
     "WHERE claims.owner = excluded.owner")
-
+HOLDER_SQL = (
+    "SELECT EXISTS (SELECT 1 FROM attempts WHERE request_key = ? AND "
+    "status = 'accepted'), owner, host, pid, lease_expires_at, {now} FROM (SELECT 1) AS one "
+    "LEFT JOIN claims ON request_key = ?")
+LOCK_HOLDER_SQL = "SELECT 1 FROM claims WHERE request_key = ? AND owner = ?{lock}"
 HOLD_SQL = (
     "INSERT INTO claims(request_key, owner, host, pid, session, attempt_id, lease_expires_at, "
-    "claimed_at) VALUES (?,?,?,?,?,?,?,?) ON CONFLICT(request_key) DO UPDATE SET "
-    "owner = excluded.owner, host = excluded.host, pid = excluded.pid, "
-    "session = excluded.session, attempt_id = excluded.attempt_id, "
-    "lease_expires_at = excluded.lease_expires_at")
+    "claimed_at) VALUES (?, ?, ?, ?, ?, ?, {now} + ?, ?)")
+ABANDON_CLAIMS_SQL = ("DELETE FROM claims WHERE request_key IN (SELECT request_key FROM claims "
+                      "WHERE owner = ?{lock})")
+_GONE = "SELECT id FROM attempts WHERE owner = ? AND status = 'in_flight'{lock}"
+HELD_SQL = f"SELECT COALESCE(SUM(reserved), 0) FROM attempts WHERE id IN ({_GONE})"
+ABANDON_SQL = (f"UPDATE attempts SET status = 'abandoned', finished_at = ?, errors = ? "
+               f"WHERE id IN ({_GONE})")
+RENEW_SQL = ("UPDATE claims SET lease_expires_at = {now} + ? WHERE request_key IN (SELECT "
+             "request_key FROM claims WHERE owner = ?{lock})")

@@ -1,0 +1,190 @@
+"""The ledger's schema, and what SQLite and PostgreSQL spell differently: each said once.
+
+The tables are declared once (``TABLES``) with their few type words left open; each database's
+``Dialect`` fills them in when this module is imported. The statements of the ``store_*``
+modules are written once, with ``?`` marking a parameter (never inside a literal), and each
+dialect renders a statement the first time it runs and keeps it: SQLite runs it as it is,
+PostgreSQL (psycopg) reads ``%s`` for ``?`` and ``%%`` for ``%``. Where the two databases truly
+need different SQL, a claim's statements say so with the tokens here (``{lock}``, ``{now}``),
+rendered once per dialect as well; nothing is rewritten by pattern.
+
+There is one schema. A ledger at an older version is refused, never converted: nothing has
+been released that wrote one, and its receipts can be exported by the version that wrote it
+and imported into a new ledger.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+SCHEMA_VERSION = 13
+
+# The tables docs/design.md lists, with their columns' names and meanings; times are ISO 8601
+# UTC text. Claims and checkpoint rows are written with every call: WITHOUT ROWID (SQLite) keeps
+# each row in one b-tree (one page written instead of two). A receipt's completion changes its
+# status, so the key index leaves status out (no index page rewritten per call).
+TABLES = """
+CREATE TABLE batches (
+    id {id}, name TEXT NOT NULL UNIQUE, current_revision {int},
+    created_at TEXT NOT NULL);
+CREATE TABLE forgets (
+    id {id}, batch_id {int} NOT NULL REFERENCES batches(id),
+    forgotten_at TEXT NOT NULL, forgotten_by TEXT NOT NULL, via TEXT NOT NULL,
+    revisions TEXT NOT NULL, requests {int} NOT NULL, items {int} NOT NULL);
+CREATE TABLE revisions (
+    id {id}, batch_id {int} NOT NULL REFERENCES batches(id),
+    number {int} NOT NULL, fingerprint TEXT NOT NULL, components TEXT NOT NULL,
+    validator_name TEXT, validator_version {int}, validator_fingerprint TEXT,
+    status TEXT NOT NULL CHECK (status IN ('open', 'superseded')),
+    superseded_by {int} REFERENCES revisions(id), supersede_reason TEXT,
+    created_at TEXT NOT NULL, forget_id {int} REFERENCES forgets(id),
+    UNIQUE (batch_id, number), UNIQUE (batch_id, fingerprint));
+CREATE TABLE requests (
+    id {id}, revision_id {int} NOT NULL REFERENCES revisions(id),
+    key TEXT NOT NULL, position {int} NOT NULL, parent_key TEXT,
+    task_ids TEXT NOT NULL, tasks TEXT NOT NULL, split {int} NOT NULL DEFAULT 0,
+    UNIQUE (revision_id, key));
+CREATE TABLE attempts (
+    id {id}, batch_id {int} NOT NULL REFERENCES batches(id),
+    revision_id {int} NOT NULL REFERENCES revisions(id), request_key TEXT NOT NULL,
+    task_ids TEXT NOT NULL,
+    kind TEXT NOT NULL CHECK (kind IN
+        ('initial', 'repair', 'replay', 'split', 'recheck', 'import')),
+    status TEXT NOT NULL CHECK (status IN
+        ('in_flight', 'accepted', 'rejected', 'provider_error', 'cancelled', 'abandoned')),
+    errors TEXT, raw {raw}, input_tokens {int}, output_tokens {int},
+    cached_tokens {int}, cost {real}, provider TEXT, model TEXT,
+    started_at TEXT NOT NULL, finished_at TEXT,
+    uid TEXT NOT NULL UNIQUE, sent_at TEXT, owner TEXT, source TEXT,
+    estimated_input_tokens {int}, cost_floor {real}, reserved {real});
+CREATE INDEX attempts_by_key ON attempts (request_key);
+CREATE INDEX attempts_by_batch ON attempts (batch_id, id);
+CREATE INDEX attempts_in_flight ON attempts (owner) WHERE status = 'in_flight';
+CREATE TABLE checkpoint (
+    batch_id {int} NOT NULL REFERENCES batches(id), request_key TEXT NOT NULL,
+    task_id TEXT NOT NULL, attempt_id {int} NOT NULL REFERENCES attempts(id),
+    item TEXT NOT NULL, committed_at TEXT NOT NULL,
+    PRIMARY KEY (request_key, task_id, batch_id)){rowid};
+CREATE TABLE claims (
+    request_key TEXT PRIMARY KEY, owner TEXT NOT NULL, host TEXT NOT NULL,
+    pid {int} NOT NULL, session TEXT NOT NULL, attempt_id {int},
+    lease_expires_at {real} NOT NULL, claimed_at TEXT NOT NULL){rowid};
+CREATE TABLE imports (
+    digest TEXT PRIMARY KEY, attempt_id {int} REFERENCES attempts(id),
+    source TEXT, line {int}, outcome TEXT NOT NULL, imported_at TEXT NOT NULL);
+CREATE TABLE validators (
+    name TEXT NOT NULL, version {int} NOT NULL, fingerprint TEXT NOT NULL,
+    where_defined TEXT, defined_at TEXT NOT NULL, by_identity TEXT,
+    PRIMARY KEY (name, fingerprint), UNIQUE (name, version));
+CREATE TABLE seen (request_key TEXT PRIMARY KEY, seen_key TEXT NOT NULL);
+CREATE INDEX seen_by_seen_key ON seen (seen_key);
+CREATE TABLE task_files (
+    digest TEXT PRIMARY KEY, tasks TEXT NOT NULL, count {int} NOT NULL,
+    fields TEXT NOT NULL);
+CREATE TABLE rechecks (
+    attempt_id {int} PRIMARY KEY REFERENCES attempts(id),
+    from_attempt {int} NOT NULL REFERENCES attempts(id));
+CREATE TABLE jobs (
+    id {id}, uid TEXT NOT NULL UNIQUE, protocol TEXT NOT NULL,
+    provider_job_id TEXT, status TEXT NOT NULL CHECK (status IN
+        ('recording', 'open', 'uncertain', 'ended', 'cancelled')),
+    batch_id {int} NOT NULL REFERENCES batches(id),
+    revision_id {int} NOT NULL REFERENCES revisions(id), model TEXT, endpoint TEXT,
+    requests {int} NOT NULL, reserved {real} NOT NULL, owner TEXT NOT NULL, host TEXT NOT NULL,
+    pid {int} NOT NULL, created_at TEXT NOT NULL, submitted_at TEXT, ended_at TEXT,
+    detail TEXT, plan TEXT, lease_expires_at {real});
+CREATE TABLE job_lines (
+    custom_id TEXT PRIMARY KEY, job_id {int} NOT NULL REFERENCES jobs(id),
+    attempt_id {int} NOT NULL UNIQUE REFERENCES attempts(id), request_key TEXT NOT NULL,
+    wrapped {int} NOT NULL, reserved {real} NOT NULL){rowid};
+CREATE INDEX job_lines_by_job ON job_lines (job_id);
+CREATE TABLE budget (
+    id {int} PRIMARY KEY CHECK (id = 1), cost {real} NOT NULL, spent {real} NOT NULL,
+    reserved {real} NOT NULL, set_at TEXT NOT NULL, set_by TEXT NOT NULL);
+CREATE TABLE hosts (
+    owner TEXT PRIMARY KEY, host TEXT NOT NULL, pid {int} NOT NULL,
+    lease_expires_at {real} NOT NULL, joined_at TEXT NOT NULL){rowid};
+"""
+
+# What only a server with writers side by side needs: a request's rows by key (claims lock the
+# lowest), claims by owner (renewed and taken over by owner), checkpoint rows by attempt, and
+# the schema's version (SQLite keeps it in PRAGMA user_version).
+SERVER_TABLES = """
+CREATE INDEX requests_by_key ON requests (key, id);
+CREATE INDEX claims_by_owner ON claims (owner);
+CREATE INDEX checkpoint_by_attempt ON checkpoint (attempt_id);
+CREATE TABLE batchjson_schema (version INTEGER NOT NULL);
+"""
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """How one database spells the schema and the statements; ``sql`` renders a statement."""
+
+    name: str
+    types: dict[str, str]  # the schema's open type words
+    server_tables: str  # what this database adds to the schema
+    mark: str  # a parameter
+    # appended to a read that decides on a claim: PostgreSQL locks the rows it returns and
+    # skips those another runner is deciding on; SQLite's BEGIN IMMEDIATE already serialises
+    lock: str
+    now: str  # seconds since the epoch by the clock every runner of the ledger reads
+    json_valid: str  # true when the text ``{}`` is one JSON text
+    json_length: str  # the length of the JSON array held as text in ``{}``
+    keys_as_array: bool  # a list of keys bound as one array (``IN (SELECT unnest(?))``)
+    _rendered: dict[str, str] = field(default_factory=dict, init=False, repr=False,
+                                      compare=False)
+    _spelled: dict[str, str] = field(default_factory=dict, init=False, repr=False,
+                                     compare=False)
+
+    @property
+    def schema(self) -> str:
+        return TABLES.format_map(self.types) + self.server_tables
+
+    def sql(self, statement: str) -> str:
+        """``statement`` (``?`` parameters) as this database reads it; rendered once."""
+        rendered = self._rendered.get(statement)
+        if rendered is None:
+            rendered = statement if self.mark == "?" else (
+                statement.replace("%", "%%").replace("?", self.mark))
+            self._rendered[statement] = rendered
+        return rendered
+
+    def claim_sql(self, template: str) -> str:
+        """A claim's statement, its ``{lock}`` and ``{now}`` spelled for this database (its
+        parameters still ``?``, as every statement a store runs); spelled once."""
+        spelled = self._spelled.get(template)
+        if spelled is None:
+            spelled = self._spelled[template] = template.format(lock=self.lock, now=self.now)
+        return spelled
+
+    def marks(self, keys: list[Any]) -> str:
+        """What stands for ``{marks}`` in ``IN ({marks})``, for ``keys`` (not empty); an array
+        of text is named so (psycopg leaves a string's type to the server)."""
+        if not self.keys_as_array:
+            return ",".join("?" * len(keys))
+        return "SELECT unnest(?::text[])" if isinstance(keys[0], str) else "SELECT unnest(?)"
+
+    def key_args(self, keys: list[Any]) -> tuple[Any, ...]:
+        return (keys,) if self.keys_as_array else tuple(keys)
+
+    def on_server(self, version: int) -> Dialect:
+        """This dialect for a PostgreSQL server of ``version``: before 16 no text is known
+        to be JSON in SQL (``pg_input_is_valid``), and each is checked in Python."""
+        return self if version >= 160000 else replace(self, json_valid="FALSE")
+
+
+SQLITE = Dialect(
+    "sqlite", {"id": "INTEGER PRIMARY KEY", "int": "INTEGER", "real": "REAL", "raw": "TEXT",
+               "rowid": " WITHOUT ROWID"}, "", "?", "",
+    "((julianday('now') - 2440587.5) * 86400.0)", "json_valid({})", "json_array_length({})",
+    keys_as_array=False)
+
+# ids from sequences, whole numbers BIGINT, REAL double precision, raw provider text bytea
+# (``text`` cannot hold NUL, ``jsonb`` reorders keys and refuses NaN)
+POSTGRES = Dialect(
+    "postgres", {"id": "BIGSERIAL PRIMARY KEY", "int": "BIGINT", "real": "DOUBLE PRECISION",
+                 "raw": "BYTEA", "rowid": ""}, SERVER_TABLES, "%s",
+    " FOR UPDATE SKIP LOCKED", "EXTRACT(EPOCH FROM clock_timestamp())",
+    "pg_input_is_valid({}, 'json')", "json_array_length(({})::json)", keys_as_array=True)
