@@ -18,9 +18,9 @@ from ._ledger.recovery import read_lines
 from ._ledger.sqlite import file_problem, holds_nothing
 from ._money import cost_value, money
 from ._providers.base import estimate_tokens
-from ._providers.masking import looks_like_key, masked, public_url, shown_value
 from ._providers.select import PROVIDER_NAMES, provider_label
 from ._replay.budget import usd
+from ._secrets import looks_like_key, masked, public_url, shown_value
 from ._session.batches import cancel_job, list_jobs
 from ._session.collect import collect_ended, status_summary
 from ._session.preflight import check_validator

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import LedgerError
-from .._providers.masking import public_url
+from .._secrets import public_url
 from .records import ledger_path
 from .sqlite import read_ledger_file
 from .store import Store

@@ -28,7 +28,7 @@ from functools import lru_cache, reduce
 from typing import Any
 
 from .._errors import ConfigError, LedgerError
-from .._providers.masking import Secrets, public_url
+from .._secrets import Secrets, public_url
 from . import claims
 from .claims import HELD, MINE, Owner
 from .records import now

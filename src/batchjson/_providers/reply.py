@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._errors import ProviderError
-from .masking import shown_name
+from .._secrets import shown_name
 from .settings import declared_output_cap
 
 ENVELOPES = (None, "value", "tool_input", "tool_input/value")

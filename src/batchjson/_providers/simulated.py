@@ -19,9 +19,9 @@ from .._canon import canonical_json
 from .._checks import seconds
 from .._content.tasks import sha
 from .._errors import ProviderError, ProviderSetupError
+from .._secrets import check_name
 from .._sources import Code, Digest
 from .base import Call, OneService, Reply, estimate_tokens
-from .masking import check_name
 from .schemagen import GENERATOR, Unanswerable, answer_item, answer_value
 
 TRANSPORT_FAULTS = ("provider_error", "timeout")
