@@ -32,15 +32,8 @@ from .._content.strictjson import (
     parse_json_noting,
     strip_fence,
 )
-from .._providers.reply import (
-    NO_TOOL_CALL,
-    NOT_TEXT,
-    REFUSED,
-    TOOL_CALL,
-    TRUNCATED,
-    Reply,
-    received,
-)
+from .._providers.reply import Reply, received
+from .._sources import NO_TOOL_CALL, NOT_TEXT, REFUSED, TOOL_CALL, TRUNCATED
 from .validators import clip, judged_code_raised, run_validator_async
 from .validators import error as _error
 

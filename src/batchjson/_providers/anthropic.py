@@ -12,10 +12,11 @@ from typing import Any, Literal, get_args
 
 from .._checks import whole
 from .._errors import ProviderError, ProviderSetupError
+from .._sources import NO_TOOL_CALL, REFUSED, TOOL_CALL, TRUNCATED
 from ._http import HttpProvider, as_int, object_schema, with_path
 from .base import Call
 from .caching import CACHE_CONTROL, prefix_cacheable
-from .reply import NO_TOOL_CALL, REFUSED, TOOL_CALL, TRUNCATED, Reply
+from .reply import Reply
 from .spans import value_span
 
 DEFAULT_ANTHROPIC_BASE_URL = "https://api.anthropic.com"

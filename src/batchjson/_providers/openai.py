@@ -13,11 +13,12 @@ from dataclasses import asdict
 from typing import Any, Literal, get_args
 
 from .._errors import ProviderError, ProviderSetupError
+from .._sources import REFUSED, TOOL_CALL, TRUNCATED
 from ._http import HttpProvider, as_int, object_schema
 from .base import Call
 from .caching import prefix_cacheable, prompt_cache_key
 from .capabilities import Capabilities, capabilities_for, shaped_extra_body
-from .reply import REFUSED, TOOL_CALL, TRUNCATED, Reply
+from .reply import Reply
 from .strict import strict_form
 
 __all__ = ["DEFAULT_OPENAI_BASE_URL", "OpenAIProvider"]

@@ -28,8 +28,8 @@ from .._errors import ProviderError
 from .._ledger import Ledger
 from .._ledger.claims import Owner
 from .._providers.base import estimate_tokens, input_bound
-from .._providers.reply import REFUSED, TRUNCATED
 from .._providers.upload import Upload
+from .._sources import REFUSED, TRUNCATED
 from .budget import Spender, reserve_lines
 from .calls import first_prompt, make_call
 from .job_collect import WINDOW, Collection, detail_of

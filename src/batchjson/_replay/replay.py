@@ -31,8 +31,8 @@ from .._errors import LedgerError, ProviderError
 from .._ledger import Ledger
 from .._ledger.claims import Owner
 from .._providers.ratelimits import HEADER_LISTENER, reports_limits, request_tokens
-from .._providers.reply import REFUSED, STOP_ERRORS, TRUNCATED
 from .._providers.settings import declared_output_cap
+from .._sources import REFUSED, STOP_ERRORS, TRUNCATED
 from .budget import Spender
 from .calls import Caller, Control, Judged, NotSent, first_prompt
 from .groupcommit import GroupCommit
