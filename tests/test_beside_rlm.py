@@ -11,10 +11,10 @@ from importlib.metadata import requires, version
 import pytest
 from packaging.requirements import Requirement
 
+from batchjson import Ledger
 from batchjson._content.keys import Keys
 from batchjson._content.schema import compile_schema
 from batchjson._errors import ProviderError
-from batchjson._ledger import Ledger
 from batchjson._replay.plan import Plan, Transport
 from batchjson._replay.replay import Replayer
 
