@@ -23,15 +23,15 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from .._content.schema import ItemSchema, wire_schema
+from .._content.schemavalues import smallest_answers
 from .._content.tasks import Request
 from .._errors import InvalidBatch, ProviderSetupError
 from .._ledger import Ledger
 from .._providers.ratelimits import request_tokens
-from .._providers.schemagen import Generator, Unanswerable
 from .._providers.settings import declared_output_cap
 from .._replay.calls import first_prompt
 from .._replay.pacing import Pacer, pack_that_fits
@@ -166,27 +166,6 @@ def _pack_fits(cap: int, measured: float | None, schema: ItemSchema,
         f"would be cut off. Use pack {min(fits, size - 1)} or less (pack="
         f"{min(fits, size - 1)}, --pack {min(fits, size - 1)}), or raise max_tokens; nothing "
         "was sent")
-
-
-def smallest_answers(schema: ItemSchema, tasks: Sequence[Mapping[str, Any]],
-                     identity: Sequence[str], mode: str) -> list[str]:
-    """The smallest answer each task can get, as compact JSON text: what the schema requires
-    at its least (made once: the echoes are the only part that differs by task), with the
-    task's identity values. A schema the generator cannot meet counts the echoes alone."""
-    fixed = {} if mode == "value" else {k: tasks[0][k] for k in identity}
-    try:
-        least = Generator(schema.json_schema, minimal=True).value(fixed=fixed or None,
-                                                                 verify=False)
-    except Unanswerable:
-        least = dict(fixed)
-    if mode == "value" or not isinstance(least, dict):
-        return [_compact(least)] * len(tasks)
-    rest = {k: v for k, v in least.items() if k not in fixed}
-    return [_compact({**{k: t[k] for k in identity}, **rest}) for t in tasks]
-
-
-def _compact(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def check_rate_fit(pacer: Pacer, plan: Plan, pending: Sequence[Request],
