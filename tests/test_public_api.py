@@ -74,6 +74,28 @@ def test_every_public_error_is_in_the_one_tree() -> None:
     assert all(issubclass(e, BatchJsonError) for e in errors)
 
 
+def test_the_exception_tree_drawn_in_the_errors_docstring_is_the_real_one() -> None:
+    """``_errors.py``'s docstring draws every class it defines under its real parent, with the
+    builtin it also is: a new or moved exception must be drawn where it is."""
+    from batchjson import _errors
+
+    drawn: dict[str, tuple[str | None, str | None]] = {}
+    parents: list[str] = []
+    for line in (_errors.__doc__ or "").splitlines():
+        match = re.match(r"( *)([A-Z]\w+)(?: \((\w+)\))?\s{2,}\S", line)
+        if match:
+            depth = len(match[1]) // 4
+            parents[depth:] = [match[2]]
+            drawn[match[2]] = (parents[depth - 1] if depth else None, match[3])
+    defined = {n: c for n, c in vars(_errors).items()
+               if isinstance(c, type) and issubclass(c, BatchJsonError)}
+    real = {n: (next((b.__name__ for b in c.__bases__ if b in defined.values()), None),
+                next((b.__name__ for b in c.__bases__
+                      if b not in defined.values() and b is not Exception), None))
+            for n, c in defined.items()}
+    assert len(drawn) == 12 and drawn == real
+
+
 class Counting:
     """A provider that records whether anything was ever sent."""
 
