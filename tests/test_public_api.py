@@ -96,6 +96,28 @@ def test_the_exception_tree_drawn_in_the_errors_docstring_is_the_real_one() -> N
     assert len(drawn) == 12 and drawn == real
 
 
+@pytest.mark.parametrize("module", ["batchjson", "batchjson.rlm", "batchjson.testing"])
+def test_public_classes_print_as_the_name_users_import(module: str) -> None:
+    """``batchjson.Session``, not ``batchjson._session.session.Session``: a repr, a traceback
+    and help() name where a user imports the class from, and that name resolves to it."""
+    public = importlib.import_module(module)
+    classes = [getattr(public, n) for n in public.__all__ if isinstance(getattr(public, n), type)]
+    assert len(classes) >= {"batchjson": 20, "batchjson.rlm": 0, "batchjson.testing": 4}[module]
+    for cls in classes:
+        assert repr(cls) == f"<class '{module}.{cls.__qualname__}'>"
+        assert getattr(importlib.import_module(cls.__module__), cls.__qualname__) is cls
+    assert repr(batchjson.Session) == "<class 'batchjson.Session'>"
+
+
+def test_printing_public_classes_as_batchjson_names_keeps_every_key() -> None:
+    """Keys and fingerprints still name a class where it is defined: the answer source of a
+    built-in provider is what ledgers recorded before, so their evidence still resolves."""
+    from batchjson._content.keys import answer_source
+
+    assert answer_source(batchjson.SimulatedModel()).startswith(
+        "batchjson._providers.simulated.SimulatedModel:")
+
+
 class Counting:
     """A provider that records whether anything was ever sent."""
 

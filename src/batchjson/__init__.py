@@ -11,6 +11,7 @@ are private. Three public submodules: :mod:`batchjson.rlm` (RLM hosts),
 
 from typing import Any
 
+from ._canon import show_as
 from ._errors import (
     BatchJsonError,
     BatchUnresolved,
@@ -56,6 +57,8 @@ __all__ = [
     # IPython
     "load_ipython_extension", "unload_ipython_extension",
 ]
+show_as(__name__, *(value for name, value in list(globals().items())
+                    if name in __all__ and isinstance(value, type)))
 
 
 def __getattr__(name: str) -> Any:

@@ -10,6 +10,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
+from .._canon import show_as
 from .._checks import whole
 from .._errors import ProviderError, ProviderSetupError
 from .._sources import NO_TOOL_CALL, REFUSED, TOOL_CALL, TRUNCATED
@@ -180,3 +181,6 @@ def _tool_text(content: list[Any], tool: str, body: str | None,
     if span is not None:
         return body[span[0]:span[1]], True  # type: ignore[index]
     return json.dumps(block.get("input"), ensure_ascii=False), False
+
+
+show_as("batchjson", AnthropicProvider)  # loaded on first use of batchjson.AnthropicProvider

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any, Literal, get_args
 
+from .._canon import show_as
 from .._errors import ProviderError, ProviderSetupError
 from .._sources import REFUSED, TOOL_CALL, TRUNCATED
 from ._http import HttpProvider, as_int, object_schema
@@ -226,3 +227,6 @@ def _listed(problems: list[str], mode: str) -> str:
     shown = [p.removeprefix(prefix) for p in problems[:3]]
     more = f"; and {len(problems) - 3} more" if len(problems) > 3 else ""
     return "; ".join(shown) + more
+
+
+show_as("batchjson", OpenAIProvider)  # loaded on first use of batchjson.OpenAIProvider
