@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import InvalidBatch
+from .._loop import BackgroundLoop
 from .._providers.base import close_provider
 from .._providers.select import make_provider, provider_label
 from .._replay.budget import Budget, Tally
@@ -24,7 +25,6 @@ from . import structured
 from .accounts import Ledger
 from .advice import advise
 from .evidence import Evidence
-from .loop import BackgroundLoop
 from .registry import ValidatorRegistry
 from .result import BatchResult
 from .run import run_spec
