@@ -36,10 +36,6 @@ class BackgroundLoop:
         self._thread: threading.Thread | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
 
-    @property
-    def running(self) -> bool:
-        return self._loop is not None and self._loop.is_running()
-
     def _start(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if (self._loop is not None and not self._loop.is_closed() and self._thread is not None

@@ -66,8 +66,9 @@ def check_fit(provider: Any, ledger: Ledger, name: str, schema: ItemSchema,
     note = schema_note(provider, schema, pending, identity, mode)
     cap = declared_output_cap(provider)
     if cap is not None:
-        measured = measured_per_item(ledger, name, 0 if mode == "value" else
-                                     output_tokens_floor(_ENVELOPE))
+        # the fewest output tokens per item any accepted return of this batch took (None: none)
+        measured = ledger.store.fewest_output_tokens_per_item(
+            name, 0 if mode == "value" else output_tokens_floor(_ENVELOPE))
         _pack_fits(cap, measured, schema, pending, identity, mode)
     return [note] if note else []
 
@@ -84,12 +85,6 @@ def schema_note(provider: Any, schema: ItemSchema, pending: Sequence[Request],
     wire = schema.json_schema if mode == "value" else wire_schema(schema, largest.tasks,
                                                                    identity)
     return check(wire, mode)
-
-
-def measured_per_item(ledger: Ledger, name: str, envelope: int) -> float | None:
-    """The fewest output tokens per item any accepted return of batch ``name`` took (its
-    envelope taken off), or None when none has been measured."""
-    return ledger.store.fewest_output_tokens_per_item(name, envelope)
 
 
 def answerable(provider: Any, schema: ItemSchema, pending: Sequence[Request],
