@@ -12,7 +12,8 @@ from typing import Any
 
 from .._ledger.forgetting import forgotten
 from .._ledger.store import Store
-from .accounts import per_usable_result, spend
+from . import accounts
+from .accounts import per_usable_result
 
 
 @dataclass(frozen=True)
@@ -59,14 +60,14 @@ class Evidence:
     def summary(self, batch: str | None = None) -> dict[str, Any]:
         """Numbers a person asks for: what is owed, what was spent, and cost per usable result."""
         owed = self.requests(batch)
-        spent = spend(self._store, batch)
+        spend = accounts.spend(self._store, batch)
         usable = self._store.checkpoint_count(batch)
-        cost = spent["cost"]
+        cost = spend["cost"]
         superseded = [s for s in self.superseded if batch is None or s["batch"] == batch]
         # Calls with no recorded cost (killed, interrupted, unpriced) are shown with the least
         # they cost, and cost per usable result counts them at that floor (flagged as a lower
-        # bound); the rule is status's own (per_usable_result).
-        unknown = spent["unknown_cost_calls"]
+        # bound); the rule is status's own (accounts.per_usable_result).
+        unknown = spend["unknown_cost_calls"]
         stops = self._store.stops_of(list(dict.fromkeys(u.key for u in owed)))
         return {
             "batch": batch,
@@ -77,22 +78,22 @@ class Evidence:
             "cut_off_requests": sum(1 for s in stops.values() if "truncated" in s),
             "superseded": superseded,
             "forgotten": forgotten(self._store, batch),
-            "calls": spent["calls"],
-            "accepted_returns": spent["accepted"],
-            "rejected_returns": spent["rejected"],
-            "provider_errors": spent["provider_errors"],
-            "cancelled_calls": spent["cancelled_calls"],
-            "abandoned_calls": spent["abandoned_calls"],
-            "in_flight_calls": spent["in_flight_calls"],
+            "calls": spend["calls"],
+            "accepted_returns": spend["accepted"],
+            "rejected_returns": spend["rejected"],
+            "provider_errors": spend["provider_errors"],
+            "cancelled_calls": spend["cancelled_calls"],
+            "abandoned_calls": spend["abandoned_calls"],
+            "in_flight_calls": spend["in_flight_calls"],
             "unknown_cost_calls": unknown,
-            "cost_lower_bound_unknown": spent["cost_lower_bound_unknown"],
-            "unpriced_unknown_calls": spent["unpriced_unknown_calls"],
-            "tokens": spent["input_tokens"] + spent["output_tokens"],
+            "cost_lower_bound_unknown": spend["cost_lower_bound_unknown"],
+            "unpriced_unknown_calls": spend["unpriced_unknown_calls"],
+            "tokens": spend["input_tokens"] + spend["output_tokens"],
             "cost": cost,
-            "cost_lower_bound": spent["cost_lower_bound"],
+            "cost_lower_bound": spend["cost_lower_bound"],
             "usable_results": usable,
             "cost_per_usable_result": per_usable_result(
-                cost, spent["cost_lower_bound_unknown"], unknown, usable),
+                cost, spend["cost_lower_bound_unknown"], unknown, usable),
             "cost_per_usable_result_is_lower_bound": bool(unknown),
         }
 
