@@ -219,7 +219,7 @@ def ctrl_c_in_a_live_loop(cell: Callable[[], Any]) -> float:
 
 def ledger_rows(target: Any, sql: str, *args: Any) -> list[tuple]:
     """The rows of one query (``?`` parameters) on the ledger at ``target``."""
-    from batchjson._ledger import Ledger
+    from batchjson import Ledger
 
     held = Ledger(target)
     try:
@@ -231,7 +231,7 @@ def ledger_rows(target: Any, sql: str, *args: Any) -> list[tuple]:
 def ledger_write(target: Any, *statements: tuple[str, tuple]) -> list[Any]:
     """Run statements in one transaction on the ledger at ``target`` (another runner's or a
     crashed one's writes); for each INSERT the new row's id."""
-    from batchjson._ledger import Ledger
+    from batchjson import Ledger
 
     held = Ledger(target)
     out = []

@@ -8,7 +8,7 @@ import pytest
 
 from batchjson import FaultPlan, Session, SimulatedModel
 from batchjson._errors import InvalidBatch
-from batchjson._ledger.advice import Fit, estimate, fit
+from batchjson._session.advice import Fit, estimate, fit
 
 SCHEMA = {"type": "object", "properties": {"verdict": {"type": "string",
                                                        "enum": ["match", "no_match"]}},

@@ -368,6 +368,28 @@ def test_cancel_stops_an_open_job_and_the_next_run_owes_what_it_did_not_answer(t
         s.close()
 
 
+def test_cancelling_an_open_job_from_a_notebook_cell_while_its_loop_runs(tmp_path):
+    """Jupyter runs a cell while its own event loop runs: cancelling a job there asks the
+    provider on batchjson's one background loop, where a nested asyncio.run would refuse."""
+    import asyncio
+
+    from batchjson import Ledger
+    from batchjson.core import cancel_job
+
+    target = tmp_path / "l.sqlite"
+    with LoopbackServer() as srv:
+        srv.batches.delay = 1.0
+        s = session(srv, target)
+        assert s.run_batch("labels", tasks(3), SCHEMA, transport="batch").status == "pending"
+        os.environ.setdefault("OPENAI_API_KEY", "sk-test")
+
+        async def cell() -> dict[str, Any]:
+            return cancel_job(Ledger(target), "1")
+
+        assert asyncio.run(cell())["provider_status"] in ("cancelling", "cancelled")
+        s.close()
+
+
 def test_forget_refuses_a_batch_with_an_open_job(srv, tmp_path):
     from batchjson._cli.commands import main
 

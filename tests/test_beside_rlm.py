@@ -10,11 +10,12 @@ from importlib.metadata import requires, version
 
 import pytest
 from packaging.requirements import Requirement
+from tenacity import RetryCallState
 
+from batchjson import Ledger
 from batchjson._content.keys import Keys
 from batchjson._content.schema import compile_schema
 from batchjson._errors import ProviderError
-from batchjson._ledger import Ledger
 from batchjson._replay.plan import Plan, Transport
 from batchjson._replay.replay import Replayer
 
@@ -39,13 +40,21 @@ def backoff(initial: float = 0.5, cap: float = 20.0) -> Replayer:
                     Transport(backoff_initial=initial, backoff_max=cap), 1)
 
 
+def waited(replayer: Replayer, error: ProviderError, failures: int) -> float:
+    """The wait the replayer's retry policy sets after ``failures`` failed tries."""
+    state = RetryCallState(replayer.retrying, None, (), {})
+    state.attempt_number = failures
+    state.set_exception((type(error), error, None))
+    return replayer.retrying.wait(state)
+
+
 def test_transport_retries_back_off_exponentially_with_jitter_up_to_the_cap():
     replayer = backoff()
     for failures in range(1, 9):
         base = 0.5 * 2 ** (failures - 1)
-        waits = [replayer._delay(ProviderError("503"), failures) for _ in range(200)]
+        waits = [waited(replayer, ProviderError("503"), failures) for _ in range(200)]
         assert all(min(base, 20.0) <= w <= min(base + 0.5, 20.0) for w in waits)
         if base + 0.5 < 20.0:
             assert max(waits) - min(waits) > 0.1  # jittered, so retries do not move in step
-    assert replayer._delay(ProviderError("429", retry_after=3.0), 1) == 3.0
-    assert replayer._delay(ProviderError("429", retry_after=600.0), 1) == 20.0
+    assert waited(replayer, ProviderError("429", retry_after=3.0), 1) == 3.0
+    assert waited(replayer, ProviderError("429", retry_after=600.0), 1) == 20.0

@@ -15,8 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from batchjson import CallableProvider, Session
-from batchjson._ledger import Ledger
+from batchjson import CallableProvider, Ledger, Session
 from batchjson._ledger import claims as claims_module
 from tests.helpers import (
     LABEL_SCHEMA,

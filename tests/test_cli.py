@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from batchjson import CallableProvider, Session
+from batchjson import CallableProvider, Ledger, Session
 from batchjson._cli import commands as cli_module
 from batchjson._errors import InvalidBatch, ProviderError
-from batchjson._ledger import Ledger
 from tests.helpers import LABEL_SCHEMA, answer, items_reply, review_tasks
 
 SUBCOMMANDS = ("demo", "status", "receipts", "values", "export", "import", "merge", "advise",

@@ -8,8 +8,7 @@ import io
 import json
 from pathlib import Path
 
-from batchjson import CallableProvider, Session
-from batchjson._ledger import Ledger
+from batchjson import CallableProvider, Ledger, Session
 from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
 from tests.test_forget import bj
 

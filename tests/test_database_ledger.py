@@ -15,10 +15,9 @@ from typing import Any
 
 import pytest
 
-from batchjson import CallableProvider, RunSpec, Session
+from batchjson import CallableProvider, Ledger, RunSpec, Session
 from batchjson._errors import LedgerError
-from batchjson._ledger import Ledger
-from batchjson._providers.masking import public_url
+from batchjson._secrets import public_url
 from tests.helpers import LABEL_SCHEMA, items_reply, ledger_rows, review_tasks
 
 PASSWORD = "s3cret-Pw0rd"  # the test server trusts every local connection: any password works

@@ -13,9 +13,8 @@ import textwrap
 
 import pytest
 
-from batchjson import CallableProvider, Session
+from batchjson import CallableProvider, Ledger, Session
 from batchjson._errors import LedgerError
-from batchjson._ledger import Ledger
 from tests.helpers import LABEL_SCHEMA, ConcurrentModel, items_reply, review_tasks
 
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from batchjson import CallableProvider, FaultPlan, InvalidBatch, Session, SimulatedModel
-from batchjson._ledger import Ledger
-from batchjson._ledger.evidence import Evidence
+from batchjson import CallableProvider, FaultPlan, InvalidBatch, Ledger, Session, SimulatedModel
 from batchjson._ledger.forgetting import forget_batch, forgotten
+from batchjson._session.evidence import Evidence
 from tests.helpers import LABEL_SCHEMA, answer, review_tasks
 
 

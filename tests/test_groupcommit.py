@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from batchjson._ledger import Ledger
+from batchjson import Ledger
 from batchjson._ledger.store import Store
 from batchjson._replay.groupcommit import GroupCommit
 

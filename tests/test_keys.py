@@ -25,7 +25,7 @@ from batchjson import (
     SimulatedModel,
 )
 from batchjson import _cli as cli
-from batchjson._providers.masking import Secrets, looks_like_key, public_url, shown_name
+from batchjson._secrets import Secrets, looks_like_key, public_url, shown_name
 from batchjson.testing import LoopbackServer
 from tests.helpers import LABEL_SCHEMA, answer, review_tasks
 
@@ -374,7 +374,7 @@ def test_typos_spaced_names_and_build_ids_are_shown_as_written_not_taken_for_key
     """The shape rule matches whole values shaped like a vendor's key, 32 or more hex digits or
     a UUID, nothing else: a typo masked as ``'opna'... (5 chars)`` cannot be seen to be fixed,
     and a model or source name with a space or a build id was refused as a key."""
-    from batchjson._providers.masking import shown_value
+    from batchjson._secrets import shown_value
     from tests.test_magics import MODEL, ok, refused
 
     assert not looks_like_key(name) and shown_name(name) == name
@@ -449,7 +449,7 @@ def test_a_401_echoing_part_of_another_key_is_never_stored_nor_shown(
 
 
 def test_key_fragments_are_masked_in_provider_text_and_nothing_else_is() -> None:
-    from batchjson._providers.masking import keys_masked
+    from batchjson._secrets import keys_masked
 
     for fragment in ("sk-VKMIs***\u2026wjh3", "sk-proj-****wjh3", "sk-ant-api03-AbCd\u2026wxyz",
                      "sk-abc...wxyz", OTHER["sk-proj"], OTHER["sk-ant"]):

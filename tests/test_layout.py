@@ -75,9 +75,7 @@ def test_no_module_outside_the_ledger_reaches_into_a_private_name_of_the_ledger_
 def test_the_parts_of_the_ledger_import_the_store_never_the_facade():
     facade = []
     for name, _, tree in modules():
-        # the facade, and advice: a read-only view over the facade (its cost summary)
-        if not name.startswith("_ledger/") or name in ("_ledger/__init__.py", "_ledger/ledger.py",
-                                                        "_ledger/advice.py"):
+        if not name.startswith("_ledger/") or name in ("_ledger/__init__.py", "_ledger/ledger.py"):
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (
@@ -125,7 +123,7 @@ def import_graph() -> dict[str, set[str]]:
 
 def test_every_import_of_a_batchjson_module_names_one_that_is_there():
     graph = import_graph()
-    assert "batchjson._ledger.store" in graph["batchjson._ledger.accounts"]  # edges are seen
+    assert "batchjson._ledger.store" in graph["batchjson._ledger.forgetting"]  # edges are seen
     missing = {m: sorted(d for d in deps if d.startswith("missing: "))
                for m, deps in graph.items() if any(d.startswith("missing: ") for d in deps)}
     assert missing == {}  # an import of a module that is not there (moved, deleted)
@@ -173,7 +171,7 @@ def test_faces_import_the_core_only_through_its_public_surface():
     contracts = tomllib.loads((PACKAGE.parents[1] / "pyproject.toml").read_text())
     forbidden = [c for c in contracts["tool"]["importlinter"]["contracts"]
                  if c["type"] == "forbidden"]
-    assert [sorted(c["source_modules"]) for c in forbidden] == [sorted(FACES)]
+    assert sorted(FACES) in [sorted(c["source_modules"]) for c in forbidden]
 
 
 def test_no_function_over_60_lines_in_the_package():

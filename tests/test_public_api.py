@@ -74,6 +74,50 @@ def test_every_public_error_is_in_the_one_tree() -> None:
     assert all(issubclass(e, BatchJsonError) for e in errors)
 
 
+def test_the_exception_tree_drawn_in_the_errors_docstring_is_the_real_one() -> None:
+    """``_errors.py``'s docstring draws every class it defines under its real parent, with the
+    builtin it also is: a new or moved exception must be drawn where it is."""
+    from batchjson import _errors
+
+    drawn: dict[str, tuple[str | None, str | None]] = {}
+    parents: list[str] = []
+    for line in (_errors.__doc__ or "").splitlines():
+        match = re.match(r"( *)([A-Z]\w+)(?: \((\w+)\))?\s{2,}\S", line)
+        if match:
+            depth = len(match[1]) // 4
+            parents[depth:] = [match[2]]
+            drawn[match[2]] = (parents[depth - 1] if depth else None, match[3])
+    defined = {n: c for n, c in vars(_errors).items()
+               if isinstance(c, type) and issubclass(c, BatchJsonError)}
+    real = {n: (next((b.__name__ for b in c.__bases__ if b in defined.values()), None),
+                next((b.__name__ for b in c.__bases__
+                      if b not in defined.values() and b is not Exception), None))
+            for n, c in defined.items()}
+    assert len(drawn) == 12 and drawn == real
+
+
+@pytest.mark.parametrize("module", ["batchjson", "batchjson.rlm", "batchjson.testing"])
+def test_public_classes_print_as_the_name_users_import(module: str) -> None:
+    """``batchjson.Session``, not ``batchjson._session.session.Session``: a repr, a traceback
+    and help() name where a user imports the class from, and that name resolves to it."""
+    public = importlib.import_module(module)
+    classes = [getattr(public, n) for n in public.__all__ if isinstance(getattr(public, n), type)]
+    assert len(classes) >= {"batchjson": 20, "batchjson.rlm": 0, "batchjson.testing": 4}[module]
+    for cls in classes:
+        assert repr(cls) == f"<class '{module}.{cls.__qualname__}'>"
+        assert getattr(importlib.import_module(cls.__module__), cls.__qualname__) is cls
+    assert repr(batchjson.Session) == "<class 'batchjson.Session'>"
+
+
+def test_printing_public_classes_as_batchjson_names_keeps_every_key() -> None:
+    """Keys and fingerprints still name a class where it is defined: the answer source of a
+    built-in provider is what ledgers recorded before, so their evidence still resolves."""
+    from batchjson._content.keys import answer_source
+
+    assert answer_source(batchjson.SimulatedModel()).startswith(
+        "batchjson._providers.simulated.SimulatedModel:")
+
+
 class Counting:
     """A provider that records whether anything was ever sent."""
 

@@ -196,8 +196,7 @@ def test_a_cell_that_gets_past_the_ready_gate_is_caught_by_the_host_s_check_afte
 def test_no_tool_a_cell_is_given_leads_to_the_session_or_its_ledger(cell_reply):
     """No bound method (``tool.__self__.session.ledger``), wrapped object or closure value
     hands a cell the session: it would let the cell forget its own gate."""
-    from batchjson import Session
-    from batchjson._ledger import Ledger
+    from batchjson import Ledger, Session
     from batchjson.rlm import bind
 
     namespace: dict[str, Any] = {}

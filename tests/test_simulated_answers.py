@@ -14,7 +14,7 @@ import pytest
 from pydantic import BaseModel, Field, field_validator
 
 from batchjson import ProviderSetupError, Session, SimulatedModel
-from batchjson._providers.schemagen import Generator, Unanswerable
+from batchjson._content.schemavalues import Generator, Unanswerable
 from batchjson.testing import LoopbackServer
 from tests.helpers import review_tasks
 

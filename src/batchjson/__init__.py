@@ -11,6 +11,7 @@ are private. Three public submodules: :mod:`batchjson.rlm` (RLM hosts),
 
 from typing import Any
 
+from ._canon import show_as
 from ._errors import (
     BatchJsonError,
     BatchUnresolved,
@@ -25,14 +26,14 @@ from ._errors import (
     SubcallClientError,
     ValidatorChanged,
 )
-from ._ledger import Ledger
-from ._ledger.evidence import Evidence
 from ._ledger.records import Receipt
 from ._providers.base import Call, CallableProvider, Provider, ProviderHandle, Reply
 from ._providers.pricing import PRICES_AS_OF, Price, set_prices
 from ._providers.simulated import FaultPlan, SimulatedModel
 from ._replay.budget import Budget
 from ._replay.pacing import RateLimits
+from ._session.accounts import Ledger
+from ._session.evidence import Evidence
 from ._session.registry import ValidatorRegistry
 from ._session.result import BatchResult
 from ._session.session import Session, default_session, set_default_session, validator
@@ -56,6 +57,8 @@ __all__ = [
     # IPython
     "load_ipython_extension", "unload_ipython_extension",
 ]
+show_as(__name__, *(value for name, value in list(globals().items())
+                    if name in __all__ and isinstance(value, type)))
 
 
 def __getattr__(name: str) -> Any:

@@ -1,11 +1,24 @@
-"""The exceptions a user can meet, each saying what went wrong and what to do next."""
+"""The exceptions a user can meet, each saying what went wrong and what to do next.
+
+BatchJsonError                      every error batchjson raises on purpose
+    InvalidBatch (ValueError)       bad input, refused before anything is spent
+    ConfigError (ValueError)        a wrong setting, refused before spending
+        ProviderNotConfigured       no provider is configured
+        ProviderSetupError          a provider that cannot work as configured
+    LedgerError                     the ledger could not be written or read
+    BudgetExceeded                  more than the budget has left, refused before spending
+    ValidatorChanged                a strict session refused a changed validator
+    BatchUnresolved                 the replay loop ran out; carries the result
+    ProviderError                   a transport or provider failure
+        SubcallClientError (RuntimeError)   a host's subcall client broke droste's protocol
+    NotReady                        answer["ready"] refused: requests are still unresolved
+
+The bottom layer: it imports nothing of batchjson.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from ._session.result import BatchResult
+from typing import Any
 
 
 class BatchJsonError(Exception):
@@ -97,7 +110,7 @@ class BatchUnresolved(BatchJsonError):
     without a traceback through the event loop.
     """
 
-    def __init__(self, result: BatchResult, hint: str | None = None) -> None:
+    def __init__(self, result: Any, hint: str | None = None) -> None:  # a BatchResult
         self.result = result
         self.hint = hint
         super().__init__(result.failure_report())

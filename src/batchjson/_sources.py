@@ -1,4 +1,6 @@
 """The words a provider describes its answer source in; the keys (``_content/keys.py``) read them.
+And the words it says an answer ended in (:data:`STOPS`), which acceptance rejects under and the
+ledger stores.
 
 A provider's ``source_key()`` returns a string, or a sequence of parts joined in order: text as
 it is, :class:`Code` (a function or object whose code decides answers, keyed by its content),
@@ -43,3 +45,16 @@ class Hashed:
     JSON text once they are resolved."""
 
     items: list[Any]
+
+
+# Why a return cannot be an answer whatever its text says, as its provider reported it (the
+# built-in providers read OpenAI's finish_reason, refusal and tool_calls, Anthropic's
+# stop_reason and content blocks); acceptance rejects it under the same name.
+TRUNCATED = "truncated"  # cut off at the output ceiling (length, max_tokens)
+REFUSED = "refused"  # the model declined (OpenAI message.refusal, Anthropic stop_reason refusal)
+TOOL_CALL = "tool_call"  # a tool call came where text was asked
+NO_TOOL_CALL = "no_tool_call"  # text came where the answer tool was to be called
+NOT_TEXT = "not_text"  # the provider's text was not a str (set by the boundary, reply.received)
+STOPS = (TRUNCATED, REFUSED, TOOL_CALL, NO_TOOL_CALL, NOT_TEXT)
+# The error types a return is rejected under on its provider's word (NOT_TEXT is a json error).
+STOP_ERRORS = frozenset({TRUNCATED, REFUSED, TOOL_CALL, NO_TOOL_CALL})

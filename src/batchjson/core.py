@@ -11,16 +11,16 @@ from ._checks import whole_argument
 from ._content.keys import answer_source, source_text
 from ._content.schema import compile_schema
 from ._content.tasks import parse_identity, render_value_prompt
-from ._ledger.advice import advise
 from ._ledger.forgetting import forget_batch, forget_message, forgotten_line
 from ._ledger.records import ledger_path
 from ._ledger.recovery import read_lines
 from ._ledger.sqlite import file_problem, holds_nothing
 from ._money import cost_value, money
 from ._providers.base import estimate_tokens
-from ._providers.masking import looks_like_key, masked, public_url, shown_value
 from ._providers.select import PROVIDER_NAMES, provider_label
 from ._replay.budget import usd
+from ._secrets import looks_like_key, masked, public_url, shown_value
+from ._session.advice import advise
 from ._session.batches import cancel_job, list_jobs
 from ._session.collect import collect_ended, status_summary
 from ._session.preflight import check_validator

@@ -10,12 +10,10 @@ numbers that overflow) and whatever the schema or the caller's validator raise, 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -32,15 +30,9 @@ from .._content.strictjson import (
     parse_json_noting,
     strip_fence,
 )
-from .._providers.reply import (
-    NO_TOOL_CALL,
-    NOT_TEXT,
-    REFUSED,
-    TOOL_CALL,
-    TRUNCATED,
-    Reply,
-    received,
-)
+from .._loop import run_sync
+from .._providers.reply import Reply, received
+from .._sources import NO_TOOL_CALL, NOT_TEXT, REFUSED, TOOL_CALL, TRUNCATED
 from .validators import clip, judged_code_raised, run_validator_async
 from .validators import error as _error
 
@@ -188,8 +180,8 @@ def accept_items(
     validator: Callable[[Any, Mapping[str, Any]], Any] | None,
 ) -> Verdict:
     """Judge an ``{"items": [...]}`` return against exactly the tasks that were requested."""
-    return _sync(judge(received(Reply(text=text)), tasks, mode="items", identity=identity,
-                       schema=schema, validator=validator))
+    return run_sync(lambda: judge(received(Reply(text=text)), tasks, mode="items",
+                                  identity=identity, schema=schema, validator=validator))
 
 
 def accept_value(
@@ -201,19 +193,8 @@ def accept_value(
 ) -> Verdict:
     """Judge a bare JSON value returned for one prompt (the droste-compatible shape); an
     ``identity`` with ``echo`` holds the task fields an object value echoes to the task."""
-    return _sync(judge(received(Reply(text=text)), [task], mode="value", identity=identity,
-                       schema=schema, validator=validator))
-
-
-def _sync(coro: Any) -> Verdict:
-    """Run a judgement from sync code. Under a running loop (a notebook cell importing old
-    receipts) it runs on a thread of its own, since a loop cannot be nested."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    with ThreadPoolExecutor(1, thread_name_prefix="batchjson-judge") as pool:
-        return pool.submit(asyncio.run, coro).result()
+    return run_sync(lambda: judge(received(Reply(text=text)), [task], mode="value",
+                                  identity=identity, schema=schema, validator=validator))
 
 
 # -- items -------------------------------------------------------------------------------------

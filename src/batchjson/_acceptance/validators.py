@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .._canon import canonical_json
-from .._providers.masking import keys_masked
+from .._secrets import keys_masked
 
 
 # -- the caller's validator --------------------------------------------------------------------

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
-from .._canon import Unhashable, canonical_json, content_hash
+from .._canon import Unhashable, canonical_json, content_hash, qualname
 from .._checks import whole
 from .._errors import ProviderSetupError
 from .._fingerprint.fingerprint import fingerprint_callable, fingerprint_function
@@ -191,8 +191,7 @@ def answer_source(provider: Any) -> str:
     """Where answers come from, as a stable key: part of every request key, so switching
     provider, model, endpoint or a sent setting never reuses another source's answers. The
     provider's class plus the digest of its :func:`source_text`."""
-    cls = type(provider)
-    return f"{cls.__module__}.{cls.__qualname__}:{sha(source_text(provider))}"
+    return f"{qualname(type(provider))}:{sha(source_text(provider))}"
 
 
 def source_text(provider: Any) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 from .._content.tasks import Request
 from .._errors import ConfigError
 from .._money import cost_value
-from . import accounts, export, merge, recovery
+from . import export, merge, recovery
 from .forgetting import who
 from .records import Receipt, Revision, ledger_path, now
 from .sqlite import SQLiteStore
@@ -23,13 +23,8 @@ from .store import Store
 
 
 class Ledger:
-    """Thread-safe access to the ledger: a SQLite file (``path=None`` keeps it in memory) or a
-    PostgreSQL database (``"postgresql://user@host/db"``) that runners on many hosts share.
-
-    ``lease``: seconds a runner's claim on a request holds unless renewed (every third of it
-    while the runner lives); a claim of a runner on another host that stopped renewing is
-    taken over once it has expired. Default 30.
-    """
+    """The ledger's facade over its store: what it holds, never what that cost in dollars (the
+    public ``batchjson.Ledger``, ``_session/accounts.py``, adds the priced accounts)."""
 
     def __init__(self, path: str | Path | None = None, *, busy_timeout: float = 30.0,
                  lease: float | None = None) -> None:
@@ -97,24 +92,7 @@ class Ledger:
                 row["batches"].append(r["batch"])
         return list(out.values())
 
-    # -- accounts and recovery (accounts.py, recovery.py, export.py, merge.py: the logic) -----
-    def spend(self, name: str | None = None) -> dict[str, Any]:
-        """Calls, tokens and cost of every call ever made (for one batch or all): the same
-        account as :meth:`cost_summary`, summed (accounts.py holds the one definition).
-
-        A receipt whose call was never sent (cancelled before sending) is not a call; nor is a
-        recheck. A call with no recorded cost (killed or interrupted before its answer, an error
-        without usage, a model with no price) has an unknown cost: it is counted in
-        ``unknown_cost_calls``, and ``cost_lower_bound_unknown`` is the least those calls cost
-        (their prompt tokens at the model's input price); ``cost_lower_bound`` adds it to the
-        known ``cost``.
-        """
-        return accounts.spend(self.store, name)
-
-    def cost_summary(self, name: str | None = None) -> dict[str, Any]:
-        """Per batch and in total: every attempt's calls, tokens and cost; see accounts.py."""
-        return accounts.cost_summary(self.store, name)
-
+    # -- recovery (recovery.py, export.py, merge.py: the logic) -------------------------------
     def budget(self) -> dict[str, Any] | None:
         """The ledger's own cost budget (cost, spent, reserved, left, set_at, set_by), or None.
         Every runner on the ledger holds it together, beside any budget of its own session."""

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import LedgerError
-from .._providers.masking import public_url
+from .._secrets import public_url
 from .export import receipt_of
 from .records import ledger_path
 from .recovery import recheck_receipt, registry_view

@@ -29,7 +29,7 @@ from functools import lru_cache
 from typing import Any
 
 from .._errors import ConfigError, LedgerError
-from .._providers.masking import Secrets, public_url
+from .._secrets import Secrets, public_url
 from .claims import HELD, MINE, Owner
 from .records import now
 from .store import Store

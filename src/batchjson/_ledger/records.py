@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError
-from .._providers.masking import masked, public_url
+from .._secrets import masked, public_url
 
 _second: tuple[int, str] = (-1, "")  # the last whole second formatted, and its text
 

@@ -10,7 +10,7 @@ from itertools import islice
 from typing import Any
 
 from .._content.tasks import Request
-from .._providers.reply import STOP_ERRORS
+from .._sources import STOP_ERRORS
 from .records import Receipt, Revision, _receipt, _revision, _uid, now
 from .store_base import Row, StoreBase, Tx
 

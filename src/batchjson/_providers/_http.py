@@ -21,10 +21,7 @@ import pydantic_core
 
 from .._checks import positive_seconds, whole
 from .._errors import ConfigError, ProviderError, ProviderSetupError
-from .._sources import Digest
-from .base import Call, OneService
-from .http_errors import http_error
-from .masking import (
+from .._secrets import (
     Secret,
     Secrets,
     check_name,
@@ -33,6 +30,9 @@ from .masking import (
     public_query,
     public_url,
 )
+from .._sources import Digest
+from .base import Call, OneService
+from .http_errors import http_error
 from .pricing import cost_of, normalize_prices, price_for
 from .ratelimits import report_headers
 from .settings import checked_extra_body, checked_key

@@ -10,13 +10,15 @@ import json
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
+from .._canon import show_as
 from .._checks import whole
 from .._errors import ProviderError, ProviderSetupError
+from .._sources import NO_TOOL_CALL, REFUSED, TOOL_CALL, TRUNCATED
 from ._http import HttpProvider, as_int, object_schema, with_path
 from .anthropic_batch import AnthropicBatches
 from .base import Call
 from .caching import CACHE_CONTROL, prefix_cacheable
-from .reply import NO_TOOL_CALL, REFUSED, TOOL_CALL, TRUNCATED, Reply
+from .reply import Reply
 from .spans import value_span
 
 DEFAULT_ANTHROPIC_BASE_URL = "https://api.anthropic.com"
@@ -184,3 +186,6 @@ def _tool_text(content: list[Any], tool: str, body: str | None,
     if span is not None:
         return body[span[0]:span[1]], True  # type: ignore[index]
     return json.dumps(block.get("input"), ensure_ascii=False), False
+
+
+show_as("batchjson", AnthropicProvider)  # loaded on first use of batchjson.AnthropicProvider

@@ -15,10 +15,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._errors import ProviderError
+from .._secrets import keys_masked
 from ._http import ITEMS_NAME, WRAPPED_VALUE
 from .base import Call
 from .batch_client import BatchClient, OutputLines
-from .masking import keys_masked
 from .reply import Reply
 from .upload import Upload
 

@@ -13,8 +13,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from .._checks import positive_seconds, whole
 from .._errors import ProviderError, ProviderSetupError
+from .._secrets import check_name
 from .._sources import Code
-from .masking import check_name
 from .reply import Reply
 
 # why a request is asked: its first ask, a repair of a rejected return, or a replay of one never

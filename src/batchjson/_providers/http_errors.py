@@ -16,7 +16,7 @@ import json
 from collections.abc import Mapping
 
 from .._errors import ProviderError
-from .masking import Secrets, keys_masked
+from .._secrets import Secrets, keys_masked
 from .ratelimits import retry_after, retry_wait
 
 QUOTA_CODES = frozenset({"insufficient_quota", "billing_hard_limit_reached", "billing_error",

@@ -12,13 +12,15 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any, Literal, get_args
 
+from .._canon import show_as
 from .._errors import ProviderError, ProviderSetupError
+from .._sources import REFUSED, TOOL_CALL, TRUNCATED
 from ._http import HttpProvider, as_int, object_schema
 from .base import Call
 from .caching import prefix_cacheable, prompt_cache_key
 from .capabilities import Capabilities, capabilities_for, shaped_extra_body
 from .openai_batch import OpenAIBatches
-from .reply import REFUSED, TOOL_CALL, TRUNCATED, Reply
+from .reply import Reply
 from .strict import strict_form
 
 __all__ = ["DEFAULT_OPENAI_BASE_URL", "OpenAIProvider"]
@@ -230,3 +232,6 @@ def _listed(problems: list[str], mode: str) -> str:
     shown = [p.removeprefix(prefix) for p in problems[:3]]
     more = f"; and {len(problems) - 3} more" if len(problems) > 3 else ""
     return "; ".join(shown) + more
+
+
+show_as("batchjson", OpenAIProvider)  # loaded on first use of batchjson.OpenAIProvider

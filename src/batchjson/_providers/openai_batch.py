@@ -16,10 +16,10 @@ from urllib.parse import quote
 import aiohttp
 
 from .._errors import ProviderError
+from .._secrets import keys_masked
 from ._http import http_error
 from .base import Call
 from .batch_client import BatchClient, OutputLines
-from .masking import keys_masked
 from .reply import Reply
 from .upload import Upload
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import ConfigError
-from .masking import looks_like_key, masked
+from .._secrets import looks_like_key, masked
 
 # The day this table was compiled from the providers' published price pages. Re-check before
 # relying on costs for billing; override with set_prices() or a provider's prices= argument.

@@ -16,23 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._errors import ProviderError
-from .masking import shown_name
+from .._secrets import shown_name
+from .._sources import NOT_TEXT, STOPS
 from .settings import declared_output_cap
 
 ENVELOPES = (None, "value", "tool_input", "tool_input/value")
 MOST_TOKENS = 10**9  # no call reads or writes more: a count above it is the provider's error
-
-# Why a return cannot be an answer whatever its text says, as its provider reported it (the
-# built-in providers read OpenAI's finish_reason, refusal and tool_calls, Anthropic's
-# stop_reason and content blocks); acceptance rejects it under the same name.
-TRUNCATED = "truncated"  # cut off at the output ceiling (length, max_tokens)
-REFUSED = "refused"  # the model declined (OpenAI message.refusal, Anthropic stop_reason refusal)
-TOOL_CALL = "tool_call"  # a tool call came where text was asked
-NO_TOOL_CALL = "no_tool_call"  # text came where the answer tool was to be called
-NOT_TEXT = "not_text"  # the provider's text was not a str (set here, by the boundary)
-STOPS = (TRUNCATED, REFUSED, TOOL_CALL, NO_TOOL_CALL, NOT_TEXT)
-# The error types a return is rejected under on its provider's word (NOT_TEXT is a json error).
-STOP_ERRORS = frozenset({TRUNCATED, REFUSED, TOOL_CALL, NO_TOOL_CALL})
 
 
 @dataclass

@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from .._errors import ProviderNotConfigured, ProviderSetupError
-from .masking import check_name, shown_name, shown_value
+from .._secrets import check_name, shown_name, shown_value
 
 PROVIDER_NAMES = ("openai", "anthropic", "simulated")
 # A plausible model id given as the provider gets a hint naming the provider it belongs to.

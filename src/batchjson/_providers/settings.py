@@ -10,7 +10,7 @@ from typing import Any
 
 from .._checks import is_whole
 from .._errors import ProviderSetupError
-from .masking import masked
+from .._secrets import masked
 
 # Request fields that make the server bill several answers of which batchjson reads one.
 BILL_MULTIPLIERS = ("n", "best_of")

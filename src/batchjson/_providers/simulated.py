@@ -1,7 +1,7 @@
 """A deterministic offline model with injectable faults, so the safety machinery can be shown.
 
 Without an ``answer`` function it answers every schema batchjson accepts: each item (or bare
-value) is made by the seeded generator of :mod:`batchjson._providers.schemagen` from the call's
+value) is made by the seeded generator of :mod:`batchjson._content.schemavalues` from the call's
 own wire schema, with the identity fields copied from the task, so the same task gets the same
 answer in every process and a batch of any schema can resolve offline.
 """
@@ -17,13 +17,14 @@ from typing import Any
 
 from .._canon import canonical_json
 from .._checks import seconds
+from .._content.schemavalues import Generator, Unanswerable
 from .._content.tasks import sha
 from .._errors import ProviderError, ProviderSetupError
+from .._secrets import check_name
 from .._sources import Code, Digest
 from .base import Call, OneService, Reply, estimate_tokens
-from .masking import check_name
-from .schemagen import GENERATOR, Unanswerable, answer_item, answer_value
 
+GENERATOR = "schemagen-2"  # part of the simulated model's answer source: a new one re-asks
 TRANSPORT_FAULTS = ("provider_error", "timeout")
 OUTPUT_FAULTS = ("malformed_json", "identity_swap", "missing_item", "duplicate_item",
                  "extra_item", "wrong_type", "non_finite")
@@ -269,3 +270,37 @@ def _inject_nan(text: str) -> str:
     if text.endswith("}"):
         return text[:-1] + (', "score": NaN}' if text != "{}" else '"score": NaN}')
     return "NaN"
+
+
+# -- what the simulated model answers ----------------------------------------------------------
+def item_schema_of(wire: Mapping[str, Any]) -> Any:
+    """The item schema inside a call's wire schema (``{"items": [item, ...]}``), or None."""
+    items = (wire.get("properties") or {}).get("items") if isinstance(wire, Mapping) else None
+    item = items.get("items") if isinstance(items, Mapping) else None
+    return item if isinstance(item, Mapping) and item else None
+
+
+def answer_item(wire: Mapping[str, Any], task: Mapping[str, Any], identity: Sequence[str],
+                seed: str, *, verify: bool = False) -> dict[str, Any]:
+    """One item answering ``task`` under a call's wire schema: the identity fields copied from
+    the task, every other field generated (only the identity fields when the call carries no
+    item schema), and each other task field the schema declares whose value fits it, as a
+    model echoing the task would (under the default identity an echoed field is compared, so
+    it must be the task's own)."""
+    fixed = {k: task[k] for k in identity if k in task}
+    node = item_schema_of(wire)
+    if node is None:
+        return dict(fixed)
+    made = Generator(wire, seed)
+    flat = made.flat(node, "$")
+    props = flat.get("properties") if isinstance(flat.get("properties"), Mapping) else {}
+    for name, value in task.items():
+        if (name in props and name not in fixed and name not in ("prompt", "context")
+                and made.fits(props[name], value)):
+            fixed[name] = value
+    return made.value(node, fixed=fixed, verify=verify)
+
+
+def answer_value(schema: Mapping[str, Any], seed: str, *, verify: bool = False) -> Any:
+    """A bare value of ``schema`` (value mode); ``{}`` when the call carries no schema."""
+    return Generator(schema, seed).value(verify=verify) if schema else {}

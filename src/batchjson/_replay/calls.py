@@ -24,7 +24,7 @@ from .._ledger.records import now
 from .._ledger.store import Store
 from .._providers.base import Call, CallKind, Reply, estimate_tokens, input_bound
 from .._providers.caching import prefix_cacheable
-from .._providers.masking import public_url
+from .._secrets import public_url
 from .budget import Pricing, Spender, usd
 from .groupcommit import GroupCommit
 from .plan import Outcome, Plan, Transport, system_prompt

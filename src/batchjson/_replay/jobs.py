@@ -33,9 +33,10 @@ from .._ledger.claims import Owner
 from .._ledger.records import now
 from .._providers.base import estimate_tokens, input_bound
 from .._providers.batch_client import NOT_UTF8
-from .._providers.reply import TRUNCATED, received
+from .._providers.reply import received
 from .._providers.settings import declared_output_cap
 from .._providers.upload import Upload
+from .._sources import TRUNCATED
 from .budget import Spender, charge_of, reserve_lines
 from .calls import make_call
 from .plan import Outcome, Plan, system_prompt

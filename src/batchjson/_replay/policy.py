@@ -14,8 +14,8 @@ from typing import Any
 
 from .._acceptance.judge import REPAIRABLE
 from .._content.tasks import Request, render_repair_prompt
-from .._providers.reply import REFUSED, STOP_ERRORS, TRUNCATED
 from .._providers.settings import declared_output_cap
+from .._sources import REFUSED, STOP_ERRORS, TRUNCATED
 from .calls import first_prompt
 from .plan import Plan
 

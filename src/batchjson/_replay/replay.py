@@ -19,10 +19,9 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from itertools import islice
-from types import SimpleNamespace
 from typing import Any
 
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 from tenacity.wait import wait_exponential, wait_random
 
 from .._acceptance import judge as acceptance
@@ -31,7 +30,7 @@ from .._errors import LedgerError, ProviderError
 from .._ledger import Ledger
 from .._ledger.claims import Owner
 from .._providers.ratelimits import HEADER_LISTENER, reports_limits, request_tokens
-from .._providers.reply import TRUNCATED
+from .._sources import TRUNCATED
 from .budget import Spender
 from .calls import Caller, Control, Judged, NotSent
 from .groupcommit import GroupCommit
@@ -78,11 +77,7 @@ class Replayer:
         self._attempts: dict[str, int] = {}
         self._cut_off: set[str] = set()  # requests cut off before under the same settings
         self.writes = GroupCommit(self.store)
-        # initial * 2**(n-1) plus up to `initial` of jitter, capped below in _delay: written with
-        # strategies every tenacity since 8 has (rlm's google-genai pins tenacity below 9.2)
-        self._backoff = (wait_exponential(multiplier=transport.backoff_initial,
-                                          max=transport.backoff_max)
-                         + wait_random(0, transport.backoff_initial))
+        self.retrying = transport_retrying(transport)
         self.control = Control()
 
     async def run(self, requests: Iterable[Request]) -> Outcome:
@@ -331,32 +326,12 @@ class Replayer:
 
     # -- one attempt (with transport retries) --------------------------------------------------
     async def _attempt(self, request: Request, kind: str, prompt: str) -> Judged | NotSent:
-        """One logical attempt: transport retries inside, acceptance on the text that arrives.
-
-        The first try runs bare; tenacity's retry machinery is built only once a retryable
-        transport failure has happened, which keeps the common path cheap.
-        """
-        call = self._paced_call
+        """One logical attempt: transport retries inside (the one policy, :attr:`retrying`,
+        copied per attempt), acceptance on the text that arrives."""
         try:
-            try:
-                return await call(request, kind, prompt)
-            except ProviderError as first:
-                if not first.retryable or self.transport.retries == 0:
-                    raise
-                await asyncio.sleep(self._delay(first, 1))
-            retrying = AsyncRetrying(
-                stop=stop_after_attempt(self.transport.retries),
-                wait=lambda retry_state: self._delay(retry_state.outcome.exception(),
-                                                     retry_state.attempt_number + 1),
-                retry=retry_if_exception(lambda e: isinstance(e, ProviderError) and e.retryable),
-                reraise=True,
-            )
-            async for attempt in retrying:
-                with attempt:
-                    return await call(request, kind, prompt)
+            return await self.retrying.copy()(self._paced_call, request, kind, prompt)
         except ProviderError as exc:
             return self._failed(exc, request)
-        raise AssertionError("unreachable: tenacity either returns or re-raises")
 
     def _failed(self, exc: ProviderError, request: Request) -> Judged:
         """A provider failure past its retries, as the verdict on the attempt; an unreachable
@@ -423,13 +398,24 @@ class Replayer:
         if self.on_wait is not None:
             self.on_wait(text)
 
-    def _delay(self, error: BaseException | None, failures: int) -> float:
-        """Retry-After when the provider gave one, else exponential backoff with jitter."""
-        if isinstance(error, ProviderError) and error.retry_after is not None:
-            return min(max(0.0, error.retry_after), self.transport.backoff_max)
-        return min(self._backoff(SimpleNamespace(attempt_number=failures)),
-                   self.transport.backoff_max)
 
+def transport_retrying(transport: Transport) -> AsyncRetrying:
+    """The transport's retry policy: ``retries`` more tries of a call after a retryable
+    provider error, each after the provider's Retry-After when it gave one, else
+    ``initial * 2**(n-1)`` plus up to ``initial`` of jitter; never longer than ``backoff_max``.
+    Written with strategies every tenacity since 8 has (rlm's google-genai pins it below 9.2)."""
+    backoff = (wait_exponential(multiplier=transport.backoff_initial, max=transport.backoff_max)
+               + wait_random(0, transport.backoff_initial))
+
+    def wait(state: RetryCallState) -> float:
+        error = state.outcome.exception() if state.outcome is not None else None
+        if isinstance(error, ProviderError) and error.retry_after is not None:
+            return min(max(0.0, error.retry_after), transport.backoff_max)
+        return min(backoff(state), transport.backoff_max)
+
+    return AsyncRetrying(stop=stop_after_attempt(transport.retries + 1), wait=wait, reraise=True,
+                         retry=retry_if_exception(lambda e: isinstance(e, ProviderError)
+                                                  and e.retryable))
 
 
 def _first_line(error: Mapping[str, Any]) -> str:

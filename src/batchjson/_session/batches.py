@@ -4,7 +4,6 @@ result says of its jobs (``status == "pending"`` while one holds a request)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -14,6 +13,7 @@ from .._errors import ConfigError, InvalidBatch
 from .._ledger import Ledger
 from .._ledger.records import now
 from .._ledger.store import Store
+from .._loop import run_sync
 from .._providers.anthropic import AnthropicProvider
 from .._providers.anthropic_batch import AnthropicBatches
 from .._providers.base import close_provider
@@ -146,7 +146,7 @@ def cancel_job(ledger: Ledger, job: str, *, provider: Any = None) -> dict[str, A
         finally:
             await close_provider(provider)
 
-    batch = asyncio.run(cancel())
+    batch = run_sync(cancel)
     detail = {**json.loads(row["detail"] or "{}"), "cancel_requested_at": now(),
               "cancel_sent_at": now(), "provider_status": client.status(batch)}
     store.job_detail(row["id"], detail)

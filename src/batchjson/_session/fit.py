@@ -23,15 +23,15 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from .._content.schema import ItemSchema, wire_schema
+from .._content.schemavalues import smallest_answers
 from .._content.tasks import Request
 from .._errors import InvalidBatch, ProviderSetupError
 from .._ledger import Ledger
 from .._providers.ratelimits import request_tokens
-from .._providers.schemagen import Generator, Unanswerable
 from .._providers.settings import declared_output_cap
 from .._replay.calls import first_prompt
 from .._replay.pacing import Pacer, pack_that_fits
@@ -66,8 +66,9 @@ def check_fit(provider: Any, ledger: Ledger, name: str, schema: ItemSchema,
     note = schema_note(provider, schema, pending, identity, mode)
     cap = declared_output_cap(provider)
     if cap is not None:
-        measured = measured_per_item(ledger, name, 0 if mode == "value" else
-                                     output_tokens_floor(_ENVELOPE))
+        # the fewest output tokens per item any accepted return of this batch took (None: none)
+        measured = ledger.store.fewest_output_tokens_per_item(
+            name, 0 if mode == "value" else output_tokens_floor(_ENVELOPE))
         _pack_fits(cap, measured, schema, pending, identity, mode)
     return [note] if note else []
 
@@ -84,12 +85,6 @@ def schema_note(provider: Any, schema: ItemSchema, pending: Sequence[Request],
     wire = schema.json_schema if mode == "value" else wire_schema(schema, largest.tasks,
                                                                    identity)
     return check(wire, mode)
-
-
-def measured_per_item(ledger: Ledger, name: str, envelope: int) -> float | None:
-    """The fewest output tokens per item any accepted return of batch ``name`` took (its
-    envelope taken off), or None when none has been measured."""
-    return ledger.store.fewest_output_tokens_per_item(name, envelope)
 
 
 def answerable(provider: Any, schema: ItemSchema, pending: Sequence[Request],
@@ -166,27 +161,6 @@ def _pack_fits(cap: int, measured: float | None, schema: ItemSchema,
         f"would be cut off. Use pack {min(fits, size - 1)} or less (pack="
         f"{min(fits, size - 1)}, --pack {min(fits, size - 1)}), or raise max_tokens; nothing "
         "was sent")
-
-
-def smallest_answers(schema: ItemSchema, tasks: Sequence[Mapping[str, Any]],
-                     identity: Sequence[str], mode: str) -> list[str]:
-    """The smallest answer each task can get, as compact JSON text: what the schema requires
-    at its least (made once: the echoes are the only part that differs by task), with the
-    task's identity values. A schema the generator cannot meet counts the echoes alone."""
-    fixed = {} if mode == "value" else {k: tasks[0][k] for k in identity}
-    try:
-        least = Generator(schema.json_schema, minimal=True).value(fixed=fixed or None,
-                                                                 verify=False)
-    except Unanswerable:
-        least = dict(fixed)
-    if mode == "value" or not isinstance(least, dict):
-        return [_compact(least)] * len(tasks)
-    rest = {k: v for k, v in least.items() if k not in fixed}
-    return [_compact({**{k: t[k] for k in identity}, **rest}) for t in tasks]
-
-
-def _compact(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def check_rate_fit(pacer: Pacer, plan: Plan, pending: Sequence[Request],

@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import InvalidBatch
-from .._ledger import Ledger
-from .._ledger.evidence import Evidence
+from .._loop import BackgroundLoop
 from .._providers.base import close_provider
 from .._providers.select import make_provider, provider_label
 from .._replay.budget import Budget, Tally
@@ -23,7 +22,9 @@ from .._replay.hosts import HostShare
 from .._replay.pacing import Pacer, RateLimits
 from .._replay.plan import Transport
 from . import structured
-from .loop import BackgroundLoop
+from .accounts import Ledger
+from .advice import advise
+from .evidence import Evidence
 from .registry import ValidatorRegistry
 from .result import BatchResult
 from .run import run_spec
@@ -192,9 +193,7 @@ class Session:
 
     def advise(self, name: str, **options: Any) -> dict[str, Any]:
         """Pack-size advice for batch ``name`` from its receipts (see docs/recovery.md);
-        ``options`` go to :func:`batchjson._ledger.advice.advise` (candidates=, split=)."""
-        from .._ledger.advice import advise
-
+        ``options`` go to :func:`batchjson._session.advice.advise` (candidates=, split=)."""
         options.setdefault("repairs", self.repairs)
         options.setdefault("replays", self.replays)
         return advise(self.ledger, name, **options)

@@ -22,8 +22,8 @@ from .._content.schema import ItemSchema, compile_schema
 from .._content.spool import is_task_file
 from .._content.tasks import Identity, normalize_identity, normalize_tasks
 from .._errors import ConfigError, InvalidBatch
-from .._providers.masking import check_name
 from .._replay.budget import Budget
+from .._secrets import check_name
 from . import preflight
 
 Mode = Literal["items", "value"]

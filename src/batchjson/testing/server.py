@@ -23,6 +23,7 @@ from typing import Any
 import pydantic_core
 from aiohttp import web
 
+from .._canon import show_as
 from .._checks import seconds, seconds_argument, whole_argument
 from .._content.tasks import sha, tasks_block
 from .._errors import ConfigError
@@ -480,6 +481,8 @@ def _unwrapped(schema: Mapping[str, Any]) -> dict[str, Any]:
         inner["$defs"] = schema["$defs"]
     return inner
 
+
+show_as("batchjson.testing", LoopbackServer, BatchFaults, HttpFaults, Limits)
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -1,4 +1,8 @@
-"""Schema-valid values made from a seed: the simulated model's answers and the smallest answer.
+"""Values a JSON Schema allows: the smallest answer a schema can get, and values drawn from a seed.
+
+The one owner of what batchjson needs of a schema's answer size: :func:`smallest_answers` (the
+least output a pack can take, for the input check) or :class:`Unanswerable`. The simulated model
+(``_providers/simulated.py``) draws its answers from the same generator.
 
 One generator for every JSON Schema keyword batchjson accepts (types, ``enum``/``const``,
 objects, arrays, numbers, strings with ``pattern``/``format``, ``anyOf``/``oneOf``/``allOf``,
@@ -14,6 +18,7 @@ anything runs.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from collections.abc import Iterator, Mapping, Sequence
@@ -23,9 +28,8 @@ from typing import Any
 
 import jsonschema
 
-from .._content.schema import MISSING, resolve_pointer
-from .._content.tasks import sha
 from .patterngen import NoString, format_string, pattern_string, plain_string
+from .schema import MISSING, ItemSchema, resolve_pointer
 from .schemaparts import (
     PLAIN_ENUM,
     Unanswerable,
@@ -46,8 +50,8 @@ from .schemaparts import (
     step_of,
     with_dependencies,
 )
+from .tasks import sha
 
-GENERATOR = "schemagen-2"  # part of the simulated model's answer source: a new one re-asks
 # The seed of the draws: kept while a new generator leaves the answers to schemas it did not
 # change as they were (schemagen-2 changed oneOf, uniqueItems, not and enum equality).
 _DRAWS = "schemagen-1"
@@ -98,7 +102,7 @@ class Generator:
             self._validator = cls(self.root, format_checker=cls.FORMAT_CHECKER)
         return self._validator if node is self.root else self._validator.evolve(schema=node)
 
-    def _fits(self, node: Any, value: Any) -> bool:
+    def fits(self, node: Any, value: Any) -> bool:
         try:
             return bool(self._checker(node).is_valid(value))
         except Exception:  # noqa: BLE001 - a value jsonschema cannot judge does not fit
@@ -119,7 +123,7 @@ class Generator:
             raise Unanswerable("false", where, "allows no value")
         if not isinstance(node, Mapping):
             raise Unanswerable("schema", where, f"{node!r} is not a schema")
-        node = self._flat(node, where)
+        node = self.flat(node, where)
         if "const" in node:
             return deepcopy(node["const"])
         if "enum" in node:
@@ -187,7 +191,7 @@ class Generator:
         return "any"
 
     # -- $ref, allOf -------------------------------------------------------------------------
-    def _flat(self, node: Mapping[str, Any], where: str) -> Mapping[str, Any]:
+    def flat(self, node: Mapping[str, Any], where: str) -> Mapping[str, Any]:
         """``node`` with its ``$ref`` resolved and its ``allOf`` merged in (bounded, so a
         schema that refers to itself without end is named instead of followed forever)."""
         for _ in range(MAX_DEPTH):
@@ -201,7 +205,7 @@ class Generator:
             elif isinstance(node.get("allOf"), list):
                 rest = {k: v for k, v in node.items() if k != "allOf"}
                 for member in node["allOf"]:
-                    rest = merge(rest, self._flat(as_schema(member, where), where), where)
+                    rest = merge(rest, self.flat(as_schema(member, where), where), where)
                 node = rest
             else:
                 return node
@@ -213,7 +217,7 @@ class Generator:
         if set(node) <= PLAIN_ENUM and all(has_type(m, node.get("type")) for m in members):
             fitting = members  # nothing else to meet: no validator needed (the common case)
         else:
-            fitting = [m for m in members if self._fits(node, m)]
+            fitting = [m for m in members if self.fits(node, m)]
         if not fitting:
             raise Unanswerable("enum", where, "no member satisfies the rest of the schema")
         if self.minimal:
@@ -231,7 +235,7 @@ class Generator:
         for drawn in (False, True):  # the smallest of each branch may fit several: draw then
             for branch in branches:
                 try:
-                    sub = merge(rest, self._flat(as_schema(branch, where), where), where)
+                    sub = merge(rest, self.flat(as_schema(branch, where), where), where)
                     others = [b for b in branches if b is not branch]
                     if key == "oneOf" and others:  # exactly one: a value none of the others takes
                         sub = merge(sub, {"not": {"anyOf": others}}, where)
@@ -240,7 +244,7 @@ class Generator:
                 except Unanswerable as exc:
                     reasons.append(exc.why)
                     continue
-                if self._fits(node, value):
+                if self.fits(node, value):
                     if not self.minimal:
                         return value
                     made.append(value)
@@ -262,7 +266,7 @@ class Generator:
                 value = self._gen(attempt, where, depth + 1, fixed)
             except Unanswerable:
                 continue
-            if self._fits(node, value):
+            if self.fits(node, value):
                 return value
         raise Unanswerable("if", where, "neither the then nor the else branch could be met")
 
@@ -273,7 +277,7 @@ class Generator:
         for attempt in range(14):  # as asked, the smallest, then drawn afresh
             value = (make() if attempt == 0 else self._minimally(make) if attempt == 1
                      else self._drawing(make))
-            if self._fits(node, value):
+            if self.fits(node, value):
                 return value
         raise Unanswerable("not", where, "every value tried matches the schema under not")
 
@@ -340,9 +344,9 @@ class Generator:
             if canonical(value) not in seen:
                 return value
             value = self._drawing(lambda: self._gen(sub, where, depth))
-        flat = self._flat(as_schema(sub, where), where)
+        flat = self.flat(as_schema(sub, where), where)
         for candidate in few_values(flat):
-            if canonical(candidate) not in seen and self._fits(sub, candidate):
+            if canonical(candidate) not in seen and self.fits(sub, candidate):
                 return deepcopy(candidate)
         raise Unanswerable("uniqueItems", where, f"no value other than the {len(values)} "
                            "already made could be found")
@@ -351,16 +355,16 @@ class Generator:
                  high: int | None, where: str, depth: int) -> None:
         contains = as_schema(node["contains"], where)
         need = node.get("minContains", 1) if isinstance(node.get("minContains"), int) else 1
-        have = sum(self._fits(contains, v) for v in values)
-        both = merge(self._flat(as_schema(items, where), where),
-                     self._flat(contains, where), where) if isinstance(contains, Mapping) \
+        have = sum(self.fits(contains, v) for v in values)
+        both = merge(self.flat(as_schema(items, where), where),
+                     self.flat(contains, where), where) if isinstance(contains, Mapping) \
             else contains
         while have < need:
             value = self._gen(both, f"{where}[{len(values)}]", depth + 1)
             if high is None or len(values) < high:
                 values.append(value)
             else:
-                spot = next((i for i, v in enumerate(values) if not self._fits(contains, v)),
+                spot = next((i for i, v in enumerate(values) if not self.fits(contains, v)),
                             None)
                 if spot is None:
                     raise Unanswerable("contains", where, "maxItems leaves no room for the "
@@ -432,40 +436,22 @@ class Generator:
         yield from between(low, high, integer)
 
 
-# -- what the simulated model answers ----------------------------------------------------------
-def item_schema_of(wire: Mapping[str, Any]) -> Any:
-    """The item schema inside a call's wire schema (``{"items": [item, ...]}``), or None."""
-    items = (wire.get("properties") or {}).get("items") if isinstance(wire, Mapping) else None
-    item = items.get("items") if isinstance(items, Mapping) else None
-    return item if isinstance(item, Mapping) and item else None
+def smallest_answers(schema: ItemSchema, tasks: Sequence[Mapping[str, Any]],
+                     identity: Sequence[str], mode: str) -> list[str]:
+    """The smallest answer each task can get, as compact JSON text: what the schema requires
+    at its least (made once: the echoes are the only part that differs by task), with the
+    task's identity values. A schema the generator cannot meet counts the echoes alone."""
+    fixed = {} if mode == "value" else {k: tasks[0][k] for k in identity}
+    try:
+        least = Generator(schema.json_schema, minimal=True).value(fixed=fixed or None,
+                                                                 verify=False)
+    except Unanswerable:
+        least = dict(fixed)
+    if mode == "value" or not isinstance(least, dict):
+        return [_compact(least)] * len(tasks)
+    rest = {k: v for k, v in least.items() if k not in fixed}
+    return [_compact({**{k: t[k] for k in identity}, **rest}) for t in tasks]
 
 
-def answer_item(wire: Mapping[str, Any], task: Mapping[str, Any], identity: Sequence[str],
-                seed: str, *, minimal: bool = False, verify: bool = False) -> dict[str, Any]:
-    """One item answering ``task`` under a call's wire schema: the identity fields copied from
-    the task, every other field generated (only the identity fields when the call carries no
-    item schema). A drawn answer also copies each other task field the schema declares whose
-    value fits it, as a model echoing the task would (under the default identity an echoed
-    field is compared, so it must be the task's own); the smallest answer copies nothing more.
-    """
-    fixed = {k: task[k] for k in identity if k in task}
-    node = item_schema_of(wire)
-    if node is None:
-        return dict(fixed)
-    made = Generator(wire, seed, minimal=minimal)
-    if not minimal:
-        flat = made._flat(node, "$")
-        props = flat.get("properties") if isinstance(flat.get("properties"), Mapping) else {}
-        for name, value in task.items():
-            if (name in props and name not in fixed and name not in ("prompt", "context")
-                    and made._fits(props[name], value)):
-                fixed[name] = value
-    return made.value(node, fixed=fixed, verify=verify)
-
-
-def answer_value(schema: Mapping[str, Any], seed: str, *, minimal: bool = False,
-                 verify: bool = False) -> Any:
-    """A bare value of ``schema`` (value mode); ``{}`` when the call carries no schema."""
-    if not schema:
-        return {}
-    return Generator(schema, seed, minimal=minimal).value(verify=verify)
+def _compact(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))

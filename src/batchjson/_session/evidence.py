@@ -10,10 +10,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from .._ledger.forgetting import forgotten
+from .._ledger.store import Store
 from . import accounts
 from .accounts import per_usable_result
-from .forgetting import forgotten
-from .store import Store
 
 
 @dataclass(frozen=True)

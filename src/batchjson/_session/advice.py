@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import InvalidBatch
+from .._ledger import Ledger
 from .._providers.pricing import price_for
-from .ledger import Ledger
+from .accounts import cost_summary
 
 CANDIDATES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50)
 CALL_FAULTS = frozenset({"json", "coverage"})
@@ -97,7 +98,7 @@ def _item_rate(returns: Sequence[tuple[int, bool]]) -> float:
 def fit(ledger: Ledger, name: str) -> Fit:
     """Fit the model's parameters from every receipt of batch ``name``."""
     rows = ledger.store.fit_rows(name)
-    tasks = ledger.cost_summary(name)["total"]["tasks"]
+    tasks = cost_summary(ledger.store, name)["total"]["tasks"]
     judged, item_returns, fresh_in, outs, repairs_extra, chars = [], [], [], [], [], []
     cached: list[int] = []
     provider_errors, call_faults, models, priced = 0, 0, set(), []

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import parse_qsl, quote, quote_plus, unquote, urlencode, urlsplit, urlunsplit
 
-from .._errors import ProviderSetupError
+from ._errors import ProviderSetupError
 
 REDACTED = "<redacted>"
 MIN_MASKED = 4  # shorter secret values are masked only inside the URL that carries them

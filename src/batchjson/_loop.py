@@ -1,4 +1,5 @@
-"""One background event loop per Session, so runs from sync code (and Jupyter) share it.
+"""The one bridge from sync code to async: a background event loop (one per Session, and one
+shared by the code that runs a coroutine with no session at hand, :func:`run_sync`).
 
 Jupyter runs cells inside a live loop, where a nested ``asyncio.run`` fails; a fresh thread and
 loop per run would also throw away the provider's connection pool every time. The Session owns
@@ -16,7 +17,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from .._errors import InvalidBatch
+from ._errors import InvalidBatch
 
 T = TypeVar("T")
 
@@ -35,13 +36,10 @@ class BackgroundLoop:
         self._thread: threading.Thread | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
 
-    @property
-    def running(self) -> bool:
-        return self._loop is not None and self._loop.is_running()
-
     def _start(self) -> asyncio.AbstractEventLoop:
         with self._lock:
-            if self._loop is not None and not self._loop.is_closed():
+            if (self._loop is not None and not self._loop.is_closed() and self._thread is not None
+                    and self._thread.is_alive()):  # a forked child has the loop, not its thread
                 return self._loop
             loop = asyncio.new_event_loop()
             self._executor = concurrent.futures.ThreadPoolExecutor(
@@ -138,3 +136,12 @@ class BackgroundLoop:
             executor.shutdown(wait=False, cancel_futures=True)  # a hung blocking call stays
         if not loop.is_running():
             loop.close()
+
+
+_SHARED = BackgroundLoop("batchjson-sync")
+
+
+def run_sync(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run ``make()`` from sync code with no session at hand (judging an import, cancelling a
+    job): on one shared background loop, so a caller's running loop (Jupyter) is no matter."""
+    return _SHARED.run(make)
