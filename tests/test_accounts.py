@@ -15,9 +15,8 @@ from typing import Any
 
 import pytest
 
-from batchjson import CallableProvider, Reply, Session
+from batchjson import CallableProvider, Ledger, Reply, Session
 from batchjson._errors import LedgerError
-from batchjson._ledger import Ledger
 from batchjson._providers.pricing import price_for
 from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
 

@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from batchjson import CallableProvider, Session
+from batchjson import CallableProvider, Ledger, Session
 from batchjson._cli import commands as cli_module
 from batchjson._errors import InvalidBatch, ProviderError
-from batchjson._ledger import Ledger
 from tests.helpers import LABEL_SCHEMA, answer, items_reply, review_tasks
 
 SUBCOMMANDS = ("demo", "status", "receipts", "values", "export", "import", "merge", "advise",
@@ -375,7 +374,7 @@ def test_receipts_failed_of_a_clean_batch_says_every_attempt_was_accepted(
 
 def test_ctrl_c_during_an_import_rolls_it_back_and_says_nothing_was_imported(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from batchjson._ledger import recovery
+    from batchjson._session import recovery
 
     tasks = review_tasks(2)
     raw = json.dumps({"items": [{"task_id": t["task_id"]} | answer(t) for t in tasks]})

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from batchjson import CallableProvider, FaultPlan, InvalidBatch, Session, SimulatedModel
-from batchjson._ledger import Ledger
+from batchjson import CallableProvider, FaultPlan, InvalidBatch, Ledger, Session, SimulatedModel
 from batchjson._ledger.evidence import Evidence
 from batchjson._ledger.forgetting import forget_batch, forgotten
 from tests.helpers import LABEL_SCHEMA, answer, review_tasks

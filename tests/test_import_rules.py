@@ -16,9 +16,8 @@ from typing import Any
 
 import pytest
 
-from batchjson import CallableProvider, RunSpec, Session
+from batchjson import CallableProvider, Ledger, RunSpec, Session
 from batchjson._errors import InvalidBatch
-from batchjson._ledger import Ledger
 from tests.helpers import LABEL_SCHEMA, answer, items_reply, review_tasks
 
 ECHOED = ("task_id", "case_id", "candidate_id")

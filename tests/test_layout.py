@@ -173,7 +173,7 @@ def test_faces_import_the_core_only_through_its_public_surface():
     contracts = tomllib.loads((PACKAGE.parents[1] / "pyproject.toml").read_text())
     forbidden = [c for c in contracts["tool"]["importlinter"]["contracts"]
                  if c["type"] == "forbidden"]
-    assert [sorted(c["source_modules"]) for c in forbidden] == [sorted(FACES)]
+    assert sorted(FACES) in [sorted(c["source_modules"]) for c in forbidden]
 
 
 def test_no_function_over_60_lines_and_no_module_over_500_in_the_package():
@@ -186,3 +186,13 @@ def test_no_function_over_60_lines_and_no_module_over_500_in_the_package():
     long_modules = [f"{name} ({n})" for name, file, _ in modules()
                     if (n := len(file.read_text().splitlines())) > 500]
     assert long_modules == []
+
+
+def test_the_ledger_judges_nothing_it_stores_the_verdicts_it_is_given():
+    """Re-judging, import and merge judge above the ledger (the session's ``rejudge``,
+    ``recovery``, ``merge``), through the acceptance judge a call's return goes through."""
+    graph = import_graph()
+    judging = sorted(m for m, deps in graph.items() if m.startswith("batchjson._ledger")
+                     and any(d.startswith("batchjson._acceptance") for d in deps))
+    assert judging == []
+    assert "batchjson._acceptance.judge" in graph["batchjson._session.rejudge"]

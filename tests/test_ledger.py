@@ -17,9 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from batchjson import CallableProvider, Session
+from batchjson import CallableProvider, Ledger, Session
 from batchjson._errors import LedgerError
-from batchjson._ledger import Ledger
 from batchjson._ledger.sqlite import SCHEMA_VERSION
 from tests.helpers import (
     LABEL_SCHEMA,

@@ -11,9 +11,8 @@ from typing import Any
 
 import pytest
 
-from batchjson import CallableProvider, Session
+from batchjson import CallableProvider, Ledger, Session
 from batchjson._errors import InvalidBatch
-from batchjson._ledger import Ledger
 from tests.helpers import LABEL_SCHEMA, answer, items_reply, ledger_rows, review_tasks
 
 IDENTITY = ["task_id", "case_id", "candidate_id"]

@@ -25,7 +25,6 @@ from ._errors import (
     SubcallClientError,
     ValidatorChanged,
 )
-from ._ledger import Ledger
 from ._ledger.evidence import Evidence
 from ._ledger.records import Receipt
 from ._providers.base import Call, CallableProvider, Provider, ProviderHandle, Reply
@@ -33,6 +32,7 @@ from ._providers.pricing import PRICES_AS_OF, Price, set_prices
 from ._providers.simulated import FaultPlan, SimulatedModel
 from ._replay.budget import Budget
 from ._replay.pacing import RateLimits
+from ._session.ledger import Ledger
 from ._session.registry import ValidatorRegistry
 from ._session.result import BatchResult
 from ._session.session import Session, default_session, set_default_session, validator

@@ -192,19 +192,6 @@ def accept_items(
                        schema=schema, validator=validator))
 
 
-def accept_value(
-    text: str,
-    task: Mapping[str, Any],
-    schema: ItemSchema,
-    validator: Callable[[Any, Mapping[str, Any]], Any] | None,
-    identity: Sequence[str] = ("task_id",),
-) -> Verdict:
-    """Judge a bare JSON value returned for one prompt (the droste-compatible shape); an
-    ``identity`` with ``echo`` holds the task fields an object value echoes to the task."""
-    return _sync(judge(received(Reply(text=text)), [task], mode="value", identity=identity,
-                       schema=schema, validator=validator))
-
-
 def _sync(coro: Any) -> Verdict:
     """Run a judgement from sync code. Under a running loop (a notebook cell importing old
     receipts) it runs on a thread of its own, since a loop cannot be nested."""

@@ -4,6 +4,8 @@ receipts.
 Every attempt is written *before* its call (in flight) and completed after. An accepted return
 and its checkpoint rows are committed in one transaction; a rejected return admits nothing.
 The reading a user does is here; batchjson's own code reaches the store through ``store``.
+Import and merge judge what they bring in, so the public ``batchjson.Ledger`` that has them is
+the session's (``_session/ledger.py``), a subclass of this one.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 from .._content.tasks import Request
 from .._errors import ConfigError
 from .._money import cost_value
-from . import accounts, export, merge, recovery
+from . import accounts, export
 from .forgetting import who
 from .records import Receipt, Revision, ledger_path, now
 from .sqlite import SQLiteStore
@@ -97,7 +99,7 @@ class Ledger:
                 row["batches"].append(r["batch"])
         return list(out.values())
 
-    # -- accounts and recovery (accounts.py, recovery.py, export.py, merge.py: the logic) -----
+    # -- accounts and export (accounts.py, export.py: the logic) ------------------------------
     def spend(self, name: str | None = None) -> dict[str, Any]:
         """Calls, tokens and cost of every call ever made (for one batch or all): the same
         account as :meth:`cost_summary`, summed (accounts.py holds the one definition).
@@ -127,24 +129,9 @@ class Ledger:
         cost = cost_value(cost)
         self.store.set_shared_budget(cost, by=who(), stamp=now())
 
-    def import_receipts(self, path: str | Path, *, validators: Any = None,
-                        without_validator: bool = False) -> dict[str, Any]:
-        """Import historical receipts (JSONL), rechecking every item, by the validators given
-        (name -> function) too; see docs/recovery.md."""
-        with self.store.whole_or_nothing("the import"):
-            return recovery.import_receipts(self.store, path, validators=validators,
-                                            without_validator=without_validator)
-
     def export_receipts(self, name: str | None = None) -> list[dict[str, Any]]:
         """Every attempt as an importable receipt, in call order."""
         return export.export_receipts(self.store, name)
-
-    def merge(self, other: str | Path, *, validators: Any = None) -> dict[str, Any]:
-        """Bring another ledger's batches, attempts and accepted values in (idempotent), each
-        accepted attempt rechecked against its raw return (by ``validators`` too, name ->
-        function, when given); see docs/recovery.md."""
-        with self.store.whole_or_nothing("the merge"):
-            return merge.merge_ledger(self.store, other, validators)
 
 
 def _lease(value: Any) -> float | None:

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import InvalidBatch
-from .._ledger import Ledger
 from .._ledger.evidence import Evidence
+from .._ledger.ledger import Ledger as StoredLedger
 from .._providers.base import close_provider
 from .._providers.select import make_provider, provider_label
 from .._replay.budget import Budget, Tally
@@ -23,6 +23,7 @@ from .._replay.hosts import HostShare
 from .._replay.pacing import Pacer, RateLimits
 from .._replay.plan import Transport
 from . import structured
+from .ledger import Ledger
 from .loop import BackgroundLoop
 from .registry import ValidatorRegistry
 from .result import BatchResult
@@ -55,7 +56,7 @@ class Session:
                                  model=model, max_rate_wait=max_rate_wait)  # checked first
         # One pacer for every run of the session (docs/providers.md, "Rate limits").
         self.pacer = Pacer(RateLimits.of(rate_limits), options.concurrency)
-        self.ledger = ledger if isinstance(ledger, Ledger) else Ledger(ledger)
+        self.ledger = ledger if isinstance(ledger, StoredLedger) else Ledger(ledger)
         self.strict = options.strict
         self.budget = options.budget
         self.concurrency = options.concurrency
