@@ -1,19 +1,7 @@
-"""Merging another ledger into this one, so every attempt ever made stays in one account: the
-other ledger read, refused when it cannot be merged (``_session/merge.py`` rechecks it).
-
-Attempts are matched by ``uid`` (unique across ledgers), revisions by (batch name, fingerprint),
-requests by (revision, key) and validators by (name, fingerprint), so merging the same file twice
-changes nothing. The other file is opened read-only; everything is written in one transaction.
-A ledger with an unfinished batch job is refused (collect or cancel it there first): only its
-own job row can collect what the job answers. A revision another ledger had forgotten stays
-forgotten here, under a copy of its record; one forgotten here owes again when merged work on it
-started or ended after its forgetting. A merge is an import: each accepted attempt of the other
-ledger is rechecked as import rechecks a receipt (``_session/recovery.py``: its key, coverage,
-identity, schema, the validator when given) and its stored values must follow from its raw
-return; one that does not is merged as rejected, its values not admitted, and named in the
-report (ours are never touched). The statements are the store's (``store_merge.py``); the
-other ledger is read by ``sqlite.py`` (a file) or ``postgres.py`` (a database).
-"""
+"""The other ledger a merge brings in: a file (opened read-only, ``sqlite.py``) or a database
+(``postgres.py``), refused before anything is written when it is this ledger or holds an
+unfinished batch job (only its own job row can collect what the job answers). The session
+rechecks its attempts (``_session/merge.py``); the store writes them (``store_merge.py``)."""
 
 from __future__ import annotations
 

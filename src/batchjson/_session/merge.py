@@ -1,8 +1,14 @@
-"""A merge's recheck: another ledger's accepted attempts admitted only as far as their receipts
-say, each rechecked as import rechecks a receipt (``recovery.recheck_receipt``: its key,
-coverage, identity, schema, the validator when given), its stored values following from its raw
-return. The other ledger is read, and the merge written, by ``_ledger/merge.py`` and the store.
-"""
+"""Merging another ledger into this one, so every attempt ever made stays in one account.
+
+Attempts are matched by ``uid`` (unique across ledgers), revisions by (batch name, fingerprint),
+requests by (revision, key) and validators by (name, fingerprint), so merging the same file twice
+changes nothing; everything is written in one transaction (``_ledger/merge.py`` reads the other
+ledger, ``store_merge.py`` writes). A revision another ledger had forgotten stays forgotten here;
+one forgotten here owes again when merged work on it started or ended after its forgetting. A
+merge is an import: each accepted attempt of the other ledger is rechecked as import rechecks a
+receipt (``recovery.recheck_receipt``: its key, coverage, identity, schema, the validator when
+given) and its stored values must follow from its raw return; one that does not is merged as
+rejected, its values not admitted, and named in the report (ours are never touched)."""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+from .._canon import canonical_json as _json
 from .._ledger.export import receipt_of
 from .._ledger.merge import other_tables
 from .._ledger.store import Store
@@ -97,7 +104,3 @@ def _follows(value: Any, derived: Any, task: Mapping[str, Any]) -> bool:
         return _json(value) == _json(derived)
     return all(k in value and _json(value[k]) == _json(v) for k, v in derived.items()) and all(
         k in task and _json(v) == _json(task[k]) for k, v in value.items() if k not in derived)
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._acceptance import judge as acceptance
+from .._canon import canonical_json as _json
 from .._canon import digest
 from .._content.schema import ItemSchema
 from .._content.tasks import Request
@@ -132,10 +133,6 @@ def unseen_token(store: Store, judging: Judging, requests: Sequence[Request],
     same = {r.key for r, _, stored in passed if _json(stored) == _json(found[r.key][1])}
     failing = sorted(set(found) - same)
     return digest("batchjson:unseen:1", [previous, failing]) if failing else None
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True)
 
 
 def clear_sourceless(store: Store, judging: Judging, accepted: Sequence[Request],
