@@ -135,14 +135,16 @@ def unseen_token(store: Store, judging: Judging, requests: Sequence[Request],
     return digest("batchjson:unseen:1", [previous, failing]) if failing else None
 
 
-def clear_sourceless(store: Store, judging: Judging, accepted: Sequence[Request],
+def clear_sourceless(store: Store, judging: Judging, owed: Sequence[Request],
                      sourceless_of: Mapping[str, str], source: str | None) -> int:
-    """Imported requests of unknown answer source that a return accepted now answers: the same
-    tasks under the same schema, validator and instructions. Each gets a cost-0 ``recheck`` of
-    that return, re-judged against its own tasks, so an imported request a strict session keeps
-    counting (its receipt was rejected on import) is cleared instead of owing on a key no live
-    run computes as its own. Returns how many were cleared."""
-    by_sourceless = {sourceless_of[r.key]: r for r in accepted if r.key in sourceless_of}
+    """Imported requests of unknown answer source that a return of ``owed`` accepted now
+    answers: the same tasks under the same schema, validator and instructions. Each gets a
+    cost-0 ``recheck`` of that return, re-judged against its own tasks, so an imported request a
+    strict session keeps counting (its receipt was rejected on import) is cleared instead of
+    owing on a key no live run computes as its own. Returns how many were cleared."""
+    accepted = store.accepted_keys([r.key for r in owed])
+    by_sourceless = {sourceless_of[r.key]: r for r in owed
+                     if r.key in accepted and r.key in sourceless_of}
     if not by_sourceless:
         return 0
     candidates, where = [], {}

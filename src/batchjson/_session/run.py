@@ -85,10 +85,8 @@ def run_spec(session: Session, spec: RunSpec) -> BatchResult:
     revision = record_revision(session, state, plan)
     outcome = send(session, state, plan, spender, revision)
     if state.sourceless_of:  # imported requests of unknown source this run answered
-        now_accepted = session.ledger.store.accepted_keys([r.key for r in state.owed])
-        clear_sourceless(session.ledger.store, judging,
-                         [r for r in state.owed if r.key in now_accepted],
-                         state.sourceless_of, state.source)
+        clear_sourceless(session.ledger.store, judging, state.owed, state.sourceless_of,
+                         state.source)
     result = report(session, state, revision, outcome)
     if state.jobs is not None:  # pending while a job holds a request: never BatchUnresolved
         batches.report(result, state.jobs)
