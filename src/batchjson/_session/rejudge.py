@@ -1,28 +1,20 @@
-"""Re-judge before re-asking: the one way an answer on record is judged again.
+"""Re-judge before re-asking: the one way an answer on record is judged again, by
+:class:`Judging` (the acceptance judge a call's return goes through) with the run's rules.
 
-Stored answers may no longer pass for three reasons, and each re-judges through
-:class:`Judging`, the acceptance judge a call's return goes through, with the run's rules:
-
-- **a change of judging.** A request key covers both what the model saw (prompt, system text,
-  wire schema, answer source: the *seen key*) and how its return is judged (schema
-  fingerprint, validator, identity rules). A new revision that changed only the second part
-  first re-judges, locally and for free, the raw returns of earlier attempts that saw the same
-  thing; those that pass are committed as receipts of kind ``recheck`` with cost 0, and only
-  the rest are sent.
-- **judging a fingerprint cannot fully see** (a validator reading ``globals()["X"]``) re-judges
-  on every run, since the same key may judge differently now: stored answers are never reused
-  on trust. A revision is kept only while every answer it accepted passes the rules as they are
-  now; else the run moves to a revision whose ``unseen`` component names the one before and the
-  requests whose answers fail there, where those are asked again and the rest re-judged (the
-  same rules reach the same revision again, and rules changed back reach the first).
-- **an answer of unknown source**: a receipt imported from another system cannot say which
-  answer source produced it, so it is keyed by the same content without one (its *sourceless*
-  key). A live run looks its accepted returns up under that key and re-judges them; and an
-  imported request left unresolved is cleared by the live return that answers it, re-judged
-  against the imported request's own tasks.
-
-Import and merge judge receipts through the same :class:`Judging` (``recovery.py``). The ledger
-only reads the candidates and commits what passed.
+Stored answers may no longer pass for three reasons. **A change of judging**: a request key
+covers what the model saw (prompt, system text, wire schema, answer source: the *seen key*) and
+how its return is judged (schema, validator, identity rules); a new revision that changed only
+the second part first re-judges, locally and for free, earlier returns that saw the same thing,
+commits those that pass as ``recheck`` receipts of cost 0 and sends the rest. **Judging a
+fingerprint cannot fully see** (a validator reading ``globals()["X"]``) re-judges on every run:
+a revision is kept only while every answer it accepted passes as the rules are now; else the run
+moves to a revision whose ``unseen`` component names the one before and the requests whose
+answers fail (the same rules reach the same revision again). **An answer of unknown source**:
+a receipt imported from another system is keyed by its content without a source (its
+*sourceless* key); a live run re-judges the accepted returns found under it, and an imported
+request left unresolved is cleared by the live return that answers it, re-judged against the
+imported request's own tasks. Import and merge judge receipts by the same :class:`Judging`
+(``recovery.py``). The ledger only reads the candidates and commits what passed.
 """
 
 from __future__ import annotations
