@@ -182,3 +182,13 @@ def test_no_function_over_60_lines_in_the_package():
                       if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
                       and node.end_lineno - node.lineno + 1 > 60]
     assert long_functions == []
+
+
+def test_the_ledger_judges_nothing_it_stores_the_verdicts_it_is_given():
+    """Re-judging, import and merge judge above the ledger (the session's ``rejudge``,
+    ``recovery``, ``merge``), through the acceptance judge a call's return goes through."""
+    graph = import_graph()
+    judging = sorted(m for m, deps in graph.items() if m.startswith("batchjson._ledger")
+                     and any(d.startswith("batchjson._acceptance") for d in deps))
+    assert judging == []
+    assert "batchjson._acceptance.judge" in graph["batchjson._session.rejudge"]

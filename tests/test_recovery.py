@@ -531,3 +531,28 @@ def test_an_exported_return_edited_past_its_schema_is_not_admitted_on_import(
     assert (report["admitted"], report["rejected"]) == (1, 1)
     assert sorted(second.ledger.checkpoint("labels")) == sorted(
         t["task_id"] for t in review_tasks(4)[2:])
+
+
+def _rejects_maybe(item: Any, task: Any) -> None:
+    if item["verdict"] == "maybe":
+        raise ValueError("maybe is no verdict")
+
+
+@pytest.mark.parametrize("stripped", ["schema", "validator"])
+def test_an_exported_receipt_stripped_of_its_schema_or_validator_is_refused_on_import(
+        stripped: str, tmp_path: Path, ledger_at) -> None:
+    """An export names the schema and the validator its batch was judged by: a receipt with
+    one removed (so that an edited answer would pass unchecked) is refused whole, before
+    anything is written, and the edited answer is never evidence."""
+    first = Session(CallableProvider(items_reply), ledger=ledger_at("a"))
+    first.run_batch("labels", review_tasks(2), LABEL_SCHEMA, pack=2, validator=_rejects_maybe)
+    receipt = first.ledger.export_receipts()[0]
+    raw = json.loads(receipt["raw"])
+    raw["items"][0]["verdict"] = "maybe"
+    receipt |= {"raw": json.dumps(raw), stripped: None}
+    receipt["components"].pop("schema_doc") if stripped == "schema" else None
+    second = Session(CallableProvider(items_reply), ledger=ledger_at("b"))
+    with pytest.raises(InvalidBatch, match="the receipt was altered"):
+        second.ledger.import_receipts(write(tmp_path / "stripped.jsonl", receipt),
+                                      validators={"_rejects_maybe": _rejects_maybe})
+    assert second.ledger.checkpoint("labels") == {}

@@ -32,8 +32,8 @@ from ._providers.pricing import PRICES_AS_OF, Price, set_prices
 from ._providers.simulated import FaultPlan, SimulatedModel
 from ._replay.budget import Budget
 from ._replay.pacing import RateLimits
-from ._session.accounts import Ledger
 from ._session.evidence import Evidence
+from ._session.ledger import Ledger
 from ._session.registry import ValidatorRegistry
 from ._session.result import BatchResult
 from ._session.session import Session, default_session, set_default_session, validator

@@ -13,7 +13,6 @@ from ._content.schema import compile_schema
 from ._content.tasks import parse_identity, render_value_prompt
 from ._ledger.forgetting import forget_batch, forget_message, forgotten_line
 from ._ledger.records import ledger_path
-from ._ledger.recovery import read_lines
 from ._ledger.sqlite import file_problem, holds_nothing
 from ._money import cost_value, money
 from ._providers.base import estimate_tokens
@@ -24,6 +23,7 @@ from ._session.advice import advise
 from ._session.batches import cancel_job, list_jobs
 from ._session.collect import collect_ended, status_summary
 from ._session.preflight import check_validator
+from ._session.recovery import read_lines
 from ._session.registry import ValidatorVersion
 from ._session.result import tracebacks
 from ._session.structured import (

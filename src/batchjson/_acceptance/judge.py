@@ -184,19 +184,6 @@ def accept_items(
                                   identity=identity, schema=schema, validator=validator))
 
 
-def accept_value(
-    text: str,
-    task: Mapping[str, Any],
-    schema: ItemSchema,
-    validator: Callable[[Any, Mapping[str, Any]], Any] | None,
-    identity: Sequence[str] = ("task_id",),
-) -> Verdict:
-    """Judge a bare JSON value returned for one prompt (the droste-compatible shape); an
-    ``identity`` with ``echo`` holds the task fields an object value echoes to the task."""
-    return run_sync(lambda: judge(received(Reply(text=text)), [task], mode="value",
-                                  identity=identity, schema=schema, validator=validator))
-
-
 # -- items -------------------------------------------------------------------------------------
 def _prepare_items(text: str, tasks: Sequence[Mapping[str, Any]], identity: Sequence[str],
                    schema: ItemSchema) -> Verdict | Prepared:

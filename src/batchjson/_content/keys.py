@@ -27,7 +27,7 @@ from .tasks import ECHOED, Identity, Request, sha
 
 # The revision components that go into every request key besides its tasks. "source" is the
 # answer source; "unseen" moves judging no fingerprint fully sees past answers that no longer
-# pass (see _ledger/rejudge.py).
+# pass (see _session/rejudge.py).
 KEY_COMPONENTS = ("schema", "validator", "instructions", "identity", "mode", "source", "unseen")
 # What keys answers of unknown source: receipts imported from another system (keyed with the
 # identity fields alone, no "+echoed").

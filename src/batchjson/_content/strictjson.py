@@ -4,7 +4,8 @@ Strict: finite numbers only (overflow included), no non-zero number read as zero
 no key named twice in an object (which
 ``case_id`` would the model have meant?), bounded nesting, one ```json fence tolerated.
 Exact: no ``True == 1``, no ``1 == 1.0``, no ``-0.0 == 0.0``, and a float read from a return may
-be held to its exact decimal text. Used by acceptance, which decides what these findings mean.
+be held to its exact decimal text. Used by acceptance, which decides what these findings mean,
+and by import, whose receipt files name a number no float holds before anything is read.
 """
 
 from __future__ import annotations
@@ -136,6 +137,46 @@ def holds_lossy(value: Any) -> bool:
         elif isinstance(x, list):
             stack.extend(x)
     return False
+
+
+# -- files batchjson reads (receipts): not a model's return ----------------------------------
+class _Written(str):
+    """A number's text as written, so that the field holding one no float holds is named."""
+
+
+_AS_WRITTEN = json.JSONDecoder(parse_constant=reject_constant, parse_float=_Written)
+
+
+def parse_as_written(text: str) -> Any:
+    """A JSON file's value (keys may repeat and nest as deep as Python reads, as in any file of
+    records), its floats kept as written until :func:`finite_numbers` reads them. Raises
+    ValueError for text that is not JSON."""
+    try:
+        return _AS_WRITTEN.decode(text)
+    except RecursionError:
+        raise ValueError("nested too deeply to read") from None
+
+
+def finite_numbers(value: Any) -> tuple[str, str] | None:
+    """Read the numbers of a :func:`parse_as_written` value with :func:`finite_float`, in place
+    (iteratively: a record may nest deep); (field, problem) of the first number no float holds
+    (``tasks[0].x``), else None."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        node, where = stack.pop()
+        pairs = (list(node.items()) if isinstance(node, dict) else list(enumerate(node))
+                 if isinstance(node, list) else [])
+        for key, child in pairs:
+            at = (f"{where}.{key}" if where else str(key)) if isinstance(node, dict) \
+                else f"{where}[{key}]"
+            if isinstance(child, _Written):
+                try:
+                    node[key] = finite_float(child)
+                except ValueError as exc:
+                    return at, str(exc)
+            elif isinstance(child, (dict, list)):
+                stack.append((child, at))
+    return None
 
 
 # -- exact JSON equality -----------------------------------------------------------------------

@@ -4,6 +4,8 @@ receipts.
 Every attempt is written *before* its call (in flight) and completed after. An accepted return
 and its checkpoint rows are committed in one transaction; a rejected return admits nothing.
 The reading a user does is here; batchjson's own code reaches the store through ``store``.
+Import and merge judge what they bring in, so the public ``batchjson.Ledger`` that has them is
+the session's (``_session/ledger.py``), a subclass of this one.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 from .._content.tasks import Request
 from .._errors import ConfigError
 from .._money import cost_value
-from . import export, merge, recovery
+from . import export
 from .forgetting import who
 from .records import Receipt, Revision, ledger_path, now
 from .sqlite import SQLiteStore
@@ -24,7 +26,8 @@ from .store import Store
 
 class Ledger:
     """The ledger's facade over its store: what it holds, never what that cost in dollars (the
-    public ``batchjson.Ledger``, ``_session/accounts.py``, adds the priced accounts)."""
+    public ``batchjson.Ledger``, ``_session/ledger.py``, adds the priced accounts, import
+    and merge)."""
 
     def __init__(self, path: str | Path | None = None, *, busy_timeout: float = 30.0,
                  lease: float | None = None) -> None:
@@ -92,7 +95,7 @@ class Ledger:
                 row["batches"].append(r["batch"])
         return list(out.values())
 
-    # -- recovery (recovery.py, export.py, merge.py: the logic) -------------------------------
+    # -- export (export.py: the logic) ---------------------------------------------------------
     def budget(self) -> dict[str, Any] | None:
         """The ledger's own cost budget (cost, spent, reserved, left, set_at, set_by), or None.
         Every runner on the ledger holds it together, beside any budget of its own session."""
@@ -105,24 +108,9 @@ class Ledger:
         cost = cost_value(cost)
         self.store.set_shared_budget(cost, by=who(), stamp=now())
 
-    def import_receipts(self, path: str | Path, *, validators: Any = None,
-                        without_validator: bool = False) -> dict[str, Any]:
-        """Import historical receipts (JSONL), rechecking every item, by the validators given
-        (name -> function) too; see docs/recovery.md."""
-        with self.store.whole_or_nothing("the import"):
-            return recovery.import_receipts(self.store, path, validators=validators,
-                                            without_validator=without_validator)
-
     def export_receipts(self, name: str | None = None) -> list[dict[str, Any]]:
         """Every attempt as an importable receipt, in call order."""
         return export.export_receipts(self.store, name)
-
-    def merge(self, other: str | Path, *, validators: Any = None) -> dict[str, Any]:
-        """Bring another ledger's batches, attempts and accepted values in (idempotent), each
-        accepted attempt rechecked against its raw return (by ``validators`` too, name ->
-        function, when given); see docs/recovery.md."""
-        with self.store.whole_or_nothing("the merge"):
-            return merge.merge_ledger(self.store, other, validators)
 
 
 def _lease(value: Any) -> float | None:

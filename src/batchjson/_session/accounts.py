@@ -6,7 +6,7 @@ per usable result divides *everything* spent by what was accepted. Calls whose c
 prompt is priced at the model's input rate as a lower bound and reported apart.
 
 Pricing sits here, above the ledger, which stores the costs and floors it is given: the public
-:class:`Ledger` is the ledger's facade with these accounts.
+``Ledger`` (``ledger.py``) offers these accounts.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .._ledger import ledger
 from .._ledger.store import Store
 from .._providers.pricing import price_for
 
@@ -130,30 +129,3 @@ def cost_summary(store: Store, name: str | None = None) -> dict[str, Any]:
         for k in (*COUNTERS, "cost", "unknown_cost_lower_bound"):
             total[k] += entry[k]
     return {"batches": [_finish(e) for e in per.values()], "total": _finish(total)}
-
-
-class Ledger(ledger.Ledger):
-    """Thread-safe access to the ledger: a SQLite file (``path=None`` keeps it in memory) or a
-    PostgreSQL database (``"postgresql://user@host/db"``) that runners on many hosts share.
-
-    ``lease``: seconds a runner's claim on a request holds unless renewed (every third of it
-    while the runner lives); a claim of a runner on another host that stopped renewing is
-    taken over once it has expired. Default 30.
-    """
-
-    def spend(self, name: str | None = None) -> dict[str, Any]:
-        """Calls, tokens and cost of every call ever made (for one batch or all): the same
-        account as :meth:`cost_summary`, summed (this module holds the one definition).
-
-        A receipt whose call was never sent (cancelled before sending) is not a call; nor is a
-        recheck. A call with no recorded cost (killed or interrupted before its answer, an error
-        without usage, a model with no price) has an unknown cost: it is counted in
-        ``unknown_cost_calls``, and ``cost_lower_bound_unknown`` is the least those calls cost
-        (their prompt tokens at the model's input price); ``cost_lower_bound`` adds it to the
-        known ``cost``.
-        """
-        return spend(self.store, name)
-
-    def cost_summary(self, name: str | None = None) -> dict[str, Any]:
-        """Per batch and in total: every attempt's calls, tokens and cost; see :func:`calls`."""
-        return cost_summary(self.store, name)

@@ -17,7 +17,6 @@ from .._acceptance.validators import droste_verdicts
 from .._content.keys import Keys, answer_source
 from .._content.tasks import Request
 from .._errors import BatchUnresolved
-from .._ledger.rejudge import UNSEEN, clear_sourceless, unseen_token
 from .._providers.reply import MOST_TOKENS, GuardedProvider, provider_names
 from .._replay.budget import Spender, usd
 from .._replay.calls import cheapest_call
@@ -28,6 +27,7 @@ from . import batches, preflight, window
 from .errors import ResultErrors
 from .fit import check_fit, check_rate_fit
 from .registry import ValidatorVersion
+from .rejudge import UNSEEN, Judging, clear_sourceless, unseen_token
 from .result import BatchResult, TaskAttempts
 from .resume import Completed, find_completed, remember_file
 from .spec import CheckedRun, RunSpec
@@ -73,15 +73,20 @@ def run_spec(session: Session, spec: RunSpec) -> BatchResult:
     provider = session.provider  # refused here when none is configured
     state = Run(spec, content, provider, answer_source(provider))
     judge_with(session, state)
+    judging = Judging(spec.mode, content.identity, content.schema, state.checker,
+                      session._loop.run)  # how stored answers are judged again
     compose_keys(state)
     done = finished_revision(session, state)
     if done is not None:  # every request of this content accepted: nothing to plan or send
         return report_completed(session, spec, done, state)
-    find_requests(session, state)
-    window.survey(session, state)  # earlier returns re-judged, what is owed: no call yet
+    find_requests(session, state, judging)
+    window.survey(session, state, judging)  # earlier returns re-judged, what is owed: no call
     plan, spender = plan_calls(session, state)
     revision = record_revision(session, state, plan)
     outcome = send(session, state, plan, spender, revision)
+    if state.sourceless_of:  # imported requests of unknown source this run answered
+        clear_sourceless(session.ledger.store, judging, state.owed, state.sourceless_of,
+                         state.source)
     result = report(session, state, revision, outcome)
     if state.jobs is not None:  # pending while a job holds a request: never BatchUnresolved
         batches.report(result, state.jobs)
@@ -144,20 +149,18 @@ def finished_revision(session: Session, state: Run) -> Completed | None:
                      state.content.identity, state.provider, state.source)
 
 
-def find_requests(session: Session, state: Run) -> None:
+def find_requests(session: Session, state: Run, judging: Judging) -> None:
     """The run's revision when one is on record (its requests are then read from the
     ledger). Judging no fingerprint fully sees moves on to a revision naming the answers that
     no longer pass: it re-judges every accepted request of the revision, so that one step
     holds them all."""
-    spec, content, store = state.spec, state.content, session.ledger.store
+    spec, store = state.spec, session.ledger.store
     while True:
         state.existing = store.find_revision(spec.name, state.keys.revision)
         if not state.blind:
             return
-        token = unseen_token(
-            store, list(window.every_request(store, state)),
-            state.keys.components.get(UNSEEN), run=session._loop.run, mode=spec.mode,
-            identity=content.identity, schema=content.schema, validator=state.checker)
+        token = unseen_token(store, judging, list(window.every_request(store, state)),
+                             state.keys.components.get(UNSEEN))
         if token is None:
             return
         state.keys = state.keys.with_part(UNSEEN, token)
@@ -231,10 +234,6 @@ def send(session: Session, state: Run, plan: Plan, spender: Spender, revision: A
         outcome = _live(session, plan, spender, state)
         if plan.split:  # halves made during the run: remember what they saw too
             store.record_seen(window.stored_seen_pairs(store, state, revision.id, halves=True))
-    if state.sourceless_of:
-        now_accepted = store.accepted_keys([r.key for r in state.owed])
-        clear_sourceless(store, [r for r in state.owed if r.key in now_accepted],
-                         state.sourceless_of, state.source)
     return outcome
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import InvalidBatch
+from .._ledger.ledger import Ledger as StoredLedger
 from .._loop import BackgroundLoop
 from .._providers.base import close_provider
 from .._providers.select import make_provider, provider_label
@@ -22,9 +23,9 @@ from .._replay.hosts import HostShare
 from .._replay.pacing import Pacer, RateLimits
 from .._replay.plan import Transport
 from . import structured
-from .accounts import Ledger
 from .advice import advise
 from .evidence import Evidence
+from .ledger import Ledger
 from .registry import ValidatorRegistry
 from .result import BatchResult
 from .run import run_spec
@@ -56,7 +57,7 @@ class Session:
                                  model=model, max_rate_wait=max_rate_wait)  # checked first
         # One pacer for every run of the session (docs/providers.md, "Rate limits").
         self.pacer = Pacer(RateLimits.of(rate_limits), options.concurrency)
-        self.ledger = ledger if isinstance(ledger, Ledger) else Ledger(ledger)
+        self.ledger = ledger if isinstance(ledger, StoredLedger) else Ledger(ledger)
         self.strict = options.strict
         self.budget = options.budget
         self.concurrency = options.concurrency

@@ -10,7 +10,7 @@ then stream the pending ones again from the same source (:class:`Pending`).
 
 The batch transport reads the pending requests the same way, a job's worth at a time
 (``_replay/jobs.py``). What still needs every request at once says so where it is: judging no
-fingerprint fully sees (``unseen_token`` re-judges the whole revision), earlier returns
+fingerprint fully sees (``rejudge.unseen_token`` re-judges the whole revision), earlier returns
 resolved by re-judging (committed once the revision opens) and answers of unknown source (rare:
 imports from another system).
 """
@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .._content.tasks import Request, stored_request
-from .._ledger.rejudge import rejudge
 from .._ledger.store import Store
+from .rejudge import Judging, earlier_candidates
 
 if TYPE_CHECKING:
     from .run import Run
@@ -49,7 +49,7 @@ def every_request(store: Store, state: Run) -> Iterator[Request]:
         yield from window
 
 
-def survey(session: Session, state: Run) -> None:
+def survey(session: Session, state: Run, judging: Judging) -> None:
     """What each request needs, before anything is recorded or spent: accepted already (under
     any batch), resolved by re-judging an earlier return, or pending (a call must resolve it).
     Keeps the counts, one mark a request, and the re-judged returns to commit."""
@@ -64,11 +64,9 @@ def survey(session: Session, state: Run) -> None:
         if sourceless_of:  # imports of unknown source are cleared once answered: kept
             state.sourceless_of.update(sourceless_of)
             state.owed += owed
-        rechecked = [] if state.broken else rejudge(
-            store, owed, run=session._loop.run, seen_of=seen_of(state, owed),
-            sourceless_of=sourceless_of, mode=state.spec.mode,
-            identity=state.content.identity, schema=state.content.schema,
-            validator=state.checker, same_key=bool(state.blind), broken=state.broken)
+        rechecked = [] if state.broken else judging.first_passing(earlier_candidates(
+            store, owed, seen_of=seen_of(state, owed), sourceless_of=sourceless_of,
+            same_key=bool(state.blind)), state.broken)
         passed = {request.key for request, _, _ in rechecked}
         state.rechecked += rechecked
         pending = [r.key not in done and r.key not in passed for r in window]

@@ -1,14 +1,15 @@
 """Import of historical receipts, and batchjson's own export: a claimed status is never trusted.
 
 An old system's receipt may say ``status: ok`` for a return whose items name the wrong case.
-Every imported return is therefore judged again by the same acceptance code a live call goes
-through (coverage, identity, schema, and the validator the receipt names, which the user gives;
-a file naming one not given is refused unless the user opts out, when its receipts are kept
-unverified: shown and exported, never admitted). A return with an identity error is kept as
-diagnostic material and none of its items is admitted, whatever it claims. Every imported line
-is an attempt in the account, and a line is imported once: its digest is recorded in the
-``imports`` table. (batchjson's own export format is ``export.py``'s; a merge rechecks another
-ledger's accepted attempts by the same path, :func:`recheck_receipt`.)
+Every imported return is therefore judged again as a stored answer is (``rejudge.Judging``: the
+acceptance judge a live call goes through; coverage, identity, schema, and the validator the
+receipt names, which the user gives; a file naming one not given is refused unless the user
+opts out, when its receipts are kept unverified: shown and exported, never admitted). A return
+with an identity error is kept as diagnostic material and none of its items is admitted,
+whatever it claims. Every imported line is an attempt in the account, and a line is imported
+once: its digest is recorded in the ``imports`` table, by the store in one transaction.
+(batchjson's own export format is ``_ledger/export.py``'s; a merge rechecks another ledger's
+accepted attempts by the same path, :func:`recheck_receipt`.)
 """
 
 from __future__ import annotations
@@ -19,18 +20,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._acceptance.judge import Verdict, accept_items, accept_value
+from .._acceptance.judge import Verdict
 from .._canon import canonical_json
 from .._content.keys import Keys
 from .._content.schema import ItemSchema, compile_schema
 from .._content.tasks import Identity, Request, normalize_identity, normalize_tasks, sha
 from .._errors import InvalidBatch
 from .._fingerprint.fingerprint import Fingerprint, fingerprint_function
-from .export import EXPORT_FORMAT
-from .import_revisions import Placement, group_lines, revision_for, settle
+from .._ledger.export import EXPORT_FORMAT
+from .._ledger.import_revisions import Placement, group_lines, revision_for, settle
+from .._ledger.records import now
+from .._ledger.store import Store
+from .._loop import run_sync
 from .receipt_files import InDocument, document_receipts, parsed_lines, refuse
-from .records import now
-from .store import Store
+from .rejudge import Judging
 
 SUCCESS_WORDS = frozenset({"ok", "success", "succeeded", "accepted", "done", "complete",
                            "completed", "pass", "passed"})
@@ -156,12 +159,9 @@ def _check(path: Path, number: int, record: dict[str, Any],
     version = validators.get(validator_name) if validator_name else None
     if own and isinstance(record.get("components"), dict):
         keys = Keys({str(k): str(v) for k, v in record["components"].items()})
-        shape = keys.components.get("schema_shape")  # a model's: its structure, as run
-        if record.get("schema") and keys.components.get("schema") != schema.fingerprint and (
-                shape is None or shape != json.dumps(record["schema"], sort_keys=True,
-                                                     separators=(",", ":"))):
-            raise refuse(path, number, "its schema is not the one its components name (the "
-                          "receipt was altered); give the schema the batch ran with")
+        if altered := _unlike_components(keys.components, record, schema):
+            raise refuse(path, number, f"{altered} (the receipt was altered); export it again "
+                          "from the ledger that ran it")
     else:  # as a live run of this content composes them, its answer source unknown
         keys = Keys.compose(
             tasks, schema, version.fingerprint.digest if version is not None else "none",
@@ -176,6 +176,20 @@ def _check(path: Path, number: int, record: dict[str, Any],
                       "request_key to import it under the key its content gives")
     return Line(number, record, sha(canonical_json(record)), tasks, identity, schema,
                 dict(keys.components), request, own)
+
+
+def _unlike_components(components: Mapping[str, str], record: Mapping[str, Any],
+                       schema: ItemSchema) -> str | None:
+    """What of an exported receipt does not follow from the components it was keyed by: its
+    schema (the very one, or a model's structure as it ran; an export carries it whenever its
+    batch had one) and its validator (one named whenever one judged it)."""
+    shape = components.get("schema_shape")  # a model's: its structure, as run
+    text = json.dumps(record.get("schema"), sort_keys=True, separators=(",", ":"))
+    if components.get("schema") not in (schema.fingerprint, None) and shape != text:
+        return "its schema is not the one its components name"
+    if components.get("validator", "none") != "none" and not record.get("validator"):
+        return "it names no validator, though its components name the one that judged it"
+    return None
 
 
 def _identity_rule(path: Path, number: int, record: Mapping[str, Any], own: bool) -> Identity:
@@ -237,29 +251,15 @@ def registry_view(validators: Any) -> dict[str, Any]:
     return out
 
 
-def _judge(line: Line, validator: Callable[..., Any] | None) -> Verdict:
-    """The live acceptance code, guarded against two returns its parser lets through: one
-    nested deeper than Python can parse, and a number out of range (1e400 reads as inf and
-    would be written to the ledger as the non-JSON ``Infinity``)."""
-    raw = line.record["raw"]
-    try:
-        if line.record.get("mode", "items") == "value":
-            verdict = accept_value(raw, line.tasks[0], line.schema, validator, line.identity)
-        else:
-            verdict = accept_items(raw, line.tasks, line.identity, line.schema, validator)
-        if verdict.accepted:
-            json.dumps(verdict.stored, allow_nan=False)
-    except RecursionError:
-        return Verdict(False, errors=[{"type": "json", "task_id": None, "message":
-                                       "return is not valid JSON: nested too deeply to read"}])
-    except ValueError:
-        return Verdict(False, errors=[{"type": "json", "task_id": None, "message":
-                                       "return is not valid JSON: a number is out of range "
-                                       "(e.g. 1e400)"}])
-    return verdict
+def _judge(line: Line, validator: Callable[..., Any] | None, run: Callable[..., Any]
+           ) -> Verdict:
+    """A receipt's raw return judged as a call's return is, by the rules it names."""
+    return Judging(line.record.get("mode", "items"), line.identity, line.schema, validator,
+                   run).verdict(line.record["raw"], line.tasks)
 
 
-def recheck_receipt(record: dict[str, Any], validators: Mapping[str, Any]
+def recheck_receipt(record: dict[str, Any], validators: Mapping[str, Any],
+                    run: Callable[..., Any]
                     ) -> tuple[dict[str, Any] | None, list[dict[str, Any]], str]:
     """(items by task_id, the request's tasks, "") when an exported receipt's raw return passes
     every check import reruns (its key and identity rule against its components, coverage,
@@ -269,7 +269,7 @@ def recheck_receipt(record: dict[str, Any], validators: Mapping[str, Any]
     except InvalidBatch as exc:
         return None, [], str(exc).split(": ", 1)[-1].split("; nothing was imported")[0]
     version = validators.get(record.get("validator") or "")
-    verdict = _judge(line, version.fn if version is not None else None)
+    verdict = _judge(line, version.fn if version is not None else None, run)
     if not verdict.accepted:
         first = verdict.errors[0]
         return None, [], f"its raw return fails the recheck ({first['type']}: {first['message']})"
@@ -325,7 +325,7 @@ def import_receipts(store: Store, path: str | Path, *, validators: Any = None,
             else:
                 batch_id, revision_id = revision_for(store, tx, line, groups[line.number],
                                                      placed)
-            outcome = _import_line(store, tx, line, registry, uid, source,
+            outcome = _import_line(store, tx, line, registry, uid, source, run_sync,
                                    (batch_id, revision_id), held["id"] if completes else None)
             if revision_id is not None:
                 placed.record(revision_id, line.number, outcome.admitted_items)
@@ -335,14 +335,14 @@ def import_receipts(store: Store, path: str | Path, *, validators: Any = None,
 
 
 def _import_line(store: Store, tx: Any, line: Line, registry: Mapping[str, Any],
-                 uid: str | None, source: str, where: tuple[int, int | None],
-                 completes: int | None = None) -> Outcome:
+                 uid: str | None, source: str, run: Callable[..., Any],
+                 where: tuple[int, int | None], completes: int | None = None) -> Outcome:
     rec = line.record
     claimed = str(rec.get("status"))
     out = Outcome(line.number, rec["batch"], claimed, "rejected", len(line.tasks))
     batch_id, revision_id = where
     usage = {k: rec.get(k) for k in OPTIONAL_NUMBERS} | {"model": rec.get("model")}
-    status, errors, stored = _judged(line, registry.get(rec.get("validator") or ""), out)
+    status, errors, stored = _judged(line, registry.get(rec.get("validator") or ""), out, run)
     if status == "accepted":
         held = store.accepted_items(tx, batch_id, line.request.key)
         if held:  # the ledger's accepted values are never replaced by an import
@@ -369,7 +369,8 @@ def _import_line(store: Store, tx: Any, line: Line, registry: Mapping[str, Any],
     return out
 
 
-def _judged(line: Line, version: Any, out: Outcome) -> tuple[str, list, dict[str, Any]]:
+def _judged(line: Line, version: Any, out: Outcome, run: Callable[..., Any]
+            ) -> tuple[str, list, dict[str, Any]]:
     """(status, errors, stored items) of one imported receipt, its outcome said in ``out``."""
     rec = line.record
     claimed, name = str(rec.get("status")), rec.get("validator")
@@ -384,7 +385,7 @@ def _judged(line: Line, version: Any, out: Outcome) -> tuple[str, list, dict[str
                    "unverified: shown and exported, never admitted"}]
         out.outcome, out.reason, out.errors = "unverified", errors[0]["message"], errors
         return "rejected", errors, {}
-    verdict = _judge(line, version.fn if version is not None else None)
+    verdict = _judge(line, version.fn if version is not None else None, run)
     identity = _identity_errors(verdict.errors)
     if identity:
         out.outcome, out.errors = "diagnostic", identity

@@ -1,0 +1,152 @@
+"""Re-judge before re-asking: the one way an answer on record is judged again, by
+:class:`Judging` (the acceptance judge a call's return goes through) with the run's rules.
+
+Stored answers may no longer pass for three reasons. **A change of judging**: a request key
+covers what the model saw (prompt, system text, wire schema, answer source: the *seen key*) and
+how its return is judged (schema, validator, identity rules); a new revision that changed only
+the second part first re-judges, locally and for free, earlier returns that saw the same thing,
+commits those that pass as ``recheck`` receipts of cost 0 and sends the rest. **Judging a
+fingerprint cannot fully see** (a validator reading ``globals()["X"]``) re-judges on every run:
+a revision is kept only while every answer it accepted passes as the rules are now; else the run
+moves to a revision whose ``unseen`` component names the one before and the requests whose
+answers fail (the same rules reach the same revision again). **An answer of unknown source**:
+a receipt imported from another system is keyed by its content without a source (its
+*sourceless* key); a live run re-judges the accepted returns found under it, and an imported
+request left unresolved is cleared by the live return that answers it, re-judged against the
+imported request's own tasks. Import and merge judge receipts by the same :class:`Judging`
+(``recovery.py``). The ledger only reads the candidates and commits what passed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .._acceptance import judge as acceptance
+from .._canon import canonical_json as _json
+from .._canon import digest
+from .._content.schema import ItemSchema
+from .._content.tasks import Request
+from .._ledger.store import Store
+from .._ledger.store_runs import stop_types
+from .._providers.reply import Reply
+
+MAX_CANDIDATES = 8  # earlier returns tried per request: bounded local work
+UNSEEN = "unseen"  # the revision component of judging no fingerprint fully sees
+
+Passed = tuple[Request, Any, dict[str, Any]]  # request, the stored return's row, its values
+
+
+@dataclass(frozen=True)
+class Judging:
+    """How returns are judged (a run's rules, or an imported receipt's), and ``run``, which runs
+    a coroutine to its end from sync code (a session's loop: validators may be async)."""
+
+    mode: str
+    identity: Sequence[str]
+    schema: ItemSchema
+    validator: Callable[..., Any] | None
+    run: Callable[..., Any]
+
+    async def _judge(self, raw: Any, tasks: Sequence[Mapping[str, Any]]) -> acceptance.Verdict:
+        return await acceptance.judge(Reply(text=raw), tasks, mode=self.mode,
+                                      identity=self.identity, schema=self.schema,
+                                      validator=self.validator)
+
+    def verdict(self, raw: str, tasks: Sequence[Mapping[str, Any]]) -> acceptance.Verdict:
+        """One stored return judged against the tasks it answers."""
+        return self.run(lambda: self._judge(raw, tasks))
+
+    def first_passing(self, candidates: Sequence[tuple[Request, Sequence[Any]]],
+                      broken: list[dict[str, Any]] | None = None) -> list[Passed]:
+        """For each request, the first of its stored returns (rows with ``raw``) that passes
+        now, judged against the ledger's own copy of its tasks, with the values it stores.
+        With ``broken`` given, a ``validator_error`` ends the judging and is appended there:
+        the validator is broken (or hangs), and no call could be judged by it either."""
+        async def judge_all() -> list[Passed]:
+            passed = []
+            for request, rows in candidates:
+                for row in rows[:MAX_CANDIDATES]:
+                    verdict = await self._judge(row["raw"], request.tasks)
+                    if verdict.accepted:
+                        passed.append((request, row, verdict.stored))
+                        break
+                    crashed = [e for e in verdict.errors if e["type"] == "validator_error"]
+                    if crashed and broken is not None:
+                        broken.append(crashed[0])
+                        return passed
+            return passed
+
+        return self.run(judge_all) if candidates else []
+
+
+def earlier_candidates(store: Store, pending: Sequence[Request], *, seen_of: Mapping[str, str],
+                       sourceless_of: Mapping[str, str], same_key: bool = False
+                       ) -> list[tuple[Request, list[Any]]]:
+    """The stored returns each pending request may be resolved by: earlier returns that saw
+    the same thing (``seen_of``: request key -> seen key), then imported answers of unknown
+    source under its key without one (``sourceless_of``; empty: there are none). ``same_key``:
+    returns under the very same key count too (the judging reads what its fingerprint cannot
+    see, so the same key may judge differently now)."""
+    if not pending:
+        return []
+    earlier: dict[str, list[Any]] = {}
+    for row in store.earlier_returns([seen_of[r.key] for r in pending]):
+        earlier.setdefault(row["seen_key"], []).append(row)
+    imported: dict[str, list[Any]] = {}
+    if sourceless_of:
+        for row in store.sourceless_returns([sourceless_of[r.key] for r in pending]):
+            imported.setdefault(row["seen_key"], []).append(row)
+    out = []
+    for request in pending:
+        # A return under this very key was judged by these rules already, unless its judging
+        # was interrupted (cancelled with its text kept) or reads what no fingerprint sees.
+        rows = [row for row in earlier.get(seen_of[request.key], [])
+                if (same_key or row["request_key"] != request.key or row["status"] == "cancelled")
+                and not stop_types(row["errors"])]  # the provider's word: never an answer
+        rows += imported.get(sourceless_of.get(request.key, ""), [])
+        if rows:
+            out.append((request, rows))
+    return out
+
+
+def unseen_token(store: Store, judging: Judging, requests: Sequence[Request],
+                 previous: str | None) -> str | None:
+    """None when every accepted answer among ``requests`` passes the rules as they are now with
+    the very values it committed; else the ``unseen`` component of the revision to run instead,
+    naming ``previous`` (this one's) and the requests whose answers fail (one accepted without
+    a raw text on record cannot be re-judged: it fails)."""
+    accepted = store.accepted_keys([r.key for r in requests])
+    found = {r.key: store.accepted_return(r.key) for r in requests if r.key in accepted}
+    passed = judging.first_passing([(r, [found[r.key][0]]) for r in requests
+                                    if found.get(r.key) is not None])
+    same = {r.key for r, _, stored in passed if _json(stored) == _json(found[r.key][1])}
+    failing = sorted(set(found) - same)
+    return digest("batchjson:unseen:1", [previous, failing]) if failing else None
+
+
+def clear_sourceless(store: Store, judging: Judging, owed: Sequence[Request],
+                     sourceless_of: Mapping[str, str], source: str | None) -> int:
+    """Imported requests of unknown answer source that a return of ``owed`` accepted now
+    answers: the same tasks under the same schema, validator and instructions. Each gets a
+    cost-0 ``recheck`` of that return, re-judged against its own tasks, so an imported request a
+    strict session keeps counting (its receipt was rejected on import) is cleared instead of
+    owing on a key no live run computes as its own. Returns how many were cleared."""
+    accepted = store.accepted_keys([r.key for r in owed])
+    by_sourceless = {sourceless_of[r.key]: r for r in owed
+                     if r.key in accepted and r.key in sourceless_of}
+    if not by_sourceless:
+        return 0
+    candidates, where = [], {}
+    for row in store.sourceless_unresolved(list(by_sourceless)):
+        found = store.accepted_return(by_sourceless[row["key"]].key)
+        if found is not None:
+            imported = Request(row["key"], tuple(json.loads(row["tasks"])), 0)
+            candidates.append((imported, [found[0]]))
+            where[row["key"]] = (row["batch_id"], row["revision_id"])
+    passed = judging.first_passing(candidates)
+    for entry in passed:
+        store.commit_rechecks(*where[entry[0].key], [entry], source)
+    return len(passed)
