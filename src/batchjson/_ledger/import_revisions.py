@@ -25,6 +25,7 @@ from .store import Store
 
 # The components that say how a receipt was judged (tasks and pack say what was asked).
 JUDGING = ("schema", "validator", "instructions", "identity", "mode", "source", "unseen")
+KEPT = (*JUDGING, "schema_doc", "schema_shape")  # the schema itself, so an export rechecks it
 BESIDE_LIVE = "imported beside the batch's current revision"
 
 
@@ -59,7 +60,7 @@ def group_lines(lines: Iterable[Any]) -> dict[int, Group]:
     groups: dict[tuple[str, str], Group] = {}
     out = {}
     for line in lines:
-        judged = {k: v for k, v in line.components.items() if k in JUDGING}
+        judged = {k: v for k, v in line.components.items() if k in KEPT}
         key = (line.record["batch"], Keys(line.components).revision if line.own
                else canonical_json([judged, line.record.get("validator")]))
         group = groups.get(key)
@@ -130,7 +131,7 @@ def _imported_alike(store: Store, tx: Any, revision_id: int, group: Group) -> bo
     judges as ``group`` does."""
     theirs = store.imported_revision(tx, revision_id)
     return theirs is not None and "source" not in theirs and {
-        k: v for k, v in theirs.items() if k in JUDGING} == group.components
+        k: v for k, v in theirs.items() if k in KEPT} == group.components
 
 
 def settle(store: Store, tx: Any, placed: Placement) -> list[dict[str, Any]]:

@@ -174,8 +174,9 @@ def _check(path: Path, number: int, record: dict[str, Any],
         raise refuse(path, number, f"request_key {str(claimed_key)[:16]}... is not the key of "
                       "this receipt's tasks and components (the receipt was altered); drop "
                       "request_key to import it under the key its content gives")
-    return Line(number, record, sha(canonical_json(record)), tasks, identity, schema,
-                dict(keys.components), request, own)
+    kept = dict(keys.components) if own else {**keys.components, **dict([schema.document])}
+    return Line(number, record, sha(canonical_json(record)), tasks, identity, schema, kept,
+                request, own)  # a revision keeps its schema, so its export is rechecked
 
 
 def _unlike_components(components: Mapping[str, str], record: Mapping[str, Any],
