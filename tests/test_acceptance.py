@@ -423,6 +423,15 @@ class Owner(BaseModel):
     label: Literal["yes", "no"] = Field(title="Label")
 
 
+@pytest.mark.parametrize("extra", [
+    {"typeof": "string"}, {"deepRequired": ["/a/b"]}, {"deepProperties": {}},
+    {"properties_order": ["verdict"]}, {"items_": 3}], ids=lambda e: next(iter(e)))
+def test_a_vendor_keyword_that_extends_a_known_one_is_kept_with_a_note_not_refused(extra):
+    """ajv-keywords' ``typeof``, ``deepRequired``: no typo of ``type`` or ``required``."""
+    item = compile_schema({**LABEL_SCHEMA, **extra})
+    assert item.unknown_keywords == (f"{next(iter(extra))} (at <root>)",)
+
+
 @pytest.mark.parametrize("model", [Owner, Cat, Dog], ids=lambda m: m.__name__)
 @pytest.mark.parametrize("mode", ["validation", "serialization"])
 def test_every_json_schema_pydantic_writes_is_accepted_as_a_schema_dict(model, mode):
@@ -459,6 +468,44 @@ def test_a_crashed_validators_receipt_keeps_its_own_frames_and_none_of_batchjson
         f'File "{__file__}", line {_field_of.__code__.co_firstlineno + 1}, in _field_of',
         "  return item[name]"]
     assert f'line {line}, in _crashing_check' in result.failure_report()
+
+
+class _LabelError(Exception):
+    def __str__(self):
+        return f"bad label {self.lable!r}"  # a typo in the user's own exception class
+
+
+def _raises_unprintable(item, task):
+    raise _LabelError()
+
+
+def test_a_validator_exception_that_cannot_be_printed_is_its_error_never_the_models():
+    """Its ``__str__`` raising is the validator's bug too: a ``validator_error`` with its own
+    frames, one call, never repaired or replayed as if the model had returned nonsense."""
+    calls = []
+    session = Session(CallableProvider(lambda call: calls.append(call) or items_reply(call)))
+    result = session.run_batch("r", review_tasks(1), LABEL_SCHEMA, validator=_raises_unprintable,
+                               on_exhausted="return")
+    (error,) = only_receipt(session).errors
+    assert len(calls) == 1 and result.calls == 1 and error["type"] == "validator_error"
+    assert "validator raised _LabelError: <its __str__ raised AttributeError(" in error["message"]
+    assert error["traceback"].endswith("  raise _LabelError()")
+
+
+def _lists_every_label(item, task):
+    raise ValueError("wrong label; allowed: " + ", ".join(f"L{i}" for i in range(300_000)))
+
+
+def test_a_huge_validator_message_is_capped_where_it_is_kept_shown_and_sent_for_repair():
+    prompts = []
+    session = Session(CallableProvider(lambda call: prompts.append(call.prompt) or
+                                       items_reply(call)), repairs=1, replays=0)
+    result = session.run_batch("r", review_tasks(1), LABEL_SCHEMA, validator=_lists_every_label,
+                               on_exhausted="return")
+    kept = [e["message"] for a in session.ledger.attempts("r") for e in a.errors]
+    assert len(prompts) == 2 and len(prompts[1]) < 5_000  # the repair call is not 2.5 MB
+    assert kept and all(len(m) < 2_100 and m.endswith(" more characters cut)") for m in kept)
+    assert "characters cut)" in prompts[1] and len(result.failure_report()) < 10_000
 
 
 def test_a_deep_validator_traceback_is_capped_to_its_innermost_frames():

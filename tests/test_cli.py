@@ -545,3 +545,22 @@ def test_receipts_failed_shows_a_crashed_validators_own_frames_with_keys_masked(
     assert " ".join(x.strip() for x in lines[:at]).endswith("validator raised KeyError: 'lable'")
     assert lines[at + 1] == "            return item[\"lable\"] == \"<redacted>\""
     assert "a1b2c3" not in done.stdout and "_acceptance" not in done.stdout
+
+
+def _check_against_a_js_reference(item, task):
+    raise ValueError(f"{item['verdict']} does not match the reference " + "great \ud83d")
+
+
+def test_receipts_failed_show_a_lone_surrogate_in_a_validators_message_escaped(
+        tmp_path: Path) -> None:
+    """Half an emoji (as a JavaScript export cuts one) quoted by a validator cannot be encoded:
+    shown as its escape, in JSON as JSON's own ``\\ud83d``, never a UnicodeEncodeError."""
+    ledger = tmp_path / "js.sqlite"
+    Session(CallableProvider(items_reply), ledger=ledger, repairs=0, replays=0).run_batch(
+        "labels", review_tasks(1), LABEL_SCHEMA, validator=_check_against_a_js_reference,
+        on_exhausted="return")
+    human = bj("receipts", "labels", "--failed", "--ledger", str(ledger), cwd=tmp_path)
+    assert human.returncode == 0 and "great \\ud83d" in human.stdout, human.stderr
+    done = bj("receipts", "labels", "--failed", "--json", "--ledger", str(ledger), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)[0]["errors"][0]["message"].endswith("great \ud83d")

@@ -84,6 +84,25 @@ RUN_INPUTS = [
     ("'minimun' deep in $defs", {"schema": {**LABEL_SCHEMA, "$defs": {"n": {"anyOf": [
         {"type": "array", "items": {"type": "integer", "minimun": 0}}]}}}},
      "'minimun' at $defs/n/anyOf/0/items is not JSON Schema (did you mean 'minimum'?)"),
+    ("'Required' in a schema", {"schema": {**LABEL_SCHEMA, "Required": ["verdict"]}},
+     "(did you mean 'required'?)"),
+    # a keyword of another draft, which the schema's own draft ignores, commits what it forbids
+    ("draft-07's 'dependencies' judged as 2020-12", {"schema": {**LABEL_SCHEMA, "dependencies": {
+        "verdict": ["case_id"]}}}, "schema keyword 'dependencies' at <root> is ignored by JSON "
+     "Schema draft 2020-12, the draft this schema is judged by (its $schema, else 2020-12), so "
+     "nothing it meant would be checked: write it as 'dependentRequired' or 'dependentSchemas'"),
+    ("draft 3's 'divisibleBy' judged as 2020-12", {"schema": {**LABEL_SCHEMA, "properties": {
+        "n": {"type": "integer", "divisibleBy": 3}}}},
+     "'divisibleBy' at properties/n is ignored by JSON Schema draft 2020-12"),
+    ("'prefixItems' under a draft-07 $schema", {"schema": {
+        **LABEL_SCHEMA, "$schema": "http://json-schema.org/draft-07/schema#", "properties": {
+            "pair": {"type": "array", "prefixItems": [{"type": "string"}]}}}},
+     "write it as 'items', as draft-07 does, or set $schema to a draft that has 'prefixItems' "
+     "(draft 2020-12)"),
+    ("'dependentRequired' under a draft-07 $schema", {"schema": {
+        **LABEL_SCHEMA, "$schema": "http://json-schema.org/draft-07/schema#",
+        "dependentRequired": {"verdict": ["case_id"]}}},
+     "'dependentRequired' at <root> is ignored by JSON Schema draft-07"),
 ]
 
 

@@ -12,8 +12,9 @@ from typing import Any
 from .core import forgotten_line, money, tracebacks, usd
 
 # Control characters (ANSI escapes, carriage returns, bells) and bidirectional overrides in a
-# model's return or an imported batch name would act on the terminal instead of being read.
-_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+# model's return or an imported batch name would act on the terminal instead of being read; a
+# lone surrogate (half an emoji, as a JavaScript export writes it) cannot be encoded at all.
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 
 
 def printable(text: str) -> str:

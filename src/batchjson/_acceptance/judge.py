@@ -33,7 +33,7 @@ from .._content.strictjson import (
 from .._loop import run_sync
 from .._providers.reply import Reply, received
 from .._sources import NO_TOOL_CALL, NOT_TEXT, REFUSED, TOOL_CALL, TRUNCATED
-from .validators import clip, judged_code_raised, run_validator_async
+from .validators import clip, judged_code_raised, run_validator_async, said
 from .validators import error as _error
 
 # Asking again with the errors named can mend these; a truncated or refused return cannot be
@@ -154,7 +154,7 @@ async def judge(
         if not judged_code_raised(exc):
             raise
         return Verdict(False, errors=[_error(
-            "json", f"the return could not be judged ({type(exc).__name__}: {exc})")])
+            "json", f"the return could not be judged ({type(exc).__name__}: {said(exc)})")])
 
 
 Prepared = list[tuple[str, Any, Any, Mapping[str, Any]]]  # task_id, value, stored, task
@@ -327,7 +327,7 @@ def _validate(schema: ItemSchema, value: Any, path: str) -> tuple[Any, list[str]
         if not judged_code_raised(exc):
             raise
         return None, [f"{path}: the schema's own validation raised {type(exc).__name__}: "
-                      f"{exc}; fix the schema or its validators"], True
+                      f"{said(exc)}; fix the schema or its validators"], True
 
 
 # -- value -------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ async def run_validator_async(validator: Callable[[Any, Mapping[str, Any]], Any]
     except CountedAsCrash as exc:  # a contract that counts what was raised as a crash
         return [crashed(exc.__cause__ or exc, task_id)]
     except ValueError as exc:
-        return [error("validation", f"task {task_id!r}: {exc}", task_id)]
+        return [error("validation", f"task {task_id!r}: {said(exc)}", task_id)]
     except AssertionError as exc:  # pydantic's rule too: a failed assert rejects the item
         return [error("validation", f"task {task_id!r}: {_assertion(exc)}", task_id)]
     except BaseException as exc:  # a bug in the caller's validator, reported not retried
@@ -62,8 +62,17 @@ def crashed(exc: BaseException, task_id: str, hint: str = "") -> dict[str, Any]:
     the receipt: a bare ``KeyError: 'lable'`` does not say where)."""
     frames = validator_frames(exc)
     return error("validator_error", keys_masked(f"task {task_id!r}: validator raised "
-                                                f"{type(exc).__name__}: {exc}{hint}"),
+                                                f"{type(exc).__name__}: {said(exc)}{hint}"),
                  task_id, **({"traceback": frames} if frames else {}))
+
+
+def said(exc: BaseException) -> str:
+    """What ``exc`` says; one whose own ``__str__`` raises (a typo in a custom exception) is
+    named by that failure: it is the validator's bug, never to be blamed on the model."""
+    try:
+        return str(exc)
+    except Exception as failure:  # noqa: BLE001 - any bug in the caller's __str__
+        return f"<its __str__ raised {clip(failure)}>"
 
 
 _OWN_CODE = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
@@ -113,8 +122,8 @@ async def _awaited_ignoring(out: Any) -> None:
 def _assertion(exc: AssertionError) -> str:
     """An assert's own message, else the failing ``assert`` line as written (a repair prompt
     then tells the model which rule its answer broke)."""
-    if str(exc):
-        return str(exc)
+    if said(exc):
+        return said(exc)
     frames = traceback.extract_tb(exc.__traceback__)
     line = (frames[-1].line or "").strip() if frames else ""
     return f"{line} failed" if line.startswith("assert") else "an assert in the validator failed"
@@ -161,8 +170,16 @@ def judged_code_raised(exc: BaseException) -> bool:
     return True
 
 
+MESSAGE_CHARS = 2000
+
+
 def error(kind: str, message: str, task_id: str | None = None, **extra: Any) -> dict[str, Any]:
-    """One error of a verdict, as receipts keep it."""
+    """One error of a verdict, as receipts keep it: its message capped at ``MESSAGE_CHARS``
+    (a validator listing 300,000 allowed labels would otherwise be stored, shown and sent
+    whole in a paid repair prompt), saying how much was cut."""
+    if len(message) > MESSAGE_CHARS:
+        message = (f"{message[:MESSAGE_CHARS]}... ({len(message) - MESSAGE_CHARS:,} more "
+                   "characters cut)")
     return {"type": kind, "task_id": task_id, "message": message, **extra}
 
 

@@ -463,6 +463,9 @@ def _main(argv: list[str], out: TextIO) -> int:
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Entry point: exit codes as documented above; no traceback on a closed pipe or Ctrl-C."""
     args_in = list(sys.argv[1:] if argv is None else argv)
+    for stream in (sys.stdout, sys.stderr):  # a lone surrogate in any text (JSON, CSV, an
+        if hasattr(stream, "reconfigure"):  # error) is written as \udXXX: JSON's own escape
+            stream.reconfigure(errors="backslashreplace")
     try:
         code = _main(args_in, out or sys.stdout)
         (out or sys.stdout).flush()

@@ -172,7 +172,7 @@ def _compile_mapping(schema: Mapping[str, Any], strict_integers: bool = False) -
         where = "/".join(str(p) for p in exc.absolute_path) or "<root>"
         raise InvalidBatch(f"invalid JSON Schema at {where}: {exc.message}; fix the schema "
                            "(see json-schema.org) before running") from None
-    unknown = tuple(_unknown_keywords(js, ""))
+    unknown = tuple(_unknown_keywords(js, "", cls))
     text = json.dumps(js, sort_keys=True, separators=(",", ":"))
     fingerprint = sha(text)
     if strict_integers:
@@ -190,11 +190,23 @@ def _compile_mapping(schema: Mapping[str, Any], strict_integers: bool = False) -
 # every keyword of every JSON Schema draft's metaschema (their vocabularies included)
 KEYWORDS = frozenset(key for uri in METASCHEMAS
                      for key in (METASCHEMAS.contents(uri) or {}).get("properties", {}))
+_DRAFTS = {"draft-03": jsonschema.Draft3Validator, "draft-04": jsonschema.Draft4Validator,
+           "draft-06": jsonschema.Draft6Validator, "draft-07": jsonschema.Draft7Validator,
+           "draft 2019-09": jsonschema.Draft201909Validator,
+           "draft 2020-12": jsonschema.Draft202012Validator}
 # the keywords that constrain (an annotation's typo, ``exampels``, changes no verdict)
-_CONSTRAINTS = frozenset({"then", "else", "$defs", "definitions"}).union(*(
-    cls.VALIDATORS for cls in (jsonschema.Draft3Validator, jsonschema.Draft4Validator,
-                               jsonschema.Draft6Validator, jsonschema.Draft7Validator,
-                               jsonschema.Draft201909Validator, jsonschema.Draft202012Validator)))
+_CONSTRAINTS = frozenset({"then", "else", "$defs", "definitions"}).union(
+    *(cls.VALIDATORS for cls in _DRAFTS.values()))
+# constraints a draft reads through another keyword (draft 3's boolean ``required`` through
+# ``properties``, draft 4's boolean ``exclusiveMaximum`` through ``maximum``), never ignored
+_READ_BY_OTHERS = frozenset({"then", "else", "$defs", "definitions", "required",
+                             "exclusiveMaximum", "exclusiveMinimum"})
+# what a draft that ignores a keyword writes instead
+_RENAMED = {"dependencies": ("dependentRequired", "dependentSchemas"),
+            "dependentRequired": ("dependencies",), "dependentSchemas": ("dependencies",),
+            "prefixItems": ("items",), "additionalItems": ("items",),
+            "divisibleBy": ("multipleOf",), "extends": ("allOf",), "disallow": ("not",),
+            "$recursiveRef": ("$dynamicRef",), "$dynamicRef": ("$recursiveRef",)}
 _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions",
                    "dependentSchemas", "dependencies")
 _SUBSCHEMAS = ("items", "prefixItems", "additionalItems", "contains", "additionalProperties",
@@ -202,21 +214,24 @@ _SUBSCHEMAS = ("items", "prefixItems", "additionalItems", "contains", "additiona
                "oneOf", "not", "if", "then", "else", "contentSchema", "extends", "disallow")
 
 
-def _unknown_keywords(node: Any, where: str) -> Iterator[str]:
+def _unknown_keywords(node: Any, where: str, cls: Any) -> Iterator[str]:
     """Each keyword of ``node`` and its subschemas that no draft defines, as ``keyword (at
-    path)``; a near miss of a constraint (``requried``) is refused: a validator ignores it, so
-    the check it was meant to be would silently never run."""
+    path)``. Refused: a near miss of a constraint (``requried``), and a constraint of another
+    draft that the schema's own draft ``cls`` ignores (``dependencies`` in 2020-12): its
+    validator would skip it, so the check it was meant to be would silently never run."""
     if not isinstance(node, Mapping):
         return
     for key, value in node.items():
         here = f"{where}/{key}" if where else key
+        if key in _CONSTRAINTS and key not in cls.VALIDATORS and key not in _READ_BY_OTHERS:
+            raise InvalidBatch(_ignored_by_draft(key, where, cls))
         if key in _SUBSCHEMA_MAPS and isinstance(value, Mapping):
             for name, child in value.items():
-                yield from _unknown_keywords(child, f"{here}/{name}")
+                yield from _unknown_keywords(child, f"{here}/{name}", cls)
         elif key in _SUBSCHEMAS:
             for index, child in enumerate(value if isinstance(value, list) else [value]):
                 yield from _unknown_keywords(child, f"{here}/{index}"
-                                             if isinstance(value, list) else here)
+                                             if isinstance(value, list) else here, cls)
         elif key not in KEYWORDS:
             near = None if key.startswith("x-") else near_miss(key, _CONSTRAINTS)
             if near is not None:
@@ -226,9 +241,39 @@ def _unknown_keywords(node: Any, where: str) -> Iterator[str]:
             yield f"{key} (at {where or '<root>'})"
 
 
+def _ignored_by_draft(key: str, where: str, cls: Any) -> str:
+    """Why a constraint the schema's own draft ignores is refused, and the fix."""
+    draft = next((name for name, each in _DRAFTS.items() if each is cls), cls.__name__)
+    has = [name for name, each in _DRAFTS.items() if key in each.VALIDATORS]
+    ours = " or ".join(repr(k) for k in _RENAMED.get(key, ()) if k in cls.VALIDATORS)
+    return (f"schema keyword {key!r} at {where or '<root>'} is ignored by JSON Schema {draft}, "
+            "the draft this schema is judged by (its $schema, else 2020-12), so nothing it "
+            "meant would be checked: "
+            + (f"write it as {ours}, as {draft} does, or " if ours else "")
+            + f"set $schema to a draft that has {key!r} ({', '.join(has)})")
+
+
 def near_miss(word: str, known: Iterable[str]) -> str | None:
-    """The one of ``known`` that ``word`` is a likely typo of (``enun``: ``enum``), if any."""
-    return next(iter(difflib.get_close_matches(word, known, n=1, cutoff=0.75)), None)
+    """The one of ``known`` that ``word`` is a likely typo of (``enun``: ``enum``,
+    ``Required``: ``required``), if any: at most one edit away (two for a word over four
+    letters), and not a known word extended (``typeof``, ``items_``: vendors' own keywords)."""
+    for close in difflib.get_close_matches(word, known, n=3, cutoff=0.75):
+        if close not in word and _edits(word, close) <= (1 if len(close) <= 4 else 2):
+            return close
+    return None
+
+
+def _edits(a: str, b: str) -> int:
+    """Edits (insert, delete, replace, swap neighbours) from ``a`` to ``b``."""
+    before, last = [], list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        row = [i]
+        for j, y in enumerate(b, 1):
+            row.append(min(last[j] + 1, row[j - 1] + 1, last[j - 1] + (x != y)))
+            if i > 1 and j > 1 and x == b[j - 2] and a[i - 2] == y:
+                row[j] = min(row[j], before[j - 2] + 1)
+        before, last = last, row
+    return last[-1]
 
 
 _DECIMAL = re.compile(r"Decimal\('([^']*)'\)")
