@@ -457,3 +457,91 @@ def test_key_fragments_are_masked_in_provider_text_and_nothing_else_is() -> None
     for text in ("sk-1", "sk-", "task-abc***d", "gpt-4o-mini *** later", "mask-ant-***x",
                  "ask-me...", "a sk-abc."):
         assert keys_masked(text) == text
+
+
+OLD_KEY = "sk-proj-" + "OLDKEY0123456789abcdefghijklmnopqrstuvwxyzABCD"
+# What a provider or a gateway in front of it may answer with another key in it, and where.
+LEAKY_ANSWERS = {
+    "error.code": (401, lambda p: web_page(json.dumps({"error": {
+        "type": "authentication_error", "message": "bad key", "code": OLD_KEY}}), 401)),
+    "error.type": (401, lambda p: error_response_of(p, "bad key", kind=OLD_KEY)),
+    "200 web page": (200, lambda p: web_page(f"<html>proxy: key {OLD_KEY} not allowed</html>")),
+    "glued to a word": (401, lambda p: error_response_of(p, f"bad api_key_{OLD_KEY}")),
+    "after =": (401, lambda p: error_response_of(p, f"bad key={OLD_KEY}.")),
+    "Perplexity key": (401, lambda p: error_response_of(p, "bad key pplx-" + OLD_KEY[8:])),
+    "bare hex": (401, lambda p: error_response_of(p, f"bad key {OTHER['32-hex']}")),
+    "at the cut": (401, lambda p: error_response_of(p, "x" * 481 + " " + OLD_KEY)),
+}
+
+
+def error_response_of(protocol: str, message: str, **kwargs: Any) -> Any:
+    from batchjson.testing._wire import error_response
+
+    return error_response(protocol, 401, message, **kwargs)
+
+
+def web_page(text: str, status: int = 200) -> Any:
+    from aiohttp import web
+
+    return web.Response(status=status, text=text, content_type="text/html")
+
+
+class LeakyServer(LoopbackServer):
+    """Every request is answered with one of :data:`LEAKY_ANSWERS`."""
+
+    def __init__(self, leak: str) -> None:
+        super().__init__(SimulatedModel(answer=answer))
+        self.leak = leak
+
+    async def _early(self, request: Any, fault: Any, key: Any, protocol: str) -> Any:
+        return LEAKY_ANSWERS[self.leak][1](protocol)
+
+
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+@pytest.mark.parametrize("leak", sorted(LEAKY_ANSWERS))
+def test_another_key_in_an_errors_code_a_web_page_or_glued_to_a_word_is_never_stored(
+        leak: str, protocol: str, tmp_path: Path, capsys: Any) -> None:
+    """The shape rule masked a key in an error's message only: one in its code or type (shown
+    as ``[code]``), in a 200 web page, glued to a word, of another vendor or as bare hex, or
+    cut short at the message's 500 characters, was stored and shown as sent."""
+    ledger = tmp_path / "ledger.sqlite"
+    make, _, base = PROTOCOLS[protocol]
+    with LeakyServer(leak) as srv:
+        session = Session(make(base(srv)), ledger=ledger, repairs=0, replays=0,
+                          transport_retries=0)
+        result = session.run_batch("keys", review_tasks(2), LABEL_SCHEMA, pack=2,
+                                   on_exhausted="return")
+    said = json.dumps(list(result.errors))
+    assert f"HTTP {LEAKY_ANSWERS[leak][0]}" in said and "<redacted>" in said
+    shown = everything_shown(ledger, session, result, capsys)
+    for key in (OLD_KEY, OTHER["32-hex"]):
+        assert_absent(key, shown)
+        assert key[8:18] not in shown
+
+
+def test_glued_keys_and_bare_hex_are_masked_in_provider_text_alone() -> None:
+    from batchjson._secrets import keys_masked, provider_text_masked
+
+    digest = OTHER["32-hex"]
+    for glued in (f"api_key_{OLD_KEY}", f"key-{OLD_KEY}", f'"{OLD_KEY}"', f"k:{OLD_KEY}"):
+        assert OLD_KEY not in provider_text_masked(f"bad {glued}."), glued
+    assert provider_text_masked(f"key {digest}.") == "key <redacted>."
+    assert provider_text_masked("pplx-" + "a1B2" * 8) == "<redacted>"
+    for text in ("task-abc", "ask-me-again", "risk-assessment-framework-for-teams",
+                 "see request ID req_" + digest, "task-" + "a1" * 3, "gpt-4o-mini"):
+        assert provider_text_masked(text) == text, text
+    assert keys_masked(f"digest {digest}") == f"digest {digest}"  # elsewhere hex is a digest
+
+
+def test_an_answer_holding_key_shaped_text_is_stored_byte_for_byte() -> None:
+    """Masking is for a provider's own words: the model's answer is kept as it returned it."""
+    said = f"api_key_{OLD_KEY} {OTHER['32-hex']} pplx-{OLD_KEY[8:]}"
+
+    def reply(call: Any) -> str:
+        return json.dumps({"items": [{"task_id": t["task_id"], "candidate_id": t["candidate_id"],
+                                      "verdict": "match", "note": said} for t in call.tasks]})
+
+    session = Session(CallableProvider(reply), ledger=":memory:")
+    result = session.run_batch("kept", review_tasks(2), LABEL_SCHEMA, pack=2)
+    assert result.status == "resolved"
+    assert all(said in receipt.raw for receipt in session.ledger.attempts("kept"))

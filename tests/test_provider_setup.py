@@ -16,6 +16,7 @@ from batchjson._providers.base import Call, Reply
 from batchjson._providers.openai import OpenAIProvider
 from batchjson._providers.reply import received
 from batchjson._providers.select import make_provider, provider_label
+from batchjson.testing import LoopbackServer
 from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
 
 KEYS = ("sk-proj-Q1w2E3r4T5y6U7i8O9p0AsDfGhJkL", "sk-ant-api03-abcdefghijklmnop0123456789",
@@ -271,3 +272,34 @@ def test_a_token_count_is_a_whole_number_up_to_a_billion():
     for odd in (10**9 + 1, float(ABSURD), "1" * 5000, "\u00b2", str(ABSURD), -1):
         assert received(Reply("{}", input_tokens=odd)).input_tokens is None, odd
     assert received(Reply("{}", input_tokens=10**9, output_tokens="7")).tokens == 10**9 + 7
+
+
+class ImpossibleCacheRead(LoopbackServer):
+    """OpenAI answers saying 10^9 of a few hundred prompt tokens were read from the cache."""
+
+    async def _send(self, request: Any, payload: dict[str, Any], fault: Any) -> Any:
+        payload["usage"]["prompt_tokens_details"]["cached_tokens"] = 10**9
+        return await super()._send(request, payload, fault)
+
+
+@pytest.mark.parametrize("protocol", ["openai", "callable"])
+def test_more_cached_tokens_than_prompt_tokens_are_unknown_and_noted(protocol: str):
+    """``cached_tokens`` 10^9 against 236 prompt tokens was stored as reported, in silence,
+    and the call priced as if its whole prompt came from the cache."""
+    from batchjson._providers.pricing import cost_of
+    from tests.helpers import openai
+
+    if protocol == "callable":
+        session = Session(CallableProvider(lambda call: Reply(
+            items_reply(call), input_tokens=236, output_tokens=9, cached_tokens=10**9)))
+        result = session.run_batch("r", review_tasks(2), LABEL_SCHEMA)
+    else:
+        with ImpossibleCacheRead() as srv:
+            session = Session(openai(srv))
+            result = session.run_batch("r", review_tasks(4), LABEL_SCHEMA, pack=2)
+    assert result.status == "resolved"
+    receipts = session.ledger.attempts("r")
+    assert {r.cached_tokens for r in receipts} == {None}
+    assert all(r.input_tokens and r.output_tokens for r in receipts)  # what is known is kept
+    assert any("usage no call can have" in note for note in result.notes)
+    assert cost_of("gpt-4o-mini", 236, 9, 10**9) == cost_of("gpt-4o-mini", 236, 9, 0)

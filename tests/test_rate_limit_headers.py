@@ -7,6 +7,7 @@ import asyncio
 import json
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import openai
@@ -162,3 +163,45 @@ def test_a_429_from_the_server_reaches_the_replay_loop_with_the_reset_as_its_wai
 
     wait = asyncio.run(go())
     assert wait is not None and 55 < wait <= 60  # the request bucket's reset, not a guess
+
+
+class UnreadableLimitsServer(LoopbackServer):
+    """Every answer (a 429 too) carries rate-limit headers no one can read: ``²`` passes
+    ``str.isdigit`` but not ``int``, 5000 digits exceed ``int``'s conversion limit."""
+
+    def __init__(self, value: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.value = value
+
+    def _stamp(self, request: Any, response: Any) -> None:
+        for family in ("x-ratelimit-{}-requests", "x-ratelimit-{}-tokens",
+                       "anthropic-ratelimit-requests-{}", "anthropic-ratelimit-tokens-{}"):
+            for part in ("limit", "remaining", "reset"):
+                response.headers[family.format(part)] = self.value
+        response.headers["retry-after"] = response.headers["retry-after-ms"] = self.value
+        super()._stamp(request, response)
+
+
+@pytest.mark.parametrize("protocol", ["openai", "anthropic"])
+@pytest.mark.parametrize("value", ["\u00b2", "9" * 5000, "\u0661\u0662s"])
+def test_an_unreadable_rate_limit_header_is_unknown_and_the_paid_answer_is_used(
+        protocol: str, value: str) -> None:
+    """Such a header raised ValueError inside the HTTP exchange: the billed 200 answer was
+    discarded as "the request could not be sent", and a 429 carrying it ended the run."""
+    from batchjson import Session
+    from batchjson.testing import HttpFaults
+    from tests.helpers import LABEL_SCHEMA, anthropic, review_tasks
+    from tests.helpers import openai as openai_provider
+
+    make = openai_provider if protocol == "openai" else anthropic
+    with UnreadableLimitsServer(value, faults=HttpFaults(script={1: "429"},
+                                                         retry_after=None)) as srv:
+        session = Session(make(srv), ledger=":memory:", max_rate_wait=2.0)
+        result = session.run_batch("b", review_tasks(2), LABEL_SCHEMA, pack=2,
+                                   on_exhausted="return")
+    assert (srv.responses[429], srv.responses[200]) == (1, 1)
+    assert result.status == "resolved" and len(result.values) == 2
+    assert [r.status for r in session.ledger.attempts("b")][-1] == "accepted"
+    assert reported({"x-ratelimit-limit-tokens": value}) == reported({})
+    assert retry_wait({"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": value,
+                       "retry-after": value}) is None

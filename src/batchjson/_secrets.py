@@ -16,7 +16,8 @@ Two kinds of rule, kept apart on purpose:
   values, request ids or batchjson's own digests, which may look the same and must be shown as
   they are. In a provider's error text alone, a key's fragment is masked wherever it stands,
   whole or as the masked echo a provider shows (``sk-VKMIs***…wjh3``), whichever key it is
-  (:func:`keys_masked`): a provider echoes the key it received, perhaps an old one.
+  (:func:`keys_masked`): a provider echoes the key it received, perhaps an old one. There too
+  a key glued to a word and bare hex keys are masked (:func:`provider_text_masked`).
 """
 
 from __future__ import annotations
@@ -33,17 +34,24 @@ REDACTED = "<redacted>"
 MIN_MASKED = 4  # shorter secret values are masked only inside the URL that carries them
 
 # The whole value of a key people paste: a vendor's prefix (OpenAI sk-/sk-proj-, Anthropic
-# sk-ant-, Groq, Hugging Face, Google, xAI, GitHub, Replicate, session tokens), perhaps as a
+# sk-ant-, Groq, Hugging Face, Google, xAI, GitHub, Replicate, session tokens, Perplexity,
+# NVIDIA, GitLab), perhaps as a
 # bearer header, then at least 16 key characters; 32 or more hex digits (Azure and many
 # gateways); a UUID. Nothing else: a typo, a spaced name or a build id is a name.
-_VENDOR_KEY = r"(?:sk-|sk_|gsk_|hf_|AIza|xai-|ghp_|gho_|r8_|sess-|pk-)[\w-]{16,}"
+_PREFIX = r"(?:sk-|sk_|gsk_|hf_|AIza|xai-|ghp_|gho_|r8_|sess-|pk-|pplx-|nvapi-|glpat-)"
+_VENDOR_KEY = _PREFIX + r"[\w-]{16,}"
 _KEY_SHAPE = re.compile(
     rf"^(?:bearer\s+)?(?:{_VENDOR_KEY}"
     r"|[0-9a-f]{32,}|[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12})$", re.IGNORECASE | re.ASCII)
 _MASK_MARK = r"(?:[*\u2022\u2026]|\.{3})"  # what a provider's echo hides a key's middle with
-_KEY_FRAGMENT = re.compile(
-    r"(?<![\w-])(?:sk-|sk_|gsk_|hf_|AIza|xai-|ghp_|gho_|r8_|sess-|pk-)"
-    rf"(?:[\w-]*{_MASK_MARK}+(?:[\w-]|{_MASK_MARK})*|[\w-]{{16,}})", re.ASCII)
+_FRAGMENT = (rf"(?<![\w-]){_PREFIX}"
+             rf"(?:[\w-]*{_MASK_MARK}+(?:[\w-]|{_MASK_MARK})*|[\w-]{{16,}})")
+_KEY_FRAGMENT = re.compile(_FRAGMENT, re.ASCII)
+# In a provider's error text only: a key glued to a word (``api_key_sk-proj-...``: 16 or more
+# key characters, a digit among them, so ``task-abc`` or ``risk-assessment-framework`` stay)
+# and bare 32+ hex digits (Azure's keys; anywhere else hex is a digest, shown as it is).
+_PROVIDER_FRAGMENT = re.compile(rf"{_FRAGMENT}|(?<=[\w-]){_PREFIX}(?=[\w-]*\d)[\w-]{{16,}}"
+                                r"|(?<![\w-])[0-9a-fA-F]{32,}(?![\w-])", re.ASCII)
 
 
 def looks_like_key(text: str) -> bool:
@@ -60,6 +68,12 @@ def keys_masked(text: str) -> str:
     """``text`` with each vendor-prefixed key in it masked, wherever it stands, whole or as a
     provider echoes it (``sk-VKMIs***...wjh3``), matching the configured key or not."""
     return _KEY_FRAGMENT.sub(REDACTED, text)
+
+
+def provider_text_masked(text: str) -> str:
+    """A provider's own (error) text as batchjson may store and show it: :func:`keys_masked`,
+    and keys glued to a word or written as bare hex. Never the model's answer text."""
+    return _PROVIDER_FRAGMENT.sub(REDACTED, text)
 
 
 def shown_value(text: str) -> str:

@@ -27,6 +27,7 @@ from .._secrets import (
     check_name,
     looks_like_key,
     masked,
+    provider_text_masked,
     public_query,
     public_url,
 )
@@ -157,7 +158,7 @@ def decoded(raw: bytes, status: int, resp_headers: Mapping[str, str], provider: 
     except (ValueError, UnicodeDecodeError, RecursionError):
         data = None
     if not isinstance(data, dict):
-        snippet = secrets.mask(raw[:120].decode("utf-8", "replace"))
+        snippet = provider_text_masked(secrets.mask(raw[:4096].decode("utf-8", "replace")))[:120]
         if raw.lstrip()[:1] == b"{":  # JSON that stops short: the connection cut it off
             raise ProviderError(f"{provider}: HTTP {status} body is not a JSON object "
                                 f"({len(raw)} bytes, starts {snippet!r}); likely truncated",

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._errors import ProviderError
-from .._secrets import keys_masked
+from .._secrets import provider_text_masked
 from ._http import ITEMS_NAME, WRAPPED_VALUE
 from .base import Call
 from .batch_client import BatchClient, OutputLines
@@ -101,8 +101,8 @@ class AnthropicBatches(BatchClient):
         if kind == "errored":
             error = ((result.get("error") or {}).get("error") or {})
             status = ERROR_STATUS.get(error.get("type"), 500)
-            return ProviderError(f"anthropic batch line errored: {error.get('type')}: "
-                                 f"{keys_masked(str(error.get('message')))}",
+            said = f"{error.get('type')}: {error.get('message')}"
+            return ProviderError(f"anthropic batch line errored: {provider_text_masked(said)}",
                                  status=status,
                                  retryable=status >= 500 or status == 429)
         if kind in ("canceled", "expired"):

@@ -16,7 +16,7 @@ import json
 from collections.abc import Mapping
 
 from .._errors import ProviderError
-from .._secrets import Secrets, keys_masked
+from .._secrets import Secrets, provider_text_masked
 from .ratelimits import retry_after, retry_wait
 
 QUOTA_CODES = frozenset({"insufficient_quota", "billing_hard_limit_reached", "billing_error",
@@ -57,12 +57,17 @@ def is_retryable_status(status: int) -> bool:
 
 
 def error_message(raw: bytes) -> tuple[str, str | None]:
-    """The provider's own message and error code/type from an error body, if it has them."""
+    """The provider's own message and error code/type from an error body, if it has them,
+    key fragments masked before any of it is cut short."""
+    message, code, cut = _error_words(raw)
+    return provider_text_masked(message)[:cut], (provider_text_masked(code) if code else None)
+
+
+def _error_words(raw: bytes) -> tuple[str, str | None, int]:
     try:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
-        text = raw[:300].decode("utf-8", "replace").strip()
-        return (text or "<empty body>"), None
+        return raw[:65536].decode("utf-8", "replace").strip() or "<empty body>", None, 300
     if isinstance(data, Mapping):
         err = data.get("error", data)
         if isinstance(err, Mapping):
@@ -71,12 +76,12 @@ def error_message(raw: bytes) -> tuple[str, str | None]:
             code = ((details.get("error_code") if isinstance(details, Mapping) else None)
                     or err.get("code") or err.get("type"))
             if msg:
-                return str(msg)[:500], (str(code) if code else None)
+                return str(msg), (str(code) if code else None), 500
         elif isinstance(err, str):
-            return err[:500], None
+            return err, None, 500
         if data.get("detail"):
-            return str(data["detail"])[:500], None
-    return json.dumps(data)[:300], None
+            return str(data["detail"]), None, 500
+    return json.dumps(data, ensure_ascii=False), None, 300
 
 
 _STATUS_HINTS = {
@@ -95,7 +100,7 @@ def http_error(provider: str, status: int, headers: Mapping[str, str], raw: byte
     retryable = is_retryable_status(status) if advice is None else advice
     stop = run_stop(provider, status, code, message, headers)  # out of credit: stop the run
     hint = _STATUS_HINTS.get(status, "")
-    text = f"{provider} HTTP {status}: {keys_masked(message)}"
+    text = f"{provider} HTTP {status}: {message}"
     if code:
         text += f" [{code}]"
     if stop or hint:

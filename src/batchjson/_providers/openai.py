@@ -14,6 +14,7 @@ from typing import Any, Literal, get_args
 
 from .._canon import show_as
 from .._errors import ProviderError, ProviderSetupError
+from .._secrets import provider_text_masked
 from .._sources import REFUSED, TOOL_CALL, TRUNCATED
 from ._http import HttpProvider, as_int, object_schema
 from .base import Call
@@ -167,7 +168,8 @@ class OpenAIProvider(HttpProvider):
         ``price_factor`` scales its cost (batch prices)."""
         choices = data.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            detail = self._secrets.mask(json.dumps(data)[:200])
+            detail = json.dumps(data, ensure_ascii=False)
+            detail = provider_text_masked(self._secrets.mask(detail))[:200]
             raise ProviderError(f"openai: response has no choices: {detail}", status=200,
                                 retryable=True)
         message = choices[0].get("message") or {}

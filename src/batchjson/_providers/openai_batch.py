@@ -16,7 +16,7 @@ from urllib.parse import quote
 import aiohttp
 
 from .._errors import ProviderError
-from .._secrets import keys_masked
+from .._secrets import provider_text_masked
 from ._http import http_error
 from .base import Call
 from .batch_client import BatchClient, OutputLines
@@ -86,9 +86,9 @@ class OpenAIBatches(BatchClient):
         if batch.get("status") != "failed":
             return None
         errors = (batch.get("errors") or {}).get("data") or []
-        words = "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors
-                          if isinstance(e, dict)) or "no reason given"
-        return words
+        return provider_text_masked("; ".join(f"{e.get('code')}: {e.get('message')}"
+                                              for e in errors if isinstance(e, dict))
+                                    or "no reason given")
 
     @staticmethod
     def too_large(batch: Mapping[str, Any]) -> bool:
@@ -118,9 +118,8 @@ class OpenAIBatches(BatchClient):
                 return http_error("openai", status, {}, json.dumps(body).encode(),
                                   self.provider._secrets, self.provider.key_env)
             what = error if isinstance(error, dict) else {"message": str(error)}
-            said = keys_masked(str(what.get('message') or 'no response'))
-            return ProviderError(f"openai batch line failed: {what.get('code') or ''} "
-                                 f"{said}".strip(),
+            said = f"{what.get('code') or ''} {what.get('message') or 'no response'}"
+            return ProviderError(f"openai batch line failed: {provider_text_masked(said.strip())}",
                                  status=status, retryable=True)
         if not isinstance(body, dict):
             return ProviderError("openai batch line has no response body", status=status,

@@ -187,12 +187,14 @@ def cost_of(model: str | None, input_tokens: int | None, output_tokens: int | No
 
     ``input_tokens`` counts every prompt token, cached ones included (OpenAI's convention);
     ``cached_tokens`` of them are billed at the cache-read price and ``cache_write_tokens`` at
-    the cache-write price.
+    the cache-write price. An impossible cache read (above ``input_tokens``) is priced as none:
+    the full input price, never the cheapest guess.
     """
     price = price_for(model, overrides)
     if price is None or input_tokens is None or output_tokens is None:
         return None
-    cached = min(max(cached_tokens or 0, 0), input_tokens)
+    cached = cached_tokens or 0
+    cached = cached if 0 <= cached <= input_tokens else 0  # an impossible read: unknown
     written = min(max(cache_write_tokens or 0, 0), input_tokens - cached)
     if price.max_input_tokens is not None and input_tokens > price.max_input_tokens:
         return None

@@ -176,10 +176,12 @@ def _header(headers: Mapping[str, str], name: str) -> str | None:
     if value is None and not hasattr(headers, "getall"):  # a plain dict: any case
         lowered = name.lower()
         value = next((v for k, v in headers.items() if k.lower() == lowered), None)
-    return value.strip() if isinstance(value, str) else None
+    # a header is ASCII; any other text (``²``, ``١``) is unknown, never an exception
+    return value.strip() if isinstance(value, str) and value.isascii() else None
 
 
 def _whole(value: Any) -> int | None:
-    if isinstance(value, str) and value.isdigit():
+    """A count of sane length (5000 digits overflow ``int``: unknown)."""
+    if isinstance(value, str) and value.isdigit() and len(value) <= 18:
         return int(value)
     return None

@@ -57,7 +57,8 @@ def received(out: Any, output_cap: int | None = None) -> Reply:
 
     A ``str`` is the answer with its usage unknown. Usage is bookkeeping, never a reason to lose
     a paid-for return: a count given as a numeric string or a whole float is read as a number,
-    anything else (negative, bool, NaN, garbage, more than :data:`MOST_TOKENS`) is unknown and
+    anything else (negative, bool, NaN, garbage, more than :data:`MOST_TOKENS`, cached tokens
+    above the input tokens they are part of) is unknown and
     kept in ``extra["unreadable_usage"]``, for the run to name. Text that is not a ``str`` is
     kept as text with ``stop`` :data:`NOT_TEXT`, so acceptance rejects it and the receipt keeps
     it. A reply that says nothing of how it ended but used every output token of ``output_cap``
@@ -78,6 +79,9 @@ def received(out: Any, output_cap: int | None = None) -> Reply:
         counts[name] = _count(value)
         if counts[name] is None and value is not None:
             odd[name] = repr(value)[:80]
+    cached, sent = counts["cached_tokens"], counts["input_tokens"]
+    if cached is not None and sent is not None and cached > sent:  # more read than was sent
+        odd["cached_tokens"], counts["cached_tokens"] = f"{cached} > input_tokens {sent}", None
     cost = _money(getattr(out, "cost", None))
     if cost is None and getattr(out, "cost", None) is not None:
         odd["cost"] = repr(out.cost)[:80]
