@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._content.keys import Keys, answer_source
 from .._content.schema import ItemSchema, compile_schema
@@ -26,10 +26,8 @@ from .._errors import BatchJsonError
 from .._fingerprint.fingerprint import fingerprint_function
 from .._ledger.records import Revision
 from .._ledger.store import Store
+from .runtime import Runtime
 from .spec import RunSpec
-
-if TYPE_CHECKING:
-    from .session import Session
 
 
 @dataclass(frozen=True)
@@ -55,12 +53,12 @@ def remember_file(store: Store, digest: str, tasks_component: str,
     store.record_task_file(digest, tasks_component, len(tasks), list(fields))
 
 
-def find_completed(session: Session, spec: RunSpec) -> Completed | None:
+def find_completed(rt: Runtime, spec: RunSpec) -> Completed | None:
     """The finished revision of ``spec`` when its tasks file was seen before and nothing of
     it is owed; None when the full path must run."""
     if not is_task_file(spec.tasks):
         return None
-    store = session.ledger.store
+    store = rt.ledger.store
     digest = file_digest(spec.tasks)
     memo = store.task_file(digest) if digest else None
     if memo is None:
@@ -69,12 +67,12 @@ def find_completed(session: Session, spec: RunSpec) -> Completed | None:
         schema = compile_schema(spec.schema)
     except BatchJsonError:  # the full path says what is wrong, in its own order
         return None
-    validator = _validator_digest(session, spec)
+    validator = _validator_digest(rt, spec)
     if schema.unseen or validator is None:
         return None
     tasks_component, count, fields = memo
     identity = normalize_identity(spec.identity)
-    provider = session.provider
+    provider = rt.provider
     source = answer_source(provider)
     keys = Keys.compose((), schema, validator, spec.pack, spec.instructions, identity,
                         spec.mode, source, digest=tasks_component)
@@ -86,12 +84,12 @@ def find_completed(session: Session, spec: RunSpec) -> Completed | None:
                      identity, provider, source)
 
 
-def _validator_digest(session: Session, spec: RunSpec) -> str | None:
+def _validator_digest(rt: Runtime, spec: RunSpec) -> str | None:
     """The validator's fingerprint digest ("none" without one), or None when what it reads
     cannot all be seen (its answers are re-judged on every run)."""
     if spec.validator is None:
         return "none"
-    handed = session.validators.handed_over(spec.validator, spec.validator_name)
+    handed = rt.validators.handed_over(spec.validator, spec.validator_name)
     fingerprint = (handed.fingerprint if handed is not None else
                    fingerprint_function(spec.validator))
     return None if fingerprint.partial else fingerprint.digest

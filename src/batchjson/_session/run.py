@@ -1,6 +1,6 @@
 """A run as a pipeline: check, judge with, key, re-judge, plan, record, send, report.
 
-``run_spec(session, spec)`` is the whole of ``Session.run``: each step is one short function over a
+``run_spec(rt, spec)`` is the whole of ``Session.run``: each step is one short function over a
 :class:`Run`, the record of what the run has learned so far, and nothing is recorded or spent
 before the spec's inputs and the plan's budget and fit have been checked.
 """
@@ -11,7 +11,7 @@ import asyncio
 import inspect
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._acceptance.validators import droste_verdicts
 from .._content.keys import Keys, answer_source
@@ -30,11 +30,9 @@ from .registry import ValidatorVersion
 from .rejudge import UNSEEN, Judging, clear_sourceless, unseen_token
 from .result import BatchResult, TaskAttempts
 from .resume import Completed, find_completed, remember_file
+from .runtime import Runtime
 from .spec import CheckedRun, RunSpec
 from .values import result_values
-
-if TYPE_CHECKING:
-    from .session import Session
 
 
 @dataclass
@@ -64,30 +62,30 @@ class Run:
     jobs: JobsOutcome | None = None  # the batch jobs holding this run's requests
 
 
-def run_spec(session: Session, spec: RunSpec) -> BatchResult:
+def run_spec(rt: Runtime, spec: RunSpec) -> BatchResult:
     """Resolve every task of ``spec`` or say exactly what is still owed."""
-    finished = find_completed(session, spec)  # a tasks file's finished run: nothing to read
+    finished = find_completed(rt, spec)  # a tasks file's finished run: nothing to read
     if finished is not None:
-        return report_completed(session, spec, finished)
+        return report_completed(rt, spec, finished)
     content = spec.checked()  # every input check, before anything is recorded or spent
-    provider = session.provider  # refused here when none is configured
+    provider = rt.provider  # refused here when none is configured
     state = Run(spec, content, provider, answer_source(provider))
-    judge_with(session, state)
+    judge_with(rt, state)
     judging = Judging(spec.mode, content.identity, content.schema, state.checker,
-                      session._loop.run)  # how stored answers are judged again
+                      rt.loop.run)  # how stored answers are judged again
     compose_keys(state)
-    done = finished_revision(session, state)
+    done = finished_revision(rt, state)
     if done is not None:  # every request of this content accepted: nothing to plan or send
-        return report_completed(session, spec, done, state)
-    find_requests(session, state, judging)
-    window.survey(session, state, judging)  # earlier returns re-judged, what is owed: no call
-    plan, spender = plan_calls(session, state)
-    revision = record_revision(session, state, plan)
-    outcome = send(session, state, plan, spender, revision)
+        return report_completed(rt, spec, done, state)
+    find_requests(rt, state, judging)
+    window.survey(rt, state, judging)  # earlier returns re-judged, what is owed: no call
+    plan, spender = plan_calls(rt, state)
+    revision = record_revision(rt, state, plan)
+    outcome = send(rt, state, plan, spender, revision)
     if state.sourceless_of:  # imported requests of unknown source this run answered
-        clear_sourceless(session.ledger.store, judging, state.owed, state.sourceless_of,
+        clear_sourceless(rt.ledger.store, judging, state.owed, state.sourceless_of,
                          state.source)
-    result = report(session, state, revision, outcome)
+    result = report(rt, state, revision, outcome)
     if state.jobs is not None:  # pending while a job holds a request: never BatchUnresolved
         batches.report(result, state.jobs)
     if result.status not in ("resolved", "pending") and spec.on_exhausted == "raise":
@@ -95,21 +93,21 @@ def run_spec(session: Session, spec: RunSpec) -> BatchResult:
     return result
 
 
-def judge_with(session: Session, state: Run) -> None:
+def judge_with(rt: Runtime, state: Run) -> None:
     """The validator's version (registered now, or handed over by the helper that registered
     it a moment ago) and the checker acceptance calls."""
     spec, validator = state.spec, state.spec.validator
-    handed = session.validators.handed_over(validator, spec.validator_name, take=True)
+    handed = rt.validators.handed_over(validator, spec.validator_name, take=True)
     if validator is None:
         return
     if handed is not None:
         state.version = handed
     else:  # a new version says what changed (its code, a file it reads)
-        definition = session.validators.register(validator, name=spec.validator_name)
+        definition = rt.validators.register(validator, name=spec.validator_name)
         state.version = definition.record
         if definition.kind == "changed":
             state.notes.append(definition.message)
-    state.checker = checker_of(state.version, spec.validator_args, session.transport.timeout)
+    state.checker = checker_of(state.version, spec.validator_args, rt.transport.timeout)
 
 
 def checker_of(version: ValidatorVersion, validator_args: str | None,
@@ -134,27 +132,27 @@ def compose_keys(state: Run) -> None:
                    ] + [f"schema: {u}" for u in content.schema.unseen]
 
 
-def finished_revision(session: Session, state: Run) -> Completed | None:
+def finished_revision(rt: Runtime, state: Run) -> Completed | None:
     """The current revision of exactly this content when every request of it is accepted and
     its judging is fully fingerprinted: a resume of tasks from a list or a generator then
     builds no request and reads no key (a tasks file's run is remembered by its bytes)."""
     if state.blind or state.content.file_digest is not None:
         return None
-    done = session.ledger.store.completed_revision(state.spec.name, state.keys.revision)
+    done = rt.ledger.store.completed_revision(state.spec.name, state.keys.revision)
     if done is None:
         return None
     revision_id, _, leaves = done
-    return Completed(session.ledger.store.revision_by_id(revision_id), leaves,
+    return Completed(rt.ledger.store.revision_by_id(revision_id), leaves,
                      len(state.content.tasks), [], state.content.schema,
                      state.content.identity, state.provider, state.source)
 
 
-def find_requests(session: Session, state: Run, judging: Judging) -> None:
+def find_requests(rt: Runtime, state: Run, judging: Judging) -> None:
     """The run's revision when one is on record (its requests are then read from the
     ledger). Judging no fingerprint fully sees moves on to a revision naming the answers that
     no longer pass: it re-judges every accepted request of the revision, so that one step
     holds them all."""
-    spec, store = state.spec, session.ledger.store
+    spec, store = state.spec, rt.ledger.store
     while True:
         state.existing = store.find_revision(spec.name, state.keys.revision)
         if not state.blind:
@@ -166,47 +164,47 @@ def find_requests(session: Session, state: Run, judging: Judging) -> None:
         state.keys = state.keys.with_part(UNSEEN, token)
 
 
-def plan_calls(session: Session, state: Run) -> tuple[Plan, Spender]:
+def plan_calls(rt: Runtime, state: Run) -> tuple[Plan, Spender]:
     """What the calls are asked to do, refused before spending when the provider cannot do it
     or the budget cannot cover one call per pending request."""
     spec, content = state.spec, state.content
     plan = Plan(batch_id=0, revision_id=0, mode=spec.mode,  # ids set once the revision opens
                 identity=content.identity, schema=content.schema, validator=state.checker,
                 instructions=spec.instructions, keys=state.keys,
-                repairs=session.repairs if spec.repairs is None else spec.repairs,
-                replays=session.replays if spec.replays is None else spec.replays,
+                repairs=rt.repairs if spec.repairs is None else spec.repairs,
+                replays=rt.replays if spec.replays is None else spec.replays,
                 split=spec.split, source=state.source, reask_refusals=spec.reask_refusals)
-    state.provider_notes = check_fit(state.provider, session.ledger, spec.name, content.schema,
+    state.provider_notes = check_fit(state.provider, rt.ledger, spec.name, content.schema,
                                      state.pending, content.identity, spec.mode)
     if spec.transport == "batch":  # refused here, before anything is recorded, if it has none
-        state.client = batches.client_for(state.provider, session.ledger.store,
-                                          session._loop.run, session._used)
-        session._job_schemas[content.schema.fingerprint] = content.schema  # for %batch_status
-    spender = Spender(spec.max_calls, session.budget, session.tally,
+        state.client = batches.client_for(state.provider, rt.ledger.store,
+                                          rt.loop.run, rt.used)
+        rt.job_schemas[content.schema.fingerprint] = content.schema  # for %batch_status
+    spender = Spender(spec.max_calls, rt.budget, rt.tally,
                       batches.pricing(state.provider, state.client),
-                      shared=session.ledger.store.shared_budget())
+                      shared=rt.ledger.store.shared_budget())
     if state.client is None:  # live calls are paced; a job has the batch API's own pool
-        check_rate_fit(session.pacer, plan, state.pending, spender.pricing.max_output_tokens)
+        check_rate_fit(rt.pacer, plan, state.pending, spender.pricing.max_output_tokens)
     if spec.refuse_short_budget and state.client is None:  # a job submits the part that fits
         spender.refuse_if_short(len(state.pending), cheapest_call(
             plan, state.provider, spender.pricing, state.pending))
     return plan, spender
 
 
-def record_revision(session: Session, state: Run, plan: Plan) -> Any:
+def record_revision(rt: Runtime, state: Run, plan: Plan) -> Any:
     """Open (or resume) the revision, with what its requests saw and the rechecked returns."""
-    store, version, name = session.ledger.store, state.version, state.spec.name
+    store, version, name = rt.ledger.store, state.version, state.spec.name
     doc, text = state.content.schema.document  # so an export of it is rechecked whole
     revision, superseded = store.open_revision(  # a new revision's requests: streamed
         name, state.keys.revision, {**state.keys.components, doc: text},
         window.every_request(store, state),
-        strict=session.strict, validator=None if version is None else  # already on record
+        strict=rt.strict, validator=None if version is None else  # already on record
         {"name": version.name, "version": version.version})
     if superseded is not None:
         state.superseded = (f"revision {superseded.number} superseded "
                             f"({superseded.supersede_reason or 'content changed'})")
-        if session.on_note is not None and state.pending:
-            session.on_note(f"{name}: {state.superseded}; revision {revision.number} runs "
+        if rt.on_note is not None and state.pending:
+            rt.on_note(f"{name}: {state.superseded}; revision {revision.number} runs "
                             f"{len(state.pending)} request(s)")
     if state.content.file_digest is not None:  # so a finished run of it resumes unread
         remember_file(store, state.content.file_digest, state.keys.components["tasks"],
@@ -219,28 +217,28 @@ def record_revision(session: Session, state: Run, plan: Plan) -> Any:
     return revision
 
 
-def send(session: Session, state: Run, plan: Plan, spender: Spender, revision: Any) -> Outcome:
+def send(rt: Runtime, state: Run, plan: Plan, spender: Spender, revision: Any) -> Outcome:
     """The calls: none when the validator broke on a stored return (it would break on theirs)."""
-    store, outcome = session.ledger.store, Outcome()
+    store, outcome = rt.ledger.store, Outcome()
     if state.pending and state.broken:
         outcome.stopped = (f"the validator failed while re-judging a stored return, so no "
                            f"call was sent ({state.broken[0]['message'][:300]}); fix the "
                            "validator and re-run")
         outcome.errors[state.broken[0]["task_id"]] = [state.broken[0]]
     elif state.pending and state.client is not None:
-        state.jobs = _jobs(session, plan, spender, state)
+        state.jobs = _jobs(rt, plan, spender, state)
         outcome = state.jobs.outcome
     elif state.pending:
-        outcome = _live(session, plan, spender, state)
+        outcome = _live(rt, plan, spender, state)
         if plan.split:  # halves made during the run: remember what they saw too
             store.record_seen(window.stored_seen_pairs(store, state, revision.id, halves=True))
     return outcome
 
 
-def _live(session: Session, plan: Plan, spender: Spender, state: Run) -> Outcome:
+def _live(rt: Runtime, plan: Plan, spender: Spender, state: Run) -> Outcome:
     """The live calls, of what no unfinished batch job claims (a job may still answer it),
     fed to the replay loop a window at a time."""
-    store, claimed = session.ledger.store, []
+    store, claimed = rt.ledger.store, []
 
     def unclaimed() -> Iterator[Request]:
         for pending in state.pending.windows():
@@ -248,7 +246,7 @@ def _live(session: Session, plan: Plan, spender: Spender, state: Run) -> Outcome
             claimed.extend(r for r in pending if r.key in held)
             yield from (r for r in pending if r.key not in held)
 
-    outcome = _replay(session, plan, GuardedProvider(state.provider), spender, state,
+    outcome = _replay(rt, plan, GuardedProvider(state.provider), spender, state,
                       unclaimed())
     held, _ = batches.held_by_jobs(store, claimed)
     if held.jobs:
@@ -257,19 +255,19 @@ def _live(session: Session, plan: Plan, spender: Spender, state: Run) -> Outcome
     return outcome
 
 
-def _jobs(session: Session, plan: Plan, spender: Spender, state: Run) -> JobsOutcome:
+def _jobs(rt: Runtime, plan: Plan, spender: Spender, state: Run) -> JobsOutcome:
     """Submit, poll and collect the run's batch jobs (one pass, or until they end)."""
     def drive(on_progress: Any) -> Any:
-        runner = JobRunner(plan, session.ledger, state.provider, state.client, spender,
-                           session._job_reservations, session_id=session.id,
-                           poll=session.job_poll, on_progress=on_progress)
+        runner = JobRunner(plan, rt.ledger, state.provider, state.client, spender,
+                           rt.job_reservations, session_id=rt.session_id,
+                           poll=rt.job_poll, on_progress=on_progress)
         return runner.run(state.pending.windows, wait=state.spec.wait)
 
-    return _replay(session, plan, state.provider, spender, state, (), drive,
+    return _replay(rt, plan, state.provider, spender, state, (), drive,
                    progress=state.spec.progress if state.spec.wait else False)
 
 
-def _replay(session: Session, plan: Plan, provider: Any, spender: Spender, state: Run,
+def _replay(rt: Runtime, plan: Plan, provider: Any, spender: Spender, state: Run,
             pending: Iterable[Request], drive: Any = None, progress: Any = None) -> Any:
     """Run the pending requests (``drive``: as batch jobs); a progress bar counts every task
     of the batch, those resumed from the ledger already done (2000/2000 at the end, as tqdm
@@ -287,28 +285,28 @@ def _replay(session: Session, plan: Plan, provider: Any, spender: Spender, state
         from tqdm.auto import tqdm
 
         bar = tqdm(total=total, initial=done, desc=name, unit="task", leave=True)
-    session.remember_provider(provider)  # the run's guard: its inner provider is kept
+    rt.remember_provider(provider)  # the run's guard: its inner provider is kept
 
     async def go() -> Any:
         if drive is not None:
             return await drive(bar.update if bar else None)
-        replayer = Replayer(plan, session.ledger, provider, spender, session.transport,
-                            session.concurrency, on_progress=bar.update if bar else None,
-                            session_id=session.id, pacer=session.pacer,
-                            hosts=session.hosts, on_wait=getattr(bar, "set_postfix_str", None))
+        replayer = Replayer(plan, rt.ledger, provider, spender, rt.transport,
+                            rt.concurrency, on_progress=bar.update if bar else None,
+                            session_id=rt.session_id, pacer=rt.pacer,
+                            hosts=rt.hosts, on_wait=getattr(bar, "set_postfix_str", None))
         return await replayer.run(pending)
 
     try:
-        return session._loop.run(go)
+        return rt.loop.run(go)
     finally:
         if bar is not None:
             bar.close()
 
 
-def report(session: Session, state: Run, revision: Any, outcome: Outcome) -> BatchResult:
+def report(rt: Runtime, state: Run, revision: Any, outcome: Outcome) -> BatchResult:
     """The result, with a note for each thing a person should know about how it was reached."""
     spec, content = state.spec, state.content
-    result = _result(session, spec.name, revision, len(content.tasks),
+    result = _result(rt, spec.name, revision, len(content.tasks),
                      lambda: (t["task_id"] for t in content.tasks), content.schema, outcome,
                      resumed=state.counts["requests"] - state.counts["pending"]
                      - len(state.rechecked))
@@ -316,7 +314,7 @@ def report(session: Session, state: Run, revision: Any, outcome: Outcome) -> Bat
     return _described(result, state, content.tasks)
 
 
-def report_completed(session: Session, spec: RunSpec, done: Completed,
+def report_completed(rt: Runtime, spec: RunSpec, done: Completed,
                      judged: Run | None = None) -> BatchResult:
     """The result of a finished revision found without building its requests: its values
     from the ledger, its validator registered as a full run registers it (``judged``: the run
@@ -324,10 +322,10 @@ def report_completed(session: Session, spec: RunSpec, done: Completed,
     state = judged or Run(spec, CheckedRun(spec, [], [], done.schema, done.identity),
                           done.provider, done.source)
     if judged is None:
-        judge_with(session, state)
-    state.provider_notes = check_fit(done.provider, session.ledger, spec.name, done.schema, [],
+        judge_with(rt, state)
+    state.provider_notes = check_fit(done.provider, rt.ledger, spec.name, done.schema, [],
                                      done.identity, spec.mode)
-    result = _result(session, spec.name, done.revision, done.count, tuple, done.schema,
+    result = _result(rt, spec.name, done.revision, done.count, tuple, done.schema,
                      Outcome(), resumed=done.leaves)
     result = _described(result, state, state.content.tasks if judged is not None else
                         [dict.fromkeys(done.fields)])
@@ -369,12 +367,12 @@ def _described(result: BatchResult, state: Run,
     return result
 
 
-def _result(session: Session, name: str, revision: Any, total: int,
+def _result(rt: Runtime, name: str, revision: Any, total: int,
             task_ids: Callable[[], Iterable[str]],
             schema: Any, outcome: Outcome, resumed: int) -> BatchResult:
     """The result over the revision's values in the ledger; ``task_ids`` (every task in
     order, each time it is called) is read only when some task has no value."""
-    values, errors = _values(session, revision.id, total, task_ids, schema, outcome)
+    values, errors = _values(rt, revision.id, total, task_ids, schema, outcome)
     result = BatchResult(
         name=name, status="resolved" if len(values) == total else "unresolved",
         values=values, errors=errors, calls=outcome.calls, tokens=outcome.tokens,
@@ -388,8 +386,8 @@ def _result(session: Session, name: str, revision: Any, total: int,
     if outcome.overrun:
         result.notes.append(
             f"calls billed beyond their reservations: {usd(outcome.overrun)} in this run; "
-            f"the session has spent {usd(session.tally.cost)} of its "
-            f"{usd(session.budget.cost or 0.0)} cost budget (each receipt keeps its usage)")
+            f"the session has spent {usd(rt.tally.cost)} of its "
+            f"{usd(rt.budget.cost or 0.0)} cost budget (each receipt keeps its usage)")
     if outcome.odd_usage:
         result.notes.append(f"{outcome.odd_usage} return(s) reported a usage no call can have (not "
                             f"a whole number from 0 to {MOST_TOKENS:,} tokens): the provider's "
@@ -401,11 +399,11 @@ def _result(session: Session, name: str, revision: Any, total: int,
     return result
 
 
-def _values(session: Session, revision_id: int, total: int, task_ids: Callable[[], Iterable[str]],
+def _values(rt: Runtime, revision_id: int, total: int, task_ids: Callable[[], Iterable[str]],
             schema: Any, outcome: Outcome) -> tuple[Mapping[str, Any], ResultErrors]:
     """The revision's values, read from the ledger when asked for, and an error for every
     task without one, built when read."""
-    values, unloadable = result_values(session.ledger.store, revision_id, schema)
+    values, unloadable = result_values(rt.ledger.store, revision_id, schema)
     why = (f"no call was made for this task in this run: {outcome.stopped}"
            if outcome.stopped else "no call was made for this task in this run")
     return values, ResultErrors(outcome.errors, values, unloadable, task_ids,

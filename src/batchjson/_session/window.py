@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 from .._content.tasks import Request, stored_request
 from .._ledger.store import Store
 from .rejudge import Judging, earlier_candidates
+from .runtime import Runtime
 
 if TYPE_CHECKING:
     from .run import Run
-    from .session import Session
 
 WINDOW = 1000  # requests looked at together: keyed, read from the ledger, queued to send
 
@@ -49,11 +49,11 @@ def every_request(store: Store, state: Run) -> Iterator[Request]:
         yield from window
 
 
-def survey(session: Session, state: Run, judging: Judging) -> None:
+def survey(rt: Runtime, state: Run, judging: Judging) -> None:
     """What each request needs, before anything is recorded or spent: accepted already (under
     any batch), resolved by re-judging an earlier return, or pending (a call must resolve it).
     Keeps the counts, one mark a request, and the re-judged returns to commit."""
-    store, keys = session.ledger.store, state.keys
+    store, keys = rt.ledger.store, state.keys
     sourceless = store.has_sourceless_answers()
     marks, sizes = bytearray(), array("L")
     for window in windows(store, state):
