@@ -87,11 +87,12 @@ def test_the_parts_of_the_ledger_import_the_store_never_the_facade():
     assert facade == []
 
 
-def _imports(module: str, is_package: bool, tree: ast.Module, known: set[str]) -> set[str]:
+def _imports(module: str, is_package: bool, tree: ast.Module, known: set[str],
+             typing: bool = False) -> set[str]:
     """The batchjson modules ``module`` imports when it runs (anywhere in it, a function's
-    imports too; ``if TYPE_CHECKING:`` blocks never run), and ``missing: <name>`` for each
-    batchjson module it imports that is not there."""
-    skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+    imports too; ``if TYPE_CHECKING:`` blocks never run, unless ``typing``), and
+    ``missing: <name>`` for each batchjson module it imports that is not there."""
+    skipped = set() if typing else {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
                and ast.unparse(node.test).endswith("TYPE_CHECKING")
                for n in ast.walk(node)}
     out: set[str] = set()
@@ -111,14 +112,37 @@ def _imports(module: str, is_package: bool, tree: ast.Module, known: set[str]) -
     return out - {module}
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(typing: bool = False) -> dict[str, set[str]]:
     names = {}
     for name, _, tree in modules():
         parts = ["batchjson", *name.removesuffix(".py").split("/")]
         package = parts[-1] == "__init__"
         names[".".join(parts[:-1] if package else parts)] = (package, tree)
     known = set(names)
-    return {m: _imports(m, package, tree, known) for m, (package, tree) in names.items()}
+    return {m: _imports(m, package, tree, known, typing) for m, (package, tree) in names.items()}
+
+
+def test_no_import_only_for_type_checking_closes_a_circle():
+    """A module named under ``if TYPE_CHECKING:`` never imports it back, through any path:
+    import-linter's acyclic contract counts those imports too (pyproject.toml)."""
+    run, typed = import_graph(), import_graph(typing=True)
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            module = todo.pop()
+            if module == goal:
+                return True
+            if module not in seen:
+                seen.add(module)
+                todo.extend(typed.get(module, ()))
+        return False
+
+    circles = sorted(f"{m} -> {d}" for m, deps in typed.items() for d in deps - run[m]
+                     if reaches(d, m))
+    assert circles == []
+    config = tomllib.loads((PACKAGE.parents[1] / "pyproject.toml").read_text())
+    assert config["tool"]["importlinter"]["exclude_type_checking_imports"] is False
 
 
 def test_every_import_of_a_batchjson_module_names_one_that_is_there():
@@ -142,11 +166,12 @@ def test_the_design_module_map_names_every_package_and_flat_module_and_nothing_m
     assert set(re.findall(r"`(\w+\.py)`", table)) <= files
 
 
-def test_faces_reach_a_session_only_through_its_public_names():
-    """The RLM helpers and the droste adapter hand a RunSpec to the public ``Session.run``:
-    nothing outside the session package calls ``session._run`` or any private name of it."""
+def test_only_the_session_names_its_private_attributes_steps_get_its_runtime():
+    """The RLM helpers and the droste adapter hand a RunSpec to the public ``Session.run``, and
+    a run's steps read the :class:`Runtime` the session hands them: no module but
+    ``_session/session.py`` names ``session._loop`` or any other private name of a session."""
     reached = [(name, node.lineno, ast.unparse(node)) for name, _, tree in modules()
-               if not name.startswith("_session/") for node in ast.walk(tree)
+               if name != "_session/session.py" for node in ast.walk(tree)
                if isinstance(node, ast.Attribute) and node.attr.startswith("_")
                and not node.attr.startswith("__")
                and re.search(r"\bsession$", ast.unparse(node.value), re.I)]

@@ -320,7 +320,8 @@ class BatchJson(Magics):
         if args.name is not None:
             self._known_batch(args.name)
         assert self._state is not None
-        return StatusView(status_summary(session, args.name), ledger=self._state.ledger_label(),
+        return StatusView(status_summary(session.runtime(), args.name),
+                          ledger=self._state.ledger_label(),
                           provider=self._state.provider_label(),
                           owed=session.evidence.requests(args.name))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._content.keys import Keys
 from .._content.schema import ItemSchema, compile_schema
@@ -22,26 +22,24 @@ from .._replay.jobs import JobRunner
 from .._replay.plan import Plan
 from . import batches
 from .run import checker_of
-
-if TYPE_CHECKING:
-    from .session import Session
+from .runtime import Runtime
 
 
-def status_summary(session: Session, name: str | None = None) -> dict[str, Any]:
+def status_summary(rt: Runtime, name: str | None = None) -> dict[str, Any]:
     """What ``%batch_status`` shows: the ended jobs collected first, then the evidence's
     summary, the account and the jobs still unfinished (of batch ``name``, or all)."""
-    collected = collect_ended(session, name)
-    summary = session.evidence.summary(name)
+    collected = collect_ended(rt, name)
+    summary = rt.evidence.summary(name)
     summary["collected"] = collected
-    summary["account"] = session.ledger.cost_summary(name)["total"]
-    summary["jobs"] = [j for j in batches.list_jobs(session.ledger) if name in (None, j["batch"])]
+    summary["account"] = rt.ledger.cost_summary(name)["total"]
+    summary["jobs"] = [j for j in batches.list_jobs(rt.ledger) if name in (None, j["batch"])]
     return summary
 
 
-def collect_ended(session: Session, name: str | None = None) -> list[str]:
+def collect_ended(rt: Runtime, name: str | None = None) -> list[str]:
     """Collect every open job (of batch ``name``) that has ended and this kernel can judge;
     one line per job looked at, saying what was collected or what to do."""
-    store = session.ledger.store
+    store = rt.ledger.store
     store.lost_recordings()
     said = []
     for row in store.jobs():
@@ -49,41 +47,41 @@ def collect_ended(session: Session, name: str | None = None) -> list[str]:
             continue  # an uncertain one may be found at the provider (OpenAI), then collected
         shown = (f"job {row['id']} of {row['batch']!r} "
                  f"({row['provider_job_id'] or 'no provider id'})")
-        plan, why = job_plan(session, row)
+        plan, why = job_plan(rt, row)
         if plan is None:
             said.append(f"{shown} was not collected here: {why}; re-run its cell to collect it")
             continue
         try:
-            said.append(f"{shown} {_collect(session, row, plan)}")
+            said.append(f"{shown} {_collect(rt, row, plan)}")
         except BatchJsonError as exc:  # the job stays open: the next look tries again
             said.append(f"{shown} could not be collected this time: {exc}")
     return said
 
 
-def job_plan(session: Session, row: Mapping[str, Any]) -> tuple[Plan | None, str]:
+def job_plan(rt: Runtime, row: Mapping[str, Any]) -> tuple[Plan | None, str]:
     """What judging job ``row``'s lines needs, or None and why this kernel cannot judge them."""
-    revision = session.ledger.store.revision_by_id(row["revision_id"])
+    revision = rt.ledger.store.revision_by_id(row["revision_id"])
     facts = json.loads(row["plan"] or "{}")
-    schema = _schema(session, revision.components.get("schema"), facts.get("schema"))
+    schema = _schema(rt, revision.components.get("schema"), facts.get("schema"))
     if schema is None:
         return None, ("its answer schema is not on record in a form this kernel can rebuild "
                       "(a pydantic model with validators of its own)")
     digest, checker = revision.components.get("validator"), None
     if digest not in (None, "none"):
-        version = next((v for v in session.validators.versions(revision.validator_name or "")
+        version = next((v for v in rt.validators.versions(revision.validator_name or "")
                         if v.fingerprint.digest == digest), None)
         if version is None:
             return None, (f"its validator {revision.validator_name!r} (the version it ran "
                           "with) is not registered in this kernel")
-        checker = checker_of(version, "task", session.transport.timeout)
+        checker = checker_of(version, "task", rt.transport.timeout)
     return Plan(batch_id=row["batch_id"], revision_id=row["revision_id"],
                 mode=facts.get("mode", "items"), identity=tuple(facts.get("identity", ())),
                 schema=schema, validator=checker, instructions=None,
                 keys=Keys(revision.components, None), repairs=0, replays=0, split=False), ""
 
 
-def _schema(session: Session, fingerprint: str | None, kept: Any) -> ItemSchema | None:
-    known = session._job_schemas.get(fingerprint or "")
+def _schema(rt: Runtime, fingerprint: str | None, kept: Any) -> ItemSchema | None:
+    known = rt.job_schemas.get(fingerprint or "")
     if known is not None or kept is None:
         return known
     try:
@@ -93,21 +91,21 @@ def _schema(session: Session, fingerprint: str | None, kept: Any) -> ItemSchema 
     return schema if schema.fingerprint == fingerprint else None
 
 
-def _collect(session: Session, row: Mapping[str, Any], plan: Plan) -> str:
+def _collect(rt: Runtime, row: Mapping[str, Any], plan: Plan) -> str:
     """Poll the job once and collect it if it ended; what happened, in words."""
-    store = session.ledger.store
+    store = rt.ledger.store
     try:  # the session's own provider, when it speaks the job's protocol (its key, its pool)
-        configured = session.provider
+        configured = rt.provider
     except BatchJsonError:
         configured = None
     provider, client = batches.job_client(row, configured)
-    session.remember_provider(provider)
-    spender = Spender(None, session.budget, session.tally, batches.pricing(provider, client),
+    rt.remember_provider(provider)
+    spender = Spender(None, rt.budget, rt.tally, batches.pricing(provider, client),
                       shared=store.shared_budget())
-    runner = JobRunner(plan, session.ledger, provider, client, spender,
-                       session._job_reservations, session_id=session.id)
+    runner = JobRunner(plan, rt.ledger, provider, client, spender,
+                       rt.job_reservations, session_id=rt.session_id)
     keys = store.job_keys(row["id"])
-    ran = session._loop.run(lambda: runner.collect(keys))
+    ran = rt.loop.run(lambda: runner.collect(keys))
     after = store.jobs(job=str(row["id"]))[0]
     if after["status"] == "uncertain":
         return ("stays uncertain: it was not found at the provider by its uid (Anthropic "

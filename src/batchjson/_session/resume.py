@@ -15,35 +15,19 @@ every task. The validator is registered as a full run registers it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import Any
 
 from .._content.keys import Keys, answer_source
-from .._content.schema import ItemSchema, compile_schema
+from .._content.schema import compile_schema
 from .._content.spool import file_digest, is_task_file
-from .._content.tasks import Identity, normalize_identity
+from .._content.tasks import normalize_identity
 from .._errors import BatchJsonError
 from .._fingerprint.fingerprint import fingerprint_function
-from .._ledger.records import Revision
 from .._ledger.store import Store
-from .spec import RunSpec
-
-if TYPE_CHECKING:
-    from .session import Session
-
-
-@dataclass(frozen=True)
-class Completed:
-    """A finished revision of a tasks file's run, found without reading the file's tasks."""
-
-    revision: Revision
-    leaves: int  # its leaf requests, every one accepted
-    count: int  # its tasks
-    fields: list[str]  # every field name its tasks use, in first-seen order
-    schema: ItemSchema
-    identity: Identity
-    provider: Any
-    source: str
+from .plan import RunPlan
+from .runtime import Runtime
+from .spec import CheckedRun, RunSpec
 
 
 def remember_file(store: Store, digest: str, tasks_component: str,
@@ -55,12 +39,12 @@ def remember_file(store: Store, digest: str, tasks_component: str,
     store.record_task_file(digest, tasks_component, len(tasks), list(fields))
 
 
-def find_completed(session: Session, spec: RunSpec) -> Completed | None:
-    """The finished revision of ``spec`` when its tasks file was seen before and nothing of
-    it is owed; None when the full path must run."""
+def find_completed(rt: Runtime, spec: RunSpec) -> RunPlan | None:
+    """The finished plan of ``spec`` when its tasks file was seen before and nothing of it is
+    owed (its tasks unread); None when the full path must run."""
     if not is_task_file(spec.tasks):
         return None
-    store = session.ledger.store
+    store = rt.ledger.store
     digest = file_digest(spec.tasks)
     memo = store.task_file(digest) if digest else None
     if memo is None:
@@ -69,29 +53,44 @@ def find_completed(session: Session, spec: RunSpec) -> Completed | None:
         schema = compile_schema(spec.schema)
     except BatchJsonError:  # the full path says what is wrong, in its own order
         return None
-    validator = _validator_digest(session, spec)
+    validator = _validator_digest(rt, spec)
     if schema.unseen or validator is None:
         return None
     tasks_component, count, fields = memo
-    identity = normalize_identity(spec.identity)
-    provider = session.provider
-    source = answer_source(provider)
-    keys = Keys.compose((), schema, validator, spec.pack, spec.instructions, identity,
-                        spec.mode, source, digest=tasks_component)
-    done = store.completed_revision(spec.name, keys.revision)
+    provider = rt.provider
+    plan = RunPlan(spec, CheckedRun(spec, [], [], schema, normalize_identity(spec.identity)),
+                   provider, answer_source(provider), remembered=(count, fields))
+    return finished(store, keyed(plan, validator, digest=tasks_component))
+
+
+def keyed(plan: RunPlan, validator: str, digest: str | None = None) -> RunPlan:
+    """The run's keys (``digest``: its tasks' component, when they are not read) and what of
+    its judging no fingerprint fully sees."""
+    spec, content, version = plan.spec, plan.content, plan.version
+    keys = Keys.compose(content.tasks, content.schema, validator, spec.pack, spec.instructions,
+                        content.identity, spec.mode, plan.source, digest=digest)
+    return replace(plan, keys=keys, blind=tuple(
+        [f"validator: {u}" for u in (version.fingerprint.unseen if version else ())]
+        + [f"schema: {u}" for u in content.schema.unseen]))
+
+
+def finished(store: Store, plan: RunPlan) -> RunPlan | None:
+    """The plan with its revision when the current revision of exactly its keys has every
+    request accepted: the one "already done?" look before a survey, for a tasks file found by
+    its bytes and for tasks read (a resume then builds no request and reads no key)."""
+    done = store.completed_revision(plan.spec.name, plan.keys.revision)
     if done is None:
         return None
     revision_id, _, leaves = done
-    return Completed(store.revision_by_id(revision_id), leaves, count, fields, schema,
-                     identity, provider, source)
+    return replace(plan, finished=store.revision_by_id(revision_id), requests=leaves)
 
 
-def _validator_digest(session: Session, spec: RunSpec) -> str | None:
+def _validator_digest(rt: Runtime, spec: RunSpec) -> str | None:
     """The validator's fingerprint digest ("none" without one), or None when what it reads
     cannot all be seen (its answers are re-judged on every run)."""
     if spec.validator is None:
         return "none"
-    handed = session.validators.handed_over(spec.validator, spec.validator_name)
+    handed = rt.validators.handed_over(spec.validator, spec.validator_name)
     fingerprint = (handed.fingerprint if handed is not None else
                    fingerprint_function(spec.validator))
     return None if fingerprint.partial else fingerprint.digest

@@ -29,6 +29,7 @@ from .ledger import Ledger
 from .registry import ValidatorRegistry
 from .result import BatchResult
 from .run import run_spec
+from .runtime import Runtime
 from .spec import OnExhausted, RunSpec, SessionOptions, TransportName
 
 
@@ -190,7 +191,15 @@ class Session:
         """Run one :class:`RunSpec`: every face (magic, RLM binding, CLI) ends here."""
         if not isinstance(spec, RunSpec):
             raise InvalidBatch(f"Session.run takes a RunSpec, got {type(spec).__name__}")
-        return run_spec(self, spec)
+        return run_spec(self.runtime(), spec)
+
+    def runtime(self) -> Runtime:
+        """What a run's steps use of this session: its machinery, its settings as they are."""
+        return Runtime(
+            self.id, self.ledger, self.validators, self.evidence, self._loop, self._used,
+            self._job_reservations, self._job_schemas, self.pacer, self.hosts, self.tally,
+            self.budget, self.transport, self.concurrency, self.repairs, self.replays,
+            self.strict, self.job_poll, self.on_note, lambda: self.provider)
 
     def advise(self, name: str, **options: Any) -> dict[str, Any]:
         """Pack-size advice for batch ``name`` from its receipts (see docs/recovery.md);
@@ -198,12 +207,6 @@ class Session:
         options.setdefault("repairs", self.repairs)
         options.setdefault("replays", self.replays)
         return advise(self.ledger, name, **options)
-
-    def remember_provider(self, provider: Any) -> None:
-        """A provider that runs on the session's loop, closed with it."""
-        inner = getattr(provider, "inner", provider)  # the real provider, not a run's guard
-        if not any(p is inner for p in self._used):
-            self._used.append(inner)
 
 
 def _shutdown(loop: BackgroundLoop, providers: list[Any]) -> None:

@@ -8,17 +8,23 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .._checks import is_whole
 from .._content.schema import ItemSchema, compile_schema, near_miss
 from .._content.tasks import sha
 from .._errors import InvalidBatch
+from .registry import ValidatorRegistry
+from .result import BatchResult
 from .spec import RunSpec, check_text
 
-if TYPE_CHECKING:
-    from .result import BatchResult
-    from .session import Session
+
+class Runs(Protocol):
+    """What the contract uses of a session (``session.py`` imports this module)."""
+
+    validators: ValidatorRegistry
+
+    def run(self, spec: RunSpec) -> BatchResult: ...
 
 _DROSTE_TYPES = {
     "json": "validation_error", "schema": "validation_error", "validation": "validation_error",
@@ -76,7 +82,7 @@ def default_batch_name(prompts: Sequence[str], contexts: Sequence[str] | None,
     return name if content is None else f"{name}/{content[:8]}"
 
 
-def llm_batch_json(session: Session, prompts: Sequence[str], schema: Any,
+def llm_batch_json(session: Runs, prompts: Sequence[str], schema: Any,
                    contexts: Sequence[str] | None = None, max_repair_attempts: int = 1,
                    validator: Callable[[Any, int], Any] | None = None, *,
                    name: str | None = None, refuse_short_budget: bool = False,

@@ -19,88 +19,89 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import Any
 
 from .._content.tasks import Request, stored_request
 from .._ledger.store import Store
+from .plan import RunPlan
 from .rejudge import Judging, earlier_candidates
-
-if TYPE_CHECKING:
-    from .run import Run
-    from .session import Session
 
 WINDOW = 1000  # requests looked at together: keyed, read from the ledger, queued to send
 
 
-def windows(store: Store, state: Run) -> Iterator[list[Request]]:
+def windows(store: Store, plan: RunPlan) -> Iterator[list[Request]]:
     """The run's requests in order, a window at a time: those of its revision on record, else
     those its checked tasks pack into, keyed as they are read."""
-    if state.existing is not None:
-        for rows in store.leaf_pages(state.existing.id, WINDOW):
+    if plan.existing is not None:
+        for rows in store.leaf_pages(plan.existing.id, WINDOW):
             yield [stored_request(row) for row in rows]
         return
-    tasks = state.content.tasks
+    tasks = plan.content.tasks
     for start in range(0, len(tasks.texts), WINDOW):
-        yield state.keys.window(tasks, start, start + WINDOW)
+        yield plan.keys.window(tasks, start, start + WINDOW)
 
 
-def every_request(store: Store, state: Run) -> Iterator[Request]:
-    for window in windows(store, state):
+def every_request(store: Store, plan: RunPlan) -> Iterator[Request]:
+    for window in windows(store, plan):
         yield from window
 
 
-def survey(session: Session, state: Run, judging: Judging) -> None:
+def survey(store: Store, plan: RunPlan, judging: Judging) -> RunPlan:
     """What each request needs, before anything is recorded or spent: accepted already (under
     any batch), resolved by re-judging an earlier return, or pending (a call must resolve it).
-    Keeps the counts, one mark a request, and the re-judged returns to commit."""
-    store, keys = session.ledger.store, state.keys
-    sourceless = store.has_sourceless_answers()
+    The plan with the counts, one mark a request, and the re-judged returns to commit."""
+    keys, sourceless = plan.keys, store.has_sourceless_answers()
     marks, sizes = bytearray(), array("L")
-    for window in windows(store, state):
+    rechecked, broken, owed, sourceless_all = [], [], [], {}
+    requests = pending_count = pending_tasks = 0
+    for window in windows(store, plan):
         done = store.accepted_keys([r.key for r in window])
-        owed = [r for r in window if r.key not in done]
-        sourceless_of = ({r.key: keys.sourceless(r.tasks_json) for r in owed}
-                         if owed and sourceless else {})
+        unanswered = [r for r in window if r.key not in done]
+        sourceless_of = ({r.key: keys.sourceless(r.tasks_json) for r in unanswered}
+                         if unanswered and sourceless else {})
         if sourceless_of:  # imports of unknown source are cleared once answered: kept
-            state.sourceless_of.update(sourceless_of)
-            state.owed += owed
-        rechecked = [] if state.broken else judging.first_passing(earlier_candidates(
-            store, owed, seen_of=seen_of(state, owed), sourceless_of=sourceless_of,
-            same_key=bool(state.blind)), state.broken)
-        passed = {request.key for request, _, _ in rechecked}
-        state.rechecked += rechecked
+            sourceless_all.update(sourceless_of)
+            owed += unanswered
+        passing = [] if broken else judging.first_passing(earlier_candidates(
+            store, unanswered, seen_of=seen_of(plan, unanswered), sourceless_of=sourceless_of,
+            same_key=bool(plan.blind)), broken)
+        passed = {request.key for request, _, _ in passing}
+        rechecked += passing
         pending = [r.key not in done and r.key not in passed for r in window]
         marks += bytes(pending)
         sizes.append(len(window))
-        state.counts["requests"] += len(window)
-        state.counts["pending"] += sum(pending)
-        state.counts["pending_tasks"] += sum(len(r.tasks) for r, due in zip(
-            window, pending, strict=True) if due)
-    state.pending = Pending(lambda: windows(store, state), marks, sizes,
-                            state.counts["pending"], store)
+        requests += len(window)
+        pending_count += sum(pending)
+        pending_tasks += sum(len(r.tasks) for r, due in zip(window, pending, strict=True) if due)
+    return replace(plan, requests=requests, pending_tasks=pending_tasks,
+                   pending=Pending(lambda: windows(store, plan), marks, sizes, pending_count,
+                                   store),
+                   rechecked=tuple(rechecked), broken=tuple(broken), owed=tuple(owed),
+                   sourceless_of=sourceless_all)
 
 
-def seen_of(state: Run, requests: Any) -> dict[str, str]:
-    return {r.key: state.keys.seen_key(r.tasks_json) for r in requests}
+def seen_of(plan: RunPlan, requests: Any) -> dict[str, str]:
+    return {r.key: plan.keys.seen_key(r.tasks_json) for r in requests}
 
 
-def seen_pairs(store: Store, state: Run) -> Iterator[tuple[str, str]]:
+def seen_pairs(store: Store, plan: RunPlan) -> Iterator[tuple[str, str]]:
     """(request key, what its model saw) of every request, read a window at a time, from the
     requests' texts alone."""
-    keys = state.keys
-    if state.existing is not None:
-        yield from stored_seen_pairs(store, state, state.existing.id)
+    keys = plan.keys
+    if plan.existing is not None:
+        yield from stored_seen_pairs(store, plan, plan.existing.id)
         return
-    for text in state.content.tasks.texts:
+    for text in plan.content.tasks.texts:
         yield keys.request(text), keys.seen_key(text)
 
 
-def stored_seen_pairs(store: Store, state: Run, revision_id: int, *,
+def stored_seen_pairs(store: Store, plan: RunPlan, revision_id: int, *,
                       halves: bool = False) -> Iterator[tuple[str, str]]:
     """:func:`seen_pairs` of a revision on record, a page at a time (``halves``: only the
     requests a split made)."""
     for rows in store.leaf_pages(revision_id, WINDOW):
-        yield from ((row["key"], state.keys.seen_key(row["tasks"])) for row in rows
+        yield from ((row["key"], plan.keys.seen_key(row["tasks"])) for row in rows
                     if row["parent_key"] or not halves)
 
 

@@ -18,9 +18,16 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, MutableMapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .. import BudgetExceeded, ConfigError, InvalidBatch, ProviderNotConfigured, ValidatorChanged
+from .. import (
+    BudgetExceeded,
+    ConfigError,
+    InvalidBatch,
+    ProviderNotConfigured,
+    Session,
+    ValidatorChanged,
+)
 from ..core import (
     answer_source,
     check_call,
@@ -32,13 +39,10 @@ from ..core import (
     usd,
 )
 from ._droste_env import droste_environment
+from ._hooks import RlmHooks
 from ._rebind import canonical_validator, canonical_version, cell_frame
 from ._subcalls import as_provider, is_droste_client, is_subcall_source
 from ._tools import owner_of, tool
-
-if TYPE_CHECKING:
-    from .. import Session
-    from ._hooks import RlmHooks
 
 __all__ = ["bind", "droste_environment", "rlm_hooks"]
 
@@ -90,8 +94,6 @@ def bind(namespace: MutableMapping[str, Any], provider_or_subcalls: Any = None, 
                              rules=rules if asked else None)
     _keep_owed(namespace, session, ledger)
     if session is None:
-        from .. import Session
-
         session = Session(provider, ledger=ledger, strict=strict, budget=budget,
                           replays=rules[0], transport_retries=rules[1])
     elif provider_or_subcalls is not None:
@@ -124,8 +126,6 @@ def rlm_hooks(*, strict: bool = True, ledger: Any = None, budget: Any = None) ->
     ``llm_query_batched`` (rlm's client and usage accounting), and the setup code gates
     ``answer["ready"]`` on ``finalization_check()``. See docs/rlm.md.
     """
-    from ._hooks import RlmHooks
-
     return RlmHooks(bind, strict=strict, ledger=ledger, budget=budget)
 
 

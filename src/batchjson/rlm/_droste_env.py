@@ -12,13 +12,10 @@ same content; a changed validator is still a different validator to droste.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .. import ConfigError, ValidatorRegistry
+from .. import ConfigError, Session, ValidatorRegistry
 from ._rebind import canonical_validator, cell_frame
-
-if TYPE_CHECKING:
-    from .. import Session
 
 __all__ = ["CanonicalValidatorsEnvironment", "droste_environment"]
 
