@@ -1,19 +1,12 @@
 """Content fingerprints for validators, answer sources and data.
 
-An RLM engine keys evidence on validator *object identity*, so a cell re-executed after an error
-defines a new function object and orphans the evidence recorded under the old one. batchjson keys
-validators by *content*: code, defaults, closure values, referenced globals, the module attributes
-the code reads (``cfg.THRESHOLD``), the files it reads at a constant path (``rules.json``, read
-anew each time), classes with all their attributes, pydantic models by their core schema and
-validators, and library objects by what they hold. The same content gives the same digest, in
-this process or any other, wherever it was defined. What cannot be seen is said: ``by_identity``
-(compared by object identity) and ``unseen`` (``globals()["X"]``, ``eval``, a file read at a
-computed path).
-
-Two views: :func:`fingerprint_function` sees everything that decides acceptance, mutable state
-included; :func:`fingerprint_callable` keys an answer source by its code and the immutable values
-it reads only, so a stub that counts its calls keeps one key.
-"""
+A cell re-executed after an error defines a new function object, so evidence keyed by object
+identity would be orphaned: batchjson keys validators by *content* (code, defaults, closures,
+globals and module attributes read, files read at a constant path, classes, pydantic models),
+the same in any process. What cannot be seen is said: ``by_identity`` and ``unseen``.
+:func:`fingerprint_function` sees everything that decides acceptance, mutable state included;
+:func:`fingerprint_callable` keys an answer source by its code and immutable values only, so a
+stub that counts its calls keeps one key."""
 
 from __future__ import annotations
 

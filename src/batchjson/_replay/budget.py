@@ -1,20 +1,12 @@
 """Call and cost budgets: validated up front, reserved at worst case before a call, settled after.
 
-A cost is known only after a call returns, so each call first reserves its worst case and settles
-to the real cost when the reply arrives. The worst case is a sound upper bound, not an estimate:
-the call's input bound (the UTF-8 bytes of everything it sends plus the provider's documented
-fixed overhead, :func:`~batchjson._providers.base.input_bound`: a byte-level BPE tokenizer never
-makes more tokens than bytes, whatever the script) plus its output ceiling (``max_tokens``), at
-the model's prices. Reservations of every run and thread of a session share one :class:`Tally`,
-so a cost budget holds at any concurrency and in any language.
-
-The bound holds only if the server holds the output ceiling. One that bills more (it ignores
-``max_completion_tokens``, or answers with a pricier model) can make a call cost more than its
-reservation; then the real cost is what is charged, and no further call is opened under the
-budget (its worst case is no bound any more). Until a session's first call has settled, a
-run sends that call alone, so such a server is found out by one call, not by a whole round of
-concurrent ones.
-"""
+The worst case is a sound upper bound, not an estimate: the UTF-8 bytes a call sends plus the
+provider's fixed overhead (:func:`~batchjson._providers.base.input_bound`; a byte-level BPE
+never makes more tokens than bytes) plus its ``max_tokens``, at the model's prices. One
+:class:`Tally` per session holds every run's reservations, so the budget holds at any
+concurrency. A server that bills beyond the ceiling is charged what it billed and closes the
+budget to further calls; a session's first call goes alone to find that out (docs/design.md,
+"Budgets")."""
 
 from __future__ import annotations
 

@@ -1,18 +1,11 @@
 """The RLM face: droste's ``llm_batch_json`` contract in any host's namespace.
 
-An RLM host runs model-written cells in a persistent namespace and re-runs a cell after it
-raises. :func:`bind` installs the structured helpers into that namespace, backed by a session
-whose evidence is keyed by content and whose validator registry lives on the host side, so it
-works where a namespace hides ``globals()`` or drops names between cells. Validators are made
-canonical at call time (see :mod:`batchjson.rlm._rebind`), and a budget gate refuses a call
-that can no longer be paid for before anything is spent.
-
-Public package; its private modules: ``_rebind`` (call-time canonical validators),
-``_droste_env`` (droste's own structured helpers made canonical), ``_hooks`` (alexzhang13/rlm's
-``custom_tools`` and ``setup_code``, the ready gate), ``_subcalls`` (host subcall helpers as a
-provider) and ``_tools`` (helpers handed to cell code). May import the session and every layer
-below it; never another face or ``testing``.
-"""
+:func:`bind` installs the structured helpers into the persistent namespace a host runs cells
+in, backed by a session whose evidence is keyed by content and whose validator registry lives on
+the host side, so it works where a namespace hides ``globals()`` or drops names between cells.
+Validators are made canonical at call time (``_rebind``), and a budget gate refuses a call that
+can no longer be paid for before anything is spent. May import the session and every layer
+below it; never another face or ``testing``."""
 
 from __future__ import annotations
 
