@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._checks import is_amount
 from .._errors import ProviderError
 from .._secrets import shown_name
 from .._sources import NOT_TEXT, STOPS
@@ -132,16 +133,12 @@ def _count(value: Any) -> int | None:
 
 
 def _money(value: Any) -> float | None:
-    if isinstance(value, bool) or value is None:
-        return None
     if isinstance(value, str):
         try:
             value = float(value)
         except ValueError:
             return None
-    if isinstance(value, (int, float)) and math.isfinite(value) and value >= 0:
-        return float(value)
-    return None
+    return float(value) if is_amount(value) else None
 
 
 def provider_names(provider: Any) -> tuple[Any, Any]:

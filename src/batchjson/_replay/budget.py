@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .._checks import is_whole
 from .._errors import BudgetExceeded, ConfigError, InvalidBatch
 from .._money import cost_value
 from .._providers.settings import declared_output_cap
@@ -24,7 +25,7 @@ from .._providers.settings import declared_output_cap
 def _calls_value(value: Any) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not is_whole(value):
         raise InvalidBatch(f"budget calls must be a whole number >= 0 (or None for no limit), "
                            f"got {value!r}")
     return value
