@@ -262,12 +262,8 @@ class _Binding:
         if name is not None and (not isinstance(name, str) or not name.strip()):
             raise InvalidBatch(f"a validator name must be a non-empty string, got {name!r}")
         if fn is None:
-            return lambda f: self._rebind(f, name=name)
-        return self._rebind(fn, name=name)
-
-    def _rebind(self, fn: Any, name: str | None = None,
-                   call: tuple[Any, Any, Any] | None = None) -> Callable[..., Any]:
-        return self._registered(fn, name, call)
+            return lambda f: self._registered(f, name=name)
+        return self._registered(fn, name=name)
 
     def _registered(self, fn: Any, name: str | None = None,
                     call: tuple[Any, Any, Any] | None = None) -> Callable[..., Any]:
