@@ -1,13 +1,9 @@
 """A result's errors, built one at a time when read instead of held as a list at once.
 
-A run that fails a million tasks (a stopped budget, a broken provider) would otherwise hand
-back a million error dicts, and a notebook would group every one of them before showing ten.
-``BatchResult.errors`` is a read-only sequence over what the run recorded per failed task
-(one shared entry for the tasks a rejected return took down with it) and the tasks never
-attempted, read in task order from the run's tasks when iterated; ``len`` counts without
-building an entry. ``list(errors)`` materialises it. Failed requests are grouped the same way:
-:func:`failure_groups` keeps only the first few and counts the rest.
-"""
+A run that fails a million tasks would otherwise hand back a million error dicts.
+``BatchResult.errors`` is a read-only sequence over what the run recorded per failed task and
+the tasks never attempted, in task order; ``len`` counts without building an entry, and
+:func:`failure_groups` keeps only the first few groups and counts the rest."""
 
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
 """A result's accepted values, read from the ledger when asked for instead of held at once.
 
-A batch of a million tasks would need gigabytes to hold every value as a Python object; the
-ledger has them already. ``BatchResult.values`` is a read-only mapping over one revision's
-checkpoint: iteration and ``items()`` read it in pages, in task order; ``len`` is one count;
-``values[task_id]``, ``.get`` and ``in`` read one row, after an index of which request holds
-which task (task ids only) is read on the first such look-up. A result outlives its session:
-once the session's ledger is closed, the mapping opens the same file or database again to
-read. An in-memory ledger's values would go with it, so they are copied into the result.
-"""
+A million values as Python objects would need gigabytes; the ledger has them already.
+``BatchResult.values`` is a read-only mapping over one revision's checkpoint, read in pages in
+task order, one row per look-up. A result outlives its session (the mapping opens the ledger
+again); an in-memory ledger's values are copied into the result."""
 
 from __future__ import annotations
 
