@@ -30,8 +30,7 @@ from .._content.strictjson import (
     parse_json_noting,
     strip_fence,
 )
-from .._loop import run_sync
-from .._providers.reply import Reply, received
+from .._providers.reply import Reply
 from .._sources import NO_TOOL_CALL, NOT_TEXT, REFUSED, TOOL_CALL, TRUNCATED
 from .validators import clip, judged_code_raised, run_validator_async, said
 from .validators import error as _error
@@ -170,18 +169,6 @@ def _prepare(text: str, tasks: Sequence[Mapping[str, Any]], mode: str, identity:
     if mode == "value":
         return _prepare_value(text, tasks[0], identity, schema)
     return _prepare_items(text, tasks, identity, schema)
-
-
-def accept_items(
-    text: str,
-    tasks: Sequence[Mapping[str, Any]],
-    identity: Sequence[str],
-    schema: ItemSchema,
-    validator: Callable[[Any, Mapping[str, Any]], Any] | None,
-) -> Verdict:
-    """Judge an ``{"items": [...]}`` return against exactly the tasks that were requested."""
-    return run_sync(lambda: judge(received(Reply(text=text)), tasks, mode="items",
-                                  identity=identity, schema=schema, validator=validator))
 
 
 # -- items -------------------------------------------------------------------------------------
