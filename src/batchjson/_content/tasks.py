@@ -338,12 +338,3 @@ def render_repair_prompt(prompt: str, raw: str, errors: Sequence[Mapping[str, An
         f"Previous response:\n{shown}\n"
         "Return only corrected JSON, with no markdown or explanation."
     )
-
-
-def tasks_block(prompt: str) -> str | None:
-    """The JSON text of the tasks a rendered prompt carries (the loopback server reads it)."""
-    start = prompt.find(TASKS_BEGIN)
-    end = prompt.find(TASKS_END, start + 1) if start >= 0 else -1
-    if start < 0 or end < 0:
-        return None
-    return prompt[start + len(TASKS_BEGIN):end]

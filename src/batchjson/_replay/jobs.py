@@ -570,13 +570,8 @@ def _batched(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
         yield part
 
 
-
 def detail_of(row: Mapping[str, Any]) -> dict[str, Any]:
     try:
         return dict(json.loads(row["detail"] or "{}"))
     except (TypeError, ValueError):
         return {}
-
-
-def _http(error: ProviderError) -> str:
-    return f" (HTTP {error.status})" if error.status else ""
