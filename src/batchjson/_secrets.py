@@ -176,15 +176,11 @@ def public_url(url: str, *, user: bool = True) -> str:
 
 
 class Secrets:
-    """The secret values one configuration holds; :meth:`mask` replaces each wherever it
-    appears, as written, URL-encoded, as the basic-auth base64 a URL's ``user:password``
-    travels as (:func:`basic_auth_forms`), or as the masked echo a provider's 401 body shows
-    (``sk-********abcd``: its last four characters are part of the key). A URL given in
-    ``urls`` is first replaced whole by its :func:`public_url`, so even a short password in it
-    goes; a value shorter than :data:`MIN_MASKED` is masked only there (replacing every "pw" in
-    a message would garble it and hide nothing). With ``url_users=False`` a URL's user name is
-    not one of them: a database's user is no secret, and "postgres" masked everywhere would
-    garble every ``postgresql://`` in a message. Its repr says only how many it holds."""
+    """The secret values one configuration holds; :meth:`mask` replaces each wherever it appears:
+    as written, URL-encoded, as basic-auth base64 (:func:`basic_auth_forms`) or as the masked
+    echo a provider's 401 body shows. A URL in ``urls`` is first replaced whole by its
+    :func:`public_url`; a value shorter than :data:`MIN_MASKED` is masked only there, and with
+    ``url_users=False`` a database's user name is no secret. Its repr says how many it holds."""
 
     __slots__ = ("_urls", "_values", "_echo")
 

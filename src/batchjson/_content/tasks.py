@@ -43,15 +43,10 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
                     pack: int | None = None) -> tuple[Sequence[dict], Sequence[str]]:
     """Check every task before anything is spent, naming the first bad one and the fix.
 
-    ``tasks`` is a list, any iterable (a generator, read once) or a JSON Lines file's path.
-    Returns the tasks in the ledger's (JSON) form and their canonical JSON texts: checking
-    serialisability already produces the text that request keys, the ledger and prompts are
-    built from. With ``pack``, one text per ``pack`` tasks (each request's ``tasks_json``),
-    and the tasks are a :class:`PackedTasks` over those texts, decoded when read, so a task is
-    held once, as text (:class:`TextSpool`: on disk past a few megabytes, so a run then
-    streams over them). The caller's own objects are not kept, nor a set of their ids (see
-    ``unique``). ``hasher`` is fed a file's bytes as they are read.
-    """
+    ``tasks`` is a list, any iterable (read once) or a JSON Lines file's path. Returns the tasks
+    in the ledger's form and their canonical JSON texts (one per ``pack`` tasks), which keys, the
+    ledger and prompts are built from; a task is held once, as text (:class:`TextSpool`), never as
+    the caller's object. ``hasher`` is fed a file's bytes as they are read."""
     identity = normalize_identity(identity)
     from_file = is_task_file(tasks)  # a file's tasks are JSON already: nothing to decode back
     ids = TaskIds()

@@ -124,15 +124,10 @@ def fingerprint_function(fn: Callable[..., Any]) -> Fingerprint:
 def fingerprint_callable(obj: Any) -> Fingerprint:
     """Key of an answer source (a provider's answer function, a subcall object).
 
-    Keyed by code (bytecode, constants, defaults, the code of the functions and classes it uses)
-    and the immutable values it reads (str, numbers, tuples, frozensets, enums, frozen
-    dataclasses and models), including the configuration of its own objects (attributes set up
-    in ``__init__``, like ``self.model``). Never by mutable state: lists, dicts, sets and other
-    mutable values count by type only, and attributes, globals and closure cells the code
-    assigns while serving calls (``self.calls += 1``, ``global COUNT``, ``nonlocal n``) are left
-    out, as are random generators, locks and library objects' state. A stub that counts its
-    calls keeps one key. Digests never equal a :func:`fingerprint_function` digest.
-    """
+    Keyed by code and the immutable values it reads, its own objects' configuration included
+    (``self.model``); never by mutable state (by type only) or by what the code assigns while
+    serving calls (``self.calls += 1``, ``global COUNT``), so a stub that counts its calls keeps one
+    key. Digests never equal a :func:`fingerprint_function` digest."""
     return _fingerprint(obj, SOURCE)
 
 

@@ -122,11 +122,9 @@ def usd(amount: float) -> str:
 class Tally:
     """What a session has spent, charged call by call by every run (and thread) using it.
 
-    ``reserved`` holds the worst-case cost of calls not yet settled; ``cost`` the settled ones
-    (a call whose cost is unknown is charged its worst case). ``overrun`` is what calls billed
-    beyond their reservations under a cost budget, and ``unbounded`` says why: once set, the
-    cost budget opens no further call.
-    """
+    ``reserved`` holds the worst case of calls not yet settled, ``cost`` the settled ones (an
+    unknown cost is charged its worst case); ``overrun`` is what calls billed beyond their
+    reservations, and once ``unbounded`` says why, the cost budget opens no further call."""
 
     def __init__(self) -> None:
         self.calls = 0
