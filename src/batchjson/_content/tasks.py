@@ -189,12 +189,10 @@ ECHOED = "+echoed"  # an Identity's key part when echoed task fields are compare
 class Identity(tuple):
     """The identity fields every item must echo unchanged (``task_id`` first).
 
-    ``echo`` is True for the default identity (``identity=None``): then every other field a task
-    carries (prompt and context aside) that an item returns must equal the task's value too, so
-    an item echoing ``case_id`` 079 for a task whose ``case_id`` is 078 is rejected. An explicit
-    ``identity=`` lists exactly what is compared (``echo`` False). It is a tuple, so code that
-    renders prompts or wire schemas sees only the required fields.
-    """
+    ``echo`` is True for the default identity (``identity=None``): every other task field an item
+    returns (prompt and context aside) must equal the task's value too. An explicit ``identity=``
+    lists exactly what is compared. A tuple, so prompts and wire schemas see only the required
+    fields."""
 
     echo: bool
 

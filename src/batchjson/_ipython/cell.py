@@ -56,13 +56,9 @@ def running_cell(shell: Any) -> int:
 
 
 def run_body(shell: Any, cell: str) -> tuple[list[str], set[str]]:
-    """Execute the body in the user namespace; return the names it (re)bound to functions
-    defined in this body (an imported or helper-made function from elsewhere is not its own),
-    and every name it assigned (by a statement of its own, or by what it ran: ``%run``).
-
-    The source goes through the shell's compiler and line cache, with one leading blank line so
-    traceback line numbers match the cell as the user sees it (line 1 is ``%%batch_json``).
-    """
+    """Execute the body in the user namespace; return the names it (re)bound to functions it
+    defined, and every name it assigned (by its own statements or by what it ran: ``%run``).
+    One leading blank line keeps traceback line numbers as the user sees the cell."""
     source = "\n" + shell.transform_cell(cell)
     filename = shell.compile.cache(source, running_cell(shell), raw_code="\n" + cell)
     code = shell.compile(source, filename, "exec")

@@ -146,11 +146,9 @@ def charge_of(reserved: float, cost: float | None) -> float:
 class Spender:
     """What one run may still spend, against its max_calls and the session's budget.
 
-    Each reserved call is charged to the session's ``tally`` at once, so a run that is
-    interrupted or fails still counts, and concurrent runs share one budget. ``shared`` is the
-    ledger's own budget when it has one (``store_budget.py``): then every call's worst case is
-    computed, for the ledger to reserve beside the claim.
-    """
+    Each reserved call is charged to the session's ``tally`` at once, so an interrupted run still
+    counts and concurrent runs share one budget. ``shared`` is the ledger's own budget, if any: then
+    every call's worst case is computed for the ledger to reserve beside the claim."""
 
     def __init__(self, max_calls: int | None, budget: Budget, tally: Tally,
                  pricing: Pricing | None = None, *,
