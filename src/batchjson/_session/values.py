@@ -120,13 +120,11 @@ def _where(store: Store) -> Any:
 
 def result_values(store: Store, revision_id: int,
                   schema: Any) -> tuple[Mapping[str, Any], list[dict[str, Any]]]:
-    """A revision's values as a :class:`LedgerValues` (a dict for an in-memory ledger, which
-    would take them with it when closed), and a ``stored_invalid`` error for each stored
-    value the schema no longer loads. Only a pydantic model's load can fail (a JSON Schema
-    hands the stored value back as it is), so only then is every value read once, a page at a
-    time, to find them: even this very model may not load back what it dumped (a validator
-    that refuses its own output, a field its dump leaves out), and a value that does not load
-    is an error of its task, never an exception on reading ``values``."""
+    """A revision's values as a :class:`LedgerValues` (a dict for an in-memory ledger), and a
+    ``stored_invalid`` error for each stored value the schema no longer loads. Only a pydantic
+    model's load can fail (even this very model may not load back what it dumped), so only then is
+    every value read once, a page at a time: a value that does not load is an error of its task,
+    never an exception on reading ``values``."""
     values, unloadable = _ledger_values(store, revision_id, schema)
     return (values if _where(store) is not None else dict(values.items())), unloadable
 
