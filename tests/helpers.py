@@ -14,11 +14,14 @@ from typing import Any
 
 import pytest
 
+from batchjson._acceptance.judge import Verdict, judge
 from batchjson._content.schema import compile_schema, wire_schema
 from batchjson._content.tasks import render_items_prompt
+from batchjson._loop import run_sync
 from batchjson._providers.anthropic import AnthropicProvider
 from batchjson._providers.base import Call
 from batchjson._providers.openai import OpenAIProvider
+from batchjson._providers.reply import Reply, received
 from batchjson.testing import LoopbackServer
 
 LABEL_SCHEMA = {
@@ -265,3 +268,9 @@ def kill_runner_mid_call(script: str, target: Any, calls: int) -> None:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         proc.stdout.close()
+
+
+def accept_items(text: str, tasks: Any, identity: Any, schema: Any, validator: Any) -> Verdict:
+    """Judge an ``{"items": [...]}`` return as the replay loop does, from sync test code."""
+    return run_sync(lambda: judge(received(Reply(text=text)), tasks, mode="items",
+                                  identity=identity, schema=schema, validator=validator))

@@ -11,10 +11,10 @@ import pytest
 from pydantic import BaseModel, Field, create_model, field_validator
 
 from batchjson import CallableProvider, Session
-from batchjson._acceptance.judge import accept_items, parse_json
+from batchjson._acceptance.judge import parse_json
 from batchjson._content.schema import compile_schema
 from batchjson._providers.base import Reply
-from tests.helpers import LABEL_SCHEMA, answer, items_reply, review_tasks
+from tests.helpers import LABEL_SCHEMA, accept_items, answer, items_reply, review_tasks
 
 SEED_IDENTITY = ("task_id", "case_id", "candidate_id")
 

@@ -8,9 +8,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from batchjson import CallableProvider, Session
-from batchjson._acceptance.judge import accept_items
 from batchjson._content.schema import compile_schema
-from tests.helpers import LABEL_SCHEMA, answer, review_tasks
+from tests.helpers import LABEL_SCHEMA, accept_items, answer, review_tasks
 
 IDENTITY = ("task_id", "case_id", "candidate_id")
 COMPILED = compile_schema(LABEL_SCHEMA)

@@ -9,9 +9,8 @@ import pytest
 from pydantic import BaseModel
 
 from batchjson import CallableProvider, InvalidBatch, Session
-from batchjson._acceptance.judge import accept_items
 from batchjson._content.schema import compile_schema
-from tests.helpers import LABEL_SCHEMA
+from tests.helpers import LABEL_SCHEMA, accept_items
 
 
 def test_nested_identity_values_are_compared_as_json_not_python():

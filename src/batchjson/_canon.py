@@ -99,13 +99,9 @@ class Canon:
     """Maps a value to a marshal-able form that is injective over values (types included) and
     ignores dict insertion order, set iteration order and object sharing.
 
-    Every tuple in the output is a tag we made; user tuples become ("t", [...]). Homogeneous lists
-    of str-keyed records take a columnar fast path whose iteration runs in C.
-
-    With ``immutable_only`` a mutable value (list, dict, set, a dataclass or model that is not
-    frozen, a subclass of a mutable builtin) is encoded by its type alone: keys of an answer
-    source must not move when a call log or a cache it holds grows.
-    """
+    Every tuple in the output is a tag we made; user tuples become ("t", [...]). With
+    ``immutable_only`` a mutable value is encoded by its type alone: keys of an answer source must
+    not move when a call log or a cache it holds grows."""
 
     def __init__(self, hook: Callable[[Any], Any] | None = None, *,
                  immutable_only: bool = False) -> None:

@@ -27,19 +27,24 @@ def whole(name: str, value: Any, minimum: int = 0,
     return value
 
 
+def is_amount(value: Any, *, positive: bool = False) -> bool:
+    """A finite int or float (never a bool) >= 0, or > 0 when ``positive``: a price, a cost,
+    a delay or a timeout."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value) and (value > 0 if positive else value >= 0))
+
+
 def positive_seconds(name: str, value: Any,
                      error: type[BatchJsonError] = InvalidBatch) -> float:
     """A timeout: a finite number of seconds > 0."""
-    if (isinstance(value, bool) or not isinstance(value, (int, float))
-            or not math.isfinite(value) or value <= 0):
+    if not is_amount(value, positive=True):
         raise error(f"{name} must be a finite number of seconds > 0, got {value!r}")
     return float(value)
 
 
 def seconds(name: str, value: Any, error: type[BatchJsonError] = InvalidBatch) -> float:
     """A delay: a finite number of seconds >= 0."""
-    if (isinstance(value, bool) or not isinstance(value, (int, float))
-            or not math.isfinite(value) or value < 0):
+    if not is_amount(value):
         raise error(f"{name} must be a finite number of seconds >= 0, got {value!r}")
     return float(value)
 

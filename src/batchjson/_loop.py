@@ -1,13 +1,10 @@
 """The one bridge from sync code to async: a background event loop (one per Session, and one
 shared by the code that runs a coroutine with no session at hand, :func:`run_sync`).
 
-Jupyter runs cells inside a live loop, where a nested ``asyncio.run`` fails; a fresh thread and
-loop per run would also throw away the provider's connection pool every time. The Session owns
-one daemon thread running one loop for its whole life: every run is a task on it, HTTP
-connections are reused across batches and cells, and ``close()`` (or interpreter exit) shuts it
-down after closing what the providers pooled (the Session registers that with
-``weakref.finalize``, which also runs at exit).
-"""
+Jupyter runs cells inside a live loop, where a nested ``asyncio.run`` fails, and a loop per run
+would throw away the providers' connection pools. The Session's daemon thread runs one loop for
+its whole life; ``close()`` (or ``weakref.finalize`` at exit) shuts it down after closing what
+the providers pooled."""
 
 from __future__ import annotations
 

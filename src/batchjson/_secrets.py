@@ -1,24 +1,12 @@
 """The one masking rule: what batchjson may show of a secret, anywhere it shows anything.
 
-Two kinds of rule, kept apart on purpose:
-
-- **Known secret values** (a configured API key, a URL's userinfo, a credential parameter in a
-  URL's query such as ``?api-key=...``, the password of a ledger URL) are replaced wherever
-  they appear in what batchjson writes or says: messages, reprs, provider metadata and provider
-  error bodies (:class:`Secrets`). The model's answer text (``raw``) is never touched: it is
-  kept byte for byte.
-- **Shape rules** (``sk-...``, ``sk-proj-...``, ``sk-ant-...`` and the other vendors' key
-  prefixes followed by a key's worth of key characters, 32 or more hex digits, a UUID)
-  recognise a pasted key by its look. They match only a *whole* value shaped exactly like a
-  key, so a typo (``'opnai'``), a name with a space (``'gpt 4o'``) or a build id is shown as
-  written; and they apply only to a field that names a provider or a model (``model=``,
-  ``%config BatchJson.model``, a response's ``model`` field): never to task data, identity
-  values, request ids or batchjson's own digests, which may look the same and must be shown as
-  they are. In a provider's error text alone, a key's fragment is masked wherever it stands,
-  whole or as the masked echo a provider shows (``sk-VKMIs***…wjh3``), whichever key it is
-  (:func:`keys_masked`): a provider echoes the key it received, perhaps an old one. There too
-  a key glued to a word and bare hex keys are masked (:func:`provider_text_masked`).
-"""
+Two kinds of rule, kept apart on purpose. **Known secret values** (a configured API key, a
+URL's userinfo or credential query parameter, a ledger URL's password) are replaced wherever
+batchjson writes or says them (:class:`Secrets`); the model's answer text is never touched.
+**Shape rules** recognise a pasted key by its look, only as a *whole* value and only in a field
+that names a provider or a model, never in task data or digests that may look the same; in a
+provider's error text alone, key fragments are masked wherever they stand
+(:func:`keys_masked`, :func:`provider_text_masked`). docs/providers.md lists the shapes."""
 
 from __future__ import annotations
 
@@ -188,15 +176,11 @@ def public_url(url: str, *, user: bool = True) -> str:
 
 
 class Secrets:
-    """The secret values one configuration holds; :meth:`mask` replaces each wherever it
-    appears, as written, URL-encoded, as the basic-auth base64 a URL's ``user:password``
-    travels as (:func:`basic_auth_forms`), or as the masked echo a provider's 401 body shows
-    (``sk-********abcd``: its last four characters are part of the key). A URL given in
-    ``urls`` is first replaced whole by its :func:`public_url`, so even a short password in it
-    goes; a value shorter than :data:`MIN_MASKED` is masked only there (replacing every "pw" in
-    a message would garble it and hide nothing). With ``url_users=False`` a URL's user name is
-    not one of them: a database's user is no secret, and "postgres" masked everywhere would
-    garble every ``postgresql://`` in a message. Its repr says only how many it holds."""
+    """The secret values one configuration holds; :meth:`mask` replaces each wherever it appears:
+    as written, URL-encoded, as basic-auth base64 (:func:`basic_auth_forms`) or as the masked
+    echo a provider's 401 body shows. A URL in ``urls`` is first replaced whole by its
+    :func:`public_url`; a value shorter than :data:`MIN_MASKED` is masked only there, and with
+    ``url_users=False`` a database's user name is no secret. Its repr says how many it holds."""
 
     __slots__ = ("_urls", "_values", "_echo")
 

@@ -1,13 +1,9 @@
-"""The words a provider describes its answer source in; the keys (``_content/keys.py``) read them.
-And the words it says an answer ended in (:data:`STOPS`), which acceptance rejects under and the
-ledger stores.
+"""The words a provider describes its answer source in (the keys, ``_content/keys.py``, read
+them), and the words it says an answer ended in (:data:`STOPS`).
 
-A provider's ``source_key()`` returns a string, or a sequence of parts joined in order: text as
-it is, :class:`Code` (a function or object whose code decides answers, keyed by its content),
-:class:`Digest` (setting values, keyed by a short digest of their content) and :class:`Hashed`
-(a list of parts, keyed as one digest). A provider says *what* decides its answers; how that
-becomes a key is decided in one place, so no provider hashes anything itself.
-"""
+``source_key()`` returns a string or a sequence of parts: text, :class:`Code` (keyed by its
+content), :class:`Digest` (setting values) and :class:`Hashed` (parts keyed as one digest). A
+provider says *what* decides its answers; how that becomes a key is decided in one place."""
 
 from __future__ import annotations
 

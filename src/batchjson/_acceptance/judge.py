@@ -30,8 +30,7 @@ from .._content.strictjson import (
     parse_json_noting,
     strip_fence,
 )
-from .._loop import run_sync
-from .._providers.reply import Reply, received
+from .._providers.reply import Reply
 from .._sources import NO_TOOL_CALL, NOT_TEXT, REFUSED, TOOL_CALL, TRUNCATED
 from .validators import clip, judged_code_raised, run_validator_async, said
 from .validators import error as _error
@@ -125,15 +124,12 @@ async def judge(
     schema: ItemSchema,
     validator: Callable[[Any, Mapping[str, Any]], Any] | None,
 ) -> Verdict:
-    """The one entry point of the replay loop: judge a provider's reply (as the boundary,
-    :func:`~batchjson._providers.reply.received`, made it) against the ledger's own copy of the
-    requested ``tasks``. ``mode`` is ``"items"`` or ``"value"``. A reply its provider says was
-    cut off, refused or sent in the wrong shape (``Reply.stop``) is rejected under that name.
-
-    ``identity`` names the fields every item must echo; when it carries ``echo=True`` (the
-    default identity, see :class:`~batchjson._content.tasks.Identity`) every other task field an
-    item returns (prompt and context aside) must equal the task's value too.
-    """
+    """The one entry point of the replay loop: judge a provider's reply (as
+    :func:`~batchjson._providers.reply.received` made it) against the ledger's own copy of the
+    requested ``tasks``, in ``mode`` ``"items"`` or ``"value"``. A reply whose ``stop`` says it
+    was cut off, refused or sent in the wrong shape is rejected under that name. ``identity`` with
+    ``echo=True`` (:class:`~batchjson._content.tasks.Identity`) also compares every other task field
+    an item returns."""
     try:
         if reply.stop is not None:  # the provider says this is no whole answer, whatever it reads
             return Verdict(False, errors=[stop_error(reply, tasks[0]["task_id"] if mode ==
@@ -170,18 +166,6 @@ def _prepare(text: str, tasks: Sequence[Mapping[str, Any]], mode: str, identity:
     if mode == "value":
         return _prepare_value(text, tasks[0], identity, schema)
     return _prepare_items(text, tasks, identity, schema)
-
-
-def accept_items(
-    text: str,
-    tasks: Sequence[Mapping[str, Any]],
-    identity: Sequence[str],
-    schema: ItemSchema,
-    validator: Callable[[Any, Mapping[str, Any]], Any] | None,
-) -> Verdict:
-    """Judge an ``{"items": [...]}`` return against exactly the tasks that were requested."""
-    return run_sync(lambda: judge(received(Reply(text=text)), tasks, mode="items",
-                                  identity=identity, schema=schema, validator=validator))
 
 
 # -- items -------------------------------------------------------------------------------------

@@ -1,12 +1,9 @@
 """Keys: the one type that composes every key of a run or an import, and the answer source.
 
-A request key covers what the model saw (the *seen* content: wire schema, instructions, the
-identity fields the prompt names, mode, answer source) and how its return is judged (schema
-fingerprint, validator, identity rules); the tasks are spliced in per request. A revision is the
-digest of all of it. Answers imported from another system have no answer source: they are keyed
+A request key covers what the model saw (the *seen* content) and how its return is judged; a
+revision is the digest of all of it. An import's answers have no answer source: they are keyed
 by the same content without one (the *sourceless* key), which a live run computes too, finds
-and re-judges. A live run and an import of the same content compose byte-identical keys here.
-"""
+and re-judges; a live run and an import of the same content compose byte-identical keys here."""
 
 from __future__ import annotations
 

@@ -1,16 +1,9 @@
 """A ``null`` read as absent: how an answer in OpenAI's strict mode leaves out an optional field.
 
-Strict mode makes every property required, so batchjson sends each property the answer schema
-does not require as nullable, and the model answers ``null`` where it has nothing to say
-(docs/providers.md, "Strict schemas"). Before an item is judged, such a ``null`` is taken out
-again: for a property the schema declares but does not require, and whose own schema does not
-allow ``null``, the item is judged as if the key were absent. A ``null`` the schema allows stays,
-and nothing else is touched: the user's schema still judges every item.
-
-The rule reads the answer schema alone (never the provider or the wire schema), so a stored
-return is judged alike live, re-judged, imported or merged: the nulls it takes out are exactly
-those batchjson's strict form lets the model write.
-"""
+Strict mode makes every property required, so an optional one is sent as nullable
+(docs/providers.md, "Strict schemas"); before an item is judged, a ``null`` for a property the
+schema does not require and whose own schema does not allow ``null`` is taken out again. The rule
+reads the answer schema alone, so a return is judged alike live, re-judged, imported or merged."""
 
 from __future__ import annotations
 

@@ -1,20 +1,10 @@
 """Values a JSON Schema allows: the smallest answer a schema can get, and values drawn from a seed.
 
 The one owner of what batchjson needs of a schema's answer size: :func:`smallest_answers` (the
-least output a pack can take, for the input check) or :class:`Unanswerable`. The simulated model
-(``_providers/simulated.py``) draws its answers from the same generator.
-
-One generator for every JSON Schema keyword batchjson accepts (types, ``enum``/``const``,
-objects, arrays, numbers, strings with ``pattern``/``format``, ``anyOf``/``oneOf``/``allOf``,
-``not``, ``if``/``then``/``else``, ``$ref``/``$defs``, the schemas pydantic writes). The same seed
-gives the same value in every process (no salted ``hash()``). ``minimal`` makes the smallest
-value instead: fewest properties and items, shortest strings and numbers, which is what a pack's
-least possible output is measured by. A ``oneOf`` value is valid for exactly one branch, and
-``uniqueItems`` compares as JSON Schema does (``1`` is ``1.0``, ``true`` is neither). A value is
-checked against the schema before it is handed out; a keyword the generator cannot satisfy
-raises :class:`Unanswerable` naming the keyword and where it is, so the caller can refuse before
-anything runs.
-"""
+least output a pack can take, for the input check) or :class:`Unanswerable`, naming the keyword
+the generator cannot satisfy so the caller refuses before anything runs. The simulated model
+draws its answers from the same generator: every keyword batchjson accepts, the same seed giving
+the same value in every process, each value checked against the schema before it is handed out."""
 
 from __future__ import annotations
 

@@ -100,21 +100,14 @@ def no_room(what: str, exc: OSError) -> str:
 
 
 class TextSpool(Sequence[str]):
-    """JSON texts in order, appended one at a time: each request's tasks (the one copy of a
-    run's tasks), or each call's task ids (what a result's ``attempts_by_task`` counts).
+    """JSON texts in order, appended one at a time: each request's tasks (the one copy of a run's
+    tasks), or each call's task ids.
 
-    A small run keeps them in a list; past :data:`SPILL_CHARS` they go to an unnamed temporary
-    file (one text a line: JSON text holds no raw newline), read back by offset, so a million
-    tasks from a generator or a file take no memory of their own while the run streams over
-    them a window at a time. Reads use ``os.pread``: safe from the session's loop thread while
-    another reader iterates. The file goes when the last holder lets go (a result's errors
-    keep it for the tasks they name).
-
-    A disk with no room (or no file to be had) is a :class:`ConfigError` naming ``TMPDIR``,
-    raised by :meth:`append` or :meth:`flush`, which the run's task check calls before
-    anything is recorded or spent; a spool made ``keep_when_full`` (the log of calls already
-    paid for, which must not fail a call) holds its texts in memory instead.
-    """
+    Past :data:`SPILL_CHARS` they go to an unnamed temporary file read back by offset with
+    ``os.pread`` (safe from the loop thread while another reader iterates), so a million tasks take
+    no memory of their own; the file goes with its last holder. A full disk is a
+    :class:`ConfigError` naming ``TMPDIR``, raised before anything is spent; a spool made
+    ``keep_when_full`` (the log of calls already paid for) holds its texts in memory instead."""
 
     def __init__(self, *, keep_when_full: bool = False) -> None:
         self._held: list[str] | None = []

@@ -43,15 +43,10 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
                     pack: int | None = None) -> tuple[Sequence[dict], Sequence[str]]:
     """Check every task before anything is spent, naming the first bad one and the fix.
 
-    ``tasks`` is a list, any iterable (a generator, read once) or a JSON Lines file's path.
-    Returns the tasks in the ledger's (JSON) form and their canonical JSON texts: checking
-    serialisability already produces the text that request keys, the ledger and prompts are
-    built from. With ``pack``, one text per ``pack`` tasks (each request's ``tasks_json``),
-    and the tasks are a :class:`PackedTasks` over those texts, decoded when read, so a task is
-    held once, as text (:class:`TextSpool`: on disk past a few megabytes, so a run then
-    streams over them). The caller's own objects are not kept, nor a set of their ids (see
-    ``unique``). ``hasher`` is fed a file's bytes as they are read.
-    """
+    ``tasks`` is a list, any iterable (read once) or a JSON Lines file's path. Returns the tasks
+    in the ledger's form and their canonical JSON texts (one per ``pack`` tasks), which keys, the
+    ledger and prompts are built from; a task is held once, as text (:class:`TextSpool`), never as
+    the caller's object. ``hasher`` is fed a file's bytes as they are read."""
     identity = normalize_identity(identity)
     from_file = is_task_file(tasks)  # a file's tasks are JSON already: nothing to decode back
     ids = TaskIds()
@@ -194,12 +189,10 @@ ECHOED = "+echoed"  # an Identity's key part when echoed task fields are compare
 class Identity(tuple):
     """The identity fields every item must echo unchanged (``task_id`` first).
 
-    ``echo`` is True for the default identity (``identity=None``): then every other field a task
-    carries (prompt and context aside) that an item returns must equal the task's value too, so
-    an item echoing ``case_id`` 079 for a task whose ``case_id`` is 078 is rejected. An explicit
-    ``identity=`` lists exactly what is compared (``echo`` False). It is a tuple, so code that
-    renders prompts or wire schemas sees only the required fields.
-    """
+    ``echo`` is True for the default identity (``identity=None``): every other task field an item
+    returns (prompt and context aside) must equal the task's value too. An explicit ``identity=``
+    lists exactly what is compared. A tuple, so prompts and wire schemas see only the required
+    fields."""
 
     echo: bool
 
@@ -338,12 +331,3 @@ def render_repair_prompt(prompt: str, raw: str, errors: Sequence[Mapping[str, An
         f"Previous response:\n{shown}\n"
         "Return only corrected JSON, with no markdown or explanation."
     )
-
-
-def tasks_block(prompt: str) -> str | None:
-    """The JSON text of the tasks a rendered prompt carries (the loopback server reads it)."""
-    start = prompt.find(TASKS_BEGIN)
-    end = prompt.find(TASKS_END, start + 1) if start >= 0 else -1
-    if start < 0 or end < 0:
-        return None
-    return prompt[start + len(TASKS_BEGIN):end]

@@ -1,13 +1,9 @@
 """What a function's bytecode reads, writes, changes in place and opens: one scan.
 
-A validator that reads ``cfg.THRESHOLD`` depends on that attribute's value, not on the module's
-name; code that assigns ``self.calls`` or ``global COUNT``, or appends to a global list, keeps
-state there, not configuration; ``open("rules.json")`` judges by the file's content;
-``globals()["X"]`` or ``eval`` reads what no scan can see. One pass over the instructions (the
-code nested in it included, cached per code object) says what the code does; the fingerprint's
-policy decides what of it counts. Only what the code looks like is known: a read hidden behind
-other names is not seen.
-"""
+One pass over the instructions (nested code included, cached per code object) says what the
+code does: reads ``cfg.THRESHOLD``, keeps state in ``self.calls`` or a global, opens
+``rules.json``, reads out of sight (``globals()["X"]``, ``eval``). The fingerprint's policy
+decides what of it counts; a read hidden behind other names is not seen."""
 
 from __future__ import annotations
 

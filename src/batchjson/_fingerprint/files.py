@@ -1,24 +1,11 @@
 """Files a validator reads: their content is part of what it judges by.
 
-A validator that loads ``rules.json`` accepts or rejects by the file's content as much as by its
-code: after the file is edited, answers stored under the old rules may no longer pass. A read of
-a constant path in the user's code (``open("rules.json")``, ``json.load(open(RULES))`` where
-``RULES`` is a str or ``Path`` global, ``Path("rules.json").read_text()``, ``RULES.read_bytes()``)
-puts the file's content hash into the fingerprint, read again every time the fingerprint is made
-(every run). Any other read cannot be hashed ahead of the run: a path computed at run time
-(``open(task["file"])``), a read inside an installed library (``pandas.read_csv``, ``np.load``,
-``gzip.open``). Those are named as ``unseen``, which makes the fingerprint partial, so stored
-answers are re-judged before they are reused. The stdlib's other ways to read the file system
-count the same way (``STDLIB_READS``), with a constant path: ``sqlite3.connect``,
-``linecache.getline`` and ``fileinput.input`` by the file's bytes; ``os.listdir``,
-``os.scandir``, ``os.walk`` and ``glob.glob`` by the listing; ``os.path.exists``, ``isfile``,
-``isdir``, ``getsize`` and ``getmtime`` by their answer. With any other path, and for a program
-run (``subprocess``, ``os.system``), they are unseen. A cache that keeps what was read
-(``linecache``'s, ``functools.lru_cache`` around a reader) hides an edit from this process, so it
-is named unseen too. The read sites come from the one bytecode scan
-(:mod:`batchjson._fingerprint.bytecode`), so what a read looks like is all that is known: a read
-hidden behind other names is not seen.
-"""
+A read of a constant path in the user's code (``open("rules.json")``, ``Path(RULES).read_text()``,
+the stdlib's other readers in ``STDLIB_READS``) puts the file's content hash into the fingerprint,
+read again every run. Any other read (a path computed at run time, a read inside an installed
+library, a program run, a cache that hides an edit) is named ``unseen``: the fingerprint is
+partial and stored answers are re-judged before reuse. The read sites come from the one bytecode
+scan (:mod:`batchjson._fingerprint.bytecode`); docs/design.md lists what counts."""
 
 from __future__ import annotations
 

@@ -1,19 +1,12 @@
 """Content fingerprints for validators, answer sources and data.
 
-An RLM engine keys evidence on validator *object identity*, so a cell re-executed after an error
-defines a new function object and orphans the evidence recorded under the old one. batchjson keys
-validators by *content*: code, defaults, closure values, referenced globals, the module attributes
-the code reads (``cfg.THRESHOLD``), the files it reads at a constant path (``rules.json``, read
-anew each time), classes with all their attributes, pydantic models by their core schema and
-validators, and library objects by what they hold. The same content gives the same digest, in
-this process or any other, wherever it was defined. What cannot be seen is said: ``by_identity``
-(compared by object identity) and ``unseen`` (``globals()["X"]``, ``eval``, a file read at a
-computed path).
-
-Two views: :func:`fingerprint_function` sees everything that decides acceptance, mutable state
-included; :func:`fingerprint_callable` keys an answer source by its code and the immutable values
-it reads only, so a stub that counts its calls keeps one key.
-"""
+A cell re-executed after an error defines a new function object, so evidence keyed by object
+identity would be orphaned: batchjson keys validators by *content* (code, defaults, closures,
+globals and module attributes read, files read at a constant path, classes, pydantic models),
+the same in any process. What cannot be seen is said: ``by_identity`` and ``unseen``.
+:func:`fingerprint_function` sees everything that decides acceptance, mutable state included;
+:func:`fingerprint_callable` keys an answer source by its code and immutable values only, so a
+stub that counts its calls keeps one key."""
 
 from __future__ import annotations
 
@@ -131,15 +124,10 @@ def fingerprint_function(fn: Callable[..., Any]) -> Fingerprint:
 def fingerprint_callable(obj: Any) -> Fingerprint:
     """Key of an answer source (a provider's answer function, a subcall object).
 
-    Keyed by code (bytecode, constants, defaults, the code of the functions and classes it uses)
-    and the immutable values it reads (str, numbers, tuples, frozensets, enums, frozen
-    dataclasses and models), including the configuration of its own objects (attributes set up
-    in ``__init__``, like ``self.model``). Never by mutable state: lists, dicts, sets and other
-    mutable values count by type only, and attributes, globals and closure cells the code
-    assigns while serving calls (``self.calls += 1``, ``global COUNT``, ``nonlocal n``) are left
-    out, as are random generators, locks and library objects' state. A stub that counts its
-    calls keeps one key. Digests never equal a :func:`fingerprint_function` digest.
-    """
+    Keyed by code and the immutable values it reads, its own objects' configuration included
+    (``self.model``); never by mutable state (by type only) or by what the code assigns while
+    serving calls (``self.calls += 1``, ``global COUNT``), so a stub that counts its calls keeps one
+    key. Digests never equal a :func:`fingerprint_function` digest."""
     return _fingerprint(obj, SOURCE)
 
 

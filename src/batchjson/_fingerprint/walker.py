@@ -1,13 +1,9 @@
 """One fingerprint computation: the walk over a callable or value and what it reaches.
 
-A :class:`Walker` turns an object into a :class:`Node`: its digest, the named parts it is made of
-(code, defaults, closure cells, globals, module attributes, class members, instance state), the
-paths compared by identity and what the code reads out of sight. It carries the cycle guard, the
-memo tables (a subtree with no back-reference is digested once per walk) and the fallbacks that
-make fingerprinting total. What it counts is its :class:`~batchjson._fingerprint.policy.Policy`'s (a
-validator's judging, or an answer source); ``fingerprint`` wraps the result as a public
-``Fingerprint``.
-"""
+A :class:`Walker` turns an object into a :class:`Node` (its digest, named parts, the paths
+compared by identity, what the code reads out of sight), with the cycle guard, the memo tables
+and the fallbacks that make fingerprinting total. What it counts is its
+:class:`~batchjson._fingerprint.policy.Policy`'s."""
 
 from __future__ import annotations
 

@@ -56,13 +56,9 @@ def running_cell(shell: Any) -> int:
 
 
 def run_body(shell: Any, cell: str) -> tuple[list[str], set[str]]:
-    """Execute the body in the user namespace; return the names it (re)bound to functions
-    defined in this body (an imported or helper-made function from elsewhere is not its own),
-    and every name it assigned (by a statement of its own, or by what it ran: ``%run``).
-
-    The source goes through the shell's compiler and line cache, with one leading blank line so
-    traceback line numbers match the cell as the user sees it (line 1 is ``%%batch_json``).
-    """
+    """Execute the body in the user namespace; return the names it (re)bound to functions it
+    defined, and every name it assigned (by its own statements or by what it ran: ``%run``).
+    One leading blank line keeps traceback line numbers as the user sees the cell."""
     source = "\n" + shell.transform_cell(cell)
     filename = shell.compile.cache(source, running_cell(shell), raw_code="\n" + cell)
     code = shell.compile(source, filename, "exec")
@@ -85,15 +81,12 @@ def left_by_another_cell(assigned: set[str], **options: str | None) -> list[str]
 def define_once(registry: ValidatorRegistry, ns: dict[str, Any], names: list[str],
                 validator: Any) -> tuple[Any, list[str]]:
     """Pass the validator through the registry under its variable name, when the body defined
-    it (one of ``names``); other functions of the body (helpers that build the tasks) are not
-    validators and are left alone.
+    it (one of ``names``); the body's other functions are left alone.
 
-    The variable is rebound to the canonical object, so re-running an unchanged cell leaves
-    ``id(fn)`` unchanged. Returns the validator to run (the canonical object) and the
-    registry's one-line message when the definition changed or went back to an earlier
-    version, or when its fingerprint is partial (a first, fully seen definition is not news).
-    A validator the body did not define is returned as it is: the run registers it.
-    """
+    The variable is rebound to the canonical object, so re-running an unchanged cell keeps
+    ``id(fn)``. Returns the validator to run and the registry's messages worth saying (a change, a
+    return to an earlier version, a partial fingerprint). A validator the body did not define is
+    returned as it is: the run registers it."""
     name = next((n for n in names if ns[n] is validator), None)
     if validator is None or name is None:
         return validator, []

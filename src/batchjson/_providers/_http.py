@@ -79,14 +79,10 @@ async def post_json(session: aiohttp.ClientSession, url: str, body: bytes,
                     headers: Callable[[], Mapping[str, str]], *, provider: str, timeout: float,
                     secrets: Secrets, key_env: str) -> Answer:
     """POST a JSON body and return the decoded object with its text; every failure is a
-    ProviderError, and one that no retry can cure (DNS, connection refused) says
-    ``unreachable=True``. Every message passes ``secrets.mask``: aiohttp's own messages name
-    the URL, whose query or userinfo may hold a credential.
-
-    ``headers`` is a factory so the key never sits in a local of this frame, and errors are
-    raised outside the ``except`` blocks so no aiohttp exception (whose request_info holds the
-    headers, key included) rides along as ``__context__``.
-    """
+    ProviderError (``unreachable=True`` when no retry can cure it) whose message passed
+    ``secrets.mask``. ``headers`` is a factory so the key never sits in a local of this frame, and
+    errors are raised outside the ``except`` blocks so no aiohttp exception (holding the headers)
+    rides along as ``__context__``."""
     status, raw, resp_headers = await exchange(session, "POST", url, body, headers,
                                                provider=provider, timeout=timeout,
                                                secrets=secrets, key_env=key_env)

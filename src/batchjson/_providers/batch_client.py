@@ -128,12 +128,10 @@ class BatchClient:
 
 
 class OutputLines:
-    """A job's result files as lines, parsed one at a time each time they are iterated (a
-    collection reads them twice: to count each ``custom_id``, then to judge): only the files'
-    bytes are held, never every parsed line. Lines are split at newlines alone (JSON Lines), so
-    a U+2028 inside a string never cuts one; blank lines are skipped. A line that is not valid
-    UTF-8 is read only for its ``custom_id``: it carries :data:`NOT_UTF8` (the first bad byte),
-    and its receipt is refused (``_replay/jobs.py``), as a live body that is not UTF-8 is."""
+    """A job's result files as lines, parsed one at a time on each iteration (a collection reads
+    them twice), so only the files' bytes are held. Lines split at newlines alone (a U+2028 in a
+    string never cuts one); a line that is not valid UTF-8 carries :data:`NOT_UTF8` and its receipt
+    is refused, as a live body that is not UTF-8 is."""
 
     def __init__(self, files: Sequence[bytes], parse: Callable[[str], Any]) -> None:
         self.files, self.parse = files, parse

@@ -1,14 +1,10 @@
 """Prompt caching: which part of a batch's requests is shared, and when it is long enough to
 cache.
 
-Every request of a batch starts with the same bytes: the system text (the answer schema and
-envelope) and, in items mode, the batch's instructions at the head of the user message. A
-provider caches a prefix only from a model-dependent length on, and only if every byte before
-it is identical, tool definitions and the response schema included (they come first). So when
-the shared part is long enough, the wire schema is sent batch-constant instead of pinning each
-request's identity values (acceptance checks every identity field either way); below it,
-pinning is kept, since no cache is lost by it.
-"""
+A provider caches a prefix only from a model-dependent length on and only if every byte before
+it is identical, so when the shared part (system text, instructions) is long enough the wire
+schema is sent batch-constant instead of pinning each request's identity values (acceptance
+checks every identity field either way)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,9 @@
 """What an OpenAI chat model accepts in a request, per model: the reasoning models refuse parts
 of the request every other chat model takes, with a 400 on every call.
 
-From OpenAI's reasoning-model documentation and the real 400s in tests/fixtures/recorded/:
-o1-mini and o1-preview refuse a ``system`` and a ``developer`` message (the system text goes as
-a user message before the prompt, as their working recordings send it) and any
-``response_format``; the o-series and the gpt-5 family take the system text as a ``developer``
-message, refuse ``max_tokens`` (the ceiling is ``max_completion_tokens``, which counts the
-billed reasoning tokens too) and ``temperature`` and the other sampling settings. A model not
-listed is taken to accept everything; ``OpenAIProvider(capabilities={...})`` overrides the table
-for a deployment it does not know (an Azure deployment named by its owner, a gateway's alias).
-"""
+From OpenAI's reasoning-model documentation and the real 400s in tests/fixtures/recorded/. A
+model not listed is taken to accept everything; ``OpenAIProvider(capabilities={...})``
+overrides the table for a deployment it does not know (docs/providers.md)."""
 
 from __future__ import annotations
 

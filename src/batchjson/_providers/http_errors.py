@@ -1,14 +1,10 @@
 """An HTTP error response as a ProviderError: the provider's own words, the server's retry
 advice, and the errors no request of a run can get past.
 
-Those stop the whole run (``ProviderError(fatal=True)``): the account cannot pay, or the server
-says a limit will not pass by waiting. No other request is sent, none is retried, and the error
-says what to fix. They are recognised by the providers' own words: OpenAI's 429
-``insufficient_quota`` (and ``billing_hard_limit_reached``), Anthropic's 400 "credit balance is
-too low" and ``billing_error``, a spend limit (``enforced_spend_limit_reached``), a 402 from a
-gateway, and a status otherwise worth retrying (408, 409, 425, 429) sent with
-``x-should-retry: false``, the header both official SDKs obey.
-"""
+Those stop the whole run (``ProviderError(fatal=True)``), none retried: the account cannot pay
+(quota, credit, billing, a spend limit, a 402), or a retryable status comes with
+``x-should-retry: false``, the header both official SDKs obey. They are recognised by the
+providers' own words (docs/providers.md lists them)."""
 
 from __future__ import annotations
 

@@ -6,13 +6,13 @@ or call :func:`set_prices` once per process. Values are USD per million tokens.
 
 from __future__ import annotations
 
-import math
 import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .._checks import is_amount
 from .._errors import ConfigError
 from .._secrets import looks_like_key, masked
 
@@ -50,8 +50,7 @@ class Price:
             value = getattr(self, name)
             if value is None and name in ("cached_input", "cache_write"):
                 continue
-            if (isinstance(value, bool) or not isinstance(value, (int, float))
-                    or not math.isfinite(value) or value < 0):
+            if not is_amount(value):
                 what = ("the share of the live price a batch job bills, a number >= 0 (0.5: "
                         "half)" if name == "batch" else "a number >= 0 (USD per million tokens)")
                 raise ConfigError(f"{name} must be {what}, got {value!r}")

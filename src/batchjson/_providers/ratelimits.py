@@ -1,14 +1,9 @@
 """What providers say about their rate limits, read from response headers.
 
-OpenAI sends ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` with resets as Go
-durations (``"12ms"``, ``"3.89s"``, ``"1m30s"``, ``"114h18m0s"``); Anthropic sends
-``anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}``
-with resets as RFC 3339 instants. Both may send ``retry-after`` (seconds or an HTTP-date) and
-``retry-after-ms``. A value that is not a finite number of seconds (``inf``, ``nan``, an
-overflow) is unknown, and a Retry-After is honoured up to :data:`RETRY_AFTER_MAX` (a reset's
-bound is the session's ``max_rate_wait``). Nothing here waits or paces: it only reads, for the
-replay loop's pacer.
-"""
+OpenAI's ``x-ratelimit-*`` (resets as Go durations), Anthropic's ``anthropic-ratelimit-*``
+(resets as RFC 3339 instants), ``retry-after`` and ``retry-after-ms``. A value that is not a
+finite number of seconds is unknown; a Retry-After is honoured up to :data:`RETRY_AFTER_MAX`.
+Nothing here waits: it only reads, for the pacer (docs/providers.md, "Rate limits")."""
 
 from __future__ import annotations
 

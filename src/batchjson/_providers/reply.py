@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._checks import is_amount
 from .._errors import ProviderError
 from .._secrets import shown_name
 from .._sources import NOT_TEXT, STOPS
@@ -55,15 +56,11 @@ class Reply:
 def received(out: Any, output_cap: int | None = None) -> Reply:
     """What ``provider.complete`` returned, as the :class:`Reply` the rest of batchjson trusts.
 
-    A ``str`` is the answer with its usage unknown. Usage is bookkeeping, never a reason to lose
-    a paid-for return: a count given as a numeric string or a whole float is read as a number,
-    anything else (negative, bool, NaN, garbage, more than :data:`MOST_TOKENS`, cached tokens
-    above the input tokens they are part of) is unknown and
-    kept in ``extra["unreadable_usage"]``, for the run to name. Text that is not a ``str`` is
-    kept as text with ``stop`` :data:`NOT_TEXT`, so acceptance rejects it and the receipt keeps
-    it. A reply that says nothing of how it ended but used every output token of ``output_cap``
-    (the ceiling the provider sends) is marked ``extra["cut_at"]``: if its text is not whole
-    JSON, acceptance rejects it as cut off there (``truncated``), not as a JSON error."""
+    Usage is bookkeeping, never a reason to lose a paid-for return: a count that cannot be read is
+    unknown and kept in ``extra["unreadable_usage"]``. Text that is not a ``str`` gets ``stop``
+    :data:`NOT_TEXT`, so acceptance rejects it and the receipt keeps it. A reply that used every
+    output token of ``output_cap`` is marked ``extra["cut_at"]``: unfinished JSON is then judged
+    cut off (``truncated``), not a JSON error (docs/providers.md, "One boundary")."""
     if isinstance(out, str):
         return Reply(text=str.__getitem__(out, slice(None)))
     if not hasattr(out, "text"):
@@ -132,16 +129,12 @@ def _count(value: Any) -> int | None:
 
 
 def _money(value: Any) -> float | None:
-    if isinstance(value, bool) or value is None:
-        return None
     if isinstance(value, str):
         try:
             value = float(value)
         except ValueError:
             return None
-    if isinstance(value, (int, float)) and math.isfinite(value) and value >= 0:
-        return float(value)
-    return None
+    return float(value) if is_amount(value) else None
 
 
 def provider_names(provider: Any) -> tuple[Any, Any]:

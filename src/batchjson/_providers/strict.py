@@ -1,21 +1,11 @@
 """OpenAI's strict mode (Structured Outputs): a wire schema's strict form, or why it has none.
 
-Strict mode takes a subset of JSON Schema, which OpenAI's Structured Outputs guide ("Supported
-schemas") lists: a root that is an object and not an ``anyOf``; every object closed
-(``additionalProperties: false``) with every property required; the types, ``enum``,
-``const``, ``anyOf``, local ``$ref``/``$defs``, and per type ``pattern`` and the listed
-``format``s, ``minimum``/``maximum``/``exclusiveMinimum``/``exclusiveMaximum``/``multipleOf``,
-``minItems``/``maxItems``; at most 5000 object properties, 10 levels of nested objects, 1000
-enum values and 120,000 characters of names and values. The API answers any other schema sent
-with ``strict: true`` with a 400, on every call.
-
-:func:`strict_form` rewrites a schema into that subset only where the rewrite accepts a subset
-of what the schema accepts: objects are closed, a property the schema does not require becomes
-required and nullable (acceptance reads its ``null`` as absent, ``_content/optional.py``),
-annotations the subset has no use for are dropped. What it cannot rewrite so (a free-form
-object, a ``dict[str, X]``, a keyword outside the subset) is named instead, and the provider
-falls back to JSON mode.
-"""
+Strict mode takes the subset of JSON Schema OpenAI's guide lists ("Supported schemas"); any
+other schema sent with ``strict: true`` is a 400 on every call. :func:`strict_form` rewrites a
+schema into that subset only where the rewrite accepts a subset of what the schema accepts
+(objects closed, an optional property required and nullable, read back as absent by
+``_content/optional.py``); what it cannot rewrite is named, and the provider falls back to JSON
+mode (docs/providers.md)."""
 
 from __future__ import annotations
 

@@ -1,20 +1,12 @@
 """Call and cost budgets: validated up front, reserved at worst case before a call, settled after.
 
-A cost is known only after a call returns, so each call first reserves its worst case and settles
-to the real cost when the reply arrives. The worst case is a sound upper bound, not an estimate:
-the call's input bound (the UTF-8 bytes of everything it sends plus the provider's documented
-fixed overhead, :func:`~batchjson._providers.base.input_bound`: a byte-level BPE tokenizer never
-makes more tokens than bytes, whatever the script) plus its output ceiling (``max_tokens``), at
-the model's prices. Reservations of every run and thread of a session share one :class:`Tally`,
-so a cost budget holds at any concurrency and in any language.
-
-The bound holds only if the server holds the output ceiling. One that bills more (it ignores
-``max_completion_tokens``, or answers with a pricier model) can make a call cost more than its
-reservation; then the real cost is what is charged, and no further call is opened under the
-budget (its worst case is no bound any more). Until a session's first call has settled, a
-run sends that call alone, so such a server is found out by one call, not by a whole round of
-concurrent ones.
-"""
+The worst case is a sound upper bound, not an estimate: the UTF-8 bytes a call sends plus the
+provider's fixed overhead (:func:`~batchjson._providers.base.input_bound`; a byte-level BPE
+never makes more tokens than bytes) plus its ``max_tokens``, at the model's prices. One
+:class:`Tally` per session holds every run's reservations, so the budget holds at any
+concurrency. A server that bills beyond the ceiling is charged what it billed and closes the
+budget to further calls; a session's first call goes alone to find that out (docs/design.md,
+"Budgets")."""
 
 from __future__ import annotations
 
@@ -24,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .._checks import is_whole
 from .._errors import BudgetExceeded, ConfigError, InvalidBatch
 from .._money import cost_value
 from .._providers.settings import declared_output_cap
@@ -32,7 +25,7 @@ from .._providers.settings import declared_output_cap
 def _calls_value(value: Any) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not is_whole(value):
         raise InvalidBatch(f"budget calls must be a whole number >= 0 (or None for no limit), "
                            f"got {value!r}")
     return value
@@ -129,11 +122,9 @@ def usd(amount: float) -> str:
 class Tally:
     """What a session has spent, charged call by call by every run (and thread) using it.
 
-    ``reserved`` holds the worst-case cost of calls not yet settled; ``cost`` the settled ones
-    (a call whose cost is unknown is charged its worst case). ``overrun`` is what calls billed
-    beyond their reservations under a cost budget, and ``unbounded`` says why: once set, the
-    cost budget opens no further call.
-    """
+    ``reserved`` holds the worst case of calls not yet settled, ``cost`` the settled ones (an
+    unknown cost is charged its worst case); ``overrun`` is what calls billed beyond their
+    reservations, and once ``unbounded`` says why, the cost budget opens no further call."""
 
     def __init__(self) -> None:
         self.calls = 0
@@ -155,11 +146,9 @@ def charge_of(reserved: float, cost: float | None) -> float:
 class Spender:
     """What one run may still spend, against its max_calls and the session's budget.
 
-    Each reserved call is charged to the session's ``tally`` at once, so a run that is
-    interrupted or fails still counts, and concurrent runs share one budget. ``shared`` is the
-    ledger's own budget when it has one (``store_budget.py``): then every call's worst case is
-    computed, for the ledger to reserve beside the claim.
-    """
+    Each reserved call is charged to the session's ``tally`` at once, so an interrupted run still
+    counts and concurrent runs share one budget. ``shared`` is the ledger's own budget, if any: then
+    every call's worst case is computed for the ledger to reserve beside the claim."""
 
     def __init__(self, max_calls: int | None, budget: Budget, tally: Tally,
                  pricing: Pricing | None = None, *,

@@ -1,19 +1,10 @@
 """Group commit: ledger writes from concurrent calls share one transaction per loop turn.
 
-Sixty-four calls finishing together would otherwise pay sixty-four commits on the event
-loop. Each write still runs whole or not at all, and its caller resumes only after the
-transaction holding it has committed, so "receipt before call" and "accepted attempt and
-checkpoint together" hold exactly as with one transaction per write.
-
-A write may hand back its outcome as a ``Later`` (a store that pipelines statements:
-PostgreSQL): every write of the group is sent before any outcome is read, still inside the
-transaction, so the group waits for the server's answers once.
-
-If one write fails on its own (a bug in that write), the group is undone and each write runs again
-in a transaction of its own. If the ledger itself fails (disk full, I/O error, read-only file,
-locked past the busy timeout) every queued write fails with that LedgerError, and so does every
-later one: the run stops before any further call.
-"""
+Each write still runs whole or not at all and its caller resumes only after the transaction
+holding it committed, so "receipt before call" holds as with one transaction per write. A write
+may hand back a ``Later`` (PostgreSQL pipelines): the group waits for the server's answers once.
+A write that fails on its own undoes the group and each write runs again alone; a failing ledger
+fails every queued and later write with that LedgerError, so the run stops before another call."""
 
 from __future__ import annotations
 

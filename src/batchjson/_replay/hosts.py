@@ -1,12 +1,9 @@
 """This session as one live host of its ledger, so that the hosts on one account divide its
 rate limits instead of each sending at all of them.
 
-A session joins the ledger's hosts when it opens it and counts them again while it runs, on
-every tick of its lease renewal; its pacer takes one equal share of the account's limits. A
-host that ended leaves at once (``Session.close``, or its process gone on this machine); one
-that died on another machine drops out when its lease expires, and the others take its share
-at their next count.
-"""
+A session joins the ledger's hosts when it opens it and counts them on every lease renewal; its
+pacer takes an equal share. A host that ended leaves at once; one that died elsewhere drops out
+when its lease expires."""
 
 from __future__ import annotations
 

@@ -1,20 +1,11 @@
 """The batch transport: a run's pending requests as provider batch jobs, judged line by line by
-the same acceptance and committed through the same store methods as a live return.
+the same acceptance and settled by the same step (``settle.py``) as a live return.
 
-A run's requests come as a stream of windows, read again from the run's source each time (its
-checked tasks' texts, or the ledger's pages): the runner holds about one job's requests at a
-time, plus a few numbers a job. The first pass streams them once, submitting what is owed
-(first calls, and the follow-ups the run's repairs and replays allow) a job at a time, each
-recorded before upload, and learns which jobs hold the rest. Every pass then polls those jobs
-and collects the ones that ended (lines joined by ``custom_id`` only: an unknown, missing or
-duplicated id is named and never admitted; an error line is a provider error, never an
-answer), and submits the follow-ups of the requests they held, read from the ledger. An ended
-job's output is read a line at a time, twice (to count each ``custom_id``, then to judge a
-window of lines with their requests from the ledger); each line settles through the one settle
-step (``settle.py``), and every receipt and the job commit in one transaction.
-``wait=False`` returns after one pass with the jobs still open; ``wait=True`` passes until
-every job ended.
-"""
+The runner streams the run's windows, holding about one job's requests at a time: it submits
+what is owed a job at a time (each recorded before upload), polls the jobs that hold the rest,
+and collects the ones that ended, joining lines by ``custom_id`` only (an unknown, missing or
+duplicated id is named, never admitted; an error line is a provider error). ``wait=False``
+returns after one pass; ``wait=True`` passes until every job ended (docs/design.md)."""
 
 from __future__ import annotations
 
@@ -579,13 +570,8 @@ def _batched(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
         yield part
 
 
-
 def detail_of(row: Mapping[str, Any]) -> dict[str, Any]:
     try:
         return dict(json.loads(row["detail"] or "{}"))
     except (TypeError, ValueError):
         return {}
-
-
-def _http(error: ProviderError) -> str:
-    return f" (HTTP {error.status})" if error.status else ""

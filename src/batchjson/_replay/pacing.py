@@ -1,25 +1,10 @@
 """Pacing: keep every run of a session under the provider's requests and tokens per minute.
 
-A rate-limited API refuses what arrives beyond its limits (429) and may apply them over short
-slices of the minute, so a semaphore alone cannot keep a run under them: its retries then fire
-into the same closed window and burn money. The :class:`Pacer` is one per session, shared by
-all its runs, and has a narrow interface (``acquire`` / ``release`` / ``observe`` /
-``penalise``) so that a pacer shared across hosts can stand behind it later.
-
-* Two leaky buckets (aiolimiter) for requests and tokens, drained at the limit's rate with a
-  burst of half a slice: the session sends no faster than the limit, however many workers wait.
-* Tokens are counted as the provider's limiter counts them when a request arrives (prompt
-  characters / 4 plus ``max_tokens``), never the budget's worst case.
-* Limits come from the user (``Session(rate_limits=...)``) or are learnt from the first
-  response's ``x-ratelimit-*`` / ``anthropic-ratelimit-*`` headers; ``remaining`` below what
-  the pacer expects (another client on the same key) pauses it until the provider catches up.
-* A 429 pauses every call for ``retry-after`` / ``retry-after-ms`` / the reset headers (as
-  bounded by the run: ``Replayer`` gives at most what is left of its ``max_rate_wait``), halves
-  the calls allowed in flight, and each answer then climbs one step back (AIMD).
-* Limits are the account's: the sessions live on one ledger (its hosts, ``hosts.py``) each pace
-  to an equal share of them (:meth:`Pacer.share`), set and learnt limits alike. A 429 pauses
-  only the host that met it.
-"""
+A semaphore alone cannot: a rate-limited API refuses what arrives beyond its limits (429), and
+retries fired into the same closed window burn money. One :class:`Pacer` per session, shared by
+its runs: two leaky buckets (aiolimiter) for requests and tokens, limits set by the user or
+learnt from the rate-limit headers, a 429 pausing every call and halving the calls in flight
+(AIMD), each host on a ledger pacing to its share. docs/providers.md says the rules in full."""
 
 from __future__ import annotations
 

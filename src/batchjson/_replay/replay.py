@@ -1,15 +1,9 @@
 """The bounded in-cell replay loop: resolve each request or give up within a fixed allowance.
 
-What each failing request does next (repairs, replays, halves) is the one policy both
-transports share (``policy.py``). Transport failures get their own receipts and backoff, and
-never count as repairs.
-
-A pool of ``concurrency`` workers takes requests from one queue. For every call a worker reserves
-its worst-case cost, claims the request and commits the in-flight receipt (the group commit
-batches these writes across workers), and only then sends: one coroutine, ``Caller.call``
-(``calls.py``), which says what happened as a value. A request another runner holds is set
-aside and waited for at the end; its accepted result is read from the ledger.
-"""
+A pool of ``concurrency`` workers takes requests from one queue; for every call a worker reserves
+its worst case, claims the request and commits the in-flight receipt before it sends
+(``Caller.call``, ``calls.py``). The next attempt is the one policy both transports share
+(``policy.py``); a request another runner holds is waited for at the end."""
 
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
 """The account: every attempt ever recorded, per batch and in total, priced honestly.
 
-A restart, another run directory or a merged ledger cannot erase an earlier attempt, so the cost
-per usable result divides *everything* spent by what was accepted. Calls whose cost is unknown
-(killed mid-call, abandoned, a model missing from the price table) are not counted as free: their
-prompt is priced at the model's input rate as a lower bound and reported apart.
-
-Pricing sits here, above the ledger, which stores the costs and floors it is given: the public
-``Ledger`` (``ledger.py``) offers these accounts.
-"""
+The cost per usable result divides *everything* spent by what was accepted; a call whose cost is
+unknown is not free: its prompt priced at the input rate is a lower bound, reported apart.
+Pricing sits here, above the ledger, which stores the costs it is given."""
 
 from __future__ import annotations
 

@@ -1,21 +1,10 @@
 """Pack-size advice: expected calls, tokens and cost per usable result, from the ledger.
 
-The model (stated in full in docs/recovery.md):
-
-- a call for a pack of ``k`` tasks costs ``S + t*k`` input tokens (``S`` is shared: system prompt,
-  instructions, envelope; ``t`` per task) and ``O + u*k`` output tokens;
-- ``C`` of a call's input tokens are read from the provider's prompt cache (the shared prefix,
-  fitted from the receipts' cached tokens), billed at the cache-read price;
-- a return is broken as a whole (bad JSON, missing or extra items) with probability ``c``, and
-  otherwise each item is faulty with probability ``p``, independently; a return is accepted
-  only when none of its items is: ``s(k) = (1 - c) * (1 - p)**k``;
-- a request gets ``A = 1 + repairs + replays`` attempts; a repair also carries the previous
-  return (``R`` more input tokens); with splitting, a request that exhausted them is halved
-  (up to depth 4) and each half starts afresh.
-
-Everything is fitted from the batch's own receipts; nothing is guessed from outside the ledger
-except prices, which come from the model's price table (or from the recorded costs).
-"""
+The model (stated in full in docs/recovery.md): a pack of ``k`` tasks costs ``S + t*k`` input
+and ``O + u*k`` output tokens, part of the input read from the prompt cache; a return is broken
+whole with probability ``c``, else each item is faulty with probability ``p``, so
+``s(k) = (1 - c) * (1 - p)**k``; a request gets ``1 + repairs + replays`` attempts, then halves
+when splitting. Everything is fitted from the batch's own receipts, except prices."""
 
 from __future__ import annotations
 

@@ -115,13 +115,10 @@ def list_jobs(ledger: Ledger, *, every: bool = False) -> list[dict[str, Any]]:
 
 
 def cancel_job(ledger: Ledger, job: str, *, provider: Any = None) -> dict[str, Any]:
-    """Cancel job ``job`` (its number, provider id or uid) and record it. An open job is
-    cancelled at the provider (``provider``: the one to ask, else one built from the job's
-    model and endpoint with the key from the environment) and collected by the next run: what
-    ended is kept, the rest is owed again. A job its runner is still creating is never
-    released (it may be created any moment): the runner is asked to cancel it at the provider
-    once created. An uncertain one (its runner gone before its provider id was recorded) is
-    released at once, its receipts kept as possibly billed."""
+    """Cancel job ``job`` (its number, provider id or uid) at its provider and record it; the next
+    run collects what ended and owes the rest again. A job its runner is still creating is never
+    released: the runner cancels it once created. An uncertain one is released at once, its
+    receipts kept as possibly billed (docs/providers.md, "Batch jobs")."""
     store = ledger.store
     store.lost_recordings()
     rows = store.jobs(job=str(job))

@@ -1,12 +1,9 @@
 """``%batch_status`` collects what has ended: each open job's lines are joined and judged as its
-run would judge them, through the same runner and store methods, and nothing is submitted.
+run would judge them, through the same runner, and nothing is submitted.
 
-Judging needs the job's answer schema and validator. The schema is the kernel's when it ran the
-job's content, else the one kept on the job row (when its fingerprint is the revision's: a
-pydantic model's own validators are not in its JSON Schema). The validator is the version
-registered in this kernel's registry under the revision's validator name and fingerprint; a job
-whose validator this kernel does not know is left open, saying to re-run its cell.
-"""
+The schema is the kernel's, else the one kept on the job row (when its fingerprint is the
+revision's); the validator is this kernel's registered version of the revision's. A job whose
+validator this kernel does not know is left open, saying to re-run its cell."""
 
 from __future__ import annotations
 

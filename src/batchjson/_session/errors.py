@@ -1,13 +1,9 @@
 """A result's errors, built one at a time when read instead of held as a list at once.
 
-A run that fails a million tasks (a stopped budget, a broken provider) would otherwise hand
-back a million error dicts, and a notebook would group every one of them before showing ten.
-``BatchResult.errors`` is a read-only sequence over what the run recorded per failed task
-(one shared entry for the tasks a rejected return took down with it) and the tasks never
-attempted, read in task order from the run's tasks when iterated; ``len`` counts without
-building an entry. ``list(errors)`` materialises it. Failed requests are grouped the same way:
-:func:`failure_groups` keeps only the first few and counts the rest.
-"""
+A run that fails a million tasks would otherwise hand back a million error dicts.
+``BatchResult.errors`` is a read-only sequence over what the run recorded per failed task and
+the tasks never attempted, in task order; ``len`` counts without building an entry, and
+:func:`failure_groups` keeps only the first few groups and counts the rest."""
 
 from __future__ import annotations
 
@@ -22,18 +18,14 @@ SHOWN = 20  # errors a repr shows
 
 
 class ResultErrors(SequenceView):
-    """Every task's errors (failed tasks in the order they failed, then the tasks of requests a
-    batch job still holds, then stored values that no longer load, then the tasks never
-    attempted, in task order), each a fresh dict when read.
+    """Every task's errors, each a fresh dict when read: failed tasks in the order they failed, then
+    the tasks a batch job still holds, then stored values that no longer load, then the tasks never
+    attempted, in task order.
 
-    ``failed``: task_id -> the errors the run recorded for it (read as it is, not copied);
-    ``accepted``: answers ``task_id in accepted`` for tasks that have a value after all (asked
-    once of each failed task, when made, and of never-attempted tasks when read);
-    ``task_ids``: a callable giving every task id in order (read only if some task was never
-    attempted); ``missing``: tasks without a value; ``pending``: one JSON text per request a
-    batch job held at the run's end (``{"request", "where", "task_ids"}``), ``pending_tasks``
-    their tasks.
-    """
+    ``failed``: task_id -> its recorded errors; ``accepted``: ``task_id in accepted`` for tasks with
+    a value after all; ``task_ids``: every task id in order (read only if some task was never
+    attempted); ``missing``: tasks without a value; ``pending``/``pending_tasks``: the requests a
+    batch job held at the run's end and their tasks."""
 
     def __init__(self, failed: Mapping[str, list[dict[str, Any]]], accepted: Any,
                  extra: list[dict[str, Any]], task_ids: Callable[[], Iterable[str]],

@@ -1,22 +1,11 @@
 """Refused before spending: what the chosen provider cannot do with this run.
 
 Three checks need the provider, so they run once it is known and before anything is recorded:
-
-- the simulated model must be able to answer the schema: its generator makes the answer of
-  every pending task and checks it, and a keyword it cannot satisfy, or the schema's own code
-  (a pydantic validator) rejecting an answer, is named (``ProviderSetupError``);
-- a pack must fit the call's output ceiling (the provider's ``max_tokens``). A request whose
-  smallest schema-valid answer (identity echoes included) is longer than the ceiling, or longer
-  than what this batch's accepted returns measured per item say, would be cut off on every
-  attempt, and each repair and replay paid for nothing (``InvalidBatch``, naming the pack size
-  that fits);
-- a provider that sends the wire schema in a mode taking only part of JSON Schema (OpenAI's
-  strict mode) checks it: a schema it cannot send as asked is refused (``ProviderSetupError``),
-  or sent another way with a note in the run's result.
-
-Output tokens are counted from below (:func:`output_tokens_floor`), so a pack is refused only
-when it cannot fit, never because an estimate ran high.
-"""
+the simulated model must be able to answer the schema (``ProviderSetupError``); a pack whose
+smallest schema-valid answer cannot fit the output ceiling would be cut off on every attempt
+(``InvalidBatch``, naming the pack size that fits); a wire schema strict mode cannot take is
+refused or sent another way with a note. Output tokens are counted from below
+(:func:`output_tokens_floor`), so a pack is refused only when it cannot fit."""
 
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
 """Merging another ledger into this one, so every attempt ever made stays in one account.
 
-Attempts are matched by ``uid`` (unique across ledgers), revisions by (batch name, fingerprint),
-requests by (revision, key) and validators by (name, fingerprint), so merging the same file twice
-changes nothing; everything is written in one transaction (``_ledger/merge.py`` reads the other
-ledger, ``store_merge.py`` writes). A revision another ledger had forgotten stays forgotten here;
-one forgotten here owes again when merged work on it started or ended after its forgetting. A
-merge is an import: each accepted attempt of the other ledger is rechecked as import rechecks a
-receipt (``recovery.recheck_receipt``: its key, coverage, identity, schema, the validator when
-given) and its stored values must follow from its raw return; one that does not is merged as
-rejected, its values not admitted, and named in the report (ours are never touched)."""
+Attempts match by ``uid``, revisions by (batch, fingerprint), so merging twice changes nothing;
+everything is written in one transaction. A merge is an import: each accepted attempt of the
+other ledger is rechecked as a receipt is (``recovery.recheck_receipt``) and one that fails is
+merged as rejected and named in the report. docs/recovery.md tells the rules of forgetting."""
 
 from __future__ import annotations
 

@@ -1,16 +1,10 @@
 """Import of historical receipts, and batchjson's own export: a claimed status is never trusted.
 
-An old system's receipt may say ``status: ok`` for a return whose items name the wrong case.
-Every imported return is therefore judged again as a stored answer is (``rejudge.Judging``: the
-acceptance judge a live call goes through; coverage, identity, schema, and the validator the
-receipt names, which the user gives; a file naming one not given is refused unless the user
-opts out, when its receipts are kept unverified: shown and exported, never admitted). A return
-with an identity error is kept as diagnostic material and none of its items is admitted,
-whatever it claims. Every imported line is an attempt in the account, and a line is imported
-once: its digest is recorded in the ``imports`` table, by the store in one transaction.
-(batchjson's own export format is ``_ledger/export.py``'s; a merge rechecks another ledger's
-accepted attempts by the same path, :func:`recheck_receipt`.)
-"""
+Every imported return is judged again as a stored answer is (``rejudge.Judging``, with the
+validator the user gives; a receipt whose validator is not given is refused, or with the
+opt-out kept unverified, never admitted). A return with an identity error is kept as
+diagnostic and none of its items admitted. Each line is an attempt in the account, imported
+once (its digest in ``imports``). A merge rechecks by the same path (:func:`recheck_receipt`)."""
 
 from __future__ import annotations
 

@@ -79,13 +79,9 @@ Kind = Literal["registered", "unchanged", "reused", "changed"]
 
 @dataclass(frozen=True)
 class Definition:
-    """What one definition did, returned instead of a side channel.
-
-    ``kind`` is ``registered`` (first version of the name), ``unchanged`` (same content as the
-    current version), ``reused`` (same content as an older version, current again) or
-    ``changed`` (a new version); ``fn`` is the object to use from now on; ``message`` is one line
-    for the user, naming what changed and what the fingerprint could not see.
-    """
+    """What one definition did, returned instead of a side channel: ``kind`` (``registered``,
+    ``unchanged``, ``reused`` or ``changed``), ``fn`` (the object to use from now on) and
+    ``message`` (one line for the user: what changed, what the fingerprint could not see)."""
 
     name: str
     version: int

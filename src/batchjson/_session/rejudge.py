@@ -1,21 +1,12 @@
 """Re-judge before re-asking: the one way an answer on record is judged again, by
 :class:`Judging` (the acceptance judge a call's return goes through) with the run's rules.
 
-Stored answers may no longer pass for three reasons. **A change of judging**: a request key
-covers what the model saw (prompt, system text, wire schema, answer source: the *seen key*) and
-how its return is judged (schema, validator, identity rules); a new revision that changed only
-the second part first re-judges, locally and for free, earlier returns that saw the same thing,
-commits those that pass as ``recheck`` receipts of cost 0 and sends the rest. **Judging a
-fingerprint cannot fully see** (a validator reading ``globals()["X"]``) re-judges on every run:
-a revision is kept only while every answer it accepted passes as the rules are now; else the run
-moves to a revision whose ``unseen`` component names the one before and the requests whose
-answers fail (the same rules reach the same revision again). **An answer of unknown source**:
-a receipt imported from another system is keyed by its content without a source (its
-*sourceless* key); a live run re-judges the accepted returns found under it, and an imported
-request left unresolved is cleared by the live return that answers it, re-judged against the
-imported request's own tasks. Import and merge judge receipts by the same :class:`Judging`
-(``recovery.py``). The ledger only reads the candidates and commits what passed.
-"""
+Stored answers may no longer pass for three reasons: a change of judging only (same *seen key*),
+a fingerprint that cannot fully see (``unseen``: re-judged every run), and an answer of unknown
+source (an import's *sourceless* key). Each re-judges locally, for free, and commits what passes
+as ``recheck`` receipts of cost 0; import and merge judge through the same :class:`Judging`
+(``recovery.py``). The ledger only reads the candidates and commits what passed;
+docs/design.md ("Evidence and revisions") tells the three reasons in full."""
 
 from __future__ import annotations
 

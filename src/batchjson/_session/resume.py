@@ -1,16 +1,10 @@
 """Running a revision again: a finished run of a tasks file found without reading its tasks,
 and the requests of a revision on record, their tasks read from the ledger's texts.
 
-Checking a million tasks costs about a third of running them against an instant provider, so
-a resume that re-read every task could never be cheap. A JSON Lines file's bytes decide its
-tasks, so the ledger remembers, by the SHA-256 of those bytes (fed as they were read and
-checked), the ``tasks`` component they gave, their count and field names. A later run of the
-same file under the same rules finds its revision by that component; when the revision is
-current and every request of it has an accepted return, nothing could be sent, and the result
-is read from the ledger as it stands. Anything else (a new file, a change of rules, work still
-owed, judging a fingerprint cannot fully see) takes the full path, which reads and checks
-every task. The validator is registered as a full run registers it.
-"""
+Checking a million tasks costs about a third of running them, so the ledger remembers a JSON
+Lines file by the SHA-256 of its bytes: a later run of the same file under the same rules whose
+revision is current and wholly accepted reads its result from the ledger. Anything else takes
+the full path, which reads and checks every task."""
 
 from __future__ import annotations
 

@@ -90,20 +90,14 @@ def llm_batch_json(session: Runs, prompts: Sequence[str], schema: Any,
                    droste: bool = False) -> dict[str, Any]:
     """Run one prompt per call, each returning a bare JSON value; droste's return shape.
 
-    droste spends what the budget has and reports the rest as ``budget_exhausted``;
-    ``refuse_short_budget=True`` (the RLM binding's budget gate) instead refuses before spending
-    when the calls still owed for these prompts exceed what remains. ``keyed_by_content=True``
-    (the RLM binding) names an unnamed call by its whole request content, schema and validator
-    included, so a changed validator opens new evidence and never supersedes the old: the old
-    stays owed and keeps blocking a ready answer, as under droste's identity keying.
-    ``max_calls=0`` with ``refuse_short_budget`` answers only from what is already accepted.
-    A validator the caller registered on its way here (``version_of(fn, hand_over=True)``)
-    is not fingerprinted again.
-    ``droste=True`` (a droste subcall client's binding) takes droste's schema subset only,
-    judges ``"integer"`` as droste does, and the validator's verdicts too (only ``ValueError``
-    rejects, a failed ``assert`` is a ``validator_error``, its return is ignored); an unnamed
-    call's batch name says so, so answers judged by one contract are never reused by the other.
-    """
+    The RLM binding's options: ``refuse_short_budget=True`` refuses before spending when the calls
+    still owed exceed what remains (droste spends and reports ``budget_exhausted``);
+    ``keyed_by_content=True`` names an unnamed call by its whole content, validator included, so a
+    changed validator opens new evidence and the old stays owed; ``max_calls=0`` answers only from
+    what is accepted; ``droste=True`` takes droste's schema subset and judges ``"integer"`` and the
+    validator's verdicts as droste does (an unnamed call's batch says so: never reused by the other
+    contract). A validator handed over on its way here (``version_of(fn, hand_over=True)``) is not
+    fingerprinted again."""
     check_call(prompts, contexts, max_repair_attempts, validator, name)
     if droste and not isinstance(schema, ItemSchema):  # else the caller compiled it so
         check_droste_schema(schema)

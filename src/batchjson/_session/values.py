@@ -1,13 +1,9 @@
 """A result's accepted values, read from the ledger when asked for instead of held at once.
 
-A batch of a million tasks would need gigabytes to hold every value as a Python object; the
-ledger has them already. ``BatchResult.values`` is a read-only mapping over one revision's
-checkpoint: iteration and ``items()`` read it in pages, in task order; ``len`` is one count;
-``values[task_id]``, ``.get`` and ``in`` read one row, after an index of which request holds
-which task (task ids only) is read on the first such look-up. A result outlives its session:
-once the session's ledger is closed, the mapping opens the same file or database again to
-read. An in-memory ledger's values would go with it, so they are copied into the result.
-"""
+A million values as Python objects would need gigabytes; the ledger has them already.
+``BatchResult.values`` is a read-only mapping over one revision's checkpoint, read in pages in
+task order, one row per look-up. A result outlives its session (the mapping opens the ledger
+again); an in-memory ledger's values are copied into the result."""
 
 from __future__ import annotations
 
@@ -124,13 +120,11 @@ def _where(store: Store) -> Any:
 
 def result_values(store: Store, revision_id: int,
                   schema: Any) -> tuple[Mapping[str, Any], list[dict[str, Any]]]:
-    """A revision's values as a :class:`LedgerValues` (a dict for an in-memory ledger, which
-    would take them with it when closed), and a ``stored_invalid`` error for each stored
-    value the schema no longer loads. Only a pydantic model's load can fail (a JSON Schema
-    hands the stored value back as it is), so only then is every value read once, a page at a
-    time, to find them: even this very model may not load back what it dumped (a validator
-    that refuses its own output, a field its dump leaves out), and a value that does not load
-    is an error of its task, never an exception on reading ``values``."""
+    """A revision's values as a :class:`LedgerValues` (a dict for an in-memory ledger), and a
+    ``stored_invalid`` error for each stored value the schema no longer loads. Only a pydantic
+    model's load can fail (even this very model may not load back what it dumped), so only then is
+    every value read once, a page at a time: a value that does not load is an error of its task,
+    never an exception on reading ``values``."""
     values, unloadable = _ledger_values(store, revision_id, schema)
     return (values if _where(store) is not None else dict(values.items())), unloadable
 

@@ -1,19 +1,11 @@
 """A run's requests a window at a time, so its memory does not grow with its tasks.
 
-Checked tasks are held once, as their requests' texts (on disk past a few megabytes), and a
-revision on record holds its requests in the ledger. Every step that looks at requests (keying,
-what is accepted, re-judging, the fit and budget checks, recording, sending) reads them
-:data:`WINDOW` at a time from that source: from the texts for a new revision, from the ledger's
-rows, a page of positions at a time, for one on record. A first pass (:func:`survey`), before
-anything is recorded or spent, learns what each request needs, one mark a request; the calls
-then stream the pending ones again from the same source (:class:`Pending`).
-
-The batch transport reads the pending requests the same way, a job's worth at a time
-(``_replay/jobs.py``). What still needs every request at once says so where it is: judging no
-fingerprint fully sees (``rejudge.unseen_token`` re-judges the whole revision), earlier returns
-resolved by re-judging (committed once the revision opens) and answers of unknown source (rare:
-imports from another system).
-"""
+Every step that looks at requests reads them :data:`WINDOW` at a time from one source: the
+checked tasks' texts for a new revision, the ledger's rows for one on record. A first pass
+(:func:`survey`), before anything is recorded or spent, learns what each request needs; the
+calls then stream the pending ones again (:class:`Pending`), as the batch transport does. What
+still needs every request at once (``rejudge.unseen_token``, answers of unknown source) says so
+where it is."""
 
 from __future__ import annotations
 

@@ -1,18 +1,11 @@
 """The RLM face: droste's ``llm_batch_json`` contract in any host's namespace.
 
-An RLM host runs model-written cells in a persistent namespace and re-runs a cell after it
-raises. :func:`bind` installs the structured helpers into that namespace, backed by a session
-whose evidence is keyed by content and whose validator registry lives on the host side, so it
-works where a namespace hides ``globals()`` or drops names between cells. Validators are made
-canonical at call time (see :mod:`batchjson.rlm._rebind`), and a budget gate refuses a call
-that can no longer be paid for before anything is spent.
-
-Public package; its private modules: ``_rebind`` (call-time canonical validators),
-``_droste_env`` (droste's own structured helpers made canonical), ``_hooks`` (alexzhang13/rlm's
-``custom_tools`` and ``setup_code``, the ready gate), ``_subcalls`` (host subcall helpers as a
-provider) and ``_tools`` (helpers handed to cell code). May import the session and every layer
-below it; never another face or ``testing``.
-"""
+:func:`bind` installs the structured helpers into the persistent namespace a host runs cells
+in, backed by a session whose evidence is keyed by content and whose validator registry lives on
+the host side, so it works where a namespace hides ``globals()`` or drops names between cells.
+Validators are made canonical at call time (``_rebind``), and a budget gate refuses a call that
+can no longer be paid for before anything is spent. May import the session and every layer
+below it; never another face or ``testing``."""
 
 from __future__ import annotations
 
@@ -269,12 +262,8 @@ class _Binding:
         if name is not None and (not isinstance(name, str) or not name.strip()):
             raise InvalidBatch(f"a validator name must be a non-empty string, got {name!r}")
         if fn is None:
-            return lambda f: self._rebind(f, name=name)
-        return self._rebind(fn, name=name)
-
-    def _rebind(self, fn: Any, name: str | None = None,
-                   call: tuple[Any, Any, Any] | None = None) -> Callable[..., Any]:
-        return self._registered(fn, name, call)
+            return lambda f: self._registered(f, name=name)
+        return self._registered(fn, name=name)
 
     def _registered(self, fn: Any, name: str | None = None,
                     call: tuple[Any, Any, Any] | None = None) -> Callable[..., Any]:

@@ -1,13 +1,9 @@
 """Canonical validators for droste's own structured helpers, droste's code untouched.
 
-droste keys unresolved structured-batch evidence by validator object identity, so a cell that
-defines its validator inline and is re-executed after an error orphans the evidence of every
-earlier execution. ``run_rlm`` binds its evidence-tracked ``llm_batch_json`` and
-``llm_query_batched_json`` into the environment's globals after setup, replacing whatever the
-environment put there, so they cannot be pre-populated: the wrapper instead re-wraps them
-before every executed cell. Each call then hands droste the first object registered with the
-same content; a changed validator is still a different validator to droste.
-"""
+droste keys structured-batch evidence by validator object identity, so an inline validator
+re-executed after an error orphans earlier evidence. ``run_rlm`` binds its helpers after setup,
+so the wrapper re-wraps them before every executed cell: each call hands droste the first object
+registered with the same content; a changed validator is still a different one to droste."""
 
 from __future__ import annotations
 

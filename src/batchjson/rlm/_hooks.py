@@ -1,13 +1,10 @@
 """batchjson in alexzhang13/rlm's ``RLM`` loop through its public options, rlm untouched.
 
-``RLM`` makes a new ``LocalREPL`` (and LM handler) inside every ``completion()``, so there is
-nothing to bind to beforehand. rlm takes two things that reach every REPL it makes:
-``custom_tools`` (described in its system prompt) and the environment's ``setup_code``. The
-tools are bound to one session; each call answers through the ``llm_query_batched`` of the
-REPL whose cell calls it, so subcalls go through rlm's own client and usage accounting (child
-RLMs included, each through its own REPL). The setup code hands the REPL's ``answer`` dict to
-``batchjson_connect``, which makes ``answer["ready"] = True`` wait for ``finalization_check()``.
-"""
+``RLM`` makes a new REPL inside every ``completion()``, so nothing can be bound beforehand: the
+``custom_tools`` are bound to one session and answer through the ``llm_query_batched`` of the
+REPL whose cell calls them (rlm's own client and usage accounting), and the ``setup_code`` hands
+the REPL's ``answer`` dict to ``batchjson_connect``, which makes ``answer["ready"] = True`` wait
+for ``finalization_check()`` (docs/rlm.md)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
 """Call-time canonical validators: a redefined, identical validator becomes the first object.
 
-An RLM cell that defines its validator inline and is re-executed hands a new function object to
-every call. Code keyed on identity (droste's evidence, a model's own ``is`` checks) then sees a
-new validator each time. Here the registry hands back the first object registered with the same
+A re-executed RLM cell hands every call a new function object, which code keyed on identity
+sees as a new validator. Here the registry hands back the first object registered with the same
 content, and every name bound to the duplicate is rebound to it: in the function's
-``__globals__`` (hosts such as alexzhang13/rlm's LocalREPL run each cell in a fresh dict copied
-in and out), in the calling cell's locals (``exec(code, {}, env)`` hosts), and in the
-namespaces the host named.
-"""
+``__globals__``, in the calling cell's locals and in the namespaces the host named."""
 
 from __future__ import annotations
 

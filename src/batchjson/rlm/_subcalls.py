@@ -1,14 +1,11 @@
 """RLM hosts' subcall helpers as a batchjson provider.
 
-Two shapes reach an RLM binding besides a batchjson provider: droste's subcall protocol
-(``llm_batch_with_errors(prompts, contexts) -> (values, errors)``) and alexzhang13/rlm's
-``llm_query_batched(prompts) -> list[str]``, whose failures are strings beginning ``"Error:"``.
-Both become one ``complete(call)`` per request, so the replay loop, acceptance and the ledger
-stay the only judges of an answer; the prompts of calls waiting together are sent as one
-batch. A provider failure is a :class:`ProviderError`, never a rejected answer; a droste client
-that breaks droste's protocol fails the call loudly (:class:`SubcallClientError`), as droste's
-own helper does.
-"""
+droste's ``llm_batch_with_errors(prompts, contexts) -> (values, errors)`` and alexzhang13/rlm's
+``llm_query_batched(prompts) -> list[str]`` (failures are strings beginning ``"Error:"``) both
+become one ``complete(call)`` per request, so acceptance and the ledger stay the only judges of
+an answer; calls waiting together go as one batch. A failure is a :class:`ProviderError`, never
+a rejected answer; a client that breaks droste's protocol fails loudly
+(:class:`SubcallClientError`)."""
 
 from __future__ import annotations
 

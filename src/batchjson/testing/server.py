@@ -25,7 +25,7 @@ from aiohttp import web
 
 from .._canon import show_as
 from .._checks import seconds, seconds_argument, whole_argument
-from .._content.tasks import sha, tasks_block
+from .._content.tasks import TASKS_BEGIN, TASKS_END, sha
 from .._errors import ConfigError
 from .._providers.base import Call
 from .._providers.simulated import SimulatedModel
@@ -59,6 +59,16 @@ class Exchange:
 
 
 ORGANIZATION_ID = "00000000-0000-4000-8000-00000000b10c"  # anthropic-organization-id
+
+
+def tasks_block(prompt: str) -> str | None:
+    """The JSON text of the tasks a rendered prompt carries (what the server answers)."""
+    start = prompt.find(TASKS_BEGIN)
+    end = prompt.find(TASKS_END, start + 1) if start >= 0 else -1
+    if start < 0 or end < 0:
+        return None
+    return prompt[start + len(TASKS_BEGIN):end]
+
 
 
 class LoopbackServer:
