@@ -25,7 +25,7 @@ from .._errors import InvalidBatch
 from .._money import money
 from .records import now
 from .store import Store
-from .unfinished import unfinished_jobs
+from .unfinished import _unfinished_jobs
 
 
 def who() -> str:
@@ -47,7 +47,7 @@ def forget_batch(store: Store, name: str, *, via: str, by: str | None = None
     problem = store.no_such_batch(name)
     if problem:
         raise InvalidBatch(problem)
-    problem = unfinished_jobs([j for j in store.jobs() if j["batch"] == name],
+    problem = _unfinished_jobs([j for j in store.jobs() if j["batch"] == name],
                               f"batch {name!r}", "forget it")
     if problem:  # its requests may still be answered, and billed: decide on the job first
         raise InvalidBatch(problem)

@@ -87,7 +87,7 @@ class Ledger:
     def validator_usage(self) -> list[dict[str, Any]]:
         """Every recorded validator version, with the sorted names of batches run under it."""
         out: dict[tuple[str, int], dict[str, Any]] = {}
-        for r in self.store.validator_rows():
+        for r in self.store._validator_rows():
             row = out.setdefault((r["name"], r["version"]), {
                 k: r[k] for k in ("name", "version", "fingerprint", "where_defined",
                                   "defined_at")} | {"batches": []})
@@ -106,7 +106,7 @@ class Ledger:
         remove it with None. Runs reserve each call's worst case on it beside the call's
         claim; a run already going when it is set refuses its next call (re-run it)."""
         cost = cost_value(cost)
-        self.store.set_shared_budget(cost, by=who(), stamp=now())
+        self.store._set_shared_budget(cost, by=who(), stamp=now())
 
     def export_receipts(self, name: str | None = None) -> list[dict[str, Any]]:
         """Every attempt as an importable receipt, in call order."""

@@ -34,7 +34,7 @@ from .claims import HELD, MINE, Owner
 from .records import now
 from .store import Store
 from .store_base import Later, Row, Tx
-from .store_calls import COMPLETE_SQL, RECEIPT_COLUMNS, RECEIPT_INTO, already_accepted
+from .store_calls import COMPLETE_SQL, RECEIPT_COLUMNS, RECEIPT_INTO, _already_accepted
 from .store_runs import REQUESTS_SQL, SEEN_SQL
 from .store_schema import POSTGRES, SCHEMA_VERSION
 
@@ -194,7 +194,7 @@ class PostgresStore(Store):
         self._psycopg = psycopg
         first = self._connect()  # a wrong URL or a server down is named at once
         try:
-            self.dialect = POSTGRES.on_server(first.info.server_version)
+            self.dialect = POSTGRES._on_server(first.info.server_version)
             self._schema(first)
         except psycopg.Error as exc:
             raise self._error("could not be prepared", exc) from None
@@ -248,7 +248,7 @@ class PostgresStore(Store):
                 raise LedgerError("the database has an 'attempts' table that batchjson did not "
                                   "make; give a database (or a schema, with ?options=-csearch_"
                                   "path%3DNAME) of its own to the ledger", path=self._public)
-            for statement in POSTGRES.schema.split(";"):
+            for statement in POSTGRES._schema.split(";"):
                 if statement.strip():
                     db.execute(statement)
             db.execute("INSERT INTO batchjson_schema(version) VALUES (%s)", (SCHEMA_VERSION,))
@@ -258,7 +258,7 @@ class PostgresStore(Store):
 
     def tables(self) -> dict[str, list[Row]]:
         """Every row a merge into another ledger brings in, table by table, in the order they
-        were written (``sqlite.read_ledger_file``'s shape)."""
+        were written (``sqlite._read_ledger_file``'s shape)."""
         out = {table: self._read(f"SELECT * FROM {table} ORDER BY id")
                for table in ("batches", "revisions", "requests", "attempts", "forgets",
                              "jobs")}
@@ -347,23 +347,23 @@ class PostgresStore(Store):
 
     # -- statements ----------------------------------------------------------------------------
     def _exec(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> Any:
-        cursor = tx.execute(self.dialect.sql(sql), tuple(args))
+        cursor = tx.execute(self.dialect._sql(sql), tuple(args))
         return cursor if self._pipelined is None else _Answer(cursor, self._pipelined)
 
     def _many(self, tx: Tx, sql: str, rows: Sequence[Sequence[Any]]) -> Any:
         if sql in BULK and rows:
             return self._exec(tx, BULK[sql], [list(column) for column in zip(*rows, strict=True)])
         cursor = tx.cursor()
-        cursor.executemany(self.dialect.sql(sql), rows)
+        cursor.executemany(self.dialect._sql(sql), rows)
         return cursor if self._pipelined is None else _Answer(cursor, self._pipelined)
 
     def _insert(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> int:
-        return tx.execute(self.dialect.sql(sql + " RETURNING id"), tuple(args)).fetchone()[0]
+        return tx.execute(self.dialect._sql(sql + " RETURNING id"), tuple(args)).fetchone()[0]
 
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
         try:
             with self._connection() as db:
-                return db.execute(self.dialect.sql(sql), tuple(args)).fetchall()
+                return db.execute(self.dialect._sql(sql), tuple(args)).fetchall()
         except (self._psycopg.Error, LedgerError) as exc:
             raise self._error("could not be read", exc) from None
 
@@ -407,7 +407,7 @@ class PostgresStore(Store):
         self._exec(tx, ACCEPT, (
             batch_id, request_key, attempt_id, stamp, list(items),
             [json.dumps(item) for item in items.values()], empty, empty,
-            json.dumps(already_accepted("{first}")), request_key, batch_id,
+            json.dumps(_already_accepted("{first}")), request_key, batch_id,
             *self._completion(tx, attempt_id, raw, usage, stamp, sent_at, charge)))
 
 

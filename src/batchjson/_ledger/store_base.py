@@ -113,7 +113,7 @@ class StoreBase(ABC):
         step = (len(keys) or 1) if dialect.keys_as_array else CHUNK
         for start in range(0, len(keys), step):
             chunk = keys[start:start + step]
-            query, args = sql.format(marks=dialect.marks(chunk)), dialect.key_args(chunk)
+            query, args = sql.format(marks=dialect._marks(chunk)), dialect._key_args(chunk)
             rows += (self._exec(tx, query, args).fetchall() if tx is not None
                      else self._read(query, args))
         return rows

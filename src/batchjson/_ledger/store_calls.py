@@ -96,12 +96,12 @@ class CallStore(BudgetStore):
         runner, or a gone runner's, taken over (MINE) if its row can be locked: where writers
         run side by side a row another runner is taking over is skipped, never waited for
         (the dialect's ``{lock}``), so the hosts' transactions cannot wait in a circle."""
-        sql = self.dialect.claim_sql
+        sql = self.dialect._claim_sql
         accepted, holder, host, pid, lease, at = self._exec(
             tx, sql(HOLDER_SQL), (request_key, request_key)).fetchone()
         if accepted:
             return ACCEPTED
-        if holder is None or holder == owner.id or not claims.owner_gone(holder, host, pid,
+        if holder is None or holder == owner.id or not claims._owner_gone(holder, host, pid,
                                                                          lease, at):
             return HELD  # released a moment ago, or held: look again later
         if self._exec(tx, sql(LOCK_HOLDER_SQL), (request_key, holder)).fetchone() is None:
@@ -115,7 +115,7 @@ class CallStore(BudgetStore):
         """Take every claim of a gone owner; its in-flight receipts become 'abandoned', each
         charged its worst case to the ledger's budget. Rows another runner is taking over
         this moment are left to it (``{lock}``)."""
-        sql = self.dialect.claim_sql
+        sql = self.dialect._claim_sql
         self._exec(tx, sql(ABANDON_CLAIMS_SQL), (owner,))
         held = self._exec(tx, sql(HELD_SQL), (owner,)).fetchone()[0]
         self._charge_abandoned(tx, held)
@@ -131,7 +131,7 @@ class CallStore(BudgetStore):
                                  "FROM claims GROUP BY owner").fetchall()
             in_flight = self._exec(tx, "SELECT DISTINCT owner FROM attempts WHERE status = "
                                    "'in_flight' AND owner IS NOT NULL").fetchall()
-            gone = claims.gone_owners([tuple(r) for r in holders], [r[0] for r in in_flight],
+            gone = claims._gone_owners([tuple(r) for r in holders], [r[0] for r in in_flight],
                                       at)
             return sum(self._abandon(tx, owner) for owner in gone)
 
@@ -144,7 +144,7 @@ class CallStore(BudgetStore):
                              "claims WHERE request_key IN ({marks})", keys)
         at = self._clock(None) if rows else 0.0
         held = {r[0] for r in rows if r[1] != owner.id and r[0] not in accepted
-                and not claims.owner_gone(r[1], r[2], r[3], r[4], at)}
+                and not claims._owner_gone(r[1], r[2], r[3], r[4], at)}
         return accepted, held
 
     def release_claim(self, tx: Tx, request_key: str, owner: Owner) -> None:
@@ -157,7 +157,7 @@ class CallStore(BudgetStore):
     def renew_claims(self, tx: Tx, owner: Owner) -> None:
         """A row another runner is taking over this moment is renewed at the next turn, or
         not at all."""
-        self._exec(tx, self.dialect.claim_sql(RENEW_SQL), (self.lease_seconds, owner.id))
+        self._exec(tx, self.dialect._claim_sql(RENEW_SQL), (self.lease_seconds, owner.id))
 
     # -- completing a receipt ------------------------------------------------------------------
     def accept_call(self, tx: Tx, attempt_id: int, batch_id: int, request_key: str,
@@ -178,7 +178,7 @@ class CallStore(BudgetStore):
         if rows and added == 0:  # every row was already there: another return came first
             first = self._exec(tx, "SELECT attempt_id FROM checkpoint WHERE request_key = ? AND "
                                "batch_id = ? LIMIT 1", (request_key, batch_id)).fetchone()[0]
-            self._complete(tx, attempt_id, "rejected", already_accepted(first), raw, usage,
+            self._complete(tx, attempt_id, "rejected", _already_accepted(first), raw, usage,
                            stamp, sent_at, charge)
             return
         self._complete(tx, attempt_id, "accepted", (), raw, usage, stamp, sent_at, charge)
@@ -217,7 +217,7 @@ class CallStore(BudgetStore):
                 attempt_id)
 
 
-def already_accepted(first: Any) -> list[dict[str, Any]]:
+def _already_accepted(first: Any) -> list[dict[str, Any]]:
     """The error of a paid return whose request another runner's attempt ``first`` admitted."""
     return [{"type": "already_accepted", "task_id": None,
              "message": f"attempt {first} of another runner was admitted first; this "

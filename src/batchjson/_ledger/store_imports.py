@@ -71,7 +71,7 @@ class ImportStore(CallStore, RunStore):
         return attempt_id
 
     # -- the revisions imported attempts go to -------------------------------------------------
-    def revision_holding(self, tx: Tx, batch_id: int, key: str,
+    def _revision_holding(self, tx: Tx, batch_id: int, key: str,
                          preferred: int | None) -> int | None:
         """A revision of the batch that holds request ``key`` (``preferred`` first), or None."""
         row = self._exec(tx, "SELECT r.id FROM revisions r JOIN requests q ON q.revision_id = "
@@ -80,7 +80,7 @@ class ImportStore(CallStore, RunStore):
                          (batch_id, key, preferred or 0)).fetchone()
         return row["id"] if row is not None else None
 
-    def imported_revision(self, tx: Tx, revision_id: int) -> dict[str, str] | None:
+    def _imported_revision(self, tx: Tx, revision_id: int) -> dict[str, str] | None:
         """The components of ``revision_id`` when an import made it (no attempt of it but
         imported ones), else None."""
         row = self._exec(tx, "SELECT components, NOT EXISTS (SELECT 1 FROM attempts WHERE "
@@ -88,7 +88,7 @@ class ImportStore(CallStore, RunStore):
                          "WHERE id = ?", (revision_id, revision_id)).fetchone()
         return json.loads(row["components"]) if row["imports_only"] else None
 
-    def add_import_request(self, tx: Tx, revision_id: int, request: Request) -> None:
+    def _add_import_request(self, tx: Tx, revision_id: int, request: Request) -> None:
         """Add ``request`` to the revision, after its others (kept if already there)."""
         self._exec(tx, "INSERT INTO requests(revision_id, key, position, parent_key, task_ids, "
                    "tasks) VALUES (?,?, (SELECT COUNT(*) FROM requests WHERE revision_id = ?), "
@@ -96,15 +96,15 @@ class ImportStore(CallStore, RunStore):
                    (revision_id, request.key, revision_id, request.task_ids_json,
                     request.tasks_json))
 
-    def make_current(self, tx: Tx, batch_id: int, revision_id: int) -> None:
+    def _make_current(self, tx: Tx, batch_id: int, revision_id: int) -> None:
         self._exec(tx, "UPDATE batches SET current_revision = ? WHERE id = ?",
                    (revision_id, batch_id))
 
-    def supersede(self, tx: Tx, revision_id: int, by: int, reason: str) -> None:
+    def _supersede_by_import(self, tx: Tx, revision_id: int, by: int, reason: str) -> None:
         self._exec(tx, "UPDATE revisions SET status = 'superseded', superseded_by = ?, "
                    "supersede_reason = ? WHERE id = ?", (by, reason, revision_id))
 
-    def revision_rows(self, tx: Tx, ids: Sequence[int]) -> list[Row]:
+    def _revision_rows(self, tx: Tx, ids: Sequence[int]) -> list[Row]:
         """Per revision: id, number, status, components, supersede_reason, batch_id, batch,
         whether it is its batch's current one and the current one's number."""
         return self._by_keys(
@@ -115,7 +115,7 @@ class ImportStore(CallStore, RunStore):
             list(ids), tx)
 
     # -- export --------------------------------------------------------------------------------
-    def export_rows(self, name: str | None = None) -> list[Row]:
+    def _export_rows(self, name: str | None = None) -> list[Row]:
         """Every attempt (of one batch, or all) in call order, with its batch, revision,
         components, validator name, whether its revision is current and its request's tasks."""
         where, args = (" WHERE b.name = ?", (name,)) if name else ("", ())

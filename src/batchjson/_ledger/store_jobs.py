@@ -30,7 +30,7 @@ OPEN_STATES = ("recording", "open", "uncertain")
 CUSTOM_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
 
-def job_owner(uid: str) -> Owner:
+def _job_owner(uid: str) -> Owner:
     """The claim holder of job ``uid``."""
     return Owner(JOB_HOST, 0, "job", uid)
 
@@ -43,7 +43,7 @@ def custom_id(job_uid: str, attempt_id: int, request_key: str) -> str:
     return f"bj_{digest[:48]}"
 
 
-def valid_custom_id(value: Any) -> bool:
+def _valid_custom_id(value: Any) -> bool:
     return (isinstance(value, str) and 1 <= len(value) <= 64
             and set(value) <= CUSTOM_ID_CHARS)
 
@@ -65,7 +65,7 @@ class JobStore(CallStore):
         judging its lines needs beside the revision (the schema, for a kernel that did not run
         it). The writer's lease on the recording runs from now (``renew_job``). Committed before
         anything is uploaded."""
-        owner, stamp = job_owner(uid), now()
+        owner, stamp = _job_owner(uid), now()
         written: list[dict[str, Any]] = []
         with self.call_transaction() as tx:
             job_id = self._insert(tx, JOB_SQL, (
@@ -81,7 +81,7 @@ class JobStore(CallStore):
                 if state != MINE or attempt_id is None:
                     continue
                 line = custom_id(uid, attempt_id, request.key)
-                if not valid_custom_id(line):  # cannot happen: a digest; checked all the same
+                if not _valid_custom_id(line):  # cannot happen: a digest; checked all the same
                     raise ValueError(f"custom_id {line!r} breaks the providers' rule")
                 self._exec(tx, "INSERT INTO job_lines(custom_id, job_id, attempt_id, "
                            "request_key, wrapped, reserved) VALUES (?,?,?,?,?,?)",
@@ -169,7 +169,7 @@ class JobStore(CallStore):
                           (status, now(), json.dumps(dict(detail)), job_id, *was)).rowcount:
             return False
         uid = self._exec(tx, "SELECT uid FROM jobs WHERE id = ?", (job_id,)).fetchone()[0]
-        self._exec(tx, "DELETE FROM claims WHERE owner = ?", (job_owner(uid).id,))
+        self._exec(tx, "DELETE FROM claims WHERE owner = ?", (_job_owner(uid).id,))
         return True
 
     def cancel_job(self, job_id: int, why: str, *, sent: bool,
@@ -200,7 +200,7 @@ class JobStore(CallStore):
         at, lost = self._clock(None), 0
         for row in self._read("SELECT id, owner, host, pid, lease_expires_at FROM jobs WHERE "
                               "status = 'recording'"):
-            if claims.owner_gone(row["owner"], row["host"], row["pid"],
+            if claims._owner_gone(row["owner"], row["host"], row["pid"],
                                  row["lease_expires_at"], at):
                 self.job_uncertain(row["id"], "its runner stopped between recording the job "
                                    "and recording the provider's id: the job may exist and "
@@ -221,7 +221,7 @@ class JobStore(CallStore):
                              + JOB_HOST + "/%' AND request_key IN ({marks})", keys)
         if not held:
             return {}
-        ids = {job_owner(row["uid"]).id: row["id"] for row in self.jobs()}
+        ids = {_job_owner(row["uid"]).id: row["id"] for row in self.jobs()}
         return {row[0]: ids[row[1]] for row in held if row[1] in ids}
 
     def last_attempt_id(self) -> int:

@@ -3,7 +3,7 @@
 A merge matches attempts by ``uid`` (unique across ledgers), revisions by (batch name,
 fingerprint), requests by (revision, key) and validators by (name, fingerprint), so merging the
 same file twice changes nothing; everything is written in one transaction. The other ledger's
-rows are read by ``sqlite.read_ledger_file`` (another ledger is a file, whatever this store is).
+rows are read by ``sqlite._read_ledger_file`` (another ledger is a file, whatever this store is).
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ class RunStore(StoreBase):
         known = ", ".join(self.batch_names()) or "none yet"
         return f"no batch named {name!r} in this ledger (batches: {known})"
 
-    def batch_row(self, tx: Tx, name: str, stamp: str) -> tuple[int, int | None]:
+    def _batch_row(self, tx: Tx, name: str, stamp: str) -> tuple[int, int | None]:
         """(batch id, current revision id) of batch ``name``, made if new, in ``tx``. Live
         runs and imports find their batch the same way."""
         row = self._exec(tx, "SELECT id, current_revision FROM batches WHERE name = ?",
@@ -71,18 +71,18 @@ class RunStore(StoreBase):
         """
         stamp = now()
         with self.transaction() as tx:
-            batch_id, previous_id = self.batch_row(tx, name, stamp)
-            found = self.revision_with(tx, batch_id, fingerprint)
+            batch_id, previous_id = self._batch_row(tx, name, stamp)
+            found = self._revision_with(tx, batch_id, fingerprint)
             if found is not None:
                 revision_id = found
                 self._exec(tx, "UPDATE revisions SET status = 'open', superseded_by = NULL, "
                            "supersede_reason = NULL, forget_id = NULL WHERE id = ?",
                            (revision_id,))  # a forgotten revision run again owes again
             else:
-                revision_id = self.add_revision(
+                revision_id = self._add_revision(
                     tx, batch_id, fingerprint, components, stamp,
                     validator=(validator["name"], validator["version"]) if validator else None)
-                self.insert_requests(tx, revision_id, requests)
+                self._insert_requests(tx, revision_id, requests)
             superseded = None
             if previous_id is not None and previous_id != revision_id and not strict:
                 superseded = self._supersede(tx, previous_id, revision_id, components)
@@ -91,12 +91,12 @@ class RunStore(StoreBase):
         current = self.revision_by_id(revision_id)
         return current, (self.revision_by_id(superseded) if superseded else None)
 
-    def revision_with(self, tx: Tx, batch_id: int, fingerprint: str) -> int | None:
+    def _revision_with(self, tx: Tx, batch_id: int, fingerprint: str) -> int | None:
         row = self._exec(tx, "SELECT id FROM revisions WHERE batch_id = ? AND fingerprint = ?",
                          (batch_id, fingerprint)).fetchone()
         return row["id"] if row is not None else None
 
-    def add_revision(self, tx: Tx, batch_id: int, fingerprint: str,
+    def _add_revision(self, tx: Tx, batch_id: int, fingerprint: str,
                      components: Mapping[str, str], stamp: str, *,
                      validator: tuple[str | None, int | None] | None = None,
                      superseded_by: int | None = None, reason: str | None = None) -> int:
@@ -129,7 +129,7 @@ class RunStore(StoreBase):
                    (revision_id, "changed: " + ", ".join(changed or ["content"]), previous_id))
         return previous_id
 
-    def insert_requests(self, tx: Tx, revision_id: int, requests: Iterable[Request]) -> None:
+    def _insert_requests(self, tx: Tx, revision_id: int, requests: Iterable[Request]) -> None:
         """``requests`` (a list, or a stream of a million read a window at a time) in ``tx``."""
         rows = ((revision_id, r.key, r.position, r.parent_key, r.task_ids_json, r.tasks_json)
                 for r in requests)
@@ -141,13 +141,13 @@ class RunStore(StoreBase):
         with self.transaction() as tx:
             self._exec(tx, "UPDATE requests SET split = 1 WHERE revision_id = ? AND key = ?",
                        (revision_id, parent.key))
-            self.insert_requests(tx, revision_id, children)
+            self._insert_requests(tx, revision_id, children)
 
     def leaves(self, revision_id: int) -> list[Request]:
         return [Request(r["key"], tuple(json.loads(r["tasks"])), r["position"], r["parent_key"],
-                        tasks_json=r["tasks"]) for r in self.leaf_rows(revision_id)]
+                        tasks_json=r["tasks"]) for r in self._leaf_rows(revision_id)]
 
-    def leaf_rows(self, revision_id: int) -> list[Row]:
+    def _leaf_rows(self, revision_id: int) -> list[Row]:
         """A revision's leaf requests as stored: key, tasks (canonical JSON text), task_ids
         (JSON), position, parent_key; in order."""
         return self._read("SELECT key, tasks, task_ids, position, parent_key FROM requests "
@@ -319,7 +319,7 @@ class RunStore(StoreBase):
                        (name, version, fingerprint, where, now(), json.dumps(list(by_identity))))
             return version
 
-    def validator_rows(self) -> list[Row]:
+    def _validator_rows(self) -> list[Row]:
         """Every recorded validator version beside each batch run under it (if any)."""
         return self._read(
             "SELECT v.name, v.version, v.fingerprint, v.where_defined, v.defined_at, "
