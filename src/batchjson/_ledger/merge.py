@@ -28,7 +28,7 @@ def other_tables(store: Store, other: str | Path) -> tuple[dict[str, Any], str, 
             raise LedgerError(f"{shown} is this ledger; merge another ledger into it", path=shown)
         theirs = PostgresStore(other)
         try:
-            tables = theirs.tables()
+            tables = theirs._tables()
         finally:
             theirs.close()
         _refuse_unfinished(tables, shown)

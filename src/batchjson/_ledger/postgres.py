@@ -205,10 +205,6 @@ class PostgresStore(Store):
                                     timeout=CONNECT_SECONDS, kwargs=self._options(),
                                     configure=self._configure, name="batchjson-ledger", open=True)
 
-    @property
-    def where(self) -> str:
-        return self._public
-
     def __repr__(self) -> str:
         return f"PostgresStore({self._public})"
 
@@ -253,10 +249,10 @@ class PostgresStore(Store):
                     db.execute(statement)
             db.execute("INSERT INTO batchjson_schema(version) VALUES (%s)", (SCHEMA_VERSION,))
 
-    def close(self) -> None:
+    def _close(self) -> None:
         self._pool.close()
 
-    def tables(self) -> dict[str, list[Row]]:
+    def _tables(self) -> dict[str, list[Row]]:
         """Every row a merge into another ledger brings in, table by table, in the order they
         were written (``sqlite._read_ledger_file``'s shape)."""
         out = {table: self._read(f"SELECT * FROM {table} ORDER BY id")
@@ -268,10 +264,10 @@ class PostgresStore(Store):
         return out
 
     # -- transactions --------------------------------------------------------------------------
-    def transaction(self) -> Any:
+    def _write_transaction(self) -> Any:
         return self._transaction(serial=True)
 
-    def call_transaction(self) -> Any:
+    def _calls_transaction(self) -> Any:
         return self._transaction(serial=False)
 
     @contextmanager
@@ -327,7 +323,7 @@ class PostgresStore(Store):
         return db.pipeline()
 
     @contextmanager
-    def whole_or_nothing(self, what: str) -> Iterator[None]:
+    def _whole_or_nothing(self, what: str) -> Iterator[None]:
         try:
             yield
         except self._psycopg.Error as exc:
@@ -398,9 +394,9 @@ class PostgresStore(Store):
 
         return Later(found)
 
-    def accept_call(self, tx: Tx, attempt_id: int, batch_id: int, request_key: str,
-                    items: Mapping[str, Any], raw: str, usage: Mapping[str, Any],
-                    sent_at: str | None = None, charge: float | None = None) -> None:
+    def _accept_call(self, tx: Tx, attempt_id: int, batch_id: int, request_key: str,
+                     items: Mapping[str, Any], raw: str, usage: Mapping[str, Any],
+                     sent_at: str | None, charge: float | None) -> None:
         """As the shared one (``store_calls``), in one statement that reads nothing back:
         in a pipelined transaction it waits for no answer."""
         stamp, empty = now(), not items

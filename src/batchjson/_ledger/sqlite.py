@@ -106,12 +106,12 @@ class SQLiteStore(Store):
     def __repr__(self) -> str:
         return f"SQLiteStore({self.path or ':memory:'})"
 
-    def close(self) -> None:
+    def _close(self) -> None:
         with self._lock:
             self._db.close()
 
     @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
+    def _write_transaction(self) -> Iterator[sqlite3.Connection]:
         """``BEGIN IMMEDIATE``: the write lock first, so writers of every process take turns.
         A failure of the file itself raises LedgerError; the rollback after a failure never
         replaces its cause."""
@@ -134,7 +134,7 @@ class SQLiteStore(Store):
                 raise self._error("could not commit", exc) from exc
 
     @contextmanager
-    def whole_or_nothing(self, what: str) -> Iterator[None]:
+    def _whole_or_nothing(self, what: str) -> Iterator[None]:
         try:
             yield
         except sqlite3.Error as exc:

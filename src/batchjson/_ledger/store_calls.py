@@ -170,6 +170,12 @@ class CallStore(BudgetStore):
         nothing (rejected, ``already_accepted``). ``charge`` is what the call cost the
         ledger's budget when the run reserved on it (None: it did not).
         """
+        self._accept_call(tx, attempt_id, batch_id, request_key, items, raw, usage, sent_at,
+                          charge)
+
+    def _accept_call(self, tx: Tx, attempt_id: int, batch_id: int, request_key: str,
+                     items: Mapping[str, Any], raw: str, usage: Mapping[str, Any],
+                     sent_at: str | None, charge: float | None) -> None:
         stamp = now()
         rows = [(batch_id, request_key, task_id, attempt_id, json.dumps(item), stamp)
                 for task_id, item in items.items()]
