@@ -64,7 +64,7 @@ class CallStore(BudgetStore):
         def outcome() -> tuple[str, int | None]:
             attempt_id, state, budgeted = opened.result()
             if state == MINE and not self._reserve_shared(tx, attempt_id, reserve, budgeted):
-                self.release_claim(tx, request.key, owner)
+                self.release_claims(tx, owner, request.key)
                 state = OVER
             if state != MINE:
                 self._exec(tx, "DELETE FROM attempts WHERE id = ? AND status = 'in_flight'",
@@ -147,12 +147,13 @@ class CallStore(BudgetStore):
                 and not claims._owner_gone(r[1], r[2], r[3], r[4], at)}
         return accepted, held
 
-    def release_claim(self, tx: Tx, request_key: str, owner: Owner) -> None:
-        self._exec(tx, "DELETE FROM claims WHERE request_key = ? AND owner = ?",
-                   (request_key, owner.id))
-
-    def release_claims(self, tx: Tx, owner: Owner) -> None:
-        self._exec(tx, "DELETE FROM claims WHERE owner = ?", (owner.id,))
+    def release_claims(self, tx: Tx, owner: Owner, request_key: str | None = None) -> None:
+        """Give up ``owner``'s claim on ``request_key``, or every claim it holds."""
+        if request_key is None:
+            self._exec(tx, "DELETE FROM claims WHERE owner = ?", (owner.id,))
+        else:
+            self._exec(tx, "DELETE FROM claims WHERE request_key = ? AND owner = ?",
+                       (request_key, owner.id))
 
     def renew_claims(self, tx: Tx, owner: Owner) -> None:
         """A row another runner is taking over this moment is renewed at the next turn, or

@@ -257,17 +257,14 @@ class RunStore(StoreBase):
             "OFFSET ?", (revision_id, after[0], after[0], after[1], limit - 1))
         return [(r[2], r[3]) for r in rows], ((last[0][0], last[0][1]) if last else None)
 
-    def revision_task_requests(self, revision_id: int) -> list[tuple[str, str]]:
+    def revision_lookup(self, revision_id: int) -> tuple[list[tuple[str, str]], set[str]]:
         """(key, task_ids JSON) of every leaf request of a revision: where each task's value
-        would be, read once when a result is first looked up by task_id."""
-        return [(r[0], r[1]) for r in self._read(
+        would be; and the keys among them with accepted values (every task of each has one: a
+        return is accepted whole). Read once, when a result is first looked up by task_id."""
+        where = [(r[0], r[1]) for r in self._read(
             "SELECT key, task_ids FROM requests WHERE revision_id = ? AND split = 0",
             (revision_id,))]
-
-    def revision_accepted_requests(self, revision_id: int) -> set[str]:
-        """Keys of a revision's leaf requests with accepted values (every task of each has
-        one: a return is accepted whole)."""
-        return {r[0] for r in self._read(
+        return where, {r[0] for r in self._read(
             "SELECT DISTINCT q.key FROM requests q JOIN checkpoint c ON c.request_key = q.key "
             "WHERE q.revision_id = ? AND q.split = 0", (revision_id,))}
 
@@ -366,10 +363,15 @@ class RunStore(StoreBase):
             return None
         return rows[0][0], rows[0][1], rows[0][2]
 
-    def earlier_returns(self, seen_keys: Sequence[str]) -> list[Row]:
+    def earlier_returns(self, seen_keys: Sequence[str], sourceless_keys: Sequence[str] = ()
+                        ) -> tuple[list[Row], list[Row]]:
         """Raw returns of earlier attempts that saw one of ``seen_keys`` (a repair's only if
-        accepted: its prompt was another), accepted ones first, newest first."""
-        return self._by_keys(EARLIER_SQL, list(dict.fromkeys(seen_keys)))
+        accepted: its prompt was another), accepted ones first, newest first; and accepted
+        imported returns of unknown answer source under ``sourceless_keys`` (the keys the same
+        content has without a source), newest first, ``seen_key`` naming that key."""
+        sourceless = list(dict.fromkeys(sourceless_keys))
+        return (self._by_keys(EARLIER_SQL, list(dict.fromkeys(seen_keys))),
+                self._by_keys(SOURCELESS_SQL, sourceless) if sourceless else [])
 
     def has_sourceless_answers(self) -> bool:
         """Whether any imported receipt has no answer source on record (another system's):
@@ -377,11 +379,6 @@ class RunStore(StoreBase):
         return bool(self._read(
             "SELECT COUNT(*) FROM (SELECT 1 FROM imports i JOIN attempts a ON a.id = "
             "i.attempt_id WHERE a.source IS NULL LIMIT 1) AS s")[0][0])
-
-    def sourceless_returns(self, keys: Sequence[str]) -> list[Row]:
-        """Accepted imported returns of unknown answer source under ``keys`` (the keys the
-        same content has without a source), newest first; ``seen_key`` is that key."""
-        return self._by_keys(SOURCELESS_SQL, list(dict.fromkeys(keys)))
 
     def sourceless_unresolved(self, keys: Sequence[str]) -> list[Row]:
         """Leaf requests under ``keys`` (keys without an answer source) with no accepted

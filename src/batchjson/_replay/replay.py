@@ -297,7 +297,7 @@ class Replayer:
 
     def _release(self, request: Request) -> None:
         owner = self.owner
-        self.writes.queue(lambda tx: self.store.release_claim(tx, request.key, owner))
+        self.writes.queue(lambda tx: self.store.release_claims(tx, owner, request.key))
 
     def _resolved(self, request: Request) -> None:
         """Accepted by another runner: its values are read from the ledger, nothing is paid."""
