@@ -17,7 +17,6 @@ names it is given.
 from __future__ import annotations
 
 import getpass
-import json
 import socket
 from typing import Any
 
@@ -52,13 +51,6 @@ def forget_batch(store: Store, name: str, *, via: str, by: str | None = None
     if problem:  # its requests may still be answered, and billed: decide on the job first
         raise InvalidBatch(problem)
     return store.forget(name, via=via, by=by or who(), stamp=now())
-
-
-def forgotten(store: Store, name: str | None = None) -> list[dict[str, Any]]:
-    """Every forgetting on record (of one batch, or all), oldest first; ``in_effect`` says how
-    many of its revisions still stand forgotten (a later run of one reopens it)."""
-    return [{"batch": r[0], "at": r[1], "by": r[2], "via": r[3], "revisions": json.loads(r[4]),
-             "requests": r[5], "items": r[6], "in_effect": r[7]} for r in store.forgotten(name)]
 
 
 def forgotten_line(f: dict[str, Any]) -> str:

@@ -42,7 +42,7 @@ class Group:
     current_there: bool = False  # an export of the revision current where it was exported
     revision_id: int | None = None
 
-    def add(self, line: Any) -> None:
+    def _add(self, line: Any) -> None:
         for task in line.tasks:
             self.tasks.setdefault(canonical_json(task), task)
         self.pack = max(self.pack, len(line.tasks))
@@ -68,7 +68,7 @@ def group_lines(lines: Iterable[Any]) -> dict[int, Group]:
             group = groups[key] = Group(line.record["batch"],
                                         line.components if line.own else judged, line.own,
                                         line.record.get("validator"))
-        group.add(line)
+        group._add(line)
         out[line.number] = group
     return out
 

@@ -22,15 +22,16 @@ from .store_runs import RunStore
 class ImportStore(CallStore, RunStore):
     """Imported receipts and their revisions; the export's rows."""
 
-    def import_of(self, tx: Tx, digest: str) -> Row | None:
-        """Where a receipt line with this digest was imported before (line, source), or None."""
-        return self._exec(tx, "SELECT line, source FROM imports WHERE digest = ?",
+    def imported_before(self, tx: Tx, digest: str, uid: str | None
+                        ) -> tuple[Row | None, Row | None]:
+        """What the ledger holds of a receipt line, in ``tx``: where a line with this digest
+        was imported before (line, source), and (id, batch_id, status) of the attempt with
+        its global id ``uid``; each None when there is none."""
+        done = self._exec(tx, "SELECT line, source FROM imports WHERE digest = ?",
                           (digest,)).fetchone()
-
-    def attempt_of_uid(self, tx: Tx, uid: str) -> Row | None:
-        """(id, batch_id, status) of the attempt with this global id, or None."""
-        return self._exec(tx, "SELECT id, batch_id, status FROM attempts WHERE uid = ?",
-                          (uid,)).fetchone()
+        held = None if not uid else self._exec(
+            tx, "SELECT id, batch_id, status FROM attempts WHERE uid = ?", (uid,)).fetchone()
+        return done, held
 
     def accepted_items(self, tx: Tx, batch_id: int, key: str) -> dict[str, str]:
         """task_id -> stored item JSON already accepted for this request of this batch."""

@@ -193,11 +193,11 @@ class JobStore(CallStore):
                        "job_lines WHERE job_id = ?)", (errors, now(), sent, job_id))
         return True
 
-    def lost_recordings(self) -> int:
+    def _lost_recordings(self) -> None:
         """Jobs still ``recording`` whose writer is gone become ``uncertain``: it may have
         created the job (and been billed) without recording its id. Gone as a claim's holder
-        is: its process ended (on this host), or its lease ran out (on any). How many."""
-        at, lost = self._clock(None), 0
+        is: its process ended (on this host), or its lease ran out (on any)."""
+        at = self._clock(None)
         for row in self._read("SELECT id, owner, host, pid, lease_expires_at FROM jobs WHERE "
                               "status = 'recording'"):
             if claims._owner_gone(row["owner"], row["host"], row["pid"],
@@ -205,15 +205,8 @@ class JobStore(CallStore):
                 self.job_uncertain(row["id"], "its runner stopped between recording the job "
                                    "and recording the provider's id: the job may exist and "
                                    "be billed")
-                lost += 1
-        return lost
 
     # -- reads ---------------------------------------------------------------------------------
-    def jobs_holding(self, keys: Sequence[str]) -> list[Row]:
-        """Open, recording and uncertain jobs with a line for any of ``keys``."""
-        ids = set(self.job_holders(keys).values())
-        return [r for r in self.jobs() if r["id"] in ids]
-
     def job_holders(self, keys: Sequence[str]) -> dict[str, int]:
         """Of ``keys``, those an unfinished job claims, each with the job's id (read from the
         claims, which a job holds exactly while it is recording, open or uncertain)."""
@@ -228,9 +221,13 @@ class JobStore(CallStore):
         """The newest receipt's id (0 when there is none): what a run found on record."""
         return self._read("SELECT COALESCE(MAX(id), 0) FROM attempts")[0][0]
 
-    def jobs(self, *, every: bool = False, job: str | None = None) -> list[Row]:
+    def jobs(self, *, every: bool = False, job: str | None = None,
+             lost: bool = False) -> list[Row]:
         """Job rows, newest first: open ones (``every``: all), or the one named by its id or
-        provider id."""
+        provider id. ``lost``: first, jobs still recording whose writer is gone are marked
+        uncertain (what a person listing, cancelling or collecting jobs must see)."""
+        if lost:
+            self._lost_recordings()
         sql = ("SELECT j.*, b.name AS batch FROM jobs j JOIN batches b ON b.id = j.batch_id")
         if job is not None:
             return self._read(sql + " WHERE CAST(j.id AS TEXT) = ? OR j.provider_job_id = ? "
@@ -245,8 +242,16 @@ class JobStore(CallStore):
                           "attempts a ON a.id = l.attempt_id WHERE l.job_id = ? ORDER BY "
                           "l.attempt_id", (job_id,))
 
-    def job_history(self, keys: Sequence[str], revision_id: int) -> dict[str, list[Row]]:
-        """Each key's job receipts of one revision, oldest first (for follow-ups)."""
+    def job_window(self, keys: Sequence[str], revision_id: int
+                   ) -> tuple[dict[str, int], set[str], dict[str, list[Row]]]:
+        """What a batch run reads of a window of ``keys``: those an unfinished job claims
+        (each with the job's id); those done (accepted, or so claimed); and each other key's
+        job receipts of one revision, oldest first (for follow-ups)."""
+        holders = self.job_holders(keys)
+        done = self.accepted_keys(keys) | holders.keys()
+        return holders, done, self._job_history([k for k in keys if k not in done], revision_id)
+
+    def _job_history(self, keys: Sequence[str], revision_id: int) -> dict[str, list[Row]]:
         out: dict[str, list[Row]] = {}
         for row in self._by_keys(
                 "SELECT a.id, a.request_key, a.kind, a.status, a.errors, a.raw, l.job_id FROM "
@@ -273,11 +278,6 @@ class JobStore(CallStore):
             found.setdefault(row["key"], stored_request(row))
         return found
 
-    def job_held_keys(self, keys: Sequence[str]) -> set[str]:
-        """Of ``keys``, those an unfinished job claims."""
-        return {r[0] for r in self._by_keys(
-            "SELECT request_key FROM claims WHERE owner LIKE '" + JOB_HOST + "/%' AND "
-            "request_key IN ({marks})", keys)}
 
 
 JOB_SQL = (

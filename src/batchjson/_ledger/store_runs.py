@@ -22,19 +22,15 @@ class RunStore(StoreBase):
     """Batches, revisions and requests; accepted values; evidence; re-judging's memory."""
 
     # -- batches and revisions ---------------------------------------------------------------
-    def find_revision(self, name: str, fingerprint: str) -> Revision | None:
-        rows = self._read(REVISION_SQL + " WHERE b.name = ? AND r.fingerprint = ?",
-                          (name, fingerprint))
-        return _revision(rows[0]) if rows else None
-
-    def revisions(self, name: str | None = None) -> list[Revision]:
-        if name is None:
-            return [_revision(r) for r in self._read(REVISION_SQL + " ORDER BY r.id")]
-        return [_revision(r) for r in self._read(REVISION_SQL + " WHERE b.name = ? ORDER BY r.id",
-                                                 (name,))]
-
-    def revision_by_id(self, revision_id: int) -> Revision:
-        return _revision(self._read(REVISION_SQL + " WHERE r.id = ?", (revision_id,))[0])
+    def revisions(self, name: str | None = None, *, fingerprint: str | None = None,
+                  revision_id: int | None = None) -> list[Revision]:
+        """Revisions in the order they were made: every one, batch ``name``'s, the one of its
+        content ``fingerprint``, or the one with id ``revision_id``."""
+        where = {"b.name": name, "r.fingerprint": fingerprint, "r.id": revision_id}
+        where = {column: value for column, value in where.items() if value is not None}
+        sql = REVISION_SQL + "".join(f" {'AND' if i else 'WHERE'} {column} = ?"
+                                     for i, column in enumerate(where))
+        return [_revision(r) for r in self._read(sql + " ORDER BY r.id", tuple(where.values()))]
 
     def batch_names(self) -> list[str]:
         return [r["name"] for r in self._read("SELECT name FROM batches ORDER BY id")]
@@ -88,8 +84,8 @@ class RunStore(StoreBase):
                 superseded = self._supersede(tx, previous_id, revision_id, components)
             self._exec(tx, "UPDATE batches SET current_revision = ? WHERE id = ?",
                        (revision_id, batch_id))
-        current = self.revision_by_id(revision_id)
-        return current, (self.revision_by_id(superseded) if superseded else None)
+        [current] = self.revisions(revision_id=revision_id)
+        return current, (self.revisions(revision_id=superseded)[0] if superseded else None)
 
     def _revision_with(self, tx: Tx, batch_id: int, fingerprint: str) -> int | None:
         row = self._exec(tx, "SELECT id FROM revisions WHERE batch_id = ? AND fingerprint = ?",
@@ -172,16 +168,6 @@ class RunStore(StoreBase):
                           "ON r.id = b.current_revision WHERE b.name = ?", (name,))
         return (rows[0]["id"], json.loads(rows[0]["components"])) if rows else None
 
-    def current_tasks(self, name: str) -> tuple[str, dict[str, dict[str, Any]]]:
-        """(identity rule, task_id -> task) of batch ``name``'s current revision: the rule as
-        its key component says it (``"task_id,case_id"``, or ``"task_id+echoed"``)."""
-        current = self.current_revision(name)
-        if current is None:
-            return "task_id", {}
-        revision_id, components = current
-        return components.get("identity", "task_id"), {
-            t["task_id"]: t for r in self.leaves(revision_id) for t in r.tasks}
-
     # -- attempts and accepted values ----------------------------------------------------------
     def accepted_keys(self, keys: Sequence[str]) -> set[str]:
         """Keys with an accepted return, under any batch: evidence is content, not a name."""
@@ -189,17 +175,15 @@ class RunStore(StoreBase):
             "SELECT DISTINCT request_key FROM attempts WHERE status = 'accepted' AND "
             "request_key IN ({marks})", keys)}
 
-    def attempt_counts(self, keys: Sequence[str]) -> dict[str, int]:
-        """How many attempts each exact request has had so far (any batch, any run)."""
-        return {r[0]: r[1] for r in self._by_keys(
+    def attempts_so_far(self, keys: Sequence[str]
+                        ) -> tuple[dict[str, int], dict[str, set[str]]]:
+        """Of each exact request among ``keys`` (any batch, any run): how many attempts it has
+        had, and the words a return was rejected for on its provider's word: ``truncated`` (cut
+        off at the output ceiling), ``refused``, ... (the error types of ``STOP_ERRORS``).
+        Under the very same key: the same provider settings, so the same ceiling."""
+        counts = {r[0]: r[1] for r in self._by_keys(
             "SELECT request_key, COUNT(*) FROM attempts WHERE request_key IN ({marks}) "
             "GROUP BY request_key", keys)}
-
-    def stops_of(self, keys: Sequence[str]) -> dict[str, set[str]]:
-        """For the requests among ``keys`` a return was rejected for on its provider's word,
-        those words: ``truncated`` (cut off at the output ceiling), ``refused``, ... (the error
-        types of ``STOP_ERRORS``). Under the very same key: the same provider
-        settings, so the same ceiling."""
         found: dict[str, set[str]] = {}
         for key, errors in self._by_keys(
                 "SELECT request_key, errors FROM attempts WHERE request_key IN ({marks}) "
@@ -207,7 +191,7 @@ class RunStore(StoreBase):
             types = stop_types(errors)
             if types:
                 found.setdefault(key, set()).update(types)
-        return found
+        return counts, found
 
     def receipts(self, name: str, *, failed: bool = False) -> list[Receipt]:
         """Receipts of a batch in call order (every revision)."""

@@ -156,9 +156,9 @@ class Replayer:
         if len(requests) < FEED:
             self._feed = None
         keys = [r.key for r in requests]
-        self._attempts.update(self.store.attempt_counts(keys))
-        self._cut_off.update(key for key, stops in self.store.stops_of(keys).items()
-                             if TRUNCATED in stops)
+        counts, stopped = self.store.attempts_so_far(keys)
+        self._attempts.update(counts)
+        self._cut_off.update(key for key, stops in stopped.items() if TRUNCATED in stops)
         self._queue.extend((r, 0) for r in requests)
 
     async def _worker(self) -> None:
