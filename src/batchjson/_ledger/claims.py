@@ -102,5 +102,5 @@ def _gone_owners(holders: Sequence[tuple[str, str, int, float]], in_flight: Sequ
 ABANDONED = {"type": "abandoned", "task_id": None, "message": "its runner was killed or lost "
              "before the answer was recorded; the call may have been paid for"}
 
-MINE, HELD, ACCEPTED = "mine", "held", "accepted"  # what begin_call finds
+MINE, HELD, ACCEPTED = "mine", "held", "accepted"  # what _begin_call finds
 OVER = "over"  # the ledger's own cost budget cannot hold the call

@@ -33,7 +33,7 @@ def _identity_names(joined: str, tasks: list[dict]) -> list[str]:
     return (regroup(0) if len(parts) <= 32 else None) or parts
 
 
-def export_receipts(store: Store, name: str | None = None) -> list[dict[str, Any]]:
+def _export_receipts(store: Store, name: str | None = None) -> list[dict[str, Any]]:
     """Every attempt as an importable receipt (batchjson's own format), in call order. A batch
     with an unfinished batch job is refused (an InvalidBatch): its receipts in flight would be
     imported elsewhere without the job that collects them."""

@@ -110,7 +110,7 @@ class Ledger:
 
     def export_receipts(self, name: str | None = None) -> list[dict[str, Any]]:
         """Every attempt as an importable receipt, in call order."""
-        return export.export_receipts(self.store, name)
+        return export._export_receipts(self.store, name)
 
 
 def _lease(value: Any) -> float | None:

@@ -114,7 +114,7 @@ def ledger_path(value: Any) -> Path | str | None:
 SQLITE_HEADER = b"SQLite format 3\x00"
 
 
-def unreadable(path: Path) -> str:
+def _unreadable(path: Path) -> str:
     """Why SQLite cannot open the ledger file at ``path``, said after its path, and what to do:
     not a SQLite file, a SQLite file cut short, a read-only place, or damage of another kind."""
     try:
@@ -144,7 +144,7 @@ def _open_problem(path: Path | None) -> str:
     if path is None:
         return "could not open the ledger"
     if path.is_file():
-        return f"could not open the ledger: it {unreadable(path)}"
+        return f"could not open the ledger: it {_unreadable(path)}"
     place = _read_only_place(path)
     if place:
         return (f"could not create the ledger: its directory is {place.removeprefix('in a ')}"

@@ -219,7 +219,7 @@ def file_problem(path: Path) -> str | None:
         finally:
             db.close()
     except sqlite3.DatabaseError:
-        return f"{path} {records.unreadable(path)}"
+        return f"{path} {records._unreadable(path)}"
     if version == 0 or "attempts" not in tables:
         return f"{path} is a SQLite file but not a batchjson ledger"
     if version > SCHEMA_VERSION:

@@ -35,7 +35,7 @@ class Later:
     def __init__(self, outcome: Callable[[], Any]) -> None:
         self._outcome = outcome
 
-    def result(self) -> Any:
+    def __call__(self) -> Any:
         return self._outcome()
 
 

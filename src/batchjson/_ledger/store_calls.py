@@ -31,7 +31,7 @@ from .store_runs import CHECKPOINT_SQL
 class CallStore(BudgetStore):
     """Receipts, checkpoint rows and claims: the writes of every call."""
 
-    def begin_call(self, tx: Tx, batch_id: int, revision_id: int, request: Request, kind: str,
+    def _begin_call(self, tx: Tx, batch_id: int, revision_id: int, request: Request, kind: str,
                    provider: str | None, model: str | None, source: str | None, *,
                    owner: Owner, estimated_input_tokens: int | None = None,
                    cost_floor: float | None = None,
@@ -45,7 +45,7 @@ class CallStore(BudgetStore):
         return self.begin_call_later(
             tx, batch_id, revision_id, request, kind, provider, model, source, owner=owner,
             estimated_input_tokens=estimated_input_tokens, cost_floor=cost_floor,
-            reserve=reserve).result()
+            reserve=reserve)()
 
     def begin_call_later(self, tx: Tx, batch_id: int, revision_id: int, request: Request,
                          kind: str, provider: str | None, model: str | None,
@@ -53,7 +53,7 @@ class CallStore(BudgetStore):
                          estimated_input_tokens: int | None = None,
                          cost_floor: float | None = None,
                          reserve: float | None = None) -> Later:
-        """:meth:`begin_call`, its outcome (and what it writes once the claim is known) read
+        """:meth:`_begin_call`, its outcome (and what it writes once the claim is known) read
         when asked for, in the same ``tx``."""
         stamp = now()
         receipt = (batch_id, revision_id, request.key, request.task_ids_json, kind, provider,
@@ -62,7 +62,7 @@ class CallStore(BudgetStore):
         opened = self._open(tx, receipt, request.key, owner, stamp)
 
         def outcome() -> tuple[str, int | None]:
-            attempt_id, state, budgeted = opened.result()
+            attempt_id, state, budgeted = opened()
             if state == MINE and not self._reserve_shared(tx, attempt_id, reserve, budgeted):
                 self.release_claims(tx, owner, request.key)
                 state = OVER
@@ -137,7 +137,7 @@ class CallStore(BudgetStore):
 
     def taken(self, keys: Sequence[str], owner: Owner) -> tuple[set[str], set[str]]:
         """Of ``keys``: those accepted, and those another live runner holds a claim on (a read:
-        no claim is taken or changed; a gone runner's claim is left for ``begin_call`` to take
+        no claim is taken or changed; a gone runner's claim is left for ``_begin_call`` to take
         over)."""
         accepted = self.accepted_keys(keys)
         rows = self._by_keys("SELECT request_key, owner, host, pid, lease_expires_at FROM "
@@ -238,7 +238,7 @@ COMPLETE_SQL = (
     "finished_at = ?, sent_at = COALESCE(?, sent_at) WHERE id = ? "
     "AND status IN ('in_flight', 'abandoned')")
 
-# An in-flight receipt: its columns, in the order ``begin_call`` gives their values.
+# An in-flight receipt: its columns, in the order ``_begin_call`` gives their values.
 RECEIPT_COLUMNS = ("batch_id", "revision_id", "request_key", "task_ids", "kind", "provider",
                    "model", "started_at", "uid", "owner", "estimated_input_tokens",
                    "cost_floor", "source", "reserved")

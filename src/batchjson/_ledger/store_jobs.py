@@ -74,7 +74,7 @@ class JobStore(CallStore):
                 stamp, None if plan is None else json.dumps(dict(plan)),
                 self._clock(tx) + self.lease_seconds))
             for request, kind, wrapped, reserved, estimated in lines:
-                state, attempt_id = self.begin_call(
+                state, attempt_id = self._begin_call(
                     tx, batch_id, revision_id, request, kind, provider, model, source,
                     owner=owner, estimated_input_tokens=estimated,
                     reserve=reserved if shared else None)
@@ -260,10 +260,6 @@ class JobStore(CallStore):
                 f"{int(revision_id)} AND a.request_key IN ({{marks}}) ORDER BY a.id", keys):
             out.setdefault(row["request_key"], []).append(row)
         return out
-
-    def job_keys(self, job_id: int) -> list[str]:
-        return [r[0] for r in self._read("SELECT request_key FROM job_lines WHERE job_id = ?",
-                                         (job_id,))]
 
     def requests_by_keys(self, keys: Sequence[str], revision_id: int | None = None
                          ) -> dict[str, Request]:

@@ -190,7 +190,7 @@ class JobRunner:
         """The requests of this run's revision that the ended ``jobs`` held, read from the
         ledger a window at a time, one job's keys at a time."""
         for job_id in jobs:
-            keys = self.store.job_keys(job_id)
+            keys = [line["request_key"] for line in self.store.job_lines(job_id)]
             for start in range(0, len(keys), WINDOW):
                 yield list(self.store.requests_by_keys(keys[start:start + WINDOW],
                                                        self.plan.revision_id).values())

@@ -103,7 +103,7 @@ def _collect(rt: Runtime, row: Mapping[str, Any], plan: Plan) -> str:
                       shared=store.shared_budget())
     runner = JobRunner(plan, rt.ledger, provider, client, spender,
                        rt.job_reservations, session_id=rt.session_id)
-    keys = store.job_keys(row["id"])
+    keys = [line["request_key"] for line in store.job_lines(row["id"])]
     ran = rt.loop.run(lambda: runner.collect(keys))
     after = store.jobs(job=str(row["id"]))[0]
     if after["status"] == "uncertain":
