@@ -22,7 +22,7 @@ from typing import Any
 
 from .._errors import InvalidBatch
 from .._money import money
-from .records import now
+from .records import _no_such_batch, now
 from .store import Store
 from .unfinished import _unfinished_jobs
 
@@ -43,7 +43,7 @@ def forget_batch(store: Store, name: str, *, via: str, by: str | None = None
     Returns the record (batch, revisions, requests, items, by, via, at), or None when the batch
     owes nothing (then nothing is recorded). An unknown name is an InvalidBatch listing the
     batches there are."""
-    problem = store.no_such_batch(name)
+    problem = _no_such_batch(store.batch_names(), name)
     if problem:
         raise InvalidBatch(problem)
     problem = _unfinished_jobs([j for j in store.jobs() if j["batch"] == name],

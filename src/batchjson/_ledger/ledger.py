@@ -19,7 +19,7 @@ from .._errors import ConfigError
 from .._money import cost_value
 from . import export
 from .forgetting import who
-from .records import Receipt, Revision, ledger_path, now
+from .records import Receipt, Revision, _no_such_batch, ledger_path, now
 from .sqlite import SQLiteStore
 from .store import Store
 
@@ -82,7 +82,7 @@ class Ledger:
 
     def no_such_batch(self, name: str) -> str | None:
         """Why ``name`` is not a batch here, listing those that are; None when it is one."""
-        return self.store.no_such_batch(name)
+        return _no_such_batch(self.store.batch_names(), name)
 
     def validator_usage(self) -> list[dict[str, Any]]:
         """Every recorded validator version, with the sorted names of batches run under it."""

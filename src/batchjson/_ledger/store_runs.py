@@ -39,13 +39,6 @@ class RunStore(StoreBase):
         rows = self._read("SELECT id FROM batches WHERE name = ?", (name,))
         return rows[0]["id"] if rows else None
 
-    def no_such_batch(self, name: str) -> str | None:
-        """Why ``name`` is not a batch here, listing those that are; None when it is one."""
-        if self.batch_id(name) is not None:
-            return None
-        known = ", ".join(self.batch_names()) or "none yet"
-        return f"no batch named {name!r} in this ledger (batches: {known})"
-
     def _batch_row(self, tx: Tx, name: str, stamp: str) -> tuple[int, int | None]:
         """(batch id, current revision id) of batch ``name``, made if new, in ``tx``. Live
         runs and imports find their batch the same way."""
