@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from batchjson import CallableProvider, FaultPlan, InvalidBatch, Ledger, Session, SimulatedModel
-from batchjson._ledger.forgetting import forget_batch, forgotten
+from batchjson._ledger.forgetting import forget_batch
 from batchjson._session.evidence import Evidence
 from tests.helpers import LABEL_SCHEMA, answer, review_tasks
 
@@ -41,7 +41,7 @@ def test_forgetting_stops_every_revision_owing_and_keeps_the_whole_account():
     assert session.evidence.summary()["unresolved_requests"] == 0
     assert session.ledger.spend("review") == before  # calls and costs stay in the account
     assert session.ledger.attempts("review") == receipts
-    (on_record,) = forgotten(session.ledger.store)
+    (on_record,) = session.ledger.store.forgotten()
     assert on_record["by"] == "ana@lab" and on_record["via"] == "test"
     assert on_record["at"] == record["at"] and on_record["in_effect"] == 2
     assert session.evidence.summary("review")["forgotten"] == [on_record]
@@ -55,7 +55,7 @@ def test_a_later_run_of_the_same_batch_owes_again():
     assert session.evidence.unresolved_batches == 0
     session.run_batch("review", review_tasks(4), LABEL_SCHEMA, pack=2, on_exhausted="return")
     assert session.evidence.minimum_exact_retry_calls == 2
-    assert forgotten(session.ledger.store)[0]["in_effect"] == 0  # the record stays, reopened
+    assert session.ledger.store.forgotten()[0]["in_effect"] == 0  # the record stays, reopened
     session.close()
 
 
@@ -83,7 +83,7 @@ def test_forgetting_what_owes_nothing_records_nothing_and_an_unknown_name_is_ref
     session = Session(CallableProvider(lambda call: _items(call)))
     session.run_batch("done", review_tasks(2), LABEL_SCHEMA)
     assert forget_batch(session.ledger.store, "done", via="test") is None
-    assert forgotten(session.ledger.store) == []
+    assert session.ledger.store.forgotten() == []
     with pytest.raises(InvalidBatch, match="no batch named 'nope'.*batches: done"):
         forget_batch(session.ledger.store, "nope", via="test")
     session.close()
@@ -164,7 +164,7 @@ def test_a_merged_ledger_keeps_what_its_owner_forgot(tmp_path: Path, ledger_at):
     ours = Ledger(ledger_at("ours"))
     ours.merge(ledger_at("theirs"))
     assert ours.store.unresolved() == []
-    (record,) = forgotten(ours.store)
+    (record,) = ours.store.forgotten()
     assert (record["by"], record["revisions"], record["in_effect"]) == ("ana@lab", [1, 2], 2)
     ours.close()
 
@@ -198,7 +198,7 @@ def test_a_run_going_on_when_its_batch_is_forgotten_is_owed_again_for_what_it_le
     (result,) = results
     assert result.status == "unresolved" and result.calls == 2
     assert session.evidence.minimum_exact_retry_calls == 1  # the run's leftovers are owed
-    assert forgotten(session.ledger.store)[0]["in_effect"] == 0
+    assert session.ledger.store.forgotten()[0]["in_effect"] == 0
     session.close()
     status = bj("status", "--ledger", str(path), cwd=tmp_path).stdout
     assert "owed again since later work on it reopened it" in " ".join(status.split())
@@ -220,5 +220,5 @@ def test_a_merge_of_later_work_reopens_a_forgotten_batch_but_earlier_work_does_n
                                     on_exhausted="return")
     ledger.merge(later)
     assert Evidence(ledger.store).minimum_exact_retry_calls == 1
-    assert forgotten(ledger.store)[0]["in_effect"] == 0
+    assert ledger.store.forgotten()[0]["in_effect"] == 0
     ledger.close()

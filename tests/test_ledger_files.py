@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from batchjson import CallableProvider, LedgerError, Session, SimulatedModel
-from batchjson._ledger.records import write_problem
+from batchjson._ledger.records import _write_problem
 from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,9 +61,9 @@ def test_a_file_that_is_not_sqlite_is_named_so_with_what_it_starts_with(tmp_path
 
 
 def test_a_write_failing_on_a_read_only_ledger_says_read_only() -> None:
-    said = write_problem(None, sqlite3.OperationalError("attempt to write a readonly database"))
+    said = _write_problem(None, sqlite3.OperationalError("attempt to write a readonly database"))
     assert "read-only" in said and "writable" in said
-    assert write_problem(None, sqlite3.OperationalError("database or disk is full")) == ""
+    assert _write_problem(None, sqlite3.OperationalError("database or disk is full")) == ""
 
 
 def _unshare_works() -> bool:

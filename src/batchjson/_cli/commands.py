@@ -205,7 +205,10 @@ def cmd_values(args: argparse.Namespace, out: TextIO) -> int:
 def _identity(held: Ledger, name: str) -> tuple[list[str], dict[str, dict[str, Any]]]:
     """The identity fields of the batch's current revision besides task_id (under the default
     identity: every task field but prompt and context) and its tasks, for ``--identity``."""
-    rule, tasks = held.store.current_tasks(name)
+    current, rule, tasks = held.store.current_revision(name), "task_id", {}
+    if current is not None:  # the rule as its key component says it ("task_id,case_id", ...)
+        rule = current[1].get("identity", rule)
+        tasks = {t["task_id"]: t for r in held.leaves(current[0]) for t in r.tasks}
     if rule.endswith("+echoed"):
         fields = list(dict.fromkeys(k for t in tasks.values() for k in t))
         fields = [k for k in fields if k not in ("task_id", "prompt", "context")]

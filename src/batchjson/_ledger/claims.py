@@ -53,7 +53,7 @@ class Owner:
         return f"{self.host}/{self.pid}/{self.session}/{self.run}"
 
 
-def pid_alive(pid: int) -> bool:
+def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -63,7 +63,7 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def owner_gone(owner: str, host: str, pid: int, lease_expires_at: float | None,
+def _owner_gone(owner: str, host: str, pid: int, lease_expires_at: float | None,
                at: float) -> bool:
     """Same host: its process (or, in this process, its run) no longer exists. Any host: its
     lease expired, so it stopped renewing."""
@@ -72,7 +72,7 @@ def owner_gone(owner: str, host: str, pid: int, lease_expires_at: float | None,
             with _live_lock:
                 if owner not in _live_runs:
                     return True
-        elif not pid_alive(pid):
+        elif not _pid_alive(pid):
             return True
     return lease_expires_at is not None and lease_expires_at < at
 
@@ -84,15 +84,16 @@ def _parse(owner: str) -> tuple[str, int] | None:
     return parts[0], int(parts[1])
 
 
-def gone_owners(holders: Sequence[tuple[str, str, int, float]], in_flight: Sequence[str],
+def _gone_owners(holders: Sequence[tuple[str, str, int, float]], in_flight: Sequence[str],
                 at: float) -> set[str]:
     """Which owners are gone: of the claim holders (owner, host, pid, lease expiry), those
-    :func:`owner_gone` says; of the owners with receipts in flight and no claim, those of this
+    :func:`_owner_gone` says; of the owners with receipts in flight and no claim, those of this
     host whose process (or run) is gone."""
-    gone = {owner for owner, host, pid, lease in holders if owner_gone(owner, host, pid, lease, at)}
+    gone = {owner for owner, host, pid, lease in holders
+            if _owner_gone(owner, host, pid, lease, at)}
     for owner in in_flight:
         where = _parse(owner)
-        if owner not in gone and where is not None and where[0] == HOST and owner_gone(
+        if owner not in gone and where is not None and where[0] == HOST and _owner_gone(
                 owner, where[0], where[1], None, at):
             gone.add(owner)
     return gone
@@ -101,5 +102,5 @@ def gone_owners(holders: Sequence[tuple[str, str, int, float]], in_flight: Seque
 ABANDONED = {"type": "abandoned", "task_id": None, "message": "its runner was killed or lost "
              "before the answer was recorded; the call may have been paid for"}
 
-MINE, HELD, ACCEPTED = "mine", "held", "accepted"  # what begin_call finds
+MINE, HELD, ACCEPTED = "mine", "held", "accepted"  # what _begin_call finds
 OVER = "over"  # the ledger's own cost budget cannot hold the call

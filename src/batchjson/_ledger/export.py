@@ -9,7 +9,7 @@ from typing import Any
 
 from .._errors import InvalidBatch
 from .store import Store
-from .unfinished import unfinished_jobs
+from .unfinished import _unfinished_jobs
 
 EXPORT_FORMAT = "batchjson/receipt-1"
 
@@ -33,18 +33,18 @@ def _identity_names(joined: str, tasks: list[dict]) -> list[str]:
     return (regroup(0) if len(parts) <= 32 else None) or parts
 
 
-def export_receipts(store: Store, name: str | None = None) -> list[dict[str, Any]]:
+def _export_receipts(store: Store, name: str | None = None) -> list[dict[str, Any]]:
     """Every attempt as an importable receipt (batchjson's own format), in call order. A batch
     with an unfinished batch job is refused (an InvalidBatch): its receipts in flight would be
     imported elsewhere without the job that collects them."""
-    problem = unfinished_jobs([j for j in store.jobs() if name in (None, j["batch"])],
+    problem = _unfinished_jobs([j for j in store.jobs() if name in (None, j["batch"])],
                               "this ledger" if name is None else f"batch {name!r}",
                               "export it")
     if problem:
         raise InvalidBatch(problem)
     out = []
     numbers: dict[str, int] = {}
-    for row in store.export_rows(name):
+    for row in store._export_rows(name):
         numbers[row["batch"]] = numbers.get(row["batch"], 0) + 1
         out.append(receipt_of(row, numbers[row["batch"]]))
     return out

@@ -17,15 +17,14 @@ names it is given.
 from __future__ import annotations
 
 import getpass
-import json
 import socket
 from typing import Any
 
 from .._errors import InvalidBatch
 from .._money import money
-from .records import now
+from .records import _no_such_batch, now
 from .store import Store
-from .unfinished import unfinished_jobs
+from .unfinished import _unfinished_jobs
 
 
 def who() -> str:
@@ -44,21 +43,14 @@ def forget_batch(store: Store, name: str, *, via: str, by: str | None = None
     Returns the record (batch, revisions, requests, items, by, via, at), or None when the batch
     owes nothing (then nothing is recorded). An unknown name is an InvalidBatch listing the
     batches there are."""
-    problem = store.no_such_batch(name)
+    problem = _no_such_batch(store.batch_names(), name)
     if problem:
         raise InvalidBatch(problem)
-    problem = unfinished_jobs([j for j in store.jobs() if j["batch"] == name],
+    problem = _unfinished_jobs([j for j in store.jobs() if j["batch"] == name],
                               f"batch {name!r}", "forget it")
     if problem:  # its requests may still be answered, and billed: decide on the job first
         raise InvalidBatch(problem)
     return store.forget(name, via=via, by=by or who(), stamp=now())
-
-
-def forgotten(store: Store, name: str | None = None) -> list[dict[str, Any]]:
-    """Every forgetting on record (of one batch, or all), oldest first; ``in_effect`` says how
-    many of its revisions still stand forgotten (a later run of one reopens it)."""
-    return [{"batch": r[0], "at": r[1], "by": r[2], "via": r[3], "revisions": json.loads(r[4]),
-             "requests": r[5], "items": r[6], "in_effect": r[7]} for r in store.forgotten(name)]
 
 
 def forgotten_line(f: dict[str, Any]) -> str:

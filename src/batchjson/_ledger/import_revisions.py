@@ -42,13 +42,13 @@ class Group:
     current_there: bool = False  # an export of the revision current where it was exported
     revision_id: int | None = None
 
-    def add(self, line: Any) -> None:
+    def _add(self, line: Any) -> None:
         for task in line.tasks:
             self.tasks.setdefault(canonical_json(task), task)
         self.pack = max(self.pack, len(line.tasks))
         self.current_there |= line.own and line.record.get("current") is True
 
-    def revision_components(self) -> dict[str, str]:
+    def _revision_components(self) -> dict[str, str]:
         if self.own:  # as exported: the revision it came from
             return self.components
         return {**self.components, "tasks": tasks_digest(list(self.tasks.values())),
@@ -68,7 +68,7 @@ def group_lines(lines: Iterable[Any]) -> dict[int, Group]:
             group = groups[key] = Group(line.record["batch"],
                                         line.components if line.own else judged, line.own,
                                         line.record.get("validator"))
-        group.add(line)
+        group._add(line)
         out[line.number] = group
     return out
 
@@ -92,16 +92,16 @@ def revision_for(store: Store, tx: Any, line: Any, group: Group,
     """The batch and revision an imported attempt belongs to: a revision of the batch already
     holding its request, else its group's revision (found or made once per import)."""
     name, stamp = line.record["batch"], now()
-    batch_id, current = store.batch_row(tx, name, stamp)
+    batch_id, current = store._batch_row(tx, name, stamp)
     placed.fresh.setdefault(name, current is None)
-    held = store.revision_holding(tx, batch_id, line.request.key, group.revision_id)
+    held = store._revision_holding(tx, batch_id, line.request.key, group.revision_id)
     if held is not None:
         return batch_id, held
     if group.revision_id is None:
         group.revision_id = _group_revision(store, tx, batch_id, current, group,
                                             placed.fresh[name], stamp)
         placed.current_there[group.revision_id] = group.current_there
-    store.add_import_request(tx, group.revision_id, line.request)
+    store._add_import_request(tx, group.revision_id, line.request)
     return batch_id, group.revision_id
 
 
@@ -110,26 +110,26 @@ def _group_revision(store: Store, tx: Any, batch_id: int, current: int | None, g
     """The revision with the group's content; else the batch's current revision when an
     earlier import made it and judged alike (a history file imported again as it grows);
     else a new one: open for a batch new to the ledger, beside a live batch superseded."""
-    components = group.revision_components()
+    components = group._revision_components()
     fingerprint = Keys(components).revision
-    found = store.revision_with(tx, batch_id, fingerprint)
+    found = store._revision_with(tx, batch_id, fingerprint)
     if found is not None:
         return found
     if current is not None and not group.own and _imported_alike(store, tx, current, group):
         return current
-    revision_id = store.add_revision(tx, batch_id, fingerprint, components, stamp,
+    revision_id = store._add_revision(tx, batch_id, fingerprint, components, stamp,
                                      validator=(group.validator_name, None),
                                      superseded_by=None if fresh else current,
                                      reason=BESIDE_LIVE)
     if current is None:
-        store.make_current(tx, batch_id, revision_id)
+        store._make_current(tx, batch_id, revision_id)
     return revision_id
 
 
 def _imported_alike(store: Store, tx: Any, revision_id: int, group: Group) -> bool:
     """Whether ``revision_id`` was made by an import (no answer source, no live attempt) and
     judges as ``group`` does."""
-    theirs = store.imported_revision(tx, revision_id)
+    theirs = store._imported_revision(tx, revision_id)
     return theirs is not None and "source" not in theirs and {
         k: v for k, v in theirs.items() if k in KEPT} == group.components
 
@@ -138,7 +138,7 @@ def settle(store: Store, tx: Any, placed: Placement) -> list[dict[str, Any]]:
     """For each batch new to the ledger that this import gave several revisions, make one
     current (the one current where it was exported, else the most admitted items, else the
     latest line) and record the others beside it; then describe every revision touched."""
-    rows = {r["id"]: r for r in store.revision_rows(tx, list(placed.lines))}
+    rows = {r["id"]: r for r in store._revision_rows(tx, list(placed.lines))}
     by_batch: dict[str, list[int]] = {}
     for revision_id in placed.lines:
         by_batch.setdefault(rows[revision_id]["batch"], []).append(revision_id)
@@ -148,14 +148,14 @@ def settle(store: Store, tx: Any, placed: Placement) -> list[dict[str, Any]]:
             continue
         winner = max(made, key=lambda i: (placed.current_there.get(i, False),
                                           placed.admitted.get(i, 0), max(placed.lines[i])))
-        store.make_current(tx, rows[winner]["batch_id"], winner)
+        store._make_current(tx, rows[winner]["batch_id"], winner)
         for other in made:
             if other != winner:
                 differ = _differences(rows[other]["components"], rows[winner]["components"])
-                store.supersede(tx, other, winner, f"imported beside revision "
+                store._supersede_by_import(tx, other, winner, f"imported beside revision "
                                 f"{rows[winner]['number']}: its receipts differ in "
                                 f"{', '.join(differ)}")
-    rows = {r["id"]: r for r in store.revision_rows(tx, list(placed.lines))}
+    rows = {r["id"]: r for r in store._revision_rows(tx, list(placed.lines))}
     return [_describe(rows[i], placed) for ids in by_batch.values() for i in ids]
 
 

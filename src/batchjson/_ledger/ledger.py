@@ -19,7 +19,7 @@ from .._errors import ConfigError
 from .._money import cost_value
 from . import export
 from .forgetting import who
-from .records import Receipt, Revision, ledger_path, now
+from .records import Receipt, Revision, _no_such_batch, ledger_path, now
 from .sqlite import SQLiteStore
 from .store import Store
 
@@ -82,12 +82,12 @@ class Ledger:
 
     def no_such_batch(self, name: str) -> str | None:
         """Why ``name`` is not a batch here, listing those that are; None when it is one."""
-        return self.store.no_such_batch(name)
+        return _no_such_batch(self.store.batch_names(), name)
 
     def validator_usage(self) -> list[dict[str, Any]]:
         """Every recorded validator version, with the sorted names of batches run under it."""
         out: dict[tuple[str, int], dict[str, Any]] = {}
-        for r in self.store.validator_rows():
+        for r in self.store._validator_rows():
             row = out.setdefault((r["name"], r["version"]), {
                 k: r[k] for k in ("name", "version", "fingerprint", "where_defined",
                                   "defined_at")} | {"batches": []})
@@ -106,11 +106,11 @@ class Ledger:
         remove it with None. Runs reserve each call's worst case on it beside the call's
         claim; a run already going when it is set refuses its next call (re-run it)."""
         cost = cost_value(cost)
-        self.store.set_shared_budget(cost, by=who(), stamp=now())
+        self.store._set_shared_budget(cost, by=who(), stamp=now())
 
     def export_receipts(self, name: str | None = None) -> list[dict[str, Any]]:
         """Every attempt as an importable receipt, in call order."""
-        return export.export_receipts(self.store, name)
+        return export._export_receipts(self.store, name)
 
 
 def _lease(value: Any) -> float | None:

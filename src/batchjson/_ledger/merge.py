@@ -11,9 +11,9 @@ from typing import Any
 from .._errors import LedgerError
 from .._secrets import public_url
 from .records import ledger_path
-from .sqlite import read_ledger_file
+from .sqlite import _read_ledger_file
 from .store import Store
-from .unfinished import unfinished_jobs
+from .unfinished import _unfinished_jobs
 
 
 def other_tables(store: Store, other: str | Path) -> tuple[dict[str, Any], str, str]:
@@ -28,7 +28,7 @@ def other_tables(store: Store, other: str | Path) -> tuple[dict[str, Any], str, 
             raise LedgerError(f"{shown} is this ledger; merge another ledger into it", path=shown)
         theirs = PostgresStore(other)
         try:
-            tables = theirs.tables()
+            tables = theirs._tables()
         finally:
             theirs.close()
         _refuse_unfinished(tables, shown)
@@ -36,7 +36,7 @@ def other_tables(store: Store, other: str | Path) -> tuple[dict[str, Any], str, 
     path = Path(other)
     if store.path is not None and path.exists() and path.resolve() == store.path.resolve():
         raise LedgerError(f"{path} is this ledger; merge another ledger into it", path=path)
-    tables = read_ledger_file(path)
+    tables = _read_ledger_file(path)
     _refuse_unfinished(tables, str(path))
     return tables, str(path), path.name
 
@@ -46,7 +46,7 @@ def _refuse_unfinished(tables: dict[str, Any], shown: str) -> None:
     merged here, its receipts would stay in flight for ever. Refused before anything is
     written."""
     names = {b["id"]: b["name"] for b in tables["batches"]}
-    problem = unfinished_jobs([{**dict(j), "batch": names.get(j["batch_id"])}
+    problem = _unfinished_jobs([{**dict(j), "batch": names.get(j["batch_id"])}
                                for j in tables["jobs"]], f"the ledger {shown}",
                               "merge it")
     if problem:

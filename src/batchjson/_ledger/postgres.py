@@ -34,7 +34,7 @@ from .claims import HELD, MINE, Owner
 from .records import now
 from .store import Store
 from .store_base import Later, Row, Tx
-from .store_calls import COMPLETE_SQL, RECEIPT_COLUMNS, RECEIPT_INTO, already_accepted
+from .store_calls import COMPLETE_SQL, RECEIPT_COLUMNS, RECEIPT_INTO, _already_accepted
 from .store_runs import REQUESTS_SQL, SEEN_SQL
 from .store_schema import POSTGRES, SCHEMA_VERSION
 
@@ -194,7 +194,7 @@ class PostgresStore(Store):
         self._psycopg = psycopg
         first = self._connect()  # a wrong URL or a server down is named at once
         try:
-            self.dialect = POSTGRES.on_server(first.info.server_version)
+            self.dialect = POSTGRES._on_server(first.info.server_version)
             self._schema(first)
         except psycopg.Error as exc:
             raise self._error("could not be prepared", exc) from None
@@ -204,10 +204,6 @@ class PostgresStore(Store):
         self._pool = ConnectionPool(self.url, min_size=1, max_size=POOL_SIZE,
                                     timeout=CONNECT_SECONDS, kwargs=self._options(),
                                     configure=self._configure, name="batchjson-ledger", open=True)
-
-    @property
-    def where(self) -> str:
-        return self._public
 
     def __repr__(self) -> str:
         return f"PostgresStore({self._public})"
@@ -248,17 +244,17 @@ class PostgresStore(Store):
                 raise LedgerError("the database has an 'attempts' table that batchjson did not "
                                   "make; give a database (or a schema, with ?options=-csearch_"
                                   "path%3DNAME) of its own to the ledger", path=self._public)
-            for statement in POSTGRES.schema.split(";"):
+            for statement in POSTGRES._schema.split(";"):
                 if statement.strip():
                     db.execute(statement)
             db.execute("INSERT INTO batchjson_schema(version) VALUES (%s)", (SCHEMA_VERSION,))
 
-    def close(self) -> None:
+    def _close(self) -> None:
         self._pool.close()
 
-    def tables(self) -> dict[str, list[Row]]:
+    def _tables(self) -> dict[str, list[Row]]:
         """Every row a merge into another ledger brings in, table by table, in the order they
-        were written (``sqlite.read_ledger_file``'s shape)."""
+        were written (``sqlite._read_ledger_file``'s shape)."""
         out = {table: self._read(f"SELECT * FROM {table} ORDER BY id")
                for table in ("batches", "revisions", "requests", "attempts", "forgets",
                              "jobs")}
@@ -268,10 +264,10 @@ class PostgresStore(Store):
         return out
 
     # -- transactions --------------------------------------------------------------------------
-    def transaction(self) -> Any:
+    def _write_transaction(self) -> Any:
         return self._transaction(serial=True)
 
-    def call_transaction(self) -> Any:
+    def _calls_transaction(self) -> Any:
         return self._transaction(serial=False)
 
     @contextmanager
@@ -327,7 +323,7 @@ class PostgresStore(Store):
         return db.pipeline()
 
     @contextmanager
-    def whole_or_nothing(self, what: str) -> Iterator[None]:
+    def _whole_or_nothing(self, what: str) -> Iterator[None]:
         try:
             yield
         except self._psycopg.Error as exc:
@@ -347,23 +343,23 @@ class PostgresStore(Store):
 
     # -- statements ----------------------------------------------------------------------------
     def _exec(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> Any:
-        cursor = tx.execute(self.dialect.sql(sql), tuple(args))
+        cursor = tx.execute(self.dialect._sql(sql), tuple(args))
         return cursor if self._pipelined is None else _Answer(cursor, self._pipelined)
 
     def _many(self, tx: Tx, sql: str, rows: Sequence[Sequence[Any]]) -> Any:
         if sql in BULK and rows:
             return self._exec(tx, BULK[sql], [list(column) for column in zip(*rows, strict=True)])
         cursor = tx.cursor()
-        cursor.executemany(self.dialect.sql(sql), rows)
+        cursor.executemany(self.dialect._sql(sql), rows)
         return cursor if self._pipelined is None else _Answer(cursor, self._pipelined)
 
     def _insert(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> int:
-        return tx.execute(self.dialect.sql(sql + " RETURNING id"), tuple(args)).fetchone()[0]
+        return tx.execute(self.dialect._sql(sql + " RETURNING id"), tuple(args)).fetchone()[0]
 
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
         try:
             with self._connection() as db:
-                return db.execute(self.dialect.sql(sql), tuple(args)).fetchall()
+                return db.execute(self.dialect._sql(sql), tuple(args)).fetchall()
         except (self._psycopg.Error, LedgerError) as exc:
             raise self._error("could not be read", exc) from None
 
@@ -398,16 +394,16 @@ class PostgresStore(Store):
 
         return Later(found)
 
-    def accept_call(self, tx: Tx, attempt_id: int, batch_id: int, request_key: str,
-                    items: Mapping[str, Any], raw: str, usage: Mapping[str, Any],
-                    sent_at: str | None = None, charge: float | None = None) -> None:
+    def _accept_call(self, tx: Tx, attempt_id: int, batch_id: int, request_key: str,
+                     items: Mapping[str, Any], raw: str, usage: Mapping[str, Any],
+                     sent_at: str | None, charge: float | None) -> None:
         """As the shared one (``store_calls``), in one statement that reads nothing back:
         in a pipelined transaction it waits for no answer."""
         stamp, empty = now(), not items
         self._exec(tx, ACCEPT, (
             batch_id, request_key, attempt_id, stamp, list(items),
             [json.dumps(item) for item in items.values()], empty, empty,
-            json.dumps(already_accepted("{first}")), request_key, batch_id,
+            json.dumps(_already_accepted("{first}")), request_key, batch_id,
             *self._completion(tx, attempt_id, raw, usage, stamp, sent_at, charge)))
 
 

@@ -82,6 +82,13 @@ _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/+")
 POSTGRES_SCHEMES = ("postgresql", "postgres")
 
 
+def _no_such_batch(names: list[str], name: str) -> str | None:
+    """Why ``name`` is not among a ledger's batch ``names``, listing them; None when it is."""
+    if name in names:
+        return None
+    return f"no batch named {name!r} in this ledger (batches: {', '.join(names) or 'none yet'})"
+
+
 def ledger_path(value: Any) -> Path | str | None:
     """What ``Ledger(path)`` and ``Session(ledger=...)`` accept: a SQLite file path (str or
     ``os.PathLike``), a ``postgresql://`` URL (returned as the str), or None (in memory).
@@ -114,7 +121,7 @@ def ledger_path(value: Any) -> Path | str | None:
 SQLITE_HEADER = b"SQLite format 3\x00"
 
 
-def unreadable(path: Path) -> str:
+def _unreadable(path: Path) -> str:
     """Why SQLite cannot open the ledger file at ``path``, said after its path, and what to do:
     not a SQLite file, a SQLite file cut short, a read-only place, or damage of another kind."""
     try:
@@ -131,7 +138,7 @@ def unreadable(path: Path) -> str:
         return (f"is a SQLite file cut short ({cut}), so it cannot be read; restore it from a "
                 "backup or copy it again whole (a full disk, or a copy or download that "
                 "stopped, leaves a file like this)")
-    place = read_only_place(path)
+    place = _read_only_place(path)
     if place:
         return (f"is {place}, and SQLite writes beside a ledger even to read it (the -wal and "
                 "-shm files of its write-ahead log), so it cannot be opened there; copy it to "
@@ -139,13 +146,13 @@ def unreadable(path: Path) -> str:
     return "is a SQLite file that SQLite cannot read; restore it from a backup"
 
 
-def open_problem(path: Path | None) -> str:
+def _open_problem(path: Path | None) -> str:
     """What ``Ledger(path)`` says when SQLite cannot open or create the file."""
     if path is None:
         return "could not open the ledger"
     if path.is_file():
-        return f"could not open the ledger: it {unreadable(path)}"
-    place = read_only_place(path)
+        return f"could not open the ledger: it {_unreadable(path)}"
+    place = _read_only_place(path)
     if place:
         return (f"could not create the ledger: its directory is {place.removeprefix('in a ')}"
                 if place.startswith("in a ") else
@@ -154,7 +161,7 @@ def open_problem(path: Path | None) -> str:
     return "could not open the ledger"
 
 
-def write_problem(path: Path | None, exc: BaseException) -> str:
+def _write_problem(path: Path | None, exc: BaseException) -> str:
     """What to do when a write to an open ledger failed because its place turned read-only
     (a remount, a permission change) or its disk is full, said after the failure; "" for
     other failures. SQLite keeps its temporary files in memory (``temp_store``), so a full
@@ -162,7 +169,7 @@ def write_problem(path: Path | None, exc: BaseException) -> str:
     if path is not None and getattr(exc, "sqlite_errorname", "") == "SQLITE_FULL":
         return (f" (the disk holding {path.absolute().parent} is full: free space there, or "
                 "move the ledger to a disk with room, and run again)")
-    place = read_only_place(path) if path is not None else None
+    place = _read_only_place(path) if path is not None else None
     if place is None and "readonly" not in str(exc).replace("read-only", "readonly"):
         return ""
     where = f"it is {place}" if place else "the ledger file or its directory is read-only"
@@ -187,7 +194,7 @@ def _cut_short(header: bytes, size: int) -> str | None:
     return None
 
 
-def read_only_place(path: Path) -> str | None:
+def _read_only_place(path: Path) -> str | None:
     """"on a read-only file system" or "in a directory it cannot write to" when SQLite could
     not create its files beside ``path``; None when the place is writable."""
     folder = path.absolute().parent

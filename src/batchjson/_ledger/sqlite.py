@@ -51,7 +51,7 @@ class SQLiteStore(Store):
             self._db.row_factory = sqlite3.Row
             self._lock = threading.RLock()
             # a ledger at another version is refused before anything (WAL included) is changed
-            refuse_version(self._db.execute("PRAGMA user_version").fetchone()[0], path)
+            _refuse_version(self._db.execute("PRAGMA user_version").fetchone()[0], path)
             if path is not None:
                 self._wal()
             self._db.execute("PRAGMA synchronous=NORMAL")
@@ -64,7 +64,7 @@ class SQLiteStore(Store):
             with self._lock:
                 self._schema()
         except (sqlite3.Error, OSError) as exc:
-            raise LedgerError(records.open_problem(path), path=self.where, cause=exc) from exc
+            raise LedgerError(records._open_problem(path), path=self.where, cause=exc) from exc
         except LedgerError:
             self._db.close()
             raise
@@ -91,9 +91,9 @@ class SQLiteStore(Store):
         self._db.execute("BEGIN IMMEDIATE")
         try:
             version = self._db.execute("PRAGMA user_version").fetchone()[0]
-            refuse_version(version, self.path)
+            _refuse_version(version, self.path)
             if version == 0:
-                for statement in SQLITE.schema.split(";"):
+                for statement in SQLITE._schema.split(";"):
                     if statement.strip():
                         self._db.execute(statement)
                 self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -106,12 +106,12 @@ class SQLiteStore(Store):
     def __repr__(self) -> str:
         return f"SQLiteStore({self.path or ':memory:'})"
 
-    def close(self) -> None:
+    def _close(self) -> None:
         with self._lock:
             self._db.close()
 
     @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
+    def _write_transaction(self) -> Iterator[sqlite3.Connection]:
         """``BEGIN IMMEDIATE``: the write lock first, so writers of every process take turns.
         A failure of the file itself raises LedgerError; the rollback after a failure never
         replaces its cause."""
@@ -124,7 +124,7 @@ class SQLiteStore(Store):
                 yield self._db
             except BaseException as exc:
                 self._rollback()
-                if isinstance(exc, sqlite3.Error) and is_ledger_fault(exc):
+                if isinstance(exc, sqlite3.Error) and _is_ledger_fault(exc):
                     raise self._error("a write failed", exc) from exc
                 raise
             try:
@@ -134,7 +134,7 @@ class SQLiteStore(Store):
                 raise self._error("could not commit", exc) from exc
 
     @contextmanager
-    def whole_or_nothing(self, what: str) -> Iterator[None]:
+    def _whole_or_nothing(self, what: str) -> Iterator[None]:
         try:
             yield
         except sqlite3.Error as exc:
@@ -151,7 +151,7 @@ class SQLiteStore(Store):
 
     def _error(self, what: str, exc: BaseException) -> LedgerError:
         return LedgerError(f"{what}; the run stopped before any further call"
-                           f"{records.write_problem(self.path, exc)}", path=self.where,
+                           f"{records._write_problem(self.path, exc)}", path=self.where,
                            cause=exc)
 
     def _exec(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> sqlite3.Cursor:
@@ -171,7 +171,7 @@ class SQLiteStore(Store):
                 raise LedgerError("could not be read", path=self.where, cause=exc) from exc
 
 
-def refuse_version(version: int, path: Path | None) -> None:
+def _refuse_version(version: int, path: Path | None) -> None:
     """A LedgerError for a ledger at a schema version this batchjson does not read (0, a new
     or empty file, and SCHEMA_VERSION are read); nothing is changed."""
     if version > SCHEMA_VERSION:
@@ -179,10 +179,10 @@ def refuse_version(version: int, path: Path | None) -> None:
             f"schema version {version} is newer than this batchjson knows ({SCHEMA_VERSION}); "
             "upgrade batchjson to read it (nothing was changed)", path=path or ":memory:")
     if 0 < version < SCHEMA_VERSION:
-        raise LedgerError(older_schema(version, path), path=path or ":memory:")
+        raise LedgerError(_older_schema(version, path), path=path or ":memory:")
 
 
-def older_schema(version: int, path: Path | None) -> str:
+def _older_schema(version: int, path: Path | None) -> str:
     """What to do with a ledger an earlier batchjson wrote: it is not converted."""
     where = str(path) if path is not None else "LEDGER"
     return (f"ledger schema version {version} was written by an earlier batchjson; this "
@@ -197,7 +197,7 @@ _FAULTS = ("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_READONLY", "SQLITE_BUSY", "SQL
            "SQLITE_CANTOPEN", "SQLITE_CORRUPT", "SQLITE_NOTADB", "SQLITE_PERM", "SQLITE_NOMEM")
 
 
-def is_ledger_fault(exc: sqlite3.Error) -> bool:
+def _is_ledger_fault(exc: sqlite3.Error) -> bool:
     """The file or disk failed (not a bad statement): the run cannot keep records any more."""
     name = getattr(exc, "sqlite_errorname", None) or ""
     return name.startswith(_FAULTS)
@@ -219,14 +219,14 @@ def file_problem(path: Path) -> str | None:
         finally:
             db.close()
     except sqlite3.DatabaseError:
-        return f"{path} {records.unreadable(path)}"
+        return f"{path} {records._unreadable(path)}"
     if version == 0 or "attempts" not in tables:
         return f"{path} is a SQLite file but not a batchjson ledger"
     if version > SCHEMA_VERSION:
         return (f"{path} has ledger schema version {version} but this batchjson knows up to "
                 f"{SCHEMA_VERSION}; upgrade batchjson to read it")
     if version < SCHEMA_VERSION:
-        return f"{path}: {older_schema(version, path)}"
+        return f"{path}: {_older_schema(version, path)}"
     return None
 
 
@@ -247,7 +247,7 @@ def holds_nothing(path: Path) -> bool | None:
         return False
 
 
-def read_ledger_file(path: Path) -> dict[str, list[Row]]:
+def _read_ledger_file(path: Path) -> dict[str, list[Row]]:
     """Every row of another ledger file that a merge brings in, table by table, in the order
     they were written; opened read-only. A file that is not a ledger of this schema is a
     LedgerError saying so."""

@@ -35,7 +35,7 @@ class Later:
     def __init__(self, outcome: Callable[[], Any]) -> None:
         self._outcome = outcome
 
-    def result(self) -> Any:
+    def __call__(self) -> Any:
         return self._outcome()
 
 
@@ -46,31 +46,46 @@ class StoreBase(ABC):
     dialect: Dialect  # how its database spells the schema and the statements
     lease_seconds: float = LEASE_SECONDS  # how long a claim holds unless renewed
 
+    _public: str | None = None  # a server's URL as shown, its password masked
+
     @property
     def where(self) -> str | Path:
         """The ledger as an error (or a person) names it; never a password."""
-        return self.path or ":memory:"
+        return self._public or self.path or ":memory:"
 
-    @abstractmethod
     def transaction(self) -> AbstractContextManager[Tx]:
         """One write transaction: committed whole, or rolled back whole, and run as if alone
         (the reads in it decide its writes); a failure of the ledger itself (disk full, I/O
         error, read-only, locked past the busy timeout, a lost server) is a LedgerError naming
         the ledger and the cause."""
+        return self._write_transaction()
 
     def call_transaction(self) -> AbstractContextManager[Tx]:
         """The transaction the writes of calls share (receipts, claims, checkpoint rows, the
         budget's reservations): their statements decide on rows of their own requests, so a
         database with row locks runs many runners' side by side. SQLite: ``transaction``."""
-        return self.transaction()
+        return self._calls_transaction()
 
-    @abstractmethod
-    def close(self) -> None: ...
+    def close(self) -> None:
+        self._close()
 
-    @abstractmethod
     def whole_or_nothing(self, what: str) -> AbstractContextManager[None]:
         """Around an operation that is one transaction (an import, a merge): any failure of the
         database underneath is a LedgerError saying ``what`` was rolled back whole."""
+        return self._whole_or_nothing(what)
+
+    # -- what a store for one database says ----------------------------------------------------
+    @abstractmethod
+    def _write_transaction(self) -> AbstractContextManager[Tx]: ...
+
+    def _calls_transaction(self) -> AbstractContextManager[Tx]:
+        return self._write_transaction()
+
+    @abstractmethod
+    def _close(self) -> None: ...
+
+    @abstractmethod
+    def _whole_or_nothing(self, what: str) -> AbstractContextManager[None]: ...
 
     @abstractmethod
     def _exec(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> Any:
@@ -113,7 +128,7 @@ class StoreBase(ABC):
         step = (len(keys) or 1) if dialect.keys_as_array else CHUNK
         for start in range(0, len(keys), step):
             chunk = keys[start:start + step]
-            query, args = sql.format(marks=dialect.marks(chunk)), dialect.key_args(chunk)
+            query, args = sql.format(marks=dialect._marks(chunk)), dialect._key_args(chunk)
             rows += (self._exec(tx, query, args).fetchall() if tx is not None
                      else self._read(query, args))
         return rows

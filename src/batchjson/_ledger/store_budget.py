@@ -48,7 +48,7 @@ class BudgetStore(StoreBase):
         return {"cost": row["cost"], "spent": row["spent"], "reserved": row["reserved"],
                 "left": left, "set_at": row["set_at"], "set_by": row["set_by"]}
 
-    def set_shared_budget(self, cost: float | None, *, by: str, stamp: str) -> None:
+    def _set_shared_budget(self, cost: float | None, *, by: str, stamp: str) -> None:
         """Set the ceiling (what was spent under an earlier one still counts), or with
         ``cost=None`` remove the budget."""
         with self.transaction() as tx:

@@ -31,7 +31,7 @@ from .store_runs import CHECKPOINT_SQL
 class CallStore(BudgetStore):
     """Receipts, checkpoint rows and claims: the writes of every call."""
 
-    def begin_call(self, tx: Tx, batch_id: int, revision_id: int, request: Request, kind: str,
+    def _begin_call(self, tx: Tx, batch_id: int, revision_id: int, request: Request, kind: str,
                    provider: str | None, model: str | None, source: str | None, *,
                    owner: Owner, estimated_input_tokens: int | None = None,
                    cost_floor: float | None = None,
@@ -45,7 +45,7 @@ class CallStore(BudgetStore):
         return self.begin_call_later(
             tx, batch_id, revision_id, request, kind, provider, model, source, owner=owner,
             estimated_input_tokens=estimated_input_tokens, cost_floor=cost_floor,
-            reserve=reserve).result()
+            reserve=reserve)()
 
     def begin_call_later(self, tx: Tx, batch_id: int, revision_id: int, request: Request,
                          kind: str, provider: str | None, model: str | None,
@@ -53,7 +53,7 @@ class CallStore(BudgetStore):
                          estimated_input_tokens: int | None = None,
                          cost_floor: float | None = None,
                          reserve: float | None = None) -> Later:
-        """:meth:`begin_call`, its outcome (and what it writes once the claim is known) read
+        """:meth:`_begin_call`, its outcome (and what it writes once the claim is known) read
         when asked for, in the same ``tx``."""
         stamp = now()
         receipt = (batch_id, revision_id, request.key, request.task_ids_json, kind, provider,
@@ -62,9 +62,9 @@ class CallStore(BudgetStore):
         opened = self._open(tx, receipt, request.key, owner, stamp)
 
         def outcome() -> tuple[str, int | None]:
-            attempt_id, state, budgeted = opened.result()
+            attempt_id, state, budgeted = opened()
             if state == MINE and not self._reserve_shared(tx, attempt_id, reserve, budgeted):
-                self.release_claim(tx, request.key, owner)
+                self.release_claims(tx, owner, request.key)
                 state = OVER
             if state != MINE:
                 self._exec(tx, "DELETE FROM attempts WHERE id = ? AND status = 'in_flight'",
@@ -96,12 +96,12 @@ class CallStore(BudgetStore):
         runner, or a gone runner's, taken over (MINE) if its row can be locked: where writers
         run side by side a row another runner is taking over is skipped, never waited for
         (the dialect's ``{lock}``), so the hosts' transactions cannot wait in a circle."""
-        sql = self.dialect.claim_sql
+        sql = self.dialect._claim_sql
         accepted, holder, host, pid, lease, at = self._exec(
             tx, sql(HOLDER_SQL), (request_key, request_key)).fetchone()
         if accepted:
             return ACCEPTED
-        if holder is None or holder == owner.id or not claims.owner_gone(holder, host, pid,
+        if holder is None or holder == owner.id or not claims._owner_gone(holder, host, pid,
                                                                          lease, at):
             return HELD  # released a moment ago, or held: look again later
         if self._exec(tx, sql(LOCK_HOLDER_SQL), (request_key, holder)).fetchone() is None:
@@ -115,7 +115,7 @@ class CallStore(BudgetStore):
         """Take every claim of a gone owner; its in-flight receipts become 'abandoned', each
         charged its worst case to the ledger's budget. Rows another runner is taking over
         this moment are left to it (``{lock}``)."""
-        sql = self.dialect.claim_sql
+        sql = self.dialect._claim_sql
         self._exec(tx, sql(ABANDON_CLAIMS_SQL), (owner,))
         held = self._exec(tx, sql(HELD_SQL), (owner,)).fetchone()[0]
         self._charge_abandoned(tx, held)
@@ -131,33 +131,34 @@ class CallStore(BudgetStore):
                                  "FROM claims GROUP BY owner").fetchall()
             in_flight = self._exec(tx, "SELECT DISTINCT owner FROM attempts WHERE status = "
                                    "'in_flight' AND owner IS NOT NULL").fetchall()
-            gone = claims.gone_owners([tuple(r) for r in holders], [r[0] for r in in_flight],
+            gone = claims._gone_owners([tuple(r) for r in holders], [r[0] for r in in_flight],
                                       at)
             return sum(self._abandon(tx, owner) for owner in gone)
 
     def taken(self, keys: Sequence[str], owner: Owner) -> tuple[set[str], set[str]]:
         """Of ``keys``: those accepted, and those another live runner holds a claim on (a read:
-        no claim is taken or changed; a gone runner's claim is left for ``begin_call`` to take
+        no claim is taken or changed; a gone runner's claim is left for ``_begin_call`` to take
         over)."""
         accepted = self.accepted_keys(keys)
         rows = self._by_keys("SELECT request_key, owner, host, pid, lease_expires_at FROM "
                              "claims WHERE request_key IN ({marks})", keys)
         at = self._clock(None) if rows else 0.0
         held = {r[0] for r in rows if r[1] != owner.id and r[0] not in accepted
-                and not claims.owner_gone(r[1], r[2], r[3], r[4], at)}
+                and not claims._owner_gone(r[1], r[2], r[3], r[4], at)}
         return accepted, held
 
-    def release_claim(self, tx: Tx, request_key: str, owner: Owner) -> None:
-        self._exec(tx, "DELETE FROM claims WHERE request_key = ? AND owner = ?",
-                   (request_key, owner.id))
-
-    def release_claims(self, tx: Tx, owner: Owner) -> None:
-        self._exec(tx, "DELETE FROM claims WHERE owner = ?", (owner.id,))
+    def release_claims(self, tx: Tx, owner: Owner, request_key: str | None = None) -> None:
+        """Give up ``owner``'s claim on ``request_key``, or every claim it holds."""
+        if request_key is None:
+            self._exec(tx, "DELETE FROM claims WHERE owner = ?", (owner.id,))
+        else:
+            self._exec(tx, "DELETE FROM claims WHERE request_key = ? AND owner = ?",
+                       (request_key, owner.id))
 
     def renew_claims(self, tx: Tx, owner: Owner) -> None:
         """A row another runner is taking over this moment is renewed at the next turn, or
         not at all."""
-        self._exec(tx, self.dialect.claim_sql(RENEW_SQL), (self.lease_seconds, owner.id))
+        self._exec(tx, self.dialect._claim_sql(RENEW_SQL), (self.lease_seconds, owner.id))
 
     # -- completing a receipt ------------------------------------------------------------------
     def accept_call(self, tx: Tx, attempt_id: int, batch_id: int, request_key: str,
@@ -170,6 +171,12 @@ class CallStore(BudgetStore):
         nothing (rejected, ``already_accepted``). ``charge`` is what the call cost the
         ledger's budget when the run reserved on it (None: it did not).
         """
+        self._accept_call(tx, attempt_id, batch_id, request_key, items, raw, usage, sent_at,
+                          charge)
+
+    def _accept_call(self, tx: Tx, attempt_id: int, batch_id: int, request_key: str,
+                     items: Mapping[str, Any], raw: str, usage: Mapping[str, Any],
+                     sent_at: str | None, charge: float | None) -> None:
         stamp = now()
         rows = [(batch_id, request_key, task_id, attempt_id, json.dumps(item), stamp)
                 for task_id, item in items.items()]
@@ -178,7 +185,7 @@ class CallStore(BudgetStore):
         if rows and added == 0:  # every row was already there: another return came first
             first = self._exec(tx, "SELECT attempt_id FROM checkpoint WHERE request_key = ? AND "
                                "batch_id = ? LIMIT 1", (request_key, batch_id)).fetchone()[0]
-            self._complete(tx, attempt_id, "rejected", already_accepted(first), raw, usage,
+            self._complete(tx, attempt_id, "rejected", _already_accepted(first), raw, usage,
                            stamp, sent_at, charge)
             return
         self._complete(tx, attempt_id, "accepted", (), raw, usage, stamp, sent_at, charge)
@@ -217,7 +224,7 @@ class CallStore(BudgetStore):
                 attempt_id)
 
 
-def already_accepted(first: Any) -> list[dict[str, Any]]:
+def _already_accepted(first: Any) -> list[dict[str, Any]]:
     """The error of a paid return whose request another runner's attempt ``first`` admitted."""
     return [{"type": "already_accepted", "task_id": None,
              "message": f"attempt {first} of another runner was admitted first; this "
@@ -231,7 +238,7 @@ COMPLETE_SQL = (
     "finished_at = ?, sent_at = COALESCE(?, sent_at) WHERE id = ? "
     "AND status IN ('in_flight', 'abandoned')")
 
-# An in-flight receipt: its columns, in the order ``begin_call`` gives their values.
+# An in-flight receipt: its columns, in the order ``_begin_call`` gives their values.
 RECEIPT_COLUMNS = ("batch_id", "revision_id", "request_key", "task_ids", "kind", "provider",
                    "model", "started_at", "uid", "owner", "estimated_input_tokens",
                    "cost_floor", "source", "reserved")

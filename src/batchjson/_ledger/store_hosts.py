@@ -2,14 +2,14 @@
 
 Every session on a ledger is one host of it: a row (``hosts``) with a lease, renewed while
 the session runs, as claims are. The sessions alive on a ledger divide the account's rate
-limits between them; a host is gone as a claim's owner is (``claims.owner_gone``: on this
+limits between them; a host is gone as a claim's owner is (``claims._owner_gone``: on this
 machine when its process or session has ended, on any machine when its lease has expired),
 and its row is deleted by the next host that counts.
 """
 
 from __future__ import annotations
 
-from .claims import Owner, owner_gone
+from .claims import Owner, _owner_gone
 from .store_base import StoreBase, Tx
 
 JOIN_SQL = ("INSERT INTO hosts(owner, host, pid, lease_expires_at, joined_at) "
@@ -29,7 +29,7 @@ class HostStore(StoreBase):
                                   stamp))
         rows = self._exec(tx, "SELECT owner, host, pid, lease_expires_at FROM hosts").fetchall()
         gone = sorted(row[0] for row in rows if row[0] != owner.id
-                      and owner_gone(row[0], row[1], row[2], row[3], at))
+                      and _owner_gone(row[0], row[1], row[2], row[3], at))
         for name in gone:
             self._exec(tx, "DELETE FROM hosts WHERE owner = ?", (name,))
         return len(rows) - len(gone)

@@ -22,15 +22,16 @@ from .store_runs import RunStore
 class ImportStore(CallStore, RunStore):
     """Imported receipts and their revisions; the export's rows."""
 
-    def import_of(self, tx: Tx, digest: str) -> Row | None:
-        """Where a receipt line with this digest was imported before (line, source), or None."""
-        return self._exec(tx, "SELECT line, source FROM imports WHERE digest = ?",
+    def imported_before(self, tx: Tx, digest: str, uid: str | None
+                        ) -> tuple[Row | None, Row | None]:
+        """What the ledger holds of a receipt line, in ``tx``: where a line with this digest
+        was imported before (line, source), and (id, batch_id, status) of the attempt with
+        its global id ``uid``; each None when there is none."""
+        done = self._exec(tx, "SELECT line, source FROM imports WHERE digest = ?",
                           (digest,)).fetchone()
-
-    def attempt_of_uid(self, tx: Tx, uid: str) -> Row | None:
-        """(id, batch_id, status) of the attempt with this global id, or None."""
-        return self._exec(tx, "SELECT id, batch_id, status FROM attempts WHERE uid = ?",
-                          (uid,)).fetchone()
+        held = None if not uid else self._exec(
+            tx, "SELECT id, batch_id, status FROM attempts WHERE uid = ?", (uid,)).fetchone()
+        return done, held
 
     def accepted_items(self, tx: Tx, batch_id: int, key: str) -> dict[str, str]:
         """task_id -> stored item JSON already accepted for this request of this batch."""
@@ -71,7 +72,7 @@ class ImportStore(CallStore, RunStore):
         return attempt_id
 
     # -- the revisions imported attempts go to -------------------------------------------------
-    def revision_holding(self, tx: Tx, batch_id: int, key: str,
+    def _revision_holding(self, tx: Tx, batch_id: int, key: str,
                          preferred: int | None) -> int | None:
         """A revision of the batch that holds request ``key`` (``preferred`` first), or None."""
         row = self._exec(tx, "SELECT r.id FROM revisions r JOIN requests q ON q.revision_id = "
@@ -80,7 +81,7 @@ class ImportStore(CallStore, RunStore):
                          (batch_id, key, preferred or 0)).fetchone()
         return row["id"] if row is not None else None
 
-    def imported_revision(self, tx: Tx, revision_id: int) -> dict[str, str] | None:
+    def _imported_revision(self, tx: Tx, revision_id: int) -> dict[str, str] | None:
         """The components of ``revision_id`` when an import made it (no attempt of it but
         imported ones), else None."""
         row = self._exec(tx, "SELECT components, NOT EXISTS (SELECT 1 FROM attempts WHERE "
@@ -88,7 +89,7 @@ class ImportStore(CallStore, RunStore):
                          "WHERE id = ?", (revision_id, revision_id)).fetchone()
         return json.loads(row["components"]) if row["imports_only"] else None
 
-    def add_import_request(self, tx: Tx, revision_id: int, request: Request) -> None:
+    def _add_import_request(self, tx: Tx, revision_id: int, request: Request) -> None:
         """Add ``request`` to the revision, after its others (kept if already there)."""
         self._exec(tx, "INSERT INTO requests(revision_id, key, position, parent_key, task_ids, "
                    "tasks) VALUES (?,?, (SELECT COUNT(*) FROM requests WHERE revision_id = ?), "
@@ -96,15 +97,15 @@ class ImportStore(CallStore, RunStore):
                    (revision_id, request.key, revision_id, request.task_ids_json,
                     request.tasks_json))
 
-    def make_current(self, tx: Tx, batch_id: int, revision_id: int) -> None:
+    def _make_current(self, tx: Tx, batch_id: int, revision_id: int) -> None:
         self._exec(tx, "UPDATE batches SET current_revision = ? WHERE id = ?",
                    (revision_id, batch_id))
 
-    def supersede(self, tx: Tx, revision_id: int, by: int, reason: str) -> None:
+    def _supersede_by_import(self, tx: Tx, revision_id: int, by: int, reason: str) -> None:
         self._exec(tx, "UPDATE revisions SET status = 'superseded', superseded_by = ?, "
                    "supersede_reason = ? WHERE id = ?", (by, reason, revision_id))
 
-    def revision_rows(self, tx: Tx, ids: Sequence[int]) -> list[Row]:
+    def _revision_rows(self, tx: Tx, ids: Sequence[int]) -> list[Row]:
         """Per revision: id, number, status, components, supersede_reason, batch_id, batch,
         whether it is its batch's current one and the current one's number."""
         return self._by_keys(
@@ -115,7 +116,7 @@ class ImportStore(CallStore, RunStore):
             list(ids), tx)
 
     # -- export --------------------------------------------------------------------------------
-    def export_rows(self, name: str | None = None) -> list[Row]:
+    def _export_rows(self, name: str | None = None) -> list[Row]:
         """Every attempt (of one batch, or all) in call order, with its batch, revision,
         components, validator name, whether its revision is current and its request's tasks."""
         where, args = (" WHERE b.name = ?", (name,)) if name else ("", ())

@@ -30,7 +30,7 @@ OPEN_STATES = ("recording", "open", "uncertain")
 CUSTOM_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
 
-def job_owner(uid: str) -> Owner:
+def _job_owner(uid: str) -> Owner:
     """The claim holder of job ``uid``."""
     return Owner(JOB_HOST, 0, "job", uid)
 
@@ -43,7 +43,7 @@ def custom_id(job_uid: str, attempt_id: int, request_key: str) -> str:
     return f"bj_{digest[:48]}"
 
 
-def valid_custom_id(value: Any) -> bool:
+def _valid_custom_id(value: Any) -> bool:
     return (isinstance(value, str) and 1 <= len(value) <= 64
             and set(value) <= CUSTOM_ID_CHARS)
 
@@ -65,7 +65,7 @@ class JobStore(CallStore):
         judging its lines needs beside the revision (the schema, for a kernel that did not run
         it). The writer's lease on the recording runs from now (``renew_job``). Committed before
         anything is uploaded."""
-        owner, stamp = job_owner(uid), now()
+        owner, stamp = _job_owner(uid), now()
         written: list[dict[str, Any]] = []
         with self.call_transaction() as tx:
             job_id = self._insert(tx, JOB_SQL, (
@@ -74,14 +74,14 @@ class JobStore(CallStore):
                 stamp, None if plan is None else json.dumps(dict(plan)),
                 self._clock(tx) + self.lease_seconds))
             for request, kind, wrapped, reserved, estimated in lines:
-                state, attempt_id = self.begin_call(
+                state, attempt_id = self._begin_call(
                     tx, batch_id, revision_id, request, kind, provider, model, source,
                     owner=owner, estimated_input_tokens=estimated,
                     reserve=reserved if shared else None)
                 if state != MINE or attempt_id is None:
                     continue
                 line = custom_id(uid, attempt_id, request.key)
-                if not valid_custom_id(line):  # cannot happen: a digest; checked all the same
+                if not _valid_custom_id(line):  # cannot happen: a digest; checked all the same
                     raise ValueError(f"custom_id {line!r} breaks the providers' rule")
                 self._exec(tx, "INSERT INTO job_lines(custom_id, job_id, attempt_id, "
                            "request_key, wrapped, reserved) VALUES (?,?,?,?,?,?)",
@@ -169,7 +169,7 @@ class JobStore(CallStore):
                           (status, now(), json.dumps(dict(detail)), job_id, *was)).rowcount:
             return False
         uid = self._exec(tx, "SELECT uid FROM jobs WHERE id = ?", (job_id,)).fetchone()[0]
-        self._exec(tx, "DELETE FROM claims WHERE owner = ?", (job_owner(uid).id,))
+        self._exec(tx, "DELETE FROM claims WHERE owner = ?", (_job_owner(uid).id,))
         return True
 
     def cancel_job(self, job_id: int, why: str, *, sent: bool,
@@ -193,27 +193,20 @@ class JobStore(CallStore):
                        "job_lines WHERE job_id = ?)", (errors, now(), sent, job_id))
         return True
 
-    def lost_recordings(self) -> int:
+    def _lost_recordings(self) -> None:
         """Jobs still ``recording`` whose writer is gone become ``uncertain``: it may have
         created the job (and been billed) without recording its id. Gone as a claim's holder
-        is: its process ended (on this host), or its lease ran out (on any). How many."""
-        at, lost = self._clock(None), 0
+        is: its process ended (on this host), or its lease ran out (on any)."""
+        at = self._clock(None)
         for row in self._read("SELECT id, owner, host, pid, lease_expires_at FROM jobs WHERE "
                               "status = 'recording'"):
-            if claims.owner_gone(row["owner"], row["host"], row["pid"],
+            if claims._owner_gone(row["owner"], row["host"], row["pid"],
                                  row["lease_expires_at"], at):
                 self.job_uncertain(row["id"], "its runner stopped between recording the job "
                                    "and recording the provider's id: the job may exist and "
                                    "be billed")
-                lost += 1
-        return lost
 
     # -- reads ---------------------------------------------------------------------------------
-    def jobs_holding(self, keys: Sequence[str]) -> list[Row]:
-        """Open, recording and uncertain jobs with a line for any of ``keys``."""
-        ids = set(self.job_holders(keys).values())
-        return [r for r in self.jobs() if r["id"] in ids]
-
     def job_holders(self, keys: Sequence[str]) -> dict[str, int]:
         """Of ``keys``, those an unfinished job claims, each with the job's id (read from the
         claims, which a job holds exactly while it is recording, open or uncertain)."""
@@ -221,16 +214,20 @@ class JobStore(CallStore):
                              + JOB_HOST + "/%' AND request_key IN ({marks})", keys)
         if not held:
             return {}
-        ids = {job_owner(row["uid"]).id: row["id"] for row in self.jobs()}
+        ids = {_job_owner(row["uid"]).id: row["id"] for row in self.jobs()}
         return {row[0]: ids[row[1]] for row in held if row[1] in ids}
 
     def last_attempt_id(self) -> int:
         """The newest receipt's id (0 when there is none): what a run found on record."""
         return self._read("SELECT COALESCE(MAX(id), 0) FROM attempts")[0][0]
 
-    def jobs(self, *, every: bool = False, job: str | None = None) -> list[Row]:
+    def jobs(self, *, every: bool = False, job: str | None = None,
+             lost: bool = False) -> list[Row]:
         """Job rows, newest first: open ones (``every``: all), or the one named by its id or
-        provider id."""
+        provider id. ``lost``: first, jobs still recording whose writer is gone are marked
+        uncertain (what a person listing, cancelling or collecting jobs must see)."""
+        if lost:
+            self._lost_recordings()
         sql = ("SELECT j.*, b.name AS batch FROM jobs j JOIN batches b ON b.id = j.batch_id")
         if job is not None:
             return self._read(sql + " WHERE CAST(j.id AS TEXT) = ? OR j.provider_job_id = ? "
@@ -245,8 +242,16 @@ class JobStore(CallStore):
                           "attempts a ON a.id = l.attempt_id WHERE l.job_id = ? ORDER BY "
                           "l.attempt_id", (job_id,))
 
-    def job_history(self, keys: Sequence[str], revision_id: int) -> dict[str, list[Row]]:
-        """Each key's job receipts of one revision, oldest first (for follow-ups)."""
+    def job_window(self, keys: Sequence[str], revision_id: int
+                   ) -> tuple[dict[str, int], set[str], dict[str, list[Row]]]:
+        """What a batch run reads of a window of ``keys``: those an unfinished job claims
+        (each with the job's id); those done (accepted, or so claimed); and each other key's
+        job receipts of one revision, oldest first (for follow-ups)."""
+        holders = self.job_holders(keys)
+        done = self.accepted_keys(keys) | holders.keys()
+        return holders, done, self._job_history([k for k in keys if k not in done], revision_id)
+
+    def _job_history(self, keys: Sequence[str], revision_id: int) -> dict[str, list[Row]]:
         out: dict[str, list[Row]] = {}
         for row in self._by_keys(
                 "SELECT a.id, a.request_key, a.kind, a.status, a.errors, a.raw, l.job_id FROM "
@@ -255,10 +260,6 @@ class JobStore(CallStore):
                 f"{int(revision_id)} AND a.request_key IN ({{marks}}) ORDER BY a.id", keys):
             out.setdefault(row["request_key"], []).append(row)
         return out
-
-    def job_keys(self, job_id: int) -> list[str]:
-        return [r[0] for r in self._read("SELECT request_key FROM job_lines WHERE job_id = ?",
-                                         (job_id,))]
 
     def requests_by_keys(self, keys: Sequence[str], revision_id: int | None = None
                          ) -> dict[str, Request]:
@@ -273,11 +274,6 @@ class JobStore(CallStore):
             found.setdefault(row["key"], stored_request(row))
         return found
 
-    def job_held_keys(self, keys: Sequence[str]) -> set[str]:
-        """Of ``keys``, those an unfinished job claims."""
-        return {r[0] for r in self._by_keys(
-            "SELECT request_key FROM claims WHERE owner LIKE '" + JOB_HOST + "/%' AND "
-            "request_key IN ({marks})", keys)}
 
 
 JOB_SQL = (

@@ -3,7 +3,7 @@
 A merge matches attempts by ``uid`` (unique across ledgers), revisions by (batch name,
 fingerprint), requests by (revision, key) and validators by (name, fingerprint), so merging the
 same file twice changes nothing; everything is written in one transaction. The other ledger's
-rows are read by ``sqlite.read_ledger_file`` (another ledger is a file, whatever this store is).
+rows are read by ``sqlite._read_ledger_file`` (another ledger is a file, whatever this store is).
 """
 
 from __future__ import annotations
@@ -229,13 +229,16 @@ class MergeStore(StoreBase):
         return {"batch": name, "revisions": revisions, "requests": len(owed), "items": items,
                 "by": by, "via": via, "at": stamp}
 
-    def forgotten(self, name: str | None = None) -> list[Row]:
-        """Every forgetting on record (of one batch, or all), oldest first, with how many of
-        its revisions still stand forgotten (``in_effect``: no work on them started since)."""
-        return self._read(
+    def forgotten(self, name: str | None = None) -> list[dict[str, Any]]:
+        """Every forgetting on record (of one batch, or all), oldest first: batch, at, by, via,
+        revisions, requests, items, and ``in_effect``, how many of its revisions still stand
+        forgotten (no work on them started since: a later run of one reopens it)."""
+        return [{"batch": r[0], "at": r[1], "by": r[2], "via": r[3],
+                 "revisions": json.loads(r[4]), "requests": r[5], "items": r[6],
+                 "in_effect": r[7]} for r in self._read(
             "SELECT b.name, f.forgotten_at, f.forgotten_by, f.via, f.revisions, f.requests, "
             "f.items, (SELECT COUNT(*) FROM revisions r WHERE r.forget_id = f.id "
             f"AND NOT {LATER_WORK_SQL}) AS in_effect "
             "FROM forgets f JOIN batches b ON b.id = f.batch_id"
             + (" WHERE b.name = ?" if name is not None else "") + " ORDER BY f.id",
-            (name,) if name is not None else ())
+            (name,) if name is not None else ())]

@@ -22,19 +22,15 @@ class RunStore(StoreBase):
     """Batches, revisions and requests; accepted values; evidence; re-judging's memory."""
 
     # -- batches and revisions ---------------------------------------------------------------
-    def find_revision(self, name: str, fingerprint: str) -> Revision | None:
-        rows = self._read(REVISION_SQL + " WHERE b.name = ? AND r.fingerprint = ?",
-                          (name, fingerprint))
-        return _revision(rows[0]) if rows else None
-
-    def revisions(self, name: str | None = None) -> list[Revision]:
-        if name is None:
-            return [_revision(r) for r in self._read(REVISION_SQL + " ORDER BY r.id")]
-        return [_revision(r) for r in self._read(REVISION_SQL + " WHERE b.name = ? ORDER BY r.id",
-                                                 (name,))]
-
-    def revision_by_id(self, revision_id: int) -> Revision:
-        return _revision(self._read(REVISION_SQL + " WHERE r.id = ?", (revision_id,))[0])
+    def revisions(self, name: str | None = None, *, fingerprint: str | None = None,
+                  revision_id: int | None = None) -> list[Revision]:
+        """Revisions in the order they were made: every one, batch ``name``'s, the one of its
+        content ``fingerprint``, or the one with id ``revision_id``."""
+        where = {"b.name": name, "r.fingerprint": fingerprint, "r.id": revision_id}
+        where = {column: value for column, value in where.items() if value is not None}
+        sql = REVISION_SQL + "".join(f" {'AND' if i else 'WHERE'} {column} = ?"
+                                     for i, column in enumerate(where))
+        return [_revision(r) for r in self._read(sql + " ORDER BY r.id", tuple(where.values()))]
 
     def batch_names(self) -> list[str]:
         return [r["name"] for r in self._read("SELECT name FROM batches ORDER BY id")]
@@ -43,14 +39,7 @@ class RunStore(StoreBase):
         rows = self._read("SELECT id FROM batches WHERE name = ?", (name,))
         return rows[0]["id"] if rows else None
 
-    def no_such_batch(self, name: str) -> str | None:
-        """Why ``name`` is not a batch here, listing those that are; None when it is one."""
-        if self.batch_id(name) is not None:
-            return None
-        known = ", ".join(self.batch_names()) or "none yet"
-        return f"no batch named {name!r} in this ledger (batches: {known})"
-
-    def batch_row(self, tx: Tx, name: str, stamp: str) -> tuple[int, int | None]:
+    def _batch_row(self, tx: Tx, name: str, stamp: str) -> tuple[int, int | None]:
         """(batch id, current revision id) of batch ``name``, made if new, in ``tx``. Live
         runs and imports find their batch the same way."""
         row = self._exec(tx, "SELECT id, current_revision FROM batches WHERE name = ?",
@@ -71,32 +60,32 @@ class RunStore(StoreBase):
         """
         stamp = now()
         with self.transaction() as tx:
-            batch_id, previous_id = self.batch_row(tx, name, stamp)
-            found = self.revision_with(tx, batch_id, fingerprint)
+            batch_id, previous_id = self._batch_row(tx, name, stamp)
+            found = self._revision_with(tx, batch_id, fingerprint)
             if found is not None:
                 revision_id = found
                 self._exec(tx, "UPDATE revisions SET status = 'open', superseded_by = NULL, "
                            "supersede_reason = NULL, forget_id = NULL WHERE id = ?",
                            (revision_id,))  # a forgotten revision run again owes again
             else:
-                revision_id = self.add_revision(
+                revision_id = self._add_revision(
                     tx, batch_id, fingerprint, components, stamp,
                     validator=(validator["name"], validator["version"]) if validator else None)
-                self.insert_requests(tx, revision_id, requests)
+                self._insert_requests(tx, revision_id, requests)
             superseded = None
             if previous_id is not None and previous_id != revision_id and not strict:
                 superseded = self._supersede(tx, previous_id, revision_id, components)
             self._exec(tx, "UPDATE batches SET current_revision = ? WHERE id = ?",
                        (revision_id, batch_id))
-        current = self.revision_by_id(revision_id)
-        return current, (self.revision_by_id(superseded) if superseded else None)
+        [current] = self.revisions(revision_id=revision_id)
+        return current, (self.revisions(revision_id=superseded)[0] if superseded else None)
 
-    def revision_with(self, tx: Tx, batch_id: int, fingerprint: str) -> int | None:
+    def _revision_with(self, tx: Tx, batch_id: int, fingerprint: str) -> int | None:
         row = self._exec(tx, "SELECT id FROM revisions WHERE batch_id = ? AND fingerprint = ?",
                          (batch_id, fingerprint)).fetchone()
         return row["id"] if row is not None else None
 
-    def add_revision(self, tx: Tx, batch_id: int, fingerprint: str,
+    def _add_revision(self, tx: Tx, batch_id: int, fingerprint: str,
                      components: Mapping[str, str], stamp: str, *,
                      validator: tuple[str | None, int | None] | None = None,
                      superseded_by: int | None = None, reason: str | None = None) -> int:
@@ -129,7 +118,7 @@ class RunStore(StoreBase):
                    (revision_id, "changed: " + ", ".join(changed or ["content"]), previous_id))
         return previous_id
 
-    def insert_requests(self, tx: Tx, revision_id: int, requests: Iterable[Request]) -> None:
+    def _insert_requests(self, tx: Tx, revision_id: int, requests: Iterable[Request]) -> None:
         """``requests`` (a list, or a stream of a million read a window at a time) in ``tx``."""
         rows = ((revision_id, r.key, r.position, r.parent_key, r.task_ids_json, r.tasks_json)
                 for r in requests)
@@ -141,13 +130,13 @@ class RunStore(StoreBase):
         with self.transaction() as tx:
             self._exec(tx, "UPDATE requests SET split = 1 WHERE revision_id = ? AND key = ?",
                        (revision_id, parent.key))
-            self.insert_requests(tx, revision_id, children)
+            self._insert_requests(tx, revision_id, children)
 
     def leaves(self, revision_id: int) -> list[Request]:
         return [Request(r["key"], tuple(json.loads(r["tasks"])), r["position"], r["parent_key"],
-                        tasks_json=r["tasks"]) for r in self.leaf_rows(revision_id)]
+                        tasks_json=r["tasks"]) for r in self._leaf_rows(revision_id)]
 
-    def leaf_rows(self, revision_id: int) -> list[Row]:
+    def _leaf_rows(self, revision_id: int) -> list[Row]:
         """A revision's leaf requests as stored: key, tasks (canonical JSON text), task_ids
         (JSON), position, parent_key; in order."""
         return self._read("SELECT key, tasks, task_ids, position, parent_key FROM requests "
@@ -172,16 +161,6 @@ class RunStore(StoreBase):
                           "ON r.id = b.current_revision WHERE b.name = ?", (name,))
         return (rows[0]["id"], json.loads(rows[0]["components"])) if rows else None
 
-    def current_tasks(self, name: str) -> tuple[str, dict[str, dict[str, Any]]]:
-        """(identity rule, task_id -> task) of batch ``name``'s current revision: the rule as
-        its key component says it (``"task_id,case_id"``, or ``"task_id+echoed"``)."""
-        current = self.current_revision(name)
-        if current is None:
-            return "task_id", {}
-        revision_id, components = current
-        return components.get("identity", "task_id"), {
-            t["task_id"]: t for r in self.leaves(revision_id) for t in r.tasks}
-
     # -- attempts and accepted values ----------------------------------------------------------
     def accepted_keys(self, keys: Sequence[str]) -> set[str]:
         """Keys with an accepted return, under any batch: evidence is content, not a name."""
@@ -189,17 +168,15 @@ class RunStore(StoreBase):
             "SELECT DISTINCT request_key FROM attempts WHERE status = 'accepted' AND "
             "request_key IN ({marks})", keys)}
 
-    def attempt_counts(self, keys: Sequence[str]) -> dict[str, int]:
-        """How many attempts each exact request has had so far (any batch, any run)."""
-        return {r[0]: r[1] for r in self._by_keys(
+    def attempts_so_far(self, keys: Sequence[str]
+                        ) -> tuple[dict[str, int], dict[str, set[str]]]:
+        """Of each exact request among ``keys`` (any batch, any run): how many attempts it has
+        had, and the words a return was rejected for on its provider's word: ``truncated`` (cut
+        off at the output ceiling), ``refused``, ... (the error types of ``STOP_ERRORS``).
+        Under the very same key: the same provider settings, so the same ceiling."""
+        counts = {r[0]: r[1] for r in self._by_keys(
             "SELECT request_key, COUNT(*) FROM attempts WHERE request_key IN ({marks}) "
             "GROUP BY request_key", keys)}
-
-    def stops_of(self, keys: Sequence[str]) -> dict[str, set[str]]:
-        """For the requests among ``keys`` a return was rejected for on its provider's word,
-        those words: ``truncated`` (cut off at the output ceiling), ``refused``, ... (the error
-        types of ``STOP_ERRORS``). Under the very same key: the same provider
-        settings, so the same ceiling."""
         found: dict[str, set[str]] = {}
         for key, errors in self._by_keys(
                 "SELECT request_key, errors FROM attempts WHERE request_key IN ({marks}) "
@@ -207,7 +184,7 @@ class RunStore(StoreBase):
             types = stop_types(errors)
             if types:
                 found.setdefault(key, set()).update(types)
-        return found
+        return counts, found
 
     def receipts(self, name: str, *, failed: bool = False) -> list[Receipt]:
         """Receipts of a batch in call order (every revision)."""
@@ -257,17 +234,14 @@ class RunStore(StoreBase):
             "OFFSET ?", (revision_id, after[0], after[0], after[1], limit - 1))
         return [(r[2], r[3]) for r in rows], ((last[0][0], last[0][1]) if last else None)
 
-    def revision_task_requests(self, revision_id: int) -> list[tuple[str, str]]:
+    def revision_lookup(self, revision_id: int) -> tuple[list[tuple[str, str]], set[str]]:
         """(key, task_ids JSON) of every leaf request of a revision: where each task's value
-        would be, read once when a result is first looked up by task_id."""
-        return [(r[0], r[1]) for r in self._read(
+        would be; and the keys among them with accepted values (every task of each has one: a
+        return is accepted whole). Read once, when a result is first looked up by task_id."""
+        where = [(r[0], r[1]) for r in self._read(
             "SELECT key, task_ids FROM requests WHERE revision_id = ? AND split = 0",
             (revision_id,))]
-
-    def revision_accepted_requests(self, revision_id: int) -> set[str]:
-        """Keys of a revision's leaf requests with accepted values (every task of each has
-        one: a return is accepted whole)."""
-        return {r[0] for r in self._read(
+        return where, {r[0] for r in self._read(
             "SELECT DISTINCT q.key FROM requests q JOIN checkpoint c ON c.request_key = q.key "
             "WHERE q.revision_id = ? AND q.split = 0", (revision_id,))}
 
@@ -319,7 +293,7 @@ class RunStore(StoreBase):
                        (name, version, fingerprint, where, now(), json.dumps(list(by_identity))))
             return version
 
-    def validator_rows(self) -> list[Row]:
+    def _validator_rows(self) -> list[Row]:
         """Every recorded validator version beside each batch run under it (if any)."""
         return self._read(
             "SELECT v.name, v.version, v.fingerprint, v.where_defined, v.defined_at, "
@@ -366,10 +340,15 @@ class RunStore(StoreBase):
             return None
         return rows[0][0], rows[0][1], rows[0][2]
 
-    def earlier_returns(self, seen_keys: Sequence[str]) -> list[Row]:
+    def earlier_returns(self, seen_keys: Sequence[str], sourceless_keys: Sequence[str] = ()
+                        ) -> tuple[list[Row], list[Row]]:
         """Raw returns of earlier attempts that saw one of ``seen_keys`` (a repair's only if
-        accepted: its prompt was another), accepted ones first, newest first."""
-        return self._by_keys(EARLIER_SQL, list(dict.fromkeys(seen_keys)))
+        accepted: its prompt was another), accepted ones first, newest first; and accepted
+        imported returns of unknown answer source under ``sourceless_keys`` (the keys the same
+        content has without a source), newest first, ``seen_key`` naming that key."""
+        sourceless = list(dict.fromkeys(sourceless_keys))
+        return (self._by_keys(EARLIER_SQL, list(dict.fromkeys(seen_keys))),
+                self._by_keys(SOURCELESS_SQL, sourceless) if sourceless else [])
 
     def has_sourceless_answers(self) -> bool:
         """Whether any imported receipt has no answer source on record (another system's):
@@ -377,11 +356,6 @@ class RunStore(StoreBase):
         return bool(self._read(
             "SELECT COUNT(*) FROM (SELECT 1 FROM imports i JOIN attempts a ON a.id = "
             "i.attempt_id WHERE a.source IS NULL LIMIT 1) AS s")[0][0])
-
-    def sourceless_returns(self, keys: Sequence[str]) -> list[Row]:
-        """Accepted imported returns of unknown answer source under ``keys`` (the keys the
-        same content has without a source), newest first; ``seen_key`` is that key."""
-        return self._by_keys(SOURCELESS_SQL, list(dict.fromkeys(keys)))
 
     def sourceless_unresolved(self, keys: Sequence[str]) -> list[Row]:
         """Leaf requests under ``keys`` (keys without an answer source) with no accepted

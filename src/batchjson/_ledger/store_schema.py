@@ -120,7 +120,7 @@ CREATE TABLE batchjson_schema (version INTEGER NOT NULL);
 
 @dataclass(frozen=True)
 class Dialect:
-    """How one database spells the schema and the statements; ``sql`` renders a statement."""
+    """How one database spells the schema and the statements; ``_sql`` renders a statement."""
 
     name: str
     types: dict[str, str]  # the schema's open type words
@@ -139,10 +139,10 @@ class Dialect:
                                      compare=False)
 
     @property
-    def schema(self) -> str:
+    def _schema(self) -> str:
         return TABLES.format_map(self.types) + self.server_tables
 
-    def sql(self, statement: str) -> str:
+    def _sql(self, statement: str) -> str:
         """``statement`` (``?`` parameters) as this database reads it; rendered once."""
         rendered = self._rendered.get(statement)
         if rendered is None:
@@ -151,7 +151,7 @@ class Dialect:
             self._rendered[statement] = rendered
         return rendered
 
-    def claim_sql(self, template: str) -> str:
+    def _claim_sql(self, template: str) -> str:
         """A claim's statement, its ``{lock}`` and ``{now}`` spelled for this database (its
         parameters still ``?``, as every statement a store runs); spelled once."""
         spelled = self._spelled.get(template)
@@ -159,17 +159,17 @@ class Dialect:
             spelled = self._spelled[template] = template.format(lock=self.lock, now=self.now)
         return spelled
 
-    def marks(self, keys: list[Any]) -> str:
+    def _marks(self, keys: list[Any]) -> str:
         """What stands for ``{marks}`` in ``IN ({marks})``, for ``keys`` (not empty); an array
         of text is named so (psycopg leaves a string's type to the server)."""
         if not self.keys_as_array:
             return ",".join("?" * len(keys))
         return "SELECT unnest(?::text[])" if isinstance(keys[0], str) else "SELECT unnest(?)"
 
-    def key_args(self, keys: list[Any]) -> tuple[Any, ...]:
+    def _key_args(self, keys: list[Any]) -> tuple[Any, ...]:
         return (keys,) if self.keys_as_array else tuple(keys)
 
-    def on_server(self, version: int) -> Dialect:
+    def _on_server(self, version: int) -> Dialect:
         """This dialect for a PostgreSQL server of ``version``: before 16 no text is known
         to be JSON in SQL (``pg_input_is_valid``), and each is checked in Python."""
         return self if version >= 160000 else replace(self, json_valid="FALSE")

@@ -73,27 +73,23 @@ USABLE_SQL = (
 class ViewStore(StoreBase):
     """Rows for the accounts, for pack-size advice and for what a pack may hold."""
 
-    def call_rows(self, name: str | None = None) -> list[Row]:
-        """Per batch with attempts: calls by outcome, tokens, known cost, unknown-cost calls
-        and the floors recorded for them (``unfloored``: how many have none)."""
-        where, args = (" WHERE b.name = ?", (name,)) if name is not None else ("", ())
-        return self._read(CALLS_SQL.format(where=where), args)
-
-    def unfloored_rows(self, name: str | None = None) -> list[Row]:
-        """Per batch and model: unknown-cost calls with no recorded floor, and their prompt
-        tokens (uncached, cached) to price."""
+    def call_rows(self, name: str | None = None) -> tuple[list[Row], list[Row]]:
+        """Per batch with attempts (one batch, or every one): calls by outcome, tokens, known
+        cost, unknown-cost calls and the floors recorded for them; then, only when some have
+        none (``unfloored``), per batch and model those calls' prompt tokens (uncached,
+        cached) to price."""
         where, args = (" AND b.name = ?", (name,)) if name is not None else ("", ())
-        return self._read(UNFLOORED_SQL.format(where=where), args)
+        calls = self._read(CALLS_SQL.format(where=where), args)
+        if not any(row["unfloored"] for row in calls):
+            return calls, []
+        return calls, self._read(UNFLOORED_SQL.format(where=where), args)
 
-    def task_rows(self, name: str | None = None) -> list[Row]:
-        """(batch, task_ids) of every leaf request of each batch's current revision."""
+    def task_rows(self, name: str | None = None) -> tuple[list[Row], list[Row]]:
+        """Per batch's current revision (one batch, or every one): (batch, task_ids) of every
+        leaf request, and (batch, usable), its accepted tasks."""
         where, args = (" AND b.name = ?", (name,)) if name is not None else ("", ())
-        return self._read(TASKS_SQL + where, args)
-
-    def usable_rows(self, name: str | None = None) -> list[Row]:
-        """(batch, usable): accepted tasks of each batch's current revision."""
-        where, args = (" AND b.name = ?", (name,)) if name is not None else ("", ())
-        return self._read(USABLE_SQL.format(where=where), args)
+        return (self._read(TASKS_SQL + where, args),
+                self._read(USABLE_SQL.format(where=where), args))
 
     def fit_rows(self, name: str) -> list[Row]:
         """Every live receipt of batch ``name`` (imports aside), with its request's text

@@ -11,7 +11,7 @@ from typing import Any
 from .store_jobs import OPEN_STATES
 
 
-def unfinished_jobs(jobs: Sequence[Mapping[str, Any]], where: str, then: str) -> str | None:
+def _unfinished_jobs(jobs: Sequence[Mapping[str, Any]], where: str, then: str) -> str | None:
     """Why ``then`` must wait when any of ``jobs`` (rows with id, provider_job_id, status and
     batch) is unfinished, naming each job and what to do; None when none is."""
     open_jobs = [j for j in jobs if j["status"] in OPEN_STATES]

@@ -127,4 +127,4 @@ class GroupCommit:
 
 
 def _outcome(result: Any) -> Any:
-    return result.result() if isinstance(result, Later) else result
+    return result() if isinstance(result, Later) else result

@@ -116,14 +116,11 @@ class JobRunner:
         while its allowance lasts."""
         store = self.store
         keys = [r.key for r in window]
-        holders = store.job_holders(keys)
+        holders, done, history = store.job_window(keys, self.plan.revision_id)
         self.watched.update(holders.values())
-        done = store.accepted_keys(keys) | holders.keys()
         free = [r for r in window if r.key not in done]
-        history = store.job_history([r.key for r in free], self.plan.revision_id)
-        tried = store.attempt_counts([r.key for r in free])
-        cut = {key for key, stops in store.stops_of([r.key for r in free]).items()
-               if TRUNCATED in stops}
+        tried, stopped = store.attempts_so_far([r.key for r in free])
+        cut = {key for key, stops in stopped.items() if TRUNCATED in stops}
         owed = []
         for request in free:
             rows = self._chain(request, history.get(request.key, []))
@@ -184,7 +181,7 @@ class JobRunner:
         """The requests of this run's revision that the ended ``jobs`` held, read from the
         ledger a window at a time, one job's keys at a time."""
         for job_id in jobs:
-            keys = self.store.job_keys(job_id)
+            keys = [line["request_key"] for line in self.store.job_lines(job_id)]
             for start in range(0, len(keys), WINDOW):
                 yield list(self.store.requests_by_keys(keys[start:start + WINDOW],
                                                        self.plan.revision_id).values())
@@ -202,7 +199,7 @@ class JobRunner:
     async def _submit_into(self, body: Upload, owed: list[tuple[Request, str, str]],
                            writer: Owner) -> tuple[bool, list[tuple[Request, str, str]]]:
         plan, store = self.plan, self.store
-        counts = store.attempt_counts([r.key for r, _, _ in owed])
+        counts = store.attempts_so_far([r.key for r, _, _ in owed])[0]
         calls = [make_call(plan, self._system, r, kind, prompt, counts.get(r.key, 0))
                  for r, kind, prompt in owed]
         fit = self.client.lines_that_fit(calls)
@@ -312,13 +309,11 @@ class JobRunner:
         store, out = self.store, self.result.outcome
         jobs: dict[int, dict[str, Any]] = {}
         for window in self.windows():
-            holders = store.job_holders([r.key for r in window])
+            holders, _, history = store.job_window([r.key for r in window],
+                                                   self.plan.revision_id)
             self.watched.update(holders.values())
             if holders and not jobs:
                 jobs = {row["id"]: job_view(row) for row in store.jobs()}
-            done = store.accepted_keys([r.key for r in window]) | holders.keys()
-            history = store.job_history([r.key for r in window if r.key not in done],
-                                        self.plan.revision_id)
             for request in window:
                 if request.key in holders:
                     _pending(out, request, jobs.get(holders[request.key]))
@@ -337,8 +332,7 @@ class JobRunner:
     async def _collect_ended(self) -> list[int]:
         """Poll the watched jobs and collect those that ended: the ids of every watched job
         no longer unfinished (collected here, or by another runner meanwhile)."""
-        self.store.lost_recordings()
-        for row in self.store.jobs():
+        for row in self.store.jobs(lost=True):
             if row["id"] not in self.watched or row["protocol"] != self.client.protocol:
                 continue
             if row["status"] == "uncertain" and row["provider_job_id"] is None:

@@ -150,9 +150,9 @@ class Replayer:
         if len(requests) < FEED:
             self._feed = None
         keys = [r.key for r in requests]
-        self._attempts.update(self.store.attempt_counts(keys))
-        self._cut_off.update(key for key, stops in self.store.stops_of(keys).items()
-                             if TRUNCATED in stops)
+        counts, stopped = self.store.attempts_so_far(keys)
+        self._attempts.update(counts)
+        self._cut_off.update(key for key, stops in stopped.items() if TRUNCATED in stops)
         self._queue.extend((r, 0) for r in requests)
 
     async def _worker(self) -> None:
@@ -291,7 +291,7 @@ class Replayer:
 
     def _release(self, request: Request) -> None:
         owner = self.owner
-        self.writes.queue(lambda tx: self.store.release_claim(tx, request.key, owner))
+        self.writes.queue(lambda tx: self.store.release_claims(tx, owner, request.key))
 
     def _resolved(self, request: Request) -> None:
         """Accepted by another runner: its values are read from the ledger, nothing is paid."""

@@ -43,12 +43,13 @@ def calls(store: Store, name: str | None = None) -> dict[str, dict[str, Any]]:
     """Per batch that has attempts: its calls by outcome, tokens, the known cost (None when no
     attempt has one), and the unknown-cost calls with the least they cost."""
     per: dict[str, dict[str, Any]] = {}
-    for row in store.call_rows(name):
+    rows, unfloored = store.call_rows(name)
+    for row in rows:
         per[row["batch"]] = {**{k: row[k] or 0 for k in _CALL_COUNTS}, "cost": row["cost"],
                              "unknown_cost_lower_bound": row["unknown_cost_lower_bound"],
                              "unpriced_calls": 0, "unfloored": row["unfloored"] or 0}
     if sum(entry.pop("unfloored") for entry in per.values()):
-        for row in store.unfloored_rows(name):
+        for row in unfloored:
             entry = per[row["batch"]]
             usd = floor_price(row["model"], row["uncached"], row["cached"])
             if usd is None:
@@ -113,10 +114,11 @@ def cost_summary(store: Store, name: str | None = None) -> dict[str, Any]:
         target.update({k: entry[k] for k in (*_CALL_COUNTS, "unpriced_calls",
                                              "unknown_cost_lower_bound") if k in target})
         target["cost"] = entry["cost"] or 0.0
-    for row in store.task_rows(name):
+    tasks, usable = store.task_rows(name)
+    for row in tasks:
         if row["batch"] in per:
             per[row["batch"]]["tasks"] += len(json.loads(row["task_ids"]))
-    for row in store.usable_rows(name):
+    for row in usable:
         if row["batch"] in per:
             per[row["batch"]]["usable_results"] = row["usable"]
     total = _empty(None)

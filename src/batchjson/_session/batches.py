@@ -47,11 +47,12 @@ def held_by_jobs(store: Store, pending: Sequence[Request]
     """Of a live run's pending requests, those an unfinished batch job claims are never sent
     live while the job may still answer them: (the jobs and those requests' errors, the
     requests left to send)."""
-    held = store.job_held_keys([r.key for r in pending])
+    held = store.job_holders([r.key for r in pending])
     out = JobsOutcome(Outcome())
     if not held:
         return out, list(pending)
-    out.jobs = [job_view(r) for r in store.jobs_holding(list(held))]
+    ids = set(held.values())
+    out.jobs = [job_view(r) for r in store.jobs() if r["id"] in ids]
     for request in pending:
         if request.key in held:
             for task_id in request.task_ids:
@@ -110,8 +111,7 @@ def job_client(row: Mapping[str, Any], provider: Any = None) -> tuple[Any, Any]:
 
 def list_jobs(ledger: Ledger, *, every: bool = False) -> list[dict[str, Any]]:
     """The ledger's unfinished batch jobs (``every``: all), newest first, as shown."""
-    ledger.store.lost_recordings()
-    return [job_view(row) for row in ledger.store.jobs(every=every)]
+    return [job_view(row) for row in ledger.store.jobs(every=every, lost=True)]
 
 
 def cancel_job(ledger: Ledger, job: str, *, provider: Any = None) -> dict[str, Any]:
@@ -120,8 +120,7 @@ def cancel_job(ledger: Ledger, job: str, *, provider: Any = None) -> dict[str, A
     released: the runner cancels it once created. An uncertain one is released at once, its
     receipts kept as possibly billed (docs/providers.md, "Batch jobs")."""
     store = ledger.store
-    store.lost_recordings()
-    rows = store.jobs(job=str(job))
+    rows = store.jobs(job=str(job), lost=True)
     if not rows:
         raise InvalidBatch(f"no batch job {job!r} in this ledger; `batchjson jobs` lists them")
     row = rows[0]

@@ -37,9 +37,8 @@ def collect_ended(rt: Runtime, name: str | None = None) -> list[str]:
     """Collect every open job (of batch ``name``) that has ended and this kernel can judge;
     one line per job looked at, saying what was collected or what to do."""
     store = rt.ledger.store
-    store.lost_recordings()
     said = []
-    for row in store.jobs():
+    for row in store.jobs(lost=True):
         if row["status"] not in ("open", "uncertain") or name not in (None, row["batch"]):
             continue  # an uncertain one may be found at the provider (OpenAI), then collected
         shown = (f"job {row['id']} of {row['batch']!r} "
@@ -57,7 +56,7 @@ def collect_ended(rt: Runtime, name: str | None = None) -> list[str]:
 
 def job_plan(rt: Runtime, row: Mapping[str, Any]) -> tuple[Plan | None, str]:
     """What judging job ``row``'s lines needs, or None and why this kernel cannot judge them."""
-    revision = rt.ledger.store.revision_by_id(row["revision_id"])
+    [revision] = rt.ledger.store.revisions(revision_id=row["revision_id"])
     facts = json.loads(row["plan"] or "{}")
     schema = _schema(rt, revision.components.get("schema"), facts.get("schema"))
     if schema is None:
@@ -101,7 +100,7 @@ def _collect(rt: Runtime, row: Mapping[str, Any], plan: Plan) -> str:
                       shared=store.shared_budget())
     runner = JobRunner(plan, rt.ledger, provider, client, spender,
                        rt.job_reservations, session_id=rt.session_id)
-    keys = store.job_keys(row["id"])
+    keys = [line["request_key"] for line in store.job_lines(row["id"])]
     ran = rt.loop.run(lambda: runner.collect(keys))
     after = store.jobs(job=str(row["id"]))[0]
     if after["status"] == "uncertain":

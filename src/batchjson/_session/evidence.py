@@ -10,7 +10,6 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .._ledger.forgetting import forgotten
 from .._ledger.store import Store
 from . import accounts
 from .accounts import per_usable_result
@@ -68,7 +67,7 @@ class Evidence:
         # they cost, and cost per usable result counts them at that floor (flagged as a lower
         # bound); the rule is status's own (accounts.per_usable_result).
         unknown = spend["unknown_cost_calls"]
-        stops = self._store.stops_of(list(dict.fromkeys(u.key for u in owed)))
+        stops = self._store.attempts_so_far(list(dict.fromkeys(u.key for u in owed)))[1]
         return {
             "batch": batch,
             **_counts(owed),
@@ -77,7 +76,7 @@ class Evidence:
             "refused_requests": sum(1 for s in stops.values() if "refused" in s),
             "cut_off_requests": sum(1 for s in stops.values() if "truncated" in s),
             "superseded": superseded,
-            "forgotten": forgotten(self._store, batch),
+            "forgotten": self._store.forgotten(batch),
             "owing_batches": sorted({u.batch for u in owed}),  # forgotten ones owe nothing
             "calls": spend["calls"],
             "accepted_returns": spend["accepted"],

@@ -297,15 +297,14 @@ def import_receipts(store: Store, path: str | Path, *, validators: Any = None,
             rec = line.record
             base = Outcome(line.number, rec["batch"], str(rec.get("status")), "skipped",
                            len(line.tasks))
-            done = store.import_of(tx, line.digest)
             uid = rec.get("uid") if line.own and isinstance(rec.get("uid"), str) else None
+            done, held = store.imported_before(tx, line.digest, uid)
             if done is not None or line.digest in seen:
                 where = (f"line {seen[line.digest]} of this file" if line.digest in seen
                          else f"line {done['line']} of {done['source']}")
                 base.reason = f"already imported ({where})"
                 outcomes.append(base)
                 continue
-            held = store.attempt_of_uid(tx, uid) if uid else None
             # Exported while that call was in flight, finished since: its outcome completes the
             # receipt already here (the same call, not a second one).
             completes = (held is not None and held["status"] in ("in_flight", "abandoned")

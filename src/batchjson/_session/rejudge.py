@@ -84,12 +84,14 @@ def earlier_candidates(store: Store, pending: Sequence[Request], *, seen_of: Map
     if not pending:
         return []
     earlier: dict[str, list[Any]] = {}
-    for row in store.earlier_returns([seen_of[r.key] for r in pending]):
-        earlier.setdefault(row["seen_key"], []).append(row)
     imported: dict[str, list[Any]] = {}
-    if sourceless_of:
-        for row in store.sourceless_returns([sourceless_of[r.key] for r in pending]):
-            imported.setdefault(row["seen_key"], []).append(row)
+    returns, sourceless = store.earlier_returns(
+        [seen_of[r.key] for r in pending],
+        [sourceless_of[r.key] for r in pending] if sourceless_of else ())
+    for row in returns:
+        earlier.setdefault(row["seen_key"], []).append(row)
+    for row in sourceless:
+        imported.setdefault(row["seen_key"], []).append(row)
     out = []
     for request in pending:
         # A return under this very key was judged by these rules already, unless its judging

@@ -76,7 +76,7 @@ def finished(store: Store, plan: RunPlan) -> RunPlan | None:
     if done is None:
         return None
     revision_id, _, leaves = done
-    return replace(plan, finished=store.revision_by_id(revision_id), requests=leaves)
+    return replace(plan, finished=store.revisions(revision_id=revision_id)[0], requests=leaves)
 
 
 def _validator_digest(rt: Runtime, spec: RunSpec) -> str | None:

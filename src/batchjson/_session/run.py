@@ -118,7 +118,8 @@ def find_requests(rt: Runtime, plan: RunPlan, judging: Judging) -> RunPlan:
     holds them all."""
     store = rt.ledger.store
     while True:
-        plan = replace(plan, existing=store.find_revision(plan.spec.name, plan.keys.revision))
+        found = store.revisions(plan.spec.name, fingerprint=plan.keys.revision)
+        plan = replace(plan, existing=found[0] if found else None)
         if not plan.blind:
             return plan
         token = unseen_token(store, judging, list(window.every_request(store, plan)),
@@ -218,7 +219,7 @@ def _live(rt: Runtime, calls: Plan, spender: Spender,
 
     def unclaimed() -> Iterator[Request]:
         for pending in plan.pending.windows():
-            held = store.job_held_keys([r.key for r in pending])
+            held = store.job_holders([r.key for r in pending])
             claimed.extend(r for r in pending if r.key in held)
             yield from (r for r in pending if r.key not in held)
 

@@ -53,9 +53,8 @@ class LedgerValues(Mapping[str, Any]):
         """Read without a query per task (a result's errors ask it of every failed task)."""
         if not isinstance(task_id, str) or task_id in self._hidden:
             return False
-        if self._accepted is None:
-            self._accepted = self._read("revision_accepted_requests", self._revision)
-        return self._where_of().get(task_id) in self._accepted
+        key = self._where_of().get(task_id)  # reads the accepted keys too
+        return key in (self._accepted or ())
 
     def items(self) -> Iterator[tuple[str, Any]]:  # type: ignore[override]
         """(task_id, value) in task order, a page of requests at a time."""
@@ -102,8 +101,8 @@ class LedgerValues(Mapping[str, Any]):
 
     def _where_of(self) -> dict[str, str]:
         if self._where is None:
-            self._where = {t: key for key, ids in self._read(
-                "revision_task_requests", self._revision) for t in json.loads(ids)}
+            where, self._accepted = self._read("revision_lookup", self._revision)
+            self._where = {t: key for key, ids in where for t in json.loads(ids)}
         return self._where
 
     def _text(self, task_id: str) -> str | None:
