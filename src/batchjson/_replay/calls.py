@@ -25,10 +25,10 @@ from .._ledger.store import Store
 from .._providers.base import Call, CallKind, Reply, estimate_tokens, input_bound
 from .._providers.caching import prefix_cacheable
 from .._secrets import public_url
-from .budget import Pricing, Spender, usd
+from .budget import Pricing, Spender, charge_of, usd
 from .groupcommit import GroupCommit
 from .plan import Outcome, Plan, Transport, system_prompt
-from .settle import Settle, usage_of
+from .settle import Attempt, Settle, usage_of
 
 
 @dataclass(frozen=True)
@@ -160,24 +160,27 @@ class Caller:
             return opened
         reserved, claimed = opened
         self.attempts[request.key] = number + 1
-        self._count(request)
-        sent_at, settled, reply = now(), False, None
-        charge = reserved  # what the call costs until its reply says: its worst case
+        self.outcome.calls += 1
+        self.outcome.calls_log.append(request.task_ids_json)
+        attempt = Attempt(claimed, reserved, reserved, request, now(), billable=True)
+        got: Reply | ProviderError | None = None
         try:
-            try:
-                reply, charge = await self._send(call, claimed, sent_at, reserved)
-                settled = True
-            except ProviderError:
-                settled = True
-                raise
-            return await self._judge(request, reply, claimed, sent_at, charge)
+            ((_, got),) = await self.replies((call, attempt))
+            verdict, write = await self.settle.settle(attempt, got)
+            # queued, not awaited: the run flushes and checks every write before it returns
+            self.writes.queue(write)
+            if isinstance(got, ProviderError):
+                raise got  # for the transport retries, its receipt queued
+            assert verdict is not None
+            return Judged(verdict, got.text)
         except BaseException as exc:  # cancellation, Ctrl-C, SystemExit: close the receipt
-            if not settled:
+            if got is None:
                 self.spender.settle(reserved, None)  # sent, answer unknown: the worst case
             if not isinstance(exc, ProviderError):
                 # An answer that arrived but was interrupted while being judged is paid for:
                 # its text and usage are kept, and a re-run judges it before asking again.
-                self._close(claimed, _why(exc), sent_at, reply, charge)
+                self._close(claimed, _why(exc), attempt.sent_at,
+                            got if isinstance(got, Reply) else None, reserved)
             raise
 
     def host_down(self, exc: ProviderError, key: str) -> bool:
@@ -291,17 +294,15 @@ class Caller:
             return STOPPED
         return min(pause * 1.5, 1.0)
 
-    def _count(self, request: Request) -> None:
-        self.outcome.calls += 1
-        self.outcome.calls_log.append(request.task_ids_json)
-
     def _close(self, attempt_id: int, why: str, sent_at: str | None,
-               reply: Reply | None = None, charge: float = 0.0) -> None:
+               reply: Reply | None = None, reserved: float = 0.0) -> None:
+        # What was ``reserved`` is charged, or a reply's cost when it came: it is paid for.
         # Synchronous on purpose: the loop may be unwinding. A receipt already completed is left
         # as it is (the update only touches in-flight rows). If the ledger itself has failed,
         # the receipt stays in flight (a possible call) and that failure is what is reported.
         self.writes.flush_now()
         kept = reply is not None and isinstance(reply.text, str)
+        charge = reserved if reply is None else charge_of(reserved, self.settle.cost(reply))
         errors = [{"type": "cancelled", "task_id": None,
                    "message": (f"{why}; re-run to resume" if sent_at is None else
                                f"{why} before the return was judged; re-run to resume")
@@ -311,13 +312,15 @@ class Caller:
                 self.store.finish_call(tx, attempt_id, "cancelled", errors,
                                        reply.text if kept else None,
                                        usage_of(reply) if kept else {}, sent_at=sent_at,
-                                       charge=self.settle.ledger(charge))
+                                       charge=charge if self.spender.shared is not None else None)
         except LedgerError as exc:
             self.control.ledger_failed(exc)
 
-    async def _send(self, call: Call, attempt_id: int, sent_at: str,
-                    reserved: float) -> tuple[Reply, float]:
-        """The reply and what the call was charged (its cost, or its worst case)."""
+    async def replies(self, sent: tuple[Call, Attempt]
+                      ) -> list[tuple[Attempt, Reply | ProviderError]]:
+        """The live transport: send one call (``sent``: it and its attempt), and its reply or
+        the provider's failure (a timeout, or a provider's bug, is one)."""
+        call, attempt = sent
         try:
             if not self.needs_timer:
                 reply = await self.provider.complete(call)
@@ -328,40 +331,13 @@ class Caller:
             error = exc if isinstance(exc, ProviderError) else ProviderError(
                 f"no answer within {self.transport.timeout:g}s", retryable=True)
             self.probe.failed(error, call.request_key)
-            # Nothing is billed for a request that never reached the server (connection
-            # refused, no such host) or that the API refused before its model ran (a 4xx:
-            # invalid, unauthorised, rate-limited). A 5xx (a gateway timing out after the model
-            # ran) or a call cut off after it was sent may have been billed: it keeps its worst
-            # case, and its receipt records the cost as unknown.
-            billed = self.spender.pricing.cost(error.usage.get("input_tokens"),
-                                               error.usage.get("output_tokens"))
-            unbilled = error.unreachable or (error.status is not None
-                                             and 400 <= error.status < 500)
-            charge = self.settle.charge(reserved, billed if billed is not None else
-                                        (0.0 if unbilled else None), error.usage)
-            self.writes.queue(self.settle.failed(attempt_id, error, charge, sent_at))
-            raise error from None
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # a provider bug must not leave an in-flight receipt
+            return [(attempt, error)]
+        except Exception as exc:  # a provider bug (never a cancellation) is a failure too
             error = ProviderError(f"{type(exc).__name__}: {exc}", retryable=False)
-            charge = self.settle.charge(reserved, None, {})
-            self.writes.queue(self.settle.failed(attempt_id, error, charge, sent_at))
-            raise error from exc
+            error.__cause__ = exc
+            return [(attempt, error)]
         self.probe.back(call.request_key)
-        return reply, self.settle.charge(reserved, self.settle.cost(reply), usage_of(reply))
-
-    async def _judge(self, request: Request, reply: Reply, attempt_id: int, sent_at: str,
-                     charge: float) -> Judged:
-        """Judge now; the record joins the next group commit without holding up this worker.
-
-        Nothing reads the checkpoint before the run ends, and the run flushes and checks every
-        queued write before it returns, so a failed commit can never pass as success; a failed
-        commit also fails every later receipt, so no further call is sent.
-        """
-        verdict, write = await self.settle.judge(request, reply, attempt_id, charge, sent_at)
-        self.writes.queue(write)
-        return Judged(verdict, reply.text)
+        return [(attempt, reply)]
 
 
 def first_prompt(plan: Plan, request: Request) -> str:

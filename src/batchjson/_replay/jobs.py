@@ -22,17 +22,17 @@ from .._errors import ProviderError
 from .._ledger import Ledger
 from .._ledger.claims import Owner
 from .._ledger.records import now
-from .._providers.base import estimate_tokens, input_bound
+from .._providers.base import Reply, estimate_tokens, input_bound
 from .._providers.batch_client import NOT_UTF8
 from .._providers.reply import received
 from .._providers.settings import declared_output_cap
 from .._providers.upload import Upload
 from .._sources import TRUNCATED
-from .budget import Spender, charge_of, reserve_lines
+from .budget import Spender, reserve_lines
 from .calls import make_call
 from .plan import Outcome, Plan, system_prompt
 from .policy import HALVE, NONE, Next, Tried, cut_off_error, next_attempt
-from .settle import Settle, fail, usage_of
+from .settle import Attempt, Settle, fail, usage_of
 
 WINDOW = 1000  # requests read from the ledger, or output lines judged, together
 Windows = Callable[[], Iterable[Sequence[Request]]]  # a run's pending requests, anew each call
@@ -413,16 +413,47 @@ class JobRunner:
         return self.store.jobs(job=str(row["id"]))[0]
 
     async def _collect(self, row: Mapping[str, Any], batch: Mapping[str, Any]) -> None:
-        """Join the job's lines to its receipts by custom_id, judge each, and complete every
-        receipt and the job in one transaction. The output is read twice, a line at a time:
-        once to count each custom_id (one that comes back twice is admitted in neither
-        copy), then to judge, a window of lines with their requests at a time."""
+        """Settle every receipt of an ended job; complete them and it in one transaction."""
+        status = self.client.status(batch)
+        detail = {**detail_of(row), "provider_status": status, "counts": self.client.counts(batch)}
+        writes = []
+        for attempt, got in await self.replies((row, batch, detail)):
+            self.result.outcome.calls += 1
+            verdict, write = await self.settle.settle(attempt, got)
+            if verdict and verdict.accepted and attempt.request and self.on_progress:
+                self.on_progress(len(attempt.request.tasks))
+            writes.append(write)
+        store = self.store
+        with store.call_transaction() as tx:
+            if store.end_job(tx, row["id"], "cancelled" if status == "cancelled" else "ended",
+                             detail):
+                for write in writes:
+                    write(tx)
+
+    async def replies(self, sent: tuple[Mapping[str, Any], Mapping[str, Any], dict[str, Any]]
+                      ) -> Iterator[tuple[Attempt, Reply | ProviderError]]:
+        """The batch transport: an ended job (``sent``: its row, the provider's batch, and the
+        detail its end records) as each receipt with what came back for it."""
+        row, batch, detail = sent
         lines = {line["custom_id"]: line for line in self.store.job_lines(row["id"])}
         whole = self.client.whole_failure(batch)
-        status = self.client.status(batch)
         outs = await self.client.results(batch) if whole is None else ()
-        if whole is not None and self.client.too_large(batch):
-            self.chunk = max(1, min(self.chunk, len(lines)) // 2)
+        if whole is not None:
+            detail["failed"] = whole
+            self.result.notes.append(f"job {row['id']} ({row['provider_job_id']}) failed as a "
+                                     f"whole: {whole}")
+            if self.client.too_large(batch):
+                self.chunk = max(1, min(self.chunk, len(lines)) // 2)
+        return self._lines(row, lines, outs, detail)
+
+    def _lines(self, row: Mapping[str, Any], lines: Mapping[str, Mapping[str, Any]],
+               outs: Iterable[Any], detail: dict[str, Any]
+               ) -> Iterator[tuple[Attempt, Reply | ProviderError]]:
+        """Lines joined to receipts by custom_id only. The output is read twice, a line at a
+        time: once to count each custom_id (one that comes back twice is admitted in neither
+        copy), then to read, a window of lines with their requests at a time."""
+        where, cap = f"job {row['id']} ({row['provider_job_id']})", declared_output_cap(
+            self.provider)
         came: dict[str, int] = {}
         unknown: list[str] = []
         for out in outs:
@@ -431,7 +462,15 @@ class JobRunner:
                 came[cid] = came.get(cid, 0) + 1
             else:
                 unknown.append(str(cid)[:80])
-        writes, garbled = [], 0
+        if unknown:
+            detail["unknown_custom_ids"] = unknown[:20]
+            self.result.notes.append(
+                f"{where} returned {len(unknown)} line(s) with a custom_id it was never sent "
+                f"({', '.join(unknown[:3])}); none was admitted")
+        def attempt(line: Mapping[str, Any], request: Request | None = None) -> Attempt:
+            return Attempt(line["attempt_id"], self.reservations.pop(line["attempt_id"], None),
+                           line["reserved"], request)
+        garbled = 0
         once = (out for out in outs if came.get(self.client.line_id(out)) == 1)
         for part in _batched(once, WINDOW):
             cids = [self.client.line_id(out) for out in part]
@@ -441,58 +480,16 @@ class JobRunner:
                 got = self.client.outcome(out, bool(line["wrapped"]))
                 if NOT_UTF8 in out:
                     got, garbled = _not_utf8(got, out[NOT_UTF8]), garbled + 1
-                writes.append(await self._judge_line(line, got, requests[line["request_key"]]))
+                yield attempt(line, requests[line["request_key"]]), (
+                    got if isinstance(got, ProviderError) else received(got, cap))
         if garbled:
             self.result.notes.append(
-                f"job {row['id']} ({row['provider_job_id']}) returned {garbled} line(s) that "
-                "are not valid UTF-8: refused as provider errors, never read as answers")
+                f"{where} returned {garbled} line(s) that are not valid UTF-8: refused as "
+                "provider errors, never read as answers")
         for cid, line in lines.items():
             if came.get(cid) != 1:
-                writes.append(self._failed_line(line, _lost(cid, came.get(cid, 0), whole,
-                                                            status)))
-        detail = {**detail_of(row), "provider_status": status, "counts": self.client.counts(batch)}
-        if unknown:
-            detail["unknown_custom_ids"] = unknown[:20]
-            self.result.notes.append(
-                f"job {row['id']} ({row['provider_job_id']}) returned {len(unknown)} line(s) "
-                f"with a custom_id it was never sent ({', '.join(unknown[:3])}); none was "
-                "admitted")
-        if whole is not None:
-            detail["failed"] = whole
-            self.result.notes.append(f"job {row['id']} ({row['provider_job_id']}) failed as a "
-                                     f"whole: {whole}")
-        store = self.store
-        with store.call_transaction() as tx:
-            if store.end_job(tx, row["id"], "cancelled" if status == "cancelled" else "ended",
-                             detail):
-                for write in writes:
-                    write(tx)
-
-    def _failed_line(self, line: Mapping[str, Any], got: ProviderError
-                     ) -> Callable[[Any], None]:
-        """The write completing a receipt whose line brought no answer (never billed, unless
-        it brought a reply that was refused: not UTF-8)."""
-        cost = got.usage.get("cost") or 0.0
-        self.settle.charge(self.reservations.pop(line["attempt_id"], None), cost, got.usage)
-        self.result.outcome.calls += 1
-        return self.settle.failed(line["attempt_id"], got, cost)
-
-    async def _judge_line(self, line: Mapping[str, Any], got: Any, request: Request
-                          ) -> Callable[[Any], None]:
-        """The write completing one receipt, from what the provider returned for it."""
-        if isinstance(got, ProviderError):
-            return self._failed_line(line, got)
-        settle, attempt_id = self.settle, line["attempt_id"]
-        self.result.outcome.calls += 1
-        reply = received(got, declared_output_cap(self.provider))
-        cost = settle.cost(reply)
-        settle.charge(self.reservations.pop(attempt_id, None), cost, usage_of(reply))
-        # the ledger's own budget settles against what the ledger reserved for the line
-        verdict, write = await settle.judge(request, reply, attempt_id,
-                                            charge_of(line["reserved"], cost))
-        if verdict.accepted and self.on_progress is not None:
-            self.on_progress(len(request.tasks))
-        return write
+                yield attempt(line), _lost(cid, came.get(cid, 0), detail.get("failed"),
+                                           detail["provider_status"])
 
 
 def job_view(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,15 +1,16 @@
-"""The one settle step of both transports: a reply (or a provider's failure) is charged to the
-budget, counted, judged and turned into the write that completes its receipt.
+"""The transport seam and the one settle step of both transports.
 
-A live call settles here as it returns (``calls.py``), a job's line as its job is collected
-(``jobs.py``): one account of cost and usage, one shape for each error.
+A transport (:class:`Carrier`: live calls, ``calls.py``; batch jobs, ``jobs.py``) turns what it
+sent into ``(attempt, Reply or ProviderError)`` pairs; :meth:`Settle.settle` charges each to the
+budget, counts, judges it and returns the write that completes its receipt: one account of cost
+and usage, one shape for each error.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from .._acceptance import judge as acceptance
 from .._content.tasks import Request
@@ -20,6 +21,27 @@ from .budget import Spender, charge_of, charge_unreserved
 from .plan import Outcome, Plan
 
 Write = Callable[[Any], None]  # completes one receipt inside a ledger transaction
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One sent attempt: its receipt ``id``, this session's reservation for it (``reserved``;
+    None: another process reserved it), what the ledger holds for it (``held``), its
+    ``request`` (None: a job's line that brought nothing to judge), and whether a failure of
+    it may have been billed (``billable``: a live call that reached the server)."""
+
+    id: int
+    reserved: float | None
+    held: float
+    request: Request | None = None
+    sent_at: str | None = None
+    billable: bool = False
+
+
+class Carrier(Protocol):
+    """A transport: what it ``sent`` (a live call, an ended job) as the attempts it answers."""
+
+    async def replies(self, sent: Any) -> Iterable[tuple[Attempt, Reply | ProviderError]]: ...
 
 
 @dataclass
@@ -38,14 +60,61 @@ class Settle:
             return reply.cost
         return self.spender.pricing.cost(reply.input_tokens, reply.output_tokens)
 
+    async def settle(self, attempt: Attempt, got: Reply | ProviderError
+                     ) -> tuple[acceptance.Verdict | None, Write]:
+        """Charge what ``got`` cost (settling the attempt's reservation; the ledger's own
+        budget settles what it held), count and judge it: its verdict (None: a provider's
+        failure) and the write that completes its receipt."""
+        failed = isinstance(got, ProviderError)
+        cost = self.failure_cost(attempt, got) if failed else self.cost(got)
+        usage = got.usage if failed else usage_of(got)
+        self.charge(attempt.reserved, cost, usage)
+        store, plan, out, key = self.store, self.plan, self.outcome, attempt.id
+        sent_at, shared = attempt.sent_at, self.spender.shared is not None
+        ledger = charge_of(attempt.held, cost) if shared else None  # its budget's settling
+        if failed:
+            out.provider_errors += 1
+            errors = [provider_error(got)]
+            return None, lambda tx: store.finish_call(tx, key, "provider_error", errors, None,
+                                                      usage, sent_at, ledger)
+        assert attempt.request is not None  # a reply is judged against what was asked
+        out.odd_usage += "unreadable_usage" in got.extra
+        out.input_tokens += got.input_tokens or 0
+        out.output_tokens += got.output_tokens or 0
+        out.cost = None if out.cost is None or got.cost is None else out.cost + got.cost
+        request, text = attempt.request, got.text
+        verdict = await acceptance.judge(got, request.tasks, mode=plan.mode,
+                                         identity=plan.identity, schema=plan.schema,
+                                         validator=plan.validator)
+        if verdict.accepted:
+            out.accepted_returns += 1
+            stored = verdict.stored
+            return verdict, lambda tx: store.accept_call(
+                tx, key, plan.batch_id, request.key, stored, text, usage, sent_at, ledger)
+        out.rejected_returns += 1
+        return verdict, lambda tx: store.finish_call(
+            tx, key, "rejected", verdict.errors, text, usage, sent_at, ledger)
+
+    def failure_cost(self, attempt: Attempt, error: ProviderError) -> float | None:
+        """What a failure cost: nothing for a call that never reached the server, that the API
+        refused before its model ran (a 4xx), or a job's line without an answer; unknown
+        (None) for one that may have been billed (a 5xx, a call cut off after it was sent)."""
+        if not attempt.billable:
+            return error.usage.get("cost") or 0.0
+        billed = self.spender.pricing.cost(error.usage.get("input_tokens"),
+                                           error.usage.get("output_tokens"))
+        unbilled = error.unreachable or (error.status is not None and 400 <= error.status < 500)
+        return billed if billed is not None else (0.0 if unbilled else None)
+
     def charge(self, reserved: float | None, cost: float | None,
-               usage: Mapping[str, Any]) -> float:
+               usage: Mapping[str, Any]) -> None:
         """Settle a call's reservation (None: a job line another process reserved, charged as
-        it stands), returning what it was charged; a call billed beyond it stops the cost
-        budget opening calls, and the run says by how much (its receipt keeps the real cost)."""
+        it stands); a call billed beyond it stops the cost budget opening calls, and the run
+        says by how much (its receipt keeps the real cost)."""
         spender, cap = self.spender, self.spender.pricing.max_output_tokens
         if reserved is None:
-            return charge_unreserved(spender, cost)
+            charge_unreserved(spender, cost)
+            return
 
         def why() -> str:
             out = usage.get("output_tokens")
@@ -58,42 +127,6 @@ class Settle:
         if beyond:
             self.outcome.overrun += beyond
             self.outcome.stopped = spender.stopped
-        return charge_of(reserved, cost)
-
-    def ledger(self, charged: float) -> float | None:
-        """What a completing receipt charges the ledger's own budget (None: the run reserved
-        nothing there)."""
-        return charged if self.spender.shared is not None else None
-
-    async def judge(self, request: Request, reply: Reply, attempt_id: int, charged: float,
-                    sent_at: str | None = None) -> tuple[acceptance.Verdict, Write]:
-        """Count the reply's usage, judge it, and the write that records it."""
-        store, plan, out = self.store, self.plan, self.outcome
-        out.odd_usage += "unreadable_usage" in reply.extra
-        out.input_tokens += reply.input_tokens or 0
-        out.output_tokens += reply.output_tokens or 0
-        out.cost = None if out.cost is None or reply.cost is None else out.cost + reply.cost
-        usage, text, ledger = usage_of(reply), reply.text, self.ledger(charged)
-        verdict = await acceptance.judge(reply, request.tasks, mode=plan.mode,
-                                         identity=plan.identity, schema=plan.schema,
-                                         validator=plan.validator)
-        if verdict.accepted:
-            out.accepted_returns += 1
-            stored = verdict.stored
-            return verdict, lambda tx: store.accept_call(
-                tx, attempt_id, plan.batch_id, request.key, stored, text, usage, sent_at, ledger)
-        out.rejected_returns += 1
-        errors = verdict.errors
-        return verdict, lambda tx: store.finish_call(
-            tx, attempt_id, "rejected", errors, text, usage, sent_at, ledger)
-
-    def failed(self, attempt_id: int, error: ProviderError, charged: float,
-               sent_at: str | None = None) -> Write:
-        """Count a provider's failure; the write that records it."""
-        self.outcome.provider_errors += 1
-        errors, usage, ledger = [provider_error(error)], error.usage, self.ledger(charged)
-        return lambda tx: self.store.finish_call(tx, attempt_id, "provider_error", errors, None,
-                                                 usage, sent_at, ledger)
 
 
 def provider_error(exc: ProviderError) -> dict[str, Any]:

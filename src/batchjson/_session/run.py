@@ -215,7 +215,7 @@ def _live(rt: Runtime, calls: Plan, spender: Spender,
           plan: RunPlan) -> tuple[Outcome, JobsOutcome | None]:
     """The live calls, of what no unfinished batch job claims (a job may still answer it),
     fed to the replay loop a window at a time; the jobs that claim some, if any."""
-    store, claimed = rt.ledger.store, []
+    store, claimed, provider = rt.ledger.store, [], GuardedProvider(plan.provider)
 
     def unclaimed() -> Iterator[Request]:
         for pending in plan.pending.windows():
@@ -223,7 +223,10 @@ def _live(rt: Runtime, calls: Plan, spender: Spender,
             claimed.extend(r for r in pending if r.key in held)
             yield from (r for r in pending if r.key not in held)
 
-    outcome = _replay(rt, calls, GuardedProvider(plan.provider), spender, plan, unclaimed())
+    outcome = _replay(rt, plan, provider, lambda bar: Replayer(
+        calls, rt.ledger, provider, spender, rt.transport, rt.concurrency,
+        on_progress=getattr(bar, "update", None), session_id=rt.session_id, pacer=rt.pacer,
+        hosts=rt.hosts, on_wait=getattr(bar, "set_postfix_str", None)).run(unclaimed()))
     held, _ = batches.held_by_jobs(store, claimed)
     if not held.jobs:
         return outcome, None
@@ -233,21 +236,18 @@ def _live(rt: Runtime, calls: Plan, spender: Spender,
 
 def _jobs(rt: Runtime, calls: Plan, spender: Spender, plan: RunPlan) -> JobsOutcome:
     """Submit, poll and collect the run's batch jobs (one pass, or until they end)."""
-    def drive(on_progress: Any) -> Any:
-        runner = JobRunner(calls, rt.ledger, plan.provider, plan.client, spender,
-                           rt.job_reservations, session_id=rt.session_id,
-                           poll=rt.job_poll, on_progress=on_progress)
-        return runner.run(plan.pending.windows, wait=plan.spec.wait)
-
-    return _replay(rt, calls, plan.provider, spender, plan, (), drive,
-                   progress=plan.spec.progress if plan.spec.wait else False)
+    return _replay(rt, plan, plan.provider, lambda bar: JobRunner(
+        calls, rt.ledger, plan.provider, plan.client, spender, rt.job_reservations,
+        session_id=rt.session_id, poll=rt.job_poll, on_progress=getattr(bar, "update", None),
+    ).run(plan.pending.windows, wait=plan.spec.wait),
+        progress=plan.spec.progress if plan.spec.wait else False)
 
 
-def _replay(rt: Runtime, calls: Plan, provider: Any, spender: Spender, plan: RunPlan,
-            pending: Iterable[Request], drive: Any = None, progress: Any = None) -> Any:
-    """Run the pending requests (``drive``: as batch jobs); a progress bar counts every task
-    of the batch, those resumed from the ledger already done (2000/2000 at the end, as tqdm
-    users expect)."""
+def _replay(rt: Runtime, plan: RunPlan, provider: Any, drive: Callable[[Any], Any],
+            progress: Any = None) -> Any:
+    """Run the pending requests through a transport (``drive``, given the progress bar, or
+    None); the bar counts every task of the batch, those resumed from the ledger already
+    done (2000/2000 at the end, as tqdm users expect)."""
     name = plan.spec.name
     progress = plan.spec.progress if progress is None else progress
     total = len(plan.content.tasks)
@@ -262,18 +262,8 @@ def _replay(rt: Runtime, calls: Plan, provider: Any, spender: Spender, plan: Run
 
         bar = tqdm(total=total, initial=done, desc=name, unit="task", leave=True)
     rt.remember_provider(provider)  # the run's guard: its inner provider is kept
-
-    async def go() -> Any:
-        if drive is not None:
-            return await drive(bar.update if bar else None)
-        replayer = Replayer(calls, rt.ledger, provider, spender, rt.transport,
-                            rt.concurrency, on_progress=bar.update if bar else None,
-                            session_id=rt.session_id, pacer=rt.pacer,
-                            hosts=rt.hosts, on_wait=getattr(bar, "set_postfix_str", None))
-        return await replayer.run(pending)
-
     try:
-        return rt.loop.run(go)
+        return rt.loop.run(lambda: drive(bar))
     finally:
         if bar is not None:
             bar.close()
