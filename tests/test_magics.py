@@ -336,6 +336,21 @@ def test_rate_limits_set_by_config_pace_the_live_session(loaded: Any) -> None:
     assert session.rate_limits == RateLimits()
 
 
+def test_max_rate_wait_set_by_config_bounds_the_live_sessions_runs(loaded: Any,
+                                                                  caplog: Any) -> None:
+    """A notebook bounds how long a run waits on a refusing rate limit as Session() does:
+    the live session's next run reads it; a value that is no finite number of seconds > 0 is
+    refused with the fix, the setting left as it was."""
+    session = loaded.user_ns["batch_session"]
+    assert session.transport.max_rate_wait == 60.0
+    ok(loaded, "%config BatchJson.max_rate_wait = 5")
+    assert session.transport.max_rate_wait == 5.0
+    for bad in ("0", "float('inf')", "-3"):
+        line = refused(loaded, f"%config BatchJson.max_rate_wait = {bad}", caplog)
+        assert "finite number of seconds > 0" in line and "max_rate_wait = 120" in line
+    assert session.transport.max_rate_wait == 5.0
+
+
 @pytest.mark.parametrize(("line", "said"), [
     ("concurrency = 0", "'concurrency' trait of a BatchJson instance should not be less than 1"),
     ("concurrency = 'four'", "'concurrency' trait of a BatchJson instance expected an int"),

@@ -122,8 +122,8 @@ async def _awaited_ignoring(out: Any) -> None:
 def _assertion(exc: AssertionError) -> str:
     """An assert's own message, else the failing ``assert`` line as written (a repair prompt
     then tells the model which rule its answer broke)."""
-    if said(exc):
-        return said(exc)
+    if message := said(exc):
+        return message
     frames = traceback.extract_tb(exc.__traceback__)
     line = (frames[-1].line or "").strip() if frames else ""
     return f"{line} failed" if line.startswith("assert") else "an assert in the validator failed"

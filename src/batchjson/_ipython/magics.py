@@ -14,6 +14,7 @@ the session's validator registry (define-once), and identical work resumes from 
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -25,7 +26,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 from traitlets import Any as AnyTrait
-from traitlets import Bool, Enum, Int, TraitError, Unicode, observe, validate
+from traitlets import Bool, Enum, Float, Int, TraitError, Unicode, observe, validate
 from traitlets.config import Config
 
 from .. import BatchJsonError, BatchUnresolved, ProviderHandle, RateLimits, RunSpec, Session
@@ -70,7 +71,7 @@ from .state import KernelState
 # ipykernel's temporary file (a number) or IPython's <ipython-input-N-hash>.
 _CELL_FILE = re.compile(r"\d+\.py|<ipython-input-\d+-[0-9a-f]+>")
 SETTINGS = ("provider", "model", "ledger", "concurrency", "max_calls", "repairs", "replays",
-            "strict", "rate_limits")
+            "strict", "rate_limits", "max_rate_wait")
 
 
 class Count(Int):  # type: ignore[type-arg]
@@ -119,6 +120,9 @@ class BatchJson(Magics):
         "Requests and tokens per minute the session paces to, e.g. {'requests_per_minute': "
         "500, 'tokens_per_minute': 200000}; None learns them from the provider's rate-limit "
         "headers.")).tag(config=True)
+    max_rate_wait = Float(60.0, help=(
+        "The longest a run waits (seconds) on a rate limit that keeps refusing before it ends "
+        "unresolved naming the limit, nothing lost (docs/providers.md).")).tag(config=True)
     strict = Bool(False, help=(
         "Refuse a changed validator while requests under the old one are unresolved. Changing "
         "it opens a new session.")).tag(config=True)
@@ -137,6 +141,14 @@ class BatchJson(Magics):
             return RateLimits.of(proposal["value"]) or None
         except ValueError as exc:  # batchjson's ConfigError
             raise TraitError(f"BatchJson.rate_limits: {exc}") from None
+
+    @validate("max_rate_wait")
+    def _check_max_rate_wait(self, proposal: Any) -> Any:
+        value = proposal["value"]
+        if not (math.isfinite(value) and value > 0):
+            raise TraitError(f"BatchJson.max_rate_wait must be a finite number of seconds > 0, "
+                             f"got {value!r}; e.g. %config BatchJson.max_rate_wait = 120")
+        return value
 
     @validate("provider")
     def _check_provider(self, proposal: Any) -> Any:

@@ -79,7 +79,8 @@ class KernelState:
             provider=settings["provider"], ledger=resolve_ledger(settings["ledger"]),
             strict=settings["strict"], concurrency=settings["concurrency"],
             repairs=settings["repairs"], replays=settings["replays"], model=settings["model"],
-            rate_limits=settings.get("rate_limits"))
+            rate_limits=settings.get("rate_limits"),
+            max_rate_wait=settings.get("max_rate_wait", 60.0))
         self.settings = dict(settings)
         previous_names = self.names
         self.names = notebook_names(self.session)
@@ -104,6 +105,8 @@ class KernelState:
             self.session.provider = self.settings["provider"]  # rebuilt with the new model
         elif name in ("concurrency", "repairs", "replays", "rate_limits"):
             setattr(self.session, name, value)
+        elif name == "max_rate_wait":  # read by each run as it starts
+            self.session.transport.max_rate_wait = value
 
     # -- names in the user namespace -----------------------------------------------------------
     def inject(self, replace: dict[str, Any] | None = None) -> None:
