@@ -24,8 +24,8 @@ from batchjson import (
     Session,
     SimulatedModel,
 )
+from batchjson._money import usd
 from batchjson._providers.base import input_bound
-from batchjson._replay.budget import usd
 from batchjson.testing import HttpFaults, LoopbackServer
 from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
 

@@ -11,16 +11,33 @@ from ._errors import InvalidBatch
 
 
 def money(cost: float | None) -> str:
-    """Dollars, with three significant digits below a cent so a cheap model's spend does not
-    read as zero: $0.000158, $0.0421, $12.5000."""
+    """Dollars as results, receipts and accounts show them: four decimals, and three significant
+    digits below a cent so a cheap model's spend does not read as zero: $0.000158, $0.0421,
+    $12.5000."""
     if cost is None:
         return "unknown"
     if cost == 0:
         return "$0.00"
-    if 0 < abs(cost) < 0.01:
-        digits = max(6, 2 - math.floor(math.log10(abs(cost))))
-        return f"${cost:.{digits}f}"
+    if abs(cost) < 0.01:
+        return f"${cost:.{_places(abs(cost))}f}"
     return f"${cost:.4f}"
+
+
+def usd(amount: float) -> str:
+    """Dollars as a budget message shows them: cents from $1, else the digits :func:`money`
+    shows with trailing zeros dropped, so a tiny amount never reads as $0."""
+    if amount >= 1:
+        return f"${amount:,.2f}"
+    if amount <= 0:
+        return "$0"
+    if amount < 1e-12:
+        return f"${amount:.3g}"
+    return f"${amount:.{_places(amount)}f}".rstrip("0").rstrip(".")
+
+
+def _places(amount: float) -> int:
+    """Decimals that show three significant digits of a positive amount (at least six)."""
+    return max(6, 2 - math.floor(math.log10(amount)))
 
 
 def cost_value(value: Any) -> float | None:

@@ -152,7 +152,21 @@ def answered_by(provider: str | None, model: str | None) -> str:
     return f"{provider}/{model}" if model and model != provider else provider
 
 
-def receipt_lines(name: str, receipts: Sequence[Mapping[str, Any]], raw: bool,
+def receipt_rows(attempts: Sequence[Any], *, failed: bool = False,
+                 raw: bool = False) -> list[dict[str, Any]]:
+    """A batch's attempts as rows numbered 1..N in call order (``failed`` leaves out the
+    accepted ones, each row keeping its number; ``raw`` keeps each return's text): what
+    ``batchjson receipts --json`` prints and what both faces render."""
+    return [{"number": number, "revision": r.revision, "kind": r.kind, "status": r.status,
+             "task_ids": list(r.task_ids), "errors": r.errors, "input_tokens": r.input_tokens,
+             "output_tokens": r.output_tokens, "cached_tokens": r.cached_tokens, "cost": r.cost,
+             "provider": r.provider, "model": r.model, "source": r.source,
+             "started_at": r.started_at, "sent_at": r.sent_at, "finished_at": r.finished_at,
+             "raw": r.raw if raw else None}
+            for number, r in enumerate(attempts, 1) if not failed or r.status != "accepted"]
+
+
+def receipt_lines(name: str, receipts: Sequence[Mapping[str, Any]],
                   failed: bool = False) -> list[str]:
     if not receipts:
         return [f"no failed receipts for batch {name!r}: every attempt was accepted" if failed
@@ -172,7 +186,7 @@ def receipt_lines(name: str, receipts: Sequence[Mapping[str, Any]], raw: bool,
             lines += wrapped(describe_error(e), "      - ") + frame_lines(e, " " * 10)
         if len(r["errors"]) > 5:
             lines.append(f"      ... and {len(r['errors']) - 5} more error(s)")
-        if raw and r["raw"] is not None:
+        if r["raw"] is not None:
             lines += ["      raw return:",
                       *("        " + printable(x) for x in r["raw"].split("\n"))]
     return lines

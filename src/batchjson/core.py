@@ -14,10 +14,9 @@ from ._content.tasks import parse_identity, render_value_prompt
 from ._ledger.forgetting import forget_batch, forget_message, forgotten_line
 from ._ledger.records import ledger_path
 from ._ledger.sqlite import file_problem, holds_nothing
-from ._money import cost_value, money
+from ._money import cost_value, money, usd
 from ._providers.base import estimate_tokens
 from ._providers.select import PROVIDER_NAMES, provider_label
-from ._replay.budget import usd
 from ._secrets import looks_like_key, masked, public_url, shown_value
 from ._session.advice import advise
 from ._session.batches import cancel_job, list_jobs

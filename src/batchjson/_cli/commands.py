@@ -139,27 +139,11 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
                  cliview.status_lines(summary, shown(args.ledger), command_name()))
 
 
-def _receipt_dicts(held: Ledger, name: str, failed: bool, raw: bool) -> list[dict[str, Any]]:
-    rows = []
-    for number, r in enumerate(held.attempts(name), 1):
-        if failed and r.status == "accepted":
-            continue
-        rows.append({"number": number, "revision": r.revision, "kind": r.kind,
-                     "status": r.status, "task_ids": list(r.task_ids), "errors": r.errors,
-                     "input_tokens": r.input_tokens, "output_tokens": r.output_tokens,
-                     "cached_tokens": r.cached_tokens, "cost": r.cost, "provider": r.provider,
-                     "model": r.model, "source": r.source,
-                     "started_at": r.started_at, "sent_at": r.sent_at,
-                     "finished_at": r.finished_at,
-                     **({"raw": r.raw} if raw else {"raw": None})})
-    return rows
-
-
 def cmd_receipts(args: argparse.Namespace, out: TextIO) -> int:
     with closing(_open(args.ledger)) as held:
         _known(held, args.name)
-        rows = _receipt_dicts(held, args.name, args.failed, args.raw)
-    return _done(args, out, rows, cliview.receipt_lines(args.name, rows, args.raw, args.failed))
+        rows = cliview.receipt_rows(held.attempts(args.name), failed=args.failed, raw=args.raw)
+    return _done(args, out, rows, cliview.receipt_lines(args.name, rows, args.failed))
 
 
 def _one_format(args: argparse.Namespace, other: str) -> None:

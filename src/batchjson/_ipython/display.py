@@ -227,10 +227,10 @@ class ReceiptsView(TextView):
     rather than cut mid-word; the footer says how to see the next page."""
 
     def __init__(self, title: str, rows: Sequence[Mapping[str, Any]], *, page: int,
-                 per_page: int, total: int, next_hint: str | None, raw: bool = False,
-                 width: int = 100) -> None:
+                 per_page: int, total: int, next_hint: str | None, width: int = 100) -> None:
+        """``rows`` are ``_textview.receipt_rows``, the rows ``batchjson receipts`` prints."""
         self.title, self.rows, self.page, self.per_page = title, list(rows), page, per_page
-        self.total, self.next_hint, self.raw, self.width = total, next_hint, raw, width
+        self.total, self.next_hint, self.width = total, next_hint, width
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -250,7 +250,7 @@ class ReceiptsView(TextView):
         lines = [self.title]
         if not self.total:
             return "\n".join([self.title, "  (none recorded)"])
-        for r in self.rows:
+        for r in map(_cells, self.rows):
             lines.append(f"  #{r['number']:<4} rev {r['revision']:<3} {r['kind']:<8} "
                          f"{r['status']:<15} {r['model']}  {r['tasks']}  {r['tokens']} tokens  "
                          f"{r['cost']}")
@@ -261,7 +261,7 @@ class ReceiptsView(TextView):
                 lines += [f"            {line}" for line in frames]
             if r["more_errors"]:
                 lines.append(f"        ... and {r['more_errors']} more error(s)")
-            if self.raw and r.get("raw") is not None:
+            if r["raw"] is not None:
                 # the model's text may carry terminal escapes: shown, never obeyed
                 lines += ["        raw: " + printable(line) for line in r["raw"].split("\n")]
         lines.append("  " + self._footer())
@@ -273,14 +273,14 @@ class ReceiptsView(TextView):
                        ("#", "rev", "kind", "status", "model", "tasks", "tokens", "cost",
                         "errors"))
         body = []
-        for r in self.rows:
+        for r in map(_cells, self.rows):
             errors = "".join(f"<li>{esc(e)}" + (f"<pre style='margin:0'>{esc(chr(10).join(f))}"
                                                  "</pre>" if f else "") + "</li>"
                              for e, f in zip(r["errors"], r["frames"], strict=True))
             if r["more_errors"]:
                 errors += f"<li>... and {r['more_errors']} more error(s)</li>"
             raw = (f"<details><summary>raw return</summary><pre style='white-space:pre-wrap'>"
-                   f"{esc(r['raw'])}</pre></details>" if self.raw and r.get("raw") else "")
+                   f"{esc(r['raw'])}</pre></details>" if r["raw"] else "")
             cells = "".join(f"<td style='text-align:left;vertical-align:top'>{esc(str(r[k]))}"
                             "</td>" for k in ("number", "revision", "kind", "status", "model",
                                               "tasks", "tokens", "cost"))
@@ -293,18 +293,14 @@ class ReceiptsView(TextView):
                 f"{esc(self._footer())}</div></div>")
 
 
-def receipt_rows(receipts: Sequence[Any], start: int = 1, errors_shown: int = 3
-                 ) -> list[dict[str, Any]]:
-    """Display rows for receipts numbered from ``start``: identity errors name field and values,
-    messages are whole (wrapping is the renderer's job)."""
-    rows = []
-    for n, r in enumerate(receipts, start):
-        errors = [" ".join(describe_error(e).split()) for e in r.errors]  # wrapped when shown
-        rows.append({"number": n, "revision": r.revision, "kind": r.kind, "status": r.status,
-                     "model": answered_by(r.provider, r.model), "tasks": describe_tasks(r.task_ids),
-                     "tokens": r.tokens,
-                     "cost": receipt_cost(r.cost, r.status, r.sent_at),
-                     "errors": errors[:errors_shown],
-                     "frames": [frame_lines(e, "") for e in r.errors[:errors_shown]],
-                     "more_errors": max(0, len(errors) - errors_shown), "raw": r.raw})
-    return rows
+def _cells(row: Mapping[str, Any], errors_shown: int = 3) -> dict[str, Any]:
+    """A receipt row as the notebook shows it: who answered, its tasks described, identity
+    errors naming field and values, messages whole (wrapping is the renderer's job)."""
+    errors = row["errors"]
+    return {**row, "model": answered_by(row["provider"], row["model"]),
+            "tasks": describe_tasks(row["task_ids"]),
+            "tokens": (row["input_tokens"] or 0) + (row["output_tokens"] or 0),
+            "cost": receipt_cost(row["cost"], row["status"], row["sent_at"]),
+            "errors": [" ".join(describe_error(e).split()) for e in errors[:errors_shown]],
+            "frames": [frame_lines(e, "") for e in errors[:errors_shown]],
+            "more_errors": max(0, len(errors) - errors_shown)}

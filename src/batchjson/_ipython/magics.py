@@ -30,7 +30,7 @@ from traitlets import Bool, Enum, Float, Int, TraitError, Unicode, observe, vali
 from traitlets.config import Config
 
 from .. import BatchJsonError, BatchUnresolved, ProviderHandle, RateLimits, RunSpec, Session
-from .._textview import DEFAULT_LEDGER
+from .._textview import DEFAULT_LEDGER, receipt_rows
 from ..core import (
     PROVIDER_NAMES,
     forget_batch,
@@ -62,7 +62,6 @@ from .display import (
     Table,
     clip,
     in_notebook_frontend,
-    receipt_rows,
 )
 from .options import check_result_variable, parse, wants_help
 from .state import KernelState
@@ -385,14 +384,9 @@ class BatchJson(Magics):
         if args is None:
             return None
         self._known_batch(args.name)
-        receipts = self.session.ledger.attempts(args.name)
-        numbered = [(n, r) for n, r in enumerate(receipts, 1)
-                    if not args.failed or r.status != "accepted"]
+        numbered = receipt_rows(self.session.ledger.attempts(args.name), failed=args.failed,
+                                raw=args.raw)
         start = (args.page - 1) * args.per_page
-        shown = numbered[start:start + args.per_page]
-        rows = []
-        for n, r in shown:
-            rows.extend(receipt_rows([r], start=n))
         hint = None
         if start + args.per_page < len(numbered):
             flags = "".join(f" {f}" for f, on in (("--failed", args.failed), ("--raw", args.raw))
@@ -400,9 +394,9 @@ class BatchJson(Magics):
             size = f" --per-page {args.per_page}" if args.per_page != 20 else ""
             hint = f"%batch_receipts {args.name}{flags}{size} --page {args.page + 1}"
         which = "failed attempts" if args.failed else "attempts"
-        return ReceiptsView(f"{which} of batch {args.name!r} ({len(numbered)})", rows,
-                            page=args.page, per_page=args.per_page, total=len(numbered),
-                            next_hint=hint, raw=args.raw)
+        return ReceiptsView(f"{which} of batch {args.name!r} ({len(numbered)})",
+                            numbered[start:start + args.per_page], page=args.page,
+                            per_page=args.per_page, total=len(numbered), next_hint=hint)
 
     @magic_arguments()
     @argument("name", help="Batch name.")

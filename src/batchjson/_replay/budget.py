@@ -18,7 +18,7 @@ from typing import Any
 
 from .._checks import is_whole
 from .._errors import BudgetExceeded, ConfigError, InvalidBatch
-from .._money import cost_value
+from .._money import cost_value, usd
 from .._providers.settings import declared_output_cap
 
 
@@ -104,19 +104,6 @@ def pricing_of(provider: Any) -> Pricing:
     write = getattr(price, "cache_write", None)
     return Pricing(model, float(price.input), float(price.output), cap,
                    float(write) if write is not None else 0.0)
-
-
-def usd(amount: float) -> str:
-    """Dollars as a budget message shows them: cents from $1, else at least six decimals and
-    three significant digits, so a tiny amount never reads as $0."""
-    if amount >= 1:
-        return f"${amount:,.2f}"
-    if amount <= 0:
-        return "$0"
-    if amount < 1e-12:
-        return f"${amount:.3g}"
-    places = max(6, 2 - math.floor(math.log10(amount)))
-    return f"${amount:.{places}f}".rstrip("0").rstrip(".")
 
 
 class Tally:

@@ -22,10 +22,11 @@ from .._errors import LedgerError, ProviderError
 from .._ledger.claims import ACCEPTED, MINE, OVER, Owner
 from .._ledger.records import now
 from .._ledger.store import Store
+from .._money import usd
 from .._providers.base import Call, CallKind, Reply, estimate_tokens, input_bound
 from .._providers.caching import prefix_cacheable
 from .._secrets import public_url
-from .budget import Pricing, Spender, charge_of, usd
+from .budget import Pricing, Spender, charge_of
 from .groupcommit import GroupCommit
 from .plan import Outcome, Plan, Transport, system_prompt
 from .settle import Attempt, Settle, usage_of

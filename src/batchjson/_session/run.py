@@ -18,8 +18,9 @@ from .._acceptance.validators import droste_verdicts
 from .._content.keys import answer_source
 from .._content.tasks import Request
 from .._errors import BatchUnresolved
+from .._money import usd
 from .._providers.reply import MOST_TOKENS, GuardedProvider, provider_names
-from .._replay.budget import Spender, usd
+from .._replay.budget import Spender
 from .._replay.calls import cheapest_call
 from .._replay.jobs import JobRunner, JobsOutcome
 from .._replay.plan import Outcome, Plan
