@@ -126,24 +126,21 @@ class StatusView(TextView):
                 f"job {j['id']} of {j['batch']!r} ({j['provider_job_id'] or 'no provider id'}, "
                 f"{j['status']}, {j['requests']} request(s))" for j in jobs)
                 + "; re-run their cells to collect what has ended"))
-        account = s.get("account")
-        if account and (account["abandoned"] or account["in_flight"] or account["cancelled"]):
-            rows.insert(4, ("calls not completed", f"{account['abandoned']} abandoned, "
-                            f"{account['in_flight']} in flight, {account['cancelled']} "
+        if s["abandoned_calls"] or s["in_flight_calls"] or s["cancelled_calls"]:
+            rows.insert(4, ("calls not completed", f"{s['abandoned_calls']} abandoned, "
+                            f"{s['in_flight_calls']} in flight, {s['cancelled_calls']} "
                             "cancelled"))
-        if account and account["unknown_cost_calls"]:
-            at_least = account["cost_per_usable_result"]
-            unknown, unpriced = account["unknown_cost_calls"], account["unpriced_calls"]
-            bound = account["unknown_cost_lower_bound"]
-            text = f"{unknown} call(s) with no recorded cost"
+        if s["unknown_cost_calls"]:
+            unpriced, bound = s["unpriced_unknown_calls"], s["cost_lower_bound_unknown"]
+            text = f"{s['unknown_cost_calls']} call(s) with no recorded cost"
             if unpriced:
                 text += f", {unpriced} of them for a model with no price"
             if bound:
                 text += (f": an estimated {money(bound)} more (prompts at the input rate, a "
                          "token per 4 characters)")
             rows.append(("cost unknown", text))
-            if at_least is not None and bound:
-                rows.append(("  counting that", f"about {money(at_least)} per usable result"))
+            if per is not None and bound:  # the cost per usable result counts that estimate
+                rows.append(("  counting that", f"about {money(per)} per usable result"))
         rows.extend(("  batch job", said) for said in s.get("collected", ()))
         for sup in s["superseded"][: self.limit]:
             rows.append(("  superseded", f"{sup['batch']} rev {sup['revision']} -> rev "

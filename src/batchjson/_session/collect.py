@@ -24,11 +24,11 @@ from .runtime import Runtime
 
 def status_summary(rt: Runtime, name: str | None = None) -> dict[str, Any]:
     """What ``%batch_status`` shows: the ended jobs collected first, then the evidence's
-    summary, the account and the jobs still unfinished (of batch ``name``, or all)."""
+    summary (its account of cost included) and the jobs still unfinished (of batch ``name``, or
+    all)."""
     collected = collect_ended(rt, name)
     summary = rt.evidence.summary(name)
     summary["collected"] = collected
-    summary["account"] = rt.ledger.cost_summary(name)["total"]
     summary["jobs"] = [j for j in batches.list_jobs(rt.ledger) if name in (None, j["batch"])]
     return summary
 
