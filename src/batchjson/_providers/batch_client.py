@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any
 
 from .._errors import ProviderError, ProviderSetupError
-from ._http import HttpProvider, exchange
+from ._http import HttpProvider
 from .http_errors import http_error
 from .pricing import batch_share
 from .reply import Reply
@@ -75,7 +75,7 @@ class BatchClient:
         """``json_body``, or ``json_text`` (a JSON body already encoded, or a file of one,
         streamed), or ``body`` (a multipart form)."""
         p = self.provider
-        headers = p._headers
+        headers = None
         if json_body is not None:
             body = json.dumps(json_body).encode()
         elif json_text is not None:
@@ -83,9 +83,7 @@ class BatchClient:
         elif body is not None:
             def headers() -> dict[str, str]:  # multipart: aiohttp sets the content type
                 return {k: v for k, v in p._headers().items() if k != "Content-Type"}
-        return (await exchange(p._sessions.get(), method, self._base() + path, body, headers,
-                               provider=p.name, timeout=p.timeout, secrets=p._secrets,
-                               key_env=p.key_env))[1]
+        return (await p._request(method, self._base() + path, body, headers))[1]
 
     async def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         raw = await self._call(method, path, **kwargs)
