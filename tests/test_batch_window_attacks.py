@@ -9,7 +9,7 @@ from typing import Any
 
 from batchjson import Session
 from batchjson._errors import ProviderError
-from batchjson._providers.batch_client import BatchClient, OutputLines
+from batchjson._providers.batch_client import TEXT, BatchClient, OutputLines
 from batchjson._providers.simulated import FaultPlan, SimulatedModel
 from batchjson.testing import BatchFaults, LoopbackServer
 from tests.helpers import ledger_rows, openai
@@ -188,8 +188,10 @@ def test_a_u2028_inside_an_answer_never_cuts_its_line():
     lines = [{"custom_id": "a", "text": "one\u2028two\u2029three\x85four"},
              {"custom_id": "b", "text": "x"}]
     raw = "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in lines).encode()
-    got = OutputLines([raw, raw[:-1]], json.loads)
-    assert list(got) == lines * 2 and list(got) == lines * 2  # read twice, the same
+    got = OutputLines([raw, raw[:-1]])
+    texts = [json.dumps(x, ensure_ascii=False) for x in lines]
+    kept = [{**x, TEXT: text} for x, text in zip(lines, texts, strict=True)]
+    assert list(got) == kept * 2 and list(got) == kept * 2  # read twice, the same
 
 
 def test_requests_accepted_live_are_skipped_in_every_window_and_job(tmp_path, small_jobs):  # noqa: F811
@@ -216,7 +218,7 @@ def test_garbage_output_lines_are_named_and_never_stop_the_collection(tmp_path, 
 
         async def results(self, batch, _real=real):
             got = await _real(self, batch)
-            return OutputLines([junk, *got.files], got.parse)
+            return OutputLines([junk, *got.files])
 
         monkeypatch.setattr(cls, "results", results)
     with LoopbackServer() as srv:

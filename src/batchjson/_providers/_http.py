@@ -75,25 +75,14 @@ class Answer(NamedTuple):
     text: str | None
 
 
-async def post_json(session: aiohttp.ClientSession, url: str, body: bytes,
-                    headers: Callable[[], Mapping[str, str]], *, provider: str, timeout: float,
-                    secrets: Secrets, key_env: str) -> Answer:
-    """POST a JSON body and return the decoded object with its text; every failure is a
-    ProviderError (``unreachable=True`` when no retry can cure it) whose message passed
-    ``secrets.mask``. ``headers`` is a factory so the key never sits in a local of this frame, and
-    errors are raised outside the ``except`` blocks so no aiohttp exception (holding the headers)
-    rides along as ``__context__``."""
-    status, raw, resp_headers = await exchange(session, "POST", url, body, headers,
-                                               provider=provider, timeout=timeout,
-                                               secrets=secrets, key_env=key_env)
-    return decoded(raw, status, resp_headers, provider, secrets)
-
-
 async def exchange(session: aiohttp.ClientSession, method: str, url: str, body: Any,
                    headers: Callable[[], Mapping[str, str]], *, provider: str, timeout: float,
                    secrets: Secrets, key_env: str) -> tuple[int, bytes, Mapping[str, str]]:
     """One request: (status, body bytes, headers) of a success; every failure, a 4xx/5xx
-    included, is a ProviderError as :func:`post_json` says."""
+    included, is a ProviderError (``unreachable=True`` when no retry can cure it) whose message
+    passed ``secrets.mask``. ``headers`` is a factory so the key never sits in a local of this
+    frame, and errors are raised outside the ``except`` blocks so no aiohttp exception (holding
+    the headers) rides along as ``__context__``."""
     failure: ProviderError | None = None
     try:
         async with session.request(method, url, data=body, headers=headers()) as resp:
@@ -423,11 +412,19 @@ class HttpProvider(OneService):
         """The asked-for model's price (``prices=``, set_prices, defaults) for cost budgets."""
         return price_for(self.model, self.prices)
 
+    async def _request(self, method: str, url: str, body: Any,
+                       headers: Callable[[], Mapping[str, str]] | None = None
+                       ) -> tuple[int, bytes, Mapping[str, str]]:
+        """One request with this provider's pool, key, timeout and secrets (:func:`exchange`)."""
+        return await exchange(self._sessions.get(), method, url, body, headers or self._headers,
+                              provider=self.name, timeout=self.timeout, secrets=self._secrets,
+                              key_env=self.key_env)
+
     async def _post(self, body: Mapping[str, Any]) -> Answer:
-        return await post_json(self._sessions.get(), self._endpoint.get() or self.url,
-                               encode_body(body), self._headers,
-                               provider=self.name, timeout=self.timeout, secrets=self._secrets,
-                               key_env=self.key_env)
+        """POST a JSON body to the endpoint: the decoded object with its text."""
+        status, raw, headers = await self._request("POST", self._endpoint.get() or self.url,
+                                                   encode_body(body))
+        return decoded(raw, status, headers, self.name, self._secrets)
 
     async def aclose(self) -> None:
         """Close the pooled connections of the running loop (and of loops already closed)."""

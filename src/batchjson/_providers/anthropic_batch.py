@@ -9,16 +9,14 @@ is created is known to have created nothing.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
 from .._errors import ProviderError
-from .._secrets import provider_text_masked
 from ._http import ITEMS_NAME, WRAPPED_VALUE
 from .base import Call
-from .batch_client import BatchClient, OutputLines
+from .batch_client import TEXT, BatchClient, OutputLines
 from .reply import Reply
 from .upload import Upload
 
@@ -72,49 +70,30 @@ class AnthropicBatches(BatchClient):
             return "cancelled" if batch.get("cancel_initiated_at") else "completed"
         return status
 
-    @staticmethod
-    def whole_failure(batch: Mapping[str, Any]) -> str | None:
-        return None  # a batch Anthropic refuses is refused when it is created
-
-    @staticmethod
-    def too_large(batch: Mapping[str, Any]) -> bool:
-        return False
-
     async def results(self, batch: Mapping[str, Any]) -> OutputLines:
-        """The result lines, each parsed when read, with its own text kept (``"__text__"``)
-        so a tool input is kept as the exact text the provider sent."""
+        """The result lines, each parsed when read."""
         return OutputLines([await self._call("GET", f"/v1/messages/batches/{batch['id']}/"
-                                              "results")], _parsed)
+                                              "results")])
 
-    def outcome(self, line: Mapping[str, Any], wrapped: bool) -> Reply | ProviderError:
+    def answer(self, line: Mapping[str, Any]) -> tuple[int, Any] | ProviderError:
+        """A ``succeeded`` line's message; an ``errored`` one's error document at the status
+        its error type has on the live endpoint; ``canceled`` and ``expired`` lines are still
+        owed."""
         result = line.get("result") if isinstance(line.get("result"), dict) else {}
         kind = result.get("type")
         if kind == "succeeded" and isinstance(result.get("message"), dict):
-            tool = (WRAPPED_VALUE if wrapped else ITEMS_NAME) if (
-                self.provider.mode == "tool") else None
-            try:
-                return self.provider.read_reply(result["message"], line.get("__text__"), tool,
-                                                wrapped, at=("result", "message"),
-                                                price_factor=self.share)
-            except ProviderError as exc:
-                return exc
+            return 200, result["message"]
         if kind == "errored":
-            error = ((result.get("error") or {}).get("error") or {})
-            status = ERROR_STATUS.get(error.get("type"), 500)
-            said = f"{error.get('type')}: {error.get('message')}"
-            return ProviderError(f"anthropic batch line errored: {provider_text_masked(said)}",
-                                 status=status,
-                                 retryable=status >= 500 or status == 429)
+            error = result.get("error") or {}
+            return ERROR_STATUS.get((error.get("error") or {}).get("type"), 500), error
         if kind in ("canceled", "expired"):
             return ProviderError(f"anthropic batch line {kind} before it was answered",
                                  retryable=True)
         return ProviderError(f"anthropic batch line of unknown result type {kind!r}",
                              retryable=True)
 
-
-def _parsed(text: str) -> Any:
-    try:
-        parsed = json.loads(text)
-    except ValueError:
-        parsed = None
-    return {**parsed, "__text__": text} if isinstance(parsed, dict) else text
+    def read(self, line: Mapping[str, Any], body: Mapping[str, Any], wrapped: bool) -> Reply:
+        """The message, with the line's own text kept so a tool input is its exact text."""
+        tool = (WRAPPED_VALUE if wrapped else ITEMS_NAME) if self.provider.mode == "tool" else None
+        return self.provider.read_reply(body, line.get(TEXT), tool, wrapped,
+                                        at=("result", "message"), price_factor=self.share)

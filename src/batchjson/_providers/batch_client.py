@@ -4,27 +4,34 @@ without them is refused before anything is recorded).
 
 A client (``openai_batch.py``, ``anthropic_batch.py``) only transports, as a provider does:
 each result line becomes a ``Reply`` through the provider's own reading of a live answer, or a
-``ProviderError``. Joining lines to receipts, judging and recording are the job runner's.
+``ProviderError`` classified as the live endpoint's error response would be. Joining lines to
+receipts, judging and recording are the job runner's.
 """
 
 from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any
 
 from .._errors import ProviderError, ProviderSetupError
-from ._http import HttpProvider, exchange
+from ._http import HttpProvider
+from .http_errors import http_error
 from .pricing import batch_share
+from .reply import Reply
 from .upload import Upload
 
 LONGEST_ID = "bj_" + "0" * 48  # the length of every custom_id (_ledger/store_jobs.custom_id)
 NOT_UTF8 = "__not_utf8__"  # an output line's first byte that is not UTF-8 (OutputLines)
+TEXT = "__text__"  # an output line's own text (OutputLines)
 
 
 class BatchClient:
-    """The batch endpoints under ``provider``'s base URL."""
+    """The batch endpoints under ``provider``'s base URL. A client says where a result line
+    holds its HTTP status and body (``answer(line)``: ``(status, answer or error document)``,
+    or the ProviderError of a line without one) and reads an answer (``read(line, body,
+    wrapped)``) as its provider reads a live one."""
 
     protocol = ""
     max_requests = 0
@@ -68,7 +75,7 @@ class BatchClient:
         """``json_body``, or ``json_text`` (a JSON body already encoded, or a file of one,
         streamed), or ``body`` (a multipart form)."""
         p = self.provider
-        headers = p._headers
+        headers = None
         if json_body is not None:
             body = json.dumps(json_body).encode()
         elif json_text is not None:
@@ -76,9 +83,7 @@ class BatchClient:
         elif body is not None:
             def headers() -> dict[str, str]:  # multipart: aiohttp sets the content type
                 return {k: v for k, v in p._headers().items() if k != "Content-Type"}
-        return (await exchange(p._sessions.get(), method, self._base() + path, body, headers,
-                               provider=p.name, timeout=p.timeout, secrets=p._secrets,
-                               key_env=p.key_env))[1]
+        return (await p._request(method, self._base() + path, body, headers))[1]
 
     async def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         raw = await self._call(method, path, **kwargs)
@@ -120,6 +125,34 @@ class BatchClient:
         return dict(batch.get("request_counts") or {})
 
     @staticmethod
+    def whole_failure(batch: Mapping[str, Any]) -> str | None:
+        """Why a job failed as a whole, else None (an API that refuses a job does so when it is
+        created)."""
+        return None
+
+    @staticmethod
+    def too_large(batch: Mapping[str, Any]) -> bool:
+        """Whether a job failed for holding more tokens than the provider takes at once."""
+        return False
+
+    def outcome(self, line: Mapping[str, Any], wrapped: bool) -> Reply | ProviderError:
+        """One result line: the reply it carries, or the provider error it reports (an error
+        line read as the live endpoint's error response is); never an answer taken from an
+        error line."""
+        found = self.answer(line)
+        if isinstance(found, ProviderError):
+            return found
+        status, body = found
+        p = self.provider
+        if status >= 400:
+            return http_error(p.name, status, {}, json.dumps(body).encode(), p._secrets,
+                              p.key_env)
+        try:
+            return self.read(line, body, wrapped)
+        except ProviderError as exc:
+            return exc
+
+    @staticmethod
     def line_id(line: Any) -> str | None:
         """A line's ``custom_id``; one that is no string (a provider's garbage) as its JSON
         text, which never matches one of ours (``bj_...``) and can be counted and named."""
@@ -130,11 +163,13 @@ class BatchClient:
 class OutputLines:
     """A job's result files as lines, parsed one at a time on each iteration (a collection reads
     them twice), so only the files' bytes are held. Lines split at newlines alone (a U+2028 in a
-    string never cuts one); a line that is not valid UTF-8 carries :data:`NOT_UTF8` and its receipt
-    is refused, as a live body that is not UTF-8 is."""
+    string never cuts one). A JSON object keeps its own text under :data:`TEXT` (so a tool input
+    is kept as the exact text the provider sent); any other line is its text, for the runner to
+    name. A line that is not valid UTF-8 carries :data:`NOT_UTF8` and its receipt is refused, as
+    a live body that is not UTF-8 is."""
 
-    def __init__(self, files: Sequence[bytes], parse: Callable[[str], Any]) -> None:
-        self.files, self.parse = files, parse
+    def __init__(self, files: Sequence[bytes]) -> None:
+        self.files = files
 
     def __iter__(self) -> Iterator[Any]:
         for raw in self.files:
@@ -144,7 +179,13 @@ class OutputLines:
                 except UnicodeDecodeError as exc:
                     text, bad = line.decode("utf-8", "replace"), exc.start
                 text = text.rstrip("\r\n")
-                if text.strip():
-                    parsed = self.parse(text)
-                    yield ({**parsed, NOT_UTF8: bad} if bad is not None
-                           and isinstance(parsed, dict) else parsed)
+                if not text.strip():
+                    continue
+                try:
+                    parsed = json.loads(text)
+                except ValueError:
+                    parsed = None
+                if not isinstance(parsed, dict):
+                    yield text
+                    continue
+                yield {**parsed, TEXT: text, **({} if bad is None else {NOT_UTF8: bad})}

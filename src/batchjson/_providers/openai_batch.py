@@ -8,7 +8,6 @@ says only that the batch stopped, not that any line succeeded.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
@@ -17,7 +16,6 @@ import aiohttp
 
 from .._errors import ProviderError
 from .._secrets import provider_text_masked
-from ._http import http_error
 from .base import Call
 from .batch_client import BatchClient, OutputLines
 from .reply import Reply
@@ -104,19 +102,18 @@ class OpenAIBatches(BatchClient):
             file_id = batch.get(field)
             if file_id:
                 files.append(await self._call("GET", f"/files/{file_id}/content"))
-        return OutputLines(files, _parsed)
+        return OutputLines(files)
 
-    def outcome(self, line: Mapping[str, Any], wrapped: bool) -> Reply | ProviderError:
-        """One output line: a reply, or the provider error it reports (a non-2xx status or an
-        ``error``); never an answer taken from an error line."""
+    def answer(self, line: Mapping[str, Any]) -> tuple[int, Any] | ProviderError:
+        """A line's ``response``: its status and body; a line without a 2xx or an HTTP error
+        status (an ``error`` of its own) is a provider error."""
         response = line.get("response") or {}
         error = line.get("error")
         status = response.get("status_code") if isinstance(response, dict) else None
         body = response.get("body") if isinstance(response, dict) else None
+        if isinstance(status, int) and status >= 400:
+            return status, body
         if error or not isinstance(status, int) or not 200 <= status < 300:
-            if isinstance(status, int) and status >= 400:
-                return http_error("openai", status, {}, json.dumps(body).encode(),
-                                  self.provider._secrets, self.provider.key_env)
             what = error if isinstance(error, dict) else {"message": str(error)}
             said = f"{what.get('code') or ''} {what.get('message') or 'no response'}"
             return ProviderError(f"openai batch line failed: {provider_text_masked(said.strip())}",
@@ -124,14 +121,7 @@ class OpenAIBatches(BatchClient):
         if not isinstance(body, dict):
             return ProviderError("openai batch line has no response body", status=status,
                                  retryable=True)
-        try:
-            return self.provider.read_reply(body, wrapped, price_factor=self.share)
-        except ProviderError as exc:
-            return exc
+        return status, body
 
-
-def _parsed(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
+    def read(self, line: Mapping[str, Any], body: Mapping[str, Any], wrapped: bool) -> Reply:
+        return self.provider.read_reply(body, wrapped, price_factor=self.share)

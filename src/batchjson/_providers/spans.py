@@ -39,53 +39,34 @@ def _find(text: str, pos: int, path: list[str | int]) -> tuple[int, int] | None:
     if not path:
         return pos, _end(text, pos)
     want, rest = path[0], path[1:]
-    opener = text[pos]
-    if opener == "{" and isinstance(want, str):
-        found = None
-        for key, start in _members(text, pos):
-            if key == want:
-                found = start  # keep going: the last duplicate wins, as in json.loads
-        return None if found is None else _find(text, found, rest)
-    if opener == "[" and isinstance(want, int):
-        for index, start in _elements(text, pos):
-            if index == want:
-                return _find(text, start, rest)
-    return None
+    if not (text[pos] == "{" and isinstance(want, str)
+            or text[pos] == "[" and isinstance(want, int)):
+        return None
+    # the last of a key named twice wins, as in json.loads
+    starts = [start for key, start in _children(text, pos) if key == want]
+    return _find(text, starts[-1], rest) if starts else None
 
 
-def _members(text: str, pos: int) -> list[tuple[str, int]]:
-    """(key, value start) of each member of the object at ``pos``."""
-    out = []
+def _children(text: str, pos: int) -> list[tuple[str | int, int]]:
+    """(key, value start) of each member of the object at ``pos``, or (index, start) of each
+    element of the array there."""
+    out: list[tuple[str | int, int]] = []
+    close = "}" if text[pos] == "{" else "]"
     pos = _skip(text, pos + 1)
-    if text[pos] == "}":
+    if text[pos] == close:
         return out
     while True:
-        key, pos = json.decoder.scanstring(text, pos + 1)  # type: ignore[attr-defined]
-        pos = _skip(text, pos)
-        if text[pos] != ":":
-            raise ValueError("expected ':'")
-        start = _skip(text, pos + 1)
-        out.append((key, start))
-        pos = _skip(text, _end(text, start))
-        if text[pos] == "}":
-            return out
-        if text[pos] != ",":
-            raise ValueError("expected ',' or '}'")
-        pos = _skip(text, pos + 1)
-
-
-def _elements(text: str, pos: int) -> list[tuple[int, int]]:
-    out = []
-    pos = _skip(text, pos + 1)
-    if text[pos] == "]":
-        return out
-    index = 0
-    while True:
-        out.append((index, pos))
+        key: str | int = len(out)
+        if close == "}":
+            key, pos = json.decoder.scanstring(text, pos + 1)  # type: ignore[attr-defined]
+            pos = _skip(text, pos)
+            if text[pos] != ":":
+                raise ValueError("expected ':'")
+            pos = _skip(text, pos + 1)
+        out.append((key, pos))
         pos = _skip(text, _end(text, pos))
-        if text[pos] == "]":
+        if text[pos] == close:
             return out
         if text[pos] != ",":
-            raise ValueError("expected ',' or ']'")
+            raise ValueError(f"expected ',' or '{close}'")
         pos = _skip(text, pos + 1)
-        index += 1

@@ -232,8 +232,10 @@ class Spender:
         return (f"one call for it may cost up to {usd(self.pricing.worst_case(input_bound))} "
                 f"and the cost budget has {usd(left)} left")
 
-    def reserve(self, input_bound: int) -> float | None:
-        """Take one call (and its worst-case cost) from the budget; None when it cannot fit."""
+    def reserve(self, input_bound: int, *, alone: bool = True) -> float | None:
+        """Take one call (and its worst-case cost) from the budget; None when it cannot fit.
+        ``alone``: under a cost budget the session's first call goes alone (a job's lines are
+        sent together, so none of them waits for another to settle)."""
         worst = self.pricing.worst_case(input_bound) if self.costed else 0.0
         with self._tally.lock:
             remaining = self.remaining_calls()
@@ -243,7 +245,7 @@ class Spender:
                 return None  # a call billed beyond its worst case: no bound holds any more
             if self.budget.cost is not None and (
                     self._tally.unbounded is not None
-                    or (self.outstanding and not self._tally.settled)  # the first goes alone
+                    or (alone and self.outstanding and not self._tally.settled)
                     or self._tally.cost + self._tally.reserved + worst > self.budget.cost):
                 return None
             self.calls += 1
@@ -316,23 +318,13 @@ def batch_pricing(pricing: Pricing, factor: float) -> Pricing:
 
 
 def reserve_lines(spender: Spender, bounds: list[int]) -> list[float]:
-    """Reserve the worst case of a job's lines, in order, as many as the budget holds (a job's
-    lines are sent together, so none waits for another to settle); what each reserved."""
+    """Reserve the worst case of a job's lines, in order, as many as the budget holds; what
+    each reserved."""
     reserved: list[float] = []
-    tally = spender._tally
     for bound in bounds:
-        worst = spender.pricing.worst_case(bound) if spender.costed else 0.0
-        with tally.lock:
-            remaining = spender.remaining_calls()
-            if (remaining is not None and remaining <= 0) or (
-                    spender.budget.cost is not None and (
-                        tally.unbounded is not None
-                        or tally.cost + tally.reserved + worst > spender.budget.cost)):
-                break
-            spender.calls += 1
-            spender.outstanding += 1
-            tally.calls += 1
-            tally.reserved += worst
+        worst = spender.reserve(bound, alone=False)
+        if worst is None:
+            break
         reserved.append(worst)
     return reserved
 

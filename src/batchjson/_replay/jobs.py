@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import chain
 from typing import Any
 
 from .._content.tasks import Request
@@ -159,23 +160,15 @@ class JobRunner:
         next pass looks at every request again."""
         owed: list[tuple[Request, str, str]] = []
         self.short = False
-        for window in windows:
-            owed += self._owed(window)
-            while len(owed) >= self.chunk:
-                sent, owed = await self._submit_part(owed, writer)
+        for window in chain(windows, [None]):  # None: the windows ended, the rest goes too
+            if window is not None:
+                owed += self._owed(window)
+            while owed and (window is None or len(owed) >= self.chunk):
+                sent, unsent = await self._submit(owed[:self.chunk], writer)
                 if not sent:
                     return True
-        while owed:
-            sent, owed = await self._submit_part(owed, writer)
-            if not sent:
-                return True
+                owed = unsent + owed[self.chunk:]
         return self.short
-
-    async def _submit_part(self, owed: list[tuple[Request, str, str]], writer: Owner
-                           ) -> tuple[bool, list[tuple[Request, str, str]]]:
-        part, rest = owed[:self.chunk], owed[self.chunk:]
-        sent, unsent = await self._submit(part, writer)
-        return sent, unsent + rest
 
     def _held_by(self, jobs: Sequence[int]) -> Iterator[list[Request]]:
         """The requests of this run's revision that the ended ``jobs`` held, read from the

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from itertools import islice
 from typing import Any
 
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
 from tenacity.wait import wait_exponential, wait_random
 
 from .._acceptance import judge as acceptance
@@ -26,7 +26,7 @@ from .._ledger.claims import Owner
 from .._providers.ratelimits import HEADER_LISTENER, reports_limits, request_tokens
 from .._sources import TRUNCATED
 from .budget import Spender
-from .calls import Caller, Control, Judged, NotSent
+from .calls import STOPPED, Caller, Control, Judged, NotSent
 from .groupcommit import GroupCommit
 from .hosts import COUNT_SECONDS, HostShare
 from .pacing import Pacer
@@ -321,11 +321,20 @@ class Replayer:
     # -- one attempt (with transport retries) --------------------------------------------------
     async def _attempt(self, request: Request, kind: str, prompt: str) -> Judged | NotSent:
         """One logical attempt: transport retries inside (the one policy, :attr:`retrying`,
-        copied per attempt), acceptance on the text that arrives."""
+        copied per attempt and iterated as tenacity's attempt blocks, which spares a call that
+        succeeds at once the coroutine machinery of ``AsyncRetrying``; each wait it decides is
+        awaited here), acceptance on the text that arrives."""
+        waits: list[float] = []
+        done: Judged | NotSent = STOPPED  # the tries end by returning one, or by raising
         try:
-            return await self.retrying.copy()(self._paced_call, request, kind, prompt)
+            for attempt in self.retrying.copy(sleep=waits.append):
+                if waits:
+                    await asyncio.sleep(waits.pop())
+                with attempt:
+                    done = await self._paced_call(request, kind, prompt)
         except ProviderError as exc:
             return self._failed(exc, request)
+        return done
 
     def _failed(self, exc: ProviderError, request: Request) -> Judged:
         """A provider failure past its retries, as the verdict on the attempt; an unreachable
@@ -393,11 +402,12 @@ class Replayer:
             self.on_wait(text)
 
 
-def transport_retrying(transport: Transport) -> AsyncRetrying:
+def transport_retrying(transport: Transport) -> Retrying:
     """The transport's retry policy: ``retries`` more tries of a call after a retryable
     provider error, each after the provider's Retry-After when it gave one, else
     ``initial * 2**(n-1)`` plus up to ``initial`` of jitter; never longer than ``backoff_max``.
-    Written with strategies every tenacity since 8 has (rlm's google-genai pins it below 9.2)."""
+    Written with strategies every tenacity since 8 has (rlm's google-genai pins it below 9.2).
+    Its waits are the event loop's to await: each use copies it with ``sleep=`` of its own."""
     backoff = (wait_exponential(multiplier=transport.backoff_initial, max=transport.backoff_max)
                + wait_random(0, transport.backoff_initial))
 
@@ -407,7 +417,7 @@ def transport_retrying(transport: Transport) -> AsyncRetrying:
             return min(max(0.0, error.retry_after), transport.backoff_max)
         return min(backoff(state), transport.backoff_max)
 
-    return AsyncRetrying(stop=stop_after_attempt(transport.retries + 1), wait=wait, reraise=True,
+    return Retrying(stop=stop_after_attempt(transport.retries + 1), wait=wait, reraise=True,
                          retry=retry_if_exception(lambda e: isinstance(e, ProviderError)
                                                   and e.retryable))
 
