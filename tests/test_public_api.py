@@ -267,10 +267,12 @@ def test_options_that_take_a_fixed_set_of_strings_are_typed_as_literals():
     from batchjson._session import spec
 
     hints = typing.get_type_hints(RunSpec)
-    for option, allowed in (("mode", spec.MODES), ("validator_args", spec.VALIDATOR_ARGS),
-                            ("on_exhausted", spec.ON_EXHAUSTED)):
+    for option, allowed in (("mode", spec.Mode), ("validator_args", spec.ValidatorArgs),
+                            ("on_exhausted", spec.OnExhausted)):
         assert typing.get_origin(hints[option]) is typing.Literal
-        assert typing.get_args(hints[option]) == allowed
+        assert typing.get_args(hints[option]) == typing.get_args(allowed)
+        with pytest.raises(InvalidBatch, match=f"{option} must be .*, got 'nope'"):
+            RunSpec("r", [], {}, **{option: "nope"})
     assert typing.get_args(typing.get_type_hints(Session.run_batch)["on_exhausted"]) == (
         "raise", "return")
     assert typing.get_args(typing.get_type_hints(BatchResult)["status"]) == (

@@ -1,17 +1,70 @@
 """The small value checks every face and setting shares: one wording, one place.
 
 Each raises the caller's error type (InvalidBatch for a run's input, ConfigError for a setting),
-naming the value, what it must be and what it was, before anything is spent.
+naming the value, what it must be and what it was, before anything is spent. Option objects
+(a run's description, a session's settings, a budget) declare theirs as types pydantic checks
+(:func:`options`); a value checked once per call is checked by hand (:func:`is_whole`), never by
+a model.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any, TypeVar
+
+import pydantic
+from pydantic import Field
 
 from ._errors import BatchJsonError, InvalidBatch
+
+Flag = Annotated[bool, Field(description="True or False")]
+Count = Annotated[int, Field(ge=0, description="a whole number >= 0")]
+CountOrNone = Annotated[int | None, Field(ge=0, description="a whole number >= 0")]
+Positive = Annotated[int, Field(ge=1, description="a whole number >= 1")]
+Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False,
+                                 description="a finite number of seconds > 0")]
+_STRICT = pydantic.ConfigDict(strict=True, arbitrary_types_allowed=True)
+OptionClass = TypeVar("OptionClass", bound=type)
+
+
+def options(refused: type[BatchJsonError],
+            prefix: str = "") -> Callable[[OptionClass], OptionClass]:
+    """A frozen dataclass whose fields pydantic checks strictly, by their declared types, when
+    it is made (an int is no bool, a count no float): a bad value is ``refused`` naming the
+    option (after ``prefix``), what it must be (the type's ``description``, or the values a
+    ``Literal`` allows) and what it was. A refusal its ``__post_init__`` raises leaves as is."""
+    def build(cls: OptionClass) -> OptionClass:
+        made: Any = pydantic.dataclasses.dataclass(frozen=True, config=_STRICT)(cls)
+        checked = made.__init__
+
+        @functools.wraps(checked)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            try:
+                checked(self, *args, **kwargs)
+            except pydantic.ValidationError as exc:
+                raise _refusal(made, exc, refused, prefix) from None
+
+        made.__init__ = __init__
+        return made
+    return build
+
+
+def _refusal(cls: Any, exc: pydantic.ValidationError, refused: type[BatchJsonError],
+             prefix: str) -> Exception:
+    error = exc.errors()[0]
+    context = error.get("ctx") or {}
+    if isinstance(context.get("error"), Exception):  # raised by a check of its own
+        return context["error"]
+    name = error["loc"][0]
+    if isinstance(name, int):  # given by position
+        name = dataclasses.fields(cls)[name].name
+    said = (cls.__pydantic_fields__[name].description or context.get("expected")
+            or error["msg"])
+    return refused(f"{prefix}{name} must be {said}, got {error['input']!r}")
 
 
 def is_whole(value: Any, minimum: int = 0) -> bool:

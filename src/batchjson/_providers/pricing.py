@@ -9,10 +9,11 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
-from .._checks import is_amount
+from pydantic import Field
+
+from .._checks import options
 from .._errors import ConfigError
 from .._secrets import looks_like_key, masked
 
@@ -26,7 +27,13 @@ PRICES_AS_OF = "2026-11-30"
 BATCH_PRICE_FACTOR = 0.5
 
 
-@dataclass(frozen=True)
+PerMillion = Annotated[float, Field(ge=0, allow_inf_nan=False,
+                                    description="a number >= 0 (USD per million tokens)")]
+PerMillionOrNone = Annotated[float | None, Field(ge=0, allow_inf_nan=False, description=(
+    "a number >= 0 (USD per million tokens), or None to bill as plain input"))]
+
+
+@options(ConfigError)
 class Price:
     """USD per million tokens for one model.
 
@@ -34,31 +41,19 @@ class Price:
     ``None`` means "bill as plain input". ``max_input_tokens`` marks where a long-context tier
     with different prices starts: beyond it :func:`cost_of` returns ``None`` rather than a wrong
     number. ``batch`` is the share of these prices a provider batch job bills (half, unless a
-    model's batch prices say otherwise).
+    model's batch prices say otherwise). A bad price fails when it is made, at setup, not as a
+    crash after a call was paid for.
     """
 
-    input: float
-    output: float
-    cached_input: float | None = None
-    cache_write: float | None = None
-    max_input_tokens: int | None = None
-    batch: float = BATCH_PRICE_FACTOR
-
-    def __post_init__(self) -> None:
-        """A bad price fails here, at setup, not as a crash after a call was paid for."""
-        for name in ("input", "output", "cached_input", "cache_write", "batch"):
-            value = getattr(self, name)
-            if value is None and name in ("cached_input", "cache_write"):
-                continue
-            if not is_amount(value):
-                what = ("the share of the live price a batch job bills, a number >= 0 (0.5: "
-                        "half)" if name == "batch" else "a number >= 0 (USD per million tokens)")
-                raise ConfigError(f"{name} must be {what}, got {value!r}")
-        limit = self.max_input_tokens
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
-                                  or limit < 1):
-            raise ConfigError(f"max_input_tokens must be a whole number of tokens or None, got "
-                             f"{limit!r}")
+    input: PerMillion
+    output: PerMillion
+    cached_input: PerMillionOrNone = None
+    cache_write: PerMillionOrNone = None
+    max_input_tokens: Annotated[int | None, Field(ge=1, description=(
+        "a whole number of tokens or None"))] = None
+    batch: Annotated[float, Field(ge=0, allow_inf_nan=False, description=(
+        "the share of the live price a batch job bills, a number >= 0 (0.5: half)"))
+    ] = BATCH_PRICE_FACTOR
 
 
 def _p(inp: float, out: float, cached: float | None = None, write: float | None = None,

@@ -14,34 +14,24 @@ import math
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
-from .._checks import is_whole
+from pydantic import Field, PlainValidator
+
+from .._checks import options
 from .._errors import BudgetExceeded, ConfigError, InvalidBatch
 from .._money import cost_value, usd
 from .._providers.settings import declared_output_cap
 
 
-def _calls_value(value: Any) -> int | None:
-    if value is None:
-        return None
-    if not is_whole(value):
-        raise InvalidBatch(f"budget calls must be a whole number >= 0 (or None for no limit), "
-                           f"got {value!r}")
-    return value
-
-
-@dataclass(frozen=True)
+@options(InvalidBatch, prefix="budget ")
 class Budget:
-    """A session's ceiling: ``calls`` and/or ``cost`` (USD); None means unlimited."""
+    """A session's ceiling: ``calls`` and/or ``cost`` (USD); None means unlimited. A bad one is
+    refused when it is made, before anything can be spent under it."""
 
-    calls: int | None = None
-    cost: float | None = None
-
-    def __post_init__(self) -> None:
-        """A bad budget is refused here, before anything can be spent under it."""
-        object.__setattr__(self, "calls", _calls_value(self.calls))
-        object.__setattr__(self, "cost", cost_value(self.cost))
+    calls: Annotated[int | None, Field(ge=0, description="a whole number >= 0 (or None for "
+                                               "no limit)")] = None
+    cost: Annotated[float | None, PlainValidator(cost_value)] = None
 
     @classmethod
     def of(cls, value: Budget | Mapping[str, Any] | int | None) -> Budget:

@@ -34,11 +34,8 @@ def check_validator(fn: Any, args: str) -> None:
     no: a plain or ``async def`` function whose signature takes exactly that."""
     if fn is None:
         return
-    if not callable(fn):
-        raise InvalidBatch(f"validator must be callable, got {type(fn).__name__}")
     second = "task" if args == "task" else "index"
-    check_not_generator(fn, second)
-    check_asserts_kept(fn)
+    check_verdicts(fn, second)
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # some builtins have none: nothing to check
@@ -51,6 +48,16 @@ def check_validator(fn: Any, args: str) -> None:
             f"validator {name}{signature} cannot be called as validator(item, {second}); "
             f"give it two parameters, e.g. def {name}(item, {second}): ... (raise ValueError "
             "or return False to reject an item)") from None
+
+
+def check_verdicts(fn: Any, second: str = "task") -> None:
+    """What any validator must be, whatever it is called with (the registry checks this before
+    it records a version): callable, returning a verdict, and kept whole under ``python -O``."""
+    if not callable(fn):
+        hint = " (names go by keyword: @validator(name=...))" if isinstance(fn, str) else ""
+        raise InvalidBatch(f"validator must be callable, got {type(fn).__qualname__}{hint}")
+    check_not_generator(fn, second)
+    check_asserts_kept(fn)
 
 
 def check_not_generator(fn: Any, second: str = "task") -> None:

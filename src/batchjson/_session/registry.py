@@ -25,7 +25,7 @@ from .._fingerprint.fingerprint import (
     unwrap_callable,
 )
 from .._ledger.records import now
-from .preflight import check_asserts_kept, check_not_generator
+from .preflight import check_verdicts
 
 __all__ = ["Definition", "ValidatorRegistry", "ValidatorVersion"]
 
@@ -165,14 +165,8 @@ class ValidatorRegistry:
 
     def register(self, fn: Callable[..., Any], *, name: str | None = None) -> Definition:
         """Register ``fn`` under ``name`` and say what happened (a :class:`Definition`)."""
-        if not callable(fn):
-            hint = (" (names go by keyword: @validator(name=...))" if isinstance(fn, str)
-                    else "")
-            raise InvalidBatch(f"a validator must be callable, got {type(fn).__qualname__}"
-                               f"{hint}")
+        check_verdicts(fn)  # never a validator: refused before its version is recorded
         self._handed.record = None
-        check_not_generator(fn)  # never a validator: refused before its version is recorded
-        check_asserts_kept(fn)  # under python -O it would accept everything
         fingerprint = fingerprint_function(fn)  # outside the lock: pure, possibly slow
         if name is None:  # the name it was defined under, if this very object was defined
             name = self._name_of(fn) or _default_name(fn)

@@ -15,9 +15,11 @@ import os
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
-from .._checks import is_whole, positive_seconds, whole
+from pydantic import PlainValidator, SkipValidation
+
+from .._checks import Count, CountOrNone, Flag, Positive, Seconds, options
 from .._content.schema import ItemSchema, compile_schema
 from .._content.spool import is_task_file
 from .._content.tasks import Identity, normalize_identity, normalize_tasks
@@ -30,13 +32,9 @@ Mode = Literal["items", "value"]
 ValidatorArgs = Literal["task", "index", "droste"]
 OnExhausted = Literal["raise", "return"]
 TransportName = Literal["live", "batch"]
-MODES: tuple[str, ...] = get_args(Mode)
-VALIDATOR_ARGS: tuple[str, ...] = get_args(ValidatorArgs)
-ON_EXHAUSTED: tuple[str, ...] = get_args(OnExhausted)
-TRANSPORTS: tuple[str, ...] = get_args(TransportName)
 
 
-@dataclass(frozen=True)
+@options(InvalidBatch)
 class RunSpec:
     """What to resolve and under which rules.
 
@@ -58,49 +56,35 @@ class RunSpec:
     A bad option is an :class:`~batchjson.InvalidBatch` when the spec is made.
     """
 
-    name: str
-    tasks: Iterable[Mapping[str, Any]] | str | os.PathLike  # a list, a generator, a JSONL path
+    # checked here, by their own rules: the texts, the validator, the identity's shape
+    name: SkipValidation[str]
+    tasks: SkipValidation[Iterable[Mapping[str, Any]] | str | os.PathLike]  # or a JSONL path
     schema: Any
-    validator: Callable[..., Any] | None = None
-    validator_name: str | None = None
-    identity: Sequence[str] | str | None = None
-    pack: int = 1
-    instructions: str | None = None
-    repairs: int | None = None
-    replays: int | None = None
-    split: bool = False
-    reask_refusals: bool = False
-    max_calls: int | None = None
+    validator: SkipValidation[Callable[..., Any] | None] = None
+    validator_name: SkipValidation[str | None] = None
+    identity: SkipValidation[Sequence[str] | str | None] = None
+    pack: Positive = 1
+    instructions: SkipValidation[str | None] = None
+    repairs: CountOrNone = None
+    replays: CountOrNone = None
+    split: Flag = False
+    reask_refusals: Flag = False
+    max_calls: CountOrNone = None
     on_exhausted: OnExhausted = "raise"
-    progress: bool | Callable[[int, str], Any] = False  # or a face's bar: progress(total, name)
+    # or a face's bar: progress(total, name)
+    progress: SkipValidation[bool | Callable[[int, str], Any]] = False
     mode: Mode = "items"
     validator_args: ValidatorArgs = "task"
-    refuse_short_budget: bool = True
+    refuse_short_budget: Flag = True
     transport: TransportName = "live"
-    wait: bool = False
+    wait: Flag = False
 
     def __post_init__(self) -> None:
-        """The options, each checked alone: cheap, and before any face does anything with them."""
+        """What its types cannot say, each checked alone: cheap, and before any face does
+        anything with them."""
         check_text("batch name", self.name, "run_batch('labels', ...)", required=True)
         check_text("instructions", self.instructions, "instructions='Answer in English.'",
                    free=True)
-        for label, value, allowed in (("on_exhausted", self.on_exhausted, ON_EXHAUSTED),
-                                      ("mode", self.mode, MODES),
-                                      ("validator_args", self.validator_args, VALIDATOR_ARGS),
-                                      ("transport", self.transport, TRANSPORTS)):
-            if not isinstance(value, str) or value not in allowed:
-                raise InvalidBatch(f"{label} must be {' or '.join(map(repr, allowed))}, got "
-                                   f"{value!r}")
-        whole("pack", self.pack, 1)
-        for label, count in (("repairs", self.repairs), ("replays", self.replays),
-                             ("max_calls", self.max_calls)):
-            if count is not None:
-                whole(label, count, 0)
-        for label, flag in (("split", self.split), ("reask_refusals", self.reask_refusals),
-                            ("wait", self.wait),
-                            ("refuse_short_budget", self.refuse_short_budget)):
-            if not isinstance(flag, bool):
-                raise InvalidBatch(f"{label} must be True or False, got {flag!r}")
         if not isinstance(self.progress, bool) and not callable(self.progress):
             raise InvalidBatch(f"progress must be True, False or a callable progress(total, "
                                f"name) returning a bar, got {self.progress!r}")
@@ -170,33 +154,22 @@ def check_text(label: str, value: Any, example: str, *, required: bool = False,
                            f"characters, e.g. {example}")
 
 
-@dataclass(frozen=True)
+@options(ConfigError)
 class SessionOptions:
     """A :class:`~batchjson.Session`'s own settings, checked before it opens its ledger: a bad
-    one is refused (``ConfigError``) before anything is created, spent or recorded."""
+    one is refused (``ConfigError``; a bad budget ``InvalidBatch``, as documented) before
+    anything is created, spent or recorded."""
 
-    strict: bool = False
-    budget: Any = None
-    concurrency: int = 16
-    repairs: int = 1
-    replays: int = 1
-    transport_retries: int = 3
-    timeout: float = 120.0
-    model: str | None = None
-    max_rate_wait: float = 60.0  # the longest a run waits on a rate limit that keeps refusing
+    strict: Flag
+    budget: Annotated[Budget, PlainValidator(Budget.of)]
+    concurrency: Positive
+    repairs: Count
+    replays: Count
+    transport_retries: Count
+    timeout: Seconds
+    model: SkipValidation[str | None]
+    max_rate_wait: Seconds  # the longest a run waits on a rate limit that keeps refusing
 
     def __post_init__(self) -> None:
-        if not isinstance(self.strict, bool):
-            raise ConfigError(f"strict must be True or False, got {self.strict!r}; e.g. "
-                              "Session(provider, strict=True)")
-        for label, value, least in (("concurrency", self.concurrency, 1),
-                                    ("repairs", self.repairs, 0), ("replays", self.replays, 0),
-                                    ("transport_retries", self.transport_retries, 0)):
-            if not is_whole(value, least):
-                raise ConfigError(f"{label} must be a whole number >= {least}, got {value!r}")
-        for name in ("timeout", "max_rate_wait"):
-            object.__setattr__(self, name, positive_seconds(name, getattr(self, name),
-                                                            ConfigError))
         check_name(self.model, "Session model", "pass the key as the provider's api_key=... (or "
                    "set OPENAI_API_KEY / ANTHROPIC_API_KEY) and the model's name as model=")
-        object.__setattr__(self, "budget", Budget.of(self.budget))  # InvalidBatch, as documented
