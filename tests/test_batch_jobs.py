@@ -683,7 +683,7 @@ def test_a_batch_created_after_its_job_was_released_is_known_and_cancelled_there
         from batchjson import Ledger
 
         held = Ledger(target)
-        held.store.job_uncertain(1, "its writer's lease ran out")
+        held.store.note_job(1, {"why": "its writer's lease ran out"}, uncertain=True)
         assert cancel_job(held, "1")["released"] == 3
         held.close()
         writer.join(30)

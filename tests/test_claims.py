@@ -213,11 +213,12 @@ def test_a_late_answer_of_a_host_taken_over_is_kept_paid_and_admits_nothing(ledg
                                     "uid = 'u-foreign'")
     (admitted,), = ledger_rows(path, "SELECT id FROM attempts WHERE request_key = ? AND "
                                "status = 'accepted'", keys[0])
-    store = Ledger(path).store
-    with store.call_transaction() as tx:
-        store.accept_call(tx, late, batch_id, keys[0], {task: {"verdict": "late"}},
-                          '{"items": ["late"]}', {"input_tokens": 7, "output_tokens": 3})
-    store.close()
+    held = Ledger(path)
+    with held.store.call_transaction() as tx:
+        held.store.complete_call(tx, late, "accepted", '{"items": ["late"]}',
+                                 {"input_tokens": 7, "output_tokens": 3},
+                                 accepted=(batch_id, keys[0], {task: {"verdict": "late"}}))
+    held.close()
     (status, errors, raw, tokens), = ledger_rows(
         path, "SELECT status, errors, raw, output_tokens FROM attempts WHERE id = ?", late)
     assert (status, raw, tokens) == ("rejected", '{"items": ["late"]}', 3)

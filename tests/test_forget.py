@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from batchjson import CallableProvider, FaultPlan, InvalidBatch, Ledger, Session, SimulatedModel
-from batchjson._ledger.forgetting import forget_batch
 from batchjson._session.evidence import Evidence
 from tests.helpers import LABEL_SCHEMA, answer, review_tasks
 
@@ -34,7 +33,7 @@ def test_forgetting_stops_every_revision_owing_and_keeps_the_whole_account():
     assert session.evidence.unresolved_batches == 2
     before = session.ledger.spend("review")
     receipts = session.ledger.attempts("review")
-    record = forget_batch(session.ledger.store, "review", via="test", by="ana@lab")
+    record = session.ledger.forget("review", via="test", by="ana@lab")
     assert record is not None
     assert (record["revisions"], record["requests"], record["items"]) == ([1, 2], 5, 6)
     assert session.evidence.minimum_exact_retry_calls == 0
@@ -51,7 +50,7 @@ def test_forgetting_stops_every_revision_owing_and_keeps_the_whole_account():
 def test_a_later_run_of_the_same_batch_owes_again():
     session = broken_session()
     session.run_batch("review", review_tasks(4), LABEL_SCHEMA, pack=2, on_exhausted="return")
-    forget_batch(session.ledger.store, "review", via="test")
+    session.ledger.forget("review", via="test")
     assert session.evidence.unresolved_batches == 0
     session.run_batch("review", review_tasks(4), LABEL_SCHEMA, pack=2, on_exhausted="return")
     assert session.evidence.minimum_exact_retry_calls == 2
@@ -74,7 +73,7 @@ def test_a_forgotten_strict_batch_frees_its_validator_to_change():
 
     with pytest.raises(Exception, match="unresolved"):
         session.validators.define(check, name="check")
-    forget_batch(session.ledger.store, "review", via="test")
+    session.ledger.forget("review", via="test")
     assert session.validators.define(check, name="check") is check
     session.close()
 
@@ -82,10 +81,10 @@ def test_a_forgotten_strict_batch_frees_its_validator_to_change():
 def test_forgetting_what_owes_nothing_records_nothing_and_an_unknown_name_is_refused():
     session = Session(CallableProvider(lambda call: _items(call)))
     session.run_batch("done", review_tasks(2), LABEL_SCHEMA)
-    assert forget_batch(session.ledger.store, "done", via="test") is None
+    assert session.ledger.forget("done", via="test") is None
     assert session.ledger.store.forgotten() == []
     with pytest.raises(InvalidBatch, match="no batch named 'nope'.*batches: done"):
-        forget_batch(session.ledger.store, "nope", via="test")
+        session.ledger.forget("nope", via="test")
     session.close()
 
 
@@ -159,7 +158,7 @@ def test_status_after_forget_no_longer_suggests_rerunning_the_forgotten_batch(
 def test_a_merged_ledger_keeps_what_its_owner_forgot(tmp_path: Path, ledger_at):
     theirs = broken_session(ledger_at("theirs"))
     owe_two_revisions(theirs)
-    forget_batch(theirs.ledger.store, "review", via="test", by="ana@lab")
+    theirs.ledger.forget("review", via="test", by="ana@lab")
     theirs.close()
     ours = Ledger(ledger_at("ours"))
     ours.merge(ledger_at("theirs"))
@@ -213,7 +212,7 @@ def test_a_merge_of_later_work_reopens_a_forgotten_batch_but_earlier_work_does_n
         broken_session(path).run_batch("review", review_tasks(2), LABEL_SCHEMA, pack=2,
                                        on_exhausted="return")
     ledger = Ledger(here)
-    assert forget_batch(ledger.store, "review", via="test") is not None
+    assert ledger.forget("review", via="test") is not None
     ledger.merge(earlier)
     assert Evidence(ledger.store).minimum_exact_retry_calls == 0
     broken_session(later).run_batch("review", review_tasks(2), LABEL_SCHEMA, pack=2,

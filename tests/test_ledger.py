@@ -179,15 +179,15 @@ def test_a_provider_raising_keyboard_interrupt_leaves_no_in_flight_receipt():
     assert [r.status for r in session.ledger.attempts("r")] == ["cancelled"]
 
 
-def test_checkpoint_count_matches_the_checkpoint_for_one_batch_and_all():
+def test_value_count_matches_the_checkpoint_for_one_batch_and_all():
     session = Session(CallableProvider(items_reply))
     session.run_batch("a", review_tasks(3), LABEL_SCHEMA, pack=2)
     session.run_batch("b", review_tasks(2, case="gold-pair-079"), LABEL_SCHEMA)
     session.run_batch("b", review_tasks(1, case="gold-pair-079"), LABEL_SCHEMA)  # revision 2
     ledger = session.ledger
-    assert ledger.store.checkpoint_count("a") == len(ledger.checkpoint("a")) == 3
-    assert ledger.store.checkpoint_count("b") == len(ledger.checkpoint("b")) == 1
-    assert ledger.store.checkpoint_count() == 4 == session.evidence.summary()["usable_results"]
+    assert ledger.store.value_count("a") == len(ledger.checkpoint("a")) == 3
+    assert ledger.store.value_count("b") == len(ledger.checkpoint("b")) == 1
+    assert ledger.store.value_count() == 4 == session.evidence.summary()["usable_results"]
 
 
 KILL_AT = textwrap.dedent("""
@@ -209,9 +209,10 @@ KILL_AT = textwrap.dedent("""
         maybe_die("claim")  # inside the transaction of the claim and its receipt
         return opened
 
-    def accepting(store, *args, **kwargs):
-        out = accept(store, *args, **kwargs)
-        maybe_die("accept")  # accepted and checkpointed, not yet committed
+    def accepting(store, tx, attempt_id, status, *args, **kwargs):
+        out = accept(store, tx, attempt_id, status, *args, **kwargs)
+        if status == "accepted":
+            maybe_die("accept")  # accepted and checkpointed, not yet committed
         return out
 
     def model(call):
@@ -221,9 +222,9 @@ KILL_AT = textwrap.dedent("""
     session = Session(CallableProvider(model, source="test-model"), ledger=sys.argv[1],
                       concurrency=2)
     store = type(session.ledger.store)  # SQLite's or PostgreSQL's
-    take, accept = store._open, store.accept_call
+    take, accept = store._open, store.complete_call
     store._open = claiming
-    store.accept_call = accepting
+    store.complete_call = accepting
     session.run_batch("r", review_tasks(6), LABEL_SCHEMA)
 """)
 

@@ -7,6 +7,7 @@ provider says *what* decides its answers; how that becomes a key is decided in o
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,3 +55,14 @@ NOT_TEXT = "not_text"  # the provider's text was not a str (set by the boundary,
 STOPS = (TRUNCATED, REFUSED, TOOL_CALL, NO_TOOL_CALL, NOT_TEXT)
 # The error types a return is rejected under on its provider's word (NOT_TEXT is a json error).
 STOP_ERRORS = frozenset({TRUNCATED, REFUSED, TOOL_CALL, NO_TOOL_CALL})
+
+
+def stop_types(errors: Any) -> set[str]:
+    """The provider's words a receipt's errors (JSON text, or a list) were rejected on."""
+    try:
+        listed = json.loads(errors or "[]") if isinstance(errors, (str, type(None))) else errors
+    except ValueError:
+        return set()
+    if not isinstance(listed, list):
+        return set()
+    return {e.get("type") for e in listed if isinstance(e, dict)} & STOP_ERRORS

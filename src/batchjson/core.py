@@ -11,7 +11,7 @@ from ._checks import whole_argument
 from ._content.keys import answer_source, source_text
 from ._content.schema import compile_schema
 from ._content.tasks import parse_identity, render_value_prompt
-from ._ledger.forgetting import forget_batch, forget_message, forgotten_line
+from ._ledger.forgetting import forget_message, forgotten_line
 from ._ledger.records import ledger_path
 from ._ledger.sqlite import file_problem, holds_nothing
 from ._money import cost_value, money, usd
@@ -41,7 +41,7 @@ __all__ = [
     "llm_batch_json", "check_call", "check_droste_schema", "default_batch_name",
     "render_value_prompt",
     # the ledger: advice, receipts read, forgetting, what is wrong with a ledger file
-    "advise", "read_lines", "forget_batch", "forget_message", "forgotten_line",
+    "advise", "read_lines", "forget_message", "forgotten_line",
     "file_problem", "holds_nothing", "ledger_path",
     # providers, and what a face may show of them
     "PROVIDER_NAMES", "provider_label", "estimate_tokens", "looks_like_key", "masked",

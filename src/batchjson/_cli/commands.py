@@ -24,12 +24,11 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any, TextIO
 
-from .. import BatchJsonError, Evidence, InvalidBatch, Ledger, LedgerError
+from .. import BatchJsonError, InvalidBatch, Ledger, LedgerError
 from .. import _textview as cliview
 from ..core import (
     cancel_job,
     cost_value,
-    forget_batch,
     forget_message,
     holds_nothing,
     ledger_path,
@@ -129,7 +128,7 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     with closing(_open(args.ledger)) as held:
         _known(held, args.name)
         summary = held.cost_summary(args.name)
-        evidence = Evidence(held.store).summary(args.name)
+        evidence = held.evidence(args.name)
     for key in ("unresolved_batches", "unresolved_requests", "unresolved_items",
                 "minimum_exact_retry_calls", "refused_requests", "cut_off_requests",
                 "superseded", "forgotten", "owing_batches"):
@@ -189,10 +188,10 @@ def cmd_values(args: argparse.Namespace, out: TextIO) -> int:
 def _identity(held: Ledger, name: str) -> tuple[list[str], dict[str, dict[str, Any]]]:
     """The identity fields of the batch's current revision besides task_id (under the default
     identity: every task field but prompt and context) and its tasks, for ``--identity``."""
-    current, rule, tasks = held.store.current_revision(name), "task_id", {}
-    if current is not None:  # the rule as its key component says it ("task_id,case_id", ...)
-        rule = current[1].get("identity", rule)
-        tasks = {t["task_id"]: t for r in held.leaves(current[0]) for t in r.tasks}
+    rule, tasks = "task_id", {}
+    for current in held.revisions(name, current=True):  # its rule as its key says it
+        rule = current.components.get("identity", rule)  # ("task_id,case_id", ...)
+        tasks = {t["task_id"]: t for r in held.leaves(current.id) for t in r.tasks}
     if rule.endswith("+echoed"):
         fields = list(dict.fromkeys(k for t in tasks.values() for k in t))
         fields = [k for k in fields if k not in ("task_id", "prompt", "context")]
@@ -299,7 +298,7 @@ def cmd_advise(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_forget(args: argparse.Namespace, out: TextIO) -> int:
     with closing(_open(args.ledger)) as held:
         _known(held, args.name)
-        record = forget_batch(held.store, args.name, via="batchjson forget")
+        record = held.forget(args.name, via="batchjson forget")
         spend = held.spend(args.name)
     return _done(args, out, {"batch": args.name, "forgotten": record},
                  [forget_message(args.name, record, spend)])

@@ -33,7 +33,6 @@ from .. import BatchJsonError, BatchUnresolved, ProviderHandle, RateLimits, RunS
 from .._textview import DEFAULT_LEDGER, receipt_rows
 from ..core import (
     PROVIDER_NAMES,
-    forget_batch,
     forget_message,
     looks_like_key,
     masked,
@@ -411,7 +410,7 @@ class BatchJson(Magics):
             return
         self._known_batch(args.name)
         ledger = self.session.ledger
-        record = forget_batch(ledger.store, args.name, via="%batch_forget")
+        record = ledger.forget(args.name, via="%batch_forget")
         print(f"batchjson: {forget_message(args.name, record, ledger.spend(args.name))}")
 
     def _cell_names(self) -> dict[str, str]:

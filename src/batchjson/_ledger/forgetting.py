@@ -9,9 +9,9 @@ again once an attempt on it starts or ends after the forgetting (a run still goi
 forgetting does not stop; a later run of the same content; attempts merged or imported later,
 by their own times); new content opens a new revision as always.
 
-Only a person forgets: ``batchjson forget`` and ``%batch_forget`` offer it. No RLM helper does,
-and the ``Session`` has no method for it, so a model cannot clear its own gate through the
-names it is given.
+Only a person forgets (``Ledger.forget``): ``batchjson forget`` and ``%batch_forget`` offer
+it. No RLM helper does, and the ``Session`` has no method for it, so a model cannot clear its
+own gate through the names it is given. Here: who forgot, and the words the faces say.
 """
 
 from __future__ import annotations
@@ -20,37 +20,16 @@ import getpass
 import socket
 from typing import Any
 
-from .._errors import InvalidBatch
 from .._money import money
-from .records import _no_such_batch, now
-from .store import Store
-from .unfinished import _unfinished_jobs
 
 
-def who() -> str:
+def _who() -> str:
     """``user@host`` for the record; a missing user name (some containers) is said so."""
     try:
         user = getpass.getuser()
     except Exception:  # noqa: BLE001 - no USER/LOGNAME and no passwd entry
         user = "unknown-user"
     return f"{user}@{socket.gethostname() or 'unknown-host'}"
-
-
-def forget_batch(store: Store, name: str, *, via: str, by: str | None = None
-                 ) -> dict[str, Any] | None:
-    """Stop every revision of batch ``name`` that owes requests from owing them.
-
-    Returns the record (batch, revisions, requests, items, by, via, at), or None when the batch
-    owes nothing (then nothing is recorded). An unknown name is an InvalidBatch listing the
-    batches there are."""
-    problem = _no_such_batch(store.batch_names(), name)
-    if problem:
-        raise InvalidBatch(problem)
-    problem = _unfinished_jobs([j for j in store.jobs() if j["batch"] == name],
-                              f"batch {name!r}", "forget it")
-    if problem:  # its requests may still be answered, and billed: decide on the job first
-        raise InvalidBatch(problem)
-    return store.forget(name, via=via, by=by or who(), stamp=now())
 
 
 def forgotten_line(f: dict[str, Any]) -> str:

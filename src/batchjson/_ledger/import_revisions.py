@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 from .._canon import canonical_json
@@ -55,7 +55,7 @@ class Group:
                 "pack": str(self.pack)}
 
 
-def group_lines(lines: Iterable[Any]) -> dict[int, Group]:
+def _group_lines(lines: Iterable[Any]) -> dict[int, Group]:
     """line number -> its group."""
     groups: dict[tuple[str, str], Group] = {}
     out = {}
@@ -75,23 +75,28 @@ def group_lines(lines: Iterable[Any]) -> dict[int, Group]:
 
 @dataclass
 class Placement:
-    """Where one import put its attempts: per revision touched, its lines and admitted items."""
+    """Where one import puts its attempts: its lines' groups, and per revision touched, its
+    lines and admitted items."""
 
+    lines_read: InitVar[Iterable[Any]]
+    groups: dict[int, Group] = field(init=False)  # line number -> its group
     fresh: dict[str, bool] = field(default_factory=dict)  # batch -> new when the import began
     lines: dict[int, list[int]] = field(default_factory=dict)
     admitted: dict[int, int] = field(default_factory=dict)
     current_there: dict[int, bool] = field(default_factory=dict)
+
+    def __post_init__(self, lines_read: Iterable[Any]) -> None:
+        self.groups = _group_lines(lines_read)
 
     def record(self, revision_id: int, line: int, admitted: int) -> None:
         self.lines.setdefault(revision_id, []).append(line)
         self.admitted[revision_id] = self.admitted.get(revision_id, 0) + admitted
 
 
-def revision_for(store: Store, tx: Any, line: Any, group: Group,
-                 placed: Placement) -> tuple[int, int]:
+def revision_for(store: Store, tx: Any, line: Any, placed: Placement) -> tuple[int, int]:
     """The batch and revision an imported attempt belongs to: a revision of the batch already
     holding its request, else its group's revision (found or made once per import)."""
-    name, stamp = line.record["batch"], now()
+    name, stamp, group = line.record["batch"], now(), placed.groups[line.number]
     batch_id, current = store._batch_row(tx, name, stamp)
     placed.fresh.setdefault(name, current is None)
     held = store._revision_holding(tx, batch_id, line.request.key, group.revision_id)

@@ -10,18 +10,18 @@ the session's (``_session/ledger.py``), a subclass of this one.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .._content.tasks import Request
-from .._errors import ConfigError
+from .._errors import ConfigError, InvalidBatch
 from .._money import cost_value
 from . import export
-from .forgetting import who
+from .forgetting import _who
 from .records import Receipt, Revision, _no_such_batch, ledger_path, now
 from .sqlite import SQLiteStore
 from .store import Store
+from .unfinished import _unfinished_jobs
 
 
 class Ledger:
@@ -52,33 +52,31 @@ class Ledger:
         return f"Ledger({self.where})"
 
     def close(self) -> None:
-        self.store.close()
+        self.store._close()
 
     # -- reading -------------------------------------------------------------------------------
     def attempts(self, name: str, *, failed: bool = False) -> list[Receipt]:
         """Receipts of a batch in call order (every revision)."""
-        return self.store.receipts(name, failed=failed)
+        return self.store._receipts(name, failed=failed)
 
     def checkpoint(self, name: str, revision_id: int | None = None) -> dict[str, Any]:
         """task_id -> accepted item for one revision of the batch (default: its current one).
 
         A run reads its own revision: another runner may have made a different one current.
         """
-        return self.store.checkpoint(name, revision_id)
+        return self.store._checkpoint(name, revision_id)
 
     def batch_names(self) -> list[str]:
         return self.store.batch_names()
 
-    def revisions(self, name: str | None = None) -> list[Revision]:
-        return self.store.revisions(name)
+    def revisions(self, name: str | None = None, *, current: bool = False) -> list[Revision]:
+        """Revisions (of batch ``name``) in the order they were made; ``current``: only the
+        one each batch works on."""
+        return self.store.revisions(name, current=current)
 
     def leaves(self, revision_id: int) -> list[Request]:
         """The requests of a revision that are sent (split ones give way to their halves)."""
-        return self.store.leaves(revision_id)
-
-    def accepted_keys(self, keys: Sequence[str]) -> set[str]:
-        """Keys with an accepted return, under any batch: evidence is content, not a name."""
-        return self.store.accepted_keys(keys)
+        return self.store._leaves(revision_id)
 
     def no_such_batch(self, name: str) -> str | None:
         """Why ``name`` is not a batch here, listing those that are; None when it is one."""
@@ -95,7 +93,7 @@ class Ledger:
                 row["batches"].append(r["batch"])
         return list(out.values())
 
-    # -- export (export.py: the logic) ---------------------------------------------------------
+    # -- a person's decisions ---------------------------------------------------------------
     def budget(self) -> dict[str, Any] | None:
         """The ledger's own cost budget (cost, spent, reserved, left, set_at, set_by), or None.
         Every runner on the ledger holds it together, beside any budget of its own session."""
@@ -106,8 +104,23 @@ class Ledger:
         remove it with None. Runs reserve each call's worst case on it beside the call's
         claim; a run already going when it is set refuses its next call (re-run it)."""
         cost = cost_value(cost)
-        self.store._set_shared_budget(cost, by=who(), stamp=now())
+        self.store._set_shared_budget(cost, by=_who(), stamp=now())
 
+    def forget(self, name: str, *, via: str, by: str | None = None) -> dict[str, Any] | None:
+        """Stop every revision of batch ``name`` that owes requests from owing them
+        (forgetting.py says why only a person does).
+
+        Returns the record (batch, revisions, requests, items, by, via, at), or None when the
+        batch owes nothing (then nothing is recorded). An unknown name, or a batch with an
+        unfinished batch job (its requests may still be answered, and billed), is an
+        InvalidBatch."""
+        problem = self.no_such_batch(name) or _unfinished_jobs(
+            [j for j in self.store.jobs() if j["batch"] == name], f"batch {name!r}", "forget it")
+        if problem:
+            raise InvalidBatch(problem)
+        return self.store.forget(name, via=via, by=by or _who(), stamp=now())
+
+    # -- export (export.py: the logic) ---------------------------------------------------------
     def export_receipts(self, name: str | None = None) -> list[dict[str, Any]]:
         """Every attempt as an importable receipt, in call order."""
         return export._export_receipts(self.store, name)

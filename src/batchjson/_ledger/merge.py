@@ -30,7 +30,7 @@ def other_tables(store: Store, other: str | Path) -> tuple[dict[str, Any], str, 
         try:
             tables = theirs._tables()
         finally:
-            theirs.close()
+            theirs._close()
         _refuse_unfinished(tables, shown)
         return tables, shown, shown
     path = Path(other)

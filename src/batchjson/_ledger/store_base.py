@@ -66,9 +66,6 @@ class StoreBase(ABC):
         database with row locks runs many runners' side by side. SQLite: ``transaction``."""
         return self._calls_transaction()
 
-    def close(self) -> None:
-        self._close()
-
     def whole_or_nothing(self, what: str) -> AbstractContextManager[None]:
         """Around an operation that is one transaction (an import, a merge): any failure of the
         database underneath is a LedgerError saying ``what`` was rolled back whole."""

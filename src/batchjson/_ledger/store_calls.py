@@ -161,18 +161,27 @@ class CallStore(BudgetStore):
         self._exec(tx, self.dialect._claim_sql(RENEW_SQL), (self.lease_seconds, owner.id))
 
     # -- completing a receipt ------------------------------------------------------------------
-    def accept_call(self, tx: Tx, attempt_id: int, batch_id: int, request_key: str,
-                    items: Mapping[str, Any], raw: str, usage: Mapping[str, Any],
-                    sent_at: str | None = None, charge: float | None = None) -> None:
-        """Mark the receipt accepted and admit every item, in ``tx``.
+    def complete_call(self, tx: Tx, attempt_id: int, status: str, raw: str | None,
+                      usage: Mapping[str, Any], *, errors: Sequence[Mapping] = (),
+                      accepted: tuple[int, str, Mapping[str, Any]] | None = None,
+                      sent_at: str | None = None, charge: float | None = None) -> None:
+        """Complete a receipt, in ``tx``: ``accepted`` (batch id, request key, items) admits
+        every item of an ``accepted`` return; any other ``status`` (rejected, provider_error,
+        cancelled) keeps its ``errors`` and admits nothing.
 
         Checkpoint rows are written once and never re-pointed: if another runner's return for
         this request was admitted first, this one is kept as a paid return that admitted
-        nothing (rejected, ``already_accepted``). ``charge`` is what the call cost the
-        ledger's budget when the run reserved on it (None: it did not).
+        nothing (rejected, ``already_accepted``). ``sent_at=None`` on a cancelled receipt says
+        its call was never sent. ``charge`` is what the call cost the ledger's budget when the
+        run reserved on it (None: it did not).
         """
-        self._accept_call(tx, attempt_id, batch_id, request_key, items, raw, usage, sent_at,
-                          charge)
+        if (status == "accepted") != (accepted is not None):
+            raise ValueError("an accepted return, and only one, names its items (accepted=)")
+        if accepted is not None:
+            self._accept_call(tx, attempt_id, *accepted, raw, usage, sent_at, charge)
+        else:
+            self._complete(tx, attempt_id, status, errors, raw, usage, sent_at=sent_at,
+                           charge=charge)
 
     def _accept_call(self, tx: Tx, attempt_id: int, batch_id: int, request_key: str,
                      items: Mapping[str, Any], raw: str, usage: Mapping[str, Any],
@@ -189,17 +198,6 @@ class CallStore(BudgetStore):
                            stamp, sent_at, charge)
             return
         self._complete(tx, attempt_id, "accepted", (), raw, usage, stamp, sent_at, charge)
-
-    def finish_call(self, tx: Tx, attempt_id: int, status: str, errors: Sequence[Mapping],
-                    raw: str | None, usage: Mapping[str, Any],
-                    sent_at: str | None = None, charge: float | None = None) -> None:
-        """Complete a receipt that admits nothing (rejected, provider_error or cancelled), in
-        ``tx``; ``sent_at=None`` on a cancelled receipt says its call was never sent.
-        ``charge``: as for :meth:`accept_call`."""
-        if status == "accepted":
-            raise ValueError("use accept_call for an accepted return: it writes the checkpoint")
-        self._complete(tx, attempt_id, status, errors, raw, usage, sent_at=sent_at,
-                       charge=charge)
 
     def _complete(self, tx: Tx, attempt_id: int, status: str, errors: Sequence[Mapping],
                   raw: str | None, usage: Mapping[str, Any], stamp: str | None = None,

@@ -60,11 +60,9 @@ class ImportStore(CallStore, RunStore):
                 (receipt["batch_id"], receipt["revision_id"], request.key,
                  request.task_ids_json, receipt["provider"], receipt["model"], receipt["at"],
                  receipt["uid"], receipt["sent_at"], receipt["source"]))
-        if status == "accepted":
-            self.accept_call(tx, attempt_id, receipt["batch_id"], receipt["request"].key, stored,
-                             receipt["raw"], usage)
-        else:
-            self.finish_call(tx, attempt_id, status, errors, receipt["raw"], usage)
+        accepted = (receipt["batch_id"], receipt["request"].key, stored)
+        self.complete_call(tx, attempt_id, status, receipt["raw"], usage, errors=errors,
+                           accepted=accepted if status == "accepted" else None)
         self._exec(tx, "INSERT INTO imports(digest, attempt_id, source, line, outcome, "
                    "imported_at) VALUES (?,?,?,?,?,?)",
                    (receipt["digest"], attempt_id, receipt["file"], receipt["line"],

@@ -35,7 +35,7 @@ def _job_owner(uid: str) -> Owner:
     return Owner(JOB_HOST, 0, "job", uid)
 
 
-def custom_id(job_uid: str, attempt_id: int, request_key: str) -> str:
+def _custom_id(job_uid: str, attempt_id: int, request_key: str) -> str:
     """A line's id: a digest naming one receipt of one job, so a stale line (of an earlier job
     or attempt) can never be joined to a later one; it fits both providers' rule
     ``^[a-zA-Z0-9_-]{1,64}$``."""
@@ -80,7 +80,7 @@ class JobStore(CallStore):
                     reserve=reserved if shared else None)
                 if state != MINE or attempt_id is None:
                     continue
-                line = custom_id(uid, attempt_id, request.key)
+                line = _custom_id(uid, attempt_id, request.key)
                 if not _valid_custom_id(line):  # cannot happen: a digest; checked all the same
                     raise ValueError(f"custom_id {line!r} breaks the providers' rule")
                 self._exec(tx, "INSERT INTO job_lines(custom_id, job_id, attempt_id, "
@@ -108,7 +108,7 @@ class JobStore(CallStore):
                       detail: Mapping[str, Any]) -> bool:
         """The provider created the job: its id, and every line's receipt sent. A job taken
         for uncertain meanwhile (its writer's lease ran out) is open again: its id is known.
-        Whether a person cancelled it meanwhile (``request_cancel``, or released it when it
+        Whether a person cancelled it meanwhile (``note_job``, or released it when it
         was uncertain): then the writer cancels it at the provider, and a released job keeps
         the id it was created under, so no batch is ever billed unknown to its ledger."""
         stamp = now()
@@ -128,35 +128,27 @@ class JobStore(CallStore):
                        "FROM job_lines WHERE job_id = ?)", (stamp, job_id))
         return bool(asked) or status not in ("recording", "uncertain")
 
-    def request_cancel(self, job_id: int) -> bool:
-        """A person asks to cancel a job its writer is still creating (it may create it at
-        the provider any moment, so it is not released): recorded for the writer to honour
-        once it is created (``job_submitted``). False when the job is no longer recording."""
+    def note_job(self, job_id: int, note: Mapping[str, Any], *, recording: bool = False,
+                 uncertain: bool = False) -> bool:
+        """Add ``note`` to a job's detail. ``recording``: only while its writer is still
+        creating it (a cancel a person asks for then, which the writer honours once the job is
+        created: ``job_submitted``; it may be created any moment, so it is not released);
+        ``uncertain``: a job still recording becomes uncertain, as it may have been created
+        (and billed) without its id on record. False (nothing written) when either finds the
+        job no longer recording."""
         with self.transaction() as tx:
             status, old = self._job_state(tx, job_id)
-            if status != "recording":
+            if (recording or uncertain) and status != "recording":
                 return False
-            self._exec(tx, "UPDATE jobs SET detail = ? WHERE id = ?",
-                       (json.dumps({**old, "cancel_requested_at": now()}), job_id))
+            self._exec(tx, "UPDATE jobs SET status = ?, detail = ? WHERE id = ?",
+                       ("uncertain" if uncertain else status, json.dumps({**old, **note}),
+                        job_id))
         return True
 
     def _job_state(self, tx: Tx, job_id: int) -> tuple[str, dict[str, Any]]:
         status, detail = self._exec(tx, "SELECT status, detail FROM jobs WHERE id = ?",
                                     (job_id,)).fetchone()
         return status, dict(json.loads(detail or "{}"))
-
-    def job_detail(self, job_id: int, detail: Mapping[str, Any]) -> None:
-        with self.transaction() as tx:
-            self._exec(tx, "UPDATE jobs SET detail = ? WHERE id = ?",
-                       (json.dumps(dict(detail)), job_id))
-
-    def job_uncertain(self, job_id: int, why: str) -> None:
-        """A job that may have been created (and billed) without its id on record (a cancel
-        a person asked for is kept)."""
-        with self.transaction() as tx:
-            old = self._job_state(tx, job_id)[1]
-            self._exec(tx, "UPDATE jobs SET status = 'uncertain', detail = ? WHERE id = ? AND "
-                       "status = 'recording'", (json.dumps({**old, "why": why}), job_id))
 
     def end_job(self, tx: Tx, job_id: int, status: str, detail: Mapping[str, Any],
                 was: Sequence[str] = ("open",)) -> bool:
@@ -202,9 +194,9 @@ class JobStore(CallStore):
                               "status = 'recording'"):
             if claims._owner_gone(row["owner"], row["host"], row["pid"],
                                  row["lease_expires_at"], at):
-                self.job_uncertain(row["id"], "its runner stopped between recording the job "
-                                   "and recording the provider's id: the job may exist and "
-                                   "be billed")
+                self.note_job(row["id"], {"why": "its runner stopped between recording the "
+                                          "job and recording the provider's id: the job may "
+                                          "exist and be billed"}, uncertain=True)
 
     # -- reads ---------------------------------------------------------------------------------
     def job_holders(self, keys: Sequence[str]) -> dict[str, int]:

@@ -10,7 +10,7 @@ from itertools import islice
 from typing import Any
 
 from .._content.tasks import Request
-from .._sources import STOP_ERRORS
+from .._sources import stop_types
 from .records import Receipt, Revision, _receipt, _revision, _uid, now
 from .store_base import Row, StoreBase, Tx
 
@@ -23,21 +23,20 @@ class RunStore(StoreBase):
 
     # -- batches and revisions ---------------------------------------------------------------
     def revisions(self, name: str | None = None, *, fingerprint: str | None = None,
-                  revision_id: int | None = None) -> list[Revision]:
+                  revision_id: int | None = None, current: bool = False) -> list[Revision]:
         """Revisions in the order they were made: every one, batch ``name``'s, the one of its
-        content ``fingerprint``, or the one with id ``revision_id``."""
+        content ``fingerprint``, the one with id ``revision_id``; ``current``: only those
+        current in their batch."""
         where = {"b.name": name, "r.fingerprint": fingerprint, "r.id": revision_id}
         where = {column: value for column, value in where.items() if value is not None}
         sql = REVISION_SQL + "".join(f" {'AND' if i else 'WHERE'} {column} = ?"
                                      for i, column in enumerate(where))
+        if current:
+            sql += f" {'AND' if where else 'WHERE'} r.id = b.current_revision"
         return [_revision(r) for r in self._read(sql + " ORDER BY r.id", tuple(where.values()))]
 
     def batch_names(self) -> list[str]:
         return [r["name"] for r in self._read("SELECT name FROM batches ORDER BY id")]
-
-    def batch_id(self, name: str) -> int | None:
-        rows = self._read("SELECT id FROM batches WHERE name = ?", (name,))
-        return rows[0]["id"] if rows else None
 
     def _batch_row(self, tx: Tx, name: str, stamp: str) -> tuple[int, int | None]:
         """(batch id, current revision id) of batch ``name``, made if new, in ``tx``. Live
@@ -132,21 +131,18 @@ class RunStore(StoreBase):
                        (revision_id, parent.key))
             self._insert_requests(tx, revision_id, children)
 
-    def leaves(self, revision_id: int) -> list[Request]:
+    def _leaves(self, revision_id: int) -> list[Request]:
+        """A revision's leaf requests (those sent: split ones give way to their halves)."""
         return [Request(r["key"], tuple(json.loads(r["tasks"])), r["position"], r["parent_key"],
-                        tasks_json=r["tasks"]) for r in self._leaf_rows(revision_id)]
-
-    def _leaf_rows(self, revision_id: int) -> list[Row]:
-        """A revision's leaf requests as stored: key, tasks (canonical JSON text), task_ids
-        (JSON), position, parent_key; in order."""
-        return self._read("SELECT key, tasks, task_ids, position, parent_key FROM requests "
-                          "WHERE revision_id = ? AND split = 0 ORDER BY position, id",
-                          (revision_id,))
+                        tasks_json=r["tasks"]) for r in self._read(
+            "SELECT key, tasks, position, parent_key FROM requests WHERE revision_id = ? AND "
+            "split = 0 ORDER BY position, id", (revision_id,))]
 
     def leaf_pages(self, revision_id: int, positions: int) -> Iterator[list[Row]]:
-        """:meth:`leaf_rows` a page at a time, each page ``positions`` positions (a request
-        and the halves it was split into share one), so a page read later never holds a half
-        made meanwhile of a request an earlier page held."""
+        """A revision's leaf requests as stored (key, tasks, task_ids, position, parent_key), a
+        page of ``positions`` positions at a time (a request and the halves it was split into
+        share one), so a page read later never holds a half made meanwhile of a request an
+        earlier page held."""
         last = self._read("SELECT MAX(position) FROM requests WHERE revision_id = ?",
                           (revision_id,))[0][0]
         for start in range(0, -1 if last is None else last + 1, positions):
@@ -154,12 +150,6 @@ class RunStore(StoreBase):
                              "WHERE revision_id = ? AND split = 0 AND position >= ? AND "
                              "position < ? ORDER BY position, id",
                              (revision_id, start, start + positions))
-
-    def current_revision(self, name: str) -> tuple[int, dict[str, str]] | None:
-        """(id, components) of batch ``name``'s current revision, or None."""
-        rows = self._read("SELECT r.id, r.components FROM batches b JOIN revisions r "
-                          "ON r.id = b.current_revision WHERE b.name = ?", (name,))
-        return (rows[0]["id"], json.loads(rows[0]["components"])) if rows else None
 
     # -- attempts and accepted values ----------------------------------------------------------
     def accepted_keys(self, keys: Sequence[str]) -> set[str]:
@@ -186,14 +176,14 @@ class RunStore(StoreBase):
                 found.setdefault(key, set()).update(types)
         return counts, found
 
-    def receipts(self, name: str, *, failed: bool = False) -> list[Receipt]:
+    def _receipts(self, name: str, *, failed: bool = False) -> list[Receipt]:
         """Receipts of a batch in call order (every revision)."""
         sql = RECEIPT_SQL + " WHERE b.name = ?"
         if failed:
             sql += " AND a.status != 'accepted'"
         return [_receipt(r) for r in self._read(sql + " ORDER BY a.id", (name,))]
 
-    def checkpoint(self, name: str, revision_id: int | None = None) -> dict[str, Any]:
+    def _checkpoint(self, name: str, revision_id: int | None = None) -> dict[str, Any]:
         """task_id -> accepted item for one revision of the batch (default: its current one)."""
         if revision_id is None:
             rows = self._read("SELECT current_revision FROM batches WHERE name = ?", (name,))
@@ -210,12 +200,16 @@ class RunStore(StoreBase):
             items = [json.loads(r[1]) for r in rows]
         return {r[0]: item for r, item in zip(rows, items, strict=True)}
 
-    def revision_value_count(self, revision_id: int) -> int:
-        """How many tasks of one revision have an accepted value, without decoding any."""
+    def value_count(self, name: str | None = None, *, revision_id: int | None = None) -> int:
+        """How many tasks have an accepted value, without decoding any: of one revision, else of
+        batch ``name``'s current revision (or every batch's, summed)."""
+        where, args = ("= ?", (revision_id,)) if revision_id is not None else (
+            "IN (SELECT current_revision FROM batches" + (" WHERE name = ?)" if name else ")"),
+            (name,) if name else ())
         return self._read(
-            "SELECT COUNT(DISTINCT c.task_id) FROM requests q JOIN checkpoint c ON "
-            "c.request_key = q.key WHERE q.revision_id = ? AND q.split = 0",
-            (revision_id,))[0][0]
+            "SELECT COUNT(*) FROM (SELECT DISTINCT q.revision_id, c.task_id FROM requests q "
+            "JOIN checkpoint c ON c.request_key = q.key WHERE q.split = 0 AND q.revision_id "
+            + where + ") AS d", args)[0][0]
 
     def revision_value_page(self, revision_id: int, after: tuple[int, int],
                             limit: int) -> tuple[list[tuple[str, str]], tuple[int, int] | None]:
@@ -251,20 +245,17 @@ class RunStore(StoreBase):
                           "ORDER BY attempt_id DESC LIMIT 1", (request_key, task_id))
         return rows[0][0] if rows else None
 
-    def checkpoint_count(self, name: str | None = None) -> int:
-        """``len(checkpoint(name))`` summed over one batch or all, without decoding items."""
-        sql = ("SELECT COUNT(*) FROM (SELECT DISTINCT b.id, c.task_id FROM batches b "
-               "JOIN requests q ON q.revision_id = b.current_revision JOIN checkpoint c "
-               "ON c.request_key = q.key WHERE q.split = 0" + (" AND b.name = ?) AS d" if name
-                                                                else ") AS d"))
-        return self._read(sql, (name,) if name else ())[0][0]
-
     # -- what is owed --------------------------------------------------------------------------
-    def unresolved(self) -> list[Row]:
-        """Leaf requests of open revisions with no accepted return for their exact key."""
+    def unresolved(self, name: str | None = None, *, validator: str | None = None
+                   ) -> list[Row]:
+        """Leaf requests of open revisions (of batch ``name``; judged by the validator of
+        fingerprint ``validator``) with no accepted return for their exact key."""
+        where = {"b.name": name, "r.validator_fingerprint": validator}
+        where = {column: value for column, value in where.items() if value is not None}
         return self._read(UNRESOLVED_SQL.format(
-            select="b.name AS batch, r.number AS revision, q.key, q.task_ids") +
-            " ORDER BY b.id, r.number, q.position")
+            select="b.name AS batch, r.number AS revision, q.key, q.task_ids")
+            + "".join(f" AND {column} = ?" for column in where)
+            + " ORDER BY b.id, r.number, q.position", tuple(where.values()))
 
     def superseded(self) -> list[Row]:
         return self._read(
@@ -272,10 +263,6 @@ class RunStore(StoreBase):
             "n.number AS superseded_by FROM revisions r JOIN batches b ON b.id = r.batch_id "
             "LEFT JOIN revisions n ON n.id = r.superseded_by WHERE r.status = 'superseded' "
             "ORDER BY b.id, r.number")
-
-    def unresolved_under_validator(self, fingerprint: str) -> int:
-        return self._read(UNRESOLVED_SQL.format(select="COUNT(*)") +
-                          " AND r.validator_fingerprint = ?", (fingerprint,))[0][0]
 
     # -- validator versions --------------------------------------------------------------------
     def number_validator(self, name: str, fingerprint: str, where: str | None,
@@ -452,13 +439,3 @@ SOURCELESS_SQL = (
     "a.status, a.kind FROM attempts a WHERE a.request_key IN ({marks}) AND a.status = 'accepted' "
     "AND a.kind = 'import' AND a.source IS NULL AND a.raw IS NOT NULL ORDER BY a.id DESC")
 
-
-def stop_types(errors: Any) -> set[str]:
-    """The provider's words a receipt's errors (JSON text, or a list) were rejected on."""
-    try:
-        listed = json.loads(errors or "[]") if isinstance(errors, (str, type(None))) else errors
-    except ValueError:
-        return set()
-    if not isinstance(listed, list):
-        return set()
-    return {e.get("type") for e in listed if isinstance(e, dict)} & STOP_ERRORS

@@ -310,10 +310,10 @@ class Caller:
                    + (" (the answer is kept and is judged first)" if kept else "")}]
         try:
             with self.store.call_transaction() as tx:
-                self.store.finish_call(tx, attempt_id, "cancelled", errors,
-                                       reply.text if kept else None,
-                                       usage_of(reply) if kept else {}, sent_at=sent_at,
-                                       charge=charge if self.spender.shared is not None else None)
+                self.store.complete_call(
+                    tx, attempt_id, "cancelled", reply.text if kept else None,
+                    usage_of(reply) if kept else {}, errors=errors, sent_at=sent_at,
+                    charge=charge if self.spender.shared is not None else None)
         except LedgerError as exc:
             self.control.ledger_failed(exc)
 

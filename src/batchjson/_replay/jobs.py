@@ -262,8 +262,9 @@ class JobRunner:
             if exc.status is not None and 400 <= exc.status < 500:
                 self._unsent(job_id, attempts, f"the provider refused the job ({exc})")
             else:
-                store.job_uncertain(job_id, f"creating the job failed without an answer "
-                                    f"({exc}); it may exist and be billed")
+                store.note_job(job_id, {"why": f"creating the job failed without an answer "
+                                               f"({exc}); it may exist and be billed"},
+                               uncertain=True)
             return False
         if store.job_submitted(job_id, str(batch["id"]), {
                 "input_file_id": file_id, "provider_status": batch.get("status")}):
@@ -350,8 +351,8 @@ class JobRunner:
                     f"{exc}" + ("; the wait for it ends, and it stays open for a later run or "
                                 "%batch_status to collect" if final else ""))
                 continue
-            self.store.job_detail(row["id"], {**detail_of(row), "provider_status": status,
-                                              "counts": self.client.counts(batch)})
+            self.store.note_job(row["id"], {"provider_status": status,
+                                            "counts": self.client.counts(batch)})
         before = set(self.watched)
         gone = sorted(before - {row["id"] for row in self._open_rows()})
         for job_id in gone:
@@ -378,8 +379,8 @@ class JobRunner:
                 f"job {row['id']} ({row['provider_job_id']}) was cancelled by a person while "
                 f"it was created, but the provider could not be asked to cancel it: {exc}")
             return
-        self.store.job_detail(row["id"], {**detail, "cancel_sent_at": now(),
-                                          "provider_status": self.client.status(batch)})
+        self.store.note_job(row["id"], {"cancel_sent_at": now(),
+                                        "provider_status": self.client.status(batch)})
         self.result.notes.append(
             f"job {row['id']} ({row['provider_job_id']}) was cancelled at the provider, as a "
             "person asked while it was being created")

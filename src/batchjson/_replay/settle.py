@@ -75,8 +75,9 @@ class Settle:
         if failed:
             out.provider_errors += 1
             errors = [provider_error(got)]
-            return None, lambda tx: store.finish_call(tx, key, "provider_error", errors, None,
-                                                      usage, sent_at, ledger)
+            return None, lambda tx: store.complete_call(
+                tx, key, "provider_error", None, usage, errors=errors, sent_at=sent_at,
+                charge=ledger)
         assert attempt.request is not None  # a reply is judged against what was asked
         out.odd_usage += "unreadable_usage" in got.extra
         out.input_tokens += got.input_tokens or 0
@@ -89,11 +90,13 @@ class Settle:
         if verdict.accepted:
             out.accepted_returns += 1
             stored = verdict.stored
-            return verdict, lambda tx: store.accept_call(
-                tx, key, plan.batch_id, request.key, stored, text, usage, sent_at, ledger)
+            return verdict, lambda tx: store.complete_call(
+                tx, key, "accepted", text, usage, accepted=(plan.batch_id, request.key, stored),
+                sent_at=sent_at, charge=ledger)
         out.rejected_returns += 1
-        return verdict, lambda tx: store.finish_call(
-            tx, key, "rejected", verdict.errors, text, usage, sent_at, ledger)
+        return verdict, lambda tx: store.complete_call(
+            tx, key, "rejected", text, usage, errors=verdict.errors, sent_at=sent_at,
+            charge=ledger)
 
     def failure_cost(self, attempt: Attempt, error: ProviderError) -> float | None:
         """What a failure cost: nothing for a call that never reached the server, that the API

@@ -308,8 +308,8 @@ def advise(ledger: Ledger, name: str, *, repairs: int = 1, replays: int = 1,
     options = [estimate(f, k, split=s, repairs=repairs, replays=replays)
                for k in sizes for s in (False, True) if split is None or s == split]
     best = choose(options, max_unresolved)
-    observed = ledger.store.current_revision(name)
-    current = int(observed[1].get("pack", 0)) if observed else None
+    observed = ledger.revisions(name, current=True)
+    current = int(observed[0].components.get("pack", 0)) if observed else None
     return {
         "batch": name, "tasks": f.tasks, "repairs": repairs, "replays": replays,
         "max_unresolved": max_unresolved,

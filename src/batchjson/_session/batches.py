@@ -4,7 +4,6 @@ result says of its jobs (``status == "pending"`` while one holds a request)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -124,7 +123,8 @@ def cancel_job(ledger: Ledger, job: str, *, provider: Any = None) -> dict[str, A
     if not rows:
         raise InvalidBatch(f"no batch job {job!r} in this ledger; `batchjson jobs` lists them")
     row = rows[0]
-    if row["status"] == "recording" and store.request_cancel(row["id"]):
+    if row["status"] == "recording" and store.note_job(
+            row["id"], {"cancel_requested_at": now()}, recording=True):
         return {**job_view(row), "cancel_requested": True}
     row = store.jobs(job=str(row["id"]))[0]  # as it stands after that
     if row["status"] == "uncertain":
@@ -143,7 +143,6 @@ def cancel_job(ledger: Ledger, job: str, *, provider: Any = None) -> dict[str, A
             await close_provider(provider)
 
     batch = run_sync(cancel)
-    detail = {**json.loads(row["detail"] or "{}"), "cancel_requested_at": now(),
-              "cancel_sent_at": now(), "provider_status": client.status(batch)}
-    store.job_detail(row["id"], detail)
+    store.note_job(row["id"], {"cancel_requested_at": now(), "cancel_sent_at": now(),
+                               "provider_status": client.status(batch)})
     return {**job_view(row), "provider_status": client.status(batch)}

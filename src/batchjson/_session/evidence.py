@@ -30,10 +30,9 @@ class Evidence:
         self._store = store
 
     def requests(self, batch: str | None = None) -> list[UnresolvedRequest]:
-        rows = self._store.unresolved()
-        out = [UnresolvedRequest(r["batch"], r["revision"], r["key"],
-                                 tuple(json.loads(r["task_ids"]))) for r in rows]
-        return [u for u in out if batch is None or u.batch == batch]
+        return [UnresolvedRequest(r["batch"], r["revision"], r["key"],
+                                  tuple(json.loads(r["task_ids"])))
+                for r in self._store.unresolved(batch)]
 
     @property
     def unresolved_batches(self) -> int:
@@ -60,7 +59,7 @@ class Evidence:
         """Numbers a person asks for: what is owed, what was spent, and cost per usable result."""
         owed = self.requests(batch)
         spend = accounts.spend(self._store, batch)
-        usable = self._store.checkpoint_count(batch)
+        usable = self._store.value_count(batch)
         cost = spend["cost"]
         superseded = [s for s in self.superseded if batch is None or s["batch"] == batch]
         # Calls with no recorded cost (killed, interrupted, unpriced) are shown with the least

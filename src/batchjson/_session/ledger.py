@@ -9,6 +9,7 @@ from typing import Any
 
 from .._ledger import ledger
 from .accounts import cost_summary, spend
+from .evidence import Evidence
 from .merge import merge_ledger
 from .recovery import import_receipts
 
@@ -38,6 +39,10 @@ class Ledger(ledger.Ledger):
     def cost_summary(self, name: str | None = None) -> dict[str, Any]:
         """Per batch and in total: every attempt's calls, tokens and cost."""
         return cost_summary(self.store, name)
+
+    def evidence(self, name: str | None = None) -> dict[str, Any]:
+        """What is owed and what was spent (for one batch or all): ``Evidence.summary``."""
+        return Evidence(self.store).summary(name)
 
     def import_receipts(self, path: str | Path, *, validators: Any = None,
                         without_validator: bool = False) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from .._content.tasks import Identity, Request, normalize_identity, normalize_ta
 from .._errors import InvalidBatch
 from .._fingerprint.fingerprint import Fingerprint, fingerprint_function
 from .._ledger.export import EXPORT_FORMAT
-from .._ledger.import_revisions import Placement, group_lines, revision_for, settle
+from .._ledger.import_revisions import Placement, revision_for, settle
 from .._ledger.records import now
 from .._ledger.store import Store
 from .._loop import run_sync
@@ -290,7 +290,7 @@ def import_receipts(store: Store, path: str | Path, *, validators: Any = None,
     lines = read_lines(path, registry, bool(without_validator))
     outcomes: list[Outcome] = []
     source = str(path)
-    groups, placed = group_lines(lines), Placement()
+    placed = Placement(lines)
     with store.transaction() as tx:
         seen: dict[str, int] = {}
         for line in lines:
@@ -317,8 +317,7 @@ def import_receipts(store: Store, path: str | Path, *, validators: Any = None,
             if completes:  # the receipt this line completes: its batch, its attempt
                 batch_id, revision_id = held["batch_id"], None
             else:
-                batch_id, revision_id = revision_for(store, tx, line, groups[line.number],
-                                                     placed)
+                batch_id, revision_id = revision_for(store, tx, line, placed)
             outcome = _import_line(store, tx, line, registry, uid, source, run_sync,
                                    (batch_id, revision_id), held["id"] if completes else None)
             if revision_id is not None:

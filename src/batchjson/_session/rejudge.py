@@ -21,8 +21,8 @@ from .._canon import digest
 from .._content.schema import ItemSchema
 from .._content.tasks import Request
 from .._ledger.store import Store
-from .._ledger.store_runs import stop_types
 from .._providers.reply import Reply
+from .._sources import stop_types
 
 MAX_CANDIDATES = 8  # earlier returns tried per request: bounded local work
 UNSEEN = "unseen"  # the revision component of judging no fingerprint fully sees

@@ -71,7 +71,8 @@ class Session:
         self._provider: Any = None
         store = self.ledger.store
         self.validators = ValidatorRegistry(
-            strict=self.strict, unresolved_under=store.unresolved_under_validator,
+            strict=self.strict,
+            unresolved_under=lambda digest: len(store.unresolved(validator=digest)),
             numbering=lambda v: store.number_validator(
                 v.name, v.fingerprint.digest, v.where, v.fingerprint.by_identity))
         self.evidence = Evidence(store)

@@ -36,7 +36,8 @@ class LedgerValues(Mapping[str, Any]):
 
     def __len__(self) -> int:
         if self._count is None:
-            self._count = self._read("revision_value_count", self._revision) - len(self._hidden)
+            self._count = (self._read("value_count", revision_id=self._revision)
+                           - len(self._hidden))
         return self._count
 
     def __iter__(self) -> Iterator[str]:
@@ -87,17 +88,17 @@ class LedgerValues(Mapping[str, Any]):
     def __repr__(self) -> str:
         return f"<values of {len(self)} task(s), read from the ledger; dict(values) copies them>"
 
-    def _read(self, what: str, *args: Any) -> Any:
+    def _read(self, what: str, *args: Any, **named: Any) -> Any:
         """One of the store's reads; once the session closed its ledger, from the same file or
         database opened again."""
         try:
-            return getattr(self._store, what)(*args)
+            return getattr(self._store, what)(*args, **named)
         except LedgerError:
             where = _where(self._store)
             if where is None:  # in memory: nothing to open again (its values were copied)
                 raise
             self._store = Ledger(where).store
-            return getattr(self._store, what)(*args)
+            return getattr(self._store, what)(*args, **named)
 
     def _where_of(self) -> dict[str, str]:
         if self._where is None:
