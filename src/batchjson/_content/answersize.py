@@ -47,8 +47,8 @@ def smallest_answers(schema: ItemSchema, tasks: Sequence[Mapping[str, Any]],
     least = _least(schema.json_schema, schema.json_schema, 0)
     if mode == "value":
         return [_compact(least)] * len(tasks)
-    rest = {k: v for k, v in least.items() if k not in identity} if isinstance(least, dict) \
-        else {}
+    fields = least.items() if isinstance(least, dict) else ()
+    rest = {k: v for k, v in fields if k not in identity}
     return [_compact({**{k: t[k] for k in identity}, **rest}) for t in tasks]
 
 
@@ -97,7 +97,8 @@ def _kinds(node: Mapping[str, Any]) -> list[str]:
 # -- the smallest ------------------------------------------------------------------------------
 def _least(node: Any, root: Any, depth: int) -> Any:
     """A value no larger, as compact JSON, than any value ``node`` accepts (``0``, the smallest
-    JSON text, where nothing is asked or nothing can be weighed)."""
+    JSON text, where nothing is asked or nothing can be weighed); a node with no ``type`` is
+    taken as the kind its keywords describe, as a model answering it would write it."""
     if depth > _DEPTH or not isinstance(node, Mapping):
         return 0
     if joined := _joined(node, root):
@@ -108,7 +109,6 @@ def _least(node: Any, root: Any, depth: int) -> Any:
         return min(node["enum"], key=_size)
     if branches := _branches(node):
         return min((_least(branch, root, depth + 1) for branch in branches), key=_size)
-    # no type: the kind its keywords describe, as a model answering it would write
     kinds = _kinds(node) or [next((k for k, keys in _KINDS if any(key in node for key in keys)),
                                   "any")]
     return min((_least_of_kind(kind, node, root, depth) for kind in kinds), key=_size)
