@@ -20,8 +20,8 @@ import pytest
 from batchjson import Budget, Session
 from batchjson._errors import ConfigError
 from batchjson._providers.pricing import cost_of
-from batchjson._providers.simulated import FaultPlan, SimulatedModel
 from batchjson.testing import BatchFaults, LoopbackServer
+from batchjson.testing.simulated import FaultPlan, SimulatedModel
 from tests.helpers import anthropic, ledger_rows, openai
 
 SCHEMA = {"type": "object", "properties": {"task_id": {"type": "string"},

@@ -10,8 +10,8 @@ from typing import Any
 from batchjson import Session
 from batchjson._errors import ProviderError
 from batchjson._providers.batch_client import TEXT, BatchClient, OutputLines
-from batchjson._providers.simulated import FaultPlan, SimulatedModel
 from batchjson.testing import BatchFaults, LoopbackServer
+from batchjson.testing.simulated import FaultPlan, SimulatedModel
 from tests.helpers import ledger_rows, openai
 from tests.test_batch_jobs import SCHEMA, tasks
 from tests.test_batch_window import JOB, job_lines, small_jobs  # noqa: F401

@@ -20,8 +20,8 @@ import pytest
 from batchjson._content.tasks import TASKS_BEGIN, TASKS_END, render_items_prompt
 from batchjson._errors import ConfigError
 from batchjson._providers.pricing import Price, cost_of, price_for, set_prices
-from batchjson._providers.simulated import FaultPlan, SimulatedModel
 from batchjson.testing import HttpFaults, LoopbackServer
+from batchjson.testing.simulated import FaultPlan, SimulatedModel
 
 TASKS = [{"task_id": "a", "case_id": "x", "prompt": "one"},
          {"task_id": "b", "case_id": "y", "prompt": "two"}]

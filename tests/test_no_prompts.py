@@ -6,7 +6,7 @@ import pytest
 
 from batchjson import Session
 from batchjson._errors import InvalidBatch
-from batchjson._providers.simulated import SimulatedModel
+from batchjson.testing.simulated import SimulatedModel
 
 VALUE_SCHEMA = {"type": "object", "properties": {"label": {"type": "string"}},
                 "required": ["label"]}

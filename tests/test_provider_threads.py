@@ -6,8 +6,8 @@ import asyncio
 import threading
 import time
 
-from batchjson._providers.simulated import SimulatedModel
 from batchjson.testing import HttpFaults, LoopbackServer
+from batchjson.testing.simulated import SimulatedModel
 from tests.helpers import items_call, openai, upper
 
 

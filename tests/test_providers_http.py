@@ -29,9 +29,9 @@ from batchjson._providers.openai import OpenAIProvider
 from batchjson._providers.pricing import cost_of
 from batchjson._providers.ratelimits import retry_after
 from batchjson._providers.select import make_provider
-from batchjson._providers.simulated import SimulatedModel
 from batchjson._providers.strict import strict_form
 from batchjson.testing import HttpFaults, LoopbackServer
+from batchjson.testing.simulated import SimulatedModel
 from tests.helpers import IDENTITY, KEY, TASKS, anthropic, items_call, openai, upper
 
 ENV = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL",
@@ -439,7 +439,7 @@ def test_a_server_error_is_not_unreachable() -> None:
 
 
 def test_simulated_transport_fault_becomes_503() -> None:
-    from batchjson._providers.simulated import FaultPlan
+    from batchjson.testing.simulated import FaultPlan
 
     model = SimulatedModel(upper, faults=FaultPlan(script={0: "provider_error"}))
     with LoopbackServer(model) as srv:

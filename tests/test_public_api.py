@@ -115,7 +115,7 @@ def test_printing_public_classes_as_batchjson_names_keeps_every_key() -> None:
     from batchjson._content.keys import answer_source
 
     assert answer_source(batchjson.SimulatedModel()).startswith(
-        "batchjson._providers.simulated.SimulatedModel:")
+        "batchjson.testing.simulated.SimulatedModel:")
 
 
 class Counting:

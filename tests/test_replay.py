@@ -11,8 +11,8 @@ import threading
 import pytest
 
 from batchjson import Budget, CallableProvider, ProviderError, Session
-from batchjson._providers.simulated import SimulatedModel
 from batchjson.testing import LoopbackServer
+from batchjson.testing.simulated import SimulatedModel
 from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
 
 

@@ -12,9 +12,9 @@ import pytest
 from openai.lib._pydantic import to_strict_json_schema
 from pydantic import BaseModel, Field
 
-from batchjson._providers.simulated import SimulatedModel
 from batchjson.testing import HttpFaults, LoopbackServer
 from batchjson.testing._ratelimits import Limits
+from batchjson.testing.simulated import SimulatedModel
 from tests.protocol import GO_DURATION, OPENAI_LIMIT_HEADERS, OPENAI_REQUEST_ID, Sleeps
 
 QUESTION = [{"role": "user", "content": "What's the weather like in SF?"}]

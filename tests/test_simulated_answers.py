@@ -14,8 +14,8 @@ import pytest
 from pydantic import BaseModel, Field, field_validator
 
 from batchjson import ProviderSetupError, Session, SimulatedModel
-from batchjson._content.schemavalues import Generator, Unanswerable
 from batchjson.testing import LoopbackServer
+from batchjson.testing._values import Generator, Unanswerable
 from tests.helpers import review_tasks
 
 

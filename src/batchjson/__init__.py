@@ -5,7 +5,7 @@ only after the whole of it passes acceptance (coverage, identity, schema, caller
 
 Everything a user needs is importable from here (docs/api.md lists it); the modules behind it
 are private. Three public submodules: :mod:`batchjson.rlm` (RLM hosts),
-:mod:`batchjson.testing` (a loopback OpenAI/Anthropic server for tests) and
+:mod:`batchjson.testing` (the simulated model and a loopback OpenAI/Anthropic server, for tests) and
 :mod:`batchjson.core` (what faces use of the core beyond these names).
 """
 
@@ -29,7 +29,6 @@ from ._errors import (
 from ._ledger.records import Receipt
 from ._providers.base import Call, CallableProvider, Provider, ProviderHandle, Reply
 from ._providers.pricing import PRICES_AS_OF, Price, set_prices
-from ._providers.simulated import FaultPlan, SimulatedModel
 from ._replay.budget import Budget
 from ._replay.pacing import RateLimits
 from ._session.evidence import Evidence
@@ -38,6 +37,7 @@ from ._session.registry import ValidatorRegistry
 from ._session.result import BatchResult
 from ._session.session import Session, default_session, set_default_session, validator
 from ._session.spec import RunSpec
+from .testing.simulated import FaultPlan, SimulatedModel
 
 __version__ = "0.1.0"
 

@@ -37,7 +37,7 @@ from ..core import (
     whole_argument,
 )
 from ..core import file_problem as ledger_problem
-from .demo import command_name, demo_ledger_problem, run_demo
+from .demo import DEMO_SEED, command_name, demo_ledger_problem, run_demo
 from .validators import validator_options
 
 DEFAULT_LEDGER = Path(cliview.DEFAULT_LEDGER)
@@ -360,7 +360,8 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     demo = command("demo", "run a faulty offline batch end to end, then resume it", cmd_demo)
-    demo.add_argument("--seed", type=int, default=0, help="fault seed (default 0)")
+    demo.add_argument("--seed", type=int, default=DEMO_SEED,
+                      help=f"fault seed (default {DEMO_SEED})")
     status = command("status", "calls, tokens and cost of every attempt, per batch and total",
                      cmd_status)
     status.add_argument("name", nargs="?", help="only this batch (default: every batch)")

@@ -41,13 +41,18 @@ def demo_tasks(cases: int = 4, per_case: int = 15) -> list[dict]:
     return tasks
 
 
+# The faults are drawn from the seed and each request's key: with this one the first run shows
+# identity swaps and a missing item caught, each request tried again until all 60 tasks resolve.
+DEMO_SEED = 16
+
+
 def demo_answer(task: dict) -> dict:
     number = int(task["candidate_id"].rsplit("-", 1)[1])
     return {"verdict": "match" if number % 3 == 0 else "no_match",
             "confidence": round(0.5 + (number % 5) / 10, 2)}
 
 
-def demo_model(seed: int = 0):  # noqa: ANN201 - returns a SimulatedModel
+def demo_model(seed: int = DEMO_SEED):  # noqa: ANN201 - returns a SimulatedModel
     from .. import FaultPlan, SimulatedModel
 
     faults = FaultPlan(identity_swap=0.2, malformed_json=0.1, missing_item=0.05,

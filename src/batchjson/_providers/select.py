@@ -69,7 +69,7 @@ def _named(spec: str, source: str, model: str | None) -> Any:
 
         return AnthropicProvider(model)
     if name == "simulated":
-        from .simulated import SimulatedModel
+        from ..testing.simulated import SimulatedModel  # the test double, named by users
 
         return SimulatedModel(model=model) if model else SimulatedModel()
     hint = ""

@@ -15,8 +15,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from .._content.answersize import smallest_answers
 from .._content.schema import ItemSchema, wire_schema
-from .._content.schemavalues import smallest_answers
 from .._content.tasks import Request
 from .._errors import InvalidBatch, ProviderSetupError
 from .._ledger import Ledger

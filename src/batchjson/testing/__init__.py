@@ -1,7 +1,10 @@
-"""Test helpers: a real loopback HTTP server that speaks OpenAI and Anthropic, offline.
+"""Test helpers, offline: the simulated model (``simulated.py``: ``SimulatedModel``, ``FaultPlan``,
+public as ``batchjson.SimulatedModel``) with the seeded generator it answers from, and a real
+loopback HTTP server that speaks OpenAI and Anthropic, backed by it.
 
 Public package. May import the providers and every layer below them; never the session, the
-ledger or a face.
+ledger or a face. The product needs none of it: only the root package's re-export and the
+provider named "simulated" (``_providers/select.py``, when that name is chosen) import it.
 """
 
 from __future__ import annotations

@@ -28,7 +28,6 @@ from .._checks import seconds, seconds_argument, whole_argument
 from .._content.tasks import TASKS_BEGIN, TASKS_END, sha
 from .._errors import ConfigError
 from .._providers.base import Call
-from .._providers.simulated import SimulatedModel
 from ._batches import BatchDesk, BatchFaults
 from ._bodies import anthropic_message, openai_completion, request_id, shape
 from ._cache import PromptCache
@@ -45,6 +44,7 @@ from ._wire import (
     read_body,
     unauthorized,
 )
+from .simulated import SimulatedModel
 
 __all__ = ["HTTP_FAULTS", "BatchFaults", "HttpFaults", "Limits", "LoopbackServer", "main"]
 

@@ -1,7 +1,7 @@
 """A deterministic offline model with injectable faults, so the safety machinery can be shown.
 
 Without an ``answer`` function it answers every schema batchjson accepts: each item (or bare
-value) is made by the seeded generator of :mod:`batchjson._content.schemavalues` from the call's
+value) is made by the seeded generator of :mod:`batchjson.testing._values` from the call's
 own wire schema, with the identity fields copied from the task, so the same task gets the same
 answer in every process and a batch of any schema can resolve offline.
 """
@@ -17,12 +17,12 @@ from typing import Any
 
 from .._canon import canonical_json
 from .._checks import seconds
-from .._content.schemavalues import Generator, Unanswerable
 from .._content.tasks import sha
 from .._errors import ProviderError, ProviderSetupError
+from .._providers.base import Call, OneService, Reply, estimate_tokens
 from .._secrets import check_name
 from .._sources import Code, Digest
-from .base import Call, OneService, Reply, estimate_tokens
+from ._values import Generator, Unanswerable
 
 GENERATOR = "schemagen-2"  # part of the simulated model's answer source: a new one re-asks
 TRANSPORT_FAULTS = ("provider_error", "timeout")
@@ -163,7 +163,7 @@ class SimulatedModel(OneService):
         """The simulated price as a Price, for cost budgets; None when it has none."""
         if self.price_per_million is None:
             return None
-        from .pricing import Price
+        from .._providers.pricing import Price
 
         return Price(*self.price_per_million)
 

@@ -1,4 +1,4 @@
-"""Pieces of a JSON Schema the generator (:mod:`batchjson._content.schemavalues`) reads: ``allOf``
+"""Pieces of a JSON Schema the generator (:mod:`batchjson.testing._values`) reads: ``allOf``
 members merged into one schema, numeric bounds as exact fractions, the schema of one property,
 and :class:`Unanswerable`, which names a keyword no value can meet."""
 

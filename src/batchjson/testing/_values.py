@@ -1,14 +1,13 @@
-"""Values a JSON Schema allows: the smallest answer a schema can get, and values drawn from a seed.
+"""Values a JSON Schema allows, drawn from a seed: the simulated model's answers.
 
-The one owner of what batchjson needs of a schema's answer size: :func:`smallest_answers` (the
-least output a pack can take, for the input check) or :class:`Unanswerable`, naming the keyword
-the generator cannot satisfy so the caller refuses before anything runs. The simulated model
-draws its answers from the same generator: every keyword batchjson accepts, the same seed giving
-the same value in every process, each value checked against the schema before it is handed out."""
+Every keyword batchjson accepts, the same seed giving the same value in every process, each
+value checked against the schema before it is handed out; a keyword the generator cannot meet
+raises :class:`Unanswerable`, naming it, so the simulated model refuses before anything runs.
+The product never draws values: what it needs of a schema's answer size is
+:mod:`batchjson._content.answersize`."""
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from collections.abc import Iterator, Mapping, Sequence
@@ -18,9 +17,10 @@ from typing import Any
 
 import jsonschema
 
-from .patterngen import NoString, format_string, pattern_string, plain_string
-from .schema import MISSING, ItemSchema, resolve_pointer
-from .schemaparts import (
+from .._content.schema import MISSING, resolve_pointer
+from .._content.tasks import sha
+from ._patterns import NoString, format_string, pattern_string, plain_string
+from ._valueparts import (
     PLAIN_ENUM,
     Unanswerable,
     as_schema,
@@ -40,7 +40,6 @@ from .schemaparts import (
     step_of,
     with_dependencies,
 )
-from .tasks import sha
 
 # The seed of the draws: kept while a new generator leaves the answers to schemas it did not
 # change as they were (schemagen-2 changed oneOf, uniqueItems, not and enum equality).
@@ -425,23 +424,3 @@ class Generator:
             yield from multiples(start, end, unit)
         yield from between(low, high, integer)
 
-
-def smallest_answers(schema: ItemSchema, tasks: Sequence[Mapping[str, Any]],
-                     identity: Sequence[str], mode: str) -> list[str]:
-    """The smallest answer each task can get, as compact JSON text: what the schema requires
-    at its least (made once: the echoes are the only part that differs by task), with the
-    task's identity values. A schema the generator cannot meet counts the echoes alone."""
-    fixed = {} if mode == "value" else {k: tasks[0][k] for k in identity}
-    try:
-        least = Generator(schema.json_schema, minimal=True).value(fixed=fixed or None,
-                                                                 verify=False)
-    except Unanswerable:
-        least = dict(fixed)
-    if mode == "value" or not isinstance(least, dict):
-        return [_compact(least)] * len(tasks)
-    rest = {k: v for k, v in least.items() if k not in fixed}
-    return [_compact({**{k: t[k] for k in identity}, **rest}) for t in tasks]
-
-
-def _compact(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))

@@ -1,0 +1,257 @@
+"""How big an answer to a schema can be, read from the schema alone (no value is drawn).
+
+The one owner of what batchjson needs of a schema's answer size: :func:`smallest_answers`, the
+least a pack's answers can be (the input check refuses a pack only when even that cannot fit
+``max_tokens``), and :func:`largest_answer`, the most characters any valid answer takes as
+compact JSON, or None when the schema sets no limit (for sizing ``max_tokens``).
+
+Both are bounds, so each reading leaves out what it cannot weigh exactly. The smallest answer is
+what ``required``, ``minItems``, ``minLength``, ``enum``/``const`` and numeric bounds ask at
+their least (a date, time or UUID ``format`` at its one length); keywords that only ask for
+more (``pattern``, other formats, ``dependentRequired``, ``minProperties``, ``contains``,
+``not``, ``if``) are left out, and of the members ``allOf`` or a ``$ref`` with siblings joins,
+the one asking most counts. The largest answer counts every declared property and item at its
+longest; ``not`` and ``if`` are left out, and a string with no ``maxLength``, an array with no
+``maxItems``, an object open to other properties or a number with no bounds is unbounded. A
+schema part no value meets (``false``, a ``$ref`` to nothing) weighs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+from typing import Any
+
+from .schema import MISSING, ItemSchema, resolve_pointer
+
+_DEPTH = 48  # nesting a chain of $refs may reach before it is called endless
+_KINDS = (("object", ("properties", "required", "additionalProperties", "minProperties")),
+          ("array", ("items", "prefixItems", "minItems", "maxItems")),
+          ("string", ("minLength", "maxLength", "pattern", "format")),
+          ("number", ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+                      "multipleOf")))
+# The shortest text of the formats with one shape (pydantic's datetime, date, time and UUID).
+_SHAPED = {"date-time": "2024-01-01T00:00:00Z", "date": "2024-01-01", "time": "00:00:00Z",
+           "uuid": "aaaaaaaa-aaaa-4aaa-8aaa-aaaaaaaaaaaa"}
+_LONGEST_FLOAT = 24  # the longest repr of a double: -2.2250738585072014e-308
+_ESCAPED = 6  # the most one character of a string takes in JSON: a control character \u001f
+
+
+def smallest_answers(schema: ItemSchema, tasks: Sequence[Mapping[str, Any]],
+                     identity: Sequence[str], mode: str) -> list[str]:
+    """The smallest answer each task can get, as compact JSON text: what the schema requires
+    at its least (weighed once: the identity echoes are the only part that differs by task),
+    with the task's identity values first."""
+    least = _least(schema.json_schema, schema.json_schema, 0)
+    if mode == "value":
+        return [_compact(least)] * len(tasks)
+    fields = least.items() if isinstance(least, dict) else ()
+    rest = {k: v for k, v in fields if k not in identity}
+    return [_compact({**{k: t[k] for k in identity}, **rest}) for t in tasks]
+
+
+def largest_answer(schema: Mapping[str, Any]) -> int | None:
+    """The most characters any answer valid under ``schema`` (a JSON Schema document) takes
+    as compact JSON with ``ensure_ascii=False``; None when the schema sets no limit."""
+    return _most(schema, schema, 0)
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _size(value: Any) -> int:
+    return len(_compact(value))
+
+
+def _joined(node: Mapping[str, Any], root: Any) -> list[Any]:
+    """What ``node`` asks besides itself: its ``$ref``'s target and its ``allOf`` members (a
+    value must meet them all), with ``node`` less those two keywords first; [] for neither."""
+    ref, members = node.get("$ref"), node.get("allOf")
+    if not isinstance(ref, str) and not isinstance(members, list):
+        return []
+    parts: list[Any] = [{k: v for k, v in node.items() if k not in ("$ref", "allOf")}]
+    if isinstance(ref, str):
+        target = resolve_pointer(root, ref)
+        parts.append(False if target is MISSING else target)  # to nothing: no value meets it
+    return parts + (members if isinstance(members, list) else [])
+
+
+def _branches(node: Mapping[str, Any]) -> list[Any]:
+    """``anyOf`` (or ``oneOf``) as one schema per branch, each joined with the rest of
+    ``node``; [] for neither."""
+    for key in ("anyOf", "oneOf"):
+        if isinstance(node.get(key), list) and node[key]:
+            rest = {k: v for k, v in node.items() if k != key}
+            return [{"allOf": [rest, branch]} for branch in node[key]]
+    return []
+
+
+def _kinds(node: Mapping[str, Any]) -> list[str]:
+    kinds = node.get("type")
+    return [kinds] if isinstance(kinds, str) else list(kinds) if isinstance(kinds, list) else []
+
+
+# -- the smallest ------------------------------------------------------------------------------
+def _least(node: Any, root: Any, depth: int) -> Any:
+    """A value no larger, as compact JSON, than any value ``node`` accepts (``0``, the smallest
+    JSON text, where nothing is asked or nothing can be weighed); a node with no ``type`` is
+    taken as the kind its keywords describe, as a model answering it would write it."""
+    if depth > _DEPTH or not isinstance(node, Mapping):
+        return 0
+    if joined := _joined(node, root):
+        return max((_least(part, root, depth + 1) for part in joined), key=_size)
+    if "const" in node:
+        return node["const"]
+    if isinstance(node.get("enum"), list) and node["enum"]:
+        return min(node["enum"], key=_size)
+    if branches := _branches(node):
+        return min((_least(branch, root, depth + 1) for branch in branches), key=_size)
+    kinds = _kinds(node) or [next((k for k, keys in _KINDS if any(key in node for key in keys)),
+                                  "any")]
+    return min((_least_of_kind(kind, node, root, depth) for kind in kinds), key=_size)
+
+
+def _least_of_kind(kind: str, node: Mapping[str, Any], root: Any, depth: int) -> Any:
+    if kind == "object":
+        props = node.get("properties") if isinstance(node.get("properties"), Mapping) else {}
+        required = [name for name in node.get("required") or () if isinstance(name, str)]
+        return {name: _least(props.get(name, True), root, depth + 1)
+                for name in dict.fromkeys(required)}
+    if kind == "array":
+        prefix, items = node.get("prefixItems"), node.get("items", True)
+        if isinstance(items, list):  # draft 4-7 tuples: items is the list
+            prefix, items = items, node.get("additionalItems", True)
+        prefix = prefix if isinstance(prefix, list) else []
+        count = node.get("minItems") if isinstance(node.get("minItems"), int) else 0
+        return [_least(prefix[i] if i < len(prefix) else items, root, depth + 1)
+                for i in range(count)]
+    if kind == "string":
+        low = node.get("minLength") if isinstance(node.get("minLength"), int) else 0
+        fmt = node.get("format")
+        shaped = _SHAPED.get(fmt, "") if isinstance(fmt, str) else ""
+        return shaped if len(shaped) >= low else "a" * low
+    if kind in ("integer", "number"):
+        return _least_number(node, kind == "integer")
+    return {"boolean": True, "null": None}.get(kind, 0)
+
+
+def _least_number(node: Mapping[str, Any], integer: bool) -> int | float:
+    """The allowed number nearest zero: zero, or the bound nearest it moved onto the step
+    (``multipleOf``, 1 for integers; numbers read as written, so 0.1 steps by tenths)."""
+    low, low_open = _bound(node, "minimum", "exclusiveMinimum", lower=True)
+    high, high_open = _bound(node, "maximum", "exclusiveMaximum", lower=False)
+    if low is not None and low > 0:
+        target, is_open, up = low, low_open, True
+    elif high is not None and high < 0:
+        target, is_open, up = high, high_open, False
+    else:
+        return 0
+    step = _decimal(node.get("multipleOf")) or (Fraction(1) if integer else None)
+    if step is not None and step > 0:
+        steps = math.ceil(target / step) if up else math.floor(target / step)
+        if is_open and steps * step == target:
+            steps += 1 if up else -1
+        target = steps * step
+    return int(target) if target.denominator == 1 else float(target)
+
+
+def _bound(node: Mapping[str, Any], key: str, exclusive: str, *, lower: bool
+           ) -> tuple[Fraction | None, bool]:
+    """(the tighter of ``key`` and ``exclusive``, whether it excludes itself); draft 4's
+    boolean ``exclusiveMinimum`` makes ``minimum`` exclusive."""
+    value, other = _decimal(node.get(key)), node.get(exclusive)
+    if other is True:
+        return value, value is not None
+    limit = _decimal(other)
+    if limit is not None and (value is None or (limit >= value if lower else limit <= value)):
+        return limit, True
+    return value, False
+
+
+def _decimal(value: Any) -> Fraction | None:
+    """A schema's number as written (``0.1`` is a tenth), None when it is not a finite one."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return Fraction(str(value)) if math.isfinite(value) else None
+
+
+# -- the largest -------------------------------------------------------------------------------
+def _most(node: Any, root: Any, depth: int) -> int | None:
+    """The most characters a value ``node`` accepts takes, None when unbounded."""
+    if node is False:
+        return 0  # no value: nothing to take room
+    if depth > _DEPTH or not isinstance(node, Mapping):
+        return None
+    if joined := _joined(node, root):
+        return _least_known(_most(part, root, depth + 1) for part in joined)
+    if "const" in node:
+        return _size(node["const"])
+    if isinstance(node.get("enum"), list) and node["enum"]:
+        return max(_size(member) for member in node["enum"])
+    if branches := _branches(node):
+        return _most_known(_most(branch, root, depth + 1) for branch in branches)
+    kinds = _kinds(node)
+    return _most_known(_most_of_kind(kind, node, root, depth) for kind in kinds) if kinds \
+        else None
+
+
+def _least_known(sizes: Any) -> int | None:
+    """A value meeting every part takes no more than the smallest limit among them."""
+    known = [size for size in sizes if size is not None]
+    return min(known) if known else None
+
+
+def _most_known(sizes: Any) -> int | None:
+    """A value meeting any one part takes no more than the largest limit, if all have one."""
+    sizes = list(sizes)
+    return None if None in sizes else max(sizes)
+
+
+def _most_of_kind(kind: str, node: Mapping[str, Any], root: Any, depth: int) -> int | None:
+    if kind == "object":
+        return _most_object(node, root, depth)
+    if kind == "array":
+        return _most_array(node, root, depth)
+    if kind == "string":
+        high = node.get("maxLength")
+        return 2 + _ESCAPED * high if isinstance(high, int) else None
+    if kind in ("integer", "number"):
+        low = _bound(node, "minimum", "exclusiveMinimum", lower=True)[0]
+        high = _bound(node, "maximum", "exclusiveMaximum", lower=False)[0]
+        if low is None or high is None:
+            return None
+        # an integral float (5.0) takes two characters more than its integer
+        longest = 2 + max(len(str(math.ceil(low))), len(str(math.floor(high))))
+        return longest if kind == "integer" else max(longest, _LONGEST_FLOAT)
+    return {"boolean": len("false"), "null": len("null")}.get(kind)
+
+
+def _most_object(node: Mapping[str, Any], root: Any, depth: int) -> int | None:
+    """Every declared property at its longest; unbounded when others may be added."""
+    if node.get("additionalProperties", True) is not False or node.get("patternProperties"):
+        return None
+    props = node.get("properties") if isinstance(node.get("properties"), Mapping) else {}
+    sizes = [_most(sub, root, depth + 1) for sub in props.values()]
+    if None in sizes:
+        return None
+    fields = sum(_size(name) + 1 + size for name, size in zip(props, sizes, strict=True))
+    return 2 + fields + max(0, len(props) - 1)
+
+
+def _most_array(node: Mapping[str, Any], root: Any, depth: int) -> int | None:
+    """``maxItems`` items (or only the tuple's, where no others may follow) at their longest."""
+    prefix, items = node.get("prefixItems"), node.get("items", True)
+    if isinstance(items, list):  # draft 4-7 tuples: items is the list
+        prefix, items = items, node.get("additionalItems", True)
+    prefix = prefix if isinstance(prefix, list) else []
+    count = node.get("maxItems") if isinstance(node.get("maxItems"), int) else None
+    if items is False:
+        count = len(prefix) if count is None else min(count, len(prefix))
+    if count is None:
+        return None
+    sizes = [_most(prefix[i] if i < len(prefix) else items, root, depth + 1)
+             for i in range(count)]
+    return None if None in sizes else 2 + sum(sizes) + max(0, count - 1)
