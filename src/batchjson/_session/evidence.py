@@ -45,10 +45,7 @@ class Evidence:
 
     @property
     def minimum_exact_retry_calls(self) -> int:
-        """A lower bound on calls needed to clear every unresolved request: one per request.
-
-        Batches and revisions that share a request (same content key) share its one call.
-        """
+        """One call per unresolved request key (batches and revisions sharing a key share it)."""
         return _counts(self.requests())["minimum_exact_retry_calls"]
 
     @property

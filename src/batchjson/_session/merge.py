@@ -1,9 +1,9 @@
 """Merging another ledger into this one, so every attempt ever made stays in one account.
 
-Attempts match by ``uid``, revisions by (batch, fingerprint), so merging twice changes nothing;
-everything is written in one transaction. A merge is an import: each accepted attempt of the
-other ledger is rechecked as a receipt is (``recovery.recheck_receipt``) and one that fails is
-merged as rejected and named in the report. docs/recovery.md tells the rules of forgetting."""
+Idempotent (attempts match by ``uid``, revisions by batch and fingerprint) and one transaction. A
+merge is an import: each accepted attempt is rechecked as a receipt is
+(``recovery.recheck_receipt``); one that fails is merged as rejected and named.
+"""
 
 from __future__ import annotations
 
@@ -21,10 +21,9 @@ from .recovery import recheck_receipt, registry_view
 
 
 def merge_ledger(store: Store, other: str | Path, validators: Any = None) -> dict[str, Any]:
-    """Bring the other ledger's batches, revisions, requests, attempts, accepted values and
-    validators into the store's ledger; returns what was added and what was not admitted.
-    ``other`` is a ledger file or a ``postgresql://`` URL; ``validators`` (name -> function)
-    rechecks the attempts of batches that ran with one."""
+    """Bring the other ledger (a file or a ``postgresql://`` URL) into the store's; returns what was
+    added and what was not admitted. ``validators`` (name -> function) rechecks the batches that ran
+    with one."""
     given = registry_view(validators)
     tables, source, label = other_tables(store, other)
     tables, refused = rechecked(tables, given, run_sync)

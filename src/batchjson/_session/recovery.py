@@ -1,10 +1,9 @@
 """Import of historical receipts, and batchjson's own export: a claimed status is never trusted.
 
-Every imported return is judged again as a stored answer is (``rejudge.Judging``, with the
-validator the user gives; a receipt whose validator is not given is refused, or with the
-opt-out kept unverified, never admitted). A return with an identity error is kept as
-diagnostic and none of its items admitted. Each line is an attempt in the account, imported
-once (its digest in ``imports``). A merge rechecks by the same path (:func:`recheck_receipt`)."""
+Every imported return is judged again as a stored answer is (``rejudge.Judging``); a receipt whose
+validator is not given is refused, or with the opt-out kept unverified, never admitted. Each line is
+imported once (its digest in ``imports``). Merge rechecks by :func:`recheck_receipt`.
+"""
 
 from __future__ import annotations
 
@@ -188,11 +187,9 @@ def _unlike_components(components: Mapping[str, str], record: Mapping[str, Any],
 
 
 def _identity_rule(path: Path, number: int, record: Mapping[str, Any], own: bool) -> Identity:
-    """How a receipt's items are held to its tasks. batchjson's own export (with the components
-    it was keyed by) keeps the identity it was judged under. Any other receipt is held to what
-    was requested: every task field an item echoes is compared, whatever its ``identity`` list
-    says (the list only adds fields every item must carry); the list may be missing, null or
-    empty."""
+    """How a receipt's items are held to its tasks: batchjson's own export keeps the identity it was
+    judged under; any other receipt has every echoed task field compared, whatever its ``identity``
+    list (which only adds required fields, and may be missing or empty)."""
     exported = own and isinstance(record.get("components"), dict)
     listed = record.get("identity")
     if listed is None and not exported:
@@ -278,13 +275,9 @@ def _identity_errors(errors: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]
 
 def import_receipts(store: Store, path: str | Path, *, validators: Any = None,
                     without_validator: bool = False) -> dict[str, Any]:
-    """Import a JSONL file of receipts into the ledger; returns the report (see
-    docs/recovery.md).
-
-    ``validators`` (see :func:`registry_view`) rechecks each receipt naming one; a file naming
-    a validator not given is refused unless ``without_validator``, when those receipts are
-    kept unverified (never admitted).
-    """
+    """Import a JSONL file of receipts into the ledger; returns the report (docs/recovery.md). A
+    file naming a validator not in ``validators`` is refused unless ``without_validator``, when
+    those receipts are kept unverified, never admitted."""
     path = Path(path)
     registry = registry_view(validators)
     lines = read_lines(path, registry, bool(without_validator))

@@ -1,9 +1,8 @@
 """A run as a pipeline: check, judge with, key, find, re-judge, fit; record, send, report.
 
-``run_spec(rt, spec)`` is the whole of ``Session.run``. The first steps are pure over a frozen
-:class:`RunPlan` (each returns a new one) and record and spend nothing; the plan is then read,
-never changed, by recording, sending and reporting, so nothing is recorded or spent before the
-spec's inputs and the plan's budget and fit have been checked.
+The first steps are pure over a frozen :class:`RunPlan` and record and spend nothing; recording,
+sending and reporting only read the plan, so nothing is recorded or spent before the inputs, the
+budget and the fit have been checked.
 """
 
 from __future__ import annotations
@@ -113,10 +112,8 @@ def checker_of(version: ValidatorVersion, validator_args: str | None,
 
 
 def find_requests(rt: Runtime, plan: RunPlan, judging: Judging) -> RunPlan:
-    """The run's revision when one is on record (its requests are then read from the
-    ledger). Judging no fingerprint fully sees moves on to a revision naming the answers that
-    no longer pass: it re-judges every accepted request of the revision, so that one step
-    holds them all."""
+    """The run's revision when one is on record (its requests then read from the ledger). Judging no
+    fingerprint fully sees moves on to a revision naming the answers that no longer pass."""
     store = rt.ledger.store
     while True:
         found = store.revisions(plan.spec.name, fingerprint=plan.keys.revision)
@@ -246,9 +243,8 @@ def _jobs(rt: Runtime, calls: Plan, spender: Spender, plan: RunPlan) -> JobsOutc
 
 def _replay(rt: Runtime, plan: RunPlan, provider: Any, drive: Callable[[Any], Any],
             progress: Any = None) -> Any:
-    """Run the pending requests through a transport (``drive``, given the progress bar, or
-    None); the bar counts every task of the batch, those resumed from the ledger already
-    done (2000/2000 at the end, as tqdm users expect)."""
+    """Run the pending requests through a transport (``drive``); the progress bar counts every task,
+    those resumed from the ledger as done already, as tqdm users expect."""
     name = plan.spec.name
     progress = plan.spec.progress if progress is None else progress
     total = len(plan.content.tasks)
@@ -272,9 +268,8 @@ def _replay(rt: Runtime, plan: RunPlan, provider: Any, drive: Callable[[Any], An
 
 def report(rt: Runtime, plan: RunPlan, revision: Any, outcome: Outcome,
            superseded: str | None = None) -> BatchResult:
-    """The one reporter, of a run that sent or of one found finished: the result over the
-    ledger's values, with a note for each thing a person should know about how it was reached
-    (``superseded``: the revision this run's content replaced, said)."""
+    """The one reporter, of a run that sent or of one found finished: the result over the ledger's
+    values, with a note for each thing a person should know about how it was reached."""
     spec, content = plan.spec, plan.content
     result = _result(rt, spec.name, revision, plan.total,
                      lambda: (t["task_id"] for t in content.tasks), content.schema, outcome,
