@@ -1,10 +1,8 @@
-"""One call of the replay loop, one coroutine: reserve its worst case, claim the request and
-commit the in-flight receipt, and only then send; judge the return and queue its record.
+"""One call of the replay loop, one coroutine: reserve its worst case, claim the request and commit
+the in-flight receipt, and only then send; judge the return and queue its record.
 
-:meth:`Caller.call` returns what happened as a value (:class:`Judged`, or :class:`NotSent`
-saying why nothing was sent); only a provider's failure is raised, for the transport retries.
-The run's stop state (:class:`Control`) and the unreachable-host probe (:class:`HostProbe`) are
-objects of their own that the loop (``replay.py``) shares with its calls.
+:meth:`Caller.call` returns what happened as a value (:class:`Judged`, or :class:`NotSent`); only a
+provider's failure is raised, for the transport retries.
 """
 
 from __future__ import annotations
@@ -34,10 +32,9 @@ from .settle import Attempt, Settle, usage_of
 
 @dataclass(frozen=True)
 class NotSent:
-    """Why a call was not sent, returned instead of raised: ``held`` (another live runner holds
-    the request's claim: wait for its result), ``resolved`` (accepted meanwhile by another
-    runner: nothing to send), ``out_of_budget`` (no call may be reserved any more; ``detail``
-    says by how much) or ``stopped`` (the run stopped opening calls)."""
+    """Why a call was not sent, returned instead of raised: ``held`` (another live runner holds the
+    claim), ``resolved`` (accepted meanwhile), ``out_of_budget`` (``detail`` says by how much) or
+    ``stopped`` (the run stopped opening calls)."""
 
     why: Literal["held", "resolved", "out_of_budget", "stopped"]
     detail: str = ""
@@ -218,10 +215,8 @@ class Caller:
 
     async def _open(self, request: Request, kind: CallKind, call: Call,
                     estimated: int) -> tuple[float, int] | NotSent:
-        """Reserve the call's worst case, then claim the request and commit its receipt (and,
-        on a ledger with a budget of its own, the same reservation there): (reserved, receipt
-        id), or why no call may be sent, nothing kept. A ledger budget that cannot hold the
-        call is looked at again while calls in flight may make room."""
+        """Reserve the call's worst case, claim the request and commit its receipt (with the ledger
+        budget's reservation, if any): (reserved, receipt id), or why not, nothing kept."""
         store, plan = self.store, self.plan
         floor = self.spender.pricing.floor(estimated)  # for the account: an estimate
         pause: float | NotSent = 0.05

@@ -1,9 +1,7 @@
-"""This session as one live host of its ledger, so that the hosts on one account divide its
-rate limits instead of each sending at all of them.
-
-A session joins the ledger's hosts when it opens it and counts them on every lease renewal; its
-pacer takes an equal share. A host that ended leaves at once; one that died elsewhere drops out
-when its lease expires."""
+"""This session as one live host of its ledger, so that the hosts on one account divide its rate
+limits instead of each sending at all of them. A host that ended leaves at once; one that died drops
+out when its lease expires.
+"""
 
 from __future__ import annotations
 

@@ -1,11 +1,10 @@
-"""The batch transport: a run's pending requests as provider batch jobs, judged line by line by
-the same acceptance and settled by the same step (``settle.py``) as a live return.
+"""The batch transport: a run's pending requests as provider batch jobs, judged line by line and
+settled by the same step (``settle.py``) as a live return.
 
-The runner streams the run's windows, holding about one job's requests at a time: it submits
-what is owed a job at a time (each recorded before upload), polls the jobs that hold the rest,
-and collects the ones that ended, joining lines by ``custom_id`` only (an unknown, missing or
-duplicated id is named, never admitted; an error line is a provider error). ``wait=False``
-returns after one pass; ``wait=True`` passes until every job ended (docs/design.md)."""
+The runner holds about one job's requests at a time, each job recorded before upload. Lines join
+receipts by ``custom_id`` only: an unknown, missing or duplicated id is named, never admitted.
+``wait=True`` passes until every job ended (docs/design.md).
+"""
 
 from __future__ import annotations
 
@@ -148,9 +147,8 @@ class JobRunner:
 
     def _next(self, request: Request, rows: Sequence[Mapping[str, Any]], tried: bool,
               cut_off: bool = False) -> Next:
-        """The next attempt of ``request`` after its job receipts ``rows`` (this chain's;
-        ``tried``: it has receipts of any kind), as the one policy says (jobs never halve a
-        request: :data:`HALVE` gives it up too)."""
+        """The next attempt of ``request`` after this chain's job receipts ``rows``, as the one
+        policy says; jobs never halve a request, so :data:`HALVE` gives it up."""
         chain = [Tried(r["kind"], json.loads(r["errors"] or "[]"), r["raw"]) for r in rows]
         return next_attempt(self.plan, request, chain, tried=tried, cut_off=cut_off)
 
@@ -443,9 +441,9 @@ class JobRunner:
     def _lines(self, row: Mapping[str, Any], lines: Mapping[str, Mapping[str, Any]],
                outs: Iterable[Any], detail: dict[str, Any]
                ) -> Iterator[tuple[Attempt, Reply | ProviderError]]:
-        """Lines joined to receipts by custom_id only. The output is read twice, a line at a
-        time: once to count each custom_id (one that comes back twice is admitted in neither
-        copy), then to read, a window of lines with their requests at a time."""
+        """Lines joined to receipts by custom_id only, the output read twice a line at a time: once
+        to count ids (one that comes back twice is admitted in neither copy), then a window at a
+        time."""
         where, cap = f"job {row['id']} ({row['provider_job_id']})", declared_output_cap(
             self.provider)
         came: dict[str, int] = {}

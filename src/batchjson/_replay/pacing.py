@@ -1,10 +1,9 @@
 """Pacing: keep every run of a session under the provider's requests and tokens per minute.
 
-A semaphore alone cannot: a rate-limited API refuses what arrives beyond its limits (429), and
-retries fired into the same closed window burn money. One :class:`Pacer` per session, shared by
-its runs: two leaky buckets (aiolimiter) for requests and tokens, limits set by the user or
-learnt from the rate-limit headers, a 429 pausing every call and halving the calls in flight
-(AIMD), each host on a ledger pacing to its share. docs/providers.md says the rules in full."""
+A semaphore alone cannot: retries fired into a closed rate window burn money. One :class:`Pacer` per
+session, shared by its runs: two leaky buckets (aiolimiter), a 429 pausing every call and halving
+the calls in flight (docs/providers.md, "Rate limits").
+"""
 
 from __future__ import annotations
 
@@ -221,10 +220,9 @@ class Pacer:
             self._open_at = until
 
     def _room(self) -> float:
-        """Calls allowed in flight: one alone until the first answer has said whether the
-        provider reports limits (a burst before that would meet the limit blind); after a 429,
-        ``allowed`` across the session until it has climbed back; else no cap beyond each run's
-        own workers (runs of one session never wait on each other's slots)."""
+        """Calls allowed in flight: one alone until the first answer says whether the provider
+        reports limits; after a 429, ``allowed`` across the session until it has climbed back; else
+        no cap beyond each run's own workers."""
         if self._learning:
             return 1
         return math.inf if self.allowed >= self.ceiling else max(1, int(self.allowed))

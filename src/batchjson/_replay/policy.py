@@ -1,9 +1,7 @@
-"""One policy decides a request's next attempt, for both transports (live calls, batch jobs).
-
-Per failing request: up to ``repairs`` repair calls (original prompt + exact errors + raw
-return), then up to ``replays`` exact fresh replays, then, with ``split``, halves. A return cut
-off at the output ceiling would be cut off again, a refusal is re-asked only when the run says
-so, and a validator crash or a final provider refusal (a 4xx) is never asked again.
+"""One policy decides a request's next attempt, for both transports (live calls, batch jobs):
+repairs, then exact replays, then halves (docs/design.md, "The replay loop"). A return cut off at
+the output ceiling would be cut off again, and a validator crash or a final 4xx is never asked
+again.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The transport seam and the one settle step of both transports.
-
-A transport (:class:`Carrier`: live calls, ``calls.py``; batch jobs, ``jobs.py``) turns what it
-sent into ``(attempt, Reply or ProviderError)`` pairs; :meth:`Settle.settle` charges each to the
-budget, counts, judges it and returns the write that completes its receipt: one account of cost
-and usage, one shape for each error.
+"""The transport seam and the one settle step of both transports: a :class:`Carrier` turns what it
+sent into ``(attempt, Reply or ProviderError)`` pairs, and :meth:`Settle.settle` charges, counts and
+judges each, returning the write that completes its receipt.
 """
 
 from __future__ import annotations
@@ -25,10 +22,9 @@ Write = Callable[[Any], None]  # completes one receipt inside a ledger transacti
 
 @dataclass(frozen=True)
 class Attempt:
-    """One sent attempt: its receipt ``id``, this session's reservation for it (``reserved``;
-    None: another process reserved it), what the ledger holds for it (``held``), its
-    ``request`` (None: a job's line that brought nothing to judge), and whether a failure of
-    it may have been billed (``billable``: a live call that reached the server)."""
+    """One sent attempt: its receipt ``id``, this session's reservation (``reserved``; None: another
+    process reserved it), the ledger's hold (``held``), its ``request`` (None: a job line with
+    nothing to judge), and ``billable`` (a live call that reached the server)."""
 
     id: int
     reserved: float | None
