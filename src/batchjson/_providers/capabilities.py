@@ -1,9 +1,7 @@
-"""What an OpenAI chat model accepts in a request, per model: the reasoning models refuse parts
-of the request every other chat model takes, with a 400 on every call.
-
-From OpenAI's reasoning-model documentation and the real 400s in tests/fixtures/recorded/. A
-model not listed is taken to accept everything; ``OpenAIProvider(capabilities={...})``
-overrides the table for a deployment it does not know (docs/providers.md)."""
+"""What an OpenAI chat model accepts in a request: the reasoning models refuse parts every other
+chat model takes, with a 400 on every call. From OpenAI's documentation and the recorded 400s in
+tests/fixtures/recorded/; unlisted models accept everything (docs/providers.md).
+"""
 
 from __future__ import annotations
 
@@ -22,14 +20,10 @@ SAMPLING = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "lo
 
 @dataclass(frozen=True)
 class Capabilities:
-    """How a request to one model must be shaped.
-
-    ``system_role``: the role the system text travels as (``"user"``: a user message before the
-    prompt); ``response_format``: whether the model takes one at all; ``max_completion_tokens``:
-    the output ceiling travels as ``max_completion_tokens`` (a ``max_tokens`` in ``extra_body``
-    is sent under that name); ``temperature``: whether ``temperature`` and the other sampling
-    settings (``SAMPLING``) are accepted.
-    """
+    """How a request to one model must be shaped: ``system_role`` (``"user"``: a user message before
+    the prompt), whether it takes a ``response_format``, whether the output ceiling travels as
+    ``max_completion_tokens``, and whether ``temperature`` and the other ``SAMPLING`` settings are
+    accepted."""
 
     system_role: str = "system"
     response_format: bool = True

@@ -32,10 +32,9 @@ def declared_output_cap(provider: Any) -> int | None:
 
 
 def checked_extra_body(kind: str, extra_body: Any, owned_keys: frozenset[str]) -> dict[str, Any]:
-    """``extra_body`` as a dict of request fields, refused now (before anything is spent) when
-    it is not a mapping with string keys, replaces a field batchjson builds, asks for several
-    answers (``n``, ``best_of``: each is billed, batchjson reads only the first), or sets an
-    output ceiling that is not a whole number of tokens >= 1."""
+    """``extra_body`` as a dict of request fields, refused before spending when it is not a mapping
+    with string keys, replaces a field batchjson builds, asks for several billed answers (``n``,
+    ``best_of``), or sets an output ceiling that is not a whole number >= 1."""
     if extra_body is None:
         return {}
     if not isinstance(extra_body, Mapping) or not all(isinstance(k, str) for k in extra_body):

@@ -1,8 +1,6 @@
-"""The exact text of one value inside a JSON document, so ``raw`` is what the model sent.
-
-An API answers with a JSON body in which the model's output may be an embedded object (an
-Anthropic tool call's ``input``). Re-serialising that object would change spacing, key order,
-number spellings and escapes; slicing the body keeps the model's own bytes.
+"""The exact text of one value inside a JSON document, so ``raw`` is what the model sent: an
+embedded answer (a tool call's ``input``) re-serialised would change spacing, key order, numbers and
+escapes; slicing the body keeps the model's own bytes.
 """
 
 from __future__ import annotations
