@@ -1,9 +1,5 @@
-"""How the magics read their line: ``--help``, hints for mistyped options, and the variable a
-result may be bound to.
-
-Every magic prints its usage on ``--help`` (or ``-h``) and returns without running anything, as
-jupysql's ``%sql --help`` does. A mistyped option is named with the closest real one
-("unknown option --identiy (did you mean --identity?)"), read from the magic's own parser.
+"""How the magics read their line: ``--help`` (usage printed, nothing run), the nearest real option
+for a mistyped one, and the variable a result may be bound to.
 """
 
 from __future__ import annotations
@@ -141,10 +137,9 @@ def spaced_identity(words: list[str], parser: Any) -> None:
 
 
 def check_result_variable(ns: Mapping[str, Any], var: str, name: str, *, out: bool) -> None:
-    """The variable a result will be bound to must be free or hold an earlier BatchResult:
-    anything else is the user's own data, which a result must never replace. A builtin
-    (``sorted``, ``len``, ``print``) is not in the namespace but is just as much in use: a
-    result bound to its name would shadow it, and the body's next run would call the result."""
+    """The variable a result is bound to must be free or hold an earlier BatchResult: a result never
+    replaces the user's own data, nor shadows a builtin (the body's next run would call the
+    result)."""
     fix = ("choose another --out VAR" if out else
            f"give the batch another name (%%batch_json {name}_results) or bind the result "
            "elsewhere with --out VAR")

@@ -1,8 +1,6 @@
-"""What one kernel keeps across ``%reset`` and ``%reload_ext``: its session and injected names.
-
-The state lives on the shell object, not in the user namespace or in a module that
-``%reload_ext`` re-executes, so the ledger connection and the validator registry (and with it
-every canonical validator object) outlive both.
+"""What one kernel keeps across ``%reset`` and ``%reload_ext``: its session and injected names, held
+on the shell object, so the ledger connection and the validator registry (and every canonical
+validator object) outlive both.
 """
 
 from __future__ import annotations
