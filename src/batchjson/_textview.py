@@ -154,9 +154,9 @@ def answered_by(provider: str | None, model: str | None) -> str:
 
 def receipt_rows(attempts: Sequence[Any], *, failed: bool = False,
                  raw: bool = False) -> list[dict[str, Any]]:
-    """A batch's attempts as rows numbered 1..N in call order (``failed`` leaves out the
-    accepted ones, each row keeping its number; ``raw`` keeps each return's text): what
-    ``batchjson receipts --json`` prints and what both faces render."""
+    """A batch's attempts as rows numbered 1..N in call order (``failed`` leaves out the accepted
+    ones, numbers kept; ``raw`` keeps each return's text), as ``batchjson receipts --json`` prints
+    them."""
     return [{"number": number, "revision": r.revision, "kind": r.kind, "status": r.status,
              "task_ids": list(r.task_ids), "errors": r.errors, "input_tokens": r.input_tokens,
              "output_tokens": r.output_tokens, "cached_tokens": r.cached_tokens, "cost": r.cost,
