@@ -1,11 +1,8 @@
-"""RLM hosts' subcall helpers as a batchjson provider.
-
-droste's ``llm_batch_with_errors(prompts, contexts) -> (values, errors)`` and alexzhang13/rlm's
-``llm_query_batched(prompts) -> list[str]`` (failures are strings beginning ``"Error:"``) both
-become one ``complete(call)`` per request, so acceptance and the ledger stay the only judges of
-an answer; calls waiting together go as one batch. A failure is a :class:`ProviderError`, never
-a rejected answer; a client that breaks droste's protocol fails loudly
-(:class:`SubcallClientError`)."""
+"""RLM hosts' subcall helpers as a batchjson provider: droste's ``llm_batch_with_errors`` and rlm's
+``llm_query_batched`` become one ``complete(call)`` per request, so acceptance and the ledger stay
+the only judges; calls waiting together go as one batch. A failure is a ProviderError; a client
+breaking droste's protocol fails loudly (:class:`SubcallClientError`).
+"""
 
 from __future__ import annotations
 
@@ -81,12 +78,8 @@ def _source_key(kind: str, target: Any) -> Hashed:
 
 class SubcallProvider:
     """A droste subcall client or an rlm ``llm_query_batched`` function, one prompt per call.
-
-    ``context`` is a droste ``ExecutionContext`` (or anything with its ``record_subcall_*``
-    methods): a client with ``bind_context`` is bound to it once and accounts for itself, as
-    droste's clients do; for any other source the adapter records one attempt per call and one
-    success per usable answer, as droste's protocol asks of a client.
-    """
+    ``context`` (a droste ``ExecutionContext``): a client with ``bind_context`` accounts for itself;
+    for any other source the adapter records an attempt per call and a success per usable answer."""
 
     def __init__(self, target: Any, *, context: Any = None) -> None:
         self.kind = _kind_of(target)
