@@ -216,9 +216,9 @@ class Spender:
                 f"and the cost budget has {usd(left)} left")
 
     def reserve(self, input_bound: int, *, alone: bool = True) -> float | None:
-        """Take one call (and its worst-case cost) from the budget; None when it cannot fit.
-        ``alone``: under a cost budget the session's first call goes alone (a job's lines are
-        sent together, so none of them waits for another to settle)."""
+        """Take one call and its worst case from the budget; None when it cannot fit. ``alone``: the
+        session's first call under a cost budget goes alone (a job's lines never wait on each
+        other)."""
         worst = self.pricing.worst_case(input_bound) if self.costed else 0.0
         with self._tally.lock:
             remaining = self.remaining_calls()
@@ -249,8 +249,7 @@ class Spender:
     def settle(self, reserved: float, cost: float | None, why: Callable[[], str] | None = None
                ) -> float:
         """Replace a call's reservation by its real cost (an unknown cost keeps the worst case);
-        return what it billed beyond the reservation, when ``why()`` says why and the cost budget
-        closes."""
+        return what it billed beyond it, when ``why()`` says why and the cost budget closes."""
         cost = charge_of(reserved, cost)
         beyond = (cost - reserved if self.costed
                   and cost > reserved * (1 + 1e-9) else 0.0)  # float noise is no overrun

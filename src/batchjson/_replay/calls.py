@@ -197,9 +197,8 @@ class Caller:
         return True
 
     async def _reserve(self, call: Call) -> float | NotSent:
-        """Reserve this call's worst case (its input bound, computed only under a cost budget,
-        plus its output ceiling); wait for calls in flight to settle before giving up, since
-        their real cost is usually below their reservation."""
+        """Reserve this call's worst case; wait for calls in flight to settle before giving up,
+        since their real cost is usually below their reservation."""
         spender = self.spender
         bound = input_bound(self.provider, call) if spender.costed else 0
         while True:
@@ -269,9 +268,9 @@ class Caller:
         return reserved, attempt_id
 
     async def _await_ledger_budget(self, worst: float, pause: float) -> float | NotSent:
-        """The ledger's own budget cannot hold a call: while calls in flight (on any host) hold
-        enough of it that their settling could make room, look again after ``pause`` (the next
-        pause returned); else give up, saying what is left."""
+        """The ledger's own budget cannot hold a call: look again after ``pause`` (the next pause
+        returned) while settling calls in flight could make room; else give up, saying what is
+        left."""
         if self.spender.shared is None:
             return NotSent("out_of_budget", "a cost budget was set on the ledger after this "
                            "run started, so its calls were not priced against it; re-run to "
@@ -364,9 +363,8 @@ def make_call(plan: Plan, system: str, request: Request, kind: CallKind, prompt:
 
 def cheapest_call(plan: Plan, provider: Any, pricing: Pricing,
                   requests: Sequence[Request]) -> Callable[[float], float | None]:
-    """For ``Spender.refuse_if_short``: given what the cost budget has left, the worst case of
-    the first pending call that fits in it (usually the first one looked at), else the least
-    worst case of all of them, which no call beats."""
+    """For ``Spender.refuse_if_short``: the worst case of the first pending call that fits what the
+    cost budget has left, else the least worst case of all, which no call beats."""
     def cheapest(left: float) -> float | None:
         system, least = system_prompt(plan), None
         for request in requests:

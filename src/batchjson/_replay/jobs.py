@@ -111,9 +111,8 @@ class JobRunner:
 
     # -- submission ----------------------------------------------------------------------------
     def _owed(self, window: Sequence[Request]) -> list[tuple[Request, str, str]]:
-        """What to send now of ``window``: each request neither accepted nor held by a job
-        (the jobs holding the rest are watched), with the kind and prompt of its next attempt,
-        while its allowance lasts."""
+        """What to send now of ``window``: each request neither accepted nor held by a job, with the
+        kind and prompt of its next attempt, while its allowance lasts."""
         store = self.store
         keys = [r.key for r in window]
         holders, done, history = store.job_window(keys, self.plan.revision_id)
@@ -153,9 +152,8 @@ class JobRunner:
         return next_attempt(self.plan, request, chain, tried=tried, cut_off=cut_off)
 
     async def _submit_over(self, windows: Iterable[Sequence[Request]], writer: Owner) -> bool:
-        """Submit what the requests of ``windows`` owe, a job's worth at a time, holding no
-        more than that: whether it stopped short (the budget, a failed upload), so that the
-        next pass looks at every request again."""
+        """Submit what ``windows`` owe, holding one job's worth at a time: whether it stopped short
+        (the budget, a failed upload), so that the next pass looks at every request again."""
         owed: list[tuple[Request, str, str]] = []
         self.short = False
         for window in chain(windows, [None]):  # None: the windows ended, the rest goes too
@@ -272,9 +270,8 @@ class JobRunner:
         return True
 
     async def _renewing(self, job_id: int, awaitable: Any) -> Any:
-        """``awaitable``, the job's lease renewed every third of it meanwhile (a large upload
-        outlasts a lease): a runner on another host takes the job for uncertain only once
-        this one stopped renewing."""
+        """``awaitable``, with the job's lease renewed meanwhile (a large upload outlasts a lease),
+        so no runner on another host takes the job for uncertain while this one works."""
         async def renew() -> None:
             while True:
                 await asyncio.sleep(self.store.lease_seconds / 3)
@@ -384,9 +381,8 @@ class JobRunner:
             "person asked while it was being created")
 
     async def _recover(self, row: Mapping[str, Any]) -> Mapping[str, Any]:
-        """An uncertain job found at the provider by the uid it was created with (OpenAI keeps
-        it as the batch's metadata) is recorded open under the id found, and polled as any
-        open job; else it stays uncertain."""
+        """An uncertain job found at the provider by its creation uid is recorded open under the id
+        found and polled as any open job; else it stays uncertain."""
         try:  # listed back to an hour before it was recorded (clocks differ)
             batch = await self.client.find(row["uid"], unix(row["created_at"]) - 3600)
         except ProviderError as exc:
@@ -441,9 +437,8 @@ class JobRunner:
     def _lines(self, row: Mapping[str, Any], lines: Mapping[str, Mapping[str, Any]],
                outs: Iterable[Any], detail: dict[str, Any]
                ) -> Iterator[tuple[Attempt, Reply | ProviderError]]:
-        """Lines joined to receipts by custom_id only, the output read twice a line at a time: once
-        to count ids (one that comes back twice is admitted in neither copy), then a window at a
-        time."""
+        """Lines joined to receipts by custom_id only, read twice a line at a time: once to count
+        ids (one that comes back twice is admitted in neither copy), then a window at a time."""
         where, cap = f"job {row['id']} ({row['provider_job_id']})", declared_output_cap(
             self.provider)
         came: dict[str, int] = {}
@@ -495,9 +490,8 @@ def job_view(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def plan_facts(plan: Plan) -> dict[str, Any]:
-    """What judging a job's lines needs beside its revision, kept on the job row so a kernel
-    that did not run the cell can collect it: the answer schema (None when it is no JSON),
-    mode and identity fields."""
+    """What judging a job's lines needs beside its revision (schema, mode, identity fields), kept on
+    the job row so a kernel that did not run the cell can collect it."""
     try:
         schema = json.loads(json.dumps(plan.schema.json_schema))
     except (TypeError, ValueError):

@@ -169,9 +169,8 @@ class Pacer:
             raise
 
     def release(self, answered: bool = True) -> None:
-        """A call is over; an answered one ends the lone first call (one not sent, its
-        request held by another host, says nothing of the limits) and lets the calls in
-        flight climb one step back."""
+        """A call is over; an answered one ends the lone first call and lets the calls in flight
+        climb one step back (one not sent says nothing of the limits)."""
         if answered:
             self._learning, self._heard = False, True
         if answered and self.allowed < self.ceiling:
@@ -249,7 +248,6 @@ class Pacer:
 
 
 def pack_that_fits(limit: int, fixed_tokens: float, task_tokens: float) -> int:
-    """The most tasks a request may pack and stay within ``limit`` tokens, when every request
-    spends ``fixed_tokens`` whatever its pack (system text, instructions, max_tokens) and each
-    task at most ``task_tokens``."""
+    """The most tasks a request may pack within ``limit`` tokens, when each spends ``fixed_tokens``
+    whatever its pack and each task at most ``task_tokens``."""
     return max(0, math.floor((limit - fixed_tokens) / max(task_tokens, 1e-9)))

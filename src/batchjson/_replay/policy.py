@@ -1,7 +1,6 @@
-"""One policy decides a request's next attempt, for both transports (live calls, batch jobs):
-repairs, then exact replays, then halves (docs/design.md, "The replay loop"). A return cut off at
-the output ceiling would be cut off again, and a validator crash or a final 4xx is never asked
-again.
+"""One policy decides a request's next attempt, for live calls and batch jobs alike: repairs, exact
+replays, then halves (docs/design.md, "The replay loop"). A cut-off return would be cut off again,
+and a validator crash or a final 4xx is never asked again.
 """
 
 from __future__ import annotations
@@ -44,8 +43,8 @@ class Next:
 def next_attempt(plan: Plan, request: Request, chain: Sequence[Tried], *, tried: bool,
                  depth: int = 0, cut_off: bool = False) -> Next:
     """The next attempt of ``request`` after this run's ``chain`` of its rejected attempts
-    (``tried``: it has receipts from before; ``depth``: how often it was halved;
-    ``cut_off``: a return of it was cut off before under the same ceiling)."""
+    (``tried``: it has earlier receipts; ``cut_off``: a return was cut off under the same
+    ceiling)."""
     prompt = first_prompt(plan, request)
     halves = plan.split and len(request.tasks) > 1 and depth < plan.max_split_depth
     if not chain:

@@ -1,8 +1,6 @@
 """The bounded in-cell replay loop: resolve each request or give up within a fixed allowance.
-
-``concurrency`` workers take requests from one queue, each call a :meth:`Caller.call`; the next
-attempt is the policy both transports share; a request another runner holds is waited for at the
-end.
+``concurrency`` workers take requests from one queue; a request another runner holds is waited for
+at the end.
 """
 
 from __future__ import annotations
@@ -75,9 +73,8 @@ class Replayer:
         self.control = Control()
 
     async def run(self, requests: Iterable[Request]) -> Outcome:
-        """Drive every request with ``concurrency`` workers. ``requests`` may be a stream (a
-        million): the queue is filled from it :data:`FEED` at a time as it runs low, so only those
-        are held."""
+        """Drive every request with ``concurrency`` workers. ``requests`` may be a stream of a
+        million: the queue is filled from it :data:`FEED` at a time as it runs low."""
         self.owner = Owner.start(self.session_id)
         self.caller = Caller(self.plan, self.store, self.provider, self.spender, self.transport,
                              self.outcome, self.writes, self.owner, self.control,
@@ -178,9 +175,9 @@ class Replayer:
                 changed.set()
 
     async def _wait_for_held(self) -> None:
-        """Everything else is done: look again at requests other runners hold, after a pause growing
-        while nothing changes. Those accepted meanwhile are read from the ledger; those no live
-        runner holds any more are queued again."""
+        """Everything else is done: look again at requests other runners hold, after a growing
+        pause; read those accepted meanwhile, and queue again those no live runner holds any
+        more."""
         self._polling = True
         try:
             await asyncio.sleep(self._poll)
@@ -367,9 +364,8 @@ class Replayer:
                 self._say("")
 
     def _rate_limited(self, exc: ProviderError) -> None:
-        """A 429: every call of the session waits what the provider asks, within what is left
-        of this run's ``max_rate_wait``; a limit still refusing after that long ends the run
-        unresolved, naming it (what was accepted is kept, the rest stays owed)."""
+        """A 429: every call of the session waits what the provider asks, within this run's
+        ``max_rate_wait``; a limit still refusing after that ends the run unresolved, naming it."""
         now, most = time.monotonic(), self.transport.max_rate_wait
         if self._limited_since is None:
             self._limited_since = now

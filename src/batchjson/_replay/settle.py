@@ -58,9 +58,8 @@ class Settle:
 
     async def settle(self, attempt: Attempt, got: Reply | ProviderError
                      ) -> tuple[acceptance.Verdict | None, Write]:
-        """Charge what ``got`` cost (settling the attempt's reservation; the ledger's own
-        budget settles what it held), count and judge it: its verdict (None: a provider's
-        failure) and the write that completes its receipt."""
+        """Charge what ``got`` cost (settling the reservation), count and judge it: its verdict
+        (None: a provider's failure) and the write that completes its receipt."""
         failed = isinstance(got, ProviderError)
         cost = self.failure_cost(attempt, got) if failed else self.cost(got)
         usage = got.usage if failed else usage_of(got)
@@ -95,9 +94,9 @@ class Settle:
             charge=ledger)
 
     def failure_cost(self, attempt: Attempt, error: ProviderError) -> float | None:
-        """What a failure cost: nothing for a call that never reached the server, that the API
-        refused before its model ran (a 4xx), or a job's line without an answer; unknown
-        (None) for one that may have been billed (a 5xx, a call cut off after it was sent)."""
+        """What a failure cost: nothing when the server never ran the model (unreachable, a 4xx, a
+        job line without an answer); unknown (None) when it may have been billed (a 5xx, a cut-off
+        call)."""
         if not attempt.billable:
             return error.usage.get("cost") or 0.0
         billed = self.spender.pricing.cost(error.usage.get("input_tokens"),
@@ -107,9 +106,8 @@ class Settle:
 
     def charge(self, reserved: float | None, cost: float | None,
                usage: Mapping[str, Any]) -> None:
-        """Settle a call's reservation (None: a job line another process reserved, charged as
-        it stands); a call billed beyond it stops the cost budget opening calls, and the run
-        says by how much (its receipt keeps the real cost)."""
+        """Settle a call's reservation (None: reserved by another process); a call billed beyond it
+        stops the cost budget opening calls, and the run says by how much."""
         spender, cap = self.spender, self.spender.pricing.max_output_tokens
         if reserved is None:
             charge_unreserved(spender, cost)
