@@ -59,9 +59,7 @@ class Evidence:
         usable = self._store.value_count(batch)
         cost = spend["cost"]
         superseded = [s for s in self.superseded if batch is None or s["batch"] == batch]
-        # Calls with no recorded cost (killed, interrupted, unpriced) are shown with the least
-        # they cost, and cost per usable result counts them at that floor (flagged as a lower
-        # bound); the rule is status's own (accounts.per_usable_result).
+        # calls of unknown cost count at their floor, by status's own rule (per_usable_result)
         unknown = spend["unknown_cost_calls"]
         stops = self._store.attempts_so_far(list(dict.fromkeys(u.key for u in owed)))[1]
         return {

@@ -32,10 +32,9 @@ def merge_ledger(store: Store, other: str | Path, validators: Any = None) -> dic
 
 def rechecked(tables: dict[str, Any], validators: Mapping[str, Any], run: Callable[..., Any],
               ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The other ledger's tables with only what follows from its receipts admitted: an
-    accepted attempt whose raw return fails the recheck, or a stored value of which does not
-    follow from it, becomes a rejected one without values; a value stored for no accepted
-    attempt is dropped. Each is named in the list returned."""
+    """The other ledger's tables with only what follows from its receipts admitted: an accepted
+    attempt whose return fails the recheck, or whose stored value does not follow from it, becomes
+    rejected without values; an orphan value is dropped. Each is named in the list returned."""
     revisions = {r["id"]: r for r in tables["revisions"]}
     names = {b["id"]: b["name"] for b in tables["batches"]}
     tasks = {(q["revision_id"], q["key"]): q["tasks"] for q in tables["requests"]}
@@ -73,10 +72,9 @@ def rechecked(tables: dict[str, Any], validators: Mapping[str, Any], run: Callab
 
 def _not_following(record: dict[str, Any], rows: list[Any], validators: Mapping[str, Any],
                    run: Callable[..., Any]) -> str:
-    """Why an accepted attempt's stored values are not admitted ("" when they are): its raw
-    return fails the recheck, or a value differs from the one its return gives (a field the
-    return does not hold may only be a compared field equal to the task's, kept by the
-    schema)."""
+    """Why an accepted attempt's stored values are not admitted ("" when they are): its raw return
+    fails the recheck, or a value differs from the one the return gives (a field the return lacks
+    may only be a compared field equal to the task's)."""
     derived, asked, why = recheck_receipt(record, validators, run)
     if derived is None:
         return why

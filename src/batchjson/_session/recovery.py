@@ -73,9 +73,8 @@ TEXT_FIELDS = ("model", "provider", "at")
 
 def read_lines(path: Path, validators: Mapping[str, Any],
                without_validator: bool | None = None) -> list[Line]:
-    """Parse and check every line first, so a bad file is refused before anything is written;
-    unless ``without_validator`` is None, also one naming a validator not in ``validators``
-    (without the opt-out)."""
+    """Parse and check every line before anything is written, so a bad file is refused whole (and,
+    unless ``without_validator`` is None, one naming a validator not in ``validators``)."""
     validators = registry_view(validators)
     try:
         with path.open("rb") as head:
@@ -174,9 +173,8 @@ def _check(path: Path, number: int, record: dict[str, Any],
 
 def _unlike_components(components: Mapping[str, str], record: Mapping[str, Any],
                        schema: ItemSchema) -> str | None:
-    """What of an exported receipt does not follow from the components it was keyed by: its
-    schema (the very one, or a model's structure as it ran; an export carries it whenever its
-    batch had one) and its validator (one named whenever one judged it)."""
+    """What of an exported receipt does not follow from the components it was keyed by: its schema
+    (or a model's structure as it ran) and its validator."""
     shape = components.get("schema_shape")  # a model's: its structure, as run
     text = json.dumps(record.get("schema"), sort_keys=True, separators=(",", ":"))
     if components.get("schema") not in (schema.fingerprint, None) and shape != text:
@@ -254,8 +252,7 @@ def recheck_receipt(record: dict[str, Any], validators: Mapping[str, Any],
                     run: Callable[..., Any]
                     ) -> tuple[dict[str, Any] | None, list[dict[str, Any]], str]:
     """(items by task_id, the request's tasks, "") when an exported receipt's raw return passes
-    every check import reruns (its key and identity rule against its components, coverage,
-    identity, schema, the validator when given), else (None, [], why)."""
+    every check import reruns, else (None, [], why)."""
     try:
         line = _check(Path("receipt"), 1, record, validators)
     except InvalidBatch as exc:

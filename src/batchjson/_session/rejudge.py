@@ -49,10 +49,9 @@ class Judging:
 
     def first_passing(self, candidates: Sequence[tuple[Request, Sequence[Any]]],
                       broken: list[dict[str, Any]] | None = None) -> list[Passed]:
-        """For each request, the first of its stored returns (rows with ``raw``) that passes
-        now, judged against the ledger's own copy of its tasks, with the values it stores.
-        With ``broken`` given, a ``validator_error`` ends the judging and is appended there:
-        the validator is broken (or hangs), and no call could be judged by it either."""
+        """For each request, the first stored return (rows with ``raw``) that passes now against the
+        ledger's own copy of its tasks. With ``broken``, a ``validator_error`` ends the judging
+        there: no call could be judged by that validator either."""
         async def judge_all() -> list[Passed]:
             passed = []
             for request, rows in candidates:
@@ -102,10 +101,9 @@ def earlier_candidates(store: Store, pending: Sequence[Request], *, seen_of: Map
 
 def unseen_token(store: Store, judging: Judging, requests: Sequence[Request],
                  previous: str | None) -> str | None:
-    """None when every accepted answer among ``requests`` passes the rules as they are now with
-    the very values it committed; else the ``unseen`` component of the revision to run instead,
-    naming ``previous`` (this one's) and the requests whose answers fail (one accepted without
-    a raw text on record cannot be re-judged: it fails)."""
+    """None when every accepted answer among ``requests`` still passes with the values it committed;
+    else the ``unseen`` component of the revision to run instead, naming ``previous`` and the
+    requests that fail (one with no raw text on record fails)."""
     accepted = store.accepted_keys([r.key for r in requests])
     found = {r.key: store.accepted_return(r.key) for r in requests if r.key in accepted}
     passed = judging.first_passing([(r, [found[r.key][0]]) for r in requests

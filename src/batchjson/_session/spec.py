@@ -1,9 +1,7 @@
 """The one public description of a run, and the one place that checks a run's inputs.
 
-Every face builds a ``RunSpec``, so every face refuses the same inputs in the same words. A spec
-checks its options when it is made and its content in :meth:`RunSpec.checked`, before the ledger or
-the provider is touched: a refusal never costs a call or records anything. :class:`SessionOptions`
-checks a session's own settings.
+Every face builds a ``RunSpec``, so every face refuses the same inputs in the same words, before the
+ledger or the provider is touched: a refusal never costs a call or records anything.
 """
 
 from __future__ import annotations
@@ -145,9 +143,8 @@ def check_text(label: str, value: Any, example: str, *, required: bool = False,
 
 @options(ConfigError)
 class SessionOptions:
-    """A :class:`~batchjson.Session`'s own settings, checked before it opens its ledger: a bad
-    one is refused (``ConfigError``; a bad budget ``InvalidBatch``, as documented) before
-    anything is created, spent or recorded."""
+    """A :class:`~batchjson.Session`'s own settings, refused (``ConfigError``; a bad budget
+    ``InvalidBatch``) before anything is created, spent or recorded."""
 
     strict: Flag
     budget: Annotated[Budget, PlainValidator(Budget.of)]

@@ -43,9 +43,8 @@ DROSTE_KEYWORDS = frozenset({"type", "enum", "const", "required", "properties",
 
 
 def check_droste_schema(schema: Any) -> None:
-    """Refuse, before anything is spent, a schema droste's helper would refuse: not a dict, or
-    a keyword outside droste's subset at any level it reads. Shapes (a bad ``minimum``, a
-    non-unique ``required``) and non-string keys are then refused by :func:`compile_schema`."""
+    """Refuse before spending a schema droste's helper would refuse: not a dict, or a keyword
+    outside droste's subset; :func:`compile_schema` then refuses bad shapes."""
     if not isinstance(schema, Mapping):
         raise InvalidBatch(f"schema must be a JSON Schema dict in droste's subset "
                            f"({', '.join(sorted(DROSTE_KEYWORDS))}), got "
