@@ -173,9 +173,8 @@ class CallableProvider(OneService):
                 f"callable provider returned {type(out).__name__}, expected str or Reply",
                 retryable=False,
             )
-        # A bare text says nothing of what the call was billed: its usage stays unknown, so a
-        # cost budget keeps the call's worst case and the ledger records its cost as unknown
-        # (at least the receipt's estimated floor), never an estimate passed off as usage.
+        # A bare text says nothing of what the call was billed: its usage stays unknown, never
+        # an estimate passed off as usage.
         return Reply(text=out, model=self.model)
 
     async def _invoke(self, call: Call) -> Any:

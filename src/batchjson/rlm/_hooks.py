@@ -64,8 +64,7 @@ class RlmHooks:
         self._provider: SubcallProvider | None = None
         self._lock = threading.RLock()  # one call at a time: its REPL answers the whole run
         self._gates: dict[type, type] = {}
-        # What cells are given: plain functions, none leading back to these hooks or the session
-        # (a bound method would, as tool.__self__.session.ledger)
+        # plain functions (_tools.tool): none leads a cell back to these hooks or the session
         helper = tool(self, "llm_batch_json")
         self._tools = {"llm_batch_json": helper, "llm_query_batched_json": helper,
                        **{name: self._names[name] for name in ("validator", "batch_status",
