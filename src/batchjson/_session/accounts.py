@@ -1,7 +1,6 @@
 """The account: every attempt ever recorded, per batch and in total, priced honestly: a call of
 unknown cost is not free but counted at a floor, reported apart. Pricing sits here, above the
-ledger, which stores the costs it is given.
-"""
+ledger, which stores the costs it is given."""
 
 from __future__ import annotations
 

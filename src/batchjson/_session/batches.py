@@ -26,8 +26,7 @@ from .result import BatchResult
 
 def client_for(provider: Any, store: Store, run: Callable[[Any], Any], used: list[Any]) -> Any:
     """The batch API of ``provider``, checked to exist (one look, on the session's loop;
-    ``provider`` joins ``used``, which the session closes), or a ConfigError saying why; nothing is
-    recorded."""
+    ``provider`` joins ``used``, which the session closes), or a ConfigError saying why."""
     offer = getattr(provider, "batch_api", None)  # a provider says if it has a batch transport
     if not callable(offer):
         raise ConfigError(

@@ -1,7 +1,6 @@
 """``%batch_status`` collects what has ended: each open job's lines judged as its run would judge
 them, through the same runner; nothing is submitted. A job whose validator this kernel has not
-registered is left open, saying to re-run its cell.
-"""
+registered is left open, saying to re-run its cell."""
 
 from __future__ import annotations
 

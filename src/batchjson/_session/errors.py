@@ -1,6 +1,5 @@
 """A result's errors, built when read: a run that fails a million tasks must not hand back a million
-error dicts. :func:`failure_groups` keeps the first few groups and counts the rest.
-"""
+error dicts. :func:`failure_groups` keeps the first few groups and counts the rest."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Evidence: a read-only view over the ledger of what is still owed.
 
 A request is resolved only by an accepted return for exactly its content key, so re-running
-identical work resumes it, and nothing but the ledger holds this state.
-"""
+identical work resumes it, and nothing but the ledger holds this state."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The public ``batchjson.Ledger``: the ledger's facade plus what needs judging or prices, which the
 ledger itself never does: accounts (``accounts.py``), import and merge (``recovery.py``,
-``merge.py``).
-"""
+``merge.py``)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 Idempotent (attempts match by ``uid``, revisions by batch and fingerprint) and one transaction. A
 merge is an import: each accepted attempt is rechecked as a receipt is
-(``recovery.recheck_receipt``); one that fails is merged as rejected and named.
-"""
+(``recovery.recheck_receipt``); one that fails is merged as rejected and named."""
 
 from __future__ import annotations
 
@@ -21,9 +20,9 @@ from .recovery import recheck_receipt, registry_view
 
 
 def merge_ledger(store: Store, other: str | Path, validators: Any = None) -> dict[str, Any]:
-    """Bring the other ledger (a file or a ``postgresql://`` URL) into the store's; returns what was
-    added and what was not admitted. ``validators`` (name -> function) rechecks the batches that ran
-    with one."""
+    """Bring the other ledger (a file or a ``postgresql://`` URL) into the store's: what was added
+    and what was not admitted. ``validators`` (name -> function) recheck the batches that ran with
+    one."""
     given = registry_view(validators)
     tables, source, label = other_tables(store, other)
     tables, refused = rechecked(tables, given, run_sync)

@@ -1,6 +1,5 @@
 """A run's plan: one frozen value saying what the run found before anything is recorded or spent.
-``run.py``'s pure steps each return a new plan; recording, sending and reporting only read it.
-"""
+``run.py``'s pure steps each return a new plan; recording, sending and reporting only read it."""
 
 from __future__ import annotations
 

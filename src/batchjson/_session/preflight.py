@@ -1,7 +1,6 @@
 """Refused before spending: the checks of a run's content that need no call, each an
 :class:`~batchjson._errors.InvalidBatch` naming the problem and the fix. ``RunSpec`` runs them
-before anything is recorded or sent.
-"""
+before anything is recorded or sent."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 Every imported return is judged again as a stored answer is (``rejudge.Judging``); a receipt whose
 validator is not given is refused, or with the opt-out kept unverified, never admitted. Each line is
-imported once (its digest in ``imports``). Merge rechecks by :func:`recheck_receipt`.
-"""
+imported once (its digest in ``imports``). Merge rechecks by :func:`recheck_receipt`."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 A re-run cell makes a new function object; the registry hands back the *first* object with the same
 fingerprint, so identity-keyed code downstream sees one validator. A partial fingerprint never hands
-back an older object: its logic may differ where the fingerprint is blind.
-"""
+back an older object: its logic may differ where the fingerprint is blind."""
 
 from __future__ import annotations
 
@@ -134,8 +133,7 @@ class ValidatorRegistry:
                    hand_over: bool = False) -> ValidatorVersion:
         """Like ``define``, but return the version record. ``hand_over``: a helper registering
         ``fn`` on its way to a run; the next run on this thread takes this record by the object
-        instead of fingerprinting again. Any other registration, and every run, ends the
-        hand-over."""
+        instead of fingerprinting again (any other registration, and every run, ends it)."""
         record = self.register(fn, name=name).record
         self._handed.record = record if hand_over else None
         return record

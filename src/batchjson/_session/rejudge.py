@@ -2,8 +2,7 @@
 (the judge a call's return goes through) under the run's rules, locally and for free; what passes is
 committed as a cost-0 ``recheck``. The three reasons (a change of judging only, a fingerprint that
 cannot fully see, an answer of unknown source) are in docs/design.md ("Evidence and revisions");
-import and merge judge through the same :class:`Judging`.
-"""
+import and merge judge through the same :class:`Judging`."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@ revision's requests read back from the ledger.
 
 Checking a million tasks costs about a third of running them, so the ledger remembers a JSON Lines
 file by the SHA-256 of its bytes; the same file under the same rules, wholly accepted, reads its
-result from the ledger.
-"""
+result from the ledger."""
 
 from __future__ import annotations
 

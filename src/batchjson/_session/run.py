@@ -2,8 +2,7 @@
 
 The first steps are pure over a frozen :class:`RunPlan` and record and spend nothing; recording,
 sending and reporting only read the plan, so nothing is recorded or spent before the inputs, the
-budget and the fit have been checked.
-"""
+budget and the fit have been checked."""
 
 from __future__ import annotations
 
@@ -79,8 +78,7 @@ def planned(rt: Runtime, spec: RunSpec) -> RunPlan:
 
 
 def judge_with(rt: Runtime, plan: RunPlan) -> RunPlan:
-    """The validator's version (registered now, or handed over by the helper that registered
-    it a moment ago) and the checker acceptance calls."""
+    """The validator's version (registered now, or handed over by its helper) and the checker."""
     spec, validator = plan.spec, plan.spec.validator
     handed = rt.validators.handed_over(validator, spec.validator_name, take=True)
     if validator is None:
@@ -141,8 +139,7 @@ def fitted(rt: Runtime, plan: RunPlan) -> RunPlan:
 
 
 def plan_calls(rt: Runtime, plan: RunPlan) -> tuple[Plan, Spender]:
-    """What the calls are asked to do, refused before spending when the budget cannot cover
-    one call per pending request."""
+    """The calls' plan; refused before spending if the budget cannot pay each pending request."""
     spec, content = plan.spec, plan.content
     calls = Plan(batch_id=0, revision_id=0, mode=spec.mode,  # ids set once the revision opens
                  identity=content.identity, schema=content.schema, validator=plan.checker,
@@ -344,8 +341,7 @@ def _result(rt: Runtime, name: str, revision: Any, total: int,
 
 def _values(rt: Runtime, revision_id: int, total: int, task_ids: Callable[[], Iterable[str]],
             schema: Any, outcome: Outcome) -> tuple[Mapping[str, Any], ResultErrors]:
-    """The revision's values, read from the ledger when asked for, and an error for every
-    task without one, built when read."""
+    """The revision's values and an error for every task without one, each read when asked for."""
     values, unloadable = result_values(rt.ledger.store, revision_id, schema)
     why = (f"no call was made for this task in this run: {outcome.stopped}"
            if outcome.stopped else "no call was made for this task in this run")

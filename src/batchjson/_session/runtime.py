@@ -1,7 +1,6 @@
 """What a run's steps use of the session, handed to them whole: the machinery that outlives a run
 and the settings as they are at its start. Steps read this, never the session's private names, so
-nothing below the session imports it.
-"""
+nothing below the session imports it."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """A session: one ledger, one validator registry, one provider, and the budgets over them.
 
-Every face runs through it (``Session.run``), and data flows one way from here.
-"""
+Every face runs through it (``Session.run``), and data flows one way from here."""
 
 from __future__ import annotations
 
@@ -195,8 +194,7 @@ class Session:
             self.strict, self.job_poll, self.on_note, lambda: self.provider)
 
     def advise(self, name: str, **options: Any) -> dict[str, Any]:
-        """Pack-size advice for batch ``name`` from its receipts (see docs/recovery.md);
-        ``options`` go to :func:`batchjson._session.advice.advise` (candidates=, split=)."""
+        """Pack-size advice for batch ``name`` (docs/recovery.md); options: candidates=, split=."""
         options.setdefault("repairs", self.repairs)
         options.setdefault("replays", self.replays)
         return advise(self.ledger, name, **options)

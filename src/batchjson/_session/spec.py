@@ -1,8 +1,7 @@
 """The one public description of a run, and the one place that checks a run's inputs.
 
 Every face builds a ``RunSpec``, so every face refuses the same inputs in the same words, before the
-ledger or the provider is touched: a refusal never costs a call or records anything.
-"""
+ledger or the provider is touched: a refusal never costs a call or records anything."""
 
 from __future__ import annotations
 

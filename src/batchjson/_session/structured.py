@@ -1,7 +1,6 @@
 """droste's ``llm_batch_json`` contract over a session: one prompt per call, a bare JSON value.
 
-Core, not a face: it knows nothing of hosts, and builds a :class:`RunSpec` like any face.
-"""
+Core, not a face: it knows nothing of hosts, and builds a :class:`RunSpec` like any face."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """A result's accepted values, read from the ledger when asked for.
 
 A million values as Python objects would need gigabytes, and the ledger has them already. A result
-outlives its session (the mapping opens the ledger again); an in-memory ledger's values are copied
-into it.
-"""
+outlives its session (it opens the ledger again); an in-memory ledger's are copied."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 Every step reads requests :data:`WINDOW` at a time from one source (the checked tasks' texts, or the
 ledger's rows for a revision on record): :func:`survey` once before anything is recorded or spent,
-then :class:`Pending` for the calls. What needs every request at once says so where it is.
-"""
+then :class:`Pending` for the calls. What needs every request at once says so where it is."""
 
 from __future__ import annotations
 
