@@ -95,8 +95,7 @@ def pricing_of(provider: Any) -> Pricing:
 class Tally:
     """What a session has spent, charged call by call by every run (and thread) using it:
     ``reserved`` for calls not yet settled, ``cost`` for settled ones (an unknown cost at its worst
-    case). Once ``unbounded`` says why (a call billed beyond its reservation), the cost budget opens
-    no call."""
+    case). Once ``unbounded`` says why (a call billed beyond its reservation), no call is opened."""
 
     def __init__(self) -> None:
         self.calls = 0

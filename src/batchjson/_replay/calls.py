@@ -2,8 +2,7 @@
 the in-flight receipt, and only then send; judge the return and queue its record.
 
 :meth:`Caller.call` returns what happened as a value (:class:`Judged`, or :class:`NotSent`); only a
-provider's failure is raised, for the transport retries.
-"""
+provider's failure is raised, for the transport retries."""
 
 from __future__ import annotations
 

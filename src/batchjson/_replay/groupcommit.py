@@ -3,8 +3,7 @@
 Each write's caller resumes only after the transaction holding it committed, so "receipt before
 call" holds as with one transaction per write; a write's ``Later`` (PostgreSQL's pipeline) is
 awaited once for the group. One failing write undoes the group and each runs again alone; a failing
-ledger fails every queued and later write, so no call follows a lost record.
-"""
+ledger fails every queued and later write, so no call follows a lost record."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """This session as one live host of its ledger, so that the hosts on one account divide its rate
-limits instead of each sending at all of them.
-"""
+limits instead of each sending at all of them."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@ settled by the same step (``settle.py``) as a live return.
 
 The runner holds about one job's requests at a time, each job recorded before upload. Lines join
 receipts by ``custom_id`` only: an unknown, missing or duplicated id is named, never admitted.
-``wait=True`` passes until every job ended (docs/design.md).
-"""
+``wait=True`` passes until every job ended (docs/design.md)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 A semaphore alone cannot: retries fired into a closed rate window burn money. One :class:`Pacer` per
 session, shared by its runs: two leaky buckets (aiolimiter), a 429 pausing every call and halving
-the calls in flight (docs/providers.md, "Rate limits").
-"""
+the calls in flight (docs/providers.md, "Rate limits")."""
 
 from __future__ import annotations
 

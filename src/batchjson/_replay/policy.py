@@ -1,7 +1,6 @@
 """One policy decides a request's next attempt, for live calls and batch jobs alike: repairs, exact
 replays, then halves (docs/design.md, "The replay loop"). A cut-off return would be cut off again,
-and a validator crash or a final 4xx is never asked again.
-"""
+and a validator crash or a final 4xx is never asked again."""
 
 from __future__ import annotations
 

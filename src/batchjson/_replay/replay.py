@@ -1,6 +1,5 @@
 """The bounded in-cell replay loop: resolve each request or give up within a fixed allowance.
-``concurrency`` workers take requests from one queue; a request another runner holds is waited for
-at the end.
+``concurrency`` workers take requests from one queue; what another runner holds waits till the end.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """The transport seam and the one settle step of both transports: a :class:`Carrier` turns what it
 sent into ``(attempt, Reply or ProviderError)`` pairs, and :meth:`Settle.settle` charges, counts and
-judges each, returning the write that completes its receipt.
-"""
+judges each, returning the write that completes its receipt."""
 
 from __future__ import annotations
 
