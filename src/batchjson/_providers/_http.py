@@ -1,7 +1,5 @@
-"""HTTP plumbing shared by the API providers: sessions per loop, error mapping, key secrecy. Nothing
-here retries or validates: a failure's ``retryable`` and ``retry_after`` tell the replay loop what
-to do.
-"""
+"""HTTP plumbing shared by the API providers (sessions per loop, error mapping, key secrecy);
+nothing here retries or validates."""
 
 from __future__ import annotations
 
@@ -256,9 +254,8 @@ def as_int(value: Any) -> int | None:
 
 
 class HttpProvider(OneService):
-    """What the HTTP providers share: model, endpoint and key from arguments or the
-    environment (the key never leaves its Secret), checked settings, and one pooled aiohttp
-    session per event loop."""
+    """What the HTTP providers share: model, endpoint and key from arguments or the environment (the
+    key never leaves its Secret), checked settings, one pooled aiohttp session per event loop."""
 
     name = "http"
     enforces_timeout = True  # every request is bounded by ``timeout`` (aiohttp ClientTimeout)

@@ -1,6 +1,5 @@
 """Anthropic Messages API over aiohttp: a forced tool carries the wire schema, or plain text. 529
-"overloaded" is retryable; the API key never reaches a message or repr.
-"""
+"overloaded" is retryable; the API key never reaches a message or repr."""
 
 from __future__ import annotations
 
@@ -101,9 +100,8 @@ class AnthropicProvider(HttpProvider):
     def read_reply(self, data: Mapping[str, Any], body_text: str | None, tool: str | None,
                    wrapped: bool, *, at: tuple[str | int, ...] = (),
                    price_factor: float = 1.0) -> Reply:
-        """A Message's reply; ``body_text`` is the JSON text it came in, with the message at
-        path ``at`` (a batch result line carries it under ``result.message``);
-        ``price_factor`` scales its cost (batch prices)."""
+        """A Message's reply; ``body_text`` is the JSON text it came in, the message at path ``at``
+        (a batch line has it under ``result.message``); ``price_factor`` scales its cost."""
         content = data.get("content")
         if not isinstance(content, list):
             raise ProviderError("anthropic: response has no content list", status=200,
@@ -139,9 +137,8 @@ class AnthropicProvider(HttpProvider):
 
 
 def _stop(reason: Any, tool: str | None, called: bool, content: list[Any]) -> str | None:
-    """How the message ended, as acceptance judges it: cut off at ``max_tokens`` (or the
-    context window), refused, text where the answer tool was forced, or a tool call where
-    text was asked; None for an answer that ended on its own."""
+    """How the message ended, as acceptance judges it: cut off, refused, text where the tool was
+    forced, or a tool call where text was asked; None for an answer that ended on its own."""
     if reason in ("max_tokens", "model_context_window_exceeded"):
         return TRUNCATED
     if reason == "refusal":

@@ -1,7 +1,6 @@
 """Anthropic's Message Batches as a transport: ``requests: [{custom_id, params}]`` in the creation's
 body, results (JSONL, once ended) in any order. There is no file to upload: ``upload`` only stages
-the requests, so a failure before the batch is created has created nothing.
-"""
+the requests, so a failure before the batch is created has created nothing."""
 
 from __future__ import annotations
 

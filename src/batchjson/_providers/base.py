@@ -57,9 +57,8 @@ async def close_provider(provider: Any) -> None:
 
 
 def estimate_tokens(text: str) -> int:
-    """An estimate of a text's tokens (a quarter of its characters): the simulated model's own
-    count, and the labelled cost floor of a call whose usage is unknown. Never a bound (a CJK
-    character or an emoji is a token or more), and never recorded as a provider's usage."""
+    """A quarter of the text's characters: the simulated model's count and the labelled cost floor
+    of a call of unknown usage. Never a bound (CJK, emoji), never recorded as a provider's usage."""
     return max(1, len(text) // 4)
 
 
@@ -96,9 +95,8 @@ class OneService:
 
 
 class ProviderHandle(OneService):
-    """Holds a provider object of your own for ``%config BatchJson.provider =
-    ProviderHandle(obj)``: IPython's config deep-copies what it is given, the handle is never
-    copied, and the extension takes ``obj`` itself out of it."""
+    """Holds a provider object of your own for ``%config BatchJson.provider = ProviderHandle(obj)``:
+    IPython's config deep-copies what it is given; the handle is never copied."""
 
     def __init__(self, provider: Any) -> None:
         self.provider = provider

@@ -3,8 +3,7 @@ pool, and the one check that the endpoints exist (refused before anything is rec
 
 A client only transports: each result line becomes a ``Reply`` as the provider reads a live answer,
 or a ``ProviderError`` as the live endpoint's error would be; the job runner joins, judges and
-records.
-"""
+records."""
 
 from __future__ import annotations
 
@@ -106,9 +105,9 @@ class BatchClient:
             raise
 
     async def find(self, uid: str, since: float) -> dict[str, Any] | None:
-        """The job created with ``uid`` in its metadata (by a runner that stopped before
-        recording its id), created after ``since`` (unix seconds); None when there is none or
-        the API keeps no metadata on its jobs (Anthropic's)."""
+        """The job created with ``uid`` in its metadata after ``since`` (unix seconds), by a runner
+        that stopped before recording its id; None when there is none or the API keeps no
+        metadata."""
         return None
 
     async def poll(self, job_id: str) -> dict[str, Any]:
@@ -133,9 +132,8 @@ class BatchClient:
         return False
 
     def outcome(self, line: Mapping[str, Any], wrapped: bool) -> Reply | ProviderError:
-        """One result line: the reply it carries, or the provider error it reports (an error
-        line read as the live endpoint's error response is); never an answer taken from an
-        error line."""
+        """One result line: the reply it carries, or the provider error it reports as the live
+        endpoint's error response would be; never an answer taken from an error line."""
         found = self.answer(line)
         if isinstance(found, ProviderError):
             return found

@@ -2,8 +2,7 @@
 
 A provider caches a prefix only past a model-dependent length and only if every byte before it is
 identical, so when the shared part is long enough the wire schema is sent batch-constant instead of
-pinning each request's identity values (acceptance checks them either way).
-"""
+pinning each request's identity values (acceptance checks them either way)."""
 
 from __future__ import annotations
 

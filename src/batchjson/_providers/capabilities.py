@@ -1,7 +1,6 @@
 """What an OpenAI chat model accepts in a request: the reasoning models refuse parts every other
 chat model takes, with a 400 on every call. From OpenAI's documentation and the recorded 400s in
-tests/fixtures/recorded/; unlisted models accept everything (docs/providers.md).
-"""
+tests/fixtures/recorded/; unlisted models accept everything (docs/providers.md)."""
 
 from __future__ import annotations
 
@@ -45,9 +44,8 @@ KNOWN: tuple[tuple[re.Pattern[str], Capabilities], ...] = (
 
 
 def capabilities_for(model: str, override: Any = None) -> Capabilities:
-    """The table's capabilities for ``model`` (a vendor prefix such as ``openai/`` and a
-    fine-tune's ``ft:`` are looked through), with ``override`` (a mapping of field names, or
-    a :class:`Capabilities`) laid over them; a bad override is refused naming the field."""
+    """The table's capabilities for ``model`` (a vendor prefix or ``ft:`` looked through), with
+    ``override`` (field names, or a :class:`Capabilities`) laid over; a bad override is refused."""
     name = model.rsplit("/", 1)[-1].removeprefix("ft:").lower()
     found = next((caps for pattern, caps in KNOWN if pattern.match(name)), CHAT)
     if override is None:
@@ -74,9 +72,8 @@ def capabilities_for(model: str, override: Any = None) -> Capabilities:
 
 
 def shaped_extra_body(model: str, caps: Capabilities, extra: dict[str, Any]) -> dict[str, Any]:
-    """``extra_body`` as this model takes it: ``max_tokens`` sent as ``max_completion_tokens``
-    where only that is accepted; a sampling setting the model refuses is refused now, before
-    anything is spent, rather than answered with a 400 on every call."""
+    """``extra_body`` as this model takes it: ``max_tokens`` renamed where needed; a sampling
+    setting the model refuses is refused now rather than answered with a 400 on every call."""
     if not caps.temperature:
         refused = [k for k in SAMPLING if k in extra]
         if refused:

@@ -208,9 +208,8 @@ def _tool_arguments(message: Mapping[str, Any]) -> str | None:
 
 
 def _stop(finish: Any, refusal: Any, answered: bool, arguments: str | None) -> str | None:
-    """How the choice ended, as acceptance judges it: cut off at the output ceiling, refused
-    (``message.refusal``, or the content filter withholding it), or a tool call where text
-    was asked; None for a text answer that ended on its own."""
+    """How the choice ended, as acceptance judges it: cut off, refused (``message.refusal`` or the
+    content filter), or a tool call where text was asked; None for a text answer that ended well."""
     if finish == "length":
         return TRUNCATED
     if refusal or finish == "content_filter":

@@ -1,7 +1,6 @@
 """OpenAI's Batch API as a transport: a JSONL file of chat-completion requests, one batch over it,
 its output and error files. Lines come in any order with their ``custom_id``; ``completed`` says
-only that the batch stopped, not that any line succeeded.
-"""
+only that the batch stopped, not that any line succeeded."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Dated default token prices, so a ledger can show spend; unknown models cost None, not a guess.
-Every number is overridable (``prices=`` on a provider, :func:`set_prices` once per process); USD
-per million tokens.
-"""
+"""Dated default token prices in USD per million tokens, so a ledger can show spend; unknown models
+cost None, not a guess. Override with ``prices=`` on a provider or :func:`set_prices`."""
 
 from __future__ import annotations
 

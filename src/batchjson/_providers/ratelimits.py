@@ -1,7 +1,6 @@
 """What providers say about their rate limits, read from response headers (OpenAI's
 ``x-ratelimit-*``, Anthropic's ``anthropic-ratelimit-*``, ``retry-after[-ms]``). A value that is not
-a finite number of seconds is unknown. Only reads, for the pacer (docs/providers.md).
-"""
+a finite number of seconds is unknown. Only reads, for the pacer (docs/providers.md)."""
 
 from __future__ import annotations
 
@@ -124,9 +123,8 @@ def reported(headers: Mapping[str, str], now: float | None = None) -> Reported:
 
 
 def retry_wait(headers: Mapping[str, str], now: float | None = None) -> float | None:
-    """How long a refused request should wait: ``retry-after-ms`` / ``retry-after`` when sent,
-    else the reset of the exhausted limit (OpenAI's 429s often carry only
-    ``x-ratelimit-reset-tokens``), else None."""
+    """How long a refused request should wait: the Retry-After when sent, else the exhausted limit's
+    reset (OpenAI's 429s often carry only ``x-ratelimit-reset-tokens``), else None."""
     wait = retry_after(headers)
     if wait is not None:
         return wait

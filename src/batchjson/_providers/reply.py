@@ -3,8 +3,7 @@
 A provider is any object with an async ``complete(call)``, so what comes back may be a bare ``str``,
 counts as strings, text as bytes. :func:`received` coerces it once, for every provider: text an
 exact ``str``, counts whole or unknown, the model name masked, ``stop`` one of :data:`STOPS`.
-Nothing downstream cleans a reply again (docs/providers.md, "One boundary").
-"""
+Nothing downstream cleans a reply again (docs/providers.md, "One boundary")."""
 
 from __future__ import annotations
 
@@ -136,9 +135,8 @@ def provider_names(provider: Any) -> tuple[Any, Any]:
 
 
 class GuardedProvider:
-    """The provider as the replay loop sees it: every reply passes :func:`received`, and its
-    name and model are shown as :func:`provider_names` says. Everything else is the
-    provider's own (timeout, aclose, max_tokens, ...)."""
+    """The provider as the replay loop sees it: every reply passes :func:`received` and its names
+    are masked; everything else is the provider's own."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner

@@ -1,6 +1,5 @@
-"""An HTTP provider's settings, checked when it is made: a setting no call could use is
-refused with :class:`~batchjson._errors.ProviderSetupError` naming it and the fix, before
-anything is spent, rather than failing (or being paid for) call by call."""
+"""An HTTP provider's settings, checked when it is made: a setting no call could use is refused
+(:class:`~batchjson._errors.ProviderSetupError`) before anything is spent."""
 
 from __future__ import annotations
 
@@ -63,9 +62,8 @@ def checked_extra_body(kind: str, extra_body: Any, owned_keys: frozenset[str]) -
 
 
 def checked_key(kind: str, api_key: Any, env: str) -> str | None:
-    """The API key from ``api_key=`` or the environment, refused now if no HTTP header could
-    carry it as given: not a string, or holding whitespace or control characters (a key read
-    from a file keeps its newline), which would otherwise fail every call as a provider error."""
+    """The API key from ``api_key=`` or the environment, refused now if no HTTP header could carry
+    it (not a str, or whitespace: a key read from a file keeps its newline)."""
     key = api_key if api_key is not None else os.environ.get(env)
     where = "api_key=" if api_key is not None else f"the {env} environment variable"
     if key is None or key == "":

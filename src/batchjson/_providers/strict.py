@@ -3,8 +3,7 @@
 Any schema outside strict mode's subset is a 400 on every call. :func:`strict_form` rewrites a
 schema only where the rewrite accepts a subset of what it accepts (objects closed, an optional
 property required and nullable, read back as absent); anything else is named, and the provider falls
-back to JSON mode.
-"""
+back to JSON mode."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """A batch job's upload on disk: lines written to an unnamed temporary file as they are built and
 sent from it, so a job of 50,000 lines takes disk, never the runner's memory. Lines are framed as
-the provider wants (OpenAI: JSON Lines; Anthropic: ``{"requests":[...]}``).
-"""
+the provider wants (OpenAI: JSON Lines; Anthropic: ``{"requests":[...]}``)."""
 
 from __future__ import annotations
 
