@@ -45,17 +45,15 @@ def check_identifier(var: str, option: str) -> None:
 
 
 def running_cell(shell: Any) -> int:
-    """The number of the cell now running, as its In[n] shows: IPython 9 has already advanced
-    ``shell.execution_count`` while a cell runs (8 advanced it afterwards), and it caches the
-    running cell under its own number before running it."""
+    """The number of the running cell, as its In[n] shows: IPython 9 advances ``execution_count``
+    before a cell runs (8 after), and caches the cell under its own number first."""
     mapping = getattr(getattr(shell, "compile", None), "_filename_map", None)
     return max(mapping.values()) if mapping else shell.execution_count
 
 
 def run_body(shell: Any, cell: str) -> tuple[list[str], set[str]]:
-    """Execute the body in the user namespace; return the names it (re)bound to functions it
-    defined, and every name it assigned (by its own statements or by what it ran: ``%run``).
-    One leading blank line keeps traceback line numbers as the user sees the cell."""
+    """Run the body in the user namespace: (names it bound to functions it defined, every name it
+    assigned, ``%run`` included). A leading blank line keeps traceback line numbers right."""
     source = "\n" + shell.transform_cell(cell)
     filename = shell.compile.cache(source, running_cell(shell), raw_code="\n" + cell)
     code = shell.compile(source, filename, "exec")
@@ -77,10 +75,9 @@ def left_by_another_cell(assigned: set[str], **options: str | None) -> list[str]
 
 def define_once(registry: ValidatorRegistry, ns: dict[str, Any], names: list[str],
                 validator: Any) -> tuple[Any, list[str]]:
-    """Pass the validator the body defined (one of ``names``) through the registry under its
-    variable name, rebinding the variable so an unchanged re-run keeps ``id(fn)``: (the validator to
-    run, the registry's messages worth saying). One the body did not define is returned as it is;
-    the run registers it."""
+    """Pass the validator the body defined (one of ``names``) through the registry and rebind its
+    variable, so an unchanged re-run keeps ``id(fn)``: (the validator, messages worth saying). One
+    the body did not define is returned as it is; the run registers it."""
     name = next((n for n in names if ns[n] is validator), None)
     if validator is None or name is None:
         return validator, []

@@ -2,8 +2,7 @@
 
 One session per kernel, configured by IPython's own ``%config BatchJson.*`` (a refused value is the
 trait's ``TraitError``; the old value stays). Re-running a cell is safe: its validator goes through
-the define-once registry, and identical work resumes from the ledger.
-"""
+the define-once registry, and identical work resumes from the ledger."""
 
 from __future__ import annotations
 

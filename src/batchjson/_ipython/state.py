@@ -1,7 +1,6 @@
 """What one kernel keeps across ``%reset`` and ``%reload_ext``: its session and injected names, held
 on the shell object, so the ledger connection and the validator registry (and every canonical
-validator object) outlive both.
-"""
+validator object) outlive both."""
 
 from __future__ import annotations
 
@@ -19,9 +18,8 @@ MEMORY = ":memory:"
 
 
 def notebook_names(session: Session) -> dict[str, Any]:
-    """The names a notebook gets (``INJECTED``): droste's helper over the session, its
-    ``run_batch``, define-once, and the session itself. Handing a person the session is the
-    point here; an RLM host's cells get ``batchjson.rlm``'s tools instead, which carry none."""
+    """The names a notebook gets (``INJECTED``), the session itself among them: a person is handed
+    the session; an RLM host's cells get ``batchjson.rlm``'s tools instead, which carry none."""
     return {"run_batch": session.run_batch, "llm_batch_json": session.llm_batch_json,
             "validator": session.validators.define, "batch_session": session}
 
