@@ -2,9 +2,7 @@
 
 The session and validator registry live on the host side, so :func:`bind` works where a namespace
 hides ``globals()`` or drops names between cells; a budget gate refuses a call that can no longer be
-paid for before anything is spent. Imports the session and the layers below; never another face or
-``testing``.
-"""
+paid for before anything is spent. Never imports another face or ``testing``."""
 
 from __future__ import annotations
 
@@ -256,8 +254,7 @@ class _Binding:
 
     def _registered(self, fn: Any, name: str | None = None,
                     call: tuple[Any, Any, Any] | None = None) -> Callable[..., Any]:
-        """The canonical object for ``fn``; for a ``call``, its version is handed over to the
-        run (not fingerprinted twice)."""
+        """The canonical object for ``fn``; a ``call``'s version is handed over to its run."""
         if not callable(fn):
             raise InvalidBatch(f"a validator must be a function (value, index) -> None that "
                                f"raises ValueError to reject, got {type(fn).__name__}")

@@ -1,7 +1,6 @@
 """Canonical validators for droste's own structured helpers, droste's code untouched: droste keys
 evidence by validator identity, so before every cell the wrapper re-wraps the helpers ``run_rlm``
-bound, handing droste the first object registered with the same content.
-"""
+bound, handing droste the first object registered with the same content."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 ``RLM`` makes a new REPL inside every ``completion()``, so nothing can be bound beforehand: the
 tools answer through the calling REPL's ``llm_query_batched``, and the setup code hands its
-``answer`` dict to ``batchjson_connect`` (docs/rlm.md).
-"""
+``answer`` dict to ``batchjson_connect`` (docs/rlm.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Call-time canonical validators: a re-executed RLM cell hands every call a new function object, so
 the registry's first object for that content is rebound to every name bound to the duplicate (the
-function's ``__globals__``, the calling cell's locals, the host's namespaces).
-"""
+function's ``__globals__``, the calling cell's locals, the host's namespaces)."""
 
 from __future__ import annotations
 
