@@ -1,7 +1,6 @@
 """The command-line face (``batchjson = "batchjson._cli:main"``): ``commands`` (subcommands,
 arguments, exit codes; its docstring is ``batchjson --help``), ``demo`` and ``validators``. Imports
-the shared text views, ``testing`` (``batchjson serve``) and the core; never the IPython face.
-"""
+the shared text views, ``testing`` (``batchjson serve``) and the core; never the IPython face."""
 
 from .commands import main
 

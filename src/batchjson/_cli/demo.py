@@ -1,6 +1,5 @@
 """``batchjson demo``: a faulty offline batch run end to end, then resumed with zero calls. It
-starts from an empty ledger, so it only ever clears one it wrote itself.
-"""
+starts from an empty ledger, so it only ever clears one it wrote itself."""
 
 from __future__ import annotations
 
