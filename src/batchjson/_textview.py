@@ -1,5 +1,4 @@
-"""Plain-text renderings both faces print (the CLI, the notebook display): aligned tables, money
-as money, no reprs."""
+"""Plain-text renderings both faces print: aligned tables, money as money, no reprs."""
 
 from __future__ import annotations
 
@@ -107,9 +106,9 @@ def status_lines(summary: Mapping[str, Any], ledger: str, me: str = "batchjson")
 
 
 def _status_next(summary: Mapping[str, Any], ledger: str, me: str) -> list[str]:
-    """What to run next, for the first batch that needs a look (or the first batch). Only a
-    batch that still owes requests is offered a re-run: a forgotten one owes nothing, and a
-    re-run of it would pay again for what the user chose to leave."""
+    """What to run next, for the first batch needing a look: a re-run only for a batch that still
+    owes (a forgotten one owes nothing, and its re-run would pay for what the user chose to
+    leave)."""
     batches, owing = summary["batches"], set(summary.get("owing_batches", ()))
     if not batches:
         return ["", "the ledger holds no batches yet: run one (batchjson demo shows how)"]
@@ -154,9 +153,9 @@ def answered_by(provider: str | None, model: str | None) -> str:
 
 def receipt_rows(attempts: Sequence[Any], *, failed: bool = False,
                  raw: bool = False) -> list[dict[str, Any]]:
-    """A batch's attempts as rows numbered 1..N in call order (``failed`` leaves out the
-    accepted ones, each row keeping its number; ``raw`` keeps each return's text): what
-    ``batchjson receipts --json`` prints and what both faces render."""
+    """A batch's attempts as rows numbered 1..N in call order (``failed`` leaves out the accepted
+    ones, numbers kept; ``raw`` keeps each return's text), as ``batchjson receipts --json`` prints
+    them."""
     return [{"number": number, "revision": r.revision, "kind": r.kind, "status": r.status,
              "task_ids": list(r.task_ids), "errors": r.errors, "input_tokens": r.input_tokens,
              "output_tokens": r.output_tokens, "cached_tokens": r.cached_tokens, "cost": r.cost,

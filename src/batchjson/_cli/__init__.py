@@ -1,10 +1,6 @@
-"""The command-line face: ``batchjson = "batchjson._cli:main"`` in pyproject.toml.
-
-Owns the subcommands, their arguments and exit codes (``commands``; its docstring is
-``batchjson --help``), ``batchjson demo`` (``demo``) and the validators a user gives import and
-merge (``validators``). May import the shared text views
-(``_textview``), ``testing`` (``batchjson serve``) and every core layer; never the IPython face.
-"""
+"""The command-line face (``batchjson = "batchjson._cli:main"``): ``commands`` (subcommands,
+arguments, exit codes; its docstring is ``batchjson --help``), ``demo`` and ``validators``. Imports
+the shared text views, ``testing`` (``batchjson serve``) and the core; never the IPython face."""
 
 from .commands import main
 

@@ -207,8 +207,8 @@ FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 def _cell(value: Any) -> str:
     """A CSV cell: text as itself unless a spreadsheet would run it as a formula (then after a
-    ``'``); anything else as JSON, which starts with a digit, a bracket, a letter or, for a
-    negative number (a number to a spreadsheet too), ``-``."""
+    ``'``); anything else as JSON, which starts with a digit, bracket, letter or a number's
+    ``-``."""
     if value is None:
         return ""
     if not isinstance(value, str):

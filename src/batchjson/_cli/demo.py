@@ -1,8 +1,5 @@
-"""``batchjson demo``: a faulty offline batch run end to end, then resumed with zero calls.
-
-It starts from an empty ledger, so it only ever clears one it wrote itself; it prints a summary
-a person can read and ends with what to run next, named as this shell can run it.
-"""
+"""``batchjson demo``: a faulty offline batch run end to end, then resumed with zero calls. It
+starts from an empty ledger, so it only ever clears one it wrote itself."""
 
 from __future__ import annotations
 

@@ -19,12 +19,9 @@ _HEADER = re.compile(r"%%batch_json(\s|$)")
 
 
 def allow_empty_body(lines: list[str]) -> list[str]:
-    """Input transformer: let an empty ``%%batch_json`` body reach the magic.
-
-    IPython refuses an empty cell-magic body with a generic message before the magic runs; one
-    blank body line lets ``%%batch_json NAME --tasks EXPR`` work and lets the magic name the fix
-    when ``--tasks`` is missing too.
-    """
+    """Input transformer: IPython refuses an empty cell-magic body with a generic message, so one
+    blank body line lets ``%%batch_json NAME --tasks EXPR`` run and the magic name what is
+    missing."""
     if lines and _HEADER.match(lines[0]) and not "".join(lines[1:]).strip():
         return [lines[0].rstrip("\n") + "\n", "\n"]
     return lines
@@ -48,17 +45,15 @@ def check_identifier(var: str, option: str) -> None:
 
 
 def running_cell(shell: Any) -> int:
-    """The number of the cell now running, as its In[n] shows: IPython 9 has already advanced
-    ``shell.execution_count`` while a cell runs (8 advanced it afterwards), and it caches the
-    running cell under its own number before running it."""
+    """The number of the running cell, as its In[n] shows: IPython 9 advances ``execution_count``
+    before a cell runs (8 after), and caches the cell under its own number first."""
     mapping = getattr(getattr(shell, "compile", None), "_filename_map", None)
     return max(mapping.values()) if mapping else shell.execution_count
 
 
 def run_body(shell: Any, cell: str) -> tuple[list[str], set[str]]:
-    """Execute the body in the user namespace; return the names it (re)bound to functions it
-    defined, and every name it assigned (by its own statements or by what it ran: ``%run``).
-    One leading blank line keeps traceback line numbers as the user sees the cell."""
+    """Run the body in the user namespace: (names it bound to functions it defined, every name it
+    assigned, ``%run`` included). A leading blank line keeps traceback line numbers right."""
     source = "\n" + shell.transform_cell(cell)
     filename = shell.compile.cache(source, running_cell(shell), raw_code="\n" + cell)
     code = shell.compile(source, filename, "exec")
@@ -80,13 +75,9 @@ def left_by_another_cell(assigned: set[str], **options: str | None) -> list[str]
 
 def define_once(registry: ValidatorRegistry, ns: dict[str, Any], names: list[str],
                 validator: Any) -> tuple[Any, list[str]]:
-    """Pass the validator through the registry under its variable name, when the body defined
-    it (one of ``names``); the body's other functions are left alone.
-
-    The variable is rebound to the canonical object, so re-running an unchanged cell keeps
-    ``id(fn)``. Returns the validator to run and the registry's messages worth saying (a change, a
-    return to an earlier version, a partial fingerprint). A validator the body did not define is
-    returned as it is: the run registers it."""
+    """Pass the validator the body defined (one of ``names``) through the registry and rebind its
+    variable, so an unchanged re-run keeps ``id(fn)``: (the validator, messages worth saying). One
+    the body did not define is returned as it is; the run registers it."""
     name = next((n for n in names if ns[n] is validator), None)
     if validator is None or name is None:
         return validator, []

@@ -1,16 +1,8 @@
 """``%load_ext batchjson``: the ``%%batch_json`` cell magic and its inspection line magics.
 
-One session per kernel, configured through the ``BatchJson`` configurable::
-
-    %config BatchJson.provider = "openai"        # or a provider object from the namespace
-    %config BatchJson.ledger = "runs/ledger.sqlite"
-
-``%config`` is IPython's own: a value a setting refuses raises ``TraitError`` from its trait,
-which IPython reports, and the old value stays in force.
-
-Re-running a ``%%batch_json`` cell is safe: the validator the body defines is passed through
-the session's validator registry (define-once), and identical work resumes from the ledger.
-"""
+One session per kernel, configured by IPython's own ``%config BatchJson.*`` (a refused value is the
+trait's ``TraitError``; the old value stays). Re-running a cell is safe: its validator goes through
+the define-once registry, and identical work resumes from the ledger."""
 
 from __future__ import annotations
 
@@ -468,10 +460,9 @@ def _refused_setting(config: Any) -> str | None:
 
 
 def unload_ipython_extension(shell: Any) -> None:
-    """Remove what loading added; the session itself stays on the shell for a later load.
-
-    IPython has no public way to unregister magics, so this is the one place that edits the
-    magics manager's tables: it removes only the entries that are still this instance's."""
+    """Remove what loading added; the session stays on the shell for a later load. IPython has no
+    public way to unregister magics, so this edits the magics manager's tables, removing only this
+    instance's entries."""
     state = KernelState.of(shell, create=False)
     if state is None or state.magics is None:
         return

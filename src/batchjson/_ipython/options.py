@@ -1,10 +1,5 @@
-"""How the magics read their line: ``--help``, hints for mistyped options, and the variable a
-result may be bound to.
-
-Every magic prints its usage on ``--help`` (or ``-h``) and returns without running anything, as
-jupysql's ``%sql --help`` does. A mistyped option is named with the closest real one
-("unknown option --identiy (did you mean --identity?)"), read from the magic's own parser.
-"""
+"""How the magics read their line: ``--help`` (usage printed, nothing run), the nearest real option
+for a mistyped one, and the variable a result may be bound to."""
 
 from __future__ import annotations
 
@@ -42,10 +37,9 @@ def wants_help(magic: Callable[..., Any], line: str, sigil: str = "%") -> bool:
 
 def parse(magic: Callable[..., Any], line: str, sigil: str = "%", *,
           expr_options: bool = False) -> Namespace | None:
-    """The magic's options, or None after ``--help`` printed its usage. An unknown option is
-    named with the nearest real one; with ``expr_options`` (``%%batch_json``), stray words are
-    explained (identity fields written with spaces, a value given to a flag, an EXPR that holds
-    spaces)."""
+    """The magic's options, or None after ``--help``. An unknown option is named with the nearest
+    real one; with ``expr_options``, stray words are explained (spaced identity fields, a flag's
+    value)."""
     parser = magic.parser  # type: ignore[attr-defined]
     try:
         if wants_help(magic, line, sigil):
@@ -121,9 +115,9 @@ def unknown_option(word: str, parser: Any, sigil: str) -> str:
 
 
 def spaced_identity(words: list[str], parser: Any) -> None:
-    """``--identity task_id case_id`` or ``--identity task_id, case_id``: a space ended the
-    option's value, so argparse took the first field and found the rest unrecognized. When the
-    unrecognized words are exactly what follows ``--identity``, show the spelling to use."""
+    """``--identity task_id case_id``: a space ended the value, so argparse found the rest
+    unrecognized; when those words are exactly what followed ``--identity``, show the right
+    spelling."""
     words = [part for word in words for part in (
         word.split("=", 1) if word.startswith("--identity=") else [word])]
     if "--identity" not in words:
@@ -141,10 +135,9 @@ def spaced_identity(words: list[str], parser: Any) -> None:
 
 
 def check_result_variable(ns: Mapping[str, Any], var: str, name: str, *, out: bool) -> None:
-    """The variable a result will be bound to must be free or hold an earlier BatchResult:
-    anything else is the user's own data, which a result must never replace. A builtin
-    (``sorted``, ``len``, ``print``) is not in the namespace but is just as much in use: a
-    result bound to its name would shadow it, and the body's next run would call the result."""
+    """The variable a result is bound to must be free or hold an earlier BatchResult: a result never
+    replaces the user's own data, nor shadows a builtin (the body's next run would call the
+    result)."""
     fix = ("choose another --out VAR" if out else
            f"give the batch another name (%%batch_json {name}_results) or bind the result "
            "elsewhere with --out VAR")

@@ -1,9 +1,6 @@
-"""What one kernel keeps across ``%reset`` and ``%reload_ext``: its session and injected names.
-
-The state lives on the shell object, not in the user namespace or in a module that
-``%reload_ext`` re-executes, so the ledger connection and the validator registry (and with it
-every canonical validator object) outlive both.
-"""
+"""What one kernel keeps across ``%reset`` and ``%reload_ext``: its session and injected names, held
+on the shell object, so the ledger connection and the validator registry (and every canonical
+validator object) outlive both."""
 
 from __future__ import annotations
 
@@ -21,9 +18,8 @@ MEMORY = ":memory:"
 
 
 def notebook_names(session: Session) -> dict[str, Any]:
-    """The names a notebook gets (``INJECTED``): droste's helper over the session, its
-    ``run_batch``, define-once, and the session itself. Handing a person the session is the
-    point here; an RLM host's cells get ``batchjson.rlm``'s tools instead, which carry none."""
+    """The names a notebook gets (``INJECTED``), the session itself among them: a person is handed
+    the session; an RLM host's cells get ``batchjson.rlm``'s tools instead, which carry none."""
     return {"run_batch": session.run_batch, "llm_batch_json": session.llm_batch_json,
             "validator": session.validators.define, "batch_session": session}
 

@@ -1,8 +1,5 @@
-"""HTTP plumbing shared by the API providers: sessions per loop, error mapping, key secrecy.
-
-Providers only transport: every failure becomes a ProviderError whose ``retryable`` and
-``retry_after`` tell the replay loop what to do; nothing here retries or validates.
-"""
+"""HTTP plumbing shared by the API providers (sessions per loop, error mapping, key secrecy);
+nothing here retries or validates."""
 
 from __future__ import annotations
 
@@ -78,11 +75,10 @@ class Answer(NamedTuple):
 async def exchange(session: aiohttp.ClientSession, method: str, url: str, body: Any,
                    headers: Callable[[], Mapping[str, str]], *, provider: str, timeout: float,
                    secrets: Secrets, key_env: str) -> tuple[int, bytes, Mapping[str, str]]:
-    """One request: (status, body bytes, headers) of a success; every failure, a 4xx/5xx
-    included, is a ProviderError (``unreachable=True`` when no retry can cure it) whose message
-    passed ``secrets.mask``. ``headers`` is a factory so the key never sits in a local of this
-    frame, and errors are raised outside the ``except`` blocks so no aiohttp exception (holding
-    the headers) rides along as ``__context__``."""
+    """One request: (status, body bytes, headers) of a success; every failure, a 4xx/5xx included, a
+    ProviderError with a masked message (``unreachable=True`` when no retry can cure it).
+    ``headers`` is a factory so the key never sits in this frame, and errors are raised outside the
+    ``except`` blocks so no aiohttp exception holding the headers rides along as ``__context__``."""
     failure: ProviderError | None = None
     try:
         async with session.request(method, url, data=body, headers=headers()) as resp:
@@ -125,9 +121,8 @@ async def exchange(session: aiohttp.ClientSession, method: str, url: str, body: 
 
 def decoded(raw: bytes, status: int, resp_headers: Mapping[str, str], provider: str,
              secrets: Secrets) -> Answer:
-    """A successful response's JSON object and its exact text; a body that is not one is a
-    ProviderError (retryable when it looks cut off). A body that is not UTF-8 is refused, as a
-    batch output line that is not is (``batch_client.OutputLines``): no answer is read from
+    """A successful response's JSON object and its exact text; any other body is a ProviderError
+    (retryable when it looks cut off). A body that is not UTF-8 is refused: no answer is read from
     bytes that had to be guessed at."""
     text: str | None
     try:
@@ -156,9 +151,8 @@ def decoded(raw: bytes, status: int, resp_headers: Mapping[str, str], provider: 
 
 
 def encode_body(body: Mapping[str, Any]) -> bytes:
-    """UTF-8 JSON for a request body. pydantic-core's encoder (already installed with pydantic)
-    is several times faster than the stdlib's on prompt-sized bodies; anything it refuses (a lone
-    surrogate, say) goes through the stdlib with ASCII escapes, which is valid JSON for any str."""
+    """UTF-8 JSON for a request body: pydantic-core's encoder is several times faster than the
+    stdlib's; what it refuses (a lone surrogate) goes through the stdlib with ASCII escapes."""
     try:
         return pydantic_core.to_json(body)
     except (pydantic_core.PydanticSerializationError, ValueError):
@@ -186,11 +180,8 @@ class LoopSessions:
         return session
 
     async def aclose(self) -> None:
-        """Close this loop's session; also release sessions whose loops are gone.
-
-        A session on another loop that is still open may be carrying another thread's calls
-        right now: it is that loop's to close.
-        """
+        """Close this loop's session and those whose loops are gone; an open one on another live
+        loop may be carrying that thread's calls, and is its loop's to close."""
         loop = asyncio.get_running_loop()
         with self._lock:
             mine = self._sessions.pop(loop, None)
@@ -232,11 +223,9 @@ OBJECT_VALUE = "batchjson_answer"  # value mode whose schema is already an objec
 
 def object_schema(call_schema: Mapping[str, Any],
                   mode: str) -> tuple[dict[str, Any], str, bool]:
-    """A call's schema with an object root, its schema/tool name, and whether it was wrapped.
-
-    Tool inputs and OpenAI's json_schema both need an object root, so a value-mode scalar schema
-    travels as {"value": schema}; the name tells the two value cases apart on the wire.
-    """
+    """A call's schema with an object root, its schema/tool name, and whether it was wrapped: tool
+    inputs and OpenAI's json_schema need an object root, so a scalar value-mode schema travels as
+    ``{"value": schema}``."""
     schema = dict(call_schema)
     if mode != "value":
         return schema, ITEMS_NAME, False
@@ -265,9 +254,8 @@ def as_int(value: Any) -> int | None:
 
 
 class HttpProvider(OneService):
-    """What the HTTP providers share: model, endpoint and key from arguments or the
-    environment (the key never leaves its Secret), checked settings, and one pooled aiohttp
-    session per event loop."""
+    """What the HTTP providers share: model, endpoint and key from arguments or the environment (the
+    key never leaves its Secret), checked settings, one pooled aiohttp session per event loop."""
 
     name = "http"
     enforces_timeout = True  # every request is bounded by ``timeout`` (aiohttp ClientTimeout)
@@ -374,17 +362,14 @@ class HttpProvider(OneService):
         return 0
 
     def input_bound(self, call: Call) -> int:
-        """A sound bound on the input tokens ``call`` is billed for: every byte of the request
-        body (system text, prompt, schema or tool definition, and the JSON around them) plus
-        the provider's documented fixed overhead. Computed only under a cost budget."""
+        """A sound bound on the input tokens ``call`` is billed for: every byte of the request body
+        plus the provider's documented fixed overhead."""
         body = self.request_body(call)[0]  # type: ignore[attr-defined] # each protocol's own
         return len(encode_body(body)) + self.overhead_tokens(call)
 
     def _shown(self, model: Any, extra: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-        """The response's model and metadata as they may be kept: a known secret the server
-        echoes (its model field, an id) is masked; the answer text is never touched. (The
-        shape rule for a key-shaped model is applied where every reply passes,
-        ``reply.received``.)"""
+        """The response's model and metadata as they may be kept: a known secret the server echoes
+        is masked; the answer text is never touched."""
         mask = self._secrets.mask
         if isinstance(model, str):
             model = mask(model)
@@ -395,9 +380,8 @@ class HttpProvider(OneService):
         return {"extra_body": self.extra_body}
 
     def source_key(self) -> tuple[Any, ...]:
-        """What decides this provider's answers: protocol, base URL, model and every setting
-        sent with the request; never the API key (nor a password or query in the URL). The
-        readable head names the model and endpoint, the digest covers everything."""
+        """What decides this provider's answers: protocol, base URL, model and every setting sent;
+        never the API key (nor a credential in the URL)."""
         where = display_url(self.base_url)
         # A query may select an API version, which decides answers; a credential in it does
         # not, so a rotated key keeps stored answers reusable.

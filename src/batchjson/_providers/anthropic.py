@@ -1,8 +1,5 @@
-"""Anthropic Messages API over aiohttp: a forced tool carries the wire schema, or plain text.
-
-Like every provider it only transports: no validation, no retries; failures are ProviderErrors
-(529 "overloaded" is retryable) and the API key never reaches a message or repr.
-"""
+"""Anthropic Messages API over aiohttp: a forced tool carries the wire schema, or plain text. 529
+"overloaded" is retryable; the API key never reaches a message or repr."""
 
 from __future__ import annotations
 
@@ -25,10 +22,8 @@ DEFAULT_ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"
 AnthropicMode = Literal["tool", "text"]
 MODES: tuple[str, ...] = get_args(AnthropicMode)
-# The tool-use system prompt Anthropic adds when a tool is forced (tool_choice "any" or
-# "tool"), from its tool-use pricing table: Claude 3 Opus 281, Claude 3 Sonnet 235, Claude 3
-# Haiku and 3.5 Haiku 340, Claude 3.5/3.7 Sonnet and the Claude 4 models 313. A cost budget
-# reserves the largest, so it holds for every model, listed or newer.
+# The tool-use system prompt Anthropic adds when a tool is forced: the largest of its pricing
+# table's (235 to 340 tokens by model), so a cost budget holds for every model, listed or newer.
 FORCED_TOOL_SYSTEM_TOKENS = 340
 
 
@@ -105,9 +100,8 @@ class AnthropicProvider(HttpProvider):
     def read_reply(self, data: Mapping[str, Any], body_text: str | None, tool: str | None,
                    wrapped: bool, *, at: tuple[str | int, ...] = (),
                    price_factor: float = 1.0) -> Reply:
-        """A Message's reply; ``body_text`` is the JSON text it came in, with the message at
-        path ``at`` (a batch result line carries it under ``result.message``);
-        ``price_factor`` scales its cost (batch prices)."""
+        """A Message's reply; ``body_text`` is the JSON text it came in, the message at path ``at``
+        (a batch line has it under ``result.message``); ``price_factor`` scales its cost."""
         content = data.get("content")
         if not isinstance(content, list):
             raise ProviderError("anthropic: response has no content list", status=200,
@@ -143,9 +137,8 @@ class AnthropicProvider(HttpProvider):
 
 
 def _stop(reason: Any, tool: str | None, called: bool, content: list[Any]) -> str | None:
-    """How the message ended, as acceptance judges it: cut off at ``max_tokens`` (or the
-    context window), refused, text where the answer tool was forced, or a tool call where
-    text was asked; None for an answer that ended on its own."""
+    """How the message ended, as acceptance judges it: cut off, refused, text where the tool was
+    forced, or a tool call where text was asked; None for an answer that ended on its own."""
     if reason in ("max_tokens", "model_context_window_exceeded"):
         return TRUNCATED
     if reason == "refusal":
@@ -158,10 +151,8 @@ def _stop(reason: Any, tool: str | None, called: bool, content: list[Any]) -> st
 
 
 def mark_cache_prefix(body: dict[str, Any], call: Call) -> None:
-    """Put the cache breakpoint at the end of the batch's shared prefix: after the
-    instructions (the user message's first block) when there are some, else after the system
-    text. Everything before it (the tool, the system text) is byte-identical across the
-    batch; the text itself is unchanged, only split into blocks."""
+    """Put the cache breakpoint at the end of the batch's shared prefix: after the instructions when
+    there are some, else after the system text. The text is unchanged, only split into blocks."""
     shared = call.shared
     if shared and call.prompt.startswith(shared) and len(call.prompt) > len(shared):
         body["messages"] = [{"role": "user", "content": [

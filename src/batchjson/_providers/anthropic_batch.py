@@ -1,11 +1,6 @@
-"""Anthropic's Message Batches as a transport: ``POST /v1/messages/batches`` with
-``requests: [{custom_id, params}]``, its ``processing_status`` (``in_progress``, ``canceling``,
-``ended``), and its results (JSONL, only once it has ended) whose ``result.type`` is
-``succeeded``, ``errored``, ``canceled`` or ``expired``, in any order.
-
-There is no file to upload: ``upload`` only stages the requests, so a failure before the batch
-is created is known to have created nothing.
-"""
+"""Anthropic's Message Batches as a transport: ``requests: [{custom_id, params}]`` in the creation's
+body, results (JSONL, once ended) in any order. There is no file to upload: ``upload`` only stages
+the requests, so a failure before the batch is created has created nothing."""
 
 from __future__ import annotations
 
@@ -76,9 +71,8 @@ class AnthropicBatches(BatchClient):
                                               "results")])
 
     def answer(self, line: Mapping[str, Any]) -> tuple[int, Any] | ProviderError:
-        """A ``succeeded`` line's message; an ``errored`` one's error document at the status
-        its error type has on the live endpoint; ``canceled`` and ``expired`` lines are still
-        owed."""
+        """A ``succeeded`` line's message; an ``errored`` one's error at the status its type has on
+        the live endpoint; ``canceled`` and ``expired`` lines are still owed."""
         result = line.get("result") if isinstance(line.get("result"), dict) else {}
         kind = result.get("type")
         if kind == "succeeded" and isinstance(result.get("message"), dict):

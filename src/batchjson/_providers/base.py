@@ -1,5 +1,4 @@
-"""The provider contract: one call in, raw text and usage out (a :class:`~.reply.Reply`).
-Providers never validate."""
+"""The provider contract: one call in, raw text and usage out (a :class:`~.reply.Reply`)."""
 
 from __future__ import annotations
 
@@ -24,13 +23,10 @@ CallKind = Literal["initial", "repair", "replay"]
 
 @dataclass(frozen=True)
 class Call:
-    """Everything a provider needs for one request attempt.
-
-    ``mode`` is ``"items"`` (return ``{"items": [...]}``, one object per task) or
-    ``"value"`` (return one bare JSON value, the droste-compatible helper). ``shared`` is the
-    head of ``prompt`` that every request of the batch starts with (its instructions), which
-    a provider may mark for its prompt cache.
-    """
+    """Everything a provider needs for one request attempt. ``mode``: ``"items"`` (return
+    ``{"items": [...]}``, one object per task) or ``"value"`` (one bare JSON value). ``shared``: the
+    head of ``prompt`` every request of the batch starts with, which a provider may mark for its
+    cache."""
 
     tasks: tuple[Mapping[str, Any], ...]
     prompt: str
@@ -61,9 +57,8 @@ async def close_provider(provider: Any) -> None:
 
 
 def estimate_tokens(text: str) -> int:
-    """An estimate of a text's tokens (a quarter of its characters): the simulated model's own
-    count, and the labelled cost floor of a call whose usage is unknown. Never a bound (a CJK
-    character or an emoji is a token or more), and never recorded as a provider's usage."""
+    """A quarter of the text's characters: the simulated model's count and the labelled cost floor
+    of a call of unknown usage. Never a bound (CJK, emoji), never recorded as a provider's usage."""
     return max(1, len(text) // 4)
 
 
@@ -74,12 +69,10 @@ CHAT_OVERHEAD_TOKENS = 3 * 2 + 3
 
 
 def input_bound(provider: Any, call: Call) -> int:
-    """A sound upper bound on the input tokens ``call`` is billed for, which is what a cost
-    budget reserves. A provider may say itself (``provider.input_bound(call)``: the HTTP
-    providers count the bytes of their request body plus their documented overhead);
-    otherwise the UTF-8 bytes of the system text, the prompt and the schema as JSON, plus
-    :data:`CHAT_OVERHEAD_TOKENS`. A byte-level BPE tokenizer never makes more tokens than
-    bytes, so CJK text (3 bytes a character) and emoji (4) are never undercounted."""
+    """A sound upper bound on the input tokens ``call`` is billed for, which a cost budget reserves:
+    the provider's own ``input_bound(call)``, else the UTF-8 bytes of system text, prompt and schema
+    plus :data:`CHAT_OVERHEAD_TOKENS`. A byte-level BPE never makes more tokens than bytes, so CJK
+    and emoji are never undercounted."""
     own = getattr(provider, "input_bound", None)
     if callable(own):
         return int(own(call))
@@ -94,19 +87,16 @@ def utf8_length(text: str) -> int:
 
 
 class OneService:
-    """A provider is one service (a connection pool, counters, a lock): a deep copy would be a
-    second provider with state of its own, so deep-copying one gives it back. Traitlets sets
-    a deep copy of each config value, and ``%config BatchJson.provider = model`` must keep
-    ``model`` itself."""
+    """A provider is one service (a pool, counters, a lock), so deep-copying one gives it back:
+    ``%config BatchJson.provider = model`` deep-copies its value and must keep ``model`` itself."""
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
         return self
 
 
 class ProviderHandle(OneService):
-    """Holds a provider object of your own for ``%config BatchJson.provider =
-    ProviderHandle(obj)``: IPython's config deep-copies what it is given, the handle is never
-    copied, and the extension takes ``obj`` itself out of it."""
+    """Holds a provider object of your own for ``%config BatchJson.provider = ProviderHandle(obj)``:
+    IPython's config deep-copies what it is given; the handle is never copied."""
 
     def __init__(self, provider: Any) -> None:
         self.provider = provider
@@ -118,15 +108,10 @@ class ProviderHandle(OneService):
 class CallableProvider(OneService):
     """Wrap ``fn(call) -> str | Reply`` (sync or async) as a provider, for tests and glue code.
 
-    A ``str`` is the answer with its usage unknown; return ``Reply(text, input_tokens=...,
-    output_tokens=...)`` (or ``cost=``) with what the call was billed, and a cost budget settles
-    each call at that instead of keeping its worst case.
-
-    Its answer source (part of every request key) is the function's content fingerprint, or
-    ``source="my-model-v2"`` when the caller names it. ``fn.blocking = True`` runs ``fn`` in a
-    daemon thread of its own, so a call that hangs past the session's timeout (or this
-    provider's ``timeout=``) returns at the timeout and never holds the run or its event loop.
-    """
+    A ``str`` leaves the call's usage unknown (a cost budget keeps its worst case); a ``Reply(text,
+    input_tokens=..., output_tokens=...)`` or ``cost=`` settles it. The answer source is the
+    function's content fingerprint, or ``source="my-model-v2"``. ``fn.blocking = True`` runs ``fn``
+    in a daemon thread, so a call hung past the timeout never holds the run."""
 
     name = "callable"
 
@@ -186,9 +171,8 @@ class CallableProvider(OneService):
                 f"callable provider returned {type(out).__name__}, expected str or Reply",
                 retryable=False,
             )
-        # A bare text says nothing of what the call was billed: its usage stays unknown, so a
-        # cost budget keeps the call's worst case and the ledger records its cost as unknown
-        # (at least the receipt's estimated floor), never an estimate passed off as usage.
+        # A bare text says nothing of what the call was billed: its usage stays unknown, never
+        # an estimate passed off as usage.
         return Reply(text=out, model=self.model)
 
     async def _invoke(self, call: Call) -> Any:
@@ -200,12 +184,9 @@ class CallableProvider(OneService):
 
 
 async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)`` in a daemon thread of its own; cancellation returns at once.
-
-    Not ``asyncio.to_thread``: the loop's default executor is joined when the loop closes
-    (``asyncio.run`` waits for it), so a call hung past its timeout would hold the whole run.
-    The abandoned thread finishes on its own; its result is dropped.
-    """
+    """``fn(*args)`` in a daemon thread of its own; cancellation returns at once. Not
+    ``asyncio.to_thread``: the loop's default executor is joined when the loop closes, so a hung
+    call would hold the whole run. The abandoned thread's result is dropped."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
 

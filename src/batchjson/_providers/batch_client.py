@@ -1,12 +1,9 @@
-"""What the batch APIs' clients share: requests to the provider's own base URL with its key,
-secrets and connection pool, and the one check that the endpoints exist (a compatible server
-without them is refused before anything is recorded).
+"""What the batch APIs' clients share: requests to the provider's own base URL with its key and
+pool, and the one check that the endpoints exist (refused before anything is recorded).
 
-A client (``openai_batch.py``, ``anthropic_batch.py``) only transports, as a provider does:
-each result line becomes a ``Reply`` through the provider's own reading of a live answer, or a
-``ProviderError`` classified as the live endpoint's error response would be. Joining lines to
-receipts, judging and recording are the job runner's.
-"""
+A client only transports: each result line becomes a ``Reply`` as the provider reads a live answer,
+or a ``ProviderError`` as the live endpoint's error would be; the job runner joins, judges and
+records."""
 
 from __future__ import annotations
 
@@ -28,10 +25,9 @@ TEXT = "__text__"  # an output line's own text (OutputLines)
 
 
 class BatchClient:
-    """The batch endpoints under ``provider``'s base URL. A client says where a result line
-    holds its HTTP status and body (``answer(line)``: ``(status, answer or error document)``,
-    or the ProviderError of a line without one) and reads an answer (``read(line, body,
-    wrapped)``) as its provider reads a live one."""
+    """The batch endpoints under ``provider``'s base URL. A client says where a line holds its
+    status and body (``answer(line)``) and reads an answer (``read``) as its provider reads a live
+    one."""
 
     protocol = ""
     max_requests = 0
@@ -55,9 +51,9 @@ class BatchClient:
         return Upload(*self.frame)
 
     def lines_that_fit(self, calls: list[Any]) -> int:
-        """How many of ``calls``, from the first, one job's upload holds (at least one: a single
-        line over the ceiling is the upload's to refuse). Each line is sized as the wider of
-        the two providers' serialisations, with a custom_id as long as a real one."""
+        """How many of ``calls``, from the first, one job's upload holds (at least one: an oversized
+        line is the upload's to refuse), each sized as the wider of the two providers'
+        serialisations."""
         room = self.max_bytes - 64  # the request's own wrapping
         for taken, call in enumerate(calls):
             room -= len(json.dumps(self.line(LONGEST_ID, call)[0]).encode()) + 2
@@ -109,9 +105,9 @@ class BatchClient:
             raise
 
     async def find(self, uid: str, since: float) -> dict[str, Any] | None:
-        """The job created with ``uid`` in its metadata (by a runner that stopped before
-        recording its id), created after ``since`` (unix seconds); None when there is none or
-        the API keeps no metadata on its jobs (Anthropic's)."""
+        """The job created with ``uid`` in its metadata after ``since`` (unix seconds), by a runner
+        that stopped before recording its id; None when there is none or the API keeps no
+        metadata."""
         return None
 
     async def poll(self, job_id: str) -> dict[str, Any]:
@@ -136,9 +132,8 @@ class BatchClient:
         return False
 
     def outcome(self, line: Mapping[str, Any], wrapped: bool) -> Reply | ProviderError:
-        """One result line: the reply it carries, or the provider error it reports (an error
-        line read as the live endpoint's error response is); never an answer taken from an
-        error line."""
+        """One result line: the reply it carries, or the provider error it reports as the live
+        endpoint's error response would be; never an answer taken from an error line."""
         found = self.answer(line)
         if isinstance(found, ProviderError):
             return found
@@ -161,12 +156,10 @@ class BatchClient:
 
 
 class OutputLines:
-    """A job's result files as lines, parsed one at a time on each iteration (a collection reads
-    them twice), so only the files' bytes are held. Lines split at newlines alone (a U+2028 in a
-    string never cuts one). A JSON object keeps its own text under :data:`TEXT` (so a tool input
-    is kept as the exact text the provider sent); any other line is its text, for the runner to
-    name. A line that is not valid UTF-8 carries :data:`NOT_UTF8` and its receipt is refused, as
-    a live body that is not UTF-8 is."""
+    """A job's result files as lines, parsed one at a time on each iteration, so only the bytes are
+    held. Lines split at newlines alone (a U+2028 never cuts one). An object keeps its exact text
+    under :data:`TEXT`; any other line is its text, for the runner to name; a line that is not UTF-8
+    carries :data:`NOT_UTF8` and is refused, as a live body is."""
 
     def __init__(self, files: Sequence[bytes]) -> None:
         self.files = files

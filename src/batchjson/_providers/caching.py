@@ -1,10 +1,8 @@
-"""Prompt caching: which part of a batch's requests is shared, and when it is long enough to
-cache.
+"""Prompt caching: which part of a batch's requests is shared, and when it is long enough to cache.
 
-A provider caches a prefix only from a model-dependent length on and only if every byte before
-it is identical, so when the shared part (system text, instructions) is long enough the wire
-schema is sent batch-constant instead of pinning each request's identity values (acceptance
-checks every identity field either way)."""
+A provider caches a prefix only past a model-dependent length and only if every byte before it is
+identical, so when the shared part is long enough the wire schema is sent batch-constant instead of
+pinning each request's identity values (acceptance checks them either way)."""
 
 from __future__ import annotations
 

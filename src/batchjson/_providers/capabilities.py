@@ -1,9 +1,6 @@
-"""What an OpenAI chat model accepts in a request, per model: the reasoning models refuse parts
-of the request every other chat model takes, with a 400 on every call.
-
-From OpenAI's reasoning-model documentation and the real 400s in tests/fixtures/recorded/. A
-model not listed is taken to accept everything; ``OpenAIProvider(capabilities={...})``
-overrides the table for a deployment it does not know (docs/providers.md)."""
+"""What an OpenAI chat model accepts in a request: the reasoning models refuse parts every other
+chat model takes, with a 400 on every call. From OpenAI's documentation and the recorded 400s in
+tests/fixtures/recorded/; unlisted models accept everything (docs/providers.md)."""
 
 from __future__ import annotations
 
@@ -22,14 +19,10 @@ SAMPLING = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "lo
 
 @dataclass(frozen=True)
 class Capabilities:
-    """How a request to one model must be shaped.
-
-    ``system_role``: the role the system text travels as (``"user"``: a user message before the
-    prompt); ``response_format``: whether the model takes one at all; ``max_completion_tokens``:
-    the output ceiling travels as ``max_completion_tokens`` (a ``max_tokens`` in ``extra_body``
-    is sent under that name); ``temperature``: whether ``temperature`` and the other sampling
-    settings (``SAMPLING``) are accepted.
-    """
+    """How a request to one model must be shaped: ``system_role`` (``"user"``: a user message before
+    the prompt), whether it takes a ``response_format``, whether the output ceiling travels as
+    ``max_completion_tokens``, and whether ``temperature`` and the other ``SAMPLING`` settings are
+    accepted."""
 
     system_role: str = "system"
     response_format: bool = True
@@ -51,9 +44,8 @@ KNOWN: tuple[tuple[re.Pattern[str], Capabilities], ...] = (
 
 
 def capabilities_for(model: str, override: Any = None) -> Capabilities:
-    """The table's capabilities for ``model`` (a vendor prefix such as ``openai/`` and a
-    fine-tune's ``ft:`` are looked through), with ``override`` (a mapping of field names, or
-    a :class:`Capabilities`) laid over them; a bad override is refused naming the field."""
+    """The table's capabilities for ``model`` (a vendor prefix or ``ft:`` looked through), with
+    ``override`` (field names, or a :class:`Capabilities`) laid over; a bad override is refused."""
     name = model.rsplit("/", 1)[-1].removeprefix("ft:").lower()
     found = next((caps for pattern, caps in KNOWN if pattern.match(name)), CHAT)
     if override is None:
@@ -80,9 +72,8 @@ def capabilities_for(model: str, override: Any = None) -> Capabilities:
 
 
 def shaped_extra_body(model: str, caps: Capabilities, extra: dict[str, Any]) -> dict[str, Any]:
-    """``extra_body`` as this model takes it: ``max_tokens`` sent as ``max_completion_tokens``
-    where only that is accepted; a sampling setting the model refuses is refused now, before
-    anything is spent, rather than answered with a 400 on every call."""
+    """``extra_body`` as this model takes it: ``max_tokens`` renamed where needed; a sampling
+    setting the model refuses is refused now rather than answered with a 400 on every call."""
     if not caps.temperature:
         refused = [k for k in SAMPLING if k in extra]
         if refused:

@@ -1,10 +1,7 @@
-"""An HTTP error response as a ProviderError: the provider's own words, the server's retry
-advice, and the errors no request of a run can get past.
-
-Those stop the whole run (``ProviderError(fatal=True)``), none retried: the account cannot pay
-(quota, credit, billing, a spend limit, a 402), or a retryable status comes with
-``x-should-retry: false``, the header both official SDKs obey. They are recognised by the
-providers' own words (docs/providers.md lists them)."""
+"""An HTTP error response as a ProviderError: the provider's own words, the server's retry advice,
+and the errors no request of a run can get past: an account that cannot pay, or ``x-should-retry:
+false``. Those stop the whole run (``fatal=True``), never retried; they are recognised by the
+providers' own words (docs/providers.md)."""
 
 from __future__ import annotations
 

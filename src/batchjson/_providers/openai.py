@@ -1,9 +1,4 @@
-"""OpenAI-compatible chat completions over aiohttp (OpenAI, vLLM, Ollama, llama.cpp server).
-
-The provider only transports: it never validates and never retries. Every failure becomes a
-:class:`~batchjson._errors.ProviderError` whose ``retryable``/``retry_after`` tell the replay loop
-what to do, so each attempt gets its own receipt.
-"""
+"""OpenAI-compatible chat completions over aiohttp (OpenAI, vLLM, Ollama, llama.cpp server)."""
 
 from __future__ import annotations
 
@@ -34,12 +29,10 @@ RESPONSE_FORMATS: tuple[str, ...] = get_args(ResponseFormat)
 class OpenAIProvider(HttpProvider):
     """Chat completions against OpenAI or any compatible server; a custom base_url may be keyless.
 
-    ``response_format``: ``"auto"`` (the default) sends the call's wire schema in strict mode
-    when strict mode can express it and asks for a JSON object when it cannot (saying so once
-    per run); ``"json_schema"`` insists on strict mode and refuses, before anything is spent, a
-    schema it cannot express; ``"json_object"`` asks for any JSON object; ``"text"`` sends no
-    format. ``capabilities`` overrides what the model is taken to accept (capabilities.py).
-    """
+    ``response_format``: ``"auto"`` sends the wire schema in strict mode when strict mode can
+    express it, else asks for a JSON object (saying so once per run); ``"json_schema"`` refuses
+    before spending a schema strict mode cannot express; ``"json_object"`` and ``"text"`` as named.
+    ``capabilities`` overrides what the model is taken to accept (capabilities.py)."""
 
     name = "openai"
     key_env = "OPENAI_API_KEY"
@@ -119,10 +112,9 @@ class OpenAIProvider(HttpProvider):
         return (None, False) if wrapped else ({"type": "json_object"}, False)
 
     def check_schema(self, schema: Mapping[str, Any], mode: str) -> str | None:
-        """How a run's calls will send their wire schema, checked before anything is spent:
-        None when as asked, a note for the run's result when strict mode cannot express it
-        (the calls ask for a JSON object), or ProviderSetupError when ``json_schema`` was
-        asked for explicitly."""
+        """How a run's calls will send their wire schema, checked before spending: None when as
+        asked, a note for the result when strict mode cannot express it, ProviderSetupError when
+        ``json_schema`` was asked for explicitly."""
         if not self.capabilities.response_format:
             return (f"{self.model} takes no response_format: its calls ask for JSON in the "
                     "prompt only, and acceptance judges every answer against your schema")
@@ -216,9 +208,8 @@ def _tool_arguments(message: Mapping[str, Any]) -> str | None:
 
 
 def _stop(finish: Any, refusal: Any, answered: bool, arguments: str | None) -> str | None:
-    """How the choice ended, as acceptance judges it: cut off at the output ceiling, refused
-    (``message.refusal``, or the content filter withholding it), or a tool call where text
-    was asked; None for a text answer that ended on its own."""
+    """How the choice ended, as acceptance judges it: cut off, refused (``message.refusal`` or the
+    content filter), or a tool call where text was asked; None for a text answer that ended well."""
     if finish == "length":
         return TRUNCATED
     if refusal or finish == "content_filter":

@@ -1,10 +1,6 @@
-"""OpenAI's Batch API as a transport: a JSONL file of chat-completion requests (purpose
-``batch``), one batch over it (``completion_window: "24h"``), its status, its output and error
-files.
-
-Output lines come in any order and carry the ``custom_id`` they were sent with; ``completed``
-says only that the batch stopped, not that any line succeeded.
-"""
+"""OpenAI's Batch API as a transport: a JSONL file of chat-completion requests, one batch over it,
+its output and error files. Lines come in any order with their ``custom_id``; ``completed`` says
+only that the batch stopped, not that any line succeeded."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Dated default token prices, so a ledger can show spend; unknown models cost None, not a guess.
-
-Prices change without notice. Every number here is overridable: pass ``prices=`` to a provider
-or call :func:`set_prices` once per process. Values are USD per million tokens.
-"""
+"""Dated default token prices in USD per million tokens, so a ledger can show spend; unknown models
+cost None, not a guess. Override with ``prices=`` on a provider or :func:`set_prices`."""
 
 from __future__ import annotations
 
@@ -35,15 +32,11 @@ PerMillionOrNone = Annotated[float | None, Field(ge=0, allow_inf_nan=False, desc
 
 @options(ConfigError)
 class Price:
-    """USD per million tokens for one model.
+    """USD per million tokens for one model, checked when made, not after a call was paid for.
 
-    ``cached_input`` prices prompt-cache reads, ``cache_write`` prompt-cache writes (Anthropic);
-    ``None`` means "bill as plain input". ``max_input_tokens`` marks where a long-context tier
-    with different prices starts: beyond it :func:`cost_of` returns ``None`` rather than a wrong
-    number. ``batch`` is the share of these prices a provider batch job bills (half, unless a
-    model's batch prices say otherwise). A bad price fails when it is made, at setup, not as a
-    crash after a call was paid for.
-    """
+    ``cached_input``/``cache_write``: prompt-cache reads and writes (``None``: plain input). Beyond
+    ``max_input_tokens`` (a long-context tier) :func:`cost_of` returns ``None`` rather than a wrong
+    number. ``batch``: the share a provider batch job bills (half by default)."""
 
     input: PerMillion
     output: PerMillion
@@ -178,12 +171,8 @@ def cost_of(model: str | None, input_tokens: int | None, output_tokens: int | No
             cached_tokens: int | None = 0, overrides: Mapping[str, Any] | None = None, *,
             cache_write_tokens: int | None = 0) -> float | None:
     """USD for one call, or ``None`` when the model or its tier is not in the table.
-
-    ``input_tokens`` counts every prompt token, cached ones included (OpenAI's convention);
-    ``cached_tokens`` of them are billed at the cache-read price and ``cache_write_tokens`` at
-    the cache-write price. An impossible cache read (above ``input_tokens``) is priced as none:
-    the full input price, never the cheapest guess.
-    """
+    ``input_tokens`` counts cached ones too (OpenAI's convention); an impossible cache read (above
+    ``input_tokens``) is priced at the full input price, never the cheapest guess."""
     price = price_for(model, overrides)
     if price is None or input_tokens is None or output_tokens is None:
         return None

@@ -1,9 +1,6 @@
-"""What providers say about their rate limits, read from response headers.
-
-OpenAI's ``x-ratelimit-*`` (resets as Go durations), Anthropic's ``anthropic-ratelimit-*``
-(resets as RFC 3339 instants), ``retry-after`` and ``retry-after-ms``. A value that is not a
-finite number of seconds is unknown; a Retry-After is honoured up to :data:`RETRY_AFTER_MAX`.
-Nothing here waits: it only reads, for the pacer (docs/providers.md, "Rate limits")."""
+"""What providers say about their rate limits, read from response headers (OpenAI's
+``x-ratelimit-*``, Anthropic's ``anthropic-ratelimit-*``, ``retry-after[-ms]``). A value that is not
+a finite number of seconds is unknown. Only reads, for the pacer (docs/providers.md)."""
 
 from __future__ import annotations
 
@@ -126,9 +123,8 @@ def reported(headers: Mapping[str, str], now: float | None = None) -> Reported:
 
 
 def retry_wait(headers: Mapping[str, str], now: float | None = None) -> float | None:
-    """How long a refused request should wait: ``retry-after-ms`` / ``retry-after`` when sent,
-    else the reset of the exhausted limit (OpenAI's 429s often carry only
-    ``x-ratelimit-reset-tokens``), else None."""
+    """How long a refused request should wait: the Retry-After when sent, else the exhausted limit's
+    reset (OpenAI's 429s often carry only ``x-ratelimit-reset-tokens``), else None."""
     wait = retry_after(headers)
     if wait is not None:
         return wait
@@ -146,9 +142,9 @@ def reports_limits(provider: Any) -> bool:
 
 
 def request_tokens(system: str, prompt: str, output_cap: int | None) -> int:
-    """What a provider's rate limiter counts for a request when it arrives: its prompt's
-    characters / 4 and its ``max_tokens`` (OpenAI documents this estimate; actual usage never
-    enters it). The budget's worst case is a different, sound bound and stays the budget's."""
+    """What a provider's rate limiter counts for a request on arrival: its prompt's characters / 4
+    and its ``max_tokens`` (OpenAI's documented estimate). Not the budget's worst case, which is a
+    sound bound."""
     return estimate_tokens(system + prompt) + (output_cap or 0)
 
 

@@ -1,12 +1,9 @@
 """The one boundary where what a provider hands back becomes a :class:`Reply` acceptance trusts.
 
-A provider is any object with an async ``complete(call)``, so what comes back may be a bare
-``str``, a ``Reply`` with token counts as strings, text as bytes or a lying ``str`` subclass.
-:func:`received` coerces it once, for every provider, built-in or the caller's own: text is an
-exact ``str``, counts are whole numbers or unknown, the model name is masked, and the provider's
-own account of how the answer ended (``stop``) is one of :data:`STOPS`. Nothing downstream
-cleans a reply again: acceptance judges ``text`` and ``stop`` as they are.
-"""
+A provider is any object with an async ``complete(call)``, so what comes back may be a bare ``str``,
+counts as strings, text as bytes. :func:`received` coerces it once, for every provider: text an
+exact ``str``, counts whole or unknown, the model name masked, ``stop`` one of :data:`STOPS`.
+Nothing downstream cleans a reply again (docs/providers.md, "One boundary")."""
 
 from __future__ import annotations
 
@@ -29,14 +26,10 @@ MOST_TOKENS = 10**9  # no call reads or writes more: a count above it is the pro
 class Reply:
     """The raw text a provider returned, with usage and how it ended as the provider reported.
 
-    ``text`` is what the model sent, byte for byte (a refusal's text, a tool call's arguments
-    where text was asked); ``envelope`` says how the answer sits in it, for acceptance to
-    unwrap (docs/providers.md): ``None`` the text is the answer; ``"value"`` the text is the
-    ``{"value": ...}`` object a strict JSON mode was asked for (a scalar answer cannot be a
-    root there); ``"tool_input"`` the text is the exact JSON of a tool call's input object,
-    which is the answer; ``"tool_input/value"`` that input is the ``{"value": ...}`` wrapper.
-    ``stop`` is None for a return that ended as an answer may, else one of :data:`STOPS`.
-    """
+    ``text`` is what the model sent, byte for byte; ``envelope`` says how the answer sits in it:
+    ``None`` (the text is the answer), ``"value"`` (a ``{"value": ...}`` object, as strict JSON mode
+    needs an object root), ``"tool_input"`` (a tool call's input object), ``"tool_input/value"``
+    (both). ``stop`` is None for a return that ended as an answer may, else one of :data:`STOPS`."""
 
     text: str
     input_tokens: int | None = None
@@ -55,12 +48,9 @@ class Reply:
 
 def received(out: Any, output_cap: int | None = None) -> Reply:
     """What ``provider.complete`` returned, as the :class:`Reply` the rest of batchjson trusts.
-
-    Usage is bookkeeping, never a reason to lose a paid-for return: a count that cannot be read is
-    unknown and kept in ``extra["unreadable_usage"]``. Text that is not a ``str`` gets ``stop``
-    :data:`NOT_TEXT`, so acceptance rejects it and the receipt keeps it. A reply that used every
-    output token of ``output_cap`` is marked ``extra["cut_at"]``: unfinished JSON is then judged
-    cut off (``truncated``), not a JSON error (docs/providers.md, "One boundary")."""
+    Usage never costs a paid-for return: an unreadable count is unknown (kept in
+    ``extra["unreadable_usage"]``); non-``str`` text gets ``stop`` :data:`NOT_TEXT`; a reply using
+    all of ``output_cap`` is marked ``extra["cut_at"]``, so unfinished JSON is judged cut off."""
     if isinstance(out, str):
         return Reply(text=str.__getitem__(out, slice(None)))
     if not hasattr(out, "text"):
@@ -145,9 +135,8 @@ def provider_names(provider: Any) -> tuple[Any, Any]:
 
 
 class GuardedProvider:
-    """The provider as the replay loop sees it: every reply passes :func:`received`, and its
-    name and model are shown as :func:`provider_names` says. Everything else is the
-    provider's own (timeout, aclose, max_tokens, ...)."""
+    """The provider as the replay loop sees it: every reply passes :func:`received` and its names
+    are masked; everything else is the provider's own."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner

@@ -1,6 +1,5 @@
-"""An HTTP provider's settings, checked when it is made: a setting no call could use is
-refused with :class:`~batchjson._errors.ProviderSetupError` naming it and the fix, before
-anything is spent, rather than failing (or being paid for) call by call."""
+"""An HTTP provider's settings, checked when it is made: a setting no call could use is refused
+(:class:`~batchjson._errors.ProviderSetupError`) before anything is spent."""
 
 from __future__ import annotations
 
@@ -32,10 +31,9 @@ def declared_output_cap(provider: Any) -> int | None:
 
 
 def checked_extra_body(kind: str, extra_body: Any, owned_keys: frozenset[str]) -> dict[str, Any]:
-    """``extra_body`` as a dict of request fields, refused now (before anything is spent) when
-    it is not a mapping with string keys, replaces a field batchjson builds, asks for several
-    answers (``n``, ``best_of``: each is billed, batchjson reads only the first), or sets an
-    output ceiling that is not a whole number of tokens >= 1."""
+    """``extra_body`` as a dict of request fields, refused before spending when it is not a mapping
+    with string keys, replaces a field batchjson builds, asks for several billed answers (``n``,
+    ``best_of``), or sets an output ceiling that is not a whole number >= 1."""
     if extra_body is None:
         return {}
     if not isinstance(extra_body, Mapping) or not all(isinstance(k, str) for k in extra_body):
@@ -64,9 +62,8 @@ def checked_extra_body(kind: str, extra_body: Any, owned_keys: frozenset[str]) -
 
 
 def checked_key(kind: str, api_key: Any, env: str) -> str | None:
-    """The API key from ``api_key=`` or the environment, refused now if no HTTP header could
-    carry it as given: not a string, or holding whitespace or control characters (a key read
-    from a file keeps its newline), which would otherwise fail every call as a provider error."""
+    """The API key from ``api_key=`` or the environment, refused now if no HTTP header could carry
+    it (not a str, or whitespace: a key read from a file keeps its newline)."""
     key = api_key if api_key is not None else os.environ.get(env)
     where = "api_key=" if api_key is not None else f"the {env} environment variable"
     if key is None or key == "":

@@ -1,9 +1,6 @@
-"""The exact text of one value inside a JSON document, so ``raw`` is what the model sent.
-
-An API answers with a JSON body in which the model's output may be an embedded object (an
-Anthropic tool call's ``input``). Re-serialising that object would change spacing, key order,
-number spellings and escapes; slicing the body keeps the model's own bytes.
-"""
+"""The exact text of one value inside a JSON document, so ``raw`` is what the model sent: an
+embedded answer (a tool call's ``input``) re-serialised would change spacing, key order, numbers and
+escapes; slicing the body keeps the model's own bytes."""
 
 from __future__ import annotations
 
@@ -16,9 +13,8 @@ _decoder = json.JSONDecoder()
 
 
 def value_span(text: str, path: Sequence[str | int]) -> tuple[int, int] | None:
-    """``(start, end)`` of the value at ``path`` (keys and list indexes) in the JSON ``text``,
-    or ``None`` when the path is not there. A key named twice resolves to its last occurrence,
-    as ``json.loads`` resolves it."""
+    """``(start, end)`` of the value at ``path`` in the JSON ``text``, or ``None`` when it is not
+    there; a key named twice resolves to its last occurrence, as ``json.loads`` does."""
     try:
         return _find(text, _skip(text, 0), list(path))
     except (ValueError, IndexError, RecursionError):

@@ -1,11 +1,9 @@
 """OpenAI's strict mode (Structured Outputs): a wire schema's strict form, or why it has none.
 
-Strict mode takes the subset of JSON Schema OpenAI's guide lists ("Supported schemas"); any
-other schema sent with ``strict: true`` is a 400 on every call. :func:`strict_form` rewrites a
-schema into that subset only where the rewrite accepts a subset of what the schema accepts
-(objects closed, an optional property required and nullable, read back as absent by
-``_content/optional.py``); what it cannot rewrite is named, and the provider falls back to JSON
-mode (docs/providers.md)."""
+Any schema outside strict mode's subset is a 400 on every call. :func:`strict_form` rewrites a
+schema only where the rewrite accepts a subset of what it accepts (objects closed, an optional
+property required and nullable, read back as absent); anything else is named, and the provider falls
+back to JSON mode."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""A batch job's upload on disk: its lines written to an unnamed temporary file as they are
-built, and sent from that file, so a job of 50,000 lines (about 10 KB each, the pinned schema in
-every one) takes disk, never the runner's memory.
-
-The bytes are the ones a job sent when it was held as text: each line's compact JSON, framed as
-the provider wants it (OpenAI: a JSON Lines file; Anthropic: ``{"requests":[...]}``, the lines
-joined by commas).
-"""
+"""A batch job's upload on disk: lines written to an unnamed temporary file as they are built and
+sent from it, so a job of 50,000 lines takes disk, never the runner's memory. Lines are framed as
+the provider wants (OpenAI: JSON Lines; Anthropic: ``{"requests":[...]}``)."""
 
 from __future__ import annotations
 
@@ -20,11 +15,9 @@ WHAT = "for a batch job's upload"
 
 
 class Upload:
-    """One job's upload: ``head``, then each line (``sep`` between two, ``end`` after each),
-    then ``tail``. The file is made when the upload is (a :class:`ConfigError` naming
-    ``TMPDIR`` when none can be had, before the job is recorded); a write the disk refuses
-    later is kept and told as a failed upload by :meth:`finish` (the job is then cancelled
-    unsent, and its requests sent again by a later pass or run)."""
+    """One job's upload: ``head``, each line (``sep`` between, ``end`` after), then ``tail``. No
+    temporary file is a ConfigError naming ``TMPDIR`` before the job is recorded; a write refused
+    later is told by :meth:`finish` as a failed upload (the job cancelled unsent)."""
 
     def __init__(self, head: bytes, sep: bytes, end: bytes, tail: bytes) -> None:
         try:

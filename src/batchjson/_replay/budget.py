@@ -1,12 +1,8 @@
 """Call and cost budgets: validated up front, reserved at worst case before a call, settled after.
 
-The worst case is a sound upper bound, not an estimate: the UTF-8 bytes a call sends plus the
-provider's fixed overhead (:func:`~batchjson._providers.base.input_bound`; a byte-level BPE
-never makes more tokens than bytes) plus its ``max_tokens``, at the model's prices. One
-:class:`Tally` per session holds every run's reservations, so the budget holds at any
-concurrency. A server that bills beyond the ceiling is charged what it billed and closes the
-budget to further calls; a session's first call goes alone to find that out (docs/design.md,
-"Budgets")."""
+The worst case is a sound upper bound, never an estimate (docs/design.md, "Budgets"). One
+:class:`Tally` per session holds every run's reservations, so the budget holds at any concurrency.
+"""
 
 from __future__ import annotations
 
@@ -97,11 +93,9 @@ def pricing_of(provider: Any) -> Pricing:
 
 
 class Tally:
-    """What a session has spent, charged call by call by every run (and thread) using it.
-
-    ``reserved`` holds the worst case of calls not yet settled, ``cost`` the settled ones (an
-    unknown cost is charged its worst case); ``overrun`` is what calls billed beyond their
-    reservations, and once ``unbounded`` says why, the cost budget opens no further call."""
+    """What a session has spent, charged call by call by every run (and thread) using it:
+    ``reserved`` for calls not yet settled, ``cost`` for settled ones (an unknown cost at its worst
+    case). Once ``unbounded`` says why (a call billed beyond its reservation), no call is opened."""
 
     def __init__(self) -> None:
         self.calls = 0
@@ -121,11 +115,10 @@ def charge_of(reserved: float, cost: float | None) -> float:
 
 
 class Spender:
-    """What one run may still spend, against its max_calls and the session's budget.
-
-    Each reserved call is charged to the session's ``tally`` at once, so an interrupted run still
-    counts and concurrent runs share one budget. ``shared`` is the ledger's own budget, if any: then
-    every call's worst case is computed for the ledger to reserve beside the claim."""
+    """What one run may still spend, against its max_calls and the session's budget. Each reserved
+    call is charged to the session's ``tally`` at once, so an interrupted run still counts and
+    concurrent runs share one budget. ``shared``: the ledger's own budget, which reserves beside the
+    claim."""
 
     def __init__(self, max_calls: int | None, budget: Budget, tally: Tally,
                  pricing: Pricing | None = None, *,
@@ -172,10 +165,9 @@ class Spender:
 
     def refuse_if_short(self, needed: int,
                         cheapest: Callable[[float], float | None] | None = None) -> None:
-        """Refuse before spending when the calls budget cannot cover ``needed`` calls, or when
-        not even the cheapest next call fits in what the cost budget has left.
-        ``cheapest(left)`` is the worst case of a call that fits in ``left`` if there is one,
-        else the least worst case of any (None: nothing to send)."""
+        """Refuse before spending when the calls budget cannot cover ``needed`` calls, or not even
+        the cheapest next call fits what the cost budget has left (``cheapest(left)``: the worst
+        case of a call fitting ``left``, else the least of all; None: nothing to send)."""
         remaining = self.remaining_calls()
         if remaining is not None and needed > remaining:
             raise BudgetExceeded(needed, remaining)
@@ -223,9 +215,9 @@ class Spender:
                 f"and the cost budget has {usd(left)} left")
 
     def reserve(self, input_bound: int, *, alone: bool = True) -> float | None:
-        """Take one call (and its worst-case cost) from the budget; None when it cannot fit.
-        ``alone``: under a cost budget the session's first call goes alone (a job's lines are
-        sent together, so none of them waits for another to settle)."""
+        """Take one call and its worst case from the budget; None when it cannot fit. ``alone``: the
+        session's first call under a cost budget goes alone (a job's lines never wait on each
+        other)."""
         worst = self.pricing.worst_case(input_bound) if self.costed else 0.0
         with self._tally.lock:
             remaining = self.remaining_calls()
@@ -255,11 +247,8 @@ class Spender:
 
     def settle(self, reserved: float, cost: float | None, why: Callable[[], str] | None = None
                ) -> float:
-        """Replace a call's reservation by its real cost; an unknown cost keeps the worst case.
-
-        Under a cost budget, returns what the call billed beyond its reservation (0.0 within
-        it); then ``why()`` (what the reply says of the overrun) stops the budget opening calls.
-        """
+        """Replace a call's reservation by its real cost (an unknown cost keeps the worst case);
+        return what it billed beyond it, when ``why()`` says why and the cost budget closes."""
         cost = charge_of(reserved, cost)
         beyond = (cost - reserved if self.costed
                   and cost > reserved * (1 + 1e-9) else 0.0)  # float noise is no overrun

@@ -1,11 +1,8 @@
-"""One call of the replay loop, one coroutine: reserve its worst case, claim the request and
-commit the in-flight receipt, and only then send; judge the return and queue its record.
+"""One call of the replay loop, one coroutine: reserve its worst case, claim the request and commit
+the in-flight receipt, and only then send; judge the return and queue its record.
 
-:meth:`Caller.call` returns what happened as a value (:class:`Judged`, or :class:`NotSent`
-saying why nothing was sent); only a provider's failure is raised, for the transport retries.
-The run's stop state (:class:`Control`) and the unreachable-host probe (:class:`HostProbe`) are
-objects of their own that the loop (``replay.py``) shares with its calls.
-"""
+:meth:`Caller.call` returns what happened as a value (:class:`Judged`, or :class:`NotSent`); only a
+provider's failure is raised, for the transport retries."""
 
 from __future__ import annotations
 
@@ -34,10 +31,9 @@ from .settle import Attempt, Settle, usage_of
 
 @dataclass(frozen=True)
 class NotSent:
-    """Why a call was not sent, returned instead of raised: ``held`` (another live runner holds
-    the request's claim: wait for its result), ``resolved`` (accepted meanwhile by another
-    runner: nothing to send), ``out_of_budget`` (no call may be reserved any more; ``detail``
-    says by how much) or ``stopped`` (the run stopped opening calls)."""
+    """Why a call was not sent, returned instead of raised: ``held`` (another live runner holds the
+    claim), ``resolved`` (accepted meanwhile), ``out_of_budget`` (``detail`` says by how much) or
+    ``stopped`` (the run stopped opening calls)."""
 
     why: Literal["held", "resolved", "out_of_budget", "stopped"]
     detail: str = ""
@@ -200,9 +196,8 @@ class Caller:
         return True
 
     async def _reserve(self, call: Call) -> float | NotSent:
-        """Reserve this call's worst case (its input bound, computed only under a cost budget,
-        plus its output ceiling); wait for calls in flight to settle before giving up, since
-        their real cost is usually below their reservation."""
+        """Reserve this call's worst case; wait for calls in flight to settle before giving up,
+        since their real cost is usually below their reservation."""
         spender = self.spender
         bound = input_bound(self.provider, call) if spender.costed else 0
         while True:
@@ -218,10 +213,8 @@ class Caller:
 
     async def _open(self, request: Request, kind: CallKind, call: Call,
                     estimated: int) -> tuple[float, int] | NotSent:
-        """Reserve the call's worst case, then claim the request and commit its receipt (and,
-        on a ledger with a budget of its own, the same reservation there): (reserved, receipt
-        id), or why no call may be sent, nothing kept. A ledger budget that cannot hold the
-        call is looked at again while calls in flight may make room."""
+        """Reserve the call's worst case, claim the request and commit its receipt (with the ledger
+        budget's reservation, if any): (reserved, receipt id), or why not, nothing kept."""
         store, plan = self.store, self.plan
         floor = self.spender.pricing.floor(estimated)  # for the account: an estimate
         pause: float | NotSent = 0.05
@@ -274,9 +267,9 @@ class Caller:
         return reserved, attempt_id
 
     async def _await_ledger_budget(self, worst: float, pause: float) -> float | NotSent:
-        """The ledger's own budget cannot hold a call: while calls in flight (on any host) hold
-        enough of it that their settling could make room, look again after ``pause`` (the next
-        pause returned); else give up, saying what is left."""
+        """The ledger's own budget cannot hold a call: look again after ``pause`` (the next pause
+        returned) while settling calls in flight could make room; else give up, saying what is
+        left."""
         if self.spender.shared is None:
             return NotSent("out_of_budget", "a cost budget was set on the ledger after this "
                            "run started, so its calls were not priced against it; re-run to "
@@ -369,9 +362,8 @@ def make_call(plan: Plan, system: str, request: Request, kind: CallKind, prompt:
 
 def cheapest_call(plan: Plan, provider: Any, pricing: Pricing,
                   requests: Sequence[Request]) -> Callable[[float], float | None]:
-    """For ``Spender.refuse_if_short``: given what the cost budget has left, the worst case of
-    the first pending call that fits in it (usually the first one looked at), else the least
-    worst case of all of them, which no call beats."""
+    """For ``Spender.refuse_if_short``: the worst case of the first pending call that fits what the
+    cost budget has left, else the least worst case of all, which no call beats."""
     def cheapest(left: float) -> float | None:
         system, least = system_prompt(plan), None
         for request in requests:

@@ -1,10 +1,9 @@
 """Group commit: ledger writes from concurrent calls share one transaction per loop turn.
 
-Each write still runs whole or not at all and its caller resumes only after the transaction
-holding it committed, so "receipt before call" holds as with one transaction per write. A write
-may hand back a ``Later`` (PostgreSQL pipelines): the group waits for the server's answers once.
-A write that fails on its own undoes the group and each write runs again alone; a failing ledger
-fails every queued and later write with that LedgerError, so the run stops before another call."""
+Each write's caller resumes only after the transaction holding it committed, so "receipt before
+call" holds as with one transaction per write; a write's ``Later`` (PostgreSQL's pipeline) is
+awaited once for the group. One failing write undoes the group and each runs again alone; a failing
+ledger fails every queued and later write, so no call follows a lost record."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""This session as one live host of its ledger, so that the hosts on one account divide its
-rate limits instead of each sending at all of them.
-
-A session joins the ledger's hosts when it opens it and counts them on every lease renewal; its
-pacer takes an equal share. A host that ended leaves at once; one that died elsewhere drops out
-when its lease expires."""
+"""This session as one live host of its ledger, so that the hosts on one account divide its rate
+limits instead of each sending at all of them."""
 
 from __future__ import annotations
 
@@ -30,9 +26,8 @@ class HostShare:
         self.pacer.share(self.store.live_hosts(tx, self.owner, now()))
 
     def join(self) -> None:
-        """Counted among the hosts from the session's start, so hosts started together pace
-        to their share from their first call. A ledger that cannot be written now is left to
-        the first run to report."""
+        """Counted from the session's start, so hosts started together pace to their share from
+        their first call; a ledger that cannot be written now is left to the first run to report."""
         try:
             with self.store.call_transaction() as tx:
                 self.count(tx)

@@ -1,11 +1,9 @@
-"""The batch transport: a run's pending requests as provider batch jobs, judged line by line by
-the same acceptance and settled by the same step (``settle.py``) as a live return.
+"""The batch transport: a run's pending requests as provider batch jobs, judged line by line and
+settled by the same step (``settle.py``) as a live return.
 
-The runner streams the run's windows, holding about one job's requests at a time: it submits
-what is owed a job at a time (each recorded before upload), polls the jobs that hold the rest,
-and collects the ones that ended, joining lines by ``custom_id`` only (an unknown, missing or
-duplicated id is named, never admitted; an error line is a provider error). ``wait=False``
-returns after one pass; ``wait=True`` passes until every job ended (docs/design.md)."""
+The runner holds about one job's requests at a time, each job recorded before upload. Lines join
+receipts by ``custom_id`` only: an unknown, missing or duplicated id is named, never admitted.
+``wait=True`` passes until every job ended (docs/design.md)."""
 
 from __future__ import annotations
 
@@ -112,9 +110,8 @@ class JobRunner:
 
     # -- submission ----------------------------------------------------------------------------
     def _owed(self, window: Sequence[Request]) -> list[tuple[Request, str, str]]:
-        """What to send now of ``window``: each request neither accepted nor held by a job
-        (the jobs holding the rest are watched), with the kind and prompt of its next attempt,
-        while its allowance lasts."""
+        """What to send now of ``window``: each request neither accepted nor held by a job, with the
+        kind and prompt of its next attempt, while its allowance lasts."""
         store = self.store
         keys = [r.key for r in window]
         holders, done, history = store.job_window(keys, self.plan.revision_id)
@@ -148,16 +145,14 @@ class JobRunner:
 
     def _next(self, request: Request, rows: Sequence[Mapping[str, Any]], tried: bool,
               cut_off: bool = False) -> Next:
-        """The next attempt of ``request`` after its job receipts ``rows`` (this chain's;
-        ``tried``: it has receipts of any kind), as the one policy says (jobs never halve a
-        request: :data:`HALVE` gives it up too)."""
+        """The next attempt of ``request`` after this chain's job receipts ``rows``, as the one
+        policy says; jobs never halve a request, so :data:`HALVE` gives it up."""
         chain = [Tried(r["kind"], json.loads(r["errors"] or "[]"), r["raw"]) for r in rows]
         return next_attempt(self.plan, request, chain, tried=tried, cut_off=cut_off)
 
     async def _submit_over(self, windows: Iterable[Sequence[Request]], writer: Owner) -> bool:
-        """Submit what the requests of ``windows`` owe, a job's worth at a time, holding no
-        more than that: whether it stopped short (the budget, a failed upload), so that the
-        next pass looks at every request again."""
+        """Submit what ``windows`` owe, holding one job's worth at a time: whether it stopped short
+        (the budget, a failed upload), so that the next pass looks at every request again."""
         owed: list[tuple[Request, str, str]] = []
         self.short = False
         for window in chain(windows, [None]):  # None: the windows ended, the rest goes too
@@ -274,9 +269,8 @@ class JobRunner:
         return True
 
     async def _renewing(self, job_id: int, awaitable: Any) -> Any:
-        """``awaitable``, the job's lease renewed every third of it meanwhile (a large upload
-        outlasts a lease): a runner on another host takes the job for uncertain only once
-        this one stopped renewing."""
+        """``awaitable``, with the job's lease renewed meanwhile (a large upload outlasts a lease),
+        so no runner on another host takes the job for uncertain while this one works."""
         async def renew() -> None:
             while True:
                 await asyncio.sleep(self.store.lease_seconds / 3)
@@ -386,9 +380,8 @@ class JobRunner:
             "person asked while it was being created")
 
     async def _recover(self, row: Mapping[str, Any]) -> Mapping[str, Any]:
-        """An uncertain job found at the provider by the uid it was created with (OpenAI keeps
-        it as the batch's metadata) is recorded open under the id found, and polled as any
-        open job; else it stays uncertain."""
+        """An uncertain job found at the provider by its creation uid is recorded open under the id
+        found and polled as any open job; else it stays uncertain."""
         try:  # listed back to an hour before it was recorded (clocks differ)
             batch = await self.client.find(row["uid"], unix(row["created_at"]) - 3600)
         except ProviderError as exc:
@@ -443,9 +436,8 @@ class JobRunner:
     def _lines(self, row: Mapping[str, Any], lines: Mapping[str, Mapping[str, Any]],
                outs: Iterable[Any], detail: dict[str, Any]
                ) -> Iterator[tuple[Attempt, Reply | ProviderError]]:
-        """Lines joined to receipts by custom_id only. The output is read twice, a line at a
-        time: once to count each custom_id (one that comes back twice is admitted in neither
-        copy), then to read, a window of lines with their requests at a time."""
+        """Lines joined to receipts by custom_id only, read twice a line at a time: once to count
+        ids (one that comes back twice is admitted in neither copy), then a window at a time."""
         where, cap = f"job {row['id']} ({row['provider_job_id']})", declared_output_cap(
             self.provider)
         came: dict[str, int] = {}
@@ -497,9 +489,8 @@ def job_view(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def plan_facts(plan: Plan) -> dict[str, Any]:
-    """What judging a job's lines needs beside its revision, kept on the job row so a kernel
-    that did not run the cell can collect it: the answer schema (None when it is no JSON),
-    mode and identity fields."""
+    """What judging a job's lines needs beside its revision (schema, mode, identity fields), kept on
+    the job row so a kernel that did not run the cell can collect it."""
     try:
         schema = json.loads(json.dumps(plan.schema.json_schema))
     except (TypeError, ValueError):

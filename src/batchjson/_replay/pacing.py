@@ -1,10 +1,8 @@
 """Pacing: keep every run of a session under the provider's requests and tokens per minute.
 
-A semaphore alone cannot: a rate-limited API refuses what arrives beyond its limits (429), and
-retries fired into the same closed window burn money. One :class:`Pacer` per session, shared by
-its runs: two leaky buckets (aiolimiter) for requests and tokens, limits set by the user or
-learnt from the rate-limit headers, a 429 pausing every call and halving the calls in flight
-(AIMD), each host on a ledger pacing to its share. docs/providers.md says the rules in full."""
+A semaphore alone cannot: retries fired into a closed rate window burn money. One :class:`Pacer` per
+session, shared by its runs: two leaky buckets (aiolimiter), a 429 pausing every call and halving
+the calls in flight (docs/providers.md, "Rate limits")."""
 
 from __future__ import annotations
 
@@ -170,9 +168,8 @@ class Pacer:
             raise
 
     def release(self, answered: bool = True) -> None:
-        """A call is over; an answered one ends the lone first call (one not sent, its
-        request held by another host, says nothing of the limits) and lets the calls in
-        flight climb one step back."""
+        """A call is over; an answered one ends the lone first call and lets the calls in flight
+        climb one step back (one not sent says nothing of the limits)."""
         if answered:
             self._learning, self._heard = False, True
         if answered and self.allowed < self.ceiling:
@@ -221,10 +218,9 @@ class Pacer:
             self._open_at = until
 
     def _room(self) -> float:
-        """Calls allowed in flight: one alone until the first answer has said whether the
-        provider reports limits (a burst before that would meet the limit blind); after a 429,
-        ``allowed`` across the session until it has climbed back; else no cap beyond each run's
-        own workers (runs of one session never wait on each other's slots)."""
+        """Calls allowed in flight: one alone until the first answer says whether the provider
+        reports limits; after a 429, ``allowed`` across the session until it has climbed back; else
+        no cap beyond each run's own workers."""
         if self._learning:
             return 1
         return math.inf if self.allowed >= self.ceiling else max(1, int(self.allowed))
@@ -251,7 +247,6 @@ class Pacer:
 
 
 def pack_that_fits(limit: int, fixed_tokens: float, task_tokens: float) -> int:
-    """The most tasks a request may pack and stay within ``limit`` tokens, when every request
-    spends ``fixed_tokens`` whatever its pack (system text, instructions, max_tokens) and each
-    task at most ``task_tokens``."""
+    """The most tasks a request may pack within ``limit`` tokens, when each spends ``fixed_tokens``
+    whatever its pack and each task at most ``task_tokens``."""
     return max(0, math.floor((limit - fixed_tokens) / max(task_tokens, 1e-9)))

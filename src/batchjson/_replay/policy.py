@@ -1,10 +1,6 @@
-"""One policy decides a request's next attempt, for both transports (live calls, batch jobs).
-
-Per failing request: up to ``repairs`` repair calls (original prompt + exact errors + raw
-return), then up to ``replays`` exact fresh replays, then, with ``split``, halves. A return cut
-off at the output ceiling would be cut off again, a refusal is re-asked only when the run says
-so, and a validator crash or a final provider refusal (a 4xx) is never asked again.
-"""
+"""One policy decides a request's next attempt, for live calls and batch jobs alike: repairs, exact
+replays, then halves (docs/design.md, "The replay loop"). A cut-off return would be cut off again,
+and a validator crash or a final 4xx is never asked again."""
 
 from __future__ import annotations
 
@@ -46,8 +42,8 @@ class Next:
 def next_attempt(plan: Plan, request: Request, chain: Sequence[Tried], *, tried: bool,
                  depth: int = 0, cut_off: bool = False) -> Next:
     """The next attempt of ``request`` after this run's ``chain`` of its rejected attempts
-    (``tried``: it has receipts from before; ``depth``: how often it was halved;
-    ``cut_off``: a return of it was cut off before under the same ceiling)."""
+    (``tried``: it has earlier receipts; ``cut_off``: a return was cut off under the same
+    ceiling)."""
     prompt = first_prompt(plan, request)
     halves = plan.split and len(request.tasks) > 1 and depth < plan.max_split_depth
     if not chain:

@@ -1,9 +1,6 @@
 """The bounded in-cell replay loop: resolve each request or give up within a fixed allowance.
-
-A pool of ``concurrency`` workers takes requests from one queue; for every call a worker reserves
-its worst case, claims the request and commits the in-flight receipt before it sends
-(``Caller.call``, ``calls.py``). The next attempt is the one policy both transports share
-(``policy.py``); a request another runner holds is waited for at the end."""
+``concurrency`` workers take requests from one queue; what another runner holds waits till the end.
+"""
 
 from __future__ import annotations
 
@@ -75,10 +72,8 @@ class Replayer:
         self.control = Control()
 
     async def run(self, requests: Iterable[Request]) -> Outcome:
-        """Drive every request with ``concurrency`` workers; each takes the next request as soon
-        as its previous one is resolved or given up. ``requests`` may be a stream (a million,
-        read a window at a time): the queue is filled from it :data:`FEED` at a time, as it
-        runs low, so only those are held."""
+        """Drive every request with ``concurrency`` workers. ``requests`` may be a stream of a
+        million: the queue is filled from it :data:`FEED` at a time as it runs low."""
         self.owner = Owner.start(self.session_id)
         self.caller = Caller(self.plan, self.store, self.provider, self.spender, self.transport,
                              self.outcome, self.writes, self.owner, self.control,
@@ -179,10 +174,9 @@ class Replayer:
                 changed.set()
 
     async def _wait_for_held(self) -> None:
-        """Everything else is done: look again at requests other runners hold, after a pause
-        that grows while nothing changes (``HELD_POLL``; a look is one read). Those accepted
-        meanwhile are read from the ledger; those no live runner holds any more (released, or
-        their holder gone: taken over) are queued again."""
+        """Everything else is done: look again at requests other runners hold, after a growing
+        pause; read those accepted meanwhile, and queue again those no live runner holds any
+        more."""
         self._polling = True
         try:
             await asyncio.sleep(self._poll)
@@ -269,10 +263,9 @@ class Replayer:
              done.raw if done is not None else None)
 
     def _sweep(self) -> None:
-        """Another runner works on this content too: take out of the queue, with one read and
-        no write, what the ledger says is accepted (resolved) or claimed by another runner
-        (held, looked at again later), at most five times a second, and go on from a random
-        place in the queue, so runners do not walk it in step."""
+        """Another runner works on this content too: drop from the queue, with one read, what the
+        ledger says is accepted or held elsewhere, at most five times a second, starting at a random
+        place so runners do not walk the queue in step."""
         now = time.monotonic()
         if now < self._next_sweep or not self._queue:
             return
@@ -320,10 +313,9 @@ class Replayer:
 
     # -- one attempt (with transport retries) --------------------------------------------------
     async def _attempt(self, request: Request, kind: str, prompt: str) -> Judged | NotSent:
-        """One logical attempt: transport retries inside (the one policy, :attr:`retrying`,
-        copied per attempt and iterated as tenacity's attempt blocks, which spares a call that
-        succeeds at once the coroutine machinery of ``AsyncRetrying``; each wait it decides is
-        awaited here), acceptance on the text that arrives."""
+        """One logical attempt: transport retries (a copy of :attr:`retrying`, iterated as attempt
+        blocks, which spares a call that succeeds at once ``AsyncRetrying``'s coroutine machinery;
+        its waits are awaited here), then acceptance on the text that arrives."""
         waits: list[float] = []
         done: Judged | NotSent = STOPPED  # the tries end by returning one, or by raising
         try:
@@ -371,9 +363,8 @@ class Replayer:
                 self._say("")
 
     def _rate_limited(self, exc: ProviderError) -> None:
-        """A 429: every call of the session waits what the provider asks, within what is left
-        of this run's ``max_rate_wait``; a limit still refusing after that long ends the run
-        unresolved, naming it (what was accepted is kept, the rest stays owed)."""
+        """A 429: every call of the session waits what the provider asks, within this run's
+        ``max_rate_wait``; a limit still refusing after that ends the run unresolved, naming it."""
         now, most = time.monotonic(), self.transport.max_rate_wait
         if self._limited_since is None:
             self._limited_since = now
@@ -403,11 +394,10 @@ class Replayer:
 
 
 def transport_retrying(transport: Transport) -> Retrying:
-    """The transport's retry policy: ``retries`` more tries of a call after a retryable
-    provider error, each after the provider's Retry-After when it gave one, else
-    ``initial * 2**(n-1)`` plus up to ``initial`` of jitter; never longer than ``backoff_max``.
-    Written with strategies every tenacity since 8 has (rlm's google-genai pins it below 9.2).
-    Its waits are the event loop's to await: each use copies it with ``sleep=`` of its own."""
+    """The transport's retry policy: ``retries`` more tries after a retryable provider error, each
+    after the provider's Retry-After, else ``initial * 2**(n-1)`` plus jitter, capped at
+    ``backoff_max``. Only strategies tenacity 8 has (rlm's google-genai pins it below 9.2); each use
+    copies it with its own ``sleep=``, for the event loop to await."""
     backoff = (wait_exponential(multiplier=transport.backoff_initial, max=transport.backoff_max)
                + wait_random(0, transport.backoff_initial))
 

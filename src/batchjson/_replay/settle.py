@@ -1,10 +1,6 @@
-"""The transport seam and the one settle step of both transports.
-
-A transport (:class:`Carrier`: live calls, ``calls.py``; batch jobs, ``jobs.py``) turns what it
-sent into ``(attempt, Reply or ProviderError)`` pairs; :meth:`Settle.settle` charges each to the
-budget, counts, judges it and returns the write that completes its receipt: one account of cost
-and usage, one shape for each error.
-"""
+"""The transport seam and the one settle step of both transports: a :class:`Carrier` turns what it
+sent into ``(attempt, Reply or ProviderError)`` pairs, and :meth:`Settle.settle` charges, counts and
+judges each, returning the write that completes its receipt."""
 
 from __future__ import annotations
 
@@ -25,10 +21,9 @@ Write = Callable[[Any], None]  # completes one receipt inside a ledger transacti
 
 @dataclass(frozen=True)
 class Attempt:
-    """One sent attempt: its receipt ``id``, this session's reservation for it (``reserved``;
-    None: another process reserved it), what the ledger holds for it (``held``), its
-    ``request`` (None: a job's line that brought nothing to judge), and whether a failure of
-    it may have been billed (``billable``: a live call that reached the server)."""
+    """One sent attempt: its receipt ``id``, this session's reservation (``reserved``; None: another
+    process reserved it), the ledger's hold (``held``), its ``request`` (None: a job line with
+    nothing to judge), and ``billable`` (a live call that reached the server)."""
 
     id: int
     reserved: float | None
@@ -62,9 +57,8 @@ class Settle:
 
     async def settle(self, attempt: Attempt, got: Reply | ProviderError
                      ) -> tuple[acceptance.Verdict | None, Write]:
-        """Charge what ``got`` cost (settling the attempt's reservation; the ledger's own
-        budget settles what it held), count and judge it: its verdict (None: a provider's
-        failure) and the write that completes its receipt."""
+        """Charge what ``got`` cost (settling the reservation), count and judge it: its verdict
+        (None: a provider's failure) and the write that completes its receipt."""
         failed = isinstance(got, ProviderError)
         cost = self.failure_cost(attempt, got) if failed else self.cost(got)
         usage = got.usage if failed else usage_of(got)
@@ -99,9 +93,9 @@ class Settle:
             charge=ledger)
 
     def failure_cost(self, attempt: Attempt, error: ProviderError) -> float | None:
-        """What a failure cost: nothing for a call that never reached the server, that the API
-        refused before its model ran (a 4xx), or a job's line without an answer; unknown
-        (None) for one that may have been billed (a 5xx, a call cut off after it was sent)."""
+        """What a failure cost: nothing when the server never ran the model (unreachable, a 4xx, a
+        job line without an answer); unknown (None) when it may have been billed (a 5xx, a cut-off
+        call)."""
         if not attempt.billable:
             return error.usage.get("cost") or 0.0
         billed = self.spender.pricing.cost(error.usage.get("input_tokens"),
@@ -111,9 +105,8 @@ class Settle:
 
     def charge(self, reserved: float | None, cost: float | None,
                usage: Mapping[str, Any]) -> None:
-        """Settle a call's reservation (None: a job line another process reserved, charged as
-        it stands); a call billed beyond it stops the cost budget opening calls, and the run
-        says by how much (its receipt keeps the real cost)."""
+        """Settle a call's reservation (None: reserved by another process); a call billed beyond it
+        stops the cost budget opening calls, and the run says by how much."""
         spender, cap = self.spender, self.spender.pricing.max_output_tokens
         if reserved is None:
             charge_unreserved(spender, cost)

@@ -1,8 +1,6 @@
-"""The account: every attempt ever recorded, per batch and in total, priced honestly.
-
-The cost per usable result divides *everything* spent by what was accepted; a call whose cost is
-unknown is not free: its prompt priced at the input rate is a lower bound, reported apart.
-Pricing sits here, above the ledger, which stores the costs it is given."""
+"""The account: every attempt ever recorded, per batch and in total, priced honestly: a call of
+unknown cost is not free but counted at a floor, reported apart. Pricing sits here, above the
+ledger, which stores the costs it is given."""
 
 from __future__ import annotations
 

@@ -272,9 +272,8 @@ def estimate(f: Fit, pack: int, *, split: bool, repairs: int, replays: int,
 
 
 def _cache_saving(f: Fit, calls: float) -> float:
-    """What prompt-cache reads take off the input bill: the shared prefix a call read from the
-    cache (``C`` per call, fitted from the receipts) is the same whatever the pack size, so a
-    cached prefix makes small packs cheaper than its full price would say."""
+    """What prompt-cache reads take off the input bill: the cached prefix (``C`` per call) is the
+    same whatever the pack, so it makes small packs cheaper than full price would say."""
     if f.cached_price is None or f.input_price is None or not f.cached_input:
         return 0.0
     return calls * f.cached_input * (f.input_price - f.cached_price)

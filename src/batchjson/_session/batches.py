@@ -25,9 +25,8 @@ from .result import BatchResult
 
 
 def client_for(provider: Any, store: Store, run: Callable[[Any], Any], used: list[Any]) -> Any:
-    """The batch API of ``provider``, checked to exist (one look at its endpoint, on the
-    session's loop: ``provider`` joins ``used``, the providers the session closes), or a
-    ConfigError naming why the batch transport does not apply; nothing is recorded."""
+    """The batch API of ``provider``, checked to exist (one look, on the session's loop;
+    ``provider`` joins ``used``, which the session closes), or a ConfigError saying why."""
     offer = getattr(provider, "batch_api", None)  # a provider says if it has a batch transport
     if not callable(offer):
         raise ConfigError(
@@ -43,9 +42,8 @@ def client_for(provider: Any, store: Store, run: Callable[[Any], Any], used: lis
 
 def held_by_jobs(store: Store, pending: Sequence[Request]
                  ) -> tuple[JobsOutcome, list[Request]]:
-    """Of a live run's pending requests, those an unfinished batch job claims are never sent
-    live while the job may still answer them: (the jobs and those requests' errors, the
-    requests left to send)."""
+    """Of a live run's pending requests, those an unfinished batch job claims are not sent live:
+    (the jobs and those requests' errors, the requests left to send)."""
     held = store.job_holders([r.key for r in pending])
     out = JobsOutcome(Outcome())
     if not held:
@@ -114,10 +112,8 @@ def list_jobs(ledger: Ledger, *, every: bool = False) -> list[dict[str, Any]]:
 
 
 def cancel_job(ledger: Ledger, job: str, *, provider: Any = None) -> dict[str, Any]:
-    """Cancel job ``job`` (its number, provider id or uid) at its provider and record it; the next
-    run collects what ended and owes the rest again. A job its runner is still creating is never
-    released: the runner cancels it once created. An uncertain one is released at once, its
-    receipts kept as possibly billed (docs/providers.md, "Batch jobs")."""
+    """Cancel job ``job`` (number, provider id or uid) at its provider and record it; the next run
+    collects what ended and owes the rest (docs/providers.md, "Batch jobs")."""
     store = ledger.store
     rows = store.jobs(job=str(job), lost=True)
     if not rows:

@@ -1,9 +1,6 @@
-"""``%batch_status`` collects what has ended: each open job's lines are joined and judged as its
-run would judge them, through the same runner, and nothing is submitted.
-
-The schema is the kernel's, else the one kept on the job row (when its fingerprint is the
-revision's); the validator is this kernel's registered version of the revision's. A job whose
-validator this kernel does not know is left open, saying to re-run its cell."""
+"""``%batch_status`` collects what has ended: each open job's lines judged as its run would judge
+them, through the same runner; nothing is submitted. A job whose validator this kernel has not
+registered is left open, saying to re-run its cell."""
 
 from __future__ import annotations
 
@@ -23,9 +20,8 @@ from .runtime import Runtime
 
 
 def status_summary(rt: Runtime, name: str | None = None) -> dict[str, Any]:
-    """What ``%batch_status`` shows: the ended jobs collected first, then the evidence's
-    summary (its account of cost included) and the jobs still unfinished (of batch ``name``, or
-    all)."""
+    """What ``%batch_status`` shows: ended jobs collected first, then the evidence's summary and the
+    unfinished jobs (of batch ``name``, or all)."""
     collected = collect_ended(rt, name)
     summary = rt.evidence.summary(name)
     summary["collected"] = collected

@@ -1,9 +1,5 @@
-"""A result's errors, built one at a time when read instead of held as a list at once.
-
-A run that fails a million tasks would otherwise hand back a million error dicts.
-``BatchResult.errors`` is a read-only sequence over what the run recorded per failed task and
-the tasks never attempted, in task order; ``len`` counts without building an entry, and
-:func:`failure_groups` keeps only the first few groups and counts the rest."""
+"""A result's errors, built when read: a run that fails a million tasks must not hand back a million
+error dicts. :func:`failure_groups` keeps the first few groups and counts the rest."""
 
 from __future__ import annotations
 
@@ -18,14 +14,9 @@ SHOWN = 20  # errors a repr shows
 
 
 class ResultErrors(SequenceView):
-    """Every task's errors, each a fresh dict when read: failed tasks in the order they failed, then
-    the tasks a batch job still holds, then stored values that no longer load, then the tasks never
-    attempted, in task order.
-
-    ``failed``: task_id -> its recorded errors; ``accepted``: ``task_id in accepted`` for tasks with
-    a value after all; ``task_ids``: every task id in order (read only if some task was never
-    attempted); ``missing``: tasks without a value; ``pending``/``pending_tasks``: the requests a
-    batch job held at the run's end and their tasks."""
+    """Every task's errors, each a fresh dict when read, in this order: failed tasks as they failed,
+    tasks a batch job still holds, stored values that no longer load, tasks never attempted.
+    ``task_ids`` (every task in order) is read only if some task was never attempted."""
 
     def __init__(self, failed: Mapping[str, list[dict[str, Any]]], accepted: Any,
                  extra: list[dict[str, Any]], task_ids: Callable[[], Iterable[str]],
@@ -127,11 +118,10 @@ def failure_groups(errors: Callable[[], Iterable[Mapping[str, Any]]],
                    raws: Mapping[str, str], limit: int | None = None,
                    keep: Callable[[Mapping[str, Any]], bool] | None = None
                    ) -> tuple[list[dict[str, Any]], int]:
-    """The first ``limit`` failed requests (all with None) of ``errors()`` (read twice),
-    each with its tasks, its own errors once, how many bystanders shared its rejection and
-    its raw return; and how many failed requests there are in all, counted without building
-    the rest. ``keep`` leaves out a request all of whose errors it refuses (still-pending
-    requests, on a notebook's display)."""
+    """The first ``limit`` failed requests (all with None) of ``errors()``, each with its tasks, its
+    own errors once, its bystanders counted and its raw return; and how many failed in all, counted
+    without building the rest. ``errors`` is read twice. ``keep`` drops a request all of whose
+    errors it refuses."""
     kept: dict[str, bool] = {}  # request -> has an error ``keep`` admits (one bool a request)
     for e in errors():
         key = request_of(e)

@@ -1,8 +1,7 @@
 """Evidence: a read-only view over the ledger of what is still owed.
 
 A request is resolved only by an accepted return for exactly its content key, so re-running
-identical work resumes it, and nothing but the ledger holds this state.
-"""
+identical work resumes it, and nothing but the ledger holds this state."""
 
 from __future__ import annotations
 
@@ -45,10 +44,7 @@ class Evidence:
 
     @property
     def minimum_exact_retry_calls(self) -> int:
-        """A lower bound on calls needed to clear every unresolved request: one per request.
-
-        Batches and revisions that share a request (same content key) share its one call.
-        """
+        """One call per unresolved request key (batches and revisions sharing a key share it)."""
         return _counts(self.requests())["minimum_exact_retry_calls"]
 
     @property
@@ -62,9 +58,7 @@ class Evidence:
         usable = self._store.value_count(batch)
         cost = spend["cost"]
         superseded = [s for s in self.superseded if batch is None or s["batch"] == batch]
-        # Calls with no recorded cost (killed, interrupted, unpriced) are shown with the least
-        # they cost, and cost per usable result counts them at that floor (flagged as a lower
-        # bound); the rule is status's own (accounts.per_usable_result).
+        # calls of unknown cost count at their floor, by status's own rule (per_usable_result)
         unknown = spend["unknown_cost_calls"]
         stops = self._store.attempts_so_far(list(dict.fromkeys(u.key for u in owed)))[1]
         return {

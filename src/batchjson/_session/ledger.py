@@ -1,6 +1,6 @@
-"""The public ``batchjson.Ledger``: the ledger's facade, with what the ledger itself cannot do
-because it judges and prices nothing: the priced accounts (``accounts.py``), and the import and
-merge that judge what they bring in (``recovery.py``, ``merge.py``)."""
+"""The public ``batchjson.Ledger``: the ledger's facade plus what needs judging or prices, which the
+ledger itself never does: accounts (``accounts.py``), import and merge (``recovery.py``,
+``merge.py``)."""
 
 from __future__ import annotations
 
@@ -17,23 +17,14 @@ from .recovery import import_receipts
 class Ledger(ledger.Ledger):
     """Thread-safe access to the ledger: a SQLite file (``path=None`` keeps it in memory) or a
     PostgreSQL database (``"postgresql://user@host/db"``) that runners on many hosts share.
-
-    ``lease``: seconds a runner's claim on a request holds unless renewed (every third of it
-    while the runner lives); a claim of a runner on another host that stopped renewing is
-    taken over once it has expired. Default 30.
-    """
+    ``lease``: seconds a runner's claim holds unless renewed (default 30); an expired claim of a
+    runner on another host is taken over."""
 
     def spend(self, name: str | None = None) -> dict[str, Any]:
-        """Calls, tokens and cost of every call ever made (for one batch or all): the same
-        account as :meth:`cost_summary`, summed.
-
-        A receipt whose call was never sent (cancelled before sending) is not a call; nor is a
-        recheck. A call with no recorded cost (killed or interrupted before its answer, an error
-        without usage, a model with no price) has an unknown cost: it is counted in
-        ``unknown_cost_calls``, and ``cost_lower_bound_unknown`` is the least those calls cost
-        (their prompt tokens at the model's input price); ``cost_lower_bound`` adds it to the
-        known ``cost``.
-        """
+        """Calls, tokens and cost of every call ever made (one batch or all): :meth:`cost_summary`
+        summed. Calls with no recorded cost are counted in ``unknown_cost_calls``;
+        ``cost_lower_bound_unknown`` is the least they cost, ``cost_lower_bound`` adds it to the
+        known ``cost`` (docs/design.md, "Honest accounts")."""
         return spend(self.store, name)
 
     def cost_summary(self, name: str | None = None) -> dict[str, Any]:

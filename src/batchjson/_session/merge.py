@@ -1,9 +1,8 @@
 """Merging another ledger into this one, so every attempt ever made stays in one account.
 
-Attempts match by ``uid``, revisions by (batch, fingerprint), so merging twice changes nothing;
-everything is written in one transaction. A merge is an import: each accepted attempt of the
-other ledger is rechecked as a receipt is (``recovery.recheck_receipt``) and one that fails is
-merged as rejected and named in the report. docs/recovery.md tells the rules of forgetting."""
+Idempotent (attempts match by ``uid``, revisions by batch and fingerprint) and one transaction. A
+merge is an import: each accepted attempt is rechecked as a receipt is
+(``recovery.recheck_receipt``); one that fails is merged as rejected and named."""
 
 from __future__ import annotations
 
@@ -21,10 +20,9 @@ from .recovery import recheck_receipt, registry_view
 
 
 def merge_ledger(store: Store, other: str | Path, validators: Any = None) -> dict[str, Any]:
-    """Bring the other ledger's batches, revisions, requests, attempts, accepted values and
-    validators into the store's ledger; returns what was added and what was not admitted.
-    ``other`` is a ledger file or a ``postgresql://`` URL; ``validators`` (name -> function)
-    rechecks the attempts of batches that ran with one."""
+    """Bring the other ledger (a file or a ``postgresql://`` URL) into the store's: what was added
+    and what was not admitted. ``validators`` (name -> function) recheck the batches that ran with
+    one."""
     given = registry_view(validators)
     tables, source, label = other_tables(store, other)
     tables, refused = rechecked(tables, given, run_sync)
@@ -33,10 +31,9 @@ def merge_ledger(store: Store, other: str | Path, validators: Any = None) -> dic
 
 def rechecked(tables: dict[str, Any], validators: Mapping[str, Any], run: Callable[..., Any],
               ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The other ledger's tables with only what follows from its receipts admitted: an
-    accepted attempt whose raw return fails the recheck, or a stored value of which does not
-    follow from it, becomes a rejected one without values; a value stored for no accepted
-    attempt is dropped. Each is named in the list returned."""
+    """The other ledger's tables with only what follows from its receipts admitted: an accepted
+    attempt whose return fails the recheck, or whose stored value does not follow from it, becomes
+    rejected without values; an orphan value is dropped. Each is named in the list returned."""
     revisions = {r["id"]: r for r in tables["revisions"]}
     names = {b["id"]: b["name"] for b in tables["batches"]}
     tasks = {(q["revision_id"], q["key"]): q["tasks"] for q in tables["requests"]}
@@ -74,10 +71,9 @@ def rechecked(tables: dict[str, Any], validators: Mapping[str, Any], run: Callab
 
 def _not_following(record: dict[str, Any], rows: list[Any], validators: Mapping[str, Any],
                    run: Callable[..., Any]) -> str:
-    """Why an accepted attempt's stored values are not admitted ("" when they are): its raw
-    return fails the recheck, or a value differs from the one its return gives (a field the
-    return does not hold may only be a compared field equal to the task's, kept by the
-    schema)."""
+    """Why an accepted attempt's stored values are not admitted ("" when they are): its raw return
+    fails the recheck, or a value differs from the one the return gives (a field the return lacks
+    may only be a compared field equal to the task's)."""
     derived, asked, why = recheck_receipt(record, validators, run)
     if derived is None:
         return why

@@ -1,8 +1,5 @@
-"""A run's plan: one frozen value saying what the run found before anything is recorded or
-spent, built by pure steps (``run.py``: judge, key, find, survey, fit), each returning a new
-plan, from the checked run description, its keys and one survey of the ledger; sending and
-reporting only read it.
-"""
+"""A run's plan: one frozen value saying what the run found before anything is recorded or spent.
+``run.py``'s pure steps each return a new plan; recording, sending and reporting only read it."""
 
 from __future__ import annotations
 

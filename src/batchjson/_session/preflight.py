@@ -1,10 +1,6 @@
-"""Refused before spending: the checks of a run's content that need no call.
-
-Each raises :class:`~batchjson._errors.InvalidBatch` with a message naming the problem and the
-fix. Their one caller is the run description (``RunSpec`` in ``spec.py``), which the session
-checks before anything is recorded or sent, so a refusal never costs a call and never touches
-the ledger.
-"""
+"""Refused before spending: the checks of a run's content that need no call, each an
+:class:`~batchjson._errors.InvalidBatch` naming the problem and the fix. ``RunSpec`` runs them
+before anything is recorded or sent."""
 
 from __future__ import annotations
 
@@ -61,10 +57,9 @@ def check_verdicts(fn: Any, second: str = "task") -> None:
 
 
 def check_not_generator(fn: Any, second: str = "task") -> None:
-    """A generator function returns a generator, which says neither yes nor no, and an async
-    generator cannot be awaited: refused as a validator instead of being paid for and failing
-    as a ``validator_error``. What is judged is what is called: the function (or partial), or
-    a callable object's ``__call__``."""
+    """A generator (or async generator) function says neither yes nor no: refused as a validator
+    rather than paid for and failed as a ``validator_error``. The function, partial or object's
+    ``__call__`` is what is judged."""
     try:
         called = [fn] + ([] if inspect.isroutine(fn) else [type(fn).__call__])
         kind = next(("an async generator function" if inspect.isasyncgenfunction(c) else
@@ -82,10 +77,9 @@ def check_not_generator(fn: Any, second: str = "task") -> None:
 
 
 def check_asserts_kept(fn: Any) -> None:
-    """Under ``python -O`` every ``assert`` is compiled away, so a validator that checks with
-    asserts would accept every item without a word: refused, before anything is recorded,
-    when its own source (nested functions included) holds an ``assert``. Helpers it calls are
-    not read, and a validator without source (made by ``exec`` of a string) cannot be seen."""
+    """Under ``python -O`` asserts vanish, so an assert-checking validator would accept everything:
+    refused when its own source (nested functions too) holds one. Helpers it calls are not read; a
+    validator without source cannot be seen."""
     if not sys.flags.optimize:
         return
     try:

@@ -1,10 +1,8 @@
 """Import of historical receipts, and batchjson's own export: a claimed status is never trusted.
 
-Every imported return is judged again as a stored answer is (``rejudge.Judging``, with the
-validator the user gives; a receipt whose validator is not given is refused, or with the
-opt-out kept unverified, never admitted). A return with an identity error is kept as
-diagnostic and none of its items admitted. Each line is an attempt in the account, imported
-once (its digest in ``imports``). A merge rechecks by the same path (:func:`recheck_receipt`)."""
+Every imported return is judged again as a stored answer is (``rejudge.Judging``); a receipt whose
+validator is not given is refused, or with the opt-out kept unverified, never admitted. Each line is
+imported once (its digest in ``imports``). Merge rechecks by :func:`recheck_receipt`."""
 
 from __future__ import annotations
 
@@ -74,9 +72,8 @@ TEXT_FIELDS = ("model", "provider", "at")
 
 def read_lines(path: Path, validators: Mapping[str, Any],
                without_validator: bool | None = None) -> list[Line]:
-    """Parse and check every line first, so a bad file is refused before anything is written;
-    unless ``without_validator`` is None, also one naming a validator not in ``validators``
-    (without the opt-out)."""
+    """Parse and check every line before anything is written, so a bad file is refused whole (and,
+    unless ``without_validator`` is None, one naming a validator not in ``validators``)."""
     validators = registry_view(validators)
     try:
         with path.open("rb") as head:
@@ -175,9 +172,8 @@ def _check(path: Path, number: int, record: dict[str, Any],
 
 def _unlike_components(components: Mapping[str, str], record: Mapping[str, Any],
                        schema: ItemSchema) -> str | None:
-    """What of an exported receipt does not follow from the components it was keyed by: its
-    schema (the very one, or a model's structure as it ran; an export carries it whenever its
-    batch had one) and its validator (one named whenever one judged it)."""
+    """What of an exported receipt does not follow from the components it was keyed by: its schema
+    (or a model's structure as it ran) and its validator."""
     shape = components.get("schema_shape")  # a model's: its structure, as run
     text = json.dumps(record.get("schema"), sort_keys=True, separators=(",", ":"))
     if components.get("schema") not in (schema.fingerprint, None) and shape != text:
@@ -188,11 +184,9 @@ def _unlike_components(components: Mapping[str, str], record: Mapping[str, Any],
 
 
 def _identity_rule(path: Path, number: int, record: Mapping[str, Any], own: bool) -> Identity:
-    """How a receipt's items are held to its tasks. batchjson's own export (with the components
-    it was keyed by) keeps the identity it was judged under. Any other receipt is held to what
-    was requested: every task field an item echoes is compared, whatever its ``identity`` list
-    says (the list only adds fields every item must carry); the list may be missing, null or
-    empty."""
+    """How a receipt's items are held to its tasks: batchjson's own export keeps the identity it was
+    judged under; any other receipt has every echoed task field compared, whatever its ``identity``
+    list (which only adds required fields, and may be missing or empty)."""
     exported = own and isinstance(record.get("components"), dict)
     listed = record.get("identity")
     if listed is None and not exported:
@@ -257,8 +251,7 @@ def recheck_receipt(record: dict[str, Any], validators: Mapping[str, Any],
                     run: Callable[..., Any]
                     ) -> tuple[dict[str, Any] | None, list[dict[str, Any]], str]:
     """(items by task_id, the request's tasks, "") when an exported receipt's raw return passes
-    every check import reruns (its key and identity rule against its components, coverage,
-    identity, schema, the validator when given), else (None, [], why)."""
+    every check import reruns, else (None, [], why)."""
     try:
         line = _check(Path("receipt"), 1, record, validators)
     except InvalidBatch as exc:
@@ -278,13 +271,9 @@ def _identity_errors(errors: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]
 
 def import_receipts(store: Store, path: str | Path, *, validators: Any = None,
                     without_validator: bool = False) -> dict[str, Any]:
-    """Import a JSONL file of receipts into the ledger; returns the report (see
-    docs/recovery.md).
-
-    ``validators`` (see :func:`registry_view`) rechecks each receipt naming one; a file naming
-    a validator not given is refused unless ``without_validator``, when those receipts are
-    kept unverified (never admitted).
-    """
+    """Import a JSONL file of receipts into the ledger; returns the report (docs/recovery.md). A
+    file naming a validator not in ``validators`` is refused unless ``without_validator``, when
+    those receipts are kept unverified, never admitted."""
     path = Path(path)
     registry = registry_view(validators)
     lines = read_lines(path, registry, bool(without_validator))

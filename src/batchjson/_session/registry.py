@@ -1,11 +1,8 @@
 """Define-once validator registry keyed by content, not by object identity.
 
-Re-running a cell that defines a validator creates a new function object. Identity-keyed
-evidence would then be orphaned; the registry instead hands back the *first* object registered
-with the same content fingerprint, so downstream identity checks see one validator. A fingerprint
-that could not see everything (``globals()["X"]``, ``eval``) never hands back an older object:
-the object just defined is used, since its logic may differ where the fingerprint is blind.
-"""
+A re-run cell makes a new function object; the registry hands back the *first* object with the same
+fingerprint, so identity-keyed code downstream sees one validator. A partial fingerprint never hands
+back an older object: its logic may differ where the fingerprint is blind."""
 
 from __future__ import annotations
 
@@ -104,12 +101,9 @@ def _notes(fingerprint: Fingerprint) -> str:
 
 
 class ValidatorRegistry:
-    """Named validators, each a list of content versions; ``define`` is idempotent by content.
-
-    In a strict registry a *new* content for a name is refused while requests recorded under the
-    current version are unresolved (``unresolved_under(digest) > 0``), so open evidence cannot be
-    silently answered by different logic.
-    """
+    """Named validators, each a list of content versions; ``define`` is idempotent by content. A
+    strict registry refuses new content for a name while requests under its current version are
+    unresolved, so open evidence cannot be answered by different logic."""
 
     def __init__(
         self,
@@ -128,26 +122,18 @@ class ValidatorRegistry:
 
     def define(self, fn: Callable[..., Any] | None = None, *,
                name: str | None = None) -> Any:
-        """Register ``fn`` and return the canonical object for its content.
-
-        One shape everywhere: ``@define``, ``@define(name="x")``, ``define(fn)`` and
-        ``define(fn, name="x")``; a notebook's or RLM cell's injected ``validator`` is this
-        method. If a version of ``name`` with the same fingerprint exists, that version's original
-        object is returned (same ``id()``), however many times the defining cell is re-run;
-        unless the fingerprint is partial, when the object just defined is used.
-        """
+        """Register ``fn`` and return the canonical object for its content: the first object
+        registered with this fingerprint (same ``id()``), unless the fingerprint is partial. Works
+        as ``@define``, ``@define(name="x")``, ``define(fn)`` and ``define(fn, name="x")``."""
         if fn is None:
             return lambda f: self.register(f, name=name).fn
         return self.register(fn, name=name).fn
 
     def version_of(self, fn: Callable[..., Any], name: str | None = None, *,
                    hand_over: bool = False) -> ValidatorVersion:
-        """Like ``define``, but return the version record (number, fingerprint, where).
-
-        ``hand_over``: a helper registering ``fn`` on its way to a run (the RLM and droste
-        helpers): the next run on this thread finds this record by the object instead of
-        fingerprinting it a second time. Any other registration, and every run, ends the hand-over.
-        """
+        """Like ``define``, but return the version record. ``hand_over``: a helper registering
+        ``fn`` on its way to a run; the next run on this thread takes this record by the object
+        instead of fingerprinting again (any other registration, and every run, ends it)."""
         record = self.register(fn, name=name).record
         self._handed.record = record if hand_over else None
         return record

@@ -1,12 +1,8 @@
-"""Re-judge before re-asking: the one way an answer on record is judged again, by
-:class:`Judging` (the acceptance judge a call's return goes through) with the run's rules.
-
-Stored answers may no longer pass for three reasons: a change of judging only (same *seen key*),
-a fingerprint that cannot fully see (``unseen``: re-judged every run), and an answer of unknown
-source (an import's *sourceless* key). Each re-judges locally, for free, and commits what passes
-as ``recheck`` receipts of cost 0; import and merge judge through the same :class:`Judging`
-(``recovery.py``). The ledger only reads the candidates and commits what passed;
-docs/design.md ("Evidence and revisions") tells the three reasons in full."""
+"""Re-judge before re-asking: the one way an answer on record is judged again, by :class:`Judging`
+(the judge a call's return goes through) under the run's rules, locally and for free; what passes is
+committed as a cost-0 ``recheck``. The three reasons (a change of judging only, a fingerprint that
+cannot fully see, an answer of unknown source) are in docs/design.md ("Evidence and revisions");
+import and merge judge through the same :class:`Judging`."""
 
 from __future__ import annotations
 
@@ -52,10 +48,9 @@ class Judging:
 
     def first_passing(self, candidates: Sequence[tuple[Request, Sequence[Any]]],
                       broken: list[dict[str, Any]] | None = None) -> list[Passed]:
-        """For each request, the first of its stored returns (rows with ``raw``) that passes
-        now, judged against the ledger's own copy of its tasks, with the values it stores.
-        With ``broken`` given, a ``validator_error`` ends the judging and is appended there:
-        the validator is broken (or hangs), and no call could be judged by it either."""
+        """For each request, the first stored return (rows with ``raw``) that passes now against the
+        ledger's own copy of its tasks. With ``broken``, a ``validator_error`` ends the judging
+        there: no call could be judged by that validator either."""
         async def judge_all() -> list[Passed]:
             passed = []
             for request, rows in candidates:
@@ -76,11 +71,9 @@ class Judging:
 def earlier_candidates(store: Store, pending: Sequence[Request], *, seen_of: Mapping[str, str],
                        sourceless_of: Mapping[str, str], same_key: bool = False
                        ) -> list[tuple[Request, list[Any]]]:
-    """The stored returns each pending request may be resolved by: earlier returns that saw
-    the same thing (``seen_of``: request key -> seen key), then imported answers of unknown
-    source under its key without one (``sourceless_of``; empty: there are none). ``same_key``:
-    returns under the very same key count too (the judging reads what its fingerprint cannot
-    see, so the same key may judge differently now)."""
+    """Each pending request's stored returns that may resolve it: earlier returns with the same seen
+    key (``seen_of``), then imported sourceless answers (``sourceless_of``). ``same_key``: returns
+    under the very same key count too, when the judging reads what its fingerprint cannot see."""
     if not pending:
         return []
     earlier: dict[str, list[Any]] = {}
@@ -107,10 +100,9 @@ def earlier_candidates(store: Store, pending: Sequence[Request], *, seen_of: Map
 
 def unseen_token(store: Store, judging: Judging, requests: Sequence[Request],
                  previous: str | None) -> str | None:
-    """None when every accepted answer among ``requests`` passes the rules as they are now with
-    the very values it committed; else the ``unseen`` component of the revision to run instead,
-    naming ``previous`` (this one's) and the requests whose answers fail (one accepted without
-    a raw text on record cannot be re-judged: it fails)."""
+    """None when every accepted answer among ``requests`` still passes with the values it committed;
+    else the ``unseen`` component of the revision to run instead, naming ``previous`` and the
+    requests that fail (one with no raw text on record fails)."""
     accepted = store.accepted_keys([r.key for r in requests])
     found = {r.key: store.accepted_return(r.key) for r in requests if r.key in accepted}
     passed = judging.first_passing([(r, [found[r.key][0]]) for r in requests
@@ -122,11 +114,9 @@ def unseen_token(store: Store, judging: Judging, requests: Sequence[Request],
 
 def clear_sourceless(store: Store, judging: Judging, owed: Sequence[Request],
                      sourceless_of: Mapping[str, str], source: str | None) -> int:
-    """Imported requests of unknown answer source that a return of ``owed`` accepted now
-    answers: the same tasks under the same schema, validator and instructions. Each gets a
-    cost-0 ``recheck`` of that return, re-judged against its own tasks, so an imported request a
-    strict session keeps counting (its receipt was rejected on import) is cleared instead of
-    owing on a key no live run computes as its own. Returns how many were cleared."""
+    """Clear the imported requests of unknown source that an accepted return of ``owed`` answers
+    (same tasks, schema, validator, instructions) with a cost-0 ``recheck``: otherwise they would
+    owe on a key no live run computes. Returns how many were cleared."""
     accepted = store.accepted_keys([r.key for r in owed])
     by_sourceless = {sourceless_of[r.key]: r for r in owed
                      if r.key in accepted and r.key in sourceless_of}

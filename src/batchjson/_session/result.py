@@ -17,9 +17,8 @@ from .values import plain_items
 
 
 class TaskAttempts(Mapping[str, int]):
-    """task_id -> calls this run made that carried the task, read on first use from the run's
-    log of its calls (each call's task ids as JSON, on disk past a few megabytes, so a run of
-    a million tasks holds no count a task); a task no call carried is absent."""
+    """task_id -> calls this run made that carried the task, read on first use from the run's log of
+    its calls (on disk past a few megabytes, so a million tasks hold no count each)."""
 
     def __init__(self, calls_log: Iterable[str]) -> None:
         self._log = calls_log
@@ -88,9 +87,8 @@ class BatchResult:
                                   if e.get("task_id") and e["task_id"] not in self.values))
 
     def to_jsonl(self, path: str | os.PathLike | None = None) -> str | None:
-        """Every accepted value as JSON Lines, ``{"task_id": ..., "value": ...}`` a line in task
-        order (as ``batchjson values`` prints them), streamed from the ledger to ``path``; with
-        no path, the text itself (fine for small batches: it is the whole in memory)."""
+        """Every accepted value as JSON Lines (``{"task_id": ..., "value": ...}``, in task order),
+        streamed from the ledger to ``path``; with no path, the whole text, in memory."""
         if path is None:
             out = io.StringIO()
             self._write_jsonl(out)
@@ -136,9 +134,8 @@ class BatchResult:
 
     @property
     def failures(self) -> list[dict[str, Any]]:
-        """One entry per failed request: its tasks, its own errors once (an error about the whole
-        return is not repeated per task), how many bystanders shared the rejection, the raw
-        return (kept once). Every failed request: ``failure_report`` shows the first few."""
+        """One entry per failed request: its tasks, its own errors once, how many bystanders shared
+        the rejection, and the raw return once; ``failure_report`` shows the first few."""
         return failure_groups(self._failed_errors, self.raws)[0]
 
     def _failed_errors(self) -> Any:

@@ -1,10 +1,9 @@
-"""Running a revision again: a finished run of a tasks file found without reading its tasks,
-and the requests of a revision on record, their tasks read from the ledger's texts.
+"""Running a revision again: a finished run of a tasks file found without reading its tasks, and a
+revision's requests read back from the ledger.
 
-Checking a million tasks costs about a third of running them, so the ledger remembers a JSON
-Lines file by the SHA-256 of its bytes: a later run of the same file under the same rules whose
-revision is current and wholly accepted reads its result from the ledger. Anything else takes
-the full path, which reads and checks every task."""
+Checking a million tasks costs about a third of running them, so the ledger remembers a JSON Lines
+file by the SHA-256 of its bytes; the same file under the same rules, wholly accepted, reads its
+result from the ledger."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """A run as a pipeline: check, judge with, key, find, re-judge, fit; record, send, report.
 
-``run_spec(rt, spec)`` is the whole of ``Session.run``. The first steps are pure over a frozen
-:class:`RunPlan` (each returns a new one) and record and spend nothing; the plan is then read,
-never changed, by recording, sending and reporting, so nothing is recorded or spent before the
-spec's inputs and the plan's budget and fit have been checked.
-"""
+The first steps are pure over a frozen :class:`RunPlan` and record and spend nothing; recording,
+sending and reporting only read the plan, so nothing is recorded or spent before the inputs, the
+budget and the fit have been checked."""
 
 from __future__ import annotations
 
@@ -80,8 +78,7 @@ def planned(rt: Runtime, spec: RunSpec) -> RunPlan:
 
 
 def judge_with(rt: Runtime, plan: RunPlan) -> RunPlan:
-    """The validator's version (registered now, or handed over by the helper that registered
-    it a moment ago) and the checker acceptance calls."""
+    """The validator's version (registered now, or handed over by its helper) and the checker."""
     spec, validator = plan.spec, plan.spec.validator
     handed = rt.validators.handed_over(validator, spec.validator_name, take=True)
     if validator is None:
@@ -113,10 +110,8 @@ def checker_of(version: ValidatorVersion, validator_args: str | None,
 
 
 def find_requests(rt: Runtime, plan: RunPlan, judging: Judging) -> RunPlan:
-    """The run's revision when one is on record (its requests are then read from the
-    ledger). Judging no fingerprint fully sees moves on to a revision naming the answers that
-    no longer pass: it re-judges every accepted request of the revision, so that one step
-    holds them all."""
+    """The run's revision when one is on record (its requests then read from the ledger). Judging no
+    fingerprint fully sees moves on to a revision naming the answers that no longer pass."""
     store = rt.ledger.store
     while True:
         found = store.revisions(plan.spec.name, fingerprint=plan.keys.revision)
@@ -144,8 +139,7 @@ def fitted(rt: Runtime, plan: RunPlan) -> RunPlan:
 
 
 def plan_calls(rt: Runtime, plan: RunPlan) -> tuple[Plan, Spender]:
-    """What the calls are asked to do, refused before spending when the budget cannot cover
-    one call per pending request."""
+    """The calls' plan; refused before spending if the budget cannot pay each pending request."""
     spec, content = plan.spec, plan.content
     calls = Plan(batch_id=0, revision_id=0, mode=spec.mode,  # ids set once the revision opens
                  identity=content.identity, schema=content.schema, validator=plan.checker,
@@ -246,9 +240,8 @@ def _jobs(rt: Runtime, calls: Plan, spender: Spender, plan: RunPlan) -> JobsOutc
 
 def _replay(rt: Runtime, plan: RunPlan, provider: Any, drive: Callable[[Any], Any],
             progress: Any = None) -> Any:
-    """Run the pending requests through a transport (``drive``, given the progress bar, or
-    None); the bar counts every task of the batch, those resumed from the ledger already
-    done (2000/2000 at the end, as tqdm users expect)."""
+    """Run the pending requests through a transport (``drive``); the progress bar counts every task,
+    those resumed from the ledger as done already, as tqdm users expect."""
     name = plan.spec.name
     progress = plan.spec.progress if progress is None else progress
     total = len(plan.content.tasks)
@@ -272,9 +265,8 @@ def _replay(rt: Runtime, plan: RunPlan, provider: Any, drive: Callable[[Any], An
 
 def report(rt: Runtime, plan: RunPlan, revision: Any, outcome: Outcome,
            superseded: str | None = None) -> BatchResult:
-    """The one reporter, of a run that sent or of one found finished: the result over the
-    ledger's values, with a note for each thing a person should know about how it was reached
-    (``superseded``: the revision this run's content replaced, said)."""
+    """The one reporter, of a run that sent or of one found finished: the result over the ledger's
+    values, with a note for each thing a person should know about how it was reached."""
     spec, content = plan.spec, plan.content
     result = _result(rt, spec.name, revision, plan.total,
                      lambda: (t["task_id"] for t in content.tasks), content.schema, outcome,
@@ -349,8 +341,7 @@ def _result(rt: Runtime, name: str, revision: Any, total: int,
 
 def _values(rt: Runtime, revision_id: int, total: int, task_ids: Callable[[], Iterable[str]],
             schema: Any, outcome: Outcome) -> tuple[Mapping[str, Any], ResultErrors]:
-    """The revision's values, read from the ledger when asked for, and an error for every
-    task without one, built when read."""
+    """The revision's values and an error for every task without one, each read when asked for."""
     values, unloadable = result_values(rt.ledger.store, revision_id, schema)
     why = (f"no call was made for this task in this run: {outcome.stopped}"
            if outcome.stopped else "no call was made for this task in this run")

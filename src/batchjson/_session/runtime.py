@@ -1,10 +1,6 @@
-"""What a run's steps use of the session that runs them, handed to them whole.
-
-The session owns the machinery that outlives a run (its ledger, event loop, pacer, hosts, the
-providers it closes, batch lines' reservations, the schemas of its jobs) and builds a
-:class:`Runtime` over it, with its settings as they are when the run starts. Steps read this,
-never the session's private names, so nothing below the session imports it.
-"""
+"""What a run's steps use of the session, handed to them whole: the machinery that outlives a run
+and the settings as they are at its start. Steps read this, never the session's private names, so
+nothing below the session imports it."""
 
 from __future__ import annotations
 

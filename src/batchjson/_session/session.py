@@ -1,8 +1,6 @@
 """A session: one ledger, one validator registry, one provider, and the budgets over them.
 
-Faces (the IPython magic, the RLM binding, the CLI) all call ``Session.run_batch``; data flows
-one way from here: replay loop -> provider -> acceptance -> ledger.
-"""
+Every face runs through it (``Session.run``), and data flows one way from here."""
 
 from __future__ import annotations
 
@@ -137,7 +135,6 @@ class Session:
         self.hosts.leave()
         self.ledger.close()
 
-    # -- the main entry point ------------------------------------------------------------------
     def run_batch(
         self,
         name: str,
@@ -160,19 +157,13 @@ class Session:
     ) -> BatchResult:
         """Resolve every task of batch ``name`` or say exactly what is still owed.
 
-        Identical content resumes (accepted requests are not re-spent); changed content opens a
+        Identical content resumes (accepted requests are not paid again); changed content opens a
         new revision, which first re-judges earlier returns when only the judging changed.
         ``validator(item, task)`` (a dict, or a model instance for a pydantic schema; sync or
         ``async def``) raises ValueError or returns False to reject an item. ``identity=None``
-        compares ``task_id`` and every other task field an item echoes; an explicit list
-        compares exactly those fields. A return the model refused is not asked again (its
-        request ends unresolved, reason ``refused``) unless ``reask_refusals=True``.
-        ``transport="batch"`` sends the pending requests as provider batch jobs at batch prices
-        and returns ``status == "pending"`` with ``jobs`` (``wait=True``: blocks until they
-        end); re-running collects.
-        ``tasks`` is a list, any iterable (a generator is read once) or the path of a JSON
-        Lines file (``Path("tasks.jsonl")``), one task object a line.
-        """
+        compares ``task_id`` and every other task field an item echoes; a list compares exactly
+        those fields. ``tasks`` is a list, any iterable (read once) or the path of a JSON Lines
+        file. ``transport="batch"``: provider batch jobs at batch prices (docs/providers.md)."""
         return self.run(RunSpec(
             name=name, tasks=tasks, schema=schema, validator=validator,
             identity=identity, pack=pack, instructions=instructions, repairs=repairs,
@@ -203,8 +194,7 @@ class Session:
             self.strict, self.job_poll, self.on_note, lambda: self.provider)
 
     def advise(self, name: str, **options: Any) -> dict[str, Any]:
-        """Pack-size advice for batch ``name`` from its receipts (see docs/recovery.md);
-        ``options`` go to :func:`batchjson._session.advice.advise` (candidates=, split=)."""
+        """Pack-size advice for batch ``name`` (docs/recovery.md); options: candidates=, split=."""
         options.setdefault("repairs", self.repairs)
         options.setdefault("replays", self.replays)
         return advise(self.ledger, name, **options)
@@ -241,10 +231,7 @@ def set_default_session(session: Session | None) -> None:
 
 
 def validator(fn: Callable | None = None, *, name: str | None = None) -> Any:
-    """Register a validator once per session: ``@validator``, ``@validator(name="x")`` or
-    ``validator(fn)``, the same shapes as the ``validator`` injected into notebooks and RLM cells.
-
-    Re-running the defining cell hands back the first function object while its content is
-    unchanged, so identity-keyed code downstream sees one validator.
-    """
+    """Register a validator once per session (``@validator``, ``@validator(name="x")`` or
+    ``validator(fn)``): re-running the defining cell hands back the first function object while its
+    content is unchanged, so identity-keyed code downstream sees one validator."""
     return default_session().validators.define(fn, name=name)

@@ -1,12 +1,7 @@
 """The one public description of a run, and the one place that checks a run's inputs.
 
-Every face (``Session.run_batch``, the magic, the RLM bindings, the CLI's demo) builds a
-``RunSpec`` and ``Session.run`` runs it, so every face refuses the same inputs in the same words.
-A spec checks its options when it is made (``__post_init__``) and its content (tasks, schema,
-identity, validator against them) in :meth:`RunSpec.checked`, which the session calls before it
-touches the ledger or the provider: a refusal never costs a call and never records anything.
-The session's own settings are checked the same way, by :class:`SessionOptions`.
-"""
+Every face builds a ``RunSpec``, so every face refuses the same inputs in the same words, before the
+ledger or the provider is touched: a refusal never costs a call or records anything."""
 
 from __future__ import annotations
 
@@ -36,25 +31,17 @@ TransportName = Literal["live", "batch"]
 
 @options(InvalidBatch)
 class RunSpec:
-    """What to resolve and under which rules.
+    """What to resolve and under which rules (docs/api.md). A bad option is an
+    :class:`~batchjson.InvalidBatch` when the spec is made.
 
-    - ``mode="items"``: tasks are packed ``pack`` at a time and each return is ``{"items": [...]}``
-      judged for coverage and identity; ``mode="value"``: one task per call, a bare JSON value
-      (droste's ``llm_batch_json`` shape).
-    - ``validator_args="task"`` calls ``validator(value, task)``; ``"index"`` calls
-      ``validator(value, task["index"])`` as droste does; ``"droste"`` also judges what it says
-      as droste's helper does (only ``ValueError`` rejects; its return is ignored).
+    - ``mode="items"``: ``pack`` tasks a call, each return ``{"items": [...]}`` judged for coverage
+      and identity; ``mode="value"``: one task per call, a bare JSON value (droste's shape).
+    - ``validator_args="task"`` calls ``validator(value, task)``, ``"index"`` calls
+      ``validator(value, task["index"])``; ``"droste"`` also reads verdicts as droste does.
     - ``refuse_short_budget``: refuse before spending when the budget cannot cover one call per
-      pending request (droste's helper instead spends what it has and reports the rest).
-    - ``None`` for ``repairs``/``replays`` takes the session's setting.
-    - ``reask_refusals``: a return the model refused is asked again (as a replay, within
-      ``replays``); by default a refusal ends its request unresolved with reason ``refused``.
-    - ``transport="batch"`` sends the pending requests as provider batch jobs (half price,
-      results within 24 hours): the run returns ``status == "pending"`` with ``jobs`` unless
-      ``wait=True``, and a re-run collects (docs/providers.md).
-
-    A bad option is an :class:`~batchjson.InvalidBatch` when the spec is made.
-    """
+      pending request. ``None`` for ``repairs``/``replays`` takes the session's setting.
+    - ``transport="batch"``: provider batch jobs; the run returns ``status == "pending"`` unless
+      ``wait=True``, and a re-run collects (docs/providers.md)."""
 
     # checked here, by their own rules: the texts, the validator, the identity's shape
     name: SkipValidation[str]
@@ -101,10 +88,9 @@ class RunSpec:
         normalize_identity(self.identity)  # its shape; the tasks are checked against it later
 
     def checked(self) -> CheckedRun:
-        """The content of the run, checked and in the ledger's (JSON) form: every task (ids,
-        prompts, identity fields, JSON-serialisable, not too deep), the schema, and what the
-        mode, identity and validator need of them. Raises InvalidBatch naming the first
-        problem and the fix; reads nothing but the spec."""
+        """The run's content, checked and in the ledger's (JSON) form: tasks, schema, and what the
+        mode, identity and validator need of them. Raises InvalidBatch naming the first problem and
+        the fix; reads nothing but the spec."""
         identity = normalize_identity(self.identity)
         hasher = hashlib.sha256() if is_task_file(self.tasks) else None
         tasks, texts = normalize_tasks(self.tasks, identity, hasher, pack=self.pack)
@@ -156,9 +142,8 @@ def check_text(label: str, value: Any, example: str, *, required: bool = False,
 
 @options(ConfigError)
 class SessionOptions:
-    """A :class:`~batchjson.Session`'s own settings, checked before it opens its ledger: a bad
-    one is refused (``ConfigError``; a bad budget ``InvalidBatch``, as documented) before
-    anything is created, spent or recorded."""
+    """A :class:`~batchjson.Session`'s own settings, refused (``ConfigError``; a bad budget
+    ``InvalidBatch``) before anything is created, spent or recorded."""
 
     strict: Flag
     budget: Annotated[Budget, PlainValidator(Budget.of)]

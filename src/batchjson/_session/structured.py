@@ -1,8 +1,6 @@
 """droste's ``llm_batch_json`` contract over a session: one prompt per call, a bare JSON value.
 
-Core, not a face: it knows nothing of hosts. ``Session.llm_batch_json`` and the RLM binding
-both call :func:`llm_batch_json`, which builds a :class:`RunSpec` like any other face.
-"""
+Core, not a face: it knows nothing of hosts, and builds a :class:`RunSpec` like any face."""
 
 from __future__ import annotations
 
@@ -44,9 +42,8 @@ DROSTE_KEYWORDS = frozenset({"type", "enum", "const", "required", "properties",
 
 
 def check_droste_schema(schema: Any) -> None:
-    """Refuse, before anything is spent, a schema droste's helper would refuse: not a dict, or
-    a keyword outside droste's subset at any level it reads. Shapes (a bad ``minimum``, a
-    non-unique ``required``) and non-string keys are then refused by :func:`compile_schema`."""
+    """Refuse before spending a schema droste's helper would refuse: not a dict, or a keyword
+    outside droste's subset; :func:`compile_schema` then refuses bad shapes."""
     if not isinstance(schema, Mapping):
         raise InvalidBatch(f"schema must be a JSON Schema dict in droste's subset "
                            f"({', '.join(sorted(DROSTE_KEYWORDS))}), got "
@@ -90,14 +87,11 @@ def llm_batch_json(session: Runs, prompts: Sequence[str], schema: Any,
                    droste: bool = False) -> dict[str, Any]:
     """Run one prompt per call, each returning a bare JSON value; droste's return shape.
 
-    The RLM binding's options: ``refuse_short_budget=True`` refuses before spending when the calls
-    still owed exceed what remains (droste spends and reports ``budget_exhausted``);
-    ``keyed_by_content=True`` names an unnamed call by its whole content, validator included, so a
-    changed validator opens new evidence and the old stays owed; ``max_calls=0`` answers only from
-    what is accepted; ``droste=True`` takes droste's schema subset and judges ``"integer"`` and the
-    validator's verdicts as droste does (an unnamed call's batch says so: never reused by the other
-    contract). A validator handed over on its way here (``version_of(fn, hand_over=True)``) is not
-    fingerprinted again."""
+    ``refuse_short_budget=True`` refuses before spending when the calls owed exceed what remains
+    (droste spends and reports ``budget_exhausted``); ``keyed_by_content=True`` names an unnamed
+    call by its whole content, so a changed validator opens new evidence and the old stays owed;
+    ``max_calls=0`` answers only from what is accepted; ``droste=True`` judges as droste does (its
+    schema subset, ``"integer"``, the validator's verdicts), in a batch of its own."""
     check_call(prompts, contexts, max_repair_attempts, validator, name)
     if droste and not isinstance(schema, ItemSchema):  # else the caller compiled it so
         check_droste_schema(schema)

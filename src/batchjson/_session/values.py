@@ -1,9 +1,7 @@
-"""A result's accepted values, read from the ledger when asked for instead of held at once.
+"""A result's accepted values, read from the ledger when asked for.
 
-A million values as Python objects would need gigabytes; the ledger has them already.
-``BatchResult.values`` is a read-only mapping over one revision's checkpoint, read in pages in
-task order, one row per look-up. A result outlives its session (the mapping opens the ledger
-again); an in-memory ledger's values are copied into the result."""
+A million values as Python objects would need gigabytes, and the ledger has them already. A result
+outlives its session (it opens the ledger again); an in-memory ledger's are copied."""
 
 from __future__ import annotations
 
@@ -19,12 +17,8 @@ PAGE_REQUESTS = 200  # leaf requests per page read while iterating
 
 
 class LedgerValues(Mapping[str, Any]):
-    """task_id -> accepted value of one revision, each loaded from the ledger when read.
-
-    ``load`` turns the stored JSON into what the caller gets (a model instance for a pydantic
-    schema); ``hidden`` are task ids whose stored value no longer loads (the result's errors
-    name them), left out as if absent. ``dict(values)`` materialises it.
-    """
+    """task_id -> accepted value of one revision, each loaded from the ledger when read. ``hidden``
+    task ids (stored values that no longer load; the result's errors name them) read as absent."""
 
     def __init__(self, store: Store, revision_id: int, load: Callable[[Any], Any],
                  hidden: frozenset[str] = frozenset()) -> None:
@@ -122,9 +116,9 @@ def result_values(store: Store, revision_id: int,
                   schema: Any) -> tuple[Mapping[str, Any], list[dict[str, Any]]]:
     """A revision's values as a :class:`LedgerValues` (a dict for an in-memory ledger), and a
     ``stored_invalid`` error for each stored value the schema no longer loads. Only a pydantic
-    model's load can fail (even this very model may not load back what it dumped), so only then is
-    every value read once, a page at a time: a value that does not load is an error of its task,
-    never an exception on reading ``values``."""
+    model's load can fail (even on what it dumped itself), so only then is every value read once
+    here: a value that does not load is its task's error, never an exception on reading
+    ``values``."""
     values, unloadable = _ledger_values(store, revision_id, schema)
     return (values if _where(store) is not None else dict(values.items())), unloadable
 

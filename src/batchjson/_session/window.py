@@ -1,11 +1,8 @@
 """A run's requests a window at a time, so its memory does not grow with its tasks.
 
-Every step that looks at requests reads them :data:`WINDOW` at a time from one source: the
-checked tasks' texts for a new revision, the ledger's rows for one on record. A first pass
-(:func:`survey`), before anything is recorded or spent, learns what each request needs; the
-calls then stream the pending ones again (:class:`Pending`), as the batch transport does. What
-still needs every request at once (``rejudge.unseen_token``, answers of unknown source) says so
-where it is."""
+Every step reads requests :data:`WINDOW` at a time from one source (the checked tasks' texts, or the
+ledger's rows for a revision on record): :func:`survey` once before anything is recorded or spent,
+then :class:`Pending` for the calls. What needs every request at once says so where it is."""
 
 from __future__ import annotations
 
@@ -98,10 +95,9 @@ def stored_seen_pairs(store: Store, plan: RunPlan, revision_id: int, *,
 
 
 class Pending:
-    """The requests a call must resolve, as the survey found them, read again from the run's
-    source a window at a time each time it is iterated; ``len`` counts them without reading.
-    A window of the ledger that changed size since the survey (another runner split one of
-    its requests) is taken as it is now: what is not accepted."""
+    """The requests a call must resolve, as the survey found them, read again a window at a time on
+    each iteration; ``len`` reads nothing. A ledger window that changed size since the survey
+    (another runner split a request) is taken as it is now."""
 
     def __init__(self, source: Callable[[], Iterator[list[Request]]], marks: bytearray,
                  sizes: array, count: int, store: Store) -> None:

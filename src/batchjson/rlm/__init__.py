@@ -1,11 +1,8 @@
-"""The RLM face: droste's ``llm_batch_json`` contract in any host's namespace.
+"""The RLM face: droste's ``llm_batch_json`` contract in any host's namespace (docs/rlm.md).
 
-:func:`bind` installs the structured helpers into the persistent namespace a host runs cells
-in, backed by a session whose evidence is keyed by content and whose validator registry lives on
-the host side, so it works where a namespace hides ``globals()`` or drops names between cells.
-Validators are made canonical at call time (``_rebind``), and a budget gate refuses a call that
-can no longer be paid for before anything is spent. May import the session and every layer
-below it; never another face or ``testing``."""
+The session and validator registry live on the host side, so :func:`bind` works where a namespace
+hides ``globals()`` or drops names between cells; a budget gate refuses a call that can no longer be
+paid for before anything is spent. Never imports another face or ``testing``."""
 
 from __future__ import annotations
 
@@ -49,19 +46,12 @@ def bind(namespace: MutableMapping[str, Any], provider_or_subcalls: Any = None, 
          transport_retries: int | None = None) -> Session:
     """Install the structured helpers into ``namespace`` and return the session behind them.
 
-    ``provider_or_subcalls`` is a batchjson provider (or provider name), an object with droste's
-    ``llm_batch_with_errors``, or a function of a list of prompts returning a list of strings
-    (alexzhang13/rlm's ``llm_query_batched``). ``session=`` shares one session, its ledger,
-    registry and budget, between hosts; otherwise a new one is made with ``strict``,
-    ``ledger``, ``budget``, ``replays`` and ``transport_retries``. ``context`` is a droste
-    ``ExecutionContext`` to account subcalls to.
-
-    Bound to a droste subcall client, the helper keeps droste's contract: attempts are 1 +
-    repairs (no exact replays, no transport retries unless ``replays=`` or
-    ``transport_retries=`` ask for them) and the schema must be in droste's subset. Other
-    sources keep batchjson's defaults (one exact replay; three transport retries for a
-    provider, none for a plain helper, whose own client retried).
-    """
+    ``provider_or_subcalls``: a batchjson provider (or its name), an object with droste's
+    ``llm_batch_with_errors``, or rlm's ``llm_query_batched``. ``session=`` shares one session
+    between hosts; else one is made from ``strict``, ``ledger``, ``budget``, ``replays`` and
+    ``transport_retries``. ``context``: a droste ``ExecutionContext`` to account subcalls to. Bound
+    to a droste client, the helper keeps droste's contract (1 + repairs attempts, droste's schema
+    subset) unless ``replays=``/``transport_retries=`` ask for more."""
     if not isinstance(namespace, MutableMapping):
         raise InvalidBatch(f"bind needs the dict a host runs cells in, got "
                            f"{type(namespace).__name__}")
@@ -112,13 +102,10 @@ def _binding_of(namespace: MutableMapping[str, Any]) -> _Binding | None:
 
 
 def rlm_hooks(*, strict: bool = True, ledger: Any = None, budget: Any = None) -> RlmHooks:
-    """batchjson for alexzhang13/rlm's ``RLM``, through its public options only.
-
-    Pass ``custom_tools=hooks.custom_tools`` and ``environment_kwargs={"setup_code":
-    hooks.setup_code}``: each described tool answers through the calling REPL's own
-    ``llm_query_batched`` (rlm's client and usage accounting), and the setup code gates
-    ``answer["ready"]`` on ``finalization_check()``. See docs/rlm.md.
-    """
+    """batchjson for alexzhang13/rlm's ``RLM``, through its public options only: pass
+    ``custom_tools=hooks.custom_tools`` and ``environment_kwargs={"setup_code": hooks.setup_code}``.
+    Tools answer through the calling REPL's own ``llm_query_batched``, and ``answer["ready"]`` waits
+    for ``finalization_check()`` (docs/rlm.md)."""
     return RlmHooks(bind, strict=strict, ledger=ledger, budget=budget)
 
 
@@ -267,8 +254,7 @@ class _Binding:
 
     def _registered(self, fn: Any, name: str | None = None,
                     call: tuple[Any, Any, Any] | None = None) -> Callable[..., Any]:
-        """The canonical object for ``fn``; for a ``call``, its version is handed over to the
-        run (not fingerprinted twice)."""
+        """The canonical object for ``fn``; a ``call``'s version is handed over to its run."""
         if not callable(fn):
             raise InvalidBatch(f"a validator must be a function (value, index) -> None that "
                                f"raises ValueError to reject, got {type(fn).__name__}")

@@ -1,9 +1,6 @@
-"""Canonical validators for droste's own structured helpers, droste's code untouched.
-
-droste keys structured-batch evidence by validator object identity, so an inline validator
-re-executed after an error orphans earlier evidence. ``run_rlm`` binds its helpers after setup,
-so the wrapper re-wraps them before every executed cell: each call hands droste the first object
-registered with the same content; a changed validator is still a different one to droste."""
+"""Canonical validators for droste's own structured helpers, droste's code untouched: droste keys
+evidence by validator identity, so before every cell the wrapper re-wraps the helpers ``run_rlm``
+bound, handing droste the first object registered with the same content."""
 
 from __future__ import annotations
 
@@ -22,11 +19,8 @@ _VALIDATOR_POSITION = 4  # droste: (prompts, schema, contexts, max_repair_attemp
 def droste_environment(environment: Any, *, session: Session | None = None,
                        registry: ValidatorRegistry | None = None
                        ) -> CanonicalValidatorsEnvironment:
-    """Wrap any droste ``RLMEnvironment`` so its structured helpers get canonical validators.
-
-    ``session=`` shares that session's validator registry (one validator object for batchjson
-    and droste alike); otherwise the wrapper keeps its own.
-    """
+    """Wrap any droste ``RLMEnvironment`` so its structured helpers get canonical validators;
+    ``session=`` shares that session's registry (one validator object for batchjson and droste)."""
     wanted = registry if registry is not None else (
         session.validators if session is not None else None)
     if isinstance(environment, CanonicalValidatorsEnvironment):  # wrapping twice: once

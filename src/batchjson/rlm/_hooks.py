@@ -1,10 +1,8 @@
 """batchjson in alexzhang13/rlm's ``RLM`` loop through its public options, rlm untouched.
 
 ``RLM`` makes a new REPL inside every ``completion()``, so nothing can be bound beforehand: the
-``custom_tools`` are bound to one session and answer through the ``llm_query_batched`` of the
-REPL whose cell calls them (rlm's own client and usage accounting), and the ``setup_code`` hands
-the REPL's ``answer`` dict to ``batchjson_connect``, which makes ``answer["ready"] = True`` wait
-for ``finalization_check()`` (docs/rlm.md)."""
+tools answer through the calling REPL's ``llm_query_batched``, and the setup code hands its
+``answer`` dict to ``batchjson_connect`` (docs/rlm.md)."""
 
 from __future__ import annotations
 
@@ -65,8 +63,7 @@ class RlmHooks:
         self._provider: SubcallProvider | None = None
         self._lock = threading.RLock()  # one call at a time: its REPL answers the whole run
         self._gates: dict[type, type] = {}
-        # What cells are given: plain functions, none leading back to these hooks or the session
-        # (a bound method would, as tool.__self__.session.ledger)
+        # plain functions (_tools.tool): none leads a cell back to these hooks or the session
         helper = tool(self, "llm_batch_json")
         self._tools = {"llm_batch_json": helper, "llm_query_batched_json": helper,
                        **{name: self._names[name] for name in ("validator", "batch_status",
@@ -112,11 +109,8 @@ class RlmHooks:
                                                  max_repair_attempts, validator, name=name)
 
     def connect(self, answer: Any) -> Any:
-        """Make ``answer["ready"] = True`` raise :class:`NotReady` while requests are owed.
-
-        The REPL's own answer dict becomes an instance of a subclass of its own class, so rlm
-        still recognises it and still captures the answer when ready is accepted.
-        """
+        """Make ``answer["ready"] = True`` raise :class:`NotReady` while requests are owed; the dict
+        becomes an instance of a subclass of its own class, so rlm still captures the answer."""
         if not isinstance(answer, dict):
             raise ConfigError(f"batchjson_connect takes the REPL's answer dict, got "
                               f"{type(answer).__name__}")

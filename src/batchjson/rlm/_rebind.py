@@ -1,9 +1,6 @@
-"""Call-time canonical validators: a redefined, identical validator becomes the first object.
-
-A re-executed RLM cell hands every call a new function object, which code keyed on identity
-sees as a new validator. Here the registry hands back the first object registered with the same
-content, and every name bound to the duplicate is rebound to it: in the function's
-``__globals__``, in the calling cell's locals and in the namespaces the host named."""
+"""Call-time canonical validators: a re-executed RLM cell hands every call a new function object, so
+the registry's first object for that content is rebound to every name bound to the duplicate (the
+function's ``__globals__``, the calling cell's locals, the host's namespaces)."""
 
 from __future__ import annotations
 
@@ -40,11 +37,8 @@ def canonical_validator(registry: ValidatorRegistry, fn: Callable[..., Any], *,
                         namespaces: Iterable[MutableMapping[str, Any]] = (),
                         frame: types.FrameType | None = None,
                         name: str | None = None) -> Callable[..., Any]:
-    """Register ``fn`` and return the canonical object for its content, rebinding duplicates.
-
-    A changed validator is a new version (a strict registry may refuse it with
-    ValidatorChanged); only identical re-definitions are replaced.
-    """
+    """Register ``fn`` and return the canonical object for its content, rebinding duplicates; a
+    changed validator is a new version (a strict registry may refuse it)."""
     return canonical_version(registry, fn, namespaces=namespaces, frame=frame, name=name).fn
 
 

@@ -1,11 +1,7 @@
-"""RLM hosts' subcall helpers as a batchjson provider.
-
-droste's ``llm_batch_with_errors(prompts, contexts) -> (values, errors)`` and alexzhang13/rlm's
-``llm_query_batched(prompts) -> list[str]`` (failures are strings beginning ``"Error:"``) both
-become one ``complete(call)`` per request, so acceptance and the ledger stay the only judges of
-an answer; calls waiting together go as one batch. A failure is a :class:`ProviderError`, never
-a rejected answer; a client that breaks droste's protocol fails loudly
-(:class:`SubcallClientError`)."""
+"""RLM hosts' subcall helpers as a batchjson provider: droste's ``llm_batch_with_errors`` and rlm's
+``llm_query_batched`` become one ``complete(call)`` per request, so acceptance and the ledger stay
+the only judges; calls waiting together go as one batch. A failure is a ProviderError; a client
+breaking droste's protocol fails loudly (:class:`SubcallClientError`)."""
 
 from __future__ import annotations
 
@@ -81,12 +77,8 @@ def _source_key(kind: str, target: Any) -> Hashed:
 
 class SubcallProvider:
     """A droste subcall client or an rlm ``llm_query_batched`` function, one prompt per call.
-
-    ``context`` is a droste ``ExecutionContext`` (or anything with its ``record_subcall_*``
-    methods): a client with ``bind_context`` is bound to it once and accounts for itself, as
-    droste's clients do; for any other source the adapter records one attempt per call and one
-    success per usable answer, as droste's protocol asks of a client.
-    """
+    ``context`` (a droste ``ExecutionContext``): a client with ``bind_context`` accounts for itself;
+    for any other source the adapter records an attempt per call and a success per usable answer."""
 
     def __init__(self, target: Any, *, context: Any = None) -> None:
         self.kind = _kind_of(target)
@@ -113,8 +105,8 @@ class SubcallProvider:
             getattr(target, "model", None), str) else base
 
     def retarget(self, target: Any) -> None:
-        """Answer through ``target`` from now on: another object of the same source (rlm makes
-        a REPL, and so a new ``llm_query_batched``, for every completion)."""
+        """Answer through ``target``, a new object of the same source (rlm makes one a
+        completion)."""
         if target == self.target:  # bound methods of one object compare equal
             return
         if source_text((_source_key(_kind_of(target), target),)) != self._digest:
@@ -131,9 +123,8 @@ class SubcallProvider:
         return f"SubcallProvider({self.name}, source={self._digest[:12]})"
 
     async def complete(self, call: Call) -> Reply:
-        """Queue this prompt for the next batch: calls waiting while a batch is out go together
-        in one ``llm_batch_with_errors`` (one wire request, as droste's clients make), and the
-        helper is never called from two threads at once."""
+        """Queue this prompt for the next batch: calls waiting while a batch is out go together in
+        one ``llm_batch_with_errors``, and the helper is never called from two threads at once."""
         prompt, context = self._message(call)
         loop = asyncio.get_running_loop()
         queue = self._queues.setdefault(loop, _Queue())
@@ -259,8 +250,7 @@ class SubcallProvider:
 
 
 def _batch_errors(errors: Any, count: int) -> dict[int, Mapping[str, Any]]:
-    """The batch errors of a droste client by index; anything but one object per distinct
-    index of the batch is a broken client."""
+    """A droste client's errors by index; anything but one object per distinct index is broken."""
     if errors is None:
         return {}
     if isinstance(errors, (str, bytes, Mapping)) or not isinstance(errors, Sequence):

@@ -1,6 +1,5 @@
-"""Helpers handed to cell code as plain functions: each calls its owner's method, and nothing a
-cell can reach from it (``__self__``, ``__wrapped__``, a closure) leads back to the owner, its
-session or its ledger."""
+"""Helpers handed to cell code as plain functions: nothing a cell can reach from one (``__self__``,
+``__wrapped__``, a closure) leads back to its owner, session or ledger."""
 
 from __future__ import annotations
 
