@@ -86,7 +86,9 @@ class StoreBase(ABC):
 
     @abstractmethod
     def _exec(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> Any:
-        """Run one statement in ``tx``; the cursor (``rowcount``, ``fetchone``, ``fetchall``)."""
+        """Run one statement in ``tx``; the cursor (``rowcount``, ``fetchone``, ``fetchall``).
+        A write in a transaction of calls reads its outcome through ``RETURNING``: PostgreSQL
+        pipelines those, and a row count is known there only once the pipeline syncs."""
 
     @abstractmethod
     def _many(self, tx: Tx, sql: str, rows: Sequence[Sequence[Any]]) -> Any:
