@@ -67,7 +67,7 @@ class JobStore(CallStore):
         anything is uploaded."""
         owner, stamp = _job_owner(uid), now()
         written: list[dict[str, Any]] = []
-        with self.call_transaction() as tx:
+        with self.transaction(calls=True) as tx:
             job_id = self._insert(tx, JOB_SQL, (
                 uid, protocol, batch_id, revision_id, model, endpoint, len(lines),
                 sum(line[3] for line in lines), writer.id, writer.host, writer.pid,
