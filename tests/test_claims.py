@@ -214,7 +214,7 @@ def test_a_late_answer_of_a_host_taken_over_is_kept_paid_and_admits_nothing(ledg
     (admitted,), = ledger_rows(path, "SELECT id FROM attempts WHERE request_key = ? AND "
                                "status = 'accepted'", keys[0])
     held = Ledger(path)
-    with held.store.call_transaction() as tx:
+    with held.store.transaction(calls=True) as tx:
         held.store.complete_call(tx, late, "accepted", '{"items": ["late"]}',
                                  {"input_tokens": 7, "output_tokens": 3},
                                  accepted=(batch_id, keys[0], {task: {"verdict": "late"}}))

@@ -102,31 +102,6 @@ CONNECT_SECONDS = 10
 TRANSIENT = {"40001", "40P01", "55P03"}  # serialization failure, deadlock, lock not available
 
 
-class _Answer:
-    """A statement sent in a pipeline: its rows are read when asked for (psycopg waits for
-    them), and so is its row count (the pipeline is synced first)."""
-
-    __slots__ = ("_cursor", "_pipeline")
-
-    def __init__(self, cursor: Any, pipeline: Any) -> None:
-        self._cursor, self._pipeline = cursor, pipeline
-
-    @property
-    def rowcount(self) -> int:
-        if self._cursor.rowcount < 0:
-            self._pipeline.sync()
-        return self._cursor.rowcount
-
-    def fetchone(self) -> Any:
-        return self._cursor.fetchone()
-
-    def fetchall(self) -> list[Any]:
-        return self._cursor.fetchall()
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._cursor.fetchall())
-
-
 class _Row(tuple):
     """A row read by name or position, as ``sqlite3.Row`` is (``dict(row)`` works too)."""
 
@@ -279,12 +254,11 @@ class PostgresStore(Store):
         The writes of calls are pipelined where libpq can: their statements go out without
         waiting for each other's answers, and the transaction costs a round trip for its
         commit and one for each answer a write reads (a claim's outcome), however many
-        statements it holds. A statement's row count is read once the server has answered."""
-        outer, db = self._pipelined, None
+        statements it holds. So those writes read their outcome through ``RETURNING``, never
+        a row count (a pipelined statement's is known only once the pipeline syncs)."""
+        db = None
         try:
-            with (self._connection() as db, self._pipeline(db, serial) as pipeline,
-                  db.transaction()):
-                self._here.pipeline = pipeline
+            with self._connection() as db, self._pipeline(db, serial), db.transaction():
                 if serial:
                     db.execute(SERIAL_LOCK)
                 yield db
@@ -293,8 +267,6 @@ class PostgresStore(Store):
                 raise self._error("a write failed; the run stopped before any further "
                                   "call", exc) from exc
             raise
-        finally:
-            self._here.pipeline = outer
 
     @contextmanager
     def _connection(self) -> Iterator[Any]:
@@ -311,11 +283,6 @@ class PostgresStore(Store):
                 yield db
             finally:
                 self._here.db = None
-
-    @property
-    def _pipelined(self) -> Any:
-        """The pipeline of this thread's open transaction of calls, if pipelined."""
-        return getattr(self._here, "pipeline", None)
 
     def _pipeline(self, db: Any, serial: bool) -> Any:
         if serial or not self._psycopg.Pipeline.is_supported():
@@ -343,15 +310,14 @@ class PostgresStore(Store):
 
     # -- statements ----------------------------------------------------------------------------
     def _exec(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> Any:
-        cursor = tx.execute(self.dialect._sql(sql), tuple(args))
-        return cursor if self._pipelined is None else _Answer(cursor, self._pipelined)
+        return tx.execute(self.dialect._sql(sql), tuple(args))
 
     def _many(self, tx: Tx, sql: str, rows: Sequence[Sequence[Any]]) -> Any:
         if sql in BULK and rows:
             return self._exec(tx, BULK[sql], [list(column) for column in zip(*rows, strict=True)])
         cursor = tx.cursor()
         cursor.executemany(self.dialect._sql(sql), rows)
-        return cursor if self._pipelined is None else _Answer(cursor, self._pipelined)
+        return cursor
 
     def _insert(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> int:
         return tx.execute(self.dialect._sql(sql + " RETURNING id"), tuple(args)).fetchone()[0]

@@ -53,18 +53,17 @@ class StoreBase(ABC):
         """The ledger as an error (or a person) names it; never a password."""
         return self._public or self.path or ":memory:"
 
-    def transaction(self) -> AbstractContextManager[Tx]:
+    def transaction(self, *, calls: bool = False) -> AbstractContextManager[Tx]:
         """One write transaction: committed whole, or rolled back whole, and run as if alone
         (the reads in it decide its writes); a failure of the ledger itself (disk full, I/O
         error, read-only, locked past the busy timeout, a lost server) is a LedgerError naming
-        the ledger and the cause."""
-        return self._write_transaction()
+        the ledger and the cause.
 
-    def call_transaction(self) -> AbstractContextManager[Tx]:
-        """The transaction the writes of calls share (receipts, claims, checkpoint rows, the
-        budget's reservations): their statements decide on rows of their own requests, so a
-        database with row locks runs many runners' side by side. SQLite: ``transaction``."""
-        return self._calls_transaction()
+        ``calls``: the transaction the writes of calls share (receipts, claims, checkpoint
+        rows, the budget's reservations). Their statements decide on rows of their own
+        requests, so a database with row locks runs many runners' side by side instead of as
+        if alone (SQLite runs every writer alone)."""
+        return self._calls_transaction() if calls else self._write_transaction()
 
     def whole_or_nothing(self, what: str) -> AbstractContextManager[None]:
         """Around an operation that is one transaction (an import, a merge): any failure of the
@@ -86,7 +85,9 @@ class StoreBase(ABC):
 
     @abstractmethod
     def _exec(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> Any:
-        """Run one statement in ``tx``; the cursor (``rowcount``, ``fetchone``, ``fetchall``)."""
+        """Run one statement in ``tx``; the cursor (``rowcount``, ``fetchone``, ``fetchall``).
+        A write in a transaction of calls reads its outcome through ``RETURNING``: PostgreSQL
+        pipelines those, and a row count is known there only once the pipeline syncs."""
 
     @abstractmethod
     def _many(self, tx: Tx, sql: str, rows: Sequence[Sequence[Any]]) -> Any:

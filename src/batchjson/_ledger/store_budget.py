@@ -17,7 +17,7 @@ from .store_base import StoreBase, Tx
 
 # One row (id 1) while a budget is set.
 RESERVE_SQL = ("UPDATE budget SET reserved = reserved + ? WHERE id = 1 "
-               "AND spent + reserved + ? <= cost")
+               "AND spent + reserved + ? <= cost RETURNING id")
 
 # Settling one receipt (before its status changes): what it held comes off ``reserved`` if it
 # was in flight; its charge goes to ``spent``, less what was charged when it was abandoned.
@@ -69,7 +69,7 @@ class BudgetStore(StoreBase):
         one and the call is not priced); with no budget, the receipt holds nothing.
         ``budgeted``: whether the ledger has a budget, if the caller read it in ``tx``."""
         if budgeted is not False:
-            if amount is not None and self._exec(tx, RESERVE_SQL, (amount, amount)).rowcount:
+            if amount is not None and self._exec(tx, RESERVE_SQL, (amount, amount)).fetchall():
                 return True
             if self._exec(tx, "SELECT 1 FROM budget WHERE id = 1").fetchone() is not None:
                 return False

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from .._content.tasks import Request
 from . import claims
@@ -64,7 +64,7 @@ class CallStore(BudgetStore):
         def outcome() -> tuple[str, int | None]:
             attempt_id, state, budgeted = opened()
             if state == MINE and not self._reserve_shared(tx, attempt_id, reserve, budgeted):
-                self.release_claims(tx, owner, request.key)
+                self.claims(tx, owner, "release", request.key)
                 state = OVER
             if state != MINE:
                 self._exec(tx, "DELETE FROM attempts WHERE id = ? AND status = 'in_flight'",
@@ -147,18 +147,18 @@ class CallStore(BudgetStore):
                 and not claims._owner_gone(r[1], r[2], r[3], r[4], at)}
         return accepted, held
 
-    def release_claims(self, tx: Tx, owner: Owner, request_key: str | None = None) -> None:
-        """Give up ``owner``'s claim on ``request_key``, or every claim it holds."""
-        if request_key is None:
+    def claims(self, tx: Tx, owner: Owner, action: Literal["renew", "release"],
+               request_key: str | None = None) -> None:
+        """``owner``'s claims, in ``tx``: every one's lease renewed (a row another runner is
+        taking over this moment is renewed at the next turn, or not at all); or given up, on
+        ``request_key`` or every one."""
+        if action == "renew":
+            self._exec(tx, self.dialect._claim_sql(RENEW_SQL), (self.lease_seconds, owner.id))
+        elif request_key is None:
             self._exec(tx, "DELETE FROM claims WHERE owner = ?", (owner.id,))
         else:
             self._exec(tx, "DELETE FROM claims WHERE request_key = ? AND owner = ?",
                        (request_key, owner.id))
-
-    def renew_claims(self, tx: Tx, owner: Owner) -> None:
-        """A row another runner is taking over this moment is renewed at the next turn, or
-        not at all."""
-        self._exec(tx, self.dialect._claim_sql(RENEW_SQL), (self.lease_seconds, owner.id))
 
     # -- completing a receipt ------------------------------------------------------------------
     def complete_call(self, tx: Tx, attempt_id: int, status: str, raw: str | None,

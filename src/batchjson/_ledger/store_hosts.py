@@ -10,6 +10,7 @@ and its row is deleted by the next host that counts.
 from __future__ import annotations
 
 from .claims import Owner, _owner_gone
+from .records import now
 from .store_base import StoreBase, Tx
 
 JOIN_SQL = ("INSERT INTO hosts(owner, host, pid, lease_expires_at, joined_at) "
@@ -20,20 +21,20 @@ JOIN_SQL = ("INSERT INTO hosts(owner, host, pid, lease_expires_at, joined_at) "
 class HostStore(StoreBase):
     """The live hosts of the ledger, each renewing its own row."""
 
-    def live_hosts(self, tx: Tx, owner: Owner, stamp: str) -> int:
-        """Renew ``owner``'s row (written if new) and count the hosts alive, itself included;
-        the rows of hosts that are gone are deleted (in one order, so hosts deleting the same
-        rows never wait on each other in a circle)."""
+    def hosts(self, tx: Tx, owner: Owner, *, leaving: bool = False) -> int:
+        """Renew ``owner``'s row (written if new), or delete it when it is ``leaving`` (the
+        other hosts take its share at their next count); then count the hosts alive. The rows
+        of hosts that are gone are deleted (in one order, so hosts deleting the same rows never
+        wait on each other in a circle)."""
         at = self._clock(tx)
-        self._exec(tx, JOIN_SQL, (owner.id, owner.host, owner.pid, at + self.lease_seconds,
-                                  stamp))
+        if leaving:
+            self._exec(tx, "DELETE FROM hosts WHERE owner = ?", (owner.id,))
+        else:
+            self._exec(tx, JOIN_SQL, (owner.id, owner.host, owner.pid,
+                                      at + self.lease_seconds, now()))
         rows = self._exec(tx, "SELECT owner, host, pid, lease_expires_at FROM hosts").fetchall()
         gone = sorted(row[0] for row in rows if row[0] != owner.id
                       and _owner_gone(row[0], row[1], row[2], row[3], at))
         for name in gone:
             self._exec(tx, "DELETE FROM hosts WHERE owner = ?", (name,))
         return len(rows) - len(gone)
-
-    def leave_hosts(self, tx: Tx, owner: Owner) -> None:
-        """``owner`` stops sending: the other hosts take its share at their next count."""
-        self._exec(tx, "DELETE FROM hosts WHERE owner = ?", (owner.id,))

@@ -67,7 +67,7 @@ class JobStore(CallStore):
         anything is uploaded."""
         owner, stamp = _job_owner(uid), now()
         written: list[dict[str, Any]] = []
-        with self.call_transaction() as tx:
+        with self.transaction(calls=True) as tx:
             job_id = self._insert(tx, JOB_SQL, (
                 uid, protocol, batch_id, revision_id, model, endpoint, len(lines),
                 sum(line[3] for line in lines), writer.id, writer.host, writer.pid,
@@ -156,13 +156,12 @@ class JobStore(CallStore):
         cancelled, and its claims are released. False (nothing written) when the job was no
         longer in a state of ``was``: another runner collected it first."""
         marks = ",".join("?" * len(was))
-        if not self._exec(tx, f"UPDATE jobs SET status = ?, ended_at = ?, detail = ? WHERE "
-                          f"id = ? AND status IN ({marks})",
-                          (status, now(), json.dumps(dict(detail)), job_id, *was)).rowcount:
-            return False
-        uid = self._exec(tx, "SELECT uid FROM jobs WHERE id = ?", (job_id,)).fetchone()[0]
-        self._exec(tx, "DELETE FROM claims WHERE owner = ?", (_job_owner(uid).id,))
-        return True
+        ended = self._exec(tx, f"UPDATE jobs SET status = ?, ended_at = ?, detail = ? WHERE "
+                           f"id = ? AND status IN ({marks}) RETURNING uid",
+                           (status, now(), json.dumps(dict(detail)), job_id, *was)).fetchall()
+        for (uid,) in ended:
+            self._exec(tx, "DELETE FROM claims WHERE owner = ?", (_job_owner(uid).id,))
+        return bool(ended)
 
     def cancel_job(self, job_id: int, why: str, *, sent: bool,
                    was: Sequence[str] = ("recording",)) -> bool:

@@ -211,22 +211,28 @@ class RunStore(StoreBase):
             "JOIN checkpoint c ON c.request_key = q.key WHERE q.split = 0 AND q.revision_id "
             + where + ") AS d", args)[0][0]
 
-    def revision_value_page(self, revision_id: int, after: tuple[int, int],
-                            limit: int) -> tuple[list[tuple[str, str]], tuple[int, int] | None]:
-        """One page of a revision's accepted values in task order: (task_id, item text) of up
-        to ``limit`` leaf requests after ``after`` (their (position, id)), and where the next
-        page starts (None at the end). Pages end between requests, so none splits one."""
-        rows = self._read(
-            "SELECT q.position, q.id, c.task_id, c.item FROM requests q JOIN checkpoint c "
-            "ON c.request_key = q.key WHERE q.id IN (SELECT id FROM requests WHERE "
-            "revision_id = ? AND split = 0 AND (position > ? OR (position = ? AND id > ?)) "
-            "ORDER BY position, id LIMIT ?) ORDER BY q.position, q.id, c.attempt_id",
-            (revision_id, after[0], after[0], after[1], limit))
-        last = self._read(
-            "SELECT position, id FROM requests WHERE revision_id = ? AND split = 0 AND "
-            "(position > ? OR (position = ? AND id > ?)) ORDER BY position, id LIMIT 1 "
-            "OFFSET ?", (revision_id, after[0], after[0], after[1], limit - 1))
-        return [(r[2], r[3]) for r in rows], ((last[0][0], last[0][1]) if last else None)
+    def revision_values(self, revision_id: int, *,
+                        page: tuple[tuple[int, int], int] | None = None,
+                        task: tuple[str, str] | None = None) -> list[Row]:
+        """A revision's leaf requests in task order, each with its accepted values in the order
+        they were committed (the latest wins, as in ``checkpoint``): rows of (position, id,
+        task_id, item), task_id and item None for a request with none. ``page``: (after,
+        limit), the ``limit`` leaf requests after ``after`` (their (position, id)), so a page
+        never splits a request; ``task``: (request key, task_id), one task's value."""
+        join, where, args = "", "", [revision_id]
+        if task is not None:
+            join, where, args = " AND c.task_id = ?", " AND q.key = ?", [task[1], revision_id,
+                                                                         task[0]]
+        if page is not None:
+            (position, request_id), limit = page
+            where += (" AND q.id IN (SELECT id FROM requests WHERE revision_id = q.revision_id "
+                      "AND split = 0 AND (position > ? OR (position = ? AND id > ?)) "
+                      "ORDER BY position, id LIMIT ?)")
+            args += [position, position, request_id, limit]
+        return self._read(
+            "SELECT q.position, q.id, c.task_id, c.item FROM requests q LEFT JOIN checkpoint c "
+            f"ON c.request_key = q.key{join} WHERE q.revision_id = ? AND q.split = 0{where} "
+            "ORDER BY q.position, q.id, c.attempt_id", args)
 
     def revision_lookup(self, revision_id: int) -> tuple[list[tuple[str, str]], set[str]]:
         """(key, task_ids JSON) of every leaf request of a revision: where each task's value
@@ -238,12 +244,6 @@ class RunStore(StoreBase):
         return where, {r[0] for r in self._read(
             "SELECT DISTINCT q.key FROM requests q JOIN checkpoint c ON c.request_key = q.key "
             "WHERE q.revision_id = ? AND q.split = 0", (revision_id,))}
-
-    def accepted_item(self, request_key: str, task_id: str) -> str | None:
-        """The stored text of one task's accepted value under one request key, or None."""
-        rows = self._read("SELECT item FROM checkpoint WHERE request_key = ? AND task_id = ? "
-                          "ORDER BY attempt_id DESC LIMIT 1", (request_key, task_id))
-        return rows[0][0] if rows else None
 
     # -- what is owed --------------------------------------------------------------------------
     def unresolved(self, name: str | None = None, *, validator: str | None = None
@@ -297,17 +297,17 @@ class RunStore(StoreBase):
             while chunk := list(islice(pairs, INSERT_ROWS)):
                 self._many(tx, SEEN_SQL, chunk)
 
-    def record_task_file(self, digest: str, tasks: str, count: int,
-                         fields: Sequence[str]) -> None:
-        """Remember what a JSON Lines file of these exact bytes holds: its ``tasks`` digest (a
-        revision component), how many tasks, every field name they use."""
-        with self.transaction() as tx:
-            self._exec(tx, "INSERT INTO task_files(digest, tasks, count, fields) VALUES "
-                       "(?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                       (digest, tasks, count, json.dumps(list(fields))))
-
-    def task_file(self, digest: str) -> tuple[str, int, list[str]] | None:
-        """(tasks digest, count, field names) of a tasks file seen before, by its bytes."""
+    def task_file(self, digest: str, holds: tuple[str, int, Sequence[str]] | None = None
+                  ) -> tuple[str, int, list[str]] | None:
+        """What a JSON Lines file of these exact bytes holds, by its ``digest``: (its ``tasks``
+        digest, a revision component; how many tasks; every field name they use), or None when
+        it was never seen. ``holds``: that, remembered first (kept if remembered already)."""
+        if holds is not None:
+            tasks, count, fields = holds
+            with self.transaction() as tx:
+                self._exec(tx, "INSERT INTO task_files(digest, tasks, count, fields) VALUES "
+                           "(?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                           (digest, tasks, count, json.dumps(list(fields))))
         rows = self._read("SELECT tasks, count, fields FROM task_files WHERE digest = ?",
                           (digest,))
         return (rows[0][0], rows[0][1], json.loads(rows[0][2])) if rows else None

@@ -302,7 +302,7 @@ class Caller:
                                f"{why} before the return was judged; re-run to resume")
                    + (" (the answer is kept and is judged first)" if kept else "")}]
         try:
-            with self.store.call_transaction() as tx:
+            with self.store.transaction(calls=True) as tx:
                 self.store.complete_call(
                     tx, attempt_id, "cancelled", reply.text if kept else None,
                     usage_of(reply) if kept else {}, errors=errors, sent_at=sent_at,

@@ -101,7 +101,7 @@ class GroupCommit:
     def _together(self, live: list[tuple[Op, asyncio.Future | None]]) -> list[Outcome]:
         """The common case: every write in one transaction, no per-write savepoints. The
         outcomes are handed out only after COMMIT has returned."""
-        with self._store.call_transaction() as db:
+        with self._store.transaction(calls=True) as db:
             results = [op(db) for op, _ in live]
             results = [_outcome(result) for result in results]  # every write sent first
         return [(fut, result, None) for (_, fut), result in zip(live, results, strict=True)]
@@ -114,7 +114,7 @@ class GroupCommit:
                 outcomes.append((fut, None, self.broken))
                 continue
             try:
-                with self._store.call_transaction() as db:
+                with self._store.transaction(calls=True) as db:
                     result = _outcome(op(db))
                 outcomes.append((fut, result, None))
             except LedgerError as exc:

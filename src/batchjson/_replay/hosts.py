@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from .._errors import LedgerError
 from .._ledger.claims import Owner
-from .._ledger.records import now
 from .._ledger.store import Store
 from .._ledger.store_base import Tx
 from .pacing import Pacer
@@ -23,13 +22,13 @@ class HostShare:
 
     def count(self, tx: Tx) -> None:
         """Renew this host's row in ``tx`` and take its share of the hosts counted alive."""
-        self.pacer.share(self.store.live_hosts(tx, self.owner, now()))
+        self.pacer.share(self.store.hosts(tx, self.owner))
 
     def join(self) -> None:
         """Counted from the session's start, so hosts started together pace to their share from
         their first call; a ledger that cannot be written now is left to the first run to report."""
         try:
-            with self.store.call_transaction() as tx:
+            with self.store.transaction(calls=True) as tx:
                 self.count(tx)
         except LedgerError:
             pass
@@ -38,7 +37,7 @@ class HostShare:
         """The session ends: the other hosts take its share at their next count."""
         self.owner.stop()
         try:
-            with self.store.call_transaction() as tx:
-                self.store.leave_hosts(tx, self.owner)
+            with self.store.transaction(calls=True) as tx:
+                self.store.hosts(tx, self.owner, leaving=True)
         except LedgerError:
             pass  # its row is dropped as a gone host's anyway

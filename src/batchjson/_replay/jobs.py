@@ -411,7 +411,7 @@ class JobRunner:
                 self.on_progress(len(attempt.request.tasks))
             writes.append(write)
         store = self.store
-        with store.call_transaction() as tx:
+        with store.transaction(calls=True) as tx:
             if store.end_job(tx, row["id"], "cancelled" if status == "cancelled" else "ended",
                              detail):
                 for write in writes:

@@ -107,7 +107,7 @@ class Replayer:
             # Let cancelled workers close their receipts before the run returns.
             await asyncio.wait(workers)
             lease.cancel()
-            self.writes.queue(lambda tx: self.store.release_claims(tx, self.owner))
+            self.writes.queue(lambda tx: self.store.claims(tx, self.owner, "release"))
             self.writes.flush_now()  # whatever was judged is committed before we return
             self.owner.stop()
         if self.control.fatal is not None:
@@ -132,7 +132,7 @@ class Replayer:
             waited += tick
             if waited >= period - 1e-9:
                 waited = 0.0
-                self.writes.queue(lambda tx: self.store.renew_claims(tx, self.owner))
+                self.writes.queue(lambda tx: self.store.claims(tx, self.owner, "renew"))
             if self.hosts is not None:
                 self.writes.queue(self.hosts.count)
 
@@ -284,7 +284,7 @@ class Replayer:
 
     def _release(self, request: Request) -> None:
         owner = self.owner
-        self.writes.queue(lambda tx: self.store.release_claims(tx, owner, request.key))
+        self.writes.queue(lambda tx: self.store.claims(tx, owner, "release", request.key))
 
     def _resolved(self, request: Request) -> None:
         """Accepted by another runner: its values are read from the ledger, nothing is paid."""

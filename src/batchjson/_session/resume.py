@@ -29,7 +29,7 @@ def remember_file(store: Store, digest: str, tasks_component: str,
     fields: dict[str, None] = {}
     for task in tasks:
         fields.update(dict.fromkeys(task))
-    store.record_task_file(digest, tasks_component, len(tasks), list(fields))
+    store.task_file(digest, (tasks_component, len(tasks), list(fields)))
 
 
 def find_completed(rt: Runtime, spec: RunSpec) -> RunPlan | None:

@@ -64,10 +64,13 @@ class LedgerValues(Mapping[str, Any]):
         """(task_id, stored JSON text) in task order, without loading the values."""
         after: tuple[int, int] | None = (-1, -1)
         while after is not None:
-            rows, after = self._read("revision_value_page", self._revision, after, PAGE_REQUESTS)
+            rows = self._read("revision_values", self._revision, page=(after, PAGE_REQUESTS))
+            requests = list(dict.fromkeys((row[0], row[1]) for row in rows))
+            after = requests[-1] if len(requests) == PAGE_REQUESTS else None
             seen: dict[str, str] = {}
-            for task_id, text in rows:  # the latest accepted attempt's row wins, as checkpoint
-                seen[task_id] = text
+            for _, _, task_id, text in rows:  # the latest accepted row wins, as checkpoint
+                if task_id is not None:
+                    seen[task_id] = text
             for task_id, text in seen.items():
                 if task_id not in self._hidden:
                     yield task_id, text
@@ -104,7 +107,9 @@ class LedgerValues(Mapping[str, Any]):
         if task_id in self._hidden:
             return None
         key = self._where_of().get(task_id)
-        return None if key is None else self._read("accepted_item", key, task_id)
+        if key is None:
+            return None
+        return self._read("revision_values", self._revision, task=(key, task_id))[-1][3]
 
 
 def _where(store: Store) -> Any:
