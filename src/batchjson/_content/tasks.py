@@ -6,10 +6,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import chain
+from itertools import chain, islice
 from typing import Any
 
 from .._canon import canonical_json as _canonical
@@ -17,7 +18,6 @@ from .._errors import InvalidBatch
 from .packed import PackedTasks, RequestTasks
 from .spool import TextSpool, is_task_file, stream_tasks
 from .strictjson import nesting
-from .unique import TaskIds
 
 TASKS_BEGIN = "<<<BATCHJSON_TASKS"
 TASKS_END = "BATCHJSON_TASKS>>>"
@@ -84,6 +84,44 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
     if not count:
         raise InvalidBatch("empty batch: pass at least one task")
     return (PackedTasks(texts, pack, count) if pack else out), texts
+
+
+class TaskIds:
+    """The ids a pass has seen, in order, as 8-byte hashes: the duplicate id check of a million
+    tasks without a set of a million strings.
+
+    Each hash goes into one of 256 arrays by its low byte; once the pass ends (or a task is
+    refused), each array is sorted on its own (a small list at a time) and any hash that repeats
+    is looked up again, in task order, among the tasks themselves (the spool holds them): only
+    an id that truly repeats is refused, named with its first and second positions, exactly as
+    a set would have found it."""
+
+    def __init__(self) -> None:
+        self._buckets = [array("q") for _ in range(256)]
+
+    def add(self, task_id: str) -> None:
+        hashed = hash(task_id)
+        self._buckets[hashed & 255].append(hashed)
+
+    def refuse_repeats(self, tasks: Iterable[Mapping[str, Any]]) -> None:
+        """Raise InvalidBatch for the first id that occurs twice among ``tasks`` (every task
+        added so far, in order); nothing when none does."""
+        repeated: set[int] = set()
+        for bucket in self._buckets:
+            ordered = sorted(bucket)
+            repeated.update(a for a, b in zip(ordered, islice(ordered, 1, None), strict=False)
+                            if a == b)
+        if not repeated:
+            return
+        first: dict[str, int] = {}
+        for position, task in enumerate(tasks):
+            task_id = task.get("task_id") if isinstance(task, Mapping) else None
+            if not isinstance(task_id, str) or hash(task_id) not in repeated:
+                continue
+            if task_id in first:
+                raise InvalidBatch(f"duplicate task_id {task_id!r} (tasks #{first[task_id]} and "
+                                   f"#{position}); task_ids must be unique within a batch")
+            first[task_id] = position
 
 
 def _take(chunk: list[Any], chunk_texts: list[str], out: list[dict], texts: Any,
