@@ -126,36 +126,22 @@ class TaskIds:
 
 def _take(chunk: list[Any], chunk_texts: list[str], out: list[dict], texts: Any,
           pack: int | None, from_file: bool) -> int:
-    """A checked chunk into the run's texts (and, without ``pack``, its tasks' JSON form)."""
+    """A chunk checked (valid UTF-8, not too deep) into the run's texts: its requests' texts
+    with ``pack`` (a chunk holds whole requests, but for the last one), else its tasks' texts
+    and their JSON form, as the ledger holds them (what acceptance compares to)."""
+    joined = "[" + ",".join(chunk_texts) + "]"
+    _check_encoded(joined, chunk_texts, chunk)
     if pack:
-        _check_encoded("[" + ",".join(chunk_texts) + "]", chunk_texts, chunk)
-    else:
-        out += _json_form(chunk, chunk_texts, from_file)
-    texts.extend(_grouped(chunk_texts, pack))
-    return len(chunk)
-
-
-def _grouped(chunk_texts: list[str], pack: int | None) -> list[str]:
-    """A chunk's task texts, or with ``pack`` its requests' texts (a chunk holds whole
-    requests, but for the last one)."""
-    if not pack:
-        return chunk_texts
-    return ["[" + ",".join(chunk_texts[i:i + pack]) + "]"
-            for i in range(0, len(chunk_texts), pack)]
-
-
-def _json_form(items: list[Any], texts: list[str], from_file: bool) -> list[dict]:
-    """A chunk's tasks as the ledger holds them (what acceptance compares to), once their
-    texts are known to be valid UTF-8 and not too deep."""
-    joined = "[" + ",".join(texts) + "]"
-    _check_encoded(joined, texts, items)
-    if from_file:
-        return items
+        texts.extend("[" + ",".join(chunk_texts[i:i + pack]) + "]"
+                     for i in range(0, len(chunk_texts), pack))
+        return len(chunk)
     try:
-        return json.loads(joined)  # the ledger's form, in one call per chunk
+        out += chunk if from_file else json.loads(joined)  # one call per chunk
     except RecursionError:  # within the bound, on a caller's stack that is deeper still
-        deepest = max(range(len(texts)), key=lambda i: nesting(texts[i], 0))
-        raise _too_deep(items[deepest]["task_id"], "to read back on this stack") from None
+        deepest = max(range(len(chunk_texts)), key=lambda i: nesting(chunk_texts[i], 0))
+        raise _too_deep(chunk[deepest]["task_id"], "to read back on this stack") from None
+    texts.extend(chunk_texts)
+    return len(chunk)
 
 
 def _task_text(position: int, task: Any, identity: Sequence[str]) -> str:

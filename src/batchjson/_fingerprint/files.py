@@ -21,10 +21,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .._canon import digest
-from .bytecode import CALL_READS, MISSING, CodeFacts, Read, is_module, resolve_chain
+from .bytecode import MISSING, STDLIB_READS, CodeFacts, Read, is_module, resolve_chain
 from .library import is_library_module, is_plain
 
-__all__ = ["STDLIB_READS", "file_digest", "file_parts", "library_reader", "outside_read",
+__all__ = ["file_digest", "file_parts", "library_reader", "outside_read",
            "resolve", "stdlib_read"]
 
 COMPUTED = ": a file read whose path is computed at run time"
@@ -73,25 +73,9 @@ def file_parts(facts: CodeFacts, found: Mapping[str, Any], cells: Mapping[str, A
     return list(parts.items()), unseen
 
 
-# The stdlib's functions that read the file system by a path (or run a program), by name, and
-# what a constant path of theirs counts as. Named, not imported: a validator's call is known by
-# the installed function it resolves to.
-STDLIB_READS = {
-    **dict.fromkeys(("sqlite3.connect", "linecache.getline", "linecache.getlines",
-                     "fileinput.input"), "file"),
-    **dict.fromkeys(("os.listdir", "os.scandir"), "listing"),
-    "os.walk": "tree",
-    **dict.fromkeys(("glob.glob", "glob.iglob"), "glob"),
-    **dict.fromkeys(("os.path.exists", "os.path.lexists", "os.path.isfile", "os.path.isdir",
-                     "os.path.getsize", "os.path.getmtime"), "check"),
-    **dict.fromkeys(("subprocess.run", "subprocess.call", "subprocess.check_call",
-                     "subprocess.check_output", "subprocess.Popen", "subprocess.getoutput",
-                     "subprocess.getstatusoutput", "os.system", "os.popen"), "program"),
-}
 # Where the stdlib defines what it exports under another module's name.
 _HOMES = {"posix": "os", "nt": "os", "posixpath": "os.path", "ntpath": "os.path",
           "genericpath": "os.path", "_sqlite3": "sqlite3"}
-assert {name.rpartition(".")[2] for name in STDLIB_READS} <= CALL_READS
 
 
 def stdlib_read(value: Any) -> tuple[str, str] | None:
