@@ -135,7 +135,8 @@ async def judge(
             return Verdict(False, errors=[stop_error(reply, tasks[0]["task_id"] if mode ==
                                                      "value" else None)])
         text = unwrap(reply)  # the envelope the provider reported (the ledger keeps it whole)
-        prepared = _prepare(text, tasks, mode, identity, schema)
+        prepared = (_prepare_value(text, tasks[0], identity, schema) if mode == "value"
+                    else _prepare_items(text, tasks, identity, schema))
         if isinstance(prepared, Verdict) and reply.extra.get("cut_at") and _unparsed(prepared):
             # every output token used and the JSON unfinished: cut off at the ceiling
             return Verdict(False, errors=[stop_error(replace(reply, stop=TRUNCATED), tasks[0][
@@ -159,13 +160,6 @@ Prepared = list[tuple[str, Any, Any, Mapping[str, Any]]]  # task_id, value, stor
 def _accepted(prepared: Prepared) -> Verdict:
     return Verdict(True, values={t: v for t, v, _, _ in prepared},
                    stored={t: s for t, _, s, _ in prepared})
-
-
-def _prepare(text: str, tasks: Sequence[Mapping[str, Any]], mode: str, identity: Sequence[str],
-             schema: ItemSchema) -> Verdict | Prepared:
-    if mode == "value":
-        return _prepare_value(text, tasks[0], identity, schema)
-    return _prepare_items(text, tasks, identity, schema)
 
 
 # -- items -------------------------------------------------------------------------------------
