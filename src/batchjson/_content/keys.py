@@ -174,11 +174,6 @@ class Keys:
         return out
 
 
-def request_key(tasks: Sequence[Mapping[str, Any]], content: Mapping[str, str]) -> str:
-    """Hash of exact content, the tasks encoded with it: what :func:`key_maker` splices."""
-    return sha(canonical_json({"tasks": list(tasks), **content}))
-
-
 # Settings that decide answers, read when a provider defines no ``source_key()``.
 _ANSWER_SETTINGS = ("name", "model", "base_url", "temperature", "top_p", "max_tokens", "seed",
                     "response_format", "mode", "extra_body", "answer", "faults", "fn", "source")

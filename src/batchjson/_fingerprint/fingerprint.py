@@ -1,12 +1,8 @@
 """Content fingerprints for validators, answer sources and data.
 
 A cell re-executed after an error defines a new function object, so evidence keyed by object
-identity would be orphaned: batchjson keys validators by *content* (code, defaults, closures,
-globals and module attributes read, files read at a constant path, classes, pydantic models),
-the same in any process. What cannot be seen is said: ``by_identity`` and ``unseen``.
-:func:`fingerprint_function` sees everything that decides acceptance, mutable state included;
-:func:`fingerprint_callable` keys an answer source by its code and immutable values only, so a
-stub that counts its calls keeps one key."""
+identity would be orphaned: batchjson keys validators and answer sources by *content*, the same
+in any process; what cannot be seen is said (``by_identity``, ``unseen``)."""
 
 from __future__ import annotations
 
