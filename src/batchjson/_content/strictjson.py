@@ -14,7 +14,6 @@ import json
 import math
 import re
 import threading
-from collections.abc import Callable
 from decimal import Decimal
 from itertools import accumulate
 from typing import Any
@@ -127,20 +126,16 @@ def exact_if_lossy(text: str) -> Any:
 
 def holds_lossy(value: Any) -> bool:
     """Whether a value read by :func:`exact_json` holds a number its float does not hold."""
-    return _holds(value, lambda x: isinstance(x, Decimal) and Decimal(repr(float(x))) != x)
-
-
-def _holds(value: Any, test: Callable[[Any], bool]) -> bool:
-    """Whether a JSON value holds a leaf ``test`` is true of (iterative: any depth is safe)."""
     stack = [value]
     while stack:
         x = stack.pop()
-        if isinstance(x, dict):
+        if isinstance(x, Decimal):
+            if Decimal(repr(float(x))) != x:
+                return True
+        elif isinstance(x, dict):
             stack.extend(x.values())
-        elif isinstance(x, (list, tuple)):
+        elif isinstance(x, list):
             stack.extend(x)
-        elif test(x):
-            return True
     return False
 
 
@@ -226,4 +221,15 @@ _SCALARS = frozenset((str, int, bool, type(None)))
 
 def has_float(value: Any) -> bool:
     """Whether a JSON value holds a float anywhere: only then is a return re-read exactly."""
-    return type(value) not in _SCALARS and _holds(value, lambda x: isinstance(x, float))
+    if type(value) in _SCALARS:
+        return False
+    stack = [value]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, float):
+            return True
+        if isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, (list, tuple)):
+            stack.extend(x)
+    return False
