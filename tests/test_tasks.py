@@ -7,8 +7,15 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchjson._content.keys import KEY_COMPONENTS, Keys, key_maker, request_key
-from batchjson._content.tasks import Request, normalize_tasks, render_items_prompt
+from batchjson._canon import canonical_json
+from batchjson._content.keys import KEY_COMPONENTS, Keys, key_maker
+from batchjson._content.tasks import Request, normalize_tasks, render_items_prompt, sha
+
+
+def request_key(tasks, content):
+    """Hash of exact content, the tasks encoded with it: what key_maker splices."""
+    return sha(canonical_json({"tasks": list(tasks), **content}))
+
 
 CONTENT = {"schema": "s" * 64, "validator": "none", "instructions": "i" * 64,
            "identity": "task_id,case_id", "mode": "items"}

@@ -16,7 +16,7 @@ import weakref
 import pytest
 
 from batchjson import CallableProvider, InvalidBatch, Session
-from batchjson._content import spool, unique
+from batchjson._content import spool
 from batchjson._content import tasks as tasks_module
 from batchjson._replay import replay
 from batchjson._session import window
@@ -110,7 +110,7 @@ def test_tasks_spilled_to_disk_give_the_keys_and_values_a_list_gives(tmp_path, m
 
 
 def test_a_duplicate_id_is_refused_by_its_positions_even_when_every_hash_collides(monkeypatch):
-    monkeypatch.setattr(unique, "hash", lambda text: 7, raising=False)  # every id alike
+    monkeypatch.setattr(tasks_module, "hash", lambda text: 7, raising=False)  # every id alike
     tasks = review_tasks(30)
     held, _ = tasks_module.normalize_tasks(iter(tasks), tasks_module.normalize_identity(None),
                                            pack=4)

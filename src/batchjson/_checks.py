@@ -102,19 +102,6 @@ def seconds(name: str, value: Any, error: type[BatchJsonError] = InvalidBatch) -
     return float(value)
 
 
-def seconds_argument(text: str) -> float:
-    """An argparse ``type=`` for a delay (:func:`seconds`): ``nan``, ``inf`` or a negative
-    number is a usage error (exit 2), not a server that never answers."""
-    try:
-        return seconds("", float(text), InvalidBatch)
-    except (ValueError, InvalidBatch):
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got "
-                                         f"{text!r}") from None
-
-
-seconds_argument.__name__ = "seconds"
-
-
 def whole_argument(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
     """An argparse ``type=`` for a whole number >= ``minimum`` (and <= ``maximum``), the CLI's
     and the magics': argparse turns its refusal into a usage error (exit 2), never a

@@ -135,7 +135,8 @@ async def judge(
             return Verdict(False, errors=[stop_error(reply, tasks[0]["task_id"] if mode ==
                                                      "value" else None)])
         text = unwrap(reply)  # the envelope the provider reported (the ledger keeps it whole)
-        prepared = _prepare(text, tasks, mode, identity, schema)
+        prepared = (_prepare_value(text, tasks[0], identity, schema) if mode == "value"
+                    else _prepare_items(text, tasks, identity, schema))
         if isinstance(prepared, Verdict) and reply.extra.get("cut_at") and _unparsed(prepared):
             # every output token used and the JSON unfinished: cut off at the ceiling
             return Verdict(False, errors=[stop_error(replace(reply, stop=TRUNCATED), tasks[0][
@@ -159,13 +160,6 @@ Prepared = list[tuple[str, Any, Any, Mapping[str, Any]]]  # task_id, value, stor
 def _accepted(prepared: Prepared) -> Verdict:
     return Verdict(True, values={t: v for t, v, _, _ in prepared},
                    stored={t: s for t, _, s, _ in prepared})
-
-
-def _prepare(text: str, tasks: Sequence[Mapping[str, Any]], mode: str, identity: Sequence[str],
-             schema: ItemSchema) -> Verdict | Prepared:
-    if mode == "value":
-        return _prepare_value(text, tasks[0], identity, schema)
-    return _prepare_items(text, tasks, identity, schema)
 
 
 # -- items -------------------------------------------------------------------------------------
@@ -195,7 +189,8 @@ def _prepare_items(text: str, tasks: Sequence[Mapping[str, Any]], identity: Sequ
 
     compared = {item["task_id"]: compared_fields(expected[item["task_id"]], identity, item)
                 for item in items}
-    errors = _identity(text, items, expected, identity, compared)
+    echoes = [(item, expected[item["task_id"]], compared[item["task_id"]]) for item in items]
+    errors = _compare_echoes(echoes, identity, lambda: exact_json(text)["items"])
     if errors:
         return Verdict(False, errors=errors)
 
@@ -204,31 +199,44 @@ def _prepare_items(text: str, tasks: Sequence[Mapping[str, Any]], identity: Sequ
     # numbers a float does not hold as written, read exactly
     lossy = exact_if_lossy(text) if long_numbers else None
     for position, item in enumerate(items):
-        task_id = item["task_id"]
-        fields = compared[task_id]
+        task = expected[item["task_id"]]
+        fields = compared[task["task_id"]]
         kept = [n for n in fields if declared is not None and n in declared]  # may be coerced
         answer = {k: v for k, v in item.items() if k not in fields or k in kept}
-        value, messages, crashed = _validate(schema, answer, f"items[{task_id}]")
         exact = lossy["items"][position] if lossy is not None else None
-        if not messages and exact is not None and holds_lossy(exact):  # judged as written
-            exact = {k: v for k, v in exact.items() if k in answer}
-            messages = schema.exact_errors(exact, answer, f"items[{task_id}]")
-        errors.extend(_error("validator_error" if crashed else "schema", m, task_id)
-                      for m in messages)
-        if not messages:
-            stored, problem = _stored(schema, value, task_id)
-            if problem:
-                errors.append(problem)
-                continue
+        if exact is not None:
+            exact = {k: v for k, v in exact.items() if k in answer} if holds_lossy(exact) else None
+        found, judged = _judged(
+            schema, answer, f"items[{task['task_id']}]", task, lambda exact=exact: exact,
             # what would be committed, not only what was returned: a schema may add or change
             # a compared field (a pydantic before-validator setting case_id, extra="allow")
-            held = compared_fields(expected[task_id], identity,
-                                   stored if isinstance(stored, dict) else {})
-            errors.extend(_coerced_identity(stored, expected[task_id], held))
-            prepared.append((task_id, value, stored, expected[task_id]))
+            lambda stored, task=task: compared_fields(task, identity, stored))
+        errors.extend(found)
+        prepared.extend(judged)
     if errors:
         return Verdict(False, errors=errors)
     return prepared
+
+
+def _judged(schema: ItemSchema, answer: Any, path: str, task: Mapping[str, Any],
+            as_written: Callable[[], Any], held: Callable[[dict], list[str]]
+            ) -> tuple[list[dict[str, Any]], Prepared]:
+    """One answer (an item, or a value) judged by the schema: as read, then, when one of its
+    numbers is not the float it reads as, as written (``as_written()``, else None); then its
+    ledger form, whose compared fields (``held``) the schema must not have changed."""
+    task_id = task["task_id"]
+    value, messages, crashed = _validate(schema, answer, path)
+    exact = as_written() if not messages else None
+    if exact is not None:
+        messages = schema.exact_errors(exact, answer, path)
+    if messages:
+        return [_error("validator_error" if crashed else "schema", m, task_id)
+                for m in messages], []
+    stored, problem = _stored(schema, value, task_id)
+    if problem:
+        return [problem], []
+    errors = _coerced_identity(stored, task, held(stored)) if isinstance(stored, dict) else []
+    return errors, [(task_id, value, stored, task)]
 
 
 def _unparsed(verdict: Verdict) -> bool:
@@ -254,12 +262,6 @@ def compared_fields(task: Mapping[str, Any], identity: Sequence[str],
 
 
 ECHO_EXEMPT = frozenset({"prompt", "context"})
-
-
-def _identity(text: str, items: list[dict], expected: Mapping[str, Mapping[str, Any]],
-              identity: Sequence[str], compared: Mapping[str, list[str]]) -> list[dict[str, Any]]:
-    echoes = [(item, expected[item["task_id"]], compared[item["task_id"]]) for item in items]
-    return _compare_echoes(echoes, identity, lambda: exact_json(text)["items"])
 
 
 Echo = tuple[Mapping[str, Any], Mapping[str, Any], list[str]]  # an object, its task, its fields
@@ -317,32 +319,25 @@ def _validate(schema: ItemSchema, value: Any, path: str) -> tuple[Any, list[str]
 # -- value -------------------------------------------------------------------------------------
 def _prepare_value(text: str, task: Mapping[str, Any], identity: Sequence[str],
                    schema: ItemSchema) -> Verdict | Prepared:
-    task_id = task["task_id"]
     try:
         payload, long_numbers = parse_json_noting(text)
     except ValueError as exc:
-        return Verdict(False, errors=[_error("json", f"return is not valid JSON: {exc}", task_id)])
+        return Verdict(False, errors=[_error("json", f"return is not valid JSON: {exc}",
+                                             task["task_id"])])
     errors = _value_echoes(text, payload, task, identity)
     if errors:
         return Verdict(False, errors=errors)
     payload = _absent_dropped(payload, text, schema)
-    value, messages, crashed = _validate(schema, payload, "$")
-    lossy = exact_if_lossy(text) if long_numbers and not messages else None
-    if lossy is not None:  # a number a float does not hold as written: judged as written
-        messages = schema.exact_errors(without_absent_nulls(lossy, schema.json_schema), payload,
-                                       "$")
-    if messages:
-        return Verdict(False, errors=[_error("validator_error" if crashed else "schema", m,
-                                             task_id) for m in messages])
-    stored, problem = _stored(schema, value, task_id)
-    if problem:
-        return Verdict(False, errors=[problem])
-    if getattr(identity, "echo", False) and isinstance(stored, dict):
-        held = [n for n in compared_fields(task, identity, stored) if n in stored]
-        errors = _coerced_identity(stored, task, held)  # a schema may set or coerce an echo
-        if errors:
-            return Verdict(False, errors=errors)
-    return [(task_id, value, stored, task)]
+
+    def as_written() -> Any:
+        lossy = exact_if_lossy(text) if long_numbers else None
+        return None if lossy is None else without_absent_nulls(lossy, schema.json_schema)
+
+    echo = getattr(identity, "echo", False)  # a schema may set or coerce an echo
+    errors, judged = _judged(schema, payload, "$", task, as_written,
+                             lambda stored: compared_fields(task, identity, stored) if echo
+                             else [])
+    return Verdict(False, errors=errors) if errors else judged
 
 
 def _value_echoes(text: str, payload: Any, task: Mapping[str, Any],

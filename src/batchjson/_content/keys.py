@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
@@ -51,16 +51,16 @@ def tasks_digest(task_list: Sequence[Mapping[str, Any]]) -> str:
     text of their own (the bytes hashed, and so the digest, are those of the whole array).
     Held tasks' request texts are canonical JSON with sorted keys: one that is ASCII is those
     very bytes, hashed without decoding it."""
-    hasher = hashlib.sha256(b"[")
     if isinstance(task_list, PackedTasks):  # an ASCII request text is those bytes already
-        for n, text in enumerate(task_list.texts):
-            plain = text.isascii() and "\x7f" not in text  # DEL: escaped in ASCII JSON only
-            part = text if plain else _ascii_json(json.loads(text))
-            hasher.update((("," if n else "") + part[1:-1]).encode("utf-8"))
+        arrays: Iterable[str] = (  # DEL: escaped in ASCII JSON only
+            text if text.isascii() and "\x7f" not in text else _ascii_json(json.loads(text))
+            for text in task_list.texts)
     else:
-        for start in range(0, len(task_list), DIGEST_SLICE):
-            text = _ascii_json(list(task_list[start:start + DIGEST_SLICE]))
-            hasher.update((("," if start else "") + text[1:-1]).encode("utf-8"))
+        arrays = (_ascii_json(list(task_list[start:start + DIGEST_SLICE]))
+                  for start in range(0, len(task_list), DIGEST_SLICE))
+    hasher = hashlib.sha256(b"[")
+    for n, text in enumerate(arrays):  # each a JSON array of one or more tasks
+        hasher.update((("," if n else "") + text[1:-1]).encode("utf-8"))
     hasher.update(b"]")
     return hasher.hexdigest()
 
@@ -172,11 +172,6 @@ class Keys:
             out.append(Request(self.request(tasks_json), half, request.position,
                                parent_key=request.key, tasks_json=tasks_json))
         return out
-
-
-def request_key(tasks: Sequence[Mapping[str, Any]], content: Mapping[str, str]) -> str:
-    """Hash of exact content, the tasks encoded with it: what :func:`key_maker` splices."""
-    return sha(canonical_json({"tasks": list(tasks), **content}))
 
 
 # Settings that decide answers, read when a provider defines no ``source_key()``.

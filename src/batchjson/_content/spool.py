@@ -47,14 +47,11 @@ def stream_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
 def file_digest(path: str | os.PathLike) -> str | None:
     """The SHA-256 of a tasks file's bytes (what :func:`stream_tasks` feeds its hasher), or
     None when it cannot be read (the run's own read then says why)."""
-    digest = hashlib.sha256()
     try:
         with open(path, "rb") as data:
-            while block := data.read(1 << 20):
-                digest.update(block)
+            return hashlib.file_digest(data, "sha256").hexdigest()
     except OSError:
         return None
-    return digest.hexdigest()
 
 
 def _read_jsonl(path: Path, hasher: Any) -> Iterator[Any]:

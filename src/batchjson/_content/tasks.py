@@ -6,10 +6,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import chain
+from itertools import chain, islice
 from typing import Any
 
 from .._canon import canonical_json as _canonical
@@ -17,7 +18,6 @@ from .._errors import InvalidBatch
 from .packed import PackedTasks, RequestTasks
 from .spool import TextSpool, is_task_file, stream_tasks
 from .strictjson import nesting
-from .unique import TaskIds
 
 TASKS_BEGIN = "<<<BATCHJSON_TASKS"
 TASKS_END = "BATCHJSON_TASKS>>>"
@@ -86,38 +86,62 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
     return (PackedTasks(texts, pack, count) if pack else out), texts
 
 
+class TaskIds:
+    """The ids a pass has seen, in order, as 8-byte hashes: the duplicate id check of a million
+    tasks without a set of a million strings.
+
+    Each hash goes into one of 256 arrays by its low byte; once the pass ends (or a task is
+    refused), each array is sorted on its own (a small list at a time) and any hash that repeats
+    is looked up again, in task order, among the tasks themselves (the spool holds them): only
+    an id that truly repeats is refused, named with its first and second positions, exactly as
+    a set would have found it."""
+
+    def __init__(self) -> None:
+        self._buckets = [array("q") for _ in range(256)]
+
+    def add(self, task_id: str) -> None:
+        hashed = hash(task_id)
+        self._buckets[hashed & 255].append(hashed)
+
+    def refuse_repeats(self, tasks: Iterable[Mapping[str, Any]]) -> None:
+        """Raise InvalidBatch for the first id that occurs twice among ``tasks`` (every task
+        added so far, in order); nothing when none does."""
+        repeated: set[int] = set()
+        for bucket in self._buckets:
+            ordered = sorted(bucket)
+            repeated.update(a for a, b in zip(ordered, islice(ordered, 1, None), strict=False)
+                            if a == b)
+        if not repeated:
+            return
+        first: dict[str, int] = {}
+        for position, task in enumerate(tasks):
+            task_id = task.get("task_id") if isinstance(task, Mapping) else None
+            if not isinstance(task_id, str) or hash(task_id) not in repeated:
+                continue
+            if task_id in first:
+                raise InvalidBatch(f"duplicate task_id {task_id!r} (tasks #{first[task_id]} and "
+                                   f"#{position}); task_ids must be unique within a batch")
+            first[task_id] = position
+
+
 def _take(chunk: list[Any], chunk_texts: list[str], out: list[dict], texts: Any,
           pack: int | None, from_file: bool) -> int:
-    """A checked chunk into the run's texts (and, without ``pack``, its tasks' JSON form)."""
+    """A chunk checked (valid UTF-8, not too deep) into the run's texts: its requests' texts
+    with ``pack`` (a chunk holds whole requests, but for the last one), else its tasks' texts
+    and their JSON form, as the ledger holds them (what acceptance compares to)."""
+    joined = "[" + ",".join(chunk_texts) + "]"
+    _check_encoded(joined, chunk_texts, chunk)
     if pack:
-        _check_encoded("[" + ",".join(chunk_texts) + "]", chunk_texts, chunk)
-    else:
-        out += _json_form(chunk, chunk_texts, from_file)
-    texts.extend(_grouped(chunk_texts, pack))
-    return len(chunk)
-
-
-def _grouped(chunk_texts: list[str], pack: int | None) -> list[str]:
-    """A chunk's task texts, or with ``pack`` its requests' texts (a chunk holds whole
-    requests, but for the last one)."""
-    if not pack:
-        return chunk_texts
-    return ["[" + ",".join(chunk_texts[i:i + pack]) + "]"
-            for i in range(0, len(chunk_texts), pack)]
-
-
-def _json_form(items: list[Any], texts: list[str], from_file: bool) -> list[dict]:
-    """A chunk's tasks as the ledger holds them (what acceptance compares to), once their
-    texts are known to be valid UTF-8 and not too deep."""
-    joined = "[" + ",".join(texts) + "]"
-    _check_encoded(joined, texts, items)
-    if from_file:
-        return items
+        texts.extend("[" + ",".join(chunk_texts[i:i + pack]) + "]"
+                     for i in range(0, len(chunk_texts), pack))
+        return len(chunk)
     try:
-        return json.loads(joined)  # the ledger's form, in one call per chunk
+        out += chunk if from_file else json.loads(joined)  # one call per chunk
     except RecursionError:  # within the bound, on a caller's stack that is deeper still
-        deepest = max(range(len(texts)), key=lambda i: nesting(texts[i], 0))
-        raise _too_deep(items[deepest]["task_id"], "to read back on this stack") from None
+        deepest = max(range(len(chunk_texts)), key=lambda i: nesting(chunk_texts[i], 0))
+        raise _too_deep(chunk[deepest]["task_id"], "to read back on this stack") from None
+    texts.extend(chunk_texts)
+    return len(chunk)
 
 
 def _task_text(position: int, task: Any, identity: Sequence[str]) -> str:

@@ -18,8 +18,8 @@ from typing import Any, NamedTuple
 
 from .._canon import dump
 
-__all__ = ["CALL_READS", "DYNAMIC_ATTRS", "DYNAMIC_BUILTINS", "MISSING", "CodeFacts", "Read",
-           "code_canon", "imported", "is_module", "resolve_chain", "scan"]
+__all__ = ["CALL_READS", "DYNAMIC_ATTRS", "DYNAMIC_BUILTINS", "MISSING", "STDLIB_READS",
+           "CodeFacts", "Read", "code_canon", "imported", "is_module", "resolve_chain", "scan"]
 
 # Builtins that look names up at run time, out of a scan's sight.
 DYNAMIC_BUILTINS = frozenset({"globals", "locals", "vars", "eval", "exec", "__import__"})
@@ -35,14 +35,24 @@ MUTATORS = frozenset({"append", "extend", "insert", "add", "update", "setdefault
                       "popleft", "difference_update", "intersection_update",
                       "symmetric_difference_update", "sort", "reverse"})
 PATH_METHODS = frozenset({"read_text", "read_bytes", "open"})  # Path(p).read_text(), f.open()
-# Names of stdlib functions that read the file system or run a program (os.listdir,
-# sqlite3.connect, subprocess.run, ...): a call of a name among these is noted with its first
-# argument; what the name is bound to decides whether it reads (_files.STDLIB_READS).
-CALL_READS = frozenset({"connect", "getline", "getlines", "input", "listdir", "scandir", "walk",
-                        "glob", "iglob",
-                        "exists", "lexists", "isfile", "isdir", "getsize", "getmtime", "run",
-                        "call", "check_call", "check_output", "Popen", "getoutput",
-                        "getstatusoutput", "system", "popen"})
+# The stdlib's functions that read the file system by a path (or run a program), by name, and
+# what a constant path of theirs counts as (files.py). Named, not imported: a validator's call
+# is known by the installed function it resolves to.
+STDLIB_READS = {
+    **dict.fromkeys(("sqlite3.connect", "linecache.getline", "linecache.getlines",
+                     "fileinput.input"), "file"),
+    **dict.fromkeys(("os.listdir", "os.scandir"), "listing"),
+    "os.walk": "tree",
+    **dict.fromkeys(("glob.glob", "glob.iglob"), "glob"),
+    **dict.fromkeys(("os.path.exists", "os.path.lexists", "os.path.isfile", "os.path.isdir",
+                     "os.path.getsize", "os.path.getmtime"), "check"),
+    **dict.fromkeys(("subprocess.run", "subprocess.call", "subprocess.check_call",
+                     "subprocess.check_output", "subprocess.Popen", "subprocess.getoutput",
+                     "subprocess.getstatusoutput", "os.system", "os.popen"), "program"),
+}
+# A call of one of their names is noted with its first argument; what the name is bound to
+# decides whether it reads.
+CALL_READS = frozenset(name.rpartition(".")[2] for name in STDLIB_READS)
 _GETATTR = frozenset({"getattr", "hasattr"})
 
 # A chain starts at a root: ("g", name) a global, ("c", name) a closure variable, ("m", module)

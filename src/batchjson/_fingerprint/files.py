@@ -21,10 +21,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .._canon import digest
-from .bytecode import CALL_READS, MISSING, CodeFacts, Read, is_module, resolve_chain
+from .bytecode import MISSING, STDLIB_READS, CodeFacts, Read, is_module, resolve_chain
 from .library import is_library_module, is_plain
 
-__all__ = ["STDLIB_READS", "file_digest", "file_parts", "library_reader", "outside_read",
+__all__ = ["file_digest", "file_parts", "library_reader", "outside_read",
            "resolve", "stdlib_read"]
 
 COMPUTED = ": a file read whose path is computed at run time"
@@ -73,25 +73,9 @@ def file_parts(facts: CodeFacts, found: Mapping[str, Any], cells: Mapping[str, A
     return list(parts.items()), unseen
 
 
-# The stdlib's functions that read the file system by a path (or run a program), by name, and
-# what a constant path of theirs counts as. Named, not imported: a validator's call is known by
-# the installed function it resolves to.
-STDLIB_READS = {
-    **dict.fromkeys(("sqlite3.connect", "linecache.getline", "linecache.getlines",
-                     "fileinput.input"), "file"),
-    **dict.fromkeys(("os.listdir", "os.scandir"), "listing"),
-    "os.walk": "tree",
-    **dict.fromkeys(("glob.glob", "glob.iglob"), "glob"),
-    **dict.fromkeys(("os.path.exists", "os.path.lexists", "os.path.isfile", "os.path.isdir",
-                     "os.path.getsize", "os.path.getmtime"), "check"),
-    **dict.fromkeys(("subprocess.run", "subprocess.call", "subprocess.check_call",
-                     "subprocess.check_output", "subprocess.Popen", "subprocess.getoutput",
-                     "subprocess.getstatusoutput", "os.system", "os.popen"), "program"),
-}
 # Where the stdlib defines what it exports under another module's name.
 _HOMES = {"posix": "os", "nt": "os", "posixpath": "os.path", "ntpath": "os.path",
           "genericpath": "os.path", "_sqlite3": "sqlite3"}
-assert {name.rpartition(".")[2] for name in STDLIB_READS} <= CALL_READS
 
 
 def stdlib_read(value: Any) -> tuple[str, str] | None:
@@ -111,11 +95,17 @@ LINECACHE = ("linecache keeps the lines it read in this process: an edit of {pat
              "read until linecache.checkcache()")
 
 
+def _bound(root: tuple[str, str], found: Mapping[str, Any], cells: Mapping[str, Any]) -> Any:
+    """What a name the code reads is bound to: a closure cell, else a global or a builtin."""
+    kind, name = root
+    scope = cells if kind == "c" else found
+    return scope.get(name, getattr(builtins, name, None) if kind == "g" else None)
+
+
 def _callee(chain: tuple, found: Mapping[str, Any], cells: Mapping[str, Any]) -> Any:
     """What a call site's chain names: ``listdir`` (a global or closure), ``os.path.exists``."""
-    (kind, root), *attrs = chain
-    if not attrs:
-        return (cells if kind == "c" else found).get(root, MISSING)
+    if len(chain) == 1:
+        return _bound(chain[0], found, cells)
     resolved = resolve_chain(chain, (found, vars(builtins), cells))  # type: ignore[arg-type]
     return MISSING if resolved is None else resolved[1]
 
@@ -127,8 +117,7 @@ def _read_part(read: Read, reader: tuple[str, str, Any], found: Mapping[str, Any
     if kind == "program":
         unseen.append(f"{name}(): runs a program; what it reads is seen only at run time")
         return
-    path = _path_value(read.path, lambda root: (cells if root[0] == "c" else found).get(
-        root[1], getattr(builtins, root[1], None) if root[0] == "g" else None))
+    path = _path_value(read.path, found, cells)
     if path is None:
         unseen.append(f"{name}(){COMPUTED}")
     elif name == "sqlite3.connect" and path in ("", ":memory:"):
@@ -179,37 +168,33 @@ def resolve(read: Read, found: Mapping[str, Any], cells: Mapping[str, Any]
             ) -> tuple[str | None, str | None]:
     """(path to hash, None) for a constant path; (None, what to name as unseen) for a read
     that cannot be hashed ahead; (None, None) when the site is not a file read after all."""
-    def value(root: tuple[str, str]) -> Any:
-        kind, name = root
-        scope = cells if kind == "c" else found
-        return scope.get(name, getattr(builtins, name, None) if kind == "g" else None)
-
     if read.call == "open()" and not any(found.get("open", builtins.open) is o for o in _OPENS):
         return None, None  # the user's own `open`, walked by content like any global
     if read.receiver is not None and read.call.startswith("."):  # NAME.method()
-        target = value(read.path[1]) if read.path else None
+        target = _bound(read.path[1], found, cells) if read.path else None
         if issubclass(type(target), types.ModuleType):  # never asks the object itself
             return None, None  # gzip.open: a module's function, seen as one (library_reader)
         if not issubclass(type(target), pathlib.PurePath):
             return None, f"{read.receiver[0]}{read.call}{COMPUTED}"
         return _checked(os.fspath(target), read.call)
     if read.receiver is not None:  # Path(p).method(): the callee must be a path class
-        callee = cells.get(read.receiver[0], value(("g", read.receiver[0])))
+        callee = cells.get(read.receiver[0], _bound(("g", read.receiver[0]), found, cells))
         for attr in read.receiver[1:]:  # pathlib.Path: modules only, never an object's hooks
             callee = getattr(callee, attr, None) if is_module(callee) else None
         if not (issubclass(type(callee), type) and issubclass(callee, pathlib.PurePath)):
             return None, f"{read.call}{COMPUTED}"
-    path = _path_value(read.path, value)
+    path = _path_value(read.path, found, cells)
     if path is None:
         return None, f"{read.call}{COMPUTED}"
     return _checked(path, read.call)
 
 
-def _path_value(path: tuple[str, Any] | None, value: Any) -> str | None:
+def _path_value(path: tuple[str, Any] | None, found: Mapping[str, Any],
+                cells: Mapping[str, Any]) -> str | None:
     if path is None:
         return None
     kind, what = path
-    raw = what if kind == "const" else value(what)
+    raw = what if kind == "const" else _bound(what, found, cells)
     if issubclass(type(raw), (str, bytes, pathlib.PurePath)):
         return os.fsdecode(raw)
     return None
@@ -232,16 +217,14 @@ def _checked(path: str, call: str) -> tuple[str | None, str | None]:
 def file_digest(path: str) -> str:
     """The content of the file at ``path`` as a digest: read now, never cached (an edit
     between two runs must be seen)."""
-    content = hashlib.sha256()
     try:
         with open(path, "rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                content.update(chunk)
+            content = hashlib.file_digest(handle, "sha256").hexdigest()
     except FileNotFoundError:
         return digest("batchjson:file:1", ["missing"])
     except OSError as exc:
         return digest("batchjson:file:1", ["unreadable", type(exc).__name__])
-    return digest("batchjson:file:1", ["content", content.hexdigest()])
+    return digest("batchjson:file:1", ["content", content])
 
 
 def library_reader(module: str, name: str, value: Any) -> str | None:

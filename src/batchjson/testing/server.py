@@ -24,7 +24,7 @@ import pydantic_core
 from aiohttp import web
 
 from .._canon import show_as
-from .._checks import seconds, seconds_argument, whole_argument
+from .._checks import seconds, whole_argument
 from .._content.tasks import TASKS_BEGIN, TASKS_END, sha
 from .._errors import ConfigError
 from .._providers.base import Call
@@ -431,6 +431,19 @@ class LoopbackServer:
     async def _reset(self, request: web.Request) -> web.Response:
         self.reset_stats()
         return web.json_response({"ok": True})
+
+
+def seconds_argument(text: str) -> float:
+    """An argparse ``type=`` for a delay: ``nan``, ``inf`` or a negative number is a usage
+    error (exit 2), not a server that never answers."""
+    try:
+        return seconds("", float(text), ConfigError)
+    except (ValueError, ConfigError):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got "
+                                         f"{text!r}") from None
+
+
+seconds_argument.__name__ = "seconds"
 
 
 def main(argv: Sequence[str] | None = None,
