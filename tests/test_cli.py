@@ -41,7 +41,7 @@ def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_demo_prints_a_readable_summary_that_ends_with_what_to_run_next(demo_dir: Path) -> None:
     out = (demo_dir / "demo.out").read_text()
     assert "<BatchResult" not in out and "Evidence(" not in out  # no reprs
-    assert "first run   resolved: 60/60 tasks answered; 18 call(s): 12 returns accepted" in out
+    assert "first run   resolved: 60/60 tasks answered; 17 call(s): 12 returns accepted" in out
     assert "second run  resolved: 60/60 tasks answered; 0 call(s)" in out
     assert "identity: " in out and "the request has" in out
     tail = out.strip().splitlines()[-5:]
@@ -508,10 +508,10 @@ def test_merge_says_what_it_added_and_nothing_new_the_second_time(
     other = str(demo_dir / ".batchjson" / "ledger.sqlite")
     mine = str(tmp_path / "mine.sqlite")
     first = bj("merge", other, "--ledger", mine, cwd=tmp_path).stdout.strip()
-    assert ": added 1 batches, 1 revisions, 12 requests, 18 attempts, 60 checkpoint rows, 1 " \
+    assert ": added 1 batches, 1 revisions, 12 requests, 17 attempts, 60 checkpoint rows, 1 " \
         "validators; 0 attempt(s) were already here" in first  # no "0 imports"
     second = bj("merge", other, "--ledger", mine, cwd=tmp_path).stdout.strip()
-    assert second.endswith(f"into {mine}: nothing new; 18 attempt(s) were already here")
+    assert second.endswith(f"into {mine}: nothing new; 17 attempt(s) were already here")
 
 
 def test_receipts_say_which_provider_and_model_answered(tmp_path: Path) -> None:

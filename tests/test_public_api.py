@@ -109,13 +109,15 @@ def test_public_classes_print_as_the_name_users_import(module: str) -> None:
     assert repr(batchjson.Session) == "<class 'batchjson.Session'>"
 
 
-def test_printing_public_classes_as_batchjson_names_keeps_every_key() -> None:
-    """Keys and fingerprints still name a class where it is defined: the answer source of a
-    built-in provider is what ledgers recorded before, so their evidence still resolves."""
+def test_keys_name_public_classes_as_users_import_them_so_no_move_orphans_evidence() -> None:
+    """The answer source of a built-in provider names it as users import it
+    (``batchjson.SimulatedModel``), never the private module that defines it today: moving
+    that module would otherwise change every request key and orphan every stored answer."""
     from batchjson._content.keys import answer_source
 
-    assert answer_source(batchjson.SimulatedModel()).startswith(
-        "batchjson.testing.simulated.SimulatedModel:")
+    source = answer_source(batchjson.SimulatedModel())
+    assert source.startswith("batchjson.SimulatedModel:")
+    assert "testing" not in source and "_providers" not in source
 
 
 class Counting:

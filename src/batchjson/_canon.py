@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from ._errors import BatchJsonError
 
 __all__ = ["BUILTIN_CALLABLES", "Canon", "SCALARS", "Unhashable", "VALUE_TYPES", "canonical_json",
-           "content_hash", "defined_in", "digest", "dump", "qualname", "show_as"]
+           "content_hash", "digest", "dump", "qualname", "show_as"]
 
 # marshal format 2 writes no back-references, so its bytes depend on values, never on sharing.
 _MARSHAL = 2
@@ -63,28 +63,20 @@ def digest(tag: str, canon: Any) -> str:
     return hashlib.sha256(tag.encode() + b"\0" + dump(canon)).hexdigest()
 
 
-_DEFINED_IN: dict[type, str] = {}
-
-
 def show_as(module: str, *classes: type) -> None:
     """The public classes print as ``module.Name`` (``batchjson.Session``), where users import
-    them; keys and fingerprints keep naming them where they are defined (:func:`defined_in`),
-    so no stored key or fingerprint changes. Their annotations are resolved where they are
-    written first, so ``typing.get_type_hints`` still reads them."""
+    them. Keys and fingerprints name them so too, so no move inside batchjson changes a stored
+    key. Their annotations are resolved where they are written first, so
+    ``typing.get_type_hints`` still reads them."""
     for cls in classes:
         own = cls.__dict__.get("__annotations__", {})
         hints = typing.get_type_hints(cls, include_extras=True)
         cls.__annotations__ = {name: hints[name] for name in own}
-        _DEFINED_IN.setdefault(cls, cls.__module__)
         cls.__module__ = module
 
 
-def defined_in(cls: type) -> str:
-    return _DEFINED_IN.get(cls, cls.__module__)
-
-
 def qualname(cls: type) -> str:
-    return f"{defined_in(cls)}.{cls.__qualname__}"
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _as_base(x: Any, base: type) -> Any:

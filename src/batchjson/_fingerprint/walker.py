@@ -415,7 +415,7 @@ class Walker:
         return list(out.items())
 
     def _class(self, cls: type) -> list[tuple[str, str]]:
-        parts = [("name", _digest("batchjson:ref:1", [canon.defined_in(cls), cls.__qualname__]))]
+        parts = [("name", _digest("batchjson:ref:1", [cls.__module__, cls.__qualname__]))]
         if self._importable(cls):
             return parts
         model = issubclass(cls, BaseModel) and cls is not BaseModel
@@ -514,7 +514,7 @@ class Walker:
         except Exception:  # not picklable: nothing to read but the object itself
             return self.by_identity(obj, "")
         if isinstance(reduced, str):  # a module-level singleton named by its global name
-            return self.ref((canon.defined_in(cls), reduced), "instance")
+            return self.ref((cls.__module__, reduced), "instance")
         reduced = tuple(reduced) + (None,) * (5 - len(reduced))
         fn, args, extra, items, pairs = reduced[:5]
         content = (fn, args, extra, None if items is None else list(items),
