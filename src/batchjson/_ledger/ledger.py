@@ -67,7 +67,8 @@ class Ledger:
         return self.store._checkpoint(name, revision_id)
 
     def batch_names(self) -> list[str]:
-        return self.store.batch_names()
+        """Every batch's name, in the order they were made."""
+        return self.store._batch_names()
 
     def revisions(self, name: str | None = None, *, current: bool = False) -> list[Revision]:
         """Revisions (of batch ``name``) in the order they were made; ``current``: only the
@@ -80,7 +81,7 @@ class Ledger:
 
     def no_such_batch(self, name: str) -> str | None:
         """Why ``name`` is not a batch here, listing those that are; None when it is one."""
-        return _no_such_batch(self.store.batch_names(), name)
+        return _no_such_batch(self.store._batch_names(), name)
 
     def validator_usage(self) -> list[dict[str, Any]]:
         """Every recorded validator version, with the sorted names of batches run under it."""
@@ -118,7 +119,7 @@ class Ledger:
             [j for j in self.store.jobs() if j["batch"] == name], f"batch {name!r}", "forget it")
         if problem:
             raise InvalidBatch(problem)
-        return self.store.forget(name, via=via, by=by or _who(), stamp=now())
+        return self.store._forget(name, via=via, by=by or _who(), stamp=now())
 
     # -- export (export.py: the logic) ---------------------------------------------------------
     def export_receipts(self, name: str | None = None) -> list[dict[str, Any]]:

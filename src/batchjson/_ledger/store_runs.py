@@ -35,7 +35,7 @@ class RunStore(StoreBase):
             sql += f" {'AND' if where else 'WHERE'} r.id = b.current_revision"
         return [_revision(r) for r in self._read(sql + " ORDER BY r.id", tuple(where.values()))]
 
-    def batch_names(self) -> list[str]:
+    def _batch_names(self) -> list[str]:
         return [r["name"] for r in self._read("SELECT name FROM batches ORDER BY id")]
 
     def _batch_row(self, tx: Tx, name: str, stamp: str) -> tuple[int, int | None]:

@@ -280,7 +280,7 @@ def import_receipts(store: Store, path: str | Path, *, validators: Any = None,
     outcomes: list[Outcome] = []
     source = str(path)
     placed = Placement(lines)
-    with store.transaction() as tx:
+    with store.transaction(whole="the import") as tx:
         seen: dict[str, int] = {}
         for line in lines:
             rec = line.record
