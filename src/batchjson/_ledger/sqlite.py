@@ -65,7 +65,7 @@ class SQLiteStore(Store):
             with self._lock:
                 self._schema()
         except (sqlite3.Error, OSError) as exc:
-            raise LedgerError(records._open_problem(path), path=self.where, cause=exc) from exc
+            raise LedgerError(records._open_problem(path), path=self._where, cause=exc) from exc
         except LedgerError:
             self._db.close()
             raise
@@ -139,7 +139,7 @@ class SQLiteStore(Store):
         try:
             yield
         except sqlite3.Error as exc:
-            raise LedgerError(f"{what} failed and was rolled back whole", path=self.where,
+            raise LedgerError(f"{what} failed and was rolled back whole", path=self._where,
                               cause=exc) from exc
 
     def _rollback(self) -> None:
@@ -152,7 +152,7 @@ class SQLiteStore(Store):
 
     def _error(self, what: str, exc: BaseException) -> LedgerError:
         return LedgerError(f"{what}; the run stopped before any further call"
-                           f"{records._write_problem(self.path, exc)}", path=self.where,
+                           f"{records._write_problem(self.path, exc)}", path=self._where,
                            cause=exc)
 
     def _exec(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> sqlite3.Cursor:
@@ -169,7 +169,7 @@ class SQLiteStore(Store):
             try:
                 return self._db.execute(sql, args).fetchall()
             except sqlite3.Error as exc:  # closed, corrupt, locked: a batchjson error, named
-                raise LedgerError("could not be read", path=self.where, cause=exc) from exc
+                raise LedgerError("could not be read", path=self._where, cause=exc) from exc
 
 
 def _refuse_version(version: int, path: Path | None) -> None:

@@ -49,7 +49,7 @@ class StoreBase(ABC):
     _public: str | None = None  # a server's URL as shown, its password masked
 
     @property
-    def where(self) -> str | Path:
+    def _where(self) -> str | Path:
         """The ledger as an error (or a person) names it; never a password."""
         return self._public or self.path or ":memory:"
 

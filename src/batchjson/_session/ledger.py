@@ -33,7 +33,7 @@ class Ledger(ledger.Ledger):
 
     def evidence(self, name: str | None = None) -> dict[str, Any]:
         """What is owed and what was spent (for one batch or all): ``Evidence.summary``."""
-        return Evidence(self.store).summary(name)
+        return Evidence(self).summary(name)
 
     def import_receipts(self, path: str | Path, *, validators: Any = None,
                         without_validator: bool = False) -> dict[str, Any]:
