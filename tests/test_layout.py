@@ -123,7 +123,7 @@ def import_graph(typing: bool = False) -> dict[str, set[str]]:
 
 
 # Issue 32 asks for at most 70 in all; this is where the ledger stands now, never to grow.
-LEDGER_PUBLIC_CEILING = 82
+LEDGER_PUBLIC_CEILING = 70
 
 
 def ledger_public_defs() -> dict[str, list[str]]:
