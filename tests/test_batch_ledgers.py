@@ -36,7 +36,7 @@ def test_a_merge_refuses_a_ledger_whose_job_may_still_answer_and_takes_it_once_c
     message = str(refused.value)
     assert f"job(s) 1 (batch 'labels', {job['provider_job_id']})" in message
     assert "batchjson cancel" in message and "then merge it" in message
-    assert held.store.batch_names() == []  # nothing was written
+    assert held.batch_names() == []  # nothing was written
     time.sleep(0.5)
     assert s.run_batch("labels", tasks(3), SCHEMA, transport="batch").resolved
     s.close()

@@ -214,10 +214,10 @@ def test_a_merge_of_later_work_reopens_a_forgotten_batch_but_earlier_work_does_n
     ledger = Ledger(here)
     assert ledger.forget("review", via="test") is not None
     ledger.merge(earlier)
-    assert Evidence(ledger.store).minimum_exact_retry_calls == 0
+    assert Evidence(ledger).minimum_exact_retry_calls == 0
     broken_session(later).run_batch("review", review_tasks(2), LABEL_SCHEMA, pack=2,
                                     on_exhausted="return")
     ledger.merge(later)
-    assert Evidence(ledger.store).minimum_exact_retry_calls == 1
+    assert Evidence(ledger).minimum_exact_retry_calls == 1
     assert ledger.store.forgotten()[0]["in_effect"] == 0
     ledger.close()

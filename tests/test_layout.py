@@ -123,17 +123,21 @@ def import_graph(typing: bool = False) -> dict[str, set[str]]:
 
 
 # Issue 32 asks for at most 70 in all; this is where the ledger stands now, never to grow.
-LEDGER_PUBLIC_CEILING = 82
+LEDGER_PUBLIC_CEILING = 70
 
 
 def ledger_public_defs() -> dict[str, list[str]]:
     """Public functions of the ledger (``def name(`` not starting with ``_``), by owner: each
-    class of ``_ledger/`` (the facade included), and each module for its own functions."""
+    public class of ``_ledger/`` (the facade included), and each module for its own functions.
+    A private class (``_Row``, a row imitating ``sqlite3.Row``'s protocol for PostgreSQL) is
+    no part of the ledger's surface: what its methods are named is that protocol's choice."""
     out: dict[str, list[str]] = {}
     for name, _, tree in modules():
         if not name.startswith("_ledger/"):
             continue
         for node in tree.body:
+            if isinstance(node, ast.ClassDef) and node.name.startswith("_"):
+                continue
             body = node.body if isinstance(node, ast.ClassDef) else [node]
             owner = f"{name}:{node.name}" if isinstance(node, ast.ClassDef) else name
             out.setdefault(owner, []).extend(

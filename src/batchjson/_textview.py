@@ -8,7 +8,7 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .core import forgotten_line, money, tracebacks, usd
+from .core import money, tracebacks, usd
 
 # Control characters (ANSI escapes, carriage returns, bells) and bidirectional overrides in a
 # model's return or an imported batch name would act on the terminal instead of being read; a
@@ -103,6 +103,31 @@ def status_lines(summary: Mapping[str, Any], ledger: str, me: str = "batchjson")
     for f in summary.get("forgotten", []):
         lines += wrapped(forgotten_line(f), "  forgotten: ")
     return lines + _status_next(summary, ledger, me)
+
+
+def forgotten_line(f: Mapping[str, Any]) -> str:
+    """One line for status: what was forgotten, by whom, when, and whether it still stands."""
+    revs = ", ".join(map(str, f["revisions"]))
+    state = "" if f["in_effect"] else "; owed again since later work on it reopened it"
+    return (f"{f['batch']} revision(s) {revs}: {f['requests']} request(s), {f['items']} item(s) "
+            f"no longer owed, forgotten by {f['by']} via {f['via']} at {f['at'][:19]}Z{state}")
+
+
+def forget_message(name: str, record: Mapping[str, Any] | None,
+                   spend: Mapping[str, Any]) -> str:
+    """What a face says after forgetting (the CLI and the magic say the same)."""
+    if record is None:
+        return f"batch {name!r} owes nothing, so nothing was forgotten"
+    revs = ", ".join(map(str, record["revisions"]))
+    return (f"forgot batch {name!r}: revision(s) {revs} no longer owe {record['requests']} "
+            f"request(s) ({record['items']} item(s)); recorded as forgotten by {record['by']} "
+            f"at {record['at'][:19]}Z. Its {spend['calls']} call(s) and their cost "
+            f"({money(spend['cost'])}) stay in the account, and later work on {name!r} (a run, "
+            "a merge) owes again." + (
+                f" {spend['in_flight_calls']} of its call(s) are in flight (a run going on, or "
+                "one that died): forgetting does not stop a run, and what it does from now on "
+                "owes again; stop it first to leave the batch forgotten."
+                if spend.get("in_flight_calls") else ""))
 
 
 def _status_next(summary: Mapping[str, Any], ledger: str, me: str) -> list[str]:

@@ -11,9 +11,8 @@ from ._checks import whole_argument
 from ._content.keys import answer_source, source_text
 from ._content.schema import compile_schema
 from ._content.tasks import parse_identity, render_value_prompt
-from ._ledger.forgetting import forget_message, forgotten_line
 from ._ledger.records import ledger_path
-from ._ledger.sqlite import file_problem, holds_nothing
+from ._ledger.sqlite import file_problem
 from ._money import cost_value, money, usd
 from ._providers.base import estimate_tokens
 from ._providers.select import PROVIDER_NAMES, provider_label
@@ -40,9 +39,8 @@ __all__ = [
     # droste's llm_batch_json contract over a session
     "llm_batch_json", "check_call", "check_droste_schema", "default_batch_name",
     "render_value_prompt",
-    # the ledger: advice, receipts read, forgetting, what is wrong with a ledger file
-    "advise", "read_lines", "forget_message", "forgotten_line",
-    "file_problem", "holds_nothing", "ledger_path",
+    # the ledger: advice, receipts read, what is wrong with a ledger file
+    "advise", "read_lines", "file_problem", "ledger_path",
     # providers, and what a face may show of them
     "PROVIDER_NAMES", "provider_label", "estimate_tokens", "looks_like_key", "masked",
     "public_url", "shown_value",

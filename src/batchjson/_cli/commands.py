@@ -18,7 +18,6 @@ import io
 import json
 import os
 import sys
-import time
 from collections.abc import Callable, Sequence
 from contextlib import closing
 from pathlib import Path
@@ -26,11 +25,10 @@ from typing import Any, TextIO
 
 from .. import BatchJsonError, InvalidBatch, Ledger, LedgerError
 from .. import _textview as cliview
+from .._textview import forget_message
 from ..core import (
     cancel_job,
     cost_value,
-    forget_message,
-    holds_nothing,
     ledger_path,
     list_jobs,
     public_url,
@@ -42,7 +40,6 @@ from .validators import validator_options
 
 DEFAULT_LEDGER = Path(cliview.DEFAULT_LEDGER)
 OK, UNRESOLVED, USAGE, LEDGER, INTERRUPTED = 0, 1, 2, 3, 130
-OPEN_WAIT = 30.0  # seconds another process may hold a new ledger while creating it
 
 
 class Problem(Exception):
@@ -54,23 +51,6 @@ class Problem(Exception):
 
 
 # -- commands -------------------------------------------------------------------------------
-def _refusal(path: Path, create: bool) -> str | None:
-    """Why ``path`` cannot be opened as a ledger. With ``create``, a file another process is
-    making a ledger this moment is waited for (polling to a deadline), never refused."""
-    deadline = time.monotonic() + OPEN_WAIT
-    while True:
-        problem = ledger_problem(path) if path.exists() or not create else None
-        if problem is None or not create:
-            return problem
-        empty = holds_nothing(path)
-        if empty:
-            return None
-        again = ledger_problem(path)  # its schema may have been committed since the first look
-        if again is None or (empty is False or time.monotonic() > deadline):
-            return again
-        time.sleep(0.05)
-
-
 def ledger_argument(text: str) -> Path | str:
     """``--ledger``: a file path, or a PostgreSQL URL kept as written."""
     return text if isinstance(ledger_path(text), str) else Path(text)
@@ -87,7 +67,7 @@ def _open(path: Path | str, *, create: bool = False) -> Ledger:
             return Ledger(path)
         except LedgerError as exc:
             raise Problem(str(exc), LEDGER) from None
-    problem = _refusal(path, create)
+    problem = ledger_problem(path, create=create)
     if problem and not path.exists():  # say what to do, for the path given or the default
         problem += ("; a batch run in this directory makes it (batchjson demo shows how), or "
                     "pass --ledger PATH to read another" if path == DEFAULT_LEDGER else

@@ -12,12 +12,13 @@ from typing import Any
 from .._textview import (
     answered_by,
     describe_error,
+    forgotten_line,
     frame_lines,
     printable,
     receipt_cost,
     table,
 )
-from ..core import forgotten_line, money
+from ..core import money
 
 
 def describe_tasks(task_ids: Sequence[str], width: int = 60) -> str:

@@ -22,10 +22,9 @@ from traitlets import Bool, Enum, Float, Int, TraitError, Unicode, observe, vali
 from traitlets.config import Config
 
 from .. import BatchJsonError, BatchUnresolved, ProviderHandle, RateLimits, RunSpec, Session
-from .._textview import DEFAULT_LEDGER, receipt_rows
+from .._textview import DEFAULT_LEDGER, forget_message, receipt_rows
 from ..core import (
     PROVIDER_NAMES,
-    forget_message,
     looks_like_key,
     masked,
     public_url,

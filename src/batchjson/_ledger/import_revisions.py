@@ -14,7 +14,7 @@ revisions are superseded by the batch's current one, and the report says so.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import InitVar, dataclass, field
 from typing import Any
 
@@ -76,7 +76,7 @@ def _group_lines(lines: Iterable[Any]) -> dict[int, Group]:
 @dataclass
 class Placement:
     """Where one import puts its attempts: its lines' groups, and per revision touched, its
-    lines and admitted items."""
+    lines (as ``revision_for`` places them) and admitted items (once ``settle`` is told)."""
 
     lines_read: InitVar[Iterable[Any]]
     groups: dict[int, Group] = field(init=False)  # line number -> its group
@@ -88,26 +88,24 @@ class Placement:
     def __post_init__(self, lines_read: Iterable[Any]) -> None:
         self.groups = _group_lines(lines_read)
 
-    def record(self, revision_id: int, line: int, admitted: int) -> None:
-        self.lines.setdefault(revision_id, []).append(line)
-        self.admitted[revision_id] = self.admitted.get(revision_id, 0) + admitted
-
 
 def revision_for(store: Store, tx: Any, line: Any, placed: Placement) -> tuple[int, int]:
-    """The batch and revision an imported attempt belongs to: a revision of the batch already
-    holding its request, else its group's revision (found or made once per import)."""
+    """The batch and revision an imported attempt belongs to, the line placed there: a
+    revision of the batch already holding its request, else its group's revision (found or
+    made once per import)."""
     name, stamp, group = line.record["batch"], now(), placed.groups[line.number]
     batch_id, current = store._batch_row(tx, name, stamp)
     placed.fresh.setdefault(name, current is None)
-    held = store._revision_holding(tx, batch_id, line.request.key, group.revision_id)
-    if held is not None:
-        return batch_id, held
-    if group.revision_id is None:
-        group.revision_id = _group_revision(store, tx, batch_id, current, group,
-                                            placed.fresh[name], stamp)
-        placed.current_there[group.revision_id] = group.current_there
-    store._add_import_request(tx, group.revision_id, line.request)
-    return batch_id, group.revision_id
+    revision_id = store._revision_holding(tx, batch_id, line.request.key, group.revision_id)
+    if revision_id is None:
+        if group.revision_id is None:
+            group.revision_id = _group_revision(store, tx, batch_id, current, group,
+                                                placed.fresh[name], stamp)
+            placed.current_there[group.revision_id] = group.current_there
+        store._add_import_request(tx, group.revision_id, line.request)
+        revision_id = group.revision_id
+    placed.lines.setdefault(revision_id, []).append(line.number)
+    return batch_id, revision_id
 
 
 def _group_revision(store: Store, tx: Any, batch_id: int, current: int | None, group: Group,
@@ -139,10 +137,14 @@ def _imported_alike(store: Store, tx: Any, revision_id: int, group: Group) -> bo
         k: v for k, v in theirs.items() if k in KEPT} == group.components
 
 
-def settle(store: Store, tx: Any, placed: Placement) -> list[dict[str, Any]]:
+def settle(store: Store, tx: Any, placed: Placement,
+           admitted: Mapping[int, int]) -> list[dict[str, Any]]:
     """For each batch new to the ledger that this import gave several revisions, make one
     current (the one current where it was exported, else the most admitted items, else the
-    latest line) and record the others beside it; then describe every revision touched."""
+    latest line) and record the others beside it; then describe every revision touched.
+    ``admitted``: how many items each line (by number) admitted."""
+    for revision_id, lines in placed.lines.items():
+        placed.admitted[revision_id] = sum(admitted.get(number, 0) for number in lines)
     rows = {r["id"]: r for r in store._revision_rows(tx, list(placed.lines))}
     by_batch: dict[str, list[int]] = {}
     for revision_id in placed.lines:

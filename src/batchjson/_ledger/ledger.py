@@ -3,7 +3,8 @@ receipts.
 
 Every attempt is written *before* its call (in flight) and completed after. An accepted return
 and its checkpoint rows are committed in one transaction; a rejected return admits nothing.
-The reading a user does is here; batchjson's own code reaches the store through ``store``.
+The reading a user does is here, and batchjson's own code reads those names here too (one
+owner each); the store's other operations it reaches through ``store``.
 Import and merge judge what they bring in, so the public ``batchjson.Ledger`` that has them is
 the session's (``_session/ledger.py``), a subclass of this one.
 """
@@ -46,7 +47,7 @@ class Ledger:
     def where(self) -> str:
         """The ledger as batchjson shows it: its file, ``:memory:``, or its URL with any
         password masked."""
-        return str(self.store.where)
+        return str(self.store._where)
 
     def __repr__(self) -> str:
         return f"Ledger({self.where})"
@@ -67,12 +68,17 @@ class Ledger:
         return self.store._checkpoint(name, revision_id)
 
     def batch_names(self) -> list[str]:
-        return self.store.batch_names()
+        """Every batch's name, in the order they were made."""
+        return self.store._batch_names()
 
-    def revisions(self, name: str | None = None, *, current: bool = False) -> list[Revision]:
-        """Revisions (of batch ``name``) in the order they were made; ``current``: only the
-        one each batch works on."""
-        return self.store.revisions(name, current=current)
+    def revisions(self, name: str | None = None, *, fingerprint: str | None = None,
+                  revision_id: int | None = None, status: str | None = None,
+                  current: bool = False) -> list[Revision]:
+        """Revisions in the order they were made: every one, or those of batch ``name``, of
+        the content ``fingerprint``, with id ``revision_id``, of ``status`` (``open``,
+        ``superseded``); ``current``: only the one each batch works on."""
+        return self.store._revisions(name, fingerprint=fingerprint, revision_id=revision_id,
+                                     status=status, current=current)
 
     def leaves(self, revision_id: int) -> list[Request]:
         """The requests of a revision that are sent (split ones give way to their halves)."""
@@ -80,7 +86,7 @@ class Ledger:
 
     def no_such_batch(self, name: str) -> str | None:
         """Why ``name`` is not a batch here, listing those that are; None when it is one."""
-        return _no_such_batch(self.store.batch_names(), name)
+        return _no_such_batch(self.store._batch_names(), name)
 
     def validator_usage(self) -> list[dict[str, Any]]:
         """Every recorded validator version, with the sorted names of batches run under it."""
@@ -97,7 +103,7 @@ class Ledger:
     def budget(self) -> dict[str, Any] | None:
         """The ledger's own cost budget (cost, spent, reserved, left, set_at, set_by), or None.
         Every runner on the ledger holds it together, beside any budget of its own session."""
-        return self.store.shared_budget()
+        return self.store._shared_budget()
 
     def set_budget(self, cost: float | None) -> None:
         """Set the ledger's cost budget in USD (what was spent under it still counts), or
@@ -118,7 +124,7 @@ class Ledger:
             [j for j in self.store.jobs() if j["batch"] == name], f"batch {name!r}", "forget it")
         if problem:
             raise InvalidBatch(problem)
-        return self.store.forget(name, via=via, by=by or _who(), stamp=now())
+        return self.store._forget(name, via=via, by=by or _who(), stamp=now())
 
     # -- export (export.py: the logic) ---------------------------------------------------------
     def export_receipts(self, name: str | None = None) -> list[dict[str, Any]]:

@@ -76,6 +76,7 @@ class Revision:
     supersede_reason: str | None
     validator_name: str | None
     created_at: str
+    superseded_by: int | None = None  # the number of the revision that superseded it
 
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/+")
@@ -213,7 +214,7 @@ def _read_only_place(path: Path) -> str | None:
 def _revision(row: Any) -> Revision:
     return Revision(row["id"], row["batch_id"], row["batch"], row["number"], row["fingerprint"],
                     json.loads(row["components"]), row["status"], row["supersede_reason"],
-                    row["validator_name"], row["created_at"])
+                    row["validator_name"], row["created_at"], row["superseded_by"])
 
 
 def _receipt(row: Any) -> Receipt:

@@ -28,6 +28,7 @@ from .store_schema import SCHEMA_VERSION, SQLITE
 # eight times, and a run stalls less often. The WAL file grows to about 32 MB before it starts
 # over (it is removed when the ledger is closed). This connection's setting, nothing else's.
 WAL_PAGES = 8000
+OPEN_WAIT = 30.0  # seconds another process may hold a new ledger while creating it
 
 
 class SQLiteStore(Store):
@@ -64,7 +65,7 @@ class SQLiteStore(Store):
             with self._lock:
                 self._schema()
         except (sqlite3.Error, OSError) as exc:
-            raise LedgerError(records._open_problem(path), path=self.where, cause=exc) from exc
+            raise LedgerError(records._open_problem(path), path=self._where, cause=exc) from exc
         except LedgerError:
             self._db.close()
             raise
@@ -138,7 +139,7 @@ class SQLiteStore(Store):
         try:
             yield
         except sqlite3.Error as exc:
-            raise LedgerError(f"{what} failed and was rolled back whole", path=self.where,
+            raise LedgerError(f"{what} failed and was rolled back whole", path=self._where,
                               cause=exc) from exc
 
     def _rollback(self) -> None:
@@ -151,7 +152,7 @@ class SQLiteStore(Store):
 
     def _error(self, what: str, exc: BaseException) -> LedgerError:
         return LedgerError(f"{what}; the run stopped before any further call"
-                           f"{records._write_problem(self.path, exc)}", path=self.where,
+                           f"{records._write_problem(self.path, exc)}", path=self._where,
                            cause=exc)
 
     def _exec(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> sqlite3.Cursor:
@@ -168,7 +169,7 @@ class SQLiteStore(Store):
             try:
                 return self._db.execute(sql, args).fetchall()
             except sqlite3.Error as exc:  # closed, corrupt, locked: a batchjson error, named
-                raise LedgerError("could not be read", path=self.where, cause=exc) from exc
+                raise LedgerError("could not be read", path=self._where, cause=exc) from exc
 
 
 def _refuse_version(version: int, path: Path | None) -> None:
@@ -204,9 +205,29 @@ def _is_ledger_fault(exc: sqlite3.Error) -> bool:
 
 
 # -- ledger files, read without opening them as a store ---------------------------------------
-def file_problem(path: Path) -> str | None:
+def file_problem(path: Path, *, create: bool = False) -> str | None:
     """Why the file at ``path`` cannot be read as a ledger, or None; it is opened read-only,
-    so a wrong path is never turned into a ledger."""
+    so a wrong path is never turned into a ledger. ``create``: a ledger may be made there, so
+    no file, an empty one, or one another process is making a ledger this moment (waited for,
+    polling to a deadline) is none of those."""
+    if not create:
+        return _file_problem(path)
+    deadline = time.monotonic() + OPEN_WAIT
+    while path.exists():
+        problem = _file_problem(path)
+        if problem is None:
+            return None
+        empty = _holds_nothing(path)
+        if empty:
+            return None
+        again = _file_problem(path)  # its schema may have been committed since the first look
+        if again is None or empty is False or time.monotonic() > deadline:
+            return again
+        time.sleep(0.05)
+    return None
+
+
+def _file_problem(path: Path) -> str | None:
     if not path.exists():
         return f"no ledger at {path}"
     if path.is_dir():
@@ -230,7 +251,7 @@ def file_problem(path: Path) -> str | None:
     return None
 
 
-def holds_nothing(path: Path) -> bool | None:
+def _holds_nothing(path: Path) -> bool | None:
     """An empty file or a SQLite file without tables: nothing to lose by making it a ledger
     (it may be one another process is creating this moment). None: busy, ask again."""
     try:

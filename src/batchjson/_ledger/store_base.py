@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +49,12 @@ class StoreBase(ABC):
     _public: str | None = None  # a server's URL as shown, its password masked
 
     @property
-    def where(self) -> str | Path:
+    def _where(self) -> str | Path:
         """The ledger as an error (or a person) names it; never a password."""
         return self._public or self.path or ":memory:"
 
-    def transaction(self, *, calls: bool = False) -> AbstractContextManager[Tx]:
+    def transaction(self, *, calls: bool = False,
+                    whole: str | None = None) -> AbstractContextManager[Tx]:
         """One write transaction: committed whole, or rolled back whole, and run as if alone
         (the reads in it decide its writes); a failure of the ledger itself (disk full, I/O
         error, read-only, locked past the busy timeout, a lost server) is a LedgerError naming
@@ -62,13 +63,13 @@ class StoreBase(ABC):
         ``calls``: the transaction the writes of calls share (receipts, claims, checkpoint
         rows, the budget's reservations). Their statements decide on rows of their own
         requests, so a database with row locks runs many runners' side by side instead of as
-        if alone (SQLite runs every writer alone)."""
-        return self._calls_transaction() if calls else self._write_transaction()
+        if alone (SQLite runs every writer alone).
 
-    def whole_or_nothing(self, what: str) -> AbstractContextManager[None]:
-        """Around an operation that is one transaction (an import, a merge): any failure of the
-        database underneath is a LedgerError saying ``what`` was rolled back whole."""
-        return self._whole_or_nothing(what)
+        ``whole``: the operation a person asked for that this transaction is (an import, a
+        merge): any failure of the database in it, a statement's own too, is a LedgerError
+        saying that was rolled back whole."""
+        tx = self._calls_transaction() if calls else self._write_transaction()
+        return tx if whole is None else _whole(self._whole_or_nothing(whole), tx)
 
     # -- what a store for one database says ----------------------------------------------------
     @abstractmethod
@@ -130,3 +131,9 @@ class StoreBase(ABC):
             rows += (self._exec(tx, query, args).fetchall() if tx is not None
                      else self._read(query, args))
         return rows
+
+
+@contextmanager
+def _whole(guard: AbstractContextManager[None], tx: AbstractContextManager[Tx]) -> Iterator[Tx]:
+    with guard, tx as db:
+        yield db

@@ -38,7 +38,7 @@ ABANDON_SQL = ("UPDATE budget SET reserved = CASE WHEN reserved > ? THEN reserve
 class BudgetStore(StoreBase):
     """The ledger's cost budget: set and read by a person, reserved and settled by calls."""
 
-    def shared_budget(self) -> dict[str, Any] | None:
+    def _shared_budget(self) -> dict[str, Any] | None:
         """The ledger's budget (cost, spent, reserved, left, set_at, set_by), or None."""
         rows = self._read("SELECT cost, spent, reserved, set_at, set_by FROM budget WHERE id = 1")
         if not rows:

@@ -31,7 +31,7 @@ class MergeStore(StoreBase):
         in one transaction; ``source`` names it in the reasons it writes. Returns what was
         added and how many attempts were already here."""
         added = dict.fromkeys(MERGED, 0)
-        with self.transaction() as tx:
+        with self.transaction(whole="the merge") as tx:
             self._merge_validators(tx, theirs["validators"], added)
             batch_map, new_batches = self._merge_batches(tx, theirs["batches"], added)
             revision_map = self._merge_revisions(tx, theirs, batch_map, new_batches, source,
@@ -207,7 +207,7 @@ class MergeStore(StoreBase):
         return attempt_map, present
 
     # -- forgetting ----------------------------------------------------------------------------
-    def forget(self, name: str, *, via: str, by: str, stamp: str) -> dict[str, Any] | None:
+    def _forget(self, name: str, *, via: str, by: str, stamp: str) -> dict[str, Any] | None:
         """Mark every revision of batch ``name`` that still owes as forgotten, in one
         transaction with a ``forgets`` row saying who, when, how and what stopped being owed.
         None when nothing is owed (then nothing is written)."""

@@ -22,12 +22,12 @@ class RunStore(StoreBase):
     """Batches, revisions and requests; accepted values; evidence; re-judging's memory."""
 
     # -- batches and revisions ---------------------------------------------------------------
-    def revisions(self, name: str | None = None, *, fingerprint: str | None = None,
-                  revision_id: int | None = None, current: bool = False) -> list[Revision]:
-        """Revisions in the order they were made: every one, batch ``name``'s, the one of its
-        content ``fingerprint``, the one with id ``revision_id``; ``current``: only those
-        current in their batch."""
-        where = {"b.name": name, "r.fingerprint": fingerprint, "r.id": revision_id}
+    def _revisions(self, name: str | None = None, *, fingerprint: str | None = None,
+                   revision_id: int | None = None, status: str | None = None,
+                   current: bool = False) -> list[Revision]:
+        """``Ledger.revisions``: one statement, each argument given one more filter."""
+        where = {"b.name": name, "r.fingerprint": fingerprint, "r.id": revision_id,
+                 "r.status": status}
         where = {column: value for column, value in where.items() if value is not None}
         sql = REVISION_SQL + "".join(f" {'AND' if i else 'WHERE'} {column} = ?"
                                      for i, column in enumerate(where))
@@ -35,7 +35,7 @@ class RunStore(StoreBase):
             sql += f" {'AND' if where else 'WHERE'} r.id = b.current_revision"
         return [_revision(r) for r in self._read(sql + " ORDER BY r.id", tuple(where.values()))]
 
-    def batch_names(self) -> list[str]:
+    def _batch_names(self) -> list[str]:
         return [r["name"] for r in self._read("SELECT name FROM batches ORDER BY id")]
 
     def _batch_row(self, tx: Tx, name: str, stamp: str) -> tuple[int, int | None]:
@@ -76,8 +76,8 @@ class RunStore(StoreBase):
                 superseded = self._supersede(tx, previous_id, revision_id, components)
             self._exec(tx, "UPDATE batches SET current_revision = ? WHERE id = ?",
                        (revision_id, batch_id))
-        [current] = self.revisions(revision_id=revision_id)
-        return current, (self.revisions(revision_id=superseded)[0] if superseded else None)
+        [current] = self._revisions(revision_id=revision_id)
+        return current, (self._revisions(revision_id=superseded)[0] if superseded else None)
 
     def _revision_with(self, tx: Tx, batch_id: int, fingerprint: str) -> int | None:
         row = self._exec(tx, "SELECT id FROM revisions WHERE batch_id = ? AND fingerprint = ?",
@@ -257,13 +257,6 @@ class RunStore(StoreBase):
             + "".join(f" AND {column} = ?" for column in where)
             + " ORDER BY b.id, r.number, q.position", tuple(where.values()))
 
-    def superseded(self) -> list[Row]:
-        return self._read(
-            "SELECT b.name AS batch, r.number AS revision, r.supersede_reason AS reason, "
-            "n.number AS superseded_by FROM revisions r JOIN batches b ON b.id = r.batch_id "
-            "LEFT JOIN revisions n ON n.id = r.superseded_by WHERE r.status = 'superseded' "
-            "ORDER BY b.id, r.number")
-
     # -- validator versions --------------------------------------------------------------------
     def number_validator(self, name: str, fingerprint: str, where: str | None,
                          by_identity: Sequence[str] = ()) -> int:
@@ -391,8 +384,9 @@ class RunStore(StoreBase):
 
 REVISION_SQL = (
     "SELECT r.id, r.batch_id, b.name AS batch, r.number, r.fingerprint, r.components, r.status, "
-    "r.supersede_reason, r.validator_name, r.created_at FROM revisions r "
-    "JOIN batches b ON b.id = r.batch_id")
+    "r.supersede_reason, r.validator_name, r.created_at, n.number AS superseded_by "
+    "FROM revisions r JOIN batches b ON b.id = r.batch_id "
+    "LEFT JOIN revisions n ON n.id = r.superseded_by")
 
 RECEIPT_SQL = (
     "SELECT a.*, b.name AS batch, r.number AS revision FROM attempts a "

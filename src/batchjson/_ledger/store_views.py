@@ -61,8 +61,8 @@ UNFLOORED_SQL = (
     f"WHERE {UNKNOWN} AND a.cost_floor IS NULL{{where}}) AS u GROUP BY batch, model")
 
 TASKS_SQL = (
-    "SELECT b.name AS batch, q.task_ids FROM batches b JOIN requests q "
-    "ON q.revision_id = b.current_revision WHERE q.split = 0")
+    "SELECT b.name AS batch, q.task_ids FROM batches b LEFT JOIN requests q "
+    "ON q.revision_id = b.current_revision AND q.split = 0")
 
 USABLE_SQL = (
     "SELECT b.name AS batch, COUNT(DISTINCT c.task_id) AS usable FROM batches b "
@@ -85,10 +85,12 @@ class ViewStore(StoreBase):
         return calls, self._read(UNFLOORED_SQL.format(where=where), args)
 
     def task_rows(self, name: str | None = None) -> tuple[list[Row], list[Row]]:
-        """Per batch's current revision (one batch, or every one): (batch, task_ids) of every
-        leaf request, and (batch, usable), its accepted tasks."""
+        """Per batch (one, or every one in the order they were made), its current revision's
+        tasks: (batch, task_ids) of every leaf request (one row with task_ids None for a batch
+        with none), and (batch, usable), its accepted tasks."""
         where, args = (" AND b.name = ?", (name,)) if name is not None else ("", ())
-        return (self._read(TASKS_SQL + where, args),
+        return (self._read(TASKS_SQL + (" WHERE b.name = ?" if name is not None else "")
+                           + " ORDER BY b.id", args),
                 self._read(USABLE_SQL.format(where=where), args))
 
     def fit_rows(self, name: str) -> list[Row]:

@@ -17,6 +17,7 @@ from .._content.schema import wire_schema
 from .._content.tasks import Request, render_items_prompt, render_value_prompt, shared_head
 from .._errors import LedgerError, ProviderError
 from .._ledger.claims import ACCEPTED, MINE, OVER, Owner
+from .._ledger.ledger import Ledger
 from .._ledger.records import now
 from .._ledger.store import Store
 from .._money import usd
@@ -116,7 +117,7 @@ class Caller:
     judge -> record. The run (:class:`~batchjson._replay.replay.Replayer`) makes one."""
 
     plan: Plan
-    store: Store
+    ledger: Ledger
     provider: Any
     spender: Spender
     transport: Transport
@@ -127,8 +128,10 @@ class Caller:
     attempts: dict[str, int]
     probe: HostProbe = field(default_factory=HostProbe)
     settled: asyncio.Event = field(default_factory=asyncio.Event)
+    store: Store = field(init=False)
 
     def __post_init__(self) -> None:
+        self.store = self.ledger.store
         self.system = system_prompt(self.plan)
         self.cached_prefix = self.plan.mode == "items" and prefix_cacheable(
             self.provider, self.system, shared_head(self.plan.instructions))
@@ -239,7 +242,8 @@ class Caller:
             except Exception as exc:
                 self.spender.release(reserved)
                 self.control.ledger_failed(exc if isinstance(exc, LedgerError) else LedgerError(
-                    "the receipt of a call could not be written", path=store.where, cause=exc))
+                    "the receipt of a call could not be written", path=self.ledger.where,
+                    cause=exc))
                 return STOPPED
             if state == MINE:
                 assert attempt_id is not None
@@ -274,7 +278,7 @@ class Caller:
             return NotSent("out_of_budget", "a cost budget was set on the ledger after this "
                            "run started, so its calls were not priced against it; re-run to "
                            "hold it")
-        shared = self.store.shared_budget()
+        shared = self.ledger.budget()
         if shared is None:  # removed a moment ago: the next try holds nothing
             return pause
         if not shared["reserved"] or worst > shared["cost"] - shared["spent"]:

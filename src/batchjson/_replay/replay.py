@@ -49,7 +49,7 @@ class Replayer:
                  hosts: HostShare | None = None,
                  on_wait: Callable[[str], Any] | None = None) -> None:
         self.plan = plan
-        self.store = ledger.store
+        self.ledger, self.store = ledger, ledger.store
         self.provider = provider
         self.spender = spender
         self.transport = transport
@@ -75,7 +75,7 @@ class Replayer:
         """Drive every request with ``concurrency`` workers. ``requests`` may be a stream of a
         million: the queue is filled from it :data:`FEED` at a time as it runs low."""
         self.owner = Owner.start(self.session_id)
-        self.caller = Caller(self.plan, self.store, self.provider, self.spender, self.transport,
+        self.caller = Caller(self.plan, self.ledger, self.provider, self.spender, self.transport,
                              self.outcome, self.writes, self.owner, self.control,
                              self._attempts)
         self.store.reap()  # runners that are gone give up their claims before we start
@@ -118,7 +118,7 @@ class Replayer:
             raise
         except Exception as exc:  # a write that failed on its own: still a lost record
             raise LedgerError("a record of this run could not be written",
-                              path=self.store.where, cause=exc) from exc
+                              path=self.ledger.where, cause=exc) from exc
         return self.outcome
 
     async def _renew(self) -> None:

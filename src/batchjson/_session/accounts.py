@@ -105,17 +105,17 @@ def per_usable_result(cost: float | None, unknown_lower_bound: float, unknown_ca
 def cost_summary(store: Store, name: str | None = None) -> dict[str, Any]:
     """Per batch and in total: calls by outcome, tokens, cost (known, and the lower bound of
     the unknown), usable results and cost per usable result counting every attempt."""
-    per: dict[str, dict[str, Any]] = {n: _empty(n) for n in store.batch_names()
-                                      if name is None or n == name}
+    per: dict[str, dict[str, Any]] = {}
+    tasks, usable = store.task_rows(name)
+    for row in tasks:  # every batch (or the one named), in the order they were made
+        entry = per.setdefault(row["batch"], _empty(row["batch"]))
+        if row["task_ids"] is not None:
+            entry["tasks"] += len(json.loads(row["task_ids"]))
     for batch, entry in calls(store, name).items():
         target = per.setdefault(batch, _empty(batch))
         target.update({k: entry[k] for k in (*_CALL_COUNTS, "unpriced_calls",
                                              "unknown_cost_lower_bound") if k in target})
         target["cost"] = entry["cost"] or 0.0
-    tasks, usable = store.task_rows(name)
-    for row in tasks:
-        if row["batch"] in per:
-            per[row["batch"]]["tasks"] += len(json.loads(row["task_ids"]))
     for row in usable:
         if row["batch"] in per:
             per[row["batch"]]["usable_results"] = row["usable"]

@@ -52,7 +52,7 @@ def collect_ended(rt: Runtime, name: str | None = None) -> list[str]:
 
 def job_plan(rt: Runtime, row: Mapping[str, Any]) -> tuple[Plan | None, str]:
     """What judging job ``row``'s lines needs, or None and why this kernel cannot judge them."""
-    [revision] = rt.ledger.store.revisions(revision_id=row["revision_id"])
+    [revision] = rt.ledger.revisions(revision_id=row["revision_id"])
     facts = json.loads(row["plan"] or "{}")
     schema = _schema(rt, revision.components.get("schema"), facts.get("schema"))
     if schema is None:
@@ -93,7 +93,7 @@ def _collect(rt: Runtime, row: Mapping[str, Any], plan: Plan) -> str:
     provider, client = batches.job_client(row, configured)
     rt.remember_provider(provider)
     spender = Spender(None, rt.budget, rt.tally, batches.pricing(provider, client),
-                      shared=store.shared_budget())
+                      shared=rt.ledger.budget())
     runner = JobRunner(plan, rt.ledger, provider, client, spender,
                        rt.job_reservations, session_id=rt.session_id)
     keys = [line["request_key"] for line in store.job_lines(row["id"])]

@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .._ledger.store import Store
+from .._ledger.ledger import Ledger
 from . import accounts
 from .accounts import per_usable_result
 
@@ -25,8 +25,8 @@ class UnresolvedRequest:
 class Evidence:
     """Counts over open (non-superseded) revisions; accepted calls are never counted again."""
 
-    def __init__(self, store: Store) -> None:
-        self._store = store
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger, self._store = ledger, ledger.store
 
     def requests(self, batch: str | None = None) -> list[UnresolvedRequest]:
         return [UnresolvedRequest(r["batch"], r["revision"], r["key"],
@@ -49,7 +49,11 @@ class Evidence:
 
     @property
     def superseded(self) -> list[dict[str, Any]]:
-        return [dict(r) for r in self._store.superseded()]
+        """Revisions another of their batch superseded, and why, batch by batch."""
+        return [{"batch": r.batch, "revision": r.number, "reason": r.supersede_reason,
+                 "superseded_by": r.superseded_by}
+                for r in sorted(self._ledger.revisions(status="superseded"),
+                                key=lambda r: (r.batch_id, r.number))]
 
     def summary(self, batch: str | None = None) -> dict[str, Any]:
         """Numbers a person asks for: what is owed, what was spent, and cost per usable result."""

@@ -33,19 +33,17 @@ class Ledger(ledger.Ledger):
 
     def evidence(self, name: str | None = None) -> dict[str, Any]:
         """What is owed and what was spent (for one batch or all): ``Evidence.summary``."""
-        return Evidence(self.store).summary(name)
+        return Evidence(self).summary(name)
 
     def import_receipts(self, path: str | Path, *, validators: Any = None,
                         without_validator: bool = False) -> dict[str, Any]:
         """Import historical receipts (JSONL), rechecking every item, by the validators given
         (name -> function) too; see docs/recovery.md."""
-        with self.store.whole_or_nothing("the import"):
-            return import_receipts(self.store, path, validators=validators,
-                                   without_validator=without_validator)
+        return import_receipts(self.store, path, validators=validators,
+                               without_validator=without_validator)
 
     def merge(self, other: str | Path, *, validators: Any = None) -> dict[str, Any]:
         """Bring another ledger's batches, attempts and accepted values in (idempotent), each
         accepted attempt rechecked against its raw return (by ``validators`` too, name ->
         function, when given); see docs/recovery.md."""
-        with self.store.whole_or_nothing("the merge"):
-            return merge_ledger(self.store, other, validators)
+        return merge_ledger(self.store, other, validators)

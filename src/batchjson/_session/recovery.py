@@ -280,7 +280,7 @@ def import_receipts(store: Store, path: str | Path, *, validators: Any = None,
     outcomes: list[Outcome] = []
     source = str(path)
     placed = Placement(lines)
-    with store.transaction() as tx:
+    with store.transaction(whole="the import") as tx:
         seen: dict[str, int] = {}
         for line in lines:
             rec = line.record
@@ -309,10 +309,8 @@ def import_receipts(store: Store, path: str | Path, *, validators: Any = None,
                 batch_id, revision_id = revision_for(store, tx, line, placed)
             outcome = _import_line(store, tx, line, registry, uid, source, run_sync,
                                    (batch_id, revision_id), held["id"] if completes else None)
-            if revision_id is not None:
-                placed.record(revision_id, line.number, outcome.admitted_items)
             outcomes.append(outcome)
-        revisions = settle(store, tx, placed)
+        revisions = settle(store, tx, placed, {o.line: o.admitted_items for o in outcomes})
     return _report(source, outcomes, revisions)
 
 

@@ -17,6 +17,7 @@ from .._content.spool import file_digest, is_task_file
 from .._content.tasks import normalize_identity
 from .._errors import BatchJsonError
 from .._fingerprint.fingerprint import fingerprint_function
+from .._ledger.ledger import Ledger
 from .._ledger.store import Store
 from .plan import RunPlan
 from .runtime import Runtime
@@ -53,7 +54,7 @@ def find_completed(rt: Runtime, spec: RunSpec) -> RunPlan | None:
     provider = rt.provider
     plan = RunPlan(spec, CheckedRun(spec, [], [], schema, normalize_identity(spec.identity)),
                    provider, answer_source(provider), remembered=(count, fields))
-    return finished(store, keyed(plan, validator, digest=tasks_component))
+    return finished(rt.ledger, keyed(plan, validator, digest=tasks_component))
 
 
 def keyed(plan: RunPlan, validator: str, digest: str | None = None) -> RunPlan:
@@ -67,15 +68,15 @@ def keyed(plan: RunPlan, validator: str, digest: str | None = None) -> RunPlan:
         + [f"schema: {u}" for u in content.schema.unseen]))
 
 
-def finished(store: Store, plan: RunPlan) -> RunPlan | None:
+def finished(ledger: Ledger, plan: RunPlan) -> RunPlan | None:
     """The plan with its revision when the current revision of exactly its keys has every
     request accepted: the one "already done?" look before a survey, for a tasks file found by
     its bytes and for tasks read (a resume then builds no request and reads no key)."""
-    done = store.completed_revision(plan.spec.name, plan.keys.revision)
+    done = ledger.store.completed_revision(plan.spec.name, plan.keys.revision)
     if done is None:
         return None
     revision_id, _, leaves = done
-    return replace(plan, finished=store.revisions(revision_id=revision_id)[0], requests=leaves)
+    return replace(plan, finished=ledger.revisions(revision_id=revision_id)[0], requests=leaves)
 
 
 def _validator_digest(rt: Runtime, spec: RunSpec) -> str | None:

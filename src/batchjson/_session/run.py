@@ -70,7 +70,7 @@ def planned(rt: Runtime, spec: RunSpec) -> RunPlan:
     plan = judge_with(rt, RunPlan(spec, content, provider, answer_source(provider)))
     plan = keyed(plan, plan.version.fingerprint.digest if plan.version else "none")
     done = None if plan.blind or content.file_digest is not None else finished(
-        rt.ledger.store, plan)  # a tasks file's run is remembered by its bytes
+        rt.ledger, plan)  # a tasks file's run is remembered by its bytes
     if done is not None:
         return fitted(rt, done)
     judging = judging_of(rt, plan)
@@ -114,7 +114,7 @@ def find_requests(rt: Runtime, plan: RunPlan, judging: Judging) -> RunPlan:
     fingerprint fully sees moves on to a revision naming the answers that no longer pass."""
     store = rt.ledger.store
     while True:
-        found = store.revisions(plan.spec.name, fingerprint=plan.keys.revision)
+        found = rt.ledger.revisions(plan.spec.name, fingerprint=plan.keys.revision)
         plan = replace(plan, existing=found[0] if found else None)
         if not plan.blind:
             return plan
@@ -149,7 +149,7 @@ def plan_calls(rt: Runtime, plan: RunPlan) -> tuple[Plan, Spender]:
                  split=spec.split, source=plan.source, reask_refusals=spec.reask_refusals)
     spender = Spender(spec.max_calls, rt.budget, rt.tally,
                       batches.pricing(plan.provider, plan.client),
-                      shared=rt.ledger.store.shared_budget())
+                      shared=rt.ledger.budget())
     if plan.client is None:  # live calls are paced; a job has the batch API's own pool
         check_rate_fit(rt.pacer, calls, plan.pending, spender.pricing.max_output_tokens)
     if spec.refuse_short_budget and plan.client is None:  # a job submits the part that fits

@@ -73,7 +73,7 @@ class Session:
             unresolved_under=lambda digest: len(store.unresolved(validator=digest)),
             numbering=lambda v: store.number_validator(
                 v.name, v.fingerprint.digest, v.where, v.fingerprint.by_identity))
-        self.evidence = Evidence(store)
+        self.evidence = Evidence(self.ledger)
         self.tally = Tally()  # charged as calls are reserved, by every run and thread
         # Told things a person should hear before anything is spent (e.g. a supersession).
         self.on_note: Callable[[str], None] | None = None
