@@ -89,11 +89,9 @@ def _as_base(x: Any, base: type) -> Any:
 
 class Canon:
     """Maps a value to a marshal-able form that is injective over values (types included) and
-    ignores dict insertion order, set iteration order and object sharing.
-
-    Every tuple in the output is a tag we made; user tuples become ("t", [...]). With
-    ``immutable_only`` a mutable value is encoded by its type alone: keys of an answer source must
-    not move when a call log or a cache it holds grows."""
+    ignores dict insertion order, set iteration order and object sharing. Every tuple in the
+    output is a tag we made (user tuples become ("t", [...])). With ``immutable_only`` a mutable
+    value is encoded by its type alone: an answer source's key must not move as its log grows."""
 
     def __init__(self, hook: Callable[[Any], Any] | None = None, *,
                  immutable_only: bool = False) -> None:
