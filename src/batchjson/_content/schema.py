@@ -92,9 +92,8 @@ class ItemSchema:
                 for e in sorted(errors, key=lambda e: list(map(str, e.absolute_path)))]
 
     def _exact_validators(self) -> tuple[Any, Any]:
-        """(a validator reading numbers as Decimals, the schema's numbers too; for a pydantic
-        model, one of its JSON Schema over floats), made once, when a return first needs
-        them."""
+        """(a validator reading numbers, the schema's too, as Decimals; for a pydantic model, one
+        of its JSON Schema over floats), made when a return first needs them."""
         made = self.__dict__.get("_exact")
         if made is None:
             text = json.dumps(self.json_schema, sort_keys=True)

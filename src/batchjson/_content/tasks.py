@@ -264,10 +264,9 @@ def normalize_identity(identity: Sequence[str] | str | None) -> Identity:
 
 @dataclass(frozen=True)
 class Request:
-    """One unit of evidence: a fixed group of tasks sent together, keyed by its content.
-
-    ``tasks_json`` is the canonical JSON array of the tasks, computed once: the request key,
-    the ledger row and the prompt's task block are all built from this one text.
+    """One unit of evidence: a fixed group of tasks sent together, keyed by its content. The
+    request key, the ledger row and the prompt's task block are all built from one text,
+    ``tasks_json``, the tasks' canonical JSON array, computed once.
     """
 
     key: str
