@@ -65,9 +65,8 @@ def digest(tag: str, canon: Any) -> str:
 
 def show_as(module: str, *classes: type) -> None:
     """The public classes print as ``module.Name`` (``batchjson.Session``), where users import
-    them. Keys and fingerprints name them so too, so no move inside batchjson changes a stored
-    key. Their annotations are resolved where they are written first, so
-    ``typing.get_type_hints`` still reads them."""
+    them, and keys and fingerprints name them so: no move inside batchjson changes a stored key.
+    Annotations are first resolved in their own module, so ``typing.get_type_hints`` reads them."""
     for cls in classes:
         own = cls.__dict__.get("__annotations__", {})
         hints = typing.get_type_hints(cls, include_extras=True)
