@@ -65,9 +65,8 @@ def digest(tag: str, canon: Any) -> str:
 
 def show_as(module: str, *classes: type) -> None:
     """The public classes print as ``module.Name`` (``batchjson.Session``), where users import
-    them. Keys and fingerprints name them so too, so no move inside batchjson changes a stored
-    key. Their annotations are resolved where they are written first, so
-    ``typing.get_type_hints`` still reads them."""
+    them, and keys and fingerprints name them so: no move inside batchjson changes a stored key.
+    Annotations are first resolved in their own module, so ``typing.get_type_hints`` reads them."""
     for cls in classes:
         own = cls.__dict__.get("__annotations__", {})
         hints = typing.get_type_hints(cls, include_extras=True)
@@ -89,11 +88,9 @@ def _as_base(x: Any, base: type) -> Any:
 
 class Canon:
     """Maps a value to a marshal-able form that is injective over values (types included) and
-    ignores dict insertion order, set iteration order and object sharing.
-
-    Every tuple in the output is a tag we made; user tuples become ("t", [...]). With
-    ``immutable_only`` a mutable value is encoded by its type alone: keys of an answer source must
-    not move when a call log or a cache it holds grows."""
+    ignores dict insertion order, set iteration order and object sharing. Every tuple in the
+    output is a tag we made (user tuples become ("t", [...])). With ``immutable_only`` a mutable
+    value is encoded by its type alone: an answer source's key must not move as its log grows."""
 
     def __init__(self, hook: Callable[[Any], Any] | None = None, *,
                  immutable_only: bool = False) -> None:

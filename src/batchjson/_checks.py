@@ -1,10 +1,7 @@
-"""The small value checks every face and setting shares: one wording, one place.
-
-Each raises the caller's error type (InvalidBatch for a run's input, ConfigError for a setting),
-naming the value, what it must be and what it was, before anything is spent. Option objects
-(a run's description, a session's settings, a budget) declare theirs as types pydantic checks
-(:func:`options`); a value checked once per call is checked by hand (:func:`is_whole`), never by
-a model.
+"""The small value checks every face and setting shares: one wording, one place. Each raises the
+caller's error type (InvalidBatch for a run's input, ConfigError for a setting), naming the value,
+what it must be and what it was. Option objects declare theirs as types pydantic checks
+(:func:`options`); a value checked once per call is checked by hand (:func:`is_whole`).
 """
 
 from __future__ import annotations

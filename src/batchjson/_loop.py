@@ -1,10 +1,7 @@
-"""The one bridge from sync code to async: a background event loop (one per Session, and one
-shared by the code that runs a coroutine with no session at hand, :func:`run_sync`).
-
-Jupyter runs cells inside a live loop, where a nested ``asyncio.run`` fails, and a loop per run
-would throw away the providers' connection pools. The Session's daemon thread runs one loop for
-its whole life; ``close()`` (or ``weakref.finalize`` at exit) shuts it down after closing what
-the providers pooled."""
+"""The one bridge from sync code to async: a background event loop, one per Session and one shared
+(:func:`run_sync`) by code with no session at hand. Jupyter runs cells inside a live loop, where a
+nested ``asyncio.run`` fails, and a loop per run would throw away the providers' connection pools
+(docs/design.md, "One event loop per Session")."""
 
 from __future__ import annotations
 
@@ -64,9 +61,8 @@ class BackgroundLoop:
             return loop
 
     def run(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
-        """Run ``make()`` on the background loop and wait for it from this (sync) thread.
-
-        A KeyboardInterrupt while waiting cancels the task and waits for it to unwind, so
+        """Run ``make()`` on the background loop and wait for it from this (sync) thread; a
+        KeyboardInterrupt while waiting cancels the task and waits for it to unwind, so
         in-flight receipts are closed before the interrupt propagates.
         """
         if self._thread is not None and threading.current_thread() is self._thread:

@@ -1,12 +1,10 @@
 """The one masking rule: what batchjson may show of a secret, anywhere it shows anything.
 
-Two kinds of rule, kept apart on purpose. **Known secret values** (a configured API key, a
-URL's userinfo or credential query parameter, a ledger URL's password) are replaced wherever
-batchjson writes or says them (:class:`Secrets`); the model's answer text is never touched.
-**Shape rules** recognise a pasted key by its look, only as a *whole* value and only in a field
-that names a provider or a model, never in task data or digests that may look the same; in a
-provider's error text alone, key fragments are masked wherever they stand
-(:func:`keys_masked`, :func:`provider_text_masked`). docs/providers.md lists the shapes."""
+**Known secret values** (a configured API key, a URL's userinfo or credential parameter, a ledger
+URL's password) are replaced wherever batchjson writes or says them (:class:`Secrets`), never in
+the model's answer text. **Shape rules** (docs/providers.md lists the shapes) recognise a pasted
+key only as a *whole* value in a field naming a provider or a model, since task data and digests
+may look the same; only in a provider's error text are key fragments masked wherever they stand."""
 
 from __future__ import annotations
 
@@ -23,9 +21,9 @@ MIN_MASKED = 4  # shorter secret values are masked only inside the URL that carr
 
 # The whole value of a key people paste: a vendor's prefix (OpenAI sk-/sk-proj-, Anthropic
 # sk-ant-, Groq, Hugging Face, Google, xAI, GitHub, Replicate, session tokens, Perplexity,
-# NVIDIA, GitLab), perhaps as a
-# bearer header, then at least 16 key characters; 32 or more hex digits (Azure and many
-# gateways); a UUID. Nothing else: a typo, a spaced name or a build id is a name.
+# NVIDIA, GitLab), perhaps as a bearer header, then at least 16 key characters; 32 or more hex
+# digits (Azure and many gateways); a UUID. Nothing else: a typo, a spaced name or a build id is
+# a name.
 _PREFIX = r"(?:sk-|sk_|gsk_|hf_|AIza|xai-|ghp_|gho_|r8_|sess-|pk-|pplx-|nvapi-|glpat-)"
 _VENDOR_KEY = _PREFIX + r"[\w-]{16,}"
 _KEY_SHAPE = re.compile(

@@ -1,10 +1,7 @@
 """The core's surface for faces: what a notebook extension, an RLM binding or a command line
-needs of batchjson beyond the names in ``batchjson`` itself.
-
-The faces shipped here (``%load_ext batchjson``, :mod:`batchjson.rlm`, the ``batchjson``
-command) use only this module and ``batchjson``: an import-linter contract in pyproject.toml
-forbids them every private module of the core, so what a face relies on is named here, in
-one place (docs/api.md, "For faces").
+needs of batchjson beyond the names in ``batchjson`` itself. The faces shipped here use only this
+module and ``batchjson`` (an import-linter contract forbids them the core's private modules), so
+what a face relies on is named here, in one place (docs/api.md, "For faces").
 """
 
 from ._checks import whole_argument

@@ -1,11 +1,9 @@
-"""The commit boundary: a return is accepted whole, or not at all.
+"""The commit boundary: a return is accepted whole, or not at all (docs/design.md, "The commit
+boundary"). Checks run in a fixed order (JSON, coverage, identity, schema, caller validator) and
+stop at the first failing stage, naming every problem found there; nothing here "fixes" a return.
 
-Checks run in a fixed order (JSON, coverage, identity, schema, caller validator) and stop at the
-first failing stage, naming every problem found in that stage. Nothing here "fixes" a return.
-
-Judging is total: whatever a provider hands back (odd text types, JSON nested thousands deep,
-numbers that overflow) and whatever the schema or the caller's validator raise, the outcome is a
-:class:`Verdict`, never an exception, so the raw text is kept and the run goes on.
+Judging is total: whatever comes back and whatever the schema or the caller's validator raise,
+the outcome is a :class:`Verdict`, never an exception, so the raw text is kept and the run goes on.
 """
 
 from __future__ import annotations
@@ -56,11 +54,9 @@ class Verdict:
 
 
 def unwrap(reply: Reply) -> str:
-    """The answer's text inside the envelope its provider reported (``Reply.envelope``, see
-    docs/providers.md): a ``{"value": ...}`` wrapper a strict JSON mode asked for is opened
-    here, so the ledger keeps what the model sent. Anything else (no envelope, a wrapper with
-    more than ``value``, text that is not JSON) comes back as it came, for the checks to
-    judge."""
+    """The answer's text inside the envelope its provider reported (``Reply.envelope``): a
+    ``{"value": ...}`` wrapper a strict JSON mode asked for is opened, so the ledger keeps what the
+    model sent; anything else comes back as it came, for the checks to judge."""
     text = reply.text
     if reply.envelope not in ("value", "tool_input/value"):
         return text
@@ -124,12 +120,10 @@ async def judge(
     schema: ItemSchema,
     validator: Callable[[Any, Mapping[str, Any]], Any] | None,
 ) -> Verdict:
-    """The one entry point of the replay loop: judge a provider's reply (as
-    :func:`~batchjson._providers.reply.received` made it) against the ledger's own copy of the
-    requested ``tasks``, in ``mode`` ``"items"`` or ``"value"``. A reply whose ``stop`` says it
-    was cut off, refused or sent in the wrong shape is rejected under that name. ``identity`` with
-    ``echo=True`` (:class:`~batchjson._content.tasks.Identity`) also compares every other task field
-    an item returns."""
+    """Judge a provider's reply (as :func:`~batchjson._providers.reply.received` made it) against
+    the ledger's own copy of the requested ``tasks``, in ``mode`` ``"items"`` or ``"value"``; a
+    reply whose ``stop`` says it was cut off, refused or sent in the wrong shape is rejected under
+    that name."""
     try:
         if reply.stop is not None:  # the provider says this is no whole answer, whatever it reads
             return Verdict(False, errors=[stop_error(reply, tasks[0]["task_id"] if mode ==
@@ -196,7 +190,6 @@ def _prepare_items(text: str, tasks: Sequence[Mapping[str, Any]], identity: Sequ
 
     declared = schema.declared_fields
     prepared: Prepared = []
-    # numbers a float does not hold as written, read exactly
     lossy = exact_if_lossy(text) if long_numbers else None
     for position, item in enumerate(items):
         task = expected[item["task_id"]]
@@ -342,11 +335,9 @@ def _prepare_value(text: str, task: Mapping[str, Any], identity: Sequence[str],
 
 def _value_echoes(text: str, payload: Any, task: Mapping[str, Any],
                   identity: Sequence[str]) -> list[dict[str, Any]]:
-    """Under an identity that compares echoes (the default; every receipt another system
-    wrote), a value that is an object is held to its task like an item: each task field it
-    carries (prompt and context aside) must equal the task's. So is every object inside it that
-    names a ``task_id`` (``{"items": [...]}`` sent as a value, a list of one answer): it claims
-    to answer a task, and only this one was asked. A bare value echoes nothing."""
+    """Under an identity that compares echoes, a value that is an object is held to its task like
+    an item, and so is every object inside it naming a ``task_id``: it claims to answer a task,
+    and only this one was asked. A bare value echoes nothing."""
     if not getattr(identity, "echo", False) or not isinstance(payload, (dict, list)):
         return []
     paths = _echo_paths(payload)

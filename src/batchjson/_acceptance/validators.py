@@ -1,10 +1,7 @@
-"""The caller's validator, run so that it can only say yes, no, or that it is broken.
-
-``ValueError``, a failed ``assert`` (``AssertionError``, as pydantic treats it) or ``False``
-rejects an item (repairable); ``None``, ``True`` or the item itself
-accepts; anything else, a return or an exception (``BaseException`` subclasses included, unless
-the run itself is being interrupted), is a ``validator_error``: a bug, reported, never retried.
-Bound to a droste client, droste's own verdicts apply instead (:func:`droste_verdicts`).
+"""The caller's validator, run so that it can only say yes, no, or that it is broken
+(docs/design.md, "The commit boundary", step 5): a rejection may be repaired; a broken validator
+is a ``validator_error``, reported and never retried. Bound to a droste client, droste's own
+verdicts apply instead (:func:`droste_verdicts`).
 """
 
 from __future__ import annotations
@@ -26,12 +23,10 @@ from .._secrets import keys_masked
 async def run_validator_async(validator: Callable[[Any, Mapping[str, Any]], Any], value: Any,
                               task: Mapping[str, Any], task_id: str) -> list[dict[str, Any]]:
     """ValueError, AssertionError or ``False`` rejects (repairable); any other exception is a
-    validator crash, never retried. An ``async def`` validator is awaited. The validator gets
-    its own copy of the task, so nothing it does reaches the ledger's request.
-
-    Only ``None``, ``True`` (or a bool-like such as ``numpy.bool_``) and the item itself
-    accept: a validator returning an error string, ``0`` or another object did not say yes,
-    and committing on its word could commit a bad item, so that is a ``validator_error``."""
+    validator crash, never retried. Only ``None``, ``True`` (or a bool-like such as
+    ``numpy.bool_``) and the item itself accept: committing on any other return's word could
+    commit a bad item. The validator gets its own copy of the task, so nothing it does reaches
+    the ledger's request."""
     try:
         out = validator(value, json.loads(canonical_json(dict(task))))  # its own copy
         if inspect.isawaitable(out):
@@ -155,10 +150,9 @@ _BOOL_LIKE = frozenset({"numpy", "jax", "torch", "cupy"})
 
 
 def judged_code_raised(exc: BaseException) -> bool:
-    """Whether an exception out of code run while judging (a validator, a schema's own
-    validators) is that code's own doing, to be reported as a ``validator_error``, rather than
-    the run being stopped: a real cancellation of this task, or Ctrl-C on the main thread
-    (judging normally runs on the session's loop thread, where no signal is delivered)."""
+    """Whether an exception out of judged code (a validator, a schema's own) is that code's own
+    doing, a ``validator_error``, rather than the run being stopped: a real cancellation of this
+    task, or Ctrl-C on the main thread (judging runs on the loop thread, where no signal lands)."""
     if isinstance(exc, asyncio.CancelledError):
         try:
             current = asyncio.current_task()
@@ -174,9 +168,8 @@ MESSAGE_CHARS = 2000
 
 
 def error(kind: str, message: str, task_id: str | None = None, **extra: Any) -> dict[str, Any]:
-    """One error of a verdict, as receipts keep it: its message capped at ``MESSAGE_CHARS``
-    (a validator listing 300,000 allowed labels would otherwise be stored, shown and sent
-    whole in a paid repair prompt), saying how much was cut."""
+    """One error of a verdict, as receipts keep it: its message capped at ``MESSAGE_CHARS``,
+    saying how much was cut, since it is stored, shown and sent in a paid repair prompt."""
     if len(message) > MESSAGE_CHARS:
         message = (f"{message[:MESSAGE_CHARS]}... ({len(message) - MESSAGE_CHARS:,} more "
                    "characters cut)")

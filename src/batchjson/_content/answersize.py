@@ -1,19 +1,12 @@
-"""How big an answer to a schema can be, read from the schema alone (no value is drawn).
+"""How big an answer to a schema can be, read from the schema alone (no value is drawn): the one
+owner of a schema's answer size. :func:`smallest_answers` is the least a pack's answers can be
+(the input check refuses a pack only when even that cannot fit ``max_tokens``);
+:func:`largest_answer` is the most characters any valid answer takes, or None when unbounded.
 
-The one owner of what batchjson needs of a schema's answer size: :func:`smallest_answers`, the
-least a pack's answers can be (the input check refuses a pack only when even that cannot fit
-``max_tokens``), and :func:`largest_answer`, the most characters any valid answer takes as
-compact JSON, or None when the schema sets no limit (for sizing ``max_tokens``).
-
-Both are bounds, so each reading leaves out what it cannot weigh exactly. The smallest answer is
-what ``required``, ``minItems``, ``minLength``, ``enum``/``const`` and numeric bounds ask at
-their least (a date, time or UUID ``format`` at its one length); keywords that only ask for
-more (``pattern``, other formats, ``dependentRequired``, ``minProperties``, ``contains``,
-``not``, ``if``) are left out, and of the members ``allOf`` or a ``$ref`` with siblings joins,
-the one asking most counts. The largest answer counts every declared property and item at its
-longest; ``not`` and ``if`` are left out, and a string with no ``maxLength``, an array with no
-``maxItems``, an object open to other properties or a number with no bounds is unbounded. A
-schema part no value meets (``false``, a ``$ref`` to nothing) weighs nothing.
+Both are bounds, so each leaves out what it cannot weigh exactly: the smallest reads only the
+keywords that ask for a least (``required``, ``minItems``, ``minLength``, ``enum``, bounds), never
+those that only ask for more (``pattern``, ``not``, ``if``); the largest is unbounded wherever a
+string, an array, an object or a number is left uncapped.
 """
 
 from __future__ import annotations

@@ -46,11 +46,9 @@ DIGEST_SLICE = 1000  # tasks encoded at once while hashing: the whole is never o
 
 
 def tasks_digest(task_list: Sequence[Mapping[str, Any]]) -> str:
-    """The ``tasks`` component of a revision: every task, in order, as the SHA-256 of their
-    JSON array (sorted keys, ASCII), fed a slice at a time so a million tasks are never one
-    text of their own (the bytes hashed, and so the digest, are those of the whole array).
-    Held tasks' request texts are canonical JSON with sorted keys: one that is ASCII is those
-    very bytes, hashed without decoding it."""
+    """The ``tasks`` component of a revision: the SHA-256 of every task in order as one JSON array
+    (sorted keys, ASCII), fed a slice at a time so a million tasks are never one text. A held
+    request text that is ASCII is already those bytes, hashed without decoding it."""
     if isinstance(task_list, PackedTasks):  # an ASCII request text is those bytes already
         arrays: Iterable[str] = (  # DEL: escaped in ASCII JSON only
             text if text.isascii() and "\x7f" not in text else _ascii_json(json.loads(text))
@@ -69,10 +67,9 @@ _ascii_json = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
 
 
 def key_maker(content: Mapping[str, str]) -> Callable[[str], str]:
-    """The key of ``{"tasks": <tasks>, **content}`` as a function of the tasks' canonical JSON.
-
-    Canonical JSON of a dict is its sorted ``"key":value`` pairs joined by commas, so the
-    content around the tasks is encoded once and each request's ready tasks text spliced in.
+    """The key of ``{"tasks": <tasks>, **content}`` as a function of the tasks' canonical JSON:
+    canonical JSON of a dict is its sorted ``"key":value`` pairs joined by commas, so the content
+    around the tasks is encoded once and each request's tasks text spliced in.
     """
     members = sorted({"tasks": None, **content}.items())
     where = [k for k, _ in members].index("tasks")

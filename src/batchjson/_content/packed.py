@@ -1,10 +1,7 @@
-"""Checked tasks held as their requests' canonical JSON texts, decoded when read.
-
-A run must keep every request's text (keys, the ledger and prompts are built from it); holding
-each task as a Python dict beside it would take several times as much again (about 0.4 KB a
-small task). So a run's tasks and each request's tasks are sequences over those texts: reading
-one decodes its request's text (a pack of tasks, one ``json.loads``), and nothing decoded is
-kept. Equal to the tuples of dicts they stand for.
+"""Checked tasks held once, as their requests' canonical JSON texts (keys, the ledger and prompts
+are built from those); a dict beside each would take several times as much again. A run's tasks
+and each request's tasks are sequences over the texts, equal to the tuples of dicts they stand
+for, decoded a request at a time when read and never kept.
 """
 
 from __future__ import annotations

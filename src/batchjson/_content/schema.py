@@ -77,11 +77,9 @@ class ItemSchema:
 
     def exact_errors(self, exact: Any, plain: Any, path: str) -> list[str]:
         """The verdicts that change when a return's numbers are judged as written (``exact``,
-        read with Decimals) instead of as the floats they round to (``plain``, which already
-        passed): ``5.0000000000000000001`` is no integer, ``0.30000000000000001`` is above a
-        maximum of 0.3, ``1.00000000000000000001`` is not in ``enum [1]``. A pydantic model
-        judged the floats; its JSON Schema is judged exactly here, and only what reading
-        exactly changes counts (pydantic's own coercions stay its own)."""
+        read with Decimals) instead of as the floats they round to (``plain``, which passed;
+        docs/design.md, "The commit boundary", step 4). For a pydantic model only what reading
+        exactly changes counts: its own coercions stay its own."""
         exact_validator, plain_validator = self._exact_validators()
         errors = list(exact_validator.iter_errors(exact))
         if errors and self.model is not None:
@@ -94,9 +92,8 @@ class ItemSchema:
                 for e in sorted(errors, key=lambda e: list(map(str, e.absolute_path)))]
 
     def _exact_validators(self) -> tuple[Any, Any]:
-        """(a validator reading numbers as Decimals, the schema's numbers too; for a pydantic
-        model, one of its JSON Schema over floats), made once, when a return first needs
-        them."""
+        """(a validator reading numbers, the schema's too, as Decimals; for a pydantic model, one
+        of its JSON Schema over floats), made when a return first needs them."""
         made = self.__dict__.get("_exact")
         if made is None:
             text = json.dumps(self.json_schema, sort_keys=True)
@@ -126,10 +123,9 @@ class ItemSchema:
 
 
 def compile_schema(schema: Any, *, strict_integers: bool = False) -> ItemSchema:
-    """Refuse an invalid schema before any call is made.
-
-    ``strict_integers``: ``"integer"`` admits integer literals only, as droste's checker does
-    (JSON Schema also admits ``1.0``); a JSON Schema dict compiled so is another schema.
+    """Refuse an invalid schema before any call is made. ``strict_integers``: ``"integer"``
+    admits integer literals only, as droste's checker does (JSON Schema also admits ``1.0``); a
+    JSON Schema dict compiled so is another schema.
     """
     if isinstance(schema, ItemSchema):
         return schema

@@ -98,13 +98,11 @@ def no_room(what: str, exc: OSError) -> str:
 
 class TextSpool(Sequence[str]):
     """JSON texts in order, appended one at a time: each request's tasks (the one copy of a run's
-    tasks), or each call's task ids.
-
-    Past :data:`SPILL_CHARS` they go to an unnamed temporary file read back by offset with
-    ``os.pread`` (safe from the loop thread while another reader iterates), so a million tasks take
-    no memory of their own; the file goes with its last holder. A full disk is a
-    :class:`ConfigError` naming ``TMPDIR``, raised before anything is spent; a spool made
-    ``keep_when_full`` (the log of calls already paid for) holds its texts in memory instead."""
+    tasks), or each call's task ids. Past :data:`SPILL_CHARS` they go to an unnamed temporary file,
+    gone with its last holder, read back by offset with ``os.pread`` (safe from the loop thread
+    while another reader iterates). A full disk is a :class:`ConfigError` naming ``TMPDIR`` before
+    anything is spent; a spool made ``keep_when_full`` (the log of calls already paid for) holds
+    its texts in memory instead."""
 
     def __init__(self, *, keep_when_full: bool = False) -> None:
         self._held: list[str] | None = []

@@ -1,11 +1,7 @@
-"""Reading a model's JSON strictly, and comparing JSON values exactly.
-
-Strict: finite numbers only (overflow included), no non-zero number read as zero (underflow),
-no key named twice in an object (which
-``case_id`` would the model have meant?), bounded nesting, one ```json fence tolerated.
-Exact: no ``True == 1``, no ``1 == 1.0``, no ``-0.0 == 0.0``, and a float read from a return may
-be held to its exact decimal text. Used by acceptance, which decides what these findings mean,
-and by import, whose receipt files name a number no float holds before anything is read.
+"""Reading a model's JSON strictly, and comparing JSON values exactly (docs/design.md, "The commit
+boundary", step 1). Strict: finite numbers only, none a float overflows or reads as zero, no key
+named twice, bounded nesting, one ```json fence tolerated. Exact: no ``True == 1``, ``1 == 1.0`` or
+``-0.0 == 0.0``, and a float may be held to its decimal text as written.
 """
 
 from __future__ import annotations

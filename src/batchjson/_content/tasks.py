@@ -21,10 +21,9 @@ from .strictjson import nesting
 
 TASKS_BEGIN = "<<<BATCHJSON_TASKS"
 TASKS_END = "BATCHJSON_TASKS>>>"
-# How deep a task's JSON may nest (the task itself is one level). Its request is copied, keyed,
-# stored and read back by recursive code (json) on stacks of other threads: the session's loop,
-# a provider's executor. Encoding it once on the caller's stack proves nothing about those, so
-# the bound leaves room under Python's default recursion limit of 1000 for any of them.
+# How deep a task's JSON may nest (the task itself is one level): its request is copied, keyed
+# and stored by recursive code (json) on other threads' stacks, so encoding it once here proves
+# nothing; the bound leaves room under Python's default recursion limit of 1000 for any of them.
 MAX_TASK_DEPTH = 768
 
 
@@ -41,12 +40,10 @@ CHUNK = 10_000  # tasks decoded back at once: one json.loads each, and a bounded
 def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
                     identity: Sequence[str], hasher: Any = None,
                     pack: int | None = None) -> tuple[Sequence[dict], Sequence[str]]:
-    """Check every task before anything is spent, naming the first bad one and the fix.
-
-    ``tasks`` is a list, any iterable (read once) or a JSON Lines file's path. Returns the tasks
-    in the ledger's form and their canonical JSON texts (one per ``pack`` tasks), which keys, the
-    ledger and prompts are built from; a task is held once, as text (:class:`TextSpool`), never as
-    the caller's object. ``hasher`` is fed a file's bytes as they are read."""
+    """Check every task before anything is spent, naming the first bad one and the fix. ``tasks``
+    is a list, any iterable (read once) or a JSON Lines file's path. Returns the tasks in the
+    ledger's form and their canonical JSON texts (one per ``pack`` tasks), each task held once, as
+    text, never as the caller's object; ``hasher`` is fed a file's bytes as they are read."""
     identity = normalize_identity(identity)
     from_file = is_task_file(tasks)  # a file's tasks are JSON already: nothing to decode back
     ids = TaskIds()
@@ -87,14 +84,10 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
 
 
 class TaskIds:
-    """The ids a pass has seen, in order, as 8-byte hashes: the duplicate id check of a million
-    tasks without a set of a million strings.
-
-    Each hash goes into one of 256 arrays by its low byte; once the pass ends (or a task is
-    refused), each array is sorted on its own (a small list at a time) and any hash that repeats
-    is looked up again, in task order, among the tasks themselves (the spool holds them): only
-    an id that truly repeats is refused, named with its first and second positions, exactly as
-    a set would have found it."""
+    """The ids a pass has seen, as 8-byte hashes in 256 arrays by their low byte: the duplicate id
+    check of a million tasks without a set of a million strings. A hash that repeats is looked up
+    again among the tasks themselves, in order, so only an id that truly repeats is refused,
+    named with its first and second positions as a set would have found it."""
 
     def __init__(self) -> None:
         self._buckets = [array("q") for _ in range(256)]
@@ -211,12 +204,9 @@ ECHOED = "+echoed"  # an Identity's key part when echoed task fields are compare
 
 
 class Identity(tuple):
-    """The identity fields every item must echo unchanged (``task_id`` first).
-
-    ``echo`` is True for the default identity (``identity=None``): every other task field an item
-    returns (prompt and context aside) must equal the task's value too. An explicit ``identity=``
-    lists exactly what is compared. A tuple, so prompts and wire schemas see only the required
-    fields."""
+    """The identity fields every item must echo unchanged (``task_id`` first); with ``echo`` (the
+    default identity) an item is also held to every other task field it returns (docs/design.md,
+    "Which fields are compared"). A tuple, so prompts and wire schemas see only these fields."""
 
     echo: bool
 
@@ -232,9 +222,8 @@ class Identity(tuple):
 
 
 def parse_identity(text: str, option: str | None = None) -> tuple[str, ...]:
-    """``"task_id,case_id"`` -> its field names. An empty name (``"task_id,,case_id"``, ``","``)
-    and a name with whitespace inside (``"task_id case_id"``: spaces where commas were meant)
-    are refused, in the API and the magic alike, since each is a typo, not a field; the
+    """``"task_id,case_id"`` -> its field names. An empty name and a name with whitespace inside
+    (spaces where commas were meant) are typos, refused alike in the API and the magic; the
     message shows the spelling to use, as ``option`` (``--identity``) when given."""
     parts = tuple(part.strip() for part in text.split(","))
     said = f"{option or 'identity'} {text!r}"
@@ -275,10 +264,9 @@ def normalize_identity(identity: Sequence[str] | str | None) -> Identity:
 
 @dataclass(frozen=True)
 class Request:
-    """One unit of evidence: a fixed group of tasks sent together, keyed by its content.
-
-    ``tasks_json`` is the canonical JSON array of the tasks, computed once: the request key,
-    the ledger row and the prompt's task block are all built from this one text.
+    """One unit of evidence: a fixed group of tasks sent together, keyed by its content. The
+    request key, the ledger row and the prompt's task block are all built from one text,
+    ``tasks_json``, the tasks' canonical JSON array, computed once.
     """
 
     key: str
@@ -311,9 +299,8 @@ def stored_request(row: Any) -> Request:
 
 def render_items_prompt(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str],
                         instructions: str | None, tasks_json: str | None = None) -> str:
-    """The user message for a packed request; tasks travel as one JSON block.
-
-    ``tasks_json``, when given, is the tasks' canonical JSON (a Request carries it).
+    """The user message for a packed request; tasks travel as one JSON block (``tasks_json``, the
+    canonical JSON a Request carries, when given).
     """
     lines = []
     if instructions:

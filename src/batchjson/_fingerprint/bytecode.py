@@ -1,9 +1,7 @@
-"""What a function's bytecode reads, writes, changes in place and opens: one scan.
-
-One pass over the instructions (nested code included, cached per code object) says what the
-code does: reads ``cfg.THRESHOLD``, keeps state in ``self.calls`` or a global, opens
-``rules.json``, reads out of sight (``globals()["X"]``, ``eval``). The fingerprint's policy
-decides what of it counts; a read hidden behind other names is not seen."""
+"""What a function's bytecode reads, writes, changes in place and opens, in one pass over its
+instructions (nested code included, cached per code object): ``cfg.THRESHOLD`` read, state kept in
+``self.calls`` or a global, ``rules.json`` opened, reads out of sight (``globals()["X"]``,
+``eval``). The fingerprint's policy decides what counts; a read behind other names is not seen."""
 
 from __future__ import annotations
 
@@ -297,10 +295,9 @@ def _chain_before(ops: Ops, end: int) -> tuple[str, ...] | None:
 
 
 def code_canon(code: types.CodeType) -> Any:
-    """What the code does, without where it was written (file, line, names, line tables).
-
-    ``from __future__`` bits (0x20000 and up) are masked: compile() and IPython inherit them from
-    earlier code, and their effect on behaviour is already in the bytecode.
+    """What the code does, without where it was written (file, line, names, line tables);
+    ``from __future__`` bits (0x20000 and up) are masked, since compile() and IPython inherit them
+    from earlier code and their effect on behaviour is already in the bytecode.
     """
     return ("code", code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount,
             code.co_flags & 0xFFFF, code.co_code, [_const_canon(c) for c in code.co_consts],
@@ -353,11 +350,10 @@ def resolve_chain(chain: tuple, scope: tuple[dict[str, Any], ...]
 
 
 def imported(name: str, found: dict[str, Any]) -> Any:
-    """The module an import inside the code binds, imported now when it is not yet, as the
-    code itself does when it runs: a validator with ``import difflib`` in its body then has
-    one fingerprint before and after its first run (else each re-run of its cell would be a
-    changed validator: the seed's ratchet). A relative name resolves against the code's
-    package; a module that cannot be imported is MISSING, as the code's own import fails."""
+    """The module an import inside the code binds, imported now if it is not yet, as the code
+    does when it runs, so a validator with ``import difflib`` in its body has one fingerprint
+    before and after its first run (else each re-run of its cell is a changed validator). A
+    relative name resolves against the code's package; one that cannot be imported is MISSING."""
     try:
         if name.startswith("."):
             name = importlib.util.resolve_name(name, found.get("__package__") or "")

@@ -1,11 +1,8 @@
-"""Files a validator reads: their content is part of what it judges by.
-
-A read of a constant path in the user's code (``open("rules.json")``, ``Path(RULES).read_text()``,
-the stdlib's other readers in ``STDLIB_READS``) puts the file's content hash into the fingerprint,
-read again every run. Any other read (a path computed at run time, a read inside an installed
-library, a program run, a cache that hides an edit) is named ``unseen``: the fingerprint is
-partial and stored answers are re-judged before reuse. The read sites come from the one bytecode
-scan (:mod:`batchjson._fingerprint.bytecode`); docs/design.md lists what counts."""
+"""Files a validator reads: their content is part of what it judges by (docs/design.md, "Why
+content keys", lists what counts). A read of a constant path in the user's code puts the file's
+content hash into the fingerprint, read again every run; any other read (a computed path, a read
+inside an installed library, a program run, a cache that hides an edit) is named ``unseen``, so
+the fingerprint is partial and stored answers are re-judged before reuse."""
 
 from __future__ import annotations
 

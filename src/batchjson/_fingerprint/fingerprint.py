@@ -1,8 +1,6 @@
-"""Content fingerprints for validators, answer sources and data.
-
-A cell re-executed after an error defines a new function object, so evidence keyed by object
-identity would be orphaned: batchjson keys validators and answer sources by *content*, the same
-in any process; what cannot be seen is said (``by_identity``, ``unseen``)."""
+"""Content fingerprints for validators, answer sources and data: by *content*, the same in any
+process, never by object identity (docs/design.md, "Why content keys"); what cannot be seen is
+said (``by_identity``, ``unseen``)."""
 
 from __future__ import annotations
 
@@ -31,11 +29,10 @@ _digest = canon.digest
 class Fingerprint:
     """Content identity of a callable: equal digests mean interchangeable code.
 
-    ``by_identity`` lists values compared by object identity (pinned: kept alive so their ids
-    cannot be reused while this fingerprint exists), which makes the digest valid in this process
-    only (not ``stable``); ``unseen`` lists what the code reads that no fingerprint can see
-    (``globals()``, ``eval``), which makes it ``partial``: equal digests may then hide different
-    behaviour.
+    ``by_identity`` lists values compared by object identity (kept alive, so their ids are not
+    reused), which makes the digest valid in this process only (not ``stable``); ``unseen`` lists
+    what the code reads out of any fingerprint's sight (``globals()``, ``eval``), which makes it
+    ``partial``: equal digests may then hide different behaviour.
     """
 
     digest: str
@@ -101,14 +98,9 @@ def _fingerprint(obj: Any, policy: Policy) -> Fingerprint:
 
 
 def fingerprint_function(fn: Callable[..., Any]) -> Fingerprint:
-    """Content fingerprint of a validator: everything that decides what it accepts.
-
-    Code, defaults, closure, referenced globals and module attributes, the content of files read
-    at a constant path (read again at every call), classes with every attribute, pydantic models
-    by core schema, instances and library objects by content. The
-    same function defined in another cell, file or line, or in another process, gets the same
-    digest; values that cannot be content-hashed are compared by identity (``by_identity``),
-    dynamic lookups are listed in ``unseen``.
+    """Content fingerprint of a validator: everything that decides what it accepts
+    (docs/design.md, "Why content keys", lists it). The same function defined in another cell,
+    file, line or process gets the same digest.
     """
     if not callable(fn):
         raise TypeError(f"expected a callable, got {type(fn).__qualname__}")
@@ -116,12 +108,10 @@ def fingerprint_function(fn: Callable[..., Any]) -> Fingerprint:
 
 
 def fingerprint_callable(obj: Any) -> Fingerprint:
-    """Key of an answer source (a provider's answer function, a subcall object).
-
-    Keyed by code and the immutable values it reads, its own objects' configuration included
-    (``self.model``); never by mutable state (by type only) or by what the code assigns while
-    serving calls (``self.calls += 1``, ``global COUNT``), so a stub that counts its calls keeps one
-    key. Digests never equal a :func:`fingerprint_function` digest."""
+    """Key of an answer source (a provider's answer function, a subcall object): its code and the
+    immutable values it reads, its objects' configuration included (``self.model``), never mutable
+    state or what the code assigns while serving calls (``self.calls += 1``), so a stub that counts
+    its calls keeps one key. Digests never equal a :func:`fingerprint_function` digest."""
     return _fingerprint(obj, SOURCE)
 
 

@@ -1,11 +1,8 @@
-"""Installed code and well-known library objects, as fingerprints see them.
-
-Code under the interpreter's stdlib and site-packages is installed: its functions and classes go
-by name. Everything else (``__main__``, a notebook, a helper module next to it, an editable
-install) is the user's and goes by content, so reloading an edited helper module is seen.
-Some library objects have a content better than their ``__dict__`` (a TypeAdapter's core schema,
-a jsonschema validator's schema); some have none that decides anything (a Logger is its name,
-a lock is its type).
+"""Installed code and well-known library objects, as fingerprints see them. Code under the
+interpreter's stdlib and site-packages goes by name; everything else (``__main__``, a notebook, a
+helper module, an editable install) is the user's and goes by content, so reloading an edited
+helper is seen. Some library objects have a better content than their ``__dict__`` (a
+TypeAdapter's core schema), some none that decides anything (a Logger is its name).
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """One fingerprint computation: the walk over a callable or value and what it reaches.
 
-A :class:`Walker` turns an object into a :class:`Node` (its digest, named parts, the paths
-compared by identity, what the code reads out of sight), with the cycle guard, the memo tables
-and the fallbacks that make fingerprinting total. What it counts is its :class:`Policy`'s: one
-walk, two policies (a validator's judging, or what an answer source is). A container the code
-itself fills while running (``LOG.append``, ``self.seen.add``, ``cls.judged.append`` in a
-pydantic validator) counts by its type alone in both: its growth must not make every run a new
-validator (in a strict session, ``ValidatorChanged`` forever)."""
+A :class:`Walker` turns an object into a :class:`Node` (digest, named parts, paths compared by
+identity, what the code reads out of sight), with the cycle guard, memo tables and fallbacks that
+make fingerprinting total. What it counts is its :class:`Policy`'s (docs/design.md, "one walk, two
+policies"); under both, a container the code itself fills while running counts by its type alone,
+or its growth would make every run a new validator (``ValidatorChanged`` forever when strict)."""
 
 from __future__ import annotations
 
