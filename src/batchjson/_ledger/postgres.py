@@ -30,11 +30,18 @@ from typing import Any
 
 from .._errors import ConfigError, LedgerError
 from .._secrets import Secrets, public_url
-from .claims import HELD, MINE, Owner
 from .records import now
 from .store import Store
 from .store_base import Later, Row, Tx
-from .store_calls import COMPLETE_SQL, RECEIPT_COLUMNS, RECEIPT_INTO, _already_accepted
+from .store_calls import (
+    COMPLETE_SQL,
+    HELD,
+    MINE,
+    RECEIPT_COLUMNS,
+    RECEIPT_INTO,
+    Owner,
+    _already_accepted,
+)
 from .store_runs import REQUESTS_SQL, SEEN_SQL
 from .store_schema import POSTGRES, SCHEMA_VERSION
 

@@ -1,10 +1,8 @@
 """What every store is made of: transactions and statements.
 
-The SQL of the ledger is written once, in the ``store_*`` modules, in the SQL SQLite and
-PostgreSQL share: ``?`` marks a parameter, ``ON CONFLICT`` says what a clashing insert does,
-booleans are counted with ``CASE``. What the two spell differently is their ``Dialect``
-(``store_schema.py``); a store for a database is a subclass that says how to open a
-transaction, run a statement and get a new row's id (``sqlite.py``, ``postgres.py``).
+The ``store_*`` modules write their SQL once, in what SQLite and PostgreSQL share; what the two
+spell differently is their ``Dialect`` (``store_schema.py``). A store for one database says how
+to open a transaction, run a statement and get a new row's id (``sqlite.py``, ``postgres.py``).
 """
 
 from __future__ import annotations
@@ -16,13 +14,13 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
-from .claims import LEASE_SECONDS
 from .store_schema import Dialect
 
 Tx = Any  # a store's open transaction: what its statements run on, opaque to everyone else
 Row = Any  # a row read by name (``row["id"]``) or position (``row[0]``)
 
 CHUNK = 500  # keys bound per statement, under every database's parameter limit
+LEASE_SECONDS = 30.0  # the default lease of a claim (Ledger(lease=)); renewed every third of it
 
 
 class Later:

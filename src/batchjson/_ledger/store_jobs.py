@@ -1,13 +1,9 @@
 """The store's SQL for provider batch jobs: a job row and its lines, written before upload.
 
-A job is recorded in one transaction with an in-flight receipt per request and the request's
-claim, held by the job itself (an owner no process or lease stands for: it is never presumed
-gone), so no runner on any host sends those requests while the job may still answer. Each line
-carries a ``custom_id`` naming its receipt, unique by construction (the job's random uid and the
-receipt's id) and by the table's key. The job's provider id is written once the provider has
-created it; a job still ``recording`` whose writer is gone may have been created and billed, so
-it becomes ``uncertain``: shown, its requests still claimed, never resubmitted on its own.
-Collection completes every receipt of a job and releases its claims in one transaction.
+A job is recorded in one transaction with an in-flight receipt and a claim per request, the
+claims held by the job itself (never presumed gone), so no runner sends those requests while
+the job may still answer; collection completes its receipts and releases its claims in one
+transaction. A job that may still answer holds its batch here (``_unfinished_jobs``).
 """
 
 from __future__ import annotations
@@ -18,11 +14,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._content.tasks import Request, stored_request
-from . import claims
-from .claims import MINE, Owner
 from .records import now
 from .store_base import Row, Tx
-from .store_calls import CallStore
+from .store_calls import MINE, CallStore, Owner, _owner_gone
 
 JOB_HOST = "batchjson-job"  # the host of a job's claims: no process, never presumed gone
 NEVER = 1e18  # a job's claims have no lease: they are released when the job is collected
@@ -191,8 +185,7 @@ class JobStore(CallStore):
         at = self._clock(None)
         for row in self._read("SELECT id, owner, host, pid, lease_expires_at FROM jobs WHERE "
                               "status = 'recording'"):
-            if claims._owner_gone(row["owner"], row["host"], row["pid"],
-                                 row["lease_expires_at"], at):
+            if _owner_gone(row["owner"], row["host"], row["pid"], row["lease_expires_at"], at):
                 self.note_job(row["id"], {"why": "its runner stopped between recording the "
                                           "job and recording the provider's id: the job may "
                                           "exist and be billed"}, uncertain=True)
@@ -265,6 +258,20 @@ class JobStore(CallStore):
             found.setdefault(row["key"], stored_request(row))
         return found
 
+
+def _unfinished_jobs(jobs: Sequence[Mapping[str, Any]], where: str, then: str) -> str | None:
+    """Why ``then`` must wait when any of ``jobs`` (rows with id, provider_job_id, status and
+    batch) is unfinished, naming each job and what to do; None when none is. Only that job's
+    ledger can collect what it answers, so forgetting its batch or carrying its account
+    elsewhere (a merge, an export) waits until it is collected or cancelled."""
+    open_jobs = [j for j in jobs if j["status"] in OPEN_STATES]
+    if not open_jobs:
+        return None
+    named = ", ".join(f"{j['id']} (batch {j['batch']!r}, {j['provider_job_id'] or j['status']})"
+                      for j in open_jobs)
+    return (f"{where} has unfinished batch job(s) {named}: they may still answer, and be "
+            f"billed, there. Re-run the batch to collect them, or `batchjson cancel JOB` "
+            f"them, first; then {then}")
 
 
 JOB_SQL = (
