@@ -1,12 +1,7 @@
-"""The public ``Ledger``: a facade over the store, the single source of truth for batches and
-receipts.
-
-Every attempt is written *before* its call (in flight) and completed after. An accepted return
-and its checkpoint rows are committed in one transaction; a rejected return admits nothing.
-The reading a user does is here, and batchjson's own code reads those names here too (one
-owner each); the store's other operations it reaches through ``store``.
-Import and merge judge what they bring in, so the public ``batchjson.Ledger`` that has them is
-the session's (``_session/ledger.py``), a subclass of this one.
+"""The ``Ledger`` facade over the store: what a person reads and decides, each name with one
+owner (batchjson's own code reads them here too, and the store's other operations through
+``store``); and the other ledger a merge reads. The public ``batchjson.Ledger``
+(``_session/ledger.py``) extends it with what judges or prices: import, merge, the accounts.
 """
 
 from __future__ import annotations
@@ -112,13 +107,10 @@ class Ledger:
         self.store._set_shared_budget(cost, by=_who(), stamp=now())
 
     def forget(self, name: str, *, via: str, by: str | None = None) -> dict[str, Any] | None:
-        """Stop every revision of batch ``name`` that owes requests from owing them
-        (forgetting.py says why only a person does).
-
-        Returns the record (batch, revisions, requests, items, by, via, at), or None when the
-        batch owes nothing (then nothing is recorded). An unknown name, or a batch with an
-        unfinished batch job (its requests may still be answered, and billed), is an
-        InvalidBatch."""
+        """Stop every revision of batch ``name`` from owing requests (only a person does:
+        docs/design.md, "Forgetting"): the record (batch, revisions, requests, items, by, via,
+        at), or None when it owes nothing. An unknown name, or a batch with an unfinished batch
+        job (its requests may still be answered, and billed), is an InvalidBatch."""
         problem = self.no_such_batch(name) or _unfinished_jobs(
             [j for j in self.store.jobs() if j["batch"] == name], f"batch {name!r}", "forget it")
         if problem:

@@ -1,9 +1,7 @@
-"""The SQLite store: one file in WAL mode (or memory), and everything that is SQLite's own.
-
-Here, and nowhere else, are the connection and its PRAGMAs, the switch to WAL and the wait for
-it, the schema's version in ``PRAGMA user_version``, and what a SQLite error means (the file
-failed, or one statement did). The schema and SQLite's spelling are ``store_schema.SQLITE``;
-the statements every store shares are in the ``store_*`` modules.
+"""The SQLite store: one file in WAL mode (or memory), and everything that is SQLite's own: the
+connection and its PRAGMAs, the switch to WAL, the schema's version in ``PRAGMA user_version``,
+what a SQLite error means (the file failed, or one statement did), what is said of a file SQLite
+cannot open or write, and another ledger file read for a merge.
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ from typing import Any
 from .._errors import LedgerError
 from .store import Store
 from .store_base import Row, Tx
-from .store_schema import SCHEMA_VERSION, SQLITE
+from .store_schema import SCHEMA_VERSION, SQLITE, _version_problem
 
 # WAL pages a commit lets pile up before it copies them into the file itself. The copy runs in
 # that commit, on the run's event loop; a call writes about seven pages, mostly the same b-tree
@@ -173,25 +171,11 @@ class SQLiteStore(Store):
 
 
 def _refuse_version(version: int, path: Path | None) -> None:
-    """A LedgerError for a ledger at a schema version this batchjson does not read (0, a new
-    or empty file, and SCHEMA_VERSION are read); nothing is changed."""
-    if version > SCHEMA_VERSION:
-        raise LedgerError(
-            f"schema version {version} is newer than this batchjson knows ({SCHEMA_VERSION}); "
-            "upgrade batchjson to read it (nothing was changed)", path=path or ":memory:")
-    if 0 < version < SCHEMA_VERSION:
-        raise LedgerError(_older_schema(version, path), path=path or ":memory:")
-
-
-def _older_schema(version: int, path: Path | None) -> str:
-    """What to do with a ledger an earlier batchjson wrote: it is not converted."""
-    where = str(path) if path is not None else "LEDGER"
-    return (f"ledger schema version {version} was written by an earlier batchjson; this "
-            f"batchjson reads only schema {SCHEMA_VERSION} and does not convert older ledgers "
-            "(nothing was changed). Keep using the batchjson that wrote it, or export its "
-            f"receipts with that version (batchjson export --jsonl --ledger {where} > "
-            "receipts.jsonl) and import them into a new ledger (batchjson import "
-            "receipts.jsonl --ledger NEW.sqlite)")
+    """A LedgerError for a ledger at a schema version this batchjson does not read (0 is a new
+    or empty file); nothing is changed."""
+    problem = version and _version_problem(version, str(path) if path else "LEDGER")
+    if problem:
+        raise LedgerError(problem, path=path or ":memory:")
 
 
 _FAULTS = ("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_READONLY", "SQLITE_BUSY", "SQLITE_LOCKED",
@@ -336,12 +320,8 @@ def _file_problem(path: Path) -> str | None:
         return f"{path} {_unreadable(path)}"
     if version == 0 or "attempts" not in tables:
         return f"{path} is a SQLite file but not a batchjson ledger"
-    if version > SCHEMA_VERSION:
-        return (f"{path} has ledger schema version {version} but this batchjson knows up to "
-                f"{SCHEMA_VERSION}; upgrade batchjson to read it")
-    if version < SCHEMA_VERSION:
-        return f"{path}: {_older_schema(version, path)}"
-    return None
+    problem = _version_problem(version, str(path))
+    return f"{path}: {problem}" if problem else None
 
 
 def _holds_nothing(path: Path) -> bool | None:

@@ -109,14 +109,6 @@ class AdminStore(JobStore):
                    (revision_id, request.key, revision_id, request.task_ids_json,
                     request.tasks_json))
 
-    def _make_current(self, tx: Tx, batch_id: int, revision_id: int) -> None:
-        self._exec(tx, "UPDATE batches SET current_revision = ? WHERE id = ?",
-                   (revision_id, batch_id))
-
-    def _supersede_by_import(self, tx: Tx, revision_id: int, by: int, reason: str) -> None:
-        self._exec(tx, "UPDATE revisions SET status = 'superseded', superseded_by = ?, "
-                   "supersede_reason = ? WHERE id = ?", (by, reason, revision_id))
-
     def _revision_rows(self, tx: Tx, ids: Sequence[int]) -> list[Row]:
         """Per revision: id, number, status, components, supersede_reason, batch_id, batch,
         whether it is its batch's current one and the current one's number."""
@@ -147,7 +139,7 @@ class AdminStore(JobStore):
 
     # -- merging another ledger in ------------------------------------------------------------
     def merge_tables(self, theirs: Mapping[str, Sequence[Row]], source: str) -> dict[str, Any]:
-        """Bring another ledger's rows (table -> rows, as ``read_ledger_file`` gives them) in,
+        """Bring another ledger's rows (table -> rows, as ``ledger.other_tables`` gives them) in,
         in one transaction; ``source`` names it in the reasons it writes. Returns what was
         added and how many attempts were already here."""
         added = dict.fromkeys(MERGED, 0)
@@ -247,15 +239,12 @@ class AdminStore(JobStore):
             if r["status"] == "open" and ours is not None:
                 # Beside a batch of ours the merged revision is on record, not owed: the batch
                 # keeps working on its current revision (as an import beside it does).
-                self._exec(tx, "UPDATE revisions SET status = 'superseded', superseded_by = ?, "
-                           "supersede_reason = ? WHERE id = ?",
-                           (ours, f"merged from {source} beside the batch's current revision",
-                            revision_map[r["id"]]))
+                self._mark_superseded(tx, revision_map[r["id"]], ours, f"merged from {source} "
+                                      "beside the batch's current revision")
         self._carry_forgets(tx, theirs["forgets"], inserted, revision_map, batch_map)
         for b in theirs["batches"]:
             if b["id"] in new_batches and b["current_revision"] is not None:
-                self._exec(tx, "UPDATE batches SET current_revision = ? WHERE id = ?",
-                           (revision_map[b["current_revision"]], batch_map[b["id"]]))
+                self._make_current(tx, batch_map[b["id"]], revision_map[b["current_revision"]])
         return revision_map
 
     def _carry_forgets(self, tx: Tx, forgets: Sequence[Row], revisions: Sequence[Row],
@@ -496,9 +485,9 @@ def settle(store: AdminStore, tx: Any, placed: Placement,
         for other in made:
             if other != winner:
                 differ = _differences(rows[other]["components"], rows[winner]["components"])
-                store._supersede_by_import(tx, other, winner, f"imported beside revision "
-                                f"{rows[winner]['number']}: its receipts differ in "
-                                f"{', '.join(differ)}")
+                store._mark_superseded(tx, other, winner, f"imported beside revision "
+                                       f"{rows[winner]['number']}: its receipts differ in "
+                                       f"{', '.join(differ)}")
     rows = {r["id"]: r for r in store._revision_rows(tx, list(placed.lines))}
     return [_describe(rows[i], placed) for ids in by_batch.values() for i in ids]
 

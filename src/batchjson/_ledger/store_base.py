@@ -53,19 +53,12 @@ class StoreBase(ABC):
 
     def transaction(self, *, calls: bool = False,
                     whole: str | None = None) -> AbstractContextManager[Tx]:
-        """One write transaction: committed whole, or rolled back whole, and run as if alone
-        (the reads in it decide its writes); a failure of the ledger itself (disk full, I/O
-        error, read-only, locked past the busy timeout, a lost server) is a LedgerError naming
-        the ledger and the cause.
-
-        ``calls``: the transaction the writes of calls share (receipts, claims, checkpoint
-        rows, the budget's reservations). Their statements decide on rows of their own
-        requests, so a database with row locks runs many runners' side by side instead of as
-        if alone (SQLite runs every writer alone).
-
-        ``whole``: the operation a person asked for that this transaction is (an import, a
-        merge): any failure of the database in it, a statement's own too, is a LedgerError
-        saying that was rolled back whole."""
+        """One write transaction, committed or rolled back whole and run as if alone (its reads
+        decide its writes); a failure of the ledger itself (disk full, I/O, read-only, locked,
+        a lost server) is a LedgerError naming it and the cause. ``calls``: the one calls'
+        writes share, deciding only on their own requests' rows, so a database with row locks
+        runs many runners' side by side. ``whole``: the operation a person asked for (an import,
+        a merge); any failure in it, a statement's own too, is a LedgerError saying so."""
         tx = self._calls_transaction() if calls else self._write_transaction()
         return tx if whole is None else _whole(self._whole_or_nothing(whole), tx)
 

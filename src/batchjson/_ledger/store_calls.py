@@ -1,10 +1,8 @@
-"""The store's SQL for a call: its receipt and its claim, written before it is sent; the receipt
-completed after, with an accepted return's checkpoint rows; the ledger's own budget, reserved
-and settled in those same transactions; and who is live (a claim's owner, a host).
-
-A method that takes ``tx`` runs in the caller's transaction, so the group commit can put many
-calls' writes in one. Claims: docs/design.md, "Claims: one payer per request"; the budget:
-docs/scale.md, "Budgets".
+"""The store's SQL for a call: its receipt and claim, written before it is sent; the receipt
+completed after, with an accepted return's checkpoint rows; the ledger's own budget reserved and
+settled in those same transactions; and who is live (a claim's owner, a host). A method taking
+``tx`` runs in the caller's transaction, so the group commit can put many calls' writes in one.
+Claims: docs/design.md, "Claims: one payer per request"; the budget: docs/scale.md, "Budgets".
 """
 
 from __future__ import annotations
@@ -120,12 +118,10 @@ class CallStore(RunStore):
                    owner: Owner, estimated_input_tokens: int | None = None,
                    cost_floor: float | None = None,
                    reserve: float | None = None) -> tuple[str, int | None]:
-        """Write a call's in-flight receipt and claim its request, in ``tx``; it is committed
-        before the call is sent. Returns (MINE, receipt id), or (HELD, ACCEPTED or OVER, None)
-        when another live runner holds the request, it is accepted, or the ledger's own budget
-        cannot hold ``reserve`` (the call's worst case; None when the run prices none): then
-        nothing will be sent and the receipt never leaves this transaction. The receipt and
-        its claim share one clock reading. ``source`` is the provider's answer source."""
+        """Write a call's in-flight receipt and claim its request, in ``tx`` (committed before
+        the call is sent): (MINE, receipt id), or (HELD, ACCEPTED or OVER, None) when another
+        live runner holds it, it is accepted, or the ledger's budget cannot hold ``reserve``
+        (its worst case; None: unpriced); then the receipt never leaves ``tx``."""
         return self.begin_call_later(
             tx, batch_id, revision_id, request, kind, provider, model, source, owner=owner,
             estimated_input_tokens=estimated_input_tokens, cost_floor=cost_floor,
@@ -163,8 +159,7 @@ class CallStore(RunStore):
         """Write the receipt (``RECEIPT_SQL``'s values) and claim its request: (receipt id,
         what the claim found, whether the ledger has a budget of its own: None, not asked).
         The hot path of every call: one statement claims a request that is free or already
-        ours and not accepted; anything else takes :meth:`_decide`. (PostgreSQL sends the
-        receipt and the hot path as one statement, and locks the request's row first.)"""
+        ours and not accepted; anything else takes :meth:`_decide`."""
         attempt_id = self._insert(tx, RECEIPT_SQL, receipt)
         lease = self._clock(tx) + self.lease_seconds
         taken = self._exec(tx, TAKE_SQL, (request_key, owner.id, owner.host, owner.pid,
@@ -249,16 +244,11 @@ class CallStore(RunStore):
                       usage: Mapping[str, Any], *, errors: Sequence[Mapping] = (),
                       accepted: tuple[int, str, Mapping[str, Any]] | None = None,
                       sent_at: str | None = None, charge: float | None = None) -> None:
-        """Complete a receipt, in ``tx``: ``accepted`` (batch id, request key, items) admits
-        every item of an ``accepted`` return; any other ``status`` (rejected, provider_error,
-        cancelled) keeps its ``errors`` and admits nothing.
-
-        Checkpoint rows are written once and never re-pointed: if another runner's return for
-        this request was admitted first, this one is kept as a paid return that admitted
-        nothing (rejected, ``already_accepted``). ``sent_at=None`` on a cancelled receipt says
-        its call was never sent. ``charge`` is what the call cost the ledger's budget when the
-        run reserved on it (None: it did not).
-        """
+        """Complete a receipt, in ``tx``: an accepted return admits its items (``accepted``:
+        batch id, request key, items), any other ``status`` keeps its ``errors``. Checkpoint
+        rows are never re-pointed: a return whose request another runner's was admitted for
+        first is kept as paid, admitting nothing. ``sent_at=None``: a cancelled call never sent;
+        ``charge``: what it cost the ledger's budget (None: the run reserved nothing on it)."""
         if (status == "accepted") != (accepted is not None):
             raise ValueError("an accepted return, and only one, names its items (accepted=)")
         if accepted is not None:

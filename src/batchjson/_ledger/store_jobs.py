@@ -1,9 +1,8 @@
 """The store's SQL for provider batch jobs: a job row and its lines, written before upload.
 
-A job is recorded in one transaction with an in-flight receipt and a claim per request, the
-claims held by the job itself (never presumed gone), so no runner sends those requests while
-the job may still answer; collection completes its receipts and releases its claims in one
-transaction. A job that may still answer holds its batch here (``_unfinished_jobs``).
+A job is recorded in one transaction with an in-flight receipt and a claim per request, held
+by the job itself (never presumed gone), so no runner sends them while it may still answer;
+collection completes its receipts and releases its claims in one transaction.
 """
 
 from __future__ import annotations
@@ -50,15 +49,12 @@ class JobStore(CallStore):
                  writer: Owner, lines: Sequence[tuple[Request, str, bool, float, int]],
                  shared: bool = False, plan: Mapping[str, Any] | None = None,
                  ) -> tuple[int | None, list[dict[str, Any]]]:
-        """Record a job (status ``recording``) and, for each (request, kind, wrapped, reserved,
-        estimated input tokens) whose request is free, its receipt, claim and line: (job id,
-        the lines written: custom_id, attempt_id, request_key, kind; None and none when no
-        request was free). A request accepted or
-        held by another runner meanwhile gets no line, nor one the ledger's own cost budget
-        cannot hold (``shared``: each line's worst case is reserved on it). ``plan``: what
-        judging its lines needs beside the revision (the schema, for a kernel that did not run
-        it). The writer's lease on the recording runs from now (``renew_job``). Committed before
-        anything is uploaded."""
+        """Record a job (``recording``), committed before anything is uploaded, and for each
+        (request, kind, wrapped, reserved, estimated input tokens) whose request is still free
+        and fits the ledger's budget (``shared``: each line's worst case reserved on it), its
+        receipt, claim and line: (job id, the lines written), or (None, []) when none was.
+        ``plan``: what judging its lines needs beside the revision (the schema, for a kernel
+        that did not run it); the writer's lease on the recording runs from now."""
         owner, stamp = _job_owner(uid), now()
         written: list[dict[str, Any]] = []
         with self.transaction(calls=True) as tx:
@@ -100,11 +96,10 @@ class JobStore(CallStore):
 
     def job_submitted(self, job_id: int, provider_job_id: str,
                       detail: Mapping[str, Any]) -> bool:
-        """The provider created the job: its id, and every line's receipt sent. A job taken
-        for uncertain meanwhile (its writer's lease ran out) is open again: its id is known.
-        Whether a person cancelled it meanwhile (``note_job``, or released it when it
-        was uncertain): then the writer cancels it at the provider, and a released job keeps
-        the id it was created under, so no batch is ever billed unknown to its ledger."""
+        """The provider created the job: its id recorded, every line's receipt sent (an
+        uncertain job is open again). True when a person cancelled or released it meanwhile:
+        the writer then cancels it at the provider, and a released job keeps its id, so no
+        batch is ever billed unknown to its ledger."""
         stamp = now()
         with self.transaction() as tx:
             status, old = self._job_state(tx, job_id)
@@ -124,12 +119,10 @@ class JobStore(CallStore):
 
     def note_job(self, job_id: int, note: Mapping[str, Any], *, recording: bool = False,
                  uncertain: bool = False) -> bool:
-        """Add ``note`` to a job's detail. ``recording``: only while its writer is still
-        creating it (a cancel a person asks for then, which the writer honours once the job is
-        created: ``job_submitted``; it may be created any moment, so it is not released);
-        ``uncertain``: a job still recording becomes uncertain, as it may have been created
-        (and billed) without its id on record. False (nothing written) when either finds the
-        job no longer recording."""
+        """Add ``note`` to a job's detail. ``recording``: only while its writer still creates
+        it (a person's cancel, honoured once it exists: ``job_submitted``); ``uncertain``: a job
+        still recording becomes uncertain (it may exist, billed, without its id on record).
+        False, nothing written, when either finds it no longer recording."""
         with self.transaction() as tx:
             status, old = self._job_state(tx, job_id)
             if (recording or uncertain) and status != "recording":
