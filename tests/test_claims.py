@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from batchjson import CallableProvider, Ledger, Session
-from batchjson._ledger import claims as claims_module
+from batchjson._ledger.store_base import LEASE_SECONDS
 from tests.helpers import (
     LABEL_SCHEMA,
     ConcurrentModel,
@@ -299,7 +299,7 @@ def test_a_killed_runners_claims_are_taken_over_at_once_and_its_calls_abandoned(
     assert spend["cost_lower_bound_unknown"] > 0  # never zero, never left out
     assert checkpoint_problems(path) == []
     assert ledger_rows(path, "SELECT COUNT(*) FROM claims") == [(0,)]
-    assert claims_module.LEASE_SECONDS == 30.0  # the subprocess's setting stayed there
+    assert LEASE_SECONDS == 30.0  # the subprocess's setting stayed there
 
 
 SLOW_HOST = textwrap.dedent("""

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from batchjson import CallableProvider, LedgerError, Session, SimulatedModel
-from batchjson._ledger.records import _write_problem
+from batchjson._ledger.sqlite import _write_problem
 from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
 
 ROOT = Path(__file__).resolve().parents[1]

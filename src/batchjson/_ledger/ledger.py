@@ -1,12 +1,7 @@
-"""The public ``Ledger``: a facade over the store, the single source of truth for batches and
-receipts.
-
-Every attempt is written *before* its call (in flight) and completed after. An accepted return
-and its checkpoint rows are committed in one transaction; a rejected return admits nothing.
-The reading a user does is here, and batchjson's own code reads those names here too (one
-owner each); the store's other operations it reaches through ``store``.
-Import and merge judge what they bring in, so the public ``batchjson.Ledger`` that has them is
-the session's (``_session/ledger.py``), a subclass of this one.
+"""The ``Ledger`` facade over the store: what a person reads and decides, each name with one
+owner (batchjson's own code reads them here too, and the store's other operations through
+``store``); and the other ledger a merge reads. The public ``batchjson.Ledger``
+(``_session/ledger.py``) extends it with what judges or prices: import, merge, the accounts.
 """
 
 from __future__ import annotations
@@ -15,14 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from .._content.tasks import Request
-from .._errors import ConfigError, InvalidBatch
+from .._errors import ConfigError, InvalidBatch, LedgerError
 from .._money import cost_value
-from . import export
-from .forgetting import _who
-from .records import Receipt, Revision, _no_such_batch, ledger_path, now
-from .sqlite import SQLiteStore
+from .._secrets import public_url
+from .records import Receipt, Revision, _no_such_batch, _who, ledger_path, now
+from .sqlite import SQLiteStore, _read_ledger_file
 from .store import Store
-from .unfinished import _unfinished_jobs
+from .store_jobs import _unfinished_jobs
 
 
 class Ledger:
@@ -113,23 +107,19 @@ class Ledger:
         self.store._set_shared_budget(cost, by=_who(), stamp=now())
 
     def forget(self, name: str, *, via: str, by: str | None = None) -> dict[str, Any] | None:
-        """Stop every revision of batch ``name`` that owes requests from owing them
-        (forgetting.py says why only a person does).
-
-        Returns the record (batch, revisions, requests, items, by, via, at), or None when the
-        batch owes nothing (then nothing is recorded). An unknown name, or a batch with an
-        unfinished batch job (its requests may still be answered, and billed), is an
-        InvalidBatch."""
+        """Stop every revision of batch ``name`` from owing requests (only a person does:
+        docs/design.md, "Forgetting"): the record (batch, revisions, requests, items, by, via,
+        at), or None when it owes nothing. An unknown name, or a batch with an unfinished batch
+        job (its requests may still be answered, and billed), is an InvalidBatch."""
         problem = self.no_such_batch(name) or _unfinished_jobs(
             [j for j in self.store.jobs() if j["batch"] == name], f"batch {name!r}", "forget it")
         if problem:
             raise InvalidBatch(problem)
         return self.store._forget(name, via=via, by=by or _who(), stamp=now())
 
-    # -- export (export.py: the logic) ---------------------------------------------------------
     def export_receipts(self, name: str | None = None) -> list[dict[str, Any]]:
         """Every attempt as an importable receipt, in call order."""
-        return export._export_receipts(self.store, name)
+        return self.store._export_receipts(name)
 
 
 def _lease(value: Any) -> float | None:
@@ -140,3 +130,40 @@ def _lease(value: Any) -> float | None:
         raise ConfigError(f"lease must be a number of seconds > 0, got {value!r}; e.g. "
                           "Ledger('postgresql://host/db', lease=30)")
     return float(value)
+
+
+def other_tables(store: Store, other: str | Path) -> tuple[dict[str, Any], str, str]:
+    """The other ledger's tables (a ledger file or a ``postgresql://`` URL), with how the report
+    names it and the label its merged rows keep; refused when it is this ledger or holds an
+    unfinished batch job."""
+    if isinstance(other, str) and isinstance(ledger_path(other), str):
+        from .postgres import PostgresStore
+
+        shown = public_url(other, user=False)
+        if other == getattr(store, "url", None):
+            raise LedgerError(f"{shown} is this ledger; merge another ledger into it", path=shown)
+        theirs = PostgresStore(other)
+        try:
+            tables = theirs._tables()
+        finally:
+            theirs._close()
+        _refuse_unfinished(tables, shown)
+        return tables, shown, shown
+    path = Path(other)
+    if store.path is not None and path.exists() and path.resolve() == store.path.resolve():
+        raise LedgerError(f"{path} is this ledger; merge another ledger into it", path=path)
+    tables = _read_ledger_file(path)
+    _refuse_unfinished(tables, str(path))
+    return tables, str(path), path.name
+
+
+def _refuse_unfinished(tables: dict[str, Any], shown: str) -> None:
+    """A job of the other ledger that may still answer is collected there, by its own job row:
+    merged here, its receipts would stay in flight for ever. Refused before anything is
+    written."""
+    names = {b["id"]: b["name"] for b in tables["batches"]}
+    problem = _unfinished_jobs([{**dict(j), "batch": names.get(j["batch_id"])}
+                               for j in tables["jobs"]], f"the ledger {shown}",
+                              "merge it")
+    if problem:
+        raise LedgerError(problem, path=shown)

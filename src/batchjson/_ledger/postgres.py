@@ -1,22 +1,9 @@
 """The PostgreSQL store: one ledger for runners on many hosts, over psycopg 3.
 
-Here, and nowhere else, is what is PostgreSQL's own: its connections (a ``psycopg_pool`` pool,
-one connection for each thread at work) and how their rows read, ``RETURNING id``, and the hot
-path of a claim in one statement. Its spelling of the one schema and of the statements is
-``store_schema.POSTGRES`` (raw provider text in ``bytea``: ``text`` cannot hold NUL, ``jsonb``
-reorders keys and refuses NaN; times are ISO 8601 UTC text as in SQLite, so exports and merges
-carry them byte for byte); the claim protocol is ``store_calls``'.
-
-SQLite serialises writers (``BEGIN IMMEDIATE``). Here a transaction that reads before it writes
-(opening a revision, numbering a validator, an import, a merge, forgetting) takes one
-transaction-level advisory lock, so it runs as if alone; the writes of calls do not, and run
-side by side across hosts. Their claims follow the job-queue pattern: a runner locks the
-request's row with ``FOR UPDATE SKIP LOCKED`` before deciding on its claim, so two runners never
-decide on one request at once, and a row another runner is deciding on is skipped (the request
-is held: look again later) instead of waited for. A runner never waits for a lock another
-runner's claim holds, and takes over a gone runner's rows only when it can lock them
-(``SKIP LOCKED`` again), so the hosts' transactions cannot wait on each other in a circle.
-Leases are measured by the server's clock, so the hosts' clocks need not agree.
+Only what is PostgreSQL's own: a connection pool (one connection per thread at work) and how
+its rows read, ``RETURNING id``, a claim's hot path in one statement, and the advisory lock that
+runs a transaction reading before it writes as if alone, while the writes of calls run side by
+side across hosts. Why that is safe: docs/scale.md, "How it works".
 """
 
 from __future__ import annotations
@@ -30,13 +17,20 @@ from typing import Any
 
 from .._errors import ConfigError, LedgerError
 from .._secrets import Secrets, public_url
-from .claims import HELD, MINE, Owner
 from .records import now
 from .store import Store
 from .store_base import Later, Row, Tx
-from .store_calls import COMPLETE_SQL, RECEIPT_COLUMNS, RECEIPT_INTO, _already_accepted
+from .store_calls import (
+    COMPLETE_SQL,
+    HELD,
+    MINE,
+    RECEIPT_COLUMNS,
+    RECEIPT_INTO,
+    Owner,
+    _already_accepted,
+)
 from .store_runs import REQUESTS_SQL, SEEN_SQL
-from .store_schema import POSTGRES, SCHEMA_VERSION
+from .store_schema import POSTGRES, SCHEMA_VERSION, _version_problem
 
 # The one lock of transactions that read before they write ("batchjson" in ASCII).
 SERIAL_LOCK = "SELECT pg_advisory_xact_lock(7089063493536607342)"
@@ -212,8 +206,9 @@ class PostgresStore(Store):
             if found[0] is not None:
                 version = db.execute("SELECT MAX(version) FROM batchjson_schema"
                                            ).fetchone()[0]
-                if version != SCHEMA_VERSION:
-                    raise LedgerError(_other_version(version), path=self._public)
+                problem = _version_problem(version, None)
+                if problem:
+                    raise LedgerError(problem, path=self._public)
                 return
             if found[1] is not None:
                 raise LedgerError("the database has an 'attempts' table that batchjson did not "
@@ -249,13 +244,8 @@ class PostgresStore(Store):
     def _transaction(self, *, serial: bool) -> Iterator[Any]:
         """A failure of the server or the connection is a LedgerError (the run stops); a
         statement's own error, or a conflict another try resolves (deadlock, serialization),
-        is raised as it is, for the group commit to run each write alone.
-
-        The writes of calls are pipelined where libpq can: their statements go out without
-        waiting for each other's answers, and the transaction costs a round trip for its
-        commit and one for each answer a write reads (a claim's outcome), however many
-        statements it holds. So those writes read their outcome through ``RETURNING``, never
-        a row count (a pipelined statement's is known only once the pipeline syncs)."""
+        is raised as it is, for the group commit to run each write alone. The writes of calls
+        are pipelined where libpq can: a round trip for the commit and one per answer read."""
         db = None
         try:
             with self._connection() as db, self._pipeline(db, serial), db.transaction():
@@ -371,13 +361,3 @@ class PostgresStore(Store):
             [json.dumps(item) for item in items.values()], empty, empty,
             json.dumps(_already_accepted("{first}")), request_key, batch_id,
             *self._completion(tx, attempt_id, raw, usage, stamp, sent_at, charge)))
-
-
-def _other_version(version: Any) -> str:
-    if isinstance(version, int) and version > SCHEMA_VERSION:
-        return (f"schema version {version} is newer than this batchjson knows "
-                f"({SCHEMA_VERSION}); upgrade batchjson to read it (nothing was changed)")
-    return (f"ledger schema version {version} was written by an earlier batchjson; this "
-            f"batchjson reads only schema {SCHEMA_VERSION} and does not convert older ledgers "
-            "(nothing was changed). Export its receipts with the batchjson that wrote it "
-            "(batchjson export --jsonl) and import them into a new ledger")

@@ -1,16 +1,14 @@
-"""The ledger's rows as Python values: receipts, revisions, ids and timestamps.
-
-Kept apart from the store (which writes and queries) so the shapes a reader meets, the one
-timestamp format every record uses, and what is said about a ledger file that cannot be opened
-live in one small place.
-"""
+"""The ledger's rows as Python values: receipts, revisions, ids, timestamps and who a person
+is; and what a ledger may be (a file path, a ``postgresql://`` URL, or memory)."""
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import random
 import re
+import socket
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -119,98 +117,6 @@ def ledger_path(value: Any) -> Path | str | None:
     return Path(text).expanduser()  # "~/runs.sqlite" is the home directory, as in a shell
 
 
-SQLITE_HEADER = b"SQLite format 3\x00"
-
-
-def _unreadable(path: Path) -> str:
-    """Why SQLite cannot open the ledger file at ``path``, said after its path, and what to do:
-    not a SQLite file, a SQLite file cut short, a read-only place, or damage of another kind."""
-    try:
-        with open(path, "rb") as file:
-            header = file.read(100)
-        size = path.stat().st_size
-    except OSError as error:
-        return f"cannot be read ({error.strerror or error}); check its permissions"
-    if not header.startswith(SQLITE_HEADER):
-        return (f"is not a SQLite file (it starts {header[:16]!r}), so not a batchjson ledger; "
-                "pass the ledger's own file")
-    cut = _cut_short(header, size)
-    if cut:
-        return (f"is a SQLite file cut short ({cut}), so it cannot be read; restore it from a "
-                "backup or copy it again whole (a full disk, or a copy or download that "
-                "stopped, leaves a file like this)")
-    place = _read_only_place(path)
-    if place:
-        return (f"is {place}, and SQLite writes beside a ledger even to read it (the -wal and "
-                "-shm files of its write-ahead log), so it cannot be opened there; copy it to "
-                "a writable directory and use the copy, or make the place writable")
-    return "is a SQLite file that SQLite cannot read; restore it from a backup"
-
-
-def _open_problem(path: Path | None) -> str:
-    """What ``Ledger(path)`` says when SQLite cannot open or create the file."""
-    if path is None:
-        return "could not open the ledger"
-    if path.is_file():
-        return f"could not open the ledger: it {_unreadable(path)}"
-    place = _read_only_place(path)
-    if place:
-        return (f"could not create the ledger: its directory is {place.removeprefix('in a ')}"
-                if place.startswith("in a ") else
-                f"could not create the ledger: it would be {place}") + (
-            "; pass a ledger path in a writable directory")
-    return "could not open the ledger"
-
-
-def _write_problem(path: Path | None, exc: BaseException) -> str:
-    """What to do when a write to an open ledger failed because its place turned read-only
-    (a remount, a permission change) or its disk is full, said after the failure; "" for
-    other failures. SQLite keeps its temporary files in memory (``temp_store``), so a full
-    disk is always the ledger's own, never TMPDIR's."""
-    if path is not None and getattr(exc, "sqlite_errorname", "") == "SQLITE_FULL":
-        return (f" (the disk holding {path.absolute().parent} is full: free space there, or "
-                "move the ledger to a disk with room, and run again)")
-    place = _read_only_place(path) if path is not None else None
-    if place is None and "readonly" not in str(exc).replace("read-only", "readonly"):
-        return ""
-    where = f"it is {place}" if place else "the ledger file or its directory is read-only"
-    return (f" ({where}: make it writable, or copy the ledger to a writable directory and "
-            "run there)")
-
-
-def _cut_short(header: bytes, size: int) -> str | None:
-    """How a SQLite file is shorter than its header says, or None (see sqlite.org/fileformat:
-    the page size at offset 16, the page count at 28, valid when the counters at 24 and 92
-    agree)."""
-    if len(header) < 100:
-        return f"{size} bytes, less than its 100-byte header"
-    page = int.from_bytes(header[16:18], "big")
-    page = 65536 if page == 1 else page
-    pages = int.from_bytes(header[28:32], "big")
-    valid = pages and header[24:28] == header[92:96]
-    if valid and size < page * pages:
-        return f"{size} of the {page * pages} bytes its header says it holds"
-    if page and size % page:
-        return f"{size} bytes, not a whole number of its {page}-byte pages"
-    return None
-
-
-def _read_only_place(path: Path) -> str | None:
-    """"on a read-only file system" or "in a directory it cannot write to" when SQLite could
-    not create its files beside ``path``; None when the place is writable."""
-    folder = path.absolute().parent
-    while not folder.exists() and folder != folder.parent:  # a directory still to be made
-        folder = folder.parent
-    try:
-        if os.statvfs(folder).f_flag & os.ST_RDONLY:
-            return "on a read-only file system"
-    except (OSError, AttributeError):  # no statvfs (Windows)
-        pass
-    if not os.access(folder, os.W_OK):
-        return "in a directory this process cannot write to"
-    return None
-
-
 def _revision(row: Any) -> Revision:
     return Revision(row["id"], row["batch_id"], row["batch"], row["number"], row["fingerprint"],
                     json.loads(row["components"]), row["status"], row["supersede_reason"],
@@ -232,3 +138,13 @@ def _uid() -> str:
     bits come from ``random`` (seeded from the OS, and reseeded in a forked child): an id must
     be unique, not secret, and a system call per receipt is slow on a busy machine."""
     return f"{time.time_ns():016x}{random.getrandbits(64):016x}"
+
+
+def _who() -> str:
+    """``user@host``: who set a budget or forgot a batch; a missing user name (some
+    containers) is said so."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # noqa: BLE001 - no USER/LOGNAME and no passwd entry
+        user = "unknown-user"
+    return f"{user}@{socket.gethostname() or 'unknown-host'}"

@@ -1,13 +1,12 @@
-"""The SQLite store: one file in WAL mode (or memory), and everything that is SQLite's own.
-
-Here, and nowhere else, are the connection and its PRAGMAs, the switch to WAL and the wait for
-it, the schema's version in ``PRAGMA user_version``, and what a SQLite error means (the file
-failed, or one statement did). The schema and SQLite's spelling are ``store_schema.SQLITE``;
-the statements every store shares are in the ``store_*`` modules.
+"""The SQLite store: one file in WAL mode (or memory), and everything that is SQLite's own: the
+connection and its PRAGMAs, the switch to WAL, the schema's version in ``PRAGMA user_version``,
+what a SQLite error means (the file failed, or one statement did), what is said of a file SQLite
+cannot open or write, and another ledger file read for a merge.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -17,10 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import LedgerError
-from . import records
 from .store import Store
 from .store_base import Row, Tx
-from .store_schema import SCHEMA_VERSION, SQLITE
+from .store_schema import SCHEMA_VERSION, SQLITE, _version_problem
 
 # WAL pages a commit lets pile up before it copies them into the file itself. The copy runs in
 # that commit, on the run's event loop; a call writes about seven pages, mostly the same b-tree
@@ -65,7 +63,7 @@ class SQLiteStore(Store):
             with self._lock:
                 self._schema()
         except (sqlite3.Error, OSError) as exc:
-            raise LedgerError(records._open_problem(path), path=self._where, cause=exc) from exc
+            raise LedgerError(_open_problem(path), path=self._where, cause=exc) from exc
         except LedgerError:
             self._db.close()
             raise
@@ -152,7 +150,7 @@ class SQLiteStore(Store):
 
     def _error(self, what: str, exc: BaseException) -> LedgerError:
         return LedgerError(f"{what}; the run stopped before any further call"
-                           f"{records._write_problem(self.path, exc)}", path=self._where,
+                           f"{_write_problem(self.path, exc)}", path=self._where,
                            cause=exc)
 
     def _exec(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> sqlite3.Cursor:
@@ -173,25 +171,11 @@ class SQLiteStore(Store):
 
 
 def _refuse_version(version: int, path: Path | None) -> None:
-    """A LedgerError for a ledger at a schema version this batchjson does not read (0, a new
-    or empty file, and SCHEMA_VERSION are read); nothing is changed."""
-    if version > SCHEMA_VERSION:
-        raise LedgerError(
-            f"schema version {version} is newer than this batchjson knows ({SCHEMA_VERSION}); "
-            "upgrade batchjson to read it (nothing was changed)", path=path or ":memory:")
-    if 0 < version < SCHEMA_VERSION:
-        raise LedgerError(_older_schema(version, path), path=path or ":memory:")
-
-
-def _older_schema(version: int, path: Path | None) -> str:
-    """What to do with a ledger an earlier batchjson wrote: it is not converted."""
-    where = str(path) if path is not None else "LEDGER"
-    return (f"ledger schema version {version} was written by an earlier batchjson; this "
-            f"batchjson reads only schema {SCHEMA_VERSION} and does not convert older ledgers "
-            "(nothing was changed). Keep using the batchjson that wrote it, or export its "
-            f"receipts with that version (batchjson export --jsonl --ledger {where} > "
-            "receipts.jsonl) and import them into a new ledger (batchjson import "
-            "receipts.jsonl --ledger NEW.sqlite)")
+    """A LedgerError for a ledger at a schema version this batchjson does not read (0 is a new
+    or empty file); nothing is changed."""
+    problem = version and _version_problem(version, str(path) if path else "LEDGER")
+    if problem:
+        raise LedgerError(problem, path=path or ":memory:")
 
 
 _FAULTS = ("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_READONLY", "SQLITE_BUSY", "SQLITE_LOCKED",
@@ -202,6 +186,99 @@ def _is_ledger_fault(exc: sqlite3.Error) -> bool:
     """The file or disk failed (not a bad statement): the run cannot keep records any more."""
     name = getattr(exc, "sqlite_errorname", None) or ""
     return name.startswith(_FAULTS)
+
+
+# -- what is said of a ledger file SQLite cannot open or write ------------------------------
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _unreadable(path: Path) -> str:
+    """Why SQLite cannot open the ledger file at ``path``, said after its path, and what to do:
+    not a SQLite file, a SQLite file cut short, a read-only place, or damage of another kind."""
+    try:
+        with open(path, "rb") as file:
+            header = file.read(100)
+        size = path.stat().st_size
+    except OSError as error:
+        return f"cannot be read ({error.strerror or error}); check its permissions"
+    if not header.startswith(SQLITE_HEADER):
+        return (f"is not a SQLite file (it starts {header[:16]!r}), so not a batchjson ledger; "
+                "pass the ledger's own file")
+    cut = _cut_short(header, size)
+    if cut:
+        return (f"is a SQLite file cut short ({cut}), so it cannot be read; restore it from a "
+                "backup or copy it again whole (a full disk, or a copy or download that "
+                "stopped, leaves a file like this)")
+    place = _read_only_place(path)
+    if place:
+        return (f"is {place}, and SQLite writes beside a ledger even to read it (the -wal and "
+                "-shm files of its write-ahead log), so it cannot be opened there; copy it to "
+                "a writable directory and use the copy, or make the place writable")
+    return "is a SQLite file that SQLite cannot read; restore it from a backup"
+
+
+def _open_problem(path: Path | None) -> str:
+    """What ``Ledger(path)`` says when SQLite cannot open or create the file."""
+    if path is None:
+        return "could not open the ledger"
+    if path.is_file():
+        return f"could not open the ledger: it {_unreadable(path)}"
+    place = _read_only_place(path)
+    if place:
+        return (f"could not create the ledger: its directory is {place.removeprefix('in a ')}"
+                if place.startswith("in a ") else
+                f"could not create the ledger: it would be {place}") + (
+            "; pass a ledger path in a writable directory")
+    return "could not open the ledger"
+
+
+def _write_problem(path: Path | None, exc: BaseException) -> str:
+    """What to do when a write to an open ledger failed because its place turned read-only
+    (a remount, a permission change) or its disk is full, said after the failure; "" for
+    other failures. SQLite keeps its temporary files in memory (``temp_store``), so a full
+    disk is always the ledger's own, never TMPDIR's."""
+    if path is not None and getattr(exc, "sqlite_errorname", "") == "SQLITE_FULL":
+        return (f" (the disk holding {path.absolute().parent} is full: free space there, or "
+                "move the ledger to a disk with room, and run again)")
+    place = _read_only_place(path) if path is not None else None
+    if place is None and "readonly" not in str(exc).replace("read-only", "readonly"):
+        return ""
+    where = f"it is {place}" if place else "the ledger file or its directory is read-only"
+    return (f" ({where}: make it writable, or copy the ledger to a writable directory and "
+            "run there)")
+
+
+def _cut_short(header: bytes, size: int) -> str | None:
+    """How a SQLite file is shorter than its header says, or None (see sqlite.org/fileformat:
+    the page size at offset 16, the page count at 28, valid when the counters at 24 and 92
+    agree)."""
+    if len(header) < 100:
+        return f"{size} bytes, less than its 100-byte header"
+    page = int.from_bytes(header[16:18], "big")
+    page = 65536 if page == 1 else page
+    pages = int.from_bytes(header[28:32], "big")
+    valid = pages and header[24:28] == header[92:96]
+    if valid and size < page * pages:
+        return f"{size} of the {page * pages} bytes its header says it holds"
+    if page and size % page:
+        return f"{size} bytes, not a whole number of its {page}-byte pages"
+    return None
+
+
+def _read_only_place(path: Path) -> str | None:
+    """"on a read-only file system" or "in a directory it cannot write to" when SQLite could
+    not create its files beside ``path``; None when the place is writable."""
+    folder = path.absolute().parent
+    while not folder.exists() and folder != folder.parent:  # a directory still to be made
+        folder = folder.parent
+    try:
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            return "on a read-only file system"
+    except (OSError, AttributeError):  # no statvfs (Windows)
+        pass
+    if not os.access(folder, os.W_OK):
+        return "in a directory this process cannot write to"
+    return None
 
 
 # -- ledger files, read without opening them as a store ---------------------------------------
@@ -240,15 +317,11 @@ def _file_problem(path: Path) -> str | None:
         finally:
             db.close()
     except sqlite3.DatabaseError:
-        return f"{path} {records._unreadable(path)}"
+        return f"{path} {_unreadable(path)}"
     if version == 0 or "attempts" not in tables:
         return f"{path} is a SQLite file but not a batchjson ledger"
-    if version > SCHEMA_VERSION:
-        return (f"{path} has ledger schema version {version} but this batchjson knows up to "
-                f"{SCHEMA_VERSION}; upgrade batchjson to read it")
-    if version < SCHEMA_VERSION:
-        return f"{path}: {_older_schema(version, path)}"
-    return None
+    problem = _version_problem(version, str(path))
+    return f"{path}: {problem}" if problem else None
 
 
 def _holds_nothing(path: Path) -> bool | None:

@@ -1,10 +1,8 @@
 """What every store is made of: transactions and statements.
 
-The SQL of the ledger is written once, in the ``store_*`` modules, in the SQL SQLite and
-PostgreSQL share: ``?`` marks a parameter, ``ON CONFLICT`` says what a clashing insert does,
-booleans are counted with ``CASE``. What the two spell differently is their ``Dialect``
-(``store_schema.py``); a store for a database is a subclass that says how to open a
-transaction, run a statement and get a new row's id (``sqlite.py``, ``postgres.py``).
+The ``store_*`` modules write their SQL once, in what SQLite and PostgreSQL share; what the two
+spell differently is their ``Dialect`` (``store_schema.py``). A store for one database says how
+to open a transaction, run a statement and get a new row's id (``sqlite.py``, ``postgres.py``).
 """
 
 from __future__ import annotations
@@ -16,13 +14,13 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
-from .claims import LEASE_SECONDS
 from .store_schema import Dialect
 
 Tx = Any  # a store's open transaction: what its statements run on, opaque to everyone else
 Row = Any  # a row read by name (``row["id"]``) or position (``row[0]``)
 
 CHUNK = 500  # keys bound per statement, under every database's parameter limit
+LEASE_SECONDS = 30.0  # the default lease of a claim (Ledger(lease=)); renewed every third of it
 
 
 class Later:
@@ -55,19 +53,12 @@ class StoreBase(ABC):
 
     def transaction(self, *, calls: bool = False,
                     whole: str | None = None) -> AbstractContextManager[Tx]:
-        """One write transaction: committed whole, or rolled back whole, and run as if alone
-        (the reads in it decide its writes); a failure of the ledger itself (disk full, I/O
-        error, read-only, locked past the busy timeout, a lost server) is a LedgerError naming
-        the ledger and the cause.
-
-        ``calls``: the transaction the writes of calls share (receipts, claims, checkpoint
-        rows, the budget's reservations). Their statements decide on rows of their own
-        requests, so a database with row locks runs many runners' side by side instead of as
-        if alone (SQLite runs every writer alone).
-
-        ``whole``: the operation a person asked for that this transaction is (an import, a
-        merge): any failure of the database in it, a statement's own too, is a LedgerError
-        saying that was rolled back whole."""
+        """One write transaction, committed or rolled back whole and run as if alone (its reads
+        decide its writes); a failure of the ledger itself (disk full, I/O, read-only, locked,
+        a lost server) is a LedgerError naming it and the cause. ``calls``: the one calls'
+        writes share, deciding only on their own requests' rows, so a database with row locks
+        runs many runners' side by side. ``whole``: the operation a person asked for (an import,
+        a merge); any failure in it, a statement's own too, is a LedgerError saying so."""
         tx = self._calls_transaction() if calls else self._write_transaction()
         return tx if whole is None else _whole(self._whole_or_nothing(whole), tx)
 

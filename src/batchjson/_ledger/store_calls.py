@@ -1,47 +1,127 @@
-"""The store's SQL for the calls themselves: a receipt and its claim before a call is sent, the
-receipt completed after, an accepted return's checkpoint rows, and the claims' leases.
-
-Every method that takes ``tx`` runs inside the caller's transaction (the group commit puts the
-writes of many calls in one); the others open their own. The claim protocol is written once,
-here, for both databases; where they truly differ its statements say so with the dialect's
-``{lock}`` (PostgreSQL: ``FOR UPDATE SKIP LOCKED``; SQLite's ``BEGIN IMMEDIATE`` already
-serialises writers) and ``{now}`` (the ledger's clock). PostgreSQL sends the receipt and the
-hot path of its claim as one statement (``postgres.OPEN``): one round trip in a pipeline.
-
-A ledger with a cost budget of its own (``store_budget.py``) has each call's worst case
-reserved in the transaction of its receipt and claim, and settled in the one completing it.
+"""The store's SQL for a call: its receipt and claim, written before it is sent; the receipt
+completed after, with an accepted return's checkpoint rows; the ledger's own budget reserved and
+settled in those same transactions; and who is live (a claim's owner, a host). A method taking
+``tx`` runs in the caller's transaction, so the group commit can put many calls' writes in one.
+Claims: docs/design.md, "Claims: one payer per request"; the budget: docs/scale.md, "Budgets".
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import socket
+import threading
+import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from .._content.tasks import Request
-from . import claims
-from .claims import ACCEPTED, HELD, MINE, OVER, Owner
 from .records import _uid, now
 from .store_base import Later, Tx
-from .store_budget import BudgetStore
-from .store_runs import CHECKPOINT_SQL
+from .store_runs import CHECKPOINT_SQL, RunStore
+
+# -- who holds a claim, and when a holder is gone --------------------------------------------
+# Who "this host" is: its host name, or BATCHJSON_HOST where machines share one (containers
+# with the host's name but their own process ids): a process id is checked only on its host.
+HOST = os.environ.get("BATCHJSON_HOST") or socket.gethostname()
+
+_live_lock = threading.Lock()
+_live_runs: set[str] = set()  # owners of this process whose run is still going
 
 
-class CallStore(BudgetStore):
-    """Receipts, checkpoint rows and claims: the writes of every call."""
+@dataclass(frozen=True)
+class Owner:
+    """Who holds a claim: this host and process, a session, and one run of it."""
+
+    host: str
+    pid: int
+    session: str
+    run: str
+
+    @classmethod
+    def start(cls, session: str) -> Owner:
+        owner = cls(HOST, os.getpid(), session, uuid.uuid4().hex[:12])
+        with _live_lock:
+            _live_runs.add(owner.id)
+        return owner
+
+    def stop(self) -> None:
+        with _live_lock:
+            _live_runs.discard(self.id)
+
+    @property
+    def id(self) -> str:
+        return f"{self.host}/{self.pid}/{self.session}/{self.run}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def _owner_gone(owner: str, host: str, pid: int, lease_expires_at: float | None,
+               at: float) -> bool:
+    """Same host: its process (or, in this process, its run) no longer exists. Any host: its
+    lease expired, so it stopped renewing."""
+    if host == HOST:
+        if pid == os.getpid():
+            with _live_lock:
+                if owner not in _live_runs:
+                    return True
+        elif not _pid_alive(pid):
+            return True
+    return lease_expires_at is not None and lease_expires_at < at
+
+
+def _parse(owner: str) -> tuple[str, int] | None:
+    parts = owner.split("/")
+    if len(parts) != 4 or not parts[1].isdigit():
+        return None
+    return parts[0], int(parts[1])
+
+
+def _gone_owners(holders: Sequence[tuple[str, str, int, float]], in_flight: Sequence[str],
+                at: float) -> set[str]:
+    """Which owners are gone: of the claim holders (owner, host, pid, lease expiry), those
+    :func:`_owner_gone` says; of the owners with receipts in flight and no claim, those of this
+    host whose process (or run) is gone."""
+    gone = {owner for owner, host, pid, lease in holders
+            if _owner_gone(owner, host, pid, lease, at)}
+    for owner in in_flight:
+        where = _parse(owner)
+        if owner not in gone and where is not None and where[0] == HOST and _owner_gone(
+                owner, where[0], where[1], None, at):
+            gone.add(owner)
+    return gone
+
+
+ABANDONED = {"type": "abandoned", "task_id": None, "message": "its runner was killed or lost "
+             "before the answer was recorded; the call may have been paid for"}
+
+MINE, HELD, ACCEPTED = "mine", "held", "accepted"  # what _begin_call finds
+OVER = "over"  # the ledger's own cost budget cannot hold the call
+
+
+class CallStore(RunStore):
+    """Receipts, checkpoint rows and claims: the writes of every call; the budget they hold;
+    the live hosts."""
 
     def _begin_call(self, tx: Tx, batch_id: int, revision_id: int, request: Request, kind: str,
                    provider: str | None, model: str | None, source: str | None, *,
                    owner: Owner, estimated_input_tokens: int | None = None,
                    cost_floor: float | None = None,
                    reserve: float | None = None) -> tuple[str, int | None]:
-        """Write a call's in-flight receipt and claim its request, in ``tx``; it is committed
-        before the call is sent. Returns (MINE, receipt id), or (HELD, ACCEPTED or OVER, None)
-        when another live runner holds the request, it is accepted, or the ledger's own budget
-        cannot hold ``reserve`` (the call's worst case; None when the run prices none): then
-        nothing will be sent and the receipt never leaves this transaction. The receipt and
-        its claim share one clock reading. ``source`` is the provider's answer source."""
+        """Write a call's in-flight receipt and claim its request, in ``tx`` (committed before
+        the call is sent): (MINE, receipt id), or (HELD, ACCEPTED or OVER, None) when another
+        live runner holds it, it is accepted, or the ledger's budget cannot hold ``reserve``
+        (its worst case; None: unpriced); then the receipt never leaves ``tx``."""
         return self.begin_call_later(
             tx, batch_id, revision_id, request, kind, provider, model, source, owner=owner,
             estimated_input_tokens=estimated_input_tokens, cost_floor=cost_floor,
@@ -79,8 +159,7 @@ class CallStore(BudgetStore):
         """Write the receipt (``RECEIPT_SQL``'s values) and claim its request: (receipt id,
         what the claim found, whether the ledger has a budget of its own: None, not asked).
         The hot path of every call: one statement claims a request that is free or already
-        ours and not accepted; anything else takes :meth:`_decide`. (PostgreSQL sends the
-        receipt and the hot path as one statement, and locks the request's row first.)"""
+        ours and not accepted; anything else takes :meth:`_decide`."""
         attempt_id = self._insert(tx, RECEIPT_SQL, receipt)
         lease = self._clock(tx) + self.lease_seconds
         taken = self._exec(tx, TAKE_SQL, (request_key, owner.id, owner.host, owner.pid,
@@ -101,7 +180,7 @@ class CallStore(BudgetStore):
             tx, sql(HOLDER_SQL), (request_key, request_key)).fetchone()
         if accepted:
             return ACCEPTED
-        if holder is None or holder == owner.id or not claims._owner_gone(holder, host, pid,
+        if holder is None or holder == owner.id or not _owner_gone(holder, host, pid,
                                                                          lease, at):
             return HELD  # released a moment ago, or held: look again later
         if self._exec(tx, sql(LOCK_HOLDER_SQL), (request_key, holder)).fetchone() is None:
@@ -119,7 +198,7 @@ class CallStore(BudgetStore):
         self._exec(tx, sql(ABANDON_CLAIMS_SQL), (owner,))
         held = self._exec(tx, sql(HELD_SQL), (owner,)).fetchone()[0]
         self._charge_abandoned(tx, held)
-        return self._exec(tx, sql(ABANDON_SQL), (now(), json.dumps([claims.ABANDONED]),
+        return self._exec(tx, sql(ABANDON_SQL), (now(), json.dumps([ABANDONED]),
                                                  owner)).rowcount
 
     def reap(self) -> int:
@@ -131,7 +210,7 @@ class CallStore(BudgetStore):
                                  "FROM claims GROUP BY owner").fetchall()
             in_flight = self._exec(tx, "SELECT DISTINCT owner FROM attempts WHERE status = "
                                    "'in_flight' AND owner IS NOT NULL").fetchall()
-            gone = claims._gone_owners([tuple(r) for r in holders], [r[0] for r in in_flight],
+            gone = _gone_owners([tuple(r) for r in holders], [r[0] for r in in_flight],
                                       at)
             return sum(self._abandon(tx, owner) for owner in gone)
 
@@ -144,7 +223,7 @@ class CallStore(BudgetStore):
                              "claims WHERE request_key IN ({marks})", keys)
         at = self._clock(None) if rows else 0.0
         held = {r[0] for r in rows if r[1] != owner.id and r[0] not in accepted
-                and not claims._owner_gone(r[1], r[2], r[3], r[4], at)}
+                and not _owner_gone(r[1], r[2], r[3], r[4], at)}
         return accepted, held
 
     def claims(self, tx: Tx, owner: Owner, action: Literal["renew", "release"],
@@ -165,16 +244,11 @@ class CallStore(BudgetStore):
                       usage: Mapping[str, Any], *, errors: Sequence[Mapping] = (),
                       accepted: tuple[int, str, Mapping[str, Any]] | None = None,
                       sent_at: str | None = None, charge: float | None = None) -> None:
-        """Complete a receipt, in ``tx``: ``accepted`` (batch id, request key, items) admits
-        every item of an ``accepted`` return; any other ``status`` (rejected, provider_error,
-        cancelled) keeps its ``errors`` and admits nothing.
-
-        Checkpoint rows are written once and never re-pointed: if another runner's return for
-        this request was admitted first, this one is kept as a paid return that admitted
-        nothing (rejected, ``already_accepted``). ``sent_at=None`` on a cancelled receipt says
-        its call was never sent. ``charge`` is what the call cost the ledger's budget when the
-        run reserved on it (None: it did not).
-        """
+        """Complete a receipt, in ``tx``: an accepted return admits its items (``accepted``:
+        batch id, request key, items), any other ``status`` keeps its ``errors``. Checkpoint
+        rows are never re-pointed: a return whose request another runner's was admitted for
+        first is kept as paid, admitting nothing. ``sent_at=None``: a cancelled call never sent;
+        ``charge``: what it cost the ledger's budget (None: the run reserved nothing on it)."""
         if (status == "accepted") != (accepted is not None):
             raise ValueError("an accepted return, and only one, names its items (accepted=)")
         if accepted is not None:
@@ -220,6 +294,74 @@ class CallStore(BudgetStore):
         return (self._raw(raw), usage.get("input_tokens"), usage.get("output_tokens"),
                 usage.get("cached_tokens"), cost, usage.get("model"), stamp or now(), sent_at,
                 attempt_id)
+
+    # -- the ledger's own cost budget -------------------------------------------------------
+    def _shared_budget(self) -> dict[str, Any] | None:
+        """The ledger's budget (cost, spent, reserved, left, set_at, set_by), or None."""
+        rows = self._read("SELECT cost, spent, reserved, set_at, set_by FROM budget WHERE id = 1")
+        if not rows:
+            return None
+        row = rows[0]
+        left = max(0.0, row["cost"] - row["spent"] - row["reserved"])
+        return {"cost": row["cost"], "spent": row["spent"], "reserved": row["reserved"],
+                "left": left, "set_at": row["set_at"], "set_by": row["set_by"]}
+
+    def _set_shared_budget(self, cost: float | None, *, by: str, stamp: str) -> None:
+        """Set the ceiling (what was spent under an earlier one still counts), or with
+        ``cost=None`` remove the budget."""
+        with self.transaction() as tx:
+            if cost is None:
+                self._exec(tx, "DELETE FROM budget WHERE id = 1")
+                self._exec(tx, "UPDATE attempts SET reserved = NULL WHERE reserved IS NOT NULL "
+                           "AND status IN ('in_flight', 'abandoned')")
+                return
+            self._exec(tx, "INSERT INTO budget(id, cost, spent, reserved, set_at, set_by) "
+                       "VALUES (1, ?, 0, 0, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+                       "cost = excluded.cost, set_at = excluded.set_at, "
+                       "set_by = excluded.set_by", (cost, stamp, by))
+
+    def _reserve_shared(self, tx: Tx, attempt_id: int, amount: float | None,
+                        budgeted: bool | None = None) -> bool:
+        """Reserve ``amount`` (a call's worst case; None: not priced) for the receipt just
+        written, in ``tx``. False when the ledger has a budget that cannot hold it (or it has
+        one and the call is not priced); with no budget, the receipt holds nothing.
+        ``budgeted``: whether the ledger has a budget, if the caller read it in ``tx``."""
+        if budgeted is not False:
+            if amount is not None and self._exec(tx, BUDGET_RESERVE_SQL,
+                                                 (amount, amount)).fetchall():
+                return True
+            if self._exec(tx, "SELECT 1 FROM budget WHERE id = 1").fetchone() is not None:
+                return False
+        if amount is not None:
+            self._exec(tx, "UPDATE attempts SET reserved = NULL WHERE id = ?", (attempt_id,))
+        return True
+
+    def _settle_shared(self, tx: Tx, attempt_id: int, charge: float) -> None:
+        """Charge a receipt's call to the ledger's budget as it completes (before its status
+        changes): ``charge`` is what it cost, or its worst case when that is unknown."""
+        self._exec(tx, BUDGET_SETTLE_SQL, (charge, attempt_id))
+
+    def _charge_abandoned(self, tx: Tx, held: float) -> None:
+        if held:
+            self._exec(tx, BUDGET_ABANDON_SQL, (held, held, held))
+
+    # -- the live hosts, sharing the rate limits ---------------------------------------------
+    def hosts(self, tx: Tx, owner: Owner, *, leaving: bool = False) -> int:
+        """Renew ``owner``'s row, or delete it when ``leaving``; then count the hosts alive. A
+        host is gone as a claim's owner is; gone hosts' rows are deleted in one order, so hosts
+        deleting the same rows never wait on each other in a circle."""
+        at = self._clock(tx)
+        if leaving:
+            self._exec(tx, "DELETE FROM hosts WHERE owner = ?", (owner.id,))
+        else:
+            self._exec(tx, HOST_JOIN_SQL, (owner.id, owner.host, owner.pid,
+                                           at + self.lease_seconds, now()))
+        rows = self._exec(tx, "SELECT owner, host, pid, lease_expires_at FROM hosts").fetchall()
+        gone = sorted(row[0] for row in rows if row[0] != owner.id
+                      and _owner_gone(row[0], row[1], row[2], row[3], at))
+        for name in gone:
+            self._exec(tx, "DELETE FROM hosts WHERE owner = ?", (name,))
+        return len(rows) - len(gone)
 
 
 def _already_accepted(first: Any) -> list[dict[str, Any]]:
@@ -269,3 +411,26 @@ ABANDON_SQL = (f"UPDATE attempts SET status = 'abandoned', finished_at = ?, erro
                f"WHERE id IN ({_GONE})")
 RENEW_SQL = ("UPDATE claims SET lease_expires_at = {now} + ? WHERE request_key IN (SELECT "
              "request_key FROM claims WHERE owner = ?{lock})")
+
+# The ledger's budget is one row (id 1) while it is set.
+BUDGET_RESERVE_SQL = ("UPDATE budget SET reserved = reserved + ? WHERE id = 1 "
+                      "AND spent + reserved + ? <= cost RETURNING id")
+
+# Settling one receipt (before its status changes): what it held comes off ``reserved`` if it
+# was in flight; its charge goes to ``spent``, less what was charged when it was abandoned.
+BUDGET_SETTLE_SQL = (
+    "UPDATE budget SET "
+    "reserved = CASE WHEN reserved > a.held THEN reserved - a.held ELSE 0 END, "
+    "spent = spent + ? - a.charged FROM (SELECT "
+    "CASE WHEN status = 'in_flight' THEN reserved ELSE 0 END AS held, "
+    "CASE WHEN status = 'abandoned' THEN reserved ELSE 0 END AS charged FROM attempts "
+    "WHERE id = ? AND reserved IS NOT NULL AND status IN ('in_flight', 'abandoned')) AS a "
+    "WHERE budget.id = 1")
+
+# Receipts of a runner that is gone are charged their worst case: nothing says they cost less.
+BUDGET_ABANDON_SQL = ("UPDATE budget SET reserved = CASE WHEN reserved > ? THEN reserved - ? "
+                      "ELSE 0 END, spent = spent + ? WHERE id = 1")
+
+HOST_JOIN_SQL = ("INSERT INTO hosts(owner, host, pid, lease_expires_at, joined_at) "
+                 "VALUES (?, ?, ?, ?, ?) ON CONFLICT (owner) DO UPDATE SET "
+                 "lease_expires_at = excluded.lease_expires_at")

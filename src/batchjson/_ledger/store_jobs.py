@@ -1,13 +1,8 @@
 """The store's SQL for provider batch jobs: a job row and its lines, written before upload.
 
-A job is recorded in one transaction with an in-flight receipt per request and the request's
-claim, held by the job itself (an owner no process or lease stands for: it is never presumed
-gone), so no runner on any host sends those requests while the job may still answer. Each line
-carries a ``custom_id`` naming its receipt, unique by construction (the job's random uid and the
-receipt's id) and by the table's key. The job's provider id is written once the provider has
-created it; a job still ``recording`` whose writer is gone may have been created and billed, so
-it becomes ``uncertain``: shown, its requests still claimed, never resubmitted on its own.
-Collection completes every receipt of a job and releases its claims in one transaction.
+A job is recorded in one transaction with an in-flight receipt and a claim per request, held
+by the job itself (never presumed gone), so no runner sends them while it may still answer;
+collection completes its receipts and releases its claims in one transaction.
 """
 
 from __future__ import annotations
@@ -18,11 +13,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._content.tasks import Request, stored_request
-from . import claims
-from .claims import MINE, Owner
 from .records import now
 from .store_base import Row, Tx
-from .store_calls import CallStore
+from .store_calls import MINE, CallStore, Owner, _owner_gone
 
 JOB_HOST = "batchjson-job"  # the host of a job's claims: no process, never presumed gone
 NEVER = 1e18  # a job's claims have no lease: they are released when the job is collected
@@ -56,15 +49,12 @@ class JobStore(CallStore):
                  writer: Owner, lines: Sequence[tuple[Request, str, bool, float, int]],
                  shared: bool = False, plan: Mapping[str, Any] | None = None,
                  ) -> tuple[int | None, list[dict[str, Any]]]:
-        """Record a job (status ``recording``) and, for each (request, kind, wrapped, reserved,
-        estimated input tokens) whose request is free, its receipt, claim and line: (job id,
-        the lines written: custom_id, attempt_id, request_key, kind; None and none when no
-        request was free). A request accepted or
-        held by another runner meanwhile gets no line, nor one the ledger's own cost budget
-        cannot hold (``shared``: each line's worst case is reserved on it). ``plan``: what
-        judging its lines needs beside the revision (the schema, for a kernel that did not run
-        it). The writer's lease on the recording runs from now (``renew_job``). Committed before
-        anything is uploaded."""
+        """Record a job (``recording``), committed before anything is uploaded, and for each
+        (request, kind, wrapped, reserved, estimated input tokens) whose request is still free
+        and fits the ledger's budget (``shared``: each line's worst case reserved on it), its
+        receipt, claim and line: (job id, the lines written), or (None, []) when none was.
+        ``plan``: what judging its lines needs beside the revision (the schema, for a kernel
+        that did not run it); the writer's lease on the recording runs from now."""
         owner, stamp = _job_owner(uid), now()
         written: list[dict[str, Any]] = []
         with self.transaction(calls=True) as tx:
@@ -106,11 +96,10 @@ class JobStore(CallStore):
 
     def job_submitted(self, job_id: int, provider_job_id: str,
                       detail: Mapping[str, Any]) -> bool:
-        """The provider created the job: its id, and every line's receipt sent. A job taken
-        for uncertain meanwhile (its writer's lease ran out) is open again: its id is known.
-        Whether a person cancelled it meanwhile (``note_job``, or released it when it
-        was uncertain): then the writer cancels it at the provider, and a released job keeps
-        the id it was created under, so no batch is ever billed unknown to its ledger."""
+        """The provider created the job: its id recorded, every line's receipt sent (an
+        uncertain job is open again). True when a person cancelled or released it meanwhile:
+        the writer then cancels it at the provider, and a released job keeps its id, so no
+        batch is ever billed unknown to its ledger."""
         stamp = now()
         with self.transaction() as tx:
             status, old = self._job_state(tx, job_id)
@@ -130,12 +119,10 @@ class JobStore(CallStore):
 
     def note_job(self, job_id: int, note: Mapping[str, Any], *, recording: bool = False,
                  uncertain: bool = False) -> bool:
-        """Add ``note`` to a job's detail. ``recording``: only while its writer is still
-        creating it (a cancel a person asks for then, which the writer honours once the job is
-        created: ``job_submitted``; it may be created any moment, so it is not released);
-        ``uncertain``: a job still recording becomes uncertain, as it may have been created
-        (and billed) without its id on record. False (nothing written) when either finds the
-        job no longer recording."""
+        """Add ``note`` to a job's detail. ``recording``: only while its writer still creates
+        it (a person's cancel, honoured once it exists: ``job_submitted``); ``uncertain``: a job
+        still recording becomes uncertain (it may exist, billed, without its id on record).
+        False, nothing written, when either finds it no longer recording."""
         with self.transaction() as tx:
             status, old = self._job_state(tx, job_id)
             if (recording or uncertain) and status != "recording":
@@ -191,8 +178,7 @@ class JobStore(CallStore):
         at = self._clock(None)
         for row in self._read("SELECT id, owner, host, pid, lease_expires_at FROM jobs WHERE "
                               "status = 'recording'"):
-            if claims._owner_gone(row["owner"], row["host"], row["pid"],
-                                 row["lease_expires_at"], at):
+            if _owner_gone(row["owner"], row["host"], row["pid"], row["lease_expires_at"], at):
                 self.note_job(row["id"], {"why": "its runner stopped between recording the "
                                           "job and recording the provider's id: the job may "
                                           "exist and be billed"}, uncertain=True)
@@ -265,6 +251,20 @@ class JobStore(CallStore):
             found.setdefault(row["key"], stored_request(row))
         return found
 
+
+def _unfinished_jobs(jobs: Sequence[Mapping[str, Any]], where: str, then: str) -> str | None:
+    """Why ``then`` must wait when any of ``jobs`` (rows with id, provider_job_id, status and
+    batch) is unfinished, naming each job and what to do; None when none is. Only that job's
+    ledger can collect what it answers, so forgetting its batch or carrying its account
+    elsewhere (a merge, an export) waits until it is collected or cancelled."""
+    open_jobs = [j for j in jobs if j["status"] in OPEN_STATES]
+    if not open_jobs:
+        return None
+    named = ", ".join(f"{j['id']} (batch {j['batch']!r}, {j['provider_job_id'] or j['status']})"
+                      for j in open_jobs)
+    return (f"{where} has unfinished batch job(s) {named}: they may still answer, and be "
+            f"billed, there. Re-run the batch to collect them, or `batchjson cancel JOB` "
+            f"them, first; then {then}")
 
 
 JOB_SQL = (

@@ -52,10 +52,8 @@ class RunStore(StoreBase):
                       requests: Iterable[Request], *, strict: bool,
                       validator: Mapping[str, Any] | None = None,
                       ) -> tuple[Revision, Revision | None]:
-        """Make (or reuse) the revision for this content and mark it current.
-
-        Returns (revision, superseded) where ``superseded`` is the previous current revision if
-        it was unresolved and has now been marked superseded (never in a strict session).
+        """Make (or reuse) the revision for this content and mark it current: (revision, the
+        previous current one if it was unresolved and is now superseded; never when ``strict``).
         """
         stamp = now()
         with self.transaction() as tx:
@@ -74,8 +72,7 @@ class RunStore(StoreBase):
             superseded = None
             if previous_id is not None and previous_id != revision_id and not strict:
                 superseded = self._supersede(tx, previous_id, revision_id, components)
-            self._exec(tx, "UPDATE batches SET current_revision = ? WHERE id = ?",
-                       (revision_id, batch_id))
+            self._make_current(tx, batch_id, revision_id)
         [current] = self._revisions(revision_id=revision_id)
         return current, (self._revisions(revision_id=superseded)[0] if superseded else None)
 
@@ -112,10 +109,17 @@ class RunStore(StoreBase):
         old = json.loads(self._exec(tx, "SELECT components FROM revisions WHERE id = ?",
                                     (previous_id,)).fetchone()[0])
         changed = [k for k in JUDGED if old.get(k) != components.get(k)]
-        self._exec(tx, "UPDATE revisions SET status = 'superseded', superseded_by = ?, "
-                   "supersede_reason = ? WHERE id = ?",
-                   (revision_id, "changed: " + ", ".join(changed or ["content"]), previous_id))
+        self._mark_superseded(tx, previous_id, revision_id,
+                              "changed: " + ", ".join(changed or ["content"]))
         return previous_id
+
+    def _mark_superseded(self, tx: Tx, revision_id: int, by: int, reason: str) -> None:
+        self._exec(tx, "UPDATE revisions SET status = 'superseded', superseded_by = ?, "
+                   "supersede_reason = ? WHERE id = ?", (by, reason, revision_id))
+
+    def _make_current(self, tx: Tx, batch_id: int, revision_id: int) -> None:
+        self._exec(tx, "UPDATE batches SET current_revision = ? WHERE id = ?",
+                   (revision_id, batch_id))
 
     def _insert_requests(self, tx: Tx, revision_id: int, requests: Iterable[Request]) -> None:
         """``requests`` (a list, or a stream of a million read a window at a time) in ``tx``."""

@@ -1,16 +1,10 @@
 """The ledger's schema, and what SQLite and PostgreSQL spell differently: each said once.
 
-The tables are declared once (``TABLES``) with their few type words left open; each database's
-``Dialect`` fills them in when this module is imported. The statements of the ``store_*``
-modules are written once, with ``?`` marking a parameter (never inside a literal), and each
-dialect renders a statement the first time it runs and keeps it: SQLite runs it as it is,
-PostgreSQL (psycopg) reads ``%s`` for ``?`` and ``%%`` for ``%``. Where the two databases truly
-need different SQL, a claim's statements say so with the tokens here (``{lock}``, ``{now}``),
-rendered once per dialect as well; nothing is rewritten by pattern.
-
-There is one schema. A ledger at an older version is refused, never converted: nothing has
-been released that wrote one, and its receipts can be exported by the version that wrote it
-and imported into a new ledger.
+The tables (``TABLES``) leave their few type words to each database's ``Dialect``. A statement
+is written once, ``?`` marking a parameter (never inside a literal), and rendered once per
+dialect; where the databases truly differ, a claim's statements say so with ``{lock}`` and
+``{now}``. Nothing is rewritten by pattern. One schema: a ledger at another version is refused,
+never converted (``_version_problem``).
 """
 
 from __future__ import annotations
@@ -19,6 +13,23 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 SCHEMA_VERSION = 13
+
+
+def _version_problem(version: Any, ledger: str | None) -> str | None:
+    """What to do with a ledger at schema ``version``, None when this batchjson reads it. One
+    an earlier batchjson wrote is not converted (nothing released wrote one): its receipts are
+    exported by that version and imported into a new ledger; ``ledger``: how to name it there."""
+    if version == SCHEMA_VERSION:
+        return None
+    if isinstance(version, int) and version > SCHEMA_VERSION:
+        return (f"schema version {version} is newer than this batchjson knows "
+                f"({SCHEMA_VERSION}); upgrade batchjson to read it (nothing was changed)")
+    export = "batchjson export --jsonl" + (f" --ledger {ledger}" if ledger else "")
+    return (f"ledger schema version {version} was written by an earlier batchjson; this "
+            f"batchjson reads only schema {SCHEMA_VERSION} and does not convert older ledgers "
+            "(nothing was changed). Keep using the batchjson that wrote it, or export its "
+            f"receipts with that version ({export} > receipts.jsonl) and import them into a "
+            "new ledger (batchjson import receipts.jsonl --ledger NEW)")
 
 # The tables docs/design.md lists, with their columns' names and meanings; times are ISO 8601
 # UTC text. Claims and checkpoint rows are written with every call: WITHOUT ROWID (SQLite) keeps

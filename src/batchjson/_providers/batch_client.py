@@ -19,7 +19,7 @@ from .pricing import batch_share
 from .reply import Reply
 from .upload import Upload
 
-LONGEST_ID = "bj_" + "0" * 48  # the length of every custom_id (_ledger/store_jobs.custom_id)
+LONGEST_ID = "bj_" + "0" * 48  # the length of every custom_id (_ledger/store_jobs._custom_id)
 NOT_UTF8 = "__not_utf8__"  # an output line's first byte that is not UTF-8 (OutputLines)
 TEXT = "__text__"  # an output line's own text (OutputLines)
 

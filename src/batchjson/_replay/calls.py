@@ -16,10 +16,10 @@ from .._acceptance import judge as acceptance
 from .._content.schema import wire_schema
 from .._content.tasks import Request, render_items_prompt, render_value_prompt, shared_head
 from .._errors import LedgerError, ProviderError
-from .._ledger.claims import ACCEPTED, MINE, OVER, Owner
 from .._ledger.ledger import Ledger
 from .._ledger.records import now
 from .._ledger.store import Store
+from .._ledger.store_calls import ACCEPTED, MINE, OVER, Owner
 from .._money import usd
 from .._providers.base import Call, CallKind, Reply, estimate_tokens, input_bound
 from .._providers.caching import prefix_cacheable

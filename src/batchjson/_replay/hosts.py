@@ -4,9 +4,9 @@ limits instead of each sending at all of them."""
 from __future__ import annotations
 
 from .._errors import LedgerError
-from .._ledger.claims import Owner
 from .._ledger.store import Store
 from .._ledger.store_base import Tx
+from .._ledger.store_calls import Owner
 from .pacing import Pacer
 
 COUNT_SECONDS = 1.0  # the longest a run paces to a stale count of the hosts

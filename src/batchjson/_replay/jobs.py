@@ -19,8 +19,8 @@ from typing import Any
 from .._content.tasks import Request
 from .._errors import ProviderError
 from .._ledger import Ledger
-from .._ledger.claims import Owner
 from .._ledger.records import now
+from .._ledger.store_calls import Owner
 from .._providers.base import Reply, estimate_tokens, input_bound
 from .._providers.batch_client import NOT_UTF8
 from .._providers.reply import received

@@ -19,7 +19,7 @@ from .._acceptance import judge as acceptance
 from .._content.tasks import Request
 from .._errors import LedgerError, ProviderError
 from .._ledger import Ledger
-from .._ledger.claims import Owner
+from .._ledger.store_calls import Owner
 from .._providers.ratelimits import HEADER_LISTENER, reports_limits, request_tokens
 from .._sources import TRUNCATED
 from .budget import Spender

@@ -15,7 +15,7 @@ COUNTERS = ("calls", "rechecks", "accepted_returns", "rejected_returns", "provid
             "cached_tokens", "unknown_cost_calls", "unpriced_calls", "tasks", "usable_results")
 
 # What a call is, and what is known of its cost, is defined once, in the store's SQL
-# (store_views.IS_CALL); Ledger.spend() and cost_summary() are both views of calls(), so the two
+# (store_accounts.IS_CALL); Ledger.spend() and cost_summary() are both views of calls(), so the two
 # accounts cannot drift apart.
 
 _CALL_COUNTS = ("calls", "rechecks", "unsent", "accepted_returns", "rejected_returns",

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from .._canon import canonical_json as _json
-from .._ledger.export import receipt_of
-from .._ledger.merge import other_tables
+from .._ledger.ledger import other_tables
 from .._ledger.store import Store
+from .._ledger.store_admin import receipt_of
 from .._loop import run_sync
 from .recovery import recheck_receipt, registry_view
 

@@ -19,10 +19,9 @@ from .._content.schema import ItemSchema, compile_schema
 from .._content.tasks import Identity, Request, normalize_identity, normalize_tasks, sha
 from .._errors import InvalidBatch
 from .._fingerprint.fingerprint import Fingerprint, fingerprint_function
-from .._ledger.export import EXPORT_FORMAT
-from .._ledger.import_revisions import Placement, revision_for, settle
 from .._ledger.records import now
 from .._ledger.store import Store
+from .._ledger.store_admin import EXPORT_FORMAT, Placement, revision_for, settle
 from .._loop import run_sync
 from .receipt_files import InDocument, document_receipts, parsed_lines, refuse
 from .rejudge import Judging

@@ -70,7 +70,7 @@ USABLE_SQL = (
     "ON c.request_key = q.key WHERE q.split = 0{where} GROUP BY b.id, b.name")
 
 
-class ViewStore(StoreBase):
+class AccountStore(StoreBase):
     """Rows for the accounts, for pack-size advice and for what a pack may hold."""
 
     def call_rows(self, name: str | None = None) -> tuple[list[Row], list[Row]]:

@@ -1,0 +1,557 @@
+"""The store's SQL for what a person asks of a ledger beside running it: import receipts,
+export them, merge another ledger in, forget a batch. Each is one transaction, whole or
+nothing; what judges the receipts an import or a merge brings in sits above the ledger
+(``_session/recovery.py``, ``_session/merge.py``). The rules: docs/recovery.md.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import InitVar, dataclass, field
+from typing import Any
+
+from .._canon import canonical_json
+from .._content.keys import Keys, tasks_digest
+from .._content.tasks import Request
+from .._errors import InvalidBatch
+from .records import now
+from .store_base import Row, Tx
+from .store_jobs import JobStore, _unfinished_jobs
+from .store_runs import LATER_WORK_SQL, UNRESOLVED_SQL
+
+EXPORT_FORMAT = "batchjson/receipt-1"
+# The components that say how a receipt was judged (tasks and pack say what was asked).
+JUDGING = ("schema", "validator", "instructions", "identity", "mode", "source", "unseen")
+KEPT = (*JUDGING, "schema_doc", "schema_shape")  # the schema itself, so an export rechecks it
+BESIDE_LIVE = "imported beside the batch's current revision"
+ATTEMPT_COLUMNS = ("request_key", "task_ids", "kind", "status", "errors", "raw",
+                   "input_tokens", "output_tokens", "cached_tokens", "cost", "provider",
+                   "model", "started_at", "finished_at", "uid", "sent_at", "owner", "source",
+                   "estimated_input_tokens", "cost_floor")
+MERGED = ("batches", "revisions", "requests", "attempts", "attempts_completed",
+          "checkpoint_rows", "validators", "imports")
+
+
+class AdminStore(JobStore):
+    """Imported receipts and the revisions they go to; the export; a merge; forgetting."""
+
+    def imported_before(self, tx: Tx, digest: str, uid: str | None
+                        ) -> tuple[Row | None, Row | None]:
+        """What the ledger holds of a receipt line, in ``tx``: where a line with this digest
+        was imported before (line, source), and (id, batch_id, status) of the attempt with
+        its global id ``uid``; each None when there is none."""
+        done = self._exec(tx, "SELECT line, source FROM imports WHERE digest = ?",
+                          (digest,)).fetchone()
+        held = None if not uid else self._exec(
+            tx, "SELECT id, batch_id, status FROM attempts WHERE uid = ?", (uid,)).fetchone()
+        return done, held
+
+    def accepted_items(self, tx: Tx, batch_id: int, key: str) -> dict[str, str]:
+        """task_id -> stored item JSON already accepted for this request of this batch."""
+        return {r["task_id"]: r["item"] for r in self._exec(
+            tx, "SELECT task_id, item FROM checkpoint WHERE batch_id = ? AND request_key = ?",
+            (batch_id, key)).fetchall()}
+
+    def record_import(self, tx: Tx, receipt: Mapping[str, Any], *, status: str,
+                      errors: Sequence[Mapping], stored: Mapping[str, Any],
+                      usage: Mapping[str, Any], completes: int | None = None) -> int:
+        """Write one imported receipt, in ``tx``: its attempt (a new one of kind ``import``,
+        or, with ``completes``, the in-flight attempt of the same call it completes), its
+        checkpoint rows when ``status`` is accepted, and the line's ``imports`` row. The
+        receipt mapping holds batch_id, revision_id, request, provider, model, at, uid,
+        source, digest, file, line and outcome. Returns the attempt's id."""
+        if completes is not None:
+            attempt_id = completes
+            self._exec(tx, "UPDATE attempts SET status = 'in_flight' WHERE id = ?", (completes,))
+        else:
+            request: Request = receipt["request"]
+            attempt_id = self._insert(
+                tx, "INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, "
+                "status, errors, raw, input_tokens, output_tokens, cached_tokens, cost, provider, "
+                "model, started_at, finished_at, uid, sent_at, source) VALUES (?,?,?,?, 'import', "
+                "'in_flight', NULL, NULL, NULL, NULL, NULL, NULL, ?, ?, ?, NULL, ?, ?, ?)",
+                (receipt["batch_id"], receipt["revision_id"], request.key,
+                 request.task_ids_json, receipt["provider"], receipt["model"], receipt["at"],
+                 receipt["uid"], receipt["sent_at"], receipt["source"]))
+        accepted = (receipt["batch_id"], receipt["request"].key, stored)
+        self.complete_call(tx, attempt_id, status, receipt["raw"], usage, errors=errors,
+                           accepted=accepted if status == "accepted" else None)
+        self._exec(tx, "INSERT INTO imports(digest, attempt_id, source, line, outcome, "
+                   "imported_at) VALUES (?,?,?,?,?,?)",
+                   (receipt["digest"], attempt_id, receipt["file"], receipt["line"],
+                    receipt["outcome"], now()))
+        return attempt_id
+
+    # -- the revisions imported attempts go to -------------------------------------------------
+    def _revision_holding(self, tx: Tx, batch_id: int, key: str,
+                         preferred: int | None) -> int | None:
+        """A revision of the batch that holds request ``key`` (``preferred`` first), or None."""
+        row = self._exec(tx, "SELECT r.id FROM revisions r JOIN requests q ON q.revision_id = "
+                         "r.id WHERE r.batch_id = ? AND q.key = ? ORDER BY CASE WHEN r.id = ? "
+                         "THEN 0 ELSE 1 END, r.id LIMIT 1",
+                         (batch_id, key, preferred or 0)).fetchone()
+        return row["id"] if row is not None else None
+
+    def _imported_revision(self, tx: Tx, revision_id: int) -> dict[str, str] | None:
+        """The components of ``revision_id`` when an import made it (no attempt of it but
+        imported ones), else None."""
+        row = self._exec(tx, "SELECT components, NOT EXISTS (SELECT 1 FROM attempts WHERE "
+                         "revision_id = ? AND kind != 'import') AS imports_only FROM revisions "
+                         "WHERE id = ?", (revision_id, revision_id)).fetchone()
+        return json.loads(row["components"]) if row["imports_only"] else None
+
+    def _add_import_request(self, tx: Tx, revision_id: int, request: Request) -> None:
+        """Add ``request`` to the revision, after its others (kept if already there)."""
+        self._exec(tx, "INSERT INTO requests(revision_id, key, position, parent_key, task_ids, "
+                   "tasks) VALUES (?,?, (SELECT COUNT(*) FROM requests WHERE revision_id = ?), "
+                   "NULL, ?, ?) ON CONFLICT DO NOTHING",
+                   (revision_id, request.key, revision_id, request.task_ids_json,
+                    request.tasks_json))
+
+    def _revision_rows(self, tx: Tx, ids: Sequence[int]) -> list[Row]:
+        """Per revision: id, number, status, components, supersede_reason, batch_id, batch,
+        whether it is its batch's current one and the current one's number."""
+        return self._by_keys(
+            "SELECT r.id, r.number, r.status, r.components, r.supersede_reason, r.batch_id, "
+            "b.name AS batch, CASE WHEN b.current_revision = r.id THEN 1 ELSE 0 END AS current, "
+            "c.number AS current_number FROM revisions r JOIN batches b ON b.id = r.batch_id "
+            "LEFT JOIN revisions c ON c.id = b.current_revision WHERE r.id IN ({marks})",
+            list(ids), tx)
+
+    # -- export --------------------------------------------------------------------------------
+    def _export_receipts(self, name: str | None = None) -> list[dict[str, Any]]:
+        """Every attempt (of one batch, or all) as an importable receipt, in call order. A batch
+        with an unfinished batch job is refused (an InvalidBatch): its receipts in flight would
+        be imported elsewhere without the job that collects them."""
+        problem = _unfinished_jobs([j for j in self.jobs() if name in (None, j["batch"])],
+                                   "this ledger" if name is None else f"batch {name!r}",
+                                   "export it")
+        if problem:
+            raise InvalidBatch(problem)
+        where, args = (" WHERE b.name = ?", (name,)) if name else ("", ())
+        numbers: dict[str, int] = {}
+        out = []
+        for row in self._read(EXPORT_SQL + where + " ORDER BY a.id", args):
+            numbers[row["batch"]] = numbers.get(row["batch"], 0) + 1
+            out.append(receipt_of(row, numbers[row["batch"]]))
+        return out
+
+    # -- merging another ledger in ------------------------------------------------------------
+    def merge_tables(self, theirs: Mapping[str, Sequence[Row]], source: str) -> dict[str, Any]:
+        """Bring another ledger's rows (table -> rows, as ``ledger.other_tables`` gives them) in,
+        in one transaction; ``source`` names it in the reasons it writes. Returns what was
+        added and how many attempts were already here."""
+        added = dict.fromkeys(MERGED, 0)
+        with self.transaction(whole="the merge") as tx:
+            self._merge_validators(tx, theirs["validators"], added)
+            batch_map, new_batches = self._merge_batches(tx, theirs["batches"], added)
+            revision_map = self._merge_revisions(tx, theirs, batch_map, new_batches, source,
+                                                 added)
+            self._merge_requests(tx, theirs["requests"], revision_map, added)
+            attempt_map, present = self._merge_attempts(tx, theirs["attempts"], batch_map,
+                                                        revision_map, added)
+            for c in theirs["checkpoint"]:
+                added["checkpoint_rows"] += self._exec(
+                    tx, "INSERT INTO checkpoint(batch_id, request_key, task_id, attempt_id, "
+                    "item, committed_at) VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING",
+                    (batch_map[c["batch_id"]], c["request_key"], c["task_id"],
+                     attempt_map[c["attempt_id"]], c["item"], c["committed_at"])).rowcount
+            for i in theirs["imports"]:
+                added["imports"] += self._exec(
+                    tx, "INSERT INTO imports(digest, attempt_id, source, line, outcome, "
+                    "imported_at) VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING",
+                    (i["digest"], attempt_map.get(i["attempt_id"]), i["source"], i["line"],
+                     i["outcome"], i["imported_at"])).rowcount
+        return {"added": added, "attempts_already_present": present}
+
+    def _merge_validators(self, tx: Tx, validators: Sequence[Row], added: dict) -> None:
+        for v in validators:
+            if self._exec(tx, "SELECT 1 FROM validators WHERE name = ? AND fingerprint = ?",
+                          (v["name"], v["fingerprint"])).fetchone():
+                continue
+            version = v["version"]
+            if self._exec(tx, "SELECT 1 FROM validators WHERE name = ? AND version = ?",
+                          (v["name"], version)).fetchone():
+                version = self._exec(tx, "SELECT MAX(version) + 1 FROM validators WHERE "
+                                     "name = ?", (v["name"],)).fetchone()[0]
+            self._exec(tx, "INSERT INTO validators(name, version, fingerprint, where_defined, "
+                       "defined_at, by_identity) VALUES (?,?,?,?,?,?)",
+                       (v["name"], version, v["fingerprint"], v["where_defined"],
+                        v["defined_at"], v["by_identity"]))
+            added["validators"] += 1
+
+    def _merge_batches(self, tx: Tx, batches: Sequence[Row],
+                       added: dict) -> tuple[dict[int, int], set[int]]:
+        batch_map: dict[int, int] = {}
+        new_batches: set[int] = set()
+        for b in batches:
+            row = self._exec(tx, "SELECT id FROM batches WHERE name = ?",
+                             (b["name"],)).fetchone()
+            if row is None:
+                batch_map[b["id"]] = self._insert(
+                    tx, "INSERT INTO batches(name, created_at) VALUES (?, ?)",
+                    (b["name"], b["created_at"]))
+                new_batches.add(b["id"])
+                added["batches"] += 1
+            else:
+                batch_map[b["id"]] = row["id"]
+        return batch_map, new_batches
+
+    def _merge_revisions(self, tx: Tx, theirs: Mapping[str, Sequence[Row]],
+                         batch_map: dict[int, int], new_batches: set[int], source: str,
+                         added: dict) -> dict[int, int]:
+        current = {row["id"]: row["current_revision"] for row in self._exec(
+            tx, "SELECT id, current_revision FROM batches").fetchall()}  # ours, before merging
+        revision_map: dict[int, int] = {}
+        inserted: list[Row] = []
+        for r in theirs["revisions"]:
+            batch_id = batch_map[r["batch_id"]]
+            row = self._exec(tx, "SELECT id FROM revisions WHERE batch_id = ? AND "
+                             "fingerprint = ?", (batch_id, r["fingerprint"])).fetchone()
+            if row is not None:
+                revision_map[r["id"]] = row["id"]
+                continue
+            number = r["number"]
+            if self._exec(tx, "SELECT 1 FROM revisions WHERE batch_id = ? AND number = ?",
+                          (batch_id, number)).fetchone():
+                number = self._exec(tx, "SELECT MAX(number) + 1 FROM revisions WHERE "
+                                    "batch_id = ?", (batch_id,)).fetchone()[0]
+            version = self._exec(tx, "SELECT version FROM validators WHERE name = ? AND "
+                                 "fingerprint = ?", (r["validator_name"],
+                                                     r["validator_fingerprint"])).fetchone()
+            revision_map[r["id"]] = self._insert(
+                tx, "INSERT INTO revisions(batch_id, number, fingerprint, components, "
+                "validator_name, validator_version, validator_fingerprint, status, "
+                "supersede_reason, created_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (batch_id, number, r["fingerprint"], r["components"], r["validator_name"],
+                 # the number this ledger gives its validator (a clashing one was renumbered)
+                 version["version"] if version is not None else r["validator_version"],
+                 r["validator_fingerprint"], r["status"], r["supersede_reason"],
+                 r["created_at"]))
+            inserted.append(r)
+            added["revisions"] += 1
+        for r in inserted:
+            if r["superseded_by"] is not None:
+                self._exec(tx, "UPDATE revisions SET superseded_by = ? WHERE id = ?",
+                           (revision_map[r["superseded_by"]], revision_map[r["id"]]))
+            ours = current.get(batch_map[r["batch_id"]])
+            if r["status"] == "open" and ours is not None:
+                # Beside a batch of ours the merged revision is on record, not owed: the batch
+                # keeps working on its current revision (as an import beside it does).
+                self._mark_superseded(tx, revision_map[r["id"]], ours, f"merged from {source} "
+                                      "beside the batch's current revision")
+        self._carry_forgets(tx, theirs["forgets"], inserted, revision_map, batch_map)
+        for b in theirs["batches"]:
+            if b["id"] in new_batches and b["current_revision"] is not None:
+                self._make_current(tx, batch_map[b["id"]], revision_map[b["current_revision"]])
+        return revision_map
+
+    def _carry_forgets(self, tx: Tx, forgets: Sequence[Row], revisions: Sequence[Row],
+                       revision_map: Mapping[int, int], batch_map: Mapping[int, int]) -> None:
+        """Revisions another ledger had forgotten stay forgotten here, under a copy of its
+        record (who, when, how), renumbered as the revisions were."""
+        by_id = {f["id"]: f for f in forgets}
+        carried: dict[int, int] = {}
+        for r in revisions:
+            record = by_id.get(r["forget_id"])
+            if record is None:
+                continue
+            if record["id"] not in carried:
+                carried[record["id"]] = self._insert(
+                    tx, "INSERT INTO forgets(batch_id, forgotten_at, forgotten_by, via, "
+                    "revisions, requests, items) VALUES (?,?,?,?,?,?,?)",
+                    (batch_map[record["batch_id"]], record["forgotten_at"],
+                     record["forgotten_by"], record["via"], "[]", record["requests"],
+                     record["items"]))
+            self._exec(tx, "UPDATE revisions SET forget_id = ? WHERE id = ?",
+                       (carried[record["id"]], revision_map[r["id"]]))
+        for ours in carried.values():
+            numbers = [n for (n,) in self._exec(tx, "SELECT number FROM revisions WHERE "
+                                                "forget_id = ? ORDER BY number", (ours,))]
+            self._exec(tx, "UPDATE forgets SET revisions = ? WHERE id = ?",
+                       (json.dumps(numbers), ours))
+
+    def _merge_requests(self, tx: Tx, requests: Sequence[Row], revision_map: dict[int, int],
+                        added: dict) -> None:
+        for q in requests:
+            revision_id = revision_map[q["revision_id"]]
+            added["requests"] += self._exec(
+                tx, "INSERT INTO requests(revision_id, key, position, parent_key, task_ids, "
+                "tasks, split) VALUES (?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
+                (revision_id, q["key"], q["position"], q["parent_key"], q["task_ids"],
+                 q["tasks"], q["split"])).rowcount
+            if q["split"]:  # halved there: the halves are the leaves here too
+                self._exec(tx, "UPDATE requests SET split = 1 WHERE revision_id = ? AND key = ?",
+                           (revision_id, q["key"]))
+
+    def _merge_attempts(self, tx: Tx, attempts: Sequence[Row], batch_map: dict[int, int],
+                        revision_map: dict[int, int], added: dict) -> tuple[dict[int, int], int]:
+        attempt_map: dict[int, int] = {}
+        present = 0
+        for a in attempts:
+            row = self._exec(tx, "SELECT id, status FROM attempts WHERE uid = ?",
+                             (a["uid"],)).fetchone()
+            if row is not None:
+                attempt_map[a["id"]] = row["id"]
+                present += 1
+                if row["status"] == "in_flight" and a["status"] != "in_flight":
+                    # Merged while that call was in flight there; it has finished since: its
+                    # outcome, tokens and cost are facts learned later, not a second call.
+                    self._exec(
+                        tx, "UPDATE attempts SET status = ?, errors = ?, raw = ?, "
+                        "input_tokens = ?, output_tokens = ?, cached_tokens = ?, cost = ?, "
+                        "model = ?, finished_at = ? WHERE id = ? AND status = 'in_flight'",
+                        (a["status"], a["errors"], self._raw(a["raw"]), a["input_tokens"],
+                         a["output_tokens"], a["cached_tokens"], a["cost"], a["model"],
+                         a["finished_at"], row["id"]))
+                    added["attempts_completed"] += 1
+                continue
+            attempt_map[a["id"]] = self._insert(
+                tx, f"INSERT INTO attempts(batch_id, revision_id, {', '.join(ATTEMPT_COLUMNS)}) "
+                f"VALUES ({', '.join('?' * (len(ATTEMPT_COLUMNS) + 2))})",
+                [batch_map[a["batch_id"]], revision_map[a["revision_id"]],
+                 *(self._raw(a[c]) if c == "raw" else a[c] for c in ATTEMPT_COLUMNS)])
+            added["attempts"] += 1
+        return attempt_map, present
+
+    # -- forgetting ----------------------------------------------------------------------------
+    def _forget(self, name: str, *, via: str, by: str, stamp: str) -> dict[str, Any] | None:
+        """Mark every revision of batch ``name`` that still owes as forgotten, in one
+        transaction with a ``forgets`` row saying who, when, how and what stopped being owed.
+        None when nothing is owed (then nothing is written)."""
+        with self.transaction() as tx:
+            owed = self._exec(tx, UNRESOLVED_SQL.format(select="r.number AS revision, q.task_ids")
+                              + " AND b.name = ?", (name,)).fetchall()
+            if not owed:
+                return None
+            revisions = sorted({r["revision"] for r in owed})
+            items = len({t for r in owed for t in json.loads(r["task_ids"])})
+            batch_id = self._exec(tx, "SELECT id FROM batches WHERE name = ?",
+                                  (name,)).fetchone()[0]
+            forget_id = self._insert(
+                tx, "INSERT INTO forgets(batch_id, forgotten_at, forgotten_by, via, revisions, "
+                "requests, items) VALUES (?,?,?,?,?,?,?)",
+                (batch_id, stamp, by, via, json.dumps(revisions), len(owed), items))
+            self._exec(tx, f"UPDATE revisions SET forget_id = ? WHERE batch_id = ? AND number IN "
+                       f"({','.join('?' * len(revisions))})", (forget_id, batch_id, *revisions))
+        return {"batch": name, "revisions": revisions, "requests": len(owed), "items": items,
+                "by": by, "via": via, "at": stamp}
+
+    def forgotten(self, name: str | None = None) -> list[dict[str, Any]]:
+        """Every forgetting on record (of one batch, or all), oldest first: batch, at, by, via,
+        revisions, requests, items, and ``in_effect``, how many of its revisions still stand
+        forgotten (no work on them started since: a later run of one reopens it)."""
+        return [{"batch": r[0], "at": r[1], "by": r[2], "via": r[3],
+                 "revisions": json.loads(r[4]), "requests": r[5], "items": r[6],
+                 "in_effect": r[7]} for r in self._read(
+            "SELECT b.name, f.forgotten_at, f.forgotten_by, f.via, f.revisions, f.requests, "
+            "f.items, (SELECT COUNT(*) FROM revisions r WHERE r.forget_id = f.id "
+            f"AND NOT {LATER_WORK_SQL}) AS in_effect "
+            "FROM forgets f JOIN batches b ON b.id = f.batch_id"
+            + (" WHERE b.name = ?" if name is not None else "") + " ORDER BY f.id",
+            (name,) if name is not None else ())]
+
+
+# -- where imported attempts go: one revision per batch and way of judging (docs/recovery.md,
+# "Import rules"), every admitted item visible in ``values`` and ``status``.
+@dataclass
+class Group:
+    """Receipts of one batch judged alike: one revision."""
+
+    batch: str
+    components: dict[str, str]
+    own: bool
+    validator_name: str | None
+    tasks: dict[str, dict] = field(default_factory=dict)  # canonical JSON -> task, in order
+    pack: int = 0
+    current_there: bool = False  # an export of the revision current where it was exported
+    revision_id: int | None = None
+
+    def _add(self, line: Any) -> None:
+        for task in line.tasks:
+            self.tasks.setdefault(canonical_json(task), task)
+        self.pack = max(self.pack, len(line.tasks))
+        self.current_there |= line.own and line.record.get("current") is True
+
+    def _revision_components(self) -> dict[str, str]:
+        if self.own:  # as exported: the revision it came from
+            return self.components
+        return {**self.components, "tasks": tasks_digest(list(self.tasks.values())),
+                "pack": str(self.pack)}
+
+
+def _group_lines(lines: Iterable[Any]) -> dict[int, Group]:
+    """line number -> its group."""
+    groups: dict[tuple[str, str], Group] = {}
+    out = {}
+    for line in lines:
+        judged = {k: v for k, v in line.components.items() if k in KEPT}
+        key = (line.record["batch"], Keys(line.components).revision if line.own
+               else canonical_json([judged, line.record.get("validator")]))
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = Group(line.record["batch"],
+                                        line.components if line.own else judged, line.own,
+                                        line.record.get("validator"))
+        group._add(line)
+        out[line.number] = group
+    return out
+
+
+@dataclass
+class Placement:
+    """Where one import puts its attempts: its lines' groups, and per revision touched, its
+    lines (as ``revision_for`` places them) and admitted items (once ``settle`` is told)."""
+
+    lines_read: InitVar[Iterable[Any]]
+    groups: dict[int, Group] = field(init=False)  # line number -> its group
+    fresh: dict[str, bool] = field(default_factory=dict)  # batch -> new when the import began
+    lines: dict[int, list[int]] = field(default_factory=dict)
+    admitted: dict[int, int] = field(default_factory=dict)
+    current_there: dict[int, bool] = field(default_factory=dict)
+
+    def __post_init__(self, lines_read: Iterable[Any]) -> None:
+        self.groups = _group_lines(lines_read)
+
+
+def revision_for(store: AdminStore, tx: Any, line: Any, placed: Placement) -> tuple[int, int]:
+    """The batch and revision an imported attempt belongs to, the line placed there: a
+    revision of the batch already holding its request, else its group's revision (found or
+    made once per import)."""
+    name, stamp, group = line.record["batch"], now(), placed.groups[line.number]
+    batch_id, current = store._batch_row(tx, name, stamp)
+    placed.fresh.setdefault(name, current is None)
+    revision_id = store._revision_holding(tx, batch_id, line.request.key, group.revision_id)
+    if revision_id is None:
+        if group.revision_id is None:
+            group.revision_id = _group_revision(store, tx, batch_id, current, group,
+                                                placed.fresh[name], stamp)
+            placed.current_there[group.revision_id] = group.current_there
+        store._add_import_request(tx, group.revision_id, line.request)
+        revision_id = group.revision_id
+    placed.lines.setdefault(revision_id, []).append(line.number)
+    return batch_id, revision_id
+
+
+def _group_revision(store: AdminStore, tx: Any, batch_id: int, current: int | None, group: Group,
+                    fresh: bool, stamp: str) -> int:
+    """The revision with the group's content; else the batch's current revision when an
+    earlier import made it and judged alike (a history file imported again as it grows);
+    else a new one: open for a batch new to the ledger, beside a live batch superseded."""
+    components = group._revision_components()
+    fingerprint = Keys(components).revision
+    found = store._revision_with(tx, batch_id, fingerprint)
+    if found is not None:
+        return found
+    if current is not None and not group.own and _imported_alike(store, tx, current, group):
+        return current
+    revision_id = store._add_revision(tx, batch_id, fingerprint, components, stamp,
+                                     validator=(group.validator_name, None),
+                                     superseded_by=None if fresh else current,
+                                     reason=BESIDE_LIVE)
+    if current is None:
+        store._make_current(tx, batch_id, revision_id)
+    return revision_id
+
+
+def _imported_alike(store: AdminStore, tx: Any, revision_id: int, group: Group) -> bool:
+    """Whether ``revision_id`` was made by an import (no answer source, no live attempt) and
+    judges as ``group`` does."""
+    theirs = store._imported_revision(tx, revision_id)
+    return theirs is not None and "source" not in theirs and {
+        k: v for k, v in theirs.items() if k in KEPT} == group.components
+
+
+def settle(store: AdminStore, tx: Any, placed: Placement,
+           admitted: Mapping[int, int]) -> list[dict[str, Any]]:
+    """For each batch new to the ledger that this import gave several revisions, make one
+    current (the one current where it was exported, else the most admitted items, else the
+    latest line) and record the others beside it; then describe every revision touched.
+    ``admitted``: how many items each line (by number) admitted."""
+    for revision_id, lines in placed.lines.items():
+        placed.admitted[revision_id] = sum(admitted.get(number, 0) for number in lines)
+    rows = {r["id"]: r for r in store._revision_rows(tx, list(placed.lines))}
+    by_batch: dict[str, list[int]] = {}
+    for revision_id in placed.lines:
+        by_batch.setdefault(rows[revision_id]["batch"], []).append(revision_id)
+    for name, ids in by_batch.items():
+        made = [i for i in ids if rows[i]["status"] == "open" and placed.fresh.get(name)]
+        if len(made) < 2:
+            continue
+        winner = max(made, key=lambda i: (placed.current_there.get(i, False),
+                                          placed.admitted.get(i, 0), max(placed.lines[i])))
+        store._make_current(tx, rows[winner]["batch_id"], winner)
+        for other in made:
+            if other != winner:
+                differ = _differences(rows[other]["components"], rows[winner]["components"])
+                store._mark_superseded(tx, other, winner, f"imported beside revision "
+                                       f"{rows[winner]['number']}: its receipts differ in "
+                                       f"{', '.join(differ)}")
+    rows = {r["id"]: r for r in store._revision_rows(tx, list(placed.lines))}
+    return [_describe(rows[i], placed) for ids in by_batch.values() for i in ids]
+
+
+def _differences(mine: str, theirs: str) -> list[str]:
+    a, b = json.loads(mine), json.loads(theirs)
+    return [k for k in JUDGING if a.get(k) != b.get(k)] or ["the tasks asked"]
+
+
+def _describe(row: Any, placed: Placement) -> dict[str, Any]:
+    return {"batch": row["batch"], "revision": row["number"], "current": bool(row["current"]),
+            "current_revision": row["current_number"], "lines": placed.lines[row["id"]],
+            "admitted_items": placed.admitted.get(row["id"], 0),
+            "reason": "" if row["current"] else (row["supersede_reason"] or "")}
+
+
+# -- batchjson's own export format ----------------------------------------------------------
+def _identity_names(joined: str, tasks: list[dict]) -> list[str]:
+    """The identity field names a revision's components hold joined by commas. A field's own
+    name may hold a comma ("a,b"), so the parts are regrouped into names the tasks carry."""
+    parts = joined.split(",")
+    keys = set(tasks[0]) if tasks else set()
+
+    def regroup(start: int) -> list[str] | None:
+        if start == len(parts):
+            return []
+        for end in range(len(parts), start, -1):
+            name = ",".join(parts[start:end])
+            rest = regroup(end) if name in keys else None
+            if rest is not None:
+                return [name, *rest]
+        return None
+
+    return (regroup(0) if len(parts) <= 32 else None) or parts
+
+
+def receipt_of(row: Mapping[str, Any], number: int) -> dict[str, Any]:
+    """One attempt row (with its batch, revision number and components, validator name,
+    whether its revision is current and its request's tasks) as an importable receipt."""
+    components = json.loads(row["components"])
+    tasks = json.loads(row["tasks"]) if row["tasks"] else []
+    return {
+        "format": EXPORT_FORMAT, "batch": row["batch"], "receipt": number,
+        "revision": row["revision"], "current": bool(row["current"]), "uid": row["uid"],
+        "kind": row["kind"], "status": row["status"], "tasks": tasks,
+        "raw": row["raw"], "source": row["source"],
+        "identity": _identity_names(
+            components.get("identity", "task_id").removesuffix("+echoed"), tasks),
+        "identity_echo": components.get("identity", "").endswith("+echoed"),
+        "mode": components.get("mode", "items"), "validator": row["validator_name"],
+        "errors": json.loads(row["errors"]) if row["errors"] else [],
+        "input_tokens": row["input_tokens"], "output_tokens": row["output_tokens"],
+        "cached_tokens": row["cached_tokens"], "cost": row["cost"],
+        "provider": row["provider"], "model": row["model"], "at": row["started_at"],
+        "finished_at": row["finished_at"], "request_key": row["request_key"],
+        "components": components,
+        "schema": json.loads(components.get("schema_doc") or components.get("schema_shape")
+                             or "null"),
+    }
+
+
+EXPORT_SQL = (
+    "SELECT a.*, b.name AS batch, r.number AS revision, r.components, r.validator_name, "
+    "CASE WHEN b.current_revision = a.revision_id THEN 1 ELSE 0 END AS current, "
+    "q.tasks FROM attempts a JOIN batches b ON b.id = a.batch_id "
+    "JOIN revisions r ON r.id = a.revision_id LEFT JOIN requests q "
+    "ON q.revision_id = a.revision_id AND q.key = a.request_key")
