@@ -20,8 +20,8 @@ from ._secrets import looks_like_key, masked, public_url, shown_value
 from ._session.advice import advise
 from ._session.batches import cancel_job, list_jobs
 from ._session.collect import collect_ended, status_summary
+from ._session.ledger import read_lines
 from ._session.preflight import check_validator
-from ._session.recovery import read_lines
 from ._session.registry import ValidatorVersion
 from ._session.result import tracebacks
 from ._session.structured import (

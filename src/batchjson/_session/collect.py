@@ -15,8 +15,8 @@ from .._replay.budget import Spender
 from .._replay.jobs import JobRunner
 from .._replay.plan import Plan
 from . import batches
+from .plan import Runtime
 from .run import checker_of
-from .runtime import Runtime
 
 
 def status_summary(rt: Runtime, name: str | None = None) -> dict[str, Any]:

@@ -24,16 +24,12 @@ from .._replay.jobs import JobRunner, JobsOutcome
 from .._replay.plan import Outcome, Plan
 from .._replay.replay import Replayer
 from . import batches, preflight, window
-from .errors import ResultErrors
 from .fit import check_fit, check_rate_fit
-from .plan import RunPlan
+from .plan import RunPlan, Runtime, find_completed, finished, keyed, remember_file
 from .registry import ValidatorVersion
 from .rejudge import UNSEEN, Judging, clear_sourceless, unseen_token
-from .result import BatchResult, TaskAttempts
-from .resume import find_completed, finished, keyed, remember_file
-from .runtime import Runtime
+from .result import BatchResult, ResultErrors, TaskAttempts, result_values
 from .spec import RunSpec
-from .values import result_values
 
 
 def run_spec(rt: Runtime, spec: RunSpec) -> BatchResult:
