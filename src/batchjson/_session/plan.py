@@ -24,8 +24,7 @@ from .._ledger.records import Revision
 from .._ledger.store import Store
 from .._loop import BackgroundLoop
 from .._replay.budget import Budget, Tally
-from .._replay.hosts import HostShare
-from .._replay.pacing import Pacer
+from .._replay.pacing import HostShare, Pacer
 from .._replay.plan import Transport
 from .accounts import Evidence
 from .ledger import Ledger

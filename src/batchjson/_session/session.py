@@ -17,8 +17,7 @@ from .._loop import BackgroundLoop
 from .._providers.base import close_provider
 from .._providers.select import make_provider, provider_label
 from .._replay.budget import Budget, Tally
-from .._replay.hosts import HostShare
-from .._replay.pacing import Pacer, RateLimits
+from .._replay.pacing import HostShare, Pacer, RateLimits
 from .._replay.plan import Transport
 from . import structured
 from .accounts import Evidence
