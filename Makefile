@@ -23,7 +23,7 @@ test: $(STAMP) lint
 	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile tests notebooks --nbval --nbval-current-env
 	$(PY) tools/mutants.py
 
-# Hand mutations of _acceptance/judge.py and _session/evidence.py in a temporary copy
+# Hand mutations of _acceptance/judge.py and _session/accounts.py in a temporary copy
 # (tools/mutants.py says which); fails if the suite lets one survive. About 20 s, so
 # `make test` runs it too.
 check: $(STAMP)

@@ -42,8 +42,7 @@ def task(i: int) -> dict:
 def child(url: str, n: int, pack: int, job_lines: int, ledger: str) -> None:
     """The run, in its own process: every task as batch jobs, waited for."""
     from batchjson import Session
-    from batchjson._providers.openai import OpenAIProvider
-    from batchjson._providers.openai_batch import OpenAIBatches
+    from batchjson._providers.openai import OpenAIBatches, OpenAIProvider
 
     if job_lines:
         OpenAIBatches.max_requests = job_lines

@@ -374,7 +374,7 @@ def test_receipts_failed_of_a_clean_batch_says_every_attempt_was_accepted(
 
 def test_ctrl_c_during_an_import_rolls_it_back_and_says_nothing_was_imported(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from batchjson._session import recovery
+    from batchjson._session import ledger as recovery
 
     tasks = review_tasks(2)
     raw = json.dumps({"items": [{"task_id": t["task_id"]} | answer(t) for t in tasks]})

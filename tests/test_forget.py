@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from batchjson import CallableProvider, FaultPlan, InvalidBatch, Ledger, Session, SimulatedModel
-from batchjson._session.evidence import Evidence
+from batchjson._session.accounts import Evidence
 from tests.helpers import LABEL_SCHEMA, answer, review_tasks
 
 

@@ -255,8 +255,9 @@ def test_no_function_over_60_lines_in_the_package():
 
 
 def test_the_ledger_judges_nothing_it_stores_the_verdicts_it_is_given():
-    """Re-judging, import and merge judge above the ledger (the session's ``rejudge``,
-    ``recovery``, ``merge``), through the acceptance judge a call's return goes through."""
+    """Re-judging, import and merge judge above the ledger (the session's
+    ``rejudge`` and its public ``Ledger``), through the acceptance judge a call's return goes
+    through."""
     graph = import_graph()
     judging = sorted(m for m, deps in graph.items() if m.startswith("batchjson._ledger")
                      and any(d.startswith("batchjson._acceptance") for d in deps))

@@ -14,7 +14,7 @@ import pytest
 from batchjson import Call, FaultPlan, Reply, Session, SimulatedModel
 from batchjson._content.schema import compile_schema, wire_schema
 from batchjson._content.tasks import render_items_prompt, shared_head
-from batchjson._providers.caching import cache_minimum
+from batchjson._providers.base import cache_minimum
 from batchjson._providers.pricing import price_for
 from batchjson._session.advice import Fit, estimate
 from batchjson.testing import LoopbackServer

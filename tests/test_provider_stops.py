@@ -15,9 +15,8 @@ from batchjson import CallableProvider, ProviderError, Reply, Session, Simulated
 from batchjson._acceptance.judge import judge
 from batchjson._cli import commands as cli_module
 from batchjson._content.schema import compile_schema
-from batchjson._providers._http import Answer
+from batchjson._providers._http import Answer, http_error
 from batchjson._providers.anthropic import AnthropicProvider
-from batchjson._providers.http_errors import http_error
 from batchjson._providers.openai import OpenAIProvider
 from batchjson._providers.reply import received
 from batchjson.rlm import bind

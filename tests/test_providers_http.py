@@ -22,9 +22,9 @@ from batchjson._acceptance.judge import unwrap
 from batchjson._content.keys import source_text
 from batchjson._content.schema import compile_schema, wire_schema
 from batchjson._errors import ConfigError, ProviderError, ProviderNotConfigured, ProviderSetupError
+from batchjson._providers._http import http_error, is_retryable_status
 from batchjson._providers.anthropic import AnthropicProvider
 from batchjson._providers.base import Call, Reply, estimate_tokens
-from batchjson._providers.http_errors import http_error, is_retryable_status
 from batchjson._providers.openai import OpenAIProvider
 from batchjson._providers.pricing import cost_of
 from batchjson._providers.ratelimits import retry_after

@@ -14,7 +14,7 @@ import pytest
 from pydantic import BaseModel
 
 from batchjson import CallableProvider, ConfigError, InvalidBatch, Session
-from batchjson._session import values as values_module
+from batchjson._session import result as values_module
 from tests.helpers import LABEL_SCHEMA, answer, items_reply, review_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -283,7 +283,7 @@ def test_an_unresolved_result_over_a_ledger_file_reports_as_one_in_memory_does(t
 def test_stored_values_the_schema_no_longer_loads_are_left_out_and_named(tmp_path):
     from types import SimpleNamespace
 
-    from batchjson._session.values import result_values
+    from batchjson._session.result import result_values
 
     tasks = review_tasks(6)
     session = Session(labeller(), ledger=tmp_path / "l.sqlite")

@@ -15,7 +15,7 @@ files do not move them. The anchors (keep them when you restructure, or update M
   reported.
 - _acceptance/judge.py, coverage check: the same for errors of type ``"coverage"`` (missing,
   duplicated and extra tasks are never reported).
-- _session/evidence.py, the views: the method ``Evidence.requests`` (what is owed) and the
+- _session/accounts.py, the views: the method ``Evidence.requests`` (what is owed) and the
   property ``Evidence.superseded`` return an empty list.
 
 An anchor that is no longer found fails the check with its name, rather than passing quietly.
@@ -131,9 +131,9 @@ EVIDENCE_TESTS = ("tests/test_ratchet.py", "tests/test_shared_requests.py",
 MUTANTS = (
     Mutant("identity check removed", "_acceptance/judge.py", silence("identity"), ACCEPTANCE_TESTS),
     Mutant("coverage check removed", "_acceptance/judge.py", silence("coverage"), ACCEPTANCE_TESTS),
-    Mutant("Evidence.requests returns nothing", "_session/evidence.py",
+    Mutant("Evidence.requests returns nothing", "_session/accounts.py",
            empty_member("Evidence", "requests"), EVIDENCE_TESTS),
-    Mutant("Evidence.superseded returns nothing", "_session/evidence.py",
+    Mutant("Evidence.superseded returns nothing", "_session/accounts.py",
            empty_member("Evidence", "superseded"), EVIDENCE_TESTS),
 )
 

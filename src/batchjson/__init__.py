@@ -31,7 +31,7 @@ from ._providers.base import Call, CallableProvider, Provider, ProviderHandle, R
 from ._providers.pricing import PRICES_AS_OF, Price, set_prices
 from ._replay.budget import Budget
 from ._replay.pacing import RateLimits
-from ._session.evidence import Evidence
+from ._session.accounts import Evidence
 from ._session.ledger import Ledger
 from ._session.registry import ValidatorRegistry
 from ._session.result import BatchResult

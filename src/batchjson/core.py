@@ -15,12 +15,11 @@ from ._providers.base import estimate_tokens
 from ._providers.select import PROVIDER_NAMES, provider_label
 from ._secrets import looks_like_key, masked, public_url, shown_value
 from ._session.advice import advise
-from ._session.batches import cancel_job, list_jobs
-from ._session.collect import collect_ended, status_summary
-from ._session.preflight import check_validator
-from ._session.recovery import read_lines
+from ._session.batches import cancel_job, collect_ended, list_jobs, status_summary
+from ._session.ledger import read_lines
 from ._session.registry import ValidatorVersion
 from ._session.result import tracebacks
+from ._session.spec import check_validator
 from ._session.structured import (
     check_call,
     check_droste_schema,

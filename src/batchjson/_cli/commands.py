@@ -8,12 +8,16 @@ Exit codes: 0 the command did its work (status reported, whatever the batches ho
 the command ran or imported ended unresolved or was kept as diagnostic; 2 usage (bad arguments,
 an unknown batch, an unreadable import file); 3 a ledger problem (missing, not a ledger, newer
 schema); 130 interrupted. A closed pipe (| head) ends quietly with 0.
+
+Import and merge take ``--validator [NAME=]module:function``: the receipts of a batch that ran
+with a validator are rechecked by it (a validator is code no file carries).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import importlib
 import io
 import json
 import os
@@ -36,7 +40,6 @@ from ..core import (
 )
 from ..core import file_problem as ledger_problem
 from .demo import DEMO_SEED, command_name, demo_ledger_problem, run_demo
-from .validators import validator_options
 
 DEFAULT_LEDGER = Path(cliview.DEFAULT_LEDGER)
 OK, UNRESOLVED, USAGE, LEDGER, INTERRUPTED = 0, 1, 2, 3, 130
@@ -458,3 +461,29 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def validator_argument(text: str) -> tuple[str, Callable[..., Any]]:
+    """``--validator [NAME=]module:function``: the function (its module found from the current
+    directory too), under NAME, else its own name."""
+    name, _, where = text.rpartition("=")
+    module, _, attr = where.partition(":")
+    if not module or not attr:
+        raise argparse.ArgumentTypeError(f"expected [NAME=]module:function, got {text!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+    except Exception as exc:  # the user's module: whatever it raises is why it cannot load
+        raise argparse.ArgumentTypeError(f"cannot load validator {where!r}: "
+                                         f"{type(exc).__name__}: {exc}") from None
+    if not callable(fn):
+        raise argparse.ArgumentTypeError(f"{where!r} is not a function")
+    return name or getattr(fn, "__name__", attr), fn
+
+
+def validator_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--validator", type=validator_argument, action="append", default=[],
+                        metavar="[NAME=]MODULE:FUNCTION",
+                        help="the validator a batch ran with, rerun on its receipts "
+                        "(repeatable; NAME defaults to the function's name)")

@@ -36,14 +36,17 @@ from .cell import (
     BatchInterrupted,
     allow_empty_body,
     check_identifier,
+    check_result_variable,
     define_once,
     evaluate,
     identity_option,
     interrupted_line,
     left_by_another_cell,
     one_line,
+    parse,
     run_body,
     unresolved_hint,
+    wants_help,
 )
 from .display import (
     NotebookProgress,
@@ -53,7 +56,6 @@ from .display import (
     clip,
     in_notebook_frontend,
 )
-from .options import check_result_variable, parse, wants_help
 from .state import KernelState
 
 # The code file of a notebook or IPython cell, as a validator's "where" records it:

@@ -1,7 +1,7 @@
 """The store's SQL for what a person asks of a ledger beside running it: import receipts,
 export them, merge another ledger in, forget a batch. Each is one transaction, whole or
 nothing; what judges the receipts an import or a merge brings in sits above the ledger
-(``_session/recovery.py``, ``_session/merge.py``). The rules: docs/recovery.md.
+(``_session/ledger.py``). The rules: docs/recovery.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,31 @@
 """Anthropic Messages API over aiohttp: a forced tool carries the wire schema, or plain text. 529
-"overloaded" is retryable; the API key never reaches a message or repr."""
+"overloaded" is retryable; the API key never reaches a message or repr.
+
+``raw`` is what the model sent: an embedded answer (a tool call's ``input``) re-serialised would
+change spacing, key order, numbers and escapes, so :func:`value_span` slices its exact text out of
+the body.
+
+Message Batches as a transport (:class:`AnthropicBatches`): ``requests: [{custom_id, params}]`` in
+the creation's body, results (JSONL, once ended) in any order. There is no file to upload:
+``upload`` only stages the requests, so a failure before the batch is created has created
+nothing."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import re
+import uuid
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, get_args
 
 from .._canon import show_as
 from .._checks import whole
 from .._errors import ProviderError, ProviderSetupError
 from .._sources import NO_TOOL_CALL, REFUSED, TOOL_CALL, TRUNCATED
-from ._http import HttpProvider, as_int, object_schema, with_path
-from .anthropic_batch import AnthropicBatches
-from .base import Call
-from .caching import CACHE_CONTROL, prefix_cacheable
+from ._http import ITEMS_NAME, WRAPPED_VALUE, HttpProvider, as_int, object_schema, with_path
+from .base import CACHE_CONTROL, Call, prefix_cacheable
+from .batch_client import TEXT, BatchClient, OutputLines, Upload
 from .reply import Reply
-from .spans import value_span
 
 DEFAULT_ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"
@@ -177,6 +186,144 @@ def _tool_text(content: list[Any], tool: str, body: str | None,
     if span is not None:
         return body[span[0]:span[1]], True  # type: ignore[index]
     return json.dumps(block.get("input"), ensure_ascii=False), False
+
+
+# Anthropic error types and the HTTP status each stands for on the live endpoint.
+ERROR_STATUS = {"invalid_request_error": 400, "authentication_error": 401,
+                "permission_error": 403, "not_found_error": 404, "request_too_large": 413,
+                "rate_limit_error": 429, "api_error": 500, "overloaded_error": 529}
+
+
+class AnthropicBatches(BatchClient):
+    """The Message Batches endpoints of an AnthropicProvider's base URL."""
+
+    protocol = "anthropic-batch"
+    max_requests = 100_000
+    max_bytes = 256 * 1024 * 1024
+    running = frozenset(("in_progress", "canceling"))
+    jobs_path = "/v1/messages/batches"
+    frame = (b'{"requests":[', b",", b"", b"]}")
+
+    def __init__(self, provider: Any) -> None:
+        super().__init__(provider)
+        self._staged: dict[str, Upload] = {}  # a creation's body, by its upload token
+
+    def _base(self) -> str:
+        return super()._base().removesuffix("/v1")
+
+    def line(self, custom_id: str, call: Call) -> tuple[dict[str, Any], bool]:
+        body, _, wrapped = self.provider.request_body(call)
+        return {"custom_id": custom_id, "params": body}, wrapped
+
+    async def upload(self, upload: Upload) -> str:
+        """Stage the requests (the job's file on disk) as the body of the batch's creation,
+        streamed from that file when it is created."""
+        upload.finish()
+        if upload.size > self.max_bytes:
+            raise ProviderError(f"anthropic batch: requests over {self.max_bytes} bytes",
+                                retryable=False)
+        token = uuid.uuid4().hex
+        self._staged[token] = upload
+        return token
+
+    async def create(self, staged: str, metadata: Mapping[str, str]) -> dict[str, Any]:
+        return await self._json("POST", "/v1/messages/batches",
+                                json_text=self._staged.pop(staged).finish())
+
+    @staticmethod
+    def status(batch: Mapping[str, Any]) -> str:
+        """``processing_status``, with an ended batch that was asked to cancel said so."""
+        status = str(batch.get("processing_status"))
+        if status == "ended":
+            return "cancelled" if batch.get("cancel_initiated_at") else "completed"
+        return status
+
+    async def results(self, batch: Mapping[str, Any]) -> OutputLines:
+        """The result lines, each parsed when read."""
+        return OutputLines([await self._call("GET", f"/v1/messages/batches/{batch['id']}/"
+                                              "results")])
+
+    def answer(self, line: Mapping[str, Any]) -> tuple[int, Any] | ProviderError:
+        """A ``succeeded`` line's message; an ``errored`` one's error at the status its type has on
+        the live endpoint; ``canceled`` and ``expired`` lines are still owed."""
+        result = line.get("result") if isinstance(line.get("result"), dict) else {}
+        kind = result.get("type")
+        if kind == "succeeded" and isinstance(result.get("message"), dict):
+            return 200, result["message"]
+        if kind == "errored":
+            error = result.get("error") or {}
+            return ERROR_STATUS.get((error.get("error") or {}).get("type"), 500), error
+        if kind in ("canceled", "expired"):
+            return ProviderError(f"anthropic batch line {kind} before it was answered",
+                                 retryable=True)
+        return ProviderError(f"anthropic batch line of unknown result type {kind!r}",
+                             retryable=True)
+
+    def read(self, line: Mapping[str, Any], body: Mapping[str, Any], wrapped: bool) -> Reply:
+        """The message, with the line's own text kept so a tool input is its exact text."""
+        tool = (WRAPPED_VALUE if wrapped else ITEMS_NAME) if self.provider.mode == "tool" else None
+        return self.provider.read_reply(body, line.get(TEXT), tool, wrapped,
+                                        at=("result", "message"), price_factor=self.share)
+
+
+_SPACE = re.compile(r"[ \t\n\r]*")
+_decoder = json.JSONDecoder()
+
+
+def value_span(text: str, path: Sequence[str | int]) -> tuple[int, int] | None:
+    """``(start, end)`` of the value at ``path`` in the JSON ``text``, or ``None`` when it is not
+    there; a key named twice resolves to its last occurrence, as ``json.loads`` does."""
+    try:
+        return _find(text, _skip(text, 0), list(path))
+    except (ValueError, IndexError, RecursionError):
+        return None
+
+
+def _skip(text: str, pos: int) -> int:
+    match = _SPACE.match(text, pos)
+    return match.end() if match else pos
+
+
+def _end(text: str, pos: int) -> int:
+    """End of the value starting at ``pos`` (the C scanner, without building a copy we keep)."""
+    return _decoder.raw_decode(text, pos)[1]
+
+
+def _find(text: str, pos: int, path: list[str | int]) -> tuple[int, int] | None:
+    if not path:
+        return pos, _end(text, pos)
+    want, rest = path[0], path[1:]
+    if not (text[pos] == "{" and isinstance(want, str)
+            or text[pos] == "[" and isinstance(want, int)):
+        return None
+    # the last of a key named twice wins, as in json.loads
+    starts = [start for key, start in _children(text, pos) if key == want]
+    return _find(text, starts[-1], rest) if starts else None
+
+
+def _children(text: str, pos: int) -> list[tuple[str | int, int]]:
+    """(key, value start) of each member of the object at ``pos``, or (index, start) of each
+    element of the array there."""
+    out: list[tuple[str | int, int]] = []
+    close = "}" if text[pos] == "{" else "]"
+    pos = _skip(text, pos + 1)
+    if text[pos] == close:
+        return out
+    while True:
+        key: str | int = len(out)
+        if close == "}":
+            key, pos = json.decoder.scanstring(text, pos + 1)  # type: ignore[attr-defined]
+            pos = _skip(text, pos)
+            if text[pos] != ":":
+                raise ValueError("expected ':'")
+            pos = _skip(text, pos + 1)
+        out.append((key, pos))
+        pos = _skip(text, _end(text, pos))
+        if text[pos] == close:
+            return out
+        if text[pos] != ",":
+            raise ValueError(f"expected ',' or '{close}'")
+        pos = _skip(text, pos + 1)
 
 
 show_as("batchjson", AnthropicProvider)  # loaded on first use of batchjson.AnthropicProvider

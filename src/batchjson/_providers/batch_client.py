@@ -3,21 +3,25 @@ pool, and the one check that the endpoints exist (refused before anything is rec
 
 A client only transports: each result line becomes a ``Reply`` as the provider reads a live answer,
 or a ``ProviderError`` as the live endpoint's error would be; the job runner joins, judges and
-records."""
+records.
+
+A job's upload is on disk (:class:`Upload`): lines written to an unnamed temporary file as they
+are built and sent from it, so a job of 50,000 lines takes disk, never the runner's memory, framed
+as the provider wants (OpenAI: JSON Lines; Anthropic: ``{"requests":[...]}``)."""
 
 from __future__ import annotations
 
 import io
 import json
 from collections.abc import Iterator, Mapping, Sequence
+from tempfile import TemporaryFile
 from typing import IO, Any
 
-from .._errors import ProviderError, ProviderSetupError
-from ._http import HttpProvider
-from .http_errors import http_error
+from .._content.spool import no_room, write_all
+from .._errors import ConfigError, ProviderError, ProviderSetupError
+from ._http import HttpProvider, http_error
 from .pricing import batch_share
 from .reply import Reply
-from .upload import Upload
 
 LONGEST_ID = "bj_" + "0" * 48  # the length of every custom_id (_ledger/store_jobs._custom_id)
 NOT_UTF8 = "__not_utf8__"  # an output line's first byte that is not UTF-8 (OutputLines)
@@ -182,3 +186,64 @@ class OutputLines:
                     yield text
                     continue
                 yield {**parsed, TEXT: text, **({} if bad is None else {NOT_UTF8: bad})}
+
+
+WRITE_BYTES = 1 << 16  # lines written to the file this many bytes at a time
+WHAT = "for a batch job's upload"
+
+
+class Upload:
+    """One job's upload: ``head``, each line (``sep`` between, ``end`` after), then ``tail``. No
+    temporary file is a ConfigError naming ``TMPDIR`` before the job is recorded; a write refused
+    later is told by :meth:`finish` as a failed upload (the job cancelled unsent)."""
+
+    def __init__(self, head: bytes, sep: bytes, end: bytes, tail: bytes) -> None:
+        try:
+            self.file: IO[bytes] = TemporaryFile(prefix="batchjson-upload-", buffering=0)
+        except OSError as exc:
+            raise ConfigError(f"{no_room(WHAT, exc)}, and run again; this job was not recorded and "
+                              "nothing was spent for it") from exc
+        self.sep, self.end = sep, end
+        self.tail: bytes | None = tail  # None once written
+        self.lines = 0  # lines added
+        self.size = 0  # bytes of the whole upload, head and tail included
+        self.failed: OSError | None = None
+        self._unwritten, self._waiting = [head], len(head)
+
+    def add(self, text: str) -> None:
+        """One line's JSON text."""
+        data = (self.sep if self.lines else b"") + text.encode() + self.end
+        self.lines += 1
+        self._unwritten.append(data)
+        self._waiting += len(data)
+        if self._waiting >= WRITE_BYTES:
+            self._flush()
+
+    def finish(self) -> IO[bytes]:
+        """The whole upload, from its first byte: the file, or a ProviderError (retryable)
+        when the disk refused a write. Called again, the same file from its start."""
+        if self.tail is not None:
+            self._unwritten.append(self.tail)
+            self.tail = None
+            self._flush()
+        if self.failed is not None:
+            raise ProviderError(f"{no_room(WHAT, self.failed)}; its requests are sent again later",
+                                retryable=True)
+        self.file.seek(0)
+        return self.file
+
+    def _flush(self) -> None:
+        data = b"".join(self._unwritten)
+        self._unwritten, self._waiting = [], 0
+        self.size += len(data)
+        if self.failed is None:
+            try:
+                self._put(data)
+            except OSError as exc:
+                self.failed = exc
+
+    def _put(self, data: bytes) -> None:
+        write_all(self.file, data)
+
+    def close(self) -> None:
+        self.file.close()

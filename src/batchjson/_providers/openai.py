@@ -1,21 +1,31 @@
-"""OpenAI-compatible chat completions over aiohttp (OpenAI, vLLM, Ollama, llama.cpp server)."""
+"""OpenAI-compatible chat completions over aiohttp (OpenAI, vLLM, Ollama, llama.cpp server).
+
+What a chat model accepts in a request (:func:`capabilities_for`): the reasoning models refuse
+parts every other chat model takes, with a 400 on every call. From OpenAI's documentation and the
+recorded 400s in tests/fixtures/recorded/; unlisted models accept everything (docs/providers.md).
+
+Its Batch API as a transport (:class:`OpenAIBatches`): a JSONL file of chat-completion requests,
+one batch over it, its output and error files. Lines come in any order with their ``custom_id``;
+``completed`` says only that the batch stopped, not that any line succeeded."""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal, get_args
+from urllib.parse import quote
+
+import aiohttp
 
 from .._canon import show_as
 from .._errors import ProviderError, ProviderSetupError
 from .._secrets import provider_text_masked
 from .._sources import REFUSED, TOOL_CALL, TRUNCATED
 from ._http import HttpProvider, as_int, object_schema
-from .base import Call
-from .caching import prefix_cacheable, prompt_cache_key
-from .capabilities import Capabilities, capabilities_for, shaped_extra_body
-from .openai_batch import OpenAIBatches
+from .base import Call, prefix_cacheable, prompt_cache_key
+from .batch_client import BatchClient, OutputLines, Upload
 from .reply import Reply
 from .strict import strict_form
 
@@ -32,7 +42,7 @@ class OpenAIProvider(HttpProvider):
     ``response_format``: ``"auto"`` sends the wire schema in strict mode when strict mode can
     express it, else asks for a JSON object (saying so once per run); ``"json_schema"`` refuses
     before spending a schema strict mode cannot express; ``"json_object"`` and ``"text"`` as named.
-    ``capabilities`` overrides what the model is taken to accept (capabilities.py)."""
+    ``capabilities`` overrides what the model is taken to accept (:class:`Capabilities`)."""
 
     name = "openai"
     key_env = "OPENAI_API_KEY"
@@ -225,6 +235,194 @@ def _listed(problems: list[str], mode: str) -> str:
     shown = [p.removeprefix(prefix) for p in problems[:3]]
     more = f"; and {len(problems) - 3} more" if len(problems) > 3 else ""
     return "; ".join(shown) + more
+
+
+RUNNING = frozenset(("validating", "in_progress", "finalizing", "cancelling"))
+
+
+class OpenAIBatches(BatchClient):
+    """The Files and Batches endpoints of the provider's base URL, with its key and pool."""
+
+    protocol = "openai-batch"
+    max_requests = 50_000
+    max_bytes = 200 * 1024 * 1024
+    url = "/v1/chat/completions"
+    running = RUNNING
+    jobs_path = "/batches"
+
+    def line(self, custom_id: str, call: Call) -> tuple[dict[str, Any], bool]:
+        """One request of the input file, and whether its value was wrapped."""
+        body, wrapped = self.provider.request_body(call)
+        return {"custom_id": custom_id, "method": "POST", "url": self.url,
+                "body": body}, wrapped
+
+    async def upload(self, upload: Upload) -> str:
+        """Upload the input file (streamed from the job's file on disk); its id. Nothing is
+        billed for a file."""
+        data = upload.finish()
+        if upload.size > self.max_bytes:
+            raise ProviderError(f"openai batch: input file over {self.max_bytes} bytes",
+                                retryable=False)
+        form = aiohttp.FormData()
+        form.add_field("purpose", "batch")
+        form.add_field("file", data, filename="batchjson.jsonl",
+                       content_type="application/jsonl")
+        return str((await self._json("POST", "/files", body=form))["id"])
+
+    async def create(self, file_id: str, metadata: Mapping[str, str]) -> dict[str, Any]:
+        return await self._json("POST", "/batches", json_body={
+            "input_file_id": file_id, "endpoint": self.url, "completion_window": "24h",
+            "metadata": dict(metadata)})
+
+    async def find(self, uid: str, since: float) -> dict[str, Any] | None:
+        """The batch whose metadata names ``uid``: the batches are listed newest first, a page
+        of 100 at a time (``after`` the last one seen), back to ``since``."""
+        after = ""
+        while True:
+            page = await self._json("GET", f"/batches?limit=100{after}")
+            data = [b for b in page.get("data") or () if isinstance(b, dict)]
+            for batch in data:
+                if (batch.get("metadata") or {}).get("batchjson_job") == uid:
+                    return batch
+            oldest = data[-1].get("created_at") if data else None
+            if not page.get("has_more") or not data or (
+                    isinstance(oldest, (int, float)) and oldest < since):
+                return None
+            after = f"&after={quote(str(data[-1].get('id')), safe='')}"
+
+    @staticmethod
+    def status(batch: Mapping[str, Any]) -> str:
+        return str(batch.get("status"))
+
+    @staticmethod
+    def whole_failure(batch: Mapping[str, Any]) -> str | None:
+        """Why a batch failed as a whole (validation, token_limit_exceeded), else None."""
+        if batch.get("status") != "failed":
+            return None
+        errors = (batch.get("errors") or {}).get("data") or []
+        return provider_text_masked("; ".join(f"{e.get('code')}: {e.get('message')}"
+                                              for e in errors if isinstance(e, dict))
+                                    or "no reason given")
+
+    @staticmethod
+    def too_large(batch: Mapping[str, Any]) -> bool:
+        errors = (batch.get("errors") or {}).get("data") or []
+        return any(isinstance(e, dict) and e.get("code") == "token_limit_exceeded"
+                   for e in errors)
+
+    async def results(self, batch: Mapping[str, Any]) -> OutputLines:
+        """The lines of the output and error files (either may be absent), each parsed when
+        read; a line that is not JSON is kept as its text, for the runner to name."""
+        files = []
+        for field in ("output_file_id", "error_file_id"):
+            file_id = batch.get(field)
+            if file_id:
+                files.append(await self._call("GET", f"/files/{file_id}/content"))
+        return OutputLines(files)
+
+    def answer(self, line: Mapping[str, Any]) -> tuple[int, Any] | ProviderError:
+        """A line's ``response``: its status and body; a line without a 2xx or an HTTP error
+        status (an ``error`` of its own) is a provider error."""
+        response = line.get("response") or {}
+        error = line.get("error")
+        status = response.get("status_code") if isinstance(response, dict) else None
+        body = response.get("body") if isinstance(response, dict) else None
+        if isinstance(status, int) and status >= 400:
+            return status, body
+        if error or not isinstance(status, int) or not 200 <= status < 300:
+            what = error if isinstance(error, dict) else {"message": str(error)}
+            said = f"{what.get('code') or ''} {what.get('message') or 'no response'}"
+            return ProviderError(f"openai batch line failed: {provider_text_masked(said.strip())}",
+                                 status=status, retryable=True)
+        if not isinstance(body, dict):
+            return ProviderError("openai batch line has no response body", status=status,
+                                 retryable=True)
+        return status, body
+
+    def read(self, line: Mapping[str, Any], body: Mapping[str, Any], wrapped: bool) -> Reply:
+        return self.provider.read_reply(body, wrapped, price_factor=self.share)
+
+
+SYSTEM_ROLES = ("system", "developer", "user")
+# Sampling settings the reasoning models refuse (OpenAI: "not supported with reasoning models").
+SAMPLING = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "logprobs",
+            "top_logprobs", "logit_bias")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """How a request to one model must be shaped: ``system_role`` (``"user"``: a user message before
+    the prompt), whether it takes a ``response_format``, whether the output ceiling travels as
+    ``max_completion_tokens``, and whether ``temperature`` and the other ``SAMPLING`` settings are
+    accepted."""
+
+    system_role: str = "system"
+    response_format: bool = True
+    max_completion_tokens: bool = False
+    temperature: bool = True
+
+
+CHAT = Capabilities()
+REASONING = Capabilities("developer", True, True, False)
+EARLY_REASONING = Capabilities("user", False, True, False)  # o1-mini, o1-preview
+
+# (pattern matched at the start of the model's name, capabilities); the first match wins.
+KNOWN: tuple[tuple[re.Pattern[str], Capabilities], ...] = (
+    (re.compile(r"o1-(mini|preview)(-|$)"), EARLY_REASONING),
+    (re.compile(r"gpt-5(\.\d+)?-chat(-|$)"), replace(CHAT, max_completion_tokens=True)),
+    (re.compile(r"o\d+(-|$)"), REASONING),  # o1, o3, o3-mini, o4-mini, their snapshots
+    (re.compile(r"gpt-5(\.\d+)?(-|$)"), REASONING),  # gpt-5, -mini, -nano, gpt-5.1, ...
+)
+
+
+def capabilities_for(model: str, override: Any = None) -> Capabilities:
+    """The table's capabilities for ``model`` (a vendor prefix or ``ft:`` looked through), with
+    ``override`` (field names, or a :class:`Capabilities`) laid over; a bad override is refused."""
+    name = model.rsplit("/", 1)[-1].removeprefix("ft:").lower()
+    found = next((caps for pattern, caps in KNOWN if pattern.match(name)), CHAT)
+    if override is None:
+        return found
+    if isinstance(override, Capabilities):
+        override = {f.name: getattr(override, f.name) for f in fields(Capabilities)}
+    if not isinstance(override, Mapping):
+        raise ProviderSetupError(f"OpenAIProvider: capabilities must be a dict such as "
+                                 f"{{'system_role': 'developer'}}, got {type(override).__name__}")
+    known = [f.name for f in fields(Capabilities)]
+    unknown = sorted(str(k) for k in override if k not in known)
+    if unknown:
+        raise ProviderSetupError(f"OpenAIProvider: capabilities has no {', '.join(unknown)}; "
+                                 f"its fields are {', '.join(known)}")
+    role = override.get("system_role", found.system_role)
+    if role not in SYSTEM_ROLES:
+        raise ProviderSetupError(f"OpenAIProvider: capabilities system_role must be one of "
+                                 f"{', '.join(SYSTEM_ROLES)}, got {role!r}")
+    for key in known[1:]:
+        if key in override and not isinstance(override[key], bool):
+            raise ProviderSetupError(f"OpenAIProvider: capabilities {key} must be True or "
+                                     f"False, got {override[key]!r}")
+    return replace(found, **dict(override))
+
+
+def shaped_extra_body(model: str, caps: Capabilities, extra: dict[str, Any]) -> dict[str, Any]:
+    """``extra_body`` as this model takes it: ``max_tokens`` renamed where needed; a sampling
+    setting the model refuses is refused now rather than answered with a 400 on every call."""
+    if not caps.temperature:
+        refused = [k for k in SAMPLING if k in extra]
+        if refused:
+            raise ProviderSetupError(
+                f"OpenAIProvider: {model} refuses {', '.join(map(repr, refused))} (a reasoning "
+                f"model samples at its own settings); drop {'it' if len(refused) == 1 else 'them'}"
+                " from extra_body, or pass capabilities={'temperature': True} if this "
+                "deployment accepts them")
+    if caps.max_completion_tokens and "max_tokens" in extra:
+        if "max_completion_tokens" in extra:
+            raise ProviderSetupError(
+                f"OpenAIProvider: extra_body sets both max_tokens and max_completion_tokens, "
+                f"and {model} takes only max_completion_tokens (reasoning tokens included); "
+                "keep one")
+        extra = {("max_completion_tokens" if k == "max_tokens" else k): v
+                 for k, v in extra.items()}
+    return extra
 
 
 show_as("batchjson", OpenAIProvider)  # loaded on first use of batchjson.OpenAIProvider

@@ -14,19 +14,18 @@ from typing import Any, Literal
 
 from .._acceptance import judge as acceptance
 from .._content.schema import wire_schema
-from .._content.tasks import Request, render_items_prompt, render_value_prompt, shared_head
+from .._content.tasks import Request, shared_head
 from .._errors import LedgerError, ProviderError
 from .._ledger.ledger import Ledger
 from .._ledger.records import now
 from .._ledger.store import Store
 from .._ledger.store_calls import ACCEPTED, MINE, OVER, Owner
 from .._money import usd
-from .._providers.base import Call, CallKind, Reply, estimate_tokens, input_bound
-from .._providers.caching import prefix_cacheable
+from .._providers.base import Call, CallKind, Reply, estimate_tokens, input_bound, prefix_cacheable
 from .._secrets import public_url
 from .budget import Pricing, Spender, charge_of
 from .groupcommit import GroupCommit
-from .plan import Outcome, Plan, Transport, system_prompt
+from .plan import Outcome, Plan, Transport, first_prompt, system_prompt
 from .settle import Attempt, Settle, usage_of
 
 
@@ -336,14 +335,6 @@ class Caller:
             return [(attempt, error)]
         self.probe.back(call.request_key)
         return [(attempt, reply)]
-
-
-def first_prompt(plan: Plan, request: Request) -> str:
-    """The prompt of a request's first call (and of its exact replays)."""
-    if plan.mode == "value":
-        return render_value_prompt(request.tasks[0])
-    return render_items_prompt(request.tasks, plan.identity, plan.instructions,
-                               request.tasks_json)
 
 
 def make_call(plan: Plan, system: str, request: Request, kind: CallKind, prompt: str,

@@ -22,16 +22,25 @@ from .._ledger import Ledger
 from .._ledger.records import now
 from .._ledger.store_calls import Owner
 from .._providers.base import Reply, estimate_tokens, input_bound
-from .._providers.batch_client import NOT_UTF8
+from .._providers.batch_client import NOT_UTF8, Upload
 from .._providers.reply import received
 from .._providers.settings import declared_output_cap
-from .._providers.upload import Upload
 from .._sources import TRUNCATED
 from .budget import Spender, reserve_lines
 from .calls import make_call
 from .plan import Outcome, Plan, system_prompt
-from .policy import HALVE, NONE, Next, Tried, cut_off_error, next_attempt
-from .settle import Attempt, Settle, fail, usage_of
+from .settle import (
+    HALVE,
+    NONE,
+    Attempt,
+    Next,
+    Settle,
+    Tried,
+    cut_off_error,
+    fail,
+    next_attempt,
+    usage_of,
+)
 
 WINDOW = 1000  # requests read from the ledger, or output lines judged, together
 Windows = Callable[[], Iterable[Sequence[Request]]]  # a run's pending requests, anew each call

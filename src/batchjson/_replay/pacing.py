@@ -2,7 +2,9 @@
 
 A semaphore alone cannot: retries fired into a closed rate window burn money. One :class:`Pacer` per
 session, shared by its runs: two leaky buckets (aiolimiter), a 429 pausing every call and halving
-the calls in flight (docs/providers.md, "Rate limits")."""
+the calls in flight (docs/providers.md, "Rate limits"). The session is one live host of its ledger
+(:class:`HostShare`), so the hosts on one account divide its limits instead of each sending at all
+of them."""
 
 from __future__ import annotations
 
@@ -15,7 +17,10 @@ from typing import Any
 from aiolimiter import AsyncLimiter
 
 from .._checks import is_whole
-from .._errors import ConfigError
+from .._errors import ConfigError, LedgerError
+from .._ledger.store import Store
+from .._ledger.store_base import Tx
+from .._ledger.store_calls import Owner
 from .._providers.ratelimits import Reported, reported
 
 HEADROOM = 0.98  # pace a little under the limit: network jitter bunches arrivals
@@ -250,3 +255,37 @@ def pack_that_fits(limit: int, fixed_tokens: float, task_tokens: float) -> int:
     """The most tasks a request may pack within ``limit`` tokens, when each spends ``fixed_tokens``
     whatever its pack and each task at most ``task_tokens``."""
     return max(0, math.floor((limit - fixed_tokens) / max(task_tokens, 1e-9)))
+
+
+COUNT_SECONDS = 1.0  # the longest a run paces to a stale count of the hosts
+
+
+class HostShare:
+    """One session's row among the ledger's hosts, and its pacer's share of the limits."""
+
+    def __init__(self, store: Store, session_id: str, pacer: Pacer) -> None:
+        self.store = store
+        self.pacer = pacer
+        self.owner = Owner.start(session_id)
+
+    def count(self, tx: Tx) -> None:
+        """Renew this host's row in ``tx`` and take its share of the hosts counted alive."""
+        self.pacer.share(self.store.hosts(tx, self.owner))
+
+    def join(self) -> None:
+        """Counted from the session's start, so hosts started together pace to their share from
+        their first call; a ledger that cannot be written now is left to the first run to report."""
+        try:
+            with self.store.transaction(calls=True) as tx:
+                self.count(tx)
+        except LedgerError:
+            pass
+
+    def leave(self) -> None:
+        """The session ends: the other hosts take its share at their next count."""
+        self.owner.stop()
+        try:
+            with self.store.transaction(calls=True) as tx:
+                self.store.hosts(tx, self.owner, leaving=True)
+        except LedgerError:
+            pass  # its row is dropped as a gone host's anyway

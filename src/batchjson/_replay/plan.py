@@ -1,4 +1,4 @@
-"""What one run of one batch revision is asked to do, and what it reports back."""
+"""What one run of one batch revision is asked to do, its prompts, and what it reports back."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 from .._content.keys import Keys
 from .._content.schema import ItemSchema
 from .._content.spool import TextSpool
+from .._content.tasks import Request, render_items_prompt, render_value_prompt
 
 
 @dataclass
@@ -84,3 +85,11 @@ def system_prompt(plan: Plan) -> str:
             "one object per task. Each object copies the task's identity fields ("
             f"{', '.join(plan.identity)}) unchanged and answers with fields matching this JSON "
             f"Schema: {answer}")
+
+
+def first_prompt(plan: Plan, request: Request) -> str:
+    """The prompt of a request's first call (and of its exact replays)."""
+    if plan.mode == "value":
+        return render_value_prompt(request.tasks[0])
+    return render_items_prompt(request.tasks, plan.identity, plan.instructions,
+                               request.tasks_json)

@@ -25,11 +25,9 @@ from .._sources import TRUNCATED
 from .budget import Spender
 from .calls import STOPPED, Caller, Control, Judged, NotSent
 from .groupcommit import GroupCommit
-from .hosts import COUNT_SECONDS, HostShare
-from .pacing import Pacer
+from .pacing import COUNT_SECONDS, HostShare, Pacer
 from .plan import Outcome, Plan, Transport
-from .policy import HALVE, NONE, Tried, cut_off_error, next_attempt
-from .settle import fail, provider_error
+from .settle import HALVE, NONE, Tried, cut_off_error, fail, next_attempt, provider_error
 
 Item = tuple[Request, int]  # a queued request and its split depth
 FEED = 500  # requests taken from a stream into the queue at once
@@ -196,7 +194,7 @@ class Replayer:
 
     # -- one request -----------------------------------------------------------------------
     async def _drive(self, request: Request, depth: int) -> None:
-        """Attempts, as :func:`~batchjson._replay.policy.next_attempt` says, until the request
+        """Attempts, as :func:`~batchjson._replay.settle.next_attempt` says, until the request
         is accepted or given up (or halved), then what the run reports of it."""
         chain: list[Tried] = []
         step = next_attempt(self.plan, request, chain, depth=depth,

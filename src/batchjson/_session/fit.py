@@ -22,9 +22,8 @@ from .._errors import InvalidBatch, ProviderSetupError
 from .._ledger import Ledger
 from .._providers.ratelimits import request_tokens
 from .._providers.settings import declared_output_cap
-from .._replay.calls import first_prompt
 from .._replay.pacing import Pacer, pack_that_fits
-from .._replay.plan import Plan, system_prompt
+from .._replay.plan import Plan, first_prompt, system_prompt
 
 # The pieces GPT-style tokenizers (cl100k, o200k; Llama 3 uses the same rules) cut text into
 # before any merge: a letter run with at most one leading mark (and a contraction), digits in

@@ -6,14 +6,17 @@ back an older object: its logic may differ where the fingerprint is blind."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import inspect
 import os
 import threading
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .._acceptance.validators import droste_verdicts
 from .._errors import InvalidBatch, ValidatorChanged
 from .._fingerprint.fingerprint import (
     Fingerprint,
@@ -22,7 +25,7 @@ from .._fingerprint.fingerprint import (
     unwrap_callable,
 )
 from .._ledger.records import now
-from .preflight import check_verdicts
+from .spec import check_verdicts
 
 __all__ = ["Definition", "ValidatorRegistry", "ValidatorVersion"]
 
@@ -238,3 +241,41 @@ class ValidatorRegistry:
         with self._lock:
             names = ", ".join(f"{v.name} v{v.version}" for v in self._current.values())
         return f"ValidatorRegistry(strict={self.strict}, [{names}])"
+
+
+def checker_of(version: ValidatorVersion, validator_args: str | None,
+               timeout: float) -> Callable[[Any, Mapping[str, Any]], Any]:
+    """What acceptance calls for a validator version called as ``validator_args`` says."""
+    forms = {"index": _index_form, "droste": droste_verdicts}
+    checker = version.fn
+    if validator_args in forms:
+        checker = forms[validator_args](checker)
+    return _bounded(checker, timeout)  # an async one may hang
+
+
+def _bounded(fn: Callable[[Any, Mapping[str, Any]], Any],
+             seconds: float) -> Callable[[Any, Mapping[str, Any]], Any]:
+    """The validator, with an ``async def`` one bounded by the session's timeout: one that never
+    returns becomes a ``validator_error`` instead of holding the run forever."""
+    def check(value: Any, task: Mapping[str, Any]) -> Any:
+        out = fn(value, task)
+        return _within(out, seconds) if inspect.isawaitable(out) else out
+
+    return check
+
+
+async def _within(awaitable: Any, seconds: float) -> Any:
+    try:
+        async with asyncio.timeout(seconds):
+            return await awaitable
+    except TimeoutError:
+        raise TimeoutError(f"the async validator did not return within {seconds:g}s (the "
+                           "session's timeout=)") from None
+
+
+def _index_form(fn: Callable[[Any, int], Any]) -> Callable[[Any, Mapping[str, Any]], Any]:
+    """droste validators take (value, index); acceptance hands (value, task)."""
+    def check(value: Any, task: Mapping[str, Any]) -> Any:
+        return fn(value, task["index"])
+
+    return check

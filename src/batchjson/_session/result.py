@@ -1,4 +1,10 @@
-"""What a run hands back: values that passed acceptance, and an honest account of the rest."""
+"""What a run hands back: values that passed acceptance, and an honest account of the rest.
+
+Both are read when asked for. A million values as Python objects would need gigabytes, and the
+ledger has them already: :class:`LedgerValues` reads them a page at a time (a result outlives its
+session, opening the ledger again; an in-memory ledger's are copied). A run that fails a million
+tasks must not hand back a million error dicts: :class:`ResultErrors` builds them when read, and
+:func:`failure_groups` keeps the first few groups and counts the rest."""
 
 from __future__ import annotations
 
@@ -6,14 +12,16 @@ import html
 import io
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from itertools import islice
+from typing import Any, Literal, overload
 
-from .._errors import ConfigError
+from .._content.packed import SequenceView
+from .._errors import ConfigError, LedgerError
+from .._ledger.ledger import Ledger
+from .._ledger.store import Store
 from .._money import money
-from .errors import ResultErrors, failure_groups
-from .values import plain_items
 
 
 class TaskAttempts(Mapping[str, int]):
@@ -254,3 +262,304 @@ def _jobs_html(jobs: list[dict[str, Any]]) -> str:
         f", {job['requests']} request(s)</li>" for job in jobs)
     return (f"<div>pending in {len(jobs)} batch job(s); re-run to collect what has ended:"
             f"<ul style='margin:2px 0'>{rows}</ul></div>")
+
+
+PAGE_REQUESTS = 200  # leaf requests per page read while iterating
+
+
+class LedgerValues(Mapping[str, Any]):
+    """task_id -> accepted value of one revision, each loaded from the ledger when read. ``hidden``
+    task ids (stored values that no longer load; the result's errors name them) read as absent."""
+
+    def __init__(self, store: Store, revision_id: int, load: Callable[[Any], Any],
+                 hidden: frozenset[str] = frozenset()) -> None:
+        self._store, self._revision, self._load = store, revision_id, load
+        self._hidden = hidden
+        self._count: int | None = None
+        self._where: dict[str, str] | None = None  # task_id -> request key, read on first use
+        self._accepted: set[str] | None = None  # request keys with values, read on first use
+
+    def __len__(self) -> int:
+        if self._count is None:
+            self._count = (self._read("value_count", revision_id=self._revision)
+                           - len(self._hidden))
+        return self._count
+
+    def __iter__(self) -> Iterator[str]:
+        for task_id, _ in self.stored_items():
+            yield task_id
+
+    def __getitem__(self, task_id: str) -> Any:
+        text = self._text(task_id)
+        if text is None:
+            raise KeyError(task_id)
+        return self._load(json.loads(text))
+
+    def __contains__(self, task_id: object) -> bool:
+        """Read without a query per task (a result's errors ask it of every failed task)."""
+        if not isinstance(task_id, str) or task_id in self._hidden:
+            return False
+        key = self._where_of().get(task_id)  # reads the accepted keys too
+        return key in (self._accepted or ())
+
+    def items(self) -> Iterator[tuple[str, Any]]:  # type: ignore[override]
+        """(task_id, value) in task order, a page of requests at a time."""
+        for task_id, text in self.stored_items():
+            yield task_id, self._load(json.loads(text))
+
+    def values(self) -> Iterator[Any]:  # type: ignore[override]
+        for _, value in self.items():
+            yield value
+
+    def stored_items(self) -> Iterator[tuple[str, str]]:
+        """(task_id, stored JSON text) in task order, without loading the values."""
+        after: tuple[int, int] | None = (-1, -1)
+        while after is not None:
+            rows = self._read("revision_values", self._revision, page=(after, PAGE_REQUESTS))
+            requests = list(dict.fromkeys((row[0], row[1]) for row in rows))
+            after = requests[-1] if len(requests) == PAGE_REQUESTS else None
+            seen: dict[str, str] = {}
+            for _, _, task_id, text in rows:  # the latest accepted row wins, as checkpoint
+                if task_id is not None:
+                    seen[task_id] = text
+            for task_id, text in seen.items():
+                if task_id not in self._hidden:
+                    yield task_id, text
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Mapping):
+            return dict(self.items()) == dict(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"<values of {len(self)} task(s), read from the ledger; dict(values) copies them>"
+
+    def _read(self, what: str, *args: Any, **named: Any) -> Any:
+        """One of the store's reads; once the session closed its ledger, from the same file or
+        database opened again."""
+        try:
+            return getattr(self._store, what)(*args, **named)
+        except LedgerError:
+            where = _where(self._store)
+            if where is None:  # in memory: nothing to open again (its values were copied)
+                raise
+            self._store = Ledger(where).store
+            return getattr(self._store, what)(*args, **named)
+
+    def _where_of(self) -> dict[str, str]:
+        if self._where is None:
+            where, self._accepted = self._read("revision_lookup", self._revision)
+            self._where = {t: key for key, ids in where for t in json.loads(ids)}
+        return self._where
+
+    def _text(self, task_id: str) -> str | None:
+        if task_id in self._hidden:
+            return None
+        key = self._where_of().get(task_id)
+        if key is None:
+            return None
+        return self._read("revision_values", self._revision, task=(key, task_id))[-1][3]
+
+
+def _where(store: Store) -> Any:
+    """The file or URL a store opens again; None in memory."""
+    return getattr(store, "url", None) or getattr(store, "path", None)
+
+
+def result_values(store: Store, revision_id: int,
+                  schema: Any) -> tuple[Mapping[str, Any], list[dict[str, Any]]]:
+    """A revision's values as a :class:`LedgerValues` (a dict for an in-memory ledger), and a
+    ``stored_invalid`` error for each stored value the schema no longer loads. Only a pydantic
+    model's load can fail (even on what it dumped itself), so only then is every value read once
+    here: a value that does not load is its task's error, never an exception on reading
+    ``values``."""
+    values, unloadable = _ledger_values(store, revision_id, schema)
+    return (values if _where(store) is not None else dict(values.items())), unloadable
+
+
+def _ledger_values(store: Store, revision_id: int,
+                   schema: Any) -> tuple[LedgerValues, list[dict[str, Any]]]:
+    values = LedgerValues(store, revision_id, schema.load)
+    if schema.model is None:
+        return values, []
+    unloadable = []
+    for task_id, text in values.stored_items():
+        try:
+            schema.load(json.loads(text))
+        except Exception as exc:  # noqa: BLE001 - a stored value the schema no longer accepts
+            unloadable.append({
+                "type": "stored_invalid", "task_id": task_id,
+                "message": f"the stored answer no longer loads under the schema "
+                           f"({type(exc).__name__}: {str(exc)[:300]}); change the schema "
+                           "back, or re-run under a schema it satisfies"})
+    if not unloadable:
+        return values, []
+    hidden = frozenset(e["task_id"] for e in unloadable)
+    return LedgerValues(store, revision_id, schema.load, hidden), unloadable
+
+
+def plain_items(values: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+    """(task_id, value as plain JSON data) in task order: a ledger's values as stored, without
+    building model instances; a dict's values with models dumped to JSON data."""
+    if isinstance(values, LedgerValues):
+        for task_id, text in values.stored_items():
+            yield task_id, json.loads(text)
+        return
+    for task_id, value in values.items():
+        dump = getattr(value, "model_dump", None)
+        yield task_id, dump(mode="json") if callable(dump) else value
+
+
+REPR_ERRORS = 20  # errors a repr shows
+
+
+class ResultErrors(SequenceView):
+    """Every task's errors, each a fresh dict when read, in this order: failed tasks as they failed,
+    tasks a batch job still holds, stored values that no longer load, tasks never attempted.
+    ``task_ids`` (every task in order) is read only if some task was never attempted."""
+
+    def __init__(self, failed: Mapping[str, list[dict[str, Any]]], accepted: Any,
+                 extra: list[dict[str, Any]], task_ids: Callable[[], Iterable[str]],
+                 missing: int, not_attempted: str, pending: Sequence[str] = (),
+                 pending_tasks: int = 0) -> None:
+        self._failed, self._accepted, self._extra = failed, accepted, extra
+        self._task_ids, self._missing, self._why = task_ids, missing, not_attempted
+        self._pending, self._pending_tasks = pending, pending_tasks
+        self._len: int | None = None
+        self._raws: dict[str, str] | None = None
+        # failed in the run yet accepted by its end (another runner's answer): read now, so
+        # the errors stay those of this run's end when the ledger gains values later
+        self._answered = {t for t in failed if t in accepted}
+        self._unattempted: int | None = None
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for task_id, errs in self._failed_items():
+            for e in errs:
+                yield {**{k: v for k, v in e.items() if k != "raw"}, "task_id": task_id}
+        yield from self._pending_errors()
+        yield from (dict(e) for e in self._extra)
+        if self._unattempted_count():
+            named = {e["task_id"] for e in self._extra}
+            named.update(e["task_id"] for e in self._pending_errors())
+            for task_id in self._task_ids():
+                if (task_id not in self._failed and task_id not in named
+                        and task_id not in self._accepted):
+                    yield {"type": "not_attempted", "task_id": task_id, "message": self._why}
+
+    def _pending_errors(self) -> Iterator[dict[str, Any]]:
+        """The tasks of requests a batch job held when the run ended (as they were then)."""
+        for text in self._pending:
+            held = json.loads(text)
+            for task_id in held["task_ids"]:
+                yield {"type": "pending", "task_id": task_id, "request": held["request"],
+                       "message": f"submitted in {held['where']}; re-run to collect what has "
+                       "ended"}
+
+    def _failed_items(self) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+        answered = self._answered
+        return ((t, errs) for t, errs in self._failed.items() if t not in answered)
+
+    def _unattempted_count(self) -> int:
+        if self._unattempted is None:
+            failed = sum(1 for _ in self._failed_items())
+            self._unattempted = max(0, self._missing - failed - self._pending_tasks
+                                    - len({e["task_id"] for e in self._extra}))
+        return self._unattempted
+
+    def __len__(self) -> int:
+        if self._len is None:
+            self._len = (sum(len(errs) for _, errs in self._failed_items()) + len(self._extra)
+                         + self._pending_tasks + self._unattempted_count())
+        return self._len
+
+    def __bool__(self) -> bool:
+        return next(iter(self), None) is not None
+
+    @overload
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
+
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            if (index.step or 1) > 0 and (index.start or 0) >= 0 and (
+                    index.stop is None or index.stop >= 0):
+                return list(islice(self, index.start, index.stop, index.step))
+            return list(self)[index]
+        if index < 0:
+            index += len(self)
+        found = next(islice(self, index, None), None) if index >= 0 else None
+        if found is None:
+            raise IndexError("error index out of range")
+        return found
+
+    def __repr__(self) -> str:
+        """As a list, up to :data:`REPR_ERRORS` of them; beyond, those and a count of the rest."""
+        first = list(islice(self, REPR_ERRORS + 1))
+        if len(first) <= REPR_ERRORS:
+            return repr(first)
+        return (repr(first[:REPR_ERRORS])[:-1] + f", ... and {len(self) - REPR_ERRORS} more; "
+                "list(errors) copies them]")
+
+    @property
+    def raws(self) -> dict[str, str]:
+        """Each failed request's raw return, once (the errors themselves leave it out)."""
+        if self._raws is None:
+            self._raws = {}
+            for _, errs in self._failed_items():
+                for e in errs:
+                    if e.get("raw") is not None:
+                        self._raws.setdefault(request_of(e), e["raw"])
+        return self._raws
+
+
+def failure_groups(errors: Callable[[], Iterable[Mapping[str, Any]]],
+                   raws: Mapping[str, str], limit: int | None = None,
+                   keep: Callable[[Mapping[str, Any]], bool] | None = None
+                   ) -> tuple[list[dict[str, Any]], int]:
+    """The first ``limit`` failed requests (all with None) of ``errors()``, each with its tasks, its
+    own errors once, its bystanders counted and its raw return; and how many failed in all, counted
+    without building the rest. ``errors`` is read twice. ``keep`` drops a request all of whose
+    errors it refuses."""
+    kept: dict[str, bool] = {}  # request -> has an error ``keep`` admits (one bool a request)
+    for e in errors():
+        key = request_of(e)
+        kept[key] = kept.get(key, False) or keep is None or keep(e)
+    shown = [key for key, admitted in kept.items() if admitted]
+    total, shown = len(shown), set(shown[:limit] if limit is not None else shown)
+    groups: dict[str, dict[str, Any]] = {}
+    for e in errors():
+        key = request_of(e)
+        if key in shown:
+            group = groups.get(key)
+            if group is None:
+                group = groups[key] = {"request": e.get("request"), "tasks": [], "errors": [],
+                                       "bystanders": 0, "raw": raws.get(key)}
+            _add(group, e)
+    return list(groups.values()), total
+
+
+def _add(group: dict[str, Any], e: Mapping[str, Any]) -> None:
+    """One error into its request's group: tasks once (a task's errors come together),
+    bystanders counted, each message once."""
+    task_id = e.get("task_id")
+    if task_id is not None and (not group["tasks"] or group["tasks"][-1] != task_id):
+        group["tasks"].append(task_id)
+    if e.get("type") == "batch_rejected":
+        group["bystanders"] += 1
+        return
+    what = (e.get("type"), e.get("message"))
+    if all((x.get("type"), x.get("message")) != what for x in group["errors"]):
+        group["errors"].append({k: v for k, v in e.items() if k != "request"})
+
+
+def request_of(error: Mapping[str, Any]) -> str:
+    """The failed request an error belongs to (the replay loop tags it), else its message."""
+    if error.get("request"):
+        return str(error["request"])
+    if error.get("type") == "not_attempted":
+        return "not_attempted"
+    return f"{error.get('type')}:{error.get('task_id')}:{error.get('message')}"

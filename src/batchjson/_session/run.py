@@ -6,13 +6,10 @@ budget and the fit have been checked."""
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
-from .._acceptance.validators import droste_verdicts
 from .._content.keys import answer_source
 from .._content.tasks import Request
 from .._errors import BatchUnresolved
@@ -23,17 +20,13 @@ from .._replay.calls import cheapest_call
 from .._replay.jobs import JobRunner, JobsOutcome
 from .._replay.plan import Outcome, Plan
 from .._replay.replay import Replayer
-from . import batches, preflight, window
-from .errors import ResultErrors
+from . import batches, window
 from .fit import check_fit, check_rate_fit
-from .plan import RunPlan
-from .registry import ValidatorVersion
+from .plan import RunPlan, Runtime, find_completed, finished, keyed, remember_file
+from .registry import checker_of
 from .rejudge import UNSEEN, Judging, clear_sourceless, unseen_token
-from .result import BatchResult, TaskAttempts
-from .resume import find_completed, finished, keyed, remember_file
-from .runtime import Runtime
-from .spec import RunSpec
-from .values import result_values
+from .result import BatchResult, ResultErrors, TaskAttempts, result_values
+from .spec import RunSpec, compared_candidates
 
 
 def run_spec(rt: Runtime, spec: RunSpec) -> BatchResult:
@@ -97,16 +90,6 @@ def judging_of(rt: Runtime, plan: RunPlan) -> Judging:
     """How stored answers are judged again, as this run's returns are judged."""
     return Judging(plan.spec.mode, plan.content.identity, plan.content.schema, plan.checker,
                    rt.loop.run)
-
-
-def checker_of(version: ValidatorVersion, validator_args: str | None,
-               timeout: float) -> Callable[[Any, Mapping[str, Any]], Any]:
-    """What acceptance calls for a validator version called as ``validator_args`` says."""
-    forms = {"index": _index_form, "droste": droste_verdicts}
-    checker = version.fn
-    if validator_args in forms:
-        checker = forms[validator_args](checker)
-    return _bounded(checker, timeout)  # an async one may hang
 
 
 def find_requests(rt: Runtime, plan: RunPlan, judging: Judging) -> RunPlan:
@@ -275,7 +258,7 @@ def report(rt: Runtime, plan: RunPlan, revision: Any, outcome: Outcome,
     tasks = [dict.fromkeys(plan.remembered[1])] if plan.remembered else content.tasks
     if spec.mode == "items":  # what the prompt asks to copy; other task fields, if echoed
         result.identity_compared = tuple(content.identity)
-        result.compared_if_echoed = tuple(f for f in preflight.compared_candidates(
+        result.compared_if_echoed = tuple(f for f in compared_candidates(
             tasks, content.identity) if f not in content.identity)
     name, model = provider_names(plan.provider)
     result.provider = f"{name}/{model}" if model else name
@@ -348,31 +331,3 @@ def _values(rt: Runtime, revision_id: int, total: int, task_ids: Callable[[], It
     return values, ResultErrors(outcome.errors, values, unloadable, task_ids,
                                 total - len(values), why, outcome.pending,
                                 outcome.pending_tasks)
-
-
-def _bounded(fn: Callable[[Any, Mapping[str, Any]], Any],
-             seconds: float) -> Callable[[Any, Mapping[str, Any]], Any]:
-    """The validator, with an ``async def`` one bounded by the session's timeout: one that never
-    returns becomes a ``validator_error`` instead of holding the run forever."""
-    def check(value: Any, task: Mapping[str, Any]) -> Any:
-        out = fn(value, task)
-        return _within(out, seconds) if inspect.isawaitable(out) else out
-
-    return check
-
-
-async def _within(awaitable: Any, seconds: float) -> Any:
-    try:
-        async with asyncio.timeout(seconds):
-            return await awaitable
-    except TimeoutError:
-        raise TimeoutError(f"the async validator did not return within {seconds:g}s (the "
-                           "session's timeout=)") from None
-
-
-def _index_form(fn: Callable[[Any, int], Any]) -> Callable[[Any, Mapping[str, Any]], Any]:
-    """droste validators take (value, index); acceptance hands (value, task)."""
-    def check(value: Any, task: Mapping[str, Any]) -> Any:
-        return fn(value, task["index"])
-
-    return check

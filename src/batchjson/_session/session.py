@@ -17,17 +17,16 @@ from .._loop import BackgroundLoop
 from .._providers.base import close_provider
 from .._providers.select import make_provider, provider_label
 from .._replay.budget import Budget, Tally
-from .._replay.hosts import HostShare
-from .._replay.pacing import Pacer, RateLimits
+from .._replay.pacing import HostShare, Pacer, RateLimits
 from .._replay.plan import Transport
 from . import structured
+from .accounts import Evidence
 from .advice import advise
-from .evidence import Evidence
 from .ledger import Ledger
+from .plan import Runtime
 from .registry import ValidatorRegistry
 from .result import BatchResult
 from .run import run_spec
-from .runtime import Runtime
 from .spec import OnExhausted, RunSpec, SessionOptions, TransportName
 
 

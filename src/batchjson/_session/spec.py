@@ -1,27 +1,39 @@
 """The one public description of a run, and the one place that checks a run's inputs.
 
 Every face builds a ``RunSpec``, so every face refuses the same inputs in the same words, before the
-ledger or the provider is touched: a refusal never costs a call or records anything."""
+ledger or the provider is touched: a refusal never costs a call or records anything. The checks of
+a run's content that need no call (:func:`check_all`) are each an
+:class:`~batchjson._errors.InvalidBatch` naming the problem and the fix."""
 
 from __future__ import annotations
 
+import ast
 import hashlib
+import inspect
+import io
 import os
+import sys
+import textwrap
+import tokenize
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
+import jsonschema
 from pydantic import PlainValidator, SkipValidation
 
+from .._acceptance.judge import ECHO_EXEMPT
 from .._checks import Count, CountOrNone, Flag, Positive, Seconds, options
+from .._content.schema import MISSING as _MISSING
 from .._content.schema import ItemSchema, compile_schema
+from .._content.schema import resolve_pointer as _resolve
 from .._content.spool import is_task_file
 from .._content.tasks import Identity, normalize_identity, normalize_tasks
 from .._errors import ConfigError, InvalidBatch
+from .._fingerprint.fingerprint import unwrap_callable
 from .._replay.budget import Budget
 from .._secrets import check_name
-from . import preflight
 
 Mode = Literal["items", "value"]
 ValidatorArgs = Literal["task", "index", "droste"]
@@ -82,7 +94,7 @@ class RunSpec:
                 "transport='live' there, or run_batch / %%batch_json for batch jobs")
         if self.validator_name is not None:
             check_text("validator_name", self.validator_name, "validator_name='label_check'")
-        preflight.check_validator(self.validator, self.validator_args)
+        check_validator(self.validator, self.validator_args)
         if isinstance(self.identity, Iterator):  # read once here, so kept as read
             object.__setattr__(self, "identity", tuple(self.identity))
         normalize_identity(self.identity)  # its shape; the tasks are checked against it later
@@ -95,7 +107,7 @@ class RunSpec:
         hasher = hashlib.sha256() if is_task_file(self.tasks) else None
         tasks, texts = normalize_tasks(self.tasks, identity, hasher, pack=self.pack)
         schema = compile_schema(self.schema)
-        preflight.check_all(tasks=tasks, identity=identity, schema=schema, mode=self.mode,
+        check_all(tasks=tasks, identity=identity, schema=schema, mode=self.mode,
                             validator=self.validator, validator_args=self.validator_args,
                             pack=self.pack)
         return CheckedRun(self, tasks, texts, schema, identity,
@@ -158,3 +170,288 @@ class SessionOptions:
     def __post_init__(self) -> None:
         check_name(self.model, "Session model", "pass the key as the provider's api_key=... (or "
                    "set OPENAI_API_KEY / ANTHROPIC_API_KEY) and the model's name as model=")
+
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def check_validator(fn: Any, args: str) -> None:
+    """The validator is called ``validator(item, task)`` (or ``(item, index)``) and says yes or
+    no: a plain or ``async def`` function whose signature takes exactly that."""
+    if fn is None:
+        return
+    second = "task" if args == "task" else "index"
+    check_verdicts(fn, second)
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins have none: nothing to check
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        name = getattr(fn, "__name__", type(fn).__name__)
+        raise InvalidBatch(
+            f"validator {name}{signature} cannot be called as validator(item, {second}); "
+            f"give it two parameters, e.g. def {name}(item, {second}): ... (raise ValueError "
+            "or return False to reject an item)") from None
+
+
+def check_verdicts(fn: Any, second: str = "task") -> None:
+    """What any validator must be, whatever it is called with (the registry checks this before
+    it records a version): callable, returning a verdict, and kept whole under ``python -O``."""
+    if not callable(fn):
+        hint = " (names go by keyword: @validator(name=...))" if isinstance(fn, str) else ""
+        raise InvalidBatch(f"validator must be callable, got {type(fn).__qualname__}{hint}")
+    check_not_generator(fn, second)
+    check_asserts_kept(fn)
+
+
+def check_not_generator(fn: Any, second: str = "task") -> None:
+    """A generator (or async generator) function says neither yes nor no: refused as a validator
+    rather than paid for and failed as a ``validator_error``. The function, partial or object's
+    ``__call__`` is what is judged."""
+    try:
+        called = [fn] + ([] if inspect.isroutine(fn) else [type(fn).__call__])
+        kind = next(("an async generator function" if inspect.isasyncgenfunction(c) else
+                     "a generator function" for c in called
+                     if inspect.isasyncgenfunction(c) or inspect.isgeneratorfunction(c)), None)
+        name = getattr(fn, "__name__", type(fn).__name__) if kind else ""
+    except Exception:  # an object that raises when read: not a generator anyone can see
+        return
+    if kind:
+        raise InvalidBatch(
+            f"validator {name} is {kind} (it uses yield), so calling it returns a generator, "
+            "not a verdict; write a plain def (or async def) without yield: "
+            f"def {name}(item, {second}): ... raising ValueError or returning False to reject "
+            "an item")
+
+
+def check_asserts_kept(fn: Any) -> None:
+    """Under ``python -O`` asserts vanish, so an assert-checking validator would accept everything:
+    refused when its own source (nested functions too) holds one. Helpers it calls are not read; a
+    validator without source cannot be seen."""
+    if not sys.flags.optimize:
+        return
+    try:
+        target = unwrap_callable(fn)
+        if not inspect.isroutine(target) and not inspect.isclass(target):
+            target = type(target).__call__  # a callable object: what is called
+        source = textwrap.dedent(inspect.getsource(target))
+    except Exception:  # no source to read (a builtin, exec'd code): nothing to see
+        return
+    if not _has_assert(source):
+        return
+    name = getattr(fn, "__name__", type(fn).__name__)
+    raise InvalidBatch(
+        f"validator {name} checks with assert, and this Python runs with -O "
+        f"(sys.flags.optimize={sys.flags.optimize}), which removes every assert: it would "
+        "accept every item. Raise ValueError instead (if not ok: raise ValueError('...')), or "
+        "run Python without -O")
+
+
+def _has_assert(source: str) -> bool:
+    try:
+        return any(isinstance(node, ast.Assert) for node in ast.walk(ast.parse(source)))
+    except SyntaxError:  # a lambda's line cut from a larger expression: read its tokens
+        try:
+            return any(t.type == tokenize.NAME and t.string == "assert" for t in
+                       tokenize.generate_tokens(io.StringIO(source).readline))
+        except (tokenize.TokenError, SyntaxError):
+            return False
+
+
+def compared_candidates(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str]) -> list[str]:
+    """Every field an item may be held to: the identity fields, plus under the default identity
+    every task field (prompt and context aside)."""
+    names = dict.fromkeys(identity)
+    if getattr(identity, "echo", False):  # what compared_fields adds, for all tasks at once
+        for task in tasks:
+            names.update(dict.fromkeys(task))
+        for name in ECHO_EXEMPT.difference(identity):
+            names.pop(name, None)
+    return list(names)
+
+
+def check_identity_values(tasks: Iterable[Mapping[str, Any]], identity: Sequence[str]) -> None:
+    """Explicit identity values are plain JSON scalars, compared exactly: an enum member, a
+    dict (int keys become strings) or a list could never be echoed back equal."""
+    if getattr(identity, "echo", False):
+        return
+    for task in tasks:
+        for name in identity:
+            value = task[name]
+            if type(value) not in _SCALARS:
+                raise InvalidBatch(
+                    f"task {task['task_id']!r}: identity field {name!r} is a "
+                    f"{type(value).__name__}, but identity values must be plain JSON scalars "
+                    "(str, int, float, bool or None) that the model copies back exactly; pass "
+                    f"a plain value (e.g. str(...) or .value) or drop {name!r} from identity=")
+
+
+def check_schema(schema: ItemSchema, mode: str, tasks: Sequence[Mapping[str, Any]],
+                 identity: Sequence[str]) -> None:
+    """Schemas that no return could ever satisfy, or that conflict with the identity fields."""
+    root = schema.json_schema
+    _check_refs(root)
+    never = _never(root, root, mode == "items", 0)
+    if never:
+        raise InvalidBatch(f"the schema can never be satisfied: {never}; fix the schema")
+    if mode != "items":
+        return
+    names = compared_candidates(tasks, identity)
+    if schema.model is not None:
+        _check_aliases(schema.model, names)
+    declared = schema.declared_fields or set()
+    required = root.get("required") if isinstance(root, Mapping) else None
+    for name in names:
+        if isinstance(required, list) and name in required and name not in declared:
+            raise InvalidBatch(
+                f"the schema requires {name!r} but does not declare it under properties; an "
+                "echoed task field the schema does not declare is removed before validation, "
+                f"so no item could pass: declare it (e.g. \"{name}\": {{\"type\": \"string\"}}) "
+                "or drop it from required" + _EXPLICIT.format(name=name) * _echoes(identity, name))
+    props = root.get("properties") if isinstance(root, Mapping) else None
+    if not isinstance(props, Mapping):
+        return
+    cls = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)
+    defs = {k: root[k] for k in ("$defs", "definitions") if k in root}
+    for name in names:
+        if name not in props:
+            continue
+        sub = props[name]
+        probe = cls({**defs, **sub} if isinstance(sub, Mapping) else sub)
+        for task in tasks:
+            if name in task and not _passes(probe, task[name]):
+                raise InvalidBatch(
+                    f"the schema declares {name!r} as {_short(sub)}, but task "
+                    f"{task['task_id']!r} has {name}={_short(task[name])}, so its echoed value "
+                    f"could never pass: type {name!r} like the tasks' values, or drop it from "
+                    "the schema" + _EXPLICIT.format(name=name) * _echoes(identity, name))
+
+
+_EXPLICIT = (", or (if the model should answer {name!r} rather than copy it) pass identity= "
+             "without it")
+
+
+def _echoes(identity: Sequence[str], name: str) -> bool:
+    return bool(getattr(identity, "echo", False)) and name not in identity
+
+
+def _passes(probe: Any, value: Any) -> bool:
+    try:
+        return bool(probe.is_valid(value))
+    except Exception:  # a $ref the probe cannot follow: acceptance will judge it
+        return True
+
+
+def _check_aliases(model: type, names: Sequence[str]) -> None:
+    wanted = set(names)
+    for field_name, info in model.model_fields.items():  # type: ignore[attr-defined]
+        aliases = {a for a in (info.alias, info.validation_alias, info.serialization_alias)
+                   if a is not None and a != field_name}
+        if not aliases:
+            continue
+        clash = field_name in wanted or any(isinstance(a, str) and a in wanted for a in aliases)
+        if clash:
+            shown = ", ".join(sorted(map(str, aliases)))
+            raise InvalidBatch(
+                f"{model.__qualname__}.{field_name} has alias {shown}: identity fields are "
+                "matched by the name the task uses, and an alias makes the model read another "
+                f"key; remove the alias from {field_name!r} or keep it out of the identity")
+
+
+def _check_refs(root: Any) -> None:
+    """Every ``$ref`` must resolve inside the schema (a dangling one fails only mid-run)."""
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+            continue
+        if not isinstance(node, Mapping):
+            continue
+        ref = node.get("$ref")
+        if isinstance(ref, str) and _resolve(root, ref) is _MISSING:
+            raise InvalidBatch(f"$ref {ref!r} does not resolve within the schema; define it "
+                               "under $defs (e.g. \"$ref\": \"#/$defs/Name\") or inline it")
+        stack.extend(v for k, v in node.items() if k not in ("enum", "const", "default",
+                                                               "examples"))
+
+
+def _never(node: Any, root: Any, items: bool, depth: int) -> str | None:
+    """Why no item (an object, in items mode) could satisfy ``node``, or None if it may."""
+    if depth > 32:
+        return None
+    if node is False:
+        return "it is `false`"
+    if not isinstance(node, Mapping):
+        return None
+    if "not" in node and (node["not"] is True or node["not"] == {}):
+        return '"not": {} matches nothing'
+    if "enum" in node and isinstance(node["enum"], list):
+        if not node["enum"]:
+            return '"enum": [] allows no value'
+        if items and not any(isinstance(v, dict) for v in node["enum"]):
+            return "each item is an object carrying task_id, but the enum lists no object"
+    if items and "const" in node and not isinstance(node["const"], dict):
+        return "each item is an object carrying task_id, but const is not an object"
+    kinds = node.get("type")
+    if items and kinds is not None:
+        kinds = [kinds] if isinstance(kinds, str) else kinds
+        if isinstance(kinds, list) and "object" not in kinds:
+            return (f"each item is an object carrying task_id, but the schema allows only type "
+                    f"{'/'.join(map(str, kinds))} (use mode='value' for bare values, or an "
+                    "object schema with properties)")
+    for member in node.get("allOf") or ():
+        reason = _never(member, root, items, depth + 1)
+        if reason:
+            return reason
+    for key in ("anyOf", "oneOf"):
+        members = node.get(key)
+        if isinstance(members, list) and members:
+            reasons = [_never(m, root, items, depth + 1) for m in members]
+            if all(reasons):
+                return f"no branch of {key} can match ({reasons[0]})"
+    ref = node.get("$ref")
+    if isinstance(ref, str):
+        target = _resolve(root, ref)
+        if target is not _MISSING:
+            return _never(target, root, items, depth + 1)
+    return None
+
+
+def _short(sub: Any) -> str:
+    text = repr(sub)
+    return text if len(text) <= 80 else text[:80] + "..."
+
+
+def check_mode(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str], mode: str,
+               pack: int, validator: Callable[..., Any] | None, validator_args: str) -> None:
+    """What each mode can judge: ``mode="value"`` sends one prompt per call and requires no
+    identity (a bare value need echo nothing; an object value is held to the task fields it
+    echoes), and ``validator(value, index)`` needs an index."""
+    if mode == "value" and pack != 1:
+        raise InvalidBatch(f"mode='value' sends one prompt per call and judges one bare value, "
+                           f"so pack must be 1, got {pack}; use mode='items' to pack tasks")
+    if mode == "value" and tuple(identity) != ("task_id",):
+        raise InvalidBatch(f"mode='value' returns a bare value that need echo no fields, so "
+                           f"identity={list(identity)!r} could not be required; drop identity= "
+                           "(a field an object value echoes is compared anyway) or use "
+                           "mode='items'")
+    if validator is not None and validator_args != "task":
+        missing = next((t for t in tasks if type(t.get("index")) is not int), None)
+        if missing is not None:
+            raise InvalidBatch(f"task {missing['task_id']!r} has no integer 'index', but "
+                               f"validator_args={validator_args!r} calls validator(value, "
+                               "task['index']); give every task its index or use "
+                               "validator_args='task'")
+
+
+def check_all(*, tasks: Sequence[Mapping[str, Any]], identity: Sequence[str],
+              schema: ItemSchema, mode: str, validator: Callable[..., Any] | None,
+              validator_args: str, pack: int = 1) -> None:
+    """Every check of a run's content that needs neither the ledger nor a call (the
+    validator's own shape is checked when the RunSpec is made)."""
+    check_mode(tasks, identity, mode, pack, validator, validator_args)
+    check_identity_values(tasks, identity)
+    check_schema(schema, mode, tasks, identity)

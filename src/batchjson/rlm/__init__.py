@@ -28,11 +28,9 @@ from ..core import (
     llm_batch_json,
     usd,
 )
-from ._droste_env import droste_environment
-from ._hooks import RlmHooks
-from ._rebind import canonical_validator, canonical_version, cell_frame
+from ._droste_env import canonical_validator, canonical_version, cell_frame, droste_environment
+from ._hooks import RlmHooks, owner_of, tool
 from ._subcalls import as_provider, is_droste_client, is_subcall_source
-from ._tools import owner_of, tool
 
 __all__ = ["bind", "droste_environment", "rlm_hooks"]
 

@@ -2,20 +2,24 @@
 
 ``RLM`` makes a new REPL inside every ``completion()``, so nothing can be bound beforehand: the
 tools answer through the calling REPL's ``llm_query_batched``, and the setup code hands its
-``answer`` dict to ``batchjson_connect`` (docs/rlm.md)."""
+``answer`` dict to ``batchjson_connect`` (docs/rlm.md).
+
+Tools are handed to cell code as plain functions (:func:`tool`): nothing a cell can reach from one
+(``__self__``, ``__wrapped__``, a closure) leads back to its owner, session or ledger."""
 
 from __future__ import annotations
 
+import inspect
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import ConfigError, NotReady
 from ._subcalls import SubcallProvider
-from ._tools import tool
 
-__all__ = ["RlmHooks"]
+__all__ = ["RlmHooks", "owner_of", "tool"]
 
 SETUP_CODE = "batchjson_connect(answer)\n"
 
@@ -63,7 +67,7 @@ class RlmHooks:
         self._provider: SubcallProvider | None = None
         self._lock = threading.RLock()  # one call at a time: its REPL answers the whole run
         self._gates: dict[type, type] = {}
-        # plain functions (_tools.tool): none leads a cell back to these hooks or the session
+        # plain functions (tool, below): none leads a cell back to these hooks or the session
         helper = tool(self, "llm_batch_json")
         self._tools = {"llm_batch_json": helper, "llm_query_batched_json": helper,
                        **{name: self._names[name] for name in ("validator", "batch_status",
@@ -155,3 +159,25 @@ def _callers_global(name: str) -> Any:
     while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] == "batchjson":
         frame = frame.f_back  # type: ignore[assignment]
     return None if frame is None else frame.f_globals.get(name)
+
+
+_OWNERS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def tool(owner: Any, method: str) -> Callable[..., Any]:
+    """``owner.<method>`` as a plain function a cell may be given: its name, signature and doc,
+    and nothing that leads to ``owner`` (no ``__self__``, ``__wrapped__`` or closure over it)."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(_OWNERS[call], method)(*args, **kwargs)
+
+    bound = getattr(owner, method)
+    call.__name__ = call.__qualname__ = method
+    call.__doc__ = bound.__doc__
+    call.__signature__ = inspect.signature(bound)  # type: ignore[attr-defined]
+    _OWNERS[call] = owner
+    return call
+
+
+def owner_of(fn: Any) -> Any:
+    """The object a :func:`tool` calls, or None for anything else (a name a cell rebound)."""
+    return _OWNERS.get(fn)

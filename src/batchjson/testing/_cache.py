@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from .._providers.caching import OPENAI_CACHE_MINIMUM, anthropic_cache_minimum
+from .._providers.base import OPENAI_CACHE_MINIMUM, anthropic_cache_minimum
 from ._ratelimits import content_text
 
 CHARS_PER_TOKEN = 4
