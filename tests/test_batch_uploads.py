@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from batchjson._errors import ConfigError
-from batchjson._providers import upload as upload_module
+from batchjson._providers import batch_client as upload_module
 from batchjson.testing import LoopbackServer
 from tests.helpers import ledger_rows
 from tests.test_batch_jobs import PROTOCOLS, SCHEMA, session, tasks
