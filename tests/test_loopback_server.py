@@ -19,7 +19,6 @@ import pytest
 
 from batchjson._content.tasks import TASKS_BEGIN, TASKS_END, render_items_prompt
 from batchjson._errors import ConfigError
-from batchjson._providers.pricing import Price, cost_of, price_for, set_prices
 from batchjson.testing import HttpFaults, LoopbackServer
 from batchjson.testing.simulated import FaultPlan, SimulatedModel
 
@@ -219,26 +218,6 @@ def test_cli_serves_until_terminated(command: list[str]) -> None:
         out, _ = proc.communicate(timeout=10)
     assert proc.returncode == 0
     assert json.loads(out.strip().splitlines()[-1])["requests"] == 1
-
-
-def test_pricing_table_lookup_overrides_and_tiers() -> None:
-    assert price_for("gpt-4o-mini-2024-07-18") == price_for("gpt-4o-mini")
-    assert price_for("claude-sonnet-4-5-20250929") == price_for("claude-sonnet-4-5")
-    assert price_for("gpt-4o-2024-05-13").input == 5.0  # the old snapshot keeps its own price
-    assert price_for("no-such-model") is None and cost_of("no-such-model", 10, 10) is None
-    # cached tokens are part of input_tokens and billed at the cache-read price
-    assert cost_of("gpt-4o-mini", 1000, 100, cached_tokens=400) == pytest.approx(
-        (600 * 0.15 + 400 * 0.075 + 100 * 0.60) / 1e6)
-    assert cost_of("claude-sonnet-4-5", 250_000, 10) is None  # long-context tier: unknown
-    try:
-        set_prices({"house-model": Price(1.0, 3.0)})
-        assert cost_of("house-model", 1_000_000, 0) == pytest.approx(1.0)
-        assert cost_of("house-model", 0, 1, overrides={"house-model": (0.0, 5e6)}) == 5.0
-    finally:
-        set_prices({}, replace=True)
-    assert price_for("house-model") is None
-    with pytest.raises(ConfigError, match="input"):
-        set_prices({"bad": {"in": 1}})
 
 
 @pytest.mark.parametrize(("seconds", "text"), [(0, "0s"), (0.001, "1ms"), (0.012, "12ms"),

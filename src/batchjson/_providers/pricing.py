@@ -1,11 +1,14 @@
-"""Dated default token prices in USD per million tokens, so a ledger can show spend; unknown models
-cost None, not a guess. Override with ``prices=`` on a provider or :func:`set_prices`."""
+"""Token prices in USD per million tokens, so a ledger can show spend: a user's (``prices=`` on a
+provider, :func:`set_prices`) first, then genai-prices' data for OpenAI's and Anthropic's own
+models; an unknown model costs None, not a guess."""
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Mapping
+from datetime import UTC, datetime
+from functools import lru_cache
+from importlib.metadata import version
 from typing import Annotated, Any
 
 from pydantic import Field
@@ -14,14 +17,17 @@ from .._checks import options
 from .._errors import ConfigError
 from .._secrets import looks_like_key, masked
 
-# The day this table was compiled from the providers' published price pages. Re-check before
-# relying on costs for billing; override with set_prices() or a provider's prices= argument.
-PRICES_AS_OF = "2026-11-30"
+# The price data's release. genai-prices ships its data in the wheel and nothing here starts its
+# UpdatePrices (a background download), so prices change only with the installed version.
+PRICES_AS_OF = f"genai-prices {version('genai-prices')}"
 
-# What a provider batch job (OpenAI Batch, Anthropic Message Batches) bills of the live price,
-# for input, output and cache tokens alike, as both providers publish it; a model's price may
-# say otherwise (``Price.batch``).
+# What a provider batch job (OpenAI Batch, Anthropic Message Batches) bills of the live price when
+# neither the user's price nor the data gives the model a batch price: half, as both publish.
 BATCH_PRICE_FACTOR = 0.5
+
+# The hosts of batchjson's two protocols: a model is looked up among their own models only, so a
+# local server's "llama-3" is never priced as some other host's model.
+DATA_PROVIDERS = ("openai", "anthropic")
 
 
 PerMillion = Annotated[float, Field(ge=0, allow_inf_nan=False,
@@ -49,48 +55,8 @@ class Price:
     ] = BATCH_PRICE_FACTOR
 
 
-def _p(inp: float, out: float, cached: float | None = None, write: float | None = None,
-       max_input: int | None = None) -> Price:
-    return Price(inp, out, cached, write, max_input)
-
-
-_SONNET = _p(3.00, 15.00, 0.30, 3.75)
-_SONNET_200K = _p(3.00, 15.00, 0.30, 3.75, 200_000)  # > 200k input is billed at a higher tier
-_OPUS_OLD = _p(15.00, 75.00, 1.50, 18.75)
-_OPUS_NEW = _p(5.00, 25.00, 0.50, 6.25)
-
-DEFAULT_PRICES: dict[str, Price] = {
-    # OpenAI (standard tier; cached_input = prompt-cache hits)
-    "gpt-5": _p(1.25, 10.00, 0.125),
-    "gpt-5-mini": _p(0.25, 2.00, 0.025),
-    "gpt-5-nano": _p(0.05, 0.40, 0.005),
-    "gpt-4.1": _p(2.00, 8.00, 0.50),
-    "gpt-4.1-mini": _p(0.40, 1.60, 0.10),
-    "gpt-4.1-nano": _p(0.10, 0.40, 0.025),
-    "gpt-4o": _p(2.50, 10.00, 1.25),
-    "gpt-4o-2024-05-13": _p(5.00, 15.00),
-    "gpt-4o-mini": _p(0.15, 0.60, 0.075),
-    "o3": _p(2.00, 8.00, 0.50),
-    "o4-mini": _p(1.10, 4.40, 0.275),
-    # Anthropic (cached_input = cache hits, cache_write = 5-minute cache writes)
-    "claude-opus-4-6": _OPUS_NEW,
-    "claude-opus-4-5": _OPUS_NEW,
-    "claude-opus-4-1": _OPUS_OLD,
-    "claude-opus-4": _OPUS_OLD,
-    "claude-opus-4-0": _OPUS_OLD,
-    "claude-sonnet-4-6": _SONNET,
-    "claude-sonnet-4-5": _SONNET_200K,
-    "claude-sonnet-4": _SONNET_200K,
-    "claude-sonnet-4-0": _SONNET_200K,
-    "claude-haiku-4-5": _p(1.00, 5.00, 0.10, 1.25),
-    "claude-3-5-haiku": _p(0.80, 4.00, 0.08, 1.00),
-}
-
 _lock = threading.Lock()
 _user_prices: dict[str, Price] = {}
-
-# Dated snapshot ids bill like their alias: gpt-4o-mini-2024-07-18, claude-sonnet-4-5-20250929.
-_SNAPSHOT = re.compile(r"-(\d{4}-\d{2}-\d{2}|\d{8}|latest)$")
 
 
 def as_price(value: Any) -> Price:
@@ -98,16 +64,11 @@ def as_price(value: Any) -> Price:
     if isinstance(value, Price):
         return value
     if isinstance(value, Mapping):
-        unknown = set(value) - {"input", "output", "cached_input", "cache_write",
-                                "max_input_tokens", "batch"}
-        if unknown or "input" not in value or "output" not in value:
+        if not {"input", "output"} <= set(value) <= set(Price.__dataclass_fields__):
             raise ConfigError(f"a price mapping needs 'input' and 'output' (USD per million "
                              f"tokens) and may add cached_input, cache_write, max_input_tokens, "
                              f"batch; got {dict(value)!r}")
-        return Price(_number(value["input"]), _number(value["output"]),
-                     _number(value.get("cached_input")), _number(value.get("cache_write")),
-                     value.get("max_input_tokens"),
-                     _number(value.get("batch", BATCH_PRICE_FACTOR)))
+        return Price(**{field: _number(v) for field, v in value.items()})
     if isinstance(value, (tuple, list)) and 2 <= len(value) <= 4:
         return Price(*(_number(v) for v in value))
     raise ConfigError(f"cannot read a price from {value!r}; use Price(input, output, "
@@ -152,25 +113,68 @@ def set_prices(mapping: Mapping[str, Any] | None, *, replace: bool = False) -> N
 
 
 def price_for(model: str | None, overrides: Mapping[str, Any] | None = None) -> Price | None:
-    """Look a model up (exact id first, then its undated alias); ``None`` when unknown."""
+    """The user's price for ``model`` (by its name, or any name the data gives the same model, so
+    a dated snapshot bills like its alias), else the data's; ``None`` when neither knows it."""
     if not model:
         return None
     with _lock:
-        tables = (overrides or {}, _user_prices, DEFAULT_PRICES)
-        for table in tables:
-            if model in table:
+        for table in (overrides, _user_prices):
+            if table and model in table:
                 return as_price(table[model])
-        alias = _SNAPSHOT.sub("", model)
-        for table in tables:
-            if alias in table:
-                return as_price(table[alias])
+            for name in table or ():
+                if _same_model(model, name):
+                    return as_price(table[name])
+    listed = _listed(model)
+    return None if listed is None else listed[1]
+
+
+@lru_cache(maxsize=4096)
+def _same_model(model: str, name: str) -> bool:
+    """Whether the data takes ``name`` for ``model`` (a dated snapshot and its alias)."""
+    listed = _listed(model)
+    return listed is not None and listed[0].is_match(name)
+
+
+@lru_cache(maxsize=1024)
+def _listed(model: str) -> tuple[Any, Price] | None:
+    """``model``'s entry in the price data with its price, or None; once per name, as a call's
+    cost is asked on the hot path and a miss scans every model's name rules."""
+    from genai_prices.data_snapshot import get_snapshot  # loads on first use, not on import
+
+    for provider in DATA_PROVIDERS:
+        try:
+            info = get_snapshot().find_provider_model(model, None, provider, None)[1]
+        except LookupError:
+            continue
+        price = _from_data(info)
+        return None if price is None else (info, price)
     return None
+
+
+def _from_data(info: Any) -> Price | None:
+    """A data entry as a Price: its rates below any long-context tier (whose start ends
+    ``max_input_tokens``), and its batch price as a share of the live one."""
+    now = datetime.now(UTC)
+    live, batch = info.get_prices(now), info.get_prices(now, {"processing": "batch"})
+    kinds = ("input_mtok", "output_mtok", "cache_read_mtok", "cache_write_mtok")
+    rates = [_base(getattr(live, kind)) for kind in kinds]
+    if rates[0] is None or rates[1] is None:
+        return None
+    tier = min((t.start for kind in kinds for t in getattr(getattr(live, kind), "tiers", ())),
+               default=None)
+    share = _base(batch.input_mtok) / rates[0] if batch != live and rates[0] else None
+    return Price(*rates, tier, BATCH_PRICE_FACTOR if share is None else share)
+
+
+def _base(rate: Any) -> float | None:
+    """A data rate (a Decimal, or tiered prices) in USD per million tokens below its first tier."""
+    return None if rate is None else float(getattr(rate, "base", rate))
 
 
 def cost_of(model: str | None, input_tokens: int | None, output_tokens: int | None,
             cached_tokens: int | None = 0, overrides: Mapping[str, Any] | None = None, *,
             cache_write_tokens: int | None = 0) -> float | None:
-    """USD for one call, or ``None`` when the model or its tier is not in the table.
+    """USD for one call, or ``None`` when no price knows the model or its tier.
     ``input_tokens`` counts cached ones too (OpenAI's convention); an impossible cache read (above
     ``input_tokens``) is priced at the full input price, never the cheapest guess."""
     price = price_for(model, overrides)
