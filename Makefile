@@ -55,31 +55,16 @@ bench: $(TEST_STAMP)  # every benchmark runs and prints its verdict; fails if an
 	$(PY) benchmarks/bench_batch_scale.py || status=1; \
 	exit $$status
 
-# Each notebook run as a reader runs it (nbconvert --execute, in notebooks/), rendered to HTML
-# and photographed by headless Chromium: build/screenshots/NAME.html and NAME.png, to look at.
-SCREENSHOTS ?= build/screenshots
-SCREENSHOT_SIZE ?= 1200,3000
+# Each notebook run as a reader runs it, rendered to HTML and photographed by headless Chromium
+# (tools/screenshots.py): build/screenshots/NAME.png, to look at before calling a display done.
 CHROMIUM ?= $(firstword $(shell command -v chromium chromium-browser google-chrome 2>/dev/null))
 
-screenshots: $(DOCS_STAMP)
+screenshots:  # said before the install: Chromium is the system's, not a Python package
 	@test -n "$(CHROMIUM)" || { echo "make screenshots needs Chromium: sudo apt-get install" \
 		"chromium (Debian, Ubuntu), brew install --cask chromium (macOS), or" \
 		"CHROMIUM=/path/to/chrome make screenshots"; exit 2; }
-	@mkdir -p $(SCREENSHOTS)
-	@for notebook in notebooks/*.ipynb; do \
-		name=$$(basename $$notebook .ipynb); \
-		$(VENV)/bin/jupyter nbconvert --to html --execute --log-level WARN \
-			--ExecutePreprocessor.timeout=600 --output-dir $(SCREENSHOTS) $$notebook || exit 1; \
-		profile=$$(mktemp -d); \
-		$(CHROMIUM) --headless --no-sandbox --disable-gpu --disable-quic --no-first-run \
-			--disable-background-networking --disable-component-update --disable-sync \
-			--user-data-dir=$$profile --window-size=$(SCREENSHOT_SIZE) \
-			--screenshot=$(abspath $(SCREENSHOTS))/$$name.png \
-			file://$(abspath $(SCREENSHOTS))/$$name.html 2>/dev/null; \
-		rm -rf $$profile; \
-		test -s $(SCREENSHOTS)/$$name.png || { echo "no screenshot of $$name"; exit 1; }; \
-		echo "$(SCREENSHOTS)/$$name.png"; \
-	done
+	@$(MAKE) -s --no-print-directory $(DOCS_STAMP)
+	CHROMIUM=$(CHROMIUM) $(PY) tools/screenshots.py
 
 clean:
 	rm -rf $(VENV) .batchjson .pytest_cache .import_linter_cache build
