@@ -64,7 +64,7 @@ screenshots:  # said before the install: Chromium is the system's, not a Python 
 		"chromium (Debian, Ubuntu), brew install --cask chromium (macOS), or" \
 		"CHROMIUM=/path/to/chrome make screenshots"; exit 2; }
 	@$(MAKE) -s --no-print-directory $(DOCS_STAMP)
-	CHROMIUM=$(CHROMIUM) $(PY) tools/screenshots.py
+	CHROMIUM='$(CHROMIUM)' $(PY) tools/screenshots.py
 
 clean:
 	rm -rf $(VENV) .batchjson .pytest_cache .import_linter_cache build
