@@ -3,6 +3,7 @@
 Each engine's own OpenAI-compatible client reads ``OPENAI_API_KEY`` and ``OPENAI_BASE_URL``;
 here they point at a scripted endpoint on loopback whose root model writes the seed's cell (an
 inline validator, raising while prompts fail) and whose subcalls fail the validator at first.
+The offline rlm snippet needs neither: it starts its own root model and the loopback server.
 """
 
 from __future__ import annotations
@@ -53,4 +54,19 @@ def test_the_rlm_snippet_runs_as_written_and_reaches_ready(monkeypatch, tmp_path
         run_snippet(code, server, monkeypatch, tmp_path)
     assert capsys.readouterr().out.strip() == "pos,pos,pos"  # nothing left unresolved
     assert len(server.roots) == 2
+    assert (tmp_path / "reviews-ledger.sqlite").exists()
+
+
+def test_the_offline_rlm_snippet_runs_as_pasted_with_no_key_and_no_network(monkeypatch, tmp_path,
+                                                                          capsys):
+    pytest.importorskip("rlm", reason="the rlms package is not installed")
+    code = snippet("### Trying it offline")
+    assert "LoopbackServer(" in code and "rlm_hooks(" in code and "RLM(" in code
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, str(DOCS), "exec"), {"__name__": "docs_rlm_offline"})
+    answer, asked = capsys.readouterr().out.strip().splitlines()
+    assert answer == "pos,neg,pos"  # ready: every review labelled, nothing owed
+    assert int(asked.split()[0]) > 3  # broken JSON was caught and repaired through rlm's client
     assert (tmp_path / "reviews-ledger.sqlite").exists()
