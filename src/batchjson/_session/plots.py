@@ -75,6 +75,10 @@ def advice_chart(advice: Mapping[str, Any]) -> Chart:
     if best[key] is not None:
         ax.plot([best["pack"]], [best[key]], "*", color="#1a7f37", markersize=16,
                 label=f"recommended: pack {best['pack']}")
+    marked = [advice[k] for k in ("current", "cheapest", "recommended") if advice[k]]
+    tops = [(m["interval"] or [None, m[key]])[1] or m[key] for m in marked]
+    if all(t is not None for t in tops):  # the packs that matter fill the height
+        ax.set_ylim(0, 1.6 * max(tops))
     ax.set_xscale("log")
     packs = sorted({c["pack"] for c in advice["candidates"]})
     ax.set_xticks(packs, [str(k) for k in packs], minor=False)
