@@ -77,7 +77,7 @@ def advice_chart(advice: Mapping[str, Any]) -> Chart:
                 label=f"recommended: pack {best['pack']}")
     marked = [advice[k] for k in ("current", "cheapest", "recommended") if advice[k]]
     tops = [(m["interval"] or [None, m[key]])[1] or m[key] for m in marked]
-    if all(t is not None for t in tops):  # the packs that matter fill the height
+    if tops and all(t is not None for t in tops) and max(tops) > 0:  # what matters fills it
         ax.set_ylim(0, 1.6 * max(tops))
     ax.set_xscale("log")
     packs = sorted({c["pack"] for c in advice["candidates"]})
