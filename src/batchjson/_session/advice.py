@@ -358,9 +358,9 @@ def advise(ledger: Ledger, name: str, *, repairs: int = 1, replays: int = 1,
            candidates: Sequence[int] = CANDIDATES, split: bool | None = None,
            max_unresolved: float = 0.01, resamples: int = RESAMPLES) -> dict[str, Any]:
     """Estimate every candidate pack size (with and without splitting), each with an interval
-    from bootstrap resamples of the receipts; the cheapest (see :func:`choose`) is recommended
-    over the current pack only when its interval lies wholly below the current pack's.
-    ``split`` restricts the choice to with or without splitting."""
+    from bootstrap resamples of the receipts. Another pack is recommended over the current one
+    only when its interval lies wholly below the current pack's (among those, the cheapest: see
+    :func:`choose`). ``split`` restricts the choice to with or without splitting."""
     problem = ledger.no_such_batch(name)
     if problem:
         raise InvalidBatch(problem)
@@ -389,7 +389,7 @@ def advise(ledger: Ledger, name: str, *, repairs: int = 1, replays: int = 1,
     shown = {id(e): d for e, d in zip(point, described, strict=True)}
     surely = [e for e in _finishing(point, max_unresolved) or point
               if mine is None or _clearly_below(shown[id(e)], shown[id(mine)])]
-    chosen = choose(surely) if surely else mine
+    chosen = choose(surely, max_unresolved) if surely else mine
     assert chosen is not None  # with no current pack, every option is "surely" a choice
     ours = None if mine is None else shown[id(mine)]
     return {
@@ -409,7 +409,7 @@ def advise(ledger: Ledger, name: str, *, repairs: int = 1, replays: int = 1,
 
 def _interval(point: float, values: list[float], scale: float) -> list[float | None] | None:
     """The middle ``LEVEL`` of the resamples' values, their spread about ``point`` scaled by
-    ``scale`` (drawn / receipts: see ``MOST_DRAWN``); None for a bound no usable result makes
+    ``scale`` (sqrt(drawn / receipts): see ``MOST_DRAWN``); None for a bound no usable result makes
     finite, and no interval with fewer than two resamples."""
     if len(values) < 2:
         return None
