@@ -135,10 +135,11 @@ def test_export_import_merge_and_advise_round_trip(demo_dir: Path, tmp_path: Pat
         jsonl)
     advice = bj("advise", "review", "--json", cwd=demo_dir)
     assert advice.returncode == 0, advice.stderr
-    best = json.loads(advice.stdout)["recommended"]
+    said = json.loads(advice.stdout)
+    best = said["recommended"]
     assert best["pack"] >= 1 and best["cost_per_usable_result"] > 0
     human = bj("advise", "review", cwd=demo_dir).stdout
-    assert human.strip().splitlines()[-1].startswith("recommended: pack ")
+    assert " ".join(human.split()).endswith(said["verdict"])  # what it advises, said last
 
 
 DEMO_VALIDATOR = ("--validator", "batchjson._cli.demo:_demo_check")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -1062,3 +1063,62 @@ def test_a_ledger_that_cannot_record_a_receipt_fails_the_cell_naming_it_and_send
     assert line.startswith("UsageError: ") and "Traceback" not in err, err
     assert str(ledger.path) in line and "database or disk is full" in line, line
     assert loaded.user_ns["model"].calls == 0
+
+
+# -- charts ----------------------------------------------------------------------------------
+def _front_end_shows_pictures(ip: Any, monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+    """What the kernel publishes, as a front end that renders HTML and PNG would get it."""
+    published: list[dict] = []
+    monkeypatch.setattr(ip.display_formatter, "active_types",
+                        ["text/plain", "text/html", "image/png"])
+    monkeypatch.setattr(ip.display_pub, "publish", lambda data, *a, **k: published.append(data))
+    return published
+
+
+def _pictures(published: list[dict]) -> list[bytes]:
+    return [d["image/png"] for d in published if "image/png" in d]
+
+
+FAULTY = ("%config BatchJson.provider = SimulatedModel(answer=lambda task: "
+          "{'verdict': 'match'}, faults=FaultPlan(item_wrong_type=0.1), seed=3)")
+
+
+def test_batch_advise_shows_the_chart_then_the_advice_with_its_intervals(
+        loaded: Any, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    ok(loaded, FAULTY)
+    ok(loaded, "%%batch_json labels --pack 2\n" + BODY.replace("range(4)", "range(20)"))
+    published = _front_end_shows_pictures(loaded, monkeypatch)
+    view = ok(loaded, "%batch_advise labels --replays 2")
+    [png] = _pictures(published)
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    assert view["replays"] == 2 and view["current_pack"] == 2
+    assert "pack-size advice for batch 'labels'" in repr(view) and "interval" in repr(view)
+    assert view["verdict"] in " ".join(repr(view).split())
+    assert "no batch named 'nope'" in usage_error(loaded, "%batch_advise nope", capsys)
+
+
+def test_batch_status_of_a_batch_and_its_result_show_spend_over_time(
+        loaded: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    published = _front_end_shows_pictures(loaded, monkeypatch)
+    ok(loaded, "%%batch_json labels\n" + BODY)  # the result, then its chart
+    assert any("text/html" in d for d in published) and len(_pictures(published)) == 1
+    ok(loaded, "%batch_status labels")
+    assert len(_pictures(published)) == 2
+    ok(loaded, "%batch_status")  # every batch: the account, no one batch's chart
+    assert len(_pictures(published)) == 2
+
+
+def test_a_terminal_draws_no_chart_and_without_matplotlib_one_line_says_how_to_get_it(
+        loaded: Any, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    ok(loaded, "%%batch_json labels\n" + BODY)
+    capsys.readouterr()
+    ok(loaded, "%batch_advise labels")  # a terminal shows text only
+    assert "install batchjson[plots]" not in capsys.readouterr().out
+    published = _front_end_shows_pictures(loaded, monkeypatch)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    view = ok(loaded, "%batch_advise labels")
+    assert not _pictures(published) and "pack-size advice" in repr(view)
+    said = capsys.readouterr().out  # the line, then the advice as the cell's value
+    assert said.startswith("batchjson: install batchjson[plots] (matplotlib) to see the chart\n")
+    assert said.count("matplotlib") == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 import textwrap
@@ -304,35 +305,73 @@ def line_ranges(numbers: Sequence[int]) -> str:
 
 
 def advice_lines(advice: Mapping[str, Any]) -> list[str]:
-    f = advice["fit"]
-    unit = "cost" if advice["priced"] else "tokens"
+    """The advice as text: the fit, the candidates around the current, cheapest and recommended
+    packs with their intervals, and the verdict."""
+    f, priced = advice["fit"], advice["priced"]
+    unit = "cost" if priced else "tokens"
     lines = [f"pack-size advice for batch {advice['batch']!r} ({advice['tasks']} tasks, "
              f"repairs {advice['repairs']}, replays {advice['replays']}; current pack "
              f"{advice['current_pack']})",
              f"  fitted from {f['returns']} judged return(s): per-item fault rate "
              f"{f['item_fault_rate']:.4f}, whole-return fault rate {f['call_fault_rate']:.4f}, "
-             f"{f['shared_input']:.0f} shared + {f['input_per_task']:.1f} per-task input tokens"]
-    rows = []
-    for c in advice["candidates"]:
-        per = (money(c["cost_per_usable_result"]) if advice["priced"]
-               else c["tokens_per_usable_result"])
-        rows.append([c["pack"], "yes" if c["split"] else "no", f"{c['calls']:.1f}",
-                     f"{c['input_tokens'] + c['output_tokens']:.0f}",
-                     money(c["cost"]) if c["cost"] is not None else "-",
-                     f"{c['usable_results']:.1f}", per])
-    lines += table(["pack", "split", "calls", "tokens", "cost", "usable", f"{unit}/usable"],
-                   rows, right=(0, 2, 3, 4, 5, 6))
-    best = advice["recommended"]
-    per_cost, per_tokens = best["cost_per_usable_result"], best["tokens_per_usable_result"]
-    per = (f"{'n/a' if per_cost is None else money(per_cost)} per usable result"
-           if advice["priced"] else
-           f"{'n/a' if per_tokens is None else per_tokens} tokens per usable result")
-    lines.append(f"recommended: pack {best['pack']}{' with split=True' if best['split'] else ''} "
-                 f"(expected {best['calls']:.1f} calls, "
-                 f"{best['usable_results']:.1f} usable results, {per})")
+             f"{f['shared_input']:.0f} shared + {f['input_per_task']:.1f} per-task input tokens",
+             f"  {unit} per usable result, with the middle {advice['level']:.0%} of "
+             f"{advice['resamples']} bootstrap resamples of the returns:"]
+    marks = {"current": "current", "cheapest": "cheapest", "recommended": "recommended"}
+    shown = _advice_rows(advice)
+    rows = [[c["pack"], "yes" if c["split"] else "no", f"{c['calls']:.1f}",
+             f"{c['usable_results']:.1f}", _per_usable(c, priced),
+             _span(c["interval"], priced),
+             ", ".join(word for key, word in marks.items() if advice[key] == c)]
+            for c in shown]
+    lines += table(["pack", "split", "calls", "usable", f"{unit}/usable", "interval", ""],
+                   rows, right=(0, 2, 3, 4))
+    hidden = len(advice["candidates"]) - len(shown)
+    if hidden:
+        lines.append(f"  ({hidden} other candidate(s): the chart and the advice's candidates "
+                     "have every one)")
+    lines += wrapped(advice["verdict"], "")
     if advice.get("warning"):
         lines += wrapped(advice["warning"], "warning: ")
     return lines
+
+
+def _advice_rows(advice: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """Per pack size its cheaper split choice, for the sizes next to the current, cheapest and
+    recommended packs (and those options themselves)."""
+    best: dict[int, Mapping[str, Any]] = {}
+    for c in advice["candidates"]:
+        if c["pack"] not in best or _cost_of(c) < _cost_of(best[c["pack"]]):
+            best[c["pack"]] = c
+    sizes = sorted(best)
+    marked = [advice[k] for k in ("current", "cheapest", "recommended") if advice[k]]
+    near: set[int] = set()
+    for m in marked:
+        i = sizes.index(m["pack"])
+        near.update(sizes[max(0, i - 1):i + 2])
+    rows = [best[k] for k in near]
+    rows += [m for m in marked if m not in rows]
+    return sorted(rows, key=lambda c: (c["pack"], c["split"]))
+
+
+def _cost_of(option: Mapping[str, Any]) -> float:
+    per = option["cost_per_usable_result"]
+    if per is None:
+        per = option["tokens_per_usable_result"]
+    return math.inf if per is None else per
+
+
+def _per_usable(option: Mapping[str, Any], priced: bool) -> str:
+    per = option["cost_per_usable_result" if priced else "tokens_per_usable_result"]
+    return "n/a" if per is None else money(per) if priced else f"{per:.1f}"
+
+
+def _span(interval: Sequence[float | None] | None, priced: bool) -> str:
+    """An interval as text: "$0.000150 - $0.000160", tokens as numbers, "-" with none."""
+    if not interval:
+        return "-"
+    return " - ".join("unbounded" if v is None else money(v) if priced else f"{v:.1f}"
+                      for v in interval)
 
 
 def budget_line(budget: Mapping[str, Any] | None) -> str:

@@ -17,6 +17,7 @@ from ._secrets import looks_like_key, masked, public_url, shown_value
 from ._session.advice import advise
 from ._session.batches import cancel_job, collect_ended, list_jobs, status_summary
 from ._session.ledger import read_lines
+from ._session.plots import advice_chart, batch_chart
 from ._session.registry import ValidatorVersion
 from ._session.result import tracebacks
 from ._session.spec import check_validator
@@ -37,6 +38,8 @@ __all__ = [
     "render_value_prompt",
     # the ledger: advice, receipts read, what is wrong with a ledger file
     "advise", "read_lines", "file_problem", "ledger_path",
+    # charts (PNG) of the advice and of a batch's spend over time
+    "advice_chart", "batch_chart",
     # providers, and what a face may show of them
     "PROVIDER_NAMES", "provider_label", "estimate_tokens", "looks_like_key", "masked",
     "public_url", "shown_value",

@@ -27,10 +27,11 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any, TextIO
 
-from .. import BatchJsonError, InvalidBatch, Ledger, LedgerError
+from .. import BatchJsonError, ConfigError, InvalidBatch, Ledger, LedgerError
 from .. import _textview as cliview
 from .._textview import forget_message
 from ..core import (
+    advice_chart,
     cancel_job,
     cost_value,
     ledger_path,
@@ -275,7 +276,18 @@ def cmd_advise(args: argparse.Namespace, out: TextIO) -> int:
             advice = advise(held, args.name, repairs=args.repairs, replays=args.replays)
         except InvalidBatch as exc:
             raise Problem(str(exc), USAGE) from None
-    return _done(args, out, advice, cliview.advice_lines(advice))
+    code = _done(args, out, advice, cliview.advice_lines(advice))
+    if args.plot is not None:  # after the text: without matplotlib, the advice is still said
+        try:
+            advice_chart(advice).save(args.plot)
+        except ConfigError as missing:
+            raise Problem(f"{missing}; {args.plot} was not written", USAGE) from None
+        except OSError as exc:
+            raise Problem(f"cannot write the chart to {args.plot}: {exc.strerror}",
+                          USAGE) from None
+        if not args.json:
+            print(f"chart written to {args.plot}", file=out)
+    return code
 
 
 def cmd_forget(args: argparse.Namespace, out: TextIO) -> int:
@@ -393,6 +405,9 @@ def _ledger_changing(command: Callable[..., argparse.ArgumentParser]) -> None:
                         help="repair calls per failing request (default 1)")
     advise.add_argument("--replays", type=whole_argument(0), default=1, metavar="N",
                         help="exact replays per failing request (default 1)")
+    advise.add_argument("--plot", type=Path, metavar="FILE.png",
+                        help="also write the chart of cost per usable result against pack "
+                        "size, with its intervals (needs batchjson[plots])")
     forget = command("forget", "stop a batch's unresolved requests from being owed (its "
                      "receipts and costs stay; later work on it owes again)", cmd_forget)
     forget.add_argument("name", help="batch name")

@@ -302,3 +302,17 @@ def _cells(row: Mapping[str, Any], errors_shown: int = 3) -> dict[str, Any]:
             "errors": [" ".join(describe_error(e).split()) for e in errors[:errors_shown]],
             "frames": [frame_lines(e, "") for e in errors[:errors_shown]],
             "more_errors": max(0, len(errors) - errors_shown)}
+
+
+class TextLines(TextView):
+    """Lines of ``_textview`` text over the data they render (``view[key]`` reads it), such as
+    ``%batch_advise``'s advice."""
+
+    def __init__(self, data: Mapping[str, Any], lines: Sequence[str]) -> None:
+        self.data, self.lines = dict(data), list(lines)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data[key]
+
+    def as_text(self) -> str:
+        return "\n".join(self.lines)

@@ -21,10 +21,21 @@ from traitlets import Any as AnyTrait
 from traitlets import Bool, Enum, Float, Int, TraitError, Unicode, observe, validate
 from traitlets.config import Config
 
-from .. import BatchJsonError, BatchUnresolved, ProviderHandle, RateLimits, RunSpec, Session
-from .._textview import DEFAULT_LEDGER, forget_message, receipt_rows
+from .. import (
+    BatchJsonError,
+    BatchUnresolved,
+    ConfigError,
+    InvalidBatch,
+    ProviderHandle,
+    RateLimits,
+    RunSpec,
+    Session,
+)
+from .._textview import DEFAULT_LEDGER, advice_lines, forget_message, receipt_rows
 from ..core import (
     PROVIDER_NAMES,
+    advice_chart,
+    batch_chart,
     looks_like_key,
     masked,
     public_url,
@@ -53,6 +64,7 @@ from .display import (
     ReceiptsView,
     StatusView,
     Table,
+    TextLines,
     clip,
     in_notebook_frontend,
 )
@@ -284,6 +296,8 @@ class BatchJson(Magics):
         if result.superseded and not noted:  # nothing was spent, so nothing was announced
             print(f"batchjson: {args.name}: {result.superseded}")
         display(result)
+        if result.calls:
+            self._show_chart(result.plot)
         if result.status == "unresolved":  # a pending result is no failure: re-run collects
             raise BatchUnresolved(result, unresolved_hint(result, var))
 
@@ -323,10 +337,36 @@ class BatchJson(Magics):
         if args.name is not None:
             self._known_batch(args.name)
         assert self._state is not None
+        if args.name is not None:
+            self._show_chart(lambda: batch_chart(session.ledger.attempts(args.name), args.name))
         return StatusView(status_summary(session.runtime(), args.name),
                           ledger=self._state.ledger_label(),
                           provider=self._state.provider_label(),
                           owed=session.evidence.requests(args.name))
+
+    @magic_arguments()
+    @argument("name", help="Batch name.")
+    @argument("--repairs", type=whole_argument(0), metavar="N",
+              help="Repairs per failing request (default: the session's).")
+    @argument("--replays", type=whole_argument(0), metavar="N",
+              help="Exact replays per failing request (default: the session's).")
+    @line_magic
+    def batch_advise(self, line: str) -> TextLines | None:
+        """Pack-size advice from the batch's receipts: cost per usable result against pack
+        size with intervals from the returns' spread (a chart, then the text); another pack is
+        recommended only when it is cheaper beyond that spread (docs/recovery.md)."""
+        args = parse(self.batch_advise, line)
+        if args is None:
+            return None
+        self._known_batch(args.name)
+        options = {k: v for k, v in (("repairs", args.repairs), ("replays", args.replays))
+                   if v is not None}
+        try:
+            advice = self.session.advise(args.name, **options)
+        except InvalidBatch as exc:  # no judged return yet
+            raise UsageError(one_line(exc)) from None
+        self._show_chart(lambda: advice_chart(advice))
+        return TextLines(advice, advice_lines(advice))
 
     @magic_arguments()
     @line_magic
@@ -405,6 +445,18 @@ class BatchJson(Magics):
         ledger = self.session.ledger
         record = ledger.forget(args.name, via="%batch_forget")
         print(f"batchjson: {forget_message(args.name, record, ledger.spend(args.name))}")
+
+    def _show_chart(self, draw: Any) -> None:
+        """Display the chart ``draw()`` makes where a front end can show a PNG; without
+        matplotlib, one line says how to get it; nothing drawn yet is nothing shown."""
+        if "image/png" not in self.shell.display_formatter.active_types:
+            return  # a terminal shows no picture: nothing is drawn for it
+        try:
+            display(draw())
+        except ConfigError as missing:  # batchjson[plots] is not installed
+            print(f"batchjson: {missing}")
+        except InvalidBatch:  # no call has finished yet
+            pass
 
     def _cell_names(self) -> dict[str, str]:
         """Basename of a cell's code file -> "In[n]", as IPython names cells in tracebacks."""

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import json
 import math
+import random
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from .._errors import InvalidBatch
@@ -45,37 +48,65 @@ class Fit:
     cached_price: float | None = None  # USD per cached input token (None: the input price)
 
 
-def _least_squares(points: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
-    """(intercept, slope) of y on x, or None when x does not vary."""
-    n = len(points)
-    if n < 2:
-        return None
-    mx = sum(x for x, _ in points) / n
-    my = sum(y for _, y in points) / n
-    sxx = sum((x - mx) ** 2 for x, _ in points)
-    if sxx == 0:
-        return None
-    slope = sum((x - mx) * (y - my) for x, y in points) / sxx
-    return my - slope * mx, slope
+# What each receipt adds to the sums a fit reads. A fit is these sums over its receipts, so a
+# bootstrap resample is a fit of resampled receipts at the cost of a few C-level sums.
+SUMS = ("provider_errors", "judged", "judged_tasks", "call_faults",
+        "fresh", "fresh_k", "fresh_v", "fresh_kk", "fresh_kv", "cached", "hints", "hint_sum",
+        "outs", "out_k", "out_v", "out_kk", "out_kv", "repairs", "repair_k", "repair_v")
 
 
-def _item_rate(returns: Sequence[tuple[int, bool]]) -> float:
-    """Maximum-likelihood per-item fault rate from (size, accepted) of returns whose envelope
-    was sound; with no item fault observed, half a fault over everything seen (not zero)."""
+def observe(r: Any) -> tuple[tuple[float, ...], tuple[int, bool] | None]:
+    """One receipt as the fit reads it: what it adds to each of ``SUMS``, and its (size,
+    accepted) when it tells of the per-item fault rate."""
+    k = len(json.loads(r["task_ids"]))
+    status, kind, inp, out = r["status"], r["kind"], r["input_tokens"], r["output_tokens"]
+    add: dict[str, float] = dict.fromkeys(SUMS, 0.0)
+    item = None
+    if kind == "repair" and inp is not None:  # what a repair carries beyond a fresh call
+        add.update(repairs=1, repair_k=k, repair_v=inp)
+    if status == "provider_error":
+        add["provider_errors"] = 1
+    elif status in ("accepted", "rejected"):
+        kinds = {e.get("type") for e in json.loads(r["errors"] or "[]")}
+        whole = status == "rejected" and bool(kinds & CALL_FAULTS)
+        add.update(judged=1, judged_tasks=k, call_faults=float(whole))
+        if status == "accepted" or (not whole and kinds & ITEM_FAULTS):
+            item = (k, status == "accepted")
+        if inp is not None and kind != "repair":
+            add.update(fresh=1, fresh_k=k, fresh_v=inp, fresh_kk=k * k, fresh_kv=k * inp,
+                       cached=min(r["cached_tokens"] or 0, inp))
+            if r["chars"]:
+                add.update(hints=1, hint_sum=r["chars"] / k / 4)
+        if out is not None and status == "accepted":
+            add.update(outs=1, out_k=k, out_v=out, out_kk=k * k, out_kv=k * out)
+    return tuple(map(float, add.values())), item
+
+
+def _least_squares(n: float, sx: float, sy: float, sxx: float, sxy: float
+                   ) -> tuple[float, float] | None:
+    """(intercept, slope) of y on x from their sums, or None when x does not vary."""
+    spread = n * sxx - sx * sx  # exact: sizes are whole numbers
+    if n < 2 or spread <= 0:
+        return None
+    slope = (n * sxy - sx * sy) / spread
+    return (sy - slope * sx) / n, slope
+
+
+def _item_rate(returns: Counter[tuple[int, bool]]) -> float:
+    """Maximum-likelihood per-item fault rate from the counts of (size, accepted) of returns
+    whose envelope was sound; with no item fault observed, half a fault over everything seen
+    (not zero)."""
     if not returns:
         return 0.0
     if all(ok for _, ok in returns):
-        return 0.5 / max(1, sum(k for k, _ in returns))
+        return 0.5 / max(1, sum(k * n for (k, _), n in returns.items()))
 
     def loglik(p: float) -> float:
-        total = 0.0
-        for k, ok in returns:
-            good = (1 - p) ** k
-            total += k * math.log1p(-p) if ok else math.log(max(1e-300, 1 - good))
-        return total
+        return sum(n * (k * math.log1p(-p) if ok else math.log(max(1e-300, 1 - (1 - p) ** k)))
+                   for (k, ok), n in returns.items())
 
     lo, hi = 1e-7, 1 - 1e-7
-    for _ in range(200):  # golden-section search: the likelihood is unimodal in p
+    for _ in range(80):  # golden-section search: the likelihood is unimodal in p
         a, b = lo + (hi - lo) * 0.382, lo + (hi - lo) * 0.618
         if loglik(a) < loglik(b):
             lo = a
@@ -84,60 +115,82 @@ def _item_rate(returns: Sequence[tuple[int, bool]]) -> float:
     return (lo + hi) / 2
 
 
+@dataclass(frozen=True)
+class Observations:
+    """A batch's receipts as the fit reads them, read once: per field of ``SUMS`` one column
+    (a value a receipt), each receipt's item return; and the prices, which the receipts do not
+    make uncertain: USD per input, output and cached input token."""
+
+    columns: list[list[float]]
+    items: list[tuple[int, bool] | None]
+    tasks: int
+    prices: tuple[float | None, float | None, float | None]
+
+    @classmethod
+    def read(cls, ledger: Ledger, name: str) -> Observations:
+        rows = ledger.store.fit_rows(name)
+        judged = [r for r in rows if r["status"] in ("accepted", "rejected")]
+        models = {r["model"] for r in judged if r["model"]}
+        priced = [(r["input_tokens"], r["output_tokens"] or 0, r["cost"]) for r in judged
+                  if r["cost"] is not None and r["input_tokens"] is not None]
+        seen = [observe(r) for r in rows]
+        columns = [list(c) for c in zip(*(sums for sums, _ in seen), strict=True)]
+        return cls(columns or [[] for _ in SUMS], [item for _, item in seen],
+                   cost_summary(ledger.store, name)["total"]["tasks"],
+                   (*_prices(models, priced), _cached_price(models)))
+
+    def fit(self, drawn: Sequence[int] | None = None) -> Fit | None:
+        """The model's parameters from the receipts ``drawn`` (indices, repeats counting
+        again; default: every receipt once); None with no judged return."""
+        if drawn is None:
+            s = {k: sum(c) for k, c in zip(SUMS, self.columns, strict=True)}
+            items = Counter(i for i in self.items if i)
+        else:
+            pick = itemgetter(*drawn)  # one C-level gather a column
+            s = {k: sum(pick(c)) for k, c in zip(SUMS, self.columns, strict=True)}
+            items = Counter(i for i in pick(self.items) if i)
+        if not s["judged"]:
+            return None
+        hint = s["hint_sum"] / s["hints"] if s["hints"] else None
+        shared, per = _split_tokens(*(s[f"fresh{x}"] for x in ("", "_k", "_v", "_kk", "_kv")),
+                                    hint)
+        out_shared, out_per = _split_tokens(*(s[f"out{x}"] for x in ("s", "_k", "_v", "_kk",
+                                                                        "_kv")), None)
+        repair_extra = ((s["repair_v"] - s["repairs"] * shared - per * s["repair_k"])
+                        / s["repairs"] if s["repairs"] else
+                        out_shared + out_per * s["judged_tasks"] / s["judged"])
+        return Fit(tasks=self.tasks, returns=int(s["judged"]),
+                   call_fault_rate=s["call_faults"] / s["judged"],
+                   item_fault_rate=_item_rate(items),
+                   provider_error_rate=s["provider_errors"] / (s["judged"]
+                                                               + s["provider_errors"]),
+                   shared_input=shared, input_per_task=per, shared_output=out_shared,
+                   output_per_task=out_per, repair_extra_input=repair_extra,
+                   input_price=self.prices[0], output_price=self.prices[1],
+                   cached_input=min(shared, s["cached"] / s["fresh"]) if s["fresh"] else 0.0,
+                   cached_price=self.prices[2])
+
+    def resampled(self, count: int, size: int, seed: int = 0) -> list[Fit]:
+        """Fits of ``count`` bootstrap resamples of ``size`` receipts each, drawn with
+        replacement by a seeded generator (the same ledger gives the same advice); a resample
+        with no judged return is left out; none from one receipt, which has no spread."""
+        if len(self.items) < 2:
+            return []
+        rng, receipts = random.Random(seed), range(len(self.items))
+        fits = (self.fit(rng.choices(receipts, k=size)) for _ in range(count))
+        return [f for f in fits if f is not None]
+
+
 def fit(ledger: Ledger, name: str) -> Fit:
     """Fit the model's parameters from every receipt of batch ``name``."""
-    rows = ledger.store.fit_rows(name)
-    tasks = cost_summary(ledger.store, name)["total"]["tasks"]
-    judged, item_returns, fresh_in, outs, repairs_extra, chars = [], [], [], [], [], []
-    cached: list[int] = []
-    provider_errors, call_faults, models, priced = 0, 0, set(), []
-    for r in rows:
-        k = len(json.loads(r["task_ids"]))
-        if r["status"] == "provider_error":
-            provider_errors += 1
-            continue
-        if r["status"] not in ("accepted", "rejected"):
-            continue
-        kinds = {e.get("type") for e in json.loads(r["errors"] or "[]")}
-        judged.append(k)
-        if r["status"] == "accepted":
-            item_returns.append((k, True))
-        elif kinds & CALL_FAULTS:
-            call_faults += 1
-        elif kinds & ITEM_FAULTS:
-            item_returns.append((k, False))
-        if r["input_tokens"] is not None and r["kind"] != "repair":
-            fresh_in.append((k, r["input_tokens"]))
-            cached.append(min(r["cached_tokens"] or 0, r["input_tokens"]))
-            if r["chars"]:
-                chars.append(r["chars"] / k / 4)
-        if r["output_tokens"] is not None and r["status"] == "accepted":
-            outs.append((k, r["output_tokens"]))
-        if r["model"]:
-            models.add(r["model"])
-        if r["cost"] is not None and r["input_tokens"] is not None:
-            priced.append((r["input_tokens"], r["output_tokens"] or 0, r["cost"]))
-    if not judged:
+    return _fitted(Observations.read(ledger, name).fit(), name)
+
+
+def _fitted(fitted: Fit | None, name: str) -> Fit:
+    if fitted is None:
         raise InvalidBatch(f"batch {name!r} has no judged returns yet, so there is nothing to "
                            "fit: run it (or a small pilot of it) first")
-    shared, per = _split_tokens(fresh_in, chars)
-    out_shared, out_per = _split_tokens(outs, [])
-    for r in rows:
-        if r["kind"] == "repair" and r["input_tokens"] is not None:
-            k = len(json.loads(r["task_ids"]))
-            repairs_extra.append(r["input_tokens"] - (shared + per * k))
-    in_price, out_price = _prices(models, priced)
-    calls = len(judged) + provider_errors
-    return Fit(tasks=tasks, returns=len(judged), call_fault_rate=call_faults / len(judged),
-               item_fault_rate=_item_rate(item_returns),
-               provider_error_rate=provider_errors / calls if calls else 0.0,
-               shared_input=shared, input_per_task=per, shared_output=out_shared,
-               output_per_task=out_per,
-               repair_extra_input=(sum(repairs_extra) / len(repairs_extra) if repairs_extra
-                                   else out_shared + out_per * (sum(judged) / len(judged))),
-               input_price=in_price, output_price=out_price,
-               cached_input=min(shared, sum(cached) / len(cached)) if cached else 0.0,
-               cached_price=_cached_price(models))
+    return fitted
 
 
 def _cached_price(models: set[str]) -> float | None:
@@ -146,18 +199,18 @@ def _cached_price(models: set[str]) -> float | None:
     return None if price is None or price.cached_input is None else price.cached_input / 1e6
 
 
-def _split_tokens(points: list[tuple[int, int]], per_task_hint: list[float]) -> tuple[float, float]:
-    """Shared and per-task tokens: a line through the observed sizes, or (one size only) the
-    per-task share from the tasks' own text and the rest as shared."""
-    line = _least_squares([(float(k), float(v)) for k, v in points])
+def _split_tokens(n: float, sk: float, sv: float, skk: float, skv: float,
+                 per_task_hint: float | None) -> tuple[float, float]:
+    """Shared and per-task tokens from the sums of (size, tokens): a line through the observed
+    sizes, or (one size only) the per-task share from the tasks' own text and the rest as
+    shared."""
+    line = _least_squares(n, sk, sv, skk, skv)
     if line is not None and line[0] >= 0 and line[1] > 0:
         return line
-    if not points:
+    if not n:
         return 0.0, 0.0
-    mean_k = sum(k for k, _ in points) / len(points)
-    mean_v = sum(v for _, v in points) / len(points)
-    per = (sum(per_task_hint) / len(per_task_hint)) if per_task_hint else mean_v / mean_k
-    per = min(per, mean_v / mean_k)
+    mean_k, mean_v = sk / n, sv / n
+    per = min(mean_v / mean_k if per_task_hint is None else per_task_hint, mean_v / mean_k)
     return max(0.0, mean_v - per * mean_k), per
 
 
@@ -260,12 +313,9 @@ def estimate(f: Fit, pack: int, *, split: bool, repairs: int, replays: int,
         memo[(k, depth)] = (calls, inp, outp, usable)
         return memo[(k, depth)]
 
-    sizes = [pack] * (n // pack) + ([n % pack] if n % pack else [])
-    totals = [0.0, 0.0, 0.0, 0.0]
-    for k in sizes:
-        for i, v in enumerate(request(k, 0)):
-            totals[i] += v
-    calls, inp, outp, usable = totals
+    full, rest = divmod(n, pack)  # full requests of ``pack`` and one of the rest
+    calls, inp, outp, usable = (full * a + b for a, b in zip(
+        request(pack, 0), request(rest, 0) if rest else (0.0,) * 4, strict=True))
     cost = (None if f.input_price is None or f.output_price is None
             else inp * f.input_price + outp * f.output_price - _cache_saving(f, calls))
     return Estimate(pack, split, calls, inp, outp, cost, usable, n)
@@ -279,46 +329,126 @@ def _cache_saving(f: Fit, calls: float) -> float:
     return calls * f.cached_input * (f.input_price - f.cached_price)
 
 
-def choose(options: Sequence[Estimate], max_unresolved: float = 0.01) -> Estimate:
-    """The lowest expected cost per usable result among options expected to leave at most
-    ``max_unresolved`` of the tasks (and at least half a task) unresolved; among all options
-    when none does. A cheap pack that leaves work undone is not a saving."""
-    def unresolved(e: Estimate) -> float:
-        return e.tasks - e.usable
+def _finishing(options: Sequence[Estimate], max_unresolved: float) -> list[Estimate]:
+    """Options expected to leave at most ``max_unresolved`` of the tasks (and at least half a
+    task) unresolved."""
+    return [e for e in options
+            if e.tasks - e.usable <= max(0.5, max_unresolved * e.tasks)]
 
-    finishing = [e for e in options if unresolved(e) <= max(0.5, max_unresolved * e.tasks)]
+
+def choose(options: Sequence[Estimate], max_unresolved: float = 0.01) -> Estimate:
+    """The lowest expected cost per usable result among the options :func:`_finishing`
+    keeps; among all options when none is. A cheap pack that leaves work undone is not a
+    saving."""
     def tokens(e: Estimate) -> float:  # the tie-break when every price is zero
         return (e.input_tokens + e.output_tokens) / max(e.usable, 1e-9)
 
-    return min(finishing or options,
-               key=lambda e: (e.per_usable, tokens(e), unresolved(e), e.pack))
+    return min(_finishing(options, max_unresolved) or options,
+               key=lambda e: (e.per_usable, tokens(e), e.tasks - e.usable, e.pack))
+
+
+RESAMPLES = 200  # bootstrap resamples of the receipts: a few hundred, well under a second
+LEVEL = 0.9  # the intervals' coverage: from the 5th to the 95th percentile of the resamples
+# A resample draws at most this many receipts; past it, its spread about the fit is scaled by
+# sqrt(drawn / receipts) (the m-out-of-n bootstrap), so advice on a large batch stays quick.
+MOST_DRAWN = 2000
 
 
 def advise(ledger: Ledger, name: str, *, repairs: int = 1, replays: int = 1,
            candidates: Sequence[int] = CANDIDATES, split: bool | None = None,
-           max_unresolved: float = 0.01) -> dict[str, Any]:
-    """Estimate every candidate pack size (with and without splitting) and recommend one (see
+           max_unresolved: float = 0.01, resamples: int = RESAMPLES) -> dict[str, Any]:
+    """Estimate every candidate pack size (with and without splitting), each with an interval
+    from bootstrap resamples of the receipts. Another pack is recommended over the current one
+    only when its interval lies wholly below the current pack's (among those, the cheapest: see
     :func:`choose`). ``split`` restricts the choice to with or without splitting."""
     problem = ledger.no_such_batch(name)
     if problem:
         raise InvalidBatch(problem)
-    f = fit(ledger, name)
-    sizes = sorted({k for k in candidates if 1 <= k <= max(1, f.tasks)}) or [1]
-    options = [estimate(f, k, split=s, repairs=repairs, replays=replays)
-               for k in sizes for s in (False, True) if split is None or s == split]
-    best = choose(options, max_unresolved)
-    observed = ledger.revisions(name, current=True)
-    current = int(observed[0].components.get("pack", 0)) if observed else None
+    observed = Observations.read(ledger, name)
+    f = _fitted(observed.fit(), name)
+    revisions = ledger.revisions(name, current=True)
+    current = (min(int(revisions[0].components.get("pack", 0)), f.tasks) or None
+               if revisions else None)
+    sizes = sorted({k for k in candidates if 1 <= k <= max(1, f.tasks)}
+                   | ({current} if current else set())) or [1]
+    options = [(k, s) for k in sizes for s in (False, True) if split is None or s == split]
+
+    def priced(g: Fit) -> list[Estimate]:
+        return [estimate(g, k, split=s, repairs=repairs, replays=replays) for k, s in options]
+
+    point = priced(f)
+    receipts = len(observed.items)
+    drawn = min(receipts, MOST_DRAWN)
+    spread = [priced(g) for g in observed.resampled(resamples, drawn)]
+    described = [{**e.as_dict(), "interval": _interval(
+        e.per_usable, [row[i].per_usable for row in spread], math.sqrt(drawn / receipts))}
+        for i, e in enumerate(point)]
+    best = choose(point, max_unresolved)
+    mine = min((e for e in point if e.pack == current), key=lambda e: e.per_usable,
+               default=None)
+    shown = {id(e): d for e, d in zip(point, described, strict=True)}
+    surely = [e for e in _finishing(point, max_unresolved) or point
+              if mine is None or _clearly_below(shown[id(e)], shown[id(mine)])]
+    chosen = choose(surely, max_unresolved) if surely else mine
+    assert chosen is not None  # with no current pack, every option is "surely" a choice
+    ours = None if mine is None else shown[id(mine)]
     return {
         "batch": name, "tasks": f.tasks, "repairs": repairs, "replays": replays,
         "max_unresolved": max_unresolved,
-        "current_pack": current,
+        "current_pack": current, "resamples": len(spread), "level": LEVEL,
         "fit": {k: (round(v, 9) if isinstance(v, float) else v) for k, v in vars(f).items()},
         "priced": f.input_price is not None,
-        "candidates": [e.as_dict() for e in options],
-        "recommended": best.as_dict(),
+        "candidates": described,
+        "cheapest": shown[id(best)],
+        "current": ours,
+        "recommended": shown[id(chosen)],
+        "verdict": _verdict(shown[id(best)], shown[id(chosen)], ours),
         "warning": _warning(name, best),
     }
+
+
+def _interval(point: float, values: list[float], scale: float) -> list[float | None] | None:
+    """The middle ``LEVEL`` of the resamples' values, their spread about ``point`` scaled by
+    ``scale`` (sqrt(drawn / receipts): see ``MOST_DRAWN``); None for a bound no usable result makes
+    finite, and no interval with fewer than two resamples."""
+    if len(values) < 2:
+        return None
+    ordered = sorted(values)
+    tail = (1 - LEVEL) / 2
+    ends = (ordered[round(tail * (len(ordered) - 1))],
+            ordered[round((1 - tail) * (len(ordered) - 1))])
+    if scale < 1 and math.isfinite(point):
+        ends = tuple(point + (v - point) * scale for v in ends)
+    return [round(v, 9) if math.isfinite(v) else None for v in ends]
+
+
+def _clearly_below(option: dict[str, Any], current: dict[str, Any]) -> bool:
+    """Cheaper beyond the data's uncertainty: the option's interval lies wholly below the
+    current pack's (with too few resamples for intervals, never)."""
+    mine, theirs = option["interval"], current["interval"]
+    if option["pack"] == current["pack"] or not mine or not theirs:
+        return False
+    return mine[1] is not None and (theirs[0] is None or mine[1] < theirs[0])
+
+
+def _verdict(cheapest: dict[str, Any], chosen: dict[str, Any],
+             current: dict[str, Any] | None) -> str:
+    """What the advice says, in one sentence the text and the chart share."""
+    def named(option: dict[str, Any]) -> str:
+        return f"pack {option['pack']}" + (" with split=True" if option["split"] else "")
+
+    if current is None:
+        return f"{named(chosen)} has the lowest expected cost per usable result"
+    if chosen["pack"] != current["pack"]:
+        still = (f" ({named(cheapest)} is estimated cheaper still, less surely)"
+                 if cheapest is not chosen else "")
+        return (f"{named(chosen)} is cheaper per usable result than the current pack "
+                f"{current['pack']}, beyond the uncertainty of the returns seen{still}")
+    if cheapest["pack"] == current["pack"]:
+        return f"keep {named(chosen)}: no other pack size is expected to be cheaper"
+    return (f"the current pack {current['pack']} is as good as the data can tell: "
+            f"{named(cheapest)} is estimated cheaper, but within the uncertainty of the "
+            "returns seen (more returns narrow the intervals)")
 
 
 def _warning(name: str, best: Estimate) -> str | None:

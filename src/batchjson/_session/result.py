@@ -18,10 +18,12 @@ from itertools import islice
 from typing import Any, Literal, overload
 
 from .._content.packed import SequenceView
-from .._errors import ConfigError, LedgerError
+from .._errors import ConfigError, InvalidBatch, LedgerError
 from .._ledger.ledger import Ledger
+from .._ledger.records import Receipt
 from .._ledger.store import Store
 from .._money import money
+from .plots import Chart, batch_chart
 
 
 class TaskAttempts(Mapping[str, int]):
@@ -83,6 +85,9 @@ class BatchResult:
     provider: str | None = None  # provider name / model the run asked
     # batch transport: every job still holding a request of this batch (status "pending")
     jobs: list[dict[str, Any]] = field(default_factory=list)
+    # the batch's receipts, read from the ledger when plot() asks
+    read_receipts: Callable[[], Sequence[Receipt]] | None = field(default=None, repr=False,
+                                                                 compare=False)
 
     @property
     def resolved(self) -> bool:
@@ -121,6 +126,18 @@ class BatchResult:
         rows = ({"task_id": task_id, **(v if isinstance(v, dict) else {"value": v})}
                 for task_id, v in plain_items(self.values))
         return pandas.DataFrame.from_records(rows)
+
+    def plot(self, path: str | os.PathLike[str] | None = None) -> Chart:
+        """This revision's spend and accepted results over time, as a :class:`Chart` a notebook
+        shows inline (``.png`` holds its bytes); with ``path``, its PNG is written there too.
+        Needs ``batchjson[plots]`` (else a ``ConfigError`` says so)."""
+        if self.read_receipts is None:
+            raise InvalidBatch(f"batch {self.name!r}: this result was not made by a run, so it "
+                               "has no receipts to draw")
+        chart = batch_chart(self.read_receipts(), self.name, self.revision)
+        if path is not None:
+            chart.save(path)
+        return chart
 
     def summary(self) -> dict[str, Any]:
         return {

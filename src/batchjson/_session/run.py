@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from .._content.keys import answer_source
@@ -303,7 +304,7 @@ def _result(rt: Runtime, name: str, revision: Any, total: int,
         accepted_returns=outcome.accepted_returns, rejected_returns=outcome.rejected_returns,
         provider_errors=outcome.provider_errors, resumed=resumed,
         attempts_by_task=TaskAttempts(outcome.calls_log),
-        repairs_made=outcome.repairs_made)
+        repairs_made=outcome.repairs_made, read_receipts=partial(rt.ledger.attempts, name))
     if outcome.stopped:
         result.notes.append(outcome.stopped)
     if outcome.overrun:
