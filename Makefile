@@ -20,7 +20,8 @@ lint: $(STAMP)  # ruff, then the layers and no import circle (pyproject.toml's i
 	$(VENV)/bin/lint-imports
 
 test: $(STAMP) lint
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile tests notebooks --nbval --nbval-current-env
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile tests notebooks --nbval --nbval-current-env \
+		--nbval-sanitize-with notebooks/sanitize.cfg
 	$(PY) tools/mutants.py
 
 # Hand mutations of _acceptance/judge.py and _session/accounts.py in a temporary copy
