@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from .._money import usd
@@ -41,7 +42,7 @@ def _bar(**options: Any) -> Any:
         warnings.simplefilter("ignore", TqdmWarning)
         from tqdm.auto import tqdm
 
-        return tqdm(unit="task", dynamic_ncols=True, **options)
+        return tqdm(unit="task", **options)
 
 
 class Progress:
@@ -53,10 +54,10 @@ class Progress:
         self.bar = _bar(desc=f"{name}: reading tasks", leave=False,
                         delay=READING_DELAY) if wanted(progress) else None
 
-    def read(self, n: int) -> None:
-        """``n`` more tasks read and checked."""
-        if self.bar is not None:
-            self.bar.update(n)
+    @property
+    def reading(self) -> Callable[[int], Any] | None:
+        """What counts the tasks as they are read and checked (nothing to call when off)."""
+        return None if self.bar is None else self.bar.update
 
     def checking(self) -> None:
         """Every task read: the ledger is looked at before any call (said at once where the

@@ -73,7 +73,7 @@ def _ended(result: BatchResult, spec: RunSpec) -> BatchResult:
 def planned(rt: Runtime, spec: RunSpec, progress: Progress) -> RunPlan:
     """The plan of a run whose tasks are read: checked, judged, keyed, then done already, or
     found on record and surveyed (earlier returns re-judged, what is owed: no call)."""
-    content = spec.checked(progress.read)  # every input check, before anything is recorded
+    content = spec.checked(progress.reading)  # every input check, before anything is recorded
     progress.checking()
     provider = rt.provider  # refused here when none is configured
     plan = judge_with(rt, RunPlan(spec, content, provider, answer_source(provider)))
