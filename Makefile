@@ -32,7 +32,8 @@ lint: $(TEST_STAMP)  # ruff, then the layers and no import circle (pyproject.tom
 	$(VENV)/bin/lint-imports
 
 test: $(TEST_STAMP) lint
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile tests notebooks --nbval --nbval-current-env
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile tests notebooks --nbval --nbval-current-env \
+		--nbval-sanitize-with notebooks/sanitize.cfg
 	$(PY) tools/mutants.py
 
 # Hand mutations of _acceptance/judge.py and _session/accounts.py in a temporary copy

@@ -215,3 +215,30 @@ def test_interrupt_keeps_receipts_and_rerun_completes(kernel: Kernel, tmp_path: 
     assert kernel.value("slow.status") == "resolved"
     assert kernel.value("slow.calls") == 16 - len(accepted)
     assert kernel.value("batch_session.evidence.unresolved_batches") == 0
+
+
+PRICED_SETUP = """
+%load_ext batchjson
+from batchjson import FaultPlan, SimulatedModel
+model = SimulatedModel(answer=lambda task: {"verdict": "match"}, latency=0.05,
+                       faults=FaultPlan(script={0: "malformed_json"}, clean_after=1),
+                       price_per_million=(1.0, 2.0))
+%config BatchJson.provider = model
+%config BatchJson.concurrency = 1
+"""
+
+
+def test_a_cell_in_a_notebook_shows_time_eta_returns_and_cost_in_its_progress(
+        kernel: Kernel) -> None:
+    """Without ipywidgets tqdm.auto draws its text bar, which a front end redraws in place;
+    a plain ``run_batch`` in a kernel shows it too, by default."""
+    import re
+
+    kernel.ok(PRICED_SETUP)
+    run = kernel.ok("%%batch_json labels --pack 2\n" + SLOW_CELL.split("\n", 1)[1])
+    end = run.stderr.rstrip("\n").split("\n")[-1].split("\r")[-1]
+    assert end.startswith("labels resolved: 100%") and "| 16/16 [" in end, run.stderr
+    assert re.search(r"\[\d\d:\d\d<\d\d:\d\d, +[\d.]+task/s, returns: 8 accepted, "
+                     r"8 rejected, \$0\.\d+\]$", end), end  # elapsed<ETA, rate, counts, cost
+    direct = kernel.ok("again = batch_session.run_batch('direct', tasks, schema)")
+    assert "direct resolved: 100%" in direct.stderr

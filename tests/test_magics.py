@@ -919,19 +919,15 @@ def test_display_objects_escape_html() -> None:
     assert "&lt;raw&gt;" in html
 
 
-def test_in_jupyter_the_progress_bar_is_html_updated_in_place_ending_at_the_true_count(
-        loaded: Any, monkeypatch: Any, capsys: Any) -> None:
-    from IPython.utils.capture import capture_output
-
-    ip = loaded
-    monkeypatch.setattr(ip, "kernel", object(), raising=False)  # as in a Jupyter kernel
-    monkeypatch.setattr(ip.display_formatter.formatters["text/html"], "enabled", True)
-    with capture_output() as captured:
-        ok(ip, "%%batch_json labels --pack 2\n" + BODY)
-    bars = [o for o in captured.outputs if "task(s) judged" in o.data.get("text/plain", "")]
-    assert bars and "<progress" in bars[-1].data["text/html"]
-    assert bars[-1].data["text/plain"] == "labels: 4/4 task(s) judged"
-    assert "%|" not in captured.stderr and "it/s" not in captured.stderr  # no tqdm text bar
+def test_a_cell_shows_its_progress_with_counts_and_config_progress_false_silences_it(
+        loaded: Any, capsys: Any) -> None:
+    ok(loaded, "%%batch_json labels --pack 2\n" + BODY)
+    err = capsys.readouterr().err
+    assert "labels resolved: 100%" in err and "4/4 [" in err, err
+    assert "returns: 2 accepted, 0 rejected" in err, err
+    ok(loaded, "%config BatchJson.progress = False")
+    ok(loaded, "%%batch_json quiet --pack 2\n" + BODY)
+    assert capsys.readouterr().err == ""
 
 
 def test_batch_status_counts_calls_that_never_completed_with_a_lower_bound(

@@ -69,7 +69,7 @@ RUN_INPUTS = [
     ("a generator validator", {"validator": gen_check},
      "gen_check is a generator function (it uses yield)"),
     ("pack True", {"pack": True}, "pack must be a whole number >= 1"),
-    ("progress 'bar'", {"progress": "bar"}, "progress must be True, False or a callable"),
+    ("progress 'bar'", {"progress": "bar"}, "progress must be True, False or None"),
     ("instructions as bytes", {"instructions": b"be brief"}, "instructions must be a"),
     # a typo'd keyword is ignored by every validator: `requried` would commit {} as resolved
     ("'requried' in a schema", {"schema": {**LABEL_SCHEMA, "required": [],

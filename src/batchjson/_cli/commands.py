@@ -334,8 +334,7 @@ def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     problem = demo_ledger_problem(args.ledger)
     if problem:
         raise Problem(problem, USAGE)
-    return run_demo(args.ledger, args.seed, out, as_json=args.json,
-                    progress=sys.stderr.isatty())
+    return run_demo(args.ledger, args.seed, out, as_json=args.json)
 
 
 # -- the parser -----------------------------------------------------------------------------

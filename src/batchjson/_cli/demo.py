@@ -102,8 +102,8 @@ def _demo_check(item: dict, task: dict) -> None:
         raise ValueError("a match needs confidence >= 0.5")
 
 
-def run_demo(ledger: Path, seed: int, out: TextIO | None = None, *, as_json: bool = False,
-             progress: bool = False) -> int:
+def run_demo(ledger: Path, seed: int, out: TextIO | None = None, *,
+             as_json: bool = False) -> int:
     out = out or sys.stdout
     if ledger.exists():  # a previous demo's ledger (demo_ledger_problem was checked)
         for suffix in ("", "-wal", "-shm"):
@@ -116,8 +116,7 @@ def run_demo(ledger: Path, seed: int, out: TextIO | None = None, *, as_json: boo
     say()
     session = Session(demo_model(seed), ledger=ledger, repairs=1, replays=2)
     first = session.run_batch("review", tasks, DEMO_SCHEMA, validator=_demo_check,
-                              identity=DEMO_IDENTITY, pack=5, split=True, progress=progress,
-                              on_exhausted="return")
+                              identity=DEMO_IDENTITY, pack=5, split=True, on_exhausted="return")
     kinds: dict[str, int] = {}
     swap = None
     for receipt in session.ledger.attempts("review", failed=True):

@@ -7,7 +7,7 @@ import hashlib
 import json
 import os
 from array import array
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import chain, islice
@@ -38,12 +38,14 @@ CHUNK = 10_000  # tasks decoded back at once: one json.loads each, and a bounded
 
 
 def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
-                    identity: Sequence[str], hasher: Any = None,
-                    pack: int | None = None) -> tuple[Sequence[dict], Sequence[str]]:
+                    identity: Sequence[str], hasher: Any = None, pack: int | None = None,
+                    on_read: Callable[[int], Any] | None = None,
+                    ) -> tuple[Sequence[dict], Sequence[str]]:
     """Check every task before anything is spent, naming the first bad one and the fix. ``tasks``
     is a list, any iterable (read once) or a JSON Lines file's path. Returns the tasks in the
     ledger's form and their canonical JSON texts (one per ``pack`` tasks), each task held once, as
-    text, never as the caller's object; ``hasher`` is fed a file's bytes as they are read."""
+    text, never as the caller's object; ``hasher`` is fed a file's bytes as they are read, and
+    ``on_read(1)`` is told of each task checked (a streamed input's progress)."""
     identity = normalize_identity(identity)
     from_file = is_task_file(tasks)  # a file's tasks are JSON already: nothing to decode back
     ids = TaskIds()
@@ -67,6 +69,8 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
             ids.refuse_repeats(so_far(task))
             raise
         ids.add(task["task_id"])
+        if on_read is not None:
+            on_read(1)
         # a caller may refill or change its dict once yielded: what names it later is its id
         chunk.append(task if from_file else {"task_id": task["task_id"]})
         if len(chunk) == size:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import html
 import textwrap
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -172,52 +171,6 @@ class StatusView(TextView):
                        f"<td style='text-align:left'>{esc(v)}</td></tr>" for k, v in self._lines())
         return (f"<div><span style='color:{colour}'>&#9679;</span> <b>{esc(self.title)}</b>"
                 f"<table>{body}</table></div>")
-
-
-class NotebookProgress:
-    """A progress bar drawn as HTML and updated in place in a Jupyter front end, so it needs no
-    ipywidgets and never lands in a stderr box; it ends showing the true count."""
-
-    def __init__(self, total: int, desc: str, *, interval: float = 0.25) -> None:
-        from IPython.display import display
-
-        self.total, self.desc, self.n, self.postfix = total, desc, 0, ""
-        self.interval = interval
-        self._shown = time.monotonic()
-        self._handle = display(self, display_id=True)
-
-    def update(self, n: int = 1) -> None:
-        self.n += n
-        now = time.monotonic()
-        if self._handle is not None and now - self._shown >= self.interval:
-            self._shown = now
-            self._handle.update(self)
-
-    def set_postfix_str(self, text: str) -> None:
-        """What the run is waiting on (a rate limit), shown after the count; "" when over."""
-        self.postfix, self._shown = text, 0.0
-        self.update(0)
-
-    def close(self) -> None:
-        if self._handle is not None:
-            self._handle.update(self)
-
-    def __repr__(self) -> str:
-        return f"{self.desc}: {self.n}/{self.total} task(s) judged" + (
-            f", {self.postfix}" if self.postfix else "")
-
-    def _repr_html_(self) -> str:
-        esc = html.escape
-        return (f"<div style='font-family:monospace'>{esc(self.desc)} "
-                f"<progress value='{self.n}' max='{max(self.total, 1)}' "
-                f"style='width:16em;vertical-align:middle'></progress> "
-                f"{self.n}/{self.total} task(s) judged"
-                f"{', ' + esc(self.postfix) if self.postfix else ''}</div>")
-
-
-def in_notebook_frontend(shell: Any) -> bool:
-    """True in a Jupyter kernel (a front end renders HTML); False in terminal IPython."""
-    return getattr(shell, "kernel", None) is not None
 
 
 class ReceiptsView(TextView):

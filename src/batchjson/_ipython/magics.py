@@ -60,13 +60,11 @@ from .cell import (
     wants_help,
 )
 from .display import (
-    NotebookProgress,
     ReceiptsView,
     StatusView,
     Table,
     TextLines,
     clip,
-    in_notebook_frontend,
 )
 from .state import KernelState
 
@@ -84,19 +82,6 @@ class Count(Int):  # type: ignore[type-arg]
         if isinstance(value, bool):
             self.error(obj, value)
         return super().validate(obj, value)
-
-
-def _text_bar() -> bool:
-    """Import tqdm.auto once without its 'IProgress not found' warning: without ipywidgets
-    the text bar is a fine progress bar, not something the user must act on."""
-    import warnings
-
-    from tqdm import TqdmWarning
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", TqdmWarning)
-        import tqdm.auto  # noqa: F401
-    return True
 
 
 @magics_class
@@ -133,6 +118,10 @@ class BatchJson(Magics):
         "'live' calls the provider now; 'batch' sends pending requests as provider batch jobs "
         "at batch prices: the cell returns a pending result and re-running it collects "
         "(docs/providers.md).")).tag(config=True)
+
+    progress = Bool(True, help=(
+        "Show each run's progress (tqdm: elapsed, rate, ETA, returns accepted and rejected, "
+        "cost so far); False silences it.")).tag(config=True)
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         self._state: KernelState | None = None  # set once loaded; config during init waits
@@ -290,7 +279,7 @@ class BatchJson(Magics):
             reask_refusals=args.reask_refusals, transport=args.transport or self.transport,
             wait=args.wait,
             max_calls=args.max_calls if args.max_calls is not None else self.max_calls,
-            progress=NotebookProgress if in_notebook_frontend(self.shell) else _text_bar())
+            progress=self.progress)
         result.notes[:0] = stale
         ns[var] = result
         if result.superseded and not noted:  # nothing was spent, so nothing was announced

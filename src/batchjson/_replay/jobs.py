@@ -62,13 +62,15 @@ class JobRunner:
 
     def __init__(self, plan: Plan, ledger: Ledger, provider: Any, client: Any,
                  spender: Spender, reservations: dict[int, float], *, session_id: str,
-                 poll: float = 1.0, on_progress: Callable[[int], None] | None = None) -> None:
+                 poll: float = 1.0, on_progress: Callable[[int], None] | None = None,
+                 on_wait: Callable[[str], Any] | None = None) -> None:
         self.plan, self.store, self.provider, self.client = plan, ledger.store, provider, client
         self.spender = spender
         self.reservations = reservations  # attempt id -> worst case this session reserved
         self.session_id = session_id
         self.poll = poll
         self.on_progress = on_progress
+        self.on_wait = on_wait  # says in the run's progress that it waits on the provider's jobs
         self.result = JobsOutcome(Outcome())
         self.chunk = client.max_requests  # lines per job; halved after token_limit_exceeded
         self.watched: set[int] = set()  # ids of the unfinished jobs holding a request of it
@@ -103,6 +105,8 @@ class JobRunner:
                     "open", "recording") and row["id"] not in self.unreadable]
                 if not wait or not running:
                     break
+                if self.on_wait is not None:
+                    self.on_wait(f"waiting on {len(running)} provider batch job(s)")
                 await asyncio.sleep(self.poll)
         finally:
             writer.stop()

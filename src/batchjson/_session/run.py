@@ -6,10 +6,10 @@ budget and the fit have been checked."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
 from dataclasses import replace
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from .._content.keys import answer_source
 from .._content.tasks import Request
@@ -24,28 +24,43 @@ from .._replay.replay import Replayer
 from . import batches, window
 from .fit import check_fit, check_rate_fit
 from .plan import RunPlan, Runtime, find_completed, finished, keyed, remember_file
+from .progress import Progress
 from .registry import checker_of
 from .rejudge import UNSEEN, Judging, clear_sourceless, unseen_token
 from .result import BatchResult, ResultErrors, TaskAttempts, result_values
 from .spec import RunSpec, compared_candidates
 
+T = TypeVar("T")
+
 
 def run_spec(rt: Runtime, spec: RunSpec) -> BatchResult:
-    """Resolve every task of ``spec`` or say exactly what is still owed."""
+    """Resolve every task of ``spec`` or say exactly what is still owed, in progress shown
+    from the first moment to the outcome."""
+    progress = Progress(spec.name, spec.progress, rt.budget, rt.tally)
+    try:
+        result = _resolved(rt, spec, progress)
+    except BaseException:
+        progress.end(None)
+        raise
+    progress.end(result)
+    return _ended(result, spec)
+
+
+def _resolved(rt: Runtime, spec: RunSpec, progress: Progress) -> BatchResult:
     remembered = find_completed(rt, spec)  # a tasks file's finished run: nothing to read
-    plan = fitted(rt, judge_with(rt, remembered)) if remembered else planned(rt, spec)
+    plan = fitted(rt, judge_with(rt, remembered)) if remembered else planned(rt, spec, progress)
     if plan.finished is not None:  # every request accepted: nothing to record or send
-        return _ended(report(rt, plan, plan.finished, Outcome()), spec)
+        return report(rt, plan, plan.finished, Outcome())
     calls, spender = plan_calls(rt, plan)
     revision, superseded = record_revision(rt, plan, calls)
-    outcome, jobs = send(rt, plan, calls, spender, revision)
+    outcome, jobs = send(rt, plan, calls, spender, revision, progress)
     if plan.sourceless_of:  # imported requests of unknown source this run answered
         clear_sourceless(rt.ledger.store, judging_of(rt, plan), plan.owed, plan.sourceless_of,
                          plan.source)
     result = report(rt, plan, revision, outcome, superseded)
     if jobs is not None:  # pending while a job holds a request
         batches.report(result, jobs)
-    return _ended(result, spec)
+    return result
 
 
 def _ended(result: BatchResult, spec: RunSpec) -> BatchResult:
@@ -56,10 +71,11 @@ def _ended(result: BatchResult, spec: RunSpec) -> BatchResult:
     return result
 
 
-def planned(rt: Runtime, spec: RunSpec) -> RunPlan:
+def planned(rt: Runtime, spec: RunSpec, progress: Progress) -> RunPlan:
     """The plan of a run whose tasks are read: checked, judged, keyed, then done already, or
     found on record and surveyed (earlier returns re-judged, what is owed: no call)."""
-    content = spec.checked()  # every input check, before anything is recorded or spent
+    content = spec.checked(progress.reading)  # every input check, before anything is recorded
+    progress.checking()
     provider = rt.provider  # refused here when none is configured
     plan = judge_with(rt, RunPlan(spec, content, provider, answer_source(provider)))
     plan = keyed(plan, plan.version.fingerprint.digest if plan.version else "none")
@@ -170,8 +186,8 @@ def record_revision(rt: Runtime, plan: RunPlan, calls: Plan) -> tuple[Any, str |
     return revision, superseded
 
 
-def send(rt: Runtime, plan: RunPlan, calls: Plan, spender: Spender,
-         revision: Any) -> tuple[Outcome, JobsOutcome | None]:
+def send(rt: Runtime, plan: RunPlan, calls: Plan, spender: Spender, revision: Any,
+         progress: Progress) -> tuple[Outcome, JobsOutcome | None]:
     """The calls, and the batch jobs holding the run's requests: none when the validator broke
     on a stored return (it would break on theirs)."""
     store, outcome, jobs = rt.ledger.store, Outcome(), None
@@ -181,17 +197,17 @@ def send(rt: Runtime, plan: RunPlan, calls: Plan, spender: Spender,
                            "validator and re-run")
         outcome.errors[plan.broken[0]["task_id"]] = [plan.broken[0]]
     elif plan.pending and plan.client is not None:
-        jobs = _jobs(rt, calls, spender, plan)
+        jobs = _jobs(rt, calls, spender, plan, progress)
         outcome = jobs.outcome
     elif plan.pending:
-        outcome, jobs = _live(rt, calls, spender, plan)
+        outcome, jobs = _live(rt, calls, spender, plan, progress)
         if calls.split:  # halves made during the run: remember what they saw too
             store.record_seen(window.stored_seen_pairs(store, plan, revision.id, halves=True))
     return outcome, jobs
 
 
-def _live(rt: Runtime, calls: Plan, spender: Spender,
-          plan: RunPlan) -> tuple[Outcome, JobsOutcome | None]:
+def _live(rt: Runtime, calls: Plan, spender: Spender, plan: RunPlan,
+          progress: Progress) -> tuple[Outcome, JobsOutcome | None]:
     """The live calls, of what no unfinished batch job claims (a job may still answer it),
     fed to the replay loop a window at a time; the jobs that claim some, if any."""
     store, claimed, provider = rt.ledger.store, [], GuardedProvider(plan.provider)
@@ -202,10 +218,13 @@ def _live(rt: Runtime, calls: Plan, spender: Spender,
             claimed.extend(r for r in pending if r.key in held)
             yield from (r for r in pending if r.key not in held)
 
-    outcome = _replay(rt, plan, provider, lambda bar: Replayer(
-        calls, rt.ledger, provider, spender, rt.transport, rt.concurrency,
-        on_progress=getattr(bar, "update", None), session_id=rt.session_id, pacer=rt.pacer,
-        hosts=rt.hosts, on_wait=getattr(bar, "set_postfix_str", None)).run(unclaimed()))
+    def replaying() -> tuple[Outcome, Coroutine[Any, Any, Outcome]]:
+        replayer = Replayer(calls, rt.ledger, provider, spender, rt.transport, rt.concurrency,
+                            on_progress=progress.update, session_id=rt.session_id,
+                            pacer=rt.pacer, hosts=rt.hosts, on_wait=progress.wait)
+        return replayer.outcome, replayer.run(unclaimed())
+
+    outcome = _replay(rt, plan, provider, progress, replaying)
     held, _ = batches.held_by_jobs(store, claimed)
     if not held.jobs:
         return outcome, None
@@ -213,38 +232,32 @@ def _live(rt: Runtime, calls: Plan, spender: Spender,
     return outcome, held
 
 
-def _jobs(rt: Runtime, calls: Plan, spender: Spender, plan: RunPlan) -> JobsOutcome:
+def _jobs(rt: Runtime, calls: Plan, spender: Spender, plan: RunPlan,
+          progress: Progress) -> JobsOutcome:
     """Submit, poll and collect the run's batch jobs (one pass, or until they end)."""
-    return _replay(rt, plan, plan.provider, lambda bar: JobRunner(
-        calls, rt.ledger, plan.provider, plan.client, spender, rt.job_reservations,
-        session_id=rt.session_id, poll=rt.job_poll, on_progress=getattr(bar, "update", None),
-    ).run(plan.pending.windows, wait=plan.spec.wait),
-        progress=plan.spec.progress if plan.spec.wait else False)
+    def submitting() -> tuple[Outcome, Coroutine[Any, Any, JobsOutcome]]:
+        runner = JobRunner(calls, rt.ledger, plan.provider, plan.client, spender,
+                           rt.job_reservations, session_id=rt.session_id, poll=rt.job_poll,
+                           on_progress=progress.update, on_wait=progress.wait)
+        return runner.result.outcome, runner.run(plan.pending.windows, wait=plan.spec.wait)
+
+    return _replay(rt, plan, plan.provider, progress, submitting)
 
 
-def _replay(rt: Runtime, plan: RunPlan, provider: Any, drive: Callable[[Any], Any],
-            progress: Any = None) -> Any:
-    """Run the pending requests through a transport (``drive``); the progress bar counts every task,
-    those resumed from the ledger as done already, as tqdm users expect."""
-    name = plan.spec.name
-    progress = plan.spec.progress if progress is None else progress
+def _replay(rt: Runtime, plan: RunPlan, provider: Any, progress: Progress,
+            make: Callable[[], tuple[Outcome, Coroutine[Any, Any, T]]]) -> T:
+    """Run the pending requests through a transport, made on the session's loop by ``make``
+    (the run's live counts and its driver); the progress counts every task, those resumed from
+    the ledger as done already, as tqdm users expect."""
     total = len(plan.content.tasks)
-    bar = None
-    done = max(0, total - plan.pending_tasks)
-    if callable(progress):  # a face's own bar (a notebook widget): progress(total, name)
-        bar = progress(total, name)
-        if done:
-            bar.update(done)
-    elif progress:
-        from tqdm.auto import tqdm
 
-        bar = tqdm(total=total, initial=done, desc=name, unit="task", leave=True)
+    def start() -> Coroutine[Any, Any, T]:
+        outcome, driver = make()
+        progress.calls(total, max(0, total - plan.pending_tasks), outcome)
+        return driver
+
     rt.remember_provider(provider)  # the run's guard: its inner provider is kept
-    try:
-        return rt.loop.run(lambda: drive(bar))
-    finally:
-        if bar is not None:
-            bar.close()
+    return rt.loop.run(start)
 
 
 def report(rt: Runtime, plan: RunPlan, revision: Any, outcome: Outcome,

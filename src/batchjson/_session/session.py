@@ -149,7 +149,7 @@ class Session:
         split: bool = False,
         max_calls: int | None = None,
         on_exhausted: OnExhausted = "raise",
-        progress: bool = False,
+        progress: bool | None = None,
         reask_refusals: bool = False,
         transport: TransportName = "live",
         wait: bool = False,
@@ -162,7 +162,8 @@ class Session:
         ``async def``) raises ValueError or returns False to reject an item. ``identity=None``
         compares ``task_id`` and every other task field an item echoes; a list compares exactly
         those fields. ``tasks`` is a list, any iterable (read once) or the path of a JSON Lines
-        file. ``transport="batch"``: provider batch jobs at batch prices (docs/providers.md)."""
+        file. ``transport="batch"``: provider batch jobs at batch prices (docs/providers.md).
+        ``progress=None`` shows it on a terminal or in a notebook, not in a pipe or a log."""
         return self.run(RunSpec(
             name=name, tasks=tasks, schema=schema, validator=validator,
             identity=identity, pack=pack, instructions=instructions, repairs=repairs,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import jsonschema
-from pydantic import PlainValidator, SkipValidation
+from pydantic import Field, PlainValidator, SkipValidation
 
 from .._acceptance.judge import ECHO_EXEMPT
 from .._checks import Count, CountOrNone, Flag, Positive, Seconds, options
@@ -70,8 +70,8 @@ class RunSpec:
     reask_refusals: Flag = False
     max_calls: CountOrNone = None
     on_exhausted: OnExhausted = "raise"
-    # or a face's bar: progress(total, name)
-    progress: SkipValidation[bool | Callable[[int, str], Any]] = False
+    progress: Annotated[bool | None, Field(description=(
+        "True, False or None (on in a terminal or a notebook)"))] = None
     mode: Mode = "items"
     validator_args: ValidatorArgs = "task"
     refuse_short_budget: Flag = True
@@ -84,9 +84,6 @@ class RunSpec:
         check_text("batch name", self.name, "run_batch('labels', ...)", required=True)
         check_text("instructions", self.instructions, "instructions='Answer in English.'",
                    free=True)
-        if not isinstance(self.progress, bool) and not callable(self.progress):
-            raise InvalidBatch(f"progress must be True, False or a callable progress(total, "
-                               f"name) returning a bar, got {self.progress!r}")
         if self.transport == "batch" and self.validator_args != "task":
             raise InvalidBatch(
                 "transport='batch' is refused for droste's llm_batch_json contract (the droste "
@@ -99,13 +96,14 @@ class RunSpec:
             object.__setattr__(self, "identity", tuple(self.identity))
         normalize_identity(self.identity)  # its shape; the tasks are checked against it later
 
-    def checked(self) -> CheckedRun:
+    def checked(self, on_read: Callable[[int], Any] | None = None) -> CheckedRun:
         """The run's content, checked and in the ledger's (JSON) form: tasks, schema, and what the
-        mode, identity and validator need of them. Raises InvalidBatch naming the first problem and
-        the fix; reads nothing but the spec."""
+        mode, identity and validator need of them (``on_read(n)``: n more tasks checked). Raises
+        InvalidBatch naming the first problem and the fix; reads nothing but the spec."""
         identity = normalize_identity(self.identity)
         hasher = hashlib.sha256() if is_task_file(self.tasks) else None
-        tasks, texts = normalize_tasks(self.tasks, identity, hasher, pack=self.pack)
+        tasks, texts = normalize_tasks(self.tasks, identity, hasher, pack=self.pack,
+                                       on_read=on_read)
         schema = compile_schema(self.schema)
         check_all(tasks=tasks, identity=identity, schema=schema, mode=self.mode,
                             validator=self.validator, validator_args=self.validator_args,

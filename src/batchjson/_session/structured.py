@@ -121,7 +121,8 @@ def llm_batch_json(session: Runs, prompts: Sequence[str], schema: Any,
         name=batch, tasks=tasks, schema=item_schema, validator=validator,
         identity=("task_id",), repairs=max_repair_attempts, on_exhausted="return",
         mode="value", validator_args="droste" if droste else "index",
-        refuse_short_budget=refuse_short_budget, max_calls=max_calls))
+        refuse_short_budget=refuse_short_budget, max_calls=max_calls,
+        progress=False))  # quiet: a host may feed what the cell prints to a model
     return _droste_shape(result, tasks, item_schema)
 
 
