@@ -11,6 +11,7 @@ from ._content.tasks import parse_identity, render_value_prompt
 from ._ledger.records import ledger_path
 from ._ledger.sqlite import file_problem
 from ._money import cost_value, money, usd
+from ._plaintext import printable, table
 from ._providers.base import estimate_tokens
 from ._providers.select import PROVIDER_NAMES, provider_label
 from ._secrets import looks_like_key, masked, public_url, shown_value
@@ -47,4 +48,6 @@ __all__ = [
     "list_jobs", "collect_ended", "cancel_job", "status_summary",
     # one wording for numbers and dollars
     "whole_argument", "money", "cost_value", "usd",
+    # what a terminal may be shown, and aligned columns (a result prints its answers so too)
+    "printable", "table",
 ]
