@@ -16,7 +16,13 @@ from ._providers.base import estimate_tokens
 from ._providers.select import PROVIDER_NAMES, provider_label
 from ._secrets import looks_like_key, masked, public_url, shown_value
 from ._session.advice import advise
-from ._session.batches import cancel_job, collect_ended, list_jobs, status_summary
+from ._session.batches import (
+    cancel_job,
+    collect_ended,
+    list_jobs,
+    pending_jobs,
+    status_summary,
+)
 from ._session.ledger import read_lines
 from ._session.registry import ValidatorVersion
 from ._session.result import tracebacks
@@ -46,6 +52,7 @@ __all__ = [
     # provider batch jobs: those still open, collecting those that ended, cancelling one;
     # what %batch_status shows (ended jobs collected first)
     "list_jobs", "collect_ended", "cancel_job", "status_summary",
+    "pending_jobs",  # the unfinished ones with their provider's progress, asked briefly
     # one wording for numbers and dollars
     "whole_argument", "money", "cost_value", "usd",
     # what a terminal may be shown, and aligned columns (a result prints its answers so too)

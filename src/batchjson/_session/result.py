@@ -225,7 +225,8 @@ class BatchResult:
         failed = self._failure_lines(SHOWN, keep=_not_pending)
         lines = [repr(self), *(["failed requests:", *failed] if failed else []),
                  *(f"pending in job {job['id']} ({job['provider_job_id'] or job['status']}): "
-                   f"{job['requests']} request(s); re-run to collect what has ended"
+                   f"{job['requests']} request(s){_submitted(job)}; re-run to collect what has "
+                   "ended"
                    for job in self.jobs), *self.answers().lines()]
         return "\n".join(map(printable, lines))
 
@@ -299,9 +300,14 @@ def _jobs_html(jobs: list[dict[str, Any]]) -> str:
         f"<li>job {job['id']} <code>{html.escape(str(job['provider_job_id'] or '-'))}</code> "
         f"({html.escape(str(job['provider']))}): {html.escape(str(job['status']))}"
         f"{' / ' + html.escape(str(job['provider_status'])) if job.get('provider_status') else ''}"
-        f", {job['requests']} request(s)</li>" for job in jobs)
+        f", {job['requests']} request(s){_submitted(job)}</li>" for job in jobs)
     return (f"<div>pending in {len(jobs)} batch job(s); re-run to collect what has ended:"
             f"<ul style='margin:2px 0'>{rows}</ul></div>")
+
+
+def _submitted(job: Mapping[str, Any]) -> str:
+    stamp = job.get("submitted_at")
+    return f", submitted {stamp[:16].replace('T', ' ')}Z" if stamp else ""
 
 
 PAGE_REQUESTS = 200  # leaf requests per page read while iterating
