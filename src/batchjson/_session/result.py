@@ -213,7 +213,7 @@ class BatchResult:
                 if self.compared_if_echoed else "")
         return ", ".join(self.identity_compared) + also
 
-    def answers(self) -> Answers:
+    def _shown_answers(self) -> Answers:
         """The first few accepted values and the fixed-set fields' counts, read once."""
         if self._answers is None:
             self._answers = Answers.read(plain_items(self.values), self.answer_schema,
@@ -227,7 +227,7 @@ class BatchResult:
                  *(f"pending in job {job['id']} ({job['provider_job_id'] or job['status']}): "
                    f"{job['requests']} request(s){_submitted(job)}; re-run to collect what has "
                    "ended"
-                   for job in self.jobs), *self.answers().lines()]
+                   for job in self.jobs), *self._shown_answers().lines()]
         return "\n".join(map(printable, lines))
 
     def _repr_html_(self) -> str:
@@ -255,7 +255,7 @@ class BatchResult:
         return [f"<div><span style='color:{colour}'>&#9679;</span> batch "
                 f"<code>{html.escape(self.name)}</code> revision {self.revision}: "
                 f"<b>{self.status}</b><table><tr>{cells}</tr></table></div>", compared,
-                _jobs_html(self.jobs), self._failures_html(), self.answers().html()]
+                _jobs_html(self.jobs), self._failures_html(), self._shown_answers().html()]
 
     def _failures_html(self) -> str:
         failures, count = failure_groups(self._failed_errors, self.raws, SHOWN, keep=_not_pending)
