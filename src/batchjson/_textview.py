@@ -3,40 +3,12 @@
 from __future__ import annotations
 
 import math
-import re
 import shlex
 import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .core import money, tracebacks, usd
-
-# Control characters (ANSI escapes, carriage returns, bells) and bidirectional overrides in a
-# model's return or an imported batch name would act on the terminal instead of being read; a
-# lone surrogate (half an emoji, as a JavaScript export writes it) cannot be encoded at all.
-_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
-
-
-def printable(text: str) -> str:
-    """``text`` with every character that would act on a terminal shown as its escape."""
-    return _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256
-                       else f"\\u{ord(m.group()):04x}", text)
-
-
-def table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, indent: str = "  ",
-          right: Sequence[int] = ()) -> list[str]:
-    """Aligned columns; indices in ``right`` are right-aligned (numbers)."""
-    cells = [[("" if v is None else
-               printable(str(v)).replace("\n", "\\n").replace("\t", "\\t")) for v in row]
-             for row in rows]  # a newline in a cell would forge a row
-    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
-
-    def line(values: Sequence[str]) -> str:
-        parts = [v.rjust(w) if i in right else v.ljust(w)
-                 for i, (v, w) in enumerate(zip(values, widths, strict=True))]
-        return (indent + "  ".join(parts)).rstrip()
-
-    return [line(columns), indent + "  ".join("-" * w for w in widths), *map(line, cells)]
+from .core import money, printable, table, tracebacks, usd
 
 
 def wrapped(text: str, indent: str, width: int = 100) -> list[str]:
@@ -54,7 +26,8 @@ def status_lines(summary: Mapping[str, Any], ledger: str, me: str = "batchjson")
     # Columns that are zero for every batch say nothing: they are left out (and said below), so
     # the table fits a terminal; --json always carries every figure.
     optional = [(k, h) for k, h in (("provider_errors", "provider err"),
-                                    ("abandoned", "abandoned"), ("in_flight", "in flight"))
+                                    ("abandoned", "abandoned"), ("in_flight", "in flight"),
+                                    ("pending", "pending"))
                 if total[k]]
     cached = bool(total["cached_tokens"])
     columns = ["batch", "tasks", "usable", "calls", "accepted", "rejected",
@@ -86,6 +59,7 @@ def status_lines(summary: Mapping[str, Any], ledger: str, me: str = "batchjson")
                          f"{money(total['unknown_cost_lower_bound'])} more, pricing their "
                          f"prompts (a token per 4 characters) at the input rate{also}; '+' and "
                          "'≥' mark figures that include that estimate", "  ")
+    lines += pending_lines(total["pending"], total["pending_cost"], summary.get("jobs", ()))
     owed = summary.get("unresolved_requests", 0)
     if owed:
         lines.append(f"  still owed: {owed} request(s), {summary['unresolved_items']} item(s); "
@@ -104,6 +78,41 @@ def status_lines(summary: Mapping[str, Any], ledger: str, me: str = "batchjson")
     for f in summary.get("forgotten", []):
         lines += wrapped(forgotten_line(f), "  forgotten: ")
     return lines + _status_next(summary, ledger, me)
+
+
+def pending_lines(calls: int, cost: float, jobs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Calls held by unfinished provider batch jobs: pending (neither failed nor of unknown
+    cost), their cost estimated at the batch price, and each job's progress."""
+    if not calls and not jobs:
+        return []
+    lines = wrapped("pending: " + pending_said(calls, cost, len(jobs)), "  ")
+    for job in jobs:
+        lines += wrapped(job_progress(job), "    ")
+    return lines
+
+
+def pending_said(calls: int, cost: float, jobs: int) -> str:
+    priced = (f"an estimated {money(cost)} at the batch price when they end (their prompts; "
+              "the answers add their output)" if cost else "their cost is known when they end")
+    return f"{calls} call(s) in {jobs} unfinished batch job(s), {priced}"
+
+
+def job_progress(job: Mapping[str, Any]) -> str:
+    """One pending job: what it is, when it was submitted, how far its provider says it has
+    come, and when it should end."""
+    said = (f"job {job['id']} of {job['batch']!r} ({job['provider_job_id'] or 'no provider id'}, "
+            f"{job['status']}, {job['requests']} request(s))")
+    if "ends_by" not in job:  # listed without asking its provider
+        return said
+    done, by = job["progress"], job["ends_by"][:16].replace("T", " ") + "Z"
+    when = {"rate": f"should end about {by} at its rate so far (the provider's window: "
+                    f"{job['window_hours']} h)",
+            "window": f"ends by {by}, when the provider's {job['window_hours']} h window closes",
+            "ended": "has ended at the provider: re-run its batch to collect it"}
+    return (f"{said}: submitted {job['submitted_at'][:16].replace('T', ' ')}Z; "
+            + (f"{done['ended']}/{done['total']} ended at the provider" if done else
+               "progress unknown (its provider could not be asked)")
+            + f"; {when[job['ends_from']]}")
 
 
 def forgotten_line(f: Mapping[str, Any]) -> str:
@@ -146,6 +155,8 @@ def _status_next(summary: Mapping[str, Any], ledger: str, me: str) -> list[str]:
     if worst["batch"] in owing:
         hints.insert(0, (f"re-run batch {worst['batch']!r}",
                          "accepted requests are never paid again"))
+    if summary["total"]["pending"] or summary.get("jobs"):
+        hints.insert(0, (f"{me} jobs{flag}", "the batch jobs still pending"))
     else:
         hints.append((f"{me} values {name} --csv{flag}", "the accepted answers"))
     if worst["accepted_returns"] + worst["rejected_returns"]:  # advice needs judged returns

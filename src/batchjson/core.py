@@ -11,11 +11,18 @@ from ._content.tasks import parse_identity, render_value_prompt
 from ._ledger.records import ledger_path
 from ._ledger.sqlite import file_problem
 from ._money import cost_value, money, usd
+from ._plaintext import printable, table
 from ._providers.base import estimate_tokens
 from ._providers.select import PROVIDER_NAMES, provider_label
 from ._secrets import looks_like_key, masked, public_url, shown_value
 from ._session.advice import advise
-from ._session.batches import cancel_job, collect_ended, list_jobs, status_summary
+from ._session.batches import (
+    cancel_job,
+    collect_ended,
+    list_jobs,
+    pending_jobs,
+    status_summary,
+)
 from ._session.ledger import read_lines
 from ._session.plots import advice_chart, batch_chart
 from ._session.registry import ValidatorVersion
@@ -48,6 +55,9 @@ __all__ = [
     # provider batch jobs: those still open, collecting those that ended, cancelling one;
     # what %batch_status shows (ended jobs collected first)
     "list_jobs", "collect_ended", "cancel_job", "status_summary",
+    "pending_jobs",  # the unfinished ones with their provider's progress, asked briefly
     # one wording for numbers and dollars
     "whole_argument", "money", "cost_value", "usd",
+    # what a terminal may be shown, and aligned columns (a result prints its answers so too)
+    "printable", "table",
 ]

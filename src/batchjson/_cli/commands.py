@@ -36,6 +36,7 @@ from ..core import (
     cost_value,
     ledger_path,
     list_jobs,
+    pending_jobs,
     public_url,
     whole_argument,
 )
@@ -113,6 +114,7 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
         _known(held, args.name)
         summary = held.cost_summary(args.name)
         evidence = held.evidence(args.name)
+        summary["jobs"] = pending_jobs(held, args.name)  # each provider asked, briefly
     for key in ("unresolved_batches", "unresolved_requests", "unresolved_items",
                 "minimum_exact_retry_calls", "refused_requests", "cut_off_requests",
                 "superseded", "forgotten", "owing_batches"):

@@ -13,6 +13,8 @@ from .._textview import (
     describe_error,
     forgotten_line,
     frame_lines,
+    job_progress,
+    pending_said,
     printable,
     receipt_cost,
     table,
@@ -120,12 +122,12 @@ class StatusView(TextView):
             ("usable results", str(s["usable_results"])),
             ("cost per usable result", "n/a" if per is None else money(per)),
         ]
-        jobs = s.get("jobs")
-        if jobs:
-            rows.insert(1, ("batch jobs", f"{len(jobs)} unfinished: " + "; ".join(
-                f"job {j['id']} of {j['batch']!r} ({j['provider_job_id'] or 'no provider id'}, "
-                f"{j['status']}, {j['requests']} request(s))" for j in jobs)
-                + "; re-run their cells to collect what has ended"))
+        jobs = s.get("jobs", ())
+        if jobs or s.get("pending_calls"):
+            rows[1:1] = [("pending", pending_said(s["pending_calls"], s["pending_cost"],
+                                                  len(jobs)) + "; re-run their cells to "
+                          "collect what has ended, `batchjson jobs` lists them"),
+                         *(("  batch job", job_progress(j)) for j in jobs)]
         if s["abandoned_calls"] or s["in_flight_calls"] or s["cancelled_calls"]:
             rows.insert(4, ("calls not completed", f"{s['abandoned_calls']} abandoned, "
                             f"{s['in_flight_calls']} in flight, {s['cancelled_calls']} "
@@ -166,7 +168,10 @@ class StatusView(TextView):
 
     def _repr_html_(self) -> str:
         esc = html.escape
-        colour = "#cf222e" if self.summary["unresolved_requests"] else "#1a7f37"
+        s = self.summary  # amber while every request owed is held by a pending job
+        held = sum(j["requests"] for j in s.get("jobs", ()))
+        colour = ("#1a7f37" if not s["unresolved_requests"] else "#9a6700"
+                  if s["unresolved_requests"] <= held else "#cf222e")
         body = "".join(f"<tr><td style='text-align:left;color:#666'>{esc(k)}</td>"
                        f"<td style='text-align:left'>{esc(v)}</td></tr>" for k, v in self._lines())
         return (f"<div><span style='color:{colour}'>&#9679;</span> <b>{esc(self.title)}</b>"

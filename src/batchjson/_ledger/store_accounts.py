@@ -11,9 +11,11 @@ from .store_base import Row, StoreBase
 
 # A receipt is a call unless it was cancelled before sending; a recheck sends nothing.
 IS_CALL = "(a.kind != 'recheck' AND NOT (a.status = 'cancelled' AND a.sent_at IS NULL))"
+# A line of an unfinished provider batch job: pending, its cost still to come, not unknown.
+PENDING = "(a.status = 'in_flight' AND a.id IN (SELECT attempt_id FROM job_lines))"
 # A call with no recorded cost (killed, interrupted, an error without usage, an unpriced model)
 # is never free: it cost at least its floor, priced when it was sent.
-UNKNOWN = f"({IS_CALL} AND a.cost IS NULL)"
+UNKNOWN = f"({IS_CALL} AND a.cost IS NULL AND NOT {PENDING})"
 
 
 def _count(condition: str) -> str:
@@ -26,7 +28,9 @@ _COUNTS = {  # what each counter of a batch counts
     "unsent": "a.kind != 'recheck' AND a.status = 'cancelled' AND a.sent_at IS NULL",
     **{f"{status}{plural}": f"{IS_CALL} AND a.status = '{status}'"
        for status, plural in (("accepted", ""), ("rejected", ""), ("provider_error", "s"),
-                              ("abandoned", ""), ("cancelled", ""), ("in_flight", ""))},
+                              ("abandoned", ""), ("cancelled", ""))},
+    "in_flight": f"{IS_CALL} AND a.status = 'in_flight' AND NOT {PENDING}",
+    "pending": PENDING,
     "imported": f"{IS_CALL} AND a.kind = 'import'",
     "unknown_cost_calls": UNKNOWN,
     "unfloored": f"{UNKNOWN} AND a.cost_floor IS NULL",
@@ -46,19 +50,20 @@ CALLS_SQL = (
     "FROM attempts a JOIN batches b ON b.id = a.batch_id{where} GROUP BY b.id, b.name "
     "ORDER BY b.id")
 
-# Unknown-cost calls with no recorded floor (imported): their prompt tokens as reported, else
-# as estimated when sent, else a quarter of their tasks' text (which every prompt carries), per
-# batch and model, to be priced at the model's input rate.
+# Unknown-cost calls with no recorded floor (imported), and pending ones: their prompt tokens as
+# reported, else as estimated when sent, else a quarter of their tasks' text (which every prompt
+# carries), per batch, model and whether pending, to be priced at the model's input rate.
 UNFLOORED_SQL = (
-    "SELECT batch, model, COUNT(*) AS calls, "
+    "SELECT batch, model, pending, COUNT(*) AS calls, "
     "SUM(tokens - CASE WHEN cached < tokens THEN cached ELSE tokens END) AS uncached, "
     "SUM(CASE WHEN cached < tokens THEN cached ELSE tokens END) AS cached FROM ("
-    "SELECT b.name AS batch, a.model, "
+    f"SELECT b.name AS batch, a.model, CASE WHEN {PENDING} THEN 1 ELSE 0 END AS pending, "
     "COALESCE(a.input_tokens, a.estimated_input_tokens, COALESCE(LENGTH(q.tasks), 0) / 4) "
     "AS tokens, COALESCE(a.cached_tokens, 0) AS cached FROM attempts a "
     "JOIN batches b ON b.id = a.batch_id LEFT JOIN requests q "
     "ON q.revision_id = a.revision_id AND q.key = a.request_key "
-    f"WHERE {UNKNOWN} AND a.cost_floor IS NULL{{where}}) AS u GROUP BY batch, model")
+    f"WHERE ({UNKNOWN} AND a.cost_floor IS NULL OR {PENDING}){{where}}) AS u "
+    "GROUP BY batch, model, pending")
 
 TASKS_SQL = (
     "SELECT b.name AS batch, q.task_ids FROM batches b LEFT JOIN requests q "
@@ -75,12 +80,12 @@ class AccountStore(StoreBase):
 
     def call_rows(self, name: str | None = None) -> tuple[list[Row], list[Row]]:
         """Per batch with attempts (one batch, or every one): calls by outcome, tokens, known
-        cost, unknown-cost calls and the floors recorded for them; then, only when some have
-        none (``unfloored``), per batch and model those calls' prompt tokens (uncached,
-        cached) to price."""
+        cost, unknown-cost calls and the floors recorded for them, calls pending in a batch
+        job; then, only when some have no floor (``unfloored``) or are pending, per batch, model
+        and whether pending those calls' prompt tokens (uncached, cached) to price."""
         where, args = (" AND b.name = ?", (name,)) if name is not None else ("", ())
         calls = self._read(CALLS_SQL.format(where=where), args)
-        if not any(row["unfloored"] for row in calls):
+        if not any(row["unfloored"] or row["pending"] for row in calls):
             return calls, []
         return calls, self._read(UNFLOORED_SQL.format(where=where), args)
 

@@ -229,10 +229,12 @@ class RunStore(StoreBase):
                                                                          task[0]]
         if page is not None:
             (position, request_id), limit = page
-            where += (" AND q.id IN (SELECT id FROM requests WHERE revision_id = q.revision_id "
+            # the revision given again, not q.revision_id: a correlated subquery is run anew
+            # for every row (a second a page at 100,000 values)
+            where += (" AND q.id IN (SELECT id FROM requests WHERE revision_id = ? "
                       "AND split = 0 AND (position > ? OR (position = ? AND id > ?)) "
                       "ORDER BY position, id LIMIT ?)")
-            args += [position, position, request_id, limit]
+            args += [revision_id, position, position, request_id, limit]
         return self._read(
             "SELECT q.position, q.id, c.task_id, c.item FROM requests q LEFT JOIN checkpoint c "
             f"ON c.request_key = q.key{join} WHERE q.revision_id = ? AND q.split = 0{where} "

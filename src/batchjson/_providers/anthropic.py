@@ -238,6 +238,12 @@ class AnthropicBatches(BatchClient):
             return "cancelled" if batch.get("cancel_initiated_at") else "completed"
         return status
 
+    def progress(self, batch: Mapping[str, Any]) -> tuple[int, int] | None:
+        """Every request not ``processing`` has ended (succeeded, errored, canceled, expired)."""
+        counts = {k: v for k, v in self.counts(batch).items() if isinstance(v, int)}
+        total = sum(counts.values())
+        return (total - counts.get("processing", 0), total) if total > 0 else None
+
     async def results(self, batch: Mapping[str, Any]) -> OutputLines:
         """The result lines, each parsed when read."""
         return OutputLines([await self._call("GET", f"/v1/messages/batches/{batch['id']}/"

@@ -23,6 +23,9 @@ from ._http import HttpProvider, http_error
 from .pricing import batch_share
 from .reply import Reply
 
+# A job ends within this many hours, answered or expired: OpenAI's completion window (the only
+# one it offers) and Anthropic's Message Batches expiry alike.
+WINDOW_HOURS = 24
 LONGEST_ID = "bj_" + "0" * 48  # the length of every custom_id (_ledger/store_jobs._custom_id)
 NOT_UTF8 = "__not_utf8__"  # an output line's first byte that is not UTF-8 (OutputLines)
 TEXT = "__text__"  # an output line's own text (OutputLines)
@@ -123,6 +126,16 @@ class BatchClient:
     @staticmethod
     def counts(batch: Mapping[str, Any]) -> dict[str, Any]:
         return dict(batch.get("request_counts") or {})
+
+    def progress(self, batch: Mapping[str, Any]) -> tuple[int, int] | None:
+        """(lines ended, lines in all) as the provider counts them (OpenAI's ``completed`` and
+        ``failed`` of ``total``); None when it counts none yet."""
+        counts = self.counts(batch)
+        total = counts.get("total")
+        if not isinstance(total, int) or total <= 0:
+            return None
+        return sum(v for k, v in counts.items() if k in ("completed", "failed")
+                   and isinstance(v, int)), total
 
     @staticmethod
     def whole_failure(batch: Mapping[str, Any]) -> str | None:

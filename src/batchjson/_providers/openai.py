@@ -25,7 +25,7 @@ from .._secrets import provider_text_masked
 from .._sources import REFUSED, TOOL_CALL, TRUNCATED
 from ._http import HttpProvider, as_int, object_schema
 from .base import Call, prefix_cacheable, prompt_cache_key
-from .batch_client import BatchClient, OutputLines, Upload
+from .batch_client import WINDOW_HOURS, BatchClient, OutputLines, Upload
 from .reply import Reply
 from .strict import strict_form
 
@@ -271,7 +271,7 @@ class OpenAIBatches(BatchClient):
 
     async def create(self, file_id: str, metadata: Mapping[str, str]) -> dict[str, Any]:
         return await self._json("POST", "/batches", json_body={
-            "input_file_id": file_id, "endpoint": self.url, "completion_window": "24h",
+            "input_file_id": file_id, "endpoint": self.url, "completion_window": f"{WINDOW_HOURS}h",
             "metadata": dict(metadata)})
 
     async def find(self, uid: str, since: float) -> dict[str, Any] | None:

@@ -497,7 +497,8 @@ def job_view(row: Mapping[str, Any]) -> dict[str, Any]:
     return {"id": row["id"], "provider": row["protocol"], "provider_job_id":
             row["provider_job_id"], "status": row["status"], "batch": row["batch"],
             "requests": row["requests"], "reserved": row["reserved"],
-            "created_at": row["created_at"], "provider_status": detail.get("provider_status"),
+            "created_at": row["created_at"], "submitted_at": row["submitted_at"],
+            "provider_status": detail.get("provider_status"),
             "counts": detail.get("counts"), "why": detail.get("why")}
 
 

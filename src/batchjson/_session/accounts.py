@@ -17,49 +17,54 @@ from .._ledger.store import Store
 from .._providers.pricing import price_for
 
 COUNTERS = ("calls", "rechecks", "accepted_returns", "rejected_returns", "provider_errors",
-            "abandoned", "cancelled", "in_flight", "imported", "input_tokens", "output_tokens",
-            "cached_tokens", "unknown_cost_calls", "unpriced_calls", "tasks", "usable_results")
+            "abandoned", "cancelled", "in_flight", "pending", "imported", "input_tokens",
+            "output_tokens", "cached_tokens", "unknown_cost_calls", "unpriced_calls", "tasks",
+            "usable_results")
 
 # What a call is, and what is known of its cost, is defined once, in the store's SQL
 # (store_accounts.IS_CALL); Ledger.spend() and cost_summary() are both views of calls(), so the two
 # accounts cannot drift apart.
 
 _CALL_COUNTS = ("calls", "rechecks", "unsent", "accepted_returns", "rejected_returns",
-                "provider_errors", "abandoned", "cancelled", "in_flight", "imported",
+                "provider_errors", "abandoned", "cancelled", "in_flight", "pending", "imported",
                 "input_tokens", "output_tokens", "cached_tokens", "unknown_cost_calls")
 
 def _empty(batch: str | None) -> dict[str, Any]:
     return {"batch": batch, **{k: 0 for k in COUNTERS}, "cost": 0.0,
-            "unknown_cost_lower_bound": 0.0}
+            "unknown_cost_lower_bound": 0.0, "pending_cost": 0.0}
 
 
-def floor_price(model: str | None, uncached: int, cached: int) -> float | None:
+def floor_price(model: str | None, uncached: int, cached: int, *,
+                batch: bool = False) -> float | None:
     """USD the given prompt tokens cost at least at ``model``'s input price (cached tokens at
-    the cache rate); None when the model has no price."""
+    the cache rate; ``batch``: at its batch price); None when the model has no price."""
     price = price_for(model)
     if price is None:
         return None
     rate = price.input if price.cached_input is None else price.cached_input
-    return (uncached * price.input + cached * rate) / 1_000_000
+    share = price.batch if batch else 1.0
+    return (uncached * price.input + cached * rate) * share / 1_000_000
 
 
 def calls(store: Store, name: str | None = None) -> dict[str, dict[str, Any]]:
     """Per batch that has attempts: its calls by outcome, tokens, the known cost (None when no
-    attempt has one), and the unknown-cost calls with the least they cost."""
+    attempt has one), the unknown-cost calls with the least they cost, and the calls pending in
+    batch jobs with their prompts' cost at the batch price (what they will cost at least)."""
     per: dict[str, dict[str, Any]] = {}
     rows, unfloored = store.call_rows(name)
     for row in rows:
         per[row["batch"]] = {**{k: row[k] or 0 for k in _CALL_COUNTS}, "cost": row["cost"],
                              "unknown_cost_lower_bound": row["unknown_cost_lower_bound"],
-                             "unpriced_calls": 0, "unfloored": row["unfloored"] or 0}
-    if sum(entry.pop("unfloored") for entry in per.values()):
-        for row in unfloored:
-            entry = per[row["batch"]]
-            usd = floor_price(row["model"], row["uncached"], row["cached"])
-            if usd is None:
-                entry["unpriced_calls"] += row["calls"]
-            else:
-                entry["unknown_cost_lower_bound"] += usd
+                             "unpriced_calls": 0, "pending_cost": 0.0}
+    for row in unfloored:
+        entry = per[row["batch"]]
+        usd = floor_price(row["model"], row["uncached"], row["cached"], batch=bool(row["pending"]))
+        if row["pending"]:
+            entry["pending_cost"] += usd or 0.0
+        elif usd is None:
+            entry["unpriced_calls"] += row["calls"]
+        else:
+            entry["unknown_cost_lower_bound"] += usd
     return per
 
 
@@ -76,6 +81,7 @@ def spend(store: Store, name: str | None = None) -> dict[str, Any]:
            "accepted": total("accepted_returns"), "rejected": total("rejected_returns"),
            "provider_errors": total("provider_errors"), "cancelled_calls": total("cancelled"),
            "abandoned_calls": total("abandoned"), "in_flight_calls": total("in_flight"),
+           "pending_calls": total("pending"), "pending_cost": float(total("pending_cost")),
            "unsent": total("unsent"), "calls_without_cost": total("unknown_cost_calls"),
            "unknown_cost_calls": total("unknown_cost_calls"),
            "cost_lower_bound_unknown": float(total("unknown_cost_lower_bound")),
@@ -88,6 +94,7 @@ def _finish(entry: dict[str, Any]) -> dict[str, Any]:
     usable = entry["usable_results"]
     entry["cost"] = round(entry["cost"], 12)
     entry["unknown_cost_lower_bound"] = round(entry["unknown_cost_lower_bound"], 12)
+    entry["pending_cost"] = round(entry["pending_cost"], 12)
     entry["cost_at_least"] = round(entry["cost"] + entry["unknown_cost_lower_bound"], 12)
     entry["tokens"] = entry["input_tokens"] + entry["output_tokens"]
     entry["cost_is_lower_bound"] = entry["unknown_cost_calls"] > 0
@@ -119,7 +126,7 @@ def cost_summary(store: Store, name: str | None = None) -> dict[str, Any]:
             entry["tasks"] += len(json.loads(row["task_ids"]))
     for batch, entry in calls(store, name).items():
         target = per.setdefault(batch, _empty(batch))
-        target.update({k: entry[k] for k in (*_CALL_COUNTS, "unpriced_calls",
+        target.update({k: entry[k] for k in (*_CALL_COUNTS, "unpriced_calls", "pending_cost",
                                              "unknown_cost_lower_bound") if k in target})
         target["cost"] = entry["cost"] or 0.0
     for row in usable:
@@ -127,7 +134,7 @@ def cost_summary(store: Store, name: str | None = None) -> dict[str, Any]:
             per[row["batch"]]["usable_results"] = row["usable"]
     total = _empty(None)
     for entry in per.values():
-        for k in (*COUNTERS, "cost", "unknown_cost_lower_bound"):
+        for k in (*COUNTERS, "cost", "unknown_cost_lower_bound", "pending_cost"):
             total[k] += entry[k]
     return {"batches": [_finish(e) for e in per.values()], "total": _finish(total)}
 
@@ -200,6 +207,8 @@ class Evidence:
             "cancelled_calls": spent["cancelled_calls"],
             "abandoned_calls": spent["abandoned_calls"],
             "in_flight_calls": spent["in_flight_calls"],
+            "pending_calls": spent["pending_calls"],  # held by unfinished batch jobs
+            "pending_cost": spent["pending_cost"],  # their prompts at the batch price
             "unknown_cost_calls": unknown,
             "cost_lower_bound_unknown": spent["cost_lower_bound_unknown"],
             "unpriced_unknown_calls": spent["unpriced_unknown_calls"],

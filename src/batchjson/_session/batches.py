@@ -8,8 +8,11 @@ this kernel has not registered is left open, saying to re-run its cell."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from .._content.keys import Keys
@@ -22,10 +25,11 @@ from .._ledger.store import Store
 from .._loop import run_sync
 from .._providers.anthropic import AnthropicBatches, AnthropicProvider
 from .._providers.base import close_provider
+from .._providers.batch_client import WINDOW_HOURS
 from .._providers.openai import OpenAIProvider
 from .._providers.pricing import batch_share
 from .._replay.budget import Pricing, Spender, batch_pricing, pricing_of
-from .._replay.jobs import JobRunner, JobsOutcome, job_view
+from .._replay.jobs import JobRunner, JobsOutcome, job_view, unix
 from .._replay.plan import Outcome, Plan
 from .plan import Runtime
 from .registry import checker_of
@@ -119,6 +123,58 @@ def list_jobs(ledger: Ledger, *, every: bool = False) -> list[dict[str, Any]]:
     return [job_view(row) for row in ledger.store.jobs(every=every, lost=True)]
 
 
+ASK_SECONDS = 5.0  # how long a status waits on a provider for a job's progress
+
+
+def pending_jobs(ledger: Ledger, name: str | None = None, *,
+                 timeout: float = ASK_SECONDS) -> list[dict[str, Any]]:
+    """The unfinished jobs (of batch ``name``) as a status shows them: each with when it was
+    submitted, the provider's window, the provider's own progress asked now (None when it
+    cannot be asked or answer within ``timeout``: a status never fails for a provider) and when
+    it should end: at its rate so far, else when the window closes."""
+    rows = [r for r in ledger.store.jobs(lost=True) if name in (None, r["batch"])]
+
+    async def ask_all() -> list[tuple[int, int] | None]:
+        return list(await asyncio.gather(*(_progress(row, timeout) for row in rows)))
+
+    asked = run_sync(ask_all) if rows else []
+    return [{**job_view(row), **_timeline(row, progress)}
+            for row, progress in zip(rows, asked, strict=True)]
+
+
+async def _progress(row: Mapping[str, Any], timeout: float) -> tuple[int, int] | None:
+    """(lines ended, lines in all) of an open job, from its provider; None when unknown."""
+    if row["status"] != "open" or not row["provider_job_id"]:
+        return None
+    try:
+        provider, client = job_client(row)
+    except BatchJsonError:  # no key for it here
+        return None
+    try:
+        batch = await asyncio.wait_for(client.poll(row["provider_job_id"]), timeout)
+        return client.progress(batch)
+    except Exception:  # noqa: BLE001 - any failure to ask leaves the progress unknown
+        return None
+    finally:
+        await close_provider(provider)
+
+
+def _timeline(row: Mapping[str, Any], progress: tuple[int, int] | None) -> dict[str, Any]:
+    submitted = row["submitted_at"] or row["created_at"]
+    start = unix(submitted)
+    end, by = start + WINDOW_HOURS * 3600, "window"
+    if progress and 0 < progress[0] < progress[1]:
+        at_rate = start + (time.time() - start) * progress[1] / progress[0]
+        end, by = (at_rate, "rate") if at_rate < end else (end, by)
+    elif progress and progress[0] >= progress[1]:
+        end, by = time.time(), "ended"
+    return {"submitted_at": submitted, "window_hours": WINDOW_HOURS,
+            "progress": None if progress is None else dict(zip(("ended", "total"), progress,
+                                                               strict=True)),
+            "ends_by": datetime.fromtimestamp(end, UTC).isoformat(timespec="seconds"),
+            "ends_from": by}
+
+
 def cancel_job(ledger: Ledger, job: str, *, provider: Any = None) -> dict[str, Any]:
     """Cancel job ``job`` (number, provider id or uid) at its provider and record it; the next run
     collects what ended and owes the rest (docs/providers.md, "Batch jobs")."""
@@ -154,11 +210,11 @@ def cancel_job(ledger: Ledger, job: str, *, provider: Any = None) -> dict[str, A
 
 def status_summary(rt: Runtime, name: str | None = None) -> dict[str, Any]:
     """What ``%batch_status`` shows: ended jobs collected first, then the evidence's summary and the
-    unfinished jobs (of batch ``name``, or all)."""
+    unfinished jobs (of batch ``name``, or all) with their providers' progress."""
     collected = collect_ended(rt, name)
     summary = rt.evidence.summary(name)
     summary["collected"] = collected
-    summary["jobs"] = [j for j in list_jobs(rt.ledger) if name in (None, j["batch"])]
+    summary["jobs"] = pending_jobs(rt.ledger, name)
     return summary
 
 

@@ -23,6 +23,8 @@ from .._ledger.ledger import Ledger
 from .._ledger.records import Receipt
 from .._ledger.store import Store
 from .._money import money
+from .._plaintext import printable
+from .answers import Answers
 from .plots import Chart, batch_chart
 
 
@@ -88,6 +90,10 @@ class BatchResult:
     # the batch's receipts, read from the ledger when plot() asks
     read_receipts: Callable[[], Sequence[Receipt]] | None = field(default=None, repr=False,
                                                                  compare=False)
+    # the answers' JSON Schema: the display's columns, and the fields with a fixed set of
+    # values (enum, boolean) whose counts it shows
+    answer_schema: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    _answers: Answers | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def resolved(self) -> bool:
@@ -174,8 +180,20 @@ class BatchResult:
         missing = self.total_tasks - len(self.values)
         lines = [f"batch {self.name!r} (revision {self.revision}) is unresolved: {missing} of "
                  f"{self.total_tasks} task(s) have no accepted answer after {self.calls} call(s), "
-                 f"{self.tokens} tokens, cost {money(self.cost)}."]
-        failures, count = failure_groups(self._failed_errors, self.raws, limit)
+                 f"{self.tokens} tokens, cost {money(self.cost)}.", *self._failure_lines(limit)]
+        if any(e.get("type") == "validator_error" for e in self.errors):
+            lines.append("A validator raised something other than ValueError or AssertionError: "
+                         "fix the validator (those errors are never retried).")
+        lines.append("Accepted answers are committed; re-running the same batch resumes and "
+                     "spends calls only on the unresolved requests.")
+        return "\n".join(lines)
+
+    def _failure_lines(self, limit: int, keep: Callable[[Mapping[str, Any]], bool] | None = None
+                       ) -> list[str]:
+        """The first ``limit`` failed requests, each with its own errors once, and a count of
+        the rest."""
+        lines = []
+        failures, count = failure_groups(self._failed_errors, self.raws, limit, keep)
         for f in failures:
             tasks = f["tasks"]
             what = (tasks[0] if len(tasks) == 1 else
@@ -192,12 +210,7 @@ class BatchResult:
                              "all)")
         if count > limit:
             lines.append(f"  ... and {count - limit} more failed request(s)")
-        if any(e.get("type") == "validator_error" for e in self.errors):
-            lines.append("A validator raised something other than ValueError or AssertionError: "
-                         "fix the validator (those errors are never retried).")
-        lines.append("Accepted answers are committed; re-running the same batch resumes and "
-                     "spends calls only on the unresolved requests.")
-        return "\n".join(lines)
+        return lines
 
     def __repr__(self) -> str:
         s = self.summary()
@@ -217,7 +230,29 @@ class BatchResult:
                 if self.compared_if_echoed else "")
         return ", ".join(self.identity_compared) + also
 
+    def _shown_answers(self) -> Answers:
+        """The first few accepted values and the fixed-set fields' counts, read once."""
+        if self._answers is None:
+            self._answers = Answers.read(plain_items(self.values), self.answer_schema,
+                                         len(self.values))
+        return self._answers
+
+    def __str__(self) -> str:
+        """What ``print(result)`` shows: the summary, failed requests first, then the answers."""
+        failed = self._failure_lines(SHOWN, keep=_not_pending)
+        lines = [repr(self), *(["failed requests:", *failed] if failed else []),
+                 *(f"pending in job {job['id']} ({job['provider_job_id'] or job['status']}): "
+                   f"{job['requests']} request(s){_submitted(job)}; re-run to collect what has "
+                   "ended"
+                   for job in self.jobs), *self._shown_answers().lines()]
+        return "\n".join(map(printable, lines))
+
     def _repr_html_(self) -> str:
+        return "<div>" + "".join(self._html_blocks()) + "</div>"
+
+    def _html_blocks(self) -> list[str]:
+        """The notebook display, top to bottom: the counts, what was compared, pending jobs,
+        failed requests, then the answers (each block a string, so one more can be added)."""
         s = self.summary()
         colour = ("#1a7f37" if self.resolved else "#9a6700" if self.status == "pending"
                   else "#cf222e")
@@ -229,37 +264,43 @@ class BatchResult:
                          ("provider errors", s["provider_errors"]), ("calls", self.calls),
                          ("tokens", self.tokens), ("cost", money(self.cost)),
                          ("unresolved", s["unresolved"]), ("resumed requests", self.resumed)))
-        failed = _jobs_html(self.jobs)
-        failures, count = failure_groups(self._failed_errors, self.raws, SHOWN,
-                                         keep=lambda e: e.get("type") != "pending")
-        if failures:
-            rows = []
-            for f in failures:
-                tasks = f["tasks"]
-                what = (tasks[0] if len(tasks) == 1 else
-                        f"{len(tasks)} tasks: {tasks[0]} .. {tasks[-1]}")
-                first = f["errors"][0] if f["errors"] else {"type": "batch_rejected",
-                                                            "message": "rejected with others"}
-                more = (f" (+{len(f['errors']) - 1} more)" if len(f["errors"]) > 1 else "")
-                frames = "\n".join(tracebacks(first))
-                rows.append(f"<li><code>{html.escape(what)}</code>: "
-                            f"{html.escape(str(first.get('type')))}: "
-                            f"{html.escape(str(first.get('message')))}{html.escape(more)}"
-                            + (f"<pre style='margin:2px 0'>{html.escape(frames)}</pre>"
-                               if frames else "") + "</li>")
-            if count > SHOWN:
-                rows.append(f"<li>... and {count - SHOWN} more failed request(s)</li>")
-            failed += (f"<div>{count} failed request(s):<ul style='margin:2px 0'>"
-                      f"{''.join(rows)}</ul></div>")
-
         compared = (f"<div style='color:#666'>identity compared: "
                     f"{html.escape(self._compared())}</div>" if self.identity_compared else "")
         if self.rechecked:
             compared += (f"<div style='color:#666'>{self.rechecked} request(s) resolved by "
                          "re-judging earlier returns, without a call</div>")
-        return (f"<div><span style='color:{colour}'>&#9679;</span> batch "
+        return [f"<div><span style='color:{colour}'>&#9679;</span> batch "
                 f"<code>{html.escape(self.name)}</code> revision {self.revision}: "
-                f"<b>{self.status}</b><table><tr>{cells}</tr></table>{compared}{failed}</div>")
+                f"<b>{self.status}</b><table><tr>{cells}</tr></table></div>", compared,
+                _jobs_html(self.jobs), self._failures_html(), self._shown_answers().html()]
+
+    def _failures_html(self) -> str:
+        failures, count = failure_groups(self._failed_errors, self.raws, SHOWN, keep=_not_pending)
+        if not failures:
+            return ""
+        rows = []
+        for f in failures:
+            tasks = f["tasks"]
+            what = (tasks[0] if len(tasks) == 1 else
+                    f"{len(tasks)} tasks: {tasks[0]} .. {tasks[-1]}")
+            first = f["errors"][0] if f["errors"] else {"type": "batch_rejected",
+                                                        "message": "rejected with others"}
+            more = (f" (+{len(f['errors']) - 1} more)" if len(f["errors"]) > 1 else "")
+            frames = "\n".join(tracebacks(first))
+            rows.append(f"<li><code>{html.escape(what)}</code>: "
+                        f"{html.escape(str(first.get('type')))}: "
+                        f"{html.escape(str(first.get('message')))}{html.escape(more)}"
+                        + (f"<pre style='margin:2px 0'>{html.escape(frames)}</pre>"
+                           if frames else "") + "</li>")
+        if count > SHOWN:
+            rows.append(f"<li>... and {count - SHOWN} more failed request(s)</li>")
+        return (f"<div>{count} failed request(s):<ul style='margin:2px 0'>"
+                f"{''.join(rows)}</ul></div>")
+
+
+def _not_pending(error: Mapping[str, Any]) -> bool:
+    """A failure to show: a task a batch job still holds is pending, not failed."""
+    return error.get("type") != "pending"
 
 
 def tracebacks(error: Mapping[str, Any]) -> list[str]:
@@ -276,9 +317,14 @@ def _jobs_html(jobs: list[dict[str, Any]]) -> str:
         f"<li>job {job['id']} <code>{html.escape(str(job['provider_job_id'] or '-'))}</code> "
         f"({html.escape(str(job['provider']))}): {html.escape(str(job['status']))}"
         f"{' / ' + html.escape(str(job['provider_status'])) if job.get('provider_status') else ''}"
-        f", {job['requests']} request(s)</li>" for job in jobs)
+        f", {job['requests']} request(s){_submitted(job)}</li>" for job in jobs)
     return (f"<div>pending in {len(jobs)} batch job(s); re-run to collect what has ended:"
             f"<ul style='margin:2px 0'>{rows}</ul></div>")
+
+
+def _submitted(job: Mapping[str, Any]) -> str:
+    stamp = job.get("submitted_at")
+    return f", submitted {stamp[:16].replace('T', ' ')}Z" if stamp else ""
 
 
 PAGE_REQUESTS = 200  # leaf requests per page read while iterating

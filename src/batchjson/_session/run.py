@@ -276,6 +276,7 @@ def report(rt: Runtime, plan: RunPlan, revision: Any, outcome: Outcome,
             tasks, content.identity) if f not in content.identity)
     name, model = provider_names(plan.provider)
     result.provider = f"{name}/{model}" if model else name
+    result.answer_schema = content.schema.json_schema
     result.notes += plan.provider_notes  # how this run's calls were sent, when not as asked
     result.notes.extend(plan.notes)
     if superseded is not None:
