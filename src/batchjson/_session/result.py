@@ -14,6 +14,7 @@ import json
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import islice
 from typing import Any, Literal, overload
 
@@ -26,6 +27,14 @@ from .._money import money
 from .._plaintext import printable
 from .answers import Answers
 from .plots import Chart, batch_chart
+
+
+class LedgerRead(partial):
+    """A read of the ledger a result makes when asked (its receipts, for ``plot()``): a deep copy
+    of the result reads the same ledger, as its values do, never a copy of its connection."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> LedgerRead:
+        return self
 
 
 class TaskAttempts(Mapping[str, int]):

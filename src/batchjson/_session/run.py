@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
 from dataclasses import replace
-from functools import partial
 from typing import Any, TypeVar
 
 from .._content.keys import answer_source
@@ -27,7 +26,7 @@ from .plan import RunPlan, Runtime, find_completed, finished, keyed, remember_fi
 from .progress import Progress
 from .registry import checker_of
 from .rejudge import UNSEEN, Judging, clear_sourceless, unseen_token
-from .result import BatchResult, ResultErrors, TaskAttempts, result_values
+from .result import BatchResult, LedgerRead, ResultErrors, TaskAttempts, result_values
 from .spec import RunSpec, compared_candidates
 
 T = TypeVar("T")
@@ -318,7 +317,7 @@ def _result(rt: Runtime, name: str, revision: Any, total: int,
         accepted_returns=outcome.accepted_returns, rejected_returns=outcome.rejected_returns,
         provider_errors=outcome.provider_errors, resumed=resumed,
         attempts_by_task=TaskAttempts(outcome.calls_log),
-        repairs_made=outcome.repairs_made, read_receipts=partial(rt.ledger.attempts, name))
+        repairs_made=outcome.repairs_made, read_receipts=LedgerRead(rt.ledger.attempts, name))
     if outcome.stopped:
         result.notes.append(outcome.stopped)
     if outcome.overrun:
