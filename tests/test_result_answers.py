@@ -122,3 +122,12 @@ def test_a_pydantic_results_counts_name_its_enum_values(tmp_path):
     text = str(result)
     assert "  colour: red 4" in text and "  passed: true 4" in text
     assert "  grade: null 4" in text  # an optional field left out reads as null
+
+
+def test_an_answer_that_declares_its_task_id_shows_it_in_one_column():
+    declared = {**SCHEMA, "properties": {"task_id": {"type": "string"}, **SCHEMA["properties"]}}
+    result = Session(CallableProvider(answered)).run_batch("d", review_tasks(6), declared, pack=3)
+    header = next(line for line in str(result).splitlines()
+                  if line.lstrip().startswith("task_id"))
+    assert header.split() == ["task_id", "verdict", "sure", "why", "evidence"]
+    assert result._repr_html_().count("<th style='text-align:left'>task_id</th>") == 1

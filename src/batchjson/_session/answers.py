@@ -91,9 +91,10 @@ class Answers:
 
     def _table(self) -> tuple[list[str], list[list[str]]]:
         """(columns, rows) of the sample: task_id, then each field of an object value (the
-        schema's first, in its order; nested values as compact JSON), or the value itself."""
+        schema's first, in its order; nested values as compact JSON), or the value itself. An
+        answer's own ``task_id`` is its row's (identity checked), so it is one column."""
         objects = all(isinstance(v, dict) for _, v in self.sample)
-        seen = {k for _, v in self.sample for k in v} if objects else set()
+        seen = {k for _, v in self.sample for k in v} - {"task_id"} if objects else set()
         fields = [k for k in self.order if k in seen] + sorted(seen - set(self.order))
         rows = [[task_id, *([cell(v[f]) if f in v else "" for f in fields] if objects
                             else [cell(v)])] for task_id, v in self.sample]
