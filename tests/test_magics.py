@@ -1093,6 +1093,16 @@ def test_batch_advise_shows_the_chart_then_the_advice_with_its_intervals(
     assert "no batch named 'nope'" in usage_error(loaded, "%batch_advise nope", capsys)
 
 
+def test_a_run_that_spent_nothing_known_and_accepted_nothing_draws_no_empty_chart(
+        loaded: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    loaded.user_ns["broken"] = batchjson.CallableProvider(lambda call: "not json")  # no usage
+    ok(loaded, "%config BatchJson.provider = broken")
+    published = _front_end_shows_pictures(loaded, monkeypatch)
+    result = loaded.run_cell("%%batch_json labels --repairs 0 --replays 0\n" + BODY)
+    assert isinstance(result.error_in_exec, BatchUnresolved)
+    assert any("text/html" in d for d in published) and _pictures(published) == []
+
+
 def test_batch_status_of_a_batch_and_its_result_show_spend_over_time(
         loaded: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     published = _front_end_shows_pictures(loaded, monkeypatch)

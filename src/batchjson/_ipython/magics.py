@@ -285,8 +285,8 @@ class BatchJson(Magics):
         if result.superseded and not noted:  # nothing was spent, so nothing was announced
             print(f"batchjson: {args.name}: {result.superseded}")
         display(result)
-        if result.calls:
-            self._show_chart(result.plot)
+        if result.calls and (result.tokens or result.cost or len(result.values)):
+            self._show_chart(result.plot)  # nothing spent or accepted is nothing to draw
         if result.status == "unresolved":  # a pending result is no failure: re-run collects
             raise BatchUnresolved(result, unresolved_hint(result, var))
 
