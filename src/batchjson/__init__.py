@@ -32,6 +32,7 @@ from ._providers.pricing import PRICES_AS_OF, Price, set_prices
 from ._replay.budget import Budget
 from ._replay.pacing import RateLimits
 from ._session.accounts import Evidence
+from ._session.estimate import Estimate
 from ._session.ledger import Ledger
 from ._session.registry import ValidatorRegistry
 from ._session.result import BatchResult
@@ -43,8 +44,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     # running batches
-    "Session", "RunSpec", "BatchResult", "Budget", "RateLimits", "validator", "default_session",
-    "set_default_session",
+    "Session", "RunSpec", "BatchResult", "Estimate", "Budget", "RateLimits", "validator",
+    "default_session", "set_default_session",
     # what a session holds
     "Ledger", "Receipt", "Evidence", "ValidatorRegistry",
     # providers and prices

@@ -229,6 +229,9 @@ class BatchJson(Magics):
     @argument("--wait", action="store_true",
               help="With --transport batch: block until the jobs end (Ctrl-C leaves them "
               "running and recorded).")
+    @argument("--estimate", action="store_true",
+              help="Show what the run would send and spend (calls, tokens, cost, time, "
+              "budget), sending and recording nothing.")
     @no_var_expand
     @cell_magic
     def batch_json(self, line: str, cell: str) -> None:
@@ -238,12 +241,12 @@ class BatchJson(Magics):
         the same object); other functions of the body are not validators. The BatchResult is
         bound to NAME (or --out VAR) and displayed; when the batch is unresolved a short
         failure report is shown instead of a traceback, and re-running the cell resumes,
-        spending calls only on unresolved requests.
+        spending calls only on unresolved requests. ``--estimate`` shows what the run would
+        send and spend instead, with nothing bound, registered, sent or recorded.
         """
         args = parse(self.batch_json, line, "%%", expr_options=True)
         if args is None:  # --help: its usage is printed, nothing runs
             return
-        session = self.session
         var = args.out or args.name
         check_identifier(var, "pass --out VAR" if args.out is None else "choose another --out")
         check_result_variable(self.shell.user_ns, var, args.name, out=args.out is not None)
@@ -263,16 +266,14 @@ class BatchJson(Magics):
                           default=not args.schema)
         checker = (evaluate(self.shell, "--validator", args.validator, default=False)
                    if args.validator else None)
-        try:
-            checker, events = define_once(session.validators, ns, defined, checker)
-        except BatchJsonError as exc:  # a strict session refusing a changed validator
-            raise UsageError(one_line(exc)) from None
+        checker, events = ((checker, []) if args.estimate  # registers nothing: the run will
+                           else self._define_once(defined, checker))
         for event in [*events, *stale]:
             print(f"batchjson: {event}")
         instructions = (evaluate(self.shell, "--instructions", args.instructions, default=False)
                         if args.instructions else None)
         check_result_variable(ns, var, args.name, out=args.out is not None)  # the body's too
-        result, noted = self._resolve(
+        spec = dict(
             name=args.name, tasks=tasks, schema=schema, validator=checker, identity=identity,
             pack=args.pack, instructions=instructions, repairs=args.repairs,
             replays=args.replays, split=args.split, on_exhausted="return",
@@ -280,6 +281,9 @@ class BatchJson(Magics):
             wait=args.wait,
             max_calls=args.max_calls if args.max_calls is not None else self.max_calls,
             progress=self.progress)
+        if args.estimate:
+            return self._estimate(spec)
+        result, noted = self._resolve(**spec)
         result.notes[:0] = stale
         ns[var] = result
         if result.superseded and not noted:  # nothing was spent, so nothing was announced
@@ -289,6 +293,20 @@ class BatchJson(Magics):
             self._show_chart(result.plot)  # nothing spent or accepted is nothing to draw
         if result.status == "unresolved":  # a pending result is no failure: re-run collects
             raise BatchUnresolved(result, unresolved_hint(result, var))
+
+    def _define_once(self, defined: list[str], checker: Any) -> tuple[Any, list[str]]:
+        """The cell's validator through the define-once registry (see ``define_once``)."""
+        try:
+            return define_once(self.session.validators, self.shell.user_ns, defined, checker)
+        except BatchJsonError as exc:  # a strict session refusing a changed validator
+            raise UsageError(one_line(exc)) from None
+
+    def _estimate(self, spec: dict[str, Any]) -> None:
+        """What the run would send and spend, shown: nothing is bound, sent or recorded."""
+        try:
+            display(self.session.estimate(**spec))
+        except BatchJsonError as exc:
+            raise UsageError(one_line(exc)) from None
 
     def _resolve(self, **spec: Any) -> tuple[Any, bool]:
         """The run of the one public description every face builds, and whether it said

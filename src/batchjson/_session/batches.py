@@ -36,16 +36,22 @@ from .registry import checker_of
 from .result import BatchResult
 
 
-def client_for(provider: Any, store: Store, run: Callable[[Any], Any], used: list[Any]) -> Any:
-    """The batch API of ``provider``, checked to exist (one look, on the session's loop;
-    ``provider`` joins ``used``, which the session closes), or a ConfigError saying why."""
+def batch_offer(provider: Any) -> Callable[[], Any]:
+    """What makes ``provider``'s batch API (asking nothing), or a ConfigError saying why there
+    is none."""
     offer = getattr(provider, "batch_api", None)  # a provider says if it has a batch transport
     if not callable(offer):
         raise ConfigError(
             f"transport='batch' needs a provider with a batch API (OpenAIProvider or "
             f"AnthropicProvider); {getattr(provider, 'name', type(provider).__name__)!r} has "
             "none. Use transport='live', or an OpenAI or Anthropic provider")
-    client = offer()
+    return offer
+
+
+def client_for(provider: Any, store: Store, run: Callable[[Any], Any], used: list[Any]) -> Any:
+    """The batch API of ``provider``, checked to exist (one look, on the session's loop;
+    ``provider`` joins ``used``, which the session closes), or a ConfigError saying why."""
+    client = batch_offer(provider)()
     if not any(p is provider for p in used):
         used.append(provider)
     run(client.check)
@@ -74,11 +80,11 @@ def held_by_jobs(store: Store, pending: Sequence[Request]
     return out, [r for r in pending if r.key not in held]
 
 
-def pricing(provider: Any, client: Any) -> Pricing:
+def pricing(provider: Any, *, batch: bool) -> Pricing:
     """The prices a cost budget reserves by: the provider's, at its batch share (half unless
     its price says otherwise) for a batch job."""
     live = pricing_of(provider)
-    if client is None:
+    if not batch:
         return live
     return batch_pricing(live, batch_share(getattr(provider, "model", None),
                                            getattr(provider, "prices", None)))
@@ -281,7 +287,7 @@ def _collect(rt: Runtime, row: Mapping[str, Any], plan: Plan) -> str:
         configured = None
     provider, client = job_client(row, configured)
     rt.remember_provider(provider)
-    spender = Spender(None, rt.budget, rt.tally, pricing(provider, client),
+    spender = Spender(None, rt.budget, rt.tally, pricing(provider, batch=True),
                       shared=rt.ledger.budget())
     runner = JobRunner(plan, rt.ledger, provider, client, spender,
                        rt.job_reservations, session_id=rt.session_id)

@@ -13,7 +13,7 @@ import os
 import threading
 import types
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from .._acceptance.validators import droste_verdicts
@@ -154,27 +154,15 @@ class ValidatorRegistry:
 
     def register(self, fn: Callable[..., Any], *, name: str | None = None) -> Definition:
         """Register ``fn`` under ``name`` and say what happened (a :class:`Definition`)."""
-        check_verdicts(fn)  # never a validator: refused before its version is recorded
         self._handed.record = None
-        fingerprint = fingerprint_function(fn)  # outside the lock: pure, possibly slow
-        if name is None:  # the name it was defined under, if this very object was defined
-            name = self._name_of(fn) or _default_name(fn)
-            if name.endswith("<lambda>"):  # lambdas share one name: tell them apart by content
-                name = f"{name}#{fingerprint.short}"
-        if not isinstance(name, str) or not name:
-            raise InvalidBatch(f"a validator name must be a non-empty string, got {name!r}")
+        name, fingerprint = self._named(fn, name)
         with self._lock:
             history = self._versions.get(name, [])
             current = self._current.get(name)
             match = next((v for v in history if v.fingerprint.digest == fingerprint.digest), None)
             if match is not None:
                 return self._reuse(name, match, current, fn, fingerprint)
-            changes = tuple(describe_changes(current.fingerprint, fingerprint)) if current else ()
-            if current is not None and self.strict and self.unresolved_under is not None:
-                unresolved = int(self.unresolved_under(current.fingerprint.digest))
-                if unresolved > 0:
-                    raise ValidatorChanged(name, current.fingerprint.digest, fingerprint.digest,
-                                           list(changes), unresolved)
+            changes = self._refuse_if_strict(name, current, fingerprint)
             record = ValidatorVersion(name, len(history) + 1, fingerprint, fn, now(), _where(fn))
             if self.numbering is not None:
                 record.version = self.numbering(record)
@@ -190,6 +178,44 @@ class ValidatorRegistry:
                            f"{record.version}")
             return Definition(name, record.version, fingerprint, kind,
                               message + _notes(fingerprint), fn, record, changes)
+
+    def preview(self, fn: Callable[..., Any], *, name: str | None = None) -> ValidatorVersion:
+        """The version ``fn`` would be, refused as :meth:`register` would refuse it, with
+        nothing registered or recorded (an estimate judges with it and changes nothing): the
+        known version of the same content, else an unnumbered one (version 0)."""
+        name, fingerprint = self._named(fn, name)
+        with self._lock:
+            match = next((v for v in self._versions.get(name, ())
+                          if v.fingerprint.digest == fingerprint.digest), None)
+            if match is not None:  # a partial fingerprint judges with the object just given
+                return replace(match, fn=fn, fingerprint=fingerprint) if fingerprint.partial \
+                    else match
+            self._refuse_if_strict(name, self._current.get(name), fingerprint)
+        return ValidatorVersion(name, 0, fingerprint, fn, now(), _where(fn))
+
+    def _named(self, fn: Callable[..., Any], name: str | None) -> tuple[str, Fingerprint]:
+        """``fn`` checked as a validator, its fingerprint, and the name it goes by."""
+        check_verdicts(fn)  # never a validator: refused before its version is recorded
+        fingerprint = fingerprint_function(fn)  # outside the lock: pure, possibly slow
+        if name is None:  # the name it was defined under, if this very object was defined
+            name = self._name_of(fn) or _default_name(fn)
+            if name.endswith("<lambda>"):  # lambdas share one name: tell them apart by content
+                name = f"{name}#{fingerprint.short}"
+        if not isinstance(name, str) or not name:
+            raise InvalidBatch(f"a validator name must be a non-empty string, got {name!r}")
+        return name, fingerprint
+
+    def _refuse_if_strict(self, name: str, current: ValidatorVersion | None,
+                          fingerprint: Fingerprint) -> tuple[str, ...]:
+        """What changed since ``current``; a strict registry refuses new content while
+        requests under the current version are unresolved."""
+        changes = tuple(describe_changes(current.fingerprint, fingerprint)) if current else ()
+        if current is not None and self.strict and self.unresolved_under is not None:
+            unresolved = int(self.unresolved_under(current.fingerprint.digest))
+            if unresolved > 0:
+                raise ValidatorChanged(name, current.fingerprint.digest, fingerprint.digest,
+                                       list(changes), unresolved)
+        return changes
 
     def _reuse(self, name: str, match: ValidatorVersion, current: ValidatorVersion | None,
                fn: Callable[..., Any], fingerprint: Fingerprint) -> Definition:

@@ -46,8 +46,7 @@ def run_spec(rt: Runtime, spec: RunSpec) -> BatchResult:
 
 
 def _resolved(rt: Runtime, spec: RunSpec, progress: Progress) -> BatchResult:
-    remembered = find_completed(rt, spec)  # a tasks file's finished run: nothing to read
-    plan = fitted(rt, judge_with(rt, remembered)) if remembered else planned(rt, spec, progress)
+    plan = plan_of(rt, spec, progress)
     if plan.finished is not None:  # every request accepted: nothing to record or send
         return report(rt, plan, plan.finished, Outcome())
     calls, spender = plan_calls(rt, plan)
@@ -70,30 +69,44 @@ def _ended(result: BatchResult, spec: RunSpec) -> BatchResult:
     return result
 
 
-def planned(rt: Runtime, spec: RunSpec, progress: Progress) -> RunPlan:
+def plan_of(rt: Runtime, spec: RunSpec, progress: Progress, *, record: bool = True) -> RunPlan:
+    """The run's plan, before anything is recorded or spent. ``record=False`` (an estimate)
+    registers no validator and asks no batch API: nothing at all is written or sent."""
+    remembered = find_completed(rt, spec)  # a tasks file's finished run: nothing to read
+    if remembered:
+        return fitted(rt, judge_with(rt, remembered, record=record), record=record)
+    return planned(rt, spec, progress, record=record)
+
+
+def planned(rt: Runtime, spec: RunSpec, progress: Progress, *, record: bool = True) -> RunPlan:
     """The plan of a run whose tasks are read: checked, judged, keyed, then done already, or
     found on record and surveyed (earlier returns re-judged, what is owed: no call)."""
     content = spec.checked(progress.reading)  # every input check, before anything is recorded
     progress.checking()
     provider = rt.provider  # refused here when none is configured
-    plan = judge_with(rt, RunPlan(spec, content, provider, answer_source(provider)))
+    plan = judge_with(rt, RunPlan(spec, content, provider, answer_source(provider)),
+                      record=record)
     plan = keyed(plan, plan.version.fingerprint.digest if plan.version else "none")
     done = None if plan.blind or content.file_digest is not None else finished(
         rt.ledger, plan)  # a tasks file's run is remembered by its bytes
     if done is not None:
-        return fitted(rt, done)
+        return fitted(rt, done, record=record)
     judging = judging_of(rt, plan)
-    return fitted(rt, window.survey(rt.ledger.store, find_requests(rt, plan, judging), judging))
+    return fitted(rt, window.survey(rt.ledger.store, find_requests(rt, plan, judging), judging),
+                  record=record)
 
 
-def judge_with(rt: Runtime, plan: RunPlan) -> RunPlan:
-    """The validator's version (registered now, or handed over by its helper) and the checker."""
+def judge_with(rt: Runtime, plan: RunPlan, *, record: bool = True) -> RunPlan:
+    """The validator's version (registered now, or handed over by its helper; ``record=False``:
+    the version it would be, nothing registered) and the checker."""
     spec, validator = plan.spec, plan.spec.validator
-    handed = rt.validators.handed_over(validator, spec.validator_name, take=True)
+    handed = rt.validators.handed_over(validator, spec.validator_name, take=record)
     if validator is None:
         return plan
     version, notes = handed, plan.notes
-    if handed is None:  # a new version says what changed (its code, a file it reads)
+    if handed is None and not record:
+        version = rt.validators.preview(validator, name=spec.validator_name)
+    elif handed is None:  # a new version says what changed (its code, a file it reads)
         definition = rt.validators.register(validator, name=spec.validator_name)
         version = definition.record
         if definition.kind == "changed":
@@ -124,34 +137,43 @@ def find_requests(rt: Runtime, plan: RunPlan, judging: Judging) -> RunPlan:
         plan = replace(plan, keys=plan.keys.with_part(UNSEEN, token))
 
 
-def fitted(rt: Runtime, plan: RunPlan) -> RunPlan:
+def fitted(rt: Runtime, plan: RunPlan, *, record: bool = True) -> RunPlan:
     """What the provider cannot send as asked, said (refused when it cannot send at all); the
-    batch API, checked to exist before anything is recorded, when the transport is batch."""
+    batch API, checked to exist before anything is recorded, when the transport is batch (not
+    asked for an estimate: ``record=False``)."""
     spec, content = plan.spec, plan.content
     notes = check_fit(plan.provider, rt.ledger, spec.name, content.schema, plan.pending,
                       content.identity, spec.mode)
     client = None
-    if spec.transport == "batch" and plan.finished is None:
+    if spec.transport == "batch" and plan.finished is None and not record:
+        batches.batch_offer(plan.provider)  # asked nothing: an estimate sends nothing
+    elif spec.transport == "batch" and plan.finished is None:
         client = batches.client_for(plan.provider, rt.ledger.store, rt.loop.run, rt.used)
         rt.job_schemas[content.schema.fingerprint] = content.schema  # for %batch_status
     return replace(plan, provider_notes=tuple(notes), client=client)
 
 
+def calls_of(rt: Runtime, plan: RunPlan) -> Plan:
+    """What every call of the run is sent under, the one next-attempt policy's settings too."""
+    spec, content = plan.spec, plan.content
+    return Plan(batch_id=0, revision_id=0, mode=spec.mode,  # ids set once the revision opens
+                identity=content.identity, schema=content.schema, validator=plan.checker,
+                instructions=spec.instructions, keys=plan.keys,
+                repairs=rt.repairs if spec.repairs is None else spec.repairs,
+                replays=rt.replays if spec.replays is None else spec.replays,
+                split=spec.split, source=plan.source, reask_refusals=spec.reask_refusals)
+
+
 def plan_calls(rt: Runtime, plan: RunPlan) -> tuple[Plan, Spender]:
     """The calls' plan; refused before spending if the budget cannot pay each pending request."""
-    spec, content = plan.spec, plan.content
-    calls = Plan(batch_id=0, revision_id=0, mode=spec.mode,  # ids set once the revision opens
-                 identity=content.identity, schema=content.schema, validator=plan.checker,
-                 instructions=spec.instructions, keys=plan.keys,
-                 repairs=rt.repairs if spec.repairs is None else spec.repairs,
-                 replays=rt.replays if spec.replays is None else spec.replays,
-                 split=spec.split, source=plan.source, reask_refusals=spec.reask_refusals)
+    spec, calls = plan.spec, calls_of(rt, plan)
+    live = spec.transport == "live"
     spender = Spender(spec.max_calls, rt.budget, rt.tally,
-                      batches.pricing(plan.provider, plan.client),
+                      batches.pricing(plan.provider, batch=not live),
                       shared=rt.ledger.budget())
-    if plan.client is None:  # live calls are paced; a job has the batch API's own pool
+    if live:  # live calls are paced; a job has the batch API's own pool
         check_rate_fit(rt.pacer, calls, plan.pending, spender.pricing.max_output_tokens)
-    if spec.refuse_short_budget and plan.client is None:  # a job submits the part that fits
+    if spec.refuse_short_budget and live:  # a job submits the part that fits
         spender.refuse_if_short(len(plan.pending), cheapest_call(
             calls, plan.provider, spender.pricing, plan.pending))
     return calls, spender

@@ -22,6 +22,7 @@ from .._replay.plan import Transport
 from . import structured
 from .accounts import Evidence
 from .advice import advise
+from .estimate import Estimate, estimate_run
 from .ledger import Ledger
 from .plan import Runtime
 from .registry import ValidatorRegistry
@@ -170,6 +171,17 @@ class Session:
             replays=replays, split=split, max_calls=max_calls, on_exhausted=on_exhausted,
             progress=progress, reask_refusals=reask_refusals, transport=transport,
             wait=wait))
+
+    def estimate(self, name: str, tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
+                 schema: Any, **options: Any) -> Estimate:
+        """What ``run_batch`` with the same arguments would send and spend, with nothing sent
+        or recorded: its inputs checked as the run checks them, then the requests reused,
+        re-judged and to send, the calls, tokens and cost (live and as a batch job) from every
+        first return accepted to the worst case the repairs, replays and split allow, the time
+        under the known rate limits, and whether the budget suffices. ``tasks`` given as an
+        iterator is read here (pass a list or a file to run it after)."""
+        return estimate_run(self.runtime(), RunSpec(name=name, tasks=tasks, schema=schema,
+                                                    **options))
 
     def llm_batch_json(self, prompts: Sequence[str], schema: Any,
                        contexts: Sequence[str] | None = None, max_repair_attempts: int = 1,
