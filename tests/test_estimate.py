@@ -208,3 +208,23 @@ def test_the_magic_estimate_prints_it_and_spends_nothing(ip: Any, capsys: Any) -
     assert ledger_bytes(session.ledger.path) == before
     bad = ip.run_cell(f"%%batch_json labels --pack 2 --identity nope --estimate\n{MAGIC_BODY}")
     assert "nope" in str(bad.error_in_exec) and ip.user_ns["model"].calls == 0
+
+
+def test_earlier_returns_a_new_validator_accepts_count_as_rejudged_not_sent(
+        tmp_path: Path) -> None:
+    path = tmp_path / "l.sqlite"
+    session = Session(model(), ledger=path, repairs=0, replays=0)
+    tasks = review_tasks(8)
+
+    def strict(item: Any, task: Any) -> None:
+        if item["confidence"] < 95:
+            raise ValueError("not sure enough")
+
+    first = session.run_batch("r", tasks, BOUNDED, pack=2, validator=strict,
+                              on_exhausted="return")
+    assert first.values == {} and first.rejected_returns == 4
+    before = ledger_bytes(path)
+    estimate = session.estimate("r", tasks, BOUNDED, pack=2, validator=picky)
+    assert (estimate.rejudged, estimate.to_send, estimate.calls) == (4, 0, (0, 0))
+    assert ledger_bytes(path) == before  # judged again, nothing committed
+    assert session.run_batch("r", tasks, BOUNDED, pack=2, validator=picky).rechecked == 4
