@@ -24,6 +24,7 @@ from .._plaintext import printable
 from .._providers.base import estimate_tokens
 from .._providers.batch_client import WINDOW_HOURS
 from .._providers.settings import declared_output_cap
+from .._replay.budget import Pricing
 from .._replay.plan import Plan, first_prompt, system_prompt
 from .._replay.settle import HALVE, NONE, Tried, next_attempt
 from . import batches
@@ -141,17 +142,14 @@ def estimate_run(rt: Runtime, spec: RunSpec) -> Estimate:
     """The estimate of ``spec`` on the session ``rt``: every input check the run makes, then its
     plan and what its calls would take."""
     plan = plan_of(rt, spec, Progress(spec.name, False, rt.budget, rt.tally), record=False)
-    pending = [] if plan.finished is not None else list(plan.pending)
+    pending = () if plan.finished is not None else plan.pending  # re-read a window at a time
     calls, cap = calls_of(rt, plan), declared_output_cap(plan.provider)
     total = _Sum()
     system = system_prompt(calls) if pending else ""
     for request in pending:
         _request(calls, system, request, cap, total, halving=spec.transport == "live")
     live, batch = (batches.pricing(plan.provider, batch=b) for b in (False, True))
-    cost_live, cost_batch = ((p.cost(total.input_low, total.output_low),
-                              None if total.output_high is None
-                              else p.cost(total.input_high, total.output_high))
-                             for p in (live, batch))
+    cost_live, cost_batch = _cost(live, total), _cost(batch, total)
     suffices, budget = _budget(rt, plan, total, cost_batch if spec.transport == "batch"
                                else cost_live)
     return Estimate(
@@ -160,6 +158,12 @@ def estimate_run(rt: Runtime, spec: RunSpec) -> Estimate:
         (total.output_low, total.output_high), cost_live, cost_batch,
         _minutes(rt, total, cap), suffices, budget,
         _notes(rt, plan, total, live.priced))
+
+
+def _cost(pricing: Pricing, total: _Sum) -> tuple[float | None, float | None]:
+    high = None if total.output_high is None else pricing.cost(total.input_high,
+                                                               total.output_high)
+    return pricing.cost(total.input_low, total.output_low), high
 
 
 def _request(calls: Plan, system: str, request: Request, cap: int | None, total: _Sum, *,
