@@ -42,8 +42,8 @@ sys.path.insert(0, str(ROOT / "src"))
 from _common import ci_or  # noqa: E402
 
 RSS_LIMIT_MB = {"file": 1024.0, "generator": 256.0}
-# make bench-ci runs 100,000 tasks beside 25,000, where a loaded machine's noise is larger
-TIME_RATIO = ci_or({"file": 1.25, "generator": 1.1}, {"file": 1.6, "generator": 1.6})
+# make bench-ci runs 100,000 tasks beside 25,000 (a second or so): a loaded machine varies by 2x
+TIME_RATIO = ci_or({"file": 1.25, "generator": 1.1}, {"file": 2.0, "generator": 2.0})
 READ_RATIO = ci_or(1.25, 1.6)
 RESUME_RATIO = 0.1
 SCHEMA = {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]}
