@@ -10,7 +10,7 @@ DEMO_STAMP := $(VENV)/.installed-demo
 TEST_STAMP := $(VENV)/.installed-test
 DOCS_STAMP := $(VENV)/.installed-docs
 
-.PHONY: demo test lint check bench screenshots clean
+.PHONY: demo test lint check bench bench-ci screenshots clean
 
 $(CREATED):
 	$(PYTHON) -m venv $(VENV)
@@ -43,7 +43,8 @@ check: $(TEST_STAMP)
 	$(PY) tools/mutants.py
 
 bench: $(TEST_STAMP)  # every benchmark runs and prints its verdict; fails if any target was missed
-# (bench_scale at 200,000 tasks: BATCHJSON_BENCH_SCALE_N=1000000 make bench for the full 1M)
+# (bench_scale at 200,000 tasks: BATCHJSON_BENCH_SCALE_N=1000000 make bench for the full 1M,
+# BATCHJSON_BENCH_SCALE_N=10000000 for the 10M streamed from a generator)
 	@status=0; \
 	$(PY) benchmarks/bench_fingerprint.py || status=1; \
 	$(PY) benchmarks/bench_judging.py || status=1; \
@@ -54,6 +55,19 @@ bench: $(TEST_STAMP)  # every benchmark runs and prints its verdict; fails if an
 	BATCHJSON_BENCH_SCALE_N=$${BATCHJSON_BENCH_SCALE_N:-200000} \
 		$(PY) benchmarks/bench_scale.py || status=1; \
 	$(PY) benchmarks/bench_batch_scale.py || status=1; \
+	exit $$status
+
+# The few-minute subset CI runs after `make test` (.ci/run): small sizes, each target a ratio to
+# its floor measured in the same run, margins for a loaded 2-core machine (benchmarks/_common.py)
+bench-ci: $(TEST_STAMP)
+	@status=0; export BATCHJSON_BENCH_CI=1; \
+	$(PY) benchmarks/bench_fingerprint.py || status=1; \
+	$(PY) benchmarks/bench_judging.py || status=1; \
+	$(PY) benchmarks/bench_throughput.py || status=1; \
+	$(PY) benchmarks/bench_throughput.py --n 384 --latency 1 || status=1; \
+	$(PY) benchmarks/bench_ratelimits.py || status=1; \
+	$(PY) benchmarks/bench_hosts.py || status=1; \
+	$(PY) benchmarks/bench_scale.py || status=1; \
 	exit $$status
 
 # Each notebook run as a reader runs it, rendered to HTML and photographed by headless Chromium

@@ -40,10 +40,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT), str(ROOT / "benchmarks")]
 
+from _common import CI, ci_or  # noqa: E402
 from bench_throughput import MODEL, SCHEMA, server_process, tasks_for  # noqa: E402
 from tests.postgres_server import start_postgres  # noqa: E402
 
 TARGET = 1.15
+# make bench-ci: the median of (h) over that of (a), four bare loops of the same run;
+# provisional until a group of calls is one PostgreSQL round trip (1.87x the ideal in issue 35)
+CI_MARGIN = 3.0  # 2.66x measured on a loaded machine (1.87x the ideal, unloaded, in issue 35)
 HOSTS = 4
 
 HOST = textwrap.dedent("""
@@ -134,11 +138,12 @@ def one_process_round(base_url: str, n: int, concurrency: int, ledger: Path | st
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=2000)
+    parser.add_argument("--n", type=int, default=ci_or(2000, 1024))
     parser.add_argument("--concurrency", type=int, default=16, help="per host")
     parser.add_argument("--latency", type=float, default=0.05)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--target", type=float, default=TARGET)
+    parser.add_argument("--rounds", type=int, default=ci_or(3, 2))
+    parser.add_argument("--target", type=float, default=ci_or(TARGET, CI_MARGIN),
+                        help="(h) over the ideal; under make bench-ci over (a)")
     args = parser.parse_args(argv)
     ideal = math.ceil(args.n / (HOSTS * args.concurrency)) * args.latency
     server = start_postgres()
@@ -177,8 +182,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{a / ideal:.3f}x the ideal; (h) - (a) = {(h - a) / ideal:+.3f}x")
     print(f"(m) {HOSTS} batchjson processes, a quarter each, ledgers in memory: median "
           f"{m:.3f} s = {m / ideal:.3f}x the ideal; (h) - (m) = {(h - m) / ideal:+.3f}x")
-    passed = h / ideal <= args.target
-    print(f"verdict: (h) {'<=' if passed else '>'} {args.target}x the ideal: "
+    passed = h / (a if CI else ideal) <= args.target
+    print(f"verdict: (h) {'<=' if passed else '>'} {args.target}x "
+          f"{'(a), the bare loops' if CI else 'the ideal'}: "
           f"{'PASS' if passed else 'FAIL'}")
     return 0 if passed else 1
 

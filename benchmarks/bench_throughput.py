@@ -46,6 +46,8 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from _common import CI, ci_or  # noqa: E402
+
 from batchjson._content.schema import compile_schema, wire_schema  # noqa: E402
 from batchjson._content.tasks import render_items_prompt  # noqa: E402
 from batchjson._providers.base import Call  # noqa: E402
@@ -53,6 +55,13 @@ from batchjson._providers.openai import OpenAIProvider  # noqa: E402
 
 TARGET = 1.15  # wall, as a ratio to the ideal, at 50 ms latency
 TARGET_SLOW = 1.02  # at >= 0.5 s latency
+# make bench-ci: the median of (b) over the bare loop's of the same run, at small N; wide for a
+# loaded 2-core machine, failing on a doubled overhead. Provisional, set from main before issue
+# 35's pacing and CPU work (tighten as they land): at 50 ms a loaded machine makes (b) CPU-bound
+# (2.56x measured), at 1 s a fresh session's lone first call is 1 s of 6 (1.20x measured)
+CI_MARGIN = 3.0  # 50 ms
+CI_MARGIN_SLOW = 1.3  # 1 s; about 1.06 once no lone first call is sent
+CI_CPU = 5.0  # client CPU per call over the bare loop's (4.1x measured loaded; 2.5x the target)
 SCHEMA = {"type": "object", "properties": {}}
 MODEL = "gpt-4o-mini"
 
@@ -247,12 +256,15 @@ def rate(stats: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=2000)
+    parser.add_argument("--n", type=int, default=ci_or(2000, 768))
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--latency", type=float, default=0.05)
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of (a)-(b)")
-    parser.add_argument("--sequential", type=int, default=20, help="calls in phase (c)")
-    parser.add_argument("--saturate", type=int, default=5000, help="requests in phase (d)")
+    parser.add_argument("--rounds", type=int, default=ci_or(5, 3),
+                        help="interleaved rounds of (a)-(b)")
+    parser.add_argument("--sequential", type=int, default=ci_or(20, 0),
+                        help="calls in phase (c)")
+    parser.add_argument("--saturate", type=int, default=ci_or(5000, 0),
+                        help="requests in phase (d)")
     parser.add_argument("--skip-session", action="store_true", help="skip phase (b)")
     parser.add_argument("--target", type=float, default=None,
                         help=f"wall target for (b) (default {TARGET} below 0.5 s latency, "
@@ -260,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     n, c, latency = args.n, args.concurrency, args.latency
     target = args.target or (TARGET if latency < 0.5 else TARGET_SLOW)
+    if CI:  # a ratio to the floor of the same run: the bare loop's median
+        target = args.target or (CI_MARGIN if latency < 0.5 else CI_MARGIN_SLOW)
     ideal = math.ceil(n / c) * latency
     print(f"N={n} concurrency={c} latency={latency}s -> ideal ceil(N/C)*latency = {ideal:.3f} s"
           f"  (python {sys.version.split()[0]}, {os.cpu_count()} cpu, {args.rounds} rounds)")
@@ -271,12 +285,14 @@ def main(argv: list[str] | None = None) -> int:
             wall, stats = asyncio.run(bare_loop(base_url, n, c))
             walls["a"].append(wall)
             line(f"[{round_no}] (a) bare aiohttp loop", wall, ideal, rate(stats))
-            walls["a2"].append(asyncio.run(provider_only(base_url, n, c)))
-            line(f"[{round_no}] (a2) OpenAIProvider.complete alone", walls["a2"][-1], ideal)
+            if not CI:  # diagnosis only
+                walls["a2"].append(asyncio.run(provider_only(base_url, n, c)))
+                line(f"[{round_no}] (a2) OpenAIProvider.complete alone", walls["a2"][-1], ideal)
             if args.skip_session:
                 continue
-            walls["b0"].append(session_path(base_url, n, c, durable=False)[0])
-            line(f"[{round_no}] (b0) the same, ledger in memory", walls["b0"][-1], ideal)
+            if not CI:
+                walls["b0"].append(session_path(base_url, n, c, durable=False)[0])
+                line(f"[{round_no}] (b0) the same, ledger in memory", walls["b0"][-1], ideal)
             wall_b, result, stats_b = session_path(base_url, n, c)
             walls["b"].append(wall_b)
             line(f"[{round_no}] (b) batchjson Session.run_batch(pack=1)", wall_b, ideal,
@@ -295,16 +311,21 @@ def main(argv: list[str] | None = None) -> int:
         if walls["b"]:
             median_b = statistics.median(walls["b"]) / ideal
             median_a = statistics.median(walls["a"]) / ideal
-            ok = median_b <= target
-            print(f"  (b) wall target <= {target}x ideal: {'PASS' if ok else 'FAIL'} "
-                  f"(median {median_b:.3f}x; bare loop {median_a:.3f}x, difference "
-                  f"{median_b - median_a:+.3f}x)")
+            ok = (median_b / median_a if CI else median_b) <= target
+            print(f"  (b) wall target <= {target}x {'the bare loop' if CI else 'ideal'}: "
+                  f"{'PASS' if ok else 'FAIL'} (median {median_b:.3f}x; bare loop "
+                  f"{median_a:.3f}x, difference {median_b - median_a:+.3f}x, ratio "
+                  f"{median_b / median_a:.3f}x)")
             cpu_a, cpu_b = statistics.median(CPU["a"]), statistics.median(CPU["b"])
+            if CI:
+                ok &= cpu_b / cpu_a <= CI_CPU
+                print(f"  (b) CPU per call target <= {CI_CPU}x the bare loop's: "
+                      f"{'PASS' if cpu_b / cpu_a <= CI_CPU else 'FAIL'}")
             before = statistics.median(b for b, _ in OUTSIDE)
             after = statistics.median(a for _, a in OUTSIDE)
             print(f"  (b) of which outside the replay loop: {before * 1000:.0f} ms before it, "
                   f"{after * 1000:.0f} ms after it ({(before + after) / ideal:.3f}x of the ideal)")
-            cpu_a2, cpu_b0 = statistics.median(CPU["a2"]), statistics.median(CPU["b0"])
+            cpu_a2, cpu_b0 = (statistics.median(CPU[k] or [math.nan]) for k in ("a2", "b0"))
             print(f"  CPU per call, where it goes: bare loop {cpu_a * 1e6:.0f} us; the provider "
                   f"adds {(cpu_a2 - cpu_a) * 1e6:+.0f} us; session, replay loop, acceptance and "
                   f"an in-memory ledger {(cpu_b0 - cpu_a2) * 1e6:+.0f} us; the ledger file "
@@ -315,9 +336,12 @@ def main(argv: list[str] | None = None) -> int:
             verdict = verdict or (0 if ok else 1)
         else:
             print("  (b) skipped (--skip-session)")
-        per_call = asyncio.run(sequential(base_url, args.sequential))
-        line(f"(c) sequential, {args.sequential} calls extrapolated to N", per_call * n, ideal,
-             f"{per_call * 1000:.1f} ms/call")
+        if args.sequential:
+            per_call = asyncio.run(sequential(base_url, args.sequential))
+            line(f"(c) sequential, {args.sequential} calls extrapolated to N", per_call * n,
+                 ideal, f"{per_call * 1000:.1f} ms/call")
+    if not args.saturate:
+        return verdict
     with server_process(0.0) as fast_url:
         wall, stats = asyncio.run(bare_loop(fast_url, args.saturate, c))
         print(f"  (d) server capacity at latency 0: {stats['requests_per_second']:,.0f} req/s "

@@ -82,6 +82,26 @@ def test_values_are_a_read_only_mapping_over_the_ledger_in_task_order(ledger_at,
     session.close()
 
 
+def test_reading_values_back_takes_each_page_as_a_range_of_the_order_index(tmp_path,
+                                                                           monkeypatch):
+    """A page that scanned or sorted the whole revision made reading every value quadratic."""
+    monkeypatch.setattr(values_module, "PAGE_REQUESTS", 2)
+    session = Session(labeller(), ledger=tmp_path / "l.sqlite")
+    result = session.run_batch("b", review_tasks(9), LABEL_SCHEMA, pack=2)
+    store, pages = session.ledger.store, []
+    read = store._read
+    monkeypatch.setattr(store, "_read", lambda sql, args=(): pages.append((sql, args)) or read(
+        sql, args))
+    assert len(list(result.values.items())) == 9 and len(pages) == 3
+    for sql, args in pages:  # (id, parent, _, detail): the page's requests, then their values
+        plan = [tuple(row) for row in read("EXPLAIN QUERY PLAN " + sql, args)]
+        page = next(row[0] for row in plan if row[3] == "CO-ROUTINE q")
+        assert [row[3] for row in plan if row[1] == page] == [
+            "SEARCH requests USING INDEX requests_in_order (revision_id=? AND position>?)"]
+        assert not any("SCAN requests" in row[3] for row in plan), plan
+    session.close()
+
+
 def test_values_hold_model_instances_for_a_pydantic_schema(tmp_path):
     class Label(BaseModel):
         verdict: str

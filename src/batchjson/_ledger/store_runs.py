@@ -222,23 +222,18 @@ class RunStore(StoreBase):
         they were committed (the latest wins, as in ``checkpoint``): rows of (position, id,
         task_id, item), task_id and item None for a request with none. ``page``: (after,
         limit), the ``limit`` leaf requests after ``after`` (their (position, id)), so a page
-        never splits a request; ``task``: (request key, task_id), one task's value."""
-        join, where, args = "", "", [revision_id]
-        if task is not None:
-            join, where, args = " AND c.task_id = ?", " AND q.key = ?", [task[1], revision_id,
-                                                                         task[0]]
-        if page is not None:
+        never splits a request; else ``task``: (request key, task_id), one task's value."""
+        leaves, join, args = LEAVES_SQL, "", [revision_id]
+        if page is not None:  # a range of requests_in_order: each page costs only its own rows
             (position, request_id), limit = page
-            # the revision given again, not q.revision_id: a correlated subquery is run anew
-            # for every row (a second a page at 100,000 values)
-            where += (" AND q.id IN (SELECT id FROM requests WHERE revision_id = ? "
-                      "AND split = 0 AND (position > ? OR (position = ? AND id > ?)) "
-                      "ORDER BY position, id LIMIT ?)")
-            args += [revision_id, position, position, request_id, limit]
+            leaves += " AND (position, id) > (?, ?) ORDER BY position, id LIMIT ?"
+            args += [position, request_id, limit]
+        elif task is not None:
+            leaves, join = leaves + " AND key = ?", " AND c.task_id = ?"
+            args += list(task)
         return self._read(
-            "SELECT q.position, q.id, c.task_id, c.item FROM requests q LEFT JOIN checkpoint c "
-            f"ON c.request_key = q.key{join} WHERE q.revision_id = ? AND q.split = 0{where} "
-            "ORDER BY q.position, q.id, c.attempt_id", args)
+            f"SELECT q.position, q.id, c.task_id, c.item FROM ({leaves}) q LEFT JOIN checkpoint "
+            f"c ON c.request_key = q.key{join} ORDER BY q.position, q.id, c.attempt_id", args)
 
     def revision_lookup(self, revision_id: int) -> tuple[list[tuple[str, str]], set[str]]:
         """(key, task_ids JSON) of every leaf request of a revision: where each task's value
@@ -414,6 +409,7 @@ UNRESOLVED_SQL = (
     "AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.request_key = q.key "
     "AND a.status = 'accepted')")
 
+LEAVES_SQL = "SELECT id, position, key FROM requests WHERE revision_id = ? AND split = 0"
 REQUESTS_SQL = ("INSERT INTO requests(revision_id, key, position, parent_key, task_ids, tasks) "
                 "VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING")
 SEEN_SQL = "INSERT INTO seen(request_key, seen_key) VALUES (?, ?) ON CONFLICT DO NOTHING"
