@@ -55,6 +55,7 @@ bench: $(TEST_STAMP)  # every benchmark runs and prints its verdict; fails if an
 	BATCHJSON_BENCH_SCALE_N=$${BATCHJSON_BENCH_SCALE_N:-200000} \
 		$(PY) benchmarks/bench_scale.py || status=1; \
 	$(PY) benchmarks/bench_batch_scale.py || status=1; \
+	$(PY) benchmarks/bench_accept.py || status=1; \
 	exit $$status
 
 # The few-minute subset CI runs after `make test` (.ci/run): small sizes, each target a ratio to

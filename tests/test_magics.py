@@ -519,6 +519,18 @@ def test_options_repairs_and_replays(loaded: Any) -> None:
     assert kinds == ["initial", "repair", "repair", "replay"]
 
 
+def test_a_run_that_threw_away_valid_pack_mates_suggests_the_magics_options(
+        loaded: Any, capsys: Any) -> None:
+    strict = BODY + "\ndef first_only(item, task):\n    if task['task_id'] != 't0':\n" + (
+        "        raise ValueError('too vague')\n")
+    capsys.readouterr()
+    run(loaded, "%%batch_json strict --pack 4 --validator first_only\n" + strict)
+    [said] = [ln for ln in capsys.readouterr().out.splitlines() if "threw away" in ln]
+    assert said.startswith("batchjson: this run threw away 3 valid answer(s) with a rejected "
+                           "pack-mate: --accept items would have kept them, accepting 1 more")
+    assert said.endswith("(or --split, which asks the halves apart)")
+
+
 def test_option_split(loaded: Any) -> None:
     ip = loaded
     ok(ip, "def halves(call):\n"

@@ -37,7 +37,7 @@ def ran(rate: float, n: int, pack: int, *, ledger: str = ":memory:") -> Session:
 
 
 def test_no_other_pack_is_recommended_when_its_interval_overlaps_the_current_packs() -> None:
-    advice = ran(0.05, 60, 5).advise("review")  # a dozen noisy returns
+    advice = ran(0.05, 60, 5).advise("review", modes=["whole", "split"])  # a dozen noisy returns
     cheapest, current = advice["cheapest"], advice["current"]
     assert cheapest["pack"] != advice["current_pack"] == 5  # the point estimate says move
     assert cheapest["interval"][1] >= current["interval"][0]  # but not beyond the spread
@@ -60,14 +60,17 @@ def test_the_bootstrap_is_seeded_so_the_same_ledger_gives_the_same_advice() -> N
     assert first["resamples"] == 200 and all(c["interval"] for c in first["candidates"])
 
 
-def test_the_advice_text_shows_a_few_candidates_each_with_its_interval() -> None:
+def test_the_advice_text_shows_a_few_candidates_each_with_its_mode_and_interval() -> None:
     advice = ran(0.05, 60, 5).advise("review")
     lines = advice_lines(advice)
     rows = [line for line in lines if line.split()[:1] and line.split()[0].isdigit()]
-    assert len(advice["candidates"]) == 30 and 3 <= len(rows) <= 8
-    assert all(" - $" in row for row in rows)
-    assert any(row.endswith("current, recommended") for row in rows)
+    assert len(advice["candidates"]) == 45 and 3 <= len(rows) <= 8  # 15 sizes, 3 modes each
+    assert all(" - $" in row and row.split()[1] in ("whole", "split", "items") for row in rows)
+    assert any(row.endswith("current") for row in rows)
+    assert any(row.endswith("cheapest, recommended") for row in rows)
     assert "other candidate(s)" in "\n".join(lines)
+    [at_current] = [line for line in lines if line.startswith("  at pack 5,")]
+    assert all(f"{mode} $" in at_current for mode in ("whole", "split", "items"))
 
 
 def test_result_plot_returns_a_png_chart_and_writes_it_to_a_path(tmp_path: Path) -> None:

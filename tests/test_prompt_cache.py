@@ -166,6 +166,6 @@ def test_the_pack_size_advice_prices_a_cached_prefix_at_the_cache_read_price() -
               shared_output=5, output_per_task=20, repair_extra_input=100,
               input_price=1e-6, output_price=5e-6)
     cached = Fit(**{**fit.__dict__, "cached_input": 2000, "cached_price": 1e-7})
-    plain, read = (estimate(f, 1, split=False, repairs=1, replays=1) for f in (fit, cached))
+    plain, read = (estimate(f, 1, repairs=1, replays=1) for f in (fit, cached))
     assert read.cost == pytest.approx(plain.cost - read.calls * 2000 * 9e-7)
     assert read.per_usable < plain.per_usable

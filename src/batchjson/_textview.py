@@ -330,25 +330,39 @@ def advice_lines(advice: Mapping[str, Any]) -> list[str]:
              f"{advice['resamples']} bootstrap resamples of the returns:"]
     marks = {"current": "current", "cheapest": "cheapest", "recommended": "recommended"}
     shown = _advice_rows(advice)
-    rows = [[c["pack"], "yes" if c["split"] else "no", f"{c['calls']:.1f}",
+    rows = [[c["pack"], c["mode"], f"{c['calls']:.1f}",
              f"{c['usable_results']:.1f}", _per_usable(c, priced),
              _span(c["interval"], priced),
              ", ".join(word for key, word in marks.items() if advice[key] == c)]
             for c in shown]
-    lines += table(["pack", "split", "calls", "usable", f"{unit}/usable", "interval", ""],
+    lines += table(["pack", "mode", "calls", "usable", f"{unit}/usable", "interval", ""],
                    rows, right=(0, 2, 3, 4))
     hidden = len(advice["candidates"]) - len(shown)
     if hidden:
         lines.append(f"  ({hidden} other candidate(s): the chart and the advice's candidates "
                      "have every one)")
+    lines += _modes_compared(advice, priced)
     lines += wrapped(advice["verdict"], "")
     if advice.get("warning"):
         lines += wrapped(advice["warning"], "warning: ")
     return lines
 
 
+def _modes_compared(advice: Mapping[str, Any], priced: bool) -> list[str]:
+    """One line a pack (the current, the recommended) comparing its modes: whole returns, split,
+    items accepted one by one."""
+    packs = dict.fromkeys(c["pack"] for c in (advice["current"], advice["recommended"]) if c)
+    lines = []
+    for pack in packs:
+        modes = [c for c in advice["candidates"] if c["pack"] == pack]
+        if len(modes) > 1:
+            lines.append(f"  at pack {pack}, {'cost' if priced else 'tokens'} per usable result: "
+                         + ", ".join(f"{c['mode']} {_per_usable(c, priced)}" for c in modes))
+    return lines
+
+
 def _advice_rows(advice: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """Per pack size its cheaper split choice, for the sizes next to the current, cheapest and
+    """Per pack size its cheapest mode, for the sizes next to the current, cheapest and
     recommended packs (and those options themselves)."""
     best: dict[int, Mapping[str, Any]] = {}
     for c in advice["candidates"]:
@@ -362,7 +376,7 @@ def _advice_rows(advice: Mapping[str, Any]) -> list[Mapping[str, Any]]:
         near.update(sizes[max(0, i - 1):i + 2])
     rows = [best[k] for k in near]
     rows += [m for m in marked if m not in rows]
-    return sorted(rows, key=lambda c: (c["pack"], c["split"]))
+    return sorted(rows, key=lambda c: (c["pack"], c["mode"]))
 
 
 def _cost_of(option: Mapping[str, Any]) -> float:

@@ -289,6 +289,8 @@ class BatchJson(Magics):
         if result.superseded and not noted:  # nothing was spent, so nothing was announced
             print(f"batchjson: {args.name}: {result.superseded}")
         display(result)
+        if result.thrown_away is not None:  # the result's note, as this magic's options
+            print(f"batchjson: {result.thrown_away.said('--accept items', '--split')}")
         if result.calls and (result.tokens or result.cost or len(result.values)):
             self._show_chart(result.plot)  # nothing spent or accepted is nothing to draw
         if result.status == "unresolved":  # a pending result is no failure: re-run collects

@@ -69,6 +69,13 @@ class Outcome:
     # their tasks' "pending" errors, built when read (spooled, and kept, as the calls log)
     pending: TextSpool = field(default_factory=lambda: TextSpool(keep_when_full=True))
     pending_tasks: int = 0
+    # valid answers thrown away with a return rejected for other items' schema or validator
+    # faults (accepting items would have kept them): how many times, their tasks, and their
+    # share of those returns' cost (None: unknown) and tokens
+    thrown_away: int = 0
+    thrown_tasks: set[str] = field(default_factory=set)
+    thrown_cost: float | None = 0.0
+    thrown_tokens: float = 0.0
 
     @property
     def tokens(self) -> int:

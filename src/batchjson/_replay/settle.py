@@ -91,6 +91,7 @@ class Settle:
                 tx, key, "accepted", text, usage, accepted=(plan.batch_id, request.key, stored),
                 sent_at=sent_at, charge=ledger)
         out.rejected_returns += 1
+        count_thrown_away(out, request, verdict.errors, cost, usage)
         return verdict, lambda tx: store.complete_call(
             tx, key, "rejected", text, usage, errors=verdict.errors, sent_at=sent_at,
             charge=ledger)
@@ -151,6 +152,29 @@ def fail(outcome: Outcome, request: Request, errors: list[dict[str, Any]],
         own = any(e.get("task_id") == task_id for e in errors)
         outcome.errors[task_id] = ([{**e, **extra} for e in errors if e.get(
             "task_id") in (task_id, None)] if own else shared or bystander)
+
+
+ITEM_LEVEL = frozenset({"schema", "validation"})  # what accepting items rejects item by item
+
+
+def count_thrown_away(outcome: Outcome, request: Request, errors: Sequence[Mapping[str, Any]],
+                      cost: float | None, usage: Mapping[str, Any]) -> None:
+    """The valid answers a return rejected only for some items' schema or validator faults threw
+    away with them, and their share of its cost and tokens (a return with a confused identity or
+    a broken envelope is trusted in no part, in any mode: it throws away nothing valid)."""
+    if not errors or any(e.get("type") not in ITEM_LEVEL for e in errors):
+        return
+    failed = {e.get("task_id") for e in errors}
+    fine = [t for t in request.task_ids if t not in failed]
+    if not fine:
+        return
+    share = len(fine) / len(request.task_ids)
+    outcome.thrown_away += len(fine)
+    outcome.thrown_tasks.update(fine)
+    outcome.thrown_cost = (None if outcome.thrown_cost is None or cost is None
+                           else outcome.thrown_cost + share * cost)
+    outcome.thrown_tokens += share * sum(usage.get(k) or 0 for k in ("input_tokens",
+                                                                      "output_tokens"))
 
 
 def usage_of(reply: Reply) -> dict[str, Any]:

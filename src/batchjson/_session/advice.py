@@ -2,16 +2,18 @@
 
 The model (stated in full in docs/recovery.md): a pack of ``k`` tasks costs ``S + t*k`` input
 and ``O + u*k`` output tokens, part of the input read from the prompt cache; a return is broken
-whole with probability ``c``, else each item is faulty with probability ``p``, so
-``s(k) = (1 - c) * (1 - p)**k``; a request gets ``1 + repairs + replays`` attempts, then halves
-when splitting. Everything is fitted from the batch's own receipts, except prices."""
+whole with probability ``c``, each item confuses its identity with probability ``i`` (which
+rejects the return whole in every mode), and each item fails its schema or the validator with
+probability ``p``, so a return is accepted whole with ``s(k) = (1 - c) * ((1 - i) * (1 - p))**k``.
+A request gets ``1 + repairs + replays`` attempts, then halves when splitting; accepting items,
+a return whose envelope holds keeps its passing items and re-asks only the failing ones.
+Everything is fitted from the batch's own receipts, except prices."""
 
 from __future__ import annotations
 
 import json
 import math
 import random
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import itemgetter
@@ -24,8 +26,15 @@ from .accounts import cost_summary
 
 CANDIDATES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50)
 CALL_FAULTS = frozenset({"json", "coverage"})
-ITEM_FAULTS = frozenset({"identity", "schema", "validation"})
+# The per-item checks in the order a return meets them: a check after the first that failed is
+# never run. An identity fault rejects a return whole in every mode; schema and validator faults
+# are what accepting items rejects item by item.
+STAGES = ("identity", "schema", "validation")
+# How a request is settled: the whole return or nothing, the same with halving after the
+# allowance, or item by item (accept="items")
+MODES = ("whole", "split", "items")
 MAX_SPLIT_DEPTH = 4
+LONGEST = 10_000  # sound returns summed over when items are accepted (the rest is negligible)
 
 
 @dataclass(frozen=True)
@@ -35,7 +44,7 @@ class Fit:
     tasks: int
     returns: int
     call_fault_rate: float  # c
-    item_fault_rate: float  # p
+    item_fault_rate: float  # p: schema or validator, per item
     provider_error_rate: float
     shared_input: float  # S
     input_per_task: float  # t
@@ -46,40 +55,55 @@ class Fit:
     output_price: float | None
     cached_input: float = 0.0  # C: input tokens per call read from the prompt cache
     cached_price: float | None = None  # USD per cached input token (None: the input price)
+    identity_fault_rate: float = 0.0  # i: per item, rejecting the return whole in every mode
 
 
 # What each receipt adds to the sums a fit reads. A fit is these sums over its receipts, so a
 # bootstrap resample is a fit of resampled receipts at the cost of a few C-level sums.
 SUMS = ("provider_errors", "judged", "judged_tasks", "call_faults",
         "fresh", "fresh_k", "fresh_v", "fresh_kk", "fresh_kv", "cached", "hints", "hint_sum",
-        "outs", "out_k", "out_v", "out_kk", "out_kv", "repairs", "repair_k", "repair_v")
+        "outs", "out_k", "out_v", "out_kk", "out_kv", "repairs", "repair_k", "repair_v",
+        *(f"{stage}_{what}" for stage in STAGES for what in ("items", "faults")))
+JUDGED = ("accepted", "partial", "rejected")  # a partial receipt kept some items, judged each
 
 
-def observe(r: Any) -> tuple[tuple[float, ...], tuple[int, bool] | None]:
-    """One receipt as the fit reads it: what it adds to each of ``SUMS``, and its (size,
-    accepted) when it tells of the per-item fault rate."""
+def observe(r: Any) -> tuple[float, ...]:
+    """One receipt as the fit reads it: what it adds to each of ``SUMS``."""
     k = len(json.loads(r["task_ids"]))
     status, kind, inp, out = r["status"], r["kind"], r["input_tokens"], r["output_tokens"]
     add: dict[str, float] = dict.fromkeys(SUMS, 0.0)
-    item = None
     if kind == "repair" and inp is not None:  # what a repair carries beyond a fresh call
         add.update(repairs=1, repair_k=k, repair_v=inp)
     if status == "provider_error":
         add["provider_errors"] = 1
-    elif status in ("accepted", "rejected"):
-        kinds = {e.get("type") for e in json.loads(r["errors"] or "[]")}
-        whole = status == "rejected" and bool(kinds & CALL_FAULTS)
+    elif status in JUDGED:
+        errors = json.loads(r["errors"] or "[]") if status != "accepted" else []
+        whole = status == "rejected" and any(e.get("type") in CALL_FAULTS for e in errors)
         add.update(judged=1, judged_tasks=k, call_faults=float(whole))
-        if status == "accepted" or (not whole and kinds & ITEM_FAULTS):
-            item = (k, status == "accepted")
+        add.update(_checked_items(k, errors))
         if inp is not None and kind != "repair":
             add.update(fresh=1, fresh_k=k, fresh_v=inp, fresh_kk=k * k, fresh_kv=k * inp,
                        cached=min(r["cached_tokens"] or 0, inp))
             if r["chars"]:
                 add.update(hints=1, hint_sum=r["chars"] / k / 4)
-        if out is not None and status == "accepted":
+        if out is not None and status != "rejected":
             add.update(outs=1, out_k=k, out_v=out, out_kk=k * k, out_kv=k * out)
-    return tuple(map(float, add.values())), item
+    return tuple(map(float, add.values()))
+
+
+def _checked_items(k: int, errors: list[dict[str, Any]]) -> dict[str, int]:
+    """Per check of ``STAGES``, the items a judged return's ``k`` met it with and the items it
+    failed (the task_ids its errors name): every check up to the first that failed; nothing for
+    a return that failed none (bad JSON, coverage, a stop or a broken validator: it tells nothing
+    of the items), every check for an accepted one."""
+    reached: dict[str, int] = {}
+    for stage in STAGES:
+        reached[f"{stage}_items"] = k
+        failed = {e.get("task_id") for e in errors if e.get("type") == stage}
+        if failed:
+            reached[f"{stage}_faults"] = len(failed)
+            return reached
+    return {} if errors else reached
 
 
 def _least_squares(n: float, sx: float, sy: float, sxx: float, sxy: float
@@ -92,51 +116,27 @@ def _least_squares(n: float, sx: float, sy: float, sxx: float, sxy: float
     return (sy - slope * sx) / n, slope
 
 
-def _item_rate(returns: Counter[tuple[int, bool]]) -> float:
-    """Maximum-likelihood per-item fault rate from the counts of (size, accepted) of returns
-    whose envelope was sound; with no item fault observed, half a fault over everything seen
-    (not zero)."""
-    if not returns:
-        return 0.0
-    if all(ok for _, ok in returns):
-        return 0.5 / max(1, sum(k * n for (k, _), n in returns.items()))
-
-    def loglik(p: float) -> float:
-        return sum(n * (k * math.log1p(-p) if ok else math.log(max(1e-300, 1 - (1 - p) ** k)))
-                   for (k, ok), n in returns.items())
-
-    lo, hi = 1e-7, 1 - 1e-7
-    for _ in range(80):  # golden-section search: the likelihood is unimodal in p
-        a, b = lo + (hi - lo) * 0.382, lo + (hi - lo) * 0.618
-        if loglik(a) < loglik(b):
-            lo = a
-        else:
-            hi = b
-    return (lo + hi) / 2
-
-
 @dataclass(frozen=True)
 class Observations:
     """A batch's receipts as the fit reads them, read once: per field of ``SUMS`` one column
-    (a value a receipt), each receipt's item return; and the prices, which the receipts do not
-    make uncertain: USD per input, output and cached input token."""
+    (a value a receipt); and the prices, which the receipts do not make uncertain: USD per input,
+    output and cached input token."""
 
     columns: list[list[float]]
-    items: list[tuple[int, bool] | None]
+    receipts: int
     tasks: int
     prices: tuple[float | None, float | None, float | None]
 
     @classmethod
     def read(cls, ledger: Ledger, name: str) -> Observations:
         rows = ledger.store.fit_rows(name)
-        judged = [r for r in rows if r["status"] in ("accepted", "rejected")]
+        judged = [r for r in rows if r["status"] in JUDGED]
         models = {r["model"] for r in judged if r["model"]}
         priced = [(r["input_tokens"], r["output_tokens"] or 0, r["cost"]) for r in judged
                   if r["cost"] is not None and r["input_tokens"] is not None]
-        seen = [observe(r) for r in rows]
-        columns = [list(c) for c in zip(*(sums for sums, _ in seen), strict=True)]
-        return cls(columns or [[] for _ in SUMS], [item for _, item in seen],
-                   cost_summary(ledger.store, name)["total"]["tasks"],
+        columns = [list(c) for c in zip(*map(observe, rows), strict=True)]
+        tasks = cost_summary(ledger.store, name)["total"]["tasks"]
+        return cls(columns or [[] for _ in SUMS], len(rows), tasks,
                    (*_prices(models, priced), _cached_price(models)))
 
     def fit(self, drawn: Sequence[int] | None = None) -> Fit | None:
@@ -144,11 +144,9 @@ class Observations:
         again; default: every receipt once); None with no judged return."""
         if drawn is None:
             s = {k: sum(c) for k, c in zip(SUMS, self.columns, strict=True)}
-            items = Counter(i for i in self.items if i)
         else:
             pick = itemgetter(*drawn)  # one C-level gather a column
             s = {k: sum(pick(c)) for k, c in zip(SUMS, self.columns, strict=True)}
-            items = Counter(i for i in pick(self.items) if i)
         if not s["judged"]:
             return None
         hint = s["hint_sum"] / s["hints"] if s["hints"] else None
@@ -161,7 +159,7 @@ class Observations:
                         out_shared + out_per * s["judged_tasks"] / s["judged"])
         return Fit(tasks=self.tasks, returns=int(s["judged"]),
                    call_fault_rate=s["call_faults"] / s["judged"],
-                   item_fault_rate=_item_rate(items),
+                   item_fault_rate=_item_rate(s), identity_fault_rate=_rate(s, "identity"),
                    provider_error_rate=s["provider_errors"] / (s["judged"]
                                                                + s["provider_errors"]),
                    shared_input=shared, input_per_task=per, shared_output=out_shared,
@@ -174,11 +172,24 @@ class Observations:
         """Fits of ``count`` bootstrap resamples of ``size`` receipts each, drawn with
         replacement by a seeded generator (the same ledger gives the same advice); a resample
         with no judged return is left out; none from one receipt, which has no spread."""
-        if len(self.items) < 2:
+        if self.receipts < 2:
             return []
-        rng, receipts = random.Random(seed), range(len(self.items))
+        rng, receipts = random.Random(seed), range(self.receipts)
         fits = (self.fit(rng.choices(receipts, k=size)) for _ in range(count))
         return [f for f in fits if f is not None]
+
+
+def _rate(s: dict[str, float], stage: str) -> float:
+    """The share of the items meeting check ``stage`` that failed it."""
+    return s[f"{stage}_faults"] / s[f"{stage}_items"] if s[f"{stage}_items"] else 0.0
+
+
+def _item_rate(s: dict[str, float]) -> float:
+    """Per item, failing the schema or the validator; with no item fault of any check observed,
+    half a fault over every item seen (not zero)."""
+    if not any(s[f"{stage}_faults"] for stage in STAGES):
+        return 0.5 / max(1.0, s["identity_items"]) if s["identity_items"] else 0.0
+    return 1 - (1 - _rate(s, "schema")) * (1 - _rate(s, "validation"))
 
 
 def fit(ledger: Ledger, name: str) -> Fit:
@@ -243,7 +254,7 @@ def _prices(models: set[str], priced: list[tuple[int, int, float]]
 @dataclass(frozen=True)
 class Estimate:
     pack: int
-    split: bool
+    mode: str  # one of MODES
     calls: float
     input_tokens: float
     output_tokens: float
@@ -259,7 +270,7 @@ class Estimate:
 
     def as_dict(self) -> dict[str, Any]:
         n = self.usable or math.nan
-        return {"pack": self.pack, "split": self.split, "calls": round(self.calls, 3),
+        return {"pack": self.pack, "mode": self.mode, "calls": round(self.calls, 3),
                 "input_tokens": round(self.input_tokens, 1),
                 "output_tokens": round(self.output_tokens, 1),
                 "cost": None if self.cost is None else round(self.cost, 9),
@@ -281,18 +292,21 @@ def _geometric(q: float, start: int, stop: int) -> float:
     return (q ** start - q ** stop) / (1 - q)
 
 
-def estimate(f: Fit, pack: int, *, split: bool, repairs: int, replays: int,
+def estimate(f: Fit, pack: int, *, mode: str = "whole", repairs: int, replays: int,
              tasks: int | None = None) -> Estimate:
-    """Expected totals for running ``tasks`` (default: the batch's) at ``pack`` per request."""
+    """Expected totals for running ``tasks`` (default: the batch's) at ``pack`` per request,
+    settled as ``mode`` says (one of ``MODES``)."""
     n = f.tasks if tasks is None else tasks
     memo: dict[tuple[int, int], tuple[float, float, float, float]] = {}
+    per_call = 1 / (1 - f.provider_error_rate) if f.provider_error_rate < 1 else math.inf
 
     def request(k: int, depth: int) -> tuple[float, float, float, float]:
         """(calls, input tokens, output tokens, usable) for one request of k tasks."""
+        if mode == "items":
+            return _itemwise(f, k, repairs, replays, per_call)
         if (k, depth) in memo:
             return memo[(k, depth)]
-        s = (1 - f.call_fault_rate) * (1 - f.item_fault_rate) ** k
-        per_call = 1 / (1 - f.provider_error_rate) if f.provider_error_rate < 1 else math.inf
+        s = (1 - f.call_fault_rate) * ((1 - f.identity_fault_rate) * (1 - f.item_fault_rate)) ** k
         fresh_in = f.shared_input + f.input_per_task * k
         out = f.shared_output + f.output_per_task * k
         # Attempt j is made with probability q**j (q = 1 - s): geometric sums, in closed form
@@ -305,7 +319,7 @@ def estimate(f: Fit, pack: int, *, split: bool, repairs: int, replays: int,
         outp = made * out
         reach = q ** (1 + repairs + replays)
         usable = k * (1 - reach)
-        if split and k > 1 and depth < MAX_SPLIT_DEPTH and reach > 0:
+        if mode == "split" and k > 1 and depth < MAX_SPLIT_DEPTH and reach > 0:
             for half in ((k + 1) // 2, k // 2):
                 c, i, o, u = request(half, depth + 1)
                 calls, inp, outp, usable = (calls + reach * c, inp + reach * i,
@@ -318,7 +332,47 @@ def estimate(f: Fit, pack: int, *, split: bool, repairs: int, replays: int,
         request(pack, 0), request(rest, 0) if rest else (0.0,) * 4, strict=True))
     cost = (None if f.input_price is None or f.output_price is None
             else inp * f.input_price + outp * f.output_price - _cache_saving(f, calls))
-    return Estimate(pack, split, calls, inp, outp, cost, usable, n)
+    return Estimate(pack, mode, calls, inp, outp, cost, usable, n)
+
+
+def _itemwise(f: Fit, k: int, repairs: int, replays: int, per_call: float
+              ) -> tuple[float, float, float, float]:
+    """(calls, input tokens, output tokens, usable) for one request of k tasks whose items are
+    accepted one by one: a return whose envelope holds (``e``: no JSON, coverage or identity
+    fault) keeps each item passing its schema and the validator (``1 - p``) and re-asks only the
+    rest, within the request's one allowance of attempts. An item is kept at an attempt with
+    ``r = e * (1 - p)``; each attempt asks for the items still open."""
+    allowed = 1 + repairs + replays
+    e = (1 - f.call_fault_rate) * (1 - f.identity_fault_rate) ** k  # k: no smaller re-ask's
+    r = e * (1 - f.item_fault_rate)
+    made = _attempts_while_open(k, e, f.item_fault_rate, allowed)
+    repaired = max(0.0, _attempts_while_open(k, e, f.item_fault_rate, 1 + repairs) - 1)
+    asked = k * _geometric(1 - r, 0, allowed)  # items asked for, over the attempts
+    return (made * per_call,
+            made * f.shared_input + asked * f.input_per_task + repaired * f.repair_extra_input,
+            made * f.shared_output + asked * f.output_per_task,
+            k * (1 - (1 - r) ** allowed))
+
+
+def _attempts_while_open(k: int, e: float, p: float, allowed: int) -> float:
+    """Expected attempts, at most ``allowed``, of a request of ``k`` items accepted one by one:
+    attempts go on while an item is open. After ``g`` sound returns (each attempt's with
+    probability ``e``) some item is open with probability ``1 - (1 - p**g)**k``, and the
+    attempts made there number ``P(Binomial(allowed, e) > g) / e``."""
+    if not k or allowed <= 0:
+        return 0.0
+    if e <= 0 or p >= 1:
+        return float(allowed)
+    total, below = 0.0, 0.0
+    term = (1 - e) ** allowed  # P(Binomial(allowed, e) == g), from g = 0
+    for g in range(min(allowed, LONGEST)):
+        still = -math.expm1(k * math.log1p(-p ** g)) if g else 1.0
+        if still < 1e-12:
+            break
+        below += term
+        total += still * max(0.0, 1 - below)
+        term = term * (allowed - g) / (g + 1) * e / (1 - e) if e < 1 else 0.0
+    return total / e
 
 
 def _cache_saving(f: Fit, calls: float) -> float:
@@ -355,13 +409,13 @@ MOST_DRAWN = 2000
 
 
 def advise(ledger: Ledger, name: str, *, repairs: int = 1, replays: int = 1,
-           candidates: Sequence[int] = CANDIDATES, split: bool | None = None,
+           candidates: Sequence[int] = CANDIDATES, modes: Sequence[str] = MODES,
            max_unresolved: float = 0.01, resamples: int = RESAMPLES) -> dict[str, Any]:
-    """Estimate every candidate pack size (with and without splitting), each with an interval
-    from bootstrap resamples of the receipts. Another pack is recommended over the current one
-    only when its interval lies wholly below the current pack's (among those, the cheapest: see
-    :func:`choose`). ``split`` restricts the choice to with or without splitting."""
-    problem = ledger.no_such_batch(name)
+    """Estimate every candidate pack size in each of ``modes`` (whole returns, with splitting,
+    items accepted one by one), each with an interval from bootstrap resamples of the receipts.
+    Another pack is recommended over the current one only when its interval lies wholly below
+    the current pack's best mode's (among those, the cheapest: see :func:`choose`)."""
+    problem = ledger.no_such_batch(name) or _unknown_modes(modes)
     if problem:
         raise InvalidBatch(problem)
     observed = Observations.read(ledger, name)
@@ -371,13 +425,13 @@ def advise(ledger: Ledger, name: str, *, repairs: int = 1, replays: int = 1,
                if revisions else None)
     sizes = sorted({k for k in candidates if 1 <= k <= max(1, f.tasks)}
                    | ({current} if current else set())) or [1]
-    options = [(k, s) for k in sizes for s in (False, True) if split is None or s == split]
+    options = [(k, m) for k in sizes for m in MODES if m in modes]
 
     def priced(g: Fit) -> list[Estimate]:
-        return [estimate(g, k, split=s, repairs=repairs, replays=replays) for k, s in options]
+        return [estimate(g, k, mode=m, repairs=repairs, replays=replays) for k, m in options]
 
     point = priced(f)
-    receipts = len(observed.items)
+    receipts = observed.receipts
     drawn = min(receipts, MOST_DRAWN)
     spread = [priced(g) for g in observed.resampled(resamples, drawn)]
     described = [{**e.as_dict(), "interval": _interval(
@@ -407,6 +461,14 @@ def advise(ledger: Ledger, name: str, *, repairs: int = 1, replays: int = 1,
     }
 
 
+def _unknown_modes(modes: Sequence[str]) -> str | None:
+    unknown = [m for m in modes if m not in MODES] if not isinstance(modes, str) else [modes]
+    if modes and not unknown:
+        return None
+    return (f"advice modes must be a non-empty list of {', '.join(map(repr, MODES))}; got "
+            f"{modes!r}")
+
+
 def _interval(point: float, values: list[float], scale: float) -> list[float | None] | None:
     """The middle ``LEVEL`` of the resamples' values, their spread about ``point`` scaled by
     ``scale`` (sqrt(drawn / receipts): see ``MOST_DRAWN``); None for a bound no usable result makes
@@ -431,11 +493,14 @@ def _clearly_below(option: dict[str, Any], current: dict[str, Any]) -> bool:
     return mine[1] is not None and (theirs[0] is None or mine[1] < theirs[0])
 
 
+SPELLED = {"whole": "", "split": " with split=True", "items": ' with accept="items"'}
+
+
 def _verdict(cheapest: dict[str, Any], chosen: dict[str, Any],
              current: dict[str, Any] | None) -> str:
     """What the advice says, in one sentence the text and the chart share."""
     def named(option: dict[str, Any]) -> str:
-        return f"pack {option['pack']}" + (" with split=True" if option["split"] else "")
+        return f"pack {option['pack']}" + SPELLED[option["mode"]]
 
     if current is None:
         return f"{named(chosen)} has the lowest expected cost per usable result"

@@ -51,31 +51,36 @@ def _drawn(fig: Any, title: str) -> Chart:
     return Chart(out.getvalue(), title)
 
 
+# the advice's modes as the chart draws them: (mode, line, x nudge, legend)
+SERIES = (("whole", "o-", 1.0, "whole return"), ("split", "s--", 1.04, "with split=True"),
+          ("items", "^:", 0.96, 'with accept="items"'))
+
+
 def advice_chart(advice: Mapping[str, Any]) -> Chart:
-    """Cost (or tokens) per usable result against pack size, each option with its interval;
-    the current pack and the recommended one marked, the verdict as the title."""
+    """Cost (or tokens) per usable result against pack size, a line a mode, each option with its
+    interval; the current pack and the recommended one marked, the verdict as the title."""
     priced = advice["priced"]
     key = "cost_per_usable_result" if priced else "tokens_per_usable_result"
     fig = _figure()
     ax = fig.add_subplot()
-    for split, shape, nudge in ((False, "o-", 1.0), (True, "s--", 1.04)):  # bars apart
-        shown = [c for c in advice["candidates"] if c["split"] == split and c[key] is not None]
+    for mode, shape, nudge, label in SERIES:  # nudged, so the bars stand apart
+        shown = [c for c in advice["candidates"] if c["mode"] == mode and c[key] is not None]
         if not shown:
             continue
         x, y = [c["pack"] * nudge for c in shown], [c[key] for c in shown]
         bounds = [c["interval"] or [c[key], c[key]] for c in shown]
         below = [v - (lo if lo is not None else v) for v, (lo, _) in zip(y, bounds, strict=True)]
         above = [(hi if hi is not None else v) - v for v, (_, hi) in zip(y, bounds, strict=True)]
-        ax.errorbar(x, y, yerr=[below, above], fmt=shape, capsize=3, markersize=4,
-                    label="with split=True" if split else "without splitting")
+        ax.errorbar(x, y, yerr=[below, above], fmt=shape, capsize=3, markersize=4, label=label)
     if advice["current_pack"]:
         ax.axvline(advice["current_pack"], color="grey", linestyle=":",
                    label=f"current pack {advice['current_pack']}")
     best = advice["recommended"]
     if best[key] is not None:
         ax.plot([best["pack"]], [best[key]], "*", color="#1a7f37", markersize=16,
-                label=f"recommended: pack {best['pack']}")
+                label=f"recommended: pack {best['pack']}, {best['mode']}")
     marked = [advice[k] for k in ("current", "cheapest", "recommended") if advice[k]]
+    marked += [c for c in advice["candidates"] if c["pack"] == advice["current_pack"]]  # modes
     tops = [(m["interval"] or [None, m[key]])[1] or m[key] for m in marked]
     if tops and all(t is not None for t in tops) and max(tops) > 0:  # what matters fills it
         ax.set_ylim(0, 1.6 * max(tops))

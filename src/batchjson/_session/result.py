@@ -25,6 +25,7 @@ from .._ledger.records import Receipt
 from .._ledger.store import Store
 from .._money import money
 from .._plaintext import printable
+from .._replay.plan import Outcome
 from .answers import Answers
 from .plots import Chart, batch_chart
 
@@ -68,6 +69,39 @@ class TaskAttempts(Mapping[str, int]):
 SHOWN = 10  # failed requests a notebook shows; the rest are counted
 
 
+@dataclass(frozen=True)
+class ThrownAway:
+    """Valid answers a run threw away with rejected pack-mates (``answers``, the times one was;
+    ``unresolved``: tasks of them left without a value), their share of those returns' cost
+    (None: unknown) and tokens, and whether the run split: what accepting items would save."""
+
+    answers: int
+    unresolved: int
+    cost: float | None
+    tokens: float
+    split: bool
+
+    def said(self, accept: str = 'accept="items"', split: str = "split=True") -> str:
+        """The one-line suggestion, with the options spelled as the face spells them. Each
+        answer thrown away and not left unresolved was asked for again at about its share."""
+        again = (self.answers - self.unresolved) / self.answers
+        saved = (f"about {money(self.cost * again)}" if self.cost is not None
+                 else f"about {self.tokens * again:,.0f} tokens")
+        more = f"accepting {self.unresolved} more and " if self.unresolved else ""
+        return (f"this run threw away {self.answers} valid answer(s) with a rejected pack-mate: "
+                f"{accept} would have kept them, {more}saving {saved} of asking again"
+                + ("" if self.split else f" (or {split}, which asks the halves apart)"))
+
+
+def thrown_away(outcome: Outcome, split: bool) -> ThrownAway | None:
+    """What ``outcome`` threw away of valid answers, if anything."""
+    if not outcome.thrown_away:
+        return None
+    left = sum(t in outcome.errors for t in outcome.thrown_tasks)  # given up: no value
+    return ThrownAway(outcome.thrown_away, left, outcome.thrown_cost, outcome.thrown_tokens,
+                      split)
+
+
 @dataclass
 class BatchResult:
     """``values`` holds only committed answers; ``errors`` says why the rest are not there."""
@@ -94,6 +128,7 @@ class BatchResult:
     # under the default identity, other task fields an item is held to only if it echoes them
     compared_if_echoed: tuple[str, ...] = ()
     provider: str | None = None  # provider name / model the run asked
+    thrown_away: ThrownAway | None = None  # valid answers rejected with their pack-mates
     # batch transport: every job still holding a request of this batch (status "pending")
     jobs: list[dict[str, Any]] = field(default_factory=list)
     # the batch's receipts, read from the ledger when plot() asks
@@ -193,6 +228,8 @@ class BatchResult:
         if any(e.get("type") == "validator_error" for e in self.errors):
             lines.append("A validator raised something other than ValueError or AssertionError: "
                          "fix the validator (those errors are never retried).")
+        if self.thrown_away is not None:
+            lines.append(self.thrown_away.said() + ".")
         lines.append("Accepted answers are committed; re-running the same batch resumes and "
                      "spends calls only on the unresolved requests.")
         return "\n".join(lines)

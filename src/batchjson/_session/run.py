@@ -26,7 +26,7 @@ from .plan import RunPlan, Runtime, find_completed, finished, keyed, remember_fi
 from .progress import Progress
 from .registry import checker_of
 from .rejudge import UNSEEN, Judging, clear_sourceless, unseen_token
-from .result import BatchResult, LedgerRead, ResultErrors, TaskAttempts, result_values
+from .result import BatchResult, LedgerRead, ResultErrors, TaskAttempts, result_values, thrown_away
 from .spec import RunSpec, compared_candidates
 
 T = TypeVar("T")
@@ -303,7 +303,11 @@ def report(rt: Runtime, plan: RunPlan, revision: Any, outcome: Outcome,
     if superseded is not None:
         result.superseded = superseded
         result.notes.append(superseded)
-    return _noted(result, plan)
+    result = _noted(result, plan)
+    result.thrown_away = thrown_away(outcome, spec.split)
+    if result.thrown_away is not None:  # said last: what to change before the next run
+        result.notes.append(result.thrown_away.said())
+    return result
 
 
 def _noted(result: BatchResult, plan: RunPlan) -> BatchResult:

@@ -206,7 +206,7 @@ class Session:
             self.strict, self.job_poll, self.on_note, lambda: self.provider)
 
     def advise(self, name: str, **options: Any) -> dict[str, Any]:
-        """Pack-size advice for batch ``name`` (docs/recovery.md); options: candidates=, split=,
+        """Pack-size advice for batch ``name`` (docs/recovery.md); options: candidates=, modes=,
         max_unresolved=, resamples=."""
         options.setdefault("repairs", self.repairs)
         options.setdefault("replays", self.replays)
