@@ -286,15 +286,20 @@ class BatchJson(Magics):
         result, noted = self._resolve(**spec)
         result.notes[:0] = stale
         ns[var] = result
-        if result.superseded and not noted:  # nothing was spent, so nothing was announced
-            print(f"batchjson: {args.name}: {result.superseded}")
+        self._show(result, announced=noted)
+        if result.status == "unresolved":  # a pending result is no failure: re-run collects
+            raise BatchUnresolved(result, unresolved_hint(result, var))
+
+    def _show(self, result: Any, *, announced: bool) -> None:
+        """A run's result as the cell shows it: its supersession unless announced, the result,
+        a thrown-away answers' suggestion in this magic's options, and its chart."""
+        if result.superseded and not announced:  # nothing was spent, so nothing was announced
+            print(f"batchjson: {result.name}: {result.superseded}")
         display(result)
         if result.thrown_away is not None:  # the result's note, as this magic's options
             print(f"batchjson: {result.thrown_away.said('--accept items', '--split')}")
         if result.calls and (result.tokens or result.cost or len(result.values)):
             self._show_chart(result.plot)  # nothing spent or accepted is nothing to draw
-        if result.status == "unresolved":  # a pending result is no failure: re-run collects
-            raise BatchUnresolved(result, unresolved_hint(result, var))
 
     def _define_once(self, defined: list[str], checker: Any) -> tuple[Any, list[str]]:
         """The cell's validator through the define-once registry (see ``define_once``)."""
