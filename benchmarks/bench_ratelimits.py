@@ -2,14 +2,18 @@
 cost of a batch's shared prefix with the provider's prompt cache.
 
 The loopback server enforces RPM and TPM as OpenAI documents them: tokens counted when a
-request arrives (prompt characters / 4 plus max_completion_tokens), each limit applied over
-one-second slices, a 429 with OpenAI's body and ``x-ratelimit-*`` headers (no ``retry-after``)
-beyond them. N single-task requests with ~100-token prompts; the ideal wall time is the larger
-of N / RPM and the requested tokens / TPM. Two clients in the same run:
+request arrives (prompt characters / 4 plus the max_completion_tokens it asks for, or 256 when
+it asks for none), each limit applied over one-second slices, a 429 with OpenAI's body and
+``x-ratelimit-*`` headers (no ``retry-after``) beyond them. N single-task requests with
+~100-token prompts, each labelled positive, negative or mixed; the ideal wall time is the larger
+of N / RPM and the tokens counted / TPM, so a generous ceiling cannot buy a slow run that looks
+ideal: the tokens counted per request are reported. Every client sends batchjson's default
+request bodies. Two clients in the same run:
 
   (a) a semaphore-only async client (aiohttp, concurrency C, retrying a 429 after its
       ``retry-after`` or else an exponential backoff with jitter, as SDK retry loops do);
-  (b) batchjson: Session(OpenAIProvider).run_batch(pack=1), limits learnt from the headers;
+  (b) batchjson: Session(OpenAIProvider).run_batch(pack=1), default settings, a fresh ledger:
+      limits learnt from the headers, each call's ceiling sized from the schema's answer;
   (c) batchjson on four hosts: four processes, one ledger (SQLite here; PostgreSQL is the same
       code), the same batch, each learning the account's limits and pacing to its quarter.
 
@@ -23,7 +27,7 @@ as batchjson sends it (prefix cached) and the same tokens without the cache (eve
 the full input price, as when each request's schema differs); and, for reference, the same
 batch with one line of instructions. Target: the cached prefix costs <= 0.6x uncached.
 
-Run: .venv/bin/python benchmarks/bench_ratelimits.py [--n 2000 --rpm 12000 --concurrency 64]
+Run: .venv/bin/python benchmarks/bench_ratelimits.py [--n 600 --rpm 1200 --tpm 480000]
 """
 
 from __future__ import annotations
@@ -55,7 +59,8 @@ TARGET_RATIO = ci_or(0.95, 0.85)  # make bench-ci: a few seconds of pacing on a 
 TARGET_REFUSED = ci_or(0.01, 0.02)
 TARGET_CACHE = 0.6
 CAP = 40  # max_completion_tokens of every request
-SCHEMA = {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]}
+SCHEMA = {"type": "object", "properties": {"label": {"enum": ["positive", "negative", "mixed"]}},
+          "required": ["label"]}
 PREFIX = ("Label each review as positive, negative or mixed; weigh the whole text, quote no "
           "words back, and answer with the label alone. ") * 62  # ~2,000 tokens
 
@@ -64,6 +69,11 @@ def tasks(n: int, tag: str = "") -> list[dict[str, Any]]:
     """Single tasks whose rendered prompt is about 100 tokens."""
     return [{"task_id": f"{tag}{i}", "prompt": f"Review {tag}{i}: " + "a fine, sturdy thing. " * 14}
             for i in range(n)]
+
+
+def counted(srv: LoopbackServer) -> float:
+    """The tokens the server counted per request it let through."""
+    return srv.admitted_tokens / max(1, srv.requests - srv.responses[429])
 
 
 def ideal_seconds(srv: LoopbackServer, n: int, rpm: int, tpm: int) -> float:
@@ -100,8 +110,7 @@ async def semaphore_client(base_url: str, bodies: list[dict[str, Any]],
 
 def bodies_like_batchjson(n: int) -> list[dict[str, Any]]:
     """The same requests batchjson sends for these tasks (its own request bodies)."""
-    provider = OpenAIProvider("gpt-4o-mini", base_url="http://127.0.0.1:1/v1", api_key="k",
-                              extra_body={"max_completion_tokens": CAP})
+    provider = OpenAIProvider("gpt-4o-mini", base_url="http://127.0.0.1:1/v1", api_key="k")
     calls: list[Any] = []
 
     def capture(call: Any) -> str:
@@ -128,10 +137,10 @@ def throughput(n: int, rpm: int, tpm: int, concurrency: int) -> tuple[bool, list
         share = srv.responses[429] / max(1, srv.requests)
         lines.append(f"(a) semaphore-only client: {answered}/{n} answered, {wall:.1f}s against "
                      f"an ideal of {ideal:.1f}s = {ideal / wall:.3f} of the ideal, "
-                     f"{share:.1%} of calls answered 429")
+                     f"{share:.1%} of calls answered 429, {counted(srv):.0f} tokens counted "
+                     "per request")
     with LoopbackServer(rate_limits=Limits.enforced(rpm, tpm, 1.0)) as srv:
-        provider = OpenAIProvider("gpt-4o-mini", base_url=srv.base_url, api_key="k",
-                                  extra_body={"max_completion_tokens": CAP})
+        provider = OpenAIProvider("gpt-4o-mini", base_url=srv.base_url, api_key="k")
         session = Session(provider, ledger=":memory:", concurrency=concurrency)
         start = time.perf_counter()
         result = session.run_batch("paced", tasks(n), SCHEMA, on_exhausted="return")
@@ -145,7 +154,8 @@ def throughput(n: int, rpm: int, tpm: int, concurrency: int) -> tuple[bool, list
         ok &= passed
         lines.append(f"(b) batchjson: {len(result.values)}/{n} resolved, {wall:.1f}s against an "
                      f"ideal of {ideal:.1f}s = {ratio:.3f} of the ideal, {share:.2%} of calls "
-                     f"answered 429 (limits learnt: {session.pacer.describe()}) "
+                     f"answered 429, {counted(srv):.0f} tokens counted per request (limits "
+                     f"learnt: {session.pacer.describe()}) "
                      f"{'PASS' if passed else 'FAIL'}")
     return ok, lines
 
@@ -154,10 +164,9 @@ HOST = """
 import os, sys, time
 ledger, base, go, n, here, concurrency = sys.argv[1:7]
 sys.path.insert(0, here)
-from bench_ratelimits import CAP, SCHEMA, tasks
+from bench_ratelimits import SCHEMA, tasks
 from batchjson import OpenAIProvider, Session
-provider = OpenAIProvider("gpt-4o-mini", base_url=base, api_key="k",
-                          extra_body={"max_completion_tokens": CAP})
+provider = OpenAIProvider("gpt-4o-mini", base_url=base, api_key="k")
 session = Session(provider, ledger=ledger, concurrency=int(concurrency))
 print("ready", flush=True)
 while not os.path.exists(go):
@@ -231,9 +240,9 @@ def caching(n: int) -> tuple[bool, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=ci_or(2000, 800))
-    parser.add_argument("--rpm", type=int, default=12_000)
-    parser.add_argument("--tpm", type=int, default=2_400_000)
+    parser.add_argument("--n", type=int, default=ci_or(600, 300))
+    parser.add_argument("--rpm", type=int, default=1_200)
+    parser.add_argument("--tpm", type=int, default=480_000)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--cost-n", type=int, default=ci_or(200, 50))
     args = parser.parse_args(argv)

@@ -128,6 +128,32 @@ def test_remaining_tokens_below_a_burst_pause_the_session_until_the_provider_cat
     assert 0.4 < paused < 0.6  # half a second's worth of tokens at 1,000 a second
 
 
+def test_the_providers_remaining_counts_lower_and_raise_the_pacers_view() -> None:
+    """Less left than a burst (tokens or requests) holds the calls; a later answer saying a
+    burst is left again releases them at once; a 429's own wait is never cut short."""
+    async def go() -> tuple[float, float, float, float]:
+        pacer = Pacer(RateLimits(600, 60_000), concurrency=4)
+        loop = asyncio.get_running_loop()
+        pacer.observe({"x-ratelimit-limit-requests": "600", "x-ratelimit-remaining-requests": "0",
+                       "x-ratelimit-limit-tokens": "60000",
+                       "x-ratelimit-remaining-tokens": "60000"})
+        lowered = pacer._open_at - loop.time()
+        pacer.observe({"anthropic-ratelimit-requests-limit": "600",
+                       "anthropic-ratelimit-requests-remaining": "600",
+                       "anthropic-ratelimit-input-tokens-limit": "60000",
+                       "anthropic-ratelimit-input-tokens-remaining": "59000"})
+        raised = pacer._open_at - loop.time()
+        pacer.penalise(0.5)
+        pacer.observe({"x-ratelimit-limit-tokens": "60000",
+                       "x-ratelimit-remaining-tokens": "60000"})
+        return lowered, raised, pacer._open_at - loop.time(), pacer.paused
+
+    lowered, raised, refused, paused = asyncio.run(go())
+    assert 0.4 < lowered < 0.6  # half a second's worth of requests at 10 a second
+    assert raised <= 0
+    assert 0.4 < refused <= 0.5 and paused < 0.6
+
+
 def test_a_pack_larger_than_the_token_limit_is_refused_before_spending_naming_the_pack_that_fits(
 ) -> None:
     with LoopbackServer() as srv:

@@ -9,6 +9,7 @@ may look the same; only in a provider's error text are key fragments masked wher
 from __future__ import annotations
 
 import base64
+import hashlib
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -48,6 +49,16 @@ def looks_like_key(text: str) -> bool:
 def masked(text: str) -> str:
     """The first four characters and the length: enough to recognise, never enough to use."""
     return f"{text[:4]!r}... ({len(text)} chars)"
+
+
+def key_digest(value: str | None) -> str:
+    """Who holds a key, without the key: 16 hex digits of a SHA-256 over it, which cannot give
+    it back (a key is too long to guess); "" for no key. Kept in a ledger to tell accounts
+    apart."""
+    if not value:
+        return ""
+    return hashlib.sha256(b"batchjson account\0" + value.encode("utf-8", "surrogatepass")
+                          ).hexdigest()[:16]
 
 
 def keys_masked(text: str) -> str:

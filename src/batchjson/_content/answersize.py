@@ -45,10 +45,28 @@ def smallest_answers(schema: ItemSchema, tasks: Sequence[Mapping[str, Any]],
     return [_compact({**{k: t[k] for k in identity}, **rest}) for t in tasks]
 
 
-def largest_answer(schema: Mapping[str, Any]) -> int | None:
+def largest_answer(schema: Mapping[str, Any], *, declared: bool = False) -> int | None:
     """The most characters any answer valid under ``schema`` (a JSON Schema document) takes
-    as compact JSON with ``ensure_ascii=False``; None when the schema sets no limit."""
+    as compact JSON with ``ensure_ascii=False``; None when the schema sets no limit. With
+    ``declared``, an object that names its properties and says nothing of others is taken to
+    hold only those: what a provider enforcing the schema (strict mode, a tool's input)
+    answers, and what a model asked for it writes."""
+    if declared:
+        schema = _declared_only(schema)
     return _most(schema, schema, 0)
+
+
+def _declared_only(node: Any) -> Any:
+    """``node`` with ``additionalProperties: false`` where properties are named and nothing
+    is said of others."""
+    if isinstance(node, list):
+        return [_declared_only(member) for member in node]
+    if not isinstance(node, Mapping):
+        return node
+    out = {key: _declared_only(value) for key, value in node.items()}
+    if "properties" in out and not {"additionalProperties", "patternProperties"} & out.keys():
+        out["additionalProperties"] = False
+    return out
 
 
 def _compact(value: Any) -> str:

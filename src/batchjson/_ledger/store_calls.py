@@ -14,7 +14,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .._content.tasks import Request
@@ -51,9 +51,10 @@ class Owner:
         with _live_lock:
             _live_runs.discard(self.id)
 
-    @property
-    def id(self) -> str:
-        return f"{self.host}/{self.pid}/{self.session}/{self.run}"
+    id: str = field(init=False, repr=False, compare=False)  # host/pid/session/run
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "id", f"{self.host}/{self.pid}/{self.session}/{self.run}")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -363,6 +364,21 @@ class CallStore(RunStore):
             self._exec(tx, "DELETE FROM hosts WHERE owner = ?", (name,))
         return len(rows) - len(gone)
 
+    def rate_limits(self, tx: Tx, account: str, model: str,
+                    learnt: tuple[int | None, int | None] | None = None
+                    ) -> tuple[int | None, int | None, float] | None:
+        """The requests and tokens per minute last learnt for ``model`` on ``account`` (None
+        where the provider reported none) and their age in seconds by the ledger's clock, or
+        None when none were kept; with ``learnt``, those are kept instead (and None returned)."""
+        at = self._clock(tx)
+        if learnt is not None:
+            self._exec(tx, LIMITS_KEEP_SQL, (account, model, *learnt, at))
+            return None
+        row = self._exec(tx, "SELECT requests_per_minute, tokens_per_minute, learnt_at FROM "
+                         "rate_limits WHERE account = ? AND model = ?", (account, model)
+                         ).fetchone()
+        return None if row is None else (row[0], row[1], max(0.0, at - row[2]))
+
 
 def _already_accepted(first: Any) -> list[dict[str, Any]]:
     """The error of a paid return whose request another runner's attempt ``first`` admitted."""
@@ -434,3 +450,8 @@ BUDGET_ABANDON_SQL = ("UPDATE budget SET reserved = CASE WHEN reserved > ? THEN 
 HOST_JOIN_SQL = ("INSERT INTO hosts(owner, host, pid, lease_expires_at, joined_at) "
                  "VALUES (?, ?, ?, ?, ?) ON CONFLICT (owner) DO UPDATE SET "
                  "lease_expires_at = excluded.lease_expires_at")
+
+LIMITS_KEEP_SQL = ("INSERT INTO rate_limits(account, model, requests_per_minute, "
+                   "tokens_per_minute, learnt_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT (account, "
+                   "model) DO UPDATE SET requests_per_minute = excluded.requests_per_minute, "
+                   "tokens_per_minute = excluded.tokens_per_minute, learnt_at = excluded.learnt_at")

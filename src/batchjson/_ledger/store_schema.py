@@ -119,6 +119,9 @@ CREATE TABLE budget (
 CREATE TABLE hosts (
     owner TEXT PRIMARY KEY, host TEXT NOT NULL, pid {int} NOT NULL,
     lease_expires_at {real} NOT NULL, joined_at TEXT NOT NULL){rowid};
+CREATE TABLE rate_limits (
+    account TEXT NOT NULL, model TEXT NOT NULL, requests_per_minute {int},
+    tokens_per_minute {int}, learnt_at {real} NOT NULL, PRIMARY KEY (account, model)){rowid};
 """
 
 # What only a server with writers side by side needs: a request's rows by key (claims lock the

@@ -27,6 +27,7 @@ from .._secrets import (
     Secret,
     Secrets,
     check_name,
+    key_digest,
     looks_like_key,
     masked,
     provider_text_masked,
@@ -301,8 +302,10 @@ class HttpProvider(OneService):
                 "key (api_key= or the environment) and drop user:password@ from the URL, or "
                 "pass api_key='' to authenticate with the URL alone")
         host = (urlparse(self.base_url).hostname or "").lower()
-        if not self._key and (host == self.official_domain
-                              or host.endswith("." + self.official_domain)):
+        # the vendor's own API, not a compatible server
+        self.official = bool(self.official_domain) and (
+            host == self.official_domain or host.endswith("." + self.official_domain))
+        if not self._key and self.official:
             raise ProviderSetupError(
                 f"{kind} has no API key for {display_url(self.base_url)}: set {self.key_env} in "
                 f"the environment or pass api_key=...{self.keyless_hint}")
@@ -382,6 +385,11 @@ class HttpProvider(OneService):
     def settings(self) -> dict[str, Any]:
         """Every setting sent with a request besides model and URL (subclasses add theirs)."""
         return {"extra_body": self.extra_body}
+
+    def account(self) -> str:
+        """Whose rate limits a call spends: the protocol, the public base URL and a digest of
+        the key (:func:`key_digest`), never the key itself."""
+        return f"{self.name} {display_url(self.base_url)} {key_digest(self._key.get())}".rstrip()
 
     def source_key(self) -> tuple[Any, ...]:
         """What decides this provider's answers: protocol, base URL, model and every setting sent;

@@ -26,6 +26,7 @@ from ._http import ITEMS_NAME, WRAPPED_VALUE, HttpProvider, as_int, object_schem
 from .base import CACHE_CONTROL, Call, prefix_cacheable
 from .batch_client import TEXT, BatchClient, OutputLines, Upload
 from .reply import Reply
+from .settings import UNBOUNDED_ANSWER_TOKENS, sized_output_cap
 
 DEFAULT_ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"
@@ -34,6 +35,7 @@ MODES: tuple[str, ...] = get_args(AnthropicMode)
 # The tool-use system prompt Anthropic adds when a tool is forced: the largest of its pricing
 # table's (235 to 340 tokens by model), so a cost budget holds for every model, listed or newer.
 FORCED_TOOL_SYSTEM_TOKENS = 340
+DEFAULT_MAX_TOKENS = UNBOUNDED_ANSWER_TOKENS  # the ceiling when the user sets none
 
 
 class AnthropicProvider(HttpProvider):
@@ -53,15 +55,19 @@ class AnthropicProvider(HttpProvider):
     static_headers = {"Content-Type": "application/json", "anthropic-version": ANTHROPIC_VERSION}
 
     def __init__(self, model: str | None = None, *, base_url: str | None = None,
-                 api_key: str | None = None, mode: AnthropicMode = "tool", max_tokens: int = 4096,
+                 api_key: str | None = None, mode: AnthropicMode = "tool",
+                 max_tokens: int | None = None,
                  timeout: float = 60.0, prices: Mapping[str, Any] | None = None,
                  max_connections: int = 0, extra_body: Mapping[str, Any] | None = None) -> None:
         self._setup(model, base_url, api_key, timeout, prices, extra_body, max_connections)
         if mode not in MODES:
             raise ProviderSetupError(f"mode must be 'tool' or 'text', got {mode!r}")
-        whole("max_tokens", max_tokens, 1, ProviderSetupError)
         self.mode = mode
-        self.max_tokens = max_tokens
+        # unset: each call's ceiling is sized from its answer, never past the default; a
+        # thinking budget must fit under max_tokens, so with one the default is sent whole
+        self._sizes_output = max_tokens is None and "thinking" not in self.extra_body
+        self.max_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else whole(
+            "max_tokens", max_tokens, 1, ProviderSetupError)
 
     def _base_url(self, base_url: str | None) -> str:
         # the path adds /v1 itself
@@ -75,7 +81,7 @@ class AnthropicProvider(HttpProvider):
         """The JSON body, the forced tool's name (tool mode) and whether a scalar was wrapped."""
         body: dict[str, Any] = {
             "model": self.model,
-            "max_tokens": self.max_tokens,
+            "max_tokens": self.sized_output(call.answer_chars),
             "messages": [{"role": "user", "content": call.prompt}],
             **self.extra_body,
         }
@@ -92,6 +98,13 @@ class AnthropicProvider(HttpProvider):
                           "input_schema": schema}]
         body["tool_choice"] = {"type": "tool", "name": tool}
         return body, tool, wrapped
+
+    def sized_output(self, answer_chars: int | None) -> int:
+        """The ``max_tokens`` a call whose answer takes at most ``answer_chars`` characters
+        sends: the user's own, else sized (:func:`sized_output_cap`) within the default."""
+        if not self._sizes_output:
+            return self.max_tokens
+        return min(self.max_tokens, sized_output_cap(answer_chars))
 
     def overhead_tokens(self, call: Call) -> int:
         """The tool-use system prompt of a forced tool; text mode adds none."""

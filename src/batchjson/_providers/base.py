@@ -32,7 +32,8 @@ class Call:
     """Everything a provider needs for one request attempt. ``mode``: ``"items"`` (return
     ``{"items": [...]}``, one object per task) or ``"value"`` (one bare JSON value). ``shared``: the
     head of ``prompt`` every request of the batch starts with, which a provider may mark for its
-    cache."""
+    cache. ``answer_chars``: the most characters its answer can take (None: unbounded or not
+    known), from which a provider sizes its output ceiling when the user set none."""
 
     tasks: tuple[Mapping[str, Any], ...]
     prompt: str
@@ -44,6 +45,7 @@ class Call:
     mode: Literal["items", "value"] = "items"
     identity: tuple[str, ...] = ("task_id",)
     shared: str = ""
+    answer_chars: int | None = None
 
 
 @runtime_checkable

@@ -27,6 +27,7 @@ from ._http import HttpProvider, as_int, object_schema
 from .base import Call, prefix_cacheable, prompt_cache_key
 from .batch_client import WINDOW_HOURS, BatchClient, OutputLines, Upload
 from .reply import Reply
+from .settings import declared_output_cap, sized_output_cap
 from .strict import strict_form
 
 __all__ = ["DEFAULT_OPENAI_BASE_URL", "OpenAIProvider"]
@@ -76,6 +77,11 @@ class OpenAIProvider(HttpProvider):
                 "schema), or pass capabilities={'response_format': True} if this deployment "
                 "takes one")
         self.extra_body = shaped_extra_body(self.model, self.capabilities, self.extra_body)
+        self._sizes_output = declared_output_cap(self) is None
+        # OpenAI's own API takes max_completion_tokens for every chat model (max_tokens is
+        # deprecated there); compatible servers know max_tokens, unless the model needs the other
+        self._cap_field = ("max_completion_tokens" if self.official
+                           or self.capabilities.max_completion_tokens else "max_tokens")
 
     def batch_api(self) -> OpenAIBatches:
         """The batch transport this provider offers (``transport='batch'``): OpenAI's Batch API."""
@@ -85,6 +91,10 @@ class OpenAIProvider(HttpProvider):
         """The JSON body for a call, and whether a value-mode scalar was wrapped."""
         body: dict[str, Any] = {"model": self.model, "messages": self._messages(call),
                                 **self.extra_body}
+        if self._sizes_output:
+            cap = self.sized_output(call.answer_chars)
+            if cap is not None:
+                body[self._cap_field] = cap
         fmt, wrapped = self._format(call.schema, call.mode)
         if fmt is not None:
             body["response_format"] = fmt
@@ -93,6 +103,17 @@ class OpenAIProvider(HttpProvider):
         if "prompt_cache_key" in body and body["prompt_cache_key"] is None:
             del body["prompt_cache_key"]  # extra_body's None: a server that refuses the field
         return body, wrapped
+
+    def sized_output(self, answer_chars: int | None) -> int | None:
+        """The output ceiling a call whose answer takes at most ``answer_chars`` characters
+        sends (:func:`sized_output_cap`; a reasoning model's counts its reasoning): the user's
+        own in ``extra_body`` wins. An unbounded answer sent to a server other than OpenAI's
+        gets none: a compatible server's context may be smaller than the bound."""
+        if not self._sizes_output:
+            return declared_output_cap(self)
+        if answer_chars is None and not self.official:
+            return None
+        return sized_output_cap(answer_chars, reasoning=not self.capabilities.temperature)
 
     def _messages(self, call: Call) -> list[dict[str, str]]:
         """The system text in the role the model takes it in; a model that takes neither

@@ -136,9 +136,13 @@ def retry_wait(headers: Mapping[str, str], now: float | None = None) -> float | 
     return max(resets) if resets else None
 
 
-def reports_limits(provider: Any) -> bool:
-    """Whether ``provider`` speaks an API that reports its rate limits in headers."""
-    return getattr(getattr(provider, "inner", provider), "name", None) in ("openai", "anthropic")
+def limits_account(provider: Any) -> tuple[str, str] | None:
+    """Whose limits ``provider``'s calls spend, as (account, model), when it speaks an API that
+    reports its rate limits in headers (None otherwise): the key the limits are kept under."""
+    inner = getattr(provider, "inner", provider)
+    if getattr(inner, "name", None) not in ("openai", "anthropic"):
+        return None
+    return inner.account(), inner.model
 
 
 def request_tokens(system: str, prompt: str, output_cap: int | None) -> int:

@@ -17,6 +17,34 @@ BILL_MULTIPLIERS = ("n", "best_of")
 OUTPUT_CAPS = ("max_completion_tokens", "max_tokens")
 
 
+# The output ceiling a call asks for when the user sets none (docs/providers.md, "Output
+# ceiling"): the most characters its answer can take (``answersize.largest_answer``), a third of
+# them a token (JSON's quotes and short keys tokenize denser than prose's four), plus a margin
+# for whitespace and a tool call's framing; never past the bound of an unbounded answer (a
+# string without ``maxLength``), the ceiling most chat models take. A reasoning model's ceiling
+# counts its reasoning too: OpenAI's advice is to reserve 25,000 tokens for it.
+ANSWER_CHARS_PER_TOKEN = 3
+ANSWER_MARGIN_TOKENS = 64
+UNBOUNDED_ANSWER_TOKENS = 4096
+REASONING_TOKENS = 25_000
+
+
+def sized_output_cap(answer_chars: int | None, *, reasoning: bool = False) -> int:
+    """The output ceiling for an answer of at most ``answer_chars`` characters (None: unbounded)."""
+    tokens = UNBOUNDED_ANSWER_TOKENS if answer_chars is None else min(
+        UNBOUNDED_ANSWER_TOKENS, -(-answer_chars // ANSWER_CHARS_PER_TOKEN) + ANSWER_MARGIN_TOKENS)
+    return tokens + (REASONING_TOKENS if reasoning else 0)
+
+
+def call_output_cap(provider: Any, answer_chars: int | None) -> int | None:
+    """The output ceiling ``provider`` sends with a call whose answer takes at most
+    ``answer_chars`` characters: the one it sizes (``sized_output``, the user's own winning),
+    else the one it declares, else None. What a rate limiter counts with the prompt."""
+    inner = getattr(provider, "inner", provider)
+    sized = getattr(inner, "sized_output", None)
+    return sized(answer_chars) if callable(sized) else declared_output_cap(inner)
+
+
 def declared_output_cap(provider: Any) -> int | None:
     """The output ceiling a provider sends with each call (``max_tokens``, or ``max_tokens`` /
     ``max_completion_tokens`` in ``extra_body``), or None when it sends none."""

@@ -352,7 +352,8 @@ def make_call(plan: Plan, system: str, request: Request, kind: CallKind, prompt:
     return Call(tasks=tuple(json.loads(request.tasks_json)), prompt=prompt, system=system,
                 schema=schema, attempt=number, kind=kind, request_key=request.key,
                 mode=plan.mode, identity=plan.identity,
-                shared=shared if prompt.startswith(shared) else "")
+                shared=shared if prompt.startswith(shared) else "",
+                answer_chars=plan.answer_chars(request))
 
 
 def cheapest_call(plan: Plan, provider: Any, pricing: Pricing,

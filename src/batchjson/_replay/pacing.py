@@ -92,6 +92,7 @@ class Pacer:
         self._tokens: AsyncLimiter | None = None
         self._largest = 1  # the largest token count acquired: the token bucket's least burst
         self._open_at = 0.0  # loop time before which no call is sent
+        self._short_until = -1.0  # the end of a pause short remaining counts asked for
         self._waiting: list[asyncio.Future[None]] = []
         self._learning = False  # one call alone until the first answer: see learn()
         self._heard = False  # an answer has come back
@@ -126,6 +127,18 @@ class Pacer:
         """The provider reports its limits in headers: with none set, the session's first call
         goes alone, so that its answer says the limits before a burst meets them blind."""
         self._learning = not self.limits and not self._heard
+
+    def recall(self, learnt: RateLimits) -> None:
+        """Limits an earlier answer on this account and model reported (none, when it
+        reported none), kept in the ledger: paced to from the first call, none sent alone;
+        headers still correct them as they come."""
+        self._learning, self._heard = False, True
+        self._learn(learnt)
+
+    @property
+    def heard(self) -> bool:
+        """Whether the provider has said what its limits are (or that it reports none)."""
+        return self._heard
 
     def set_limits(self, limits: RateLimits) -> None:
         """New limits from the user; what was learnt stays for the limits left unset."""
@@ -188,13 +201,8 @@ class Pacer:
         if not seen.any:
             return
         self._learning, self._heard = False, True
-        learnt = RateLimits(seen.requests.limit or self.learnt.requests_per_minute,
-                            seen.tokens.limit or self.learnt.tokens_per_minute)
-        if learnt != self.learnt:
-            rpm, tpm = self.requests_per_minute, self.tokens_per_minute
-            self.learnt = learnt
-            self._build(requests=self.requests_per_minute != rpm,
-                        tokens=self.tokens_per_minute != tpm)
+        self._learn(RateLimits(seen.requests.limit or self.learnt.requests_per_minute,
+                               seen.tokens.limit or self.learnt.tokens_per_minute))
         self._pause_if_short(seen)
 
     def penalise(self, wait: float | None) -> None:
@@ -208,13 +216,29 @@ class Pacer:
         self._hold(loop, wait)
 
     # -- inside ---------------------------------------------------------------------------------
+    def _learn(self, learnt: RateLimits) -> None:
+        if learnt != self.learnt:
+            rpm, tpm = self.requests_per_minute, self.tokens_per_minute
+            self.learnt = learnt
+            self._build(requests=self.requests_per_minute != rpm,
+                        tokens=self.tokens_per_minute != tpm)
+
     def _pause_if_short(self, seen: Reported) -> None:
+        """The provider's count corrects ours both ways: less left than one burst pauses until
+        it has drained; a later answer with a burst left again ends that pause (never a
+        429's)."""
+        loop, short = asyncio.get_running_loop(), None
         for state, bucket in ((seen.requests, self._requests), (seen.tokens, self._tokens)):
             if bucket is None or state.remaining is None or not state.limit:
                 continue
-            short = bucket.max_rate - state.remaining
-            if short > 0:
-                self._hold(asyncio.get_running_loop(), short * 60.0 / state.limit)
+            wait = (bucket.max_rate - state.remaining) * 60.0 / state.limit
+            short = max(short or 0.0, wait)
+        if short is not None and short > 0:
+            self._hold(loop, short)
+            self._short_until = self._open_at
+        elif short is not None and self._open_at == self._short_until > loop.time():
+            self.paused -= self._open_at - loop.time()
+            self._open_at = self._short_until = loop.time()
 
     def _hold(self, loop: asyncio.AbstractEventLoop, wait: float) -> None:
         until = loop.time() + wait
@@ -258,6 +282,11 @@ def pack_that_fits(limit: int, fixed_tokens: float, task_tokens: float) -> int:
 
 
 COUNT_SECONDS = 1.0  # the longest a run paces to a stale count of the hosts
+# Limits kept in the ledger older than this are learnt again (a call alone): an account's limits
+# change with its tier, and only a first burst paces to kept ones before headers correct them.
+LIMITS_TRUSTED = 30 * 86400.0
+LIMITS_RENEWED = 86400.0  # kept limits older than this are written again when next heard
+Account = tuple[str, str]  # (the provider's account, the model): what limits are kept under
 
 
 class HostShare:
@@ -267,10 +296,37 @@ class HostShare:
         self.store = store
         self.pacer = pacer
         self.owner = Owner.start(session_id)
+        self._kept: dict[Account, RateLimits] = {}  # limits the ledger holds, recently written
 
     def count(self, tx: Tx) -> None:
         """Renew this host's row in ``tx`` and take its share of the hosts counted alive."""
         self.pacer.share(self.store.hosts(tx, self.owner))
+
+    def recall(self, tx: Tx, account: Account) -> None:
+        """:meth:`count`, and pace to the limits the ledger keeps for ``account``, so a new
+        session or process on it sends no call alone to learn them."""
+        self.count(tx)
+        kept = self.store.rate_limits(tx, *account)
+        if kept is None or kept[2] > LIMITS_TRUSTED:
+            return
+        limits = RateLimits(kept[0], kept[1])
+        self.pacer.recall(limits)
+        if kept[2] < LIMITS_RENEWED:
+            self._kept[account] = limits
+
+    def to_keep(self, account: Account) -> RateLimits | None:
+        """What the pacer heard of ``account``'s limits that the ledger does not hold yet (None:
+        nothing new), taken as kept now so one write is queued for it."""
+        learnt = self.pacer.learnt
+        if not self.pacer.heard or self._kept.get(account) == learnt:
+            return None
+        self._kept[account] = learnt
+        return learnt
+
+    def keep(self, tx: Tx, account: Account, learnt: RateLimits) -> None:
+        """Write ``learnt`` as ``account``'s limits, for every later session on the ledger."""
+        self.store.rate_limits(tx, *account, (learnt.requests_per_minute,
+                                              learnt.tokens_per_minute))
 
     def join(self) -> None:
         """Counted from the session's start, so hosts started together pace to their share from

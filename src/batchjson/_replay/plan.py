@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
+from .._content.answersize import largest_answer
 from .._content.keys import Keys
 from .._content.schema import ItemSchema
 from .._content.spool import TextSpool
@@ -31,6 +33,27 @@ class Plan:
     max_split_depth: int = 4
     reask_refusals: bool = False  # a refused return is asked again (within the replays)
     source: str | None = None  # the provider's answer source, written on every receipt
+
+    @cached_property
+    def _item_chars(self) -> int | None:
+        """The most characters one answer takes, its identity fields left out (their values
+        are the task's): weighed once a run. None: unbounded."""
+        schema = self.schema.json_schema
+        if self.mode != "value" and isinstance(schema.get("properties"), Mapping):
+            schema = {**schema, "properties": {k: v for k, v in schema["properties"].items()
+                                               if k not in self.identity}}
+        return largest_answer(schema, declared=True)
+
+    def answer_chars(self, request: Request) -> int | None:
+        """The most characters the return to ``request`` can take (None: unbounded): each
+        item at its longest with its task's identity values, in the ``items`` envelope."""
+        item = self._item_chars
+        if item is None or self.mode == "value":
+            return item
+        echoes = sum(len(name) + len(json.dumps(task[name], ensure_ascii=False)) + 4
+                     for task in request.tasks for name in self.identity)
+        count = len(request.tasks)
+        return len('{"items":[]}') + count * (item + 1) + echoes
 
 
 @dataclass

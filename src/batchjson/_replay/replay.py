@@ -20,12 +20,13 @@ from .._content.tasks import Request
 from .._errors import LedgerError, ProviderError
 from .._ledger import Ledger
 from .._ledger.store_calls import Owner
-from .._providers.ratelimits import HEADER_LISTENER, reports_limits, request_tokens
+from .._providers.ratelimits import HEADER_LISTENER, limits_account, request_tokens
+from .._providers.settings import call_output_cap
 from .._sources import TRUNCATED
 from .budget import Spender
 from .calls import STOPPED, Caller, Control, Judged, NotSent
 from .groupcommit import GroupCommit
-from .pacing import COUNT_SECONDS, HostShare, Pacer
+from .pacing import COUNT_SECONDS, Account, HostShare, Pacer
 from .plan import Outcome, Plan, Transport
 from .settle import HALVE, NONE, Tried, cut_off_error, fail, next_attempt, provider_error
 
@@ -59,9 +60,11 @@ class Replayer:
         self.outcome = Outcome()
         self.pacer = pacer
         self.hosts = hosts  # this session among the ledger's hosts: its share of the limits
+        # whose limits the calls spend, when the provider reports them: kept in the ledger
+        self.account = limits_account(provider) if pacer is not None else None
         if pacer is not None:
             pacer.set_ceiling(concurrency)
-            if reports_limits(provider):
+            if self.account is not None:
                 pacer.learn()
         self._attempts: dict[str, int] = {}
         self._cut_off: set[str] = set()  # requests cut off before under the same settings
@@ -78,7 +81,9 @@ class Replayer:
                              self._attempts)
         self.store.reap()  # runners that are gone give up their claims before we start
         if self.hosts is not None:  # the share of the limits as it is now, before any call
-            await self.writes.run(self.hosts.count)
+            hosts, account = self.hosts, self.account
+            await self.writes.run(hosts.count if account is None else
+                                  lambda tx: hosts.recall(tx, account))
         self._queue: deque[Item] = deque()
         self._feed: Iterator[Request] | None = iter(requests)
         self._fill()
@@ -341,8 +346,9 @@ class Replayer:
         pacer = self.pacer
         if pacer is None:
             return await self.caller.call(request, kind, prompt)
-        await pacer.acquire(1, request_tokens(self.caller.system, prompt,
-                                              self.spender.pricing.max_output_tokens))
+        # counted as the provider's limiter counts it: the prompt and the ceiling the call asks
+        cap = call_output_cap(self.provider, self.plan.answer_chars(request))
+        await pacer.acquire(1, request_tokens(self.caller.system, prompt, cap))
         listening = HEADER_LISTENER.set(pacer.observe)
         answered = False
         try:
@@ -356,9 +362,18 @@ class Replayer:
         finally:
             HEADER_LISTENER.reset(listening)
             pacer.release(answered)
+            if self.account is not None and self.hosts is not None:
+                self._keep_limits(self.hosts, self.account)
             if answered and self._limited_since is not None:
                 self._limited_since = None
                 self._say("")
+
+    def _keep_limits(self, hosts: HostShare, account: Account) -> None:
+        """What the pacer newly heard of the account's limits goes to the ledger with the next
+        group of writes, so the next session starts paced."""
+        learnt = hosts.to_keep(account)
+        if learnt is not None:
+            self.writes.queue(lambda tx: hosts.keep(tx, account, learnt))
 
     def _rate_limited(self, exc: ProviderError) -> None:
         """A 429: every call of the session waits what the provider asks, within this run's

@@ -21,7 +21,7 @@ from .._content.tasks import Request
 from .._errors import InvalidBatch, ProviderSetupError
 from .._ledger import Ledger
 from .._providers.ratelimits import request_tokens
-from .._providers.settings import declared_output_cap
+from .._providers.settings import call_output_cap, declared_output_cap
 from .._replay.pacing import Pacer, pack_that_fits
 from .._replay.plan import Plan, first_prompt, system_prompt
 
@@ -151,8 +151,7 @@ def _pack_fits(cap: int, measured: float | None, schema: ItemSchema,
         "was sent")
 
 
-def check_rate_fit(pacer: Pacer, plan: Plan, pending: Sequence[Request],
-                   output_cap: int | None) -> None:
+def check_rate_fit(pacer: Pacer, plan: Plan, pending: Sequence[Request], provider: Any) -> None:
     """Refuse, before anything is spent, a run whose largest request is more tokens than the
     provider's limiter lets through in a minute: every try of it would be answered 429. Packs
     are never split to fit the limits of the day (their keys would change from run to run), so
@@ -161,7 +160,8 @@ def check_rate_fit(pacer: Pacer, plan: Plan, pending: Sequence[Request],
     if not limit or not pending:
         return
     system = system_prompt(plan)
-    largest, request = max(((request_tokens(system, first_prompt(plan, r), output_cap), r)
+    caps = {r.key: call_output_cap(provider, plan.answer_chars(r)) for r in pending}
+    largest, request = max(((request_tokens(system, first_prompt(plan, r), caps[r.key]), r)
                             for r in pending), key=lambda pair: pair[0])
     if largest <= limit:
         return
@@ -175,5 +175,5 @@ def check_rate_fit(pacer: Pacer, plan: Plan, pending: Sequence[Request],
     raise InvalidBatch(
         f"a request of {len(request.tasks)} task(s) counts {largest:,} tokens against "
         f"a limit of {limit:,} tokens per minute ({pacer.describe()}; prompt characters / 4 "
-        f"plus max_tokens={output_cap or 0}), so the provider would refuse it on every try; "
+        f"plus max_tokens={caps[request.key] or 0}), so the provider would refuse it on every try; "
         f"{advice}. Nothing was spent.")

@@ -159,16 +159,23 @@ class Limits:
         return headers
 
 
+# What a request asking for no output ceiling is counted for: OpenAI says the ceiling counts
+# but names no default for a request without one (its cookbook's parallel processor assumes 15,
+# the legacy completions' default); a chat model's own ceiling is far larger, so a limiter must
+# assume something: this server, a modest 256.
+UNASKED_OUTPUT_TOKENS = 256
+
+
 def counted_tokens(body: Mapping[str, Any]) -> int:
     """A request's tokens as OpenAI's limiter counts them on arrival: the characters of its
-    messages (and Anthropic's ``system``) / 4, plus ``max_tokens`` or
-    ``max_completion_tokens``."""
+    messages (and Anthropic's ``system``) / 4, plus ``max_completion_tokens`` or ``max_tokens``,
+    else :data:`UNASKED_OUTPUT_TOKENS`."""
     chars = len(content_text(body.get("system")))
     for message in body.get("messages") or []:
         if isinstance(message, Mapping):
             chars += len(content_text(message.get("content")))
-    cap = body.get("max_completion_tokens") or body.get("max_tokens") or 0
-    return max(1, chars // 4) + (cap if isinstance(cap, int) else 0)
+    cap = body.get("max_completion_tokens") or body.get("max_tokens")
+    return max(1, chars // 4) + (cap if isinstance(cap, int) else UNASKED_OUTPUT_TOKENS)
 
 
 def content_text(content: Any) -> str:
