@@ -227,12 +227,16 @@ class Pacer:
         """The provider's count corrects ours both ways: less left than one burst pauses until
         it has drained; a later answer with a burst left again ends that pause (never a
         429's)."""
-        loop, short = asyncio.get_running_loop(), None
+        short = None
         for state, bucket in ((seen.requests, self._requests), (seen.tokens, self._tokens)):
             if bucket is None or state.remaining is None or not state.limit:
                 continue
             wait = (bucket.max_rate - state.remaining) * 60.0 / state.limit
             short = max(short or 0.0, wait)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # headers read outside a run: there is no call to hold
+            return
         if short is not None and short > 0:
             self._hold(loop, short)
             self._short_until = self._open_at
