@@ -159,14 +159,15 @@ class CallStore(RunStore):
         """Write the receipt (``RECEIPT_SQL``'s values) and claim its request: (receipt id,
         what the claim found, whether the ledger has a budget of its own: None, not asked).
         The hot path of every call: one statement claims a request that is free or already
-        ours and not accepted; anything else takes :meth:`_decide`."""
+        ours and not accepted, and says whether the ledger has a budget; anything else takes
+        :meth:`_decide`."""
         attempt_id = self._insert(tx, RECEIPT_SQL, receipt)
         lease = self._clock(tx) + self.lease_seconds
         taken = self._exec(tx, TAKE_SQL, (request_key, owner.id, owner.host, owner.pid,
                                           owner.session, attempt_id, lease, stamp,
-                                          request_key)).rowcount
-        found = (attempt_id, MINE if taken else self._decide(tx, request_key, owner,
-                                                             attempt_id, stamp), None)
+                                          request_key)).fetchone()
+        found = ((attempt_id, MINE, bool(taken[0])) if taken is not None else
+                 (attempt_id, self._decide(tx, request_key, owner, attempt_id, stamp), None))
         return Later(lambda: found)
 
     def _decide(self, tx: Tx, request_key: str, owner: Owner, attempt_id: int,
@@ -394,7 +395,7 @@ TAKE_SQL = (
     "claimed_at) SELECT ?,?,?,?,?,?,?,? WHERE NOT EXISTS (SELECT 1 FROM attempts WHERE "
     "request_key = ? AND status = 'accepted') ON CONFLICT(request_key) DO UPDATE SET "
     "attempt_id = excluded.attempt_id, lease_expires_at = excluded.lease_expires_at "
-    "WHERE claims.owner = excluded.owner")
+    "WHERE claims.owner = excluded.owner RETURNING EXISTS (SELECT 1 FROM budget WHERE id = 1)")
 HOLDER_SQL = (
     "SELECT EXISTS (SELECT 1 FROM attempts WHERE request_key = ? AND "
     "status = 'accepted'), owner, host, pid, lease_expires_at, {now} FROM (SELECT 1) AS one "
