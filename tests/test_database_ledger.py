@@ -73,6 +73,25 @@ def test_the_providers_text_is_kept_byte_for_byte_accepted_or_not(ledger_at):
         held.close()
 
 
+def test_a_calls_receipt_and_claim_are_committed_before_it_is_sent_on_either_store(ledger_at):
+    """What another reader sees while the call is out: its receipt in flight, holding the
+    request's claim. Fault: the writes of a group (BEGIN, receipts, claims, COMMIT, sent
+    together to save round trips) committed only after the call went out, so a crash
+    mid-call would leave no evidence that a call may have been paid for."""
+    seen = []
+
+    def model(call):
+        seen.append(ledger_rows(ledger_at(), "SELECT a.status, CASE WHEN c.owner IS NULL THEN 0 "
+                                "ELSE 1 END FROM attempts a LEFT JOIN claims c ON "
+                                "c.attempt_id = a.id"))
+        return items_reply(call)
+
+    session = Session(CallableProvider(model, source="a reader"), ledger=ledger_at())
+    result = session.run_batch("r", review_tasks(1), LABEL_SCHEMA)
+    session.close()
+    assert result.status == "resolved" and seen == [[("in_flight", 1)]]
+
+
 def test_the_command_line_reads_and_budgets_a_database_ledger_and_never_prints_its_password(
         postgres: Any, tmp_path: Path) -> None:
     url = with_password(postgres.database("cli_ledger"))

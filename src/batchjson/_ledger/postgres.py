@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, suppress
 from functools import lru_cache
 from typing import Any
 
@@ -248,10 +248,15 @@ class PostgresStore(Store):
         are pipelined where libpq can: a round trip for the commit and one per answer read."""
         db = None
         try:
-            with self._connection() as db, self._pipeline(db, serial), db.transaction():
-                if serial:
-                    db.execute(SERIAL_LOCK)
-                yield db
+            with self._connection() as db:
+                if serial or not self._psycopg.Pipeline.is_supported():
+                    with db.transaction():
+                        if serial:
+                            db.execute(SERIAL_LOCK)
+                        yield db
+                else:
+                    with self._pipelined(db):
+                        yield db
         except self._psycopg.Error as exc:  # a pool that cannot connect in time as well
             if self._fault(exc, db):
                 raise self._error("a write failed; the run stopped before any further "
@@ -274,10 +279,28 @@ class PostgresStore(Store):
             finally:
                 self._here.db = None
 
-    def _pipeline(self, db: Any, serial: bool) -> Any:
-        if serial or not self._psycopg.Pipeline.is_supported():
-            return nullcontext()
-        return db.pipeline()
+    @contextmanager
+    def _pipelined(self, db: Any) -> Iterator[None]:
+        """BEGIN, the writes and COMMIT in one pipeline, sent together at its end: one round
+        trip for a group whose writes read nothing back (psycopg's own transaction block would
+        wait on the server as it begins and as it ends); an answer read on the way costs one
+        more. A failure is rolled back before the connection goes back to the pool."""
+        try:
+            with db.pipeline() as pipe:
+                db.execute("BEGIN")
+                try:
+                    yield
+                except BaseException:
+                    with suppress(self._psycopg.Error):
+                        pipe.sync()  # the server drops what followed a failed statement
+                    raise
+                db.execute("COMMIT")
+        except BaseException:
+            idle = self._psycopg.pq.TransactionStatus.IDLE
+            if not db.broken and db.info.transaction_status != idle:
+                with suppress(self._psycopg.Error):
+                    db.execute("ROLLBACK")
+            raise
 
     @contextmanager
     def _whole_or_nothing(self, what: str) -> Iterator[None]:
