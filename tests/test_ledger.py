@@ -237,6 +237,12 @@ KILL_AT = textwrap.dedent("""
         maybe_die("claim")  # inside the transaction of the claim and its receipt
         return opened
 
+    def claiming_at_commit(store, *args):  # PostgreSQL's claim in one statement
+        opened = take_at_commit(store, *args)
+        if opened is not None:
+            maybe_die("claim")
+        return opened
+
     def accepting(store, tx, attempt_id, status, *args, **kwargs):
         out = accept(store, tx, attempt_id, status, *args, **kwargs)
         if status == "accepted":
@@ -250,8 +256,8 @@ KILL_AT = textwrap.dedent("""
     session = Session(CallableProvider(model, source="test-model"), ledger=sys.argv[1],
                       concurrency=2)
     store = type(session.ledger.store)  # SQLite's or PostgreSQL's
-    take, accept = store._open, store.complete_call
-    store._open = claiming
+    take, take_at_commit, accept = store._open, store._claim_at_commit, store.complete_call
+    store._open, store._claim_at_commit = claiming, claiming_at_commit
     store.complete_call = accepting
     session.run_batch("r", review_tasks(6), LABEL_SCHEMA)
 """)
