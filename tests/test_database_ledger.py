@@ -5,11 +5,13 @@ URL's password never shown, whether the database answers or not."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shlex
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +92,36 @@ def test_a_calls_receipt_and_claim_are_committed_before_it_is_sent_on_either_sto
     result = session.run_batch("r", review_tasks(1), LABEL_SCHEMA)
     session.close()
     assert result.status == "resolved" and seen == [[("in_flight", 1)]]
+
+
+def test_a_group_of_claims_or_accepted_returns_costs_one_round_trip_on_postgresql(postgres):
+    """Counted in libpq's protocol trace, never timed: each transaction of the calls' writes
+    waits on the server once, however many calls it holds. Fault: psycopg's transaction block
+    waiting as it begins and ends, or a claim whose answer is read before COMMIT."""
+    session = Session(CallableProvider(items_reply, source="counted"),
+                      ledger=postgres.database("round_trips"), concurrency=8)
+    store, waits = session.ledger.store, []
+    calls_transaction = store._calls_transaction
+
+    @contextlib.contextmanager
+    def traced():
+        with tempfile.TemporaryFile("w+b") as log:
+            with calls_transaction() as tx:
+                tx.pgconn.trace(log.fileno())
+                yield tx
+            tx.pgconn.untrace()
+            log.seek(0)
+            sides = [line.split(b"\t")[1] for line in log.read().splitlines()
+                     if line.count(b"\t") > 2]  # F: to the server, B: from it
+            waits.append(sum(pair == (b"F", b"B") for pair in zip(sides, sides[1:],
+                                                                    strict=False)))
+
+    store._calls_transaction = traced
+    result = session.run_batch("r", review_tasks(40), LABEL_SCHEMA, pack=1)
+    session.close()
+    assert result.status == "resolved" and result.calls == 40
+    # the first and the last: the run joining and leaving the live hosts (reads of their rows)
+    assert len(waits) < 40 and set(waits[1:-1]) == {1}, str(waits)
 
 
 def test_the_command_line_reads_and_budgets_a_database_ledger_and_never_prints_its_password(
