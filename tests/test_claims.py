@@ -199,6 +199,28 @@ def test_an_expired_lease_on_another_host_is_taken_over_and_its_call_abandoned(l
     assert spend["abandoned_calls"] == 1 and spend["cost_lower_bound_unknown"] == 0.001
 
 
+def test_a_lease_that_expires_mid_run_is_taken_over_by_the_runs_own_claim(ledger_at):
+    """A host gone while this run goes on (its claim written after the run began, its lease
+    already past): the call's claim takes it over (on PostgreSQL, in a transaction of its
+    own after the group's one-statement claim found it held), abandons its receipt and pays
+    the request once. Fault: such a request looked at again and again, never sent."""
+    path = ledger_at()
+    keys = _prepare(path, 2)
+    sent = []
+
+    def model(call):
+        if not sent:
+            _foreign_claim(path, next(k for k in keys if k != call.request_key), lease_in=-1.0)
+        sent.append(call.request_key)
+        return items_reply(call)
+
+    session = Session(CallableProvider(model, source=SOURCE), ledger=path, concurrency=1)
+    result = session.run_batch("r", review_tasks(2), LABEL_SCHEMA)
+    assert result.status == "resolved" and sorted(sent) == sorted(keys)
+    statuses = sorted(a.status for a in session.ledger.attempts("r"))
+    assert statuses == ["abandoned", "accepted", "accepted"]
+
+
 def test_a_late_answer_of_a_host_taken_over_is_kept_paid_and_admits_nothing(ledger_at):
     """A host presumed gone (its lease expired) comes back with its answer after another
     runner's was admitted: its receipt is completed as a paid return that admits nothing,

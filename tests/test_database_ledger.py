@@ -5,11 +5,13 @@ URL's password never shown, whether the database answers or not."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shlex
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +73,55 @@ def test_the_providers_text_is_kept_byte_for_byte_accepted_or_not(ledger_at):
         assert [r["raw"] for r in held.export_receipts("raw")] == [REJECTED, ACCEPTED]
     finally:
         held.close()
+
+
+def test_a_calls_receipt_and_claim_are_committed_before_it_is_sent_on_either_store(ledger_at):
+    """What another reader sees while the call is out: its receipt in flight, holding the
+    request's claim. Fault: the writes of a group (BEGIN, receipts, claims, COMMIT, sent
+    together to save round trips) committed only after the call went out, so a crash
+    mid-call would leave no evidence that a call may have been paid for."""
+    seen = []
+
+    def model(call):
+        seen.append(ledger_rows(ledger_at(), "SELECT a.status, CASE WHEN c.owner IS NULL THEN 0 "
+                                "ELSE 1 END FROM attempts a LEFT JOIN claims c ON "
+                                "c.attempt_id = a.id"))
+        return items_reply(call)
+
+    session = Session(CallableProvider(model, source="a reader"), ledger=ledger_at())
+    result = session.run_batch("r", review_tasks(1), LABEL_SCHEMA)
+    session.close()
+    assert result.status == "resolved" and seen == [[("in_flight", 1)]]
+
+
+def test_a_group_of_claims_or_accepted_returns_costs_one_round_trip_on_postgresql(postgres):
+    """Counted in libpq's protocol trace, never timed: each transaction of the calls' writes
+    waits on the server once, however many calls it holds. Fault: psycopg's transaction block
+    waiting as it begins and ends, or a claim whose answer is read before COMMIT."""
+    session = Session(CallableProvider(items_reply, source="counted"),
+                      ledger=postgres.database("round_trips"), concurrency=8)
+    store, waits = session.ledger.store, []
+    calls_transaction = store._calls_transaction
+
+    @contextlib.contextmanager
+    def traced():
+        with tempfile.TemporaryFile("w+b") as log:
+            with calls_transaction() as tx:
+                tx.pgconn.trace(log.fileno())
+                yield tx
+            tx.pgconn.untrace()
+            log.seek(0)
+            sides = [line.split(b"\t")[1] for line in log.read().splitlines()
+                     if line.count(b"\t") > 2]  # F: to the server, B: from it
+            waits.append(sum(pair == (b"F", b"B") for pair in zip(sides, sides[1:],
+                                                                    strict=False)))
+
+    store._calls_transaction = traced
+    result = session.run_batch("r", review_tasks(40), LABEL_SCHEMA, pack=1)
+    session.close()
+    assert result.status == "resolved" and result.calls == 40
+    # the first and the last: the run joining and leaving the live hosts (reads of their rows)
+    assert len(waits) < 40 and set(waits[1:-1]) == {1}, str(waits)
 
 
 def test_the_command_line_reads_and_budgets_a_database_ledger_and_never_prints_its_password(

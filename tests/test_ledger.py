@@ -44,6 +44,34 @@ def test_receipt_is_in_flight_while_the_call_runs(tmp_path):
     assert [r.status for r in session.ledger.attempts("r")] == ["accepted"]
 
 
+def test_an_accepted_call_is_written_in_four_statements_on_sqlite(tmp_path):
+    """A ceiling on the hot path, counted, never timed: the receipt, the claim (which says
+    whether the ledger has a budget), the checkpoint row and the completion; the group's
+    BEGIN and COMMIT are shared by the calls of a turn. Fault: a statement more for every
+    call (the budget read apart, a claim read back)."""
+    session = Session(CallableProvider(items_reply), ledger=tmp_path / "l.sqlite",
+                      concurrency=8)
+    store, counted, inside = session.ledger.store, [], []
+    calls_transaction = store._calls_transaction
+
+    @contextlib.contextmanager
+    def counting():
+        with calls_transaction() as tx:
+            inside.append(True)
+            try:
+                yield tx
+            finally:
+                inside.clear()
+
+    store._calls_transaction = counting
+    store._db.set_trace_callback(lambda sql: inside and counted.append(" ".join(sql.split()[:4])))
+    result = session.run_batch("r", review_tasks(40), LABEL_SCHEMA, pack=1)
+    assert result.status == "resolved" and result.calls == 40
+    statements = [s for s in counted if s not in ("BEGIN IMMEDIATE", "COMMIT")]
+    # beside the calls' own: the run's few (its host's row joined and read, its claims let go)
+    assert len(statements) <= 4 * 40 + 5, sorted(set(statements))
+
+
 def test_file_ledger_uses_wal_and_records_schema_version(tmp_path):
     Ledger(tmp_path / "l.sqlite").close()
     with sqlite3.connect(tmp_path / "l.sqlite") as db:
@@ -209,6 +237,12 @@ KILL_AT = textwrap.dedent("""
         maybe_die("claim")  # inside the transaction of the claim and its receipt
         return opened
 
+    def claiming_at_commit(store, *args):  # PostgreSQL's claim in one statement
+        opened = take_at_commit(store, *args)
+        if opened is not None:
+            maybe_die("claim")
+        return opened
+
     def accepting(store, tx, attempt_id, status, *args, **kwargs):
         out = accept(store, tx, attempt_id, status, *args, **kwargs)
         if status == "accepted":
@@ -222,8 +256,8 @@ KILL_AT = textwrap.dedent("""
     session = Session(CallableProvider(model, source="test-model"), ledger=sys.argv[1],
                       concurrency=2)
     store = type(session.ledger.store)  # SQLite's or PostgreSQL's
-    take, accept = store._open, store.complete_call
-    store._open = claiming
+    take, take_at_commit, accept = store._open, store._claim_at_commit, store.complete_call
+    store._open, store._claim_at_commit = claiming, claiming_at_commit
     store.complete_call = accepting
     session.run_batch("r", review_tasks(6), LABEL_SCHEMA)
 """)

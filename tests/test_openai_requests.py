@@ -11,7 +11,10 @@ import openai
 import pytest
 
 from batchjson import ProviderSetupError, Session, SimulatedModel
+from batchjson._content.schema import compile_schema, wire_schema
+from batchjson._providers.base import Call
 from batchjson._providers.openai import OpenAIProvider
+from batchjson._providers.strict import MAX_ENUM_VALUES, _shape_form
 from batchjson.testing import LoopbackServer
 from tests.helpers import items_call, review_tasks
 from tests.test_providers_e2e import KEY
@@ -118,6 +121,39 @@ def test_the_official_sdk_sends_batchjsons_strict_body_and_the_server_takes_it()
         completion = sdk.chat.completions.create(**body)
     assert completion.choices[0].finish_reason == "stop"
     assert completion.choices[0].message.content.startswith('{"items"')
+
+
+def _call_for(ids: list[str], schema: dict = OPTIONAL) -> Call:
+    tasks = tuple({"task_id": i, "prompt": f"about {i}"} for i in ids)
+    return Call(tasks=tasks, prompt="p", system="", attempt=0, kind="initial",
+                request_key=ids[0], schema=wire_schema(compile_schema(schema), tasks,
+                                                       ("task_id",)))
+
+
+def test_each_call_of_a_batch_is_held_to_its_own_identity_values_and_count_in_strict_mode():
+    """Fault: the strict form made once for a batch's schema and reused with the first call's
+    pinned task ids and item count (every later call's answer refused by the API's schema),
+    or a later call's values written into the form an earlier body holds."""
+    provider = OpenAIProvider("gpt-4o-mini", base_url="http://127.0.0.1:9/v1", api_key=KEY)
+    calls = [_call_for(["a", "b"]), _call_for(["c"]), _call_for(["d", "e", "f"])]
+    bodies = [provider.request_body(call)[0] for call in calls]
+    for call, body in zip(calls, bodies, strict=True):
+        sent = body["response_format"]["json_schema"]["schema"]
+        assert sent == _shape_form(call.schema).form  # as the whole schema walked afresh
+        array = sent["properties"]["items"]
+        ids = [t["task_id"] for t in call.tasks]
+        assert array["minItems"] == array["maxItems"] == len(ids)
+        assert array["items"]["properties"]["task_id"] == {"enum": ids}
+
+
+def test_a_call_whose_pinned_ids_pass_strict_modes_enum_limit_goes_as_a_json_object():
+    """Fault: a call's own identity values left out of strict mode's size limits once the
+    batch's form is shared, so the call alone over the limit gets a 400 on every try."""
+    provider = OpenAIProvider("gpt-4o-mini", base_url="http://127.0.0.1:9/v1", api_key=KEY)
+    small = provider.request_body(_call_for(["a", "b"]))[0]["response_format"]
+    ids = [f"t{i}" for i in range(MAX_ENUM_VALUES + 1)]
+    large = provider.request_body(_call_for(ids))[0]["response_format"]
+    assert small["type"] == "json_schema" and large == {"type": "json_object"}
 
 
 # -- reasoning models --------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, suppress
 from functools import lru_cache
 from typing import Any
 
@@ -21,13 +21,16 @@ from .records import now
 from .store import Store
 from .store_base import Later, Row, Tx
 from .store_calls import (
+    ACCEPTED,
     COMPLETE_SQL,
     HELD,
     MINE,
+    OVER,
     RECEIPT_COLUMNS,
     RECEIPT_INTO,
     Owner,
     _already_accepted,
+    _owner_gone,
 )
 from .store_runs import REQUESTS_SQL, SEEN_SQL
 from .store_schema import POSTGRES, SCHEMA_VERSION, _version_problem
@@ -63,6 +66,38 @@ again AS (
 SELECT (SELECT id FROM receipt), EXISTS (SELECT 1 FROM job),
        EXISTS (SELECT 1 FROM fresh) OR EXISTS (SELECT 1 FROM again),
        EXISTS (SELECT 1 FROM budget WHERE id = 1)
+"""
+
+# The hot path of a call the ledger's budget holds nothing for, one statement that writes
+# nothing unless the claim is won: the claim first (free, or already this runner's, decided by
+# its key even against a claim committed a moment ago), naming the receipt's id, then the
+# receipt; and what else it found: the request's row locked, the budget, accepted, the holder.
+# It asks nothing of the answer before COMMIT, so a group of calls claims in one round trip.
+_RECEIPT_NAMED = ("INSERT INTO attempts(id, status, " + ", ".join(RECEIPT_COLUMNS) + ") SELECT "
+                  "attempt_id, 'in_flight', " + ", ".join(f"%({c})s" for c in RECEIPT_COLUMNS))
+CLAIM = f"""
+WITH job AS (
+    SELECT id FROM requests WHERE id = (SELECT MIN(id) FROM requests WHERE key = %(key)s)
+    FOR UPDATE SKIP LOCKED),
+free AS (
+    SELECT 1 FROM job WHERE NOT EXISTS (
+        SELECT 1 FROM attempts WHERE request_key = %(key)s AND status = 'accepted')
+    AND NOT EXISTS (SELECT 1 FROM budget WHERE id = 1)),
+claim AS (
+    INSERT INTO claims(request_key, owner, host, pid, session, attempt_id, lease_expires_at,
+                       claimed_at)
+    SELECT %(key)s, %(owner)s, %(host)s, %(pid)s, %(session)s,
+           nextval(pg_get_serial_sequence('attempts', 'id')), {CLOCK} + %(lease)s, %(stamp)s
+    FROM free
+    ON CONFLICT (request_key) DO UPDATE SET attempt_id = excluded.attempt_id,
+        lease_expires_at = excluded.lease_expires_at WHERE claims.owner = excluded.owner
+    RETURNING attempt_id),
+receipt AS ({_RECEIPT_NAMED} FROM claim RETURNING id)
+SELECT (SELECT id FROM receipt), EXISTS (SELECT 1 FROM job),
+       EXISTS (SELECT 1 FROM budget WHERE id = 1),
+       EXISTS (SELECT 1 FROM attempts WHERE request_key = %(key)s AND status = 'accepted'),
+       c.owner, c.host, c.pid, c.lease_expires_at, {CLOCK}
+FROM (SELECT 1) AS one LEFT JOIN claims c ON c.request_key = %(key)s
 """
 
 # An accepted return in one statement, nothing read back: its checkpoint rows written unless
@@ -248,10 +283,15 @@ class PostgresStore(Store):
         are pipelined where libpq can: a round trip for the commit and one per answer read."""
         db = None
         try:
-            with self._connection() as db, self._pipeline(db, serial), db.transaction():
-                if serial:
-                    db.execute(SERIAL_LOCK)
-                yield db
+            with self._connection() as db:
+                if serial or not self._psycopg.Pipeline.is_supported():
+                    with db.transaction():
+                        if serial:
+                            db.execute(SERIAL_LOCK)
+                        yield db
+                else:
+                    with self._pipelined(db):
+                        yield db
         except self._psycopg.Error as exc:  # a pool that cannot connect in time as well
             if self._fault(exc, db):
                 raise self._error("a write failed; the run stopped before any further "
@@ -274,10 +314,28 @@ class PostgresStore(Store):
             finally:
                 self._here.db = None
 
-    def _pipeline(self, db: Any, serial: bool) -> Any:
-        if serial or not self._psycopg.Pipeline.is_supported():
-            return nullcontext()
-        return db.pipeline()
+    @contextmanager
+    def _pipelined(self, db: Any) -> Iterator[None]:
+        """BEGIN, the writes and COMMIT in one pipeline, sent together at its end: one round
+        trip for a group whose writes read nothing back (psycopg's own transaction block would
+        wait on the server as it begins and as it ends); an answer read on the way costs one
+        more. A failure is rolled back before the connection goes back to the pool."""
+        try:
+            with db.pipeline() as pipe:
+                db.execute("BEGIN")
+                try:
+                    yield
+                except BaseException:
+                    with suppress(self._psycopg.Error):
+                        pipe.sync()  # the server drops what followed a failed statement
+                    raise
+                db.execute("COMMIT")
+        except BaseException:
+            idle = self._psycopg.pq.TransactionStatus.IDLE
+            if not db.broken and db.info.transaction_status != idle:
+                with suppress(self._psycopg.Error):
+                    db.execute("ROLLBACK")
+            raise
 
     @contextmanager
     def _whole_or_nothing(self, what: str) -> Iterator[None]:
@@ -328,6 +386,31 @@ class PostgresStore(Store):
         return None if text is None else text.encode("utf-8", "surrogatepass")
 
     # -- claims side by side -------------------------------------------------------------------
+    def _claim_at_commit(self, tx: Tx, receipt: Sequence[Any], request_key: str, owner: Owner,
+                         stamp: str) -> Later:
+        """``CLAIM``: a claim won is committed with its receipt, and nothing else is written;
+        what it found is read once ``tx`` has committed. A gone holder's claim is taken over
+        in a transaction of its own, the shared way."""
+        cursor = tx.execute(CLAIM, {
+            "key": request_key, "owner": owner.id, "host": owner.host, "pid": owner.pid,
+            "session": owner.session, "lease": self.lease_seconds, "stamp": stamp,
+            **dict(zip(RECEIPT_COLUMNS, receipt, strict=True))})
+
+        def committed() -> tuple[str, int | None]:
+            attempt_id, locked, budgeted, accepted, *holder = cursor.fetchone()
+            if attempt_id is not None:
+                return MINE, attempt_id
+            if budgeted:
+                return OVER, None
+            if accepted:
+                return ACCEPTED, None
+            if not locked or holder[0] in (None, owner.id) or not _owner_gone(*holder):
+                return HELD, None  # held, or released a moment ago: look again later
+            with self.transaction(calls=True) as again:  # a gone holder's, taken over
+                return self._begin(again, receipt, request_key, owner, stamp, None)()
+
+        return Later(lambda: Later(committed))
+
     def _open(self, tx: Tx, receipt: Sequence[Any], request_key: str, owner: Owner,
               stamp: str) -> Later:
         """The receipt and the claim in one statement (one round trip, shared by every write

@@ -123,10 +123,10 @@ class CallStore(RunStore):
         the call is sent): (MINE, receipt id), or (HELD, ACCEPTED or OVER, None) when another
         live runner holds it, it is accepted, or the ledger's budget cannot hold ``reserve``
         (its worst case; None: unpriced); then the receipt never leaves ``tx``."""
-        return self.begin_call_later(
-            tx, batch_id, revision_id, request, kind, provider, model, source, owner=owner,
-            estimated_input_tokens=estimated_input_tokens, cost_floor=cost_floor,
-            reserve=reserve)()
+        stamp = now()
+        receipt = _receipt(batch_id, revision_id, request, kind, provider, model, source, owner,
+                           estimated_input_tokens, cost_floor, reserve, stamp)
+        return self._begin(tx, receipt, request.key, owner, stamp, reserve)()
 
     def begin_call_later(self, tx: Tx, batch_id: int, revision_id: int, request: Request,
                          kind: str, provider: str | None, model: str | None,
@@ -135,17 +135,32 @@ class CallStore(RunStore):
                          cost_floor: float | None = None,
                          reserve: float | None = None) -> Later:
         """:meth:`_begin_call`, its outcome (and what it writes once the claim is known) read
-        when asked for, in the same ``tx``."""
+        when asked for, in the same ``tx``; or, where the store decides a claim in one
+        statement (:meth:`_claim_at_commit`), read once ``tx`` has committed."""
         stamp = now()
-        receipt = (batch_id, revision_id, request.key, request.task_ids_json, kind, provider,
-                   model, stamp, _uid(), owner.id, estimated_input_tokens, cost_floor, source,
-                   reserve)
-        opened = self._open(tx, receipt, request.key, owner, stamp)
+        receipt = _receipt(batch_id, revision_id, request, kind, provider, model, source, owner,
+                           estimated_input_tokens, cost_floor, reserve, stamp)
+        claimed = None if reserve is not None else self._claim_at_commit(
+            tx, receipt, request.key, owner, stamp)
+        return claimed or self._begin(tx, receipt, request.key, owner, stamp, reserve)
+
+    def _claim_at_commit(self, tx: Tx, receipt: Sequence[Any], request_key: str, owner: Owner,
+                         stamp: str) -> Later | None:
+        """A claim the ledger's budget holds nothing for, decided in one statement that asks
+        nothing before COMMIT: a ``Later`` whose outcome is a ``Later`` read once ``tx`` has
+        committed; None where the store decides it inside ``tx``."""
+        return None
+
+    def _begin(self, tx: Tx, receipt: Sequence[Any], request_key: str, owner: Owner,
+               stamp: str, reserve: float | None) -> Later:
+        """The receipt and claim decided inside ``tx``: if the claim is not the runner's, or
+        the ledger's budget cannot hold ``reserve``, the receipt is deleted there."""
+        opened = self._open(tx, receipt, request_key, owner, stamp)
 
         def outcome() -> tuple[str, int | None]:
             attempt_id, state, budgeted = opened()
             if state == MINE and not self._reserve_shared(tx, attempt_id, reserve, budgeted):
-                self.claims(tx, owner, "release", request.key)
+                self.claims(tx, owner, "release", request_key)
                 state = OVER
             if state != MINE:
                 self._exec(tx, "DELETE FROM attempts WHERE id = ? AND status = 'in_flight'",
@@ -160,14 +175,15 @@ class CallStore(RunStore):
         """Write the receipt (``RECEIPT_SQL``'s values) and claim its request: (receipt id,
         what the claim found, whether the ledger has a budget of its own: None, not asked).
         The hot path of every call: one statement claims a request that is free or already
-        ours and not accepted; anything else takes :meth:`_decide`."""
+        ours and not accepted, and says whether the ledger has a budget; anything else takes
+        :meth:`_decide`."""
         attempt_id = self._insert(tx, RECEIPT_SQL, receipt)
         lease = self._clock(tx) + self.lease_seconds
         taken = self._exec(tx, TAKE_SQL, (request_key, owner.id, owner.host, owner.pid,
                                           owner.session, attempt_id, lease, stamp,
-                                          request_key)).rowcount
-        found = (attempt_id, MINE if taken else self._decide(tx, request_key, owner,
-                                                             attempt_id, stamp), None)
+                                          request_key)).fetchone()
+        found = ((attempt_id, MINE, bool(taken[0])) if taken is not None else
+                 (attempt_id, self._decide(tx, request_key, owner, attempt_id, stamp), None))
         return Later(lambda: found)
 
     def _decide(self, tx: Tx, request_key: str, owner: Owner, attempt_id: int,
@@ -380,6 +396,15 @@ class CallStore(RunStore):
         return None if row is None else (row[0], row[1], max(0.0, at - row[2]))
 
 
+def _receipt(batch_id: int, revision_id: int, request: Request, kind: str, provider: str | None,
+             model: str | None, source: str | None, owner: Owner,
+             estimated_input_tokens: int | None, cost_floor: float | None,
+             reserve: float | None, stamp: str) -> tuple:
+    """An in-flight receipt's values, in ``RECEIPT_COLUMNS``' order."""
+    return (batch_id, revision_id, request.key, request.task_ids_json, kind, provider, model,
+            stamp, _uid(), owner.id, estimated_input_tokens, cost_floor, source, reserve)
+
+
 def _already_accepted(first: Any) -> list[dict[str, Any]]:
     """The error of a paid return whose request another runner's attempt ``first`` admitted."""
     return [{"type": "already_accepted", "task_id": None,
@@ -410,7 +435,7 @@ TAKE_SQL = (
     "claimed_at) SELECT ?,?,?,?,?,?,?,? WHERE NOT EXISTS (SELECT 1 FROM attempts WHERE "
     "request_key = ? AND status = 'accepted') ON CONFLICT(request_key) DO UPDATE SET "
     "attempt_id = excluded.attempt_id, lease_expires_at = excluded.lease_expires_at "
-    "WHERE claims.owner = excluded.owner")
+    "WHERE claims.owner = excluded.owner RETURNING EXISTS (SELECT 1 FROM budget WHERE id = 1)")
 HOLDER_SQL = (
     "SELECT EXISTS (SELECT 1 FROM attempts WHERE request_key = ? AND "
     "status = 'accepted'), owner, host, pid, lease_expires_at, {now} FROM (SELECT 1) AS one "

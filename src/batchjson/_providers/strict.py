@@ -7,9 +7,13 @@ back to JSON mode."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
+
+import pydantic_core
 
 from .._content.optional import allows_null
 from .._content.schema import MISSING, resolve_pointer
@@ -42,7 +46,35 @@ class StrictForm:
 
 
 def strict_form(schema: Mapping[str, Any]) -> StrictForm:
-    """The strict-mode form of ``schema`` (a copy; ``schema`` is left untouched)."""
+    """The strict-mode form of ``schema`` (``schema`` is left untouched). Every call of a batch
+    has its own wire schema, yet they differ only in a call's own values (its item count, its
+    pinned identity values), which the form copies as they are: the form of their shared shape
+    is made once and the call's values put back on a copy of the path to them. Below that path
+    the form is shared by every call of the shape: read it, never change it."""
+    shape, pins = _lifted(schema)
+    try:
+        text = pydantic_core.to_json(shape, inf_nan_mode="constants")  # a fast key
+    except ValueError:  # not JSON (a test's own schema): made as it is, uncached
+        return _pinned(_shape_form(shape), pins)
+    return _pinned(_cached_form(text), pins)
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """A shape's strict form, or the problems its walk found; what its size counts so far."""
+
+    form: dict[str, Any] | None
+    problems: tuple[str, ...]
+    counts: Mapping[str, int]
+    depth: int
+
+
+@lru_cache(maxsize=64)
+def _cached_form(text: bytes) -> _Shape:
+    return _shape_form(json.loads(text))
+
+
+def _shape_form(schema: Mapping[str, Any]) -> _Shape:
     walker = _Walker(schema)
     if schema.get("type") != "object" or "anyOf" in schema:
         walker.problem((), "a root that is not an object (strict mode needs an object root "
@@ -52,9 +84,66 @@ def strict_form(schema: Mapping[str, Any]) -> StrictForm:
         defs = schema.get(key)
         if isinstance(defs, Mapping):
             out[key] = {name: walker.node(sub, (key, name)) for name, sub in defs.items()}
-    if not walker.problems:
-        walker.problems += limit_problems(out)
-    return StrictForm(None if walker.problems else out, walker.problems)
+    if walker.problems:
+        return _Shape(None, tuple(walker.problems), {}, 0)
+    counts, problems = _counted(out)
+    return _Shape(out, tuple(problems), counts, _depth(out, out, ()))
+
+
+# Where a call's own values sit in the wire schema (``_content/schema.wire_schema``): its item
+# count on the items array, its pinned identity values as required properties of an item.
+_COUNTS = ("minItems", "maxItems")
+
+
+def _lifted(schema: Mapping[str, Any]) -> tuple[Mapping[str, Any], dict[str, Any]]:
+    """``schema`` with a call's own values lifted out (an identity pin left as an empty
+    ``enum``), and those values; a schema not laid out as a wire schema comes back as it is."""
+    array = _at(schema, "properties", "items")
+    item = _at(array, "items")
+    props = _at(item, "properties")
+    if (array is None or item is None or props is None or not _required("items", schema)
+            or {"$ref", "allOf", "anyOf"} & (array.keys() | item.keys())):
+        return schema, {}
+    enums = {name: node["enum"] for name, node in props.items() if _required(name, item)
+             and isinstance(node, Mapping) and node.keys() == {"enum"}
+             and isinstance(node["enum"], list)}
+    counts = {key: array[key] for key in _COUNTS if key in array}
+    item = {**item, "properties": {**props, **{name: {"enum": []} for name in enums}}}
+    array = {k: v for k, v in array.items() if k not in counts} | {"items": item}
+    return ({**schema, "properties": {**schema["properties"], "items": array}},
+            {"counts": counts, "enums": enums})
+
+
+def _pinned(shape: _Shape, pins: Mapping[str, Any]) -> StrictForm:
+    """The shape's form with a call's own values put back (each pinned enum counted against
+    the size limits as the walk would have), or why strict mode cannot take it."""
+    if shape.form is None:
+        return StrictForm(None, list(shape.problems))
+    counts, problems = dict(shape.counts), list(shape.problems)
+    enums = pins.get("enums", {})
+    for values in enums.values():
+        _count_values({"enum": values}, counts, problems)
+    problems += _over_limits(counts, shape.depth)
+    if problems or not pins:
+        return StrictForm(None if problems else shape.form, problems)
+    form = shape.form
+    array = {**form["properties"]["items"], **pins["counts"]}
+    if enums:
+        item = array["items"]
+        array["items"] = {**item, "properties": {**item["properties"], **{
+            name: {"enum": values} for name, values in enums.items()}}}
+    return StrictForm({**form, "properties": {**form["properties"], "items": array}})
+
+
+def _at(node: Any, *keys: str) -> Mapping[str, Any] | None:
+    for key in keys:
+        node = node.get(key) if isinstance(node, Mapping) else None
+    return node if isinstance(node, Mapping) else None
+
+
+def _required(name: str, node: Mapping[str, Any]) -> bool:
+    required = node.get("required")
+    return isinstance(required, list) and name in required
 
 
 def where(path: tuple[str, ...]) -> str:
@@ -207,6 +296,12 @@ class _Walker:
 
 def limit_problems(schema: Mapping[str, Any]) -> list[str]:
     """The guide's size limits a strict form goes over (counted on the form that is sent)."""
+    counts, problems = _counted(schema)
+    return problems + _over_limits(counts, _depth(schema, schema, ()))
+
+
+def _counted(schema: Mapping[str, Any]) -> tuple[dict[str, int], list[str]]:
+    """A form's properties, enum values and characters, and any enum too big on its own."""
     counts = {"properties": 0, "enum": 0, "chars": 0}
     problems: list[str] = []
     nodes = [schema]
@@ -227,15 +322,17 @@ def limit_problems(schema: Mapping[str, Any]) -> list[str]:
         nodes += [node[k] for k in ("items",) if k in node]
         nodes += list(node.get("anyOf") or [])
         _count_values(node, counts, problems)
-    depth = _depth(schema, schema, ())
-    for what, value, limit in (("object properties", counts["properties"], MAX_PROPERTIES),
-                               ("levels of nested objects", depth, MAX_DEPTH),
-                               ("enum values", counts["enum"], MAX_ENUM_VALUES),
-                               ("characters of names, enum and const values", counts["chars"],
-                                MAX_CHARS)):
-        if value > limit:
-            problems.append(f"{value:,} {what}, more than strict mode's {limit:,}")
-    return problems
+    return counts, problems
+
+
+def _over_limits(counts: Mapping[str, int], depth: int) -> list[str]:
+    return [f"{value:,} {what}, more than strict mode's {limit:,}"
+            for what, value, limit in (
+                ("object properties", counts["properties"], MAX_PROPERTIES),
+                ("levels of nested objects", depth, MAX_DEPTH),
+                ("enum values", counts["enum"], MAX_ENUM_VALUES),
+                ("characters of names, enum and const values", counts["chars"], MAX_CHARS))
+            if value > limit]
 
 
 def _count_values(node: Mapping[str, Any], counts: dict[str, int], problems: list[str]) -> None:

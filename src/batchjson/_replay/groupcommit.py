@@ -2,8 +2,10 @@
 
 Each write's caller resumes only after the transaction holding it committed, so "receipt before
 call" holds as with one transaction per write; a write's ``Later`` (PostgreSQL's pipeline) is
-awaited once for the group. One failing write undoes the group and each runs again alone; a failing
-ledger fails every queued and later write, so no call follows a lost record."""
+awaited once for the group, and a ``Later`` it gives is read once the group has committed (a
+claim whose answer arrives with the COMMIT). One failing write undoes the group and each runs
+again alone; a failing ledger fails every queued and later write, so no call follows a lost
+record."""
 
 from __future__ import annotations
 
@@ -104,7 +106,7 @@ class GroupCommit:
         with self._store.transaction(calls=True) as db:
             results = [op(db) for op, _ in live]
             results = [_outcome(result) for result in results]  # every write sent first
-        return [(fut, result, None) for (_, fut), result in zip(live, results, strict=True)]
+        return [_committed(fut, result) for (_, fut), result in zip(live, results, strict=True)]
 
     def _one_by_one(self, live: list[tuple[Op, asyncio.Future | None]]) -> list[Outcome]:
         """After a failure: each write whole or not at all, in a transaction of its own."""
@@ -116,7 +118,7 @@ class GroupCommit:
             try:
                 with self._store.transaction(calls=True) as db:
                     result = _outcome(op(db))
-                outcomes.append((fut, result, None))
+                outcomes.append(_committed(fut, result))
             except LedgerError as exc:
                 self.broken = exc
                 outcomes.append((fut, None, exc))
@@ -127,3 +129,11 @@ class GroupCommit:
 
 def _outcome(result: Any) -> Any:
     return result() if isinstance(result, Later) else result
+
+
+def _committed(fut: asyncio.Future | None, result: Any) -> Outcome:
+    """A write's outcome read once its group has committed: a failure there is its own."""
+    try:
+        return fut, _outcome(result), None
+    except Exception as exc:  # noqa: BLE001 - reported to its caller, as a write's own failure
+        return fut, None, exc
