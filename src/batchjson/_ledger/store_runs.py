@@ -220,7 +220,8 @@ class RunStore(StoreBase):
                         task: tuple[str, str] | None = None) -> list[Row]:
         """A revision's leaf requests in task order, each with its accepted values in the order
         they were committed (the latest wins, as in ``checkpoint``): rows of (position, id,
-        task_id, item), task_id and item None for a request with none. ``page``: (after,
+        task_id, item, the task ids of the request a split one was made from, in task order),
+        task_id and item None for a request with none. ``page``: (after,
         limit), the ``limit`` leaf requests after ``after`` (their (position, id)), so a page
         never splits a request; ``task``: (request key, task_id), one task's value."""
         join, where, args = "", "", [revision_id]
@@ -236,8 +237,10 @@ class RunStore(StoreBase):
                       "ORDER BY position, id LIMIT ?)")
             args += [revision_id, position, position, request_id, limit]
         return self._read(
-            "SELECT q.position, q.id, c.task_id, c.item FROM requests q LEFT JOIN checkpoint c "
-            f"ON c.request_key = q.key{join} WHERE q.revision_id = ? AND q.split = 0{where} "
+            "SELECT q.position, q.id, c.task_id, c.item, o.task_ids FROM requests q LEFT JOIN "
+            f"checkpoint c ON c.request_key = q.key{join} LEFT JOIN requests o ON "
+            "q.parent_key IS NOT NULL AND o.revision_id = q.revision_id AND o.position = "
+            f"q.position AND o.parent_key IS NULL WHERE q.revision_id = ? AND q.split = 0{where} "
             "ORDER BY q.position, q.id, c.attempt_id", args)
 
     def revision_lookup(self, revision_id: int) -> tuple[list[tuple[str, str]], set[str]]:

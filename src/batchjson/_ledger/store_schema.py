@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 
 
 def _version_problem(version: Any, ledger: str | None) -> str | None:
@@ -56,6 +56,7 @@ CREATE TABLE requests (
     key TEXT NOT NULL, position {int} NOT NULL, parent_key TEXT,
     task_ids TEXT NOT NULL, tasks TEXT NOT NULL, split {int} NOT NULL DEFAULT 0,
     UNIQUE (revision_id, key));
+CREATE INDEX requests_by_position ON requests (revision_id, position);
 CREATE TABLE attempts (
     id {id}, batch_id {int} NOT NULL REFERENCES batches(id),
     revision_id {int} NOT NULL REFERENCES revisions(id), request_key TEXT NOT NULL,
@@ -63,7 +64,8 @@ CREATE TABLE attempts (
     kind TEXT NOT NULL CHECK (kind IN
         ('initial', 'repair', 'replay', 'split', 'recheck', 'import')),
     status TEXT NOT NULL CHECK (status IN
-        ('in_flight', 'accepted', 'rejected', 'provider_error', 'cancelled', 'abandoned')),
+        ('in_flight', 'accepted', 'partial', 'rejected', 'provider_error', 'cancelled',
+         'abandoned')),
     errors TEXT, raw {raw}, input_tokens {int}, output_tokens {int},
     cached_tokens {int}, cost {real}, provider TEXT, model TEXT,
     started_at TEXT NOT NULL, finished_at TEXT,

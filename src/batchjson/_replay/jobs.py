@@ -39,6 +39,7 @@ from .settle import (
     cut_off_error,
     fail,
     next_attempt,
+    rest_tried,
     usage_of,
 )
 
@@ -127,14 +128,18 @@ class JobRunner:
         kind and prompt of its next attempt, while its allowance lasts."""
         store = self.store
         keys = [r.key for r in window]
-        holders, done, history = store.job_window(keys, self.plan.revision_id)
+        parents = [r.parent_key for r in window if r.parent_key is not None]
+        holders, done, history = store.job_window(keys + parents, self.plan.revision_id)
         self.watched.update(holders.values())
         free = [r for r in window if r.key not in done]
         tried, stopped = store.attempts_so_far([r.key for r in free])
         cut = {key for key, stops in stopped.items() if TRUNCATED in stops}
         owed = []
         for request in free:
-            rows = self._chain(request, history.get(request.key, []))
+            own = history.get(request.key, [])
+            if own and own[-1]["status"] == "partial":  # its parts are owed instead
+                continue
+            rows = self._chain(request, own or _partial_before(request, history))
             if rows and rows[-1]["job_id"] in self.stopped:  # owed to the next run
                 continue
             step = self._next(request, rows, request.key in tried, request.key in cut)
@@ -160,7 +165,9 @@ class JobRunner:
               cut_off: bool = False) -> Next:
         """The next attempt of ``request`` after this chain's job receipts ``rows``, as the one
         policy says; jobs never halve a request, so :data:`HALVE` gives it up."""
-        chain = [Tried(r["kind"], json.loads(r["errors"] or "[]"), r["raw"]) for r in rows]
+        chain = [rest_tried(r["kind"], r["raw"], request, json.loads(r["errors"]))
+                 if r["status"] == "partial" else
+                 Tried(r["kind"], json.loads(r["errors"] or "[]"), r["raw"]) for r in rows]
         return next_attempt(self.plan, request, chain, tried=tried, cut_off=cut_off)
 
     async def _submit_over(self, windows: Iterable[Sequence[Request]], writer: Owner) -> bool:
@@ -422,6 +429,8 @@ class JobRunner:
             verdict, write = await self.settle.settle(attempt, got)
             if verdict and verdict.accepted and attempt.request and self.on_progress:
                 self.on_progress(len(attempt.request.tasks))
+            elif verdict and verdict.partial and self.on_progress:
+                self.on_progress(len(verdict.stored))
             writes.append(write)
         store = self.store
         with store.transaction(calls=True) as tx:
@@ -510,6 +519,13 @@ def plan_facts(plan: Plan) -> dict[str, Any]:
     except (TypeError, ValueError):
         schema = None
     return {"schema": schema, "mode": plan.mode, "identity": list(plan.identity)}
+
+
+def _partial_before(request: Request, history: Mapping[str, list[Any]]) -> list[Any]:
+    """The job receipts of the request a partial return split ``request`` from, ending with
+    that return (``_next`` reads it as this part's own attempt); else none."""
+    parent = history.get(request.parent_key or "", [])
+    return parent if parent and parent[-1]["status"] == "partial" else []
 
 
 def _pending(out: Outcome, request: Request, job: Mapping[str, Any] | None) -> None:

@@ -27,7 +27,17 @@ from .calls import STOPPED, Caller, Control, Judged, NotSent
 from .groupcommit import GroupCommit
 from .pacing import COUNT_SECONDS, HostShare, Pacer
 from .plan import Outcome, Plan, Transport
-from .settle import HALVE, NONE, Tried, cut_off_error, fail, next_attempt, provider_error
+from .settle import (
+    HALVE,
+    NONE,
+    Tried,
+    apart,
+    cut_off_error,
+    fail,
+    next_attempt,
+    provider_error,
+    rest_tried,
+)
 
 Item = tuple[Request, int]  # a queued request and its split depth
 FEED = 500  # requests taken from a stream into the queue at once
@@ -209,7 +219,10 @@ class Replayer:
             done = got
             if done.verdict.accepted:
                 break
-            chain.append(Tried(step.kind, done.verdict.errors, done.raw))
+            tried = Tried(step.kind, done.verdict.errors, done.raw)
+            if done.verdict.partial:  # committed in part: its chain goes on with the rest
+                request, tried = self._partial(request, step.kind, done)
+            chain.append(tried)
             step = next_attempt(self.plan, request, chain, tried=True, depth=depth)
         if step.kind == HALVE:
             self._release(request)
@@ -219,6 +232,17 @@ class Replayer:
         elif done is not None:
             self._judged(request, done)
             self._attempts.pop(request.key, None)  # done with in this run: held no longer
+
+    def _partial(self, request: Request, kind: str, done: Judged) -> tuple[Request, Tried]:
+        """A return committed in part (the write queued by the settle step): its accepted
+        part is reported, and the rest is the request whose chain goes on."""
+        kept, rest = apart(self.plan, request, done.verdict)
+        self._release(request)
+        self._progress(kept)
+        for task_id in kept.task_ids:
+            self.outcome.errors.pop(task_id, None)
+        assert done.raw is not None
+        return rest, rest_tried(kind, done.raw, rest, done.verdict.errors)
 
     def _not_sent(self, why: NotSent, item: Item) -> None:
         request = item[0]
@@ -298,6 +322,7 @@ class Replayer:
     def _split(self, request: Request, depth: int) -> None:
         """Replace the request by its halves, queued first so they keep the batch's order."""
         children = self.plan.keys.split(request)
+        self.writes.flush_now()  # a partial return's write recording this request goes first
         self.store.record_split(self.plan.revision_id, request, children)
         done = self.store.accepted_keys([c.key for c in children])
         for child in reversed(children):

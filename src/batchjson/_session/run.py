@@ -145,7 +145,8 @@ def plan_calls(rt: Runtime, plan: RunPlan) -> tuple[Plan, Spender]:
                  instructions=spec.instructions, keys=plan.keys,
                  repairs=rt.repairs if spec.repairs is None else spec.repairs,
                  replays=rt.replays if spec.replays is None else spec.replays,
-                 split=spec.split, source=plan.source, reask_refusals=spec.reask_refusals)
+                 split=spec.split, source=plan.source, reask_refusals=spec.reask_refusals,
+                 accept=spec.accept)
     spender = Spender(spec.max_calls, rt.budget, rt.tally,
                       batches.pricing(plan.provider, plan.client),
                       shared=rt.ledger.budget())

@@ -1,0 +1,179 @@
+"""Item-level acceptance (``accept="items"``): a return whole in JSON, coverage and identity
+commits the items that pass, and asks again for the others alone; anything else rejects whole."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from batchjson import CallableProvider, RejectReturn, Session
+from tests.helpers import LABEL_SCHEMA, items_reply, ledger_rows, review_tasks
+
+IDENTITY = ("task_id", "case_id", "candidate_id")
+
+
+class Model:
+    """Answers every call correctly, except the overrides ``bad(call)`` gives; records calls."""
+
+    def __init__(self, bad=lambda call: {}) -> None:
+        self.bad = bad
+        self.calls: list[tuple[str, ...]] = []
+
+    def __call__(self, call):
+        self.calls.append(tuple(t["task_id"] for t in call.tasks))
+        return items_reply(call, **self.bad(call))
+
+
+def third_is_wrong_the_first_time(call):
+    """The first call's third item breaks the schema (a verdict out of its enum)."""
+    return {call.tasks[2]["task_id"]: {"verdict": "maybe"}} if call.attempt == 0 and len(
+        call.tasks) > 2 else {}
+
+
+def run(session: Session, tasks, **options):
+    return session.run_batch("review", tasks, LABEL_SCHEMA, identity=IDENTITY, pack=len(tasks),
+                             **options)
+
+
+def test_a_schema_failing_item_commits_its_pack_mates_and_reasks_only_it(tmp_path):
+    model = Model(third_is_wrong_the_first_time)
+    session = Session(CallableProvider(model), ledger=tmp_path / "l.sqlite", repairs=1,
+                      replays=0)
+    tasks = review_tasks(5)
+    result = run(session, tasks, accept="items")
+
+    assert result.status == "resolved"
+    assert model.calls == [tuple(t["task_id"] for t in tasks), (tasks[2]["task_id"],)]
+    receipts = session.ledger.attempts("review")
+    assert [(r.kind, r.status) for r in receipts] == [
+        ("initial", "partial"), ("recheck", "accepted"), ("repair", "accepted")]
+    partial = receipts[0]
+    assert len(json.loads(partial.raw)["items"]) == 5  # the raw return kept whole
+    assert [e["task_id"] for e in partial.errors] == [tasks[2]["task_id"]]
+    assert list(result.values) == [t["task_id"] for t in tasks]  # in task order
+    assert result.calls == 2
+    # the accepted part re-judges whole: its raw is its own items' return
+    kept = json.loads(receipts[1].raw)["items"]
+    assert [i["task_id"] for i in kept] == [t["task_id"] for t in tasks if t != tasks[2]]
+
+
+def test_the_reask_of_a_partial_return_is_a_repair_within_repairs(tmp_path):
+    always_bad = Model(lambda call: {call.tasks[-1]["task_id"]: {"verdict": "maybe"}}
+                       if call.tasks[-1]["task_id"].endswith("129") else {})
+    session = Session(CallableProvider(always_bad), repairs=1, replays=0)
+    result = run(session, review_tasks(3), accept="items", on_exhausted="return")
+    assert result.status == "unresolved"
+    assert len(always_bad.calls) == 2 and always_bad.calls[1] == (review_tasks(3)[2]["task_id"],)
+    assert sorted(result.values) == [t["task_id"] for t in review_tasks(2)]
+    assert {e["task_id"] for e in result.errors} == {review_tasks(3)[2]["task_id"]}
+
+
+def test_whole_return_acceptance_stays_the_default(tmp_path):
+    model = Model(third_is_wrong_the_first_time)
+    session = Session(CallableProvider(model), repairs=1, replays=0)
+    result = run(session, review_tasks(5))
+    assert result.status == "resolved" and [len(c) for c in model.calls] == [5, 5]
+    assert [r.status for r in session.ledger.attempts("review")] == ["rejected", "accepted"]
+
+
+def test_an_identity_swap_commits_nothing_under_item_acceptance(tmp_path):
+    """The seed's regression: candidate 127's case_id says 079 where 078 was asked."""
+    def swapped(call):
+        return {call.tasks[0]["task_id"]: {"case_id": "gold-pair-079"}}
+
+    session = Session(CallableProvider(Model(swapped)), repairs=0, replays=0)
+    result = run(session, review_tasks(20), accept="items", on_exhausted="return")
+    assert result.status == "unresolved" and result.values == {}
+    assert [r.status for r in session.ledger.attempts("review")] == ["rejected"]
+    assert session.ledger.checkpoint("review") == {}
+
+
+@pytest.mark.parametrize("fault", ["missing", "duplicated"])
+def test_a_missing_or_duplicated_item_rejects_the_return_whole(fault):
+    def broken(call):
+        payload = json.loads(items_reply(call, **{call.tasks[1]["task_id"]: {
+            "verdict": "maybe"}}))
+        if fault == "missing":
+            payload["items"].pop(0)
+        else:
+            payload["items"].append(payload["items"][0])
+        return json.dumps(payload)
+
+    session = Session(CallableProvider(broken), repairs=0, replays=0)
+    result = run(session, review_tasks(4), accept="items", on_exhausted="return")
+    assert result.values == {}
+    (receipt,) = session.ledger.attempts("review")
+    assert receipt.status == "rejected"
+    assert any(e["type"] == "coverage" for e in receipt.errors)
+
+
+def test_a_validator_can_reject_the_whole_return(tmp_path):
+    def shifted(item, task):
+        if task["candidate_id"].endswith("128"):
+            raise RejectReturn("every answer is one candidate off")
+
+    model = Model()
+    session = Session(CallableProvider(model), repairs=0, replays=0)
+    result = run(session, review_tasks(4), accept="items", validator=shifted,
+                 on_exhausted="return")
+    assert result.values == {} and len(model.calls) == 1
+    (receipt,) = session.ledger.attempts("review")
+    assert receipt.status == "rejected" and receipt.errors[0]["task_id"] is None
+    assert "one candidate off" in receipt.errors[0]["message"]
+
+
+def test_a_validator_rejecting_one_item_commits_the_others(tmp_path):
+    model = Model()
+    seen: list[str] = []
+
+    def picky(item, task):
+        seen.append(task["task_id"])
+        if task["candidate_id"].endswith("128") and seen.count(task["task_id"]) == 1:
+            raise ValueError("not sure about this one")
+
+    session = Session(CallableProvider(model), repairs=1, replays=0)
+    tasks = review_tasks(4)
+    result = run(session, tasks, accept="items", validator=picky)
+    assert result.status == "resolved" and model.calls[1] == (tasks[1]["task_id"],)
+    assert len(session.ledger.checkpoint("review")) == 4
+
+
+def test_every_item_failing_is_a_plain_rejection():
+    model = Model(lambda call: {t["task_id"]: {"verdict": "maybe"} for t in call.tasks})
+    session = Session(CallableProvider(model), repairs=0, replays=0)
+    result = run(session, review_tasks(3), accept="items", on_exhausted="return")
+    assert result.values == {}
+    assert [r.status for r in session.ledger.attempts("review")] == ["rejected"]
+
+
+def test_item_acceptance_combines_with_split(tmp_path):
+    """The rejected part goes on as its own request: repaired, replayed, then halved."""
+    bad = {"gold-pair-078-candidate-128", "gold-pair-078-candidate-130"}
+
+    def wrong_until_alone(call):
+        if len(call.tasks) == 1:
+            return {}
+        return {t["task_id"]: {"verdict": "maybe"} for t in call.tasks
+                if t["candidate_id"] in bad}
+
+    model = Model(wrong_until_alone)
+    session = Session(CallableProvider(model), repairs=0, replays=0)
+    result = run(session, review_tasks(6), accept="items", split=True)
+    assert result.status == "resolved"
+    assert [len(c) for c in model.calls] == [6, 1, 1]
+    assert len(session.ledger.checkpoint("review")) == 6
+
+
+def test_a_partial_return_is_kept_as_such_and_resumes(tmp_path):
+    model = Model(third_is_wrong_the_first_time)
+    path = tmp_path / "l.sqlite"
+    first = Session(CallableProvider(model, source="m"), ledger=path, repairs=0, replays=0)
+    result = run(first, review_tasks(4), accept="items", on_exhausted="return")
+    assert result.status == "unresolved" and len(result.values) == 3
+    first.close()
+    again = Session(CallableProvider(model, source="m"), ledger=path, repairs=0, replays=0)
+    result = run(again, review_tasks(4), accept="items")
+    assert result.status == "resolved" and model.calls[-1] == (review_tasks(4)[2]["task_id"],)
+    assert ledger_rows(path, "SELECT COUNT(*), COUNT(DISTINCT task_id) FROM checkpoint") == [
+        (4, 4)]
