@@ -4,13 +4,23 @@ commits the items that pass, and asks again for the others alone; anything else 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections import Counter
 
 import pytest
 
-from batchjson import CallableProvider, RejectReturn, Session
-from tests.helpers import LABEL_SCHEMA, items_reply, ledger_rows, review_tasks
+from batchjson import CallableProvider, RejectReturn, Session, SimulatedModel
+from batchjson.testing import LoopbackServer
+from tests.helpers import LABEL_SCHEMA, items_reply, ledger_rows, openai, review_tasks
 
 IDENTITY = ("task_id", "case_id", "candidate_id")
+BATCH_SCHEMA = {"type": "object", "properties": {"task_id": {"type": "string"},
+                                                 "label": {"type": "string"}},
+                "required": ["task_id", "label"]}
 
 
 class Model:
@@ -177,3 +187,123 @@ def test_a_partial_return_is_kept_as_such_and_resumes(tmp_path):
     assert result.status == "resolved" and model.calls[-1] == (review_tasks(4)[2]["task_id"],)
     assert ledger_rows(path, "SELECT COUNT(*), COUNT(DISTINCT task_id) FROM checkpoint") == [
         (4, 4)]
+
+
+def test_a_batch_job_line_accepted_in_part_commits_its_valid_items_and_reasks_the_rest(
+        ledger_at):
+    """The batch transport settles a line through the same step: its valid items are
+    committed with the job, the rejected one goes alone in the follow-up job as a repair."""
+    judged: Counter[str] = Counter()
+
+    def picky(item, task):
+        judged[task["task_id"]] += 1
+        if task["task_id"] == "t2" and judged["t2"] == 1:
+            raise ValueError("t2 is not sure yet")
+
+    target = ledger_at()
+    labels = [{"task_id": f"t{i}", "prompt": f"Label review {i}."} for i in range(6)]
+    with LoopbackServer(SimulatedModel(answer=lambda task: {"label": "ok"})) as srv:
+        srv.batches.delay = 0.1
+        session = Session(openai(srv), ledger=target, repairs=1, replays=0)
+        session.job_poll = 0.05
+        result = session.run_batch("labels", labels, BATCH_SCHEMA, validator=picky, pack=6,
+                                   transport="batch", wait=True, accept="items")
+        session.close()
+        assert srv.batches.created == 2
+    assert result.status == "resolved" and list(result.values) == [t["task_id"] for t in labels]
+    rows = ledger_rows(target, "SELECT kind, status, task_ids FROM attempts ORDER BY id")
+    assert [(kind, status, json.loads(ids)) for kind, status, ids in rows] == [
+        ("initial", "partial", [f"t{i}" for i in range(6)]),
+        ("recheck", "accepted", ["t0", "t1", "t3", "t4", "t5"]),
+        ("repair", "accepted", ["t2"])]
+    assert ledger_rows(target, "SELECT COUNT(*), COUNT(DISTINCT task_id) FROM checkpoint") == [
+        (6, 6)]
+
+
+KILL_AT = textwrap.dedent("""
+    import os, signal, sys
+    from batchjson import CallableProvider, Session
+    from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
+    from tests.test_accept_items import IDENTITY, third_item_out_of_enum
+
+    point, calls = sys.argv[2], []
+
+    def model(call):
+        calls.append(call)
+        if point == "reask" and len(calls) == 2:  # the partial return committed, R sent
+            os.kill(os.getpid(), signal.SIGKILL)
+        return items_reply(call, **third_item_out_of_enum(call))
+
+    session = Session(CallableProvider(model, source="m"), ledger=sys.argv[1], repairs=1,
+                      replays=0)
+    store = type(session.ledger.store)
+    complete = store.complete_call
+
+    def completing(self, tx, attempt_id, status, *args, **kwargs):
+        out = complete(self, tx, attempt_id, status, *args, **kwargs)
+        if point == "commit" and status == "partial":  # written, not yet committed
+            os.kill(os.getpid(), signal.SIGKILL)
+        return out
+
+    store.complete_call = completing
+    session.run_batch("review", review_tasks(5), LABEL_SCHEMA, identity=IDENTITY, pack=5,
+                      accept="items")
+""")
+
+
+def third_item_out_of_enum(call):
+    """Every pack of three or more: its third item breaks the schema."""
+    return {call.tasks[2]["task_id"]: {"verdict": "maybe"}} if len(call.tasks) > 2 else {}
+
+
+@pytest.mark.parametrize("point", ["commit", "reask"])
+def test_a_kill_around_a_partial_commit_then_resume_commits_each_item_once(ledger_at, point):
+    target = ledger_at()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run([sys.executable, "-c", KILL_AT, str(target), point], env=env,
+                          cwd=os.getcwd(), timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    committed = ledger_rows(target, "SELECT COUNT(*) FROM checkpoint")[0][0]
+    assert committed == (4 if point == "reask" else 0)
+    model = Model(third_item_out_of_enum)
+    session = Session(CallableProvider(model, source="m"), ledger=target, repairs=1, replays=0)
+    result = run(session, review_tasks(5), accept="items")
+    assert result.status == "resolved" and list(result.values) == [
+        t["task_id"] for t in review_tasks(5)]
+    if point == "reask":  # A found accepted, R owed: only R is asked
+        assert model.calls == [(review_tasks(5)[2]["task_id"],)]
+    assert ledger_rows(target, "SELECT COUNT(*), COUNT(DISTINCT task_id) FROM checkpoint") == [
+        (5, 5)]
+
+
+def test_two_runners_with_item_acceptance_commit_each_item_once(ledger_at):
+    """Two sessions run the same batch side by side: claims keep one payer per request, and
+    a partial return's items are committed once, whoever's return it was."""
+    import asyncio
+    import threading
+
+    target = ledger_at()
+    Session(ledger=target).close()  # the schema made once, before the runners race
+    tasks = review_tasks(12)
+    results = []
+
+    async def slow(call):
+        await asyncio.sleep(0.02)
+        return items_reply(call, **third_item_out_of_enum(call))
+
+    def runner():
+        session = Session(CallableProvider(slow, source="m"), ledger=target, repairs=1,
+                          replays=0, concurrency=2)
+        results.append(session.run_batch("review", tasks, LABEL_SCHEMA, identity=IDENTITY,
+                                         pack=4, accept="items"))
+        session.close()
+
+    threads = [threading.Thread(target=runner) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert [r.status for r in results] == ["resolved", "resolved"]
+    assert list(results[0].values) == [t["task_id"] for t in tasks]
+    assert ledger_rows(target, "SELECT COUNT(*), COUNT(DISTINCT task_id) FROM checkpoint") == [
+        (12, 12)]
