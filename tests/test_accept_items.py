@@ -307,3 +307,61 @@ def test_two_runners_with_item_acceptance_commit_each_item_once(ledger_at):
     assert list(results[0].values) == [t["task_id"] for t in tasks]
     assert ledger_rows(target, "SELECT COUNT(*), COUNT(DISTINCT task_id) FROM checkpoint") == [
         (12, 12)]
+
+
+def test_receipts_and_status_show_a_partial_receipt_as_partial(tmp_path):
+    path = tmp_path / "l.sqlite"
+    session = Session(CallableProvider(Model(third_is_wrong_the_first_time)), ledger=path,
+                      repairs=1, replays=0)
+    result = run(session, review_tasks(4), accept="items")
+    assert result.partial_returns == 1 and "1 accepted in part" in repr(result)
+    spend = session.ledger.spend()
+    assert spend["partial"] == 1 and spend["accepted"] == 1
+    assert spend["calls"] == 2  # the derived receipt is no call
+    assert session.ledger.evidence("review")["partial_returns"] == 1
+    session.close()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+
+    def cli(*args):
+        done = subprocess.run([sys.executable, "-m", "batchjson", *args, "--ledger", str(path)],
+                              env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    receipts = cli("receipts", "review")
+    assert [line.split()[2:4] for line in receipts.splitlines()[2:] if line[:4].strip()] == [
+        ["initial", "partial"], ["recheck", "accepted"], ["repair", "accepted"]]
+    status = cli("status").splitlines()
+    header = next(line for line in status if line.split()[:1] == ["batch"])
+    assert "partial" in header.split()
+
+
+def test_the_magic_and_its_config_accept_items(ip):
+    def cell(source):
+        result = ip.run_cell(source)
+        assert result.success, result.error_before_exec or result.error_in_exec
+        return result.result
+
+    cell("%load_ext batchjson")
+    cell("from batchjson import SimulatedModel\n"
+         "model = SimulatedModel(answer=lambda task: {'verdict': 'match'})\n"
+         "judged = []")
+    cell("%config BatchJson.provider = model")
+    body = ("tasks = [{'task_id': f't{i}', 'prompt': f'question {i}'} for i in range(4)]\n"
+            "schema = {'type': 'object', 'properties': {'verdict': {'type': 'string'}}, "
+            "'required': ['verdict']}\n"
+            "def check(item, task):\n"
+            "    judged.append(task['task_id'])\n"
+            "    if task['task_id'] == 't1' and judged.count('t1') == 1:\n"
+            "        raise ValueError('not yet')\n")
+    cell("%%batch_json first --validator check --pack 4 --repairs 1 --accept items\n" + body)
+    first = ip.user_ns["first"]
+    assert first.status == "resolved" and first.calls == 2 and first.partial_returns == 1
+    cell("%config BatchJson.accept = 'items'")
+    cell("judged.clear()")
+    cell("%%batch_json second --validator check --pack 4 --repairs 1 "  # other content
+         "--instructions \"'Be brief.'\"\n" + body)
+    second = ip.user_ns["second"]
+    assert second.partial_returns == 1 and second.calls == 2
+    kinds = [r["status"] for r in cell("%batch_receipts second").rows]
+    assert kinds == ["partial", "accepted", "accepted"]

@@ -84,6 +84,7 @@ class BatchResult:
     total_tasks: int
     accepted_returns: int = 0
     rejected_returns: int = 0
+    partial_returns: int = 0  # accepted in part (accept="items"): the rest asked again
     provider_errors: int = 0
     resumed: int = 0
     superseded: str | None = None
@@ -160,7 +161,8 @@ class BatchResult:
             "batch": self.name, "revision": self.revision, "status": self.status,
             "accepted": len(self.values), "tasks": self.total_tasks,
             "accepted_returns": self.accepted_returns, "rejected_returns": self.rejected_returns,
-            "provider_errors": self.provider_errors, "calls": self.calls, "tokens": self.tokens,
+            "partial_returns": self.partial_returns, "provider_errors": self.provider_errors,
+            "calls": self.calls, "tokens": self.tokens,
             "cost": self.cost, "unresolved": self.total_tasks - len(self.values),
             "resumed": self.resumed, "rechecked": self.rechecked,
             "identity_compared": list(self.identity_compared),
@@ -226,7 +228,9 @@ class BatchResult:
         s = self.summary()
         return (f"<BatchResult {self.name!r} rev {self.revision}: {self.status}, "
                 f"{s['accepted']}/{s['tasks']} accepted, {s['rejected_returns']} rejected "
-                f"return(s), {self.calls} call(s), {self.tokens} tokens, cost "
+                f"return(s), "
+                f"{f'{self.partial_returns} accepted in part, ' if self.partial_returns else ''}"
+                f"{self.calls} call(s), {self.tokens} tokens, cost "
                 f"{money(self.cost)}, {s['unresolved']} unresolved"
                 f"{f', {self.resumed} request(s) resumed' if self.resumed else ''}"
                 f"{f', {self.rechecked} re-judged without a call' if self.rechecked else ''}"
