@@ -365,3 +365,63 @@ def test_the_magic_and_its_config_accept_items(ip):
     assert second.partial_returns == 1 and second.calls == 2
     kinds = [r["status"] for r in cell("%batch_receipts second").rows]
     assert kinds == ["partial", "accepted", "accepted"]
+
+
+def partial_run(path, repairs=0):
+    """A run that leaves one partial receipt: three items committed, the third task owed."""
+    session = Session(CallableProvider(Model(third_item_out_of_enum), source="m"), ledger=path,
+                      repairs=repairs, replays=0)
+    result = run(session, review_tasks(4), accept="items", on_exhausted="return")
+    session.close()
+    assert result.partial_returns == 1 and len(result.values) == 3
+    return result
+
+
+def test_an_exported_partial_receipt_imports_as_partial_and_rechecks_the_same_way(tmp_path):
+    from batchjson import Ledger
+
+    partial_run(tmp_path / "a.sqlite")
+    before = Ledger(tmp_path / "a.sqlite")
+    exported = tmp_path / "a.jsonl"
+    exported.write_text("".join(json.dumps(r) + "\n" for r in before.export_receipts()))
+    assert [r["status"] for r in before.export_receipts()] == ["partial", "accepted"]
+    report = Ledger(tmp_path / "b.sqlite").import_receipts(exported)
+    # the partial receipt admits its accepted part; the derived receipt then holds nothing new
+    assert (report["admitted"], report["duplicate"], report["items_admitted"]) == (1, 1, 3)
+    after = Ledger(tmp_path / "b.sqlite")
+    assert after.checkpoint("review") == before.checkpoint("review")
+    assert "partial" in [r.status for r in after.attempts("review")]
+    owed = [u["task_ids"] for u in after.store.unresolved("review")]
+    assert owed == [json.dumps([review_tasks(4)[2]["task_id"]])]  # the rest stays owed
+    # exported again, the partial receipt is still partial
+    assert "partial" in [r["status"] for r in after.export_receipts()]
+    # a run there asks only for the rest
+    model = Model(third_item_out_of_enum)
+    session = Session(CallableProvider(model, source="m"), ledger=tmp_path / "b.sqlite")
+    assert run(session, review_tasks(4), accept="items").status == "resolved"
+    assert model.calls == [(review_tasks(4)[2]["task_id"],)]
+
+
+def test_a_merged_partial_receipt_stays_partial_and_its_rest_owed(tmp_path):
+    from batchjson import Ledger
+
+    partial_run(tmp_path / "a.sqlite")
+    target = Ledger(tmp_path / "b.sqlite")
+    target.merge(tmp_path / "a.sqlite")
+    assert len(target.checkpoint("review")) == 3
+    assert [r.status for r in target.attempts("review")][:1] == ["partial"]
+    assert target.spend()["partial"] == 1 and target.spend()["calls"] == 1
+
+
+def test_another_batch_of_the_same_content_asks_only_the_rest_of_a_partial_return(tmp_path):
+    """Evidence is content: the accepted part serves every batch; the rest is owed once."""
+    path = tmp_path / "l.sqlite"
+    partial_run(path)
+    model = Model(third_item_out_of_enum)
+    session = Session(CallableProvider(model, source="m"), ledger=path)
+    result = session.run_batch("again", review_tasks(4), LABEL_SCHEMA, identity=IDENTITY, pack=4,
+                               accept="items")
+    assert result.status == "resolved" and model.calls == [(review_tasks(4)[2]["task_id"],)]
+    assert list(result.values) == [t["task_id"] for t in review_tasks(4)]
+    assert session.run_batch("review", review_tasks(4), LABEL_SCHEMA, identity=IDENTITY,
+                             pack=4, accept="items").calls == 0

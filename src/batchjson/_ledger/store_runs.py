@@ -163,22 +163,27 @@ class RunStore(StoreBase):
             "request_key IN ({marks})", keys)}
 
     def attempts_so_far(self, keys: Sequence[str]
-                        ) -> tuple[dict[str, int], dict[str, set[str]]]:
+                        ) -> tuple[dict[str, int], dict[str, set[str]], dict[str, list[str]]]:
         """Of each exact request among ``keys`` (any batch, any run): how many attempts it has
         had, and the words a return was rejected for on its provider's word: ``truncated`` (cut
-        off at the output ceiling), ``refused``, ... (the error types of ``STOP_ERRORS``).
-        Under the very same key: the same provider settings, so the same ceiling."""
+        off at the output ceiling), ``refused``, ... (the error types of ``STOP_ERRORS``); and
+        the tasks a return accepted in part rejected (a run splits it the same way). Under the
+        very same key: the same provider settings, so the same ceiling."""
         counts = {r[0]: r[1] for r in self._by_keys(
             "SELECT request_key, COUNT(*) FROM attempts WHERE request_key IN ({marks}) "
             "GROUP BY request_key", keys)}
         found: dict[str, set[str]] = {}
-        for key, errors in self._by_keys(
-                "SELECT request_key, errors FROM attempts WHERE request_key IN ({marks}) "
-                "AND status = 'rejected'", keys):
+        parted: dict[str, list[str]] = {}
+        for key, status, errors in self._by_keys(
+                "SELECT request_key, status, errors FROM attempts WHERE request_key IN "
+                "({marks}) AND status IN ('rejected', 'partial') ORDER BY id", keys):
+            if status == "partial":
+                parted[key] = list(dict.fromkeys(e["task_id"] for e in json.loads(errors)))
+                continue
             types = stop_types(errors)
             if types:
                 found.setdefault(key, set()).update(types)
-        return counts, found
+        return counts, found, parted
 
     def _receipts(self, name: str, *, failed: bool = False) -> list[Receipt]:
         """Receipts of a batch in call order (every revision)."""

@@ -132,14 +132,14 @@ class JobRunner:
         holders, done, history = store.job_window(keys + parents, self.plan.revision_id)
         self.watched.update(holders.values())
         free = [r for r in window if r.key not in done]
-        tried, stopped = store.attempts_so_far([r.key for r in free])
+        tried, stopped, parted = store.attempts_so_far([r.key for r in free])
+        if parted:  # accepted in part before (another revision, a batch): its parts instead
+            free = self._apart(free, parted)
         cut = {key for key, stops in stopped.items() if TRUNCATED in stops}
         owed = []
         for request in free:
-            own = history.get(request.key, [])
-            if own and own[-1]["status"] == "partial":  # its parts are owed instead
-                continue
-            rows = self._chain(request, own or _partial_before(request, history))
+            rows = self._chain(request, history.get(request.key)
+                               or _partial_before(request, history))
             if rows and rows[-1]["job_id"] in self.stopped:  # owed to the next run
                 continue
             step = self._next(request, rows, request.key in tried, request.key in cut)
@@ -149,6 +149,24 @@ class JobRunner:
                 fail(self.result.outcome, request,
                      [cut_off_error(request, self.provider, earlier=True)])
         return owed
+
+    def _apart(self, window: Sequence[Request], parted: Mapping[str, list[str]]
+               ) -> list[Request]:
+        """``window`` with each request accepted in part before replaced by its parts, split
+        so in this revision, those not accepted in its place."""
+        out: list[Request] = []
+        for request in window:
+            if request.key not in parted:
+                out.append(request)
+                continue
+            parts = self.plan.keys.apart(request, parted[request.key])
+            self.store.record_split(self.plan.revision_id, request, parts)
+            keys = [p.key for p in parts]
+            holders = self.store.job_holders(keys)  # the rest, sent in a job meanwhile
+            self.watched.update(holders.values())
+            done = self.store.accepted_keys(keys) | holders.keys()
+            out += [p for p in parts if p.key not in done]
+        return out
 
     def _chain(self, request: Request, rows: Sequence[Mapping[str, Any]]
                ) -> Sequence[Mapping[str, Any]]:

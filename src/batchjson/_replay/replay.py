@@ -8,7 +8,7 @@ import asyncio
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Any
 
@@ -75,6 +75,7 @@ class Replayer:
                 pacer.learn()
         self._attempts: dict[str, int] = {}
         self._cut_off: set[str] = set()  # requests cut off before under the same settings
+        self._parted: dict[str, list[str]] = {}  # requests accepted in part: the tasks rejected
         self.writes = GroupCommit(self.store)
         self.retrying = transport_retrying(transport)
         self.control = Control()
@@ -153,7 +154,8 @@ class Replayer:
         if len(requests) < FEED:
             self._feed = None
         keys = [r.key for r in requests]
-        counts, stopped = self.store.attempts_so_far(keys)
+        counts, stopped, parted = self.store.attempts_so_far(keys)
+        self._parted.update(parted)
         self._attempts.update(counts)
         self._cut_off.update(key for key, stops in stopped.items() if TRUNCATED in stops)
         self._queue.extend((r, 0) for r in requests)
@@ -206,6 +208,9 @@ class Replayer:
     async def _drive(self, request: Request, depth: int) -> None:
         """Attempts, as :func:`~batchjson._replay.settle.next_attempt` says, until the request
         is accepted or given up (or halved), then what the run reports of it."""
+        if request.key in self._parted:  # accepted in part before (another revision, a batch)
+            return self._replace(request, self.plan.keys.apart(
+                request, self._parted.pop(request.key)), depth)
         chain: list[Tried] = []
         step = next_attempt(self.plan, request, chain, depth=depth,
                             tried=self._attempts.get(request.key, 0) > 0,
@@ -226,7 +231,7 @@ class Replayer:
             step = next_attempt(self.plan, request, chain, tried=True, depth=depth)
         if step.kind == HALVE:
             self._release(request)
-            self._split(request, depth)
+            self._replace(request, self.plan.keys.split(request), depth + 1)
         elif step.why == TRUNCATED:
             self._cut_short(request, done)
         elif done is not None:
@@ -319,9 +324,9 @@ class Replayer:
         if self.on_progress is not None:
             self.on_progress(len(request.tasks))
 
-    def _split(self, request: Request, depth: int) -> None:
-        """Replace the request by its halves, queued first so they keep the batch's order."""
-        children = self.plan.keys.split(request)
+    def _replace(self, request: Request, children: Sequence[Request], depth: int) -> None:
+        """Replace the request by its parts (halves, or the parts of a return accepted in part
+        before), queued first so they keep the batch's order."""
         self.writes.flush_now()  # a partial return's write recording this request goes first
         self.store.record_split(self.plan.revision_id, request, children)
         done = self.store.accepted_keys([c.key for c in children])
@@ -331,7 +336,7 @@ class Replayer:
                 for task_id in child.task_ids:
                     self.outcome.errors.pop(task_id, None)
             else:
-                self._queue.appendleft((child, depth + 1))
+                self._queue.appendleft((child, depth))
         self.control.changed.set()
 
     # -- one attempt (with transport retries) --------------------------------------------------
