@@ -425,3 +425,24 @@ def test_another_batch_of_the_same_content_asks_only_the_rest_of_a_partial_retur
     assert list(result.values) == [t["task_id"] for t in review_tasks(4)]
     assert session.run_batch("review", review_tasks(4), LABEL_SCHEMA, identity=IDENTITY,
                              pack=4, accept="items").calls == 0
+
+
+def test_a_partial_return_is_judged_again_whole_when_the_judging_changes(tmp_path):
+    """Re-judging treats a partial return as a rejected one: the validator relaxed, its raw
+    passes whole and resolves the new revision without a call."""
+    def strict(item, task):
+        if task["candidate_id"].endswith("129"):
+            raise ValueError("not this one")
+
+    def relaxed(item, task):
+        return True
+
+    model = Model()
+    session = Session(CallableProvider(model, source="m"), ledger=tmp_path / "l.sqlite",
+                      repairs=0, replays=0)
+    first = run(session, review_tasks(4), accept="items", validator=strict,
+                on_exhausted="return")
+    assert first.partial_returns == 1 and len(first.values) == 3 and len(model.calls) == 1
+    again = run(session, review_tasks(4), accept="items", validator=relaxed)
+    assert again.status == "resolved" and again.calls == 0 and len(model.calls) == 1
+    assert again.rechecked == 1

@@ -431,7 +431,8 @@ CHECKPOINT_SQL = (
     "VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING")
 
 # An accepted answer is evidence for its request whatever prompt produced it (a repair's too);
-# ``kind`` is that of the call that answered (a recheck's is its origin's).
+# ``kind`` is that of the call that answered (a recheck's is its origin's). A partial return is
+# judged again whole, as a rejected one is: new judging may accept all of it.
 EARLIER_SQL = (
     "SELECT s.seen_key, a.id, a.request_key, a.raw, a.provider, a.model, a.status, a.errors, "
     "COALESCE(o.kind, a.kind) AS kind FROM seen s JOIN attempts a "
@@ -439,7 +440,7 @@ EARLIER_SQL = (
     "LEFT JOIN attempts o ON o.id = k.from_attempt "
     "WHERE s.seen_key IN ({marks}) AND a.raw IS NOT NULL "
     "AND (a.kind != 'repair' OR a.status = 'accepted') "
-    "AND a.status IN ('accepted', 'rejected', 'cancelled') "
+    "AND a.status IN ('accepted', 'partial', 'rejected', 'cancelled') "
     "ORDER BY CASE WHEN a.status = 'accepted' THEN 0 ELSE 1 END, a.id DESC")
 
 SOURCELESS_SQL = (
