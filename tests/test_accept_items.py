@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections import Counter
 
 import pytest
@@ -446,3 +447,52 @@ def test_a_partial_return_is_judged_again_whole_when_the_judging_changes(tmp_pat
     again = run(session, review_tasks(4), accept="items", validator=relaxed)
     assert again.status == "resolved" and again.calls == 0 and len(model.calls) == 1
     assert again.rechecked == 1
+
+
+def test_the_rest_of_a_partial_job_line_sent_in_a_job_is_reported_pending(tmp_path):
+    judged: Counter[str] = Counter()
+
+    def picky(item, task):
+        judged[task["task_id"]] += 1
+        if task["task_id"] == "t2" and judged["t2"] == 1:
+            raise ValueError("t2 is not sure yet")
+
+    labels = [{"task_id": f"t{i}", "prompt": f"Label review {i}."} for i in range(6)]
+    with LoopbackServer(SimulatedModel(answer=lambda task: {"label": "ok"})) as srv:
+        srv.batches.delay = 0.2
+        session = Session(openai(srv), ledger=tmp_path / "l.sqlite", repairs=1, replays=0)
+
+        def again():
+            return session.run_batch("labels", labels, BATCH_SCHEMA, validator=picky, pack=6,
+                                     transport="batch", accept="items", on_exhausted="return")
+
+        assert again().status == "pending"
+        time.sleep(0.5)
+        second = again()  # collects the first job, sends the rest in a second one
+        assert second.status == "pending" and srv.batches.created == 2
+        assert len(second.values) == 5 and [e["task_id"] for e in second.errors] == ["t2"]
+        assert second.errors[0]["type"] == "pending"
+        time.sleep(0.5)
+        assert again().status == "resolved"
+        session.close()
+
+
+def test_a_job_run_reports_the_rest_of_a_partial_line_by_its_own_last_receipt(tmp_path):
+    def never_t2(item, task):
+        if task["task_id"] == "t2":
+            raise ValueError("t2 never passes")
+
+    labels = [{"task_id": f"t{i}", "prompt": f"Label review {i}."} for i in range(6)]
+    with LoopbackServer(SimulatedModel(answer=lambda task: {"label": "ok"})) as srv:
+        srv.batches.delay = 0.05
+        session = Session(openai(srv), ledger=tmp_path / "l.sqlite", repairs=1, replays=0)
+        session.job_poll = 0.05
+        result = session.run_batch("labels", labels, BATCH_SCHEMA, validator=never_t2, pack=6,
+                                   transport="batch", wait=True, accept="items",
+                                   on_exhausted="return")
+        session.close()
+    assert result.status == "unresolved" and len(result.values) == 5
+    assert [(e["task_id"], e["type"]) for e in result.errors] == [("t2", "validation")]
+    receipts = Session(ledger=tmp_path / "l.sqlite").ledger.attempts("labels")
+    assert [r.kind for r in receipts] == ["initial", "recheck", "repair"]
+    assert result.errors[0]["request"] == receipts[2].request_key  # the rest's, not the pack's

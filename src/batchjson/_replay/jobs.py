@@ -334,7 +334,9 @@ class JobRunner:
         held by a job: the errors of its last receipt; read a window at a time."""
         store, out = self.store, self.result.outcome
         jobs: dict[int, dict[str, Any]] = {}
-        for window in self.windows():
+        for window in self.windows():  # as leaves: a request may be split meanwhile
+            window = list(store.requests_by_keys([r.key for r in window],
+                                                 self.plan.revision_id).values())
             holders, _, history = store.job_window([r.key for r in window],
                                                    self.plan.revision_id)
             self.watched.update(holders.values())
@@ -530,13 +532,15 @@ def job_view(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def plan_facts(plan: Plan) -> dict[str, Any]:
-    """What judging a job's lines needs beside its revision (schema, mode, identity fields), kept on
-    the job row so a kernel that did not run the cell can collect it."""
+    """What judging a job's lines needs beside its revision (schema, mode, identity fields, what
+    of a return is committed), kept on the job row so a kernel that did not run the cell can
+    collect it."""
     try:
         schema = json.loads(json.dumps(plan.schema.json_schema))
     except (TypeError, ValueError):
         schema = None
-    return {"schema": schema, "mode": plan.mode, "identity": list(plan.identity)}
+    return {"schema": schema, "mode": plan.mode, "identity": list(plan.identity),
+            "accept": plan.accept}
 
 
 def _partial_before(request: Request, history: Mapping[str, list[Any]]) -> list[Any]:
