@@ -63,6 +63,7 @@ def test_a_schema_failing_item_commits_its_pack_mates_and_reasks_only_it(tmp_pat
     assert len(json.loads(partial.raw)["items"]) == 5  # the raw return kept whole
     assert [e["task_id"] for e in partial.errors] == [tasks[2]["task_id"]]
     assert list(result.values) == [t["task_id"] for t in tasks]  # in task order
+    assert list(session.ledger.checkpoint("review")) == [t["task_id"] for t in tasks]
     assert result.calls == 2
     # the accepted part re-judges whole: its raw is its own items' return
     kept = json.loads(receipts[1].raw)["items"]
@@ -496,3 +497,17 @@ def test_a_job_run_reports_the_rest_of_a_partial_line_by_its_own_last_receipt(tm
     receipts = Session(ledger=tmp_path / "l.sqlite").ledger.attempts("labels")
     assert [r.kind for r in receipts] == ["initial", "recheck", "repair"]
     assert result.errors[0]["request"] == receipts[2].request_key  # the rest's, not the pack's
+
+
+def test_values_read_a_page_at_a_time_keep_task_order_across_partial_parts(monkeypatch):
+    from batchjson._session import result as result_module
+
+    model = Model(lambda call: {call.tasks[1]["task_id"]: {"verdict": "maybe"}}
+                  if call.attempt == 0 and len(call.tasks) > 1 else {})
+    session = Session(CallableProvider(model), repairs=1, replays=0)
+    tasks = review_tasks(9)
+    result = session.run_batch("review", tasks, LABEL_SCHEMA, identity=IDENTITY, pack=3,
+                               accept="items")
+    assert result.partial_returns == 3 and sorted(map(len, model.calls)) == [1, 1, 1, 3, 3, 3]
+    monkeypatch.setattr(result_module, "PAGE_REQUESTS", 1)  # a part of a request a page
+    assert list(result.values) == [t["task_id"] for t in tasks]

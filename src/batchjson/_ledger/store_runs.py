@@ -200,14 +200,21 @@ class RunStore(StoreBase):
                 return {}
             revision_id = rows[0][0]
         rows = self._read(
-            f"SELECT c.task_id, c.item, {self._json_valid('c.item')} FROM requests q "
-            "JOIN checkpoint c ON c.request_key = q.key WHERE q.revision_id = ? AND q.split = 0 "
+            f"SELECT c.task_id, c.item, {self._json_valid('c.item')}, q.position, o.task_ids "
+            "FROM requests q JOIN checkpoint c ON c.request_key = q.key LEFT JOIN requests o ON "
+            "q.parent_key IS NOT NULL AND o.revision_id = q.revision_id AND o.position = "
+            "q.position AND o.parent_key IS NULL WHERE q.revision_id = ? AND q.split = 0 "
             "ORDER BY q.position, q.id, c.attempt_id", (revision_id,))
         if all(r[2] for r in rows):  # each item one JSON text (the database says): one decode
             items = json.loads("[" + ",".join(r[1] for r in rows) + "]")
         else:  # joined, "1,2" next to "[3" and "4]" would shift values between tasks
             items = [json.loads(r[1]) for r in rows]
-        return {r[0]: item for r, item in zip(rows, items, strict=True)}
+        # the parts of a split request (halves, a partial return's) in its tasks' order
+        roots = {r[3]: r[4] for r in rows if r[4]}
+        order = {(at, t): n for at, root in roots.items() for n, t in enumerate(json.loads(root))}
+        ranked = sorted(range(len(rows)), key=lambda i: (rows[i][3], order.get(
+            (rows[i][3], rows[i][0]), -1)))  # stable: unsplit requests keep the rows' order
+        return {rows[i][0]: items[i] for i in ranked}
 
     def value_count(self, name: str | None = None, *, revision_id: int | None = None) -> int:
         """How many tasks have an accepted value, without decoding any: of one revision, else of
