@@ -70,7 +70,7 @@ def test_every_public_error_is_in_the_one_tree() -> None:
     errors = [getattr(batchjson, n) for n in batchjson.__all__
               if isinstance(getattr(batchjson, n), type)
               and issubclass(getattr(batchjson, n), Exception)]
-    assert len(errors) == 12
+    assert len(errors) == 13
     assert all(issubclass(e, BatchJsonError) for e in errors)
 
 
@@ -93,7 +93,7 @@ def test_the_exception_tree_drawn_in_the_errors_docstring_is_the_real_one() -> N
                 next((b.__name__ for b in c.__bases__
                       if b not in defined.values() and b is not Exception), None))
             for n, c in defined.items()}
-    assert len(drawn) == 12 and drawn == real
+    assert len(drawn) == 13 and drawn == real
 
 
 @pytest.mark.parametrize("module", ["batchjson", "batchjson.rlm", "batchjson.testing"])

@@ -23,6 +23,7 @@ from ._errors import (
     ProviderError,
     ProviderNotConfigured,
     ProviderSetupError,
+    RejectReturn,
     SubcallClientError,
     ValidatorChanged,
 )
@@ -54,7 +55,7 @@ __all__ = [
     # the one exception tree
     "BatchJsonError", "InvalidBatch", "ConfigError", "ProviderNotConfigured",
     "ProviderSetupError", "LedgerError", "ProviderError", "SubcallClientError", "ValidatorChanged",
-    "BudgetExceeded", "BatchUnresolved", "NotReady",
+    "BudgetExceeded", "BatchUnresolved", "NotReady", "RejectReturn",
     # IPython
     "load_ipython_extension", "unload_ipython_extension",
 ]

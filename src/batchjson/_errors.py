@@ -12,6 +12,7 @@ BatchJsonError                      every error batchjson raises on purpose
     ProviderError                   a transport or provider failure
         SubcallClientError (RuntimeError)   a host's subcall client broke droste's protocol
     NotReady                        answer["ready"] refused: requests are still unresolved
+    RejectReturn (ValueError)       raised by a validator: the whole return is rejected
 
 The bottom layer: it imports nothing of batchjson.
 """
@@ -184,3 +185,10 @@ class NotReady(BatchJsonError):
             "ready again; finalization_check() lists what is unresolved and batch_status() what "
             "it costs. If the budget cannot clear it, keep answer['ready'] False and say in "
             "answer['content'] what is unresolved.")
+
+
+class RejectReturn(BatchJsonError, ValueError):
+    """Raised by a validator to reject the whole return, not only its item: under
+    ``accept="items"`` a content fault across items under correct ids (every answer shifted by
+    one) must not commit the pack-mates. Under whole-return acceptance it rejects as a
+    ``ValueError`` does."""

@@ -25,7 +25,8 @@ def status_lines(summary: Mapping[str, Any], ledger: str, me: str = "batchjson")
     total = summary["total"]
     # Columns that are zero for every batch say nothing: they are left out (and said below), so
     # the table fits a terminal; --json always carries every figure.
-    optional = [(k, h) for k, h in (("provider_errors", "provider err"),
+    optional = [(k, h) for k, h in (("partial_returns", "partial"),
+                                    ("provider_errors", "provider err"),
                                     ("abandoned", "abandoned"), ("in_flight", "in flight"),
                                     ("pending", "pending"))
                 if total[k]]

@@ -1,6 +1,8 @@
 """The commit boundary: a return is accepted whole, or not at all (docs/design.md, "The commit
-boundary"). Checks run in a fixed order (JSON, coverage, identity, schema, caller validator) and
-stop at the first failing stage, naming every problem found there; nothing here "fixes" a return.
+boundary"); under ``accept="items"`` a return whole in JSON, coverage and identity may be accepted
+in part, the items failing only their schema or the validator named (a partial verdict). Checks
+run in a fixed order (JSON, coverage, identity, schema, caller validator) and stop at the first
+failing stage, naming every problem found there; nothing here "fixes" a return.
 
 Judging is total: whatever comes back and whatever the schema or the caller's validator raise,
 the outcome is a :class:`Verdict`, never an exception, so the raw text is kept and the run goes on.
@@ -41,7 +43,9 @@ REPAIRABLE = frozenset({"json", "coverage", "identity", "schema", "validation", 
 
 @dataclass
 class Verdict:
-    """Outcome of acceptance for one return: accepted values, or the errors that rejected it."""
+    """Outcome of acceptance for one return: accepted values, or the errors that rejected it. A
+    rejected verdict holding values is partial (``accept="items"``): those items passed, the
+    ``errors`` name the tasks that did not."""
 
     accepted: bool
     values: dict[str, Any] = field(default_factory=dict)
@@ -51,6 +55,20 @@ class Verdict:
     @property
     def repairable(self) -> bool:
         return bool(self.errors) and all(e["type"] in REPAIRABLE for e in self.errors)
+
+    @property
+    def partial(self) -> bool:
+        return not self.accepted and bool(self.stored)
+
+    @property
+    def rejected_ids(self) -> list[str]:
+        """The tasks a partial verdict rejected, in the order their errors name them."""
+        return list(dict.fromkeys(e["task_id"] for e in self.errors))
+
+
+# What alone may reject an item and not its return (``accept="items"``): its schema or the
+# validator, named for that task; a schema that rewrites a compared field is an identity fault.
+ITEM_FAULTS = frozenset({"schema", "validation"})
 
 
 def unwrap(reply: Reply) -> str:
@@ -119,11 +137,13 @@ async def judge(
     identity: Sequence[str],
     schema: ItemSchema,
     validator: Callable[[Any, Mapping[str, Any]], Any] | None,
+    accept: str = "whole",
 ) -> Verdict:
     """Judge a provider's reply (as :func:`~batchjson._providers.reply.received` made it) against
     the ledger's own copy of the requested ``tasks``, in ``mode`` ``"items"`` or ``"value"``; a
     reply whose ``stop`` says it was cut off, refused or sent in the wrong shape is rejected under
-    that name."""
+    that name. ``accept="items"``: a partial verdict when only some items fail their schema or
+    the validator."""
     try:
         if reply.stop is not None:  # the provider says this is no whole answer, whatever it reads
             return Verdict(False, errors=[stop_error(reply, tasks[0]["task_id"] if mode ==
@@ -135,12 +155,18 @@ async def judge(
             # every output token used and the JSON unfinished: cut off at the ceiling
             return Verdict(False, errors=[stop_error(replace(reply, stop=TRUNCATED), tasks[0][
                 "task_id"] if mode == "value" else None)])
-        if isinstance(prepared, Verdict) or validator is None:
-            return prepared if isinstance(prepared, Verdict) else _accepted(prepared)
         errors: list[dict[str, Any]] = []
-        for task_id, value, _, task in prepared:
+        if isinstance(prepared, ItemFaults):  # the schema rejected some items
+            if accept != "items":
+                return Verdict(False, errors=prepared.errors)
+            errors, prepared = prepared.errors, prepared.passed
+        if isinstance(prepared, Verdict):
+            return prepared
+        for task_id, value, _, task in prepared if validator is not None else ():
             errors.extend(await run_validator_async(validator, value, task, task_id))
-        return Verdict(False, errors=errors) if errors else _accepted(prepared)
+        if not errors:
+            return _accepted(prepared)
+        return _in_part(prepared, errors) if accept == "items" else Verdict(False, errors=errors)
     except BaseException as exc:  # judging never crashes a run that has already paid for it
         if not judged_code_raised(exc):
             raise
@@ -156,9 +182,42 @@ def _accepted(prepared: Prepared) -> Verdict:
                    stored={t: s for t, _, s, _ in prepared})
 
 
+@dataclass
+class ItemFaults:
+    """A return whole in JSON, coverage and identity whose schema rejected some items: the
+    items that ``passed``, and the ``errors`` of the others."""
+
+    passed: Prepared
+    errors: list[dict[str, Any]]
+
+
+def _in_part(prepared: Prepared, errors: list[dict[str, Any]]) -> Verdict:
+    """A partial verdict: the items without an error, when every error is an item's own fault
+    (:data:`ITEM_FAULTS`, named for its task); else, or when no item passed, a rejection."""
+    if any(e["type"] not in ITEM_FAULTS or e.get("task_id") is None or "field" in e
+           for e in errors):
+        return Verdict(False, errors=errors)
+    failed = {e["task_id"] for e in errors}
+    good = [p for p in prepared if p[0] not in failed]
+    if not good:
+        return Verdict(False, errors=errors)
+    return replace(_accepted(good), accepted=False, errors=errors)
+
+
+def sub_return(raw: str, task_ids: Sequence[str]) -> str:
+    """The items of ``task_ids`` of a return that passed coverage, as a return of their own
+    (``{"items": [...]}``, in the return's order): what a partial return's parts are judged,
+    recorded and repaired by."""
+    wanted, payload = set(task_ids), parse_json(raw)
+    if payload.keys() == {"value"}:  # a strict mode's envelope (see unwrap)
+        payload = payload["value"]
+    items = [item for item in payload["items"] if item.get("task_id") in wanted]
+    return json.dumps({"items": items}, ensure_ascii=False)
+
+
 # -- items -------------------------------------------------------------------------------------
 def _prepare_items(text: str, tasks: Sequence[Mapping[str, Any]], identity: Sequence[str],
-                   schema: ItemSchema) -> Verdict | Prepared:
+                   schema: ItemSchema) -> Verdict | ItemFaults | Prepared:
     try:
         payload, long_numbers = parse_json_noting(text)
     except ValueError as exc:
@@ -206,9 +265,7 @@ def _prepare_items(text: str, tasks: Sequence[Mapping[str, Any]], identity: Sequ
             lambda stored, task=task: compared_fields(task, identity, stored))
         errors.extend(found)
         prepared.extend(judged)
-    if errors:
-        return Verdict(False, errors=errors)
-    return prepared
+    return ItemFaults(prepared, errors) if errors else prepared
 
 
 def _judged(schema: ItemSchema, answer: Any, path: str, task: Mapping[str, Any],

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .._canon import canonical_json
+from .._errors import RejectReturn
 from .._secrets import keys_masked
 
 
@@ -34,6 +35,9 @@ async def run_validator_async(validator: Callable[[Any, Mapping[str, Any]], Any]
         verdict = _returned(out, value)
     except CountedAsCrash as exc:  # a contract that counts what was raised as a crash
         return [crashed(exc.__cause__ or exc, task_id)]
+    except RejectReturn as exc:  # about the whole return: no task of it is committed
+        return [error("validation", f"the validator rejected the whole return at task "
+                      f"{task_id!r}: {said(exc)}")]
     except ValueError as exc:
         return [error("validation", f"task {task_id!r}: {said(exc)}", task_id)]
     except AssertionError as exc:  # pydantic's rule too: a failed assert rejects the item

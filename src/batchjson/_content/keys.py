@@ -163,10 +163,22 @@ class Keys:
     def split(self, request: Request) -> list[Request]:
         """Deterministic halving: the first half keeps the extra task on odd sizes."""
         middle = (len(request.tasks) + 1) // 2
+        return self._children(request, (request.tasks[:middle], request.tasks[middle:]))
+
+    def apart(self, request: Request, rejected: Iterable[str]) -> tuple[Request, Request]:
+        """A request answered in part (``accept="items"``) as two children, each keyed by its
+        own tasks as a half is: the tasks accepted, and those ``rejected``, in task order."""
+        out = set(rejected)
+        kept, rest = self._children(request, (
+            [t for t in request.tasks if t["task_id"] not in out],
+            [t for t in request.tasks if t["task_id"] in out]))
+        return kept, rest
+
+    def _children(self, request: Request, parts: Iterable[Sequence[dict]]) -> list[Request]:
         out = []
-        for half in filter(None, (request.tasks[:middle], request.tasks[middle:])):
-            tasks_json = canonical_json(list(half))
-            out.append(Request(self.request(tasks_json), half, request.position,
+        for part in filter(None, parts):
+            tasks_json = canonical_json(list(part))
+            out.append(Request(self.request(tasks_json), tuple(part), request.position,
                                parent_key=request.key, tasks_json=tasks_json))
         return out
 

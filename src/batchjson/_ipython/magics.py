@@ -118,6 +118,10 @@ class BatchJson(Magics):
         "'live' calls the provider now; 'batch' sends pending requests as provider batch jobs "
         "at batch prices: the cell returns a pending result and re-running it collects "
         "(docs/providers.md).")).tag(config=True)
+    accept = Enum(("whole", "items"), "whole", help=(
+        "'whole' commits a return only when every item passes; 'items' commits the items of a "
+        "return that pass their schema and the validator and asks again for the others, once "
+        "the return's JSON, coverage and identity hold whole (docs/design.md).")).tag(config=True)
 
     progress = Bool(True, help=(
         "Show each run's progress (tqdm: elapsed, rate, ETA, returns accepted and rejected, "
@@ -232,6 +236,8 @@ class BatchJson(Magics):
     @argument("--estimate", action="store_true",
               help="Show what the run would send and spend (calls, tokens, cost, time, "
               "budget), sending and recording nothing.")
+    @argument("--accept", choices=("whole", "items"),
+              help="whole returns, or the items that pass (default: %%config BatchJson.accept).")
     @no_var_expand
     @cell_magic
     def batch_json(self, line: str, cell: str) -> None:
@@ -278,7 +284,7 @@ class BatchJson(Magics):
             pack=args.pack, instructions=instructions, repairs=args.repairs,
             replays=args.replays, split=args.split, on_exhausted="return",
             reask_refusals=args.reask_refusals, transport=args.transport or self.transport,
-            wait=args.wait,
+            wait=args.wait, accept=args.accept or self.accept,
             max_calls=args.max_calls if args.max_calls is not None else self.max_calls,
             progress=self.progress)
         if args.estimate:

@@ -27,15 +27,16 @@ _COUNTS = {  # what each counter of a batch counts
     "rechecks": "a.kind = 'recheck'",
     "unsent": "a.kind != 'recheck' AND a.status = 'cancelled' AND a.sent_at IS NULL",
     **{f"{status}{plural}": f"{IS_CALL} AND a.status = '{status}'"
-       for status, plural in (("accepted", ""), ("rejected", ""), ("provider_error", "s"),
-                              ("abandoned", ""), ("cancelled", ""))},
+       for status, plural in (("accepted", ""), ("partial", ""), ("rejected", ""),
+                              ("provider_error", "s"), ("abandoned", ""), ("cancelled", ""))},
     "in_flight": f"{IS_CALL} AND a.status = 'in_flight' AND NOT {PENDING}",
     "pending": PENDING,
     "imported": f"{IS_CALL} AND a.kind = 'import'",
     "unknown_cost_calls": UNKNOWN,
     "unfloored": f"{UNKNOWN} AND a.cost_floor IS NULL",
 }
-_RENAMED = {"accepted": "accepted_returns", "rejected": "rejected_returns"}
+_RENAMED = {"accepted": "accepted_returns", "partial": "partial_returns",
+            "rejected": "rejected_returns"}
 
 CALLS_SQL = (
     "SELECT b.name AS batch, "

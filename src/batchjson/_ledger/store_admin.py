@@ -60,7 +60,8 @@ class AdminStore(JobStore):
         or, with ``completes``, the in-flight attempt of the same call it completes), its
         checkpoint rows when ``status`` is accepted, and the line's ``imports`` row. The
         receipt mapping holds batch_id, revision_id, request, provider, model, at, uid,
-        source, digest, file, line and outcome. Returns the attempt's id."""
+        source, digest, file, line, outcome and, for a partial one, its parts. Returns the
+        attempt's id."""
         if completes is not None:
             attempt_id = completes
             self._exec(tx, "UPDATE attempts SET status = 'in_flight' WHERE id = ?", (completes,))
@@ -74,9 +75,14 @@ class AdminStore(JobStore):
                 (receipt["batch_id"], receipt["revision_id"], request.key,
                  request.task_ids_json, receipt["provider"], receipt["model"], receipt["at"],
                  receipt["uid"], receipt["sent_at"], receipt["source"]))
-        accepted = (receipt["batch_id"], receipt["request"].key, stored)
+        parts = receipt.get("parts")  # a partial receipt's: (request, accepted, rejected, raw)
+        if parts is not None:  # split in the revision its attempt went to
+            parts = (self._exec(tx, "SELECT revision_id FROM attempts WHERE id = ?",
+                                (attempt_id,)).fetchone()[0], *parts)
+        accepted = (receipt["batch_id"], (parts[2] if parts else receipt["request"]).key, stored)
         self.complete_call(tx, attempt_id, status, receipt["raw"], usage, errors=errors,
-                           accepted=accepted if status == "accepted" else None)
+                           accepted=accepted if status in ("accepted", "partial") else None,
+                           parts=parts)
         self._exec(tx, "INSERT INTO imports(digest, attempt_id, source, line, outcome, "
                    "imported_at) VALUES (?,?,?,?,?,?)",
                    (receipt["digest"], attempt_id, receipt["file"], receipt["line"],

@@ -107,6 +107,9 @@ ABANDONED = {"type": "abandoned", "task_id": None, "message": "its runner was ki
              "before the answer was recorded; the call may have been paid for"}
 
 MINE, HELD, ACCEPTED = "mine", "held", "accepted"  # what _begin_call finds
+# A partial return's parts (``complete_call``): its revision id, its request, the part
+# accepted and the part rejected, and the accepted part's own return (its items alone).
+Parts = tuple[int, Request, Request, Request, str]
 OVER = "over"  # the ledger's own cost budget cannot hold the call
 
 
@@ -260,15 +263,23 @@ class CallStore(RunStore):
     def complete_call(self, tx: Tx, attempt_id: int, status: str, raw: str | None,
                       usage: Mapping[str, Any], *, errors: Sequence[Mapping] = (),
                       accepted: tuple[int, str, Mapping[str, Any]] | None = None,
-                      sent_at: str | None = None, charge: float | None = None) -> None:
+                      sent_at: str | None = None, charge: float | None = None,
+                      parts: Parts | None = None) -> None:
         """Complete a receipt, in ``tx``: an accepted return admits its items (``accepted``:
         batch id, request key, items), any other ``status`` keeps its ``errors``. Checkpoint
         rows are never re-pointed: a return whose request another runner's was admitted for
         first is kept as paid, admitting nothing. ``sent_at=None``: a cancelled call never sent;
-        ``charge``: what it cost the ledger's budget (None: the run reserved nothing on it)."""
-        if (status == "accepted") != (accepted is not None):
-            raise ValueError("an accepted return, and only one, names its items (accepted=)")
-        if accepted is not None:
+        ``charge``: what it cost the ledger's budget (None: the run reserved nothing on it).
+        A 'partial' return admits ``accepted``'s items, under its accepted part's key, and
+        splits its request into its ``parts`` (:data:`Parts`)."""
+        if (status in ("accepted", "partial")) != (accepted is not None) or (
+                status == "partial") != (parts is not None):
+            raise ValueError("an accepted or partial return, and only one, names its items "
+                             "(accepted=), a partial one its parts (parts=)")
+        if parts is not None:
+            self._complete_partial(tx, attempt_id, accepted[0], accepted[2], parts, raw, usage,
+                                   errors, sent_at, charge)
+        elif accepted is not None:
             self._accept_call(tx, attempt_id, *accepted, raw, usage, sent_at, charge)
         else:
             self._complete(tx, attempt_id, status, errors, raw, usage, sent_at=sent_at,
@@ -289,6 +300,33 @@ class CallStore(RunStore):
                            stamp, sent_at, charge)
             return
         self._complete(tx, attempt_id, "accepted", (), raw, usage, stamp, sent_at, charge)
+
+    def _complete_partial(self, tx: Tx, attempt_id: int, batch_id: int,
+                          items: Mapping[str, Any], parts: Parts, raw: str,
+                          usage: Mapping[str, Any], errors: Sequence[Mapping],
+                          sent_at: str | None, charge: float | None) -> None:
+        """A return accepted in part: its receipt is 'partial', its raw whole and its ``errors``
+        the rejected items'; its request is split into ``parts`` (the tasks accepted, ``kept``,
+        and those rejected, ``rest``); ``kept`` gets an accepted receipt of cost 0 derived from
+        it, as a recheck is (its raw the accepted items' return), and its checkpoint rows
+        (``items``), never re-pointed. So every reading of "accepted", "owed" and "values"
+        holds unchanged."""
+        stamp = now()
+        revision_id, parent, kept, rest, kept_raw = parts
+        self._complete(tx, attempt_id, "partial", errors, raw, usage, stamp, sent_at, charge)
+        self._exec(tx, "UPDATE requests SET split = 1 WHERE revision_id = ? AND key = ?",
+                   (revision_id, parent.key))
+        self._insert_requests(tx, revision_id, (kept, rest))
+        if self._exec(tx, "SELECT 1 FROM attempts WHERE request_key = ? AND status = "
+                      "'accepted' LIMIT 1", (kept.key,)).fetchone() is not None:
+            return  # another runner's return admitted these items first: never twice
+        derived = self._insert(tx, PARTIAL_SQL, (kept.key, kept.task_ids_json,
+                                                 self._raw(kept_raw), stamp, stamp, _uid(),
+                                                 attempt_id))
+        self._exec(tx, "INSERT INTO rechecks(attempt_id, from_attempt) VALUES (?, ?)",
+                   (derived, attempt_id))
+        self._many(tx, CHECKPOINT_SQL, [(batch_id, kept.key, task_id, derived, json.dumps(item),
+                                         stamp) for task_id, item in items.items()])
 
     def _complete(self, tx: Tx, attempt_id: int, status: str, errors: Sequence[Mapping],
                   raw: str | None, usage: Mapping[str, Any], stamp: str | None = None,
@@ -418,6 +456,14 @@ COMPLETE_SQL = (
     "output_tokens = ?, cached_tokens = ?, cost = ?, model = COALESCE(?, model), "
     "finished_at = ?, sent_at = COALESCE(?, sent_at) WHERE id = ? "
     "AND status IN ('in_flight', 'abandoned')")
+
+# The accepted part of a partial return: a receipt of no call, from the call that answered.
+PARTIAL_SQL = (
+    "INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, status, errors, "
+    "raw, input_tokens, output_tokens, cached_tokens, cost, provider, model, started_at, "
+    "finished_at, uid, source, sent_at) SELECT batch_id, revision_id, ?, ?, 'recheck', "
+    "'accepted', '[]', ?, 0, 0, 0, 0.0, provider, model, ?, ?, ?, source, sent_at "
+    "FROM attempts WHERE id = ?")
 
 # An in-flight receipt: its columns, in the order ``_begin_call`` gives their values.
 RECEIPT_COLUMNS = ("batch_id", "revision_id", "request_key", "task_ids", "kind", "provider",

@@ -240,16 +240,26 @@ class JobStore(CallStore):
 
     def requests_by_keys(self, keys: Sequence[str], revision_id: int | None = None
                          ) -> dict[str, Request]:
-        """The ledger's copy of each of ``keys`` found (those of one revision not split into
-        halves, else the first recorded: a job's line may belong to another revision, and a key
-        names its content)."""
-        where = ("" if revision_id is None else
-                 f"revision_id = {int(revision_id)} AND split = 0 AND ")
+        """The ledger's copy of each of ``keys`` found (of one revision, the leaf requests where
+        they are: their parts, once split by a partial return or halving; with no revision the
+        first recorded: a job's line may belong to another revision, and a key names its
+        content)."""
+        sql = ("SELECT key, tasks, task_ids, position, parent_key FROM requests WHERE key IN "
+               "({marks}) ORDER BY id")
+        if revision_id is not None:
+            sql = LEAVES_SQL.replace("{revision}", str(int(revision_id)))
         found: dict[str, Request] = {}
-        for row in self._by_keys("SELECT key, tasks, task_ids, position, parent_key FROM "
-                                 f"requests WHERE {where}key IN ({{marks}}) ORDER BY id", keys):
+        for row in self._by_keys(sql, keys):
             found.setdefault(row["key"], stored_request(row))
         return found
+
+
+# The leaf requests of revision ``{revision}`` where ``{marks}`` are: a request and every part
+# it was split into (halves, a partial return's parts) share its position.
+LEAVES_SQL = (
+    "SELECT DISTINCT q.id, q.key, q.tasks, q.task_ids, q.position, q.parent_key FROM requests q "
+    "JOIN requests p ON p.revision_id = q.revision_id AND p.position = q.position "
+    "WHERE q.revision_id = {revision} AND q.split = 0 AND p.key IN ({marks}) ORDER BY q.id")
 
 
 def _unfinished_jobs(jobs: Sequence[Mapping[str, Any]], where: str, then: str) -> str | None:

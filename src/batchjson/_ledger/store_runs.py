@@ -163,22 +163,27 @@ class RunStore(StoreBase):
             "request_key IN ({marks})", keys)}
 
     def attempts_so_far(self, keys: Sequence[str]
-                        ) -> tuple[dict[str, int], dict[str, set[str]]]:
+                        ) -> tuple[dict[str, int], dict[str, set[str]], dict[str, list[str]]]:
         """Of each exact request among ``keys`` (any batch, any run): how many attempts it has
         had, and the words a return was rejected for on its provider's word: ``truncated`` (cut
-        off at the output ceiling), ``refused``, ... (the error types of ``STOP_ERRORS``).
-        Under the very same key: the same provider settings, so the same ceiling."""
+        off at the output ceiling), ``refused``, ... (the error types of ``STOP_ERRORS``); and
+        the tasks a return accepted in part rejected (a run splits it the same way). Under the
+        very same key: the same provider settings, so the same ceiling."""
         counts = {r[0]: r[1] for r in self._by_keys(
             "SELECT request_key, COUNT(*) FROM attempts WHERE request_key IN ({marks}) "
             "GROUP BY request_key", keys)}
         found: dict[str, set[str]] = {}
-        for key, errors in self._by_keys(
-                "SELECT request_key, errors FROM attempts WHERE request_key IN ({marks}) "
-                "AND status = 'rejected'", keys):
+        parted: dict[str, list[str]] = {}
+        for key, status, errors in self._by_keys(
+                "SELECT request_key, status, errors FROM attempts WHERE request_key IN "
+                "({marks}) AND status IN ('rejected', 'partial') ORDER BY id", keys):
+            if status == "partial":
+                parted[key] = list(dict.fromkeys(e["task_id"] for e in json.loads(errors)))
+                continue
             types = stop_types(errors)
             if types:
                 found.setdefault(key, set()).update(types)
-        return counts, found
+        return counts, found, parted
 
     def _receipts(self, name: str, *, failed: bool = False) -> list[Receipt]:
         """Receipts of a batch in call order (every revision)."""
@@ -195,14 +200,21 @@ class RunStore(StoreBase):
                 return {}
             revision_id = rows[0][0]
         rows = self._read(
-            f"SELECT c.task_id, c.item, {self._json_valid('c.item')} FROM requests q "
-            "JOIN checkpoint c ON c.request_key = q.key WHERE q.revision_id = ? AND q.split = 0 "
+            f"SELECT c.task_id, c.item, {self._json_valid('c.item')}, q.position, o.task_ids "
+            "FROM requests q JOIN checkpoint c ON c.request_key = q.key LEFT JOIN requests o ON "
+            "q.parent_key IS NOT NULL AND o.revision_id = q.revision_id AND o.position = "
+            "q.position AND o.parent_key IS NULL WHERE q.revision_id = ? AND q.split = 0 "
             "ORDER BY q.position, q.id, c.attempt_id", (revision_id,))
         if all(r[2] for r in rows):  # each item one JSON text (the database says): one decode
             items = json.loads("[" + ",".join(r[1] for r in rows) + "]")
         else:  # joined, "1,2" next to "[3" and "4]" would shift values between tasks
             items = [json.loads(r[1]) for r in rows]
-        return {r[0]: item for r, item in zip(rows, items, strict=True)}
+        # the parts of a split request (halves, a partial return's) in its tasks' order
+        roots = {r[3]: r[4] for r in rows if r[4]}
+        order = {(at, t): n for at, root in roots.items() for n, t in enumerate(json.loads(root))}
+        ranked = sorted(range(len(rows)), key=lambda i: (rows[i][3], order.get(
+            (rows[i][3], rows[i][0]), -1)))  # stable: unsplit requests keep the rows' order
+        return {rows[i][0]: items[i] for i in ranked}
 
     def value_count(self, name: str | None = None, *, revision_id: int | None = None) -> int:
         """How many tasks have an accepted value, without decoding any: of one revision, else of
@@ -220,7 +232,8 @@ class RunStore(StoreBase):
                         task: tuple[str, str] | None = None) -> list[Row]:
         """A revision's leaf requests in task order, each with its accepted values in the order
         they were committed (the latest wins, as in ``checkpoint``): rows of (position, id,
-        task_id, item), task_id and item None for a request with none. ``page``: (after,
+        task_id, item, the task ids of the request a split one was made from, in task order),
+        task_id and item None for a request with none. ``page``: (after,
         limit), the ``limit`` leaf requests after ``after`` (their (position, id)), so a page
         never splits a request; else ``task``: (request key, task_id), one task's value."""
         leaves, join, args = LEAVES_SQL, "", [revision_id]
@@ -232,8 +245,11 @@ class RunStore(StoreBase):
             leaves, join = leaves + " AND key = ?", " AND c.task_id = ?"
             args += list(task)
         return self._read(
-            f"SELECT q.position, q.id, c.task_id, c.item FROM ({leaves}) q LEFT JOIN checkpoint "
-            f"c ON c.request_key = q.key{join} ORDER BY q.position, q.id, c.attempt_id", args)
+            "SELECT q.position, q.id, c.task_id, c.item, o.task_ids FROM "
+            f"({leaves}) q LEFT JOIN checkpoint c ON c.request_key = q.key{join} LEFT JOIN "
+            "requests o ON q.parent_key IS NOT NULL AND o.revision_id = q.revision_id AND "
+            "o.position = q.position AND o.parent_key IS NULL "
+            "ORDER BY q.position, q.id, c.attempt_id", args)
 
     def revision_lookup(self, revision_id: int) -> tuple[list[tuple[str, str]], set[str]]:
         """(key, task_ids JSON) of every leaf request of a revision: where each task's value
@@ -409,7 +425,8 @@ UNRESOLVED_SQL = (
     "AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.request_key = q.key "
     "AND a.status = 'accepted')")
 
-LEAVES_SQL = "SELECT id, position, key FROM requests WHERE revision_id = ? AND split = 0"
+LEAVES_SQL = ("SELECT id, position, key, parent_key, revision_id FROM requests "
+              "WHERE revision_id = ? AND split = 0")
 REQUESTS_SQL = ("INSERT INTO requests(revision_id, key, position, parent_key, task_ids, tasks) "
                 "VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING")
 SEEN_SQL = "INSERT INTO seen(request_key, seen_key) VALUES (?, ?) ON CONFLICT DO NOTHING"
@@ -419,7 +436,8 @@ CHECKPOINT_SQL = (
     "VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING")
 
 # An accepted answer is evidence for its request whatever prompt produced it (a repair's too);
-# ``kind`` is that of the call that answered (a recheck's is its origin's).
+# ``kind`` is that of the call that answered (a recheck's is its origin's). A partial return is
+# judged again whole, as a rejected one is: new judging may accept all of it.
 EARLIER_SQL = (
     "SELECT s.seen_key, a.id, a.request_key, a.raw, a.provider, a.model, a.status, a.errors, "
     "COALESCE(o.kind, a.kind) AS kind FROM seen s JOIN attempts a "
@@ -427,7 +445,7 @@ EARLIER_SQL = (
     "LEFT JOIN attempts o ON o.id = k.from_attempt "
     "WHERE s.seen_key IN ({marks}) AND a.raw IS NOT NULL "
     "AND (a.kind != 'repair' OR a.status = 'accepted') "
-    "AND a.status IN ('accepted', 'rejected', 'cancelled') "
+    "AND a.status IN ('accepted', 'partial', 'rejected', 'cancelled') "
     "ORDER BY CASE WHEN a.status = 'accepted' THEN 0 ELSE 1 END, a.id DESC")
 
 SOURCELESS_SQL = (

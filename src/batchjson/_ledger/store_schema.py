@@ -66,7 +66,8 @@ CREATE TABLE attempts (
     kind TEXT NOT NULL CHECK (kind IN
         ('initial', 'repair', 'replay', 'split', 'recheck', 'import')),
     status TEXT NOT NULL CHECK (status IN
-        ('in_flight', 'accepted', 'rejected', 'provider_error', 'cancelled', 'abandoned')),
+        ('in_flight', 'accepted', 'partial', 'rejected', 'provider_error', 'cancelled',
+         'abandoned')),
     errors TEXT, raw {raw}, input_tokens {int}, output_tokens {int},
     cached_tokens {int}, cost {real}, provider TEXT, model TEXT,
     started_at TEXT NOT NULL, finished_at TEXT,

@@ -39,6 +39,7 @@ from .settle import (
     cut_off_error,
     fail,
     next_attempt,
+    rest_tried,
     usage_of,
 )
 
@@ -127,14 +128,18 @@ class JobRunner:
         kind and prompt of its next attempt, while its allowance lasts."""
         store = self.store
         keys = [r.key for r in window]
-        holders, done, history = store.job_window(keys, self.plan.revision_id)
+        parents = [r.parent_key for r in window if r.parent_key is not None]
+        holders, done, history = store.job_window(keys + parents, self.plan.revision_id)
         self.watched.update(holders.values())
         free = [r for r in window if r.key not in done]
-        tried, stopped = store.attempts_so_far([r.key for r in free])
+        tried, stopped, parted = store.attempts_so_far([r.key for r in free])
+        if parted:  # accepted in part before (another revision, a batch): its parts instead
+            free = self._apart(free, parted)
         cut = {key for key, stops in stopped.items() if TRUNCATED in stops}
         owed = []
         for request in free:
-            rows = self._chain(request, history.get(request.key, []))
+            rows = self._chain(request, history.get(request.key)
+                               or _partial_before(request, history))
             if rows and rows[-1]["job_id"] in self.stopped:  # owed to the next run
                 continue
             step = self._next(request, rows, request.key in tried, request.key in cut)
@@ -144,6 +149,24 @@ class JobRunner:
                 fail(self.result.outcome, request,
                      [cut_off_error(request, self.provider, earlier=True)])
         return owed
+
+    def _apart(self, window: Sequence[Request], parted: Mapping[str, list[str]]
+               ) -> list[Request]:
+        """``window`` with each request accepted in part before replaced by its parts, split
+        so in this revision, those not accepted in its place."""
+        out: list[Request] = []
+        for request in window:
+            if request.key not in parted:
+                out.append(request)
+                continue
+            parts = self.plan.keys.apart(request, parted[request.key])
+            self.store.record_split(self.plan.revision_id, request, parts)
+            keys = [p.key for p in parts]
+            holders = self.store.job_holders(keys)  # the rest, sent in a job meanwhile
+            self.watched.update(holders.values())
+            done = self.store.accepted_keys(keys) | holders.keys()
+            out += [p for p in parts if p.key not in done]
+        return out
 
     def _chain(self, request: Request, rows: Sequence[Mapping[str, Any]]
                ) -> Sequence[Mapping[str, Any]]:
@@ -160,7 +183,9 @@ class JobRunner:
               cut_off: bool = False) -> Next:
         """The next attempt of ``request`` after this chain's job receipts ``rows``, as the one
         policy says; jobs never halve a request, so :data:`HALVE` gives it up."""
-        chain = [Tried(r["kind"], json.loads(r["errors"] or "[]"), r["raw"]) for r in rows]
+        chain = [rest_tried(r["kind"], r["raw"], request, json.loads(r["errors"]))
+                 if r["status"] == "partial" else
+                 Tried(r["kind"], json.loads(r["errors"] or "[]"), r["raw"]) for r in rows]
         return next_attempt(self.plan, request, chain, tried=tried, cut_off=cut_off)
 
     async def _submit_over(self, windows: Iterable[Sequence[Request]], writer: Owner) -> bool:
@@ -309,7 +334,9 @@ class JobRunner:
         held by a job: the errors of its last receipt; read a window at a time."""
         store, out = self.store, self.result.outcome
         jobs: dict[int, dict[str, Any]] = {}
-        for window in self.windows():
+        for window in self.windows():  # as leaves: a request may be split meanwhile
+            window = list(store.requests_by_keys([r.key for r in window],
+                                                 self.plan.revision_id).values())
             holders, _, history = store.job_window([r.key for r in window],
                                                    self.plan.revision_id)
             self.watched.update(holders.values())
@@ -422,6 +449,8 @@ class JobRunner:
             verdict, write = await self.settle.settle(attempt, got)
             if verdict and verdict.accepted and attempt.request and self.on_progress:
                 self.on_progress(len(attempt.request.tasks))
+            elif verdict and verdict.partial and self.on_progress:
+                self.on_progress(len(verdict.stored))
             writes.append(write)
         store = self.store
         with store.transaction(calls=True) as tx:
@@ -503,13 +532,22 @@ def job_view(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def plan_facts(plan: Plan) -> dict[str, Any]:
-    """What judging a job's lines needs beside its revision (schema, mode, identity fields), kept on
-    the job row so a kernel that did not run the cell can collect it."""
+    """What judging a job's lines needs beside its revision (schema, mode, identity fields, what
+    of a return is committed), kept on the job row so a kernel that did not run the cell can
+    collect it."""
     try:
         schema = json.loads(json.dumps(plan.schema.json_schema))
     except (TypeError, ValueError):
         schema = None
-    return {"schema": schema, "mode": plan.mode, "identity": list(plan.identity)}
+    return {"schema": schema, "mode": plan.mode, "identity": list(plan.identity),
+            "accept": plan.accept}
+
+
+def _partial_before(request: Request, history: Mapping[str, list[Any]]) -> list[Any]:
+    """The job receipts of the request a partial return split ``request`` from, ending with
+    that return (``_next`` reads it as this part's own attempt); else none."""
+    parent = history.get(request.parent_key or "", [])
+    return parent if parent and parent[-1]["status"] == "partial" else []
 
 
 def _pending(out: Outcome, request: Request, job: Mapping[str, Any] | None) -> None:

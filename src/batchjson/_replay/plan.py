@@ -33,6 +33,7 @@ class Plan:
     max_split_depth: int = 4
     reask_refusals: bool = False  # a refused return is asked again (within the replays)
     source: str | None = None  # the provider's answer source, written on every receipt
+    accept: str = "whole"  # "items": a return may be committed in part (Settle.settle)
 
     @cached_property
     def _item_chars(self) -> int | None:
@@ -79,6 +80,7 @@ class Outcome:
     accepted_returns: int = 0
     rejected_returns: int = 0
     provider_errors: int = 0
+    partial_returns: int = 0  # returns committed in part, their failing items asked again
     repairs_made: int = 0
     taken_from_ledger: int = 0  # requests another runner resolved while this run waited
     stopped: str | None = None  # why the run stopped opening calls early, if it did

@@ -8,7 +8,7 @@ import asyncio
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Any
 
@@ -28,7 +28,17 @@ from .calls import STOPPED, Caller, Control, Judged, NotSent
 from .groupcommit import GroupCommit
 from .pacing import COUNT_SECONDS, Account, HostShare, Pacer
 from .plan import Outcome, Plan, Transport
-from .settle import HALVE, NONE, Tried, cut_off_error, fail, next_attempt, provider_error
+from .settle import (
+    HALVE,
+    NONE,
+    Tried,
+    apart,
+    cut_off_error,
+    fail,
+    next_attempt,
+    provider_error,
+    rest_tried,
+)
 
 Item = tuple[Request, int]  # a queued request and its split depth
 FEED = 500  # requests taken from a stream into the queue at once
@@ -68,6 +78,7 @@ class Replayer:
                 pacer.learn()
         self._attempts: dict[str, int] = {}
         self._cut_off: set[str] = set()  # requests cut off before under the same settings
+        self._parted: dict[str, list[str]] = {}  # requests accepted in part: the tasks rejected
         self.writes = GroupCommit(self.store)
         self.retrying = transport_retrying(transport)
         self.control = Control()
@@ -148,7 +159,8 @@ class Replayer:
         if len(requests) < FEED:
             self._feed = None
         keys = [r.key for r in requests]
-        counts, stopped = self.store.attempts_so_far(keys)
+        counts, stopped, parted = self.store.attempts_so_far(keys)
+        self._parted.update(parted)
         self._attempts.update(counts)
         self._cut_off.update(key for key, stops in stopped.items() if TRUNCATED in stops)
         self._queue.extend((r, 0) for r in requests)
@@ -201,6 +213,9 @@ class Replayer:
     async def _drive(self, request: Request, depth: int) -> None:
         """Attempts, as :func:`~batchjson._replay.settle.next_attempt` says, until the request
         is accepted or given up (or halved), then what the run reports of it."""
+        if request.key in self._parted:  # accepted in part before (another revision, a batch)
+            return self._replace(request, self.plan.keys.apart(
+                request, self._parted.pop(request.key)), depth)
         chain: list[Tried] = []
         step = next_attempt(self.plan, request, chain, depth=depth,
                             tried=self._attempts.get(request.key, 0) > 0,
@@ -214,16 +229,30 @@ class Replayer:
             done = got
             if done.verdict.accepted:
                 break
-            chain.append(Tried(step.kind, done.verdict.errors, done.raw))
+            tried = Tried(step.kind, done.verdict.errors, done.raw)
+            if done.verdict.partial:  # committed in part: its chain goes on with the rest
+                request, tried = self._partial(request, step.kind, done)
+            chain.append(tried)
             step = next_attempt(self.plan, request, chain, tried=True, depth=depth)
         if step.kind == HALVE:
             self._release(request)
-            self._split(request, depth)
+            self._replace(request, self.plan.keys.split(request), depth + 1)
         elif step.why == TRUNCATED:
             self._cut_short(request, done)
         elif done is not None:
             self._judged(request, done)
             self._attempts.pop(request.key, None)  # done with in this run: held no longer
+
+    def _partial(self, request: Request, kind: str, done: Judged) -> tuple[Request, Tried]:
+        """A return committed in part (the write queued by the settle step): its accepted
+        part is reported, and the rest is the request whose chain goes on."""
+        kept, rest = apart(self.plan, request, done.verdict)
+        self._release(request)
+        self._progress(kept)
+        for task_id in kept.task_ids:
+            self.outcome.errors.pop(task_id, None)
+        assert done.raw is not None
+        return rest, rest_tried(kind, done.raw, rest, done.verdict.errors)
 
     def _not_sent(self, why: NotSent, item: Item) -> None:
         request = item[0]
@@ -300,9 +329,10 @@ class Replayer:
         if self.on_progress is not None:
             self.on_progress(len(request.tasks))
 
-    def _split(self, request: Request, depth: int) -> None:
-        """Replace the request by its halves, queued first so they keep the batch's order."""
-        children = self.plan.keys.split(request)
+    def _replace(self, request: Request, children: Sequence[Request], depth: int) -> None:
+        """Replace the request by its parts (halves, or the parts of a return accepted in part
+        before), queued first so they keep the batch's order."""
+        self.writes.flush_now()  # a partial return's write recording this request goes first
         self.store.record_split(self.plan.revision_id, request, children)
         done = self.store.accepted_keys([c.key for c in children])
         for child in reversed(children):
@@ -311,7 +341,7 @@ class Replayer:
                 for task_id in child.task_ids:
                     self.outcome.errors.pop(task_id, None)
             else:
-                self._queue.appendleft((child, depth + 1))
+                self._queue.appendleft((child, depth))
         self.control.changed.set()
 
     # -- one attempt (with transport retries) --------------------------------------------------

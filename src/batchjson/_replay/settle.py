@@ -83,7 +83,16 @@ class Settle:
         request, text = attempt.request, got.text
         verdict = await acceptance.judge(got, request.tasks, mode=plan.mode,
                                          identity=plan.identity, schema=plan.schema,
-                                         validator=plan.validator)
+                                         validator=plan.validator, accept=plan.accept)
+        if verdict.partial:  # its passing items committed, the rest asked again (apart)
+            out.partial_returns += 1
+            kept, rest = apart(plan, request, verdict)
+            parts = (plan.revision_id, request, kept, rest,
+                     acceptance.sub_return(text, kept.task_ids))
+            return verdict, lambda tx: store.complete_call(
+                tx, key, "partial", text, usage, errors=verdict.errors,
+                accepted=(plan.batch_id, kept.key, verdict.stored), parts=parts,
+                sent_at=sent_at, charge=ledger)
         if verdict.accepted:
             out.accepted_returns += 1
             stored = verdict.stored
@@ -137,6 +146,20 @@ def provider_error(exc: ProviderError) -> dict[str, Any]:
     if exc.kind != "provider_error":  # the source's own type (droste's error types)
         error["kind"] = exc.kind
     return error
+
+
+def apart(plan: Plan, request: Request, verdict: acceptance.Verdict) -> tuple[Request, Request]:
+    """A partial return's request as its two parts: the tasks committed, the tasks rejected."""
+    return plan.keys.apart(request, verdict.rejected_ids)
+
+
+def rest_tried(kind: str, raw: str, rest: Request,
+               errors: Sequence[Mapping[str, Any]]) -> Tried:
+    """The rejected part of a partial return, as the attempt its chain goes on from: its own
+    items of the return and their errors, so that the next step (a repair, within the
+    request's ``repairs``) asks for those tasks alone."""
+    return Tried(kind, [e for e in errors if e.get("task_id") in rest.task_ids],
+                 acceptance.sub_return(raw, rest.task_ids))
 
 
 def fail(outcome: Outcome, request: Request, errors: list[dict[str, Any]],

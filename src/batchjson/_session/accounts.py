@@ -16,18 +16,19 @@ from .._ledger.ledger import Ledger
 from .._ledger.store import Store
 from .._providers.pricing import price_for
 
-COUNTERS = ("calls", "rechecks", "accepted_returns", "rejected_returns", "provider_errors",
-            "abandoned", "cancelled", "in_flight", "pending", "imported", "input_tokens",
-            "output_tokens", "cached_tokens", "unknown_cost_calls", "unpriced_calls", "tasks",
-            "usable_results")
+COUNTERS = ("calls", "rechecks", "accepted_returns", "partial_returns", "rejected_returns",
+            "provider_errors", "abandoned", "cancelled", "in_flight", "pending", "imported",
+            "input_tokens", "output_tokens", "cached_tokens", "unknown_cost_calls",
+            "unpriced_calls", "tasks", "usable_results")
 
 # What a call is, and what is known of its cost, is defined once, in the store's SQL
 # (store_accounts.IS_CALL); Ledger.spend() and cost_summary() are both views of calls(), so the two
 # accounts cannot drift apart.
 
-_CALL_COUNTS = ("calls", "rechecks", "unsent", "accepted_returns", "rejected_returns",
-                "provider_errors", "abandoned", "cancelled", "in_flight", "pending", "imported",
-                "input_tokens", "output_tokens", "cached_tokens", "unknown_cost_calls")
+_CALL_COUNTS = ("calls", "rechecks", "unsent", "accepted_returns", "partial_returns",
+                "rejected_returns", "provider_errors", "abandoned", "cancelled", "in_flight",
+                "pending", "imported", "input_tokens", "output_tokens", "cached_tokens",
+                "unknown_cost_calls")
 
 def _empty(batch: str | None) -> dict[str, Any]:
     return {"batch": batch, **{k: 0 for k in COUNTERS}, "cost": 0.0,
@@ -78,8 +79,9 @@ def spend(store: Store, name: str | None = None) -> dict[str, Any]:
     known = [e["cost"] for e in entries if e["cost"] is not None]
     out = {"calls": total("calls"), "input_tokens": total("input_tokens"),
            "output_tokens": total("output_tokens"), "cost": sum(known) if known else None,
-           "accepted": total("accepted_returns"), "rejected": total("rejected_returns"),
-           "provider_errors": total("provider_errors"), "cancelled_calls": total("cancelled"),
+           "accepted": total("accepted_returns"), "partial": total("partial_returns"),
+           "rejected": total("rejected_returns"), "provider_errors": total("provider_errors"),
+           "cancelled_calls": total("cancelled"),
            "abandoned_calls": total("abandoned"), "in_flight_calls": total("in_flight"),
            "pending_calls": total("pending"), "pending_cost": float(total("pending_cost")),
            "unsent": total("unsent"), "calls_without_cost": total("unknown_cost_calls"),
@@ -202,6 +204,7 @@ class Evidence:
             "owing_batches": sorted({u.batch for u in owed}),  # forgotten ones owe nothing
             "calls": spent["calls"],
             "accepted_returns": spent["accepted"],
+            "partial_returns": spent["partial"],
             "rejected_returns": spent["rejected"],
             "provider_errors": spent["provider_errors"],
             "cancelled_calls": spent["cancelled_calls"],

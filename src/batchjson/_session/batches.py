@@ -264,7 +264,8 @@ def job_plan(rt: Runtime, row: Mapping[str, Any]) -> tuple[Plan | None, str]:
     return Plan(batch_id=row["batch_id"], revision_id=row["revision_id"],
                 mode=facts.get("mode", "items"), identity=tuple(facts.get("identity", ())),
                 schema=schema, validator=checker, instructions=None,
-                keys=Keys(revision.components, None), repairs=0, replays=0, split=False), ""
+                keys=Keys(revision.components, None), repairs=0, replays=0, split=False,
+                accept=facts.get("accept", "whole")), ""
 
 
 def _schema(rt: Runtime, fingerprint: str | None, kept: Any) -> ItemSchema | None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._acceptance.judge import Verdict
+from .._acceptance.judge import Verdict, sub_return
 from .._canon import canonical_json
 from .._content.keys import Keys
 from .._content.schema import ItemSchema, compile_schema
@@ -290,9 +290,15 @@ def registry_view(validators: Any) -> dict[str, Any]:
 
 def _judge(line: Line, validator: Callable[..., Any] | None, run: Callable[..., Any]
            ) -> Verdict:
-    """A receipt's raw return judged as a call's return is, by the rules it names."""
+    """A receipt's raw return judged as a call's return is, by the rules it names: one of
+    batchjson's own partial receipts as item-level acceptance judges."""
     return Judging(line.record.get("mode", "items"), line.identity, line.schema, validator,
-                   run).verdict(line.record["raw"], line.tasks)
+                   run, "items" if _partial(line) else "whole").verdict(line.record["raw"],
+                                                                        line.tasks)
+
+
+def _partial(line: Line) -> bool:
+    return line.own and line.record.get("status") == "partial"
 
 
 def recheck_receipt(record: dict[str, Any], validators: Mapping[str, Any],
@@ -371,8 +377,12 @@ def _import_line(store: Store, tx: Any, line: Line, registry: Mapping[str, Any],
     batch_id, revision_id = where
     usage = {k: rec.get(k) for k in OPTIONAL_NUMBERS} | {"model": rec.get("model")}
     status, errors, stored = _judged(line, registry.get(rec.get("validator") or ""), out, run)
-    if status == "accepted":
-        held = store.accepted_items(tx, batch_id, line.request.key)
+    parts = None
+    if status == "partial":  # split as the live run splits it: the accepted part is admitted
+        kept, rest = Keys(line.components).apart(line.request, {e["task_id"] for e in errors})
+        parts = (line.request, kept, rest, sub_return(rec["raw"], kept.task_ids))
+    if status in ("accepted", "partial"):
+        held = store.accepted_items(tx, batch_id, (parts[1] if parts else line.request).key)
         if held:  # the ledger's accepted values are never replaced by an import
             differ = sum(held.get(k) != json.dumps(v) for k, v in stored.items())
             out.outcome, out.admitted_items = "duplicate", 0
@@ -393,6 +403,7 @@ def _import_line(store: Store, tx: Any, line: Line, registry: Mapping[str, Any],
         # batchjson's own export names its answer source; another file's is unknown
         "source": rec.get("source") if line.own and isinstance(rec.get("source"), str) else None,
         "digest": line.digest, "file": source, "line": int(line.number), "outcome": out.outcome,
+        "parts": parts,
     }, status=status, errors=errors, stored=stored, usage=usage, completes=completes)
     return out
 
@@ -402,7 +413,8 @@ def _judged(line: Line, version: Any, out: Outcome, run: Callable[..., Any]
     """(status, errors, stored items) of one imported receipt, its outcome said in ``out``."""
     rec = line.record
     claimed, name = str(rec.get("status")), rec.get("validator")
-    success = claimed.strip().lower() in SUCCESS_WORDS or _only_unverified(rec)
+    success = claimed.strip().lower() in SUCCESS_WORDS or _only_unverified(rec) or _partial(
+        line)
     if line.own and (rec.get("raw") is None or not success):  # as its own ledger judged it
         status, errors = _exported_status(rec), list(rec.get("errors") or [])
         out.outcome, out.reason, out.errors = "recorded", f"exported {status} attempt", errors
@@ -422,6 +434,13 @@ def _judged(line: Line, version: Any, out: Outcome, run: Callable[..., Any]
                       f"receipt claimed {claimed!r}; none of its {len(line.tasks)} items "
                       "admitted")
         return "rejected", verdict.errors, {}
+    if verdict.partial:  # its rest stays owed, as it was where it was exported from
+        out.outcome, out.admitted_items = "admitted", len(verdict.stored)
+        out.errors = [{k: e.get(k) for k in ("type", "task_id", "message")}
+                      for e in verdict.errors]
+        out.reason = (f"accepted in part, as exported: {len(verdict.stored)} of "
+                      f"{len(line.tasks)} items passed the recheck")
+        return "partial", verdict.errors, verdict.stored
     if not verdict.accepted:
         out.errors = [{k: e.get(k) for k in ("type", "task_id", "message")}
                       for e in verdict.errors]

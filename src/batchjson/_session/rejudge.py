@@ -36,11 +36,14 @@ class Judging:
     schema: ItemSchema
     validator: Callable[..., Any] | None
     run: Callable[..., Any]
+    # "items": an imported partial receipt is judged as it was (a run's re-judging commits only
+    # a return that passes whole: a partial one is judged again with the rest it left owed)
+    accept: str = "whole"
 
     async def _judge(self, raw: Any, tasks: Sequence[Mapping[str, Any]]) -> acceptance.Verdict:
         return await acceptance.judge(Reply(text=raw), tasks, mode=self.mode,
                                       identity=self.identity, schema=self.schema,
-                                      validator=self.validator)
+                                      validator=self.validator, accept=self.accept)
 
     def verdict(self, raw: str, tasks: Sequence[Mapping[str, Any]]) -> acceptance.Verdict:
         """One stored return judged against the tasks it answers."""

@@ -15,7 +15,8 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from itertools import islice
+from itertools import groupby, islice
+from operator import itemgetter
 from typing import Any, Literal, overload
 
 from .._content.packed import SequenceView
@@ -117,6 +118,7 @@ class BatchResult:
     total_tasks: int
     accepted_returns: int = 0
     rejected_returns: int = 0
+    partial_returns: int = 0  # accepted in part (accept="items"): the rest asked again
     provider_errors: int = 0
     resumed: int = 0
     superseded: str | None = None
@@ -194,7 +196,8 @@ class BatchResult:
             "batch": self.name, "revision": self.revision, "status": self.status,
             "accepted": len(self.values), "tasks": self.total_tasks,
             "accepted_returns": self.accepted_returns, "rejected_returns": self.rejected_returns,
-            "provider_errors": self.provider_errors, "calls": self.calls, "tokens": self.tokens,
+            "partial_returns": self.partial_returns, "provider_errors": self.provider_errors,
+            "calls": self.calls, "tokens": self.tokens,
             "cost": self.cost, "unresolved": self.total_tasks - len(self.values),
             "resumed": self.resumed, "rechecked": self.rechecked,
             "identity_compared": list(self.identity_compared),
@@ -262,7 +265,9 @@ class BatchResult:
         s = self.summary()
         return (f"<BatchResult {self.name!r} rev {self.revision}: {self.status}, "
                 f"{s['accepted']}/{s['tasks']} accepted, {s['rejected_returns']} rejected "
-                f"return(s), {self.calls} call(s), {self.tokens} tokens, cost "
+                f"return(s), "
+                f"{f'{self.partial_returns} accepted in part, ' if self.partial_returns else ''}"
+                f"{self.calls} call(s), {self.tokens} tokens, cost "
                 f"{money(self.cost)}, {s['unresolved']} unresolved"
                 f"{f', {self.resumed} request(s) resumed' if self.resumed else ''}"
                 f"{f', {self.rechecked} re-judged without a call' if self.rechecked else ''}"
@@ -421,19 +426,33 @@ class LedgerValues(Mapping[str, Any]):
             yield value
 
     def stored_items(self) -> Iterator[tuple[str, str]]:
-        """(task_id, stored JSON text) in task order, without loading the values."""
+        """(task_id, stored JSON text) in task order, without loading the values. The rows of a
+        page's last position wait for the next page: a split request's parts may go on there."""
         after: tuple[int, int] | None = (-1, -1)
+        held: list[Any] = []
         while after is not None:
             rows = self._read("revision_values", self._revision, page=(after, PAGE_REQUESTS))
             requests = list(dict.fromkeys((row[0], row[1]) for row in rows))
             after = requests[-1] if len(requests) == PAGE_REQUESTS else None
-            seen: dict[str, str] = {}
-            for _, _, task_id, text in rows:  # the latest accepted row wins, as checkpoint
-                if task_id is not None:
-                    seen[task_id] = text
-            for task_id, text in seen.items():
-                if task_id not in self._hidden:
-                    yield task_id, text
+            rows, last = held + list(rows), after[0] if after is not None else None
+            held = [row for row in rows if row[0] == last]
+            for _, group in groupby((row for row in rows if row[0] != last), itemgetter(0)):
+                yield from self._in_task_order(list(group))
+
+    def _in_task_order(self, rows: list[Any]) -> Iterator[tuple[str, str]]:
+        """One position's values: the latest accepted row wins, as in checkpoint; the parts of
+        a split request (halves, or a partial return's) in its tasks' order."""
+        seen: dict[str, str] = {}
+        for _, _, task_id, text, _ in rows:
+            if task_id is not None:
+                seen[task_id] = text
+        root = next((row[4] for row in rows if row[4] is not None), None)
+        if root is not None:
+            order = {task_id: n for n, task_id in enumerate(json.loads(root))}
+            seen = dict(sorted(seen.items(), key=lambda kv: order.get(kv[0], len(order))))
+        for task_id, text in seen.items():
+            if task_id not in self._hidden:
+                yield task_id, text
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Mapping):

@@ -161,7 +161,8 @@ def calls_of(rt: Runtime, plan: RunPlan) -> Plan:
                 instructions=spec.instructions, keys=plan.keys,
                 repairs=rt.repairs if spec.repairs is None else spec.repairs,
                 replays=rt.replays if spec.replays is None else spec.replays,
-                split=spec.split, source=plan.source, reask_refusals=spec.reask_refusals)
+                split=spec.split, source=plan.source, reask_refusals=spec.reask_refusals,
+                accept=spec.accept)
 
 
 def plan_calls(rt: Runtime, plan: RunPlan) -> tuple[Plan, Spender]:
@@ -341,7 +342,8 @@ def _result(rt: Runtime, name: str, revision: Any, total: int,
         values=values, errors=errors, calls=outcome.calls, tokens=outcome.tokens,
         cost=outcome.cost, revision=revision.number, total_tasks=total,
         accepted_returns=outcome.accepted_returns, rejected_returns=outcome.rejected_returns,
-        provider_errors=outcome.provider_errors, resumed=resumed,
+        partial_returns=outcome.partial_returns, provider_errors=outcome.provider_errors,
+        resumed=resumed,
         attempts_by_task=TaskAttempts(outcome.calls_log),
         repairs_made=outcome.repairs_made, read_receipts=LedgerRead(rt.ledger.attempts, name))
     if outcome.stopped:

@@ -28,7 +28,7 @@ from .plan import Runtime
 from .registry import ValidatorRegistry
 from .result import BatchResult
 from .run import run_spec
-from .spec import OnExhausted, RunSpec, SessionOptions, TransportName
+from .spec import Accept, OnExhausted, RunSpec, SessionOptions, TransportName
 
 
 class Session:
@@ -154,6 +154,7 @@ class Session:
         reask_refusals: bool = False,
         transport: TransportName = "live",
         wait: bool = False,
+        accept: Accept = "whole",
     ) -> BatchResult:
         """Resolve every task of batch ``name`` or say exactly what is still owed.
 
@@ -164,13 +165,15 @@ class Session:
         compares ``task_id`` and every other task field an item echoes; a list compares exactly
         those fields. ``tasks`` is a list, any iterable (read once) or the path of a JSON Lines
         file. ``transport="batch"``: provider batch jobs at batch prices (docs/providers.md).
-        ``progress=None`` shows it on a terminal or in a notebook, not in a pipe or a log."""
+        ``progress=None`` shows it on a terminal or in a notebook, not in a pipe or a log.
+        ``accept="items"`` commits the items of a return that pass, and asks again for the
+        others (docs/design.md, "Item-level acceptance")."""
         return self.run(RunSpec(
             name=name, tasks=tasks, schema=schema, validator=validator,
             identity=identity, pack=pack, instructions=instructions, repairs=repairs,
             replays=replays, split=split, max_calls=max_calls, on_exhausted=on_exhausted,
             progress=progress, reask_refusals=reask_refusals, transport=transport,
-            wait=wait))
+            wait=wait, accept=accept))
 
     def estimate(self, name: str, tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
                  schema: Any, **options: Any) -> Estimate:

@@ -39,6 +39,7 @@ Mode = Literal["items", "value"]
 ValidatorArgs = Literal["task", "index", "droste"]
 OnExhausted = Literal["raise", "return"]
 TransportName = Literal["live", "batch"]
+Accept = Literal["whole", "items"]
 
 
 @options(InvalidBatch)
@@ -53,7 +54,11 @@ class RunSpec:
     - ``refuse_short_budget``: refuse before spending when the budget cannot cover one call per
       pending request. ``None`` for ``repairs``/``replays`` takes the session's setting.
     - ``transport="batch"``: provider batch jobs; the run returns ``status == "pending"`` unless
-      ``wait=True``, and a re-run collects (docs/providers.md)."""
+      ``wait=True``, and a re-run collects (docs/providers.md).
+    - ``accept="items"``: a return whole in JSON, coverage and identity commits the items that
+      pass their schema and the validator, and asks again for the others (docs/design.md). It
+      is no part of any key: it decides what of a return is committed, not what a model sees,
+      so evidence is shared with whole-return runs of the same content."""
 
     # checked here, by their own rules: the texts, the validator, the identity's shape
     name: SkipValidation[str]
@@ -77,6 +82,7 @@ class RunSpec:
     refuse_short_budget: Flag = True
     transport: TransportName = "live"
     wait: Flag = False
+    accept: Accept = "whole"
 
     def __post_init__(self) -> None:
         """What its types cannot say, each checked alone: cheap, and before any face does
