@@ -15,6 +15,7 @@ import typing
 import uuid
 from collections.abc import Callable
 from itertools import chain, repeat
+from json.encoder import c_make_encoder, encode_basestring
 from operator import itemgetter
 from typing import Any
 
@@ -46,10 +47,20 @@ class _Back(Exception):
         self.levels = levels
 
 
-# One JSON text per JSON value, so equal data always hashes (and diffs) the same. The encoder
-# is built once: json.dumps with non-default options would build a new one on every call.
-canonical_json: Callable[[Any], str] = json.JSONEncoder(
-    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                            allow_nan=False)
+
+
+def canonical_json(value: Any) -> str:
+    """One JSON text per JSON value (keys sorted, no spaces, non-ASCII kept, finite numbers
+    only), so equal data always hashes (and diffs) the same. It is what ``JSONEncoder.encode``
+    runs, called directly: a task's text is encoded on every run and resume, and the Python
+    layers around the C encoder cost as much as the encoding. Each call has its own record of
+    the containers being encoded (a cycle is refused), so threads never share one."""
+    if c_make_encoder is None:  # an interpreter without the C accelerator
+        return _ENCODER.encode(value)
+    return "".join(c_make_encoder({}, _ENCODER.default, encode_basestring, None, ":", ",",
+                                  True, False, False)(value, 0))
 
 
 def dump(canon: Any) -> bytes:
