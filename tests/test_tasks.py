@@ -45,7 +45,7 @@ def task_lists(draw):
 @given(task_lists(), st.integers(1, 4),
        st.dictionaries(st.sampled_from(KEY_COMPONENTS), st.text(), min_size=1))
 def test_packed_keys_equal_request_key_on_any_content(tasks, pack, components):
-    normalized, texts = normalize_tasks(tasks, ("task_id", "case_id"))
+    normalized, texts = normalize_tasks(tasks, ("task_id",))  # case_id: any JSON
     keys = Keys({**components, "source": "s"})
     content = keys.content
     requests = keys.pack(normalized, pack, texts)
@@ -124,3 +124,10 @@ def test_spliced_keys_equal_request_key_for_any_content_names(tasks, content):
     normalized, _ = normalize_tasks(tasks, ("task_id",))
     assert key_maker(content)(json.dumps(normalized, sort_keys=True, separators=(",", ":"),
                                          ensure_ascii=False)) == request_key(normalized, content)
+
+
+def test_an_enum_member_as_an_identity_value_is_held_as_the_scalar_it_encodes_to():
+    tasks, _ = normalize_tasks([{"task_id": "a", "prompt": "p", "case_id": Shade.DARK}],
+                               ("task_id", "case_id"))
+    assert tasks == [{"task_id": "a", "prompt": "p", "case_id": "dark"}]
+    assert type(tasks[0]["case_id"]) is str
