@@ -457,7 +457,11 @@ def test_canonical_json_refuses_what_json_dumps_refuses() -> None:
                          ([object()], TypeError), ({1: 1, "a": 2}, TypeError)):
         with pytest.raises(error):
             canonical_json(value)
-    assert canonical_json(cyclic[:0] + [1]) == "[1]"  # a refused value leaves nothing behind
+    refused = [1, [float("nan")]]
+    with pytest.raises(ValueError):
+        canonical_json({"a": refused})
+    refused[1] = 2  # the encoder that failed inside it would call it a cycle now
+    assert canonical_json({"a": refused}) == '{"a":[1,2]}'
 
 
 # --- properties ------------------------------------------------------------------------------
