@@ -450,6 +450,20 @@ def test_canonical_json() -> None:
         canonical_json(float("nan"))
 
 
+def test_canonical_json_refuses_what_json_dumps_refuses() -> None:
+    cyclic: list[Any] = []
+    cyclic.append(cyclic)
+    for value, error in ((cyclic, ValueError), ({"a": float("inf")}, ValueError),
+                         ([object()], TypeError), ({1: 1, "a": 2}, TypeError)):
+        with pytest.raises(error):
+            canonical_json(value)
+    refused = [1, [float("nan")]]
+    with pytest.raises(ValueError):
+        canonical_json({"a": refused})
+    refused[1] = 2  # the encoder that failed inside it would call it a cycle now
+    assert canonical_json({"a": refused}) == '{"a":[1,2]}'
+
+
 # --- properties ------------------------------------------------------------------------------
 
 ATOMS = st.sampled_from([0, 1, True, False, "1", "", 1.0, 0.0, -0.0, None, "a", b"a"])
@@ -532,3 +546,12 @@ def test_json_equal_but_type_different_values_differ(x: Any) -> None:
     if isinstance(x, dict) and x:
         reordered = dict(reversed(list(x.items())))
         assert content_hash(reordered) == content_hash(x)
+
+
+@settings(max_examples=300, deadline=None)
+@given(JSON)
+def test_canonical_json_is_the_standard_encoders_text(x: Any) -> None:
+    """canonical_json calls the stdlib's C encoder directly: the text is json.dumps's, byte for
+    byte, since stored keys are hashes of it."""
+    assert canonical_json(x) == json.dumps(x, sort_keys=True, separators=(",", ":"),
+                                           ensure_ascii=False, allow_nan=False)

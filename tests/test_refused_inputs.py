@@ -103,6 +103,12 @@ RUN_INPUTS = [
         **LABEL_SCHEMA, "$schema": "http://json-schema.org/draft-07/schema#",
         "dependentRequired": {"verdict": ["case_id"]}}},
      "'dependentRequired' at <root> is ignored by JSON Schema draft-07"),
+    *((f"a {kind} as an explicit identity value", {
+        "tasks": [*review_tasks(2), {**review_tasks(3)[2], "case_id": value}],
+        "identity": ["task_id", "case_id"], "pack": 2},
+       f"identity field 'case_id' is a {said}, but identity values must be "
+       "plain JSON scalars") for kind, value, said in (
+          ("list", ["c"], "list"), ("tuple", ("c",), "list"), ("dict", {"c": 1}, "dict"))),
 ]
 
 

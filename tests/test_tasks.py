@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import enum
 import json
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchjson._canon import canonical_json
-from batchjson._content.keys import KEY_COMPONENTS, Keys, key_maker
+from batchjson._content.keys import KEY_COMPONENTS, Keys, key_maker, tasks_digest
 from batchjson._content.tasks import Request, normalize_tasks, render_items_prompt, sha
 
 
@@ -44,7 +45,7 @@ def task_lists(draw):
 @given(task_lists(), st.integers(1, 4),
        st.dictionaries(st.sampled_from(KEY_COMPONENTS), st.text(), min_size=1))
 def test_packed_keys_equal_request_key_on_any_content(tasks, pack, components):
-    normalized, texts = normalize_tasks(tasks, ("task_id", "case_id"))
+    normalized, texts = normalize_tasks(tasks, ("task_id",))  # case_id: any JSON
     keys = Keys({**components, "source": "s"})
     content = keys.content
     requests = keys.pack(normalized, pack, texts)
@@ -66,6 +67,47 @@ def test_request_keys_of_existing_ledgers_do_not_change():
     assert request.key == "de5a537051136c8d0da4fb82a732d995d4153f2371920afa486856563936ddf2"
 
 
+class Shade(enum.StrEnum):
+    DARK = "dark"
+
+
+class Level(enum.IntEnum):
+    HIGH = 3
+
+
+class Record(dict):
+    pass
+
+
+def varied_tasks() -> list[dict]:
+    """Tasks whose JSON holds what an encoder could get subtly wrong: escapes and non-ASCII,
+    floats at their limits, big ints, nesting, and Python values JSON stands in for."""
+    return [
+        {"task_id": "naïve-1", "case_id": "c1", "score": 0.1, "tiny": 1e-300, "neg": -0.0,
+         "huge": 1.7976931348623157e308, "whole": 2.0,
+         "prompt": "Résumé ✓ 日本語 😀 \u2028 \"q\" \\ \t\x01\x7f"},
+        {"task_id": "t2", "case_id": 12345678901234567890123, "prompt": "p",
+         "nested": {"z": [1, {"b": None, "a": [True, False]}], "a": {"é": {}}, "m": []}},
+        {"prompt": "order", "task_id": "t3", "case_id": "c3", "tuple": (1, "two", 3.5),
+         "shade": Shade.DARK, "level": Level.HIGH, "record": Record(b=1, a=2)},
+    ]
+
+
+def test_keys_of_varied_tasks_do_not_change():
+    """Pinned keys and revision digest over varied content: a faster encoding of tasks that
+    moved any of them would leave every ledger written before unable to resume."""
+    tasks, _ = normalize_tasks(varied_tasks(), ("task_id", "case_id"), pack=2)
+    assert tasks_digest(tasks) == (
+        "58418f2281e86ba394a961a9f946b255b75ed0f46eb6bc1c49b28c9f94df3d7c")
+    assert [r.key for r in KEYS.window(tasks, 0, 2)] == [
+        "acaeef6043e7db07c2e2e93e3a9a0a0fb83a97292fdbed001485700890560ffa",
+        "d9309fb97ac41c268d1cee6c449d81a24f3ae33269722160848c3514f90dfd9c"]
+    assert [r.key for r in KEYS.pack(varied_tasks(), 1)] == [
+        "8a6cd859d3b5d09a48a7bd0eb4bec3e779ca9c4f22c5b8a8355a5d526264e1f9",
+        "78e167cab556b429f5d1f45fa3250cff9f80188ccf9a3bcc1c553007321f47d3",
+        "d9309fb97ac41c268d1cee6c449d81a24f3ae33269722160848c3514f90dfd9c"]
+
+
 def test_ledger_round_trip_keeps_the_same_prompt_and_children():
     tasks, texts = normalize_tasks([{"task_id": f"t{i}", "prompt": f"p{i}", "x": {"b": 1, "a": 2}}
                                     for i in range(3)], ("task_id",))
@@ -82,3 +124,10 @@ def test_spliced_keys_equal_request_key_for_any_content_names(tasks, content):
     normalized, _ = normalize_tasks(tasks, ("task_id",))
     assert key_maker(content)(json.dumps(normalized, sort_keys=True, separators=(",", ":"),
                                          ensure_ascii=False)) == request_key(normalized, content)
+
+
+def test_an_enum_member_as_an_identity_value_is_held_as_the_scalar_it_encodes_to():
+    tasks, _ = normalize_tasks([{"task_id": "a", "prompt": "p", "case_id": Shade.DARK}],
+                               ("task_id", "case_id"))
+    assert tasks == [{"task_id": "a", "prompt": "p", "case_id": "dark"}]
+    assert type(tasks[0]["case_id"]) is str

@@ -10,11 +10,13 @@ import hashlib
 import json
 import marshal
 import pathlib
+import threading
 import types
 import typing
 import uuid
 from collections.abc import Callable
 from itertools import chain, repeat
+from json.encoder import c_make_encoder, encode_basestring
 from operator import itemgetter
 from typing import Any
 
@@ -46,10 +48,32 @@ class _Back(Exception):
         self.levels = levels
 
 
-# One JSON text per JSON value, so equal data always hashes (and diffs) the same. The encoder
-# is built once: json.dumps with non-default options would build a new one on every call.
-canonical_json: Callable[[Any], str] = json.JSONEncoder(
-    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                            allow_nan=False)
+_per_thread = threading.local()  # each thread's own C encoder: see canonical_json
+
+
+def canonical_json(value: Any) -> str:
+    """One JSON text per JSON value (keys sorted, no spaces, non-ASCII kept, finite numbers
+    only), so equal data always hashes (and diffs) the same. It is what ``JSONEncoder.encode``
+    runs, without the Python layers around it, which cost as much as a small task's encoding
+    (every task is encoded on every run and resume). The C encoder keeps a record of the
+    containers it is in (a cycle is refused): each thread has its own, made anew after an
+    encoding that failed part way, which may have left it holding some."""
+    if c_make_encoder is None:  # an interpreter without the C accelerator
+        return _ENCODER.encode(value)
+    encode = getattr(_per_thread, "encode", None) or _new_encoder()
+    try:
+        return "".join(encode(value, 0))
+    except BaseException:
+        _new_encoder()
+        raise
+
+
+def _new_encoder() -> Callable[[Any, int], Any]:
+    _per_thread.encode = c_make_encoder({}, _ENCODER.default, encode_basestring, None, ":", ",",
+                                        True, False, False)
+    return _per_thread.encode
 
 
 def dump(canon: Any) -> bytes:

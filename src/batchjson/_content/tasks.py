@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import chain, islice
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._canon import canonical_json as _canonical
 from .._errors import InvalidBatch
@@ -47,44 +47,53 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
     text, never as the caller's object; ``hasher`` is fed a file's bytes as they are read, and
     ``on_read(1)`` is told of each task checked (a streamed input's progress)."""
     identity = normalize_identity(identity)
-    from_file = is_task_file(tasks)  # a file's tasks are JSON already: nothing to decode back
+    keep = is_task_file(tasks) and not pack  # a file's tasks are JSON already: kept as read
     ids = TaskIds()
     out: list[dict] = []
     texts: Any = TextSpool() if pack else []
-    chunk: list[Any] = []
-    chunk_texts: list[str] = []
+    chunk = Chunk([], [], [])
     count = 0
     size = pack * max(1, CHUNK // pack) if pack else CHUNK  # whole requests in each chunk
 
-    def so_far(*more: Any) -> Iterator[Any]:  # every task read, in order
-        return chain(PackedTasks(texts, pack, count) if pack else out, chunk, more)
+    def so_far(*more: str) -> Iterator[str]:  # every task's id read, in order
+        taken = PackedTasks(texts, pack, count) if pack else out
+        return chain((task["task_id"] for task in taken), chunk.ids, more)
 
     for position, task in enumerate(stream_tasks(tasks, hasher)):
         try:
-            chunk_texts.append(_task_text(position, task, identity))
+            chunk.texts.append(_task_text(position, task, identity))
         except InvalidBatch:  # a repeated id before it (or its own) is named first
             own = task.get("task_id") if isinstance(task, Mapping) else None
-            if isinstance(own, str):
-                ids.add(own)
-            ids.refuse_repeats(so_far(task))
+            mine = (own,) if isinstance(own, str) else ()
+            ids.update(chain(chunk.ids, mine))
+            ids.refuse_repeats(so_far(*mine))
             raise
-        ids.add(task["task_id"])
+        # a caller may refill or change its dict once yielded: what names it later is its id
+        chunk.ids.append(task["task_id"])
+        if keep:
+            chunk.tasks.append(task)
         if on_read is not None:
             on_read(1)
-        # a caller may refill or change its dict once yielded: what names it later is its id
-        chunk.append(task if from_file else {"task_id": task["task_id"]})
-        if len(chunk) == size:
-            count += _take(chunk, chunk_texts, out, texts, pack, from_file)
-            chunk, chunk_texts = [], []
-    if chunk:
-        count += _take(chunk, chunk_texts, out, texts, pack, from_file)
-        chunk = []
+        if len(chunk.ids) == size:
+            count += _take(chunk, ids, identity, out, texts, pack)
+            chunk = Chunk([], [], [])
+    if chunk.ids:
+        count += _take(chunk, ids, identity, out, texts, pack)
+        chunk = Chunk([], [], [])
     if pack:
         texts.flush()  # a disk with no room for them is said now, before anything is spent
     ids.refuse_repeats(so_far())
     if not count:
         raise InvalidBatch("empty batch: pass at least one task")
     return (PackedTasks(texts, pack, count) if pack else out), texts
+
+
+class Chunk(NamedTuple):
+    """Tasks read and checked one at a time, taken into the run's texts together."""
+
+    texts: list[str]  # each task's canonical JSON
+    ids: list[str]  # each task's id, as it was checked
+    tasks: list[Any]  # each task, when a file's (JSON already) are kept as read
 
 
 class TaskIds:
@@ -96,12 +105,13 @@ class TaskIds:
     def __init__(self) -> None:
         self._buckets = [array("q") for _ in range(256)]
 
-    def add(self, task_id: str) -> None:
-        hashed = hash(task_id)
-        self._buckets[hashed & 255].append(hashed)
+    def update(self, task_ids: Iterable[str]) -> None:
+        buckets = self._buckets
+        for hashed in map(hash, task_ids):
+            buckets[hashed & 255].append(hashed)
 
-    def refuse_repeats(self, tasks: Iterable[Mapping[str, Any]]) -> None:
-        """Raise InvalidBatch for the first id that occurs twice among ``tasks`` (every task
+    def refuse_repeats(self, task_ids: Iterable[str]) -> None:
+        """Raise InvalidBatch for the first id that occurs twice among ``task_ids`` (every id
         added so far, in order); nothing when none does."""
         repeated: set[int] = set()
         for bucket in self._buckets:
@@ -111,9 +121,8 @@ class TaskIds:
         if not repeated:
             return
         first: dict[str, int] = {}
-        for position, task in enumerate(tasks):
-            task_id = task.get("task_id") if isinstance(task, Mapping) else None
-            if not isinstance(task_id, str) or hash(task_id) not in repeated:
+        for position, task_id in enumerate(task_ids):
+            if hash(task_id) not in repeated:
                 continue
             if task_id in first:
                 raise InvalidBatch(f"duplicate task_id {task_id!r} (tasks #{first[task_id]} and "
@@ -121,27 +130,41 @@ class TaskIds:
             first[task_id] = position
 
 
-def _take(chunk: list[Any], chunk_texts: list[str], out: list[dict], texts: Any,
-          pack: int | None, from_file: bool) -> int:
-    """A chunk checked (valid UTF-8, not too deep) into the run's texts: its requests' texts
-    with ``pack`` (a chunk holds whole requests, but for the last one), else its tasks' texts
-    and their JSON form, as the ledger holds them (what acceptance compares to)."""
-    joined = "[" + ",".join(chunk_texts) + "]"
-    _check_encoded(joined, chunk_texts, chunk)
-    if pack:
-        texts.extend("[" + ",".join(chunk_texts[i:i + pack]) + "]"
-                     for i in range(0, len(chunk_texts), pack))
-        return len(chunk)
+def _take(chunk: Chunk, ids: TaskIds, identity: Identity, out: list[dict], texts: Any,
+          pack: int | None) -> int:
+    """A chunk checked (valid UTF-8, not too deep, explicit identity values scalars) into the
+    run's texts: its requests' texts with ``pack`` (a chunk holds whole requests, but for the
+    last one), else its tasks' texts and their JSON form, as the ledger holds them (what
+    acceptance compares to). It is read back only where needed: a chunk whose only brackets are
+    its tasks' own holds no list or object to refuse."""
+    joined = "[" + ",".join(chunk.texts) + "]"
+    brackets = joined.count("[") + joined.count("{")
+    _check_encoded(joined, brackets, chunk.texts, chunk.ids)
+    ids.update(chunk.ids)
+    nested = brackets > len(chunk.ids) + 1
+    if not pack or (nested and not identity.echo):
+        tasks = chunk.tasks or _read_back(joined, chunk)
+        if nested and not identity.echo:
+            _refuse_containers(tasks, identity)
+        if not pack:
+            out += tasks
+            texts.extend(chunk.texts)
+            return len(chunk.ids)
+    texts.extend("[" + ",".join(chunk.texts[i:i + pack]) + "]"
+                 for i in range(0, len(chunk.texts), pack))
+    return len(chunk.ids)
+
+
+def _read_back(joined: str, chunk: Chunk) -> list[dict]:
+    """A chunk's tasks decoded from their JSON, one call for all."""
     try:
-        out += chunk if from_file else json.loads(joined)  # one call per chunk
+        return json.loads(joined)
     except RecursionError:  # within the bound, on a caller's stack that is deeper still
-        deepest = max(range(len(chunk_texts)), key=lambda i: nesting(chunk_texts[i], 0))
-        raise _too_deep(chunk[deepest]["task_id"], "to read back on this stack") from None
-    texts.extend(chunk_texts)
-    return len(chunk)
+        deepest = max(range(len(chunk.texts)), key=lambda i: nesting(chunk.texts[i], 0))
+        raise _too_deep(chunk.ids[deepest], "to read back on this stack") from None
 
 
-def _task_text(position: int, task: Any, identity: Sequence[str]) -> str:
+def _task_text(position: int, task: Any, identity: Identity) -> str:
     """One task checked (a mapping with a task_id, a string prompt, its identity fields), as
     canonical JSON (its task_id's uniqueness is the caller's check)."""
     if type(task) is not dict and not isinstance(task, Mapping):
@@ -177,26 +200,43 @@ def _task_text(position: int, task: Any, identity: Sequence[str]) -> str:
                            "to str/int/float/bool/None/list/dict with finite numbers") from None
 
 
-def _check_encoded(joined: str, texts: Sequence[str], items: Sequence[Any]) -> None:
+def _refuse_containers(tasks: Iterable[Mapping[str, Any]], identity: Identity) -> None:
+    """Explicit identity values are plain JSON scalars, compared exactly: a dict (int keys become
+    strings) or a list could never be echoed back equal. Read from the tasks' JSON form, so an
+    enum member or a str subclass is held, and compared, as the scalar it encoded to."""
+    for task in tasks:
+        for name in identity:
+            value = task[name]
+            if isinstance(value, (dict, list)):
+                raise InvalidBatch(
+                    f"task {task['task_id']!r}: identity field {name!r} is a "
+                    f"{type(value).__name__}, but identity values must be plain JSON scalars "
+                    "(str, int, float, bool or None) that the model copies back exactly; pass "
+                    f"a plain value (e.g. str(...) or .value) or drop {name!r} from identity=")
+
+
+def _check_encoded(joined: str, brackets: int, texts: Sequence[str],
+                   task_ids: Sequence[str]) -> None:
     """Every task's text is valid UTF-8 (keys and the ledger hash and store it) and nests at
     most :data:`MAX_TASK_DEPTH` deep; the first that is not is named."""
     try:
         joined.encode("utf-8")
     except UnicodeEncodeError:
-        for text, task in zip(texts, items, strict=True):  # which task: the rare path
+        for text, task_id in zip(texts, task_ids, strict=True):  # which task: the rare path
             try:
                 text.encode("utf-8")
             except UnicodeEncodeError as exc:
                 raise InvalidBatch(
-                    f"task {task['task_id']!r} holds a string that is not valid Unicode (an "
+                    f"task {task_id!r} holds a string that is not valid Unicode (an "
                     f"unpaired surrogate at position {exc.start} of its JSON); decode its text "
                     "with errors='replace' or fix the source") from None
-    if joined.count("[") + joined.count("{") > MAX_TASK_DEPTH:  # few brackets: none is deep
-        for text, task in zip(texts, items, strict=True):
+    if brackets > MAX_TASK_DEPTH:  # few brackets: none is deep
+        for text, task_id in zip(texts, task_ids, strict=True):
+            if len(text) <= MAX_TASK_DEPTH:  # too short to hold that many brackets
+                continue
             depth = nesting(text, MAX_TASK_DEPTH)
             if depth > MAX_TASK_DEPTH:
-                raise _too_deep(task["task_id"], f"({depth} levels of JSON, at most "
-                                f"{MAX_TASK_DEPTH})")
+                raise _too_deep(task_id, f"({depth} levels of JSON, at most {MAX_TASK_DEPTH})")
 
 
 def _too_deep(task_id: str, why: str) -> InvalidBatch:

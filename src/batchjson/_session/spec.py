@@ -176,9 +176,6 @@ class SessionOptions:
                    "set OPENAI_API_KEY / ANTHROPIC_API_KEY) and the model's name as model=")
 
 
-_SCALARS = (str, int, float, bool, type(None))
-
-
 def check_validator(fn: Any, args: str) -> None:
     """The validator is called ``validator(item, task)`` (or ``(item, index)``) and says yes or
     no: a plain or ``async def`` function whose signature takes exactly that."""
@@ -274,22 +271,6 @@ def compared_candidates(tasks: Sequence[Mapping[str, Any]], identity: Sequence[s
         for name in ECHO_EXEMPT.difference(identity):
             names.pop(name, None)
     return list(names)
-
-
-def check_identity_values(tasks: Iterable[Mapping[str, Any]], identity: Sequence[str]) -> None:
-    """Explicit identity values are plain JSON scalars, compared exactly: an enum member, a
-    dict (int keys become strings) or a list could never be echoed back equal."""
-    if getattr(identity, "echo", False):
-        return
-    for task in tasks:
-        for name in identity:
-            value = task[name]
-            if type(value) not in _SCALARS:
-                raise InvalidBatch(
-                    f"task {task['task_id']!r}: identity field {name!r} is a "
-                    f"{type(value).__name__}, but identity values must be plain JSON scalars "
-                    "(str, int, float, bool or None) that the model copies back exactly; pass "
-                    f"a plain value (e.g. str(...) or .value) or drop {name!r} from identity=")
 
 
 def check_schema(schema: ItemSchema, mode: str, tasks: Sequence[Mapping[str, Any]],
@@ -457,5 +438,4 @@ def check_all(*, tasks: Sequence[Mapping[str, Any]], identity: Sequence[str],
     """Every check of a run's content that needs neither the ledger nor a call (the
     validator's own shape is checked when the RunSpec is made)."""
     check_mode(tasks, identity, mode, pack, validator, validator_args)
-    check_identity_values(tasks, identity)
     check_schema(schema, mode, tasks, identity)
