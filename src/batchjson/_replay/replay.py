@@ -346,9 +346,14 @@ class Replayer:
 
     # -- one attempt (with transport retries) --------------------------------------------------
     async def _attempt(self, request: Request, kind: str, prompt: str) -> Judged | NotSent:
-        """One logical attempt: transport retries (a copy of :attr:`retrying`, iterated as attempt
-        blocks, which spares a call that succeeds at once ``AsyncRetrying``'s coroutine machinery;
-        its waits are awaited here), then acceptance on the text that arrives."""
+        """One logical attempt: a first try, then, only after a provider failure, transport
+        retries (a copy of :attr:`retrying`, iterated as attempt blocks whose first re-raises that
+        failure, so the policy is tenacity's alone; its waits are awaited here), then acceptance
+        on the text that arrives. A call that succeeds at once never enters tenacity."""
+        try:
+            return await self._paced_call(request, kind, prompt)
+        except ProviderError as exc:
+            failed: ProviderError | None = exc
         waits: list[float] = []
         done: Judged | NotSent = STOPPED  # the tries end by returning one, or by raising
         try:
@@ -356,6 +361,9 @@ class Replayer:
                 if waits:
                     await asyncio.sleep(waits.pop())
                 with attempt:
+                    if failed is not None:
+                        exc, failed = failed, None
+                        raise exc
                     done = await self._paced_call(request, kind, prompt)
         except ProviderError as exc:
             return self._failed(exc, request)
