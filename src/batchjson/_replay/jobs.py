@@ -226,8 +226,8 @@ class JobRunner:
                            writer: Owner) -> tuple[bool, list[tuple[Request, str, str]]]:
         plan, store = self.plan, self.store
         counts = store.attempts_so_far([r.key for r, _, _ in owed])[0]
-        calls = [make_call(plan, self._system, r, kind, prompt, counts.get(r.key, 0),
-                           plan.answer_chars(r)) for r, kind, prompt in owed]
+        calls = [make_call(plan, self._system, r, kind, prompt, counts.get(r.key, 0))
+                 for r, kind, prompt in owed]
         fit = self.client.lines_that_fit(calls)
         owed, unsent, calls = owed[:fit], owed[fit:], calls[:fit]
         bounds = ([input_bound(self.provider, c) for c in calls] if self.spender.costed

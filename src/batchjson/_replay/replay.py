@@ -381,16 +381,16 @@ class Replayer:
                           prompt: str) -> Judged | NotSent:
         """One call under the session's pacer: sent only within the rate limits; the headers
         of its response teach the pacer, and a 429 pauses every call of the session."""
-        pacer, chars = self.pacer, self.plan.answer_chars(request)
+        pacer, call = self.pacer, self.caller.make(request, kind, prompt)
         if pacer is None:
-            return await self.caller.call(request, kind, prompt, chars)
+            return await self.caller.call(request, kind, call)
         # counted as the provider's limiter counts it: the prompt and the ceiling the call asks
-        cap = call_output_cap(self.provider, chars)
+        cap = call_output_cap(self.provider, call.answer_chars)
         await pacer.acquire(1, request_tokens(self.caller.system, prompt, cap))
         listening = HEADER_LISTENER.set(pacer.observe)
         answered = False
         try:
-            done = await self.caller.call(request, kind, prompt, chars)
+            done = await self.caller.call(request, kind, call)
             answered = isinstance(done, Judged)
             return done
         except ProviderError as exc:
