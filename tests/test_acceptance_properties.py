@@ -8,6 +8,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from batchjson import CallableProvider, Session
+from batchjson._acceptance.judge import ledger_json
+from batchjson._canon import canonical_json
 from batchjson._content.schema import compile_schema
 from tests.helpers import LABEL_SCHEMA, accept_items, answer, review_tasks
 
@@ -172,3 +174,19 @@ def test_a_validator_mutating_its_item_or_task_commits_only_what_passed(junk, cl
         {"items": correct_items(call.tasks)})), repairs=0, replays=0)
     session.run_batch("r", TASKS, LABEL_SCHEMA, identity=IDENTITY, pack=3, validator=vandal)
     assert session.ledger.checkpoint("r") == {t["task_id"]: answer(t) for t in TASKS}
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(st.characters(exclude_categories=["Cs"])),
+    lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner)
+    | st.dictionaries(st.text(max_size=5), inner, max_size=4)
+    | st.dictionaries(st.integers(), inner, max_size=3), max_leaves=20)
+
+
+@given(JSON_VALUES)
+@settings(max_examples=300)
+def test_an_items_ledger_text_is_byte_for_byte_the_text_rows_have_always_held(value):
+    """Encoded once, an accepted item's checkpoint text is what the value read back from its
+    canonical JSON, dumped, has always been: rows old and new compare as texts."""
+    assert ledger_json(value) == json.dumps(json.loads(canonical_json(value)))

@@ -239,7 +239,7 @@ def test_a_late_answer_of_a_host_taken_over_is_kept_paid_and_admits_nothing(ledg
     with held.store.transaction(calls=True) as tx:
         held.store.complete_call(tx, late, "accepted", '{"items": ["late"]}',
                                  {"input_tokens": 7, "output_tokens": 3},
-                                 accepted=(batch_id, keys[0], {task: {"verdict": "late"}}))
+                                 accepted=(batch_id, keys[0], {task: '{"verdict": "late"}'}))
     held.close()
     (status, errors, raw, tokens), = ledger_rows(
         path, "SELECT status, errors, raw, output_tokens FROM attempts WHERE id = ?", late)

@@ -66,6 +66,17 @@ def test_recorded_anthropic_headers_give_the_limits_and_resets_as_instants() -> 
     assert reset_seconds("2025-08-21T12:40:59Z", now + 10) == 0.0  # never negative
 
 
+def test_anthropic_limits_are_read_whatever_the_case_of_their_header_names() -> None:
+    """A plain mapping of headers (a recording, a test double) is read in any case; without
+    the combined tokens limit, the input-tokens limit is the one paced to."""
+    seen = reported({"Anthropic-RateLimit-Requests-Limit": "50",
+                     "ANTHROPIC-RATELIMIT-INPUT-TOKENS-LIMIT": "40000",
+                     "anthropic-ratelimit-input-tokens-remaining": "39000",
+                     "x-ratelimit-limit-tokens": "7"})  # not OpenAI's: Anthropic's are sent
+    assert (seen.requests.limit, seen.tokens.limit, seen.tokens.remaining) == (50, 40000, 39000)
+    assert reported({"x-anthropic-ratelimit-requests-limit": "50"}).any is False
+
+
 def test_a_429_without_retry_after_waits_for_the_exhausted_limits_reset() -> None:
     headers = {"x-ratelimit-limit-tokens": "30000", "x-ratelimit-remaining-tokens": "0",
                "x-ratelimit-reset-tokens": "3.89s", "x-ratelimit-limit-requests": "500",

@@ -6,7 +6,9 @@ unreachable host) without sending what cannot help. The Session's one event loop
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
+import time
 
 import pytest
 
@@ -141,6 +143,30 @@ def test_an_unreachable_host_stops_the_run_after_one_calls_retries():
     assert "http://127.0.0.1:9/v1/chat/completions" in str(raised.value)
     assert len(tries) == 3 and len(set(tries)) == 1  # one request, its transport retries only
     assert session.ledger.spend("r")["calls"] == 3
+
+
+@pytest.mark.parametrize("failures, retryable, tries, status", [
+    (1, True, 2, "resolved"),  # tried again once, after the wait the provider asked
+    (5, True, 3, "unresolved"),  # transport_retries=2: three tries in all, then its error
+    (1, False, 1, "unresolved"),  # never retried
+])
+def test_a_failed_call_is_retried_after_the_providers_wait_up_to_transport_retries(
+        failures, retryable, tries, status):
+    sent: list[float] = []
+
+    def flaky(call):
+        sent.append(time.monotonic())
+        if len(sent) <= failures:
+            raise ProviderError("503 busy", retryable=retryable, retry_after=0.05)
+        return items_reply(call)
+
+    session = Session(CallableProvider(flaky), transport_retries=2, replays=0)
+    result = session.run_batch("r", review_tasks(1), LABEL_SCHEMA, on_exhausted="return")
+    assert len(sent) == tries and result.status == status
+    assert all(later - earlier >= 0.05 for earlier, later in itertools.pairwise(sent))
+    if status != "resolved":
+        assert result.errors[0]["type"] == "provider_error"
+    assert session.ledger.spend("r")["calls"] == tries
 
 
 def test_a_blocking_provider_returns_at_its_timeout():

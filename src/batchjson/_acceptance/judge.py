@@ -50,7 +50,7 @@ class Verdict:
     accepted: bool
     values: dict[str, Any] = field(default_factory=dict)
     errors: list[dict[str, Any]] = field(default_factory=list)
-    stored: dict[str, Any] = field(default_factory=dict)  # values in their ledger (JSON) form
+    stored: dict[str, str] = field(default_factory=dict)  # values as the ledger's JSON texts
 
     @property
     def repairable(self) -> bool:
@@ -174,7 +174,7 @@ async def judge(
             "json", f"the return could not be judged ({type(exc).__name__}: {said(exc)})")])
 
 
-Prepared = list[tuple[str, Any, Any, Mapping[str, Any]]]  # task_id, value, stored, task
+Prepared = list[tuple[str, Any, str, Mapping[str, Any]]]  # task_id, value, its ledger text, task
 
 
 def _accepted(prepared: Prepared) -> Verdict:
@@ -282,11 +282,11 @@ def _judged(schema: ItemSchema, answer: Any, path: str, task: Mapping[str, Any],
     if messages:
         return [_error("validator_error" if crashed else "schema", m, task_id)
                 for m in messages], []
-    stored, problem = _stored(schema, value, task_id)
+    text, stored, problem = _stored(schema, value, task_id)
     if problem:
         return [problem], []
     errors = _coerced_identity(stored, task, held(stored)) if isinstance(stored, dict) else []
-    return errors, [(task_id, value, stored, task)]
+    return errors, [(task_id, value, text, task)]
 
 
 def _unparsed(verdict: Verdict) -> bool:
@@ -431,17 +431,26 @@ def _at(value: Any, path: Sequence[Any]) -> Any:
     return value
 
 
-def _stored(schema: ItemSchema, value: Any, task_id: str) -> tuple[Any, dict[str, Any] | None]:
-    """The ledger (JSON) form of a validated value, or the schema error that prevents one: a
-    schema may coerce "1e400" into an infinite float, which no ledger row may hold."""
+# The ledger's JSON text of a value: json.dumps's form, keys sorted. Byte for byte the text of the
+# value canonical_json writes, read back and dumped (the form every checkpoint row has held).
+ledger_json: Callable[[Any], str] = json.JSONEncoder(sort_keys=True, allow_nan=False).encode
+
+
+def _stored(schema: ItemSchema, value: Any, task_id: str
+            ) -> tuple[str, Any, dict[str, Any] | None]:
+    """The ledger's text of a validated value (encoded once: the checkpoint row writes it as it
+    is) and the JSON value it holds, or the schema error that prevents one: a schema may coerce
+    "1e400" into an infinite float, which no ledger row may hold."""
     try:
-        text = canonical_json(schema.dump(value))
-        text.encode("utf-8")  # an unpaired surrogate ("\\ud800") cannot be written as UTF-8
-        return json.loads(text), None
+        text = ledger_json(schema.dump(value))
+        stored = json.loads(text)
+        if "\\ud" in text:  # an unpaired surrogate ("\\ud800") cannot be written as UTF-8
+            canonical_json(stored).encode("utf-8")
+        return text, stored, None
     except (TypeError, ValueError) as exc:
-        return None, _error("schema", f"task {task_id!r}: the validated value has no JSON form "
-                            f"({clip(str(exc), 160)}); numbers must be finite and strings "
-                            "valid Unicode (no unpaired surrogate escapes)", task_id)
+        return "", None, _error("schema", f"task {task_id!r}: the validated value has no JSON "
+                                f"form ({clip(str(exc), 160)}); numbers must be finite and "
+                                "strings valid Unicode (no unpaired surrogate escapes)", task_id)
 
 
 def _coerced_identity(stored: Any, task: Mapping[str, Any],

@@ -434,13 +434,13 @@ class PostgresStore(Store):
         return Later(found)
 
     def _accept_call(self, tx: Tx, attempt_id: int, batch_id: int, request_key: str,
-                     items: Mapping[str, Any], raw: str, usage: Mapping[str, Any],
+                     items: Mapping[str, str], raw: str, usage: Mapping[str, Any],
                      sent_at: str | None, charge: float | None) -> None:
         """As the shared one (``store_calls``), in one statement that reads nothing back:
         in a pipelined transaction it waits for no answer."""
         stamp, empty = now(), not items
         self._exec(tx, ACCEPT, (
             batch_id, request_key, attempt_id, stamp, list(items),
-            [json.dumps(item) for item in items.values()], empty, empty,
+            list(items.values()), empty, empty,
             json.dumps(_already_accepted("{first}")), request_key, batch_id,
             *self._completion(tx, attempt_id, raw, usage, stamp, sent_at, charge)))

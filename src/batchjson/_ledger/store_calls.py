@@ -262,14 +262,15 @@ class CallStore(RunStore):
     # -- completing a receipt ------------------------------------------------------------------
     def complete_call(self, tx: Tx, attempt_id: int, status: str, raw: str | None,
                       usage: Mapping[str, Any], *, errors: Sequence[Mapping] = (),
-                      accepted: tuple[int, str, Mapping[str, Any]] | None = None,
+                      accepted: tuple[int, str, Mapping[str, str]] | None = None,
                       sent_at: str | None = None, charge: float | None = None,
                       parts: Parts | None = None) -> None:
         """Complete a receipt, in ``tx``: an accepted return admits its items (``accepted``:
-        batch id, request key, items), any other ``status`` keeps its ``errors``. Checkpoint
-        rows are never re-pointed: a return whose request another runner's was admitted for
-        first is kept as paid, admitting nothing. ``sent_at=None``: a cancelled call never sent;
-        ``charge``: what it cost the ledger's budget (None: the run reserved nothing on it).
+        batch id, request key, each item's JSON text as judging made it), any other ``status``
+        keeps its ``errors``. Checkpoint rows are never re-pointed: a return whose request
+        another runner's was admitted for first is kept as paid, admitting nothing.
+        ``sent_at=None``: a cancelled call never sent; ``charge``: what it cost the ledger's
+        budget (None: the run reserved nothing on it).
         A 'partial' return admits ``accepted``'s items, under its accepted part's key, and
         splits its request into its ``parts`` (:data:`Parts`)."""
         if (status in ("accepted", "partial")) != (accepted is not None) or (
@@ -286,10 +287,10 @@ class CallStore(RunStore):
                            charge=charge)
 
     def _accept_call(self, tx: Tx, attempt_id: int, batch_id: int, request_key: str,
-                     items: Mapping[str, Any], raw: str, usage: Mapping[str, Any],
+                     items: Mapping[str, str], raw: str, usage: Mapping[str, Any],
                      sent_at: str | None, charge: float | None) -> None:
         stamp = now()
-        rows = [(batch_id, request_key, task_id, attempt_id, json.dumps(item), stamp)
+        rows = [(batch_id, request_key, task_id, attempt_id, item, stamp)
                 for task_id, item in items.items()]
         added = (self._exec(tx, CHECKPOINT_SQL, rows[0]) if len(rows) == 1
                  else self._many(tx, CHECKPOINT_SQL, rows)).rowcount
@@ -302,7 +303,7 @@ class CallStore(RunStore):
         self._complete(tx, attempt_id, "accepted", (), raw, usage, stamp, sent_at, charge)
 
     def _complete_partial(self, tx: Tx, attempt_id: int, batch_id: int,
-                          items: Mapping[str, Any], parts: Parts, raw: str,
+                          items: Mapping[str, str], parts: Parts, raw: str,
                           usage: Mapping[str, Any], errors: Sequence[Mapping],
                           sent_at: str | None, charge: float | None) -> None:
         """A return accepted in part: its receipt is 'partial', its raw whole and its ``errors``
@@ -325,8 +326,8 @@ class CallStore(RunStore):
                                                  attempt_id))
         self._exec(tx, "INSERT INTO rechecks(attempt_id, from_attempt) VALUES (?, ?)",
                    (derived, attempt_id))
-        self._many(tx, CHECKPOINT_SQL, [(batch_id, kept.key, task_id, derived, json.dumps(item),
-                                         stamp) for task_id, item in items.items()])
+        self._many(tx, CHECKPOINT_SQL, [(batch_id, kept.key, task_id, derived, item, stamp)
+                                        for task_id, item in items.items()])
 
     def _complete(self, tx: Tx, attempt_id: int, status: str, errors: Sequence[Mapping],
                   raw: str | None, usage: Mapping[str, Any], stamp: str | None = None,

@@ -375,7 +375,7 @@ class RunStore(StoreBase):
         return rows[0], {r["task_id"]: json.loads(r["item"]) for r in items}
 
     def commit_rechecks(self, batch_id: int, revision_id: int,
-                        entries: Sequence[tuple[Request, Row, Mapping[str, Any]]],
+                        entries: Sequence[tuple[Request, Row, Mapping[str, str]]],
                         source: str | None) -> None:
         """Commit re-judged returns: per (request, earlier attempt, stored items) a receipt of
         kind 'recheck' with cost 0 (no call was made) and its checkpoint rows, in one
@@ -395,7 +395,7 @@ class RunStore(StoreBase):
                            "COALESCE((SELECT from_attempt FROM rechecks WHERE attempt_id = ?), ?))",
                            (attempt_id, origin["id"], origin["id"]))  # the call that answered
                 self._many(tx, CHECKPOINT_SQL,  # written once, never re-pointed
-                           [(batch_id, request.key, task_id, attempt_id, json.dumps(item), stamp)
+                           [(batch_id, request.key, task_id, attempt_id, item, stamp)
                             for task_id, item in items.items()])
 
 

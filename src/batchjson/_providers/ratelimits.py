@@ -108,18 +108,33 @@ class Reported:
 
 def reported(headers: Mapping[str, str], now: float | None = None) -> Reported:
     """The limits in OpenAI's or Anthropic's headers. Anthropic's combined ``tokens`` limit is
-    used when sent, else its input-tokens limit (what a request's prompt is counted against)."""
-    def state(name: str) -> LimitState:  # the header's name, {} where its part goes
-        limit, left, reset = (_header(headers, name.format(part))
-                              for part in ("limit", "remaining", "reset"))
-        return LimitState(_whole(limit), _whole(left),
-                          None if reset is None else reset_seconds(reset, now))
+    used when sent, else its input-tokens limit (what a request's prompt is counted against).
+    Read from every response: the header names are built once, not per response."""
+    if any(map(_ANTHROPIC.match, headers)):
+        tokens = (_ANTHROPIC_TOKENS if _header(headers, _ANTHROPIC_TOKENS[0])
+                  else _ANTHROPIC_INPUT_TOKENS)
+        return Reported(_state(headers, _ANTHROPIC_REQUESTS, now), _state(headers, tokens, now))
+    return Reported(_state(headers, _OPENAI_REQUESTS, now), _state(headers, _OPENAI_TOKENS, now))
 
-    if any(k.lower().startswith("anthropic-ratelimit-") for k in headers):
-        kind = "tokens" if _header(headers, "anthropic-ratelimit-tokens-limit") else "input-tokens"
-        return Reported(state("anthropic-ratelimit-requests-{}"),
-                        state(f"anthropic-ratelimit-{kind}-{{}}"))
-    return Reported(state("x-ratelimit-{}-requests"), state("x-ratelimit-{}-tokens"))
+
+def _parts(name: str) -> tuple[str, str, str]:
+    """A limit's header names: its size, what is left, its reset (``name`` has ``{}`` for each)."""
+    return name.format("limit"), name.format("remaining"), name.format("reset")
+
+
+_OPENAI_REQUESTS = _parts("x-ratelimit-{}-requests")
+_OPENAI_TOKENS = _parts("x-ratelimit-{}-tokens")
+_ANTHROPIC_REQUESTS = _parts("anthropic-ratelimit-requests-{}")
+_ANTHROPIC_TOKENS = _parts("anthropic-ratelimit-tokens-{}")
+_ANTHROPIC_INPUT_TOKENS = _parts("anthropic-ratelimit-input-tokens-{}")
+# ASCII only: a header name equal to the prefix in any case, as ``name.lower()`` finds it
+_ANTHROPIC = re.compile("anthropic-ratelimit-", re.IGNORECASE | re.ASCII)
+
+
+def _state(headers: Mapping[str, str], names: tuple[str, ...], now: float | None) -> LimitState:
+    limit, left, reset = (_header(headers, name) for name in names)
+    return LimitState(_whole(limit), _whole(left),
+                      None if reset is None else reset_seconds(reset, now))
 
 
 def retry_wait(headers: Mapping[str, str], now: float | None = None) -> float | None:

@@ -144,16 +144,20 @@ class Caller:
         self.spender.on_settle = self.settled.set
         self.settle = Settle(self.plan, self.store, self.provider, self.spender, self.outcome)
 
-    async def call(self, request: Request, kind: CallKind, prompt: str) -> Judged | NotSent:
-        """Reserve, claim and commit the receipt; then send, judge and record the return.
-        A provider's failure is raised (:class:`ProviderError`) after its receipt is queued."""
+    def make(self, request: Request, kind: CallKind, prompt: str) -> Call:
+        """The call for ``request`` as its provider gets it, numbered after its attempts so far.
+        Built before anything is reserved or written: whatever fails here leaves no receipt."""
+        return make_call(self.plan, self.system, request, kind, prompt,
+                         self.attempts.get(request.key, 0), self.cached_prefix)
+
+    async def call(self, request: Request, kind: CallKind, call: Call) -> Judged | NotSent:
+        """Reserve, claim and commit the receipt of ``call`` (:meth:`make`); then send it, judge
+        and record the return. A provider's failure is raised (:class:`ProviderError`) after
+        its receipt is queued."""
         await self.probe.wait_turn(request.key)  # another call finds out if the host is up
         if self.control.stop is not None:
             return STOPPED
-        number = self.attempts.get(request.key, 0)
-        # Built before anything is reserved or written: whatever fails here leaves no receipt.
-        call = make_call(self.plan, self.system, request, kind, prompt, number,
-                         self.cached_prefix)
+        number, prompt = call.attempt, call.prompt
         opened = await self._open(request, kind, call, estimate_tokens(self.system + prompt))
         if isinstance(opened, NotSent):
             return opened
@@ -341,19 +345,18 @@ def make_call(plan: Plan, system: str, request: Request, kind: CallKind, prompt:
               number: int, cached_prefix: bool = False) -> Call:
     """``cached_prefix``: the batch's shared prefix is long enough for the provider to cache,
     so the wire schema is the batch's constant one (docs/providers.md, "Prompt caching")."""
+    # The provider gets its own copy: acceptance compares against the ledger's request.
+    tasks = tuple(json.loads(request.tasks_json))
     shared = ""
     if plan.mode == "value":
         schema: Mapping[str, Any] = plan.schema.json_schema
     else:
-        schema = wire_schema(plan.schema, request.tasks, plan.identity,
-                             pinned=not cached_prefix)
+        schema = wire_schema(plan.schema, tasks, plan.identity, pinned=not cached_prefix)
         shared = shared_head(plan.instructions)
-    # The provider gets its own copy: acceptance compares against the ledger's request.
-    return Call(tasks=tuple(json.loads(request.tasks_json)), prompt=prompt, system=system,
-                schema=schema, attempt=number, kind=kind, request_key=request.key,
-                mode=plan.mode, identity=plan.identity,
+    return Call(tasks=tasks, prompt=prompt, system=system, schema=schema, attempt=number,
+                kind=kind, request_key=request.key, mode=plan.mode, identity=plan.identity,
                 shared=shared if prompt.startswith(shared) else "",
-                answer_chars=plan.answer_chars(request))
+                answer_chars=plan.answer_chars(tasks))
 
 
 def cheapest_call(plan: Plan, provider: Any, pricing: Pricing,

@@ -201,8 +201,12 @@ class Pacer:
         if not seen.any:
             return
         self._learning, self._heard = False, True
-        self._learn(RateLimits(seen.requests.limit or self.learnt.requests_per_minute,
-                               seen.tokens.limit or self.learnt.tokens_per_minute))
+        learnt = self.learnt
+        rpm = seen.requests.limit or learnt.requests_per_minute
+        tpm = seen.tokens.limit or learnt.tokens_per_minute
+        # most answers say the same limits: no new RateLimits to check for each
+        if (rpm, tpm) != (learnt.requests_per_minute, learnt.tokens_per_minute):
+            self._learn(RateLimits(rpm, tpm))
         self._pause_if_short(seen)
 
     def penalise(self, wait: float | None) -> None:

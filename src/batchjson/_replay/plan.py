@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -45,15 +45,15 @@ class Plan:
                                                if k not in self.identity}}
         return largest_answer(schema, declared=True)
 
-    def answer_chars(self, request: Request) -> int | None:
-        """The most characters the return to ``request`` can take (None: unbounded): each
-        item at its longest with its task's identity values, in the ``items`` envelope."""
+    def answer_chars(self, tasks: Sequence[Mapping[str, Any]]) -> int | None:
+        """The most characters the return to a request of ``tasks`` can take (None: unbounded):
+        each item at its longest with its task's identity values, in the ``items`` envelope."""
         item = self._item_chars
         if item is None or self.mode == "value":
             return item
         echoes = sum(len(name) + len(json.dumps(task[name], ensure_ascii=False)) + 4
-                     for task in request.tasks for name in self.identity)
-        count = len(request.tasks)
+                     for task in tasks for name in self.identity)
+        count = len(tasks)
         return len('{"items":[]}') + count * (item + 1) + echoes
 
 

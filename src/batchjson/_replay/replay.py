@@ -346,9 +346,14 @@ class Replayer:
 
     # -- one attempt (with transport retries) --------------------------------------------------
     async def _attempt(self, request: Request, kind: str, prompt: str) -> Judged | NotSent:
-        """One logical attempt: transport retries (a copy of :attr:`retrying`, iterated as attempt
-        blocks, which spares a call that succeeds at once ``AsyncRetrying``'s coroutine machinery;
-        its waits are awaited here), then acceptance on the text that arrives."""
+        """One logical attempt: a first try, then, only after a provider failure, transport
+        retries (a copy of :attr:`retrying`, iterated as attempt blocks whose first re-raises that
+        failure, so the policy is tenacity's alone; its waits are awaited here), then acceptance
+        on the text that arrives. A call that succeeds at once never enters tenacity."""
+        try:
+            return await self._paced_call(request, kind, prompt)
+        except ProviderError as exc:
+            failed: ProviderError | None = exc
         waits: list[float] = []
         done: Judged | NotSent = STOPPED  # the tries end by returning one, or by raising
         try:
@@ -356,6 +361,9 @@ class Replayer:
                 if waits:
                     await asyncio.sleep(waits.pop())
                 with attempt:
+                    if failed is not None:
+                        exc, failed = failed, None
+                        raise exc
                     done = await self._paced_call(request, kind, prompt)
         except ProviderError as exc:
             return self._failed(exc, request)
@@ -373,16 +381,16 @@ class Replayer:
                           prompt: str) -> Judged | NotSent:
         """One call under the session's pacer: sent only within the rate limits; the headers
         of its response teach the pacer, and a 429 pauses every call of the session."""
-        pacer = self.pacer
+        pacer, call = self.pacer, self.caller.make(request, kind, prompt)
         if pacer is None:
-            return await self.caller.call(request, kind, prompt)
+            return await self.caller.call(request, kind, call)
         # counted as the provider's limiter counts it: the prompt and the ceiling the call asks
-        cap = call_output_cap(self.provider, self.plan.answer_chars(request))
+        cap = call_output_cap(self.provider, call.answer_chars)
         await pacer.acquire(1, request_tokens(self.caller.system, prompt, cap))
         listening = HEADER_LISTENER.set(pacer.observe)
         answered = False
         try:
-            done = await self.caller.call(request, kind, prompt)
+            done = await self.caller.call(request, kind, call)
             answered = isinstance(done, Judged)
             return done
         except ProviderError as exc:

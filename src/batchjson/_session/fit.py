@@ -160,7 +160,7 @@ def check_rate_fit(pacer: Pacer, plan: Plan, pending: Sequence[Request], provide
     if not limit or not pending:
         return
     system = system_prompt(plan)
-    caps = {r.key: call_output_cap(provider, plan.answer_chars(r)) for r in pending}
+    caps = {r.key: call_output_cap(provider, plan.answer_chars(r.tasks)) for r in pending}
     largest, request = max(((request_tokens(system, first_prompt(plan, r), caps[r.key]), r)
                             for r in pending), key=lambda pair: pair[0])
     if largest <= limit:

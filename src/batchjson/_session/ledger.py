@@ -303,9 +303,9 @@ def _partial(line: Line) -> bool:
 
 def recheck_receipt(record: dict[str, Any], validators: Mapping[str, Any],
                     run: Callable[..., Any]
-                    ) -> tuple[dict[str, Any] | None, list[dict[str, Any]], str]:
-    """(items by task_id, the request's tasks, "") when an exported receipt's raw return passes
-    every check import reruns, else (None, [], why)."""
+                    ) -> tuple[dict[str, str] | None, list[dict[str, Any]], str]:
+    """(item JSON texts by task_id, the request's tasks, "") when an exported receipt's raw
+    return passes every check import reruns, else (None, [], why)."""
     try:
         line = _check(Path("receipt"), 1, record, validators)
     except InvalidBatch as exc:
@@ -384,7 +384,7 @@ def _import_line(store: Store, tx: Any, line: Line, registry: Mapping[str, Any],
     if status in ("accepted", "partial"):
         held = store.accepted_items(tx, batch_id, (parts[1] if parts else line.request).key)
         if held:  # the ledger's accepted values are never replaced by an import
-            differ = sum(held.get(k) != json.dumps(v) for k, v in stored.items())
+            differ = sum(held.get(k) != v for k, v in stored.items())  # one form: the texts
             out.outcome, out.admitted_items = "duplicate", 0
             out.reason = ("passed the recheck, but this ledger already holds accepted values "
                           "for the same request; they are kept"
@@ -604,10 +604,11 @@ def _not_following(record: dict[str, Any], rows: list[Any], validators: Mapping[
         value, task_id = json.loads(row["item"]), row["task_id"]
         if task_id not in derived:
             return f"a value is stored for task {task_id!r}, which its request did not ask"
-        if not _follows(value, derived[task_id], by_id[task_id]):
+        returned = json.loads(derived[task_id])
+        if not _follows(value, returned, by_id[task_id]):
             return (f"the value stored for task {task_id!r} is not what its raw return gives "
                     f"(stored {row['item'][:80]}, "
-                    f"returned {canonical_json(derived[task_id])[:80]})")
+                    f"returned {canonical_json(returned)[:80]})")
     return ""
 
 

@@ -23,7 +23,7 @@ from .._sources import stop_types
 MAX_CANDIDATES = 8  # earlier returns tried per request: bounded local work
 UNSEEN = "unseen"  # the revision component of judging no fingerprint fully sees
 
-Passed = tuple[Request, Any, dict[str, Any]]  # request, the stored return's row, its values
+Passed = tuple[Request, Any, dict[str, str]]  # request, the stored return's row, its items' texts
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,8 @@ def unseen_token(store: Store, judging: Judging, requests: Sequence[Request],
     found = {r.key: store.accepted_return(r.key) for r in requests if r.key in accepted}
     passed = judging.first_passing([(r, [found[r.key][0]]) for r in requests
                                     if found.get(r.key) is not None])
-    same = {r.key for r, _, stored in passed if _json(stored) == _json(found[r.key][1])}
+    same = {r.key for r, _, stored in passed
+            if _json({t: json.loads(text) for t, text in stored.items()}) == _json(found[r.key][1])}
     failing = sorted(set(found) - same)
     return digest("batchjson:unseen:1", [previous, failing]) if failing else None
 
