@@ -407,17 +407,17 @@ class CallStore(RunStore):
         host is gone as a claim's owner is; gone hosts' rows are deleted in one order, so hosts
         deleting the same rows never wait on each other in a circle."""
         at = self._clock(tx)
-        if leaving:
-            self._exec(tx, "DELETE FROM hosts WHERE owner = ?", (owner.id,))
-        else:
+        if not leaving:
             self._exec(tx, HOST_JOIN_SQL, (owner.id, owner.host, owner.pid,
                                            at + self.lease_seconds, now()))
         rows = self._exec(tx, "SELECT owner, host, pid, lease_expires_at FROM hosts").fetchall()
-        gone = sorted(row[0] for row in rows if row[0] != owner.id
-                      and _owner_gone(row[0], row[1], row[2], row[3], at))
-        for name in gone:
+        gone = {row[0] for row in rows if row[0] != owner.id
+                and _owner_gone(row[0], row[1], row[2], row[3], at)}
+        if leaving:  # its own row among the others', in the same order: two hosts leaving
+            gone.add(owner.id)  # together would otherwise each hold one and wait on the other
+        for name in sorted(gone):
             self._exec(tx, "DELETE FROM hosts WHERE owner = ?", (name,))
-        return len(rows) - len(gone)
+        return len({row[0] for row in rows} - gone)
 
     def rate_limits(self, tx: Tx, account: str, model: str,
                     learnt: tuple[int | None, int | None] | None = None
