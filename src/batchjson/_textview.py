@@ -324,9 +324,11 @@ def advice_lines(advice: Mapping[str, Any]) -> list[str]:
     lines = [f"pack-size advice for batch {advice['batch']!r} ({advice['tasks']} tasks, "
              f"repairs {advice['repairs']}, replays {advice['replays']}; current pack "
              f"{advice['current_pack']})",
-             f"  fitted from {f['returns']} judged return(s): per-item fault rate "
-             f"{f['item_fault_rate']:.4f}, whole-return fault rate {f['call_fault_rate']:.4f}, "
-             f"{f['shared_input']:.0f} shared + {f['input_per_task']:.1f} per-task input tokens",
+             f"  fitted from {f['returns']} judged return(s): per item, identity fault rate "
+             f"{f['identity_fault_rate']:.4f} (rejects the return in every mode),",
+             f"  schema or validator fault rate {f['item_fault_rate']:.4f}; whole-return fault "
+             f"rate {f['call_fault_rate']:.4f}; {f['shared_input']:.0f} shared + "
+             f"{f['input_per_task']:.1f} per-task input tokens",
              f"  {unit} per usable result, with the middle {advice['level']:.0%} of "
              f"{advice['resamples']} bootstrap resamples of the returns:"]
     marks = {"current": "current", "cheapest": "cheapest", "recommended": "recommended"}
