@@ -162,3 +162,17 @@ def test_rlm_bindings_are_quiet_by_default_even_on_a_terminal(
     assert len(out["values"]) == 2 and len(direct["values"]) == 1
     assert capsys.readouterr().err == ""
     session.close()
+
+
+def test_the_progress_counts_returns_accepted_in_part_under_item_acceptance(
+        capsys: pytest.CaptureFixture) -> None:
+    tasks = review_tasks(4)
+    bad = tasks[0]["task_id"]
+    session = Session(CallableProvider(lambda call: items_reply(
+        call, **{bad: {"verdict": "perhaps"}}), source="m"), repairs=0, replays=0)
+    result = session.run_batch("in_part", tasks, LABEL_SCHEMA, pack=2, accept="items",
+                               on_exhausted="return", progress=True)
+    end = last_state(capsys.readouterr().err)
+    assert len(result.values) == 3 and result.partial_returns == 1
+    assert "returns: 1 accepted, 1 in part, 0 rejected" in end, end
+    session.close()

@@ -2,10 +2,10 @@
 
 From the first moment: the tasks counted as the first pass reads and checks them (a streamed input
 has no total yet), then the tasks judged, with tqdm's elapsed time, rate and ETA, the returns
-accepted and rejected and the cost so far (against the session's cost budget when one is set), and
-a note while the run waits on a rate limit or a provider's batch job. The last state is the tasks
-with a value, named and coloured by the run's outcome: a run that ends with none accepted never
-shows a full bar."""
+accepted, accepted in part and rejected, and the cost so far (against the session's cost budget
+when one is set), and a note while the run waits on a rate limit or a provider's batch job. The
+last state is the tasks with a value, named and coloured by the run's outcome: a run that ends
+with none accepted never shows a full bar."""
 
 from __future__ import annotations
 
@@ -112,6 +112,7 @@ class Progress:
         cost = "cost unknown" if outcome.cost is None else usd(outcome.cost)
         if self.budget.cost is not None:
             cost += f" (session {usd(self.tally.cost)} of {usd(self.budget.cost)} budget)"
-        said = (f"returns: {outcome.accepted_returns} accepted, "
+        part = f"{outcome.partial_returns} in part, " if outcome.partial_returns else ""
+        said = (f"returns: {outcome.accepted_returns} accepted, {part}"
                 f"{outcome.rejected_returns} rejected, {cost}")
         return f"{said}; {self.note}" if self.note else said
