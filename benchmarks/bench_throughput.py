@@ -15,9 +15,10 @@ single-task calls is ceil(N / C) * latency; every phase is reported as a ratio t
 (a), (a2), (b0) and (b) run in interleaved rounds (``--rounds``, default 5) against the same server,
 and the verdict is on the median of (b): on a shared 2-core machine single runs of the same
 code vary by several hundredths of the ideal, and interleaving exposes (a) and (b) to the same
-moments of noise. The figure judged is wall time, beside the bare loop of the same run: median
-of (b) <= 1.15x the ideal (``--target``; 1.02x is the target at 1 s latency, where real models
-live: ``--n 640 --latency 1``). Client CPU per call is printed for diagnosis only.
+moments of noise. The figures judged, each beside the bare loop of the same run: the median wall
+time of (b) <= 1.10x the bare loop's at 50 ms latency and <= 1.02x at 1 s (``--target``;
+``--n 640 --latency 1``, where real models live), and client CPU per call <= 2.5x the bare
+loop's, for a session whose ledger has seen the server before.
 
 Run: .venv/bin/python benchmarks/bench_throughput.py [--n 2000 --concurrency 64 --latency 0.05]
      .venv/bin/python benchmarks/bench_throughput.py --n 640 --latency 1 --rounds 3
@@ -53,15 +54,16 @@ from batchjson._content.tasks import render_items_prompt  # noqa: E402
 from batchjson._providers.base import Call  # noqa: E402
 from batchjson._providers.openai import OpenAIProvider  # noqa: E402
 
-TARGET = 1.15  # wall, as a ratio to the ideal, at 50 ms latency
+# Targets: the median of (b) over the bare loop's median in the same run, and client CPU per call
+# over the bare loop's, both with a ledger that has seen the server before.
+TARGET = 1.10  # wall at 50 ms latency
 TARGET_SLOW = 1.02  # at >= 0.5 s latency
-# make bench-ci: the median of (b) over the bare loop's of the same run, at small N; wide for a
-# loaded 2-core machine, failing on a doubled overhead. Provisional, set from main before issue
-# 35's pacing and CPU work (tighten as they land): at 50 ms a loaded machine makes (b) CPU-bound
-# (2.56x measured), at 1 s a fresh session's lone first call is 1 s of 6 (1.20x measured)
-CI_MARGIN = 3.0  # 50 ms
-CI_MARGIN_SLOW = 1.3  # 1 s; about 1.06 once no lone first call is sent
-CI_CPU = 5.0  # client CPU per call over the bare loop's (4.1x measured loaded; 2.5x the target)
+TARGET_CPU = 2.5
+# make bench-ci: small N on a CI machine; wide enough for its noise, narrow enough that a fresh
+# lone first call (1 s of 6: 1.2x) or a doubled client overhead fails
+CI_MARGIN = 1.6  # 50 ms (1.13x measured quiet)
+CI_MARGIN_SLOW = 1.08  # 1 s (1.02x measured)
+CI_CPU = 6.0  # (3.0-4.5x measured)
 SCHEMA = {"type": "object", "properties": {}}
 MODEL = "gpt-4o-mini"
 
@@ -95,6 +97,9 @@ def server_process(latency: float) -> Iterator[str]:
         yield match.group(0)
     finally:
         proc.communicate(timeout=10)
+
+
+WARM_TASKS = [{"task_id": "warm", "prompt": "a first question, before the run timed"}]
 
 
 def tasks_for(n: int) -> list[dict[str, Any]]:
@@ -215,8 +220,15 @@ def session_path(base_url: str, n: int, concurrency: int, *, durable: bool = Tru
 
     with tempfile.TemporaryDirectory() as tmp:
         provider = OpenAIProvider(MODEL, base_url=base_url, api_key="sk-test")
-        session = Session(provider=provider, concurrency=concurrency,
-                          ledger=str(Path(tmp) / "bench.sqlite") if durable else None)
+        ledger = str(Path(tmp) / "bench.sqlite") if durable else None
+        session = Session(provider=provider, concurrency=concurrency, ledger=ledger)
+        # The target is for a ledger that has seen the server before (its limits, or that it
+        # reports none, are kept there): an earlier session ran on it; in memory, this one did.
+        session.run_batch("seen", WARM_TASKS, SCHEMA, pack=1, on_exhausted="return")
+        if durable:
+            session.close()
+            session = Session(provider=OpenAIProvider(MODEL, base_url=base_url, api_key="sk-test"),
+                              concurrency=concurrency, ledger=ledger)
         asyncio.run(_reset(base_url))
         start = time.perf_counter()
         cpu = time.process_time()  # all threads: the session's event loop runs on its own
@@ -311,16 +323,16 @@ def main(argv: list[str] | None = None) -> int:
         if walls["b"]:
             median_b = statistics.median(walls["b"]) / ideal
             median_a = statistics.median(walls["a"]) / ideal
-            ok = (median_b / median_a if CI else median_b) <= target
-            print(f"  (b) wall target <= {target}x {'the bare loop' if CI else 'ideal'}: "
+            ok = median_b / median_a <= target
+            print(f"  (b) wall target <= {target}x the bare loop: "
                   f"{'PASS' if ok else 'FAIL'} (median {median_b:.3f}x; bare loop "
                   f"{median_a:.3f}x, difference {median_b - median_a:+.3f}x, ratio "
                   f"{median_b / median_a:.3f}x)")
             cpu_a, cpu_b = statistics.median(CPU["a"]), statistics.median(CPU["b"])
-            if CI:
-                ok &= cpu_b / cpu_a <= CI_CPU
-                print(f"  (b) CPU per call target <= {CI_CPU}x the bare loop's: "
-                      f"{'PASS' if cpu_b / cpu_a <= CI_CPU else 'FAIL'}")
+            cpu_target = CI_CPU if CI else TARGET_CPU
+            ok &= cpu_b / cpu_a <= cpu_target
+            print(f"  (b) CPU per call target <= {cpu_target}x the bare loop's: "
+                  f"{'PASS' if cpu_b / cpu_a <= cpu_target else 'FAIL'}")
             before = statistics.median(b for b, _ in OUTSIDE)
             after = statistics.median(a for _, a in OUTSIDE)
             print(f"  (b) of which outside the replay loop: {before * 1000:.0f} ms before it, "
@@ -330,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"adds {(cpu_a2 - cpu_a) * 1e6:+.0f} us; session, replay loop, acceptance and "
                   f"an in-memory ledger {(cpu_b0 - cpu_a2) * 1e6:+.0f} us; the ledger file "
                   f"(WAL writes, commits) {(cpu_b - cpu_b0) * 1e6:+.0f} us")
-            print(f"  (b) CPU per call (not a target): median {cpu_b * 1e6:.0f} us against "
+            print(f"  (b) CPU per call: median {cpu_b * 1e6:.0f} us against "
                   f"{cpu_a * 1e6:.0f} us for the bare loop, {cpu_b / cpu_a:.2f}x; rounds "
                   f"{', '.join(f'{v * 1e6:.0f}' for v in CPU['b'])} us")
             verdict = verdict or (0 if ok else 1)
