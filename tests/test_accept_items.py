@@ -317,6 +317,8 @@ def test_receipts_and_status_show_a_partial_receipt_as_partial(tmp_path):
                       repairs=1, replays=0)
     result = run(session, review_tasks(4), accept="items")
     assert result.partial_returns == 1 and "1 accepted in part" in repr(result)
+    assert "<b>1</b><br><span style='color:#666'>returns accepted in part" in (
+        result._repr_html_())
     spend = session.ledger.spend()
     assert spend["partial"] == 1 and spend["accepted"] == 1
     assert spend["calls"] == 2  # the derived receipt is no call

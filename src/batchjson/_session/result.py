@@ -311,6 +311,8 @@ class BatchResult:
             f"<td style='padding:2px 10px'><b>{html.escape(str(v))}</b><br>"
             f"<span style='color:#666'>{html.escape(k)}</span></td>"
             for k, v in (("accepted", f"{s['accepted']}/{s['tasks']}"),
+                         *((("returns accepted in part", self.partial_returns),)
+                           if self.partial_returns else ()),
                          ("rejected returns", s["rejected_returns"]),
                          ("provider errors", s["provider_errors"]), ("calls", self.calls),
                          ("tokens", self.tokens), ("cost", money(self.cost)),
