@@ -274,3 +274,10 @@ def accept_items(text: str, tasks: Any, identity: Any, schema: Any, validator: A
     """Judge an ``{"items": [...]}`` return as the replay loop does, from sync test code."""
     return run_sync(lambda: judge(received(Reply(text=text)), tasks, mode="items",
                                   identity=identity, schema=schema, validator=validator))
+
+
+def cell_ok(ip: Any, source: str) -> Any:
+    """Run one notebook cell in ``ip``; it must succeed (its error shown otherwise): its value."""
+    result = ip.run_cell(source)
+    assert result.success, result.error_before_exec or result.error_in_exec
+    return result.result

@@ -16,7 +16,7 @@ import pytest
 
 from batchjson import CallableProvider, RejectReturn, Session, SimulatedModel
 from batchjson.testing import LoopbackServer
-from tests.helpers import LABEL_SCHEMA, items_reply, ledger_rows, openai, review_tasks
+from tests.helpers import LABEL_SCHEMA, cell_ok, items_reply, ledger_rows, openai, review_tasks
 
 IDENTITY = ("task_id", "case_id", "candidate_id")
 BATCH_SCHEMA = {"type": "object", "properties": {"task_id": {"type": "string"},
@@ -342,9 +342,7 @@ def test_receipts_and_status_show_a_partial_receipt_as_partial(tmp_path):
 
 def test_the_magic_and_its_config_accept_items(ip):
     def cell(source):
-        result = ip.run_cell(source)
-        assert result.success, result.error_before_exec or result.error_in_exec
-        return result.result
+        return cell_ok(ip, source)
 
     cell("%load_ext batchjson")
     cell("from batchjson import SimulatedModel\n"

@@ -11,7 +11,7 @@ import pytest
 
 from batchjson import InvalidBatch, RunSpec
 from batchjson.testing import LoopbackServer
-from tests.helpers import openai
+from tests.helpers import cell_ok, openai
 
 pytest.importorskip("IPython")
 
@@ -23,10 +23,7 @@ schema = {"type": "object", "properties": {"task_id": {"type": "string"},
 """
 
 
-def ok(ip: Any, source: str) -> Any:
-    result = ip.run_cell(source)
-    assert result.success, result.error_before_exec or result.error_in_exec
-    return result.result
+ok = cell_ok  # a cell that must succeed
 
 
 @pytest.fixture

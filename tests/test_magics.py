@@ -20,6 +20,7 @@ from batchjson._ipython import BatchJson  # noqa: E402
 from batchjson._ipython.cell import allow_empty_body  # noqa: E402
 from batchjson._ipython.display import StatusView, Table  # noqa: E402
 from batchjson._ipython.state import ATTRIBUTE, INJECTED  # noqa: E402
+from tests.helpers import cell_ok  # noqa: E402
 
 MODEL = """
 import json
@@ -41,10 +42,7 @@ def run(ip: Any, source: str) -> Any:
     return ip.run_cell(source)
 
 
-def ok(ip: Any, source: str) -> Any:
-    result = ip.run_cell(source)
-    assert result.success, result.error_before_exec or result.error_in_exec
-    return result.result
+ok = cell_ok  # a cell that must succeed
 
 
 def usage_error(ip: Any, source: str, capsys: Any) -> str:

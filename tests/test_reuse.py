@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field, field_validator
 from batchjson import CallableProvider, Session, SimulatedModel
 from batchjson._content.keys import answer_source
 from batchjson._errors import ConfigError, InvalidBatch
-from tests.helpers import LABEL_SCHEMA, answer, items_reply, review_tasks
+from tests.helpers import LABEL_SCHEMA, answer, cell_ok, items_reply, review_tasks
 
 
 def always(verdict: str):
@@ -84,9 +84,7 @@ def test_receipts_show_provider_model_and_answer_source():
 
 def test_the_magic_switching_provider_by_config_makes_calls(ip: Any) -> None:
     def ok(source: str) -> Any:
-        outcome = ip.run_cell(source)
-        assert outcome.success, outcome.error_before_exec or outcome.error_in_exec
-        return outcome.result
+        return cell_ok(ip, source)
 
     ok("%load_ext batchjson")
     ok("from batchjson import SimulatedModel\n"
