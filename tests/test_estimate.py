@@ -228,3 +228,17 @@ def test_earlier_returns_a_new_validator_accepts_count_as_rejudged_not_sent(
     assert (estimate.rejudged, estimate.to_send, estimate.calls) == (4, 0, (0, 0))
     assert ledger_bytes(path) == before  # judged again, nothing committed
     assert session.run_batch("r", tasks, BOUNDED, pack=2, validator=picky).rechecked == 4
+
+
+def test_the_worst_case_output_is_the_ceiling_each_call_asks_for(tmp_path) -> None:
+    """OpenAI's own API is sent a sized ``max_completion_tokens`` (4,096 for an answer the
+    schema bounds nowhere): the estimate's worst case is that ceiling, not "no known bound"."""
+    session = Session(OpenAIProvider("gpt-4o-mini", api_key="sk-test"),
+                      ledger=tmp_path / "l.sqlite", repairs=0, replays=0)
+    free_text = {"type": "object", "properties": {"label": {"type": "string"}}}
+    tasks = [{"task_id": f"t{i}", "prompt": f"review {i}"} for i in range(3)]
+    estimate = session.estimate("free", tasks, free_text)
+    assert estimate.calls == (3, 3)
+    assert estimate.output_tokens[1] == 3 * 4096
+    assert estimate.cost_live[1] is not None
+    session.close()

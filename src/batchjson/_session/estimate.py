@@ -6,7 +6,9 @@ is recorded. The worst case asks the one next-attempt policy (``settle.next_atte
 pending request whose every return is rejected: its first call, repairs and replays, and under
 ``split=True`` (live calls only: jobs never halve) its halves, theirs in turn. Input tokens are
 its prompts' characters / 4; output tokens run from the fewest the smallest answers take to the
-largest answers at one token a character, capped by ``max_tokens``."""
+output ceiling each call asks for (``call_output_cap``: sized from the largest answer, or the
+user's ``max_tokens``), or, where a call sends none, the largest answers at one token a
+character."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from .._money import money, usd
 from .._plaintext import printable
 from .._providers.base import estimate_tokens
 from .._providers.batch_client import WINDOW_HOURS
-from .._providers.settings import declared_output_cap
+from .._providers.settings import call_output_cap
 from .._replay.budget import Pricing
 from .._replay.plan import Plan, first_prompt, system_prompt
 from .._replay.settle import HALVE, NONE, Tried, next_attempt
@@ -130,10 +132,13 @@ class _Sum:
     input_high: int = 0
     output_low: int = 0
     output_high: int | None = 0
+    ceilings_low: int = 0  # the output ceilings the calls ask for, as a limiter counts them
+    ceilings_high: int = 0
 
-    def attempt(self, input_tokens: int, output: int | None) -> None:
+    def attempt(self, input_tokens: int, output: int | None, ceiling: int | None) -> None:
         self.worst += 1
         self.input_high += input_tokens
+        self.ceilings_high += ceiling or 0
         self.output_high = None if output is None or self.output_high is None else (
             self.output_high + output)
 
@@ -143,11 +148,11 @@ def estimate_run(rt: Runtime, spec: RunSpec) -> Estimate:
     plan and what its calls would take."""
     plan = plan_of(rt, spec, Progress(spec.name, False, rt.budget, rt.tally), record=False)
     pending = () if plan.finished is not None else plan.pending  # re-read a window at a time
-    calls, cap = calls_of(rt, plan), declared_output_cap(plan.provider)
-    total = _Sum()
+    calls, total = calls_of(rt, plan), _Sum()
     system = system_prompt(calls) if pending else ""
     for request in pending:
-        _request(calls, system, request, cap, total, halving=spec.transport == "live")
+        _request(calls, plan.provider, system, request, total,
+                 halving=spec.transport == "live")
     live, batch = (batches.pricing(plan.provider, batch=b) for b in (False, True))
     cost_live, cost_batch = _cost(live, total), _cost(batch, total)
     suffices, budget = _budget(rt, plan, total, cost_batch if spec.transport == "batch"
@@ -156,7 +161,7 @@ def estimate_run(rt: Runtime, spec: RunSpec) -> Estimate:
         spec.name, spec.transport, plan.total, plan.requests, plan.resumed, len(plan.rechecked),
         len(pending), (total.first, total.worst), (total.input_low, total.input_high),
         (total.output_low, total.output_high), cost_live, cost_batch,
-        _minutes(rt, total, cap), suffices, budget,
+        _minutes(rt, total), suffices, budget,
         _notes(rt, plan, total, live.priced))
 
 
@@ -166,42 +171,47 @@ def _cost(pricing: Pricing, total: _Sum) -> tuple[float | None, float | None]:
     return pricing.cost(total.input_low, total.output_low), high
 
 
-def _request(calls: Plan, system: str, request: Request, cap: int | None, total: _Sum, *,
+def _request(calls: Plan, provider: Any, system: str, request: Request, total: _Sum, *,
              halving: bool, depth: int = 0) -> None:
     """Every attempt the policy allows ``request`` when each return is rejected, then its halves
     (when it says to halve and the transport halves)."""
-    floor, most = _answer_tokens(calls, request.tasks)
-    high = most if cap is None else cap if most is None else min(most, cap)
+    ceiling = call_output_cap(provider, calls.answer_chars(request.tasks))  # as a call asks
+    most = ceiling if ceiling is not None else _largest_answer(calls, request.tasks)
     if depth == 0:  # the low case: its first call, answered at the least
         total.first += 1
         total.input_low += estimate_tokens(system + first_prompt(calls, request))
-        total.output_low += floor
+        total.output_low += _answer_floor(calls, request.tasks)
+        total.ceilings_low += ceiling or 0
     rejected = [{"type": "validation", "task_id": t["task_id"], "message": "x" * ERROR_CHARS}
                 for t in request.tasks]
     raw = "x" * min(most or 10_000, 10_000)  # what a repair prompt shows of it (cut at 4,000)
     chain: list[Tried] = []
     step = next_attempt(calls, request, chain, tried=False, depth=depth)
     while step.kind not in (HALVE, NONE):
-        total.attempt(estimate_tokens(system + step.prompt), high)
+        total.attempt(estimate_tokens(system + step.prompt), most, ceiling)
         chain.append(Tried(step.kind, rejected, raw))
         step = next_attempt(calls, request, chain, tried=True, depth=depth)
     if step.kind == HALVE and halving:
         for half in calls.keys.split(request):
-            _request(calls, system, half, cap, total, halving=True, depth=depth + 1)
+            _request(calls, provider, system, half, total, halving=True, depth=depth + 1)
 
 
-def _answer_tokens(calls: Plan, tasks: Sequence[Any]) -> tuple[int, int | None]:
-    """The fewest output tokens the request's answers take, and the most characters its
-    largest valid return takes (None: the schema bounds it nowhere)."""
-    schema, identity, mode = calls.schema, calls.identity, calls.mode
-    texts = smallest_answers(schema, tasks, identity, mode)
-    floor = output_tokens_floor(texts[0] if mode == "value"
-                                else '{"items":[' + ",".join(texts) + "]}")
-    document = schema.json_schema if mode == "value" else wire_schema(schema, tasks, identity)
-    return floor, largest_answer(document)
+def _answer_floor(calls: Plan, tasks: Sequence[Any]) -> int:
+    """The fewest output tokens the request's answers take."""
+    texts = smallest_answers(calls.schema, tasks, calls.identity, calls.mode)
+    return output_tokens_floor(texts[0] if calls.mode == "value"
+                               else '{"items":[' + ",".join(texts) + "]}")
 
 
-def _minutes(rt: Runtime, total: _Sum, cap: int | None) -> tuple[float, float] | None:
+def _largest_answer(calls: Plan, tasks: Sequence[Any]) -> int | None:
+    """Where no output ceiling is sent: the characters the largest valid return takes, at one
+    token a character (None: the schema bounds it nowhere)."""
+    schema = calls.schema
+    return largest_answer(schema.json_schema if calls.mode == "value"
+                          else wire_schema(schema, tasks, calls.identity))
+
+
+def _minutes(rt: Runtime, total: _Sum) -> tuple[float, float] | None:
     """The least time the session's share of the known limits takes for the low and the high
     case: the calls, and their tokens as a limiter counts them (prompt / 4 plus max_tokens)."""
     pacer = rt.pacer
@@ -210,10 +220,10 @@ def _minutes(rt: Runtime, total: _Sum, cap: int | None) -> tuple[float, float] |
         return None
 
     def minutes(calls: int, tokens: int) -> float:
-        return pacer.hosts * max(calls / rpm if rpm else 0.0,
-                                 (tokens + calls * (cap or 0)) / tpm if tpm else 0.0)
+        return pacer.hosts * max(calls / rpm if rpm else 0.0, tokens / tpm if tpm else 0.0)
 
-    return (minutes(total.first, total.input_low), minutes(total.worst, total.input_high))
+    return (minutes(total.first, total.input_low + total.ceilings_low),
+            minutes(total.worst, total.input_high + total.ceilings_high))
 
 
 def _budget(rt: Runtime, plan: RunPlan, total: _Sum,
