@@ -1,9 +1,8 @@
 """OpenAI's strict mode (Structured Outputs): a wire schema's strict form, or why it has none.
 
-Any schema outside strict mode's subset is a 400 on every call. :func:`strict_form` rewrites a
-schema only where the rewrite accepts a subset of what it accepts (objects closed, an optional
-property required and nullable, read back as absent); anything else is named, and the provider falls
-back to JSON mode."""
+A schema is rewritten only where the rewrite accepts a subset of what it accepts (objects closed, an
+optional property required and nullable, read back as absent); anything else is named, and the
+provider falls back to JSON mode (a schema outside the subset is a 400 on every call)."""
 
 from __future__ import annotations
 
@@ -46,11 +45,9 @@ class StrictForm:
 
 
 def strict_form(schema: Mapping[str, Any]) -> StrictForm:
-    """The strict-mode form of ``schema`` (``schema`` is left untouched). Every call of a batch
-    has its own wire schema, yet they differ only in a call's own values (its item count, its
-    pinned identity values), which the form copies as they are: the form of their shared shape
-    is made once and the call's values put back on a copy of the path to them. Below that path
-    the form is shared by every call of the shape: read it, never change it."""
+    """The strict-mode form of ``schema``. Calls' wire schemas differ only in their own values
+    (item count, pinned identity values): the shared shape's form is made once and those values
+    put back on a copy of the path to them. Below that path the form is shared: never change it."""
     shape, pins = _lifted(schema)
     try:
         text = pydantic_core.to_json(shape, inf_nan_mode="constants")  # a fast key
@@ -292,12 +289,6 @@ class _Walker:
         if isinstance(kind, str) and not node.keys() & {"enum", "const"}:
             return {**node, "type": [kind, "null"]}
         return {"anyOf": [node, _NULL]}
-
-
-def limit_problems(schema: Mapping[str, Any]) -> list[str]:
-    """The guide's size limits a strict form goes over (counted on the form that is sent)."""
-    counts, problems = _counted(schema)
-    return problems + _over_limits(counts, _depth(schema, schema, ()))
 
 
 def _counted(schema: Mapping[str, Any]) -> tuple[dict[str, int], list[str]]:

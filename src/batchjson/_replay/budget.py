@@ -1,15 +1,13 @@
-"""Call and cost budgets: validated up front, reserved at worst case before a call, settled after.
-
-The worst case is a sound upper bound, never an estimate (docs/design.md, "Budgets"). One
-:class:`Tally` per session holds every run's reservations, so the budget holds at any concurrency.
-"""
+"""Call and cost budgets: validated up front, reserved at worst case (a sound upper bound, never an
+estimate) before a call, settled after. One :class:`Tally` per session holds every run's
+reservations, so the budget holds at any concurrency."""
 
 from __future__ import annotations
 
 import math
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any
 
 from pydantic import Field, PlainValidator
@@ -48,8 +46,8 @@ class Budget:
 
 @dataclass(frozen=True)
 class Pricing:
-    """What a cost budget needs to know of the provider: USD per million tokens, and the most
-    output tokens one call may bill (its ``max_tokens``; None when the provider sets none)."""
+    """What a cost budget needs of the provider: USD per million tokens, and the most output
+    tokens one call may bill (its ``max_tokens``; None when it sets none)."""
 
     model: str | None
     input: float | None
@@ -62,14 +60,13 @@ class Pricing:
         return self.input is not None and self.output is not None
 
     def worst_case(self, input_bound: int) -> float:
-        """The most one call can cost: its input bound at the dearest input rate plus a full
-        answer at the output price."""
+        """The most one call can cost: its input bound at the dearest input rate, and a full
+        answer."""
         return ((input_bound * max(self.input or 0.0, self.cache_write))
                 + (self.max_output_tokens or 0) * (self.output or 0.0)) / 1e6
 
     def floor(self, input_tokens: int) -> float | None:
-        """An estimate of the least one sent call costs: its estimated input at the input price
-        (None if unpriced)."""
+        """An estimate of the least one sent call costs (None if unpriced)."""
         return None if self.input is None else input_tokens * self.input / 1e6
 
     def cost(self, input_tokens: int | None, output_tokens: int | None) -> float | None:
@@ -79,8 +76,7 @@ class Pricing:
 
 
 def pricing_of(provider: Any) -> Pricing:
-    """Ask the provider for its prices (``price_for_budget()``) and its output ceiling: its
-    ``max_tokens``, else ``max_completion_tokens`` / ``max_tokens`` in its ``extra_body``."""
+    """The provider's prices (``price_for_budget()``) and output ceiling."""
     model = getattr(provider, "model", None)
     ask = getattr(provider, "price_for_budget", None)
     price = ask() if callable(ask) else None
@@ -92,19 +88,19 @@ def pricing_of(provider: Any) -> Pricing:
                    float(write) if write is not None else 0.0)
 
 
+@dataclass(eq=False)
 class Tally:
     """What a session has spent, charged call by call by every run (and thread) using it:
     ``reserved`` for calls not yet settled, ``cost`` for settled ones (an unknown cost at its worst
     case). Once ``unbounded`` says why (a call billed beyond its reservation), no call is opened."""
 
-    def __init__(self) -> None:
-        self.calls = 0
-        self.cost = 0.0
-        self.reserved = 0.0
-        self.settled = 0
-        self.overrun = 0.0
-        self.unbounded: str | None = None
-        self.lock = threading.Lock()
+    calls: int = 0
+    cost: float = 0.0
+    reserved: float = 0.0
+    settled: int = 0
+    overrun: float = 0.0
+    unbounded: str | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 def charge_of(reserved: float, cost: float | None) -> float:
@@ -115,10 +111,9 @@ def charge_of(reserved: float, cost: float | None) -> float:
 
 
 class Spender:
-    """What one run may still spend, against its max_calls and the session's budget. Each reserved
+    """What one run may still spend, against its max_calls and the session's budget. A reserved
     call is charged to the session's ``tally`` at once, so an interrupted run still counts and
-    concurrent runs share one budget. ``shared``: the ledger's own budget, which reserves beside the
-    claim."""
+    concurrent runs share one budget. ``shared``: the ledger's own budget."""
 
     def __init__(self, max_calls: int | None, budget: Budget, tally: Tally,
                  pricing: Pricing | None = None, *,
@@ -151,8 +146,7 @@ class Spender:
 
     @property
     def costed(self) -> bool:
-        """Whether each call's worst case is reserved: under a cost budget, the session's or
-        the ledger's."""
+        """Whether each call's worst case is reserved (the session's or the ledger's budget)."""
         return self.budget.cost is not None or self.shared is not None
 
     def remaining_calls(self) -> int | None:
@@ -189,18 +183,15 @@ class Spender:
                 f"budget refused: {self._tally.unbounded}; nothing was spent."))
         left = self.budget.cost - self._tally.cost - self._tally.reserved
         worst = cheapest(left)
-        if worst is not None and worst > left:
-            raise self.too_small(worst, needed)
-
-    def too_small(self, worst: float, needed: int) -> BudgetExceeded:
-        """The refusal for a call whose worst case does not fit in what is left."""
+        if worst is None or worst <= left:
+            return
         spent = self._tally.cost + self._tally.reserved
         held = f" (of which {usd(spent)} is spent or held by calls in flight)" if spent else ""
-        return BudgetExceeded(needed, 0, one_call=worst, message=(
+        raise BudgetExceeded(needed, 0, one_call=worst, message=(
             f"budget refused: one call may cost up to {usd(worst)} (its input, counted as "
             f"the bytes it sends, plus max_tokens={self.pricing.max_output_tokens} of output at "
             f"{self.pricing.model or 'the model'}'s prices); the budget is "
-            f"{usd(self.budget.cost or 0.0)}{held}. Raise the cost budget, lower max_tokens or "
+            f"{usd(self.budget.cost)}{held}. Raise the cost budget, lower max_tokens or "
             "pack fewer tasks per call; nothing was spent."))
 
     def shortfall(self, input_bound: int) -> str:
@@ -216,8 +207,7 @@ class Spender:
 
     def reserve(self, input_bound: int, *, alone: bool = True) -> float | None:
         """Take one call and its worst case from the budget; None when it cannot fit. ``alone``: the
-        session's first call under a cost budget goes alone (a job's lines never wait on each
-        other)."""
+        session's first call under a cost budget goes alone (not a job's lines)."""
         worst = self.pricing.worst_case(input_bound) if self.costed else 0.0
         with self._tally.lock:
             remaining = self.remaining_calls()
@@ -276,41 +266,24 @@ class Spender:
 
     @property
     def stopped(self) -> str | None:
-        """Why the cost budget opens no further call, once a call billed beyond its
-        reservation (None while reservations hold)."""
+        """Why the cost budget opens no further call (a call billed beyond its reservation)."""
         return self._tally.unbounded if self.costed else None
 
     @property
     def waiting_on_reservations(self) -> bool:
-        """True when this run's reserved calls may settle below their reservation and so free
-        cost budget for another call."""
+        """Whether this run's reserved calls may settle below their reservation, freeing room."""
         return self.costed and self.outstanding > 0
 
 
 def batch_pricing(pricing: Pricing, factor: float) -> Pricing:
     """The prices of a provider batch job: every rate times ``factor``."""
-    def scaled(rate: float | None) -> float | None:
-        return None if rate is None else rate * factor
-
-    return Pricing(pricing.model, scaled(pricing.input), scaled(pricing.output),
-                   pricing.max_output_tokens, pricing.cache_write * factor)
-
-
-def reserve_lines(spender: Spender, bounds: list[int]) -> list[float]:
-    """Reserve the worst case of a job's lines, in order, as many as the budget holds; what
-    each reserved."""
-    reserved: list[float] = []
-    for bound in bounds:
-        worst = spender.reserve(bound, alone=False)
-        if worst is None:
-            break
-        reserved.append(worst)
-    return reserved
+    scaled = [None if rate is None else rate * factor for rate in (pricing.input, pricing.output)]
+    return replace(pricing, input=scaled[0], output=scaled[1],
+                   cache_write=pricing.cache_write * factor)
 
 
 def charge_unreserved(spender: Spender, cost: float | None) -> float:
-    """A collected line of a job another process submitted (and reserved): its cost is
-    charged as it stands; what it was charged."""
+    """Charge a collected line of a job another process reserved, its cost as it stands."""
     charged = charge_of(0.0, cost)
     with spender._tally.lock:
         spender._tally.calls += 1

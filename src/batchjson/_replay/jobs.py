@@ -1,9 +1,6 @@
-"""The batch transport: a run's pending requests as provider batch jobs, judged line by line and
-settled by the same step (``settle.py``) as a live return.
-
-The runner holds about one job's requests at a time, each job recorded before upload. Lines join
-receipts by ``custom_id`` only: an unknown, missing or duplicated id is named, never admitted.
-``wait=True`` passes until every job ended (docs/design.md)."""
+"""The batch transport: a run's pending requests as provider batch jobs, each recorded before
+upload, its lines settled by the same step (``settle.py``) as a live return. Lines join receipts by
+``custom_id`` only: an unknown, missing or duplicated id is named, never admitted."""
 
 from __future__ import annotations
 
@@ -11,9 +8,10 @@ import asyncio
 import json
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from itertools import chain
+from itertools import chain, islice, takewhile
 from typing import Any
 
 from .._content.tasks import Request
@@ -21,12 +19,12 @@ from .._errors import ProviderError
 from .._ledger import Ledger
 from .._ledger.records import now
 from .._ledger.store_calls import Owner
-from .._providers.base import Reply, estimate_tokens, input_bound
+from .._providers.base import Call, Reply, estimate_tokens, input_bound
 from .._providers.batch_client import NOT_UTF8, Upload
 from .._providers.reply import received
 from .._providers.settings import declared_output_cap
 from .._sources import TRUNCATED
-from .budget import Spender, reserve_lines
+from .budget import Spender
 from .calls import make_call
 from .plan import Outcome, Plan, system_prompt
 from .settle import (
@@ -45,12 +43,12 @@ from .settle import (
 
 WINDOW = 1000  # requests read from the ledger, or output lines judged, together
 Windows = Callable[[], Iterable[Sequence[Request]]]  # a run's pending requests, anew each call
+Owed = tuple[Request, str, str]  # a request, and the kind and prompt of its next attempt
 
 
 @dataclass
 class JobsOutcome:
-    """What the batch transport did in this run: the run's counters, and every job still
-    holding one of its requests (open, being recorded, or uncertain)."""
+    """The run's counters, and every job still holding one of its requests."""
 
     outcome: Outcome
     jobs: list[dict[str, Any]] = field(default_factory=list)
@@ -83,11 +81,9 @@ class JobRunner:
         self.settle = Settle(plan, self.store, provider, spender, self.result.outcome)
 
     async def run(self, windows: Windows, *, wait: bool) -> JobsOutcome:
-        """Submit, poll and collect: ``windows()`` gives the run's pending requests anew, a
-        window at a time, each time it is called."""
+        """Submit, poll and collect; ``windows()`` gives the pending requests anew each call."""
         self.windows = windows
-        # what was on record when the run began: which of a request's receipts are this
-        # run's own chain (see _chain)
+        # what was on record when the run began: which receipts are this run's chain (_chain)
         at_start = self.store.jobs()
         self.open_at_start = {row["id"] for row in at_start}
         self.cancelled_before = {row["id"] for row in at_start
@@ -123,7 +119,7 @@ class JobRunner:
         return self.result
 
     # -- submission ----------------------------------------------------------------------------
-    def _owed(self, window: Sequence[Request]) -> list[tuple[Request, str, str]]:
+    def _owed(self, window: Sequence[Request]) -> list[Owed]:
         """What to send now of ``window``: each request neither accepted nor held by a job, with the
         kind and prompt of its next attempt, while its allowance lasts."""
         store = self.store
@@ -152,8 +148,8 @@ class JobRunner:
 
     def _apart(self, window: Sequence[Request], parted: Mapping[str, list[str]]
                ) -> list[Request]:
-        """``window`` with each request accepted in part before replaced by its parts, split
-        so in this revision, those not accepted in its place."""
+        """``window`` with each request accepted in part before replaced by its parts not
+        accepted (nor held by a job), split so in this revision."""
         out: list[Request] = []
         for request in window:
             if request.key not in parted:
@@ -170,9 +166,8 @@ class JobRunner:
 
     def _chain(self, request: Request, rows: Sequence[Mapping[str, Any]]
                ) -> Sequence[Mapping[str, Any]]:
-        """This run's chain of a request's job receipts: all of them, unless its allowance
-        was used up before the run began by receipts of no job open then: those since (a
-        job open then, of a run this one resumes, belongs to the chain that run began)."""
+        """This run's chain of a request's job receipts: those since its allowance was used up
+        before the run began, by receipts of no job open then (a resumed run's own), else all."""
         settled = [r for r in rows if r["id"] <= self.watermark
                    and r["job_id"] not in self.open_at_start]
         if settled and self._next(request, settled, True).kind in (HALVE, NONE):
@@ -181,8 +176,8 @@ class JobRunner:
 
     def _next(self, request: Request, rows: Sequence[Mapping[str, Any]], tried: bool,
               cut_off: bool = False) -> Next:
-        """The next attempt of ``request`` after this chain's job receipts ``rows``, as the one
-        policy says; jobs never halve a request, so :data:`HALVE` gives it up."""
+        """The next attempt after the job receipts ``rows``, as the one policy says (jobs never
+        halve a request: :data:`HALVE` gives it up)."""
         chain = [rest_tried(r["kind"], r["raw"], request, json.loads(r["errors"]))
                  if r["status"] == "partial" else
                  Tried(r["kind"], json.loads(r["errors"] or "[]"), r["raw"]) for r in rows]
@@ -191,7 +186,7 @@ class JobRunner:
     async def _submit_over(self, windows: Iterable[Sequence[Request]], writer: Owner) -> bool:
         """Submit what ``windows`` owe, holding one job's worth at a time: whether it stopped short
         (the budget, a failed upload), so that the next pass looks at every request again."""
-        owed: list[tuple[Request, str, str]] = []
+        owed: list[Owed] = []
         self.short = False
         for window in chain(windows, [None]):  # None: the windows ended, the rest goes too
             if window is not None:
@@ -212,35 +207,40 @@ class JobRunner:
                 yield list(self.store.requests_by_keys(keys[start:start + WINDOW],
                                                        self.plan.revision_id).values())
 
-    async def _submit(self, owed: list[tuple[Request, str, str]], writer: Owner
-                      ) -> tuple[bool, list[tuple[Request, str, str]]]:
+    async def _submit(self, owed: list[Owed], writer: Owner) -> tuple[bool, list[Owed]]:
         """Record one job, then upload and create it: whether more may be sent, and the
         requests past the provider's upload ceiling, for the next job."""
-        body = self.client.spool()  # on disk; none to be had: a ConfigError, nothing recorded
-        try:
-            return await self._submit_into(body, owed, writer)
-        finally:
-            body.close()
+        with closing(self.client.spool()) as body:  # none to be had: a ConfigError, unrecorded
+            counts = self.store.attempts_so_far([r.key for r, _, _ in owed])[0]
+            calls = [make_call(self.plan, self._system, r, kind, prompt, counts.get(r.key, 0))
+                     for r, kind, prompt in owed]
+            fit = self.client.lines_that_fit(calls)
+            owed, unsent, calls = owed[:fit], owed[fit:], calls[:fit]
+            reserved = self._reserve(calls)
+            if not reserved:
+                return False, []
+            n = len(reserved)
+            job = self._record(body, owed[:n], calls[:n], reserved, writer)
+            del calls  # the upload is on disk while it is sent
+            return job is None or await self._send(body, *job), unsent
 
-    async def _submit_into(self, body: Upload, owed: list[tuple[Request, str, str]],
-                           writer: Owner) -> tuple[bool, list[tuple[Request, str, str]]]:
-        plan, store = self.plan, self.store
-        counts = store.attempts_so_far([r.key for r, _, _ in owed])[0]
-        calls = [make_call(plan, self._system, r, kind, prompt, counts.get(r.key, 0))
-                 for r, kind, prompt in owed]
-        fit = self.client.lines_that_fit(calls)
-        owed, unsent, calls = owed[:fit], owed[fit:], calls[:fit]
-        bounds = ([input_bound(self.provider, c) for c in calls] if self.spender.costed
-                  else [0] * len(calls))
-        reserved = reserve_lines(self.spender, bounds)
+    def _reserve(self, calls: list[Call]) -> list[float]:
+        """The worst case of each of ``calls`` the budget holds, from the first."""
+        bounds = (input_bound(self.provider, c) if self.spender.costed else 0 for c in calls)
+        reserved = list(takewhile(lambda worst: worst is not None, (
+            self.spender.reserve(bound, alone=False) for bound in bounds)))
         if len(reserved) < len(calls):
             self.short = True
             self.result.notes.append(
                 f"{len(calls) - len(reserved)} request(s) were not submitted: the budget "
                 f"holds the worst case of {len(reserved)} of {len(calls)}; raise it and re-run")
-        if not reserved:
-            return False, []
-        calls, owed = calls[:len(reserved)], owed[:len(reserved)]
+        return reserved
+
+    def _record(self, body: Upload, owed: list[Owed], calls: list[Call], reserved: list[float],
+                writer: Owner) -> tuple[int, str, list[int]] | None:
+        """Record a job of ``owed`` and write its lines to ``body``: its id, uid and receipts
+        (None: none of them was free)."""
+        plan, store = self.plan, self.store
         uid = uuid.uuid4().hex
         job_id, written = store.open_job(
             uid=uid, protocol=self.client.protocol, batch_id=plan.batch_id,
@@ -266,15 +266,12 @@ class JobRunner:
                 continue
             self.reservations[mine["attempt_id"]] = worst
             body.add(self.client.line_text(mine["custom_id"], call))  # to its file
-        del calls  # the upload is on disk while it is sent
         if job_id is None:
-            return True, unsent
+            return None
         self.watched.add(job_id)
-        return (await self._send(job_id, uid, body, [w["attempt_id"] for w in written]),
-                unsent)
+        return job_id, uid, [w["attempt_id"] for w in written]
 
-    async def _send(self, job_id: int, uid: str, body: Upload,
-                    attempts: list[int]) -> bool:
+    async def _send(self, body: Upload, job_id: int, uid: str, attempts: list[int]) -> bool:
         """Upload and create a recorded job. A failure before the provider could have created
         it cancels the job's receipts (never sent); any other leaves the job uncertain."""
         store = self.store
@@ -301,14 +298,14 @@ class JobRunner:
             return False
         if store.job_submitted(job_id, str(batch["id"]), {
                 "input_file_id": file_id, "provider_status": batch.get("status")}):
-            await self._cancel_asked(store.jobs(job=str(job_id))[0])
-            return True
-        self.result.submitted += body.lines
+            await self._cancel_asked(store.jobs(job=str(job_id))[0])  # asked for meanwhile
+        else:
+            self.result.submitted += body.lines
         return True
 
     async def _renewing(self, job_id: int, awaitable: Any) -> Any:
-        """``awaitable``, with the job's lease renewed meanwhile (a large upload outlasts a lease),
-        so no runner on another host takes the job for uncertain while this one works."""
+        """``awaitable``, the job's lease renewed meanwhile: no other host takes a job whose
+        upload outlasts a lease for uncertain."""
         async def renew() -> None:
             while True:
                 await asyncio.sleep(self.store.lease_seconds / 3)
@@ -331,7 +328,7 @@ class JobRunner:
 
     def _unresolved(self) -> None:
         """The jobs still holding a request of the run, and each request neither accepted nor
-        held by a job: the errors of its last receipt; read a window at a time."""
+        held by a job: the errors of its last receipt."""
         store, out = self.store, self.result.outcome
         jobs: dict[int, dict[str, Any]] = {}
         for window in self.windows():  # as leaves: a request may be split meanwhile
@@ -500,7 +497,7 @@ class JobRunner:
                            line["reserved"], request)
         garbled = 0
         once = (out for out in outs if came.get(self.client.line_id(out)) == 1)
-        for part in _batched(once, WINDOW):
+        for part in iter(lambda: list(islice(once, WINDOW)), []):
             cids = [self.client.line_id(out) for out in part]
             requests = self.store.requests_by_keys([lines[c]["request_key"] for c in cids])
             for cid, out in zip(cids, part, strict=True):
@@ -523,18 +520,14 @@ class JobRunner:
 def job_view(row: Mapping[str, Any]) -> dict[str, Any]:
     """A job as a result, ``batchjson jobs`` and the notebook show it."""
     detail = detail_of(row)
-    return {"id": row["id"], "provider": row["protocol"], "provider_job_id":
-            row["provider_job_id"], "status": row["status"], "batch": row["batch"],
-            "requests": row["requests"], "reserved": row["reserved"],
-            "created_at": row["created_at"], "submitted_at": row["submitted_at"],
-            "provider_status": detail.get("provider_status"),
-            "counts": detail.get("counts"), "why": detail.get("why")}
+    return {"id": row["id"], "provider": row["protocol"], **{key: row[key] for key in (
+        "provider_job_id", "status", "batch", "requests", "reserved", "created_at",
+        "submitted_at")}, **{key: detail.get(key) for key in ("provider_status", "counts", "why")}}
 
 
 def plan_facts(plan: Plan) -> dict[str, Any]:
-    """What judging a job's lines needs beside its revision (schema, mode, identity fields, what
-    of a return is committed), kept on the job row so a kernel that did not run the cell can
-    collect it."""
+    """What judging a job's lines needs beside its revision, kept on the job row so that a
+    kernel that did not run the cell can collect it."""
     try:
         schema = json.loads(json.dumps(plan.schema.json_schema))
     except (TypeError, ValueError):
@@ -545,7 +538,7 @@ def plan_facts(plan: Plan) -> dict[str, Any]:
 
 def _partial_before(request: Request, history: Mapping[str, list[Any]]) -> list[Any]:
     """The job receipts of the request a partial return split ``request`` from, ending with
-    that return (``_next`` reads it as this part's own attempt); else none."""
+    that return (this part's own attempt); else none."""
     parent = history.get(request.parent_key or "", [])
     return parent if parent and parent[-1]["status"] == "partial" else []
 
@@ -566,8 +559,8 @@ def unix(stamp: str) -> float:
 
 
 def _lost(custom_id: str, came: int, whole: str | None, status: str) -> ProviderError:
-    """Why a receipt got no answer it could admit: its line came back ``came`` times (not
-    once), in a job that ended ``status`` (or failed as a whole: ``whole``)."""
+    """Why a receipt got no answer to admit: its line came back ``came`` times, in a job that
+    ended ``status`` (or failed as a whole: ``whole``)."""
     if came:
         why = (f"custom_id {custom_id} came back {came} times in one job's output; none of "
                "its lines was admitted")
@@ -585,17 +578,6 @@ def _not_utf8(got: Any, at: int) -> ProviderError:
     usage = {} if isinstance(got, ProviderError) else usage_of(got)
     return ProviderError(f"its output line is not valid UTF-8 (byte {at}): refused, never "
                          "read as an answer", usage=usage, retryable=True)
-
-
-def _batched(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
-    part: list[Any] = []
-    for item in items:
-        part.append(item)
-        if len(part) == size:
-            yield part
-            part = []
-    if part:
-        yield part
 
 
 def detail_of(row: Mapping[str, Any]) -> dict[str, Any]:
