@@ -1,6 +1,5 @@
-"""The bounded in-cell replay loop: resolve each request or give up within a fixed allowance.
-``concurrency`` workers take requests from one queue; what another runner holds waits till the end.
-"""
+"""The live transport: ``concurrency`` workers resolve each request, or give up, within a fixed
+allowance, taking requests from one queue; what another runner holds waits till the end."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Any
 
-from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 from tenacity.wait import wait_exponential, wait_random
 
 from .._acceptance import judge as acceptance
@@ -84,8 +83,8 @@ class Replayer:
         self.control = Control()
 
     async def run(self, requests: Iterable[Request]) -> Outcome:
-        """Drive every request with ``concurrency`` workers. ``requests`` may be a stream of a
-        million: the queue is filled from it :data:`FEED` at a time as it runs low."""
+        """Drive every request; ``requests`` may be a stream of a million, taken :data:`FEED`
+        at a time as the queue runs low."""
         self.owner = Owner.start(self.session_id)
         self.caller = Caller(self.plan, self.ledger, self.provider, self.spender, self.transport,
                              self.outcome, self.writes, self.owner, self.control,
@@ -136,8 +135,8 @@ class Replayer:
         return self.outcome
 
     async def _renew(self) -> None:
-        """Keep this run's claims alive while it runs (every third of the lease), and this
-        session's row among the ledger's hosts and its share of the limits (every tick)."""
+        """Renew this run's claims (every third of the lease), and this session's row among the
+        ledger's hosts and its share of the limits (every tick)."""
         period = self.store.lease_seconds / 3
         tick = period if self.hosts is None else min(period, COUNT_SECONDS)
         waited = 0.0
@@ -151,8 +150,8 @@ class Replayer:
                 self.writes.queue(self.hosts.count)
 
     def _fill(self) -> None:
-        """The next requests of the stream into the queue, with what the ledger says of each
-        (its attempts so far, whether it was cut off before at this ceiling)."""
+        """The stream's next requests into the queue, with their attempts so far, cut-offs and
+        parts accepted before."""
         if self._feed is None:
             return
         requests = list(islice(self._feed, FEED))
@@ -189,9 +188,8 @@ class Replayer:
                 changed.set()
 
     async def _wait_for_held(self) -> None:
-        """Everything else is done: look again at requests other runners hold, after a growing
-        pause; read those accepted meanwhile, and queue again those no live runner holds any
-        more."""
+        """Everything else is done: after a growing pause, read those of the requests other
+        runners held that were accepted, and queue again those no live runner holds."""
         self._polling = True
         try:
             await asyncio.sleep(self._poll)
@@ -211,8 +209,8 @@ class Replayer:
 
     # -- one request -----------------------------------------------------------------------
     async def _drive(self, request: Request, depth: int) -> None:
-        """Attempts, as :func:`~batchjson._replay.settle.next_attempt` says, until the request
-        is accepted or given up (or halved), then what the run reports of it."""
+        """Attempts as ``next_attempt`` says, until the request is accepted, given up or halved;
+        then what the run reports of it."""
         if request.key in self._parted:  # accepted in part before (another revision, a batch)
             return self._replace(request, self.plan.keys.apart(
                 request, self._parted.pop(request.key)), depth)
@@ -244,13 +242,11 @@ class Replayer:
             self._attempts.pop(request.key, None)  # done with in this run: held no longer
 
     def _partial(self, request: Request, kind: str, done: Judged) -> tuple[Request, Tried]:
-        """A return committed in part (the write queued by the settle step): its accepted
-        part is reported, and the rest is the request whose chain goes on."""
+        """A return committed in part: its accepted part is reported, and the rest is the
+        request whose chain goes on."""
         kept, rest = apart(self.plan, request, done.verdict)
         self._release(request)
-        self._progress(kept)
-        for task_id in kept.task_ids:
-            self.outcome.errors.pop(task_id, None)
+        self._accepted(kept)
         assert done.raw is not None
         return rest, rest_tried(kind, done.raw, rest, done.verdict.errors)
 
@@ -271,15 +267,12 @@ class Replayer:
             self._progress(request)
 
     def _judged(self, request: Request, done: Judged) -> None:
-        verdict, raw = done.verdict, done.raw
-        if not verdict.accepted:  # an accepted request's claim goes with the run's release
-            self._release(request)
+        verdict = done.verdict
+        if verdict.accepted:  # its claim goes with the run's release
+            return self._accepted(request)
+        self._release(request)
         self._progress(request)
-        if verdict.accepted:
-            for task_id in request.task_ids:
-                self.outcome.errors.pop(task_id, None)
-            return
-        fail(self.outcome, request, verdict.errors, raw)
+        fail(self.outcome, request, verdict.errors, done.raw)
         crash = next((e for e in verdict.errors if e.get("type") == "validator_error"), None)
         if crash is not None and self.control.stop is None:
             self.control.halt(RuntimeError(_first_line(crash)))
@@ -287,17 +280,17 @@ class Replayer:
                                     "calls were opened. Fix the validator and re-run.")
 
     def _cut_short(self, request: Request, done: Judged | None) -> None:
-        """A request whose return was cut off at the output ceiling (``done``; None: in an
-        earlier run), not halved: reported as needing a higher ceiling."""
+        """A request cut off at the output ceiling (``done``; None: in an earlier run), not
+        halved: reported as needing a higher ceiling."""
         self._release(request)
         self._progress(request)
         fail(self.outcome, request, [cut_off_error(request, self.provider, done is None)],
              done.raw if done is not None else None)
 
     def _sweep(self) -> None:
-        """Another runner works on this content too: drop from the queue, with one read, what the
-        ledger says is accepted or held elsewhere, at most five times a second, starting at a random
-        place so runners do not walk the queue in step."""
+        """Another runner works on this content too: drop from the queue what is accepted or
+        held elsewhere, with one read at most five times a second, from a random place so that
+        runners do not walk the queue in step."""
         now = time.monotonic()
         if now < self._next_sweep or not self._queue:
             return
@@ -321,6 +314,10 @@ class Replayer:
     def _resolved(self, request: Request) -> None:
         """Accepted by another runner: its values are read from the ledger, nothing is paid."""
         self.outcome.taken_from_ledger += 1
+        self._accepted(request)
+
+    def _accepted(self, request: Request) -> None:
+        """Errors of earlier attempts of its tasks are forgotten, and its tasks counted done."""
         for task_id in request.task_ids:
             self.outcome.errors.pop(task_id, None)
         self._progress(request)
@@ -337,29 +334,23 @@ class Replayer:
         done = self.store.accepted_keys([c.key for c in children])
         for child in reversed(children):
             if child.key in done:  # accepted before (another revision): never paid twice
-                self._progress(child)
-                for task_id in child.task_ids:
-                    self.outcome.errors.pop(task_id, None)
+                self._accepted(child)
             else:
                 self._queue.appendleft((child, depth))
         self.control.changed.set()
 
     # -- one attempt (with transport retries) --------------------------------------------------
     async def _attempt(self, request: Request, kind: str, prompt: str) -> Judged | NotSent:
-        """One logical attempt: a first try, then, only after a provider failure, transport
-        retries (a copy of :attr:`retrying`, iterated as attempt blocks whose first re-raises that
-        failure, so the policy is tenacity's alone; its waits are awaited here), then acceptance
-        on the text that arrives. A call that succeeds at once never enters tenacity."""
+        """One logical attempt: a first try, then, only after a provider failure, the transport's
+        retries (tenacity's, whose first attempt re-raises that failure), then acceptance on the
+        text that arrives. A call that succeeds at once never enters tenacity."""
         try:
             return await self._paced_call(request, kind, prompt)
         except ProviderError as exc:
             failed: ProviderError | None = exc
-        waits: list[float] = []
         done: Judged | NotSent = STOPPED  # the tries end by returning one, or by raising
         try:
-            for attempt in self.retrying.copy(sleep=waits.append):
-                if waits:
-                    await asyncio.sleep(waits.pop())
+            async for attempt in self.retrying.copy():
                 with attempt:
                     if failed is not None:
                         exc, failed = failed, None
@@ -370,8 +361,8 @@ class Replayer:
         return done
 
     def _failed(self, exc: ProviderError, request: Request) -> Judged:
-        """A provider failure past its retries, as the verdict on the attempt; an unreachable
-        host (after the probing call's retries) or a broken source stops the run."""
+        """A provider failure past its retries as the attempt's verdict; an unreachable host or a
+        broken source stops the run."""
         down = self.caller.host_down(exc, request.key)  # if so, the run stopped naming it
         if not down and exc.fatal and self.control.fatal is None:  # a broken source
             self.control.halt(exc, fatal=True)  # nothing more is sent
@@ -379,8 +370,8 @@ class Replayer:
 
     async def _paced_call(self, request: Request, kind: str,
                           prompt: str) -> Judged | NotSent:
-        """One call under the session's pacer: sent only within the rate limits; the headers
-        of its response teach the pacer, and a 429 pauses every call of the session."""
+        """One call within the session pacer's limits; its response's headers teach the pacer,
+        and a 429 pauses every call of the session."""
         pacer, call = self.pacer, self.caller.make(request, kind, prompt)
         if pacer is None:
             return await self.caller.call(request, kind, call)
@@ -407,8 +398,8 @@ class Replayer:
                 self._say("")
 
     def _keep_limits(self, hosts: HostShare, account: Account) -> None:
-        """What the pacer newly heard of the account's limits goes to the ledger with the next
-        group of writes, so the next session starts paced."""
+        """What the pacer newly heard of the account's limits, to the ledger with the next
+        writes, so that the next session starts paced."""
         learnt = hosts.to_keep(account)
         if learnt is not None:
             self.writes.queue(lambda tx: hosts.keep(tx, account, learnt))
@@ -444,11 +435,10 @@ class Replayer:
             self.on_wait(text)
 
 
-def transport_retrying(transport: Transport) -> Retrying:
-    """The transport's retry policy: ``retries`` more tries after a retryable provider error, each
-    after the provider's Retry-After, else ``initial * 2**(n-1)`` plus jitter, capped at
-    ``backoff_max``. Only strategies tenacity 8 has (rlm's google-genai pins it below 9.2); each use
-    copies it with its own ``sleep=``, for the event loop to await."""
+def transport_retrying(transport: Transport) -> AsyncRetrying:
+    """``retries`` more tries after a retryable provider error, each after its Retry-After, else
+    ``initial * 2**(n-1)`` plus jitter, capped at ``backoff_max``; each use copies it. Only
+    strategies tenacity 8 has (rlm's google-genai pins it below 9.2)."""
     backoff = (wait_exponential(multiplier=transport.backoff_initial, max=transport.backoff_max)
                + wait_random(0, transport.backoff_initial))
 
@@ -458,7 +448,7 @@ def transport_retrying(transport: Transport) -> Retrying:
             return min(max(0.0, error.retry_after), transport.backoff_max)
         return min(backoff(state), transport.backoff_max)
 
-    return Retrying(stop=stop_after_attempt(transport.retries + 1), wait=wait, reraise=True,
+    return AsyncRetrying(stop=stop_after_attempt(transport.retries + 1), wait=wait, reraise=True,
                          retry=retry_if_exception(lambda e: isinstance(e, ProviderError)
                                                   and e.retryable))
 
