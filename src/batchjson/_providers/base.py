@@ -1,13 +1,11 @@
-"""The provider contract: one call in, raw text and usage out (a :class:`~.reply.Reply`).
-
-A call's size as providers count it, and its prompt cache: a provider caches a prefix only past a
-model-dependent length and only if every byte before it is identical, so when a batch's shared
-part is long enough (:func:`prefix_cacheable`) the wire schema is sent batch-constant instead of
-pinning each request's identity values (acceptance checks them either way)."""
+"""The provider contract: one call in, raw text and usage out (a :class:`~.reply.Reply`); a call's
+size as providers count it, and their prompt caches (a prefix is cached only past a model's length
+and only if every byte before it is identical)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import inspect
 import json
@@ -29,11 +27,10 @@ CallKind = Literal["initial", "repair", "replay"]
 
 @dataclass(frozen=True)
 class Call:
-    """Everything a provider needs for one request attempt. ``mode``: ``"items"`` (return
-    ``{"items": [...]}``, one object per task) or ``"value"`` (one bare JSON value). ``shared``: the
-    head of ``prompt`` every request of the batch starts with, which a provider may mark for its
-    cache. ``answer_chars``: the most characters its answer can take (None: unbounded or not
-    known), from which a provider sizes its output ceiling when the user set none."""
+    """Everything a provider needs for one request attempt. ``mode``: ``"items"`` (one object per
+    task in ``{"items": [...]}``) or ``"value"``. ``shared``: the head of ``prompt`` every request
+    of the batch starts with, for the provider's cache. ``answer_chars``: the most characters its
+    answer can take (None: unbounded), which sizes an output ceiling the user did not set."""
 
     tasks: tuple[Mapping[str, Any], ...]
     prompt: str
@@ -65,38 +62,31 @@ async def close_provider(provider: Any) -> None:
 
 
 def estimate_tokens(text: str) -> int:
-    """A quarter of the text's characters: the simulated model's count and the labelled cost floor
-    of a call of unknown usage. Never a bound (CJK, emoji), never recorded as a provider's usage."""
+    """A quarter of the text's characters: an estimate (never a bound, never recorded as a
+    provider's usage)."""
     return max(1, len(text) // 4)
 
 
-# The documented fixed overhead of a chat call, for a provider that says nothing of its own:
-# OpenAI's count for chat models, 3 tokens framing each message (system, user) and 3 priming
-# the reply.
+# A chat call's fixed overhead as OpenAI documents it: 3 tokens framing each message (system,
+# user) and 3 priming the reply.
 CHAT_OVERHEAD_TOKENS = 3 * 2 + 3
 
 
 def input_bound(provider: Any, call: Call) -> int:
-    """A sound upper bound on the input tokens ``call`` is billed for, which a cost budget reserves:
-    the provider's own ``input_bound(call)``, else the UTF-8 bytes of system text, prompt and schema
-    plus :data:`CHAT_OVERHEAD_TOKENS`. A byte-level BPE never makes more tokens than bytes, so CJK
-    and emoji are never undercounted."""
+    """A sound upper bound on the input tokens ``call`` is billed for: the provider's own, else the
+    UTF-8 bytes of its texts and schema plus the overhead (a byte-level BPE never makes more tokens
+    than bytes)."""
     own = getattr(provider, "input_bound", None)
     if callable(own):
         return int(own(call))
     schema = json.dumps(call.schema, ensure_ascii=False, separators=(",", ":"), default=str)
-    return (utf8_length(call.system) + utf8_length(call.prompt) + utf8_length(schema)
-            + CHAT_OVERHEAD_TOKENS)
-
-
-def utf8_length(text: str) -> int:
-    """Bytes of ``text`` as UTF-8 (a lone surrogate, which nothing sends as is, counts 3)."""
-    return len(text.encode("utf-8", "surrogatepass"))
+    sent = call.system + call.prompt + schema  # a lone surrogate (never sent as is) counts 3
+    return len(sent.encode("utf-8", "surrogatepass")) + CHAT_OVERHEAD_TOKENS
 
 
 class OneService:
-    """A provider is one service (a pool, counters, a lock), so deep-copying one gives it back:
-    ``%config BatchJson.provider = model`` deep-copies its value and must keep ``model`` itself."""
+    """A provider is one service (a pool, counters, a lock): deep-copying one, as ``%config``
+    does, gives it back."""
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
         return self
@@ -116,10 +106,9 @@ class ProviderHandle(OneService):
 class CallableProvider(OneService):
     """Wrap ``fn(call) -> str | Reply`` (sync or async) as a provider, for tests and glue code.
 
-    A ``str`` leaves the call's usage unknown (a cost budget keeps its worst case); a ``Reply(text,
-    input_tokens=..., output_tokens=...)`` or ``cost=`` settles it. The answer source is the
-    function's content fingerprint, or ``source="my-model-v2"``. ``fn.blocking = True`` runs ``fn``
-    in a daemon thread, so a call hung past the timeout never holds the run."""
+    A ``str`` leaves the call's usage unknown (a cost budget keeps its worst case). The answer
+    source is the function's content fingerprint, or ``source=``. ``fn.blocking = True`` runs
+    ``fn`` in a daemon thread, so a call hung past the timeout never holds the run."""
 
     name = "callable"
 
@@ -145,17 +134,15 @@ class CallableProvider(OneService):
         from .pricing import as_price  # the price table imports errors only; kept local
 
         self.price = None if price is None else as_price(price)
-        # The output ceiling a cost budget reserves for each call: a whole number of tokens.
         self.max_tokens = (None if max_tokens is None else
                            whole("CallableProvider max_tokens", max_tokens, 1, ProviderSetupError))
 
     def price_for_budget(self) -> Any:
-        """USD per million tokens for cost budgets (``price=``), or None: unpriced."""
+        """USD per million tokens for cost budgets, or None: unpriced."""
         return self.price
 
     def source_key(self) -> str | tuple[Any, ...]:
-        """The named source, else the function by content (code, constants, what it reads):
-        the same function in another process gives the same key, a changed one another."""
+        """The named source, else the function by content: the same in any process."""
         if self.source is not None:
             return f"callable:{self.source}"
         head = f"callable:{self._named_model}" if self._named_model else "callable"
@@ -163,32 +150,23 @@ class CallableProvider(OneService):
 
     async def complete(self, call: Call) -> Reply:
         timeout = getattr(self, "timeout", None)
-        if timeout is None:
-            out = await self._invoke(call)
-        else:
-            try:
-                async with asyncio.timeout(timeout):
-                    out = await self._invoke(call)
-            except TimeoutError:
-                raise ProviderError(f"callable provider: no answer within the {timeout:g}s "
-                                    "timeout", retryable=True) from None
+        try:
+            async with asyncio.timeout(timeout):
+                blocking = getattr(self.fn, "blocking", False)  # a worker thread
+                out = await in_thread(self.fn, call) if blocking else self.fn(call)
+                if inspect.isawaitable(out):  # async functions and objects with an async __call__
+                    out = await out
+        except TimeoutError:
+            if timeout is None:
+                raise
+            raise ProviderError(f"callable provider: no answer within the {timeout:g}s "
+                                "timeout", retryable=True) from None
         if isinstance(out, Reply):
             return out
         if not isinstance(out, str):
-            raise ProviderError(
-                f"callable provider returned {type(out).__name__}, expected str or Reply",
-                retryable=False,
-            )
-        # A bare text says nothing of what the call was billed: its usage stays unknown, never
-        # an estimate passed off as usage.
-        return Reply(text=out, model=self.model)
-
-    async def _invoke(self, call: Call) -> Any:
-        blocking = getattr(self.fn, "blocking", False)  # fn.blocking = True: a worker thread
-        out = await in_thread(self.fn, call) if blocking else self.fn(call)
-        if inspect.isawaitable(out):  # async functions and objects with an async __call__
-            out = await out
-        return out
+            raise ProviderError(f"callable provider returned {type(out).__name__}, expected "
+                                "str or Reply", retryable=False)
+        return Reply(text=out, model=self.model)  # its usage unknown, never an estimate
 
 
 async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
@@ -198,35 +176,28 @@ async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
 
-    def settle(ok: bool, value: Any) -> None:
-        if future.done():  # cancelled by a timeout or an interrupt: nobody is waiting
-            return
-        if ok:
-            future.set_result(value)
-        else:
-            future.set_exception(value)
+    def settle(deliver: Callable[[Any], None], value: Any) -> None:
+        if not future.done():  # else cancelled by a timeout or an interrupt: nobody waits
+            deliver(value)
 
     def work() -> None:
         try:
-            outcome = (True, fn(*args))
+            outcome = (future.set_result, fn(*args))
         except Exception as exc:  # handed to the awaiting coroutine
-            outcome = (False, exc)
+            outcome = (future.set_exception, exc)
         except BaseException as exc:  # noqa: BLE001 - SystemExit in a worker: report, not hang
-            outcome = (False, ProviderError(f"blocking provider raised {type(exc).__name__}",
-                                            retryable=False))
-        try:
+            outcome = (future.set_exception, ProviderError(
+                f"blocking provider raised {type(exc).__name__}", retryable=False))
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the run ended long ago
             loop.call_soon_threadsafe(settle, *outcome)
-        except RuntimeError:  # the loop is closed: the run ended long ago
-            pass
 
     name = getattr(fn, "__name__", type(fn).__name__)
     threading.Thread(target=work, name=f"batchjson-blocking-{name}", daemon=True).start()
     return await future
 
 
-# Anthropic's minimum cacheable prompt, in tokens, by model family (longest prefix first);
-# a shorter prefix marked with cache_control is simply not cached. Unlisted models are taken
-# at the largest minimum, so a newer model never gets the constant schema without its cache.
+# Anthropic's minimum cacheable prompt in tokens, by model family (longest prefix first); an
+# unlisted model is taken at the largest, so a newer one never gets the constant schema uncached.
 ANTHROPIC_CACHE_MINIMUM: tuple[tuple[str, int], ...] = (
     ("claude-opus-4-6", 4096), ("claude-opus-4-5", 4096), ("claude-haiku-4-5", 4096),
     ("claude-sonnet-4-6", 2048), ("claude-3-5-haiku", 2048), ("claude-3-haiku", 2048),
@@ -239,8 +210,7 @@ CACHE_CONTROL = {"type": "ephemeral"}  # the 5-minute cache (writes 1.25x input,
 
 
 def cache_minimum(provider: Any) -> int | None:
-    """The fewest prefix tokens ``provider``'s API caches, or None when it has no prompt
-    cache batchjson knows of (a callable, the simulated model)."""
+    """The fewest prefix tokens ``provider``'s API caches, or None (no prompt cache known)."""
     provider = getattr(provider, "inner", provider)  # a run's guard around the real one
     name, model = getattr(provider, "name", None), str(getattr(provider, "model", "") or "")
     if name == "openai":
@@ -258,12 +228,11 @@ def anthropic_cache_minimum(model: str) -> int:
 
 def prefix_cacheable(provider: Any, system: str, shared: str) -> bool:
     """Whether the batch's shared prefix (system text and instructions) is long enough for
-    ``provider`` to cache (its tokens estimated as a provider's limiter does, chars / 4)."""
+    ``provider`` to cache: if so, the wire schema is sent batch-constant."""
     least = cache_minimum(provider)
     return least is not None and estimate_tokens(system + shared) >= least
 
 
 def prompt_cache_key(system: str, shared: str) -> str:
-    """OpenAI's ``prompt_cache_key``: the same for every request sharing this prefix, so they
-    are routed to the same cache."""
+    """OpenAI's ``prompt_cache_key``: one per shared prefix, so that its requests share a cache."""
     return "batchjson-" + hashlib.sha256((system + "\x00" + shared).encode()).hexdigest()[:24]

@@ -1,13 +1,7 @@
 """What the batch APIs' clients share: requests to the provider's own base URL with its key and
-pool, and the one check that the endpoints exist (refused before anything is recorded).
-
-A client only transports: each result line becomes a ``Reply`` as the provider reads a live answer,
-or a ``ProviderError`` as the live endpoint's error would be; the job runner joins, judges and
-records.
-
-A job's upload is on disk (:class:`Upload`): lines written to an unnamed temporary file as they
-are built and sent from it, so a job of 50,000 lines takes disk, never the runner's memory, framed
-as the provider wants (OpenAI: JSON Lines; Anthropic: ``{"requests":[...]}``)."""
+pool. A client only transports: each result line becomes a ``Reply`` or a ``ProviderError`` as the
+live endpoint's would; the job runner joins, judges and records. A job's upload is written to an
+unnamed temporary file as it is built, so a job of 50,000 lines takes disk, never memory."""
 
 from __future__ import annotations
 
@@ -33,8 +27,7 @@ TEXT = "__text__"  # an output line's own text (OutputLines)
 
 class BatchClient:
     """The batch endpoints under ``provider``'s base URL. A client says where a line holds its
-    status and body (``answer(line)``) and reads an answer (``read``) as its provider reads a live
-    one."""
+    status and body (``answer``) and reads an answer (``read``) as its provider reads a live one."""
 
     protocol = ""
     max_requests = 0
@@ -48,19 +41,13 @@ class BatchClient:
         # the share of the live price a job bills: half, unless the model's price says so
         self.share = batch_share(provider.model, provider.prices)
 
-    def line_text(self, custom_id: str, call: Any) -> str:
-        """One line of a job's upload as the JSON text sent."""
-        return json.dumps(self.line(custom_id, call)[0], separators=(",", ":"))
-
     def spool(self) -> Upload:
-        """A job's upload, empty, on disk: a ConfigError naming TMPDIR when no file can be
-        had."""
+        """A job's upload, empty, framed as the provider wants."""
         return Upload(*self.frame)
 
     def lines_that_fit(self, calls: list[Any]) -> int:
         """How many of ``calls``, from the first, one job's upload holds (at least one: an oversized
-        line is the upload's to refuse), each sized as the wider of the two providers'
-        serialisations."""
+        line is the upload's to refuse)."""
         room = self.max_bytes - 64  # the request's own wrapping
         for taken, call in enumerate(calls):
             room -= len(json.dumps(self.line(LONGEST_ID, call)[0]).encode()) + 2
@@ -75,8 +62,8 @@ class BatchClient:
     async def _call(self, method: str, path: str, body: Any = None,
                     json_body: Mapping[str, Any] | None = None,
                     json_text: bytes | IO[bytes] | None = None) -> bytes:
-        """``json_body``, or ``json_text`` (a JSON body already encoded, or a file of one,
-        streamed), or ``body`` (a multipart form)."""
+        """``json_body``, or ``json_text`` (encoded, or a file streamed), or ``body`` (a
+        multipart form)."""
         p = self.provider
         headers = None
         if json_body is not None:
@@ -112,9 +99,8 @@ class BatchClient:
             raise
 
     async def find(self, uid: str, since: float) -> dict[str, Any] | None:
-        """The job created with ``uid`` in its metadata after ``since`` (unix seconds), by a runner
-        that stopped before recording its id; None when there is none or the API keeps no
-        metadata."""
+        """The job created with ``uid`` in its metadata after ``since`` (unix seconds); None when
+        there is none or the API keeps no metadata."""
         return None
 
     async def poll(self, job_id: str) -> dict[str, Any]:
@@ -128,8 +114,7 @@ class BatchClient:
         return dict(batch.get("request_counts") or {})
 
     def progress(self, batch: Mapping[str, Any]) -> tuple[int, int] | None:
-        """(lines ended, lines in all) as the provider counts them (OpenAI's ``completed`` and
-        ``failed`` of ``total``); None when it counts none yet."""
+        """(lines ended, lines in all) as the provider counts them; None when it counts none."""
         counts = self.counts(batch)
         total = counts.get("total")
         if not isinstance(total, int) or total <= 0:
@@ -139,8 +124,7 @@ class BatchClient:
 
     @staticmethod
     def whole_failure(batch: Mapping[str, Any]) -> str | None:
-        """Why a job failed as a whole, else None (an API that refuses a job does so when it is
-        created)."""
+        """Why a job failed as a whole, else None."""
         return None
 
     @staticmethod
@@ -149,8 +133,8 @@ class BatchClient:
         return False
 
     def outcome(self, line: Mapping[str, Any], wrapped: bool) -> Reply | ProviderError:
-        """One result line: the reply it carries, or the provider error it reports as the live
-        endpoint's error response would be; never an answer taken from an error line."""
+        """One result line: the reply it carries, or its error as the live endpoint's would be;
+        never an answer taken from an error line."""
         found = self.answer(line)
         if isinstance(found, ProviderError):
             return found
@@ -166,17 +150,16 @@ class BatchClient:
 
     @staticmethod
     def line_id(line: Any) -> str | None:
-        """A line's ``custom_id``; one that is no string (a provider's garbage) as its JSON
-        text, which never matches one of ours (``bj_...``) and can be counted and named."""
+        """A line's ``custom_id``; one that is no string as its JSON text, which never matches
+        one of ours and can be named."""
         cid = line.get("custom_id") if isinstance(line, dict) else None
         return cid if cid is None or isinstance(cid, str) else json.dumps(cid)[:200]
 
 
 class OutputLines:
-    """A job's result files as lines, parsed one at a time on each iteration, so only the bytes are
-    held. Lines split at newlines alone (a U+2028 never cuts one). An object keeps its exact text
-    under :data:`TEXT`; any other line is its text, for the runner to name; a line that is not UTF-8
-    carries :data:`NOT_UTF8` and is refused, as a live body is."""
+    """A job's result files as lines, parsed anew on each iteration (only bytes are held), split at
+    newlines alone. An object keeps its exact text under :data:`TEXT`, and carries :data:`NOT_UTF8`
+    if it is not UTF-8; any other line is its text."""
 
     def __init__(self, files: Sequence[bytes]) -> None:
         self.files = files
@@ -207,8 +190,8 @@ WHAT = "for a batch job's upload"
 
 class Upload:
     """One job's upload: ``head``, each line (``sep`` between, ``end`` after), then ``tail``. No
-    temporary file is a ConfigError naming ``TMPDIR`` before the job is recorded; a write refused
-    later is told by :meth:`finish` as a failed upload (the job cancelled unsent)."""
+    temporary file is a ConfigError naming ``TMPDIR``, before the job is recorded; a write refused
+    later fails the upload in :meth:`finish`."""
 
     def __init__(self, head: bytes, sep: bytes, end: bytes, tail: bytes) -> None:
         try:
@@ -233,8 +216,8 @@ class Upload:
             self._flush()
 
     def finish(self) -> IO[bytes]:
-        """The whole upload, from its first byte: the file, or a ProviderError (retryable)
-        when the disk refused a write. Called again, the same file from its start."""
+        """The whole upload from its first byte, or a retryable ProviderError when the disk
+        refused a write."""
         if self.tail is not None:
             self._unwritten.append(self.tail)
             self.tail = None

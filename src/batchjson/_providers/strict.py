@@ -120,7 +120,12 @@ def _pinned(shape: _Shape, pins: Mapping[str, Any]) -> StrictForm:
     enums = pins.get("enums", {})
     for values in enums.values():
         _count_values({"enum": values}, counts, problems)
-    problems += _over_limits(counts, shape.depth)
+    problems += [f"{value:,} {what}, more than strict mode's {limit:,}" for what, value, limit in (
+        ("object properties", counts["properties"], MAX_PROPERTIES),
+        ("levels of nested objects", shape.depth, MAX_DEPTH),
+        ("enum values", counts["enum"], MAX_ENUM_VALUES),
+        ("characters of names, enum and const values", counts["chars"], MAX_CHARS))
+        if value > limit]
     if problems or not pins:
         return StrictForm(None if problems else shape.form, problems)
     form = shape.form
@@ -190,7 +195,9 @@ class _Walker:
                     self.problem(path, f"{key}: {value} (draft 4's flag; give the bound)")
                 out[key] = value
             elif key == "type":
-                self._type(value, path)
+                kinds = value if isinstance(value, list) else [value]
+                if not kinds or not all(isinstance(k, str) and k in TYPES for k in kinds):
+                    self.problem(path, f"type {value!r}")
                 out[key] = value
             elif key == "format":
                 if value not in SUPPORTED_FORMATS:
@@ -229,11 +236,6 @@ class _Walker:
                 and target is not MISSING):
             self.problem(path, f"$ref {ref!r} (strict mode follows only #/$defs/... here)")
         return {"$ref": ref}
-
-    def _type(self, value: Any, path: tuple[str, ...]) -> None:
-        kinds = value if isinstance(value, list) else [value]
-        if not kinds or not all(isinstance(k, str) and k in TYPES for k in kinds):
-            self.problem(path, f"type {value!r}")
 
     def _shaped(self, node: Mapping[str, Any], out: dict[str, Any],
                 path: tuple[str, ...]) -> dict[str, Any]:
@@ -314,16 +316,6 @@ def _counted(schema: Mapping[str, Any]) -> tuple[dict[str, int], list[str]]:
         nodes += list(node.get("anyOf") or [])
         _count_values(node, counts, problems)
     return counts, problems
-
-
-def _over_limits(counts: Mapping[str, int], depth: int) -> list[str]:
-    return [f"{value:,} {what}, more than strict mode's {limit:,}"
-            for what, value, limit in (
-                ("object properties", counts["properties"], MAX_PROPERTIES),
-                ("levels of nested objects", depth, MAX_DEPTH),
-                ("enum values", counts["enum"], MAX_ENUM_VALUES),
-                ("characters of names, enum and const values", counts["chars"], MAX_CHARS))
-            if value > limit]
 
 
 def _count_values(node: Mapping[str, Any], counts: dict[str, int], problems: list[str]) -> None:

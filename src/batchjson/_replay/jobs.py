@@ -265,7 +265,8 @@ class JobRunner:
                 self.spender.release(worst)
                 continue
             self.reservations[mine["attempt_id"]] = worst
-            body.add(self.client.line_text(mine["custom_id"], call))  # to its file
+            body.add(json.dumps(self.client.line(mine["custom_id"], call)[0],
+                                separators=(",", ":")))  # to its file
         if job_id is None:
             return None
         self.watched.add(job_id)
@@ -503,8 +504,12 @@ class JobRunner:
             for cid, out in zip(cids, part, strict=True):
                 line = lines[cid]
                 got = self.client.outcome(out, bool(line["wrapped"]))
-                if NOT_UTF8 in out:
-                    got, garbled = _not_utf8(got, out[NOT_UTF8]), garbled + 1
+                if NOT_UTF8 in out:  # refused; the usage of the reply it brought is kept
+                    garbled += 1
+                    usage = {} if isinstance(got, ProviderError) else usage_of(got)
+                    got = ProviderError(f"its output line is not valid UTF-8 (byte "
+                                        f"{out[NOT_UTF8]}): refused, never read as an answer",
+                                        usage=usage, retryable=True)
                 yield attempt(line, requests[line["request_key"]]), (
                     got if isinstance(got, ProviderError) else received(got, cap))
         if garbled:
@@ -571,13 +576,6 @@ def _lost(custom_id: str, came: int, whole: str | None, status: str) -> Provider
     else:
         why = f"custom_id {custom_id} is missing from the output of a {status} job"
     return ProviderError(why, retryable=True)
-
-
-def _not_utf8(got: Any, at: int) -> ProviderError:
-    """A line that was not valid UTF-8, refused; the usage of the reply it brought is kept."""
-    usage = {} if isinstance(got, ProviderError) else usage_of(got)
-    return ProviderError(f"its output line is not valid UTF-8 (byte {at}): refused, never "
-                         "read as an answer", usage=usage, retryable=True)
 
 
 def detail_of(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from .._sources import TRUNCATED
 from .budget import Spender
 from .calls import STOPPED, Caller, Control, Judged, NotSent
 from .groupcommit import GroupCommit
-from .pacing import COUNT_SECONDS, Account, HostShare, Pacer
+from .pacing import COUNT_SECONDS, HostShare, Pacer
 from .plan import Outcome, Plan, Transport
 from .settle import (
     HALVE,
@@ -391,18 +391,14 @@ class Replayer:
         finally:
             HEADER_LISTENER.reset(listening)
             pacer.release(answered)
-            if self.account is not None and self.hosts is not None:
-                self._keep_limits(self.hosts, self.account)
+            hosts, account = self.hosts, self.account
+            # what it newly heard of the limits goes to the ledger: the next session starts paced
+            learnt = None if hosts is None or account is None else hosts.to_keep(account)
+            if learnt is not None:
+                self.writes.queue(lambda tx: hosts.keep(tx, account, learnt))
             if answered and self._limited_since is not None:
                 self._limited_since = None
                 self._say("")
-
-    def _keep_limits(self, hosts: HostShare, account: Account) -> None:
-        """What the pacer newly heard of the account's limits, to the ledger with the next
-        writes, so that the next session starts paced."""
-        learnt = hosts.to_keep(account)
-        if learnt is not None:
-            self.writes.queue(lambda tx: hosts.keep(tx, account, learnt))
 
     def _rate_limited(self, exc: ProviderError) -> None:
         """A 429: every call of the session waits what the provider asks, within this run's
