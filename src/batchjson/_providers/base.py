@@ -62,8 +62,7 @@ async def close_provider(provider: Any) -> None:
 
 
 def estimate_tokens(text: str) -> int:
-    """A quarter of the text's characters: an estimate (never a bound, never recorded as a
-    provider's usage)."""
+    """A quarter of the text's characters: an estimate, never a bound nor a provider's usage."""
     return max(1, len(text) // 4)
 
 
@@ -85,8 +84,7 @@ def input_bound(provider: Any, call: Call) -> int:
 
 
 class OneService:
-    """A provider is one service (a pool, counters, a lock): deep-copying one, as ``%config``
-    does, gives it back."""
+    """A provider is one service (a pool, a lock): deep-copying one (``%config``) gives it back."""
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
         return self
@@ -227,8 +225,7 @@ def anthropic_cache_minimum(model: str) -> int:
 
 
 def prefix_cacheable(provider: Any, system: str, shared: str) -> bool:
-    """Whether the batch's shared prefix (system text and instructions) is long enough for
-    ``provider`` to cache: if so, the wire schema is sent batch-constant."""
+    """Whether the batch's shared prefix is long enough to cache (then the schema is constant)."""
     least = cache_minimum(provider)
     return least is not None and estimate_tokens(system + shared) >= least
 

@@ -46,8 +46,7 @@ class BatchClient:
         return Upload(*self.frame)
 
     def lines_that_fit(self, calls: list[Any]) -> int:
-        """How many of ``calls``, from the first, one job's upload holds (at least one: an oversized
-        line is the upload's to refuse)."""
+        """How many of ``calls``, from the first, one job's upload holds (at least one)."""
         room = self.max_bytes - 64  # the request's own wrapping
         for taken, call in enumerate(calls):
             room -= len(json.dumps(self.line(LONGEST_ID, call)[0]).encode()) + 2
@@ -62,8 +61,7 @@ class BatchClient:
     async def _call(self, method: str, path: str, body: Any = None,
                     json_body: Mapping[str, Any] | None = None,
                     json_text: bytes | IO[bytes] | None = None) -> bytes:
-        """``json_body``, or ``json_text`` (encoded, or a file streamed), or ``body`` (a
-        multipart form)."""
+        """``json_body``, ``json_text`` (encoded, or a file), or ``body`` (a multipart form)."""
         p = self.provider
         headers = None
         if json_body is not None:
@@ -99,8 +97,7 @@ class BatchClient:
             raise
 
     async def find(self, uid: str, since: float) -> dict[str, Any] | None:
-        """The job created with ``uid`` in its metadata after ``since`` (unix seconds); None when
-        there is none or the API keeps no metadata."""
+        """The job created with ``uid`` in its metadata after ``since`` (unix seconds), if any."""
         return None
 
     async def poll(self, job_id: str) -> dict[str, Any]:
@@ -150,8 +147,7 @@ class BatchClient:
 
     @staticmethod
     def line_id(line: Any) -> str | None:
-        """A line's ``custom_id``; one that is no string as its JSON text, which never matches
-        one of ours and can be named."""
+        """A line's ``custom_id``; one that is no string as its JSON text (never one of ours)."""
         cid = line.get("custom_id") if isinstance(line, dict) else None
         return cid if cid is None or isinstance(cid, str) else json.dumps(cid)[:200]
 
@@ -216,8 +212,7 @@ class Upload:
             self._flush()
 
     def finish(self) -> IO[bytes]:
-        """The whole upload from its first byte, or a retryable ProviderError when the disk
-        refused a write."""
+        """The whole upload, or a retryable ProviderError when the disk refused a write."""
         if self.tail is not None:
             self._unwritten.append(self.tail)
             self.tail = None

@@ -76,8 +76,7 @@ def as_price(value: Any) -> Price:
 
 
 def _number(value: Any) -> Any:
-    """A numeric string ("0.15", from a config file) as a float; anything else for Price to
-    check, so its message names the field."""
+    """A numeric string (from a config file) as a float; anything else for Price to check."""
     if isinstance(value, str):
         try:
             return float(value)
@@ -137,8 +136,7 @@ def _same_model(model: str, name: str) -> bool:
 
 @lru_cache(maxsize=1024)
 def _listed(model: str) -> tuple[Any, Price] | None:
-    """``model``'s entry in the price data with its price, or None; once per name, as a call's
-    cost is asked on the hot path and a miss scans every model's name rules."""
+    """``model``'s entry in the price data with its price, or None; cached (a miss scans all)."""
     from genai_prices.data_snapshot import get_snapshot  # loads on first use, not on import
 
     for provider in DATA_PROVIDERS:
@@ -194,7 +192,6 @@ def cost_of(model: str | None, input_tokens: int | None, output_tokens: int | No
 
 
 def batch_share(model: str | None, overrides: Mapping[str, Any] | None = None) -> float:
-    """The share of ``model``'s live price a provider batch job bills: its price's ``batch``,
-    else half."""
+    """The share of ``model``'s live price a provider batch job bills (unknown: half)."""
     price = price_for(model, overrides)
     return BATCH_PRICE_FACTOR if price is None else price.batch

@@ -16,9 +16,8 @@ _MODEL_NAME = re.compile(r"^(gpt|o1|o3|o4|claude|llama)[A-Za-z0-9.:_\-]{0,60}$")
 
 
 def provider_label(spec: Any) -> str:
-    """A name for a provider spec; never its configuration (API keys stay inside it), and an
-    unrecognised string as written, unless it is shaped like a pasted key (then only its first
-    four characters)."""
+    """A name for a provider spec, never its configuration; an unknown string as written unless
+    it is shaped like a pasted key (then only its first four characters)."""
     if isinstance(spec, str):
         return spec if spec.strip().lower() in PROVIDER_NAMES else shown_value(spec)
     return str(shown_name(getattr(spec, "name", type(spec).__name__)))
@@ -26,10 +25,8 @@ def provider_label(spec: Any) -> str:
 
 def make_provider(spec: Any, *, model: str | None = None) -> Any:
     """Resolve ``spec``: "openai" | "anthropic" | "simulated" | an object with async complete.
-
-    ``None`` falls back to the BATCHJSON_PROVIDER environment variable and, failing that, raises
-    ProviderNotConfigured: the offline model is never chosen for the user.
-    """
+    ``None``: the BATCHJSON_PROVIDER environment variable, else ProviderNotConfigured (the offline
+    model is never chosen for the user)."""
     source = "provider"
     if spec is None:
         spec = os.environ.get("BATCHJSON_PROVIDER", "").strip() or None

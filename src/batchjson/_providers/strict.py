@@ -37,8 +37,7 @@ _NULL = {"type": "null"}
 
 @dataclass
 class StrictForm:
-    """The strict form of a schema (``schema``), or ``None`` with the ``problems`` that keep
-    strict mode from expressing it, each naming where it is."""
+    """The strict form of a schema, or ``None`` with the ``problems`` that keep it from one."""
 
     schema: dict[str, Any] | None
     problems: list[str] = field(default_factory=list)
@@ -93,8 +92,8 @@ _COUNTS = ("minItems", "maxItems")
 
 
 def _lifted(schema: Mapping[str, Any]) -> tuple[Mapping[str, Any], dict[str, Any]]:
-    """``schema`` with a call's own values lifted out (an identity pin left as an empty
-    ``enum``), and those values; a schema not laid out as a wire schema comes back as it is."""
+    """``schema`` with a call's own values lifted out (a pin left an empty ``enum``), and those
+    values; a schema not laid out as a wire schema comes back as it is."""
     array = _at(schema, "properties", "items")
     item = _at(array, "items")
     props = _at(item, "properties")
@@ -281,8 +280,7 @@ class _Walker:
         out.update(properties=shaped, required=list(props), additionalProperties=False)
 
     def _nullable(self, node: Any) -> Any:
-        """An optional property's schema, made to take ``null`` too (which acceptance reads as
-        the property being absent)."""
+        """An optional property's schema, taking ``null`` too (which acceptance reads as absent)."""
         if not isinstance(node, dict) or allows_null(node, self.root):
             return node
         if set(node) - KEPT_ANNOTATIONS == {"anyOf"} and isinstance(node["anyOf"], list):

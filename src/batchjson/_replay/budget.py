@@ -20,8 +20,7 @@ from .._providers.settings import declared_output_cap
 
 @options(InvalidBatch, prefix="budget ")
 class Budget:
-    """A session's ceiling: ``calls`` and/or ``cost`` (USD); None means unlimited. A bad one is
-    refused when it is made, before anything can be spent under it."""
+    """A session's ceiling: ``calls`` and/or ``cost`` (USD; None: unlimited), checked when made."""
 
     calls: Annotated[int | None, Field(ge=0, description="a whole number >= 0 (or None for "
                                                "no limit)")] = None
@@ -46,8 +45,7 @@ class Budget:
 
 @dataclass(frozen=True)
 class Pricing:
-    """What a cost budget needs of the provider: USD per million tokens, and the most output
-    tokens one call may bill (its ``max_tokens``; None when it sets none)."""
+    """What a cost budget needs: USD per million tokens, and the most output tokens of a call."""
 
     model: str | None
     input: float | None
@@ -60,8 +58,7 @@ class Pricing:
         return self.input is not None and self.output is not None
 
     def worst_case(self, input_bound: int) -> float:
-        """The most one call can cost: its input bound at the dearest input rate, and a full
-        answer."""
+        """The most one call can cost: its input at the dearest input rate, and a full answer."""
         return ((input_bound * max(self.input or 0.0, self.cache_write))
                 + (self.max_output_tokens or 0) * (self.output or 0.0)) / 1e6
 
@@ -83,16 +80,14 @@ def pricing_of(provider: Any) -> Pricing:
     cap = declared_output_cap(provider)
     if price is None:
         return Pricing(model, None, None, cap)
-    write = getattr(price, "cache_write", None)
     return Pricing(model, float(price.input), float(price.output), cap,
-                   float(write) if write is not None else 0.0)
+                   float(getattr(price, "cache_write", None) or 0.0))
 
 
 @dataclass(eq=False)
 class Tally:
-    """What a session has spent, charged call by call by every run (and thread) using it:
-    ``reserved`` for calls not yet settled, ``cost`` for settled ones (an unknown cost at its worst
-    case). Once ``unbounded`` says why (a call billed beyond its reservation), no call is opened."""
+    """What every run and thread of a session spent: ``reserved`` by unsettled calls, ``cost`` by
+    settled ones (unknown: the worst case); once a call bills beyond it, ``unbounded`` says why."""
 
     calls: int = 0
     cost: float = 0.0
@@ -160,8 +155,7 @@ class Spender:
     def refuse_if_short(self, needed: int,
                         cheapest: Callable[[float], float | None] | None = None) -> None:
         """Refuse before spending when the calls budget cannot cover ``needed`` calls, or not even
-        the cheapest next call fits what the cost budget has left (``cheapest(left)``: the worst
-        case of a call fitting ``left``, else the least of all; None: nothing to send)."""
+        the cheapest next call (``cheapest(left)``; None: nothing to send) fits the cost budget."""
         remaining = self.remaining_calls()
         if remaining is not None and needed > remaining:
             raise BudgetExceeded(needed, remaining)
@@ -211,13 +205,10 @@ class Spender:
         worst = self.pricing.worst_case(input_bound) if self.costed else 0.0
         with self._tally.lock:
             remaining = self.remaining_calls()
-            if remaining is not None and remaining <= 0:
-                return None
-            if self.shared is not None and self._tally.unbounded is not None:
-                return None  # a call billed beyond its worst case: no bound holds any more
+            if (remaining is not None and remaining <= 0) or self.stopped is not None:
+                return None  # (a call billed beyond its worst case: no bound holds any more)
             if self.budget.cost is not None and (
-                    self._tally.unbounded is not None
-                    or (alone and self.outstanding and not self._tally.settled)
+                    (alone and self.outstanding and not self._tally.settled)
                     or self._tally.cost + self._tally.reserved + worst > self.budget.cost):
                 return None
             self.calls += 1
@@ -233,12 +224,13 @@ class Spender:
             self.outstanding -= 1
             self._tally.calls -= 1
             self._tally.reserved -= reserved
-        self._settled()
+        if self.on_settle is not None:
+            self.on_settle()
 
     def settle(self, reserved: float, cost: float | None, why: Callable[[], str] | None = None
                ) -> float:
-        """Replace a call's reservation by its real cost (an unknown cost keeps the worst case);
-        return what it billed beyond it, when ``why()`` says why and the cost budget closes."""
+        """Replace a call's reservation by its cost (unknown: the worst case): what it billed
+        beyond it, when ``why()`` says why and the cost budget closes."""
         cost = charge_of(reserved, cost)
         beyond = (cost - reserved if self.costed
                   and cost > reserved * (1 + 1e-9) else 0.0)  # float noise is no overrun
@@ -257,12 +249,9 @@ class Spender:
                         "and no further call is opened under it. Use a server that honours "
                         "the ceiling (some read only max_tokens), check the model's price, or "
                         "use a calls budget")
-        self._settled()
-        return beyond
-
-    def _settled(self) -> None:
         if self.on_settle is not None:
             self.on_settle()
+        return beyond
 
     @property
     def stopped(self) -> str | None:

@@ -111,8 +111,7 @@ class JobRunner:
         return self.result
 
     async def collect(self, keys: list[str]) -> JobsOutcome:
-        """Only collect the ended jobs holding ``keys`` (``%batch_status``): nothing is
-        submitted, and a request's own content comes from the ledger."""
+        """Only collect the ended jobs holding ``keys`` (``%batch_status``): nothing is sent."""
         self.watched.update(self.store.job_holders(keys).values())
         await self._collect_ended()
         self.result.jobs = [job_view(row) for row in self._open_rows()]
@@ -120,8 +119,7 @@ class JobRunner:
 
     # -- submission ----------------------------------------------------------------------------
     def _owed(self, window: Sequence[Request]) -> list[Owed]:
-        """What to send now of ``window``: each request neither accepted nor held by a job, with the
-        kind and prompt of its next attempt, while its allowance lasts."""
+        """Each request of ``window`` neither accepted nor held by a job, while allowed."""
         store = self.store
         keys = [r.key for r in window]
         parents = [r.parent_key for r in window if r.parent_key is not None]
@@ -176,8 +174,7 @@ class JobRunner:
 
     def _next(self, request: Request, rows: Sequence[Mapping[str, Any]], tried: bool,
               cut_off: bool = False) -> Next:
-        """The next attempt after the job receipts ``rows``, as the one policy says (jobs never
-        halve a request: :data:`HALVE` gives it up)."""
+        """The next attempt after receipts ``rows`` (jobs never halve: :data:`HALVE` gives up)."""
         chain = [rest_tried(r["kind"], r["raw"], request, json.loads(r["errors"]))
                  if r["status"] == "partial" else
                  Tried(r["kind"], json.loads(r["errors"] or "[]"), r["raw"]) for r in rows]
@@ -199,8 +196,7 @@ class JobRunner:
         return self.short
 
     def _held_by(self, jobs: Sequence[int]) -> Iterator[list[Request]]:
-        """The requests of this run's revision that the ended ``jobs`` held, read from the
-        ledger a window at a time, one job's keys at a time."""
+        """The requests the ended ``jobs`` held, read a window of one job's keys at a time."""
         for job_id in jobs:
             keys = [line["request_key"] for line in self.store.job_lines(job_id)]
             for start in range(0, len(keys), WINDOW):
@@ -238,8 +234,7 @@ class JobRunner:
 
     def _record(self, body: Upload, owed: list[Owed], calls: list[Call], reserved: list[float],
                 writer: Owner) -> tuple[int, str, list[int]] | None:
-        """Record a job of ``owed`` and write its lines to ``body``: its id, uid and receipts
-        (None: none of them was free)."""
+        """Record a job of ``owed``, its lines into ``body``: its id, uid and receipts, if any."""
         plan, store = self.plan, self.store
         uid = uuid.uuid4().hex
         job_id, written = store.open_job(
@@ -305,8 +300,7 @@ class JobRunner:
         return True
 
     async def _renewing(self, job_id: int, awaitable: Any) -> Any:
-        """``awaitable``, the job's lease renewed meanwhile: no other host takes a job whose
-        upload outlasts a lease for uncertain."""
+        """``awaitable``, the job's lease renewed meanwhile (no other host takes it for lost)."""
         async def renew() -> None:
             while True:
                 await asyncio.sleep(self.store.lease_seconds / 3)
@@ -356,8 +350,7 @@ class JobRunner:
         return rows
 
     async def _collect_ended(self) -> list[int]:
-        """Poll the watched jobs and collect those that ended: the ids of every watched job
-        no longer unfinished (collected here, or by another runner meanwhile)."""
+        """Poll the watched jobs, collecting those that ended: the ids of all no longer open."""
         for row in self.store.jobs(lost=True):
             if row["id"] not in self.watched or row["protocol"] != self.client.protocol:
                 continue
@@ -418,8 +411,7 @@ class JobRunner:
             "person asked while it was being created")
 
     async def _recover(self, row: Mapping[str, Any]) -> Mapping[str, Any]:
-        """An uncertain job found at the provider by its creation uid is recorded open under the id
-        found and polled as any open job; else it stays uncertain."""
+        """An uncertain job found at the provider by its creation uid is recorded open."""
         try:  # listed back to an hour before it was recorded (clocks differ)
             batch = await self.client.find(row["uid"], unix(row["created_at"]) - 3600)
         except ProviderError as exc:
@@ -459,8 +451,7 @@ class JobRunner:
 
     async def replies(self, sent: tuple[Mapping[str, Any], Mapping[str, Any], dict[str, Any]]
                       ) -> Iterator[tuple[Attempt, Reply | ProviderError]]:
-        """The batch transport: an ended job (``sent``: its row, the provider's batch, and the
-        detail its end records) as each receipt with what came back for it."""
+        """An ended job (its row, batch and detail) as each receipt with what came back for it."""
         row, batch, detail = sent
         lines = {line["custom_id"]: line for line in self.store.job_lines(row["id"])}
         whole = self.client.whole_failure(batch)
@@ -531,8 +522,7 @@ def job_view(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def plan_facts(plan: Plan) -> dict[str, Any]:
-    """What judging a job's lines needs beside its revision, kept on the job row so that a
-    kernel that did not run the cell can collect it."""
+    """What judging a job's lines needs beside its revision, for a kernel that did not run it."""
     try:
         schema = json.loads(json.dumps(plan.schema.json_schema))
     except (TypeError, ValueError):
@@ -564,8 +554,7 @@ def unix(stamp: str) -> float:
 
 
 def _lost(custom_id: str, came: int, whole: str | None, status: str) -> ProviderError:
-    """Why a receipt got no answer to admit: its line came back ``came`` times, in a job that
-    ended ``status`` (or failed as a whole: ``whole``)."""
+    """Why a receipt got no answer to admit: its line came back ``came`` times (not once)."""
     if came:
         why = (f"custom_id {custom_id} came back {came} times in one job's output; none of "
                "its lines was admitted")

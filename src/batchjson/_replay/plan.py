@@ -37,8 +37,7 @@ class Plan:
 
     @cached_property
     def _item_chars(self) -> int | None:
-        """The most characters one answer takes, its identity fields left out (their values
-        are the task's): weighed once a run. None: unbounded."""
+        """The most characters one answer takes (None: unbounded), its identity fields left out."""
         schema = self.schema.json_schema
         if self.mode != "value" and isinstance(schema.get("properties"), Mapping):
             schema = {**schema, "properties": {k: v for k, v in schema["properties"].items()

@@ -83,8 +83,7 @@ class Replayer:
         self.control = Control()
 
     async def run(self, requests: Iterable[Request]) -> Outcome:
-        """Drive every request; ``requests`` may be a stream of a million, taken :data:`FEED`
-        at a time as the queue runs low."""
+        """Drive every request of the stream, taken :data:`FEED` at a time as the queue runs low."""
         self.owner = Owner.start(self.session_id)
         self.caller = Caller(self.plan, self.ledger, self.provider, self.spender, self.transport,
                              self.outcome, self.writes, self.owner, self.control,
@@ -150,8 +149,7 @@ class Replayer:
                 self.writes.queue(self.hosts.count)
 
     def _fill(self) -> None:
-        """The stream's next requests into the queue, with their attempts so far, cut-offs and
-        parts accepted before."""
+        """The stream's next requests into the queue, with what the ledger knows of each."""
         if self._feed is None:
             return
         requests = list(islice(self._feed, FEED))
@@ -209,8 +207,7 @@ class Replayer:
 
     # -- one request -----------------------------------------------------------------------
     async def _drive(self, request: Request, depth: int) -> None:
-        """Attempts as ``next_attempt`` says, until the request is accepted, given up or halved;
-        then what the run reports of it."""
+        """Attempts as ``next_attempt`` says, until the request is accepted, given up or halved."""
         if request.key in self._parted:  # accepted in part before (another revision, a batch)
             return self._replace(request, self.plan.keys.apart(
                 request, self._parted.pop(request.key)), depth)
@@ -242,8 +239,7 @@ class Replayer:
             self._attempts.pop(request.key, None)  # done with in this run: held no longer
 
     def _partial(self, request: Request, kind: str, done: Judged) -> tuple[Request, Tried]:
-        """A return committed in part: its accepted part is reported, and the rest is the
-        request whose chain goes on."""
+        """A return committed in part: its accepted part is reported, its rest's chain goes on."""
         kept, rest = apart(self.plan, request, done.verdict)
         self._release(request)
         self._accepted(kept)
@@ -280,8 +276,7 @@ class Replayer:
                                     "calls were opened. Fix the validator and re-run.")
 
     def _cut_short(self, request: Request, done: Judged | None) -> None:
-        """A request cut off at the output ceiling (``done``; None: in an earlier run), not
-        halved: reported as needing a higher ceiling."""
+        """A request cut off at the output ceiling (``done``; None: in an earlier run)."""
         self._release(request)
         self._progress(request)
         fail(self.outcome, request, [cut_off_error(request, self.provider, done is None)],
@@ -327,8 +322,7 @@ class Replayer:
             self.on_progress(len(request.tasks))
 
     def _replace(self, request: Request, children: Sequence[Request], depth: int) -> None:
-        """Replace the request by its parts (halves, or the parts of a return accepted in part
-        before), queued first so they keep the batch's order."""
+        """Replace the request by its parts, queued first so that they keep the batch's order."""
         self.writes.flush_now()  # a partial return's write recording this request goes first
         self.store.record_split(self.plan.revision_id, request, children)
         done = self.store.accepted_keys([c.key for c in children])
@@ -370,8 +364,7 @@ class Replayer:
 
     async def _paced_call(self, request: Request, kind: str,
                           prompt: str) -> Judged | NotSent:
-        """One call within the session pacer's limits; its response's headers teach the pacer,
-        and a 429 pauses every call of the session."""
+        """One call within the pacer's limits; its headers teach the pacer, a 429 pauses all."""
         pacer, call = self.pacer, self.caller.make(request, kind, prompt)
         if pacer is None:
             return await self.caller.call(request, kind, call)
