@@ -79,11 +79,11 @@ def _shape_form(schema: Mapping[str, Any]) -> _Shape:
     for key in ("$defs", "definitions"):
         defs = schema.get(key)
         if isinstance(defs, Mapping):
+            walker.counts["chars"] += sum(len(name) for name in defs)
             out[key] = {name: walker.node(sub, (key, name)) for name, sub in defs.items()}
     if walker.problems:
         return _Shape(None, tuple(walker.problems), {}, 0)
-    counts, problems = _counted(out)
-    return _Shape(out, tuple(problems), counts, _depth(out, out, ()))
+    return _Shape(out, tuple(walker.sizes), walker.counts, _depth(out, out, ()))
 
 
 # Where a call's own values sit in the wire schema (``_content/schema.wire_schema``): its item
@@ -164,9 +164,13 @@ def where(path: tuple[str, ...]) -> str:
 
 
 class _Walker:
+    """Makes a schema's strict form, noting what keeps it from one and what its size counts."""
+
     def __init__(self, root: Mapping[str, Any]) -> None:
         self.root = root
         self.problems: list[str] = []
+        self.counts = {"properties": 0, "enum": 0, "chars": 0}  # of the form made
+        self.sizes: list[str] = []  # enums too big on their own
 
     def problem(self, path: tuple[str, ...], what: str) -> None:
         self.problems.append(f"{where(path)}: {what}")
@@ -209,6 +213,7 @@ class _Walker:
                 out[key] = self.node(value, (*path, "items"))
             else:
                 self.problem(path, f"the keyword {key!r}, which strict mode does not take")
+        _count_values(out, self.counts, self.sizes)
         return self._shaped(node, out, path)
 
     def _inlined(self, node: Mapping[str, Any], path: tuple[str, ...]) -> Mapping[str, Any]:
@@ -272,6 +277,8 @@ class _Walker:
         if undeclared:
             self.problem(path, f"required {', '.join(map(repr, undeclared))} not declared "
                          "under properties")
+        self.counts["properties"] += len(props)
+        self.counts["chars"] += sum(len(name) for name in props)
         shaped = {}
         for name, sub in props.items():
             strict = self.node(sub, (*path, "properties", name))
@@ -289,31 +296,6 @@ class _Walker:
         if isinstance(kind, str) and not node.keys() & {"enum", "const"}:
             return {**node, "type": [kind, "null"]}
         return {"anyOf": [node, _NULL]}
-
-
-def _counted(schema: Mapping[str, Any]) -> tuple[dict[str, int], list[str]]:
-    """A form's properties, enum values and characters, and any enum too big on its own."""
-    counts = {"properties": 0, "enum": 0, "chars": 0}
-    problems: list[str] = []
-    nodes = [schema]
-    for key in ("$defs", "definitions"):
-        defs = schema.get(key)
-        if isinstance(defs, Mapping):
-            counts["chars"] += sum(len(name) for name in defs)
-            nodes += list(defs.values())
-    while nodes:
-        node = nodes.pop()
-        if not isinstance(node, Mapping):
-            continue
-        props = node.get("properties")
-        if isinstance(props, Mapping):
-            counts["properties"] += len(props)
-            counts["chars"] += sum(len(name) for name in props)
-            nodes += list(props.values())
-        nodes += [node[k] for k in ("items",) if k in node]
-        nodes += list(node.get("anyOf") or [])
-        _count_values(node, counts, problems)
-    return counts, problems
 
 
 def _count_values(node: Mapping[str, Any], counts: dict[str, int], problems: list[str]) -> None:
