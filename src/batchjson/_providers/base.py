@@ -20,8 +20,7 @@ from .._secrets import check_name
 from .._sources import Code
 from .reply import Reply
 
-# why a request is asked: its first ask, a repair of a rejected return, or a replay of one never
-# answered; the receipt's ``kind`` column holds the same words
+# why a request is asked (a receipt's ``kind``): first, to repair a rejected return, or again
 CallKind = Literal["initial", "repair", "replay"]
 
 
@@ -66,9 +65,7 @@ def estimate_tokens(text: str) -> int:
     return max(1, len(text) // 4)
 
 
-# A chat call's fixed overhead as OpenAI documents it: 3 tokens framing each message (system,
-# user) and 3 priming the reply.
-CHAT_OVERHEAD_TOKENS = 3 * 2 + 3
+CHAT_OVERHEAD_TOKENS = 3 * 2 + 3  # OpenAI's: 3 framing each message (system, user), 3 the reply
 
 
 def input_bound(provider: Any, call: Call) -> int:

@@ -17,9 +17,7 @@ from ._http import HttpProvider, http_error
 from .pricing import batch_share
 from .reply import Reply
 
-# A job ends within this many hours, answered or expired: OpenAI's completion window (the only
-# one it offers) and Anthropic's Message Batches expiry alike.
-WINDOW_HOURS = 24
+WINDOW_HOURS = 24  # a job ends within this many hours, answered or expired (both providers)
 LONGEST_ID = "bj_" + "0" * 48  # the length of every custom_id (_ledger/store_jobs._custom_id)
 NOT_UTF8 = "__not_utf8__"  # an output line's first byte that is not UTF-8 (OutputLines)
 TEXT = "__text__"  # an output line's own text (OutputLines)
@@ -38,7 +36,6 @@ class BatchClient:
     def __init__(self, provider: HttpProvider) -> None:
         self.provider = provider
         self.endpoint = provider.base_url  # what may be shown of where jobs go
-        # the share of the live price a job bills: half, unless the model's price says so
         self.share = batch_share(provider.model, provider.prices)
 
     def spool(self) -> Upload:
@@ -174,10 +171,8 @@ class OutputLines:
                     parsed = json.loads(text)
                 except ValueError:
                     parsed = None
-                if not isinstance(parsed, dict):
-                    yield text
-                    continue
-                yield {**parsed, TEXT: text, **({} if bad is None else {NOT_UTF8: bad})}
+                yield ({**parsed, TEXT: text, **({} if bad is None else {NOT_UTF8: bad})}
+                       if isinstance(parsed, dict) else text)
 
 
 WRITE_BYTES = 1 << 16  # lines written to the file this many bytes at a time

@@ -17,16 +17,13 @@ from .._checks import options
 from .._errors import ConfigError
 from .._secrets import looks_like_key, masked
 
-# The price data's release. genai-prices ships its data in the wheel and nothing here starts its
-# UpdatePrices (a background download), so prices change only with the installed version.
+# The price data's release: genai-prices' own (never its UpdatePrices download).
 PRICES_AS_OF = f"genai-prices {version('genai-prices')}"
 
-# What a provider batch job (OpenAI Batch, Anthropic Message Batches) bills of the live price when
-# neither the user's price nor the data gives the model a batch price: half, as both publish.
+# What a provider batch job bills of the live price when no price says: half, as both publish.
 BATCH_PRICE_FACTOR = 0.5
 
-# The hosts of batchjson's two protocols: a model is looked up among their own models only, so a
-# local server's "llama-3" is never priced as some other host's model.
+# A model is priced among these hosts' own only: a local "llama-3" is never another's model.
 DATA_PROVIDERS = ("openai", "anthropic")
 
 

@@ -21,8 +21,7 @@ SUPPORTED_FORMATS = frozenset({"date-time", "time", "date", "duration", "email",
                                "ipv4", "ipv6", "uuid"})
 TYPES = frozenset({"string", "number", "integer", "boolean", "object", "array", "null"})
 KEPT_ANNOTATIONS = frozenset({"title", "description"})
-# Annotations: no JSON Schema validator judges by them, so leaving them out changes nothing
-# that is accepted (``nullable`` is OpenAPI's, which JSON Schema ignores).
+# Annotations no JSON Schema validator judges by (``nullable`` is OpenAPI's): dropped freely.
 DROPPED_ANNOTATIONS = frozenset({"default", "examples", "example", "deprecated", "readOnly",
                                  "writeOnly", "$comment", "$schema", "$id", "nullable"})
 CONSTRAINTS = frozenset({"enum", "const", "pattern", "minimum", "maximum", "exclusiveMinimum",
@@ -86,8 +85,7 @@ def _shape_form(schema: Mapping[str, Any]) -> _Shape:
     return _Shape(out, tuple(walker.sizes), walker.counts, _depth(out, out, ()))
 
 
-# Where a call's own values sit in the wire schema (``_content/schema.wire_schema``): its item
-# count on the items array, its pinned identity values as required properties of an item.
+# A call's own values in its wire schema: its item count, and its items' pinned identity values.
 _COUNTS = ("minItems", "maxItems")
 
 

@@ -1,3 +1,2 @@
-"""The bounded replay loop: resolve each request within a fixed allowance, one payer per call.
-
-Imports the ledger and the layers below, never the session or a face (docs/design.md)."""
+"""Runs a plan through a transport (live calls or batch jobs), settled by one policy; imports the
+ledger and the layers below, never the session or a face (docs/design.md)."""

@@ -117,7 +117,6 @@ class JobRunner:
         self.result.jobs = [job_view(row) for row in self._open_rows()]
         return self.result
 
-    # -- submission ----------------------------------------------------------------------------
     def _owed(self, window: Sequence[Request]) -> list[Owed]:
         """Each request of ``window`` neither accepted nor held by a job, while allowed."""
         store = self.store
@@ -342,7 +341,6 @@ class JobRunner:
                     fail(out, request, json.loads(last["errors"] or "[]"), last["raw"])
         self.result.jobs = [job_view(row) for row in self._open_rows()]
 
-    # -- collection ----------------------------------------------------------------------------
     def _open_rows(self) -> list[Any]:
         """The watched jobs still unfinished (those that ended are no longer watched)."""
         rows = [row for row in self.store.jobs() if row["id"] in self.watched]
@@ -437,10 +435,9 @@ class JobRunner:
         for attempt, got in await self.replies((row, batch, detail)):
             self.result.outcome.calls += 1
             verdict, write = await self.settle.settle(attempt, got)
-            if verdict and verdict.accepted and attempt.request and self.on_progress:
-                self.on_progress(len(attempt.request.tasks))
-            elif verdict and verdict.partial and self.on_progress:
-                self.on_progress(len(verdict.stored))
+            done = verdict and attempt.request and (verdict.accepted or verdict.partial)
+            if done and self.on_progress:
+                self.on_progress(len(verdict.stored if verdict.partial else attempt.request.tasks))
             writes.append(write)
         store = self.store
         with store.transaction(calls=True) as tx:

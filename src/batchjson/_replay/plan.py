@@ -85,17 +85,14 @@ class Outcome:
     stopped: str | None = None  # why the run stopped opening calls early, if it did
     overrun: float = 0.0  # USD this run's calls billed beyond their cost-budget reservations
     odd_usage: int = 0  # returns whose usage no call can have, recorded as unknown
-    # each call's task ids as JSON, spooled to disk past a few megabytes (in memory when the
-    # disk has no room: a call already paid for is never failed by its count)
+    # each call's task ids as JSON, spooled to disk (kept in memory when it has no room)
     calls_log: TextSpool = field(default_factory=lambda: TextSpool(keep_when_full=True))
     errors: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    # requests a batch job still holds, one JSON text each ({"request", "where", "task_ids"}):
-    # their tasks' "pending" errors, built when read (spooled, and kept, as the calls log)
+    # requests a batch job holds as JSON ({"request", "where", "task_ids"}), spooled likewise
     pending: TextSpool = field(default_factory=lambda: TextSpool(keep_when_full=True))
     pending_tasks: int = 0
-    # valid answers thrown away with a return rejected for other items' schema or validator
-    # faults (accepting items would have kept them): how many times, their tasks, and their
-    # share of those returns' cost (None: unknown) and tokens
+    # valid answers thrown away with a return rejected for its other items (accept="items" would
+    # keep them): how many times, their tasks, their share of its cost (None: unknown) and tokens
     thrown_away: int = 0
     thrown_tasks: set[str] = field(default_factory=set)
     thrown_cost: float | None = 0.0

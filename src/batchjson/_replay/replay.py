@@ -41,8 +41,7 @@ from .settle import (
 
 Item = tuple[Request, int]  # a queued request and its split depth
 FEED = 500  # requests taken from a stream into the queue at once
-# The pause before each look at requests other runners hold, growing while nothing changes:
-# a run that waits for another's last calls returns within a look of their end.
+# The pause before each look at requests other runners hold, growing while nothing changes.
 HELD_POLL = (0.02, 0.25)
 SAY_WAIT = 5.0  # a rate-limit wait longer than this is said in the run's progress
 
@@ -205,7 +204,6 @@ class Replayer:
             self._polling = False
             self.control.changed.set()
 
-    # -- one request -----------------------------------------------------------------------
     async def _drive(self, request: Request, depth: int) -> None:
         """Attempts as ``next_attempt`` says, until the request is accepted, given up or halved."""
         if request.key in self._parted:  # accepted in part before (another revision, a batch)
@@ -248,19 +246,19 @@ class Replayer:
 
     def _not_sent(self, why: NotSent, item: Item) -> None:
         request = item[0]
-        if why.why in ("held", "resolved"):  # another runner works on this content too
-            if why.why == "held":
-                self._held.append(item)
-            else:
-                self._resolved(request)
-            self._sweep()
+        if why.why == "held":  # another runner works on this content too
+            self._held.append(item)
+        elif why.why == "resolved":
+            self._resolved(request)
+        else:
+            self._release(request)
+            if why.why == "out_of_budget":
+                fail(self.outcome, request, [{"type": "budget_exhausted", "task_id": None,
+                                              "message": "the budget ran out before this "
+                                              f"request was resolved ({why.detail})"}])
+                self._progress(request)
             return
-        self._release(request)
-        if why.why == "out_of_budget":
-            fail(self.outcome, request, [{"type": "budget_exhausted", "task_id": None,
-                                          "message": "the budget ran out before this request "
-                                          f"was resolved ({why.detail})"}])
-            self._progress(request)
+        self._sweep()
 
     def _judged(self, request: Request, done: Judged) -> None:
         verdict = done.verdict
@@ -333,7 +331,6 @@ class Replayer:
                 self._queue.appendleft((child, depth))
         self.control.changed.set()
 
-    # -- one attempt (with transport retries) --------------------------------------------------
     async def _attempt(self, request: Request, kind: str, prompt: str) -> Judged | NotSent:
         """One logical attempt: a first try, then, only after a provider failure, the transport's
         retries (tenacity's, whose first attempt re-raises that failure), then acceptance on the
