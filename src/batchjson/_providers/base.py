@@ -18,6 +18,7 @@ from .._checks import positive_seconds, whole
 from .._errors import ProviderError, ProviderSetupError
 from .._secrets import check_name
 from .._sources import Code
+from .pricing import as_price
 from .reply import Reply
 
 # why a request is asked (a receipt's ``kind``): first, to repair a rejected return, or again
@@ -126,8 +127,6 @@ class CallableProvider(OneService):
                                             ProviderSetupError)
             self.enforces_timeout = True
         self._code = Code(fn, owner="CallableProvider")  # keyed by content (see _sources)
-        from .pricing import as_price  # the price table imports errors only; kept local
-
         self.price = None if price is None else as_price(price)
         self.max_tokens = (None if max_tokens is None else
                            whole("CallableProvider max_tokens", max_tokens, 1, ProviderSetupError))

@@ -263,26 +263,23 @@ class _Walker:
         if keyed:
             self.problem(path, "keys of any name with a schema of their own "
                          "(additionalProperties: {...}, a dict[str, X])")
+        out.setdefault("type", "object")
         if not isinstance(props, Mapping) or not props:
             if extra is not False and not keyed:
                 self.problem(path, "a free-form object (no declared properties)")
-            out.setdefault("type", "object")
             out["additionalProperties"] = False
             return
-        required = node.get("required")
-        required = required if isinstance(required, list) else []
+        required = node["required"] if isinstance(node.get("required"), list) else []
         undeclared = [name for name in required if name not in props]
         if undeclared:
             self.problem(path, f"required {', '.join(map(repr, undeclared))} not declared "
                          "under properties")
         self.counts["properties"] += len(props)
         self.counts["chars"] += sum(len(name) for name in props)
-        shaped = {}
-        for name, sub in props.items():
-            strict = self.node(sub, (*path, "properties", name))
-            shaped[name] = strict if name in required else self._nullable(strict)
-        out.setdefault("type", "object")
-        out.update(properties=shaped, required=list(props), additionalProperties=False)
+        forms = {name: self.node(sub, (*path, "properties", name)) for name, sub in props.items()}
+        out.update(properties={name: form if name in required else self._nullable(form)
+                               for name, form in forms.items()},
+                   required=list(props), additionalProperties=False)
 
     def _nullable(self, node: Any) -> Any:
         """An optional property's schema, taking ``null`` too (which acceptance reads as absent)."""
