@@ -218,10 +218,8 @@ class _Walker:
         """``allOf`` of one schema (older pydantic's way to describe a ``$ref``) is that
         schema, when nothing but annotations stands beside it."""
         parts = node.get("allOf")
-        if not (isinstance(parts, list) and len(parts) == 1 and isinstance(parts[0], Mapping)):
-            return node
-        beside = set(node) - {"allOf"} - KEPT_ANNOTATIONS - DROPPED_ANNOTATIONS
-        if beside:
+        if (not (isinstance(parts, list) and len(parts) == 1 and isinstance(parts[0], Mapping))
+                or set(node) - {"allOf"} - KEPT_ANNOTATIONS - DROPPED_ANNOTATIONS):
             return node  # judged as it is: allOf is outside the subset
         return {**{k: v for k, v in node.items() if k != "allOf"}, **parts[0]}
 
@@ -232,10 +230,9 @@ class _Walker:
         beside = set(node) - {"$ref"} - KEPT_ANNOTATIONS - DROPPED_ANNOTATIONS
         if beside:
             self.problem(path, f"$ref beside {', '.join(sorted(beside))}")
-        target = resolve_pointer(self.root, ref) if isinstance(ref, str) else MISSING
         if not (isinstance(ref, str) and ref.split("/")[:2] in (["#", "$defs"],
                                                                 ["#", "definitions"])
-                and target is not MISSING):
+                and resolve_pointer(self.root, ref) is not MISSING):
             self.problem(path, f"$ref {ref!r} (strict mode follows only #/$defs/... here)")
         return {"$ref": ref}
 

@@ -376,8 +376,7 @@ class JobRunner:
                 continue
             self.store.note_job(row["id"], {"provider_status": status,
                                             "counts": self.client.counts(batch)})
-        before = set(self.watched)
-        gone = sorted(before - {row["id"] for row in self._open_rows()})
+        gone = sorted(self.watched - {row["id"] for row in self._open_rows()})
         for job_id in gone:
             if job_id not in self.cancelled_before and (
                     self.store.jobs(job=str(job_id))[0]["status"] == "cancelled"):

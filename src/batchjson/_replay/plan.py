@@ -52,8 +52,7 @@ class Plan:
             return item
         echoes = sum(len(name) + len(json.dumps(task[name], ensure_ascii=False)) + 4
                      for task in tasks for name in self.identity)
-        count = len(tasks)
-        return len('{"items":[]}') + count * (item + 1) + echoes
+        return len('{"items":[]}') + len(tasks) * (item + 1) + echoes
 
 
 @dataclass
