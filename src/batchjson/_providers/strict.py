@@ -72,14 +72,14 @@ def _cached_form(text: bytes) -> _Shape:
 def _shape_form(schema: Mapping[str, Any]) -> _Shape:
     walker = _Walker(schema)
     if schema.get("type") != "object" or "anyOf" in schema:
-        walker.problem((), "a root that is not an object (strict mode needs an object root "
+        walker.problem("", "a root that is not an object (strict mode needs an object root "
                        "without anyOf)")
-    out = walker.node(schema, ())
+    out = walker.node(schema, "")
     for key in ("$defs", "definitions"):
         defs = schema.get(key)
         if isinstance(defs, Mapping):
             walker.counts["chars"] += sum(len(name) for name in defs)
-            out[key] = {name: walker.node(sub, (key, name)) for name, sub in defs.items()}
+            out[key] = {name: walker.node(sub, f"{key}.{name}") for name, sub in defs.items()}
     if walker.problems:
         return _Shape(None, tuple(walker.problems), {}, 0)
     return _Shape(out, tuple(walker.sizes), walker.counts, _depth(out, out, ()))
@@ -145,24 +145,9 @@ def _required(name: str, node: Mapping[str, Any]) -> bool:
     return isinstance(required, list) and name in required
 
 
-def where(path: tuple[str, ...]) -> str:
-    """A schema path as a field path: ``('properties', 'a', 'items')`` is ``a[]``."""
-    out, parts = "", list(path)
-    while parts:
-        key = parts.pop(0)
-        if key in ("properties", "$defs", "definitions") and parts:
-            name = parts.pop(0)
-            out += (f"{key}.{name}" if key != "properties" else
-                    (f".{name}" if out else name))
-        elif key == "items":
-            out += "[]"
-        elif key == "anyOf" and parts:
-            out += f"(anyOf {parts.pop(0)})"
-    return out or "the root"
-
-
 class _Walker:
-    """Makes a schema's strict form, noting what keeps it from one and what its size counts."""
+    """Makes a schema's strict form, noting what keeps it from one and what its size counts.
+    A ``path`` is where a node is, as a field path (``a[].b``; ``""``: the root)."""
 
     def __init__(self, root: Mapping[str, Any]) -> None:
         self.root = root
@@ -170,14 +155,14 @@ class _Walker:
         self.counts = {"properties": 0, "enum": 0, "chars": 0}  # of the form made
         self.sizes: list[str] = []  # enums too big on their own
 
-    def problem(self, path: tuple[str, ...], what: str) -> None:
-        self.problems.append(f"{where(path)}: {what}")
+    def problem(self, path: str, what: str) -> None:
+        self.problems.append(f"{path or 'the root'}: {what}")
 
-    def node(self, node: Any, path: tuple[str, ...]) -> Any:
+    def node(self, node: Any, path: str) -> Any:
         if not isinstance(node, Mapping):
             self.problem(path, "a schema of true/false (any value, or none)")
             return node
-        node = self._inlined(node, path)
+        node = self._inlined(node)
         if "$ref" in node:
             return self._ref(node, path)
         out: dict[str, Any] = {}
@@ -206,15 +191,15 @@ class _Walker:
                                  f"{', '.join(sorted(SUPPORTED_FORMATS))})")
                 out[key] = value
             elif key == "anyOf" and isinstance(value, list):
-                out[key] = [self.node(b, (*path, "anyOf", str(i))) for i, b in enumerate(value)]
+                out[key] = [self.node(b, f"{path}(anyOf {i})") for i, b in enumerate(value)]
             elif key == "items" and isinstance(value, Mapping):
-                out[key] = self.node(value, (*path, "items"))
+                out[key] = self.node(value, path + "[]")
             else:
                 self.problem(path, f"the keyword {key!r}, which strict mode does not take")
         _count_values(out, self.counts, self.sizes)
         return self._shaped(node, out, path)
 
-    def _inlined(self, node: Mapping[str, Any], path: tuple[str, ...]) -> Mapping[str, Any]:
+    def _inlined(self, node: Mapping[str, Any]) -> Mapping[str, Any]:
         """``allOf`` of one schema (older pydantic's way to describe a ``$ref``) is that
         schema, when nothing but annotations stands beside it."""
         parts = node.get("allOf")
@@ -223,7 +208,7 @@ class _Walker:
             return node  # judged as it is: allOf is outside the subset
         return {**{k: v for k, v in node.items() if k != "allOf"}, **parts[0]}
 
-    def _ref(self, node: Mapping[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
+    def _ref(self, node: Mapping[str, Any], path: str) -> dict[str, Any]:
         """A bare local ``$ref`` into ``$defs``/``definitions``; annotations beside it are
         dropped (strict mode takes none), anything else is a problem."""
         ref = node["$ref"]
@@ -237,7 +222,7 @@ class _Walker:
         return {"$ref": ref}
 
     def _shaped(self, node: Mapping[str, Any], out: dict[str, Any],
-                path: tuple[str, ...]) -> dict[str, Any]:
+                path: str) -> dict[str, Any]:
         kinds = node.get("type")
         kinds = set(kinds) if isinstance(kinds, list) else {kinds}
         if "object" in kinds or "properties" in node or "additionalProperties" in node:
@@ -253,7 +238,7 @@ class _Walker:
         return out
 
     def _object(self, node: Mapping[str, Any], out: dict[str, Any],
-                path: tuple[str, ...]) -> None:
+                path: str) -> None:
         props = node.get("properties")
         extra = node.get("additionalProperties")
         keyed = isinstance(extra, Mapping) and bool(extra)
@@ -273,7 +258,8 @@ class _Walker:
                          "under properties")
         self.counts["properties"] += len(props)
         self.counts["chars"] += sum(len(name) for name in props)
-        forms = {name: self.node(sub, (*path, "properties", name)) for name, sub in props.items()}
+        forms = {name: self.node(sub, f"{path}.{name}" if path else name)
+                 for name, sub in props.items()}
         out.update(properties={name: form if name in required else self._nullable(form)
                                for name, form in forms.items()},
                    required=list(props), additionalProperties=False)
