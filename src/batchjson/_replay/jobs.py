@@ -131,8 +131,10 @@ class JobRunner:
         cut = {key for key, stops in stopped.items() if TRUNCATED in stops}
         owed = []
         for request in free:
-            rows = self._chain(request, history.get(request.key)
-                               or _partial_before(request, history))
+            # none of its own: those ending with the partial return it was split from, if any
+            parent = history.get(request.parent_key or "", [])
+            rows = self._chain(request, history.get(request.key) or (
+                parent if parent and parent[-1]["status"] == "partial" else []))
             if rows and rows[-1]["job_id"] in self.stopped:  # owed to the next run
                 continue
             step = self._next(request, rows, request.key in tried, request.key in cut)
@@ -525,13 +527,6 @@ def plan_facts(plan: Plan) -> dict[str, Any]:
         schema = None
     return {"schema": schema, "mode": plan.mode, "identity": list(plan.identity),
             "accept": plan.accept}
-
-
-def _partial_before(request: Request, history: Mapping[str, list[Any]]) -> list[Any]:
-    """The job receipts of the request a partial return split ``request`` from, ending with
-    that return (this part's own attempt); else none."""
-    parent = history.get(request.parent_key or "", [])
-    return parent if parent and parent[-1]["status"] == "partial" else []
 
 
 def _pending(out: Outcome, request: Request, job: Mapping[str, Any] | None) -> None:
