@@ -216,10 +216,12 @@ class JobRunner:
             reserved = self._reserve(calls)
             if not reserved:
                 return False, []
-            n = len(reserved)
-            job = self._record(body, owed[:n], calls[:n], reserved, writer)
+            held = len(reserved)
+            job = self._record(body, owed[:held], calls[:held], reserved, writer)
             del calls  # the upload is on disk while it is sent
-            return job is None or await self._send(body, *job), unsent
+            if job is None:  # none of them was free: more may be sent
+                return True, unsent
+            return await self._send(body, *job), unsent
 
     def _reserve(self, calls: list[Call]) -> list[float]:
         """The worst case of each of ``calls`` the budget holds, from the first."""
