@@ -195,21 +195,19 @@ class Upload:
         self.lines = 0  # lines added
         self.size = 0  # bytes of the whole upload, head and tail included
         self.failed: OSError | None = None
-        self._unwritten, self._waiting = [head], len(head)
+        self._unwritten = bytearray(head)
 
     def add(self, text: str) -> None:
         """One line's JSON text."""
-        data = (self.sep if self.lines else b"") + text.encode() + self.end
+        self._unwritten += (self.sep if self.lines else b"") + text.encode() + self.end
         self.lines += 1
-        self._unwritten.append(data)
-        self._waiting += len(data)
-        if self._waiting >= WRITE_BYTES:
+        if len(self._unwritten) >= WRITE_BYTES:
             self._flush()
 
     def finish(self) -> IO[bytes]:
         """The whole upload, or a retryable ProviderError when the disk refused a write."""
         if self.tail is not None:
-            self._unwritten.append(self.tail)
+            self._unwritten += self.tail
             self.tail = None
             self._flush()
         if self.failed is not None:
@@ -219,8 +217,7 @@ class Upload:
         return self.file
 
     def _flush(self) -> None:
-        data = b"".join(self._unwritten)
-        self._unwritten, self._waiting = [], 0
+        data, self._unwritten = self._unwritten, bytearray()
         self.size += len(data)
         if self.failed is None:
             try:
