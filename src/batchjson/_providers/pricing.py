@@ -74,12 +74,10 @@ def as_price(value: Any) -> Price:
 
 def _number(value: Any) -> Any:
     """A numeric string (from a config file) as a float; anything else for Price to check."""
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return value
-    return value
+    try:
+        return float(value) if isinstance(value, str) else value
+    except ValueError:
+        return value
 
 
 def normalize_prices(mapping: Mapping[str, Any] | None) -> dict[str, Price]:
