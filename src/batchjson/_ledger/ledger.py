@@ -111,8 +111,7 @@ class Ledger:
         docs/design.md, "Forgetting"): the record (batch, revisions, requests, items, by, via,
         at), or None when it owes nothing. An unknown name, or a batch with an unfinished batch
         job (its requests may still be answered, and billed), is an InvalidBatch."""
-        problem = self.no_such_batch(name) or _unfinished_jobs(
-            [j for j in self.store.jobs() if j["batch"] == name], f"batch {name!r}", "forget it")
+        problem = self.no_such_batch(name) or self.store._jobs_in_the_way(name, "forget it")
         if problem:
             raise InvalidBatch(problem)
         return self.store._forget(name, via=via, by=by or _who(), stamp=now())

@@ -17,8 +17,8 @@ from .._content.tasks import Request
 from .._errors import InvalidBatch
 from .records import now
 from .store_base import Row, Tx
-from .store_jobs import JobStore, _unfinished_jobs
-from .store_runs import LATER_WORK_SQL, UNRESOLVED_SQL
+from .store_jobs import JobStore
+from .store_runs import CHECKPOINT_SQL, LATER_WORK_SQL, UNRESOLVED_SQL
 
 EXPORT_FORMAT = "batchjson/receipt-1"
 # The components that say how a receipt was judged (tasks and pack say what was asked).
@@ -29,6 +29,10 @@ ATTEMPT_COLUMNS = ("request_key", "task_ids", "kind", "status", "errors", "raw",
                    "input_tokens", "output_tokens", "cached_tokens", "cost", "provider",
                    "model", "started_at", "finished_at", "uid", "sent_at", "owner", "source",
                    "estimated_input_tokens", "cost_floor")
+IMPORTS_SQL = ("INSERT INTO imports(digest, attempt_id, source, line, outcome, imported_at) "
+               "VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING")
+FORGETS_SQL = ("INSERT INTO forgets(batch_id, forgotten_at, forgotten_by, via, revisions, "
+               "requests, items) VALUES (?,?,?,?,?,?,?)")
 MERGED = ("batches", "revisions", "requests", "attempts", "attempts_completed",
           "checkpoint_rows", "validators", "imports")
 
@@ -38,9 +42,8 @@ class AdminStore(JobStore):
 
     def imported_before(self, tx: Tx, digest: str, uid: str | None
                         ) -> tuple[Row | None, Row | None]:
-        """What the ledger holds of a receipt line, in ``tx``: where a line with this digest
-        was imported before (line, source), and (id, batch_id, status) of the attempt with
-        its global id ``uid``; each None when there is none."""
+        """In ``tx``: (line, source) of a line with this digest imported before, and (id,
+        batch_id, status) of the attempt with global id ``uid``; each None when there is none."""
         done = self._exec(tx, "SELECT line, source FROM imports WHERE digest = ?",
                           (digest,)).fetchone()
         held = None if not uid else self._exec(
@@ -56,12 +59,10 @@ class AdminStore(JobStore):
     def record_import(self, tx: Tx, receipt: Mapping[str, Any], *, status: str,
                       errors: Sequence[Mapping], stored: Mapping[str, Any],
                       usage: Mapping[str, Any], completes: int | None = None) -> int:
-        """Write one imported receipt, in ``tx``: its attempt (a new one of kind ``import``,
-        or, with ``completes``, the in-flight attempt of the same call it completes), its
-        checkpoint rows when ``status`` is accepted, and the line's ``imports`` row. The
-        receipt mapping holds batch_id, revision_id, request, provider, model, at, uid,
-        source, digest, file, line, outcome and, for a partial one, its parts. Returns the
-        attempt's id."""
+        """Write one imported receipt in ``tx``: its attempt (of kind ``import``, or the
+        in-flight attempt of the same call it ``completes``), its checkpoint rows if accepted,
+        and the line's ``imports`` row; the attempt's id. ``receipt``: batch_id, revision_id,
+        request, provider, model, at, uid, source, digest, file, line, outcome, parts."""
         if completes is not None:
             attempt_id = completes
             self._exec(tx, "UPDATE attempts SET status = 'in_flight' WHERE id = ?", (completes,))
@@ -69,9 +70,8 @@ class AdminStore(JobStore):
             request: Request = receipt["request"]
             attempt_id = self._insert(
                 tx, "INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, "
-                "status, errors, raw, input_tokens, output_tokens, cached_tokens, cost, provider, "
-                "model, started_at, finished_at, uid, sent_at, source) VALUES (?,?,?,?, 'import', "
-                "'in_flight', NULL, NULL, NULL, NULL, NULL, NULL, ?, ?, ?, NULL, ?, ?, ?)",
+                "status, provider, model, started_at, uid, sent_at, source) VALUES "
+                "(?,?,?,?, 'import', 'in_flight', ?,?,?,?,?,?)",
                 (receipt["batch_id"], receipt["revision_id"], request.key,
                  request.task_ids_json, receipt["provider"], receipt["model"], receipt["at"],
                  receipt["uid"], receipt["sent_at"], receipt["source"]))
@@ -83,10 +83,8 @@ class AdminStore(JobStore):
         self.complete_call(tx, attempt_id, status, receipt["raw"], usage, errors=errors,
                            accepted=accepted if status in ("accepted", "partial") else None,
                            parts=parts)
-        self._exec(tx, "INSERT INTO imports(digest, attempt_id, source, line, outcome, "
-                   "imported_at) VALUES (?,?,?,?,?,?)",
-                   (receipt["digest"], attempt_id, receipt["file"], receipt["line"],
-                    receipt["outcome"], now()))
+        self._exec(tx, IMPORTS_SQL, (receipt["digest"], attempt_id, receipt["file"],
+                                     receipt["line"], receipt["outcome"], now()))
         return attempt_id
 
     # -- the revisions imported attempts go to -------------------------------------------------
@@ -127,12 +125,9 @@ class AdminStore(JobStore):
 
     # -- export --------------------------------------------------------------------------------
     def _export_receipts(self, name: str | None = None) -> list[dict[str, Any]]:
-        """Every attempt (of one batch, or all) as an importable receipt, in call order. A batch
-        with an unfinished batch job is refused (an InvalidBatch): its receipts in flight would
-        be imported elsewhere without the job that collects them."""
-        problem = _unfinished_jobs([j for j in self.jobs() if name in (None, j["batch"])],
-                                   "this ledger" if name is None else f"batch {name!r}",
-                                   "export it")
+        """Every attempt (of one batch, or all) as an importable receipt, in call order; an
+        InvalidBatch while a job may still answer (its receipts would leave without it)."""
+        problem = self._jobs_in_the_way(name, "export it")
         if problem:
             raise InvalidBatch(problem)
         where, args = (" WHERE b.name = ?", (name,)) if name else ("", ())
@@ -145,30 +140,29 @@ class AdminStore(JobStore):
 
     # -- merging another ledger in ------------------------------------------------------------
     def merge_tables(self, theirs: Mapping[str, Sequence[Row]], source: str) -> dict[str, Any]:
-        """Bring another ledger's rows (table -> rows, as ``ledger.other_tables`` gives them) in,
-        in one transaction; ``source`` names it in the reasons it writes. Returns what was
-        added and how many attempts were already here."""
+        """Bring another ledger's rows (``ledger.other_tables``) in, in one transaction;
+        ``source`` names it in the reasons it writes. What was added, and how many attempts
+        were already here."""
         added = dict.fromkeys(MERGED, 0)
         with self.transaction(whole="the merge") as tx:
             self._merge_validators(tx, theirs["validators"], added)
-            batch_map, new_batches = self._merge_batches(tx, theirs["batches"], added)
-            revision_map = self._merge_revisions(tx, theirs, batch_map, new_batches, source,
-                                                 added)
+            ours = {row[0]: row[1] for row in self._exec(  # our batches' current revisions
+                tx, "SELECT id, current_revision FROM batches").fetchall()}
+            batch_map = {b["id"]: self._batch_row(tx, b["name"], b["created_at"])[0]
+                         for b in theirs["batches"]}
+            added["batches"] = len(set(batch_map.values()) - ours.keys())
+            revision_map = self._merge_revisions(tx, theirs, batch_map, ours, source, added)
             self._merge_requests(tx, theirs["requests"], revision_map, added)
             attempt_map, present = self._merge_attempts(tx, theirs["attempts"], batch_map,
                                                         revision_map, added)
             for c in theirs["checkpoint"]:
-                added["checkpoint_rows"] += self._exec(
-                    tx, "INSERT INTO checkpoint(batch_id, request_key, task_id, attempt_id, "
-                    "item, committed_at) VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING",
-                    (batch_map[c["batch_id"]], c["request_key"], c["task_id"],
-                     attempt_map[c["attempt_id"]], c["item"], c["committed_at"])).rowcount
+                added["checkpoint_rows"] += self._exec(tx, CHECKPOINT_SQL, (
+                    batch_map[c["batch_id"]], c["request_key"], c["task_id"],
+                    attempt_map[c["attempt_id"]], c["item"], c["committed_at"])).rowcount
             for i in theirs["imports"]:
-                added["imports"] += self._exec(
-                    tx, "INSERT INTO imports(digest, attempt_id, source, line, outcome, "
-                    "imported_at) VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING",
-                    (i["digest"], attempt_map.get(i["attempt_id"]), i["source"], i["line"],
-                     i["outcome"], i["imported_at"])).rowcount
+                added["imports"] += self._exec(tx, IMPORTS_SQL, (
+                    i["digest"], attempt_map.get(i["attempt_id"]), i["source"], i["line"],
+                    i["outcome"], i["imported_at"])).rowcount
         return {"added": added, "attempts_already_present": present}
 
     def _merge_validators(self, tx: Tx, validators: Sequence[Row], added: dict) -> None:
@@ -187,36 +181,16 @@ class AdminStore(JobStore):
                         v["defined_at"], v["by_identity"]))
             added["validators"] += 1
 
-    def _merge_batches(self, tx: Tx, batches: Sequence[Row],
-                       added: dict) -> tuple[dict[int, int], set[int]]:
-        batch_map: dict[int, int] = {}
-        new_batches: set[int] = set()
-        for b in batches:
-            row = self._exec(tx, "SELECT id FROM batches WHERE name = ?",
-                             (b["name"],)).fetchone()
-            if row is None:
-                batch_map[b["id"]] = self._insert(
-                    tx, "INSERT INTO batches(name, created_at) VALUES (?, ?)",
-                    (b["name"], b["created_at"]))
-                new_batches.add(b["id"])
-                added["batches"] += 1
-            else:
-                batch_map[b["id"]] = row["id"]
-        return batch_map, new_batches
-
     def _merge_revisions(self, tx: Tx, theirs: Mapping[str, Sequence[Row]],
-                         batch_map: dict[int, int], new_batches: set[int], source: str,
+                         batch_map: dict[int, int], ours: Mapping[int, int | None], source: str,
                          added: dict) -> dict[int, int]:
-        current = {row["id"]: row["current_revision"] for row in self._exec(
-            tx, "SELECT id, current_revision FROM batches").fetchall()}  # ours, before merging
         revision_map: dict[int, int] = {}
         inserted: list[Row] = []
         for r in theirs["revisions"]:
             batch_id = batch_map[r["batch_id"]]
-            row = self._exec(tx, "SELECT id FROM revisions WHERE batch_id = ? AND "
-                             "fingerprint = ?", (batch_id, r["fingerprint"])).fetchone()
-            if row is not None:
-                revision_map[r["id"]] = row["id"]
+            found = self._revision_with(tx, batch_id, r["fingerprint"])
+            if found is not None:
+                revision_map[r["id"]] = found
                 continue
             number = r["number"]
             if self._exec(tx, "SELECT 1 FROM revisions WHERE batch_id = ? AND number = ?",
@@ -241,15 +215,15 @@ class AdminStore(JobStore):
             if r["superseded_by"] is not None:
                 self._exec(tx, "UPDATE revisions SET superseded_by = ? WHERE id = ?",
                            (revision_map[r["superseded_by"]], revision_map[r["id"]]))
-            ours = current.get(batch_map[r["batch_id"]])
-            if r["status"] == "open" and ours is not None:
+            current = ours.get(batch_map[r["batch_id"]])
+            if r["status"] == "open" and current is not None:
                 # Beside a batch of ours the merged revision is on record, not owed: the batch
                 # keeps working on its current revision (as an import beside it does).
-                self._mark_superseded(tx, revision_map[r["id"]], ours, f"merged from {source} "
-                                      "beside the batch's current revision")
+                self._mark_superseded(tx, revision_map[r["id"]], current, f"merged from "
+                                      f"{source} beside the batch's current revision")
         self._carry_forgets(tx, theirs["forgets"], inserted, revision_map, batch_map)
         for b in theirs["batches"]:
-            if b["id"] in new_batches and b["current_revision"] is not None:
+            if batch_map[b["id"]] not in ours and b["current_revision"] is not None:
                 self._make_current(tx, batch_map[b["id"]], revision_map[b["current_revision"]])
         return revision_map
 
@@ -264,12 +238,10 @@ class AdminStore(JobStore):
             if record is None:
                 continue
             if record["id"] not in carried:
-                carried[record["id"]] = self._insert(
-                    tx, "INSERT INTO forgets(batch_id, forgotten_at, forgotten_by, via, "
-                    "revisions, requests, items) VALUES (?,?,?,?,?,?,?)",
-                    (batch_map[record["batch_id"]], record["forgotten_at"],
-                     record["forgotten_by"], record["via"], "[]", record["requests"],
-                     record["items"]))
+                carried[record["id"]] = self._insert(tx, FORGETS_SQL, (
+                    batch_map[record["batch_id"]], record["forgotten_at"],
+                    record["forgotten_by"], record["via"], "[]", record["requests"],
+                    record["items"]))
             self._exec(tx, "UPDATE revisions SET forget_id = ? WHERE id = ?",
                        (carried[record["id"]], revision_map[r["id"]]))
         for ours in carried.values():
@@ -335,10 +307,8 @@ class AdminStore(JobStore):
             items = len({t for r in owed for t in json.loads(r["task_ids"])})
             batch_id = self._exec(tx, "SELECT id FROM batches WHERE name = ?",
                                   (name,)).fetchone()[0]
-            forget_id = self._insert(
-                tx, "INSERT INTO forgets(batch_id, forgotten_at, forgotten_by, via, revisions, "
-                "requests, items) VALUES (?,?,?,?,?,?,?)",
-                (batch_id, stamp, by, via, json.dumps(revisions), len(owed), items))
+            forget_id = self._insert(tx, FORGETS_SQL, (batch_id, stamp, by, via,
+                                                       json.dumps(revisions), len(owed), items))
             self._exec(tx, f"UPDATE revisions SET forget_id = ? WHERE batch_id = ? AND number IN "
                        f"({','.join('?' * len(revisions))})", (forget_id, batch_id, *revisions))
         return {"batch": name, "revisions": revisions, "requests": len(owed), "items": items,

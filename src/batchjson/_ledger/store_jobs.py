@@ -20,7 +20,6 @@ from .store_calls import MINE, CallStore, Owner, _owner_gone
 JOB_HOST = "batchjson-job"  # the host of a job's claims: no process, never presumed gone
 NEVER = 1e18  # a job's claims have no lease: they are released when the job is collected
 OPEN_STATES = ("recording", "open", "uncertain")
-CUSTOM_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
 
 def _job_owner(uid: str) -> Owner:
@@ -30,15 +29,10 @@ def _job_owner(uid: str) -> Owner:
 
 def _custom_id(job_uid: str, attempt_id: int, request_key: str) -> str:
     """A line's id: a digest naming one receipt of one job, so a stale line (of an earlier job
-    or attempt) can never be joined to a later one; it fits both providers' rule
-    ``^[a-zA-Z0-9_-]{1,64}$``."""
+    or attempt) can never be joined to a later one; 51 characters of ``[a-z0-9_]``, within
+    both providers' rule ``^[a-zA-Z0-9_-]{1,64}$``."""
     digest = hashlib.sha256(f"{job_uid}:{attempt_id}:{request_key}".encode()).hexdigest()
     return f"bj_{digest[:48]}"
-
-
-def _valid_custom_id(value: Any) -> bool:
-    return (isinstance(value, str) and 1 <= len(value) <= 64
-            and set(value) <= CUSTOM_ID_CHARS)
 
 
 class JobStore(CallStore):
@@ -49,12 +43,11 @@ class JobStore(CallStore):
                  writer: Owner, lines: Sequence[tuple[Request, str, bool, float, int]],
                  shared: bool = False, plan: Mapping[str, Any] | None = None,
                  ) -> tuple[int | None, list[dict[str, Any]]]:
-        """Record a job (``recording``), committed before anything is uploaded, and for each
-        (request, kind, wrapped, reserved, estimated input tokens) whose request is still free
-        and fits the ledger's budget (``shared``: each line's worst case reserved on it), its
-        receipt, claim and line: (job id, the lines written), or (None, []) when none was.
-        ``plan``: what judging its lines needs beside the revision (the schema, for a kernel
-        that did not run it); the writer's lease on the recording runs from now."""
+        """Record a job (``recording``) before anything is uploaded, with a receipt, claim and
+        line for each (request, kind, wrapped, reserved, estimated input tokens) still free and
+        within the ledger's budget (``shared``: each line's worst case reserved on it): (job
+        id, the lines written), or (None, []). ``plan``: what judging its lines needs beside
+        the revision."""
         owner, stamp = _job_owner(uid), now()
         written: list[dict[str, Any]] = []
         with self.transaction(calls=True) as tx:
@@ -71,8 +64,6 @@ class JobStore(CallStore):
                 if state != MINE or attempt_id is None:
                     continue
                 line = _custom_id(uid, attempt_id, request.key)
-                if not _valid_custom_id(line):  # cannot happen: a digest; checked all the same
-                    raise ValueError(f"custom_id {line!r} breaks the providers' rule")
                 self._exec(tx, "INSERT INTO job_lines(custom_id, job_id, attempt_id, "
                            "request_key, wrapped, reserved) VALUES (?,?,?,?,?,?)",
                            (line, job_id, attempt_id, request.key, int(wrapped), reserved))
@@ -96,10 +87,9 @@ class JobStore(CallStore):
 
     def job_submitted(self, job_id: int, provider_job_id: str,
                       detail: Mapping[str, Any]) -> bool:
-        """The provider created the job: its id recorded, every line's receipt sent (an
-        uncertain job is open again). True when a person cancelled or released it meanwhile:
-        the writer then cancels it at the provider, and a released job keeps its id, so no
-        batch is ever billed unknown to its ledger."""
+        """The provider created the job: its id recorded, every line's receipt sent. True when
+        a person cancelled or released it meanwhile: the writer then cancels it at the
+        provider, and a released job keeps its id, so no job is billed unknown to its ledger."""
         stamp = now()
         with self.transaction() as tx:
             status, old = self._job_state(tx, job_id)
@@ -119,10 +109,9 @@ class JobStore(CallStore):
 
     def note_job(self, job_id: int, note: Mapping[str, Any], *, recording: bool = False,
                  uncertain: bool = False) -> bool:
-        """Add ``note`` to a job's detail. ``recording``: only while its writer still creates
-        it (a person's cancel, honoured once it exists: ``job_submitted``); ``uncertain``: a job
-        still recording becomes uncertain (it may exist, billed, without its id on record).
-        False, nothing written, when either finds it no longer recording."""
+        """Add ``note`` to a job's detail; ``recording``: only while its writer still creates
+        it; ``uncertain``: a job still recording becomes uncertain (it may exist, billed,
+        without its id on record). False, nothing written, when either finds it is not."""
         with self.transaction() as tx:
             status, old = self._job_state(tx, job_id)
             if (recording or uncertain) and status != "recording":
@@ -172,9 +161,8 @@ class JobStore(CallStore):
         return True
 
     def _lost_recordings(self) -> None:
-        """Jobs still ``recording`` whose writer is gone become ``uncertain``: it may have
-        created the job (and been billed) without recording its id. Gone as a claim's holder
-        is: its process ended (on this host), or its lease ran out (on any)."""
+        """Jobs still ``recording`` whose writer is gone (as a claim's holder is) become
+        ``uncertain``: it may have created the job, billed, without recording its id."""
         at = self._clock(None)
         for row in self._read("SELECT id, owner, host, pid, lease_expires_at FROM jobs WHERE "
                               "status = 'recording'"):
@@ -184,15 +172,17 @@ class JobStore(CallStore):
                                           "exist and be billed"}, uncertain=True)
 
     # -- reads ---------------------------------------------------------------------------------
+    def _jobs_in_the_way(self, name: str | None, then: str) -> str | None:
+        """Why ``then`` waits for an unfinished job of batch ``name`` (None: of any batch)."""
+        return _unfinished_jobs([j for j in self.jobs() if name in (None, j["batch"])],
+                                "this ledger" if name is None else f"batch {name!r}", then)
+
     def job_holders(self, keys: Sequence[str]) -> dict[str, int]:
-        """Of ``keys``, those an unfinished job claims, each with the job's id (read from the
-        claims, which a job holds exactly while it is recording, open or uncertain)."""
-        held = self._by_keys("SELECT request_key, owner FROM claims WHERE owner LIKE '"
-                             + JOB_HOST + "/%' AND request_key IN ({marks})", keys)
-        if not held:
-            return {}
-        ids = {_job_owner(row["uid"]).id: row["id"] for row in self.jobs()}
-        return {row[0]: ids[row[1]] for row in held if row[1] in ids}
+        """Of ``keys``, those an unfinished job claims, each with the job's id."""
+        return {row[0]: row[1] for row in self._by_keys(
+            f"SELECT c.request_key, j.id FROM claims c JOIN jobs j ON c.owner = "
+            f"'{_job_owner('').id}' || j.uid WHERE j.status IN {OPEN_STATES} "
+            "AND c.request_key IN ({marks})", keys)}
 
     def last_attempt_id(self) -> int:
         """The newest receipt's id (0 when there is none): what a run found on record."""
@@ -205,12 +195,12 @@ class JobStore(CallStore):
         uncertain (what a person listing, cancelling or collecting jobs must see)."""
         if lost:
             self._lost_recordings()
-        sql = ("SELECT j.*, b.name AS batch FROM jobs j JOIN batches b ON b.id = j.batch_id")
+        sql = "SELECT j.*, b.name AS batch FROM jobs j JOIN batches b ON b.id = j.batch_id"
         if job is not None:
             return self._read(sql + " WHERE CAST(j.id AS TEXT) = ? OR j.provider_job_id = ? "
                               "OR j.uid = ?", (job, job, job))
         if not every:
-            sql += " WHERE j.status IN ('recording', 'open', 'uncertain')"
+            sql += f" WHERE j.status IN {OPEN_STATES}"
         return self._read(sql + " ORDER BY j.id DESC")
 
     def job_lines(self, job_id: int) -> list[Row]:
@@ -232,18 +222,16 @@ class JobStore(CallStore):
         out: dict[str, list[Row]] = {}
         for row in self._by_keys(
                 "SELECT a.id, a.request_key, a.kind, a.status, a.errors, a.raw, l.job_id FROM "
-                "attempts a "
-                "JOIN job_lines l ON l.attempt_id = a.id WHERE a.revision_id = "
+                "attempts a JOIN job_lines l ON l.attempt_id = a.id WHERE a.revision_id = "
                 f"{int(revision_id)} AND a.request_key IN ({{marks}}) ORDER BY a.id", keys):
             out.setdefault(row["request_key"], []).append(row)
         return out
 
     def requests_by_keys(self, keys: Sequence[str], revision_id: int | None = None
                          ) -> dict[str, Request]:
-        """The ledger's copy of each of ``keys`` found (of one revision, the leaf requests where
-        they are: their parts, once split by a partial return or halving; with no revision the
-        first recorded: a job's line may belong to another revision, and a key names its
-        content)."""
+        """The ledger's copy of each of ``keys`` found: of one revision, the leaf requests where
+        they are (their parts, once split); with none, the first recorded (a key names its
+        content, and a job's line may belong to another revision)."""
         sql = ("SELECT key, tasks, task_ids, position, parent_key FROM requests WHERE key IN "
                "({marks}) ORDER BY id")
         if revision_id is not None:
