@@ -391,10 +391,7 @@ class PostgresStore(Store):
         """``CLAIM``: a claim won is committed with its receipt, and nothing else is written;
         what it found is read once ``tx`` has committed. A gone holder's claim is taken over
         in a transaction of its own, the shared way."""
-        cursor = tx.execute(CLAIM, {
-            "key": request_key, "owner": owner.id, "host": owner.host, "pid": owner.pid,
-            "session": owner.session, "lease": self.lease_seconds, "stamp": stamp,
-            **dict(zip(RECEIPT_COLUMNS, receipt, strict=True))})
+        cursor = tx.execute(CLAIM, self._claim_args(receipt, request_key, owner, stamp))
 
         def committed() -> tuple[str, int | None]:
             attempt_id, locked, budgeted, accepted, *holder = cursor.fetchone()
@@ -417,10 +414,7 @@ class PostgresStore(Store):
         of a pipelined transaction): the request's row locked first (``SKIP LOCKED``: another
         runner deciding on it means HELD), then the claim written if free or ours. Anything
         else: :meth:`_decide`, once the answer is read."""
-        mine = {"key": request_key, "owner": owner.id, "host": owner.host, "pid": owner.pid,
-                "session": owner.session, "lease": self.lease_seconds, "stamp": stamp,
-                **dict(zip(RECEIPT_COLUMNS, receipt, strict=True))}
-        cursor = tx.execute(OPEN, mine)
+        cursor = tx.execute(OPEN, self._claim_args(receipt, request_key, owner, stamp))
 
         def found() -> tuple[int, str, bool | None]:
             attempt_id, locked, taken, budgeted = cursor.fetchone()
@@ -432,6 +426,12 @@ class PostgresStore(Store):
                                             stamp), budgeted
 
         return Later(found)
+
+    def _claim_args(self, receipt: Sequence[Any], request_key: str, owner: Owner,
+                    stamp: str) -> dict[str, Any]:
+        return {"key": request_key, "owner": owner.id, "host": owner.host, "pid": owner.pid,
+                "session": owner.session, "lease": self.lease_seconds, "stamp": stamp,
+                **dict(zip(RECEIPT_COLUMNS, receipt, strict=True))}
 
     def _accept_call(self, tx: Tx, attempt_id: int, batch_id: int, request_key: str,
                      items: Mapping[str, str], raw: str, usage: Mapping[str, Any],

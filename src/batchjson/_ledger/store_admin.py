@@ -97,14 +97,6 @@ class AdminStore(JobStore):
                          (batch_id, key, preferred or 0)).fetchone()
         return row["id"] if row is not None else None
 
-    def _imported_revision(self, tx: Tx, revision_id: int) -> dict[str, str] | None:
-        """The components of ``revision_id`` when an import made it (no attempt of it but
-        imported ones), else None."""
-        row = self._exec(tx, "SELECT components, NOT EXISTS (SELECT 1 FROM attempts WHERE "
-                         "revision_id = ? AND kind != 'import') AS imports_only FROM revisions "
-                         "WHERE id = ?", (revision_id, revision_id)).fetchone()
-        return json.loads(row["components"]) if row["imports_only"] else None
-
     def _add_import_request(self, tx: Tx, revision_id: int, request: Request) -> None:
         """Add ``request`` to the revision, after its others (kept if already there)."""
         self._exec(tx, "INSERT INTO requests(revision_id, key, position, parent_key, task_ids, "
@@ -344,12 +336,6 @@ class Group:
     current_there: bool = False  # an export of the revision current where it was exported
     revision_id: int | None = None
 
-    def _add(self, line: Any) -> None:
-        for task in line.tasks:
-            self.tasks.setdefault(canonical_json(task), task)
-        self.pack = max(self.pack, len(line.tasks))
-        self.current_there |= line.own and line.record.get("current") is True
-
     def _revision_components(self) -> dict[str, str]:
         if self.own:  # as exported: the revision it came from
             return self.components
@@ -357,38 +343,32 @@ class Group:
                 "pack": str(self.pack)}
 
 
-def _group_lines(lines: Iterable[Any]) -> dict[int, Group]:
-    """line number -> its group."""
-    groups: dict[tuple[str, str], Group] = {}
-    out = {}
-    for line in lines:
-        judged = {k: v for k, v in line.components.items() if k in KEPT}
-        key = (line.record["batch"], Keys(line.components).revision if line.own
-               else canonical_json([judged, line.record.get("validator")]))
-        group = groups.get(key)
-        if group is None:
-            group = groups[key] = Group(line.record["batch"],
-                                        line.components if line.own else judged, line.own,
-                                        line.record.get("validator"))
-        group._add(line)
-        out[line.number] = group
-    return out
-
-
 @dataclass
 class Placement:
-    """Where one import puts its attempts: its lines' groups, and per revision touched, its
-    lines (as ``revision_for`` places them) and admitted items (once ``settle`` is told)."""
+    """Where one import puts its attempts: each line's group (by line number); per batch,
+    whether it was new when the import began; per revision touched, its lines (as
+    ``revision_for`` places them) and whether it was current where it was exported."""
 
     lines_read: InitVar[Iterable[Any]]
-    groups: dict[int, Group] = field(init=False)  # line number -> its group
-    fresh: dict[str, bool] = field(default_factory=dict)  # batch -> new when the import began
+    groups: dict[int, Group] = field(default_factory=dict)
+    fresh: dict[str, bool] = field(default_factory=dict)
     lines: dict[int, list[int]] = field(default_factory=dict)
-    admitted: dict[int, int] = field(default_factory=dict)
     current_there: dict[int, bool] = field(default_factory=dict)
 
     def __post_init__(self, lines_read: Iterable[Any]) -> None:
-        self.groups = _group_lines(lines_read)
+        by_key: dict[tuple[str, str], Group] = {}
+        for line in lines_read:
+            judged = {k: v for k, v in line.components.items() if k in KEPT}
+            key = (line.record["batch"], Keys(line.components).revision if line.own
+                   else canonical_json([judged, line.record.get("validator")]))
+            if key not in by_key:
+                by_key[key] = Group(line.record["batch"], line.components if line.own else judged,
+                                    line.own, line.record.get("validator"))
+            group = self.groups[line.number] = by_key[key]
+            for task in line.tasks:
+                group.tasks.setdefault(canonical_json(task), task)
+            group.pack = max(group.pack, len(line.tasks))
+            group.current_there |= line.own and line.record.get("current") is True
 
 
 def revision_for(store: AdminStore, tx: Any, line: Any, placed: Placement) -> tuple[int, int]:
@@ -420,8 +400,14 @@ def _group_revision(store: AdminStore, tx: Any, batch_id: int, current: int | No
     found = store._revision_with(tx, batch_id, fingerprint)
     if found is not None:
         return found
-    if current is not None and not group.own and _imported_alike(store, tx, current, group):
-        return current
+    if current is not None and not group.own:
+        theirs, imports_only = store._exec(  # made by an import: no attempt but imported ones
+            tx, "SELECT components, NOT EXISTS (SELECT 1 FROM attempts WHERE revision_id = ? "
+            "AND kind != 'import') FROM revisions WHERE id = ?", (current, current)).fetchone()
+        theirs = json.loads(theirs)
+        if imports_only and "source" not in theirs and {
+                k: v for k, v in theirs.items() if k in KEPT} == group.components:
+            return current
     revision_id = store._add_revision(tx, batch_id, fingerprint, components, stamp,
                                      validator=(group.validator_name, None),
                                      superseded_by=None if fresh else current,
@@ -431,22 +417,13 @@ def _group_revision(store: AdminStore, tx: Any, batch_id: int, current: int | No
     return revision_id
 
 
-def _imported_alike(store: AdminStore, tx: Any, revision_id: int, group: Group) -> bool:
-    """Whether ``revision_id`` was made by an import (no answer source, no live attempt) and
-    judges as ``group`` does."""
-    theirs = store._imported_revision(tx, revision_id)
-    return theirs is not None and "source" not in theirs and {
-        k: v for k, v in theirs.items() if k in KEPT} == group.components
-
-
 def settle(store: AdminStore, tx: Any, placed: Placement,
            admitted: Mapping[int, int]) -> list[dict[str, Any]]:
     """For each batch new to the ledger that this import gave several revisions, make one
     current (the one current where it was exported, else the most admitted items, else the
     latest line) and record the others beside it; then describe every revision touched.
     ``admitted``: how many items each line (by number) admitted."""
-    for revision_id, lines in placed.lines.items():
-        placed.admitted[revision_id] = sum(admitted.get(number, 0) for number in lines)
+    items = {i: sum(admitted.get(n, 0) for n in lines) for i, lines in placed.lines.items()}
     rows = {r["id"]: r for r in store._revision_rows(tx, list(placed.lines))}
     by_batch: dict[str, list[int]] = {}
     for revision_id in placed.lines:
@@ -455,29 +432,22 @@ def settle(store: AdminStore, tx: Any, placed: Placement,
         made = [i for i in ids if rows[i]["status"] == "open" and placed.fresh.get(name)]
         if len(made) < 2:
             continue
-        winner = max(made, key=lambda i: (placed.current_there.get(i, False),
-                                          placed.admitted.get(i, 0), max(placed.lines[i])))
+        winner = max(made, key=lambda i: (placed.current_there.get(i, False), items[i],
+                                          max(placed.lines[i])))
         store._make_current(tx, rows[winner]["batch_id"], winner)
-        for other in made:
-            if other != winner:
-                differ = _differences(rows[other]["components"], rows[winner]["components"])
-                store._mark_superseded(tx, other, winner, f"imported beside revision "
-                                       f"{rows[winner]['number']}: its receipts differ in "
-                                       f"{', '.join(differ)}")
+        best = json.loads(rows[winner]["components"])
+        for other in (i for i in made if i != winner):
+            mine = json.loads(rows[other]["components"])
+            differ = [k for k in JUDGING if mine.get(k) != best.get(k)] or ["the tasks asked"]
+            store._mark_superseded(tx, other, winner, f"imported beside revision "
+                                   f"{rows[winner]['number']}: its receipts differ in "
+                                   f"{', '.join(differ)}")
     rows = {r["id"]: r for r in store._revision_rows(tx, list(placed.lines))}
-    return [_describe(rows[i], placed) for ids in by_batch.values() for i in ids]
-
-
-def _differences(mine: str, theirs: str) -> list[str]:
-    a, b = json.loads(mine), json.loads(theirs)
-    return [k for k in JUDGING if a.get(k) != b.get(k)] or ["the tasks asked"]
-
-
-def _describe(row: Any, placed: Placement) -> dict[str, Any]:
-    return {"batch": row["batch"], "revision": row["number"], "current": bool(row["current"]),
-            "current_revision": row["current_number"], "lines": placed.lines[row["id"]],
-            "admitted_items": placed.admitted.get(row["id"], 0),
-            "reason": "" if row["current"] else (row["supersede_reason"] or "")}
+    return [{"batch": row["batch"], "revision": row["number"], "current": bool(row["current"]),
+             "current_revision": row["current_number"], "lines": placed.lines[row["id"]],
+             "admitted_items": items[row["id"]],
+             "reason": "" if row["current"] else (row["supersede_reason"] or "")}
+            for row in (rows[i] for ids in by_batch.values() for i in ids)]
 
 
 # -- batchjson's own export format ----------------------------------------------------------

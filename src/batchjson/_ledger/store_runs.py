@@ -194,7 +194,8 @@ class RunStore(StoreBase):
                 return {}
             revision_id = rows[0][0]
         rows = self._read(
-            f"SELECT c.task_id, c.item, {self._json_valid('c.item')}, q.position, o.task_ids "
+            f"SELECT c.task_id, c.item, {self.dialect.json_valid.format('c.item')}, q.position, "
+            "o.task_ids "
             "FROM requests q JOIN checkpoint c ON c.request_key = q.key LEFT JOIN requests o ON "
             "q.parent_key IS NOT NULL AND o.revision_id = q.revision_id AND o.position = "
             "q.position AND o.parent_key IS NULL WHERE q.revision_id = ? AND q.split = 0 "
