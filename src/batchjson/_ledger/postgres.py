@@ -196,7 +196,11 @@ class PostgresStore(Store):
                               "psycopg 3 and psycopg-pool: pip install 'batchjson[postgres]'"
                               ) from None
         self._psycopg = psycopg
-        first = self._connect()  # a wrong URL or a server down is named at once
+        try:  # a wrong URL or a server down is named at once
+            first = psycopg.connect(self.url, **self._options())
+        except psycopg.Error as exc:
+            raise self._error("could not connect (is the server running, and the URL right?)",
+                              exc) from None
         try:
             self.dialect = POSTGRES._on_server(first.info.server_version)
             self._schema(first)
@@ -217,16 +221,6 @@ class PostgresStore(Store):
         wait = {} if "connect_timeout" in self.url else {"connect_timeout": CONNECT_SECONDS}
         return {"autocommit": True, "row_factory": _rows, **wait}
 
-    def _connect(self) -> Any:
-        psycopg = self._psycopg
-        try:
-            db = psycopg.connect(self.url, **self._options())
-        except psycopg.Error as exc:
-            raise self._error("could not connect (is the server running, and the URL right?)",
-                              exc) from None
-        self._configure(db)
-        return db
-
     def _configure(self, db: Any) -> None:
         text, number = _loaders(self._psycopg)
         db.adapters.register_loader("bytea", text)
@@ -237,10 +231,9 @@ class PostgresStore(Store):
         with db.transaction():
             db.execute(SERIAL_LOCK)
             found = db.execute("SELECT to_regclass('batchjson_schema'), "
-                                     "to_regclass('attempts')").fetchone()
+                               "to_regclass('attempts')").fetchone()
             if found[0] is not None:
-                version = db.execute("SELECT MAX(version) FROM batchjson_schema"
-                                           ).fetchone()[0]
+                version = db.execute("SELECT MAX(version) FROM batchjson_schema").fetchone()[0]
                 problem = _version_problem(version, None)
                 if problem:
                     raise LedgerError(problem, path=self._public)
@@ -260,13 +253,11 @@ class PostgresStore(Store):
     def _tables(self) -> dict[str, list[Row]]:
         """Every row a merge into another ledger brings in, table by table, in the order they
         were written (``sqlite._read_ledger_file``'s shape)."""
-        out = {table: self._read(f"SELECT * FROM {table} ORDER BY id")
-               for table in ("batches", "revisions", "requests", "attempts", "forgets",
-                             "jobs")}
-        out["validators"] = self._read("SELECT * FROM validators ORDER BY name, version")
-        out["imports"] = self._read("SELECT * FROM imports ORDER BY imported_at, digest")
-        out["checkpoint"] = self._read("SELECT * FROM checkpoint ORDER BY attempt_id, task_id")
-        return out
+        order = {**dict.fromkeys(("batches", "revisions", "requests", "attempts", "forgets",
+                                  "jobs"), "id"), "validators": "name, version",
+                 "imports": "imported_at, digest", "checkpoint": "attempt_id, task_id"}
+        return {table: self._read(f"SELECT * FROM {table} ORDER BY {by}")
+                for table, by in order.items()}
 
     # -- transactions --------------------------------------------------------------------------
     def _write_transaction(self) -> Any:

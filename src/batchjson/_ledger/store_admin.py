@@ -18,7 +18,7 @@ from .._errors import InvalidBatch
 from .records import now
 from .store_base import Row, Tx
 from .store_jobs import JobStore
-from .store_runs import CHECKPOINT_SQL, LATER_WORK_SQL, UNRESOLVED_SQL
+from .store_runs import CHECKPOINT_SQL, LATER_WORK_SQL, UNRESOLVED_SQL, VALIDATORS_SQL
 
 EXPORT_FORMAT = "batchjson/receipt-1"
 # The components that say how a receipt was judged (tasks and pack say what was asked).
@@ -167,10 +167,8 @@ class AdminStore(JobStore):
                           (v["name"], version)).fetchone():
                 version = self._exec(tx, "SELECT MAX(version) + 1 FROM validators WHERE "
                                      "name = ?", (v["name"],)).fetchone()[0]
-            self._exec(tx, "INSERT INTO validators(name, version, fingerprint, where_defined, "
-                       "defined_at, by_identity) VALUES (?,?,?,?,?,?)",
-                       (v["name"], version, v["fingerprint"], v["where_defined"],
-                        v["defined_at"], v["by_identity"]))
+            self._exec(tx, VALIDATORS_SQL, (v["name"], version, v["fingerprint"],
+                                            v["where_defined"], v["defined_at"], v["by_identity"]))
             added["validators"] += 1
 
     def _merge_revisions(self, tx: Tx, theirs: Mapping[str, Sequence[Row]],

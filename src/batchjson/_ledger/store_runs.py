@@ -278,9 +278,8 @@ class RunStore(StoreBase):
                 return row[0]
             version = self._exec(tx, "SELECT COALESCE(MAX(version), 0) + 1 FROM validators "
                                  "WHERE name = ?", (name,)).fetchone()[0]
-            self._exec(tx, "INSERT INTO validators(name, version, fingerprint, where_defined, "
-                       "defined_at, by_identity) VALUES (?,?,?,?,?,?)",
-                       (name, version, fingerprint, where, now(), json.dumps(list(by_identity))))
+            self._exec(tx, VALIDATORS_SQL, (name, version, fingerprint, where, now(),
+                                            json.dumps(list(by_identity))))
             return version
 
     def _validator_rows(self) -> list[Row]:
@@ -418,6 +417,8 @@ LEAVES_SQL = ("SELECT id, position, key, parent_key, revision_id FROM requests "
               "WHERE revision_id = ? AND split = 0")
 REQUESTS_SQL = ("INSERT INTO requests(revision_id, key, position, parent_key, task_ids, tasks) "
                 "VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING")
+VALIDATORS_SQL = ("INSERT INTO validators(name, version, fingerprint, where_defined, defined_at, "
+                  "by_identity) VALUES (?,?,?,?,?,?)")
 SEEN_SQL = "INSERT INTO seen(request_key, seen_key) VALUES (?, ?) ON CONFLICT DO NOTHING"
 
 CHECKPOINT_SQL = (

@@ -78,7 +78,7 @@ class Ledger(ledger.Ledger):
         added, and what was not admitted (each accepted attempt is rechecked against its raw
         return, by ``validators`` too, name -> function)."""
         tables, source, label = other_tables(self.store, other)
-        tables, refused = rechecked(tables, registry_view(validators), run_sync)
+        tables, refused = rechecked(tables, registry_view(validators))
         return {"source": source, **self.store.merge_tables(tables, label),
                 "not_admitted": refused}
 
@@ -293,21 +293,19 @@ def registry_view(validators: Any) -> dict[str, Any]:
     return out
 
 
-def _judge(line: Line, validator: Callable[..., Any] | None, run: Callable[..., Any]
-           ) -> Verdict:
-    """A receipt's raw return judged as a call's return is, by the rules it names: one of
-    batchjson's own partial receipts as item-level acceptance judges."""
-    return Judging(line.record.get("mode", "items"), line.identity, line.schema, validator,
-                   run, "items" if _partial(line) else "whole").verdict(line.record["raw"],
-                                                                        line.tasks)
+def _judge(line: Line, version: Any) -> Verdict:
+    """A receipt's raw return judged as a call's return is, by the rules it names (and the
+    given validator ``version``): one of batchjson's own partial receipts item by item."""
+    return Judging(line.record.get("mode", "items"), line.identity, line.schema,
+                   version.fn if version is not None else None, run_sync,
+                   "items" if _partial(line) else "whole").verdict(line.record["raw"], line.tasks)
 
 
 def _partial(line: Line) -> bool:
     return line.own and line.record.get("status") == "partial"
 
 
-def recheck_receipt(record: dict[str, Any], validators: Mapping[str, Any],
-                    run: Callable[..., Any]
+def recheck_receipt(record: dict[str, Any], validators: Mapping[str, Any]
                     ) -> tuple[dict[str, str] | None, list[dict[str, Any]], str]:
     """(item JSON texts by task_id, the request's tasks, "") when an exported receipt's raw
     return passes every check import reruns, else (None, [], why)."""
@@ -315,8 +313,7 @@ def recheck_receipt(record: dict[str, Any], validators: Mapping[str, Any],
         line = _check(Path("receipt"), 1, record, validators)
     except InvalidBatch as exc:
         return None, [], str(exc).split(": ", 1)[-1].split("; nothing was imported")[0]
-    version = validators.get(record.get("validator") or "")
-    verdict = _judge(line, version.fn if version is not None else None, run)
+    verdict = _judge(line, validators.get(record.get("validator") or ""))
     if not verdict.accepted:
         first = verdict.errors[0]
         return None, [], f"its raw return fails the recheck ({first['type']}: {first['message']})"
@@ -346,19 +343,19 @@ def _import_once(store: Store, tx: Any, line: Line, registry: Mapping[str, Any],
     seen[line.digest] = line.number
     where = ((held["batch_id"], None) if completes  # the receipt it completes: its batch
              else revision_for(store, tx, line, placed))
-    return _import_line(store, tx, line, registry, uid, source, run_sync, where,
+    return _import_line(store, tx, line, registry, uid, source, where,
                         held["id"] if completes else None)
 
 
 def _import_line(store: Store, tx: Any, line: Line, registry: Mapping[str, Any],
-                 uid: str | None, source: str, run: Callable[..., Any],
-                 where: tuple[int, int | None], completes: int | None = None) -> Outcome:
+                 uid: str | None, source: str, where: tuple[int, int | None],
+                 completes: int | None = None) -> Outcome:
     rec = line.record
     claimed = str(rec.get("status"))
     out = Outcome(line.number, rec["batch"], claimed, "rejected", len(line.tasks))
     batch_id, revision_id = where
     usage = {k: rec.get(k) for k in OPTIONAL_NUMBERS} | {"model": rec.get("model")}
-    status, errors, stored = _judged(line, registry.get(rec.get("validator") or ""), out, run)
+    status, errors, stored = _judged(line, registry.get(rec.get("validator") or ""), out)
     parts = None
     if status == "partial":  # split as the live run splits it: the accepted part is admitted
         kept, rest = Keys(line.components).apart(line.request, {e["task_id"] for e in errors})
@@ -390,8 +387,7 @@ def _import_line(store: Store, tx: Any, line: Line, registry: Mapping[str, Any],
     return out
 
 
-def _judged(line: Line, version: Any, out: Outcome, run: Callable[..., Any]
-            ) -> tuple[str, list, dict[str, Any]]:
+def _judged(line: Line, version: Any, out: Outcome) -> tuple[str, list, dict[str, Any]]:
     """(status, errors, stored items) of one imported receipt, its outcome said in ``out``."""
     rec = line.record
     claimed, name = str(rec.get("status")), rec.get("validator")
@@ -404,7 +400,7 @@ def _judged(line: Line, version: Any, out: Outcome, run: Callable[..., Any]
     if name and version is None:  # the user opted out of its validator
         return _unverified(out, f"its validator {name!r} was not given (imported without it), "
                            "so it is kept unverified: shown and exported, never admitted")
-    verdict = _judge(line, version.fn if version is not None else None, run)
+    verdict = _judge(line, version)
     identity = [{k: e.get(k) for k in ("task_id", "field", "expected", "got", "message")}
                 for e in verdict.errors if e.get("type") == "identity"]
     if identity:
@@ -516,7 +512,7 @@ def parsed_lines(path: Path, text: str) -> Iterable[tuple[int, Any]]:
         yield number, record
 
 
-def rechecked(tables: dict[str, Any], validators: Mapping[str, Any], run: Callable[..., Any],
+def rechecked(tables: dict[str, Any], validators: Mapping[str, Any]
               ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The other ledger's tables with only what follows from its receipts admitted: an accepted
     attempt whose return fails the recheck, or whose stored value does not follow from it, becomes
@@ -539,7 +535,7 @@ def rechecked(tables: dict[str, Any], validators: Mapping[str, Any], run: Callab
                              "validator_name": revision["validator_name"],
                              "tasks": tasks.get((attempt["revision_id"],
                                                  attempt["request_key"]))}, 0)
-        why = _not_following(record, stored.get(attempt["id"], []), validators, run)
+        why = _not_following(record, stored.get(attempt["id"], []), validators)
         if why:
             refused[attempt["id"]] = why
             named.append({"batch": record["batch"], "uid": attempt["uid"], "reason": why})
@@ -556,12 +552,12 @@ def rechecked(tables: dict[str, Any], validators: Mapping[str, Any], run: Callab
     return {**tables, "attempts": attempts, "checkpoint": kept}, named
 
 
-def _not_following(record: dict[str, Any], rows: list[Any], validators: Mapping[str, Any],
-                   run: Callable[..., Any]) -> str:
+def _not_following(record: dict[str, Any], rows: list[Any], validators: Mapping[str, Any]
+                   ) -> str:
     """Why an accepted attempt's stored values are not admitted ("" when they are): its raw return
     fails the recheck, or a value differs from the one the return gives (a field the return lacks
     may only be a compared field equal to the task's)."""
-    derived, asked, why = recheck_receipt(record, validators, run)
+    derived, asked, why = recheck_receipt(record, validators)
     if derived is None:
         return why
     by_id = {t["task_id"]: t for t in asked}
