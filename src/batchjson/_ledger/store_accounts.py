@@ -1,6 +1,5 @@
 """The store's SQL for the accounts and for advice: every attempt counted, priced and fitted.
-
-What a call is and what is known of its cost is defined here once (``IS_CALL``, ``UNKNOWN``), so
+What a call is and what is known of its cost is defined once (``IS_CALL``, ``UNKNOWN``), so
 ``Ledger.spend()`` and ``cost_summary()`` (``_session/accounts.py``) cannot drift apart.
 """
 
@@ -25,21 +24,20 @@ _COUNTS = {  # what each counter of a batch counts
     "calls": IS_CALL,
     "rechecks": "a.kind = 'recheck'",
     "unsent": "a.kind != 'recheck' AND a.status = 'cancelled' AND a.sent_at IS NULL",
-    **{f"{status}{plural}": f"{IS_CALL} AND a.status = '{status}'"
-       for status, plural in (("accepted", ""), ("partial", ""), ("rejected", ""),
-                              ("provider_error", "s"), ("abandoned", ""), ("cancelled", ""))},
+    **{f"{status}{suffix}": f"{IS_CALL} AND a.status = '{status}'"
+       for status, suffix in (("accepted", "_returns"), ("partial", "_returns"),
+                              ("rejected", "_returns"), ("provider_error", "s"),
+                              ("abandoned", ""), ("cancelled", ""))},
     "in_flight": f"{IS_CALL} AND a.status = 'in_flight' AND NOT {PENDING}",
     "pending": PENDING,
     "imported": f"{IS_CALL} AND a.kind = 'import'",
     "unknown_cost_calls": UNKNOWN,
     "unfloored": f"{UNKNOWN} AND a.cost_floor IS NULL",
 }
-_RENAMED = {"accepted": "accepted_returns", "partial": "partial_returns",
-            "rejected": "rejected_returns"}
 
 CALLS_SQL = (
     "SELECT b.name AS batch, "
-    + "".join(f"{_count(condition)} AS {_RENAMED.get(name, name)}, "
+    + "".join(f"{_count(condition)} AS {name}, "
               for name, condition in _COUNTS.items())
     + "COALESCE(SUM(a.input_tokens), 0) AS input_tokens, "
     "COALESCE(SUM(a.output_tokens), 0) AS output_tokens, "

@@ -1,7 +1,6 @@
-"""The store's SQL for what a person asks of a ledger beside running it: import receipts,
-export them, merge another ledger in, forget a batch. Each is one transaction, whole or
-nothing; what judges the receipts an import or a merge brings in sits above the ledger
-(``_session/ledger.py``). The rules: docs/recovery.md.
+"""The store's SQL for what a person asks beside running: import receipts, export them, merge
+another ledger in, forget a batch; each one transaction. What judges what an import or a merge
+brings in sits above the ledger (``_session/ledger.py``); the rules: docs/recovery.md.
 """
 
 from __future__ import annotations
@@ -285,9 +284,8 @@ class AdminStore(JobStore):
 
     # -- forgetting ----------------------------------------------------------------------------
     def _forget(self, name: str, *, via: str, by: str, stamp: str) -> dict[str, Any] | None:
-        """Mark every revision of batch ``name`` that still owes as forgotten, in one
-        transaction with a ``forgets`` row saying who, when, how and what stopped being owed.
-        None when nothing is owed (then nothing is written)."""
+        """Mark every revision of batch ``name`` that still owes as forgotten, with a ``forgets``
+        row saying who, when, how and what; None, nothing written, when nothing is owed."""
         with self.transaction() as tx:
             owed = self._exec(tx, UNRESOLVED_SQL.format(select="r.number AS revision, q.task_ids")
                               + " AND b.name = ?", (name,)).fetchall()
@@ -305,9 +303,8 @@ class AdminStore(JobStore):
                 "by": by, "via": via, "at": stamp}
 
     def forgotten(self, name: str | None = None) -> list[dict[str, Any]]:
-        """Every forgetting on record (of one batch, or all), oldest first: batch, at, by, via,
-        revisions, requests, items, and ``in_effect``, how many of its revisions still stand
-        forgotten (no work on them started since: a later run of one reopens it)."""
+        """Every forgetting (of one batch, or all), oldest first: batch, at, by, via, revisions,
+        requests, items, and ``in_effect``: how many of its revisions no work has reopened since."""
         return [{"batch": r[0], "at": r[1], "by": r[2], "via": r[3],
                  "revisions": json.loads(r[4]), "requests": r[5], "items": r[6],
                  "in_effect": r[7]} for r in self._read(

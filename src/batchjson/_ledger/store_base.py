@@ -1,8 +1,6 @@
-"""What every store is made of: transactions and statements.
-
-The ``store_*`` modules write their SQL once, in what SQLite and PostgreSQL share; what the two
-spell differently is their ``Dialect`` (``store_schema.py``). A store for one database says how
-to open a transaction, run a statement and get a new row's id (``sqlite.py``, ``postgres.py``).
+"""What every store is made of: transactions and statements. The ``store_*`` modules write their
+SQL once; what SQLite and PostgreSQL spell differently is their ``Dialect``; a store for one
+database says how to open a transaction, run a statement and get a new row's id.
 """
 
 from __future__ import annotations
@@ -75,9 +73,8 @@ class StoreBase(ABC):
 
     @abstractmethod
     def _exec(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> Any:
-        """Run one statement in ``tx``; the cursor (``rowcount``, ``fetchone``, ``fetchall``).
-        A write in a transaction of calls reads its outcome through ``RETURNING``: PostgreSQL
-        pipelines those, and a row count is known there only once the pipeline syncs."""
+        """Run one statement in ``tx``; the cursor. A write in a transaction of calls reads its
+        outcome through ``RETURNING``: a pipelined row count is known only once it syncs."""
 
     @abstractmethod
     def _many(self, tx: Tx, sql: str, rows: Sequence[Sequence[Any]]) -> Any:

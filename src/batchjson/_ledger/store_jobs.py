@@ -1,8 +1,7 @@
-"""The store's SQL for provider batch jobs: a job row and its lines, written before upload.
-
-A job is recorded in one transaction with an in-flight receipt and a claim per request, held
-by the job itself (never presumed gone), so no runner sends them while it may still answer;
-collection completes its receipts and releases its claims in one transaction.
+"""The store's SQL for provider batch jobs: a job row and its lines, written before upload in one
+transaction with an in-flight receipt and a claim per request, held by the job itself (never
+presumed gone), so no runner sends them while it may still answer; collection completes its
+receipts and releases its claims in one transaction.
 """
 
 from __future__ import annotations
@@ -128,9 +127,8 @@ class JobStore(CallStore):
 
     def end_job(self, tx: Tx, job_id: int, status: str, detail: Mapping[str, Any],
                 was: Sequence[str] = ("open",)) -> bool:
-        """In ``tx`` (which completes the job's receipts): the job ended (``ended``) or was
-        cancelled, and its claims are released. False (nothing written) when the job was no
-        longer in a state of ``was``: another runner collected it first."""
+        """In ``tx`` (which completes its receipts): the job ``ended`` or was cancelled, its
+        claims released; False, nothing written, when it was no longer in a state of ``was``."""
         marks = ",".join("?" * len(was))
         ended = self._exec(tx, f"UPDATE jobs SET status = ?, ended_at = ?, detail = ? WHERE "
                            f"id = ? AND status IN ({marks}) RETURNING uid",
@@ -191,8 +189,7 @@ class JobStore(CallStore):
     def jobs(self, *, every: bool = False, job: str | None = None,
              lost: bool = False) -> list[Row]:
         """Job rows, newest first: open ones (``every``: all), or the one named by its id or
-        provider id. ``lost``: first, jobs still recording whose writer is gone are marked
-        uncertain (what a person listing, cancelling or collecting jobs must see)."""
+        provider id; ``lost``: those still recording whose writer is gone marked uncertain first."""
         if lost:
             self._lost_recordings()
         sql = "SELECT j.*, b.name AS batch FROM jobs j JOIN batches b ON b.id = j.batch_id"
@@ -211,9 +208,8 @@ class JobStore(CallStore):
 
     def job_window(self, keys: Sequence[str], revision_id: int
                    ) -> tuple[dict[str, int], set[str], dict[str, list[Row]]]:
-        """What a batch run reads of a window of ``keys``: those an unfinished job claims
-        (each with the job's id); those done (accepted, or so claimed); and each other key's
-        job receipts of one revision, oldest first (for follow-ups)."""
+        """Of a window of ``keys``: those an unfinished job claims (with the job's id); those done
+        (accepted, or so claimed); each other key's job receipts of one revision, oldest first."""
         holders = self.job_holders(keys)
         done = self.accepted_keys(keys) | holders.keys()
         return holders, done, self._job_history([k for k in keys if k not in done], revision_id)
@@ -251,10 +247,8 @@ LEAVES_SQL = (
 
 
 def _unfinished_jobs(jobs: Sequence[Mapping[str, Any]], where: str, then: str) -> str | None:
-    """Why ``then`` must wait when any of ``jobs`` (rows with id, provider_job_id, status and
-    batch) is unfinished, naming each job and what to do; None when none is. Only that job's
-    ledger can collect what it answers, so forgetting its batch or carrying its account
-    elsewhere (a merge, an export) waits until it is collected or cancelled."""
+    """Why ``then`` must wait while any of ``jobs`` (rows with id, provider_job_id, status and
+    batch) is unfinished, naming each; None when none is. Only its own ledger collects a job."""
     open_jobs = [j for j in jobs if j["status"] in OPEN_STATES]
     if not open_jobs:
         return None

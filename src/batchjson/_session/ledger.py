@@ -60,16 +60,12 @@ class Ledger(ledger.Ledger):
         """Import historical receipts, rechecking every item (by ``validators`` too, name ->
         function): the report. A file naming a validator not given is refused unless
         ``without_validator``, which keeps those receipts unverified, never admitted."""
-        path, store = Path(path), self.store
-        registry = registry_view(validators)
+        path, store, registry = Path(path), self.store, registry_view(validators)
         lines = read_lines(path, registry, bool(without_validator))
-        outcomes: list[Outcome] = []
-        placed = Placement(lines)
+        placed, seen = Placement(lines), {}  # seen: digest -> the line that imported it
         with store.transaction(whole="the import") as tx:
-            seen: dict[str, int] = {}
-            for line in lines:
-                outcome = _import_once(store, tx, line, registry, str(path), placed, seen)
-                outcomes.append(outcome)
+            outcomes = [_import_once(store, tx, line, registry, str(path), placed, seen)
+                        for line in lines]
             revisions = settle(store, tx, placed, {o.line: o.admitted_items for o in outcomes})
         return _report(str(path), outcomes, revisions)
 
