@@ -57,11 +57,11 @@ class AdminStore(JobStore):
 
     def record_import(self, tx: Tx, receipt: Mapping[str, Any], *, status: str,
                       errors: Sequence[Mapping], stored: Mapping[str, Any],
-                      usage: Mapping[str, Any], completes: int | None = None) -> int:
+                      usage: Mapping[str, Any], completes: int | None = None) -> None:
         """Write one imported receipt in ``tx``: its attempt (of kind ``import``, or the
         in-flight attempt of the same call it ``completes``), its checkpoint rows if accepted,
-        and the line's ``imports`` row; the attempt's id. ``receipt``: batch_id, revision_id,
-        request, provider, model, at, uid, source, digest, file, line, outcome, parts."""
+        and the line's ``imports`` row. ``receipt``: batch_id, revision_id, request, provider,
+        model, at, uid, source, digest, file, line, outcome, parts."""
         if completes is not None:
             attempt_id = completes
             self._exec(tx, "UPDATE attempts SET status = 'in_flight' WHERE id = ?", (completes,))
@@ -84,7 +84,6 @@ class AdminStore(JobStore):
                            parts=parts)
         self._exec(tx, IMPORTS_SQL, (receipt["digest"], attempt_id, receipt["file"],
                                      receipt["line"], receipt["outcome"], now()))
-        return attempt_id
 
     # -- the revisions imported attempts go to -------------------------------------------------
     def _revision_holding(self, tx: Tx, batch_id: int, key: str,

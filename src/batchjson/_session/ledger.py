@@ -25,7 +25,6 @@ from .._content.tasks import Identity, Request, normalize_identity, normalize_ta
 from .._errors import InvalidBatch
 from .._fingerprint.fingerprint import Fingerprint, fingerprint_function
 from .._ledger import ledger
-from .._ledger.ledger import other_tables
 from .._ledger.records import now
 from .._ledger.store import Store
 from .._ledger.store_admin import EXPORT_FORMAT, Placement, receipt_of, revision_for, settle
@@ -73,7 +72,7 @@ class Ledger(ledger.Ledger):
         """Bring another ledger (a file or a ``postgresql://`` URL) in, idempotent: what was
         added, and what was not admitted (each accepted attempt is rechecked against its raw
         return, by ``validators`` too, name -> function)."""
-        tables, source, label = other_tables(self.store, other)
+        tables, source, label = ledger.other_tables(self.store, other)
         tables, refused = rechecked(tables, registry_view(validators))
         return {"source": source, **self.store.merge_tables(tables, label),
                 "not_admitted": refused}
