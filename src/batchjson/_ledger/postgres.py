@@ -291,9 +291,8 @@ class PostgresStore(Store):
 
     @contextmanager
     def _connection(self) -> Iterator[Any]:
-        """This thread's connection: its open transaction's (what runs inside a transaction
-        sees its writes), or one from the pool, which replaces a lost one (a server restart)
-        and gives up after CONNECT_SECONDS."""
+        """This thread's connection: its open transaction's (which sees its writes), or one from
+        the pool, which replaces a lost one and gives up after CONNECT_SECONDS."""
         held = getattr(self._here, "db", None)
         if held is not None:
             yield held

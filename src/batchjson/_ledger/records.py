@@ -127,9 +127,8 @@ def _receipt(row: Any) -> Receipt:
 
 
 def _uid() -> str:
-    """A receipt's global id (for merging ledgers): time-ordered like UUIDv7, so new ids append
-    to the unique index, and 64 bits of ``random`` (seeded from the OS, reseeded in a forked
-    child): unique, not secret, and no system call per receipt."""
+    """A receipt's global id (for merges): time-ordered like UUIDv7, so it appends to the unique
+    index, and 64 bits of ``random`` (reseeded in a forked child): unique, not secret, cheap."""
     return f"{time.time_ns():016x}{random.getrandbits(64):016x}"
 
 

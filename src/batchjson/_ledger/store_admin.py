@@ -130,9 +130,8 @@ class AdminStore(JobStore):
 
     # -- merging another ledger in ------------------------------------------------------------
     def merge_tables(self, theirs: Mapping[str, Sequence[Row]], source: str) -> dict[str, Any]:
-        """Bring another ledger's rows (``ledger.other_tables``) in, in one transaction;
-        ``source`` names it in the reasons it writes. What was added, and how many attempts
-        were already here."""
+        """Bring another ledger's rows (``ledger.other_tables``) in, in one transaction, named
+        ``source`` in the reasons written: what was added, how many attempts were here."""
         added = dict.fromkeys(MERGED, 0)
         with self.transaction(whole="the merge") as tx:
             self._merge_validators(tx, theirs["validators"], added)
@@ -304,12 +303,10 @@ class AdminStore(JobStore):
     def forgotten(self, name: str | None = None) -> list[dict[str, Any]]:
         """Every forgetting (of one batch, or all), oldest first: batch, at, by, via, revisions,
         requests, items, and ``in_effect``: how many of its revisions no work has reopened since."""
-        return [{"batch": r[0], "at": r[1], "by": r[2], "via": r[3],
-                 "revisions": json.loads(r[4]), "requests": r[5], "items": r[6],
-                 "in_effect": r[7]} for r in self._read(
-            "SELECT b.name, f.forgotten_at, f.forgotten_by, f.via, f.revisions, f.requests, "
-            "f.items, (SELECT COUNT(*) FROM revisions r WHERE r.forget_id = f.id "
-            f"AND NOT {LATER_WORK_SQL}) AS in_effect "
+        return [{**dict(r), "revisions": json.loads(r["revisions"])} for r in self._read(
+            'SELECT b.name AS batch, f.forgotten_at AS at, f.forgotten_by AS "by", f.via, '
+            "f.revisions, f.requests, f.items, (SELECT COUNT(*) FROM revisions r WHERE "
+            f"r.forget_id = f.id AND NOT {LATER_WORK_SQL}) AS in_effect "
             "FROM forgets f JOIN batches b ON b.id = f.batch_id"
             + (" WHERE b.name = ?" if name is not None else "") + " ORDER BY f.id",
             (name,) if name is not None else ())]
@@ -366,9 +363,8 @@ class Placement:
 
 
 def revision_for(store: AdminStore, tx: Any, line: Any, placed: Placement) -> tuple[int, int]:
-    """The batch and revision an imported attempt belongs to, the line placed there: a
-    revision of the batch already holding its request, else its group's revision (found or
-    made once per import)."""
+    """The batch and revision an imported line's attempt goes to: one of the batch holding its
+    request, else its group's (found or made once per import)."""
     name, stamp, group = line.record["batch"], now(), placed.groups[line.number]
     batch_id, current = store._batch_row(tx, name, stamp)
     placed.fresh.setdefault(name, current is None)

@@ -27,9 +27,8 @@ def _job_owner(uid: str) -> Owner:
 
 
 def _custom_id(job_uid: str, attempt_id: int, request_key: str) -> str:
-    """A line's id: a digest naming one receipt of one job, so a stale line (of an earlier job
-    or attempt) can never be joined to a later one; 51 characters of ``[a-z0-9_]``, within
-    both providers' rule ``^[a-zA-Z0-9_-]{1,64}$``."""
+    """A line's id naming one receipt of one job (a stale line is never joined to a later one),
+    51 characters of ``[a-z0-9_]``: within both providers' rule ``^[a-zA-Z0-9_-]{1,64}$``."""
     digest = hashlib.sha256(f"{job_uid}:{attempt_id}:{request_key}".encode()).hexdigest()
     return f"bj_{digest[:48]}"
 
@@ -225,9 +224,8 @@ class JobStore(CallStore):
 
     def requests_by_keys(self, keys: Sequence[str], revision_id: int | None = None
                          ) -> dict[str, Request]:
-        """The ledger's copy of each of ``keys`` found: of one revision, the leaf requests where
-        they are (their parts, once split); with none, the first recorded (a key names its
-        content, and a job's line may belong to another revision)."""
+        """The ledger's copy of each of ``keys``: of one revision, its leaves there (its parts,
+        once split); else the first recorded (a job's line may be of another revision)."""
         sql = ("SELECT key, tasks, task_ids, position, parent_key FROM requests WHERE key IN "
                "({marks}) ORDER BY id")
         if revision_id is not None:

@@ -301,8 +301,7 @@ class RunStore(StoreBase):
     def task_file(self, digest: str, holds: tuple[str, int, Sequence[str]] | None = None
                   ) -> tuple[str, int, list[str]] | None:
         """What a JSON Lines file of these bytes (``digest``) holds: (its ``tasks`` component,
-        how many tasks, every field name they use), or None when never seen. ``holds``: that,
-        remembered first (kept if remembered already)."""
+        how many tasks, their field names), or None; ``holds``: that, remembered first."""
         if holds is not None:
             tasks, count, fields = holds
             with self.transaction() as tx:
