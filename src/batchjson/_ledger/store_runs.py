@@ -188,18 +188,13 @@ class RunStore(StoreBase):
         return [_receipt(r) for r in self._read(sql + " ORDER BY a.id", (name,))]
 
     def _checkpoint(self, name: str, revision_id: int | None = None) -> dict[str, Any]:
-        if revision_id is None:
-            rows = self._read("SELECT current_revision FROM batches WHERE name = ?", (name,))
-            if not rows or rows[0][0] is None:
-                return {}
-            revision_id = rows[0][0]
-        rows = self._read(
+        rows = self._read(  # of ``revision_id``, else of the batch's current revision
             f"SELECT c.task_id, c.item, {self.dialect.json_valid.format('c.item')}, q.position, "
-            "o.task_ids "
-            "FROM requests q JOIN checkpoint c ON c.request_key = q.key LEFT JOIN requests o ON "
-            "q.parent_key IS NOT NULL AND o.revision_id = q.revision_id AND o.position = "
-            "q.position AND o.parent_key IS NULL WHERE q.revision_id = ? AND q.split = 0 "
-            "ORDER BY q.position, q.id, c.attempt_id", (revision_id,))
+            "o.task_ids FROM requests q JOIN checkpoint c ON c.request_key = q.key LEFT JOIN "
+            "requests o ON q.parent_key IS NOT NULL AND o.revision_id = q.revision_id AND "
+            "o.position = q.position AND o.parent_key IS NULL WHERE q.revision_id = COALESCE(?, "
+            "(SELECT current_revision FROM batches WHERE name = ?)) AND q.split = 0 "
+            "ORDER BY q.position, q.id, c.attempt_id", (revision_id, name))
         if all(r[2] for r in rows):  # each item one JSON text (the database says): one decode
             items = json.loads("[" + ",".join(r[1] for r in rows) + "]")
         else:  # joined, "1,2" next to "[3" and "4]" would shift values between tasks
