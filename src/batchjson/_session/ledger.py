@@ -72,8 +72,9 @@ class Ledger(ledger.Ledger):
         """Bring another ledger (a file or a ``postgresql://`` URL) in, idempotent: what was
         added, and what was not admitted (each accepted attempt is rechecked against its raw
         return, by ``validators`` too, name -> function)."""
+        given = registry_view(validators)
         tables, source, label = ledger.other_tables(self.store, other)
-        tables, refused = rechecked(tables, registry_view(validators))
+        tables, refused = rechecked(tables, given)
         return {"source": source, **self.store.merge_tables(tables, label),
                 "not_admitted": refused}
 
