@@ -461,16 +461,13 @@ def _report(source: str, outcomes: list[Outcome],
 
 
 def refuse(path: Path, number: int, problem: str) -> InvalidBatch:
-    return InvalidBatch(f"{path}, {place(number)}: {problem}; nothing was imported (fix the "
-                        f"{place(number).split()[0]} and import the file again)")
+    what = "receipt" if isinstance(number, InDocument) else "line"
+    return InvalidBatch(f"{path}, {what} {int(number)}: {problem}; nothing was imported (fix "
+                        f"the {what} and import the file again)")
 
 
 class InDocument(int):
     """A receipt's number in an export's JSON document, which is said as "receipt N"."""
-
-
-def place(number: int) -> str:
-    return f"receipt {int(number)}" if isinstance(number, InDocument) else f"line {number}"
 
 
 def document_receipts(path: Path, text: str) -> list[Any] | None:
