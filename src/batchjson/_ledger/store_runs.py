@@ -243,12 +243,10 @@ class RunStore(StoreBase):
     def revision_lookup(self, revision_id: int) -> tuple[list[tuple[str, str]], set[str]]:
         """(key, task_ids JSON) of every leaf request of a revision, and the keys among them
         with accepted values (for every task: a leaf is accepted whole)."""
-        where = [(r[0], r[1]) for r in self._read(
-            "SELECT key, task_ids FROM requests WHERE revision_id = ? AND split = 0",
-            (revision_id,))]
-        return where, {r[0] for r in self._read(
-            "SELECT DISTINCT q.key FROM requests q JOIN checkpoint c ON c.request_key = q.key "
-            "WHERE q.revision_id = ? AND q.split = 0", (revision_id,))}
+        rows = self._read("SELECT q.key, q.task_ids, EXISTS (SELECT 1 FROM checkpoint c WHERE "
+                          "c.request_key = q.key) FROM requests q WHERE q.revision_id = ? AND "
+                          "q.split = 0", (revision_id,))
+        return [(r[0], r[1]) for r in rows], {r[0] for r in rows if r[2]}
 
     # -- what is owed --------------------------------------------------------------------------
     def unresolved(self, name: str | None = None, *, validator: str | None = None
