@@ -1,9 +1,8 @@
-"""The PostgreSQL store: one ledger for runners on many hosts, over psycopg 3.
-
-Only what is PostgreSQL's own: a connection pool (one connection per thread at work) and how
-its rows read, ``RETURNING id``, a claim's hot path in one statement, and the advisory lock that
-runs a transaction reading before it writes as if alone, while the writes of calls run side by
-side across hosts. Why that is safe: docs/scale.md, "How it works".
+"""The PostgreSQL store: one ledger for runners on many hosts, over psycopg 3. Only what is
+PostgreSQL's own: a connection pool (a connection per thread at work) and how its rows read,
+``RETURNING id``, a claim's hot path in one statement, and the advisory lock that runs a
+transaction reading before it writes as if alone, while the writes of calls run side by side
+across hosts (why that is safe: docs/scale.md, "How it works").
 """
 
 from __future__ import annotations
@@ -113,9 +112,8 @@ ACCEPT = (
         "COALESCE(MIN(attempt_id)::text, chr(63)) FROM checkpoint WHERE request_key = ? AND "
         "batch_id = ?)) END"))
 
-# What runs for many rows (``_many``) runs once here, each column bound as one array, the rows
-# kept in order (psycopg's executemany runs a statement once per row): a batch's requests,
-# what each saw.
+# A batch's requests and what each saw, for many rows (``_many``) in one statement, each column
+# bound as one array, in order (psycopg's executemany runs a statement once per row).
 BULK = {
     REQUESTS_SQL: (
         "INSERT INTO requests(revision_id, key, position, parent_key, task_ids, tasks) SELECT "
