@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .._checks import is_amount
 from .._content.tasks import Request
 from .._errors import ConfigError, InvalidBatch, LedgerError
 from .._money import cost_value
@@ -117,13 +118,10 @@ class Ledger:
 
 
 def _lease(value: Any) -> float | None:
-    if value is None:
-        return None
-    if (isinstance(value, bool) or not isinstance(value, (int, float))
-            or not 0 < value < float("inf")):
+    if value is not None and not is_amount(value, positive=True):
         raise ConfigError(f"lease must be a number of seconds > 0, got {value!r}; e.g. "
                           "Ledger('postgresql://host/db', lease=30)")
-    return float(value)
+    return None if value is None else float(value)
 
 
 def other_tables(store: Store, other: str | Path) -> tuple[dict[str, Any], str, str]:
