@@ -86,23 +86,6 @@ class AdminStore(JobStore):
                                      receipt["line"], receipt["outcome"], now()))
 
     # -- the revisions imported attempts go to -------------------------------------------------
-    def _revision_holding(self, tx: Tx, batch_id: int, key: str,
-                         preferred: int | None) -> int | None:
-        """A revision of the batch that holds request ``key`` (``preferred`` first), or None."""
-        row = self._exec(tx, "SELECT r.id FROM revisions r JOIN requests q ON q.revision_id = "
-                         "r.id WHERE r.batch_id = ? AND q.key = ? ORDER BY CASE WHEN r.id = ? "
-                         "THEN 0 ELSE 1 END, r.id LIMIT 1",
-                         (batch_id, key, preferred or 0)).fetchone()
-        return row["id"] if row is not None else None
-
-    def _add_import_request(self, tx: Tx, revision_id: int, request: Request) -> None:
-        """Add ``request`` to the revision, after its others (kept if already there)."""
-        self._exec(tx, "INSERT INTO requests(revision_id, key, position, parent_key, task_ids, "
-                   "tasks) VALUES (?,?, (SELECT COUNT(*) FROM requests WHERE revision_id = ?), "
-                   "NULL, ?, ?) ON CONFLICT DO NOTHING",
-                   (revision_id, request.key, revision_id, request.task_ids_json,
-                    request.tasks_json))
-
     def _revision_rows(self, tx: Tx, ids: Sequence[int]) -> list[Row]:
         """Per revision: id, number, status, components, supersede_reason, batch_id, batch,
         whether it is its batch's current one and the current one's number."""
@@ -368,14 +351,23 @@ def revision_for(store: AdminStore, tx: Any, line: Any, placed: Placement) -> tu
     name, stamp, group = line.record["batch"], now(), placed.groups[line.number]
     batch_id, current = store._batch_row(tx, name, stamp)
     placed.fresh.setdefault(name, current is None)
-    revision_id = store._revision_holding(tx, batch_id, line.request.key, group.revision_id)
-    if revision_id is None:
+    held = store._exec(tx, "SELECT r.id FROM revisions r JOIN requests q ON q.revision_id = r.id "
+                       "WHERE r.batch_id = ? AND q.key = ? ORDER BY CASE WHEN r.id = ? THEN 0 "
+                       "ELSE 1 END, r.id LIMIT 1",  # the group's revision first
+                       (batch_id, line.request.key, group.revision_id or 0)).fetchone()
+    if held is not None:
+        revision_id = held[0]
+    else:
         if group.revision_id is None:
             group.revision_id = _group_revision(store, tx, batch_id, current, group,
                                                 placed.fresh[name], stamp)
             placed.current_there[group.revision_id] = group.current_there
-        store._add_import_request(tx, group.revision_id, line.request)
-        revision_id = group.revision_id
+        revision_id, request = group.revision_id, line.request
+        store._exec(tx, "INSERT INTO requests(revision_id, key, position, parent_key, task_ids, "
+                    "tasks) VALUES (?,?, (SELECT COUNT(*) FROM requests WHERE revision_id = ?), "
+                    "NULL, ?, ?) ON CONFLICT DO NOTHING",  # after its others
+                    (revision_id, request.key, revision_id, request.task_ids_json,
+                     request.tasks_json))
     placed.lines.setdefault(revision_id, []).append(line.number)
     return batch_id, revision_id
 
