@@ -301,21 +301,6 @@ def _partial(line: Line) -> bool:
     return line.own and line.record.get("status") == "partial"
 
 
-def recheck_receipt(record: dict[str, Any], validators: Mapping[str, Any]
-                    ) -> tuple[dict[str, str] | None, list[dict[str, Any]], str]:
-    """(item JSON texts by task_id, the request's tasks, "") when an exported receipt's raw
-    return passes every check import reruns, else (None, [], why)."""
-    try:
-        line = _check(Path("receipt"), 1, record, validators)
-    except InvalidBatch as exc:
-        return None, [], str(exc).split(": ", 1)[-1].split("; nothing was imported")[0]
-    verdict = _judge(line, validators.get(record.get("validator") or ""))
-    if not verdict.accepted:
-        first = verdict.errors[0]
-        return None, [], f"its raw return fails the recheck ({first['type']}: {first['message']})"
-    return verdict.stored, line.tasks, ""
-
-
 def _import_once(store: Store, tx: Any, line: Line, registry: Mapping[str, Any], source: str,
                  placed: Placement, seen: dict[str, int]) -> Outcome:
     """One line imported, unless its digest was (before, or earlier in this file: ``seen``) or
@@ -548,12 +533,17 @@ def rechecked(tables: dict[str, Any], validators: Mapping[str, Any]
 def _not_following(record: dict[str, Any], rows: list[Any], validators: Mapping[str, Any]
                    ) -> str:
     """Why an accepted attempt's stored values are not admitted ("" when they are): its raw return
-    fails the recheck, or a value differs from the one the return gives (a field the return lacks
-    may only be a compared field equal to the task's)."""
-    derived, asked, why = recheck_receipt(record, validators)
-    if derived is None:
-        return why
-    by_id = {t["task_id"]: t for t in asked}
+    fails the checks import reruns, or a value differs from the one the return gives (a field the
+    return lacks may only be a compared field equal to the task's)."""
+    try:
+        line = _check(Path("receipt"), 1, record, validators)
+    except InvalidBatch as exc:
+        return str(exc).split(": ", 1)[-1].split("; nothing was imported")[0]
+    verdict = _judge(line, validators.get(record.get("validator") or ""))
+    if not verdict.accepted:
+        first = verdict.errors[0]
+        return f"its raw return fails the recheck ({first['type']}: {first['message']})"
+    derived, by_id = verdict.stored, {t["task_id"]: t for t in line.tasks}
     for row in rows:
         value, task_id = json.loads(row["item"]), row["task_id"]
         if task_id not in derived:
