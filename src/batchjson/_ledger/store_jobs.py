@@ -211,16 +211,14 @@ class JobStore(CallStore):
         (accepted, or so claimed); each other key's job receipts of one revision, oldest first."""
         holders = self.job_holders(keys)
         done = self.accepted_keys(keys) | holders.keys()
-        return holders, done, self._job_history([k for k in keys if k not in done], revision_id)
-
-    def _job_history(self, keys: Sequence[str], revision_id: int) -> dict[str, list[Row]]:
-        out: dict[str, list[Row]] = {}
+        history: dict[str, list[Row]] = {}
         for row in self._by_keys(
                 "SELECT a.id, a.request_key, a.kind, a.status, a.errors, a.raw, l.job_id FROM "
                 "attempts a JOIN job_lines l ON l.attempt_id = a.id WHERE a.revision_id = "
-                f"{int(revision_id)} AND a.request_key IN ({{marks}}) ORDER BY a.id", keys):
-            out.setdefault(row["request_key"], []).append(row)
-        return out
+                f"{int(revision_id)} AND a.request_key IN ({{marks}}) ORDER BY a.id",
+                [k for k in keys if k not in done]):
+            history.setdefault(row["request_key"], []).append(row)
+        return holders, done, history
 
     def requests_by_keys(self, keys: Sequence[str], revision_id: int | None = None
                          ) -> dict[str, Request]:
