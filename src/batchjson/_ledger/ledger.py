@@ -13,7 +13,7 @@ from .._content.tasks import Request
 from .._errors import ConfigError, InvalidBatch, LedgerError
 from .._money import cost_value
 from .._secrets import public_url
-from .records import Receipt, Revision, _no_such_batch, _who, ledger_path, now
+from .records import Receipt, Revision, _who, ledger_path, now
 from .sqlite import SQLiteStore, _read_ledger_file
 from .store import Store
 from .store_jobs import _unfinished_jobs
@@ -76,7 +76,9 @@ class Ledger:
 
     def no_such_batch(self, name: str) -> str | None:
         """Why ``name`` is not a batch here, listing those that are; None when it is one."""
-        return _no_such_batch(self.store._batch_names(), name)
+        names = self.store._batch_names()
+        return None if name in names else (f"no batch named {name!r} in this ledger (batches: "
+                                           f"{', '.join(names) or 'none yet'})")
 
     def validator_usage(self) -> list[dict[str, Any]]:
         """Every recorded validator version, with the sorted names of batches run under it."""

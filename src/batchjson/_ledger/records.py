@@ -81,13 +81,6 @@ _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/+")
 POSTGRES_SCHEMES = ("postgresql", "postgres")
 
 
-def _no_such_batch(names: list[str], name: str) -> str | None:
-    """Why ``name`` is not among a ledger's batch ``names``, listing them; None when it is."""
-    if name in names:
-        return None
-    return f"no batch named {name!r} in this ledger (batches: {', '.join(names) or 'none yet'})"
-
-
 def ledger_path(value: Any) -> Path | str | None:
     """What ``Ledger(path)`` and ``Session(ledger=...)`` accept: a SQLite file path (str or
     ``os.PathLike``), a ``postgresql://`` URL (returned as the str), or None (in memory);
