@@ -11,6 +11,7 @@ import json
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any
 
@@ -200,7 +201,8 @@ class PostgresStore(Store):
             raise self._error("could not connect (is the server running, and the URL right?)",
                               exc) from None
         try:
-            self.dialect = POSTGRES._on_server(first.info.server_version)
+            if first.info.server_version < 160000:  # no pg_input_is_valid: JSON checked in Python
+                self.dialect = replace(POSTGRES, json_valid="FALSE")
             self._schema(first)
         except psycopg.Error as exc:
             raise self._error("could not be prepared", exc) from None
@@ -282,7 +284,10 @@ class PostgresStore(Store):
                     with self._pipelined(db):
                         yield db
         except self._psycopg.Error as exc:  # a pool that cannot connect in time as well
-            if self._fault(exc, db):
+            psycopg = self._psycopg
+            lost = isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError,
+                                    psycopg.InternalError)) or db is None or db.broken
+            if lost and getattr(exc, "sqlstate", None) not in TRANSIENT:
                 raise self._error("a write failed; the run stopped before any further "
                                   "call", exc) from exc
             raise
@@ -331,13 +336,6 @@ class PostgresStore(Store):
             yield
         except self._psycopg.Error as exc:
             raise self._error(f"{what} failed and was rolled back whole", exc) from exc
-
-    def _fault(self, exc: BaseException, db: Any) -> bool:
-        psycopg = self._psycopg
-        if getattr(exc, "sqlstate", None) in TRANSIENT:
-            return False
-        return isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError,
-                                psycopg.InternalError)) or db is None or db.broken
 
     def _error(self, what: str, exc: BaseException) -> LedgerError:
         error = LedgerError(what, path=self._public, cause=exc)

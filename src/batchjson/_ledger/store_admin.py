@@ -310,12 +310,6 @@ class Group:
     current_there: bool = False  # an export of the revision current where it was exported
     revision_id: int | None = None
 
-    def _revision_components(self) -> dict[str, str]:
-        if self.own:  # as exported: the revision it came from
-            return self.components
-        return {**self.components, "tasks": tasks_digest(list(self.tasks.values())),
-                "pack": str(self.pack)}
-
 
 @dataclass
 class Placement:
@@ -377,7 +371,9 @@ def _group_revision(store: AdminStore, tx: Any, batch_id: int, current: int | No
     """The revision with the group's content; else the batch's current revision when an
     earlier import made it and judged alike (a history file imported again as it grows);
     else a new one: open for a batch new to the ledger, beside a live batch superseded."""
-    components = group._revision_components()
+    components = group.components if group.own else {  # an export's: as it was exported
+        **group.components, "tasks": tasks_digest(list(group.tasks.values())),
+        "pack": str(group.pack)}
     fingerprint = Keys(components).revision
     found = store._revision_with(tx, batch_id, fingerprint)
     if found is not None:

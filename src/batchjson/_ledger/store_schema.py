@@ -8,7 +8,7 @@ ledger at another version is refused, never converted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 SCHEMA_VERSION = 14
@@ -179,11 +179,6 @@ class Dialect:
             return ",".join("?" * len(keys)), tuple(keys)
         return ("SELECT unnest(?::text[])" if isinstance(keys[0], str)
                 else "SELECT unnest(?)"), (keys,)
-
-    def _on_server(self, version: int) -> Dialect:
-        """This dialect for a PostgreSQL server of ``version``: before 16 (no
-        ``pg_input_is_valid``) each text is checked as JSON in Python."""
-        return self if version >= 160000 else replace(self, json_valid="FALSE")
 
 
 SQLITE = Dialect(
