@@ -156,24 +156,6 @@ def _rows(cursor: Any) -> Any:
     return _row_class(tuple(c.name for c in description)) if description else tuple
 
 
-def _loaders(psycopg: Any) -> tuple[type, type]:
-    """``bytea`` read as the provider's text, ``numeric`` (what SUM of whole numbers gives) as
-    int or float: the values SQLite hands back."""
-    from psycopg.adapt import Loader
-    from psycopg.types.string import ByteaLoader
-
-    class TextLoader(ByteaLoader):
-        def load(self, data: Any) -> str:
-            return super().load(bytes(data)).decode("utf-8", "surrogatepass")
-
-    class NumberLoader(Loader):
-        def load(self, data: Any) -> int | float:
-            text = bytes(data)
-            return int(text) if text.lstrip(b"-").isdigit() else float(text)
-
-    return TextLoader, NumberLoader
-
-
 class PostgresStore(Store):
     """The ledger in a PostgreSQL database, shared by runners on any number of hosts."""
 
@@ -222,9 +204,22 @@ class PostgresStore(Store):
         return {"autocommit": True, "row_factory": _rows, **wait}
 
     def _configure(self, db: Any) -> None:
-        text, number = _loaders(self._psycopg)
-        db.adapters.register_loader("bytea", text)
-        db.adapters.register_loader("numeric", number)
+        """``bytea`` read as the provider's text, ``numeric`` (what SUM of whole numbers gives)
+        as int or float: the values SQLite hands back."""
+        from psycopg.adapt import Loader
+        from psycopg.types.string import ByteaLoader
+
+        class TextLoader(ByteaLoader):
+            def load(self, data: Any) -> str:
+                return super().load(bytes(data)).decode("utf-8", "surrogatepass")
+
+        class NumberLoader(Loader):
+            def load(self, data: Any) -> int | float:
+                text = bytes(data)
+                return int(text) if text.lstrip(b"-").isdigit() else float(text)
+
+        db.adapters.register_loader("bytea", TextLoader)
+        db.adapters.register_loader("numeric", NumberLoader)
 
     def _schema(self, db: Any) -> None:
         """Make the schema in an empty database, once, however many runners start at once."""
