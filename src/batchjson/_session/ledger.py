@@ -66,7 +66,11 @@ class Ledger(ledger.Ledger):
             outcomes = [_import_once(store, tx, line, registry, str(path), placed, seen)
                         for line in lines]
             revisions = settle(store, tx, placed, {o.line: o.admitted_items for o in outcomes})
-        return _report(str(path), outcomes, revisions)
+        count = {k: sum(o.outcome == k for o in outcomes) for k in OUTCOMES}
+        numbered = "receipt" if any(isinstance(o.line, InDocument) for o in outcomes) else "line"
+        return {"source": str(path), "lines": len(outcomes), "numbered": numbered, **count,
+                "items_admitted": sum(o.admitted_items for o in outcomes),
+                "receipts": [o.as_dict() for o in outcomes], "revisions": revisions}
 
     def merge(self, other: str | Path, *, validators: Any = None) -> dict[str, Any]:
         """Bring another ledger (a file or a ``postgresql://`` URL) in, idempotent: what was
@@ -100,12 +104,15 @@ class Line:
     own: bool  # batchjson's own export format
 
 
+OUTCOMES = ("admitted", "duplicate", "diagnostic", "rejected", "unverified", "recorded", "skipped")
+
+
 @dataclass
 class Outcome:
     line: int
     batch: str
     claimed_status: str
-    outcome: str  # admitted | duplicate | diagnostic | rejected | unverified | recorded | skipped
+    outcome: str  # one of OUTCOMES
     items: int
     admitted_items: int = 0
     reason: str = ""
@@ -432,17 +439,6 @@ def _only_unverified(rec: Mapping[str, Any]) -> bool:
     return (rec.get("format") == EXPORT_FORMAT and rec.get("status") == "rejected"
             and isinstance(errors, list) and bool(errors)
             and all(isinstance(e, dict) and e.get("type") == "unverified" for e in errors))
-
-
-def _report(source: str, outcomes: list[Outcome],
-            revisions: list[dict[str, Any]]) -> dict[str, Any]:
-    count = {k: sum(o.outcome == k for o in outcomes) for k in
-             ("admitted", "duplicate", "diagnostic", "rejected", "unverified", "recorded",
-              "skipped")}
-    numbered = "receipt" if any(isinstance(o.line, InDocument) for o in outcomes) else "line"
-    return {"source": source, "lines": len(outcomes), "numbered": numbered, **count,
-            "items_admitted": sum(o.admitted_items for o in outcomes),
-            "receipts": [o.as_dict() for o in outcomes], "revisions": revisions}
 
 
 def refuse(path: Path, number: int, problem: str) -> InvalidBatch:
