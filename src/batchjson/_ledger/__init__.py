@@ -1,9 +1,6 @@
-"""The ledger: the one source of truth for batches, receipts and accepted values.
-
-``store.Store`` holds every SQL statement batchjson runs, grouped by what it serves (its
-``store_*`` modules); ``sqlite.SQLiteStore`` and ``postgres.PostgresStore`` connect it to one
-database; ``ledger.Ledger`` is the facade over it. It stores what it is given (costs, verdicts,
-masked URLs) and judges and prices nothing: that sits above it, in the session.
+"""The ledger: the one source of truth for batches, receipts and accepted values. It stores what
+it is given (costs, verdicts, masked URLs) and judges and prices nothing: ``store.Store`` holds
+its SQL, ``sqlite`` and ``postgres`` connect it to one database, ``ledger.Ledger`` is its facade.
 """
 
 from .ledger import Ledger

@@ -1,6 +1,5 @@
-"""The ``Ledger`` facade over the store: what a person reads and decides, each name with one
-owner (batchjson's own code reads them here too, and the store's other operations through
-``store``); and the other ledger a merge reads. The public ``batchjson.Ledger``
+"""The ``Ledger`` facade over the store: what a person reads and decides (batchjson's own code
+reads them here too), and the other ledger a merge reads. The public ``batchjson.Ledger``
 (``_session/ledger.py``) extends it with what judges or prices: import, merge, the accounts.
 """
 
@@ -9,20 +8,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .._checks import is_amount
 from .._content.tasks import Request
 from .._errors import ConfigError, InvalidBatch, LedgerError
 from .._money import cost_value
 from .._secrets import public_url
-from .records import Receipt, Revision, _no_such_batch, _who, ledger_path, now
+from .records import Receipt, Revision, _who, ledger_path, now
 from .sqlite import SQLiteStore, _read_ledger_file
 from .store import Store
 from .store_jobs import _unfinished_jobs
 
 
 class Ledger:
-    """The ledger's facade over its store: what it holds, never what that cost in dollars (the
-    public ``batchjson.Ledger``, ``_session/ledger.py``, adds the priced accounts, import
-    and merge)."""
+    """The ledger's facade over its store: what it holds, never what that cost in dollars."""
 
     def __init__(self, path: str | Path | None = None, *, busy_timeout: float = 30.0,
                  lease: float | None = None) -> None:
@@ -55,10 +53,8 @@ class Ledger:
         return self.store._receipts(name, failed=failed)
 
     def checkpoint(self, name: str, revision_id: int | None = None) -> dict[str, Any]:
-        """task_id -> accepted item for one revision of the batch (default: its current one).
-
-        A run reads its own revision: another runner may have made a different one current.
-        """
+        """task_id -> accepted item for one revision of the batch (default: its current one; a
+        run reads its own, as another runner may have made a different one current)."""
         return self.store._checkpoint(name, revision_id)
 
     def batch_names(self) -> list[str]:
@@ -80,7 +76,9 @@ class Ledger:
 
     def no_such_batch(self, name: str) -> str | None:
         """Why ``name`` is not a batch here, listing those that are; None when it is one."""
-        return _no_such_batch(self.store._batch_names(), name)
+        names = self.store._batch_names()
+        return None if name in names else (f"no batch named {name!r} in this ledger (batches: "
+                                           f"{', '.join(names) or 'none yet'})")
 
     def validator_usage(self) -> list[dict[str, Any]]:
         """Every recorded validator version, with the sorted names of batches run under it."""
@@ -101,18 +99,17 @@ class Ledger:
 
     def set_budget(self, cost: float | None) -> None:
         """Set the ledger's cost budget in USD (what was spent under it still counts), or
-        remove it with None. Runs reserve each call's worst case on it beside the call's
-        claim; a run already going when it is set refuses its next call (re-run it)."""
+        remove it with None. Runs reserve each call's worst case on it with the call's claim;
+        a run already going when it is set refuses its next call (re-run it)."""
         cost = cost_value(cost)
         self.store._set_shared_budget(cost, by=_who(), stamp=now())
 
     def forget(self, name: str, *, via: str, by: str | None = None) -> dict[str, Any] | None:
         """Stop every revision of batch ``name`` from owing requests (only a person does:
         docs/design.md, "Forgetting"): the record (batch, revisions, requests, items, by, via,
-        at), or None when it owes nothing. An unknown name, or a batch with an unfinished batch
-        job (its requests may still be answered, and billed), is an InvalidBatch."""
-        problem = self.no_such_batch(name) or _unfinished_jobs(
-            [j for j in self.store.jobs() if j["batch"] == name], f"batch {name!r}", "forget it")
+        at), or None when it owes nothing. An unknown batch, or one a job may still answer
+        (and bill), is an InvalidBatch."""
+        problem = self.no_such_batch(name) or self.store._jobs_in_the_way(name, "forget it")
         if problem:
             raise InvalidBatch(problem)
         return self.store._forget(name, via=via, by=by or _who(), stamp=now())
@@ -123,23 +120,20 @@ class Ledger:
 
 
 def _lease(value: Any) -> float | None:
-    if value is None:
-        return None
-    if (isinstance(value, bool) or not isinstance(value, (int, float))
-            or not 0 < value < float("inf")):
+    if value is not None and not is_amount(value, positive=True):
         raise ConfigError(f"lease must be a number of seconds > 0, got {value!r}; e.g. "
                           "Ledger('postgresql://host/db', lease=30)")
-    return float(value)
+    return None if value is None else float(value)
 
 
 def other_tables(store: Store, other: str | Path) -> tuple[dict[str, Any], str, str]:
-    """The other ledger's tables (a ledger file or a ``postgresql://`` URL), with how the report
-    names it and the label its merged rows keep; refused when it is this ledger or holds an
-    unfinished batch job."""
+    """The other ledger's tables (a ledger file or a ``postgresql://`` URL), how the report names
+    it and the label its merged rows keep; refused when it is this ledger or holds a job that
+    may still answer (collected only there: merged here, its receipts would stay in flight)."""
     if isinstance(other, str) and isinstance(ledger_path(other), str):
         from .postgres import PostgresStore
 
-        shown = public_url(other, user=False)
+        shown = label = public_url(other, user=False)
         if other == getattr(store, "url", None):
             raise LedgerError(f"{shown} is this ledger; merge another ledger into it", path=shown)
         theirs = PostgresStore(other)
@@ -147,23 +141,14 @@ def other_tables(store: Store, other: str | Path) -> tuple[dict[str, Any], str, 
             tables = theirs._tables()
         finally:
             theirs._close()
-        _refuse_unfinished(tables, shown)
-        return tables, shown, shown
-    path = Path(other)
-    if store.path is not None and path.exists() and path.resolve() == store.path.resolve():
-        raise LedgerError(f"{path} is this ledger; merge another ledger into it", path=path)
-    tables = _read_ledger_file(path)
-    _refuse_unfinished(tables, str(path))
-    return tables, str(path), path.name
-
-
-def _refuse_unfinished(tables: dict[str, Any], shown: str) -> None:
-    """A job of the other ledger that may still answer is collected there, by its own job row:
-    merged here, its receipts would stay in flight for ever. Refused before anything is
-    written."""
+    else:
+        path = Path(other)
+        if store.path is not None and path.exists() and path.resolve() == store.path.resolve():
+            raise LedgerError(f"{path} is this ledger; merge another ledger into it", path=path)
+        tables, shown, label = _read_ledger_file(path), str(path), path.name
     names = {b["id"]: b["name"] for b in tables["batches"]}
     problem = _unfinished_jobs([{**dict(j), "batch": names.get(j["batch_id"])}
-                               for j in tables["jobs"]], f"the ledger {shown}",
-                              "merge it")
+                               for j in tables["jobs"]], f"the ledger {shown}", "merge it")
     if problem:
         raise LedgerError(problem, path=shown)
+    return tables, shown, label

@@ -1,9 +1,8 @@
-"""The PostgreSQL store: one ledger for runners on many hosts, over psycopg 3.
-
-Only what is PostgreSQL's own: a connection pool (one connection per thread at work) and how
-its rows read, ``RETURNING id``, a claim's hot path in one statement, and the advisory lock that
-runs a transaction reading before it writes as if alone, while the writes of calls run side by
-side across hosts. Why that is safe: docs/scale.md, "How it works".
+"""The PostgreSQL store: one ledger for runners on many hosts, over psycopg 3. Only what is
+PostgreSQL's own: a connection pool (a connection per thread at work) and how its rows read,
+``RETURNING id``, a claim's hot path in one statement, and the advisory lock that runs a
+transaction reading before it writes as if alone, while the writes of calls run side by side
+across hosts (why that is safe: docs/scale.md, "How it works").
 """
 
 from __future__ import annotations
@@ -12,6 +11,7 @@ import json
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any
 
@@ -113,9 +113,8 @@ ACCEPT = (
         "COALESCE(MIN(attempt_id)::text, chr(63)) FROM checkpoint WHERE request_key = ? AND "
         "batch_id = ?)) END"))
 
-# What runs for many rows (``_many``) runs once here, each column bound as one array, the rows
-# kept in order (psycopg's executemany runs a statement once per row): a batch's requests,
-# what each saw.
+# A batch's requests and what each saw, for many rows (``_many``) in one statement, each column
+# bound as one array, in order (psycopg's executemany runs a statement once per row).
 BULK = {
     REQUESTS_SQL: (
         "INSERT INTO requests(revision_id, key, position, parent_key, task_ids, tasks) SELECT "
@@ -157,24 +156,6 @@ def _rows(cursor: Any) -> Any:
     return _row_class(tuple(c.name for c in description)) if description else tuple
 
 
-def _loaders(psycopg: Any) -> tuple[type, type]:
-    """``bytea`` read as the provider's text, ``numeric`` (what SUM of whole numbers gives) as
-    int or float: the values SQLite hands back."""
-    from psycopg.adapt import Loader
-    from psycopg.types.string import ByteaLoader
-
-    class TextLoader(ByteaLoader):
-        def load(self, data: Any) -> str:
-            return super().load(bytes(data)).decode("utf-8", "surrogatepass")
-
-    class NumberLoader(Loader):
-        def load(self, data: Any) -> int | float:
-            text = bytes(data)
-            return int(text) if text.lstrip(b"-").isdigit() else float(text)
-
-    return TextLoader, NumberLoader
-
-
 class PostgresStore(Store):
     """The ledger in a PostgreSQL database, shared by runners on any number of hosts."""
 
@@ -196,9 +177,14 @@ class PostgresStore(Store):
                               "psycopg 3 and psycopg-pool: pip install 'batchjson[postgres]'"
                               ) from None
         self._psycopg = psycopg
-        first = self._connect()  # a wrong URL or a server down is named at once
+        try:  # a wrong URL or a server down is named at once
+            first = psycopg.connect(self.url, **self._options())
+        except psycopg.Error as exc:
+            raise self._error("could not connect (is the server running, and the URL right?)",
+                              exc) from None
         try:
-            self.dialect = POSTGRES._on_server(first.info.server_version)
+            if first.info.server_version < 160000:  # no pg_input_is_valid: JSON checked in Python
+                self.dialect = replace(POSTGRES, json_valid="FALSE")
             self._schema(first)
         except psycopg.Error as exc:
             raise self._error("could not be prepared", exc) from None
@@ -217,30 +203,32 @@ class PostgresStore(Store):
         wait = {} if "connect_timeout" in self.url else {"connect_timeout": CONNECT_SECONDS}
         return {"autocommit": True, "row_factory": _rows, **wait}
 
-    def _connect(self) -> Any:
-        psycopg = self._psycopg
-        try:
-            db = psycopg.connect(self.url, **self._options())
-        except psycopg.Error as exc:
-            raise self._error("could not connect (is the server running, and the URL right?)",
-                              exc) from None
-        self._configure(db)
-        return db
-
     def _configure(self, db: Any) -> None:
-        text, number = _loaders(self._psycopg)
-        db.adapters.register_loader("bytea", text)
-        db.adapters.register_loader("numeric", number)
+        """``bytea`` read as the provider's text, ``numeric`` (what SUM of whole numbers gives)
+        as int or float: the values SQLite hands back."""
+        from psycopg.adapt import Loader
+        from psycopg.types.string import ByteaLoader
+
+        class TextLoader(ByteaLoader):
+            def load(self, data: Any) -> str:
+                return super().load(bytes(data)).decode("utf-8", "surrogatepass")
+
+        class NumberLoader(Loader):
+            def load(self, data: Any) -> int | float:
+                text = bytes(data)
+                return int(text) if text.lstrip(b"-").isdigit() else float(text)
+
+        db.adapters.register_loader("bytea", TextLoader)
+        db.adapters.register_loader("numeric", NumberLoader)
 
     def _schema(self, db: Any) -> None:
         """Make the schema in an empty database, once, however many runners start at once."""
         with db.transaction():
             db.execute(SERIAL_LOCK)
             found = db.execute("SELECT to_regclass('batchjson_schema'), "
-                                     "to_regclass('attempts')").fetchone()
+                               "to_regclass('attempts')").fetchone()
             if found[0] is not None:
-                version = db.execute("SELECT MAX(version) FROM batchjson_schema"
-                                           ).fetchone()[0]
+                version = db.execute("SELECT MAX(version) FROM batchjson_schema").fetchone()[0]
                 problem = _version_problem(version, None)
                 if problem:
                     raise LedgerError(problem, path=self._public)
@@ -260,13 +248,11 @@ class PostgresStore(Store):
     def _tables(self) -> dict[str, list[Row]]:
         """Every row a merge into another ledger brings in, table by table, in the order they
         were written (``sqlite._read_ledger_file``'s shape)."""
-        out = {table: self._read(f"SELECT * FROM {table} ORDER BY id")
-               for table in ("batches", "revisions", "requests", "attempts", "forgets",
-                             "jobs")}
-        out["validators"] = self._read("SELECT * FROM validators ORDER BY name, version")
-        out["imports"] = self._read("SELECT * FROM imports ORDER BY imported_at, digest")
-        out["checkpoint"] = self._read("SELECT * FROM checkpoint ORDER BY attempt_id, task_id")
-        return out
+        order = {**dict.fromkeys(("batches", "revisions", "requests", "attempts", "forgets",
+                                  "jobs"), "id"), "validators": "name, version",
+                 "imports": "imported_at, digest", "checkpoint": "attempt_id, task_id"}
+        return {table: self._read(f"SELECT * FROM {table} ORDER BY {by}")
+                for table, by in order.items()}
 
     # -- transactions --------------------------------------------------------------------------
     def _write_transaction(self) -> Any:
@@ -293,16 +279,18 @@ class PostgresStore(Store):
                     with self._pipelined(db):
                         yield db
         except self._psycopg.Error as exc:  # a pool that cannot connect in time as well
-            if self._fault(exc, db):
+            psycopg = self._psycopg
+            lost = isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError,
+                                    psycopg.InternalError)) or db is None or db.broken
+            if lost and getattr(exc, "sqlstate", None) not in TRANSIENT:
                 raise self._error("a write failed; the run stopped before any further "
                                   "call", exc) from exc
             raise
 
     @contextmanager
     def _connection(self) -> Iterator[Any]:
-        """This thread's connection: its open transaction's (what runs inside a transaction
-        sees its writes), or one from the pool, which replaces a lost one (a server restart)
-        and gives up after CONNECT_SECONDS."""
+        """This thread's connection: its open transaction's (which sees its writes), or one from
+        the pool, which replaces a lost one and gives up after CONNECT_SECONDS."""
         held = getattr(self._here, "db", None)
         if held is not None:
             yield held
@@ -344,13 +332,6 @@ class PostgresStore(Store):
         except self._psycopg.Error as exc:
             raise self._error(f"{what} failed and was rolled back whole", exc) from exc
 
-    def _fault(self, exc: BaseException, db: Any) -> bool:
-        psycopg = self._psycopg
-        if getattr(exc, "sqlstate", None) in TRANSIENT:
-            return False
-        return isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError,
-                                psycopg.InternalError)) or db is None or db.broken
-
     def _error(self, what: str, exc: BaseException) -> LedgerError:
         error = LedgerError(what, path=self._public, cause=exc)
         error.args = (self._secrets.mask(str(error)),)
@@ -391,10 +372,7 @@ class PostgresStore(Store):
         """``CLAIM``: a claim won is committed with its receipt, and nothing else is written;
         what it found is read once ``tx`` has committed. A gone holder's claim is taken over
         in a transaction of its own, the shared way."""
-        cursor = tx.execute(CLAIM, {
-            "key": request_key, "owner": owner.id, "host": owner.host, "pid": owner.pid,
-            "session": owner.session, "lease": self.lease_seconds, "stamp": stamp,
-            **dict(zip(RECEIPT_COLUMNS, receipt, strict=True))})
+        cursor = tx.execute(CLAIM, self._claim_args(receipt, request_key, owner, stamp))
 
         def committed() -> tuple[str, int | None]:
             attempt_id, locked, budgeted, accepted, *holder = cursor.fetchone()
@@ -417,10 +395,7 @@ class PostgresStore(Store):
         of a pipelined transaction): the request's row locked first (``SKIP LOCKED``: another
         runner deciding on it means HELD), then the claim written if free or ours. Anything
         else: :meth:`_decide`, once the answer is read."""
-        mine = {"key": request_key, "owner": owner.id, "host": owner.host, "pid": owner.pid,
-                "session": owner.session, "lease": self.lease_seconds, "stamp": stamp,
-                **dict(zip(RECEIPT_COLUMNS, receipt, strict=True))}
-        cursor = tx.execute(OPEN, mine)
+        cursor = tx.execute(OPEN, self._claim_args(receipt, request_key, owner, stamp))
 
         def found() -> tuple[int, str, bool | None]:
             attempt_id, locked, taken, budgeted = cursor.fetchone()
@@ -432,6 +407,12 @@ class PostgresStore(Store):
                                             stamp), budgeted
 
         return Later(found)
+
+    def _claim_args(self, receipt: Sequence[Any], request_key: str, owner: Owner,
+                    stamp: str) -> dict[str, Any]:
+        return {"key": request_key, "owner": owner.id, "host": owner.host, "pid": owner.pid,
+                "session": owner.session, "lease": self.lease_seconds, "stamp": stamp,
+                **dict(zip(RECEIPT_COLUMNS, receipt, strict=True))}
 
     def _accept_call(self, tx: Tx, attempt_id: int, batch_id: int, request_key: str,
                      items: Mapping[str, str], raw: str, usage: Mapping[str, Any],

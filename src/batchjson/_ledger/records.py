@@ -10,7 +10,7 @@ import random
 import re
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,8 +22,8 @@ _second: tuple[int, str] = (-1, "")  # the last whole second formatted, and its 
 
 
 def now() -> str:
-    """The time as ISO 8601 UTC with microseconds (``datetime.isoformat``'s form); every call
-    writes three or four, so the date and time of day are formatted once a second."""
+    """The time as ISO 8601 UTC with microseconds (``datetime.isoformat``'s form); the date and
+    time of day are formatted once a second (every call writes three or four)."""
     global _second
     second, fraction = divmod(time.time_ns() // 1000, 1_000_000)
     cached = _second
@@ -81,18 +81,10 @@ _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/+")
 POSTGRES_SCHEMES = ("postgresql", "postgres")
 
 
-def _no_such_batch(names: list[str], name: str) -> str | None:
-    """Why ``name`` is not among a ledger's batch ``names``, listing them; None when it is."""
-    if name in names:
-        return None
-    return f"no batch named {name!r} in this ledger (batches: {', '.join(names) or 'none yet'})"
-
-
 def ledger_path(value: Any) -> Path | str | None:
     """What ``Ledger(path)`` and ``Session(ledger=...)`` accept: a SQLite file path (str or
-    ``os.PathLike``), a ``postgresql://`` URL (returned as the str), or None (in memory).
-    Anything else is refused before a file is made or a server reached; a URL of another
-    scheme is refused with its password masked."""
+    ``os.PathLike``), a ``postgresql://`` URL (returned as the str), or None (in memory);
+    anything else is refused before a file is made or a server reached, a password masked."""
     if value is None:
         return None
     text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
@@ -118,25 +110,18 @@ def ledger_path(value: Any) -> Path | str | None:
 
 
 def _revision(row: Any) -> Revision:
-    return Revision(row["id"], row["batch_id"], row["batch"], row["number"], row["fingerprint"],
-                    json.loads(row["components"]), row["status"], row["supersede_reason"],
-                    row["validator_name"], row["created_at"], row["superseded_by"])
+    return Revision(**{**dict(row), "components": json.loads(row["components"])})
 
 
 def _receipt(row: Any) -> Receipt:
-    return Receipt(row["id"], row["batch"], row["revision"], row["request_key"],
-                   tuple(json.loads(row["task_ids"])), row["kind"], row["status"],
-                   json.loads(row["errors"]) if row["errors"] else [], row["raw"],
-                   row["input_tokens"], row["output_tokens"], row["cached_tokens"], row["cost"],
-                   row["provider"], row["model"], row["started_at"], row["finished_at"],
-                   row["source"], row["sent_at"])
+    return Receipt(**{f.name: row[f.name] for f in fields(Receipt)} | {
+        "task_ids": tuple(json.loads(row["task_ids"])),
+        "errors": json.loads(row["errors"]) if row["errors"] else []})
 
 
 def _uid() -> str:
-    """A receipt's global id (for merging ledgers): time-ordered like UUIDv7, 64 random bits, so
-    new ids append to the unique index instead of touching a random page of it each time. The
-    bits come from ``random`` (seeded from the OS, and reseeded in a forked child): an id must
-    be unique, not secret, and a system call per receipt is slow on a busy machine."""
+    """A receipt's global id (for merges): time-ordered like UUIDv7, so it appends to the unique
+    index, and 64 bits of ``random`` (reseeded in a forked child): unique, not secret, cheap."""
     return f"{time.time_ns():016x}{random.getrandbits(64):016x}"
 
 

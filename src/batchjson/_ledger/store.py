@@ -1,9 +1,7 @@
-"""The store: every statement batchjson runs on a ledger, as the dbos system database owns its
-own. Its operations are grouped by what they serve, each concept building on those it needs: a
-run's (``store_runs``), a call's (``store_calls``), a job's (``store_jobs``), a person's
-(``store_admin``: import, export, merge, forget); and the accounts' reads (``store_accounts``).
-A store for one database says how to talk to it: ``sqlite.SQLiteStore``, ``postgres.PostgresStore``.
-"""
+"""The store: every statement batchjson runs on a ledger, grouped by what it serves, each concept
+building on those it needs: a run's (``store_runs``), a call's (``store_calls``), a job's
+(``store_jobs``), a person's (``store_admin``: import, export, merge, forget), the accounts'
+(``store_accounts``). ``sqlite.SQLiteStore`` and ``postgres.PostgresStore`` connect it."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """The store's SQL for the accounts and for advice: every attempt counted, priced and fitted.
-
-What a call is and what is known of its cost is defined here once (``IS_CALL``, ``UNKNOWN``);
-``accounts.py`` turns these rows into ``Ledger.spend()`` and ``cost_summary()``, so the two
-accounts cannot drift apart.
+What a call is and what is known of its cost is defined once (``IS_CALL``, ``UNKNOWN``), so
+``Ledger.spend()`` and ``cost_summary()`` (``_session/accounts.py``) cannot drift apart.
 """
 
 from __future__ import annotations
@@ -26,21 +24,20 @@ _COUNTS = {  # what each counter of a batch counts
     "calls": IS_CALL,
     "rechecks": "a.kind = 'recheck'",
     "unsent": "a.kind != 'recheck' AND a.status = 'cancelled' AND a.sent_at IS NULL",
-    **{f"{status}{plural}": f"{IS_CALL} AND a.status = '{status}'"
-       for status, plural in (("accepted", ""), ("partial", ""), ("rejected", ""),
-                              ("provider_error", "s"), ("abandoned", ""), ("cancelled", ""))},
+    **{f"{status}{suffix}": f"{IS_CALL} AND a.status = '{status}'"
+       for status, suffix in (("accepted", "_returns"), ("partial", "_returns"),
+                              ("rejected", "_returns"), ("provider_error", "s"),
+                              ("abandoned", ""), ("cancelled", ""))},
     "in_flight": f"{IS_CALL} AND a.status = 'in_flight' AND NOT {PENDING}",
     "pending": PENDING,
     "imported": f"{IS_CALL} AND a.kind = 'import'",
     "unknown_cost_calls": UNKNOWN,
     "unfloored": f"{UNKNOWN} AND a.cost_floor IS NULL",
 }
-_RENAMED = {"accepted": "accepted_returns", "partial": "partial_returns",
-            "rejected": "rejected_returns"}
 
 CALLS_SQL = (
     "SELECT b.name AS batch, "
-    + "".join(f"{_count(condition)} AS {_RENAMED.get(name, name)}, "
+    + "".join(f"{_count(condition)} AS {name}, "
               for name, condition in _COUNTS.items())
     + "COALESCE(SUM(a.input_tokens), 0) AS input_tokens, "
     "COALESCE(SUM(a.output_tokens), 0) AS output_tokens, "
@@ -80,10 +77,10 @@ class AccountStore(StoreBase):
     """Rows for the accounts, for pack-size advice and for what a pack may hold."""
 
     def call_rows(self, name: str | None = None) -> tuple[list[Row], list[Row]]:
-        """Per batch with attempts (one batch, or every one): calls by outcome, tokens, known
-        cost, unknown-cost calls and the floors recorded for them, calls pending in a batch
-        job; then, only when some have no floor (``unfloored``) or are pending, per batch, model
-        and whether pending those calls' prompt tokens (uncached, cached) to price."""
+        """Per batch with attempts (one, or every one): calls by outcome, tokens, known cost,
+        unknown-cost calls and their recorded floors, calls pending in a job; then, only when
+        some have no floor or are pending, per batch, model and whether pending those calls'
+        prompt tokens (uncached, cached) to price."""
         where, args = (" AND b.name = ?", (name,)) if name is not None else ("", ())
         calls = self._read(CALLS_SQL.format(where=where), args)
         if not any(row["unfloored"] or row["pending"] for row in calls):
@@ -91,9 +88,9 @@ class AccountStore(StoreBase):
         return calls, self._read(UNFLOORED_SQL.format(where=where), args)
 
     def task_rows(self, name: str | None = None) -> tuple[list[Row], list[Row]]:
-        """Per batch (one, or every one in the order they were made), its current revision's
-        tasks: (batch, task_ids) of every leaf request (one row with task_ids None for a batch
-        with none), and (batch, usable), its accepted tasks."""
+        """Per batch (one, or every one in order), its current revision's tasks: (batch,
+        task_ids) of every leaf request (task_ids None for a batch with none), and (batch,
+        usable), how many are accepted."""
         where, args = (" AND b.name = ?", (name,)) if name is not None else ("", ())
         return (self._read(TASKS_SQL + (" WHERE b.name = ?" if name is not None else "")
                            + " ORDER BY b.id", args),
@@ -101,19 +98,18 @@ class AccountStore(StoreBase):
 
     def fit_rows(self, name: str) -> list[Row]:
         """Every live receipt of batch ``name`` (imports aside), with its request's text
-        length (``chars``), for fitting pack-size advice."""
+        length (``chars``): what pack-size advice fits."""
         return self._read(
             "SELECT a.kind, a.status, a.errors, a.task_ids, a.input_tokens, a.output_tokens, "
             "a.cached_tokens, a.cost, a.model, LENGTH(q.tasks) AS chars FROM attempts a "
-            "JOIN batches b "
-            "ON b.id = a.batch_id LEFT JOIN requests q ON q.revision_id = a.revision_id AND "
-            "q.key = a.request_key WHERE b.name = ? AND a.kind != 'import' ORDER BY a.id",
-            (name,))
+            "JOIN batches b ON b.id = a.batch_id LEFT JOIN requests q ON q.revision_id = "
+            "a.revision_id AND q.key = a.request_key WHERE b.name = ? AND a.kind != 'import' "
+            "ORDER BY a.id", (name,))
 
     def fewest_output_tokens_per_item(self, name: str, envelope: int) -> float | None:
         """The fewest output tokens per item any accepted return of batch ``name`` took (its
         ``envelope`` taken off), or None when none has been measured."""
-        count = self._json_length("a.task_ids")
+        count = self.dialect.json_length.format("a.task_ids")
         rows = self._read(
             f"SELECT MIN((a.output_tokens - ?) * 1.0 / {count}) FROM attempts a "
             "JOIN batches b ON b.id = a.batch_id WHERE b.name = ? AND a.status = 'accepted' "

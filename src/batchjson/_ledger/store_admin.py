@@ -1,7 +1,6 @@
-"""The store's SQL for what a person asks of a ledger beside running it: import receipts,
-export them, merge another ledger in, forget a batch. Each is one transaction, whole or
-nothing; what judges the receipts an import or a merge brings in sits above the ledger
-(``_session/ledger.py``). The rules: docs/recovery.md.
+"""The store's SQL for what a person asks beside running: import receipts, export them, merge
+another ledger in, forget a batch; each one transaction. What judges what an import or a merge
+brings in sits above the ledger (``_session/ledger.py``); the rules: docs/recovery.md.
 """
 
 from __future__ import annotations
@@ -17,8 +16,8 @@ from .._content.tasks import Request
 from .._errors import InvalidBatch
 from .records import now
 from .store_base import Row, Tx
-from .store_jobs import JobStore, _unfinished_jobs
-from .store_runs import LATER_WORK_SQL, UNRESOLVED_SQL
+from .store_jobs import JobStore
+from .store_runs import CHECKPOINT_SQL, LATER_WORK_SQL, UNRESOLVED_SQL, VALIDATORS_SQL
 
 EXPORT_FORMAT = "batchjson/receipt-1"
 # The components that say how a receipt was judged (tasks and pack say what was asked).
@@ -29,6 +28,10 @@ ATTEMPT_COLUMNS = ("request_key", "task_ids", "kind", "status", "errors", "raw",
                    "input_tokens", "output_tokens", "cached_tokens", "cost", "provider",
                    "model", "started_at", "finished_at", "uid", "sent_at", "owner", "source",
                    "estimated_input_tokens", "cost_floor")
+IMPORTS_SQL = ("INSERT INTO imports(digest, attempt_id, source, line, outcome, imported_at) "
+               "VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING")
+FORGETS_SQL = ("INSERT INTO forgets(batch_id, forgotten_at, forgotten_by, via, revisions, "
+               "requests, items) VALUES (?,?,?,?,?,?,?)")
 MERGED = ("batches", "revisions", "requests", "attempts", "attempts_completed",
           "checkpoint_rows", "validators", "imports")
 
@@ -38,9 +41,8 @@ class AdminStore(JobStore):
 
     def imported_before(self, tx: Tx, digest: str, uid: str | None
                         ) -> tuple[Row | None, Row | None]:
-        """What the ledger holds of a receipt line, in ``tx``: where a line with this digest
-        was imported before (line, source), and (id, batch_id, status) of the attempt with
-        its global id ``uid``; each None when there is none."""
+        """In ``tx``: (line, source) of a line with this digest imported before, and (id,
+        batch_id, status) of the attempt with global id ``uid``; each None when there is none."""
         done = self._exec(tx, "SELECT line, source FROM imports WHERE digest = ?",
                           (digest,)).fetchone()
         held = None if not uid else self._exec(
@@ -55,13 +57,11 @@ class AdminStore(JobStore):
 
     def record_import(self, tx: Tx, receipt: Mapping[str, Any], *, status: str,
                       errors: Sequence[Mapping], stored: Mapping[str, Any],
-                      usage: Mapping[str, Any], completes: int | None = None) -> int:
-        """Write one imported receipt, in ``tx``: its attempt (a new one of kind ``import``,
-        or, with ``completes``, the in-flight attempt of the same call it completes), its
-        checkpoint rows when ``status`` is accepted, and the line's ``imports`` row. The
-        receipt mapping holds batch_id, revision_id, request, provider, model, at, uid,
-        source, digest, file, line, outcome and, for a partial one, its parts. Returns the
-        attempt's id."""
+                      usage: Mapping[str, Any], completes: int | None = None) -> None:
+        """Write one imported receipt in ``tx``: its attempt (of kind ``import``, or the
+        in-flight attempt of the same call it ``completes``), its checkpoint rows if accepted,
+        and the line's ``imports`` row. ``receipt``: batch_id, revision_id, request, provider,
+        model, at, uid, source, digest, file, line, outcome, parts."""
         if completes is not None:
             attempt_id = completes
             self._exec(tx, "UPDATE attempts SET status = 'in_flight' WHERE id = ?", (completes,))
@@ -69,9 +69,8 @@ class AdminStore(JobStore):
             request: Request = receipt["request"]
             attempt_id = self._insert(
                 tx, "INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, "
-                "status, errors, raw, input_tokens, output_tokens, cached_tokens, cost, provider, "
-                "model, started_at, finished_at, uid, sent_at, source) VALUES (?,?,?,?, 'import', "
-                "'in_flight', NULL, NULL, NULL, NULL, NULL, NULL, ?, ?, ?, NULL, ?, ?, ?)",
+                "status, provider, model, started_at, uid, sent_at, source) VALUES "
+                "(?,?,?,?, 'import', 'in_flight', ?,?,?,?,?,?)",
                 (receipt["batch_id"], receipt["revision_id"], request.key,
                  request.task_ids_json, receipt["provider"], receipt["model"], receipt["at"],
                  receipt["uid"], receipt["sent_at"], receipt["source"]))
@@ -83,38 +82,10 @@ class AdminStore(JobStore):
         self.complete_call(tx, attempt_id, status, receipt["raw"], usage, errors=errors,
                            accepted=accepted if status in ("accepted", "partial") else None,
                            parts=parts)
-        self._exec(tx, "INSERT INTO imports(digest, attempt_id, source, line, outcome, "
-                   "imported_at) VALUES (?,?,?,?,?,?)",
-                   (receipt["digest"], attempt_id, receipt["file"], receipt["line"],
-                    receipt["outcome"], now()))
-        return attempt_id
+        self._exec(tx, IMPORTS_SQL, (receipt["digest"], attempt_id, receipt["file"],
+                                     receipt["line"], receipt["outcome"], now()))
 
     # -- the revisions imported attempts go to -------------------------------------------------
-    def _revision_holding(self, tx: Tx, batch_id: int, key: str,
-                         preferred: int | None) -> int | None:
-        """A revision of the batch that holds request ``key`` (``preferred`` first), or None."""
-        row = self._exec(tx, "SELECT r.id FROM revisions r JOIN requests q ON q.revision_id = "
-                         "r.id WHERE r.batch_id = ? AND q.key = ? ORDER BY CASE WHEN r.id = ? "
-                         "THEN 0 ELSE 1 END, r.id LIMIT 1",
-                         (batch_id, key, preferred or 0)).fetchone()
-        return row["id"] if row is not None else None
-
-    def _imported_revision(self, tx: Tx, revision_id: int) -> dict[str, str] | None:
-        """The components of ``revision_id`` when an import made it (no attempt of it but
-        imported ones), else None."""
-        row = self._exec(tx, "SELECT components, NOT EXISTS (SELECT 1 FROM attempts WHERE "
-                         "revision_id = ? AND kind != 'import') AS imports_only FROM revisions "
-                         "WHERE id = ?", (revision_id, revision_id)).fetchone()
-        return json.loads(row["components"]) if row["imports_only"] else None
-
-    def _add_import_request(self, tx: Tx, revision_id: int, request: Request) -> None:
-        """Add ``request`` to the revision, after its others (kept if already there)."""
-        self._exec(tx, "INSERT INTO requests(revision_id, key, position, parent_key, task_ids, "
-                   "tasks) VALUES (?,?, (SELECT COUNT(*) FROM requests WHERE revision_id = ?), "
-                   "NULL, ?, ?) ON CONFLICT DO NOTHING",
-                   (revision_id, request.key, revision_id, request.task_ids_json,
-                    request.tasks_json))
-
     def _revision_rows(self, tx: Tx, ids: Sequence[int]) -> list[Row]:
         """Per revision: id, number, status, components, supersede_reason, batch_id, batch,
         whether it is its batch's current one and the current one's number."""
@@ -127,12 +98,9 @@ class AdminStore(JobStore):
 
     # -- export --------------------------------------------------------------------------------
     def _export_receipts(self, name: str | None = None) -> list[dict[str, Any]]:
-        """Every attempt (of one batch, or all) as an importable receipt, in call order. A batch
-        with an unfinished batch job is refused (an InvalidBatch): its receipts in flight would
-        be imported elsewhere without the job that collects them."""
-        problem = _unfinished_jobs([j for j in self.jobs() if name in (None, j["batch"])],
-                                   "this ledger" if name is None else f"batch {name!r}",
-                                   "export it")
+        """Every attempt (of one batch, or all) as an importable receipt, in call order; an
+        InvalidBatch while a job may still answer (its receipts would leave without it)."""
+        problem = self._jobs_in_the_way(name, "export it")
         if problem:
             raise InvalidBatch(problem)
         where, args = (" WHERE b.name = ?", (name,)) if name else ("", ())
@@ -145,30 +113,28 @@ class AdminStore(JobStore):
 
     # -- merging another ledger in ------------------------------------------------------------
     def merge_tables(self, theirs: Mapping[str, Sequence[Row]], source: str) -> dict[str, Any]:
-        """Bring another ledger's rows (table -> rows, as ``ledger.other_tables`` gives them) in,
-        in one transaction; ``source`` names it in the reasons it writes. Returns what was
-        added and how many attempts were already here."""
+        """Bring another ledger's rows (``ledger.other_tables``) in, in one transaction, named
+        ``source`` in the reasons written: what was added, how many attempts were here."""
         added = dict.fromkeys(MERGED, 0)
         with self.transaction(whole="the merge") as tx:
             self._merge_validators(tx, theirs["validators"], added)
-            batch_map, new_batches = self._merge_batches(tx, theirs["batches"], added)
-            revision_map = self._merge_revisions(tx, theirs, batch_map, new_batches, source,
-                                                 added)
+            ours = {row[0]: row[1] for row in self._exec(  # our batches' current revisions
+                tx, "SELECT id, current_revision FROM batches").fetchall()}
+            batch_map = {b["id"]: self._batch_row(tx, b["name"], b["created_at"])[0]
+                         for b in theirs["batches"]}
+            added["batches"] = len(set(batch_map.values()) - ours.keys())
+            revision_map = self._merge_revisions(tx, theirs, batch_map, ours, source, added)
             self._merge_requests(tx, theirs["requests"], revision_map, added)
             attempt_map, present = self._merge_attempts(tx, theirs["attempts"], batch_map,
                                                         revision_map, added)
             for c in theirs["checkpoint"]:
-                added["checkpoint_rows"] += self._exec(
-                    tx, "INSERT INTO checkpoint(batch_id, request_key, task_id, attempt_id, "
-                    "item, committed_at) VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING",
-                    (batch_map[c["batch_id"]], c["request_key"], c["task_id"],
-                     attempt_map[c["attempt_id"]], c["item"], c["committed_at"])).rowcount
+                added["checkpoint_rows"] += self._exec(tx, CHECKPOINT_SQL, (
+                    batch_map[c["batch_id"]], c["request_key"], c["task_id"],
+                    attempt_map[c["attempt_id"]], c["item"], c["committed_at"])).rowcount
             for i in theirs["imports"]:
-                added["imports"] += self._exec(
-                    tx, "INSERT INTO imports(digest, attempt_id, source, line, outcome, "
-                    "imported_at) VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING",
-                    (i["digest"], attempt_map.get(i["attempt_id"]), i["source"], i["line"],
-                     i["outcome"], i["imported_at"])).rowcount
+                added["imports"] += self._exec(tx, IMPORTS_SQL, (
+                    i["digest"], attempt_map.get(i["attempt_id"]), i["source"], i["line"],
+                    i["outcome"], i["imported_at"])).rowcount
         return {"added": added, "attempts_already_present": present}
 
     def _merge_validators(self, tx: Tx, validators: Sequence[Row], added: dict) -> None:
@@ -181,42 +147,20 @@ class AdminStore(JobStore):
                           (v["name"], version)).fetchone():
                 version = self._exec(tx, "SELECT MAX(version) + 1 FROM validators WHERE "
                                      "name = ?", (v["name"],)).fetchone()[0]
-            self._exec(tx, "INSERT INTO validators(name, version, fingerprint, where_defined, "
-                       "defined_at, by_identity) VALUES (?,?,?,?,?,?)",
-                       (v["name"], version, v["fingerprint"], v["where_defined"],
-                        v["defined_at"], v["by_identity"]))
+            self._exec(tx, VALIDATORS_SQL, (v["name"], version, v["fingerprint"],
+                                            v["where_defined"], v["defined_at"], v["by_identity"]))
             added["validators"] += 1
 
-    def _merge_batches(self, tx: Tx, batches: Sequence[Row],
-                       added: dict) -> tuple[dict[int, int], set[int]]:
-        batch_map: dict[int, int] = {}
-        new_batches: set[int] = set()
-        for b in batches:
-            row = self._exec(tx, "SELECT id FROM batches WHERE name = ?",
-                             (b["name"],)).fetchone()
-            if row is None:
-                batch_map[b["id"]] = self._insert(
-                    tx, "INSERT INTO batches(name, created_at) VALUES (?, ?)",
-                    (b["name"], b["created_at"]))
-                new_batches.add(b["id"])
-                added["batches"] += 1
-            else:
-                batch_map[b["id"]] = row["id"]
-        return batch_map, new_batches
-
     def _merge_revisions(self, tx: Tx, theirs: Mapping[str, Sequence[Row]],
-                         batch_map: dict[int, int], new_batches: set[int], source: str,
+                         batch_map: dict[int, int], ours: Mapping[int, int | None], source: str,
                          added: dict) -> dict[int, int]:
-        current = {row["id"]: row["current_revision"] for row in self._exec(
-            tx, "SELECT id, current_revision FROM batches").fetchall()}  # ours, before merging
         revision_map: dict[int, int] = {}
         inserted: list[Row] = []
         for r in theirs["revisions"]:
             batch_id = batch_map[r["batch_id"]]
-            row = self._exec(tx, "SELECT id FROM revisions WHERE batch_id = ? AND "
-                             "fingerprint = ?", (batch_id, r["fingerprint"])).fetchone()
-            if row is not None:
-                revision_map[r["id"]] = row["id"]
+            found = self._revision_with(tx, batch_id, r["fingerprint"])
+            if found is not None:
+                revision_map[r["id"]] = found
                 continue
             number = r["number"]
             if self._exec(tx, "SELECT 1 FROM revisions WHERE batch_id = ? AND number = ?",
@@ -241,15 +185,15 @@ class AdminStore(JobStore):
             if r["superseded_by"] is not None:
                 self._exec(tx, "UPDATE revisions SET superseded_by = ? WHERE id = ?",
                            (revision_map[r["superseded_by"]], revision_map[r["id"]]))
-            ours = current.get(batch_map[r["batch_id"]])
-            if r["status"] == "open" and ours is not None:
+            current = ours.get(batch_map[r["batch_id"]])
+            if r["status"] == "open" and current is not None:
                 # Beside a batch of ours the merged revision is on record, not owed: the batch
                 # keeps working on its current revision (as an import beside it does).
-                self._mark_superseded(tx, revision_map[r["id"]], ours, f"merged from {source} "
-                                      "beside the batch's current revision")
+                self._mark_superseded(tx, revision_map[r["id"]], current, f"merged from "
+                                      f"{source} beside the batch's current revision")
         self._carry_forgets(tx, theirs["forgets"], inserted, revision_map, batch_map)
         for b in theirs["batches"]:
-            if b["id"] in new_batches and b["current_revision"] is not None:
+            if batch_map[b["id"]] not in ours and b["current_revision"] is not None:
                 self._make_current(tx, batch_map[b["id"]], revision_map[b["current_revision"]])
         return revision_map
 
@@ -264,12 +208,10 @@ class AdminStore(JobStore):
             if record is None:
                 continue
             if record["id"] not in carried:
-                carried[record["id"]] = self._insert(
-                    tx, "INSERT INTO forgets(batch_id, forgotten_at, forgotten_by, via, "
-                    "revisions, requests, items) VALUES (?,?,?,?,?,?,?)",
-                    (batch_map[record["batch_id"]], record["forgotten_at"],
-                     record["forgotten_by"], record["via"], "[]", record["requests"],
-                     record["items"]))
+                carried[record["id"]] = self._insert(tx, FORGETS_SQL, (
+                    batch_map[record["batch_id"]], record["forgotten_at"],
+                    record["forgotten_by"], record["via"], "[]", record["requests"],
+                    record["items"]))
             self._exec(tx, "UPDATE revisions SET forget_id = ? WHERE id = ?",
                        (carried[record["id"]], revision_map[r["id"]]))
         for ours in carried.values():
@@ -323,9 +265,8 @@ class AdminStore(JobStore):
 
     # -- forgetting ----------------------------------------------------------------------------
     def _forget(self, name: str, *, via: str, by: str, stamp: str) -> dict[str, Any] | None:
-        """Mark every revision of batch ``name`` that still owes as forgotten, in one
-        transaction with a ``forgets`` row saying who, when, how and what stopped being owed.
-        None when nothing is owed (then nothing is written)."""
+        """Mark every revision of batch ``name`` that still owes as forgotten, with a ``forgets``
+        row saying who, when, how and what; None, nothing written, when nothing is owed."""
         with self.transaction() as tx:
             owed = self._exec(tx, UNRESOLVED_SQL.format(select="r.number AS revision, q.task_ids")
                               + " AND b.name = ?", (name,)).fetchall()
@@ -335,25 +276,20 @@ class AdminStore(JobStore):
             items = len({t for r in owed for t in json.loads(r["task_ids"])})
             batch_id = self._exec(tx, "SELECT id FROM batches WHERE name = ?",
                                   (name,)).fetchone()[0]
-            forget_id = self._insert(
-                tx, "INSERT INTO forgets(batch_id, forgotten_at, forgotten_by, via, revisions, "
-                "requests, items) VALUES (?,?,?,?,?,?,?)",
-                (batch_id, stamp, by, via, json.dumps(revisions), len(owed), items))
+            forget_id = self._insert(tx, FORGETS_SQL, (batch_id, stamp, by, via,
+                                                       json.dumps(revisions), len(owed), items))
             self._exec(tx, f"UPDATE revisions SET forget_id = ? WHERE batch_id = ? AND number IN "
                        f"({','.join('?' * len(revisions))})", (forget_id, batch_id, *revisions))
         return {"batch": name, "revisions": revisions, "requests": len(owed), "items": items,
                 "by": by, "via": via, "at": stamp}
 
     def forgotten(self, name: str | None = None) -> list[dict[str, Any]]:
-        """Every forgetting on record (of one batch, or all), oldest first: batch, at, by, via,
-        revisions, requests, items, and ``in_effect``, how many of its revisions still stand
-        forgotten (no work on them started since: a later run of one reopens it)."""
-        return [{"batch": r[0], "at": r[1], "by": r[2], "via": r[3],
-                 "revisions": json.loads(r[4]), "requests": r[5], "items": r[6],
-                 "in_effect": r[7]} for r in self._read(
-            "SELECT b.name, f.forgotten_at, f.forgotten_by, f.via, f.revisions, f.requests, "
-            "f.items, (SELECT COUNT(*) FROM revisions r WHERE r.forget_id = f.id "
-            f"AND NOT {LATER_WORK_SQL}) AS in_effect "
+        """Every forgetting (of one batch, or all), oldest first: batch, at, by, via, revisions,
+        requests, items, and ``in_effect``: how many of its revisions no work has reopened since."""
+        return [{**dict(r), "revisions": json.loads(r["revisions"])} for r in self._read(
+            'SELECT b.name AS batch, f.forgotten_at AS at, f.forgotten_by AS "by", f.via, '
+            "f.revisions, f.requests, f.items, (SELECT COUNT(*) FROM revisions r WHERE "
+            f"r.forget_id = f.id AND NOT {LATER_WORK_SQL}) AS in_effect "
             "FROM forgets f JOIN batches b ON b.id = f.batch_id"
             + (" WHERE b.name = ?" if name is not None else "") + " ORDER BY f.id",
             (name,) if name is not None else ())]
@@ -374,68 +310,58 @@ class Group:
     current_there: bool = False  # an export of the revision current where it was exported
     revision_id: int | None = None
 
-    def _add(self, line: Any) -> None:
-        for task in line.tasks:
-            self.tasks.setdefault(canonical_json(task), task)
-        self.pack = max(self.pack, len(line.tasks))
-        self.current_there |= line.own and line.record.get("current") is True
-
-    def _revision_components(self) -> dict[str, str]:
-        if self.own:  # as exported: the revision it came from
-            return self.components
-        return {**self.components, "tasks": tasks_digest(list(self.tasks.values())),
-                "pack": str(self.pack)}
-
-
-def _group_lines(lines: Iterable[Any]) -> dict[int, Group]:
-    """line number -> its group."""
-    groups: dict[tuple[str, str], Group] = {}
-    out = {}
-    for line in lines:
-        judged = {k: v for k, v in line.components.items() if k in KEPT}
-        key = (line.record["batch"], Keys(line.components).revision if line.own
-               else canonical_json([judged, line.record.get("validator")]))
-        group = groups.get(key)
-        if group is None:
-            group = groups[key] = Group(line.record["batch"],
-                                        line.components if line.own else judged, line.own,
-                                        line.record.get("validator"))
-        group._add(line)
-        out[line.number] = group
-    return out
-
 
 @dataclass
 class Placement:
-    """Where one import puts its attempts: its lines' groups, and per revision touched, its
-    lines (as ``revision_for`` places them) and admitted items (once ``settle`` is told)."""
+    """Where one import puts its attempts: each line's group (by line number); per batch,
+    whether it was new when the import began; per revision touched, its lines (as
+    ``revision_for`` places them) and whether it was current where it was exported."""
 
     lines_read: InitVar[Iterable[Any]]
-    groups: dict[int, Group] = field(init=False)  # line number -> its group
-    fresh: dict[str, bool] = field(default_factory=dict)  # batch -> new when the import began
+    groups: dict[int, Group] = field(default_factory=dict)
+    fresh: dict[str, bool] = field(default_factory=dict)
     lines: dict[int, list[int]] = field(default_factory=dict)
-    admitted: dict[int, int] = field(default_factory=dict)
     current_there: dict[int, bool] = field(default_factory=dict)
 
     def __post_init__(self, lines_read: Iterable[Any]) -> None:
-        self.groups = _group_lines(lines_read)
+        by_key: dict[tuple[str, str], Group] = {}
+        for line in lines_read:
+            judged = {k: v for k, v in line.components.items() if k in KEPT}
+            key = (line.record["batch"], Keys(line.components).revision if line.own
+                   else canonical_json([judged, line.record.get("validator")]))
+            if key not in by_key:
+                by_key[key] = Group(line.record["batch"], line.components if line.own else judged,
+                                    line.own, line.record.get("validator"))
+            group = self.groups[line.number] = by_key[key]
+            for task in line.tasks:
+                group.tasks.setdefault(canonical_json(task), task)
+            group.pack = max(group.pack, len(line.tasks))
+            group.current_there |= line.own and line.record.get("current") is True
 
 
 def revision_for(store: AdminStore, tx: Any, line: Any, placed: Placement) -> tuple[int, int]:
-    """The batch and revision an imported attempt belongs to, the line placed there: a
-    revision of the batch already holding its request, else its group's revision (found or
-    made once per import)."""
+    """The batch and revision an imported line's attempt goes to: one of the batch holding its
+    request, else its group's (found or made once per import)."""
     name, stamp, group = line.record["batch"], now(), placed.groups[line.number]
     batch_id, current = store._batch_row(tx, name, stamp)
     placed.fresh.setdefault(name, current is None)
-    revision_id = store._revision_holding(tx, batch_id, line.request.key, group.revision_id)
-    if revision_id is None:
+    held = store._exec(tx, "SELECT r.id FROM revisions r JOIN requests q ON q.revision_id = r.id "
+                       "WHERE r.batch_id = ? AND q.key = ? ORDER BY CASE WHEN r.id = ? THEN 0 "
+                       "ELSE 1 END, r.id LIMIT 1",  # the group's revision first
+                       (batch_id, line.request.key, group.revision_id or 0)).fetchone()
+    if held is not None:
+        revision_id = held[0]
+    else:
         if group.revision_id is None:
             group.revision_id = _group_revision(store, tx, batch_id, current, group,
                                                 placed.fresh[name], stamp)
             placed.current_there[group.revision_id] = group.current_there
-        store._add_import_request(tx, group.revision_id, line.request)
-        revision_id = group.revision_id
+        revision_id, request = group.revision_id, line.request
+        store._exec(tx, "INSERT INTO requests(revision_id, key, position, parent_key, task_ids, "
+                    "tasks) VALUES (?,?, (SELECT COUNT(*) FROM requests WHERE revision_id = ?), "
+                    "NULL, ?, ?) ON CONFLICT DO NOTHING",  # after its others
+                    (revision_id, request.key, revision_id, request.task_ids_json,
+                     request.tasks_json))
     placed.lines.setdefault(revision_id, []).append(line.number)
     return batch_id, revision_id
 
@@ -445,13 +371,21 @@ def _group_revision(store: AdminStore, tx: Any, batch_id: int, current: int | No
     """The revision with the group's content; else the batch's current revision when an
     earlier import made it and judged alike (a history file imported again as it grows);
     else a new one: open for a batch new to the ledger, beside a live batch superseded."""
-    components = group._revision_components()
+    components = group.components if group.own else {  # an export's: as it was exported
+        **group.components, "tasks": tasks_digest(list(group.tasks.values())),
+        "pack": str(group.pack)}
     fingerprint = Keys(components).revision
     found = store._revision_with(tx, batch_id, fingerprint)
     if found is not None:
         return found
-    if current is not None and not group.own and _imported_alike(store, tx, current, group):
-        return current
+    if current is not None and not group.own:
+        theirs, imports_only = store._exec(  # made by an import: no attempt but imported ones
+            tx, "SELECT components, NOT EXISTS (SELECT 1 FROM attempts WHERE revision_id = ? "
+            "AND kind != 'import') FROM revisions WHERE id = ?", (current, current)).fetchone()
+        theirs = json.loads(theirs)
+        if imports_only and "source" not in theirs and {
+                k: v for k, v in theirs.items() if k in KEPT} == group.components:
+            return current
     revision_id = store._add_revision(tx, batch_id, fingerprint, components, stamp,
                                      validator=(group.validator_name, None),
                                      superseded_by=None if fresh else current,
@@ -461,22 +395,13 @@ def _group_revision(store: AdminStore, tx: Any, batch_id: int, current: int | No
     return revision_id
 
 
-def _imported_alike(store: AdminStore, tx: Any, revision_id: int, group: Group) -> bool:
-    """Whether ``revision_id`` was made by an import (no answer source, no live attempt) and
-    judges as ``group`` does."""
-    theirs = store._imported_revision(tx, revision_id)
-    return theirs is not None and "source" not in theirs and {
-        k: v for k, v in theirs.items() if k in KEPT} == group.components
-
-
 def settle(store: AdminStore, tx: Any, placed: Placement,
            admitted: Mapping[int, int]) -> list[dict[str, Any]]:
     """For each batch new to the ledger that this import gave several revisions, make one
     current (the one current where it was exported, else the most admitted items, else the
     latest line) and record the others beside it; then describe every revision touched.
     ``admitted``: how many items each line (by number) admitted."""
-    for revision_id, lines in placed.lines.items():
-        placed.admitted[revision_id] = sum(admitted.get(number, 0) for number in lines)
+    items = {i: sum(admitted.get(n, 0) for n in lines) for i, lines in placed.lines.items()}
     rows = {r["id"]: r for r in store._revision_rows(tx, list(placed.lines))}
     by_batch: dict[str, list[int]] = {}
     for revision_id in placed.lines:
@@ -485,29 +410,22 @@ def settle(store: AdminStore, tx: Any, placed: Placement,
         made = [i for i in ids if rows[i]["status"] == "open" and placed.fresh.get(name)]
         if len(made) < 2:
             continue
-        winner = max(made, key=lambda i: (placed.current_there.get(i, False),
-                                          placed.admitted.get(i, 0), max(placed.lines[i])))
+        winner = max(made, key=lambda i: (placed.current_there.get(i, False), items[i],
+                                          max(placed.lines[i])))
         store._make_current(tx, rows[winner]["batch_id"], winner)
-        for other in made:
-            if other != winner:
-                differ = _differences(rows[other]["components"], rows[winner]["components"])
-                store._mark_superseded(tx, other, winner, f"imported beside revision "
-                                       f"{rows[winner]['number']}: its receipts differ in "
-                                       f"{', '.join(differ)}")
+        best = json.loads(rows[winner]["components"])
+        for other in (i for i in made if i != winner):
+            mine = json.loads(rows[other]["components"])
+            differ = [k for k in JUDGING if mine.get(k) != best.get(k)] or ["the tasks asked"]
+            store._mark_superseded(tx, other, winner, f"imported beside revision "
+                                   f"{rows[winner]['number']}: its receipts differ in "
+                                   f"{', '.join(differ)}")
     rows = {r["id"]: r for r in store._revision_rows(tx, list(placed.lines))}
-    return [_describe(rows[i], placed) for ids in by_batch.values() for i in ids]
-
-
-def _differences(mine: str, theirs: str) -> list[str]:
-    a, b = json.loads(mine), json.loads(theirs)
-    return [k for k in JUDGING if a.get(k) != b.get(k)] or ["the tasks asked"]
-
-
-def _describe(row: Any, placed: Placement) -> dict[str, Any]:
-    return {"batch": row["batch"], "revision": row["number"], "current": bool(row["current"]),
-            "current_revision": row["current_number"], "lines": placed.lines[row["id"]],
-            "admitted_items": placed.admitted.get(row["id"], 0),
-            "reason": "" if row["current"] else (row["supersede_reason"] or "")}
+    return [{"batch": row["batch"], "revision": row["number"], "current": bool(row["current"]),
+             "current_revision": row["current_number"], "lines": placed.lines[row["id"]],
+             "admitted_items": items[row["id"]],
+             "reason": "" if row["current"] else (row["supersede_reason"] or "")}
+            for row in (rows[i] for ids in by_batch.values() for i in ids)]
 
 
 # -- batchjson's own export format ----------------------------------------------------------

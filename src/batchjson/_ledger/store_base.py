@@ -1,8 +1,6 @@
-"""What every store is made of: transactions and statements.
-
-The ``store_*`` modules write their SQL once, in what SQLite and PostgreSQL share; what the two
-spell differently is their ``Dialect`` (``store_schema.py``). A store for one database says how
-to open a transaction, run a statement and get a new row's id (``sqlite.py``, ``postgres.py``).
+"""What every store is made of: transactions and statements. The ``store_*`` modules write their
+SQL once; what SQLite and PostgreSQL spell differently is their ``Dialect``; a store for one
+database says how to open a transaction, run a statement and get a new row's id.
 """
 
 from __future__ import annotations
@@ -24,9 +22,8 @@ LEASE_SECONDS = 30.0  # the default lease of a claim (Ledger(lease=)); renewed e
 
 
 class Later:
-    """A write whose outcome is read when asked for, still inside its transaction: a store
-    that pipelines statements sends every write of a group commit before it waits for any
-    answer (``GroupCommit`` asks each for its outcome once all are sent)."""
+    """A write whose outcome is read when asked for, still inside its transaction: a store that
+    pipelines statements sends every write of a group commit before it waits for an answer."""
 
     __slots__ = ("_outcome",)
 
@@ -53,12 +50,11 @@ class StoreBase(ABC):
 
     def transaction(self, *, calls: bool = False,
                     whole: str | None = None) -> AbstractContextManager[Tx]:
-        """One write transaction, committed or rolled back whole and run as if alone (its reads
-        decide its writes); a failure of the ledger itself (disk full, I/O, read-only, locked,
-        a lost server) is a LedgerError naming it and the cause. ``calls``: the one calls'
-        writes share, deciding only on their own requests' rows, so a database with row locks
-        runs many runners' side by side. ``whole``: the operation a person asked for (an import,
-        a merge); any failure in it, a statement's own too, is a LedgerError saying so."""
+        """One write transaction, committed or rolled back whole and run as if alone; a failure
+        of the ledger itself (disk full, I/O, read-only, locked, a lost server) is a LedgerError
+        naming it. ``calls``: the calls' writes, deciding only on their own requests' rows, so
+        a database with row locks runs many runners' side by side. ``whole``: an operation a
+        person asked for (an import, a merge); any failure in it is a LedgerError saying so."""
         tx = self._calls_transaction() if calls else self._write_transaction()
         return tx if whole is None else _whole(self._whole_or_nothing(whole), tx)
 
@@ -77,9 +73,8 @@ class StoreBase(ABC):
 
     @abstractmethod
     def _exec(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> Any:
-        """Run one statement in ``tx``; the cursor (``rowcount``, ``fetchone``, ``fetchall``).
-        A write in a transaction of calls reads its outcome through ``RETURNING``: PostgreSQL
-        pipelines those, and a row count is known there only once the pipeline syncs."""
+        """Run one statement in ``tx``; the cursor. A write in a transaction of calls reads its
+        outcome through ``RETURNING``: a pipelined row count is known only once it syncs."""
 
     @abstractmethod
     def _many(self, tx: Tx, sql: str, rows: Sequence[Sequence[Any]]) -> Any:
@@ -102,14 +97,6 @@ class StoreBase(ABC):
         """A provider's raw text as the database keeps it, byte for byte."""
         return text
 
-    def _json_valid(self, expr: str) -> str:
-        """SQL true when the text ``expr`` is one JSON text."""
-        return self.dialect.json_valid.format(expr)
-
-    def _json_length(self, expr: str) -> str:
-        """SQL for the length of the JSON array held as text in ``expr``."""
-        return self.dialect.json_length.format(expr)
-
     def _by_keys(self, sql: str, keys: Sequence[Any], tx: Tx = None) -> list[Row]:
         """``sql`` with ``{marks}`` bound to ``keys``, a chunk at a time, or all at once where
         the database binds them as one array (in ``tx`` if given)."""
@@ -117,8 +104,8 @@ class StoreBase(ABC):
         keys, dialect = list(keys), self.dialect
         step = (len(keys) or 1) if dialect.keys_as_array else CHUNK
         for start in range(0, len(keys), step):
-            chunk = keys[start:start + step]
-            query, args = sql.format(marks=dialect._marks(chunk)), dialect._key_args(chunk)
+            marks, args = dialect._bind(keys[start:start + step])
+            query = sql.format(marks=marks)
             rows += (self._exec(tx, query, args).fetchall() if tx is not None
                      else self._read(query, args))
         return rows

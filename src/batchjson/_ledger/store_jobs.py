@@ -1,8 +1,7 @@
-"""The store's SQL for provider batch jobs: a job row and its lines, written before upload.
-
-A job is recorded in one transaction with an in-flight receipt and a claim per request, held
-by the job itself (never presumed gone), so no runner sends them while it may still answer;
-collection completes its receipts and releases its claims in one transaction.
+"""The store's SQL for provider batch jobs: a job row and its lines, written before upload in one
+transaction with an in-flight receipt and a claim per request, held by the job itself (never
+presumed gone), so no runner sends them while it may still answer; collection completes its
+receipts and releases its claims in one transaction.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ from .store_calls import MINE, CallStore, Owner, _owner_gone
 JOB_HOST = "batchjson-job"  # the host of a job's claims: no process, never presumed gone
 NEVER = 1e18  # a job's claims have no lease: they are released when the job is collected
 OPEN_STATES = ("recording", "open", "uncertain")
-CUSTOM_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
 
 def _job_owner(uid: str) -> Owner:
@@ -29,16 +27,10 @@ def _job_owner(uid: str) -> Owner:
 
 
 def _custom_id(job_uid: str, attempt_id: int, request_key: str) -> str:
-    """A line's id: a digest naming one receipt of one job, so a stale line (of an earlier job
-    or attempt) can never be joined to a later one; it fits both providers' rule
-    ``^[a-zA-Z0-9_-]{1,64}$``."""
+    """A line's id naming one receipt of one job (a stale line is never joined to a later one),
+    51 characters of ``[a-z0-9_]``: within both providers' rule ``^[a-zA-Z0-9_-]{1,64}$``."""
     digest = hashlib.sha256(f"{job_uid}:{attempt_id}:{request_key}".encode()).hexdigest()
     return f"bj_{digest[:48]}"
-
-
-def _valid_custom_id(value: Any) -> bool:
-    return (isinstance(value, str) and 1 <= len(value) <= 64
-            and set(value) <= CUSTOM_ID_CHARS)
 
 
 class JobStore(CallStore):
@@ -49,12 +41,11 @@ class JobStore(CallStore):
                  writer: Owner, lines: Sequence[tuple[Request, str, bool, float, int]],
                  shared: bool = False, plan: Mapping[str, Any] | None = None,
                  ) -> tuple[int | None, list[dict[str, Any]]]:
-        """Record a job (``recording``), committed before anything is uploaded, and for each
-        (request, kind, wrapped, reserved, estimated input tokens) whose request is still free
-        and fits the ledger's budget (``shared``: each line's worst case reserved on it), its
-        receipt, claim and line: (job id, the lines written), or (None, []) when none was.
-        ``plan``: what judging its lines needs beside the revision (the schema, for a kernel
-        that did not run it); the writer's lease on the recording runs from now."""
+        """Record a job (``recording``) before anything is uploaded, with a receipt, claim and
+        line for each (request, kind, wrapped, reserved, estimated input tokens) still free and
+        within the ledger's budget (``shared``: each line's worst case reserved on it): (job
+        id, the lines written), or (None, []). ``plan``: what judging its lines needs beside
+        the revision."""
         owner, stamp = _job_owner(uid), now()
         written: list[dict[str, Any]] = []
         with self.transaction(calls=True) as tx:
@@ -71,8 +62,6 @@ class JobStore(CallStore):
                 if state != MINE or attempt_id is None:
                     continue
                 line = _custom_id(uid, attempt_id, request.key)
-                if not _valid_custom_id(line):  # cannot happen: a digest; checked all the same
-                    raise ValueError(f"custom_id {line!r} breaks the providers' rule")
                 self._exec(tx, "INSERT INTO job_lines(custom_id, job_id, attempt_id, "
                            "request_key, wrapped, reserved) VALUES (?,?,?,?,?,?)",
                            (line, job_id, attempt_id, request.key, int(wrapped), reserved))
@@ -96,10 +85,9 @@ class JobStore(CallStore):
 
     def job_submitted(self, job_id: int, provider_job_id: str,
                       detail: Mapping[str, Any]) -> bool:
-        """The provider created the job: its id recorded, every line's receipt sent (an
-        uncertain job is open again). True when a person cancelled or released it meanwhile:
-        the writer then cancels it at the provider, and a released job keeps its id, so no
-        batch is ever billed unknown to its ledger."""
+        """The provider created the job: its id recorded, every line's receipt sent. True when
+        a person cancelled or released it meanwhile: the writer then cancels it at the
+        provider, and a released job keeps its id, so no job is billed unknown to its ledger."""
         stamp = now()
         with self.transaction() as tx:
             status, old = self._job_state(tx, job_id)
@@ -119,10 +107,9 @@ class JobStore(CallStore):
 
     def note_job(self, job_id: int, note: Mapping[str, Any], *, recording: bool = False,
                  uncertain: bool = False) -> bool:
-        """Add ``note`` to a job's detail. ``recording``: only while its writer still creates
-        it (a person's cancel, honoured once it exists: ``job_submitted``); ``uncertain``: a job
-        still recording becomes uncertain (it may exist, billed, without its id on record).
-        False, nothing written, when either finds it no longer recording."""
+        """Add ``note`` to a job's detail; ``recording``: only while its writer still creates
+        it; ``uncertain``: a job still recording becomes uncertain (it may exist, billed,
+        without its id on record). False, nothing written, when either finds it is not."""
         with self.transaction() as tx:
             status, old = self._job_state(tx, job_id)
             if (recording or uncertain) and status != "recording":
@@ -139,9 +126,8 @@ class JobStore(CallStore):
 
     def end_job(self, tx: Tx, job_id: int, status: str, detail: Mapping[str, Any],
                 was: Sequence[str] = ("open",)) -> bool:
-        """In ``tx`` (which completes the job's receipts): the job ended (``ended``) or was
-        cancelled, and its claims are released. False (nothing written) when the job was no
-        longer in a state of ``was``: another runner collected it first."""
+        """In ``tx`` (which completes its receipts): the job ``ended`` or was cancelled, its
+        claims released; False, nothing written, when it was no longer in a state of ``was``."""
         marks = ",".join("?" * len(was))
         ended = self._exec(tx, f"UPDATE jobs SET status = ?, ended_at = ?, detail = ? WHERE "
                            f"id = ? AND status IN ({marks}) RETURNING uid",
@@ -172,9 +158,8 @@ class JobStore(CallStore):
         return True
 
     def _lost_recordings(self) -> None:
-        """Jobs still ``recording`` whose writer is gone become ``uncertain``: it may have
-        created the job (and been billed) without recording its id. Gone as a claim's holder
-        is: its process ended (on this host), or its lease ran out (on any)."""
+        """Jobs still ``recording`` whose writer is gone (as a claim's holder is) become
+        ``uncertain``: it may have created the job, billed, without recording its id."""
         at = self._clock(None)
         for row in self._read("SELECT id, owner, host, pid, lease_expires_at FROM jobs WHERE "
                               "status = 'recording'"):
@@ -184,15 +169,17 @@ class JobStore(CallStore):
                                           "exist and be billed"}, uncertain=True)
 
     # -- reads ---------------------------------------------------------------------------------
+    def _jobs_in_the_way(self, name: str | None, then: str) -> str | None:
+        """Why ``then`` waits for an unfinished job of batch ``name`` (None: of any batch)."""
+        return _unfinished_jobs([j for j in self.jobs() if name in (None, j["batch"])],
+                                "this ledger" if name is None else f"batch {name!r}", then)
+
     def job_holders(self, keys: Sequence[str]) -> dict[str, int]:
-        """Of ``keys``, those an unfinished job claims, each with the job's id (read from the
-        claims, which a job holds exactly while it is recording, open or uncertain)."""
-        held = self._by_keys("SELECT request_key, owner FROM claims WHERE owner LIKE '"
-                             + JOB_HOST + "/%' AND request_key IN ({marks})", keys)
-        if not held:
-            return {}
-        ids = {_job_owner(row["uid"]).id: row["id"] for row in self.jobs()}
-        return {row[0]: ids[row[1]] for row in held if row[1] in ids}
+        """Of ``keys``, those an unfinished job claims, each with the job's id."""
+        return {row[0]: row[1] for row in self._by_keys(
+            f"SELECT c.request_key, j.id FROM claims c JOIN jobs j ON c.owner = "
+            f"'{_job_owner('').id}' || j.uid WHERE j.status IN {OPEN_STATES} "
+            "AND c.request_key IN ({marks})", keys)}
 
     def last_attempt_id(self) -> int:
         """The newest receipt's id (0 when there is none): what a run found on record."""
@@ -201,16 +188,15 @@ class JobStore(CallStore):
     def jobs(self, *, every: bool = False, job: str | None = None,
              lost: bool = False) -> list[Row]:
         """Job rows, newest first: open ones (``every``: all), or the one named by its id or
-        provider id. ``lost``: first, jobs still recording whose writer is gone are marked
-        uncertain (what a person listing, cancelling or collecting jobs must see)."""
+        provider id; ``lost``: those still recording whose writer is gone marked uncertain first."""
         if lost:
             self._lost_recordings()
-        sql = ("SELECT j.*, b.name AS batch FROM jobs j JOIN batches b ON b.id = j.batch_id")
+        sql = "SELECT j.*, b.name AS batch FROM jobs j JOIN batches b ON b.id = j.batch_id"
         if job is not None:
             return self._read(sql + " WHERE CAST(j.id AS TEXT) = ? OR j.provider_job_id = ? "
                               "OR j.uid = ?", (job, job, job))
         if not every:
-            sql += " WHERE j.status IN ('recording', 'open', 'uncertain')"
+            sql += f" WHERE j.status IN {OPEN_STATES}"
         return self._read(sql + " ORDER BY j.id DESC")
 
     def job_lines(self, job_id: int) -> list[Row]:
@@ -221,29 +207,23 @@ class JobStore(CallStore):
 
     def job_window(self, keys: Sequence[str], revision_id: int
                    ) -> tuple[dict[str, int], set[str], dict[str, list[Row]]]:
-        """What a batch run reads of a window of ``keys``: those an unfinished job claims
-        (each with the job's id); those done (accepted, or so claimed); and each other key's
-        job receipts of one revision, oldest first (for follow-ups)."""
+        """Of a window of ``keys``: those an unfinished job claims (with the job's id); those done
+        (accepted, or so claimed); each other key's job receipts of one revision, oldest first."""
         holders = self.job_holders(keys)
         done = self.accepted_keys(keys) | holders.keys()
-        return holders, done, self._job_history([k for k in keys if k not in done], revision_id)
-
-    def _job_history(self, keys: Sequence[str], revision_id: int) -> dict[str, list[Row]]:
-        out: dict[str, list[Row]] = {}
+        history: dict[str, list[Row]] = {}
         for row in self._by_keys(
                 "SELECT a.id, a.request_key, a.kind, a.status, a.errors, a.raw, l.job_id FROM "
-                "attempts a "
-                "JOIN job_lines l ON l.attempt_id = a.id WHERE a.revision_id = "
-                f"{int(revision_id)} AND a.request_key IN ({{marks}}) ORDER BY a.id", keys):
-            out.setdefault(row["request_key"], []).append(row)
-        return out
+                "attempts a JOIN job_lines l ON l.attempt_id = a.id WHERE a.revision_id = "
+                f"{int(revision_id)} AND a.request_key IN ({{marks}}) ORDER BY a.id",
+                [k for k in keys if k not in done]):
+            history.setdefault(row["request_key"], []).append(row)
+        return holders, done, history
 
     def requests_by_keys(self, keys: Sequence[str], revision_id: int | None = None
                          ) -> dict[str, Request]:
-        """The ledger's copy of each of ``keys`` found (of one revision, the leaf requests where
-        they are: their parts, once split by a partial return or halving; with no revision the
-        first recorded: a job's line may belong to another revision, and a key names its
-        content)."""
+        """The ledger's copy of each of ``keys``: of one revision, its leaves there (its parts,
+        once split); else the first recorded (a job's line may be of another revision)."""
         sql = ("SELECT key, tasks, task_ids, position, parent_key FROM requests WHERE key IN "
                "({marks}) ORDER BY id")
         if revision_id is not None:
@@ -263,10 +243,8 @@ LEAVES_SQL = (
 
 
 def _unfinished_jobs(jobs: Sequence[Mapping[str, Any]], where: str, then: str) -> str | None:
-    """Why ``then`` must wait when any of ``jobs`` (rows with id, provider_job_id, status and
-    batch) is unfinished, naming each job and what to do; None when none is. Only that job's
-    ledger can collect what it answers, so forgetting its batch or carrying its account
-    elsewhere (a merge, an export) waits until it is collected or cancelled."""
+    """Why ``then`` must wait while any of ``jobs`` (rows with id, provider_job_id, status and
+    batch) is unfinished, naming each; None when none is. Only its own ledger collects a job."""
     open_jobs = [j for j in jobs if j["status"] in OPEN_STATES]
     if not open_jobs:
         return None

@@ -39,8 +39,7 @@ class RunStore(StoreBase):
         return [r["name"] for r in self._read("SELECT name FROM batches ORDER BY id")]
 
     def _batch_row(self, tx: Tx, name: str, stamp: str) -> tuple[int, int | None]:
-        """(batch id, current revision id) of batch ``name``, made if new, in ``tx``. Live
-        runs and imports find their batch the same way."""
+        """(batch id, current revision id) of batch ``name``, made if new, in ``tx``."""
         row = self._exec(tx, "SELECT id, current_revision FROM batches WHERE name = ?",
                          (name,)).fetchone()
         if row is None:
@@ -53,8 +52,7 @@ class RunStore(StoreBase):
                       validator: Mapping[str, Any] | None = None,
                       ) -> tuple[Revision, Revision | None]:
         """Make (or reuse) the revision for this content and mark it current: (revision, the
-        previous current one if it was unresolved and is now superseded; never when ``strict``).
-        """
+        previous current one if it owed and is now superseded; never when ``strict``)."""
         stamp = now()
         with self.transaction() as tx:
             batch_id, previous_id = self._batch_row(tx, name, stamp)
@@ -86,7 +84,7 @@ class RunStore(StoreBase):
                      validator: tuple[str | None, int | None] | None = None,
                      superseded_by: int | None = None, reason: str | None = None) -> int:
         """A new revision of the batch, numbered after its others: open, or superseded by
-        ``superseded_by`` with ``reason``; ``validator`` is its (name, version) if known."""
+        ``superseded_by`` with ``reason``; ``validator``: its (name, version)."""
         number = self._exec(tx, "SELECT COALESCE(MAX(number), 0) + 1 FROM revisions WHERE "
                             "batch_id = ?", (batch_id,)).fetchone()[0]
         name, version = validator or (None, None)
@@ -100,8 +98,8 @@ class RunStore(StoreBase):
 
     def _supersede(self, tx: Tx, previous_id: int, revision_id: int,
                    components: Mapping[str, str]) -> int | None:
-        """Mark the previous revision superseded by ``revision_id`` if it is unresolved,
-        naming what changed; its id, or None when it owed nothing."""
+        """Mark the previous revision superseded by ``revision_id``, naming what changed; its
+        id, or None when it owed nothing (then it is left as it is)."""
         owed = self._exec(tx, UNRESOLVED_SQL.format(select="COUNT(*)") + " AND q.revision_id = ?",
                           (previous_id,)).fetchone()[0]
         if not owed:
@@ -144,9 +142,8 @@ class RunStore(StoreBase):
 
     def leaf_pages(self, revision_id: int, positions: int) -> Iterator[list[Row]]:
         """A revision's leaf requests as stored (key, tasks, task_ids, position, parent_key), a
-        page of ``positions`` positions at a time (a request and the halves it was split into
-        share one), so a page read later never holds a half made meanwhile of a request an
-        earlier page held."""
+        page of ``positions`` positions at a time: a request and its halves share a position,
+        so no page holds a half made meanwhile of a request an earlier page held."""
         last = self._read("SELECT MAX(position) FROM requests WHERE revision_id = ?",
                           (revision_id,))[0][0]
         for start in range(0, -1 if last is None else last + 1, positions):
@@ -165,10 +162,9 @@ class RunStore(StoreBase):
     def attempts_so_far(self, keys: Sequence[str]
                         ) -> tuple[dict[str, int], dict[str, set[str]], dict[str, list[str]]]:
         """Of each exact request among ``keys`` (any batch, any run): how many attempts it has
-        had, and the words a return was rejected for on its provider's word: ``truncated`` (cut
-        off at the output ceiling), ``refused``, ... (the error types of ``STOP_ERRORS``); and
-        the tasks a return accepted in part rejected (a run splits it the same way). Under the
-        very same key: the same provider settings, so the same ceiling."""
+        had; the provider's stop reasons its returns were rejected for (``truncated``,
+        ``refused``, ...: ``_sources.stop_types``); and the tasks a return accepted in part
+        rejected (a run splits it the same way). One key, one set of provider settings."""
         counts = {r[0]: r[1] for r in self._by_keys(
             "SELECT request_key, COUNT(*) FROM attempts WHERE request_key IN ({marks}) "
             "GROUP BY request_key", keys)}
@@ -186,25 +182,19 @@ class RunStore(StoreBase):
         return counts, found, parted
 
     def _receipts(self, name: str, *, failed: bool = False) -> list[Receipt]:
-        """Receipts of a batch in call order (every revision)."""
         sql = RECEIPT_SQL + " WHERE b.name = ?"
         if failed:
             sql += " AND a.status != 'accepted'"
         return [_receipt(r) for r in self._read(sql + " ORDER BY a.id", (name,))]
 
     def _checkpoint(self, name: str, revision_id: int | None = None) -> dict[str, Any]:
-        """task_id -> accepted item for one revision of the batch (default: its current one)."""
-        if revision_id is None:
-            rows = self._read("SELECT current_revision FROM batches WHERE name = ?", (name,))
-            if not rows or rows[0][0] is None:
-                return {}
-            revision_id = rows[0][0]
-        rows = self._read(
-            f"SELECT c.task_id, c.item, {self._json_valid('c.item')}, q.position, o.task_ids "
-            "FROM requests q JOIN checkpoint c ON c.request_key = q.key LEFT JOIN requests o ON "
-            "q.parent_key IS NOT NULL AND o.revision_id = q.revision_id AND o.position = "
-            "q.position AND o.parent_key IS NULL WHERE q.revision_id = ? AND q.split = 0 "
-            "ORDER BY q.position, q.id, c.attempt_id", (revision_id,))
+        rows = self._read(  # of ``revision_id``, else of the batch's current revision
+            f"SELECT c.task_id, c.item, {self.dialect.json_valid.format('c.item')}, q.position, "
+            "o.task_ids FROM requests q JOIN checkpoint c ON c.request_key = q.key LEFT JOIN "
+            "requests o ON q.parent_key IS NOT NULL AND o.revision_id = q.revision_id AND "
+            "o.position = q.position AND o.parent_key IS NULL WHERE q.revision_id = COALESCE(?, "
+            "(SELECT current_revision FROM batches WHERE name = ?)) AND q.split = 0 "
+            "ORDER BY q.position, q.id, c.attempt_id", (revision_id, name))
         if all(r[2] for r in rows):  # each item one JSON text (the database says): one decode
             items = json.loads("[" + ",".join(r[1] for r in rows) + "]")
         else:  # joined, "1,2" next to "[3" and "4]" would shift values between tasks
@@ -217,8 +207,8 @@ class RunStore(StoreBase):
         return {rows[i][0]: items[i] for i in ranked}
 
     def value_count(self, name: str | None = None, *, revision_id: int | None = None) -> int:
-        """How many tasks have an accepted value, without decoding any: of one revision, else of
-        batch ``name``'s current revision (or every batch's, summed)."""
+        """How many tasks have an accepted value, none decoded: of one revision, else of batch
+        ``name``'s current revision (or every batch's, summed)."""
         where, args = ("= ?", (revision_id,)) if revision_id is not None else (
             "IN (SELECT current_revision FROM batches" + (" WHERE name = ?)" if name else ")"),
             (name,) if name else ())
@@ -230,12 +220,11 @@ class RunStore(StoreBase):
     def revision_values(self, revision_id: int, *,
                         page: tuple[tuple[int, int], int] | None = None,
                         task: tuple[str, str] | None = None) -> list[Row]:
-        """A revision's leaf requests in task order, each with its accepted values in the order
-        they were committed (the latest wins, as in ``checkpoint``): rows of (position, id,
-        task_id, item, the task ids of the request a split one was made from, in task order),
-        task_id and item None for a request with none. ``page``: (after,
-        limit), the ``limit`` leaf requests after ``after`` (their (position, id)), so a page
-        never splits a request; else ``task``: (request key, task_id), one task's value."""
+        """A revision's leaf requests in task order, each with its accepted values in commit
+        order (the latest wins): rows of (position, id, task_id, item, the task ids of the
+        request a split one was made from), task_id and item None for a request with none.
+        ``page``: (after, limit), the ``limit`` leaf requests after ``after`` (a (position,
+        id)), so no page splits a request; else ``task``: (request key, task_id), one value."""
         leaves, join, args = LEAVES_SQL, "", [revision_id]
         if page is not None:  # a range of requests_in_order: each page costs only its own rows
             (position, request_id), limit = page
@@ -252,21 +241,18 @@ class RunStore(StoreBase):
             "ORDER BY q.position, q.id, c.attempt_id", args)
 
     def revision_lookup(self, revision_id: int) -> tuple[list[tuple[str, str]], set[str]]:
-        """(key, task_ids JSON) of every leaf request of a revision: where each task's value
-        would be; and the keys among them with accepted values (every task of each has one: a
-        return is accepted whole). Read once, when a result is first looked up by task_id."""
-        where = [(r[0], r[1]) for r in self._read(
-            "SELECT key, task_ids FROM requests WHERE revision_id = ? AND split = 0",
-            (revision_id,))]
-        return where, {r[0] for r in self._read(
-            "SELECT DISTINCT q.key FROM requests q JOIN checkpoint c ON c.request_key = q.key "
-            "WHERE q.revision_id = ? AND q.split = 0", (revision_id,))}
+        """(key, task_ids JSON) of every leaf request of a revision, and the keys among them
+        with accepted values (for every task: a leaf is accepted whole)."""
+        rows = self._read("SELECT q.key, q.task_ids, EXISTS (SELECT 1 FROM checkpoint c WHERE "
+                          "c.request_key = q.key) FROM requests q WHERE q.revision_id = ? AND "
+                          "q.split = 0", (revision_id,))
+        return [(r[0], r[1]) for r in rows], {r[0] for r in rows if r[2]}
 
     # -- what is owed --------------------------------------------------------------------------
     def unresolved(self, name: str | None = None, *, validator: str | None = None
                    ) -> list[Row]:
         """Leaf requests of open revisions (of batch ``name``; judged by the validator of
-        fingerprint ``validator``) with no accepted return for their exact key."""
+        fingerprint ``validator``) with no accepted return for their key."""
         where = {"b.name": name, "r.validator_fingerprint": validator}
         where = {column: value for column, value in where.items() if value is not None}
         return self._read(UNRESOLVED_SQL.format(
@@ -285,13 +271,11 @@ class RunStore(StoreBase):
                 return row[0]
             version = self._exec(tx, "SELECT COALESCE(MAX(version), 0) + 1 FROM validators "
                                  "WHERE name = ?", (name,)).fetchone()[0]
-            self._exec(tx, "INSERT INTO validators(name, version, fingerprint, where_defined, "
-                       "defined_at, by_identity) VALUES (?,?,?,?,?,?)",
-                       (name, version, fingerprint, where, now(), json.dumps(list(by_identity))))
+            self._exec(tx, VALIDATORS_SQL, (name, version, fingerprint, where, now(),
+                                            json.dumps(list(by_identity))))
             return version
 
     def _validator_rows(self) -> list[Row]:
-        """Every recorded validator version beside each batch run under it (if any)."""
         return self._read(
             "SELECT v.name, v.version, v.fingerprint, v.where_defined, v.defined_at, "
             "b.name AS batch FROM validators v LEFT JOIN revisions r "
@@ -300,8 +284,8 @@ class RunStore(StoreBase):
 
     # -- re-judging's memory -------------------------------------------------------------------
     def record_seen(self, pairs: Iterable[tuple[str, str]]) -> None:
-        """Remember what the model saw for each request key: (request_key, seen_key); a
-        stream of pairs is written a chunk at a time, in one transaction."""
+        """Remember what the model saw for each request key: (request_key, seen_key) pairs, a
+        stream written a chunk at a time in one transaction."""
         pairs = iter(pairs)
         with self.transaction() as tx:
             while chunk := list(islice(pairs, INSERT_ROWS)):
@@ -309,9 +293,8 @@ class RunStore(StoreBase):
 
     def task_file(self, digest: str, holds: tuple[str, int, Sequence[str]] | None = None
                   ) -> tuple[str, int, list[str]] | None:
-        """What a JSON Lines file of these exact bytes holds, by its ``digest``: (its ``tasks``
-        digest, a revision component; how many tasks; every field name they use), or None when
-        it was never seen. ``holds``: that, remembered first (kept if remembered already)."""
+        """What a JSON Lines file of these bytes (``digest``) holds: (its ``tasks`` component,
+        how many tasks, their field names), or None; ``holds``: that, remembered first."""
         if holds is not None:
             tasks, count, fields = holds
             with self.transaction() as tx:
@@ -324,8 +307,7 @@ class RunStore(StoreBase):
 
     def completed_revision(self, name: str, fingerprint: str) -> tuple[int, int, int] | None:
         """(id, number, leaf requests) of batch ``name``'s revision ``fingerprint`` when a run
-        of it has nothing to do: it is the current revision, open, not forgotten, and every leaf
-        request has an accepted return. Else None."""
+        of it has nothing to do (current, open, not forgotten, every leaf accepted); else None."""
         rows = self._read(
             "SELECT r.id, r.number, COUNT(q.id), COUNT(a.request_key) FROM batches b "
             "JOIN revisions r ON r.id = b.current_revision JOIN requests q ON "
@@ -340,23 +322,22 @@ class RunStore(StoreBase):
     def earlier_returns(self, seen_keys: Sequence[str], sourceless_keys: Sequence[str] = ()
                         ) -> tuple[list[Row], list[Row]]:
         """Raw returns of earlier attempts that saw one of ``seen_keys`` (a repair's only if
-        accepted: its prompt was another), accepted ones first, newest first; and accepted
-        imported returns of unknown answer source under ``sourceless_keys`` (the keys the same
-        content has without a source), newest first, ``seen_key`` naming that key."""
+        accepted: its prompt was another), accepted first, then newest first; and accepted
+        imported returns of unknown answer source under ``sourceless_keys`` (the keys of the
+        same content without a source), newest first, ``seen_key`` naming that key."""
         sourceless = list(dict.fromkeys(sourceless_keys))
         return (self._by_keys(EARLIER_SQL, list(dict.fromkeys(seen_keys))),
                 self._by_keys(SOURCELESS_SQL, sourceless) if sourceless else [])
 
     def has_sourceless_answers(self) -> bool:
-        """Whether any imported receipt has no answer source on record (another system's):
-        only then do runs look its answers up under the key without one."""
+        """Whether any imported receipt has no answer source (another system's): only then do
+        runs look answers up under the key without one."""
         return bool(self._read(
             "SELECT COUNT(*) FROM (SELECT 1 FROM imports i JOIN attempts a ON a.id = "
             "i.attempt_id WHERE a.source IS NULL LIMIT 1) AS s")[0][0])
 
     def sourceless_unresolved(self, keys: Sequence[str]) -> list[Row]:
-        """Leaf requests under ``keys`` (keys without an answer source) with no accepted
-        return."""
+        """Leaf requests under ``keys`` (without an answer source) with no accepted return."""
         return self._by_keys(
             "SELECT q.key, q.task_ids, q.tasks, q.revision_id, r.batch_id FROM requests q "
             "JOIN revisions r ON r.id = q.revision_id WHERE q.key IN ({marks}) AND q.split = 0 "
@@ -377,9 +358,8 @@ class RunStore(StoreBase):
     def commit_rechecks(self, batch_id: int, revision_id: int,
                         entries: Sequence[tuple[Request, Row, Mapping[str, str]]],
                         source: str | None) -> None:
-        """Commit re-judged returns: per (request, earlier attempt, stored items) a receipt of
-        kind 'recheck' with cost 0 (no call was made) and its checkpoint rows, in one
-        transaction."""
+        """Commit re-judged returns in one transaction: per (request, earlier attempt, stored
+        items) a receipt of kind 'recheck', cost 0 (no call), and its checkpoint rows."""
         stamp = now()
         with self.transaction() as tx:
             for request, origin, items in entries:
@@ -429,6 +409,8 @@ LEAVES_SQL = ("SELECT id, position, key, parent_key, revision_id FROM requests "
               "WHERE revision_id = ? AND split = 0")
 REQUESTS_SQL = ("INSERT INTO requests(revision_id, key, position, parent_key, task_ids, tasks) "
                 "VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING")
+VALIDATORS_SQL = ("INSERT INTO validators(name, version, fingerprint, where_defined, defined_at, "
+                  "by_identity) VALUES (?,?,?,?,?,?)")
 SEEN_SQL = "INSERT INTO seen(request_key, seen_key) VALUES (?, ?) ON CONFLICT DO NOTHING"
 
 CHECKPOINT_SQL = (

@@ -1,24 +1,22 @@
 """The ledger's schema, and what SQLite and PostgreSQL spell differently: each said once.
 
-The tables (``TABLES``) leave their few type words to each database's ``Dialect``. A statement
-is written once, ``?`` marking a parameter (never inside a literal), and rendered once per
-dialect; where the databases truly differ, a claim's statements say so with ``{lock}`` and
-``{now}``. Nothing is rewritten by pattern. One schema: a ledger at another version is refused,
-never converted (``_version_problem``).
+The tables leave their few type words to each database's ``Dialect``. A statement is written
+once, ``?`` marking a parameter (never inside a literal), and rendered once per dialect; where
+the databases truly differ, a claim's statements say ``{lock}`` and ``{now}``. One schema: a
+ledger at another version is refused, never converted.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 SCHEMA_VERSION = 14
 
 
 def _version_problem(version: Any, ledger: str | None) -> str | None:
-    """What to do with a ledger at schema ``version``, None when this batchjson reads it. One
-    an earlier batchjson wrote is not converted (nothing released wrote one): its receipts are
-    exported by that version and imported into a new ledger; ``ledger``: how to name it there."""
+    """What to do with a ledger at schema ``version``, None when this batchjson reads it;
+    ``ledger``: how the advice names it."""
     if version == SCHEMA_VERSION:
         return None
     if isinstance(version, int) and version > SCHEMA_VERSION:
@@ -144,9 +142,7 @@ class Dialect:
     types: dict[str, str]  # the schema's open type words
     server_tables: str  # what this database adds to the schema
     mark: str  # a parameter
-    # appended to a read that decides on a claim: PostgreSQL locks the rows it returns and
-    # skips those another runner is deciding on; SQLite's BEGIN IMMEDIATE already serialises
-    lock: str
+    lock: str  # appended to a read that decides on a claim (``store_calls``)
     now: str  # seconds since the epoch by the clock every runner of the ledger reads
     json_valid: str  # true when the text ``{}`` is one JSON text
     json_length: str  # the length of the JSON array held as text in ``{}``
@@ -170,27 +166,19 @@ class Dialect:
         return rendered
 
     def _claim_sql(self, template: str) -> str:
-        """A claim's statement, its ``{lock}`` and ``{now}`` spelled for this database (its
-        parameters still ``?``, as every statement a store runs); spelled once."""
+        """A claim's statement, its ``{lock}`` and ``{now}`` spelled once for this database."""
         spelled = self._spelled.get(template)
         if spelled is None:
             spelled = self._spelled[template] = template.format(lock=self.lock, now=self.now)
         return spelled
 
-    def _marks(self, keys: list[Any]) -> str:
-        """What stands for ``{marks}`` in ``IN ({marks})``, for ``keys`` (not empty); an array
-        of text is named so (psycopg leaves a string's type to the server)."""
+    def _bind(self, keys: list[Any]) -> tuple[str, tuple[Any, ...]]:
+        """What stands for ``{marks}`` in ``IN ({marks})`` for ``keys`` (not empty), and its
+        arguments; an array of text is named so (psycopg leaves a string's type to the server)."""
         if not self.keys_as_array:
-            return ",".join("?" * len(keys))
-        return "SELECT unnest(?::text[])" if isinstance(keys[0], str) else "SELECT unnest(?)"
-
-    def _key_args(self, keys: list[Any]) -> tuple[Any, ...]:
-        return (keys,) if self.keys_as_array else tuple(keys)
-
-    def _on_server(self, version: int) -> Dialect:
-        """This dialect for a PostgreSQL server of ``version``: before 16 no text is known
-        to be JSON in SQL (``pg_input_is_valid``), and each is checked in Python."""
-        return self if version >= 160000 else replace(self, json_valid="FALSE")
+            return ",".join("?" * len(keys)), tuple(keys)
+        return ("SELECT unnest(?::text[])" if isinstance(keys[0], str)
+                else "SELECT unnest(?)"), (keys,)
 
 
 SQLITE = Dialect(

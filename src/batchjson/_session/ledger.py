@@ -1,24 +1,18 @@
-"""The public ``batchjson.Ledger``: the ledger's facade plus what needs judging or prices, which the
-ledger itself never does: accounts (``accounts.py``), and import and merge, whose claimed statuses
-are never trusted.
+"""The public ``batchjson.Ledger``: the ledger's facade plus what judges or prices, which the
+ledger itself never does: the accounts (``accounts.py``), import and merge (docs/recovery.md).
 
-Import: every imported return is judged again as a stored answer is (``rejudge.Judging``); a
-receipt whose validator is not given is refused, or with the opt-out kept unverified, never
-admitted. Each line is imported once (its digest in ``imports``). A receipts file is JSON Lines or
-the JSON document ``batchjson export`` prints, every number read as written (by
-``_content/strictjson.py``) so that one no float holds (``1e400``, ``1e-400``) is refused, naming
-its line (or receipt) and field, before anything is imported.
-
-Merge: another ledger brought in so every attempt ever made stays in one account; idempotent
-(attempts match by ``uid``, revisions by batch and fingerprint) and one transaction. A merge is an
-import: each accepted attempt is rechecked as a receipt is (:func:`recheck_receipt`); one that
-fails is merged as rejected and named."""
+Import never trusts a claimed status: every return is judged again as a stored answer is
+(``rejudge.Judging``), each line once (its digest in ``imports``); a receipt whose validator is
+not given is refused, or kept unverified. The file (JSON Lines, or ``batchjson export``'s
+document) is checked whole first, every number read as written, so one no float holds is
+refused by its line and field. Merge is one idempotent transaction (attempts match by ``uid``,
+revisions by batch and fingerprint) that rechecks each accepted attempt as import does."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +25,6 @@ from .._content.tasks import Identity, Request, normalize_identity, normalize_ta
 from .._errors import InvalidBatch
 from .._fingerprint.fingerprint import Fingerprint, fingerprint_function
 from .._ledger import ledger
-from .._ledger.ledger import other_tables
 from .._ledger.records import now
 from .._ledger.store import Store
 from .._ledger.store_admin import EXPORT_FORMAT, Placement, receipt_of, revision_for, settle
@@ -63,16 +56,31 @@ class Ledger(ledger.Ledger):
 
     def import_receipts(self, path: str | Path, *, validators: Any = None,
                         without_validator: bool = False) -> dict[str, Any]:
-        """Import historical receipts (JSONL), rechecking every item, by the validators given
-        (name -> function) too; see docs/recovery.md."""
-        return import_receipts(self.store, path, validators=validators,
-                               without_validator=without_validator)
+        """Import historical receipts, rechecking every item (by ``validators`` too, name ->
+        function): the report. A file naming a validator not given is refused unless
+        ``without_validator``, which keeps those receipts unverified, never admitted."""
+        path, store, registry = Path(path), self.store, registry_view(validators)
+        lines = read_lines(path, registry, bool(without_validator))
+        placed, seen = Placement(lines), {}  # seen: digest -> the line that imported it
+        with store.transaction(whole="the import") as tx:
+            outcomes = [_import_once(store, tx, line, registry, str(path), placed, seen)
+                        for line in lines]
+            revisions = settle(store, tx, placed, {o.line: o.admitted_items for o in outcomes})
+        count = {k: sum(o.outcome == k for o in outcomes) for k in OUTCOMES}
+        numbered = "receipt" if any(isinstance(o.line, InDocument) for o in outcomes) else "line"
+        return {"source": str(path), "lines": len(outcomes), "numbered": numbered, **count,
+                "items_admitted": sum(o.admitted_items for o in outcomes),
+                "receipts": [o.as_dict() for o in outcomes], "revisions": revisions}
 
     def merge(self, other: str | Path, *, validators: Any = None) -> dict[str, Any]:
-        """Bring another ledger's batches, attempts and accepted values in (idempotent), each
-        accepted attempt rechecked against its raw return (by ``validators`` too, name ->
-        function, when given); see docs/recovery.md."""
-        return merge_ledger(self.store, other, validators)
+        """Bring another ledger (a file or a ``postgresql://`` URL) in, idempotent: what was
+        added, and what was not admitted (each accepted attempt is rechecked against its raw
+        return, by ``validators`` too, name -> function)."""
+        given = registry_view(validators)
+        tables, source, label = ledger.other_tables(self.store, other)
+        tables, refused = rechecked(tables, given)
+        return {"source": source, **self.store.merge_tables(tables, label),
+                "not_admitted": refused}
 
 
 SUCCESS_WORDS = frozenset({"ok", "success", "succeeded", "accepted", "done", "complete",
@@ -96,22 +104,22 @@ class Line:
     own: bool  # batchjson's own export format
 
 
+OUTCOMES = ("admitted", "duplicate", "diagnostic", "rejected", "unverified", "recorded", "skipped")
+
+
 @dataclass
 class Outcome:
     line: int
     batch: str
     claimed_status: str
-    outcome: str  # admitted | duplicate | diagnostic | rejected | unverified | recorded | skipped
+    outcome: str  # one of OUTCOMES
     items: int
     admitted_items: int = 0
     reason: str = ""
     errors: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"line": int(self.line), "batch": self.batch, "claimed_status": self.claimed_status,
-                "outcome": self.outcome, "items": self.items,
-                "admitted_items": self.admitted_items, "reason": self.reason,
-                "errors": self.errors}
+        return {**asdict(self), "line": int(self.line)}
 
 
 MAX_INTEGER = 2**63 - 1  # what SQLite stores; a token count beyond it is not a count
@@ -288,95 +296,54 @@ def registry_view(validators: Any) -> dict[str, Any]:
     return out
 
 
-def _judge(line: Line, validator: Callable[..., Any] | None, run: Callable[..., Any]
-           ) -> Verdict:
-    """A receipt's raw return judged as a call's return is, by the rules it names: one of
-    batchjson's own partial receipts as item-level acceptance judges."""
-    return Judging(line.record.get("mode", "items"), line.identity, line.schema, validator,
-                   run, "items" if _partial(line) else "whole").verdict(line.record["raw"],
-                                                                        line.tasks)
+def _judge(line: Line, version: Any) -> Verdict:
+    """A receipt's raw return judged as a call's return is, by the rules it names (and the
+    given validator ``version``): one of batchjson's own partial receipts item by item."""
+    return Judging(line.record.get("mode", "items"), line.identity, line.schema,
+                   version.fn if version is not None else None, run_sync,
+                   "items" if _partial(line) else "whole").verdict(line.record["raw"], line.tasks)
 
 
 def _partial(line: Line) -> bool:
     return line.own and line.record.get("status") == "partial"
 
 
-def recheck_receipt(record: dict[str, Any], validators: Mapping[str, Any],
-                    run: Callable[..., Any]
-                    ) -> tuple[dict[str, str] | None, list[dict[str, Any]], str]:
-    """(item JSON texts by task_id, the request's tasks, "") when an exported receipt's raw
-    return passes every check import reruns, else (None, [], why)."""
-    try:
-        line = _check(Path("receipt"), 1, record, validators)
-    except InvalidBatch as exc:
-        return None, [], str(exc).split(": ", 1)[-1].split("; nothing was imported")[0]
-    version = validators.get(record.get("validator") or "")
-    verdict = _judge(line, version.fn if version is not None else None, run)
-    if not verdict.accepted:
-        first = verdict.errors[0]
-        return None, [], f"its raw return fails the recheck ({first['type']}: {first['message']})"
-    return verdict.stored, line.tasks, ""
-
-
-def _identity_errors(errors: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    return [{k: e.get(k) for k in ("task_id", "field", "expected", "got", "message")}
-            for e in errors if e.get("type") == "identity"]
-
-
-def import_receipts(store: Store, path: str | Path, *, validators: Any = None,
-                    without_validator: bool = False) -> dict[str, Any]:
-    """Import a JSONL file of receipts into the ledger; returns the report (docs/recovery.md). A
-    file naming a validator not in ``validators`` is refused unless ``without_validator``, when
-    those receipts are kept unverified, never admitted."""
-    path = Path(path)
-    registry = registry_view(validators)
-    lines = read_lines(path, registry, bool(without_validator))
-    outcomes: list[Outcome] = []
-    source = str(path)
-    placed = Placement(lines)
-    with store.transaction(whole="the import") as tx:
-        seen: dict[str, int] = {}
-        for line in lines:
-            rec = line.record
-            base = Outcome(line.number, rec["batch"], str(rec.get("status")), "skipped",
-                           len(line.tasks))
-            uid = rec.get("uid") if line.own and isinstance(rec.get("uid"), str) else None
-            done, held = store.imported_before(tx, line.digest, uid)
-            if done is not None or line.digest in seen:
-                where = (f"line {seen[line.digest]} of this file" if line.digest in seen
-                         else f"line {done['line']} of {done['source']}")
-                base.reason = f"already imported ({where})"
-                outcomes.append(base)
-                continue
-            # Exported while that call was in flight, finished since: its outcome completes the
-            # receipt already here (the same call, not a second one).
-            completes = (held is not None and held["status"] in ("in_flight", "abandoned")
-                         and rec.get("status") not in ("in_flight", "abandoned"))
-            if held is not None and not completes:
-                base.reason = "this attempt is already in the ledger (same uid)"
-                outcomes.append(base)
-                continue
-            seen[line.digest] = line.number
-            if completes:  # the receipt this line completes: its batch, its attempt
-                batch_id, revision_id = held["batch_id"], None
-            else:
-                batch_id, revision_id = revision_for(store, tx, line, placed)
-            outcome = _import_line(store, tx, line, registry, uid, source, run_sync,
-                                   (batch_id, revision_id), held["id"] if completes else None)
-            outcomes.append(outcome)
-        revisions = settle(store, tx, placed, {o.line: o.admitted_items for o in outcomes})
-    return _report(source, outcomes, revisions)
+def _import_once(store: Store, tx: Any, line: Line, registry: Mapping[str, Any], source: str,
+                 placed: Placement, seen: dict[str, int]) -> Outcome:
+    """One line imported, unless its digest was (before, or earlier in this file: ``seen``) or
+    its attempt is here (by uid) and the line does not complete it."""
+    rec = line.record
+    base = Outcome(line.number, rec["batch"], str(rec.get("status")), "skipped", len(line.tasks))
+    uid = rec.get("uid") if line.own and isinstance(rec.get("uid"), str) else None
+    done, held = store.imported_before(tx, line.digest, uid)
+    if done is not None or line.digest in seen:
+        where = (f"line {seen[line.digest]} of this file" if line.digest in seen
+                 else f"line {done['line']} of {done['source']}")
+        base.reason = f"already imported ({where})"
+        return base
+    # Exported while that call was in flight, finished since: its outcome completes the
+    # receipt already here (the same call, not a second one).
+    completes = (held is not None and held["status"] in ("in_flight", "abandoned")
+                 and rec.get("status") not in ("in_flight", "abandoned"))
+    if held is not None and not completes:
+        base.reason = "this attempt is already in the ledger (same uid)"
+        return base
+    seen[line.digest] = line.number
+    where = ((held["batch_id"], None) if completes  # the receipt it completes: its batch
+             else revision_for(store, tx, line, placed))
+    return _import_line(store, tx, line, registry, uid, source, where,
+                        held["id"] if completes else None)
 
 
 def _import_line(store: Store, tx: Any, line: Line, registry: Mapping[str, Any],
-                 uid: str | None, source: str, run: Callable[..., Any],
-                 where: tuple[int, int | None], completes: int | None = None) -> Outcome:
+                 uid: str | None, source: str, where: tuple[int, int | None],
+                 completes: int | None = None) -> Outcome:
     rec = line.record
     claimed = str(rec.get("status"))
     out = Outcome(line.number, rec["batch"], claimed, "rejected", len(line.tasks))
     batch_id, revision_id = where
     usage = {k: rec.get(k) for k in OPTIONAL_NUMBERS} | {"model": rec.get("model")}
-    status, errors, stored = _judged(line, registry.get(rec.get("validator") or ""), out, run)
+    status, errors, stored = _judged(line, registry.get(rec.get("validator") or ""), out)
     parts = None
     if status == "partial":  # split as the live run splits it: the accepted part is admitted
         kept, rest = Keys(line.components).apart(line.request, {e["task_id"] for e in errors})
@@ -408,8 +375,7 @@ def _import_line(store: Store, tx: Any, line: Line, registry: Mapping[str, Any],
     return out
 
 
-def _judged(line: Line, version: Any, out: Outcome, run: Callable[..., Any]
-            ) -> tuple[str, list, dict[str, Any]]:
+def _judged(line: Line, version: Any, out: Outcome) -> tuple[str, list, dict[str, Any]]:
     """(status, errors, stored items) of one imported receipt, its outcome said in ``out``."""
     rec = line.record
     claimed, name = str(rec.get("status")), rec.get("validator")
@@ -420,13 +386,11 @@ def _judged(line: Line, version: Any, out: Outcome, run: Callable[..., Any]
         out.outcome, out.reason, out.errors = "recorded", f"exported {status} attempt", errors
         return status, errors, {}
     if name and version is None:  # the user opted out of its validator
-        errors = [{"type": "unverified", "task_id": None, "message":
-                   f"its validator {name!r} was not given (imported without it), so it is kept "
-                   "unverified: shown and exported, never admitted"}]
-        out.outcome, out.reason, out.errors = "unverified", errors[0]["message"], errors
-        return "rejected", errors, {}
-    verdict = _judge(line, version.fn if version is not None else None, run)
-    identity = _identity_errors(verdict.errors)
+        return _unverified(out, f"its validator {name!r} was not given (imported without it), "
+                           "so it is kept unverified: shown and exported, never admitted")
+    verdict = _judge(line, version)
+    identity = [{k: e.get(k) for k in ("task_id", "field", "expected", "got", "message")}
+                for e in verdict.errors if e.get("type") == "identity"]
     if identity:
         out.outcome, out.errors = "diagnostic", identity
         fields = sorted({e["field"] for e in identity if e.get("field")})
@@ -434,24 +398,18 @@ def _judged(line: Line, version: Any, out: Outcome, run: Callable[..., Any]
                       f"receipt claimed {claimed!r}; none of its {len(line.tasks)} items "
                       "admitted")
         return "rejected", verdict.errors, {}
+    out.errors = [{k: e.get(k) for k in ("type", "task_id", "message")} for e in verdict.errors]
     if verdict.partial:  # its rest stays owed, as it was where it was exported from
         out.outcome, out.admitted_items = "admitted", len(verdict.stored)
-        out.errors = [{k: e.get(k) for k in ("type", "task_id", "message")}
-                      for e in verdict.errors]
         out.reason = (f"accepted in part, as exported: {len(verdict.stored)} of "
                       f"{len(line.tasks)} items passed the recheck")
         return "partial", verdict.errors, verdict.stored
     if not verdict.accepted:
-        out.errors = [{k: e.get(k) for k in ("type", "task_id", "message")}
-                      for e in verdict.errors]
         out.reason = f"recheck rejected it ({verdict.errors[0]['type']}); claimed {claimed!r}"
         return "rejected", verdict.errors, {}
     if not success and not rec.get("schema"):
-        errors = [{"type": "unverified", "task_id": None, "message":
-                   f"receipt claimed {claimed!r} and it carries no schema, so the recheck "
-                   "cannot overrule the claim"}]
-        out.outcome, out.reason, out.errors = "unverified", errors[0]["message"], errors
-        return "rejected", errors, {}
+        return _unverified(out, f"receipt claimed {claimed!r} and it carries no schema, so the "
+                           "recheck cannot overrule the claim")
     out.outcome, out.admitted_items = "admitted", len(line.tasks)
     notes = []
     if not success:
@@ -461,6 +419,12 @@ def _judged(line: Line, version: Any, out: Outcome, run: Callable[..., Any]
         notes.append(f"judged by the validator {name!r} given, not the version it ran with")
     out.reason = "; ".join(notes) or "every check passed"
     return "accepted", [], verdict.stored
+
+
+def _unverified(out: Outcome, why: str) -> tuple[str, list, dict[str, Any]]:
+    errors = [{"type": "unverified", "task_id": None, "message": why}]
+    out.outcome, out.reason, out.errors = "unverified", why, errors
+    return "rejected", errors, {}
 
 
 def _exported_status(rec: Mapping[str, Any]) -> str:
@@ -477,28 +441,14 @@ def _only_unverified(rec: Mapping[str, Any]) -> bool:
             and all(isinstance(e, dict) and e.get("type") == "unverified" for e in errors))
 
 
-def _report(source: str, outcomes: list[Outcome],
-            revisions: list[dict[str, Any]]) -> dict[str, Any]:
-    count = {k: sum(o.outcome == k for o in outcomes) for k in
-             ("admitted", "duplicate", "diagnostic", "rejected", "unverified", "recorded",
-              "skipped")}
-    numbered = "receipt" if any(isinstance(o.line, InDocument) for o in outcomes) else "line"
-    return {"source": source, "lines": len(outcomes), "numbered": numbered, **count,
-            "items_admitted": sum(o.admitted_items for o in outcomes),
-            "receipts": [o.as_dict() for o in outcomes], "revisions": revisions}
-
-
 def refuse(path: Path, number: int, problem: str) -> InvalidBatch:
-    return InvalidBatch(f"{path}, {place(number)}: {problem}; nothing was imported (fix the "
-                        f"{place(number).split()[0]} and import the file again)")
+    what = "receipt" if isinstance(number, InDocument) else "line"
+    return InvalidBatch(f"{path}, {what} {int(number)}: {problem}; nothing was imported (fix "
+                        f"the {what} and import the file again)")
 
 
 class InDocument(int):
     """A receipt's number in an export's JSON document, which is said as "receipt N"."""
-
-
-def place(number: int) -> str:
-    return f"receipt {int(number)}" if isinstance(number, InDocument) else f"line {number}"
 
 
 def document_receipts(path: Path, text: str) -> list[Any] | None:
@@ -520,19 +470,14 @@ def document_receipts(path: Path, text: str) -> list[Any] | None:
     return document["receipts"]
 
 
-def jsonl_lines(text: str) -> Iterable[str]:
-    """JSON Lines split on newlines only: a JSON string may hold U+2028 or a form feed, which
-    str.splitlines would cut through. A CR before the newline (CRLF files) is dropped."""
-    for line in text.split("\n"):
-        yield line[:-1] if line.endswith("\r") else line
-
-
 def parsed_lines(path: Path, text: str) -> Iterable[tuple[int, Any]]:
-    for number, raw_line in enumerate(jsonl_lines(text), 1):
+    # split on newlines only: a JSON string may hold U+2028 or a form feed, which
+    # str.splitlines would cut through; a CRLF file's CR is dropped
+    for number, raw_line in enumerate(text.split("\n"), 1):
         if not raw_line.strip():
             continue
         try:
-            record = parse_as_written(raw_line)
+            record = parse_as_written(raw_line.removesuffix("\r"))
         except ValueError as exc:
             raise refuse(path, number, f"not JSON ({exc})") from None
         bad = finite_numbers(record)
@@ -541,17 +486,7 @@ def parsed_lines(path: Path, text: str) -> Iterable[tuple[int, Any]]:
         yield number, record
 
 
-def merge_ledger(store: Store, other: str | Path, validators: Any = None) -> dict[str, Any]:
-    """Bring the other ledger (a file or a ``postgresql://`` URL) into the store's: what was added
-    and what was not admitted. ``validators`` (name -> function) recheck the batches that ran with
-    one."""
-    given = registry_view(validators)
-    tables, source, label = other_tables(store, other)
-    tables, refused = rechecked(tables, given, run_sync)
-    return {"source": source, **store.merge_tables(tables, label), "not_admitted": refused}
-
-
-def rechecked(tables: dict[str, Any], validators: Mapping[str, Any], run: Callable[..., Any],
+def rechecked(tables: dict[str, Any], validators: Mapping[str, Any]
               ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The other ledger's tables with only what follows from its receipts admitted: an accepted
     attempt whose return fails the recheck, or whose stored value does not follow from it, becomes
@@ -574,7 +509,7 @@ def rechecked(tables: dict[str, Any], validators: Mapping[str, Any], run: Callab
                              "validator_name": revision["validator_name"],
                              "tasks": tasks.get((attempt["revision_id"],
                                                  attempt["request_key"]))}, 0)
-        why = _not_following(record, stored.get(attempt["id"], []), validators, run)
+        why = _not_following(record, stored.get(attempt["id"], []), validators)
         if why:
             refused[attempt["id"]] = why
             named.append({"batch": record["batch"], "uid": attempt["uid"], "reason": why})
@@ -591,15 +526,20 @@ def rechecked(tables: dict[str, Any], validators: Mapping[str, Any], run: Callab
     return {**tables, "attempts": attempts, "checkpoint": kept}, named
 
 
-def _not_following(record: dict[str, Any], rows: list[Any], validators: Mapping[str, Any],
-                   run: Callable[..., Any]) -> str:
+def _not_following(record: dict[str, Any], rows: list[Any], validators: Mapping[str, Any]
+                   ) -> str:
     """Why an accepted attempt's stored values are not admitted ("" when they are): its raw return
-    fails the recheck, or a value differs from the one the return gives (a field the return lacks
-    may only be a compared field equal to the task's)."""
-    derived, asked, why = recheck_receipt(record, validators, run)
-    if derived is None:
-        return why
-    by_id = {t["task_id"]: t for t in asked}
+    fails the checks import reruns, or a value differs from the one the return gives (a field the
+    return lacks may only be a compared field equal to the task's)."""
+    try:
+        line = _check(Path("receipt"), 1, record, validators)
+    except InvalidBatch as exc:
+        return str(exc).split(": ", 1)[-1].split("; nothing was imported")[0]
+    verdict = _judge(line, validators.get(record.get("validator") or ""))
+    if not verdict.accepted:
+        first = verdict.errors[0]
+        return f"its raw return fails the recheck ({first['type']}: {first['message']})"
+    derived, by_id = verdict.stored, {t["task_id"]: t for t in line.tasks}
     for row in rows:
         value, task_id = json.loads(row["item"]), row["task_id"]
         if task_id not in derived:
