@@ -67,12 +67,8 @@ def shown(ledger: Path | str) -> str:
 
 
 def _open(path: Path | str, *, create: bool = False) -> Ledger:
-    if isinstance(path, str):  # a database: the server says what is wrong, if anything is
-        try:
-            return Ledger(path)
-        except LedgerError as exc:
-            raise Problem(str(exc), LEDGER) from None
-    problem = ledger_problem(path, create=create)
+    # a database's server says what is wrong with it, if anything is
+    problem = None if isinstance(path, str) else ledger_problem(path, create=create)
     if problem and not path.exists():  # say what to do, for the path given or the default
         problem += ("; a batch run in this directory makes it (batchjson demo shows how), or "
                     "pass --ledger PATH to read another" if path == DEFAULT_LEDGER else
@@ -148,16 +144,14 @@ def cmd_values(args: argparse.Namespace, out: TextIO) -> int:
     if args.json:
         _dump(values, out)
     elif args.csv:
-        columns: list[str] = []
-        for v in values.values():
-            for k in (v if isinstance(v, dict) else {"value": v}):
-                if k not in columns and k != "task_id" and k not in fields:
-                    columns.append(k)
+        rows = {task_id: v if isinstance(v, dict) else {"value": v}
+                for task_id, v in values.items()}
+        columns = [k for k in dict.fromkeys(k for v in rows.values() for k in v)
+                   if k != "task_id" and k not in fields]
         buffer = io.StringIO()
         writer = csv.writer(buffer, lineterminator="\n")
         writer.writerow(["task_id", *fields, *columns])
-        for task_id, v in values.items():
-            v = v if isinstance(v, dict) else {"value": v}
+        for task_id, v in rows.items():
             task = tasks.get(task_id, {})
             writer.writerow([_cell(task_id), *(_cell(task.get(k)) for k in fields),
                              *(_cell(v.get(k)) for k in columns)])
@@ -243,16 +237,14 @@ def cmd_import(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_merge(args: argparse.Namespace, out: TextIO) -> int:
-    if isinstance(args.other, str):  # a database: read as it is, or refused by the merge
-        pass
-    elif not args.other.exists() or args.other.is_dir():  # the hint is about OTHER, not --ledger
-        raise Problem(f"no ledger to merge at {args.other}"
-                      + (" (a directory: name the ledger file inside it)"
-                         if args.other.is_dir() else ""), LEDGER)
-    problem = (None if isinstance(args.other, str) else
-               ledger_problem(args.other))  # checked before a ledger is made to receive it
-    if problem:
-        raise Problem(problem, LEDGER)
+    if not isinstance(args.other, str):  # a database is read as it is, or refused by the merge
+        if not args.other.exists() or args.other.is_dir():  # the hint is about OTHER
+            raise Problem(f"no ledger to merge at {args.other}"
+                          + (" (a directory: name the ledger file inside it)"
+                             if args.other.is_dir() else ""), LEDGER)
+        problem = ledger_problem(args.other)  # checked before a ledger is made to receive it
+        if problem:
+            raise Problem(problem, LEDGER)
     report = _into_ledger(args.ledger, lambda held: held.merge(
         args.other, validators=dict(args.validator)), LedgerError, LEDGER)
     added, refused = report["added"], report["not_admitted"]
@@ -473,10 +465,6 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             print("batchjson: interrupted; receipts written so far are kept, re-run to resume",
                   file=sys.stderr)
         return INTERRUPTED
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
 
 
 def validator_argument(text: str) -> tuple[str, Callable[..., Any]]:

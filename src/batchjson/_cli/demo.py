@@ -8,8 +8,10 @@ import os
 import shlex
 import shutil
 import sys
+from collections import Counter
+from contextlib import closing
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from .. import Ledger, Session
 from .. import _textview as cliview
@@ -77,8 +79,7 @@ def demo_ledger_problem(ledger: Path) -> str | None:
         return None
     problem = ledger_problem(ledger)
     if problem is None:
-        held = Ledger(ledger)
-        try:
+        with closing(Ledger(ledger)) as held:
             others = [n for n in held.batch_names() if n != "review"]
             # A batch of one's own may well be called "review": it is the demo's only if every
             # attempt is the offline model's, made by a run, on the demo's tasks.
@@ -86,8 +87,6 @@ def demo_ledger_problem(ledger: Path) -> str | None:
             foreign = [r for r in (held.attempts("review") if not others else [])
                        if r.provider != "simulated" or r.kind == "import"
                        or not set(r.task_ids) <= ids]
-        finally:
-            held.close()
         if not others and not foreign:
             return None
         problem = (f"{ledger} holds batches other than the demo's ({', '.join(others)})" if others
@@ -102,6 +101,11 @@ def _demo_check(item: dict, task: dict) -> None:
         raise ValueError("a match needs confidence >= 0.5")
 
 
+def _review(session: Session, tasks: list[dict]) -> Any:
+    return session.run_batch("review", tasks, DEMO_SCHEMA, validator=_demo_check,
+                             identity=DEMO_IDENTITY, pack=5, split=True, on_exhausted="return")
+
+
 def run_demo(ledger: Path, seed: int, out: TextIO | None = None, *,
              as_json: bool = False) -> int:
     out = out or sys.stdout
@@ -114,21 +118,13 @@ def run_demo(ledger: Path, seed: int, out: TextIO | None = None, *,
         "model that injects identity swaps, malformed JSON, missing items and NaN")
     say(f"ledger: {ledger}")
     say()
-    session = Session(demo_model(seed), ledger=ledger, repairs=1, replays=2)
-    first = session.run_batch("review", tasks, DEMO_SCHEMA, validator=_demo_check,
-                              identity=DEMO_IDENTITY, pack=5, split=True, on_exhausted="return")
-    kinds: dict[str, int] = {}
-    swap = None
-    for receipt in session.ledger.attempts("review", failed=True):
-        for error in receipt.errors:
-            kinds[error["type"]] = kinds.get(error["type"], 0) + 1
-            if swap is None and error["type"] == "identity":
-                swap = cliview.describe_error(error)
-    session.close()
-    again = Session(demo_model(seed), ledger=ledger)
-    second = again.run_batch("review", tasks, DEMO_SCHEMA, validator=_demo_check,
-                             identity=DEMO_IDENTITY, pack=5, split=True, on_exhausted="return")
-    again.close()
+    with closing(Session(demo_model(seed), ledger=ledger, repairs=1, replays=2)) as session:
+        first = _review(session, tasks)
+        errors = [e for r in session.ledger.attempts("review", failed=True) for e in r.errors]
+    kinds = Counter(e["type"] for e in errors)
+    swap = next((cliview.describe_error(e) for e in errors if e["type"] == "identity"), None)
+    with closing(Session(demo_model(seed), ledger=ledger)) as again:
+        second = _review(again, tasks)
     code = 0 if first.resolved and second.calls == 0 else 1  # the CLI's exit codes
     if as_json:
         print(json.dumps({"ledger": str(ledger), "first": first.summary(),

@@ -11,6 +11,7 @@ import functools
 import threading
 import types
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import Call, ConfigError, ProviderError, Reply, SubcallClientError
@@ -37,14 +38,8 @@ def as_provider(target: Any, *, context: Any = None) -> Any:
 
 
 def _kind_of(target: Any) -> str:
-    if callable(getattr(target, "llm_batch_with_errors", None)):
-        return "subcalls"
-    if callable(target):
-        return "function"
-    raise ConfigError(
-        f"cannot answer from a {type(target).__name__}: pass a batchjson provider, an object "
-        "with llm_batch_with_errors(prompts, contexts) -> (values, errors), or a function of a "
-        "list of prompts returning a list of strings")
+    """droste's client protocol, or rlm's function of a list of prompts (a subcall source)."""
+    return "subcalls" if callable(getattr(target, "llm_batch_with_errors", None)) else "function"
 
 
 def _budget_exhausted(exc: BaseException) -> bool:
@@ -280,13 +275,13 @@ def _is_error_text(text: str) -> bool:
     return text.lstrip()[:6].lower() == "error:"
 
 
+@dataclass
 class _Queue:
     """Prompts waiting for the next batch on one event loop."""
 
-    def __init__(self) -> None:
-        self.waiting: list[tuple[str, str | None, asyncio.Future[str]]] = []
-        self.draining = False
-        self.task: asyncio.Task[None] | None = None  # held so the drain is not collected
+    waiting: list[tuple[str, str | None, asyncio.Future[str]]] = field(default_factory=list)
+    draining: bool = False
+    task: asyncio.Task[None] | None = None  # held so the drain is not collected
 
 
 def _by_context(batch: list[Any]) -> list[list[Any]]:
