@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import shlex
 import textwrap
@@ -20,16 +21,19 @@ def wrapped(text: str, indent: str, width: int = 100) -> list[str]:
 DEFAULT_LEDGER = ".batchjson/ledger.sqlite"  # the CLI's and the notebooks' default
 
 
+# (figure, its column's heading, what "no" it is when zero; None: not said)
+OPTIONAL_COLUMNS = (("partial_returns", "partial", None),
+                    ("provider_errors", "provider err", "provider errors"),
+                    ("abandoned", "abandoned", "abandoned calls"),
+                    ("in_flight", "in flight", "calls in flight"), ("pending", "pending", None))
+
+
 def status_lines(summary: Mapping[str, Any], ledger: str, me: str = "batchjson") -> list[str]:
     """``batchjson status``: one row per batch and a total; unknown costs shown apart."""
     total = summary["total"]
     # Columns that are zero for every batch say nothing: they are left out (and said below), so
     # the table fits a terminal; --json always carries every figure.
-    optional = [(k, h) for k, h in (("partial_returns", "partial"),
-                                    ("provider_errors", "provider err"),
-                                    ("abandoned", "abandoned"), ("in_flight", "in flight"),
-                                    ("pending", "pending"))
-                if total[k]]
+    optional = [(k, h) for k, h, _ in OPTIONAL_COLUMNS if total[k]]
     cached = bool(total["cached_tokens"])
     columns = ["batch", "tasks", "usable", "calls", "accepted", "rejected",
                *(h for _, h in optional), "tokens in/out" + ("/cached" if cached else ""),
@@ -42,12 +46,9 @@ def status_lines(summary: Mapping[str, Any], ledger: str, me: str = "batchjson")
                      e["accepted_returns"], e["rejected_returns"],
                      *(e[k] for k, _ in optional), tokens, *_cost_cells(e)])
     lines = [f"ledger {ledger}", *table(columns, rows, right=range(1, 6 + len(optional)))]
-    none = [h for k, h in (("provider_errors", "provider errors"),
-                           ("abandoned", "abandoned calls"), ("in_flight", "calls in flight"))
-            if not total[k]]
+    none = [said for k, _, said in OPTIONAL_COLUMNS if said and not total[k]]
     if none:
         lines.append("  no " + ", no ".join(none))
-    total = summary["total"]
     unknown, unpriced = total["unknown_cost_calls"], total["unpriced_calls"]
     if unknown and unpriced == unknown:
         lines += wrapped(f"{unknown} call(s) have no recorded cost and their models have no "
@@ -194,13 +195,14 @@ def receipt_rows(attempts: Sequence[Any], *, failed: bool = False,
     """A batch's attempts as rows numbered 1..N in call order (``failed`` leaves out the accepted
     ones, numbers kept; ``raw`` keeps each return's text), as ``batchjson receipts --json`` prints
     them."""
-    return [{"number": number, "revision": r.revision, "kind": r.kind, "status": r.status,
-             "task_ids": list(r.task_ids), "errors": r.errors, "input_tokens": r.input_tokens,
-             "output_tokens": r.output_tokens, "cached_tokens": r.cached_tokens, "cost": r.cost,
-             "provider": r.provider, "model": r.model, "source": r.source,
-             "started_at": r.started_at, "sent_at": r.sent_at, "finished_at": r.finished_at,
-             "raw": r.raw if raw else None}
+    return [{"number": number, **{k: getattr(r, k) for k in RECEIPT_FIELDS},
+             "task_ids": list(r.task_ids), "raw": r.raw if raw else None}
             for number, r in enumerate(attempts, 1) if not failed or r.status != "accepted"]
+
+
+RECEIPT_FIELDS = ("revision", "kind", "status", "errors", "input_tokens", "output_tokens",
+                  "cached_tokens", "cost", "provider", "model", "source", "started_at", "sent_at",
+                  "finished_at")
 
 
 def receipt_lines(name: str, receipts: Sequence[Mapping[str, Any]],
@@ -306,12 +308,8 @@ DETAILED = 20
 
 def line_ranges(numbers: Sequence[int]) -> str:
     """1, 2, 3, 5, 7, 8 -> "lines 1-3, 5, 7-8"."""
-    runs: list[list[int]] = []
-    for n in sorted(numbers):
-        if runs and runs[-1][-1] == n - 1:
-            runs[-1].append(n)
-        else:
-            runs.append([n])
+    runs = [[n for _, n in run] for _, run in  # consecutive numbers keep n - i
+            itertools.groupby(enumerate(sorted(numbers)), lambda pair: pair[1] - pair[0])]
     text = ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
     return ("line " if len(numbers) == 1 else "lines ") + text
 

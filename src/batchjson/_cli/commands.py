@@ -22,8 +22,8 @@ import io
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
-from contextlib import closing
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -76,10 +76,17 @@ def _open(path: Path | str, *, create: bool = False) -> Ledger:
                     "run on it)")
     if problem:
         raise Problem(problem, LEDGER)
-    try:  # a ledger another process is creating is waited for (Ledger's busy timeout)
+    with refused_as(LedgerError, LEDGER):  # one another process is creating is waited for
         return Ledger(path)
-    except LedgerError as exc:
-        raise Problem(str(exc), LEDGER) from None
+
+
+@contextmanager
+def refused_as(refused: type[Exception], code: int) -> Iterator[None]:
+    """A refusal of the ``refused`` kind ends the command with ``code``, said in one line."""
+    try:
+        yield
+    except refused as exc:
+        raise Problem(str(exc), code) from None
 
 
 def _known(ledger: Ledger, name: str | None) -> None:
@@ -209,29 +216,17 @@ def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
     return OK
 
 
-def _into_ledger(path: Any, write: Callable[[Ledger], dict[str, Any]],
-                 refused: type[BatchJsonError], code: int) -> dict[str, Any]:
-    """``write`` on the ledger at ``path`` (made when absent); its refusal is the command's."""
-    with closing(_open(path, create=True)) as held:
-        try:
-            return write(held)
-        except refused as exc:
-            raise Problem(str(exc), code) from None
-
-
 def cmd_import(args: argparse.Namespace, out: TextIO) -> int:
     if not args.file.is_file():  # checked before a ledger is created for it
         raise Problem(f"no receipts file at {args.file}", USAGE)
     from ..core import read_lines
 
     given = dict(args.validator)
-    try:  # a bad file is refused before a ledger is created for it
+    with refused_as(InvalidBatch, USAGE):  # a bad file is refused before a ledger is made for it
         read_lines(args.file, given, args.without_validator)
-    except InvalidBatch as exc:
-        raise Problem(str(exc), USAGE) from None
-    report = _into_ledger(args.ledger, lambda held: held.import_receipts(
-        args.file, validators=given, without_validator=args.without_validator),
-        InvalidBatch, USAGE)
+    with closing(_open(args.ledger, create=True)) as held, refused_as(InvalidBatch, USAGE):
+        report = held.import_receipts(args.file, validators=given,
+                                      without_validator=args.without_validator)
     kept = report["diagnostic"] + report["rejected"] + report["unverified"]
     return _done(args, out, report, cliview.import_lines(report), UNRESOLVED if kept else OK)
 
@@ -245,8 +240,8 @@ def cmd_merge(args: argparse.Namespace, out: TextIO) -> int:
         problem = ledger_problem(args.other)  # checked before a ledger is made to receive it
         if problem:
             raise Problem(problem, LEDGER)
-    report = _into_ledger(args.ledger, lambda held: held.merge(
-        args.other, validators=dict(args.validator)), LedgerError, LEDGER)
+    with closing(_open(args.ledger, create=True)) as held, refused_as(LedgerError, LEDGER):
+        report = held.merge(args.other, validators=dict(args.validator))
     added, refused = report["added"], report["not_admitted"]
     completed = added.get("attempts_completed", 0)
     new = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in added.items()
@@ -266,10 +261,8 @@ def cmd_advise(args: argparse.Namespace, out: TextIO) -> int:
 
     with closing(_open(args.ledger)) as held:
         _known(held, args.name)
-        try:
+        with refused_as(InvalidBatch, USAGE):
             advice = advise(held, args.name, repairs=args.repairs, replays=args.replays)
-        except InvalidBatch as exc:
-            raise Problem(str(exc), USAGE) from None
     code = _done(args, out, advice, cliview.advice_lines(advice))
     if args.plot is not None:  # after the text: without matplotlib, the advice is still said
         try:
@@ -337,13 +330,17 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def command(name: str, helptext: str, fn: Callable[..., int]) -> argparse.ArgumentParser:
+    def command(name: str, helptext: str, fn: Callable[..., int], *,
+                batch: bool = False) -> argparse.ArgumentParser:
+        """A subcommand with --ledger and --json, and with ``batch`` a batch NAME."""
         p = sub.add_parser(name, help=helptext, description=helptext)
         p.add_argument("--ledger", type=ledger_argument, default=DEFAULT_LEDGER,
                        metavar="PATH|URL", help=f"ledger file or postgresql:// URL (default "
                        f"{DEFAULT_LEDGER})")
         p.add_argument("--json", action="store_true",
                        help="print one JSON document for scripts instead of tables")
+        if batch:
+            p.add_argument("name", help="batch name")
         p.set_defaults(run=fn)
         return p
 
@@ -354,13 +351,11 @@ def build_parser() -> argparse.ArgumentParser:
                      cmd_status)
     status.add_argument("name", nargs="?", help="only this batch (default: every batch)")
     receipts = command("receipts", "the attempts of one batch, numbered 1..N in call order",
-                       cmd_receipts)
-    receipts.add_argument("name", help="batch name")
+                       cmd_receipts, batch=True)
     receipts.add_argument("--failed", action="store_true", help="only attempts not accepted")
     receipts.add_argument("--raw", action="store_true", help="include each raw return")
     values = command("values", "the accepted values of one batch (JSON Lines, or --csv)",
-                     cmd_values)
-    values.add_argument("name", help="batch name")
+                     cmd_values, batch=True)
     values.add_argument("--csv", action="store_true", help="CSV with a column per field")
     values.add_argument("--identity", action="store_true",
                         help="add each task's identity fields (case_id, ...) after task_id: "
@@ -392,8 +387,7 @@ def _ledger_changing(command: Callable[..., argparse.ArgumentParser]) -> None:
                        help="the other ledger: a file or a postgresql:// URL")
     validator_options(merge)
     advise = command("advise", "pack-size advice from the batch's observed faults and tokens",
-                     cmd_advise)
-    advise.add_argument("name", help="batch name")
+                     cmd_advise, batch=True)
     advise.add_argument("--repairs", type=whole_argument(0), default=1, metavar="N",
                         help="repair calls per failing request (default 1)")
     advise.add_argument("--replays", type=whole_argument(0), default=1, metavar="N",
@@ -401,9 +395,8 @@ def _ledger_changing(command: Callable[..., argparse.ArgumentParser]) -> None:
     advise.add_argument("--plot", type=Path, metavar="FILE.png",
                         help="also write the chart of cost per usable result against pack "
                         "size, with its intervals (needs batchjson[plots])")
-    forget = command("forget", "stop a batch's unresolved requests from being owed (its "
-                     "receipts and costs stay; later work on it owes again)", cmd_forget)
-    forget.add_argument("name", help="batch name")
+    command("forget", "stop a batch's unresolved requests from being owed (its receipts and "
+            "costs stay; later work on it owes again)", cmd_forget, batch=True)
     budget = command("budget", "the ledger's own cost budget, held by every runner on it "
                      "together (show it, set it with --cost, remove it with --clear)",
                      cmd_budget)

@@ -116,8 +116,7 @@ def run_demo(ledger: Path, seed: int, out: TextIO | None = None, *,
     say = (lambda *a: None) if as_json else (lambda text="": print(text, file=out))
     say(f"batchjson demo: {len(tasks)} review tasks in requests of 5, answered by an offline "
         "model that injects identity swaps, malformed JSON, missing items and NaN")
-    say(f"ledger: {ledger}")
-    say()
+    say(f"ledger: {ledger}\n")
     with closing(Session(demo_model(seed), ledger=ledger, repairs=1, replays=2)) as session:
         first = _review(session, tasks)
         errors = [e for r in session.ledger.attempts("review", failed=True) for e in r.errors]
@@ -139,14 +138,12 @@ def run_demo(ledger: Path, seed: int, out: TextIO | None = None, *,
     listed = ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) or "none"
     say(f"  rejected returns kept as failure receipts; their errors by type: {listed}")
     if swap:
-        for line in cliview.wrapped(swap, "  e.g. "):
-            say(line)
+        say("\n".join(cliview.wrapped(swap, "  e.g. ")))
     say(f"  the second run resumed every request from the ledger: {second.calls} new call(s)")
     flag = ("" if str(ledger) == cliview.DEFAULT_LEDGER
             else f" --ledger {shlex.quote(str(ledger))}")
     me = command_name()
-    say()
-    say("next:")
+    say("\nnext:")
     for command, why in ((f"{me} status{flag}", "calls, tokens and cost, per batch"),
                          (f"{me} receipts review --failed{flag}",
                           "every rejected return and why"),

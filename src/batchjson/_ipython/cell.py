@@ -11,13 +11,15 @@ import inspect
 import keyword
 import re
 from argparse import Namespace
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from itertools import pairwise
 from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.utils.process import arg_split
 
-from .. import BatchResult, InvalidBatch, ValidatorRegistry
+from .. import BatchJsonError, BatchResult, InvalidBatch, ValidatorRegistry
 from .._textview import frame_lines
 from ..core import parse_identity
 
@@ -43,12 +45,6 @@ def identity_option(text: str) -> tuple[str, ...]:
         return parse_identity(text, "--identity")
     except InvalidBatch as exc:
         raise UsageError(str(exc)) from None
-
-
-def check_identifier(var: str, option: str) -> None:
-    if not var.isidentifier() or keyword.iskeyword(var):
-        raise UsageError(f"{var!r} is not a valid Python variable name for the result; "
-                         f"{option}")
 
 
 def running_cell(shell: Any) -> int:
@@ -95,8 +91,11 @@ def define_once(registry: ValidatorRegistry, ns: dict[str, Any], names: list[str
     return definition.fn, [definition.message] if news else []
 
 
-def evaluate(shell: Any, option: str, expr: str, *, default: bool) -> Any:
-    """An option's EXPR in the user namespace; failures become one-line UsageErrors."""
+def evaluate(shell: Any, option: str, expr: str | None, *, default: bool = False) -> Any:
+    """An option's EXPR in the user namespace (None when not given); failures become one-line
+    UsageErrors."""
+    if not expr:
+        return None
     try:
         return eval(expr, shell.user_global_ns, shell.user_ns)  # the user's own expression
     except NameError as exc:
@@ -112,6 +111,15 @@ def one_line(exc: BaseException | str) -> str:
     return " ".join(str(exc).split())
 
 
+@contextmanager
+def usage_errors(refused: type[Exception] = BatchJsonError) -> Iterator[None]:
+    """batchjson's refusal as the magic's one-line UsageError, not a traceback."""
+    try:
+        yield
+    except refused as exc:
+        raise UsageError(one_line(exc)) from None
+
+
 def unresolved_hint(result: Any, var: str) -> str:
     """The magic's line under an unresolved batch: the failed requests are already on screen
     (the result's display), so the error says how to go on instead of listing them again."""
@@ -125,11 +133,6 @@ def unresolved_hint(result: Any, var: str) -> str:
                 + "\n".join(frames))
     return (f"The failed requests are listed with the result ({var}.failure_report() as text); "
             f"%batch_receipts {result.name} --failed shows every rejected return.")
-
-
-def interrupted_line(name: str) -> str:
-    return (f"batchjson: batch {name!r} interrupted. Receipts are kept (calls in flight are "
-            "marked cancelled) and nothing partial was committed; re-run the cell to resume.")
 
 
 class BatchInterrupted(KeyboardInterrupt):
@@ -219,10 +222,8 @@ def _values_joined(words: list[str], parser: Any) -> list[str]:
 def _flag_given_a_value(words: list[str], extra: list[str], parser: Any) -> str | None:
     """The flag (``--split``) whose next word is the first one argparse could not place."""
     flags = {s for action in parser._actions if action.nargs == 0 for s in action.option_strings}
-    for i, word in enumerate(words[:-1]):
-        if word in flags and extra and words[i + 1] == extra[0]:
-            return word
-    return None
+    return next((word for word, after in pairwise(words)
+                 if word in flags and extra and after == extra[0]), None)
 
 
 def unknown_option(word: str, parser: Any, sigil: str) -> str:
@@ -262,6 +263,9 @@ def check_result_variable(ns: Mapping[str, Any], var: str, name: str, *, out: bo
     """The variable a result is bound to must be free or hold an earlier BatchResult: a result never
     replaces the user's own data, nor shadows a builtin (the body's next run would call the
     result)."""
+    if not var.isidentifier() or keyword.iskeyword(var):
+        raise UsageError(f"{var!r} is not a valid Python variable name for the result; "
+                         + ("choose another --out" if out else "pass --out VAR"))
     fix = ("choose another --out VAR" if out else
            f"give the batch another name (%%batch_json {name}_results) or bind the result "
            "elsewhere with --out VAR")

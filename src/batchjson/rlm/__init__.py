@@ -33,7 +33,7 @@ from ..core import (
 )
 from ._droste_env import canonical_version, cell_frame, droste_environment
 from ._hooks import RlmHooks, owner_of, tool
-from ._subcalls import as_provider, is_droste_client, is_subcall_source
+from ._subcalls import SubcallProvider, is_droste_client, is_subcall_source
 
 __all__ = ["bind", "droste_environment", "rlm_hooks"]
 
@@ -68,7 +68,8 @@ def bind(namespace: MutableMapping[str, Any], provider_or_subcalls: Any = None, 
         raise ConfigError("replays= and transport_retries= set the rules of the session bind "
                           "makes; a shared session (session=) keeps its own. Make that session "
                           "with Session(..., replays=..., transport_retries=...) instead")
-    provider = as_provider(provider_or_subcalls, context=context)
+    provider = (SubcallProvider(provider_or_subcalls, context=context)
+                if is_subcall_source(provider_or_subcalls) else provider_or_subcalls)
     # droste's clients count one call per attempt; a plain helper's client retried already
     rules = _call_rules(provider_or_subcalls, replays, transport_retries)
     if session is None:  # a host binding every turn must not reset evidence or budget
@@ -85,10 +86,8 @@ def bind(namespace: MutableMapping[str, Any], provider_or_subcalls: Any = None, 
     binding = _Binding(session, namespace,
                        droste=_answers_as_droste(session, provider_or_subcalls))
     helper = tool(binding, "llm_batch_json")  # one object under both names, as droste binds
-    namespace["llm_batch_json"] = helper
-    namespace["llm_query_batched_json"] = helper
-    for name in ("validator", "batch_status", "finalization_check"):
-        namespace[name] = tool(binding, name)
+    namespace.update(llm_batch_json=helper, llm_query_batched_json=helper,
+                     **{name: tool(binding, name) for name in HELPER_NAMES[2:]})
     return session
 
 
@@ -329,20 +328,18 @@ class _Binding:
         owed = self.session.evidence.requests()
         ledger, details = self.session.ledger, {}
         for batch in {u.batch for u in owed}:
-            tasks = {}
-            for revision in ledger.revisions(batch):
-                tasks.update({r.key: r.tasks for r in ledger.leaves(revision.id)})
+            tasks = {r.key: r.tasks for revision in ledger.revisions(batch)
+                     for r in ledger.leaves(revision.id)}
             errors = {a.request_key: a.errors for a in ledger.attempts(batch, failed=True)}
             details[batch] = (tasks, errors)
         out = []
         for u in owed:
             tasks, errors = details[u.batch]
-            last = errors.get(u.key) or [{}]
+            last = (errors.get(u.key) or [{}])[-1]
             out.append({"batch": u.batch, "revision": u.revision, "request": u.key[:16],
                         "items": list(u.task_ids),
                         "prompts": [_short(t.get("prompt")) for t in tasks.get(u.key, ())],
-                        "reason": last[-1].get("type") if last[-1] else None,
-                        "last_error": _short(last[-1].get("message")) if last[-1] else None})
+                        "reason": last.get("type"), "last_error": _short(last.get("message"))})
         return out
 
 

@@ -85,9 +85,8 @@ def droste_environment(environment: Any, *, session: Session | None = None,
                 "validator registry; wrap the unwrapped environment once, passing session= "
                 "(or registry=) the first time, so batchjson and droste share one validator")
         return environment
-    if registry is None:
-        registry = wanted if wanted is not None else ValidatorRegistry()
-    return CanonicalValidatorsEnvironment(environment, registry)
+    return CanonicalValidatorsEnvironment(
+        environment, wanted if wanted is not None else ValidatorRegistry())
 
 
 class CanonicalValidatorsEnvironment:

@@ -17,7 +17,7 @@ from typing import Any
 from .. import Call, ConfigError, ProviderError, Reply, SubcallClientError
 from ..core import Code, Hashed, estimate_tokens, render_value_prompt, source_text
 
-__all__ = ["SubcallProvider", "as_provider", "is_droste_client", "is_subcall_source"]
+__all__ = ["SubcallProvider", "is_droste_client", "is_subcall_source"]
 
 
 def is_subcall_source(target: Any) -> bool:
@@ -30,11 +30,6 @@ def is_subcall_source(target: Any) -> bool:
 def is_droste_client(target: Any) -> bool:
     """An object with droste's subcall protocol (``llm_batch_with_errors``), not a provider."""
     return is_subcall_source(target) and callable(getattr(target, "llm_batch_with_errors", None))
-
-
-def as_provider(target: Any, *, context: Any = None) -> Any:
-    """A batchjson provider for ``target``: providers and provider names pass through."""
-    return SubcallProvider(target, context=context) if is_subcall_source(target) else target
 
 
 def _kind_of(target: Any) -> str:
@@ -253,16 +248,14 @@ def _batch_errors(errors: Any, count: int) -> dict[int, Mapping[str, Any]]:
                                  "batch errors, not a list of {'index', 'type', 'error'} objects")
     failed: dict[int, Mapping[str, Any]] = {}
     for error in errors:
-        if not isinstance(error, Mapping):
-            raise SubcallClientError(f"the subcall client returned a non-object batch error: "
-                                     f"{error!r}"[:300])
-        index = error.get("index")
-        if not isinstance(index, int) or isinstance(index, bool):
-            raise SubcallClientError(f"the subcall client returned a batch error with an "
-                                     f"invalid index: {error!r}"[:300])
-        if not 0 <= index < count:
-            raise SubcallClientError(f"the subcall client returned a batch error index out of "
-                                     f"range (0..{count - 1}): {error!r}"[:300])
+        index = error.get("index") if isinstance(error, Mapping) else None
+        broken = ("a non-object batch error" if not isinstance(error, Mapping) else
+                  "a batch error with an invalid index" if not isinstance(index, int)
+                  or isinstance(index, bool) else
+                  f"a batch error index out of range (0..{count - 1})" if not 0 <= index < count
+                  else None)
+        if broken:
+            raise SubcallClientError(f"the subcall client returned {broken}: {error!r}"[:300])
         if index in failed:
             raise SubcallClientError(f"the subcall client returned duplicate batch error "
                                      f"indices: {index} twice")
