@@ -7,6 +7,7 @@ import math
 import shlex
 import textwrap
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from .core import money, printable, table, tracebacks, usd
@@ -143,9 +144,8 @@ def forget_message(name: str, record: Mapping[str, Any] | None,
 
 
 def _status_next(summary: Mapping[str, Any], ledger: str, me: str) -> list[str]:
-    """What to run next, for the first batch needing a look: a re-run only for a batch that still
-    owes (a forgotten one owes nothing, and its re-run would pay for what the user chose to
-    leave)."""
+    """What to run next for the batch most needing a look; a re-run only if it still owes (a
+    forgotten one's re-run would pay for what the user chose to leave)."""
     batches, owing = summary["batches"], set(summary.get("owing_batches", ()))
     if not batches:
         return ["", "the ledger holds no batches yet: run one (batchjson demo shows how)"]
@@ -192,9 +192,8 @@ def answered_by(provider: str | None, model: str | None) -> str:
 
 def receipt_rows(attempts: Sequence[Any], *, failed: bool = False,
                  raw: bool = False) -> list[dict[str, Any]]:
-    """A batch's attempts as rows numbered 1..N in call order (``failed`` leaves out the accepted
-    ones, numbers kept; ``raw`` keeps each return's text), as ``batchjson receipts --json`` prints
-    them."""
+    """A batch's attempts numbered 1..N in call order, as ``batchjson receipts --json`` prints
+    them (``failed``: without the accepted, numbers kept; ``raw``: with each return's text)."""
     return [{"number": number, **{k: getattr(r, k) for k in RECEIPT_FIELDS},
              "task_ids": list(r.task_ids), "raw": r.raw if raw else None}
             for number, r in enumerate(attempts, 1) if not failed or r.status != "accepted"]
@@ -212,8 +211,7 @@ def receipt_lines(name: str, receipts: Sequence[Mapping[str, Any]],
                 else f"no receipts for batch {name!r}"]
     rows = [[r["number"], r["revision"], r["kind"], r["status"],
              answered_by(r.get("provider"), r.get("model")), len(r["task_ids"]),
-             r["input_tokens"] if r["input_tokens"] is not None else "-",
-             r["output_tokens"] if r["output_tokens"] is not None else "-",
+             *("-" if r[k] is None else r[k] for k in ("input_tokens", "output_tokens")),
              receipt_cost(r["cost"], r["status"], r.get("sent_at"))]
             for r in receipts]
     head = table(["#", "rev", "kind", "status", "model", "tasks", "in", "out", "cost"], rows,
@@ -329,12 +327,11 @@ def advice_lines(advice: Mapping[str, Any]) -> list[str]:
              f"{f['input_per_task']:.1f} per-task input tokens",
              f"  {unit} per usable result, with the middle {advice['level']:.0%} of "
              f"{advice['resamples']} bootstrap resamples of the returns:"]
-    marks = {"current": "current", "cheapest": "cheapest", "recommended": "recommended"}
     shown = _advice_rows(advice)
     rows = [[c["pack"], c["mode"], f"{c['calls']:.1f}",
              f"{c['usable_results']:.1f}", _per_usable(c, priced),
              _span(c["interval"], priced),
-             ", ".join(word for key, word in marks.items() if advice[key] == c)]
+             ", ".join(k for k in ("current", "cheapest", "recommended") if advice[k] == c)]
             for c in shown]
     lines += table(["pack", "mode", "calls", "usable", f"{unit}/usable", "interval", ""],
                    rows, right=(0, 2, 3, 4))
@@ -448,8 +445,6 @@ def _counts(counts: Mapping[str, Any] | None) -> str:
 
 def _age(stamp: str) -> str:
     """How long ago an ISO 8601 UTC time was: ``42s``, ``7m``, ``3h``, ``2d``."""
-    from datetime import UTC, datetime
-
     try:
         seconds = (datetime.now(UTC) - datetime.fromisoformat(stamp)).total_seconds()
     except ValueError:

@@ -193,9 +193,8 @@ FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
 def _cell(value: Any) -> str:
-    """A CSV cell: text as itself unless a spreadsheet would run it as a formula (then after a
-    ``'``); anything else as JSON, which starts with a digit, bracket, letter or a number's
-    ``-``."""
+    """A CSV cell: text as itself, after a ``'`` if a spreadsheet would run it as a formula;
+    anything else as JSON (a digit, bracket, letter or a number's ``-`` first)."""
     if value is None:
         return ""
     if not isinstance(value, str):
@@ -209,8 +208,7 @@ def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
         _known(held, args.batch)
         receipts = held.export_receipts(args.batch)
     if args.jsonl:
-        for r in receipts:
-            print(json.dumps(r, ensure_ascii=False, sort_keys=True), file=out)
+        out.writelines(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in receipts)
     else:
         _dump({"ledger": shown(args.ledger), "receipts": receipts}, out)
     return OK

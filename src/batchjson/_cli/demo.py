@@ -13,7 +13,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any, TextIO
 
-from .. import Ledger, Session
+from .. import FaultPlan, Ledger, Session, SimulatedModel
 from .. import _textview as cliview
 from ..core import file_problem as ledger_problem
 from ..core import money
@@ -52,8 +52,6 @@ def demo_answer(task: dict) -> dict:
 
 
 def demo_model(seed: int = DEMO_SEED):  # noqa: ANN201 - returns a SimulatedModel
-    from .. import FaultPlan, SimulatedModel
-
     faults = FaultPlan(identity_swap=0.2, malformed_json=0.1, missing_item=0.05,
                        non_finite=0.05, clean_after=3)
     return SimulatedModel(answer=demo_answer, faults=faults, seed=seed, model="gpt-4o-mini",

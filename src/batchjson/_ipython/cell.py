@@ -28,9 +28,8 @@ _HEADER = re.compile(r"%%batch_json(\s|$)")
 
 
 def allow_empty_body(lines: list[str]) -> list[str]:
-    """Input transformer: IPython refuses an empty cell-magic body with a generic message, so one
-    blank body line lets ``%%batch_json NAME --tasks EXPR`` run and the magic name what is
-    missing."""
+    """Input transformer: IPython refuses an empty cell-magic body in generic words; one blank
+    body line lets ``%%batch_json NAME --tasks EXPR`` run and the magic say what is missing."""
     if lines and _HEADER.match(lines[0]) and not "".join(lines[1:]).strip():
         return [lines[0].rstrip("\n") + "\n", "\n"]
     return lines
@@ -78,9 +77,8 @@ def left_by_another_cell(assigned: set[str], **options: str | None) -> list[str]
 
 def define_once(registry: ValidatorRegistry, ns: dict[str, Any], names: list[str],
                 validator: Any) -> tuple[Any, list[str]]:
-    """Pass the validator the body defined (one of ``names``) through the registry and rebind its
-    variable, so an unchanged re-run keeps ``id(fn)``: (the validator, messages worth saying). One
-    the body did not define is returned as it is; the run registers it."""
+    """(validator, messages worth saying): one the body defined (of ``names``) is registered and its
+    variable rebound, so an unchanged re-run keeps ``id(fn)``; any other is left to the run."""
     name = next((n for n in names if ns[n] is validator), None)
     if validator is None or name is None:
         return validator, []
@@ -99,10 +97,8 @@ def evaluate(shell: Any, option: str, expr: str | None, *, default: bool = False
     try:
         return eval(expr, shell.user_global_ns, shell.user_ns)  # the user's own expression
     except NameError as exc:
-        if default:
-            raise UsageError(f"{exc}: build `{expr}` in the cell body or pass {option} EXPR"
-                             ) from None
-        raise UsageError(f"{option} {expr}: {exc}") from None
+        raise UsageError(f"{exc}: build `{expr}` in the cell body or pass {option} EXPR"
+                         if default else f"{option} {expr}: {exc}") from None
     except Exception as exc:  # any error in the user's expression, reported in one line
         raise UsageError(f"{option} {expr} failed: {type(exc).__name__}: {exc}") from None
 
@@ -164,9 +160,8 @@ def wants_help(magic: Callable[..., Any], line: str, sigil: str = "%") -> bool:
 
 def parse(magic: Callable[..., Any], line: str, sigil: str = "%", *,
           expr_options: bool = False) -> Namespace | None:
-    """The magic's options, or None after ``--help``. An unknown option is named with the nearest
-    real one; with ``expr_options``, stray words are explained (spaced identity fields, a flag's
-    value)."""
+    """The magic's options, or None after ``--help``; an unknown option is named with the nearest
+    real one; with ``expr_options`` stray words are explained (spaced fields, a flag's value)."""
     parser = magic.parser  # type: ignore[attr-defined]
     try:
         if wants_help(magic, line, sigil):
@@ -240,9 +235,8 @@ def unknown_option(word: str, parser: Any, sigil: str) -> str:
 
 
 def spaced_identity(words: list[str], parser: Any) -> None:
-    """``--identity task_id case_id``: a space ended the value, so argparse found the rest
-    unrecognized; when those words are exactly what followed ``--identity``, show the right
-    spelling."""
+    """``--identity task_id case_id``: when the words argparse could not place are exactly those
+    after ``--identity``'s value (a space ended it), show the spelling with commas."""
     words = [part for word in words for part in (
         word.split("=", 1) if word.startswith("--identity=") else [word])]
     if "--identity" not in words:
@@ -260,9 +254,8 @@ def spaced_identity(words: list[str], parser: Any) -> None:
 
 
 def check_result_variable(ns: Mapping[str, Any], var: str, name: str, *, out: bool) -> None:
-    """The variable a result is bound to must be free or hold an earlier BatchResult: a result never
-    replaces the user's own data, nor shadows a builtin (the body's next run would call the
-    result)."""
+    """The result's variable must be a free name or hold an earlier BatchResult: a result never
+    replaces the user's data, nor shadows a builtin (the body's next run would call it)."""
     if not var.isidentifier() or keyword.iskeyword(var):
         raise UsageError(f"{var!r} is not a valid Python variable name for the result; "
                          + ("choose another --out" if out else "pass --out VAR"))

@@ -22,7 +22,6 @@ from traitlets import Bool, Enum, Float, Int, TraitError, Unicode, observe, vali
 from traitlets.config import Config
 
 from .. import (
-    BatchJsonError,
     BatchUnresolved,
     ConfigError,
     InvalidBatch,
@@ -308,14 +307,13 @@ class BatchJson(Magics):
 
         previous_note, session.on_note = session.on_note, note
         try:
-            return session.run(RunSpec(**spec)), bool(noted)
+            with usage_errors():
+                return session.run(RunSpec(**spec)), bool(noted)
         except KeyboardInterrupt as exc:
             print(f"batchjson: batch {spec['name']!r} interrupted. Receipts are kept (calls in "
                   "flight are marked cancelled) and nothing partial was committed; re-run the "
                   "cell to resume.", file=sys.stderr)
             raise BatchInterrupted() from exc
-        except BatchJsonError as exc:
-            raise UsageError(one_line(exc)) from None
         finally:
             session.on_note = previous_note
 
@@ -504,9 +502,8 @@ def _refused_setting(config: Any) -> str | None:
 
 
 def unload_ipython_extension(shell: Any) -> None:
-    """Remove what loading added; the session stays on the shell for a later load. IPython has no
-    public way to unregister magics, so this edits the magics manager's tables, removing only this
-    instance's entries."""
+    """Remove what loading added (only this instance's entries of the magics manager's tables:
+    IPython cannot unregister magics); the session stays on the shell for a later load."""
     state = KernelState.of(shell, create=False)
     if state is None or state.magics is None:
         return

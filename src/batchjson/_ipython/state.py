@@ -74,8 +74,7 @@ class KernelState:
         self.session = Session(ledger=resolve_ledger(settings["ledger"]), **{
             k: v for k, v in settings.items() if k not in ("ledger", "max_calls")})
         self.settings = dict(settings)
-        previous_names = self.names
-        self.names = notebook_names(self.session)
+        previous_names, self.names = self.names, notebook_names(self.session)
         self.inject(replace=previous_names)
         if old is not None:
             if default_session(create=False) is old:

@@ -112,10 +112,7 @@ def rlm_hooks(*, strict: bool = True, ledger: Any = None, budget: Any = None) ->
 def _call_rules(source: Any, replays: int | None,
                 transport_retries: int | None) -> tuple[int, int]:
     """(replays, transport retries) of a new session for this answer source."""
-    if is_droste_client(source):
-        defaults = (0, 0)
-    else:
-        defaults = (1, 0 if is_subcall_source(source) else 3)
+    defaults = (0, 0) if is_droste_client(source) else (1, 0 if is_subcall_source(source) else 3)
     return (defaults[0] if replays is None else replays,
             defaults[1] if transport_retries is None else transport_retries)
 
@@ -141,10 +138,8 @@ def _rebinding(namespace: MutableMapping[str, Any], *, strict: bool, ledger: Any
     same_ledger = (ledger is None and session.ledger.path is None) or (
         ledger is session.ledger) or _same_file(ledger, session.ledger)
     same_rules = rules is None or rules == (session.replays, session.transport.retries)
-    if (same_ledger and same_rules and session.strict == bool(strict)
-            and Budget.of(budget) == session.budget):
-        return session
-    return None
+    same = same_ledger and same_rules and session.strict == bool(strict)
+    return session if same and Budget.of(budget) == session.budget else None
 
 
 def _keep_owed(namespace: MutableMapping[str, Any], session: Session | None,

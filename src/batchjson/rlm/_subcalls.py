@@ -66,9 +66,8 @@ def _source_key(kind: str, target: Any) -> Hashed:
 
 
 class SubcallProvider:
-    """A droste subcall client or an rlm ``llm_query_batched`` function, one prompt per call.
-    ``context`` (a droste ``ExecutionContext``): a client with ``bind_context`` accounts for itself;
-    for any other source the adapter records an attempt per call and a success per usable answer."""
+    """A droste subcall client or rlm's ``llm_query_batched``, one prompt per call. A droste
+    ``context`` is bound to a client with ``bind_context``; else this adapter records into it."""
 
     def __init__(self, target: Any, *, context: Any = None) -> None:
         self.kind = _kind_of(target)
