@@ -230,12 +230,11 @@ class SubcallProvider:
         return outcomes
 
     def _from_function(self, prompts: list[str]) -> list[str | Exception]:
-        outcomes: list[str | Exception] = []
-        for text in _texts(self.target(prompts), len(prompts)):
-            # rlm's helpers report failures as text; such a string is never an answer
-            outcomes.append(ProviderError(f"subcall failed: {text.strip()[:500]}")
-                            if _is_error_text(text) else text)
-        return outcomes
+        """rlm's helpers report failures as text, "Error: ..." (any case, after spaces): such a
+        string is never an answer, as no JSON value starts so."""
+        return [ProviderError(f"subcall failed: {text.strip()[:500]}")
+                if text.lstrip()[:6].lower() == "error:" else text
+                for text in _texts(self.target(prompts), len(prompts))]
 
 
 def _batch_errors(errors: Any, count: int) -> dict[int, Mapping[str, Any]]:
@@ -260,11 +259,6 @@ def _batch_errors(errors: Any, count: int) -> dict[int, Mapping[str, Any]]:
                                      f"indices: {index} twice")
         failed[index] = error
     return failed
-
-
-def _is_error_text(text: str) -> bool:
-    """rlm's failure strings: "Error: ..." (any case, leading space). No JSON value starts so."""
-    return text.lstrip()[:6].lower() == "error:"
 
 
 @dataclass
