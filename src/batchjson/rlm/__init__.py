@@ -73,8 +73,7 @@ def bind(namespace: MutableMapping[str, Any], provider_or_subcalls: Any = None, 
     # droste's clients count one call per attempt; a plain helper's client retried already
     rules = _call_rules(provider_or_subcalls, replays, transport_retries)
     if session is None:  # a host binding every turn must not reset evidence or budget
-        asked = provider_or_subcalls is not None or replays is not None or (
-            transport_retries is not None)
+        asked = any(x is not None for x in (provider_or_subcalls, replays, transport_retries))
         session = _rebinding(namespace, strict=strict, ledger=ledger, budget=budget,
                              rules=rules if asked else None)
     _keep_owed(namespace, session, ledger)
