@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import shlex
 import textwrap
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from .core import money, printable, table, tracebacks, usd
@@ -20,16 +22,19 @@ def wrapped(text: str, indent: str, width: int = 100) -> list[str]:
 DEFAULT_LEDGER = ".batchjson/ledger.sqlite"  # the CLI's and the notebooks' default
 
 
+# (figure, its column's heading, what "no" it is when zero; None: not said)
+OPTIONAL_COLUMNS = (("partial_returns", "partial", None),
+                    ("provider_errors", "provider err", "provider errors"),
+                    ("abandoned", "abandoned", "abandoned calls"),
+                    ("in_flight", "in flight", "calls in flight"), ("pending", "pending", None))
+
+
 def status_lines(summary: Mapping[str, Any], ledger: str, me: str = "batchjson") -> list[str]:
     """``batchjson status``: one row per batch and a total; unknown costs shown apart."""
     total = summary["total"]
     # Columns that are zero for every batch say nothing: they are left out (and said below), so
     # the table fits a terminal; --json always carries every figure.
-    optional = [(k, h) for k, h in (("partial_returns", "partial"),
-                                    ("provider_errors", "provider err"),
-                                    ("abandoned", "abandoned"), ("in_flight", "in flight"),
-                                    ("pending", "pending"))
-                if total[k]]
+    optional = [(k, h) for k, h, _ in OPTIONAL_COLUMNS if total[k]]
     cached = bool(total["cached_tokens"])
     columns = ["batch", "tasks", "usable", "calls", "accepted", "rejected",
                *(h for _, h in optional), "tokens in/out" + ("/cached" if cached else ""),
@@ -42,12 +47,9 @@ def status_lines(summary: Mapping[str, Any], ledger: str, me: str = "batchjson")
                      e["accepted_returns"], e["rejected_returns"],
                      *(e[k] for k, _ in optional), tokens, *_cost_cells(e)])
     lines = [f"ledger {ledger}", *table(columns, rows, right=range(1, 6 + len(optional)))]
-    none = [h for k, h in (("provider_errors", "provider errors"),
-                           ("abandoned", "abandoned calls"), ("in_flight", "calls in flight"))
-            if not total[k]]
+    none = [said for k, _, said in OPTIONAL_COLUMNS if said and not total[k]]
     if none:
         lines.append("  no " + ", no ".join(none))
-    total = summary["total"]
     unknown, unpriced = total["unknown_cost_calls"], total["unpriced_calls"]
     if unknown and unpriced == unknown:
         lines += wrapped(f"{unknown} call(s) have no recorded cost and their models have no "
@@ -142,9 +144,8 @@ def forget_message(name: str, record: Mapping[str, Any] | None,
 
 
 def _status_next(summary: Mapping[str, Any], ledger: str, me: str) -> list[str]:
-    """What to run next, for the first batch needing a look: a re-run only for a batch that still
-    owes (a forgotten one owes nothing, and its re-run would pay for what the user chose to
-    leave)."""
+    """What to run next for the batch most needing a look; a re-run only if it still owes (a
+    forgotten one's re-run would pay for what the user chose to leave)."""
     batches, owing = summary["batches"], set(summary.get("owing_batches", ()))
     if not batches:
         return ["", "the ledger holds no batches yet: run one (batchjson demo shows how)"]
@@ -191,16 +192,16 @@ def answered_by(provider: str | None, model: str | None) -> str:
 
 def receipt_rows(attempts: Sequence[Any], *, failed: bool = False,
                  raw: bool = False) -> list[dict[str, Any]]:
-    """A batch's attempts as rows numbered 1..N in call order (``failed`` leaves out the accepted
-    ones, numbers kept; ``raw`` keeps each return's text), as ``batchjson receipts --json`` prints
-    them."""
-    return [{"number": number, "revision": r.revision, "kind": r.kind, "status": r.status,
-             "task_ids": list(r.task_ids), "errors": r.errors, "input_tokens": r.input_tokens,
-             "output_tokens": r.output_tokens, "cached_tokens": r.cached_tokens, "cost": r.cost,
-             "provider": r.provider, "model": r.model, "source": r.source,
-             "started_at": r.started_at, "sent_at": r.sent_at, "finished_at": r.finished_at,
-             "raw": r.raw if raw else None}
+    """A batch's attempts numbered 1..N in call order, as ``batchjson receipts --json`` prints
+    them (``failed``: without the accepted, numbers kept; ``raw``: with each return's text)."""
+    return [{"number": number, **{k: getattr(r, k) for k in RECEIPT_FIELDS},
+             "task_ids": list(r.task_ids), "raw": r.raw if raw else None}
             for number, r in enumerate(attempts, 1) if not failed or r.status != "accepted"]
+
+
+RECEIPT_FIELDS = ("revision", "kind", "status", "errors", "input_tokens", "output_tokens",
+                  "cached_tokens", "cost", "provider", "model", "source", "started_at", "sent_at",
+                  "finished_at")
 
 
 def receipt_lines(name: str, receipts: Sequence[Mapping[str, Any]],
@@ -210,8 +211,7 @@ def receipt_lines(name: str, receipts: Sequence[Mapping[str, Any]],
                 else f"no receipts for batch {name!r}"]
     rows = [[r["number"], r["revision"], r["kind"], r["status"],
              answered_by(r.get("provider"), r.get("model")), len(r["task_ids"]),
-             r["input_tokens"] if r["input_tokens"] is not None else "-",
-             r["output_tokens"] if r["output_tokens"] is not None else "-",
+             *("-" if r[k] is None else r[k] for k in ("input_tokens", "output_tokens")),
              receipt_cost(r["cost"], r["status"], r.get("sent_at"))]
             for r in receipts]
     head = table(["#", "rev", "kind", "status", "model", "tasks", "in", "out", "cost"], rows,
@@ -306,12 +306,8 @@ DETAILED = 20
 
 def line_ranges(numbers: Sequence[int]) -> str:
     """1, 2, 3, 5, 7, 8 -> "lines 1-3, 5, 7-8"."""
-    runs: list[list[int]] = []
-    for n in sorted(numbers):
-        if runs and runs[-1][-1] == n - 1:
-            runs[-1].append(n)
-        else:
-            runs.append([n])
+    runs = [[n for _, n in run] for _, run in  # consecutive numbers keep n - i
+            itertools.groupby(enumerate(sorted(numbers)), lambda pair: pair[1] - pair[0])]
     text = ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
     return ("line " if len(numbers) == 1 else "lines ") + text
 
@@ -331,12 +327,11 @@ def advice_lines(advice: Mapping[str, Any]) -> list[str]:
              f"{f['input_per_task']:.1f} per-task input tokens",
              f"  {unit} per usable result, with the middle {advice['level']:.0%} of "
              f"{advice['resamples']} bootstrap resamples of the returns:"]
-    marks = {"current": "current", "cheapest": "cheapest", "recommended": "recommended"}
     shown = _advice_rows(advice)
     rows = [[c["pack"], c["mode"], f"{c['calls']:.1f}",
              f"{c['usable_results']:.1f}", _per_usable(c, priced),
              _span(c["interval"], priced),
-             ", ".join(word for key, word in marks.items() if advice[key] == c)]
+             ", ".join(k for k in ("current", "cheapest", "recommended") if advice[k] == c)]
             for c in shown]
     lines += table(["pack", "mode", "calls", "usable", f"{unit}/usable", "interval", ""],
                    rows, right=(0, 2, 3, 4))
@@ -450,8 +445,6 @@ def _counts(counts: Mapping[str, Any] | None) -> str:
 
 def _age(stamp: str) -> str:
     """How long ago an ISO 8601 UTC time was: ``42s``, ``7m``, ``3h``, ``2d``."""
-    from datetime import UTC, datetime
-
     try:
         seconds = (datetime.now(UTC) - datetime.fromisoformat(stamp)).total_seconds()
     except ValueError:

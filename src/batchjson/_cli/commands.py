@@ -22,8 +22,8 @@ import io
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
-from contextlib import closing
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -67,12 +67,8 @@ def shown(ledger: Path | str) -> str:
 
 
 def _open(path: Path | str, *, create: bool = False) -> Ledger:
-    if isinstance(path, str):  # a database: the server says what is wrong, if anything is
-        try:
-            return Ledger(path)
-        except LedgerError as exc:
-            raise Problem(str(exc), LEDGER) from None
-    problem = ledger_problem(path, create=create)
+    # a database's server says what is wrong with it, if anything is
+    problem = None if isinstance(path, str) else ledger_problem(path, create=create)
     if problem and not path.exists():  # say what to do, for the path given or the default
         problem += ("; a batch run in this directory makes it (batchjson demo shows how), or "
                     "pass --ledger PATH to read another" if path == DEFAULT_LEDGER else
@@ -80,10 +76,17 @@ def _open(path: Path | str, *, create: bool = False) -> Ledger:
                     "run on it)")
     if problem:
         raise Problem(problem, LEDGER)
-    try:  # a ledger another process is creating is waited for (Ledger's busy timeout)
+    with refused_as(LedgerError, LEDGER):  # one another process is creating is waited for
         return Ledger(path)
-    except LedgerError as exc:
-        raise Problem(str(exc), LEDGER) from None
+
+
+@contextmanager
+def refused_as(refused: type[Exception], code: int) -> Iterator[None]:
+    """A refusal of the ``refused`` kind ends the command with ``code``, said in one line."""
+    try:
+        yield
+    except refused as exc:
+        raise Problem(str(exc), code) from None
 
 
 def _known(ledger: Ledger, name: str | None) -> None:
@@ -148,16 +151,14 @@ def cmd_values(args: argparse.Namespace, out: TextIO) -> int:
     if args.json:
         _dump(values, out)
     elif args.csv:
-        columns: list[str] = []
-        for v in values.values():
-            for k in (v if isinstance(v, dict) else {"value": v}):
-                if k not in columns and k != "task_id" and k not in fields:
-                    columns.append(k)
+        rows = {task_id: v if isinstance(v, dict) else {"value": v}
+                for task_id, v in values.items()}
+        columns = [k for k in dict.fromkeys(k for v in rows.values() for k in v)
+                   if k != "task_id" and k not in fields]
         buffer = io.StringIO()
         writer = csv.writer(buffer, lineterminator="\n")
         writer.writerow(["task_id", *fields, *columns])
-        for task_id, v in values.items():
-            v = v if isinstance(v, dict) else {"value": v}
+        for task_id, v in rows.items():
             task = tasks.get(task_id, {})
             writer.writerow([_cell(task_id), *(_cell(task.get(k)) for k in fields),
                              *(_cell(v.get(k)) for k in columns)])
@@ -192,9 +193,8 @@ FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
 def _cell(value: Any) -> str:
-    """A CSV cell: text as itself unless a spreadsheet would run it as a formula (then after a
-    ``'``); anything else as JSON, which starts with a digit, bracket, letter or a number's
-    ``-``."""
+    """A CSV cell: text as itself, after a ``'`` if a spreadsheet would run it as a formula;
+    anything else as JSON (a digit, bracket, letter or a number's ``-`` first)."""
     if value is None:
         return ""
     if not isinstance(value, str):
@@ -208,21 +208,10 @@ def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
         _known(held, args.batch)
         receipts = held.export_receipts(args.batch)
     if args.jsonl:
-        for r in receipts:
-            print(json.dumps(r, ensure_ascii=False, sort_keys=True), file=out)
+        out.writelines(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in receipts)
     else:
         _dump({"ledger": shown(args.ledger), "receipts": receipts}, out)
     return OK
-
-
-def _into_ledger(path: Any, write: Callable[[Ledger], dict[str, Any]],
-                 refused: type[BatchJsonError], code: int) -> dict[str, Any]:
-    """``write`` on the ledger at ``path`` (made when absent); its refusal is the command's."""
-    with closing(_open(path, create=True)) as held:
-        try:
-            return write(held)
-        except refused as exc:
-            raise Problem(str(exc), code) from None
 
 
 def cmd_import(args: argparse.Namespace, out: TextIO) -> int:
@@ -231,30 +220,26 @@ def cmd_import(args: argparse.Namespace, out: TextIO) -> int:
     from ..core import read_lines
 
     given = dict(args.validator)
-    try:  # a bad file is refused before a ledger is created for it
+    with refused_as(InvalidBatch, USAGE):  # a bad file is refused before a ledger is made for it
         read_lines(args.file, given, args.without_validator)
-    except InvalidBatch as exc:
-        raise Problem(str(exc), USAGE) from None
-    report = _into_ledger(args.ledger, lambda held: held.import_receipts(
-        args.file, validators=given, without_validator=args.without_validator),
-        InvalidBatch, USAGE)
+    with closing(_open(args.ledger, create=True)) as held, refused_as(InvalidBatch, USAGE):
+        report = held.import_receipts(args.file, validators=given,
+                                      without_validator=args.without_validator)
     kept = report["diagnostic"] + report["rejected"] + report["unverified"]
     return _done(args, out, report, cliview.import_lines(report), UNRESOLVED if kept else OK)
 
 
 def cmd_merge(args: argparse.Namespace, out: TextIO) -> int:
-    if isinstance(args.other, str):  # a database: read as it is, or refused by the merge
-        pass
-    elif not args.other.exists() or args.other.is_dir():  # the hint is about OTHER, not --ledger
-        raise Problem(f"no ledger to merge at {args.other}"
-                      + (" (a directory: name the ledger file inside it)"
-                         if args.other.is_dir() else ""), LEDGER)
-    problem = (None if isinstance(args.other, str) else
-               ledger_problem(args.other))  # checked before a ledger is made to receive it
-    if problem:
-        raise Problem(problem, LEDGER)
-    report = _into_ledger(args.ledger, lambda held: held.merge(
-        args.other, validators=dict(args.validator)), LedgerError, LEDGER)
+    if not isinstance(args.other, str):  # a database is read as it is, or refused by the merge
+        if not args.other.exists() or args.other.is_dir():  # the hint is about OTHER
+            raise Problem(f"no ledger to merge at {args.other}"
+                          + (" (a directory: name the ledger file inside it)"
+                             if args.other.is_dir() else ""), LEDGER)
+        problem = ledger_problem(args.other)  # checked before a ledger is made to receive it
+        if problem:
+            raise Problem(problem, LEDGER)
+    with closing(_open(args.ledger, create=True)) as held, refused_as(LedgerError, LEDGER):
+        report = held.merge(args.other, validators=dict(args.validator))
     added, refused = report["added"], report["not_admitted"]
     completed = added.get("attempts_completed", 0)
     new = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in added.items()
@@ -274,10 +259,8 @@ def cmd_advise(args: argparse.Namespace, out: TextIO) -> int:
 
     with closing(_open(args.ledger)) as held:
         _known(held, args.name)
-        try:
+        with refused_as(InvalidBatch, USAGE):
             advice = advise(held, args.name, repairs=args.repairs, replays=args.replays)
-        except InvalidBatch as exc:
-            raise Problem(str(exc), USAGE) from None
     code = _done(args, out, advice, cliview.advice_lines(advice))
     if args.plot is not None:  # after the text: without matplotlib, the advice is still said
         try:
@@ -345,13 +328,17 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def command(name: str, helptext: str, fn: Callable[..., int]) -> argparse.ArgumentParser:
+    def command(name: str, helptext: str, fn: Callable[..., int], *,
+                batch: bool = False) -> argparse.ArgumentParser:
+        """A subcommand with --ledger and --json, and with ``batch`` a batch NAME."""
         p = sub.add_parser(name, help=helptext, description=helptext)
         p.add_argument("--ledger", type=ledger_argument, default=DEFAULT_LEDGER,
                        metavar="PATH|URL", help=f"ledger file or postgresql:// URL (default "
                        f"{DEFAULT_LEDGER})")
         p.add_argument("--json", action="store_true",
                        help="print one JSON document for scripts instead of tables")
+        if batch:
+            p.add_argument("name", help="batch name")
         p.set_defaults(run=fn)
         return p
 
@@ -362,13 +349,11 @@ def build_parser() -> argparse.ArgumentParser:
                      cmd_status)
     status.add_argument("name", nargs="?", help="only this batch (default: every batch)")
     receipts = command("receipts", "the attempts of one batch, numbered 1..N in call order",
-                       cmd_receipts)
-    receipts.add_argument("name", help="batch name")
+                       cmd_receipts, batch=True)
     receipts.add_argument("--failed", action="store_true", help="only attempts not accepted")
     receipts.add_argument("--raw", action="store_true", help="include each raw return")
     values = command("values", "the accepted values of one batch (JSON Lines, or --csv)",
-                     cmd_values)
-    values.add_argument("name", help="batch name")
+                     cmd_values, batch=True)
     values.add_argument("--csv", action="store_true", help="CSV with a column per field")
     values.add_argument("--identity", action="store_true",
                         help="add each task's identity fields (case_id, ...) after task_id: "
@@ -400,8 +385,7 @@ def _ledger_changing(command: Callable[..., argparse.ArgumentParser]) -> None:
                        help="the other ledger: a file or a postgresql:// URL")
     validator_options(merge)
     advise = command("advise", "pack-size advice from the batch's observed faults and tokens",
-                     cmd_advise)
-    advise.add_argument("name", help="batch name")
+                     cmd_advise, batch=True)
     advise.add_argument("--repairs", type=whole_argument(0), default=1, metavar="N",
                         help="repair calls per failing request (default 1)")
     advise.add_argument("--replays", type=whole_argument(0), default=1, metavar="N",
@@ -409,9 +393,8 @@ def _ledger_changing(command: Callable[..., argparse.ArgumentParser]) -> None:
     advise.add_argument("--plot", type=Path, metavar="FILE.png",
                         help="also write the chart of cost per usable result against pack "
                         "size, with its intervals (needs batchjson[plots])")
-    forget = command("forget", "stop a batch's unresolved requests from being owed (its "
-                     "receipts and costs stay; later work on it owes again)", cmd_forget)
-    forget.add_argument("name", help="batch name")
+    command("forget", "stop a batch's unresolved requests from being owed (its receipts and "
+            "costs stay; later work on it owes again)", cmd_forget, batch=True)
     budget = command("budget", "the ledger's own cost budget, held by every runner on it "
                      "together (show it, set it with --cost, remove it with --clear)",
                      cmd_budget)
@@ -473,10 +456,6 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             print("batchjson: interrupted; receipts written so far are kept, re-run to resume",
                   file=sys.stderr)
         return INTERRUPTED
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
 
 
 def validator_argument(text: str) -> tuple[str, Callable[..., Any]]:

@@ -8,10 +8,12 @@ import os
 import shlex
 import shutil
 import sys
+from collections import Counter
+from contextlib import closing
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
-from .. import Ledger, Session
+from .. import FaultPlan, Ledger, Session, SimulatedModel
 from .. import _textview as cliview
 from ..core import file_problem as ledger_problem
 from ..core import money
@@ -50,8 +52,6 @@ def demo_answer(task: dict) -> dict:
 
 
 def demo_model(seed: int = DEMO_SEED):  # noqa: ANN201 - returns a SimulatedModel
-    from .. import FaultPlan, SimulatedModel
-
     faults = FaultPlan(identity_swap=0.2, malformed_json=0.1, missing_item=0.05,
                        non_finite=0.05, clean_after=3)
     return SimulatedModel(answer=demo_answer, faults=faults, seed=seed, model="gpt-4o-mini",
@@ -77,8 +77,7 @@ def demo_ledger_problem(ledger: Path) -> str | None:
         return None
     problem = ledger_problem(ledger)
     if problem is None:
-        held = Ledger(ledger)
-        try:
+        with closing(Ledger(ledger)) as held:
             others = [n for n in held.batch_names() if n != "review"]
             # A batch of one's own may well be called "review": it is the demo's only if every
             # attempt is the offline model's, made by a run, on the demo's tasks.
@@ -86,8 +85,6 @@ def demo_ledger_problem(ledger: Path) -> str | None:
             foreign = [r for r in (held.attempts("review") if not others else [])
                        if r.provider != "simulated" or r.kind == "import"
                        or not set(r.task_ids) <= ids]
-        finally:
-            held.close()
         if not others and not foreign:
             return None
         problem = (f"{ledger} holds batches other than the demo's ({', '.join(others)})" if others
@@ -102,6 +99,11 @@ def _demo_check(item: dict, task: dict) -> None:
         raise ValueError("a match needs confidence >= 0.5")
 
 
+def _review(session: Session, tasks: list[dict]) -> Any:
+    return session.run_batch("review", tasks, DEMO_SCHEMA, validator=_demo_check,
+                             identity=DEMO_IDENTITY, pack=5, split=True, on_exhausted="return")
+
+
 def run_demo(ledger: Path, seed: int, out: TextIO | None = None, *,
              as_json: bool = False) -> int:
     out = out or sys.stdout
@@ -112,23 +114,14 @@ def run_demo(ledger: Path, seed: int, out: TextIO | None = None, *,
     say = (lambda *a: None) if as_json else (lambda text="": print(text, file=out))
     say(f"batchjson demo: {len(tasks)} review tasks in requests of 5, answered by an offline "
         "model that injects identity swaps, malformed JSON, missing items and NaN")
-    say(f"ledger: {ledger}")
-    say()
-    session = Session(demo_model(seed), ledger=ledger, repairs=1, replays=2)
-    first = session.run_batch("review", tasks, DEMO_SCHEMA, validator=_demo_check,
-                              identity=DEMO_IDENTITY, pack=5, split=True, on_exhausted="return")
-    kinds: dict[str, int] = {}
-    swap = None
-    for receipt in session.ledger.attempts("review", failed=True):
-        for error in receipt.errors:
-            kinds[error["type"]] = kinds.get(error["type"], 0) + 1
-            if swap is None and error["type"] == "identity":
-                swap = cliview.describe_error(error)
-    session.close()
-    again = Session(demo_model(seed), ledger=ledger)
-    second = again.run_batch("review", tasks, DEMO_SCHEMA, validator=_demo_check,
-                             identity=DEMO_IDENTITY, pack=5, split=True, on_exhausted="return")
-    again.close()
+    say(f"ledger: {ledger}\n")
+    with closing(Session(demo_model(seed), ledger=ledger, repairs=1, replays=2)) as session:
+        first = _review(session, tasks)
+        errors = [e for r in session.ledger.attempts("review", failed=True) for e in r.errors]
+    kinds = Counter(e["type"] for e in errors)
+    swap = next((cliview.describe_error(e) for e in errors if e["type"] == "identity"), None)
+    with closing(Session(demo_model(seed), ledger=ledger)) as again:
+        second = _review(again, tasks)
     code = 0 if first.resolved and second.calls == 0 else 1  # the CLI's exit codes
     if as_json:
         print(json.dumps({"ledger": str(ledger), "first": first.summary(),
@@ -143,14 +136,12 @@ def run_demo(ledger: Path, seed: int, out: TextIO | None = None, *,
     listed = ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) or "none"
     say(f"  rejected returns kept as failure receipts; their errors by type: {listed}")
     if swap:
-        for line in cliview.wrapped(swap, "  e.g. "):
-            say(line)
+        say("\n".join(cliview.wrapped(swap, "  e.g. ")))
     say(f"  the second run resumed every request from the ledger: {second.calls} new call(s)")
     flag = ("" if str(ledger) == cliview.DEFAULT_LEDGER
             else f" --ledger {shlex.quote(str(ledger))}")
     me = command_name()
-    say()
-    say("next:")
+    say("\nnext:")
     for command, why in ((f"{me} status{flag}", "calls, tokens and cost, per batch"),
                          (f"{me} receipts review --failed{flag}",
                           "every rejected return and why"),

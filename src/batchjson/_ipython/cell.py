@@ -11,13 +11,15 @@ import inspect
 import keyword
 import re
 from argparse import Namespace
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from itertools import pairwise
 from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.utils.process import arg_split
 
-from .. import BatchResult, InvalidBatch, ValidatorRegistry
+from .. import BatchJsonError, BatchResult, InvalidBatch, ValidatorRegistry
 from .._textview import frame_lines
 from ..core import parse_identity
 
@@ -26,9 +28,8 @@ _HEADER = re.compile(r"%%batch_json(\s|$)")
 
 
 def allow_empty_body(lines: list[str]) -> list[str]:
-    """Input transformer: IPython refuses an empty cell-magic body with a generic message, so one
-    blank body line lets ``%%batch_json NAME --tasks EXPR`` run and the magic name what is
-    missing."""
+    """Input transformer: IPython refuses an empty cell-magic body in generic words; one blank
+    body line lets ``%%batch_json NAME --tasks EXPR`` run and the magic say what is missing."""
     if lines and _HEADER.match(lines[0]) and not "".join(lines[1:]).strip():
         return [lines[0].rstrip("\n") + "\n", "\n"]
     return lines
@@ -43,12 +44,6 @@ def identity_option(text: str) -> tuple[str, ...]:
         return parse_identity(text, "--identity")
     except InvalidBatch as exc:
         raise UsageError(str(exc)) from None
-
-
-def check_identifier(var: str, option: str) -> None:
-    if not var.isidentifier() or keyword.iskeyword(var):
-        raise UsageError(f"{var!r} is not a valid Python variable name for the result; "
-                         f"{option}")
 
 
 def running_cell(shell: Any) -> int:
@@ -82,9 +77,8 @@ def left_by_another_cell(assigned: set[str], **options: str | None) -> list[str]
 
 def define_once(registry: ValidatorRegistry, ns: dict[str, Any], names: list[str],
                 validator: Any) -> tuple[Any, list[str]]:
-    """Pass the validator the body defined (one of ``names``) through the registry and rebind its
-    variable, so an unchanged re-run keeps ``id(fn)``: (the validator, messages worth saying). One
-    the body did not define is returned as it is; the run registers it."""
+    """(validator, messages worth saying): one the body defined (of ``names``) is registered and its
+    variable rebound, so an unchanged re-run keeps ``id(fn)``; any other is left to the run."""
     name = next((n for n in names if ns[n] is validator), None)
     if validator is None or name is None:
         return validator, []
@@ -95,21 +89,31 @@ def define_once(registry: ValidatorRegistry, ns: dict[str, Any], names: list[str
     return definition.fn, [definition.message] if news else []
 
 
-def evaluate(shell: Any, option: str, expr: str, *, default: bool) -> Any:
-    """An option's EXPR in the user namespace; failures become one-line UsageErrors."""
+def evaluate(shell: Any, option: str, expr: str | None, *, default: bool = False) -> Any:
+    """An option's EXPR in the user namespace (None when not given); failures become one-line
+    UsageErrors."""
+    if not expr:
+        return None
     try:
         return eval(expr, shell.user_global_ns, shell.user_ns)  # the user's own expression
     except NameError as exc:
-        if default:
-            raise UsageError(f"{exc}: build `{expr}` in the cell body or pass {option} EXPR"
-                             ) from None
-        raise UsageError(f"{option} {expr}: {exc}") from None
+        raise UsageError(f"{exc}: build `{expr}` in the cell body or pass {option} EXPR"
+                         if default else f"{option} {expr}: {exc}") from None
     except Exception as exc:  # any error in the user's expression, reported in one line
         raise UsageError(f"{option} {expr} failed: {type(exc).__name__}: {exc}") from None
 
 
 def one_line(exc: BaseException | str) -> str:
     return " ".join(str(exc).split())
+
+
+@contextmanager
+def usage_errors(refused: type[Exception] = BatchJsonError) -> Iterator[None]:
+    """batchjson's refusal as the magic's one-line UsageError, not a traceback."""
+    try:
+        yield
+    except refused as exc:
+        raise UsageError(one_line(exc)) from None
 
 
 def unresolved_hint(result: Any, var: str) -> str:
@@ -125,11 +129,6 @@ def unresolved_hint(result: Any, var: str) -> str:
                 + "\n".join(frames))
     return (f"The failed requests are listed with the result ({var}.failure_report() as text); "
             f"%batch_receipts {result.name} --failed shows every rejected return.")
-
-
-def interrupted_line(name: str) -> str:
-    return (f"batchjson: batch {name!r} interrupted. Receipts are kept (calls in flight are "
-            "marked cancelled) and nothing partial was committed; re-run the cell to resume.")
 
 
 class BatchInterrupted(KeyboardInterrupt):
@@ -161,9 +160,8 @@ def wants_help(magic: Callable[..., Any], line: str, sigil: str = "%") -> bool:
 
 def parse(magic: Callable[..., Any], line: str, sigil: str = "%", *,
           expr_options: bool = False) -> Namespace | None:
-    """The magic's options, or None after ``--help``. An unknown option is named with the nearest
-    real one; with ``expr_options``, stray words are explained (spaced identity fields, a flag's
-    value)."""
+    """The magic's options, or None after ``--help``; an unknown option is named with the nearest
+    real one; with ``expr_options`` stray words are explained (spaced fields, a flag's value)."""
     parser = magic.parser  # type: ignore[attr-defined]
     try:
         if wants_help(magic, line, sigil):
@@ -219,10 +217,8 @@ def _values_joined(words: list[str], parser: Any) -> list[str]:
 def _flag_given_a_value(words: list[str], extra: list[str], parser: Any) -> str | None:
     """The flag (``--split``) whose next word is the first one argparse could not place."""
     flags = {s for action in parser._actions if action.nargs == 0 for s in action.option_strings}
-    for i, word in enumerate(words[:-1]):
-        if word in flags and extra and words[i + 1] == extra[0]:
-            return word
-    return None
+    return next((word for word, after in pairwise(words)
+                 if word in flags and extra and after == extra[0]), None)
 
 
 def unknown_option(word: str, parser: Any, sigil: str) -> str:
@@ -239,9 +235,8 @@ def unknown_option(word: str, parser: Any, sigil: str) -> str:
 
 
 def spaced_identity(words: list[str], parser: Any) -> None:
-    """``--identity task_id case_id``: a space ended the value, so argparse found the rest
-    unrecognized; when those words are exactly what followed ``--identity``, show the right
-    spelling."""
+    """``--identity task_id case_id``: when the words argparse could not place are exactly those
+    after ``--identity``'s value (a space ended it), show the spelling with commas."""
     words = [part for word in words for part in (
         word.split("=", 1) if word.startswith("--identity=") else [word])]
     if "--identity" not in words:
@@ -259,9 +254,11 @@ def spaced_identity(words: list[str], parser: Any) -> None:
 
 
 def check_result_variable(ns: Mapping[str, Any], var: str, name: str, *, out: bool) -> None:
-    """The variable a result is bound to must be free or hold an earlier BatchResult: a result never
-    replaces the user's own data, nor shadows a builtin (the body's next run would call the
-    result)."""
+    """The result's variable must be a free name or hold an earlier BatchResult: a result never
+    replaces the user's data, nor shadows a builtin (the body's next run would call it)."""
+    if not var.isidentifier() or keyword.iskeyword(var):
+        raise UsageError(f"{var!r} is not a valid Python variable name for the result; "
+                         + ("choose another --out" if out else "pass --out VAR"))
     fix = ("choose another --out VAR" if out else
            f"give the batch another name (%%batch_json {name}_results) or bind the result "
            "elsewhere with --out VAR")

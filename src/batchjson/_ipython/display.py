@@ -35,6 +35,12 @@ def clip(text: Any, width: int = 60) -> str:
     return flat if len(flat) <= width else flat[: width - 3] + "..."
 
 
+def html_table(columns: Sequence[str], rows: Sequence[str]) -> str:
+    """Left-aligned headings over rows already rendered as ``<tr>``."""
+    head = "".join(f"<th style='text-align:left'>{html.escape(c)}</th>" for c in columns)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+
+
 class TextView(ABC):
     """Text in a terminal (repr and IPython's pretty printer); subclasses add the HTML."""
 
@@ -50,45 +56,26 @@ class TextView(ABC):
 
 
 class Table(TextView):
-    """A titled table; ``details`` are (label, text) blocks shown verbatim under it."""
+    """A titled table, or its ``empty`` line when it has no rows."""
 
     def __init__(self, title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *,
-                 empty: str = "(none)", notes: Sequence[str] = (),
-                 details: Sequence[tuple[str, str]] = ()) -> None:
-        self.title = title
-        self.columns = list(columns)
+                 empty: str = "(none)") -> None:
+        self.title, self.columns, self.empty = title, list(columns), empty
         self.rows = [["" if v is None else str(v) for v in row] for row in rows]
-        self.empty = empty
-        self.notes = list(notes)
-        self.details = list(details)
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def as_text(self) -> str:
-        lines = [self.title]
-        if not self.rows:
-            lines.append(f"  {self.empty}")
-        else:
-            lines += table(self.columns, self.rows)
-        lines += [f"  {note}" for note in self.notes]
-        for label, text in self.details:
-            lines += ["", f"{label}:", text]
-        return "\n".join(lines)
+        body = table(self.columns, self.rows) if self.rows else [f"  {self.empty}"]
+        return "\n".join([self.title, *body])
 
     def _repr_html_(self) -> str:
         esc = html.escape
-        head = "".join(f"<th style='text-align:left'>{esc(c)}</th>" for c in self.columns)
-        if self.rows:
-            body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{esc(v)}</td>"
-                                            for v in row) + "</tr>" for row in self.rows)
-        else:
-            body = f"<tr><td colspan='{len(self.columns)}'><i>{esc(self.empty)}</i></td></tr>"
-        notes = "".join(f"<div style='color:#666'>{esc(n)}</div>" for n in self.notes)
-        details = "".join(f"<details><summary>{esc(label)}</summary><pre>{esc(text)}</pre>"
-                          "</details>" for label, text in self.details)
-        return (f"<div><b>{esc(self.title)}</b><table><thead><tr>{head}</tr></thead>"
-                f"<tbody>{body}</tbody></table>{notes}{details}</div>")
+        body = ["<tr>" + "".join(f"<td style='text-align:left'>{esc(v)}</td>" for v in row)
+                + "</tr>" for row in self.rows] or [
+            f"<tr><td colspan='{len(self.columns)}'><i>{esc(self.empty)}</i></td></tr>"]
+        return f"<div><b>{esc(self.title)}</b>{html_table(self.columns, body)}</div>"
 
 
 class StatusView(TextView):
@@ -225,9 +212,6 @@ class ReceiptsView(TextView):
 
     def _repr_html_(self) -> str:
         esc = html.escape
-        head = "".join(f"<th style='text-align:left'>{c}</th>" for c in
-                       ("#", "rev", "kind", "status", "model", "tasks", "tokens", "cost",
-                        "errors"))
         body = []
         for r in map(_cells, self.rows):
             errors = "".join(f"<li>{esc(e)}" + (f"<pre style='margin:0'>{esc(chr(10).join(f))}"
@@ -243,8 +227,8 @@ class ReceiptsView(TextView):
             body.append(f"<tr>{cells}<td style='text-align:left;white-space:normal;"
                         f"max-width:40em'><ul style='margin:0;padding-left:1.2em'>{errors}</ul>"
                         f"{raw}</td></tr>")
-        table = (f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
-                 if self.rows else "<div><i>(none recorded)</i></div>")
+        table = (html_table(("#", "rev", "kind", "status", "model", "tasks", "tokens", "cost",
+                             "errors"), body) if self.rows else "<div><i>(none recorded)</i></div>")
         return (f"<div><b>{esc(self.title)}</b>{table}<div style='color:#666'>"
                 f"{esc(self._footer())}</div></div>")
 

@@ -22,7 +22,6 @@ from traitlets import Bool, Enum, Float, Int, TraitError, Unicode, observe, vali
 from traitlets.config import Config
 
 from .. import (
-    BatchJsonError,
     BatchUnresolved,
     ConfigError,
     InvalidBatch,
@@ -46,26 +45,19 @@ from ..core import (
 from .cell import (
     BatchInterrupted,
     allow_empty_body,
-    check_identifier,
     check_result_variable,
     define_once,
     evaluate,
     identity_option,
-    interrupted_line,
     left_by_another_cell,
     one_line,
     parse,
     run_body,
     unresolved_hint,
+    usage_errors,
     wants_help,
 )
-from .display import (
-    ReceiptsView,
-    StatusView,
-    Table,
-    TextLines,
-    clip,
-)
+from .display import ReceiptsView, StatusView, Table, TextLines, clip
 from .state import KernelState
 
 # The code file of a notebook or IPython cell, as a validator's "where" records it:
@@ -254,41 +246,38 @@ class BatchJson(Magics):
         if args is None:  # --help: its usage is printed, nothing runs
             return
         var = args.out or args.name
-        check_identifier(var, "pass --out VAR" if args.out is None else "choose another --out")
         check_result_variable(self.shell.user_ns, var, args.name, out=args.out is not None)
-        identity = None  # the default: task_id, and every task field an item echoes
-        if args.identity is not None:
-            identity = identity_option(args.identity)
+        # None: the default, task_id and every task field an item echoes
+        identity = None if args.identity is None else identity_option(args.identity)
         if not cell.strip() and args.tasks is None:
             raise UsageError(f"%%batch_json {args.name}: the cell body is empty and no --tasks "
                              "was given; build `tasks` and `schema` in the cell body or pass "
                              "--tasks EXPR --schema EXPR")
 
-        ns = self.shell.user_ns
-        defined, assigned = run_body(self.shell, cell)
+        ns, shell = self.shell.user_ns, self.shell
+        defined, assigned = run_body(shell, cell)
         stale = left_by_another_cell(assigned, tasks=args.tasks, schema=args.schema)
-        tasks = evaluate(self.shell, "--tasks", args.tasks or "tasks", default=not args.tasks)
-        schema = evaluate(self.shell, "--schema", args.schema or "schema",
-                          default=not args.schema)
-        checker = (evaluate(self.shell, "--validator", args.validator, default=False)
-                   if args.validator else None)
-        checker, events = ((checker, []) if args.estimate  # registers nothing: the run will
-                           else self._define_once(defined, checker))
+        tasks = evaluate(shell, "--tasks", args.tasks or "tasks", default=not args.tasks)
+        schema = evaluate(shell, "--schema", args.schema or "schema", default=not args.schema)
+        checker, events = evaluate(shell, "--validator", args.validator), []
+        if not args.estimate:  # an estimate registers nothing: the run will
+            with usage_errors():  # a strict session refusing a changed validator
+                checker, events = define_once(self.session.validators, ns, defined, checker)
         for event in [*events, *stale]:
             print(f"batchjson: {event}")
-        instructions = (evaluate(self.shell, "--instructions", args.instructions, default=False)
-                        if args.instructions else None)
+        instructions = evaluate(shell, "--instructions", args.instructions)
         check_result_variable(ns, var, args.name, out=args.out is not None)  # the body's too
         spec = dict(
             name=args.name, tasks=tasks, schema=schema, validator=checker, identity=identity,
             pack=args.pack, instructions=instructions, repairs=args.repairs,
             replays=args.replays, split=args.split, on_exhausted="return",
-            reask_refusals=args.reask_refusals, transport=args.transport or self.transport,
-            wait=args.wait, accept=args.accept or self.accept,
-            max_calls=args.max_calls if args.max_calls is not None else self.max_calls,
-            progress=self.progress)
-        if args.estimate:
-            return self._estimate(spec)
+            reask_refusals=args.reask_refusals, wait=args.wait, progress=self.progress,
+            **{k: getattr(self, k) if getattr(args, k) is None else getattr(args, k)
+               for k in ("transport", "accept", "max_calls")})  # else %config's
+        if args.estimate:  # shown: nothing is bound, sent or recorded
+            with usage_errors():
+                display(self.session.estimate(**spec))
+            return
         result, noted = self._resolve(**spec)
         result.notes[:0] = stale
         ns[var] = result
@@ -307,20 +296,6 @@ class BatchJson(Magics):
         if result.calls and (result.tokens or result.cost or len(result.values)):
             self._show_chart(result.plot)  # nothing spent or accepted is nothing to draw
 
-    def _define_once(self, defined: list[str], checker: Any) -> tuple[Any, list[str]]:
-        """The cell's validator through the define-once registry (see ``define_once``)."""
-        try:
-            return define_once(self.session.validators, self.shell.user_ns, defined, checker)
-        except BatchJsonError as exc:  # a strict session refusing a changed validator
-            raise UsageError(one_line(exc)) from None
-
-    def _estimate(self, spec: dict[str, Any]) -> None:
-        """What the run would send and spend, shown: nothing is bound, sent or recorded."""
-        try:
-            display(self.session.estimate(**spec))
-        except BatchJsonError as exc:
-            raise UsageError(one_line(exc)) from None
-
     def _resolve(self, **spec: Any) -> tuple[Any, bool]:
         """The run of the one public description every face builds, and whether it said
         anything before spending (printed as it happened)."""
@@ -332,12 +307,13 @@ class BatchJson(Magics):
 
         previous_note, session.on_note = session.on_note, note
         try:
-            return session.run(RunSpec(**spec)), bool(noted)
+            with usage_errors():
+                return session.run(RunSpec(**spec)), bool(noted)
         except KeyboardInterrupt as exc:
-            print(interrupted_line(spec["name"]), file=sys.stderr)
+            print(f"batchjson: batch {spec['name']!r} interrupted. Receipts are kept (calls in "
+                  "flight are marked cancelled) and nothing partial was committed; re-run the "
+                  "cell to resume.", file=sys.stderr)
             raise BatchInterrupted() from exc
-        except BatchJsonError as exc:
-            raise UsageError(one_line(exc)) from None
         finally:
             session.on_note = previous_note
 
@@ -353,15 +329,12 @@ class BatchJson(Magics):
         args = parse(self.batch_status, line)
         if args is None:
             return None
-        session = self.session
+        session, state = self.session, self._state
         if args.name is not None:
             self._known_batch(args.name)
-        assert self._state is not None
-        if args.name is not None:
             self._show_chart(lambda: batch_chart(session.ledger.attempts(args.name), args.name))
         return StatusView(status_summary(session.runtime(), args.name),
-                          ledger=self._state.ledger_label(),
-                          provider=self._state.provider_label(),
+                          ledger=state.ledger_label(), provider=state.provider_label(),
                           owed=session.evidence.requests(args.name))
 
     @magic_arguments()
@@ -381,10 +354,8 @@ class BatchJson(Magics):
         self._known_batch(args.name)
         options = {k: v for k, v in (("repairs", args.repairs), ("replays", args.replays))
                    if v is not None}
-        try:
+        with usage_errors(InvalidBatch):  # no judged return yet
             advice = self.session.advise(args.name, **options)
-        except InvalidBatch as exc:  # no judged return yet
-            raise UsageError(one_line(exc)) from None
         self._show_chart(lambda: advice_chart(advice))
         return TextLines(advice, advice_lines(advice))
 
@@ -517,9 +488,7 @@ def _refused_setting(config: Any) -> str | None:
     """What is wrong with the first ``c.BatchJson`` setting the shell's configuration holds
     that BatchJson refuses (each is tried alone, so the message names it), or None."""
     section = config.get("BatchJson") or {}
-    for name in SETTINGS:
-        if name not in section:
-            continue
+    for name in (name for name in SETTINGS if name in section):
         try:
             BatchJson(config=Config({"BatchJson": {name: section[name]}}))
         except Exception as refusal:  # a TraitError, or a value traitlets cannot deep-copy
@@ -533,9 +502,8 @@ def _refused_setting(config: Any) -> str | None:
 
 
 def unload_ipython_extension(shell: Any) -> None:
-    """Remove what loading added; the session stays on the shell for a later load. IPython has no
-    public way to unregister magics, so this edits the magics manager's tables, removing only this
-    instance's entries."""
+    """Remove what loading added (only this instance's entries of the magics manager's tables:
+    IPython cannot unregister magics); the session stays on the shell for a later load."""
     state = KernelState.of(shell, create=False)
     if state is None or state.magics is None:
         return
@@ -552,8 +520,7 @@ def unload_ipython_extension(shell: Any) -> None:
         shell.events.unregister("pre_run_cell", state.pre_run_cell)
     while allow_empty_body in shell.input_transformers_cleanup:
         shell.input_transformers_cleanup.remove(allow_empty_body)
-    state.remove_names()
-    state.restore_default()
+    state.detach()
     magics._state = None
     state.magics = None
 

@@ -71,15 +71,10 @@ class KernelState:
     def open(self, settings: dict[str, Any]) -> None:
         """A new session on the configured ledger; the names handed out follow it."""
         old = self.session
-        self.session = Session(
-            provider=settings["provider"], ledger=resolve_ledger(settings["ledger"]),
-            strict=settings["strict"], concurrency=settings["concurrency"],
-            repairs=settings["repairs"], replays=settings["replays"], model=settings["model"],
-            rate_limits=settings.get("rate_limits"),
-            max_rate_wait=settings.get("max_rate_wait", 60.0))
+        self.session = Session(ledger=resolve_ledger(settings["ledger"]), **{
+            k: v for k, v in settings.items() if k not in ("ledger", "max_calls")})
         self.settings = dict(settings)
-        previous_names = self.names
-        self.names = notebook_names(self.session)
+        previous_names, self.names = self.names, notebook_names(self.session)
         self.inject(replace=previous_names)
         if old is not None:
             if default_session(create=False) is old:
@@ -94,15 +89,12 @@ class KernelState:
             self.open(settings)
             return
         self.settings[name] = value
-        if name == "provider":
-            self.session.provider = value
-        elif name == "model":
-            self.session.model = value
-            self.session.provider = self.settings["provider"]  # rebuilt with the new model
-        elif name in ("concurrency", "repairs", "replays", "rate_limits"):
-            setattr(self.session, name, value)
-        elif name == "max_rate_wait":  # read by each run as it starts
+        if name == "max_rate_wait":  # read by each run as it starts
             self.session.transport.max_rate_wait = value
+        elif name != "max_calls":  # max_calls is read by each %%batch_json run
+            setattr(self.session, name, value)
+            if name == "model":  # the provider is rebuilt with the new model
+                self.session.provider = self.settings["provider"]
 
     # -- names in the user namespace -----------------------------------------------------------
     def inject(self, replace: dict[str, Any] | None = None) -> None:
@@ -117,13 +109,12 @@ class KernelState:
         """Re-add names a ``%reset`` (or ``del``) removed; never overwrite the user's own."""
         self.inject()
 
-    def remove_names(self) -> None:
+    def detach(self) -> None:
+        """Take back the names still bound to what was given out, and the default session."""
         ns = self.shell.user_ns
         for key, obj in self.names.items():
             if ns.get(key, _MISSING) is obj:
                 del ns[key]
-
-    def restore_default(self) -> None:
         if default_session(create=False) is self.session:
             set_default_session(self.previous_default)
 

@@ -6,11 +6,14 @@ paid for before anything is spent. Never imports another face or ``testing``."""
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable, MutableMapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from .. import (
+    Budget,
     BudgetExceeded,
     ConfigError,
     InvalidBatch,
@@ -28,9 +31,9 @@ from ..core import (
     llm_batch_json,
     usd,
 )
-from ._droste_env import canonical_validator, canonical_version, cell_frame, droste_environment
+from ._droste_env import canonical_version, cell_frame, droste_environment
 from ._hooks import RlmHooks, owner_of, tool
-from ._subcalls import as_provider, is_droste_client, is_subcall_source
+from ._subcalls import SubcallProvider, is_droste_client, is_subcall_source
 
 __all__ = ["bind", "droste_environment", "rlm_hooks"]
 
@@ -65,12 +68,12 @@ def bind(namespace: MutableMapping[str, Any], provider_or_subcalls: Any = None, 
         raise ConfigError("replays= and transport_retries= set the rules of the session bind "
                           "makes; a shared session (session=) keeps its own. Make that session "
                           "with Session(..., replays=..., transport_retries=...) instead")
-    provider = as_provider(provider_or_subcalls, context=context)
+    provider = (SubcallProvider(provider_or_subcalls, context=context)
+                if is_subcall_source(provider_or_subcalls) else provider_or_subcalls)
     # droste's clients count one call per attempt; a plain helper's client retried already
     rules = _call_rules(provider_or_subcalls, replays, transport_retries)
     if session is None:  # a host binding every turn must not reset evidence or budget
-        asked = provider_or_subcalls is not None or replays is not None or (
-            transport_retries is not None)
+        asked = any(x is not None for x in (provider_or_subcalls, replays, transport_retries))
         session = _rebinding(namespace, strict=strict, ledger=ledger, budget=budget,
                              rules=rules if asked else None)
     _keep_owed(namespace, session, ledger)
@@ -82,10 +85,8 @@ def bind(namespace: MutableMapping[str, Any], provider_or_subcalls: Any = None, 
     binding = _Binding(session, namespace,
                        droste=_answers_as_droste(session, provider_or_subcalls))
     helper = tool(binding, "llm_batch_json")  # one object under both names, as droste binds
-    namespace["llm_batch_json"] = helper
-    namespace["llm_query_batched_json"] = helper
-    for name in ("validator", "batch_status", "finalization_check"):
-        namespace[name] = tool(binding, name)
+    namespace.update(llm_batch_json=helper, llm_query_batched_json=helper,
+                     **{name: tool(binding, name) for name in HELPER_NAMES[2:]})
     return session
 
 
@@ -110,10 +111,7 @@ def rlm_hooks(*, strict: bool = True, ledger: Any = None, budget: Any = None) ->
 def _call_rules(source: Any, replays: int | None,
                 transport_retries: int | None) -> tuple[int, int]:
     """(replays, transport retries) of a new session for this answer source."""
-    if is_droste_client(source):
-        defaults = (0, 0)
-    else:
-        defaults = (1, 0 if is_subcall_source(source) else 3)
+    defaults = (0, 0) if is_droste_client(source) else (1, 0 if is_subcall_source(source) else 3)
     return (defaults[0] if replays is None else replays,
             defaults[1] if transport_retries is None else transport_retries)
 
@@ -132,40 +130,26 @@ def _answers_as_droste(session: Session, source: Any) -> bool:
 def _rebinding(namespace: MutableMapping[str, Any], *, strict: bool, ledger: Any,
                budget: Any, rules: tuple[int, int] | None) -> Session | None:
     """The session already bound into ``namespace`` when this bind asks for the same one."""
-    from pathlib import Path
-
-    from .. import Budget
-
     bound = _binding_of(namespace)
     if bound is None:
         return None
     session = bound.session
-    path = session.ledger.path
-    same_ledger = (ledger is None and path is None) or (
-        isinstance(ledger, (str, Path)) and path is not None and Path(ledger) == path) or (
-        ledger is session.ledger)
+    same_ledger = (ledger is None and session.ledger.path is None) or (
+        ledger is session.ledger) or _same_file(ledger, session.ledger)
     same_rules = rules is None or rules == (session.replays, session.transport.retries)
-    if (same_ledger and same_rules and session.strict == bool(strict)
-            and Budget.of(budget) == session.budget):
-        return session
-    return None
+    same = same_ledger and same_rules and session.strict == bool(strict)
+    return session if same and Budget.of(budget) == session.budget else None
 
 
 def _keep_owed(namespace: MutableMapping[str, Any], session: Session | None,
                ledger: Any) -> None:
     """Rebinding a namespace must not hide the evidence its current session still owes."""
-    from pathlib import Path
-
     bound = _binding_of(namespace)
     if bound is None or bound.session is session:
         return
     old = bound.session
-    if session is not None:
-        same = session.ledger is old.ledger or (
-            old.ledger.path is not None and session.ledger.path == old.ledger.path)
-    else:
-        same = old.ledger.path is not None and isinstance(ledger, (str, Path)) and (
-            Path(ledger) == old.ledger.path)
+    same = (_same_file(ledger, old.ledger) if session is None else
+            session.ledger is old.ledger or _same_file(session.ledger.path, old.ledger))
     owed = old.evidence.minimum_exact_retry_calls
     if owed and not same:
         raise ConfigError(
@@ -173,6 +157,11 @@ def _keep_owed(namespace: MutableMapping[str, Any], session: Session | None,
             f"{owed} exact call(s); binding it to another ledger would hide that evidence from "
             "batch_status() and finalization_check(). Bind with the same settings (or "
             "session=) to keep it, or use a new namespace")
+
+
+def _same_file(ledger: Any, held: Any) -> bool:
+    """Whether ``ledger`` is a path naming the file the Ledger ``held`` is open on."""
+    return isinstance(ledger, (str, Path)) and held.path is not None and Path(ledger) == held.path
 
 
 def _share(session: Session, provider: Any) -> None:
@@ -221,20 +210,17 @@ class _Binding:
             validator = self._registered(validator, call=(prompts, contexts, name))
         owed, remaining = self.session.evidence.minimum_exact_retry_calls, self._remaining()
         cost_spent = self._cost_spent()
-        if owed and ((remaining is not None and owed > remaining) or cost_spent):
-            try:  # what owed evidence cannot be paid for blocks spending, not a free answer
-                return llm_batch_json(self.session, prompts, schema, contexts,
-                                      max_repair_attempts, validator, name=name,
-                                      refuse_short_budget=True, keyed_by_content=True,
-                                      max_calls=0, droste=self.droste)
-            except BudgetExceeded:
-                raise _refused(owed, remaining or 0, "to clear the unresolved evidence already "
-                               "recorded", cost_spent=cost_spent) from None
+        # what owed evidence cannot be paid for blocks spending, not a free answer
+        blocked = bool(owed) and ((remaining is not None and owed > remaining) or cost_spent)
         try:
             return llm_batch_json(self.session, prompts, schema, contexts, max_repair_attempts,
                                   validator, name=name, refuse_short_budget=True,
-                                  keyed_by_content=True, droste=self.droste)
+                                  keyed_by_content=True, max_calls=0 if blocked else None,
+                                  droste=self.droste)
         except BudgetExceeded as exc:
+            if blocked:
+                raise _refused(owed, remaining or 0, "to clear the unresolved evidence already "
+                               "recorded", cost_spent=cost_spent) from None
             raise _refused(exc.needed, exc.remaining, "to answer the prompts of this call "
                            "that are not yet accepted", one_call=exc.one_call) from None
 
@@ -267,9 +253,8 @@ class _Binding:
             # with no evidence under another version of it orphans nothing: its own validator.
             owed = self._owed_under(exc.name, exc.new_fingerprint, call)
             if call is not None and name is None and not owed:
-                return canonical_validator(registry, fn, namespaces=[self.namespace],
-                                           frame=frame,
-                                           name=f"{exc.name}#{exc.new_fingerprint[:12]}")
+                return canonical_version(registry, fn, namespaces=[self.namespace], frame=frame,
+                                         name=f"{exc.name}#{exc.new_fingerprint[:12]}").fn
             exc.args = (_changed_message(exc, owed, during="call" if call else "definition"),)
             raise
         if call is not None and self.session.strict:
@@ -285,10 +270,9 @@ class _Binding:
         return version.fn
 
     def _owing_digest(self, batch: str, name: str) -> str:
-        for revision in self.session.ledger.revisions(batch):
-            if (revision.validator_name or "").split("#")[0] == name.split("#")[0]:
-                return str(revision.components.get("validator", ""))
-        return ""
+        return next((str(r.components.get("validator", ""))
+                     for r in self.session.ledger.revisions(batch)
+                     if _base(r.validator_name) == _base(name)), "")
 
     def _owed_under(self, base: str, digest: str, call: tuple[Any, Any, Any] | None
                     ) -> list[str]:
@@ -300,20 +284,16 @@ class _Binding:
             try:
                 group = name if name is not None else default_batch_name(prompts, contexts)
             except (TypeError, ValueError):  # bad prompts: the call is refused anyway
-                group = None
+                pass
+        revisions = functools.cache(self.session.ledger.revisions)  # one read per batch
         batches: list[str] = []
-        revisions: dict[str, list[Any]] = {}
         for u in self.session.evidence.requests():
-            if u.batch in batches or (call is not None and group is not None and not (
+            if u.batch in batches or (group is not None and not (
                     u.batch == group or u.batch.startswith(group + "/"))):
                 continue
-            if u.batch not in revisions:
-                revisions[u.batch] = self.session.ledger.revisions(u.batch)
-            for revision in revisions[u.batch]:
-                if (revision.number == u.revision
-                        and (revision.validator_name or "").split("#")[0] == base.split("#")[0]
-                        and revision.components.get("validator") != digest):
-                    batches.append(u.batch)
+            if any(r.number == u.revision and _base(r.validator_name) == _base(base)
+                   and r.components.get("validator") != digest for r in revisions(u.batch)):
+                batches.append(u.batch)
         return batches
 
     def _cost_spent(self) -> bool:
@@ -326,18 +306,11 @@ class _Binding:
 
     def batch_status(self) -> dict[str, Any]:
         """What is owed and spent: unresolved batches, items, minimum exact retry calls."""
-        summary = self.session.evidence.summary()
-        remaining = self._remaining()
-        return {
-            "unresolved_batches": summary["unresolved_batches"],
-            "unresolved_items": summary["unresolved_items"],
-            "minimum_exact_retry_calls": summary["minimum_exact_retry_calls"],
-            "calls": summary["calls"],
-            "cost": summary["cost"],
-            "remaining_calls": remaining,
-            "usable_results": summary["usable_results"],
-            "ready_allowed": summary["minimum_exact_retry_calls"] == 0,
-        }
+        s = self.session.evidence.summary()
+        return {**{k: s[k] for k in ("unresolved_batches", "unresolved_items",
+                                     "minimum_exact_retry_calls", "calls", "cost")},
+                "remaining_calls": self._remaining(), "usable_results": s["usable_results"],
+                "ready_allowed": s["minimum_exact_retry_calls"] == 0}
 
     def finalization_check(self) -> list[dict[str, Any]]:
         """The unresolved evidence that must block a ready answer; empty when it may be given.
@@ -349,20 +322,18 @@ class _Binding:
         owed = self.session.evidence.requests()
         ledger, details = self.session.ledger, {}
         for batch in {u.batch for u in owed}:
-            tasks = {}
-            for revision in ledger.revisions(batch):
-                tasks.update({r.key: r.tasks for r in ledger.leaves(revision.id)})
+            tasks = {r.key: r.tasks for revision in ledger.revisions(batch)
+                     for r in ledger.leaves(revision.id)}
             errors = {a.request_key: a.errors for a in ledger.attempts(batch, failed=True)}
             details[batch] = (tasks, errors)
         out = []
         for u in owed:
             tasks, errors = details[u.batch]
-            last = errors.get(u.key) or [{}]
+            last = (errors.get(u.key) or [{}])[-1]
             out.append({"batch": u.batch, "revision": u.revision, "request": u.key[:16],
                         "items": list(u.task_ids),
                         "prompts": [_short(t.get("prompt")) for t in tasks.get(u.key, ())],
-                        "reason": last[-1].get("type") if last[-1] else None,
-                        "last_error": _short(last[-1].get("message")) if last[-1] else None})
+                        "reason": last.get("type"), "last_error": _short(last.get("message"))})
         return out
 
 
@@ -406,7 +377,12 @@ def _changed_message(exc: ValidatorChanged, owed: Sequence[str], *, during: str)
         "unresolved and still blocks a ready answer (finalization_check()).")
 
 
+def _base(name: str | None) -> str:
+    """A validator's name without the ``#digest`` a closure's own version is registered under."""
+    return (name or "").split("#")[0]
+
+
 def _suggest(name: str) -> str:
     """A new name a model can type: the last identifier of a qualname, with _v2."""
-    base = name.split("#")[0].rsplit(".", 1)[-1]
+    base = _base(name).rsplit(".", 1)[-1]
     return f"{base if base.isidentifier() else 'validator'}_v2"

@@ -17,8 +17,8 @@ from typing import Any
 from .. import ConfigError, Session, ValidatorRegistry
 from ..core import ValidatorVersion
 
-__all__ = ["CanonicalValidatorsEnvironment", "canonical_validator", "canonical_version",
-           "cell_frame", "droste_environment"]
+__all__ = ["CanonicalValidatorsEnvironment", "canonical_version", "cell_frame",
+           "droste_environment"]
 
 _FRAMES_UP = 8  # how far a helper called from a cell's own helper function looks for the cell
 
@@ -38,20 +38,12 @@ def cell_frame(depth: int = 2) -> types.FrameType | None:
     return None
 
 
-def canonical_validator(registry: ValidatorRegistry, fn: Callable[..., Any], *,
-                        namespaces: Iterable[MutableMapping[str, Any]] = (),
-                        frame: types.FrameType | None = None,
-                        name: str | None = None) -> Callable[..., Any]:
-    """Register ``fn`` and return the canonical object for its content, rebinding duplicates; a
-    changed validator is a new version (a strict registry may refuse it)."""
-    return canonical_version(registry, fn, namespaces=namespaces, frame=frame, name=name).fn
-
-
 def canonical_version(registry: ValidatorRegistry, fn: Callable[..., Any], *,
                       namespaces: Iterable[MutableMapping[str, Any]] = (),
                       frame: types.FrameType | None = None,
                       name: str | None = None, hand_over: bool = False) -> ValidatorVersion:
-    """Like :func:`canonical_validator`, returning the version record (name, fingerprint);
+    """Register ``fn`` and rebind every duplicate to the canonical object for its content (the
+    version's ``fn``); a changed validator is a new version (a strict registry may refuse it).
     ``hand_over``: for the run this call is on its way to (see ``version_of``)."""
     version = registry.version_of(fn, name, hand_over=hand_over)
     canonical = version.fn
@@ -93,9 +85,8 @@ def droste_environment(environment: Any, *, session: Session | None = None,
                 "validator registry; wrap the unwrapped environment once, passing session= "
                 "(or registry=) the first time, so batchjson and droste share one validator")
         return environment
-    if registry is None:
-        registry = wanted if wanted is not None else ValidatorRegistry()
-    return CanonicalValidatorsEnvironment(environment, registry)
+    return CanonicalValidatorsEnvironment(
+        environment, wanted if wanted is not None else ValidatorRegistry())
 
 
 class CanonicalValidatorsEnvironment:
@@ -106,30 +97,13 @@ class CanonicalValidatorsEnvironment:
         self.validators = registry
         self._wrappers: dict[int, tuple[Callable[..., Any], Callable[..., Any]]] = {}
 
-    def __getattr__(self, name: str) -> Any:  # accessor_manifest, capacity, broker, ...
+    def __getattr__(self, name: str) -> Any:  # globals, capabilities, close, broker, ...
         return getattr(self.environment, name)
-
-    # -- the RLMEnvironment protocol -----------------------------------------------------------
-    def capabilities(self) -> Any:
-        return self.environment.capabilities()
-
-    def globals(self) -> dict[str, Any]:
-        return self.environment.globals()
-
-    def sandbox_subcalls(self, subcalls: Any, ledger: Any, **callbacks: Any) -> Any:
-        return self.environment.sandbox_subcalls(subcalls, ledger, **callbacks)
-
-    def prompt_fragment(self) -> str:
-        return self.environment.prompt_fragment()
 
     def execute(self, code: str) -> Any:
         self.install()
         return self.environment.execute(code)
 
-    def close(self) -> None:
-        self.environment.close()
-
-    # -- canonical validators ------------------------------------------------------------------
     def install(self) -> None:
         """Wrap whatever structured helpers the globals hold now (droste rebinds them)."""
         scope = self.environment.globals()
@@ -145,15 +119,15 @@ class CanonicalValidatorsEnvironment:
         registry, scope = self.validators, self.environment.globals
 
         def canonical_helper(*args: Any, **kwargs: Any) -> Any:
-            frame = cell_frame(2)
-            if kwargs.get("validator") is not None and callable(kwargs["validator"]):
-                kwargs["validator"] = canonical_validator(
-                    registry, kwargs["validator"], namespaces=[scope()], frame=frame)
-            elif len(args) > _VALIDATOR_POSITION and callable(args[_VALIDATOR_POSITION]):
-                args = (*args[:_VALIDATOR_POSITION],
-                        canonical_validator(registry, args[_VALIDATOR_POSITION],
-                                            namespaces=[scope()], frame=frame),
-                        *args[_VALIDATOR_POSITION + 1:])
+            frame, at = cell_frame(2), _VALIDATOR_POSITION
+
+            def canonical(fn: Callable[..., Any]) -> Callable[..., Any]:
+                return canonical_version(registry, fn, namespaces=[scope()], frame=frame).fn
+
+            if callable(kwargs.get("validator")):
+                kwargs["validator"] = canonical(kwargs["validator"])
+            elif len(args) > at and callable(args[at]):
+                args = (*args[:at], canonical(args[at]), *args[at + 1:])
             return helper(*args, **kwargs)
 
         canonical_helper.__batchjson_canonical__ = True  # type: ignore[attr-defined]

@@ -16,12 +16,10 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .. import ConfigError, NotReady
+from .. import ConfigError, NotReady, Session
 from ._subcalls import SubcallProvider
 
 __all__ = ["RlmHooks", "owner_of", "tool"]
-
-SETUP_CODE = "batchjson_connect(answer)\n"
 
 DESCRIPTIONS = {
     "llm_batch_json": (
@@ -53,12 +51,12 @@ DESCRIPTIONS = {
 class RlmHooks:
     """What ``RLM(custom_tools=..., environment_kwargs={"setup_code": ...})`` needs."""
 
+    setup_code = "batchjson_connect(answer)\n"  # rlm runs it in every REPL it makes
+
     def __init__(self, bind: Callable[..., Any], *, strict: bool = True, ledger: Any = None,
                  budget: Any = None) -> None:
         """``bind`` is :func:`batchjson.rlm.bind`, handed in so this module need not import
         the public one that imports it."""
-        from .. import Session
-
         # answered by rlm's own client, which retried already: one failure is one subcall
         session = Session(None, ledger=ledger, strict=strict, budget=budget,
                           transport_retries=0)
@@ -75,11 +73,6 @@ class RlmHooks:
                        "batchjson_connect": tool(self, "connect")}
 
     # -- what RLM takes ------------------------------------------------------------------------
-    @property
-    def setup_code(self) -> str:
-        """For ``environment_kwargs={"setup_code": ...}`` (rlm runs it in every REPL it makes)."""
-        return SETUP_CODE
-
     @property
     def custom_tools(self) -> dict[str, dict[str, Any]]:
         """For ``RLM(custom_tools=...)``: each tool with the description rlm shows the model."""

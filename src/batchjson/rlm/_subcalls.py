@@ -11,12 +11,13 @@ import functools
 import threading
 import types
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import Call, ConfigError, ProviderError, Reply, SubcallClientError
 from ..core import Code, Hashed, estimate_tokens, render_value_prompt, source_text
 
-__all__ = ["SubcallProvider", "as_provider", "is_droste_client", "is_subcall_source"]
+__all__ = ["SubcallProvider", "is_droste_client", "is_subcall_source"]
 
 
 def is_subcall_source(target: Any) -> bool:
@@ -31,20 +32,9 @@ def is_droste_client(target: Any) -> bool:
     return is_subcall_source(target) and callable(getattr(target, "llm_batch_with_errors", None))
 
 
-def as_provider(target: Any, *, context: Any = None) -> Any:
-    """A batchjson provider for ``target``: providers and provider names pass through."""
-    return SubcallProvider(target, context=context) if is_subcall_source(target) else target
-
-
 def _kind_of(target: Any) -> str:
-    if callable(getattr(target, "llm_batch_with_errors", None)):
-        return "subcalls"
-    if callable(target):
-        return "function"
-    raise ConfigError(
-        f"cannot answer from a {type(target).__name__}: pass a batchjson provider, an object "
-        "with llm_batch_with_errors(prompts, contexts) -> (values, errors), or a function of a "
-        "list of prompts returning a list of strings")
+    """droste's client protocol, or rlm's function of a list of prompts (a subcall source)."""
+    return "subcalls" if callable(getattr(target, "llm_batch_with_errors", None)) else "function"
 
 
 def _budget_exhausted(exc: BaseException) -> bool:
@@ -76,9 +66,8 @@ def _source_key(kind: str, target: Any) -> Hashed:
 
 
 class SubcallProvider:
-    """A droste subcall client or an rlm ``llm_query_batched`` function, one prompt per call.
-    ``context`` (a droste ``ExecutionContext``): a client with ``bind_context`` accounts for itself;
-    for any other source the adapter records an attempt per call and a success per usable answer."""
+    """A droste subcall client or rlm's ``llm_query_batched``, one prompt per call. A droste
+    ``context`` is bound to a client with ``bind_context``; else this adapter records into it."""
 
     def __init__(self, target: Any, *, context: Any = None) -> None:
         self.kind = _kind_of(target)
@@ -241,12 +230,11 @@ class SubcallProvider:
         return outcomes
 
     def _from_function(self, prompts: list[str]) -> list[str | Exception]:
-        outcomes: list[str | Exception] = []
-        for text in _texts(self.target(prompts), len(prompts)):
-            # rlm's helpers report failures as text; such a string is never an answer
-            outcomes.append(ProviderError(f"subcall failed: {text.strip()[:500]}")
-                            if _is_error_text(text) else text)
-        return outcomes
+        """rlm's helpers report failures as text, "Error: ..." (any case, after spaces): such a
+        string is never an answer, as no JSON value starts so."""
+        return [ProviderError(f"subcall failed: {text.strip()[:500]}")
+                if text.lstrip()[:6].lower() == "error:" else text
+                for text in _texts(self.target(prompts), len(prompts))]
 
 
 def _batch_errors(errors: Any, count: int) -> dict[int, Mapping[str, Any]]:
@@ -258,16 +246,14 @@ def _batch_errors(errors: Any, count: int) -> dict[int, Mapping[str, Any]]:
                                  "batch errors, not a list of {'index', 'type', 'error'} objects")
     failed: dict[int, Mapping[str, Any]] = {}
     for error in errors:
-        if not isinstance(error, Mapping):
-            raise SubcallClientError(f"the subcall client returned a non-object batch error: "
-                                     f"{error!r}"[:300])
-        index = error.get("index")
-        if not isinstance(index, int) or isinstance(index, bool):
-            raise SubcallClientError(f"the subcall client returned a batch error with an "
-                                     f"invalid index: {error!r}"[:300])
-        if not 0 <= index < count:
-            raise SubcallClientError(f"the subcall client returned a batch error index out of "
-                                     f"range (0..{count - 1}): {error!r}"[:300])
+        index = error.get("index") if isinstance(error, Mapping) else None
+        broken = ("a non-object batch error" if not isinstance(error, Mapping) else
+                  "a batch error with an invalid index" if not isinstance(index, int)
+                  or isinstance(index, bool) else
+                  f"a batch error index out of range (0..{count - 1})" if not 0 <= index < count
+                  else None)
+        if broken:
+            raise SubcallClientError(f"the subcall client returned {broken}: {error!r}"[:300])
         if index in failed:
             raise SubcallClientError(f"the subcall client returned duplicate batch error "
                                      f"indices: {index} twice")
@@ -275,18 +261,13 @@ def _batch_errors(errors: Any, count: int) -> dict[int, Mapping[str, Any]]:
     return failed
 
 
-def _is_error_text(text: str) -> bool:
-    """rlm's failure strings: "Error: ..." (any case, leading space). No JSON value starts so."""
-    return text.lstrip()[:6].lower() == "error:"
-
-
+@dataclass
 class _Queue:
     """Prompts waiting for the next batch on one event loop."""
 
-    def __init__(self) -> None:
-        self.waiting: list[tuple[str, str | None, asyncio.Future[str]]] = []
-        self.draining = False
-        self.task: asyncio.Task[None] | None = None  # held so the drain is not collected
+    waiting: list[tuple[str, str | None, asyncio.Future[str]]] = field(default_factory=list)
+    draining: bool = False
+    task: asyncio.Task[None] | None = None  # held so the drain is not collected
 
 
 def _by_context(batch: list[Any]) -> list[list[Any]]:
