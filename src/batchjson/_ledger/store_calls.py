@@ -177,15 +177,19 @@ class CallStore(RunStore):
               stamp: str) -> Later:
         """Write the receipt (``RECEIPT_SQL``'s values) and claim its request: (receipt id,
         what the claim found, whether the ledger has a budget of its own: None, not asked).
-        The hot path of every call: one statement claims a request that is free or already
-        ours and not accepted; anything else takes :meth:`_decide`."""
+        The hot path of every call: one statement, returning no row, claims a request that is
+        free or already ours and not accepted, on a ledger without a budget of its own; a
+        ledger with one claims it again by :data:`TAKE_SQL`; anything else takes
+        :meth:`_decide`."""
         attempt_id = self._insert(tx, RECEIPT_SQL, receipt)
-        lease = self._clock(tx) + self.lease_seconds
-        taken = self._exec(tx, TAKE_SQL, (request_key, owner.id, owner.host, owner.pid,
-                                          owner.session, attempt_id, lease, stamp,
-                                          request_key)).rowcount
-        found = ((attempt_id, MINE, self._budgeted(tx)) if taken else
-                 (attempt_id, self._decide(tx, request_key, owner, attempt_id, stamp), None))
+        claim = (request_key, owner.id, owner.host, owner.pid, owner.session, attempt_id,
+                 self._clock(tx) + self.lease_seconds, stamp, request_key)
+        if self._exec(tx, TAKE_UNBUDGETED_SQL, claim).rowcount:
+            found = (attempt_id, MINE, False)
+        elif self._budgeted(tx) and self._exec(tx, TAKE_SQL, claim).rowcount:
+            found = (attempt_id, MINE, True)
+        else:
+            found = (attempt_id, self._decide(tx, request_key, owner, attempt_id, stamp), None)
         return Later(lambda: found)
 
     def _budgeted(self, tx: Tx) -> bool:
@@ -488,6 +492,8 @@ TAKE_SQL = (
     "request_key = ? AND status = 'accepted') ON CONFLICT(request_key) DO UPDATE SET "
     "attempt_id = excluded.attempt_id, lease_expires_at = excluded.lease_expires_at "
     "WHERE claims.owner = excluded.owner")
+TAKE_UNBUDGETED_SQL = TAKE_SQL.replace(" ON CONFLICT", " AND NOT EXISTS (SELECT 1 FROM budget "
+                                       "WHERE id = 1) ON CONFLICT", 1)
 HOLDER_SQL = (
     "SELECT EXISTS (SELECT 1 FROM attempts WHERE request_key = ? AND "
     "status = 'accepted'), owner, host, pid, lease_expires_at, {now} FROM (SELECT 1) AS one "
