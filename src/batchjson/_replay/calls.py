@@ -327,16 +327,9 @@ class Caller:
         except LedgerError as exc:
             self.control.ledger_failed(exc)
 
-    async def replies(self, sent: tuple[Call, Attempt]
-                      ) -> list[tuple[Attempt, Reply | ProviderError]]:
-        """The live transport as a :class:`~batchjson._replay.settle.Carrier`: one call
-        (``sent``: it and its attempt), and its reply or the provider's failure."""
-        call, attempt = sent
-        return [(attempt, await self._send(call))]
-
     async def _send(self, call: Call) -> Reply | ProviderError:
-        """Send ``call``: its reply, or the provider's failure (a timeout, or a provider's bug,
-        is one)."""
+        """The live transport: send ``call``; its reply, or the provider's failure (a timeout,
+        or a provider's bug, is one), for :meth:`Settle.settle` as a batch job's line is."""
         try:
             if not self.needs_timer:
                 reply = await self.provider.complete(call)
