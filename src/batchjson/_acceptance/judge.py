@@ -443,7 +443,9 @@ def _stored(schema: ItemSchema, value: Any, task_id: str
     "1e400" into an infinite float, which no ledger row may hold."""
     try:
         text = ledger_json(schema.dump(value))
-        stored = json.loads(text)
+        # a JSON Schema's value was read from JSON and is stored as it is: reading its text
+        # back gives the same value; a model's dump is read back as the ledger will hold it
+        stored = json.loads(text) if schema.model is not None else value
         if "\\ud" in text:  # an unpaired surrogate ("\\ud800") cannot be written as UTF-8
             canonical_json(stored).encode("utf-8")
         return text, stored, None

@@ -49,6 +49,7 @@ class SQLiteStore(Store):
                                        timeout=busy_timeout)
             self._db.row_factory = sqlite3.Row
             self._lock = threading.RLock()
+            self._budget_known: bool | None = None  # in the write transaction open now
             # a ledger at another version is refused before anything (WAL included) is changed
             _refuse_version(self._db.execute("PRAGMA user_version").fetchone()[0], path)
             if path is not None:
@@ -119,6 +120,7 @@ class SQLiteStore(Store):
                 self._db.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
                 raise self._error("could not start a write", exc) from exc
+            self._budget_known = None
             try:
                 yield self._db
             except BaseException as exc:
@@ -152,6 +154,14 @@ class SQLiteStore(Store):
         return LedgerError(f"{what}; the run stopped before any further call"
                            f"{_write_problem(self.path, exc)}", path=self._where,
                            cause=exc)
+
+    def _budgeted(self, tx: Tx) -> bool:
+        """Read once a write transaction: only a transaction of its own adds or removes the
+        ledger's budget, and ``BEGIN IMMEDIATE`` orders writers, so it holds for the whole
+        group of calls' writes."""
+        if self._budget_known is None:
+            self._budget_known = super()._budgeted(tx)
+        return self._budget_known
 
     def _exec(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> sqlite3.Cursor:
         return tx.execute(sql, args)

@@ -177,17 +177,25 @@ class CallStore(RunStore):
               stamp: str) -> Later:
         """Write the receipt (``RECEIPT_SQL``'s values) and claim its request: (receipt id,
         what the claim found, whether the ledger has a budget of its own: None, not asked).
-        The hot path of every call: one statement claims a request that is free or already
-        ours and not accepted, and says whether the ledger has a budget; anything else takes
+        The hot path of every call: one statement, returning no row, claims a request that is
+        free or already ours and not accepted, on a ledger without a budget of its own; a
+        ledger with one claims it again by :data:`TAKE_SQL`; anything else takes
         :meth:`_decide`."""
         attempt_id = self._insert(tx, RECEIPT_SQL, receipt)
-        lease = self._clock(tx) + self.lease_seconds
-        taken = self._exec(tx, TAKE_SQL, (request_key, owner.id, owner.host, owner.pid,
-                                          owner.session, attempt_id, lease, stamp,
-                                          request_key)).fetchone()
-        found = ((attempt_id, MINE, bool(taken[0])) if taken is not None else
-                 (attempt_id, self._decide(tx, request_key, owner, attempt_id, stamp), None))
+        claim = (request_key, owner.id, owner.host, owner.pid, owner.session, attempt_id,
+                 self._clock(tx) + self.lease_seconds, stamp, request_key)
+        if self._exec(tx, TAKE_UNBUDGETED_SQL, claim).rowcount:
+            found = (attempt_id, MINE, False)
+        elif self._budgeted(tx) and self._exec(tx, TAKE_SQL, claim).rowcount:
+            found = (attempt_id, MINE, True)
+        else:
+            found = (attempt_id, self._decide(tx, request_key, owner, attempt_id, stamp), None)
         return Later(lambda: found)
+
+    def _budgeted(self, tx: Tx) -> bool:
+        """Whether the ledger has a budget of its own, read in ``tx``."""
+        return bool(self._exec(tx, "SELECT EXISTS (SELECT 1 FROM budget WHERE id = 1)"
+                               ).fetchone()[0])
 
     def _decide(self, tx: Tx, request_key: str, owner: Owner, attempt_id: int,
                 stamp: str) -> str:
@@ -332,7 +340,7 @@ class CallStore(RunStore):
     def _complete(self, tx: Tx, attempt_id: int, status: str, errors: Sequence[Mapping],
                   raw: str | None, usage: Mapping[str, Any], stamp: str | None = None,
                   sent_at: str | None = None, charge: float | None = None) -> None:
-        self._exec(tx, COMPLETE_SQL.format(status="?", errors="?"), (
+        self._exec(tx, _COMPLETE_BY_VALUES, (
             status, json.dumps(list(errors)) if errors else "[]",
             *self._completion(tx, attempt_id, raw, usage, stamp, sent_at, charge)))
 
@@ -457,6 +465,7 @@ COMPLETE_SQL = (
     "output_tokens = ?, cached_tokens = ?, cost = ?, model = COALESCE(?, model), "
     "finished_at = ?, sent_at = COALESCE(?, sent_at) WHERE id = ? "
     "AND status IN ('in_flight', 'abandoned')")
+_COMPLETE_BY_VALUES = COMPLETE_SQL.format(status="?", errors="?")
 
 # The accepted part of a partial return: a receipt of no call, from the call that answered.
 PARTIAL_SQL = (
@@ -482,7 +491,9 @@ TAKE_SQL = (
     "claimed_at) SELECT ?,?,?,?,?,?,?,? WHERE NOT EXISTS (SELECT 1 FROM attempts WHERE "
     "request_key = ? AND status = 'accepted') ON CONFLICT(request_key) DO UPDATE SET "
     "attempt_id = excluded.attempt_id, lease_expires_at = excluded.lease_expires_at "
-    "WHERE claims.owner = excluded.owner RETURNING EXISTS (SELECT 1 FROM budget WHERE id = 1)")
+    "WHERE claims.owner = excluded.owner")
+TAKE_UNBUDGETED_SQL = TAKE_SQL.replace(" ON CONFLICT", " AND NOT EXISTS (SELECT 1 FROM budget "
+                                       "WHERE id = 1) ON CONFLICT", 1)
 HOLDER_SQL = (
     "SELECT EXISTS (SELECT 1 FROM attempts WHERE request_key = ? AND "
     "status = 'accepted'), owner, host, pid, lease_expires_at, {now} FROM (SELECT 1) AS one "

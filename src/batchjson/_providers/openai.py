@@ -200,7 +200,7 @@ class OpenAIProvider(HttpProvider):
         refusal = message.get("refusal")
         answered = isinstance(content, str)
         finish = choices[0].get("finish_reason")
-        arguments = _tool_arguments(message)
+        arguments = None if answered else _tool_arguments(message)  # a text answer: unread
         text = content if answered else (refusal or arguments or "")
         # The content string is the model's own text; a wrapped scalar stays wrapped and says
         # so, for acceptance to unwrap (the ledger keeps what the model sent).

@@ -10,9 +10,9 @@ import math
 import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from functools import lru_cache
+from typing import Any, NamedTuple
 
 from .base import estimate_tokens
 
@@ -26,6 +26,7 @@ def _finite(seconds: float) -> float | None:
     return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
+@lru_cache(maxsize=1024)  # read from every response: the same few durations come back
 def go_seconds(text: str) -> float | None:
     """Seconds in a Go duration (``"1m30s"``, ``"3.89s"``, ``"12ms"``, ``"0s"``), or None."""
     text = text.strip()
@@ -83,8 +84,7 @@ def _http_date(value: str) -> float | None:
     return _finite(when.timestamp() - time.time())
 
 
-@dataclass(frozen=True)
-class LimitState:
+class LimitState(NamedTuple):
     """One limit as a response reported it: its size per minute, what is left, and the seconds
     until the bucket is full again (each None when not sent)."""
 
@@ -93,8 +93,10 @@ class LimitState:
     reset: float | None = None
 
 
-@dataclass(frozen=True)
-class Reported:
+_UNSAID = LimitState()
+
+
+class Reported(NamedTuple):
     """The request and token limits one response reported."""
 
     requests: LimitState
@@ -102,8 +104,7 @@ class Reported:
 
     @property
     def any(self) -> bool:
-        return any(v is not None for s in (self.requests, self.tokens)
-                   for v in (s.limit, s.remaining, s.reset))
+        return self.requests != _UNSAID or self.tokens != _UNSAID
 
 
 def reported(headers: Mapping[str, str], now: float | None = None) -> Reported:
@@ -131,9 +132,11 @@ _ANTHROPIC_INPUT_TOKENS = _parts("anthropic-ratelimit-input-tokens-{}")
 _ANTHROPIC = re.compile("anthropic-ratelimit-", re.IGNORECASE | re.ASCII)
 
 
-def _state(headers: Mapping[str, str], names: tuple[str, ...], now: float | None) -> LimitState:
-    limit, left, reset = (_header(headers, name) for name in names)
-    return LimitState(_whole(limit), _whole(left),
+def _state(headers: Mapping[str, str], names: tuple[str, str, str],
+           now: float | None) -> LimitState:
+    limit, left, reset = names
+    reset = _header(headers, reset)
+    return LimitState(_whole(_header(headers, limit)), _whole(_header(headers, left)),
                       None if reset is None else reset_seconds(reset, now))
 
 

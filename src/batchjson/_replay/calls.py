@@ -85,8 +85,12 @@ class HostProbe:
         self._up.set()
         self.prober: str | None = None  # the request whose retries probe an unreachable host
 
+    def waits(self, key: str) -> bool:
+        """Whether ``key``'s call must wait (:meth:`wait_turn`) to hear if the host is back."""
+        return not self._up.is_set() and self.prober != key
+
     async def wait_turn(self, key: str) -> None:
-        if not self._up.is_set() and self.prober != key:
+        if self.waits(key):
             await self._up.wait()
 
     def failed(self, error: ProviderError, key: str) -> None:
@@ -154,7 +158,8 @@ class Caller:
         """Reserve, claim and commit the receipt of ``call`` (:meth:`make`); then send it, judge
         and record the return. A provider's failure is raised (:class:`ProviderError`) after
         its receipt is queued."""
-        await self.probe.wait_turn(request.key)  # another call finds out if the host is up
+        if self.probe.waits(request.key):  # another call finds out if the host is up
+            await self.probe.wait_turn(request.key)
         if self.control.stop is not None:
             return STOPPED
         number, prompt = call.attempt, call.prompt
@@ -168,7 +173,7 @@ class Caller:
         attempt = Attempt(claimed, reserved, reserved, request, now(), billable=True)
         got: Reply | ProviderError | None = None
         try:
-            ((_, got),) = await self.replies((call, attempt))
+            got = await self._send(call)
             verdict, write = await self.settle.settle(attempt, got)
             # queued, not awaited: the run flushes and checks every write before it returns
             self.writes.queue(write)
@@ -201,11 +206,11 @@ class Caller:
         self.control.halt(self.control.fatal)
         return True
 
-    async def _reserve(self, call: Call) -> float | NotSent:
-        """Reserve this call's worst case; wait for calls in flight to settle before giving up,
-        since their real cost is usually below their reservation."""
+    async def _reserve(self, bound: int) -> float | NotSent:
+        """Reserve a call's worst case, ``bound``, when it did not fit at once: wait for calls in
+        flight to settle before giving up, since their real cost is usually below their
+        reservation."""
         spender = self.spender
-        bound = input_bound(self.provider, call) if spender.costed else 0
         while True:
             reserved = spender.reserve(bound)
             if reserved is not None:
@@ -223,9 +228,12 @@ class Caller:
         budget's reservation, if any): (reserved, receipt id), or why not, nothing kept."""
         store, plan = self.store, self.plan
         floor = self.spender.pricing.floor(estimated)  # for the account: an estimate
+        bound = input_bound(self.provider, call) if self.spender.costed else 0
         pause: float | NotSent = 0.05
         while isinstance(pause, float):
-            reserved = await self._reserve(call)
+            reserved = self.spender.reserve(bound)
+            if reserved is None:
+                reserved = await self._reserve(bound)
             if isinstance(reserved, NotSent):
                 return reserved
             shared = reserved if self.spender.shared is not None else None
@@ -250,6 +258,8 @@ class Caller:
                 return STOPPED
             if state == MINE:
                 assert attempt_id is not None
+                if not self.probe.waits(request.key) and self.control.stop is None:
+                    return reserved, attempt_id
                 return await self._when_host_up(request, reserved, attempt_id)
             self.spender.release(reserved)  # nothing will be sent: its receipt was not kept
             if state != OVER:
@@ -317,11 +327,9 @@ class Caller:
         except LedgerError as exc:
             self.control.ledger_failed(exc)
 
-    async def replies(self, sent: tuple[Call, Attempt]
-                      ) -> list[tuple[Attempt, Reply | ProviderError]]:
-        """The live transport: send one call (``sent``: it and its attempt), and its reply or
-        the provider's failure (a timeout, or a provider's bug, is one)."""
-        call, attempt = sent
+    async def _send(self, call: Call) -> Reply | ProviderError:
+        """The live transport: send ``call``; its reply, or the provider's failure (a timeout,
+        or a provider's bug, is one), for :meth:`Settle.settle` as a batch job's line is."""
         try:
             if not self.needs_timer:
                 reply = await self.provider.complete(call)
@@ -332,13 +340,13 @@ class Caller:
             error = exc if isinstance(exc, ProviderError) else ProviderError(
                 f"no answer within {self.transport.timeout:g}s", retryable=True)
             self.probe.failed(error, call.request_key)
-            return [(attempt, error)]
+            return error
         except Exception as exc:  # a provider bug (never a cancellation) is a failure too
             error = ProviderError(f"{type(exc).__name__}: {exc}", retryable=False)
             error.__cause__ = exc
-            return [(attempt, error)]
+            return error
         self.probe.back(call.request_key)
-        return [(attempt, reply)]
+        return reply
 
 
 def make_call(plan: Plan, system: str, request: Request, kind: CallKind, prompt: str,

@@ -105,8 +105,11 @@ class GroupCommit:
         outcomes are handed out only after COMMIT has returned."""
         with self._store.transaction(calls=True) as db:
             results = [op(db) for op, _ in live]
-            results = [_outcome(result) for result in results]  # every write sent first
-        return [_committed(fut, result) for (_, fut), result in zip(live, results, strict=True)]
+            for i, result in enumerate(results):  # each outcome read once every write is sent
+                if isinstance(result, Later):
+                    results[i] = result()
+        return [(fut, result, None) if not isinstance(result, Later) else _committed(fut, result)
+                for (_, fut), result in zip(live, results, strict=True)]
 
     def _one_by_one(self, live: list[tuple[Op, asyncio.Future | None]]) -> list[Outcome]:
         """After a failure: each write whole or not at all, in a transaction of its own."""
