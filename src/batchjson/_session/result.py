@@ -1,10 +1,8 @@
 """What a run hands back: values that passed acceptance, and an honest account of the rest.
 
-Both are read when asked for. A million values as Python objects would need gigabytes, and the
-ledger has them already: :class:`LedgerValues` reads them a page at a time (a result outlives its
-session, opening the ledger again; an in-memory ledger's are copied). A run that fails a million
-tasks must not hand back a million error dicts: :class:`ResultErrors` builds them when read, and
-:func:`failure_groups` keeps the first few groups and counts the rest."""
+Both are read when asked for, so a million tasks hold neither a million values nor a million error
+dicts: :class:`LedgerValues` reads the ledger a page at a time (opening it again once the session
+closed it), :class:`ResultErrors` builds each error when read."""
 
 from __future__ import annotations
 
@@ -12,12 +10,13 @@ import html
 import io
 import json
 import os
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cached_property, partial
 from itertools import groupby, islice
 from operator import itemgetter
-from typing import Any, Literal, overload
+from typing import Any, Literal
 
 from .._content.packed import SequenceView
 from .._errors import ConfigError, InvalidBatch, LedgerError
@@ -40,32 +39,27 @@ class LedgerRead(partial):
 
 
 class TaskAttempts(Mapping[str, int]):
-    """task_id -> calls this run made that carried the task, read on first use from the run's log of
-    its calls (on disk past a few megabytes, so a million tasks hold no count each)."""
+    """task_id -> calls this run made that carried the task, counted on first use from the run's
+    log of its calls (on disk past a few megabytes, so a million tasks hold no count each)."""
 
     def __init__(self, calls_log: Iterable[str]) -> None:
         self._log = calls_log
-        self._by_task: dict[str, int] | None = None
 
+    @cached_property
     def _tasks(self) -> dict[str, int]:
-        if self._by_task is None:
-            self._by_task = {}
-            for line in self._log:
-                for task_id in json.loads(line):
-                    self._by_task[task_id] = self._by_task.get(task_id, 0) + 1
-        return self._by_task
+        return dict(Counter(t for line in self._log for t in json.loads(line)))
 
     def __getitem__(self, task_id: str) -> int:
-        return self._tasks()[task_id]
+        return self._tasks[task_id]
 
-    def __iter__(self) -> Any:
-        return iter(self._tasks())
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tasks)
 
     def __len__(self) -> int:
-        return len(self._tasks())
+        return len(self._tasks)
 
     def __repr__(self) -> str:
-        return repr(self._tasks())
+        return repr(self._tasks)
 
 SHOWN = 10  # failed requests a notebook shows; the rest are counted
 
@@ -139,7 +133,6 @@ class BatchResult:
     # the answers' JSON Schema: the display's columns, and the fields with a fixed set of
     # values (enum, boolean) whose counts it shows
     answer_schema: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
-    _answers: Answers | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def resolved(self) -> bool:
@@ -281,12 +274,10 @@ class BatchResult:
                 if self.compared_if_echoed else "")
         return ", ".join(self.identity_compared) + also
 
+    @cached_property
     def _shown_answers(self) -> Answers:
         """The first few accepted values and the fixed-set fields' counts, read once."""
-        if self._answers is None:
-            self._answers = Answers.read(plain_items(self.values), self.answer_schema,
-                                         len(self.values))
-        return self._answers
+        return Answers.read(plain_items(self.values), self.answer_schema, len(self.values))
 
     def __str__(self) -> str:
         """What ``print(result)`` shows: the summary, failed requests first, then the answers."""
@@ -295,7 +286,7 @@ class BatchResult:
                  *(f"pending in job {job['id']} ({job['provider_job_id'] or job['status']}): "
                    f"{job['requests']} request(s){_submitted(job)}; re-run to collect what has "
                    "ended"
-                   for job in self.jobs), *self._shown_answers().lines()]
+                   for job in self.jobs), *self._shown_answers.lines()]
         return "\n".join(map(printable, lines))
 
     def _repr_html_(self) -> str:
@@ -325,7 +316,7 @@ class BatchResult:
         return [f"<div><span style='color:{colour}'>&#9679;</span> batch "
                 f"<code>{html.escape(self.name)}</code> revision {self.revision}: "
                 f"<b>{self.status}</b><table><tr>{cells}</tr></table></div>", compared,
-                _jobs_html(self.jobs), self._failures_html(), self._shown_answers().html()]
+                _jobs_html(self.jobs), self._failures_html(), self._shown_answers.html()]
 
     def _failures_html(self) -> str:
         failures, count = failure_groups(self._failed_errors, self.raws, SHOWN, keep=_not_pending)
@@ -402,8 +393,7 @@ class LedgerValues(Mapping[str, Any]):
         return self._count
 
     def __iter__(self) -> Iterator[str]:
-        for task_id, _ in self.stored_items():
-            yield task_id
+        return (task_id for task_id, _ in self.stored_items())
 
     def __getitem__(self, task_id: str) -> Any:
         text = self._text(task_id)
@@ -424,8 +414,7 @@ class LedgerValues(Mapping[str, Any]):
             yield task_id, self._load(json.loads(text))
 
     def values(self) -> Iterator[Any]:  # type: ignore[override]
-        for _, value in self.items():
-            yield value
+        return (value for _, value in self.items())
 
     def stored_items(self) -> Iterator[tuple[str, str]]:
         """(task_id, stored JSON text) in task order, without loading the values. The rows of a
@@ -455,13 +444,6 @@ class LedgerValues(Mapping[str, Any]):
         for task_id, text in seen.items():
             if task_id not in self._hidden:
                 yield task_id, text
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Mapping):
-            return dict(self.items()) == dict(other)
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return f"<values of {len(self)} task(s), read from the ledger; dict(values) copies them>"
@@ -505,17 +487,8 @@ def result_values(store: Store, revision_id: int,
     model's load can fail (even on what it dumped itself), so only then is every value read once
     here: a value that does not load is its task's error, never an exception on reading
     ``values``."""
-    values, unloadable = _ledger_values(store, revision_id, schema)
-    return (values if _where(store) is not None else dict(values.items())), unloadable
-
-
-def _ledger_values(store: Store, revision_id: int,
-                   schema: Any) -> tuple[LedgerValues, list[dict[str, Any]]]:
-    values = LedgerValues(store, revision_id, schema.load)
-    if schema.model is None:
-        return values, []
-    unloadable = []
-    for task_id, text in values.stored_items():
+    values, unloadable = LedgerValues(store, revision_id, schema.load), []
+    for task_id, text in values.stored_items() if schema.model is not None else ():
         try:
             schema.load(json.loads(text))
         except Exception as exc:  # noqa: BLE001 - a stored value the schema no longer accepts
@@ -524,10 +497,10 @@ def _ledger_values(store: Store, revision_id: int,
                 "message": f"the stored answer no longer loads under the schema "
                            f"({type(exc).__name__}: {str(exc)[:300]}); change the schema "
                            "back, or re-run under a schema it satisfies"})
-    if not unloadable:
-        return values, []
-    hidden = frozenset(e["task_id"] for e in unloadable)
-    return LedgerValues(store, revision_id, schema.load, hidden), unloadable
+    if unloadable:
+        values = LedgerValues(store, revision_id, schema.load,
+                              frozenset(e["task_id"] for e in unloadable))
+    return (values if _where(store) is not None else dict(values.items())), unloadable
 
 
 def plain_items(values: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
@@ -557,12 +530,9 @@ class ResultErrors(SequenceView):
         self._failed, self._accepted, self._extra = failed, accepted, extra
         self._task_ids, self._missing, self._why = task_ids, missing, not_attempted
         self._pending, self._pending_tasks = pending, pending_tasks
-        self._len: int | None = None
-        self._raws: dict[str, str] | None = None
         # failed in the run yet accepted by its end (another runner's answer): read now, so
         # the errors stay those of this run's end when the ledger gains values later
         self._answered = {t for t in failed if t in accepted}
-        self._unattempted: int | None = None
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         for task_id, errs in self._failed_items():
@@ -570,7 +540,7 @@ class ResultErrors(SequenceView):
                 yield {**{k: v for k, v in e.items() if k != "raw"}, "task_id": task_id}
         yield from self._pending_errors()
         yield from (dict(e) for e in self._extra)
-        if self._unattempted_count():
+        if self._unattempted:
             named = {e["task_id"] for e in self._extra}
             named.update(e["task_id"] for e in self._pending_errors())
             for task_id in self._task_ids():
@@ -591,27 +561,22 @@ class ResultErrors(SequenceView):
         answered = self._answered
         return ((t, errs) for t, errs in self._failed.items() if t not in answered)
 
-    def _unattempted_count(self) -> int:
-        if self._unattempted is None:
-            failed = sum(1 for _ in self._failed_items())
-            self._unattempted = max(0, self._missing - failed - self._pending_tasks
-                                    - len({e["task_id"] for e in self._extra}))
-        return self._unattempted
+    @cached_property
+    def _unattempted(self) -> int:
+        failed = sum(1 for _ in self._failed_items())
+        return max(0, self._missing - failed - self._pending_tasks
+                   - len({e["task_id"] for e in self._extra}))
+
+    @cached_property
+    def _len(self) -> int:
+        return (sum(len(errs) for _, errs in self._failed_items()) + len(self._extra)
+                + self._pending_tasks + self._unattempted)
 
     def __len__(self) -> int:
-        if self._len is None:
-            self._len = (sum(len(errs) for _, errs in self._failed_items()) + len(self._extra)
-                         + self._pending_tasks + self._unattempted_count())
         return self._len
 
     def __bool__(self) -> bool:
         return next(iter(self), None) is not None
-
-    @overload
-    def __getitem__(self, index: int) -> dict[str, Any]: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
 
     def __getitem__(self, index: int | slice) -> Any:
         if isinstance(index, slice):
@@ -634,16 +599,15 @@ class ResultErrors(SequenceView):
         return (repr(first[:REPR_ERRORS])[:-1] + f", ... and {len(self) - REPR_ERRORS} more; "
                 "list(errors) copies them]")
 
-    @property
+    @cached_property
     def raws(self) -> dict[str, str]:
         """Each failed request's raw return, once (the errors themselves leave it out)."""
-        if self._raws is None:
-            self._raws = {}
-            for _, errs in self._failed_items():
-                for e in errs:
-                    if e.get("raw") is not None:
-                        self._raws.setdefault(request_of(e), e["raw"])
-        return self._raws
+        raws: dict[str, str] = {}
+        for _, errs in self._failed_items():
+            for e in errs:
+                if e.get("raw") is not None:
+                    raws.setdefault(request_of(e), e["raw"])
+        return raws
 
 
 def failure_groups(errors: Callable[[], Iterable[Mapping[str, Any]]],
