@@ -1,10 +1,9 @@
-"""The account: every attempt ever recorded, per batch and in total, priced honestly: a call of
-unknown cost is not free but counted at a floor, reported apart; and :class:`Evidence`, a
-read-only view of what is still owed. Pricing sits here, above the ledger, which stores the costs
-it is given.
+"""The account: every attempt ever recorded, per batch and in total, priced honestly (a call of
+unknown cost is counted at a floor, reported apart), and :class:`Evidence`, a read-only view of
+what is still owed. Pricing sits here, above the ledger, which stores the costs it is given.
 
-A request is resolved only by an accepted return for exactly its content key, so re-running
-identical work resumes it, and nothing but the ledger holds this state."""
+What a call is, and what is known of its cost, is defined once, in the store's SQL
+(``store_accounts.IS_CALL``); every account here is a view of :func:`calls`, so none can drift."""
 
 from __future__ import annotations
 
@@ -16,19 +15,23 @@ from .._ledger.ledger import Ledger
 from .._ledger.store import Store
 from .._providers.pricing import price_for
 
-COUNTERS = ("calls", "rechecks", "accepted_returns", "partial_returns", "rejected_returns",
-            "provider_errors", "abandoned", "cancelled", "in_flight", "pending", "imported",
-            "input_tokens", "output_tokens", "cached_tokens", "unknown_cost_calls",
-            "unpriced_calls", "tasks", "usable_results")
-
-# What a call is, and what is known of its cost, is defined once, in the store's SQL
-# (store_accounts.IS_CALL); Ledger.spend() and cost_summary() are both views of calls(), so the two
-# accounts cannot drift apart.
-
 _CALL_COUNTS = ("calls", "rechecks", "unsent", "accepted_returns", "partial_returns",
                 "rejected_returns", "provider_errors", "abandoned", "cancelled", "in_flight",
                 "pending", "imported", "input_tokens", "output_tokens", "cached_tokens",
                 "unknown_cost_calls")
+COUNTERS = (*(k for k in _CALL_COUNTS if k != "unsent"), "unpriced_calls", "tasks",
+            "usable_results")
+# Ledger.spend()'s name for each sum of calls() it reports (Evidence.summary() shares them)
+_SPENT = {"calls": "calls", "input_tokens": "input_tokens", "output_tokens": "output_tokens",
+          "accepted": "accepted_returns", "partial": "partial_returns",
+          "rejected": "rejected_returns", "provider_errors": "provider_errors",
+          "cancelled_calls": "cancelled", "abandoned_calls": "abandoned",
+          "in_flight_calls": "in_flight", "pending_calls": "pending",
+          "pending_cost": "pending_cost", "unsent": "unsent",
+          "calls_without_cost": "unknown_cost_calls", "unknown_cost_calls": "unknown_cost_calls",
+          "cost_lower_bound_unknown": "unknown_cost_lower_bound",
+          "unpriced_unknown_calls": "unpriced_calls"}
+
 
 def _empty(batch: str | None) -> dict[str, Any]:
     return {"batch": batch, **{k: 0 for k in COUNTERS}, "cost": 0.0,
@@ -72,22 +75,11 @@ def calls(store: Store, name: str | None = None) -> dict[str, dict[str, Any]]:
 def spend(store: Store, name: str | None = None) -> dict[str, Any]:
     """``Ledger.spend()``: the sum of :func:`calls` over every batch (or one)."""
     entries = list(calls(store, name).values())
-
-    def total(key: str) -> Any:
-        return sum(e[key] for e in entries)
-
     known = [e["cost"] for e in entries if e["cost"] is not None]
-    out = {"calls": total("calls"), "input_tokens": total("input_tokens"),
-           "output_tokens": total("output_tokens"), "cost": sum(known) if known else None,
-           "accepted": total("accepted_returns"), "partial": total("partial_returns"),
-           "rejected": total("rejected_returns"), "provider_errors": total("provider_errors"),
-           "cancelled_calls": total("cancelled"),
-           "abandoned_calls": total("abandoned"), "in_flight_calls": total("in_flight"),
-           "pending_calls": total("pending"), "pending_cost": float(total("pending_cost")),
-           "unsent": total("unsent"), "calls_without_cost": total("unknown_cost_calls"),
-           "unknown_cost_calls": total("unknown_cost_calls"),
-           "cost_lower_bound_unknown": float(total("unknown_cost_lower_bound")),
-           "unpriced_unknown_calls": total("unpriced_calls")}
+    out = {said: sum(e[key] for e in entries) for said, key in _SPENT.items()}
+    out["pending_cost"] = float(out["pending_cost"])
+    out["cost_lower_bound_unknown"] = float(out["cost_lower_bound_unknown"])
+    out["cost"] = sum(known) if known else None
     out["cost_lower_bound"] = (out["cost"] or 0.0) + out["cost_lower_bound_unknown"]
     return out
 
@@ -139,6 +131,11 @@ def cost_summary(store: Store, name: str | None = None) -> dict[str, Any]:
         for k in (*COUNTERS, "cost", "unknown_cost_lower_bound", "pending_cost"):
             total[k] += entry[k]
     return {"batches": [_finish(e) for e in per.values()], "total": _finish(total)}
+
+
+_SUMMARISED = ("calls", "accepted", "partial", "rejected", "provider_errors", "cancelled_calls",
+               "abandoned_calls", "in_flight_calls", "pending_calls", "pending_cost",
+               "unknown_cost_calls", "cost_lower_bound_unknown", "unpriced_unknown_calls")
 
 
 @dataclass(frozen=True)
@@ -202,19 +199,9 @@ class Evidence:
             "superseded": superseded,
             "forgotten": self._store.forgotten(batch),
             "owing_batches": sorted({u.batch for u in owed}),  # forgotten ones owe nothing
-            "calls": spent["calls"],
-            "accepted_returns": spent["accepted"],
-            "partial_returns": spent["partial"],
-            "rejected_returns": spent["rejected"],
-            "provider_errors": spent["provider_errors"],
-            "cancelled_calls": spent["cancelled_calls"],
-            "abandoned_calls": spent["abandoned_calls"],
-            "in_flight_calls": spent["in_flight_calls"],
-            "pending_calls": spent["pending_calls"],  # held by unfinished batch jobs
-            "pending_cost": spent["pending_cost"],  # their prompts at the batch price
-            "unknown_cost_calls": unknown,
-            "cost_lower_bound_unknown": spent["cost_lower_bound_unknown"],
-            "unpriced_unknown_calls": spent["unpriced_unknown_calls"],
+            # pending: held by unfinished batch jobs, their prompts at the batch price
+            **{(_SPENT[k] if k in ("accepted", "partial", "rejected") else k): spent[k]
+               for k in _SUMMARISED},
             "tokens": spent["input_tokens"] + spent["output_tokens"],
             "cost": cost,
             "cost_lower_bound": spent["cost_lower_bound"],
