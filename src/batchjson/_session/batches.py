@@ -1,10 +1,7 @@
 """What the session adds for the batch transport: the batch API a provider offers (refused
-before anything is recorded when there is none), batch prices for the budget, and what a run's
-result says of its jobs (``status == "pending"`` while one holds a request).
-
-``%batch_status`` collects what has ended (:func:`collect_ended`): each open job's lines judged as
-its run would judge them, through the same runner; nothing is submitted. A job whose validator
-this kernel has not registered is left open, saying to re-run its cell."""
+before anything is recorded when there is none), batch prices for the budget, what a run's result
+says of its jobs (``status == "pending"`` while one holds a request), and collecting ended jobs
+through the same runner (:func:`collect_ended`: a job this kernel cannot judge is left open)."""
 
 from __future__ import annotations
 
@@ -48,24 +45,22 @@ def batch_offer(provider: Any) -> Callable[[], Any]:
     return offer
 
 
-def client_for(provider: Any, store: Store, run: Callable[[Any], Any], used: list[Any]) -> Any:
-    """The batch API of ``provider``, checked to exist (one look, on the session's loop;
-    ``provider`` joins ``used``, which the session closes), or a ConfigError saying why."""
+def client_for(rt: Runtime, provider: Any) -> Any:
+    """The batch API of ``provider``, checked to exist (one look, on the session's loop, which
+    closes ``provider`` with it), or a ConfigError saying why."""
     client = batch_offer(provider)()
-    if not any(p is provider for p in used):
-        used.append(provider)
-    run(client.check)
+    rt.remember_provider(provider)
+    rt.loop.run(client.check)
     return client
 
 
-def held_by_jobs(store: Store, pending: Sequence[Request]
-                 ) -> tuple[JobsOutcome, list[Request]]:
-    """Of a live run's pending requests, those an unfinished batch job claims are not sent live:
-    (the jobs and those requests' errors, the requests left to send)."""
+def held_by_jobs(store: Store, pending: Sequence[Request]) -> JobsOutcome:
+    """The unfinished batch jobs claiming some of a live run's pending requests (not sent live),
+    and those requests' errors."""
     held = store.job_holders([r.key for r in pending])
     out = JobsOutcome(Outcome())
     if not held:
-        return out, list(pending)
+        return out
     ids = set(held.values())
     out.jobs = [job_view(r) for r in store.jobs() if r["id"] in ids]
     for request in pending:
@@ -77,7 +72,7 @@ def held_by_jobs(store: Store, pending: Sequence[Request]
                     "transport='batch' to collect it"}]
     out.notes.append(f"{len(held)} request(s) are claimed by unfinished batch job(s) and were "
                      "not sent live; re-run with transport='batch' to collect them")
-    return out, [r for r in pending if r.key not in held]
+    return out
 
 
 def pricing(provider: Any, *, batch: bool) -> Pricing:
@@ -218,10 +213,8 @@ def status_summary(rt: Runtime, name: str | None = None) -> dict[str, Any]:
     """What ``%batch_status`` shows: ended jobs collected first, then the evidence's summary and the
     unfinished jobs (of batch ``name``, or all) with their providers' progress."""
     collected = collect_ended(rt, name)
-    summary = rt.evidence.summary(name)
-    summary["collected"] = collected
-    summary["jobs"] = pending_jobs(rt.ledger, name)
-    return summary
+    return {**rt.evidence.summary(name), "collected": collected,
+            "jobs": pending_jobs(rt.ledger, name)}
 
 
 def collect_ended(rt: Runtime, name: str | None = None) -> list[str]:

@@ -56,16 +56,12 @@ def _default_name(fn: Any) -> str:
 def _where(fn: Any) -> str:
     """Best-effort "file:line" of the definition, for messages and the ledger."""
     try:
-        return _location(fn)
+        target = unwrap_callable(fn)
+        code = getattr(target, "__code__", None)
+        if code is None and callable(target):
+            code = getattr(type(target).__call__, "__code__", None)
     except Exception:  # an object that raises when read
         return "<unknown>"
-
-
-def _location(fn: Any) -> str:
-    target = unwrap_callable(fn)
-    code = getattr(target, "__code__", None)
-    if code is None and callable(target):
-        code = getattr(type(target).__call__, "__code__", None)
     if not isinstance(code, types.CodeType):
         return "<unknown>"
     filename = code.co_filename

@@ -148,7 +148,7 @@ def fitted(rt: Runtime, plan: RunPlan, *, record: bool = True) -> RunPlan:
     if spec.transport == "batch" and plan.finished is None and not record:
         batches.batch_offer(plan.provider)  # asked nothing: an estimate sends nothing
     elif spec.transport == "batch" and plan.finished is None:
-        client = batches.client_for(plan.provider, rt.ledger.store, rt.loop.run, rt.used)
+        client = batches.client_for(rt, plan.provider)
         rt.job_schemas[content.schema.fingerprint] = content.schema  # for %batch_status
     return replace(plan, provider_notes=tuple(notes), client=client)
 
@@ -247,7 +247,7 @@ def _live(rt: Runtime, calls: Plan, spender: Spender, plan: RunPlan,
         return replayer.outcome, replayer.run(unclaimed())
 
     outcome = _replay(rt, plan, provider, progress, replaying)
-    held, _ = batches.held_by_jobs(store, claimed)
+    held = batches.held_by_jobs(store, claimed)
     if not held.jobs:
         return outcome, None
     outcome.errors.update(held.outcome.errors)

@@ -99,12 +99,9 @@ def llm_batch_json(session: Runs, prompts: Sequence[str], schema: Any,
     item_schema = compile_schema(schema, strict_integers=droste)
     if not prompts:  # droste answers no prompts with an empty result, after checking the schema
         return {"values": [], "errors": [], "attempts": [], "repairs_made": 0}
-    tasks = []
-    for index, prompt in enumerate(prompts):
-        task: dict[str, Any] = {"task_id": str(index), "index": index, "prompt": prompt}
-        if contexts is not None:
-            task["context"] = contexts[index]
-        tasks.append(task)
+    tasks = [{"task_id": str(index), "index": index, "prompt": prompt,
+              **({} if contexts is None else {"context": contexts[index]})}
+             for index, prompt in enumerate(prompts)]
     batch, version = name, None
     if batch is None and keyed_by_content:
         registry = session.validators
@@ -175,9 +172,9 @@ def _droste_shape(result: BatchResult, tasks: list[dict[str, Any]],
         if raw is not None and entry["type"] == "validation_error":
             entry["raw"] = raw[:RAW_SHOWN]
         errors.append(entry)
-    errors.sort(key=lambda e: e["index"])
-    return {"values": values, "errors": _one_per_index(errors), "attempts": attempts,
-            "repairs_made": result.repairs_made}
+    errors.sort(key=lambda e: e["index"])  # droste reports one per failed index: the last
+    return {"values": values, "errors": list({e["index"]: e for e in errors}.values()),
+            "attempts": attempts, "repairs_made": result.repairs_made}
 
 
 def _droste_type(error: dict[str, Any]) -> str:
@@ -187,11 +184,3 @@ def _droste_type(error: dict[str, Any]) -> str:
     if error["type"] == "provider_error" and isinstance(kind, str) and kind:
         return kind
     return _DROSTE_TYPES.get(error["type"], "validation_error")
-
-
-def _one_per_index(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """droste reports one error per failed index: keep the last one seen for each."""
-    last: dict[int, dict[str, Any]] = {}
-    for e in errors:
-        last[e["index"]] = e
-    return [last[i] for i in sorted(last)]

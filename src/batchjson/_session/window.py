@@ -9,6 +9,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from itertools import chain
 from typing import Any
 
 from .._content.tasks import Request, stored_request
@@ -32,8 +33,7 @@ def windows(store: Store, plan: RunPlan) -> Iterator[list[Request]]:
 
 
 def every_request(store: Store, plan: RunPlan) -> Iterator[Request]:
-    for window in windows(store, plan):
-        yield from window
+    return chain.from_iterable(windows(store, plan))
 
 
 def survey(store: Store, plan: RunPlan, judging: Judging) -> RunPlan:
@@ -107,12 +107,8 @@ class Pending:
     def __len__(self) -> int:
         return self._count
 
-    def __bool__(self) -> bool:
-        return self._count > 0
-
     def __iter__(self) -> Iterator[Request]:
-        for window in self.windows():
-            yield from window
+        return chain.from_iterable(self.windows())
 
     def windows(self) -> Iterator[list[Request]]:
         start = 0
