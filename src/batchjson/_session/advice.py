@@ -136,17 +136,14 @@ class Observations:
                   if r["cost"] is not None and r["input_tokens"] is not None]
         columns = [list(c) for c in zip(*map(observe, rows), strict=True)]
         tasks = cost_summary(ledger.store, name)["total"]["tasks"]
-        return cls(columns or [[] for _ in SUMS], len(rows), tasks,
-                   (*_prices(models, priced), _cached_price(models)))
+        return cls(columns or [[] for _ in SUMS], len(rows), tasks, _prices(models, priced))
 
     def fit(self, drawn: Sequence[int] | None = None) -> Fit | None:
         """The model's parameters from the receipts ``drawn`` (indices, repeats counting
         again; default: every receipt once); None with no judged return."""
-        if drawn is None:
-            s = {k: sum(c) for k, c in zip(SUMS, self.columns, strict=True)}
-        else:
-            pick = itemgetter(*drawn)  # one C-level gather a column
-            s = {k: sum(pick(c)) for k, c in zip(SUMS, self.columns, strict=True)}
+        pick = itemgetter(*drawn) if drawn is not None else None  # one C-level gather a column
+        s = {k: sum(c if pick is None else pick(c)) for k, c in zip(SUMS, self.columns,
+                                                                   strict=True)}
         if not s["judged"]:
             return None
         hint = s["hint_sum"] / s["hints"] if s["hints"] else None
@@ -204,12 +201,6 @@ def _fitted(fitted: Fit | None, name: str) -> Fit:
     return fitted
 
 
-def _cached_price(models: set[str]) -> float | None:
-    """USD per prompt-cache read of the batch's one known model, if its table prices them."""
-    price = price_for(next(iter(models))) if len(models) == 1 else None
-    return None if price is None or price.cached_input is None else price.cached_input / 1e6
-
-
 def _split_tokens(n: float, sk: float, sv: float, skk: float, skv: float,
                  per_task_hint: float | None) -> tuple[float, float]:
     """Shared and per-task tokens from the sums of (size, tokens): a line through the observed
@@ -226,15 +217,16 @@ def _split_tokens(n: float, sk: float, sv: float, skk: float, skv: float,
 
 
 def _prices(models: set[str], priced: list[tuple[int, int, float]]
-            ) -> tuple[float | None, float | None]:
-    """USD per token: the price table when the batch used one known model, else a fit of the
-    recorded costs, else the mean recorded cost per token for both; None with no costs."""
-    if len(models) == 1:
-        price = price_for(next(iter(models)))
-        if price is not None:
-            return price.input / 1e6, price.output / 1e6
+            ) -> tuple[float | None, float | None, float | None]:
+    """USD per input, output and cached input token: the price table when the batch used one
+    known model, else a fit of the recorded costs, else the mean recorded cost per token for
+    both; None with no costs (and a cached price only from the table)."""
+    price = price_for(next(iter(models))) if len(models) == 1 else None
+    if price is not None:
+        cached = None if price.cached_input is None else price.cached_input / 1e6
+        return price.input / 1e6, price.output / 1e6, cached
     if not priced:
-        return None, None
+        return None, None, None
     # cost = a*in + b*out: normal equations of the two-variable fit through the origin
     sii = sum(i * i for i, _, _ in priced)
     soo = sum(o * o for _, o, _ in priced)
@@ -245,10 +237,10 @@ def _prices(models: set[str], priced: list[tuple[int, int, float]]
     if det > 1e-9 * max(1.0, sii * soo):
         a, b = (sic * soo - soc * sio) / det, (soc * sii - sic * sio) / det
         if a >= 0 and b >= 0:
-            return a, b
+            return a, b, None
     tokens = sum(i + o for i, o, _ in priced)
     mean = sum(c for _, _, c in priced) / tokens if tokens else 0.0
-    return mean, mean
+    return mean, mean, None
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,11 @@
-"""An estimate before spending: what a run would send and spend, with nothing sent or recorded.
+"""An estimate before spending: the run's own plan (``run.plan_of`` with ``record=False``),
+stopped before the revision is recorded, so nothing is sent or recorded.
 
-It builds the run's own plan (``run.plan_of`` with ``record=False``: checked, keyed, surveyed and
-fitted as the run is, no validator registered, no batch API asked) and stops before the revision
-is recorded. The worst case asks the one next-attempt policy (``settle.next_attempt``) about each
-pending request whose every return is rejected: its first call, repairs and replays, and under
-``split=True`` (live calls only: jobs never halve) its halves, theirs in turn. Input tokens are
-its prompts' characters / 4; output tokens run from the fewest the smallest answers take to the
-output ceiling each call asks for (``call_output_cap``: sized from the largest answer, or the
-user's ``max_tokens``), or, where a call sends none, the largest answers at one token a
-character."""
+The worst case asks the one next-attempt policy (``settle.next_attempt``) about each pending
+request whose every return is rejected, halves too under ``split=True`` (live calls only). Input
+tokens are prompt characters / 4; output tokens run from the fewest the smallest answers take to
+the ceiling each call asks for (``call_output_cap``), or where none is sent the largest answer at
+one token a character."""
 
 from __future__ import annotations
 
@@ -75,8 +72,8 @@ class Estimate:
              f"returns, {self.to_send:,} to send"),
             ("calls", f"{self.calls[0]:,} if every first return is accepted, at most "
              f"{self.calls[1]:,} if every return is rejected"),
-            ("tokens", f"input {_span(self.input_tokens, _count)}, output "
-             f"{_span(self.output_tokens, _count)} (estimated)"),
+            ("tokens", f"input {_span(self.input_tokens, '{:,}'.format)}, output "
+             f"{_span(self.output_tokens, '{:,}'.format)} (estimated)"),
             ("cost", f"live {_span(self.cost_live, money)}; as a batch job "
              f"{_span(self.cost_batch, money)}"),
             ("time", _time(self.minutes, self.transport)),
@@ -99,10 +96,6 @@ class Estimate:
         return (f"<div>estimate of batch <code>{html.escape(self.name)}</code> "
                 f"({html.escape(self.transport)}): nothing was sent or recorded"
                 f"<table>{rows}</table>{notes}</div>")
-
-
-def _count(n: int) -> str:
-    return f"{n:,}"
 
 
 def _span(span: Span, shown: Any) -> str:

@@ -75,9 +75,8 @@ Kind = Literal["registered", "unchanged", "reused", "changed"]
 
 @dataclass(frozen=True)
 class Definition:
-    """What one definition did, returned instead of a side channel: ``kind`` (``registered``,
-    ``unchanged``, ``reused`` or ``changed``), ``fn`` (the object to use from now on) and
-    ``message`` (one line for the user: what changed, what the fingerprint could not see)."""
+    """What one definition did: ``kind``, ``fn`` (the object to use from now on) and ``message``
+    (one line for the user: what changed, what the fingerprint could not see)."""
 
     name: str
     version: int
@@ -121,9 +120,8 @@ class ValidatorRegistry:
 
     def define(self, fn: Callable[..., Any] | None = None, *,
                name: str | None = None) -> Any:
-        """Register ``fn`` and return the canonical object for its content: the first object
-        registered with this fingerprint (same ``id()``), unless the fingerprint is partial. Works
-        as ``@define``, ``@define(name="x")``, ``define(fn)`` and ``define(fn, name="x")``."""
+        """Register ``fn`` and return the first object registered with its fingerprint (unless
+        that is partial); also a decorator, ``@define`` or ``@define(name="x")``."""
         if fn is None:
             return lambda f: self.register(f, name=name).fn
         return self.register(fn, name=name).fn
@@ -149,7 +147,6 @@ class ValidatorRegistry:
         return record
 
     def register(self, fn: Callable[..., Any], *, name: str | None = None) -> Definition:
-        """Register ``fn`` under ``name`` and say what happened (a :class:`Definition`)."""
         self._handed.record = None
         name, fingerprint = self._named(fn, name)
         with self._lock:
@@ -176,9 +173,8 @@ class ValidatorRegistry:
                               message + _notes(fingerprint), fn, record, changes)
 
     def preview(self, fn: Callable[..., Any], *, name: str | None = None) -> ValidatorVersion:
-        """The version ``fn`` would be, refused as :meth:`register` would refuse it, with
-        nothing registered or recorded (an estimate judges with it and changes nothing): the
-        known version of the same content, else an unnumbered one (version 0)."""
+        """The version ``fn`` would be (refused as :meth:`register` would), nothing registered:
+        the known version of the same content, else an unnumbered one (version 0)."""
         name, fingerprint = self._named(fn, name)
         with self._lock:
             match = next((v for v in self._versions.get(name, ())
@@ -215,8 +211,8 @@ class ValidatorRegistry:
 
     def _reuse(self, name: str, match: ValidatorVersion, current: ValidatorVersion | None,
                fn: Callable[..., Any], fingerprint: Fingerprint) -> Definition:
-        """Same content as a known version: hand back its object, unless the fingerprint could
-        not see everything, when the new object replaces it (its logic may differ unseen)."""
+        """Same content as a known version: its object, unless the fingerprint is partial, when
+        the new object replaces it (its logic may differ unseen)."""
         if fingerprint.partial:
             match.fn, match.fingerprint = fn, fingerprint
         if current is match:
@@ -238,12 +234,10 @@ class ValidatorRegistry:
                          if v.fn is fn), None)
 
     def current(self, name: str) -> ValidatorVersion | None:
-        """The version most recently defined (or re-selected) under ``name``."""
         with self._lock:
             return self._current.get(name)
 
     def versions(self, name: str) -> list[ValidatorVersion]:
-        """Every version of ``name``, oldest first."""
         with self._lock:
             return list(self._versions.get(name, ()))
 
@@ -277,8 +271,8 @@ def checker_of(version: ValidatorVersion, validator_args: str | None,
 
 def _bounded(fn: Callable[[Any, Mapping[str, Any]], Any],
              seconds: float) -> Callable[[Any, Mapping[str, Any]], Any]:
-    """The validator, with an ``async def`` one bounded by the session's timeout: one that never
-    returns becomes a ``validator_error`` instead of holding the run forever."""
+    """An ``async def`` validator bounded by the session's timeout: one that never returns is a
+    ``validator_error``, not a run held forever."""
     def check(value: Any, task: Mapping[str, Any]) -> Any:
         out = fn(value, task)
         return _within(out, seconds) if inspect.isawaitable(out) else out

@@ -6,7 +6,7 @@ budget and the fit have been checked."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -42,7 +42,10 @@ def run_spec(rt: Runtime, spec: RunSpec) -> BatchResult:
         progress.end(None)
         raise
     progress.end(result)
-    return _ended(result, spec)
+    # never unresolved while a batch job holds its requests: it is pending
+    if result.status == "unresolved" and spec.on_exhausted == "raise":
+        raise BatchUnresolved(result)
+    return result
 
 
 def _resolved(rt: Runtime, spec: RunSpec, progress: Progress) -> BatchResult:
@@ -61,21 +64,13 @@ def _resolved(rt: Runtime, spec: RunSpec, progress: Progress) -> BatchResult:
     return result
 
 
-def _ended(result: BatchResult, spec: RunSpec) -> BatchResult:
-    """The result, raised as BatchUnresolved when the spec says to and some task has no value
-    (a run is never unresolved while a batch job holds its requests: it is pending)."""
-    if result.status not in ("resolved", "pending") and spec.on_exhausted == "raise":
-        raise BatchUnresolved(result)
-    return result
-
-
 def plan_of(rt: Runtime, spec: RunSpec, progress: Progress, *, record: bool = True) -> RunPlan:
     """The run's plan, before anything is recorded or spent. ``record=False`` (an estimate)
     registers no validator and asks no batch API: nothing at all is written or sent."""
     remembered = find_completed(rt, spec)  # a tasks file's finished run: nothing to read
-    if remembered:
-        return fitted(rt, judge_with(rt, remembered, record=record), record=record)
-    return planned(rt, spec, progress, record=record)
+    plan = (judge_with(rt, remembered, record=record) if remembered
+            else planned(rt, spec, progress, record=record))
+    return fitted(rt, plan, record=record)
 
 
 def planned(rt: Runtime, spec: RunSpec, progress: Progress, *, record: bool = True) -> RunPlan:
@@ -90,10 +85,9 @@ def planned(rt: Runtime, spec: RunSpec, progress: Progress, *, record: bool = Tr
     done = None if plan.blind or content.file_digest is not None else finished(
         rt.ledger, plan)  # a tasks file's run is remembered by its bytes
     if done is not None:
-        return fitted(rt, done, record=record)
+        return done
     judging = judging_of(rt, plan)
-    return fitted(rt, window.survey(rt.ledger.store, find_requests(rt, plan, judging), judging),
-                  record=record)
+    return window.survey(rt.ledger.store, find_requests(rt, plan, judging), judging)
 
 
 def judge_with(rt: Runtime, plan: RunPlan, *, record: bool = True) -> RunPlan:
@@ -336,7 +330,11 @@ def _result(rt: Runtime, name: str, revision: Any, total: int,
             schema: Any, outcome: Outcome, resumed: int) -> BatchResult:
     """The result over the revision's values in the ledger; ``task_ids`` (every task in
     order, each time it is called) is read only when some task has no value."""
-    values, errors = _values(rt, revision.id, total, task_ids, schema, outcome)
+    values, unloadable = result_values(rt.ledger.store, revision.id, schema)
+    why = (f"no call was made for this task in this run: {outcome.stopped}"
+           if outcome.stopped else "no call was made for this task in this run")
+    errors = ResultErrors(outcome.errors, values, unloadable, task_ids, total - len(values), why,
+                          outcome.pending, outcome.pending_tasks)
     result = BatchResult(
         name=name, status="resolved" if len(values) == total else "unresolved",
         values=values, errors=errors, calls=outcome.calls, tokens=outcome.tokens,
@@ -362,14 +360,3 @@ def _result(rt: Runtime, name: str, revision: Any, total: int,
         result.notes.append(f"{outcome.taken_from_ledger} request(s) were resolved by another "
                             "runner of the same content; their values come from the ledger")
     return result
-
-
-def _values(rt: Runtime, revision_id: int, total: int, task_ids: Callable[[], Iterable[str]],
-            schema: Any, outcome: Outcome) -> tuple[Mapping[str, Any], ResultErrors]:
-    """The revision's values and an error for every task without one, each read when asked for."""
-    values, unloadable = result_values(rt.ledger.store, revision_id, schema)
-    why = (f"no call was made for this task in this run: {outcome.stopped}"
-           if outcome.stopped else "no call was made for this task in this run")
-    return values, ResultErrors(outcome.errors, values, unloadable, task_ids,
-                                total - len(values), why, outcome.pending,
-                                outcome.pending_tasks)

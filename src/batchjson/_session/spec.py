@@ -1,9 +1,7 @@
 """The one public description of a run, and the one place that checks a run's inputs.
 
-Every face builds a ``RunSpec``, so every face refuses the same inputs in the same words, before the
-ledger or the provider is touched: a refusal never costs a call or records anything. The checks of
-a run's content that need no call (:func:`check_all`) are each an
-:class:`~batchjson._errors.InvalidBatch` naming the problem and the fix."""
+Every face builds a ``RunSpec``, so every face refuses the same inputs in the same words (an
+``InvalidBatch`` naming the problem and the fix) before the ledger or the provider is touched."""
 
 from __future__ import annotations
 
@@ -85,8 +83,7 @@ class RunSpec:
     accept: Accept = "whole"
 
     def __post_init__(self) -> None:
-        """What its types cannot say, each checked alone: cheap, and before any face does
-        anything with them."""
+        """What its types cannot say, each checked alone and cheaply."""
         check_text("batch name", self.name, "run_batch('labels', ...)", required=True)
         check_text("instructions", self.instructions, "instructions='Answer in English.'",
                    free=True)
@@ -103,17 +100,15 @@ class RunSpec:
         normalize_identity(self.identity)  # its shape; the tasks are checked against it later
 
     def checked(self, on_read: Callable[[int], Any] | None = None) -> CheckedRun:
-        """The run's content, checked and in the ledger's (JSON) form: tasks, schema, and what the
-        mode, identity and validator need of them (``on_read(n)``: n more tasks checked). Raises
-        InvalidBatch naming the first problem and the fix; reads nothing but the spec."""
+        """The run's content, checked (needing neither ledger nor call) and in the ledger's (JSON)
+        form (``on_read(n)``: n more tasks checked)."""
         identity = normalize_identity(self.identity)
         hasher = hashlib.sha256() if is_task_file(self.tasks) else None
         tasks, texts = normalize_tasks(self.tasks, identity, hasher, pack=self.pack,
                                        on_read=on_read)
         schema = compile_schema(self.schema)
-        check_all(tasks=tasks, identity=identity, schema=schema, mode=self.mode,
-                            validator=self.validator, validator_args=self.validator_args,
-                            pack=self.pack)
+        check_mode(tasks, identity, self.mode, self.pack, self.validator, self.validator_args)
+        check_schema(schema, self.mode, tasks, identity)
         return CheckedRun(self, tasks, texts, schema, identity,
                           hasher.hexdigest() if hasher else None)
 
@@ -133,9 +128,8 @@ class CheckedRun:
 
 def check_text(label: str, value: Any, example: str, *, required: bool = False,
                free: bool = False) -> None:
-    """A name or text a ledger stores and a terminal shows: a str of valid Unicode, and, unless
-    it is ``free`` text for the model (where newlines belong), with no control characters
-    (``'\\x00'`` would be cut short or act on the terminal)."""
+    """A name or text a ledger stores and a terminal shows: a str of valid Unicode, without
+    control characters unless it is ``free`` text for the model (where newlines belong)."""
     if value is None and not required:
         return
     if not isinstance(value, str) or (required and not value.strip()):
@@ -159,7 +153,7 @@ def check_text(label: str, value: Any, example: str, *, required: bool = False,
 @options(ConfigError)
 class SessionOptions:
     """A :class:`~batchjson.Session`'s own settings, refused (``ConfigError``; a bad budget
-    ``InvalidBatch``) before anything is created, spent or recorded."""
+    ``InvalidBatch``) before anything is created."""
 
     strict: Flag
     budget: Annotated[Budget, PlainValidator(Budget.of)]
@@ -177,8 +171,7 @@ class SessionOptions:
 
 
 def check_validator(fn: Any, args: str) -> None:
-    """The validator is called ``validator(item, task)`` (or ``(item, index)``) and says yes or
-    no: a plain or ``async def`` function whose signature takes exactly that."""
+    """A validator callable as ``validator(item, task)`` (or ``(item, index)``)."""
     if fn is None:
         return
     second = "task" if args == "task" else "index"
@@ -198,8 +191,8 @@ def check_validator(fn: Any, args: str) -> None:
 
 
 def check_verdicts(fn: Any, second: str = "task") -> None:
-    """What any validator must be, whatever it is called with (the registry checks this before
-    it records a version): callable, returning a verdict, and kept whole under ``python -O``."""
+    """What any validator must be, however it is called: callable, returning a verdict, and kept
+    whole under ``python -O``."""
     if not callable(fn):
         hint = " (names go by keyword: @validator(name=...))" if isinstance(fn, str) else ""
         raise InvalidBatch(f"validator must be callable, got {type(fn).__qualname__}{hint}")
@@ -208,9 +201,8 @@ def check_verdicts(fn: Any, second: str = "task") -> None:
 
 
 def check_not_generator(fn: Any, second: str = "task") -> None:
-    """A generator (or async generator) function says neither yes nor no: refused as a validator
-    rather than paid for and failed as a ``validator_error``. The function, partial or object's
-    ``__call__`` is what is judged."""
+    """A generator function (or an object whose ``__call__`` is one) says neither yes nor no:
+    refused rather than paid for and failed as a ``validator_error``."""
     try:
         called = [fn] + ([] if inspect.isroutine(fn) else [type(fn).__call__])
         kind = next(("an async generator function" if inspect.isasyncgenfunction(c) else
@@ -229,8 +221,7 @@ def check_not_generator(fn: Any, second: str = "task") -> None:
 
 def check_asserts_kept(fn: Any) -> None:
     """Under ``python -O`` asserts vanish, so an assert-checking validator would accept everything:
-    refused when its own source (nested functions too) holds one. Helpers it calls are not read; a
-    validator without source cannot be seen."""
+    refused when its own source holds one (helpers it calls are not read)."""
     if not sys.flags.optimize:
         return
     try:
@@ -412,9 +403,8 @@ def _short(sub: Any) -> str:
 
 def check_mode(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str], mode: str,
                pack: int, validator: Callable[..., Any] | None, validator_args: str) -> None:
-    """What each mode can judge: ``mode="value"`` sends one prompt per call and requires no
-    identity (a bare value need echo nothing; an object value is held to the task fields it
-    echoes), and ``validator(value, index)`` needs an index."""
+    """What each mode can judge: ``mode="value"`` is one task a call with no identity required,
+    and ``validator(value, index)`` needs an index."""
     if mode == "value" and pack != 1:
         raise InvalidBatch(f"mode='value' sends one prompt per call and judges one bare value, "
                            f"so pack must be 1, got {pack}; use mode='items' to pack tasks")
@@ -430,12 +420,3 @@ def check_mode(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str], mode
                                f"validator_args={validator_args!r} calls validator(value, "
                                "task['index']); give every task its index or use "
                                "validator_args='task'")
-
-
-def check_all(*, tasks: Sequence[Mapping[str, Any]], identity: Sequence[str],
-              schema: ItemSchema, mode: str, validator: Callable[..., Any] | None,
-              validator_args: str, pack: int = 1) -> None:
-    """Every check of a run's content that needs neither the ledger nor a call (the
-    validator's own shape is checked when the RunSpec is made)."""
-    check_mode(tasks, identity, mode, pack, validator, validator_args)
-    check_schema(schema, mode, tasks, identity)
