@@ -1,9 +1,6 @@
 """What a result shows of its answers: the first few accepted values as a table, and for each
-field with a fixed set of values (an enum, a const, a boolean) how often each value came back.
-
-Both are read in one pass over the ledger's values when a result is first shown, and the counts
-stop at :data:`COUNTED` values (saying so), so showing a result of a million tasks reads a
-bounded number of values."""
+field with a fixed set of values (an enum, a const, a boolean) how often each value came back,
+read in one pass that stops at :data:`COUNTED` values (saying so)."""
 
 from __future__ import annotations
 
@@ -70,8 +67,7 @@ class Answers:
     @classmethod
     def read(cls, items: Iterable[tuple[str, Any]], schema: Mapping[str, Any],
              total: int) -> Answers:
-        """One pass over ``items`` (task_id, plain value), stopping once the sample is taken and
-        nothing is counted, or at :data:`COUNTED`."""
+        """One pass over ``items`` (task_id, plain value)."""
         fields = fixed_set_fields(schema)
         sample: list[tuple[str, Any]] = []
         counts: dict[str, Counter[str]] = {f: Counter() for f in fields}
@@ -104,8 +100,7 @@ class Answers:
         return f"accepted values (the first {len(self.sample)} of {self.total})"
 
     def _tallies(self) -> list[tuple[str, str]]:
-        """(field, "value count, ...") of each counted field; the scope said once by
-        :meth:`_counted`."""
+        """(field, "value count, ...") of each counted field."""
         out = []
         for f, counter in self.counts.items():
             common = counter.most_common()

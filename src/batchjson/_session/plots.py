@@ -1,8 +1,6 @@
-"""Charts where a user would rather look: the pack-size advice with its intervals, and a batch's
-spend and accepted results over time, drawn as PNG from the data the session already has.
-
-matplotlib is an optional extra (``batchjson[plots]``), imported when a chart is drawn. Only its
-object API is used, never pyplot: drawing a chart never changes a notebook's backend or state."""
+"""Charts as PNG: the pack-size advice with its intervals, a batch's spend and accepted results
+over time. matplotlib (``batchjson[plots]``) is imported when one is drawn, and only its object
+API, never pyplot: drawing never changes a notebook's backend or state."""
 
 from __future__ import annotations
 
@@ -96,18 +94,13 @@ def advice_chart(advice: Mapping[str, Any]) -> Chart:
 
 
 def batch_chart(receipts: Sequence[Receipt], name: str, revision: int | None = None) -> Chart:
-    """Batch ``name``'s spend and accepted results over time, from its receipts: every
-    revision's, or one revision's."""
+    """Batch ``name``'s spend (cost, or tokens where no cost is known) and accepted results,
+    summed over time from its receipts' completion times (every revision's, or one's); a task
+    counts as accepted once."""
     which = f"batch {name!r}" + (f" revision {revision}" if revision is not None else "")
-    return spend_chart([r for r in receipts if revision is None or r.revision == revision],
-                       f"{which}: spend and accepted results over time")
-
-
-def spend_chart(receipts: Sequence[Receipt], title: str) -> Chart:
-    """Spend (cost, or tokens where no cost is known) and accepted results, summed over time
-    from the receipts' completion times; a task counts as accepted once."""
-    done = sorted(((when, r) for r in receipts if (when := _when(r.finished_at))),
-                  key=lambda pair: pair[0])
+    title = f"{which}: spend and accepted results over time"
+    done = sorted(((when, r) for r in receipts if revision in (None, r.revision)
+                   and (when := _when(r.finished_at))), key=lambda pair: pair[0])
     if not done:
         raise InvalidBatch(f"{title}: no call has finished yet, so there is nothing to draw")
     start = min(_when(done[0][1].started_at) or done[0][0], done[0][0])

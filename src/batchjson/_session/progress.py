@@ -1,11 +1,6 @@
-"""A run's progress, on a terminal and in a notebook, drawn by ``tqdm.auto``.
-
-From the first moment: the tasks counted as the first pass reads and checks them (a streamed input
-has no total yet), then the tasks judged, with tqdm's elapsed time, rate and ETA, the returns
-accepted, accepted in part and rejected, and the cost so far (against the session's cost budget
-when one is set), and a note while the run waits on a rate limit or a provider's batch job. The
-last state is the tasks with a value, named and coloured by the run's outcome: a run that ends
-with none accepted never shows a full bar."""
+"""A run's progress over ``tqdm.auto``: the tasks read and checked, then the tasks judged with
+the returns, the cost against the budget and what the run waits on. The last state is the tasks
+with a value, coloured by outcome: a run that ends with none accepted never shows a full bar."""
 
 from __future__ import annotations
 
@@ -24,8 +19,7 @@ READING_DELAY = 0.5  # seconds of reading before its count shows: a quick refusa
 
 
 def wanted(progress: bool | None) -> bool:
-    """``None`` (the default): on where a person watches the run, a terminal (stderr is a TTY)
-    or a Jupyter kernel; off in pipes, logs and test runs."""
+    """``None``: on where a person watches (a terminal or a Jupyter kernel), off in pipes."""
     if progress is not None:
         return progress
     stderr = sys.stderr
@@ -34,8 +28,7 @@ def wanted(progress: bool | None) -> bool:
 
 
 def _bar(**options: Any) -> Any:
-    """A tqdm.auto bar: the notebook widget where ipywidgets is installed, else the text bar
-    (without tqdm's warning that the widget is missing: the text bar serves)."""
+    """A tqdm.auto bar, without tqdm's warning that the notebook widget is missing."""
     from tqdm import TqdmWarning
 
     with warnings.catch_warnings():
@@ -60,16 +53,14 @@ class Progress:
         return None if self.bar is None else self.bar.update
 
     def checking(self) -> None:
-        """Every task read: the ledger is looked at before any call (said at once where the
-        reading was shown)."""
+        """Every task read: the ledger is looked at before any call."""
         bar = self.bar
         if bar is not None:
             bar.set_description_str(f"{self.name}: {bar.n:,} task(s) read, checking the ledger",
                                     refresh=bar.last_print_t >= bar.start_t + bar.delay)
 
     def calls(self, total: int, done: int, outcome: Outcome) -> None:
-        """The calls begin, ``done`` of ``total`` tasks resolved already; ``outcome`` is the run's
-        live counts."""
+        """The calls begin, ``done`` of ``total`` tasks resolved already."""
         self.outcome = outcome
         if self.bar is not None:
             self.bar.close()  # the reading bar goes; the run's bar takes its line

@@ -7,7 +7,6 @@ closed it), :class:`ResultErrors` builds each error when read."""
 from __future__ import annotations
 
 import html
-import io
 import json
 import os
 from collections import Counter
@@ -147,18 +146,13 @@ class BatchResult:
     def to_jsonl(self, path: str | os.PathLike | None = None) -> str | None:
         """Every accepted value as JSON Lines (``{"task_id": ..., "value": ...}``, in task order),
         streamed from the ledger to ``path``; with no path, the whole text, in memory."""
+        lines = (json.dumps({"task_id": task_id, "value": value}, ensure_ascii=False) + "\n"
+                 for task_id, value in plain_items(self.values))
         if path is None:
-            out = io.StringIO()
-            self._write_jsonl(out)
-            return out.getvalue()
+            return "".join(lines)
         with open(path, "w", encoding="utf-8") as out:
-            self._write_jsonl(out)
+            out.writelines(lines)
         return None
-
-    def _write_jsonl(self, out: Any) -> None:
-        for task_id, value in plain_items(self.values):
-            out.write(json.dumps({"task_id": task_id, "value": value}, ensure_ascii=False))
-            out.write("\n")
 
     def to_pandas(self) -> Any:
         """A pandas DataFrame of the accepted values: a ``task_id`` column, then one column per
@@ -290,11 +284,8 @@ class BatchResult:
         return "\n".join(map(printable, lines))
 
     def _repr_html_(self) -> str:
-        return "<div>" + "".join(self._html_blocks()) + "</div>"
-
-    def _html_blocks(self) -> list[str]:
         """The notebook display, top to bottom: the counts, what was compared, pending jobs,
-        failed requests, then the answers (each block a string, so one more can be added)."""
+        failed requests, then the answers."""
         s = self.summary()
         colour = ("#1a7f37" if self.resolved else "#9a6700" if self.status == "pending"
                   else "#cf222e")
@@ -313,10 +304,11 @@ class BatchResult:
         if self.rechecked:
             compared += (f"<div style='color:#666'>{self.rechecked} request(s) resolved by "
                          "re-judging earlier returns, without a call</div>")
-        return [f"<div><span style='color:{colour}'>&#9679;</span> batch "
-                f"<code>{html.escape(self.name)}</code> revision {self.revision}: "
-                f"<b>{self.status}</b><table><tr>{cells}</tr></table></div>", compared,
-                _jobs_html(self.jobs), self._failures_html(), self._shown_answers.html()]
+        return "".join([f"<div><div><span style='color:{colour}'>&#9679;</span> batch "
+                        f"<code>{html.escape(self.name)}</code> revision {self.revision}: "
+                        f"<b>{self.status}</b><table><tr>{cells}</tr></table></div>", compared,
+                        _jobs_html(self.jobs), self._failures_html(),
+                        self._shown_answers.html(), "</div>"])
 
     def _failures_html(self) -> str:
         failures, count = failure_groups(self._failed_errors, self.raws, SHOWN, keep=_not_pending)
@@ -483,10 +475,8 @@ def _where(store: Store) -> Any:
 def result_values(store: Store, revision_id: int,
                   schema: Any) -> tuple[Mapping[str, Any], list[dict[str, Any]]]:
     """A revision's values as a :class:`LedgerValues` (a dict for an in-memory ledger), and a
-    ``stored_invalid`` error for each stored value the schema no longer loads. Only a pydantic
-    model's load can fail (even on what it dumped itself), so only then is every value read once
-    here: a value that does not load is its task's error, never an exception on reading
-    ``values``."""
+    ``stored_invalid`` error for each stored value the schema no longer loads (only a pydantic
+    model's load can fail, so only then is every value read once here, never failing later)."""
     values, unloadable = LedgerValues(store, revision_id, schema.load), []
     for task_id, text in values.stored_items() if schema.model is not None else ():
         try:
