@@ -374,31 +374,36 @@ class LedgerValues(Mapping[str, Any]):
                  hidden: frozenset[str] = frozenset()) -> None:
         self._store, self._revision, self._load = store, revision_id, load
         self._hidden = hidden
-        self._count: int | None = None
-        self._where: dict[str, str] | None = None  # task_id -> request key, read on first use
-        self._accepted: set[str] | None = None  # request keys with values, read on first use
+
+    @cached_property
+    def _count(self) -> int:
+        return self._read("value_count", revision_id=self._revision) - len(self._hidden)
+
+    @cached_property
+    def _lookup(self) -> tuple[dict[str, str], Any]:
+        """task_id -> request key, and the request keys with values."""
+        where, accepted = self._read("revision_lookup", self._revision)
+        return {t: key for key, ids in where for t in json.loads(ids)}, accepted
 
     def __len__(self) -> int:
-        if self._count is None:
-            self._count = (self._read("value_count", revision_id=self._revision)
-                           - len(self._hidden))
         return self._count
 
     def __iter__(self) -> Iterator[str]:
         return (task_id for task_id, _ in self.stored_items())
 
     def __getitem__(self, task_id: str) -> Any:
-        text = self._text(task_id)
-        if text is None:
+        key = None if task_id in self._hidden else self._lookup[0].get(task_id)
+        if key is None:
             raise KeyError(task_id)
-        return self._load(json.loads(text))
+        rows = self._read("revision_values", self._revision, task=(key, task_id))
+        return self._load(json.loads(rows[-1][3]))
 
     def __contains__(self, task_id: object) -> bool:
         """Read without a query per task (a result's errors ask it of every failed task)."""
         if not isinstance(task_id, str) or task_id in self._hidden:
             return False
-        key = self._where_of().get(task_id)  # reads the accepted keys too
-        return key in (self._accepted or ())
+        where, accepted = self._lookup
+        return where.get(task_id) in (accepted or ())
 
     def items(self) -> Iterator[tuple[str, Any]]:  # type: ignore[override]
         """(task_id, value) in task order, a page of requests at a time."""
@@ -451,20 +456,6 @@ class LedgerValues(Mapping[str, Any]):
                 raise
             self._store = Ledger(where).store
             return getattr(self._store, what)(*args, **named)
-
-    def _where_of(self) -> dict[str, str]:
-        if self._where is None:
-            where, self._accepted = self._read("revision_lookup", self._revision)
-            self._where = {t: key for key, ids in where for t in json.loads(ids)}
-        return self._where
-
-    def _text(self, task_id: str) -> str | None:
-        if task_id in self._hidden:
-            return None
-        key = self._where_of().get(task_id)
-        if key is None:
-            return None
-        return self._read("revision_values", self._revision, task=(key, task_id))[-1][3]
 
 
 def _where(store: Store) -> Any:
