@@ -51,9 +51,8 @@ def floor_price(model: str | None, uncached: int, cached: int, *,
 
 
 def calls(store: Store, name: str | None = None) -> dict[str, dict[str, Any]]:
-    """Per batch that has attempts: its calls by outcome, tokens, the known cost (None when no
-    attempt has one), the unknown-cost calls with the least they cost, and the calls pending in
-    batch jobs with their prompts' cost at the batch price (what they will cost at least)."""
+    """Per batch that has attempts: its calls by outcome, tokens, the known cost (None: none
+    known), the least the unknown-cost calls and those pending in batch jobs cost."""
     per: dict[str, dict[str, Any]] = {}
     rows, unfloored = store.call_rows(name)
     for row in rows:
@@ -101,17 +100,15 @@ def _finish(entry: dict[str, Any]) -> dict[str, Any]:
 
 def per_usable_result(cost: float | None, unknown_lower_bound: float, unknown_calls: int,
                       usable: int) -> float | None:
-    """Everything spent (the known cost plus the least the unknown-cost calls cost) over the
-    usable results: the one rule of status and Evidence. None when nothing is usable, or when
-    all that is known is that some calls' cost is unknown (no price, no usage): never $0."""
+    """Everything spent (the known cost plus the unknown-cost calls' floor) over the usable
+    results; None when nothing is usable or nothing of the cost is known: never $0."""
     if not usable or (unknown_calls and not (cost or 0.0) + unknown_lower_bound):
         return None
     return ((cost or 0.0) + unknown_lower_bound) / usable
 
 
 def cost_summary(store: Store, name: str | None = None) -> dict[str, Any]:
-    """Per batch and in total: calls by outcome, tokens, cost (known, and the lower bound of
-    the unknown), usable results and cost per usable result counting every attempt."""
+    """Per batch and in total: calls by outcome, tokens, cost, usable results and their cost."""
     per: dict[str, dict[str, Any]] = {}
     tasks, usable = store.task_rows(name)
     for row in tasks:  # every batch (or the one named), in the order they were made
@@ -180,14 +177,12 @@ class Evidence:
                                 key=lambda r: (r.batch_id, r.number))]
 
     def summary(self, batch: str | None = None) -> dict[str, Any]:
-        """Numbers a person asks for: what is owed, what was spent, and cost per usable result."""
+        """What is owed, what was spent, and cost per usable result."""
         owed = self.requests(batch)
         spent = spend(self._store, batch)
         usable = self._store.value_count(batch)
-        cost = spent["cost"]
+        cost, unknown = spent["cost"], spent["unknown_cost_calls"]
         superseded = [s for s in self.superseded if batch is None or s["batch"] == batch]
-        # calls of unknown cost count at their floor, by status's own rule (per_usable_result)
-        unknown = spent["unknown_cost_calls"]
         stops = self._store.attempts_so_far(list(dict.fromkeys(u.key for u in owed)))[1]
         return {
             "batch": batch,
@@ -220,8 +215,7 @@ class Evidence:
 
 
 def _counts(owed: list[UnresolvedRequest]) -> dict[str, int]:
-    """What is owed, counted once per request key: the key is content, not a batch name, so one
-    accepted return resolves that request in every batch and revision that holds it."""
+    """What is owed, once per request key: one accepted return resolves it in every batch."""
     distinct: dict[str, UnresolvedRequest] = {}
     for u in owed:
         distinct.setdefault(u.key, u)

@@ -92,10 +92,8 @@ def observe(r: Any) -> tuple[float, ...]:
 
 
 def _checked_items(k: int, errors: list[dict[str, Any]]) -> dict[str, int]:
-    """Per check of ``STAGES``, the items a judged return's ``k`` met it with and the items it
-    failed (the task_ids its errors name): every check up to the first that failed; nothing for
-    a return that failed none (bad JSON, coverage, a stop or a broken validator: it tells nothing
-    of the items), every check for an accepted one."""
+    """Per check of ``STAGES`` up to the first that failed, the items that met it and failed it;
+    nothing for a return that failed none (bad JSON, coverage, a stop: nothing of the items)."""
     reached: dict[str, int] = {}
     for stage in STAGES:
         reached[f"{stage}_items"] = k
@@ -118,9 +116,8 @@ def _least_squares(n: float, sx: float, sy: float, sxx: float, sxy: float
 
 @dataclass(frozen=True)
 class Observations:
-    """A batch's receipts as the fit reads them, read once: per field of ``SUMS`` one column
-    (a value a receipt); and the prices, which the receipts do not make uncertain: USD per input,
-    output and cached input token."""
+    """A batch's receipts read once: one column (a value a receipt) per field of ``SUMS``, and
+    the prices, which the receipts do not make uncertain."""
 
     columns: list[list[float]]
     receipts: int
@@ -139,8 +136,7 @@ class Observations:
         return cls(columns or [[] for _ in SUMS], len(rows), tasks, _prices(models, priced))
 
     def fit(self, drawn: Sequence[int] | None = None) -> Fit | None:
-        """The model's parameters from the receipts ``drawn`` (indices, repeats counting
-        again; default: every receipt once); None with no judged return."""
+        """The model's parameters from the receipts ``drawn`` (default: all); None unjudged."""
         pick = itemgetter(*drawn) if drawn is not None else None  # one C-level gather a column
         s = {k: sum(c if pick is None else pick(c)) for k, c in zip(SUMS, self.columns,
                                                                    strict=True)}
@@ -166,9 +162,8 @@ class Observations:
                    cached_price=self.prices[2])
 
     def resampled(self, count: int, size: int, seed: int = 0) -> list[Fit]:
-        """Fits of ``count`` bootstrap resamples of ``size`` receipts each, drawn with
-        replacement by a seeded generator (the same ledger gives the same advice); a resample
-        with no judged return is left out; none from one receipt, which has no spread."""
+        """Fits of ``count`` seeded bootstrap resamples of ``size`` receipts (the same ledger
+        gives the same advice); none from one receipt, which has no spread."""
         if self.receipts < 2:
             return []
         rng, receipts = random.Random(seed), range(self.receipts)
@@ -182,15 +177,13 @@ def _rate(s: dict[str, float], stage: str) -> float:
 
 
 def _item_rate(s: dict[str, float]) -> float:
-    """Per item, failing the schema or the validator; with no item fault of any check observed,
-    half a fault over every item seen (not zero)."""
+    """Per item, failing the schema or the validator; with no fault seen, half of one (not 0)."""
     if not any(s[f"{stage}_faults"] for stage in STAGES):
         return 0.5 / max(1.0, s["identity_items"]) if s["identity_items"] else 0.0
     return 1 - (1 - _rate(s, "schema")) * (1 - _rate(s, "validation"))
 
 
 def fit(ledger: Ledger, name: str) -> Fit:
-    """Fit the model's parameters from every receipt of batch ``name``."""
     return _fitted(Observations.read(ledger, name).fit(), name)
 
 
@@ -203,9 +196,8 @@ def _fitted(fitted: Fit | None, name: str) -> Fit:
 
 def _split_tokens(n: float, sk: float, sv: float, skk: float, skv: float,
                  per_task_hint: float | None) -> tuple[float, float]:
-    """Shared and per-task tokens from the sums of (size, tokens): a line through the observed
-    sizes, or (one size only) the per-task share from the tasks' own text and the rest as
-    shared."""
+    """Shared and per-task tokens: a line through the observed sizes, or (one size only) the
+    per-task share from the tasks' own text and the rest as shared."""
     line = _least_squares(n, sk, sv, skk, skv)
     if line is not None and line[0] >= 0 and line[1] > 0:
         return line
@@ -286,8 +278,7 @@ def _geometric(q: float, start: int, stop: int) -> float:
 
 def estimate(f: Fit, pack: int, *, mode: str = "whole", repairs: int, replays: int,
              tasks: int | None = None) -> Estimate:
-    """Expected totals for running ``tasks`` (default: the batch's) at ``pack`` per request,
-    settled as ``mode`` says (one of ``MODES``)."""
+    """Expected totals for ``tasks`` (default: the batch's) at ``pack`` a request in ``mode``."""
     n = f.tasks if tasks is None else tasks
     memo: dict[tuple[int, int], tuple[float, float, float, float]] = {}
     per_call = 1 / (1 - f.provider_error_rate) if f.provider_error_rate < 1 else math.inf
@@ -329,11 +320,9 @@ def estimate(f: Fit, pack: int, *, mode: str = "whole", repairs: int, replays: i
 
 def _itemwise(f: Fit, k: int, repairs: int, replays: int, per_call: float
               ) -> tuple[float, float, float, float]:
-    """(calls, input tokens, output tokens, usable) for one request of k tasks whose items are
-    accepted one by one: a return whose envelope holds (``e``: no JSON, coverage or identity
-    fault) keeps each item passing its schema and the validator (``1 - p``) and re-asks only the
-    rest, within the request's one allowance of attempts. An item is kept at an attempt with
-    ``r = e * (1 - p)``; each attempt asks for the items still open."""
+    """(calls, input tokens, output tokens, usable) for a request of k tasks accepted item by
+    item: a return whose envelope holds (``e``) keeps each passing item (``r = e * (1 - p)``) and
+    re-asks the rest, within the request's one allowance of attempts."""
     allowed = 1 + repairs + replays
     e = (1 - f.call_fault_rate) * (1 - f.identity_fault_rate) ** k  # k: no smaller re-ask's
     r = e * (1 - f.item_fault_rate)
@@ -368,24 +357,21 @@ def _attempts_while_open(k: int, e: float, p: float, allowed: int) -> float:
 
 
 def _cache_saving(f: Fit, calls: float) -> float:
-    """What prompt-cache reads take off the input bill: the cached prefix (``C`` per call) is the
-    same whatever the pack, so it makes small packs cheaper than full price would say."""
+    """What prompt-cache reads (``C`` a call, whatever the pack) take off the input bill."""
     if f.cached_price is None or f.input_price is None or not f.cached_input:
         return 0.0
     return calls * f.cached_input * (f.input_price - f.cached_price)
 
 
 def _finishing(options: Sequence[Estimate], max_unresolved: float) -> list[Estimate]:
-    """Options expected to leave at most ``max_unresolved`` of the tasks (and at least half a
-    task) unresolved."""
+    """Options expected to leave at most ``max_unresolved`` of the tasks (or half a task)."""
     return [e for e in options
             if e.tasks - e.usable <= max(0.5, max_unresolved * e.tasks)]
 
 
 def choose(options: Sequence[Estimate], max_unresolved: float = 0.01) -> Estimate:
-    """The lowest expected cost per usable result among the options :func:`_finishing`
-    keeps; among all options when none is. A cheap pack that leaves work undone is not a
-    saving."""
+    """The lowest expected cost per usable result among the options that finish (else all): a
+    cheap pack that leaves work undone is not a saving."""
     def tokens(e: Estimate) -> float:  # the tie-break when every price is zero
         return (e.input_tokens + e.output_tokens) / max(e.usable, 1e-9)
 
@@ -463,8 +449,7 @@ def _unknown_modes(modes: Sequence[str]) -> str | None:
 
 def _interval(point: float, values: list[float], scale: float) -> list[float | None] | None:
     """The middle ``LEVEL`` of the resamples' values, their spread about ``point`` scaled by
-    ``scale`` (sqrt(drawn / receipts): see ``MOST_DRAWN``); None for a bound no usable result makes
-    finite, and no interval with fewer than two resamples."""
+    ``scale`` (see ``MOST_DRAWN``); None for an infinite bound, or with under two resamples."""
     if len(values) < 2:
         return None
     ordered = sorted(values)
@@ -477,8 +462,7 @@ def _interval(point: float, values: list[float], scale: float) -> list[float | N
 
 
 def _clearly_below(option: dict[str, Any], current: dict[str, Any]) -> bool:
-    """Cheaper beyond the data's uncertainty: the option's interval lies wholly below the
-    current pack's (with too few resamples for intervals, never)."""
+    """Cheaper beyond the data's uncertainty: the option's interval wholly below the current's."""
     mine, theirs = option["interval"], current["interval"]
     if option["pack"] == current["pack"] or not mine or not theirs:
         return False
@@ -509,8 +493,7 @@ def _verdict(cheapest: dict[str, Any], chosen: dict[str, Any],
 
 
 def _warning(name: str, best: Estimate) -> str | None:
-    """Said when even the best pack is expected to leave most of the batch undone: then the
-    fault is in the prompt, schema or model, and no pack size is the fix."""
+    """When even the best pack leaves most of the batch undone, no pack size is the fix."""
     if best.usable >= best.tasks / 2:
         return None
     return (f"no pack size is expected to finish this batch: the best leaves "

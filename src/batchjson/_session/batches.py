@@ -34,8 +34,7 @@ from .result import BatchResult
 
 
 def batch_offer(provider: Any) -> Callable[[], Any]:
-    """What makes ``provider``'s batch API (asking nothing), or a ConfigError saying why there
-    is none."""
+    """What makes ``provider``'s batch API (asking nothing), or a ConfigError saying why not."""
     offer = getattr(provider, "batch_api", None)  # a provider says if it has a batch transport
     if not callable(offer):
         raise ConfigError(
@@ -76,8 +75,7 @@ def held_by_jobs(store: Store, pending: Sequence[Request]) -> JobsOutcome:
 
 
 def pricing(provider: Any, *, batch: bool) -> Pricing:
-    """The prices a cost budget reserves by: the provider's, at its batch share (half unless
-    its price says otherwise) for a batch job."""
+    """The prices a cost budget reserves by: the provider's, at its batch share for a job."""
     live = pricing_of(provider)
     if not batch:
         return live
@@ -110,7 +108,7 @@ def report(result: BatchResult, ran: JobsOutcome) -> None:
 
 def job_client(row: Mapping[str, Any], provider: Any = None) -> tuple[Any, Any]:
     """The provider (``provider`` when it speaks the job's protocol, else one built from the
-    job's model and endpoint with the key from the environment) and batch API of a job."""
+    job's row, its key from the environment) and batch API of a job."""
     anthropic = row["protocol"] == AnthropicBatches.protocol
     kind = AnthropicProvider if anthropic else OpenAIProvider
     if (not isinstance(provider, kind) or getattr(provider, "model", None) != row["model"]
@@ -129,10 +127,9 @@ ASK_SECONDS = 5.0  # how long a status waits on a provider for a job's progress
 
 def pending_jobs(ledger: Ledger, name: str | None = None, *,
                  timeout: float = ASK_SECONDS) -> list[dict[str, Any]]:
-    """The unfinished jobs (of batch ``name``) as a status shows them: each with when it was
-    submitted, the provider's window, the provider's own progress asked now (None when it
-    cannot be asked or answer within ``timeout``: a status never fails for a provider) and when
-    it should end: at its rate so far, else when the window closes."""
+    """The unfinished jobs (of batch ``name``) as a status shows them: submitted when, the
+    provider's progress (None when it cannot answer within ``timeout``: a status never fails
+    for a provider) and when each should end: at its rate so far, else when the window closes."""
     rows = [r for r in ledger.store.jobs(lost=True) if name in (None, r["batch"])]
 
     async def ask_all() -> list[tuple[int, int] | None]:
@@ -210,16 +207,15 @@ def cancel_job(ledger: Ledger, job: str, *, provider: Any = None) -> dict[str, A
 
 
 def status_summary(rt: Runtime, name: str | None = None) -> dict[str, Any]:
-    """What ``%batch_status`` shows: ended jobs collected first, then the evidence's summary and the
-    unfinished jobs (of batch ``name``, or all) with their providers' progress."""
+    """What ``%batch_status`` shows: ended jobs collected first, then the evidence's summary and
+    the unfinished jobs."""
     collected = collect_ended(rt, name)
     return {**rt.evidence.summary(name), "collected": collected,
             "jobs": pending_jobs(rt.ledger, name)}
 
 
 def collect_ended(rt: Runtime, name: str | None = None) -> list[str]:
-    """Collect every open job (of batch ``name``) that has ended and this kernel can judge;
-    one line per job looked at, saying what was collected or what to do."""
+    """Collect every ended job (of batch ``name``) this kernel can judge; a line for each."""
     store = rt.ledger.store
     said = []
     for row in store.jobs(lost=True):

@@ -10,12 +10,10 @@ one token a character."""
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .._content.answersize import largest_answer, smallest_answers
-from .._content.schema import wire_schema
 from .._content.tasks import Request
 from .._errors import BudgetExceeded
 from .._money import money, usd
@@ -27,7 +25,7 @@ from .._replay.budget import Pricing
 from .._replay.plan import Plan, first_prompt, system_prompt
 from .._replay.settle import HALVE, NONE, Tried, next_attempt
 from . import batches
-from .fit import output_tokens_floor
+from .fit import answer_floor, sent_schema
 from .plan import RunPlan, Runtime
 from .progress import Progress
 from .run import calls_of, plan_calls, plan_of
@@ -137,8 +135,7 @@ class _Sum:
 
 
 def estimate_run(rt: Runtime, spec: RunSpec) -> Estimate:
-    """The estimate of ``spec`` on the session ``rt``: every input check the run makes, then its
-    plan and what its calls would take."""
+    """The estimate of ``spec``: every input check the run makes, then its plan and calls."""
     plan = plan_of(rt, spec, Progress(spec.name, False, rt.budget, rt.tally), record=False)
     pending = () if plan.finished is not None else plan.pending  # re-read a window at a time
     calls, total = calls_of(rt, plan), _Sum()
@@ -166,14 +163,16 @@ def _cost(pricing: Pricing, total: _Sum) -> tuple[float | None, float | None]:
 
 def _request(calls: Plan, provider: Any, system: str, request: Request, total: _Sum, *,
              halving: bool, depth: int = 0) -> None:
-    """Every attempt the policy allows ``request`` when each return is rejected, then its halves
-    (when it says to halve and the transport halves)."""
+    """Every attempt the policy allows ``request`` when each return is rejected, its halves
+    too when the transport halves."""
     ceiling = call_output_cap(provider, calls.answer_chars(request.tasks))  # as a call asks
-    most = ceiling if ceiling is not None else _largest_answer(calls, request.tasks)
+    most = ceiling if ceiling is not None else largest_answer(  # one token a character
+        sent_schema(calls.schema, request.tasks, calls.identity, calls.mode))
     if depth == 0:  # the low case: its first call, answered at the least
         total.first += 1
         total.input_low += estimate_tokens(system + first_prompt(calls, request))
-        total.output_low += _answer_floor(calls, request.tasks)
+        total.output_low += answer_floor(smallest_answers(
+            calls.schema, request.tasks, calls.identity, calls.mode), calls.mode)
         total.ceilings_low += ceiling or 0
     rejected = [{"type": "validation", "task_id": t["task_id"], "message": "x" * ERROR_CHARS}
                 for t in request.tasks]
@@ -189,24 +188,8 @@ def _request(calls: Plan, provider: Any, system: str, request: Request, total: _
             _request(calls, provider, system, half, total, halving=True, depth=depth + 1)
 
 
-def _answer_floor(calls: Plan, tasks: Sequence[Any]) -> int:
-    """The fewest output tokens the request's answers take."""
-    texts = smallest_answers(calls.schema, tasks, calls.identity, calls.mode)
-    return output_tokens_floor(texts[0] if calls.mode == "value"
-                               else '{"items":[' + ",".join(texts) + "]}")
-
-
-def _largest_answer(calls: Plan, tasks: Sequence[Any]) -> int | None:
-    """Where no output ceiling is sent: the characters the largest valid return takes, at one
-    token a character (None: the schema bounds it nowhere)."""
-    schema = calls.schema
-    return largest_answer(schema.json_schema if calls.mode == "value"
-                          else wire_schema(schema, tasks, calls.identity))
-
-
 def _minutes(rt: Runtime, total: _Sum) -> tuple[float, float] | None:
-    """The least time the session's share of the known limits takes for the low and the high
-    case: the calls, and their tokens as a limiter counts them (prompt / 4 plus max_tokens)."""
+    """The least time the session's share of the known limits takes, low and high case."""
     pacer = rt.pacer
     rpm, tpm = pacer.requests_per_minute, pacer.tokens_per_minute
     if not rpm and not tpm:
@@ -221,7 +204,6 @@ def _minutes(rt: Runtime, total: _Sum) -> tuple[float, float] | None:
 
 def _budget(rt: Runtime, plan: RunPlan, total: _Sum,
             cost: tuple[float | None, float | None]) -> tuple[bool | None, str]:
-    """Whether the session's and the ledger's budgets cover the worst case, and in words."""
     if not total.first:
         return True, "nothing to send"
     try:
@@ -251,7 +233,6 @@ def _budget(rt: Runtime, plan: RunPlan, total: _Sum,
 
 
 def _notes(rt: Runtime, plan: RunPlan, total: _Sum, priced: bool) -> tuple[str, ...]:
-    """What a person should know of the numbers: how the run would differ from a plain one."""
     notes = [*plan.notes, *plan.provider_notes]
     if plan.broken:
         notes.append(f"the validator failed while re-judging a stored return "

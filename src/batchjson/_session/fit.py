@@ -43,6 +43,18 @@ def output_tokens_floor(text: str) -> int:
     return sum(1 for _ in _PIECES.finditer(text))
 
 
+def answer_floor(texts: Sequence[str], mode: str) -> int:
+    """The fewest output tokens a return of the smallest answers ``texts`` takes."""
+    return output_tokens_floor(texts[0] if mode == "value"
+                               else '{"items":[' + ",".join(texts) + "]}")
+
+
+def sent_schema(schema: ItemSchema, tasks: Sequence[Any], identity: Sequence[str],
+                mode: str) -> Any:
+    """The JSON Schema a call of ``tasks`` sends: the answer's own, or the items' envelope."""
+    return schema.json_schema if mode == "value" else wire_schema(schema, tasks, identity)
+
+
 def check_fit(provider: Any, ledger: Ledger, name: str, schema: ItemSchema,
               pending: Sequence[Request], identity: Sequence[str], mode: str) -> list[str]:
     """The checks, over the requests about to be sent, and the provider's notes on how it will
@@ -70,9 +82,7 @@ def schema_note(provider: Any, schema: ItemSchema, pending: Sequence[Request],
     if not callable(check):
         return None
     largest = max(pending, key=lambda r: len(r.tasks))
-    wire = schema.json_schema if mode == "value" else wire_schema(schema, largest.tasks,
-                                                                   identity)
-    return check(wire, mode)
+    return check(sent_schema(schema, largest.tasks, identity, mode), mode)
 
 
 def answerable(provider: Any, schema: ItemSchema, pending: Sequence[Request],
@@ -87,10 +97,10 @@ def answerable(provider: Any, schema: ItemSchema, pending: Sequence[Request],
     tasks = list({t["task_id"]: t for r in pending for t in r.tasks}.values())
     failed: list[tuple[str, str]] = []
     for n, task in enumerate(tasks):
-        wire = schema.json_schema if mode == "value" else wire_schema(schema, [task], identity)
         # the first is checked against the JSON Schema there, naming a keyword it fails; the
         # rest only as acceptance judges them (the schema below), which is enough and cheaper
-        answer = check(wire, mode, task, identity, verify=n == 0)
+        answer = check(sent_schema(schema, [task], identity, mode), mode, task, identity,
+                       verify=n == 0)
         if mode != "value":
             declared = schema.declared_fields
             answer = {k: v for k, v in answer.items()
@@ -124,10 +134,10 @@ def _pack_fits(cap: int, measured: float | None, schema: ItemSchema,
     largest = max(pending, key=lambda r: len(r.tasks))
     size = len(largest.tasks)
     texts = smallest_answers(schema, largest.tasks, identity, mode)
+    need = answer_floor(texts, mode)
     if mode == "value":
-        need, envelope, each = output_tokens_floor(texts[0]), 0, output_tokens_floor(texts[0])
+        envelope, each = 0, need
     else:  # an item's opening {" joins the comma and closing brace before it: one piece less
-        need = output_tokens_floor('{"items":[' + ",".join(texts) + "]}")
         envelope = output_tokens_floor(_ENVELOPE)
         each = max(1, max(output_tokens_floor(t) - 1 for t in texts))
     fits = (cap - envelope) // each
