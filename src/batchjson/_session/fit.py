@@ -1,11 +1,6 @@
-"""Refused before spending: what the chosen provider cannot do with this run.
-
-Three checks need the provider, so they run once it is known and before anything is recorded:
-the simulated model must be able to answer the schema (``ProviderSetupError``); a pack whose
-smallest schema-valid answer cannot fit the output ceiling would be cut off on every attempt
-(``InvalidBatch``, naming the pack size that fits); a wire schema strict mode cannot take is
-refused or sent another way with a note. Output tokens are counted from below
-(:func:`output_tokens_floor`), so a pack is refused only when it cannot fit."""
+"""Refused before spending, once the provider is known: a schema the simulated model cannot
+answer, a pack whose smallest valid answer cannot fit the output ceiling (counted from below, so
+a pack is refused only when it cannot fit), a wire schema strict mode cannot take (or a note)."""
 
 from __future__ import annotations
 
@@ -36,10 +31,8 @@ _ENVELOPE = '{"items":[]}'
 
 
 def output_tokens_floor(text: str) -> int:
-    """The fewest tokens ``text`` can be: one per piece (see ``_PIECES``). The true count is
-    this or more (long words and numbers take several tokens); for a tokenizer that splits
-    text by other rules (Anthropic's is not published) it is an estimate, which is why the
-    output measured in the ledger is checked too."""
+    """The fewest tokens ``text`` can be: one per piece (see ``_PIECES``); for a tokenizer with
+    other rules (Anthropic's is not published) an estimate, so the ledger's measure counts too."""
     return sum(1 for _ in _PIECES.finditer(text))
 
 
@@ -57,9 +50,8 @@ def sent_schema(schema: ItemSchema, tasks: Sequence[Any], identity: Sequence[str
 
 def check_fit(provider: Any, ledger: Ledger, name: str, schema: ItemSchema,
               pending: Sequence[Request], identity: Sequence[str], mode: str) -> list[str]:
-    """The checks, over the requests about to be sent, and the provider's notes on how it will
-    send them (an OpenAI provider falling back from strict mode says so). Nothing to fit when
-    the provider sends no output ceiling (``declared_output_cap``)."""
+    """The checks over the requests about to be sent, and the provider's notes on how it will
+    send them (an OpenAI provider falling back from strict mode says so)."""
     if not pending:
         return []
     answerable(provider, schema, pending, identity, mode)
@@ -75,9 +67,8 @@ def check_fit(provider: Any, ledger: Ledger, name: str, schema: ItemSchema,
 
 def schema_note(provider: Any, schema: ItemSchema, pending: Sequence[Request],
                 identity: Sequence[str], mode: str) -> str | None:
-    """A provider that checks the wire schema it will send (``check_schema``: OpenAI's strict
-    mode takes only a subset of JSON Schema) sees the largest pending request's; it may refuse
-    the run (ProviderSetupError) or give a note for its result."""
+    """The largest pending request's wire schema, as a provider that checks it (OpenAI's strict
+    mode) sees it: refused (ProviderSetupError), or a note for the result."""
     check = getattr(provider, "check_schema", None)
     if not callable(check):
         return None
@@ -87,10 +78,9 @@ def schema_note(provider: Any, schema: ItemSchema, pending: Sequence[Request],
 
 def answerable(provider: Any, schema: ItemSchema, pending: Sequence[Request],
                identity: Sequence[str], mode: str) -> None:
-    """A provider that makes its answers from the schema (the simulated model) answers every
-    pending task here, as it will when called (a task gets the same answer on every attempt);
-    each answer must pass the schema as acceptance will judge it, a pydantic model's own
-    validators included, or the run is refused before anything is spent."""
+    """A provider that answers from the schema (the simulated model, the same answer on every
+    attempt) answers every pending task here; each must pass the schema as acceptance judges it
+    (a pydantic model's validators too), or the run is refused."""
     check = getattr(provider, "check_answerable", None)
     if not callable(check) or getattr(provider, "answer", None) is not None:
         return
@@ -162,10 +152,9 @@ def _pack_fits(cap: int, measured: float | None, schema: ItemSchema,
 
 
 def check_rate_fit(pacer: Pacer, plan: Plan, pending: Sequence[Request], provider: Any) -> None:
-    """Refuse, before anything is spent, a run whose largest request is more tokens than the
-    provider's limiter lets through in a minute: every try of it would be answered 429. Packs
-    are never split to fit the limits of the day (their keys would change from run to run), so
-    the error names the pack size that fits."""
+    """Refuse a run whose largest request is more tokens than the limiter lets through in a
+    minute (every try would be a 429), naming the pack that fits: packs are never split to fit
+    the day's limits, or their keys would change from run to run."""
     limit = pacer.tokens_per_minute
     if not limit or not pending:
         return

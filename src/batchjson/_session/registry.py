@@ -1,8 +1,6 @@
-"""Define-once validator registry keyed by content, not by object identity.
-
-A re-run cell makes a new function object; the registry hands back the *first* object with the same
-fingerprint, so identity-keyed code downstream sees one validator. A partial fingerprint never hands
-back an older object: its logic may differ where the fingerprint is blind."""
+"""Define-once validator registry keyed by content: a re-run cell's new function gets back the
+*first* object with its fingerprint, so identity-keyed code sees one validator (never with a
+partial fingerprint: its logic may differ where the fingerprint is blind)."""
 
 from __future__ import annotations
 
@@ -43,7 +41,6 @@ class ValidatorVersion:
 
 
 def _default_name(fn: Any) -> str:
-    """A readable key: the qualname, ``partial(inner)`` for partials, the class for instances."""
     try:
         if isinstance(fn, functools.partial):
             return f"partial({_default_name(fn.func)})"
@@ -186,7 +183,6 @@ class ValidatorRegistry:
         return ValidatorVersion(name, 0, fingerprint, fn, now(), _where(fn))
 
     def _named(self, fn: Callable[..., Any], name: str | None) -> tuple[str, Fingerprint]:
-        """``fn`` checked as a validator, its fingerprint, and the name it goes by."""
         check_verdicts(fn)  # never a validator: refused before its version is recorded
         fingerprint = fingerprint_function(fn)  # outside the lock: pure, possibly slow
         if name is None:  # the name it was defined under, if this very object was defined
@@ -227,8 +223,7 @@ class ValidatorRegistry:
                           match.fn, match)
 
     def _name_of(self, fn: Callable[..., Any]) -> str | None:
-        """The name ``fn`` itself was registered under: ``define(fn, name="check_v2")`` then
-        ``run_batch(validator=fn)`` is one validator, not a second one named after its code."""
+        """The name ``fn`` itself was registered under (so one validator, not a second)."""
         with self._lock:
             return next((v.name for history in self._versions.values() for v in history
                          if v.fn is fn), None)
@@ -261,7 +256,6 @@ class ValidatorRegistry:
 
 def checker_of(version: ValidatorVersion, validator_args: str | None,
                timeout: float) -> Callable[[Any, Mapping[str, Any]], Any]:
-    """What acceptance calls for a validator version called as ``validator_args`` says."""
     forms = {"index": _index_form, "droste": droste_verdicts}
     checker = version.fn
     if validator_args in forms:
@@ -290,7 +284,6 @@ async def _within(awaitable: Any, seconds: float) -> Any:
 
 
 def _index_form(fn: Callable[[Any, int], Any]) -> Callable[[Any, Mapping[str, Any]], Any]:
-    """droste validators take (value, index); acceptance hands (value, task)."""
     def check(value: Any, task: Mapping[str, Any]) -> Any:
         return fn(value, task["index"])
 

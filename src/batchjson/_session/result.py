@@ -30,16 +30,15 @@ from .plots import Chart, batch_chart
 
 
 class LedgerRead(partial):
-    """A read of the ledger a result makes when asked (its receipts, for ``plot()``): a deep copy
-    of the result reads the same ledger, as its values do, never a copy of its connection."""
+    """A read of the ledger a result makes when asked: a deep copy reads the same ledger."""
 
     def __deepcopy__(self, memo: dict[int, Any]) -> LedgerRead:
         return self
 
 
 class TaskAttempts(Mapping[str, int]):
-    """task_id -> calls this run made that carried the task, counted on first use from the run's
-    log of its calls (on disk past a few megabytes, so a million tasks hold no count each)."""
+    """task_id -> calls this run made that carried it, counted on first use from the run's log
+    of its calls (on disk past a few megabytes)."""
 
     def __init__(self, calls_log: Iterable[str]) -> None:
         self._log = calls_log
@@ -76,8 +75,8 @@ class ThrownAway:
     split: bool
 
     def said(self, accept: str = 'accept="items"', split: str = "split=True") -> str:
-        """The one-line suggestion, with the options spelled as the face spells them. Each
-        answer thrown away and not left unresolved was asked for again at about its share."""
+        """The one-line suggestion, options spelled as the face spells them. Each answer thrown
+        away and not left unresolved was asked again at about its share."""
         again = (self.answers - self.unresolved) / self.answers
         saved = (f"about {money(self.cost * again)}" if self.cost is not None
                  else f"about {self.tokens * again:,.0f} tokens")
@@ -88,7 +87,6 @@ class ThrownAway:
 
 
 def thrown_away(outcome: Outcome, split: bool) -> ThrownAway | None:
-    """What ``outcome`` threw away of valid answers, if anything."""
     if not outcome.thrown_away:
         return None
     left = sum(t in outcome.errors for t in outcome.thrown_tasks)  # given up: no value
@@ -144,8 +142,8 @@ class BatchResult:
                                   if e.get("task_id") and e["task_id"] not in self.values))
 
     def to_jsonl(self, path: str | os.PathLike | None = None) -> str | None:
-        """Every accepted value as JSON Lines (``{"task_id": ..., "value": ...}``, in task order),
-        streamed from the ledger to ``path``; with no path, the whole text, in memory."""
+        """Every accepted value as JSON Lines (``{"task_id": ..., "value": ...}``), streamed to
+        ``path``; with no path, the whole text."""
         lines = (json.dumps({"task_id": task_id, "value": value}, ensure_ascii=False) + "\n"
                  for task_id, value in plain_items(self.values))
         if path is None:
@@ -167,9 +165,8 @@ class BatchResult:
         return pandas.DataFrame.from_records(rows)
 
     def plot(self, path: str | os.PathLike[str] | None = None) -> Chart:
-        """This revision's spend and accepted results over time, as a :class:`Chart` a notebook
-        shows inline (``.png`` holds its bytes); with ``path``, its PNG is written there too.
-        Needs ``batchjson[plots]`` (else a ``ConfigError`` says so)."""
+        """This revision's spend and accepted results over time, as a :class:`Chart` (its PNG
+        written to ``path`` too). Needs ``batchjson[plots]``."""
         if self.read_receipts is None:
             raise InvalidBatch(f"batch {self.name!r}: this result was not made by a run, so it "
                                "has no receipts to draw")
@@ -200,11 +197,10 @@ class BatchResult:
     @property
     def failures(self) -> list[dict[str, Any]]:
         """One entry per failed request: its tasks, its own errors once, how many bystanders shared
-        the rejection, and the raw return once; ``failure_report`` shows the first few."""
+        the rejection, and the raw return once."""
         return failure_groups(self._failed_errors, self.raws)[0]
 
     def _failed_errors(self) -> Any:
-        """The errors of tasks still without a value (a run's own errors are only those)."""
         if isinstance(self.errors, ResultErrors):
             return iter(self.errors)
         return (e for e in self.errors if e.get("task_id") not in self.values)
@@ -226,8 +222,7 @@ class BatchResult:
 
     def _failure_lines(self, limit: int, keep: Callable[[Mapping[str, Any]], bool] | None = None
                        ) -> list[str]:
-        """The first ``limit`` failed requests, each with its own errors once, and a count of
-        the rest."""
+        """The first ``limit`` failed requests, and a count of the rest."""
         lines = []
         failures, count = failure_groups(self._failed_errors, self.raws, limit, keep)
         for f in failures:
@@ -262,15 +257,13 @@ class BatchResult:
                    else "") + ">")
 
     def _compared(self) -> str:
-        """"task_id (and case_id if echoed)": the fields every item copies, then those an item
-        is held to only when it returns them."""
+        """E.g. "task_id (and case_id if echoed)"."""
         also = (f" (and {', '.join(self.compared_if_echoed)} if echoed)"
                 if self.compared_if_echoed else "")
         return ", ".join(self.identity_compared) + also
 
     @cached_property
     def _shown_answers(self) -> Answers:
-        """The first few accepted values and the fixed-set fields' counts, read once."""
         return Answers.read(plain_items(self.values), self.answer_schema, len(self.values))
 
     def __str__(self) -> str:
@@ -335,7 +328,6 @@ class BatchResult:
 
 
 def _not_pending(error: Mapping[str, Any]) -> bool:
-    """A failure to show: a task a batch job still holds is pending, not failed."""
     return error.get("type") != "pending"
 
 
@@ -346,7 +338,6 @@ def tracebacks(error: Mapping[str, Any]) -> list[str]:
 
 
 def _jobs_html(jobs: list[dict[str, Any]]) -> str:
-    """The batch jobs still holding requests: what they are and how to collect them."""
     if not jobs:
         return ""
     rows = "".join(
@@ -367,8 +358,8 @@ PAGE_REQUESTS = 200  # leaf requests per page read while iterating
 
 
 class LedgerValues(Mapping[str, Any]):
-    """task_id -> accepted value of one revision, each loaded from the ledger when read. ``hidden``
-    task ids (stored values that no longer load; the result's errors name them) read as absent."""
+    """task_id -> accepted value of one revision, loaded when read; ``hidden`` task ids (values
+    that no longer load) read as absent."""
 
     def __init__(self, store: Store, revision_id: int, load: Callable[[Any], Any],
                  hidden: frozenset[str] = frozenset()) -> None:
@@ -414,8 +405,8 @@ class LedgerValues(Mapping[str, Any]):
         return (value for _, value in self.items())
 
     def stored_items(self) -> Iterator[tuple[str, str]]:
-        """(task_id, stored JSON text) in task order, without loading the values. The rows of a
-        page's last position wait for the next page: a split request's parts may go on there."""
+        """(task_id, stored JSON text) in task order; a page's last position waits for the next
+        page (a split request's parts may go on there)."""
         after: tuple[int, int] | None = (-1, -1)
         held: list[Any] = []
         while after is not None:
@@ -446,8 +437,7 @@ class LedgerValues(Mapping[str, Any]):
         return f"<values of {len(self)} task(s), read from the ledger; dict(values) copies them>"
 
     def _read(self, what: str, *args: Any, **named: Any) -> Any:
-        """One of the store's reads; once the session closed its ledger, from the same file or
-        database opened again."""
+        """One of the store's reads, the ledger opened again once the session closed it."""
         try:
             return getattr(self._store, what)(*args, **named)
         except LedgerError:
@@ -459,7 +449,6 @@ class LedgerValues(Mapping[str, Any]):
 
 
 def _where(store: Store) -> Any:
-    """The file or URL a store opens again; None in memory."""
     return getattr(store, "url", None) or getattr(store, "path", None)
 
 
@@ -485,8 +474,7 @@ def result_values(store: Store, revision_id: int,
 
 
 def plain_items(values: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
-    """(task_id, value as plain JSON data) in task order: a ledger's values as stored, without
-    building model instances; a dict's values with models dumped to JSON data."""
+    """(task_id, value as plain JSON data) in task order, building no model instance."""
     if isinstance(values, LedgerValues):
         for task_id, text in values.stored_items():
             yield task_id, json.loads(text)
@@ -595,10 +583,8 @@ def failure_groups(errors: Callable[[], Iterable[Mapping[str, Any]]],
                    raws: Mapping[str, str], limit: int | None = None,
                    keep: Callable[[Mapping[str, Any]], bool] | None = None
                    ) -> tuple[list[dict[str, Any]], int]:
-    """The first ``limit`` failed requests (all with None) of ``errors()``, each with its tasks, its
-    own errors once, its bystanders counted and its raw return; and how many failed in all, counted
-    without building the rest. ``errors`` is read twice. ``keep`` drops a request all of whose
-    errors it refuses."""
+    """The first ``limit`` (None: all) failed requests of ``errors()`` (read twice) grouped, and
+    how many failed in all; ``keep`` drops a request all of whose errors it refuses."""
     kept: dict[str, bool] = {}  # request -> has an error ``keep`` admits (one bool a request)
     for e in errors():
         key = request_of(e)
@@ -618,8 +604,7 @@ def failure_groups(errors: Callable[[], Iterable[Mapping[str, Any]]],
 
 
 def _add(group: dict[str, Any], e: Mapping[str, Any]) -> None:
-    """One error into its request's group: tasks once (a task's errors come together),
-    bystanders counted, each message once."""
+    """One error into its request's group: tasks once, bystanders counted, each message once."""
     task_id = e.get("task_id")
     if task_id is not None and (not group["tasks"] or group["tasks"][-1] != task_id):
         group["tasks"].append(task_id)
@@ -632,7 +617,6 @@ def _add(group: dict[str, Any], e: Mapping[str, Any]) -> None:
 
 
 def request_of(error: Mapping[str, Any]) -> str:
-    """The failed request an error belongs to (the replay loop tags it), else its message."""
     if error.get("request"):
         return str(error["request"])
     if error.get("type") == "not_attempted":
