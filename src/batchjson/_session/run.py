@@ -1,8 +1,6 @@
-"""A run as a pipeline: check, judge with, key, find, re-judge, fit; record, send, report.
-
-The first steps are pure over a frozen :class:`RunPlan` and record and spend nothing; recording,
-sending and reporting only read the plan, so nothing is recorded or spent before the inputs, the
-budget and the fit have been checked."""
+"""A run as a pipeline: check, judge with, key, find, re-judge, fit; record, send, report. The
+first steps are pure over a frozen :class:`RunPlan`; recording, sending and reporting only read it,
+so nothing is recorded or spent before the inputs, the budget and the fit are checked."""
 
 from __future__ import annotations
 
@@ -33,8 +31,7 @@ T = TypeVar("T")
 
 
 def run_spec(rt: Runtime, spec: RunSpec) -> BatchResult:
-    """Resolve every task of ``spec`` or say exactly what is still owed, in progress shown
-    from the first moment to the outcome."""
+    """Resolve every task of ``spec`` or say exactly what is still owed."""
     progress = Progress(spec.name, spec.progress, rt.budget, rt.tally)
     try:
         result = _resolved(rt, spec, progress)
@@ -65,8 +62,8 @@ def _resolved(rt: Runtime, spec: RunSpec, progress: Progress) -> BatchResult:
 
 
 def plan_of(rt: Runtime, spec: RunSpec, progress: Progress, *, record: bool = True) -> RunPlan:
-    """The run's plan, before anything is recorded or spent. ``record=False`` (an estimate)
-    registers no validator and asks no batch API: nothing at all is written or sent."""
+    """The run's plan (``record=False``, an estimate's: no validator registered, no batch API
+    asked)."""
     remembered = find_completed(rt, spec)  # a tasks file's finished run: nothing to read
     plan = (judge_with(rt, remembered, record=record) if remembered
             else planned(rt, spec, progress, record=record))
@@ -75,7 +72,7 @@ def plan_of(rt: Runtime, spec: RunSpec, progress: Progress, *, record: bool = Tr
 
 def planned(rt: Runtime, spec: RunSpec, progress: Progress, *, record: bool = True) -> RunPlan:
     """The plan of a run whose tasks are read: checked, judged, keyed, then done already, or
-    found on record and surveyed (earlier returns re-judged, what is owed: no call)."""
+    found on record and surveyed."""
     content = spec.checked(progress.reading)  # every input check, before anything is recorded
     progress.checking()
     provider = rt.provider  # refused here when none is configured
@@ -110,14 +107,13 @@ def judge_with(rt: Runtime, plan: RunPlan, *, record: bool = True) -> RunPlan:
 
 
 def judging_of(rt: Runtime, plan: RunPlan) -> Judging:
-    """How stored answers are judged again, as this run's returns are judged."""
     return Judging(plan.spec.mode, plan.content.identity, plan.content.schema, plan.checker,
                    rt.loop.run)
 
 
 def find_requests(rt: Runtime, plan: RunPlan, judging: Judging) -> RunPlan:
-    """The run's revision when one is on record (its requests then read from the ledger). Judging no
-    fingerprint fully sees moves on to a revision naming the answers that no longer pass."""
+    """The run's revision on record, if any. Judging no fingerprint fully sees moves on to a
+    revision naming the answers that no longer pass."""
     store = rt.ledger.store
     while True:
         found = rt.ledger.revisions(plan.spec.name, fingerprint=plan.keys.revision)
@@ -132,9 +128,8 @@ def find_requests(rt: Runtime, plan: RunPlan, judging: Judging) -> RunPlan:
 
 
 def fitted(rt: Runtime, plan: RunPlan, *, record: bool = True) -> RunPlan:
-    """What the provider cannot send as asked, said (refused when it cannot send at all); the
-    batch API, checked to exist before anything is recorded, when the transport is batch (not
-    asked for an estimate: ``record=False``)."""
+    """What the provider cannot send as asked, said (or refused); the batch API, checked to
+    exist, when the transport is batch."""
     spec, content = plan.spec, plan.content
     notes = check_fit(plan.provider, rt.ledger, spec.name, content.schema, plan.pending,
                       content.identity, spec.mode)
@@ -148,7 +143,6 @@ def fitted(rt: Runtime, plan: RunPlan, *, record: bool = True) -> RunPlan:
 
 
 def calls_of(rt: Runtime, plan: RunPlan) -> Plan:
-    """What every call of the run is sent under, the one next-attempt policy's settings too."""
     spec, content = plan.spec, plan.content
     return Plan(batch_id=0, revision_id=0, mode=spec.mode,  # ids set once the revision opens
                 identity=content.identity, schema=content.schema, validator=plan.checker,
@@ -175,8 +169,8 @@ def plan_calls(rt: Runtime, plan: RunPlan) -> tuple[Plan, Spender]:
 
 
 def record_revision(rt: Runtime, plan: RunPlan, calls: Plan) -> tuple[Any, str | None]:
-    """Open (or resume) the revision, with what its requests saw and the rechecked returns:
-    (the revision, what it superseded, said)."""
+    """Open (or resume) the revision with what its requests saw and the rechecked returns:
+    (the revision, what it superseded)."""
     store, version, name = rt.ledger.store, plan.version, plan.spec.name
     doc, text = plan.content.schema.document  # so an export of it is rechecked whole
     revision, replaced = store.open_revision(  # a new revision's requests: streamed
@@ -224,8 +218,8 @@ def send(rt: Runtime, plan: RunPlan, calls: Plan, spender: Spender, revision: An
 
 def _live(rt: Runtime, calls: Plan, spender: Spender, plan: RunPlan,
           progress: Progress) -> tuple[Outcome, JobsOutcome | None]:
-    """The live calls, of what no unfinished batch job claims (a job may still answer it),
-    fed to the replay loop a window at a time; the jobs that claim some, if any."""
+    """The live calls of what no unfinished batch job claims, a window at a time; the jobs
+    that claim some, if any."""
     store, claimed, provider = rt.ledger.store, [], GuardedProvider(plan.provider)
 
     def unclaimed() -> Iterator[Request]:
@@ -250,7 +244,6 @@ def _live(rt: Runtime, calls: Plan, spender: Spender, plan: RunPlan,
 
 def _jobs(rt: Runtime, calls: Plan, spender: Spender, plan: RunPlan,
           progress: Progress) -> JobsOutcome:
-    """Submit, poll and collect the run's batch jobs (one pass, or until they end)."""
     def submitting() -> tuple[Outcome, Coroutine[Any, Any, JobsOutcome]]:
         runner = JobRunner(calls, rt.ledger, plan.provider, plan.client, spender,
                            rt.job_reservations, session_id=rt.session_id, poll=rt.job_poll,
@@ -262,9 +255,8 @@ def _jobs(rt: Runtime, calls: Plan, spender: Spender, plan: RunPlan,
 
 def _replay(rt: Runtime, plan: RunPlan, provider: Any, progress: Progress,
             make: Callable[[], tuple[Outcome, Coroutine[Any, Any, T]]]) -> T:
-    """Run the pending requests through a transport, made on the session's loop by ``make``
-    (the run's live counts and its driver); the progress counts every task, those resumed from
-    the ledger as done already, as tqdm users expect."""
+    """Run the pending requests through the transport ``make`` builds on the session's loop;
+    the progress counts every task, those resumed as done already."""
     total = len(plan.content.tasks)
 
     def start() -> Coroutine[Any, Any, T]:
@@ -278,8 +270,8 @@ def _replay(rt: Runtime, plan: RunPlan, provider: Any, progress: Progress,
 
 def report(rt: Runtime, plan: RunPlan, revision: Any, outcome: Outcome,
            superseded: str | None = None) -> BatchResult:
-    """The one reporter, of a run that sent or of one found finished: the result over the ledger's
-    values, with a note for each thing a person should know about how it was reached."""
+    """The one reporter, of a run that sent or one found finished: the result, with a note for
+    each thing a person should know about how it was reached."""
     spec, content = plan.spec, plan.content
     result = _result(rt, spec.name, revision, plan.total,
                      lambda: (t["task_id"] for t in content.tasks), content.schema, outcome,
@@ -306,7 +298,6 @@ def report(rt: Runtime, plan: RunPlan, revision: Any, outcome: Outcome,
 
 
 def _noted(result: BatchResult, plan: RunPlan) -> BatchResult:
-    """The notes of what the judging cannot see and of what re-judging resolved."""
     if plan.blind:
         result.notes.append(f"the judging reads what no fingerprint can see ("
                             f"{'; '.join(plan.blind)}): stored answers were re-judged under "
@@ -328,8 +319,7 @@ def _noted(result: BatchResult, plan: RunPlan) -> BatchResult:
 def _result(rt: Runtime, name: str, revision: Any, total: int,
             task_ids: Callable[[], Iterable[str]],
             schema: Any, outcome: Outcome, resumed: int) -> BatchResult:
-    """The result over the revision's values in the ledger; ``task_ids`` (every task in
-    order, each time it is called) is read only when some task has no value."""
+    """The result over the revision's values (``task_ids`` read only if some task has none)."""
     values, unloadable = result_values(rt.ledger.store, revision.id, schema)
     why = (f"no call was made for this task in this run: {outcome.stopped}"
            if outcome.stopped else "no call was made for this task in this run")

@@ -1,6 +1,5 @@
-"""A session: one ledger, one validator registry, one provider, and the budgets over them.
-
-Every face runs through it (``Session.run``), and data flows one way from here."""
+"""A session: one ledger, one validator registry, one provider, and the budgets over them; every
+face runs through ``Session.run``."""
 
 from __future__ import annotations
 
@@ -119,7 +118,7 @@ class Session:
 
     @property
     def provider(self) -> Any:
-        """The configured provider, built on first use so a missing one fails before spending."""
+        """The configured provider, built on first use."""
         if self._provider is None:
             self._provider = make_provider(self._provider_spec, model=self.model)
         return self._provider
@@ -195,13 +194,12 @@ class Session:
                                          validator, name=name)
 
     def run(self, spec: RunSpec) -> BatchResult:
-        """Run one :class:`RunSpec`: every face (magic, RLM binding, CLI) ends here."""
+        """Run one :class:`RunSpec`: every face ends here."""
         if not isinstance(spec, RunSpec):
             raise InvalidBatch(f"Session.run takes a RunSpec, got {type(spec).__name__}")
         return run_spec(self.runtime(), spec)
 
     def runtime(self) -> Runtime:
-        """What a run's steps use of this session: its machinery, its settings as they are."""
         return Runtime(
             self.id, self.ledger, self.validators, self.evidence, self._loop, self._used,
             self._job_reservations, self._job_schemas, self.pacer, self.hosts, self.tally,
@@ -217,8 +215,7 @@ class Session:
 
 
 def _shutdown(loop: BackgroundLoop, providers: list[Any]) -> None:
-    """Close what the providers pooled on the session's loop, then stop it (also at exit, or
-    when an unclosed session is collected; the ledger is closed only by Session.close)."""
+    """Close what the providers pooled on the session's loop, then stop it (at exit too)."""
     async def close_all() -> None:
         for provider in providers:
             try:

@@ -1,6 +1,5 @@
-"""droste's ``llm_batch_json`` contract over a session: one prompt per call, a bare JSON value.
-
-Core, not a face: it knows nothing of hosts, and builds a :class:`RunSpec` like any face."""
+"""droste's ``llm_batch_json`` contract over a session: one prompt per call, a bare JSON value
+(core, not a face: it knows nothing of hosts, and builds a :class:`RunSpec` like any face)."""
 
 from __future__ import annotations
 
@@ -42,8 +41,7 @@ DROSTE_KEYWORDS = frozenset({"type", "enum", "const", "required", "properties",
 
 
 def check_droste_schema(schema: Any) -> None:
-    """Refuse before spending a schema droste's helper would refuse: not a dict, or a keyword
-    outside droste's subset; :func:`compile_schema` then refuses bad shapes."""
+    """Refuse a schema droste's helper would: not a dict, or a keyword outside its subset."""
     if not isinstance(schema, Mapping):
         raise InvalidBatch(f"schema must be a JSON Schema dict in droste's subset "
                            f"({', '.join(sorted(DROSTE_KEYWORDS))}), got "
@@ -125,8 +123,7 @@ def llm_batch_json(session: Runs, prompts: Sequence[str], schema: Any,
 
 def check_call(prompts: Any, contexts: Any, max_repair_attempts: Any, validator: Any,
                name: Any = None) -> None:
-    """The droste contract's own inputs (and a batch name given), refused (in droste's wording
-    where it has one) before anything is recorded."""
+    """The droste contract's own inputs, refused in droste's wording where it has one."""
     check_text("batch name", name, "name='labels'")
     if isinstance(prompts, str) or not isinstance(prompts, Sequence):
         raise InvalidBatch("prompts must be a list of strings")
@@ -147,8 +144,7 @@ def check_call(prompts: Any, contexts: Any, max_repair_attempts: Any, validator:
 
 
 def _check_texts(name: str, texts: Sequence[Any], rule: str, *, none: bool = False) -> None:
-    """Each of ``texts`` is a str (or None where ``none``), refused by index before anything
-    is recorded: bytes or another object would otherwise fail deep inside the run."""
+    """Each of ``texts`` is a str (or None where ``none``), else refused by index."""
     for index, text in enumerate(texts):
         if not isinstance(text, str) and not (none and text is None):
             fix = (f"; decode it first, e.g. {name}[{index}].decode('utf-8')"
@@ -158,7 +154,6 @@ def _check_texts(name: str, texts: Sequence[Any], rule: str, *, none: bool = Fal
 
 def _droste_shape(result: BatchResult, tasks: list[dict[str, Any]],
                   item_schema: ItemSchema) -> dict[str, Any]:
-    """droste's return: values in prompt order, one error per failed index, calls per prompt."""
     dump = item_schema.dump
     values = [dump(result.values[t["task_id"]]) if t["task_id"] in result.values else None
               for t in tasks]
@@ -178,8 +173,7 @@ def _droste_shape(result: BatchResult, tasks: list[dict[str, Any]],
 
 
 def _droste_type(error: dict[str, Any]) -> str:
-    """droste's type for an error: a provider error keeps its source's own type (a droste
-    subcall client's, ``budget_exhausted`` for its BudgetExhausted), as droste reports it."""
+    """droste's type for an error; a provider error keeps its source's own, as droste does."""
     kind = error.get("kind")
     if error["type"] == "provider_error" and isinstance(kind, str) and kind:
         return kind

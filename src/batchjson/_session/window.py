@@ -1,8 +1,6 @@
-"""A run's requests a window at a time, so its memory does not grow with its tasks.
-
-Every step reads requests :data:`WINDOW` at a time from one source (the checked tasks' texts, or the
-ledger's rows for a revision on record): :func:`survey` once before anything is recorded or spent,
-then :class:`Pending` for the calls. What needs every request at once says so where it is."""
+"""A run's requests :data:`WINDOW` at a time (from the checked tasks' texts, or the ledger's rows
+for a revision on record), so its memory does not grow with its tasks: :func:`survey` once before
+anything is recorded or spent, then :class:`Pending` for the calls."""
 
 from __future__ import annotations
 
@@ -21,8 +19,7 @@ WINDOW = 1000  # requests looked at together: keyed, read from the ledger, queue
 
 
 def windows(store: Store, plan: RunPlan) -> Iterator[list[Request]]:
-    """The run's requests in order, a window at a time: those of its revision on record, else
-    those its checked tasks pack into, keyed as they are read."""
+    """The run's requests in order, a window at a time."""
     if plan.existing is not None:
         for rows in store.leaf_pages(plan.existing.id, WINDOW):
             yield [stored_request(row) for row in rows]
@@ -75,8 +72,7 @@ def seen_of(plan: RunPlan, requests: Any) -> dict[str, str]:
 
 
 def seen_pairs(store: Store, plan: RunPlan) -> Iterator[tuple[str, str]]:
-    """(request key, what its model saw) of every request, read a window at a time, from the
-    requests' texts alone."""
+    """(request key, what its model saw) of every request, from the requests' texts alone."""
     keys = plan.keys
     if plan.existing is not None:
         yield from stored_seen_pairs(store, plan, plan.existing.id)
@@ -87,8 +83,7 @@ def seen_pairs(store: Store, plan: RunPlan) -> Iterator[tuple[str, str]]:
 
 def stored_seen_pairs(store: Store, plan: RunPlan, revision_id: int, *,
                       halves: bool = False) -> Iterator[tuple[str, str]]:
-    """:func:`seen_pairs` of a revision on record, a page at a time (``halves``: only the
-    requests a split made)."""
+    """:func:`seen_pairs` of a revision on record (``halves``: only those a split made)."""
     for rows in store.leaf_pages(revision_id, WINDOW):
         yield from ((row["key"], plan.keys.seen_key(row["tasks"])) for row in rows
                     if row["parent_key"] or not halves)
