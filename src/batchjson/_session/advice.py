@@ -172,7 +172,6 @@ class Observations:
 
 
 def _rate(s: dict[str, float], stage: str) -> float:
-    """The share of the items meeting check ``stage`` that failed it."""
     return s[f"{stage}_faults"] / s[f"{stage}_items"] if s[f"{stage}_items"] else 0.0
 
 
@@ -248,7 +247,6 @@ class Estimate:
 
     @property
     def per_usable(self) -> float:
-        """Cost (or, with no prices, tokens) per usable result."""
         spent = self.cost if self.cost is not None else self.input_tokens + self.output_tokens
         return spent / self.usable if self.usable else math.inf
 
@@ -284,7 +282,6 @@ def estimate(f: Fit, pack: int, *, mode: str = "whole", repairs: int, replays: i
     per_call = 1 / (1 - f.provider_error_rate) if f.provider_error_rate < 1 else math.inf
 
     def request(k: int, depth: int) -> tuple[float, float, float, float]:
-        """(calls, input tokens, output tokens, usable) for one request of k tasks."""
         if mode == "items":
             return _itemwise(f, k, repairs, replays, per_call)
         if (k, depth) in memo:

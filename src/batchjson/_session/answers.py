@@ -67,7 +67,6 @@ class Answers:
     @classmethod
     def read(cls, items: Iterable[tuple[str, Any]], schema: Mapping[str, Any],
              total: int) -> Answers:
-        """One pass over ``items`` (task_id, plain value)."""
         fields = fixed_set_fields(schema)
         sample: list[tuple[str, Any]] = []
         counts: dict[str, Counter[str]] = {f: Counter() for f in fields}
@@ -100,7 +99,6 @@ class Answers:
         return f"accepted values (the first {len(self.sample)} of {self.total})"
 
     def _tallies(self) -> list[tuple[str, str]]:
-        """(field, "value count, ...") of each counted field."""
         out = []
         for f, counter in self.counts.items():
             common = counter.most_common()

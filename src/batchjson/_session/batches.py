@@ -269,7 +269,6 @@ def _schema(rt: Runtime, fingerprint: str | None, kept: Any) -> ItemSchema | Non
 
 
 def _collect(rt: Runtime, row: Mapping[str, Any], plan: Plan) -> str:
-    """Poll the job once and collect it if it ended; what happened, in words."""
     store = rt.ledger.store
     try:  # the session's own provider, when it speaks the job's protocol (its key, its pool)
         configured = rt.provider

@@ -59,7 +59,6 @@ class RunPlan:
 
     @property
     def total(self) -> int:
-        """The run's tasks."""
         return self.remembered[0] if self.remembered else len(self.content.tasks)
 
     @property

@@ -27,7 +27,6 @@ class Chart:
         return self.png
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the PNG to ``path``."""
         with open(path, "wb") as out:
             out.write(self.png)
 
@@ -141,5 +140,4 @@ def _when(stamp: str | None) -> datetime | None:
 
 
 def _lines(text: str, width: int = 90) -> str:
-    """A long title broken into lines at spaces."""
     return "\n".join(textwrap.wrap(text, width))

@@ -68,7 +68,6 @@ class Progress:
                             postfix=self._counts())
 
     def update(self, n: int) -> None:
-        """``n`` more tasks judged (accepted, or given up)."""
         if self.bar is not None:
             self.bar.set_postfix_str(self._counts(), refresh=False)
             self.bar.update(n)

@@ -222,7 +222,6 @@ class BatchResult:
 
     def _failure_lines(self, limit: int, keep: Callable[[Mapping[str, Any]], bool] | None = None
                        ) -> list[str]:
-        """The first ``limit`` failed requests, and a count of the rest."""
         lines = []
         failures, count = failure_groups(self._failed_errors, self.raws, limit, keep)
         for f in failures:
@@ -372,7 +371,6 @@ class LedgerValues(Mapping[str, Any]):
 
     @cached_property
     def _lookup(self) -> tuple[dict[str, str], Any]:
-        """task_id -> request key, and the request keys with values."""
         where, accepted = self._read("revision_lookup", self._revision)
         return {t: key for key, ids in where for t in json.loads(ids)}, accepted
 
@@ -397,7 +395,6 @@ class LedgerValues(Mapping[str, Any]):
         return where.get(task_id) in (accepted or ())
 
     def items(self) -> Iterator[tuple[str, Any]]:  # type: ignore[override]
-        """(task_id, value) in task order, a page of requests at a time."""
         for task_id, text in self.stored_items():
             yield task_id, self._load(json.loads(text))
 
@@ -518,7 +515,6 @@ class ResultErrors(SequenceView):
                     yield {"type": "not_attempted", "task_id": task_id, "message": self._why}
 
     def _pending_errors(self) -> Iterator[dict[str, Any]]:
-        """The tasks of requests a batch job held when the run ended (as they were then)."""
         for text in self._pending:
             held = json.loads(text)
             for task_id in held["task_ids"]:
@@ -570,7 +566,6 @@ class ResultErrors(SequenceView):
 
     @cached_property
     def raws(self) -> dict[str, str]:
-        """Each failed request's raw return, once (the errors themselves leave it out)."""
         raws: dict[str, str] = {}
         for _, errs in self._failed_items():
             for e in errs:

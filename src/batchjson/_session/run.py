@@ -319,7 +319,6 @@ def _noted(result: BatchResult, plan: RunPlan) -> BatchResult:
 def _result(rt: Runtime, name: str, revision: Any, total: int,
             task_ids: Callable[[], Iterable[str]],
             schema: Any, outcome: Outcome, resumed: int) -> BatchResult:
-    """The result over the revision's values (``task_ids`` read only if some task has none)."""
     values, unloadable = result_values(rt.ledger.store, revision.id, schema)
     why = (f"no call was made for this task in this run: {outcome.stopped}"
            if outcome.stopped else "no call was made for this task in this run")

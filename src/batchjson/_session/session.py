@@ -118,7 +118,6 @@ class Session:
 
     @property
     def provider(self) -> Any:
-        """The configured provider, built on first use."""
         if self._provider is None:
             self._provider = make_provider(self._provider_spec, model=self.model)
         return self._provider

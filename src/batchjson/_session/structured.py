@@ -144,7 +144,6 @@ def check_call(prompts: Any, contexts: Any, max_repair_attempts: Any, validator:
 
 
 def _check_texts(name: str, texts: Sequence[Any], rule: str, *, none: bool = False) -> None:
-    """Each of ``texts`` is a str (or None where ``none``), else refused by index."""
     for index, text in enumerate(texts):
         if not isinstance(text, str) and not (none and text is None):
             fix = (f"; decode it first, e.g. {name}[{index}].decode('utf-8')"

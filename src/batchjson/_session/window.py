@@ -19,7 +19,6 @@ WINDOW = 1000  # requests looked at together: keyed, read from the ledger, queue
 
 
 def windows(store: Store, plan: RunPlan) -> Iterator[list[Request]]:
-    """The run's requests in order, a window at a time."""
     if plan.existing is not None:
         for rows in store.leaf_pages(plan.existing.id, WINDOW):
             yield [stored_request(row) for row in rows]
