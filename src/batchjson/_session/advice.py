@@ -11,6 +11,7 @@ Everything is fitted from the batch's own receipts, except prices."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
@@ -278,14 +279,12 @@ def estimate(f: Fit, pack: int, *, mode: str = "whole", repairs: int, replays: i
              tasks: int | None = None) -> Estimate:
     """Expected totals for ``tasks`` (default: the batch's) at ``pack`` a request in ``mode``."""
     n = f.tasks if tasks is None else tasks
-    memo: dict[tuple[int, int], tuple[float, float, float, float]] = {}
     per_call = 1 / (1 - f.provider_error_rate) if f.provider_error_rate < 1 else math.inf
 
+    @functools.cache
     def request(k: int, depth: int) -> tuple[float, float, float, float]:
         if mode == "items":
             return _itemwise(f, k, repairs, replays, per_call)
-        if (k, depth) in memo:
-            return memo[(k, depth)]
         s = (1 - f.call_fault_rate) * ((1 - f.identity_fault_rate) * (1 - f.item_fault_rate)) ** k
         fresh_in = f.shared_input + f.input_per_task * k
         out = f.shared_output + f.output_per_task * k
@@ -304,8 +303,7 @@ def estimate(f: Fit, pack: int, *, mode: str = "whole", repairs: int, replays: i
                 c, i, o, u = request(half, depth + 1)
                 calls, inp, outp, usable = (calls + reach * c, inp + reach * i,
                                             outp + reach * o, usable + reach * u)
-        memo[(k, depth)] = (calls, inp, outp, usable)
-        return memo[(k, depth)]
+        return calls, inp, outp, usable
 
     full, rest = divmod(n, pack)  # full requests of ``pack`` and one of the rest
     calls, inp, outp, usable = (full * a + b for a, b in zip(
