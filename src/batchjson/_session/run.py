@@ -4,7 +4,7 @@ so nothing is recorded or spent before the inputs, the budget and the fit are ch
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Iterable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -270,82 +270,67 @@ def _replay(rt: Runtime, plan: RunPlan, provider: Any, progress: Progress,
 
 def report(rt: Runtime, plan: RunPlan, revision: Any, outcome: Outcome,
            superseded: str | None = None) -> BatchResult:
-    """The one reporter, of a run that sent or one found finished: the result, with a note for
-    each thing a person should know about how it was reached."""
-    spec, content = plan.spec, plan.content
-    result = _result(rt, spec.name, revision, plan.total,
-                     lambda: (t["task_id"] for t in content.tasks), content.schema, outcome,
-                     resumed=plan.resumed)
-    result.rechecked = len(plan.rechecked)
-    tasks = [dict.fromkeys(plan.remembered[1])] if plan.remembered else content.tasks
-    if spec.mode == "items":  # what the prompt asks to copy; other task fields, if echoed
-        result.identity_compared = tuple(content.identity)
-        result.compared_if_echoed = tuple(f for f in compared_candidates(
-            tasks, content.identity) if f not in content.identity)
-    name, model = provider_names(plan.provider)
-    result.provider = f"{name}/{model}" if model else name
-    result.answer_schema = content.schema.json_schema
-    result.notes += plan.provider_notes  # how this run's calls were sent, when not as asked
-    result.notes.extend(plan.notes)
-    if superseded is not None:
-        result.superseded = superseded
-        result.notes.append(superseded)
-    result = _noted(result, plan)
-    result.thrown_away = thrown_away(outcome, spec.split)
-    if result.thrown_away is not None:  # said last: what to change before the next run
-        result.notes.append(result.thrown_away.said())
-    return result
-
-
-def _noted(result: BatchResult, plan: RunPlan) -> BatchResult:
-    if plan.blind:
-        result.notes.append(f"the judging reads what no fingerprint can see ("
-                            f"{'; '.join(plan.blind)}): stored answers were re-judged under "
-                            "the rules as they are now, not reused on trust")
-    unknown = plan.content.schema.unknown_keywords
-    if unknown:
-        result.notes.append("schema keywords JSON Schema does not define, which no check reads: "
-                            + ", ".join(unknown[:5]) + f" and {len(unknown) - 5} more"
-                            * (len(unknown) > 5))
-    if plan.rechecked:  # an accepted repair's answer is evidence like any other
-        repaired = sum(row["kind"] == "repair" for _, row, _ in plan.rechecked)
-        result.notes.append(f"{len(plan.rechecked)} request(s) resolved by re-judging earlier "
-                            "returns under the new rules (no calls)" + (
-                                f"; {repaired} of them came from repair calls" if repaired
-                                else ""))
-    return result
-
-
-def _result(rt: Runtime, name: str, revision: Any, total: int,
-            task_ids: Callable[[], Iterable[str]],
-            schema: Any, outcome: Outcome, resumed: int) -> BatchResult:
-    values, unloadable = result_values(rt.ledger.store, revision.id, schema)
+    """The one reporter, of a run that sent or one found finished: the result over the
+    revision's values (its tasks read only if some task has none), with its notes."""
+    spec, content, total = plan.spec, plan.content, plan.total
+    values, unloadable = result_values(rt.ledger.store, revision.id, content.schema)
     why = (f"no call was made for this task in this run: {outcome.stopped}"
            if outcome.stopped else "no call was made for this task in this run")
-    errors = ResultErrors(outcome.errors, values, unloadable, task_ids, total - len(values), why,
+    errors = ResultErrors(outcome.errors, values, unloadable,
+                          lambda: (t["task_id"] for t in content.tasks), total - len(values), why,
                           outcome.pending, outcome.pending_tasks)
-    result = BatchResult(
-        name=name, status="resolved" if len(values) == total else "unresolved",
+    tasks = [dict.fromkeys(plan.remembered[1])] if plan.remembered else content.tasks
+    items = spec.mode == "items"  # what the prompt asks to copy; other task fields, if echoed
+    echoed = [f for f in compared_candidates(tasks, content.identity)
+              if f not in content.identity] if items else []
+    name, model = provider_names(plan.provider)
+    thrown = thrown_away(outcome, spec.split)
+    return BatchResult(
+        name=spec.name, status="resolved" if len(values) == total else "unresolved",
         values=values, errors=errors, calls=outcome.calls, tokens=outcome.tokens,
         cost=outcome.cost, revision=revision.number, total_tasks=total,
         accepted_returns=outcome.accepted_returns, rejected_returns=outcome.rejected_returns,
         partial_returns=outcome.partial_returns, provider_errors=outcome.provider_errors,
-        resumed=resumed,
-        attempts_by_task=TaskAttempts(outcome.calls_log),
-        repairs_made=outcome.repairs_made, read_receipts=LedgerRead(rt.ledger.attempts, name))
-    if outcome.stopped:
-        result.notes.append(outcome.stopped)
+        resumed=plan.resumed, superseded=superseded,
+        attempts_by_task=TaskAttempts(outcome.calls_log), repairs_made=outcome.repairs_made,
+        notes=_notes(rt, plan, outcome, superseded) + ([thrown.said()] if thrown else []),
+        rechecked=len(plan.rechecked),
+        identity_compared=tuple(content.identity) if items else (),
+        compared_if_echoed=tuple(echoed), provider=f"{name}/{model}" if model else name,
+        thrown_away=thrown, read_receipts=LedgerRead(rt.ledger.attempts, spec.name),
+        answer_schema=content.schema.json_schema)
+
+
+def _notes(rt: Runtime, plan: RunPlan, outcome: Outcome, superseded: str | None) -> list[str]:
+    """What a person should know about how the result was reached (what to change next: last)."""
+    notes = [outcome.stopped] if outcome.stopped else []
     if outcome.overrun:
-        result.notes.append(
+        notes.append(
             f"calls billed beyond their reservations: {usd(outcome.overrun)} in this run; "
             f"the session has spent {usd(rt.tally.cost)} of its "
             f"{usd(rt.budget.cost or 0.0)} cost budget (each receipt keeps its usage)")
     if outcome.odd_usage:
-        result.notes.append(f"{outcome.odd_usage} return(s) reported a usage no call can have (not "
-                            f"a whole number from 0 to {MOST_TOKENS:,} tokens): the provider's "
-                            "error, recorded as unknown on its receipt (a call of unknown cost "
-                            "counts against a cost budget at its worst case)")
+        notes.append(f"{outcome.odd_usage} return(s) reported a usage no call can have (not "
+                     f"a whole number from 0 to {MOST_TOKENS:,} tokens): the provider's "
+                     "error, recorded as unknown on its receipt (a call of unknown cost "
+                     "counts against a cost budget at its worst case)")
     if outcome.taken_from_ledger:
-        result.notes.append(f"{outcome.taken_from_ledger} request(s) were resolved by another "
-                            "runner of the same content; their values come from the ledger")
-    return result
+        notes.append(f"{outcome.taken_from_ledger} request(s) were resolved by another "
+                     "runner of the same content; their values come from the ledger")
+    notes += [*plan.provider_notes, *plan.notes]  # how this run's calls were sent, if not as asked
+    notes += [superseded] if superseded is not None else []
+    if plan.blind:
+        notes.append(f"the judging reads what no fingerprint can see ({'; '.join(plan.blind)}): "
+                     "stored answers were re-judged under the rules as they are now, not reused "
+                     "on trust")
+    unknown = plan.content.schema.unknown_keywords
+    if unknown:
+        notes.append("schema keywords JSON Schema does not define, which no check reads: "
+                     + ", ".join(unknown[:5]) + f" and {len(unknown) - 5} more"
+                     * (len(unknown) > 5))
+    if plan.rechecked:  # an accepted repair's answer is evidence like any other
+        repaired = sum(row["kind"] == "repair" for _, row, _ in plan.rechecked)
+        notes.append(f"{len(plan.rechecked)} request(s) resolved by re-judging earlier returns "
+                     "under the new rules (no calls)"
+                     + (f"; {repaired} of them came from repair calls" if repaired else ""))
+    return notes
