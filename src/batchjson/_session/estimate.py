@@ -25,11 +25,10 @@ from .._replay.budget import Pricing
 from .._replay.plan import Plan, first_prompt, system_prompt
 from .._replay.settle import HALVE, NONE, Tried, next_attempt
 from . import batches
-from .fit import answer_floor, sent_schema
 from .plan import RunPlan, Runtime
 from .progress import Progress
 from .run import calls_of, plan_calls, plan_of
-from .spec import RunSpec
+from .spec import RunSpec, answer_floor, sent_schema
 
 Span = tuple[Any, Any]  # (low, high): every first return accepted; every return rejected
 ERROR_CHARS = 200  # what a repair prompt is taken to carry back per task of its request

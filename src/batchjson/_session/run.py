@@ -19,13 +19,12 @@ from .._replay.jobs import JobRunner, JobsOutcome
 from .._replay.plan import Outcome, Plan
 from .._replay.replay import Replayer
 from . import batches, window
-from .fit import check_fit, check_rate_fit
 from .plan import RunPlan, Runtime, find_completed, finished, keyed, remember_file
 from .progress import Progress
 from .registry import checker_of
 from .rejudge import UNSEEN, Judging, clear_sourceless, unseen_token
 from .result import BatchResult, LedgerRead, ResultErrors, TaskAttempts, result_values, thrown_away
-from .spec import RunSpec, compared_candidates
+from .spec import RunSpec, check_fit, check_rate_fit, compared_candidates
 
 T = TypeVar("T")
 
