@@ -167,8 +167,8 @@ def _timeline(row: Mapping[str, Any], progress: tuple[int, int] | None) -> dict[
     elif progress and progress[0] >= progress[1]:
         end, by = time.time(), "ended"
     return {"submitted_at": submitted, "window_hours": WINDOW_HOURS,
-            "progress": None if progress is None else dict(zip(("ended", "total"), progress,
-                                                               strict=True)),
+            "progress": None if progress is None else {"ended": progress[0],
+                                                       "total": progress[1]},
             "ends_by": datetime.fromtimestamp(end, UTC).isoformat(timespec="seconds"),
             "ends_from": by}
 

@@ -347,10 +347,9 @@ class BatchResult:
                      "spends calls only on the unresolved requests.")
         return "\n".join(lines)
 
-    def _failure_lines(self, limit: int, keep: Callable[[Mapping[str, Any]], bool] | None = None
-                       ) -> list[str]:
+    def _failure_lines(self, limit: int, pending: bool = True) -> list[str]:
         lines = []
-        failures, count = failure_groups(self._failed_errors, self.raws, limit, keep)
+        failures, count = failure_groups(self._failed_errors, self.raws, limit, pending)
         for f in failures:
             tasks = f["tasks"]
             what = (tasks[0] if len(tasks) == 1 else
@@ -394,7 +393,7 @@ class BatchResult:
 
     def __str__(self) -> str:
         """What ``print(result)`` shows: the summary, failed requests first, then the answers."""
-        failed = self._failure_lines(SHOWN, keep=_not_pending)
+        failed = self._failure_lines(SHOWN, pending=False)
         lines = [repr(self), *(["failed requests:", *failed] if failed else []),
                  *(f"pending in job {job['id']} ({job['provider_job_id'] or job['status']}): "
                    f"{job['requests']} request(s){_submitted(job)}; re-run to collect what has "
@@ -430,7 +429,7 @@ class BatchResult:
                         self._shown_answers.html(), "</div>"])
 
     def _failures_html(self) -> str:
-        failures, count = failure_groups(self._failed_errors, self.raws, SHOWN, keep=_not_pending)
+        failures, count = failure_groups(self._failed_errors, self.raws, SHOWN, pending=False)
         if not failures:
             return ""
         rows = []
@@ -451,10 +450,6 @@ class BatchResult:
             rows.append(f"<li>... and {count - SHOWN} more failed request(s)</li>")
         return (f"<div>{count} failed request(s):<ul style='margin:2px 0'>"
                 f"{''.join(rows)}</ul></div>")
-
-
-def _not_pending(error: Mapping[str, Any]) -> bool:
-    return error.get("type") != "pending"
 
 
 def tracebacks(error: Mapping[str, Any]) -> list[str]:
@@ -701,27 +696,23 @@ class ResultErrors(SequenceView):
         return raws
 
 
-def failure_groups(errors: Callable[[], Iterable[Mapping[str, Any]]],
-                   raws: Mapping[str, str], limit: int | None = None,
-                   keep: Callable[[Mapping[str, Any]], bool] | None = None
+def failure_groups(errors: Callable[[], Iterable[Mapping[str, Any]]], raws: Mapping[str, str],
+                   limit: int | None = None, pending: bool = True
                    ) -> tuple[list[dict[str, Any]], int]:
     """The first ``limit`` (None: all) failed requests of ``errors()`` (read twice) grouped, and
-    how many failed in all; ``keep`` drops a request all of whose errors it refuses."""
-    kept: dict[str, bool] = {}  # request -> has an error ``keep`` admits (one bool a request)
+    how many failed in all (without ``pending``, not those a batch job still holds)."""
+    kept: dict[str, bool] = {}  # request -> shown (one bool a request)
     for e in errors():
         key = request_of(e)
-        kept[key] = kept.get(key, False) or keep is None or keep(e)
+        kept[key] = kept.get(key, False) or pending or e.get("type") != "pending"
     shown = [key for key, admitted in kept.items() if admitted]
     total, shown = len(shown), set(shown[:limit] if limit is not None else shown)
     groups: dict[str, dict[str, Any]] = {}
     for e in errors():
         key = request_of(e)
         if key in shown:
-            group = groups.get(key)
-            if group is None:
-                group = groups[key] = {"request": e.get("request"), "tasks": [], "errors": [],
-                                       "bystanders": 0, "raw": raws.get(key)}
-            _add(group, e)
+            _add(groups.setdefault(key, {"request": e.get("request"), "tasks": [], "errors": [],
+                                         "bystanders": 0, "raw": raws.get(key)}), e)
     return list(groups.values()), total
 
 
