@@ -26,8 +26,7 @@ from .._replay.plan import Plan, first_prompt, system_prompt
 from .._replay.settle import HALVE, NONE, Tried, next_attempt
 from . import batches
 from .plan import RunPlan, Runtime
-from .progress import Progress
-from .run import calls_of, plan_calls, plan_of
+from .run import Progress, calls_of, plan_calls, plan_of
 from .spec import RunSpec, answer_floor, sent_schema
 
 Span = tuple[Any, Any]  # (low, high): every first return accepted; every return rejected
