@@ -85,9 +85,8 @@ def spend(store: Store, name: str | None = None) -> dict[str, Any]:
 
 def _finish(entry: dict[str, Any]) -> dict[str, Any]:
     usable = entry["usable_results"]
-    entry["cost"] = round(entry["cost"], 12)
-    entry["unknown_cost_lower_bound"] = round(entry["unknown_cost_lower_bound"], 12)
-    entry["pending_cost"] = round(entry["pending_cost"], 12)
+    for key in ("cost", "unknown_cost_lower_bound", "pending_cost"):
+        entry[key] = round(entry[key], 12)
     entry["cost_at_least"] = round(entry["cost"] + entry["unknown_cost_lower_bound"], 12)
     entry["tokens"] = entry["input_tokens"] + entry["output_tokens"]
     entry["cost_is_lower_bound"] = entry["unknown_cost_calls"] > 0

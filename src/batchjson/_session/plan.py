@@ -107,9 +107,7 @@ class Runtime:
 def remember_file(store: Store, digest: str, tasks_component: str,
                   tasks: Sequence[Mapping[str, Any]]) -> None:
     """Record what the tasks file of ``digest`` holds, once its run has opened a revision."""
-    fields: dict[str, None] = {}
-    for task in tasks:
-        fields.update(dict.fromkeys(task))
+    fields = dict.fromkeys(key for task in tasks for key in task)  # first seen, in order
     store.task_file(digest, (tasks_component, len(tasks), list(fields)))
 
 

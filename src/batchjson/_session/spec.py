@@ -105,8 +105,7 @@ class RunSpec:
                 "transport='batch' is refused for droste's llm_batch_json contract (the droste "
                 "and rlm bindings): it returns values now and has no pending result; use "
                 "transport='live' there, or run_batch / %%batch_json for batch jobs")
-        if self.validator_name is not None:
-            check_text("validator_name", self.validator_name, "validator_name='label_check'")
+        check_text("validator_name", self.validator_name, "validator_name='label_check'")
         check_validator(self.validator, self.validator_args)
         if isinstance(self.identity, Iterator):  # read once here, so kept as read
             object.__setattr__(self, "identity", tuple(self.identity))
