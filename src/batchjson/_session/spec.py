@@ -55,21 +55,17 @@ Accept = Literal["whole", "items"]
 
 @options(InvalidBatch)
 class RunSpec:
-    """What to resolve and under which rules (docs/api.md). A bad option is an
+    """What to resolve and under which rules (docs/api.md); a bad option is an
     :class:`~batchjson.InvalidBatch` when the spec is made.
 
-    - ``mode="items"``: ``pack`` tasks a call, each return ``{"items": [...]}`` judged for coverage
-      and identity; ``mode="value"``: one task per call, a bare JSON value (droste's shape).
-    - ``validator_args="task"`` calls ``validator(value, task)``, ``"index"`` calls
-      ``validator(value, task["index"])``; ``"droste"`` also reads verdicts as droste does.
-    - ``refuse_short_budget``: refuse before spending when the budget cannot cover one call per
-      pending request. ``None`` for ``repairs``/``replays`` takes the session's setting.
-    - ``transport="batch"``: provider batch jobs; the run returns ``status == "pending"`` unless
-      ``wait=True``, and a re-run collects (docs/providers.md).
-    - ``accept="items"``: a return whole in JSON, coverage and identity commits the items that
-      pass their schema and the validator, and asks again for the others (docs/design.md). It
-      is no part of any key: it decides what of a return is committed, not what a model sees,
-      so evidence is shared with whole-return runs of the same content."""
+    - ``mode="items"``: ``pack`` tasks a call, returning ``{"items": [...]}``; ``mode="value"``:
+      one task a call, a bare JSON value (droste's shape).
+    - ``validator_args``: ``validator(value, task)``, ``validator(value, task["index"])``, or
+      that reading verdicts as droste does. ``None`` repairs/replays: the session's setting.
+    - ``refuse_short_budget``: refused before spending unless the budget covers a call a request.
+    - ``transport="batch"``: provider batch jobs, ``status == "pending"`` unless ``wait=True``.
+    - ``accept="items"``: commit a return's items that pass and ask again for the others; no
+      part of any key (what is committed, not what a model sees), so evidence is shared."""
 
     # checked here, by their own rules: the texts, the validator, the identity's shape
     name: SkipValidation[str]
