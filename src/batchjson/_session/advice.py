@@ -105,16 +105,6 @@ def _checked_items(k: int, errors: list[dict[str, Any]]) -> dict[str, int]:
     return {} if errors else reached
 
 
-def _least_squares(n: float, sx: float, sy: float, sxx: float, sxy: float
-                   ) -> tuple[float, float] | None:
-    """(intercept, slope) of y on x from their sums, or None when x does not vary."""
-    spread = n * sxx - sx * sx  # exact: sizes are whole numbers
-    if n < 2 or spread <= 0:
-        return None
-    slope = (n * sxy - sx * sy) / spread
-    return (sy - slope * sx) / n, slope
-
-
 @dataclass(frozen=True)
 class Observations:
     """A batch's receipts read once: one column (a value a receipt) per field of ``SUMS``, and
@@ -198,9 +188,10 @@ def _split_tokens(n: float, sk: float, sv: float, skk: float, skv: float,
                  per_task_hint: float | None) -> tuple[float, float]:
     """Shared and per-task tokens: a line through the observed sizes, or (one size only) the
     per-task share from the tasks' own text and the rest as shared."""
-    line = _least_squares(n, sk, sv, skk, skv)
-    if line is not None and line[0] >= 0 and line[1] > 0:
-        return line
+    spread = n * skk - sk * sk  # of the sizes: exact, as they are whole numbers
+    slope = (n * skv - sk * sv) / spread if n >= 2 and spread > 0 else 0.0
+    if slope > 0 and sv - slope * sk >= 0:  # a line with no negative intercept
+        return (sv - slope * sk) / n, slope
     if not n:
         return 0.0, 0.0
     mean_k, mean_v = sk / n, sv / n
