@@ -27,9 +27,8 @@ from .accounts import cost_summary
 
 CANDIDATES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50)
 CALL_FAULTS = frozenset({"json", "coverage"})
-# The per-item checks in the order a return meets them: a check after the first that failed is
-# never run. An identity fault rejects a return whole in every mode; schema and validator faults
-# are what accepting items rejects item by item.
+# The per-item checks in the order a return meets them (none after the first that failed); an
+# identity fault rejects a return whole in every mode, the others item by item when accepted so.
 STAGES = ("identity", "schema", "validation")
 # How a request is settled: the whole return or nothing, the same with halving after the
 # allowance, or item by item (accept="items")

@@ -254,8 +254,7 @@ class BatchResult:
     # the batch's receipts, read from the ledger when plot() asks
     read_receipts: Callable[[], Sequence[Receipt]] | None = field(default=None, repr=False,
                                                                  compare=False)
-    # the answers' JSON Schema: the display's columns, and the fields with a fixed set of
-    # values (enum, boolean) whose counts it shows
+    # the answers' JSON Schema: the display's columns, and its fixed-set fields to count
     answer_schema: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -618,8 +617,8 @@ class ResultErrors(SequenceView):
         self._failed, self._accepted, self._extra = failed, accepted, extra
         self._task_ids, self._missing, self._why = task_ids, missing, not_attempted
         self._pending, self._pending_tasks = pending, pending_tasks
-        # failed in the run yet accepted by its end (another runner's answer): read now, so
-        # the errors stay those of this run's end when the ledger gains values later
+        # failed yet accepted by the run's end (another runner's answer): read now, so the
+        # errors stay those of the run's end
         self._answered = {t for t in failed if t in accepted}
 
     def __iter__(self) -> Iterator[dict[str, Any]]:

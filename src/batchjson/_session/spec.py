@@ -430,11 +430,8 @@ def check_mode(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str], mode
                                "validator_args='task'")
 
 
-# The pieces GPT-style tokenizers (cl100k, o200k; Llama 3 uses the same rules) cut text into
-# before any merge: a letter run with at most one leading mark (and a contraction), digits in
-# groups of at most three, a run of punctuation, whitespace. No token spans two pieces, so their
-# count is a lower bound on the tokens of the text (pieces are written a little coarser than
-# either tokenizer's, never finer).
+# The pieces GPT-style tokenizers (cl100k, o200k, Llama 3's) cut text into before any merge, a
+# little coarser, never finer: no token spans two, so their count is a lower bound on the tokens.
 _PIECES = re.compile(r"(?:[^\r\n\w]|_)?[^\W\d_]+(?:'[^\W\d_]{1,2})?|\d{1,3}"
                      r"| ?(?:[^\s\w]|_)+[\r\n]*|\s*[\r\n]+|\s+")
 _ENVELOPE = '{"items":[]}'
