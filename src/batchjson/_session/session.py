@@ -115,6 +115,7 @@ class Session:
 
     @property
     def provider(self) -> Any:
+        """The configured provider, built on first use so a missing one fails before spending."""
         if self._provider is None:
             self._provider = make_provider(self._provider_spec, model=self.model)
         return self._provider
@@ -193,6 +194,7 @@ class Session:
         return run_spec(self.runtime(), spec)
 
     def runtime(self) -> Runtime:
+        """What a run's steps use of this session: its machinery, its settings as they are."""
         return Runtime(
             self.id, self.ledger, self.validators, self.evidence, self._loop, self._used,
             self._job_reservations, self._job_schemas, self.pacer, self.hosts, self.tally,
