@@ -61,6 +61,7 @@ class Estimate:
     notes: tuple[str, ...] = ()
 
     def rows(self) -> list[tuple[str, str]]:
+        """(what, how much) in the order a person reads them."""
         return [
             ("requests", f"{self.requests:,} for {self.tasks:,} task(s): {self.reused:,} "
              f"accepted already (reused), {self.rejudged:,} resolved by re-judging earlier "

@@ -27,6 +27,7 @@ class Chart:
         return self.png
 
     def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the PNG to ``path``."""
         with open(path, "wb") as out:
             out.write(self.png)
 

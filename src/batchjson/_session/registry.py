@@ -144,6 +144,7 @@ class ValidatorRegistry:
         return record
 
     def register(self, fn: Callable[..., Any], *, name: str | None = None) -> Definition:
+        """Register ``fn`` under ``name`` and say what happened (a :class:`Definition`)."""
         self._handed.record = None
         name, fingerprint = self._named(fn, name)
         with self._lock:
@@ -229,10 +230,12 @@ class ValidatorRegistry:
                          if v.fn is fn), None)
 
     def current(self, name: str) -> ValidatorVersion | None:
+        """The version most recently defined (or re-selected) under ``name``."""
         with self._lock:
             return self._current.get(name)
 
     def versions(self, name: str) -> list[ValidatorVersion]:
+        """Every version of ``name``, oldest first."""
         with self._lock:
             return list(self._versions.get(name, ()))
 
