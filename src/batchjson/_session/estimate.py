@@ -124,13 +124,6 @@ class _Sum:
     ceilings_low: int = 0  # the output ceilings the calls ask for, as a limiter counts them
     ceilings_high: int = 0
 
-    def attempt(self, input_tokens: int, output: int | None, ceiling: int | None) -> None:
-        self.worst += 1
-        self.input_high += input_tokens
-        self.ceilings_high += ceiling or 0
-        self.output_high = None if output is None or self.output_high is None else (
-            self.output_high + output)
-
 
 def estimate_run(rt: Runtime, spec: RunSpec) -> Estimate:
     """The estimate of ``spec``: every input check the run makes, then its plan and calls."""
@@ -178,7 +171,11 @@ def _request(calls: Plan, provider: Any, system: str, request: Request, total: _
     chain: list[Tried] = []
     step = next_attempt(calls, request, chain, tried=False, depth=depth)
     while step.kind not in (HALVE, NONE):
-        total.attempt(estimate_tokens(system + step.prompt), most, ceiling)
+        total.worst += 1
+        total.input_high += estimate_tokens(system + step.prompt)
+        total.ceilings_high += ceiling or 0
+        total.output_high = (None if most is None or total.output_high is None
+                             else total.output_high + most)
         chain.append(Tried(step.kind, rejected, raw))
         step = next_attempt(calls, request, chain, tried=True, depth=depth)
     if step.kind == HALVE and halving:

@@ -159,9 +159,11 @@ def _droste_shape(result: BatchResult, tasks: list[dict[str, Any]],
     attempts = [result.attempts_by_task.get(t["task_id"], 0) for t in tasks]
     errors = []
     for error in result.errors:
-        index = int(error["task_id"])
-        entry = {"index": index, "type": _droste_type(error),
-                 "error": error["message"], "attempts": attempts[index]}
+        index, kind = int(error["task_id"]), error.get("kind")
+        if error["type"] != "provider_error" or not isinstance(kind, str) or not kind:
+            kind = _DROSTE_TYPES.get(error["type"], "validation_error")  # else its source's own
+        entry = {"index": index, "type": kind, "error": error["message"],
+                 "attempts": attempts[index]}
         raw = result.raws.get(str(error.get("request")))  # the result keeps it per request
         if raw is not None and entry["type"] == "validation_error":
             entry["raw"] = raw[:RAW_SHOWN]
@@ -169,11 +171,3 @@ def _droste_shape(result: BatchResult, tasks: list[dict[str, Any]],
     errors.sort(key=lambda e: e["index"])  # droste reports one per failed index: the last
     return {"values": values, "errors": list({e["index"]: e for e in errors}.values()),
             "attempts": attempts, "repairs_made": result.repairs_made}
-
-
-def _droste_type(error: dict[str, Any]) -> str:
-    """droste's type for an error; a provider error keeps its source's own, as droste does."""
-    kind = error.get("kind")
-    if error["type"] == "provider_error" and isinstance(kind, str) and kind:
-        return kind
-    return _DROSTE_TYPES.get(error["type"], "validation_error")
