@@ -298,8 +298,12 @@ def estimate(f: Fit, pack: int, *, mode: str = "whole", repairs: int, replays: i
     full, rest = divmod(n, pack)  # full requests of ``pack`` and one of the rest
     calls, inp, outp, usable = (full * a + b for a, b in zip(
         request(pack, 0), request(rest, 0) if rest else (0.0,) * 4, strict=True))
+    # prompt-cache reads (``C`` a call, whatever the pack) come off the input bill
+    saved = (calls * f.cached_input * (f.input_price - f.cached_price)
+             if f.cached_input and f.cached_price is not None and f.input_price is not None
+             else 0.0)
     cost = (None if f.input_price is None or f.output_price is None
-            else inp * f.input_price + outp * f.output_price - _cache_saving(f, calls))
+            else inp * f.input_price + outp * f.output_price - saved)
     return Estimate(pack, mode, calls, inp, outp, cost, usable, n)
 
 
@@ -339,13 +343,6 @@ def _attempts_while_open(k: int, e: float, p: float, allowed: int) -> float:
         total += still * max(0.0, 1 - below)
         term = term * (allowed - g) / (g + 1) * e / (1 - e) if e < 1 else 0.0
     return total / e
-
-
-def _cache_saving(f: Fit, calls: float) -> float:
-    """What prompt-cache reads (``C`` a call, whatever the pack) take off the input bill."""
-    if f.cached_price is None or f.input_price is None or not f.cached_input:
-        return 0.0
-    return calls * f.cached_input * (f.input_price - f.cached_price)
 
 
 def _finishing(options: Sequence[Estimate], max_unresolved: float) -> list[Estimate]:
