@@ -89,7 +89,7 @@ def advice_chart(advice: Mapping[str, Any]) -> Chart:
     ax.set_xlabel("pack size (tasks per request)")
     ax.set_ylabel("cost per usable result ($)" if priced else "tokens per usable result")
     ax.legend(fontsize="small")
-    ax.set_title(_lines(advice["verdict"]), fontsize="small")
+    ax.set_title(textwrap.fill(advice["verdict"], 90), fontsize="small")
     return _drawn(fig, f"pack-size advice for batch {advice['batch']!r}")
 
 
@@ -138,7 +138,3 @@ def _when(stamp: str | None) -> datetime | None:
     except ValueError:
         return None
     return when if when is None or when.tzinfo else when.replace(tzinfo=UTC)
-
-
-def _lines(text: str, width: int = 90) -> str:
-    return "\n".join(textwrap.wrap(text, width))
