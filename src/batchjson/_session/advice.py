@@ -172,10 +172,6 @@ def _item_rate(s: dict[str, float]) -> float:
     return 1 - (1 - _rate(s, "schema")) * (1 - _rate(s, "validation"))
 
 
-def fit(ledger: Ledger, name: str) -> Fit:
-    return _fitted(Observations.read(ledger, name).fit(), name)
-
-
 def _fitted(fitted: Fit | None, name: str) -> Fit:
     if fitted is None:
         raise InvalidBatch(f"batch {name!r} has no judged returns yet, so there is nothing to "
