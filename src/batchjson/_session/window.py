@@ -8,7 +8,6 @@ from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from itertools import chain
-from typing import Any
 
 from .._content.tasks import Request, stored_request
 from .._ledger.store import Store
@@ -39,7 +38,7 @@ def survey(store: Store, plan: RunPlan, judging: Judging) -> RunPlan:
     keys, sourceless = plan.keys, store.has_sourceless_answers()
     marks, sizes = bytearray(), array("L")
     rechecked, broken, owed, sourceless_all = [], [], [], {}
-    requests = pending_count = pending_tasks = 0
+    pending_tasks = 0
     for window in windows(store, plan):
         done = store.accepted_keys([r.key for r in window])
         unanswered = [r for r in window if r.key not in done]
@@ -49,25 +48,18 @@ def survey(store: Store, plan: RunPlan, judging: Judging) -> RunPlan:
             sourceless_all.update(sourceless_of)
             owed += unanswered
         passing = [] if broken else judging.first_passing(earlier_candidates(
-            store, unanswered, seen_of=seen_of(plan, unanswered), sourceless_of=sourceless_of,
-            same_key=bool(plan.blind)), broken)
+            store, unanswered, seen_of={r.key: keys.seen_key(r.tasks_json) for r in unanswered},
+            sourceless_of=sourceless_of, same_key=bool(plan.blind)), broken)
         passed = {request.key for request, _, _ in passing}
         rechecked += passing
         pending = [r.key not in done and r.key not in passed for r in window]
         marks += bytes(pending)
         sizes.append(len(window))
-        requests += len(window)
-        pending_count += sum(pending)
         pending_tasks += sum(len(r.tasks) for r, due in zip(window, pending, strict=True) if due)
-    return replace(plan, requests=requests, pending_tasks=pending_tasks,
-                   pending=Pending(lambda: windows(store, plan), marks, sizes, pending_count,
-                                   store),
+    return replace(plan, requests=sum(sizes), pending_tasks=pending_tasks,
+                   pending=Pending(lambda: windows(store, plan), marks, sizes, sum(marks), store),
                    rechecked=tuple(rechecked), broken=tuple(broken), owed=tuple(owed),
                    sourceless_of=sourceless_all)
-
-
-def seen_of(plan: RunPlan, requests: Any) -> dict[str, str]:
-    return {r.key: plan.keys.seen_key(r.tasks_json) for r in requests}
 
 
 def seen_pairs(store: Store, plan: RunPlan) -> Iterator[tuple[str, str]]:
