@@ -259,11 +259,8 @@ class ValidatorRegistry:
 
 def checker_of(version: ValidatorVersion, validator_args: str | None,
                timeout: float) -> Callable[[Any, Mapping[str, Any]], Any]:
-    forms = {"index": _index_form, "droste": droste_verdicts}
-    checker = version.fn
-    if validator_args in forms:
-        checker = forms[validator_args](checker)
-    return _bounded(checker, timeout)  # an async one may hang
+    form = {"index": _index_form, "droste": droste_verdicts}.get(validator_args or "")
+    return _bounded(version.fn if form is None else form(version.fn), timeout)  # async may hang
 
 
 def _bounded(fn: Callable[[Any, Mapping[str, Any]], Any],
