@@ -94,9 +94,8 @@ def advice_chart(advice: Mapping[str, Any]) -> Chart:
 
 
 def batch_chart(receipts: Sequence[Receipt], name: str, revision: int | None = None) -> Chart:
-    """Batch ``name``'s spend (cost, or tokens where no cost is known) and accepted results,
-    summed over time from its receipts' completion times (every revision's, or one's); a task
-    counts as accepted once."""
+    """Batch ``name``'s spend (cost, else tokens) and accepted results (a task once) over its
+    receipts' completion times: every revision's, or one's."""
     which = f"batch {name!r}" + (f" revision {revision}" if revision is not None else "")
     title = f"{which}: spend and accepted results over time"
     done = sorted(((when, r) for r in receipts if revision in (None, r.revision)

@@ -99,8 +99,7 @@ def earlier_candidates(store: Store, pending: Sequence[Request], *, seen_of: Map
 def unseen_token(store: Store, judging: Judging, requests: Sequence[Request],
                  previous: str | None) -> str | None:
     """None when every accepted answer among ``requests`` still passes with the values it committed;
-    else the ``unseen`` component of the revision to run instead, naming ``previous`` and the
-    requests that fail (one with no raw text on record fails)."""
+    else the ``unseen`` component of the revision to run instead, naming those that fail."""
     accepted = store.accepted_keys([r.key for r in requests])
     found = {r.key: store.accepted_return(r.key) for r in requests if r.key in accepted}
     passed = judging.first_passing([(r, [found[r.key][0]]) for r in requests

@@ -37,9 +37,8 @@ WHOLE = ""  # the field name of an answer that is itself one of a fixed set (mod
 
 
 def fixed_set_fields(schema: Mapping[str, Any]) -> tuple[str, ...]:
-    """The answer's fields whose schema allows a fixed set of values, in schema order;
-    ``(WHOLE,)`` when the answer itself is one. A pydantic enum (``$ref``) and an optional one
-    (``anyOf`` with null) count."""
+    """The answer's fields whose schema allows a fixed set of values (an optional pydantic enum
+    too), in schema order; ``(WHOLE,)`` when the answer itself is one."""
     defs = schema.get("$defs") or schema.get("definitions") or {}
 
     def fixed(node: Any) -> bool:
@@ -101,9 +100,8 @@ class Answers:
                    tuple(props) if isinstance(props, Mapping) else ())
 
     def _table(self) -> tuple[list[str], list[list[str]]]:
-        """(columns, rows) of the sample: task_id, then each field of an object value (the
-        schema's first, in its order; nested values as compact JSON), or the value itself. An
-        answer's own ``task_id`` is its row's (identity checked), so it is one column."""
+        """(columns, rows) of the sample: task_id (an answer's own is its row's, identity
+        checked), then each field of an object value, the schema's first, or the value itself."""
         objects = all(isinstance(v, dict) for _, v in self.sample)
         seen = {k for _, v in self.sample for k in v} - {"task_id"} if objects else set()
         fields = [k for k in self.order if k in seen] + sorted(seen - set(self.order))

@@ -33,8 +33,7 @@ def every_request(store: Store, plan: RunPlan) -> Iterator[Request]:
 
 def survey(store: Store, plan: RunPlan, judging: Judging) -> RunPlan:
     """What each request needs, before anything is recorded or spent: accepted already (under
-    any batch), resolved by re-judging an earlier return, or pending (a call must resolve it).
-    The plan with the counts, one mark a request, and the re-judged returns to commit."""
+    any batch), resolved by re-judging an earlier return, or pending (one mark a request)."""
     keys, sourceless = plan.keys, store.has_sourceless_answers()
     marks, sizes = bytearray(), array("L")
     rechecked, broken, owed, sourceless_all = [], [], [], {}
@@ -81,9 +80,8 @@ def stored_seen_pairs(store: Store, plan: RunPlan, revision_id: int, *,
 
 
 class Pending:
-    """The requests a call must resolve, as the survey found them, read again a window at a time on
-    each iteration; ``len`` reads nothing. A ledger window that changed size since the survey
-    (another runner split a request) is taken as it is now."""
+    """The requests a call must resolve, read again a window at a time on each iteration; a
+    ledger window that changed size since the survey (another runner split one) is taken as is."""
 
     def __init__(self, source: Callable[[], Iterator[list[Request]]], marks: bytearray,
                  sizes: array, count: int, store: Store) -> None:
