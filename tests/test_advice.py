@@ -9,7 +9,7 @@ import pytest
 
 from batchjson import FaultPlan, Session, SimulatedModel
 from batchjson._errors import InvalidBatch
-from batchjson._session.advice import Fit, estimate, fit
+from batchjson._session.advice import Fit, Observations, estimate
 
 SCHEMA = {"type": "object", "properties": {"verdict": {"type": "string",
                                                        "enum": ["match", "no_match"]}},
@@ -66,7 +66,7 @@ def test_advice_matches_the_simulated_optimum_within_one_step_at_three_fault_rat
 
 def test_fit_recovers_the_fault_rate_and_the_shared_and_per_task_tokens() -> None:
     session = run(0.03, 8, seed=1, split=True)  # splitting observes several pack sizes
-    f = fit(session.ledger, "review")
+    f = Observations.read(session.ledger, "review").fit()
     assert f.tasks == TASKS and f.call_fault_rate == 0
     assert 0.015 < f.item_fault_rate < 0.05
     shared = len(INSTRUCTIONS) // 4
@@ -75,7 +75,7 @@ def test_fit_recovers_the_fault_rate_and_the_shared_and_per_task_tokens() -> Non
 
 
 def test_shared_instructions_amortise_and_faults_amplify_in_the_model() -> None:
-    f = fit(run(0.0, 8, seed=2, split=False).ledger, "review")
+    f = Observations.read(run(0.0, 8, seed=2, split=False).ledger, "review").fit()
     clean = [estimate(f, k, repairs=0, replays=2).per_usable for k in CANDIDATES]
     assert clean == sorted(clean, reverse=True)  # no faults: bigger packs are always cheaper
     faulty = f.__class__(**{**vars(f), "item_fault_rate": 0.1})
@@ -170,10 +170,12 @@ def validated(share: float, pack: int, *, faults: FaultPlan | None = None,
 
 
 def test_the_fit_tells_items_the_validator_rejects_from_confused_identities() -> None:
-    by_validator = fit(validated(0.15, 5, repairs=0, replays=0).ledger, "review")
+    by_validator = Observations.read(validated(0.15, 5, repairs=0, replays=0).ledger,
+                                     "review").fit()
     assert 0.11 < by_validator.item_fault_rate < 0.19  # read from the task_ids errors name
     assert by_validator.identity_fault_rate == 0 and by_validator.call_fault_rate == 0
-    swapped = fit(validated(0.0, 5, faults=FaultPlan(identity_swap=0.3)).ledger, "review")
+    swapped = Observations.read(validated(0.0, 5, faults=FaultPlan(identity_swap=0.3)).ledger,
+                                "review").fit()
     assert swapped.identity_fault_rate > 0.02 and swapped.item_fault_rate == 0
     # a confused identity rejects a return whole in every mode: accepting items saves nothing
     whole, items = (estimate(swapped, 10, mode=m, repairs=1, replays=1) for m in ("whole", "items"))

@@ -10,7 +10,7 @@ import pytest
 
 from batchjson import CallableProvider, InvalidBatch, Reply, Session
 from batchjson._providers.anthropic import AnthropicProvider
-from batchjson._session.fit import output_tokens_floor
+from batchjson._session.spec import output_tokens_floor
 from batchjson.testing import LoopbackServer
 from tests.helpers import items_reply
 

@@ -56,7 +56,7 @@ def test_the_progress_says_time_eta_rate_returns_accepted_and_rejected_and_cost_
 
 def test_a_streamed_input_shows_progress_while_its_first_pass_reads_it(
         capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    from batchjson._session import progress
+    from batchjson._session import run as progress
 
     monkeypatch.setattr(progress, "READING_DELAY", 0.05)  # half a second, shortened
     shown_while_reading: list[str] = []

@@ -12,8 +12,8 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from batchjson import CallableProvider, Session
-from batchjson._session import answers
-from batchjson._session.answers import fixed_set_fields
+from batchjson._session import result as answers
+from batchjson._session.result import fixed_set_fields
 from tests.helpers import review_tasks
 
 SCHEMA = {"type": "object", "required": ["verdict", "sure", "why"],

@@ -1,10 +1,9 @@
-"""The account: every attempt ever recorded, per batch and in total, priced honestly: a call of
-unknown cost is not free but counted at a floor, reported apart; and :class:`Evidence`, a
-read-only view of what is still owed. Pricing sits here, above the ledger, which stores the costs
-it is given.
+"""The account: every attempt ever recorded, per batch and in total, priced honestly (a call of
+unknown cost is counted at a floor, reported apart), and :class:`Evidence`, a read-only view of
+what is still owed. Pricing sits here, above the ledger, which stores the costs it is given.
 
-A request is resolved only by an accepted return for exactly its content key, so re-running
-identical work resumes it, and nothing but the ledger holds this state."""
+What a call is, and what is known of its cost, is defined once, in the store's SQL
+(``store_accounts.IS_CALL``); every account here is a view of :func:`calls`, so none can drift."""
 
 from __future__ import annotations
 
@@ -16,19 +15,23 @@ from .._ledger.ledger import Ledger
 from .._ledger.store import Store
 from .._providers.pricing import price_for
 
-COUNTERS = ("calls", "rechecks", "accepted_returns", "partial_returns", "rejected_returns",
-            "provider_errors", "abandoned", "cancelled", "in_flight", "pending", "imported",
-            "input_tokens", "output_tokens", "cached_tokens", "unknown_cost_calls",
-            "unpriced_calls", "tasks", "usable_results")
-
-# What a call is, and what is known of its cost, is defined once, in the store's SQL
-# (store_accounts.IS_CALL); Ledger.spend() and cost_summary() are both views of calls(), so the two
-# accounts cannot drift apart.
-
 _CALL_COUNTS = ("calls", "rechecks", "unsent", "accepted_returns", "partial_returns",
                 "rejected_returns", "provider_errors", "abandoned", "cancelled", "in_flight",
                 "pending", "imported", "input_tokens", "output_tokens", "cached_tokens",
                 "unknown_cost_calls")
+COUNTERS = (*(k for k in _CALL_COUNTS if k != "unsent"), "unpriced_calls", "tasks",
+            "usable_results")
+# Ledger.spend()'s name for each sum of calls() it reports (Evidence.summary() shares them)
+_SPENT = {"calls": "calls", "input_tokens": "input_tokens", "output_tokens": "output_tokens",
+          "accepted": "accepted_returns", "partial": "partial_returns",
+          "rejected": "rejected_returns", "provider_errors": "provider_errors",
+          "cancelled_calls": "cancelled", "abandoned_calls": "abandoned",
+          "in_flight_calls": "in_flight", "pending_calls": "pending",
+          "pending_cost": "pending_cost", "unsent": "unsent",
+          "calls_without_cost": "unknown_cost_calls", "unknown_cost_calls": "unknown_cost_calls",
+          "cost_lower_bound_unknown": "unknown_cost_lower_bound",
+          "unpriced_unknown_calls": "unpriced_calls"}
+
 
 def _empty(batch: str | None) -> dict[str, Any]:
     return {"batch": batch, **{k: 0 for k in COUNTERS}, "cost": 0.0,
@@ -48,9 +51,8 @@ def floor_price(model: str | None, uncached: int, cached: int, *,
 
 
 def calls(store: Store, name: str | None = None) -> dict[str, dict[str, Any]]:
-    """Per batch that has attempts: its calls by outcome, tokens, the known cost (None when no
-    attempt has one), the unknown-cost calls with the least they cost, and the calls pending in
-    batch jobs with their prompts' cost at the batch price (what they will cost at least)."""
+    """Per batch that has attempts: its calls by outcome, tokens, the known cost (None: none
+    known), the least the unknown-cost calls and those pending in batch jobs cost."""
     per: dict[str, dict[str, Any]] = {}
     rows, unfloored = store.call_rows(name)
     for row in rows:
@@ -72,31 +74,19 @@ def calls(store: Store, name: str | None = None) -> dict[str, dict[str, Any]]:
 def spend(store: Store, name: str | None = None) -> dict[str, Any]:
     """``Ledger.spend()``: the sum of :func:`calls` over every batch (or one)."""
     entries = list(calls(store, name).values())
-
-    def total(key: str) -> Any:
-        return sum(e[key] for e in entries)
-
     known = [e["cost"] for e in entries if e["cost"] is not None]
-    out = {"calls": total("calls"), "input_tokens": total("input_tokens"),
-           "output_tokens": total("output_tokens"), "cost": sum(known) if known else None,
-           "accepted": total("accepted_returns"), "partial": total("partial_returns"),
-           "rejected": total("rejected_returns"), "provider_errors": total("provider_errors"),
-           "cancelled_calls": total("cancelled"),
-           "abandoned_calls": total("abandoned"), "in_flight_calls": total("in_flight"),
-           "pending_calls": total("pending"), "pending_cost": float(total("pending_cost")),
-           "unsent": total("unsent"), "calls_without_cost": total("unknown_cost_calls"),
-           "unknown_cost_calls": total("unknown_cost_calls"),
-           "cost_lower_bound_unknown": float(total("unknown_cost_lower_bound")),
-           "unpriced_unknown_calls": total("unpriced_calls")}
+    out = {said: sum(e[key] for e in entries) for said, key in _SPENT.items()}
+    out["pending_cost"] = float(out["pending_cost"])
+    out["cost_lower_bound_unknown"] = float(out["cost_lower_bound_unknown"])
+    out["cost"] = sum(known) if known else None
     out["cost_lower_bound"] = (out["cost"] or 0.0) + out["cost_lower_bound_unknown"]
     return out
 
 
 def _finish(entry: dict[str, Any]) -> dict[str, Any]:
     usable = entry["usable_results"]
-    entry["cost"] = round(entry["cost"], 12)
-    entry["unknown_cost_lower_bound"] = round(entry["unknown_cost_lower_bound"], 12)
-    entry["pending_cost"] = round(entry["pending_cost"], 12)
+    for key in ("cost", "unknown_cost_lower_bound", "pending_cost"):
+        entry[key] = round(entry[key], 12)
     entry["cost_at_least"] = round(entry["cost"] + entry["unknown_cost_lower_bound"], 12)
     entry["tokens"] = entry["input_tokens"] + entry["output_tokens"]
     entry["cost_is_lower_bound"] = entry["unknown_cost_calls"] > 0
@@ -109,17 +99,15 @@ def _finish(entry: dict[str, Any]) -> dict[str, Any]:
 
 def per_usable_result(cost: float | None, unknown_lower_bound: float, unknown_calls: int,
                       usable: int) -> float | None:
-    """Everything spent (the known cost plus the least the unknown-cost calls cost) over the
-    usable results: the one rule of status and Evidence. None when nothing is usable, or when
-    all that is known is that some calls' cost is unknown (no price, no usage): never $0."""
+    """Everything spent (the known cost plus the unknown-cost calls' floor) over the usable
+    results; None when nothing is usable or nothing of the cost is known: never $0."""
     if not usable or (unknown_calls and not (cost or 0.0) + unknown_lower_bound):
         return None
     return ((cost or 0.0) + unknown_lower_bound) / usable
 
 
 def cost_summary(store: Store, name: str | None = None) -> dict[str, Any]:
-    """Per batch and in total: calls by outcome, tokens, cost (known, and the lower bound of
-    the unknown), usable results and cost per usable result counting every attempt."""
+    """Per batch and in total: calls by outcome, tokens, cost, usable results and their cost."""
     per: dict[str, dict[str, Any]] = {}
     tasks, usable = store.task_rows(name)
     for row in tasks:  # every batch (or the one named), in the order they were made
@@ -139,6 +127,11 @@ def cost_summary(store: Store, name: str | None = None) -> dict[str, Any]:
         for k in (*COUNTERS, "cost", "unknown_cost_lower_bound", "pending_cost"):
             total[k] += entry[k]
     return {"batches": [_finish(e) for e in per.values()], "total": _finish(total)}
+
+
+_SUMMARISED = ("calls", "accepted", "partial", "rejected", "provider_errors", "cancelled_calls",
+               "abandoned_calls", "in_flight_calls", "pending_calls", "pending_cost",
+               "unknown_cost_calls", "cost_lower_bound_unknown", "unpriced_unknown_calls")
 
 
 @dataclass(frozen=True)
@@ -183,14 +176,12 @@ class Evidence:
                                 key=lambda r: (r.batch_id, r.number))]
 
     def summary(self, batch: str | None = None) -> dict[str, Any]:
-        """Numbers a person asks for: what is owed, what was spent, and cost per usable result."""
+        """What is owed, what was spent, and cost per usable result."""
         owed = self.requests(batch)
         spent = spend(self._store, batch)
         usable = self._store.value_count(batch)
-        cost = spent["cost"]
+        cost, unknown = spent["cost"], spent["unknown_cost_calls"]
         superseded = [s for s in self.superseded if batch is None or s["batch"] == batch]
-        # calls of unknown cost count at their floor, by status's own rule (per_usable_result)
-        unknown = spent["unknown_cost_calls"]
         stops = self._store.attempts_so_far(list(dict.fromkeys(u.key for u in owed)))[1]
         return {
             "batch": batch,
@@ -202,19 +193,9 @@ class Evidence:
             "superseded": superseded,
             "forgotten": self._store.forgotten(batch),
             "owing_batches": sorted({u.batch for u in owed}),  # forgotten ones owe nothing
-            "calls": spent["calls"],
-            "accepted_returns": spent["accepted"],
-            "partial_returns": spent["partial"],
-            "rejected_returns": spent["rejected"],
-            "provider_errors": spent["provider_errors"],
-            "cancelled_calls": spent["cancelled_calls"],
-            "abandoned_calls": spent["abandoned_calls"],
-            "in_flight_calls": spent["in_flight_calls"],
-            "pending_calls": spent["pending_calls"],  # held by unfinished batch jobs
-            "pending_cost": spent["pending_cost"],  # their prompts at the batch price
-            "unknown_cost_calls": unknown,
-            "cost_lower_bound_unknown": spent["cost_lower_bound_unknown"],
-            "unpriced_unknown_calls": spent["unpriced_unknown_calls"],
+            # pending: held by unfinished batch jobs, their prompts at the batch price
+            **{(_SPENT[k] if k in ("accepted", "partial", "rejected") else k): spent[k]
+               for k in _SUMMARISED},
             "tokens": spent["input_tokens"] + spent["output_tokens"],
             "cost": cost,
             "cost_lower_bound": spent["cost_lower_bound"],
@@ -233,8 +214,7 @@ class Evidence:
 
 
 def _counts(owed: list[UnresolvedRequest]) -> dict[str, int]:
-    """What is owed, counted once per request key: the key is content, not a batch name, so one
-    accepted return resolves that request in every batch and revision that holds it."""
+    """What is owed, once per request key: one accepted return resolves it in every batch."""
     distinct: dict[str, UnresolvedRequest] = {}
     for u in owed:
         distinct.setdefault(u.key, u)

@@ -11,6 +11,7 @@ Everything is fitted from the batch's own receipts, except prices."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
@@ -26,9 +27,8 @@ from .accounts import cost_summary
 
 CANDIDATES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50)
 CALL_FAULTS = frozenset({"json", "coverage"})
-# The per-item checks in the order a return meets them: a check after the first that failed is
-# never run. An identity fault rejects a return whole in every mode; schema and validator faults
-# are what accepting items rejects item by item.
+# The per-item checks in the order a return meets them (none after the first that failed); an
+# identity fault rejects a return whole in every mode, the others item by item when accepted so.
 STAGES = ("identity", "schema", "validation")
 # How a request is settled: the whole return or nothing, the same with halving after the
 # allowance, or item by item (accept="items")
@@ -92,10 +92,8 @@ def observe(r: Any) -> tuple[float, ...]:
 
 
 def _checked_items(k: int, errors: list[dict[str, Any]]) -> dict[str, int]:
-    """Per check of ``STAGES``, the items a judged return's ``k`` met it with and the items it
-    failed (the task_ids its errors name): every check up to the first that failed; nothing for
-    a return that failed none (bad JSON, coverage, a stop or a broken validator: it tells nothing
-    of the items), every check for an accepted one."""
+    """Per check of ``STAGES`` up to the first that failed, the items that met it and failed it;
+    nothing for a return that failed none (bad JSON, coverage, a stop: nothing of the items)."""
     reached: dict[str, int] = {}
     for stage in STAGES:
         reached[f"{stage}_items"] = k
@@ -106,21 +104,10 @@ def _checked_items(k: int, errors: list[dict[str, Any]]) -> dict[str, int]:
     return {} if errors else reached
 
 
-def _least_squares(n: float, sx: float, sy: float, sxx: float, sxy: float
-                   ) -> tuple[float, float] | None:
-    """(intercept, slope) of y on x from their sums, or None when x does not vary."""
-    spread = n * sxx - sx * sx  # exact: sizes are whole numbers
-    if n < 2 or spread <= 0:
-        return None
-    slope = (n * sxy - sx * sy) / spread
-    return (sy - slope * sx) / n, slope
-
-
 @dataclass(frozen=True)
 class Observations:
-    """A batch's receipts as the fit reads them, read once: per field of ``SUMS`` one column
-    (a value a receipt); and the prices, which the receipts do not make uncertain: USD per input,
-    output and cached input token."""
+    """A batch's receipts read once: one column (a value a receipt) per field of ``SUMS``, and
+    the prices, which the receipts do not make uncertain."""
 
     columns: list[list[float]]
     receipts: int
@@ -136,17 +123,13 @@ class Observations:
                   if r["cost"] is not None and r["input_tokens"] is not None]
         columns = [list(c) for c in zip(*map(observe, rows), strict=True)]
         tasks = cost_summary(ledger.store, name)["total"]["tasks"]
-        return cls(columns or [[] for _ in SUMS], len(rows), tasks,
-                   (*_prices(models, priced), _cached_price(models)))
+        return cls(columns or [[] for _ in SUMS], len(rows), tasks, _prices(models, priced))
 
     def fit(self, drawn: Sequence[int] | None = None) -> Fit | None:
-        """The model's parameters from the receipts ``drawn`` (indices, repeats counting
-        again; default: every receipt once); None with no judged return."""
-        if drawn is None:
-            s = {k: sum(c) for k, c in zip(SUMS, self.columns, strict=True)}
-        else:
-            pick = itemgetter(*drawn)  # one C-level gather a column
-            s = {k: sum(pick(c)) for k, c in zip(SUMS, self.columns, strict=True)}
+        """The model's parameters from the receipts ``drawn`` (default: all); None unjudged."""
+        pick = itemgetter(*drawn) if drawn is not None else None  # one C-level gather a column
+        s = {k: sum(c if pick is None else pick(c)) for k, c in zip(SUMS, self.columns,
+                                                                   strict=True)}
         if not s["judged"]:
             return None
         hint = s["hint_sum"] / s["hints"] if s["hints"] else None
@@ -169,9 +152,8 @@ class Observations:
                    cached_price=self.prices[2])
 
     def resampled(self, count: int, size: int, seed: int = 0) -> list[Fit]:
-        """Fits of ``count`` bootstrap resamples of ``size`` receipts each, drawn with
-        replacement by a seeded generator (the same ledger gives the same advice); a resample
-        with no judged return is left out; none from one receipt, which has no spread."""
+        """Fits of ``count`` seeded bootstrap resamples of ``size`` receipts (the same ledger
+        gives the same advice); none from one receipt, which has no spread."""
         if self.receipts < 2:
             return []
         rng, receipts = random.Random(seed), range(self.receipts)
@@ -180,21 +162,14 @@ class Observations:
 
 
 def _rate(s: dict[str, float], stage: str) -> float:
-    """The share of the items meeting check ``stage`` that failed it."""
     return s[f"{stage}_faults"] / s[f"{stage}_items"] if s[f"{stage}_items"] else 0.0
 
 
 def _item_rate(s: dict[str, float]) -> float:
-    """Per item, failing the schema or the validator; with no item fault of any check observed,
-    half a fault over every item seen (not zero)."""
+    """Per item, failing the schema or the validator; with no fault seen, half of one (not 0)."""
     if not any(s[f"{stage}_faults"] for stage in STAGES):
         return 0.5 / max(1.0, s["identity_items"]) if s["identity_items"] else 0.0
     return 1 - (1 - _rate(s, "schema")) * (1 - _rate(s, "validation"))
-
-
-def fit(ledger: Ledger, name: str) -> Fit:
-    """Fit the model's parameters from every receipt of batch ``name``."""
-    return _fitted(Observations.read(ledger, name).fit(), name)
 
 
 def _fitted(fitted: Fit | None, name: str) -> Fit:
@@ -204,20 +179,14 @@ def _fitted(fitted: Fit | None, name: str) -> Fit:
     return fitted
 
 
-def _cached_price(models: set[str]) -> float | None:
-    """USD per prompt-cache read of the batch's one known model, if its table prices them."""
-    price = price_for(next(iter(models))) if len(models) == 1 else None
-    return None if price is None or price.cached_input is None else price.cached_input / 1e6
-
-
 def _split_tokens(n: float, sk: float, sv: float, skk: float, skv: float,
                  per_task_hint: float | None) -> tuple[float, float]:
-    """Shared and per-task tokens from the sums of (size, tokens): a line through the observed
-    sizes, or (one size only) the per-task share from the tasks' own text and the rest as
-    shared."""
-    line = _least_squares(n, sk, sv, skk, skv)
-    if line is not None and line[0] >= 0 and line[1] > 0:
-        return line
+    """Shared and per-task tokens: a line through the observed sizes, or (one size only) the
+    per-task share from the tasks' own text and the rest as shared."""
+    spread = n * skk - sk * sk  # of the sizes: exact, as they are whole numbers
+    slope = (n * skv - sk * sv) / spread if n >= 2 and spread > 0 else 0.0
+    if slope > 0 and sv - slope * sk >= 0:  # a line with no negative intercept
+        return (sv - slope * sk) / n, slope
     if not n:
         return 0.0, 0.0
     mean_k, mean_v = sk / n, sv / n
@@ -226,15 +195,16 @@ def _split_tokens(n: float, sk: float, sv: float, skk: float, skv: float,
 
 
 def _prices(models: set[str], priced: list[tuple[int, int, float]]
-            ) -> tuple[float | None, float | None]:
-    """USD per token: the price table when the batch used one known model, else a fit of the
-    recorded costs, else the mean recorded cost per token for both; None with no costs."""
-    if len(models) == 1:
-        price = price_for(next(iter(models)))
-        if price is not None:
-            return price.input / 1e6, price.output / 1e6
+            ) -> tuple[float | None, float | None, float | None]:
+    """USD per input, output and cached input token: the price table when the batch used one
+    known model, else a fit of the recorded costs, else the mean recorded cost per token for
+    both; None with no costs (and a cached price only from the table)."""
+    price = price_for(next(iter(models))) if len(models) == 1 else None
+    if price is not None:
+        cached = None if price.cached_input is None else price.cached_input / 1e6
+        return price.input / 1e6, price.output / 1e6, cached
     if not priced:
-        return None, None
+        return None, None, None
     # cost = a*in + b*out: normal equations of the two-variable fit through the origin
     sii = sum(i * i for i, _, _ in priced)
     soo = sum(o * o for _, o, _ in priced)
@@ -245,10 +215,10 @@ def _prices(models: set[str], priced: list[tuple[int, int, float]]
     if det > 1e-9 * max(1.0, sii * soo):
         a, b = (sic * soo - soc * sio) / det, (soc * sii - sic * sio) / det
         if a >= 0 and b >= 0:
-            return a, b
+            return a, b, None
     tokens = sum(i + o for i, o, _ in priced)
     mean = sum(c for _, _, c in priced) / tokens if tokens else 0.0
-    return mean, mean
+    return mean, mean, None
 
 
 @dataclass(frozen=True)
@@ -264,7 +234,6 @@ class Estimate:
 
     @property
     def per_usable(self) -> float:
-        """Cost (or, with no prices, tokens) per usable result."""
         spent = self.cost if self.cost is not None else self.input_tokens + self.output_tokens
         return spent / self.usable if self.usable else math.inf
 
@@ -294,18 +263,14 @@ def _geometric(q: float, start: int, stop: int) -> float:
 
 def estimate(f: Fit, pack: int, *, mode: str = "whole", repairs: int, replays: int,
              tasks: int | None = None) -> Estimate:
-    """Expected totals for running ``tasks`` (default: the batch's) at ``pack`` per request,
-    settled as ``mode`` says (one of ``MODES``)."""
+    """Expected totals for ``tasks`` (default: the batch's) at ``pack`` a request in ``mode``."""
     n = f.tasks if tasks is None else tasks
-    memo: dict[tuple[int, int], tuple[float, float, float, float]] = {}
     per_call = 1 / (1 - f.provider_error_rate) if f.provider_error_rate < 1 else math.inf
 
+    @functools.cache
     def request(k: int, depth: int) -> tuple[float, float, float, float]:
-        """(calls, input tokens, output tokens, usable) for one request of k tasks."""
         if mode == "items":
             return _itemwise(f, k, repairs, replays, per_call)
-        if (k, depth) in memo:
-            return memo[(k, depth)]
         s = (1 - f.call_fault_rate) * ((1 - f.identity_fault_rate) * (1 - f.item_fault_rate)) ** k
         fresh_in = f.shared_input + f.input_per_task * k
         out = f.shared_output + f.output_per_task * k
@@ -324,24 +289,25 @@ def estimate(f: Fit, pack: int, *, mode: str = "whole", repairs: int, replays: i
                 c, i, o, u = request(half, depth + 1)
                 calls, inp, outp, usable = (calls + reach * c, inp + reach * i,
                                             outp + reach * o, usable + reach * u)
-        memo[(k, depth)] = (calls, inp, outp, usable)
-        return memo[(k, depth)]
+        return calls, inp, outp, usable
 
     full, rest = divmod(n, pack)  # full requests of ``pack`` and one of the rest
     calls, inp, outp, usable = (full * a + b for a, b in zip(
         request(pack, 0), request(rest, 0) if rest else (0.0,) * 4, strict=True))
+    # prompt-cache reads (``C`` a call, whatever the pack) come off the input bill
+    saved = (calls * f.cached_input * (f.input_price - f.cached_price)
+             if f.cached_input and f.cached_price is not None and f.input_price is not None
+             else 0.0)
     cost = (None if f.input_price is None or f.output_price is None
-            else inp * f.input_price + outp * f.output_price - _cache_saving(f, calls))
+            else inp * f.input_price + outp * f.output_price - saved)
     return Estimate(pack, mode, calls, inp, outp, cost, usable, n)
 
 
 def _itemwise(f: Fit, k: int, repairs: int, replays: int, per_call: float
               ) -> tuple[float, float, float, float]:
-    """(calls, input tokens, output tokens, usable) for one request of k tasks whose items are
-    accepted one by one: a return whose envelope holds (``e``: no JSON, coverage or identity
-    fault) keeps each item passing its schema and the validator (``1 - p``) and re-asks only the
-    rest, within the request's one allowance of attempts. An item is kept at an attempt with
-    ``r = e * (1 - p)``; each attempt asks for the items still open."""
+    """(calls, input tokens, output tokens, usable) for a request of k tasks accepted item by
+    item: a return whose envelope holds (``e``) keeps each passing item (``r = e * (1 - p)``) and
+    re-asks the rest, within the request's one allowance of attempts."""
     allowed = 1 + repairs + replays
     e = (1 - f.call_fault_rate) * (1 - f.identity_fault_rate) ** k  # k: no smaller re-ask's
     r = e * (1 - f.item_fault_rate)
@@ -375,25 +341,15 @@ def _attempts_while_open(k: int, e: float, p: float, allowed: int) -> float:
     return total / e
 
 
-def _cache_saving(f: Fit, calls: float) -> float:
-    """What prompt-cache reads take off the input bill: the cached prefix (``C`` per call) is the
-    same whatever the pack, so it makes small packs cheaper than full price would say."""
-    if f.cached_price is None or f.input_price is None or not f.cached_input:
-        return 0.0
-    return calls * f.cached_input * (f.input_price - f.cached_price)
-
-
 def _finishing(options: Sequence[Estimate], max_unresolved: float) -> list[Estimate]:
-    """Options expected to leave at most ``max_unresolved`` of the tasks (and at least half a
-    task) unresolved."""
+    """Options expected to leave at most ``max_unresolved`` of the tasks (or half a task)."""
     return [e for e in options
             if e.tasks - e.usable <= max(0.5, max_unresolved * e.tasks)]
 
 
 def choose(options: Sequence[Estimate], max_unresolved: float = 0.01) -> Estimate:
-    """The lowest expected cost per usable result among the options :func:`_finishing`
-    keeps; among all options when none is. A cheap pack that leaves work undone is not a
-    saving."""
+    """The lowest expected cost per usable result among the options that finish (else all): a
+    cheap pack that leaves work undone is not a saving."""
     def tokens(e: Estimate) -> float:  # the tie-break when every price is zero
         return (e.input_tokens + e.output_tokens) / max(e.usable, 1e-9)
 
@@ -471,8 +427,7 @@ def _unknown_modes(modes: Sequence[str]) -> str | None:
 
 def _interval(point: float, values: list[float], scale: float) -> list[float | None] | None:
     """The middle ``LEVEL`` of the resamples' values, their spread about ``point`` scaled by
-    ``scale`` (sqrt(drawn / receipts): see ``MOST_DRAWN``); None for a bound no usable result makes
-    finite, and no interval with fewer than two resamples."""
+    ``scale`` (see ``MOST_DRAWN``); None for an infinite bound, or with under two resamples."""
     if len(values) < 2:
         return None
     ordered = sorted(values)
@@ -485,8 +440,7 @@ def _interval(point: float, values: list[float], scale: float) -> list[float | N
 
 
 def _clearly_below(option: dict[str, Any], current: dict[str, Any]) -> bool:
-    """Cheaper beyond the data's uncertainty: the option's interval lies wholly below the
-    current pack's (with too few resamples for intervals, never)."""
+    """Cheaper beyond the data's uncertainty: the option's interval wholly below the current's."""
     mine, theirs = option["interval"], current["interval"]
     if option["pack"] == current["pack"] or not mine or not theirs:
         return False
@@ -517,8 +471,7 @@ def _verdict(cheapest: dict[str, Any], chosen: dict[str, Any],
 
 
 def _warning(name: str, best: Estimate) -> str | None:
-    """Said when even the best pack is expected to leave most of the batch undone: then the
-    fault is in the prompt, schema or model, and no pack size is the fix."""
+    """When even the best pack leaves most of the batch undone, no pack size is the fix."""
     if best.usable >= best.tasks / 2:
         return None
     return (f"no pack size is expected to finish this batch: the best leaves "

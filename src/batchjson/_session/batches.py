@@ -1,10 +1,7 @@
 """What the session adds for the batch transport: the batch API a provider offers (refused
-before anything is recorded when there is none), batch prices for the budget, and what a run's
-result says of its jobs (``status == "pending"`` while one holds a request).
-
-``%batch_status`` collects what has ended (:func:`collect_ended`): each open job's lines judged as
-its run would judge them, through the same runner; nothing is submitted. A job whose validator
-this kernel has not registered is left open, saying to re-run its cell."""
+before anything is recorded when there is none), batch prices for the budget, what a run's result
+says of its jobs (``status == "pending"`` while one holds a request), and collecting ended jobs
+through the same runner (:func:`collect_ended`: a job this kernel cannot judge is left open)."""
 
 from __future__ import annotations
 
@@ -37,8 +34,7 @@ from .result import BatchResult
 
 
 def batch_offer(provider: Any) -> Callable[[], Any]:
-    """What makes ``provider``'s batch API (asking nothing), or a ConfigError saying why there
-    is none."""
+    """What makes ``provider``'s batch API (asking nothing), or a ConfigError saying why not."""
     offer = getattr(provider, "batch_api", None)  # a provider says if it has a batch transport
     if not callable(offer):
         raise ConfigError(
@@ -48,24 +44,22 @@ def batch_offer(provider: Any) -> Callable[[], Any]:
     return offer
 
 
-def client_for(provider: Any, store: Store, run: Callable[[Any], Any], used: list[Any]) -> Any:
-    """The batch API of ``provider``, checked to exist (one look, on the session's loop;
-    ``provider`` joins ``used``, which the session closes), or a ConfigError saying why."""
+def client_for(rt: Runtime, provider: Any) -> Any:
+    """The batch API of ``provider``, checked to exist (one look, on the session's loop, which
+    closes ``provider`` with it), or a ConfigError saying why."""
     client = batch_offer(provider)()
-    if not any(p is provider for p in used):
-        used.append(provider)
-    run(client.check)
+    rt.remember_provider(provider)
+    rt.loop.run(client.check)
     return client
 
 
-def held_by_jobs(store: Store, pending: Sequence[Request]
-                 ) -> tuple[JobsOutcome, list[Request]]:
-    """Of a live run's pending requests, those an unfinished batch job claims are not sent live:
-    (the jobs and those requests' errors, the requests left to send)."""
+def held_by_jobs(store: Store, pending: Sequence[Request]) -> JobsOutcome:
+    """The unfinished batch jobs claiming some of a live run's pending requests (not sent live),
+    and those requests' errors."""
     held = store.job_holders([r.key for r in pending])
     out = JobsOutcome(Outcome())
     if not held:
-        return out, list(pending)
+        return out
     ids = set(held.values())
     out.jobs = [job_view(r) for r in store.jobs() if r["id"] in ids]
     for request in pending:
@@ -77,12 +71,11 @@ def held_by_jobs(store: Store, pending: Sequence[Request]
                     "transport='batch' to collect it"}]
     out.notes.append(f"{len(held)} request(s) are claimed by unfinished batch job(s) and were "
                      "not sent live; re-run with transport='batch' to collect them")
-    return out, [r for r in pending if r.key not in held]
+    return out
 
 
 def pricing(provider: Any, *, batch: bool) -> Pricing:
-    """The prices a cost budget reserves by: the provider's, at its batch share (half unless
-    its price says otherwise) for a batch job."""
+    """The prices a cost budget reserves by: the provider's, at its batch share for a job."""
     live = pricing_of(provider)
     if not batch:
         return live
@@ -115,7 +108,7 @@ def report(result: BatchResult, ran: JobsOutcome) -> None:
 
 def job_client(row: Mapping[str, Any], provider: Any = None) -> tuple[Any, Any]:
     """The provider (``provider`` when it speaks the job's protocol, else one built from the
-    job's model and endpoint with the key from the environment) and batch API of a job."""
+    job's row, its key from the environment) and batch API of a job."""
     anthropic = row["protocol"] == AnthropicBatches.protocol
     kind = AnthropicProvider if anthropic else OpenAIProvider
     if (not isinstance(provider, kind) or getattr(provider, "model", None) != row["model"]
@@ -134,10 +127,9 @@ ASK_SECONDS = 5.0  # how long a status waits on a provider for a job's progress
 
 def pending_jobs(ledger: Ledger, name: str | None = None, *,
                  timeout: float = ASK_SECONDS) -> list[dict[str, Any]]:
-    """The unfinished jobs (of batch ``name``) as a status shows them: each with when it was
-    submitted, the provider's window, the provider's own progress asked now (None when it
-    cannot be asked or answer within ``timeout``: a status never fails for a provider) and when
-    it should end: at its rate so far, else when the window closes."""
+    """The unfinished jobs (of batch ``name``) as a status shows them: submitted when, the
+    provider's progress (None when it cannot answer within ``timeout``: a status never fails
+    for a provider) and when each should end: at its rate so far, else when the window closes."""
     rows = [r for r in ledger.store.jobs(lost=True) if name in (None, r["batch"])]
 
     async def ask_all() -> list[tuple[int, int] | None]:
@@ -175,8 +167,8 @@ def _timeline(row: Mapping[str, Any], progress: tuple[int, int] | None) -> dict[
     elif progress and progress[0] >= progress[1]:
         end, by = time.time(), "ended"
     return {"submitted_at": submitted, "window_hours": WINDOW_HOURS,
-            "progress": None if progress is None else dict(zip(("ended", "total"), progress,
-                                                               strict=True)),
+            "progress": None if progress is None else {"ended": progress[0],
+                                                       "total": progress[1]},
             "ends_by": datetime.fromtimestamp(end, UTC).isoformat(timespec="seconds"),
             "ends_from": by}
 
@@ -215,18 +207,15 @@ def cancel_job(ledger: Ledger, job: str, *, provider: Any = None) -> dict[str, A
 
 
 def status_summary(rt: Runtime, name: str | None = None) -> dict[str, Any]:
-    """What ``%batch_status`` shows: ended jobs collected first, then the evidence's summary and the
-    unfinished jobs (of batch ``name``, or all) with their providers' progress."""
+    """What ``%batch_status`` shows: ended jobs collected first, then the evidence's summary and
+    the unfinished jobs."""
     collected = collect_ended(rt, name)
-    summary = rt.evidence.summary(name)
-    summary["collected"] = collected
-    summary["jobs"] = pending_jobs(rt.ledger, name)
-    return summary
+    return {**rt.evidence.summary(name), "collected": collected,
+            "jobs": pending_jobs(rt.ledger, name)}
 
 
 def collect_ended(rt: Runtime, name: str | None = None) -> list[str]:
-    """Collect every open job (of batch ``name``) that has ended and this kernel can judge;
-    one line per job looked at, saying what was collected or what to do."""
+    """Collect every ended job (of batch ``name``) this kernel can judge; a line for each."""
     store = rt.ledger.store
     said = []
     for row in store.jobs(lost=True):
@@ -280,7 +269,6 @@ def _schema(rt: Runtime, fingerprint: str | None, kept: Any) -> ItemSchema | Non
 
 
 def _collect(rt: Runtime, row: Mapping[str, Any], plan: Plan) -> str:
-    """Poll the job once and collect it if it ended; what happened, in words."""
     store = rt.ledger.store
     try:  # the session's own provider, when it speaks the job's protocol (its key, its pool)
         configured = rt.provider

@@ -1,24 +1,19 @@
-"""An estimate before spending: what a run would send and spend, with nothing sent or recorded.
+"""An estimate before spending: the run's own plan (``run.plan_of`` with ``record=False``),
+stopped before the revision is recorded, so nothing is sent or recorded.
 
-It builds the run's own plan (``run.plan_of`` with ``record=False``: checked, keyed, surveyed and
-fitted as the run is, no validator registered, no batch API asked) and stops before the revision
-is recorded. The worst case asks the one next-attempt policy (``settle.next_attempt``) about each
-pending request whose every return is rejected: its first call, repairs and replays, and under
-``split=True`` (live calls only: jobs never halve) its halves, theirs in turn. Input tokens are
-its prompts' characters / 4; output tokens run from the fewest the smallest answers take to the
-output ceiling each call asks for (``call_output_cap``: sized from the largest answer, or the
-user's ``max_tokens``), or, where a call sends none, the largest answers at one token a
-character."""
+The worst case asks the one next-attempt policy (``settle.next_attempt``) about each pending
+request whose every return is rejected, halves too under ``split=True`` (live calls only). Input
+tokens are prompt characters / 4; output tokens run from the fewest the smallest answers take to
+the ceiling each call asks for (``call_output_cap``), or where none is sent the largest answer at
+one token a character."""
 
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .._content.answersize import largest_answer, smallest_answers
-from .._content.schema import wire_schema
 from .._content.tasks import Request
 from .._errors import BudgetExceeded
 from .._money import money, usd
@@ -30,11 +25,9 @@ from .._replay.budget import Pricing
 from .._replay.plan import Plan, first_prompt, system_prompt
 from .._replay.settle import HALVE, NONE, Tried, next_attempt
 from . import batches
-from .fit import output_tokens_floor
 from .plan import RunPlan, Runtime
-from .progress import Progress
-from .run import calls_of, plan_calls, plan_of
-from .spec import RunSpec
+from .run import Progress, calls_of, plan_calls, plan_of
+from .spec import RunSpec, answer_floor, sent_schema
 
 Span = tuple[Any, Any]  # (low, high): every first return accepted; every return rejected
 ERROR_CHARS = 200  # what a repair prompt is taken to carry back per task of its request
@@ -75,8 +68,8 @@ class Estimate:
              f"returns, {self.to_send:,} to send"),
             ("calls", f"{self.calls[0]:,} if every first return is accepted, at most "
              f"{self.calls[1]:,} if every return is rejected"),
-            ("tokens", f"input {_span(self.input_tokens, _count)}, output "
-             f"{_span(self.output_tokens, _count)} (estimated)"),
+            ("tokens", f"input {_span(self.input_tokens, '{:,}'.format)}, output "
+             f"{_span(self.output_tokens, '{:,}'.format)} (estimated)"),
             ("cost", f"live {_span(self.cost_live, money)}; as a batch job "
              f"{_span(self.cost_batch, money)}"),
             ("time", _time(self.minutes, self.transport)),
@@ -99,10 +92,6 @@ class Estimate:
         return (f"<div>estimate of batch <code>{html.escape(self.name)}</code> "
                 f"({html.escape(self.transport)}): nothing was sent or recorded"
                 f"<table>{rows}</table>{notes}</div>")
-
-
-def _count(n: int) -> str:
-    return f"{n:,}"
 
 
 def _span(span: Span, shown: Any) -> str:
@@ -135,17 +124,9 @@ class _Sum:
     ceilings_low: int = 0  # the output ceilings the calls ask for, as a limiter counts them
     ceilings_high: int = 0
 
-    def attempt(self, input_tokens: int, output: int | None, ceiling: int | None) -> None:
-        self.worst += 1
-        self.input_high += input_tokens
-        self.ceilings_high += ceiling or 0
-        self.output_high = None if output is None or self.output_high is None else (
-            self.output_high + output)
-
 
 def estimate_run(rt: Runtime, spec: RunSpec) -> Estimate:
-    """The estimate of ``spec`` on the session ``rt``: every input check the run makes, then its
-    plan and what its calls would take."""
+    """The estimate of ``spec``: every input check the run makes, then its plan and calls."""
     plan = plan_of(rt, spec, Progress(spec.name, False, rt.budget, rt.tally), record=False)
     pending = () if plan.finished is not None else plan.pending  # re-read a window at a time
     calls, total = calls_of(rt, plan), _Sum()
@@ -173,14 +154,16 @@ def _cost(pricing: Pricing, total: _Sum) -> tuple[float | None, float | None]:
 
 def _request(calls: Plan, provider: Any, system: str, request: Request, total: _Sum, *,
              halving: bool, depth: int = 0) -> None:
-    """Every attempt the policy allows ``request`` when each return is rejected, then its halves
-    (when it says to halve and the transport halves)."""
+    """Every attempt the policy allows ``request`` when each return is rejected, its halves
+    too when the transport halves."""
     ceiling = call_output_cap(provider, calls.answer_chars(request.tasks))  # as a call asks
-    most = ceiling if ceiling is not None else _largest_answer(calls, request.tasks)
+    most = ceiling if ceiling is not None else largest_answer(  # one token a character
+        sent_schema(calls.schema, request.tasks, calls.identity, calls.mode))
     if depth == 0:  # the low case: its first call, answered at the least
         total.first += 1
         total.input_low += estimate_tokens(system + first_prompt(calls, request))
-        total.output_low += _answer_floor(calls, request.tasks)
+        total.output_low += answer_floor(smallest_answers(
+            calls.schema, request.tasks, calls.identity, calls.mode), calls.mode)
         total.ceilings_low += ceiling or 0
     rejected = [{"type": "validation", "task_id": t["task_id"], "message": "x" * ERROR_CHARS}
                 for t in request.tasks]
@@ -188,7 +171,11 @@ def _request(calls: Plan, provider: Any, system: str, request: Request, total: _
     chain: list[Tried] = []
     step = next_attempt(calls, request, chain, tried=False, depth=depth)
     while step.kind not in (HALVE, NONE):
-        total.attempt(estimate_tokens(system + step.prompt), most, ceiling)
+        total.worst += 1
+        total.input_high += estimate_tokens(system + step.prompt)
+        total.ceilings_high += ceiling or 0
+        total.output_high = (None if most is None or total.output_high is None
+                             else total.output_high + most)
         chain.append(Tried(step.kind, rejected, raw))
         step = next_attempt(calls, request, chain, tried=True, depth=depth)
     if step.kind == HALVE and halving:
@@ -196,24 +183,8 @@ def _request(calls: Plan, provider: Any, system: str, request: Request, total: _
             _request(calls, provider, system, half, total, halving=True, depth=depth + 1)
 
 
-def _answer_floor(calls: Plan, tasks: Sequence[Any]) -> int:
-    """The fewest output tokens the request's answers take."""
-    texts = smallest_answers(calls.schema, tasks, calls.identity, calls.mode)
-    return output_tokens_floor(texts[0] if calls.mode == "value"
-                               else '{"items":[' + ",".join(texts) + "]}")
-
-
-def _largest_answer(calls: Plan, tasks: Sequence[Any]) -> int | None:
-    """Where no output ceiling is sent: the characters the largest valid return takes, at one
-    token a character (None: the schema bounds it nowhere)."""
-    schema = calls.schema
-    return largest_answer(schema.json_schema if calls.mode == "value"
-                          else wire_schema(schema, tasks, calls.identity))
-
-
 def _minutes(rt: Runtime, total: _Sum) -> tuple[float, float] | None:
-    """The least time the session's share of the known limits takes for the low and the high
-    case: the calls, and their tokens as a limiter counts them (prompt / 4 plus max_tokens)."""
+    """The least time the session's share of the known limits takes, low and high case."""
     pacer = rt.pacer
     rpm, tpm = pacer.requests_per_minute, pacer.tokens_per_minute
     if not rpm and not tpm:
@@ -228,7 +199,6 @@ def _minutes(rt: Runtime, total: _Sum) -> tuple[float, float] | None:
 
 def _budget(rt: Runtime, plan: RunPlan, total: _Sum,
             cost: tuple[float | None, float | None]) -> tuple[bool | None, str]:
-    """Whether the session's and the ledger's budgets cover the worst case, and in words."""
     if not total.first:
         return True, "nothing to send"
     try:
@@ -258,7 +228,6 @@ def _budget(rt: Runtime, plan: RunPlan, total: _Sum,
 
 
 def _notes(rt: Runtime, plan: RunPlan, total: _Sum, priced: bool) -> tuple[str, ...]:
-    """What a person should know of the numbers: how the run would differ from a plain one."""
     notes = [*plan.notes, *plan.provider_notes]
     if plan.broken:
         notes.append(f"the validator failed while re-judging a stored return "

@@ -1,12 +1,10 @@
 """A run's plan and what its steps run over.
 
 :class:`RunPlan` is one frozen value saying what the run found before anything is recorded or
-spent; ``run.py``'s pure steps each return a new plan, and recording, sending and reporting only
-read it. :class:`Runtime` is what those steps use of the session, handed to them whole: the
-machinery that outlives a run and the settings at its start (steps never read the session's
-private names). The run's keys are composed once here (:func:`keyed`), and :func:`finished` is the
-one "already done?" look: a tasks file's finished run is found by the SHA-256 of its bytes without
-reading a task (checking a million tasks costs about a third of running them)."""
+spent; ``run.py``'s pure steps each return a new plan. :class:`Runtime` is what those steps use of
+the session (never its private names). The keys are composed once (:func:`keyed`), and
+:func:`finished` is the one "already done?" look, for a tasks file by its bytes without reading a
+task (checking a million tasks costs about a third of running them)."""
 
 from __future__ import annotations
 
@@ -61,7 +59,6 @@ class RunPlan:
 
     @property
     def total(self) -> int:
-        """The run's tasks."""
         return self.remembered[0] if self.remembered else len(self.content.tasks)
 
     @property
@@ -110,15 +107,12 @@ class Runtime:
 def remember_file(store: Store, digest: str, tasks_component: str,
                   tasks: Sequence[Mapping[str, Any]]) -> None:
     """Record what the tasks file of ``digest`` holds, once its run has opened a revision."""
-    fields: dict[str, None] = {}
-    for task in tasks:
-        fields.update(dict.fromkeys(task))
+    fields = dict.fromkeys(key for task in tasks for key in task)  # first seen, in order
     store.task_file(digest, (tasks_component, len(tasks), list(fields)))
 
 
 def find_completed(rt: Runtime, spec: RunSpec) -> RunPlan | None:
-    """The finished plan of ``spec`` when its tasks file was seen before and nothing of it is
-    owed (its tasks unread); None when the full path must run."""
+    """The finished plan of a tasks file seen before with nothing owed (its tasks unread)."""
     if not is_task_file(spec.tasks):
         return None
     store = rt.ledger.store
@@ -153,8 +147,7 @@ def keyed(plan: RunPlan, validator: str, digest: str | None = None) -> RunPlan:
 
 def finished(ledger: Ledger, plan: RunPlan) -> RunPlan | None:
     """The plan with its revision when the current revision of exactly its keys has every
-    request accepted: the one "already done?" look before a survey, for a tasks file found by
-    its bytes and for tasks read (a resume then builds no request and reads no key)."""
+    request accepted (a resume then builds no request and reads no key)."""
     done = ledger.store.completed_revision(plan.spec.name, plan.keys.revision)
     if done is None:
         return None
@@ -163,8 +156,7 @@ def finished(ledger: Ledger, plan: RunPlan) -> RunPlan | None:
 
 
 def _validator_digest(rt: Runtime, spec: RunSpec) -> str | None:
-    """The validator's fingerprint digest ("none" without one), or None when what it reads
-    cannot all be seen (its answers are re-judged on every run)."""
+    """The validator's fingerprint digest ("none" without one); None when partial."""
     if spec.validator is None:
         return "none"
     handed = rt.validators.handed_over(spec.validator, spec.validator_name)

@@ -1,8 +1,6 @@
-"""Charts where a user would rather look: the pack-size advice with its intervals, and a batch's
-spend and accepted results over time, drawn as PNG from the data the session already has.
-
-matplotlib is an optional extra (``batchjson[plots]``), imported when a chart is drawn. Only its
-object API is used, never pyplot: drawing a chart never changes a notebook's backend or state."""
+"""Charts as PNG: the pack-size advice with its intervals, a batch's spend and accepted results
+over time. matplotlib (``batchjson[plots]``) is imported when one is drawn, and only its object
+API, never pyplot: drawing never changes a notebook's backend or state."""
 
 from __future__ import annotations
 
@@ -91,23 +89,17 @@ def advice_chart(advice: Mapping[str, Any]) -> Chart:
     ax.set_xlabel("pack size (tasks per request)")
     ax.set_ylabel("cost per usable result ($)" if priced else "tokens per usable result")
     ax.legend(fontsize="small")
-    ax.set_title(_lines(advice["verdict"]), fontsize="small")
+    ax.set_title(textwrap.fill(advice["verdict"], 90), fontsize="small")
     return _drawn(fig, f"pack-size advice for batch {advice['batch']!r}")
 
 
 def batch_chart(receipts: Sequence[Receipt], name: str, revision: int | None = None) -> Chart:
-    """Batch ``name``'s spend and accepted results over time, from its receipts: every
-    revision's, or one revision's."""
+    """Batch ``name``'s spend (cost, else tokens) and accepted results (a task once) over its
+    receipts' completion times: every revision's, or one's."""
     which = f"batch {name!r}" + (f" revision {revision}" if revision is not None else "")
-    return spend_chart([r for r in receipts if revision is None or r.revision == revision],
-                       f"{which}: spend and accepted results over time")
-
-
-def spend_chart(receipts: Sequence[Receipt], title: str) -> Chart:
-    """Spend (cost, or tokens where no cost is known) and accepted results, summed over time
-    from the receipts' completion times; a task counts as accepted once."""
-    done = sorted(((when, r) for r in receipts if (when := _when(r.finished_at))),
-                  key=lambda pair: pair[0])
+    title = f"{which}: spend and accepted results over time"
+    done = sorted(((when, r) for r in receipts if revision in (None, r.revision)
+                   and (when := _when(r.finished_at))), key=lambda pair: pair[0])
     if not done:
         raise InvalidBatch(f"{title}: no call has finished yet, so there is nothing to draw")
     start = min(_when(done[0][1].started_at) or done[0][0], done[0][0])
@@ -145,8 +137,3 @@ def _when(stamp: str | None) -> datetime | None:
     except ValueError:
         return None
     return when if when is None or when.tzinfo else when.replace(tzinfo=UTC)
-
-
-def _lines(text: str, width: int = 90) -> str:
-    """A long title broken into lines at spaces."""
-    return "\n".join(textwrap.wrap(text, width))

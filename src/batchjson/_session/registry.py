@@ -1,8 +1,6 @@
-"""Define-once validator registry keyed by content, not by object identity.
-
-A re-run cell makes a new function object; the registry hands back the *first* object with the same
-fingerprint, so identity-keyed code downstream sees one validator. A partial fingerprint never hands
-back an older object: its logic may differ where the fingerprint is blind."""
+"""Define-once validator registry keyed by content: a re-run cell's new function gets back the
+*first* object with its fingerprint, so identity-keyed code sees one validator (never with a
+partial fingerprint: its logic may differ where the fingerprint is blind)."""
 
 from __future__ import annotations
 
@@ -43,7 +41,6 @@ class ValidatorVersion:
 
 
 def _default_name(fn: Any) -> str:
-    """A readable key: the qualname, ``partial(inner)`` for partials, the class for instances."""
     try:
         if isinstance(fn, functools.partial):
             return f"partial({_default_name(fn.func)})"
@@ -56,16 +53,12 @@ def _default_name(fn: Any) -> str:
 def _where(fn: Any) -> str:
     """Best-effort "file:line" of the definition, for messages and the ledger."""
     try:
-        return _location(fn)
+        target = unwrap_callable(fn)
+        code = getattr(target, "__code__", None)
+        if code is None and callable(target):
+            code = getattr(type(target).__call__, "__code__", None)
     except Exception:  # an object that raises when read
         return "<unknown>"
-
-
-def _location(fn: Any) -> str:
-    target = unwrap_callable(fn)
-    code = getattr(target, "__code__", None)
-    if code is None and callable(target):
-        code = getattr(type(target).__call__, "__code__", None)
     if not isinstance(code, types.CodeType):
         return "<unknown>"
     filename = code.co_filename
@@ -79,9 +72,8 @@ Kind = Literal["registered", "unchanged", "reused", "changed"]
 
 @dataclass(frozen=True)
 class Definition:
-    """What one definition did, returned instead of a side channel: ``kind`` (``registered``,
-    ``unchanged``, ``reused`` or ``changed``), ``fn`` (the object to use from now on) and
-    ``message`` (one line for the user: what changed, what the fingerprint could not see)."""
+    """What one definition did: ``kind``, ``fn`` (the object to use from now on) and ``message``
+    (one line for the user: what changed, what the fingerprint could not see)."""
 
     name: str
     version: int
@@ -125,9 +117,8 @@ class ValidatorRegistry:
 
     def define(self, fn: Callable[..., Any] | None = None, *,
                name: str | None = None) -> Any:
-        """Register ``fn`` and return the canonical object for its content: the first object
-        registered with this fingerprint (same ``id()``), unless the fingerprint is partial. Works
-        as ``@define``, ``@define(name="x")``, ``define(fn)`` and ``define(fn, name="x")``."""
+        """Register ``fn`` and return the first object registered with its fingerprint (unless
+        that is partial); also a decorator, ``@define`` or ``@define(name="x")``."""
         if fn is None:
             return lambda f: self.register(f, name=name).fn
         return self.register(fn, name=name).fn
@@ -180,9 +171,8 @@ class ValidatorRegistry:
                               message + _notes(fingerprint), fn, record, changes)
 
     def preview(self, fn: Callable[..., Any], *, name: str | None = None) -> ValidatorVersion:
-        """The version ``fn`` would be, refused as :meth:`register` would refuse it, with
-        nothing registered or recorded (an estimate judges with it and changes nothing): the
-        known version of the same content, else an unnumbered one (version 0)."""
+        """The version ``fn`` would be (refused as :meth:`register` would), nothing registered:
+        the known version of the same content, else an unnumbered one (version 0)."""
         name, fingerprint = self._named(fn, name)
         with self._lock:
             match = next((v for v in self._versions.get(name, ())
@@ -194,7 +184,6 @@ class ValidatorRegistry:
         return ValidatorVersion(name, 0, fingerprint, fn, now(), _where(fn))
 
     def _named(self, fn: Callable[..., Any], name: str | None) -> tuple[str, Fingerprint]:
-        """``fn`` checked as a validator, its fingerprint, and the name it goes by."""
         check_verdicts(fn)  # never a validator: refused before its version is recorded
         fingerprint = fingerprint_function(fn)  # outside the lock: pure, possibly slow
         if name is None:  # the name it was defined under, if this very object was defined
@@ -219,8 +208,8 @@ class ValidatorRegistry:
 
     def _reuse(self, name: str, match: ValidatorVersion, current: ValidatorVersion | None,
                fn: Callable[..., Any], fingerprint: Fingerprint) -> Definition:
-        """Same content as a known version: hand back its object, unless the fingerprint could
-        not see everything, when the new object replaces it (its logic may differ unseen)."""
+        """Same content as a known version: its object, unless the fingerprint is partial, when
+        the new object replaces it (its logic may differ unseen)."""
         if fingerprint.partial:
             match.fn, match.fingerprint = fn, fingerprint
         if current is match:
@@ -235,8 +224,7 @@ class ValidatorRegistry:
                           match.fn, match)
 
     def _name_of(self, fn: Callable[..., Any]) -> str | None:
-        """The name ``fn`` itself was registered under: ``define(fn, name="check_v2")`` then
-        ``run_batch(validator=fn)`` is one validator, not a second one named after its code."""
+        """The name ``fn`` itself was registered under (so one validator, not a second)."""
         with self._lock:
             return next((v.name for history in self._versions.values() for v in history
                          if v.fn is fn), None)
@@ -271,18 +259,14 @@ class ValidatorRegistry:
 
 def checker_of(version: ValidatorVersion, validator_args: str | None,
                timeout: float) -> Callable[[Any, Mapping[str, Any]], Any]:
-    """What acceptance calls for a validator version called as ``validator_args`` says."""
-    forms = {"index": _index_form, "droste": droste_verdicts}
-    checker = version.fn
-    if validator_args in forms:
-        checker = forms[validator_args](checker)
-    return _bounded(checker, timeout)  # an async one may hang
+    form = {"index": _index_form, "droste": droste_verdicts}.get(validator_args or "")
+    return _bounded(version.fn if form is None else form(version.fn), timeout)  # async may hang
 
 
 def _bounded(fn: Callable[[Any, Mapping[str, Any]], Any],
              seconds: float) -> Callable[[Any, Mapping[str, Any]], Any]:
-    """The validator, with an ``async def`` one bounded by the session's timeout: one that never
-    returns becomes a ``validator_error`` instead of holding the run forever."""
+    """An ``async def`` validator bounded by the session's timeout: one that never returns is a
+    ``validator_error``, not a run held forever."""
     def check(value: Any, task: Mapping[str, Any]) -> Any:
         out = fn(value, task)
         return _within(out, seconds) if inspect.isawaitable(out) else out
@@ -300,7 +284,6 @@ async def _within(awaitable: Any, seconds: float) -> Any:
 
 
 def _index_form(fn: Callable[[Any, int], Any]) -> Callable[[Any, Mapping[str, Any]], Any]:
-    """droste validators take (value, index); acceptance hands (value, task)."""
     def check(value: Any, task: Mapping[str, Any]) -> Any:
         return fn(value, task["index"])
 

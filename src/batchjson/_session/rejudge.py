@@ -1,8 +1,6 @@
-"""Re-judge before re-asking: the one way an answer on record is judged again, by :class:`Judging`
-(the judge a call's return goes through) under the run's rules, locally and for free; what passes is
-committed as a cost-0 ``recheck``. The three reasons (a change of judging only, a fingerprint that
-cannot fully see, an answer of unknown source) are in docs/design.md ("Evidence and revisions");
-import and merge judge through the same :class:`Judging`."""
+"""Re-judge before re-asking: the one way an answer on record is judged again (:class:`Judging`,
+the judge a call's return goes through, under the run's rules), locally and for free; what passes
+is committed as a cost-0 ``recheck``. Why, in docs/design.md ("Evidence and revisions")."""
 
 from __future__ import annotations
 
@@ -46,14 +44,12 @@ class Judging:
                                       validator=self.validator, accept=self.accept)
 
     def verdict(self, raw: str, tasks: Sequence[Mapping[str, Any]]) -> acceptance.Verdict:
-        """One stored return judged against the tasks it answers."""
         return self.run(lambda: self._judge(raw, tasks))
 
     def first_passing(self, candidates: Sequence[tuple[Request, Sequence[Any]]],
                       broken: list[dict[str, Any]] | None = None) -> list[Passed]:
-        """For each request, the first stored return (rows with ``raw``) that passes now against the
-        ledger's own copy of its tasks. With ``broken``, a ``validator_error`` ends the judging
-        there: no call could be judged by that validator either."""
+        """For each request, the first stored return (rows with ``raw``) that passes now. With
+        ``broken``, a ``validator_error`` ends the judging: it would break on a call's too."""
         async def judge_all() -> list[Passed]:
             passed = []
             for request, rows in candidates:
@@ -74,9 +70,8 @@ class Judging:
 def earlier_candidates(store: Store, pending: Sequence[Request], *, seen_of: Mapping[str, str],
                        sourceless_of: Mapping[str, str], same_key: bool = False
                        ) -> list[tuple[Request, list[Any]]]:
-    """Each pending request's stored returns that may resolve it: earlier returns with the same seen
-    key (``seen_of``), then imported sourceless answers (``sourceless_of``). ``same_key``: returns
-    under the very same key count too, when the judging reads what its fingerprint cannot see."""
+    """Each pending request's stored returns that may resolve it: earlier returns with the same
+    seen key, then imported sourceless answers (``same_key``: under its own key too)."""
     if not pending:
         return []
     earlier: dict[str, list[Any]] = {}
@@ -104,8 +99,7 @@ def earlier_candidates(store: Store, pending: Sequence[Request], *, seen_of: Map
 def unseen_token(store: Store, judging: Judging, requests: Sequence[Request],
                  previous: str | None) -> str | None:
     """None when every accepted answer among ``requests`` still passes with the values it committed;
-    else the ``unseen`` component of the revision to run instead, naming ``previous`` and the
-    requests that fail (one with no raw text on record fails)."""
+    else the ``unseen`` component of the revision to run instead, naming those that fail."""
     accepted = store.accepted_keys([r.key for r in requests])
     found = {r.key: store.accepted_return(r.key) for r in requests if r.key in accepted}
     passed = judging.first_passing([(r, [found[r.key][0]]) for r in requests
@@ -118,9 +112,8 @@ def unseen_token(store: Store, judging: Judging, requests: Sequence[Request],
 
 def clear_sourceless(store: Store, judging: Judging, owed: Sequence[Request],
                      sourceless_of: Mapping[str, str], source: str | None) -> int:
-    """Clear the imported requests of unknown source that an accepted return of ``owed`` answers
-    (same tasks, schema, validator, instructions) with a cost-0 ``recheck``: otherwise they would
-    owe on a key no live run computes. Returns how many were cleared."""
+    """Clear with a cost-0 ``recheck`` the imported requests of unknown source an accepted return
+    of ``owed`` answers (else they owe on a key no live run computes); how many."""
     accepted = store.accepted_keys([r.key for r in owed])
     by_sourceless = {sourceless_of[r.key]: r for r in owed
                      if r.key in accepted and r.key in sourceless_of}

@@ -1,23 +1,23 @@
 """What a run hands back: values that passed acceptance, and an honest account of the rest.
 
-Both are read when asked for. A million values as Python objects would need gigabytes, and the
-ledger has them already: :class:`LedgerValues` reads them a page at a time (a result outlives its
-session, opening the ledger again; an in-memory ledger's are copied). A run that fails a million
-tasks must not hand back a million error dicts: :class:`ResultErrors` builds them when read, and
-:func:`failure_groups` keeps the first few groups and counts the rest."""
+Both are read when asked for, so a million tasks hold neither a million values nor a million error
+dicts: :class:`LedgerValues` reads the ledger a page at a time (opening it again once the session
+closed it), :class:`ResultErrors` builds each error when read. What a result shows of its answers
+(:class:`Answers`: the first few as a table, and how often each value of a field with a fixed set
+came back) is read in one pass that stops at :data:`COUNTED` values, saying so."""
 
 from __future__ import annotations
 
 import html
-import io
 import json
 import os
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cached_property, partial
 from itertools import groupby, islice
 from operator import itemgetter
-from typing import Any, Literal, overload
+from typing import Any, Literal
 
 from .._content.packed import SequenceView
 from .._errors import ConfigError, InvalidBatch, LedgerError
@@ -25,47 +25,164 @@ from .._ledger.ledger import Ledger
 from .._ledger.records import Receipt
 from .._ledger.store import Store
 from .._money import money
-from .._plaintext import printable
+from .._plaintext import printable, table
 from .._replay.plan import Outcome
-from .answers import Answers
 from .plots import Chart, batch_chart
+
+SAMPLE = 5  # accepted values a result's display shows
+COUNTED = 50_000  # accepted values read, at most, to count the fixed-set fields' values
+WIDE = 40  # characters of one cell; longer text is clipped
+KINDS = 8  # values of one field listed by count; the rest are summed
+WHOLE = ""  # the field name of an answer that is itself one of a fixed set (mode="value")
+
+
+def fixed_set_fields(schema: Mapping[str, Any]) -> tuple[str, ...]:
+    """The answer's fields whose schema allows a fixed set of values (an optional pydantic enum
+    too), in schema order; ``(WHOLE,)`` when the answer itself is one."""
+    defs = schema.get("$defs") or schema.get("definitions") or {}
+
+    def fixed(node: Any) -> bool:
+        if isinstance(node, Mapping) and isinstance(node.get("$ref"), str):
+            node = defs.get(node["$ref"].rsplit("/", 1)[-1])
+        if not isinstance(node, Mapping):
+            return False
+        branches = [b for b in node.get("anyOf") or node.get("oneOf") or ()
+                    if not (isinstance(b, Mapping) and b.get("type") == "null")]
+        if branches:
+            return all(fixed(b) for b in branches)
+        types = node.get("type")
+        kinds = set(types) - {"null"} if isinstance(types, list) else {types}
+        return "enum" in node or "const" in node or kinds == {"boolean"}
+
+    if fixed(schema):
+        return (WHOLE,)
+    props = schema.get("properties")
+    return tuple(k for k, v in props.items() if fixed(v)) if isinstance(props, Mapping) else ()
+
+
+def cell(value: Any) -> str:
+    """One value as a table cell: text as it is, anything else as compact JSON, clipped."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False,
+                                                           separators=(",", ":"))
+    text = " ".join(text.split())
+    return text if len(text) <= WIDE else text[: WIDE - 3] + "..."
+
+
+@dataclass
+class Answers:
+    """The first :data:`SAMPLE` accepted values, and each fixed-set field's values counted over
+    the first ``counted`` of ``total``."""
+
+    sample: list[tuple[str, Any]]
+    counts: dict[str, Counter[str]]
+    counted: int
+    total: int
+    order: tuple[str, ...] = ()  # the schema's fields, the sample's first columns
+
+    @classmethod
+    def read(cls, items: Iterable[tuple[str, Any]], schema: Mapping[str, Any],
+             total: int) -> Answers:
+        fields = fixed_set_fields(schema)
+        sample: list[tuple[str, Any]] = []
+        counts: dict[str, Counter[str]] = {f: Counter() for f in fields}
+        counted = 0
+        for task_id, value in items:
+            if len(sample) < SAMPLE:
+                sample.append((task_id, value))
+            if counted == COUNTED or (not fields and len(sample) == SAMPLE):
+                break
+            counted += 1
+            for f in fields:
+                item = value if isinstance(value, dict) else {}
+                counts[f][cell(value if f == WHOLE else item.get(f, "(absent)"))] += 1
+        props = schema.get("properties")
+        return cls(sample, counts, counted, total,
+                   tuple(props) if isinstance(props, Mapping) else ())
+
+    def _table(self) -> tuple[list[str], list[list[str]]]:
+        """(columns, rows) of the sample: task_id (an answer's own is its row's, identity
+        checked), then each field of an object value, the schema's first, or the value itself."""
+        objects = all(isinstance(v, dict) for _, v in self.sample)
+        seen = {k for _, v in self.sample for k in v} - {"task_id"} if objects else set()
+        fields = [k for k in self.order if k in seen] + sorted(seen - set(self.order))
+        rows = [[task_id, *([cell(v[f]) if f in v else "" for f in fields] if objects
+                            else [cell(v)])] for task_id, v in self.sample]
+        return ["task_id", *(fields if objects else ["value"])], rows
+
+    def _heading(self) -> str:
+        return f"accepted values (the first {len(self.sample)} of {self.total})"
+
+    def _tallies(self) -> list[tuple[str, str]]:
+        out = []
+        for f, counter in self.counts.items():
+            common = counter.most_common()
+            listed = ", ".join(f"{v} {n}" for v, n in common[:KINDS])
+            rest = sum(n for _, n in common[KINDS:])
+            out.append((f or "value", listed + (f", {len(common) - KINDS} other value(s) "
+                                                f"{rest}" if rest else "")))
+        return out
+
+    def _counted(self) -> str:
+        scope = (f"all {self.total}" if self.counted >= self.total
+                 else f"the first {self.counted} of {self.total}")
+        return f"counts over {scope} accepted values"
+
+    def lines(self) -> list[str]:
+        """The plain-text rendering (columns aligned, nothing that acts on a terminal)."""
+        if not self.sample:
+            return []
+        columns, rows = self._table()
+        out = [self._heading() + ":", *table(columns, rows)]
+        if self.counts:
+            out.append(self._counted() + ":")
+            out += [f"  {f}: {text}" for f, text in self._tallies()]
+        return out
+
+    def html(self) -> str:
+        if not self.sample:
+            return ""
+        esc = html.escape
+        columns, rows = self._table()
+        head = "".join(f"<th style='text-align:left'>{esc(c)}</th>" for c in columns)
+        body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{esc(c)}</td>"
+                                        for c in row) + "</tr>" for row in rows)
+        counts = "".join(f"<div><code>{esc(f)}</code>: {esc(text)}</div>"
+                         for f, text in self._tallies())
+        if counts:
+            counts = f"<div style='color:#666'>{esc(self._counted())}:</div>{counts}"
+        return (f"<div>{esc(self._heading())}:<table><thead><tr>{head}</tr></thead>"
+                f"<tbody>{body}</tbody></table>{counts}</div>")
 
 
 class LedgerRead(partial):
-    """A read of the ledger a result makes when asked (its receipts, for ``plot()``): a deep copy
-    of the result reads the same ledger, as its values do, never a copy of its connection."""
+    """A read of the ledger a result makes when asked: a deep copy reads the same ledger."""
 
     def __deepcopy__(self, memo: dict[int, Any]) -> LedgerRead:
         return self
 
 
 class TaskAttempts(Mapping[str, int]):
-    """task_id -> calls this run made that carried the task, read on first use from the run's log of
-    its calls (on disk past a few megabytes, so a million tasks hold no count each)."""
+    """task_id -> calls this run made that carried it, counted on first use from the run's log
+    of its calls (on disk past a few megabytes)."""
 
     def __init__(self, calls_log: Iterable[str]) -> None:
         self._log = calls_log
-        self._by_task: dict[str, int] | None = None
 
+    @cached_property
     def _tasks(self) -> dict[str, int]:
-        if self._by_task is None:
-            self._by_task = {}
-            for line in self._log:
-                for task_id in json.loads(line):
-                    self._by_task[task_id] = self._by_task.get(task_id, 0) + 1
-        return self._by_task
+        return dict(Counter(t for line in self._log for t in json.loads(line)))
 
     def __getitem__(self, task_id: str) -> int:
-        return self._tasks()[task_id]
+        return self._tasks[task_id]
 
-    def __iter__(self) -> Any:
-        return iter(self._tasks())
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tasks)
 
     def __len__(self) -> int:
-        return len(self._tasks())
+        return len(self._tasks)
 
     def __repr__(self) -> str:
-        return repr(self._tasks())
+        return repr(self._tasks)
 
 SHOWN = 10  # failed requests a notebook shows; the rest are counted
 
@@ -83,8 +200,8 @@ class ThrownAway:
     split: bool
 
     def said(self, accept: str = 'accept="items"', split: str = "split=True") -> str:
-        """The one-line suggestion, with the options spelled as the face spells them. Each
-        answer thrown away and not left unresolved was asked for again at about its share."""
+        """The one-line suggestion, options spelled as the face spells them. Each answer thrown
+        away and not left unresolved was asked again at about its share."""
         again = (self.answers - self.unresolved) / self.answers
         saved = (f"about {money(self.cost * again)}" if self.cost is not None
                  else f"about {self.tokens * again:,.0f} tokens")
@@ -95,7 +212,6 @@ class ThrownAway:
 
 
 def thrown_away(outcome: Outcome, split: bool) -> ThrownAway | None:
-    """What ``outcome`` threw away of valid answers, if anything."""
     if not outcome.thrown_away:
         return None
     left = sum(t in outcome.errors for t in outcome.thrown_tasks)  # given up: no value
@@ -136,10 +252,8 @@ class BatchResult:
     # the batch's receipts, read from the ledger when plot() asks
     read_receipts: Callable[[], Sequence[Receipt]] | None = field(default=None, repr=False,
                                                                  compare=False)
-    # the answers' JSON Schema: the display's columns, and the fields with a fixed set of
-    # values (enum, boolean) whose counts it shows
+    # the answers' JSON Schema: the display's columns, and its fixed-set fields to count
     answer_schema: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
-    _answers: Answers | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def resolved(self) -> bool:
@@ -152,20 +266,15 @@ class BatchResult:
                                   if e.get("task_id") and e["task_id"] not in self.values))
 
     def to_jsonl(self, path: str | os.PathLike | None = None) -> str | None:
-        """Every accepted value as JSON Lines (``{"task_id": ..., "value": ...}``, in task order),
-        streamed from the ledger to ``path``; with no path, the whole text, in memory."""
+        """Every accepted value as JSON Lines (``{"task_id": ..., "value": ...}``), streamed to
+        ``path``; with no path, the whole text."""
+        lines = (json.dumps({"task_id": task_id, "value": value}, ensure_ascii=False) + "\n"
+                 for task_id, value in plain_items(self.values))
         if path is None:
-            out = io.StringIO()
-            self._write_jsonl(out)
-            return out.getvalue()
+            return "".join(lines)
         with open(path, "w", encoding="utf-8") as out:
-            self._write_jsonl(out)
+            out.writelines(lines)
         return None
-
-    def _write_jsonl(self, out: Any) -> None:
-        for task_id, value in plain_items(self.values):
-            out.write(json.dumps({"task_id": task_id, "value": value}, ensure_ascii=False))
-            out.write("\n")
 
     def to_pandas(self) -> Any:
         """A pandas DataFrame of the accepted values: a ``task_id`` column, then one column per
@@ -180,9 +289,8 @@ class BatchResult:
         return pandas.DataFrame.from_records(rows)
 
     def plot(self, path: str | os.PathLike[str] | None = None) -> Chart:
-        """This revision's spend and accepted results over time, as a :class:`Chart` a notebook
-        shows inline (``.png`` holds its bytes); with ``path``, its PNG is written there too.
-        Needs ``batchjson[plots]`` (else a ``ConfigError`` says so)."""
+        """This revision's spend and accepted results over time, as a :class:`Chart` (its PNG
+        written to ``path`` too). Needs ``batchjson[plots]``."""
         if self.read_receipts is None:
             raise InvalidBatch(f"batch {self.name!r}: this result was not made by a run, so it "
                                "has no receipts to draw")
@@ -213,11 +321,10 @@ class BatchResult:
     @property
     def failures(self) -> list[dict[str, Any]]:
         """One entry per failed request: its tasks, its own errors once, how many bystanders shared
-        the rejection, and the raw return once; ``failure_report`` shows the first few."""
+        the rejection, and the raw return once."""
         return failure_groups(self._failed_errors, self.raws)[0]
 
     def _failed_errors(self) -> Any:
-        """The errors of tasks still without a value (a run's own errors are only those)."""
         if isinstance(self.errors, ResultErrors):
             return iter(self.errors)
         return (e for e in self.errors if e.get("task_id") not in self.values)
@@ -237,12 +344,9 @@ class BatchResult:
                      "spends calls only on the unresolved requests.")
         return "\n".join(lines)
 
-    def _failure_lines(self, limit: int, keep: Callable[[Mapping[str, Any]], bool] | None = None
-                       ) -> list[str]:
-        """The first ``limit`` failed requests, each with its own errors once, and a count of
-        the rest."""
+    def _failure_lines(self, limit: int, pending: bool = True) -> list[str]:
         lines = []
-        failures, count = failure_groups(self._failed_errors, self.raws, limit, keep)
+        failures, count = failure_groups(self._failed_errors, self.raws, limit, pending)
         for f in failures:
             tasks = f["tasks"]
             what = (tasks[0] if len(tasks) == 1 else
@@ -275,35 +379,28 @@ class BatchResult:
                    else "") + ">")
 
     def _compared(self) -> str:
-        """"task_id (and case_id if echoed)": the fields every item copies, then those an item
-        is held to only when it returns them."""
+        """E.g. "task_id (and case_id if echoed)"."""
         also = (f" (and {', '.join(self.compared_if_echoed)} if echoed)"
                 if self.compared_if_echoed else "")
         return ", ".join(self.identity_compared) + also
 
+    @cached_property
     def _shown_answers(self) -> Answers:
-        """The first few accepted values and the fixed-set fields' counts, read once."""
-        if self._answers is None:
-            self._answers = Answers.read(plain_items(self.values), self.answer_schema,
-                                         len(self.values))
-        return self._answers
+        return Answers.read(plain_items(self.values), self.answer_schema, len(self.values))
 
     def __str__(self) -> str:
         """What ``print(result)`` shows: the summary, failed requests first, then the answers."""
-        failed = self._failure_lines(SHOWN, keep=_not_pending)
+        failed = self._failure_lines(SHOWN, pending=False)
         lines = [repr(self), *(["failed requests:", *failed] if failed else []),
                  *(f"pending in job {job['id']} ({job['provider_job_id'] or job['status']}): "
                    f"{job['requests']} request(s){_submitted(job)}; re-run to collect what has "
                    "ended"
-                   for job in self.jobs), *self._shown_answers().lines()]
+                   for job in self.jobs), *self._shown_answers.lines()]
         return "\n".join(map(printable, lines))
 
     def _repr_html_(self) -> str:
-        return "<div>" + "".join(self._html_blocks()) + "</div>"
-
-    def _html_blocks(self) -> list[str]:
         """The notebook display, top to bottom: the counts, what was compared, pending jobs,
-        failed requests, then the answers (each block a string, so one more can be added)."""
+        failed requests, then the answers."""
         s = self.summary()
         colour = ("#1a7f37" if self.resolved else "#9a6700" if self.status == "pending"
                   else "#cf222e")
@@ -322,13 +419,14 @@ class BatchResult:
         if self.rechecked:
             compared += (f"<div style='color:#666'>{self.rechecked} request(s) resolved by "
                          "re-judging earlier returns, without a call</div>")
-        return [f"<div><span style='color:{colour}'>&#9679;</span> batch "
-                f"<code>{html.escape(self.name)}</code> revision {self.revision}: "
-                f"<b>{self.status}</b><table><tr>{cells}</tr></table></div>", compared,
-                _jobs_html(self.jobs), self._failures_html(), self._shown_answers().html()]
+        return "".join([f"<div><div><span style='color:{colour}'>&#9679;</span> batch "
+                        f"<code>{html.escape(self.name)}</code> revision {self.revision}: "
+                        f"<b>{self.status}</b><table><tr>{cells}</tr></table></div>", compared,
+                        _jobs_html(self.jobs), self._failures_html(),
+                        self._shown_answers.html(), "</div>"])
 
     def _failures_html(self) -> str:
-        failures, count = failure_groups(self._failed_errors, self.raws, SHOWN, keep=_not_pending)
+        failures, count = failure_groups(self._failed_errors, self.raws, SHOWN, pending=False)
         if not failures:
             return ""
         rows = []
@@ -351,11 +449,6 @@ class BatchResult:
                 f"{''.join(rows)}</ul></div>")
 
 
-def _not_pending(error: Mapping[str, Any]) -> bool:
-    """A failure to show: a task a batch job still holds is pending, not failed."""
-    return error.get("type") != "pending"
-
-
 def tracebacks(error: Mapping[str, Any]) -> list[str]:
     """The lines of the validator's own frames an error keeps (a ``validator_error``)."""
     frames = error.get("traceback")
@@ -363,7 +456,6 @@ def tracebacks(error: Mapping[str, Any]) -> list[str]:
 
 
 def _jobs_html(jobs: list[dict[str, Any]]) -> str:
-    """The batch jobs still holding requests: what they are and how to collect them."""
     if not jobs:
         return ""
     rows = "".join(
@@ -384,52 +476,53 @@ PAGE_REQUESTS = 200  # leaf requests per page read while iterating
 
 
 class LedgerValues(Mapping[str, Any]):
-    """task_id -> accepted value of one revision, each loaded from the ledger when read. ``hidden``
-    task ids (stored values that no longer load; the result's errors name them) read as absent."""
+    """task_id -> accepted value of one revision, loaded when read; ``hidden`` task ids (values
+    that no longer load) read as absent."""
 
     def __init__(self, store: Store, revision_id: int, load: Callable[[Any], Any],
                  hidden: frozenset[str] = frozenset()) -> None:
         self._store, self._revision, self._load = store, revision_id, load
         self._hidden = hidden
-        self._count: int | None = None
-        self._where: dict[str, str] | None = None  # task_id -> request key, read on first use
-        self._accepted: set[str] | None = None  # request keys with values, read on first use
+
+    @cached_property
+    def _count(self) -> int:
+        return self._read("value_count", revision_id=self._revision) - len(self._hidden)
+
+    @cached_property
+    def _lookup(self) -> tuple[dict[str, str], Any]:
+        where, accepted = self._read("revision_lookup", self._revision)
+        return {t: key for key, ids in where for t in json.loads(ids)}, accepted
 
     def __len__(self) -> int:
-        if self._count is None:
-            self._count = (self._read("value_count", revision_id=self._revision)
-                           - len(self._hidden))
         return self._count
 
     def __iter__(self) -> Iterator[str]:
-        for task_id, _ in self.stored_items():
-            yield task_id
+        return (task_id for task_id, _ in self.stored_items())
 
     def __getitem__(self, task_id: str) -> Any:
-        text = self._text(task_id)
-        if text is None:
+        key = None if task_id in self._hidden else self._lookup[0].get(task_id)
+        if key is None:
             raise KeyError(task_id)
-        return self._load(json.loads(text))
+        rows = self._read("revision_values", self._revision, task=(key, task_id))
+        return self._load(json.loads(rows[-1][3]))
 
     def __contains__(self, task_id: object) -> bool:
         """Read without a query per task (a result's errors ask it of every failed task)."""
         if not isinstance(task_id, str) or task_id in self._hidden:
             return False
-        key = self._where_of().get(task_id)  # reads the accepted keys too
-        return key in (self._accepted or ())
+        where, accepted = self._lookup
+        return where.get(task_id) in (accepted or ())
 
     def items(self) -> Iterator[tuple[str, Any]]:  # type: ignore[override]
-        """(task_id, value) in task order, a page of requests at a time."""
         for task_id, text in self.stored_items():
             yield task_id, self._load(json.loads(text))
 
     def values(self) -> Iterator[Any]:  # type: ignore[override]
-        for _, value in self.items():
-            yield value
+        return (value for _, value in self.items())
 
     def stored_items(self) -> Iterator[tuple[str, str]]:
-        """(task_id, stored JSON text) in task order, without loading the values. The rows of a
-        page's last position wait for the next page: a split request's parts may go on there."""
+        """(task_id, stored JSON text) in task order; a page's last position waits for the next
+        page (a split request's parts may go on there)."""
         after: tuple[int, int] | None = (-1, -1)
         held: list[Any] = []
         while after is not None:
@@ -456,19 +549,11 @@ class LedgerValues(Mapping[str, Any]):
             if task_id not in self._hidden:
                 yield task_id, text
 
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Mapping):
-            return dict(self.items()) == dict(other)
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
-
     def __repr__(self) -> str:
         return f"<values of {len(self)} task(s), read from the ledger; dict(values) copies them>"
 
     def _read(self, what: str, *args: Any, **named: Any) -> Any:
-        """One of the store's reads; once the session closed its ledger, from the same file or
-        database opened again."""
+        """One of the store's reads, the ledger opened again once the session closed it."""
         try:
             return getattr(self._store, what)(*args, **named)
         except LedgerError:
@@ -478,44 +563,18 @@ class LedgerValues(Mapping[str, Any]):
             self._store = Ledger(where).store
             return getattr(self._store, what)(*args, **named)
 
-    def _where_of(self) -> dict[str, str]:
-        if self._where is None:
-            where, self._accepted = self._read("revision_lookup", self._revision)
-            self._where = {t: key for key, ids in where for t in json.loads(ids)}
-        return self._where
-
-    def _text(self, task_id: str) -> str | None:
-        if task_id in self._hidden:
-            return None
-        key = self._where_of().get(task_id)
-        if key is None:
-            return None
-        return self._read("revision_values", self._revision, task=(key, task_id))[-1][3]
-
 
 def _where(store: Store) -> Any:
-    """The file or URL a store opens again; None in memory."""
     return getattr(store, "url", None) or getattr(store, "path", None)
 
 
 def result_values(store: Store, revision_id: int,
                   schema: Any) -> tuple[Mapping[str, Any], list[dict[str, Any]]]:
     """A revision's values as a :class:`LedgerValues` (a dict for an in-memory ledger), and a
-    ``stored_invalid`` error for each stored value the schema no longer loads. Only a pydantic
-    model's load can fail (even on what it dumped itself), so only then is every value read once
-    here: a value that does not load is its task's error, never an exception on reading
-    ``values``."""
-    values, unloadable = _ledger_values(store, revision_id, schema)
-    return (values if _where(store) is not None else dict(values.items())), unloadable
-
-
-def _ledger_values(store: Store, revision_id: int,
-                   schema: Any) -> tuple[LedgerValues, list[dict[str, Any]]]:
-    values = LedgerValues(store, revision_id, schema.load)
-    if schema.model is None:
-        return values, []
-    unloadable = []
-    for task_id, text in values.stored_items():
+    ``stored_invalid`` error for each stored value the schema no longer loads (only a pydantic
+    model's load can fail, so only then is every value read once here, never failing later)."""
+    values, unloadable = LedgerValues(store, revision_id, schema.load), []
+    for task_id, text in values.stored_items() if schema.model is not None else ():
         try:
             schema.load(json.loads(text))
         except Exception as exc:  # noqa: BLE001 - a stored value the schema no longer accepts
@@ -524,15 +583,14 @@ def _ledger_values(store: Store, revision_id: int,
                 "message": f"the stored answer no longer loads under the schema "
                            f"({type(exc).__name__}: {str(exc)[:300]}); change the schema "
                            "back, or re-run under a schema it satisfies"})
-    if not unloadable:
-        return values, []
-    hidden = frozenset(e["task_id"] for e in unloadable)
-    return LedgerValues(store, revision_id, schema.load, hidden), unloadable
+    if unloadable:
+        values = LedgerValues(store, revision_id, schema.load,
+                              frozenset(e["task_id"] for e in unloadable))
+    return (values if _where(store) is not None else dict(values.items())), unloadable
 
 
 def plain_items(values: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
-    """(task_id, value as plain JSON data) in task order: a ledger's values as stored, without
-    building model instances; a dict's values with models dumped to JSON data."""
+    """(task_id, value as plain JSON data) in task order, building no model instance."""
     if isinstance(values, LedgerValues):
         for task_id, text in values.stored_items():
             yield task_id, json.loads(text)
@@ -557,12 +615,9 @@ class ResultErrors(SequenceView):
         self._failed, self._accepted, self._extra = failed, accepted, extra
         self._task_ids, self._missing, self._why = task_ids, missing, not_attempted
         self._pending, self._pending_tasks = pending, pending_tasks
-        self._len: int | None = None
-        self._raws: dict[str, str] | None = None
-        # failed in the run yet accepted by its end (another runner's answer): read now, so
-        # the errors stay those of this run's end when the ledger gains values later
+        # failed yet accepted by the run's end (another runner's answer): read now, so the
+        # errors stay those of the run's end
         self._answered = {t for t in failed if t in accepted}
-        self._unattempted: int | None = None
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         for task_id, errs in self._failed_items():
@@ -570,7 +625,7 @@ class ResultErrors(SequenceView):
                 yield {**{k: v for k, v in e.items() if k != "raw"}, "task_id": task_id}
         yield from self._pending_errors()
         yield from (dict(e) for e in self._extra)
-        if self._unattempted_count():
+        if self._unattempted:
             named = {e["task_id"] for e in self._extra}
             named.update(e["task_id"] for e in self._pending_errors())
             for task_id in self._task_ids():
@@ -579,7 +634,6 @@ class ResultErrors(SequenceView):
                     yield {"type": "not_attempted", "task_id": task_id, "message": self._why}
 
     def _pending_errors(self) -> Iterator[dict[str, Any]]:
-        """The tasks of requests a batch job held when the run ended (as they were then)."""
         for text in self._pending:
             held = json.loads(text)
             for task_id in held["task_ids"]:
@@ -591,27 +645,22 @@ class ResultErrors(SequenceView):
         answered = self._answered
         return ((t, errs) for t, errs in self._failed.items() if t not in answered)
 
-    def _unattempted_count(self) -> int:
-        if self._unattempted is None:
-            failed = sum(1 for _ in self._failed_items())
-            self._unattempted = max(0, self._missing - failed - self._pending_tasks
-                                    - len({e["task_id"] for e in self._extra}))
-        return self._unattempted
+    @cached_property
+    def _unattempted(self) -> int:
+        failed = sum(1 for _ in self._failed_items())
+        return max(0, self._missing - failed - self._pending_tasks
+                   - len({e["task_id"] for e in self._extra}))
+
+    @cached_property
+    def _len(self) -> int:
+        return (sum(len(errs) for _, errs in self._failed_items()) + len(self._extra)
+                + self._pending_tasks + self._unattempted)
 
     def __len__(self) -> int:
-        if self._len is None:
-            self._len = (sum(len(errs) for _, errs in self._failed_items()) + len(self._extra)
-                         + self._pending_tasks + self._unattempted_count())
         return self._len
 
     def __bool__(self) -> bool:
         return next(iter(self), None) is not None
-
-    @overload
-    def __getitem__(self, index: int) -> dict[str, Any]: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
 
     def __getitem__(self, index: int | slice) -> Any:
         if isinstance(index, slice):
@@ -634,47 +683,38 @@ class ResultErrors(SequenceView):
         return (repr(first[:REPR_ERRORS])[:-1] + f", ... and {len(self) - REPR_ERRORS} more; "
                 "list(errors) copies them]")
 
-    @property
+    @cached_property
     def raws(self) -> dict[str, str]:
-        """Each failed request's raw return, once (the errors themselves leave it out)."""
-        if self._raws is None:
-            self._raws = {}
-            for _, errs in self._failed_items():
-                for e in errs:
-                    if e.get("raw") is not None:
-                        self._raws.setdefault(request_of(e), e["raw"])
-        return self._raws
+        raws: dict[str, str] = {}
+        for _, errs in self._failed_items():
+            for e in errs:
+                if e.get("raw") is not None:
+                    raws.setdefault(request_of(e), e["raw"])
+        return raws
 
 
-def failure_groups(errors: Callable[[], Iterable[Mapping[str, Any]]],
-                   raws: Mapping[str, str], limit: int | None = None,
-                   keep: Callable[[Mapping[str, Any]], bool] | None = None
+def failure_groups(errors: Callable[[], Iterable[Mapping[str, Any]]], raws: Mapping[str, str],
+                   limit: int | None = None, pending: bool = True
                    ) -> tuple[list[dict[str, Any]], int]:
-    """The first ``limit`` failed requests (all with None) of ``errors()``, each with its tasks, its
-    own errors once, its bystanders counted and its raw return; and how many failed in all, counted
-    without building the rest. ``errors`` is read twice. ``keep`` drops a request all of whose
-    errors it refuses."""
-    kept: dict[str, bool] = {}  # request -> has an error ``keep`` admits (one bool a request)
+    """The first ``limit`` (None: all) failed requests of ``errors()`` (read twice) grouped, and
+    how many failed in all (without ``pending``, not those a batch job still holds)."""
+    kept: dict[str, bool] = {}  # request -> shown (one bool a request)
     for e in errors():
         key = request_of(e)
-        kept[key] = kept.get(key, False) or keep is None or keep(e)
+        kept[key] = kept.get(key, False) or pending or e.get("type") != "pending"
     shown = [key for key, admitted in kept.items() if admitted]
     total, shown = len(shown), set(shown[:limit] if limit is not None else shown)
     groups: dict[str, dict[str, Any]] = {}
     for e in errors():
         key = request_of(e)
         if key in shown:
-            group = groups.get(key)
-            if group is None:
-                group = groups[key] = {"request": e.get("request"), "tasks": [], "errors": [],
-                                       "bystanders": 0, "raw": raws.get(key)}
-            _add(group, e)
+            _add(groups.setdefault(key, {"request": e.get("request"), "tasks": [], "errors": [],
+                                         "bystanders": 0, "raw": raws.get(key)}), e)
     return list(groups.values()), total
 
 
 def _add(group: dict[str, Any], e: Mapping[str, Any]) -> None:
-    """One error into its request's group: tasks once (a task's errors come together),
-    bystanders counted, each message once."""
+    """One error into its request's group: tasks once, bystanders counted, each message once."""
     task_id = e.get("task_id")
     if task_id is not None and (not group["tasks"] or group["tasks"][-1] != task_id):
         group["tasks"].append(task_id)
@@ -687,7 +727,6 @@ def _add(group: dict[str, Any], e: Mapping[str, Any]) -> None:
 
 
 def request_of(error: Mapping[str, Any]) -> str:
-    """The failed request an error belongs to (the replay loop tags it), else its message."""
     if error.get("request"):
         return str(error["request"])
     if error.get("type") == "not_attempted":

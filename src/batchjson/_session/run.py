@@ -1,12 +1,16 @@
-"""A run as a pipeline: check, judge with, key, find, re-judge, fit; record, send, report.
+"""A run as a pipeline: check, judge with, key, find, re-judge, fit; record, send, report. The
+first steps are pure over a frozen :class:`RunPlan`; recording, sending and reporting only read it,
+so nothing is recorded or spent before the inputs, the budget and the fit are checked.
 
-The first steps are pure over a frozen :class:`RunPlan` and record and spend nothing; recording,
-sending and reporting only read the plan, so nothing is recorded or spent before the inputs, the
-budget and the fit have been checked."""
+Its :class:`Progress` over ``tqdm.auto``: the tasks read and checked, then the tasks judged with the
+returns, the cost against the budget and what the run waits on. The last state is the tasks with a
+value, coloured by outcome: a run that ends with none accepted never shows a full bar."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
+import sys
+import warnings
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -15,26 +19,25 @@ from .._content.tasks import Request
 from .._errors import BatchUnresolved
 from .._money import usd
 from .._providers.reply import MOST_TOKENS, GuardedProvider, provider_names
-from .._replay.budget import Spender
+from .._replay.budget import Budget, Spender, Tally
 from .._replay.calls import cheapest_call
 from .._replay.jobs import JobRunner, JobsOutcome
 from .._replay.plan import Outcome, Plan
 from .._replay.replay import Replayer
 from . import batches, window
-from .fit import check_fit, check_rate_fit
 from .plan import RunPlan, Runtime, find_completed, finished, keyed, remember_file
-from .progress import Progress
 from .registry import checker_of
 from .rejudge import UNSEEN, Judging, clear_sourceless, unseen_token
 from .result import BatchResult, LedgerRead, ResultErrors, TaskAttempts, result_values, thrown_away
-from .spec import RunSpec, compared_candidates
+from .spec import RunSpec, check_fit, check_rate_fit, compared_candidates
 
 T = TypeVar("T")
+COLOURS = {"resolved": "green", "pending": "yellow"}  # any other end (unresolved, stopped): red
+READING_DELAY = 0.5  # seconds of reading before its count shows: a quick refusal prints only itself
 
 
 def run_spec(rt: Runtime, spec: RunSpec) -> BatchResult:
-    """Resolve every task of ``spec`` or say exactly what is still owed, in progress shown
-    from the first moment to the outcome."""
+    """Resolve every task of ``spec`` or say exactly what is still owed."""
     progress = Progress(spec.name, spec.progress, rt.budget, rt.tally)
     try:
         result = _resolved(rt, spec, progress)
@@ -42,7 +45,10 @@ def run_spec(rt: Runtime, spec: RunSpec) -> BatchResult:
         progress.end(None)
         raise
     progress.end(result)
-    return _ended(result, spec)
+    # never unresolved while a batch job holds its requests: it is pending
+    if result.status == "unresolved" and spec.on_exhausted == "raise":
+        raise BatchUnresolved(result)
+    return result
 
 
 def _resolved(rt: Runtime, spec: RunSpec, progress: Progress) -> BatchResult:
@@ -61,26 +67,18 @@ def _resolved(rt: Runtime, spec: RunSpec, progress: Progress) -> BatchResult:
     return result
 
 
-def _ended(result: BatchResult, spec: RunSpec) -> BatchResult:
-    """The result, raised as BatchUnresolved when the spec says to and some task has no value
-    (a run is never unresolved while a batch job holds its requests: it is pending)."""
-    if result.status not in ("resolved", "pending") and spec.on_exhausted == "raise":
-        raise BatchUnresolved(result)
-    return result
-
-
 def plan_of(rt: Runtime, spec: RunSpec, progress: Progress, *, record: bool = True) -> RunPlan:
-    """The run's plan, before anything is recorded or spent. ``record=False`` (an estimate)
-    registers no validator and asks no batch API: nothing at all is written or sent."""
+    """The run's plan (``record=False``, an estimate's: no validator registered, no batch API
+    asked)."""
     remembered = find_completed(rt, spec)  # a tasks file's finished run: nothing to read
-    if remembered:
-        return fitted(rt, judge_with(rt, remembered, record=record), record=record)
-    return planned(rt, spec, progress, record=record)
+    plan = (judge_with(rt, remembered, record=record) if remembered
+            else planned(rt, spec, progress, record=record))
+    return fitted(rt, plan, record=record)
 
 
 def planned(rt: Runtime, spec: RunSpec, progress: Progress, *, record: bool = True) -> RunPlan:
     """The plan of a run whose tasks are read: checked, judged, keyed, then done already, or
-    found on record and surveyed (earlier returns re-judged, what is owed: no call)."""
+    found on record and surveyed."""
     content = spec.checked(progress.reading)  # every input check, before anything is recorded
     progress.checking()
     provider = rt.provider  # refused here when none is configured
@@ -90,10 +88,9 @@ def planned(rt: Runtime, spec: RunSpec, progress: Progress, *, record: bool = Tr
     done = None if plan.blind or content.file_digest is not None else finished(
         rt.ledger, plan)  # a tasks file's run is remembered by its bytes
     if done is not None:
-        return fitted(rt, done, record=record)
+        return done
     judging = judging_of(rt, plan)
-    return fitted(rt, window.survey(rt.ledger.store, find_requests(rt, plan, judging), judging),
-                  record=record)
+    return window.survey(rt.ledger.store, find_requests(rt, plan, judging), judging)
 
 
 def judge_with(rt: Runtime, plan: RunPlan, *, record: bool = True) -> RunPlan:
@@ -116,14 +113,13 @@ def judge_with(rt: Runtime, plan: RunPlan, *, record: bool = True) -> RunPlan:
 
 
 def judging_of(rt: Runtime, plan: RunPlan) -> Judging:
-    """How stored answers are judged again, as this run's returns are judged."""
     return Judging(plan.spec.mode, plan.content.identity, plan.content.schema, plan.checker,
                    rt.loop.run)
 
 
 def find_requests(rt: Runtime, plan: RunPlan, judging: Judging) -> RunPlan:
-    """The run's revision when one is on record (its requests then read from the ledger). Judging no
-    fingerprint fully sees moves on to a revision naming the answers that no longer pass."""
+    """The run's revision on record, if any. Judging no fingerprint fully sees moves on to a
+    revision naming the answers that no longer pass."""
     store = rt.ledger.store
     while True:
         found = rt.ledger.revisions(plan.spec.name, fingerprint=plan.keys.revision)
@@ -138,9 +134,8 @@ def find_requests(rt: Runtime, plan: RunPlan, judging: Judging) -> RunPlan:
 
 
 def fitted(rt: Runtime, plan: RunPlan, *, record: bool = True) -> RunPlan:
-    """What the provider cannot send as asked, said (refused when it cannot send at all); the
-    batch API, checked to exist before anything is recorded, when the transport is batch (not
-    asked for an estimate: ``record=False``)."""
+    """What the provider cannot send as asked, said (or refused); the batch API, checked to
+    exist, when the transport is batch."""
     spec, content = plan.spec, plan.content
     notes = check_fit(plan.provider, rt.ledger, spec.name, content.schema, plan.pending,
                       content.identity, spec.mode)
@@ -148,13 +143,12 @@ def fitted(rt: Runtime, plan: RunPlan, *, record: bool = True) -> RunPlan:
     if spec.transport == "batch" and plan.finished is None and not record:
         batches.batch_offer(plan.provider)  # asked nothing: an estimate sends nothing
     elif spec.transport == "batch" and plan.finished is None:
-        client = batches.client_for(plan.provider, rt.ledger.store, rt.loop.run, rt.used)
+        client = batches.client_for(rt, plan.provider)
         rt.job_schemas[content.schema.fingerprint] = content.schema  # for %batch_status
     return replace(plan, provider_notes=tuple(notes), client=client)
 
 
 def calls_of(rt: Runtime, plan: RunPlan) -> Plan:
-    """What every call of the run is sent under, the one next-attempt policy's settings too."""
     spec, content = plan.spec, plan.content
     return Plan(batch_id=0, revision_id=0, mode=spec.mode,  # ids set once the revision opens
                 identity=content.identity, schema=content.schema, validator=plan.checker,
@@ -181,8 +175,8 @@ def plan_calls(rt: Runtime, plan: RunPlan) -> tuple[Plan, Spender]:
 
 
 def record_revision(rt: Runtime, plan: RunPlan, calls: Plan) -> tuple[Any, str | None]:
-    """Open (or resume) the revision, with what its requests saw and the rechecked returns:
-    (the revision, what it superseded, said)."""
+    """Open (or resume) the revision with what its requests saw and the rechecked returns:
+    (the revision, what it superseded)."""
     store, version, name = rt.ledger.store, plan.version, plan.spec.name
     doc, text = plan.content.schema.document  # so an export of it is rechecked whole
     revision, replaced = store.open_revision(  # a new revision's requests: streamed
@@ -230,8 +224,8 @@ def send(rt: Runtime, plan: RunPlan, calls: Plan, spender: Spender, revision: An
 
 def _live(rt: Runtime, calls: Plan, spender: Spender, plan: RunPlan,
           progress: Progress) -> tuple[Outcome, JobsOutcome | None]:
-    """The live calls, of what no unfinished batch job claims (a job may still answer it),
-    fed to the replay loop a window at a time; the jobs that claim some, if any."""
+    """The live calls of what no unfinished batch job claims, a window at a time; the jobs
+    that claim some, if any."""
     store, claimed, provider = rt.ledger.store, [], GuardedProvider(plan.provider)
 
     def unclaimed() -> Iterator[Request]:
@@ -247,7 +241,7 @@ def _live(rt: Runtime, calls: Plan, spender: Spender, plan: RunPlan,
         return replayer.outcome, replayer.run(unclaimed())
 
     outcome = _replay(rt, plan, provider, progress, replaying)
-    held, _ = batches.held_by_jobs(store, claimed)
+    held = batches.held_by_jobs(store, claimed)
     if not held.jobs:
         return outcome, None
     outcome.errors.update(held.outcome.errors)
@@ -256,7 +250,6 @@ def _live(rt: Runtime, calls: Plan, spender: Spender, plan: RunPlan,
 
 def _jobs(rt: Runtime, calls: Plan, spender: Spender, plan: RunPlan,
           progress: Progress) -> JobsOutcome:
-    """Submit, poll and collect the run's batch jobs (one pass, or until they end)."""
     def submitting() -> tuple[Outcome, Coroutine[Any, Any, JobsOutcome]]:
         runner = JobRunner(calls, rt.ledger, plan.provider, plan.client, spender,
                            rt.job_reservations, session_id=rt.session_id, poll=rt.job_poll,
@@ -268,9 +261,8 @@ def _jobs(rt: Runtime, calls: Plan, spender: Spender, plan: RunPlan,
 
 def _replay(rt: Runtime, plan: RunPlan, provider: Any, progress: Progress,
             make: Callable[[], tuple[Outcome, Coroutine[Any, Any, T]]]) -> T:
-    """Run the pending requests through a transport, made on the session's loop by ``make``
-    (the run's live counts and its driver); the progress counts every task, those resumed from
-    the ledger as done already, as tqdm users expect."""
+    """Run the pending requests through the transport ``make`` builds on the session's loop;
+    the progress counts every task, those resumed as done already."""
     total = len(plan.content.tasks)
 
     def start() -> Coroutine[Any, Any, T]:
@@ -284,92 +276,157 @@ def _replay(rt: Runtime, plan: RunPlan, provider: Any, progress: Progress,
 
 def report(rt: Runtime, plan: RunPlan, revision: Any, outcome: Outcome,
            superseded: str | None = None) -> BatchResult:
-    """The one reporter, of a run that sent or of one found finished: the result over the ledger's
-    values, with a note for each thing a person should know about how it was reached."""
-    spec, content = plan.spec, plan.content
-    result = _result(rt, spec.name, revision, plan.total,
-                     lambda: (t["task_id"] for t in content.tasks), content.schema, outcome,
-                     resumed=plan.resumed)
-    result.rechecked = len(plan.rechecked)
+    """The one reporter, of a run that sent or one found finished: the result over the
+    revision's values (its tasks read only if some task has none), with its notes."""
+    spec, content, total = plan.spec, plan.content, plan.total
+    values, unloadable = result_values(rt.ledger.store, revision.id, content.schema)
+    why = (f"no call was made for this task in this run: {outcome.stopped}"
+           if outcome.stopped else "no call was made for this task in this run")
+    errors = ResultErrors(outcome.errors, values, unloadable,
+                          lambda: (t["task_id"] for t in content.tasks), total - len(values), why,
+                          outcome.pending, outcome.pending_tasks)
     tasks = [dict.fromkeys(plan.remembered[1])] if plan.remembered else content.tasks
-    if spec.mode == "items":  # what the prompt asks to copy; other task fields, if echoed
-        result.identity_compared = tuple(content.identity)
-        result.compared_if_echoed = tuple(f for f in compared_candidates(
-            tasks, content.identity) if f not in content.identity)
+    items = spec.mode == "items"  # what the prompt asks to copy; other task fields, if echoed
+    echoed = [f for f in compared_candidates(tasks, content.identity)
+              if f not in content.identity] if items else []
     name, model = provider_names(plan.provider)
-    result.provider = f"{name}/{model}" if model else name
-    result.answer_schema = content.schema.json_schema
-    result.notes += plan.provider_notes  # how this run's calls were sent, when not as asked
-    result.notes.extend(plan.notes)
-    if superseded is not None:
-        result.superseded = superseded
-        result.notes.append(superseded)
-    result = _noted(result, plan)
-    result.thrown_away = thrown_away(outcome, spec.split)
-    if result.thrown_away is not None:  # said last: what to change before the next run
-        result.notes.append(result.thrown_away.said())
-    return result
-
-
-def _noted(result: BatchResult, plan: RunPlan) -> BatchResult:
-    """The notes of what the judging cannot see and of what re-judging resolved."""
-    if plan.blind:
-        result.notes.append(f"the judging reads what no fingerprint can see ("
-                            f"{'; '.join(plan.blind)}): stored answers were re-judged under "
-                            "the rules as they are now, not reused on trust")
-    unknown = plan.content.schema.unknown_keywords
-    if unknown:
-        result.notes.append("schema keywords JSON Schema does not define, which no check reads: "
-                            + ", ".join(unknown[:5]) + f" and {len(unknown) - 5} more"
-                            * (len(unknown) > 5))
-    if plan.rechecked:  # an accepted repair's answer is evidence like any other
-        repaired = sum(row["kind"] == "repair" for _, row, _ in plan.rechecked)
-        result.notes.append(f"{len(plan.rechecked)} request(s) resolved by re-judging earlier "
-                            "returns under the new rules (no calls)" + (
-                                f"; {repaired} of them came from repair calls" if repaired
-                                else ""))
-    return result
-
-
-def _result(rt: Runtime, name: str, revision: Any, total: int,
-            task_ids: Callable[[], Iterable[str]],
-            schema: Any, outcome: Outcome, resumed: int) -> BatchResult:
-    """The result over the revision's values in the ledger; ``task_ids`` (every task in
-    order, each time it is called) is read only when some task has no value."""
-    values, errors = _values(rt, revision.id, total, task_ids, schema, outcome)
-    result = BatchResult(
-        name=name, status="resolved" if len(values) == total else "unresolved",
+    thrown = thrown_away(outcome, spec.split)
+    return BatchResult(
+        name=spec.name, status="resolved" if len(values) == total else "unresolved",
         values=values, errors=errors, calls=outcome.calls, tokens=outcome.tokens,
         cost=outcome.cost, revision=revision.number, total_tasks=total,
         accepted_returns=outcome.accepted_returns, rejected_returns=outcome.rejected_returns,
         partial_returns=outcome.partial_returns, provider_errors=outcome.provider_errors,
-        resumed=resumed,
-        attempts_by_task=TaskAttempts(outcome.calls_log),
-        repairs_made=outcome.repairs_made, read_receipts=LedgerRead(rt.ledger.attempts, name))
-    if outcome.stopped:
-        result.notes.append(outcome.stopped)
+        resumed=plan.resumed, superseded=superseded,
+        attempts_by_task=TaskAttempts(outcome.calls_log), repairs_made=outcome.repairs_made,
+        notes=_notes(rt, plan, outcome, superseded) + ([thrown.said()] if thrown else []),
+        rechecked=len(plan.rechecked),
+        identity_compared=tuple(content.identity) if items else (),
+        compared_if_echoed=tuple(echoed), provider=f"{name}/{model}" if model else name,
+        thrown_away=thrown, read_receipts=LedgerRead(rt.ledger.attempts, spec.name),
+        answer_schema=content.schema.json_schema)
+
+
+def _notes(rt: Runtime, plan: RunPlan, outcome: Outcome, superseded: str | None) -> list[str]:
+    """What a person should know about how the result was reached (what to change next: last)."""
+    notes = [outcome.stopped] if outcome.stopped else []
     if outcome.overrun:
-        result.notes.append(
+        notes.append(
             f"calls billed beyond their reservations: {usd(outcome.overrun)} in this run; "
             f"the session has spent {usd(rt.tally.cost)} of its "
             f"{usd(rt.budget.cost or 0.0)} cost budget (each receipt keeps its usage)")
     if outcome.odd_usage:
-        result.notes.append(f"{outcome.odd_usage} return(s) reported a usage no call can have (not "
-                            f"a whole number from 0 to {MOST_TOKENS:,} tokens): the provider's "
-                            "error, recorded as unknown on its receipt (a call of unknown cost "
-                            "counts against a cost budget at its worst case)")
+        notes.append(f"{outcome.odd_usage} return(s) reported a usage no call can have (not "
+                     f"a whole number from 0 to {MOST_TOKENS:,} tokens): the provider's "
+                     "error, recorded as unknown on its receipt (a call of unknown cost "
+                     "counts against a cost budget at its worst case)")
     if outcome.taken_from_ledger:
-        result.notes.append(f"{outcome.taken_from_ledger} request(s) were resolved by another "
-                            "runner of the same content; their values come from the ledger")
-    return result
+        notes.append(f"{outcome.taken_from_ledger} request(s) were resolved by another "
+                     "runner of the same content; their values come from the ledger")
+    notes += [*plan.provider_notes, *plan.notes]  # how this run's calls were sent, if not as asked
+    notes += [superseded] if superseded is not None else []
+    if plan.blind:
+        notes.append(f"the judging reads what no fingerprint can see ({'; '.join(plan.blind)}): "
+                     "stored answers were re-judged under the rules as they are now, not reused "
+                     "on trust")
+    unknown = plan.content.schema.unknown_keywords
+    if unknown:
+        notes.append("schema keywords JSON Schema does not define, which no check reads: "
+                     + ", ".join(unknown[:5]) + f" and {len(unknown) - 5} more"
+                     * (len(unknown) > 5))
+    if plan.rechecked:  # an accepted repair's answer is evidence like any other
+        repaired = sum(row["kind"] == "repair" for _, row, _ in plan.rechecked)
+        notes.append(f"{len(plan.rechecked)} request(s) resolved by re-judging earlier returns "
+                     "under the new rules (no calls)"
+                     + (f"; {repaired} of them came from repair calls" if repaired else ""))
+    return notes
 
 
-def _values(rt: Runtime, revision_id: int, total: int, task_ids: Callable[[], Iterable[str]],
-            schema: Any, outcome: Outcome) -> tuple[Mapping[str, Any], ResultErrors]:
-    """The revision's values and an error for every task without one, each read when asked for."""
-    values, unloadable = result_values(rt.ledger.store, revision_id, schema)
-    why = (f"no call was made for this task in this run: {outcome.stopped}"
-           if outcome.stopped else "no call was made for this task in this run")
-    return values, ResultErrors(outcome.errors, values, unloadable, task_ids,
-                                total - len(values), why, outcome.pending,
-                                outcome.pending_tasks)
+def wanted(progress: bool | None) -> bool:
+    """``None``: on where a person watches (a terminal or a Jupyter kernel), off in pipes."""
+    if progress is not None:
+        return progress
+    stderr = sys.stderr
+    return bool(getattr(stderr, "isatty", lambda: False)()) or type(
+        stderr).__module__.startswith("ipykernel")
+
+
+def _bar(**options: Any) -> Any:
+    """A tqdm.auto bar, without tqdm's warning that the notebook widget is missing."""
+    from tqdm import TqdmWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TqdmWarning)
+        from tqdm.auto import tqdm
+
+        return tqdm(unit="task", **options)
+
+
+class Progress:
+    """One run's progress; every method does nothing when it is off."""
+
+    def __init__(self, name: str, progress: bool | None, budget: Budget, tally: Tally) -> None:
+        self.name, self.budget, self.tally, self.note = name, budget, tally, ""
+        self.outcome: Outcome | None = None  # the run's live counts, once its calls begin
+        self.bar = _bar(desc=f"{name}: reading tasks", leave=False,
+                        delay=READING_DELAY) if wanted(progress) else None
+
+    @property
+    def reading(self) -> Callable[[int], Any] | None:
+        """What counts the tasks as they are read and checked (nothing to call when off)."""
+        return None if self.bar is None else self.bar.update
+
+    def checking(self) -> None:
+        """Every task read: the ledger is looked at before any call."""
+        bar = self.bar
+        if bar is not None:
+            bar.set_description_str(f"{self.name}: {bar.n:,} task(s) read, checking the ledger",
+                                    refresh=bar.last_print_t >= bar.start_t + bar.delay)
+
+    def calls(self, total: int, done: int, outcome: Outcome) -> None:
+        """The calls begin, ``done`` of ``total`` tasks resolved already."""
+        self.outcome = outcome
+        if self.bar is not None:
+            self.bar.close()  # the reading bar goes; the run's bar takes its line
+            self.bar = _bar(desc=self.name, total=total, initial=done, leave=True,
+                            postfix=self._counts())
+
+    def update(self, n: int) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(self._counts(), refresh=False)
+            self.bar.update(n)
+
+    def wait(self, note: str) -> None:
+        """What the run waits on (a rate limit, a provider's job); ``""`` when it is over."""
+        self.note = note
+        if self.bar is not None and self.outcome is not None:
+            self.bar.set_postfix_str(self._counts())
+
+    def end(self, result: BatchResult | None) -> None:
+        """The last state: the tasks with a value, named and coloured by the result's status
+        (``None``: the run raised, and is shown stopped where it stood)."""
+        if self.bar is not None and self.outcome is None and result is not None:
+            self.calls(result.total_tasks, len(result.values), Outcome())  # nothing was sent
+        bar, self.bar, self.note = self.bar, None, ""
+        if bar is None or self.outcome is None:  # refused before any call: the error says why
+            if bar is not None:
+                bar.close()
+            return
+        status = "stopped" if result is None else result.status
+        if result is not None:
+            bar.n = len(result.values)
+        bar.colour = COLOURS.get(status, "red")
+        bar.set_description_str(f"{self.name} {status}", refresh=False)
+        bar.set_postfix_str(self._counts(), refresh=False)
+        bar.close()
+
+    def _counts(self) -> str:
+        outcome = self.outcome
+        assert outcome is not None
+        cost = "cost unknown" if outcome.cost is None else usd(outcome.cost)
+        if self.budget.cost is not None:
+            cost += f" (session {usd(self.tally.cost)} of {usd(self.budget.cost)} budget)"
+        part = f"{outcome.partial_returns} in part, " if outcome.partial_returns else ""
+        said = (f"returns: {outcome.accepted_returns} accepted, {part}"
+                f"{outcome.rejected_returns} rejected, {cost}")
+        return f"{said}; {self.note}" if self.note else said

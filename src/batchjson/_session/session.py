@@ -1,6 +1,5 @@
-"""A session: one ledger, one validator registry, one provider, and the budgets over them.
-
-Every face runs through it (``Session.run``), and data flows one way from here."""
+"""A session: one ledger, one validator registry, one provider, and the budgets over them; every
+face runs through ``Session.run``."""
 
 from __future__ import annotations
 
@@ -110,12 +109,9 @@ class Session:
         return self.tally.cost
 
     def __repr__(self) -> str:
-        return (f"Session(provider={self._provider_label()}, ledger={self.ledger!r}, "
-                f"strict={self.strict}, {self.evidence!r})")
-
-    def _provider_label(self) -> str:
         spec = self._provider if self._provider is not None else self._provider_spec
-        return "None" if spec is None else provider_label(spec)
+        return (f"Session(provider={'None' if spec is None else provider_label(spec)}, "
+                f"ledger={self.ledger!r}, strict={self.strict}, {self.evidence!r})")
 
     @property
     def provider(self) -> Any:
@@ -177,12 +173,9 @@ class Session:
 
     def estimate(self, name: str, tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
                  schema: Any, **options: Any) -> Estimate:
-        """What ``run_batch`` with the same arguments would send and spend, with nothing sent
-        or recorded: its inputs checked as the run checks them, then the requests reused,
-        re-judged and to send, the calls, tokens and cost (live and as a batch job) from every
-        first return accepted to the worst case the repairs, replays and split allow, the time
-        under the known rate limits, and whether the budget suffices. ``tasks`` given as an
-        iterator is read here (pass a list or a file to run it after)."""
+        """What ``run_batch`` with the same arguments would send and spend (an :class:`Estimate`),
+        with nothing sent or recorded. ``tasks`` given as an iterator is read here (pass a list
+        or a file to run it after)."""
         return estimate_run(self.runtime(), RunSpec(name=name, tasks=tasks, schema=schema,
                                                     **options))
 
@@ -195,7 +188,7 @@ class Session:
                                          validator, name=name)
 
     def run(self, spec: RunSpec) -> BatchResult:
-        """Run one :class:`RunSpec`: every face (magic, RLM binding, CLI) ends here."""
+        """Run one :class:`RunSpec`: every face ends here."""
         if not isinstance(spec, RunSpec):
             raise InvalidBatch(f"Session.run takes a RunSpec, got {type(spec).__name__}")
         return run_spec(self.runtime(), spec)
@@ -217,8 +210,7 @@ class Session:
 
 
 def _shutdown(loop: BackgroundLoop, providers: list[Any]) -> None:
-    """Close what the providers pooled on the session's loop, then stop it (also at exit, or
-    when an unclosed session is collected; the ledger is closed only by Session.close)."""
+    """Close what the providers pooled on the session's loop, then stop it (at exit too)."""
     async def close_all() -> None:
         for provider in providers:
             try:

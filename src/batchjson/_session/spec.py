@@ -1,9 +1,11 @@
 """The one public description of a run, and the one place that checks a run's inputs.
 
-Every face builds a ``RunSpec``, so every face refuses the same inputs in the same words, before the
-ledger or the provider is touched: a refusal never costs a call or records anything. The checks of
-a run's content that need no call (:func:`check_all`) are each an
-:class:`~batchjson._errors.InvalidBatch` naming the problem and the fix."""
+Every face builds a ``RunSpec``, so every face refuses the same inputs in the same words (an
+``InvalidBatch`` naming the problem and the fix) before the ledger or the provider is touched.
+Once the provider is known, :func:`check_fit` refuses before spending a schema the simulated model
+cannot answer, a pack whose smallest valid answer cannot fit the output ceiling (counted from
+below, so a pack is refused only when it cannot fit), a wire schema strict mode cannot take (or
+says how it is sent instead)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,10 @@ import ast
 import hashlib
 import inspect
 import io
+import json
+import math
 import os
+import re
 import sys
 import textwrap
 import tokenize
@@ -25,14 +30,20 @@ from pydantic import Field, PlainValidator, SkipValidation
 
 from .._acceptance.judge import ECHO_EXEMPT
 from .._checks import Count, CountOrNone, Flag, Positive, Seconds, options
+from .._content.answersize import smallest_answers
 from .._content.schema import MISSING as _MISSING
-from .._content.schema import ItemSchema, compile_schema
+from .._content.schema import ItemSchema, compile_schema, wire_schema
 from .._content.schema import resolve_pointer as _resolve
 from .._content.spool import is_task_file
-from .._content.tasks import Identity, normalize_identity, normalize_tasks
-from .._errors import ConfigError, InvalidBatch
+from .._content.tasks import Identity, Request, normalize_identity, normalize_tasks
+from .._errors import ConfigError, InvalidBatch, ProviderSetupError
 from .._fingerprint.fingerprint import unwrap_callable
+from .._ledger import Ledger
+from .._providers.ratelimits import request_tokens
+from .._providers.settings import call_output_cap, declared_output_cap
 from .._replay.budget import Budget
+from .._replay.pacing import Pacer, pack_that_fits
+from .._replay.plan import Plan, first_prompt, system_prompt
 from .._secrets import check_name
 
 Mode = Literal["items", "value"]
@@ -44,21 +55,17 @@ Accept = Literal["whole", "items"]
 
 @options(InvalidBatch)
 class RunSpec:
-    """What to resolve and under which rules (docs/api.md). A bad option is an
+    """What to resolve and under which rules (docs/api.md); a bad option is an
     :class:`~batchjson.InvalidBatch` when the spec is made.
 
-    - ``mode="items"``: ``pack`` tasks a call, each return ``{"items": [...]}`` judged for coverage
-      and identity; ``mode="value"``: one task per call, a bare JSON value (droste's shape).
-    - ``validator_args="task"`` calls ``validator(value, task)``, ``"index"`` calls
-      ``validator(value, task["index"])``; ``"droste"`` also reads verdicts as droste does.
-    - ``refuse_short_budget``: refuse before spending when the budget cannot cover one call per
-      pending request. ``None`` for ``repairs``/``replays`` takes the session's setting.
-    - ``transport="batch"``: provider batch jobs; the run returns ``status == "pending"`` unless
-      ``wait=True``, and a re-run collects (docs/providers.md).
-    - ``accept="items"``: a return whole in JSON, coverage and identity commits the items that
-      pass their schema and the validator, and asks again for the others (docs/design.md). It
-      is no part of any key: it decides what of a return is committed, not what a model sees,
-      so evidence is shared with whole-return runs of the same content."""
+    - ``mode="items"``: ``pack`` tasks a call, returning ``{"items": [...]}``; ``mode="value"``:
+      one task a call, a bare JSON value (droste's shape).
+    - ``validator_args``: ``validator(value, task)``, ``validator(value, task["index"])``, or
+      that reading verdicts as droste does. ``None`` repairs/replays: the session's setting.
+    - ``refuse_short_budget``: refused before spending unless the budget covers a call a request.
+    - ``transport="batch"``: provider batch jobs, ``status == "pending"`` unless ``wait=True``.
+    - ``accept="items"``: commit a return's items that pass and ask again for the others; no
+      part of any key (what is committed, not what a model sees), so evidence is shared."""
 
     # checked here, by their own rules: the texts, the validator, the identity's shape
     name: SkipValidation[str]
@@ -85,8 +92,7 @@ class RunSpec:
     accept: Accept = "whole"
 
     def __post_init__(self) -> None:
-        """What its types cannot say, each checked alone: cheap, and before any face does
-        anything with them."""
+        """What its types cannot say, each checked alone and cheaply."""
         check_text("batch name", self.name, "run_batch('labels', ...)", required=True)
         check_text("instructions", self.instructions, "instructions='Answer in English.'",
                    free=True)
@@ -95,25 +101,22 @@ class RunSpec:
                 "transport='batch' is refused for droste's llm_batch_json contract (the droste "
                 "and rlm bindings): it returns values now and has no pending result; use "
                 "transport='live' there, or run_batch / %%batch_json for batch jobs")
-        if self.validator_name is not None:
-            check_text("validator_name", self.validator_name, "validator_name='label_check'")
+        check_text("validator_name", self.validator_name, "validator_name='label_check'")
         check_validator(self.validator, self.validator_args)
         if isinstance(self.identity, Iterator):  # read once here, so kept as read
             object.__setattr__(self, "identity", tuple(self.identity))
         normalize_identity(self.identity)  # its shape; the tasks are checked against it later
 
     def checked(self, on_read: Callable[[int], Any] | None = None) -> CheckedRun:
-        """The run's content, checked and in the ledger's (JSON) form: tasks, schema, and what the
-        mode, identity and validator need of them (``on_read(n)``: n more tasks checked). Raises
-        InvalidBatch naming the first problem and the fix; reads nothing but the spec."""
+        """The run's content, checked (needing neither ledger nor call) and in the ledger's (JSON)
+        form (``on_read(n)``: n more tasks checked)."""
         identity = normalize_identity(self.identity)
         hasher = hashlib.sha256() if is_task_file(self.tasks) else None
         tasks, texts = normalize_tasks(self.tasks, identity, hasher, pack=self.pack,
                                        on_read=on_read)
         schema = compile_schema(self.schema)
-        check_all(tasks=tasks, identity=identity, schema=schema, mode=self.mode,
-                            validator=self.validator, validator_args=self.validator_args,
-                            pack=self.pack)
+        check_mode(tasks, identity, self.mode, self.pack, self.validator, self.validator_args)
+        check_schema(schema, self.mode, tasks, identity)
         return CheckedRun(self, tasks, texts, schema, identity,
                           hasher.hexdigest() if hasher else None)
 
@@ -133,9 +136,8 @@ class CheckedRun:
 
 def check_text(label: str, value: Any, example: str, *, required: bool = False,
                free: bool = False) -> None:
-    """A name or text a ledger stores and a terminal shows: a str of valid Unicode, and, unless
-    it is ``free`` text for the model (where newlines belong), with no control characters
-    (``'\\x00'`` would be cut short or act on the terminal)."""
+    """A name or text a ledger stores and a terminal shows: a str of valid Unicode, without
+    control characters unless it is ``free`` text for the model (where newlines belong)."""
     if value is None and not required:
         return
     if not isinstance(value, str) or (required and not value.strip()):
@@ -159,7 +161,7 @@ def check_text(label: str, value: Any, example: str, *, required: bool = False,
 @options(ConfigError)
 class SessionOptions:
     """A :class:`~batchjson.Session`'s own settings, refused (``ConfigError``; a bad budget
-    ``InvalidBatch``) before anything is created, spent or recorded."""
+    ``InvalidBatch``) before anything is created."""
 
     strict: Flag
     budget: Annotated[Budget, PlainValidator(Budget.of)]
@@ -177,8 +179,7 @@ class SessionOptions:
 
 
 def check_validator(fn: Any, args: str) -> None:
-    """The validator is called ``validator(item, task)`` (or ``(item, index)``) and says yes or
-    no: a plain or ``async def`` function whose signature takes exactly that."""
+    """A validator callable as ``validator(item, task)`` (or ``(item, index)``)."""
     if fn is None:
         return
     second = "task" if args == "task" else "index"
@@ -198,8 +199,8 @@ def check_validator(fn: Any, args: str) -> None:
 
 
 def check_verdicts(fn: Any, second: str = "task") -> None:
-    """What any validator must be, whatever it is called with (the registry checks this before
-    it records a version): callable, returning a verdict, and kept whole under ``python -O``."""
+    """What any validator must be, however it is called: callable, returning a verdict, and kept
+    whole under ``python -O``."""
     if not callable(fn):
         hint = " (names go by keyword: @validator(name=...))" if isinstance(fn, str) else ""
         raise InvalidBatch(f"validator must be callable, got {type(fn).__qualname__}{hint}")
@@ -208,9 +209,8 @@ def check_verdicts(fn: Any, second: str = "task") -> None:
 
 
 def check_not_generator(fn: Any, second: str = "task") -> None:
-    """A generator (or async generator) function says neither yes nor no: refused as a validator
-    rather than paid for and failed as a ``validator_error``. The function, partial or object's
-    ``__call__`` is what is judged."""
+    """A generator function (or an object whose ``__call__`` is one) says neither yes nor no:
+    refused rather than paid for and failed as a ``validator_error``."""
     try:
         called = [fn] + ([] if inspect.isroutine(fn) else [type(fn).__call__])
         kind = next(("an async generator function" if inspect.isasyncgenfunction(c) else
@@ -229,8 +229,7 @@ def check_not_generator(fn: Any, second: str = "task") -> None:
 
 def check_asserts_kept(fn: Any) -> None:
     """Under ``python -O`` asserts vanish, so an assert-checking validator would accept everything:
-    refused when its own source (nested functions too) holds one. Helpers it calls are not read; a
-    validator without source cannot be seen."""
+    refused when its own source holds one (helpers it calls are not read)."""
     if not sys.flags.optimize:
         return
     try:
@@ -412,9 +411,8 @@ def _short(sub: Any) -> str:
 
 def check_mode(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str], mode: str,
                pack: int, validator: Callable[..., Any] | None, validator_args: str) -> None:
-    """What each mode can judge: ``mode="value"`` sends one prompt per call and requires no
-    identity (a bare value need echo nothing; an object value is held to the task fields it
-    echoes), and ``validator(value, index)`` needs an index."""
+    """What each mode can judge: ``mode="value"`` is one task a call with no identity required,
+    and ``validator(value, index)`` needs an index."""
     if mode == "value" and pack != 1:
         raise InvalidBatch(f"mode='value' sends one prompt per call and judges one bare value, "
                            f"so pack must be 1, got {pack}; use mode='items' to pack tasks")
@@ -432,10 +430,156 @@ def check_mode(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str], mode
                                "validator_args='task'")
 
 
-def check_all(*, tasks: Sequence[Mapping[str, Any]], identity: Sequence[str],
-              schema: ItemSchema, mode: str, validator: Callable[..., Any] | None,
-              validator_args: str, pack: int = 1) -> None:
-    """Every check of a run's content that needs neither the ledger nor a call (the
-    validator's own shape is checked when the RunSpec is made)."""
-    check_mode(tasks, identity, mode, pack, validator, validator_args)
-    check_schema(schema, mode, tasks, identity)
+# The pieces GPT-style tokenizers (cl100k, o200k, Llama 3's) cut text into before any merge, a
+# little coarser, never finer: no token spans two, so their count is a lower bound on the tokens.
+_PIECES = re.compile(r"(?:[^\r\n\w]|_)?[^\W\d_]+(?:'[^\W\d_]{1,2})?|\d{1,3}"
+                     r"| ?(?:[^\s\w]|_)+[\r\n]*|\s*[\r\n]+|\s+")
+_ENVELOPE = '{"items":[]}'
+
+
+def output_tokens_floor(text: str) -> int:
+    """The fewest tokens ``text`` can be: one per piece (see ``_PIECES``); for a tokenizer with
+    other rules (Anthropic's is not published) an estimate, so the ledger's measure counts too."""
+    return sum(1 for _ in _PIECES.finditer(text))
+
+
+def answer_floor(texts: Sequence[str], mode: str) -> int:
+    """The fewest output tokens a return of the smallest answers ``texts`` takes."""
+    return output_tokens_floor(texts[0] if mode == "value"
+                               else '{"items":[' + ",".join(texts) + "]}")
+
+
+def sent_schema(schema: ItemSchema, tasks: Sequence[Any], identity: Sequence[str],
+                mode: str) -> Any:
+    """The JSON Schema a call of ``tasks`` sends: the answer's own, or the items' envelope."""
+    return schema.json_schema if mode == "value" else wire_schema(schema, tasks, identity)
+
+
+def check_fit(provider: Any, ledger: Ledger, name: str, schema: ItemSchema,
+              pending: Sequence[Request], identity: Sequence[str], mode: str) -> list[str]:
+    """The checks over the requests about to be sent, and the provider's notes on how it will
+    send them (an OpenAI provider falling back from strict mode says so)."""
+    if not pending:
+        return []
+    answerable(provider, schema, pending, identity, mode)
+    note = schema_note(provider, schema, pending, identity, mode)
+    cap = declared_output_cap(provider)
+    if cap is not None:
+        # the fewest output tokens per item any accepted return of this batch took (None: none)
+        measured = ledger.store.fewest_output_tokens_per_item(
+            name, 0 if mode == "value" else output_tokens_floor(_ENVELOPE))
+        _pack_fits(cap, measured, schema, pending, identity, mode)
+    return [note] if note else []
+
+
+def schema_note(provider: Any, schema: ItemSchema, pending: Sequence[Request],
+                identity: Sequence[str], mode: str) -> str | None:
+    """The largest pending request's wire schema, as a provider that checks it (OpenAI's strict
+    mode) sees it: refused (ProviderSetupError), or a note for the result."""
+    check = getattr(provider, "check_schema", None)
+    if not callable(check):
+        return None
+    largest = max(pending, key=lambda r: len(r.tasks))
+    return check(sent_schema(schema, largest.tasks, identity, mode), mode)
+
+
+def answerable(provider: Any, schema: ItemSchema, pending: Sequence[Request],
+               identity: Sequence[str], mode: str) -> None:
+    """A provider that answers from the schema (the simulated model, the same answer on every
+    attempt) answers every pending task here; each must pass the schema as acceptance judges it
+    (a pydantic model's validators too), or the run is refused."""
+    check = getattr(provider, "check_answerable", None)
+    if not callable(check) or getattr(provider, "answer", None) is not None:
+        return
+    tasks = list({t["task_id"]: t for r in pending for t in r.tasks}.values())
+    failed: list[tuple[str, str]] = []
+    for n, task in enumerate(tasks):
+        # the first is checked against the JSON Schema there, naming a keyword it fails; the
+        # rest only as acceptance judges them (the schema below), which is enough and cheaper
+        answer = check(sent_schema(schema, [task], identity, mode), mode, task, identity,
+                       verify=n == 0)
+        if mode != "value":
+            declared = schema.declared_fields
+            answer = {k: v for k, v in answer.items()
+                      if k not in identity or declared is None or k in declared}
+        errors = schema.validate(answer, "answer")[1]
+        if errors:
+            failed.append((task["task_id"], errors[0]))
+    if failed:
+        raise ProviderSetupError(_unanswered(schema, failed, len(tasks)))
+
+
+def _unanswered(schema: ItemSchema, failed: Sequence[tuple[str, str]], total: int) -> str:
+    (task_id, error), count = failed[0], f"{len(failed)} of {total} task(s)"
+    fix = ("Give the answers yourself: SimulatedModel(answer=lambda task: {...}); nothing "
+           "was sent")
+    if schema.model is not None:  # the answer met the model's JSON Schema: its code said no
+        return (f"the simulated model's answers to {count} fail the checks of "
+                f"{schema.model.__name__}'s own code (first: task {task_id!r}, {error}). The "
+                "simulated model answers from the JSON Schema and cannot read code such as a "
+                "pydantic validator, and it gives a task the same answer on every attempt, so "
+                f"no repair could help. {fix}")
+    return (f"the simulated model's answers to {count} do not pass the schema (first: task "
+            f"{task_id!r}, {error}), though each was made from the JSON Schema the call "
+            "sends: a part of this schema its generator cannot honour (a $ref to the root is "
+            "one). Simplify that part of the schema, or give the answers yourself: "
+            "SimulatedModel(answer=lambda task: {...}); nothing was sent")
+
+
+def _pack_fits(cap: int, measured: float | None, schema: ItemSchema,
+               pending: Sequence[Request], identity: Sequence[str], mode: str) -> None:
+    largest = max(pending, key=lambda r: len(r.tasks))
+    size = len(largest.tasks)
+    texts = smallest_answers(schema, largest.tasks, identity, mode)
+    need = answer_floor(texts, mode)
+    if mode == "value":
+        envelope, each = 0, need
+    else:  # an item's opening {" joins the comma and closing brace before it: one piece less
+        envelope = output_tokens_floor(_ENVELOPE)
+        each = max(1, max(output_tokens_floor(t) - 1 for t in texts))
+    fits = (cap - envelope) // each
+    why = (f"its smallest schema-valid answer (identity echoes included) is at least {need:,} "
+           f"output tokens")
+    if measured is not None and size * measured + envelope > cap:
+        need = max(need, math.ceil(size * measured + envelope))
+        fits = min(fits, math.floor((cap - envelope) / measured))
+        why = (f"this batch's accepted returns took at least {measured:.1f} output tokens per "
+               f"item, so {size} items need about {need:,}")
+    elif need <= cap:
+        return
+    if fits < 1 or size == 1:
+        raise InvalidBatch(
+            f"a request of even one task cannot fit the provider's max_tokens={cap:,}: {why}. "
+            "Raise max_tokens, or shorten what the schema requires; nothing was sent")
+    raise InvalidBatch(
+        f"pack {size} cannot fit the provider's max_tokens={cap:,}: {why}, so every attempt "
+        f"would be cut off. Use pack {min(fits, size - 1)} or less (pack="
+        f"{min(fits, size - 1)}, --pack {min(fits, size - 1)}), or raise max_tokens; nothing "
+        "was sent")
+
+
+def check_rate_fit(pacer: Pacer, plan: Plan, pending: Sequence[Request], provider: Any) -> None:
+    """Refuse a run whose largest request is more tokens than the limiter lets through in a
+    minute (every try would be a 429), naming the pack that fits: packs are never split to fit
+    the day's limits, or their keys would change from run to run."""
+    limit = pacer.tokens_per_minute
+    if not limit or not pending:
+        return
+    system = system_prompt(plan)
+    caps = {r.key: call_output_cap(provider, plan.answer_chars(r.tasks)) for r in pending}
+    largest, request = max(((request_tokens(system, first_prompt(plan, r), caps[r.key]), r)
+                            for r in pending), key=lambda pair: pair[0])
+    if largest <= limit:
+        return
+    pack = max(len(r.tasks) for r in pending)
+    task_chars = max(len(json.dumps(t, ensure_ascii=False, separators=(",", ":"))) + 1
+                     for r in pending for t in r.tasks)  # its JSON and a comma
+    fixed = largest - len(request.tasks_json) / 4 + 1  # everything but the tasks, and a digit
+    fits = pack_that_fits(limit, fixed, task_chars / 4)
+    advice = (f"pack {fits} task(s) per request (pack={fits})" if 0 < fits < pack else
+              "raise the limit or lower max_tokens: not even one task fits")
+    raise InvalidBatch(
+        f"a request of {len(request.tasks)} task(s) counts {largest:,} tokens against "
+        f"a limit of {limit:,} tokens per minute ({pacer.describe()}; prompt characters / 4 "
+        f"plus max_tokens={caps[request.key] or 0}), so the provider would refuse it on every try; "
+        f"{advice}. Nothing was spent.")

@@ -1,6 +1,5 @@
-"""droste's ``llm_batch_json`` contract over a session: one prompt per call, a bare JSON value.
-
-Core, not a face: it knows nothing of hosts, and builds a :class:`RunSpec` like any face."""
+"""droste's ``llm_batch_json`` contract over a session: one prompt per call, a bare JSON value
+(core, not a face: it knows nothing of hosts, and builds a :class:`RunSpec` like any face)."""
 
 from __future__ import annotations
 
@@ -42,8 +41,7 @@ DROSTE_KEYWORDS = frozenset({"type", "enum", "const", "required", "properties",
 
 
 def check_droste_schema(schema: Any) -> None:
-    """Refuse before spending a schema droste's helper would refuse: not a dict, or a keyword
-    outside droste's subset; :func:`compile_schema` then refuses bad shapes."""
+    """Refuse a schema droste's helper would: not a dict, or a keyword outside its subset."""
     if not isinstance(schema, Mapping):
         raise InvalidBatch(f"schema must be a JSON Schema dict in droste's subset "
                            f"({', '.join(sorted(DROSTE_KEYWORDS))}), got "
@@ -99,12 +97,9 @@ def llm_batch_json(session: Runs, prompts: Sequence[str], schema: Any,
     item_schema = compile_schema(schema, strict_integers=droste)
     if not prompts:  # droste answers no prompts with an empty result, after checking the schema
         return {"values": [], "errors": [], "attempts": [], "repairs_made": 0}
-    tasks = []
-    for index, prompt in enumerate(prompts):
-        task: dict[str, Any] = {"task_id": str(index), "index": index, "prompt": prompt}
-        if contexts is not None:
-            task["context"] = contexts[index]
-        tasks.append(task)
+    tasks = [{"task_id": str(index), "index": index, "prompt": prompt,
+              **({} if contexts is None else {"context": contexts[index]})}
+             for index, prompt in enumerate(prompts)]
     batch, version = name, None
     if batch is None and keyed_by_content:
         registry = session.validators
@@ -128,8 +123,7 @@ def llm_batch_json(session: Runs, prompts: Sequence[str], schema: Any,
 
 def check_call(prompts: Any, contexts: Any, max_repair_attempts: Any, validator: Any,
                name: Any = None) -> None:
-    """The droste contract's own inputs (and a batch name given), refused (in droste's wording
-    where it has one) before anything is recorded."""
+    """The droste contract's own inputs, refused in droste's wording where it has one."""
     check_text("batch name", name, "name='labels'")
     if isinstance(prompts, str) or not isinstance(prompts, Sequence):
         raise InvalidBatch("prompts must be a list of strings")
@@ -150,8 +144,6 @@ def check_call(prompts: Any, contexts: Any, max_repair_attempts: Any, validator:
 
 
 def _check_texts(name: str, texts: Sequence[Any], rule: str, *, none: bool = False) -> None:
-    """Each of ``texts`` is a str (or None where ``none``), refused by index before anything
-    is recorded: bytes or another object would otherwise fail deep inside the run."""
     for index, text in enumerate(texts):
         if not isinstance(text, str) and not (none and text is None):
             fix = (f"; decode it first, e.g. {name}[{index}].decode('utf-8')"
@@ -161,37 +153,21 @@ def _check_texts(name: str, texts: Sequence[Any], rule: str, *, none: bool = Fal
 
 def _droste_shape(result: BatchResult, tasks: list[dict[str, Any]],
                   item_schema: ItemSchema) -> dict[str, Any]:
-    """droste's return: values in prompt order, one error per failed index, calls per prompt."""
     dump = item_schema.dump
     values = [dump(result.values[t["task_id"]]) if t["task_id"] in result.values else None
               for t in tasks]
     attempts = [result.attempts_by_task.get(t["task_id"], 0) for t in tasks]
     errors = []
     for error in result.errors:
-        index = int(error["task_id"])
-        entry = {"index": index, "type": _droste_type(error),
-                 "error": error["message"], "attempts": attempts[index]}
+        index, kind = int(error["task_id"]), error.get("kind")
+        if error["type"] != "provider_error" or not isinstance(kind, str) or not kind:
+            kind = _DROSTE_TYPES.get(error["type"], "validation_error")  # else its source's own
+        entry = {"index": index, "type": kind, "error": error["message"],
+                 "attempts": attempts[index]}
         raw = result.raws.get(str(error.get("request")))  # the result keeps it per request
         if raw is not None and entry["type"] == "validation_error":
             entry["raw"] = raw[:RAW_SHOWN]
         errors.append(entry)
-    errors.sort(key=lambda e: e["index"])
-    return {"values": values, "errors": _one_per_index(errors), "attempts": attempts,
-            "repairs_made": result.repairs_made}
-
-
-def _droste_type(error: dict[str, Any]) -> str:
-    """droste's type for an error: a provider error keeps its source's own type (a droste
-    subcall client's, ``budget_exhausted`` for its BudgetExhausted), as droste reports it."""
-    kind = error.get("kind")
-    if error["type"] == "provider_error" and isinstance(kind, str) and kind:
-        return kind
-    return _DROSTE_TYPES.get(error["type"], "validation_error")
-
-
-def _one_per_index(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """droste reports one error per failed index: keep the last one seen for each."""
-    last: dict[int, dict[str, Any]] = {}
-    for e in errors:
-        last[e["index"]] = e
-    return [last[i] for i in sorted(last)]
+    errors.sort(key=lambda e: e["index"])  # droste reports one per failed index: the last
+    return {"values": values, "errors": list({e["index"]: e for e in errors}.values()),
+            "attempts": attempts, "repairs_made": result.repairs_made}

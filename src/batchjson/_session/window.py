@@ -1,15 +1,13 @@
-"""A run's requests a window at a time, so its memory does not grow with its tasks.
-
-Every step reads requests :data:`WINDOW` at a time from one source (the checked tasks' texts, or the
-ledger's rows for a revision on record): :func:`survey` once before anything is recorded or spent,
-then :class:`Pending` for the calls. What needs every request at once says so where it is."""
+"""A run's requests :data:`WINDOW` at a time (from the checked tasks' texts, or the ledger's rows
+for a revision on record), so its memory does not grow with its tasks: :func:`survey` once before
+anything is recorded or spent, then :class:`Pending` for the calls."""
 
 from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Any
+from itertools import chain
 
 from .._content.tasks import Request, stored_request
 from .._ledger.store import Store
@@ -20,8 +18,6 @@ WINDOW = 1000  # requests looked at together: keyed, read from the ledger, queue
 
 
 def windows(store: Store, plan: RunPlan) -> Iterator[list[Request]]:
-    """The run's requests in order, a window at a time: those of its revision on record, else
-    those its checked tasks pack into, keyed as they are read."""
     if plan.existing is not None:
         for rows in store.leaf_pages(plan.existing.id, WINDOW):
             yield [stored_request(row) for row in rows]
@@ -32,18 +28,16 @@ def windows(store: Store, plan: RunPlan) -> Iterator[list[Request]]:
 
 
 def every_request(store: Store, plan: RunPlan) -> Iterator[Request]:
-    for window in windows(store, plan):
-        yield from window
+    return chain.from_iterable(windows(store, plan))
 
 
 def survey(store: Store, plan: RunPlan, judging: Judging) -> RunPlan:
     """What each request needs, before anything is recorded or spent: accepted already (under
-    any batch), resolved by re-judging an earlier return, or pending (a call must resolve it).
-    The plan with the counts, one mark a request, and the re-judged returns to commit."""
+    any batch), resolved by re-judging an earlier return, or pending (one mark a request)."""
     keys, sourceless = plan.keys, store.has_sourceless_answers()
     marks, sizes = bytearray(), array("L")
     rechecked, broken, owed, sourceless_all = [], [], [], {}
-    requests = pending_count = pending_tasks = 0
+    pending_tasks = 0
     for window in windows(store, plan):
         done = store.accepted_keys([r.key for r in window])
         unanswered = [r for r in window if r.key not in done]
@@ -53,30 +47,22 @@ def survey(store: Store, plan: RunPlan, judging: Judging) -> RunPlan:
             sourceless_all.update(sourceless_of)
             owed += unanswered
         passing = [] if broken else judging.first_passing(earlier_candidates(
-            store, unanswered, seen_of=seen_of(plan, unanswered), sourceless_of=sourceless_of,
-            same_key=bool(plan.blind)), broken)
+            store, unanswered, seen_of={r.key: keys.seen_key(r.tasks_json) for r in unanswered},
+            sourceless_of=sourceless_of, same_key=bool(plan.blind)), broken)
         passed = {request.key for request, _, _ in passing}
         rechecked += passing
         pending = [r.key not in done and r.key not in passed for r in window]
         marks += bytes(pending)
         sizes.append(len(window))
-        requests += len(window)
-        pending_count += sum(pending)
         pending_tasks += sum(len(r.tasks) for r, due in zip(window, pending, strict=True) if due)
-    return replace(plan, requests=requests, pending_tasks=pending_tasks,
-                   pending=Pending(lambda: windows(store, plan), marks, sizes, pending_count,
-                                   store),
+    return replace(plan, requests=sum(sizes), pending_tasks=pending_tasks,
+                   pending=Pending(lambda: windows(store, plan), marks, sizes, sum(marks), store),
                    rechecked=tuple(rechecked), broken=tuple(broken), owed=tuple(owed),
                    sourceless_of=sourceless_all)
 
 
-def seen_of(plan: RunPlan, requests: Any) -> dict[str, str]:
-    return {r.key: plan.keys.seen_key(r.tasks_json) for r in requests}
-
-
 def seen_pairs(store: Store, plan: RunPlan) -> Iterator[tuple[str, str]]:
-    """(request key, what its model saw) of every request, read a window at a time, from the
-    requests' texts alone."""
+    """(request key, what its model saw) of every request, from the requests' texts alone."""
     keys = plan.keys
     if plan.existing is not None:
         yield from stored_seen_pairs(store, plan, plan.existing.id)
@@ -87,17 +73,15 @@ def seen_pairs(store: Store, plan: RunPlan) -> Iterator[tuple[str, str]]:
 
 def stored_seen_pairs(store: Store, plan: RunPlan, revision_id: int, *,
                       halves: bool = False) -> Iterator[tuple[str, str]]:
-    """:func:`seen_pairs` of a revision on record, a page at a time (``halves``: only the
-    requests a split made)."""
+    """:func:`seen_pairs` of a revision on record (``halves``: only those a split made)."""
     for rows in store.leaf_pages(revision_id, WINDOW):
         yield from ((row["key"], plan.keys.seen_key(row["tasks"])) for row in rows
                     if row["parent_key"] or not halves)
 
 
 class Pending:
-    """The requests a call must resolve, as the survey found them, read again a window at a time on
-    each iteration; ``len`` reads nothing. A ledger window that changed size since the survey
-    (another runner split a request) is taken as it is now."""
+    """The requests a call must resolve, read again a window at a time on each iteration; a
+    ledger window that changed size since the survey (another runner split one) is taken as is."""
 
     def __init__(self, source: Callable[[], Iterator[list[Request]]], marks: bytearray,
                  sizes: array, count: int, store: Store) -> None:
@@ -107,12 +91,8 @@ class Pending:
     def __len__(self) -> int:
         return self._count
 
-    def __bool__(self) -> bool:
-        return self._count > 0
-
     def __iter__(self) -> Iterator[Request]:
-        for window in self.windows():
-            yield from window
+        return chain.from_iterable(self.windows())
 
     def windows(self) -> Iterator[list[Request]]:
         start = 0
