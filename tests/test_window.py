@@ -121,6 +121,26 @@ def test_a_duplicate_id_is_refused_by_its_positions_even_when_every_hash_collide
                                      tasks_module.normalize_identity(None), pack=4)
 
 
+def test_ids_alike_in_their_kept_hash_bits_are_told_apart_by_the_ids(monkeypatch):
+    """An id is kept as 48 bits of its hash (a bucket by the top 16, the low 32 stored): ids alike
+    there but not in the bits between are no duplicates, and a true repeat is still named."""
+    tasks = review_tasks(30)
+    number = {t["task_id"]: n for n, t in enumerate(tasks)}
+    monkeypatch.setattr(tasks_module, "hash", lambda text: (number.get(text, 99) << 32) | 7,
+                        raising=False)
+    ids = tasks_module.TaskIds()
+    ids.update(number)
+    assert [list(bucket) for bucket in ids._buckets.values()] == [[7] * 30]  # all alike
+    ids.refuse_repeats(number)
+    held, _ = tasks_module.normalize_tasks(iter(tasks), tasks_module.normalize_identity(None),
+                                           pack=4)
+    assert list(held) == tasks
+    with pytest.raises(InvalidBatch, match=r"duplicate task_id .*-candidate-132' \(tasks #5 "
+                                           r"and #30\)"):
+        tasks_module.normalize_tasks(iter([*tasks, tasks[5]]),
+                                     tasks_module.normalize_identity(None), pack=4)
+
+
 def test_whichever_comes_first_of_a_duplicate_and_a_bad_task_is_named():
     tasks = review_tasks(6)
     bad = dict(tasks[5], prompt=5)
