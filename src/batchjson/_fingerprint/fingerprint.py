@@ -1,6 +1,5 @@
-"""Content fingerprints for validators, answer sources and data: by *content*, the same in any
-process, never by object identity (docs/design.md, "Why content keys"); what cannot be seen is
-said (``by_identity``, ``unseen``)."""
+"""Content fingerprints of validators, answer sources and data: the same in any process, never
+by object identity (docs/design.md, "Why content keys")."""
 
 from __future__ import annotations
 
@@ -27,13 +26,9 @@ _digest = canon.digest
 
 @dataclass(frozen=True)
 class Fingerprint:
-    """Content identity of a callable: equal digests mean interchangeable code.
-
-    ``by_identity`` lists values compared by object identity (kept alive, so their ids are not
-    reused), which makes the digest valid in this process only (not ``stable``); ``unseen`` lists
-    what the code reads out of any fingerprint's sight (``globals()``, ``eval``), which makes it
-    ``partial``: equal digests may then hide different behaviour.
-    """
+    """Content identity of a callable: equal digests mean interchangeable code, unless it is
+    not ``stable`` (``by_identity`` values, kept alive, are valid in this process only) or is
+    ``partial`` (``unseen``: what the code reads out of sight, ``globals()``, ``eval``)."""
 
     digest: str
     by_identity: tuple[str, ...] = ()
@@ -44,12 +39,10 @@ class Fingerprint:
 
     @property
     def stable(self) -> bool:
-        """True when the digest means the same thing in every process."""
         return not self.by_identity
 
     @property
     def partial(self) -> bool:
-        """True when part of what the code reads could not be seen at all."""
         return bool(self.unseen)
 
     @property
@@ -98,37 +91,31 @@ def _fingerprint(obj: Any, policy: Policy) -> Fingerprint:
 
 
 def fingerprint_function(fn: Callable[..., Any]) -> Fingerprint:
-    """Content fingerprint of a validator: everything that decides what it accepts
-    (docs/design.md, "Why content keys", lists it). The same function defined in another cell,
-    file, line or process gets the same digest.
-    """
+    """A validator's fingerprint: everything that decides what it accepts (docs/design.md, "Why
+    content keys"), the same wherever and whenever the function is defined."""
     if not callable(fn):
         raise TypeError(f"expected a callable, got {type(fn).__qualname__}")
     return _fingerprint(fn, JUDGING)
 
 
 def fingerprint_callable(obj: Any) -> Fingerprint:
-    """Key of an answer source (a provider's answer function, a subcall object): its code and the
-    immutable values it reads, its objects' configuration included (``self.model``), never mutable
-    state or what the code assigns while serving calls (``self.calls += 1``), so a stub that counts
-    its calls keeps one key. Digests never equal a :func:`fingerprint_function` digest."""
+    """An answer source's key: its code and the immutable values and configuration it reads
+    (``self.model``), never what it assigns while serving calls (``self.calls += 1``). Digests
+    never equal a :func:`fingerprint_function` digest."""
     return _fingerprint(obj, SOURCE)
 
 
 def model_fingerprint(model: type[BaseModel], json_schema: dict[str, Any],
                       fp: Fingerprint | None = None) -> str:
-    """Fingerprint of a pydantic answer schema: the JSON schema the model is shown plus the
-    whole class (validators, Annotated constraints, nested models, config); ``fp`` is the
-    class's :func:`fingerprint_function`, if already made."""
+    """A pydantic answer schema's fingerprint: the JSON schema shown plus the whole class
+    (``fp``: its :func:`fingerprint_function`, if already made)."""
     fp = fp or fingerprint_function(model)
     return _digest("batchjson:model:1", [f"{model.__module__}.{model.__qualname__}",
                                          canonical_json(json_schema), fp.digest])
 
 
-# -- what changed between two fingerprints, in words a notebook user can act on ------------
-# A fingerprint keeps its top-level parts (``global:Check``) and, a few levels down, the parts of
-# what they reference (``global:Check>attr:_limit``), so a message can say "global Check:
-# attribute _limit changed" instead of only "global Check changed".
+# -- what changed between two fingerprints: "global Check: attribute _limit changed", from the
+# parts a few levels down (``global:Check>attr:_limit``) a fingerprint keeps beside its own
 _SUBJECTS = {"code": "code", "defaults": "default arguments",
              "kwdefaults": "keyword-only defaults", "self": "bound instance",
              "instance": "instance state", "type": "class", "schema": "model schema",

@@ -1,10 +1,7 @@
-"""One fingerprint computation: the walk over a callable or value and what it reaches.
-
-A :class:`Walker` turns an object into a :class:`Node` (digest, named parts, paths compared by
-identity, what the code reads out of sight), with the cycle guard, memo tables and fallbacks that
-make fingerprinting total. What it counts is its :class:`Policy`'s (docs/design.md, "one walk, two
-policies"); under both, a container the code itself fills while running counts by its type alone,
-or its growth would make every run a new validator (``ValidatorChanged`` forever when strict)."""
+"""One fingerprint computation: a :class:`Walker` turns a callable or value into a :class:`Node`,
+total thanks to its cycle guard, memo tables and identity fallbacks, counting what its
+:class:`Policy` says (docs/design.md, "one walk, two policies"). Under both, a container the code
+fills while running counts by its type alone, or every run would be a new validator."""
 
 from __future__ import annotations
 
@@ -88,21 +85,9 @@ def state_digest(value: Any) -> str | None:
         value, _CONTAINERS) else None
 
 
-def self_state(call: Any) -> frozenset[str]:
-    """Attributes a callable instance's ``__call__`` changes on itself while judging."""
-    return _changed_attrs([call]) if isinstance(call, types.FunctionType) else frozenset()
-
-
-def class_state(cls: type, judging: frozenset[str]) -> frozenset[str]:
-    """Class attributes that the methods named in ``judging`` (a pydantic model's validators,
-    which run while judging) change in place (``cls.seen.append``): a log kept on the class,
-    not its configuration. Other methods changing them (``allow(cls, label)``) are setup."""
-    return _changed_attrs(_methods(cls, judging))
-
-
 def writes_of(value: Any) -> frozenset[str]:
-    """Attribute names a function, or a class's methods, assign outside construction: the
-    state it mutates while serving calls (``self.calls += 1``), not its configuration."""
+    """Attributes a function, or a class's methods, assign outside construction: state kept
+    while serving calls (``self.calls += 1``), not configuration."""
     if isinstance(value, types.FunctionType):
         return frozenset() if value.__name__ in CONSTRUCTION else scan(
             value.__code__).written_attrs
@@ -111,7 +96,9 @@ def writes_of(value: Any) -> frozenset[str]:
     return frozenset()
 
 
-def _changed_attrs(functions: Iterable[types.FunctionType]) -> frozenset[str]:
+def changed_attrs(functions: Iterable[types.FunctionType]) -> frozenset[str]:
+    """Attributes the functions change in place on their first argument: a log kept on the
+    instance (``self.log.append``), or on a model's class by its validators."""
     return frozenset(name for fn in functions for kind, name in scan(fn.__code__).mutated
                      if kind == "a")
 
@@ -429,8 +416,8 @@ class Walker:
                 parts.append((label, self.ref(base, label)))
         members = sorted(vars(cls).items(), key=itemgetter(0))
         self._note_writes(cls)
-        # a log its validators fill while judging is state, not content
-        kept = class_state(cls, frozenset(decorators)) if model else ()
+        # a log its validators fill while judging is state; other methods' changes are setup
+        kept = changed_attrs(_methods(cls, frozenset(decorators))) if model else ()
         for name, value in members:
             if name in _BOOKKEEPING or (model and name.startswith("__pydantic")):
                 continue
@@ -470,7 +457,8 @@ class Walker:
             if content is not None:
                 own.append((kind, self.ref(content, kind)))
         elif self.policy.instance == "state":  # what judging changes (self.log) by type
-            own.append(("instance", self._state(obj, self_state(call))))
+            calls = [call] if isinstance(call, types.FunctionType) else []
+            own.append(("instance", self._state(obj, changed_attrs(calls))))
         elif not self._class_facts(cls)[1]:  # a source's own object: its configuration only
             own.append(("config", self._config(obj)))
         return _merge(inner, own)
