@@ -22,9 +22,8 @@ from .strictjson import nesting
 
 TASKS_BEGIN = "<<<BATCHJSON_TASKS"
 TASKS_END = "BATCHJSON_TASKS>>>"
-# How deep a task's JSON may nest (the task itself is one level): its request is copied, keyed
-# and stored by recursive code (json) on other threads' stacks, so encoding it once here proves
-# nothing; the bound leaves room under Python's default recursion limit of 1000 for any of them.
+# How deep a task's JSON may nest (the task is one level): recursive code (json) copies, keys and
+# stores it on other threads' stacks; this leaves room under the default recursion limit of 1000.
 MAX_TASK_DEPTH = 768
 
 
@@ -42,11 +41,10 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
                     identity: Sequence[str], hasher: Any = None, pack: int | None = None,
                     on_read: Callable[[int], Any] | None = None,
                     ) -> tuple[Sequence[dict], Sequence[str]]:
-    """Check every task before anything is spent, naming the first bad one and the fix. ``tasks``
-    is a list, any iterable (read once) or a JSON Lines file's path. Returns the tasks in the
+    """Check every task before anything is spent, naming the first bad one and the fix. ``tasks``:
+    a list, any iterable (read once) or a JSON Lines file's path. Returns the tasks in the
     ledger's form and their canonical JSON texts (one per ``pack`` tasks), each task held once, as
-    text, never as the caller's object; ``hasher`` is fed a file's bytes as they are read, and
-    ``on_read(1)`` is told of each task checked (a streamed input's progress)."""
+    text; ``hasher`` is fed a file's bytes, ``on_read(1)`` told of each task checked."""
     identity = normalize_identity(identity)
     keep = is_task_file(tasks) and not pack  # a file's tasks are JSON already: kept as read
     ids = TaskIds()
@@ -134,10 +132,8 @@ class TaskIds:
 def _take(chunk: Chunk, ids: TaskIds, identity: Identity, out: list[dict], texts: Any,
           pack: int | None) -> int:
     """A chunk checked (valid UTF-8, not too deep, explicit identity values scalars) into the
-    run's texts: its requests' texts with ``pack`` (a chunk holds whole requests, but for the
-    last one), else its tasks' texts and their JSON form, as the ledger holds them (what
-    acceptance compares to). It is read back only where needed: a chunk whose only brackets are
-    its tasks' own holds no list or object to refuse."""
+    run's texts: its requests' texts with ``pack``, else its tasks' texts and their JSON form (what
+    acceptance compares to). Read back only when it holds a list or object to refuse."""
     joined = "[" + ",".join(chunk.texts) + "]"
     brackets = joined.count("[") + joined.count("{")
     _check_encoded(joined, brackets, chunk.texts, chunk.ids)
@@ -167,7 +163,7 @@ def _read_back(joined: str, chunk: Chunk) -> list[dict]:
 
 def _task_text(position: int, task: Any, identity: Identity) -> str:
     """One task checked (a mapping with a task_id, a string prompt, its identity fields), as
-    canonical JSON (its task_id's uniqueness is the caller's check)."""
+    canonical JSON; its task_id's uniqueness is the caller's check."""
     if type(task) is not dict and not isinstance(task, Mapping):
         raise InvalidBatch(f"task #{position} is a {type(task).__name__}, not a mapping; "
                            "each task must be a dict with task_id and prompt")
@@ -202,9 +198,8 @@ def _task_text(position: int, task: Any, identity: Identity) -> str:
 
 
 def _refuse_containers(tasks: Iterable[Mapping[str, Any]], identity: Identity) -> None:
-    """Explicit identity values are plain JSON scalars, compared exactly: a dict (int keys become
-    strings) or a list could never be echoed back equal. Read from the tasks' JSON form, so an
-    enum member or a str subclass is held, and compared, as the scalar it encoded to."""
+    """Explicit identity values are JSON scalars, compared exactly (a dict or a list could never
+    be echoed back equal), read from the tasks' JSON form (an enum member as its scalar)."""
     for task in tasks:
         for name in identity:
             value = task[name]
@@ -251,7 +246,7 @@ ECHOED = "+echoed"  # an Identity's key part when echoed task fields are compare
 class Identity(tuple):
     """The identity fields every item must echo unchanged (``task_id`` first); with ``echo`` (the
     default identity) an item is also held to every other task field it returns (docs/design.md,
-    "Which fields are compared"). A tuple, so prompts and wire schemas see only these fields."""
+    "Which fields are compared")."""
 
     echo: bool
 
@@ -268,8 +263,7 @@ class Identity(tuple):
 
 def parse_identity(text: str, option: str | None = None) -> tuple[str, ...]:
     """``"task_id,case_id"`` -> its field names. An empty name and a name with whitespace inside
-    (spaces where commas were meant) are typos, refused alike in the API and the magic; the
-    message shows the spelling to use, as ``option`` (``--identity``) when given."""
+    are typos, refused showing the spelling to use (as ``option``, ``--identity``, when given)."""
     parts = tuple(part.strip() for part in text.split(","))
     said = f"{option or 'identity'} {text!r}"
     if any(len(part.split()) > 1 for part in parts):
@@ -309,10 +303,8 @@ def normalize_identity(identity: Sequence[str] | str | None) -> Identity:
 
 @dataclass(frozen=True)
 class Request:
-    """One unit of evidence: a fixed group of tasks sent together, keyed by its content. The
-    request key, the ledger row and the prompt's task block are all built from one text,
-    ``tasks_json``, the tasks' canonical JSON array, computed once.
-    """
+    """One unit of evidence: a fixed group of tasks sent together, keyed by its content. Key,
+    ledger row and prompt are built from one text, ``tasks_json``, computed once."""
 
     key: str
     tasks: Sequence[dict]  # a tuple, or a RequestTasks decoding ``tasks_json`` when read
@@ -326,8 +318,7 @@ class Request:
 
     @cached_property
     def task_ids(self) -> tuple[str, ...]:
-        """Its tasks' ids, read when first asked for (a run that only keys a request, to learn
-        whether the ledger holds it, never decodes its tasks)."""
+        """Its tasks' ids, read when first asked for: keying a request never decodes its tasks."""
         return tuple(t["task_id"] for t in self.tasks)
 
     @cached_property
@@ -336,17 +327,15 @@ class Request:
 
 
 def stored_request(row: Any) -> Request:
-    """A request as the ledger's ``requests`` row holds it (key, tasks, task_ids, position,
-    parent_key), its tasks decoded from the row's text when read (a key names its content)."""
+    """A request as the ledger's ``requests`` row holds it, its tasks decoded when read."""
     return Request(row["key"], RequestTasks(row["tasks"], len(json.loads(row["task_ids"]))),
                    row["position"], row["parent_key"], tasks_json=row["tasks"])
 
 
 def render_items_prompt(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str],
                         instructions: str | None, tasks_json: str | None = None) -> str:
-    """The user message for a packed request; tasks travel as one JSON block (``tasks_json``, the
-    canonical JSON a Request carries, when given).
-    """
+    """The user message for a packed request; tasks travel as one JSON block (``tasks_json``, a
+    Request's canonical JSON, when given)."""
     lines = []
     if instructions:
         lines += [instructions.strip(), ""]
@@ -362,8 +351,8 @@ def render_items_prompt(tasks: Sequence[Mapping[str, Any]], identity: Sequence[s
 
 
 def shared_head(instructions: str | None) -> str:
-    """The head every packed prompt of a batch starts with (its instructions), byte for byte:
-    what a provider's prompt cache can hold. Empty without instructions."""
+    """The instructions every packed prompt of a batch starts with, byte for byte (what a
+    provider's prompt cache can hold)."""
     return f"{instructions.strip()}\n\n" if instructions and instructions.strip() else ""
 
 
