@@ -1,7 +1,6 @@
 """The one bridge from sync code to async: a background event loop, one per Session and one shared
-(:func:`run_sync`) by code with no session at hand. Jupyter runs cells inside a live loop, where a
-nested ``asyncio.run`` fails, and a loop per run would throw away the providers' connection pools
-(docs/design.md, "One event loop per Session")."""
+(:func:`run_sync`). Jupyter's live loop forbids a nested ``asyncio.run``, and a loop per run would
+throw away the providers' connection pools (docs/design.md, "One event loop per Session")."""
 
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ from ._errors import InvalidBatch
 
 T = TypeVar("T")
 
-# Blocking providers run in the loop's executor; the stdlib default (cpu + 4 threads) would
-# cap a 2-core machine at 6 calls in flight.
+# Blocking providers run in the loop's executor: the default (cpu + 4) caps 2 cores at 6 calls.
 EXECUTOR_THREADS = 64
 
 
@@ -48,23 +46,18 @@ class BackgroundLoop:
                     try:
                         loop.run_forever()
                         return  # stopped by close()
-                    except (KeyboardInterrupt, SystemExit):
-                        # Raised inside a task (a provider, say): asyncio re-raises it out of
-                        # the loop after storing it on the task, whose waiter takes it from there.
+                    except (KeyboardInterrupt, SystemExit):  # raised in a task: stored on it
                         continue
 
             thread = threading.Thread(target=serve, name=self._name, daemon=True)
-            # Kept before the waits: a Ctrl-C landing in them leaves no loop nobody can close.
             self._loop, self._thread = loop, thread
             thread.start()
             ready.wait()
             return loop
 
     def run(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
-        """Run ``make()`` on the background loop and wait for it from this (sync) thread; a
-        KeyboardInterrupt while waiting cancels the task and waits for it to unwind, so
-        in-flight receipts are closed before the interrupt propagates.
-        """
+        """Run ``make()`` on the background loop and wait for it; a KeyboardInterrupt cancels
+        the task and waits for it to unwind, so in-flight receipts are closed first."""
         if self._thread is not None and threading.current_thread() is self._thread:
             raise InvalidBatch("a batch cannot be run from inside a provider or validator of "
                                "the same session (its event loop would wait on itself)")
@@ -86,14 +79,9 @@ class BackgroundLoop:
             else:
                 done.set()
 
-        try:
-            # The hand-off is inside the try: the loop thread may start the run and send its
-            # calls before this thread returns from handing it over, and a Ctrl-C landing then
-            # must cancel the run like any other.
+        try:  # the hand-off too: the run may start, and be interrupted, before it returns
             loop.call_soon_threadsafe(start)
-            # A timed wait, so that a simulated interrupt (and Jupyter's SIGINT) is seen while
-            # waiting; it returns the moment the run is done.
-            while not done.wait(0.05):
+            while not done.wait(0.05):  # timed, so that Jupyter's SIGINT is seen
                 pass
         except KeyboardInterrupt:
             loop.call_soon_threadsafe(stop)  # runs after start() if start() was queued
@@ -135,6 +123,5 @@ _SHARED = BackgroundLoop("batchjson-sync")
 
 
 def run_sync(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run ``make()`` from sync code with no session at hand (judging an import, cancelling a
-    job): on one shared background loop, so a caller's running loop (Jupyter) is no matter."""
+    """Run ``make()`` from sync code with no session at hand, on one shared background loop."""
     return _SHARED.run(make)
