@@ -24,9 +24,6 @@ from pydantic import BaseModel
 
 from ._errors import BatchJsonError
 
-__all__ = ["BUILTIN_CALLABLES", "Canon", "SCALARS", "Unhashable", "VALUE_TYPES", "canonical_json",
-           "content_hash", "digest", "dump", "qualname", "show_as"]
-
 # marshal format 2 writes no back-references, so its bytes depend on values, never on sharing.
 _MARSHAL = 2
 SCALARS = frozenset({str, int, float, bool, type(None), bytes})

@@ -1,9 +1,6 @@
-"""Installed code and well-known library objects, as fingerprints see them. Code under the
-interpreter's stdlib and site-packages goes by name; everything else (``__main__``, a notebook, a
-helper module, an editable install) is the user's and goes by content, so reloading an edited
-helper is seen. Some library objects have a better content than their ``__dict__`` (a
-TypeAdapter's core schema), some none that decides anything (a Logger is its name).
-"""
+"""Installed code and well-known library objects, as fingerprints see them: code under the stdlib
+and site-packages goes by name, the user's (a notebook, a helper module, an editable install) by
+content; some library objects have a better content than their ``__dict__`` (a Logger's name)."""
 
 from __future__ import annotations
 
@@ -23,9 +20,6 @@ import types
 from typing import Any
 
 from .._canon import SCALARS, VALUE_TYPES
-
-__all__ = ["BY_TYPE", "declares_state", "is_library_module", "is_plain", "is_plain_data",
-           "model_content", "normalized_core_schema", "slots_of", "special_content"]
 
 
 def _roots() -> tuple[str, ...]:
@@ -106,10 +100,8 @@ _DECORATOR_GROUPS = ("validators", "field_validators", "root_validators", "field
 
 
 def model_content(cls: Any) -> tuple[Any, list[tuple[str, Any]], frozenset[str]]:
-    """What decides a pydantic model's validation: its normalized core schema (fields,
-    Annotated constraints and validators, nested models, config; None while forward references
-    are unresolved), its private attributes' defaults, and the names of its decorated
-    validators and serializers."""
+    """What decides a pydantic model's validation: its normalized core schema (None while forward
+    references are unresolved), its private attributes' defaults, its decorators' names."""
     try:
         if not getattr(cls, "__pydantic_complete__", True):
             cls.model_rebuild(raise_errors=False)
@@ -128,8 +120,8 @@ def model_content(cls: Any) -> tuple[Any, list[tuple[str, Any]], frozenset[str]]
 
 
 def normalized_core_schema(schema: Any) -> Any:
-    """A pydantic core schema without what differs between equal models: JSON-schema-only
-    ``metadata``, and ``ref`` names that embed ``id()`` (numbered in walk order instead)."""
+    """A pydantic core schema without ``metadata`` and with ``ref`` names (which embed ``id()``)
+    numbered in walk order: equal for equal models."""
     refs: dict[str, int] = {}
 
     def walk(x: Any) -> Any:
