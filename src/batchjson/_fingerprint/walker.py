@@ -61,8 +61,7 @@ class Policy:
     immutable_only: bool  # a mutable value counts by its type alone
     leaves_out_assigned: bool  # names and attributes the code assigns while serving calls
     reads_outside: bool  # files read count by content; environment and library reads are unseen
-    # an object counts by its "state" (all of it), or by its "config" (the attributes the
-    # user's own object was set up with; none of an installed library's object)
+    # an object counts by its "state", or its "config" (a user's object's setup; a library's none)
     instance: Literal["state", "config"]
 
 
@@ -104,8 +103,7 @@ def changed_attrs(functions: Iterable[types.FunctionType]) -> frozenset[str]:
 
 
 def _methods(cls: type, only: frozenset[str] | None = None) -> Iterator[types.FunctionType]:
-    """The functions of ``cls``'s own methods outside construction (``only``: those named,
-    under pydantic's decorator proxy)."""
+    """``cls``'s own methods but construction (``only``: those named, under pydantic's proxy)."""
     for name, member in vars(cls).items():
         if name in CONSTRUCTION or (only is not None and name not in only):
             continue
@@ -352,8 +350,8 @@ class Walker:
         return parts
 
     def _held(self, kind: str, name: str, value: Any, facts: CodeFacts) -> tuple[str, str]:
-        """A global or closure cell: left out when the policy leaves out what the code
-        assigns, by type when the code fills it in place, else by content."""
+        """A global or closure cell: left out if assigned (by policy), by type if filled, else
+        by content."""
         label = f"{_ROOTS[kind]}:{name}"
         if self.policy.leaves_out_assigned and name in (
                 facts.written_globals if kind == "g" else facts.written_cells):
@@ -362,8 +360,7 @@ class Walker:
         return label, held or self.ref(value, label)
 
     def _note_writes(self, value: Any) -> None:
-        """Attributes a function or class assigns while serving calls, for the policy that
-        leaves them out wherever they are read (``Stub.calls``, ``self.calls``)."""
+        """Note what a function or class assigns serving calls, for a policy leaving it out."""
         if self.policy.leaves_out_assigned:
             self.written_attrs |= writes_of(value)
 
@@ -433,8 +430,7 @@ class Walker:
         return parts
 
     def _class_facts(self, cls: type) -> tuple[str, bool, bool, tuple[str, ...]]:
-        """Per walk and class: its digest, whether it is installed code, whether any base is,
-        and its slots (a list of 10,000 instances asks once)."""
+        """Per walk and class: its digest, whether it or any base is installed code, its slots."""
         facts = self.classes.get(cls)
         if facts is None:
             importable = self._importable(cls)
@@ -464,8 +460,7 @@ class Walker:
         return _merge(inner, own)
 
     def _config(self, obj: Any) -> str:
-        """A source object's attributes minus those its code assigns while serving calls
-        (counters, logs); mutable values count by type only (canon's immutable_only)."""
+        """A source object's attributes but those it assigns serving calls (counters, logs)."""
         state = _attributes(obj, self._class_facts(type(obj))[3])
         kept = tuple(sorted((k, v) for k, v in state.items()  # a tuple: its values count
                             if k.removeprefix("slot:") not in self.written_attrs))
@@ -484,9 +479,8 @@ class Walker:
             if not library_base:
                 return self.ref(state, "instance")  # a library base may hold C-level state:
         elif not declares_state(cls):  # pickling would save it, below
-            # a library object that does not say what its state is: its __dict__ if that is
-            # plain data (string.Template), else it is compared as itself; walking a client's
-            # pools and caches would give a new digest after every use
+            # a library object silent on its state: its __dict__ if plain data, else itself (a
+            # client's pools and caches would give a new digest after every use)
             plain = dict(getattr(obj, "__dict__", None) or {})
             python_level = hasattr(obj, "__dict__")  # else its state lives in C, out of sight
             for klass in cls.__mro__:
