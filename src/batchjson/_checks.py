@@ -96,8 +96,7 @@ def seconds(name: str, value: Any, error: type[BatchJsonError] = InvalidBatch) -
 
 
 def whole_argument(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
-    """An argparse ``type=`` for a whole number >= ``minimum`` (and <= ``maximum``): a refusal is
-    a usage error, never a traceback."""
+    """An argparse ``type=`` for a whole number from ``minimum`` (to ``maximum``)."""
     bound = f"from {minimum} to {maximum}" if maximum is not None else f">= {minimum}"
 
     def parse(text: str) -> int:

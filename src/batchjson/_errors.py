@@ -61,8 +61,7 @@ class ProviderNotConfigured(ConfigError):
 
 
 class ProviderSetupError(ConfigError):
-    """A provider was chosen but cannot work as configured (no key, no model, a bad URL or
-    setting); the message names the setting and the fix, and never echoes a secret."""
+    """A provider cannot work as configured (no key, a bad URL): names the setting and the fix."""
 
 
 class BudgetExceeded(BatchJsonError):
@@ -145,8 +144,7 @@ class SubcallClientError(ProviderError, RuntimeError):
 
 
 class NotReady(BatchJsonError):
-    """``answer["ready"] = True`` was refused: structured requests (``owed``, as
-    ``finalization_check()`` listed them) are still unresolved."""
+    """``answer["ready"] = True`` was refused: structured requests (``owed``) are unresolved."""
 
     def __init__(self, owed: list[dict[str, Any]]) -> None:
         self.owed = owed

@@ -21,8 +21,7 @@ def money(cost: float | None) -> str:
 
 
 def usd(amount: float) -> str:
-    """Dollars as a budget message shows them: cents from $1, else :func:`money`'s digits
-    without trailing zeros."""
+    """Dollars in a budget message: cents from $1, else :func:`money`'s without trailing 0s."""
     if amount >= 1:
         return f"${amount:,.2f}"
     if amount <= 0:

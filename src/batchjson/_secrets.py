@@ -58,8 +58,7 @@ def key_digest(value: str | None) -> str:
 
 
 def keys_masked(text: str) -> str:
-    """``text`` with each vendor-prefixed key masked wherever it stands, whole or as a provider
-    echoes it (``sk-VKMIs***...wjh3``)."""
+    """``text`` with each vendor-prefixed key masked, whole or echoed (``sk-VKMIs***...wjh3``)."""
     return _KEY_FRAGMENT.sub(REDACTED, text)
 
 
@@ -70,8 +69,7 @@ def provider_text_masked(text: str) -> str:
 
 
 def shown_value(text: str) -> str:
-    """A name the user typed, for a message: as written (a typo must be seen), or masked if it
-    is shaped like a key."""
+    """A name the user typed, for a message: as written (typos show), masked if key-shaped."""
     return masked(text) if looks_like_key(text) else repr(text)
 
 
@@ -87,8 +85,7 @@ def shown_name(value: Any) -> Any:
 
 
 def check_name(value: str | None, what: str, fix: str) -> str | None:
-    """Refuse a key-shaped ``what`` (``model``) at construction, before a repr, a request or the
-    ledger has it."""
+    """Refuse a key-shaped ``what`` (``model``) before a repr, a request or the ledger has it."""
     if value is None:
         return None
     if not isinstance(value, str):

@@ -71,8 +71,7 @@ FRAMES_SHOWN, TRACEBACK_CHARS = 8, 2000
 
 
 def validator_frames(exc: BaseException) -> str:
-    """The innermost ``FRAMES_SHOWN`` frames of ``exc`` in the caller's code (not batchjson's):
-    file, line and source line each, keys masked."""
+    """The innermost ``FRAMES_SHOWN`` frames of ``exc`` in the caller's code, keys masked."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
               if not os.path.realpath(f.filename).startswith(_OWN_CODE)]
     hidden = max(0, len(frames) - FRAMES_SHOWN)

@@ -31,8 +31,7 @@ _ESCAPED = 6  # the most one character of a string takes in JSON: a control char
 
 def smallest_answers(schema: ItemSchema, tasks: Sequence[Mapping[str, Any]],
                      identity: Sequence[str], mode: str) -> list[str]:
-    """The smallest answer each task can get, as compact JSON: the schema's least (weighed once),
-    with the task's identity values first."""
+    """The smallest answer each task can get, as compact JSON, its identity values first."""
     least = _least(schema.json_schema, schema.json_schema, 0)
     if mode == "value":
         return [_compact(least)] * len(tasks)
@@ -71,8 +70,7 @@ def _size(value: Any) -> int:
 
 
 def _joined(node: Mapping[str, Any], root: Any) -> list[Any]:
-    """``node`` less ``$ref`` and ``allOf``, then the ref's target and the members (a value must
-    meet them all); [] for neither."""
+    """``node`` less ``$ref`` and ``allOf``, then the ref's target and the members: all to meet."""
     ref, members = node.get("$ref"), node.get("allOf")
     if not isinstance(ref, str) and not isinstance(members, list):
         return []
@@ -193,7 +191,9 @@ def _most(node: Any, root: Any, depth: int) -> int | None:
     if depth > _DEPTH or not isinstance(node, Mapping):
         return None
     if joined := _joined(node, root):
-        return _least_known(_most(part, root, depth + 1) for part in joined)
+        # a value meeting every part takes no more than the smallest limit among them
+        known = [size for part in joined if (size := _most(part, root, depth + 1)) is not None]
+        return min(known, default=None)
     if "const" in node:
         return _size(node["const"])
     if isinstance(node.get("enum"), list) and node["enum"]:
@@ -203,12 +203,6 @@ def _most(node: Any, root: Any, depth: int) -> int | None:
     kinds = _kinds(node)
     return _most_known(_most_of_kind(kind, node, root, depth) for kind in kinds) if kinds \
         else None
-
-
-def _least_known(sizes: Any) -> int | None:
-    """A value meeting every part takes no more than the smallest limit among them."""
-    known = [size for size in sizes if size is not None]
-    return min(known) if known else None
 
 
 def _most_known(sizes: Any) -> int | None:

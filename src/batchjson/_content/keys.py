@@ -31,8 +31,7 @@ SOURCELESS_COMPONENTS = ("schema", "validator", "instructions", "identity", "mod
 
 
 def _key_content(components: Mapping[str, str]) -> dict[str, str]:
-    """The part of a revision's components that keys its requests (without an answer source:
-    :data:`SOURCELESS_COMPONENTS`, the identity fields alone)."""
+    """The part of a revision's components that keys its requests (sourceless, if no source)."""
     if "source" in components:
         return {k: components[k] for k in KEY_COMPONENTS if k in components}
     out = {k: components[k] for k in SOURCELESS_COMPONENTS if k in components}
@@ -87,8 +86,7 @@ class Keys:
     def compose(cls, task_list: Sequence[Mapping[str, Any]], schema: Any, validator: str,
                 pack: int, instructions: str | None, identity: Identity, mode: str,
                 source: str | None, digest: str | None = None) -> Keys:
-        """The keys of a run, or of an import (``source`` None); ``digest``: the tasks' digest
-        when already known (a tasks file seen before)."""
+        """The keys of a run, or of an import (``source`` None); ``digest``: the tasks'."""
         components = {
             "tasks": digest or tasks_digest(task_list),
             "schema": schema.fingerprint, "validator": validator, "pack": str(pack),

@@ -76,7 +76,6 @@ class PackedTasks(SequenceView):
             yield from (tasks[start % self.pack:] if n == 0 else tasks)
 
     def request(self, position: int, text: str | None = None) -> RequestTasks:
-        """The tasks of request ``position`` (its text is ``texts[position]``, or ``text``
-        when already read)."""
+        """The tasks of request ``position`` (its text, ``text``, when already read)."""
         count = min(self.pack, self._count - position * self.pack)
         return RequestTasks(self.texts[position] if text is None else text, count)

@@ -82,8 +82,7 @@ class ItemSchema:
 
     @cached_property
     def _exact_validators(self) -> tuple[Any, Any]:
-        """(a validator reading numbers, the schema's too, as Decimals; for a pydantic model, one
-        of its JSON Schema over floats), made when a return first needs them."""
+        """(a validator reading numbers as Decimals, a model's JSON Schema's over floats)."""
         text = json.dumps(self.json_schema, sort_keys=True)
         cls = jsonschema.validators.validator_for(self.json_schema,
                                                   default=jsonschema.Draft202012Validator)
@@ -330,8 +329,7 @@ MISSING = object()  # what resolve_pointer gives for a $ref that names nothing i
 
 
 def resolve_pointer(root: Any, ref: str) -> Any:
-    """The node ``ref`` (``#/$defs/Name``, a JSON pointer within the schema) names, or
-    ``MISSING`` when it names nothing there (another document, a wrong path)."""
+    """The node ``ref`` (``#/$defs/Name``) names within the schema, else ``MISSING``."""
     if not ref.startswith("#"):
         return MISSING
     node = root

@@ -93,8 +93,7 @@ _EXACT = json.JSONDecoder(parse_constant=reject_constant, object_pairs_hook=_uni
 
 
 def parse_json(text: str) -> Any:
-    """Strict JSON (finite numbers only, overflow included; bounded nesting); a single ```json
-    fence is tolerated. Raises ValueError for anything else."""
+    """Strict JSON, a single ```json fence tolerated; raises ValueError for anything else."""
     return parse_json_noting(text)[0]
 
 

@@ -110,8 +110,7 @@ class TaskIds:
             buckets[hashed >> 48].append(hashed & 0xFFFFFFFF)
 
     def refuse_repeats(self, task_ids: Iterable[str]) -> None:
-        """Raise InvalidBatch for the first id that occurs twice among ``task_ids`` (every id
-        added so far, in order); nothing when none does."""
+        """Refuse the first id that occurs twice among ``task_ids`` (every id added, in order)."""
         repeated: set[tuple[int, int]] = set()
         for top, bucket in self._buckets.items():
             ordered = sorted(bucket)
@@ -162,8 +161,7 @@ def _read_back(joined: str, chunk: Chunk) -> list[dict]:
 
 
 def _task_text(position: int, task: Any, identity: Identity) -> str:
-    """One task checked (a mapping with a task_id, a string prompt, its identity fields), as
-    canonical JSON; its task_id's uniqueness is the caller's check."""
+    """One task checked (a task_id, a string prompt, its identity fields) as canonical JSON."""
     if type(task) is not dict and not isinstance(task, Mapping):
         raise InvalidBatch(f"task #{position} is a {type(task).__name__}, not a mapping; "
                            "each task must be a dict with task_id and prompt")
@@ -213,8 +211,7 @@ def _refuse_containers(tasks: Iterable[Mapping[str, Any]], identity: Identity) -
 
 def _check_encoded(joined: str, brackets: int, texts: Sequence[str],
                    task_ids: Sequence[str]) -> None:
-    """Every task's text is valid UTF-8 (keys and the ledger hash and store it) and nests at
-    most :data:`MAX_TASK_DEPTH` deep; the first that is not is named."""
+    """Every task's text is valid UTF-8 and at most :data:`MAX_TASK_DEPTH` deep, or is named."""
     try:
         joined.encode("utf-8")
     except UnicodeEncodeError:
@@ -334,8 +331,7 @@ def stored_request(row: Any) -> Request:
 
 def render_items_prompt(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str],
                         instructions: str | None, tasks_json: str | None = None) -> str:
-    """The user message for a packed request; tasks travel as one JSON block (``tasks_json``, a
-    Request's canonical JSON, when given)."""
+    """The user message for a packed request; its tasks as one JSON block (``tasks_json``)."""
     lines = []
     if instructions:
         lines += [instructions.strip(), ""]
@@ -351,8 +347,7 @@ def render_items_prompt(tasks: Sequence[Mapping[str, Any]], identity: Sequence[s
 
 
 def shared_head(instructions: str | None) -> str:
-    """The instructions every packed prompt of a batch starts with, byte for byte (what a
-    provider's prompt cache can hold)."""
+    """What every packed prompt of a batch starts with, byte for byte: a prompt cache's part."""
     return f"{instructions.strip()}\n\n" if instructions and instructions.strip() else ""
 
 

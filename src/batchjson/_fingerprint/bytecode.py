@@ -240,8 +240,7 @@ def _writes(consts: list[Any]) -> bool:
 
 
 def _call_site(ops: Ops, at: int, chain: tuple) -> Read:
-    """A call of ``chain`` whose arguments start at ``at``, with its path when it is given
-    simply."""
+    """A call of ``chain`` whose arguments start at ``at``, with its path when given simply."""
     path = _path_at(ops, at)
     consts = _arguments(ops, at + 1, 1) if path is not None else None
     name = ".".join([chain[0][1], *chain[1:]])
@@ -312,8 +311,7 @@ def is_module(x: Any) -> bool:
 
 def resolve_chain(chain: tuple, scope: tuple[dict[str, Any], ...]
                   ) -> tuple[types.ModuleType, Any, list[str]] | None:
-    """(last module, value, names used) of a chain followed through modules; None when its root
-    is not a module."""
+    """(last module, value, names used) of a chain followed through modules, if from one."""
     (kind, root), *attrs = chain
     found, builtin_ns, cells = scope
     if kind == "g":

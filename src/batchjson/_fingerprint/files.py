@@ -34,8 +34,7 @@ FILE_OBJECT_LOADERS = frozenset({"json", "pickle", "_pickle", "marshal", "tomlli
 
 def file_parts(facts: CodeFacts, found: Mapping[str, Any], cells: Mapping[str, Any]
                ) -> tuple[list[tuple[str, str]], list[str]]:
-    """(parts, unseen) of the files the code reads: a constant path's by its content now, any
-    read that cannot be hashed ahead named unseen."""
+    """(parts, unseen) of the files the code reads: a constant path's content, else unseen."""
     parts: dict[str, str] = {}
     unseen: list[str] = []
     for read in facts.files:
@@ -69,8 +68,7 @@ _HOMES = {"posix": "os", "nt": "os", "posixpath": "os.path", "ntpath": "os.path"
 
 
 def stdlib_read(value: Any) -> tuple[str, str] | None:
-    """(name, kind) when ``value`` is one of STDLIB_READS's functions (asking only installed
-    functions and classes their names), else None."""
+    """(name, kind) when ``value`` is one of STDLIB_READS's functions, else None."""
     if type(value) not in (*_FUNCTIONS, type):
         return None
     module = getattr(value, "__module__", None)
@@ -156,8 +154,7 @@ def outside_read(module: str, used: list[str], value: Any) -> str | None:
 
 def resolve(read: Read, found: Mapping[str, Any], cells: Mapping[str, Any]
             ) -> tuple[str | None, str | None]:
-    """(path to hash, None), or (None, what to name as unseen), or (None, None) when the site is
-    not a file read after all."""
+    """(path to hash, None), (None, what is unseen), or (None, None): no file read after all."""
     if read.call == "open()" and not any(found.get("open", builtins.open) is o for o in _OPENS):
         return None, None  # the user's own `open`, walked by content like any global
     if read.receiver is not None and read.call.startswith("."):  # NAME.method()

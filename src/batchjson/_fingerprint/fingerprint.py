@@ -91,8 +91,7 @@ def _fingerprint(obj: Any, policy: Policy) -> Fingerprint:
 
 
 def fingerprint_function(fn: Callable[..., Any]) -> Fingerprint:
-    """A validator's fingerprint: everything that decides what it accepts (docs/design.md, "Why
-    content keys"), the same wherever and whenever the function is defined."""
+    """A validator's fingerprint: all that decides what it accepts, wherever it is defined."""
     if not callable(fn):
         raise TypeError(f"expected a callable, got {type(fn).__qualname__}")
     return _fingerprint(fn, JUDGING)
@@ -107,8 +106,7 @@ def fingerprint_callable(obj: Any) -> Fingerprint:
 
 def model_fingerprint(model: type[BaseModel], json_schema: dict[str, Any],
                       fp: Fingerprint | None = None) -> str:
-    """A pydantic answer schema's fingerprint: the JSON schema shown plus the whole class
-    (``fp``: its :func:`fingerprint_function`, if already made)."""
+    """A pydantic answer schema's: the JSON schema shown and the whole class (``fp``, if made)."""
     fp = fp or fingerprint_function(model)
     return _digest("batchjson:model:1", [f"{model.__module__}.{model.__qualname__}",
                                          canonical_json(json_schema), fp.digest])

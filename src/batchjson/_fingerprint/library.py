@@ -66,32 +66,29 @@ BY_TYPE: tuple[type, ...] = (
 
 
 def special_content(obj: Any) -> tuple[str, Any] | None:
-    """(kind, content to walk) for a known library object, else None."""
+    """(kind, content to walk) for a known library object, else None (also when it cannot be
+    read: a TypeAdapter whose type cannot be built is read generically)."""
     try:
-        return _special(obj)
-    except Exception:  # e.g. a TypeAdapter whose type cannot be built: read it generically
-        return None
-
-
-def _special(obj: Any) -> tuple[str, Any] | None:
-    if isinstance(obj, (logging.Logger, logging.PlaceHolder)):
-        return "logger", getattr(obj, "name", None)
-    if isinstance(obj, logging.LoggerAdapter):
-        return "logger", getattr(obj.logger, "name", None)
-    if isinstance(obj, BY_TYPE):
-        return "by-type", None
-    if isinstance(obj, types.MappingProxyType):  # a class's read-only view of a dict
-        return "mapping", dict(obj)
-    if isinstance(obj, dataclasses.Field):  # what the generated methods do, not the annotation
-        return "field", (obj.name, obj.default, obj.default_factory, obj.init, obj.repr,
-                         obj.hash, obj.compare, dict(obj.metadata), obj.kw_only)
-    module = type(obj).__module__ or ""
-    if module.startswith("pydantic") and type(obj).__name__ == "TypeAdapter":
-        return "type-adapter", normalized_core_schema(obj.core_schema)
-    if module.startswith("jsonschema") and hasattr(type(obj), "META_SCHEMA") and hasattr(
-            obj, "schema"):
-        checker = getattr(obj, "format_checker", None)
-        return "jsonschema", (obj.schema, getattr(checker, "checkers", None))
+        if isinstance(obj, (logging.Logger, logging.PlaceHolder)):
+            return "logger", getattr(obj, "name", None)
+        if isinstance(obj, logging.LoggerAdapter):
+            return "logger", getattr(obj.logger, "name", None)
+        if isinstance(obj, BY_TYPE):
+            return "by-type", None
+        if isinstance(obj, types.MappingProxyType):  # a class's read-only view of a dict
+            return "mapping", dict(obj)
+        if isinstance(obj, dataclasses.Field):  # what the generated methods do, not the type
+            return "field", (obj.name, obj.default, obj.default_factory, obj.init, obj.repr,
+                             obj.hash, obj.compare, dict(obj.metadata), obj.kw_only)
+        module = type(obj).__module__ or ""
+        if module.startswith("pydantic") and type(obj).__name__ == "TypeAdapter":
+            return "type-adapter", normalized_core_schema(obj.core_schema)
+        if module.startswith("jsonschema") and hasattr(type(obj), "META_SCHEMA") and hasattr(
+                obj, "schema"):
+            checker = getattr(obj, "format_checker", None)
+            return "jsonschema", (obj.schema, getattr(checker, "checkers", None))
+    except Exception:
+        pass
     return None
 
 

@@ -85,8 +85,7 @@ def state_digest(value: Any) -> str | None:
 
 
 def writes_of(value: Any) -> frozenset[str]:
-    """Attributes a function, or a class's methods, assign outside construction: state kept
-    while serving calls (``self.calls += 1``), not configuration."""
+    """Attributes a function or class assigns outside construction (``self.calls += 1``)."""
     if isinstance(value, types.FunctionType):
         return frozenset() if value.__name__ in CONSTRUCTION else scan(
             value.__code__).written_attrs
@@ -350,8 +349,7 @@ class Walker:
         return parts
 
     def _held(self, kind: str, name: str, value: Any, facts: CodeFacts) -> tuple[str, str]:
-        """A global or closure cell: left out if assigned (by policy), by type if filled, else
-        by content."""
+        """A global or closure cell: left out if assigned (by policy), by type if filled."""
         label = f"{_ROOTS[kind]}:{name}"
         if self.policy.leaves_out_assigned and name in (
                 facts.written_globals if kind == "g" else facts.written_cells):
