@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -88,13 +89,9 @@ class BackgroundLoop:
             while not done.wait(0.05):
                 pass
             raise
-        task = box["task"]
-        if task.cancelled():
+        if box["task"].cancelled():
             raise KeyboardInterrupt
-        error = task.exception()
-        if error is not None:
-            raise error
-        return task.result()
+        return box["task"].result()  # or raises what the run raised
 
     def close(self, finalize: Callable[[], Coroutine[Any, Any, None]] | None = None) -> None:
         """Run ``finalize`` (closing pooled connections) on the loop, then stop it."""
@@ -105,11 +102,8 @@ class BackgroundLoop:
             return
         inside = thread is threading.current_thread()  # collected on the loop's own thread
         if finalize is not None and thread is not None and thread.is_alive() and not inside:
-            future = asyncio.run_coroutine_threadsafe(finalize(), loop)
-            try:
-                future.result(timeout=10)
-            except Exception:  # noqa: BLE001 - closing connections is best effort at the end
-                pass
+            with contextlib.suppress(Exception):  # closing connections: best effort at the end
+                asyncio.run_coroutine_threadsafe(finalize(), loop).result(timeout=10)
         loop.call_soon_threadsafe(loop.stop)
         if thread is not None and not inside:
             thread.join(10)

@@ -1,10 +1,6 @@
-"""How big an answer to a schema can be, read from the schema alone: :func:`smallest_answers`,
-the least a pack's answers can be (the input check refuses a pack only when even that cannot fit
-``max_tokens``), and :func:`largest_answer`, the most characters any valid answer takes.
-
-Both are bounds: the smallest reads only keywords that ask for a least (``required``,
-``minItems``, ``minLength``, ``enum``, bounds), never ``pattern``, ``not`` or ``if``; the largest is
-unbounded (None) wherever a string, an array, an object or a number is left uncapped."""
+"""How big an answer to a schema can be, read from the schema alone: the least a pack's answers
+can be (for the input check) and the most characters any valid answer takes. Both are bounds: the
+least reads only keywords asking for a least, the most is None wherever a size is uncapped."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Keys: the one type that composes every key of a run or an import, and the answer source.
-
-A request key covers what the model saw (the *seen* content) and how its return is judged; a
-revision is the digest of all of it. An import's answers, of no known source, are keyed without
-one (the *sourceless* key), which a live run of the same content composes too, finds and
-re-judges."""
+"""Keys: the one type that composes every key of a run or an import, and the answer source. A
+request key covers what the model saw (the *seen* content) and how its return is judged; an
+import's answers are keyed without a source (*sourceless*), as a live run finds and re-judges."""
 
 from __future__ import annotations
 

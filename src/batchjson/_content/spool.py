@@ -1,8 +1,5 @@
-"""Where a run's tasks come from: a list, any iterable (a generator), or a JSON Lines file.
-
-Every form is read once, task by task, so a generator or a file of a million tasks is never
-first copied whole into a list of its own: the run's checks see each task as it streams past.
-"""
+"""Where a run's tasks come from (a list, any iterable, a JSON Lines file), each read once, task by
+task, never copied whole; and :class:`TextSpool`, texts held in memory or on disk."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Reading a model's JSON strictly, and comparing JSON values exactly (docs/design.md, "The commit
-boundary", step 1). Strict: finite numbers only, none a float overflows or reads as zero, no key
-named twice, bounded nesting, one ```json fence tolerated. Exact: no ``True == 1``, ``1 == 1.0`` or
-``-0.0 == 0.0``, and a float may be held to its decimal text as written."""
+"""Reading a model's JSON strictly (finite numbers a float holds, no key twice, bounded nesting)
+and comparing JSON values exactly (no ``True == 1``, ``1 == 1.0`` or ``-0.0 == 0.0``; a float held
+to its text as written): docs/design.md, "The commit boundary", step 1."""
 
 from __future__ import annotations
 

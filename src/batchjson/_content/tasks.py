@@ -241,9 +241,8 @@ ECHOED = "+echoed"  # an Identity's key part when echoed task fields are compare
 
 
 class Identity(tuple):
-    """The identity fields every item must echo unchanged (``task_id`` first); with ``echo`` (the
-    default identity) an item is also held to every other task field it returns (docs/design.md,
-    "Which fields are compared")."""
+    """The fields every item must echo unchanged (``task_id`` first); with ``echo`` (the default),
+    every other task field it returns too (docs/design.md, "Which fields are compared")."""
 
     echo: bool
 
@@ -281,13 +280,11 @@ def normalize_identity(identity: Sequence[str] | str | None) -> Identity:
         return Identity(("task_id",), echo=True)
     if isinstance(identity, str):
         identity = parse_identity(identity)
-    if isinstance(identity, (set, frozenset, Mapping)) or not isinstance(identity, Iterable):
-        if not isinstance(identity, (set, frozenset)):
-            raise InvalidBatch(f"identity must be a list of task field names, got "
-                               f"{type(identity).__name__}")
-        # a set has no order of its own (it varies with the process's hash seed): without one,
-        # the request keys, and so every stored answer, would change on each restart
+    if isinstance(identity, (set, frozenset)):  # in an order of its own: keys kept on restart
         identity = sorted(identity, key=lambda f: (f != "task_id", str(f)))
+    elif isinstance(identity, Mapping) or not isinstance(identity, Iterable):
+        raise InvalidBatch(f"identity must be a list of task field names, got "
+                           f"{type(identity).__name__}")
     fields = tuple(identity)
     if not all(isinstance(f, str) and f for f in fields):
         raise InvalidBatch(f"identity must name task fields as strings, got {identity!r}")
