@@ -51,10 +51,9 @@ _per_thread = threading.local()  # each thread's own C encoder: see canonical_js
 
 
 def canonical_json(value: Any) -> str:
-    """One JSON text per JSON value (keys sorted, no spaces, non-ASCII kept, finite numbers
-    only): ``JSONEncoder.encode`` without its Python layers, which cost as much as a task's
-    encoding. The C encoder records the containers it is in: one per thread, made anew after
-    an encoding that failed part way."""
+    """One JSON text per JSON value (keys sorted, no spaces, non-ASCII kept, finite numbers):
+    the C encoder without ``encode``'s costly Python layers, one per thread (it records the
+    containers it is in), made anew after an encoding that failed part way."""
     if c_make_encoder is None:  # an interpreter without the C accelerator
         return _ENCODER.encode(value)
     encode = getattr(_per_thread, "encode", None) or _new_encoder()

@@ -62,34 +62,29 @@ def _refusal(cls: Any, exc: pydantic.ValidationError, refused: type[BatchJsonErr
 
 
 def is_whole(value: Any, minimum: int = 0) -> bool:
-    """An int (never a bool) of at least ``minimum``."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
 def whole(name: str, value: Any, minimum: int = 0,
           error: type[BatchJsonError] = InvalidBatch) -> int:
-    """``value`` if it is a whole number >= ``minimum``, else ``error`` saying so."""
     if not is_whole(value, minimum):
         raise error(f"{name} must be a whole number >= {minimum}, got {value!r}")
     return value
 
 
 def is_amount(value: Any, *, positive: bool = False) -> bool:
-    """A finite int or float (never a bool) >= 0, or > 0 when ``positive``."""
     return (isinstance(value, (int, float)) and not isinstance(value, bool)
             and math.isfinite(value) and (value > 0 if positive else value >= 0))
 
 
 def positive_seconds(name: str, value: Any,
                      error: type[BatchJsonError] = InvalidBatch) -> float:
-    """A timeout: a finite number of seconds > 0."""
     if not is_amount(value, positive=True):
         raise error(f"{name} must be a finite number of seconds > 0, got {value!r}")
     return float(value)
 
 
 def seconds(name: str, value: Any, error: type[BatchJsonError] = InvalidBatch) -> float:
-    """A delay: a finite number of seconds >= 0."""
     if not is_amount(value):
         raise error(f"{name} must be a finite number of seconds >= 0, got {value!r}")
     return float(value)

@@ -135,9 +135,8 @@ class ProviderError(BatchJsonError):
 
 
 class SubcallClientError(ProviderError, RuntimeError):
-    """A host's subcall client broke droste's protocol (bad error indices, a wrong number of
-    results, values that are not text): fails loudly, a ``RuntimeError`` as in droste, after
-    recording its calls; nothing it returned was accepted."""
+    """A host's subcall client broke droste's protocol (bad indices or results): fails loudly, a
+    ``RuntimeError`` as in droste, once its calls are recorded; nothing it returned is accepted."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message, retryable=False, fatal=True)

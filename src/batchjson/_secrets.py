@@ -103,7 +103,6 @@ _CREDENTIAL_NAMES = frozenset({"sig", "code", "session", "sessionid", "jwt", "be
 
 
 def is_credential_param(name: str) -> bool:
-    """Whether a URL query parameter's name says it carries a credential."""
     lowered = name.strip().lower().replace("-", "_")
     return lowered in _CREDENTIAL_NAMES or any(w in lowered for w in _CREDENTIAL_WORDS)
 
@@ -128,9 +127,8 @@ def url_secrets(url: str, *, user: bool = True) -> list[str]:
 
 
 def basic_auth_forms(url: str) -> list[str]:
-    """What a URL's userinfo becomes on the wire, as a server echoing ``Authorization`` shows
-    it: the base64 of ``user:password`` (Latin-1, as aiohttp sends it, and UTF-8), padded and
-    not, for the userinfo as written and decoded."""
+    """A URL's userinfo as a server echoing ``Authorization`` shows it: base64 of ``user:password``
+    (Latin-1 as aiohttp sends it, and UTF-8), padded and not, as written and decoded."""
     try:
         userinfo, at, _ = urlsplit(url).netloc.rpartition("@")
     except ValueError:
@@ -173,10 +171,9 @@ def public_url(url: str, *, user: bool = True) -> str:
 
 
 class Secrets:
-    """The secret values one configuration holds; :meth:`mask` replaces each wherever it appears:
-    as written, URL-encoded, as basic-auth base64 or as a provider's 401 body echoes it. A URL in
-    ``urls`` is first replaced whole by its :func:`public_url`; a value shorter than
-    :data:`MIN_MASKED` is masked only there."""
+    """The secret values one configuration holds; :meth:`mask` replaces each as written, encoded
+    or echoed, after each of ``urls`` by its :func:`public_url` (the only place a value shorter
+    than :data:`MIN_MASKED` is masked)."""
 
     __slots__ = ("_urls", "_values", "_echo")
 

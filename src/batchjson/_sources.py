@@ -12,9 +12,8 @@ from typing import Any
 
 @dataclass(eq=False)
 class Code:
-    """Code that decides answers: with ``whole``, the object with its configuration, else the
-    function or class alone. ``owner``: the provider refused when the code reads what no
-    fingerprint sees; ``length``: of the digest (None: all of it)."""
+    """Code that decides answers (``whole``: with its configuration); ``owner``: the provider
+    refused when the code reads what no fingerprint sees; ``length``: of the digest."""
 
     obj: Any
     owner: str | None = None

@@ -19,9 +19,8 @@ from .._secrets import keys_masked
 
 async def run_validator_async(validator: Callable[[Any, Mapping[str, Any]], Any], value: Any,
                               task: Mapping[str, Any], task_id: str) -> list[dict[str, Any]]:
-    """ValueError, AssertionError or ``False`` rejects; any other exception is a crash. Only
-    ``None``, ``True`` (or ``numpy.bool_``) and the item itself accept, since any other return's
-    word could commit a bad item. The validator gets its own copy of the task."""
+    """ValueError, AssertionError or ``False`` rejects; any other exception is a crash; only
+    ``None``, ``True`` (``numpy.bool_``) or the item accepts. It gets its own copy of the task."""
     try:
         out = validator(value, json.loads(canonical_json(dict(task))))  # its own copy
         if inspect.isawaitable(out):

@@ -37,9 +37,8 @@ def smallest_answers(schema: ItemSchema, tasks: Sequence[Mapping[str, Any]],
 
 
 def largest_answer(schema: Mapping[str, Any], *, declared: bool = False) -> int | None:
-    """The most characters any answer valid under ``schema`` takes as compact JSON (non-ASCII
-    kept); None when unbounded. With ``declared``, an object naming its properties holds only
-    those, as a provider enforcing the schema (strict mode, a tool's input) answers."""
+    """The most characters any answer valid under ``schema`` takes as compact JSON, or None; with
+    ``declared``, an object naming its properties holds only those (as strict mode answers)."""
     if declared:
         schema = _declared_only(schema)
     return _most(schema, schema, 0)

@@ -106,7 +106,6 @@ class Keys:
 
     @cached_property
     def request(self) -> Callable[[str], str]:
-        """A request's key from its tasks' canonical JSON."""
         return key_maker(self.content)
 
     @cached_property
@@ -179,9 +178,8 @@ def answer_source(provider: Any) -> str:
 
 
 def source_text(provider: Any) -> str:
-    """What decides a provider's answers, as text (never its API key): what its ``source_key()``
-    describes (a string, or a tuple of ``_sources`` parts, which may be passed alone), else the
-    settings above that it has, functions and objects by their code."""
+    """What decides a provider's answers, as text (never its API key): its ``source_key()`` (or
+    a tuple of ``_sources`` parts passed alone), else the settings above that it has."""
     if isinstance(provider, tuple):
         return "".join(map(_resolved, provider))
     own = getattr(provider, "source_key", None)

@@ -46,9 +46,8 @@ class ItemSchema:
 
     @property
     def document(self) -> tuple[str, str]:
-        """(component name, canonical text) a revision keeps so its export is rechecked on
-        import: ``schema_doc`` when the text compiles back to this fingerprint, else
-        ``schema_shape`` (a pydantic model's JSON Schema, droste's integers)."""
+        """(component, canonical text) a revision keeps to recheck its export: ``schema_doc``
+        when it compiles back to this fingerprint, else ``schema_shape`` (a model's)."""
         text = json.dumps(self.json_schema, sort_keys=True, separators=(",", ":"))
         exact = self.model is None and not self.strict_integers
         return ("schema_doc" if exact else "schema_shape"), text
@@ -66,9 +65,8 @@ class ItemSchema:
             f"{path}{''.join(f'.{p}' for p in err.absolute_path)}: {err.message}" for err in errors]
 
     def exact_errors(self, exact: Any, plain: Any, path: str) -> list[str]:
-        """The verdicts that change when a return's numbers are judged as written (``exact``,
-        Decimals) instead of as floats (``plain``, which passed; docs/design.md, "The commit
-        boundary", step 4); a pydantic model's own coercions stay its own."""
+        """The verdicts that change when a return's numbers are judged as written (``exact``)
+        instead of as floats (``plain``, which passed; docs/design.md, "The commit boundary")."""
         exact_validator, plain_validator = self._exact_validators
         errors = list(exact_validator.iter_errors(exact))
         if errors and self.model is not None:
@@ -99,7 +97,6 @@ class ItemSchema:
         return json.dumps(self.json_schema)
 
     def dump(self, value: Any) -> Any:
-        """JSON form kept in the ledger."""
         return value.model_dump(mode="json") if isinstance(value, BaseModel) else value
 
     def load(self, stored: Any) -> Any:
@@ -230,9 +227,8 @@ def _ignored_by_draft(key: str, where: str, cls: Any) -> str:
 
 
 def near_miss(word: str, known: Iterable[str]) -> str | None:
-    """The one of ``known`` that ``word`` is a likely typo of (``enun``: ``enum``,
-    ``Required``: ``required``), if any: at most one edit away (two for a word over four
-    letters), and not a known word extended (``typeof``, ``items_``: vendors' own keywords)."""
+    """The one of ``known`` that ``word`` is a likely typo of (``enun``), if any: one edit away
+    (two past four letters), and not a known word extended (``typeof``: a vendor's keyword)."""
     for close in difflib.get_close_matches(word, known, n=3, cutoff=0.75):
         if close not in word and _edits(word, close) <= (1 if len(close) <= 4 else 2):
             return close

@@ -191,7 +191,6 @@ class TextSpool(Sequence[str]):
             yield from self._read(start, min(count, start + READ_TEXTS))
 
     def _read(self, start: int, stop: int) -> list[str]:
-        """Texts ``start`` to ``stop`` (all in the file) in one read of it."""
         first = self._offsets[start]
         data = os.pread(self._file.fileno(), self._offsets[stop] - first, first)
         return data.decode("utf-8").split("\n")[:-1]

@@ -96,10 +96,9 @@ class Chunk(NamedTuple):
 
 
 class TaskIds:
-    """The ids a pass has seen, 4 bytes each: 32 bits of an id's hash kept in one of 65,536
-    arrays chosen by its top 16 bits (10M ids in 40 MB, where a set would take a gigabyte). A
-    short hash that repeats is looked up again among the ids themselves, in order, so only an id
-    that truly repeats is refused, named by its first and second positions."""
+    """The ids a pass has seen, 4 bytes each (10M in 40 MB): 32 bits of an id's hash in one of
+    65,536 arrays chosen by its top 16 bits. A short hash that repeats is looked up again among
+    the ids themselves, so only an id that truly repeats is refused, by its two positions."""
 
     def __init__(self) -> None:
         self._buckets: defaultdict[int, array] = defaultdict(lambda: array("I"))
@@ -152,7 +151,6 @@ def _take(chunk: Chunk, ids: TaskIds, identity: Identity, out: list[dict], texts
 
 
 def _read_back(joined: str, chunk: Chunk) -> list[dict]:
-    """A chunk's tasks decoded from their JSON, one call for all."""
     try:
         return json.loads(joined)
     except RecursionError:  # within the bound, on a caller's stack that is deeper still

@@ -26,9 +26,8 @@ _digest = canon.digest
 
 @dataclass(frozen=True)
 class Fingerprint:
-    """Content identity of a callable: equal digests mean interchangeable code, unless it is
-    not ``stable`` (``by_identity`` values, kept alive, are valid in this process only) or is
-    ``partial`` (``unseen``: what the code reads out of sight, ``globals()``, ``eval``)."""
+    """Content identity of a callable: equal digests mean interchangeable code, in this process
+    only if ``by_identity`` (not ``stable``), and blind to ``unseen`` reads if ``partial``."""
 
     digest: str
     by_identity: tuple[str, ...] = ()
@@ -98,9 +97,8 @@ def fingerprint_function(fn: Callable[..., Any]) -> Fingerprint:
 
 
 def fingerprint_callable(obj: Any) -> Fingerprint:
-    """An answer source's key: its code and the immutable values and configuration it reads
-    (``self.model``), never what it assigns while serving calls (``self.calls += 1``). Digests
-    never equal a :func:`fingerprint_function` digest."""
+    """An answer source's key (never a validator's digest): its code, immutable values and
+    configuration (``self.model``), never what it assigns serving calls (``self.calls += 1``)."""
     return _fingerprint(obj, SOURCE)
 
 
