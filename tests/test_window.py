@@ -130,7 +130,7 @@ def test_ids_alike_in_their_kept_hash_bits_are_told_apart_by_the_ids(monkeypatch
                         raising=False)
     ids = tasks_module.TaskIds()
     ids.update(number)
-    assert [list(bucket) for bucket in ids._buckets.values()] == [[7] * 30]  # all alike
+    assert [list(bucket) for bucket in ids._buckets if bucket] == [[7] * 30]  # all alike
     ids.refuse_repeats(number)
     held, _ = tasks_module.normalize_tasks(iter(tasks), tasks_module.normalize_identity(None),
                                            pack=4)

@@ -7,7 +7,6 @@ import hashlib
 import json
 import os
 from array import array
-from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -101,25 +100,27 @@ class TaskIds:
     the ids themselves, so only an id that truly repeats is refused, by its two positions."""
 
     def __init__(self) -> None:
-        self._buckets: defaultdict[int, array] = defaultdict(lambda: array("I"))
+        self._buckets: list[array | None] = [None] * 65536  # each made when first needed
 
     def update(self, task_ids: Iterable[str]) -> None:
         buckets = self._buckets
         for hashed in map(hash, task_ids):
-            buckets[hashed >> 48].append(hashed & 0xFFFFFFFF)
+            top = hashed >> 48 & 0xFFFF
+            bucket = buckets[top]
+            if bucket is None:
+                bucket = buckets[top] = array("I")
+            bucket.append(hashed & 0xFFFFFFFF)
 
     def refuse_repeats(self, task_ids: Iterable[str]) -> None:
         """Refuse the first id that occurs twice among ``task_ids`` (every id added, in order)."""
-        repeated: set[tuple[int, int]] = set()
-        for top, bucket in self._buckets.items():
-            ordered = sorted(bucket)
-            repeated.update((top, a) for a, b in pairwise(ordered) if a == b)
+        repeated = {(top, a) for top, bucket in enumerate(self._buckets) if bucket
+                    for a, b in pairwise(sorted(bucket)) if a == b}
         if not repeated:
             return
         first: dict[str, int] = {}
         for position, task_id in enumerate(task_ids):
             hashed = hash(task_id)
-            if (hashed >> 48, hashed & 0xFFFFFFFF) not in repeated:
+            if (hashed >> 48 & 0xFFFF, hashed & 0xFFFFFFFF) not in repeated:
                 continue
             if task_id in first:
                 raise InvalidBatch(f"duplicate task_id {task_id!r} (tasks #{first[task_id]} and "
