@@ -53,11 +53,9 @@ class ProviderNotConfigured(ConfigError):
         lead = (f"{detail} Configure a provider one of three ways: " if detail else
                 "No model provider is configured. Configure one of three ways: ")
         super().__init__(
-            f"{lead}"
-            "(1) Session(provider='openai' | 'anthropic' | 'simulated' or a provider object); "
-            "(2) in a notebook, %config BatchJson.provider = 'openai' (or an object name); "
-            "(3) set BATCHJSON_PROVIDER=openai|anthropic|simulated in the environment."
-        )
+            f"{lead}(1) Session(provider='openai' | 'anthropic' | 'simulated' or a provider "
+            "object); (2) in a notebook, %config BatchJson.provider = 'openai' (or an object "
+            "name); (3) set BATCHJSON_PROVIDER=openai|anthropic|simulated in the environment.")
 
 
 class ProviderSetupError(ConfigError):
@@ -113,18 +111,10 @@ class ProviderError(BatchJsonError):
     """A transport or provider failure: recorded as provider_error, never as a repair. ``kind``:
     the answer source's own name for it (a droste client's error type), droste's error type."""
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int | None = None,
-        retryable: bool = True,
-        retry_after: float | None = None,
-        usage: dict[str, Any] | None = None,
-        unreachable: bool = False,
-        kind: str = "provider_error",
-        fatal: bool = False,
-    ) -> None:
+    def __init__(self, message: str, *, status: int | None = None, retryable: bool = True,
+                 retry_after: float | None = None, usage: dict[str, Any] | None = None,
+                 unreachable: bool = False, kind: str = "provider_error",
+                 fatal: bool = False) -> None:
         super().__init__(message)
         self.status, self.retryable, self.retry_after = status, retryable, retry_after
         # the endpoint cannot be reached (connection refused, DNS): the whole run stops

@@ -15,9 +15,7 @@ def money(cost: float | None) -> str:
         return "unknown"
     if cost == 0:
         return "$0.00"
-    if abs(cost) < 0.01:
-        return f"${cost:.{_places(abs(cost))}f}"
-    return f"${cost:.4f}"
+    return f"${cost:.{_places(abs(cost))}f}" if abs(cost) < 0.01 else f"${cost:.4f}"
 
 
 def usd(amount: float) -> str:

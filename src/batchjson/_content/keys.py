@@ -198,9 +198,8 @@ def source_text(provider: Any) -> str:
 
 def _setting(value: Any) -> Any:
     """A setting's part of an answer source: a plain value as it is, else its code's key."""
-    if isinstance(value, (str, int, float, bool, type(None))):
-        return value
-    return fingerprint_callable(value).digest
+    plain = isinstance(value, (str, int, float, bool, type(None)))
+    return value if plain else fingerprint_callable(value).digest
 
 
 def _resolved(part: Any) -> Any:

@@ -15,9 +15,7 @@ _REF_HOPS = 32  # a $ref chain longer than this is a cycle: the node is taken as
 
 def without_absent_nulls(value: Any, schema: Any) -> Any:
     """``value`` without the nulls that stand for absent optional properties (itself if none)."""
-    if not isinstance(schema, Mapping):
-        return value
-    return _walk(value, schema, schema, 0)
+    return _walk(value, schema, schema, 0) if isinstance(schema, Mapping) else value
 
 
 def allows_null(node: Any, root: Any, _hops: int = 0) -> bool:

@@ -351,9 +351,7 @@ def render_value_prompt(task: Mapping[str, Any]) -> str:
     """The droste-style prompt: the caller's prompt, then its context if any."""
     prompt = task["prompt"]
     context = task.get("context")
-    if context is None:
-        return prompt
-    return f"{prompt}\n\nContext:\n{context}"
+    return prompt if context is None else f"{prompt}\n\nContext:\n{context}"
 
 
 def render_repair_prompt(prompt: str, raw: str, errors: Sequence[Mapping[str, Any]],
@@ -362,8 +360,6 @@ def render_repair_prompt(prompt: str, raw: str, errors: Sequence[Mapping[str, An
     listed = "\n".join(f"- {e.get('message', e)}" for e in errors[:50])
     more = f"\n- ... and {len(errors) - 50} more" if len(errors) > 50 else ""
     shown = raw if len(raw) <= limit else raw[:limit] + f"... [truncated, {len(raw)} chars]"
-    return (
-        f"{prompt}\n\nYour previous response was rejected. Errors:\n{listed}{more}\n"
-        f"Previous response:\n{shown}\n"
-        "Return only corrected JSON, with no markdown or explanation."
-    )
+    return (f"{prompt}\n\nYour previous response was rejected. Errors:\n{listed}{more}\n"
+            f"Previous response:\n{shown}\nReturn only corrected JSON, with no markdown or "
+            "explanation.")

@@ -279,9 +279,7 @@ def _chain_before(ops: Ops, end: int) -> tuple[str, ...] | None:
     while at >= 0 and ops[at][0] in _ATTR:
         names.insert(0, ops[at][1])
         at -= 1
-    if at < 0 or ops[at][0] not in _ROOTS:
-        return None
-    return (ops[at][1], *names)
+    return None if at < 0 or ops[at][0] not in _ROOTS else (ops[at][1], *names)
 
 
 def code_canon(code: types.CodeType) -> Any:

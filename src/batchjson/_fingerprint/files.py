@@ -171,9 +171,7 @@ def resolve(read: Read, found: Mapping[str, Any], cells: Mapping[str, Any]
         if not (issubclass(type(callee), type) and issubclass(callee, pathlib.PurePath)):
             return None, f"{read.call}{COMPUTED}"
     path = _path_value(read.path, found, cells)
-    if path is None:
-        return None, f"{read.call}{COMPUTED}"
-    return _checked(path, read.call)
+    return (None, f"{read.call}{COMPUTED}") if path is None else _checked(path, read.call)
 
 
 def _path_value(path: tuple[str, Any] | None, found: Mapping[str, Any],
@@ -182,9 +180,7 @@ def _path_value(path: tuple[str, Any] | None, found: Mapping[str, Any],
         return None
     kind, what = path
     raw = what if kind == "const" else _bound(what, found, cells)
-    if issubclass(type(raw), (str, bytes, pathlib.PurePath)):
-        return os.fsdecode(raw)
-    return None
+    return os.fsdecode(raw) if issubclass(type(raw), (str, bytes, pathlib.PurePath)) else None
 
 
 def _checked(path: str, call: str) -> tuple[str | None, str | None]:

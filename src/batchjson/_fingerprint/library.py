@@ -5,6 +5,7 @@ content; some library objects have a better content than their ``__dict__`` (a L
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import io
 import logging
@@ -25,10 +26,8 @@ from .._canon import SCALARS, VALUE_TYPES
 def _roots() -> tuple[str, ...]:
     paths = sysconfig.get_paths()
     found = [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k)]
-    try:
+    with contextlib.suppress(AttributeError):  # an embedded interpreter's site may lack them
         found += [*site.getsitepackages(), site.getusersitepackages()]
-    except AttributeError:  # an embedded interpreter's site module may lack them
-        pass
     return tuple(sorted({os.path.realpath(p).rstrip(os.sep) + os.sep for p in found}))
 
 
@@ -68,7 +67,7 @@ BY_TYPE: tuple[type, ...] = (
 def special_content(obj: Any) -> tuple[str, Any] | None:
     """(kind, content to walk) for a known library object, else None (also when it cannot be
     read: a TypeAdapter whose type cannot be built is read generically)."""
-    try:
+    with contextlib.suppress(Exception):
         if isinstance(obj, (logging.Logger, logging.PlaceHolder)):
             return "logger", getattr(obj, "name", None)
         if isinstance(obj, logging.LoggerAdapter):
@@ -87,8 +86,6 @@ def special_content(obj: Any) -> tuple[str, Any] | None:
                 obj, "schema"):
             checker = getattr(obj, "format_checker", None)
             return "jsonschema", (obj.schema, getattr(checker, "checkers", None))
-    except Exception:
-        pass
     return None
 
 
