@@ -122,15 +122,17 @@ def test_a_duplicate_id_is_refused_by_its_positions_even_when_every_hash_collide
 
 
 def test_ids_alike_in_their_kept_hash_bits_are_told_apart_by_the_ids(monkeypatch):
-    """An id is kept as 48 bits of its hash (a bucket by the top 16, the low 32 stored): ids alike
-    there but not in the bits between are no duplicates, and a true repeat is still named."""
+    """An id is kept as the low 48 bits of its hash: ids alike there but not above are no
+    duplicates, and a true repeat is still named by its positions."""
     tasks = review_tasks(30)
     number = {t["task_id"]: n for n, t in enumerate(tasks)}
-    monkeypatch.setattr(tasks_module, "hash", lambda text: (number.get(text, 99) << 32) | 7,
+    monkeypatch.setattr(tasks_module, "hash", lambda text: (number.get(text, 99) << 48) | 7,
                         raising=False)
     ids = tasks_module.TaskIds()
     ids.update(number)
-    assert [list(bucket) for bucket in ids._buckets if bucket] == [[7] * 30]  # all alike
+    kept = [(len(low), set(low), set(high))
+            for low, high in zip(ids._low, ids._high, strict=True) if low]
+    assert kept == [(30, {0}, {0})]  # every id's short hash alike, in one bucket
     ids.refuse_repeats(number)
     held, _ = tasks_module.normalize_tasks(iter(tasks), tasks_module.normalize_identity(None),
                                            pack=4)

@@ -94,33 +94,37 @@ class Chunk(NamedTuple):
     tasks: list[Any]  # each task, when a file's (JSON already) are kept as read
 
 
+SHORT_HASH = (1 << 48) - 1  # the bits of an id's hash the duplicate check keeps
+
+
 class TaskIds:
-    """The ids a pass has seen, 4 bytes each (10M in 40 MB): 32 bits of an id's hash in one of
-    65,536 arrays chosen by its top 16 bits. A short hash that repeats is looked up again among
-    the ids themselves, so only an id that truly repeats is refused, by its two positions."""
+    """The ids a pass has seen, 5 bytes each (10M in about 55 MB): the low 48 bits of an id's
+    hash, in 256 pairs of arrays chosen by its low byte (large arrays: no overhead an id). A short
+    hash that repeats is looked up again among the ids themselves, so only an id that truly
+    repeats is refused, by its first and second positions."""
 
     def __init__(self) -> None:
-        self._buckets: list[array | None] = [None] * 65536  # each made when first needed
+        self._low = [array("I") for _ in range(256)]  # bits 8-39 of each hash
+        self._high = [array("B") for _ in range(256)]  # bits 40-47
 
     def update(self, task_ids: Iterable[str]) -> None:
-        buckets = self._buckets
+        low, high = self._low, self._high
         for hashed in map(hash, task_ids):
-            top = hashed >> 48 & 0xFFFF
-            bucket = buckets[top]
-            if bucket is None:
-                bucket = buckets[top] = array("I")
-            bucket.append(hashed & 0xFFFFFFFF)
+            low[hashed & 255].append(hashed >> 8 & 0xFFFFFFFF)
+            high[hashed & 255].append(hashed >> 40 & 0xFF)
 
     def refuse_repeats(self, task_ids: Iterable[str]) -> None:
         """Refuse the first id that occurs twice among ``task_ids`` (every id added, in order)."""
-        repeated = {(top, a) for top, bucket in enumerate(self._buckets) if bucket
-                    for a, b in pairwise(sorted(bucket)) if a == b}
+        repeated = set()
+        for byte, (low, high) in enumerate(zip(self._low, self._high, strict=True)):
+            pairs = zip(low, high, strict=True)
+            ordered = sorted(top << 40 | bits << 8 | byte for bits, top in pairs)
+            repeated.update(short for short, after in pairwise(ordered) if short == after)
         if not repeated:
             return
         first: dict[str, int] = {}
         for position, task_id in enumerate(task_ids):
-            hashed = hash(task_id)
-            if (hashed >> 48 & 0xFFFF, hashed & 0xFFFFFFFF) not in repeated:
+            if (hash(task_id) & SHORT_HASH) not in repeated:
                 continue
             if task_id in first:
                 raise InvalidBatch(f"duplicate task_id {task_id!r} (tasks #{first[task_id]} and "
