@@ -121,6 +121,28 @@ def test_a_duplicate_id_is_refused_by_its_positions_even_when_every_hash_collide
                                      tasks_module.normalize_identity(None), pack=4)
 
 
+def test_ids_alike_in_their_kept_hash_bits_are_told_apart_by_the_ids(monkeypatch):
+    """An id is kept as the low 48 bits of its hash: ids alike there but not above are no
+    duplicates, and a true repeat is still named by its positions."""
+    tasks = review_tasks(30)
+    number = {t["task_id"]: n for n, t in enumerate(tasks)}
+    monkeypatch.setattr(tasks_module, "hash", lambda text: (number.get(text, 99) << 48) | 7,
+                        raising=False)
+    ids = tasks_module.TaskIds()
+    ids.update(number)
+    kept = [(len(low), set(low), set(high))
+            for low, high in zip(ids._low, ids._high, strict=True) if low]
+    assert kept == [(30, {0}, {0})]  # every id's short hash alike, in one bucket
+    ids.refuse_repeats(number)
+    held, _ = tasks_module.normalize_tasks(iter(tasks), tasks_module.normalize_identity(None),
+                                           pack=4)
+    assert list(held) == tasks
+    with pytest.raises(InvalidBatch, match=r"duplicate task_id .*-candidate-132' \(tasks #5 "
+                                           r"and #30\)"):
+        tasks_module.normalize_tasks(iter([*tasks, tasks[5]]),
+                                     tasks_module.normalize_identity(None), pack=4)
+
+
 def test_whichever_comes_first_of_a_duplicate_and_a_bad_task_is_named():
     tasks = review_tasks(6)
     bad = dict(tasks[5], prompt=5)

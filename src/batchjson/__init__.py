@@ -1,13 +1,9 @@
-"""batchjson: structured LLM batches that are safe to run from notebooks and RLM cells.
+"""batchjson: structured LLM batches that are safe to run from notebooks and RLM cells. Evidence
+is keyed by content, and a return is committed only once the whole of it passes acceptance.
 
-Evidence is keyed by content, validators are defined once per session, and a return is committed
-only after the whole of it passes acceptance (coverage, identity, schema, caller validator).
-
-Everything a user needs is importable from here (docs/api.md lists it); the modules behind it
-are private. Three public submodules: :mod:`batchjson.rlm` (RLM hosts),
-:mod:`batchjson.testing` (the simulated model and a loopback OpenAI/Anthropic server, for tests) and
-:mod:`batchjson.core` (what faces use of the core beyond these names).
-"""
+Everything a user needs is importable from here (docs/api.md); the modules behind it are private,
+but for :mod:`batchjson.rlm` (RLM hosts), :mod:`batchjson.testing` (the simulated model and a
+loopback OpenAI/Anthropic server) and :mod:`batchjson.core` (what faces use of the core)."""
 
 from typing import Any
 

@@ -24,9 +24,6 @@ from pydantic import BaseModel
 
 from ._errors import BatchJsonError
 
-__all__ = ["BUILTIN_CALLABLES", "Canon", "SCALARS", "Unhashable", "VALUE_TYPES", "canonical_json",
-           "content_hash", "digest", "dump", "qualname", "show_as"]
-
 # marshal format 2 writes no back-references, so its bytes depend on values, never on sharing.
 _MARSHAL = 2
 SCALARS = frozenset({str, int, float, bool, type(None), bytes})
@@ -54,12 +51,9 @@ _per_thread = threading.local()  # each thread's own C encoder: see canonical_js
 
 
 def canonical_json(value: Any) -> str:
-    """One JSON text per JSON value (keys sorted, no spaces, non-ASCII kept, finite numbers
-    only), so equal data always hashes (and diffs) the same. It is what ``JSONEncoder.encode``
-    runs, without the Python layers around it, which cost as much as a small task's encoding
-    (every task is encoded on every run and resume). The C encoder keeps a record of the
-    containers it is in (a cycle is refused): each thread has its own, made anew after an
-    encoding that failed part way, which may have left it holding some."""
+    """One JSON text per JSON value (keys sorted, no spaces, non-ASCII kept, finite numbers):
+    the C encoder without ``encode``'s costly Python layers, one per thread (it records the
+    containers it is in), made anew after an encoding that failed part way."""
     if c_make_encoder is None:  # an interpreter without the C accelerator
         return _ENCODER.encode(value)
     encode = getattr(_per_thread, "encode", None) or _new_encoder()
@@ -88,9 +82,8 @@ def digest(tag: str, canon: Any) -> str:
 
 
 def show_as(module: str, *classes: type) -> None:
-    """The public classes print as ``module.Name`` (``batchjson.Session``), where users import
-    them, and keys and fingerprints name them so: no move inside batchjson changes a stored key.
-    Annotations are first resolved in their own module, so ``typing.get_type_hints`` reads them."""
+    """The public classes print, and are keyed, as ``module.Name`` (``batchjson.Session``): no
+    move inside batchjson changes a stored key. Annotations are resolved in their own module."""
     for cls in classes:
         own = cls.__dict__.get("__annotations__", {})
         hints = typing.get_type_hints(cls, include_extras=True)
@@ -111,10 +104,9 @@ def _as_base(x: Any, base: type) -> Any:
 
 
 class Canon:
-    """Maps a value to a marshal-able form that is injective over values (types included) and
-    ignores dict insertion order, set iteration order and object sharing. Every tuple in the
-    output is a tag we made (user tuples become ("t", [...])). With ``immutable_only`` a mutable
-    value is encoded by its type alone: an answer source's key must not move as its log grows."""
+    """Maps a value to a marshal-able form, injective over values (types included), blind to
+    dict and set order and to sharing; every tuple in it is a tag (a user's: ("t", [...])). With
+    ``immutable_only`` a mutable value counts by its type (a source's log must not move its key)."""
 
     def __init__(self, hook: Callable[[Any], Any] | None = None, *,
                  immutable_only: bool = False) -> None:
@@ -147,8 +139,7 @@ class Canon:
         if depth is not None:
             if self.hook is None:
                 raise Unhashable("cyclic structure")
-            # fingerprints meet cycles through code (a dispatch table whose functions read
-            # it): encoded by distance, like a cycle between functions
+            # a cycle through code (a dispatch table its functions read): by distance
             raise _Back(len(self.active) - depth)
         self.active[key] = len(self.active)
         return key
@@ -247,8 +238,8 @@ def _call(method: Callable[..., Any], name: str, **kwargs: Any) -> Any:
 
 
 def content_hash(obj: Any) -> str:
-    """sha256 of a type-tagged, order-insensitive encoding: stable across processes, and
-    (1, "1", True, [1], (1,)) all differ. Raises Unhashable for values without one."""
+    """sha256 of a type-tagged, order-insensitive encoding, stable across processes ((1, "1",
+    True, [1], (1,)) all differ). Raises Unhashable for values without one."""
     try:
         canon = Canon().value(obj)
     except RecursionError:

@@ -1,8 +1,6 @@
-"""The small value checks every face and setting shares: one wording, one place. Each raises the
-caller's error type (InvalidBatch for a run's input, ConfigError for a setting), naming the value,
-what it must be and what it was. Option objects declare theirs as types pydantic checks
-(:func:`options`); a value checked once per call is checked by hand (:func:`is_whole`).
-"""
+"""The small value checks every face and setting shares, in one wording: each raises the caller's
+error type naming the value, what it must be and what it was. Option objects declare theirs as
+types pydantic checks (:func:`options`); a value checked per call is checked by hand."""
 
 from __future__ import annotations
 
@@ -30,10 +28,9 @@ OptionClass = TypeVar("OptionClass", bound=type)
 
 def options(refused: type[BatchJsonError],
             prefix: str = "") -> Callable[[OptionClass], OptionClass]:
-    """A frozen dataclass whose fields pydantic checks strictly, by their declared types, when
-    it is made (an int is no bool, a count no float): a bad value is ``refused`` naming the
-    option (after ``prefix``), what it must be (the type's ``description``, or the values a
-    ``Literal`` allows) and what it was. A refusal its ``__post_init__`` raises leaves as is."""
+    """A frozen dataclass whose fields pydantic checks strictly when it is made (an int is no
+    bool): a bad value is ``refused`` naming the option (after ``prefix``), what it must be (its
+    type's ``description``, or a ``Literal``'s values) and what it was."""
     def build(cls: OptionClass) -> OptionClass:
         made: Any = pydantic.dataclasses.dataclass(frozen=True, config=_STRICT)(cls)
         checked = made.__init__
@@ -65,44 +62,36 @@ def _refusal(cls: Any, exc: pydantic.ValidationError, refused: type[BatchJsonErr
 
 
 def is_whole(value: Any, minimum: int = 0) -> bool:
-    """An int (never a bool) of at least ``minimum``."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
 def whole(name: str, value: Any, minimum: int = 0,
           error: type[BatchJsonError] = InvalidBatch) -> int:
-    """``value`` if it is a whole number >= ``minimum``, else ``error`` saying so."""
     if not is_whole(value, minimum):
         raise error(f"{name} must be a whole number >= {minimum}, got {value!r}")
     return value
 
 
 def is_amount(value: Any, *, positive: bool = False) -> bool:
-    """A finite int or float (never a bool) >= 0, or > 0 when ``positive``: a price, a cost,
-    a delay or a timeout."""
     return (isinstance(value, (int, float)) and not isinstance(value, bool)
             and math.isfinite(value) and (value > 0 if positive else value >= 0))
 
 
 def positive_seconds(name: str, value: Any,
                      error: type[BatchJsonError] = InvalidBatch) -> float:
-    """A timeout: a finite number of seconds > 0."""
     if not is_amount(value, positive=True):
         raise error(f"{name} must be a finite number of seconds > 0, got {value!r}")
     return float(value)
 
 
 def seconds(name: str, value: Any, error: type[BatchJsonError] = InvalidBatch) -> float:
-    """A delay: a finite number of seconds >= 0."""
     if not is_amount(value):
         raise error(f"{name} must be a finite number of seconds >= 0, got {value!r}")
     return float(value)
 
 
 def whole_argument(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
-    """An argparse ``type=`` for a whole number >= ``minimum`` (and <= ``maximum``), the CLI's
-    and the magics': argparse turns its refusal into a usage error (exit 2), never a
-    traceback."""
+    """An argparse ``type=`` for a whole number from ``minimum`` (to ``maximum``)."""
     bound = f"from {minimum} to {maximum}" if maximum is not None else f">= {minimum}"
 
     def parse(text: str) -> int:

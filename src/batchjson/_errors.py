@@ -35,15 +35,12 @@ class ConfigError(BatchJsonError, ValueError):
 
 
 class LedgerError(BatchJsonError):
-    """The ledger could not be written or read; the run stopped before any further call.
-
-    ``path`` is the ledger file and ``cause`` the OS or SQLite error underneath.
-    """
+    """The ledger (``path``) could not be written or read (``cause``: the OS or database error);
+    the run stopped before any further call."""
 
     def __init__(self, message: str, *, path: object = None,
                  cause: BaseException | None = None) -> None:
-        self.path = path
-        self.cause = cause
+        self.path, self.cause = path, cause
         where = f" ({path})" if path is not None else ""
         why = f": {type(cause).__name__}: {cause}" if cause is not None else ""
         super().__init__(f"ledger{where}: {message}{why}")
@@ -56,29 +53,22 @@ class ProviderNotConfigured(ConfigError):
         lead = (f"{detail} Configure a provider one of three ways: " if detail else
                 "No model provider is configured. Configure one of three ways: ")
         super().__init__(
-            f"{lead}"
-            "(1) Session(provider='openai' | 'anthropic' | 'simulated' or a provider object); "
-            "(2) in a notebook, %config BatchJson.provider = 'openai' (or an object name); "
-            "(3) set BATCHJSON_PROVIDER=openai|anthropic|simulated in the environment."
-        )
+            f"{lead}(1) Session(provider='openai' | 'anthropic' | 'simulated' or a provider "
+            "object); (2) in a notebook, %config BatchJson.provider = 'openai' (or an object "
+            "name); (3) set BATCHJSON_PROVIDER=openai|anthropic|simulated in the environment.")
 
 
 class ProviderSetupError(ConfigError):
-    """A provider was chosen but cannot work as configured (no key, no model, a bad URL or
-    setting); the message names the setting and the fix, and never echoes a secret."""
+    """A provider cannot work as configured (no key, a bad URL): names the setting and the fix."""
 
 
 class BudgetExceeded(BatchJsonError):
-    """The calls needed exceed what the budget has left; raised before spending.
-
-    ``one_call`` is set when a cost budget refused: the most one call may cost (USD), more
-    than the budget has left."""
+    """The calls needed exceed what the budget has left; raised before spending. ``one_call``:
+    the most one call may cost (USD), when a cost budget refused."""
 
     def __init__(self, needed: int, remaining: int, *, what: str = "calls",
                  message: str | None = None, one_call: float | None = None) -> None:
-        self.needed = needed
-        self.remaining = remaining
-        self.one_call = one_call
+        self.needed, self.remaining, self.one_call = needed, remaining, one_call
         super().__init__(message or (
             f"budget refused: at least {needed} {what} are needed to resolve the outstanding "
             f"requests but only {remaining} remain. Raise max_calls or the session budget, or "
@@ -89,9 +79,7 @@ class ValidatorChanged(BatchJsonError):
     """A strict session refused a changed validator while evidence under the old one is open."""
 
     def __init__(self, name: str, old: str, new: str, changes: list[str], unresolved: int) -> None:
-        self.name = name
-        self.old_fingerprint = old
-        self.new_fingerprint = new
+        self.name, self.old_fingerprint, self.new_fingerprint = name, old, new
         self.changes = changes
         what = "; ".join(changes) if changes else "its content fingerprint"
         reads = " (or the file it reads)" if any("file " in c for c in changes) else ""
@@ -104,16 +92,11 @@ class ValidatorChanged(BatchJsonError):
 
 
 class BatchUnresolved(BatchJsonError):
-    """The bounded replay loop ran out of repairs, replays or budget; carries the result.
-
-    ``hint`` is a face's advice when it has already shown the result (the magic names the
-    variable holding it); the error then stays short. In IPython the error shows as its report,
-    without a traceback through the event loop.
-    """
+    """The bounded replay loop ran out of repairs, replays or budget; carries the result. IPython
+    shows its report, no traceback; short, with ``hint``, when a face has shown the result."""
 
     def __init__(self, result: Any, hint: str | None = None) -> None:  # a BatchResult
-        self.result = result
-        self.hint = hint
+        self.result, self.hint = result, hint
         super().__init__(result.failure_report())
 
     def _render_traceback_(self) -> list[str]:
@@ -125,54 +108,32 @@ class BatchUnresolved(BatchJsonError):
 
 
 class ProviderError(BatchJsonError):
-    """A transport or provider failure: recorded as provider_error, never as a repair.
+    """A transport or provider failure: recorded as provider_error, never as a repair. ``kind``:
+    the answer source's own name for it (a droste client's error type), droste's error type."""
 
-    ``kind`` is the answer source's own name for the failure when it gives one (a droste
-    subcall client's error type, ``budget_exhausted`` for its BudgetExhausted); the droste
-    contract reports it as the prompt's error type.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int | None = None,
-        retryable: bool = True,
-        retry_after: float | None = None,
-        usage: dict[str, Any] | None = None,
-        unreachable: bool = False,
-        kind: str = "provider_error",
-        fatal: bool = False,
-    ) -> None:
+    def __init__(self, message: str, *, status: int | None = None, retryable: bool = True,
+                 retry_after: float | None = None, usage: dict[str, Any] | None = None,
+                 unreachable: bool = False, kind: str = "provider_error",
+                 fatal: bool = False) -> None:
         super().__init__(message)
-        self.status = status
-        self.retryable = retryable
-        # The endpoint itself cannot be reached (connection refused, DNS): after the transport
-        # retries of one call the whole run stops, since no other request could get through.
+        self.status, self.retryable, self.retry_after = status, retryable, retry_after
+        # the endpoint cannot be reached (connection refused, DNS): the whole run stops
         self.unreachable = unreachable
-        self.retry_after = retry_after
-        self.usage = usage or {}
-        self.kind = kind
-        # The answer source itself is broken: the run opens no further call and raises this
-        # error once its calls have unwound (each call made is recorded first).
+        self.usage, self.kind = usage or {}, kind
+        # the answer source is broken: no further call; raised once the calls made unwound
         self.fatal = fatal
 
 
 class SubcallClientError(ProviderError, RuntimeError):
-    """A host's subcall client broke droste's protocol (error indices that are not indices of
-    the batch, a wrong number of results, values that are not text): the call fails loudly, as
-    droste's own helper does (a ``RuntimeError`` for droste callers), after recording the
-    calls it made. Fix the client; nothing it returned was accepted."""
+    """A host's subcall client broke droste's protocol (bad indices or results): fails loudly, a
+    ``RuntimeError`` as in droste, once its calls are recorded; nothing it returned is accepted."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message, retryable=False, fatal=True)
 
 
 class NotReady(BatchJsonError):
-    """``answer["ready"] = True`` was refused: structured requests are still unresolved.
-
-    ``owed`` is ``finalization_check()`` at the moment of refusal.
-    """
+    """``answer["ready"] = True`` was refused: structured requests (``owed``) are unresolved."""
 
     def __init__(self, owed: list[dict[str, Any]]) -> None:
         self.owed = owed
@@ -189,6 +150,4 @@ class NotReady(BatchJsonError):
 
 class RejectReturn(BatchJsonError, ValueError):
     """Raised by a validator to reject the whole return, not only its item: under
-    ``accept="items"`` a content fault across items under correct ids (every answer shifted by
-    one) must not commit the pack-mates. Under whole-return acceptance it rejects as a
-    ``ValueError`` does."""
+    ``accept="items"``, a fault across items (every answer shifted by one) commits no pack-mate."""

@@ -1,12 +1,12 @@
 """The one bridge from sync code to async: a background event loop, one per Session and one shared
-(:func:`run_sync`) by code with no session at hand. Jupyter runs cells inside a live loop, where a
-nested ``asyncio.run`` fails, and a loop per run would throw away the providers' connection pools
-(docs/design.md, "One event loop per Session")."""
+(:func:`run_sync`). Jupyter's live loop forbids a nested ``asyncio.run``, and a loop per run would
+throw away the providers' connection pools (docs/design.md, "One event loop per Session")."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -15,8 +15,7 @@ from ._errors import InvalidBatch
 
 T = TypeVar("T")
 
-# Blocking providers run in the loop's executor; the stdlib default (cpu + 4 threads) would
-# cap a 2-core machine at 6 calls in flight.
+# Blocking providers run in the loop's executor: the default (cpu + 4) caps 2 cores at 6 calls.
 EXECUTOR_THREADS = 64
 
 
@@ -48,23 +47,18 @@ class BackgroundLoop:
                     try:
                         loop.run_forever()
                         return  # stopped by close()
-                    except (KeyboardInterrupt, SystemExit):
-                        # Raised inside a task (a provider, say): asyncio re-raises it out of
-                        # the loop after storing it on the task, whose waiter takes it from there.
+                    except (KeyboardInterrupt, SystemExit):  # raised in a task: stored on it
                         continue
 
             thread = threading.Thread(target=serve, name=self._name, daemon=True)
-            # Kept before the waits: a Ctrl-C landing in them leaves no loop nobody can close.
             self._loop, self._thread = loop, thread
             thread.start()
             ready.wait()
             return loop
 
     def run(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
-        """Run ``make()`` on the background loop and wait for it from this (sync) thread; a
-        KeyboardInterrupt while waiting cancels the task and waits for it to unwind, so
-        in-flight receipts are closed before the interrupt propagates.
-        """
+        """Run ``make()`` on the background loop and wait for it; a KeyboardInterrupt cancels
+        the task and waits for it to unwind, so in-flight receipts are closed first."""
         if self._thread is not None and threading.current_thread() is self._thread:
             raise InvalidBatch("a batch cannot be run from inside a provider or validator of "
                                "the same session (its event loop would wait on itself)")
@@ -86,27 +80,18 @@ class BackgroundLoop:
             else:
                 done.set()
 
-        try:
-            # The hand-off is inside the try: the loop thread may start the run and send its
-            # calls before this thread returns from handing it over, and a Ctrl-C landing then
-            # must cancel the run like any other.
+        try:  # the hand-off too: the run may start, and be interrupted, before it returns
             loop.call_soon_threadsafe(start)
-            # A timed wait, so that a simulated interrupt (and Jupyter's SIGINT) is seen while
-            # waiting; it returns the moment the run is done.
-            while not done.wait(0.05):
+            while not done.wait(0.05):  # timed, so that Jupyter's SIGINT is seen
                 pass
         except KeyboardInterrupt:
             loop.call_soon_threadsafe(stop)  # runs after start() if start() was queued
             while not done.wait(0.05):
                 pass
             raise
-        task = box["task"]
-        if task.cancelled():
+        if box["task"].cancelled():
             raise KeyboardInterrupt
-        error = task.exception()
-        if error is not None:
-            raise error
-        return task.result()
+        return box["task"].result()  # or raises what the run raised
 
     def close(self, finalize: Callable[[], Coroutine[Any, Any, None]] | None = None) -> None:
         """Run ``finalize`` (closing pooled connections) on the loop, then stop it."""
@@ -117,11 +102,8 @@ class BackgroundLoop:
             return
         inside = thread is threading.current_thread()  # collected on the loop's own thread
         if finalize is not None and thread is not None and thread.is_alive() and not inside:
-            future = asyncio.run_coroutine_threadsafe(finalize(), loop)
-            try:
-                future.result(timeout=10)
-            except Exception:  # noqa: BLE001 - closing connections is best effort at the end
-                pass
+            with contextlib.suppress(Exception):  # closing connections: best effort at the end
+                asyncio.run_coroutine_threadsafe(finalize(), loop).result(timeout=10)
         loop.call_soon_threadsafe(loop.stop)
         if thread is not None and not inside:
             thread.join(10)
@@ -135,6 +117,5 @@ _SHARED = BackgroundLoop("batchjson-sync")
 
 
 def run_sync(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run ``make()`` from sync code with no session at hand (judging an import, cancelling a
-    job): on one shared background loop, so a caller's running loop (Jupyter) is no matter."""
+    """Run ``make()`` from sync code with no session at hand, on one shared background loop."""
     return _SHARED.run(make)

@@ -1,6 +1,4 @@
-"""How an amount of dollars is written (one wording for results, the ledger's records and
-every face), and which amounts a cost budget may be (one check for a session's budget and the
-ledger's own)."""
+"""How an amount of dollars is written, everywhere, and which amounts a cost budget may be."""
 
 from __future__ import annotations
 
@@ -11,21 +9,17 @@ from ._errors import InvalidBatch
 
 
 def money(cost: float | None) -> str:
-    """Dollars as results, receipts and accounts show them: four decimals, and three significant
-    digits below a cent so a cheap model's spend does not read as zero: $0.000158, $0.0421,
-    $12.5000."""
+    """Dollars as results and receipts show them: four decimals, three significant digits below
+    a cent so a cheap model's spend never reads as zero ($0.000158, $0.0421, $12.5000)."""
     if cost is None:
         return "unknown"
     if cost == 0:
         return "$0.00"
-    if abs(cost) < 0.01:
-        return f"${cost:.{_places(abs(cost))}f}"
-    return f"${cost:.4f}"
+    return f"${cost:.{_places(abs(cost))}f}" if abs(cost) < 0.01 else f"${cost:.4f}"
 
 
 def usd(amount: float) -> str:
-    """Dollars as a budget message shows them: cents from $1, else the digits :func:`money`
-    shows with trailing zeros dropped, so a tiny amount never reads as $0."""
+    """Dollars in a budget message: cents from $1, else :func:`money`'s without trailing 0s."""
     if amount >= 1:
         return f"${amount:,.2f}"
     if amount <= 0:

@@ -1,10 +1,10 @@
 """The one masking rule: what batchjson may show of a secret, anywhere it shows anything.
 
-**Known secret values** (a configured API key, a URL's userinfo or credential parameter, a ledger
-URL's password) are replaced wherever batchjson writes or says them (:class:`Secrets`), never in
-the model's answer text. **Shape rules** (docs/providers.md lists the shapes) recognise a pasted
-key only as a *whole* value in a field naming a provider or a model, since task data and digests
-may look the same; only in a provider's error text are key fragments masked wherever they stand."""
+**Known secret values** (an API key, a URL's userinfo or credential parameter) are replaced
+wherever batchjson writes or says them (:class:`Secrets`), never in the model's answer text.
+**Shape rules** (docs/providers.md) recognise a pasted key only as a *whole* value in a field
+naming a provider or a model (task data and digests may look the same), and key fragments
+anywhere in a provider's error text."""
 
 from __future__ import annotations
 
@@ -20,11 +20,9 @@ from ._errors import ProviderSetupError
 REDACTED = "<redacted>"
 MIN_MASKED = 4  # shorter secret values are masked only inside the URL that carries them
 
-# The whole value of a key people paste: a vendor's prefix (OpenAI sk-/sk-proj-, Anthropic
-# sk-ant-, Groq, Hugging Face, Google, xAI, GitHub, Replicate, session tokens, Perplexity,
-# NVIDIA, GitLab), perhaps as a bearer header, then at least 16 key characters; 32 or more hex
-# digits (Azure and many gateways); a UUID. Nothing else: a typo, a spaced name or a build id is
-# a name.
+# The whole value of a pasted key: a vendor's prefix (OpenAI, Anthropic, Groq, Hugging Face,
+# Google, xAI, GitHub, Replicate, Perplexity, NVIDIA, GitLab...), perhaps as a bearer header, then
+# 16 or more key characters; 32 or more hex digits (Azure, gateways); a UUID. Nothing else.
 _PREFIX = r"(?:sk-|sk_|gsk_|hf_|AIza|xai-|ghp_|gho_|r8_|sess-|pk-|pplx-|nvapi-|glpat-)"
 _VENDOR_KEY = _PREFIX + r"[\w-]{16,}"
 _KEY_SHAPE = re.compile(
@@ -34,9 +32,8 @@ _MASK_MARK = r"(?:[*\u2022\u2026]|\.{3})"  # what a provider's echo hides a key'
 _FRAGMENT = (rf"(?<![\w-]){_PREFIX}"
              rf"(?:[\w-]*{_MASK_MARK}+(?:[\w-]|{_MASK_MARK})*|[\w-]{{16,}})")
 _KEY_FRAGMENT = re.compile(_FRAGMENT, re.ASCII)
-# In a provider's error text only: a key glued to a word (``api_key_sk-proj-...``: 16 or more
-# key characters, a digit among them, so ``task-abc`` or ``risk-assessment-framework`` stay)
-# and bare 32+ hex digits (Azure's keys; anywhere else hex is a digest, shown as it is).
+# In a provider's error text only: a key glued to a word (``api_key_sk-proj-...``, a digit among
+# its 16+ characters, so ``risk-assessment-framework`` stays) and bare 32+ hex digits (Azure's).
 _PROVIDER_FRAGMENT = re.compile(rf"{_FRAGMENT}|(?<=[\w-]){_PREFIX}(?=[\w-]*\d)[\w-]{{16,}}"
                                 r"|(?<![\w-])[0-9a-fA-F]{32,}(?![\w-])", re.ASCII)
 
@@ -52,9 +49,8 @@ def masked(text: str) -> str:
 
 
 def key_digest(value: str | None) -> str:
-    """Who holds a key, without the key: 16 hex digits of a SHA-256 over it, which cannot give
-    it back (a key is too long to guess); "" for no key. Kept in a ledger to tell accounts
-    apart."""
+    """Who holds a key, without the key (16 hex digits of a SHA-256 over it; "" for none): what
+    a ledger keeps to tell accounts apart."""
     if not value:
         return ""
     return hashlib.sha256(b"batchjson account\0" + value.encode("utf-8", "surrogatepass")
@@ -62,20 +58,18 @@ def key_digest(value: str | None) -> str:
 
 
 def keys_masked(text: str) -> str:
-    """``text`` with each vendor-prefixed key in it masked, wherever it stands, whole or as a
-    provider echoes it (``sk-VKMIs***...wjh3``), matching the configured key or not."""
+    """``text`` with each vendor-prefixed key masked, whole or echoed (``sk-VKMIs***...wjh3``)."""
     return _KEY_FRAGMENT.sub(REDACTED, text)
 
 
 def provider_text_masked(text: str) -> str:
-    """A provider's own (error) text as batchjson may store and show it: :func:`keys_masked`,
-    and keys glued to a word or written as bare hex. Never the model's answer text."""
+    """A provider's own (error) text as batchjson may show it: :func:`keys_masked`, and keys
+    glued to a word or written as bare hex. Never the model's answer text."""
     return _PROVIDER_FRAGMENT.sub(REDACTED, text)
 
 
 def shown_value(text: str) -> str:
-    """A name the user typed, for a message: as written (a typo must be visible to be fixed),
-    or masked if it is shaped like a key."""
+    """A name the user typed, for a message: as written (typos show), masked if key-shaped."""
     return masked(text) if looks_like_key(text) else repr(text)
 
 
@@ -83,17 +77,15 @@ _MASKED = re.compile(r"^(['\"]).{0,4}\1\.\.\. \(\d+ chars\)$|^<redacted>$")
 
 
 def shown_name(value: Any) -> Any:
-    """A provider or model name as batchjson may store and show it: the name itself, or, if
-    the whole value is shaped like a key (a server echoing a key as its ``model``), masked.
-    Masking twice changes nothing."""
+    """A provider or model name as batchjson may show it: masked if the whole value is shaped
+    like a key (a server echoing a key as its ``model``); masking twice changes nothing."""
     if isinstance(value, str) and looks_like_key(value) and not _MASKED.match(value):
         return masked(value)
     return value
 
 
 def check_name(value: str | None, what: str, fix: str) -> str | None:
-    """Refuse a key-shaped ``what`` (e.g. ``model``) at construction, before it reaches a repr,
-    a request or the ledger; the message shows only its first four characters."""
+    """Refuse a key-shaped ``what`` (``model``) before a repr, a request or the ledger has it."""
     if value is None:
         return None
     if not isinstance(value, str):
@@ -104,23 +96,20 @@ def check_name(value: str | None, what: str, fix: str) -> str | None:
     return value
 
 
-# -- known secret values -----------------------------------------------------------------------
-# Query parameters that carry credentials (Azure's api-key and SAS sig, Google's key, OAuth's
-# access_token, ...): matched by name, case and -/_ aside.
+# -- known secret values: query parameters that carry credentials (Azure's api-key and SAS sig,
+# Google's key, OAuth's access_token...), matched by name, case and -/_ aside -------------------
 _CREDENTIAL_WORDS = ("key", "token", "secret", "passw", "pwd", "credential", "signature", "auth")
 _CREDENTIAL_NAMES = frozenset({"sig", "code", "session", "sessionid", "jwt", "bearer"})
 
 
 def is_credential_param(name: str) -> bool:
-    """Whether a URL query parameter's name says it carries a credential."""
     lowered = name.strip().lower().replace("-", "_")
     return lowered in _CREDENTIAL_NAMES or any(w in lowered for w in _CREDENTIAL_WORDS)
 
 
 def url_secrets(url: str, *, user: bool = True) -> list[str]:
-    """The secret values a URL carries: its userinfo (user and password; the password only
-    with ``user=False``) and the values of its credential query parameters, each as written
-    and decoded."""
+    """The secret values a URL carries, as written and decoded: its userinfo (the password
+    only, with ``user=False``) and its credential query parameters' values."""
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -138,10 +127,8 @@ def url_secrets(url: str, *, user: bool = True) -> list[str]:
 
 
 def basic_auth_forms(url: str) -> list[str]:
-    """What a URL's userinfo becomes on the wire: the base64 of ``user:password`` that HTTP
-    basic auth sends (aiohttp encodes it as Latin-1; UTF-8 too, as other clients do), padded
-    and not, for the userinfo as written and decoded. A server that echoes the request's
-    ``Authorization`` header in an error body echoes exactly this."""
+    """A URL's userinfo as a server echoing ``Authorization`` shows it: base64 of ``user:password``
+    (Latin-1 as aiohttp sends it, and UTF-8), padded and not, as written and decoded."""
     try:
         userinfo, at, _ = urlsplit(url).netloc.rpartition("@")
     except ValueError:
@@ -167,9 +154,8 @@ def public_query(query: str) -> str:
 
 
 def public_url(url: str, *, user: bool = True) -> str:
-    """A URL as it may be shown: its userinfo and credential parameters replaced. With
-    ``user=False`` (a ledger's database URL) only the password goes: its user is no secret,
-    and a command suggested with the user replaced would not work when copied."""
+    """A URL as it may be shown: its userinfo and credential parameters replaced; with
+    ``user=False`` (a database URL) only the password, so a suggested command still works."""
     try:
         parts = urlsplit(url)
     except ValueError:  # not even a URL's parts can be told apart: show nothing of it
@@ -185,11 +171,9 @@ def public_url(url: str, *, user: bool = True) -> str:
 
 
 class Secrets:
-    """The secret values one configuration holds; :meth:`mask` replaces each wherever it appears:
-    as written, URL-encoded, as basic-auth base64 (:func:`basic_auth_forms`) or as the masked
-    echo a provider's 401 body shows. A URL in ``urls`` is first replaced whole by its
-    :func:`public_url`; a value shorter than :data:`MIN_MASKED` is masked only there, and with
-    ``url_users=False`` a database's user name is no secret. Its repr says how many it holds."""
+    """The secret values one configuration holds; :meth:`mask` replaces each as written, encoded
+    or echoed, after each of ``urls`` by its :func:`public_url` (the only place a value shorter
+    than :data:`MIN_MASKED` is masked)."""
 
     __slots__ = ("_urls", "_values", "_echo")
 

@@ -1,9 +1,6 @@
-"""The words a provider describes its answer source in (the keys, ``_content/keys.py``, read
-them), and the words it says an answer ended in (:data:`STOPS`).
-
-``source_key()`` returns a string or a sequence of parts: text, :class:`Code` (keyed by its
-content), :class:`Digest` (setting values) and :class:`Hashed` (parts keyed as one digest). A
-provider says *what* decides its answers; how that becomes a key is decided in one place."""
+"""The words a provider describes its answer source in (``_content/keys.py`` keys them), and
+those it says an answer ended in (:data:`STOPS`). ``source_key()`` returns a string or a sequence
+of parts: text, :class:`Code`, :class:`Digest` (setting values) and :class:`Hashed`."""
 
 from __future__ import annotations
 
@@ -15,10 +12,8 @@ from typing import Any
 
 @dataclass(eq=False)
 class Code:
-    """Code that decides answers. ``whole``: the object with its configuration (a callable
-    object's immutable attributes, a function's defaults and what it reads); else the function
-    or class alone. ``owner`` names the provider refused when the code reads what no fingerprint
-    can see; ``length`` shortens the digest (None: all of it)."""
+    """Code that decides answers (``whole``: with its configuration); ``owner``: the provider
+    refused when the code reads what no fingerprint sees; ``length``: of the digest."""
 
     obj: Any
     owner: str | None = None
@@ -29,8 +24,7 @@ class Code:
 
 @dataclass(frozen=True, eq=False)
 class Digest:
-    """Setting values by a 16-character digest of their content; ``fallback`` gives the bytes
-    hashed instead when the values have no content encoding (nested past its bound)."""
+    """Setting values by a 16-character digest of their content, else of ``fallback()``'s bytes."""
 
     value: Any
     fallback: Callable[[], bytes] | None = None
@@ -38,15 +32,13 @@ class Digest:
 
 @dataclass(frozen=True, eq=False)
 class Hashed:
-    """A JSON list whose parts may be :class:`Code` or :class:`Hashed`: the SHA-256 of its
-    JSON text once they are resolved."""
+    """A JSON list, parts resolved (:class:`Code`, :class:`Hashed`), as its text's SHA-256."""
 
     items: list[Any]
 
 
-# Why a return cannot be an answer whatever its text says, as its provider reported it (the
-# built-in providers read OpenAI's finish_reason, refusal and tool_calls, Anthropic's
-# stop_reason and content blocks); acceptance rejects it under the same name.
+# Why a return cannot be an answer whatever its text says, as its provider reported it;
+# acceptance rejects it under the same name.
 TRUNCATED = "truncated"  # cut off at the output ceiling (length, max_tokens)
 REFUSED = "refused"  # the model declined (OpenAI message.refusal, Anthropic stop_reason refusal)
 TOOL_CALL = "tool_call"  # a tool call came where text was asked

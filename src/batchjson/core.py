@@ -1,8 +1,5 @@
-"""The core's surface for faces: what a notebook extension, an RLM binding or a command line
-needs of batchjson beyond the names in ``batchjson`` itself. The faces shipped here use only this
-module and ``batchjson`` (an import-linter contract forbids them the core's private modules), so
-what a face relies on is named here, in one place (docs/api.md, "For faces").
-"""
+"""The core's surface for faces (a notebook extension, an RLM binding, a command line) beyond the
+names in ``batchjson``: the faces shipped here use only these two (docs/api.md, "For faces")."""
 
 from ._checks import whole_argument
 from ._content.keys import answer_source, source_text

@@ -1,8 +1,5 @@
-"""The caller's validator, run so that it can only say yes, no, or that it is broken
-(docs/design.md, "The commit boundary", step 5): a rejection may be repaired; a broken validator
-is a ``validator_error``, reported and never retried. Bound to a droste client, droste's own
-verdicts apply instead (:func:`droste_verdicts`).
-"""
+"""The caller's validator, run so that it can only say yes, no (repairable), or that it is broken
+(a ``validator_error``, never retried; docs/design.md, "The commit boundary", step 5)."""
 
 from __future__ import annotations
 
@@ -20,14 +17,10 @@ from .._errors import RejectReturn
 from .._secrets import keys_masked
 
 
-# -- the caller's validator --------------------------------------------------------------------
 async def run_validator_async(validator: Callable[[Any, Mapping[str, Any]], Any], value: Any,
                               task: Mapping[str, Any], task_id: str) -> list[dict[str, Any]]:
-    """ValueError, AssertionError or ``False`` rejects (repairable); any other exception is a
-    validator crash, never retried. Only ``None``, ``True`` (or a bool-like such as
-    ``numpy.bool_``) and the item itself accept: committing on any other return's word could
-    commit a bad item. The validator gets its own copy of the task, so nothing it does reaches
-    the ledger's request."""
+    """ValueError, AssertionError or ``False`` rejects; any other exception is a crash; only
+    ``None``, ``True`` (``numpy.bool_``) or the item accepts. It gets its own copy of the task."""
     try:
         out = validator(value, json.loads(canonical_json(dict(task))))  # its own copy
         if inspect.isawaitable(out):
@@ -57,8 +50,7 @@ async def run_validator_async(validator: Callable[[Any, Mapping[str, Any]], Any]
 
 
 def crashed(exc: BaseException, task_id: str, hint: str = "") -> dict[str, Any]:
-    """A ``validator_error`` naming what the validator raised, with its own frames (kept on
-    the receipt: a bare ``KeyError: 'lable'`` does not say where)."""
+    """A ``validator_error`` naming what the validator raised, with its own frames."""
     frames = validator_frames(exc)
     return error("validator_error", keys_masked(f"task {task_id!r}: validator raised "
                                                 f"{type(exc).__name__}: {said(exc)}{hint}"),
@@ -66,8 +58,7 @@ def crashed(exc: BaseException, task_id: str, hint: str = "") -> dict[str, Any]:
 
 
 def said(exc: BaseException) -> str:
-    """What ``exc`` says; one whose own ``__str__`` raises (a typo in a custom exception) is
-    named by that failure: it is the validator's bug, never to be blamed on the model."""
+    """What ``exc`` says, or that its own ``__str__`` raised (the validator's bug)."""
     try:
         return str(exc)
     except Exception as failure:  # noqa: BLE001 - any bug in the caller's __str__
@@ -79,8 +70,7 @@ FRAMES_SHOWN, TRACEBACK_CHARS = 8, 2000
 
 
 def validator_frames(exc: BaseException) -> str:
-    """The frames of ``exc`` in the caller's code (batchjson's own left out), innermost last:
-    file, line and source line each, keys masked, the innermost ``FRAMES_SHOWN`` only."""
+    """The innermost ``FRAMES_SHOWN`` frames of ``exc`` in the caller's code, keys masked."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
               if not os.path.realpath(f.filename).startswith(_OWN_CODE)]
     hidden = max(0, len(frames) - FRAMES_SHOWN)
@@ -93,14 +83,12 @@ def validator_frames(exc: BaseException) -> str:
 
 
 class CountedAsCrash(Exception):
-    """Raised (from the validator's own exception) by a wrapper whose contract counts that
-    exception as the validator failing, not as a rejection."""
+    """Raised from a validator's exception by a wrapper whose contract counts it a crash."""
 
 
 def droste_verdicts(fn: Callable[[Any, int], Any]) -> Callable[[Any, Mapping[str, Any]], Any]:
-    """``fn(value, index)`` judged as droste 0.26's helper judges it: only ``ValueError``
-    rejects; a failed ``assert`` (like any other exception) is a ``validator_error``; whatever
-    it returns is ignored (``False`` accepts). An ``async def`` one is awaited."""
+    """``fn(value, index)`` judged as droste 0.26 does: only ``ValueError`` rejects, a failed
+    ``assert`` is a ``validator_error``, what it returns is ignored; an ``async def`` awaited."""
     def check(value: Any, task: Mapping[str, Any]) -> Any:
         try:
             out = fn(value, task["index"])
@@ -119,8 +107,7 @@ async def _awaited_ignoring(out: Any) -> None:
 
 
 def _assertion(exc: AssertionError) -> str:
-    """An assert's own message, else the failing ``assert`` line as written (a repair prompt
-    then tells the model which rule its answer broke)."""
+    """An assert's own message, else the failing ``assert`` line (for the repair prompt)."""
     if message := said(exc):
         return message
     frames = traceback.extract_tb(exc.__traceback__)
@@ -154,9 +141,8 @@ _BOOL_LIKE = frozenset({"numpy", "jax", "torch", "cupy"})
 
 
 def judged_code_raised(exc: BaseException) -> bool:
-    """Whether an exception out of judged code (a validator, a schema's own) is that code's own
-    doing, a ``validator_error``, rather than the run being stopped: a real cancellation of this
-    task, or Ctrl-C on the main thread (judging runs on the loop thread, where no signal lands)."""
+    """Whether an exception out of judged code is its own doing (a ``validator_error``), not the
+    run being stopped: this task cancelled, or Ctrl-C (which lands on the main thread)."""
     if isinstance(exc, asyncio.CancelledError):
         try:
             current = asyncio.current_task()
@@ -172,8 +158,8 @@ MESSAGE_CHARS = 2000
 
 
 def error(kind: str, message: str, task_id: str | None = None, **extra: Any) -> dict[str, Any]:
-    """One error of a verdict, as receipts keep it: its message capped at ``MESSAGE_CHARS``,
-    saying how much was cut, since it is stored, shown and sent in a paid repair prompt."""
+    """One error of a verdict, as receipts keep it; its message, stored, shown and sent in a
+    paid repair prompt, capped at ``MESSAGE_CHARS``, saying how much was cut."""
     if len(message) > MESSAGE_CHARS:
         message = (f"{message[:MESSAGE_CHARS]}... ({len(message) - MESSAGE_CHARS:,} more "
                    "characters cut)")

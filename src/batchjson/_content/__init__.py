@@ -1,4 +1,2 @@
-"""What a batch is made of: tasks, requests, schemas and the JSON a model returns.
-
-docs/design.md's module map names what each module here owns. May import fingerprints and the
-flat modules; never providers or anything above them."""
+"""What a batch is made of: tasks, requests, schemas and the JSON a model returns (docs/design.md's
+module map). May import fingerprints and the flat modules; never providers or anything above."""

@@ -1,13 +1,6 @@
-"""How big an answer to a schema can be, read from the schema alone (no value is drawn): the one
-owner of a schema's answer size. :func:`smallest_answers` is the least a pack's answers can be
-(the input check refuses a pack only when even that cannot fit ``max_tokens``);
-:func:`largest_answer` is the most characters any valid answer takes, or None when unbounded.
-
-Both are bounds, so each leaves out what it cannot weigh exactly: the smallest reads only the
-keywords that ask for a least (``required``, ``minItems``, ``minLength``, ``enum``, bounds), never
-those that only ask for more (``pattern``, ``not``, ``if``); the largest is unbounded wherever a
-string, an array, an object or a number is left uncapped.
-"""
+"""How big an answer to a schema can be, read from the schema alone: the least a pack's answers
+can be (for the input check) and the most characters any valid answer takes. Both are bounds: the
+least reads only keywords asking for a least, the most is None wherever a size is uncapped."""
 
 from __future__ import annotations
 
@@ -34,9 +27,7 @@ _ESCAPED = 6  # the most one character of a string takes in JSON: a control char
 
 def smallest_answers(schema: ItemSchema, tasks: Sequence[Mapping[str, Any]],
                      identity: Sequence[str], mode: str) -> list[str]:
-    """The smallest answer each task can get, as compact JSON text: what the schema requires
-    at its least (weighed once: the identity echoes are the only part that differs by task),
-    with the task's identity values first."""
+    """The smallest answer each task can get, as compact JSON, its identity values first."""
     least = _least(schema.json_schema, schema.json_schema, 0)
     if mode == "value":
         return [_compact(least)] * len(tasks)
@@ -46,19 +37,15 @@ def smallest_answers(schema: ItemSchema, tasks: Sequence[Mapping[str, Any]],
 
 
 def largest_answer(schema: Mapping[str, Any], *, declared: bool = False) -> int | None:
-    """The most characters any answer valid under ``schema`` (a JSON Schema document) takes
-    as compact JSON with ``ensure_ascii=False``; None when the schema sets no limit. With
-    ``declared``, an object that names its properties and says nothing of others is taken to
-    hold only those: what a provider enforcing the schema (strict mode, a tool's input)
-    answers, and what a model asked for it writes."""
+    """The most characters any answer valid under ``schema`` takes as compact JSON, or None; with
+    ``declared``, an object naming its properties holds only those (as strict mode answers)."""
     if declared:
         schema = _declared_only(schema)
     return _most(schema, schema, 0)
 
 
 def _declared_only(node: Any) -> Any:
-    """``node`` with ``additionalProperties: false`` where properties are named and nothing
-    is said of others."""
+    """``node`` with ``additionalProperties: false`` where properties are named, others not."""
     if isinstance(node, list):
         return [_declared_only(member) for member in node]
     if not isinstance(node, Mapping):
@@ -78,8 +65,7 @@ def _size(value: Any) -> int:
 
 
 def _joined(node: Mapping[str, Any], root: Any) -> list[Any]:
-    """What ``node`` asks besides itself: its ``$ref``'s target and its ``allOf`` members (a
-    value must meet them all), with ``node`` less those two keywords first; [] for neither."""
+    """``node`` less ``$ref`` and ``allOf``, then the ref's target and the members: all to meet."""
     ref, members = node.get("$ref"), node.get("allOf")
     if not isinstance(ref, str) and not isinstance(members, list):
         return []
@@ -91,13 +77,20 @@ def _joined(node: Mapping[str, Any], root: Any) -> list[Any]:
 
 
 def _branches(node: Mapping[str, Any]) -> list[Any]:
-    """``anyOf`` (or ``oneOf``) as one schema per branch, each joined with the rest of
-    ``node``; [] for neither."""
+    """``anyOf`` (or ``oneOf``) as one schema per branch joined with the rest of ``node``."""
     for key in ("anyOf", "oneOf"):
         if isinstance(node.get(key), list) and node[key]:
             rest = {k: v for k, v in node.items() if k != key}
             return [{"allOf": [rest, branch]} for branch in node[key]]
     return []
+
+
+def _array_items(node: Mapping[str, Any]) -> tuple[list[Any], Any]:
+    """(the tuple's item schemas, the schema of the items after them)."""
+    prefix, items = node.get("prefixItems"), node.get("items", True)
+    if isinstance(items, list):  # draft 4-7 tuples: items is the list
+        prefix, items = items, node.get("additionalItems", True)
+    return (prefix if isinstance(prefix, list) else []), items
 
 
 def _kinds(node: Mapping[str, Any]) -> list[str]:
@@ -107,9 +100,8 @@ def _kinds(node: Mapping[str, Any]) -> list[str]:
 
 # -- the smallest ------------------------------------------------------------------------------
 def _least(node: Any, root: Any, depth: int) -> Any:
-    """A value no larger, as compact JSON, than any value ``node`` accepts (``0``, the smallest
-    JSON text, where nothing is asked or nothing can be weighed); a node with no ``type`` is
-    taken as the kind its keywords describe, as a model answering it would write it."""
+    """A value no larger, as compact JSON, than any ``node`` accepts (``0`` where nothing is
+    asked or can be weighed); without ``type``, of the kind its keywords describe."""
     if depth > _DEPTH or not isinstance(node, Mapping):
         return 0
     if joined := _joined(node, root):
@@ -132,10 +124,7 @@ def _least_of_kind(kind: str, node: Mapping[str, Any], root: Any, depth: int) ->
         return {name: _least(props.get(name, True), root, depth + 1)
                 for name in dict.fromkeys(required)}
     if kind == "array":
-        prefix, items = node.get("prefixItems"), node.get("items", True)
-        if isinstance(items, list):  # draft 4-7 tuples: items is the list
-            prefix, items = items, node.get("additionalItems", True)
-        prefix = prefix if isinstance(prefix, list) else []
+        prefix, items = _array_items(node)
         count = node.get("minItems") if isinstance(node.get("minItems"), int) else 0
         return [_least(prefix[i] if i < len(prefix) else items, root, depth + 1)
                 for i in range(count)]
@@ -151,7 +140,7 @@ def _least_of_kind(kind: str, node: Mapping[str, Any], root: Any, depth: int) ->
 
 def _least_number(node: Mapping[str, Any], integer: bool) -> int | float:
     """The allowed number nearest zero: zero, or the bound nearest it moved onto the step
-    (``multipleOf``, 1 for integers; numbers read as written, so 0.1 steps by tenths)."""
+    (``multipleOf`` as written, 1 for integers)."""
     low, low_open = _bound(node, "minimum", "exclusiveMinimum", lower=True)
     high, high_open = _bound(node, "maximum", "exclusiveMaximum", lower=False)
     if low is not None and low > 0:
@@ -171,8 +160,8 @@ def _least_number(node: Mapping[str, Any], integer: bool) -> int | float:
 
 def _bound(node: Mapping[str, Any], key: str, exclusive: str, *, lower: bool
            ) -> tuple[Fraction | None, bool]:
-    """(the tighter of ``key`` and ``exclusive``, whether it excludes itself); draft 4's
-    boolean ``exclusiveMinimum`` makes ``minimum`` exclusive."""
+    """(the tighter of ``key`` and ``exclusive``, whether it excludes itself; draft 4's boolean
+    ``exclusiveMinimum`` makes ``minimum`` exclusive)."""
     value, other = _decimal(node.get(key)), node.get(exclusive)
     if other is True:
         return value, value is not None
@@ -197,7 +186,9 @@ def _most(node: Any, root: Any, depth: int) -> int | None:
     if depth > _DEPTH or not isinstance(node, Mapping):
         return None
     if joined := _joined(node, root):
-        return _least_known(_most(part, root, depth + 1) for part in joined)
+        # a value meeting every part takes no more than the smallest limit among them
+        known = [size for part in joined if (size := _most(part, root, depth + 1)) is not None]
+        return min(known, default=None)
     if "const" in node:
         return _size(node["const"])
     if isinstance(node.get("enum"), list) and node["enum"]:
@@ -207,12 +198,6 @@ def _most(node: Any, root: Any, depth: int) -> int | None:
     kinds = _kinds(node)
     return _most_known(_most_of_kind(kind, node, root, depth) for kind in kinds) if kinds \
         else None
-
-
-def _least_known(sizes: Any) -> int | None:
-    """A value meeting every part takes no more than the smallest limit among them."""
-    known = [size for size in sizes if size is not None]
-    return min(known) if known else None
 
 
 def _most_known(sizes: Any) -> int | None:
@@ -254,10 +239,7 @@ def _most_object(node: Mapping[str, Any], root: Any, depth: int) -> int | None:
 
 def _most_array(node: Mapping[str, Any], root: Any, depth: int) -> int | None:
     """``maxItems`` items (or only the tuple's, where no others may follow) at their longest."""
-    prefix, items = node.get("prefixItems"), node.get("items", True)
-    if isinstance(items, list):  # draft 4-7 tuples: items is the list
-        prefix, items = items, node.get("additionalItems", True)
-    prefix = prefix if isinstance(prefix, list) else []
+    prefix, items = _array_items(node)
     count = node.get("maxItems") if isinstance(node.get("maxItems"), int) else None
     if items is False:
         count = len(prefix) if count is None else min(count, len(prefix))

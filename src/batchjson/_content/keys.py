@@ -1,9 +1,6 @@
-"""Keys: the one type that composes every key of a run or an import, and the answer source.
-
-A request key covers what the model saw (the *seen* content) and how its return is judged; a
-revision is the digest of all of it. An import's answers have no answer source: they are keyed
-by the same content without one (the *sourceless* key), which a live run computes too, finds
-and re-judges; a live run and an import of the same content compose byte-identical keys here."""
+"""Keys: the one type that composes every key of a run or an import, and the answer source. A
+request key covers what the model saw (the *seen* content) and how its return is judged; an
+import's answers are keyed without a source (*sourceless*), as a live run finds and re-judges."""
 
 from __future__ import annotations
 
@@ -22,9 +19,8 @@ from .._sources import Code, Digest, Hashed
 from .packed import PackedTasks
 from .tasks import ECHOED, Identity, Request, sha
 
-# The revision components that go into every request key besides its tasks. "source" is the
-# answer source; "unseen" moves judging no fingerprint fully sees past answers that no longer
-# pass (see _session/rejudge.py).
+# The revision components that key every request besides its tasks ("unseen": judging no
+# fingerprint fully sees, see _session/rejudge.py).
 KEY_COMPONENTS = ("schema", "validator", "instructions", "identity", "mode", "source", "unseen")
 # What keys answers of unknown source: receipts imported from another system (keyed with the
 # identity fields alone, no "+echoed").
@@ -32,8 +28,7 @@ SOURCELESS_COMPONENTS = ("schema", "validator", "instructions", "identity", "mod
 
 
 def _key_content(components: Mapping[str, str]) -> dict[str, str]:
-    """The part of a revision's components that keys its requests. Components without an
-    answer source key by :data:`SOURCELESS_COMPONENTS`, the identity fields alone."""
+    """The part of a revision's components that keys its requests (sourceless, if no source)."""
     if "source" in components:
         return {k: components[k] for k in KEY_COMPONENTS if k in components}
     out = {k: components[k] for k in SOURCELESS_COMPONENTS if k in components}
@@ -47,8 +42,7 @@ DIGEST_SLICE = 1000  # tasks encoded at once while hashing: the whole is never o
 
 def tasks_digest(task_list: Sequence[Mapping[str, Any]]) -> str:
     """The ``tasks`` component of a revision: the SHA-256 of every task in order as one JSON array
-    (sorted keys, ASCII), fed a slice at a time so a million tasks are never one text. A held
-    request text that is ASCII is already those bytes, hashed without decoding it."""
+    (sorted keys, ASCII), fed a slice at a time; a held ASCII request text is hashed as it is."""
     if isinstance(task_list, PackedTasks):  # an ASCII request text is those bytes already
         arrays: Iterable[str] = (  # DEL: escaped in ASCII JSON only
             text if text.isascii() and "\x7f" not in text else _ascii_json(json.loads(text))
@@ -67,10 +61,8 @@ _ascii_json = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
 
 
 def key_maker(content: Mapping[str, str]) -> Callable[[str], str]:
-    """The key of ``{"tasks": <tasks>, **content}`` as a function of the tasks' canonical JSON:
-    canonical JSON of a dict is its sorted ``"key":value`` pairs joined by commas, so the content
-    around the tasks is encoded once and each request's tasks text spliced in.
-    """
+    """The key of ``{"tasks": <tasks>, **content}`` as a function of the tasks' canonical JSON,
+    spliced between the sorted ``"key":value`` pairs around it, encoded once."""
     members = sorted({"tasks": None, **content}.items())
     where = [k for k, _ in members].index("tasks")
     encoded = [f"{canonical_json(k)}:{canonical_json(v)}" for k, v in members]
@@ -81,8 +73,8 @@ def key_maker(content: Mapping[str, str]) -> Callable[[str], str]:
 
 @dataclass(frozen=True)
 class Keys:
-    """Every key of one content: ``components`` (the revision's, as the ledger stores them) and
-    ``seen`` (what the model saw; None for components read back from an export)."""
+    """Every key of one content: ``components`` (the revision's, as stored) and ``seen`` (what
+    the model saw; None for components read back from an export)."""
 
     components: Mapping[str, str]
     seen: Mapping[str, str] | None = None
@@ -91,9 +83,7 @@ class Keys:
     def compose(cls, task_list: Sequence[Mapping[str, Any]], schema: Any, validator: str,
                 pack: int, instructions: str | None, identity: Identity, mode: str,
                 source: str | None, digest: str | None = None) -> Keys:
-        """The keys of a run, or of an import (``source`` None: the answer source unknown).
-        ``digest``: the tasks' digest when already known (a tasks file seen before), so they
-        need not be read."""
+        """The keys of a run, or of an import (``source`` None); ``digest``: the tasks'."""
         components = {
             "tasks": digest or tasks_digest(task_list),
             "schema": schema.fingerprint, "validator": validator, "pack": str(pack),
@@ -108,30 +98,25 @@ class Keys:
 
     @property
     def revision(self) -> str:
-        """A revision's identity: the digest of all its components."""
         return sha(json.dumps(dict(self.components), sort_keys=True))
 
     @cached_property
     def content(self) -> dict[str, str]:
-        """What keys each request besides its tasks."""
         return _key_content(self.components)
 
     @cached_property
     def request(self) -> Callable[[str], str]:
-        """A request's key from its tasks' canonical JSON."""
         return key_maker(self.content)
 
     @cached_property
     def seen_key(self) -> Callable[[str], str]:
-        """What a request's model saw, from its tasks' canonical JSON: where earlier returns
-        that may be re-judged are found."""
+        """What a request's model saw: where earlier returns that may be re-judged are found."""
         assert self.seen is not None, "components read back carry no seen content"
         return key_maker(self.seen)
 
     @cached_property
     def sourceless(self) -> Callable[[str], str]:
-        """A request's key with its answer source unknown: the key an import of the same
-        content writes, which a live run looks up before asking."""
+        """A request's key with its answer source unknown, as an import of it writes."""
         return key_maker(_key_content({k: v for k, v in self.components.items()
                                        if k != "source"}))
 
@@ -141,8 +126,7 @@ class Keys:
 
     def pack(self, tasks: Sequence[dict], pack: int,
              texts: Sequence[str] | None = None) -> list[Request]:
-        """Group tasks ``pack`` at a time; ``texts`` are their canonical JSON, one per task,
-        if made."""
+        """Group tasks ``pack`` at a time (``texts``: their canonical JSON, if made)."""
         whole("pack", pack, 1)
         if texts is None:
             texts = [canonical_json(t) for t in tasks]
@@ -154,8 +138,7 @@ class Keys:
         return out
 
     def window(self, tasks: PackedTasks, start: int, stop: int) -> list[Request]:
-        """Requests ``start`` to ``stop`` (positions) of checked tasks held as their requests'
-        texts (``normalize_tasks(..., pack=)``), each task decoded when read, not held twice."""
+        """Requests ``start`` to ``stop`` of checked tasks held as their requests' texts."""
         texts = tasks.texts[start:stop]
         return [Request(self.request(text), tasks.request(position, text), position,
                         tasks_json=text) for position, text in enumerate(texts, start)]
@@ -166,8 +149,8 @@ class Keys:
         return self._children(request, (request.tasks[:middle], request.tasks[middle:]))
 
     def apart(self, request: Request, rejected: Iterable[str]) -> tuple[Request, Request]:
-        """A request answered in part (``accept="items"``) as two children, each keyed by its
-        own tasks as a half is: the tasks accepted, and those ``rejected``, in task order."""
+        """A request answered in part (``accept="items"``) as two children keyed as halves are:
+        the tasks accepted, and those ``rejected``, in task order."""
         out = set(rejected)
         kept, rest = self._children(request, (
             [t for t in request.tasks if t["task_id"] not in out],
@@ -189,17 +172,14 @@ _ANSWER_SETTINGS = ("name", "model", "base_url", "temperature", "top_p", "max_to
 
 
 def answer_source(provider: Any) -> str:
-    """Where answers come from, as a stable key: part of every request key, so switching
-    provider, model, endpoint or a sent setting never reuses another source's answers. The
-    provider's class plus the digest of its :func:`source_text`."""
+    """Where answers come from, part of every request key (another model, endpoint or setting
+    never reuses them): the provider's class and its :func:`source_text`'s digest."""
     return f"{qualname(type(provider))}:{sha(source_text(provider))}"
 
 
 def source_text(provider: Any) -> str:
-    """What decides a provider's answers, as text: what its ``source_key()`` describes (a
-    string, or a tuple of parts in the words of ``_sources``, which may also be passed alone),
-    else the settings above that it has: values by content, functions and callable objects by
-    their code. Never API keys: nothing here reads them."""
+    """What decides a provider's answers, as text (never its API key): its ``source_key()`` (or
+    a tuple of ``_sources`` parts passed alone), else the settings above that it has."""
     if isinstance(provider, tuple):
         return "".join(map(_resolved, provider))
     own = getattr(provider, "source_key", None)
@@ -217,11 +197,9 @@ def source_text(provider: Any) -> str:
 
 
 def _setting(value: Any) -> Any:
-    """A setting's part of an answer source: plain values as they are, functions and objects by
-    their code and immutable values (never the counters or logs a stub keeps)."""
-    if isinstance(value, (str, int, float, bool, type(None))):
-        return value
-    return fingerprint_callable(value).digest
+    """A setting's part of an answer source: a plain value as it is, else its code's key."""
+    plain = isinstance(value, (str, int, float, bool, type(None)))
+    return value if plain else fingerprint_callable(value).digest
 
 
 def _resolved(part: Any) -> Any:
@@ -245,8 +223,7 @@ def _resolved(part: Any) -> Any:
 def _code_digest(part: Code) -> str:
     fingerprint = (fingerprint_callable if part.whole else fingerprint_function)(part.obj)
     if part.owner is not None and fingerprint.partial:
-        # An answer function reading what no fingerprint sees (globals()["K"], eval) could
-        # change its answers while its key stays the same: refused before anything is spent.
+        # reading what no fingerprint sees (eval), its answers could change under one key
         raise ProviderSetupError(
             f"{part.owner}: the answer function reads values batchjson cannot see "
             f"({', '.join(fingerprint.unseen)}), so its stored answers could not safely be "

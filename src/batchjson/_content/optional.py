@@ -1,9 +1,6 @@
-"""A ``null`` read as absent: how an answer in OpenAI's strict mode leaves out an optional field.
-
-Strict mode makes every property required, so an optional one is sent as nullable
-(docs/providers.md, "Strict schemas"); before an item is judged, a ``null`` for a property the
-schema does not require and whose own schema does not allow ``null`` is taken out again. The rule
-reads the answer schema alone, so a return is judged alike live, re-judged, imported or merged."""
+"""A ``null`` read as absent: how an answer in OpenAI's strict mode, where an optional property is
+sent as nullable (docs/providers.md, "Strict schemas"), leaves it out. Before an item is judged, a
+``null`` the answer schema neither requires nor allows is taken out, by the schema alone."""
 
 from __future__ import annotations
 
@@ -12,27 +9,18 @@ from typing import Any
 
 from .schema import MISSING, resolve_pointer
 
-__all__ = ["allows_null", "without_absent_nulls"]
-
-# Answers nested deeper than this keep their nulls (and are judged as they are): judging must
-# stay total on a crafted return nested thousands deep.
-_MAX_DEPTH = 64
+_MAX_DEPTH = 64  # deeper answers keep their nulls: judging stays total on a crafted return
 _REF_HOPS = 32  # a $ref chain longer than this is a cycle: the node is taken as it stands
 
 
 def without_absent_nulls(value: Any, schema: Any) -> Any:
-    """``value`` without the nulls that stand for absent optional properties (a new object
-    where any was taken out, ``value`` itself otherwise)."""
-    if not isinstance(schema, Mapping):
-        return value
-    return _walk(value, schema, schema, 0)
+    """``value`` without the nulls that stand for absent optional properties (itself if none)."""
+    return _walk(value, schema, schema, 0) if isinstance(schema, Mapping) else value
 
 
 def allows_null(node: Any, root: Any, _hops: int = 0) -> bool:
-    """Whether ``null`` may pass ``node`` as far as its keywords say: ``type``, ``enum``,
-    ``const``, ``anyOf``/``oneOf``/``allOf``, ``not: {"type": "null"}`` and local ``$ref``s.
-    A keyword that only constrains other types (``pattern``, ``minimum``, ``properties``)
-    lets ``null`` through, as JSON Schema does."""
+    """Whether ``null`` may pass ``node`` as far as ``type``, ``enum``, ``const``, ``anyOf``/
+    ``oneOf``/``allOf``, ``not: {"type": "null"}`` and local ``$ref``s say (others let it by)."""
     if isinstance(node, bool):
         return node
     if not isinstance(node, Mapping):
@@ -104,9 +92,8 @@ def _array(value: list[Any], node: Mapping[str, Any], root: Any, depth: int) -> 
 
 def _object(value: dict[str, Any], node: Mapping[str, Any], root: Any,
             depth: int) -> dict[str, Any]:
-    """Drop a null where every declaring schema (the node, or its ``anyOf``/``oneOf``/``allOf``
-    branches) leaves the property optional and not nullable; walk into the other values a
-    single subschema declares."""
+    """Drop a null where every declaring schema (the node or a branch) leaves the property
+    optional and not nullable; walk into the other values a single subschema declares."""
     shapes = [s for s in (node, *_branches(node, root)) if isinstance(s.get("properties"),
                                                                        Mapping)]
     if not shapes:

@@ -1,8 +1,6 @@
-"""Checked tasks held once, as their requests' canonical JSON texts (keys, the ledger and prompts
-are built from those); a dict beside each would take several times as much again. A run's tasks
-and each request's tasks are sequences over the texts, equal to the tuples of dicts they stand
-for, decoded a request at a time when read and never kept.
-"""
+"""Checked tasks held once, as their requests' canonical JSON texts (a dict beside each would take
+several times as much): sequences equal to the tasks they stand for, decoded a request at a time
+when read and never kept."""
 
 from __future__ import annotations
 
@@ -78,7 +76,6 @@ class PackedTasks(SequenceView):
             yield from (tasks[start % self.pack:] if n == 0 else tasks)
 
     def request(self, position: int, text: str | None = None) -> RequestTasks:
-        """The tasks of request ``position`` (its text is ``texts[position]``, or ``text``
-        when already read)."""
+        """The tasks of request ``position`` (its text, ``text``, when already read)."""
         count = min(self.pack, self._count - position * self.pack)
         return RequestTasks(self.texts[position] if text is None else text, count)

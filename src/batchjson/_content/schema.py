@@ -9,6 +9,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
+from functools import cached_property
 from typing import Any
 
 import jsonschema
@@ -33,28 +34,22 @@ class ItemSchema:
     unseen: tuple[str, ...] = ()
     # keywords JSON Schema does not define (``x-...``, vendors'): kept, never checked, noted
     unknown_keywords: tuple[str, ...] = ()
+    strict_integers: bool = field(default=False, repr=False)  # integers by literal only
 
-    @property
+    @cached_property
     def declared_fields(self) -> frozenset[str] | None:
         """The item fields the schema declares (read for every item judged: made once)."""
-        cached = self.__dict__.get("_declared", False)
-        if cached is False:
-            if self.model is not None:
-                cached = frozenset(self.model.model_fields)
-            else:
-                props = self.json_schema.get("properties")
-                cached = frozenset(props) if isinstance(props, Mapping) else None
-            self.__dict__["_declared"] = cached
-        return cached
+        if self.model is not None:
+            return frozenset(self.model.model_fields)
+        props = self.json_schema.get("properties")
+        return frozenset(props) if isinstance(props, Mapping) else None
 
     @property
     def document(self) -> tuple[str, str]:
-        """(component name, canonical text) of what a revision keeps so that its export can
-        be rechecked on import: ``schema_doc`` when the text compiles back to this very
-        fingerprint, ``schema_shape`` (a pydantic model's JSON Schema, droste's integers) when
-        it only gives the structure the model's own code judged."""
+        """(component, canonical text) a revision keeps to recheck its export: ``schema_doc``
+        when it compiles back to this fingerprint, else ``schema_shape`` (a model's)."""
         text = json.dumps(self.json_schema, sort_keys=True, separators=(",", ":"))
-        exact = self.model is None and not self.__dict__.get("_strict_integers")
+        exact = self.model is None and not self.strict_integers
         return ("schema_doc" if exact else "schema_shape"), text
 
     def validate(self, value: Any, path: str) -> tuple[Any, list[str]]:
@@ -63,24 +58,16 @@ class ItemSchema:
             try:
                 return self.model.model_validate(value), []
             except ValidationError as exc:
-                return None, [
-                    f"{path}.{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
-                    for err in exc.errors()
-                ]
+                return None, [f"{path}.{'.'.join(map(str, err['loc'])) or '<root>'}: {err['msg']}"
+                              for err in exc.errors()]
         errors = sorted(self._validator.iter_errors(value), key=lambda e: list(e.absolute_path))
-        if not errors:
-            return value, []
-        return None, [
-            f"{path}{''.join(f'.{p}' for p in err.absolute_path)}: {err.message}"
-            for err in errors
-        ]
+        return (None if errors else value), [
+            f"{path}{''.join(f'.{p}' for p in err.absolute_path)}: {err.message}" for err in errors]
 
     def exact_errors(self, exact: Any, plain: Any, path: str) -> list[str]:
-        """The verdicts that change when a return's numbers are judged as written (``exact``,
-        read with Decimals) instead of as the floats they round to (``plain``, which passed;
-        docs/design.md, "The commit boundary", step 4). For a pydantic model only what reading
-        exactly changes counts: its own coercions stay its own."""
-        exact_validator, plain_validator = self._exact_validators()
+        """The verdicts that change when a return's numbers are judged as written (``exact``)
+        instead of as floats (``plain``, which passed; docs/design.md, "The commit boundary")."""
+        exact_validator, plain_validator = self._exact_validators
         errors = list(exact_validator.iter_errors(exact))
         if errors and self.model is not None:
             known = {(tuple(e.absolute_path), e.validator)
@@ -91,42 +78,35 @@ class ItemSchema:
                 "would round to a value the check passes)"
                 for e in sorted(errors, key=lambda e: list(map(str, e.absolute_path)))]
 
+    @cached_property
     def _exact_validators(self) -> tuple[Any, Any]:
-        """(a validator reading numbers, the schema's too, as Decimals; for a pydantic model, one
-        of its JSON Schema over floats), made when a return first needs them."""
-        made = self.__dict__.get("_exact")
-        if made is None:
-            text = json.dumps(self.json_schema, sort_keys=True)
-            cls = jsonschema.validators.validator_for(self.json_schema,
-                                                      default=jsonschema.Draft202012Validator)
-            plain = cls(json.loads(text)) if self.model is not None else None
-            base = type(self._validator) if self._validator is not None else cls
-            exact = jsonschema.validators.extend(
-                base, {"multipleOf": _exact_multiple_of},
-                type_checker=base.TYPE_CHECKER.redefine("integer", _exact_integer)
-                if not self.__dict__.get("_strict_integers") else base.TYPE_CHECKER)
-            made = self.__dict__["_exact"] = (exact(json.loads(text, parse_float=Decimal)),
-                                              plain)
-        return made
+        """(a validator reading numbers as Decimals, a model's JSON Schema's over floats)."""
+        text = json.dumps(self.json_schema, sort_keys=True)
+        cls = jsonschema.validators.validator_for(self.json_schema,
+                                                  default=jsonschema.Draft202012Validator)
+        plain = cls(json.loads(text)) if self.model is not None else None
+        base = type(self._validator) if self._validator is not None else cls
+        exact = jsonschema.validators.extend(
+            base, {"multipleOf": _exact_multiple_of},
+            type_checker=base.TYPE_CHECKER if self.strict_integers
+            else base.TYPE_CHECKER.redefine("integer", _exact_integer))
+        return exact(json.loads(text, parse_float=Decimal)), plain
+
+    @cached_property
+    def _text(self) -> str:
+        return json.dumps(self.json_schema)
 
     def dump(self, value: Any) -> Any:
-        """JSON form kept in the ledger."""
-        if isinstance(value, BaseModel):
-            return value.model_dump(mode="json")
-        return value
+        return value.model_dump(mode="json") if isinstance(value, BaseModel) else value
 
     def load(self, stored: Any) -> Any:
         """Value handed back to the caller: a model instance for a pydantic schema."""
-        if self.model is not None:
-            return self.model.model_validate(stored)
-        return stored
+        return stored if self.model is None else self.model.model_validate(stored)
 
 
 def compile_schema(schema: Any, *, strict_integers: bool = False) -> ItemSchema:
     """Refuse an invalid schema before any call is made. ``strict_integers``: ``"integer"``
-    admits integer literals only, as droste's checker does (JSON Schema also admits ``1.0``); a
-    JSON Schema dict compiled so is another schema.
-    """
+    admits integer literals only (not ``1.0``), as droste's checker does: another schema."""
     if isinstance(schema, ItemSchema):
         return schema
     if isinstance(schema, type) and issubclass(schema, BaseModel):
@@ -177,10 +157,8 @@ def _compile_mapping(schema: Mapping[str, Any], strict_integers: bool = False) -
         fingerprint = sha(f"strict-integers:{text}")
     # the validator judges its own copy: the schema handed to providers (a value-mode call
     # carries json_schema itself) can be changed by one without widening what is accepted
-    item = ItemSchema(js, fingerprint, _validator=cls(json.loads(text)),
-                      unknown_keywords=unknown)
-    item.__dict__["_strict_integers"] = strict_integers  # integers by literal, exact or not
-    return item
+    return ItemSchema(js, fingerprint, _validator=cls(json.loads(text)),
+                      unknown_keywords=unknown, strict_integers=strict_integers)
 
 
 # every keyword of every JSON Schema draft's metaschema (their vocabularies included)
@@ -212,9 +190,8 @@ _SUBSCHEMAS = ("items", "prefixItems", "additionalItems", "contains", "additiona
 
 def _unknown_keywords(node: Any, where: str, cls: Any) -> Iterator[str]:
     """Each keyword of ``node`` and its subschemas that no draft defines, as ``keyword (at
-    path)``. Refused: a near miss of a constraint (``requried``), and a constraint of another
-    draft that the schema's own draft ``cls`` ignores (``dependencies`` in 2020-12): its
-    validator would skip it, so the check it was meant to be would silently never run."""
+    path)``. Refused, since its check would silently never run: a near miss of a constraint
+    (``requried``), and a constraint the schema's own draft ``cls`` ignores."""
     if not isinstance(node, Mapping):
         return
     for key, value in node.items():
@@ -250,9 +227,8 @@ def _ignored_by_draft(key: str, where: str, cls: Any) -> str:
 
 
 def near_miss(word: str, known: Iterable[str]) -> str | None:
-    """The one of ``known`` that ``word`` is a likely typo of (``enun``: ``enum``,
-    ``Required``: ``required``), if any: at most one edit away (two for a word over four
-    letters), and not a known word extended (``typeof``, ``items_``: vendors' own keywords)."""
+    """The one of ``known`` that ``word`` is a likely typo of (``enun``), if any: one edit away
+    (two past four letters), and not a known word extended (``typeof``: a vendor's keyword)."""
     for close in difflib.get_close_matches(word, known, n=3, cutoff=0.75):
         if close not in word and _edits(word, close) <= (1 if len(close) <= 4 else 2):
             return close
@@ -300,34 +276,23 @@ def _exact_multiple_of(validator: Any, step: Any, instance: Any, schema: Any) ->
 
 def _non_string_key(value: Any, where: str) -> tuple[str, Any] | None:
     """The first key of an object in ``value`` that is not a string, and where it is."""
-    if isinstance(value, Mapping):
-        for key, child in value.items():
-            if not isinstance(key, str):
-                return where, key
-            found = _non_string_key(child, f"{where}/{key}" if where else key)
-            if found is not None:
-                return found
-    elif isinstance(value, (list, tuple)):
-        for index, child in enumerate(value):
-            found = _non_string_key(child, f"{where}/{index}" if where else str(index))
-            if found is not None:
-                return found
+    mapping = isinstance(value, Mapping)
+    children = value.items() if mapping else enumerate(value) if isinstance(
+        value, (list, tuple)) else ()
+    for key, child in children:
+        if mapping and not isinstance(key, str):
+            return where, key
+        found = _non_string_key(child, f"{where}/{key}" if where else str(key))
+        if found is not None:
+            return found
     return None
-
-
-def _own_copy(item: ItemSchema) -> dict:
-    text = item.__dict__.get("_text")
-    if text is None:
-        text = item.__dict__["_text"] = json.dumps(item.json_schema)
-    return json.loads(text)
 
 
 def wire_schema(item: ItemSchema, tasks: Sequence[Mapping[str, Any]],
                 identity: Sequence[str], pinned: bool = True) -> dict:
-    """The schema a provider may enforce: identity fields pinned (``pinned``) or only typed
-    (the same for every request of a batch, so a prompt cache can hold it), exact item count.
-    Acceptance checks every identity value either way."""
-    base = _own_copy(item)  # the provider's own: it may change it, nothing else sees that
+    """The schema a provider may enforce, with the exact item count: identity fields pinned, or
+    only typed (one schema for the batch, for a prompt cache; acceptance checks them anyway)."""
+    base = json.loads(item._text)  # the provider's own: it may change it, nothing else sees that
     defs = base.pop("$defs", None)
     props = dict(base.get("properties") or {})
     for name in identity:
@@ -338,16 +303,11 @@ def wire_schema(item: ItemSchema, tasks: Sequence[Mapping[str, Any]],
         props[name] = {"enum": [distinct[text] for text in sorted(distinct)]}
     required = list(dict.fromkeys([*identity, *(base.get("required") or [])]))
     item_schema = {**base, "type": "object", "properties": props, "required": required}
-    wire: dict[str, Any] = {
-        "type": "object",
-        "properties": {"items": {"type": "array", "items": item_schema,
-                                 "minItems": len(tasks), "maxItems": len(tasks)}},
-        "required": ["items"],
-        "additionalProperties": False,
-    }
-    if defs:
-        wire["$defs"] = defs
-    return wire
+    items = {"type": "array", "items": item_schema, "minItems": len(tasks),
+             "maxItems": len(tasks)}
+    wire = {"type": "object", "properties": {"items": items}, "required": ["items"],
+            "additionalProperties": False}
+    return {**wire, "$defs": defs} if defs else wire
 
 
 _JSON_TYPES = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"),
@@ -365,8 +325,7 @@ MISSING = object()  # what resolve_pointer gives for a $ref that names nothing i
 
 
 def resolve_pointer(root: Any, ref: str) -> Any:
-    """The node ``ref`` (``#/$defs/Name``, a JSON pointer within the schema) names, or
-    ``MISSING`` when it names nothing there (another document, a wrong path)."""
+    """The node ``ref`` (``#/$defs/Name``) names within the schema, else ``MISSING``."""
     if not ref.startswith("#"):
         return MISSING
     node = root

@@ -1,8 +1,5 @@
-"""Where a run's tasks come from: a list, any iterable (a generator), or a JSON Lines file.
-
-Every form is read once, task by task, so a generator or a file of a million tasks is never
-first copied whole into a list of its own: the run's checks see each task as it streams past.
-"""
+"""Where a run's tasks come from (a list, any iterable, a JSON Lines file), each read once, task by
+task, never copied whole; and :class:`TextSpool`, texts held in memory or on disk."""
 
 from __future__ import annotations
 
@@ -28,10 +25,8 @@ def is_task_file(tasks: Any) -> bool:
 
 def stream_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
                  hasher: Any = None) -> Iterator[Any]:
-    """Each task in order, from a list, an iterable or a JSON Lines file (one object a line;
-    blank lines skipped), without holding the whole. A file's tasks are already JSON, read
-    exactly as written (a line that is not JSON is refused by its number); ``hasher`` (a
-    hashlib object) is fed the very bytes read, so their digest names what was checked."""
+    """Each task in order, from a list, an iterable or a JSON Lines file (blank lines skipped),
+    never holding the whole; ``hasher`` is fed the very bytes read, naming what was checked."""
     if is_task_file(tasks):
         return _read_jsonl(Path(tasks), hasher)
     if isinstance(tasks, (str, bytes)) or isinstance(tasks, Mapping):
@@ -45,8 +40,7 @@ def stream_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
 
 
 def file_digest(path: str | os.PathLike) -> str | None:
-    """The SHA-256 of a tasks file's bytes (what :func:`stream_tasks` feeds its hasher), or
-    None when it cannot be read (the run's own read then says why)."""
+    """The SHA-256 of a tasks file's bytes, or None when it cannot be read (the run says why)."""
     try:
         with open(path, "rb") as data:
             return hashlib.file_digest(data, "sha256").hexdigest()
@@ -97,12 +91,10 @@ def no_room(what: str, exc: OSError) -> str:
 
 
 class TextSpool(Sequence[str]):
-    """JSON texts in order, appended one at a time: each request's tasks (the one copy of a run's
-    tasks), or each call's task ids. Past :data:`SPILL_CHARS` they go to an unnamed temporary file,
-    gone with its last holder, read back by offset with ``os.pread`` (safe from the loop thread
-    while another reader iterates). A full disk is a :class:`ConfigError` naming ``TMPDIR`` before
-    anything is spent; a spool made ``keep_when_full`` (the log of calls already paid for) holds
-    its texts in memory instead."""
+    """Texts in order, appended one at a time (a run's request texts, its calls' task ids); past
+    :data:`SPILL_CHARS` in an unnamed temporary file, read back by offset with ``os.pread`` (safe
+    beside another reader). A full disk is a :class:`ConfigError` naming ``TMPDIR``, unless it is
+    ``keep_when_full`` (the log of calls paid for): then its texts stay in memory."""
 
     def __init__(self, *, keep_when_full: bool = False) -> None:
         self._held: list[str] | None = []
@@ -165,8 +157,7 @@ class TextSpool(Sequence[str]):
         self._full = True
 
     def __deepcopy__(self, memo: dict[int, Any]) -> TextSpool:
-        """A spool of its own with the same texts (a spilled one in a file of its own): a
-        result copied with ``copy.deepcopy`` outlives and never shares the original's file."""
+        """A spool of its own with the same texts: a deep copy never shares the original's file."""
         copied = TextSpool(keep_when_full=self._keep)
         copied.extend(self)
         copied.flush()
@@ -200,7 +191,6 @@ class TextSpool(Sequence[str]):
             yield from self._read(start, min(count, start + READ_TEXTS))
 
     def _read(self, start: int, stop: int) -> list[str]:
-        """Texts ``start`` to ``stop`` (all in the file) in one read of it."""
         first = self._offsets[start]
         data = os.pread(self._file.fileno(), self._offsets[stop] - first, first)
         return data.decode("utf-8").split("\n")[:-1]

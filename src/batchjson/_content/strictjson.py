@@ -1,8 +1,6 @@
-"""Reading a model's JSON strictly, and comparing JSON values exactly (docs/design.md, "The commit
-boundary", step 1). Strict: finite numbers only, none a float overflows or reads as zero, no key
-named twice, bounded nesting, one ```json fence tolerated. Exact: no ``True == 1``, ``1 == 1.0`` or
-``-0.0 == 0.0``, and a float may be held to its decimal text as written.
-"""
+"""Reading a model's JSON strictly (finite numbers a float holds, no key twice, bounded nesting)
+and comparing JSON values exactly (no ``True == 1``, ``1 == 1.0`` or ``-0.0 == 0.0``; a float held
+to its text as written): docs/design.md, "The commit boundary", step 1."""
 
 from __future__ import annotations
 
@@ -10,6 +8,7 @@ import json
 import math
 import re
 import threading
+from collections.abc import Callable
 from decimal import Decimal
 from itertools import accumulate
 from typing import Any
@@ -30,8 +29,7 @@ def finite_float(text: str) -> float:
     if math.isinf(value):  # 1e400 and -1e999 are valid JSON but overflow to infinity
         raise ValueError(f"number {text[:40]} overflows a float; only finite numbers are valid")
     if value == 0.0 and _NONZERO_DIGIT.search(text.partition("e")[0].partition("E")[0]):
-        # 1e-400 and 4.9e-325 are not zero, but a float reads them as 0.0, which would then
-        # pass "type": "integer" or "minimum": 0 and be committed as a value nobody wrote
+        # 1e-400 reads as 0.0, which would pass "minimum": 0 as a value nobody wrote
         raise ValueError(f"number {text[:40]} underflows a float (it is not zero but reads as "
                          "0.0); only numbers a float can hold are valid")
     if len(text) > 15 or (value and -_NORMAL < value < _NORMAL):  # 15 digits or fewer always
@@ -94,8 +92,7 @@ _EXACT = json.JSONDecoder(parse_constant=reject_constant, object_pairs_hook=_uni
 
 
 def parse_json(text: str) -> Any:
-    """Strict JSON (finite numbers only, overflow included; bounded nesting); a single ```json
-    fence is tolerated. Raises ValueError for anything else."""
+    """Strict JSON, a single ```json fence tolerated; raises ValueError for anything else."""
     return parse_json_noting(text)[0]
 
 
@@ -103,8 +100,7 @@ def parse_json_noting(text: str) -> tuple[Any, bool]:
     """:func:`parse_json`, and whether one of its numbers may not be the value its float holds
     (16 characters or more, or subnormal): only then is :func:`exact_if_lossy` worth asking."""
     _NOTED.long = False
-    value = _loads(strip_fence(text), _STRICT)
-    return value, _NOTED.long
+    return _loads(strip_fence(text), _STRICT), _NOTED.long
 
 
 def exact_json(text: str) -> Any:
@@ -113,25 +109,28 @@ def exact_json(text: str) -> Any:
 
 
 def exact_if_lossy(text: str) -> Any:
-    """The text read with exact numbers (as :func:`exact_json`) when one of its numbers is not
-    the value its float holds (``5.0000000000000000001`` reads as 5.0, ``0.30000000000000001``
-    as 0.3), else None: only then can reading floats change a schema's verdict."""
+    """The text read with exact numbers when one of them is not the value its float holds
+    (``0.30000000000000001`` reads as 0.3), else None: only then can floats change a verdict."""
     exact = exact_json(text)
     return exact if holds_lossy(exact) else None
 
 
 def holds_lossy(value: Any) -> bool:
     """Whether a value read by :func:`exact_json` holds a number its float does not hold."""
+    return _any_leaf(value, lambda x: isinstance(x, Decimal) and Decimal(repr(float(x))) != x)
+
+
+def _any_leaf(value: Any, test: Callable[[Any], bool]) -> bool:
+    """Whether ``test`` holds for a scalar anywhere in a JSON value (iterative: any depth)."""
     stack = [value]
     while stack:
         x = stack.pop()
-        if isinstance(x, Decimal):
-            if Decimal(repr(float(x))) != x:
-                return True
-        elif isinstance(x, dict):
+        if isinstance(x, dict):
             stack.extend(x.values())
-        elif isinstance(x, list):
+        elif isinstance(x, (list, tuple)):
             stack.extend(x)
+        elif test(x):
+            return True
     return False
 
 
@@ -144,9 +143,8 @@ _AS_WRITTEN = json.JSONDecoder(parse_constant=reject_constant, parse_float=_Writ
 
 
 def parse_as_written(text: str) -> Any:
-    """A JSON file's value (keys may repeat and nest as deep as Python reads, as in any file of
-    records), its floats kept as written until :func:`finite_numbers` reads them. Raises
-    ValueError for text that is not JSON."""
+    """A JSON file's value (keys may repeat, as in any file of records), its floats kept as
+    written until :func:`finite_numbers` reads them. Raises ValueError for text that is not JSON."""
     try:
         return _AS_WRITTEN.decode(text)
     except RecursionError:
@@ -155,8 +153,7 @@ def parse_as_written(text: str) -> Any:
 
 def finite_numbers(value: Any) -> tuple[str, str] | None:
     """Read the numbers of a :func:`parse_as_written` value with :func:`finite_float`, in place
-    (iteratively: a record may nest deep); (field, problem) of the first number no float holds
-    (``tasks[0].x``), else None."""
+    and iteratively; (field, problem) of the first no float holds (``tasks[0].x``), else None."""
     stack: list[tuple[Any, str]] = [(value, "")]
     while stack:
         node, where = stack.pop()
@@ -217,15 +214,4 @@ _SCALARS = frozenset((str, int, bool, type(None)))
 
 def has_float(value: Any) -> bool:
     """Whether a JSON value holds a float anywhere: only then is a return re-read exactly."""
-    if type(value) in _SCALARS:
-        return False
-    stack = [value]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, float):
-            return True
-        if isinstance(x, dict):
-            stack.extend(x.values())
-        elif isinstance(x, (list, tuple)):
-            stack.extend(x)
-    return False
+    return type(value) not in _SCALARS and _any_leaf(value, lambda x: isinstance(x, float))

@@ -10,7 +10,7 @@ from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import chain, islice
+from itertools import chain, pairwise
 from typing import Any, NamedTuple
 
 from .._canon import canonical_json as _canonical
@@ -21,9 +21,8 @@ from .strictjson import nesting
 
 TASKS_BEGIN = "<<<BATCHJSON_TASKS"
 TASKS_END = "BATCHJSON_TASKS>>>"
-# How deep a task's JSON may nest (the task itself is one level): its request is copied, keyed
-# and stored by recursive code (json) on other threads' stacks, so encoding it once here proves
-# nothing; the bound leaves room under Python's default recursion limit of 1000 for any of them.
+# How deep a task's JSON may nest (the task is one level): recursive code (json) copies, keys and
+# stores it on other threads' stacks; this leaves room under the default recursion limit of 1000.
 MAX_TASK_DEPTH = 768
 
 
@@ -41,11 +40,10 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
                     identity: Sequence[str], hasher: Any = None, pack: int | None = None,
                     on_read: Callable[[int], Any] | None = None,
                     ) -> tuple[Sequence[dict], Sequence[str]]:
-    """Check every task before anything is spent, naming the first bad one and the fix. ``tasks``
-    is a list, any iterable (read once) or a JSON Lines file's path. Returns the tasks in the
+    """Check every task before anything is spent, naming the first bad one and the fix. ``tasks``:
+    a list, any iterable (read once) or a JSON Lines file's path. Returns the tasks in the
     ledger's form and their canonical JSON texts (one per ``pack`` tasks), each task held once, as
-    text, never as the caller's object; ``hasher`` is fed a file's bytes as they are read, and
-    ``on_read(1)`` is told of each task checked (a streamed input's progress)."""
+    text; ``hasher`` is fed a file's bytes, ``on_read(1)`` told of each task checked."""
     identity = normalize_identity(identity)
     keep = is_task_file(tasks) and not pack  # a file's tasks are JSON already: kept as read
     ids = TaskIds()
@@ -96,33 +94,37 @@ class Chunk(NamedTuple):
     tasks: list[Any]  # each task, when a file's (JSON already) are kept as read
 
 
+SHORT_HASH = (1 << 48) - 1  # the bits of an id's hash the duplicate check keeps
+
+
 class TaskIds:
-    """The ids a pass has seen, as 8-byte hashes in 256 arrays by their low byte: the duplicate id
-    check of a million tasks without a set of a million strings. A hash that repeats is looked up
-    again among the tasks themselves, in order, so only an id that truly repeats is refused,
-    named with its first and second positions as a set would have found it."""
+    """The ids a pass has seen, 5 bytes each (10M in about 55 MB): the low 48 bits of an id's
+    hash, in 256 pairs of arrays chosen by its low byte (large arrays: no overhead an id). A short
+    hash that repeats is looked up again among the ids themselves, so only an id that truly
+    repeats is refused, by its first and second positions."""
 
     def __init__(self) -> None:
-        self._buckets = [array("q") for _ in range(256)]
+        self._low = [array("I") for _ in range(256)]  # bits 8-39 of each hash
+        self._high = [array("B") for _ in range(256)]  # bits 40-47
 
     def update(self, task_ids: Iterable[str]) -> None:
-        buckets = self._buckets
+        low, high = self._low, self._high
         for hashed in map(hash, task_ids):
-            buckets[hashed & 255].append(hashed)
+            low[hashed & 255].append(hashed >> 8 & 0xFFFFFFFF)
+            high[hashed & 255].append(hashed >> 40 & 0xFF)
 
     def refuse_repeats(self, task_ids: Iterable[str]) -> None:
-        """Raise InvalidBatch for the first id that occurs twice among ``task_ids`` (every id
-        added so far, in order); nothing when none does."""
-        repeated: set[int] = set()
-        for bucket in self._buckets:
-            ordered = sorted(bucket)
-            repeated.update(a for a, b in zip(ordered, islice(ordered, 1, None), strict=False)
-                            if a == b)
+        """Refuse the first id that occurs twice among ``task_ids`` (every id added, in order)."""
+        repeated = set()
+        for byte, (low, high) in enumerate(zip(self._low, self._high, strict=True)):
+            pairs = zip(low, high, strict=True)
+            ordered = sorted(top << 40 | bits << 8 | byte for bits, top in pairs)
+            repeated.update(short for short, after in pairwise(ordered) if short == after)
         if not repeated:
             return
         first: dict[str, int] = {}
         for position, task_id in enumerate(task_ids):
-            if hash(task_id) not in repeated:
+            if (hash(task_id) & SHORT_HASH) not in repeated:
                 continue
             if task_id in first:
                 raise InvalidBatch(f"duplicate task_id {task_id!r} (tasks #{first[task_id]} and "
@@ -133,10 +135,8 @@ class TaskIds:
 def _take(chunk: Chunk, ids: TaskIds, identity: Identity, out: list[dict], texts: Any,
           pack: int | None) -> int:
     """A chunk checked (valid UTF-8, not too deep, explicit identity values scalars) into the
-    run's texts: its requests' texts with ``pack`` (a chunk holds whole requests, but for the
-    last one), else its tasks' texts and their JSON form, as the ledger holds them (what
-    acceptance compares to). It is read back only where needed: a chunk whose only brackets are
-    its tasks' own holds no list or object to refuse."""
+    run's texts: its requests' texts with ``pack``, else its tasks' texts and their JSON form (what
+    acceptance compares to). Read back only when it holds a list or object to refuse."""
     joined = "[" + ",".join(chunk.texts) + "]"
     brackets = joined.count("[") + joined.count("{")
     _check_encoded(joined, brackets, chunk.texts, chunk.ids)
@@ -156,7 +156,6 @@ def _take(chunk: Chunk, ids: TaskIds, identity: Identity, out: list[dict], texts
 
 
 def _read_back(joined: str, chunk: Chunk) -> list[dict]:
-    """A chunk's tasks decoded from their JSON, one call for all."""
     try:
         return json.loads(joined)
     except RecursionError:  # within the bound, on a caller's stack that is deeper still
@@ -165,8 +164,7 @@ def _read_back(joined: str, chunk: Chunk) -> list[dict]:
 
 
 def _task_text(position: int, task: Any, identity: Identity) -> str:
-    """One task checked (a mapping with a task_id, a string prompt, its identity fields), as
-    canonical JSON (its task_id's uniqueness is the caller's check)."""
+    """One task checked (a task_id, a string prompt, its identity fields) as canonical JSON."""
     if type(task) is not dict and not isinstance(task, Mapping):
         raise InvalidBatch(f"task #{position} is a {type(task).__name__}, not a mapping; "
                            "each task must be a dict with task_id and prompt")
@@ -201,9 +199,8 @@ def _task_text(position: int, task: Any, identity: Identity) -> str:
 
 
 def _refuse_containers(tasks: Iterable[Mapping[str, Any]], identity: Identity) -> None:
-    """Explicit identity values are plain JSON scalars, compared exactly: a dict (int keys become
-    strings) or a list could never be echoed back equal. Read from the tasks' JSON form, so an
-    enum member or a str subclass is held, and compared, as the scalar it encoded to."""
+    """Explicit identity values are JSON scalars, compared exactly (a dict or a list could never
+    be echoed back equal), read from the tasks' JSON form (an enum member as its scalar)."""
     for task in tasks:
         for name in identity:
             value = task[name]
@@ -217,8 +214,7 @@ def _refuse_containers(tasks: Iterable[Mapping[str, Any]], identity: Identity) -
 
 def _check_encoded(joined: str, brackets: int, texts: Sequence[str],
                    task_ids: Sequence[str]) -> None:
-    """Every task's text is valid UTF-8 (keys and the ledger hash and store it) and nests at
-    most :data:`MAX_TASK_DEPTH` deep; the first that is not is named."""
+    """Every task's text is valid UTF-8 and at most :data:`MAX_TASK_DEPTH` deep, or is named."""
     try:
         joined.encode("utf-8")
     except UnicodeEncodeError:
@@ -248,9 +244,8 @@ ECHOED = "+echoed"  # an Identity's key part when echoed task fields are compare
 
 
 class Identity(tuple):
-    """The identity fields every item must echo unchanged (``task_id`` first); with ``echo`` (the
-    default identity) an item is also held to every other task field it returns (docs/design.md,
-    "Which fields are compared"). A tuple, so prompts and wire schemas see only these fields."""
+    """The fields every item must echo unchanged (``task_id`` first); with ``echo`` (the default),
+    every other task field it returns too (docs/design.md, "Which fields are compared")."""
 
     echo: bool
 
@@ -267,8 +262,7 @@ class Identity(tuple):
 
 def parse_identity(text: str, option: str | None = None) -> tuple[str, ...]:
     """``"task_id,case_id"`` -> its field names. An empty name and a name with whitespace inside
-    (spaces where commas were meant) are typos, refused alike in the API and the magic; the
-    message shows the spelling to use, as ``option`` (``--identity``) when given."""
+    are typos, refused showing the spelling to use (as ``option``, ``--identity``, when given)."""
     parts = tuple(part.strip() for part in text.split(","))
     said = f"{option or 'identity'} {text!r}"
     if any(len(part.split()) > 1 for part in parts):
@@ -289,13 +283,11 @@ def normalize_identity(identity: Sequence[str] | str | None) -> Identity:
         return Identity(("task_id",), echo=True)
     if isinstance(identity, str):
         identity = parse_identity(identity)
-    if isinstance(identity, (set, frozenset, Mapping)) or not isinstance(identity, Iterable):
-        if not isinstance(identity, (set, frozenset)):
-            raise InvalidBatch(f"identity must be a list of task field names, got "
-                               f"{type(identity).__name__}")
-        # a set has no order of its own (it varies with the process's hash seed): without one,
-        # the request keys, and so every stored answer, would change on each restart
+    if isinstance(identity, (set, frozenset)):  # in an order of its own: keys kept on restart
         identity = sorted(identity, key=lambda f: (f != "task_id", str(f)))
+    elif isinstance(identity, Mapping) or not isinstance(identity, Iterable):
+        raise InvalidBatch(f"identity must be a list of task field names, got "
+                           f"{type(identity).__name__}")
     fields = tuple(identity)
     if not all(isinstance(f, str) and f for f in fields):
         raise InvalidBatch(f"identity must name task fields as strings, got {identity!r}")
@@ -308,10 +300,8 @@ def normalize_identity(identity: Sequence[str] | str | None) -> Identity:
 
 @dataclass(frozen=True)
 class Request:
-    """One unit of evidence: a fixed group of tasks sent together, keyed by its content. The
-    request key, the ledger row and the prompt's task block are all built from one text,
-    ``tasks_json``, the tasks' canonical JSON array, computed once.
-    """
+    """One unit of evidence: a fixed group of tasks sent together, keyed by its content. Key,
+    ledger row and prompt are built from one text, ``tasks_json``, computed once."""
 
     key: str
     tasks: Sequence[dict]  # a tuple, or a RequestTasks decoding ``tasks_json`` when read
@@ -325,8 +315,7 @@ class Request:
 
     @cached_property
     def task_ids(self) -> tuple[str, ...]:
-        """Its tasks' ids, read when first asked for (a run that only keys a request, to learn
-        whether the ledger holds it, never decodes its tasks)."""
+        """Its tasks' ids, read when first asked for: keying a request never decodes its tasks."""
         return tuple(t["task_id"] for t in self.tasks)
 
     @cached_property
@@ -335,17 +324,14 @@ class Request:
 
 
 def stored_request(row: Any) -> Request:
-    """A request as the ledger's ``requests`` row holds it (key, tasks, task_ids, position,
-    parent_key), its tasks decoded from the row's text when read (a key names its content)."""
+    """A request as the ledger's ``requests`` row holds it, its tasks decoded when read."""
     return Request(row["key"], RequestTasks(row["tasks"], len(json.loads(row["task_ids"]))),
                    row["position"], row["parent_key"], tasks_json=row["tasks"])
 
 
 def render_items_prompt(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str],
                         instructions: str | None, tasks_json: str | None = None) -> str:
-    """The user message for a packed request; tasks travel as one JSON block (``tasks_json``, the
-    canonical JSON a Request carries, when given).
-    """
+    """The user message for a packed request; its tasks as one JSON block (``tasks_json``)."""
     lines = []
     if instructions:
         lines += [instructions.strip(), ""]
@@ -361,8 +347,7 @@ def render_items_prompt(tasks: Sequence[Mapping[str, Any]], identity: Sequence[s
 
 
 def shared_head(instructions: str | None) -> str:
-    """The head every packed prompt of a batch starts with (its instructions), byte for byte:
-    what a provider's prompt cache can hold. Empty without instructions."""
+    """What every packed prompt of a batch starts with, byte for byte: a prompt cache's part."""
     return f"{instructions.strip()}\n\n" if instructions and instructions.strip() else ""
 
 
@@ -370,9 +355,7 @@ def render_value_prompt(task: Mapping[str, Any]) -> str:
     """The droste-style prompt: the caller's prompt, then its context if any."""
     prompt = task["prompt"]
     context = task.get("context")
-    if context is None:
-        return prompt
-    return f"{prompt}\n\nContext:\n{context}"
+    return prompt if context is None else f"{prompt}\n\nContext:\n{context}"
 
 
 def render_repair_prompt(prompt: str, raw: str, errors: Sequence[Mapping[str, Any]],
@@ -381,8 +364,6 @@ def render_repair_prompt(prompt: str, raw: str, errors: Sequence[Mapping[str, An
     listed = "\n".join(f"- {e.get('message', e)}" for e in errors[:50])
     more = f"\n- ... and {len(errors) - 50} more" if len(errors) > 50 else ""
     shown = raw if len(raw) <= limit else raw[:limit] + f"... [truncated, {len(raw)} chars]"
-    return (
-        f"{prompt}\n\nYour previous response was rejected. Errors:\n{listed}{more}\n"
-        f"Previous response:\n{shown}\n"
-        "Return only corrected JSON, with no markdown or explanation."
-    )
+    return (f"{prompt}\n\nYour previous response was rejected. Errors:\n{listed}{more}\n"
+            f"Previous response:\n{shown}\nReturn only corrected JSON, with no markdown or "
+            "explanation.")

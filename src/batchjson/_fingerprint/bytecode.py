@@ -1,7 +1,6 @@
-"""What a function's bytecode reads, writes, changes in place and opens, in one pass over its
-instructions (nested code included, cached per code object): ``cfg.THRESHOLD`` read, state kept in
-``self.calls`` or a global, ``rules.json`` opened, reads out of sight (``globals()["X"]``,
-``eval``). The fingerprint's policy decides what counts; a read behind other names is not seen."""
+"""What a function's bytecode reads, writes, changes in place and opens (``cfg.THRESHOLD``,
+``self.calls``, ``rules.json``, ``eval``), in one pass, nested code included, cached per code
+object. The fingerprint's policy decides what counts; a read behind other names is not seen."""
 
 from __future__ import annotations
 
@@ -16,26 +15,20 @@ from typing import Any, NamedTuple
 
 from .._canon import dump
 
-__all__ = ["CALL_READS", "DYNAMIC_ATTRS", "DYNAMIC_BUILTINS", "MISSING", "STDLIB_READS",
-           "CodeFacts", "Read", "code_canon", "imported", "is_module", "resolve_chain", "scan"]
-
-# Builtins that look names up at run time, out of a scan's sight.
+# Builtins, and module attributes, that look names up at run time, out of a scan's sight.
 DYNAMIC_BUILTINS = frozenset({"globals", "locals", "vars", "eval", "exec", "__import__"})
-# Module attributes that do the same.
 DYNAMIC_ATTRS = frozenset({("importlib", "import_module"), ("sys", "_getframe"),
                            ("inspect", "currentframe"), ("inspect", "stack"),
                            ("builtins", "eval"), ("builtins", "exec"),
                            ("builtins", "globals")})
-# Methods that change a container in place: a global or closure container the code calls one of
-# these on is a log, a cache or a counter it keeps (LOG.append(task_id)), not configuration.
+# Methods that change a container in place: one the code calls them on is a log it keeps.
 MUTATORS = frozenset({"append", "extend", "insert", "add", "update", "setdefault", "pop",
                       "popitem", "clear", "remove", "discard", "appendleft", "extendleft",
                       "popleft", "difference_update", "intersection_update",
                       "symmetric_difference_update", "sort", "reverse"})
 PATH_METHODS = frozenset({"read_text", "read_bytes", "open"})  # Path(p).read_text(), f.open()
 # The stdlib's functions that read the file system by a path (or run a program), by name, and
-# what a constant path of theirs counts as (files.py). Named, not imported: a validator's call
-# is known by the installed function it resolves to.
+# what a constant path of theirs counts as (files.py).
 STDLIB_READS = {
     **dict.fromkeys(("sqlite3.connect", "linecache.getline", "linecache.getlines",
                      "fileinput.input"), "file"),
@@ -48,8 +41,7 @@ STDLIB_READS = {
                      "subprocess.check_output", "subprocess.Popen", "subprocess.getoutput",
                      "subprocess.getstatusoutput", "os.system", "os.popen"), "program"),
 }
-# A call of one of their names is noted with its first argument; what the name is bound to
-# decides whether it reads.
+# A call of one of their names is noted with its first argument (what it is bound to decides).
 CALL_READS = frozenset(name.rpartition(".")[2] for name in STDLIB_READS)
 _GETATTR = frozenset({"getattr", "hasattr"})
 
@@ -80,8 +72,8 @@ Ops = list[tuple[str, Any]]
 
 @dataclass(frozen=True)
 class Read:
-    """One file read site: what it calls, the path when it is a constant or a name, and for
-    ``Path(p).read_text()`` the name the path class was loaded by."""
+    """One file read site: what it calls, the path when a constant or a name, and what a
+    ``Path(p).read_text()``'s class or a method's receiver was loaded by."""
 
     call: str
     path: tuple[str, Any] | None = None  # ("const", "rules.json") or ("name", (root, name))
@@ -181,8 +173,7 @@ def _scan(code: types.CodeType) -> CodeFacts:
 def _site(ops: Ops, at: int, first: str | None, mutated: set[tuple[str, str]],
           files: list[Read]) -> None:
     """Note what the instruction at ``at`` starts: a file read, or a change of a container in
-    place by a mutating method, a subscript store (``X[k] = v``, ``X[k] += 1``) or, for
-    ``self``, an assignment."""
+    place (a mutating method, ``X[k] = v``, ``X[k] += 1``, an assignment to ``self``)."""
     op, arg = ops[at]
     if (op in _ATTR and arg in PATH_METHODS) or (
             op in ("LOAD_GLOBAL", "LOAD_NAME") and arg == "open" and not _attr_next(ops, at)):
@@ -249,8 +240,7 @@ def _writes(consts: list[Any]) -> bool:
 
 
 def _call_site(ops: Ops, at: int, chain: tuple) -> Read:
-    """A call of ``chain`` whose arguments start at ``at``: its path when the first is a
-    constant or a bare name and the rest are simple."""
+    """A call of ``chain`` whose arguments start at ``at``, with its path when given simply."""
     path = _path_at(ops, at)
     consts = _arguments(ops, at + 1, 1) if path is not None else None
     name = ".".join([chain[0][1], *chain[1:]])
@@ -289,16 +279,12 @@ def _chain_before(ops: Ops, end: int) -> tuple[str, ...] | None:
     while at >= 0 and ops[at][0] in _ATTR:
         names.insert(0, ops[at][1])
         at -= 1
-    if at < 0 or ops[at][0] not in _ROOTS:
-        return None
-    return (ops[at][1], *names)
+    return None if at < 0 or ops[at][0] not in _ROOTS else (ops[at][1], *names)
 
 
 def code_canon(code: types.CodeType) -> Any:
-    """What the code does, without where it was written (file, line, names, line tables);
-    ``from __future__`` bits (0x20000 and up) are masked, since compile() and IPython inherit them
-    from earlier code and their effect on behaviour is already in the bytecode.
-    """
+    """What the code does, not where it was written; ``from __future__`` flags (0x20000 and up),
+    which IPython inherits from earlier code, are masked: their effect is in the bytecode."""
     return ("code", code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount,
             code.co_flags & 0xFFFF, code.co_code, [_const_canon(c) for c in code.co_consts],
             list(code.co_names), list(code.co_varnames), list(code.co_freevars),
@@ -323,8 +309,7 @@ def is_module(x: Any) -> bool:
 
 def resolve_chain(chain: tuple, scope: tuple[dict[str, Any], ...]
                   ) -> tuple[types.ModuleType, Any, list[str]] | None:
-    """Follow a chain's attributes through modules: (last module, value, names used), or None
-    when the root is not a module."""
+    """(last module, value, names used) of a chain followed through modules, if from one."""
     (kind, root), *attrs = chain
     found, builtin_ns, cells = scope
     if kind == "g":
@@ -350,10 +335,8 @@ def resolve_chain(chain: tuple, scope: tuple[dict[str, Any], ...]
 
 
 def imported(name: str, found: dict[str, Any]) -> Any:
-    """The module an import inside the code binds, imported now if it is not yet, as the code
-    does when it runs, so a validator with ``import difflib`` in its body has one fingerprint
-    before and after its first run (else each re-run of its cell is a changed validator). A
-    relative name resolves against the code's package; one that cannot be imported is MISSING."""
+    """The module an import inside the code binds, imported now as the code would, so the
+    fingerprint is the same before and after its first run; MISSING when it cannot be."""
     try:
         if name.startswith("."):
             name = importlib.util.resolve_name(name, found.get("__package__") or "")

@@ -1,8 +1,6 @@
-"""Files a validator reads: their content is part of what it judges by (docs/design.md, "Why
-content keys", lists what counts). A read of a constant path in the user's code puts the file's
-content hash into the fingerprint, read again every run; any other read (a computed path, a read
-inside an installed library, a program run, a cache that hides an edit) is named ``unseen``, so
-the fingerprint is partial and stored answers are re-judged before reuse."""
+"""Files a validator reads are part of what it judges by (docs/design.md, "Why content keys"): a
+constant path's content, read every run; any other read (a computed path, inside a library, a
+program run) is named ``unseen``, so stored answers are re-judged before reuse."""
 
 from __future__ import annotations
 
@@ -21,14 +19,10 @@ from .._canon import digest
 from .bytecode import MISSING, STDLIB_READS, CodeFacts, Read, is_module, resolve_chain
 from .library import is_library_module, is_plain
 
-__all__ = ["file_digest", "file_parts", "library_reader", "outside_read",
-           "resolve", "stdlib_read"]
-
 COMPUTED = ": a file read whose path is computed at run time"
 _OPENS = (builtins.open, io.open)
 _FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType)  # read without asking the object
-# An installed module's containers (os.environ, sys.argv) are keyed by name; a validator reading
-# one may judge differently when it changes, so its fingerprint says it cannot see them.
+# An installed module's containers (os.environ, sys.argv), keyed by name: read, they are unseen.
 _ENVIRONMENT = (Mapping, list, set)
 
 # Library functions whose name says they read a file given its path.
@@ -40,9 +34,7 @@ FILE_OBJECT_LOADERS = frozenset({"json", "pickle", "_pickle", "marshal", "tomlli
 
 def file_parts(facts: CodeFacts, found: Mapping[str, Any], cells: Mapping[str, Any]
                ) -> tuple[list[tuple[str, str]], list[str]]:
-    """(parts, unseen) of the files the code reads: a file at a constant path by its content
-    now; a read that cannot be hashed ahead (a computed path, an installed library's reader
-    imported by name) named unseen."""
+    """(parts, unseen) of the files the code reads: a constant path's content, else unseen."""
     parts: dict[str, str] = {}
     unseen: list[str] = []
     for read in facts.files:
@@ -76,8 +68,7 @@ _HOMES = {"posix": "os", "nt": "os", "posixpath": "os.path", "ntpath": "os.path"
 
 
 def stdlib_read(value: Any) -> tuple[str, str] | None:
-    """(name, kind) when ``value`` is one of STDLIB_READS's functions, else None. Only a
-    function or class of installed code is asked its names (never an object's hooks)."""
+    """(name, kind) when ``value`` is one of STDLIB_READS's functions, else None."""
     if type(value) not in (*_FUNCTIONS, type):
         return None
     module = getattr(value, "__module__", None)
@@ -137,7 +128,7 @@ def _read_part(read: Read, reader: tuple[str, str, Any], found: Mapping[str, Any
 
 
 def _state_digest(kind: str, fn: Callable[..., Any], path: str) -> str:
-    """What a listing, a glob or a path check answers now, as a digest (read every run)."""
+    """What a listing, a glob or a path check answers now, as a digest."""
     try:
         if kind == "listing":
             found: Any = sorted(os.listdir(path))
@@ -153,8 +144,8 @@ def _state_digest(kind: str, fn: Callable[..., Any], path: str) -> str:
 
 
 def outside_read(module: str, used: list[str], value: Any) -> str | None:
-    """What to name when code reads ``module.<used>`` of an installed module out of sight: a
-    function that reads a file (``pd.read_csv``), or a container (``os.environ``)."""
+    """What to name when code reads ``module.<used>`` out of sight: a library's file reader
+    (``pd.read_csv``), or its container (``os.environ``)."""
     reader = library_reader(module, used[-1], value)
     if reader is None and isinstance(value, _ENVIRONMENT) and not is_plain(value):
         return f"{module}.{'.'.join(used)}"
@@ -163,8 +154,7 @@ def outside_read(module: str, used: list[str], value: Any) -> str | None:
 
 def resolve(read: Read, found: Mapping[str, Any], cells: Mapping[str, Any]
             ) -> tuple[str | None, str | None]:
-    """(path to hash, None) for a constant path; (None, what to name as unseen) for a read
-    that cannot be hashed ahead; (None, None) when the site is not a file read after all."""
+    """(path to hash, None), (None, what is unseen), or (None, None): no file read after all."""
     if read.call == "open()" and not any(found.get("open", builtins.open) is o for o in _OPENS):
         return None, None  # the user's own `open`, walked by content like any global
     if read.receiver is not None and read.call.startswith("."):  # NAME.method()
@@ -181,9 +171,7 @@ def resolve(read: Read, found: Mapping[str, Any], cells: Mapping[str, Any]
         if not (issubclass(type(callee), type) and issubclass(callee, pathlib.PurePath)):
             return None, f"{read.call}{COMPUTED}"
     path = _path_value(read.path, found, cells)
-    if path is None:
-        return None, f"{read.call}{COMPUTED}"
-    return _checked(path, read.call)
+    return (None, f"{read.call}{COMPUTED}") if path is None else _checked(path, read.call)
 
 
 def _path_value(path: tuple[str, Any] | None, found: Mapping[str, Any],
@@ -192,14 +180,11 @@ def _path_value(path: tuple[str, Any] | None, found: Mapping[str, Any],
         return None
     kind, what = path
     raw = what if kind == "const" else _bound(what, found, cells)
-    if issubclass(type(raw), (str, bytes, pathlib.PurePath)):
-        return os.fsdecode(raw)
-    return None
+    return os.fsdecode(raw) if issubclass(type(raw), (str, bytes, pathlib.PurePath)) else None
 
 
 def _checked(path: str, call: str) -> tuple[str | None, str | None]:
-    """A regular file (or one that is missing) is hashed; a pipe or a device is never read
-    ahead, since reading it would consume it or block."""
+    """A regular (or missing) file is hashed; a pipe or a device is never read ahead."""
     try:
         mode = os.stat(path).st_mode
     except ValueError:  # a NUL inside the path: no file has that name
@@ -212,8 +197,7 @@ def _checked(path: str, call: str) -> tuple[str | None, str | None]:
 
 
 def file_digest(path: str) -> str:
-    """The content of the file at ``path`` as a digest: read now, never cached (an edit
-    between two runs must be seen)."""
+    """The content of the file at ``path`` as a digest, read now, never cached."""
     try:
         with open(path, "rb") as handle:
             content = hashlib.file_digest(handle, "sha256").hexdigest()

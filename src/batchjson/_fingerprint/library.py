@@ -1,13 +1,11 @@
-"""Installed code and well-known library objects, as fingerprints see them. Code under the
-interpreter's stdlib and site-packages goes by name; everything else (``__main__``, a notebook, a
-helper module, an editable install) is the user's and goes by content, so reloading an edited
-helper is seen. Some library objects have a better content than their ``__dict__`` (a
-TypeAdapter's core schema), some none that decides anything (a Logger is its name).
-"""
+"""Installed code and well-known library objects, as fingerprints see them: code under the stdlib
+and site-packages goes by name, the user's (a notebook, a helper module, an editable install) by
+content; some library objects have a better content than their ``__dict__`` (a Logger's name)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import io
 import logging
@@ -24,17 +22,12 @@ from typing import Any
 
 from .._canon import SCALARS, VALUE_TYPES
 
-__all__ = ["BY_TYPE", "declares_state", "is_library_module", "is_plain", "is_plain_data",
-           "model_content", "normalized_core_schema", "slots_of", "special_content"]
-
 
 def _roots() -> tuple[str, ...]:
     paths = sysconfig.get_paths()
     found = [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k)]
-    try:
+    with contextlib.suppress(AttributeError):  # an embedded interpreter's site may lack them
         found += [*site.getsitepackages(), site.getusersitepackages()]
-    except AttributeError:  # an embedded interpreter's site module may lack them
-        pass
     return tuple(sorted({os.path.realpath(p).rstrip(os.sep) + os.sep for p in found}))
 
 
@@ -72,32 +65,27 @@ BY_TYPE: tuple[type, ...] = (
 
 
 def special_content(obj: Any) -> tuple[str, Any] | None:
-    """(kind, content to walk) for a known library object, else None."""
-    try:
-        return _special(obj)
-    except Exception:  # e.g. a TypeAdapter whose type cannot be built: read it generically
-        return None
-
-
-def _special(obj: Any) -> tuple[str, Any] | None:
-    if isinstance(obj, (logging.Logger, logging.PlaceHolder)):
-        return "logger", getattr(obj, "name", None)
-    if isinstance(obj, logging.LoggerAdapter):
-        return "logger", getattr(obj.logger, "name", None)
-    if isinstance(obj, BY_TYPE):
-        return "by-type", None
-    if isinstance(obj, types.MappingProxyType):  # a class's read-only view of a dict
-        return "mapping", dict(obj)
-    if isinstance(obj, dataclasses.Field):  # what the generated methods do, not the annotation
-        return "field", (obj.name, obj.default, obj.default_factory, obj.init, obj.repr,
-                         obj.hash, obj.compare, dict(obj.metadata), obj.kw_only)
-    module = type(obj).__module__ or ""
-    if module.startswith("pydantic") and type(obj).__name__ == "TypeAdapter":
-        return "type-adapter", normalized_core_schema(obj.core_schema)
-    if module.startswith("jsonschema") and hasattr(type(obj), "META_SCHEMA") and hasattr(
-            obj, "schema"):
-        checker = getattr(obj, "format_checker", None)
-        return "jsonschema", (obj.schema, getattr(checker, "checkers", None))
+    """(kind, content to walk) for a known library object, else None (also when it cannot be
+    read: a TypeAdapter whose type cannot be built is read generically)."""
+    with contextlib.suppress(Exception):
+        if isinstance(obj, (logging.Logger, logging.PlaceHolder)):
+            return "logger", getattr(obj, "name", None)
+        if isinstance(obj, logging.LoggerAdapter):
+            return "logger", getattr(obj.logger, "name", None)
+        if isinstance(obj, BY_TYPE):
+            return "by-type", None
+        if isinstance(obj, types.MappingProxyType):  # a class's read-only view of a dict
+            return "mapping", dict(obj)
+        if isinstance(obj, dataclasses.Field):  # what the generated methods do, not the type
+            return "field", (obj.name, obj.default, obj.default_factory, obj.init, obj.repr,
+                             obj.hash, obj.compare, dict(obj.metadata), obj.kw_only)
+        module = type(obj).__module__ or ""
+        if module.startswith("pydantic") and type(obj).__name__ == "TypeAdapter":
+            return "type-adapter", normalized_core_schema(obj.core_schema)
+        if module.startswith("jsonschema") and hasattr(type(obj), "META_SCHEMA") and hasattr(
+                obj, "schema"):
+            checker = getattr(obj, "format_checker", None)
+            return "jsonschema", (obj.schema, getattr(checker, "checkers", None))
     return None
 
 
@@ -106,10 +94,8 @@ _DECORATOR_GROUPS = ("validators", "field_validators", "root_validators", "field
 
 
 def model_content(cls: Any) -> tuple[Any, list[tuple[str, Any]], frozenset[str]]:
-    """What decides a pydantic model's validation: its normalized core schema (fields,
-    Annotated constraints and validators, nested models, config; None while forward references
-    are unresolved), its private attributes' defaults, and the names of its decorated
-    validators and serializers."""
+    """What decides a pydantic model's validation: its normalized core schema (None while forward
+    references are unresolved), its private attributes' defaults, its decorators' names."""
     try:
         if not getattr(cls, "__pydantic_complete__", True):
             cls.model_rebuild(raise_errors=False)
@@ -128,8 +114,8 @@ def model_content(cls: Any) -> tuple[Any, list[tuple[str, Any]], frozenset[str]]
 
 
 def normalized_core_schema(schema: Any) -> Any:
-    """A pydantic core schema without what differs between equal models: JSON-schema-only
-    ``metadata``, and ``ref`` names that embed ``id()`` (numbered in walk order instead)."""
+    """A pydantic core schema without ``metadata`` and with ``ref`` names (which embed ``id()``)
+    numbered in walk order: equal for equal models."""
     refs: dict[str, int] = {}
 
     def walk(x: Any) -> Any:
