@@ -1,9 +1,5 @@
-"""The PostgreSQL store: one ledger for runners on many hosts, over psycopg 3. Only what is
-PostgreSQL's own: a connection pool (a connection per thread at work) and how its rows read,
-``RETURNING id``, a claim's hot path in one statement, and the advisory lock that runs a
-transaction reading before it writes as if alone, while the writes of calls run side by side
-across hosts (why that is safe: docs/scale.md, "How it works").
-"""
+"""The PostgreSQL store (psycopg 3): only what is PostgreSQL's own. Transactions that read before
+they write take one advisory lock; the writes of calls run side by side (docs/scale.md)."""
 
 from __future__ import annotations
 
@@ -12,7 +8,7 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import replace
-from functools import lru_cache
+from functools import lru_cache, partialmethod
 from typing import Any
 
 from .._errors import ConfigError, LedgerError
@@ -39,10 +35,8 @@ from .store_schema import POSTGRES, SCHEMA_VERSION, _version_problem
 SERIAL_LOCK = "SELECT pg_advisory_xact_lock(7089063493536607342)"
 CLOCK = POSTGRES.now
 
-# The hot path of every call, one statement: write the receipt, lock the request's row (the
-# lowest-numbered row of its key, whichever revision holds it) unless another runner is
-# deciding on it, then claim the request if it is free (no row yet) or already this runner's,
-# and not accepted; and say whether the ledger has a budget of its own.
+# A call's hot path in one statement: the receipt, the request's lowest row locked unless another
+# runner decides on it, the claim taken if free or ours and not accepted; and any ledger budget.
 _RECEIPT = RECEIPT_INTO + ", ".join(f"%({column})s" for column in RECEIPT_COLUMNS) + ")"
 OPEN = f"""
 WITH receipt AS ({_RECEIPT} RETURNING id),
@@ -68,11 +62,8 @@ SELECT (SELECT id FROM receipt), EXISTS (SELECT 1 FROM job),
        EXISTS (SELECT 1 FROM budget WHERE id = 1)
 """
 
-# The hot path of a call the ledger's budget holds nothing for, one statement that writes
-# nothing unless the claim is won: the claim first (free, or already this runner's, decided by
-# its key even against a claim committed a moment ago), naming the receipt's id, then the
-# receipt; and what else it found: the request's row locked, the budget, accepted, the holder.
-# It asks nothing of the answer before COMMIT, so a group of calls claims in one round trip.
+# The hot path without a ledger budget: the claim first (decided by its key), then its receipt,
+# nothing written unless it is won; nothing is read before COMMIT (a group, one round trip).
 _RECEIPT_NAMED = ("INSERT INTO attempts(id, status, " + ", ".join(RECEIPT_COLUMNS) + ") SELECT "
                   "attempt_id, 'in_flight', " + ", ".join(f"%({c})s" for c in RECEIPT_COLUMNS))
 CLAIM = f"""
@@ -100,9 +91,8 @@ SELECT (SELECT id FROM receipt), EXISTS (SELECT 1 FROM job),
 FROM (SELECT 1) AS one LEFT JOIN claims c ON c.request_key = %(key)s
 """
 
-# An accepted return in one statement, nothing read back: its checkpoint rows written unless
-# another runner's are there already, and its receipt accepted, or else kept as a paid return
-# that admits nothing (``already_accepted``, naming the attempt that was admitted).
+# An accepted return in one statement, nothing read back: its checkpoint rows unless another
+# runner's are there, else its receipt kept as a paid return naming the one admitted.
 _ADMITTED = "(? OR EXISTS (SELECT 1 FROM added))"  # ?: the return has no items
 ACCEPT = (
     "WITH added AS (INSERT INTO checkpoint(batch_id, request_key, task_id, attempt_id, item, "
@@ -113,8 +103,7 @@ ACCEPT = (
         "COALESCE(MIN(attempt_id)::text, chr(63)) FROM checkpoint WHERE request_key = ? AND "
         "batch_id = ?)) END"))
 
-# A batch's requests and what each saw, for many rows (``_many``) in one statement, each column
-# bound as one array, in order (psycopg's executemany runs a statement once per row).
+# ``_many`` of these in one statement, each column one array (executemany runs once per row).
 BULK = {
     REQUESTS_SQL: (
         "INSERT INTO requests(revision_id, key, position, parent_key, task_ids, tasks) SELECT "
@@ -204,8 +193,7 @@ class PostgresStore(Store):
         return {"autocommit": True, "row_factory": _rows, **wait}
 
     def _configure(self, db: Any) -> None:
-        """``bytea`` read as the provider's text, ``numeric`` (what SUM of whole numbers gives)
-        as int or float: the values SQLite hands back."""
+        """``bytea`` and ``numeric`` (SUM of whole numbers) read as SQLite hands them back."""
         from psycopg.adapt import Loader
         from psycopg.types.string import ByteaLoader
 
@@ -246,8 +234,7 @@ class PostgresStore(Store):
         self._pool.close()
 
     def _tables(self) -> dict[str, list[Row]]:
-        """Every row a merge into another ledger brings in, table by table, in the order they
-        were written (``sqlite._read_ledger_file``'s shape)."""
+        """What a merge brings in, as ``sqlite._read_ledger_file`` reads it."""
         order = {**dict.fromkeys(("batches", "revisions", "requests", "attempts", "forgets",
                                   "jobs"), "id"), "validators": "name, version",
                  "imports": "imported_at, digest", "checkpoint": "attempt_id, task_id"}
@@ -255,18 +242,10 @@ class PostgresStore(Store):
                 for table, by in order.items()}
 
     # -- transactions --------------------------------------------------------------------------
-    def _write_transaction(self) -> Any:
-        return self._transaction(serial=True)
-
-    def _calls_transaction(self) -> Any:
-        return self._transaction(serial=False)
-
     @contextmanager
     def _transaction(self, *, serial: bool) -> Iterator[Any]:
-        """A failure of the server or the connection is a LedgerError (the run stops); a
-        statement's own error, or a conflict another try resolves (deadlock, serialization),
-        is raised as it is, for the group commit to run each write alone. The writes of calls
-        are pipelined where libpq can: a round trip for the commit and one per answer read."""
+        """A lost server or connection is a LedgerError; a statement's own error or a transient
+        conflict is raised as it is (the group commit retries each write alone)."""
         db = None
         try:
             with self._connection() as db:
@@ -287,10 +266,12 @@ class PostgresStore(Store):
                                   "call", exc) from exc
             raise
 
+    _write_transaction = partialmethod(_transaction, serial=True)
+    _calls_transaction = partialmethod(_transaction, serial=False)
+
     @contextmanager
     def _connection(self) -> Iterator[Any]:
-        """This thread's connection: its open transaction's (which sees its writes), or one from
-        the pool, which replaces a lost one and gives up after CONNECT_SECONDS."""
+        """This thread's open transaction's connection (it sees its writes), else the pool's."""
         held = getattr(self._here, "db", None)
         if held is not None:
             yield held
@@ -304,10 +285,8 @@ class PostgresStore(Store):
 
     @contextmanager
     def _pipelined(self, db: Any) -> Iterator[None]:
-        """BEGIN, the writes and COMMIT in one pipeline, sent together at its end: one round
-        trip for a group whose writes read nothing back (psycopg's own transaction block would
-        wait on the server as it begins and as it ends); an answer read on the way costs one
-        more. A failure is rolled back before the connection goes back to the pool."""
+        """BEGIN, the writes and COMMIT sent as one round trip (psycopg's transaction block
+        waits at each end); a failure is rolled back before the connection is given back."""
         try:
             with db.pipeline() as pipe:
                 db.execute("BEGIN")
@@ -369,9 +348,8 @@ class PostgresStore(Store):
     # -- claims side by side -------------------------------------------------------------------
     def _claim_at_commit(self, tx: Tx, receipt: Sequence[Any], request_key: str, owner: Owner,
                          stamp: str) -> Later:
-        """``CLAIM``: a claim won is committed with its receipt, and nothing else is written;
-        what it found is read once ``tx`` has committed. A gone holder's claim is taken over
-        in a transaction of its own, the shared way."""
+        """``CLAIM``, read once ``tx`` has committed; a gone holder's claim is taken over in a
+        transaction of its own, the shared way."""
         cursor = tx.execute(CLAIM, self._claim_args(receipt, request_key, owner, stamp))
 
         def committed() -> tuple[str, int | None]:
@@ -391,10 +369,7 @@ class PostgresStore(Store):
 
     def _open(self, tx: Tx, receipt: Sequence[Any], request_key: str, owner: Owner,
               stamp: str) -> Later:
-        """The receipt and the claim in one statement (one round trip, shared by every write
-        of a pipelined transaction): the request's row locked first (``SKIP LOCKED``: another
-        runner deciding on it means HELD), then the claim written if free or ours. Anything
-        else: :meth:`_decide`, once the answer is read."""
+        """``OPEN``: a row another runner locks is HELD; anything else not won :meth:`_decide`s."""
         cursor = tx.execute(OPEN, self._claim_args(receipt, request_key, owner, stamp))
 
         def found() -> tuple[int, str, bool | None]:
@@ -417,8 +392,7 @@ class PostgresStore(Store):
     def _accept_call(self, tx: Tx, attempt_id: int, batch_id: int, request_key: str,
                      items: Mapping[str, str], raw: str, usage: Mapping[str, Any],
                      sent_at: str | None, charge: float | None) -> None:
-        """As the shared one (``store_calls``), in one statement that reads nothing back:
-        in a pipelined transaction it waits for no answer."""
+        """``ACCEPT``: as ``store_calls``'s, but nothing waits on the server."""
         stamp, empty = now(), not items
         self._exec(tx, ACCEPT, (
             batch_id, request_key, attempt_id, stamp, list(items),
