@@ -16,17 +16,15 @@ _MODEL_NAME = re.compile(r"^(gpt|o1|o3|o4|claude|llama)[A-Za-z0-9.:_\-]{0,60}$")
 
 
 def provider_label(spec: Any) -> str:
-    """A name for a provider spec, never its configuration; an unknown string as written unless
-    it is shaped like a pasted key (then only its first four characters)."""
+    """A name for a provider spec, never its configuration nor a pasted key."""
     if isinstance(spec, str):
         return spec if spec.strip().lower() in PROVIDER_NAMES else shown_value(spec)
     return str(shown_name(getattr(spec, "name", type(spec).__name__)))
 
 
 def make_provider(spec: Any, *, model: str | None = None) -> Any:
-    """Resolve ``spec``: "openai" | "anthropic" | "simulated" | an object with async complete.
-    ``None``: the BATCHJSON_PROVIDER environment variable, else ProviderNotConfigured (the offline
-    model is never chosen for the user)."""
+    """Resolve a name, an object with async complete, or ``None`` (``BATCHJSON_PROVIDER``, else
+    ProviderNotConfigured: the offline model is never chosen for the user)."""
     source = "provider"
     if spec is None:
         spec = os.environ.get("BATCHJSON_PROVIDER", "").strip() or None

@@ -1,6 +1,5 @@
-"""Call and cost budgets: validated up front, reserved at worst case (a sound upper bound, never an
-estimate) before a call, settled after. One :class:`Tally` per session holds every run's
-reservations, so the budget holds at any concurrency."""
+"""Call and cost budgets: each call's worst case reserved before it, settled after, on one
+session-wide :class:`Tally`, so the budget holds at any concurrency."""
 
 from __future__ import annotations
 
@@ -86,8 +85,8 @@ def pricing_of(provider: Any) -> Pricing:
 
 @dataclass(eq=False)
 class Tally:
-    """What every run and thread of a session spent: ``reserved`` by unsettled calls, ``cost`` by
-    settled ones (unknown: the worst case); once a call bills beyond it, ``unbounded`` says why."""
+    """A session's spend: ``reserved`` by unsettled calls, ``cost`` by settled ones; once a call
+    bills beyond its worst case, ``unbounded`` says why."""
 
     calls: int = 0
     cost: float = 0.0
@@ -106,9 +105,8 @@ def charge_of(reserved: float, cost: float | None) -> float:
 
 
 class Spender:
-    """What one run may still spend, against its max_calls and the session's budget. A reserved
-    call is charged to the session's ``tally`` at once, so an interrupted run still counts and
-    concurrent runs share one budget. ``shared``: the ledger's own budget."""
+    """What one run may still spend, against its max_calls, the session's ``tally`` (charged at
+    once, so an interrupted run still counts) and ``shared``, the ledger's own budget."""
 
     def __init__(self, max_calls: int | None, budget: Budget, tally: Tally,
                  pricing: Pricing | None = None, *,
@@ -154,8 +152,8 @@ class Spender:
 
     def refuse_if_short(self, needed: int,
                         cheapest: Callable[[float], float | None] | None = None) -> None:
-        """Refuse before spending when the calls budget cannot cover ``needed`` calls, or not even
-        the cheapest next call (``cheapest(left)``; None: nothing to send) fits the cost budget."""
+        """Refuse before spending when ``needed`` calls, or the cheapest next one
+        (``cheapest(left)``; None: nothing to send), cannot fit."""
         remaining = self.remaining_calls()
         if remaining is not None and needed > remaining:
             raise BudgetExceeded(needed, remaining)
@@ -200,8 +198,8 @@ class Spender:
                 f"and the cost budget has {usd(left)} left")
 
     def reserve(self, input_bound: int, *, alone: bool = True) -> float | None:
-        """Take one call and its worst case from the budget; None when it cannot fit. ``alone``: the
-        session's first call under a cost budget goes alone (not a job's lines)."""
+        """Take one call and its worst case from the budget; None when it cannot fit. ``alone``:
+        the session's first call under a cost budget goes alone."""
         worst = self.pricing.worst_case(input_bound) if self.costed else 0.0
         with self._tally.lock:
             remaining = self.remaining_calls()
@@ -229,8 +227,8 @@ class Spender:
 
     def settle(self, reserved: float, cost: float | None, why: Callable[[], str] | None = None
                ) -> float:
-        """Replace a call's reservation by its cost (unknown: the worst case): what it billed
-        beyond it, when ``why()`` says why and the cost budget closes."""
+        """Replace a call's reservation by its cost (unknown: the worst case); what it billed
+        beyond it (then the cost budget closes, ``why()`` saying why)."""
         cost = charge_of(reserved, cost)
         beyond = (cost - reserved if self.costed
                   and cost > reserved * (1 + 1e-9) else 0.0)  # float noise is no overrun
