@@ -35,58 +35,49 @@ from .store_schema import POSTGRES, SCHEMA_VERSION, _version_problem
 SERIAL_LOCK = "SELECT pg_advisory_xact_lock(7089063493536607342)"
 CLOCK = POSTGRES.now
 
-# A call's hot path in one statement: the receipt, the request's lowest row locked unless another
-# runner decides on it, the claim taken if free or ours and not accepted; and any ledger budget.
+# Both hot paths lock the request's lowest row (``job``) unless another runner decides on it,
+# and claim it (``claimed``: for which receipt) if it is free or ours and not accepted.
+_JOB = """job AS (
+    SELECT id FROM requests WHERE id = (SELECT MIN(id) FROM requests WHERE key = %(key)s)
+    FOR UPDATE SKIP LOCKED)"""
+_ACCEPTED = "EXISTS (SELECT 1 FROM attempts WHERE request_key = %(key)s AND status = 'accepted')"
+_CLAIM_AS = """INSERT INTO claims(request_key, owner, host, pid, session, attempt_id,
+    lease_expires_at, claimed_at)
+    SELECT %(key)s, %(owner)s, %(host)s, %(pid)s, %(session)s, {claimed},
+           {CLOCK} + %(lease)s, %(stamp)s FROM free
+    ON CONFLICT (request_key) DO"""
+_BUDGETED = "EXISTS (SELECT 1 FROM budget WHERE id = 1)"
+
+# Every call's: the receipt first; and whether the ledger has a budget of its own.
 _RECEIPT = RECEIPT_INTO + ", ".join(f"%({column})s" for column in RECEIPT_COLUMNS) + ")"
 OPEN = f"""
-WITH receipt AS ({_RECEIPT} RETURNING id),
-job AS (
-    SELECT id FROM requests WHERE id = (SELECT MIN(id) FROM requests WHERE key = %(key)s)
-    FOR UPDATE SKIP LOCKED),
-free AS (
-    SELECT 1 FROM job WHERE NOT EXISTS (
-        SELECT 1 FROM attempts WHERE request_key = %(key)s AND status = 'accepted')),
-fresh AS (
-    INSERT INTO claims(request_key, owner, host, pid, session, attempt_id, lease_expires_at,
-                       claimed_at)
-    SELECT %(key)s, %(owner)s, %(host)s, %(pid)s, %(session)s, (SELECT id FROM receipt),
-           {CLOCK} + %(lease)s, %(stamp)s FROM free
-    ON CONFLICT (request_key) DO NOTHING RETURNING 1),
+WITH receipt AS ({_RECEIPT} RETURNING id), {_JOB},
+free AS (SELECT 1 FROM job WHERE NOT {_ACCEPTED}),
+fresh AS ({_CLAIM_AS.format(claimed="(SELECT id FROM receipt)", CLOCK=CLOCK)}
+    NOTHING RETURNING 1),
 again AS (
     UPDATE claims SET attempt_id = (SELECT id FROM receipt),
                       lease_expires_at = {CLOCK} + %(lease)s
     WHERE request_key = %(key)s AND owner = %(owner)s AND EXISTS (SELECT 1 FROM free)
     RETURNING 1)
 SELECT (SELECT id FROM receipt), EXISTS (SELECT 1 FROM job),
-       EXISTS (SELECT 1 FROM fresh) OR EXISTS (SELECT 1 FROM again),
-       EXISTS (SELECT 1 FROM budget WHERE id = 1)
+       EXISTS (SELECT 1 FROM fresh) OR EXISTS (SELECT 1 FROM again), {_BUDGETED}
 """
 
-# The hot path without a ledger budget: the claim first (decided by its key), then its receipt,
-# nothing written unless it is won; nothing is read before COMMIT (a group, one round trip).
+# Without a ledger budget: the claim first (decided by its key), then its receipt, nothing
+# written unless it is won; nothing is read before COMMIT (a group claims in one round trip).
 _RECEIPT_NAMED = ("INSERT INTO attempts(id, status, " + ", ".join(RECEIPT_COLUMNS) + ") SELECT "
                   "attempt_id, 'in_flight', " + ", ".join(f"%({c})s" for c in RECEIPT_COLUMNS))
+_NEXT_ID = "nextval(pg_get_serial_sequence('attempts', 'id'))"
 CLAIM = f"""
-WITH job AS (
-    SELECT id FROM requests WHERE id = (SELECT MIN(id) FROM requests WHERE key = %(key)s)
-    FOR UPDATE SKIP LOCKED),
-free AS (
-    SELECT 1 FROM job WHERE NOT EXISTS (
-        SELECT 1 FROM attempts WHERE request_key = %(key)s AND status = 'accepted')
-    AND NOT EXISTS (SELECT 1 FROM budget WHERE id = 1)),
-claim AS (
-    INSERT INTO claims(request_key, owner, host, pid, session, attempt_id, lease_expires_at,
-                       claimed_at)
-    SELECT %(key)s, %(owner)s, %(host)s, %(pid)s, %(session)s,
-           nextval(pg_get_serial_sequence('attempts', 'id')), {CLOCK} + %(lease)s, %(stamp)s
-    FROM free
-    ON CONFLICT (request_key) DO UPDATE SET attempt_id = excluded.attempt_id,
+WITH {_JOB},
+free AS (SELECT 1 FROM job WHERE NOT {_ACCEPTED} AND NOT {_BUDGETED}),
+claim AS ({_CLAIM_AS.format(claimed=_NEXT_ID, CLOCK=CLOCK)}
+    UPDATE SET attempt_id = excluded.attempt_id,
         lease_expires_at = excluded.lease_expires_at WHERE claims.owner = excluded.owner
     RETURNING attempt_id),
 receipt AS ({_RECEIPT_NAMED} FROM claim RETURNING id)
-SELECT (SELECT id FROM receipt), EXISTS (SELECT 1 FROM job),
-       EXISTS (SELECT 1 FROM budget WHERE id = 1),
-       EXISTS (SELECT 1 FROM attempts WHERE request_key = %(key)s AND status = 'accepted'),
+SELECT (SELECT id FROM receipt), EXISTS (SELECT 1 FROM job), {_BUDGETED}, {_ACCEPTED},
        c.owner, c.host, c.pid, c.lease_expires_at, {CLOCK}
 FROM (SELECT 1) AS one LEFT JOIN claims c ON c.request_key = %(key)s
 """
@@ -126,9 +117,7 @@ class _Row(tuple):
     _index: dict[str, int] = {}
 
     def __getitem__(self, key: Any) -> Any:
-        if isinstance(key, str):
-            return tuple.__getitem__(self, self._index[key])
-        return tuple.__getitem__(self, key)
+        return tuple.__getitem__(self, self._index[key] if isinstance(key, str) else key)
 
     def keys(self) -> list[str]:
         return list(self._index)
@@ -225,9 +214,7 @@ class PostgresStore(Store):
                 raise LedgerError("the database has an 'attempts' table that batchjson did not "
                                   "make; give a database (or a schema, with ?options=-csearch_"
                                   "path%3DNAME) of its own to the ledger", path=self._public)
-            for statement in POSTGRES._schema.split(";"):
-                if statement.strip():
-                    db.execute(statement)
+            db.execute(POSTGRES._schema)  # no parameters: many statements in one
             db.execute("INSERT INTO batchjson_schema(version) VALUES (%s)", (SCHEMA_VERSION,))
 
     def _close(self) -> None:
@@ -348,8 +335,7 @@ class PostgresStore(Store):
     # -- claims side by side -------------------------------------------------------------------
     def _claim_at_commit(self, tx: Tx, receipt: Sequence[Any], request_key: str, owner: Owner,
                          stamp: str) -> Later:
-        """``CLAIM``, read once ``tx`` has committed; a gone holder's claim is taken over in a
-        transaction of its own, the shared way."""
+        """``CLAIM``, read once ``tx`` has committed; a gone holder's is taken over apart."""
         cursor = tx.execute(CLAIM, self._claim_args(receipt, request_key, owner, stamp))
 
         def committed() -> tuple[str, int | None]:
@@ -374,12 +360,9 @@ class PostgresStore(Store):
 
         def found() -> tuple[int, str, bool | None]:
             attempt_id, locked, taken, budgeted = cursor.fetchone()
-            if not locked:
-                return attempt_id, HELD, budgeted
-            if taken:
-                return attempt_id, MINE, budgeted
-            return attempt_id, self._decide(tx, request_key, owner, attempt_id,
-                                            stamp), budgeted
+            state = (HELD if not locked else MINE if taken
+                     else self._decide(tx, request_key, owner, attempt_id, stamp))
+            return attempt_id, state, budgeted
 
         return Later(found)
 

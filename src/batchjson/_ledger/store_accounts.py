@@ -75,8 +75,7 @@ class AccountStore(StoreBase):
     """Rows for the accounts, for pack-size advice and for what a pack may hold."""
 
     def call_rows(self, name: str | None = None) -> tuple[list[Row], list[Row]]:
-        """Per batch (``name`` or all) ``CALLS_SQL``'s counts; then, only if some calls have no
-        floor or are pending, ``UNFLOORED_SQL``'s prompt tokens to price."""
+        """``CALLS_SQL`` per batch; ``UNFLOORED_SQL`` too only when some calls need pricing."""
         where, args = (" AND b.name = ?", (name,)) if name is not None else ("", ())
         calls = self._read(CALLS_SQL.format(where=where), args)
         if not any(row["unfloored"] or row["pending"] for row in calls):

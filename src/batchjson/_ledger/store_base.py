@@ -47,9 +47,8 @@ class StoreBase(ABC):
 
     def transaction(self, *, calls: bool = False,
                     whole: str | None = None) -> AbstractContextManager[Tx]:
-        """One write transaction, whole and as if alone; a failure of the ledger itself is a
-        LedgerError. ``calls``: writes deciding only on their own requests' rows (run side by
-        side where rows lock); ``whole``: a person's operation, any failure a LedgerError."""
+        """One write transaction, whole and as if alone (``calls``: side by side where rows lock);
+        a failure of the ledger, or any in a person's operation ``whole``, is a LedgerError."""
         tx = self._calls_transaction() if calls else self._write_transaction()
         return tx if whole is None else _whole(self._whole_or_nothing(whole), tx)
 

@@ -182,9 +182,8 @@ class RunStore(StoreBase):
     def _checkpoint(self, name: str, revision_id: int | None = None) -> dict[str, Any]:
         rows = self._read(  # of ``revision_id``, else of the batch's current revision
             f"SELECT c.task_id, c.item, {self.dialect.json_valid.format('c.item')}, q.position, "
-            "o.task_ids FROM requests q JOIN checkpoint c ON c.request_key = q.key LEFT JOIN "
-            "requests o ON q.parent_key IS NOT NULL AND o.revision_id = q.revision_id AND "
-            "o.position = q.position AND o.parent_key IS NULL WHERE q.revision_id = COALESCE(?, "
+            "o.task_ids FROM requests q JOIN checkpoint c ON c.request_key = q.key "
+            f"{ROOT_JOIN} WHERE q.revision_id = COALESCE(?, "
             "(SELECT current_revision FROM batches WHERE name = ?)) AND q.split = 0 "
             "ORDER BY q.position, q.id, c.attempt_id", (revision_id, name))
         if all(r[2] for r in rows):  # each item one JSON text (the database says): one decode
@@ -224,9 +223,7 @@ class RunStore(StoreBase):
             args += list(task)
         return self._read(
             "SELECT q.position, q.id, c.task_id, c.item, o.task_ids FROM "
-            f"({leaves}) q LEFT JOIN checkpoint c ON c.request_key = q.key{join} LEFT JOIN "
-            "requests o ON q.parent_key IS NOT NULL AND o.revision_id = q.revision_id AND "
-            "o.position = q.position AND o.parent_key IS NULL "
+            f"({leaves}) q LEFT JOIN checkpoint c ON c.request_key = q.key{join} {ROOT_JOIN} "
             "ORDER BY q.position, q.id, c.attempt_id", args)
 
     def revision_lookup(self, revision_id: int) -> tuple[list[tuple[str, str]], set[str]]:
@@ -276,8 +273,7 @@ class RunStore(StoreBase):
 
     def task_file(self, digest: str, holds: tuple[str, int, Sequence[str]] | None = None
                   ) -> tuple[str, int, list[str]] | None:
-        """What a JSON Lines file of these bytes (``digest``) holds: (its ``tasks`` component,
-        how many tasks, their field names), or None; ``holds``: that, remembered first."""
+        """What a tasks file of ``digest`` holds (``holds``, remembered first), or None."""
         if holds is not None:
             tasks, count, fields = holds
             with self.transaction() as tx:
@@ -289,8 +285,7 @@ class RunStore(StoreBase):
         return (rows[0][0], rows[0][1], json.loads(rows[0][2])) if rows else None
 
     def completed_revision(self, name: str, fingerprint: str) -> tuple[int, int, int] | None:
-        """(id, number, leaf requests) of batch ``name``'s revision ``fingerprint`` when it is
-        current, open, not forgotten and every leaf is accepted; else None."""
+        """(id, number, leaves) of ``name``'s revision ``fingerprint`` if it has nothing to do."""
         rows = self._read(
             "SELECT r.id, r.number, COUNT(q.id), COUNT(a.request_key) FROM batches b "
             "JOIN revisions r ON r.id = b.current_revision JOIN requests q ON "
@@ -298,9 +293,7 @@ class RunStore(StoreBase):
             "attempts WHERE status = 'accepted') a ON a.request_key = q.key WHERE b.name = ? "
             "AND r.fingerprint = ? AND r.status = 'open' AND r.forget_id IS NULL "
             "GROUP BY r.id, r.number", (name, fingerprint))
-        if not rows or rows[0][2] != rows[0][3]:
-            return None
-        return rows[0][0], rows[0][1], rows[0][2]
+        return (rows[0][0], rows[0][1], rows[0][2]) if rows and rows[0][2] == rows[0][3] else None
 
     def earlier_returns(self, seen_keys: Sequence[str], sourceless_keys: Sequence[str] = ()
                         ) -> tuple[list[Row], list[Row]]:
@@ -392,6 +385,9 @@ UNRESOLVED_SQL = (
     "AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.request_key = q.key "
     "AND a.status = 'accepted')")
 
+# A split request's parts joined to the request they were made from (``o``), for its task order.
+ROOT_JOIN = ("LEFT JOIN requests o ON q.parent_key IS NOT NULL AND o.revision_id = q.revision_id "
+             "AND o.position = q.position AND o.parent_key IS NULL")
 LEAVES_SQL = ("SELECT id, position, key, parent_key, revision_id FROM requests "
               "WHERE revision_id = ? AND split = 0")
 REQUESTS_SQL = ("INSERT INTO requests(revision_id, key, position, parent_key, task_ids, tasks) "

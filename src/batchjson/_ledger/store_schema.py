@@ -153,8 +153,7 @@ class Dialect:
         return _spelled(template, self.lock, self.now)
 
     def _bind(self, keys: list[Any]) -> tuple[str, tuple[Any, ...]]:
-        """What stands for ``{marks}`` in ``IN ({marks})`` for ``keys`` (not empty), and its
-        arguments; an array of text is named so (psycopg leaves a string's type to the server)."""
+        """``{marks}`` of ``IN ({marks})`` for ``keys`` (not empty), and its arguments."""
         if not self.keys_as_array:
             return ",".join("?" * len(keys)), tuple(keys)
         return ("SELECT unnest(?::text[])" if isinstance(keys[0], str)

@@ -86,8 +86,7 @@ _COUNTS = ("minItems", "maxItems")
 
 
 def _lifted(schema: Mapping[str, Any]) -> tuple[Mapping[str, Any], dict[str, Any]]:
-    """``schema`` with a call's own values lifted out (a pin left an empty ``enum``), and those
-    values; any other schema as it is."""
+    """A wire schema without a call's own values (a pin leaves an empty ``enum``), and them."""
     array = _at(schema, "properties", "items")
     item = _at(array, "items")
     props = _at(item, "properties")

@@ -143,17 +143,14 @@ class Spender:
         return self.budget.cost is not None or self.shared is not None
 
     def remaining_calls(self) -> int | None:
-        limits = []
-        if self.max_calls is not None:
-            limits.append(self.max_calls - self.calls)
-        if self.budget.calls is not None:
-            limits.append(self.budget.calls - self._tally.calls)
+        limits = [limit - used for limit, used in ((self.max_calls, self.calls),
+                                                   (self.budget.calls, self._tally.calls))
+                  if limit is not None]
         return max(0, min(limits)) if limits else None
 
     def refuse_if_short(self, needed: int,
                         cheapest: Callable[[float], float | None] | None = None) -> None:
-        """Refuse before spending when ``needed`` calls, or the cheapest next one
-        (``cheapest(left)``; None: nothing to send), cannot fit."""
+        """Refuse before spending when ``needed`` calls or the cheapest next one cannot fit."""
         remaining = self.remaining_calls()
         if remaining is not None and needed > remaining:
             raise BudgetExceeded(needed, remaining)
@@ -198,8 +195,7 @@ class Spender:
                 f"and the cost budget has {usd(left)} left")
 
     def reserve(self, input_bound: int, *, alone: bool = True) -> float | None:
-        """Take one call and its worst case from the budget; None when it cannot fit. ``alone``:
-        the session's first call under a cost budget goes alone."""
+        """Reserve one call's worst case; None if it cannot fit (``alone``: a first call alone)."""
         worst = self.pricing.worst_case(input_bound) if self.costed else 0.0
         with self._tally.lock:
             remaining = self.remaining_calls()

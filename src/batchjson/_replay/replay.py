@@ -243,23 +243,19 @@ class Replayer:
             self._held.append(item)
         elif why.why == "resolved":
             self._resolved(request)
+        elif why.why == "out_of_budget":
+            return self._give_up(request, [{"type": "budget_exhausted", "task_id": None,
+                                            "message": "the budget ran out before this "
+                                            f"request was resolved ({why.detail})"}])
         else:
-            self._release(request)
-            if why.why == "out_of_budget":
-                fail(self.outcome, request, [{"type": "budget_exhausted", "task_id": None,
-                                              "message": "the budget ran out before this "
-                                              f"request was resolved ({why.detail})"}])
-                self._progress(request)
-            return
+            return self._release(request)
         self._sweep()
 
     def _judged(self, request: Request, done: Judged) -> None:
         verdict = done.verdict
         if verdict.accepted:  # its claim goes with the run's release
             return self._accepted(request)
-        self._release(request)
-        self._progress(request)
-        fail(self.outcome, request, verdict.errors, done.raw)
+        self._give_up(request, verdict.errors, done.raw)
         crash = next((e for e in verdict.errors if e.get("type") == "validator_error"), None)
         if crash is not None and self.control.stop is None:
             self.control.halt(RuntimeError(_first_line(crash)))
@@ -268,10 +264,14 @@ class Replayer:
 
     def _cut_short(self, request: Request, done: Judged | None) -> None:
         """A request cut off at the output ceiling (``done``; None: in an earlier run)."""
+        self._give_up(request, [cut_off_error(request, self.provider, done is None)],
+                      done.raw if done is not None else None)
+
+    def _give_up(self, request: Request, errors: list[dict[str, Any]],
+                 raw: str | None = None) -> None:
         self._release(request)
         self._progress(request)
-        fail(self.outcome, request, [cut_off_error(request, self.provider, done is None)],
-             done.raw if done is not None else None)
+        fail(self.outcome, request, errors, raw)
 
     def _sweep(self) -> None:
         """Drop from the queue what is accepted or held elsewhere, read at most five times a
@@ -386,8 +386,7 @@ class Replayer:
                 self._say("")
 
     def _rate_limited(self, exc: ProviderError) -> None:
-        """A 429: every call waits what the provider asks, within ``max_rate_wait``; then the run
-        ends, naming the limit."""
+        """A 429: every call waits what the provider asks; after ``max_rate_wait`` the run ends."""
         now, most = time.monotonic(), self.transport.max_rate_wait
         if self._limited_since is None:
             self._limited_since = now
