@@ -168,7 +168,6 @@ class PostgresStore(Store):
             raise self._error("could not be prepared", exc) from None
         finally:
             first.close()
-        # a connection for each thread that writes or reads at once, made again when lost
         self._pool = ConnectionPool(self.url, min_size=1, max_size=POOL_SIZE,
                                     timeout=CONNECT_SECONDS, kwargs=self._options(),
                                     configure=self._configure, name="batchjson-ledger", open=True)
@@ -236,14 +235,11 @@ class PostgresStore(Store):
         db = None
         try:
             with self._connection() as db:
-                if serial or not self._psycopg.Pipeline.is_supported():
-                    with db.transaction():
-                        if serial:
-                            db.execute(SERIAL_LOCK)
-                        yield db
-                else:
-                    with self._pipelined(db):
-                        yield db
+                pipelined = not serial and self._psycopg.Pipeline.is_supported()
+                with self._pipelined(db) if pipelined else db.transaction():
+                    if serial:
+                        db.execute(SERIAL_LOCK)
+                    yield db
         except self._psycopg.Error as exc:  # a pool that cannot connect in time as well
             psycopg = self._psycopg
             lost = isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError,
@@ -325,9 +321,8 @@ class PostgresStore(Store):
             raise self._error("could not be read", exc) from None
 
     def _clock(self, tx: Tx) -> float:
-        if tx is None:
-            return self._read(f"SELECT {CLOCK}")[0][0]
-        return tx.execute(f"SELECT {CLOCK}").fetchone()[0]
+        return (self._read(f"SELECT {CLOCK}")[0][0] if tx is None
+                else tx.execute(f"SELECT {CLOCK}").fetchone()[0])
 
     def _raw(self, text: str | None) -> Any:
         return None if text is None else text.encode("utf-8", "surrogatepass")
@@ -342,10 +337,8 @@ class PostgresStore(Store):
             attempt_id, locked, budgeted, accepted, *holder = cursor.fetchone()
             if attempt_id is not None:
                 return MINE, attempt_id
-            if budgeted:
-                return OVER, None
-            if accepted:
-                return ACCEPTED, None
+            if budgeted or accepted:
+                return (OVER if budgeted else ACCEPTED), None
             if not locked or holder[0] in (None, owner.id) or not _owner_gone(*holder):
                 return HELD, None  # held, or released a moment ago: look again later
             with self.transaction(calls=True) as again:  # a gone holder's, taken over

@@ -11,24 +11,23 @@ import socket
 import time
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError
 from .._secrets import masked, public_url
 
-_second: tuple[int, str] = (-1, "")  # the last whole second formatted, and its text
-
 
 def now() -> str:
     """ISO 8601 UTC with microseconds (``isoformat``'s form), the second formatted once."""
-    global _second
     second, fraction = divmod(time.time_ns() // 1000, 1_000_000)
-    cached = _second
-    if cached[0] != second:
-        cached = _second = (second, datetime.fromtimestamp(second, UTC).strftime(
-            "%Y-%m-%dT%H:%M:%S"))
-    return f"{cached[1]}.{fraction:06d}+00:00"
+    return f"{_second(second)}.{fraction:06d}+00:00"
+
+
+@lru_cache(maxsize=1)
+def _second(second: int) -> str:
+    return datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 @dataclass(frozen=True)

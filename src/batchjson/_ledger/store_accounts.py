@@ -14,10 +14,6 @@ PENDING = "(a.status = 'in_flight' AND a.id IN (SELECT attempt_id FROM job_lines
 UNKNOWN = f"({IS_CALL} AND a.cost IS NULL AND NOT {PENDING})"
 
 
-def _count(condition: str) -> str:
-    return f"SUM(CASE WHEN {condition} THEN 1 ELSE 0 END)"
-
-
 _COUNTS = {  # what each counter of a batch counts
     "calls": IS_CALL,
     "rechecks": "a.kind = 'recheck'",
@@ -35,7 +31,7 @@ _COUNTS = {  # what each counter of a batch counts
 
 CALLS_SQL = (
     "SELECT b.name AS batch, "
-    + "".join(f"{_count(condition)} AS {name}, "
+    + "".join(f"SUM(CASE WHEN {condition} THEN 1 ELSE 0 END) AS {name}, "
               for name, condition in _COUNTS.items())
     + "COALESCE(SUM(a.input_tokens), 0) AS input_tokens, "
     "COALESCE(SUM(a.output_tokens), 0) AS output_tokens, "

@@ -48,9 +48,8 @@ class RunStore(StoreBase):
         stamp = now()
         with self.transaction() as tx:
             batch_id, previous_id = self._batch_row(tx, name, stamp)
-            found = self._revision_with(tx, batch_id, fingerprint)
-            if found is not None:
-                revision_id = found
+            revision_id = self._revision_with(tx, batch_id, fingerprint)
+            if revision_id is not None:
                 self._exec(tx, "UPDATE revisions SET status = 'open', superseded_by = NULL, "
                            "supersede_reason = NULL, forget_id = NULL WHERE id = ?",
                            (revision_id,))  # a forgotten revision run again owes again
@@ -59,9 +58,8 @@ class RunStore(StoreBase):
                     tx, batch_id, fingerprint, components, stamp,
                     validator=(validator["name"], validator["version"]) if validator else None)
                 self._insert_requests(tx, revision_id, requests)
-            superseded = None
-            if previous_id is not None and previous_id != revision_id and not strict:
-                superseded = self._supersede(tx, previous_id, revision_id, components)
+            superseded = (self._supersede(tx, previous_id, revision_id, components)
+                          if previous_id not in (None, revision_id) and not strict else None)
             self._make_current(tx, batch_id, revision_id)
         [current] = self._revisions(revision_id=revision_id)
         return current, (self._revisions(revision_id=superseded)[0] if superseded else None)
@@ -167,16 +165,12 @@ class RunStore(StoreBase):
                 "({marks}) AND status IN ('rejected', 'partial') ORDER BY id", keys):
             if status == "partial":
                 parted[key] = list(dict.fromkeys(e["task_id"] for e in json.loads(errors)))
-                continue
-            types = stop_types(errors)
-            if types:
-                found.setdefault(key, set()).update(types)
+            else:  # (an empty set: rejected for no stop of the provider's)
+                found.setdefault(key, set()).update(stop_types(errors))
         return counts, found, parted
 
     def _receipts(self, name: str, *, failed: bool = False) -> list[Receipt]:
-        sql = RECEIPT_SQL + " WHERE b.name = ?"
-        if failed:
-            sql += " AND a.status != 'accepted'"
+        sql = RECEIPT_SQL + " WHERE b.name = ?" + (" AND a.status != 'accepted'" if failed else "")
         return [_receipt(r) for r in self._read(sql + " ORDER BY a.id", (name,))]
 
     def _checkpoint(self, name: str, revision_id: int | None = None) -> dict[str, Any]:
@@ -275,11 +269,10 @@ class RunStore(StoreBase):
                   ) -> tuple[str, int, list[str]] | None:
         """What a tasks file of ``digest`` holds (``holds``, remembered first), or None."""
         if holds is not None:
-            tasks, count, fields = holds
             with self.transaction() as tx:
                 self._exec(tx, "INSERT INTO task_files(digest, tasks, count, fields) VALUES "
                            "(?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                           (digest, tasks, count, json.dumps(list(fields))))
+                           (digest, holds[0], holds[1], json.dumps(list(holds[2]))))
         rows = self._read("SELECT tasks, count, fields FROM task_files WHERE digest = ?",
                           (digest,))
         return (rows[0][0], rows[0][1], json.loads(rows[0][2])) if rows else None

@@ -25,7 +25,6 @@ BATCH_PRICE_FACTOR = 0.5
 # A model is priced among these hosts' own only: a local "llama-3" is never another's model.
 DATA_PROVIDERS = ("openai", "anthropic")
 
-
 PerMillion = Annotated[float, Field(ge=0, allow_inf_nan=False,
                                     description="a number >= 0 (USD per million tokens)")]
 PerMillionOrNone = Annotated[float | None, Field(ge=0, allow_inf_nan=False, description=(
@@ -175,9 +174,8 @@ def cost_of(model: str | None, input_tokens: int | None, output_tokens: int | No
     plain = input_tokens - cached - written
     read_rate = price.input if price.cached_input is None else price.cached_input
     write_rate = price.input if price.cache_write is None else price.cache_write
-    total = (plain * price.input + cached * read_rate + written * write_rate
-             + output_tokens * price.output)
-    return total / 1_000_000
+    return (plain * price.input + cached * read_rate + written * write_rate
+            + output_tokens * price.output) / 1_000_000
 
 
 def batch_share(model: str | None, overrides: Mapping[str, Any] | None = None) -> float:

@@ -77,7 +77,5 @@ def _named(spec: str, source: str, model: str | None) -> Any:
 
 def _is_async(complete: Any) -> bool:
     """A coroutine function, or an object whose ``__call__`` is one."""
-    if inspect.iscoroutinefunction(complete):
-        return True
     call = getattr(type(complete), "__call__", None)  # noqa: B004 - the method, not callable()
-    return call is not None and inspect.iscoroutinefunction(call)
+    return inspect.iscoroutinefunction(complete) or inspect.iscoroutinefunction(call)

@@ -99,9 +99,7 @@ class Tally:
 
 def charge_of(reserved: float, cost: float | None) -> float:
     """What a settled call is charged: its cost, or its worst case when that is unknown."""
-    if cost is None or not math.isfinite(cost) or cost < 0:
-        return reserved
-    return cost
+    return cost if cost is not None and math.isfinite(cost) and cost >= 0 else reserved
 
 
 class Spender:
@@ -185,8 +183,7 @@ class Spender:
 
     def shortfall(self, input_bound: int) -> str:
         """Why a call of ``input_bound`` input tokens cannot be reserved, in words."""
-        remaining = self.remaining_calls()
-        if remaining is not None and remaining <= 0:
+        if self.remaining_calls() == 0:
             return "no calls left"
         if self._tally.unbounded is not None:
             return self._tally.unbounded
@@ -198,8 +195,7 @@ class Spender:
         """Reserve one call's worst case; None if it cannot fit (``alone``: a first call alone)."""
         worst = self.pricing.worst_case(input_bound) if self.costed else 0.0
         with self._tally.lock:
-            remaining = self.remaining_calls()
-            if (remaining is not None and remaining <= 0) or self.stopped is not None:
+            if self.remaining_calls() == 0 or self.stopped is not None:
                 return None  # (a call billed beyond its worst case: no bound holds any more)
             if self.budget.cost is not None and (
                     (alone and self.outstanding and not self._tally.settled)
