@@ -1,9 +1,5 @@
-"""The PostgreSQL store: one ledger for runners on many hosts, over psycopg 3. Only what is
-PostgreSQL's own: a connection pool (a connection per thread at work) and how its rows read,
-``RETURNING id``, a claim's hot path in one statement, and the advisory lock that runs a
-transaction reading before it writes as if alone, while the writes of calls run side by side
-across hosts (why that is safe: docs/scale.md, "How it works").
-"""
+"""The PostgreSQL store (psycopg 3): only what is PostgreSQL's own. Transactions that read before
+they write take one advisory lock; the writes of calls run side by side (docs/scale.md)."""
 
 from __future__ import annotations
 
@@ -12,7 +8,7 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import replace
-from functools import lru_cache
+from functools import lru_cache, partialmethod
 from typing import Any
 
 from .._errors import ConfigError, LedgerError
@@ -39,70 +35,55 @@ from .store_schema import POSTGRES, SCHEMA_VERSION, _version_problem
 SERIAL_LOCK = "SELECT pg_advisory_xact_lock(7089063493536607342)"
 CLOCK = POSTGRES.now
 
-# The hot path of every call, one statement: write the receipt, lock the request's row (the
-# lowest-numbered row of its key, whichever revision holds it) unless another runner is
-# deciding on it, then claim the request if it is free (no row yet) or already this runner's,
-# and not accepted; and say whether the ledger has a budget of its own.
+# Both hot paths lock the request's lowest row (``job``) unless another runner decides on it,
+# and claim it (``claimed``: for which receipt) if it is free or ours and not accepted.
+_JOB = """job AS (
+    SELECT id FROM requests WHERE id = (SELECT MIN(id) FROM requests WHERE key = %(key)s)
+    FOR UPDATE SKIP LOCKED)"""
+_ACCEPTED = "EXISTS (SELECT 1 FROM attempts WHERE request_key = %(key)s AND status = 'accepted')"
+_CLAIM_AS = """INSERT INTO claims(request_key, owner, host, pid, session, attempt_id,
+    lease_expires_at, claimed_at)
+    SELECT %(key)s, %(owner)s, %(host)s, %(pid)s, %(session)s, {claimed},
+           {CLOCK} + %(lease)s, %(stamp)s FROM free
+    ON CONFLICT (request_key) DO"""
+_BUDGETED = "EXISTS (SELECT 1 FROM budget WHERE id = 1)"
+
+# Every call's: the receipt first; and whether the ledger has a budget of its own.
 _RECEIPT = RECEIPT_INTO + ", ".join(f"%({column})s" for column in RECEIPT_COLUMNS) + ")"
 OPEN = f"""
-WITH receipt AS ({_RECEIPT} RETURNING id),
-job AS (
-    SELECT id FROM requests WHERE id = (SELECT MIN(id) FROM requests WHERE key = %(key)s)
-    FOR UPDATE SKIP LOCKED),
-free AS (
-    SELECT 1 FROM job WHERE NOT EXISTS (
-        SELECT 1 FROM attempts WHERE request_key = %(key)s AND status = 'accepted')),
-fresh AS (
-    INSERT INTO claims(request_key, owner, host, pid, session, attempt_id, lease_expires_at,
-                       claimed_at)
-    SELECT %(key)s, %(owner)s, %(host)s, %(pid)s, %(session)s, (SELECT id FROM receipt),
-           {CLOCK} + %(lease)s, %(stamp)s FROM free
-    ON CONFLICT (request_key) DO NOTHING RETURNING 1),
+WITH receipt AS ({_RECEIPT} RETURNING id), {_JOB},
+free AS (SELECT 1 FROM job WHERE NOT {_ACCEPTED}),
+fresh AS ({_CLAIM_AS.format(claimed="(SELECT id FROM receipt)", CLOCK=CLOCK)}
+    NOTHING RETURNING 1),
 again AS (
     UPDATE claims SET attempt_id = (SELECT id FROM receipt),
                       lease_expires_at = {CLOCK} + %(lease)s
     WHERE request_key = %(key)s AND owner = %(owner)s AND EXISTS (SELECT 1 FROM free)
     RETURNING 1)
 SELECT (SELECT id FROM receipt), EXISTS (SELECT 1 FROM job),
-       EXISTS (SELECT 1 FROM fresh) OR EXISTS (SELECT 1 FROM again),
-       EXISTS (SELECT 1 FROM budget WHERE id = 1)
+       EXISTS (SELECT 1 FROM fresh) OR EXISTS (SELECT 1 FROM again), {_BUDGETED}
 """
 
-# The hot path of a call the ledger's budget holds nothing for, one statement that writes
-# nothing unless the claim is won: the claim first (free, or already this runner's, decided by
-# its key even against a claim committed a moment ago), naming the receipt's id, then the
-# receipt; and what else it found: the request's row locked, the budget, accepted, the holder.
-# It asks nothing of the answer before COMMIT, so a group of calls claims in one round trip.
+# Without a ledger budget: the claim first (decided by its key), then its receipt, nothing
+# written unless it is won; nothing is read before COMMIT (a group claims in one round trip).
 _RECEIPT_NAMED = ("INSERT INTO attempts(id, status, " + ", ".join(RECEIPT_COLUMNS) + ") SELECT "
                   "attempt_id, 'in_flight', " + ", ".join(f"%({c})s" for c in RECEIPT_COLUMNS))
+_NEXT_ID = "nextval(pg_get_serial_sequence('attempts', 'id'))"
 CLAIM = f"""
-WITH job AS (
-    SELECT id FROM requests WHERE id = (SELECT MIN(id) FROM requests WHERE key = %(key)s)
-    FOR UPDATE SKIP LOCKED),
-free AS (
-    SELECT 1 FROM job WHERE NOT EXISTS (
-        SELECT 1 FROM attempts WHERE request_key = %(key)s AND status = 'accepted')
-    AND NOT EXISTS (SELECT 1 FROM budget WHERE id = 1)),
-claim AS (
-    INSERT INTO claims(request_key, owner, host, pid, session, attempt_id, lease_expires_at,
-                       claimed_at)
-    SELECT %(key)s, %(owner)s, %(host)s, %(pid)s, %(session)s,
-           nextval(pg_get_serial_sequence('attempts', 'id')), {CLOCK} + %(lease)s, %(stamp)s
-    FROM free
-    ON CONFLICT (request_key) DO UPDATE SET attempt_id = excluded.attempt_id,
+WITH {_JOB},
+free AS (SELECT 1 FROM job WHERE NOT {_ACCEPTED} AND NOT {_BUDGETED}),
+claim AS ({_CLAIM_AS.format(claimed=_NEXT_ID, CLOCK=CLOCK)}
+    UPDATE SET attempt_id = excluded.attempt_id,
         lease_expires_at = excluded.lease_expires_at WHERE claims.owner = excluded.owner
     RETURNING attempt_id),
 receipt AS ({_RECEIPT_NAMED} FROM claim RETURNING id)
-SELECT (SELECT id FROM receipt), EXISTS (SELECT 1 FROM job),
-       EXISTS (SELECT 1 FROM budget WHERE id = 1),
-       EXISTS (SELECT 1 FROM attempts WHERE request_key = %(key)s AND status = 'accepted'),
+SELECT (SELECT id FROM receipt), EXISTS (SELECT 1 FROM job), {_BUDGETED}, {_ACCEPTED},
        c.owner, c.host, c.pid, c.lease_expires_at, {CLOCK}
 FROM (SELECT 1) AS one LEFT JOIN claims c ON c.request_key = %(key)s
 """
 
-# An accepted return in one statement, nothing read back: its checkpoint rows written unless
-# another runner's are there already, and its receipt accepted, or else kept as a paid return
-# that admits nothing (``already_accepted``, naming the attempt that was admitted).
+# An accepted return in one statement, nothing read back: its checkpoint rows unless another
+# runner's are there, else its receipt kept as a paid return naming the one admitted.
 _ADMITTED = "(? OR EXISTS (SELECT 1 FROM added))"  # ?: the return has no items
 ACCEPT = (
     "WITH added AS (INSERT INTO checkpoint(batch_id, request_key, task_id, attempt_id, item, "
@@ -113,8 +94,7 @@ ACCEPT = (
         "COALESCE(MIN(attempt_id)::text, chr(63)) FROM checkpoint WHERE request_key = ? AND "
         "batch_id = ?)) END"))
 
-# A batch's requests and what each saw, for many rows (``_many``) in one statement, each column
-# bound as one array, in order (psycopg's executemany runs a statement once per row).
+# ``_many`` of these in one statement, each column one array (executemany runs once per row).
 BULK = {
     REQUESTS_SQL: (
         "INSERT INTO requests(revision_id, key, position, parent_key, task_ids, tasks) SELECT "
@@ -137,9 +117,7 @@ class _Row(tuple):
     _index: dict[str, int] = {}
 
     def __getitem__(self, key: Any) -> Any:
-        if isinstance(key, str):
-            return tuple.__getitem__(self, self._index[key])
-        return tuple.__getitem__(self, key)
+        return tuple.__getitem__(self, self._index[key] if isinstance(key, str) else key)
 
     def keys(self) -> list[str]:
         return list(self._index)
@@ -190,7 +168,6 @@ class PostgresStore(Store):
             raise self._error("could not be prepared", exc) from None
         finally:
             first.close()
-        # a connection for each thread that writes or reads at once, made again when lost
         self._pool = ConnectionPool(self.url, min_size=1, max_size=POOL_SIZE,
                                     timeout=CONNECT_SECONDS, kwargs=self._options(),
                                     configure=self._configure, name="batchjson-ledger", open=True)
@@ -204,8 +181,7 @@ class PostgresStore(Store):
         return {"autocommit": True, "row_factory": _rows, **wait}
 
     def _configure(self, db: Any) -> None:
-        """``bytea`` read as the provider's text, ``numeric`` (what SUM of whole numbers gives)
-        as int or float: the values SQLite hands back."""
+        """``bytea`` and ``numeric`` (SUM of whole numbers) read as SQLite hands them back."""
         from psycopg.adapt import Loader
         from psycopg.types.string import ByteaLoader
 
@@ -237,17 +213,14 @@ class PostgresStore(Store):
                 raise LedgerError("the database has an 'attempts' table that batchjson did not "
                                   "make; give a database (or a schema, with ?options=-csearch_"
                                   "path%3DNAME) of its own to the ledger", path=self._public)
-            for statement in POSTGRES._schema.split(";"):
-                if statement.strip():
-                    db.execute(statement)
+            db.execute(POSTGRES._schema)  # no parameters: many statements in one
             db.execute("INSERT INTO batchjson_schema(version) VALUES (%s)", (SCHEMA_VERSION,))
 
     def _close(self) -> None:
         self._pool.close()
 
     def _tables(self) -> dict[str, list[Row]]:
-        """Every row a merge into another ledger brings in, table by table, in the order they
-        were written (``sqlite._read_ledger_file``'s shape)."""
+        """What a merge brings in, as ``sqlite._read_ledger_file`` reads it."""
         order = {**dict.fromkeys(("batches", "revisions", "requests", "attempts", "forgets",
                                   "jobs"), "id"), "validators": "name, version",
                  "imports": "imported_at, digest", "checkpoint": "attempt_id, task_id"}
@@ -255,29 +228,18 @@ class PostgresStore(Store):
                 for table, by in order.items()}
 
     # -- transactions --------------------------------------------------------------------------
-    def _write_transaction(self) -> Any:
-        return self._transaction(serial=True)
-
-    def _calls_transaction(self) -> Any:
-        return self._transaction(serial=False)
-
     @contextmanager
     def _transaction(self, *, serial: bool) -> Iterator[Any]:
-        """A failure of the server or the connection is a LedgerError (the run stops); a
-        statement's own error, or a conflict another try resolves (deadlock, serialization),
-        is raised as it is, for the group commit to run each write alone. The writes of calls
-        are pipelined where libpq can: a round trip for the commit and one per answer read."""
+        """A lost server or connection is a LedgerError; a statement's own error or a transient
+        conflict is raised as it is (the group commit retries each write alone)."""
         db = None
         try:
             with self._connection() as db:
-                if serial or not self._psycopg.Pipeline.is_supported():
-                    with db.transaction():
-                        if serial:
-                            db.execute(SERIAL_LOCK)
-                        yield db
-                else:
-                    with self._pipelined(db):
-                        yield db
+                pipelined = not serial and self._psycopg.Pipeline.is_supported()
+                with self._pipelined(db) if pipelined else db.transaction():
+                    if serial:
+                        db.execute(SERIAL_LOCK)
+                    yield db
         except self._psycopg.Error as exc:  # a pool that cannot connect in time as well
             psycopg = self._psycopg
             lost = isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError,
@@ -287,10 +249,12 @@ class PostgresStore(Store):
                                   "call", exc) from exc
             raise
 
+    _write_transaction = partialmethod(_transaction, serial=True)
+    _calls_transaction = partialmethod(_transaction, serial=False)
+
     @contextmanager
     def _connection(self) -> Iterator[Any]:
-        """This thread's connection: its open transaction's (which sees its writes), or one from
-        the pool, which replaces a lost one and gives up after CONNECT_SECONDS."""
+        """This thread's open transaction's connection (it sees its writes), else the pool's."""
         held = getattr(self._here, "db", None)
         if held is not None:
             yield held
@@ -304,10 +268,8 @@ class PostgresStore(Store):
 
     @contextmanager
     def _pipelined(self, db: Any) -> Iterator[None]:
-        """BEGIN, the writes and COMMIT in one pipeline, sent together at its end: one round
-        trip for a group whose writes read nothing back (psycopg's own transaction block would
-        wait on the server as it begins and as it ends); an answer read on the way costs one
-        more. A failure is rolled back before the connection goes back to the pool."""
+        """BEGIN, the writes and COMMIT sent as one round trip (psycopg's transaction block
+        waits at each end); a failure is rolled back before the connection is given back."""
         try:
             with db.pipeline() as pipe:
                 db.execute("BEGIN")
@@ -359,9 +321,8 @@ class PostgresStore(Store):
             raise self._error("could not be read", exc) from None
 
     def _clock(self, tx: Tx) -> float:
-        if tx is None:
-            return self._read(f"SELECT {CLOCK}")[0][0]
-        return tx.execute(f"SELECT {CLOCK}").fetchone()[0]
+        return (self._read(f"SELECT {CLOCK}")[0][0] if tx is None
+                else tx.execute(f"SELECT {CLOCK}").fetchone()[0])
 
     def _raw(self, text: str | None) -> Any:
         return None if text is None else text.encode("utf-8", "surrogatepass")
@@ -369,19 +330,15 @@ class PostgresStore(Store):
     # -- claims side by side -------------------------------------------------------------------
     def _claim_at_commit(self, tx: Tx, receipt: Sequence[Any], request_key: str, owner: Owner,
                          stamp: str) -> Later:
-        """``CLAIM``: a claim won is committed with its receipt, and nothing else is written;
-        what it found is read once ``tx`` has committed. A gone holder's claim is taken over
-        in a transaction of its own, the shared way."""
+        """``CLAIM``, read once ``tx`` has committed; a gone holder's is taken over apart."""
         cursor = tx.execute(CLAIM, self._claim_args(receipt, request_key, owner, stamp))
 
         def committed() -> tuple[str, int | None]:
             attempt_id, locked, budgeted, accepted, *holder = cursor.fetchone()
             if attempt_id is not None:
                 return MINE, attempt_id
-            if budgeted:
-                return OVER, None
-            if accepted:
-                return ACCEPTED, None
+            if budgeted or accepted:
+                return (OVER if budgeted else ACCEPTED), None
             if not locked or holder[0] in (None, owner.id) or not _owner_gone(*holder):
                 return HELD, None  # held, or released a moment ago: look again later
             with self.transaction(calls=True) as again:  # a gone holder's, taken over
@@ -391,20 +348,14 @@ class PostgresStore(Store):
 
     def _open(self, tx: Tx, receipt: Sequence[Any], request_key: str, owner: Owner,
               stamp: str) -> Later:
-        """The receipt and the claim in one statement (one round trip, shared by every write
-        of a pipelined transaction): the request's row locked first (``SKIP LOCKED``: another
-        runner deciding on it means HELD), then the claim written if free or ours. Anything
-        else: :meth:`_decide`, once the answer is read."""
+        """``OPEN``: a row another runner locks is HELD; anything else not won :meth:`_decide`s."""
         cursor = tx.execute(OPEN, self._claim_args(receipt, request_key, owner, stamp))
 
         def found() -> tuple[int, str, bool | None]:
             attempt_id, locked, taken, budgeted = cursor.fetchone()
-            if not locked:
-                return attempt_id, HELD, budgeted
-            if taken:
-                return attempt_id, MINE, budgeted
-            return attempt_id, self._decide(tx, request_key, owner, attempt_id,
-                                            stamp), budgeted
+            state = (HELD if not locked else MINE if taken
+                     else self._decide(tx, request_key, owner, attempt_id, stamp))
+            return attempt_id, state, budgeted
 
         return Later(found)
 
@@ -417,8 +368,7 @@ class PostgresStore(Store):
     def _accept_call(self, tx: Tx, attempt_id: int, batch_id: int, request_key: str,
                      items: Mapping[str, str], raw: str, usage: Mapping[str, Any],
                      sent_at: str | None, charge: float | None) -> None:
-        """As the shared one (``store_calls``), in one statement that reads nothing back:
-        in a pipelined transaction it waits for no answer."""
+        """``ACCEPT``: as ``store_calls``'s, but nothing waits on the server."""
         stamp, empty = now(), not items
         self._exec(tx, ACCEPT, (
             batch_id, request_key, attempt_id, stamp, list(items),

@@ -1,5 +1,4 @@
-"""The ledger's rows as Python values: receipts, revisions, ids, timestamps and who a person
-is; and what a ledger may be (a file path, a ``postgresql://`` URL, or memory)."""
+"""The ledger's rows as Python values, and what a ledger may be (a path, a URL, or memory)."""
 
 from __future__ import annotations
 
@@ -12,25 +11,23 @@ import socket
 import time
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError
 from .._secrets import masked, public_url
 
-_second: tuple[int, str] = (-1, "")  # the last whole second formatted, and its text
-
 
 def now() -> str:
-    """The time as ISO 8601 UTC with microseconds (``datetime.isoformat``'s form); the date and
-    time of day are formatted once a second (every call writes three or four)."""
-    global _second
+    """ISO 8601 UTC with microseconds (``isoformat``'s form), the second formatted once."""
     second, fraction = divmod(time.time_ns() // 1000, 1_000_000)
-    cached = _second
-    if cached[0] != second:
-        cached = _second = (second, datetime.fromtimestamp(second, UTC).strftime(
-            "%Y-%m-%dT%H:%M:%S"))
-    return f"{cached[1]}.{fraction:06d}+00:00"
+    return f"{_second(second)}.{fraction:06d}+00:00"
+
+
+@lru_cache(maxsize=1)
+def _second(second: int) -> str:
+    return datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 @dataclass(frozen=True)
@@ -82,9 +79,8 @@ POSTGRES_SCHEMES = ("postgresql", "postgres")
 
 
 def ledger_path(value: Any) -> Path | str | None:
-    """What ``Ledger(path)`` and ``Session(ledger=...)`` accept: a SQLite file path (str or
-    ``os.PathLike``), a ``postgresql://`` URL (returned as the str), or None (in memory);
-    anything else is refused before a file is made or a server reached, a password masked."""
+    """A SQLite file path, a ``postgresql://`` URL (the str) or None (memory); anything else is
+    refused before a file is made or a server reached, a password masked."""
     if value is None:
         return None
     text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
@@ -120,14 +116,13 @@ def _receipt(row: Any) -> Receipt:
 
 
 def _uid() -> str:
-    """A receipt's global id (for merges): time-ordered like UUIDv7, so it appends to the unique
-    index, and 64 bits of ``random`` (reseeded in a forked child): unique, not secret, cheap."""
+    """A receipt's global id (for merges): time-ordered, so it appends to its index, then 64
+    random bits (reseeded in a forked child): unique, not secret, cheap."""
     return f"{time.time_ns():016x}{random.getrandbits(64):016x}"
 
 
 def _who() -> str:
-    """``user@host``: who set a budget or forgot a batch; a missing user name (some
-    containers) is said so."""
+    """``user@host``: who set a budget or forgot a batch."""
     try:
         user = getpass.getuser()
     except Exception:  # noqa: BLE001 - no USER/LOGNAME and no passwd entry

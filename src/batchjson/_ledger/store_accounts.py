@@ -1,7 +1,5 @@
-"""The store's SQL for the accounts and for advice: every attempt counted, priced and fitted.
-What a call is and what is known of its cost is defined once (``IS_CALL``, ``UNKNOWN``), so
-``Ledger.spend()`` and ``cost_summary()`` (``_session/accounts.py``) cannot drift apart.
-"""
+"""The store's SQL for the accounts and for advice. What a call is and what is known of its cost
+is said once (``IS_CALL``, ``UNKNOWN``), so every account counts alike."""
 
 from __future__ import annotations
 
@@ -14,10 +12,6 @@ PENDING = "(a.status = 'in_flight' AND a.id IN (SELECT attempt_id FROM job_lines
 # A call with no recorded cost (killed, interrupted, an error without usage, an unpriced model)
 # is never free: it cost at least its floor, priced when it was sent.
 UNKNOWN = f"({IS_CALL} AND a.cost IS NULL AND NOT {PENDING})"
-
-
-def _count(condition: str) -> str:
-    return f"SUM(CASE WHEN {condition} THEN 1 ELSE 0 END)"
 
 
 _COUNTS = {  # what each counter of a batch counts
@@ -37,7 +31,7 @@ _COUNTS = {  # what each counter of a batch counts
 
 CALLS_SQL = (
     "SELECT b.name AS batch, "
-    + "".join(f"{_count(condition)} AS {name}, "
+    + "".join(f"SUM(CASE WHEN {condition} THEN 1 ELSE 0 END) AS {name}, "
               for name, condition in _COUNTS.items())
     + "COALESCE(SUM(a.input_tokens), 0) AS input_tokens, "
     "COALESCE(SUM(a.output_tokens), 0) AS output_tokens, "
@@ -77,10 +71,7 @@ class AccountStore(StoreBase):
     """Rows for the accounts, for pack-size advice and for what a pack may hold."""
 
     def call_rows(self, name: str | None = None) -> tuple[list[Row], list[Row]]:
-        """Per batch with attempts (one, or every one): calls by outcome, tokens, known cost,
-        unknown-cost calls and their recorded floors, calls pending in a job; then, only when
-        some have no floor or are pending, per batch, model and whether pending those calls'
-        prompt tokens (uncached, cached) to price."""
+        """``CALLS_SQL`` per batch; ``UNFLOORED_SQL`` too only when some calls need pricing."""
         where, args = (" AND b.name = ?", (name,)) if name is not None else ("", ())
         calls = self._read(CALLS_SQL.format(where=where), args)
         if not any(row["unfloored"] or row["pending"] for row in calls):
@@ -88,17 +79,15 @@ class AccountStore(StoreBase):
         return calls, self._read(UNFLOORED_SQL.format(where=where), args)
 
     def task_rows(self, name: str | None = None) -> tuple[list[Row], list[Row]]:
-        """Per batch (one, or every one in order), its current revision's tasks: (batch,
-        task_ids) of every leaf request (task_ids None for a batch with none), and (batch,
-        usable), how many are accepted."""
+        """Per batch (``name`` or all), its current revision's (batch, task_ids) of each leaf
+        (None: it has none), and (batch, usable): how many tasks are accepted."""
         where, args = (" AND b.name = ?", (name,)) if name is not None else ("", ())
         return (self._read(TASKS_SQL + (" WHERE b.name = ?" if name is not None else "")
                            + " ORDER BY b.id", args),
                 self._read(USABLE_SQL.format(where=where), args))
 
     def fit_rows(self, name: str) -> list[Row]:
-        """Every live receipt of batch ``name`` (imports aside), with its request's text
-        length (``chars``): what pack-size advice fits."""
+        """Batch ``name``'s receipts but imports, with their request's length: what advice fits."""
         return self._read(
             "SELECT a.kind, a.status, a.errors, a.task_ids, a.input_tokens, a.output_tokens, "
             "a.cached_tokens, a.cost, a.model, LENGTH(q.tasks) AS chars FROM attempts a "
@@ -107,8 +96,7 @@ class AccountStore(StoreBase):
             "ORDER BY a.id", (name,))
 
     def fewest_output_tokens_per_item(self, name: str, envelope: int) -> float | None:
-        """The fewest output tokens per item any accepted return of batch ``name`` took (its
-        ``envelope`` taken off), or None when none has been measured."""
+        """The fewest output tokens per item (``envelope`` off) of ``name``'s accepted returns."""
         count = self.dialect.json_length.format("a.task_ids")
         rows = self._read(
             f"SELECT MIN((a.output_tokens - ?) * 1.0 / {count}) FROM attempts a "

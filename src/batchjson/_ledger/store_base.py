@@ -1,7 +1,5 @@
-"""What every store is made of: transactions and statements. The ``store_*`` modules write their
-SQL once; what SQLite and PostgreSQL spell differently is their ``Dialect``; a store for one
-database says how to open a transaction, run a statement and get a new row's id.
-"""
+"""What every store is made of: the ``store_*`` modules write their SQL once, each database's
+``Dialect`` spells it, and its store opens transactions and runs statements."""
 
 from __future__ import annotations
 
@@ -22,8 +20,7 @@ LEASE_SECONDS = 30.0  # the default lease of a claim (Ledger(lease=)); renewed e
 
 
 class Later:
-    """A write whose outcome is read when asked for, still inside its transaction: a store that
-    pipelines statements sends every write of a group commit before it waits for an answer."""
+    """A write's outcome, read when asked for: a pipelined group sends every write first."""
 
     __slots__ = ("_outcome",)
 
@@ -50,11 +47,8 @@ class StoreBase(ABC):
 
     def transaction(self, *, calls: bool = False,
                     whole: str | None = None) -> AbstractContextManager[Tx]:
-        """One write transaction, committed or rolled back whole and run as if alone; a failure
-        of the ledger itself (disk full, I/O, read-only, locked, a lost server) is a LedgerError
-        naming it. ``calls``: the calls' writes, deciding only on their own requests' rows, so
-        a database with row locks runs many runners' side by side. ``whole``: an operation a
-        person asked for (an import, a merge); any failure in it is a LedgerError saying so."""
+        """One write transaction, whole and as if alone (``calls``: side by side where rows lock);
+        a failure of the ledger, or any in a person's operation ``whole``, is a LedgerError."""
         tx = self._calls_transaction() if calls else self._write_transaction()
         return tx if whole is None else _whole(self._whole_or_nothing(whole), tx)
 
@@ -73,8 +67,7 @@ class StoreBase(ABC):
 
     @abstractmethod
     def _exec(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> Any:
-        """Run one statement in ``tx``; the cursor. A write in a transaction of calls reads its
-        outcome through ``RETURNING``: a pipelined row count is known only once it syncs."""
+        """Run one statement in ``tx``; the cursor (a pipelined write's rowcount is not known)."""
 
     @abstractmethod
     def _many(self, tx: Tx, sql: str, rows: Sequence[Sequence[Any]]) -> Any:
@@ -89,8 +82,7 @@ class StoreBase(ABC):
         """Rows of one query outside any write transaction; a failure is a LedgerError."""
 
     def _clock(self, tx: Tx) -> float:
-        """Seconds since the epoch by the clock every runner of the ledger reads for leases
-        (``tx=None``: outside a transaction)."""
+        """Seconds since the epoch by the clock every runner reads (``tx`` may be None)."""
         return time.time()
 
     def _raw(self, text: str | None) -> Any:
@@ -98,8 +90,7 @@ class StoreBase(ABC):
         return text
 
     def _by_keys(self, sql: str, keys: Sequence[Any], tx: Tx = None) -> list[Row]:
-        """``sql`` with ``{marks}`` bound to ``keys``, a chunk at a time, or all at once where
-        the database binds them as one array (in ``tx`` if given)."""
+        """``sql`` with ``{marks}`` bound to ``keys`` a chunk (or one array) at a time."""
         rows: list[Row] = []
         keys, dialect = list(keys), self.dialect
         step = (len(keys) or 1) if dialect.keys_as_array else CHUNK

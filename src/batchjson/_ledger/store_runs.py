@@ -1,6 +1,4 @@
-"""The store's SQL for what a run reads and opens: batches, revisions, requests, accepted
-values, what is owed, validator versions, and the memory for re-judging (seen keys, rechecks).
-"""
+"""The store's SQL for what a run reads and opens, what is owed, and re-judging's memory."""
 
 from __future__ import annotations
 
@@ -26,14 +24,9 @@ class RunStore(StoreBase):
                    revision_id: int | None = None, status: str | None = None,
                    current: bool = False) -> list[Revision]:
         """``Ledger.revisions``: one statement, each argument given one more filter."""
-        where = {"b.name": name, "r.fingerprint": fingerprint, "r.id": revision_id,
-                 "r.status": status}
-        where = {column: value for column, value in where.items() if value is not None}
-        sql = REVISION_SQL + "".join(f" {'AND' if i else 'WHERE'} {column} = ?"
-                                     for i, column in enumerate(where))
-        if current:
-            sql += f" {'AND' if where else 'WHERE'} r.id = b.current_revision"
-        return [_revision(r) for r in self._read(sql + " ORDER BY r.id", tuple(where.values()))]
+        where, args = _filters({"b.name": name, "r.fingerprint": fingerprint, "r.id": revision_id,
+                                "r.status": status}, ["r.id = b.current_revision"] * current)
+        return [_revision(r) for r in self._read(REVISION_SQL + where + " ORDER BY r.id", args)]
 
     def _batch_names(self) -> list[str]:
         return [r["name"] for r in self._read("SELECT name FROM batches ORDER BY id")]
@@ -51,14 +44,12 @@ class RunStore(StoreBase):
                       requests: Iterable[Request], *, strict: bool,
                       validator: Mapping[str, Any] | None = None,
                       ) -> tuple[Revision, Revision | None]:
-        """Make (or reuse) the revision for this content and mark it current: (revision, the
-        previous current one if it owed and is now superseded; never when ``strict``)."""
+        """This content's revision, made current, and the one it superseded (never ``strict``)."""
         stamp = now()
         with self.transaction() as tx:
             batch_id, previous_id = self._batch_row(tx, name, stamp)
-            found = self._revision_with(tx, batch_id, fingerprint)
-            if found is not None:
-                revision_id = found
+            revision_id = self._revision_with(tx, batch_id, fingerprint)
+            if revision_id is not None:
                 self._exec(tx, "UPDATE revisions SET status = 'open', superseded_by = NULL, "
                            "supersede_reason = NULL, forget_id = NULL WHERE id = ?",
                            (revision_id,))  # a forgotten revision run again owes again
@@ -67,9 +58,8 @@ class RunStore(StoreBase):
                     tx, batch_id, fingerprint, components, stamp,
                     validator=(validator["name"], validator["version"]) if validator else None)
                 self._insert_requests(tx, revision_id, requests)
-            superseded = None
-            if previous_id is not None and previous_id != revision_id and not strict:
-                superseded = self._supersede(tx, previous_id, revision_id, components)
+            superseded = (self._supersede(tx, previous_id, revision_id, components)
+                          if previous_id not in (None, revision_id) and not strict else None)
             self._make_current(tx, batch_id, revision_id)
         [current] = self._revisions(revision_id=revision_id)
         return current, (self._revisions(revision_id=superseded)[0] if superseded else None)
@@ -83,8 +73,7 @@ class RunStore(StoreBase):
                      components: Mapping[str, str], stamp: str, *,
                      validator: tuple[str | None, int | None] | None = None,
                      superseded_by: int | None = None, reason: str | None = None) -> int:
-        """A new revision of the batch, numbered after its others: open, or superseded by
-        ``superseded_by`` with ``reason``; ``validator``: its (name, version)."""
+        """A new revision numbered after the batch's others, open unless ``superseded_by``."""
         number = self._exec(tx, "SELECT COALESCE(MAX(number), 0) + 1 FROM revisions WHERE "
                             "batch_id = ?", (batch_id,)).fetchone()[0]
         name, version = validator or (None, None)
@@ -98,8 +87,7 @@ class RunStore(StoreBase):
 
     def _supersede(self, tx: Tx, previous_id: int, revision_id: int,
                    components: Mapping[str, str]) -> int | None:
-        """Mark the previous revision superseded by ``revision_id``, naming what changed; its
-        id, or None when it owed nothing (then it is left as it is)."""
+        """The previous revision superseded, naming what changed; None (left) if it owed nothing."""
         owed = self._exec(tx, UNRESOLVED_SQL.format(select="COUNT(*)") + " AND q.revision_id = ?",
                           (previous_id,)).fetchone()[0]
         if not owed:
@@ -120,11 +108,15 @@ class RunStore(StoreBase):
                    (revision_id, batch_id))
 
     def _insert_requests(self, tx: Tx, revision_id: int, requests: Iterable[Request]) -> None:
-        """``requests`` (a list, or a stream of a million read a window at a time) in ``tx``."""
-        rows = ((revision_id, r.key, r.position, r.parent_key, r.task_ids_json, r.tasks_json)
-                for r in requests)
+        """``requests`` (a list, or a stream of a million) in ``tx``."""
+        self._stream(tx, REQUESTS_SQL, ((revision_id, r.key, r.position, r.parent_key,
+                                         r.task_ids_json, r.tasks_json) for r in requests))
+
+    def _stream(self, tx: Tx, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        """``sql`` for each of ``rows`` (a stream) in ``tx``, :data:`INSERT_ROWS` at a time."""
+        rows = iter(rows)
         while chunk := list(islice(rows, INSERT_ROWS)):
-            self._many(tx, REQUESTS_SQL, chunk)
+            self._many(tx, sql, chunk)
 
     def record_split(self, revision_id: int, parent: Request, children: Sequence[Request]) -> None:
         """Replace a leaf request by its halves; the parent stays on record as split."""
@@ -141,9 +133,8 @@ class RunStore(StoreBase):
             "split = 0 ORDER BY position, id", (revision_id,))]
 
     def leaf_pages(self, revision_id: int, positions: int) -> Iterator[list[Row]]:
-        """A revision's leaf requests as stored (key, tasks, task_ids, position, parent_key), a
-        page of ``positions`` positions at a time: a request and its halves share a position,
-        so no page holds a half made meanwhile of a request an earlier page held."""
+        """A revision's leaf requests as stored, ``positions`` positions a page: a request and
+        its halves share a position, so no page holds a half of one an earlier page held."""
         last = self._read("SELECT MAX(position) FROM requests WHERE revision_id = ?",
                           (revision_id,))[0][0]
         for start in range(0, -1 if last is None else last + 1, positions):
@@ -161,10 +152,9 @@ class RunStore(StoreBase):
 
     def attempts_so_far(self, keys: Sequence[str]
                         ) -> tuple[dict[str, int], dict[str, set[str]], dict[str, list[str]]]:
-        """Of each exact request among ``keys`` (any batch, any run): how many attempts it has
-        had; the provider's stop reasons its returns were rejected for (``truncated``,
-        ``refused``, ...: ``_sources.stop_types``); and the tasks a return accepted in part
-        rejected (a run splits it the same way). One key, one set of provider settings."""
+        """Of each request among ``keys`` (any batch, any run): its attempts so far, the stop
+        reasons its returns were rejected for (``_sources.stop_types``), and the tasks a return
+        accepted in part rejected (a run splits it the same way)."""
         counts = {r[0]: r[1] for r in self._by_keys(
             "SELECT request_key, COUNT(*) FROM attempts WHERE request_key IN ({marks}) "
             "GROUP BY request_key", keys)}
@@ -175,24 +165,19 @@ class RunStore(StoreBase):
                 "({marks}) AND status IN ('rejected', 'partial') ORDER BY id", keys):
             if status == "partial":
                 parted[key] = list(dict.fromkeys(e["task_id"] for e in json.loads(errors)))
-                continue
-            types = stop_types(errors)
-            if types:
-                found.setdefault(key, set()).update(types)
+            else:  # (an empty set: rejected for no stop of the provider's)
+                found.setdefault(key, set()).update(stop_types(errors))
         return counts, found, parted
 
     def _receipts(self, name: str, *, failed: bool = False) -> list[Receipt]:
-        sql = RECEIPT_SQL + " WHERE b.name = ?"
-        if failed:
-            sql += " AND a.status != 'accepted'"
+        sql = RECEIPT_SQL + " WHERE b.name = ?" + (" AND a.status != 'accepted'" if failed else "")
         return [_receipt(r) for r in self._read(sql + " ORDER BY a.id", (name,))]
 
     def _checkpoint(self, name: str, revision_id: int | None = None) -> dict[str, Any]:
         rows = self._read(  # of ``revision_id``, else of the batch's current revision
             f"SELECT c.task_id, c.item, {self.dialect.json_valid.format('c.item')}, q.position, "
-            "o.task_ids FROM requests q JOIN checkpoint c ON c.request_key = q.key LEFT JOIN "
-            "requests o ON q.parent_key IS NOT NULL AND o.revision_id = q.revision_id AND "
-            "o.position = q.position AND o.parent_key IS NULL WHERE q.revision_id = COALESCE(?, "
+            "o.task_ids FROM requests q JOIN checkpoint c ON c.request_key = q.key "
+            f"{ROOT_JOIN} WHERE q.revision_id = COALESCE(?, "
             "(SELECT current_revision FROM batches WHERE name = ?)) AND q.split = 0 "
             "ORDER BY q.position, q.id, c.attempt_id", (revision_id, name))
         if all(r[2] for r in rows):  # each item one JSON text (the database says): one decode
@@ -207,8 +192,7 @@ class RunStore(StoreBase):
         return {rows[i][0]: items[i] for i in ranked}
 
     def value_count(self, name: str | None = None, *, revision_id: int | None = None) -> int:
-        """How many tasks have an accepted value, none decoded: of one revision, else of batch
-        ``name``'s current revision (or every batch's, summed)."""
+        """Tasks with an accepted value, of one revision, else ``name``'s (or every) current one."""
         where, args = ("= ?", (revision_id,)) if revision_id is not None else (
             "IN (SELECT current_revision FROM batches" + (" WHERE name = ?)" if name else ")"),
             (name,) if name else ())
@@ -220,11 +204,9 @@ class RunStore(StoreBase):
     def revision_values(self, revision_id: int, *,
                         page: tuple[tuple[int, int], int] | None = None,
                         task: tuple[str, str] | None = None) -> list[Row]:
-        """A revision's leaf requests in task order, each with its accepted values in commit
-        order (the latest wins): rows of (position, id, task_id, item, the task ids of the
-        request a split one was made from), task_id and item None for a request with none.
-        ``page``: (after, limit), the ``limit`` leaf requests after ``after`` (a (position,
-        id)), so no page splits a request; else ``task``: (request key, task_id), one value."""
+        """A revision's leaf requests in task order with their values in commit order (the
+        latest wins): (position, id, task_id, item, the split request's task ids). ``page``:
+        (after (position, id), limit) leaf requests; else ``task``: (request key, task_id)."""
         leaves, join, args = LEAVES_SQL, "", [revision_id]
         if page is not None:  # a range of requests_in_order: each page costs only its own rows
             (position, request_id), limit = page
@@ -235,14 +217,11 @@ class RunStore(StoreBase):
             args += list(task)
         return self._read(
             "SELECT q.position, q.id, c.task_id, c.item, o.task_ids FROM "
-            f"({leaves}) q LEFT JOIN checkpoint c ON c.request_key = q.key{join} LEFT JOIN "
-            "requests o ON q.parent_key IS NOT NULL AND o.revision_id = q.revision_id AND "
-            "o.position = q.position AND o.parent_key IS NULL "
+            f"({leaves}) q LEFT JOIN checkpoint c ON c.request_key = q.key{join} {ROOT_JOIN} "
             "ORDER BY q.position, q.id, c.attempt_id", args)
 
     def revision_lookup(self, revision_id: int) -> tuple[list[tuple[str, str]], set[str]]:
-        """(key, task_ids JSON) of every leaf request of a revision, and the keys among them
-        with accepted values (for every task: a leaf is accepted whole)."""
+        """(key, task_ids JSON) of a revision's leaf requests, and those accepted (whole)."""
         rows = self._read("SELECT q.key, q.task_ids, EXISTS (SELECT 1 FROM checkpoint c WHERE "
                           "c.request_key = q.key) FROM requests q WHERE q.revision_id = ? AND "
                           "q.split = 0", (revision_id,))
@@ -251,14 +230,12 @@ class RunStore(StoreBase):
     # -- what is owed --------------------------------------------------------------------------
     def unresolved(self, name: str | None = None, *, validator: str | None = None
                    ) -> list[Row]:
-        """Leaf requests of open revisions (of batch ``name``; judged by the validator of
-        fingerprint ``validator``) with no accepted return for their key."""
-        where = {"b.name": name, "r.validator_fingerprint": validator}
-        where = {column: value for column, value in where.items() if value is not None}
+        """Leaf requests of open revisions (of ``name``, ``validator``) with no accepted return."""
+        where, args = _filters({"b.name": name, "r.validator_fingerprint": validator},
+                               joined="AND")
         return self._read(UNRESOLVED_SQL.format(
             select="b.name AS batch, r.number AS revision, q.key, q.task_ids")
-            + "".join(f" AND {column} = ?" for column in where)
-            + " ORDER BY b.id, r.number, q.position", tuple(where.values()))
+            + where + " ORDER BY b.id, r.number, q.position", args)
 
     # -- validator versions --------------------------------------------------------------------
     def number_validator(self, name: str, fingerprint: str, where: str | None,
@@ -284,30 +261,24 @@ class RunStore(StoreBase):
 
     # -- re-judging's memory -------------------------------------------------------------------
     def record_seen(self, pairs: Iterable[tuple[str, str]]) -> None:
-        """Remember what the model saw for each request key: (request_key, seen_key) pairs, a
-        stream written a chunk at a time in one transaction."""
-        pairs = iter(pairs)
+        """Remember what the model saw for each request key: (request_key, seen_key) pairs."""
         with self.transaction() as tx:
-            while chunk := list(islice(pairs, INSERT_ROWS)):
-                self._many(tx, SEEN_SQL, chunk)
+            self._stream(tx, SEEN_SQL, pairs)
 
     def task_file(self, digest: str, holds: tuple[str, int, Sequence[str]] | None = None
                   ) -> tuple[str, int, list[str]] | None:
-        """What a JSON Lines file of these bytes (``digest``) holds: (its ``tasks`` component,
-        how many tasks, their field names), or None; ``holds``: that, remembered first."""
+        """What a tasks file of ``digest`` holds (``holds``, remembered first), or None."""
         if holds is not None:
-            tasks, count, fields = holds
             with self.transaction() as tx:
                 self._exec(tx, "INSERT INTO task_files(digest, tasks, count, fields) VALUES "
                            "(?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                           (digest, tasks, count, json.dumps(list(fields))))
+                           (digest, holds[0], holds[1], json.dumps(list(holds[2]))))
         rows = self._read("SELECT tasks, count, fields FROM task_files WHERE digest = ?",
                           (digest,))
         return (rows[0][0], rows[0][1], json.loads(rows[0][2])) if rows else None
 
     def completed_revision(self, name: str, fingerprint: str) -> tuple[int, int, int] | None:
-        """(id, number, leaf requests) of batch ``name``'s revision ``fingerprint`` when a run
-        of it has nothing to do (current, open, not forgotten, every leaf accepted); else None."""
+        """(id, number, leaves) of ``name``'s revision ``fingerprint`` if it has nothing to do."""
         rows = self._read(
             "SELECT r.id, r.number, COUNT(q.id), COUNT(a.request_key) FROM batches b "
             "JOIN revisions r ON r.id = b.current_revision JOIN requests q ON "
@@ -315,23 +286,18 @@ class RunStore(StoreBase):
             "attempts WHERE status = 'accepted') a ON a.request_key = q.key WHERE b.name = ? "
             "AND r.fingerprint = ? AND r.status = 'open' AND r.forget_id IS NULL "
             "GROUP BY r.id, r.number", (name, fingerprint))
-        if not rows or rows[0][2] != rows[0][3]:
-            return None
-        return rows[0][0], rows[0][1], rows[0][2]
+        return (rows[0][0], rows[0][1], rows[0][2]) if rows and rows[0][2] == rows[0][3] else None
 
     def earlier_returns(self, seen_keys: Sequence[str], sourceless_keys: Sequence[str] = ()
                         ) -> tuple[list[Row], list[Row]]:
-        """Raw returns of earlier attempts that saw one of ``seen_keys`` (a repair's only if
-        accepted: its prompt was another), accepted first, then newest first; and accepted
-        imported returns of unknown answer source under ``sourceless_keys`` (the keys of the
-        same content without a source), newest first, ``seen_key`` naming that key."""
+        """Raw returns of earlier attempts that saw one of ``seen_keys``, accepted then newest
+        first; and accepted imports of unknown answer source under ``sourceless_keys``."""
         sourceless = list(dict.fromkeys(sourceless_keys))
         return (self._by_keys(EARLIER_SQL, list(dict.fromkeys(seen_keys))),
                 self._by_keys(SOURCELESS_SQL, sourceless) if sourceless else [])
 
     def has_sourceless_answers(self) -> bool:
-        """Whether any imported receipt has no answer source (another system's): only then do
-        runs look answers up under the key without one."""
+        """Whether any import has no answer source (only then are sourceless keys looked up)."""
         return bool(self._read(
             "SELECT COUNT(*) FROM (SELECT 1 FROM imports i JOIN attempts a ON a.id = "
             "i.attempt_id WHERE a.source IS NULL LIMIT 1) AS s")[0][0])
@@ -358,8 +324,7 @@ class RunStore(StoreBase):
     def commit_rechecks(self, batch_id: int, revision_id: int,
                         entries: Sequence[tuple[Request, Row, Mapping[str, str]]],
                         source: str | None) -> None:
-        """Commit re-judged returns in one transaction: per (request, earlier attempt, stored
-        items) a receipt of kind 'recheck', cost 0 (no call), and its checkpoint rows."""
+        """Per (request, earlier attempt, items) a 'recheck' receipt costing 0 and its items."""
         stamp = now()
         with self.transaction() as tx:
             for request, origin, items in entries:
@@ -377,6 +342,14 @@ class RunStore(StoreBase):
                 self._many(tx, CHECKPOINT_SQL,  # written once, never re-pointed
                            [(batch_id, request.key, task_id, attempt_id, item, stamp)
                             for task_id, item in items.items()])
+
+
+def _filters(equal: Mapping[str, Any], more: Sequence[str] = (), joined: str = "WHERE"
+             ) -> tuple[str, tuple[Any, ...]]:
+    """`` WHERE column = ? AND ...`` for each given value of ``equal``, and ``more``."""
+    given = {column: value for column, value in equal.items() if value is not None}
+    conditions = [f"{column} = ?" for column in given] + list(more)
+    return (f" {joined} " + " AND ".join(conditions) if conditions else ""), tuple(given.values())
 
 
 REVISION_SQL = (
@@ -405,6 +378,9 @@ UNRESOLVED_SQL = (
     "AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.request_key = q.key "
     "AND a.status = 'accepted')")
 
+# A split request's parts joined to the request they were made from (``o``), for its task order.
+ROOT_JOIN = ("LEFT JOIN requests o ON q.parent_key IS NOT NULL AND o.revision_id = q.revision_id "
+             "AND o.position = q.position AND o.parent_key IS NULL")
 LEAVES_SQL = ("SELECT id, position, key, parent_key, revision_id FROM requests "
               "WHERE revision_id = ? AND split = 0")
 REQUESTS_SQL = ("INSERT INTO requests(revision_id, key, position, parent_key, task_ids, tasks) "

@@ -1,22 +1,18 @@
-"""The ledger's schema, and what SQLite and PostgreSQL spell differently: each said once.
-
-The tables leave their few type words to each database's ``Dialect``. A statement is written
-once, ``?`` marking a parameter (never inside a literal), and rendered once per dialect; where
-the databases truly differ, a claim's statements say ``{lock}`` and ``{now}``. One schema: a
-ledger at another version is refused, never converted.
-"""
+"""The ledger's schema, and what SQLite and PostgreSQL spell differently (``Dialect``): each
+said once. A statement marks parameters ``?`` (never inside a literal); a claim's say ``{lock}``
+and ``{now}``. A ledger at another schema version is refused, never converted."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 SCHEMA_VERSION = 14
 
 
 def _version_problem(version: Any, ledger: str | None) -> str | None:
-    """What to do with a ledger at schema ``version``, None when this batchjson reads it;
-    ``ledger``: how the advice names it."""
+    """What to do with a ledger at schema ``version`` (named ``ledger``); None: it is read."""
     if version == SCHEMA_VERSION:
         return None
     if isinstance(version, int) and version > SCHEMA_VERSION:
@@ -29,12 +25,9 @@ def _version_problem(version: Any, ledger: str | None) -> str | None:
             f"receipts with that version ({export} > receipts.jsonl) and import them into a "
             "new ledger (batchjson import receipts.jsonl --ledger NEW)")
 
-# The tables docs/design.md lists, with their columns' names and meanings; times are ISO 8601
-# UTC text. Claims and checkpoint rows are written with every call: WITHOUT ROWID (SQLite) keeps
-# each row in one b-tree (one page written instead of two). A receipt's completion changes its
-# status, so the key index leaves status out (no index page rewritten per call). A revision's
-# requests are read in task order a page at a time: ``requests_in_order`` makes each page a range
-# of one index (no page re-sorts the revision, so reading every value back is linear).
+# The tables of docs/design.md; times are ISO 8601 UTC text. Rows written with every call are
+# WITHOUT ROWID (one b-tree page written, not two); the key index leaves out status (which every
+# call changes); ``requests_in_order`` makes each page of a revision's values one index range.
 TABLES = """
 CREATE TABLE batches (
     id {id}, name TEXT NOT NULL UNIQUE, current_revision {int},
@@ -123,9 +116,8 @@ CREATE TABLE rate_limits (
     tokens_per_minute {int}, learnt_at {real} NOT NULL, PRIMARY KEY (account, model)){rowid};
 """
 
-# What only a server with writers side by side needs: a request's rows by key (claims lock the
-# lowest), claims by owner (renewed and taken over by owner), checkpoint rows by attempt, and
-# the schema's version (SQLite keeps it in PRAGMA user_version).
+# What only a server with writers side by side needs, and the schema's version (SQLite keeps it
+# in PRAGMA user_version).
 SERVER_TABLES = """
 CREATE INDEX requests_by_key ON requests (key, id);
 CREATE INDEX claims_by_owner ON claims (owner);
@@ -147,10 +139,6 @@ class Dialect:
     json_valid: str  # true when the text ``{}`` is one JSON text
     json_length: str  # the length of the JSON array held as text in ``{}``
     keys_as_array: bool  # a list of keys bound as one array (``IN (SELECT unnest(?))``)
-    _rendered: dict[str, str] = field(default_factory=dict, init=False, repr=False,
-                                      compare=False)
-    _spelled: dict[str, str] = field(default_factory=dict, init=False, repr=False,
-                                     compare=False)
 
     @property
     def _schema(self) -> str:
@@ -158,27 +146,28 @@ class Dialect:
 
     def _sql(self, statement: str) -> str:
         """``statement`` (``?`` parameters) as this database reads it; rendered once."""
-        rendered = self._rendered.get(statement)
-        if rendered is None:
-            rendered = statement if self.mark == "?" else (
-                statement.replace("%", "%%").replace("?", self.mark))
-            self._rendered[statement] = rendered
-        return rendered
+        return statement if self.mark == "?" else _marked(statement, self.mark)
 
     def _claim_sql(self, template: str) -> str:
         """A claim's statement, its ``{lock}`` and ``{now}`` spelled once for this database."""
-        spelled = self._spelled.get(template)
-        if spelled is None:
-            spelled = self._spelled[template] = template.format(lock=self.lock, now=self.now)
-        return spelled
+        return _spelled(template, self.lock, self.now)
 
     def _bind(self, keys: list[Any]) -> tuple[str, tuple[Any, ...]]:
-        """What stands for ``{marks}`` in ``IN ({marks})`` for ``keys`` (not empty), and its
-        arguments; an array of text is named so (psycopg leaves a string's type to the server)."""
+        """``{marks}`` of ``IN ({marks})`` for ``keys`` (not empty), and its arguments."""
         if not self.keys_as_array:
             return ",".join("?" * len(keys)), tuple(keys)
         return ("SELECT unnest(?::text[])" if isinstance(keys[0], str)
                 else "SELECT unnest(?)"), (keys,)
+
+
+@cache
+def _marked(statement: str, mark: str) -> str:
+    return statement.replace("%", "%%").replace("?", mark)
+
+
+@cache
+def _spelled(template: str, lock: str, now: str) -> str:
+    return template.format(lock=lock, now=now)
 
 
 SQLITE = Dialect(

@@ -1,6 +1,5 @@
-"""Token prices in USD per million tokens, so a ledger can show spend: a user's (``prices=`` on a
-provider, :func:`set_prices`) first, then genai-prices' data for OpenAI's and Anthropic's own
-models; an unknown model costs None, not a guess."""
+"""Token prices in USD per million tokens: a user's (``prices=``, :func:`set_prices`) first, then
+genai-prices' data for OpenAI's and Anthropic's models; an unknown model costs None, not a guess."""
 
 from __future__ import annotations
 
@@ -26,7 +25,6 @@ BATCH_PRICE_FACTOR = 0.5
 # A model is priced among these hosts' own only: a local "llama-3" is never another's model.
 DATA_PROVIDERS = ("openai", "anthropic")
 
-
 PerMillion = Annotated[float, Field(ge=0, allow_inf_nan=False,
                                     description="a number >= 0 (USD per million tokens)")]
 PerMillionOrNone = Annotated[float | None, Field(ge=0, allow_inf_nan=False, description=(
@@ -35,11 +33,8 @@ PerMillionOrNone = Annotated[float | None, Field(ge=0, allow_inf_nan=False, desc
 
 @options(ConfigError)
 class Price:
-    """USD per million tokens for one model, checked when made, not after a call was paid for.
-
-    ``cached_input``/``cache_write``: prompt-cache reads and writes (``None``: plain input). Beyond
-    ``max_input_tokens`` (a long-context tier) :func:`cost_of` returns ``None`` rather than a wrong
-    number. ``batch``: the share a provider batch job bills (half by default)."""
+    """USD per million tokens for one model, checked when made. Beyond ``max_input_tokens`` (a
+    long-context tier) :func:`cost_of` returns ``None`` rather than a wrong number."""
 
     input: PerMillion
     output: PerMillion
@@ -107,8 +102,8 @@ def set_prices(mapping: Mapping[str, Any] | None, *, replace: bool = False) -> N
 
 
 def price_for(model: str | None, overrides: Mapping[str, Any] | None = None) -> Price | None:
-    """The user's price for ``model`` (by its name, or any name the data gives the same model, so
-    a dated snapshot bills like its alias), else the data's; ``None`` when neither knows it."""
+    """The user's price for ``model`` (or for a name the data gives the same model: a dated
+    snapshot bills like its alias), else the data's; ``None`` when neither knows it."""
     if not model:
         return None
     with _lock:
@@ -145,8 +140,7 @@ def _listed(model: str) -> tuple[Any, Price] | None:
 
 
 def _from_data(info: Any) -> Price | None:
-    """A data entry as a Price: its rates below any long-context tier (whose start ends
-    ``max_input_tokens``), and its batch price as a share of the live one."""
+    """A data entry as a Price: its rates below any tier, its batch price as a share."""
     now = datetime.now(UTC)
     live, batch = info.get_prices(now), info.get_prices(now, {"processing": "batch"})
     kinds = ("input_mtok", "output_mtok", "cache_read_mtok", "cache_write_mtok")
@@ -167,9 +161,8 @@ def _base(rate: Any) -> float | None:
 def cost_of(model: str | None, input_tokens: int | None, output_tokens: int | None,
             cached_tokens: int | None = 0, overrides: Mapping[str, Any] | None = None, *,
             cache_write_tokens: int | None = 0) -> float | None:
-    """USD for one call, or ``None`` when no price knows the model or its tier.
-    ``input_tokens`` counts cached ones too (OpenAI's convention); an impossible cache read (above
-    ``input_tokens``) is priced at the full input price, never the cheapest guess."""
+    """USD for one call (``input_tokens`` counting cached ones), or ``None`` when no price knows
+    the model or its tier; an impossible cache read is priced as plain input."""
     price = price_for(model, overrides)
     if price is None or input_tokens is None or output_tokens is None:
         return None
@@ -181,9 +174,8 @@ def cost_of(model: str | None, input_tokens: int | None, output_tokens: int | No
     plain = input_tokens - cached - written
     read_rate = price.input if price.cached_input is None else price.cached_input
     write_rate = price.input if price.cache_write is None else price.cache_write
-    total = (plain * price.input + cached * read_rate + written * write_rate
-             + output_tokens * price.output)
-    return total / 1_000_000
+    return (plain * price.input + cached * read_rate + written * write_rate
+            + output_tokens * price.output) / 1_000_000
 
 
 def batch_share(model: str | None, overrides: Mapping[str, Any] | None = None) -> float:

@@ -16,17 +16,15 @@ _MODEL_NAME = re.compile(r"^(gpt|o1|o3|o4|claude|llama)[A-Za-z0-9.:_\-]{0,60}$")
 
 
 def provider_label(spec: Any) -> str:
-    """A name for a provider spec, never its configuration; an unknown string as written unless
-    it is shaped like a pasted key (then only its first four characters)."""
+    """A name for a provider spec, never its configuration nor a pasted key."""
     if isinstance(spec, str):
         return spec if spec.strip().lower() in PROVIDER_NAMES else shown_value(spec)
     return str(shown_name(getattr(spec, "name", type(spec).__name__)))
 
 
 def make_provider(spec: Any, *, model: str | None = None) -> Any:
-    """Resolve ``spec``: "openai" | "anthropic" | "simulated" | an object with async complete.
-    ``None``: the BATCHJSON_PROVIDER environment variable, else ProviderNotConfigured (the offline
-    model is never chosen for the user)."""
+    """Resolve a name, an object with async complete, or ``None`` (``BATCHJSON_PROVIDER``, else
+    ProviderNotConfigured: the offline model is never chosen for the user)."""
     source = "provider"
     if spec is None:
         spec = os.environ.get("BATCHJSON_PROVIDER", "").strip() or None
@@ -79,7 +77,5 @@ def _named(spec: str, source: str, model: str | None) -> Any:
 
 def _is_async(complete: Any) -> bool:
     """A coroutine function, or an object whose ``__call__`` is one."""
-    if inspect.iscoroutinefunction(complete):
-        return True
     call = getattr(type(complete), "__call__", None)  # noqa: B004 - the method, not callable()
-    return call is not None and inspect.iscoroutinefunction(call)
+    return inspect.iscoroutinefunction(complete) or inspect.iscoroutinefunction(call)

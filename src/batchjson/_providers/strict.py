@@ -1,8 +1,5 @@
-"""OpenAI's strict mode (Structured Outputs): a wire schema's strict form, or why it has none.
-
-A schema is rewritten only where the rewrite accepts a subset of what it accepts (objects closed, an
-optional property required and nullable, read back as absent); anything else is named, and the
-provider falls back to JSON mode (a schema outside the subset is a 400 on every call)."""
+"""OpenAI's strict mode: a wire schema's strict form, or why it has none. A schema is rewritten
+only where the rewrite accepts a subset of what it accepts; else the provider uses JSON mode."""
 
 from __future__ import annotations
 
@@ -43,9 +40,8 @@ class StrictForm:
 
 
 def strict_form(schema: Mapping[str, Any]) -> StrictForm:
-    """The strict-mode form of ``schema``. Calls' wire schemas differ only in their own values
-    (item count, pinned identity values): the shared shape's form is made once and those values
-    put back on a copy of the path to them. Below that path the form is shared: never change it."""
+    """``schema``'s strict form: its shape's made once, a call's own values put back on a copy
+    of the path to them (below it the form is shared: never change it)."""
     shape, pins = _lifted(schema)
     try:
         text = pydantic_core.to_json(shape, inf_nan_mode="constants")  # a fast key
@@ -90,8 +86,7 @@ _COUNTS = ("minItems", "maxItems")
 
 
 def _lifted(schema: Mapping[str, Any]) -> tuple[Mapping[str, Any], dict[str, Any]]:
-    """``schema`` with a call's own values lifted out (a pin left an empty ``enum``), and those
-    values; a schema not laid out as a wire schema comes back as it is."""
+    """A wire schema without a call's own values (a pin leaves an empty ``enum``), and them."""
     array = _at(schema, "properties", "items")
     item = _at(array, "items")
     props = _at(item, "properties")
@@ -109,8 +104,7 @@ def _lifted(schema: Mapping[str, Any]) -> tuple[Mapping[str, Any], dict[str, Any
 
 
 def _pinned(shape: _Shape, pins: Mapping[str, Any]) -> StrictForm:
-    """The shape's form with a call's own values put back (each pinned enum counted against
-    the size limits as the walk would have), or why strict mode cannot take it."""
+    """The shape's form with a call's values put back (counted as the walk would), or why not."""
     if shape.form is None:
         return StrictForm(None, list(shape.problems))
     counts, problems = dict(shape.counts), list(shape.problems)
@@ -146,8 +140,8 @@ def _required(name: str, node: Mapping[str, Any]) -> bool:
 
 
 class _Walker:
-    """Makes a schema's strict form, noting what keeps it from one and what its size counts.
-    A ``path`` is where a node is, as a field path (``a[].b``; ``""``: the root)."""
+    """Makes a schema's strict form, noting what keeps it from one and what its size counts;
+    a ``path`` is a field path (``a[].b``; ``""``: the root)."""
 
     def __init__(self, root: Mapping[str, Any]) -> None:
         self.root = root
@@ -200,8 +194,7 @@ class _Walker:
         return self._shaped(node, out, path)
 
     def _inlined(self, node: Mapping[str, Any]) -> Mapping[str, Any]:
-        """``allOf`` of one schema (older pydantic's way to describe a ``$ref``) is that
-        schema, when nothing but annotations stands beside it."""
+        """``allOf`` of one schema (older pydantic's ``$ref``) beside annotations only is it."""
         parts = node.get("allOf")
         if (not (isinstance(parts, list) and len(parts) == 1 and isinstance(parts[0], Mapping))
                 or set(node) - {"allOf"} - KEPT_ANNOTATIONS - DROPPED_ANNOTATIONS):
@@ -209,8 +202,7 @@ class _Walker:
         return {**{k: v for k, v in node.items() if k != "allOf"}, **parts[0]}
 
     def _ref(self, node: Mapping[str, Any], path: str) -> dict[str, Any]:
-        """A bare local ``$ref`` into ``$defs``/``definitions``; annotations beside it are
-        dropped (strict mode takes none), anything else is a problem."""
+        """A local ``$ref`` into ``$defs``; annotations beside it dropped, anything else refused."""
         ref = node["$ref"]
         beside = set(node) - {"$ref"} - KEPT_ANNOTATIONS - DROPPED_ANNOTATIONS
         if beside:

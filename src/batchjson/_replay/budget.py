@@ -1,6 +1,5 @@
-"""Call and cost budgets: validated up front, reserved at worst case (a sound upper bound, never an
-estimate) before a call, settled after. One :class:`Tally` per session holds every run's
-reservations, so the budget holds at any concurrency."""
+"""Call and cost budgets: each call's worst case reserved before it, settled after, on one
+session-wide :class:`Tally`, so the budget holds at any concurrency."""
 
 from __future__ import annotations
 
@@ -86,8 +85,8 @@ def pricing_of(provider: Any) -> Pricing:
 
 @dataclass(eq=False)
 class Tally:
-    """What every run and thread of a session spent: ``reserved`` by unsettled calls, ``cost`` by
-    settled ones (unknown: the worst case); once a call bills beyond it, ``unbounded`` says why."""
+    """A session's spend: ``reserved`` by unsettled calls, ``cost`` by settled ones; once a call
+    bills beyond its worst case, ``unbounded`` says why."""
 
     calls: int = 0
     cost: float = 0.0
@@ -100,15 +99,12 @@ class Tally:
 
 def charge_of(reserved: float, cost: float | None) -> float:
     """What a settled call is charged: its cost, or its worst case when that is unknown."""
-    if cost is None or not math.isfinite(cost) or cost < 0:
-        return reserved
-    return cost
+    return cost if cost is not None and math.isfinite(cost) and cost >= 0 else reserved
 
 
 class Spender:
-    """What one run may still spend, against its max_calls and the session's budget. A reserved
-    call is charged to the session's ``tally`` at once, so an interrupted run still counts and
-    concurrent runs share one budget. ``shared``: the ledger's own budget."""
+    """What one run may still spend, against its max_calls, the session's ``tally`` (charged at
+    once, so an interrupted run still counts) and ``shared``, the ledger's own budget."""
 
     def __init__(self, max_calls: int | None, budget: Budget, tally: Tally,
                  pricing: Pricing | None = None, *,
@@ -145,17 +141,14 @@ class Spender:
         return self.budget.cost is not None or self.shared is not None
 
     def remaining_calls(self) -> int | None:
-        limits = []
-        if self.max_calls is not None:
-            limits.append(self.max_calls - self.calls)
-        if self.budget.calls is not None:
-            limits.append(self.budget.calls - self._tally.calls)
+        limits = [limit - used for limit, used in ((self.max_calls, self.calls),
+                                                   (self.budget.calls, self._tally.calls))
+                  if limit is not None]
         return max(0, min(limits)) if limits else None
 
     def refuse_if_short(self, needed: int,
                         cheapest: Callable[[float], float | None] | None = None) -> None:
-        """Refuse before spending when the calls budget cannot cover ``needed`` calls, or not even
-        the cheapest next call (``cheapest(left)``; None: nothing to send) fits the cost budget."""
+        """Refuse before spending when ``needed`` calls or the cheapest next one cannot fit."""
         remaining = self.remaining_calls()
         if remaining is not None and needed > remaining:
             raise BudgetExceeded(needed, remaining)
@@ -190,8 +183,7 @@ class Spender:
 
     def shortfall(self, input_bound: int) -> str:
         """Why a call of ``input_bound`` input tokens cannot be reserved, in words."""
-        remaining = self.remaining_calls()
-        if remaining is not None and remaining <= 0:
+        if self.remaining_calls() == 0:
             return "no calls left"
         if self._tally.unbounded is not None:
             return self._tally.unbounded
@@ -200,12 +192,10 @@ class Spender:
                 f"and the cost budget has {usd(left)} left")
 
     def reserve(self, input_bound: int, *, alone: bool = True) -> float | None:
-        """Take one call and its worst case from the budget; None when it cannot fit. ``alone``: the
-        session's first call under a cost budget goes alone (not a job's lines)."""
+        """Reserve one call's worst case; None if it cannot fit (``alone``: a first call alone)."""
         worst = self.pricing.worst_case(input_bound) if self.costed else 0.0
         with self._tally.lock:
-            remaining = self.remaining_calls()
-            if (remaining is not None and remaining <= 0) or self.stopped is not None:
+            if self.remaining_calls() == 0 or self.stopped is not None:
                 return None  # (a call billed beyond its worst case: no bound holds any more)
             if self.budget.cost is not None and (
                     (alone and self.outstanding and not self._tally.settled)
@@ -229,8 +219,8 @@ class Spender:
 
     def settle(self, reserved: float, cost: float | None, why: Callable[[], str] | None = None
                ) -> float:
-        """Replace a call's reservation by its cost (unknown: the worst case): what it billed
-        beyond it, when ``why()`` says why and the cost budget closes."""
+        """Replace a call's reservation by its cost (unknown: the worst case); what it billed
+        beyond it (then the cost budget closes, ``why()`` saying why)."""
         cost = charge_of(reserved, cost)
         beyond = (cost - reserved if self.costed
                   and cost > reserved * (1 + 1e-9) else 0.0)  # float noise is no overrun

@@ -45,8 +45,7 @@ class Plan:
         return largest_answer(schema, declared=True)
 
     def answer_chars(self, tasks: Sequence[Mapping[str, Any]]) -> int | None:
-        """The most characters the return to a request of ``tasks`` can take (None: unbounded):
-        each item at its longest with its task's identity values, in the ``items`` envelope."""
+        """The most characters a return to ``tasks`` can take (None: unbounded)."""
         item = self._item_chars
         if item is None or self.mode == "value":
             return item
@@ -57,8 +56,7 @@ class Plan:
 
 @dataclass
 class Transport:
-    """How provider failures are retried: bounded, with backoff, honouring Retry-After; a
-    run waits on a rate limit that keeps refusing for ``max_rate_wait`` seconds at most."""
+    """How provider failures are retried, and how long a refusing rate limit is waited on."""
 
     retries: int = 3
     timeout: float = 120.0

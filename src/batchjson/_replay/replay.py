@@ -133,8 +133,7 @@ class Replayer:
         return self.outcome
 
     async def _renew(self) -> None:
-        """Renew this run's claims (every third of the lease), and this session's row among the
-        ledger's hosts and its share of the limits (every tick)."""
+        """Renew this run's claims every third of the lease, and its host row every tick."""
         period = self.store.lease_seconds / 3
         tick = period if self.hosts is None else min(period, COUNT_SECONDS)
         waited = 0.0
@@ -185,20 +184,14 @@ class Replayer:
                 changed.set()
 
     async def _wait_for_held(self) -> None:
-        """Everything else is done: after a growing pause, read those of the requests other
-        runners held that were accepted, and queue again those no live runner holds."""
+        """Everything else is done: after a growing pause, queue again what no one holds."""
         self._polling = True
         try:
             await asyncio.sleep(self._poll)
-            done, held = self.store.taken([item[0].key for item in self._held], self.owner)
-            still = [item for item in self._held if item[0].key in held]
+            still, free = self._taken(self._held)
             self._poll = (min(self._poll * 1.5, HELD_POLL[1]) if len(still) == len(self._held)
                           else HELD_POLL[0])
-            for item in self._held:
-                if item[0].key in done:
-                    self._resolved(item[0])
-                elif item[0].key not in held:
-                    self._queue.append(item)
+            self._queue.extend(free)
             self._held = still
         finally:
             self._polling = False
@@ -250,23 +243,19 @@ class Replayer:
             self._held.append(item)
         elif why.why == "resolved":
             self._resolved(request)
+        elif why.why == "out_of_budget":
+            return self._give_up(request, [{"type": "budget_exhausted", "task_id": None,
+                                            "message": "the budget ran out before this "
+                                            f"request was resolved ({why.detail})"}])
         else:
-            self._release(request)
-            if why.why == "out_of_budget":
-                fail(self.outcome, request, [{"type": "budget_exhausted", "task_id": None,
-                                              "message": "the budget ran out before this "
-                                              f"request was resolved ({why.detail})"}])
-                self._progress(request)
-            return
+            return self._release(request)
         self._sweep()
 
     def _judged(self, request: Request, done: Judged) -> None:
         verdict = done.verdict
         if verdict.accepted:  # its claim goes with the run's release
             return self._accepted(request)
-        self._release(request)
-        self._progress(request)
-        fail(self.outcome, request, verdict.errors, done.raw)
+        self._give_up(request, verdict.errors, done.raw)
         crash = next((e for e in verdict.errors if e.get("type") == "validator_error"), None)
         if crash is not None and self.control.stop is None:
             self.control.halt(RuntimeError(_first_line(crash)))
@@ -275,30 +264,38 @@ class Replayer:
 
     def _cut_short(self, request: Request, done: Judged | None) -> None:
         """A request cut off at the output ceiling (``done``; None: in an earlier run)."""
+        self._give_up(request, [cut_off_error(request, self.provider, done is None)],
+                      done.raw if done is not None else None)
+
+    def _give_up(self, request: Request, errors: list[dict[str, Any]],
+                 raw: str | None = None) -> None:
         self._release(request)
         self._progress(request)
-        fail(self.outcome, request, [cut_off_error(request, self.provider, done is None)],
-             done.raw if done is not None else None)
+        fail(self.outcome, request, errors, raw)
 
     def _sweep(self) -> None:
-        """Another runner works on this content too: drop from the queue what is accepted or
-        held elsewhere, with one read at most five times a second, from a random place so that
-        runners do not walk the queue in step."""
+        """Drop from the queue what is accepted or held elsewhere, read at most five times a
+        second, from a random place so that runners do not walk the queue in step."""
         now = time.monotonic()
         if now < self._next_sweep or not self._queue:
             return
         self._next_sweep = now + 0.2
         self._queue.rotate(-random.randrange(len(self._queue)))
-        done, held = self.store.taken([item[0].key for item in self._queue], self.owner)
-        waiting: deque[Item] = deque()
-        for item in self._queue:
+        held, free = self._taken(self._queue)
+        self._held += held
+        self._queue = deque(free)
+
+    def _taken(self, items: Sequence[Item]) -> tuple[list[Item], list[Item]]:
+        """(held by another runner, free) of ``items``; those accepted elsewhere are resolved."""
+        done, held = self.store.taken([item[0].key for item in items], self.owner)
+        kept: list[Item] = []
+        free: list[Item] = []
+        for item in items:
             if item[0].key in done:
                 self._resolved(item[0])
-            elif item[0].key in held:
-                self._held.append(item)
             else:
-                waiting.append(item)
-        self._queue = waiting
+                (kept if item[0].key in held else free).append(item)
+        return kept, free
 
     def _release(self, request: Request) -> None:
         owner = self.owner
@@ -332,9 +329,8 @@ class Replayer:
         self.control.changed.set()
 
     async def _attempt(self, request: Request, kind: str, prompt: str) -> Judged | NotSent:
-        """One logical attempt: a first try, then, only after a provider failure, the transport's
-        retries (tenacity's, whose first attempt re-raises that failure), then acceptance on the
-        text that arrives. A call that succeeds at once never enters tenacity."""
+        """A first try, then only after a provider failure tenacity's retries (whose first
+        re-raises it): a call that succeeds at once never pays for tenacity (~60 us)."""
         try:
             return await self._paced_call(request, kind, prompt)
         except ProviderError as exc:
@@ -352,8 +348,7 @@ class Replayer:
         return done
 
     def _failed(self, exc: ProviderError, request: Request) -> Judged:
-        """A provider failure past its retries as the attempt's verdict; an unreachable host or a
-        broken source stops the run."""
+        """A provider failure past its retries as a verdict; a host down or broken source stops."""
         down = self.caller.host_down(exc, request.key)  # if so, the run stopped naming it
         if not down and exc.fatal and self.control.fatal is None:  # a broken source
             self.control.halt(exc, fatal=True)  # nothing more is sent
@@ -391,8 +386,7 @@ class Replayer:
                 self._say("")
 
     def _rate_limited(self, exc: ProviderError) -> None:
-        """A 429: every call of the session waits what the provider asks, within this run's
-        ``max_rate_wait``; a limit still refusing after that ends the run unresolved, naming it."""
+        """A 429: every call waits what the provider asks; after ``max_rate_wait`` the run ends."""
         now, most = time.monotonic(), self.transport.max_rate_wait
         if self._limited_since is None:
             self._limited_since = now
@@ -423,8 +417,7 @@ class Replayer:
 
 def transport_retrying(transport: Transport) -> AsyncRetrying:
     """``retries`` more tries after a retryable provider error, each after its Retry-After, else
-    ``initial * 2**(n-1)`` plus jitter, capped at ``backoff_max``; each use copies it. Only
-    strategies tenacity 8 has (rlm's google-genai pins it below 9.2)."""
+    exponential backoff with jitter, capped at ``backoff_max`` (tenacity 8's strategies only)."""
     backoff = (wait_exponential(multiplier=transport.backoff_initial, max=transport.backoff_max)
                + wait_random(0, transport.backoff_initial))
 
