@@ -156,10 +156,9 @@ class JobRunner:
                 continue
             parts = self.plan.keys.apart(request, parted[request.key])
             self.store.record_split(self.plan.revision_id, request, parts)
-            keys = [p.key for p in parts]
-            holders = self.store.job_holders(keys)  # the rest, sent in a job meanwhile
-            self.watched.update(holders.values())
-            done = self.store.accepted_keys(keys) | holders.keys()
+            holders, done, _ = self.store.job_window([p.key for p in parts],
+                                                     self.plan.revision_id)
+            self.watched.update(holders.values())  # the rest, sent in a job meanwhile
             out += [p for p in parts if p.key not in done]
         return out
 
@@ -279,7 +278,7 @@ class JobRunner:
         except ProviderError as exc:
             self._unsent(job_id, attempts, f"the input file could not be uploaded ({exc})")
             return False
-        now_row = store.jobs(job=str(job_id))[0]
+        now_row = self._row(job_id)
         if now_row["status"] == "cancelled" or "cancel_requested_at" in detail_of(now_row):
             self.stopped.add(job_id)  # nothing created: its requests wait for the next run
             self._unsent(job_id, attempts, "a person cancelled it before it was created")
@@ -297,7 +296,7 @@ class JobRunner:
             return False
         if store.job_submitted(job_id, str(batch["id"]), {
                 "input_file_id": file_id, "provider_status": batch.get("status")}):
-            await self._cancel_asked(store.jobs(job=str(job_id))[0])  # asked for meanwhile
+            await self._cancel_asked(self._row(job_id))  # asked for meanwhile
         else:
             self.result.submitted += body.lines
         return True
@@ -345,6 +344,9 @@ class JobRunner:
                     fail(out, request, json.loads(last["errors"] or "[]"), last["raw"])
         self.result.jobs = [job_view(row) for row in self._open_rows()]
 
+    def _row(self, job_id: int) -> Any:
+        return self.store.jobs(job=str(job_id))[0]
+
     def _open_rows(self) -> list[Any]:
         """The watched jobs still unfinished (those that ended are no longer watched)."""
         rows = [row for row in self.store.jobs() if row["id"] in self.watched]
@@ -362,7 +364,7 @@ class JobRunner:
                 continue
             if "cancel_requested_at" in detail_of(row):
                 await self._cancel_asked(row)
-                row = self.store.jobs(job=str(row["id"]))[0]  # what it recorded
+                row = self._row(row["id"])  # what it recorded
             try:
                 batch = await self.client.poll(row["provider_job_id"])
                 status = self.client.status(batch)
@@ -383,7 +385,7 @@ class JobRunner:
         gone = sorted(self.watched - {row["id"] for row in self._open_rows()})
         for job_id in gone:
             if job_id not in self.cancelled_before and (
-                    self.store.jobs(job=str(job_id))[0]["status"] == "cancelled"):
+                    self._row(job_id)["status"] == "cancelled"):
                 self.stopped.add(job_id)
                 self.result.notes.append(
                     f"job {job_id} was cancelled while this run watched it: none of its "
@@ -428,7 +430,7 @@ class JobRunner:
         self.result.notes.append(f"job {row['id']} was uncertain (its runner stopped before "
                                  f"recording the provider's id): found as {batch['id']} by "
                                  "its uid, and polled as any open job")
-        return self.store.jobs(job=str(row["id"]))[0]
+        return self._row(row["id"])
 
     async def _collect(self, row: Mapping[str, Any], batch: Mapping[str, Any]) -> None:
         """Settle every receipt of an ended job; complete them and it in one transaction."""
