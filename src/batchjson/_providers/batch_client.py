@@ -1,7 +1,6 @@
-"""What the batch APIs' clients share: requests to the provider's own base URL with its key and
-pool. A client only transports: each result line becomes a ``Reply`` or a ``ProviderError`` as the
-live endpoint's would; the job runner joins, judges and records. A job's upload is written to an
-unnamed temporary file as it is built, so a job of 50,000 lines takes disk, never memory."""
+"""What the batch APIs' clients share: requests to the provider's base URL with its key and pool.
+A client only transports: each result line becomes a ``Reply`` or a ``ProviderError`` as the live
+endpoint's would. A job's upload is built in a temporary file: a big job takes disk, not memory."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from tempfile import TemporaryFile
 from typing import IO, Any
 
-from .._content.spool import no_room, write_all
+from .._content.spool import no_room
 from .._errors import ConfigError, ProviderError, ProviderSetupError
 from ._http import HttpProvider, http_error
 from .pricing import batch_share
@@ -175,18 +174,17 @@ class OutputLines:
                        if isinstance(parsed, dict) else text)
 
 
-WRITE_BYTES = 1 << 16  # lines written to the file this many bytes at a time
 WHAT = "for a batch job's upload"
 
 
 class Upload:
-    """One job's upload: ``head``, each line (``sep`` between, ``end`` after), then ``tail``. No
-    temporary file is a ConfigError naming ``TMPDIR``, before the job is recorded; a write refused
-    later fails the upload in :meth:`finish`."""
+    """One job's upload in a buffered temporary file: ``head``, each line (``sep`` between, ``end``
+    after), then ``tail``. No file is a ConfigError naming ``TMPDIR``, before the job is recorded;
+    a write refused later fails the upload in :meth:`finish`."""
 
     def __init__(self, head: bytes, sep: bytes, end: bytes, tail: bytes) -> None:
         try:
-            self.file: IO[bytes] = TemporaryFile(prefix="batchjson-upload-", buffering=0)
+            self.file: IO[bytes] = TemporaryFile(prefix="batchjson-upload-")
         except OSError as exc:
             raise ConfigError(f"{no_room(WHAT, exc)}, and run again; this job was not recorded and "
                               "nothing was spent for it") from exc
@@ -195,29 +193,28 @@ class Upload:
         self.lines = 0  # lines added
         self.size = 0  # bytes of the whole upload, head and tail included
         self.failed: OSError | None = None
-        self._unwritten = bytearray(head)
+        self._write(head)
 
     def add(self, text: str) -> None:
         """One line's JSON text."""
-        self._unwritten += (self.sep if self.lines else b"") + text.encode() + self.end
+        self._write((self.sep if self.lines else b"") + text.encode() + self.end)
         self.lines += 1
-        if len(self._unwritten) >= WRITE_BYTES:
-            self._flush()
 
     def finish(self) -> IO[bytes]:
         """The whole upload, or a retryable ProviderError when the disk refused a write."""
         if self.tail is not None:
-            self._unwritten += self.tail
+            self._write(self.tail)
             self.tail = None
-            self._flush()
+        try:
+            self.file.seek(0)  # flushed first
+        except OSError as exc:
+            self.failed = self.failed or exc
         if self.failed is not None:
             raise ProviderError(f"{no_room(WHAT, self.failed)}; its requests are sent again later",
                                 retryable=True)
-        self.file.seek(0)
         return self.file
 
-    def _flush(self) -> None:
-        data, self._unwritten = self._unwritten, bytearray()
+    def _write(self, data: bytes) -> None:
         self.size += len(data)
         if self.failed is None:
             try:
@@ -226,7 +223,7 @@ class Upload:
                 self.failed = exc
 
     def _put(self, data: bytes) -> None:
-        write_all(self.file, data)
+        self.file.write(data)
 
     def close(self) -> None:
         self.file.close()
