@@ -64,12 +64,9 @@ class JobRunner:
                  poll: float = 1.0, on_progress: Callable[[int], None] | None = None,
                  on_wait: Callable[[str], Any] | None = None) -> None:
         self.plan, self.store, self.provider, self.client = plan, ledger.store, provider, client
-        self.spender = spender
+        self.spender, self.session_id, self.poll = spender, session_id, poll
         self.reservations = reservations  # attempt id -> worst case this session reserved
-        self.session_id = session_id
-        self.poll = poll
-        self.on_progress = on_progress
-        self.on_wait = on_wait  # says in the run's progress that it waits on the provider's jobs
+        self.on_progress, self.on_wait = on_progress, on_wait  # on_wait: it waits on jobs
         self.result = JobsOutcome(Outcome())
         self.chunk = client.max_requests  # lines per job; halved after token_limit_exceeded
         self.watched: set[int] = set()  # ids of the unfinished jobs holding a request of it
@@ -326,19 +323,20 @@ class JobRunner:
     def _unresolved(self) -> None:
         """The jobs still holding a request of the run, and each request neither accepted nor
         held by a job: the errors of its last receipt."""
-        store, out = self.store, self.result.outcome
-        jobs: dict[int, dict[str, Any]] = {}
+        store, out, revision = self.store, self.result.outcome, self.plan.revision_id
+        jobs = {row["id"]: row for row in store.jobs()}
         for window in self.windows():  # as leaves: a request may be split meanwhile
-            window = list(store.requests_by_keys([r.key for r in window],
-                                                 self.plan.revision_id).values())
-            holders, _, history = store.job_window([r.key for r in window],
-                                                   self.plan.revision_id)
+            window = list(store.requests_by_keys([r.key for r in window], revision).values())
+            holders, _, history = store.job_window([r.key for r in window], revision)
             self.watched.update(holders.values())
-            if holders and not jobs:
-                jobs = {row["id"]: job_view(row) for row in store.jobs()}
             for request in window:
-                if request.key in holders:
-                    _pending(out, request, jobs.get(holders[request.key]))
+                if request.key in holders:  # pending: their errors are built when read
+                    job = jobs.get(holders[request.key])
+                    where = (f"job {job['id']} ({job['provider_job_id'] or 'no provider id'}, "
+                             f"{job['status']})" if job else "a batch job")
+                    out.pending.append(json.dumps({"request": request.key, "where": where,
+                                                   "task_ids": list(request.task_ids)}))
+                    out.pending_tasks += len(request.task_ids)
                 elif request.key in history:
                     last = history[request.key][-1]
                     fail(out, request, json.loads(last["errors"] or "[]"), last["raw"])
@@ -368,20 +366,19 @@ class JobRunner:
             try:
                 batch = await self.client.poll(row["provider_job_id"])
                 status = self.client.status(batch)
+                note = {"provider_status": status, "counts": self.client.counts(batch)}
                 if status not in self.client.running:
-                    await self._collect(row, batch)
+                    await self._collect(row, batch, {**detail_of(row), **note})
                     continue
             except ProviderError as exc:  # the job stays open: the next run looks again
                 final = not exc.retryable and 400 <= (exc.status or 0) < 500
                 if final:  # asking again will not help: no wait for it (see JobRunner.run)
                     self.unreadable.add(row["id"])
-                self.result.notes.append(
-                    f"job {row['id']} ({row['provider_job_id']}) could not be read this time: "
-                    f"{exc}" + ("; the wait for it ends, and it stays open for a later run or "
-                                "%batch_status to collect" if final else ""))
+                self.result.notes.append(f"{named(row)} could not be read this time: {exc}" + (
+                    "; the wait for it ends, and it stays open for a later run or %batch_status "
+                    "to collect" if final else ""))
                 continue
-            self.store.note_job(row["id"], {"provider_status": status,
-                                            "counts": self.client.counts(batch)})
+            self.store.note_job(row["id"], note)
         gone = sorted(self.watched - {row["id"] for row in self._open_rows()})
         for job_id in gone:
             if job_id not in self.cancelled_before and (
@@ -403,15 +400,14 @@ class JobRunner:
         try:
             batch = await self.client.cancel(row["provider_job_id"])
         except ProviderError as exc:
-            self.result.notes.append(
-                f"job {row['id']} ({row['provider_job_id']}) was cancelled by a person while "
-                f"it was created, but the provider could not be asked to cancel it: {exc}")
+            self.result.notes.append(f"{named(row)} was cancelled by a person while it was "
+                                     "created, but the provider could not be asked to cancel "
+                                     f"it: {exc}")
             return
         self.store.note_job(row["id"], {"cancel_sent_at": now(),
                                         "provider_status": self.client.status(batch)})
-        self.result.notes.append(
-            f"job {row['id']} ({row['provider_job_id']}) was cancelled at the provider, as a "
-            "person asked while it was being created")
+        self.result.notes.append(f"{named(row)} was cancelled at the provider, as a person "
+                                 "asked while it was being created")
 
     async def _recover(self, row: Mapping[str, Any]) -> Mapping[str, Any]:
         """An uncertain job found at the provider by its creation uid is recorded open."""
@@ -432,10 +428,9 @@ class JobRunner:
                                  "its uid, and polled as any open job")
         return self._row(row["id"])
 
-    async def _collect(self, row: Mapping[str, Any], batch: Mapping[str, Any]) -> None:
+    async def _collect(self, row: Mapping[str, Any], batch: Mapping[str, Any],
+                       detail: dict[str, Any]) -> None:
         """Settle every receipt of an ended job; complete them and it in one transaction."""
-        status = self.client.status(batch)
-        detail = {**detail_of(row), "provider_status": status, "counts": self.client.counts(batch)}
         writes = []
         for attempt, got in await self.replies((row, batch, detail)):
             self.result.outcome.calls += 1
@@ -444,7 +439,7 @@ class JobRunner:
             if done and self.on_progress:
                 self.on_progress(len(verdict.stored if verdict.partial else attempt.request.tasks))
             writes.append(write)
-        store = self.store
+        store, status = self.store, detail["provider_status"]
         with store.transaction(calls=True) as tx:
             if store.end_job(tx, row["id"], "cancelled" if status == "cancelled" else "ended",
                              detail):
@@ -460,8 +455,7 @@ class JobRunner:
         outs = await self.client.results(batch) if whole is None else ()
         if whole is not None:
             detail["failed"] = whole
-            self.result.notes.append(f"job {row['id']} ({row['provider_job_id']}) failed as a "
-                                     f"whole: {whole}")
+            self.result.notes.append(f"{named(row)} failed as a whole: {whole}")
             if self.client.too_large(batch):
                 self.chunk = max(1, min(self.chunk, len(lines)) // 2)
         return self._lines(row, lines, outs, detail)
@@ -471,8 +465,7 @@ class JobRunner:
                ) -> Iterator[tuple[Attempt, Reply | ProviderError]]:
         """Lines joined to receipts by custom_id only, read twice a line at a time: once to count
         ids (one that comes back twice is admitted in neither copy), then a window at a time."""
-        where, cap = f"job {row['id']} ({row['provider_job_id']})", declared_output_cap(
-            self.provider)
+        where, cap = named(row), declared_output_cap(self.provider)
         came: dict[str, int] = {}
         unknown: list[str] = []
         for out in outs:
@@ -533,15 +526,6 @@ def plan_facts(plan: Plan) -> dict[str, Any]:
             "accept": plan.accept}
 
 
-def _pending(out: Outcome, request: Request, job: Mapping[str, Any] | None) -> None:
-    """The tasks of a request a job holds, told as pending (their errors built when read)."""
-    where = (f"job {job['id']} ({job['provider_job_id'] or 'no provider id'}, "
-             f"{job['status']})" if job else "a batch job")
-    out.pending.append(json.dumps({"request": request.key, "where": where,
-                                   "task_ids": list(request.task_ids)}))
-    out.pending_tasks += len(request.task_ids)
-
-
 def unix(stamp: str) -> float:
     """Seconds since the epoch of a ledger time (ISO 8601 UTC)."""
     moment = datetime.fromisoformat(stamp)
@@ -560,6 +544,10 @@ def _lost(custom_id: str, came: int, whole: str | None, status: str) -> Provider
     else:
         why = f"custom_id {custom_id} is missing from the output of a {status} job"
     return ProviderError(why, retryable=True)
+
+
+def named(row: Mapping[str, Any]) -> str:
+    return f"job {row['id']} ({row['provider_job_id']})"
 
 
 def detail_of(row: Mapping[str, Any]) -> dict[str, Any]:
