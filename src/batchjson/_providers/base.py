@@ -202,12 +202,10 @@ CACHE_CONTROL = {"type": "ephemeral"}  # the 5-minute cache (writes 1.25x input,
 def cache_minimum(provider: Any) -> int | None:
     """The fewest prefix tokens ``provider``'s API caches, or None (no prompt cache known)."""
     provider = getattr(provider, "inner", provider)  # a run's guard around the real one
-    name, model = getattr(provider, "name", None), str(getattr(provider, "model", "") or "")
-    if name == "openai":
-        return OPENAI_CACHE_MINIMUM
+    name = getattr(provider, "name", None)
     if name == "anthropic":
-        return anthropic_cache_minimum(model)
-    return None
+        return anthropic_cache_minimum(str(getattr(provider, "model", "") or ""))
+    return OPENAI_CACHE_MINIMUM if name == "openai" else None
 
 
 def anthropic_cache_minimum(model: str) -> int:

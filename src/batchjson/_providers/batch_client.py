@@ -30,16 +30,12 @@ class BatchClient:
     max_requests = 0
     max_bytes = 0  # the provider's ceiling on one job's upload
     jobs_path = ""  # the batches: GET it to list (exactly when the batch API exists)
-    frame = (b"", b"", b"\n", b"")  # an upload's head, between two lines, after each, tail
+    frame = (b"", b"", b"\n", b"")  # an Upload's head, between two lines, after each, tail
 
     def __init__(self, provider: HttpProvider) -> None:
         self.provider = provider
         self.endpoint = provider.base_url  # what may be shown of where jobs go
         self.share = batch_share(provider.model, provider.prices)
-
-    def spool(self) -> Upload:
-        """A job's upload, empty, framed as the provider wants."""
-        return Upload(*self.frame)
 
     def lines_that_fit(self, calls: list[Any]) -> int:
         """How many of ``calls``, from the first, one job's upload holds (at least one)."""

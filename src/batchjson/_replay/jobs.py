@@ -203,7 +203,7 @@ class JobRunner:
     async def _submit(self, owed: list[Owed], writer: Owner) -> tuple[bool, list[Owed]]:
         """Record one job, then upload and create it: whether more may be sent, and the
         requests past the provider's upload ceiling, for the next job."""
-        with closing(self.client.spool()) as body:  # none to be had: a ConfigError, unrecorded
+        with closing(Upload(*self.client.frame)) as body:  # none: a ConfigError, unrecorded
             counts = self.store.attempts_so_far([r.key for r, _, _ in owed])[0]
             calls = [make_call(self.plan, self._system, r, kind, prompt, counts.get(r.key, 0))
                      for r, kind, prompt in owed]
