@@ -116,13 +116,12 @@ class JobRunner:
 
     def _owed(self, window: Sequence[Request]) -> list[Owed]:
         """Each request of ``window`` neither accepted nor held by a job, while allowed."""
-        store = self.store
-        keys = [r.key for r in window]
-        parents = [r.parent_key for r in window if r.parent_key is not None]
-        holders, done, history = store.job_window(keys + parents, self.plan.revision_id)
+        holders, done, history = self.store.job_window(
+            [r.key for r in window] + [r.parent_key for r in window if r.parent_key is not None],
+            self.plan.revision_id)
         self.watched.update(holders.values())
         free = [r for r in window if r.key not in done]
-        tried, stopped, parted = store.attempts_so_far([r.key for r in free])
+        tried, stopped, parted = self.store.attempts_so_far([r.key for r in free])
         if parted:  # accepted in part before (another revision, a batch): its parts instead
             free = self._apart(free, parted)
         cut = {key for key, stops in stopped.items() if TRUNCATED in stops}
