@@ -268,7 +268,6 @@ class JobRunner:
     async def _send(self, body: Upload, job_id: int, uid: str, attempts: list[int]) -> bool:
         """Upload and create a recorded job. A failure before the provider could have created
         it cancels the job's receipts (never sent); any other leaves the job uncertain."""
-        store = self.store
         try:
             file_id = await self._renewing(job_id, self.client.upload(body))
         except ProviderError as exc:
@@ -286,11 +285,11 @@ class JobRunner:
             if exc.status is not None and 400 <= exc.status < 500:
                 self._unsent(job_id, attempts, f"the provider refused the job ({exc})")
             else:
-                store.note_job(job_id, {"why": f"creating the job failed without an answer "
-                                               f"({exc}); it may exist and be billed"},
-                               uncertain=True)
+                self.store.note_job(job_id, {"why": f"creating the job failed without an answer "
+                                             f"({exc}); it may exist and be billed"},
+                                    uncertain=True)
             return False
-        if store.job_submitted(job_id, str(batch["id"]), {
+        if self.store.job_submitted(job_id, str(batch["id"]), {
                 "input_file_id": file_id, "provider_status": batch.get("status")}):
             await self._cancel_asked(self._row(job_id))  # asked for meanwhile
         else:
