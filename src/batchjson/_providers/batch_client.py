@@ -145,9 +145,8 @@ class BatchClient:
 
 
 class OutputLines:
-    """A job's result files as lines, parsed anew on each iteration (only bytes are held), split at
-    newlines alone. An object keeps its exact text under :data:`TEXT`, and carries :data:`NOT_UTF8`
-    if it is not UTF-8; any other line is its text."""
+    """A job's result files as lines, parsed anew on each iteration (only bytes are held): an object
+    keeps its text under :data:`TEXT` (:data:`NOT_UTF8` if not UTF-8), any other line is text."""
 
     def __init__(self, files: Sequence[bytes]) -> None:
         self.files = files
@@ -174,9 +173,9 @@ WHAT = "for a batch job's upload"
 
 
 class Upload:
-    """One job's upload in a buffered temporary file: ``head``, each line (``sep`` between, ``end``
-    after), then ``tail``. No file is a ConfigError naming ``TMPDIR``, before the job is recorded;
-    a write refused later fails the upload in :meth:`finish`."""
+    """One job's upload in a temporary file: ``head``, lines (``sep`` between, ``end`` after),
+    ``tail``. No file is a ConfigError naming ``TMPDIR`` before the job is recorded; a write
+    refused later fails :meth:`finish`."""
 
     def __init__(self, head: bytes, sep: bytes, end: bytes, tail: bytes) -> None:
         try:

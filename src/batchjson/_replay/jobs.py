@@ -143,8 +143,7 @@ class JobRunner:
 
     def _apart(self, window: Sequence[Request], parted: Mapping[str, list[str]]
                ) -> list[Request]:
-        """``window`` with each request accepted in part before replaced by its parts not
-        accepted (nor held by a job), split so in this revision."""
+        """``window``, each request accepted in part before replaced by its parts still owed."""
         out: list[Request] = []
         for request in window:
             if request.key not in parted:
