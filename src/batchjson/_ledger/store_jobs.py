@@ -1,8 +1,5 @@
-"""The store's SQL for provider batch jobs: a job row and its lines, written before upload in one
-transaction with an in-flight receipt and a claim per request, held by the job itself (never
-presumed gone), so no runner sends them while it may still answer; collection completes its
-receipts and releases its claims in one transaction.
-"""
+"""Provider batch jobs: a job and its lines are recorded before upload, each line with a receipt
+and a claim held by the job itself (never presumed gone) until its collection releases them."""
 
 from __future__ import annotations
 
@@ -22,7 +19,6 @@ OPEN_STATES = ("recording", "open", "uncertain")
 
 
 def _job_owner(uid: str) -> Owner:
-    """The claim holder of job ``uid``."""
     return Owner(JOB_HOST, 0, "job", uid)
 
 
@@ -39,21 +35,16 @@ class JobStore(CallStore):
     def open_job(self, *, uid: str, protocol: str, batch_id: int, revision_id: int,
                  model: str | None, endpoint: str, provider: str, source: str | None,
                  writer: Owner, lines: Sequence[tuple[Request, str, bool, float, int]],
-                 shared: bool = False, plan: Mapping[str, Any] | None = None,
-                 ) -> tuple[int | None, list[dict[str, Any]]]:
-        """Record a job (``recording``) before anything is uploaded, with a receipt, claim and
-        line for each (request, kind, wrapped, reserved, estimated input tokens) still free and
-        within the ledger's budget (``shared``: each line's worst case reserved on it): (job
-        id, the lines written), or (None, []). ``plan``: what judging its lines needs beside
-        the revision."""
+                 shared: bool, plan: Mapping[str, Any]) -> tuple[int | None, list[dict[str, Any]]]:
+        """Record a job (``recording``) with a receipt, claim and line for each (request, kind,
+        wrapped, reserved, estimated tokens) still free and within the ledger's budget (on which
+        ``shared`` reserves each worst case): (its id, the lines written), or (None, [])."""
         owner, stamp = _job_owner(uid), now()
         written: list[dict[str, Any]] = []
         with self.transaction(calls=True) as tx:
             job_id = self._insert(tx, JOB_SQL, (
-                uid, protocol, batch_id, revision_id, model, endpoint, len(lines),
-                sum(line[3] for line in lines), writer.id, writer.host, writer.pid,
-                stamp, None if plan is None else json.dumps(dict(plan)),
-                self._clock(tx) + self.lease_seconds))
+                uid, protocol, batch_id, revision_id, model, endpoint, writer.id, writer.host,
+                writer.pid, stamp, json.dumps(dict(plan)), self._clock(tx) + self.lease_seconds))
             for request, kind, wrapped, reserved, estimated in lines:
                 state, attempt_id = self._begin_call(
                     tx, batch_id, revision_id, request, kind, provider, model, source,
@@ -66,8 +57,7 @@ class JobStore(CallStore):
                            "request_key, wrapped, reserved) VALUES (?,?,?,?,?,?)",
                            (line, job_id, attempt_id, request.key, int(wrapped), reserved))
                 written.append({"custom_id": line, "attempt_id": attempt_id,
-                                "request_key": request.key, "kind": kind,
-                                "reserved": reserved})
+                                "request_key": request.key, "reserved": reserved})
             if not written:  # every request was taken meanwhile: no job at all
                 self._exec(tx, "DELETE FROM jobs WHERE id = ?", (job_id,))
                 return None, []
@@ -85,9 +75,9 @@ class JobStore(CallStore):
 
     def job_submitted(self, job_id: int, provider_job_id: str,
                       detail: Mapping[str, Any]) -> bool:
-        """The provider created the job: its id recorded, every line's receipt sent. True when
-        a person cancelled or released it meanwhile: the writer then cancels it at the
-        provider, and a released job keeps its id, so no job is billed unknown to its ledger."""
+        """The provider created the job: its id recorded (kept by a job released meanwhile, so
+        none is billed unknown), every receipt sent. True when a person cancelled or released it
+        meanwhile."""
         stamp = now()
         with self.transaction() as tx:
             status, old = self._job_state(tx, job_id)
@@ -107,9 +97,8 @@ class JobStore(CallStore):
 
     def note_job(self, job_id: int, note: Mapping[str, Any], *, recording: bool = False,
                  uncertain: bool = False) -> bool:
-        """Add ``note`` to a job's detail; ``recording``: only while its writer still creates
-        it; ``uncertain``: a job still recording becomes uncertain (it may exist, billed,
-        without its id on record). False, nothing written, when either finds it is not."""
+        """Add ``note`` to a job's detail, only while it is recording if ``recording``; then
+        ``uncertain`` marks it so (it may exist, billed, without its id): False if it is not."""
         with self.transaction() as tx:
             status, old = self._job_state(tx, job_id)
             if (recording or uncertain) and status != "recording":
@@ -126,8 +115,8 @@ class JobStore(CallStore):
 
     def end_job(self, tx: Tx, job_id: int, status: str, detail: Mapping[str, Any],
                 was: Sequence[str] = ("open",)) -> bool:
-        """In ``tx`` (which completes its receipts): the job ``ended`` or was cancelled, its
-        claims released; False, nothing written, when it was no longer in a state of ``was``."""
+        """In ``tx`` (which completes its receipts): the job ended or was cancelled, its claims
+        released; False when it was no longer in a state of ``was``."""
         marks = ",".join("?" * len(was))
         ended = self._exec(tx, f"UPDATE jobs SET status = ?, ended_at = ?, detail = ? WHERE "
                            f"id = ? AND status IN ({marks}) RETURNING uid",
@@ -157,17 +146,6 @@ class JobStore(CallStore):
                        "job_lines WHERE job_id = ?)", (errors, now(), sent, job_id))
         return True
 
-    def _lost_recordings(self) -> None:
-        """Jobs still ``recording`` whose writer is gone (as a claim's holder is) become
-        ``uncertain``: it may have created the job, billed, without recording its id."""
-        at = self._clock(None)
-        for row in self._read("SELECT id, owner, host, pid, lease_expires_at FROM jobs WHERE "
-                              "status = 'recording'"):
-            if _owner_gone(row["owner"], row["host"], row["pid"], row["lease_expires_at"], at):
-                self.note_job(row["id"], {"why": "its runner stopped between recording the "
-                                          "job and recording the provider's id: the job may "
-                                          "exist and be billed"}, uncertain=True)
-
     # -- reads ---------------------------------------------------------------------------------
     def _jobs_in_the_way(self, name: str | None, then: str) -> str | None:
         """Why ``then`` waits for an unfinished job of batch ``name`` (None: of any batch)."""
@@ -188,9 +166,15 @@ class JobStore(CallStore):
     def jobs(self, *, every: bool = False, job: str | None = None,
              lost: bool = False) -> list[Row]:
         """Job rows, newest first: open ones (``every``: all), or the one named by its id or
-        provider id; ``lost``: those still recording whose writer is gone marked uncertain first."""
-        if lost:
-            self._lost_recordings()
+        provider id; ``lost``: those still recording whose writer is gone (as a claim's holder
+        is) marked uncertain first, as it may have created the job, billed, without its id."""
+        at = self._clock(None) if lost else 0.0
+        for row in self._read("SELECT id, owner, host, pid, lease_expires_at FROM jobs WHERE "
+                              "status = 'recording'") if lost else ():
+            if _owner_gone(row["owner"], row["host"], row["pid"], row["lease_expires_at"], at):
+                self.note_job(row["id"], {"why": "its runner stopped between recording the "
+                                          "job and recording the provider's id: the job may "
+                                          "exist and be billed"}, uncertain=True)
         sql = "SELECT j.*, b.name AS batch FROM jobs j JOIN batches b ON b.id = j.batch_id"
         if job is not None:
             return self._read(sql + " WHERE CAST(j.id AS TEXT) = ? OR j.provider_job_id = ? "
@@ -243,8 +227,8 @@ LEAVES_SQL = (
 
 
 def _unfinished_jobs(jobs: Sequence[Mapping[str, Any]], where: str, then: str) -> str | None:
-    """Why ``then`` must wait while any of ``jobs`` (rows with id, provider_job_id, status and
-    batch) is unfinished, naming each; None when none is. Only its own ledger collects a job."""
+    """Why ``then`` must wait while any of ``jobs`` is unfinished, naming each, or None: only its
+    own ledger collects a job."""
     open_jobs = [j for j in jobs if j["status"] in OPEN_STATES]
     if not open_jobs:
         return None
@@ -258,4 +242,4 @@ def _unfinished_jobs(jobs: Sequence[Mapping[str, Any]], where: str, then: str) -
 JOB_SQL = (
     "INSERT INTO jobs(uid, protocol, status, batch_id, revision_id, model, endpoint, requests, "
     "reserved, owner, host, pid, created_at, plan, lease_expires_at) "
-    "VALUES (?,?, 'recording', ?,?,?,?,?,?,?,?,?,?,?,?)")
+    "VALUES (?,?, 'recording', ?,?,?,?, 0, 0,?,?,?,?,?,?)")

@@ -27,10 +27,9 @@ CallKind = Literal["initial", "repair", "replay"]
 
 @dataclass(frozen=True)
 class Call:
-    """Everything a provider needs for one request attempt. ``mode``: ``"items"`` (one object per
-    task in ``{"items": [...]}``) or ``"value"``. ``shared``: the head of ``prompt`` every request
-    of the batch starts with, for the provider's cache. ``answer_chars``: the most characters its
-    answer can take (None: unbounded), which sizes an output ceiling the user did not set."""
+    """One request attempt. ``mode``: ``"items"`` (``{"items": [...]}``, one per task) or
+    ``"value"``; ``shared``: the head of ``prompt`` all the batch's requests share (cached);
+    ``answer_chars``: the longest answer (None: unbounded), to size an output ceiling."""
 
     tasks: tuple[Mapping[str, Any], ...]
     prompt: str
@@ -70,9 +69,8 @@ CHAT_OVERHEAD_TOKENS = 3 * 2 + 3  # OpenAI's: 3 framing each message (system, us
 
 
 def input_bound(provider: Any, call: Call) -> int:
-    """A sound upper bound on the input tokens ``call`` is billed for: the provider's own, else the
-    UTF-8 bytes of its texts and schema plus the overhead (a byte-level BPE never makes more tokens
-    than bytes)."""
+    """A sound bound on the input tokens ``call`` is billed for: the provider's own, else its UTF-8
+    bytes and overhead (a byte-level BPE never makes more tokens than bytes)."""
     own = getattr(provider, "input_bound", None)
     if callable(own):
         return int(own(call))
@@ -89,8 +87,8 @@ class OneService:
 
 
 class ProviderHandle(OneService):
-    """Holds a provider object of your own for ``%config BatchJson.provider = ProviderHandle(obj)``:
-    IPython's config deep-copies what it is given; the handle is never copied."""
+    """``%config BatchJson.provider = ProviderHandle(obj)``: IPython's config deep-copies what it
+    is given; a handle (and so ``obj``) never is."""
 
     def __init__(self, provider: Any) -> None:
         self.provider = provider
@@ -102,9 +100,8 @@ class ProviderHandle(OneService):
 class CallableProvider(OneService):
     """Wrap ``fn(call) -> str | Reply`` (sync or async) as a provider, for tests and glue code.
 
-    A ``str`` leaves the call's usage unknown (a cost budget keeps its worst case). The answer
-    source is the function's content fingerprint, or ``source=``. ``fn.blocking = True`` runs
-    ``fn`` in a daemon thread, so a call hung past the timeout never holds the run."""
+    A ``str`` leaves the usage unknown (a budget keeps its worst case). The answer source is the
+    function's content, or ``source=``. ``fn.blocking = True`` runs it in a daemon thread."""
 
     name = "callable"
 
@@ -164,9 +161,8 @@ class CallableProvider(OneService):
 
 
 async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)`` in a daemon thread of its own; cancellation returns at once. Not
-    ``asyncio.to_thread``: the loop's default executor is joined when the loop closes, so a hung
-    call would hold the whole run. The abandoned thread's result is dropped."""
+    """``fn(*args)`` in a daemon thread; cancellation returns at once, its result dropped. Not
+    ``asyncio.to_thread``: a hung call would hold the loop's close, which joins its executor."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
 
@@ -190,7 +186,7 @@ async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
     return await future
 
 
-# Anthropic's minimum cacheable prompt in tokens, by model family (longest prefix first); an
+# Anthropic's least cacheable prompt in tokens by model family (longest prefix first); an
 # unlisted model is taken at the largest, so a newer one never gets the constant schema uncached.
 ANTHROPIC_CACHE_MINIMUM: tuple[tuple[str, int], ...] = (
     ("claude-opus-4-6", 4096), ("claude-opus-4-5", 4096), ("claude-haiku-4-5", 4096),
@@ -206,12 +202,10 @@ CACHE_CONTROL = {"type": "ephemeral"}  # the 5-minute cache (writes 1.25x input,
 def cache_minimum(provider: Any) -> int | None:
     """The fewest prefix tokens ``provider``'s API caches, or None (no prompt cache known)."""
     provider = getattr(provider, "inner", provider)  # a run's guard around the real one
-    name, model = getattr(provider, "name", None), str(getattr(provider, "model", "") or "")
-    if name == "openai":
-        return OPENAI_CACHE_MINIMUM
+    name = getattr(provider, "name", None)
     if name == "anthropic":
-        return anthropic_cache_minimum(model)
-    return None
+        return anthropic_cache_minimum(str(getattr(provider, "model", "") or ""))
+    return OPENAI_CACHE_MINIMUM if name == "openai" else None
 
 
 def anthropic_cache_minimum(model: str) -> int:

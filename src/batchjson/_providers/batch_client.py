@@ -1,7 +1,6 @@
-"""What the batch APIs' clients share: requests to the provider's own base URL with its key and
-pool. A client only transports: each result line becomes a ``Reply`` or a ``ProviderError`` as the
-live endpoint's would; the job runner joins, judges and records. A job's upload is written to an
-unnamed temporary file as it is built, so a job of 50,000 lines takes disk, never memory."""
+"""What the batch APIs' clients share: requests to the provider's base URL with its key and pool.
+A client only transports: each result line becomes a ``Reply`` or a ``ProviderError`` as the live
+endpoint's would. A job's upload is built in a temporary file: a big job takes disk, not memory."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from tempfile import TemporaryFile
 from typing import IO, Any
 
-from .._content.spool import no_room, write_all
+from .._content.spool import no_room
 from .._errors import ConfigError, ProviderError, ProviderSetupError
 from ._http import HttpProvider, http_error
 from .pricing import batch_share
@@ -31,16 +30,12 @@ class BatchClient:
     max_requests = 0
     max_bytes = 0  # the provider's ceiling on one job's upload
     jobs_path = ""  # the batches: GET it to list (exactly when the batch API exists)
-    frame = (b"", b"", b"\n", b"")  # an upload's head, between two lines, after each, tail
+    frame = (b"", b"", b"\n", b"")  # an Upload's head, between two lines, after each, tail
 
     def __init__(self, provider: HttpProvider) -> None:
         self.provider = provider
         self.endpoint = provider.base_url  # what may be shown of where jobs go
         self.share = batch_share(provider.model, provider.prices)
-
-    def spool(self) -> Upload:
-        """A job's upload, empty, framed as the provider wants."""
-        return Upload(*self.frame)
 
     def lines_that_fit(self, calls: list[Any]) -> int:
         """How many of ``calls``, from the first, one job's upload holds (at least one)."""
@@ -150,9 +145,8 @@ class BatchClient:
 
 
 class OutputLines:
-    """A job's result files as lines, parsed anew on each iteration (only bytes are held), split at
-    newlines alone. An object keeps its exact text under :data:`TEXT`, and carries :data:`NOT_UTF8`
-    if it is not UTF-8; any other line is its text."""
+    """A job's result files as lines, parsed anew on each iteration (only bytes are held): an object
+    keeps its text under :data:`TEXT` (:data:`NOT_UTF8` if not UTF-8), any other line is text."""
 
     def __init__(self, files: Sequence[bytes]) -> None:
         self.files = files
@@ -175,18 +169,17 @@ class OutputLines:
                        if isinstance(parsed, dict) else text)
 
 
-WRITE_BYTES = 1 << 16  # lines written to the file this many bytes at a time
 WHAT = "for a batch job's upload"
 
 
 class Upload:
-    """One job's upload: ``head``, each line (``sep`` between, ``end`` after), then ``tail``. No
-    temporary file is a ConfigError naming ``TMPDIR``, before the job is recorded; a write refused
-    later fails the upload in :meth:`finish`."""
+    """One job's upload in a temporary file: ``head``, lines (``sep`` between, ``end`` after),
+    ``tail``. No file is a ConfigError naming ``TMPDIR`` before the job is recorded; a write
+    refused later fails :meth:`finish`."""
 
     def __init__(self, head: bytes, sep: bytes, end: bytes, tail: bytes) -> None:
         try:
-            self.file: IO[bytes] = TemporaryFile(prefix="batchjson-upload-", buffering=0)
+            self.file: IO[bytes] = TemporaryFile(prefix="batchjson-upload-")
         except OSError as exc:
             raise ConfigError(f"{no_room(WHAT, exc)}, and run again; this job was not recorded and "
                               "nothing was spent for it") from exc
@@ -195,29 +188,28 @@ class Upload:
         self.lines = 0  # lines added
         self.size = 0  # bytes of the whole upload, head and tail included
         self.failed: OSError | None = None
-        self._unwritten = bytearray(head)
+        self._write(head)
 
     def add(self, text: str) -> None:
         """One line's JSON text."""
-        self._unwritten += (self.sep if self.lines else b"") + text.encode() + self.end
+        self._write((self.sep if self.lines else b"") + text.encode() + self.end)
         self.lines += 1
-        if len(self._unwritten) >= WRITE_BYTES:
-            self._flush()
 
     def finish(self) -> IO[bytes]:
         """The whole upload, or a retryable ProviderError when the disk refused a write."""
         if self.tail is not None:
-            self._unwritten += self.tail
+            self._write(self.tail)
             self.tail = None
-            self._flush()
+        try:
+            self.file.seek(0)  # flushed first
+        except OSError as exc:
+            self.failed = self.failed or exc
         if self.failed is not None:
             raise ProviderError(f"{no_room(WHAT, self.failed)}; its requests are sent again later",
                                 retryable=True)
-        self.file.seek(0)
         return self.file
 
-    def _flush(self) -> None:
-        data, self._unwritten = self._unwritten, bytearray()
+    def _write(self, data: bytes) -> None:
         self.size += len(data)
         if self.failed is None:
             try:
@@ -226,7 +218,7 @@ class Upload:
                 self.failed = exc
 
     def _put(self, data: bytes) -> None:
-        write_all(self.file, data)
+        self.file.write(data)
 
     def close(self) -> None:
         self.file.close()

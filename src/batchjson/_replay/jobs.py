@@ -64,12 +64,9 @@ class JobRunner:
                  poll: float = 1.0, on_progress: Callable[[int], None] | None = None,
                  on_wait: Callable[[str], Any] | None = None) -> None:
         self.plan, self.store, self.provider, self.client = plan, ledger.store, provider, client
-        self.spender = spender
+        self.spender, self.session_id, self.poll = spender, session_id, poll
         self.reservations = reservations  # attempt id -> worst case this session reserved
-        self.session_id = session_id
-        self.poll = poll
-        self.on_progress = on_progress
-        self.on_wait = on_wait  # says in the run's progress that it waits on the provider's jobs
+        self.on_progress, self.on_wait = on_progress, on_wait  # on_wait: it waits on jobs
         self.result = JobsOutcome(Outcome())
         self.chunk = client.max_requests  # lines per job; halved after token_limit_exceeded
         self.watched: set[int] = set()  # ids of the unfinished jobs holding a request of it
@@ -119,13 +116,12 @@ class JobRunner:
 
     def _owed(self, window: Sequence[Request]) -> list[Owed]:
         """Each request of ``window`` neither accepted nor held by a job, while allowed."""
-        store = self.store
-        keys = [r.key for r in window]
-        parents = [r.parent_key for r in window if r.parent_key is not None]
-        holders, done, history = store.job_window(keys + parents, self.plan.revision_id)
+        holders, done, history = self.store.job_window(
+            [r.key for r in window] + [r.parent_key for r in window if r.parent_key is not None],
+            self.plan.revision_id)
         self.watched.update(holders.values())
         free = [r for r in window if r.key not in done]
-        tried, stopped, parted = store.attempts_so_far([r.key for r in free])
+        tried, stopped, parted = self.store.attempts_so_far([r.key for r in free])
         if parted:  # accepted in part before (another revision, a batch): its parts instead
             free = self._apart(free, parted)
         cut = {key for key, stops in stopped.items() if TRUNCATED in stops}
@@ -147,8 +143,7 @@ class JobRunner:
 
     def _apart(self, window: Sequence[Request], parted: Mapping[str, list[str]]
                ) -> list[Request]:
-        """``window`` with each request accepted in part before replaced by its parts not
-        accepted (nor held by a job), split so in this revision."""
+        """``window``, each request accepted in part before replaced by its parts still owed."""
         out: list[Request] = []
         for request in window:
             if request.key not in parted:
@@ -156,10 +151,9 @@ class JobRunner:
                 continue
             parts = self.plan.keys.apart(request, parted[request.key])
             self.store.record_split(self.plan.revision_id, request, parts)
-            keys = [p.key for p in parts]
-            holders = self.store.job_holders(keys)  # the rest, sent in a job meanwhile
-            self.watched.update(holders.values())
-            done = self.store.accepted_keys(keys) | holders.keys()
+            holders, done, _ = self.store.job_window([p.key for p in parts],
+                                                     self.plan.revision_id)
+            self.watched.update(holders.values())  # the rest, sent in a job meanwhile
             out += [p for p in parts if p.key not in done]
         return out
 
@@ -207,7 +201,7 @@ class JobRunner:
     async def _submit(self, owed: list[Owed], writer: Owner) -> tuple[bool, list[Owed]]:
         """Record one job, then upload and create it: whether more may be sent, and the
         requests past the provider's upload ceiling, for the next job."""
-        with closing(self.client.spool()) as body:  # none to be had: a ConfigError, unrecorded
+        with closing(Upload(*self.client.frame)) as body:  # none: a ConfigError, unrecorded
             counts = self.store.attempts_so_far([r.key for r, _, _ in owed])[0]
             calls = [make_call(self.plan, self._system, r, kind, prompt, counts.get(r.key, 0))
                      for r, kind, prompt in owed]
@@ -273,13 +267,12 @@ class JobRunner:
     async def _send(self, body: Upload, job_id: int, uid: str, attempts: list[int]) -> bool:
         """Upload and create a recorded job. A failure before the provider could have created
         it cancels the job's receipts (never sent); any other leaves the job uncertain."""
-        store = self.store
         try:
             file_id = await self._renewing(job_id, self.client.upload(body))
         except ProviderError as exc:
             self._unsent(job_id, attempts, f"the input file could not be uploaded ({exc})")
             return False
-        now_row = store.jobs(job=str(job_id))[0]
+        now_row = self._row(job_id)
         if now_row["status"] == "cancelled" or "cancel_requested_at" in detail_of(now_row):
             self.stopped.add(job_id)  # nothing created: its requests wait for the next run
             self._unsent(job_id, attempts, "a person cancelled it before it was created")
@@ -291,13 +284,13 @@ class JobRunner:
             if exc.status is not None and 400 <= exc.status < 500:
                 self._unsent(job_id, attempts, f"the provider refused the job ({exc})")
             else:
-                store.note_job(job_id, {"why": f"creating the job failed without an answer "
-                                               f"({exc}); it may exist and be billed"},
-                               uncertain=True)
+                self.store.note_job(job_id, {"why": f"creating the job failed without an answer "
+                                             f"({exc}); it may exist and be billed"},
+                                    uncertain=True)
             return False
-        if store.job_submitted(job_id, str(batch["id"]), {
+        if self.store.job_submitted(job_id, str(batch["id"]), {
                 "input_file_id": file_id, "provider_status": batch.get("status")}):
-            await self._cancel_asked(store.jobs(job=str(job_id))[0])  # asked for meanwhile
+            await self._cancel_asked(self._row(job_id))  # asked for meanwhile
         else:
             self.result.submitted += body.lines
         return True
@@ -327,23 +320,27 @@ class JobRunner:
     def _unresolved(self) -> None:
         """The jobs still holding a request of the run, and each request neither accepted nor
         held by a job: the errors of its last receipt."""
-        store, out = self.store, self.result.outcome
-        jobs: dict[int, dict[str, Any]] = {}
+        store, out, revision = self.store, self.result.outcome, self.plan.revision_id
+        jobs = {row["id"]: row for row in store.jobs()}
         for window in self.windows():  # as leaves: a request may be split meanwhile
-            window = list(store.requests_by_keys([r.key for r in window],
-                                                 self.plan.revision_id).values())
-            holders, _, history = store.job_window([r.key for r in window],
-                                                   self.plan.revision_id)
+            window = list(store.requests_by_keys([r.key for r in window], revision).values())
+            holders, _, history = store.job_window([r.key for r in window], revision)
             self.watched.update(holders.values())
-            if holders and not jobs:
-                jobs = {row["id"]: job_view(row) for row in store.jobs()}
             for request in window:
-                if request.key in holders:
-                    _pending(out, request, jobs.get(holders[request.key]))
+                if request.key in holders:  # pending: their errors are built when read
+                    job = jobs.get(holders[request.key])
+                    where = (f"job {job['id']} ({job['provider_job_id'] or 'no provider id'}, "
+                             f"{job['status']})" if job else "a batch job")
+                    out.pending.append(json.dumps({"request": request.key, "where": where,
+                                                   "task_ids": list(request.task_ids)}))
+                    out.pending_tasks += len(request.task_ids)
                 elif request.key in history:
                     last = history[request.key][-1]
                     fail(out, request, json.loads(last["errors"] or "[]"), last["raw"])
         self.result.jobs = [job_view(row) for row in self._open_rows()]
+
+    def _row(self, job_id: int) -> Any:
+        return self.store.jobs(job=str(job_id))[0]
 
     def _open_rows(self) -> list[Any]:
         """The watched jobs still unfinished (those that ended are no longer watched)."""
@@ -362,28 +359,27 @@ class JobRunner:
                 continue
             if "cancel_requested_at" in detail_of(row):
                 await self._cancel_asked(row)
-                row = self.store.jobs(job=str(row["id"]))[0]  # what it recorded
+                row = self._row(row["id"])  # what it recorded
             try:
                 batch = await self.client.poll(row["provider_job_id"])
                 status = self.client.status(batch)
+                note = {"provider_status": status, "counts": self.client.counts(batch)}
                 if status not in self.client.running:
-                    await self._collect(row, batch)
+                    await self._collect(row, batch, {**detail_of(row), **note})
                     continue
             except ProviderError as exc:  # the job stays open: the next run looks again
                 final = not exc.retryable and 400 <= (exc.status or 0) < 500
                 if final:  # asking again will not help: no wait for it (see JobRunner.run)
                     self.unreadable.add(row["id"])
-                self.result.notes.append(
-                    f"job {row['id']} ({row['provider_job_id']}) could not be read this time: "
-                    f"{exc}" + ("; the wait for it ends, and it stays open for a later run or "
-                                "%batch_status to collect" if final else ""))
+                self.result.notes.append(f"{named(row)} could not be read this time: {exc}" + (
+                    "; the wait for it ends, and it stays open for a later run or %batch_status "
+                    "to collect" if final else ""))
                 continue
-            self.store.note_job(row["id"], {"provider_status": status,
-                                            "counts": self.client.counts(batch)})
+            self.store.note_job(row["id"], note)
         gone = sorted(self.watched - {row["id"] for row in self._open_rows()})
         for job_id in gone:
             if job_id not in self.cancelled_before and (
-                    self.store.jobs(job=str(job_id))[0]["status"] == "cancelled"):
+                    self._row(job_id)["status"] == "cancelled"):
                 self.stopped.add(job_id)
                 self.result.notes.append(
                     f"job {job_id} was cancelled while this run watched it: none of its "
@@ -401,15 +397,14 @@ class JobRunner:
         try:
             batch = await self.client.cancel(row["provider_job_id"])
         except ProviderError as exc:
-            self.result.notes.append(
-                f"job {row['id']} ({row['provider_job_id']}) was cancelled by a person while "
-                f"it was created, but the provider could not be asked to cancel it: {exc}")
+            self.result.notes.append(f"{named(row)} was cancelled by a person while it was "
+                                     "created, but the provider could not be asked to cancel "
+                                     f"it: {exc}")
             return
         self.store.note_job(row["id"], {"cancel_sent_at": now(),
                                         "provider_status": self.client.status(batch)})
-        self.result.notes.append(
-            f"job {row['id']} ({row['provider_job_id']}) was cancelled at the provider, as a "
-            "person asked while it was being created")
+        self.result.notes.append(f"{named(row)} was cancelled at the provider, as a person "
+                                 "asked while it was being created")
 
     async def _recover(self, row: Mapping[str, Any]) -> Mapping[str, Any]:
         """An uncertain job found at the provider by its creation uid is recorded open."""
@@ -428,12 +423,11 @@ class JobRunner:
         self.result.notes.append(f"job {row['id']} was uncertain (its runner stopped before "
                                  f"recording the provider's id): found as {batch['id']} by "
                                  "its uid, and polled as any open job")
-        return self.store.jobs(job=str(row["id"]))[0]
+        return self._row(row["id"])
 
-    async def _collect(self, row: Mapping[str, Any], batch: Mapping[str, Any]) -> None:
+    async def _collect(self, row: Mapping[str, Any], batch: Mapping[str, Any],
+                       detail: dict[str, Any]) -> None:
         """Settle every receipt of an ended job; complete them and it in one transaction."""
-        status = self.client.status(batch)
-        detail = {**detail_of(row), "provider_status": status, "counts": self.client.counts(batch)}
         writes = []
         for attempt, got in await self.replies((row, batch, detail)):
             self.result.outcome.calls += 1
@@ -442,7 +436,7 @@ class JobRunner:
             if done and self.on_progress:
                 self.on_progress(len(verdict.stored if verdict.partial else attempt.request.tasks))
             writes.append(write)
-        store = self.store
+        store, status = self.store, detail["provider_status"]
         with store.transaction(calls=True) as tx:
             if store.end_job(tx, row["id"], "cancelled" if status == "cancelled" else "ended",
                              detail):
@@ -458,8 +452,7 @@ class JobRunner:
         outs = await self.client.results(batch) if whole is None else ()
         if whole is not None:
             detail["failed"] = whole
-            self.result.notes.append(f"job {row['id']} ({row['provider_job_id']}) failed as a "
-                                     f"whole: {whole}")
+            self.result.notes.append(f"{named(row)} failed as a whole: {whole}")
             if self.client.too_large(batch):
                 self.chunk = max(1, min(self.chunk, len(lines)) // 2)
         return self._lines(row, lines, outs, detail)
@@ -469,8 +462,7 @@ class JobRunner:
                ) -> Iterator[tuple[Attempt, Reply | ProviderError]]:
         """Lines joined to receipts by custom_id only, read twice a line at a time: once to count
         ids (one that comes back twice is admitted in neither copy), then a window at a time."""
-        where, cap = f"job {row['id']} ({row['provider_job_id']})", declared_output_cap(
-            self.provider)
+        where, cap = named(row), declared_output_cap(self.provider)
         came: dict[str, int] = {}
         unknown: list[str] = []
         for out in outs:
@@ -531,15 +523,6 @@ def plan_facts(plan: Plan) -> dict[str, Any]:
             "accept": plan.accept}
 
 
-def _pending(out: Outcome, request: Request, job: Mapping[str, Any] | None) -> None:
-    """The tasks of a request a job holds, told as pending (their errors built when read)."""
-    where = (f"job {job['id']} ({job['provider_job_id'] or 'no provider id'}, "
-             f"{job['status']})" if job else "a batch job")
-    out.pending.append(json.dumps({"request": request.key, "where": where,
-                                   "task_ids": list(request.task_ids)}))
-    out.pending_tasks += len(request.task_ids)
-
-
 def unix(stamp: str) -> float:
     """Seconds since the epoch of a ledger time (ISO 8601 UTC)."""
     moment = datetime.fromisoformat(stamp)
@@ -558,6 +541,10 @@ def _lost(custom_id: str, came: int, whole: str | None, status: str) -> Provider
     else:
         why = f"custom_id {custom_id} is missing from the output of a {status} job"
     return ProviderError(why, retryable=True)
+
+
+def named(row: Mapping[str, Any]) -> str:
+    return f"job {row['id']} ({row['provider_job_id']})"
 
 
 def detail_of(row: Mapping[str, Any]) -> dict[str, Any]:
