@@ -123,6 +123,11 @@ class ProviderError(BatchJsonError):
         # the answer source is broken: no further call; raised once the calls made unwound
         self.fatal = fatal
 
+    @property
+    def refused(self) -> bool:
+        """The provider answered 4xx: it refused the request itself, so it did no work."""
+        return self.status is not None and 400 <= self.status < 500
+
 
 class SubcallClientError(ProviderError, RuntimeError):
     """A host's subcall client broke droste's protocol (bad indices or results): fails loudly, a

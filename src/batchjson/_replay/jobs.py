@@ -281,7 +281,7 @@ class JobRunner:
             batch = await self._renewing(job_id, self.client.create(
                 file_id, {"batchjson_job": uid}))
         except ProviderError as exc:
-            if exc.status is not None and 400 <= exc.status < 500:
+            if exc.refused:
                 self._unsent(job_id, attempts, f"the provider refused the job ({exc})")
             else:
                 self.store.note_job(job_id, {"why": f"creating the job failed without an answer "
@@ -368,7 +368,7 @@ class JobRunner:
                     await self._collect(row, batch, {**detail_of(row), **note})
                     continue
             except ProviderError as exc:  # the job stays open: the next run looks again
-                final = not exc.retryable and 400 <= (exc.status or 0) < 500
+                final = not exc.retryable and exc.refused
                 if final:  # asking again will not help: no wait for it (see JobRunner.run)
                     self.unreadable.add(row["id"])
                 self.result.notes.append(f"{named(row)} could not be read this time: {exc}" + (

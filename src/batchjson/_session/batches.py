@@ -19,6 +19,7 @@ from .._errors import BatchJsonError, ConfigError, InvalidBatch
 from .._ledger import Ledger
 from .._ledger.records import now
 from .._ledger.store import Store
+from .._ledger.store_jobs import OPEN_STATES
 from .._loop import run_sync
 from .._providers.anthropic import AnthropicBatches, AnthropicProvider
 from .._providers.base import close_provider
@@ -26,7 +27,7 @@ from .._providers.batch_client import WINDOW_HOURS
 from .._providers.openai import OpenAIProvider
 from .._providers.pricing import batch_share
 from .._replay.budget import Pricing, Spender, batch_pricing, pricing_of
-from .._replay.jobs import JobRunner, JobsOutcome, job_view, unix
+from .._replay.jobs import JobRunner, JobsOutcome, detail_of, job_view, unix
 from .._replay.plan import Outcome, Plan
 from .plan import Runtime
 from .registry import checker_of
@@ -90,7 +91,7 @@ def report(result: BatchResult, ran: JobsOutcome) -> None:
     if ran.submitted:
         result.notes.append(f"{ran.submitted} request(s) submitted as a batch job at batch "
                             "prices")
-    holding = [job for job in ran.jobs if job["status"] in ("recording", "open", "uncertain")]
+    holding = [job for job in ran.jobs if job["status"] in OPEN_STATES]
     if holding and not result.resolved:
         result.status = "pending"
         ids = ", ".join(f"{job['id']} ({job['provider_job_id'] or job['status']})"
@@ -288,7 +289,7 @@ def _collect(rt: Runtime, row: Mapping[str, Any], plan: Plan) -> str:
                 "keeps none); check the provider's console, then `batchjson cancel "
                 f"{row['id']}` to release its requests")
     if after["status"] == "open":
-        status = json.loads(after["detail"] or "{}").get("provider_status") or "running"
+        status = detail_of(after).get("provider_status") or "running"
         return f"is still {status}" + "".join(f"; {note}" for note in ran.notes)
     out = ran.outcome
     return (f"{after['status']}: collected {out.calls} line(s), {out.accepted_returns} "
