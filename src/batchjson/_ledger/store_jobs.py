@@ -18,14 +18,6 @@ NEVER = 1e18  # a job's claims have no lease: they are released when the job is 
 OPEN_STATES = ("recording", "open", "uncertain")
 
 
-def detail_of(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A job row's ``detail`` (the JSON notes its runners add), ``{}`` when unreadable."""
-    try:
-        return dict(json.loads(row["detail"] or "{}"))
-    except (TypeError, ValueError):
-        return {}
-
-
 def _job_owner(uid: str) -> Owner:
     return Owner(JOB_HOST, 0, "job", uid)
 
@@ -117,8 +109,9 @@ class JobStore(CallStore):
         return True
 
     def _job_state(self, tx: Tx, job_id: int) -> tuple[str, dict[str, Any]]:
-        row = self._exec(tx, "SELECT status, detail FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        return row["status"], detail_of(row)
+        status, detail = self._exec(tx, "SELECT status, detail FROM jobs WHERE id = ?",
+                                    (job_id,)).fetchone()
+        return status, dict(json.loads(detail or "{}"))
 
     def end_job(self, tx: Tx, job_id: int, status: str, detail: Mapping[str, Any],
                 was: Sequence[str] = ("open",)) -> bool:

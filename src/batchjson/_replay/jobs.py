@@ -19,7 +19,6 @@ from .._errors import ProviderError
 from .._ledger import Ledger
 from .._ledger.records import now
 from .._ledger.store_calls import Owner
-from .._ledger.store_jobs import detail_of
 from .._providers.base import Call, Reply, estimate_tokens, input_bound
 from .._providers.batch_client import NOT_UTF8, Upload
 from .._providers.reply import received
@@ -546,3 +545,10 @@ def _lost(custom_id: str, came: int, whole: str | None, status: str) -> Provider
 
 def named(row: Mapping[str, Any]) -> str:
     return f"job {row['id']} ({row['provider_job_id']})"
+
+
+def detail_of(row: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        return dict(json.loads(row["detail"] or "{}"))
+    except (TypeError, ValueError):
+        return {}

@@ -19,7 +19,7 @@ from .._errors import BatchJsonError, ConfigError, InvalidBatch
 from .._ledger import Ledger
 from .._ledger.records import now
 from .._ledger.store import Store
-from .._ledger.store_jobs import OPEN_STATES, detail_of
+from .._ledger.store_jobs import OPEN_STATES
 from .._loop import run_sync
 from .._providers.anthropic import AnthropicBatches, AnthropicProvider
 from .._providers.base import close_provider
@@ -27,7 +27,7 @@ from .._providers.batch_client import WINDOW_HOURS
 from .._providers.openai import OpenAIProvider
 from .._providers.pricing import batch_share
 from .._replay.budget import Pricing, Spender, batch_pricing, pricing_of
-from .._replay.jobs import JobRunner, JobsOutcome, job_view, unix
+from .._replay.jobs import JobRunner, JobsOutcome, detail_of, job_view, unix
 from .._replay.plan import Outcome, Plan
 from .plan import Runtime
 from .registry import checker_of
