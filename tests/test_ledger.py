@@ -218,6 +218,19 @@ def test_value_count_matches_the_checkpoint_for_one_batch_and_all():
     assert ledger.store.value_count() == 4 == session.evidence.summary()["usable_results"]
 
 
+def test_value_count_counts_a_task_once_when_two_batches_hold_its_answer(tmp_path):
+    ours = Session(CallableProvider(items_reply), ledger=tmp_path / "ours.sqlite")
+    ours.run_batch("a", review_tasks(3), LABEL_SCHEMA, pack=2)
+    theirs = Session(CallableProvider(items_reply), ledger=tmp_path / "theirs.sqlite")
+    theirs.run_batch("b", review_tasks(3), LABEL_SCHEMA, pack=2)  # the same requests
+    theirs.close()
+    ours.ledger.merge(tmp_path / "theirs.sqlite")
+    store = ours.ledger.store
+    assert len(store._read("SELECT task_id FROM checkpoint", ())) == 6  # each key, two batches
+    assert store.value_count("a") == store.value_count("b") == 3
+    assert store.value_count() == 6
+
+
 KILL_AT = textwrap.dedent("""
     import os, signal, sys
     from batchjson import CallableProvider, Session

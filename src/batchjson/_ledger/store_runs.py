@@ -192,14 +192,16 @@ class RunStore(StoreBase):
         return {rows[i][0]: items[i] for i in ranked}
 
     def value_count(self, name: str | None = None, *, revision_id: int | None = None) -> int:
-        """Tasks with an accepted value, of one revision, else ``name``'s (or every) current one."""
+        """Tasks with an accepted value, of one revision, else ``name``'s (or every) current one.
+        A revision's leaf requests partition its tasks, so the distinct count is taken per request
+        (a key's rows under several batches counted once) and no set of every task is built."""
         where, args = ("= ?", (revision_id,)) if revision_id is not None else (
             "IN (SELECT current_revision FROM batches" + (" WHERE name = ?)" if name else ")"),
             (name,) if name else ())
         return self._read(
-            "SELECT COUNT(*) FROM (SELECT DISTINCT q.revision_id, c.task_id FROM requests q "
-            "JOIN checkpoint c ON c.request_key = q.key WHERE q.split = 0 AND q.revision_id "
-            + where + ") AS d", args)[0][0]
+            "SELECT COALESCE(SUM((SELECT COUNT(DISTINCT c.task_id) FROM checkpoint c "
+            "WHERE c.request_key = q.key)), 0) FROM requests q WHERE q.split = 0 "
+            "AND q.revision_id " + where, args)[0][0]
 
     def revision_values(self, revision_id: int, *,
                         page: tuple[tuple[int, int], int] | None = None,
