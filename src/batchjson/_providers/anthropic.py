@@ -1,14 +1,7 @@
-"""Anthropic Messages API over aiohttp: a forced tool carries the wire schema, or plain text. 529
-"overloaded" is retryable; the API key never reaches a message or repr.
-
-``raw`` is what the model sent: an embedded answer (a tool call's ``input``) re-serialised would
-change spacing, key order, numbers and escapes, so :func:`value_span` slices its exact text out of
-the body.
-
-Message Batches as a transport (:class:`AnthropicBatches`): ``requests: [{custom_id, params}]`` in
-the creation's body, results (JSONL, once ended) in any order. There is no file to upload:
-``upload`` only stages the requests, so a failure before the batch is created has created
-nothing."""
+"""Anthropic Messages API over aiohttp: a forced tool carries the wire schema, or plain text; and
+Message Batches as a transport (:class:`AnthropicBatches`), whose ``upload`` only stages the
+requests for the creation's body. A tool call's input is kept as its exact text
+(:func:`value_span`): re-serialised, spacing, key order, numbers and escapes would change."""
 
 from __future__ import annotations
 
@@ -74,7 +67,6 @@ class AnthropicProvider(HttpProvider):
         return with_path(super()._base_url(base_url), lambda path: path.removesuffix("/v1"))
 
     def batch_api(self) -> AnthropicBatches:
-        """The batch transport it offers (``transport='batch'``): Message Batches."""
         return AnthropicBatches(self)
 
     def request_body(self, call: Call) -> tuple[dict[str, Any], str | None, bool]:
@@ -100,8 +92,7 @@ class AnthropicProvider(HttpProvider):
         return body, tool, wrapped
 
     def sized_output(self, answer_chars: int | None) -> int:
-        """The ``max_tokens`` a call whose answer takes at most ``answer_chars`` characters
-        sends: the user's own, else sized (:func:`sized_output_cap`) within the default."""
+        """The ``max_tokens`` a call sends: the user's own, else sized within the default."""
         if not self._sizes_output:
             return self.max_tokens
         return min(self.max_tokens, sized_output_cap(answer_chars))
@@ -122,8 +113,8 @@ class AnthropicProvider(HttpProvider):
     def read_reply(self, data: Mapping[str, Any], body_text: str | None, tool: str | None,
                    wrapped: bool, *, at: tuple[str | int, ...] = (),
                    price_factor: float = 1.0) -> Reply:
-        """A Message's reply; ``body_text`` is the JSON text it came in, the message at path ``at``
-        (a batch line has it under ``result.message``); ``price_factor`` scales its cost."""
+        """A Message's reply; ``body_text`` is the JSON text holding it at path ``at`` (a batch
+        line's ``result.message``); ``price_factor`` scales its cost."""
         content = data.get("content")
         if not isinstance(content, list):
             raise ProviderError("anthropic: response has no content list", status=200,
@@ -159,8 +150,7 @@ class AnthropicProvider(HttpProvider):
 
 
 def _stop(reason: Any, tool: str | None, called: bool, content: list[Any]) -> str | None:
-    """How the message ended, as acceptance judges it: cut off, refused, text where the tool was
-    forced, or a tool call where text was asked; None for an answer that ended on its own."""
+    """How the message ended, as acceptance judges it; None for an answer that ended on its own."""
     if reason in ("max_tokens", "model_context_window_exceeded"):
         return TRUNCATED
     if reason == "refusal":
@@ -173,8 +163,8 @@ def _stop(reason: Any, tool: str | None, called: bool, content: list[Any]) -> st
 
 
 def mark_cache_prefix(body: dict[str, Any], call: Call) -> None:
-    """Put the cache breakpoint at the end of the batch's shared prefix: after the instructions when
-    there are some, else after the system text. The text is unchanged, only split into blocks."""
+    """Put the cache breakpoint after the shared instructions, else after the system text (the
+    text is unchanged, only split into blocks)."""
     shared = call.shared
     if shared and call.prompt.startswith(shared) and len(call.prompt) > len(shared):
         body["messages"] = [{"role": "user", "content": [
@@ -187,8 +177,8 @@ def mark_cache_prefix(body: dict[str, Any], call: Call) -> None:
 
 def _tool_text(content: list[Any], tool: str, body: str | None,
                at: tuple[str | int, ...] = ()) -> tuple[str, bool] | None:
-    """The forced tool's input as the exact JSON text the body carried, and whether it is
-    exact; ``None`` if the model made no such call."""
+    """The forced tool's input as the body's exact JSON text, and whether it is exact; ``None``
+    if the model made no such call."""
     calls = [(i, b) for i, b in enumerate(content)
              if isinstance(b, dict) and b.get("type") == "tool_use"]
     chosen = next((c for c in calls if c[1].get("name") == tool), calls[0] if calls else None)
@@ -229,12 +219,8 @@ class AnthropicBatches(BatchClient):
         return {"custom_id": custom_id, "params": body}, wrapped
 
     async def upload(self, upload: Upload) -> str:
-        """Stage the requests (the job's file on disk) as the body of the batch's creation,
-        streamed from that file when it is created."""
-        upload.finish()
-        if upload.size > self.max_bytes:
-            raise ProviderError(f"anthropic batch: requests over {self.max_bytes} bytes",
-                                retryable=False)
+        """Stage the requests (the job's file on disk), streamed as the creation's body."""
+        self.finished(upload)
         token = uuid.uuid4().hex
         self._staged[token] = upload
         return token
@@ -245,7 +231,6 @@ class AnthropicBatches(BatchClient):
 
     @staticmethod
     def status(batch: Mapping[str, Any]) -> str:
-        """``processing_status``, with an ended batch that was asked to cancel said so."""
         status = str(batch.get("processing_status"))
         if status == "ended":
             return "cancelled" if batch.get("cancel_initiated_at") else "completed"
@@ -258,13 +243,12 @@ class AnthropicBatches(BatchClient):
         return (total - counts.get("processing", 0), total) if total > 0 else None
 
     async def results(self, batch: Mapping[str, Any]) -> OutputLines:
-        """The result lines, each parsed when read."""
         return OutputLines([await self._call("GET", f"/v1/messages/batches/{batch['id']}/"
                                               "results")])
 
     def answer(self, line: Mapping[str, Any]) -> tuple[int, Any] | ProviderError:
-        """A ``succeeded`` line's message; an ``errored`` one's error at the status its type has on
-        the live endpoint; ``canceled`` and ``expired`` lines are still owed."""
+        """A ``succeeded`` line's message, an ``errored`` one's error at its live status;
+        ``canceled`` and ``expired`` lines are still owed."""
         result = line.get("result") if isinstance(line.get("result"), dict) else {}
         kind = result.get("type")
         if kind == "succeeded" and isinstance(result.get("message"), dict):
@@ -293,7 +277,16 @@ def value_span(text: str, path: Sequence[str | int]) -> tuple[int, int] | None:
     """``(start, end)`` of the value at ``path`` in the JSON ``text``, or ``None`` when it is not
     there; a key named twice resolves to its last occurrence, as ``json.loads`` does."""
     try:
-        return _find(text, _skip(text, 0), list(path))
+        pos = _skip(text, 0)
+        for want in path:
+            if not (text[pos] == "{" and isinstance(want, str)
+                    or text[pos] == "[" and isinstance(want, int)):
+                return None
+            starts = [start for key, start in _children(text, pos) if key == want]
+            if not starts:
+                return None
+            pos = starts[-1]
+        return pos, _end(text, pos)
     except (ValueError, IndexError, RecursionError):
         return None
 
@@ -308,21 +301,8 @@ def _end(text: str, pos: int) -> int:
     return _decoder.raw_decode(text, pos)[1]
 
 
-def _find(text: str, pos: int, path: list[str | int]) -> tuple[int, int] | None:
-    if not path:
-        return pos, _end(text, pos)
-    want, rest = path[0], path[1:]
-    if not (text[pos] == "{" and isinstance(want, str)
-            or text[pos] == "[" and isinstance(want, int)):
-        return None
-    # the last of a key named twice wins, as in json.loads
-    starts = [start for key, start in _children(text, pos) if key == want]
-    return _find(text, starts[-1], rest) if starts else None
-
-
 def _children(text: str, pos: int) -> list[tuple[str | int, int]]:
-    """(key, value start) of each member of the object at ``pos``, or (index, start) of each
-    element of the array there."""
+    """(key or index, value start) of each member of the object or array at ``pos``."""
     out: list[tuple[str | int, int]] = []
     close = "}" if text[pos] == "{" else "]"
     pos = _skip(text, pos + 1)
