@@ -47,8 +47,7 @@ def go_seconds(text: str) -> float | None:
 
 
 def reset_seconds(text: str, now: float | None = None) -> float | None:
-    """Seconds until a reset header's moment: a Go duration (OpenAI) or an RFC 3339 instant
-    (Anthropic), never negative; None when unreadable."""
+    """Seconds until a reset header's Go duration (OpenAI) or RFC 3339 instant (Anthropic)."""
     seconds = go_seconds(text)
     if seconds is not None:
         return seconds
@@ -62,8 +61,7 @@ def reset_seconds(text: str, now: float | None = None) -> float | None:
 
 
 def retry_after(headers: Mapping[str, str]) -> float | None:
-    """Seconds the server asks the client to wait, at most :data:`RETRY_AFTER_MAX`:
-    ``retry-after-ms``, else ``retry-after`` as seconds or an HTTP-date."""
+    """Seconds (at most :data:`RETRY_AFTER_MAX`) of ``retry-after-ms``, else ``retry-after``."""
     wait = None
     for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
         value = _header(headers, name)
@@ -85,8 +83,7 @@ def _http_date(value: str) -> float | None:
 
 
 class LimitState(NamedTuple):
-    """One limit as a response reported it: its size per minute, what is left, and the seconds
-    until the bucket is full again (each None when not sent)."""
+    """One limit as a response reported it: size per minute, what is left, seconds until full."""
 
     limit: int | None = None
     remaining: int | None = None
@@ -108,9 +105,8 @@ class Reported(NamedTuple):
 
 
 def reported(headers: Mapping[str, str], now: float | None = None) -> Reported:
-    """The limits in OpenAI's or Anthropic's headers. Anthropic's combined ``tokens`` limit is
-    used when sent, else its input-tokens limit (what a request's prompt is counted against).
-    Read from every response: the header names are built once, not per response."""
+    """The limits in OpenAI's or Anthropic's headers (Anthropic's combined ``tokens`` limit when
+    sent, else its input-tokens one). Read from every response: names are built once."""
     if any(map(_ANTHROPIC.match, headers)):
         tokens = (_ANTHROPIC_TOKENS if _header(headers, _ANTHROPIC_TOKENS[0])
                   else _ANTHROPIC_INPUT_TOKENS)
@@ -119,7 +115,6 @@ def reported(headers: Mapping[str, str], now: float | None = None) -> Reported:
 
 
 def _parts(name: str) -> tuple[str, str, str]:
-    """A limit's header names: its size, what is left, its reset (``name`` has ``{}`` for each)."""
     return name.format("limit"), name.format("remaining"), name.format("reset")
 
 
@@ -141,8 +136,8 @@ def _state(headers: Mapping[str, str], names: tuple[str, str, str],
 
 
 def retry_wait(headers: Mapping[str, str], now: float | None = None) -> float | None:
-    """How long a refused request should wait: the Retry-After when sent, else the exhausted limit's
-    reset (OpenAI's 429s often carry only ``x-ratelimit-reset-tokens``), else None."""
+    """How long a refused request should wait: the Retry-After, else the exhausted limit's reset
+    (OpenAI's 429s often carry only ``x-ratelimit-reset-tokens``), else None."""
     wait = retry_after(headers)
     if wait is not None:
         return wait
@@ -155,8 +150,7 @@ def retry_wait(headers: Mapping[str, str], now: float | None = None) -> float | 
 
 
 def limits_account(provider: Any) -> tuple[str, str] | None:
-    """Whose limits ``provider``'s calls spend, as (account, model), when it speaks an API that
-    reports its rate limits in headers (None otherwise): the key the limits are kept under."""
+    """(account, model) whose limits ``provider``'s calls spend, when its API reports them."""
     inner = getattr(provider, "inner", provider)
     if getattr(inner, "name", None) not in ("openai", "anthropic"):
         return None
@@ -164,21 +158,18 @@ def limits_account(provider: Any) -> tuple[str, str] | None:
 
 
 def request_tokens(system: str, prompt: str, output_cap: int | None) -> int:
-    """What a provider's rate limiter counts for a request on arrival: its prompt's characters / 4
-    and its ``max_tokens`` (OpenAI's documented estimate). Not the budget's worst case, which is a
-    sound bound."""
+    """What a provider's rate limiter counts for a request on arrival (OpenAI's documented
+    estimate: prompt characters / 4 plus ``max_tokens``); not the budget's sound bound."""
     return estimate_tokens(system + prompt) + (output_cap or 0)
 
 
-# The replay loop sets a listener here around each call; HTTP providers report the headers of
-# every response they read (answers and errors alike), so a pacer learns limits and what is left
-# without the provider knowing there is one.
+# Set by the replay loop around each call: HTTP providers report every response's headers here,
+# so a pacer learns the limits without the provider knowing there is one.
 HEADER_LISTENER: contextvars.ContextVar[Callable[[Mapping[str, str]], None] | None] = (
     contextvars.ContextVar("batchjson_header_listener", default=None))
 
 
 def report_headers(headers: Mapping[str, str]) -> None:
-    """Hand a response's headers to the listening pacer, if any."""
     listener = HEADER_LISTENER.get()
     if listener is not None:
         listener(headers)

@@ -1,9 +1,6 @@
-"""The one boundary where what a provider hands back becomes a :class:`Reply` acceptance trusts.
-
-A provider is any object with an async ``complete(call)``, so what comes back may be a bare ``str``,
-counts as strings, text as bytes. :func:`received` coerces it once, for every provider: text an
-exact ``str``, counts whole or unknown, the model name masked, ``stop`` one of :data:`STOPS`.
-Nothing downstream cleans a reply again (docs/providers.md, "One boundary")."""
+"""The one boundary where what any provider's ``complete(call)`` hands back (a bare ``str``, counts
+as strings, text as bytes) becomes a :class:`Reply` acceptance trusts: :func:`received` coerces it
+once, and nothing downstream cleans a reply again (docs/providers.md, "One boundary")."""
 
 from __future__ import annotations
 
@@ -24,12 +21,9 @@ MOST_TOKENS = 10**9  # no call reads or writes more: a count above it is the pro
 
 @dataclass
 class Reply:
-    """The raw text a provider returned, with usage and how it ended as the provider reported.
-
-    ``text`` is what the model sent, byte for byte; ``envelope`` says how the answer sits in it:
-    ``None`` (the text is the answer), ``"value"`` (a ``{"value": ...}`` object, as strict JSON mode
-    needs an object root), ``"tool_input"`` (a tool call's input object), ``"tool_input/value"``
-    (both). ``stop`` is None for a return that ended as an answer may, else one of :data:`STOPS`."""
+    """The text the model sent, byte for byte, with usage and how it ended (``stop``: None, or one
+    of :data:`STOPS`). ``envelope`` says how the answer sits in the text: itself (None), in a
+    ``{"value": ...}`` object, a tool call's input object, or both (:data:`ENVELOPES`)."""
 
     text: str
     input_tokens: int | None = None
@@ -47,19 +41,17 @@ class Reply:
 
 
 def received(out: Any, output_cap: int | None = None) -> Reply:
-    """What ``provider.complete`` returned, as the :class:`Reply` the rest of batchjson trusts.
-    Usage never costs a paid-for return: an unreadable count is unknown (kept in
-    ``extra["unreadable_usage"]``); non-``str`` text gets ``stop`` :data:`NOT_TEXT`; a reply using
-    all of ``output_cap`` is marked ``extra["cut_at"]``, so unfinished JSON is judged cut off."""
+    """What ``provider.complete`` returned, as a trusted :class:`Reply`: an unreadable count is
+    unknown (a paid-for return is never lost to it), non-``str`` text gets :data:`NOT_TEXT`, and
+    a reply using all of ``output_cap`` is marked ``extra["cut_at"]``."""
     if isinstance(out, str):
         return Reply(text=str.__getitem__(out, slice(None)))
     if not hasattr(out, "text"):
         raise ProviderError(f"provider returned a {type(out).__name__}, not a Reply: return "
                             "Reply(text=...) or the raw text as a str", retryable=False)
-    extra = getattr(out, "extra", None)
-    extra = dict(extra) if isinstance(extra, dict) else {}
-    odd: dict[str, Any] = {} if isinstance(getattr(out, "extra", None), dict) else {
-        "extra": repr(getattr(out, "extra", None))[:80]}
+    given = getattr(out, "extra", None)
+    extra = dict(given) if isinstance(given, dict) else {}
+    odd: dict[str, Any] = {} if isinstance(given, dict) else {"extra": repr(given)[:80]}
     counts = {}
     for name in ("input_tokens", "output_tokens", "cached_tokens"):
         value = getattr(out, name, None)
@@ -128,15 +120,13 @@ def _money(value: Any) -> float | None:
 
 
 def provider_names(provider: Any) -> tuple[Any, Any]:
-    """A provider's name and model as receipts and results record them: a custom provider
-    whose ``name`` or ``model`` is a pasted key has it masked (the one masking rule)."""
+    """A provider's name and model as receipts and results record them, a pasted key masked."""
     return (shown_name(getattr(provider, "name", type(provider).__name__)),
             shown_name(getattr(provider, "model", None)))
 
 
 class GuardedProvider:
-    """The provider as the replay loop sees it: every reply passes :func:`received` and its names
-    are masked; everything else is the provider's own."""
+    """The provider as the replay loop sees it: replies pass :func:`received`, names are masked."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
