@@ -34,6 +34,7 @@ from .._sources import Digest
 from .base import Call, OneService
 from .pricing import cost_of, normalize_prices, price_for
 from .ratelimits import report_headers, retry_after, retry_wait
+from .reply import Reply
 from .settings import checked_extra_body, checked_key
 
 # OS errors that mean no server can be reached at that address at all.
@@ -330,14 +331,19 @@ class HttpProvider(OneService):
             headers[self.auth_header] = self.auth_prefix + key
         return headers
 
-    def _cost(self, model: str, inp: int | None, out: int | None, cached: int,
-              written: int = 0, factor: float = 1.0) -> float | None:
-        """Cost by the model that answered, else the one asked for, times ``factor`` (batch)."""
-        cost = cost_of(model, inp, out, cached, self.prices, cache_write_tokens=written)
+    def _reply(self, data: Mapping[str, Any], inp: int | None, out: int | None, read: int,
+               written: int, factor: float, extra: dict[str, Any], **fields: Any) -> Reply:
+        """A reply priced by the model that answered, else the one asked for, times ``factor``
+        (batch); echoed secrets in its model and metadata masked (never in the answer)."""
+        model = data.get("model") or self.model
+        cost = cost_of(model, inp, out, read, self.prices, cache_write_tokens=written)
         if cost is None and model != self.model:
-            cost = cost_of(self.model, inp, out, cached, self.prices,
-                           cache_write_tokens=written)
-        return None if cost is None else cost * factor
+            cost = cost_of(self.model, inp, out, read, self.prices, cache_write_tokens=written)
+        mask = self._secrets.mask
+        return Reply(input_tokens=inp, output_tokens=out, cost=cost and cost * factor,
+                     model=mask(model) if isinstance(model, str) else model,
+                     extra={k: mask(v) if isinstance(v, str) else v for k, v in extra.items()},
+                     **fields)
 
     def overhead_tokens(self, call: Call) -> int:
         """Input tokens the provider documents adding to every request (subclasses say)."""
@@ -347,13 +353,6 @@ class HttpProvider(OneService):
         """A sound bound on the input tokens ``call`` is billed for: body bytes plus overhead."""
         body = self.request_body(call)[0]  # type: ignore[attr-defined] # each protocol's own
         return len(encode_body(body)) + self.overhead_tokens(call)
-
-    def _shown(self, model: Any, extra: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-        """The response's model and metadata with echoed secrets masked (never the answer)."""
-        mask = self._secrets.mask
-        if isinstance(model, str):
-            model = mask(model)
-        return model, {k: mask(v) if isinstance(v, str) else v for k, v in extra.items()}
 
     def settings(self) -> dict[str, Any]:
         """Every setting sent with a request besides model and URL (subclasses add theirs)."""

@@ -127,7 +127,7 @@ class AnthropicProvider(HttpProvider):
             called = _tool_text(content, "", body_text, at) if not tool and not text else None
             text = called[0] if called else text  # a tool call where text was asked: its input
         else:
-            text, exact = found
+            text = found[0]
             envelope = "tool_input/value" if wrapped else "tool_input"
         usage = data.get("usage") or {}
         fresh = as_int(usage.get("input_tokens"))
@@ -135,18 +135,15 @@ class AnthropicProvider(HttpProvider):
         written = as_int(usage.get("cache_creation_input_tokens")) or 0
         inp = None if fresh is None else fresh + read + written
         out = as_int(usage.get("output_tokens"))
-        model = data.get("model") or self.model
-        cost = self._cost(model, inp, out, read, written, price_factor)
         extra = {"stop_reason": data.get("stop_reason"), "id": data.get("id")}
         if found is not None and not found[1]:
             extra["raw_reserialised"] = True  # no exact text of the input found to keep
         if written:
             extra["cache_creation_input_tokens"] = written
-        model, extra = self._shown(model, extra)
-        return Reply(text=text, input_tokens=inp, output_tokens=out,
-                     cached_tokens=read if "cache_read_input_tokens" in usage else None,
-                     cost=cost, model=model, extra=extra, envelope=envelope,
-                     stop=_stop(data.get("stop_reason"), tool, found is not None, content))
+        return self._reply(data, inp, out, read, written, price_factor, extra, text=text,
+                           cached_tokens=read if "cache_read_input_tokens" in usage else None,
+                           envelope=envelope,
+                           stop=_stop(data.get("stop_reason"), tool, found is not None, content))
 
 
 def _stop(reason: Any, tool: str | None, called: bool, content: list[Any]) -> str | None:

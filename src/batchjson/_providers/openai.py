@@ -194,8 +194,6 @@ class OpenAIProvider(HttpProvider):
         written = as_int(prompt_details.get("cache_write_tokens")) or 0
         reasoning = as_int((usage.get("completion_tokens_details") or {}).get(
             "reasoning_tokens"))
-        model = data.get("model") or self.model
-        cost = self._cost(model, inp, out, cached or 0, written, price_factor)
         extra = {"finish_reason": finish, "id": data.get("id")}
         if refusal:
             extra["refusal"] = refusal
@@ -203,10 +201,9 @@ class OpenAIProvider(HttpProvider):
             extra["reasoning_tokens"] = reasoning
         if written:
             extra["cache_write_tokens"] = written
-        model, extra = self._shown(model, extra)
-        return Reply(text=text, input_tokens=inp, output_tokens=out, cached_tokens=cached,
-                     cost=cost, model=model, extra=extra, envelope=envelope,
-                     stop=_stop(finish, refusal, answered, arguments))
+        return self._reply(data, inp, out, cached or 0, written, price_factor, extra, text=text,
+                           cached_tokens=cached, envelope=envelope,
+                           stop=_stop(finish, refusal, answered, arguments))
 
 
 def _tool_arguments(message: Mapping[str, Any]) -> str | None:
