@@ -5,6 +5,7 @@ the whole run (``fatal=True``): no request of it can get past (docs/providers.md
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import os
@@ -168,8 +169,7 @@ class LoopSessions:
         if session is not None and not session.closed:
             return session
         with self._lock:
-            for old_loop in [lp for lp in self._sessions if lp.is_closed()]:
-                _discard(self._sessions.pop(old_loop))
+            self._drop_closed()
             session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
                 limit=self._limit, limit_per_host=0, ttl_dns_cache=300), timeout=self._timeout)
             self._sessions[loop] = session
@@ -180,25 +180,21 @@ class LoopSessions:
         loop = asyncio.get_running_loop()
         with self._lock:
             mine = self._sessions.pop(loop, None)
-            for other in list(self._sessions):
-                if other.is_closed():
-                    _discard(self._sessions.pop(other))
+            self._drop_closed()
         if mine is not None:
             await mine.close()
 
+    def _drop_closed(self) -> None:
+        """Drop the sessions whose loop is closed: nothing can be awaited there any more."""
+        for loop in [lp for lp in self._sessions if lp.is_closed()]:
+            session = self._sessions.pop(loop)
+            if session.connector is not None:
+                with contextlib.suppress(Exception):  # best effort on a dead loop
+                    session.connector._close()  # on a closed loop this only marks it closed
+            session.detach()
+
     def __len__(self) -> int:
         return len(self._sessions)
-
-
-def _discard(session: aiohttp.ClientSession) -> None:
-    """Drop a session whose loop is closed: nothing can be awaited there any more."""
-    connector = session.connector
-    if connector is not None:
-        try:
-            connector._close()  # on a closed loop this only marks it closed
-        except Exception:  # noqa: BLE001 - best effort on a dead loop
-            pass
-    session.detach()
 
 
 ITEMS_NAME = "batchjson_items"  # schema / tool name for items mode

@@ -223,8 +223,7 @@ class AnthropicBatches(BatchClient):
         return token
 
     async def create(self, staged: str, metadata: Mapping[str, str]) -> dict[str, Any]:
-        return await self._json("POST", "/v1/messages/batches",
-                                json_text=self._staged.pop(staged).finish())
+        return await self._json("POST", self.jobs_path, self._staged.pop(staged).finish())
 
     @staticmethod
     def status(batch: Mapping[str, Any]) -> str:

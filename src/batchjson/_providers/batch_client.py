@@ -10,6 +10,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from tempfile import TemporaryFile
 from typing import IO, Any
 
+import aiohttp
+
 from .._content.spool import no_room
 from .._errors import ConfigError, ProviderError, ProviderSetupError
 from ._http import HttpProvider, http_error
@@ -58,22 +60,19 @@ class BatchClient:
         private = self.provider._endpoint.get() or self.provider.url
         return private.removesuffix(self.provider.path)
 
-    async def _call(self, method: str, path: str, body: Any = None,
-                    json_body: Mapping[str, Any] | None = None,
-                    json_text: bytes | IO[bytes] | None = None) -> bytes:
+    async def _call(self, method: str, path: str, body: Any = None) -> bytes:
+        """``body``: a dict sent as JSON, JSON already encoded (bytes or a file), or a form."""
         p = self.provider
         headers = None
-        if json_body is not None:
-            body = json.dumps(json_body).encode()
-        elif json_text is not None:
-            body = json_text
-        elif body is not None:
+        if isinstance(body, dict):
+            body = json.dumps(body).encode()
+        elif isinstance(body, aiohttp.FormData):
             def headers() -> dict[str, str]:  # multipart: aiohttp sets the content type
                 return {k: v for k, v in p._headers().items() if k != "Content-Type"}
         return (await p._request(method, self._base() + path, body, headers))[1]
 
-    async def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-        raw = await self._call(method, path, **kwargs)
+    async def _json(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        raw = await self._call(method, path, body)
         try:
             data = json.loads(raw)
         except ValueError:

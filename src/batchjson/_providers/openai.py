@@ -256,10 +256,10 @@ class OpenAIBatches(BatchClient):
         form.add_field("purpose", "batch")
         form.add_field("file", data, filename="batchjson.jsonl",
                        content_type="application/jsonl")
-        return str((await self._json("POST", "/files", body=form))["id"])
+        return str((await self._json("POST", "/files", form))["id"])
 
     async def create(self, file_id: str, metadata: Mapping[str, str]) -> dict[str, Any]:
-        return await self._json("POST", "/batches", json_body={
+        return await self._json("POST", "/batches", {
             "input_file_id": file_id, "endpoint": self.url, "completion_window": f"{WINDOW_HOURS}h",
             "metadata": dict(metadata)})
 

@@ -45,13 +45,11 @@ def call_output_cap(provider: Any, answer_chars: int | None) -> int | None:
 def declared_output_cap(provider: Any) -> int | None:
     """``max_tokens``, or an output cap in ``extra_body``, or None when it sends none."""
     cap = getattr(provider, "max_tokens", None)
-    if isinstance(cap, int) and not isinstance(cap, bool) and cap >= 1:
+    if is_whole(cap, 1):
         return cap
     extra = getattr(provider, "extra_body", None)
     extra = extra if isinstance(extra, Mapping) else {}
-    return next((extra[k] for k in OUTPUT_CAPS
-                 if isinstance(extra.get(k), int) and not isinstance(extra.get(k), bool)
-                 and extra[k] > 0), None)
+    return next((extra[k] for k in OUTPUT_CAPS if is_whole(extra.get(k), 1)), None)
 
 
 def checked_extra_body(kind: str, extra_body: Any, owned_keys: frozenset[str]) -> dict[str, Any]:
