@@ -204,8 +204,7 @@ OBJECT_VALUE = "batchjson_answer"  # value mode whose schema is already an objec
 
 def object_schema(call_schema: Mapping[str, Any],
                   mode: str) -> tuple[dict[str, Any], str, bool]:
-    """A call's schema with the object root tool inputs and json_schema need (a scalar value-mode
-    schema travels as ``{"value": schema}``), its schema/tool name, and whether it was wrapped."""
+    """A call's schema with an object root (a scalar as ``{"value": ...}``), its name, wrapped?"""
     schema = dict(call_schema)
     if mode != "value":
         return schema, ITEMS_NAME, False
@@ -233,8 +232,7 @@ def as_int(value: Any) -> int | None:
 
 
 class HttpProvider(OneService):
-    """What the HTTP providers share: model, endpoint, key (never out of its Secret), checked
-    settings, one pooled aiohttp session per event loop."""
+    """Model, endpoint, key (never out of its Secret), checked settings, a pool per loop."""
 
     name = "http"
     enforces_timeout = True  # every request is bounded by ``timeout`` (aiohttp ClientTimeout)
@@ -329,8 +327,7 @@ class HttpProvider(OneService):
 
     def _reply(self, data: Mapping[str, Any], inp: int | None, out: int | None, read: int,
                written: int, factor: float, extra: dict[str, Any], **fields: Any) -> Reply:
-        """A reply priced by the model that answered, else the one asked for, times ``factor``
-        (batch); echoed secrets in its model and metadata masked (never in the answer)."""
+        """A reply priced by the model that answered (else the one asked), echoed secrets masked."""
         model = data.get("model") or self.model
         cost = cost_of(model, inp, out, read, self.prices, cache_write_tokens=written)
         if cost is None and model != self.model:
@@ -427,8 +424,7 @@ def is_retryable_status(status: int) -> bool:
 
 
 def _error_words(raw: bytes) -> tuple[str, str | None, int]:
-    """The provider's own message and error code/type from an error body, and how much of the
-    message to keep (masked before it is cut short)."""
+    """An error body's own message, its code or type, and how much of the message to keep."""
     try:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError):

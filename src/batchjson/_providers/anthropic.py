@@ -160,8 +160,7 @@ def _stop(reason: Any, tool: str | None, called: bool, content: list[Any]) -> st
 
 
 def mark_cache_prefix(body: dict[str, Any], call: Call) -> None:
-    """Put the cache breakpoint after the shared instructions, else after the system text (the
-    text is unchanged, only split into blocks)."""
+    """Put the cache breakpoint after the shared instructions, else the system text (unchanged)."""
     shared = call.shared
     if shared and call.prompt.startswith(shared) and len(call.prompt) > len(shared):
         body["messages"] = [{"role": "user", "content": [
@@ -174,8 +173,7 @@ def mark_cache_prefix(body: dict[str, Any], call: Call) -> None:
 
 def _tool_text(content: list[Any], tool: str, body: str | None,
                at: tuple[str | int, ...] = ()) -> tuple[str, bool] | None:
-    """The forced tool's input as the body's exact JSON text, and whether it is exact; ``None``
-    if the model made no such call."""
+    """The forced tool's input as the body's exact JSON text, and whether exact; None: no call."""
     calls = [(i, b) for i, b in enumerate(content)
              if isinstance(b, dict) and b.get("type") == "tool_use"]
     chosen = next((c for c in calls if c[1].get("name") == tool), calls[0] if calls else None)

@@ -78,8 +78,10 @@ class OpenAIProvider(HttpProvider):
         return OpenAIBatches(self)
 
     def request_body(self, call: Call) -> tuple[dict[str, Any], bool]:
-        body: dict[str, Any] = {"model": self.model, "messages": self._messages(call),
-                                **self.extra_body}
+        messages = [{"role": "user", "content": call.prompt}]
+        if call.system:  # in the role the model takes it in, maybe a user message first
+            messages.insert(0, {"role": self.capabilities.system_role, "content": call.system})
+        body: dict[str, Any] = {"model": self.model, "messages": messages, **self.extra_body}
         if self._sizes_output:
             cap = self.sized_output(call.answer_chars)
             if cap is not None:
@@ -101,13 +103,6 @@ class OpenAIProvider(HttpProvider):
         if answer_chars is None and not self.official:
             return None
         return sized_output_cap(answer_chars, reasoning=not self.capabilities.temperature)
-
-    def _messages(self, call: Call) -> list[dict[str, str]]:
-        """The system text in the role the model takes it in (maybe a user message first)."""
-        prompt = {"role": "user", "content": call.prompt}
-        if not call.system:
-            return [prompt]
-        return [{"role": self.capabilities.system_role, "content": call.system}, prompt]
 
     def _format(self, schema: Mapping[str, Any],
                 mode: str) -> tuple[dict[str, Any] | None, bool]:
@@ -299,8 +294,7 @@ class OpenAIBatches(BatchClient):
                             for field in ("output_file_id", "error_file_id") if batch.get(field)])
 
     def answer(self, line: Mapping[str, Any]) -> tuple[int, Any] | ProviderError:
-        """A line's ``response`` status and body; one with neither a 2xx nor an HTTP error status
-        is a provider error."""
+        """A line's ``response`` status and body; neither 2xx nor an HTTP error: a ProviderError."""
         response = line.get("response") or {}
         error = line.get("error")
         status = response.get("status_code") if isinstance(response, dict) else None
@@ -356,8 +350,7 @@ KNOWN: tuple[tuple[re.Pattern[str], Capabilities], ...] = (
 
 
 def capabilities_for(model: str, override: Any = None) -> Capabilities:
-    """The table's capabilities for ``model`` (vendor prefix, ``ft:`` ignored), ``override`` laid
-    over (a dict or a :class:`Capabilities`); a bad override is refused."""
+    """The table's capabilities for ``model``, ``override`` laid over; a bad override is refused."""
     name = model.rsplit("/", 1)[-1].removeprefix("ft:").lower()
     found = next((caps for pattern, caps in KNOWN if pattern.match(name)), CHAT)
     if override is None:

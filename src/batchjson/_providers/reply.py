@@ -53,17 +53,14 @@ def received(out: Any, output_cap: int | None = None) -> Reply:
     extra = dict(given) if isinstance(given, dict) else {}
     odd: dict[str, Any] = {} if isinstance(given, dict) else {"extra": repr(given)[:80]}
     counts = {}
-    for name in ("input_tokens", "output_tokens", "cached_tokens"):
+    for name, reader in _USAGE:
         value = getattr(out, name, None)
-        counts[name] = _count(value)
+        counts[name] = reader(value)
         if counts[name] is None and value is not None:
             odd[name] = repr(value)[:80]
-    cached, sent = counts["cached_tokens"], counts["input_tokens"]
+    cost, cached, sent = counts.pop("cost"), counts["cached_tokens"], counts["input_tokens"]
     if cached is not None and sent is not None and cached > sent:  # more read than was sent
         odd["cached_tokens"], counts["cached_tokens"] = f"{cached} > input_tokens {sent}", None
-    cost = _money(getattr(out, "cost", None))
-    if cost is None and getattr(out, "cost", None) is not None:
-        odd["cost"] = repr(out.cost)[:80]
     if odd:
         extra["unreadable_usage"] = odd
     text, stop = out.text, getattr(out, "stop", None)
@@ -117,6 +114,10 @@ def _money(value: Any) -> float | None:
         except ValueError:
             return None
     return float(value) if is_amount(value) else None
+
+
+_USAGE = (("input_tokens", _count), ("output_tokens", _count), ("cached_tokens", _count),
+          ("cost", _money))
 
 
 def provider_names(provider: Any) -> tuple[Any, Any]:

@@ -35,8 +35,7 @@ def sized_output_cap(answer_chars: int | None, *, reasoning: bool = False) -> in
 
 
 def call_output_cap(provider: Any, answer_chars: int | None) -> int | None:
-    """The output ceiling ``provider`` sends with a call: the one it sizes, else the one it
-    declares, else None."""
+    """The output ceiling ``provider`` sends with a call: the one it sizes, else it declares."""
     inner = getattr(provider, "inner", provider)
     sized = getattr(inner, "sized_output", None)
     return sized(answer_chars) if callable(sized) else declared_output_cap(inner)
@@ -53,8 +52,7 @@ def declared_output_cap(provider: Any) -> int | None:
 
 
 def checked_extra_body(kind: str, extra_body: Any, owned_keys: frozenset[str]) -> dict[str, Any]:
-    """``extra_body`` as a dict of request fields, refused before spending when no call could
-    use it as given."""
+    """``extra_body`` as a dict of request fields, refused now when no call could use it."""
     if extra_body is None:
         return {}
     if not isinstance(extra_body, Mapping) or not all(isinstance(k, str) for k in extra_body):
