@@ -21,14 +21,12 @@ from .batch_client import TEXT, BatchClient, OutputLines, Upload
 from .reply import Reply
 from .settings import UNBOUNDED_ANSWER_TOKENS, sized_output_cap
 
-DEFAULT_ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"
 AnthropicMode = Literal["tool", "text"]
 MODES: tuple[str, ...] = get_args(AnthropicMode)
 # The tool-use system prompt Anthropic adds when a tool is forced: the largest of its pricing
 # table's (235 to 340 tokens by model), so a cost budget holds for every model, listed or newer.
 FORCED_TOOL_SYSTEM_TOKENS = 340
-DEFAULT_MAX_TOKENS = UNBOUNDED_ANSWER_TOKENS  # the ceiling when the user sets none
 
 
 class AnthropicProvider(HttpProvider):
@@ -37,7 +35,7 @@ class AnthropicProvider(HttpProvider):
     name = "anthropic"
     key_env = "ANTHROPIC_API_KEY"
     base_env = "ANTHROPIC_BASE_URL"
-    default_base = DEFAULT_ANTHROPIC_BASE_URL
+    default_base = "https://api.anthropic.com"
     official_domain = "anthropic.com"
     example_model = "claude-haiku-4-5"
     path = "/v1/messages"
@@ -59,7 +57,7 @@ class AnthropicProvider(HttpProvider):
         # unset: each call's ceiling is sized from its answer, never past the default; a
         # thinking budget must fit under max_tokens, so with one the default is sent whole
         self._sizes_output = max_tokens is None and "thinking" not in self.extra_body
-        self.max_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else whole(
+        self.max_tokens = UNBOUNDED_ANSWER_TOKENS if max_tokens is None else whole(
             "max_tokens", max_tokens, 1, ProviderSetupError)
 
     def _base_url(self, base_url: str | None) -> str:
@@ -237,8 +235,7 @@ class AnthropicBatches(BatchClient):
         return (total - counts.get("processing", 0), total) if total > 0 else None
 
     async def results(self, batch: Mapping[str, Any]) -> OutputLines:
-        return OutputLines([await self._call("GET", f"/v1/messages/batches/{batch['id']}/"
-                                              "results")])
+        return OutputLines([await self._call("GET", f"{self.jobs_path}/{batch['id']}/results")])
 
     def answer(self, line: Mapping[str, Any]) -> tuple[int, Any] | ProviderError:
         """A ``succeeded`` line's message, an ``errored`` one's error at its live status;

@@ -24,9 +24,6 @@ from .reply import Reply
 from .settings import declared_output_cap, sized_output_cap
 from .strict import strict_form
 
-__all__ = ["DEFAULT_OPENAI_BASE_URL", "OpenAIProvider"]
-
-DEFAULT_OPENAI_BASE_URL = "https://api.openai.com/v1"
 ResponseFormat = Literal["auto", "json_schema", "json_object", "text"]
 RESPONSE_FORMATS: tuple[str, ...] = get_args(ResponseFormat)
 
@@ -39,7 +36,7 @@ class OpenAIProvider(HttpProvider):
     name = "openai"
     key_env = "OPENAI_API_KEY"
     base_env = "OPENAI_BASE_URL"
-    default_base = DEFAULT_OPENAI_BASE_URL
+    default_base = "https://api.openai.com/v1"
     official_domain = "openai.com"
     example_model = "gpt-4o-mini"
     keyless_hint = ("; a local OpenAI-compatible server (vLLM, Ollama, llama.cpp) can run "
