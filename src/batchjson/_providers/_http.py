@@ -262,8 +262,7 @@ class HttpProvider(OneService):
         base = self._base_url(base_url)
         endpoint = with_path(base, lambda path: path + self.path)
         self._key = Secret(checked_key(kind, api_key, self.key_env))
-        # What may never be shown: the key, and the URL's userinfo and credential parameters.
-        # The URL requests go to is held like the key; base_url and url are what may be shown.
+        # the URL requests go to is held like the key; base_url and url are what may be shown
         self._secrets = Secrets([self._key.get()], urls=[base, endpoint])
         self._endpoint = Secret(endpoint)
         self.base_url, self.url = public_url(base), public_url(endpoint)
@@ -358,8 +357,7 @@ class HttpProvider(OneService):
     def source_key(self) -> tuple[Any, ...]:
         """What decides its answers: protocol, URL, model, settings sent; never a credential."""
         where = display_url(self.base_url)
-        # A query may select an API version, which decides answers; a credential in it does
-        # not, so a rotated key keeps stored answers reusable.
+        # a query's API version decides answers; a credential in it does not (keys rotate)
         query = public_query(urlsplit(self.url).query)
         config = {"protocol": self.name, "url": display_url(self.url), "query": query,
                   "model": self.model, **self.settings()}

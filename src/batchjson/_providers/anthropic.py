@@ -24,8 +24,7 @@ from .settings import UNBOUNDED_ANSWER_TOKENS, sized_output_cap
 ANTHROPIC_VERSION = "2023-06-01"
 AnthropicMode = Literal["tool", "text"]
 MODES: tuple[str, ...] = get_args(AnthropicMode)
-# The tool-use system prompt Anthropic adds when a tool is forced: the largest of its pricing
-# table's (235 to 340 tokens by model), so a cost budget holds for every model, listed or newer.
+# The tool-use system prompt of a forced tool: the largest in Anthropic's pricing table, any model.
 FORCED_TOOL_SYSTEM_TOKENS = 340
 
 
@@ -54,8 +53,7 @@ class AnthropicProvider(HttpProvider):
         if mode not in MODES:
             raise ProviderSetupError(f"mode must be 'tool' or 'text', got {mode!r}")
         self.mode = mode
-        # unset: each call's ceiling is sized from its answer, never past the default; a
-        # thinking budget must fit under max_tokens, so with one the default is sent whole
+        # unset: sized per call within the default; a thinking budget needs the default whole
         self._sizes_output = max_tokens is None and "thinking" not in self.extra_body
         self.max_tokens = UNBOUNDED_ANSWER_TOKENS if max_tokens is None else whole(
             "max_tokens", max_tokens, 1, ProviderSetupError)
@@ -247,11 +245,9 @@ class AnthropicBatches(BatchClient):
         if kind == "errored":
             error = result.get("error") or {}
             return ERROR_STATUS.get((error.get("error") or {}).get("type"), 500), error
-        if kind in ("canceled", "expired"):
-            return ProviderError(f"anthropic batch line {kind} before it was answered",
-                                 retryable=True)
-        return ProviderError(f"anthropic batch line of unknown result type {kind!r}",
-                             retryable=True)
+        owed = (f"{kind} before it was answered" if kind in ("canceled", "expired")
+                else f"of unknown result type {kind!r}")
+        return ProviderError(f"anthropic batch line {owed}", retryable=True)
 
     def read(self, line: Mapping[str, Any], body: Mapping[str, Any], wrapped: bool) -> Reply:
         """The message, with the line's own text kept so a tool input is its exact text."""

@@ -66,8 +66,7 @@ class OpenAIProvider(HttpProvider):
                 "takes one")
         self.extra_body = shaped_extra_body(self.model, self.capabilities, self.extra_body)
         self._sizes_output = declared_output_cap(self) is None
-        # OpenAI's own API takes max_completion_tokens for every chat model (max_tokens is
-        # deprecated there); compatible servers know max_tokens, unless the model needs the other
+        # OpenAI deprecated max_tokens; compatible servers know it unless the model needs the other
         self._cap_field = ("max_completion_tokens" if self.official
                            or self.capabilities.max_completion_tokens else "max_tokens")
 

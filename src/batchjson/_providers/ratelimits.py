@@ -143,8 +143,7 @@ def retry_wait(headers: Mapping[str, str], now: float | None = None) -> float | 
         return wait
     seen = reported(headers, now)
     exhausted = [s for s in (seen.requests, seen.tokens) if s.remaining == 0]
-    # nothing says which is exhausted: the later reset is safe for both; an exhausted limit
-    # whose reset is unreadable is waited for as unknown, not by another limit's reset
+    # the later reset is safe for both; an exhausted limit's unreadable reset stays unknown
     resets = [s.reset for s in exhausted or (seen.requests, seen.tokens) if s.reset is not None]
     return max(resets) if resets else None
 
@@ -163,8 +162,7 @@ def request_tokens(system: str, prompt: str, output_cap: int | None) -> int:
     return estimate_tokens(system + prompt) + (output_cap or 0)
 
 
-# Set by the replay loop around each call: HTTP providers report every response's headers here,
-# so a pacer learns the limits without the provider knowing there is one.
+# Set by the replay loop around each call: HTTP providers report every response's headers here.
 HEADER_LISTENER: contextvars.ContextVar[Callable[[Mapping[str, str]], None] | None] = (
     contextvars.ContextVar("batchjson_header_listener", default=None))
 

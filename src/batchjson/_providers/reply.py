@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._checks import is_amount
+from .._checks import is_amount, is_whole
 from .._errors import ProviderError
 from .._secrets import shown_name
 from .._sources import NOT_TEXT, STOPS
@@ -102,9 +102,7 @@ def _count(value: Any) -> int | None:
         value = int(text) if text.isascii() and text.isdigit() and len(text) < 20 else None
     elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
         value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MOST_TOKENS:
-        return None
-    return int(value)
+    return int(value) if is_whole(value) and value <= MOST_TOKENS else None
 
 
 def _money(value: Any) -> float | None:

@@ -17,10 +17,8 @@ BILL_MULTIPLIERS = ("n", "best_of")
 OUTPUT_CAPS = ("max_completion_tokens", "max_tokens")
 
 
-# The output ceiling a call asks for when the user sets none (docs/providers.md, "Output
-# ceiling"): its answer's most characters, three a token (JSON tokenizes denser than prose), plus
-# a margin; never past an unbounded answer's bound. A reasoning model reserves 25,000 more
-# (OpenAI's advice).
+# The output ceiling when the user sets none (docs/providers.md, "Output ceiling"): the answer's
+# most characters, three a token, plus a margin; a reasoning model reserves 25,000 more (OpenAI).
 ANSWER_CHARS_PER_TOKEN = 3
 ANSWER_MARGIN_TOKENS = 64
 UNBOUNDED_ANSWER_TOKENS = 4096
