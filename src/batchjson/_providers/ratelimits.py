@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 from .base import estimate_tokens
 
 _GO_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(h|ms|us|µs|ns|m|s)")
+_GO_DURATION = re.compile(f"(?:{_GO_PART.pattern})+")
 _GO_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 RETRY_AFTER_MAX = 20.0  # seconds of a Retry-After honoured before the call is retried
 
@@ -30,20 +31,12 @@ def _finite(seconds: float) -> float | None:
 def go_seconds(text: str) -> float | None:
     """Seconds in a Go duration (``"1m30s"``, ``"3.89s"``, ``"12ms"``, ``"0s"``), or None."""
     text = text.strip()
-    if not text:
+    if _GO_DURATION.fullmatch(text):
+        return _finite(sum(float(n) * _GO_UNITS[unit] for n, unit in _GO_PART.findall(text)))
+    try:
+        return _finite(float(text))  # a bare number of seconds
+    except ValueError:
         return None
-    position, total = 0, 0.0
-    for match in _GO_PART.finditer(text):
-        if match.start() != position:
-            return None
-        total += float(match.group(1)) * _GO_UNITS[match.group(2)]
-        position = match.end()
-    if position != len(text):
-        try:
-            return _finite(float(text))  # a bare number of seconds
-        except ValueError:
-            return None
-    return _finite(total)
 
 
 def reset_seconds(text: str, now: float | None = None) -> float | None:
@@ -184,6 +177,4 @@ def _header(headers: Mapping[str, str], name: str) -> str | None:
 
 def _whole(value: Any) -> int | None:
     """A count of sane length (5000 digits overflow ``int``: unknown)."""
-    if isinstance(value, str) and value.isdigit() and len(value) <= 18:
-        return int(value)
-    return None
+    return int(value) if isinstance(value, str) and value.isdigit() and len(value) <= 18 else None
