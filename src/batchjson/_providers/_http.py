@@ -78,9 +78,8 @@ class Answer(NamedTuple):
 async def exchange(session: aiohttp.ClientSession, method: str, url: str, body: Any,
                    headers: Callable[[], Mapping[str, str]], *, provider: str, timeout: float,
                    secrets: Secrets, key_env: str) -> tuple[int, bytes, Mapping[str, str]]:
-    """One request: (status, body, headers) of a success; any failure a masked ProviderError.
-    ``headers`` is a factory so the key never sits in this frame, and errors are raised outside the
-    ``except`` blocks so no aiohttp exception holding the headers rides along as ``__context__``."""
+    """One request: (status, body, headers) of a success, else a masked ProviderError raised outside
+    ``except`` (no exception holding the key's headers rides along); ``headers`` is a factory."""
     failure: ProviderError | None = None
     try:
         async with session.request(method, url, data=body, headers=headers()) as resp:
@@ -117,8 +116,7 @@ async def exchange(session: aiohttp.ClientSession, method: str, url: str, body: 
 
 def decoded(raw: bytes, status: int, resp_headers: Mapping[str, str], provider: str,
              secrets: Secrets) -> Answer:
-    """A successful response's JSON object and its exact text; any other body, or one not UTF-8
-    (no answer is read from guessed bytes), is a ProviderError (retryable when it looks cut off)."""
+    """A success's JSON object and exact text; any other body, or one not UTF-8, a ProviderError."""
     text: str | None
     try:
         text = raw.decode("utf-8-sig")  # a byte-order mark is not part of the document
@@ -146,8 +144,7 @@ def decoded(raw: bytes, status: int, resp_headers: Mapping[str, str], provider: 
 
 
 def encode_body(body: Mapping[str, Any]) -> bytes:
-    """UTF-8 JSON for a request body: pydantic-core's encoder is several times faster than the
-    stdlib's; what it refuses (a lone surrogate) goes through the stdlib with ASCII escapes."""
+    """UTF-8 JSON by pydantic-core's fast encoder, or (a lone surrogate) the stdlib's escapes."""
     try:
         return pydantic_core.to_json(body)
     except (pydantic_core.PydanticSerializationError, ValueError):
@@ -272,10 +269,9 @@ class HttpProvider(OneService):
                 "key is set too, but both would go in the one Authorization header; keep the "
                 "key (api_key= or the environment) and drop user:password@ from the URL, or "
                 "pass api_key='' to authenticate with the URL alone")
-        host = (urlparse(self.base_url).hostname or "").lower()
-        # the vendor's own API, not a compatible server
-        self.official = bool(self.official_domain) and (
-            host == self.official_domain or host.endswith("." + self.official_domain))
+        host = "." + (urlparse(self.base_url).hostname or "").lower()
+        # the vendor's own API (its domain or a subdomain), not a compatible server
+        self.official = bool(self.official_domain) and host.endswith("." + self.official_domain)
         if not self._key and self.official:
             raise ProviderSetupError(
                 f"{kind} has no API key for {display_url(self.base_url)}: set {self.key_env} in "

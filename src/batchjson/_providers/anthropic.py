@@ -1,7 +1,6 @@
-"""Anthropic Messages API over aiohttp: a forced tool carries the wire schema, or plain text; and
-Message Batches as a transport (:class:`AnthropicBatches`), whose ``upload`` only stages the
-requests for the creation's body. A tool call's input is kept as its exact text
-(:func:`value_span`): re-serialised, spacing, key order, numbers and escapes would change."""
+"""Anthropic Messages API over aiohttp (a forced tool carries the wire schema, or plain text), and
+Message Batches as a transport, whose ``upload`` only stages the requests. A tool call's input is
+kept as its exact text (:func:`value_span`): re-serialised, spacing, order and numbers change."""
 
 from __future__ import annotations
 
@@ -67,12 +66,10 @@ class AnthropicProvider(HttpProvider):
 
     def request_body(self, call: Call) -> tuple[dict[str, Any], str | None, bool]:
         """The JSON body, the forced tool's name (tool mode) and whether a scalar was wrapped."""
-        body: dict[str, Any] = {
-            "model": self.model,
-            "max_tokens": self.sized_output(call.answer_chars),
-            "messages": [{"role": "user", "content": call.prompt}],
-            **self.extra_body,
-        }
+        body: dict[str, Any] = {"model": self.model,
+                                "max_tokens": self.sized_output(call.answer_chars),
+                                "messages": [{"role": "user", "content": call.prompt}],
+                                **self.extra_body}
         if call.system:
             body["system"] = call.system
         if prefix_cacheable(self, call.system, call.shared):
@@ -109,8 +106,7 @@ class AnthropicProvider(HttpProvider):
     def read_reply(self, data: Mapping[str, Any], body_text: str | None, tool: str | None,
                    wrapped: bool, *, at: tuple[str | int, ...] = (),
                    price_factor: float = 1.0) -> Reply:
-        """A Message's reply; ``body_text`` is the JSON text holding it at path ``at`` (a batch
-        line's ``result.message``); ``price_factor`` scales its cost."""
+        """A Message's reply; ``body_text`` holds it at path ``at``; ``price_factor``: batch."""
         content = data.get("content")
         if not isinstance(content, list):
             raise ProviderError("anthropic: response has no content list", status=200,
@@ -202,9 +198,6 @@ class AnthropicBatches(BatchClient):
         super().__init__(provider)
         self._staged: dict[str, Upload] = {}  # a creation's body, by its upload token
 
-    def _base(self) -> str:
-        return super()._base().removesuffix("/v1")
-
     def line(self, custom_id: str, call: Call) -> tuple[dict[str, Any], bool]:
         body, _, wrapped = self.provider.request_body(call)
         return {"custom_id": custom_id, "params": body}, wrapped
@@ -236,8 +229,7 @@ class AnthropicBatches(BatchClient):
         return OutputLines([await self._call("GET", f"{self.jobs_path}/{batch['id']}/results")])
 
     def answer(self, line: Mapping[str, Any]) -> tuple[int, Any] | ProviderError:
-        """A ``succeeded`` line's message, an ``errored`` one's error at its live status;
-        ``canceled`` and ``expired`` lines are still owed."""
+        """A ``succeeded`` line's message, an ``errored`` one's error at its live status."""
         result = line.get("result") if isinstance(line.get("result"), dict) else {}
         kind = result.get("type")
         if kind == "succeeded" and isinstance(result.get("message"), dict):

@@ -1,6 +1,5 @@
 """OpenAI-compatible chat completions over aiohttp (OpenAI, vLLM, Ollama, llama.cpp server), and
-the Batch API as a transport (:class:`OpenAIBatches`), whose ``completed`` says only that a batch
-stopped. :func:`capabilities_for` knows what the reasoning models refuse (docs/providers.md)."""
+the Batch API as a transport, whose ``completed`` says only that a batch stopped."""
 
 from __future__ import annotations
 
@@ -29,9 +28,8 @@ RESPONSE_FORMATS: tuple[str, ...] = get_args(ResponseFormat)
 
 
 class OpenAIProvider(HttpProvider):
-    """Chat completions against OpenAI or any compatible server; a custom base_url may be keyless.
-    ``response_format="auto"`` sends strict json_schema when strict mode can express the schema,
-    else a JSON object; ``"json_schema"`` refuses such a schema before spending."""
+    """Chat completions against OpenAI or any compatible server (a custom base_url may be keyless);
+    ``response_format="auto"`` sends strict json_schema when it can express the schema."""
 
     name = "openai"
     key_env = "OPENAI_API_KEY"
@@ -92,8 +90,7 @@ class OpenAIProvider(HttpProvider):
         return body, wrapped
 
     def sized_output(self, answer_chars: int | None) -> int | None:
-        """The output ceiling a call sends (the user's own wins); an unbounded answer sent to a
-        compatible server gets none, as its context may be smaller than the bound."""
+        """The output ceiling a call sends: the user's, else sized (none unbounded off OpenAI)."""
         if not self._sizes_output:
             return declared_output_cap(self)
         if answer_chars is None and not self.official:
@@ -291,10 +288,8 @@ class OpenAIBatches(BatchClient):
 
     def answer(self, line: Mapping[str, Any]) -> tuple[int, Any] | ProviderError:
         """A line's ``response`` status and body; neither 2xx nor an HTTP error: a ProviderError."""
-        response = line.get("response") or {}
-        error = line.get("error")
-        status = response.get("status_code") if isinstance(response, dict) else None
-        body = response.get("body") if isinstance(response, dict) else None
+        response = line.get("response") if isinstance(line.get("response"), dict) else {}
+        status, body, error = response.get("status_code"), response.get("body"), line.get("error")
         if isinstance(status, int) and status >= 400:
             return status, body
         if error or not isinstance(status, int) or not 200 <= status < 300:
@@ -373,8 +368,7 @@ def capabilities_for(model: str, override: Any = None) -> Capabilities:
 
 
 def shaped_extra_body(model: str, caps: Capabilities, extra: dict[str, Any]) -> dict[str, Any]:
-    """``extra_body`` as this model takes it (``max_tokens`` renamed where needed); a sampling
-    setting it refuses is refused now, not by a 400 on every call."""
+    """``extra_body`` as this model takes it; a sampling setting it refuses is refused now."""
     if not caps.temperature:
         refused = [k for k in SAMPLING if k in extra]
         if refused:

@@ -1,6 +1,5 @@
-"""What providers say about their rate limits, read from response headers (OpenAI's
-``x-ratelimit-*``, Anthropic's ``anthropic-ratelimit-*``, ``retry-after[-ms]``). A value that is not
-a finite number of seconds is unknown. Only reads, for the pacer (docs/providers.md)."""
+"""Rate limits as response headers state them (``x-ratelimit-*``, ``anthropic-ratelimit-*``,
+``retry-after[-ms]``), read for the pacer; a value not a finite number of seconds is unknown."""
 
 from __future__ import annotations
 
@@ -48,7 +47,7 @@ def reset_seconds(text: str, now: float | None = None) -> float | None:
         when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
         return None
-    if when.tzinfo is None:
+    if when.tzinfo is None:  # no moment without a zone
         return None
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
@@ -98,8 +97,7 @@ class Reported(NamedTuple):
 
 
 def reported(headers: Mapping[str, str], now: float | None = None) -> Reported:
-    """The limits in OpenAI's or Anthropic's headers (Anthropic's combined ``tokens`` limit when
-    sent, else its input-tokens one). Read from every response: names are built once."""
+    """The limits in OpenAI's or Anthropic's headers (its ``tokens`` limit, else input-tokens)."""
     if any(map(_ANTHROPIC.match, headers)):
         tokens = (_ANTHROPIC_TOKENS if _header(headers, _ANTHROPIC_TOKENS[0])
                   else _ANTHROPIC_INPUT_TOKENS)
@@ -129,8 +127,7 @@ def _state(headers: Mapping[str, str], names: tuple[str, str, str],
 
 
 def retry_wait(headers: Mapping[str, str], now: float | None = None) -> float | None:
-    """How long a refused request should wait: the Retry-After, else the exhausted limit's reset
-    (OpenAI's 429s often carry only ``x-ratelimit-reset-tokens``), else None."""
+    """How long a refused request should wait: its Retry-After, else the exhausted limit's reset."""
     wait = retry_after(headers)
     if wait is not None:
         return wait
@@ -150,8 +147,7 @@ def limits_account(provider: Any) -> tuple[str, str] | None:
 
 
 def request_tokens(system: str, prompt: str, output_cap: int | None) -> int:
-    """What a provider's rate limiter counts for a request on arrival (OpenAI's documented
-    estimate: prompt characters / 4 plus ``max_tokens``); not the budget's sound bound."""
+    """What a rate limiter counts for a request on arrival: prompt characters / 4 + max_tokens."""
     return estimate_tokens(system + prompt) + (output_cap or 0)
 
 

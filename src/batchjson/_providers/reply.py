@@ -1,6 +1,5 @@
-"""The one boundary where what any provider's ``complete(call)`` hands back (a bare ``str``, counts
-as strings, text as bytes) becomes a :class:`Reply` acceptance trusts: :func:`received` coerces it
-once, and nothing downstream cleans a reply again (docs/providers.md, "One boundary")."""
+"""The one boundary (:func:`received`) where whatever a provider's ``complete(call)`` hands back
+becomes a :class:`Reply` acceptance trusts; nothing downstream cleans a reply again."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""An HTTP provider's settings, checked when it is made: a setting no call could use is refused
-(:class:`~batchjson._errors.ProviderSetupError`) before anything is spent."""
+"""An HTTP provider's settings, checked when it is made: one no call could use is refused."""
 
 from __future__ import annotations
 
