@@ -321,7 +321,8 @@ class HttpProvider(OneService):
         return headers
 
     def _reply(self, data: Mapping[str, Any], inp: int | None, out: int | None, read: int,
-               written: int, factor: float, extra: dict[str, Any], **fields: Any) -> Reply:
+               written: int, factor: float, extra: dict[str, Any], *, text: str,
+               cached_tokens: int | None, envelope: str | None, stop: str | None) -> Reply:
         """A reply priced by the model that answered (else the one asked), echoed secrets masked."""
         model = data.get("model") or self.model
         cost = cost_of(model, inp, out, read, self.prices, cache_write_tokens=written)
@@ -331,7 +332,7 @@ class HttpProvider(OneService):
         return Reply(input_tokens=inp, output_tokens=out, cost=cost and cost * factor,
                      model=mask(model) if isinstance(model, str) else model,
                      extra={k: mask(v) if isinstance(v, str) else v for k, v in extra.items()},
-                     **fields)
+                     text=text, cached_tokens=cached_tokens, envelope=envelope, stop=stop)
 
     def overhead_tokens(self, call: Call) -> int:
         """Input tokens the provider documents adding to every request (subclasses say)."""

@@ -72,9 +72,9 @@ class OpenAIProvider(HttpProvider):
         return OpenAIBatches(self)
 
     def request_body(self, call: Call) -> tuple[dict[str, Any], bool]:
-        messages = [{"role": "user", "content": call.prompt}]
-        if call.system:  # in the role the model takes it in, maybe a user message first
-            messages.insert(0, {"role": self.capabilities.system_role, "content": call.system})
+        prompt = {"role": "user", "content": call.prompt}  # the system text in the model's role
+        messages = ([{"role": self.capabilities.system_role, "content": call.system}, prompt]
+                    if call.system else [prompt])
         body: dict[str, Any] = {"model": self.model, "messages": messages, **self.extra_body}
         if self._sizes_output:
             cap = self.sized_output(call.answer_chars)

@@ -54,7 +54,6 @@ def reset_seconds(text: str, now: float | None = None) -> float | None:
 
 def retry_after(headers: Mapping[str, str]) -> float | None:
     """Seconds (at most :data:`RETRY_AFTER_MAX`) of ``retry-after-ms``, else ``retry-after``."""
-    wait = None
     for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
         value = _header(headers, name)
         try:
