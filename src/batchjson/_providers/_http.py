@@ -1,14 +1,11 @@
 """HTTP plumbing shared by the API providers (sessions per loop, error mapping, key secrecy);
-nothing here retries or validates.
-
-An error response becomes a ProviderError (:func:`http_error`): the provider's own words, the
-server's retry advice, and the errors no request of a run can get past: an account that cannot
-pay, or ``x-should-retry: false``. Those stop the whole run (``fatal=True``), never retried; they
-are recognised by the providers' own words (docs/providers.md)."""
+nothing here retries or validates. An account that cannot pay, or ``x-should-retry: false``, stops
+the whole run (``fatal=True``): no request of it can get past (docs/providers.md)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import os
@@ -38,6 +35,7 @@ from .._sources import Digest
 from .base import Call, OneService
 from .pricing import cost_of, normalize_prices, price_for
 from .ratelimits import report_headers, retry_after, retry_wait
+from .reply import Reply
 from .settings import checked_extra_body, checked_key
 
 # OS errors that mean no server can be reached at that address at all.
@@ -80,10 +78,8 @@ class Answer(NamedTuple):
 async def exchange(session: aiohttp.ClientSession, method: str, url: str, body: Any,
                    headers: Callable[[], Mapping[str, str]], *, provider: str, timeout: float,
                    secrets: Secrets, key_env: str) -> tuple[int, bytes, Mapping[str, str]]:
-    """One request: (status, body bytes, headers) of a success; every failure, a 4xx/5xx included, a
-    ProviderError with a masked message (``unreachable=True`` when no retry can cure it).
-    ``headers`` is a factory so the key never sits in this frame, and errors are raised outside the
-    ``except`` blocks so no aiohttp exception holding the headers rides along as ``__context__``."""
+    """One request: (status, body, headers) of a success, else a masked ProviderError raised outside
+    ``except`` (no exception holding the key's headers rides along); ``headers`` is a factory."""
     failure: ProviderError | None = None
     try:
         async with session.request(method, url, data=body, headers=headers()) as resp:
@@ -100,18 +96,12 @@ async def exchange(session: aiohttp.ClientSession, method: str, url: str, body: 
     except aiohttp.ClientResponseError as exc:
         failure = ProviderError(f"{provider}: bad HTTP response ({exc.status}: {exc.message})",
                                 status=exc.status or None, retryable=True)
-    except aiohttp.ClientConnectorError as exc:
-        why = _unreachable(exc)
-        if why is None:
-            failure = ProviderError(f"{provider}: connection failed ({type(exc).__name__}: "
-                                    f"{exc})", retryable=True)
-        else:
-            failure = ProviderError(f"{provider}: cannot reach {display_url(url)} ({why}); is "
-                                    "the server running? Check the base URL.", retryable=True,
-                                    unreachable=True)
     except (aiohttp.ClientError, OSError) as exc:
-        failure = ProviderError(f"{provider}: connection failed ({type(exc).__name__}: {exc})",
-                                retryable=True)
+        why = _unreachable(exc) if isinstance(exc, aiohttp.ClientConnectorError) else None
+        failure = ProviderError(
+            f"{provider}: cannot reach {display_url(url)} ({why}); is the server running? Check "
+            "the base URL." if why else f"{provider}: connection failed ({type(exc).__name__}: "
+            f"{exc})", retryable=True, unreachable=why is not None)
     except ValueError as exc:  # aiohttp refusing the request itself (a URL it cannot send)
         failure = ProviderError(f"{provider}: the request could not be sent "
                                 f"({type(exc).__name__}: {exc}); check the base URL",
@@ -126,9 +116,7 @@ async def exchange(session: aiohttp.ClientSession, method: str, url: str, body: 
 
 def decoded(raw: bytes, status: int, resp_headers: Mapping[str, str], provider: str,
              secrets: Secrets) -> Answer:
-    """A successful response's JSON object and its exact text; any other body is a ProviderError
-    (retryable when it looks cut off). A body that is not UTF-8 is refused: no answer is read from
-    bytes that had to be guessed at."""
+    """A success's JSON object and exact text; any other body, or one not UTF-8, a ProviderError."""
     text: str | None
     try:
         text = raw.decode("utf-8-sig")  # a byte-order mark is not part of the document
@@ -156,8 +144,7 @@ def decoded(raw: bytes, status: int, resp_headers: Mapping[str, str], provider: 
 
 
 def encode_body(body: Mapping[str, Any]) -> bytes:
-    """UTF-8 JSON for a request body: pydantic-core's encoder is several times faster than the
-    stdlib's; what it refuses (a lone surrogate) goes through the stdlib with ASCII escapes."""
+    """UTF-8 JSON by pydantic-core's fast encoder, or (a lone surrogate) the stdlib's escapes."""
     try:
         return pydantic_core.to_json(body)
     except (pydantic_core.PydanticSerializationError, ValueError):
@@ -167,8 +154,9 @@ def encode_body(body: Mapping[str, Any]) -> bytes:
 class LoopSessions:
     """One aiohttp.ClientSession per event loop: batches may run in a worker thread's loop."""
 
-    def __init__(self, factory: Callable[[], aiohttp.ClientSession]) -> None:
-        self._factory = factory
+    def __init__(self, timeout: float, max_connections: int) -> None:
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._limit = max_connections
         self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
         self._lock = threading.Lock()
 
@@ -178,47 +166,32 @@ class LoopSessions:
         if session is not None and not session.closed:
             return session
         with self._lock:
-            for old_loop in [lp for lp in self._sessions if lp.is_closed()]:
-                _discard(self._sessions.pop(old_loop))
-            session = self._factory()
+            self._drop_closed()
+            session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
+                limit=self._limit, limit_per_host=0, ttl_dns_cache=300), timeout=self._timeout)
             self._sessions[loop] = session
         return session
 
     async def aclose(self) -> None:
-        """Close this loop's session and those whose loops are gone; an open one on another live
-        loop may be carrying that thread's calls, and is its loop's to close."""
+        """Close this loop's session and those of closed loops; another live loop closes its own."""
         loop = asyncio.get_running_loop()
         with self._lock:
             mine = self._sessions.pop(loop, None)
-            for other in list(self._sessions):
-                if other.is_closed():
-                    _discard(self._sessions.pop(other))
+            self._drop_closed()
         if mine is not None:
             await mine.close()
 
+    def _drop_closed(self) -> None:
+        """Drop the sessions whose loop is closed: nothing can be awaited there any more."""
+        for loop in [lp for lp in self._sessions if lp.is_closed()]:
+            session = self._sessions.pop(loop)
+            if session.connector is not None:
+                with contextlib.suppress(Exception):  # best effort on a dead loop
+                    session.connector._close()  # on a closed loop this only marks it closed
+            session.detach()
+
     def __len__(self) -> int:
         return len(self._sessions)
-
-
-def _discard(session: aiohttp.ClientSession) -> None:
-    """Drop a session whose loop is closed: nothing can be awaited there any more."""
-    connector = session.connector
-    if connector is not None:
-        try:
-            connector._close()  # on a closed loop this only marks it closed
-        except Exception:  # noqa: BLE001 - best effort on a dead loop
-            pass
-    session.detach()
-
-
-def make_session_factory(timeout: float, max_connections: int
-                         ) -> Callable[[], aiohttp.ClientSession]:
-    def factory() -> aiohttp.ClientSession:
-        connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0,
-                                         ttl_dns_cache=300)
-        return aiohttp.ClientSession(connector=connector,
-                                     timeout=aiohttp.ClientTimeout(total=timeout))
-    return factory
 
 
 ITEMS_NAME = "batchjson_items"  # schema / tool name for items mode
@@ -228,9 +201,7 @@ OBJECT_VALUE = "batchjson_answer"  # value mode whose schema is already an objec
 
 def object_schema(call_schema: Mapping[str, Any],
                   mode: str) -> tuple[dict[str, Any], str, bool]:
-    """A call's schema with an object root, its schema/tool name, and whether it was wrapped: tool
-    inputs and OpenAI's json_schema need an object root, so a scalar value-mode schema travels as
-    ``{"value": schema}``."""
+    """A call's schema with an object root (a scalar as ``{"value": ...}``), its name, wrapped?"""
     schema = dict(call_schema)
     if mode != "value":
         return schema, ITEMS_NAME, False
@@ -245,8 +216,7 @@ def object_schema(call_schema: Mapping[str, Any],
 
 
 def with_path(url: str, edit: Callable[[str], str]) -> str:
-    """``url`` with ``edit`` applied to its path only: a base URL may carry a query
-    (``...?api-version=...``), and the endpoint's path goes before it, never after."""
+    """``url`` with ``edit`` applied to its path only, before any query (``?api-version=...``)."""
     try:
         parts = urlsplit(url.strip())
     except ValueError:
@@ -259,8 +229,7 @@ def as_int(value: Any) -> int | None:
 
 
 class HttpProvider(OneService):
-    """What the HTTP providers share: model, endpoint and key from arguments or the environment (the
-    key never leaves its Secret), checked settings, one pooled aiohttp session per event loop."""
+    """Model, endpoint, key (never out of its Secret), checked settings, a pool per loop."""
 
     name = "http"
     enforces_timeout = True  # every request is bounded by ``timeout`` (aiohttp ClientTimeout)
@@ -290,8 +259,7 @@ class HttpProvider(OneService):
         base = self._base_url(base_url)
         endpoint = with_path(base, lambda path: path + self.path)
         self._key = Secret(checked_key(kind, api_key, self.key_env))
-        # What may never be shown: the key, and the URL's userinfo and credential parameters.
-        # The URL requests go to is held like the key; base_url and url are what may be shown.
+        # the URL requests go to is held like the key; base_url and url are what may be shown
         self._secrets = Secrets([self._key.get()], urls=[base, endpoint])
         self._endpoint = Secret(endpoint)
         self.base_url, self.url = public_url(base), public_url(endpoint)
@@ -301,10 +269,9 @@ class HttpProvider(OneService):
                 "key is set too, but both would go in the one Authorization header; keep the "
                 "key (api_key= or the environment) and drop user:password@ from the URL, or "
                 "pass api_key='' to authenticate with the URL alone")
-        host = (urlparse(self.base_url).hostname or "").lower()
-        # the vendor's own API, not a compatible server
-        self.official = bool(self.official_domain) and (
-            host == self.official_domain or host.endswith("." + self.official_domain))
+        host = "." + (urlparse(self.base_url).hostname or "").lower()
+        # the vendor's own API (its domain or a subdomain), not a compatible server
+        self.official = bool(self.official_domain) and host.endswith("." + self.official_domain)
         if not self._key and self.official:
             raise ProviderSetupError(
                 f"{kind} has no API key for {display_url(self.base_url)}: set {self.key_env} in "
@@ -317,11 +284,10 @@ class HttpProvider(OneService):
         self.extra_body = checked_extra_body(kind, extra_body, self.body_keys)
         whole(f"{kind}: max_connections (0 for no limit)", max_connections, 0,
               ProviderSetupError)
-        self._sessions = LoopSessions(make_session_factory(self.timeout, max_connections))
+        self._sessions = LoopSessions(self.timeout, max_connections)
 
     def _base_url(self, base_url: str | None) -> str:
-        """The endpoint's base, checked now rather than failing as a retried connection error;
-        a pasted full endpoint (``.../chat/completions``) is trimmed to its base."""
+        """The endpoint's base, checked now; a pasted full endpoint is trimmed to its base."""
         if base_url is not None and not isinstance(base_url, str):
             raise ProviderSetupError(f"{type(self).__name__}: base_url must be a string such as "
                                      f"{self.default_base!r}, got {type(base_url).__name__}")
@@ -347,77 +313,66 @@ class HttpProvider(OneService):
                 f"{extra}, api_key={'<set>' if self._key else '<unset>'})")
 
     def _headers(self) -> dict[str, str]:
-        """Built per request so the key never sits in a long-lived object but its Secret."""
+        """Built per request: the key lives in no long-lived object but its Secret."""
         headers = dict(self.static_headers)
         key = self._key.get()
         if key:
             headers[self.auth_header] = self.auth_prefix + key
         return headers
 
-    def _cost(self, model: str, inp: int | None, out: int | None, cached: int,
-              written: int = 0, factor: float = 1.0) -> float | None:
-        """Cost by the model the provider says answered, else by the model asked for;
-        ``factor`` scales it (a batch job's share of the live price)."""
-        cost = cost_of(model, inp, out, cached, self.prices, cache_write_tokens=written)
+    def _reply(self, data: Mapping[str, Any], inp: int | None, out: int | None, read: int,
+               written: int, factor: float, extra: dict[str, Any], *, text: str,
+               cached_tokens: int | None, envelope: str | None, stop: str | None) -> Reply:
+        """A reply priced by the model that answered (else the one asked), echoed secrets masked."""
+        model = data.get("model") or self.model
+        cost = cost_of(model, inp, out, read, self.prices, cache_write_tokens=written)
         if cost is None and model != self.model:
-            cost = cost_of(self.model, inp, out, cached, self.prices,
-                           cache_write_tokens=written)
-        return None if cost is None else cost * factor
+            cost = cost_of(self.model, inp, out, read, self.prices, cache_write_tokens=written)
+        mask = self._secrets.mask
+        return Reply(input_tokens=inp, output_tokens=out, cost=cost and cost * factor,
+                     model=mask(model) if isinstance(model, str) else model,
+                     extra={k: mask(v) if isinstance(v, str) else v for k, v in extra.items()},
+                     text=text, cached_tokens=cached_tokens, envelope=envelope, stop=stop)
 
     def overhead_tokens(self, call: Call) -> int:
         """Input tokens the provider documents adding to every request (subclasses say)."""
         return 0
 
     def input_bound(self, call: Call) -> int:
-        """A sound bound on the input tokens ``call`` is billed for: every byte of the request body
-        plus the provider's documented fixed overhead."""
+        """A sound bound on the input tokens ``call`` is billed for: body bytes plus overhead."""
         body = self.request_body(call)[0]  # type: ignore[attr-defined] # each protocol's own
         return len(encode_body(body)) + self.overhead_tokens(call)
-
-    def _shown(self, model: Any, extra: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-        """The response's model and metadata as they may be kept: a known secret the server echoes
-        is masked; the answer text is never touched."""
-        mask = self._secrets.mask
-        if isinstance(model, str):
-            model = mask(model)
-        return model, {k: mask(v) if isinstance(v, str) else v for k, v in extra.items()}
 
     def settings(self) -> dict[str, Any]:
         """Every setting sent with a request besides model and URL (subclasses add theirs)."""
         return {"extra_body": self.extra_body}
 
     def account(self) -> str:
-        """Whose rate limits a call spends: the protocol, the public base URL and a digest of
-        the key (:func:`key_digest`), never the key itself."""
+        """Whose rate limits a call spends: protocol, public base URL, a digest of the key."""
         return f"{self.name} {display_url(self.base_url)} {key_digest(self._key.get())}".rstrip()
 
     def source_key(self) -> tuple[Any, ...]:
-        """What decides this provider's answers: protocol, base URL, model and every setting sent;
-        never the API key (nor a credential in the URL)."""
+        """What decides its answers: protocol, URL, model, settings sent; never a credential."""
         where = display_url(self.base_url)
-        # A query may select an API version, which decides answers; a credential in it does
-        # not, so a rotated key keeps stored answers reusable.
+        # a query's API version decides answers; a credential in it does not (keys rotate)
         query = public_query(urlsplit(self.url).query)
         config = {"protocol": self.name, "url": display_url(self.url), "query": query,
-                  "model": self.model,
-                  **self.settings()}
+                  "model": self.model, **self.settings()}
         return (f"{self.name}:{self.model}@{where}#",
                 Digest(config, fallback=lambda: encode_body(config)))
 
     def price_for_budget(self) -> Any:
-        """The asked-for model's price (``prices=``, set_prices, defaults) for cost budgets."""
+        """The asked-for model's price, for cost budgets."""
         return price_for(self.model, self.prices)
 
     async def _request(self, method: str, url: str, body: Any,
                        headers: Callable[[], Mapping[str, str]] | None = None
                        ) -> tuple[int, bytes, Mapping[str, str]]:
-        """One request with this provider's pool, key, timeout and secrets (:func:`exchange`)."""
         return await exchange(self._sessions.get(), method, url, body, headers or self._headers,
                               provider=self.name, timeout=self.timeout, secrets=self._secrets,
                               key_env=self.key_env)
 
     async def _post(self, body: Mapping[str, Any]) -> Answer:
-        """POST a JSON body to the endpoint: the decoded object with its text."""
         status, raw, headers = await exchange(  # not through _request: one coroutine less
             self._sessions.get(), "POST", self._endpoint.get() or self.url, encode_body(body),
             self._headers, provider=self.name, timeout=self.timeout, secrets=self._secrets,
@@ -425,7 +380,6 @@ class HttpProvider(OneService):
         return decoded(raw, status, headers, self.name, self._secrets)
 
     async def aclose(self) -> None:
-        """Close the pooled connections of the running loop (and of loops already closed)."""
         await self._sessions.aclose()
 
 
@@ -445,8 +399,7 @@ def should_retry(headers: Mapping[str, str]) -> bool | None:
 
 def run_stop(provider: str, status: int, code: str | None, message: str,
              headers: Mapping[str, str]) -> str | None:
-    """Why no request of this run can succeed, with the fix, or None for an error of one
-    request."""
+    """Why no request of this run can succeed, with the fix; None for one request's error."""
     page = BILLING_PAGES.get(provider, "the provider's console")
     if (code in QUOTA_CODES or status == 402
             or any(words in message.lower() for words in QUOTA_WORDS)):
@@ -462,18 +415,11 @@ def run_stop(provider: str, status: int, code: str | None, message: str,
 
 
 def is_retryable_status(status: int) -> bool:
-    """Timeouts, conflicts, rate limits and server trouble can pass; request errors cannot."""
     return status in WAITABLE or status >= 500
 
 
-def error_message(raw: bytes) -> tuple[str, str | None]:
-    """The provider's own message and error code/type from an error body, if it has them,
-    key fragments masked before any of it is cut short."""
-    message, code, cut = _error_words(raw)
-    return provider_text_masked(message)[:cut], (provider_text_masked(code) if code else None)
-
-
 def _error_words(raw: bytes) -> tuple[str, str | None, int]:
+    """An error body's own message, its code or type, and how much of the message to keep."""
     try:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
@@ -504,8 +450,10 @@ _STATUS_HINTS = {
 
 def http_error(provider: str, status: int, headers: Mapping[str, str], raw: bytes,
                secrets: Secrets | None, key_env: str) -> ProviderError:
-    """Map an HTTP error response to a ProviderError, keeping the provider's own words."""
-    message, code = error_message(raw)
+    """An HTTP error response as a ProviderError, in the provider's own words."""
+    message, code, cut = _error_words(raw)
+    message = provider_text_masked(message)[:cut]
+    code = provider_text_masked(code) if code else None
     advice = should_retry(headers)  # the server's word wins, as in the official SDKs
     retryable = is_retryable_status(status) if advice is None else advice
     stop = run_stop(provider, status, code, message, headers)  # out of credit: stop the run

@@ -1,14 +1,6 @@
-"""Anthropic Messages API over aiohttp: a forced tool carries the wire schema, or plain text. 529
-"overloaded" is retryable; the API key never reaches a message or repr.
-
-``raw`` is what the model sent: an embedded answer (a tool call's ``input``) re-serialised would
-change spacing, key order, numbers and escapes, so :func:`value_span` slices its exact text out of
-the body.
-
-Message Batches as a transport (:class:`AnthropicBatches`): ``requests: [{custom_id, params}]`` in
-the creation's body, results (JSONL, once ended) in any order. There is no file to upload:
-``upload`` only stages the requests, so a failure before the batch is created has created
-nothing."""
+"""Anthropic Messages API over aiohttp (a forced tool carries the wire schema, or plain text), and
+Message Batches as a transport, whose ``upload`` only stages the requests. A tool call's input is
+kept as its exact text (:func:`value_span`): re-serialised, spacing, order and numbers change."""
 
 from __future__ import annotations
 
@@ -28,14 +20,11 @@ from .batch_client import TEXT, BatchClient, OutputLines, Upload
 from .reply import Reply
 from .settings import UNBOUNDED_ANSWER_TOKENS, sized_output_cap
 
-DEFAULT_ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"
 AnthropicMode = Literal["tool", "text"]
 MODES: tuple[str, ...] = get_args(AnthropicMode)
-# The tool-use system prompt Anthropic adds when a tool is forced: the largest of its pricing
-# table's (235 to 340 tokens by model), so a cost budget holds for every model, listed or newer.
+# The tool-use system prompt of a forced tool: the largest in Anthropic's pricing table, any model.
 FORCED_TOOL_SYSTEM_TOKENS = 340
-DEFAULT_MAX_TOKENS = UNBOUNDED_ANSWER_TOKENS  # the ceiling when the user sets none
 
 
 class AnthropicProvider(HttpProvider):
@@ -44,7 +33,7 @@ class AnthropicProvider(HttpProvider):
     name = "anthropic"
     key_env = "ANTHROPIC_API_KEY"
     base_env = "ANTHROPIC_BASE_URL"
-    default_base = DEFAULT_ANTHROPIC_BASE_URL
+    default_base = "https://api.anthropic.com"
     official_domain = "anthropic.com"
     example_model = "claude-haiku-4-5"
     path = "/v1/messages"
@@ -63,10 +52,9 @@ class AnthropicProvider(HttpProvider):
         if mode not in MODES:
             raise ProviderSetupError(f"mode must be 'tool' or 'text', got {mode!r}")
         self.mode = mode
-        # unset: each call's ceiling is sized from its answer, never past the default; a
-        # thinking budget must fit under max_tokens, so with one the default is sent whole
+        # unset: sized per call within the default; a thinking budget needs the default whole
         self._sizes_output = max_tokens is None and "thinking" not in self.extra_body
-        self.max_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else whole(
+        self.max_tokens = UNBOUNDED_ANSWER_TOKENS if max_tokens is None else whole(
             "max_tokens", max_tokens, 1, ProviderSetupError)
 
     def _base_url(self, base_url: str | None) -> str:
@@ -74,17 +62,14 @@ class AnthropicProvider(HttpProvider):
         return with_path(super()._base_url(base_url), lambda path: path.removesuffix("/v1"))
 
     def batch_api(self) -> AnthropicBatches:
-        """The batch transport it offers (``transport='batch'``): Message Batches."""
         return AnthropicBatches(self)
 
     def request_body(self, call: Call) -> tuple[dict[str, Any], str | None, bool]:
         """The JSON body, the forced tool's name (tool mode) and whether a scalar was wrapped."""
-        body: dict[str, Any] = {
-            "model": self.model,
-            "max_tokens": self.sized_output(call.answer_chars),
-            "messages": [{"role": "user", "content": call.prompt}],
-            **self.extra_body,
-        }
+        body: dict[str, Any] = {"model": self.model,
+                                "max_tokens": self.sized_output(call.answer_chars),
+                                "messages": [{"role": "user", "content": call.prompt}],
+                                **self.extra_body}
         if call.system:
             body["system"] = call.system
         if prefix_cacheable(self, call.system, call.shared):
@@ -100,8 +85,7 @@ class AnthropicProvider(HttpProvider):
         return body, tool, wrapped
 
     def sized_output(self, answer_chars: int | None) -> int:
-        """The ``max_tokens`` a call whose answer takes at most ``answer_chars`` characters
-        sends: the user's own, else sized (:func:`sized_output_cap`) within the default."""
+        """The ``max_tokens`` a call sends: the user's own, else sized within the default."""
         if not self._sizes_output:
             return self.max_tokens
         return min(self.max_tokens, sized_output_cap(answer_chars))
@@ -122,8 +106,7 @@ class AnthropicProvider(HttpProvider):
     def read_reply(self, data: Mapping[str, Any], body_text: str | None, tool: str | None,
                    wrapped: bool, *, at: tuple[str | int, ...] = (),
                    price_factor: float = 1.0) -> Reply:
-        """A Message's reply; ``body_text`` is the JSON text it came in, the message at path ``at``
-        (a batch line has it under ``result.message``); ``price_factor`` scales its cost."""
+        """A Message's reply; ``body_text`` holds it at path ``at``; ``price_factor``: batch."""
         content = data.get("content")
         if not isinstance(content, list):
             raise ProviderError("anthropic: response has no content list", status=200,
@@ -136,7 +119,7 @@ class AnthropicProvider(HttpProvider):
             called = _tool_text(content, "", body_text, at) if not tool and not text else None
             text = called[0] if called else text  # a tool call where text was asked: its input
         else:
-            text, exact = found
+            text = found[0]
             envelope = "tool_input/value" if wrapped else "tool_input"
         usage = data.get("usage") or {}
         fresh = as_int(usage.get("input_tokens"))
@@ -144,23 +127,19 @@ class AnthropicProvider(HttpProvider):
         written = as_int(usage.get("cache_creation_input_tokens")) or 0
         inp = None if fresh is None else fresh + read + written
         out = as_int(usage.get("output_tokens"))
-        model = data.get("model") or self.model
-        cost = self._cost(model, inp, out, read, written, price_factor)
         extra = {"stop_reason": data.get("stop_reason"), "id": data.get("id")}
         if found is not None and not found[1]:
             extra["raw_reserialised"] = True  # no exact text of the input found to keep
         if written:
             extra["cache_creation_input_tokens"] = written
-        model, extra = self._shown(model, extra)
-        return Reply(text=text, input_tokens=inp, output_tokens=out,
-                     cached_tokens=read if "cache_read_input_tokens" in usage else None,
-                     cost=cost, model=model, extra=extra, envelope=envelope,
-                     stop=_stop(data.get("stop_reason"), tool, found is not None, content))
+        return self._reply(data, inp, out, read, written, price_factor, extra, text=text,
+                           cached_tokens=read if "cache_read_input_tokens" in usage else None,
+                           envelope=envelope,
+                           stop=_stop(data.get("stop_reason"), tool, found is not None, content))
 
 
 def _stop(reason: Any, tool: str | None, called: bool, content: list[Any]) -> str | None:
-    """How the message ended, as acceptance judges it: cut off, refused, text where the tool was
-    forced, or a tool call where text was asked; None for an answer that ended on its own."""
+    """How the message ended, as acceptance judges it; None for an answer that ended on its own."""
     if reason in ("max_tokens", "model_context_window_exceeded"):
         return TRUNCATED
     if reason == "refusal":
@@ -173,8 +152,7 @@ def _stop(reason: Any, tool: str | None, called: bool, content: list[Any]) -> st
 
 
 def mark_cache_prefix(body: dict[str, Any], call: Call) -> None:
-    """Put the cache breakpoint at the end of the batch's shared prefix: after the instructions when
-    there are some, else after the system text. The text is unchanged, only split into blocks."""
+    """Put the cache breakpoint after the shared instructions, else the system text (unchanged)."""
     shared = call.shared
     if shared and call.prompt.startswith(shared) and len(call.prompt) > len(shared):
         body["messages"] = [{"role": "user", "content": [
@@ -187,8 +165,7 @@ def mark_cache_prefix(body: dict[str, Any], call: Call) -> None:
 
 def _tool_text(content: list[Any], tool: str, body: str | None,
                at: tuple[str | int, ...] = ()) -> tuple[str, bool] | None:
-    """The forced tool's input as the exact JSON text the body carried, and whether it is
-    exact; ``None`` if the model made no such call."""
+    """The forced tool's input as the body's exact JSON text, and whether exact; None: no call."""
     calls = [(i, b) for i, b in enumerate(content)
              if isinstance(b, dict) and b.get("type") == "tool_use"]
     chosen = next((c for c in calls if c[1].get("name") == tool), calls[0] if calls else None)
@@ -221,31 +198,22 @@ class AnthropicBatches(BatchClient):
         super().__init__(provider)
         self._staged: dict[str, Upload] = {}  # a creation's body, by its upload token
 
-    def _base(self) -> str:
-        return super()._base().removesuffix("/v1")
-
     def line(self, custom_id: str, call: Call) -> tuple[dict[str, Any], bool]:
         body, _, wrapped = self.provider.request_body(call)
         return {"custom_id": custom_id, "params": body}, wrapped
 
     async def upload(self, upload: Upload) -> str:
-        """Stage the requests (the job's file on disk) as the body of the batch's creation,
-        streamed from that file when it is created."""
-        upload.finish()
-        if upload.size > self.max_bytes:
-            raise ProviderError(f"anthropic batch: requests over {self.max_bytes} bytes",
-                                retryable=False)
+        """Stage the requests (the job's file on disk), streamed as the creation's body."""
+        self.finished(upload)
         token = uuid.uuid4().hex
         self._staged[token] = upload
         return token
 
     async def create(self, staged: str, metadata: Mapping[str, str]) -> dict[str, Any]:
-        return await self._json("POST", "/v1/messages/batches",
-                                json_text=self._staged.pop(staged).finish())
+        return await self._json("POST", self.jobs_path, self._staged.pop(staged).finish())
 
     @staticmethod
     def status(batch: Mapping[str, Any]) -> str:
-        """``processing_status``, with an ended batch that was asked to cancel said so."""
         status = str(batch.get("processing_status"))
         if status == "ended":
             return "cancelled" if batch.get("cancel_initiated_at") else "completed"
@@ -258,13 +226,10 @@ class AnthropicBatches(BatchClient):
         return (total - counts.get("processing", 0), total) if total > 0 else None
 
     async def results(self, batch: Mapping[str, Any]) -> OutputLines:
-        """The result lines, each parsed when read."""
-        return OutputLines([await self._call("GET", f"/v1/messages/batches/{batch['id']}/"
-                                              "results")])
+        return OutputLines([await self._call("GET", f"{self.jobs_path}/{batch['id']}/results")])
 
     def answer(self, line: Mapping[str, Any]) -> tuple[int, Any] | ProviderError:
-        """A ``succeeded`` line's message; an ``errored`` one's error at the status its type has on
-        the live endpoint; ``canceled`` and ``expired`` lines are still owed."""
+        """A ``succeeded`` line's message, an ``errored`` one's error at its live status."""
         result = line.get("result") if isinstance(line.get("result"), dict) else {}
         kind = result.get("type")
         if kind == "succeeded" and isinstance(result.get("message"), dict):
@@ -272,11 +237,9 @@ class AnthropicBatches(BatchClient):
         if kind == "errored":
             error = result.get("error") or {}
             return ERROR_STATUS.get((error.get("error") or {}).get("type"), 500), error
-        if kind in ("canceled", "expired"):
-            return ProviderError(f"anthropic batch line {kind} before it was answered",
-                                 retryable=True)
-        return ProviderError(f"anthropic batch line of unknown result type {kind!r}",
-                             retryable=True)
+        owed = (f"{kind} before it was answered" if kind in ("canceled", "expired")
+                else f"of unknown result type {kind!r}")
+        return ProviderError(f"anthropic batch line {owed}", retryable=True)
 
     def read(self, line: Mapping[str, Any], body: Mapping[str, Any], wrapped: bool) -> Reply:
         """The message, with the line's own text kept so a tool input is its exact text."""
@@ -293,7 +256,16 @@ def value_span(text: str, path: Sequence[str | int]) -> tuple[int, int] | None:
     """``(start, end)`` of the value at ``path`` in the JSON ``text``, or ``None`` when it is not
     there; a key named twice resolves to its last occurrence, as ``json.loads`` does."""
     try:
-        return _find(text, _skip(text, 0), list(path))
+        pos = _skip(text, 0)
+        for want in path:
+            if not (text[pos] == "{" and isinstance(want, str)
+                    or text[pos] == "[" and isinstance(want, int)):
+                return None
+            starts = [start for key, start in _children(text, pos) if key == want]
+            if not starts:
+                return None
+            pos = starts[-1]
+        return pos, _end(text, pos)
     except (ValueError, IndexError, RecursionError):
         return None
 
@@ -308,21 +280,8 @@ def _end(text: str, pos: int) -> int:
     return _decoder.raw_decode(text, pos)[1]
 
 
-def _find(text: str, pos: int, path: list[str | int]) -> tuple[int, int] | None:
-    if not path:
-        return pos, _end(text, pos)
-    want, rest = path[0], path[1:]
-    if not (text[pos] == "{" and isinstance(want, str)
-            or text[pos] == "[" and isinstance(want, int)):
-        return None
-    # the last of a key named twice wins, as in json.loads
-    starts = [start for key, start in _children(text, pos) if key == want]
-    return _find(text, starts[-1], rest) if starts else None
-
-
 def _children(text: str, pos: int) -> list[tuple[str | int, int]]:
-    """(key, value start) of each member of the object at ``pos``, or (index, start) of each
-    element of the array there."""
+    """(key or index, value start) of each member of the object or array at ``pos``."""
     out: list[tuple[str | int, int]] = []
     close = "}" if text[pos] == "{" else "]"
     pos = _skip(text, pos + 1)

@@ -10,6 +10,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from tempfile import TemporaryFile
 from typing import IO, Any
 
+import aiohttp
+
 from .._content.spool import no_room
 from .._errors import ConfigError, ProviderError, ProviderSetupError
 from ._http import HttpProvider, http_error
@@ -23,8 +25,8 @@ TEXT = "__text__"  # an output line's own text (OutputLines)
 
 
 class BatchClient:
-    """The batch endpoints under ``provider``'s base URL. A client says where a line holds its
-    status and body (``answer``) and reads an answer (``read``) as its provider reads a live one."""
+    """The batch endpoints under ``provider``'s base URL: ``answer`` finds a line's status and
+    body, ``read`` reads it as the provider reads a live answer."""
 
     protocol = ""
     max_requests = 0
@@ -46,27 +48,31 @@ class BatchClient:
                 return max(1, taken)
         return len(calls)
 
+    def finished(self, upload: Upload) -> IO[bytes]:
+        """The whole upload, refused when over the provider's ceiling on one job."""
+        data = upload.finish()
+        if upload.size > self.max_bytes:
+            raise ProviderError(f"{self.protocol}: upload over {self.max_bytes} bytes",
+                                retryable=False)
+        return data
+
     def _base(self) -> str:
         private = self.provider._endpoint.get() or self.provider.url
         return private.removesuffix(self.provider.path)
 
-    async def _call(self, method: str, path: str, body: Any = None,
-                    json_body: Mapping[str, Any] | None = None,
-                    json_text: bytes | IO[bytes] | None = None) -> bytes:
-        """``json_body``, ``json_text`` (encoded, or a file), or ``body`` (a multipart form)."""
+    async def _call(self, method: str, path: str, body: Any = None) -> bytes:
+        """``body``: a dict sent as JSON, JSON already encoded (bytes or a file), or a form."""
         p = self.provider
         headers = None
-        if json_body is not None:
-            body = json.dumps(json_body).encode()
-        elif json_text is not None:
-            body = json_text
-        elif body is not None:
+        if isinstance(body, dict):
+            body = json.dumps(body).encode()
+        elif isinstance(body, aiohttp.FormData):
             def headers() -> dict[str, str]:  # multipart: aiohttp sets the content type
                 return {k: v for k, v in p._headers().items() if k != "Content-Type"}
         return (await p._request(method, self._base() + path, body, headers))[1]
 
-    async def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-        raw = await self._call(method, path, **kwargs)
+    async def _json(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        raw = await self._call(method, path, body)
         try:
             data = json.loads(raw)
         except ValueError:
@@ -122,8 +128,7 @@ class BatchClient:
         return False
 
     def outcome(self, line: Mapping[str, Any], wrapped: bool) -> Reply | ProviderError:
-        """One result line: the reply it carries, or its error as the live endpoint's would be;
-        never an answer taken from an error line."""
+        """One result line's reply, or its error as the live endpoint's would be."""
         found = self.answer(line)
         if isinstance(found, ProviderError):
             return found
@@ -174,8 +179,7 @@ WHAT = "for a batch job's upload"
 
 class Upload:
     """One job's upload in a temporary file: ``head``, lines (``sep`` between, ``end`` after),
-    ``tail``. No file is a ConfigError naming ``TMPDIR`` before the job is recorded; a write
-    refused later fails :meth:`finish`."""
+    ``tail``. No file is a ConfigError before the job is recorded; a refused write fails finish."""
 
     def __init__(self, head: bytes, sep: bytes, end: bytes, tail: bytes) -> None:
         try:
@@ -191,7 +195,6 @@ class Upload:
         self._write(head)
 
     def add(self, text: str) -> None:
-        """One line's JSON text."""
         self._write((self.sep if self.lines else b"") + text.encode() + self.end)
         self.lines += 1
 

@@ -1,12 +1,5 @@
-"""OpenAI-compatible chat completions over aiohttp (OpenAI, vLLM, Ollama, llama.cpp server).
-
-What a chat model accepts in a request (:func:`capabilities_for`): the reasoning models refuse
-parts every other chat model takes, with a 400 on every call. From OpenAI's documentation and the
-recorded 400s in tests/fixtures/recorded/; unlisted models accept everything (docs/providers.md).
-
-Its Batch API as a transport (:class:`OpenAIBatches`): a JSONL file of chat-completion requests,
-one batch over it, its output and error files. Lines come in any order with their ``custom_id``;
-``completed`` says only that the batch stopped, not that any line succeeded."""
+"""OpenAI-compatible chat completions over aiohttp (OpenAI, vLLM, Ollama, llama.cpp server), and
+the Batch API as a transport, whose ``completed`` says only that a batch stopped."""
 
 from __future__ import annotations
 
@@ -30,25 +23,18 @@ from .reply import Reply
 from .settings import declared_output_cap, sized_output_cap
 from .strict import strict_form
 
-__all__ = ["DEFAULT_OPENAI_BASE_URL", "OpenAIProvider"]
-
-DEFAULT_OPENAI_BASE_URL = "https://api.openai.com/v1"
 ResponseFormat = Literal["auto", "json_schema", "json_object", "text"]
 RESPONSE_FORMATS: tuple[str, ...] = get_args(ResponseFormat)
 
 
 class OpenAIProvider(HttpProvider):
-    """Chat completions against OpenAI or any compatible server; a custom base_url may be keyless.
-
-    ``response_format``: ``"auto"`` sends the wire schema in strict mode when strict mode can
-    express it, else asks for a JSON object (saying so once per run); ``"json_schema"`` refuses
-    before spending a schema strict mode cannot express; ``"json_object"`` and ``"text"`` as named.
-    ``capabilities`` overrides what the model is taken to accept (:class:`Capabilities`)."""
+    """Chat completions against OpenAI or any compatible server (a custom base_url may be keyless);
+    ``response_format="auto"`` sends strict json_schema when it can express the schema."""
 
     name = "openai"
     key_env = "OPENAI_API_KEY"
     base_env = "OPENAI_BASE_URL"
-    default_base = DEFAULT_OPENAI_BASE_URL
+    default_base = "https://api.openai.com/v1"
     official_domain = "openai.com"
     example_model = "gpt-4o-mini"
     keyless_hint = ("; a local OpenAI-compatible server (vLLM, Ollama, llama.cpp) can run "
@@ -78,19 +64,18 @@ class OpenAIProvider(HttpProvider):
                 "takes one")
         self.extra_body = shaped_extra_body(self.model, self.capabilities, self.extra_body)
         self._sizes_output = declared_output_cap(self) is None
-        # OpenAI's own API takes max_completion_tokens for every chat model (max_tokens is
-        # deprecated there); compatible servers know max_tokens, unless the model needs the other
+        # OpenAI deprecated max_tokens; compatible servers know it unless the model needs the other
         self._cap_field = ("max_completion_tokens" if self.official
                            or self.capabilities.max_completion_tokens else "max_tokens")
 
     def batch_api(self) -> OpenAIBatches:
-        """The batch transport this provider offers (``transport='batch'``): OpenAI's Batch API."""
         return OpenAIBatches(self)
 
     def request_body(self, call: Call) -> tuple[dict[str, Any], bool]:
-        """The JSON body for a call, and whether a value-mode scalar was wrapped."""
-        body: dict[str, Any] = {"model": self.model, "messages": self._messages(call),
-                                **self.extra_body}
+        prompt = {"role": "user", "content": call.prompt}  # the system text in the model's role
+        messages = ([{"role": self.capabilities.system_role, "content": call.system}, prompt]
+                    if call.system else [prompt])
+        body: dict[str, Any] = {"model": self.model, "messages": messages, **self.extra_body}
         if self._sizes_output:
             cap = self.sized_output(call.answer_chars)
             if cap is not None:
@@ -105,28 +90,16 @@ class OpenAIProvider(HttpProvider):
         return body, wrapped
 
     def sized_output(self, answer_chars: int | None) -> int | None:
-        """The output ceiling a call whose answer takes at most ``answer_chars`` characters
-        sends (:func:`sized_output_cap`; a reasoning model's counts its reasoning): the user's
-        own in ``extra_body`` wins. An unbounded answer sent to a server other than OpenAI's
-        gets none: a compatible server's context may be smaller than the bound."""
+        """The output ceiling a call sends: the user's, else sized (none unbounded off OpenAI)."""
         if not self._sizes_output:
             return declared_output_cap(self)
         if answer_chars is None and not self.official:
             return None
         return sized_output_cap(answer_chars, reasoning=not self.capabilities.temperature)
 
-    def _messages(self, call: Call) -> list[dict[str, str]]:
-        """The system text in the role the model takes it in; a model that takes neither
-        ``system`` nor ``developer`` gets it as a user message before the prompt."""
-        prompt = {"role": "user", "content": call.prompt}
-        if not call.system:
-            return [prompt]
-        return [{"role": self.capabilities.system_role, "content": call.system}, prompt]
-
     def _format(self, schema: Mapping[str, Any],
                 mode: str) -> tuple[dict[str, Any] | None, bool]:
-        """The ``response_format`` a call with this wire schema sends, and whether a scalar
-        was wrapped as ``{"value": ...}`` for it."""
+        """The ``response_format`` a call sends, and whether a scalar was wrapped for it."""
         if self.response_format == "text" or not self.capabilities.response_format:
             return None, False
         if self.response_format == "json_object":
@@ -143,9 +116,8 @@ class OpenAIProvider(HttpProvider):
         return (None, False) if wrapped else ({"type": "json_object"}, False)
 
     def check_schema(self, schema: Mapping[str, Any], mode: str) -> str | None:
-        """How a run's calls will send their wire schema, checked before spending: None when as
-        asked, a note for the result when strict mode cannot express it, ProviderSetupError when
-        ``json_schema`` was asked for explicitly."""
+        """None when calls send the schema as asked, else a note for the result (strict mode
+        cannot express it), or ProviderSetupError when ``json_schema`` was asked for."""
         if not self.capabilities.response_format:
             return (f"{self.model} takes no response_format: its calls ask for JSON in the "
                     "prompt only, and acceptance judges every answer against your schema")
@@ -173,8 +145,7 @@ class OpenAIProvider(HttpProvider):
                 "free-form objects and dicts and leave out the keywords named")
 
     def overhead_tokens(self, call: Call) -> int:
-        """OpenAI's documented count for chat models: 3 tokens framing each message, 3
-        priming the reply (already far below the JSON the body spends on the same framing)."""
+        """OpenAI's documented count: 3 tokens framing each message, 3 priming the reply."""
         return 3 * (2 if call.system else 1) + 3
 
     def settings(self) -> dict[str, Any]:
@@ -187,8 +158,7 @@ class OpenAIProvider(HttpProvider):
 
     def read_reply(self, data: Mapping[str, Any], wrapped: bool, *,
                    price_factor: float = 1.0) -> Reply:
-        """A chat completion's reply (a batch job's output line carries the same body);
-        ``price_factor`` scales its cost (batch prices)."""
+        """A chat completion's reply (or a batch line's body); ``price_factor`` scales its cost."""
         choices = data.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             detail = json.dumps(data, ensure_ascii=False)
@@ -202,8 +172,7 @@ class OpenAIProvider(HttpProvider):
         finish = choices[0].get("finish_reason")
         arguments = None if answered else _tool_arguments(message)  # a text answer: unread
         text = content if answered else (refusal or arguments or "")
-        # The content string is the model's own text; a wrapped scalar stays wrapped and says
-        # so, for acceptance to unwrap (the ledger keeps what the model sent).
+        # a wrapped scalar stays wrapped and says so, for acceptance to unwrap
         envelope = "value" if wrapped and answered else None
         usage = data.get("usage") or {}
         inp = as_int(usage.get("prompt_tokens"))  # cache reads and writes included
@@ -213,8 +182,6 @@ class OpenAIProvider(HttpProvider):
         written = as_int(prompt_details.get("cache_write_tokens")) or 0
         reasoning = as_int((usage.get("completion_tokens_details") or {}).get(
             "reasoning_tokens"))
-        model = data.get("model") or self.model
-        cost = self._cost(model, inp, out, cached or 0, written, price_factor)
         extra = {"finish_reason": finish, "id": data.get("id")}
         if refusal:
             extra["refusal"] = refusal
@@ -222,14 +189,12 @@ class OpenAIProvider(HttpProvider):
             extra["reasoning_tokens"] = reasoning
         if written:
             extra["cache_write_tokens"] = written
-        model, extra = self._shown(model, extra)
-        return Reply(text=text, input_tokens=inp, output_tokens=out, cached_tokens=cached,
-                     cost=cost, model=model, extra=extra, envelope=envelope,
-                     stop=_stop(finish, refusal, answered, arguments))
+        return self._reply(data, inp, out, cached or 0, written, price_factor, extra, text=text,
+                           cached_tokens=cached, envelope=envelope,
+                           stop=_stop(finish, refusal, answered, arguments))
 
 
 def _tool_arguments(message: Mapping[str, Any]) -> str | None:
-    """The first tool call's arguments as the model wrote them, when it called a tool."""
     calls = message.get("tool_calls")
     if not isinstance(calls, list) or not calls or not isinstance(calls[0], Mapping):
         return None
@@ -239,8 +204,7 @@ def _tool_arguments(message: Mapping[str, Any]) -> str | None:
 
 
 def _stop(finish: Any, refusal: Any, answered: bool, arguments: str | None) -> str | None:
-    """How the choice ended, as acceptance judges it: cut off, refused (``message.refusal`` or the
-    content filter), or a tool call where text was asked; None for a text answer that ended well."""
+    """How the choice ended, as acceptance judges it; None for a text answer that ended well."""
     if finish == "length":
         return TRUNCATED
     if refusal or finish == "content_filter":
@@ -258,9 +222,6 @@ def _listed(problems: list[str], mode: str) -> str:
     return "; ".join(shown) + more
 
 
-RUNNING = frozenset(("validating", "in_progress", "finalizing", "cancelling"))
-
-
 class OpenAIBatches(BatchClient):
     """The Files and Batches endpoints of the provider's base URL, with its key and pool."""
 
@@ -268,36 +229,30 @@ class OpenAIBatches(BatchClient):
     max_requests = 50_000
     max_bytes = 200 * 1024 * 1024
     url = "/v1/chat/completions"
-    running = RUNNING
+    running = frozenset(("validating", "in_progress", "finalizing", "cancelling"))
     jobs_path = "/batches"
 
     def line(self, custom_id: str, call: Call) -> tuple[dict[str, Any], bool]:
-        """One request of the input file, and whether its value was wrapped."""
         body, wrapped = self.provider.request_body(call)
         return {"custom_id": custom_id, "method": "POST", "url": self.url,
                 "body": body}, wrapped
 
     async def upload(self, upload: Upload) -> str:
-        """Upload the input file (streamed from the job's file on disk); its id. Nothing is
-        billed for a file."""
-        data = upload.finish()
-        if upload.size > self.max_bytes:
-            raise ProviderError(f"openai batch: input file over {self.max_bytes} bytes",
-                                retryable=False)
+        """Upload the input file, streamed from disk; its id."""
+        data = self.finished(upload)
         form = aiohttp.FormData()
         form.add_field("purpose", "batch")
         form.add_field("file", data, filename="batchjson.jsonl",
                        content_type="application/jsonl")
-        return str((await self._json("POST", "/files", body=form))["id"])
+        return str((await self._json("POST", "/files", form))["id"])
 
     async def create(self, file_id: str, metadata: Mapping[str, str]) -> dict[str, Any]:
-        return await self._json("POST", "/batches", json_body={
+        return await self._json("POST", "/batches", {
             "input_file_id": file_id, "endpoint": self.url, "completion_window": f"{WINDOW_HOURS}h",
             "metadata": dict(metadata)})
 
     async def find(self, uid: str, since: float) -> dict[str, Any] | None:
-        """The batch whose metadata names ``uid``: the batches are listed newest first, a page
-        of 100 at a time (``after`` the last one seen), back to ``since``."""
+        """The batch whose metadata names ``uid``, listed newest first, back to ``since``."""
         after = ""
         while True:
             page = await self._json("GET", f"/batches?limit=100{after}")
@@ -317,37 +272,24 @@ class OpenAIBatches(BatchClient):
 
     @staticmethod
     def whole_failure(batch: Mapping[str, Any]) -> str | None:
-        """Why a batch failed as a whole (validation, token_limit_exceeded), else None."""
         if batch.get("status") != "failed":
             return None
-        errors = (batch.get("errors") or {}).get("data") or []
         return provider_text_masked("; ".join(f"{e.get('code')}: {e.get('message')}"
-                                              for e in errors if isinstance(e, dict))
-                                    or "no reason given")
+                                              for e in _errors(batch)) or "no reason given")
 
     @staticmethod
     def too_large(batch: Mapping[str, Any]) -> bool:
-        errors = (batch.get("errors") or {}).get("data") or []
-        return any(isinstance(e, dict) and e.get("code") == "token_limit_exceeded"
-                   for e in errors)
+        return any(e.get("code") == "token_limit_exceeded" for e in _errors(batch))
 
     async def results(self, batch: Mapping[str, Any]) -> OutputLines:
-        """The lines of the output and error files (either may be absent), each parsed when
-        read; a line that is not JSON is kept as its text, for the runner to name."""
-        files = []
-        for field in ("output_file_id", "error_file_id"):
-            file_id = batch.get(field)
-            if file_id:
-                files.append(await self._call("GET", f"/files/{file_id}/content"))
-        return OutputLines(files)
+        """The lines of the output and error files (either may be absent)."""
+        return OutputLines([await self._call("GET", f"/files/{batch[field]}/content")
+                            for field in ("output_file_id", "error_file_id") if batch.get(field)])
 
     def answer(self, line: Mapping[str, Any]) -> tuple[int, Any] | ProviderError:
-        """A line's ``response``: its status and body; a line without a 2xx or an HTTP error
-        status (an ``error`` of its own) is a provider error."""
-        response = line.get("response") or {}
-        error = line.get("error")
-        status = response.get("status_code") if isinstance(response, dict) else None
-        body = response.get("body") if isinstance(response, dict) else None
+        """A line's ``response`` status and body; neither 2xx nor an HTTP error: a ProviderError."""
+        response = line.get("response") if isinstance(line.get("response"), dict) else {}
+        status, body, error = response.get("status_code"), response.get("body"), line.get("error")
         if isinstance(status, int) and status >= 400:
             return status, body
         if error or not isinstance(status, int) or not 200 <= status < 300:
@@ -364,6 +306,11 @@ class OpenAIBatches(BatchClient):
         return self.provider.read_reply(body, wrapped, price_factor=self.share)
 
 
+def _errors(batch: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Why a batch failed as a whole: validation, token_limit_exceeded."""
+    return [e for e in (batch.get("errors") or {}).get("data") or [] if isinstance(e, dict)]
+
+
 SYSTEM_ROLES = ("system", "developer", "user")
 # Sampling settings the reasoning models refuse (OpenAI: "not supported with reasoning models").
 SAMPLING = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "logprobs",
@@ -372,10 +319,7 @@ SAMPLING = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "lo
 
 @dataclass(frozen=True)
 class Capabilities:
-    """How a request to one model must be shaped: ``system_role`` (``"user"``: a user message before
-    the prompt), whether it takes a ``response_format``, whether the output ceiling travels as
-    ``max_completion_tokens``, and whether ``temperature`` and the other ``SAMPLING`` settings are
-    accepted."""
+    """How a request to one model must be shaped (``temperature``: the ``SAMPLING`` settings)."""
 
     system_role: str = "system"
     response_format: bool = True
@@ -397,14 +341,13 @@ KNOWN: tuple[tuple[re.Pattern[str], Capabilities], ...] = (
 
 
 def capabilities_for(model: str, override: Any = None) -> Capabilities:
-    """The table's capabilities for ``model`` (a vendor prefix or ``ft:`` looked through), with
-    ``override`` (field names, or a :class:`Capabilities`) laid over; a bad override is refused."""
+    """The table's capabilities for ``model``, ``override`` laid over; a bad override is refused."""
     name = model.rsplit("/", 1)[-1].removeprefix("ft:").lower()
     found = next((caps for pattern, caps in KNOWN if pattern.match(name)), CHAT)
     if override is None:
         return found
     if isinstance(override, Capabilities):
-        override = {f.name: getattr(override, f.name) for f in fields(Capabilities)}
+        override = asdict(override)
     if not isinstance(override, Mapping):
         raise ProviderSetupError(f"OpenAIProvider: capabilities must be a dict such as "
                                  f"{{'system_role': 'developer'}}, got {type(override).__name__}")
@@ -425,8 +368,7 @@ def capabilities_for(model: str, override: Any = None) -> Capabilities:
 
 
 def shaped_extra_body(model: str, caps: Capabilities, extra: dict[str, Any]) -> dict[str, Any]:
-    """``extra_body`` as this model takes it: ``max_tokens`` renamed where needed; a sampling
-    setting the model refuses is refused now rather than answered with a 400 on every call."""
+    """``extra_body`` as this model takes it; a sampling setting it refuses is refused now."""
     if not caps.temperature:
         refused = [k for k in SAMPLING if k in extra]
         if refused:

@@ -1,6 +1,5 @@
-"""What providers say about their rate limits, read from response headers (OpenAI's
-``x-ratelimit-*``, Anthropic's ``anthropic-ratelimit-*``, ``retry-after[-ms]``). A value that is not
-a finite number of seconds is unknown. Only reads, for the pacer (docs/providers.md)."""
+"""Rate limits as response headers state them (``x-ratelimit-*``, ``anthropic-ratelimit-*``,
+``retry-after[-ms]``), read for the pacer; a value not a finite number of seconds is unknown."""
 
 from __future__ import annotations
 
@@ -17,6 +16,7 @@ from typing import Any, NamedTuple
 from .base import estimate_tokens
 
 _GO_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(h|ms|us|µs|ns|m|s)")
+_GO_DURATION = re.compile(f"(?:{_GO_PART.pattern})+")
 _GO_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 RETRY_AFTER_MAX = 20.0  # seconds of a Retry-After honoured before the call is retried
 
@@ -30,25 +30,16 @@ def _finite(seconds: float) -> float | None:
 def go_seconds(text: str) -> float | None:
     """Seconds in a Go duration (``"1m30s"``, ``"3.89s"``, ``"12ms"``, ``"0s"``), or None."""
     text = text.strip()
-    if not text:
+    if _GO_DURATION.fullmatch(text):
+        return _finite(sum(float(n) * _GO_UNITS[unit] for n, unit in _GO_PART.findall(text)))
+    try:
+        return _finite(float(text))  # a bare number of seconds
+    except ValueError:
         return None
-    position, total = 0, 0.0
-    for match in _GO_PART.finditer(text):
-        if match.start() != position:
-            return None
-        total += float(match.group(1)) * _GO_UNITS[match.group(2)]
-        position = match.end()
-    if position != len(text):
-        try:
-            return _finite(float(text))  # a bare number of seconds
-        except ValueError:
-            return None
-    return _finite(total)
 
 
 def reset_seconds(text: str, now: float | None = None) -> float | None:
-    """Seconds until a reset header's moment: a Go duration (OpenAI) or an RFC 3339 instant
-    (Anthropic), never negative; None when unreadable."""
+    """Seconds until a reset header's Go duration (OpenAI) or RFC 3339 instant (Anthropic)."""
     seconds = go_seconds(text)
     if seconds is not None:
         return seconds
@@ -56,15 +47,13 @@ def reset_seconds(text: str, now: float | None = None) -> float | None:
         when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
         return None
-    if when.tzinfo is None:
+    if when.tzinfo is None:  # no moment without a zone
         return None
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
 def retry_after(headers: Mapping[str, str]) -> float | None:
-    """Seconds the server asks the client to wait, at most :data:`RETRY_AFTER_MAX`:
-    ``retry-after-ms``, else ``retry-after`` as seconds or an HTTP-date."""
-    wait = None
+    """Seconds (at most :data:`RETRY_AFTER_MAX`) of ``retry-after-ms``, else ``retry-after``."""
     for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
         value = _header(headers, name)
         try:
@@ -85,8 +74,7 @@ def _http_date(value: str) -> float | None:
 
 
 class LimitState(NamedTuple):
-    """One limit as a response reported it: its size per minute, what is left, and the seconds
-    until the bucket is full again (each None when not sent)."""
+    """One limit as a response reported it: size per minute, what is left, seconds until full."""
 
     limit: int | None = None
     remaining: int | None = None
@@ -108,9 +96,7 @@ class Reported(NamedTuple):
 
 
 def reported(headers: Mapping[str, str], now: float | None = None) -> Reported:
-    """The limits in OpenAI's or Anthropic's headers. Anthropic's combined ``tokens`` limit is
-    used when sent, else its input-tokens limit (what a request's prompt is counted against).
-    Read from every response: the header names are built once, not per response."""
+    """The limits in OpenAI's or Anthropic's headers (its ``tokens`` limit, else input-tokens)."""
     if any(map(_ANTHROPIC.match, headers)):
         tokens = (_ANTHROPIC_TOKENS if _header(headers, _ANTHROPIC_TOKENS[0])
                   else _ANTHROPIC_INPUT_TOKENS)
@@ -119,7 +105,6 @@ def reported(headers: Mapping[str, str], now: float | None = None) -> Reported:
 
 
 def _parts(name: str) -> tuple[str, str, str]:
-    """A limit's header names: its size, what is left, its reset (``name`` has ``{}`` for each)."""
     return name.format("limit"), name.format("remaining"), name.format("reset")
 
 
@@ -141,22 +126,19 @@ def _state(headers: Mapping[str, str], names: tuple[str, str, str],
 
 
 def retry_wait(headers: Mapping[str, str], now: float | None = None) -> float | None:
-    """How long a refused request should wait: the Retry-After when sent, else the exhausted limit's
-    reset (OpenAI's 429s often carry only ``x-ratelimit-reset-tokens``), else None."""
+    """How long a refused request should wait: its Retry-After, else the exhausted limit's reset."""
     wait = retry_after(headers)
     if wait is not None:
         return wait
     seen = reported(headers, now)
     exhausted = [s for s in (seen.requests, seen.tokens) if s.remaining == 0]
-    # nothing says which is exhausted: the later reset is safe for both; an exhausted limit
-    # whose reset is unreadable is waited for as unknown, not by another limit's reset
+    # the later reset is safe for both; an exhausted limit's unreadable reset stays unknown
     resets = [s.reset for s in exhausted or (seen.requests, seen.tokens) if s.reset is not None]
     return max(resets) if resets else None
 
 
 def limits_account(provider: Any) -> tuple[str, str] | None:
-    """Whose limits ``provider``'s calls spend, as (account, model), when it speaks an API that
-    reports its rate limits in headers (None otherwise): the key the limits are kept under."""
+    """(account, model) whose limits ``provider``'s calls spend, when its API reports them."""
     inner = getattr(provider, "inner", provider)
     if getattr(inner, "name", None) not in ("openai", "anthropic"):
         return None
@@ -164,21 +146,16 @@ def limits_account(provider: Any) -> tuple[str, str] | None:
 
 
 def request_tokens(system: str, prompt: str, output_cap: int | None) -> int:
-    """What a provider's rate limiter counts for a request on arrival: its prompt's characters / 4
-    and its ``max_tokens`` (OpenAI's documented estimate). Not the budget's worst case, which is a
-    sound bound."""
+    """What a rate limiter counts for a request on arrival: prompt characters / 4 + max_tokens."""
     return estimate_tokens(system + prompt) + (output_cap or 0)
 
 
-# The replay loop sets a listener here around each call; HTTP providers report the headers of
-# every response they read (answers and errors alike), so a pacer learns limits and what is left
-# without the provider knowing there is one.
+# Set by the replay loop around each call: HTTP providers report every response's headers here.
 HEADER_LISTENER: contextvars.ContextVar[Callable[[Mapping[str, str]], None] | None] = (
     contextvars.ContextVar("batchjson_header_listener", default=None))
 
 
 def report_headers(headers: Mapping[str, str]) -> None:
-    """Hand a response's headers to the listening pacer, if any."""
     listener = HEADER_LISTENER.get()
     if listener is not None:
         listener(headers)
@@ -195,6 +172,4 @@ def _header(headers: Mapping[str, str], name: str) -> str | None:
 
 def _whole(value: Any) -> int | None:
     """A count of sane length (5000 digits overflow ``int``: unknown)."""
-    if isinstance(value, str) and value.isdigit() and len(value) <= 18:
-        return int(value)
-    return None
+    return int(value) if isinstance(value, str) and value.isdigit() and len(value) <= 18 else None

@@ -1,9 +1,5 @@
-"""The one boundary where what a provider hands back becomes a :class:`Reply` acceptance trusts.
-
-A provider is any object with an async ``complete(call)``, so what comes back may be a bare ``str``,
-counts as strings, text as bytes. :func:`received` coerces it once, for every provider: text an
-exact ``str``, counts whole or unknown, the model name masked, ``stop`` one of :data:`STOPS`.
-Nothing downstream cleans a reply again (docs/providers.md, "One boundary")."""
+"""The one boundary (:func:`received`) where whatever a provider's ``complete(call)`` hands back
+becomes a :class:`Reply` acceptance trusts; nothing downstream cleans a reply again."""
 
 from __future__ import annotations
 
@@ -12,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._checks import is_amount
+from .._checks import is_amount, is_whole
 from .._errors import ProviderError
 from .._secrets import shown_name
 from .._sources import NOT_TEXT, STOPS
@@ -24,12 +20,9 @@ MOST_TOKENS = 10**9  # no call reads or writes more: a count above it is the pro
 
 @dataclass
 class Reply:
-    """The raw text a provider returned, with usage and how it ended as the provider reported.
-
-    ``text`` is what the model sent, byte for byte; ``envelope`` says how the answer sits in it:
-    ``None`` (the text is the answer), ``"value"`` (a ``{"value": ...}`` object, as strict JSON mode
-    needs an object root), ``"tool_input"`` (a tool call's input object), ``"tool_input/value"``
-    (both). ``stop`` is None for a return that ended as an answer may, else one of :data:`STOPS`."""
+    """The text the model sent, byte for byte, with usage and how it ended (``stop``: None, or one
+    of :data:`STOPS`). ``envelope`` says how the answer sits in the text: itself (None), in a
+    ``{"value": ...}`` object, a tool call's input object, or both (:data:`ENVELOPES`)."""
 
     text: str
     input_tokens: int | None = None
@@ -47,31 +40,26 @@ class Reply:
 
 
 def received(out: Any, output_cap: int | None = None) -> Reply:
-    """What ``provider.complete`` returned, as the :class:`Reply` the rest of batchjson trusts.
-    Usage never costs a paid-for return: an unreadable count is unknown (kept in
-    ``extra["unreadable_usage"]``); non-``str`` text gets ``stop`` :data:`NOT_TEXT`; a reply using
-    all of ``output_cap`` is marked ``extra["cut_at"]``, so unfinished JSON is judged cut off."""
+    """What ``provider.complete`` returned, as a trusted :class:`Reply`: an unreadable count is
+    unknown (a paid-for return is never lost to it), non-``str`` text gets :data:`NOT_TEXT`, and
+    a reply using all of ``output_cap`` is marked ``extra["cut_at"]``."""
     if isinstance(out, str):
         return Reply(text=str.__getitem__(out, slice(None)))
     if not hasattr(out, "text"):
         raise ProviderError(f"provider returned a {type(out).__name__}, not a Reply: return "
                             "Reply(text=...) or the raw text as a str", retryable=False)
-    extra = getattr(out, "extra", None)
-    extra = dict(extra) if isinstance(extra, dict) else {}
-    odd: dict[str, Any] = {} if isinstance(getattr(out, "extra", None), dict) else {
-        "extra": repr(getattr(out, "extra", None))[:80]}
+    given = getattr(out, "extra", None)
+    extra = dict(given) if isinstance(given, dict) else {}
+    odd: dict[str, Any] = {} if isinstance(given, dict) else {"extra": repr(given)[:80]}
     counts = {}
-    for name in ("input_tokens", "output_tokens", "cached_tokens"):
+    for name, reader in _USAGE:
         value = getattr(out, name, None)
-        counts[name] = _count(value)
+        counts[name] = reader(value)
         if counts[name] is None and value is not None:
             odd[name] = repr(value)[:80]
-    cached, sent = counts["cached_tokens"], counts["input_tokens"]
+    cost, cached, sent = counts.pop("cost"), counts["cached_tokens"], counts["input_tokens"]
     if cached is not None and sent is not None and cached > sent:  # more read than was sent
         odd["cached_tokens"], counts["cached_tokens"] = f"{cached} > input_tokens {sent}", None
-    cost = _money(getattr(out, "cost", None))
-    if cost is None and getattr(out, "cost", None) is not None:
-        odd["cost"] = repr(out.cost)[:80]
     if odd:
         extra["unreadable_usage"] = odd
     text, stop = out.text, getattr(out, "stop", None)
@@ -113,9 +101,7 @@ def _count(value: Any) -> int | None:
         value = int(text) if text.isascii() and text.isdigit() and len(text) < 20 else None
     elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
         value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MOST_TOKENS:
-        return None
-    return int(value)
+    return int(value) if is_whole(value) and value <= MOST_TOKENS else None
 
 
 def _money(value: Any) -> float | None:
@@ -127,16 +113,18 @@ def _money(value: Any) -> float | None:
     return float(value) if is_amount(value) else None
 
 
+_USAGE = (("input_tokens", _count), ("output_tokens", _count), ("cached_tokens", _count),
+          ("cost", _money))
+
+
 def provider_names(provider: Any) -> tuple[Any, Any]:
-    """A provider's name and model as receipts and results record them: a custom provider
-    whose ``name`` or ``model`` is a pasted key has it masked (the one masking rule)."""
+    """A provider's name and model as receipts and results record them, a pasted key masked."""
     return (shown_name(getattr(provider, "name", type(provider).__name__)),
             shown_name(getattr(provider, "model", None)))
 
 
 class GuardedProvider:
-    """The provider as the replay loop sees it: every reply passes :func:`received` and its names
-    are masked; everything else is the provider's own."""
+    """The provider as the replay loop sees it: replies pass :func:`received`, names are masked."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner

@@ -1,5 +1,4 @@
-"""An HTTP provider's settings, checked when it is made: a setting no call could use is refused
-(:class:`~batchjson._errors.ProviderSetupError`) before anything is spent."""
+"""An HTTP provider's settings, checked when it is made: one no call could use is refused."""
 
 from __future__ import annotations
 
@@ -17,12 +16,8 @@ BILL_MULTIPLIERS = ("n", "best_of")
 OUTPUT_CAPS = ("max_completion_tokens", "max_tokens")
 
 
-# The output ceiling a call asks for when the user sets none (docs/providers.md, "Output
-# ceiling"): the most characters its answer can take (``answersize.largest_answer``), a third of
-# them a token (JSON's quotes and short keys tokenize denser than prose's four), plus a margin
-# for whitespace and a tool call's framing; never past the bound of an unbounded answer (a
-# string without ``maxLength``), the ceiling most chat models take. A reasoning model's ceiling
-# counts its reasoning too: OpenAI's advice is to reserve 25,000 tokens for it.
+# The output ceiling when the user sets none (docs/providers.md, "Output ceiling"): the answer's
+# most characters, three a token, plus a margin; a reasoning model reserves 25,000 more (OpenAI).
 ANSWER_CHARS_PER_TOKEN = 3
 ANSWER_MARGIN_TOKENS = 64
 UNBOUNDED_ANSWER_TOKENS = 4096
@@ -37,31 +32,24 @@ def sized_output_cap(answer_chars: int | None, *, reasoning: bool = False) -> in
 
 
 def call_output_cap(provider: Any, answer_chars: int | None) -> int | None:
-    """The output ceiling ``provider`` sends with a call whose answer takes at most
-    ``answer_chars`` characters: the one it sizes (``sized_output``, the user's own winning),
-    else the one it declares, else None. What a rate limiter counts with the prompt."""
+    """The output ceiling ``provider`` sends with a call: the one it sizes, else it declares."""
     inner = getattr(provider, "inner", provider)
     sized = getattr(inner, "sized_output", None)
     return sized(answer_chars) if callable(sized) else declared_output_cap(inner)
 
 
 def declared_output_cap(provider: Any) -> int | None:
-    """The output ceiling a provider sends with each call (``max_tokens``, or ``max_tokens`` /
-    ``max_completion_tokens`` in ``extra_body``), or None when it sends none."""
+    """``max_tokens``, or an output cap in ``extra_body``, or None when it sends none."""
     cap = getattr(provider, "max_tokens", None)
-    if isinstance(cap, int) and not isinstance(cap, bool) and cap >= 1:
+    if is_whole(cap, 1):
         return cap
     extra = getattr(provider, "extra_body", None)
     extra = extra if isinstance(extra, Mapping) else {}
-    return next((extra[k] for k in OUTPUT_CAPS
-                 if isinstance(extra.get(k), int) and not isinstance(extra.get(k), bool)
-                 and extra[k] > 0), None)
+    return next((extra[k] for k in OUTPUT_CAPS if is_whole(extra.get(k), 1)), None)
 
 
 def checked_extra_body(kind: str, extra_body: Any, owned_keys: frozenset[str]) -> dict[str, Any]:
-    """``extra_body`` as a dict of request fields, refused before spending when it is not a mapping
-    with string keys, replaces a field batchjson builds, asks for several billed answers (``n``,
-    ``best_of``), or sets an output ceiling that is not a whole number >= 1."""
+    """``extra_body`` as a dict of request fields, refused now when no call could use it."""
     if extra_body is None:
         return {}
     if not isinstance(extra_body, Mapping) or not all(isinstance(k, str) for k in extra_body):
@@ -90,8 +78,7 @@ def checked_extra_body(kind: str, extra_body: Any, owned_keys: frozenset[str]) -
 
 
 def checked_key(kind: str, api_key: Any, env: str) -> str | None:
-    """The API key from ``api_key=`` or the environment, refused now if no HTTP header could carry
-    it (not a str, or whitespace: a key read from a file keeps its newline)."""
+    """The API key from ``api_key=`` or the environment, refused now if no header could carry it."""
     key = api_key if api_key is not None else os.environ.get(env)
     where = "api_key=" if api_key is not None else f"the {env} environment variable"
     if key is None or key == "":
