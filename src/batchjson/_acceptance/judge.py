@@ -1,12 +1,8 @@
-"""The commit boundary: a return is accepted whole, or not at all (docs/design.md, "The commit
-boundary"); under ``accept="items"`` a return whole in JSON, coverage and identity may be accepted
-in part, the items failing only their schema or the validator named (a partial verdict). Checks
-run in a fixed order (JSON, coverage, identity, schema, caller validator) and stop at the first
-failing stage, naming every problem found there; nothing here "fixes" a return.
-
-Judging is total: whatever comes back and whatever the schema or the caller's validator raise,
-the outcome is a :class:`Verdict`, never an exception, so the raw text is kept and the run goes on.
-"""
+"""The commit boundary (docs/design.md): a return is accepted whole or not at all; under
+``accept="items"`` one whole in JSON, coverage and identity may be accepted in part. Checks run in a
+fixed order (JSON, coverage, identity, schema, caller validator) and stop at the first failing
+stage, naming every problem there; nothing "fixes" a return. Judging is total: the outcome is a
+:class:`Verdict`, never an exception, so the raw text is kept and the run goes on."""
 
 from __future__ import annotations
 
@@ -15,6 +11,8 @@ import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import reduce
+from operator import getitem
 from typing import Any
 
 from .._canon import canonical_json
@@ -53,10 +51,6 @@ class Verdict:
     stored: dict[str, str] = field(default_factory=dict)  # values as the ledger's JSON texts
 
     @property
-    def repairable(self) -> bool:
-        return bool(self.errors) and all(e["type"] in REPAIRABLE for e in self.errors)
-
-    @property
     def partial(self) -> bool:
         return not self.accepted and bool(self.stored)
 
@@ -89,9 +83,9 @@ def unwrap(reply: Reply) -> str:
     return text
 
 
-def stop_error(reply: Reply, task_id: str | None) -> dict[str, Any]:
-    """The error a reply's ``stop`` is rejected with, named as the stop (a text that was not a
-    str is a ``json`` error: the provider broke the contract)."""
+def _stopped(reply: Reply, tasks: Sequence[Mapping[str, Any]], mode: str) -> Verdict:
+    """A reply rejected for its ``stop``, named as the stop (a text that was not a str is a
+    ``json`` error: the provider broke the contract)."""
     said = next((f" ({key}: {reply.extra[key]})" for key in ("finish_reason", "stop_reason")
                  if isinstance(reply.extra.get(key), str)), "")
     if isinstance(reply.extra.get("cut_at"), str):  # inferred from the usage (reply.received)
@@ -108,7 +102,8 @@ def stop_error(reply: Reply, task_id: str | None) -> dict[str, Any]:
                   "provider)",
     }
     kind = "json" if reply.stop == NOT_TEXT else str(reply.stop)
-    return _error(kind, messages[str(reply.stop)], task_id)
+    task_id = tasks[0]["task_id"] if mode == "value" else None
+    return Verdict(False, errors=[_error(kind, messages[str(reply.stop)], task_id)])
 
 
 _VALUE_OPEN = re.compile(r'\s*\{\s*"value"\s*:\s*')
@@ -146,15 +141,14 @@ async def judge(
     the validator."""
     try:
         if reply.stop is not None:  # the provider says this is no whole answer, whatever it reads
-            return Verdict(False, errors=[stop_error(reply, tasks[0]["task_id"] if mode ==
-                                                     "value" else None)])
+            return _stopped(reply, tasks, mode)
         text = unwrap(reply)  # the envelope the provider reported (the ledger keeps it whole)
         prepared = (_prepare_value(text, tasks[0], identity, schema) if mode == "value"
                     else _prepare_items(text, tasks, identity, schema))
-        if isinstance(prepared, Verdict) and reply.extra.get("cut_at") and _unparsed(prepared):
-            # every output token used and the JSON unfinished: cut off at the ceiling
-            return Verdict(False, errors=[stop_error(replace(reply, stop=TRUNCATED), tasks[0][
-                "task_id"] if mode == "value" else None)])
+        if isinstance(prepared, Verdict) and reply.extra.get("cut_at") and any(
+                e["type"] == "json" and e["message"].startswith("return is not valid JSON")
+                for e in prepared.errors):  # every output token used, the JSON unfinished
+            return _stopped(replace(reply, stop=TRUNCATED), tasks, mode)
         errors: list[dict[str, Any]] = []
         if isinstance(prepared, ItemFaults):  # the schema rejected some items
             if accept != "items":
@@ -289,11 +283,6 @@ def _judged(schema: ItemSchema, answer: Any, path: str, task: Mapping[str, Any],
     return errors, [(task_id, value, text, task)]
 
 
-def _unparsed(verdict: Verdict) -> bool:
-    return any(e["type"] == "json" and e["message"].startswith("return is not valid JSON")
-               for e in verdict.errors)
-
-
 def _absent_dropped(value: Any, text: str, schema: ItemSchema) -> Any:
     """``value`` without the nulls OpenAI's strict mode writes for an absent optional field
     (``_content/optional.py``); only text with a ``null`` in it can hold one."""
@@ -402,10 +391,10 @@ def _value_echoes(text: str, payload: Any, task: Mapping[str, Any],
         return []
     echoes = []
     for path in paths:
-        obj = _at(payload, path)
+        obj = reduce(getitem, path, payload)
         echoes.append((obj, task, [n for n in compared_fields(task, identity, obj) if n in obj]))
     return _compare_echoes(echoes, identity,
-                           lambda: [_at(exact_json(text), path) for path in paths])
+                           lambda: [reduce(getitem, path, exact_json(text)) for path in paths])
 
 
 def _echo_paths(payload: Any) -> list[tuple[Any, ...]]:
@@ -423,12 +412,6 @@ def _echo_paths(payload: Any) -> list[tuple[Any, ...]]:
             if isinstance(child, (dict, list)):
                 stack.append((child, (*path, key)))
     return paths
-
-
-def _at(value: Any, path: Sequence[Any]) -> Any:
-    for key in path:
-        value = value[key]
-    return value
 
 
 # The ledger's JSON text of a value: json.dumps's form, keys sorted. Byte for byte the text of the
@@ -459,8 +442,6 @@ def _coerced_identity(stored: Any, task: Mapping[str, Any],
                       identity: Sequence[str]) -> list[dict[str, Any]]:
     """A schema that declares an identity field may coerce it ("078" -> 78): what would be
     committed must still equal the request."""
-    if not isinstance(stored, dict):
-        return []
     return [_error("schema", f"the schema turns {name} {clip(task[name])} into "
                    f"{clip(stored[name])} (task {task['task_id']!r}); declare it with the "
                    "task's JSON type", task["task_id"], field=name)
@@ -489,7 +470,4 @@ def _coverage(items: list[dict], expected: Mapping[str, Any]) -> list[dict[str, 
         elif n > 1:
             errors.append(_error("coverage", f"task {task_id!r} appears {n} times",
                                  task_id, problem="duplicated"))
-    if not errors and len(items) != len(expected):
-        errors.append(_error("coverage", f"return has {len(items)} items for "
-                             f"{len(expected)} tasks"))
     return errors

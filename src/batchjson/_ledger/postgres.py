@@ -29,7 +29,7 @@ from .store_calls import (
     _owner_gone,
 )
 from .store_runs import REQUESTS_SQL, SEEN_SQL
-from .store_schema import POSTGRES, SCHEMA_VERSION, _version_problem
+from .store_schema import MERGED, POSTGRES, SCHEMA_VERSION, _version_problem
 
 # The one lock of transactions that read before they write ("batchjson" in ASCII).
 SERIAL_LOCK = "SELECT pg_advisory_xact_lock(7089063493536607342)"
@@ -220,12 +220,9 @@ class PostgresStore(Store):
         self._pool.close()
 
     def _tables(self) -> dict[str, list[Row]]:
-        """What a merge brings in, as ``sqlite._read_ledger_file`` reads it."""
-        order = {**dict.fromkeys(("batches", "revisions", "requests", "attempts", "forgets",
-                                  "jobs"), "id"), "validators": "name, version",
-                 "imports": "imported_at, digest", "checkpoint": "attempt_id, task_id"}
+        """What a merge brings in (``MERGED``)."""
         return {table: self._read(f"SELECT * FROM {table} ORDER BY {by}")
-                for table, by in order.items()}
+                for table, by in MERGED.items()}
 
     # -- transactions --------------------------------------------------------------------------
     @contextmanager

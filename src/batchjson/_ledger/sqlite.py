@@ -18,7 +18,7 @@ from typing import Any
 from .._errors import LedgerError
 from .store import Store
 from .store_base import Row, Tx
-from .store_schema import SCHEMA_VERSION, SQLITE, _version_problem
+from .store_schema import MERGED, SCHEMA_VERSION, SQLITE, _version_problem
 
 # WAL pages a commit lets pile up before it copies them into the file itself. The copy runs in
 # that commit, on the run's event loop; a call writes about seven pages, mostly the same b-tree
@@ -352,22 +352,16 @@ def _holds_nothing(path: Path) -> bool | None:
 
 
 def _read_ledger_file(path: Path) -> dict[str, list[Row]]:
-    """Every row of another ledger file that a merge brings in, table by table, in the order
-    they were written; opened read-only. A file that is not a ledger of this schema is a
-    LedgerError saying so."""
+    """What a merge brings in (``MERGED``) from another ledger file, opened read-only; a file
+    that is not a ledger of this schema is a LedgerError saying so."""
     problem = file_problem(path)
     if problem:
         raise LedgerError(problem, path=path)
     db = _read_only(path)
     db.row_factory = sqlite3.Row
     try:
-        tables = {table: db.execute(f"SELECT * FROM {table} ORDER BY rowid").fetchall()
-                  for table in ("batches", "revisions", "requests", "attempts", "validators",
-                                "imports", "forgets", "jobs")}
-        # checkpoint has no rowid: by accepting attempt (the order they were opened)
-        tables["checkpoint"] = db.execute(
-            "SELECT * FROM checkpoint ORDER BY attempt_id, task_id").fetchall()
-        return tables
+        return {table: db.execute(f"SELECT * FROM {table} ORDER BY {by}").fetchall()
+                for table, by in MERGED.items()}
     except sqlite3.DatabaseError as exc:
         raise LedgerError(f"cannot read {path}: {exc}", path=path, cause=exc) from None
     finally:

@@ -63,7 +63,7 @@ def _pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # exists, owned by someone else
-        return True
+        pass
     return True
 
 
@@ -81,13 +81,6 @@ def _owner_gone(owner: str, host: str, pid: int, lease_expires_at: float | None,
     return lease_expires_at is not None and lease_expires_at < at
 
 
-def _parse(owner: str) -> tuple[str, int] | None:
-    parts = owner.split("/")
-    if len(parts) != 4 or not parts[1].isdigit():
-        return None
-    return parts[0], int(parts[1])
-
-
 def _gone_owners(holders: Sequence[tuple[str, str, int, float]], in_flight: Sequence[str],
                 at: float) -> set[str]:
     """Which owners are gone: of the claim holders (owner, host, pid, lease expiry), those
@@ -96,9 +89,9 @@ def _gone_owners(holders: Sequence[tuple[str, str, int, float]], in_flight: Sequ
     gone = {owner for owner, host, pid, lease in holders
             if _owner_gone(owner, host, pid, lease, at)}
     for owner in in_flight:
-        where = _parse(owner)
-        if owner not in gone and where is not None and where[0] == HOST and _owner_gone(
-                owner, where[0], where[1], None, at):
+        parts = owner.split("/")
+        if (owner not in gone and len(parts) == 4 and parts[0] == HOST and parts[1].isdigit()
+                and _owner_gone(owner, HOST, int(parts[1]), None, at)):
             gone.add(owner)
     return gone
 
@@ -106,7 +99,7 @@ def _gone_owners(holders: Sequence[tuple[str, str, int, float]], in_flight: Sequ
 ABANDONED = {"type": "abandoned", "task_id": None, "message": "its runner was killed or lost "
              "before the answer was recorded; the call may have been paid for"}
 
-MINE, HELD, ACCEPTED = "mine", "held", "accepted"  # what _begin_call finds
+MINE, HELD, ACCEPTED = "mine", "held", "accepted"  # what begin_call_later finds
 # A partial return's parts (``complete_call``): its revision id, its request, the part
 # accepted and the part rejected, and the accepted part's own return (its items alone).
 Parts = tuple[int, Request, Request, Request, str]
@@ -117,33 +110,23 @@ class CallStore(RunStore):
     """Receipts, checkpoint rows and claims: the writes of every call; the budget they hold;
     the live hosts."""
 
-    def _begin_call(self, tx: Tx, batch_id: int, revision_id: int, request: Request, kind: str,
-                   provider: str | None, model: str | None, source: str | None, *,
-                   owner: Owner, estimated_input_tokens: int | None = None,
-                   cost_floor: float | None = None,
-                   reserve: float | None = None) -> tuple[str, int | None]:
-        """Write a call's in-flight receipt and claim its request, in ``tx`` (committed before
-        the call is sent): (MINE, receipt id), or (HELD, ACCEPTED or OVER, None) when another
-        live runner holds it, it is accepted, or the ledger's budget cannot hold ``reserve``
-        (its worst case; None: unpriced); then the receipt never leaves ``tx``."""
-        stamp = now()
-        receipt = _receipt(batch_id, revision_id, request, kind, provider, model, source, owner,
-                           estimated_input_tokens, cost_floor, reserve, stamp)
-        return self._begin(tx, receipt, request.key, owner, stamp, reserve)()
-
     def begin_call_later(self, tx: Tx, batch_id: int, revision_id: int, request: Request,
                          kind: str, provider: str | None, model: str | None,
                          source: str | None, *, owner: Owner,
                          estimated_input_tokens: int | None = None,
-                         cost_floor: float | None = None,
-                         reserve: float | None = None) -> Later:
-        """:meth:`_begin_call`, its outcome (and what it writes once the claim is known) read
-        when asked for, in the same ``tx``; or, where the store decides a claim in one
-        statement (:meth:`_claim_at_commit`), read once ``tx`` has committed."""
+                         cost_floor: float | None = None, reserve: float | None = None,
+                         at_commit: bool = True) -> Later:
+        """Write a call's in-flight receipt and claim its request, in ``tx`` (committed before
+        the call is sent); a ``Later`` of (MINE, receipt id), or (HELD, ACCEPTED or OVER, None)
+        when another live runner holds it, it is accepted, or the ledger's budget cannot hold
+        ``reserve`` (its worst case; None: unpriced), the receipt then never leaving ``tx``.
+        Read when asked for, in ``tx``; or, ``at_commit`` where the store decides a claim in
+        one statement (:meth:`_claim_at_commit`), once ``tx`` has committed."""
         stamp = now()
-        receipt = _receipt(batch_id, revision_id, request, kind, provider, model, source, owner,
-                           estimated_input_tokens, cost_floor, reserve, stamp)
-        claimed = None if reserve is not None else self._claim_at_commit(
+        receipt = (batch_id, revision_id, request.key, request.task_ids_json, kind, provider,
+                   model, stamp, _uid(), owner.id, estimated_input_tokens, cost_floor, source,
+                   reserve)  # RECEIPT_COLUMNS' order
+        claimed = None if reserve is not None or not at_commit else self._claim_at_commit(
             tx, receipt, request.key, owner, stamp)
         return claimed or self._begin(tx, receipt, request.key, owner, stamp, reserve)
 
@@ -208,8 +191,7 @@ class CallStore(RunStore):
             tx, sql(HOLDER_SQL), (request_key, request_key)).fetchone()
         if accepted:
             return ACCEPTED
-        if holder is None or holder == owner.id or not _owner_gone(holder, host, pid,
-                                                                         lease, at):
+        if holder is None or holder == owner.id or not _owner_gone(holder, host, pid, lease, at):
             return HELD  # released a moment ago, or held: look again later
         if self._exec(tx, sql(LOCK_HOLDER_SQL), (request_key, holder)).fetchone() is None:
             return HELD  # another runner is taking it over this moment
@@ -225,7 +207,8 @@ class CallStore(RunStore):
         sql = self.dialect._claim_sql
         self._exec(tx, sql(ABANDON_CLAIMS_SQL), (owner,))
         held = self._exec(tx, sql(HELD_SQL), (owner,)).fetchone()[0]
-        self._charge_abandoned(tx, held)
+        if held:
+            self._exec(tx, BUDGET_ABANDON_SQL, (held, held, held))
         return self._exec(tx, sql(ABANDON_SQL), (now(), json.dumps([ABANDONED]),
                                                  owner)).rowcount
 
@@ -238,14 +221,13 @@ class CallStore(RunStore):
                                  "FROM claims GROUP BY owner").fetchall()
             in_flight = self._exec(tx, "SELECT DISTINCT owner FROM attempts WHERE status = "
                                    "'in_flight' AND owner IS NOT NULL").fetchall()
-            gone = _gone_owners([tuple(r) for r in holders], [r[0] for r in in_flight],
-                                      at)
+            gone = _gone_owners([tuple(r) for r in holders], [r[0] for r in in_flight], at)
             return sum(self._abandon(tx, owner) for owner in gone)
 
     def taken(self, keys: Sequence[str], owner: Owner) -> tuple[set[str], set[str]]:
         """Of ``keys``: those accepted, and those another live runner holds a claim on (a read:
-        no claim is taken or changed; a gone runner's claim is left for ``_begin_call`` to take
-        over)."""
+        no claim is taken or changed; a gone runner's claim is left for ``begin_call_later``
+        to take over)."""
         accepted = self.accepted_keys(keys)
         rows = self._by_keys("SELECT request_key, owner, host, pid, lease_expires_at FROM "
                              "claims WHERE request_key IN ({marks})", keys)
@@ -365,10 +347,8 @@ class CallStore(RunStore):
         rows = self._read("SELECT cost, spent, reserved, set_at, set_by FROM budget WHERE id = 1")
         if not rows:
             return None
-        row = rows[0]
-        left = max(0.0, row["cost"] - row["spent"] - row["reserved"])
-        return {"cost": row["cost"], "spent": row["spent"], "reserved": row["reserved"],
-                "left": left, "set_at": row["set_at"], "set_by": row["set_by"]}
+        row = dict(rows[0])
+        return {**row, "left": max(0.0, row["cost"] - row["spent"] - row["reserved"])}
 
     def _set_shared_budget(self, cost: float | None, *, by: str, stamp: str) -> None:
         """Set the ceiling (what was spent under an earlier one still counts), or with
@@ -405,10 +385,6 @@ class CallStore(RunStore):
         changes): ``charge`` is what it cost, or its worst case when that is unknown."""
         self._exec(tx, BUDGET_SETTLE_SQL, (charge, attempt_id))
 
-    def _charge_abandoned(self, tx: Tx, held: float) -> None:
-        if held:
-            self._exec(tx, BUDGET_ABANDON_SQL, (held, held, held))
-
     # -- the live hosts, sharing the rate limits ---------------------------------------------
     def hosts(self, tx: Tx, owner: Owner, *, leaving: bool = False) -> int:
         """Renew ``owner``'s row, or delete it when ``leaving``; then count the hosts alive. A
@@ -443,15 +419,6 @@ class CallStore(RunStore):
         return None if row is None else (row[0], row[1], max(0.0, at - row[2]))
 
 
-def _receipt(batch_id: int, revision_id: int, request: Request, kind: str, provider: str | None,
-             model: str | None, source: str | None, owner: Owner,
-             estimated_input_tokens: int | None, cost_floor: float | None,
-             reserve: float | None, stamp: str) -> tuple:
-    """An in-flight receipt's values, in ``RECEIPT_COLUMNS``' order."""
-    return (batch_id, revision_id, request.key, request.task_ids_json, kind, provider, model,
-            stamp, _uid(), owner.id, estimated_input_tokens, cost_floor, source, reserve)
-
-
 def _already_accepted(first: Any) -> list[dict[str, Any]]:
     """The error of a paid return whose request another runner's attempt ``first`` admitted."""
     return [{"type": "already_accepted", "task_id": None,
@@ -475,7 +442,7 @@ PARTIAL_SQL = (
     "'accepted', '[]', ?, 0, 0, 0, 0.0, provider, model, ?, ?, ?, source, sent_at "
     "FROM attempts WHERE id = ?")
 
-# An in-flight receipt: its columns, in the order ``_begin_call`` gives their values.
+# An in-flight receipt: its columns, in the order ``begin_call_later`` gives them.
 RECEIPT_COLUMNS = ("batch_id", "revision_id", "request_key", "task_ids", "kind", "provider",
                    "model", "started_at", "uid", "owner", "estimated_input_tokens",
                    "cost_floor", "source", "reserved")

@@ -1,10 +1,7 @@
-"""Pacing: keep every run of a session under the provider's requests and tokens per minute.
-
-A semaphore alone cannot: retries fired into a closed rate window burn money. One :class:`Pacer` per
-session, shared by its runs: two leaky buckets (aiolimiter), a 429 pausing every call and halving
-the calls in flight (docs/providers.md, "Rate limits"). The session is one live host of its ledger
-(:class:`HostShare`), so the hosts on one account divide its limits instead of each sending at all
-of them."""
+"""Pacing: keep every run of a session under the provider's requests and tokens per minute (a
+semaphore alone cannot: retries fired into a closed rate window burn money). One :class:`Pacer` per
+session: two leaky buckets (aiolimiter), a 429 pausing every call and halving the calls in flight
+(docs/providers.md, "Rate limits"); the hosts of a ledger divide the limits (:class:`HostShare`)."""
 
 from __future__ import annotations
 
@@ -95,7 +92,7 @@ class Pacer:
         self._short_until = -1.0  # the end of a pause short remaining counts asked for
         self._waiting: list[asyncio.Future[None]] = []
         self._learning = False  # one call alone until the first answer: see learn()
-        self._heard = False  # an answer has come back
+        self.heard = False  # the provider has said its limits (or that it reports none)
         self.hosts = 1  # the live hosts of the ledger, dividing the limits between them
         self._build()
 
@@ -126,27 +123,19 @@ class Pacer:
     def learn(self) -> None:
         """The provider reports its limits in headers: with none set, the session's first call
         goes alone, so that its answer says the limits before a burst meets them blind."""
-        self._learning = not self.limits and not self._heard
+        self._learning = not self.limits and not self.heard
 
     def recall(self, learnt: RateLimits) -> None:
         """Limits an earlier answer on this account and model reported (none, when it
         reported none), kept in the ledger: paced to from the first call, none sent alone;
         headers still correct them as they come."""
-        self._learning, self._heard = False, True
-        self._learn(learnt)
-
-    @property
-    def heard(self) -> bool:
-        """Whether the provider has said what its limits are (or that it reports none)."""
-        return self._heard
+        self._learning, self.heard = False, True
+        self._set(self.limits, learnt)
 
     def set_limits(self, limits: RateLimits) -> None:
         """New limits from the user; what was learnt stays for the limits left unset."""
-        rpm, tpm = self.requests_per_minute, self.tokens_per_minute
-        self.limits = limits
         self._learning = self._learning and not limits
-        self._build(requests=self.requests_per_minute != rpm,
-                    tokens=self.tokens_per_minute != tpm)
+        self._set(limits, self.learnt)
 
     def share(self, hosts: int) -> None:
         """``hosts`` sessions are live on the ledger: this one paces to its share of the
@@ -189,7 +178,7 @@ class Pacer:
         """A call is over; an answered one ends the lone first call and lets the calls in flight
         climb one step back (one not sent says nothing of the limits)."""
         if answered:
-            self._learning, self._heard = False, True
+            self._learning, self.heard = False, True
         if answered and self.allowed < self.ceiling:
             self.allowed = min(float(self.ceiling), self.allowed + 1.0 / self.allowed)
         self._leave()
@@ -200,13 +189,13 @@ class Pacer:
         seen = reported(headers)
         if not seen.any:
             return
-        self._learning, self._heard = False, True
+        self._learning, self.heard = False, True
         learnt = self.learnt
         rpm = seen.requests.limit or learnt.requests_per_minute
         tpm = seen.tokens.limit or learnt.tokens_per_minute
         # most answers say the same limits: no new RateLimits to check for each
         if (rpm, tpm) != (learnt.requests_per_minute, learnt.tokens_per_minute):
-            self._learn(RateLimits(rpm, tpm))
+            self._set(self.limits, RateLimits(rpm, tpm))
         self._pause_if_short(seen)
 
     def penalise(self, wait: float | None) -> None:
@@ -220,12 +209,12 @@ class Pacer:
         self._hold(loop, wait)
 
     # -- inside ---------------------------------------------------------------------------------
-    def _learn(self, learnt: RateLimits) -> None:
-        if learnt != self.learnt:
-            rpm, tpm = self.requests_per_minute, self.tokens_per_minute
-            self.learnt = learnt
-            self._build(requests=self.requests_per_minute != rpm,
-                        tokens=self.tokens_per_minute != tpm)
+    def _set(self, limits: RateLimits, learnt: RateLimits) -> None:
+        """New limits: a new bucket only for a limit in force that changed."""
+        rpm, tpm = self.requests_per_minute, self.tokens_per_minute
+        self.limits, self.learnt = limits, learnt
+        self._build(requests=self.requests_per_minute != rpm,
+                    tokens=self.tokens_per_minute != tpm)
 
     def _pause_if_short(self, seen: Reported) -> None:
         """The provider's count corrects ours both ways: less left than one burst pauses until

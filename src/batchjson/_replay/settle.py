@@ -84,26 +84,22 @@ class Settle:
         verdict = await acceptance.judge(got, request.tasks, mode=plan.mode,
                                          identity=plan.identity, schema=plan.schema,
                                          validator=plan.validator, accept=plan.accept)
+        status, accepted, parts = "rejected", None, None
         if verdict.partial:  # its passing items committed, the rest asked again (apart)
             out.partial_returns += 1
             kept, rest = apart(plan, request, verdict)
+            status, accepted = "partial", (plan.batch_id, kept.key, verdict.stored)
             parts = (plan.revision_id, request, kept, rest,
                      acceptance.sub_return(text, kept.task_ids))
-            return verdict, lambda tx: store.complete_call(
-                tx, key, "partial", text, usage, errors=verdict.errors,
-                accepted=(plan.batch_id, kept.key, verdict.stored), parts=parts,
-                sent_at=sent_at, charge=ledger)
-        if verdict.accepted:
+        elif verdict.accepted:
             out.accepted_returns += 1
-            stored = verdict.stored
-            return verdict, lambda tx: store.complete_call(
-                tx, key, "accepted", text, usage, accepted=(plan.batch_id, request.key, stored),
-                sent_at=sent_at, charge=ledger)
-        out.rejected_returns += 1
-        count_thrown_away(out, request, verdict.errors, cost, usage)
+            status, accepted = "accepted", (plan.batch_id, request.key, verdict.stored)
+        else:
+            out.rejected_returns += 1
+            count_thrown_away(out, request, verdict.errors, cost, usage)
         return verdict, lambda tx: store.complete_call(
-            tx, key, "rejected", text, usage, errors=verdict.errors, sent_at=sent_at,
-            charge=ledger)
+            tx, key, status, text, usage, errors=verdict.errors, accepted=accepted, parts=parts,
+            sent_at=sent_at, charge=ledger)
 
     def failure_cost(self, attempt: Attempt, error: ProviderError) -> float | None:
         """What a failure cost: nothing when the server never ran the model (unreachable, a 4xx, a
@@ -177,15 +173,12 @@ def fail(outcome: Outcome, request: Request, errors: list[dict[str, Any]],
             "task_id") in (task_id, None)] if own else shared or bystander)
 
 
-ITEM_LEVEL = frozenset({"schema", "validation"})  # what accepting items rejects item by item
-
-
 def count_thrown_away(outcome: Outcome, request: Request, errors: Sequence[Mapping[str, Any]],
                       cost: float | None, usage: Mapping[str, Any]) -> None:
     """The valid answers a return rejected only for some items' schema or validator faults threw
     away with them, and their share of its cost and tokens (a return with a confused identity or
     a broken envelope is trusted in no part, in any mode: it throws away nothing valid)."""
-    if not errors or any(e.get("type") not in ITEM_LEVEL for e in errors):
+    if not errors or any(e.get("type") not in acceptance.ITEM_FAULTS for e in errors):
         return
     failed = {e.get("task_id") for e in errors}
     fine = [t for t in request.task_ids if t not in failed]
