@@ -18,6 +18,7 @@ from .store import Store
 from .store_base import Later, Row, Tx
 from .store_calls import (
     ACCEPTED,
+    CLAIM_INTO,
     COMPLETE_SQL,
     HELD,
     MINE,
@@ -41,8 +42,7 @@ _JOB = """job AS (
     SELECT id FROM requests WHERE id = (SELECT MIN(id) FROM requests WHERE key = %(key)s)
     FOR UPDATE SKIP LOCKED)"""
 _ACCEPTED = "EXISTS (SELECT 1 FROM attempts WHERE request_key = %(key)s AND status = 'accepted')"
-_CLAIM_AS = """INSERT INTO claims(request_key, owner, host, pid, session, attempt_id,
-    lease_expires_at, claimed_at)
+_CLAIM_AS = CLAIM_INTO + """
     SELECT %(key)s, %(owner)s, %(host)s, %(pid)s, %(session)s, {claimed},
            {CLOCK} + %(lease)s, %(stamp)s FROM free
     ON CONFLICT (request_key) DO"""

@@ -1,9 +1,7 @@
-"""The store's SQL for a call: its receipt and claim, written before it is sent; the receipt
-completed after, with an accepted return's checkpoint rows; the ledger's own budget reserved and
-settled in those same transactions; and who is live (a claim's owner, a host). A method taking
-``tx`` runs in the caller's transaction, so the group commit can put many calls' writes in one.
-Claims: docs/design.md, "Claims: one payer per request"; the budget: docs/scale.md, "Budgets".
-"""
+"""The store's SQL for a call: its receipt and claim written before it is sent, completed after
+with an accepted return's checkpoint rows, the ledger's budget reserved and settled in the same
+transactions; and who is live. A method taking ``tx`` runs in the caller's transaction, so a group
+commit puts many calls' writes in one (docs/design.md, "Claims"; docs/scale.md, "Budgets")."""
 
 from __future__ import annotations
 
@@ -22,9 +20,8 @@ from .records import _uid, now
 from .store_base import Later, Tx
 from .store_runs import CHECKPOINT_SQL, RunStore
 
-# -- who holds a claim, and when a holder is gone --------------------------------------------
-# Who "this host" is: its host name, or BATCHJSON_HOST where machines share one (containers
-# with the host's name but their own process ids): a process id is checked only on its host.
+# "This host": its name, or BATCHJSON_HOST where machines share one (containers with the host's
+# name but their own process ids); a process id is checked only on its host.
 HOST = os.environ.get("BATCHJSON_HOST") or socket.gethostname()
 
 _live_lock = threading.Lock()
@@ -83,9 +80,8 @@ def _owner_gone(owner: str, host: str, pid: int, lease_expires_at: float | None,
 
 def _gone_owners(holders: Sequence[tuple[str, str, int, float]], in_flight: Sequence[str],
                 at: float) -> set[str]:
-    """Which owners are gone: of the claim holders (owner, host, pid, lease expiry), those
-    :func:`_owner_gone` says; of the owners with receipts in flight and no claim, those of this
-    host whose process (or run) is gone."""
+    """The gone claim holders (owner, host, pid, lease expiry), and owners of receipts in flight
+    on this host whose process (or run) is gone."""
     gone = {owner for owner, host, pid, lease in holders
             if _owner_gone(owner, host, pid, lease, at)}
     for owner in in_flight:
@@ -99,16 +95,15 @@ def _gone_owners(holders: Sequence[tuple[str, str, int, float]], in_flight: Sequ
 ABANDONED = {"type": "abandoned", "task_id": None, "message": "its runner was killed or lost "
              "before the answer was recorded; the call may have been paid for"}
 
-MINE, HELD, ACCEPTED = "mine", "held", "accepted"  # what begin_call_later finds
-# A partial return's parts (``complete_call``): its revision id, its request, the part
-# accepted and the part rejected, and the accepted part's own return (its items alone).
+# what begin_call_later finds; OVER: the ledger's own cost budget cannot hold the call
+MINE, HELD, ACCEPTED, OVER = "mine", "held", "accepted", "over"
+# A partial return's parts: its revision id, its request, the parts accepted and rejected, and
+# the accepted part's own return (its items alone).
 Parts = tuple[int, Request, Request, Request, str]
-OVER = "over"  # the ledger's own cost budget cannot hold the call
 
 
 class CallStore(RunStore):
-    """Receipts, checkpoint rows and claims: the writes of every call; the budget they hold;
-    the live hosts."""
+    """Receipts, checkpoint rows and claims of every call; the budget they hold; the live hosts."""
 
     def begin_call_later(self, tx: Tx, batch_id: int, revision_id: int, request: Request,
                          kind: str, provider: str | None, model: str | None,
@@ -139,8 +134,7 @@ class CallStore(RunStore):
 
     def _begin(self, tx: Tx, receipt: Sequence[Any], request_key: str, owner: Owner,
                stamp: str, reserve: float | None) -> Later:
-        """The receipt and claim decided inside ``tx``: if the claim is not the runner's, or
-        the ledger's budget cannot hold ``reserve``, the receipt is deleted there."""
+        """The claim decided inside ``tx``; a receipt not won (or over budget) is deleted there."""
         opened = self._open(tx, receipt, request_key, owner, stamp)
 
         def outcome() -> tuple[str, int | None]:
@@ -158,12 +152,10 @@ class CallStore(RunStore):
 
     def _open(self, tx: Tx, receipt: Sequence[Any], request_key: str, owner: Owner,
               stamp: str) -> Later:
-        """Write the receipt (``RECEIPT_SQL``'s values) and claim its request: (receipt id,
-        what the claim found, whether the ledger has a budget of its own: None, not asked).
-        The hot path of every call: one statement, returning no row, claims a request that is
-        free or already ours and not accepted, on a ledger without a budget of its own; a
-        ledger with one claims it again by :data:`TAKE_SQL`; anything else takes
-        :meth:`_decide`."""
+        """Write the receipt and claim its request: (receipt id, what the claim found, whether
+        the ledger has a budget: None, not asked). The hot path: one statement claims a request
+        free or ours and not accepted on a ledger without a budget; with one, :data:`TAKE_SQL`;
+        anything else takes :meth:`_decide`."""
         attempt_id = self._insert(tx, RECEIPT_SQL, receipt)
         claim = (request_key, owner.id, owner.host, owner.pid, owner.session, attempt_id,
                  self._clock(tx) + self.lease_seconds, stamp, request_key)
@@ -182,10 +174,9 @@ class CallStore(RunStore):
 
     def _decide(self, tx: Tx, request_key: str, owner: Owner, attempt_id: int,
                 stamp: str) -> str:
-        """A claimed or accepted request, read by the ledger's clock: ACCEPTED, HELD by a live
-        runner, or a gone runner's, taken over (MINE) if its row can be locked: where writers
-        run side by side a row another runner is taking over is skipped, never waited for
-        (the dialect's ``{lock}``), so the hosts' transactions cannot wait in a circle."""
+        """A claimed or accepted request, by the ledger's clock: ACCEPTED, HELD by a live runner,
+        or a gone runner's taken over (MINE) if its row can be locked; a row another runner is
+        taking over is skipped (``{lock}``), never waited for, so no wait is circular."""
         sql = self.dialect._claim_sql
         accepted, holder, host, pid, lease, at = self._exec(
             tx, sql(HOLDER_SQL), (request_key, request_key)).fetchone()
@@ -201,9 +192,8 @@ class CallStore(RunStore):
         return MINE
 
     def _abandon(self, tx: Tx, owner: str) -> int:
-        """Take every claim of a gone owner; its in-flight receipts become 'abandoned', each
-        charged its worst case to the ledger's budget. Rows another runner is taking over
-        this moment are left to it (``{lock}``)."""
+        """Take every claim of a gone owner; its in-flight receipts become 'abandoned', each charged
+        its worst case to the ledger's budget (rows another runner is taking over are its)."""
         sql = self.dialect._claim_sql
         self._exec(tx, sql(ABANDON_CLAIMS_SQL), (owner,))
         held = self._exec(tx, sql(HELD_SQL), (owner,)).fetchone()[0]
@@ -213,8 +203,8 @@ class CallStore(RunStore):
                                                  owner)).rowcount
 
     def reap(self) -> int:
-        """Abandon the claims and in-flight receipts of every owner that is gone (every run
-        does this when it starts); how many receipts were abandoned."""
+        """Abandon the claims and in-flight receipts of every gone owner (each run starts so); how
+        many receipts were abandoned."""
         with self.transaction() as tx:
             at = self._clock(tx)
             holders = self._exec(tx, "SELECT owner, MAX(host), MAX(pid), MAX(lease_expires_at) "
@@ -226,8 +216,7 @@ class CallStore(RunStore):
 
     def taken(self, keys: Sequence[str], owner: Owner) -> tuple[set[str], set[str]]:
         """Of ``keys``: those accepted, and those another live runner holds a claim on (a read:
-        no claim is taken or changed; a gone runner's claim is left for ``begin_call_later``
-        to take over)."""
+        a gone runner's claim is left for ``begin_call_later`` to take over)."""
         accepted = self.accepted_keys(keys)
         rows = self._by_keys("SELECT request_key, owner, host, pid, lease_expires_at FROM "
                              "claims WHERE request_key IN ({marks})", keys)
@@ -238,9 +227,8 @@ class CallStore(RunStore):
 
     def claims(self, tx: Tx, owner: Owner, action: Literal["renew", "release"],
                request_key: str | None = None) -> None:
-        """``owner``'s claims, in ``tx``: every one's lease renewed (a row another runner is
-        taking over this moment is renewed at the next turn, or not at all); or given up, on
-        ``request_key`` or every one."""
+        """``owner``'s claims, in ``tx``: every lease renewed (one being taken over is skipped),
+        or given up, on ``request_key`` or every one."""
         if action == "renew":
             self._exec(tx, self.dialect._claim_sql(RENEW_SQL), (self.lease_seconds, owner.id))
         elif request_key is None:
@@ -255,14 +243,12 @@ class CallStore(RunStore):
                       accepted: tuple[int, str, Mapping[str, str]] | None = None,
                       sent_at: str | None = None, charge: float | None = None,
                       parts: Parts | None = None) -> None:
-        """Complete a receipt, in ``tx``: an accepted return admits its items (``accepted``:
-        batch id, request key, each item's JSON text as judging made it), any other ``status``
-        keeps its ``errors``. Checkpoint rows are never re-pointed: a return whose request
-        another runner's was admitted for first is kept as paid, admitting nothing.
-        ``sent_at=None``: a cancelled call never sent; ``charge``: what it cost the ledger's
-        budget (None: the run reserved nothing on it).
-        A 'partial' return admits ``accepted``'s items, under its accepted part's key, and
-        splits its request into its ``parts`` (:data:`Parts`)."""
+        """Complete a receipt, in ``tx``: an accepted return admits its items (``accepted``: batch
+        id, request key, each item's JSON text), a 'partial' one those under its accepted part's
+        key, splitting its request into ``parts``; any other ``status`` keeps its ``errors``.
+        Checkpoint rows are never re-pointed: a return another runner's was admitted before is
+        kept as paid, admitting nothing. ``sent_at=None``: never sent; ``charge``: its cost to
+        the ledger's budget (None: nothing reserved)."""
         if (status in ("accepted", "partial")) != (accepted is not None) or (
                 status == "partial") != (parts is not None):
             raise ValueError("an accepted or partial return, and only one, names its items "
@@ -296,12 +282,9 @@ class CallStore(RunStore):
                           items: Mapping[str, str], parts: Parts, raw: str,
                           usage: Mapping[str, Any], errors: Sequence[Mapping],
                           sent_at: str | None, charge: float | None) -> None:
-        """A return accepted in part: its receipt is 'partial', its raw whole and its ``errors``
-        the rejected items'; its request is split into ``parts`` (the tasks accepted, ``kept``,
-        and those rejected, ``rest``); ``kept`` gets an accepted receipt of cost 0 derived from
-        it, as a recheck is (its raw the accepted items' return), and its checkpoint rows
-        (``items``), never re-pointed. So every reading of "accepted", "owed" and "values"
-        holds unchanged."""
+        """A 'partial' receipt (raw whole, the rejected items' ``errors``), its request split into
+        ``kept`` and ``rest``; ``kept`` gets a derived accepted receipt of cost 0, as a recheck
+        does, and its checkpoint rows, so every reading of "accepted" and "owed" holds."""
         stamp = now()
         revision_id, parent, kept, rest, kept_raw = parts
         self._complete(tx, attempt_id, "partial", errors, raw, usage, stamp, sent_at, charge)
@@ -329,8 +312,7 @@ class CallStore(RunStore):
     def _completion(self, tx: Tx, attempt_id: int, raw: str | None, usage: Mapping[str, Any],
                     stamp: str | None, sent_at: str | None, charge: float | None) -> tuple:
         """``COMPLETE_SQL``'s values after its status and errors; the charge settled first."""
-        # An 'abandoned' receipt may still be completed: its owner was presumed gone (lease
-        # expired) but came back with the answer, which is the better account.
+        # an 'abandoned' receipt may still be completed: its owner came back with the answer
         if charge is not None:
             self._settle_shared(tx, attempt_id, charge)
         cost = usage.get("cost")
@@ -366,10 +348,8 @@ class CallStore(RunStore):
 
     def _reserve_shared(self, tx: Tx, attempt_id: int, amount: float | None,
                         budgeted: bool | None = None) -> bool:
-        """Reserve ``amount`` (a call's worst case; None: not priced) for the receipt just
-        written, in ``tx``. False when the ledger has a budget that cannot hold it (or it has
-        one and the call is not priced); with no budget, the receipt holds nothing.
-        ``budgeted``: whether the ledger has a budget, if the caller read it in ``tx``."""
+        """Reserve ``amount`` (None: not priced) for the receipt just written, in ``tx``: False
+        when the ledger has a budget that cannot hold it (``budgeted``: if already read)."""
         if budgeted is not False:
             if amount is not None and self._exec(tx, BUDGET_RESERVE_SQL,
                                                  (amount, amount)).fetchall():
@@ -381,15 +361,14 @@ class CallStore(RunStore):
         return True
 
     def _settle_shared(self, tx: Tx, attempt_id: int, charge: float) -> None:
-        """Charge a receipt's call to the ledger's budget as it completes (before its status
-        changes): ``charge`` is what it cost, or its worst case when that is unknown."""
+        """Charge a receipt's call (its cost, else worst case) to the ledger's budget, before its
+        status changes."""
         self._exec(tx, BUDGET_SETTLE_SQL, (charge, attempt_id))
 
     # -- the live hosts, sharing the rate limits ---------------------------------------------
     def hosts(self, tx: Tx, owner: Owner, *, leaving: bool = False) -> int:
-        """Renew ``owner``'s row, or delete it when ``leaving``; then count the hosts alive. A
-        host is gone as a claim's owner is; gone hosts' rows are deleted in one order, so hosts
-        deleting the same rows never wait on each other in a circle."""
+        """Renew ``owner``'s row, or delete it when ``leaving``; then count the hosts alive. Gone
+        hosts' rows are deleted in one order, so no two hosts wait on each other in a circle."""
         at = self._clock(tx)
         if not leaving:
             self._exec(tx, HOST_JOIN_SQL, (owner.id, owner.host, owner.pid,
@@ -406,9 +385,8 @@ class CallStore(RunStore):
     def rate_limits(self, tx: Tx, account: str, model: str,
                     learnt: tuple[int | None, int | None] | None = None
                     ) -> tuple[int | None, int | None, float] | None:
-        """The requests and tokens per minute last learnt for ``model`` on ``account`` (None
-        where the provider reported none) and their age in seconds by the ledger's clock, or
-        None when none were kept; with ``learnt``, those are kept instead (and None returned)."""
+        """The requests and tokens per minute last learnt for ``model`` on ``account`` and their
+        age by the ledger's clock, or None; with ``learnt``, those are kept instead."""
         at = self._clock(tx)
         if learnt is not None:
             self._exec(tx, LIMITS_KEEP_SQL, (account, model, *learnt, at))
@@ -449,13 +427,13 @@ RECEIPT_COLUMNS = ("batch_id", "revision_id", "request_key", "task_ids", "kind",
 RECEIPT_INTO = f"INSERT INTO attempts(status, {', '.join(RECEIPT_COLUMNS)}) VALUES ('in_flight', "
 RECEIPT_SQL = RECEIPT_INTO + ",".join("?" * len(RECEIPT_COLUMNS)) + ")"
 
-# The claim protocol's statements, written once. A claim is decided by the ledger's clock
-# (``{now}``), so the hosts' clocks need not agree; ``{lock}`` is where the databases truly
-# differ: PostgreSQL locks the rows a read decides on and skips those another runner is
-# deciding on (FOR UPDATE SKIP LOCKED), SQLite's BEGIN IMMEDIATE already serialises writers.
+# The claim protocol's statements, written once, decided by the ledger's clock (``{now}``);
+# ``{lock}``: PostgreSQL locks the rows a read decides on and skips those another runner is
+# deciding on, where SQLite's BEGIN IMMEDIATE already serialises writers.
+CLAIM_INTO = ("INSERT INTO claims(request_key, owner, host, pid, session, attempt_id, "
+              "lease_expires_at, claimed_at) ")
 TAKE_SQL = (
-    "INSERT INTO claims(request_key, owner, host, pid, session, attempt_id, lease_expires_at, "
-    "claimed_at) SELECT ?,?,?,?,?,?,?,? WHERE NOT EXISTS (SELECT 1 FROM attempts WHERE "
+    CLAIM_INTO + "SELECT ?,?,?,?,?,?,?,? WHERE NOT EXISTS (SELECT 1 FROM attempts WHERE "
     "request_key = ? AND status = 'accepted') ON CONFLICT(request_key) DO UPDATE SET "
     "attempt_id = excluded.attempt_id, lease_expires_at = excluded.lease_expires_at "
     "WHERE claims.owner = excluded.owner")
@@ -466,9 +444,7 @@ HOLDER_SQL = (
     "status = 'accepted'), owner, host, pid, lease_expires_at, {now} FROM (SELECT 1) AS one "
     "LEFT JOIN claims ON request_key = ?")
 LOCK_HOLDER_SQL = "SELECT 1 FROM claims WHERE request_key = ? AND owner = ?{lock}"
-HOLD_SQL = (
-    "INSERT INTO claims(request_key, owner, host, pid, session, attempt_id, lease_expires_at, "
-    "claimed_at) VALUES (?, ?, ?, ?, ?, ?, {now} + ?, ?)")
+HOLD_SQL = CLAIM_INTO + "VALUES (?, ?, ?, ?, ?, ?, {now} + ?, ?)"
 ABANDON_CLAIMS_SQL = ("DELETE FROM claims WHERE request_key IN (SELECT request_key FROM claims "
                       "WHERE owner = ?{lock})")
 _GONE = "SELECT id FROM attempts WHERE owner = ? AND status = 'in_flight'{lock}"
