@@ -33,8 +33,7 @@ from .._sources import NO_TOOL_CALL, NOT_TEXT, REFUSED, TOOL_CALL, TRUNCATED
 from .validators import clip, judged_code_raised, run_validator_async, said
 from .validators import error as _error
 
-# Asking again with the errors named can mend these; a truncated or refused return cannot be
-# mended by a repair (the replay loop splits, reports, or re-asks a refusal only when told to).
+# What asking again with the errors named can mend (not a truncated or refused return).
 REPAIRABLE = frozenset({"json", "coverage", "identity", "schema", "validation", TOOL_CALL,
                         NO_TOOL_CALL})
 
@@ -59,8 +58,7 @@ class Verdict:
         return list(dict.fromkeys(e["task_id"] for e in self.errors))
 
 
-# What alone may reject an item and not its return (``accept="items"``): its schema or the
-# validator, named for that task; a schema that rewrites a compared field is an identity fault.
+# What may reject an item and not its return (``accept="items"``), named for that task.
 ITEM_FAULTS = frozenset({"schema", "validation"})
 
 
@@ -399,8 +397,7 @@ def _echo_paths(payload: Any) -> list[tuple[Any, ...]]:
     return paths
 
 
-# The ledger's JSON text of a value: json.dumps's form, keys sorted. Byte for byte the text of the
-# value canonical_json writes, read back and dumped (the form every checkpoint row has held).
+# The ledger's JSON text of a value (json.dumps's form, keys sorted), as every checkpoint row holds.
 ledger_json: Callable[[Any], str] = json.JSONEncoder(sort_keys=True, allow_nan=False).encode
 
 

@@ -272,9 +272,8 @@ def _read_only_place(path: Path) -> str | None:
 
 # -- ledger files, read without opening them as a store ---------------------------------------
 def file_problem(path: Path, *, create: bool = False) -> str | None:
-    """Why the file at ``path`` (opened read-only) cannot be read as a ledger, or None.
-    ``create``: no file, an empty one, or one another process is making a ledger this moment
-    (polled to a deadline) is none."""
+    """Why the file at ``path`` (opened read-only) cannot be read as a ledger, or None; with
+    ``create``, no file, an empty one, or one another process is making now (polled) is fine."""
     if not create:
         return _file_problem(path)
     deadline = time.monotonic() + OPEN_WAIT

@@ -111,12 +111,10 @@ class CallStore(RunStore):
                          estimated_input_tokens: int | None = None,
                          cost_floor: float | None = None, reserve: float | None = None,
                          at_commit: bool = True) -> Later:
-        """Write a call's in-flight receipt and claim its request, in ``tx`` (committed before
-        the call is sent); a ``Later`` of (MINE, receipt id), or (HELD, ACCEPTED or OVER, None)
-        when another live runner holds it, it is accepted, or the ledger's budget cannot hold
-        ``reserve`` (its worst case; None: unpriced), the receipt then never leaving ``tx``.
-        Read when asked for, in ``tx``; or, ``at_commit`` where the store decides a claim in
-        one statement (:meth:`_claim_at_commit`), once ``tx`` has committed."""
+        """Write a call's in-flight receipt and claim its request in ``tx``, committed before it is
+        sent: a ``Later`` of (MINE, receipt id), or (HELD, ACCEPTED or OVER, None), the receipt
+        then not kept (``reserve``: its worst case; None: unpriced). ``at_commit``: where one
+        statement decides the claim (:meth:`_claim_at_commit`), read once ``tx`` has committed."""
         stamp = now()
         receipt = (batch_id, revision_id, request.key, request.task_ids_json, kind, provider,
                    model, stamp, _uid(), owner.id, estimated_input_tokens, cost_floor, source,
@@ -243,12 +241,10 @@ class CallStore(RunStore):
                       accepted: tuple[int, str, Mapping[str, str]] | None = None,
                       sent_at: str | None = None, charge: float | None = None,
                       parts: Parts | None = None) -> None:
-        """Complete a receipt, in ``tx``: an accepted return admits its items (``accepted``: batch
-        id, request key, each item's JSON text), a 'partial' one those under its accepted part's
-        key, splitting its request into ``parts``; any other ``status`` keeps its ``errors``.
-        Checkpoint rows are never re-pointed: a return another runner's was admitted before is
-        kept as paid, admitting nothing. ``sent_at=None``: never sent; ``charge``: its cost to
-        the ledger's budget (None: nothing reserved)."""
+        """Complete a receipt in ``tx``: an accepted (or 'partial', split into ``parts``) return
+        admits its items (``accepted``: batch id, request key, JSON texts), never re-pointing a
+        checkpoint row (another runner's admitted first: kept as paid, admitting nothing); any
+        other ``status`` keeps its ``errors``. ``charge``: its cost to the ledger's budget."""
         if (status in ("accepted", "partial")) != (accepted is not None) or (
                 status == "partial") != (parts is not None):
             raise ValueError("an accepted or partial return, and only one, names its items "
@@ -325,7 +321,7 @@ class CallStore(RunStore):
 
     # -- the ledger's own cost budget -------------------------------------------------------
     def _shared_budget(self) -> dict[str, Any] | None:
-        """The ledger's budget (cost, spent, reserved, left, set_at, set_by), or None."""
+        """The ledger's budget (cost, spent, reserved, set_at, set_by, left), or None."""
         rows = self._read("SELECT cost, spent, reserved, set_at, set_by FROM budget WHERE id = 1")
         if not rows:
             return None
@@ -333,8 +329,7 @@ class CallStore(RunStore):
         return {**row, "left": max(0.0, row["cost"] - row["spent"] - row["reserved"])}
 
     def _set_shared_budget(self, cost: float | None, *, by: str, stamp: str) -> None:
-        """Set the ceiling (what was spent under an earlier one still counts), or with
-        ``cost=None`` remove the budget."""
+        """Set the ceiling (spending under an earlier one counts), or remove it (``None``)."""
         with self.transaction() as tx:
             if cost is None:
                 self._exec(tx, "DELETE FROM budget WHERE id = 1")
@@ -354,7 +349,7 @@ class CallStore(RunStore):
             if amount is not None and self._exec(tx, BUDGET_RESERVE_SQL,
                                                  (amount, amount)).fetchall():
                 return True
-            if self._exec(tx, "SELECT 1 FROM budget WHERE id = 1").fetchone() is not None:
+            if self._budgeted(tx):
                 return False
         if amount is not None:
             self._exec(tx, "UPDATE attempts SET reserved = NULL WHERE id = ?", (attempt_id,))
@@ -458,8 +453,8 @@ RENEW_SQL = ("UPDATE claims SET lease_expires_at = {now} + ? WHERE request_key I
 BUDGET_RESERVE_SQL = ("UPDATE budget SET reserved = reserved + ? WHERE id = 1 "
                       "AND spent + reserved + ? <= cost RETURNING id")
 
-# Settling one receipt (before its status changes): what it held comes off ``reserved`` if it
-# was in flight; its charge goes to ``spent``, less what was charged when it was abandoned.
+# Settling a receipt: what it held in flight comes off ``reserved``; its charge goes to ``spent``,
+# less what was charged when it was abandoned.
 BUDGET_SETTLE_SQL = (
     "UPDATE budget SET "
     "reserved = CASE WHEN reserved > a.held THEN reserved - a.held ELSE 0 END, "

@@ -29,9 +29,8 @@ from .settle import Attempt, Settle, usage_of
 
 @dataclass(frozen=True)
 class NotSent:
-    """Why a call was not sent, returned instead of raised: ``held`` (another live runner holds the
-    claim), ``resolved`` (accepted meanwhile), ``out_of_budget`` (``detail`` says by how much) or
-    ``stopped`` (the run stopped opening calls)."""
+    """Why a call was not sent, returned instead of raised: ``held`` by another live runner,
+    ``resolved`` (accepted meanwhile), ``out_of_budget`` (``detail``: by how much), ``stopped``."""
 
     why: Literal["held", "resolved", "out_of_budget", "stopped"]
     detail: str = ""
@@ -203,16 +202,15 @@ class Caller:
         """Reserve ``bound`` when it did not fit at once: wait for calls in flight to settle before
         giving up, their real cost usually below their reservation."""
         spender = self.spender
-        while True:
-            reserved = spender.reserve(bound)
-            if reserved is not None:
-                return reserved
-            if not spender.waiting_on_reservations or spender.stopped is not None:
-                return NotSent("out_of_budget", str(spender.shortfall(bound)))
+        while spender.waiting_on_reservations and spender.stopped is None:
             self.settled.clear()
             await self.settled.wait()
             if self.control.stop is not None:
                 return STOPPED
+            reserved = spender.reserve(bound)
+            if reserved is not None:
+                return reserved
+        return NotSent("out_of_budget", str(spender.shortfall(bound)))
 
     async def _open(self, request: Request, kind: CallKind, call: Call,
                     estimated: int) -> tuple[float, int] | NotSent:

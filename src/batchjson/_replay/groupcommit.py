@@ -56,8 +56,7 @@ class GroupCommit:
         return await self.submit(op)
 
     def raise_failures(self) -> None:
-        """Raise the ledger's failure, else the first write that failed: a run never ends as if
-        its records were kept."""
+        """Raise the ledger's failure, else the first failed write: no run ends as if kept."""
         failures, self._failures = self._failures, []
         if self.broken is not None:
             raise self.broken
@@ -92,8 +91,7 @@ class GroupCommit:
                 fut.exception()  # reported by raise_failures, not as "never retrieved"
 
     def _together(self, live: list[tuple[Op, asyncio.Future | None]]) -> list[Outcome]:
-        """The common case: every write in one transaction, no per-write savepoints. The
-        outcomes are handed out only after COMMIT has returned."""
+        """Every write in one transaction, no savepoints; outcomes handed out after COMMIT."""
         with self._store.transaction(calls=True) as db:
             results = [op(db) for op, _ in live]
             for i, result in enumerate(results):  # each outcome read once every write is sent

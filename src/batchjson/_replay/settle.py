@@ -24,9 +24,8 @@ Write = Callable[[Any], None]  # completes one receipt inside a ledger transacti
 
 @dataclass(frozen=True)
 class Attempt:
-    """One sent attempt: ``reserved`` is this session's reservation (None: another process's),
-    ``held`` the ledger's, ``request`` None for a job line with nothing to judge, ``billable`` a
-    live call that reached the server."""
+    """One sent attempt: ``reserved`` this session's (None: another process's), ``held`` the
+    ledger's; ``request`` None: a job line, nothing to judge; ``billable``: reached a server."""
 
     id: int
     reserved: float | None
