@@ -65,8 +65,7 @@ class RateLimits:
 
 
 def _bucket(per_minute: float, slice_seconds: float, least: float) -> AsyncLimiter:
-    """Drains at ``per_minute`` (less the headroom) with a burst of half a slice, never less
-    than ``least`` (one request, or one request's tokens)."""
+    """Drains at ``per_minute`` less headroom, a burst of half a slice but at least ``least``."""
     rate = per_minute * HEADROOM / 60.0
     burst = max(least, rate * slice_seconds / 2)
     return AsyncLimiter(burst, burst / rate)
@@ -105,8 +104,7 @@ class Pacer:
         return self.limits.tokens_per_minute or self.learnt.tokens_per_minute
 
     def _build(self, requests: bool = True, tokens: bool = True) -> None:
-        """New buckets for the limits named (a new bucket starts empty, so only a limit that
-        changed gets one)."""
+        """New buckets for the limits named (one starts empty: only a changed limit gets one)."""
         rpm, tpm = self.requests_per_minute, self.tokens_per_minute
         if requests:
             self._requests = _bucket(rpm / self.hosts, self.slice_seconds, 1) if rpm else None
