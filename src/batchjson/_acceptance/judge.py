@@ -1,12 +1,8 @@
-"""The commit boundary: a return is accepted whole, or not at all (docs/design.md, "The commit
-boundary"); under ``accept="items"`` a return whole in JSON, coverage and identity may be accepted
-in part, the items failing only their schema or the validator named (a partial verdict). Checks
-run in a fixed order (JSON, coverage, identity, schema, caller validator) and stop at the first
-failing stage, naming every problem found there; nothing here "fixes" a return.
-
-Judging is total: whatever comes back and whatever the schema or the caller's validator raise,
-the outcome is a :class:`Verdict`, never an exception, so the raw text is kept and the run goes on.
-"""
+"""The commit boundary (docs/design.md): a return is accepted whole or not at all; under
+``accept="items"`` one whole in JSON, coverage and identity may be accepted in part. Checks run in a
+fixed order (JSON, coverage, identity, schema, caller validator) and stop at the first failing
+stage, naming every problem there; nothing "fixes" a return. Judging is total: the outcome is a
+:class:`Verdict`, never an exception, so the raw text is kept and the run goes on."""
 
 from __future__ import annotations
 
@@ -15,6 +11,8 @@ import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import reduce
+from operator import getitem
 from typing import Any
 
 from .._canon import canonical_json
@@ -35,26 +33,20 @@ from .._sources import NO_TOOL_CALL, NOT_TEXT, REFUSED, TOOL_CALL, TRUNCATED
 from .validators import clip, judged_code_raised, run_validator_async, said
 from .validators import error as _error
 
-# Asking again with the errors named can mend these; a truncated or refused return cannot be
-# mended by a repair (the replay loop splits, reports, or re-asks a refusal only when told to).
+# What asking again with the errors named can mend (not a truncated or refused return).
 REPAIRABLE = frozenset({"json", "coverage", "identity", "schema", "validation", TOOL_CALL,
                         NO_TOOL_CALL})
 
 
 @dataclass
 class Verdict:
-    """Outcome of acceptance for one return: accepted values, or the errors that rejected it. A
-    rejected verdict holding values is partial (``accept="items"``): those items passed, the
-    ``errors`` name the tasks that did not."""
+    """One return's accepted values, or the errors that rejected it; a rejected verdict holding
+    values is partial (``accept="items"``): the ``errors`` name the tasks that did not pass."""
 
     accepted: bool
     values: dict[str, Any] = field(default_factory=dict)
     errors: list[dict[str, Any]] = field(default_factory=list)
     stored: dict[str, str] = field(default_factory=dict)  # values as the ledger's JSON texts
-
-    @property
-    def repairable(self) -> bool:
-        return bool(self.errors) and all(e["type"] in REPAIRABLE for e in self.errors)
 
     @property
     def partial(self) -> bool:
@@ -66,15 +58,13 @@ class Verdict:
         return list(dict.fromkeys(e["task_id"] for e in self.errors))
 
 
-# What alone may reject an item and not its return (``accept="items"``): its schema or the
-# validator, named for that task; a schema that rewrites a compared field is an identity fault.
+# What may reject an item and not its return (``accept="items"``), named for that task.
 ITEM_FAULTS = frozenset({"schema", "validation"})
 
 
 def unwrap(reply: Reply) -> str:
-    """The answer's text inside the envelope its provider reported (``Reply.envelope``): a
-    ``{"value": ...}`` wrapper a strict JSON mode asked for is opened, so the ledger keeps what the
-    model sent; anything else comes back as it came, for the checks to judge."""
+    """The answer's text inside the ``{"value": ...}`` envelope its provider reported, as the model
+    wrote it; anything else as it came, for the checks to judge."""
     text = reply.text
     if reply.envelope not in ("value", "tool_input/value"):
         return text
@@ -89,9 +79,9 @@ def unwrap(reply: Reply) -> str:
     return text
 
 
-def stop_error(reply: Reply, task_id: str | None) -> dict[str, Any]:
-    """The error a reply's ``stop`` is rejected with, named as the stop (a text that was not a
-    str is a ``json`` error: the provider broke the contract)."""
+def _stopped(reply: Reply, tasks: Sequence[Mapping[str, Any]], mode: str) -> Verdict:
+    """A reply rejected for its ``stop``, named as the stop (a text that was not a str is a
+    ``json`` error: the provider broke the contract)."""
     said = next((f" ({key}: {reply.extra[key]})" for key in ("finish_reason", "stop_reason")
                  if isinstance(reply.extra.get(key), str)), "")
     if isinstance(reply.extra.get("cut_at"), str):  # inferred from the usage (reply.received)
@@ -108,7 +98,8 @@ def stop_error(reply: Reply, task_id: str | None) -> dict[str, Any]:
                   "provider)",
     }
     kind = "json" if reply.stop == NOT_TEXT else str(reply.stop)
-    return _error(kind, messages[str(reply.stop)], task_id)
+    task_id = tasks[0]["task_id"] if mode == "value" else None
+    return Verdict(False, errors=[_error(kind, messages[str(reply.stop)], task_id)])
 
 
 _VALUE_OPEN = re.compile(r'\s*\{\s*"value"\s*:\s*')
@@ -139,22 +130,19 @@ async def judge(
     validator: Callable[[Any, Mapping[str, Any]], Any] | None,
     accept: str = "whole",
 ) -> Verdict:
-    """Judge a provider's reply (as :func:`~batchjson._providers.reply.received` made it) against
-    the ledger's own copy of the requested ``tasks``, in ``mode`` ``"items"`` or ``"value"``; a
-    reply whose ``stop`` says it was cut off, refused or sent in the wrong shape is rejected under
-    that name. ``accept="items"``: a partial verdict when only some items fail their schema or
-    the validator."""
+    """Judge a provider's reply against the ledger's own copy of the requested ``tasks`` (``mode``
+    ``"items"`` or ``"value"``); a reply whose ``stop`` says it is no whole answer is rejected
+    under that name. ``accept="items"``: partial when only some items fail schema or validator."""
     try:
         if reply.stop is not None:  # the provider says this is no whole answer, whatever it reads
-            return Verdict(False, errors=[stop_error(reply, tasks[0]["task_id"] if mode ==
-                                                     "value" else None)])
+            return _stopped(reply, tasks, mode)
         text = unwrap(reply)  # the envelope the provider reported (the ledger keeps it whole)
         prepared = (_prepare_value(text, tasks[0], identity, schema) if mode == "value"
                     else _prepare_items(text, tasks, identity, schema))
-        if isinstance(prepared, Verdict) and reply.extra.get("cut_at") and _unparsed(prepared):
-            # every output token used and the JSON unfinished: cut off at the ceiling
-            return Verdict(False, errors=[stop_error(replace(reply, stop=TRUNCATED), tasks[0][
-                "task_id"] if mode == "value" else None)])
+        if isinstance(prepared, Verdict) and reply.extra.get("cut_at") and any(
+                e["type"] == "json" and e["message"].startswith("return is not valid JSON")
+                for e in prepared.errors):  # every output token used, the JSON unfinished
+            return _stopped(replace(reply, stop=TRUNCATED), tasks, mode)
         errors: list[dict[str, Any]] = []
         if isinstance(prepared, ItemFaults):  # the schema rejected some items
             if accept != "items":
@@ -184,16 +172,15 @@ def _accepted(prepared: Prepared) -> Verdict:
 
 @dataclass
 class ItemFaults:
-    """A return whole in JSON, coverage and identity whose schema rejected some items: the
-    items that ``passed``, and the ``errors`` of the others."""
+    """A return whose schema rejected some items: those that ``passed``, the others' ``errors``."""
 
     passed: Prepared
     errors: list[dict[str, Any]]
 
 
 def _in_part(prepared: Prepared, errors: list[dict[str, Any]]) -> Verdict:
-    """A partial verdict: the items without an error, when every error is an item's own fault
-    (:data:`ITEM_FAULTS`, named for its task); else, or when no item passed, a rejection."""
+    """A partial verdict when every error is an item's own fault (:data:`ITEM_FAULTS`) and some
+    item passed; else a rejection."""
     if any(e["type"] not in ITEM_FAULTS or e.get("task_id") is None or "field" in e
            for e in errors):
         return Verdict(False, errors=errors)
@@ -205,9 +192,8 @@ def _in_part(prepared: Prepared, errors: list[dict[str, Any]]) -> Verdict:
 
 
 def sub_return(raw: str, task_ids: Sequence[str]) -> str:
-    """The items of ``task_ids`` of a return that passed coverage, as a return of their own
-    (``{"items": [...]}``, in the return's order): what a partial return's parts are judged,
-    recorded and repaired by."""
+    """The items of ``task_ids`` of a return that passed coverage, as a return of their own: what
+    a partial return's parts are judged, recorded and repaired by."""
     wanted, payload = set(task_ids), parse_json(raw)
     if payload.keys() == {"value"}:  # a strict mode's envelope (see unwrap)
         payload = payload["value"]
@@ -271,9 +257,8 @@ def _prepare_items(text: str, tasks: Sequence[Mapping[str, Any]], identity: Sequ
 def _judged(schema: ItemSchema, answer: Any, path: str, task: Mapping[str, Any],
             as_written: Callable[[], Any], held: Callable[[dict], list[str]]
             ) -> tuple[list[dict[str, Any]], Prepared]:
-    """One answer (an item, or a value) judged by the schema: as read, then, when one of its
-    numbers is not the float it reads as, as written (``as_written()``, else None); then its
-    ledger form, whose compared fields (``held``) the schema must not have changed."""
+    """One answer judged by the schema: as read, then as written when a number is not the float
+    it reads as (``as_written()``); then its ledger form, whose ``held`` fields must not change."""
     task_id = task["task_id"]
     value, messages, crashed = _validate(schema, answer, path)
     exact = as_written() if not messages else None
@@ -289,11 +274,6 @@ def _judged(schema: ItemSchema, answer: Any, path: str, task: Mapping[str, Any],
     return errors, [(task_id, value, text, task)]
 
 
-def _unparsed(verdict: Verdict) -> bool:
-    return any(e["type"] == "json" and e["message"].startswith("return is not valid JSON")
-               for e in verdict.errors)
-
-
 def _absent_dropped(value: Any, text: str, schema: ItemSchema) -> Any:
     """``value`` without the nulls OpenAI's strict mode writes for an absent optional field
     (``_content/optional.py``); only text with a ``null`` in it can hold one."""
@@ -302,8 +282,8 @@ def _absent_dropped(value: Any, text: str, schema: ItemSchema) -> Any:
 
 def compared_fields(task: Mapping[str, Any], identity: Sequence[str],
                     item: Mapping[str, Any] | None = None) -> list[str]:
-    """The fields of ``task`` an item is held to: the identity fields, and under the default
-    identity (``echo``) every other task field the item returns, prompt and context aside."""
+    """The fields of ``task`` an item is held to: the identity fields, and under ``echo`` every
+    other task field the item returns, prompt and context aside."""
     fields = list(identity)
     if getattr(identity, "echo", False):
         fields += [k for k in task if k not in fields and k not in ECHO_EXEMPT
@@ -319,9 +299,8 @@ Echo = tuple[Mapping[str, Any], Mapping[str, Any], list[str]]  # an object, its 
 
 def _compare_echoes(echoes: Sequence[Echo], identity: Sequence[str],
                     exact_objects: Callable[[], list[Any]]) -> list[dict[str, Any]]:
-    """Identity errors of objects held to their task: each listed field must be there and equal
-    the task's value. ``exact_objects`` reads the same objects with floats kept exact (only
-    built when a float could compare equal by rounding)."""
+    """Identity errors of objects held to their task's listed fields; ``exact_objects`` reads them
+    with floats exact, only when a float could compare equal by rounding."""
     errors = []
     exact: list[Any] | None = None
     for position, (item, task, fields) in enumerate(echoes):
@@ -348,14 +327,12 @@ def _compare_echoes(echoes: Sequence[Echo], identity: Sequence[str],
 
 
 def _scalar_orclip(value: Any) -> Any:
-    """Values kept in an error: scalars as they are, structures as a short text (a value nested
-    hundreds deep must not make the receipt unwritable)."""
+    """Scalars as they are, structures as a short text (deep nesting must not break a receipt)."""
     return clip(value) if isinstance(value, (dict, list)) else value
 
 
 def _validate(schema: ItemSchema, value: Any, path: str) -> tuple[Any, list[str], bool]:
-    """Schema validation that never raises: (value, messages, crashed). A crash is the schema's
-    own code failing (a pydantic validator raising TypeError, a dangling $ref)."""
+    """Schema validation that never raises: (value, messages, crashed: the schema's code failed)."""
     try:
         value, messages = schema.validate(value, path)
         return value, messages, False
@@ -392,25 +369,20 @@ def _prepare_value(text: str, task: Mapping[str, Any], identity: Sequence[str],
 
 def _value_echoes(text: str, payload: Any, task: Mapping[str, Any],
                   identity: Sequence[str]) -> list[dict[str, Any]]:
-    """Under an identity that compares echoes, a value that is an object is held to its task like
-    an item, and so is every object inside it naming a ``task_id``: it claims to answer a task,
-    and only this one was asked. A bare value echoes nothing."""
+    """Under ``echo``, a value that is an object is held to its task like an item, and so is
+    every object inside it naming a ``task_id`` (only this task was asked)."""
     if not getattr(identity, "echo", False) or not isinstance(payload, (dict, list)):
         return []
     paths = _echo_paths(payload)
-    if not paths:
-        return []
-    echoes = []
-    for path in paths:
-        obj = _at(payload, path)
-        echoes.append((obj, task, [n for n in compared_fields(task, identity, obj) if n in obj]))
+    objects = [reduce(getitem, path, payload) for path in paths]
+    echoes = [(obj, task, [n for n in compared_fields(task, identity, obj) if n in obj])
+              for obj in objects]
     return _compare_echoes(echoes, identity,
-                           lambda: [_at(exact_json(text), path) for path in paths])
+                           lambda: [reduce(getitem, path, exact_json(text)) for path in paths])
 
 
 def _echo_paths(payload: Any) -> list[tuple[Any, ...]]:
-    """Where the objects a value holds to its task are: the value itself when an object, and
-    every object within it that names a ``task_id`` (iterative: a value may nest deep)."""
+    """Paths of the value itself when an object and of every object in it naming a ``task_id``."""
     paths: list[tuple[Any, ...]] = [()] if isinstance(payload, dict) else []
     stack: list[tuple[Any, tuple[Any, ...]]] = [(payload, ())]
     while stack:
@@ -425,22 +397,14 @@ def _echo_paths(payload: Any) -> list[tuple[Any, ...]]:
     return paths
 
 
-def _at(value: Any, path: Sequence[Any]) -> Any:
-    for key in path:
-        value = value[key]
-    return value
-
-
-# The ledger's JSON text of a value: json.dumps's form, keys sorted. Byte for byte the text of the
-# value canonical_json writes, read back and dumped (the form every checkpoint row has held).
+# The ledger's JSON text of a value (json.dumps's form, keys sorted), as every checkpoint row holds.
 ledger_json: Callable[[Any], str] = json.JSONEncoder(sort_keys=True, allow_nan=False).encode
 
 
 def _stored(schema: ItemSchema, value: Any, task_id: str
             ) -> tuple[str, Any, dict[str, Any] | None]:
-    """The ledger's text of a validated value (encoded once: the checkpoint row writes it as it
-    is) and the JSON value it holds, or the schema error that prevents one: a schema may coerce
-    "1e400" into an infinite float, which no ledger row may hold."""
+    """The ledger's text of a validated value (encoded once) and the JSON value it holds, or the
+    schema error that prevents one (an infinite float, an unpaired surrogate)."""
     try:
         text = ledger_json(schema.dump(value))
         # a JSON Schema's value was read from JSON and is stored as it is: reading its text
@@ -459,8 +423,6 @@ def _coerced_identity(stored: Any, task: Mapping[str, Any],
                       identity: Sequence[str]) -> list[dict[str, Any]]:
     """A schema that declares an identity field may coerce it ("078" -> 78): what would be
     committed must still equal the request."""
-    if not isinstance(stored, dict):
-        return []
     return [_error("schema", f"the schema turns {name} {clip(task[name])} into "
                    f"{clip(stored[name])} (task {task['task_id']!r}); declare it with the "
                    "task's JSON type", task["task_id"], field=name)
@@ -473,10 +435,8 @@ def _coverage(items: list[dict], expected: Mapping[str, Any]) -> list[dict[str, 
     if len(ids) == len(expected) and all(type(i) is str for i in ids) and len(
             set(ids)) == len(ids) and expected.keys() == set(ids):
         return []  # the common return: every task once, nothing else
-    errors = []
-    without_id = [i for i, item in enumerate(items) if not isinstance(item.get("task_id"), str)]
-    for i in without_id:
-        errors.append(_error("coverage", f"items[{i}] has no string task_id"))
+    errors = [_error("coverage", f"items[{i}] has no string task_id")
+              for i, item in enumerate(items) if not isinstance(item.get("task_id"), str)]
     counts = Counter(item["task_id"] for item in items if isinstance(item.get("task_id"), str))
     for task_id in expected:
         if task_id not in counts:
@@ -489,7 +449,4 @@ def _coverage(items: list[dict], expected: Mapping[str, Any]) -> list[dict[str, 
         elif n > 1:
             errors.append(_error("coverage", f"task {task_id!r} appears {n} times",
                                  task_id, problem="duplicated"))
-    if not errors and len(items) != len(expected):
-        errors.append(_error("coverage", f"return has {len(items)} items for "
-                             f"{len(expected)} tasks"))
     return errors

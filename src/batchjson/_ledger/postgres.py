@@ -18,6 +18,7 @@ from .store import Store
 from .store_base import Later, Row, Tx
 from .store_calls import (
     ACCEPTED,
+    CLAIM_INTO,
     COMPLETE_SQL,
     HELD,
     MINE,
@@ -29,7 +30,7 @@ from .store_calls import (
     _owner_gone,
 )
 from .store_runs import REQUESTS_SQL, SEEN_SQL
-from .store_schema import POSTGRES, SCHEMA_VERSION, _version_problem
+from .store_schema import MERGED, POSTGRES, SCHEMA_VERSION, _version_problem
 
 # The one lock of transactions that read before they write ("batchjson" in ASCII).
 SERIAL_LOCK = "SELECT pg_advisory_xact_lock(7089063493536607342)"
@@ -41,8 +42,7 @@ _JOB = """job AS (
     SELECT id FROM requests WHERE id = (SELECT MIN(id) FROM requests WHERE key = %(key)s)
     FOR UPDATE SKIP LOCKED)"""
 _ACCEPTED = "EXISTS (SELECT 1 FROM attempts WHERE request_key = %(key)s AND status = 'accepted')"
-_CLAIM_AS = """INSERT INTO claims(request_key, owner, host, pid, session, attempt_id,
-    lease_expires_at, claimed_at)
+_CLAIM_AS = CLAIM_INTO + """
     SELECT %(key)s, %(owner)s, %(host)s, %(pid)s, %(session)s, {claimed},
            {CLOCK} + %(lease)s, %(stamp)s FROM free
     ON CONFLICT (request_key) DO"""
@@ -220,12 +220,9 @@ class PostgresStore(Store):
         self._pool.close()
 
     def _tables(self) -> dict[str, list[Row]]:
-        """What a merge brings in, as ``sqlite._read_ledger_file`` reads it."""
-        order = {**dict.fromkeys(("batches", "revisions", "requests", "attempts", "forgets",
-                                  "jobs"), "id"), "validators": "name, version",
-                 "imports": "imported_at, digest", "checkpoint": "attempt_id, task_id"}
+        """What a merge brings in (``MERGED``)."""
         return {table: self._read(f"SELECT * FROM {table} ORDER BY {by}")
-                for table, by in order.items()}
+                for table, by in MERGED.items()}
 
     # -- transactions --------------------------------------------------------------------------
     @contextmanager

@@ -1,8 +1,6 @@
-"""The SQLite store: one file in WAL mode (or memory), and everything that is SQLite's own: the
-connection and its PRAGMAs, the switch to WAL, the schema's version in ``PRAGMA user_version``,
-what a SQLite error means (the file failed, or one statement did), what is said of a file SQLite
-cannot open or write, and another ledger file read for a merge.
-"""
+"""The SQLite store: one file in WAL mode (or memory), and what is SQLite's own: PRAGMAs, the
+schema's version in ``user_version``, what an error means, what is said of a file SQLite cannot
+open or write, and another ledger file read for a merge."""
 
 from __future__ import annotations
 
@@ -18,20 +16,17 @@ from typing import Any
 from .._errors import LedgerError
 from .store import Store
 from .store_base import Row, Tx
-from .store_schema import SCHEMA_VERSION, SQLITE, _version_problem
+from .store_schema import MERGED, SCHEMA_VERSION, SQLITE, _version_problem
 
-# WAL pages a commit lets pile up before it copies them into the file itself. The copy runs in
-# that commit, on the run's event loop; a call writes about seven pages, mostly the same b-tree
-# pages again, so a longer stretch copies each hot page once where SQLite's 1,000 would copy it
-# eight times, and a run stalls less often. The WAL file grows to about 32 MB before it starts
-# over (it is removed when the ledger is closed). This connection's setting, nothing else's.
+# WAL pages before a commit copies them into the file (on the run's event loop): a call rewrites
+# about seven mostly hot pages, so a long stretch copies each once where SQLite's 1,000 would
+# eight times. The WAL grows to about 32 MB (removed on close); this connection's setting alone.
 WAL_PAGES = 8000
 OPEN_WAIT = 30.0  # seconds another process may hold a new ledger while creating it
 
 
 class SQLiteStore(Store):
-    """The ledger in one SQLite file (``path=None``: in memory), safe to share between threads
-    of a process and between processes."""
+    """The ledger in one SQLite file (``path=None``: in memory), shared by threads and processes."""
 
     dialect = SQLITE
 
@@ -57,9 +52,7 @@ class SQLiteStore(Store):
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute(f"PRAGMA wal_autocheckpoint={WAL_PAGES}")
             self._db.execute("PRAGMA foreign_keys=ON")
-            # SQLite's temporary files (sorts, DISTINCT) in memory, not in TMPDIR: a full
-            # TMPDIR is then no ledger fault, and a full disk is the ledger's own (its memory
-            # cost at a million tasks: docs/api.md)
+            # temporary files in memory: a full TMPDIR is no ledger fault (cost: docs/api.md)
             self._db.execute("PRAGMA temp_store=MEMORY")
             with self._lock:
                 self._schema()
@@ -70,9 +63,8 @@ class SQLiteStore(Store):
             raise
 
     def _wal(self) -> None:
-        """Switch to WAL. The switch needs the file to itself and SQLite does not wait for it,
-        so a ledger another process is creating is waited for, within the busy timeout,
-        instead of failing with "database is locked"."""
+        """Switch to WAL, waiting (within the busy timeout) for a ledger another process is
+        creating: the switch needs the file to itself and SQLite does not wait for it."""
         deadline = time.monotonic() + self._busy_timeout
         while True:
             try:
@@ -84,8 +76,7 @@ class SQLiteStore(Store):
                 time.sleep(0.02)
 
     def _schema(self) -> None:
-        """Make the schema in a new ledger. The version is read again under the write lock,
-        so two runners creating one ledger never both make it."""
+        """Make the schema in a new ledger; the version is read again under the write lock."""
         if self._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION:
             return
         self._db.execute("BEGIN IMMEDIATE")
@@ -112,9 +103,8 @@ class SQLiteStore(Store):
 
     @contextmanager
     def _write_transaction(self) -> Iterator[sqlite3.Connection]:
-        """``BEGIN IMMEDIATE``: the write lock first, so writers of every process take turns.
-        A failure of the file itself raises LedgerError; the rollback after a failure never
-        replaces its cause."""
+        """``BEGIN IMMEDIATE``: writers of every process take turns. A failure of the file is a
+        LedgerError; a rollback never replaces its cause."""
         with self._lock:
             try:
                 self._db.execute("BEGIN IMMEDIATE")
@@ -125,7 +115,8 @@ class SQLiteStore(Store):
                 yield self._db
             except BaseException as exc:
                 self._rollback()
-                if isinstance(exc, sqlite3.Error) and _is_ledger_fault(exc):
+                if isinstance(exc, sqlite3.Error) and (
+                        getattr(exc, "sqlite_errorname", None) or "").startswith(_FAULTS):
                     raise self._error("a write failed", exc) from exc
                 raise
             try:
@@ -156,9 +147,7 @@ class SQLiteStore(Store):
                            cause=exc)
 
     def _budgeted(self, tx: Tx) -> bool:
-        """Read once a write transaction: only a transaction of its own adds or removes the
-        ledger's budget, and ``BEGIN IMMEDIATE`` orders writers, so it holds for the whole
-        group of calls' writes."""
+        """Read once a write transaction: only a transaction of its own adds or removes a budget."""
         if self._budget_known is None:
             self._budget_known = super()._budgeted(tx)
         return self._budget_known
@@ -181,21 +170,15 @@ class SQLiteStore(Store):
 
 
 def _refuse_version(version: int, path: Path | None) -> None:
-    """A LedgerError for a ledger at a schema version this batchjson does not read (0 is a new
-    or empty file); nothing is changed."""
+    """Refuse a ledger at a schema version this batchjson does not read (0: new or empty)."""
     problem = version and _version_problem(version, str(path) if path else "LEDGER")
     if problem:
         raise LedgerError(problem, path=path or ":memory:")
 
 
+# The file or disk failed (not a bad statement): the run cannot keep records any more.
 _FAULTS = ("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_READONLY", "SQLITE_BUSY", "SQLITE_LOCKED",
            "SQLITE_CANTOPEN", "SQLITE_CORRUPT", "SQLITE_NOTADB", "SQLITE_PERM", "SQLITE_NOMEM")
-
-
-def _is_ledger_fault(exc: sqlite3.Error) -> bool:
-    """The file or disk failed (not a bad statement): the run cannot keep records any more."""
-    name = getattr(exc, "sqlite_errorname", None) or ""
-    return name.startswith(_FAULTS)
 
 
 # -- what is said of a ledger file SQLite cannot open or write ------------------------------
@@ -203,8 +186,7 @@ SQLITE_HEADER = b"SQLite format 3\x00"
 
 
 def _unreadable(path: Path) -> str:
-    """Why SQLite cannot open the ledger file at ``path``, said after its path, and what to do:
-    not a SQLite file, a SQLite file cut short, a read-only place, or damage of another kind."""
+    """Why SQLite cannot open the ledger file at ``path``, said after its path, and what to do."""
     try:
         with open(path, "rb") as file:
             header = file.read(100)
@@ -243,10 +225,8 @@ def _open_problem(path: Path | None) -> str:
 
 
 def _write_problem(path: Path | None, exc: BaseException) -> str:
-    """What to do when a write to an open ledger failed because its place turned read-only
-    (a remount, a permission change) or its disk is full, said after the failure; "" for
-    other failures. SQLite keeps its temporary files in memory (``temp_store``), so a full
-    disk is always the ledger's own, never TMPDIR's."""
+    """What to do when a write failed because the ledger's place turned read-only or its disk
+    is full (never TMPDIR's: ``temp_store``), said after the failure; "" for other failures."""
     if path is not None and getattr(exc, "sqlite_errorname", "") == "SQLITE_FULL":
         return (f" (the disk holding {path.absolute().parent} is full: free space there, or "
                 "move the ledger to a disk with room, and run again)")
@@ -259,9 +239,8 @@ def _write_problem(path: Path | None, exc: BaseException) -> str:
 
 
 def _cut_short(header: bytes, size: int) -> str | None:
-    """How a SQLite file is shorter than its header says, or None (see sqlite.org/fileformat:
-    the page size at offset 16, the page count at 28, valid when the counters at 24 and 92
-    agree)."""
+    """How a SQLite file is shorter than its header says, or None (sqlite.org/fileformat: page
+    size at 16, page count at 28, valid when the counters at 24 and 92 agree)."""
     if len(header) < 100:
         return f"{size} bytes, less than its 100-byte header"
     page = int.from_bytes(header[16:18], "big")
@@ -293,10 +272,8 @@ def _read_only_place(path: Path) -> str | None:
 
 # -- ledger files, read without opening them as a store ---------------------------------------
 def file_problem(path: Path, *, create: bool = False) -> str | None:
-    """Why the file at ``path`` cannot be read as a ledger, or None; it is opened read-only,
-    so a wrong path is never turned into a ledger. ``create``: a ledger may be made there, so
-    no file, an empty one, or one another process is making a ledger this moment (waited for,
-    polling to a deadline) is none of those."""
+    """Why the file at ``path`` (opened read-only) cannot be read as a ledger, or None; with
+    ``create``, no file, an empty one, or one another process is making now (polled) is fine."""
     if not create:
         return _file_problem(path)
     deadline = time.monotonic() + OPEN_WAIT
@@ -335,8 +312,7 @@ def _file_problem(path: Path) -> str | None:
 
 
 def _holds_nothing(path: Path) -> bool | None:
-    """An empty file or a SQLite file without tables: nothing to lose by making it a ledger
-    (it may be one another process is creating this moment). None: busy, ask again."""
+    """An empty file or a SQLite file without tables, nothing to lose; None: busy, ask again."""
     try:
         if path.stat().st_size == 0:
             return True
@@ -352,22 +328,16 @@ def _holds_nothing(path: Path) -> bool | None:
 
 
 def _read_ledger_file(path: Path) -> dict[str, list[Row]]:
-    """Every row of another ledger file that a merge brings in, table by table, in the order
-    they were written; opened read-only. A file that is not a ledger of this schema is a
-    LedgerError saying so."""
+    """What a merge brings in (``MERGED``) from another ledger file, opened read-only; a file
+    that is not a ledger of this schema is a LedgerError saying so."""
     problem = file_problem(path)
     if problem:
         raise LedgerError(problem, path=path)
     db = _read_only(path)
     db.row_factory = sqlite3.Row
     try:
-        tables = {table: db.execute(f"SELECT * FROM {table} ORDER BY rowid").fetchall()
-                  for table in ("batches", "revisions", "requests", "attempts", "validators",
-                                "imports", "forgets", "jobs")}
-        # checkpoint has no rowid: by accepting attempt (the order they were opened)
-        tables["checkpoint"] = db.execute(
-            "SELECT * FROM checkpoint ORDER BY attempt_id, task_id").fetchall()
-        return tables
+        return {table: db.execute(f"SELECT * FROM {table} ORDER BY {by}").fetchall()
+                for table, by in MERGED.items()}
     except sqlite3.DatabaseError as exc:
         raise LedgerError(f"cannot read {path}: {exc}", path=path, cause=exc) from None
     finally:

@@ -1,9 +1,7 @@
-"""The store's SQL for a call: its receipt and claim, written before it is sent; the receipt
-completed after, with an accepted return's checkpoint rows; the ledger's own budget reserved and
-settled in those same transactions; and who is live (a claim's owner, a host). A method taking
-``tx`` runs in the caller's transaction, so the group commit can put many calls' writes in one.
-Claims: docs/design.md, "Claims: one payer per request"; the budget: docs/scale.md, "Budgets".
-"""
+"""The store's SQL for a call: its receipt and claim written before it is sent, completed after
+with an accepted return's checkpoint rows, the ledger's budget reserved and settled in the same
+transactions; and who is live. A method taking ``tx`` runs in the caller's transaction, so a group
+commit puts many calls' writes in one (docs/design.md, "Claims"; docs/scale.md, "Budgets")."""
 
 from __future__ import annotations
 
@@ -22,9 +20,8 @@ from .records import _uid, now
 from .store_base import Later, Tx
 from .store_runs import CHECKPOINT_SQL, RunStore
 
-# -- who holds a claim, and when a holder is gone --------------------------------------------
-# Who "this host" is: its host name, or BATCHJSON_HOST where machines share one (containers
-# with the host's name but their own process ids): a process id is checked only on its host.
+# "This host": its name, or BATCHJSON_HOST where machines share one (containers with the host's
+# name but their own process ids); a process id is checked only on its host.
 HOST = os.environ.get("BATCHJSON_HOST") or socket.gethostname()
 
 _live_lock = threading.Lock()
@@ -63,7 +60,7 @@ def _pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # exists, owned by someone else
-        return True
+        pass
     return True
 
 
@@ -81,24 +78,16 @@ def _owner_gone(owner: str, host: str, pid: int, lease_expires_at: float | None,
     return lease_expires_at is not None and lease_expires_at < at
 
 
-def _parse(owner: str) -> tuple[str, int] | None:
-    parts = owner.split("/")
-    if len(parts) != 4 or not parts[1].isdigit():
-        return None
-    return parts[0], int(parts[1])
-
-
 def _gone_owners(holders: Sequence[tuple[str, str, int, float]], in_flight: Sequence[str],
                 at: float) -> set[str]:
-    """Which owners are gone: of the claim holders (owner, host, pid, lease expiry), those
-    :func:`_owner_gone` says; of the owners with receipts in flight and no claim, those of this
-    host whose process (or run) is gone."""
+    """The gone claim holders (owner, host, pid, lease expiry), and owners of receipts in flight
+    on this host whose process (or run) is gone."""
     gone = {owner for owner, host, pid, lease in holders
             if _owner_gone(owner, host, pid, lease, at)}
     for owner in in_flight:
-        where = _parse(owner)
-        if owner not in gone and where is not None and where[0] == HOST and _owner_gone(
-                owner, where[0], where[1], None, at):
+        parts = owner.split("/")
+        if (owner not in gone and len(parts) == 4 and parts[0] == HOST and parts[1].isdigit()
+                and _owner_gone(owner, HOST, int(parts[1]), None, at)):
             gone.add(owner)
     return gone
 
@@ -106,44 +95,31 @@ def _gone_owners(holders: Sequence[tuple[str, str, int, float]], in_flight: Sequ
 ABANDONED = {"type": "abandoned", "task_id": None, "message": "its runner was killed or lost "
              "before the answer was recorded; the call may have been paid for"}
 
-MINE, HELD, ACCEPTED = "mine", "held", "accepted"  # what _begin_call finds
-# A partial return's parts (``complete_call``): its revision id, its request, the part
-# accepted and the part rejected, and the accepted part's own return (its items alone).
+# what begin_call_later finds; OVER: the ledger's own cost budget cannot hold the call
+MINE, HELD, ACCEPTED, OVER = "mine", "held", "accepted", "over"
+# A partial return's parts: its revision id, its request, the parts accepted and rejected, and
+# the accepted part's own return (its items alone).
 Parts = tuple[int, Request, Request, Request, str]
-OVER = "over"  # the ledger's own cost budget cannot hold the call
 
 
 class CallStore(RunStore):
-    """Receipts, checkpoint rows and claims: the writes of every call; the budget they hold;
-    the live hosts."""
-
-    def _begin_call(self, tx: Tx, batch_id: int, revision_id: int, request: Request, kind: str,
-                   provider: str | None, model: str | None, source: str | None, *,
-                   owner: Owner, estimated_input_tokens: int | None = None,
-                   cost_floor: float | None = None,
-                   reserve: float | None = None) -> tuple[str, int | None]:
-        """Write a call's in-flight receipt and claim its request, in ``tx`` (committed before
-        the call is sent): (MINE, receipt id), or (HELD, ACCEPTED or OVER, None) when another
-        live runner holds it, it is accepted, or the ledger's budget cannot hold ``reserve``
-        (its worst case; None: unpriced); then the receipt never leaves ``tx``."""
-        stamp = now()
-        receipt = _receipt(batch_id, revision_id, request, kind, provider, model, source, owner,
-                           estimated_input_tokens, cost_floor, reserve, stamp)
-        return self._begin(tx, receipt, request.key, owner, stamp, reserve)()
+    """Receipts, checkpoint rows and claims of every call; the budget they hold; the live hosts."""
 
     def begin_call_later(self, tx: Tx, batch_id: int, revision_id: int, request: Request,
                          kind: str, provider: str | None, model: str | None,
                          source: str | None, *, owner: Owner,
                          estimated_input_tokens: int | None = None,
-                         cost_floor: float | None = None,
-                         reserve: float | None = None) -> Later:
-        """:meth:`_begin_call`, its outcome (and what it writes once the claim is known) read
-        when asked for, in the same ``tx``; or, where the store decides a claim in one
-        statement (:meth:`_claim_at_commit`), read once ``tx`` has committed."""
+                         cost_floor: float | None = None, reserve: float | None = None,
+                         at_commit: bool = True) -> Later:
+        """Write a call's in-flight receipt and claim its request in ``tx``, committed before it is
+        sent: a ``Later`` of (MINE, receipt id), or (HELD, ACCEPTED or OVER, None), the receipt
+        then not kept (``reserve``: its worst case; None: unpriced). ``at_commit``: where one
+        statement decides the claim (:meth:`_claim_at_commit`), read once ``tx`` has committed."""
         stamp = now()
-        receipt = _receipt(batch_id, revision_id, request, kind, provider, model, source, owner,
-                           estimated_input_tokens, cost_floor, reserve, stamp)
-        claimed = None if reserve is not None else self._claim_at_commit(
+        receipt = (batch_id, revision_id, request.key, request.task_ids_json, kind, provider,
+                   model, stamp, _uid(), owner.id, estimated_input_tokens, cost_floor, source,
+                   reserve)  # RECEIPT_COLUMNS' order
+        claimed = None if reserve is not None or not at_commit else self._claim_at_commit(
             tx, receipt, request.key, owner, stamp)
         return claimed or self._begin(tx, receipt, request.key, owner, stamp, reserve)
 
@@ -156,8 +132,7 @@ class CallStore(RunStore):
 
     def _begin(self, tx: Tx, receipt: Sequence[Any], request_key: str, owner: Owner,
                stamp: str, reserve: float | None) -> Later:
-        """The receipt and claim decided inside ``tx``: if the claim is not the runner's, or
-        the ledger's budget cannot hold ``reserve``, the receipt is deleted there."""
+        """The claim decided inside ``tx``; a receipt not won (or over budget) is deleted there."""
         opened = self._open(tx, receipt, request_key, owner, stamp)
 
         def outcome() -> tuple[str, int | None]:
@@ -175,12 +150,10 @@ class CallStore(RunStore):
 
     def _open(self, tx: Tx, receipt: Sequence[Any], request_key: str, owner: Owner,
               stamp: str) -> Later:
-        """Write the receipt (``RECEIPT_SQL``'s values) and claim its request: (receipt id,
-        what the claim found, whether the ledger has a budget of its own: None, not asked).
-        The hot path of every call: one statement, returning no row, claims a request that is
-        free or already ours and not accepted, on a ledger without a budget of its own; a
-        ledger with one claims it again by :data:`TAKE_SQL`; anything else takes
-        :meth:`_decide`."""
+        """Write the receipt and claim its request: (receipt id, what the claim found, whether
+        the ledger has a budget: None, not asked). The hot path: one statement claims a request
+        free or ours and not accepted on a ledger without a budget; with one, :data:`TAKE_SQL`;
+        anything else takes :meth:`_decide`."""
         attempt_id = self._insert(tx, RECEIPT_SQL, receipt)
         claim = (request_key, owner.id, owner.host, owner.pid, owner.session, attempt_id,
                  self._clock(tx) + self.lease_seconds, stamp, request_key)
@@ -199,17 +172,15 @@ class CallStore(RunStore):
 
     def _decide(self, tx: Tx, request_key: str, owner: Owner, attempt_id: int,
                 stamp: str) -> str:
-        """A claimed or accepted request, read by the ledger's clock: ACCEPTED, HELD by a live
-        runner, or a gone runner's, taken over (MINE) if its row can be locked: where writers
-        run side by side a row another runner is taking over is skipped, never waited for
-        (the dialect's ``{lock}``), so the hosts' transactions cannot wait in a circle."""
+        """A claimed or accepted request, by the ledger's clock: ACCEPTED, HELD by a live runner,
+        or a gone runner's taken over (MINE) if its row can be locked; a row another runner is
+        taking over is skipped (``{lock}``), never waited for, so no wait is circular."""
         sql = self.dialect._claim_sql
         accepted, holder, host, pid, lease, at = self._exec(
             tx, sql(HOLDER_SQL), (request_key, request_key)).fetchone()
         if accepted:
             return ACCEPTED
-        if holder is None or holder == owner.id or not _owner_gone(holder, host, pid,
-                                                                         lease, at):
+        if holder is None or holder == owner.id or not _owner_gone(holder, host, pid, lease, at):
             return HELD  # released a moment ago, or held: look again later
         if self._exec(tx, sql(LOCK_HOLDER_SQL), (request_key, holder)).fetchone() is None:
             return HELD  # another runner is taking it over this moment
@@ -219,33 +190,31 @@ class CallStore(RunStore):
         return MINE
 
     def _abandon(self, tx: Tx, owner: str) -> int:
-        """Take every claim of a gone owner; its in-flight receipts become 'abandoned', each
-        charged its worst case to the ledger's budget. Rows another runner is taking over
-        this moment are left to it (``{lock}``)."""
+        """Take every claim of a gone owner; its in-flight receipts become 'abandoned', each charged
+        its worst case to the ledger's budget (rows another runner is taking over are its)."""
         sql = self.dialect._claim_sql
         self._exec(tx, sql(ABANDON_CLAIMS_SQL), (owner,))
         held = self._exec(tx, sql(HELD_SQL), (owner,)).fetchone()[0]
-        self._charge_abandoned(tx, held)
+        if held:
+            self._exec(tx, BUDGET_ABANDON_SQL, (held, held, held))
         return self._exec(tx, sql(ABANDON_SQL), (now(), json.dumps([ABANDONED]),
                                                  owner)).rowcount
 
     def reap(self) -> int:
-        """Abandon the claims and in-flight receipts of every owner that is gone (every run
-        does this when it starts); how many receipts were abandoned."""
+        """Abandon the claims and in-flight receipts of every gone owner (each run starts so); how
+        many receipts were abandoned."""
         with self.transaction() as tx:
             at = self._clock(tx)
             holders = self._exec(tx, "SELECT owner, MAX(host), MAX(pid), MAX(lease_expires_at) "
                                  "FROM claims GROUP BY owner").fetchall()
             in_flight = self._exec(tx, "SELECT DISTINCT owner FROM attempts WHERE status = "
                                    "'in_flight' AND owner IS NOT NULL").fetchall()
-            gone = _gone_owners([tuple(r) for r in holders], [r[0] for r in in_flight],
-                                      at)
+            gone = _gone_owners([tuple(r) for r in holders], [r[0] for r in in_flight], at)
             return sum(self._abandon(tx, owner) for owner in gone)
 
     def taken(self, keys: Sequence[str], owner: Owner) -> tuple[set[str], set[str]]:
         """Of ``keys``: those accepted, and those another live runner holds a claim on (a read:
-        no claim is taken or changed; a gone runner's claim is left for ``_begin_call`` to take
-        over)."""
+        a gone runner's claim is left for ``begin_call_later`` to take over)."""
         accepted = self.accepted_keys(keys)
         rows = self._by_keys("SELECT request_key, owner, host, pid, lease_expires_at FROM "
                              "claims WHERE request_key IN ({marks})", keys)
@@ -256,9 +225,8 @@ class CallStore(RunStore):
 
     def claims(self, tx: Tx, owner: Owner, action: Literal["renew", "release"],
                request_key: str | None = None) -> None:
-        """``owner``'s claims, in ``tx``: every one's lease renewed (a row another runner is
-        taking over this moment is renewed at the next turn, or not at all); or given up, on
-        ``request_key`` or every one."""
+        """``owner``'s claims, in ``tx``: every lease renewed (one being taken over is skipped),
+        or given up, on ``request_key`` or every one."""
         if action == "renew":
             self._exec(tx, self.dialect._claim_sql(RENEW_SQL), (self.lease_seconds, owner.id))
         elif request_key is None:
@@ -273,14 +241,10 @@ class CallStore(RunStore):
                       accepted: tuple[int, str, Mapping[str, str]] | None = None,
                       sent_at: str | None = None, charge: float | None = None,
                       parts: Parts | None = None) -> None:
-        """Complete a receipt, in ``tx``: an accepted return admits its items (``accepted``:
-        batch id, request key, each item's JSON text as judging made it), any other ``status``
-        keeps its ``errors``. Checkpoint rows are never re-pointed: a return whose request
-        another runner's was admitted for first is kept as paid, admitting nothing.
-        ``sent_at=None``: a cancelled call never sent; ``charge``: what it cost the ledger's
-        budget (None: the run reserved nothing on it).
-        A 'partial' return admits ``accepted``'s items, under its accepted part's key, and
-        splits its request into its ``parts`` (:data:`Parts`)."""
+        """Complete a receipt in ``tx``: an accepted (or 'partial', split into ``parts``) return
+        admits its items (``accepted``: batch id, request key, JSON texts), never re-pointing a
+        checkpoint row (another runner's admitted first: kept as paid, admitting nothing); any
+        other ``status`` keeps its ``errors``. ``charge``: its cost to the ledger's budget."""
         if (status in ("accepted", "partial")) != (accepted is not None) or (
                 status == "partial") != (parts is not None):
             raise ValueError("an accepted or partial return, and only one, names its items "
@@ -314,12 +278,9 @@ class CallStore(RunStore):
                           items: Mapping[str, str], parts: Parts, raw: str,
                           usage: Mapping[str, Any], errors: Sequence[Mapping],
                           sent_at: str | None, charge: float | None) -> None:
-        """A return accepted in part: its receipt is 'partial', its raw whole and its ``errors``
-        the rejected items'; its request is split into ``parts`` (the tasks accepted, ``kept``,
-        and those rejected, ``rest``); ``kept`` gets an accepted receipt of cost 0 derived from
-        it, as a recheck is (its raw the accepted items' return), and its checkpoint rows
-        (``items``), never re-pointed. So every reading of "accepted", "owed" and "values"
-        holds unchanged."""
+        """A 'partial' receipt (raw whole, the rejected items' ``errors``), its request split into
+        ``kept`` and ``rest``; ``kept`` gets a derived accepted receipt of cost 0, as a recheck
+        does, and its checkpoint rows, so every reading of "accepted" and "owed" holds."""
         stamp = now()
         revision_id, parent, kept, rest, kept_raw = parts
         self._complete(tx, attempt_id, "partial", errors, raw, usage, stamp, sent_at, charge)
@@ -347,8 +308,7 @@ class CallStore(RunStore):
     def _completion(self, tx: Tx, attempt_id: int, raw: str | None, usage: Mapping[str, Any],
                     stamp: str | None, sent_at: str | None, charge: float | None) -> tuple:
         """``COMPLETE_SQL``'s values after its status and errors; the charge settled first."""
-        # An 'abandoned' receipt may still be completed: its owner was presumed gone (lease
-        # expired) but came back with the answer, which is the better account.
+        # an 'abandoned' receipt may still be completed: its owner came back with the answer
         if charge is not None:
             self._settle_shared(tx, attempt_id, charge)
         cost = usage.get("cost")
@@ -361,18 +321,15 @@ class CallStore(RunStore):
 
     # -- the ledger's own cost budget -------------------------------------------------------
     def _shared_budget(self) -> dict[str, Any] | None:
-        """The ledger's budget (cost, spent, reserved, left, set_at, set_by), or None."""
+        """The ledger's budget (cost, spent, reserved, set_at, set_by, left), or None."""
         rows = self._read("SELECT cost, spent, reserved, set_at, set_by FROM budget WHERE id = 1")
         if not rows:
             return None
-        row = rows[0]
-        left = max(0.0, row["cost"] - row["spent"] - row["reserved"])
-        return {"cost": row["cost"], "spent": row["spent"], "reserved": row["reserved"],
-                "left": left, "set_at": row["set_at"], "set_by": row["set_by"]}
+        row = dict(rows[0])
+        return {**row, "left": max(0.0, row["cost"] - row["spent"] - row["reserved"])}
 
     def _set_shared_budget(self, cost: float | None, *, by: str, stamp: str) -> None:
-        """Set the ceiling (what was spent under an earlier one still counts), or with
-        ``cost=None`` remove the budget."""
+        """Set the ceiling (spending under an earlier one counts), or remove it (``None``)."""
         with self.transaction() as tx:
             if cost is None:
                 self._exec(tx, "DELETE FROM budget WHERE id = 1")
@@ -386,34 +343,27 @@ class CallStore(RunStore):
 
     def _reserve_shared(self, tx: Tx, attempt_id: int, amount: float | None,
                         budgeted: bool | None = None) -> bool:
-        """Reserve ``amount`` (a call's worst case; None: not priced) for the receipt just
-        written, in ``tx``. False when the ledger has a budget that cannot hold it (or it has
-        one and the call is not priced); with no budget, the receipt holds nothing.
-        ``budgeted``: whether the ledger has a budget, if the caller read it in ``tx``."""
+        """Reserve ``amount`` (None: not priced) for the receipt just written, in ``tx``: False
+        when the ledger has a budget that cannot hold it (``budgeted``: if already read)."""
         if budgeted is not False:
             if amount is not None and self._exec(tx, BUDGET_RESERVE_SQL,
                                                  (amount, amount)).fetchall():
                 return True
-            if self._exec(tx, "SELECT 1 FROM budget WHERE id = 1").fetchone() is not None:
+            if self._budgeted(tx):
                 return False
         if amount is not None:
             self._exec(tx, "UPDATE attempts SET reserved = NULL WHERE id = ?", (attempt_id,))
         return True
 
     def _settle_shared(self, tx: Tx, attempt_id: int, charge: float) -> None:
-        """Charge a receipt's call to the ledger's budget as it completes (before its status
-        changes): ``charge`` is what it cost, or its worst case when that is unknown."""
+        """Charge a receipt's call (its cost, else worst case) to the ledger's budget, before its
+        status changes."""
         self._exec(tx, BUDGET_SETTLE_SQL, (charge, attempt_id))
-
-    def _charge_abandoned(self, tx: Tx, held: float) -> None:
-        if held:
-            self._exec(tx, BUDGET_ABANDON_SQL, (held, held, held))
 
     # -- the live hosts, sharing the rate limits ---------------------------------------------
     def hosts(self, tx: Tx, owner: Owner, *, leaving: bool = False) -> int:
-        """Renew ``owner``'s row, or delete it when ``leaving``; then count the hosts alive. A
-        host is gone as a claim's owner is; gone hosts' rows are deleted in one order, so hosts
-        deleting the same rows never wait on each other in a circle."""
+        """Renew ``owner``'s row, or delete it when ``leaving``; then count the hosts alive. Gone
+        hosts' rows are deleted in one order, so no two hosts wait on each other in a circle."""
         at = self._clock(tx)
         if not leaving:
             self._exec(tx, HOST_JOIN_SQL, (owner.id, owner.host, owner.pid,
@@ -430,9 +380,8 @@ class CallStore(RunStore):
     def rate_limits(self, tx: Tx, account: str, model: str,
                     learnt: tuple[int | None, int | None] | None = None
                     ) -> tuple[int | None, int | None, float] | None:
-        """The requests and tokens per minute last learnt for ``model`` on ``account`` (None
-        where the provider reported none) and their age in seconds by the ledger's clock, or
-        None when none were kept; with ``learnt``, those are kept instead (and None returned)."""
+        """The requests and tokens per minute last learnt for ``model`` on ``account`` and their
+        age by the ledger's clock, or None; with ``learnt``, those are kept instead."""
         at = self._clock(tx)
         if learnt is not None:
             self._exec(tx, LIMITS_KEEP_SQL, (account, model, *learnt, at))
@@ -441,15 +390,6 @@ class CallStore(RunStore):
                          "rate_limits WHERE account = ? AND model = ?", (account, model)
                          ).fetchone()
         return None if row is None else (row[0], row[1], max(0.0, at - row[2]))
-
-
-def _receipt(batch_id: int, revision_id: int, request: Request, kind: str, provider: str | None,
-             model: str | None, source: str | None, owner: Owner,
-             estimated_input_tokens: int | None, cost_floor: float | None,
-             reserve: float | None, stamp: str) -> tuple:
-    """An in-flight receipt's values, in ``RECEIPT_COLUMNS``' order."""
-    return (batch_id, revision_id, request.key, request.task_ids_json, kind, provider, model,
-            stamp, _uid(), owner.id, estimated_input_tokens, cost_floor, source, reserve)
 
 
 def _already_accepted(first: Any) -> list[dict[str, Any]]:
@@ -475,20 +415,20 @@ PARTIAL_SQL = (
     "'accepted', '[]', ?, 0, 0, 0, 0.0, provider, model, ?, ?, ?, source, sent_at "
     "FROM attempts WHERE id = ?")
 
-# An in-flight receipt: its columns, in the order ``_begin_call`` gives their values.
+# An in-flight receipt: its columns, in the order ``begin_call_later`` gives them.
 RECEIPT_COLUMNS = ("batch_id", "revision_id", "request_key", "task_ids", "kind", "provider",
                    "model", "started_at", "uid", "owner", "estimated_input_tokens",
                    "cost_floor", "source", "reserved")
 RECEIPT_INTO = f"INSERT INTO attempts(status, {', '.join(RECEIPT_COLUMNS)}) VALUES ('in_flight', "
 RECEIPT_SQL = RECEIPT_INTO + ",".join("?" * len(RECEIPT_COLUMNS)) + ")"
 
-# The claim protocol's statements, written once. A claim is decided by the ledger's clock
-# (``{now}``), so the hosts' clocks need not agree; ``{lock}`` is where the databases truly
-# differ: PostgreSQL locks the rows a read decides on and skips those another runner is
-# deciding on (FOR UPDATE SKIP LOCKED), SQLite's BEGIN IMMEDIATE already serialises writers.
+# The claim protocol's statements, written once, decided by the ledger's clock (``{now}``);
+# ``{lock}``: PostgreSQL locks the rows a read decides on and skips those another runner is
+# deciding on, where SQLite's BEGIN IMMEDIATE already serialises writers.
+CLAIM_INTO = ("INSERT INTO claims(request_key, owner, host, pid, session, attempt_id, "
+              "lease_expires_at, claimed_at) ")
 TAKE_SQL = (
-    "INSERT INTO claims(request_key, owner, host, pid, session, attempt_id, lease_expires_at, "
-    "claimed_at) SELECT ?,?,?,?,?,?,?,? WHERE NOT EXISTS (SELECT 1 FROM attempts WHERE "
+    CLAIM_INTO + "SELECT ?,?,?,?,?,?,?,? WHERE NOT EXISTS (SELECT 1 FROM attempts WHERE "
     "request_key = ? AND status = 'accepted') ON CONFLICT(request_key) DO UPDATE SET "
     "attempt_id = excluded.attempt_id, lease_expires_at = excluded.lease_expires_at "
     "WHERE claims.owner = excluded.owner")
@@ -499,9 +439,7 @@ HOLDER_SQL = (
     "status = 'accepted'), owner, host, pid, lease_expires_at, {now} FROM (SELECT 1) AS one "
     "LEFT JOIN claims ON request_key = ?")
 LOCK_HOLDER_SQL = "SELECT 1 FROM claims WHERE request_key = ? AND owner = ?{lock}"
-HOLD_SQL = (
-    "INSERT INTO claims(request_key, owner, host, pid, session, attempt_id, lease_expires_at, "
-    "claimed_at) VALUES (?, ?, ?, ?, ?, ?, {now} + ?, ?)")
+HOLD_SQL = CLAIM_INTO + "VALUES (?, ?, ?, ?, ?, ?, {now} + ?, ?)"
 ABANDON_CLAIMS_SQL = ("DELETE FROM claims WHERE request_key IN (SELECT request_key FROM claims "
                       "WHERE owner = ?{lock})")
 _GONE = "SELECT id FROM attempts WHERE owner = ? AND status = 'in_flight'{lock}"
@@ -515,8 +453,8 @@ RENEW_SQL = ("UPDATE claims SET lease_expires_at = {now} + ? WHERE request_key I
 BUDGET_RESERVE_SQL = ("UPDATE budget SET reserved = reserved + ? WHERE id = 1 "
                       "AND spent + reserved + ? <= cost RETURNING id")
 
-# Settling one receipt (before its status changes): what it held comes off ``reserved`` if it
-# was in flight; its charge goes to ``spent``, less what was charged when it was abandoned.
+# Settling a receipt: what it held in flight comes off ``reserved``; its charge goes to ``spent``,
+# less what was charged when it was abandoned.
 BUDGET_SETTLE_SQL = (
     "UPDATE budget SET "
     "reserved = CASE WHEN reserved > a.held THEN reserved - a.held ELSE 0 END, "

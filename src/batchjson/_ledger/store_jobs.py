@@ -46,10 +46,10 @@ class JobStore(CallStore):
                 uid, protocol, batch_id, revision_id, model, endpoint, writer.id, writer.host,
                 writer.pid, stamp, json.dumps(dict(plan)), self._clock(tx) + self.lease_seconds))
             for request, kind, wrapped, reserved, estimated in lines:
-                state, attempt_id = self._begin_call(
+                state, attempt_id = self.begin_call_later(
                     tx, batch_id, revision_id, request, kind, provider, model, source,
                     owner=owner, estimated_input_tokens=estimated,
-                    reserve=reserved if shared else None)
+                    reserve=reserved if shared else None, at_commit=False)()
                 if state != MINE or attempt_id is None:
                     continue
                 line = _custom_id(uid, attempt_id, request.key)

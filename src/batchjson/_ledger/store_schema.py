@@ -116,6 +116,11 @@ CREATE TABLE rate_limits (
     tokens_per_minute {int}, learnt_at {real} NOT NULL, PRIMARY KEY (account, model)){rowid};
 """
 
+# What a merge brings in from another ledger, table by table, ordered as its rows were written.
+MERGED = {**dict.fromkeys(("batches", "revisions", "requests", "attempts", "forgets", "jobs"),
+                          "id"), "validators": "name, version", "imports": "imported_at, digest",
+          "checkpoint": "attempt_id, task_id"}
+
 # What only a server with writers side by side needs, and the schema's version (SQLite keeps it
 # in PRAGMA user_version).
 SERVER_TABLES = """

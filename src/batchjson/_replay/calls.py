@@ -1,8 +1,6 @@
 """One call of the replay loop, one coroutine: reserve its worst case, claim the request and commit
-the in-flight receipt, and only then send; judge the return and queue its record.
-
-:meth:`Caller.call` returns what happened as a value (:class:`Judged`, or :class:`NotSent`); only a
-provider's failure is raised, for the transport retries."""
+the in-flight receipt, and only then send; judge the return and queue its record. What happened is
+returned (:class:`Judged`, :class:`NotSent`); only a provider's failure is raised, to be retried."""
 
 from __future__ import annotations
 
@@ -31,9 +29,8 @@ from .settle import Attempt, Settle, usage_of
 
 @dataclass(frozen=True)
 class NotSent:
-    """Why a call was not sent, returned instead of raised: ``held`` (another live runner holds the
-    claim), ``resolved`` (accepted meanwhile), ``out_of_budget`` (``detail`` says by how much) or
-    ``stopped`` (the run stopped opening calls)."""
+    """Why a call was not sent, returned instead of raised: ``held`` by another live runner,
+    ``resolved`` (accepted meanwhile), ``out_of_budget`` (``detail``: by how much), ``stopped``."""
 
     why: Literal["held", "resolved", "out_of_budget", "stopped"]
     detail: str = ""
@@ -67,8 +64,7 @@ class Control:
         self.changed.set()
 
     def ledger_failed(self, exc: LedgerError) -> None:
-        """No call is opened, and calls in flight (whose answers could not be recorded) are
-        cancelled."""
+        """No call is opened; calls in flight (their answers cannot be recorded) are cancelled."""
         self.halt(exc, fatal=True)
         current = asyncio.current_task()
         for worker in self.workers:
@@ -106,8 +102,7 @@ class HostProbe:
             self._up.set()
 
     def give_up(self, key: str) -> bool:
-        """Whether ``key``'s call was the probe; if so, waiting calls go on, to find the run
-        stopped."""
+        """Whether ``key``'s call was the probe; then waiting calls go on, to find the stop."""
         if self.prober != key:
             return False
         self._up.set()
@@ -116,8 +111,7 @@ class HostProbe:
 
 @dataclass
 class Caller:
-    """Places one call at a time for a run: :meth:`call` composes reserve -> claim -> send ->
-    judge -> record. The run (:class:`~batchjson._replay.replay.Replayer`) makes one."""
+    """A run's calls: :meth:`call` composes reserve -> claim -> send -> judge -> record."""
 
     plan: Plan
     ledger: Ledger
@@ -140,8 +134,7 @@ class Caller:
             self.provider, self.system, shared_head(self.plan.instructions))
         self.provider_name = getattr(self.provider, "name", type(self.provider).__name__)
         self.model = getattr(self.provider, "model", None)
-        # A provider whose own client timeout is at least as tight bounds every call already;
-        # a second asyncio timer per call would only cost time.
+        # a provider's own client timeout at least as tight bounds every call: no second timer
         own = getattr(self.provider, "timeout", None) if getattr(
             self.provider, "enforces_timeout", False) else None
         self.needs_timer = not (isinstance(own, (int, float)) and own <= self.transport.timeout)
@@ -149,25 +142,23 @@ class Caller:
         self.settle = Settle(self.plan, self.store, self.provider, self.spender, self.outcome)
 
     def make(self, request: Request, kind: CallKind, prompt: str) -> Call:
-        """The call for ``request`` as its provider gets it, numbered after its attempts so far.
-        Built before anything is reserved or written: whatever fails here leaves no receipt."""
+        """The call for ``request``, numbered after its attempts so far; built before anything is
+        reserved or written, so whatever fails here leaves no receipt."""
         return make_call(self.plan, self.system, request, kind, prompt,
                          self.attempts.get(request.key, 0), self.cached_prefix)
 
     async def call(self, request: Request, kind: CallKind, call: Call) -> Judged | NotSent:
-        """Reserve, claim and commit the receipt of ``call`` (:meth:`make`); then send it, judge
-        and record the return. A provider's failure is raised (:class:`ProviderError`) after
-        its receipt is queued."""
+        """Reserve, claim and commit the receipt of ``call``; then send it, judge and record the
+        return. A provider's failure is raised after its receipt is queued."""
         if self.probe.waits(request.key):  # another call finds out if the host is up
             await self.probe.wait_turn(request.key)
         if self.control.stop is not None:
             return STOPPED
-        number, prompt = call.attempt, call.prompt
-        opened = await self._open(request, kind, call, estimate_tokens(self.system + prompt))
+        opened = await self._open(request, kind, call, estimate_tokens(self.system + call.prompt))
         if isinstance(opened, NotSent):
             return opened
         reserved, claimed = opened
-        self.attempts[request.key] = number + 1
+        self.attempts[request.key] = call.attempt + 1
         self.outcome.calls += 1
         self.outcome.calls_log.append(request.task_ids_json)
         attempt = Attempt(claimed, reserved, reserved, request, now(), billable=True)
@@ -187,13 +178,14 @@ class Caller:
             if not isinstance(exc, ProviderError):
                 # An answer that arrived but was interrupted while being judged is paid for:
                 # its text and usage are kept, and a re-run judges it before asking again.
-                self._close(claimed, _why(exc), attempt.sent_at,
-                            got if isinstance(got, Reply) else None, reserved)
+                why = ("interrupted" if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt))
+                       else f"stopped by {type(exc).__name__}")
+                self._close(claimed, why, attempt.sent_at, got if isinstance(got, Reply) else None,
+                            reserved)
             raise
 
     def host_down(self, exc: ProviderError, key: str) -> bool:
-        """The probing call's retries all failed to connect: the run stops, with one message
-        naming the host, and the calls waiting for it go on to find it stopped."""
+        """The probing call's retries all failed to connect: the run stops, naming the host."""
         if not exc.unreachable or not self.probe.give_up(key):
             return False
         where = getattr(self.provider, "url", None) or getattr(self.provider, "base_url", None)
@@ -207,25 +199,22 @@ class Caller:
         return True
 
     async def _reserve(self, bound: int) -> float | NotSent:
-        """Reserve a call's worst case, ``bound``, when it did not fit at once: wait for calls in
-        flight to settle before giving up, since their real cost is usually below their
-        reservation."""
+        """Reserve ``bound`` when it did not fit at once: wait for calls in flight to settle before
+        giving up, their real cost usually below their reservation."""
         spender = self.spender
-        while True:
-            reserved = spender.reserve(bound)
-            if reserved is not None:
-                return reserved
-            if not spender.waiting_on_reservations or spender.stopped is not None:
-                return NotSent("out_of_budget", str(spender.shortfall(bound)))
+        while spender.waiting_on_reservations and spender.stopped is None:
             self.settled.clear()
             await self.settled.wait()
             if self.control.stop is not None:
                 return STOPPED
+            reserved = spender.reserve(bound)
+            if reserved is not None:
+                return reserved
+        return NotSent("out_of_budget", str(spender.shortfall(bound)))
 
     async def _open(self, request: Request, kind: CallKind, call: Call,
                     estimated: int) -> tuple[float, int] | NotSent:
-        """Reserve the call's worst case, claim the request and commit its receipt (with the ledger
-        budget's reservation, if any): (reserved, receipt id), or why not, nothing kept."""
+        """Reserve, claim, commit the receipt: (reserved, receipt id), or why not, nothing kept."""
         store, plan = self.store, self.plan
         floor = self.spender.pricing.floor(estimated)  # for the account: an estimate
         bound = input_bound(self.provider, call) if self.spender.costed else 0
@@ -269,8 +258,7 @@ class Caller:
 
     async def _when_host_up(self, request: Request, reserved: float,
                             attempt_id: int) -> tuple[float, int] | NotSent:
-        """A call failed to connect meanwhile: send only if its host comes back (and the run
-        goes on)."""
+        """A call failed to connect meanwhile: send only if its host is back and the run goes on."""
         try:
             await self.probe.wait_turn(request.key)
         except asyncio.CancelledError:
@@ -284,9 +272,8 @@ class Caller:
         return reserved, attempt_id
 
     async def _await_ledger_budget(self, worst: float, pause: float) -> float | NotSent:
-        """The ledger's own budget cannot hold a call: look again after ``pause`` (the next pause
-        returned) while settling calls in flight could make room; else give up, saying what is
-        left."""
+        """The ledger's budget cannot hold a call: look again after ``pause`` (the next is returned)
+        while calls in flight could make room; else give up, saying what is left."""
         if self.spender.shared is None:
             return NotSent("out_of_budget", "a cost budget was set on the ledger after this "
                            "run started, so its calls were not priced against it; re-run to "
@@ -307,10 +294,8 @@ class Caller:
 
     def _close(self, attempt_id: int, why: str, sent_at: str | None,
                reply: Reply | None = None, reserved: float = 0.0) -> None:
-        # What was ``reserved`` is charged, or a reply's cost when it came: it is paid for.
-        # Synchronous on purpose: the loop may be unwinding. A receipt already completed is left
-        # as it is (the update only touches in-flight rows). If the ledger itself has failed,
-        # the receipt stays in flight (a possible call) and that failure is what is reported.
+        # ``reserved`` is charged, or a reply's cost. Synchronous: the loop may be unwinding. A
+        # completed receipt is left as it is; if the ledger failed, it stays in flight.
         self.writes.flush_now()
         kept = reply is not None and isinstance(reply.text, str)
         charge = reserved if reply is None else charge_of(reserved, self.settle.cost(reply))
@@ -328,8 +313,7 @@ class Caller:
             self.control.ledger_failed(exc)
 
     async def _send(self, call: Call) -> Reply | ProviderError:
-        """The live transport: send ``call``; its reply, or the provider's failure (a timeout,
-        or a provider's bug, is one), for :meth:`Settle.settle` as a batch job's line is."""
+        """The live transport: ``call``'s reply, or the provider's failure (a timeout, a bug)."""
         try:
             if not self.needs_timer:
                 reply = await self.provider.complete(call)
@@ -351,9 +335,8 @@ class Caller:
 
 def make_call(plan: Plan, system: str, request: Request, kind: CallKind, prompt: str,
               number: int, cached_prefix: bool = False) -> Call:
-    """``cached_prefix``: the batch's shared prefix is long enough for the provider to cache,
-    so the wire schema is the batch's constant one (docs/providers.md, "Prompt caching")."""
-    # The provider gets its own copy: acceptance compares against the ledger's request.
+    """``cached_prefix``: the shared prefix is long enough to cache, so the wire schema is the
+    batch's constant one (docs/providers.md); the provider gets its own copy of the tasks."""
     tasks = tuple(json.loads(request.tasks_json))
     shared = ""
     if plan.mode == "value":
@@ -382,9 +365,3 @@ def cheapest_call(plan: Plan, provider: Any, pricing: Pricing,
         return least
 
     return cheapest
-
-
-def _why(exc: BaseException) -> str:
-    if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt)):
-        return "interrupted"
-    return f"stopped by {type(exc).__name__}"

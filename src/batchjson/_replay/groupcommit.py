@@ -1,11 +1,9 @@
 """Group commit: ledger writes from concurrent calls share one transaction per loop turn.
 
 Each write's caller resumes only after the transaction holding it committed, so "receipt before
-call" holds as with one transaction per write; a write's ``Later`` (PostgreSQL's pipeline) is
-awaited once for the group, and a ``Later`` it gives is read once the group has committed (a
-claim whose answer arrives with the COMMIT). One failing write undoes the group and each runs
-again alone; a failing ledger fails every queued and later write, so no call follows a lost
-record."""
+call" holds; a write's ``Later`` is read once every write is sent, and a ``Later`` it gives once
+the group has committed. One failing write undoes the group and each runs again alone; a failing
+ledger fails every queued and later write, so no call follows a lost record."""
 
 from __future__ import annotations
 
@@ -34,47 +32,39 @@ class GroupCommit:
 
     def submit(self, op: Op) -> asyncio.Future:
         """Queue a write; ``raise_failures`` reports it if it fails and nobody awaits it."""
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
+        future = asyncio.get_running_loop().create_future()
         if self.broken is not None:  # the ledger failed: nothing more is written or sent
             future.set_exception(self.broken)
             future.exception()
             return future
-        self._pending.append((op, future))
-        if not self._scheduled:
-            self._scheduled = True
-            loop.call_soon(self._flush)
+        self.queue(op, future)
         return future
 
-    def queue(self, op: Op) -> None:
-        """Queue a write nobody waits for (a record of a judged return, a released claim): no
-        future is made for it; ``raise_failures`` reports it if it fails."""
+    def queue(self, op: Op, future: asyncio.Future | None = None) -> None:
+        """Queue a write; with no ``future``, one nobody waits for (a record of a judged return,
+        a released claim). ``raise_failures`` reports it if it fails."""
         if self.broken is not None:
             self._failures.append(self.broken)
             return
-        self._pending.append((op, None))
+        self._pending.append((op, future))
         if not self._scheduled:
             self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            asyncio.get_running_loop().call_soon(self.flush_now)
 
     async def run(self, op: Op) -> Any:
         """Queue a write and wait until the transaction holding it has committed."""
         return await self.submit(op)
 
-    def flush_now(self) -> None:
-        """Commit whatever is queued, now (the run is ending or unwinding)."""
-        self._flush()
-
     def raise_failures(self) -> None:
-        """Raise the ledger's failure, else the first write that failed: a run never ends as if
-        its records were kept."""
+        """Raise the ledger's failure, else the first failed write: no run ends as if kept."""
         failures, self._failures = self._failures, []
         if self.broken is not None:
             raise self.broken
         if failures:
             raise failures[0]
 
-    def _flush(self) -> None:
+    def flush_now(self) -> None:
+        """Commit whatever is queued (at the loop's next turn, or now: the run is unwinding)."""
         self._scheduled = False
         batch, self._pending = self._pending, []
         live = [(op, fut) for op, fut in batch  # a cancelled waiter's write never runs
@@ -101,15 +91,13 @@ class GroupCommit:
                 fut.exception()  # reported by raise_failures, not as "never retrieved"
 
     def _together(self, live: list[tuple[Op, asyncio.Future | None]]) -> list[Outcome]:
-        """The common case: every write in one transaction, no per-write savepoints. The
-        outcomes are handed out only after COMMIT has returned."""
+        """Every write in one transaction, no savepoints; outcomes handed out after COMMIT."""
         with self._store.transaction(calls=True) as db:
             results = [op(db) for op, _ in live]
             for i, result in enumerate(results):  # each outcome read once every write is sent
                 if isinstance(result, Later):
                     results[i] = result()
-        return [(fut, result, None) if not isinstance(result, Later) else _committed(fut, result)
-                for (_, fut), result in zip(live, results, strict=True)]
+        return [_committed(fut, result) for (_, fut), result in zip(live, results, strict=True)]
 
     def _one_by_one(self, live: list[tuple[Op, asyncio.Future | None]]) -> list[Outcome]:
         """After a failure: each write whole or not at all, in a transaction of its own."""
@@ -120,7 +108,8 @@ class GroupCommit:
                 continue
             try:
                 with self._store.transaction(calls=True) as db:
-                    result = _outcome(op(db))
+                    result = op(db)
+                    result = result() if isinstance(result, Later) else result
                 outcomes.append(_committed(fut, result))
             except LedgerError as exc:
                 self.broken = exc
@@ -130,13 +119,9 @@ class GroupCommit:
         return outcomes
 
 
-def _outcome(result: Any) -> Any:
-    return result() if isinstance(result, Later) else result
-
-
 def _committed(fut: asyncio.Future | None, result: Any) -> Outcome:
     """A write's outcome read once its group has committed: a failure there is its own."""
     try:
-        return fut, _outcome(result), None
+        return fut, result() if isinstance(result, Later) else result, None
     except Exception as exc:  # noqa: BLE001 - reported to its caller, as a write's own failure
         return fut, None, exc

@@ -1,10 +1,7 @@
-"""Pacing: keep every run of a session under the provider's requests and tokens per minute.
-
-A semaphore alone cannot: retries fired into a closed rate window burn money. One :class:`Pacer` per
-session, shared by its runs: two leaky buckets (aiolimiter), a 429 pausing every call and halving
-the calls in flight (docs/providers.md, "Rate limits"). The session is one live host of its ledger
-(:class:`HostShare`), so the hosts on one account divide its limits instead of each sending at all
-of them."""
+"""Pacing: keep every run of a session under the provider's requests and tokens per minute (a
+semaphore alone cannot: retries fired into a closed rate window burn money). One :class:`Pacer` per
+session: two leaky buckets (aiolimiter), a 429 pausing every call and halving the calls in flight
+(docs/providers.md, "Rate limits"); the hosts of a ledger divide the limits (:class:`HostShare`)."""
 
 from __future__ import annotations
 
@@ -68,8 +65,7 @@ class RateLimits:
 
 
 def _bucket(per_minute: float, slice_seconds: float, least: float) -> AsyncLimiter:
-    """Drains at ``per_minute`` (less the headroom) with a burst of half a slice, never less
-    than ``least`` (one request, or one request's tokens)."""
+    """Drains at ``per_minute`` less headroom, a burst of half a slice but at least ``least``."""
     rate = per_minute * HEADROOM / 60.0
     burst = max(least, rate * slice_seconds / 2)
     return AsyncLimiter(burst, burst / rate)
@@ -95,7 +91,7 @@ class Pacer:
         self._short_until = -1.0  # the end of a pause short remaining counts asked for
         self._waiting: list[asyncio.Future[None]] = []
         self._learning = False  # one call alone until the first answer: see learn()
-        self._heard = False  # an answer has come back
+        self.heard = False  # the provider has said its limits (or that it reports none)
         self.hosts = 1  # the live hosts of the ledger, dividing the limits between them
         self._build()
 
@@ -108,8 +104,7 @@ class Pacer:
         return self.limits.tokens_per_minute or self.learnt.tokens_per_minute
 
     def _build(self, requests: bool = True, tokens: bool = True) -> None:
-        """New buckets for the limits named (a new bucket starts empty, so only a limit that
-        changed gets one)."""
+        """New buckets for the limits named (one starts empty: only a changed limit gets one)."""
         rpm, tpm = self.requests_per_minute, self.tokens_per_minute
         if requests:
             self._requests = _bucket(rpm / self.hosts, self.slice_seconds, 1) if rpm else None
@@ -124,33 +119,23 @@ class Pacer:
         self.ceiling = concurrency
 
     def learn(self) -> None:
-        """The provider reports its limits in headers: with none set, the session's first call
-        goes alone, so that its answer says the limits before a burst meets them blind."""
-        self._learning = not self.limits and not self._heard
+        """With no limits set, the session's first call goes alone: its headers say the limits
+        before a burst meets them blind."""
+        self._learning = not self.limits and not self.heard
 
     def recall(self, learnt: RateLimits) -> None:
-        """Limits an earlier answer on this account and model reported (none, when it
-        reported none), kept in the ledger: paced to from the first call, none sent alone;
-        headers still correct them as they come."""
-        self._learning, self._heard = False, True
-        self._learn(learnt)
-
-    @property
-    def heard(self) -> bool:
-        """Whether the provider has said what its limits are (or that it reports none)."""
-        return self._heard
+        """Limits the ledger kept from an earlier answer on this account and model: paced to from
+        the first call, none sent alone; headers still correct them."""
+        self._learning, self.heard = False, True
+        self._set(self.limits, learnt)
 
     def set_limits(self, limits: RateLimits) -> None:
         """New limits from the user; what was learnt stays for the limits left unset."""
-        rpm, tpm = self.requests_per_minute, self.tokens_per_minute
-        self.limits = limits
         self._learning = self._learning and not limits
-        self._build(requests=self.requests_per_minute != rpm,
-                    tokens=self.tokens_per_minute != tpm)
+        self._set(limits, self.learnt)
 
     def share(self, hosts: int) -> None:
-        """``hosts`` sessions are live on the ledger: this one paces to its share of the
-        account's limits, one ``hosts``-th of each."""
+        """``hosts`` sessions are live on the ledger: this one paces to one ``hosts``-th of each."""
         hosts = max(1, hosts)
         if hosts != self.hosts:
             self.hosts = hosts
@@ -158,8 +143,8 @@ class Pacer:
 
     # -- the interface a shared pacer would implement -------------------------------------------
     async def acquire(self, requests: int = 1, tokens: int = 0) -> None:
-        """Wait until a call of ``tokens`` may be sent: no pause in force, a slot among the
-        calls allowed in flight, and room in both buckets. Pair with :meth:`release`."""
+        """Wait for no pause in force, a slot in flight and room in both buckets for ``tokens``.
+        Pair with :meth:`release`."""
         loop = asyncio.get_running_loop()
         while self.in_flight >= self._room():
             turn = loop.create_future()
@@ -187,9 +172,9 @@ class Pacer:
 
     def release(self, answered: bool = True) -> None:
         """A call is over; an answered one ends the lone first call and lets the calls in flight
-        climb one step back (one not sent says nothing of the limits)."""
+        climb one step back."""
         if answered:
-            self._learning, self._heard = False, True
+            self._learning, self.heard = False, True
         if answered and self.allowed < self.ceiling:
             self.allowed = min(float(self.ceiling), self.allowed + 1.0 / self.allowed)
         self._leave()
@@ -200,13 +185,13 @@ class Pacer:
         seen = reported(headers)
         if not seen.any:
             return
-        self._learning, self._heard = False, True
+        self._learning, self.heard = False, True
         learnt = self.learnt
         rpm = seen.requests.limit or learnt.requests_per_minute
         tpm = seen.tokens.limit or learnt.tokens_per_minute
         # most answers say the same limits: no new RateLimits to check for each
         if (rpm, tpm) != (learnt.requests_per_minute, learnt.tokens_per_minute):
-            self._learn(RateLimits(rpm, tpm))
+            self._set(self.limits, RateLimits(rpm, tpm))
         self._pause_if_short(seen)
 
     def penalise(self, wait: float | None) -> None:
@@ -220,17 +205,16 @@ class Pacer:
         self._hold(loop, wait)
 
     # -- inside ---------------------------------------------------------------------------------
-    def _learn(self, learnt: RateLimits) -> None:
-        if learnt != self.learnt:
-            rpm, tpm = self.requests_per_minute, self.tokens_per_minute
-            self.learnt = learnt
-            self._build(requests=self.requests_per_minute != rpm,
-                        tokens=self.tokens_per_minute != tpm)
+    def _set(self, limits: RateLimits, learnt: RateLimits) -> None:
+        """New limits: a new bucket only for a limit in force that changed."""
+        rpm, tpm = self.requests_per_minute, self.tokens_per_minute
+        self.limits, self.learnt = limits, learnt
+        self._build(requests=self.requests_per_minute != rpm,
+                    tokens=self.tokens_per_minute != tpm)
 
     def _pause_if_short(self, seen: Reported) -> None:
-        """The provider's count corrects ours both ways: less left than one burst pauses until
-        it has drained; a later answer with a burst left again ends that pause (never a
-        429's)."""
+        """The provider's count corrects ours: less left than one burst pauses until drained; a
+        later answer with a burst left ends that pause (never a 429's)."""
         short = None
         for state, bucket in ((seen.requests, self._requests), (seen.tokens, self._tokens)):
             if bucket is None or state.remaining is None or not state.limit:
@@ -255,9 +239,8 @@ class Pacer:
             self._open_at = until
 
     def _room(self) -> float:
-        """Calls allowed in flight: one alone until the first answer says whether the provider
-        reports limits; after a 429, ``allowed`` across the session until it has climbed back; else
-        no cap beyond each run's own workers."""
+        """Calls allowed in flight: one until the first answer; after a 429, ``allowed`` until it
+        has climbed back; else no cap beyond each run's workers."""
         if self._learning:
             return 1
         return math.inf if self.allowed >= self.ceiling else max(1, int(self.allowed))
@@ -272,11 +255,8 @@ class Pacer:
 
     def describe(self) -> str:
         """The limits in force, for notes and errors."""
-        parts = []
-        if self.requests_per_minute:
-            parts.append(f"{self.requests_per_minute:,} requests")
-        if self.tokens_per_minute:
-            parts.append(f"{self.tokens_per_minute:,} tokens")
+        parts = [f"{n:,} {what}" for n, what in ((self.requests_per_minute, "requests"),
+                                                 (self.tokens_per_minute, "tokens")) if n]
         if not parts:
             return "no rate limits"
         shared = f", this host's share 1/{self.hosts} of them" if self.hosts > 1 else ""
@@ -284,8 +264,8 @@ class Pacer:
 
 
 def pack_that_fits(limit: int, fixed_tokens: float, task_tokens: float) -> int:
-    """The most tasks a request may pack within ``limit`` tokens, when each spends ``fixed_tokens``
-    whatever its pack and each task at most ``task_tokens``."""
+    """The most tasks a request may pack within ``limit`` tokens: ``fixed_tokens`` per request,
+    at most ``task_tokens`` per task."""
     return max(0, math.floor((limit - fixed_tokens) / max(task_tokens, 1e-9)))
 
 
@@ -311,8 +291,7 @@ class HostShare:
         self.pacer.share(self.store.hosts(tx, self.owner))
 
     def recall(self, tx: Tx, account: Account) -> None:
-        """:meth:`count`, and pace to the limits the ledger keeps for ``account``, so a new
-        session or process on it sends no call alone to learn them."""
+        """:meth:`count`, and pace to the limits the ledger keeps for ``account``."""
         self.count(tx)
         kept = self.store.rate_limits(tx, *account)
         if kept is None or kept[2] > LIMITS_TRUSTED:
@@ -323,8 +302,8 @@ class HostShare:
             self._kept[account] = limits
 
     def to_keep(self, account: Account) -> RateLimits | None:
-        """What the pacer heard of ``account``'s limits that the ledger does not hold yet (None:
-        nothing new), taken as kept now so one write is queued for it."""
+        """What the pacer heard of ``account``'s limits that the ledger lacks (None: nothing new),
+        taken as kept now so one write is queued for it."""
         learnt = self.pacer.learnt
         if not self.pacer.heard or self._kept.get(account) == learnt:
             return None
@@ -337,8 +316,8 @@ class HostShare:
                                               learnt.tokens_per_minute))
 
     def join(self) -> None:
-        """Counted from the session's start, so hosts started together pace to their share from
-        their first call; a ledger that cannot be written now is left to the first run to report."""
+        """Counted from the session's start, so hosts started together share from their first call;
+        a ledger that cannot be written now is left to the first run to report."""
         try:
             with self.store.transaction(calls=True) as tx:
                 self.count(tx)

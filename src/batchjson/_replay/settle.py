@@ -24,9 +24,8 @@ Write = Callable[[Any], None]  # completes one receipt inside a ledger transacti
 
 @dataclass(frozen=True)
 class Attempt:
-    """One sent attempt: its receipt ``id``, this session's reservation (``reserved``; None: another
-    process reserved it), the ledger's hold (``held``), its ``request`` (None: a job line with
-    nothing to judge), and ``billable`` (a live call that reached the server)."""
+    """One sent attempt: ``reserved`` this session's (None: another process's), ``held`` the
+    ledger's; ``request`` None: a job line, nothing to judge; ``billable``: reached a server."""
 
     id: int
     reserved: float | None
@@ -54,14 +53,13 @@ class Settle:
 
     def cost(self, reply: Reply) -> float | None:
         """What a reply cost: as its provider priced it, else by the run's prices."""
-        if reply.cost is not None:
-            return reply.cost
-        return self.spender.pricing.cost(reply.input_tokens, reply.output_tokens)
+        return reply.cost if reply.cost is not None else self.spender.pricing.cost(
+            reply.input_tokens, reply.output_tokens)
 
     async def settle(self, attempt: Attempt, got: Reply | ProviderError
                      ) -> tuple[acceptance.Verdict | None, Write]:
-        """Charge what ``got`` cost (settling the reservation), count and judge it: its verdict
-        (None: a provider's failure) and the write that completes its receipt."""
+        """Charge, count and judge ``got``: its verdict (None: a provider's failure) and the write
+        that completes its receipt."""
         failed = isinstance(got, ProviderError)
         cost = self.failure_cost(attempt, got) if failed else self.cost(got)
         usage = got.usage if failed else usage_of(got)
@@ -84,31 +82,26 @@ class Settle:
         verdict = await acceptance.judge(got, request.tasks, mode=plan.mode,
                                          identity=plan.identity, schema=plan.schema,
                                          validator=plan.validator, accept=plan.accept)
+        status, accepted, parts = "rejected", None, None
         if verdict.partial:  # its passing items committed, the rest asked again (apart)
             out.partial_returns += 1
             kept, rest = apart(plan, request, verdict)
+            status, accepted = "partial", (plan.batch_id, kept.key, verdict.stored)
             parts = (plan.revision_id, request, kept, rest,
                      acceptance.sub_return(text, kept.task_ids))
-            return verdict, lambda tx: store.complete_call(
-                tx, key, "partial", text, usage, errors=verdict.errors,
-                accepted=(plan.batch_id, kept.key, verdict.stored), parts=parts,
-                sent_at=sent_at, charge=ledger)
-        if verdict.accepted:
+        elif verdict.accepted:
             out.accepted_returns += 1
-            stored = verdict.stored
-            return verdict, lambda tx: store.complete_call(
-                tx, key, "accepted", text, usage, accepted=(plan.batch_id, request.key, stored),
-                sent_at=sent_at, charge=ledger)
-        out.rejected_returns += 1
-        count_thrown_away(out, request, verdict.errors, cost, usage)
+            status, accepted = "accepted", (plan.batch_id, request.key, verdict.stored)
+        else:
+            out.rejected_returns += 1
+            count_thrown_away(out, request, verdict.errors, cost, usage)
         return verdict, lambda tx: store.complete_call(
-            tx, key, "rejected", text, usage, errors=verdict.errors, sent_at=sent_at,
-            charge=ledger)
+            tx, key, status, text, usage, errors=verdict.errors, accepted=accepted, parts=parts,
+            sent_at=sent_at, charge=ledger)
 
     def failure_cost(self, attempt: Attempt, error: ProviderError) -> float | None:
-        """What a failure cost: nothing when the server never ran the model (unreachable, a 4xx, a
-        job line without an answer); unknown (None) when it may have been billed (a 5xx, a cut-off
-        call)."""
+        """What a failure cost: nothing when the model never ran (unreachable, a 4xx, a job line
+        without an answer); unknown (None) when it may have been billed (a 5xx, a cut-off call)."""
         if not attempt.billable:
             return error.usage.get("cost") or 0.0
         billed = self.spender.pricing.cost(error.usage.get("input_tokens"),
@@ -118,8 +111,8 @@ class Settle:
 
     def charge(self, reserved: float | None, cost: float | None,
                usage: Mapping[str, Any]) -> None:
-        """Settle a call's reservation (None: reserved by another process); a call billed beyond it
-        stops the cost budget opening calls, and the run says by how much."""
+        """Settle a call's reservation (None: another process's); a call billed beyond it stops
+        the cost budget opening calls."""
         spender, cap = self.spender, self.spender.pricing.max_output_tokens
         if reserved is None:
             charge_unreserved(spender, cost)
@@ -155,9 +148,8 @@ def apart(plan: Plan, request: Request, verdict: acceptance.Verdict) -> tuple[Re
 
 def rest_tried(kind: str, raw: str, rest: Request,
                errors: Sequence[Mapping[str, Any]]) -> Tried:
-    """The rejected part of a partial return, as the attempt its chain goes on from: its own
-    items of the return and their errors, so that the next step (a repair, within the
-    request's ``repairs``) asks for those tasks alone."""
+    """The rejected part of a partial return as the attempt its chain goes on from (its own items
+    and errors), so a repair asks for those tasks alone."""
     return Tried(kind, [e for e in errors if e.get("task_id") in rest.task_ids],
                  acceptance.sub_return(raw, rest.task_ids))
 
@@ -177,15 +169,11 @@ def fail(outcome: Outcome, request: Request, errors: list[dict[str, Any]],
             "task_id") in (task_id, None)] if own else shared or bystander)
 
 
-ITEM_LEVEL = frozenset({"schema", "validation"})  # what accepting items rejects item by item
-
-
 def count_thrown_away(outcome: Outcome, request: Request, errors: Sequence[Mapping[str, Any]],
                       cost: float | None, usage: Mapping[str, Any]) -> None:
     """The valid answers a return rejected only for some items' schema or validator faults threw
-    away with them, and their share of its cost and tokens (a return with a confused identity or
-    a broken envelope is trusted in no part, in any mode: it throws away nothing valid)."""
-    if not errors or any(e.get("type") not in ITEM_LEVEL for e in errors):
+    away, and their share of its cost and tokens (other faults trust no part of a return)."""
+    if not errors or any(e.get("type") not in acceptance.ITEM_FAULTS for e in errors):
         return
     failed = {e.get("task_id") for e in errors}
     fine = [t for t in request.task_ids if t not in failed]
@@ -210,8 +198,7 @@ HALVE, NONE = "halve", "none"
 
 @dataclass(frozen=True)
 class Tried:
-    """One judged, rejected attempt of a request, as either transport knows it: its kind, the
-    errors that rejected it (a provider error is one), and the raw return, if one came."""
+    """One judged, rejected attempt of a request, on either transport (a provider error too)."""
 
     kind: str
     errors: Sequence[Mapping[str, Any]]
@@ -220,9 +207,8 @@ class Tried:
 
 @dataclass(frozen=True)
 class Next:
-    """What a request does next: an attempt (``kind``: initial, replay, repair, split; with its
-    ``prompt``), :data:`HALVE` (split into halves), or :data:`NONE` (given up: ``why`` is the
-    error type that ended it, or ``spent`` when its allowance is)."""
+    """What a request does next: an attempt ``kind`` with its ``prompt``, :data:`HALVE`, or
+    :data:`NONE` (given up: ``why`` is the error type that ended it, or ``spent``)."""
 
     kind: str
     prompt: str = ""
@@ -232,8 +218,7 @@ class Next:
 def next_attempt(plan: Plan, request: Request, chain: Sequence[Tried], *, tried: bool,
                  depth: int = 0, cut_off: bool = False) -> Next:
     """The next attempt of ``request`` after this run's ``chain`` of its rejected attempts
-    (``tried``: it has earlier receipts; ``cut_off``: a return was cut off under the same
-    ceiling)."""
+    (``tried``: it has earlier receipts; ``cut_off``: one was cut off under this ceiling)."""
     prompt = first_prompt(plan, request)
     halves = plan.split and len(request.tasks) > 1 and depth < plan.max_split_depth
     if not chain:
@@ -262,8 +247,7 @@ def next_attempt(plan: Plan, request: Request, chain: Sequence[Tried], *, tried:
 
 
 def cut_off_error(request: Request, provider: Any, earlier: bool) -> dict[str, Any]:
-    """Why a request cut off at the output ceiling is not asked again (``earlier``: it was cut
-    off in an earlier run), and the fix."""
+    """Why a request cut off at the output ceiling is not asked again, and the fix."""
     cap = declared_output_cap(provider)
     limit = (f"more than max_tokens={cap} output tokens" if cap is not None else
              "more output tokens than the provider's limit")
