@@ -106,7 +106,7 @@ class Settle:
             return error.usage.get("cost") or 0.0
         billed = self.spender.pricing.cost(error.usage.get("input_tokens"),
                                            error.usage.get("output_tokens"))
-        unbilled = error.unreachable or (error.status is not None and 400 <= error.status < 500)
+        unbilled = error.unreachable or error.refused
         return billed if billed is not None else (0.0 if unbilled else None)
 
     def charge(self, reserved: float | None, cost: float | None,
