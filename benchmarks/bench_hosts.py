@@ -46,7 +46,7 @@ from tests.postgres_server import start_postgres  # noqa: E402
 
 TARGET = 1.15  # the median of (h) over that of (a), four bare loops of the same run
 # make bench-ci: wide for a loaded CI machine, failing on a doubled overhead
-CI_MARGIN = 3.0  # at CI size 2.0x measured quiet (2026-12-02; 1.67x at N=2,000)
+CI_MARGIN = 3.5  # CI size, quiet: 2.0-2.2x (N=2,000: 1.67x one day, 2.3x the next, same code)
 HOSTS = 4
 
 HOST = textwrap.dedent("""
