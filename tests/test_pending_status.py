@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from batchjson import Ledger, RunSpec, Session
+from batchjson import Ledger, OpenAIProvider, RunSpec, Session
 from batchjson._cli.commands import main
 from batchjson._providers.openai import OpenAIBatches
 from batchjson._session.accounts import floor_price
@@ -120,3 +120,17 @@ def test_batch_status_shows_a_pending_job_amber_with_its_submitted_time_never_ki
     assert "at the batch price" in text and SUBMITTED.search(text)
     assert "`batchjson jobs` lists them" in text
     assert "killed" not in text + page and "abandoned," not in text
+
+
+@pytest.mark.parametrize("line, said", [
+    ({"custom_id": "x", "response": None, "error": None}, "no response"),
+    ({"custom_id": "x", "response": {"status_code": 302, "body": {}}, "error": None},
+     "no response"),
+    ({"custom_id": "x", "response": None, "error": {"code": "expired", "message": "ran out"}},
+     "expired ran out"),
+])
+def test_an_openai_batch_line_without_an_answer_says_why_not_none(line, said):
+    lines = OpenAIProvider("gpt-4o-mini", base_url="http://127.0.0.1:9/v1",
+                           api_key="sk-test").batch_api()
+    error = lines.answer(line)
+    assert str(error) == f"openai batch line failed: {said}"

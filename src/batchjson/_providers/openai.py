@@ -293,7 +293,7 @@ class OpenAIBatches(BatchClient):
         if isinstance(status, int) and status >= 400:
             return status, body
         if error or not isinstance(status, int) or not 200 <= status < 300:
-            what = error if isinstance(error, dict) else {"message": str(error)}
+            what = error if isinstance(error, dict) else {"message": str(error)} if error else {}
             said = f"{what.get('code') or ''} {what.get('message') or 'no response'}"
             return ProviderError(f"openai batch line failed: {provider_text_masked(said.strip())}",
                                  status=status, retryable=True)
