@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from batchjson import Budget, Session
+from batchjson import BatchUnresolved, Budget, Session
 from batchjson._errors import ConfigError
 from batchjson._providers.pricing import cost_of
 from batchjson.testing import BatchFaults, LoopbackServer
@@ -524,6 +524,21 @@ def test_requests_past_one_jobs_upload_ceiling_go_in_further_jobs(srv, protocol,
     assert result.resolved and len(result.values) == 6
     assert srv.batches.created == 3
     assert set(accepted_per_key(tmp_path / "l.sqlite").values()) == {1}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_request_too_big_for_any_job_says_so_and_how_to_send_it(srv, protocol, monkeypatch):
+    from batchjson._providers.batch_client import BatchClient
+
+    for cls in BatchClient.__subclasses__():
+        monkeypatch.setattr(cls, "max_bytes", 500)  # under one line of this batch
+    s = session(srv, protocol=protocol)
+    with pytest.raises(BatchUnresolved) as raised:
+        s.run_batch("labels", tasks(2), SCHEMA, transport="batch", wait=True)
+    said = str(raised.value)
+    assert "over the provider's ceiling of 500" in said and "nothing was sent" in said
+    assert "smaller pack" in said and "transport='live'" in said
+    assert srv.batches.created == 0
 
 
 def test_a_misspelled_batch_fault_is_refused_rather_than_injecting_nothing():

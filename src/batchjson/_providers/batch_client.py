@@ -52,8 +52,10 @@ class BatchClient:
         """The whole upload, refused when over the provider's ceiling on one job."""
         data = upload.finish()
         if upload.size > self.max_bytes:
-            raise ProviderError(f"{self.protocol}: upload over {self.max_bytes} bytes",
-                                retryable=False)
+            raise ProviderError(  # lines_that_fit sizes jobs: only one request can be too big
+                f"{self.protocol}: a job's upload of {upload.size} bytes is over the provider's "
+                f"ceiling of {self.max_bytes} even with one request; send a smaller pack, or "
+                "this batch live (transport='live')", retryable=False)
         return data
 
     def _base(self) -> str:
