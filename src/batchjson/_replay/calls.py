@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from .._acceptance import judge as acceptance
@@ -16,7 +16,6 @@ from .._content.tasks import Request, shared_head
 from .._errors import LedgerError, ProviderError
 from .._ledger.ledger import Ledger
 from .._ledger.records import now
-from .._ledger.store import Store
 from .._ledger.store_calls import ACCEPTED, MINE, OVER, Owner
 from .._money import usd
 from .._providers.base import Call, CallKind, Reply, estimate_tokens, input_bound, prefix_cacheable
@@ -109,37 +108,32 @@ class HostProbe:
         return True
 
 
-@dataclass
 class Caller:
-    """A run's calls: :meth:`call` composes reserve -> claim -> send -> judge -> record."""
+    """A run's calls: :meth:`call` composes reserve -> claim -> send -> judge -> record; the live
+    transport (``replay.Replayer``) drives them."""
 
-    plan: Plan
-    ledger: Ledger
-    provider: Any
-    spender: Spender
-    transport: Transport
-    outcome: Outcome
-    writes: GroupCommit
-    owner: Owner
-    control: Control
-    attempts: dict[str, int]
-    probe: HostProbe = field(default_factory=HostProbe)
-    settled: asyncio.Event = field(default_factory=asyncio.Event)
-    store: Store = field(init=False)
+    owner: Owner  # this run's, started when it runs
 
-    def __post_init__(self) -> None:
-        self.store = self.ledger.store
-        self.system = system_prompt(self.plan)
-        self.cached_prefix = self.plan.mode == "items" and prefix_cacheable(
-            self.provider, self.system, shared_head(self.plan.instructions))
-        self.provider_name = getattr(self.provider, "name", type(self.provider).__name__)
-        self.model = getattr(self.provider, "model", None)
+    def __init__(self, plan: Plan, ledger: Ledger, provider: Any, spender: Spender,
+                 transport: Transport) -> None:
+        self.plan, self.ledger, self.store = plan, ledger, ledger.store
+        self.provider, self.spender, self.transport = provider, spender, transport
+        self.outcome = Outcome()
+        self.writes = GroupCommit(self.store)
+        self.control = Control()
+        self.attempts: dict[str, int] = {}  # each request's attempts so far (held while > 0)
+        self.probe = HostProbe()
+        self.settled = asyncio.Event()  # a reservation settled or was released
+        self.system = system_prompt(plan)
+        self.cached_prefix = plan.mode == "items" and prefix_cacheable(
+            provider, self.system, shared_head(plan.instructions))
+        self.provider_name = getattr(provider, "name", type(provider).__name__)
+        self.model = getattr(provider, "model", None)
         # a provider's own client timeout at least as tight bounds every call: no second timer
-        own = getattr(self.provider, "timeout", None) if getattr(
-            self.provider, "enforces_timeout", False) else None
-        self.needs_timer = not (isinstance(own, (int, float)) and own <= self.transport.timeout)
-        self.spender.on_settle = self.settled.set
-        self.settle = Settle(self.plan, self.store, self.provider, self.spender, self.outcome)
+        own = getattr(provider, "timeout", None) if getattr(
+            provider, "enforces_timeout", False) else None
+        self.needs_timer = not (isinstance(own, (int, float)) and own <= transport.timeout)
+        self.settle = Settle(plan, self.store, provider, spender, self.outcome)
 
     def make(self, request: Request, kind: CallKind, prompt: str) -> Call:
         """The call for ``request``, numbered after its attempts so far; built before anything is

@@ -23,8 +23,7 @@ from .._providers.ratelimits import HEADER_LISTENER, limits_account, request_tok
 from .._providers.settings import call_output_cap
 from .._sources import TRUNCATED
 from .budget import Spender
-from .calls import STOPPED, Caller, Control, Judged, NotSent
-from .groupcommit import GroupCommit
+from .calls import STOPPED, Caller, Judged, NotSent
 from .pacing import COUNT_SECONDS, HostShare, Pacer
 from .plan import Outcome, Plan, Transport
 from .settle import (
@@ -46,7 +45,7 @@ HELD_POLL = (0.02, 0.25)
 SAY_WAIT = 5.0  # a rate-limit wait longer than this is said in the run's progress
 
 
-class Replayer:
+class Replayer(Caller):
     """Drives every unresolved request of a plan concurrently through provider and acceptance."""
 
     def __init__(self, plan: Plan, ledger: Ledger, provider: Any, spender: Spender,
@@ -55,17 +54,12 @@ class Replayer:
                  session_id: str = "session", pacer: Pacer | None = None,
                  hosts: HostShare | None = None,
                  on_wait: Callable[[str], Any] | None = None) -> None:
-        self.plan = plan
-        self.ledger, self.store = ledger, ledger.store
-        self.provider = provider
-        self.spender = spender
-        self.transport = transport
+        super().__init__(plan, ledger, provider, spender, transport)
         self.concurrency = concurrency
         self.on_progress = on_progress
         self.on_wait = on_wait  # says a long rate-limit wait in the progress ("" when over)
         self._limited_since: float | None = None  # this run's calls meet 429s since then
         self.session_id = session_id
-        self.outcome = Outcome()
         self.pacer = pacer
         self.hosts = hosts  # this session among the ledger's hosts: its share of the limits
         # whose limits the calls spend, when the provider reports them: kept in the ledger
@@ -74,19 +68,14 @@ class Replayer:
             pacer.set_ceiling(concurrency)
             if self.account is not None:
                 pacer.learn()
-        self._attempts: dict[str, int] = {}
         self._cut_off: set[str] = set()  # requests cut off before under the same settings
         self._parted: dict[str, list[str]] = {}  # requests accepted in part: the tasks rejected
-        self.writes = GroupCommit(self.store)
         self.retrying = transport_retrying(transport)
-        self.control = Control()
 
     async def run(self, requests: Iterable[Request]) -> Outcome:
         """Drive every request of the stream, taken :data:`FEED` at a time as the queue runs low."""
         self.owner = Owner.start(self.session_id)
-        self.caller = Caller(self.plan, self.ledger, self.provider, self.spender, self.transport,
-                             self.outcome, self.writes, self.owner, self.control,
-                             self._attempts)
+        self.spender.on_settle = self.settled.set
         self.store.reap()  # runners that are gone give up their claims before we start
         if self.hosts is not None:  # the share of the limits as it is now, before any call
             hosts, account = self.hosts, self.account
@@ -156,7 +145,7 @@ class Replayer:
         keys = [r.key for r in requests]
         counts, stopped, parted = self.store.attempts_so_far(keys)
         self._parted.update(parted)
-        self._attempts.update(counts)
+        self.attempts.update(counts)
         self._cut_off.update(key for key, stops in stopped.items() if TRUNCATED in stops)
         self._queue.extend((r, 0) for r in requests)
 
@@ -204,7 +193,7 @@ class Replayer:
                 request, self._parted.pop(request.key)), depth)
         chain: list[Tried] = []
         step = next_attempt(self.plan, request, chain, depth=depth,
-                            tried=self._attempts.get(request.key, 0) > 0,
+                            tried=self.attempts.get(request.key, 0) > 0,
                             cut_off=request.key in self._cut_off)
         done: Judged | None = None
         while step.kind not in (HALVE, NONE):
@@ -227,7 +216,7 @@ class Replayer:
             self._cut_short(request, done)
         elif done is not None:
             self._judged(request, done)
-            self._attempts.pop(request.key, None)  # done with in this run: held no longer
+            self.attempts.pop(request.key, None)  # done with in this run: held no longer
 
     def _partial(self, request: Request, kind: str, done: Judged) -> tuple[Request, Tried]:
         """A return committed in part: its accepted part is reported, its rest's chain goes on."""
@@ -349,7 +338,7 @@ class Replayer:
 
     def _failed(self, exc: ProviderError, request: Request) -> Judged:
         """A provider failure past its retries as a verdict; a host down or broken source stops."""
-        down = self.caller.host_down(exc, request.key)  # if so, the run stopped naming it
+        down = self.host_down(exc, request.key)  # if so, the run stopped naming it
         if not down and exc.fatal and self.control.fatal is None:  # a broken source
             self.control.halt(exc, fatal=True)  # nothing more is sent
         return Judged(acceptance.Verdict(False, errors=[provider_error(exc)]), None)
@@ -357,16 +346,16 @@ class Replayer:
     async def _paced_call(self, request: Request, kind: str,
                           prompt: str) -> Judged | NotSent:
         """One call within the pacer's limits; its headers teach the pacer, a 429 pauses all."""
-        pacer, call = self.pacer, self.caller.make(request, kind, prompt)
+        pacer, call = self.pacer, self.make(request, kind, prompt)
         if pacer is None:
-            return await self.caller.call(request, kind, call)
+            return await self.call(request, kind, call)
         # counted as the provider's limiter counts it: the prompt and the ceiling the call asks
         cap = call_output_cap(self.provider, call.answer_chars)
-        await pacer.acquire(1, request_tokens(self.caller.system, prompt, cap))
+        await pacer.acquire(1, request_tokens(self.system, prompt, cap))
         listening = HEADER_LISTENER.set(pacer.observe)
         answered = False
         try:
-            done = await self.caller.call(request, kind, call)
+            done = await self.call(request, kind, call)
             answered = isinstance(done, Judged)
             return done
         except ProviderError as exc:
