@@ -108,7 +108,7 @@ class HostProbe:
         return True
 
 
-class Caller:
+class Caller(Settle):
     """A run's calls: :meth:`call` composes reserve -> claim -> send -> judge -> record; the live
     transport (``replay.Replayer``) drives them."""
 
@@ -116,9 +116,8 @@ class Caller:
 
     def __init__(self, plan: Plan, ledger: Ledger, provider: Any, spender: Spender,
                  transport: Transport) -> None:
-        self.plan, self.ledger, self.store = plan, ledger, ledger.store
-        self.provider, self.spender, self.transport = provider, spender, transport
-        self.outcome = Outcome()
+        super().__init__(plan, ledger.store, provider, spender, Outcome())
+        self.ledger, self.transport = ledger, transport
         self.writes = GroupCommit(self.store)
         self.control = Control()
         self.attempts: dict[str, int] = {}  # each request's attempts so far (held while > 0)
@@ -133,7 +132,6 @@ class Caller:
         own = getattr(provider, "timeout", None) if getattr(
             provider, "enforces_timeout", False) else None
         self.needs_timer = not (isinstance(own, (int, float)) and own <= transport.timeout)
-        self.settle = Settle(plan, self.store, provider, spender, self.outcome)
 
     def make(self, request: Request, kind: CallKind, prompt: str) -> Call:
         """The call for ``request``, numbered after its attempts so far; built before anything is
@@ -159,7 +157,7 @@ class Caller:
         got: Reply | ProviderError | None = None
         try:
             got = await self._send(call)
-            verdict, write = await self.settle.settle(attempt, got)
+            verdict, write = await self.settle(attempt, got)
             # queued, not awaited: the run flushes and checks every write before it returns
             self.writes.queue(write)
             if isinstance(got, ProviderError):
@@ -292,7 +290,7 @@ class Caller:
         # completed receipt is left as it is; if the ledger failed, it stays in flight.
         self.writes.flush_now()
         kept = reply is not None and isinstance(reply.text, str)
-        charge = reserved if reply is None else charge_of(reserved, self.settle.cost(reply))
+        charge = reserved if reply is None else charge_of(reserved, self.cost(reply))
         errors = [{"type": "cancelled", "task_id": None,
                    "message": (f"{why}; re-run to resume" if sent_at is None else
                                f"{why} before the return was judged; re-run to resume")

@@ -31,7 +31,8 @@ class GroupCommit:
         self.flushes = 0
 
     def submit(self, op: Op) -> asyncio.Future:
-        """Queue a write; ``raise_failures`` reports it if it fails and nobody awaits it."""
+        """Queue a write: awaited, the transaction holding it has committed; ``raise_failures``
+        reports it if it fails and nobody awaits it."""
         future = asyncio.get_running_loop().create_future()
         if self.broken is not None:  # the ledger failed: nothing more is written or sent
             future.set_exception(self.broken)
@@ -50,10 +51,6 @@ class GroupCommit:
         if not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self.flush_now)
-
-    async def run(self, op: Op) -> Any:
-        """Queue a write and wait until the transaction holding it has committed."""
-        return await self.submit(op)
 
     def raise_failures(self) -> None:
         """Raise the ledger's failure, else the first failed write: no run ends as if kept."""

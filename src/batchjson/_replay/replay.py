@@ -30,7 +30,6 @@ from .settle import (
     HALVE,
     NONE,
     Tried,
-    apart,
     cut_off_error,
     fail,
     next_attempt,
@@ -79,8 +78,8 @@ class Replayer(Caller):
         self.store.reap()  # runners that are gone give up their claims before we start
         if self.hosts is not None:  # the share of the limits as it is now, before any call
             hosts, account = self.hosts, self.account
-            await self.writes.run(hosts.count if account is None else
-                                  lambda tx: hosts.recall(tx, account))
+            await self.writes.submit(hosts.count if account is None else
+                                     lambda tx: hosts.recall(tx, account))
         self._queue: deque[Item] = deque()
         self._feed: Iterator[Request] | None = iter(requests)
         self._fill()
@@ -220,7 +219,7 @@ class Replayer(Caller):
 
     def _partial(self, request: Request, kind: str, done: Judged) -> tuple[Request, Tried]:
         """A return committed in part: its accepted part is reported, its rest's chain goes on."""
-        kept, rest = apart(self.plan, request, done.verdict)
+        kept, rest = self.plan.keys.apart(request, done.verdict.rejected_ids)
         self._release(request)
         self._accepted(kept)
         assert done.raw is not None
