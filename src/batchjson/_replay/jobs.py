@@ -25,8 +25,7 @@ from .._providers.reply import received
 from .._providers.settings import declared_output_cap
 from .._sources import TRUNCATED
 from .budget import Spender
-from .calls import make_call
-from .plan import Outcome, Plan, system_prompt
+from .plan import Outcome, Plan, make_call, system_prompt
 from .settle import (
     HALVE,
     NONE,
