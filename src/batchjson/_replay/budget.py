@@ -254,11 +254,6 @@ class Spender:
         """Why the cost budget opens no further call (a call billed beyond its reservation)."""
         return self._tally.unbounded if self.costed else None
 
-    @property
-    def waiting_on_reservations(self) -> bool:
-        """Whether this run's reserved calls may settle below their reservation, freeing room."""
-        return self.costed and self.outstanding > 0
-
 
 def batch_pricing(pricing: Pricing, factor: float) -> Pricing:
     """The prices of a provider batch job: every rate times ``factor``."""

@@ -426,8 +426,16 @@ class JobRunner(Settle):
     async def _collect(self, row: Mapping[str, Any], batch: Mapping[str, Any],
                        detail: dict[str, Any]) -> None:
         """Settle every receipt of an ended job; complete them and it in one transaction."""
+        lines = {line["custom_id"]: line for line in self.store.job_lines(row["id"])}
+        whole = self.client.whole_failure(batch)
+        outs = await self.client.results(batch) if whole is None else ()
+        if whole is not None:
+            detail["failed"] = whole
+            self.result.notes.append(f"{named(row)} failed as a whole: {whole}")
+            if self.client.too_large(batch):
+                self.chunk = max(1, min(self.chunk, len(lines)) // 2)
         writes = []
-        for attempt, got in await self._replies(row, batch, detail):
+        for attempt, got in self._lines(row, lines, outs, detail):
             self.outcome.calls += 1
             verdict, write = await self.settle(attempt, got)
             done = verdict and attempt.request and (verdict.accepted or verdict.partial)
@@ -441,24 +449,12 @@ class JobRunner(Settle):
                 for write in writes:
                     write(tx)
 
-    async def _replies(self, row: Mapping[str, Any], batch: Mapping[str, Any],
-                       detail: dict[str, Any]) -> Iterator[tuple[Attempt, Reply | ProviderError]]:
-        """An ended job (its row, batch and detail) as each receipt with what came back for it."""
-        lines = {line["custom_id"]: line for line in self.store.job_lines(row["id"])}
-        whole = self.client.whole_failure(batch)
-        outs = await self.client.results(batch) if whole is None else ()
-        if whole is not None:
-            detail["failed"] = whole
-            self.result.notes.append(f"{named(row)} failed as a whole: {whole}")
-            if self.client.too_large(batch):
-                self.chunk = max(1, min(self.chunk, len(lines)) // 2)
-        return self._lines(row, lines, outs, detail)
-
     def _lines(self, row: Mapping[str, Any], lines: Mapping[str, Mapping[str, Any]],
                outs: Iterable[Any], detail: dict[str, Any]
                ) -> Iterator[tuple[Attempt, Reply | ProviderError]]:
-        """Lines joined to receipts by custom_id only, read twice a line at a time: once to count
-        ids (one that comes back twice is admitted in neither copy), then a window at a time."""
+        """Each receipt of an ended job with what came back for it, joined by custom_id only, read
+        twice a line at a time: once to count ids (one that comes back twice is admitted in
+        neither copy), then a window at a time."""
         where, cap = named(row), declared_output_cap(self.provider)
         came: dict[str, int] = {}
         unknown: list[str] = []

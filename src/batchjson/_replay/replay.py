@@ -223,7 +223,7 @@ class Caller(Settle):
         """Reserve ``bound`` when it did not fit at once: wait for calls in flight to settle before
         giving up, their real cost usually below their reservation."""
         spender = self.spender
-        while spender.waiting_on_reservations and spender.stopped is None:
+        while spender.costed and spender.outstanding and spender.stopped is None:
             self.settled.clear()
             await self.settled.wait()
             if self.control.stop is not None:
