@@ -30,7 +30,7 @@ from .._providers.ratelimits import HEADER_LISTENER, limits_account, request_tok
 from .._providers.settings import call_output_cap
 from .._secrets import public_url
 from .._sources import TRUNCATED
-from .budget import Spender, charge_of
+from .budget import Spender
 from .groupcommit import GroupCommit
 from .pacing import COUNT_SECONDS, HostShare, Pacer
 from .plan import Outcome, Plan, Transport, make_call, system_prompt
@@ -161,12 +161,6 @@ class Caller(Settle):
         own = getattr(provider, "timeout", None) if getattr(
             provider, "enforces_timeout", False) else None
         self.needs_timer = not (isinstance(own, (int, float)) and own <= transport.timeout)
-
-    def make(self, request: Request, kind: CallKind, prompt: str) -> Call:
-        """The call for ``request``, numbered after its attempts so far; built before anything is
-        reserved or written, so whatever fails here leaves no receipt."""
-        return make_call(self.plan, self.system, request, kind, prompt,
-                         self.attempts.get(request.key, 0), self.cached_prefix)
 
     async def call(self, request: Request, kind: CallKind, call: Call) -> Judged | NotSent:
         """Reserve, claim and commit the receipt of ``call``; then send it, judge and record the
@@ -319,7 +313,7 @@ class Caller(Settle):
         # completed receipt is left as it is; if the ledger failed, it stays in flight.
         self.writes.flush_now()
         kept = reply is not None and isinstance(reply.text, str)
-        charge = reserved if reply is None else charge_of(reserved, self.cost(reply))
+        charge = self.ledger_charge(reserved, None if reply is None else self.cost(reply))
         errors = [{"type": "cancelled", "task_id": None,
                    "message": (f"{why}; re-run to resume" if sent_at is None else
                                f"{why} before the return was judged; re-run to resume")
@@ -329,7 +323,7 @@ class Caller(Settle):
                 self.store.complete_call(
                     tx, attempt_id, "cancelled", reply.text if kept else None,
                     usage_of(reply) if kept else {}, errors=errors, sent_at=sent_at,
-                    charge=charge if self.spender.shared is not None else None)
+                    charge=charge)
         except LedgerError as exc:
             self.control.ledger_failed(exc)
 
@@ -446,8 +440,7 @@ class Replayer(Caller):
 
     def _fill(self) -> None:
         """The stream's next requests into the queue, with what the ledger knows of each."""
-        if self._feed is None:
-            return
+        assert self._feed is not None
         requests = list(islice(self._feed, FEED))
         if len(requests) < FEED:
             self._feed = None
@@ -651,7 +644,10 @@ class Replayer(Caller):
     async def _paced_call(self, request: Request, kind: str,
                           prompt: str) -> Judged | NotSent:
         """One call within the pacer's limits; its headers teach the pacer, a 429 pauses all."""
-        pacer, call = self.pacer, self.make(request, kind, prompt)
+        # numbered after its attempts so far; built before anything is reserved or written, so
+        # whatever fails here leaves no receipt
+        pacer, call = self.pacer, make_call(self.plan, self.system, request, kind, prompt,
+                                            self.attempts.get(request.key, 0), self.cached_prefix)
         if pacer is None:
             return await self.call(request, kind, call)
         # counted as the provider's limiter counts it: the prompt and the ceiling the call asks

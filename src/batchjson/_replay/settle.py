@@ -60,8 +60,7 @@ class Settle:
         usage = got.usage if failed else usage_of(got)
         self.charge(attempt.reserved, cost, usage)
         store, plan, out, key = self.store, self.plan, self.outcome, attempt.id
-        sent_at, shared = attempt.sent_at, self.spender.shared is not None
-        ledger = charge_of(attempt.held, cost) if shared else None  # its budget's settling
+        sent_at, ledger = attempt.sent_at, self.ledger_charge(attempt.held, cost)
         if failed:
             out.provider_errors += 1
             errors = [provider_error(got)]
@@ -93,6 +92,11 @@ class Settle:
         return verdict, lambda tx: store.complete_call(
             tx, key, status, text, usage, errors=verdict.errors, accepted=accepted, parts=parts,
             sent_at=sent_at, charge=ledger)
+
+    def ledger_charge(self, held: float, cost: float | None) -> float | None:
+        """What settles a call on the ledger's own budget (None: it has none): its cost, or what
+        the ledger held for it when that is unknown."""
+        return charge_of(held, cost) if self.spender.shared is not None else None
 
     def failure_cost(self, attempt: Attempt, error: ProviderError) -> float | None:
         """What a failure cost: nothing when the model never ran (unreachable, a 4xx, a job line
