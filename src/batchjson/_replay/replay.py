@@ -138,8 +138,8 @@ class HostProbe:
 
 
 class Caller(Settle):
-    """A run's calls: :meth:`call` composes reserve -> claim -> send -> judge -> record; the live
-    transport (``replay.Replayer``) drives them."""
+    """A run's calls: :meth:`call` composes reserve -> claim -> send -> judge -> record;
+    :class:`Replayer` drives them."""
 
     owner: Owner  # this run's, started when it runs
 
