@@ -29,7 +29,7 @@ def test_writes_of_one_turn_share_one_transaction():
 
     async def main():
         return await asyncio.gather(*(
-            writes.run(lambda db, k=k: db.execute("INSERT INTO t VALUES (?)", (k,)).lastrowid)
+            writes.submit(lambda db, k=k: db.execute("INSERT INTO t VALUES (?)", (k,)).lastrowid)
             for k in "abc"))
 
     assert asyncio.run(main()) == [1, 2, 3]
@@ -45,9 +45,9 @@ def test_a_failing_write_is_undone_whole_and_the_others_still_commit():
         raise RuntimeError("second statement failed")
 
     async def main():
-        ok1 = writes.run(lambda db: db.execute("INSERT INTO t VALUES ('x')"))
-        bad = writes.run(half_then_fail)
-        ok2 = writes.run(lambda db: db.execute("INSERT INTO t VALUES ('y')"))
+        ok1 = writes.submit(lambda db: db.execute("INSERT INTO t VALUES ('x')"))
+        bad = writes.submit(half_then_fail)
+        ok2 = writes.submit(lambda db: db.execute("INSERT INTO t VALUES ('y')"))
         return await asyncio.gather(ok1, bad, ok2, return_exceptions=True)
 
     first, failure, last = asyncio.run(main())
@@ -83,7 +83,7 @@ def test_a_queued_write_that_fails_alone_is_undone_and_reported_when_the_run_che
     async def main():
         writes.queue(lambda db: db.execute("INSERT INTO t VALUES ('q')"))
         writes.queue(half_then_fail)
-        return await writes.run(lambda db: db.execute("INSERT INTO t VALUES ('r')").rowcount)
+        return await writes.submit(lambda db: db.execute("INSERT INTO t VALUES ('r')").rowcount)
 
     assert asyncio.run(main()) == 1  # the awaited receipt committed despite its neighbour
     assert rows(store) == ["q", "r"]

@@ -84,12 +84,12 @@ def test_a_call_that_cannot_be_built_leaves_no_receipt_and_is_no_call(
         monkeypatch, tmp_path, ledger_at):
     """Whatever fails while the request is turned into a call fails before its receipt is
     written: nothing is left in flight as a possible paid call."""
-    from batchjson._replay import calls as _calls
+    from batchjson._replay import plan as _plan
 
     def broken(*args, **kwargs):
         raise RecursionError("maximum recursion depth exceeded")
 
-    monkeypatch.setattr(_calls, "wire_schema", broken)
+    monkeypatch.setattr(_plan, "wire_schema", broken)
     sent = []
     session = Session(CallableProvider(lambda call: sent.append(call) or items_reply(call),
                                        source="test-model"), ledger=ledger_at("l"))

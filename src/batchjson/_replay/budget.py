@@ -217,10 +217,16 @@ class Spender:
         if self.on_settle is not None:
             self.on_settle()
 
-    def settle(self, reserved: float, cost: float | None, why: Callable[[], str] | None = None
-               ) -> float:
+    def settle(self, reserved: float | None, cost: float | None,
+               why: Callable[[], str] | None = None) -> float:
         """Replace a call's reservation by its cost (unknown: the worst case); what it billed
-        beyond it (then the cost budget closes, ``why()`` saying why)."""
+        beyond it (then the cost budget closes, ``why()`` saying why). ``reserved`` None: a job
+        line another process reserved, charged its cost as it stands."""
+        if reserved is None:
+            with self._tally.lock:
+                self._tally.calls += 1
+                self._tally.cost += charge_of(0.0, cost)
+            return 0.0
         cost = charge_of(reserved, cost)
         beyond = (cost - reserved if self.costed
                   and cost > reserved * (1 + 1e-9) else 0.0)  # float noise is no overrun
@@ -248,23 +254,9 @@ class Spender:
         """Why the cost budget opens no further call (a call billed beyond its reservation)."""
         return self._tally.unbounded if self.costed else None
 
-    @property
-    def waiting_on_reservations(self) -> bool:
-        """Whether this run's reserved calls may settle below their reservation, freeing room."""
-        return self.costed and self.outstanding > 0
-
 
 def batch_pricing(pricing: Pricing, factor: float) -> Pricing:
     """The prices of a provider batch job: every rate times ``factor``."""
     scaled = [None if rate is None else rate * factor for rate in (pricing.input, pricing.output)]
     return replace(pricing, input=scaled[0], output=scaled[1],
                    cache_write=pricing.cache_write * factor)
-
-
-def charge_unreserved(spender: Spender, cost: float | None) -> float:
-    """Charge a collected line of a job another process reserved, its cost as it stands."""
-    charged = charge_of(0.0, cost)
-    with spender._tally.lock:
-        spender._tally.calls += 1
-        spender._tally.cost += charged
-    return charged

@@ -31,29 +31,21 @@ class GroupCommit:
         self.flushes = 0
 
     def submit(self, op: Op) -> asyncio.Future:
-        """Queue a write; ``raise_failures`` reports it if it fails and nobody awaits it."""
+        """Queue a write: awaited, the transaction holding it has committed."""
         future = asyncio.get_running_loop().create_future()
-        if self.broken is not None:  # the ledger failed: nothing more is written or sent
-            future.set_exception(self.broken)
-            future.exception()
-            return future
         self.queue(op, future)
         return future
 
     def queue(self, op: Op, future: asyncio.Future | None = None) -> None:
         """Queue a write; with no ``future``, one nobody waits for (a record of a judged return,
         a released claim). ``raise_failures`` reports it if it fails."""
-        if self.broken is not None:
-            self._failures.append(self.broken)
+        if self.broken is not None:  # the ledger failed: nothing more is written or sent
+            _hand_out(future, None, self.broken)
             return
         self._pending.append((op, future))
         if not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self.flush_now)
-
-    async def run(self, op: Op) -> Any:
-        """Queue a write and wait until the transaction holding it has committed."""
-        return await self.submit(op)
 
     def raise_failures(self) -> None:
         """Raise the ledger's failure, else the first failed write: no run ends as if kept."""
@@ -82,13 +74,7 @@ class GroupCommit:
         for fut, result, error in outcomes:
             if error is not None:
                 self._failures.append(error)
-            if fut is None or fut.done():
-                continue
-            if error is None:
-                fut.set_result(result)
-            else:
-                fut.set_exception(error)
-                fut.exception()  # reported by raise_failures, not as "never retrieved"
+            _hand_out(fut, result, error)
 
     def _together(self, live: list[tuple[Op, asyncio.Future | None]]) -> list[Outcome]:
         """Every write in one transaction, no savepoints; outcomes handed out after COMMIT."""
@@ -125,3 +111,15 @@ def _committed(fut: asyncio.Future | None, result: Any) -> Outcome:
         return fut, result() if isinstance(result, Later) else result, None
     except Exception as exc:  # noqa: BLE001 - reported to its caller, as a write's own failure
         return fut, None, exc
+
+
+def _hand_out(fut: asyncio.Future | None, result: Any, error: BaseException | None) -> None:
+    """A write's outcome to its waiter, if any; a failure is reported by ``raise_failures``
+    (which raises a broken ledger first), not as "never retrieved"."""
+    if fut is None or fut.done():
+        return
+    if error is None:
+        fut.set_result(result)
+    else:
+        fut.set_exception(error)
+        fut.exception()

@@ -25,8 +25,7 @@ from .._providers.reply import received
 from .._providers.settings import declared_output_cap
 from .._sources import TRUNCATED
 from .budget import Spender
-from .calls import make_call
-from .plan import Outcome, Plan, system_prompt
+from .plan import Outcome, Plan, make_call, system_prompt
 from .settle import (
     HALVE,
     NONE,
@@ -56,18 +55,18 @@ class JobsOutcome:
     submitted: int = 0
 
 
-class JobRunner:
+class JobRunner(Settle):
     """Submits, polls and collects the jobs of one run of one batch revision."""
 
     def __init__(self, plan: Plan, ledger: Ledger, provider: Any, client: Any,
                  spender: Spender, reservations: dict[int, float], *, session_id: str,
                  poll: float = 1.0, on_progress: Callable[[int], None] | None = None,
                  on_wait: Callable[[str], Any] | None = None) -> None:
-        self.plan, self.store, self.provider, self.client = plan, ledger.store, provider, client
-        self.spender, self.session_id, self.poll = spender, session_id, poll
+        super().__init__(plan, ledger.store, provider, spender, Outcome())
+        self.client, self.session_id, self.poll = client, session_id, poll
         self.reservations = reservations  # attempt id -> worst case this session reserved
         self.on_progress, self.on_wait = on_progress, on_wait  # on_wait: it waits on jobs
-        self.result = JobsOutcome(Outcome())
+        self.result = JobsOutcome(self.outcome)
         self.chunk = client.max_requests  # lines per job; halved after token_limit_exceeded
         self.watched: set[int] = set()  # ids of the unfinished jobs holding a request of it
         self.unreadable: set[int] = set()
@@ -75,7 +74,6 @@ class JobRunner:
         self.cancelled_before: set[int] = set()  # ... and those asked to cancel before it
         self.short = False  # a submission stopped short: the next pass looks at every request
         self._system = system_prompt(plan)
-        self.settle = Settle(plan, self.store, provider, spender, self.result.outcome)
 
     async def run(self, windows: Windows, *, wait: bool) -> JobsOutcome:
         """Submit, poll and collect; ``windows()`` gives the pending requests anew each call."""
@@ -137,7 +135,7 @@ class JobRunner:
             if step.kind not in (HALVE, NONE):
                 owed.append((request, step.kind, step.prompt))
             elif not rows:  # cut off in an earlier run: asked again, cut off again
-                fail(self.result.outcome, request,
+                fail(self.outcome, request,
                      [cut_off_error(request, self.provider, earlier=True)])
         return owed
 
@@ -320,7 +318,7 @@ class JobRunner:
     def _unresolved(self) -> None:
         """The jobs still holding a request of the run, and each request neither accepted nor
         held by a job: the errors of its last receipt."""
-        store, out, revision = self.store, self.result.outcome, self.plan.revision_id
+        store, out, revision = self.store, self.outcome, self.plan.revision_id
         jobs = {row["id"]: row for row in store.jobs()}
         for window in self.windows():  # as leaves: a request may be split meanwhile
             window = list(store.requests_by_keys([r.key for r in window], revision).values())
@@ -428,10 +426,18 @@ class JobRunner:
     async def _collect(self, row: Mapping[str, Any], batch: Mapping[str, Any],
                        detail: dict[str, Any]) -> None:
         """Settle every receipt of an ended job; complete them and it in one transaction."""
+        lines = {line["custom_id"]: line for line in self.store.job_lines(row["id"])}
+        whole = self.client.whole_failure(batch)
+        outs = await self.client.results(batch) if whole is None else ()
+        if whole is not None:
+            detail["failed"] = whole
+            self.result.notes.append(f"{named(row)} failed as a whole: {whole}")
+            if self.client.too_large(batch):
+                self.chunk = max(1, min(self.chunk, len(lines)) // 2)
         writes = []
-        for attempt, got in await self.replies((row, batch, detail)):
-            self.result.outcome.calls += 1
-            verdict, write = await self.settle.settle(attempt, got)
+        for attempt, got in self._lines(row, lines, outs, detail):
+            self.outcome.calls += 1
+            verdict, write = await self.settle(attempt, got)
             done = verdict and attempt.request and (verdict.accepted or verdict.partial)
             if done and self.on_progress:
                 self.on_progress(len(verdict.stored if verdict.partial else attempt.request.tasks))
@@ -443,25 +449,12 @@ class JobRunner:
                 for write in writes:
                     write(tx)
 
-    async def replies(self, sent: tuple[Mapping[str, Any], Mapping[str, Any], dict[str, Any]]
-                      ) -> Iterator[tuple[Attempt, Reply | ProviderError]]:
-        """An ended job (its row, batch and detail) as each receipt with what came back for it."""
-        row, batch, detail = sent
-        lines = {line["custom_id"]: line for line in self.store.job_lines(row["id"])}
-        whole = self.client.whole_failure(batch)
-        outs = await self.client.results(batch) if whole is None else ()
-        if whole is not None:
-            detail["failed"] = whole
-            self.result.notes.append(f"{named(row)} failed as a whole: {whole}")
-            if self.client.too_large(batch):
-                self.chunk = max(1, min(self.chunk, len(lines)) // 2)
-        return self._lines(row, lines, outs, detail)
-
     def _lines(self, row: Mapping[str, Any], lines: Mapping[str, Mapping[str, Any]],
                outs: Iterable[Any], detail: dict[str, Any]
                ) -> Iterator[tuple[Attempt, Reply | ProviderError]]:
-        """Lines joined to receipts by custom_id only, read twice a line at a time: once to count
-        ids (one that comes back twice is admitted in neither copy), then a window at a time."""
+        """Each receipt of an ended job with what came back for it, joined by custom_id only, read
+        twice a line at a time: once to count ids (one that comes back twice is admitted in
+        neither copy), then a window at a time."""
         where, cap = named(row), declared_output_cap(self.provider)
         came: dict[str, int] = {}
         unknown: list[str] = []

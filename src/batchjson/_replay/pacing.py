@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Mapping
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -318,17 +319,11 @@ class HostShare:
     def join(self) -> None:
         """Counted from the session's start, so hosts started together share from their first call;
         a ledger that cannot be written now is left to the first run to report."""
-        try:
-            with self.store.transaction(calls=True) as tx:
-                self.count(tx)
-        except LedgerError:
-            pass
+        with suppress(LedgerError), self.store.transaction(calls=True) as tx:
+            self.count(tx)
 
     def leave(self) -> None:
         """The session ends: the other hosts take its share at their next count."""
         self.owner.stop()
-        try:
-            with self.store.transaction(calls=True) as tx:
-                self.store.hosts(tx, self.owner, leaving=True)
-        except LedgerError:
-            pass  # its row is dropped as a gone host's anyway
+        with suppress(LedgerError), self.store.transaction(calls=True) as tx:
+            self.store.hosts(tx, self.owner, leaving=True)  # failing, dropped as a gone host's

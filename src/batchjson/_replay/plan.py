@@ -1,4 +1,5 @@
-"""What one run of one batch revision is asked to do, its prompts, and what it reports back."""
+"""What one run of one batch revision is asked to do, its prompts and calls, and what it reports
+back."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from typing import Any
 
 from .._content.answersize import largest_answer
 from .._content.keys import Keys
-from .._content.schema import ItemSchema
+from .._content.schema import ItemSchema, wire_schema
 from .._content.spool import TextSpool
-from .._content.tasks import Request, render_items_prompt, render_value_prompt
+from .._content.tasks import Request, render_items_prompt, render_value_prompt, shared_head
+from .._providers.base import Call, CallKind, input_bound
+from .budget import Pricing
 
 
 @dataclass
@@ -118,3 +121,37 @@ def first_prompt(plan: Plan, request: Request) -> str:
         return render_value_prompt(request.tasks[0])
     return render_items_prompt(request.tasks, plan.identity, plan.instructions,
                                request.tasks_json)
+
+
+def make_call(plan: Plan, system: str, request: Request, kind: CallKind, prompt: str,
+              number: int, cached_prefix: bool = False) -> Call:
+    """``cached_prefix``: the shared prefix is long enough to cache, so the wire schema is the
+    batch's constant one (docs/providers.md); the provider gets its own copy of the tasks."""
+    tasks = tuple(json.loads(request.tasks_json))
+    shared = ""
+    if plan.mode == "value":
+        schema: Mapping[str, Any] = plan.schema.json_schema
+    else:
+        schema = wire_schema(plan.schema, tasks, plan.identity, pinned=not cached_prefix)
+        shared = shared_head(plan.instructions)
+    return Call(tasks=tasks, prompt=prompt, system=system, schema=schema, attempt=number,
+                kind=kind, request_key=request.key, mode=plan.mode, identity=plan.identity,
+                shared=shared if prompt.startswith(shared) else "",
+                answer_chars=plan.answer_chars(tasks))
+
+
+def cheapest_call(plan: Plan, provider: Any, pricing: Pricing,
+                  requests: Sequence[Request]) -> Callable[[float], float | None]:
+    """For ``Spender.refuse_if_short``: the worst case of the first pending call that fits what the
+    cost budget has left, else the least worst case of all, which no call beats."""
+    def cheapest(left: float) -> float | None:
+        system, least = system_prompt(plan), None
+        for request in requests:
+            call = make_call(plan, system, request, "initial", first_prompt(plan, request), 0)
+            worst = pricing.worst_case(input_bound(provider, call))
+            if worst <= left:
+                return worst
+            least = worst if least is None else min(least, worst)
+        return least
+
+    return cheapest

@@ -1,12 +1,12 @@
-"""The transport seam and the one settle step of both transports: a :class:`Carrier` turns what it
-sent into ``(attempt, Reply or ProviderError)`` pairs, and :meth:`Settle.settle` charges, counts and
-judges each, returning the write that completes its receipt."""
+"""The one settle step of both transports: each turns what it sent into ``(Attempt, Reply or
+ProviderError)`` pairs, and :meth:`Settle.settle` charges, counts and judges each, returning the
+write that completes its receipt; :func:`next_attempt` is their one policy for what comes next."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from .._acceptance import judge as acceptance
 from .._acceptance.judge import REPAIRABLE
@@ -16,7 +16,7 @@ from .._ledger.store import Store
 from .._providers.base import Reply
 from .._providers.settings import declared_output_cap
 from .._sources import REFUSED, STOP_ERRORS, TRUNCATED
-from .budget import Spender, charge_of, charge_unreserved
+from .budget import Spender, charge_of
 from .plan import Outcome, Plan, first_prompt
 
 Write = Callable[[Any], None]  # completes one receipt inside a ledger transaction
@@ -35,15 +35,10 @@ class Attempt:
     billable: bool = False
 
 
-class Carrier(Protocol):
-    """A transport: what it ``sent`` (a live call, an ended job) as the attempts it answers."""
-
-    async def replies(self, sent: Any) -> Iterable[tuple[Attempt, Reply | ProviderError]]: ...
-
-
-@dataclass
+@dataclass(eq=False)
 class Settle:
-    """Settles the replies of one run: its plan, ledger, provider, budget and counters."""
+    """Settles the replies of one run: its plan, ledger, provider, budget and counters; each
+    transport (``Caller``, ``JobRunner``) is one."""
 
     plan: Plan
     store: Store
@@ -65,8 +60,7 @@ class Settle:
         usage = got.usage if failed else usage_of(got)
         self.charge(attempt.reserved, cost, usage)
         store, plan, out, key = self.store, self.plan, self.outcome, attempt.id
-        sent_at, shared = attempt.sent_at, self.spender.shared is not None
-        ledger = charge_of(attempt.held, cost) if shared else None  # its budget's settling
+        sent_at, ledger = attempt.sent_at, self.ledger_charge(attempt.held, cost)
         if failed:
             out.provider_errors += 1
             errors = [provider_error(got)]
@@ -85,7 +79,7 @@ class Settle:
         status, accepted, parts = "rejected", None, None
         if verdict.partial:  # its passing items committed, the rest asked again (apart)
             out.partial_returns += 1
-            kept, rest = apart(plan, request, verdict)
+            kept, rest = plan.keys.apart(request, verdict.rejected_ids)
             status, accepted = "partial", (plan.batch_id, kept.key, verdict.stored)
             parts = (plan.revision_id, request, kept, rest,
                      acceptance.sub_return(text, kept.task_ids))
@@ -98,6 +92,11 @@ class Settle:
         return verdict, lambda tx: store.complete_call(
             tx, key, status, text, usage, errors=verdict.errors, accepted=accepted, parts=parts,
             sent_at=sent_at, charge=ledger)
+
+    def ledger_charge(self, held: float, cost: float | None) -> float | None:
+        """What settles a call on the ledger's own budget (None: it has none): its cost, or what
+        the ledger held for it when that is unknown."""
+        return charge_of(held, cost) if self.spender.shared is not None else None
 
     def failure_cost(self, attempt: Attempt, error: ProviderError) -> float | None:
         """What a failure cost: nothing when the model never ran (unreachable, a 4xx, a job line
@@ -114,9 +113,6 @@ class Settle:
         """Settle a call's reservation (None: another process's); a call billed beyond it stops
         the cost budget opening calls."""
         spender, cap = self.spender, self.spender.pricing.max_output_tokens
-        if reserved is None:
-            charge_unreserved(spender, cost)
-            return
 
         def why() -> str:
             out = usage.get("output_tokens")
@@ -139,11 +135,6 @@ def provider_error(exc: ProviderError) -> dict[str, Any]:
     if exc.kind != "provider_error":  # the source's own type (droste's error types)
         error["kind"] = exc.kind
     return error
-
-
-def apart(plan: Plan, request: Request, verdict: acceptance.Verdict) -> tuple[Request, Request]:
-    """A partial return's request as its two parts: the tasks committed, the tasks rejected."""
-    return plan.keys.apart(request, verdict.rejected_ids)
 
 
 def rest_tried(kind: str, raw: str, rest: Request,

@@ -20,9 +20,8 @@ from .._errors import BatchUnresolved
 from .._money import usd
 from .._providers.reply import MOST_TOKENS, GuardedProvider, provider_names
 from .._replay.budget import Budget, Spender, Tally
-from .._replay.calls import cheapest_call
 from .._replay.jobs import JobRunner, JobsOutcome
-from .._replay.plan import Outcome, Plan
+from .._replay.plan import Outcome, Plan, cheapest_call
 from .._replay.replay import Replayer
 from . import batches, window
 from .plan import RunPlan, Runtime, find_completed, finished, keyed, remember_file
