@@ -17,9 +17,8 @@ from .._textview import (
     pending_said,
     printable,
     receipt_cost,
-    table,
 )
-from ..core import money
+from ..core import Grid, html_table, money
 
 
 def describe_tasks(task_ids: Sequence[str], width: int = 60) -> str:
@@ -33,12 +32,6 @@ def clip(text: Any, width: int = 60) -> str:
     """One line of at most ``width`` characters."""
     flat = " ".join(str(text).split())
     return flat if len(flat) <= width else flat[: width - 3] + "..."
-
-
-def html_table(columns: Sequence[str], rows: Sequence[str]) -> str:
-    """Left-aligned headings over rows already rendered as ``<tr>``."""
-    head = "".join(f"<th style='text-align:left'>{html.escape(c)}</th>" for c in columns)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
 
 class TextView(ABC):
@@ -60,22 +53,17 @@ class Table(TextView):
 
     def __init__(self, title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *,
                  empty: str = "(none)") -> None:
-        self.title, self.columns, self.empty = title, list(columns), empty
         self.rows = [["" if v is None else str(v) for v in row] for row in rows]
+        self.grid = Grid(title, list(columns), self.rows, empty=empty)
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def as_text(self) -> str:
-        body = table(self.columns, self.rows) if self.rows else [f"  {self.empty}"]
-        return "\n".join([self.title, *body])
+        return "\n".join(self.grid.lines())
 
     def _repr_html_(self) -> str:
-        esc = html.escape
-        body = ["<tr>" + "".join(f"<td style='text-align:left'>{esc(v)}</td>" for v in row)
-                + "</tr>" for row in self.rows] or [
-            f"<tr><td colspan='{len(self.columns)}'><i>{esc(self.empty)}</i></td></tr>"]
-        return f"<div><b>{esc(self.title)}</b>{html_table(self.columns, body)}</div>"
+        return self.grid.html()
 
 
 class StatusView(TextView):
@@ -227,8 +215,9 @@ class ReceiptsView(TextView):
             body.append(f"<tr>{cells}<td style='text-align:left;white-space:normal;"
                         f"max-width:40em'><ul style='margin:0;padding-left:1.2em'>{errors}</ul>"
                         f"{raw}</td></tr>")
-        table = (html_table(("#", "rev", "kind", "status", "model", "tasks", "tokens", "cost",
-                             "errors"), body) if self.rows else "<div><i>(none recorded)</i></div>")
+        columns = ("#", "rev", "kind", "status", "model", "tasks", "tokens", "cost", "errors")
+        table = (html_table(columns, "".join(body)) if self.rows
+                 else "<div><i>(none recorded)</i></div>")
         return (f"<div><b>{esc(self.title)}</b>{table}<div style='color:#666'>"
                 f"{esc(self._footer())}</div></div>")
 

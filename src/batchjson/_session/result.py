@@ -3,8 +3,8 @@
 Both are read when asked for, so a million tasks hold neither a million values nor a million error
 dicts: :class:`LedgerValues` reads the ledger a page at a time (opening it again once the session
 closed it), :class:`ResultErrors` builds each error when read. What a result shows of its answers
-(:class:`Answers`: the first few as a table, and how often each value of a field with a fixed set
-came back) is read in one pass that stops at :data:`COUNTED` values, saying so."""
+(:func:`answers_grid`: the first few as a table, and how often each value of a field with a fixed
+set came back) is read in one pass that stops at :data:`COUNTED` values, saying so."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from .._ledger.ledger import Ledger
 from .._ledger.records import Receipt
 from .._ledger.store import Store
 from .._money import money
-from .._plaintext import printable, table
+from .._plaintext import Grid, printable
 from .._replay.plan import Outcome
 from .plots import Chart, batch_chart
 
@@ -68,90 +68,49 @@ def cell(value: Any) -> str:
     return text if len(text) <= WIDE else text[: WIDE - 3] + "..."
 
 
-@dataclass
-class Answers:
-    """The first :data:`SAMPLE` accepted values, and each fixed-set field's values counted over
-    the first ``counted`` of ``total``."""
+def answers_grid(items: Iterable[tuple[str, Any]], schema: Mapping[str, Any],
+                 total: int) -> Grid | None:
+    """The first :data:`SAMPLE` of ``total`` accepted values as a table, then each fixed-set
+    field's values by count over the first :data:`COUNTED`; None when there are none."""
+    fields = fixed_set_fields(schema)
+    sample: list[tuple[str, Any]] = []
+    counts: dict[str, Counter[str]] = {f: Counter() for f in fields}
+    counted = 0
+    for task_id, value in items:
+        if len(sample) < SAMPLE:
+            sample.append((task_id, value))
+        if counted == COUNTED or (not fields and len(sample) == SAMPLE):
+            break
+        counted += 1
+        for f in fields:
+            item = value if isinstance(value, dict) else {}
+            counts[f][cell(value if f == WHOLE else item.get(f, "(absent)"))] += 1
+    if not sample:
+        return None
+    scope = f"all {total}" if counted >= total else f"the first {counted} of {total}"
+    notes: list[tuple[str | None, str]] = [(None, f"counts over {scope} accepted values:")]
+    for f, counter in counts.items():
+        common = counter.most_common()
+        listed = ", ".join(f"{v} {n}" for v, n in common[:KINDS])
+        rest = sum(n for _, n in common[KINDS:])
+        notes.append((f or "value", listed + (f", {len(common) - KINDS} other value(s) "
+                                              f"{rest}" if rest else "")))
+    props = schema.get("properties")
+    return Grid(f"accepted values (the first {len(sample)} of {total}):",
+                *_sample_table(sample, tuple(props) if isinstance(props, Mapping) else ()),
+                notes=notes if counts else (), bold=False)
 
-    sample: list[tuple[str, Any]]
-    counts: dict[str, Counter[str]]
-    counted: int
-    total: int
-    order: tuple[str, ...] = ()  # the schema's fields, the sample's first columns
 
-    @classmethod
-    def read(cls, items: Iterable[tuple[str, Any]], schema: Mapping[str, Any],
-             total: int) -> Answers:
-        fields = fixed_set_fields(schema)
-        sample: list[tuple[str, Any]] = []
-        counts: dict[str, Counter[str]] = {f: Counter() for f in fields}
-        counted = 0
-        for task_id, value in items:
-            if len(sample) < SAMPLE:
-                sample.append((task_id, value))
-            if counted == COUNTED or (not fields and len(sample) == SAMPLE):
-                break
-            counted += 1
-            for f in fields:
-                item = value if isinstance(value, dict) else {}
-                counts[f][cell(value if f == WHOLE else item.get(f, "(absent)"))] += 1
-        props = schema.get("properties")
-        return cls(sample, counts, counted, total,
-                   tuple(props) if isinstance(props, Mapping) else ())
-
-    def _table(self) -> tuple[list[str], list[list[str]]]:
-        """(columns, rows) of the sample: task_id (an answer's own is its row's, identity
-        checked), then each field of an object value, the schema's first, or the value itself."""
-        objects = all(isinstance(v, dict) for _, v in self.sample)
-        seen = {k for _, v in self.sample for k in v} - {"task_id"} if objects else set()
-        fields = [k for k in self.order if k in seen] + sorted(seen - set(self.order))
-        rows = [[task_id, *([cell(v[f]) if f in v else "" for f in fields] if objects
-                            else [cell(v)])] for task_id, v in self.sample]
-        return ["task_id", *(fields if objects else ["value"])], rows
-
-    def _heading(self) -> str:
-        return f"accepted values (the first {len(self.sample)} of {self.total})"
-
-    def _tallies(self) -> list[tuple[str, str]]:
-        out = []
-        for f, counter in self.counts.items():
-            common = counter.most_common()
-            listed = ", ".join(f"{v} {n}" for v, n in common[:KINDS])
-            rest = sum(n for _, n in common[KINDS:])
-            out.append((f or "value", listed + (f", {len(common) - KINDS} other value(s) "
-                                                f"{rest}" if rest else "")))
-        return out
-
-    def _counted(self) -> str:
-        scope = (f"all {self.total}" if self.counted >= self.total
-                 else f"the first {self.counted} of {self.total}")
-        return f"counts over {scope} accepted values"
-
-    def lines(self) -> list[str]:
-        """The plain-text rendering (columns aligned, nothing that acts on a terminal)."""
-        if not self.sample:
-            return []
-        columns, rows = self._table()
-        out = [self._heading() + ":", *table(columns, rows)]
-        if self.counts:
-            out.append(self._counted() + ":")
-            out += [f"  {f}: {text}" for f, text in self._tallies()]
-        return out
-
-    def html(self) -> str:
-        if not self.sample:
-            return ""
-        esc = html.escape
-        columns, rows = self._table()
-        head = "".join(f"<th style='text-align:left'>{esc(c)}</th>" for c in columns)
-        body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{esc(c)}</td>"
-                                        for c in row) + "</tr>" for row in rows)
-        counts = "".join(f"<div><code>{esc(f)}</code>: {esc(text)}</div>"
-                         for f, text in self._tallies())
-        if counts:
-            counts = f"<div style='color:#666'>{esc(self._counted())}:</div>{counts}"
-        return (f"<div>{esc(self._heading())}:<table><thead><tr>{head}</tr></thead>"
-                f"<tbody>{body}</tbody></table>{counts}</div>")
+def _sample_table(sample: list[tuple[str, Any]],
+                  order: tuple[str, ...]) -> tuple[list[str], list[list[str]]]:
+    """(columns, rows): task_id (an answer's own is its row's, identity checked), then each
+    field of an object value, the schema's (``order``) first, or the value itself."""
+    objects = all(isinstance(v, dict) for _, v in sample)
+    seen = {k for _, v in sample for k in v} - {"task_id"} if objects else set()
+    fields = [k for k in order if k in seen] + sorted(seen - set(order))
+    rows = [[task_id, *([cell(v[f]) if f in v else "" for f in fields] if objects
+                        else [cell(v)])] for task_id, v in sample]
+    return ["task_id", *(fields if objects else ["value"])], rows
 
 
 class LedgerRead(partial):
@@ -385,8 +344,8 @@ class BatchResult:
         return ", ".join(self.identity_compared) + also
 
     @cached_property
-    def _shown_answers(self) -> Answers:
-        return Answers.read(plain_items(self.values), self.answer_schema, len(self.values))
+    def _answers(self) -> Grid | None:
+        return answers_grid(plain_items(self.values), self.answer_schema, len(self.values))
 
     def __str__(self) -> str:
         """What ``print(result)`` shows: the summary, failed requests first, then the answers."""
@@ -395,7 +354,7 @@ class BatchResult:
                  *(f"pending in job {job['id']} ({job['provider_job_id'] or job['status']}): "
                    f"{job['requests']} request(s){_submitted(job)}; re-run to collect what has "
                    "ended"
-                   for job in self.jobs), *self._shown_answers.lines()]
+                   for job in self.jobs), *(self._answers.lines() if self._answers else ())]
         return "\n".join(map(printable, lines))
 
     def _repr_html_(self) -> str:
@@ -423,7 +382,7 @@ class BatchResult:
                         f"<code>{html.escape(self.name)}</code> revision {self.revision}: "
                         f"<b>{self.status}</b><table><tr>{cells}</tr></table></div>", compared,
                         _jobs_html(self.jobs), self._failures_html(),
-                        self._shown_answers.html(), "</div>"])
+                        self._answers.html() if self._answers else "", "</div>"])
 
     def _failures_html(self) -> str:
         failures, count = failure_groups(self._failed_errors, self.raws, SHOWN, pending=False)
