@@ -21,13 +21,6 @@ from .._textview import (
 from ..core import Grid, html_table, money
 
 
-def describe_tasks(task_ids: Sequence[str], width: int = 60) -> str:
-    """One task by its id; several as a count with the first and last, so rows stay apart."""
-    if len(task_ids) == 1:
-        return clip(task_ids[0], width)
-    return clip(f"{len(task_ids)}: {task_ids[0]} .. {task_ids[-1]}", width * 2)
-
-
 def clip(text: Any, width: int = 60) -> str:
     """One line of at most ``width`` characters."""
     flat = " ".join(str(text).split())
@@ -223,11 +216,13 @@ class ReceiptsView(TextView):
 
 
 def _cells(row: Mapping[str, Any], errors_shown: int = 3) -> dict[str, Any]:
-    """A receipt row as the notebook shows it: who answered, its tasks described, identity
-    errors naming field and values, messages whole (wrapping is the renderer's job)."""
-    errors = row["errors"]
+    """A receipt row as the notebook shows it: who answered, its tasks (one by its id, several
+    counted with the first and last, so rows stay apart), identity errors naming field and
+    values, messages whole (wrapping is the renderer's job)."""
+    errors, tasks = row["errors"], row["task_ids"]
     return {**row, "model": answered_by(row["provider"], row["model"]),
-            "tasks": describe_tasks(row["task_ids"]),
+            "tasks": clip(tasks[0]) if len(tasks) == 1 else
+            clip(f"{len(tasks)}: {tasks[0]} .. {tasks[-1]}", 120),
             "tokens": (row["input_tokens"] or 0) + (row["output_tokens"] or 0),
             "cost": receipt_cost(row["cost"], row["status"], row["sent_at"]),
             "errors": [" ".join(describe_error(e).split()) for e in errors[:errors_shown]],
