@@ -281,12 +281,31 @@ class BatchResult:
     def failures(self) -> list[dict[str, Any]]:
         """One entry per failed request: its tasks, its own errors once, how many bystanders shared
         the rejection, and the raw return once."""
-        return failure_groups(self._failed_errors, self.raws)[0]
+        return self._failure_groups()[0]
 
     def _failed_errors(self) -> Any:
         if isinstance(self.errors, ResultErrors):
             return iter(self.errors)
         return (e for e in self.errors if e.get("task_id") not in self.values)
+
+    def _failure_groups(self, limit: int | None = None, pending: bool = True
+                        ) -> tuple[list[dict[str, Any]], int]:
+        """The first ``limit`` (None: all) failed requests grouped, and how many failed in all
+        (without ``pending``, not those a batch job still holds)."""
+        kept: dict[str, bool] = {}  # request -> shown (one bool a request)
+        for e in self._failed_errors():
+            key = request_of(e)
+            kept[key] = kept.get(key, False) or pending or e.get("type") != "pending"
+        shown = [key for key, admitted in kept.items() if admitted]
+        total, shown = len(shown), set(shown[:limit] if limit is not None else shown)
+        groups: dict[str, dict[str, Any]] = {}
+        for e in self._failed_errors():
+            key = request_of(e)
+            if key in shown:
+                _add(groups.setdefault(key, {"request": e.get("request"), "tasks": [],
+                                             "errors": [], "bystanders": 0,
+                                             "raw": self.raws.get(key)}), e)
+        return list(groups.values()), total
 
     def failure_report(self, limit: int = 10) -> str:
         """A short account: which requests failed, why, what was spent, and how to resume."""
@@ -305,7 +324,7 @@ class BatchResult:
 
     def _failure_lines(self, limit: int, pending: bool = True) -> list[str]:
         lines = []
-        failures, count = failure_groups(self._failed_errors, self.raws, limit, pending)
+        failures, count = self._failure_groups(limit, pending)
         for f in failures:
             tasks = f["tasks"]
             what = (tasks[0] if len(tasks) == 1 else
@@ -385,7 +404,7 @@ class BatchResult:
                         self._answers.html() if self._answers else "", "</div>"])
 
     def _failures_html(self) -> str:
-        failures, count = failure_groups(self._failed_errors, self.raws, SHOWN, pending=False)
+        failures, count = self._failure_groups(SHOWN, pending=False)
         if not failures:
             return ""
         rows = []
@@ -650,26 +669,6 @@ class ResultErrors(SequenceView):
                 if e.get("raw") is not None:
                     raws.setdefault(request_of(e), e["raw"])
         return raws
-
-
-def failure_groups(errors: Callable[[], Iterable[Mapping[str, Any]]], raws: Mapping[str, str],
-                   limit: int | None = None, pending: bool = True
-                   ) -> tuple[list[dict[str, Any]], int]:
-    """The first ``limit`` (None: all) failed requests of ``errors()`` (read twice) grouped, and
-    how many failed in all (without ``pending``, not those a batch job still holds)."""
-    kept: dict[str, bool] = {}  # request -> shown (one bool a request)
-    for e in errors():
-        key = request_of(e)
-        kept[key] = kept.get(key, False) or pending or e.get("type") != "pending"
-    shown = [key for key, admitted in kept.items() if admitted]
-    total, shown = len(shown), set(shown[:limit] if limit is not None else shown)
-    groups: dict[str, dict[str, Any]] = {}
-    for e in errors():
-        key = request_of(e)
-        if key in shown:
-            _add(groups.setdefault(key, {"request": e.get("request"), "tasks": [], "errors": [],
-                                         "bystanders": 0, "raw": raws.get(key)}), e)
-    return list(groups.values()), total
 
 
 def _add(group: dict[str, Any], e: Mapping[str, Any]) -> None:
