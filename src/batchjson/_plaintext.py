@@ -21,6 +21,12 @@ def printable(text: str) -> str:
                        else f"\\u{ord(m.group()):04x}", text)
 
 
+def clip(text: Any, width: int = 60) -> str:
+    """One line of at most ``width`` characters."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= width else flat[: width - 3] + "..."
+
+
 def table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, indent: str = "  ",
           right: Sequence[int] = ()) -> list[str]:
     """Aligned columns; indices in ``right`` are right-aligned (numbers)."""

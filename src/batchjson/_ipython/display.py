@@ -18,13 +18,7 @@ from .._textview import (
     printable,
     receipt_cost,
 )
-from ..core import Grid, html_table, money
-
-
-def clip(text: Any, width: int = 60) -> str:
-    """One line of at most ``width`` characters."""
-    flat = " ".join(str(text).split())
-    return flat if len(flat) <= width else flat[: width - 3] + "..."
+from ..core import Grid, clip, html_table, money
 
 
 class TextView(ABC):

@@ -25,7 +25,7 @@ from .._ledger.ledger import Ledger
 from .._ledger.records import Receipt
 from .._ledger.store import Store
 from .._money import money
-from .._plaintext import Grid, printable
+from .._plaintext import Grid, clip, printable
 from .._replay.plan import Outcome
 from .plots import Chart, batch_chart
 
@@ -62,10 +62,8 @@ def fixed_set_fields(schema: Mapping[str, Any]) -> tuple[str, ...]:
 
 def cell(value: Any) -> str:
     """One value as a table cell: text as it is, anything else as compact JSON, clipped."""
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False,
-                                                           separators=(",", ":"))
-    text = " ".join(text.split())
-    return text if len(text) <= WIDE else text[: WIDE - 3] + "..."
+    return clip(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False,
+                                                                separators=(",", ":")), WIDE)
 
 
 def answers_grid(items: Iterable[tuple[str, Any]], schema: Mapping[str, Any],
