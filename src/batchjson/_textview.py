@@ -358,9 +358,8 @@ def _advice_rows(advice: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """Per pack size its cheapest mode, for the sizes next to the current, cheapest and
     recommended packs (and those options themselves)."""
     best: dict[int, Mapping[str, Any]] = {}
-    for c in advice["candidates"]:
-        if c["pack"] not in best or _cost_of(c) < _cost_of(best[c["pack"]]):
-            best[c["pack"]] = c
+    for c in advice["candidates"]:  # the first of equally cheap modes
+        best[c["pack"]] = min(best.get(c["pack"], c), c, key=_cost_of)
     sizes = sorted(best)
     marked = [advice[k] for k in ("current", "cheapest", "recommended") if advice[k]]
     near: set[int] = set()

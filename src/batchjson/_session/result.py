@@ -1,10 +1,7 @@
-"""What a run hands back: values that passed acceptance, and an honest account of the rest.
-
-Both are read when asked for, so a million tasks hold neither a million values nor a million error
-dicts: :class:`LedgerValues` reads the ledger a page at a time (opening it again once the session
-closed it), :class:`ResultErrors` builds each error when read. What a result shows of its answers
-(:func:`answers_grid`: the first few as a table, and how often each value of a field with a fixed
-set came back) is read in one pass that stops at :data:`COUNTED` values, saying so."""
+"""What a run hands back: values that passed acceptance, and an honest account of the rest,
+both read when asked for (a million tasks hold neither a million values nor a million error
+dicts). What a result shows of its answers is read in one pass that stops at :data:`COUNTED`
+values, saying so."""
 
 from __future__ import annotations
 
