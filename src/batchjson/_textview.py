@@ -62,7 +62,12 @@ def status_lines(summary: Mapping[str, Any], ledger: str, me: str = "batchjson")
                          f"{money(total['unknown_cost_lower_bound'])} more, pricing their "
                          f"prompts (a token per 4 characters) at the input rate{also}; '+' and "
                          "'≥' mark figures that include that estimate", "  ")
-    lines += pending_lines(total["pending"], total["pending_cost"], summary.get("jobs", ()))
+    jobs = summary.get("jobs", ())  # unfinished provider batch jobs: neither failed nor unknown
+    if total["pending"] or jobs:
+        lines += wrapped("pending: " + pending_said(total["pending"], total["pending_cost"],
+                                                    len(jobs)), "  ")
+        for job in jobs:
+            lines += wrapped(job_progress(job), "    ")
     owed = summary.get("unresolved_requests", 0)
     if owed:
         lines.append(f"  still owed: {owed} request(s), {summary['unresolved_items']} item(s); "
@@ -83,18 +88,8 @@ def status_lines(summary: Mapping[str, Any], ledger: str, me: str = "batchjson")
     return lines + _status_next(summary, ledger, me)
 
 
-def pending_lines(calls: int, cost: float, jobs: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Calls held by unfinished provider batch jobs: pending (neither failed nor of unknown
-    cost), their cost estimated at the batch price, and each job's progress."""
-    if not calls and not jobs:
-        return []
-    lines = wrapped("pending: " + pending_said(calls, cost, len(jobs)), "  ")
-    for job in jobs:
-        lines += wrapped(job_progress(job), "    ")
-    return lines
-
-
 def pending_said(calls: int, cost: float, jobs: int) -> str:
+    """Calls held by unfinished provider batch jobs, their cost estimated at the batch price."""
     priced = (f"an estimated {money(cost)} at the batch price when they end (their prompts; "
               "the answers add their output)" if cost else "their cost is known when they end")
     return f"{calls} call(s) in {jobs} unfinished batch job(s), {priced}"
@@ -363,9 +358,8 @@ def _advice_rows(advice: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """Per pack size its cheapest mode, for the sizes next to the current, cheapest and
     recommended packs (and those options themselves)."""
     best: dict[int, Mapping[str, Any]] = {}
-    for c in advice["candidates"]:
-        if c["pack"] not in best or _cost_of(c) < _cost_of(best[c["pack"]]):
-            best[c["pack"]] = c
+    for c in advice["candidates"]:  # the first of equally cheap modes
+        best[c["pack"]] = min(best.get(c["pack"], c), c, key=_cost_of)
     sizes = sorted(best)
     marked = [advice[k] for k in ("current", "cheapest", "recommended") if advice[k]]
     near: set[int] = set()
@@ -408,12 +402,14 @@ def budget_line(budget: Mapping[str, Any] | None) -> str:
 
 
 def job_lines(jobs: Sequence[Mapping[str, Any]], *, every: bool = False) -> list[str]:
-    """What ``batchjson jobs`` prints: one row per job, and what to do with an uncertain one."""
+    """What ``batchjson jobs`` prints: one row per job (its request counts as its provider last
+    reported them, ``completed=3 failed=1``), and what to do with an uncertain one."""
     if not jobs:
         return ["no batch jobs" if every else "no open batch jobs"]
     rows = [(j["id"], j["provider"], j["provider_job_id"] or "-", j["batch"], j["status"]
              + (f" ({j['provider_status']})" if j.get("provider_status") else ""),
-             j["requests"], _counts(j.get("counts")), _age(j["created_at"]),
+             j["requests"], " ".join(f"{k}={v}" for k, v in (j.get("counts") or {}).items()
+                                     if v) or "-", _age(j["created_at"]),
              usd(j["reserved"] or 0.0)) for j in jobs]
     lines = table(("job", "provider", "provider id", "batch", "status", "requests", "counts",
                    "age", "reserved"), rows, indent="")
@@ -436,11 +432,6 @@ def cancel_line(job: Mapping[str, Any]) -> str:
                 "again (their receipts stay, as possibly billed)")
     return (f"job {job['id']} ({job['provider_job_id']}) is {job['provider_status']} at the "
             "provider; the next run of its batch collects what ended and owes the rest again")
-
-
-def _counts(counts: Mapping[str, Any] | None) -> str:
-    """A job's request counts as its provider last reported them (``completed=3 failed=1``)."""
-    return " ".join(f"{k}={v}" for k, v in (counts or {}).items() if v) or "-"
 
 
 def _age(stamp: str) -> str:

@@ -8,7 +8,7 @@ from ._content.tasks import parse_identity, render_value_prompt
 from ._ledger.records import ledger_path
 from ._ledger.sqlite import file_problem
 from ._money import cost_value, money, usd
-from ._plaintext import printable, table
+from ._plaintext import Grid, clip, html_table, printable, table
 from ._providers.base import estimate_tokens
 from ._providers.select import PROVIDER_NAMES, provider_label
 from ._secrets import looks_like_key, masked, public_url, shown_value
@@ -55,6 +55,7 @@ __all__ = [
     "pending_jobs",  # the unfinished ones with their provider's progress, asked briefly
     # one wording for numbers and dollars
     "whole_argument", "money", "cost_value", "usd",
-    # what a terminal may be shown, and aligned columns (a result prints its answers so too)
-    "printable", "table",
+    # what a terminal may be shown, aligned columns, and one table model for text and HTML (a
+    # result shows its answers so too)
+    "printable", "table", "Grid", "html_table", "clip",
 ]

@@ -17,28 +17,8 @@ from .._textview import (
     pending_said,
     printable,
     receipt_cost,
-    table,
 )
-from ..core import money
-
-
-def describe_tasks(task_ids: Sequence[str], width: int = 60) -> str:
-    """One task by its id; several as a count with the first and last, so rows stay apart."""
-    if len(task_ids) == 1:
-        return clip(task_ids[0], width)
-    return clip(f"{len(task_ids)}: {task_ids[0]} .. {task_ids[-1]}", width * 2)
-
-
-def clip(text: Any, width: int = 60) -> str:
-    """One line of at most ``width`` characters."""
-    flat = " ".join(str(text).split())
-    return flat if len(flat) <= width else flat[: width - 3] + "..."
-
-
-def html_table(columns: Sequence[str], rows: Sequence[str]) -> str:
-    """Left-aligned headings over rows already rendered as ``<tr>``."""
-    head = "".join(f"<th style='text-align:left'>{html.escape(c)}</th>" for c in columns)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+from ..core import Grid, clip, html_table, money
 
 
 class TextView(ABC):
@@ -60,22 +40,17 @@ class Table(TextView):
 
     def __init__(self, title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *,
                  empty: str = "(none)") -> None:
-        self.title, self.columns, self.empty = title, list(columns), empty
         self.rows = [["" if v is None else str(v) for v in row] for row in rows]
+        self.grid = Grid(title, list(columns), self.rows, empty=empty)
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def as_text(self) -> str:
-        body = table(self.columns, self.rows) if self.rows else [f"  {self.empty}"]
-        return "\n".join([self.title, *body])
+        return "\n".join(self.grid.lines())
 
     def _repr_html_(self) -> str:
-        esc = html.escape
-        body = ["<tr>" + "".join(f"<td style='text-align:left'>{esc(v)}</td>" for v in row)
-                + "</tr>" for row in self.rows] or [
-            f"<tr><td colspan='{len(self.columns)}'><i>{esc(self.empty)}</i></td></tr>"]
-        return f"<div><b>{esc(self.title)}</b>{html_table(self.columns, body)}</div>"
+        return self.grid.html()
 
 
 class StatusView(TextView):
@@ -227,18 +202,21 @@ class ReceiptsView(TextView):
             body.append(f"<tr>{cells}<td style='text-align:left;white-space:normal;"
                         f"max-width:40em'><ul style='margin:0;padding-left:1.2em'>{errors}</ul>"
                         f"{raw}</td></tr>")
-        table = (html_table(("#", "rev", "kind", "status", "model", "tasks", "tokens", "cost",
-                             "errors"), body) if self.rows else "<div><i>(none recorded)</i></div>")
+        columns = ("#", "rev", "kind", "status", "model", "tasks", "tokens", "cost", "errors")
+        table = (html_table(columns, "".join(body)) if self.rows
+                 else "<div><i>(none recorded)</i></div>")
         return (f"<div><b>{esc(self.title)}</b>{table}<div style='color:#666'>"
                 f"{esc(self._footer())}</div></div>")
 
 
 def _cells(row: Mapping[str, Any], errors_shown: int = 3) -> dict[str, Any]:
-    """A receipt row as the notebook shows it: who answered, its tasks described, identity
-    errors naming field and values, messages whole (wrapping is the renderer's job)."""
-    errors = row["errors"]
+    """A receipt row as the notebook shows it: who answered, its tasks (one by its id, several
+    counted with the first and last, so rows stay apart), identity errors naming field and
+    values, messages whole (wrapping is the renderer's job)."""
+    errors, tasks = row["errors"], row["task_ids"]
     return {**row, "model": answered_by(row["provider"], row["model"]),
-            "tasks": describe_tasks(row["task_ids"]),
+            "tasks": clip(tasks[0]) if len(tasks) == 1 else
+            clip(f"{len(tasks)}: {tasks[0]} .. {tasks[-1]}", 120),
             "tokens": (row["input_tokens"] or 0) + (row["output_tokens"] or 0),
             "cost": receipt_cost(row["cost"], row["status"], row["sent_at"]),
             "errors": [" ".join(describe_error(e).split()) for e in errors[:errors_shown]],

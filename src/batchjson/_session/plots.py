@@ -14,8 +14,6 @@ from typing import Any
 from .._errors import ConfigError, InvalidBatch
 from .._ledger.records import Receipt
 
-PLOTS_MISSING = "install batchjson[plots] (matplotlib) to see the chart"
-
 
 class Chart:
     """A drawn chart: its PNG bytes, shown inline by IPython, written by :meth:`save`."""
@@ -39,7 +37,7 @@ def _figure() -> Any:
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        raise ConfigError(PLOTS_MISSING) from None
+        raise ConfigError("install batchjson[plots] (matplotlib) to see the chart") from None
     return Figure(figsize=(7, 3.6), dpi=100)
 
 

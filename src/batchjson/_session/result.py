@@ -1,10 +1,7 @@
-"""What a run hands back: values that passed acceptance, and an honest account of the rest.
-
-Both are read when asked for, so a million tasks hold neither a million values nor a million error
-dicts: :class:`LedgerValues` reads the ledger a page at a time (opening it again once the session
-closed it), :class:`ResultErrors` builds each error when read. What a result shows of its answers
-(:class:`Answers`: the first few as a table, and how often each value of a field with a fixed set
-came back) is read in one pass that stops at :data:`COUNTED` values, saying so."""
+"""What a run hands back: values that passed acceptance, and an honest account of the rest,
+both read when asked for (a million tasks hold neither a million values nor a million error
+dicts). What a result shows of its answers is read in one pass that stops at :data:`COUNTED`
+values, saying so."""
 
 from __future__ import annotations
 
@@ -25,7 +22,7 @@ from .._ledger.ledger import Ledger
 from .._ledger.records import Receipt
 from .._ledger.store import Store
 from .._money import money
-from .._plaintext import printable, table
+from .._plaintext import Grid, clip, printable
 from .._replay.plan import Outcome
 from .plots import Chart, batch_chart
 
@@ -62,96 +59,53 @@ def fixed_set_fields(schema: Mapping[str, Any]) -> tuple[str, ...]:
 
 def cell(value: Any) -> str:
     """One value as a table cell: text as it is, anything else as compact JSON, clipped."""
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False,
-                                                           separators=(",", ":"))
-    text = " ".join(text.split())
-    return text if len(text) <= WIDE else text[: WIDE - 3] + "..."
+    return clip(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False,
+                                                                separators=(",", ":")), WIDE)
 
 
-@dataclass
-class Answers:
-    """The first :data:`SAMPLE` accepted values, and each fixed-set field's values counted over
-    the first ``counted`` of ``total``."""
+def answers_grid(items: Iterable[tuple[str, Any]], schema: Mapping[str, Any],
+                 total: int) -> Grid | None:
+    """The first :data:`SAMPLE` of ``total`` accepted values as a table, then each fixed-set
+    field's values by count over the first :data:`COUNTED`; None when there are none."""
+    fields = fixed_set_fields(schema)
+    sample: list[tuple[str, Any]] = []
+    counts: dict[str, Counter[str]] = {f: Counter() for f in fields}
+    counted = 0
+    for task_id, value in items:
+        if len(sample) < SAMPLE:
+            sample.append((task_id, value))
+        if counted == COUNTED or (not fields and len(sample) == SAMPLE):
+            break
+        counted += 1
+        for f in fields:
+            item = value if isinstance(value, dict) else {}
+            counts[f][cell(value if f == WHOLE else item.get(f, "(absent)"))] += 1
+    if not sample:
+        return None
+    scope = f"all {total}" if counted >= total else f"the first {counted} of {total}"
+    notes: list[tuple[str | None, str]] = [(None, f"counts over {scope} accepted values:")]
+    for f, counter in counts.items():
+        common = counter.most_common()
+        listed = ", ".join(f"{v} {n}" for v, n in common[:KINDS])
+        rest = sum(n for _, n in common[KINDS:])
+        notes.append((f or "value", listed + (f", {len(common) - KINDS} other value(s) "
+                                              f"{rest}" if rest else "")))
+    props = schema.get("properties")
+    return Grid(f"accepted values (the first {len(sample)} of {total}):",
+                *_sample_table(sample, tuple(props) if isinstance(props, Mapping) else ()),
+                notes=notes if counts else (), bold=False)
 
-    sample: list[tuple[str, Any]]
-    counts: dict[str, Counter[str]]
-    counted: int
-    total: int
-    order: tuple[str, ...] = ()  # the schema's fields, the sample's first columns
 
-    @classmethod
-    def read(cls, items: Iterable[tuple[str, Any]], schema: Mapping[str, Any],
-             total: int) -> Answers:
-        fields = fixed_set_fields(schema)
-        sample: list[tuple[str, Any]] = []
-        counts: dict[str, Counter[str]] = {f: Counter() for f in fields}
-        counted = 0
-        for task_id, value in items:
-            if len(sample) < SAMPLE:
-                sample.append((task_id, value))
-            if counted == COUNTED or (not fields and len(sample) == SAMPLE):
-                break
-            counted += 1
-            for f in fields:
-                item = value if isinstance(value, dict) else {}
-                counts[f][cell(value if f == WHOLE else item.get(f, "(absent)"))] += 1
-        props = schema.get("properties")
-        return cls(sample, counts, counted, total,
-                   tuple(props) if isinstance(props, Mapping) else ())
-
-    def _table(self) -> tuple[list[str], list[list[str]]]:
-        """(columns, rows) of the sample: task_id (an answer's own is its row's, identity
-        checked), then each field of an object value, the schema's first, or the value itself."""
-        objects = all(isinstance(v, dict) for _, v in self.sample)
-        seen = {k for _, v in self.sample for k in v} - {"task_id"} if objects else set()
-        fields = [k for k in self.order if k in seen] + sorted(seen - set(self.order))
-        rows = [[task_id, *([cell(v[f]) if f in v else "" for f in fields] if objects
-                            else [cell(v)])] for task_id, v in self.sample]
-        return ["task_id", *(fields if objects else ["value"])], rows
-
-    def _heading(self) -> str:
-        return f"accepted values (the first {len(self.sample)} of {self.total})"
-
-    def _tallies(self) -> list[tuple[str, str]]:
-        out = []
-        for f, counter in self.counts.items():
-            common = counter.most_common()
-            listed = ", ".join(f"{v} {n}" for v, n in common[:KINDS])
-            rest = sum(n for _, n in common[KINDS:])
-            out.append((f or "value", listed + (f", {len(common) - KINDS} other value(s) "
-                                                f"{rest}" if rest else "")))
-        return out
-
-    def _counted(self) -> str:
-        scope = (f"all {self.total}" if self.counted >= self.total
-                 else f"the first {self.counted} of {self.total}")
-        return f"counts over {scope} accepted values"
-
-    def lines(self) -> list[str]:
-        """The plain-text rendering (columns aligned, nothing that acts on a terminal)."""
-        if not self.sample:
-            return []
-        columns, rows = self._table()
-        out = [self._heading() + ":", *table(columns, rows)]
-        if self.counts:
-            out.append(self._counted() + ":")
-            out += [f"  {f}: {text}" for f, text in self._tallies()]
-        return out
-
-    def html(self) -> str:
-        if not self.sample:
-            return ""
-        esc = html.escape
-        columns, rows = self._table()
-        head = "".join(f"<th style='text-align:left'>{esc(c)}</th>" for c in columns)
-        body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{esc(c)}</td>"
-                                        for c in row) + "</tr>" for row in rows)
-        counts = "".join(f"<div><code>{esc(f)}</code>: {esc(text)}</div>"
-                         for f, text in self._tallies())
-        if counts:
-            counts = f"<div style='color:#666'>{esc(self._counted())}:</div>{counts}"
-        return (f"<div>{esc(self._heading())}:<table><thead><tr>{head}</tr></thead>"
-                f"<tbody>{body}</tbody></table>{counts}</div>")
+def _sample_table(sample: list[tuple[str, Any]],
+                  order: tuple[str, ...]) -> tuple[list[str], list[list[str]]]:
+    """(columns, rows): task_id (an answer's own is its row's, identity checked), then each
+    field of an object value, the schema's (``order``) first, or the value itself."""
+    objects = all(isinstance(v, dict) for _, v in sample)
+    seen = {k for _, v in sample for k in v} - {"task_id"} if objects else set()
+    fields = [k for k in order if k in seen] + sorted(seen - set(order))
+    rows = [[task_id, *([cell(v[f]) if f in v else "" for f in fields] if objects
+                        else [cell(v)])] for task_id, v in sample]
+    return ["task_id", *(fields if objects else ["value"])], rows
 
 
 class LedgerRead(partial):
@@ -322,12 +276,31 @@ class BatchResult:
     def failures(self) -> list[dict[str, Any]]:
         """One entry per failed request: its tasks, its own errors once, how many bystanders shared
         the rejection, and the raw return once."""
-        return failure_groups(self._failed_errors, self.raws)[0]
+        return self._failure_groups()[0]
 
     def _failed_errors(self) -> Any:
         if isinstance(self.errors, ResultErrors):
             return iter(self.errors)
         return (e for e in self.errors if e.get("task_id") not in self.values)
+
+    def _failure_groups(self, limit: int | None = None, pending: bool = True
+                        ) -> tuple[list[dict[str, Any]], int]:
+        """The first ``limit`` (None: all) failed requests grouped, and how many failed in all
+        (without ``pending``, not those a batch job still holds)."""
+        kept: dict[str, bool] = {}  # request -> shown (one bool a request)
+        for e in self._failed_errors():
+            key = request_of(e)
+            kept[key] = kept.get(key, False) or pending or e.get("type") != "pending"
+        shown = [key for key, admitted in kept.items() if admitted]
+        total, shown = len(shown), set(shown[:limit] if limit is not None else shown)
+        groups: dict[str, dict[str, Any]] = {}
+        for e in self._failed_errors():
+            key = request_of(e)
+            if key in shown:
+                _add(groups.setdefault(key, {"request": e.get("request"), "tasks": [],
+                                             "errors": [], "bystanders": 0,
+                                             "raw": self.raws.get(key)}), e)
+        return list(groups.values()), total
 
     def failure_report(self, limit: int = 10) -> str:
         """A short account: which requests failed, why, what was spent, and how to resume."""
@@ -346,7 +319,7 @@ class BatchResult:
 
     def _failure_lines(self, limit: int, pending: bool = True) -> list[str]:
         lines = []
-        failures, count = failure_groups(self._failed_errors, self.raws, limit, pending)
+        failures, count = self._failure_groups(limit, pending)
         for f in failures:
             tasks = f["tasks"]
             what = (tasks[0] if len(tasks) == 1 else
@@ -385,8 +358,8 @@ class BatchResult:
         return ", ".join(self.identity_compared) + also
 
     @cached_property
-    def _shown_answers(self) -> Answers:
-        return Answers.read(plain_items(self.values), self.answer_schema, len(self.values))
+    def _answers(self) -> Grid | None:
+        return answers_grid(plain_items(self.values), self.answer_schema, len(self.values))
 
     def __str__(self) -> str:
         """What ``print(result)`` shows: the summary, failed requests first, then the answers."""
@@ -395,7 +368,7 @@ class BatchResult:
                  *(f"pending in job {job['id']} ({job['provider_job_id'] or job['status']}): "
                    f"{job['requests']} request(s){_submitted(job)}; re-run to collect what has "
                    "ended"
-                   for job in self.jobs), *self._shown_answers.lines()]
+                   for job in self.jobs), *(self._answers.lines() if self._answers else ())]
         return "\n".join(map(printable, lines))
 
     def _repr_html_(self) -> str:
@@ -423,10 +396,10 @@ class BatchResult:
                         f"<code>{html.escape(self.name)}</code> revision {self.revision}: "
                         f"<b>{self.status}</b><table><tr>{cells}</tr></table></div>", compared,
                         _jobs_html(self.jobs), self._failures_html(),
-                        self._shown_answers.html(), "</div>"])
+                        self._answers.html() if self._answers else "", "</div>"])
 
     def _failures_html(self) -> str:
-        failures, count = failure_groups(self._failed_errors, self.raws, SHOWN, pending=False)
+        failures, count = self._failure_groups(SHOWN, pending=False)
         if not failures:
             return ""
         rows = []
@@ -691,26 +664,6 @@ class ResultErrors(SequenceView):
                 if e.get("raw") is not None:
                     raws.setdefault(request_of(e), e["raw"])
         return raws
-
-
-def failure_groups(errors: Callable[[], Iterable[Mapping[str, Any]]], raws: Mapping[str, str],
-                   limit: int | None = None, pending: bool = True
-                   ) -> tuple[list[dict[str, Any]], int]:
-    """The first ``limit`` (None: all) failed requests of ``errors()`` (read twice) grouped, and
-    how many failed in all (without ``pending``, not those a batch job still holds)."""
-    kept: dict[str, bool] = {}  # request -> shown (one bool a request)
-    for e in errors():
-        key = request_of(e)
-        kept[key] = kept.get(key, False) or pending or e.get("type") != "pending"
-    shown = [key for key, admitted in kept.items() if admitted]
-    total, shown = len(shown), set(shown[:limit] if limit is not None else shown)
-    groups: dict[str, dict[str, Any]] = {}
-    for e in errors():
-        key = request_of(e)
-        if key in shown:
-            _add(groups.setdefault(key, {"request": e.get("request"), "tasks": [], "errors": [],
-                                         "bystanders": 0, "raw": raws.get(key)}), e)
-    return list(groups.values()), total
 
 
 def _add(group: dict[str, Any], e: Mapping[str, Any]) -> None:
