@@ -197,6 +197,7 @@ class LoopSessions:
 ITEMS_NAME = "batchjson_items"  # schema / tool name for items mode
 WRAPPED_VALUE = "batchjson_value"  # value mode, scalar wrapped as {"value": ...}
 OBJECT_VALUE = "batchjson_answer"  # value mode whose schema is already an object
+TOOL_NAMES = (ITEMS_NAME, WRAPPED_VALUE, OBJECT_VALUE)
 
 
 def object_schema(call_schema: Mapping[str, Any],
@@ -245,6 +246,9 @@ class HttpProvider(OneService):
     auth_header = "Authorization"
     auth_prefix = "Bearer "
     static_headers: Mapping[str, str] = {"Content-Type": "application/json"}
+    # each protocol's own: a call's body and whether a scalar was wrapped; a body as a Reply
+    request_body: Callable[[Call], tuple[dict[str, Any], bool]]
+    read_reply: Callable[..., Reply]
 
     def _setup(self, model: str | None, base_url: str | None, api_key: str | None,
                timeout: float, prices: Mapping[str, Any] | None,
@@ -340,7 +344,7 @@ class HttpProvider(OneService):
 
     def input_bound(self, call: Call) -> int:
         """A sound bound on the input tokens ``call`` is billed for: body bytes plus overhead."""
-        body = self.request_body(call)[0]  # type: ignore[attr-defined] # each protocol's own
+        body = self.request_body(call)[0]
         return len(encode_body(body)) + self.overhead_tokens(call)
 
     def settings(self) -> dict[str, Any]:
@@ -371,6 +375,11 @@ class HttpProvider(OneService):
         return await exchange(self._sessions.get(), method, url, body, headers or self._headers,
                               provider=self.name, timeout=self.timeout, secrets=self._secrets,
                               key_env=self.key_env)
+
+    async def complete(self, call: Call) -> Reply:
+        body, wrapped = self.request_body(call)
+        data, text = await self._post(body)
+        return self.read_reply(data, text, wrapped)
 
     async def _post(self, body: Mapping[str, Any]) -> Answer:
         status, raw, headers = await exchange(  # not through _request: one coroutine less

@@ -152,13 +152,10 @@ class OpenAIProvider(HttpProvider):
         return {**super().settings(), "response_format": self.response_format,
                 "capabilities": asdict(self.capabilities)}
 
-    async def complete(self, call: Call) -> Reply:
-        body, wrapped = self.request_body(call)
-        return self.read_reply((await self._post(body)).data, wrapped)
-
-    def read_reply(self, data: Mapping[str, Any], wrapped: bool, *,
-                   price_factor: float = 1.0) -> Reply:
-        """A chat completion's reply (or a batch line's body); ``price_factor`` scales its cost."""
+    def read_reply(self, data: Mapping[str, Any], body_text: str | None, wrapped: bool, *,
+                   at: tuple[str | int, ...] = (), price_factor: float = 1.0) -> Reply:
+        """A chat completion's reply (or a batch line's body); ``price_factor`` scales its cost
+        (the body's text is not needed: an answer is a string, never re-serialised)."""
         choices = data.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             detail = json.dumps(data, ensure_ascii=False)
@@ -229,13 +226,9 @@ class OpenAIBatches(BatchClient):
     max_requests = 50_000
     max_bytes = 200 * 1024 * 1024
     url = "/v1/chat/completions"
+    line_head = {"method": "POST", "url": url}
     running = frozenset(("validating", "in_progress", "finalizing", "cancelling"))
     jobs_path = "/batches"
-
-    def line(self, custom_id: str, call: Call) -> tuple[dict[str, Any], bool]:
-        body, wrapped = self.provider.request_body(call)
-        return {"custom_id": custom_id, "method": "POST", "url": self.url,
-                "body": body}, wrapped
 
     async def upload(self, upload: Upload) -> str:
         """Upload the input file, streamed from disk; its id."""
@@ -301,9 +294,6 @@ class OpenAIBatches(BatchClient):
             return ProviderError("openai batch line has no response body", status=status,
                                  retryable=True)
         return status, body
-
-    def read(self, line: Mapping[str, Any], body: Mapping[str, Any], wrapped: bool) -> Reply:
-        return self.provider.read_reply(body, wrapped, price_factor=self.share)
 
 
 def _errors(batch: Mapping[str, Any]) -> list[dict[str, Any]]:
