@@ -75,45 +75,6 @@ class Answer(NamedTuple):
     text: str | None
 
 
-async def exchange(session: aiohttp.ClientSession, method: str, url: str, body: Any,
-                   headers: Callable[[], Mapping[str, str]], *, provider: str, timeout: float,
-                   secrets: Secrets, key_env: str) -> tuple[int, bytes, Mapping[str, str]]:
-    """One request: (status, body, headers) of a success, else a masked ProviderError raised outside
-    ``except`` (no exception holding the key's headers rides along); ``headers`` is a factory."""
-    failure: ProviderError | None = None
-    try:
-        async with session.request(method, url, data=body, headers=headers()) as resp:
-            status = resp.status
-            raw = await resp.read()
-            resp_headers = resp.headers
-            report_headers(resp_headers)  # the pacer's view of the rate limits
-    except TimeoutError:
-        failure = ProviderError(f"{provider}: no complete answer within the {timeout:g}s "
-                                "client timeout", retryable=True)
-    except aiohttp.ClientPayloadError as exc:
-        failure = ProviderError(f"{provider}: response body was cut off ({exc})",
-                                retryable=True)
-    except aiohttp.ClientResponseError as exc:
-        failure = ProviderError(f"{provider}: bad HTTP response ({exc.status}: {exc.message})",
-                                status=exc.status or None, retryable=True)
-    except (aiohttp.ClientError, OSError) as exc:
-        why = _unreachable(exc) if isinstance(exc, aiohttp.ClientConnectorError) else None
-        failure = ProviderError(
-            f"{provider}: cannot reach {display_url(url)} ({why}); is the server running? Check "
-            "the base URL." if why else f"{provider}: connection failed ({type(exc).__name__}: "
-            f"{exc})", retryable=True, unreachable=why is not None)
-    except ValueError as exc:  # aiohttp refusing the request itself (a URL it cannot send)
-        failure = ProviderError(f"{provider}: the request could not be sent "
-                                f"({type(exc).__name__}: {exc}); check the base URL",
-                                retryable=False)
-    if failure is not None:
-        failure.args = (secrets.mask(str(failure)),)
-        raise failure
-    if status >= 400:
-        raise http_error(provider, status, resp_headers, raw, secrets, key_env)
-    return status, raw, resp_headers
-
-
 def decoded(raw: bytes, status: int, resp_headers: Mapping[str, str], provider: str,
              secrets: Secrets) -> Answer:
     """A success's JSON object and exact text; any other body, or one not UTF-8, a ProviderError."""
@@ -372,9 +333,41 @@ class HttpProvider(OneService):
     async def _request(self, method: str, url: str, body: Any,
                        headers: Callable[[], Mapping[str, str]] | None = None
                        ) -> tuple[int, bytes, Mapping[str, str]]:
-        return await exchange(self._sessions.get(), method, url, body, headers or self._headers,
-                              provider=self.name, timeout=self.timeout, secrets=self._secrets,
-                              key_env=self.key_env)
+        """One request: (status, body, headers) of a success, else a masked ProviderError raised
+        outside ``except`` (no exception holding the key's headers rides along)."""
+        failure: ProviderError | None = None
+        name, session = self.name, self._sessions.get()
+        try:
+            async with session.request(method, url, data=body,
+                                       headers=(headers or self._headers)()) as resp:
+                status = resp.status
+                raw = await resp.read()
+                resp_headers = resp.headers
+                report_headers(resp_headers)  # the pacer's view of the rate limits
+        except TimeoutError:
+            failure = ProviderError(f"{name}: no complete answer within the {self.timeout:g}s "
+                                    "client timeout", retryable=True)
+        except aiohttp.ClientPayloadError as exc:
+            failure = ProviderError(f"{name}: response body was cut off ({exc})", retryable=True)
+        except aiohttp.ClientResponseError as exc:
+            failure = ProviderError(f"{name}: bad HTTP response ({exc.status}: {exc.message})",
+                                    status=exc.status or None, retryable=True)
+        except (aiohttp.ClientError, OSError) as exc:
+            why = _unreachable(exc) if isinstance(exc, aiohttp.ClientConnectorError) else None
+            failure = ProviderError(
+                f"{name}: cannot reach {display_url(url)} ({why}); is the server running? Check "
+                "the base URL." if why else f"{name}: connection failed ({type(exc).__name__}: "
+                f"{exc})", retryable=True, unreachable=why is not None)
+        except ValueError as exc:  # aiohttp refusing the request itself (a URL it cannot send)
+            failure = ProviderError(f"{name}: the request could not be sent "
+                                    f"({type(exc).__name__}: {exc}); check the base URL",
+                                    retryable=False)
+        if failure is not None:
+            failure.args = (self._secrets.mask(str(failure)),)
+            raise failure
+        if status >= 400:
+            raise http_error(self.name, status, resp_headers, raw, self._secrets, self.key_env)
+        return status, raw, resp_headers
 
     async def complete(self, call: Call) -> Reply:
         body, wrapped = self.request_body(call)
@@ -382,10 +375,8 @@ class HttpProvider(OneService):
         return self.read_reply(data, text, wrapped)
 
     async def _post(self, body: Mapping[str, Any]) -> Answer:
-        status, raw, headers = await exchange(  # not through _request: one coroutine less
-            self._sessions.get(), "POST", self._endpoint.get() or self.url, encode_body(body),
-            self._headers, provider=self.name, timeout=self.timeout, secrets=self._secrets,
-            key_env=self.key_env)
+        status, raw, headers = await self._request("POST", self._endpoint.get() or self.url,
+                                                   encode_body(body))
         return decoded(raw, status, headers, self.name, self._secrets)
 
     async def aclose(self) -> None:

@@ -6,13 +6,15 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Literal, get_args
+from dataclasses import asdict, fields, replace
+from typing import Annotated, Any, Literal, get_args
 from urllib.parse import quote
 
 import aiohttp
+from pydantic import Field
 
 from .._canon import show_as
+from .._checks import options
 from .._errors import ProviderError, ProviderSetupError
 from .._secrets import provider_text_masked
 from .._sources import REFUSED, TOOL_CALL, TRUNCATED
@@ -301,20 +303,20 @@ def _errors(batch: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [e for e in (batch.get("errors") or {}).get("data") or [] if isinstance(e, dict)]
 
 
-SYSTEM_ROLES = ("system", "developer", "user")
+Flag = Annotated[bool, Field(description="True or False")]
 # Sampling settings the reasoning models refuse (OpenAI: "not supported with reasoning models").
 SAMPLING = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "logprobs",
             "top_logprobs", "logit_bias")
 
 
-@dataclass(frozen=True)
+@options(ProviderSetupError, "OpenAIProvider: capabilities ")
 class Capabilities:
     """How a request to one model must be shaped (``temperature``: the ``SAMPLING`` settings)."""
 
-    system_role: str = "system"
-    response_format: bool = True
-    max_completion_tokens: bool = False
-    temperature: bool = True
+    system_role: Literal["system", "developer", "user"] = "system"
+    response_format: Flag = True
+    max_completion_tokens: Flag = False
+    temperature: Flag = True
 
 
 CHAT = Capabilities()
@@ -334,10 +336,8 @@ def capabilities_for(model: str, override: Any = None) -> Capabilities:
     """The table's capabilities for ``model``, ``override`` laid over; a bad override is refused."""
     name = model.rsplit("/", 1)[-1].removeprefix("ft:").lower()
     found = next((caps for pattern, caps in KNOWN if pattern.match(name)), CHAT)
-    if override is None:
-        return found
-    if isinstance(override, Capabilities):
-        override = asdict(override)
+    if override is None or isinstance(override, Capabilities):
+        return override or found
     if not isinstance(override, Mapping):
         raise ProviderSetupError(f"OpenAIProvider: capabilities must be a dict such as "
                                  f"{{'system_role': 'developer'}}, got {type(override).__name__}")
@@ -346,14 +346,6 @@ def capabilities_for(model: str, override: Any = None) -> Capabilities:
     if unknown:
         raise ProviderSetupError(f"OpenAIProvider: capabilities has no {', '.join(unknown)}; "
                                  f"its fields are {', '.join(known)}")
-    role = override.get("system_role", found.system_role)
-    if role not in SYSTEM_ROLES:
-        raise ProviderSetupError(f"OpenAIProvider: capabilities system_role must be one of "
-                                 f"{', '.join(SYSTEM_ROLES)}, got {role!r}")
-    for key in known[1:]:
-        if key in override and not isinstance(override[key], bool):
-            raise ProviderSetupError(f"OpenAIProvider: capabilities {key} must be True or "
-                                     f"False, got {override[key]!r}")
     return replace(found, **dict(override))
 
 
