@@ -75,35 +75,6 @@ class Answer(NamedTuple):
     text: str | None
 
 
-def decoded(raw: bytes, status: int, resp_headers: Mapping[str, str], provider: str,
-             secrets: Secrets) -> Answer:
-    """A success's JSON object and exact text; any other body, or one not UTF-8, a ProviderError."""
-    text: str | None
-    try:
-        text = raw.decode("utf-8-sig")  # a byte-order mark is not part of the document
-    except UnicodeDecodeError as exc:
-        if exc.reason != "unexpected end of data":  # a cut inside a character: cut off, below
-            raise ProviderError(f"{provider}: HTTP {status} body is not valid UTF-8 (byte "
-                                f"{exc.start}); refused, never read as an answer",
-                                status=status, retryable=True) from None
-        text = None
-    try:
-        data = json.loads(raw if text is None else text)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        data = None
-    if not isinstance(data, dict):
-        snippet = provider_text_masked(secrets.mask(raw[:4096].decode("utf-8", "replace")))[:120]
-        if raw.lstrip()[:1] == b"{":  # JSON that stops short: the connection cut it off
-            raise ProviderError(f"{provider}: HTTP {status} body is not a JSON object "
-                                f"({len(raw)} bytes, starts {snippet!r}); likely truncated",
-                                status=status, retryable=True)
-        kind = resp_headers.get("Content-Type", "no content type")
-        raise ProviderError(f"{provider}: HTTP {status} answered with {kind}, not a JSON API "
-                            f"response (starts {snippet!r}); check the base URL", status=status,
-                            retryable=False)  # a web page will not turn into an API answer
-    return Answer(data, text)
-
-
 def encode_body(body: Mapping[str, Any]) -> bytes:
     """UTF-8 JSON by pydantic-core's fast encoder, or (a lone surrogate) the stdlib's escapes."""
     try:
@@ -375,9 +346,36 @@ class HttpProvider(OneService):
         return self.read_reply(data, text, wrapped)
 
     async def _post(self, body: Mapping[str, Any]) -> Answer:
-        status, raw, headers = await self._request("POST", self._endpoint.get() or self.url,
-                                                   encode_body(body))
-        return decoded(raw, status, headers, self.name, self._secrets)
+        """A success's JSON object and exact text; any other body, or one not UTF-8, a
+        ProviderError."""
+        status, raw, resp_headers = await self._request(
+            "POST", self._endpoint.get() or self.url, encode_body(body))
+        name = self.name
+        text: str | None
+        try:
+            text = raw.decode("utf-8-sig")  # a byte-order mark is not part of the document
+        except UnicodeDecodeError as exc:
+            if exc.reason != "unexpected end of data":  # a cut inside a character: cut off, below
+                raise ProviderError(f"{name}: HTTP {status} body is not valid UTF-8 (byte "
+                                    f"{exc.start}); refused, never read as an answer",
+                                    status=status, retryable=True) from None
+            text = None
+        try:
+            data = json.loads(raw if text is None else text)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            data = None
+        if not isinstance(data, dict):
+            head = self._secrets.mask(raw[:4096].decode("utf-8", "replace"))
+            snippet = provider_text_masked(head)[:120]
+            if raw.lstrip()[:1] == b"{":  # JSON that stops short: the connection cut it off
+                raise ProviderError(f"{name}: HTTP {status} body is not a JSON object "
+                                    f"({len(raw)} bytes, starts {snippet!r}); likely truncated",
+                                    status=status, retryable=True)
+            kind = resp_headers.get("Content-Type", "no content type")
+            raise ProviderError(f"{name}: HTTP {status} answered with {kind}, not a JSON API "
+                                f"response (starts {snippet!r}); check the base URL",
+                                status=status, retryable=False)  # retrying a web page cannot help
+        return Answer(data, text)
 
     async def aclose(self) -> None:
         await self._sessions.aclose()
