@@ -38,9 +38,10 @@ from .ratelimits import report_headers, retry_after, retry_wait
 from .reply import Reply
 from .settings import checked_extra_body, checked_key
 
-# OS errors that mean no server can be reached at that address at all.
-_UNREACHABLE_ERRNOS = frozenset({errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH,
-                                 errno.EADDRNOTAVAIL})
+# OS errors that mean no server can be reached at that address at all, as a message says them.
+_UNREACHABLE = {errno.ECONNREFUSED: "connection refused", **{
+    code: os.strerror(code).lower() for code in (errno.ENETUNREACH, errno.EHOSTUNREACH,
+                                                 errno.EADDRNOTAVAIL)}}
 
 
 def display_url(url: str) -> str:
@@ -60,12 +61,9 @@ def _unreachable(exc: aiohttp.ClientConnectorError) -> str | None:
         return "the host name does not resolve"
     if isinstance(exc, (aiohttp.ClientConnectorCertificateError, aiohttp.ClientSSLError)):
         return None
-    code = getattr(exc.os_error, "errno", None) or getattr(exc, "errno", None)
-    if isinstance(exc.os_error, ConnectionRefusedError) or code == errno.ECONNREFUSED:
-        return "connection refused"
-    if code in _UNREACHABLE_ERRNOS:
-        return os.strerror(code).lower()
-    return None
+    if isinstance(exc.os_error, ConnectionRefusedError):
+        return _UNREACHABLE[errno.ECONNREFUSED]
+    return _UNREACHABLE.get(getattr(exc.os_error, "errno", None) or getattr(exc, "errno", None))
 
 
 class Answer(NamedTuple):
@@ -155,6 +153,10 @@ def with_path(url: str, edit: Callable[[str], str]) -> str:
     except ValueError:
         return url.strip()
     return urlunsplit(parts._replace(path=edit(parts.path)))
+
+
+# A reply's extra facts are kept when set, these (how it ended, its id) even when None.
+ALWAYS_SHOWN = frozenset(("finish_reason", "stop_reason", "id"))
 
 
 def as_int(value: Any) -> int | None:
@@ -267,7 +269,8 @@ class HttpProvider(OneService):
         mask = self._secrets.mask
         return Reply(input_tokens=inp, output_tokens=out, cost=cost and cost * factor,
                      model=mask(model) if isinstance(model, str) else model,
-                     extra={k: mask(v) if isinstance(v, str) else v for k, v in extra.items()},
+                     extra={k: mask(v) if isinstance(v, str) else v for k, v in extra.items()
+                            if v or k in ALWAYS_SHOWN},
                      text=text, cached_tokens=cached_tokens, envelope=envelope, stop=stop)
 
     def overhead_tokens(self, call: Call) -> int:

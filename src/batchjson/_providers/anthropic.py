@@ -122,11 +122,9 @@ class AnthropicProvider(HttpProvider):
         written = as_int(usage.get("cache_creation_input_tokens")) or 0
         inp = None if fresh is None else fresh + read + written
         out = as_int(usage.get("output_tokens"))
-        extra = {"stop_reason": data.get("stop_reason"), "id": data.get("id")}
-        if found is not None and not found[1]:
-            extra["raw_reserialised"] = True  # no exact text of the input found to keep
-        if written:
-            extra["cache_creation_input_tokens"] = written
+        extra = {"stop_reason": data.get("stop_reason"), "id": data.get("id"),
+                 "raw_reserialised": found is not None and not found[1],  # no exact text found
+                 "cache_creation_input_tokens": written}
         return self._reply(data, inp, out, read, written, price_factor, extra, text=text,
                            cached_tokens=read if "cache_read_input_tokens" in usage else None,
                            envelope=envelope,

@@ -181,13 +181,8 @@ class OpenAIProvider(HttpProvider):
         written = as_int(prompt_details.get("cache_write_tokens")) or 0
         reasoning = as_int((usage.get("completion_tokens_details") or {}).get(
             "reasoning_tokens"))
-        extra = {"finish_reason": finish, "id": data.get("id")}
-        if refusal:
-            extra["refusal"] = refusal
-        if reasoning:
-            extra["reasoning_tokens"] = reasoning
-        if written:
-            extra["cache_write_tokens"] = written
+        extra = {"finish_reason": finish, "id": data.get("id"), "refusal": refusal,
+                 "reasoning_tokens": reasoning, "cache_write_tokens": written}
         return self._reply(data, inp, out, cached or 0, written, price_factor, extra, text=text,
                            cached_tokens=cached, envelope=envelope,
                            stop=_stop(finish, refusal, answered, arguments))
