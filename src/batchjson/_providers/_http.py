@@ -120,9 +120,6 @@ class LoopSessions:
                     session.connector._close()  # on a closed loop this only marks it closed
             session.detach()
 
-    def __len__(self) -> int:
-        return len(self._sessions)
-
 
 ITEMS_NAME = "batchjson_items"  # schema / tool name for items mode
 WRAPPED_VALUE = "batchjson_value"  # value mode, scalar wrapped as {"value": ...}
@@ -349,8 +346,7 @@ class HttpProvider(OneService):
         return self.read_reply(data, text, wrapped)
 
     async def _post(self, body: Mapping[str, Any]) -> Answer:
-        """A success's JSON object and exact text; any other body, or one not UTF-8, a
-        ProviderError."""
+        """A success's JSON object and exact text; any other body (or not UTF-8) a ProviderError."""
         status, raw, resp_headers = await self._request(
             "POST", self._endpoint.get() or self.url, encode_body(body))
         name = self.name

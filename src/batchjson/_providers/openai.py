@@ -156,8 +156,7 @@ class OpenAIProvider(HttpProvider):
 
     def read_reply(self, data: Mapping[str, Any], body_text: str | None, wrapped: bool, *,
                    at: tuple[str | int, ...] = (), price_factor: float = 1.0) -> Reply:
-        """A chat completion's reply (or a batch line's body); ``price_factor`` scales its cost
-        (the body's text is not needed: an answer is a string, never re-serialised)."""
+        """A chat completion's reply (or a batch line's body); ``price_factor`` scales its cost."""
         choices = data.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             detail = json.dumps(data, ensure_ascii=False)
