@@ -252,7 +252,7 @@ def value_span(text: str, path: Sequence[str | int]) -> tuple[int, int] | None:
             if not starts:
                 return None
             pos = starts[-1]
-        return pos, _end(text, pos)
+        return pos, _decoder.raw_decode(text, pos)[1]  # the C scanner finds its end
     except (ValueError, IndexError, RecursionError):
         return None
 
@@ -260,11 +260,6 @@ def value_span(text: str, path: Sequence[str | int]) -> tuple[int, int] | None:
 def _skip(text: str, pos: int) -> int:
     match = _SPACE.match(text, pos)
     return match.end() if match else pos
-
-
-def _end(text: str, pos: int) -> int:
-    """End of the value starting at ``pos`` (the C scanner, without building a copy we keep)."""
-    return _decoder.raw_decode(text, pos)[1]
 
 
 def _children(text: str, pos: int) -> list[tuple[str | int, int]]:
@@ -283,7 +278,7 @@ def _children(text: str, pos: int) -> list[tuple[str | int, int]]:
                 raise ValueError("expected ':'")
             pos = _skip(text, pos + 1)
         out.append((key, pos))
-        pos = _skip(text, _end(text, pos))
+        pos = _skip(text, _decoder.raw_decode(text, pos)[1])
         if text[pos] == close:
             return out
         if text[pos] != ",":

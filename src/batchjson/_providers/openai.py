@@ -82,7 +82,10 @@ class OpenAIProvider(HttpProvider):
             cap = self.sized_output(call.answer_chars)
             if cap is not None:
                 body[self._cap_field] = cap
-        fmt, wrapped = self._format(call.schema, call.mode)
+        fmt, wrapped, problems = self._format(call.schema, call.mode)
+        if problems and self.response_format == "json_schema":  # the run's check refuses it first
+            raise ProviderError(self._inexpressible(problems, call.mode), retryable=False,
+                                fatal=True)
         if fmt is not None:
             body["response_format"] = fmt
         if prefix_cacheable(self, call.system, call.shared):  # routed to one prompt cache
@@ -100,22 +103,20 @@ class OpenAIProvider(HttpProvider):
         return sized_output_cap(answer_chars, reasoning=not self.capabilities.temperature)
 
     def _format(self, schema: Mapping[str, Any],
-                mode: str) -> tuple[dict[str, Any] | None, bool]:
-        """The ``response_format`` a call sends, and whether a scalar was wrapped for it."""
+                mode: str) -> tuple[dict[str, Any] | None, bool, list[str]]:
+        """The ``response_format`` a call sends, whether a scalar was wrapped for it, and what
+        keeps strict mode from the schema."""
         if self.response_format == "text" or not self.capabilities.response_format:
-            return None, False
+            return None, False, []
         if self.response_format == "json_object":
-            return {"type": "json_object"}, False
+            return {"type": "json_object"}, False, []
         root, name, wrapped = object_schema(schema, mode)
         form = strict_form(root)
         if form.schema is not None:
             return {"type": "json_schema", "json_schema": {
-                "name": name, "schema": form.schema, "strict": True}}, wrapped
-        if self.response_format == "json_schema":  # the run's check refuses this first
-            raise ProviderError(self._inexpressible(form.problems, mode), retryable=False,
-                                fatal=True)
+                "name": name, "schema": form.schema, "strict": True}}, wrapped, []
         # JSON mode answers objects only: a scalar value goes without a format
-        return (None, False) if wrapped else ({"type": "json_object"}, False)
+        return None if wrapped else {"type": "json_object"}, False, form.problems
 
     def check_schema(self, schema: Mapping[str, Any], mode: str) -> str | None:
         """None when calls send the schema as asked, else a note for the result (strict mode
@@ -123,15 +124,12 @@ class OpenAIProvider(HttpProvider):
         if not self.capabilities.response_format:
             return (f"{self.model} takes no response_format: its calls ask for JSON in the "
                     "prompt only, and acceptance judges every answer against your schema")
-        if self.response_format not in ("auto", "json_schema"):
-            return None
-        root, _, wrapped = object_schema(schema, mode)
-        problems = strict_form(root).problems
+        fmt, _, problems = self._format(schema, mode)
         if not problems:
             return None
         if self.response_format == "json_schema":
             raise ProviderSetupError(self._inexpressible(problems, mode))
-        how = ("send no response_format" if wrapped else
+        how = ("send no response_format" if fmt is None else
                "ask for a JSON object (response_format json_object)")
         return (f"OpenAI's strict mode cannot express this schema ({_listed(problems, mode)}), "
                 f"so its calls {how}, and acceptance judges every answer against your schema; "
