@@ -222,11 +222,11 @@ def test_one_provider_survives_loops_and_threads() -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ResourceWarning)  # that loop's socket leaks
             second = asyncio.run(provider.complete(items_call()))
-            assert len(provider._sessions) == 1
+            assert len(provider._sessions._sessions) == 1
             third = complete(provider, items_call())
             gc.collect()
     assert first.text == second.text == third.text == out[0].text
-    assert len(provider._sessions) == 0
+    assert len(provider._sessions._sessions) == 0
 
 
 # -- errors --------------------------------------------------------------------------------------

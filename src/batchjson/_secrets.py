@@ -107,44 +107,32 @@ def is_credential_param(name: str) -> bool:
     return lowered in _CREDENTIAL_NAMES or any(w in lowered for w in _CREDENTIAL_WORDS)
 
 
-def url_secrets(url: str, *, user: bool = True) -> list[str]:
+def url_secrets(url: str, *, user: bool = True) -> tuple[list[str], list[str]]:
     """The secret values a URL carries, as written and decoded: its userinfo (the password
-    only, with ``user=False``) and its credential query parameters' values."""
+    only, with ``user=False``) and its credential query parameters' values; and its userinfo as a
+    server echoing ``Authorization`` shows it: base64 of ``user:password`` (Latin-1 as aiohttp
+    sends it, and UTF-8), padded and not, as written and decoded."""
     try:
         parts = urlsplit(url)
     except ValueError:
-        return []
-    found = []
+        return [], []
+    found, basic = [], []
     userinfo, at, _ = parts.netloc.rpartition("@")
     if at:
         name, _, password = userinfo.partition(":")
         found += [name, password] if user else [password]
+        for pair in dict.fromkeys((f"{name}:{password}", f"{unquote(name)}:{unquote(password)}")):
+            for encoding in ("latin-1", "utf-8"):
+                try:
+                    encoded = base64.b64encode(pair.encode(encoding)).decode("ascii")
+                except UnicodeEncodeError:
+                    continue
+                basic += [encoded, encoded.rstrip("=")]
     found += [value for name, value in parse_qsl(parts.query, keep_blank_values=True)
               if is_credential_param(name)]
     found += [raw.partition("=")[2] for raw in parts.query.split("&")
               if is_credential_param(unquote(raw.partition("=")[0]))]
-    return [v for v in dict.fromkeys(found + [unquote(v) for v in found]) if v]
-
-
-def basic_auth_forms(url: str) -> list[str]:
-    """A URL's userinfo as a server echoing ``Authorization`` shows it: base64 of ``user:password``
-    (Latin-1 as aiohttp sends it, and UTF-8), padded and not, as written and decoded."""
-    try:
-        userinfo, at, _ = urlsplit(url).netloc.rpartition("@")
-    except ValueError:
-        return []
-    if not at:
-        return []
-    user, _, password = userinfo.partition(":")
-    forms = []
-    for pair in dict.fromkeys((f"{user}:{password}", f"{unquote(user)}:{unquote(password)}")):
-        for encoding in ("latin-1", "utf-8"):
-            try:
-                encoded = base64.b64encode(pair.encode(encoding)).decode("ascii")
-            except UnicodeEncodeError:
-                continue
-            forms += [encoded, encoded.rstrip("=")]
-    return list(dict.fromkeys(forms))
+    return [v for v in dict.fromkeys(found + [unquote(v) for v in found]) if v], basic
 
 
 def public_query(query: str) -> str:
@@ -180,12 +168,13 @@ class Secrets:
     def __init__(self, values: Iterable[str | None] = (), urls: Iterable[str] = (), *,
                  url_users: bool = True) -> None:
         urls = [u for u in urls if u]
+        carried = [url_secrets(u, user=url_users) for u in urls]
         forms: set[str] = set()
-        for value in [*values, *(v for u in urls for v in url_secrets(u, user=url_users))]:
+        for value in [*values, *(v for found, _ in carried for v in found)]:
             if value and len(value) >= MIN_MASKED:
                 forms.update((value, quote(value, safe=""), quote_plus(value)))
         tails = {v[-4:] for v in forms if len(v) >= 12}
-        forms.update(f for u in urls for f in basic_auth_forms(u) if len(f) >= MIN_MASKED)
+        forms.update(f for _, basic in carried for f in basic if len(f) >= MIN_MASKED)
         self._urls = {u: public_url(u, user=url_users)
                       for u in sorted(set(urls), key=len, reverse=True)
                       if public_url(u, user=url_users) != u}

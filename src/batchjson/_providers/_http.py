@@ -38,9 +38,10 @@ from .ratelimits import report_headers, retry_after, retry_wait
 from .reply import Reply
 from .settings import checked_extra_body, checked_key
 
-# OS errors that mean no server can be reached at that address at all.
-_UNREACHABLE_ERRNOS = frozenset({errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH,
-                                 errno.EADDRNOTAVAIL})
+# OS errors that mean no server can be reached at that address at all, as a message says them.
+_UNREACHABLE = {errno.ECONNREFUSED: "connection refused", **{
+    code: os.strerror(code).lower() for code in (errno.ENETUNREACH, errno.EHOSTUNREACH,
+                                                 errno.EADDRNOTAVAIL)}}
 
 
 def display_url(url: str) -> str:
@@ -60,12 +61,9 @@ def _unreachable(exc: aiohttp.ClientConnectorError) -> str | None:
         return "the host name does not resolve"
     if isinstance(exc, (aiohttp.ClientConnectorCertificateError, aiohttp.ClientSSLError)):
         return None
-    code = getattr(exc.os_error, "errno", None) or getattr(exc, "errno", None)
-    if isinstance(exc.os_error, ConnectionRefusedError) or code == errno.ECONNREFUSED:
-        return "connection refused"
-    if code in _UNREACHABLE_ERRNOS:
-        return os.strerror(code).lower()
-    return None
+    if isinstance(exc.os_error, ConnectionRefusedError):
+        return _UNREACHABLE[errno.ECONNREFUSED]
+    return _UNREACHABLE.get(getattr(exc.os_error, "errno", None) or getattr(exc, "errno", None))
 
 
 class Answer(NamedTuple):
@@ -73,74 +71,6 @@ class Answer(NamedTuple):
 
     data: dict[str, Any]
     text: str | None
-
-
-async def exchange(session: aiohttp.ClientSession, method: str, url: str, body: Any,
-                   headers: Callable[[], Mapping[str, str]], *, provider: str, timeout: float,
-                   secrets: Secrets, key_env: str) -> tuple[int, bytes, Mapping[str, str]]:
-    """One request: (status, body, headers) of a success, else a masked ProviderError raised outside
-    ``except`` (no exception holding the key's headers rides along); ``headers`` is a factory."""
-    failure: ProviderError | None = None
-    try:
-        async with session.request(method, url, data=body, headers=headers()) as resp:
-            status = resp.status
-            raw = await resp.read()
-            resp_headers = resp.headers
-            report_headers(resp_headers)  # the pacer's view of the rate limits
-    except TimeoutError:
-        failure = ProviderError(f"{provider}: no complete answer within the {timeout:g}s "
-                                "client timeout", retryable=True)
-    except aiohttp.ClientPayloadError as exc:
-        failure = ProviderError(f"{provider}: response body was cut off ({exc})",
-                                retryable=True)
-    except aiohttp.ClientResponseError as exc:
-        failure = ProviderError(f"{provider}: bad HTTP response ({exc.status}: {exc.message})",
-                                status=exc.status or None, retryable=True)
-    except (aiohttp.ClientError, OSError) as exc:
-        why = _unreachable(exc) if isinstance(exc, aiohttp.ClientConnectorError) else None
-        failure = ProviderError(
-            f"{provider}: cannot reach {display_url(url)} ({why}); is the server running? Check "
-            "the base URL." if why else f"{provider}: connection failed ({type(exc).__name__}: "
-            f"{exc})", retryable=True, unreachable=why is not None)
-    except ValueError as exc:  # aiohttp refusing the request itself (a URL it cannot send)
-        failure = ProviderError(f"{provider}: the request could not be sent "
-                                f"({type(exc).__name__}: {exc}); check the base URL",
-                                retryable=False)
-    if failure is not None:
-        failure.args = (secrets.mask(str(failure)),)
-        raise failure
-    if status >= 400:
-        raise http_error(provider, status, resp_headers, raw, secrets, key_env)
-    return status, raw, resp_headers
-
-
-def decoded(raw: bytes, status: int, resp_headers: Mapping[str, str], provider: str,
-             secrets: Secrets) -> Answer:
-    """A success's JSON object and exact text; any other body, or one not UTF-8, a ProviderError."""
-    text: str | None
-    try:
-        text = raw.decode("utf-8-sig")  # a byte-order mark is not part of the document
-    except UnicodeDecodeError as exc:
-        if exc.reason != "unexpected end of data":  # a cut inside a character: cut off, below
-            raise ProviderError(f"{provider}: HTTP {status} body is not valid UTF-8 (byte "
-                                f"{exc.start}); refused, never read as an answer",
-                                status=status, retryable=True) from None
-        text = None
-    try:
-        data = json.loads(raw if text is None else text)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        data = None
-    if not isinstance(data, dict):
-        snippet = provider_text_masked(secrets.mask(raw[:4096].decode("utf-8", "replace")))[:120]
-        if raw.lstrip()[:1] == b"{":  # JSON that stops short: the connection cut it off
-            raise ProviderError(f"{provider}: HTTP {status} body is not a JSON object "
-                                f"({len(raw)} bytes, starts {snippet!r}); likely truncated",
-                                status=status, retryable=True)
-        kind = resp_headers.get("Content-Type", "no content type")
-        raise ProviderError(f"{provider}: HTTP {status} answered with {kind}, not a JSON API "
-                            f"response (starts {snippet!r}); check the base URL", status=status,
-                            retryable=False)  # a web page will not turn into an API answer
-    return Answer(data, text)
 
 
 def encode_body(body: Mapping[str, Any]) -> bytes:
@@ -190,13 +120,11 @@ class LoopSessions:
                     session.connector._close()  # on a closed loop this only marks it closed
             session.detach()
 
-    def __len__(self) -> int:
-        return len(self._sessions)
-
 
 ITEMS_NAME = "batchjson_items"  # schema / tool name for items mode
 WRAPPED_VALUE = "batchjson_value"  # value mode, scalar wrapped as {"value": ...}
 OBJECT_VALUE = "batchjson_answer"  # value mode whose schema is already an object
+TOOL_NAMES = (ITEMS_NAME, WRAPPED_VALUE, OBJECT_VALUE)
 
 
 def object_schema(call_schema: Mapping[str, Any],
@@ -224,6 +152,10 @@ def with_path(url: str, edit: Callable[[str], str]) -> str:
     return urlunsplit(parts._replace(path=edit(parts.path)))
 
 
+# A reply's extra facts are kept when set, these (how it ended, its id) even when None.
+ALWAYS_SHOWN = frozenset(("finish_reason", "stop_reason", "id"))
+
+
 def as_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -245,6 +177,9 @@ class HttpProvider(OneService):
     auth_header = "Authorization"
     auth_prefix = "Bearer "
     static_headers: Mapping[str, str] = {"Content-Type": "application/json"}
+    # each protocol's own: a call's body and whether a scalar was wrapped; a body as a Reply
+    request_body: Callable[[Call], tuple[dict[str, Any], bool]]
+    read_reply: Callable[..., Reply]
 
     def _setup(self, model: str | None, base_url: str | None, api_key: str | None,
                timeout: float, prices: Mapping[str, Any] | None,
@@ -331,7 +266,8 @@ class HttpProvider(OneService):
         mask = self._secrets.mask
         return Reply(input_tokens=inp, output_tokens=out, cost=cost and cost * factor,
                      model=mask(model) if isinstance(model, str) else model,
-                     extra={k: mask(v) if isinstance(v, str) else v for k, v in extra.items()},
+                     extra={k: mask(v) if isinstance(v, str) else v for k, v in extra.items()
+                            if v or k in ALWAYS_SHOWN},
                      text=text, cached_tokens=cached_tokens, envelope=envelope, stop=stop)
 
     def overhead_tokens(self, call: Call) -> int:
@@ -340,7 +276,7 @@ class HttpProvider(OneService):
 
     def input_bound(self, call: Call) -> int:
         """A sound bound on the input tokens ``call`` is billed for: body bytes plus overhead."""
-        body = self.request_body(call)[0]  # type: ignore[attr-defined] # each protocol's own
+        body = self.request_body(call)[0]
         return len(encode_body(body)) + self.overhead_tokens(call)
 
     def settings(self) -> dict[str, Any]:
@@ -368,16 +304,77 @@ class HttpProvider(OneService):
     async def _request(self, method: str, url: str, body: Any,
                        headers: Callable[[], Mapping[str, str]] | None = None
                        ) -> tuple[int, bytes, Mapping[str, str]]:
-        return await exchange(self._sessions.get(), method, url, body, headers or self._headers,
-                              provider=self.name, timeout=self.timeout, secrets=self._secrets,
-                              key_env=self.key_env)
+        """One request: (status, body, headers) of a success, else a masked ProviderError raised
+        outside ``except`` (no exception holding the key's headers rides along)."""
+        failure: ProviderError | None = None
+        name, session = self.name, self._sessions.get()
+        try:
+            async with session.request(method, url, data=body,
+                                       headers=(headers or self._headers)()) as resp:
+                status = resp.status
+                raw = await resp.read()
+                resp_headers = resp.headers
+                report_headers(resp_headers)  # the pacer's view of the rate limits
+        except TimeoutError:
+            failure = ProviderError(f"{name}: no complete answer within the {self.timeout:g}s "
+                                    "client timeout", retryable=True)
+        except aiohttp.ClientPayloadError as exc:
+            failure = ProviderError(f"{name}: response body was cut off ({exc})", retryable=True)
+        except aiohttp.ClientResponseError as exc:
+            failure = ProviderError(f"{name}: bad HTTP response ({exc.status}: {exc.message})",
+                                    status=exc.status or None, retryable=True)
+        except (aiohttp.ClientError, OSError) as exc:
+            why = _unreachable(exc) if isinstance(exc, aiohttp.ClientConnectorError) else None
+            failure = ProviderError(
+                f"{name}: cannot reach {display_url(url)} ({why}); is the server running? Check "
+                "the base URL." if why else f"{name}: connection failed ({type(exc).__name__}: "
+                f"{exc})", retryable=True, unreachable=why is not None)
+        except ValueError as exc:  # aiohttp refusing the request itself (a URL it cannot send)
+            failure = ProviderError(f"{name}: the request could not be sent "
+                                    f"({type(exc).__name__}: {exc}); check the base URL",
+                                    retryable=False)
+        if failure is not None:
+            failure.args = (self._secrets.mask(str(failure)),)
+            raise failure
+        if status >= 400:
+            raise http_error(self.name, status, resp_headers, raw, self._secrets, self.key_env)
+        return status, raw, resp_headers
+
+    async def complete(self, call: Call) -> Reply:
+        body, wrapped = self.request_body(call)
+        data, text = await self._post(body)
+        return self.read_reply(data, text, wrapped)
 
     async def _post(self, body: Mapping[str, Any]) -> Answer:
-        status, raw, headers = await exchange(  # not through _request: one coroutine less
-            self._sessions.get(), "POST", self._endpoint.get() or self.url, encode_body(body),
-            self._headers, provider=self.name, timeout=self.timeout, secrets=self._secrets,
-            key_env=self.key_env)
-        return decoded(raw, status, headers, self.name, self._secrets)
+        """A success's JSON object and exact text; any other body (or not UTF-8) a ProviderError."""
+        status, raw, resp_headers = await self._request(
+            "POST", self._endpoint.get() or self.url, encode_body(body))
+        name = self.name
+        text: str | None
+        try:
+            text = raw.decode("utf-8-sig")  # a byte-order mark is not part of the document
+        except UnicodeDecodeError as exc:
+            if exc.reason != "unexpected end of data":  # a cut inside a character: cut off, below
+                raise ProviderError(f"{name}: HTTP {status} body is not valid UTF-8 (byte "
+                                    f"{exc.start}); refused, never read as an answer",
+                                    status=status, retryable=True) from None
+            text = None
+        try:
+            data = json.loads(raw if text is None else text)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            data = None
+        if not isinstance(data, dict):
+            head = self._secrets.mask(raw[:4096].decode("utf-8", "replace"))
+            snippet = provider_text_masked(head)[:120]
+            if raw.lstrip()[:1] == b"{":  # JSON that stops short: the connection cut it off
+                raise ProviderError(f"{name}: HTTP {status} body is not a JSON object "
+                                    f"({len(raw)} bytes, starts {snippet!r}); likely truncated",
+                                    status=status, retryable=True)
+            kind = resp_headers.get("Content-Type", "no content type")
+            raise ProviderError(f"{name}: HTTP {status} answered with {kind}, not a JSON API "
+                                f"response (starts {snippet!r}); check the base URL",
+                                status=status, retryable=False)  # retrying a web page cannot help
+        return Answer(data, text)
 
     async def aclose(self) -> None:
         await self._sessions.aclose()

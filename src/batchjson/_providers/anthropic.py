@@ -14,9 +14,9 @@ from .._canon import show_as
 from .._checks import whole
 from .._errors import ProviderError, ProviderSetupError
 from .._sources import NO_TOOL_CALL, REFUSED, TOOL_CALL, TRUNCATED
-from ._http import ITEMS_NAME, WRAPPED_VALUE, HttpProvider, as_int, object_schema, with_path
+from ._http import TOOL_NAMES, HttpProvider, as_int, object_schema, with_path
 from .base import CACHE_CONTROL, Call, prefix_cacheable
-from .batch_client import TEXT, BatchClient, OutputLines, Upload
+from .batch_client import BatchClient, OutputLines, Upload
 from .reply import Reply
 from .settings import UNBOUNDED_ANSWER_TOKENS, sized_output_cap
 
@@ -64,8 +64,8 @@ class AnthropicProvider(HttpProvider):
     def batch_api(self) -> AnthropicBatches:
         return AnthropicBatches(self)
 
-    def request_body(self, call: Call) -> tuple[dict[str, Any], str | None, bool]:
-        """The JSON body, the forced tool's name (tool mode) and whether a scalar was wrapped."""
+    def request_body(self, call: Call) -> tuple[dict[str, Any], bool]:
+        """The JSON body and whether a scalar was wrapped (tool mode)."""
         body: dict[str, Any] = {"model": self.model,
                                 "max_tokens": self.sized_output(call.answer_chars),
                                 "messages": [{"role": "user", "content": call.prompt}],
@@ -75,14 +75,14 @@ class AnthropicProvider(HttpProvider):
         if prefix_cacheable(self, call.system, call.shared):
             mark_cache_prefix(body, call)
         if self.mode != "tool":
-            return body, None, False
+            return body, False
         schema, tool, wrapped = object_schema(call.schema, call.mode)
         what = ("the answer value" if call.mode == "value"
                 else "the answers, one object per task in items")
         body["tools"] = [{"name": tool, "description": f"Record {what}.",
                           "input_schema": schema}]
         body["tool_choice"] = {"type": "tool", "name": tool}
-        return body, tool, wrapped
+        return body, wrapped
 
     def sized_output(self, answer_chars: int | None) -> int:
         """The ``max_tokens`` a call sends: the user's own, else sized within the default."""
@@ -98,25 +98,20 @@ class AnthropicProvider(HttpProvider):
         return {**super().settings(), "mode": self.mode, "max_tokens": self.max_tokens,
                 "anthropic_version": ANTHROPIC_VERSION}
 
-    async def complete(self, call: Call) -> Reply:
-        body, tool, wrapped = self.request_body(call)
-        data, body_text = await self._post(body)
-        return self.read_reply(data, body_text, tool, wrapped)
-
-    def read_reply(self, data: Mapping[str, Any], body_text: str | None, tool: str | None,
-                   wrapped: bool, *, at: tuple[str | int, ...] = (),
-                   price_factor: float = 1.0) -> Reply:
+    def read_reply(self, data: Mapping[str, Any], body_text: str | None, wrapped: bool, *,
+                   at: tuple[str | int, ...] = (), price_factor: float = 1.0) -> Reply:
         """A Message's reply; ``body_text`` holds it at path ``at``; ``price_factor``: batch."""
         content = data.get("content")
         if not isinstance(content, list):
             raise ProviderError("anthropic: response has no content list", status=200,
                                 retryable=True)
-        found = _tool_text(content, tool, body_text, at) if tool else None
+        tool = self.mode == "tool"
+        found = _tool_text(content, body_text, at) if tool else None
         envelope: str | None = None
         if found is None:  # text mode, or the model stopped before calling the tool
             text = "".join(b.get("text", "") for b in content
                            if isinstance(b, dict) and b.get("type") == "text")
-            called = _tool_text(content, "", body_text, at) if not tool and not text else None
+            called = _tool_text(content, body_text, at) if not tool and not text else None
             text = called[0] if called else text  # a tool call where text was asked: its input
         else:
             text = found[0]
@@ -127,18 +122,16 @@ class AnthropicProvider(HttpProvider):
         written = as_int(usage.get("cache_creation_input_tokens")) or 0
         inp = None if fresh is None else fresh + read + written
         out = as_int(usage.get("output_tokens"))
-        extra = {"stop_reason": data.get("stop_reason"), "id": data.get("id")}
-        if found is not None and not found[1]:
-            extra["raw_reserialised"] = True  # no exact text of the input found to keep
-        if written:
-            extra["cache_creation_input_tokens"] = written
+        extra = {"stop_reason": data.get("stop_reason"), "id": data.get("id"),
+                 "raw_reserialised": found is not None and not found[1],  # no exact text found
+                 "cache_creation_input_tokens": written}
         return self._reply(data, inp, out, read, written, price_factor, extra, text=text,
                            cached_tokens=read if "cache_read_input_tokens" in usage else None,
                            envelope=envelope,
                            stop=_stop(data.get("stop_reason"), tool, found is not None, content))
 
 
-def _stop(reason: Any, tool: str | None, called: bool, content: list[Any]) -> str | None:
+def _stop(reason: Any, tool: bool, called: bool, content: list[Any]) -> str | None:
     """How the message ended, as acceptance judges it; None for an answer that ended on its own."""
     if reason in ("max_tokens", "model_context_window_exceeded"):
         return TRUNCATED
@@ -163,12 +156,14 @@ def mark_cache_prefix(body: dict[str, Any], call: Call) -> None:
                            "cache_control": dict(CACHE_CONTROL)}]
 
 
-def _tool_text(content: list[Any], tool: str, body: str | None,
+def _tool_text(content: list[Any], body: str | None,
                at: tuple[str | int, ...] = ()) -> tuple[str, bool] | None:
-    """The forced tool's input as the body's exact JSON text, and whether exact; None: no call."""
+    """Our tool's input (else the first tool's) as the body's exact JSON text, and whether exact;
+    None: no call."""
     calls = [(i, b) for i, b in enumerate(content)
              if isinstance(b, dict) and b.get("type") == "tool_use"]
-    chosen = next((c for c in calls if c[1].get("name") == tool), calls[0] if calls else None)
+    chosen = next((c for c in calls if c[1].get("name") in TOOL_NAMES),
+                  calls[0] if calls else None)
     if chosen is None:
         return None
     index, block = chosen
@@ -193,14 +188,12 @@ class AnthropicBatches(BatchClient):
     running = frozenset(("in_progress", "canceling"))
     jobs_path = "/v1/messages/batches"
     frame = (b'{"requests":[', b",", b"", b"]}")
+    body_field = "params"
+    reply_at = ("result", "message")  # a tool input is read as the line's own text there
 
     def __init__(self, provider: Any) -> None:
         super().__init__(provider)
         self._staged: dict[str, Upload] = {}  # a creation's body, by its upload token
-
-    def line(self, custom_id: str, call: Call) -> tuple[dict[str, Any], bool]:
-        body, _, wrapped = self.provider.request_body(call)
-        return {"custom_id": custom_id, "params": body}, wrapped
 
     async def upload(self, upload: Upload) -> str:
         """Stage the requests (the job's file on disk), streamed as the creation's body."""
@@ -241,12 +234,6 @@ class AnthropicBatches(BatchClient):
                 else f"of unknown result type {kind!r}")
         return ProviderError(f"anthropic batch line {owed}", retryable=True)
 
-    def read(self, line: Mapping[str, Any], body: Mapping[str, Any], wrapped: bool) -> Reply:
-        """The message, with the line's own text kept so a tool input is its exact text."""
-        tool = (WRAPPED_VALUE if wrapped else ITEMS_NAME) if self.provider.mode == "tool" else None
-        return self.provider.read_reply(body, line.get(TEXT), tool, wrapped,
-                                        at=("result", "message"), price_factor=self.share)
-
 
 _SPACE = re.compile(r"[ \t\n\r]*")
 _decoder = json.JSONDecoder()
@@ -265,7 +252,7 @@ def value_span(text: str, path: Sequence[str | int]) -> tuple[int, int] | None:
             if not starts:
                 return None
             pos = starts[-1]
-        return pos, _end(text, pos)
+        return pos, _decoder.raw_decode(text, pos)[1]  # the C scanner finds its end
     except (ValueError, IndexError, RecursionError):
         return None
 
@@ -273,11 +260,6 @@ def value_span(text: str, path: Sequence[str | int]) -> tuple[int, int] | None:
 def _skip(text: str, pos: int) -> int:
     match = _SPACE.match(text, pos)
     return match.end() if match else pos
-
-
-def _end(text: str, pos: int) -> int:
-    """End of the value starting at ``pos`` (the C scanner, without building a copy we keep)."""
-    return _decoder.raw_decode(text, pos)[1]
 
 
 def _children(text: str, pos: int) -> list[tuple[str | int, int]]:
@@ -296,7 +278,7 @@ def _children(text: str, pos: int) -> list[tuple[str | int, int]]:
                 raise ValueError("expected ':'")
             pos = _skip(text, pos + 1)
         out.append((key, pos))
-        pos = _skip(text, _end(text, pos))
+        pos = _skip(text, _decoder.raw_decode(text, pos)[1])
         if text[pos] == close:
             return out
         if text[pos] != ",":

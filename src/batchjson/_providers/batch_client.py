@@ -26,13 +26,16 @@ TEXT = "__text__"  # an output line's own text (OutputLines)
 
 class BatchClient:
     """The batch endpoints under ``provider``'s base URL: ``answer`` finds a line's status and
-    body, ``read`` reads it as the provider reads a live answer."""
+    body, which ``outcome`` reads as the provider reads a live answer."""
 
     protocol = ""
     max_requests = 0
     max_bytes = 0  # the provider's ceiling on one job's upload
     jobs_path = ""  # the batches: GET it to list (exactly when the batch API exists)
     frame = (b"", b"", b"\n", b"")  # an Upload's head, between two lines, after each, tail
+    line_head: Mapping[str, str] = {}  # a line's fields between its custom_id and its body
+    body_field = "body"
+    reply_at: tuple[str, ...] = ()  # where in a line's text its reply's body is
 
     def __init__(self, provider: HttpProvider) -> None:
         self.provider = provider
@@ -47,6 +50,11 @@ class BatchClient:
             if room < 0:
                 return max(1, taken)
         return len(calls)
+
+    def line(self, custom_id: str, call: Any) -> tuple[dict[str, Any], bool]:
+        """A request's line in the upload, and whether a scalar answer was wrapped."""
+        body, wrapped = self.provider.request_body(call)
+        return {"custom_id": custom_id, **self.line_head, self.body_field: body}, wrapped
 
     def finished(self, upload: Upload) -> IO[bytes]:
         """The whole upload, refused when over the provider's ceiling on one job."""
@@ -140,7 +148,8 @@ class BatchClient:
             return http_error(p.name, status, {}, json.dumps(body).encode(), p._secrets,
                               p.key_env)
         try:
-            return self.read(line, body, wrapped)
+            return p.read_reply(body, line.get(TEXT), wrapped, at=self.reply_at,
+                                price_factor=self.share)
         except ProviderError as exc:
             return exc
 

@@ -6,13 +6,15 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Literal, get_args
+from dataclasses import asdict, fields, replace
+from typing import Annotated, Any, Literal, get_args
 from urllib.parse import quote
 
 import aiohttp
+from pydantic import Field
 
 from .._canon import show_as
+from .._checks import options
 from .._errors import ProviderError, ProviderSetupError
 from .._secrets import provider_text_masked
 from .._sources import REFUSED, TOOL_CALL, TRUNCATED
@@ -80,7 +82,10 @@ class OpenAIProvider(HttpProvider):
             cap = self.sized_output(call.answer_chars)
             if cap is not None:
                 body[self._cap_field] = cap
-        fmt, wrapped = self._format(call.schema, call.mode)
+        fmt, wrapped, problems = self._format(call.schema, call.mode)
+        if problems and self.response_format == "json_schema":  # the run's check refuses it first
+            raise ProviderError(self._inexpressible(problems, call.mode), retryable=False,
+                                fatal=True)
         if fmt is not None:
             body["response_format"] = fmt
         if prefix_cacheable(self, call.system, call.shared):  # routed to one prompt cache
@@ -98,22 +103,20 @@ class OpenAIProvider(HttpProvider):
         return sized_output_cap(answer_chars, reasoning=not self.capabilities.temperature)
 
     def _format(self, schema: Mapping[str, Any],
-                mode: str) -> tuple[dict[str, Any] | None, bool]:
-        """The ``response_format`` a call sends, and whether a scalar was wrapped for it."""
+                mode: str) -> tuple[dict[str, Any] | None, bool, list[str]]:
+        """The ``response_format`` a call sends, whether a scalar was wrapped for it, and what
+        keeps strict mode from the schema."""
         if self.response_format == "text" or not self.capabilities.response_format:
-            return None, False
+            return None, False, []
         if self.response_format == "json_object":
-            return {"type": "json_object"}, False
+            return {"type": "json_object"}, False, []
         root, name, wrapped = object_schema(schema, mode)
         form = strict_form(root)
         if form.schema is not None:
             return {"type": "json_schema", "json_schema": {
-                "name": name, "schema": form.schema, "strict": True}}, wrapped
-        if self.response_format == "json_schema":  # the run's check refuses this first
-            raise ProviderError(self._inexpressible(form.problems, mode), retryable=False,
-                                fatal=True)
+                "name": name, "schema": form.schema, "strict": True}}, wrapped, []
         # JSON mode answers objects only: a scalar value goes without a format
-        return (None, False) if wrapped else ({"type": "json_object"}, False)
+        return None if wrapped else {"type": "json_object"}, False, form.problems
 
     def check_schema(self, schema: Mapping[str, Any], mode: str) -> str | None:
         """None when calls send the schema as asked, else a note for the result (strict mode
@@ -121,15 +124,12 @@ class OpenAIProvider(HttpProvider):
         if not self.capabilities.response_format:
             return (f"{self.model} takes no response_format: its calls ask for JSON in the "
                     "prompt only, and acceptance judges every answer against your schema")
-        if self.response_format not in ("auto", "json_schema"):
-            return None
-        root, _, wrapped = object_schema(schema, mode)
-        problems = strict_form(root).problems
+        fmt, _, problems = self._format(schema, mode)
         if not problems:
             return None
         if self.response_format == "json_schema":
             raise ProviderSetupError(self._inexpressible(problems, mode))
-        how = ("send no response_format" if wrapped else
+        how = ("send no response_format" if fmt is None else
                "ask for a JSON object (response_format json_object)")
         return (f"OpenAI's strict mode cannot express this schema ({_listed(problems, mode)}), "
                 f"so its calls {how}, and acceptance judges every answer against your schema; "
@@ -152,12 +152,8 @@ class OpenAIProvider(HttpProvider):
         return {**super().settings(), "response_format": self.response_format,
                 "capabilities": asdict(self.capabilities)}
 
-    async def complete(self, call: Call) -> Reply:
-        body, wrapped = self.request_body(call)
-        return self.read_reply((await self._post(body)).data, wrapped)
-
-    def read_reply(self, data: Mapping[str, Any], wrapped: bool, *,
-                   price_factor: float = 1.0) -> Reply:
+    def read_reply(self, data: Mapping[str, Any], body_text: str | None, wrapped: bool, *,
+                   at: tuple[str | int, ...] = (), price_factor: float = 1.0) -> Reply:
         """A chat completion's reply (or a batch line's body); ``price_factor`` scales its cost."""
         choices = data.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
@@ -182,13 +178,8 @@ class OpenAIProvider(HttpProvider):
         written = as_int(prompt_details.get("cache_write_tokens")) or 0
         reasoning = as_int((usage.get("completion_tokens_details") or {}).get(
             "reasoning_tokens"))
-        extra = {"finish_reason": finish, "id": data.get("id")}
-        if refusal:
-            extra["refusal"] = refusal
-        if reasoning:
-            extra["reasoning_tokens"] = reasoning
-        if written:
-            extra["cache_write_tokens"] = written
+        extra = {"finish_reason": finish, "id": data.get("id"), "refusal": refusal,
+                 "reasoning_tokens": reasoning, "cache_write_tokens": written}
         return self._reply(data, inp, out, cached or 0, written, price_factor, extra, text=text,
                            cached_tokens=cached, envelope=envelope,
                            stop=_stop(finish, refusal, answered, arguments))
@@ -229,13 +220,9 @@ class OpenAIBatches(BatchClient):
     max_requests = 50_000
     max_bytes = 200 * 1024 * 1024
     url = "/v1/chat/completions"
+    line_head = {"method": "POST", "url": url}
     running = frozenset(("validating", "in_progress", "finalizing", "cancelling"))
     jobs_path = "/batches"
-
-    def line(self, custom_id: str, call: Call) -> tuple[dict[str, Any], bool]:
-        body, wrapped = self.provider.request_body(call)
-        return {"custom_id": custom_id, "method": "POST", "url": self.url,
-                "body": body}, wrapped
 
     async def upload(self, upload: Upload) -> str:
         """Upload the input file, streamed from disk; its id."""
@@ -302,29 +289,26 @@ class OpenAIBatches(BatchClient):
                                  retryable=True)
         return status, body
 
-    def read(self, line: Mapping[str, Any], body: Mapping[str, Any], wrapped: bool) -> Reply:
-        return self.provider.read_reply(body, wrapped, price_factor=self.share)
-
 
 def _errors(batch: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Why a batch failed as a whole: validation, token_limit_exceeded."""
     return [e for e in (batch.get("errors") or {}).get("data") or [] if isinstance(e, dict)]
 
 
-SYSTEM_ROLES = ("system", "developer", "user")
+Flag = Annotated[bool, Field(description="True or False")]
 # Sampling settings the reasoning models refuse (OpenAI: "not supported with reasoning models").
 SAMPLING = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "logprobs",
             "top_logprobs", "logit_bias")
 
 
-@dataclass(frozen=True)
+@options(ProviderSetupError, "OpenAIProvider: capabilities ")
 class Capabilities:
     """How a request to one model must be shaped (``temperature``: the ``SAMPLING`` settings)."""
 
-    system_role: str = "system"
-    response_format: bool = True
-    max_completion_tokens: bool = False
-    temperature: bool = True
+    system_role: Literal["system", "developer", "user"] = "system"
+    response_format: Flag = True
+    max_completion_tokens: Flag = False
+    temperature: Flag = True
 
 
 CHAT = Capabilities()
@@ -344,10 +328,8 @@ def capabilities_for(model: str, override: Any = None) -> Capabilities:
     """The table's capabilities for ``model``, ``override`` laid over; a bad override is refused."""
     name = model.rsplit("/", 1)[-1].removeprefix("ft:").lower()
     found = next((caps for pattern, caps in KNOWN if pattern.match(name)), CHAT)
-    if override is None:
-        return found
-    if isinstance(override, Capabilities):
-        override = asdict(override)
+    if override is None or isinstance(override, Capabilities):
+        return override or found
     if not isinstance(override, Mapping):
         raise ProviderSetupError(f"OpenAIProvider: capabilities must be a dict such as "
                                  f"{{'system_role': 'developer'}}, got {type(override).__name__}")
@@ -356,14 +338,6 @@ def capabilities_for(model: str, override: Any = None) -> Capabilities:
     if unknown:
         raise ProviderSetupError(f"OpenAIProvider: capabilities has no {', '.join(unknown)}; "
                                  f"its fields are {', '.join(known)}")
-    role = override.get("system_role", found.system_role)
-    if role not in SYSTEM_ROLES:
-        raise ProviderSetupError(f"OpenAIProvider: capabilities system_role must be one of "
-                                 f"{', '.join(SYSTEM_ROLES)}, got {role!r}")
-    for key in known[1:]:
-        if key in override and not isinstance(override[key], bool):
-            raise ProviderSetupError(f"OpenAIProvider: capabilities {key} must be True or "
-                                     f"False, got {override[key]!r}")
     return replace(found, **dict(override))
 
 
