@@ -5,12 +5,16 @@ from __future__ import annotations
 import inspect
 import os
 import re
+from collections.abc import Callable
 from typing import Any
 
 from .._errors import ProviderNotConfigured, ProviderSetupError
 from .._secrets import check_name, shown_name, shown_value
 
 PROVIDER_NAMES = ("openai", "anthropic", "simulated")
+# Providers above this layer chosen by name (model -> provider): the simulated model, which
+# ``batchjson.testing.simulated`` offers when imported, as the package root does.
+OFFERED: dict[str, Callable[[str | None], Any]] = {}
 # A plausible model id given as the provider gets a hint naming the provider it belongs to.
 _MODEL_NAME = re.compile(r"^(gpt|o1|o3|o4|claude|llama)[A-Za-z0-9.:_\-]{0,60}$")
 
@@ -63,10 +67,8 @@ def _named(spec: str, source: str, model: str | None) -> Any:
         from .anthropic import AnthropicProvider
 
         return AnthropicProvider(model)
-    if name == "simulated":
-        from ..testing.simulated import SimulatedModel  # the test double, named by users
-
-        return SimulatedModel(model=model) if model else SimulatedModel()
+    if name in OFFERED:
+        return OFFERED[name](model)
     hint = ""
     if _MODEL_NAME.match(name):
         family = "anthropic" if name.startswith("claude") else "openai"

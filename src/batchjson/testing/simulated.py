@@ -20,6 +20,7 @@ from .._checks import seconds
 from .._content.tasks import sha
 from .._errors import ProviderError, ProviderSetupError
 from .._providers.base import Call, OneService, Reply, estimate_tokens
+from .._providers.select import OFFERED
 from .._secrets import check_name
 from .._sources import Code, Digest
 from ._values import Generator, Unanswerable
@@ -304,3 +305,6 @@ def answer_item(wire: Mapping[str, Any], task: Mapping[str, Any], identity: Sequ
 def answer_value(schema: Mapping[str, Any], seed: str, *, verify: bool = False) -> Any:
     """A bare value of ``schema`` (value mode); ``{}`` when the call carries no schema."""
     return Generator(schema, seed).value(verify=verify) if schema else {}
+
+
+OFFERED["simulated"] = lambda model: SimulatedModel(model=model) if model else SimulatedModel()
