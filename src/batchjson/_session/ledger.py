@@ -11,7 +11,7 @@ revisions by batch and fingerprint) that rechecks each accepted attempt as impor
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,13 +23,14 @@ from .._content.schema import ItemSchema, compile_schema
 from .._content.strictjson import finite_numbers, parse_as_written
 from .._content.tasks import Identity, Request, normalize_identity, normalize_tasks, sha
 from .._errors import InvalidBatch
-from .._fingerprint.fingerprint import Fingerprint, fingerprint_function
+from .._fingerprint.fingerprint import fingerprint_function
 from .._ledger import ledger
 from .._ledger.records import now
 from .._ledger.store import Store
 from .._ledger.store_admin import EXPORT_FORMAT, Placement, receipt_of, revision_for, settle
 from .._loop import run_sync
 from .accounts import Evidence, cost_summary, spend
+from .registry import ValidatorVersion
 from .rejudge import Judging
 
 
@@ -269,15 +270,6 @@ def _identity_rule(record: Mapping[str, Any], own: bool) -> Identity:
     return identity
 
 
-@dataclass(frozen=True)
-class GivenValidator:
-    """A validator function the user handed to an import or a merge, under its name."""
-
-    name: str
-    fn: Callable[..., Any]
-    fingerprint: Fingerprint
-
-
 def registry_view(validators: Any) -> dict[str, Any]:
     """name -> validator version (``.fn``, ``.fingerprint``), from a session's registry, a
     mapping of names to versions or functions, or functions named by ``__name__``."""
@@ -291,7 +283,8 @@ def registry_view(validators: Any) -> dict[str, Any]:
             if not callable(given) or not isinstance(name, str) or not name:
                 raise InvalidBatch(f"validators must map names to functions (or list named "
                                    f"functions); got {name!r}: {type(given).__name__}")
-            given = GivenValidator(name, given, fingerprint_function(given))
+            given = ValidatorVersion(name, 0, fingerprint_function(given), given, now(),
+                                     "given")  # unnumbered: handed to an import or a merge
         out[name] = given
     return out
 
