@@ -1,11 +1,9 @@
 """An estimate before spending: the run's own plan (``run.plan_of`` with ``record=False``),
-stopped before the revision is recorded, so nothing is sent or recorded.
-
-The worst case asks the one next-attempt policy (``settle.next_attempt``) about each pending
-request whose every return is rejected, halves too under ``split=True`` (live calls only). Input
-tokens are prompt characters / 4; output tokens run from the fewest the smallest answers take to
-the ceiling each call asks for (``call_output_cap``), or where none is sent the largest answer at
-one token a character."""
+stopped before the revision is recorded. The worst case asks the one next-attempt policy
+(``settle.next_attempt``) about each pending request whose every return is rejected, halves too
+under ``split=True`` (live calls only). Input tokens are prompt characters / 4; output tokens run
+from the fewest the smallest answers take to the ceiling each call asks for (``call_output_cap``),
+or where none is sent the largest answer at one token a character."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
-"""A run's plan and what its steps run over.
-
-:class:`RunPlan` is one frozen value saying what the run found before anything is recorded or
-spent; ``run.py``'s pure steps each return a new plan. :class:`Runtime` is what those steps use of
-the session (never its private names). The keys are composed once (:func:`keyed`), and
-:func:`finished` is the one "already done?" look, for a tasks file by its bytes without reading a
-task (checking a million tasks costs about a third of running them)."""
+"""A run's plan (:class:`RunPlan`, one frozen value each pure step of ``run.py`` replaces) and
+what its steps use of the session (:class:`Runtime`, never its private names). :func:`finished`
+is the one "already done?" look, for a tasks file by its bytes without reading a task (checking
+a million tasks costs about a third of running them)."""
 
 from __future__ import annotations
 
