@@ -167,7 +167,6 @@ def read_lines(path: Path, validators: Mapping[str, Any],
 
 
 def _check(number: int, record: Any, validators: Mapping[str, Any]) -> Line:
-    """One receipt checked for shape, or :class:`_Refused` saying why."""
     if not isinstance(record, dict):
         raise _Refused("a receipt must be a JSON object")
     own = record.get("format") == EXPORT_FORMAT
@@ -204,8 +203,7 @@ def _check(number: int, record: Any, validators: Mapping[str, Any]) -> Line:
     except InvalidBatch as exc:
         raise _Refused(str(exc)) from None
     validator_name = record.get("validator")
-    if validator_name is not None and (not isinstance(validator_name, str)
-                                       or not validator_name):
+    if validator_name is not None and not (isinstance(validator_name, str) and validator_name):
         raise _Refused("field 'validator' must be a validator's name (a string)")
     version = validators.get(validator_name) if validator_name else None
     if own and isinstance(record.get("components"), dict):
