@@ -142,12 +142,14 @@ def read_lines(path: Path, validators: Mapping[str, Any],
         raise InvalidBatch(f"cannot read {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise InvalidBatch(f"{path} is not UTF-8 text; receipts are JSON Lines") from None
-    document = document_receipts(path, text)
+    document = document_receipts(text)
     numbered = ((InDocument(n), r) for n, r in enumerate(document, 1)) if document is not None \
         else parsed_lines(path, text)
     out = []
     for number, record in numbered:
         try:
+            if bad := finite_numbers(record):  # every number read as written, or refused
+                raise _Refused(f"field {bad[0]}: {bad[1]}")
             out.append(_check(number, record, validators))
         except _Refused as exc:
             raise refuse(path, number, str(exc)) from None
@@ -446,9 +448,9 @@ class InDocument(int):
     """A receipt's number in an export's JSON document, which is said as "receipt N"."""
 
 
-def document_receipts(path: Path, text: str) -> list[Any] | None:
+def document_receipts(text: str) -> list[Any] | None:
     """The receipts of the JSON document ``batchjson export`` prints by default (``{"ledger":
-    ..., "receipts": [...]}``), each checked for numbers as a line is; None for JSON Lines."""
+    ..., "receipts": [...]}``); None for JSON Lines."""
     if not text.lstrip().startswith("{"):
         return None
     try:
@@ -458,10 +460,6 @@ def document_receipts(path: Path, text: str) -> list[Any] | None:
     if not isinstance(document, dict) or "batch" in document or not isinstance(
             document.get("receipts"), list):
         return None
-    for number, record in enumerate(document["receipts"], 1):
-        bad = finite_numbers(record)
-        if bad is not None:
-            raise refuse(path, InDocument(number), f"field {bad[0]}: {bad[1]}")
     return document["receipts"]
 
 
@@ -475,9 +473,6 @@ def parsed_lines(path: Path, text: str) -> Iterable[tuple[int, Any]]:
             record = parse_as_written(raw_line.removesuffix("\r"))
         except ValueError as exc:
             raise refuse(path, number, f"not JSON ({exc})") from None
-        bad = finite_numbers(record)
-        if bad is not None:
-            raise refuse(path, number, f"field {bad[0]}: {bad[1]}")
         yield number, record
 
 
