@@ -142,6 +142,11 @@ class UnresolvedRequest:
     task_ids: tuple[str, ...]
 
 
+def _owed(key: str, doc: str) -> property:
+    """A count of :func:`_counts` over every unresolved request, as a property."""
+    return property(lambda evidence: _counts(evidence.requests())[key], doc=doc)
+
+
 class Evidence:
     """Counts over open (non-superseded) revisions; accepted calls are never counted again."""
 
@@ -153,19 +158,11 @@ class Evidence:
                                   tuple(json.loads(r["task_ids"])))
                 for r in self._store.unresolved(batch)]
 
-    @property
-    def unresolved_batches(self) -> int:
-        """Batch revisions with at least one unresolved request."""
-        return _counts(self.requests())["unresolved_batches"]
-
-    @property
-    def unresolved_items(self) -> int:
-        return _counts(self.requests())["unresolved_items"]
-
-    @property
-    def minimum_exact_retry_calls(self) -> int:
-        """One call per unresolved request key (batches and revisions sharing a key share it)."""
-        return _counts(self.requests())["minimum_exact_retry_calls"]
+    unresolved_batches = _owed("unresolved_batches",
+                               "Batch revisions with at least one unresolved request.")
+    unresolved_items = _owed("unresolved_items", "Tasks of the distinct unresolved requests.")
+    minimum_exact_retry_calls = _owed("minimum_exact_retry_calls", "One call per unresolved "
+                                      "request key (batches and revisions sharing a key share it).")
 
     @property
     def superseded(self) -> list[dict[str, Any]]:
@@ -207,10 +204,9 @@ class Evidence:
 
     def __repr__(self) -> str:
         counts = _counts(self.requests())
-        return (f"Evidence(unresolved_batches={counts['unresolved_batches']}, "
-                f"unresolved_items={counts['unresolved_items']}, "
-                f"minimum_exact_retry_calls={counts['minimum_exact_retry_calls']}, "
-                f"superseded={len(self.superseded)})")
+        del counts["unresolved_requests"]
+        said = ", ".join(f"{k}={v}" for k, v in counts.items())
+        return f"Evidence({said}, superseded={len(self.superseded)})"
 
 
 def _counts(owed: list[UnresolvedRequest]) -> dict[str, int]:

@@ -172,13 +172,6 @@ def _item_rate(s: dict[str, float]) -> float:
     return 1 - (1 - _rate(s, "schema")) * (1 - _rate(s, "validation"))
 
 
-def _fitted(fitted: Fit | None, name: str) -> Fit:
-    if fitted is None:
-        raise InvalidBatch(f"batch {name!r} has no judged returns yet, so there is nothing to "
-                           "fit: run it (or a small pilot of it) first")
-    return fitted
-
-
 def _split_tokens(n: float, sk: float, sv: float, skk: float, skv: float,
                  per_task_hint: float | None) -> tuple[float, float]:
     """Shared and per-task tokens: a line through the observed sizes, or (one size only) the
@@ -375,7 +368,10 @@ def advise(ledger: Ledger, name: str, *, repairs: int = 1, replays: int = 1,
     if problem:
         raise InvalidBatch(problem)
     observed = Observations.read(ledger, name)
-    f = _fitted(observed.fit(), name)
+    f = observed.fit()
+    if f is None:
+        raise InvalidBatch(f"batch {name!r} has no judged returns yet, so there is nothing to "
+                           "fit: run it (or a small pilot of it) first")
     revisions = ledger.revisions(name, current=True)
     current = (min(int(revisions[0].components.get("pack", 0)), f.tasks) or None
                if revisions else None)

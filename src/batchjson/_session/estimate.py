@@ -1,11 +1,9 @@
 """An estimate before spending: the run's own plan (``run.plan_of`` with ``record=False``),
-stopped before the revision is recorded, so nothing is sent or recorded.
-
-The worst case asks the one next-attempt policy (``settle.next_attempt``) about each pending
-request whose every return is rejected, halves too under ``split=True`` (live calls only). Input
-tokens are prompt characters / 4; output tokens run from the fewest the smallest answers take to
-the ceiling each call asks for (``call_output_cap``), or where none is sent the largest answer at
-one token a character."""
+stopped before the revision is recorded. The worst case asks the one next-attempt policy
+(``settle.next_attempt``) about each pending request whose every return is rejected, halves too
+under ``split=True`` (live calls only). Input tokens are prompt characters / 4; output tokens run
+from the fewest the smallest answers take to the ceiling each call asks for (``call_output_cap``),
+or where none is sent the largest answer at one token a character."""
 
 from __future__ import annotations
 
@@ -21,7 +19,6 @@ from .._plaintext import printable
 from .._providers.base import estimate_tokens
 from .._providers.batch_client import WINDOW_HOURS
 from .._providers.settings import call_output_cap
-from .._replay.budget import Pricing
 from .._replay.plan import Plan, first_prompt, system_prompt
 from .._replay.settle import HALVE, NONE, Tried, next_attempt
 from . import batches
@@ -112,94 +109,84 @@ def _time(minutes: tuple[float, float] | None, transport: str) -> str:
 
 
 @dataclass
-class _Sum:
-    """The calls and tokens of the pending requests, low and high."""
+class _Case:
+    """The calls and tokens of the pending requests in one case: every first return accepted
+    (low), or every return rejected (high)."""
 
-    first: int = 0
-    worst: int = 0
-    input_low: int = 0
-    input_high: int = 0
-    output_low: int = 0
-    output_high: int | None = 0
-    ceilings_low: int = 0  # the output ceilings the calls ask for, as a limiter counts them
-    ceilings_high: int = 0
+    calls: int = 0
+    input: int = 0
+    output: int | None = 0  # None: no bound
+    ceilings: int = 0  # the output ceilings the calls ask for, as a limiter counts them
+
+    def add(self, prompt: str, output: int | None, ceiling: int | None) -> None:
+        self.calls += 1
+        self.input += estimate_tokens(prompt)
+        self.output = None if output is None or self.output is None else self.output + output
+        self.ceilings += ceiling or 0
 
 
 def estimate_run(rt: Runtime, spec: RunSpec) -> Estimate:
     """The estimate of ``spec``: every input check the run makes, then its plan and calls."""
     plan = plan_of(rt, spec, Progress(spec.name, False, rt.budget, rt.tally), record=False)
     pending = () if plan.finished is not None else plan.pending  # re-read a window at a time
-    calls, total = calls_of(rt, plan), _Sum()
+    calls, low, high = calls_of(rt, plan), _Case(), _Case()
     system = system_prompt(calls) if pending else ""
     for request in pending:
-        _request(calls, plan.provider, system, request, total,
+        _request(calls, plan.provider, system, request, low, high,
                  halving=spec.transport == "live")
     live, batch = (batches.pricing(plan.provider, batch=b) for b in (False, True))
-    cost_live, cost_batch = _cost(live, total), _cost(batch, total)
-    suffices, budget = _budget(rt, plan, total, cost_batch if spec.transport == "batch"
+    cost_live, cost_batch = ((p.cost(low.input, low.output), p.cost(high.input, high.output))
+                             for p in (live, batch))
+    suffices, budget = _budget(rt, plan, low, high, cost_batch if spec.transport == "batch"
                                else cost_live)
     return Estimate(
         spec.name, spec.transport, plan.total, plan.requests, plan.resumed, len(plan.rechecked),
-        len(pending), (total.first, total.worst), (total.input_low, total.input_high),
-        (total.output_low, total.output_high), cost_live, cost_batch,
-        _minutes(rt, total), suffices, budget,
-        _notes(rt, plan, total, live.priced))
+        len(pending), (low.calls, high.calls), (low.input, high.input), (low.output, high.output),
+        cost_live, cost_batch, _minutes(rt, low, high), suffices, budget,
+        _notes(rt, plan, low, high, live.priced))
 
 
-def _cost(pricing: Pricing, total: _Sum) -> tuple[float | None, float | None]:
-    high = None if total.output_high is None else pricing.cost(total.input_high,
-                                                               total.output_high)
-    return pricing.cost(total.input_low, total.output_low), high
-
-
-def _request(calls: Plan, provider: Any, system: str, request: Request, total: _Sum, *,
-             halving: bool, depth: int = 0) -> None:
+def _request(calls: Plan, provider: Any, system: str, request: Request, low: _Case,
+             high: _Case, *, halving: bool, depth: int = 0) -> None:
     """Every attempt the policy allows ``request`` when each return is rejected, its halves
     too when the transport halves."""
     ceiling = call_output_cap(provider, calls.answer_chars(request.tasks))  # as a call asks
     most = ceiling if ceiling is not None else largest_answer(  # one token a character
         sent_schema(calls.schema, request.tasks, calls.identity, calls.mode))
     if depth == 0:  # the low case: its first call, answered at the least
-        total.first += 1
-        total.input_low += estimate_tokens(system + first_prompt(calls, request))
-        total.output_low += answer_floor(smallest_answers(
-            calls.schema, request.tasks, calls.identity, calls.mode), calls.mode)
-        total.ceilings_low += ceiling or 0
+        low.add(system + first_prompt(calls, request), answer_floor(smallest_answers(
+            calls.schema, request.tasks, calls.identity, calls.mode), calls.mode), ceiling)
     rejected = [{"type": "validation", "task_id": t["task_id"], "message": "x" * ERROR_CHARS}
                 for t in request.tasks]
     raw = "x" * min(most or 10_000, 10_000)  # what a repair prompt shows of it (cut at 4,000)
     chain: list[Tried] = []
     step = next_attempt(calls, request, chain, tried=False, depth=depth)
     while step.kind not in (HALVE, NONE):
-        total.worst += 1
-        total.input_high += estimate_tokens(system + step.prompt)
-        total.ceilings_high += ceiling or 0
-        total.output_high = (None if most is None or total.output_high is None
-                             else total.output_high + most)
+        high.add(system + step.prompt, most, ceiling)
         chain.append(Tried(step.kind, rejected, raw))
         step = next_attempt(calls, request, chain, tried=True, depth=depth)
     if step.kind == HALVE and halving:
         for half in calls.keys.split(request):
-            _request(calls, provider, system, half, total, halving=True, depth=depth + 1)
+            _request(calls, provider, system, half, low, high, halving=True, depth=depth + 1)
 
 
-def _minutes(rt: Runtime, total: _Sum) -> tuple[float, float] | None:
+def _minutes(rt: Runtime, low: _Case, high: _Case) -> tuple[float, float] | None:
     """The least time the session's share of the known limits takes, low and high case."""
     pacer = rt.pacer
     rpm, tpm = pacer.requests_per_minute, pacer.tokens_per_minute
     if not rpm and not tpm:
         return None
 
-    def minutes(calls: int, tokens: int) -> float:
-        return pacer.hosts * max(calls / rpm if rpm else 0.0, tokens / tpm if tpm else 0.0)
+    def minutes(case: _Case) -> float:
+        tokens = case.input + case.ceilings
+        return pacer.hosts * max(case.calls / rpm if rpm else 0.0, tokens / tpm if tpm else 0.0)
 
-    return (minutes(total.first, total.input_low + total.ceilings_low),
-            minutes(total.worst, total.input_high + total.ceilings_high))
+    return minutes(low), minutes(high)
 
 
-def _budget(rt: Runtime, plan: RunPlan, total: _Sum,
+def _budget(rt: Runtime, plan: RunPlan, low: _Case, high: _Case,
             cost: tuple[float | None, float | None]) -> tuple[bool | None, str]:
-    if not total.first:
+    if not low.calls:
         return True, "nothing to send"
     try:
         _, spender = plan_calls(rt, plan)  # the run's own refusal, before anything is spent
@@ -219,15 +206,15 @@ def _budget(rt: Runtime, plan: RunPlan, total: _Sum,
         return ((calls_left is None or calls <= calls_left)
                 and (cost_left is None or (spend is not None and spend <= cost_left)))
 
-    if covers(total.worst, cost[1]):
+    if covers(high.calls, cost[1]):
         return True, f"covers the worst case ({left} left)"
-    if covers(total.first, cost[0]):
+    if covers(low.calls, cost[0]):
         return False, (f"covers every first call but not the worst case ({left} left): the "
                        "run stops when it is spent, the rest owed")
     return False, f"does not cover every first call ({left} left)"
 
 
-def _notes(rt: Runtime, plan: RunPlan, total: _Sum, priced: bool) -> tuple[str, ...]:
+def _notes(rt: Runtime, plan: RunPlan, low: _Case, high: _Case, priced: bool) -> tuple[str, ...]:
     notes = [*plan.notes, *plan.provider_notes]
     if plan.broken:
         notes.append(f"the validator failed while re-judging a stored return "
@@ -236,13 +223,13 @@ def _notes(rt: Runtime, plan: RunPlan, total: _Sum, priced: bool) -> tuple[str, 
     if plan.blind:
         notes.append(f"the judging reads what no fingerprint can see ({'; '.join(plan.blind)}):"
                      " stored answers are re-judged on every run")
-    if plan.existing is None and total.first and rt.ledger.revisions(plan.spec.name):
+    if plan.existing is None and low.calls and rt.ledger.revisions(plan.spec.name):
         notes.append("the content differs from the batch's last run: the run opens a new "
                      "revision")
     if not priced:
         notes.append(f"no price is known for {getattr(plan.provider, 'model', None) or 'the model'}"
                      ": costs unknown (batchjson.set_prices sets one)")
-    if total.output_high is None:
+    if high.output is None:
         notes.append("the schema leaves an answer's size unbounded and the provider sends no "
                      "max_tokens, so the worst case has no bound (cap strings with maxLength, "
                      "arrays with maxItems, numbers with minimum and maximum, objects with "

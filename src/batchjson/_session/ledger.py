@@ -11,7 +11,7 @@ revisions by batch and fingerprint) that rechecks each accepted attempt as impor
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,13 +23,14 @@ from .._content.schema import ItemSchema, compile_schema
 from .._content.strictjson import finite_numbers, parse_as_written
 from .._content.tasks import Identity, Request, normalize_identity, normalize_tasks, sha
 from .._errors import InvalidBatch
-from .._fingerprint.fingerprint import Fingerprint, fingerprint_function
+from .._fingerprint.fingerprint import fingerprint_function
 from .._ledger import ledger
 from .._ledger.records import now
 from .._ledger.store import Store
 from .._ledger.store_admin import EXPORT_FORMAT, Placement, receipt_of, revision_for, settle
 from .._loop import run_sync
 from .accounts import Evidence, cost_summary, spend
+from .registry import ValidatorVersion
 from .rejudge import Judging
 
 
@@ -141,14 +142,17 @@ def read_lines(path: Path, validators: Mapping[str, Any],
         raise InvalidBatch(f"cannot read {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise InvalidBatch(f"{path} is not UTF-8 text; receipts are JSON Lines") from None
-    document = document_receipts(path, text)
+    document = document_receipts(text)
     numbered = ((InDocument(n), r) for n, r in enumerate(document, 1)) if document is not None \
         else parsed_lines(path, text)
     out = []
     for number, record in numbered:
-        if not isinstance(record, dict):
-            raise refuse(path, number, "a receipt must be a JSON object")
-        out.append(_check(path, number, record, validators))
+        try:
+            if bad := finite_numbers(record):  # every number read as written, or refused
+                raise _Refused(f"field {bad[0]}: {bad[1]}")
+            out.append(_check(number, record, validators))
+        except _Refused as exc:
+            raise refuse(path, number, str(exc)) from None
     if not out:
         raise InvalidBatch(f"{path} holds no receipts (expected JSON Lines, one receipt per "
                            "line)")
@@ -164,8 +168,9 @@ def read_lines(path: Path, validators: Mapping[str, Any],
     return out
 
 
-def _check(path: Path, number: int, record: dict[str, Any],
-           validators: Mapping[str, Any]) -> Line:
+def _check(number: int, record: Any, validators: Mapping[str, Any]) -> Line:
+    if not isinstance(record, dict):
+        raise _Refused("a receipt must be a JSON object")
     own = record.get("format") == EXPORT_FORMAT
     for name, kind in REQUIRED.items():
         value = record.get(name)
@@ -173,42 +178,41 @@ def _check(path: Path, number: int, record: dict[str, Any],
             continue  # an exported provider error or abandoned call has no return
         if not isinstance(value, kind) or (kind is str and name != "raw" and not value):
             what = "a list" if kind is list else "a non-empty string"
-            raise refuse(path, number, f"field {name!r} must be {what}, got {value!r:.60}")
+            raise _Refused(f"field {name!r} must be {what}, got {value!r:.60}")
     for name in OPTIONAL_NUMBERS:
         value = record.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                   or value < 0):
-            raise refuse(path, number, f"field {name!r} must be a number >= 0 or absent")
+            raise _Refused(f"field {name!r} must be a number >= 0 or absent")
         if name.endswith("tokens") and value is not None and (
                 value != int(value) or value > MAX_INTEGER):
-            raise refuse(path, number, f"field {name!r} must be a whole number of tokens "
-                          f"below 2**63, got {value!r:.40}")
+            raise _Refused(f"field {name!r} must be a whole number of tokens below 2**63, got "
+                           f"{value!r:.40}")
     for name in TEXT_FIELDS:
         if record.get(name) is not None and not isinstance(record[name], str):
-            raise refuse(path, number, f"field {name!r} must be a string or absent, got "
-                          f"{type(record[name]).__name__}")
+            raise _Refused(f"field {name!r} must be a string or absent, got "
+                           f"{type(record[name]).__name__}")
     mode = record.get("mode", "items")
     if mode not in ("items", "value"):
-        raise refuse(path, number, f"mode must be 'items' or 'value', got {mode!r}")
+        raise _Refused(f"mode must be 'items' or 'value', got {mode!r}")
     if mode == "value" and len(record["tasks"]) != 1:
-        raise refuse(path, number, f"a 'value' receipt answers one task, this one lists "
-                      f"{len(record['tasks'])}")
-    identity = _identity_rule(path, number, record, own)
+        raise _Refused(f"a 'value' receipt answers one task, this one lists "
+                       f"{len(record['tasks'])}")
+    identity = _identity_rule(record, own)
     try:
         tasks, texts = normalize_tasks(record["tasks"], identity)
         schema = compile_schema(record.get("schema") or {})
     except InvalidBatch as exc:
-        raise refuse(path, number, str(exc)) from None
+        raise _Refused(str(exc)) from None
     validator_name = record.get("validator")
-    if validator_name is not None and (not isinstance(validator_name, str)
-                                       or not validator_name):
-        raise refuse(path, number, "field 'validator' must be a validator's name (a string)")
+    if validator_name is not None and not (isinstance(validator_name, str) and validator_name):
+        raise _Refused("field 'validator' must be a validator's name (a string)")
     version = validators.get(validator_name) if validator_name else None
     if own and isinstance(record.get("components"), dict):
         keys = Keys({str(k): str(v) for k, v in record["components"].items()})
         if altered := _unlike_components(keys.components, record, schema):
-            raise refuse(path, number, f"{altered} (the receipt was altered); export it again "
-                          "from the ledger that ran it")
+            raise _Refused(f"{altered} (the receipt was altered); export it again from the "
+                           "ledger that ran it")
     else:  # as a live run of this content composes them, its answer source unknown
         keys = Keys.compose(
             tasks, schema, version.fingerprint.digest if version is not None else "none",
@@ -218,9 +222,9 @@ def _check(path: Path, number: int, record: dict[str, Any],
     if claimed_key is not None and claimed_key != request.key:
         # The key is what a later run resumes by: one that is not the hash of this receipt's
         # own tasks and content would serve these answers to other tasks.
-        raise refuse(path, number, f"request_key {str(claimed_key)[:16]}... is not the key of "
-                      "this receipt's tasks and components (the receipt was altered); drop "
-                      "request_key to import it under the key its content gives")
+        raise _Refused(f"request_key {str(claimed_key)[:16]}... is not the key of this receipt's "
+                       "tasks and components (the receipt was altered); drop request_key to "
+                       "import it under the key its content gives")
     kept = dict(keys.components) if own else {**keys.components, **dict([schema.document])}
     return Line(number, record, sha(canonical_json(record)), tasks, identity, schema, kept,
                 request, own)  # a revision keeps its schema, so its export is rechecked
@@ -239,7 +243,7 @@ def _unlike_components(components: Mapping[str, str], record: Mapping[str, Any],
     return None
 
 
-def _identity_rule(path: Path, number: int, record: Mapping[str, Any], own: bool) -> Identity:
+def _identity_rule(record: Mapping[str, Any], own: bool) -> Identity:
     """How a receipt's items are held to its tasks: batchjson's own export keeps the identity it was
     judged under; any other receipt has every echoed task field compared, whatever its ``identity``
     list (which only adds required fields, and may be missing or empty)."""
@@ -248,34 +252,22 @@ def _identity_rule(path: Path, number: int, record: Mapping[str, Any], own: bool
     if listed is None and not exported:
         listed = []
     if not isinstance(listed, list):
-        raise refuse(path, number, f"field 'identity' must be a list of field names"
-                      f"{'' if exported else ' (or absent)'}, got {listed!r:.60}")
+        raise _Refused(f"field 'identity' must be a list of field names"
+                       f"{'' if exported else ' (or absent)'}, got {listed!r:.60}")
     try:
         identity = Identity(normalize_identity(listed),
                             echo=not exported or record.get("identity_echo") is True)
     except InvalidBatch as exc:
-        raise refuse(path, number, str(exc)) from None
+        raise _Refused(str(exc)) from None
     if exported:  # the key says how its answers were judged: a weaker rule must not ride on it
-        judged = record["components"].get("identity")
-        if judged != identity.key:
-            raise refuse(path, number, f"its identity {identity.key!r} is not the one its "
-                          f"components name ({str(judged)!r:.80}; the receipt was altered); "
-                          "give the identity the batch ran with")
-        judged = record["components"].get("mode")
-        if judged != record.get("mode", "items"):
-            raise refuse(path, number, f"its mode {record.get('mode', 'items')!r} is not the "
-                          f"one its components name ({str(judged)!r:.40}; the receipt was "
-                          "altered); give the mode the batch ran with")
+        for part, own_value, shown in (("identity", identity.key, 80),
+                                       ("mode", record.get("mode", "items"), 40)):
+            judged = record["components"].get(part)
+            if judged != own_value:
+                raise _Refused(f"its {part} {own_value!r} is not the one its components name "
+                               f"({str(judged)!r:.{shown}}; the receipt was altered); give the "
+                               f"{part} the batch ran with")
     return identity
-
-
-@dataclass(frozen=True)
-class GivenValidator:
-    """A validator function the user handed to an import or a merge, under its name."""
-
-    name: str
-    fn: Callable[..., Any]
-    fingerprint: Fingerprint
 
 
 def registry_view(validators: Any) -> dict[str, Any]:
@@ -291,7 +283,8 @@ def registry_view(validators: Any) -> dict[str, Any]:
             if not callable(given) or not isinstance(name, str) or not name:
                 raise InvalidBatch(f"validators must map names to functions (or list named "
                                    f"functions); got {name!r}: {type(given).__name__}")
-            given = GivenValidator(name, given, fingerprint_function(given))
+            given = ValidatorVersion(name, 0, fingerprint_function(given), given, now(),
+                                     "given")  # unnumbered: handed to an import or a merge
         out[name] = given
     return out
 
@@ -447,13 +440,17 @@ def refuse(path: Path, number: int, problem: str) -> InvalidBatch:
                         f"the {what} and import the file again)")
 
 
+class _Refused(InvalidBatch):
+    """What is wrong with one receipt, said by its line (or receipt number) where it is read."""
+
+
 class InDocument(int):
     """A receipt's number in an export's JSON document, which is said as "receipt N"."""
 
 
-def document_receipts(path: Path, text: str) -> list[Any] | None:
+def document_receipts(text: str) -> list[Any] | None:
     """The receipts of the JSON document ``batchjson export`` prints by default (``{"ledger":
-    ..., "receipts": [...]}``), each checked for numbers as a line is; None for JSON Lines."""
+    ..., "receipts": [...]}``); None for JSON Lines."""
     if not text.lstrip().startswith("{"):
         return None
     try:
@@ -463,10 +460,6 @@ def document_receipts(path: Path, text: str) -> list[Any] | None:
     if not isinstance(document, dict) or "batch" in document or not isinstance(
             document.get("receipts"), list):
         return None
-    for number, record in enumerate(document["receipts"], 1):
-        bad = finite_numbers(record)
-        if bad is not None:
-            raise refuse(path, InDocument(number), f"field {bad[0]}: {bad[1]}")
     return document["receipts"]
 
 
@@ -480,9 +473,6 @@ def parsed_lines(path: Path, text: str) -> Iterable[tuple[int, Any]]:
             record = parse_as_written(raw_line.removesuffix("\r"))
         except ValueError as exc:
             raise refuse(path, number, f"not JSON ({exc})") from None
-        bad = finite_numbers(record)
-        if bad is not None:
-            raise refuse(path, number, f"field {bad[0]}: {bad[1]}")
         yield number, record
 
 
@@ -532,9 +522,9 @@ def _not_following(record: dict[str, Any], rows: list[Any], validators: Mapping[
     fails the checks import reruns, or a value differs from the one the return gives (a field the
     return lacks may only be a compared field equal to the task's)."""
     try:
-        line = _check(Path("receipt"), 1, record, validators)
+        line = _check(1, record, validators)
     except InvalidBatch as exc:
-        return str(exc).split(": ", 1)[-1].split("; nothing was imported")[0]
+        return str(exc)
     verdict = _judge(line, validators.get(record.get("validator") or ""))
     if not verdict.accepted:
         first = verdict.errors[0]

@@ -1,10 +1,7 @@
-"""A run's plan and what its steps run over.
-
-:class:`RunPlan` is one frozen value saying what the run found before anything is recorded or
-spent; ``run.py``'s pure steps each return a new plan. :class:`Runtime` is what those steps use of
-the session (never its private names). The keys are composed once (:func:`keyed`), and
-:func:`finished` is the one "already done?" look, for a tasks file by its bytes without reading a
-task (checking a million tasks costs about a third of running them)."""
+"""A run's plan (:class:`RunPlan`, one frozen value each pure step of ``run.py`` replaces) and
+what its steps use of the session (:class:`Runtime`, never its private names). :func:`finished`
+is the one "already done?" look, for a tasks file by its bytes without reading a task (checking
+a million tasks costs about a third of running them)."""
 
 from __future__ import annotations
 
@@ -124,9 +121,14 @@ def find_completed(rt: Runtime, spec: RunSpec) -> RunPlan | None:
         schema = compile_schema(spec.schema)
     except BatchJsonError:  # the full path says what is wrong, in its own order
         return None
-    validator = _validator_digest(rt, spec)
-    if schema.unseen or validator is None:
+    fingerprint = None  # the validator's, which must be whole
+    if spec.validator is not None:
+        handed = rt.validators.handed_over(spec.validator, spec.validator_name)
+        fingerprint = (handed.fingerprint if handed is not None else
+                       fingerprint_function(spec.validator))
+    if schema.unseen or (fingerprint is not None and fingerprint.partial):
         return None
+    validator = "none" if fingerprint is None else fingerprint.digest
     tasks_component, count, fields = memo
     provider = rt.provider
     plan = RunPlan(spec, CheckedRun(spec, [], [], schema, normalize_identity(spec.identity)),
@@ -154,12 +156,3 @@ def finished(ledger: Ledger, plan: RunPlan) -> RunPlan | None:
     revision_id, _, leaves = done
     return replace(plan, finished=ledger.revisions(revision_id=revision_id)[0], requests=leaves)
 
-
-def _validator_digest(rt: Runtime, spec: RunSpec) -> str | None:
-    """The validator's fingerprint digest ("none" without one); None when partial."""
-    if spec.validator is None:
-        return "none"
-    handed = rt.validators.handed_over(spec.validator, spec.validator_name)
-    fingerprint = (handed.fingerprint if handed is not None else
-                   fingerprint_function(spec.validator))
-    return None if fingerprint.partial else fingerprint.digest

@@ -1,10 +1,6 @@
 """A run as a pipeline: check, judge with, key, find, re-judge, fit; record, send, report. The
-first steps are pure over a frozen :class:`RunPlan`; recording, sending and reporting only read it,
-so nothing is recorded or spent before the inputs, the budget and the fit are checked.
-
-Its :class:`Progress` over ``tqdm.auto``: the tasks read and checked, then the tasks judged with the
-returns, the cost against the budget and what the run waits on. The last state is the tasks with a
-value, coloured by outcome: a run that ends with none accepted never shows a full bar."""
+first steps are pure over a frozen :class:`RunPlan`, so nothing is recorded or spent before the
+inputs, the budget and the fit are checked; :class:`Progress` shows it over ``tqdm.auto``."""
 
 from __future__ import annotations
 

@@ -164,12 +164,8 @@ class Session:
         ``progress=None`` shows it on a terminal or in a notebook, not in a pipe or a log.
         ``accept="items"`` commits the items of a return that pass, and asks again for the
         others (docs/design.md, "Item-level acceptance")."""
-        return self.run(RunSpec(
-            name=name, tasks=tasks, schema=schema, validator=validator,
-            identity=identity, pack=pack, instructions=instructions, repairs=repairs,
-            replays=replays, split=split, max_calls=max_calls, on_exhausted=on_exhausted,
-            progress=progress, reask_refusals=reask_refusals, transport=transport,
-            wait=wait, accept=accept))
+        options = {k: v for k, v in locals().items() if k != "self"}  # the arguments, as given
+        return self.run(RunSpec(**options))
 
     def estimate(self, name: str, tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
                  schema: Any, **options: Any) -> Estimate:

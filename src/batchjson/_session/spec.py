@@ -191,7 +191,7 @@ def check_validator(fn: Any, args: str) -> None:
     try:
         signature.bind(None, None)
     except TypeError:
-        name = getattr(fn, "__name__", type(fn).__name__)
+        name = _name(fn)
         raise InvalidBatch(
             f"validator {name}{signature} cannot be called as validator(item, {second}); "
             f"give it two parameters, e.g. def {name}(item, {second}): ... (raise ValueError "
@@ -204,27 +204,27 @@ def check_verdicts(fn: Any, second: str = "task") -> None:
     if not callable(fn):
         hint = " (names go by keyword: @validator(name=...))" if isinstance(fn, str) else ""
         raise InvalidBatch(f"validator must be callable, got {type(fn).__qualname__}{hint}")
-    check_not_generator(fn, second)
-    check_asserts_kept(fn)
-
-
-def check_not_generator(fn: Any, second: str = "task") -> None:
-    """A generator function (or an object whose ``__call__`` is one) says neither yes nor no:
-    refused rather than paid for and failed as a ``validator_error``."""
+    # a generator function (or an object whose __call__ is one) says neither yes nor no:
+    # refused rather than paid for and failed as a validator_error
     try:
         called = [fn] + ([] if inspect.isroutine(fn) else [type(fn).__call__])
         kind = next(("an async generator function" if inspect.isasyncgenfunction(c) else
                      "a generator function" for c in called
                      if inspect.isasyncgenfunction(c) or inspect.isgeneratorfunction(c)), None)
-        name = getattr(fn, "__name__", type(fn).__name__) if kind else ""
+        name = _name(fn) if kind else ""
     except Exception:  # an object that raises when read: not a generator anyone can see
-        return
+        kind = None
     if kind:
         raise InvalidBatch(
             f"validator {name} is {kind} (it uses yield), so calling it returns a generator, "
             "not a verdict; write a plain def (or async def) without yield: "
             f"def {name}(item, {second}): ... raising ValueError or returning False to reject "
             "an item")
+    check_asserts_kept(fn)
+
+
+def _name(fn: Any) -> str:
+    return getattr(fn, "__name__", type(fn).__name__)
 
 
 def check_asserts_kept(fn: Any) -> None:
@@ -241,9 +241,8 @@ def check_asserts_kept(fn: Any) -> None:
         return
     if not _has_assert(source):
         return
-    name = getattr(fn, "__name__", type(fn).__name__)
     raise InvalidBatch(
-        f"validator {name} checks with assert, and this Python runs with -O "
+        f"validator {_name(fn)} checks with assert, and this Python runs with -O "
         f"(sys.flags.optimize={sys.flags.optimize}), which removes every assert: it would "
         "accept every item. Raise ValueError instead (if not ok: raise ValueError('...')), or "
         "run Python without -O")
@@ -462,25 +461,19 @@ def check_fit(provider: Any, ledger: Ledger, name: str, schema: ItemSchema,
     if not pending:
         return []
     answerable(provider, schema, pending, identity, mode)
-    note = schema_note(provider, schema, pending, identity, mode)
+    largest = max(pending, key=lambda r: len(r.tasks))
+    # the largest request's wire schema, as a provider that checks it (OpenAI's strict mode)
+    # sees it: refused (ProviderSetupError), or a note for the result
+    check = getattr(provider, "check_schema", None)
+    note = check(sent_schema(schema, largest.tasks, identity, mode), mode) if callable(
+        check) else None
     cap = declared_output_cap(provider)
     if cap is not None:
         # the fewest output tokens per item any accepted return of this batch took (None: none)
         measured = ledger.store.fewest_output_tokens_per_item(
             name, 0 if mode == "value" else output_tokens_floor(_ENVELOPE))
-        _pack_fits(cap, measured, schema, pending, identity, mode)
+        _pack_fits(cap, measured, schema, largest, identity, mode)
     return [note] if note else []
-
-
-def schema_note(provider: Any, schema: ItemSchema, pending: Sequence[Request],
-                identity: Sequence[str], mode: str) -> str | None:
-    """The largest pending request's wire schema, as a provider that checks it (OpenAI's strict
-    mode) sees it: refused (ProviderSetupError), or a note for the result."""
-    check = getattr(provider, "check_schema", None)
-    if not callable(check):
-        return None
-    largest = max(pending, key=lambda r: len(r.tasks))
-    return check(sent_schema(schema, largest.tasks, identity, mode), mode)
 
 
 def answerable(provider: Any, schema: ItemSchema, pending: Sequence[Request],
@@ -526,9 +519,8 @@ def _unanswered(schema: ItemSchema, failed: Sequence[tuple[str, str]], total: in
             "SimulatedModel(answer=lambda task: {...}); nothing was sent")
 
 
-def _pack_fits(cap: int, measured: float | None, schema: ItemSchema,
-               pending: Sequence[Request], identity: Sequence[str], mode: str) -> None:
-    largest = max(pending, key=lambda r: len(r.tasks))
+def _pack_fits(cap: int, measured: float | None, schema: ItemSchema, largest: Request,
+               identity: Sequence[str], mode: str) -> None:
     size = len(largest.tasks)
     texts = smallest_answers(schema, largest.tasks, identity, mode)
     need = answer_floor(texts, mode)
