@@ -154,7 +154,7 @@ class PostgresStore(Store):
             raise ConfigError(f"ledger {self._public} is a PostgreSQL database, and that needs "
                               "psycopg 3 and psycopg-pool: pip install 'batchjson[postgres]'"
                               ) from None
-        self._psycopg = psycopg
+        self._psycopg, self._failure = psycopg, psycopg.Error
         try:  # a wrong URL or a server down is named at once
             first = psycopg.connect(self.url, **self._options())
         except psycopg.Error as exc:
@@ -283,13 +283,6 @@ class PostgresStore(Store):
                 with suppress(self._psycopg.Error):
                     db.execute("ROLLBACK")
             raise
-
-    @contextmanager
-    def _whole_or_nothing(self, what: str) -> Iterator[None]:
-        try:
-            yield
-        except self._psycopg.Error as exc:
-            raise self._error(f"{what} failed and was rolled back whole", exc) from exc
 
     def _error(self, what: str, exc: BaseException) -> LedgerError:
         error = LedgerError(what, path=self._public, cause=exc)

@@ -29,6 +29,7 @@ class SQLiteStore(Store):
     """The ledger in one SQLite file (``path=None``: in memory), shared by threads and processes."""
 
     dialect = SQLITE
+    _failure = sqlite3.Error
 
     def __init__(self, path: Path | None, *, busy_timeout: float = 30.0,
                  lease: float | None = None) -> None:
@@ -109,7 +110,7 @@ class SQLiteStore(Store):
             try:
                 self._db.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
-                raise self._error("could not start a write", exc) from exc
+                raise self._stopped("could not start a write", exc) from exc
             self._budget_known = None
             try:
                 yield self._db
@@ -117,21 +118,13 @@ class SQLiteStore(Store):
                 self._rollback()
                 if isinstance(exc, sqlite3.Error) and (
                         getattr(exc, "sqlite_errorname", None) or "").startswith(_FAULTS):
-                    raise self._error("a write failed", exc) from exc
+                    raise self._stopped("a write failed", exc) from exc
                 raise
             try:
                 self._db.execute("COMMIT")
             except sqlite3.Error as exc:
                 self._rollback()
-                raise self._error("could not commit", exc) from exc
-
-    @contextmanager
-    def _whole_or_nothing(self, what: str) -> Iterator[None]:
-        try:
-            yield
-        except sqlite3.Error as exc:
-            raise LedgerError(f"{what} failed and was rolled back whole", path=self._where,
-                              cause=exc) from exc
+                raise self._stopped("could not commit", exc) from exc
 
     def _rollback(self) -> None:
         """Undo what is left of a failed transaction; SQLite may already have undone it."""
@@ -141,10 +134,9 @@ class SQLiteStore(Store):
             except sqlite3.Error:  # the original failure is the one worth reporting
                 pass
 
-    def _error(self, what: str, exc: BaseException) -> LedgerError:
-        return LedgerError(f"{what}; the run stopped before any further call"
-                           f"{_write_problem(self.path, exc)}", path=self._where,
-                           cause=exc)
+    def _stopped(self, what: str, exc: BaseException) -> LedgerError:
+        return self._error(f"{what}; the run stopped before any further call"
+                           f"{_write_problem(self.path, exc)}", exc)
 
     def _budgeted(self, tx: Tx) -> bool:
         """Read once a write transaction: only a transaction of its own adds or removes a budget."""
@@ -166,7 +158,7 @@ class SQLiteStore(Store):
             try:
                 return self._db.execute(sql, args).fetchall()
             except sqlite3.Error as exc:  # closed, corrupt, locked: a batchjson error, named
-                raise LedgerError("could not be read", path=self._where, cause=exc) from exc
+                raise self._error("could not be read", exc) from exc
 
 
 def _refuse_version(version: int, path: Path | None) -> None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from .._errors import LedgerError
 from .store_schema import Dialect
 
 Tx = Any  # a store's open transaction: what its statements run on, opaque to everyone else
@@ -19,16 +21,8 @@ CHUNK = 500  # keys bound per statement, under every database's parameter limit
 LEASE_SECONDS = 30.0  # the default lease of a claim (Ledger(lease=)); renewed every third of it
 
 
-class Later:
-    """A write's outcome, read when asked for: a pipelined group sends every write first."""
-
-    __slots__ = ("_outcome",)
-
-    def __init__(self, outcome: Callable[[], Any]) -> None:
-        self._outcome = outcome
-
-    def __call__(self) -> Any:
-        return self._outcome()
+class Later(partial):
+    """A write's outcome, read when called: a pipelined group sends every write first."""
 
 
 class StoreBase(ABC):
@@ -39,6 +33,7 @@ class StoreBase(ABC):
     lease_seconds: float = LEASE_SECONDS  # how long a claim holds unless renewed
 
     _public: str | None = None  # a server's URL as shown, its password masked
+    _failure: type[Exception]  # the database's own error: a failure of the ledger
 
     @property
     def _where(self) -> str | Path:
@@ -62,8 +57,15 @@ class StoreBase(ABC):
     @abstractmethod
     def _close(self) -> None: ...
 
-    @abstractmethod
-    def _whole_or_nothing(self, what: str) -> AbstractContextManager[None]: ...
+    @contextmanager
+    def _whole_or_nothing(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except self._failure as exc:
+            raise self._error(f"{what} failed and was rolled back whole", exc) from exc
+
+    def _error(self, what: str, exc: BaseException) -> LedgerError:
+        return LedgerError(what, path=self._where, cause=exc)
 
     @abstractmethod
     def _exec(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> Any:
