@@ -15,7 +15,7 @@ from .._errors import ConfigError, LedgerError
 from .._secrets import Secrets, public_url
 from .records import now
 from .store import Store
-from .store_base import Later, Row, Tx
+from .store_base import MERGED, POSTGRES, SCHEMA_VERSION, Later, Row, Tx, _version_problem
 from .store_calls import (
     ACCEPTED,
     CLAIM_INTO,
@@ -30,7 +30,6 @@ from .store_calls import (
     _owner_gone,
 )
 from .store_runs import REQUESTS_SQL, SEEN_SQL
-from .store_schema import MERGED, POSTGRES, SCHEMA_VERSION, _version_problem
 
 # The one lock of transactions that read before they write ("batchjson" in ASCII).
 SERIAL_LOCK = "SELECT pg_advisory_xact_lock(7089063493536607342)"
@@ -290,18 +289,10 @@ class PostgresStore(Store):
         return error
 
     # -- statements ----------------------------------------------------------------------------
-    def _exec(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> Any:
-        return tx.execute(self.dialect._sql(sql), tuple(args))
-
     def _many(self, tx: Tx, sql: str, rows: Sequence[Sequence[Any]]) -> Any:
         if sql in BULK and rows:
             return self._exec(tx, BULK[sql], [list(column) for column in zip(*rows, strict=True)])
-        cursor = tx.cursor()
-        cursor.executemany(self.dialect._sql(sql), rows)
-        return cursor
-
-    def _insert(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> int:
-        return tx.execute(self.dialect._sql(sql + " RETURNING id"), tuple(args)).fetchone()[0]
+        return super()._many(tx, sql, rows)
 
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
         try:

@@ -15,8 +15,7 @@ from typing import Any
 
 from .._errors import LedgerError
 from .store import Store
-from .store_base import Row, Tx
-from .store_schema import MERGED, SCHEMA_VERSION, SQLITE, _version_problem
+from .store_base import MERGED, SCHEMA_VERSION, SQLITE, Row, Tx, _version_problem
 
 # WAL pages before a commit copies them into the file (on the run's event loop): a call rewrites
 # about seven mostly hot pages, so a long stretch copies each once where SQLite's 1,000 would
@@ -143,15 +142,6 @@ class SQLiteStore(Store):
         if self._budget_known is None:
             self._budget_known = super()._budgeted(tx)
         return self._budget_known
-
-    def _exec(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> sqlite3.Cursor:
-        return tx.execute(sql, args)
-
-    def _many(self, tx: Tx, sql: str, rows: Sequence[Sequence[Any]]) -> sqlite3.Cursor:
-        return tx.executemany(sql, rows)
-
-    def _insert(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> int:
-        return tx.execute(sql, args).lastrowid
 
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
         with self._lock:
