@@ -30,10 +30,12 @@ class Ledger:
             from .postgres import PostgresStore
 
             self.path: Path | None = None
-            self.store: Store = PostgresStore(target, lease=lease)
+            self.store: Store = PostgresStore(target)
         else:
             self.path = target
-            self.store = SQLiteStore(self.path, busy_timeout=busy_timeout, lease=lease)
+            self.store = SQLiteStore(self.path, busy_timeout=busy_timeout)
+        if lease is not None:
+            self.store.lease_seconds = lease
 
     @property
     def where(self) -> str:

@@ -30,12 +30,9 @@ class SQLiteStore(Store):
     dialect = SQLITE
     _failure = sqlite3.Error
 
-    def __init__(self, path: Path | None, *, busy_timeout: float = 30.0,
-                 lease: float | None = None) -> None:
+    def __init__(self, path: Path | None, *, busy_timeout: float = 30.0) -> None:
         self.path = path
         self._busy_timeout = busy_timeout
-        if lease is not None:
-            self.lease_seconds = lease
         target = ":memory:" if path is None else str(path)
         try:
             if path is not None:
@@ -49,13 +46,11 @@ class SQLiteStore(Store):
             _refuse_version(self._db.execute("PRAGMA user_version").fetchone()[0], path)
             if path is not None:
                 self._wal()
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute(f"PRAGMA wal_autocheckpoint={WAL_PAGES}")
-            self._db.execute("PRAGMA foreign_keys=ON")
             # temporary files in memory: a full TMPDIR is no ledger fault (cost: docs/api.md)
-            self._db.execute("PRAGMA temp_store=MEMORY")
-            with self._lock:
-                self._schema()
+            for pragma in ("synchronous=NORMAL", f"wal_autocheckpoint={WAL_PAGES}",
+                           "foreign_keys=ON", "temp_store=MEMORY"):
+                self._db.execute(f"PRAGMA {pragma}")
+            self._schema()  # no other thread has this store yet
         except (sqlite3.Error, OSError) as exc:
             raise LedgerError(_open_problem(path), path=self._where, cause=exc) from exc
         except LedgerError:
@@ -87,7 +82,6 @@ class SQLiteStore(Store):
                 for statement in SQLITE._schema.split(";"):
                     if statement.strip():
                         self._db.execute(statement)
-                self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             self._db.execute("COMMIT")
         except BaseException:
             if self._db.in_transaction:
@@ -260,16 +254,11 @@ def file_problem(path: Path, *, create: bool = False) -> str | None:
         return _file_problem(path)
     deadline = time.monotonic() + OPEN_WAIT
     while path.exists():
-        problem = _file_problem(path)
-        if problem is None:
-            return None
         empty = _holds_nothing(path)
-        if empty:
-            return None
-        again = _file_problem(path)  # its schema may have been committed since the first look
-        if again is None or empty is False or time.monotonic() > deadline:
-            return again
-        time.sleep(0.05)
+        problem = None if empty else _file_problem(path)
+        if problem is None or empty is False or time.monotonic() > deadline:
+            return problem
+        time.sleep(0.05)  # busy: its schema may be being committed
     return None
 
 

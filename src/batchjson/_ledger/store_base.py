@@ -132,11 +132,12 @@ MERGED = {**dict.fromkeys(("batches", "revisions", "requests", "attempts", "forg
 
 # What only a server with writers side by side needs, and the schema's version (SQLite keeps it
 # in PRAGMA user_version).
-SERVER_TABLES = """
+SERVER_TABLES = f"""
 CREATE INDEX requests_by_key ON requests (key, id);
 CREATE INDEX claims_by_owner ON claims (owner);
 CREATE INDEX checkpoint_by_attempt ON checkpoint (attempt_id);
 CREATE TABLE batchjson_schema (version INTEGER NOT NULL);
+INSERT INTO batchjson_schema(version) VALUES ({SCHEMA_VERSION});
 """
 
 
@@ -146,7 +147,7 @@ class Dialect:
 
     name: str
     types: dict[str, str]  # the schema's open type words
-    server_tables: str  # what this database adds to the schema
+    server_tables: str  # what this database adds to the schema, its version last
     mark: str  # a parameter
     lock: str  # appended to a read that decides on a claim (``store_calls``)
     now: str  # seconds since the epoch by the clock every runner of the ledger reads
@@ -186,7 +187,7 @@ def _spelled(template: str, lock: str, now: str) -> str:
 
 SQLITE = Dialect(
     "sqlite", {"id": "INTEGER PRIMARY KEY", "int": "INTEGER", "real": "REAL", "raw": "TEXT",
-               "rowid": " WITHOUT ROWID"}, "", "?", "",
+               "rowid": " WITHOUT ROWID"}, f"PRAGMA user_version = {SCHEMA_VERSION};", "?", "",
     "((julianday('now') - 2440587.5) * 86400.0)", "json_valid({})", "json_array_length({})",
     keys_as_array=False)
 

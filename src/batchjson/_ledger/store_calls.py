@@ -100,6 +100,7 @@ MINE, HELD, ACCEPTED, OVER = "mine", "held", "accepted", "over"
 # A partial return's parts: its revision id, its request, the parts accepted and rejected, and
 # the accepted part's own return (its items alone).
 Parts = tuple[int, Request, Request, Request, str]
+InFlight = dict[str, Any]  # an in-flight receipt's RECEIPT_COLUMNS
 
 
 class CallStore(RunStore):
@@ -115,30 +116,28 @@ class CallStore(RunStore):
         sent: a ``Later`` of (MINE, receipt id), or (HELD, ACCEPTED or OVER, None), the receipt
         then not kept (``reserve``: its worst case; None: unpriced). ``at_commit``: where one
         statement decides the claim (:meth:`_claim_at_commit`), read once ``tx`` has committed."""
-        stamp = now()
-        receipt = (batch_id, revision_id, request.key, request.task_ids_json, kind, provider,
-                   model, stamp, _uid(), owner.id, estimated_input_tokens, cost_floor, source,
-                   reserve)  # RECEIPT_COLUMNS' order
+        receipt = dict(zip(RECEIPT_COLUMNS, (
+            batch_id, revision_id, request.key, request.task_ids_json, kind, provider, model,
+            now(), _uid(), owner.id, estimated_input_tokens, cost_floor, source, reserve),
+            strict=True))
         claimed = None if reserve is not None or not at_commit else self._claim_at_commit(
-            tx, receipt, request.key, owner, stamp)
-        return claimed or self._begin(tx, receipt, request.key, owner, stamp, reserve)
+            tx, receipt, owner)
+        return claimed or self._begin(tx, receipt, owner, reserve)
 
-    def _claim_at_commit(self, tx: Tx, receipt: Sequence[Any], request_key: str, owner: Owner,
-                         stamp: str) -> Later | None:
+    def _claim_at_commit(self, tx: Tx, receipt: InFlight, owner: Owner) -> Later | None:
         """A claim the ledger's budget holds nothing for, decided in one statement that asks
         nothing before COMMIT: a ``Later`` whose outcome is a ``Later`` read once ``tx`` has
         committed; None where the store decides it inside ``tx``."""
         return None
 
-    def _begin(self, tx: Tx, receipt: Sequence[Any], request_key: str, owner: Owner,
-               stamp: str, reserve: float | None) -> Later:
+    def _begin(self, tx: Tx, receipt: InFlight, owner: Owner, reserve: float | None) -> Later:
         """The claim decided inside ``tx``; a receipt not won (or over budget) is deleted there."""
-        opened = self._open(tx, receipt, request_key, owner, stamp)
+        opened = self._open(tx, receipt, owner)
 
         def outcome() -> tuple[str, int | None]:
             attempt_id, state, budgeted = opened()
             if state == MINE and not self._reserve_shared(tx, attempt_id, reserve, budgeted):
-                self.claims(tx, owner, "release", request_key)
+                self.claims(tx, owner, "release", receipt["request_key"])
                 state = OVER
             if state != MINE:
                 self._exec(tx, "DELETE FROM attempts WHERE id = ? AND status = 'in_flight'",
@@ -148,21 +147,21 @@ class CallStore(RunStore):
 
         return Later(outcome)
 
-    def _open(self, tx: Tx, receipt: Sequence[Any], request_key: str, owner: Owner,
-              stamp: str) -> Later:
+    def _open(self, tx: Tx, receipt: InFlight, owner: Owner) -> Later:
         """Write the receipt and claim its request: (receipt id, what the claim found, whether
         the ledger has a budget: None, not asked). The hot path: one statement claims a request
         free or ours and not accepted on a ledger without a budget; with one, :data:`TAKE_SQL`;
         anything else takes :meth:`_decide`."""
-        attempt_id = self._insert(tx, RECEIPT_SQL, receipt)
-        claim = (request_key, owner.id, owner.host, owner.pid, owner.session, attempt_id,
-                 self._clock(tx) + self.lease_seconds, stamp, request_key)
+        attempt_id = self._insert(tx, RECEIPT_SQL, tuple(receipt.values()))
+        key = receipt["request_key"]
+        claim = (key, owner.id, owner.host, owner.pid, owner.session, attempt_id,
+                 self._clock(tx) + self.lease_seconds, receipt["started_at"], key)
         if self._exec(tx, TAKE_UNBUDGETED_SQL, claim).rowcount:
             found = (attempt_id, MINE, False)
         elif self._budgeted(tx) and self._exec(tx, TAKE_SQL, claim).rowcount:
             found = (attempt_id, MINE, True)
         else:
-            found = (attempt_id, self._decide(tx, request_key, owner, attempt_id, stamp), None)
+            found = (attempt_id, self._decide(tx, receipt, owner, attempt_id), None)
         return Later(lambda: found)
 
     def _budgeted(self, tx: Tx) -> bool:
@@ -170,12 +169,11 @@ class CallStore(RunStore):
         return bool(self._exec(tx, "SELECT EXISTS (SELECT 1 FROM budget WHERE id = 1)"
                                ).fetchone()[0])
 
-    def _decide(self, tx: Tx, request_key: str, owner: Owner, attempt_id: int,
-                stamp: str) -> str:
+    def _decide(self, tx: Tx, receipt: InFlight, owner: Owner, attempt_id: int) -> str:
         """A claimed or accepted request, by the ledger's clock: ACCEPTED, HELD by a live runner,
         or a gone runner's taken over (MINE) if its row can be locked; a row another runner is
         taking over is skipped (``{lock}``), never waited for, so no wait is circular."""
-        sql = self.dialect._claim_sql
+        sql, request_key = self.dialect._claim_sql, receipt["request_key"]
         accepted, holder, host, pid, lease, at = self._exec(
             tx, sql(HOLDER_SQL), (request_key, request_key)).fetchone()
         if accepted:
@@ -186,7 +184,8 @@ class CallStore(RunStore):
             return HELD  # another runner is taking it over this moment
         self._abandon(tx, holder)
         self._exec(tx, sql(HOLD_SQL), (request_key, owner.id, owner.host, owner.pid,
-                                       owner.session, attempt_id, self.lease_seconds, stamp))
+                                       owner.session, attempt_id, self.lease_seconds,
+                                       receipt["started_at"]))
         return MINE
 
     def _abandon(self, tx: Tx, owner: str) -> int:
@@ -310,7 +309,7 @@ class CallStore(RunStore):
         """``COMPLETE_SQL``'s values after its status and errors; the charge settled first."""
         # an 'abandoned' receipt may still be completed: its owner came back with the answer
         if charge is not None:
-            self._settle_shared(tx, attempt_id, charge)
+            self._exec(tx, BUDGET_SETTLE_SQL, (charge, attempt_id))
         cost = usage.get("cost")
         if cost is not None and not (isinstance(cost, (int, float)) and math.isfinite(cost)
                                      and cost >= 0):
@@ -354,11 +353,6 @@ class CallStore(RunStore):
         if amount is not None:
             self._exec(tx, "UPDATE attempts SET reserved = NULL WHERE id = ?", (attempt_id,))
         return True
-
-    def _settle_shared(self, tx: Tx, attempt_id: int, charge: float) -> None:
-        """Charge a receipt's call (its cost, else worst case) to the ledger's budget, before its
-        status changes."""
-        self._exec(tx, BUDGET_SETTLE_SQL, (charge, attempt_id))
 
     # -- the live hosts, sharing the rate limits ---------------------------------------------
     def hosts(self, tx: Tx, owner: Owner, *, leaving: bool = False) -> int:
@@ -453,8 +447,9 @@ RENEW_SQL = ("UPDATE claims SET lease_expires_at = {now} + ? WHERE request_key I
 BUDGET_RESERVE_SQL = ("UPDATE budget SET reserved = reserved + ? WHERE id = 1 "
                       "AND spent + reserved + ? <= cost RETURNING id")
 
-# Settling a receipt: what it held in flight comes off ``reserved``; its charge goes to ``spent``,
-# less what was charged when it was abandoned.
+# Settling a receipt (charged its cost, else worst case, before its status changes): what it held
+# in flight comes off ``reserved``; its charge goes to ``spent``, less what was charged when it
+# was abandoned.
 BUDGET_SETTLE_SQL = (
     "UPDATE budget SET "
     "reserved = CASE WHEN reserved > a.held THEN reserved - a.held ELSE 0 END, "
