@@ -320,7 +320,6 @@ class CallStore(RunStore):
 
     # -- the ledger's own cost budget -------------------------------------------------------
     def _shared_budget(self) -> dict[str, Any] | None:
-        """The ledger's budget (cost, spent, reserved, set_at, set_by, left), or None."""
         rows = self._read("SELECT cost, spent, reserved, set_at, set_by FROM budget WHERE id = 1")
         if not rows:
             return None
@@ -328,7 +327,6 @@ class CallStore(RunStore):
         return {**row, "left": max(0.0, row["cost"] - row["spent"] - row["reserved"])}
 
     def _set_shared_budget(self, cost: float | None, *, by: str, stamp: str) -> None:
-        """Set the ceiling (spending under an earlier one counts), or remove it (``None``)."""
         with self.transaction() as tx:
             if cost is None:
                 self._exec(tx, "DELETE FROM budget WHERE id = 1")
