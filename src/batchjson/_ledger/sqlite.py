@@ -84,8 +84,7 @@ class SQLiteStore(Store):
                         self._db.execute(statement)
             self._db.execute("COMMIT")
         except BaseException:
-            if self._db.in_transaction:
-                self._db.execute("ROLLBACK")
+            self._rollback()
             raise
 
     def __repr__(self) -> str:

@@ -15,6 +15,7 @@ from .._content.keys import Keys, tasks_digest
 from .._content.tasks import Request
 from .records import now
 from .store_base import Row, Tx
+from .store_calls import _COMPLETE_BY_VALUES
 from .store_jobs import JobStore
 from .store_runs import CHECKPOINT_SQL, LATER_WORK_SQL, UNRESOLVED_SQL, VALIDATORS_SQL
 
@@ -240,13 +241,10 @@ class AdminStore(JobStore):
                 if row["status"] == "in_flight" and a["status"] != "in_flight":
                     # Merged while that call was in flight there; it has finished since: its
                     # outcome, tokens and cost are facts learned later, not a second call.
-                    self._exec(
-                        tx, "UPDATE attempts SET status = ?, errors = ?, raw = ?, "
-                        "input_tokens = ?, output_tokens = ?, cached_tokens = ?, cost = ?, "
-                        "model = ?, finished_at = ? WHERE id = ? AND status = 'in_flight'",
-                        (a["status"], a["errors"], self._raw(a["raw"]), a["input_tokens"],
-                         a["output_tokens"], a["cached_tokens"], a["cost"], a["model"],
-                         a["finished_at"], row["id"]))
+                    self._exec(tx, _COMPLETE_BY_VALUES, (
+                        a["status"], a["errors"], self._raw(a["raw"]), a["input_tokens"],
+                        a["output_tokens"], a["cached_tokens"], a["cost"], a["model"],
+                        a["finished_at"], None, row["id"]))
                     added["attempts_completed"] += 1
                 continue
             attempt_map[a["id"]] = self._insert(

@@ -54,16 +54,6 @@ class Owner:
         object.__setattr__(self, "id", f"{self.host}/{self.pid}/{self.session}/{self.run}")
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        pass
-    return True
-
-
 def _owner_gone(owner: str, host: str, pid: int, lease_expires_at: float | None,
                at: float) -> bool:
     """Same host: its process (or, in this process, its run) no longer exists. Any host: its
@@ -73,23 +63,14 @@ def _owner_gone(owner: str, host: str, pid: int, lease_expires_at: float | None,
             with _live_lock:
                 if owner not in _live_runs:
                     return True
-        elif not _pid_alive(pid):
-            return True
+        else:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return True
+            except PermissionError:  # exists, owned by someone else
+                pass
     return lease_expires_at is not None and lease_expires_at < at
-
-
-def _gone_owners(holders: Sequence[tuple[str, str, int, float]], in_flight: Sequence[str],
-                at: float) -> set[str]:
-    """The gone claim holders (owner, host, pid, lease expiry), and owners of receipts in flight
-    on this host whose process (or run) is gone."""
-    gone = {owner for owner, host, pid, lease in holders
-            if _owner_gone(owner, host, pid, lease, at)}
-    for owner in in_flight:
-        parts = owner.split("/")
-        if (owner not in gone and len(parts) == 4 and parts[0] == HOST and parts[1].isdigit()
-                and _owner_gone(owner, HOST, int(parts[1]), None, at)):
-            gone.add(owner)
-    return gone
 
 
 ABANDONED = {"type": "abandoned", "task_id": None, "message": "its runner was killed or lost "
@@ -200,15 +181,21 @@ class CallStore(RunStore):
                                                  owner)).rowcount
 
     def reap(self) -> int:
-        """Abandon the claims and in-flight receipts of every gone owner (each run starts so); how
-        many receipts were abandoned."""
+        """Abandon the claims and in-flight receipts of every gone owner (each run starts so): a
+        gone claim holder, or an owner of receipts in flight on this host whose process (or run)
+        is gone; how many receipts were abandoned."""
         with self.transaction() as tx:
             at = self._clock(tx)
             holders = self._exec(tx, "SELECT owner, MAX(host), MAX(pid), MAX(lease_expires_at) "
                                  "FROM claims GROUP BY owner").fetchall()
-            in_flight = self._exec(tx, "SELECT DISTINCT owner FROM attempts WHERE status = "
-                                   "'in_flight' AND owner IS NOT NULL").fetchall()
-            gone = _gone_owners([tuple(r) for r in holders], [r[0] for r in in_flight], at)
+            gone = {r[0] for r in holders if _owner_gone(*r, at)}
+            for (owner,) in self._exec(tx, "SELECT DISTINCT owner FROM attempts WHERE status = "
+                                       "'in_flight' AND owner IS NOT NULL").fetchall():
+                parts = owner.split("/")
+                if (owner not in gone and len(parts) == 4 and parts[0] == HOST
+                        and parts[1].isdigit()
+                        and _owner_gone(owner, HOST, int(parts[1]), None, at)):
+                    gone.add(owner)
             return sum(self._abandon(tx, owner) for owner in gone)
 
     def taken(self, keys: Sequence[str], owner: Owner) -> tuple[set[str], set[str]]:
