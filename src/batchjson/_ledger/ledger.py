@@ -30,10 +30,12 @@ class Ledger:
             from .postgres import PostgresStore
 
             self.path: Path | None = None
-            self.store: Store = PostgresStore(target, lease=lease)
+            self.store: Store = PostgresStore(target)
         else:
             self.path = target
-            self.store = SQLiteStore(self.path, busy_timeout=busy_timeout, lease=lease)
+            self.store = SQLiteStore(self.path, busy_timeout=busy_timeout)
+        if lease is not None:
+            self.store.lease_seconds = lease
 
     @property
     def where(self) -> str:
@@ -115,7 +117,11 @@ class Ledger:
         return self.store._forget(name, via=via, by=by or _who(), stamp=now())
 
     def export_receipts(self, name: str | None = None) -> list[dict[str, Any]]:
-        """Every attempt as an importable receipt, in call order."""
+        """Every attempt (of one batch, or all) as an importable receipt, in call order; an
+        InvalidBatch while a job may still answer (its receipts would leave without it)."""
+        problem = self.store._jobs_in_the_way(name, "export it")
+        if problem:
+            raise InvalidBatch(problem)
         return self.store._export_receipts(name)
 
 

@@ -15,7 +15,7 @@ from .._errors import ConfigError, LedgerError
 from .._secrets import Secrets, public_url
 from .records import now
 from .store import Store
-from .store_base import Later, Row, Tx
+from .store_base import MERGED, POSTGRES, Later, Row, Tx, _version_problem
 from .store_calls import (
     ACCEPTED,
     CLAIM_INTO,
@@ -25,12 +25,12 @@ from .store_calls import (
     OVER,
     RECEIPT_COLUMNS,
     RECEIPT_INTO,
+    InFlight,
     Owner,
     _already_accepted,
     _owner_gone,
 )
 from .store_runs import REQUESTS_SQL, SEEN_SQL
-from .store_schema import MERGED, POSTGRES, SCHEMA_VERSION, _version_problem
 
 # The one lock of transactions that read before they write ("batchjson" in ASCII).
 SERIAL_LOCK = "SELECT pg_advisory_xact_lock(7089063493536607342)"
@@ -140,12 +140,10 @@ class PostgresStore(Store):
     path = None
     dialect = POSTGRES
 
-    def __init__(self, url: str, *, lease: float | None = None) -> None:
+    def __init__(self, url: str) -> None:
         self.url = url
         self._public = public_url(url, user=False)
         self._secrets = Secrets(urls=[url], url_users=False)
-        if lease is not None:
-            self.lease_seconds = lease
         self._here = threading.local()  # this thread's open transaction: its connection
         try:
             import psycopg
@@ -154,7 +152,7 @@ class PostgresStore(Store):
             raise ConfigError(f"ledger {self._public} is a PostgreSQL database, and that needs "
                               "psycopg 3 and psycopg-pool: pip install 'batchjson[postgres]'"
                               ) from None
-        self._psycopg = psycopg
+        self._psycopg, self._failure = psycopg, psycopg.Error
         try:  # a wrong URL or a server down is named at once
             first = psycopg.connect(self.url, **self._options())
         except psycopg.Error as exc:
@@ -214,7 +212,6 @@ class PostgresStore(Store):
                                   "make; give a database (or a schema, with ?options=-csearch_"
                                   "path%3DNAME) of its own to the ledger", path=self._public)
             db.execute(POSTGRES._schema)  # no parameters: many statements in one
-            db.execute("INSERT INTO batchjson_schema(version) VALUES (%s)", (SCHEMA_VERSION,))
 
     def _close(self) -> None:
         self._pool.close()
@@ -284,31 +281,16 @@ class PostgresStore(Store):
                     db.execute("ROLLBACK")
             raise
 
-    @contextmanager
-    def _whole_or_nothing(self, what: str) -> Iterator[None]:
-        try:
-            yield
-        except self._psycopg.Error as exc:
-            raise self._error(f"{what} failed and was rolled back whole", exc) from exc
-
     def _error(self, what: str, exc: BaseException) -> LedgerError:
         error = LedgerError(what, path=self._public, cause=exc)
         error.args = (self._secrets.mask(str(error)),)
         return error
 
     # -- statements ----------------------------------------------------------------------------
-    def _exec(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> Any:
-        return tx.execute(self.dialect._sql(sql), tuple(args))
-
     def _many(self, tx: Tx, sql: str, rows: Sequence[Sequence[Any]]) -> Any:
         if sql in BULK and rows:
             return self._exec(tx, BULK[sql], [list(column) for column in zip(*rows, strict=True)])
-        cursor = tx.cursor()
-        cursor.executemany(self.dialect._sql(sql), rows)
-        return cursor
-
-    def _insert(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> int:
-        return tx.execute(self.dialect._sql(sql + " RETURNING id"), tuple(args)).fetchone()[0]
+        return super()._many(tx, sql, rows)
 
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
         try:
@@ -325,10 +307,9 @@ class PostgresStore(Store):
         return None if text is None else text.encode("utf-8", "surrogatepass")
 
     # -- claims side by side -------------------------------------------------------------------
-    def _claim_at_commit(self, tx: Tx, receipt: Sequence[Any], request_key: str, owner: Owner,
-                         stamp: str) -> Later:
+    def _claim_at_commit(self, tx: Tx, receipt: InFlight, owner: Owner) -> Later:
         """``CLAIM``, read once ``tx`` has committed; a gone holder's is taken over apart."""
-        cursor = tx.execute(CLAIM, self._claim_args(receipt, request_key, owner, stamp))
+        cursor = tx.execute(CLAIM, self._claim_args(receipt, owner))
 
         def committed() -> tuple[str, int | None]:
             attempt_id, locked, budgeted, accepted, *holder = cursor.fetchone()
@@ -339,28 +320,26 @@ class PostgresStore(Store):
             if not locked or holder[0] in (None, owner.id) or not _owner_gone(*holder):
                 return HELD, None  # held, or released a moment ago: look again later
             with self.transaction(calls=True) as again:  # a gone holder's, taken over
-                return self._begin(again, receipt, request_key, owner, stamp, None)()
+                return self._begin(again, receipt, owner, None)()
 
         return Later(lambda: Later(committed))
 
-    def _open(self, tx: Tx, receipt: Sequence[Any], request_key: str, owner: Owner,
-              stamp: str) -> Later:
+    def _open(self, tx: Tx, receipt: InFlight, owner: Owner) -> Later:
         """``OPEN``: a row another runner locks is HELD; anything else not won :meth:`_decide`s."""
-        cursor = tx.execute(OPEN, self._claim_args(receipt, request_key, owner, stamp))
+        cursor = tx.execute(OPEN, self._claim_args(receipt, owner))
 
         def found() -> tuple[int, str, bool | None]:
             attempt_id, locked, taken, budgeted = cursor.fetchone()
             state = (HELD if not locked else MINE if taken
-                     else self._decide(tx, request_key, owner, attempt_id, stamp))
+                     else self._decide(tx, receipt, owner, attempt_id))
             return attempt_id, state, budgeted
 
         return Later(found)
 
-    def _claim_args(self, receipt: Sequence[Any], request_key: str, owner: Owner,
-                    stamp: str) -> dict[str, Any]:
-        return {"key": request_key, "owner": owner.id, "host": owner.host, "pid": owner.pid,
-                "session": owner.session, "lease": self.lease_seconds, "stamp": stamp,
-                **dict(zip(RECEIPT_COLUMNS, receipt, strict=True))}
+    def _claim_args(self, receipt: InFlight, owner: Owner) -> dict[str, Any]:
+        return {**receipt, "key": receipt["request_key"], "host": owner.host, "pid": owner.pid,
+                "session": owner.session, "lease": self.lease_seconds,
+                "stamp": receipt["started_at"]}
 
     def _accept_call(self, tx: Tx, attempt_id: int, batch_id: int, request_key: str,
                      items: Mapping[str, str], raw: str, usage: Mapping[str, Any],

@@ -15,8 +15,7 @@ from typing import Any
 
 from .._errors import LedgerError
 from .store import Store
-from .store_base import Row, Tx
-from .store_schema import MERGED, SCHEMA_VERSION, SQLITE, _version_problem
+from .store_base import MERGED, SCHEMA_VERSION, SQLITE, Row, Tx, _version_problem
 
 # WAL pages before a commit copies them into the file (on the run's event loop): a call rewrites
 # about seven mostly hot pages, so a long stretch copies each once where SQLite's 1,000 would
@@ -29,13 +28,11 @@ class SQLiteStore(Store):
     """The ledger in one SQLite file (``path=None``: in memory), shared by threads and processes."""
 
     dialect = SQLITE
+    _failure = sqlite3.Error
 
-    def __init__(self, path: Path | None, *, busy_timeout: float = 30.0,
-                 lease: float | None = None) -> None:
+    def __init__(self, path: Path | None, *, busy_timeout: float = 30.0) -> None:
         self.path = path
         self._busy_timeout = busy_timeout
-        if lease is not None:
-            self.lease_seconds = lease
         target = ":memory:" if path is None else str(path)
         try:
             if path is not None:
@@ -49,13 +46,11 @@ class SQLiteStore(Store):
             _refuse_version(self._db.execute("PRAGMA user_version").fetchone()[0], path)
             if path is not None:
                 self._wal()
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute(f"PRAGMA wal_autocheckpoint={WAL_PAGES}")
-            self._db.execute("PRAGMA foreign_keys=ON")
             # temporary files in memory: a full TMPDIR is no ledger fault (cost: docs/api.md)
-            self._db.execute("PRAGMA temp_store=MEMORY")
-            with self._lock:
-                self._schema()
+            for pragma in ("synchronous=NORMAL", f"wal_autocheckpoint={WAL_PAGES}",
+                           "foreign_keys=ON", "temp_store=MEMORY"):
+                self._db.execute(f"PRAGMA {pragma}")
+            self._schema()  # no other thread has this store yet
         except (sqlite3.Error, OSError) as exc:
             raise LedgerError(_open_problem(path), path=self._where, cause=exc) from exc
         except LedgerError:
@@ -87,11 +82,9 @@ class SQLiteStore(Store):
                 for statement in SQLITE._schema.split(";"):
                     if statement.strip():
                         self._db.execute(statement)
-                self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             self._db.execute("COMMIT")
         except BaseException:
-            if self._db.in_transaction:
-                self._db.execute("ROLLBACK")
+            self._rollback()
             raise
 
     def __repr__(self) -> str:
@@ -109,7 +102,7 @@ class SQLiteStore(Store):
             try:
                 self._db.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
-                raise self._error("could not start a write", exc) from exc
+                raise self._stopped("could not start a write", exc) from exc
             self._budget_known = None
             try:
                 yield self._db
@@ -117,21 +110,13 @@ class SQLiteStore(Store):
                 self._rollback()
                 if isinstance(exc, sqlite3.Error) and (
                         getattr(exc, "sqlite_errorname", None) or "").startswith(_FAULTS):
-                    raise self._error("a write failed", exc) from exc
+                    raise self._stopped("a write failed", exc) from exc
                 raise
             try:
                 self._db.execute("COMMIT")
             except sqlite3.Error as exc:
                 self._rollback()
-                raise self._error("could not commit", exc) from exc
-
-    @contextmanager
-    def _whole_or_nothing(self, what: str) -> Iterator[None]:
-        try:
-            yield
-        except sqlite3.Error as exc:
-            raise LedgerError(f"{what} failed and was rolled back whole", path=self._where,
-                              cause=exc) from exc
+                raise self._stopped("could not commit", exc) from exc
 
     def _rollback(self) -> None:
         """Undo what is left of a failed transaction; SQLite may already have undone it."""
@@ -141,10 +126,9 @@ class SQLiteStore(Store):
             except sqlite3.Error:  # the original failure is the one worth reporting
                 pass
 
-    def _error(self, what: str, exc: BaseException) -> LedgerError:
-        return LedgerError(f"{what}; the run stopped before any further call"
-                           f"{_write_problem(self.path, exc)}", path=self._where,
-                           cause=exc)
+    def _stopped(self, what: str, exc: BaseException) -> LedgerError:
+        return self._error(f"{what}; the run stopped before any further call"
+                           f"{_write_problem(self.path, exc)}", exc)
 
     def _budgeted(self, tx: Tx) -> bool:
         """Read once a write transaction: only a transaction of its own adds or removes a budget."""
@@ -152,21 +136,12 @@ class SQLiteStore(Store):
             self._budget_known = super()._budgeted(tx)
         return self._budget_known
 
-    def _exec(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> sqlite3.Cursor:
-        return tx.execute(sql, args)
-
-    def _many(self, tx: Tx, sql: str, rows: Sequence[Sequence[Any]]) -> sqlite3.Cursor:
-        return tx.executemany(sql, rows)
-
-    def _insert(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> int:
-        return tx.execute(sql, args).lastrowid
-
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
         with self._lock:
             try:
                 return self._db.execute(sql, args).fetchall()
             except sqlite3.Error as exc:  # closed, corrupt, locked: a batchjson error, named
-                raise LedgerError("could not be read", path=self._where, cause=exc) from exc
+                raise self._error("could not be read", exc) from exc
 
 
 def _refuse_version(version: int, path: Path | None) -> None:
@@ -278,16 +253,11 @@ def file_problem(path: Path, *, create: bool = False) -> str | None:
         return _file_problem(path)
     deadline = time.monotonic() + OPEN_WAIT
     while path.exists():
-        problem = _file_problem(path)
-        if problem is None:
-            return None
         empty = _holds_nothing(path)
-        if empty:
-            return None
-        again = _file_problem(path)  # its schema may have been committed since the first look
-        if again is None or empty is False or time.monotonic() > deadline:
-            return again
-        time.sleep(0.05)
+        problem = None if empty else _file_problem(path)
+        if problem is None or empty is False or time.monotonic() > deadline:
+            return problem
+        time.sleep(0.05)  # busy: its schema may be being committed
     return None
 
 

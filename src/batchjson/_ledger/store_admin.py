@@ -13,9 +13,9 @@ from typing import Any
 from .._canon import canonical_json
 from .._content.keys import Keys, tasks_digest
 from .._content.tasks import Request
-from .._errors import InvalidBatch
 from .records import now
 from .store_base import Row, Tx
+from .store_calls import _COMPLETE_BY_VALUES
 from .store_jobs import JobStore
 from .store_runs import CHECKPOINT_SQL, LATER_WORK_SQL, UNRESOLVED_SQL, VALIDATORS_SQL
 
@@ -98,11 +98,6 @@ class AdminStore(JobStore):
 
     # -- export --------------------------------------------------------------------------------
     def _export_receipts(self, name: str | None = None) -> list[dict[str, Any]]:
-        """Every attempt (of one batch, or all) as an importable receipt, in call order; an
-        InvalidBatch while a job may still answer (its receipts would leave without it)."""
-        problem = self._jobs_in_the_way(name, "export it")
-        if problem:
-            raise InvalidBatch(problem)
         where, args = (" WHERE b.name = ?", (name,)) if name else ("", ())
         numbers: dict[str, int] = {}
         out = []
@@ -246,13 +241,10 @@ class AdminStore(JobStore):
                 if row["status"] == "in_flight" and a["status"] != "in_flight":
                     # Merged while that call was in flight there; it has finished since: its
                     # outcome, tokens and cost are facts learned later, not a second call.
-                    self._exec(
-                        tx, "UPDATE attempts SET status = ?, errors = ?, raw = ?, "
-                        "input_tokens = ?, output_tokens = ?, cached_tokens = ?, cost = ?, "
-                        "model = ?, finished_at = ? WHERE id = ? AND status = 'in_flight'",
-                        (a["status"], a["errors"], self._raw(a["raw"]), a["input_tokens"],
-                         a["output_tokens"], a["cached_tokens"], a["cost"], a["model"],
-                         a["finished_at"], row["id"]))
+                    self._exec(tx, _COMPLETE_BY_VALUES, (
+                        a["status"], a["errors"], self._raw(a["raw"]), a["input_tokens"],
+                        a["output_tokens"], a["cached_tokens"], a["cost"], a["model"],
+                        a["finished_at"], None, row["id"]))
                     added["attempts_completed"] += 1
                 continue
             attempt_map[a["id"]] = self._insert(
@@ -265,8 +257,8 @@ class AdminStore(JobStore):
 
     # -- forgetting ----------------------------------------------------------------------------
     def _forget(self, name: str, *, via: str, by: str, stamp: str) -> dict[str, Any] | None:
-        """Mark every revision of batch ``name`` that still owes as forgotten, with a ``forgets``
-        row saying who, when, how and what; None, nothing written, when nothing is owed."""
+        """A ``forgets`` row says who, when, how and what; nothing is written when nothing is
+        owed."""
         with self.transaction() as tx:
             owed = self._exec(tx, UNRESOLVED_SQL.format(select="r.number AS revision, q.task_ids")
                               + " AND b.name = ?", (name,)).fetchall()

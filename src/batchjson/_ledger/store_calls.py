@@ -54,16 +54,6 @@ class Owner:
         object.__setattr__(self, "id", f"{self.host}/{self.pid}/{self.session}/{self.run}")
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        pass
-    return True
-
-
 def _owner_gone(owner: str, host: str, pid: int, lease_expires_at: float | None,
                at: float) -> bool:
     """Same host: its process (or, in this process, its run) no longer exists. Any host: its
@@ -73,23 +63,14 @@ def _owner_gone(owner: str, host: str, pid: int, lease_expires_at: float | None,
             with _live_lock:
                 if owner not in _live_runs:
                     return True
-        elif not _pid_alive(pid):
-            return True
+        else:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return True
+            except PermissionError:  # exists, owned by someone else
+                pass
     return lease_expires_at is not None and lease_expires_at < at
-
-
-def _gone_owners(holders: Sequence[tuple[str, str, int, float]], in_flight: Sequence[str],
-                at: float) -> set[str]:
-    """The gone claim holders (owner, host, pid, lease expiry), and owners of receipts in flight
-    on this host whose process (or run) is gone."""
-    gone = {owner for owner, host, pid, lease in holders
-            if _owner_gone(owner, host, pid, lease, at)}
-    for owner in in_flight:
-        parts = owner.split("/")
-        if (owner not in gone and len(parts) == 4 and parts[0] == HOST and parts[1].isdigit()
-                and _owner_gone(owner, HOST, int(parts[1]), None, at)):
-            gone.add(owner)
-    return gone
 
 
 ABANDONED = {"type": "abandoned", "task_id": None, "message": "its runner was killed or lost "
@@ -100,6 +81,7 @@ MINE, HELD, ACCEPTED, OVER = "mine", "held", "accepted", "over"
 # A partial return's parts: its revision id, its request, the parts accepted and rejected, and
 # the accepted part's own return (its items alone).
 Parts = tuple[int, Request, Request, Request, str]
+InFlight = dict[str, Any]  # an in-flight receipt's RECEIPT_COLUMNS
 
 
 class CallStore(RunStore):
@@ -115,30 +97,28 @@ class CallStore(RunStore):
         sent: a ``Later`` of (MINE, receipt id), or (HELD, ACCEPTED or OVER, None), the receipt
         then not kept (``reserve``: its worst case; None: unpriced). ``at_commit``: where one
         statement decides the claim (:meth:`_claim_at_commit`), read once ``tx`` has committed."""
-        stamp = now()
-        receipt = (batch_id, revision_id, request.key, request.task_ids_json, kind, provider,
-                   model, stamp, _uid(), owner.id, estimated_input_tokens, cost_floor, source,
-                   reserve)  # RECEIPT_COLUMNS' order
+        receipt = dict(zip(RECEIPT_COLUMNS, (
+            batch_id, revision_id, request.key, request.task_ids_json, kind, provider, model,
+            now(), _uid(), owner.id, estimated_input_tokens, cost_floor, source, reserve),
+            strict=True))
         claimed = None if reserve is not None or not at_commit else self._claim_at_commit(
-            tx, receipt, request.key, owner, stamp)
-        return claimed or self._begin(tx, receipt, request.key, owner, stamp, reserve)
+            tx, receipt, owner)
+        return claimed or self._begin(tx, receipt, owner, reserve)
 
-    def _claim_at_commit(self, tx: Tx, receipt: Sequence[Any], request_key: str, owner: Owner,
-                         stamp: str) -> Later | None:
+    def _claim_at_commit(self, tx: Tx, receipt: InFlight, owner: Owner) -> Later | None:
         """A claim the ledger's budget holds nothing for, decided in one statement that asks
         nothing before COMMIT: a ``Later`` whose outcome is a ``Later`` read once ``tx`` has
         committed; None where the store decides it inside ``tx``."""
         return None
 
-    def _begin(self, tx: Tx, receipt: Sequence[Any], request_key: str, owner: Owner,
-               stamp: str, reserve: float | None) -> Later:
+    def _begin(self, tx: Tx, receipt: InFlight, owner: Owner, reserve: float | None) -> Later:
         """The claim decided inside ``tx``; a receipt not won (or over budget) is deleted there."""
-        opened = self._open(tx, receipt, request_key, owner, stamp)
+        opened = self._open(tx, receipt, owner)
 
         def outcome() -> tuple[str, int | None]:
             attempt_id, state, budgeted = opened()
             if state == MINE and not self._reserve_shared(tx, attempt_id, reserve, budgeted):
-                self.claims(tx, owner, "release", request_key)
+                self.claims(tx, owner, "release", receipt["request_key"])
                 state = OVER
             if state != MINE:
                 self._exec(tx, "DELETE FROM attempts WHERE id = ? AND status = 'in_flight'",
@@ -148,21 +128,21 @@ class CallStore(RunStore):
 
         return Later(outcome)
 
-    def _open(self, tx: Tx, receipt: Sequence[Any], request_key: str, owner: Owner,
-              stamp: str) -> Later:
+    def _open(self, tx: Tx, receipt: InFlight, owner: Owner) -> Later:
         """Write the receipt and claim its request: (receipt id, what the claim found, whether
         the ledger has a budget: None, not asked). The hot path: one statement claims a request
         free or ours and not accepted on a ledger without a budget; with one, :data:`TAKE_SQL`;
         anything else takes :meth:`_decide`."""
-        attempt_id = self._insert(tx, RECEIPT_SQL, receipt)
-        claim = (request_key, owner.id, owner.host, owner.pid, owner.session, attempt_id,
-                 self._clock(tx) + self.lease_seconds, stamp, request_key)
+        attempt_id = self._insert(tx, RECEIPT_SQL, tuple(receipt.values()))
+        key = receipt["request_key"]
+        claim = (key, owner.id, owner.host, owner.pid, owner.session, attempt_id,
+                 self._clock(tx) + self.lease_seconds, receipt["started_at"], key)
         if self._exec(tx, TAKE_UNBUDGETED_SQL, claim).rowcount:
             found = (attempt_id, MINE, False)
         elif self._budgeted(tx) and self._exec(tx, TAKE_SQL, claim).rowcount:
             found = (attempt_id, MINE, True)
         else:
-            found = (attempt_id, self._decide(tx, request_key, owner, attempt_id, stamp), None)
+            found = (attempt_id, self._decide(tx, receipt, owner, attempt_id), None)
         return Later(lambda: found)
 
     def _budgeted(self, tx: Tx) -> bool:
@@ -170,12 +150,11 @@ class CallStore(RunStore):
         return bool(self._exec(tx, "SELECT EXISTS (SELECT 1 FROM budget WHERE id = 1)"
                                ).fetchone()[0])
 
-    def _decide(self, tx: Tx, request_key: str, owner: Owner, attempt_id: int,
-                stamp: str) -> str:
+    def _decide(self, tx: Tx, receipt: InFlight, owner: Owner, attempt_id: int) -> str:
         """A claimed or accepted request, by the ledger's clock: ACCEPTED, HELD by a live runner,
         or a gone runner's taken over (MINE) if its row can be locked; a row another runner is
         taking over is skipped (``{lock}``), never waited for, so no wait is circular."""
-        sql = self.dialect._claim_sql
+        sql, request_key = self.dialect._claim_sql, receipt["request_key"]
         accepted, holder, host, pid, lease, at = self._exec(
             tx, sql(HOLDER_SQL), (request_key, request_key)).fetchone()
         if accepted:
@@ -186,7 +165,8 @@ class CallStore(RunStore):
             return HELD  # another runner is taking it over this moment
         self._abandon(tx, holder)
         self._exec(tx, sql(HOLD_SQL), (request_key, owner.id, owner.host, owner.pid,
-                                       owner.session, attempt_id, self.lease_seconds, stamp))
+                                       owner.session, attempt_id, self.lease_seconds,
+                                       receipt["started_at"]))
         return MINE
 
     def _abandon(self, tx: Tx, owner: str) -> int:
@@ -201,15 +181,21 @@ class CallStore(RunStore):
                                                  owner)).rowcount
 
     def reap(self) -> int:
-        """Abandon the claims and in-flight receipts of every gone owner (each run starts so); how
-        many receipts were abandoned."""
+        """Abandon the claims and in-flight receipts of every gone owner (each run starts so): a
+        gone claim holder, or an owner of receipts in flight on this host whose process (or run)
+        is gone; how many receipts were abandoned."""
         with self.transaction() as tx:
             at = self._clock(tx)
             holders = self._exec(tx, "SELECT owner, MAX(host), MAX(pid), MAX(lease_expires_at) "
                                  "FROM claims GROUP BY owner").fetchall()
-            in_flight = self._exec(tx, "SELECT DISTINCT owner FROM attempts WHERE status = "
-                                   "'in_flight' AND owner IS NOT NULL").fetchall()
-            gone = _gone_owners([tuple(r) for r in holders], [r[0] for r in in_flight], at)
+            gone = {r[0] for r in holders if _owner_gone(*r, at)}
+            for (owner,) in self._exec(tx, "SELECT DISTINCT owner FROM attempts WHERE status = "
+                                       "'in_flight' AND owner IS NOT NULL").fetchall():
+                parts = owner.split("/")
+                if (owner not in gone and len(parts) == 4 and parts[0] == HOST
+                        and parts[1].isdigit()
+                        and _owner_gone(owner, HOST, int(parts[1]), None, at)):
+                    gone.add(owner)
             return sum(self._abandon(tx, owner) for owner in gone)
 
     def taken(self, keys: Sequence[str], owner: Owner) -> tuple[set[str], set[str]]:
@@ -310,7 +296,7 @@ class CallStore(RunStore):
         """``COMPLETE_SQL``'s values after its status and errors; the charge settled first."""
         # an 'abandoned' receipt may still be completed: its owner came back with the answer
         if charge is not None:
-            self._settle_shared(tx, attempt_id, charge)
+            self._exec(tx, BUDGET_SETTLE_SQL, (charge, attempt_id))
         cost = usage.get("cost")
         if cost is not None and not (isinstance(cost, (int, float)) and math.isfinite(cost)
                                      and cost >= 0):
@@ -321,7 +307,6 @@ class CallStore(RunStore):
 
     # -- the ledger's own cost budget -------------------------------------------------------
     def _shared_budget(self) -> dict[str, Any] | None:
-        """The ledger's budget (cost, spent, reserved, set_at, set_by, left), or None."""
         rows = self._read("SELECT cost, spent, reserved, set_at, set_by FROM budget WHERE id = 1")
         if not rows:
             return None
@@ -329,7 +314,6 @@ class CallStore(RunStore):
         return {**row, "left": max(0.0, row["cost"] - row["spent"] - row["reserved"])}
 
     def _set_shared_budget(self, cost: float | None, *, by: str, stamp: str) -> None:
-        """Set the ceiling (spending under an earlier one counts), or remove it (``None``)."""
         with self.transaction() as tx:
             if cost is None:
                 self._exec(tx, "DELETE FROM budget WHERE id = 1")
@@ -354,11 +338,6 @@ class CallStore(RunStore):
         if amount is not None:
             self._exec(tx, "UPDATE attempts SET reserved = NULL WHERE id = ?", (attempt_id,))
         return True
-
-    def _settle_shared(self, tx: Tx, attempt_id: int, charge: float) -> None:
-        """Charge a receipt's call (its cost, else worst case) to the ledger's budget, before its
-        status changes."""
-        self._exec(tx, BUDGET_SETTLE_SQL, (charge, attempt_id))
 
     # -- the live hosts, sharing the rate limits ---------------------------------------------
     def hosts(self, tx: Tx, owner: Owner, *, leaving: bool = False) -> int:
@@ -453,8 +432,9 @@ RENEW_SQL = ("UPDATE claims SET lease_expires_at = {now} + ? WHERE request_key I
 BUDGET_RESERVE_SQL = ("UPDATE budget SET reserved = reserved + ? WHERE id = 1 "
                       "AND spent + reserved + ? <= cost RETURNING id")
 
-# Settling a receipt: what it held in flight comes off ``reserved``; its charge goes to ``spent``,
-# less what was charged when it was abandoned.
+# Settling a receipt (charged its cost, else worst case, before its status changes): what it held
+# in flight comes off ``reserved``; its charge goes to ``spent``, less what was charged when it
+# was abandoned.
 BUDGET_SETTLE_SQL = (
     "UPDATE budget SET "
     "reserved = CASE WHEN reserved > a.held THEN reserved - a.held ELSE 0 END, "

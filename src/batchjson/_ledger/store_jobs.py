@@ -11,7 +11,7 @@ from typing import Any
 from .._content.tasks import Request, stored_request
 from .records import now
 from .store_base import Row, Tx
-from .store_calls import MINE, CallStore, Owner, _owner_gone
+from .store_calls import BUDGET_SETTLE_SQL, MINE, CallStore, Owner, _owner_gone
 
 JOB_HOST = "batchjson-job"  # the host of a job's claims: no process, never presumed gone
 NEVER = 1e18  # a job's claims have no lease: they are released when the job is collected
@@ -139,7 +139,7 @@ class JobStore(CallStore):
                     tx, "SELECT id, reserved FROM attempts WHERE status = 'in_flight' AND "
                     "reserved IS NOT NULL AND id IN (SELECT attempt_id FROM job_lines WHERE "
                     "job_id = ?)", (job_id,)).fetchall():  # possibly billed: its worst case
-                self._settle_shared(tx, attempt_id, reserved if sent else 0.0)
+                self._exec(tx, BUDGET_SETTLE_SQL, (reserved if sent else 0.0, attempt_id))
             self._exec(tx, "UPDATE attempts SET status = 'cancelled', errors = ?, "
                        "finished_at = ?, sent_at = CASE WHEN ? THEN sent_at ELSE NULL END "
                        "WHERE status = 'in_flight' AND id IN (SELECT attempt_id FROM "

@@ -126,7 +126,6 @@ class RunStore(StoreBase):
             self._insert_requests(tx, revision_id, children)
 
     def _leaves(self, revision_id: int) -> list[Request]:
-        """A revision's leaf requests (those sent: split ones give way to their halves)."""
         return [Request(r["key"], tuple(json.loads(r["tasks"])), r["position"], r["parent_key"],
                         tasks_json=r["tasks"]) for r in self._read(
             "SELECT key, tasks, position, parent_key FROM requests WHERE revision_id = ? AND "

@@ -3,7 +3,7 @@ unknown cost is counted at a floor, reported apart), and :class:`Evidence`, a re
 what is still owed. Pricing sits here, above the ledger, which stores the costs it is given.
 
 What a call is, and what is known of its cost, is defined once, in the store's SQL
-(``store_accounts.IS_CALL``); every account here is a view of :func:`calls`, so none can drift."""
+(``store.IS_CALL``); every account here is a view of :func:`calls`, so none can drift."""
 
 from __future__ import annotations
 
