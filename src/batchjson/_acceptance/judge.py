@@ -137,19 +137,17 @@ async def judge(
         if reply.stop is not None:  # the provider says this is no whole answer, whatever it reads
             return _stopped(reply, tasks, mode)
         text = unwrap(reply)  # the envelope the provider reported (the ledger keeps it whole)
-        prepared = (_prepare_value(text, tasks[0], identity, schema) if mode == "value"
-                    else _prepare_items(text, tasks, identity, schema))
-        if isinstance(prepared, Verdict) and reply.extra.get("cut_at") and any(
-                e["type"] == "json" and e["message"].startswith("return is not valid JSON")
-                for e in prepared.errors):  # every output token used, the JSON unfinished
-            return _stopped(replace(reply, stop=TRUNCATED), tasks, mode)
-        errors: list[dict[str, Any]] = []
-        if isinstance(prepared, ItemFaults):  # the schema rejected some items
-            if accept != "items":
-                return Verdict(False, errors=prepared.errors)
-            errors, prepared = prepared.errors, prepared.passed
-        if isinstance(prepared, Verdict):
-            return prepared
+        judged = (_prepare_value(text, tasks[0], identity, schema) if mode == "value"
+                  else _prepare_items(text, tasks, identity, schema))
+        if isinstance(judged, Verdict):
+            if reply.extra.get("cut_at") and any(
+                    e["type"] == "json" and e["message"].startswith("return is not valid JSON")
+                    for e in judged.errors):  # every output token used, the JSON unfinished
+                return _stopped(replace(reply, stop=TRUNCATED), tasks, mode)
+            return judged
+        prepared, errors = judged  # errors: the items the schema rejected
+        if errors and accept != "items":
+            return Verdict(False, errors=errors)
         for task_id, value, _, task in prepared if validator is not None else ():
             errors.extend(await run_validator_async(validator, value, task, task_id))
         if not errors:
@@ -163,19 +161,13 @@ async def judge(
 
 
 Prepared = list[tuple[str, Any, str, Mapping[str, Any]]]  # task_id, value, its ledger text, task
+# What passed the schema, and the errors of the items that did not: a return judged so far.
+Judged = tuple[Prepared, list[dict[str, Any]]]
 
 
 def _accepted(prepared: Prepared) -> Verdict:
     return Verdict(True, values={t: v for t, v, _, _ in prepared},
                    stored={t: s for t, _, s, _ in prepared})
-
-
-@dataclass
-class ItemFaults:
-    """A return whose schema rejected some items: those that ``passed``, the others' ``errors``."""
-
-    passed: Prepared
-    errors: list[dict[str, Any]]
 
 
 def _in_part(prepared: Prepared, errors: list[dict[str, Any]]) -> Verdict:
@@ -203,7 +195,7 @@ def sub_return(raw: str, task_ids: Sequence[str]) -> str:
 
 # -- items -------------------------------------------------------------------------------------
 def _prepare_items(text: str, tasks: Sequence[Mapping[str, Any]], identity: Sequence[str],
-                   schema: ItemSchema) -> Verdict | ItemFaults | Prepared:
+                   schema: ItemSchema) -> Verdict | Judged:
     try:
         payload, long_numbers = parse_json_noting(text)
     except ValueError as exc:
@@ -251,7 +243,7 @@ def _prepare_items(text: str, tasks: Sequence[Mapping[str, Any]], identity: Sequ
             lambda stored, task=task: compared_fields(task, identity, stored))
         errors.extend(found)
         prepared.extend(judged)
-    return ItemFaults(prepared, errors) if errors else prepared
+    return prepared, errors
 
 
 def _judged(schema: ItemSchema, answer: Any, path: str, task: Mapping[str, Any],
@@ -345,7 +337,7 @@ def _validate(schema: ItemSchema, value: Any, path: str) -> tuple[Any, list[str]
 
 # -- value -------------------------------------------------------------------------------------
 def _prepare_value(text: str, task: Mapping[str, Any], identity: Sequence[str],
-                   schema: ItemSchema) -> Verdict | Prepared:
+                   schema: ItemSchema) -> Verdict | Judged:
     try:
         payload, long_numbers = parse_json_noting(text)
     except ValueError as exc:
@@ -364,7 +356,7 @@ def _prepare_value(text: str, task: Mapping[str, Any], identity: Sequence[str],
     errors, judged = _judged(schema, payload, "$", task, as_written,
                              lambda stored: compared_fields(task, identity, stored) if echo
                              else [])
-    return Verdict(False, errors=errors) if errors else judged
+    return Verdict(False, errors=errors) if errors else (judged, [])
 
 
 def _value_echoes(text: str, payload: Any, task: Mapping[str, Any],
