@@ -66,7 +66,10 @@ def shown(ledger: Path | str) -> str:
     return public_url(ledger, user=False) if isinstance(ledger, str) else str(ledger)
 
 
-def _open(path: Path | str, *, create: bool = False) -> Ledger:
+@contextmanager
+def _opened(path: Path | str, name: str | None = None, *,
+            create: bool = False) -> Iterator[Ledger]:
+    """The ledger at ``path``, open while a command reads it; ``name``: a batch it must hold."""
     # a database's server says what is wrong with it, if anything is
     problem = None if isinstance(path, str) else ledger_problem(path, create=create)
     if problem and not path.exists():  # say what to do, for the path given or the default
@@ -77,7 +80,12 @@ def _open(path: Path | str, *, create: bool = False) -> Ledger:
     if problem:
         raise Problem(problem, LEDGER)
     with refused_as(LedgerError, LEDGER):  # one another process is creating is waited for
-        return Ledger(path)
+        held = Ledger(path)
+    with closing(held):
+        problem = held.no_such_batch(name) if name is not None else None
+        if problem:
+            raise Problem(problem, USAGE)
+        yield held
 
 
 @contextmanager
@@ -87,12 +95,6 @@ def refused_as(refused: type[Exception], code: int) -> Iterator[None]:
         yield
     except refused as exc:
         raise Problem(str(exc), code) from None
-
-
-def _known(ledger: Ledger, name: str | None) -> None:
-    problem = ledger.no_such_batch(name) if name is not None else None
-    if problem:
-        raise Problem(problem, USAGE)
 
 
 def _say(lines: Sequence[str], out: TextIO) -> None:
@@ -113,8 +115,7 @@ def _done(args: argparse.Namespace, out: TextIO, data: Any, lines: Sequence[str]
 
 
 def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
-    with closing(_open(args.ledger)) as held:
-        _known(held, args.name)
+    with _opened(args.ledger, args.name) as held:
         summary = held.cost_summary(args.name)
         evidence = held.evidence(args.name)
         summary["jobs"] = pending_jobs(held, args.name)  # each provider asked, briefly
@@ -128,8 +129,7 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_receipts(args: argparse.Namespace, out: TextIO) -> int:
-    with closing(_open(args.ledger)) as held:
-        _known(held, args.name)
+    with _opened(args.ledger, args.name) as held:
         rows = cliview.receipt_rows(held.attempts(args.name), failed=args.failed, raw=args.raw)
     return _done(args, out, rows, cliview.receipt_lines(args.name, rows, args.failed))
 
@@ -144,8 +144,7 @@ def cmd_values(args: argparse.Namespace, out: TextIO) -> int:
     if args.json and args.identity:
         raise Problem("--identity adds columns to --csv or fields to JSON Lines; drop --json",
                       USAGE)
-    with closing(_open(args.ledger)) as held:
-        _known(held, args.name)
+    with _opened(args.ledger, args.name) as held:
         values = held.checkpoint(args.name)
         fields, tasks = _identity(held, args.name) if args.identity else ([], {})
     if args.json:
@@ -204,8 +203,7 @@ def _cell(value: Any) -> str:
 
 def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
     _one_format(args, "jsonl")
-    with closing(_open(args.ledger)) as held:
-        _known(held, args.batch)
+    with _opened(args.ledger, args.batch) as held:
         receipts = held.export_receipts(args.batch)
     if args.jsonl:
         out.writelines(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in receipts)
@@ -222,7 +220,7 @@ def cmd_import(args: argparse.Namespace, out: TextIO) -> int:
     given = dict(args.validator)
     with refused_as(InvalidBatch, USAGE):  # a bad file is refused before a ledger is made for it
         read_lines(args.file, given, args.without_validator)
-    with closing(_open(args.ledger, create=True)) as held, refused_as(InvalidBatch, USAGE):
+    with _opened(args.ledger, create=True) as held, refused_as(InvalidBatch, USAGE):
         report = held.import_receipts(args.file, validators=given,
                                       without_validator=args.without_validator)
     kept = report["diagnostic"] + report["rejected"] + report["unverified"]
@@ -238,7 +236,7 @@ def cmd_merge(args: argparse.Namespace, out: TextIO) -> int:
         problem = ledger_problem(args.other)  # checked before a ledger is made to receive it
         if problem:
             raise Problem(problem, LEDGER)
-    with closing(_open(args.ledger, create=True)) as held, refused_as(LedgerError, LEDGER):
+    with _opened(args.ledger, create=True) as held, refused_as(LedgerError, LEDGER):
         report = held.merge(args.other, validators=dict(args.validator))
     added, refused = report["added"], report["not_admitted"]
     completed = added.get("attempts_completed", 0)
@@ -257,8 +255,7 @@ def cmd_merge(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_advise(args: argparse.Namespace, out: TextIO) -> int:
     from ..core import advise
 
-    with closing(_open(args.ledger)) as held:
-        _known(held, args.name)
+    with _opened(args.ledger, args.name) as held:
         with refused_as(InvalidBatch, USAGE):
             advice = advise(held, args.name, repairs=args.repairs, replays=args.replays)
     code = _done(args, out, advice, cliview.advice_lines(advice))
@@ -276,8 +273,7 @@ def cmd_advise(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_forget(args: argparse.Namespace, out: TextIO) -> int:
-    with closing(_open(args.ledger)) as held:
-        _known(held, args.name)
+    with _opened(args.ledger, args.name) as held:
         record = held.forget(args.name, via="batchjson forget")
         spend = held.spend(args.name)
     return _done(args, out, {"batch": args.name, "forgotten": record},
@@ -287,7 +283,7 @@ def cmd_forget(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_budget(args: argparse.Namespace, out: TextIO) -> int:
     if args.cost is not None and args.clear:
         raise Problem("--cost sets the budget and --clear removes it: give one", USAGE)
-    with closing(_open(args.ledger, create=args.cost is not None)) as held:
+    with _opened(args.ledger, create=args.cost is not None) as held:
         if args.cost is not None or args.clear:
             held.set_budget(None if args.clear else args.cost)
         budget = held.budget()
@@ -297,7 +293,7 @@ def cmd_budget(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_jobs(args: argparse.Namespace, out: TextIO) -> int:
     """``jobs`` lists the ledger's batch jobs; ``cancel JOB`` cancels one and records it."""
-    with closing(_open(args.ledger)) as held:
+    with _opened(args.ledger) as held:
         if args.command == "cancel":
             job = cancel_job(held, args.job)
             data, lines = {"cancelled": job}, [cliview.cancel_line(job)]
