@@ -344,10 +344,9 @@ class _Binding:
                                   droste=self.droste)
         except BudgetExceeded as exc:
             if blocked:
-                raise _refused(owed, remaining or 0, "to clear the unresolved evidence already "
-                               "recorded", cost_spent=cost_spent) from None
-            raise _refused(exc.needed, exc.remaining, "to answer the prompts of this call "
-                           "that are not yet accepted", one_call=exc.one_call) from None
+                raise _refused(owed, remaining or 0, blocked=True, cost_spent=cost_spent) from None
+            raise _refused(exc.needed, exc.remaining, blocked=False,
+                           one_call=exc.one_call) from None
 
     def validator(self, fn: Callable[..., Any] | str | None = None, *,
                   name: str | None = None) -> Any:
@@ -468,23 +467,25 @@ def _short(text: Any, limit: int = 160) -> Any:
     return text[:limit - 3] + "..."
 
 
-def _refused(owed: int, remaining: int, why: str, *, cost_spent: bool = False,
+def _refused(needed: int, remaining: int, *, blocked: bool, cost_spent: bool = False,
              one_call: float | None = None) -> BudgetExceeded:
-    owed_evidence = "unresolved evidence" in why
-    consequence = (" for, so the unresolved requests cannot be cleared in this run" if
-                   owed_evidence else " for, so this call was not started")
-    error = BudgetExceeded(owed, remaining, one_call=one_call)
+    """A call refused before spending: the owed evidence cannot be cleared (``blocked``), or
+    this call's own prompts cannot be answered."""
+    why, consequence = (
+        ("to clear the unresolved evidence already recorded",
+         "the unresolved requests cannot be cleared in this run") if blocked else
+        ("to answer the prompts of this call that are not yet accepted",
+         "this call was not started"))
     left = (f"one call may cost up to {usd(one_call)}, more than the session's cost budget "
             "has left" if one_call is not None else "the session's cost budget is spent"
             if cost_spent else f"only {remaining} call(s) remain in the budget")
-    error.args = (
-        f"llm_batch_json refused before spending anything: at least {owed} exact call(s) are "
-        f"needed {why}, but {left}. They cannot be paid{consequence}. Do not set "
+    return BudgetExceeded(needed, remaining, one_call=one_call, message=(
+        f"llm_batch_json refused before spending anything: at least {needed} exact call(s) are "
+        f"needed {why}, but {left}. They cannot be paid for, so {consequence}. Do not set "
         "answer['ready'] = True and do not re-run this cell (it will be refused the same "
         "way): give your answer with what is resolved and "
         "what is not (batch_status() counts it, finalization_check() lists it), or ask the host "
-        "for a larger budget.",)
-    return error
+        "for a larger budget."))
 
 
 def _changed_message(exc: ValidatorChanged, owed: Sequence[str], *, during: str) -> str:
