@@ -334,7 +334,8 @@ class _Binding:
         if validator is not None and callable(validator):  # handed over to the run
             validator = self._registered(validator, call=(prompts, contexts, name))
         owed, remaining = self.session.evidence.minimum_exact_retry_calls, self._remaining()
-        cost_spent = self._cost_spent()
+        cost = self.session.budget.cost
+        cost_spent = cost is not None and self.session.tally.cost >= cost
         # what owed evidence cannot be paid for blocks spending, not a free answer
         blocked = bool(owed) and ((remaining is not None and owed > remaining) or cost_spent)
         try:
@@ -387,16 +388,13 @@ class _Binding:
             digest = version.fingerprint.digest
             owed = self._owed_under(version.name, digest, call)
             if owed:
-                old = self._owing_digest(owed[0], version.name)
+                old = next((str(r.components.get("validator", ""))
+                            for r in self.session.ledger.revisions(owed[0])
+                            if _base(r.validator_name) == _base(version.name)), "")
                 refused = ValidatorChanged(version.name, old, digest, [], len(owed))
                 refused.args = (_changed_message(refused, owed, during="call"),)
                 raise refused
         return version.fn
-
-    def _owing_digest(self, batch: str, name: str) -> str:
-        return next((str(r.components.get("validator", ""))
-                     for r in self.session.ledger.revisions(batch)
-                     if _base(r.validator_name) == _base(name)), "")
 
     def _owed_under(self, base: str, digest: str, call: tuple[Any, Any, Any] | None
                     ) -> list[str]:
@@ -419,10 +417,6 @@ class _Binding:
                    and r.components.get("validator") != digest for r in revisions(u.batch)):
                 batches.append(u.batch)
         return batches
-
-    def _cost_spent(self) -> bool:
-        cost = self.session.budget.cost
-        return cost is not None and self.session.tally.cost >= cost
 
     def _remaining(self) -> int | None:
         calls = self.session.budget.calls
