@@ -16,8 +16,7 @@ from .._checks import whole
 from .._errors import ProviderSetupError
 from .._fingerprint.fingerprint import fingerprint_callable, fingerprint_function
 from .._sources import Code, Digest, Hashed
-from .packed import PackedTasks
-from .tasks import ECHOED, Identity, Request, sha
+from .tasks import ECHOED, Identity, PackedTasks, Request, sha
 
 # The revision components that key every request besides its tasks ("unseen": judging no
 # fingerprint fully sees, see _session/rejudge.py).
