@@ -21,8 +21,7 @@ from operator import getitem
 from typing import Any
 
 from .._canon import canonical_json
-from .._content.optional import without_absent_nulls
-from .._content.schema import ItemSchema
+from .._content.schema import ItemSchema, without_absent_nulls
 from .._content.strictjson import (
     exact_if_lossy,
     exact_json,
@@ -273,7 +272,7 @@ def _judged(schema: ItemSchema, answer: Any, path: str, task: Mapping[str, Any],
 
 def _absent_dropped(value: Any, text: str, schema: ItemSchema) -> Any:
     """``value`` without the nulls OpenAI's strict mode writes for an absent optional field
-    (``_content/optional.py``); only text with a ``null`` in it can hold one."""
+    (``_content/schema.py``); only text with a ``null`` in it can hold one."""
     return without_absent_nulls(value, schema.json_schema) if "null" in text else value
 
 
