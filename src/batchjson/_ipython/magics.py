@@ -471,13 +471,6 @@ REOPEN = ("ledger", "strict")
 MEMORY = ":memory:"
 
 
-def notebook_names(session: Session) -> dict[str, Any]:
-    """The names a notebook gets (``INJECTED``), the session itself among them: a person is handed
-    the session; an RLM host's cells get ``batchjson.rlm``'s tools instead, which carry none."""
-    return {"run_batch": session.run_batch, "llm_batch_json": session.llm_batch_json,
-            "validator": session.validators.define, "batch_session": session}
-
-
 def resolve_ledger(setting: str) -> Path | None:
     """``:memory:`` (or empty) keeps the ledger in memory; a relative path is under the cwd."""
     if not setting or setting == MEMORY:
@@ -528,7 +521,10 @@ class KernelState:
         self.session = Session(ledger=resolve_ledger(settings["ledger"]), **{
             k: v for k, v in settings.items() if k not in ("ledger", "max_calls")})
         self.settings = dict(settings)
-        previous_names, self.names = self.names, notebook_names(self.session)
+        session = self.session  # handed to a person (an RLM host's cells get tools, never it)
+        previous_names, self.names = self.names, dict(zip(INJECTED, (
+            session.run_batch, session.llm_batch_json, session.validators.define, session),
+            strict=True))
         self.inject(replace=previous_names)
         if old is not None:
             if default_session(create=False) is old:

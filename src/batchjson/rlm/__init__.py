@@ -77,8 +77,12 @@ def bind(namespace: MutableMapping[str, Any], provider_or_subcalls: Any = None, 
                           "with Session(..., replays=..., transport_retries=...) instead")
     provider = (SubcallProvider(provider_or_subcalls, context=context)
                 if is_subcall_source(provider_or_subcalls) else provider_or_subcalls)
-    # droste's clients count one call per attempt; a plain helper's client retried already
-    rules = _call_rules(provider_or_subcalls, replays, transport_retries)
+    # a new session's (replays, transport retries): droste's clients count one call per attempt;
+    # a plain helper's client retried already
+    rules = ((0, 0) if is_droste_client(provider_or_subcalls) else
+             (1, 0 if is_subcall_source(provider_or_subcalls) else 3))
+    rules = (rules[0] if replays is None else replays,
+             rules[1] if transport_retries is None else transport_retries)
     asked = any(x is not None for x in (provider_or_subcalls, replays, transport_retries))
     session = _rebound(namespace, session, strict=strict, ledger=ledger, budget=budget,
                        rules=rules if asked else None)
@@ -111,14 +115,6 @@ def rlm_hooks(*, strict: bool = True, ledger: Any = None, budget: Any = None) ->
     Tools answer through the calling REPL's own ``llm_query_batched``, and ``answer["ready"]`` waits
     for ``finalization_check()`` (docs/rlm.md)."""
     return RlmHooks(strict=strict, ledger=ledger, budget=budget)
-
-
-def _call_rules(source: Any, replays: int | None,
-                transport_retries: int | None) -> tuple[int, int]:
-    """(replays, transport retries) of a new session for this answer source."""
-    defaults = (0, 0) if is_droste_client(source) else (1, 0 if is_subcall_source(source) else 3)
-    return (defaults[0] if replays is None else replays,
-            defaults[1] if transport_retries is None else transport_retries)
 
 
 _DROSTE_SESSIONS: weakref.WeakSet[Any] = weakref.WeakSet()  # sessions bind gave a droste client
@@ -584,8 +580,12 @@ class RlmHooks:
                 "llm_query_batched of the REPL cell that calls it, and its caller has none: call "
                 "it from a cell of rlm's LocalREPL (environment='local'), or use "
                 "batchjson.rlm.bind(namespace, source) for another host")
-        with self._lock:
-            self._answer_through(helper)
+        with self._lock:  # each REPL has its own helper; the answer source stays the same
+            if self._provider is None:
+                self._provider = SubcallProvider(helper)
+                self.session.provider = self._provider
+            else:
+                self._provider.retarget(helper)
             return self._names["llm_batch_json"](prompts, schema, contexts,
                                                  max_repair_attempts, validator, name=name)
 
@@ -619,14 +619,6 @@ class RlmHooks:
         return type(f"ReadyGated{base.__name__}", (base,), {
             "__setitem__": __setitem__, "__module__": __name__,
             "__doc__": "rlm's answer dict: ready is refused while finalization_check() owes"})
-
-    def _answer_through(self, helper: Callable[..., Any]) -> None:
-        """Answer through ``helper`` (each REPL has its own; the source stays the same)."""
-        if self._provider is None:
-            self._provider = SubcallProvider(helper)
-            self.session.provider = self._provider
-        else:
-            self._provider.retarget(helper)
 
 
 def _callers_global(name: str) -> Any:
