@@ -109,20 +109,18 @@ def refused_as(refused: type[Exception], code: int) -> Iterator[None]:
         raise Problem(str(exc), code) from None
 
 
-def _say(lines: Sequence[str], out: TextIO) -> None:
-    """Human output: names and returns from a ledger or an import file never act on the
-    terminal (escape sequences are shown, not sent)."""
-    print("\n".join(map(cliview.printable, lines)), file=out)
-
-
 def _dump(obj: Any, out: TextIO) -> None:
     print(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False), file=out)
 
 
 def _done(args: argparse.Namespace, out: TextIO, data: Any, lines: Sequence[str],
           code: int = OK) -> int:
-    """Print ``data`` as JSON (``--json``) or ``lines`` for a person; the exit code."""
-    _dump(data, out) if args.json else _say(lines, out)
+    """Print ``data`` as JSON (``--json``) or ``lines`` for a person (names and returns from a
+    ledger or an import file never act on the terminal: escapes are shown, not sent); the code."""
+    if args.json:
+        _dump(data, out)
+    else:
+        print("\n".join(map(cliview.printable, lines)), file=out)
     return code
 
 

@@ -548,8 +548,7 @@ class RlmHooks:
         # plain functions (tool, below): none leads a cell back to these hooks or the session
         helper = tool(self, "llm_batch_json")
         self._tools = {"llm_batch_json": helper, "llm_query_batched_json": helper,
-                       **{name: self._names[name] for name in ("validator", "batch_status",
-                                                               "finalization_check")},
+                       **{name: self._names[name] for name in HELPER_NAMES[2:]},
                        "batchjson_connect": tool(self, "connect")}
 
     # -- what RLM takes ------------------------------------------------------------------------
