@@ -255,14 +255,20 @@ def _judged(schema: ItemSchema, answer: Any, path: str, task: Mapping[str, Any],
             ) -> tuple[list[dict[str, Any]], Prepared]:
     """One answer judged by the schema: as read, then as written when a number is not the float
     it reads as (``as_written()``); then its ledger form, whose ``held`` fields must not change."""
-    task_id = task["task_id"]
-    value, messages, crashed = _validate(schema, answer, path)
+    task_id, kind = task["task_id"], "schema"
+    try:
+        value, messages = schema.validate(answer, path)
+    except BaseException as exc:  # the schema's own code failed: a validator_error
+        if not judged_code_raised(exc):
+            raise
+        value, kind = None, "validator_error"
+        messages = [f"{path}: the schema's own validation raised {type(exc).__name__}: "
+                    f"{said(exc)}; fix the schema or its validators"]
     exact = as_written() if not messages else None
     if exact is not None:
         messages = schema.exact_errors(exact, answer, path)
     if messages:
-        return [error("validator_error" if crashed else "schema", m, task_id)
-                for m in messages], []
+        return [error(kind, m, task_id) for m in messages], []
     text, stored, problem = _stored(schema, value, task_id)
     if problem:
         return [problem], []
@@ -325,18 +331,6 @@ def _compare_echoes(echoes: Sequence[Echo], identity: Sequence[str],
 def _scalar_orclip(value: Any) -> Any:
     """Scalars as they are, structures as a short text (deep nesting must not break a receipt)."""
     return clip(value) if isinstance(value, (dict, list)) else value
-
-
-def _validate(schema: ItemSchema, value: Any, path: str) -> tuple[Any, list[str], bool]:
-    """Schema validation that never raises: (value, messages, crashed: the schema's code failed)."""
-    try:
-        value, messages = schema.validate(value, path)
-        return value, messages, False
-    except BaseException as exc:
-        if not judged_code_raised(exc):
-            raise
-        return None, [f"{path}: the schema's own validation raised {type(exc).__name__}: "
-                      f"{said(exc)}; fix the schema or its validators"], True
 
 
 # -- value -------------------------------------------------------------------------------------
