@@ -50,6 +50,7 @@ from ..core import (
 from .cell import (
     BatchInterrupted,
     allow_empty_body,
+    cell_files,
     check_result_variable,
     define_once,
     evaluate,
@@ -381,7 +382,8 @@ class BatchJson(Magics):
         for v in session.validators:
             rows[(v.name, v.fingerprint.digest)] = [v.name, v.version, v.fingerprint.short,
                                                     v.where, "", "yes"]
-        cells = self._cell_names()
+        # basename of a cell's code file -> "In[n]", as IPython names cells in tracebacks
+        cells = {os.path.basename(str(k)): f"In[{v}]" for k, v in cell_files(self.shell).items()}
         for (_, digest), row in rows.items():
             row[4] = used.get(digest, "")
             filename, _, line_no = str(row[3]).rpartition(":")
@@ -452,11 +454,6 @@ class BatchJson(Magics):
             print(f"batchjson: {missing}")
         except InvalidBatch:  # no call has finished yet
             pass
-
-    def _cell_names(self) -> dict[str, str]:
-        """Basename of a cell's code file -> "In[n]", as IPython names cells in tracebacks."""
-        mapping = getattr(getattr(self.shell, "compile", None), "_filename_map", None) or {}
-        return {os.path.basename(str(k)): f"In[{v}]" for k, v in mapping.items()}
 
     def _known_batch(self, name: str) -> None:
         problem = self.session.ledger.no_such_batch(name)
