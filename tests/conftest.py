@@ -47,7 +47,7 @@ def ip(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     pytest.importorskip("IPython")
     from IPython.testing import globalipapp
 
-    from batchjson._ipython.state import ATTRIBUTE
+    from batchjson._ipython.magics import ATTRIBUTE
     from batchjson._session import session as session_module
 
     monkeypatch.chdir(tmp_path)

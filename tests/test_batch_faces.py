@@ -64,7 +64,7 @@ def test_a_bad_transport_is_refused_by_config_and_option(ip, capsys):
     ok(ip, "%load_ext batchjson")
     ip.run_cell("%config BatchJson.transport = 'carrier-pigeon'")
     assert ip.user_ns["batch_session"] is not None
-    from batchjson._ipython.state import ATTRIBUTE
+    from batchjson._ipython.magics import ATTRIBUTE
 
     assert getattr(ip, ATTRIBUTE).magics.transport == "live"
     result = ip.run_cell(f"%%batch_json labels --transport pigeon\n{BODY}")

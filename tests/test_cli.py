@@ -142,7 +142,7 @@ def test_export_import_merge_and_advise_round_trip(demo_dir: Path, tmp_path: Pat
     assert " ".join(human.split()).endswith(said["verdict"])  # what it advises, said last
 
 
-DEMO_VALIDATOR = ("--validator", "batchjson._cli.demo:_demo_check")
+DEMO_VALIDATOR = ("--validator", "batchjson._cli.commands:_demo_check")
 
 
 def test_batchjsons_own_export_imports_with_exit_0_only_after_its_validator_is_rerun(

@@ -19,7 +19,7 @@ from batchjson import BatchUnresolved, Session, default_session  # noqa: E402
 from batchjson._ipython import BatchJson  # noqa: E402
 from batchjson._ipython.cell import allow_empty_body  # noqa: E402
 from batchjson._ipython.display import StatusView, Table  # noqa: E402
-from batchjson._ipython.state import ATTRIBUTE, INJECTED  # noqa: E402
+from batchjson._ipython.magics import ATTRIBUTE, INJECTED  # noqa: E402
 from tests.helpers import cell_ok  # noqa: E402
 
 MODEL = """

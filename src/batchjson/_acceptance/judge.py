@@ -6,8 +6,13 @@ stage, naming every problem there; nothing "fixes" a return. Judging is total: t
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
+import os
 import re
+import threading
+import traceback
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -16,8 +21,7 @@ from operator import getitem
 from typing import Any
 
 from .._canon import canonical_json
-from .._content.optional import without_absent_nulls
-from .._content.schema import ItemSchema
+from .._content.schema import ItemSchema, without_absent_nulls
 from .._content.strictjson import (
     exact_if_lossy,
     exact_json,
@@ -28,10 +32,10 @@ from .._content.strictjson import (
     parse_json_noting,
     strip_fence,
 )
+from .._errors import RejectReturn
 from .._providers.reply import Reply
+from .._secrets import keys_masked
 from .._sources import NO_TOOL_CALL, NOT_TEXT, REFUSED, TOOL_CALL, TRUNCATED
-from .validators import clip, judged_code_raised, run_validator_async, said
-from .validators import error as _error
 
 # What asking again with the errors named can mend (not a truncated or refused return).
 REPAIRABLE = frozenset({"json", "coverage", "identity", "schema", "validation", TOOL_CALL,
@@ -99,7 +103,7 @@ def _stopped(reply: Reply, tasks: Sequence[Mapping[str, Any]], mode: str) -> Ver
     }
     kind = "json" if reply.stop == NOT_TEXT else str(reply.stop)
     task_id = tasks[0]["task_id"] if mode == "value" else None
-    return Verdict(False, errors=[_error(kind, messages[str(reply.stop)], task_id)])
+    return Verdict(False, errors=[error(kind, messages[str(reply.stop)], task_id)])
 
 
 _VALUE_OPEN = re.compile(r'\s*\{\s*"value"\s*:\s*')
@@ -137,19 +141,17 @@ async def judge(
         if reply.stop is not None:  # the provider says this is no whole answer, whatever it reads
             return _stopped(reply, tasks, mode)
         text = unwrap(reply)  # the envelope the provider reported (the ledger keeps it whole)
-        prepared = (_prepare_value(text, tasks[0], identity, schema) if mode == "value"
-                    else _prepare_items(text, tasks, identity, schema))
-        if isinstance(prepared, Verdict) and reply.extra.get("cut_at") and any(
-                e["type"] == "json" and e["message"].startswith("return is not valid JSON")
-                for e in prepared.errors):  # every output token used, the JSON unfinished
-            return _stopped(replace(reply, stop=TRUNCATED), tasks, mode)
-        errors: list[dict[str, Any]] = []
-        if isinstance(prepared, ItemFaults):  # the schema rejected some items
-            if accept != "items":
-                return Verdict(False, errors=prepared.errors)
-            errors, prepared = prepared.errors, prepared.passed
-        if isinstance(prepared, Verdict):
-            return prepared
+        judged = (_prepare_value(text, tasks[0], identity, schema) if mode == "value"
+                  else _prepare_items(text, tasks, identity, schema))
+        if isinstance(judged, Verdict):
+            if reply.extra.get("cut_at") and any(
+                    e["type"] == "json" and e["message"].startswith("return is not valid JSON")
+                    for e in judged.errors):  # every output token used, the JSON unfinished
+                return _stopped(replace(reply, stop=TRUNCATED), tasks, mode)
+            return judged
+        prepared, errors = judged  # errors: the items the schema rejected
+        if errors and accept != "items":
+            return Verdict(False, errors=errors)
         for task_id, value, _, task in prepared if validator is not None else ():
             errors.extend(await run_validator_async(validator, value, task, task_id))
         if not errors:
@@ -158,24 +160,18 @@ async def judge(
     except BaseException as exc:  # judging never crashes a run that has already paid for it
         if not judged_code_raised(exc):
             raise
-        return Verdict(False, errors=[_error(
+        return Verdict(False, errors=[error(
             "json", f"the return could not be judged ({type(exc).__name__}: {said(exc)})")])
 
 
 Prepared = list[tuple[str, Any, str, Mapping[str, Any]]]  # task_id, value, its ledger text, task
+# What passed the schema, and the errors of the items that did not: a return judged so far.
+Judged = tuple[Prepared, list[dict[str, Any]]]
 
 
 def _accepted(prepared: Prepared) -> Verdict:
     return Verdict(True, values={t: v for t, v, _, _ in prepared},
                    stored={t: s for t, _, s, _ in prepared})
-
-
-@dataclass
-class ItemFaults:
-    """A return whose schema rejected some items: those that ``passed``, the others' ``errors``."""
-
-    passed: Prepared
-    errors: list[dict[str, Any]]
 
 
 def _in_part(prepared: Prepared, errors: list[dict[str, Any]]) -> Verdict:
@@ -203,23 +199,23 @@ def sub_return(raw: str, task_ids: Sequence[str]) -> str:
 
 # -- items -------------------------------------------------------------------------------------
 def _prepare_items(text: str, tasks: Sequence[Mapping[str, Any]], identity: Sequence[str],
-                   schema: ItemSchema) -> Verdict | ItemFaults | Prepared:
+                   schema: ItemSchema) -> Verdict | Judged:
     try:
         payload, long_numbers = parse_json_noting(text)
     except ValueError as exc:
-        return Verdict(False, errors=[_error("json", f"return is not valid JSON: {exc}")])
+        return Verdict(False, errors=[error("json", f"return is not valid JSON: {exc}")])
     if not isinstance(payload, dict) or not isinstance(payload.get("items"), list):
-        return Verdict(False, errors=[_error(
+        return Verdict(False, errors=[error(
             "json", 'return must be a JSON object {"items": [...]} with one object per task')])
     extra = sorted(set(payload) - {"items"})
     if extra:  # e.g. a top-level case_id: which request would it belong to? Ambiguous: reject.
-        return Verdict(False, errors=[_error(
+        return Verdict(False, errors=[error(
             "json", f"unexpected top-level key(s) {', '.join(map(repr, extra))}: return only "
             '{"items": [...]}')])
     items = [_absent_dropped(item, text, schema) for item in payload["items"]]
     not_objects = [i for i, item in enumerate(items) if not isinstance(item, dict)]
     if not_objects:
-        return Verdict(False, errors=[_error(
+        return Verdict(False, errors=[error(
             "json", f"items[{i}] is not an object") for i in not_objects])
     expected = {t["task_id"]: t for t in tasks}
     errors = _coverage(items, expected)
@@ -251,7 +247,7 @@ def _prepare_items(text: str, tasks: Sequence[Mapping[str, Any]], identity: Sequ
             lambda stored, task=task: compared_fields(task, identity, stored))
         errors.extend(found)
         prepared.extend(judged)
-    return ItemFaults(prepared, errors) if errors else prepared
+    return prepared, errors
 
 
 def _judged(schema: ItemSchema, answer: Any, path: str, task: Mapping[str, Any],
@@ -259,14 +255,20 @@ def _judged(schema: ItemSchema, answer: Any, path: str, task: Mapping[str, Any],
             ) -> tuple[list[dict[str, Any]], Prepared]:
     """One answer judged by the schema: as read, then as written when a number is not the float
     it reads as (``as_written()``); then its ledger form, whose ``held`` fields must not change."""
-    task_id = task["task_id"]
-    value, messages, crashed = _validate(schema, answer, path)
+    task_id, kind = task["task_id"], "schema"
+    try:
+        value, messages = schema.validate(answer, path)
+    except BaseException as exc:  # the schema's own code failed: a validator_error
+        if not judged_code_raised(exc):
+            raise
+        value, kind = None, "validator_error"
+        messages = [f"{path}: the schema's own validation raised {type(exc).__name__}: "
+                    f"{said(exc)}; fix the schema or its validators"]
     exact = as_written() if not messages else None
     if exact is not None:
         messages = schema.exact_errors(exact, answer, path)
     if messages:
-        return [_error("validator_error" if crashed else "schema", m, task_id)
-                for m in messages], []
+        return [error(kind, m, task_id) for m in messages], []
     text, stored, problem = _stored(schema, value, task_id)
     if problem:
         return [problem], []
@@ -276,7 +278,7 @@ def _judged(schema: ItemSchema, answer: Any, path: str, task: Mapping[str, Any],
 
 def _absent_dropped(value: Any, text: str, schema: ItemSchema) -> Any:
     """``value`` without the nulls OpenAI's strict mode writes for an absent optional field
-    (``_content/optional.py``); only text with a ``null`` in it can hold one."""
+    (``_content/schema.py``); only text with a ``null`` in it can hold one."""
     return without_absent_nulls(value, schema.json_schema) if "null" in text else value
 
 
@@ -306,7 +308,7 @@ def _compare_echoes(echoes: Sequence[Echo], identity: Sequence[str],
     for position, (item, task, fields) in enumerate(echoes):
         for name in fields:
             if name not in item:
-                errors.append(_error("identity", f"identity field {name!r} is missing (task "
+                errors.append(error("identity", f"identity field {name!r} is missing (task "
                                      f"{task['task_id']!r})", task["task_id"], field=name))
                 continue
             got = item[name]
@@ -319,7 +321,7 @@ def _compare_echoes(echoes: Sequence[Echo], identity: Sequence[str],
                 hint = ("" if name in identity else "; an echoed task field: under the default "
                         "identity every task field an item returns is compared (pass identity= "
                         "to compare only the fields you list)")
-                errors.append(_error(
+                errors.append(error(
                     "identity", f"{name} is {clip(shown)} but the request has "
                     f"{clip(wanted)} (task {task['task_id']!r}){hint}", task["task_id"],
                     field=name, expected=_scalar_orclip(wanted), got=_scalar_orclip(shown)))
@@ -331,25 +333,13 @@ def _scalar_orclip(value: Any) -> Any:
     return clip(value) if isinstance(value, (dict, list)) else value
 
 
-def _validate(schema: ItemSchema, value: Any, path: str) -> tuple[Any, list[str], bool]:
-    """Schema validation that never raises: (value, messages, crashed: the schema's code failed)."""
-    try:
-        value, messages = schema.validate(value, path)
-        return value, messages, False
-    except BaseException as exc:
-        if not judged_code_raised(exc):
-            raise
-        return None, [f"{path}: the schema's own validation raised {type(exc).__name__}: "
-                      f"{said(exc)}; fix the schema or its validators"], True
-
-
 # -- value -------------------------------------------------------------------------------------
 def _prepare_value(text: str, task: Mapping[str, Any], identity: Sequence[str],
-                   schema: ItemSchema) -> Verdict | Prepared:
+                   schema: ItemSchema) -> Verdict | Judged:
     try:
         payload, long_numbers = parse_json_noting(text)
     except ValueError as exc:
-        return Verdict(False, errors=[_error("json", f"return is not valid JSON: {exc}",
+        return Verdict(False, errors=[error("json", f"return is not valid JSON: {exc}",
                                              task["task_id"])])
     errors = _value_echoes(text, payload, task, identity)
     if errors:
@@ -364,7 +354,7 @@ def _prepare_value(text: str, task: Mapping[str, Any], identity: Sequence[str],
     errors, judged = _judged(schema, payload, "$", task, as_written,
                              lambda stored: compared_fields(task, identity, stored) if echo
                              else [])
-    return Verdict(False, errors=errors) if errors else judged
+    return Verdict(False, errors=errors) if errors else (judged, [])
 
 
 def _value_echoes(text: str, payload: Any, task: Mapping[str, Any],
@@ -414,7 +404,7 @@ def _stored(schema: ItemSchema, value: Any, task_id: str
             canonical_json(stored).encode("utf-8")
         return text, stored, None
     except (TypeError, ValueError) as exc:
-        return "", None, _error("schema", f"task {task_id!r}: the validated value has no JSON "
+        return "", None, error("schema", f"task {task_id!r}: the validated value has no JSON "
                                 f"form ({clip(str(exc), 160)}); numbers must be finite and "
                                 "strings valid Unicode (no unpaired surrogate escapes)", task_id)
 
@@ -423,7 +413,7 @@ def _coerced_identity(stored: Any, task: Mapping[str, Any],
                       identity: Sequence[str]) -> list[dict[str, Any]]:
     """A schema that declares an identity field may coerce it ("078" -> 78): what would be
     committed must still equal the request."""
-    return [_error("schema", f"the schema turns {name} {clip(task[name])} into "
+    return [error("schema", f"the schema turns {name} {clip(task[name])} into "
                    f"{clip(stored[name])} (task {task['task_id']!r}); declare it with the "
                    "task's JSON type", task["task_id"], field=name)
             for name in identity if name in stored and not json_equal(stored[name], task[name])]
@@ -435,18 +425,178 @@ def _coverage(items: list[dict], expected: Mapping[str, Any]) -> list[dict[str, 
     if len(ids) == len(expected) and all(type(i) is str for i in ids) and len(
             set(ids)) == len(ids) and expected.keys() == set(ids):
         return []  # the common return: every task once, nothing else
-    errors = [_error("coverage", f"items[{i}] has no string task_id")
+    errors = [error("coverage", f"items[{i}] has no string task_id")
               for i, item in enumerate(items) if not isinstance(item.get("task_id"), str)]
     counts = Counter(item["task_id"] for item in items if isinstance(item.get("task_id"), str))
     for task_id in expected:
         if task_id not in counts:
-            errors.append(_error("coverage", f"task {task_id!r} is missing from the return",
+            errors.append(error("coverage", f"task {task_id!r} is missing from the return",
                                  task_id, problem="missing"))
     for task_id, n in counts.items():
         if task_id not in expected:
-            errors.append(_error("coverage", f"item {task_id!r} was not requested",
+            errors.append(error("coverage", f"item {task_id!r} was not requested",
                                  task_id, problem="extra"))
         elif n > 1:
-            errors.append(_error("coverage", f"task {task_id!r} appears {n} times",
+            errors.append(error("coverage", f"task {task_id!r} appears {n} times",
                                  task_id, problem="duplicated"))
     return errors
+
+
+# -- the caller's validator, run so that it can only say yes, no (repairable), or that it is
+# broken (a validator_error, never retried; docs/design.md, "The commit boundary", step 5) ---
+async def run_validator_async(validator: Callable[[Any, Mapping[str, Any]], Any], value: Any,
+                              task: Mapping[str, Any], task_id: str) -> list[dict[str, Any]]:
+    """ValueError, AssertionError or ``False`` rejects; any other exception is a crash; only
+    ``None``, ``True`` (``numpy.bool_``) or the item accepts. It gets its own copy of the task."""
+    try:
+        out = validator(value, json.loads(canonical_json(dict(task))))  # its own copy
+        if inspect.isawaitable(out):
+            out = await out
+        verdict = _returned(out, value)
+    except CountedAsCrash as exc:  # a contract that counts what was raised as a crash
+        return [crashed(exc.__cause__ or exc, task_id)]
+    except RejectReturn as exc:  # about the whole return: no task of it is committed
+        return [error("validation", f"the validator rejected the whole return at task "
+                      f"{task_id!r}: {said(exc)}")]
+    except ValueError as exc:
+        return [error("validation", f"task {task_id!r}: {said(exc)}", task_id)]
+    except AssertionError as exc:  # pydantic's rule too: a failed assert rejects the item
+        return [error("validation", f"task {task_id!r}: {_assertion(exc)}", task_id)]
+    except BaseException as exc:  # a bug in the caller's validator, reported not retried
+        if not judged_code_raised(exc):
+            raise
+        return [crashed(exc, task_id, _model_hint(exc, value))]
+    if verdict is False:
+        return [error("validation", f"task {task_id!r}: the validator returned False", task_id)]
+    if verdict is None:
+        return [error("validator_error", f"task {task_id!r}: the validator returned "
+                       f"{clip(out, 80)} ({type(out).__name__}); return None or True to accept, "
+                       "False (or raise ValueError) to reject: its return value is never used "
+                       "as the item", task_id)]
+    return []
+
+
+def crashed(exc: BaseException, task_id: str, hint: str = "") -> dict[str, Any]:
+    """A ``validator_error`` naming what the validator raised, with its own frames."""
+    frames = validator_frames(exc)
+    return error("validator_error", keys_masked(f"task {task_id!r}: validator raised "
+                                                f"{type(exc).__name__}: {said(exc)}{hint}"),
+                 task_id, **({"traceback": frames} if frames else {}))
+
+
+def said(exc: BaseException) -> str:
+    """What ``exc`` says, or that its own ``__str__`` raised (the validator's bug)."""
+    try:
+        return str(exc)
+    except Exception as failure:  # noqa: BLE001 - any bug in the caller's __str__
+        return f"<its __str__ raised {clip(failure)}>"
+
+
+_OWN_CODE = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
+FRAMES_SHOWN, TRACEBACK_CHARS = 8, 2000
+
+
+def validator_frames(exc: BaseException) -> str:
+    """The innermost ``FRAMES_SHOWN`` frames of ``exc`` in the caller's code, keys masked."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not os.path.realpath(f.filename).startswith(_OWN_CODE)]
+    hidden = max(0, len(frames) - FRAMES_SHOWN)
+    lines = [f"... {hidden} earlier frame(s)"] if hidden else []
+    for frame in frames[hidden:]:
+        lines.append(f'File "{frame.filename}", line {frame.lineno}, in {frame.name}')
+        if frame.line:
+            lines.append(f"  {frame.line.strip()[:200]}")
+    return keys_masked("\n".join(lines))[-TRACEBACK_CHARS:]
+
+
+class CountedAsCrash(Exception):
+    """Raised from a validator's exception by a wrapper whose contract counts it a crash."""
+
+
+def droste_verdicts(fn: Callable[[Any, int], Any]) -> Callable[[Any, Mapping[str, Any]], Any]:
+    """``fn(value, index)`` judged as droste 0.26 does: only ``ValueError`` rejects, a failed
+    ``assert`` is a ``validator_error``, what it returns is ignored; an ``async def`` awaited."""
+    def check(value: Any, task: Mapping[str, Any]) -> Any:
+        try:
+            out = fn(value, task["index"])
+        except AssertionError as exc:
+            raise CountedAsCrash() from exc
+        return _awaited_ignoring(out) if inspect.isawaitable(out) else None
+
+    return check
+
+
+async def _awaited_ignoring(out: Any) -> None:
+    try:
+        await out
+    except AssertionError as exc:
+        raise CountedAsCrash() from exc
+
+
+def _assertion(exc: AssertionError) -> str:
+    """An assert's own message, else the failing ``assert`` line (for the repair prompt)."""
+    if message := said(exc):
+        return message
+    frames = traceback.extract_tb(exc.__traceback__)
+    line = (frames[-1].line or "").strip() if frames else ""
+    return f"{line} failed" if line.startswith("assert") else "an assert in the validator failed"
+
+
+def _model_hint(exc: BaseException, value: Any) -> str:
+    """Why ``item["field"]`` fails when a pydantic schema hands the validator a model."""
+    fields = getattr(type(value), "model_fields", None)
+    if not isinstance(exc, TypeError) or not fields or "subscriptable" not in str(exc):
+        return ""
+    name = next(iter(fields), "field")
+    return (f" (with a pydantic schema the validator gets a {type(value).__name__} instance, "
+            f"not a dict: read item.{name}, not item[{name!r}])")
+
+
+def _returned(out: Any, value: Any) -> bool | None:
+    """What a validator's return says: True accepts, False rejects, None is no answer."""
+    if out is None or out is True or out is value:
+        return True
+    if out is False:
+        return False
+    kind = type(out)
+    if kind.__name__ in ("bool_", "bool") and kind.__module__.split(".")[0] in _BOOL_LIKE:
+        return bool(out)
+    return None
+
+
+_BOOL_LIKE = frozenset({"numpy", "jax", "torch", "cupy"})
+
+
+def judged_code_raised(exc: BaseException) -> bool:
+    """Whether an exception out of judged code is its own doing (a ``validator_error``), not the
+    run being stopped: this task cancelled, or Ctrl-C (which lands on the main thread)."""
+    if isinstance(exc, asyncio.CancelledError):
+        try:
+            current = asyncio.current_task()
+        except RuntimeError:
+            current = None
+        return current is not None and not current.cancelling()
+    if isinstance(exc, KeyboardInterrupt):
+        return threading.current_thread() is not threading.main_thread()
+    return True
+
+
+MESSAGE_CHARS = 2000
+
+
+def error(kind: str, message: str, task_id: str | None = None, **extra: Any) -> dict[str, Any]:
+    """One error of a verdict, as receipts keep it; its message, stored, shown and sent in a
+    paid repair prompt, capped at ``MESSAGE_CHARS``, saying how much was cut."""
+    if len(message) > MESSAGE_CHARS:
+        message = (f"{message[:MESSAGE_CHARS]}... ({len(message) - MESSAGE_CHARS:,} more "
+                   "characters cut)")
+    return {"type": kind, "task_id": task_id, "message": message, **extra}
+
+
+def clip(value: Any, limit: int = 200) -> str:
+    """A short repr for a message; one whose repr fails (or recurses) is named by its type."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - RecursionError included
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit] + "..."

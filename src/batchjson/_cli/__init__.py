@@ -1,6 +1,6 @@
 """The command-line face (``batchjson = "batchjson._cli:main"``): ``commands`` (subcommands,
-arguments, exit codes; its docstring is ``batchjson --help``), ``demo`` and ``validators``. Imports
-the shared text views, ``testing`` (``batchjson serve``) and the core; never the IPython face."""
+arguments, exit codes, ``batchjson demo``; its docstring is ``batchjson --help``). Imports the
+shared text views, ``testing`` (``batchjson serve``) and the core; never the IPython face."""
 
 from .commands import main
 

@@ -21,13 +21,25 @@ import importlib
 import io
 import json
 import os
+import shlex
+import shutil
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
-from .. import BatchJsonError, ConfigError, InvalidBatch, Ledger, LedgerError
+from .. import (
+    BatchJsonError,
+    ConfigError,
+    FaultPlan,
+    InvalidBatch,
+    Ledger,
+    LedgerError,
+    Session,
+    SimulatedModel,
+)
 from .. import _textview as cliview
 from .._textview import forget_message
 from ..core import (
@@ -36,12 +48,12 @@ from ..core import (
     cost_value,
     ledger_path,
     list_jobs,
+    money,
     pending_jobs,
     public_url,
     whole_argument,
 )
 from ..core import file_problem as ledger_problem
-from .demo import DEMO_SEED, command_name, demo_ledger_problem, run_demo
 
 DEFAULT_LEDGER = Path(cliview.DEFAULT_LEDGER)
 OK, UNRESOLVED, USAGE, LEDGER, INTERRUPTED = 0, 1, 2, 3, 130
@@ -66,7 +78,10 @@ def shown(ledger: Path | str) -> str:
     return public_url(ledger, user=False) if isinstance(ledger, str) else str(ledger)
 
 
-def _open(path: Path | str, *, create: bool = False) -> Ledger:
+@contextmanager
+def _opened(path: Path | str, name: str | None = None, *,
+            create: bool = False) -> Iterator[Ledger]:
+    """The ledger at ``path``, open while a command reads it; ``name``: a batch it must hold."""
     # a database's server says what is wrong with it, if anything is
     problem = None if isinstance(path, str) else ledger_problem(path, create=create)
     if problem and not path.exists():  # say what to do, for the path given or the default
@@ -77,7 +92,12 @@ def _open(path: Path | str, *, create: bool = False) -> Ledger:
     if problem:
         raise Problem(problem, LEDGER)
     with refused_as(LedgerError, LEDGER):  # one another process is creating is waited for
-        return Ledger(path)
+        held = Ledger(path)
+    with closing(held):
+        problem = held.no_such_batch(name) if name is not None else None
+        if problem:
+            raise Problem(problem, USAGE)
+        yield held
 
 
 @contextmanager
@@ -89,32 +109,23 @@ def refused_as(refused: type[Exception], code: int) -> Iterator[None]:
         raise Problem(str(exc), code) from None
 
 
-def _known(ledger: Ledger, name: str | None) -> None:
-    problem = ledger.no_such_batch(name) if name is not None else None
-    if problem:
-        raise Problem(problem, USAGE)
-
-
-def _say(lines: Sequence[str], out: TextIO) -> None:
-    """Human output: names and returns from a ledger or an import file never act on the
-    terminal (escape sequences are shown, not sent)."""
-    print("\n".join(map(cliview.printable, lines)), file=out)
-
-
 def _dump(obj: Any, out: TextIO) -> None:
     print(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False), file=out)
 
 
 def _done(args: argparse.Namespace, out: TextIO, data: Any, lines: Sequence[str],
           code: int = OK) -> int:
-    """Print ``data`` as JSON (``--json``) or ``lines`` for a person; the exit code."""
-    _dump(data, out) if args.json else _say(lines, out)
+    """Print ``data`` as JSON (``--json``) or ``lines`` for a person (names and returns from a
+    ledger or an import file never act on the terminal: escapes are shown, not sent); the code."""
+    if args.json:
+        _dump(data, out)
+    else:
+        print("\n".join(map(cliview.printable, lines)), file=out)
     return code
 
 
 def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
-    with closing(_open(args.ledger)) as held:
-        _known(held, args.name)
+    with _opened(args.ledger, args.name) as held:
         summary = held.cost_summary(args.name)
         evidence = held.evidence(args.name)
         summary["jobs"] = pending_jobs(held, args.name)  # each provider asked, briefly
@@ -128,8 +139,7 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_receipts(args: argparse.Namespace, out: TextIO) -> int:
-    with closing(_open(args.ledger)) as held:
-        _known(held, args.name)
+    with _opened(args.ledger, args.name) as held:
         rows = cliview.receipt_rows(held.attempts(args.name), failed=args.failed, raw=args.raw)
     return _done(args, out, rows, cliview.receipt_lines(args.name, rows, args.failed))
 
@@ -144,8 +154,7 @@ def cmd_values(args: argparse.Namespace, out: TextIO) -> int:
     if args.json and args.identity:
         raise Problem("--identity adds columns to --csv or fields to JSON Lines; drop --json",
                       USAGE)
-    with closing(_open(args.ledger)) as held:
-        _known(held, args.name)
+    with _opened(args.ledger, args.name) as held:
         values = held.checkpoint(args.name)
         fields, tasks = _identity(held, args.name) if args.identity else ([], {})
     if args.json:
@@ -204,8 +213,7 @@ def _cell(value: Any) -> str:
 
 def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
     _one_format(args, "jsonl")
-    with closing(_open(args.ledger)) as held:
-        _known(held, args.batch)
+    with _opened(args.ledger, args.batch) as held:
         receipts = held.export_receipts(args.batch)
     if args.jsonl:
         out.writelines(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in receipts)
@@ -222,7 +230,7 @@ def cmd_import(args: argparse.Namespace, out: TextIO) -> int:
     given = dict(args.validator)
     with refused_as(InvalidBatch, USAGE):  # a bad file is refused before a ledger is made for it
         read_lines(args.file, given, args.without_validator)
-    with closing(_open(args.ledger, create=True)) as held, refused_as(InvalidBatch, USAGE):
+    with _opened(args.ledger, create=True) as held, refused_as(InvalidBatch, USAGE):
         report = held.import_receipts(args.file, validators=given,
                                       without_validator=args.without_validator)
     kept = report["diagnostic"] + report["rejected"] + report["unverified"]
@@ -238,7 +246,7 @@ def cmd_merge(args: argparse.Namespace, out: TextIO) -> int:
         problem = ledger_problem(args.other)  # checked before a ledger is made to receive it
         if problem:
             raise Problem(problem, LEDGER)
-    with closing(_open(args.ledger, create=True)) as held, refused_as(LedgerError, LEDGER):
+    with _opened(args.ledger, create=True) as held, refused_as(LedgerError, LEDGER):
         report = held.merge(args.other, validators=dict(args.validator))
     added, refused = report["added"], report["not_admitted"]
     completed = added.get("attempts_completed", 0)
@@ -257,8 +265,7 @@ def cmd_merge(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_advise(args: argparse.Namespace, out: TextIO) -> int:
     from ..core import advise
 
-    with closing(_open(args.ledger)) as held:
-        _known(held, args.name)
+    with _opened(args.ledger, args.name) as held:
         with refused_as(InvalidBatch, USAGE):
             advice = advise(held, args.name, repairs=args.repairs, replays=args.replays)
     code = _done(args, out, advice, cliview.advice_lines(advice))
@@ -276,8 +283,7 @@ def cmd_advise(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_forget(args: argparse.Namespace, out: TextIO) -> int:
-    with closing(_open(args.ledger)) as held:
-        _known(held, args.name)
+    with _opened(args.ledger, args.name) as held:
         record = held.forget(args.name, via="batchjson forget")
         spend = held.spend(args.name)
     return _done(args, out, {"batch": args.name, "forgotten": record},
@@ -287,7 +293,7 @@ def cmd_forget(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_budget(args: argparse.Namespace, out: TextIO) -> int:
     if args.cost is not None and args.clear:
         raise Problem("--cost sets the budget and --clear removes it: give one", USAGE)
-    with closing(_open(args.ledger, create=args.cost is not None)) as held:
+    with _opened(args.ledger, create=args.cost is not None) as held:
         if args.cost is not None or args.clear:
             held.set_budget(None if args.clear else args.cost)
         budget = held.budget()
@@ -297,7 +303,7 @@ def cmd_budget(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_jobs(args: argparse.Namespace, out: TextIO) -> int:
     """``jobs`` lists the ledger's batch jobs; ``cancel JOB`` cancels one and records it."""
-    with closing(_open(args.ledger)) as held:
+    with _opened(args.ledger) as held:
         if args.command == "cancel":
             job = cancel_job(held, args.job)
             data, lines = {"cancelled": job}, [cliview.cancel_line(job)]
@@ -320,6 +326,140 @@ def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     if problem:
         raise Problem(problem, USAGE)
     return run_demo(args.ledger, args.seed, out, as_json=args.json)
+
+
+# -- batchjson demo: a faulty offline batch run end to end, then resumed with zero calls ------
+DEMO_SCHEMA = {
+    "type": "object",
+    "properties": {"verdict": {"type": "string", "enum": ["match", "no_match"]},
+                   "confidence": {"type": "number", "minimum": 0, "maximum": 1}},
+    "required": ["verdict", "confidence"],
+}
+DEMO_IDENTITY = ("task_id", "case_id", "candidate_id")
+
+
+def demo_tasks(cases: int = 4, per_case: int = 15) -> list[dict]:
+    """Review candidates shaped like the seed's: identity travels in three fields."""
+    tasks = []
+    for c in range(cases):
+        case = f"gold-pair-{78 + c:03d}"
+        for k in range(per_case):
+            candidate = f"{case}-candidate-{127 + k}"
+            tasks.append({"task_id": f"{case}::{candidate}", "case_id": case,
+                          "candidate_id": candidate,
+                          "prompt": f"Is {candidate} the same entity as {case}?"})
+    return tasks
+
+
+# The faults are drawn from the seed and each request's key: with this one the first run shows
+# identity swaps and malformed JSON caught, each request tried again until all 60 tasks resolve.
+DEMO_SEED = 0
+
+
+def demo_answer(task: dict) -> dict:
+    number = int(task["candidate_id"].rsplit("-", 1)[1])
+    return {"verdict": "match" if number % 3 == 0 else "no_match",
+            "confidence": round(0.5 + (number % 5) / 10, 2)}
+
+
+def demo_model(seed: int = DEMO_SEED):  # noqa: ANN201 - returns a SimulatedModel
+    faults = FaultPlan(identity_swap=0.2, malformed_json=0.1, missing_item=0.05,
+                       non_finite=0.05, clean_after=3)
+    return SimulatedModel(answer=demo_answer, faults=faults, seed=seed, model="gpt-4o-mini",
+                          price_per_million=(0.15, 0.60))
+
+
+def command_name() -> str:
+    """How to run this batchjson from here: ``batchjson`` when that is what the shell finds
+    (an activated venv), else its path (``make demo`` runs .venv/bin/python, not on PATH)."""
+    script = Path(sys.executable).parent / "batchjson"
+    if not script.exists():
+        return f"{shlex.quote(sys.executable)} -m batchjson"
+    found = shutil.which("batchjson")
+    if found and Path(found).absolute() == script.absolute():
+        return "batchjson"
+    relative = os.path.relpath(script.absolute())
+    return shlex.quote(relative if not relative.startswith("..") else str(script.absolute()))
+
+
+def demo_ledger_problem(ledger: Path) -> str | None:
+    """The demo starts from an empty ledger, so it only ever clears one it wrote itself."""
+    if not ledger.exists():
+        return None
+    problem = ledger_problem(ledger)
+    if problem is None:
+        with closing(Ledger(ledger)) as held:
+            others = [n for n in held.batch_names() if n != "review"]
+            # A batch of one's own may well be called "review": it is the demo's only if every
+            # attempt is the offline model's, made by a run, on the demo's tasks.
+            ids = {t["task_id"] for t in demo_tasks()}
+            foreign = [r for r in (held.attempts("review") if not others else [])
+                       if r.provider != "simulated" or r.kind == "import"
+                       or not set(r.task_ids) <= ids]
+        if not others and not foreign:
+            return None
+        problem = (f"{ledger} holds batches other than the demo's ({', '.join(others)})" if others
+                   else f"{ledger} holds a batch 'review' that is not the demo's ({len(foreign)} "
+                   "attempt(s) of other tasks, models or imports)")
+    return (f"{problem}. The demo starts from an empty ledger and would clear this one: pass "
+            "--ledger with a new path")
+
+
+def _demo_check(item: dict, task: dict) -> None:
+    if item["verdict"] == "match" and item["confidence"] < 0.5:
+        raise ValueError("a match needs confidence >= 0.5")
+
+
+def _review(session: Session, tasks: list[dict]) -> Any:
+    return session.run_batch("review", tasks, DEMO_SCHEMA, validator=_demo_check,
+                             identity=DEMO_IDENTITY, pack=5, split=True, on_exhausted="return")
+
+
+def run_demo(ledger: Path, seed: int, out: TextIO | None = None, *,
+             as_json: bool = False) -> int:
+    out = out or sys.stdout
+    if ledger.exists():  # a previous demo's ledger (demo_ledger_problem was checked)
+        for suffix in ("", "-wal", "-shm"):
+            Path(str(ledger) + suffix).unlink(missing_ok=True)
+    tasks = demo_tasks()
+    say = (lambda *a: None) if as_json else (lambda text="": print(text, file=out))
+    say(f"batchjson demo: {len(tasks)} review tasks in requests of 5, answered by an offline "
+        "model that injects identity swaps, malformed JSON, missing items and NaN")
+    say(f"ledger: {ledger}\n")
+    with closing(Session(demo_model(seed), ledger=ledger, repairs=1, replays=2)) as session:
+        first = _review(session, tasks)
+        errors = [e for r in session.ledger.attempts("review", failed=True) for e in r.errors]
+    kinds = Counter(e["type"] for e in errors)
+    swap = next((cliview.describe_error(e) for e in errors if e["type"] == "identity"), None)
+    with closing(Session(demo_model(seed), ledger=ledger)) as again:
+        second = _review(again, tasks)
+    code = 0 if first.resolved and second.calls == 0 else 1  # the CLI's exit codes
+    if as_json:
+        print(json.dumps({"ledger": str(ledger), "first": first.summary(),
+                          "second": second.summary(), "rejected_errors_by_type": kinds},
+                         indent=2, sort_keys=True), file=out)
+        return code
+    for label, r in (("first run ", first), ("second run", second)):
+        say(f"{label}  {r.status}: {len(r.values)}/{r.total_tasks} tasks answered; "
+            f"{r.calls} call(s): {r.accepted_returns} returns accepted, {r.rejected_returns} "
+            f"rejected, {r.provider_errors} provider error(s); {r.tokens} tokens, "
+            f"{money(r.cost)}")
+    listed = ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) or "none"
+    say(f"  rejected returns kept as failure receipts; their errors by type: {listed}")
+    if swap:
+        say("\n".join(cliview.wrapped(swap, "  e.g. ")))
+    say(f"  the second run resumed every request from the ledger: {second.calls} new call(s)")
+    flag = ("" if str(ledger) == cliview.DEFAULT_LEDGER
+            else f" --ledger {shlex.quote(str(ledger))}")
+    me = command_name()
+    say("\nnext:")
+    for command, why in ((f"{me} status{flag}", "calls, tokens and cost, per batch"),
+                         (f"{me} receipts review --failed{flag}",
+                          "every rejected return and why"),
+                         (f"{me} values review --csv{flag}", "the accepted answers"),
+                         (f"{me} advise review{flag}", "the cheapest pack size")):
+        say(f"  {command.ljust(58)} {why}")
+    return code
 
 
 # -- the parser -----------------------------------------------------------------------------

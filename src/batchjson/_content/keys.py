@@ -16,8 +16,7 @@ from .._checks import whole
 from .._errors import ProviderSetupError
 from .._fingerprint.fingerprint import fingerprint_callable, fingerprint_function
 from .._sources import Code, Digest, Hashed
-from .packed import PackedTasks
-from .tasks import ECHOED, Identity, Request, sha
+from .tasks import ECHOED, Identity, PackedTasks, Request, sha
 
 # The revision components that key every request besides its tasks ("unseen": judging no
 # fingerprint fully sees, see _session/rejudge.py).
@@ -193,13 +192,9 @@ def source_text(provider: Any) -> str:
     if isinstance(detail, str):
         return detail
     items = detail.items() if isinstance(detail, Mapping) else [("", detail)]
-    return canonical_json({str(k): _setting(v) for k, v in items})
-
-
-def _setting(value: Any) -> Any:
-    """A setting's part of an answer source: a plain value as it is, else its code's key."""
-    plain = isinstance(value, (str, int, float, bool, type(None)))
-    return value if plain else fingerprint_callable(value).digest
+    plain = (str, int, float, bool, type(None))  # a setting as it is, else its code's key
+    return canonical_json({str(k): v if isinstance(v, plain) else fingerprint_callable(v).digest
+                           for k, v in items})
 
 
 def _resolved(part: Any) -> Any:

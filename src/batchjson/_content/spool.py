@@ -76,13 +76,6 @@ SPILL_CHARS = 1 << 22  # texts kept in memory up to this many characters, then o
 WRITE_BYTES = 1 << 16  # spilled texts written to the file this many bytes at a time
 
 
-def write_all(file: Any, data: bytes) -> None:
-    """``data`` into an unbuffered file, which may take a part of it at each write."""
-    view = memoryview(data)
-    while view:
-        view = view[file.write(view):]
-
-
 def no_room(what: str, exc: OSError) -> str:
     """What a temporary file that cannot be had or written says, and the fix (TMPDIR)."""
     return (f"no room {what} in a temporary file in {tempfile.gettempdir()} "
@@ -139,7 +132,9 @@ class TextSpool(Sequence[str]):
         if self._held is not None or not self._unwritten:
             return
         try:
-            write_all(self._file, b"".join(self._unwritten))
+            view = memoryview(b"".join(self._unwritten))
+            while view:  # an unbuffered file may take a part of it at each write
+                view = view[self._file.write(view):]
         except OSError as exc:
             return self._no_room(exc)
         self._unwritten = []

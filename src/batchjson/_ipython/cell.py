@@ -46,18 +46,19 @@ def identity_option(text: str) -> tuple[str, ...]:
         raise UsageError(str(exc)) from None
 
 
-def running_cell(shell: Any) -> int:
-    """The number of the running cell, as its In[n] shows: IPython 9 advances ``execution_count``
-    before a cell runs (8 after), and caches the cell under its own number first."""
-    mapping = getattr(getattr(shell, "compile", None), "_filename_map", None)
-    return max(mapping.values()) if mapping else shell.execution_count
+def cell_files(shell: Any) -> dict[str, int]:
+    """IPython's code file of each cell -> the cell's number, as its In[n] shows."""
+    return getattr(getattr(shell, "compile", None), "_filename_map", None) or {}
 
 
 def run_body(shell: Any, cell: str) -> tuple[list[str], set[str]]:
     """Run the body in the user namespace: (names it bound to functions it defined, every name it
     assigned, ``%run`` included). A leading blank line keeps traceback line numbers right."""
     source = "\n" + shell.transform_cell(cell)
-    filename = shell.compile.cache(source, running_cell(shell), raw_code="\n" + cell)
+    # the running cell's number: IPython 9 advances execution_count before a cell runs (8
+    # after), and caches the cell under its own number first
+    number = max(cell_files(shell).values(), default=shell.execution_count)
+    filename = shell.compile.cache(source, number, raw_code="\n" + cell)
     code = shell.compile(source, filename, "exec")
     ns = shell.user_ns
     before = dict(ns)

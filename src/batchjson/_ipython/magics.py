@@ -1,8 +1,9 @@
 """``%load_ext batchjson``: the ``%%batch_json`` cell magic and its inspection line magics.
 
 One session per kernel, configured by IPython's own ``%config BatchJson.*`` (a refused value is the
-trait's ``TraitError``; the old value stays). Re-running a cell is safe: its validator goes through
-the define-once registry, and identical work resumes from the ledger."""
+trait's ``TraitError``; the old value stays), held on the shell (:class:`KernelState`) so its ledger
+connection and validator registry outlive ``%reset`` and ``%reload_ext``. Re-running a cell is safe:
+its validator goes through the define-once registry, and identical work resumes from the ledger."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import os
 import re
 import sys
 from copy import deepcopy
+from pathlib import Path
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -29,6 +31,8 @@ from .. import (
     RateLimits,
     RunSpec,
     Session,
+    default_session,
+    set_default_session,
 )
 from .._textview import DEFAULT_LEDGER, advice_lines, forget_message, receipt_rows
 from ..core import (
@@ -37,6 +41,7 @@ from ..core import (
     batch_chart,
     looks_like_key,
     masked,
+    provider_label,
     public_url,
     shown_value,
     status_summary,
@@ -45,6 +50,7 @@ from ..core import (
 from .cell import (
     BatchInterrupted,
     allow_empty_body,
+    cell_files,
     check_result_variable,
     define_once,
     evaluate,
@@ -58,7 +64,6 @@ from .cell import (
     wants_help,
 )
 from .display import ReceiptsView, StatusView, Table, TextLines, clip
-from .state import KernelState
 
 # The code file of a notebook or IPython cell, as a validator's "where" records it:
 # ipykernel's temporary file (a number) or IPython's <ipython-input-N-hash>.
@@ -377,7 +382,8 @@ class BatchJson(Magics):
         for v in session.validators:
             rows[(v.name, v.fingerprint.digest)] = [v.name, v.version, v.fingerprint.short,
                                                     v.where, "", "yes"]
-        cells = self._cell_names()
+        # basename of a cell's code file -> "In[n]", as IPython names cells in tracebacks
+        cells = {os.path.basename(str(k)): f"In[{v}]" for k, v in cell_files(self.shell).items()}
         for (_, digest), row in rows.items():
             row[4] = used.get(digest, "")
             filename, _, line_no = str(row[3]).rpartition(":")
@@ -449,15 +455,139 @@ class BatchJson(Magics):
         except InvalidBatch:  # no call has finished yet
             pass
 
-    def _cell_names(self) -> dict[str, str]:
-        """Basename of a cell's code file -> "In[n]", as IPython names cells in tracebacks."""
-        mapping = getattr(getattr(self.shell, "compile", None), "_filename_map", None) or {}
-        return {os.path.basename(str(k)): f"In[{v}]" for k, v in mapping.items()}
-
     def _known_batch(self, name: str) -> None:
         problem = self.session.ledger.no_such_batch(name)
         if problem:
             raise UsageError(problem)
+
+
+# -- what a kernel keeps across %reset and %reload_ext -----------------------------------------
+ATTRIBUTE = "_batchjson_state"
+INJECTED = ("run_batch", "llm_batch_json", "validator", "batch_session")
+REOPEN = ("ledger", "strict")
+MEMORY = ":memory:"
+
+
+def resolve_ledger(setting: str) -> Path | None:
+    """``:memory:`` (or empty) keeps the ledger in memory; a relative path is under the cwd."""
+    if not setting or setting == MEMORY:
+        return None
+    if "://" in setting:  # a URL: a postgresql:// database, or refused naming it (masked)
+        return setting  # type: ignore[return-value]
+    path = Path(setting).expanduser()
+    return path if path.is_absolute() else Path.cwd() / path
+
+
+class KernelState:
+    """The kernel's one session, the settings it was opened with, and the names given out."""
+
+    def __init__(self, shell: Any) -> None:
+        self.shell = shell
+        self.session: Session | None = None
+        self.settings: dict[str, Any] = {}
+        self.names: dict[str, Any] = {}
+        self.previous_default: Session | None = None
+        self.magics: Any = None
+
+    @classmethod
+    def of(cls, shell: Any, *, create: bool = True) -> KernelState | None:
+        state = getattr(shell, ATTRIBUTE, None)
+        if state is None and create:
+            state = cls(shell)
+            setattr(shell, ATTRIBUTE, state)
+        return state
+
+    # -- session lifecycle ---------------------------------------------------------------------
+    def attach(self, settings: dict[str, Any]) -> Session:
+        """Open the session on first load; on a later load apply what changed meanwhile."""
+        if self.session is None:
+            self.previous_default = default_session(create=False)
+            self.open(settings)
+        else:
+            for name, value in settings.items():
+                if not same(self.settings.get(name, _MISSING), value):
+                    self.apply(name, value, settings)
+        assert self.session is not None
+        set_default_session(self.session)
+        self.inject()
+        return self.session
+
+    def open(self, settings: dict[str, Any]) -> None:
+        """A new session on the configured ledger; the names handed out follow it."""
+        old = self.session
+        self.session = Session(ledger=resolve_ledger(settings["ledger"]), **{
+            k: v for k, v in settings.items() if k not in ("ledger", "max_calls")})
+        self.settings = dict(settings)
+        session = self.session  # handed to a person (an RLM host's cells get tools, never it)
+        previous_names, self.names = self.names, dict(zip(INJECTED, (
+            session.run_batch, session.llm_batch_json, session.validators.define, session),
+            strict=True))
+        self.inject(replace=previous_names)
+        if old is not None:
+            if default_session(create=False) is old:
+                set_default_session(self.session)
+            old.close()
+
+    def apply(self, name: str, value: Any, settings: dict[str, Any]) -> None:
+        """Carry one changed setting to the live session (a new session for ledger/strict)."""
+        if self.session is None:
+            return
+        if name in REOPEN:
+            self.open(settings)
+            return
+        self.settings[name] = value
+        if name == "max_rate_wait":  # read by each run as it starts
+            self.session.transport.max_rate_wait = value
+        elif name != "max_calls":  # max_calls is read by each %%batch_json run
+            setattr(self.session, name, value)
+            if name == "model":  # the provider is rebuilt with the new model
+                self.session.provider = self.settings["provider"]
+
+    # -- names in the user namespace -----------------------------------------------------------
+    def inject(self, replace: dict[str, Any] | None = None) -> None:
+        """Add missing names; with ``replace``, also swap names still bound to those objects."""
+        ns = self.shell.user_ns
+        for key, obj in self.names.items():
+            current = ns.get(key, _MISSING)
+            if current is _MISSING or (replace and current is replace.get(key)):
+                ns[key] = obj
+
+    def pre_run_cell(self, info: Any = None) -> None:
+        """Re-add names a ``%reset`` (or ``del``) removed; never overwrite the user's own."""
+        self.inject()
+
+    def detach(self) -> None:
+        """Take back the names still bound to what was given out, and the default session."""
+        ns = self.shell.user_ns
+        for key, obj in self.names.items():
+            if ns.get(key, _MISSING) is obj:
+                del ns[key]
+        if default_session(create=False) is self.session:
+            set_default_session(self.previous_default)
+
+    def ledger_label(self) -> str:
+        assert self.session is not None
+        path = self.session.ledger.path
+        if path is None:  # in memory, or a database (its password masked)
+            return self.session.ledger.where
+        return str(self.settings.get("ledger") or path)  # as configured: no machine-local prefix
+
+    def provider_label(self) -> str:
+        """A name for the provider; never its configuration (API keys stay in the environment)."""
+        spec = self.settings.get("provider")
+        if spec is None:
+            env = os.environ.get("BATCHJSON_PROVIDER", "").strip()
+            return f"{env} (from BATCHJSON_PROVIDER)" if env else "not configured"
+        return provider_label(spec)
+
+
+_MISSING = object()
+
+
+def same(a: Any, b: Any) -> bool:
+    """Identity for objects, equality for plain values (never calls a provider's __eq__)."""
+    plain = (str, int, float, bool, type(None))
+    return a is b or (type(a) is type(b) and isinstance(a, plain) and a == b)
 
 
 # -- extension hooks ---------------------------------------------------------------------------

@@ -11,8 +11,7 @@ from typing import Any
 
 import pydantic_core
 
-from .._content.optional import allows_null
-from .._content.schema import MISSING, resolve_pointer
+from .._content.schema import MISSING, allows_null, resolve_pointer
 
 SUPPORTED_FORMATS = frozenset({"date-time", "time", "date", "duration", "email", "hostname",
                                "ipv4", "ipv6", "uuid"})

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from .._acceptance.validators import droste_verdicts
+from .._acceptance.judge import droste_verdicts
 from .._errors import InvalidBatch, ValidatorChanged
 from .._fingerprint.fingerprint import (
     Fingerprint,

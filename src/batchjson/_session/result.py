@@ -16,7 +16,7 @@ from itertools import groupby, islice
 from operator import itemgetter
 from typing import Any, Literal
 
-from .._content.packed import SequenceView
+from .._content.tasks import SequenceView
 from .._errors import ConfigError, InvalidBatch, LedgerError
 from .._ledger.ledger import Ledger
 from .._ledger.records import Receipt

@@ -2,13 +2,19 @@
 
 The session and validator registry live on the host side, so :func:`bind` works where a namespace
 hides ``globals()`` or drops names between cells; a budget gate refuses a call that can no longer be
-paid for before anything is spent. Never imports another face or ``testing``."""
+paid for before anything is spent. Tools reach cell code as plain functions (:func:`tool`): nothing
+a cell can reach from one leads back to its owner, session or ledger. Never imports another face or
+``testing``."""
 
 from __future__ import annotations
 
 import functools
+import inspect
+import sys
+import threading
+import types
 import weakref
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +23,14 @@ from .. import (
     BudgetExceeded,
     ConfigError,
     InvalidBatch,
+    NotReady,
     ProviderNotConfigured,
     Session,
     ValidatorChanged,
+    ValidatorRegistry,
 )
 from ..core import (
+    ValidatorVersion,
     answer_source,
     check_call,
     check_droste_schema,
@@ -31,8 +40,6 @@ from ..core import (
     llm_batch_json,
     usd,
 )
-from ._droste_env import canonical_version, cell_frame, droste_environment
-from ._hooks import RlmHooks, owner_of, tool
 from ._subcalls import SubcallProvider, is_droste_client, is_subcall_source
 
 __all__ = ["bind", "droste_environment", "rlm_hooks"]
@@ -70,13 +77,15 @@ def bind(namespace: MutableMapping[str, Any], provider_or_subcalls: Any = None, 
                           "with Session(..., replays=..., transport_retries=...) instead")
     provider = (SubcallProvider(provider_or_subcalls, context=context)
                 if is_subcall_source(provider_or_subcalls) else provider_or_subcalls)
-    # droste's clients count one call per attempt; a plain helper's client retried already
-    rules = _call_rules(provider_or_subcalls, replays, transport_retries)
-    if session is None:  # a host binding every turn must not reset evidence or budget
-        asked = any(x is not None for x in (provider_or_subcalls, replays, transport_retries))
-        session = _rebinding(namespace, strict=strict, ledger=ledger, budget=budget,
-                             rules=rules if asked else None)
-    _keep_owed(namespace, session, ledger)
+    # a new session's (replays, transport retries): droste's clients count one call per attempt;
+    # a plain helper's client retried already
+    rules = ((0, 0) if is_droste_client(provider_or_subcalls) else
+             (1, 0 if is_subcall_source(provider_or_subcalls) else 3))
+    rules = (rules[0] if replays is None else replays,
+             rules[1] if transport_retries is None else transport_retries)
+    asked = any(x is not None for x in (provider_or_subcalls, replays, transport_retries))
+    session = _rebound(namespace, session, strict=strict, ledger=ledger, budget=budget,
+                       rules=rules if asked else None)
     if session is None:
         session = Session(provider, ledger=ledger, strict=strict, budget=budget,
                           replays=rules[0], transport_retries=rules[1])
@@ -105,15 +114,7 @@ def rlm_hooks(*, strict: bool = True, ledger: Any = None, budget: Any = None) ->
     ``custom_tools=hooks.custom_tools`` and ``environment_kwargs={"setup_code": hooks.setup_code}``.
     Tools answer through the calling REPL's own ``llm_query_batched``, and ``answer["ready"]`` waits
     for ``finalization_check()`` (docs/rlm.md)."""
-    return RlmHooks(bind, strict=strict, ledger=ledger, budget=budget)
-
-
-def _call_rules(source: Any, replays: int | None,
-                transport_retries: int | None) -> tuple[int, int]:
-    """(replays, transport retries) of a new session for this answer source."""
-    defaults = (0, 0) if is_droste_client(source) else (1, 0 if is_subcall_source(source) else 3)
-    return (defaults[0] if replays is None else replays,
-            defaults[1] if transport_retries is None else transport_retries)
+    return RlmHooks(strict=strict, ledger=ledger, budget=budget)
 
 
 _DROSTE_SESSIONS: weakref.WeakSet[Any] = weakref.WeakSet()  # sessions bind gave a droste client
@@ -127,29 +128,25 @@ def _answers_as_droste(session: Session, source: Any) -> bool:
     return session in _DROSTE_SESSIONS
 
 
-def _rebinding(namespace: MutableMapping[str, Any], *, strict: bool, ledger: Any,
-               budget: Any, rules: tuple[int, int] | None) -> Session | None:
-    """The session already bound into ``namespace`` when this bind asks for the same one."""
-    bound = _binding_of(namespace)
-    if bound is None:
-        return None
-    session = bound.session
-    same_ledger = (ledger is None and session.ledger.path is None) or (
-        ledger is session.ledger) or _same_file(ledger, session.ledger)
-    same_rules = rules is None or rules == (session.replays, session.transport.retries)
-    same = same_ledger and same_rules and session.strict == bool(strict)
-    return session if same and Budget.of(budget) == session.budget else None
-
-
-def _keep_owed(namespace: MutableMapping[str, Any], session: Session | None,
-               ledger: Any) -> None:
-    """Rebinding a namespace must not hide the evidence its current session still owes."""
+def _rebound(namespace: MutableMapping[str, Any], session: Session | None, *, strict: bool,
+             ledger: Any, budget: Any, rules: tuple[int, int] | None) -> Session | None:
+    """The session given, else the one already bound into ``namespace`` when this bind asks for
+    the same (a host binding every turn must not reset evidence or budget), else None. Binding
+    another must not hide the evidence the namespace's current session still owes."""
     bound = _binding_of(namespace)
     if bound is None or bound.session is session:
-        return
+        return session
     old = bound.session
-    same = (_same_file(ledger, old.ledger) if session is None else
-            session.ledger is old.ledger or _same_file(session.ledger.path, old.ledger))
+    if session is None:
+        same_ledger = (ledger is None and old.ledger.path is None) or (
+            ledger is old.ledger) or _same_file(ledger, old.ledger)
+        same_rules = rules is None or rules == (old.replays, old.transport.retries)
+        if same_ledger and same_rules and old.strict == bool(strict) and (
+                Budget.of(budget) == old.budget):
+            return old
+        same = _same_file(ledger, old.ledger)
+    else:
+        same = session.ledger is old.ledger or _same_file(session.ledger.path, old.ledger)
     owed = old.evidence.minimum_exact_retry_calls
     if owed and not same:
         raise ConfigError(
@@ -157,6 +154,7 @@ def _keep_owed(namespace: MutableMapping[str, Any], session: Session | None,
             f"{owed} exact call(s); binding it to another ledger would hide that evidence from "
             "batch_status() and finalization_check(). Bind with the same settings (or "
             "session=) to keep it, or use a new namespace")
+    return session
 
 
 def _same_file(ledger: Any, held: Any) -> bool:
@@ -181,6 +179,129 @@ def _share(session: Session, provider: Any) -> None:
 
 def _source(provider: Any) -> Any:
     return answer_source(provider) if callable(getattr(provider, "source_key", None)) else None
+
+
+# -- canonical validators: a re-executed RLM cell hands every call a new function object, so the
+# registry's first object for that content is rebound, at call time, to every name bound to the
+# duplicate (the function's ``__globals__``, the calling cell's locals, the host's namespaces).
+# droste keys evidence by validator identity, so before every cell its environment's wrapper
+# re-wraps the helpers ``run_rlm`` bound, handing droste that first object (droste untouched).
+_FRAMES_UP = 8  # how far a helper called from a cell's own helper function looks for the cell
+
+
+def cell_frame(depth: int = 2) -> types.FrameType | None:
+    """The nearest calling frame that runs cell code (module level: its locals are a dict)."""
+    try:
+        frame: types.FrameType | None = sys._getframe(depth)
+    except ValueError:  # called from the bottom of a thread's stack: no cell above
+        return None
+    for _ in range(_FRAMES_UP):
+        if frame is None:
+            return None
+        if not frame.f_code.co_flags & inspect.CO_OPTIMIZED:
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def canonical_version(registry: ValidatorRegistry, fn: Callable[..., Any], *,
+                      namespaces: Iterable[MutableMapping[str, Any]] = (),
+                      frame: types.FrameType | None = None,
+                      name: str | None = None, hand_over: bool = False) -> ValidatorVersion:
+    """Register ``fn`` and rebind every duplicate to the canonical object for its content (the
+    version's ``fn``); a changed validator is a new version (a strict registry may refuse it).
+    ``hand_over``: for the run this call is on its way to (see ``version_of``)."""
+    version = registry.version_of(fn, name, hand_over=hand_over)
+    canonical = version.fn
+    if canonical is fn:
+        return version
+    targets: list[MutableMapping[str, Any]] = []
+    found = getattr(fn, "__globals__", None)
+    if isinstance(found, MutableMapping):
+        targets.append(found)
+    if frame is not None and isinstance(frame.f_locals, MutableMapping):
+        targets.append(frame.f_locals)
+    targets.extend(namespaces)
+    seen: set[int] = set()
+    for target in targets:
+        if id(target) in seen:
+            continue
+        seen.add(id(target))
+        for key, value in list(target.items()):
+            if value is fn:
+                target[key] = canonical
+    return version
+
+
+STRUCTURED_HELPERS = ("llm_batch_json", "llm_query_batched_json")
+_VALIDATOR_POSITION = 4  # droste: (prompts, schema, contexts, max_repair_attempts, validator)
+
+
+def droste_environment(environment: Any, *, session: Session | None = None,
+                       registry: ValidatorRegistry | None = None
+                       ) -> CanonicalValidatorsEnvironment:
+    """Wrap any droste ``RLMEnvironment`` so its structured helpers get canonical validators;
+    ``session=`` shares that session's registry (one validator object for batchjson and droste)."""
+    wanted = registry if registry is not None else (
+        session.validators if session is not None else None)
+    if isinstance(environment, CanonicalValidatorsEnvironment):  # wrapping twice: once
+        if wanted is not None and wanted is not environment.validators:
+            raise ConfigError(
+                "this environment is already wrapped by droste_environment with another "
+                "validator registry; wrap the unwrapped environment once, passing session= "
+                "(or registry=) the first time, so batchjson and droste share one validator")
+        return environment
+    return CanonicalValidatorsEnvironment(
+        environment, wanted if wanted is not None else ValidatorRegistry())
+
+
+class CanonicalValidatorsEnvironment:
+    """Delegates everything to the wrapped environment; ``execute`` first re-wraps helpers."""
+
+    def __init__(self, environment: Any, registry: ValidatorRegistry) -> None:
+        self.environment = environment
+        self.validators = registry
+        self._wrappers: dict[int, tuple[Callable[..., Any], Callable[..., Any]]] = {}
+
+    def __getattr__(self, name: str) -> Any:  # globals, capabilities, close, broker, ...
+        return getattr(self.environment, name)
+
+    def execute(self, code: str) -> Any:
+        self.install()
+        return self.environment.execute(code)
+
+    def install(self) -> None:
+        """Wrap whatever structured helpers the globals hold now (droste rebinds them)."""
+        scope = self.environment.globals()
+        for name in STRUCTURED_HELPERS:
+            current = scope.get(name)
+            if callable(current) and not getattr(current, "__batchjson_canonical__", False):
+                scope[name] = self._wrap(current)
+
+    def _wrap(self, helper: Callable[..., Any]) -> Callable[..., Any]:
+        known = self._wrappers.get(id(helper))
+        if known is not None and known[0] is helper:
+            return known[1]
+        registry, scope = self.validators, self.environment.globals
+
+        def canonical_helper(*args: Any, **kwargs: Any) -> Any:
+            frame, at = cell_frame(2), _VALIDATOR_POSITION
+
+            def canonical(fn: Callable[..., Any]) -> Callable[..., Any]:
+                return canonical_version(registry, fn, namespaces=[scope()], frame=frame).fn
+
+            if callable(kwargs.get("validator")):
+                kwargs["validator"] = canonical(kwargs["validator"])
+            elif len(args) > at and callable(args[at]):
+                args = (*args[:at], canonical(args[at]), *args[at + 1:])
+            return helper(*args, **kwargs)
+
+        canonical_helper.__batchjson_canonical__ = True  # type: ignore[attr-defined]
+        canonical_helper.__name__ = getattr(helper, "__name__", "llm_batch_json")
+        canonical_helper.__doc__ = getattr(helper, "__doc__", None)
+        canonical_helper.__wrapped__ = helper  # type: ignore[attr-defined]
+        self._wrappers[id(helper)] = (helper, canonical_helper)  # keeps helper alive: id stable
+        return canonical_helper
 
 
 class _Binding:
@@ -209,7 +330,8 @@ class _Binding:
         if validator is not None and callable(validator):  # handed over to the run
             validator = self._registered(validator, call=(prompts, contexts, name))
         owed, remaining = self.session.evidence.minimum_exact_retry_calls, self._remaining()
-        cost_spent = self._cost_spent()
+        cost = self.session.budget.cost
+        cost_spent = cost is not None and self.session.tally.cost >= cost
         # what owed evidence cannot be paid for blocks spending, not a free answer
         blocked = bool(owed) and ((remaining is not None and owed > remaining) or cost_spent)
         try:
@@ -219,10 +341,9 @@ class _Binding:
                                   droste=self.droste)
         except BudgetExceeded as exc:
             if blocked:
-                raise _refused(owed, remaining or 0, "to clear the unresolved evidence already "
-                               "recorded", cost_spent=cost_spent) from None
-            raise _refused(exc.needed, exc.remaining, "to answer the prompts of this call "
-                           "that are not yet accepted", one_call=exc.one_call) from None
+                raise _refused(owed, remaining or 0, blocked=True, cost_spent=cost_spent) from None
+            raise _refused(exc.needed, exc.remaining, blocked=False,
+                           one_call=exc.one_call) from None
 
     def validator(self, fn: Callable[..., Any] | str | None = None, *,
                   name: str | None = None) -> Any:
@@ -263,16 +384,13 @@ class _Binding:
             digest = version.fingerprint.digest
             owed = self._owed_under(version.name, digest, call)
             if owed:
-                old = self._owing_digest(owed[0], version.name)
+                old = next((str(r.components.get("validator", ""))
+                            for r in self.session.ledger.revisions(owed[0])
+                            if _base(r.validator_name) == _base(version.name)), "")
                 refused = ValidatorChanged(version.name, old, digest, [], len(owed))
                 refused.args = (_changed_message(refused, owed, during="call"),)
                 raise refused
         return version.fn
-
-    def _owing_digest(self, batch: str, name: str) -> str:
-        return next((str(r.components.get("validator", ""))
-                     for r in self.session.ledger.revisions(batch)
-                     if _base(r.validator_name) == _base(name)), "")
 
     def _owed_under(self, base: str, digest: str, call: tuple[Any, Any, Any] | None
                     ) -> list[str]:
@@ -295,10 +413,6 @@ class _Binding:
                    and r.components.get("validator") != digest for r in revisions(u.batch)):
                 batches.append(u.batch)
         return batches
-
-    def _cost_spent(self) -> bool:
-        cost = self.session.budget.cost
-        return cost is not None and self.session.tally.cost >= cost
 
     def _remaining(self) -> int | None:
         calls = self.session.budget.calls
@@ -343,23 +457,25 @@ def _short(text: Any, limit: int = 160) -> Any:
     return text[:limit - 3] + "..."
 
 
-def _refused(owed: int, remaining: int, why: str, *, cost_spent: bool = False,
+def _refused(needed: int, remaining: int, *, blocked: bool, cost_spent: bool = False,
              one_call: float | None = None) -> BudgetExceeded:
-    owed_evidence = "unresolved evidence" in why
-    consequence = (" for, so the unresolved requests cannot be cleared in this run" if
-                   owed_evidence else " for, so this call was not started")
-    error = BudgetExceeded(owed, remaining, one_call=one_call)
+    """A call refused before spending: the owed evidence cannot be cleared (``blocked``), or
+    this call's own prompts cannot be answered."""
+    why, consequence = (
+        ("to clear the unresolved evidence already recorded",
+         "the unresolved requests cannot be cleared in this run") if blocked else
+        ("to answer the prompts of this call that are not yet accepted",
+         "this call was not started"))
     left = (f"one call may cost up to {usd(one_call)}, more than the session's cost budget "
             "has left" if one_call is not None else "the session's cost budget is spent"
             if cost_spent else f"only {remaining} call(s) remain in the budget")
-    error.args = (
-        f"llm_batch_json refused before spending anything: at least {owed} exact call(s) are "
-        f"needed {why}, but {left}. They cannot be paid{consequence}. Do not set "
+    return BudgetExceeded(needed, remaining, one_call=one_call, message=(
+        f"llm_batch_json refused before spending anything: at least {needed} exact call(s) are "
+        f"needed {why}, but {left}. They cannot be paid for, so {consequence}. Do not set "
         "answer['ready'] = True and do not re-run this cell (it will be refused the same "
         "way): give your answer with what is resolved and "
         "what is not (batch_status() counts it, finalization_check() lists it), or ask the host "
-        "for a larger budget.",)
-    return error
+        "for a larger budget."))
 
 
 def _changed_message(exc: ValidatorChanged, owed: Sequence[str], *, during: str) -> str:
@@ -386,3 +502,150 @@ def _suggest(name: str) -> str:
     """A new name a model can type: the last identifier of a qualname, with _v2."""
     base = _base(name).rsplit(".", 1)[-1]
     return f"{base if base.isidentifier() else 'validator'}_v2"
+
+
+DESCRIPTIONS = {
+    "llm_batch_json": (
+        "llm_batch_json(prompts, schema, contexts=None, max_repair_attempts=1, validator=None) "
+        "-> {'values', 'errors', 'attempts', 'repairs_made'}: one JSON subcall per prompt "
+        "(through llm_query_batched), each answer checked against the JSON Schema `schema` and "
+        "by validator(value, index), which raises ValueError to reject; a rejected answer is "
+        "repaired up to max_repair_attempts times. values[i] is None where errors names index "
+        "i. Running the same call again pays only for prompts not yet accepted, so retry it "
+        "inside one cell a bounded number of times instead of raising"),
+    "llm_query_batched_json": "the same function as llm_batch_json, under droste's other name",
+    "validator": (
+        "put @validator above `def check(value, index):` to define a validator once: re-running "
+        "the cell hands back the first object. Do not change a validator's code while a batch "
+        "it checked has errors (the call is refused); give new logic a new name"),
+    "batch_status": (
+        "batch_status() -> dict: unresolved_batches, unresolved_items, "
+        "minimum_exact_retry_calls, calls and cost spent, remaining_calls of the budget, "
+        "ready_allowed"),
+    "finalization_check": (
+        "finalization_check() -> list: the unresolved llm_batch_json requests (batch, prompts, "
+        "last_error) that block answer['ready'] = True; [] means ready may be set"),
+    "batchjson_connect": (
+        "run once by the host's setup code: makes answer['ready'] = True wait until "
+        "finalization_check() is empty; cells never need to call it"),
+}
+
+
+class RlmHooks:
+    """What ``RLM(custom_tools=..., environment_kwargs={"setup_code": ...})`` needs."""
+
+    setup_code = "batchjson_connect(answer)\n"  # rlm runs it in every REPL it makes
+
+    def __init__(self, *, strict: bool = True, ledger: Any = None, budget: Any = None) -> None:
+        # answered by rlm's own client, which retried already: one failure is one subcall
+        session = Session(None, ledger=ledger, strict=strict, budget=budget,
+                          transport_retries=0)
+        self._names: dict[str, Any] = {}
+        self.session = bind(self._names, session=session)
+        self._provider: SubcallProvider | None = None
+        self._lock = threading.RLock()  # one call at a time: its REPL answers the whole run
+        self._gates: dict[type, type] = {}
+        # plain functions (tool, below): none leads a cell back to these hooks or the session
+        helper = tool(self, "llm_batch_json")
+        self._tools = {"llm_batch_json": helper, "llm_query_batched_json": helper,
+                       **{name: self._names[name] for name in HELPER_NAMES[2:]},
+                       "batchjson_connect": tool(self, "connect")}
+
+    # -- what RLM takes ------------------------------------------------------------------------
+    @property
+    def custom_tools(self) -> dict[str, dict[str, Any]]:
+        """For ``RLM(custom_tools=...)``: each tool with the description rlm shows the model."""
+        return {name: {"tool": tool, "description": DESCRIPTIONS[name]}
+                for name, tool in self._tools.items()}
+
+    # -- for the host, after a completion -------------------------------------------------------
+    def finalization_check(self) -> list[dict[str, Any]]:
+        """What is still unresolved (a completion rlm ended without a ready answer has some)."""
+        return self._names["finalization_check"]()
+
+    def batch_status(self) -> dict[str, Any]:
+        return self._names["batch_status"]()
+
+    # -- the tools -----------------------------------------------------------------------------
+    def llm_batch_json(self, prompts: Sequence[str], schema: Any,
+                       contexts: Sequence[str] | None = None, max_repair_attempts: int = 1,
+                       validator: Callable[[Any, int], Any] | None = None, *,
+                       name: str | None = None) -> dict[str, Any]:
+        """droste's ``llm_batch_json``, answered by the calling REPL's ``llm_query_batched``."""
+        helper = _callers_global("llm_query_batched")
+        if not callable(helper):
+            raise ConfigError(
+                "llm_batch_json from batchjson.rlm.rlm_hooks answers through the "
+                "llm_query_batched of the REPL cell that calls it, and its caller has none: call "
+                "it from a cell of rlm's LocalREPL (environment='local'), or use "
+                "batchjson.rlm.bind(namespace, source) for another host")
+        with self._lock:  # each REPL has its own helper; the answer source stays the same
+            if self._provider is None:
+                self._provider = SubcallProvider(helper)
+                self.session.provider = self._provider
+            else:
+                self._provider.retarget(helper)
+            return self._names["llm_batch_json"](prompts, schema, contexts,
+                                                 max_repair_attempts, validator, name=name)
+
+    def connect(self, answer: Any) -> Any:
+        """Make ``answer["ready"] = True`` raise :class:`NotReady` while requests are owed; the dict
+        becomes an instance of a subclass of its own class, so rlm still captures the answer."""
+        if not isinstance(answer, dict):
+            raise ConfigError(f"batchjson_connect takes the REPL's answer dict, got "
+                              f"{type(answer).__name__}")
+        base = type(answer)
+        if base in self._gates.values():
+            return answer
+        gated = self._gates.get(base) or self._gates.setdefault(base, self._gate(base))
+        try:
+            answer.__class__ = gated
+        except TypeError as exc:  # a plain dict cannot change its class
+            raise ConfigError(f"batchjson_connect cannot gate a {base.__name__} answer ({exc}); "
+                              "it gates the answer dict of rlm's LocalREPL") from None
+        return answer
+
+    def _gate(self, base: type) -> type:
+        check = self._names["finalization_check"]  # a tool: the class leads to no session
+
+        def __setitem__(answer: dict, key: Any, value: Any) -> None:
+            if key == "ready" and value:
+                owed = check()
+                if owed:
+                    raise NotReady(owed)
+            base.__setitem__(answer, key, value)
+
+        return type(f"ReadyGated{base.__name__}", (base,), {
+            "__setitem__": __setitem__, "__module__": __name__,
+            "__doc__": "rlm's answer dict: ready is refused while finalization_check() owes"})
+
+
+def _callers_global(name: str) -> Any:
+    """``name`` in the globals of the nearest caller outside batchjson: the REPL cell that
+    called the tool (through the tool's own frames)."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] == "batchjson":
+        frame = frame.f_back  # type: ignore[assignment]
+    return None if frame is None else frame.f_globals.get(name)
+
+
+_OWNERS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def tool(owner: Any, method: str) -> Callable[..., Any]:
+    """``owner.<method>`` as a plain function a cell may be given: its name, signature and doc,
+    and nothing that leads to ``owner`` (no ``__self__``, ``__wrapped__`` or closure over it)."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(_OWNERS[call], method)(*args, **kwargs)
+
+    bound = getattr(owner, method)
+    call.__name__ = call.__qualname__ = method
+    call.__doc__ = bound.__doc__
+    call.__signature__ = inspect.signature(bound)  # type: ignore[attr-defined]
+    _OWNERS[call] = owner
+    return call
+
+
+def owner_of(fn: Any) -> Any:
+    """The object a :func:`tool` calls, or None for anything else (a name a cell rebound)."""
+    return _OWNERS.get(fn)

@@ -17,8 +17,6 @@ from typing import Any
 from .. import Call, ConfigError, ProviderError, Reply, SubcallClientError
 from ..core import Code, Hashed, estimate_tokens, render_value_prompt, source_text
 
-__all__ = ["SubcallProvider", "is_droste_client", "is_subcall_source"]
-
 
 def is_subcall_source(target: Any) -> bool:
     """True for what :class:`SubcallProvider` adapts: not already a batchjson provider."""
