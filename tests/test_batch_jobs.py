@@ -758,3 +758,30 @@ def test_a_4xx_is_recorded_in_one_shape_whether_sent_live_or_in_a_job(tmp_path):
         assert reported["message"] == error["message"]
         shapes.append(sorted(error))
     assert shapes[0] == shapes[1]
+
+
+def long_label(task: dict[str, Any]) -> dict[str, Any]:
+    return {"label": "long " * 100}
+
+
+def test_a_cut_off_answer_is_given_up_with_one_error_whether_sent_live_or_in_a_job(tmp_path):
+    """One settle step owns the give-up: an answer cut off at the output ceiling and not asked
+    again is reported with the same error (type, message, fields) and raw text on either
+    transport (the batch transport used to report the receipt's own error instead)."""
+    reported = []
+    for transport in ("live", "batch"):
+        with LoopbackServer(SimulatedModel(answer=long_label)) as srv:
+            srv.batches.delay = 0.05
+            s = session(srv, tmp_path / f"{transport}.sqlite", repairs=1, replays=1,
+                        extra_body={"max_completion_tokens": 60})  # every answer is cut off
+            result = s.run_batch("labels", tasks(2), SCHEMA, pack=2, transport=transport,
+                                 wait=True, on_exhausted="return")
+            (receipt,) = s.ledger.attempts("labels")
+            s.close()
+        assert receipt.errors[0]["type"] == "truncated"
+        (failure,) = result.failures
+        assert "not re-asked" in failure["errors"][0]["message"]
+        # a request's key is its own ledger's: the rest is the same
+        reported.append([{k: v for k, v in e.items() if k != "request"}
+                         for e in [*result.errors, *result.failures]])
+    assert reported[0] == reported[1]

@@ -30,10 +30,8 @@ from .settle import (
     HALVE,
     NONE,
     Attempt,
-    Next,
     Settle,
     Tried,
-    cut_off_error,
     fail,
     next_attempt,
     rest_tried,
@@ -73,6 +71,7 @@ class JobRunner(Settle):
         self.stopped: set[int] = set()  # jobs a person cancelled while this run ran
         self.cancelled_before: set[int] = set()  # ... and those asked to cancel before it
         self.short = False  # a submission stopped short: the next pass looks at every request
+        self.given_up: set[str] = set()  # requests this run reported given up (Settle.give_up)
         self._system = system_prompt(plan)
 
     async def run(self, windows: Windows, *, wait: bool) -> JobsOutcome:
@@ -131,12 +130,14 @@ class JobRunner(Settle):
                 parent if parent and parent[-1]["status"] == "partial" else []))
             if rows and rows[-1]["job_id"] in self.stopped:  # owed to the next run
                 continue
-            step = self._next(request, rows, request.key in tried, request.key in cut)
+            past = self._tried(request, rows)
+            step = next_attempt(self.plan, request, past, tried=request.key in tried,
+                                cut_off=request.key in cut)
             if step.kind not in (HALVE, NONE):
                 owed.append((request, step.kind, step.prompt))
-            elif not rows:  # cut off in an earlier run: asked again, cut off again
-                fail(self.outcome, request,
-                     [cut_off_error(request, self.provider, earlier=True)])
+            else:  # jobs never halve: a HALVE gives up too
+                self.give_up(request, step, past)
+                self.given_up.add(request.key)
         return owed
 
     def _apart(self, window: Sequence[Request], parted: Mapping[str, list[str]]
@@ -161,17 +162,17 @@ class JobRunner(Settle):
         before the run began, by receipts of no job open then (a resumed run's own), else all."""
         settled = [r for r in rows if r["id"] <= self.watermark
                    and r["job_id"] not in self.open_at_start]
-        if settled and self._next(request, settled, True).kind in (HALVE, NONE):
+        if settled and next_attempt(self.plan, request, self._tried(request, settled),
+                                    tried=True).kind in (HALVE, NONE):
             return [r for r in rows if r["id"] > settled[-1]["id"]]
         return rows
 
-    def _next(self, request: Request, rows: Sequence[Mapping[str, Any]], tried: bool,
-              cut_off: bool = False) -> Next:
-        """The next attempt after receipts ``rows`` (jobs never halve: :data:`HALVE` gives up)."""
-        chain = [rest_tried(r["kind"], r["raw"], request, json.loads(r["errors"]))
-                 if r["status"] == "partial" else
-                 Tried(r["kind"], json.loads(r["errors"] or "[]"), r["raw"]) for r in rows]
-        return next_attempt(self.plan, request, chain, tried=tried, cut_off=cut_off)
+    @staticmethod
+    def _tried(request: Request, rows: Sequence[Mapping[str, Any]]) -> list[Tried]:
+        """Receipts ``rows`` as the chain :func:`next_attempt` reads."""
+        return [rest_tried(r["kind"], r["raw"], request, json.loads(r["errors"]))
+                if r["status"] == "partial" else
+                Tried(r["kind"], json.loads(r["errors"] or "[]"), r["raw"]) for r in rows]
 
     async def _submit_over(self, windows: Iterable[Sequence[Request]], writer: Owner) -> bool:
         """Submit what ``windows`` owe, holding one job's worth at a time: whether it stopped short
@@ -332,7 +333,7 @@ class JobRunner(Settle):
                     out.pending.append(json.dumps({"request": request.key, "where": where,
                                                    "task_ids": list(request.task_ids)}))
                     out.pending_tasks += len(request.task_ids)
-                elif request.key in history:
+                elif request.key in history and request.key not in self.given_up:
                     last = history[request.key][-1]
                     fail(out, request, json.loads(last["errors"] or "[]"), last["raw"])
         self.result.jobs = [job_view(row) for row in self._open_rows()]

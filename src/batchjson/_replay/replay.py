@@ -40,7 +40,6 @@ from .settle import (
     Attempt,
     Settle,
     Tried,
-    cut_off_error,
     fail,
     next_attempt,
     provider_error,
@@ -513,13 +512,19 @@ class Replayer(Caller):
             step = next_attempt(self.plan, request, chain, tried=True, depth=depth)
         if step.kind == HALVE:
             self._release(request)
-            self._replace(request, self.plan.keys.split(request), depth + 1)
-        elif step.why == TRUNCATED:  # cut off at the output ceiling (done None: in an earlier run)
-            self._give_up(request, [cut_off_error(request, self.provider, done is None)],
-                          None if done is None else done.raw)
-        elif done is not None:
-            self._judged(request, done)
-            self.attempts.pop(request.key, None)  # done with in this run: held no longer
+            return self._replace(request, self.plan.keys.split(request), depth + 1)
+        self.attempts.pop(request.key, None)  # done with in this run: held no longer
+        if done is not None and done.verdict.accepted:  # its claim goes with the run's release
+            return self._accepted(request)
+        self._release(request)
+        self._progress(request)
+        self.give_up(request, step, chain)
+        crash = next((e for last in chain[-1:] for e in last.errors
+                      if e.get("type") == "validator_error"), None)
+        if crash is not None and self.control.stop is None:
+            self.control.halt(RuntimeError(_first_line(crash)))
+            self.outcome.stopped = (f"the validator crashed ({_first_line(crash)}); no further "
+                                    "calls were opened. Fix the validator and re-run.")
 
     def _partial(self, request: Request, kind: str, done: Judged) -> tuple[Request, Tried]:
         """A return committed in part: its accepted part is reported, its rest's chain goes on."""
@@ -536,29 +541,14 @@ class Replayer(Caller):
         elif why.why == "resolved":
             self._resolved(request)
         elif why.why == "out_of_budget":
-            return self._give_up(request, [{"type": "budget_exhausted", "task_id": None,
-                                            "message": "the budget ran out before this "
-                                            f"request was resolved ({why.detail})"}])
+            self._release(request)
+            self._progress(request)
+            return fail(self.outcome, request, [{
+                "type": "budget_exhausted", "task_id": None, "message": "the budget ran out "
+                f"before this request was resolved ({why.detail})"}])
         else:
             return self._release(request)
         self._sweep()
-
-    def _judged(self, request: Request, done: Judged) -> None:
-        verdict = done.verdict
-        if verdict.accepted:  # its claim goes with the run's release
-            return self._accepted(request)
-        self._give_up(request, verdict.errors, done.raw)
-        crash = next((e for e in verdict.errors if e.get("type") == "validator_error"), None)
-        if crash is not None and self.control.stop is None:
-            self.control.halt(RuntimeError(_first_line(crash)))
-            self.outcome.stopped = (f"the validator crashed ({_first_line(crash)}); no further "
-                                    "calls were opened. Fix the validator and re-run.")
-
-    def _give_up(self, request: Request, errors: list[dict[str, Any]],
-                 raw: str | None = None) -> None:
-        self._release(request)
-        self._progress(request)
-        fail(self.outcome, request, errors, raw)
 
     def _sweep(self) -> None:
         """Drop from the queue what is accepted or held elsewhere, read at most five times a

@@ -93,6 +93,24 @@ class Settle:
             tx, key, status, text, usage, errors=verdict.errors, accepted=accepted, parts=parts,
             sent_at=sent_at, charge=ledger)
 
+    def give_up(self, request: Request, step: Next, chain: Sequence[Tried]) -> None:
+        """Report ``request`` given up after this run's ``chain``, alike on either transport: cut
+        off at the output ceiling, why it is not asked again and the fix (``chain`` empty: cut off
+        in an earlier run); else its last attempt's errors. Either way with the last answer."""
+        last = chain[-1] if chain else Tried("", ())  # empty only when cut off before
+        if step.why != TRUNCATED:
+            return fail(self.outcome, request, list(last.errors), last.raw)
+        cap = declared_output_cap(self.provider)
+        limit = (f"more than max_tokens={cap} output tokens" if cap is not None else
+                 "more output tokens than the provider's limit")
+        before = "" if chain else ("an earlier return of this request was cut off at this "
+                                   "provider's output limit; ")
+        fix = ("raise max_tokens" + (", pack fewer tasks per call, or pass split=True"
+                                     if len(request.tasks) > 1 else ""))
+        fail(self.outcome, request, [{"type": TRUNCATED, "task_id": None, "message": (
+            f"{before}the answer needs {limit}, and asking again under the same limit would be "
+            f"cut off again (not re-asked): {fix}")}], last.raw)
+
     def ledger_charge(self, held: float, cost: float | None) -> float | None:
         """What settles a call on the ledger's own budget (None: it has none): its cost, or what
         the ledger held for it when that is unknown."""
@@ -199,7 +217,7 @@ class Tried:
 @dataclass(frozen=True)
 class Next:
     """What a request does next: an attempt ``kind`` with its ``prompt``, :data:`HALVE`, or
-    :data:`NONE` (given up: ``why`` is the error type that ended it, or ``spent``)."""
+    :data:`NONE` (given up); ``why``: the error type that ends it (a HALVE's too), or ``spent``."""
 
     kind: str
     prompt: str = ""
@@ -214,13 +232,13 @@ def next_attempt(plan: Plan, request: Request, chain: Sequence[Tried], *, tried:
     halves = plan.split and len(request.tasks) > 1 and depth < plan.max_split_depth
     if not chain:
         if cut_off:  # asking again under the same limit would be cut off again
-            return Next(HALVE) if halves else Next(NONE, why=TRUNCATED)
+            return Next(HALVE if halves else NONE, why=TRUNCATED)
         return Next("split" if depth else "replay" if tried else "initial", prompt)
     last = chain[-1]
     errors, raw = last.errors, last.raw
     stop = next((e["type"] for e in errors if e.get("type") in STOP_ERRORS), None)
     if stop == TRUNCATED:
-        return Next(HALVE) if halves else Next(NONE, why=TRUNCATED)
+        return Next(HALVE if halves else NONE, why=TRUNCATED)
     if stop == REFUSED and not plan.reask_refusals:
         return Next(NONE, why=REFUSED)
     repairable = bool(errors) and all(e.get("type") in REPAIRABLE for e in errors)
@@ -235,17 +253,3 @@ def next_attempt(plan: Plan, request: Request, chain: Sequence[Tried], *, tried:
     if halves and not any(e.get("status") == 429 for e in errors):
         return Next(HALVE)  # the limits of the day split no pack: a 429 is not halved
     return Next(NONE, why="spent")
-
-
-def cut_off_error(request: Request, provider: Any, earlier: bool) -> dict[str, Any]:
-    """Why a request cut off at the output ceiling is not asked again, and the fix."""
-    cap = declared_output_cap(provider)
-    limit = (f"more than max_tokens={cap} output tokens" if cap is not None else
-             "more output tokens than the provider's limit")
-    before = ("an earlier return of this request was cut off at this provider's output limit; "
-              if earlier else "")
-    fix = ("raise max_tokens" + (", pack fewer tasks per call, or pass split=True"
-                                 if len(request.tasks) > 1 else ""))
-    return {"type": TRUNCATED, "task_id": None, "message": (
-        f"{before}the answer needs {limit}, and asking again "
-        f"under the same limit would be cut off again (not re-asked): {fix}")}
