@@ -141,7 +141,8 @@ def _scan(code: types.CodeType) -> CodeFacts:
             chains.add(tuple(cur))  # type: ignore[arg-type]
             name = cur[-1] if len(cur) > 1 else cur[0][1]
             if name in CALL_READS and not op.startswith(_NOT_CALLED):  # os.listdir("allowed")
-                calls.append(_call_site(ops, at, tuple(cur)))
+                called = ".".join([cur[0][1], *cur[1:]])
+                calls.append(_call_site(ops, at, f"{called}()", tuple(cur)))
             cur = None
         if op in _ROOTS:
             if _ROOTS[op] == "g":
@@ -177,7 +178,7 @@ def _site(ops: Ops, at: int, first: str | None, mutated: set[tuple[str, str]],
     op, arg = ops[at]
     if (op in _ATTR and arg in PATH_METHODS) or (
             op in ("LOAD_GLOBAL", "LOAD_NAME") and arg == "open" and not _attr_next(ops, at)):
-        site = _method_site(ops, at) if op in _ATTR else _open_site(ops, at)
+        site = _method_site(ops, at) if op in _ATTR else _call_site(ops, at + 1, "open()")
         if site is not None:
             files.append(site)
     if op in _ROOTS:
@@ -239,20 +240,14 @@ def _writes(consts: list[Any]) -> bool:
                for c in consts)
 
 
-def _call_site(ops: Ops, at: int, chain: tuple) -> Read:
-    """A call of ``chain`` whose arguments start at ``at``, with its path when given simply."""
+def _call_site(ops: Ops, at: int, call: str, chain: tuple | None = None) -> Read | None:
+    """A call whose arguments start at ``at``, with its path when given simply; None for an
+    ``open()`` that writes (a validator's log is not what it judges by)."""
     path = _path_at(ops, at)
     consts = _arguments(ops, at + 1, 1) if path is not None else None
-    name = ".".join([chain[0][1], *chain[1:]])
-    return Read(f"{name}()", path if consts is not None else None, receiver=chain)
-
-
-def _open_site(ops: Ops, at: int) -> Read | None:
-    path = _path_at(ops, at + 1)
-    consts = _arguments(ops, at + 2, 1) if path is not None else None
-    if consts is not None and _writes(consts):
-        return None  # a file the validator writes (a log) is not what it judges by
-    return Read("open()", path if consts is not None else None)
+    if call == "open()" and consts is not None and _writes(consts):
+        return None
+    return Read(call, path if consts is not None else None, receiver=chain)
 
 
 def _method_site(ops: Ops, at: int) -> Read | None:

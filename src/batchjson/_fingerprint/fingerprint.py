@@ -117,16 +117,6 @@ def state_digest(value: Any) -> str | None:
         value, _CONTAINERS) else None
 
 
-def writes_of(value: Any) -> frozenset[str]:
-    """Attributes a function or class assigns outside construction (``self.calls += 1``)."""
-    if isinstance(value, types.FunctionType):
-        return frozenset() if value.__name__ in CONSTRUCTION else scan(
-            value.__code__).written_attrs
-    if isinstance(value, type):
-        return frozenset().union(*(scan(fn.__code__).written_attrs for fn in _methods(value)))
-    return frozenset()
-
-
 def changed_attrs(functions: Iterable[types.FunctionType]) -> frozenset[str]:
     """Attributes the functions change in place on their first argument: a log kept on the
     instance (``self.log.append``), or on a model's class by its validators."""
@@ -296,6 +286,8 @@ class Walker:
         return target is obj
 
     def _build(self, obj: Any) -> tuple[str, list[tuple[str, str]]]:
+        if not callable(obj) and _is_data(obj):  # by content (a source's: immutable only)
+            return "value", [("value", self.ref(obj, "value"))]
         if isinstance(obj, type):
             return "class", self._class(obj)
         if isinstance(obj, _BUILTIN_CALLABLES) or (
@@ -391,9 +383,17 @@ class Walker:
         return label, held or self.ref(value, label)
 
     def _note_writes(self, value: Any) -> None:
-        """Note what a function or class assigns serving calls, for a policy leaving it out."""
-        if self.policy.leaves_out_assigned:
-            self.written_attrs |= writes_of(value)
+        """Note the attributes a function or class assigns outside construction (``self.calls
+        += 1``): what it assigns serving calls, for a policy leaving that out."""
+        if not self.policy.leaves_out_assigned:
+            return
+        if isinstance(value, type):
+            functions: Iterable[types.FunctionType] = _methods(value)
+        elif isinstance(value, types.FunctionType) and value.__name__ not in CONSTRUCTION:
+            functions = (value,)
+        else:
+            return
+        self.written_attrs.update(*(scan(fn.__code__).written_attrs for fn in functions))
 
     def _module_reads(self, chains: frozenset, scope: tuple[dict[str, Any], ...]
                       ) -> list[tuple[str, str]]:
@@ -513,10 +513,8 @@ class Walker:
             # a library object silent on its state: its __dict__ if plain data, else itself (a
             # client's pools and caches would give a new digest after every use)
             plain = dict(getattr(obj, "__dict__", None) or {})
-            python_level = hasattr(obj, "__dict__")  # else its state lives in C, out of sight
-            for klass in cls.__mro__:
-                python_level = python_level or bool(slots_of(klass))
-                plain.update((f"slot:{n}", getattr(obj, n, None)) for n in slots_of(klass))
+            plain.update((f"slot:{n}", getattr(obj, n, None)) for n in slots)
+            python_level = hasattr(obj, "__dict__") or slots  # else its state lives in C
             if python_level and is_plain_data(plain):
                 return self.ref(plain, "instance")
             return self.by_identity(obj, "")
@@ -526,8 +524,7 @@ class Walker:
             return self.by_identity(obj, "")
         if isinstance(reduced, str):  # a module-level singleton named by its global name
             return self.ref((cls.__module__, reduced), "instance")
-        reduced = tuple(reduced) + (None,) * (5 - len(reduced))
-        fn, args, extra, items, pairs = reduced[:5]
+        fn, args, extra, items, pairs = (*reduced, None, None, None)[:5]
         content = (fn, args, extra, None if items is None else list(items),
                    None if pairs is None else list(pairs))
         if any(x is obj for x in (args or ())):
@@ -571,18 +568,12 @@ def unwrap_callable(fn: Any) -> Any:
 
 def _fingerprint(obj: Any, policy: Policy) -> Fingerprint:
     walker = Walker(policy)
-    if callable(obj) or not _is_data(obj):
-        try:
-            node = walker.node(obj)
-        except Exception:  # an object that raises when read (a hostile __getattribute__)
-            walker = Walker(policy)
-            parts = (("self", walker.by_identity(obj, "")),)
-            node = Node(_digest("batchjson:fp:1", ["opaque", list(parts)]), parts, ("",),
-                        (), ())
-    else:  # a plain value: by content (for a source, immutable content only)
-        parts = (("value", walker.ref(obj, "value")),)
-        node = Node(_digest("batchjson:fp:1", ["value", list(parts)]), parts,
-                    tuple(walker.identity), tuple(walker.unseen), tuple(walker.details))
+    try:
+        node = walker.node(obj)
+    except Exception:  # an object that raises when read (a hostile __getattribute__)
+        walker = Walker(policy)
+        parts = (("self", walker.by_identity(obj, "")),)
+        node = Node(_digest("batchjson:fp:1", ["opaque", list(parts)]), parts, ("",), (), ())
     unseen = tuple(dict.fromkeys(f"{path}: {what}" if path else what
                                  for path, what in node.unseen))
     digest = _digest(policy.namespace, node.digest) if policy.namespace else node.digest
