@@ -28,7 +28,7 @@ MUTATORS = frozenset({"append", "extend", "insert", "add", "update", "setdefault
                       "symmetric_difference_update", "sort", "reverse"})
 PATH_METHODS = frozenset({"read_text", "read_bytes", "open"})  # Path(p).read_text(), f.open()
 # The stdlib's functions that read the file system by a path (or run a program), by name, and
-# what a constant path of theirs counts as (files.py).
+# what a constant path of theirs counts as (outside.py).
 STDLIB_READS = {
     **dict.fromkeys(("sqlite3.connect", "linecache.getline", "linecache.getlines",
                      "fileinput.input"), "file"),
@@ -141,8 +141,7 @@ def _scan(code: types.CodeType) -> CodeFacts:
             chains.add(tuple(cur))  # type: ignore[arg-type]
             name = cur[-1] if len(cur) > 1 else cur[0][1]
             if name in CALL_READS and not op.startswith(_NOT_CALLED):  # os.listdir("allowed")
-                called = ".".join([cur[0][1], *cur[1:]])
-                calls.append(_call_site(ops, at, f"{called}()", tuple(cur)))
+                calls.append(_call_site(ops, at, tuple(cur)))
             cur = None
         if op in _ROOTS:
             if _ROOTS[op] == "g":
@@ -178,7 +177,7 @@ def _site(ops: Ops, at: int, first: str | None, mutated: set[tuple[str, str]],
     op, arg = ops[at]
     if (op in _ATTR and arg in PATH_METHODS) or (
             op in ("LOAD_GLOBAL", "LOAD_NAME") and arg == "open" and not _attr_next(ops, at)):
-        site = _method_site(ops, at) if op in _ATTR else _call_site(ops, at + 1, "open()")
+        site = _method_site(ops, at) if op in _ATTR else _call_site(ops, at + 1)
         if site is not None:
             files.append(site)
     if op in _ROOTS:
@@ -240,14 +239,15 @@ def _writes(consts: list[Any]) -> bool:
                for c in consts)
 
 
-def _call_site(ops: Ops, at: int, call: str, chain: tuple | None = None) -> Read | None:
-    """A call whose arguments start at ``at``, with its path when given simply; None for an
-    ``open()`` that writes (a validator's log is not what it judges by)."""
+def _call_site(ops: Ops, at: int, chain: tuple | None = None) -> Read | None:
+    """A call of ``chain`` (None: ``open``) whose arguments start at ``at``, with its path when
+    given simply; None for an ``open()`` that writes (a log is not what a validator judges by)."""
     path = _path_at(ops, at)
     consts = _arguments(ops, at + 1, 1) if path is not None else None
-    if call == "open()" and consts is not None and _writes(consts):
+    if chain is None and consts is not None and _writes(consts):
         return None
-    return Read(call, path if consts is not None else None, receiver=chain)
+    call = "open" if chain is None else ".".join([chain[0][1], *chain[1:]])
+    return Read(f"{call}()", path if consts is not None else None, receiver=chain)
 
 
 def _method_site(ops: Ops, at: int) -> Read | None:

@@ -32,13 +32,14 @@ from .bytecode import (
     resolve_chain,
     scan,
 )
-from .files import file_parts, outside_read
-from .library import (
+from .outside import (
     declares_state,
+    file_parts,
     is_library_module,
     is_plain,
     is_plain_data,
     model_content,
+    outside_read,
     slots_of,
     special_content,
 )
