@@ -475,19 +475,19 @@ class Walker:
         return facts
 
     def _instance(self, obj: Any) -> list[tuple[str, str]]:
-        cls = type(obj)
-        call = cls.__call__ if callable(obj) else None
-        inner = self._inner(call) if isinstance(call, types.FunctionType) else []
-        own = [("type", self._class_facts(cls)[0])]
+        call = type(obj).__call__ if callable(obj) else None
+        calls = [call] if isinstance(call, types.FunctionType) else []
+        inner = self._inner(call) if calls else []  # first: what it walks decides the rest
+        digest, importable, _, _ = self._class_facts(type(obj))
+        own = [("type", digest)]
         special = special_content(obj)
         if special is not None:
             kind, content = special
             if content is not None:
                 own.append((kind, self.ref(content, kind)))
         elif self.policy.instance == "state":  # what judging changes (self.log) by type
-            calls = [call] if isinstance(call, types.FunctionType) else []
             own.append(("instance", self._state(obj, changed_attrs(calls))))
-        elif not self._class_facts(cls)[1]:  # a source's own object: its configuration only
+        elif not importable:  # a source's own object: its configuration only
             own.append(("config", self._config(obj)))
         return _merge(inner, own)
 
@@ -498,7 +498,7 @@ class Walker:
                             if k.removeprefix("slot:") not in self.written_attrs))
         return self.ref(kept, "config")
 
-    def _state(self, obj: Any, skip: frozenset[str] = frozenset()) -> str:
+    def _state(self, obj: Any, skip: frozenset[str]) -> str:
         """An instance's content: its ``__dict__`` and slots, else what pickling would save;
         attributes in ``skip`` (changed by its own judging) by their type alone."""
         cls = type(obj)

@@ -138,9 +138,7 @@ def normalized_core_schema(schema: Any) -> Any:
                 else:
                     out[key] = walk(value)
             return out
-        if isinstance(x, list | tuple):
-            return type(x)(walk(v) for v in x) if type(x) in (list, tuple) else x
-        return x
+        return type(x)(walk(v) for v in x) if type(x) in (list, tuple) else x
 
     return walk(schema)
 
@@ -241,10 +239,6 @@ def stdlib_read(value: Any) -> tuple[str, str] | None:
     return (name, kind) if kind is not None else None
 
 
-LINECACHE = ("linecache keeps the lines it read in this process: an edit of {path!r} is not "
-             "read until linecache.checkcache()")
-
-
 def _bound(root: tuple[str, str], found: Mapping[str, Any], cells: Mapping[str, Any]) -> Any:
     """What a name the code reads is bound to: a closure cell, else a global or a builtin."""
     kind, name = root
@@ -283,7 +277,8 @@ def _read_part(read: Read, reader: tuple[str, str, Any], found: Mapping[str, Any
         if name == "sqlite3.connect" and os.path.exists(path + "-wal"):  # rows not yet in it
             parts.setdefault(f"file:{path}-wal", file_digest(path + "-wal"))
         if name.startswith("linecache."):
-            unseen.append(f"{name}(): " + LINECACHE.format(path=path))
+            unseen.append(f"{name}(): linecache keeps the lines it read in this process: an "
+                          f"edit of {path!r} is not read until linecache.checkcache()")
     else:
         what = f"{name.rpartition('.')[2]}({path!r})" if kind == "check" else path
         parts.setdefault(f"{kind}:{what}", _state_digest(kind, fn, path))
