@@ -114,11 +114,8 @@ def model_content(cls: Any) -> tuple[Any, list[tuple[str, Any]], frozenset[str]]
     privates = [(name, (getattr(attr, "default", None), getattr(attr, "default_factory", None)))
                 for name, attr in sorted(getattr(cls, "__private_attributes__", {}).items())]
     infos = getattr(cls, "__pydantic_decorators__", None)
-    names: set[str] = set()
-    for group in _DECORATOR_GROUPS:
-        found = getattr(infos, group, None)
-        names |= set(found) if isinstance(found, dict) else set()
-    return core, privates, frozenset(names)
+    groups = (getattr(infos, group, None) for group in _DECORATOR_GROUPS)
+    return core, privates, frozenset().union(*(g for g in groups if isinstance(g, dict)))
 
 
 def normalized_core_schema(schema: Any) -> Any:
@@ -180,7 +177,6 @@ def is_plain(value: Any) -> bool:
 
 # -- files a validator reads ----------------------------------------------------------------------
 COMPUTED = ": a file read whose path is computed at run time"
-_OPENS = (builtins.open, io.open)
 _FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType)  # read without asking the object
 # An installed module's containers (os.environ, sys.argv), keyed by name: read, they are unseen.
 _ENVIRONMENT = (Mapping, list, set)
@@ -312,7 +308,7 @@ def outside_read(module: str, used: list[str], value: Any) -> str | None:
 def resolve(read: Read, found: Mapping[str, Any], cells: Mapping[str, Any]
             ) -> tuple[str | None, str | None]:
     """(path to hash, None), (None, what is unseen), or (None, None): no file read after all."""
-    if read.call == "open()" and not any(found.get("open", builtins.open) is o for o in _OPENS):
+    if read.call == "open()" and found.get("open", builtins.open) is not builtins.open:
         return None, None  # the user's own `open`, walked by content like any global
     if read.receiver is not None and read.call.startswith("."):  # NAME.method()
         target = _bound(read.path[1], found, cells) if read.path else None
