@@ -68,6 +68,7 @@ _NO_CONSTS = (_NO_CONST, _NO_CONST)
 MISSING = object()  # an attribute a chain names that is not there
 
 Ops = list[tuple[str, Any]]
+Scope = tuple[dict[str, Any], dict[str, Any], dict[str, Any]]  # globals, builtins, closure cells
 
 
 @dataclass(frozen=True)
@@ -302,17 +303,20 @@ def is_module(x: Any) -> bool:
     return issubclass(type(x), types.ModuleType)  # never asks x itself (isinstance would)
 
 
-def resolve_chain(chain: tuple, scope: tuple[dict[str, Any], ...]
-                  ) -> tuple[types.ModuleType, Any, list[str]] | None:
-    """(last module, value, names used) of a chain followed through modules, if from one."""
-    (kind, root), *attrs = chain
+def bound(root: tuple[str, str], scope: Scope) -> Any:
+    """What a chain's root names now: a global (else a builtin), a closure cell, or the module
+    an import inside the code binds; MISSING when none."""
+    kind, name = root
     found, builtin_ns, cells = scope
     if kind == "g":
-        base = found.get(root, builtin_ns.get(root, MISSING))
-    elif kind == "c":
-        base = cells.get(root, MISSING)
-    else:
-        base = imported(root, found)
+        return found.get(name, builtin_ns.get(name, MISSING))
+    return cells.get(name, MISSING) if kind == "c" else imported(name, found)
+
+
+def resolve_chain(chain: tuple, scope: Scope) -> tuple[types.ModuleType, Any, list[str]] | None:
+    """(last module, value, names used) of a chain followed through modules, if from one."""
+    (kind, _), *attrs = chain
+    base = bound(chain[0], scope)
     if not is_module(base):
         return None
     owner, value, used = base, base, []
@@ -324,7 +328,7 @@ def resolve_chain(chain: tuple, scope: tuple[dict[str, Any], ...]
         except Exception:  # a module __getattr__ (lazy import) failing: nothing to read
             owner, value = value, MISSING
         if value is MISSING and kind == "m":  # `import a.b` in the code loads a.b when it runs
-            value = imported(f"{owner.__name__}.{attr}", found)
+            value = imported(f"{owner.__name__}.{attr}", scope[0])
         used.append(attr)
     return owner, value, used
 

@@ -27,6 +27,7 @@ from .bytecode import (
     DYNAMIC_BUILTINS,
     MISSING,
     CodeFacts,
+    Scope,
     code_canon,
     is_module,
     resolve_chain,
@@ -158,13 +159,6 @@ def _merge(inner: list[tuple[str, str]], own: list[tuple[str, str]]) -> list[tup
 
 
 _OUTSIDE = ("file:", "listing:", "tree:", "glob:", "check:")  # parts that read the file system
-
-
-def _reads_outside(parts: list[tuple[str, str]], details: list[tuple[str, str]],
-                   unseen: list[tuple[str, str]]) -> bool:
-    """Whether a walked callable reads files (its own or its helpers') or out of sight."""
-    return bool(unseen) or any(name.rpartition(">")[2].startswith(_OUTSIDE)
-                               for name, _ in (*parts, *details))
 
 
 def _join(label: str, rel: str) -> str:
@@ -313,8 +307,10 @@ class Walker:
         if callable(wrapped) and self._importable(type(obj)):  # lru_cache: the code, not the cache
             marks = len(self.details), len(self.unseen)
             inner = self._inner(wrapped)
-            if self.policy.reads_outside and hasattr(obj, "cache_clear") and _reads_outside(
-                    inner, self.details[marks[0]:], self.unseen[marks[1]:]):
+            walked = (*inner, *self.details[marks[0]:])  # its parts and its helpers'
+            if self.policy.reads_outside and hasattr(obj, "cache_clear") and (
+                    self.unseen[marks[1]:] or any(  # it reads files or out of sight
+                        n.rpartition(">")[2].startswith(_OUTSIDE) for n, _ in walked)):
                 name = getattr(wrapped, "__qualname__", "a function")
                 self.unseen.append(("", f"{name}() is cached (functools.lru_cache): an edit of "
                                     "what it reads is not seen by this process until "
@@ -364,7 +360,7 @@ class Walker:
         scope = (found, builtin_ns, cells)
         parts += self._module_reads(facts.chains, scope)
         if self.policy.reads_outside:  # what judging reads from files, by content or unseen
-            files, unseen = file_parts(facts, found, cells)
+            files, unseen = file_parts(facts, scope)
             parts += files
             self.unseen += [("", what) for what in unseen]
         for chain in sorted(facts.dynamic, key=repr):  # getattr(cfg, name): out of sight
@@ -396,8 +392,7 @@ class Walker:
             return
         self.written_attrs.update(*(scan(fn.__code__).written_attrs for fn in functions))
 
-    def _module_reads(self, chains: frozenset, scope: tuple[dict[str, Any], ...]
-                      ) -> list[tuple[str, str]]:
+    def _module_reads(self, chains: frozenset, scope: Scope) -> list[tuple[str, str]]:
         """``mod.NAME`` read by the code: the attribute's value, not the module's name."""
         out: dict[str, str] = {}
         for chain in sorted(chains, key=repr):

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .._canon import SCALARS, VALUE_TYPES, digest
-from .bytecode import MISSING, STDLIB_READS, CodeFacts, Read, is_module, resolve_chain
+from .bytecode import STDLIB_READS, CodeFacts, Read, Scope, bound, is_module, resolve_chain
 
 
 def _roots() -> tuple[str, ...]:
@@ -188,26 +188,25 @@ READERS = frozenset({"open", "load", "loadtxt", "genfromtxt", "fromfile", "read_
 FILE_OBJECT_LOADERS = frozenset({"json", "pickle", "_pickle", "marshal", "tomllib", "plistlib"})
 
 
-def file_parts(facts: CodeFacts, found: Mapping[str, Any], cells: Mapping[str, Any]
-               ) -> tuple[list[tuple[str, str]], list[str]]:
+def file_parts(facts: CodeFacts, scope: Scope) -> tuple[list[tuple[str, str]], list[str]]:
     """(parts, unseen) of the files the code reads: a constant path's content, else unseen."""
     parts: dict[str, str] = {}
     unseen: list[str] = []
     for read in facts.files:
-        path, hidden = resolve(read, found, cells)
+        path, hidden = resolve(read, scope)
         if hidden is not None:
             unseen.append(hidden)
         elif path is not None:
             parts.setdefault(f"file:{path}", file_digest(path))
     called = set()
     for read in facts.calls:  # os.listdir("allowed"), sqlite3.connect(DB), subprocess.run(...)
-        callee = _callee(read.receiver, found, cells)
+        callee = _callee(read.receiver, scope)
         reader = stdlib_read(callee)
         if reader is not None:
             called.add(read.receiver)
-            _read_part(read, (*reader, callee), found, cells, parts, unseen)
+            _read_part(read, (*reader, callee), scope, parts, unseen)
     for name in sorted(facts.globals):  # `from pandas import read_csv`, then read_csv(path)
-        value = found.get(name)
+        value = scope[0].get(name)
         reader = stdlib_read(value)
         if reader is not None and (("g", name),) not in called:  # `ls = os.listdir`: unseen
             unseen.append(f"{name}(), which is {reader[0]}(){COMPUTED}")
@@ -235,29 +234,22 @@ def stdlib_read(value: Any) -> tuple[str, str] | None:
     return (name, kind) if kind is not None else None
 
 
-def _bound(root: tuple[str, str], found: Mapping[str, Any], cells: Mapping[str, Any]) -> Any:
-    """What a name the code reads is bound to: a closure cell, else a global or a builtin."""
-    kind, name = root
-    scope = cells if kind == "c" else found
-    return scope.get(name, getattr(builtins, name, None) if kind == "g" else None)
-
-
-def _callee(chain: tuple, found: Mapping[str, Any], cells: Mapping[str, Any]) -> Any:
+def _callee(chain: tuple, scope: Scope) -> Any:
     """What a call site's chain names: ``listdir`` (a global or closure), ``os.path.exists``."""
     if len(chain) == 1:
-        return _bound(chain[0], found, cells)
-    resolved = resolve_chain(chain, (found, vars(builtins), cells))  # type: ignore[arg-type]
-    return MISSING if resolved is None else resolved[1]
+        return bound(chain[0], scope)
+    resolved = resolve_chain(chain, scope)
+    return None if resolved is None else resolved[1]
 
 
-def _read_part(read: Read, reader: tuple[str, str, Any], found: Mapping[str, Any],
-               cells: Mapping[str, Any], parts: dict[str, str], unseen: list[str]) -> None:
+def _read_part(read: Read, reader: tuple[str, str, Any], scope: Scope, parts: dict[str, str],
+               unseen: list[str]) -> None:
     """A stdlib read's part (by the path's content, listing or state now), or why unseen."""
     name, kind, fn = reader
     if kind == "program":
         unseen.append(f"{name}(): runs a program; what it reads is seen only at run time")
         return
-    path = _path_value(read.path, found, cells)
+    path = _path_value(read.path, scope)
     if path is None:
         unseen.append(f"{name}(){COMPUTED}")
     elif name == "sqlite3.connect" and path in ("", ":memory:"):
@@ -305,34 +297,32 @@ def outside_read(module: str, used: list[str], value: Any) -> str | None:
     return reader
 
 
-def resolve(read: Read, found: Mapping[str, Any], cells: Mapping[str, Any]
-            ) -> tuple[str | None, str | None]:
+def resolve(read: Read, scope: Scope) -> tuple[str | None, str | None]:
     """(path to hash, None), (None, what is unseen), or (None, None): no file read after all."""
-    if read.call == "open()" and found.get("open", builtins.open) is not builtins.open:
+    if read.call == "open()" and scope[0].get("open", builtins.open) is not builtins.open:
         return None, None  # the user's own `open`, walked by content like any global
     if read.receiver is not None and read.call.startswith("."):  # NAME.method()
-        target = _bound(read.path[1], found, cells) if read.path else None
+        target = bound(read.path[1], scope) if read.path else None
         if issubclass(type(target), types.ModuleType):  # never asks the object itself
             return None, None  # gzip.open: a module's function, seen as one (library_reader)
         if not issubclass(type(target), pathlib.PurePath):
             return None, f"{read.receiver[0]}{read.call}{COMPUTED}"
         return _checked(os.fspath(target), read.call)
     if read.receiver is not None:  # Path(p).method(): the callee must be a path class
-        callee = cells.get(read.receiver[0], _bound(("g", read.receiver[0]), found, cells))
+        callee = scope[2].get(read.receiver[0], bound(("g", read.receiver[0]), scope))
         for attr in read.receiver[1:]:  # pathlib.Path: modules only, never an object's hooks
             callee = getattr(callee, attr, None) if is_module(callee) else None
         if not (issubclass(type(callee), type) and issubclass(callee, pathlib.PurePath)):
             return None, f"{read.call}{COMPUTED}"
-    path = _path_value(read.path, found, cells)
+    path = _path_value(read.path, scope)
     return (None, f"{read.call}{COMPUTED}") if path is None else _checked(path, read.call)
 
 
-def _path_value(path: tuple[str, Any] | None, found: Mapping[str, Any],
-                cells: Mapping[str, Any]) -> str | None:
+def _path_value(path: tuple[str, Any] | None, scope: Scope) -> str | None:
     if path is None:
         return None
     kind, what = path
-    raw = what if kind == "const" else _bound(what, found, cells)
+    raw = what if kind == "const" else bound(what, scope)
     return os.fsdecode(raw) if issubclass(type(raw), (str, bytes, pathlib.PurePath)) else None
 
 
