@@ -7,6 +7,7 @@ container the code fills while running counts by its type alone."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import enum
 import functools
@@ -531,14 +532,10 @@ class Walker:
 def _attributes(obj: Any, slots: tuple[str, ...]) -> dict[str, Any]:
     """An instance's ``__dict__`` and the slots it has set (as ``slot:<name>``)."""
     found: dict[str, Any] = {}
-    try:
+    with contextlib.suppress(TypeError):  # no __dict__
         found.update(vars(obj))
-    except TypeError:
-        pass
-    for slot in slots:
-        value = getattr(obj, slot, MISSING)
-        if value is not MISSING:
-            found[f"slot:{slot}"] = value
+    found.update((f"slot:{slot}", value) for slot in slots
+                 if (value := getattr(obj, slot, MISSING)) is not MISSING)
     return found
 
 
