@@ -28,7 +28,7 @@ MUTATORS = frozenset({"append", "extend", "insert", "add", "update", "setdefault
                       "symmetric_difference_update", "sort", "reverse"})
 PATH_METHODS = frozenset({"read_text", "read_bytes", "open"})  # Path(p).read_text(), f.open()
 # The stdlib's functions that read the file system by a path (or run a program), by name, and
-# what a constant path of theirs counts as (files.py).
+# what a constant path of theirs counts as (outside.py).
 STDLIB_READS = {
     **dict.fromkeys(("sqlite3.connect", "linecache.getline", "linecache.getlines",
                      "fileinput.input"), "file"),
@@ -68,6 +68,7 @@ _NO_CONSTS = (_NO_CONST, _NO_CONST)
 MISSING = object()  # an attribute a chain names that is not there
 
 Ops = list[tuple[str, Any]]
+Scope = tuple[dict[str, Any], dict[str, Any], dict[str, Any]]  # globals, builtins, closure cells
 
 
 @dataclass(frozen=True)
@@ -177,7 +178,7 @@ def _site(ops: Ops, at: int, first: str | None, mutated: set[tuple[str, str]],
     op, arg = ops[at]
     if (op in _ATTR and arg in PATH_METHODS) or (
             op in ("LOAD_GLOBAL", "LOAD_NAME") and arg == "open" and not _attr_next(ops, at)):
-        site = _method_site(ops, at) if op in _ATTR else _open_site(ops, at)
+        site = _method_site(ops, at) if op in _ATTR else _call_site(ops, at + 1)
         if site is not None:
             files.append(site)
     if op in _ROOTS:
@@ -239,20 +240,15 @@ def _writes(consts: list[Any]) -> bool:
                for c in consts)
 
 
-def _call_site(ops: Ops, at: int, chain: tuple) -> Read:
-    """A call of ``chain`` whose arguments start at ``at``, with its path when given simply."""
+def _call_site(ops: Ops, at: int, chain: tuple | None = None) -> Read | None:
+    """A call of ``chain`` (None: ``open``) whose arguments start at ``at``, with its path when
+    given simply; None for an ``open()`` that writes (a log is not what a validator judges by)."""
     path = _path_at(ops, at)
     consts = _arguments(ops, at + 1, 1) if path is not None else None
-    name = ".".join([chain[0][1], *chain[1:]])
-    return Read(f"{name}()", path if consts is not None else None, receiver=chain)
-
-
-def _open_site(ops: Ops, at: int) -> Read | None:
-    path = _path_at(ops, at + 1)
-    consts = _arguments(ops, at + 2, 1) if path is not None else None
-    if consts is not None and _writes(consts):
-        return None  # a file the validator writes (a log) is not what it judges by
-    return Read("open()", path if consts is not None else None)
+    if chain is None and consts is not None and _writes(consts):
+        return None
+    call = "open" if chain is None else ".".join([chain[0][1], *chain[1:]])
+    return Read(f"{call}()", path if consts is not None else None, receiver=chain)
 
 
 def _method_site(ops: Ops, at: int) -> Read | None:
@@ -307,17 +303,20 @@ def is_module(x: Any) -> bool:
     return issubclass(type(x), types.ModuleType)  # never asks x itself (isinstance would)
 
 
-def resolve_chain(chain: tuple, scope: tuple[dict[str, Any], ...]
-                  ) -> tuple[types.ModuleType, Any, list[str]] | None:
-    """(last module, value, names used) of a chain followed through modules, if from one."""
-    (kind, root), *attrs = chain
+def bound(root: tuple[str, str], scope: Scope) -> Any:
+    """What a chain's root names now: a global (else a builtin), a closure cell, or the module
+    an import inside the code binds; MISSING when none."""
+    kind, name = root
     found, builtin_ns, cells = scope
     if kind == "g":
-        base = found.get(root, builtin_ns.get(root, MISSING))
-    elif kind == "c":
-        base = cells.get(root, MISSING)
-    else:
-        base = imported(root, found)
+        return found.get(name, builtin_ns.get(name, MISSING))
+    return cells.get(name, MISSING) if kind == "c" else imported(name, found)
+
+
+def resolve_chain(chain: tuple, scope: Scope) -> tuple[types.ModuleType, Any, list[str]] | None:
+    """(last module, value, names used) of a chain followed through modules, if from one."""
+    (kind, _), *attrs = chain
+    base = bound(chain[0], scope)
     if not is_module(base):
         return None
     owner, value, used = base, base, []
@@ -329,7 +328,7 @@ def resolve_chain(chain: tuple, scope: tuple[dict[str, Any], ...]
         except Exception:  # a module __getattr__ (lazy import) failing: nothing to read
             owner, value = value, MISSING
         if value is MISSING and kind == "m":  # `import a.b` in the code loads a.b when it runs
-            value = imported(f"{owner.__name__}.{attr}", found)
+            value = imported(f"{owner.__name__}.{attr}", scope[0])
         used.append(attr)
     return owner, value, used
 

@@ -7,6 +7,7 @@ container the code fills while running counts by its type alone."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import enum
 import functools
@@ -27,18 +28,20 @@ from .bytecode import (
     DYNAMIC_BUILTINS,
     MISSING,
     CodeFacts,
+    Scope,
     code_canon,
     is_module,
     resolve_chain,
     scan,
 )
-from .files import file_parts, outside_read
-from .library import (
+from .outside import (
     declares_state,
+    file_parts,
     is_library_module,
     is_plain,
     is_plain_data,
     model_content,
+    outside_read,
     slots_of,
     special_content,
 )
@@ -117,16 +120,6 @@ def state_digest(value: Any) -> str | None:
         value, _CONTAINERS) else None
 
 
-def writes_of(value: Any) -> frozenset[str]:
-    """Attributes a function or class assigns outside construction (``self.calls += 1``)."""
-    if isinstance(value, types.FunctionType):
-        return frozenset() if value.__name__ in CONSTRUCTION else scan(
-            value.__code__).written_attrs
-    if isinstance(value, type):
-        return frozenset().union(*(scan(fn.__code__).written_attrs for fn in _methods(value)))
-    return frozenset()
-
-
 def changed_attrs(functions: Iterable[types.FunctionType]) -> frozenset[str]:
     """Attributes the functions change in place on their first argument: a log kept on the
     instance (``self.log.append``), or on a model's class by its validators."""
@@ -167,13 +160,6 @@ def _merge(inner: list[tuple[str, str]], own: list[tuple[str, str]]) -> list[tup
 
 
 _OUTSIDE = ("file:", "listing:", "tree:", "glob:", "check:")  # parts that read the file system
-
-
-def _reads_outside(parts: list[tuple[str, str]], details: list[tuple[str, str]],
-                   unseen: list[tuple[str, str]]) -> bool:
-    """Whether a walked callable reads files (its own or its helpers') or out of sight."""
-    return bool(unseen) or any(name.rpartition(">")[2].startswith(_OUTSIDE)
-                               for name, _ in (*parts, *details))
 
 
 def _join(label: str, rel: str) -> str:
@@ -296,6 +282,8 @@ class Walker:
         return target is obj
 
     def _build(self, obj: Any) -> tuple[str, list[tuple[str, str]]]:
+        if not callable(obj) and _is_data(obj):  # by content (a source's: immutable only)
+            return "value", [("value", self.ref(obj, "value"))]
         if isinstance(obj, type):
             return "class", self._class(obj)
         if isinstance(obj, _BUILTIN_CALLABLES) or (
@@ -320,8 +308,10 @@ class Walker:
         if callable(wrapped) and self._importable(type(obj)):  # lru_cache: the code, not the cache
             marks = len(self.details), len(self.unseen)
             inner = self._inner(wrapped)
-            if self.policy.reads_outside and hasattr(obj, "cache_clear") and _reads_outside(
-                    inner, self.details[marks[0]:], self.unseen[marks[1]:]):
+            walked = (*inner, *self.details[marks[0]:])  # its parts and its helpers'
+            if self.policy.reads_outside and hasattr(obj, "cache_clear") and (
+                    self.unseen[marks[1]:] or any(  # it reads files or out of sight
+                        n.rpartition(">")[2].startswith(_OUTSIDE) for n, _ in walked)):
                 name = getattr(wrapped, "__qualname__", "a function")
                 self.unseen.append(("", f"{name}() is cached (functools.lru_cache): an edit of "
                                     "what it reads is not seen by this process until "
@@ -371,7 +361,7 @@ class Walker:
         scope = (found, builtin_ns, cells)
         parts += self._module_reads(facts.chains, scope)
         if self.policy.reads_outside:  # what judging reads from files, by content or unseen
-            files, unseen = file_parts(facts, found, cells)
+            files, unseen = file_parts(facts, scope)
             parts += files
             self.unseen += [("", what) for what in unseen]
         for chain in sorted(facts.dynamic, key=repr):  # getattr(cfg, name): out of sight
@@ -391,12 +381,19 @@ class Walker:
         return label, held or self.ref(value, label)
 
     def _note_writes(self, value: Any) -> None:
-        """Note what a function or class assigns serving calls, for a policy leaving it out."""
-        if self.policy.leaves_out_assigned:
-            self.written_attrs |= writes_of(value)
+        """Note the attributes a function or class assigns outside construction (``self.calls
+        += 1``): what it assigns serving calls, for a policy leaving that out."""
+        if not self.policy.leaves_out_assigned:
+            return
+        if isinstance(value, type):
+            functions: Iterable[types.FunctionType] = _methods(value)
+        elif isinstance(value, types.FunctionType) and value.__name__ not in CONSTRUCTION:
+            functions = (value,)
+        else:
+            return
+        self.written_attrs.update(*(scan(fn.__code__).written_attrs for fn in functions))
 
-    def _module_reads(self, chains: frozenset, scope: tuple[dict[str, Any], ...]
-                      ) -> list[tuple[str, str]]:
+    def _module_reads(self, chains: frozenset, scope: Scope) -> list[tuple[str, str]]:
         """``mod.NAME`` read by the code: the attribute's value, not the module's name."""
         out: dict[str, str] = {}
         for chain in sorted(chains, key=repr):
@@ -474,19 +471,19 @@ class Walker:
         return facts
 
     def _instance(self, obj: Any) -> list[tuple[str, str]]:
-        cls = type(obj)
-        call = cls.__call__ if callable(obj) else None
-        inner = self._inner(call) if isinstance(call, types.FunctionType) else []
-        own = [("type", self._class_facts(cls)[0])]
+        call = type(obj).__call__ if callable(obj) else None
+        calls = [call] if isinstance(call, types.FunctionType) else []
+        inner = self._inner(call) if calls else []  # first: what it walks decides the rest
+        digest, importable, _, _ = self._class_facts(type(obj))
+        own = [("type", digest)]
         special = special_content(obj)
         if special is not None:
             kind, content = special
             if content is not None:
                 own.append((kind, self.ref(content, kind)))
         elif self.policy.instance == "state":  # what judging changes (self.log) by type
-            calls = [call] if isinstance(call, types.FunctionType) else []
             own.append(("instance", self._state(obj, changed_attrs(calls))))
-        elif not self._class_facts(cls)[1]:  # a source's own object: its configuration only
+        elif not importable:  # a source's own object: its configuration only
             own.append(("config", self._config(obj)))
         return _merge(inner, own)
 
@@ -497,7 +494,7 @@ class Walker:
                             if k.removeprefix("slot:") not in self.written_attrs))
         return self.ref(kept, "config")
 
-    def _state(self, obj: Any, skip: frozenset[str] = frozenset()) -> str:
+    def _state(self, obj: Any, skip: frozenset[str]) -> str:
         """An instance's content: its ``__dict__`` and slots, else what pickling would save;
         attributes in ``skip`` (changed by its own judging) by their type alone."""
         cls = type(obj)
@@ -513,10 +510,8 @@ class Walker:
             # a library object silent on its state: its __dict__ if plain data, else itself (a
             # client's pools and caches would give a new digest after every use)
             plain = dict(getattr(obj, "__dict__", None) or {})
-            python_level = hasattr(obj, "__dict__")  # else its state lives in C, out of sight
-            for klass in cls.__mro__:
-                python_level = python_level or bool(slots_of(klass))
-                plain.update((f"slot:{n}", getattr(obj, n, None)) for n in slots_of(klass))
+            plain.update((f"slot:{n}", getattr(obj, n, None)) for n in slots)
+            python_level = hasattr(obj, "__dict__") or slots  # else its state lives in C
             if python_level and is_plain_data(plain):
                 return self.ref(plain, "instance")
             return self.by_identity(obj, "")
@@ -526,8 +521,7 @@ class Walker:
             return self.by_identity(obj, "")
         if isinstance(reduced, str):  # a module-level singleton named by its global name
             return self.ref((cls.__module__, reduced), "instance")
-        reduced = tuple(reduced) + (None,) * (5 - len(reduced))
-        fn, args, extra, items, pairs = reduced[:5]
+        fn, args, extra, items, pairs = (*reduced, None, None, None)[:5]
         content = (fn, args, extra, None if items is None else list(items),
                    None if pairs is None else list(pairs))
         if any(x is obj for x in (args or ())):
@@ -538,14 +532,10 @@ class Walker:
 def _attributes(obj: Any, slots: tuple[str, ...]) -> dict[str, Any]:
     """An instance's ``__dict__`` and the slots it has set (as ``slot:<name>``)."""
     found: dict[str, Any] = {}
-    try:
+    with contextlib.suppress(TypeError):  # no __dict__
         found.update(vars(obj))
-    except TypeError:
-        pass
-    for slot in slots:
-        value = getattr(obj, slot, MISSING)
-        if value is not MISSING:
-            found[f"slot:{slot}"] = value
+    found.update((f"slot:{slot}", value) for slot in slots
+                 if (value := getattr(obj, slot, MISSING)) is not MISSING)
     return found
 
 
@@ -571,18 +561,12 @@ def unwrap_callable(fn: Any) -> Any:
 
 def _fingerprint(obj: Any, policy: Policy) -> Fingerprint:
     walker = Walker(policy)
-    if callable(obj) or not _is_data(obj):
-        try:
-            node = walker.node(obj)
-        except Exception:  # an object that raises when read (a hostile __getattribute__)
-            walker = Walker(policy)
-            parts = (("self", walker.by_identity(obj, "")),)
-            node = Node(_digest("batchjson:fp:1", ["opaque", list(parts)]), parts, ("",),
-                        (), ())
-    else:  # a plain value: by content (for a source, immutable content only)
-        parts = (("value", walker.ref(obj, "value")),)
-        node = Node(_digest("batchjson:fp:1", ["value", list(parts)]), parts,
-                    tuple(walker.identity), tuple(walker.unseen), tuple(walker.details))
+    try:
+        node = walker.node(obj)
+    except Exception:  # an object that raises when read (a hostile __getattribute__)
+        walker = Walker(policy)
+        parts = (("self", walker.by_identity(obj, "")),)
+        node = Node(_digest("batchjson:fp:1", ["opaque", list(parts)]), parts, ("",), (), ())
     unseen = tuple(dict.fromkeys(f"{path}: {what}" if path else what
                                  for path, what in node.unseen))
     digest = _digest(policy.namespace, node.digest) if policy.namespace else node.digest
