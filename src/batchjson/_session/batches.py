@@ -272,7 +272,7 @@ def _schema(rt: Runtime, fingerprint: str | None, kept: Any) -> ItemSchema | Non
 def _collect(rt: Runtime, row: Mapping[str, Any], plan: Plan) -> str:
     store = rt.ledger.store
     try:  # the session's own provider, when it speaks the job's protocol (its key, its pool)
-        configured = rt.provider
+        configured = rt.provider()
     except BatchJsonError:
         configured = None
     provider, client = job_client(row, configured)

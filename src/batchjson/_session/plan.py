@@ -16,7 +16,6 @@ from .._content.tasks import Request, normalize_identity
 from .._errors import BatchJsonError
 from .._fingerprint.fingerprint import fingerprint_function
 from .._ledger.records import Revision
-from .._ledger.store import Store
 from .._loop import BackgroundLoop
 from .._replay.budget import Budget, Tally
 from .._replay.pacing import HostShare, Pacer
@@ -87,25 +86,13 @@ class Runtime:
     strict: bool
     job_poll: float
     on_note: Callable[[str], None] | None
-    configured: Callable[[], Any]  # the session's provider, built on first use
-
-    @property
-    def provider(self) -> Any:
-        """The configured provider; refused (ProviderNotConfigured) when there is none."""
-        return self.configured()
+    provider: Callable[[], Any]  # the session's provider, built on first use (or refused)
 
     def remember_provider(self, provider: Any) -> None:
         """A provider that runs on the session's loop, closed with it."""
         inner = getattr(provider, "inner", provider)  # the real provider, not a run's guard
         if not any(p is inner for p in self.used):
             self.used.append(inner)
-
-
-def remember_file(store: Store, digest: str, tasks_component: str,
-                  tasks: Sequence[Mapping[str, Any]]) -> None:
-    """Record what the tasks file of ``digest`` holds, once its run has opened a revision."""
-    fields = dict.fromkeys(key for task in tasks for key in task)  # first seen, in order
-    store.task_file(digest, (tasks_component, len(tasks), list(fields)))
 
 
 def find_completed(rt: Runtime, spec: RunSpec) -> RunPlan | None:
@@ -130,7 +117,7 @@ def find_completed(rt: Runtime, spec: RunSpec) -> RunPlan | None:
         return None
     validator = "none" if fingerprint is None else fingerprint.digest
     tasks_component, count, fields = memo
-    provider = rt.provider
+    provider = rt.provider()
     plan = RunPlan(spec, CheckedRun(spec, [], [], schema, normalize_identity(spec.identity)),
                    provider, answer_source(provider), remembered=(count, fields))
     return finished(rt.ledger, keyed(plan, validator, digest=tasks_component))

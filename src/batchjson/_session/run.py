@@ -20,7 +20,7 @@ from .._replay.jobs import JobRunner, JobsOutcome
 from .._replay.plan import Outcome, Plan, cheapest_call
 from .._replay.replay import Replayer
 from . import batches, window
-from .plan import RunPlan, Runtime, find_completed, finished, keyed, remember_file
+from .plan import RunPlan, Runtime, find_completed, finished, keyed
 from .registry import checker_of
 from .rejudge import UNSEEN, Judging, clear_sourceless, unseen_token
 from .result import BatchResult, LedgerRead, ResultErrors, TaskAttempts, result_values, thrown_away
@@ -76,7 +76,7 @@ def planned(rt: Runtime, spec: RunSpec, progress: Progress, *, record: bool = Tr
     found on record and surveyed."""
     content = spec.checked(progress.reading)  # every input check, before anything is recorded
     progress.checking()
-    provider = rt.provider  # refused here when none is configured
+    provider = rt.provider()  # refused here when none is configured
     plan = judge_with(rt, RunPlan(spec, content, provider, answer_source(provider)),
                       record=record)
     plan = keyed(plan, plan.version.fingerprint.digest if plan.version else "none")
@@ -186,9 +186,10 @@ def record_revision(rt: Runtime, plan: RunPlan, calls: Plan) -> tuple[Any, str |
         if rt.on_note is not None and plan.pending:
             rt.on_note(f"{name}: {superseded}; revision {revision.number} runs "
                        f"{len(plan.pending)} request(s)")
-    if plan.content.file_digest is not None:  # so a finished run of it resumes unread
-        remember_file(store, plan.content.file_digest, plan.keys.components["tasks"],
-                      plan.content.tasks)
+    tasks, digest = plan.content.tasks, plan.content.file_digest
+    if digest is not None:  # so a finished run of it resumes unread, fields as first seen
+        fields = list(dict.fromkeys(key for task in tasks for key in task))
+        store.task_file(digest, (plan.keys.components["tasks"], len(tasks), fields))
     if plan.existing is None or plan.pending or plan.rechecked:  # else on record already
         store.record_seen(window.seen_pairs(store, plan))
     if plan.rechecked:

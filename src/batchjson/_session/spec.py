@@ -220,16 +220,8 @@ def check_verdicts(fn: Any, second: str = "task") -> None:
             "not a verdict; write a plain def (or async def) without yield: "
             f"def {name}(item, {second}): ... raising ValueError or returning False to reject "
             "an item")
-    check_asserts_kept(fn)
-
-
-def _name(fn: Any) -> str:
-    return getattr(fn, "__name__", type(fn).__name__)
-
-
-def check_asserts_kept(fn: Any) -> None:
-    """Under ``python -O`` asserts vanish, so an assert-checking validator would accept everything:
-    refused when its own source holds one (helpers it calls are not read)."""
+    # under -O asserts vanish, so one checking with assert would accept everything: refused when
+    # its own source holds one (helpers it calls are not read)
     if not sys.flags.optimize:
         return
     try:
@@ -239,13 +231,16 @@ def check_asserts_kept(fn: Any) -> None:
         source = textwrap.dedent(inspect.getsource(target))
     except Exception:  # no source to read (a builtin, exec'd code): nothing to see
         return
-    if not _has_assert(source):
-        return
-    raise InvalidBatch(
-        f"validator {_name(fn)} checks with assert, and this Python runs with -O "
-        f"(sys.flags.optimize={sys.flags.optimize}), which removes every assert: it would "
-        "accept every item. Raise ValueError instead (if not ok: raise ValueError('...')), or "
-        "run Python without -O")
+    if _has_assert(source):
+        raise InvalidBatch(
+            f"validator {_name(fn)} checks with assert, and this Python runs with -O "
+            f"(sys.flags.optimize={sys.flags.optimize}), which removes every assert: it would "
+            "accept every item. Raise ValueError instead (if not ok: raise ValueError('...')), "
+            "or run Python without -O")
+
+
+def _name(fn: Any) -> str:
+    return getattr(fn, "__name__", type(fn).__name__)
 
 
 def _has_assert(source: str) -> bool:
