@@ -1,7 +1,6 @@
-"""A run's plan (:class:`RunPlan`, one frozen value each pure step of ``run.py`` replaces) and
-what its steps use of the session (:class:`Runtime`, never its private names). :func:`finished`
-is the one "already done?" look, for a tasks file by its bytes without reading a task (checking
-a million tasks costs about a third of running them)."""
+"""A run's plan (:class:`RunPlan`, the frozen value each pure step of ``run.py`` replaces), what
+its steps use of the session (:class:`Runtime`), and the one "already done?" look, :func:`finished`
+(for a tasks file by its bytes: checking a million tasks costs about a third of running them)."""
 
 from __future__ import annotations
 
@@ -28,8 +27,7 @@ from .spec import CheckedRun, RunSpec
 
 @dataclass(frozen=True)
 class RunPlan:
-    """What is done (``finished``, or the requests accepted), what is owed (``pending``), what
-    is re-judged (``rechecked``, ``broken``) and what a person should hear (``notes``)."""
+    """What is done, what is owed (``pending``), what is re-judged, what a person should hear."""
 
     spec: RunSpec
     content: CheckedRun  # no tasks when a tasks file's finished run was found by its bytes
@@ -124,8 +122,7 @@ def find_completed(rt: Runtime, spec: RunSpec) -> RunPlan | None:
 
 
 def keyed(plan: RunPlan, validator: str, digest: str | None = None) -> RunPlan:
-    """The run's keys (``digest``: its tasks' component, when they are not read) and what of
-    its judging no fingerprint fully sees."""
+    """The run's keys (``digest``: its unread tasks' component) and what no fingerprint sees."""
     spec, content, version = plan.spec, plan.content, plan.version
     keys = Keys.compose(content.tasks, content.schema, validator, spec.pack, spec.instructions,
                         content.identity, spec.mode, plan.source, digest=digest)
@@ -135,8 +132,7 @@ def keyed(plan: RunPlan, validator: str, digest: str | None = None) -> RunPlan:
 
 
 def finished(ledger: Ledger, plan: RunPlan) -> RunPlan | None:
-    """The plan with its revision when the current revision of exactly its keys has every
-    request accepted (a resume then builds no request and reads no key)."""
+    """The plan with its revision when the current one of its keys has every request accepted."""
     done = ledger.store.completed_revision(plan.spec.name, plan.keys.revision)
     if done is None:
         return None

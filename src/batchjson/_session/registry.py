@@ -1,6 +1,5 @@
 """Define-once validator registry keyed by content: a re-run cell's new function gets back the
-*first* object with its fingerprint, so identity-keyed code sees one validator (never with a
-partial fingerprint: its logic may differ where the fingerprint is blind)."""
+first object with its fingerprint (never with a partial one: its logic may differ unseen)."""
 
 from __future__ import annotations
 
@@ -72,8 +71,7 @@ Kind = Literal["registered", "unchanged", "reused", "changed"]
 
 @dataclass(frozen=True)
 class Definition:
-    """What one definition did: ``kind``, ``fn`` (the object to use from now on) and ``message``
-    (one line for the user: what changed, what the fingerprint could not see)."""
+    """What one definition did: ``kind``, ``fn`` (the object to use from now on), ``message``."""
 
     name: str
     version: int
@@ -196,8 +194,7 @@ class ValidatorRegistry:
 
     def _refuse_if_strict(self, name: str, current: ValidatorVersion | None,
                           fingerprint: Fingerprint) -> tuple[str, ...]:
-        """What changed since ``current``; a strict registry refuses new content while
-        requests under the current version are unresolved."""
+        """What changed since ``current``; refused when strict and owed."""
         changes = tuple(describe_changes(current.fingerprint, fingerprint)) if current else ()
         if current is not None and self.strict and self.unresolved_under is not None:
             unresolved = int(self.unresolved_under(current.fingerprint.digest))
@@ -208,8 +205,7 @@ class ValidatorRegistry:
 
     def _reuse(self, name: str, match: ValidatorVersion, current: ValidatorVersion | None,
                fn: Callable[..., Any], fingerprint: Fingerprint) -> Definition:
-        """Same content as a known version: its object, unless the fingerprint is partial, when
-        the new object replaces it (its logic may differ unseen)."""
+        """A known version's object, or (partial fingerprint) the new one in its place."""
         if fingerprint.partial:
             match.fn, match.fingerprint = fn, fingerprint
         if current is match:
@@ -265,8 +261,7 @@ def checker_of(version: ValidatorVersion, validator_args: str | None,
 
 def _bounded(fn: Callable[[Any, Mapping[str, Any]], Any],
              seconds: float) -> Callable[[Any, Mapping[str, Any]], Any]:
-    """An ``async def`` validator bounded by the session's timeout: one that never returns is a
-    ``validator_error``, not a run held forever."""
+    """An ``async def`` validator bounded by the session's timeout, never holding a run forever."""
     def check(value: Any, task: Mapping[str, Any]) -> Any:
         out = fn(value, task)
         return _within(out, seconds) if inspect.isawaitable(out) else out

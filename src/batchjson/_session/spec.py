@@ -1,11 +1,6 @@
-"""The one public description of a run, and the one place that checks a run's inputs.
-
-Every face builds a ``RunSpec``, so every face refuses the same inputs in the same words (an
-``InvalidBatch`` naming the problem and the fix) before the ledger or the provider is touched.
-Once the provider is known, :func:`check_fit` refuses before spending a schema the simulated model
-cannot answer, a pack whose smallest valid answer cannot fit the output ceiling (counted from
-below, so a pack is refused only when it cannot fit), a wire schema strict mode cannot take (or
-says how it is sent instead)."""
+"""The one public description of a run (:class:`RunSpec`) and the one place that checks its
+inputs, so every face refuses the same inputs in the same words before anything is touched; then
+:func:`check_fit`: what the provider cannot answer or fit, refused before spending."""
 
 from __future__ import annotations
 
@@ -108,8 +103,7 @@ class RunSpec:
         normalize_identity(self.identity)  # its shape; the tasks are checked against it later
 
     def checked(self, on_read: Callable[[int], Any] | None = None) -> CheckedRun:
-        """The run's content, checked (needing neither ledger nor call) and in the ledger's (JSON)
-        form (``on_read(n)``: n more tasks checked)."""
+        """The content, checked and in the ledger's JSON form (``on_read(n)``: n more read)."""
         identity = normalize_identity(self.identity)
         hasher = hashlib.sha256() if is_task_file(self.tasks) else None
         tasks, texts = normalize_tasks(self.tasks, identity, hasher, pack=self.pack,
@@ -136,8 +130,8 @@ class CheckedRun:
 
 def check_text(label: str, value: Any, example: str, *, required: bool = False,
                free: bool = False) -> None:
-    """A name or text a ledger stores and a terminal shows: a str of valid Unicode, without
-    control characters unless it is ``free`` text for the model (where newlines belong)."""
+    """A str of valid Unicode a ledger stores and a terminal shows: no control characters
+    unless it is ``free`` text for the model."""
     if value is None and not required:
         return
     if not isinstance(value, str) or (required and not value.strip()):
@@ -160,8 +154,7 @@ def check_text(label: str, value: Any, example: str, *, required: bool = False,
 
 @options(ConfigError)
 class SessionOptions:
-    """A :class:`~batchjson.Session`'s own settings, refused (``ConfigError``; a bad budget
-    ``InvalidBatch``) before anything is created."""
+    """A :class:`~batchjson.Session`'s settings, refused (a bad budget ``InvalidBatch``) first."""
 
     strict: Flag
     budget: Annotated[Budget, PlainValidator(Budget.of)]
@@ -199,8 +192,7 @@ def check_validator(fn: Any, args: str) -> None:
 
 
 def check_verdicts(fn: Any, second: str = "task") -> None:
-    """What any validator must be, however it is called: callable, returning a verdict, and kept
-    whole under ``python -O``."""
+    """Any validator, however called: callable, returning a verdict, whole under ``python -O``."""
     if not callable(fn):
         hint = " (names go by keyword: @validator(name=...))" if isinstance(fn, str) else ""
         raise InvalidBatch(f"validator must be callable, got {type(fn).__qualname__}{hint}")
@@ -255,8 +247,8 @@ def _has_assert(source: str) -> bool:
 
 
 def compared_candidates(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str]) -> list[str]:
-    """Every field an item may be held to: the identity fields, plus under the default identity
-    every task field (prompt and context aside)."""
+    """The identity fields, plus under the default identity every task field
+    (prompt and context aside)."""
     names = dict.fromkeys(identity)
     if getattr(identity, "echo", False):  # what compared_fields adds, for all tasks at once
         for task in tasks:
@@ -405,8 +397,7 @@ def _short(sub: Any) -> str:
 
 def check_mode(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str], mode: str,
                pack: int, validator: Callable[..., Any] | None, validator_args: str) -> None:
-    """What each mode can judge: ``mode="value"`` is one task a call with no identity required,
-    and ``validator(value, index)`` needs an index."""
+    """``mode="value"`` is one task a call, no identity required; an index form needs an index."""
     if mode == "value" and pack != 1:
         raise InvalidBatch(f"mode='value' sends one prompt per call and judges one bare value, "
                            f"so pack must be 1, got {pack}; use mode='items' to pack tasks")
@@ -432,8 +423,8 @@ _ENVELOPE = '{"items":[]}'
 
 
 def output_tokens_floor(text: str) -> int:
-    """The fewest tokens ``text`` can be: one per piece (see ``_PIECES``); for a tokenizer with
-    other rules (Anthropic's is not published) an estimate, so the ledger's measure counts too."""
+    """The fewest tokens ``text`` can be: one per piece of ``_PIECES`` (for other
+    tokenizers an estimate, so the ledger's measure counts too)."""
     return sum(1 for _ in _PIECES.finditer(text))
 
 
@@ -451,8 +442,7 @@ def sent_schema(schema: ItemSchema, tasks: Sequence[Any], identity: Sequence[str
 
 def check_fit(provider: Any, ledger: Ledger, name: str, schema: ItemSchema,
               pending: Sequence[Request], identity: Sequence[str], mode: str) -> list[str]:
-    """The checks over the requests about to be sent, and the provider's notes on how it will
-    send them (an OpenAI provider falling back from strict mode says so)."""
+    """The checks over the requests about to be sent, and the provider's notes on sending them."""
     if not pending:
         return []
     answerable(provider, schema, pending, identity, mode)
@@ -473,9 +463,8 @@ def check_fit(provider: Any, ledger: Ledger, name: str, schema: ItemSchema,
 
 def answerable(provider: Any, schema: ItemSchema, pending: Sequence[Request],
                identity: Sequence[str], mode: str) -> None:
-    """A provider that answers from the schema (the simulated model, the same answer on every
-    attempt) answers every pending task here; each must pass the schema as acceptance judges it
-    (a pydantic model's validators too), or the run is refused."""
+    """A provider answering from the schema (the simulated model, one answer per task) answers
+    each pending task here: one that fails acceptance refuses the run."""
     check = getattr(provider, "check_answerable", None)
     if not callable(check) or getattr(provider, "answer", None) is not None:
         return
@@ -546,9 +535,8 @@ def _pack_fits(cap: int, measured: float | None, schema: ItemSchema, largest: Re
 
 
 def check_rate_fit(pacer: Pacer, plan: Plan, pending: Sequence[Request], provider: Any) -> None:
-    """Refuse a run whose largest request is more tokens than the limiter lets through in a
-    minute (every try would be a 429), naming the pack that fits: packs are never split to fit
-    the day's limits, or their keys would change from run to run."""
+    """Refuse a run whose largest request exceeds a minute's token limit (every try a 429),
+    naming the pack that fits: packs are never split to fit, or their keys would change."""
     limit = pacer.tokens_per_minute
     if not limit or not pending:
         return
