@@ -1,13 +1,8 @@
-"""Pack-size advice: expected calls, tokens and cost per usable result, from the ledger.
-
-The model (stated in full in docs/recovery.md): a pack of ``k`` tasks costs ``S + t*k`` input
-and ``O + u*k`` output tokens, part of the input read from the prompt cache; a return is broken
-whole with probability ``c``, each item confuses its identity with probability ``i`` (which
-rejects the return whole in every mode), and each item fails its schema or the validator with
-probability ``p``, so a return is accepted whole with ``s(k) = (1 - c) * ((1 - i) * (1 - p))**k``.
-A request gets ``1 + repairs + replays`` attempts, then halves when splitting; accepting items,
-a return whose envelope holds keeps its passing items and re-asks only the failing ones.
-Everything is fitted from the batch's own receipts, except prices."""
+"""Pack-size advice: expected calls, tokens and cost per usable result, fitted from the batch's
+receipts (prices aside). The model (docs/recovery.md): a pack of ``k`` costs ``S + t*k`` input and
+``O + u*k`` output tokens; a return is broken whole with probability ``c``, an item confuses its
+identity with ``i`` or fails its checks with ``p``: accepted whole with
+``s(k) = (1 - c) * ((1 - i) * (1 - p))**k``."""
 
 from __future__ import annotations
 
@@ -185,8 +180,7 @@ def _split_tokens(n: float, sk: float, sv: float, skk: float, skv: float,
 
 def _prices(models: set[str], priced: list[tuple[int, int, float]]
             ) -> tuple[float | None, float | None, float | None]:
-    """USD per input, output and cached token: the price table for one known model, else a fit
-    of the recorded costs, else their mean; None with no costs."""
+    """USD per input, output and cached token: the table's for one known model, else fitted."""
     price = price_for(next(iter(models))) if len(models) == 1 else None
     if price is not None:
         cached = None if price.cached_input is None else price.cached_input / 1e6
@@ -293,8 +287,7 @@ def estimate(f: Fit, pack: int, *, mode: str = "whole", repairs: int, replays: i
 
 def _itemwise(f: Fit, k: int, repairs: int, replays: int, per_call: float
               ) -> tuple[float, float, float, float]:
-    """(calls, input, output, usable) of a request of k tasks accepted item by item: a sound
-    return (``e``) keeps each passing item and re-asks the rest, within one allowance."""
+    """(calls, input, output, usable) of k tasks accepted item by item in one allowance."""
     allowed = 1 + repairs + replays
     e = (1 - f.call_fault_rate) * (1 - f.identity_fault_rate) ** k  # k: no smaller re-ask's
     r = e * (1 - f.item_fault_rate)
@@ -308,10 +301,8 @@ def _itemwise(f: Fit, k: int, repairs: int, replays: int, per_call: float
 
 
 def _attempts_while_open(k: int, e: float, p: float, allowed: int) -> float:
-    """Expected attempts, at most ``allowed``, of a request of ``k`` items accepted one by one:
-    attempts go on while an item is open. After ``g`` sound returns (each attempt's with
-    probability ``e``) some item is open with probability ``1 - (1 - p**g)**k``, and the
-    attempts made there number ``P(Binomial(allowed, e) > g) / e``."""
+    """Expected attempts (at most ``allowed``) while an item is open: after ``g``
+    sound returns one is with ``1 - (1 - p**g)**k``, there ``P(Binomial(allowed, e) > g) / e``."""
     if not k or allowed <= 0:
         return 0.0
     if e <= 0 or p >= 1:

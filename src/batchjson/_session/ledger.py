@@ -125,8 +125,7 @@ TEXT_FIELDS = ("model", "provider", "at")
 
 def read_lines(path: Path, validators: Mapping[str, Any],
                without_validator: bool | None = None) -> list[Line]:
-    """Every line parsed and checked before anything is written (and, unless
-    ``without_validator`` is None, none naming a validator not in ``validators``)."""
+    """Every line checked before anything is written (``without_validator=None``: any named)."""
     validators = registry_view(validators)
     try:
         with path.open("rb") as head:
@@ -239,8 +238,7 @@ def _unlike_components(components: Mapping[str, str], record: Mapping[str, Any],
 
 
 def _identity_rule(record: Mapping[str, Any], own: bool) -> Identity:
-    """How a receipt's items are held to its tasks: an export keeps the identity it was
-    judged under; any other has every echoed task field compared (its ``identity`` only adds)."""
+    """An export keeps the identity it was judged under; any other compares every echo."""
     exported = own and isinstance(record.get("components"), dict)
     listed = record.get("identity")
     if listed is None and not exported:
@@ -295,8 +293,7 @@ def _partial(line: Line) -> bool:
 
 def _import_once(store: Store, tx: Any, line: Line, registry: Mapping[str, Any], source: str,
                  placed: Placement, seen: dict[str, int]) -> Outcome:
-    """One line imported, unless its digest was or its attempt is here (by uid) and the
-    line does not complete it."""
+    """One line imported, unless its digest was, or its attempt is here and it completes none."""
     rec = line.record
     base = Outcome(line.number, rec["batch"], str(rec.get("status")), "skipped", len(line.tasks))
     uid = rec.get("uid") if line.own and isinstance(rec.get("uid"), str) else None
@@ -469,8 +466,7 @@ def parsed_lines(path: Path, text: str) -> Iterable[tuple[int, Any]]:
 
 def rechecked(tables: dict[str, Any], validators: Mapping[str, Any]
               ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The other ledger's tables with only what follows from its receipts admitted (the rest
-    rejected without values, an orphan value dropped), and each refusal named."""
+    """The other ledger's tables, only what follows from its receipts admitted; the rest named."""
     revisions = {r["id"]: r for r in tables["revisions"]}
     names = {b["id"]: b["name"] for b in tables["batches"]}
     tasks = {(q["revision_id"], q["key"]): q["tasks"] for q in tables["requests"]}
@@ -508,8 +504,7 @@ def rechecked(tables: dict[str, Any], validators: Mapping[str, Any]
 
 def _not_following(record: dict[str, Any], rows: list[Any], validators: Mapping[str, Any]
                    ) -> str:
-    """Why an accepted attempt's values are not admitted ("" when they are): its return
-    fails the recheck, or a value differs from what it gives (beyond an equal compared field)."""
+    """Why an accepted attempt's values are not admitted ("" when they are)."""
     try:
         line = _check(1, record, validators)
     except InvalidBatch as exc:

@@ -46,8 +46,7 @@ class Judging:
 
     def first_passing(self, candidates: Sequence[tuple[Request, Sequence[Any]]],
                       broken: list[dict[str, Any]] | None = None) -> list[Passed]:
-        """For each request, the first stored return (rows with ``raw``) that passes now. With
-        ``broken``, a ``validator_error`` ends the judging: it would break on a call's too."""
+        """Each request's first stored return passing now; a crash (``broken``) ends it."""
         async def judge_all() -> list[Passed]:
             passed = []
             for request, rows in candidates:
@@ -68,8 +67,7 @@ class Judging:
 def earlier_candidates(store: Store, pending: Sequence[Request], *, seen_of: Mapping[str, str],
                        sourceless_of: Mapping[str, str], same_key: bool = False
                        ) -> list[tuple[Request, list[Any]]]:
-    """Each pending request's stored returns that may resolve it: by seen key, then
-    imported sourceless answers."""
+    """Each pending request's stored returns that may resolve it, sourceless last."""
     if not pending:
         return []
     earlier: dict[str, list[Any]] = {}
@@ -96,8 +94,7 @@ def earlier_candidates(store: Store, pending: Sequence[Request], *, seen_of: Map
 
 def unseen_token(store: Store, judging: Judging, requests: Sequence[Request],
                  previous: str | None) -> str | None:
-    """None when every accepted answer of ``requests`` still passes as committed; else the
-    ``unseen`` component of a revision naming those that fail."""
+    """None when every accepted answer still passes as committed; else an ``unseen`` part."""
     accepted = store.accepted_keys([r.key for r in requests])
     found = {r.key: store.accepted_return(r.key) for r in requests if r.key in accepted}
     passed = judging.first_passing([(r, [found[r.key][0]]) for r in requests

@@ -21,7 +21,6 @@ from .._ledger.records import Receipt
 from .._ledger.store import Store
 from .._money import money
 from .._plaintext import Grid, clip, printable
-from .._replay.plan import Outcome
 from .plots import Chart, batch_chart
 
 SAMPLE = 5  # accepted values a result's display shows
@@ -158,14 +157,6 @@ class ThrownAway:
         return (f"this run threw away {self.answers} valid answer(s) with a rejected pack-mate: "
                 f"{accept} would have kept them, {more}saving {saved} of asking again"
                 + ("" if self.split else f" (or {split}, which asks the halves apart)"))
-
-
-def thrown_away(outcome: Outcome, split: bool) -> ThrownAway | None:
-    if not outcome.thrown_away:
-        return None
-    left = sum(t in outcome.errors for t in outcome.thrown_tasks)  # given up: no value
-    return ThrownAway(outcome.thrown_away, left, outcome.thrown_cost, outcome.thrown_tokens,
-                      split)
 
 
 @dataclass

@@ -22,7 +22,7 @@ from . import batches, window
 from .plan import RunPlan, Runtime, find_completed, finished, keyed
 from .registry import checker_of
 from .rejudge import UNSEEN, Judging, clear_sourceless, unseen_token
-from .result import BatchResult, LedgerRead, ResultErrors, TaskAttempts, result_values, thrown_away
+from .result import BatchResult, LedgerRead, ResultErrors, TaskAttempts, ThrownAway, result_values
 from .spec import RunSpec, check_fit, check_rate_fit, compared_candidates
 
 T = TypeVar("T")
@@ -275,7 +275,9 @@ def report(rt: Runtime, plan: RunPlan, revision: Any, outcome: Outcome,
     echoed = [f for f in compared_candidates(tasks, content.identity)
               if f not in content.identity] if items else []
     name, model = provider_names(plan.provider)
-    thrown = thrown_away(outcome, spec.split)
+    thrown = None if not outcome.thrown_away else ThrownAway(
+        outcome.thrown_away, sum(t in outcome.errors for t in outcome.thrown_tasks),
+        outcome.thrown_cost, outcome.thrown_tokens, spec.split)
     return BatchResult(
         name=spec.name, status="resolved" if len(values) == total else "unresolved",
         values=values, errors=errors, calls=outcome.calls, tokens=outcome.tokens,
