@@ -1,5 +1,4 @@
-"""What a terminal may be shown of text (every character that would act on it escaped), aligned
-columns, and the one table model both renderings share."""
+"""Text a terminal may be shown (what would act on it escaped), aligned, and the one table model."""
 
 from __future__ import annotations
 

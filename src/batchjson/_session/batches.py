@@ -123,8 +123,7 @@ ASK_SECONDS = 5.0  # how long a status waits on a provider for a job's progress
 
 def pending_jobs(ledger: Ledger, name: str | None = None, *,
                  timeout: float = ASK_SECONDS) -> list[dict[str, Any]]:
-    """The unfinished jobs (of ``name``) as a status shows them: the provider's progress
-    (None past ``timeout``: a status never fails for a provider), and when each should end."""
+    """The unfinished jobs as a status shows them: their progress (None past ``timeout``)."""
     rows = [r for r in ledger.store.jobs(lost=True) if name in (None, r["batch"])]
 
     async def ask_all() -> list[tuple[int, int] | None]:

@@ -1,7 +1,6 @@
-"""An estimate before spending: the run's own plan (``record=False``), stopped before the revision
-is recorded; its worst case asks the one next-attempt policy about each pending request whose every
-return is rejected (halves too, live). Input tokens are prompt characters / 4; output tokens run
-from the smallest answers to each call's ceiling, or without one the largest answer."""
+"""An estimate before spending: the run's own plan (``record=False``), stopped before recording;
+its worst case asks the next-attempt policy about each pending request always rejected. Input
+tokens are prompt characters / 4; output from the smallest answers to each call's ceiling."""
 
 from __future__ import annotations
 

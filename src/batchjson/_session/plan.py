@@ -116,7 +116,7 @@ def find_completed(rt: Runtime, spec: RunSpec) -> RunPlan | None:
     validator = "none" if fingerprint is None else fingerprint.digest
     tasks_component, count, fields = memo
     provider = rt.provider()
-    plan = RunPlan(spec, CheckedRun(spec, [], [], schema, normalize_identity(spec.identity)),
+    plan = RunPlan(spec, CheckedRun([], schema, normalize_identity(spec.identity)),
                    provider, answer_source(provider), remembered=(count, fields))
     return finished(rt.ledger, keyed(plan, validator, digest=tasks_component))
 

@@ -169,8 +169,7 @@ class ValidatorRegistry:
                               message + _notes(fingerprint), fn, record, changes)
 
     def preview(self, fn: Callable[..., Any], *, name: str | None = None) -> ValidatorVersion:
-        """The version ``fn`` would be (refused as :meth:`register` would), nothing registered:
-        the known version of the same content, else an unnumbered one (version 0)."""
+        """The version ``fn`` would be (known, else version 0), nothing registered."""
         name, fingerprint = self._named(fn, name)
         with self._lock:
             match = next((v for v in self._versions.get(name, ())

@@ -31,8 +31,7 @@ WHOLE = ""  # the field name of an answer that is itself one of a fixed set (mod
 
 
 def fixed_set_fields(schema: Mapping[str, Any]) -> tuple[str, ...]:
-    """The answer's fields allowing a fixed set of values, in schema order (``(WHOLE,)``:
-    the answer itself)."""
+    """The answer's fields with a fixed set of values in schema order (``(WHOLE,)``: itself)."""
     defs = schema.get("$defs") or schema.get("definitions") or {}
 
     def fixed(node: Any) -> bool:
@@ -561,7 +560,7 @@ REPR_ERRORS = 20  # errors a repr shows
 
 class ResultErrors(SequenceView):
     """Every task's errors, each a fresh dict when read: failed, held by a job, unloadable,
-    never attempted (``task_ids`` read only for the last)."""
+    then never attempted (``task_ids`` read only for those)."""
 
     def __init__(self, failed: Mapping[str, list[dict[str, Any]]], accepted: Any,
                  extra: list[dict[str, Any]], task_ids: Callable[[], Iterable[str]],

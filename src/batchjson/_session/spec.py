@@ -106,23 +106,19 @@ class RunSpec:
         """The content, checked and in the ledger's JSON form (``on_read(n)``: n more read)."""
         identity = normalize_identity(self.identity)
         hasher = hashlib.sha256() if is_task_file(self.tasks) else None
-        tasks, texts = normalize_tasks(self.tasks, identity, hasher, pack=self.pack,
-                                       on_read=on_read)
+        tasks, _ = normalize_tasks(self.tasks, identity, hasher, pack=self.pack, on_read=on_read)
         schema = compile_schema(self.schema)
         check_mode(tasks, identity, self.mode, self.pack, self.validator, self.validator_args)
         check_schema(schema, self.mode, tasks, identity)
-        return CheckedRun(self, tasks, texts, schema, identity,
-                          hasher.hexdigest() if hasher else None)
+        return CheckedRun(tasks, schema, identity, hasher.hexdigest() if hasher else None)
 
 
 @dataclass(frozen=True)
 class CheckedRun:
     """A :class:`RunSpec` whose content passed every check, in the forms the run uses."""
 
-    spec: RunSpec
-    tasks: list[dict[str, Any]]
-    texts: list[str]  # each request's tasks as canonical JSON (pack at a time), which keys,
-    # ledger rows and prompts reuse
+    tasks: Sequence[dict[str, Any]]  # packed: each request's canonical JSON (``.texts``) is
+    # what keys, ledger rows and prompts reuse
     schema: ItemSchema
     identity: Identity
     file_digest: str | None = None  # the SHA-256 of a tasks file's bytes, as they were read
@@ -130,8 +126,7 @@ class CheckedRun:
 
 def check_text(label: str, value: Any, example: str, *, required: bool = False,
                free: bool = False) -> None:
-    """A str of valid Unicode a ledger stores and a terminal shows: no control characters
-    unless it is ``free`` text for the model."""
+    """Valid Unicode a ledger stores and a terminal shows: no control character unless ``free``."""
     if value is None and not required:
         return
     if not isinstance(value, str) or (required and not value.strip()):
@@ -247,8 +242,7 @@ def _has_assert(source: str) -> bool:
 
 
 def compared_candidates(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str]) -> list[str]:
-    """The identity fields, plus under the default identity every task field
-    (prompt and context aside)."""
+    """The identity fields, and under the default identity every echoable task field."""
     names = dict.fromkeys(identity)
     if getattr(identity, "echo", False):  # what compared_fields adds, for all tasks at once
         for task in tasks:
@@ -423,8 +417,7 @@ _ENVELOPE = '{"items":[]}'
 
 
 def output_tokens_floor(text: str) -> int:
-    """The fewest tokens ``text`` can be: one per piece of ``_PIECES`` (for other
-    tokenizers an estimate, so the ledger's measure counts too)."""
+    """The fewest tokens ``text`` can be, one a piece (other tokenizers: an estimate)."""
     return sum(1 for _ in _PIECES.finditer(text))
 
 
@@ -463,8 +456,7 @@ def check_fit(provider: Any, ledger: Ledger, name: str, schema: ItemSchema,
 
 def answerable(provider: Any, schema: ItemSchema, pending: Sequence[Request],
                identity: Sequence[str], mode: str) -> None:
-    """A provider answering from the schema (the simulated model, one answer per task) answers
-    each pending task here: one that fails acceptance refuses the run."""
+    """A provider answering from the schema answers each task now: one failing refuses the run."""
     check = getattr(provider, "check_answerable", None)
     if not callable(check) or getattr(provider, "answer", None) is not None:
         return

@@ -68,8 +68,7 @@ def check_droste_schema(schema: Any) -> None:
 
 def default_batch_name(prompts: Sequence[str], contexts: Sequence[str] | None,
                        content: str | None = None) -> str:
-    """Same prompts and contexts -> same batch; with ``content`` (schema and validator)
-    each distinct content its own batch, as droste keys evidence: nothing supersedes."""
+    """Same prompts and contexts -> same batch; with ``content``, one batch a content."""
     digest = sha(json.dumps([list(prompts), None if contexts is None else list(contexts)]))
     name = f"llm_batch_json/{digest[:16]}"
     return name if content is None else f"{name}/{content[:8]}"
