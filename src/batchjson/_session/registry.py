@@ -183,8 +183,10 @@ class ValidatorRegistry:
     def _named(self, fn: Callable[..., Any], name: str | None) -> tuple[str, Fingerprint]:
         check_verdicts(fn)  # never a validator: refused before its version is recorded
         fingerprint = fingerprint_function(fn)  # outside the lock: pure, possibly slow
-        if name is None:  # the name it was defined under, if this very object was defined
-            name = self._name_of(fn) or _default_name(fn)
+        if name is None:  # the name this very object was defined under (one validator), if any
+            with self._lock:
+                name = next((v.name for history in self._versions.values() for v in history
+                             if v.fn is fn), None) or _default_name(fn)
             if name.endswith("<lambda>"):  # lambdas share one name: tell them apart by content
                 name = f"{name}#{fingerprint.short}"
         if not isinstance(name, str) or not name:
@@ -217,12 +219,6 @@ class ValidatorRegistry:
         self._current[name] = match
         return Definition(name, match.version, fingerprint, kind, message + _notes(fingerprint),
                           match.fn, match)
-
-    def _name_of(self, fn: Callable[..., Any]) -> str | None:
-        """The name ``fn`` itself was registered under (so one validator, not a second)."""
-        with self._lock:
-            return next((v.name for history in self._versions.values() for v in history
-                         if v.fn is fn), None)
 
     def current(self, name: str) -> ValidatorVersion | None:
         """The version most recently defined (or re-selected) under ``name``."""
