@@ -50,17 +50,14 @@ Accept = Literal["whole", "items"]
 
 @options(InvalidBatch)
 class RunSpec:
-    """What to resolve and under which rules (docs/api.md); a bad option is an
-    :class:`~batchjson.InvalidBatch` when the spec is made.
+    """What to resolve and under which rules: :meth:`~batchjson.Session.run_batch`'s arguments and
+    these (docs/api.md); a bad option is an :class:`~batchjson.InvalidBatch` when the spec is made.
 
     - ``mode="items"``: ``pack`` tasks a call, returning ``{"items": [...]}``; ``mode="value"``:
       one task a call, a bare JSON value (droste's shape).
     - ``validator_args``: ``validator(value, task)``, ``validator(value, task["index"])``, or
       that reading verdicts as droste does. ``None`` repairs/replays: the session's setting.
-    - ``refuse_short_budget``: refused before spending unless the budget covers a call a request.
-    - ``transport="batch"``: provider batch jobs, ``status == "pending"`` unless ``wait=True``.
-    - ``accept="items"``: commit a return's items that pass and ask again for the others; no
-      part of any key (what is committed, not what a model sees), so evidence is shared."""
+    - ``refuse_short_budget``: refused before spending unless the budget covers a call a request."""
 
     # checked here, by their own rules: the texts, the validator, the identity's shape
     name: SkipValidation[str]
