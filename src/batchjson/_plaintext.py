@@ -1,6 +1,4 @@
-"""What a terminal may be shown of text: every character that would act on it escaped, and
-columns aligned; and one table model both renderings share. Below the session, so a result shows
-its answers as the faces show theirs."""
+"""Text a terminal may be shown (what would act on it escaped), aligned, and the one table model."""
 
 from __future__ import annotations
 
@@ -45,8 +43,8 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, indent: str 
 
 @dataclass(frozen=True)
 class Grid:
-    """A table as a terminal (:meth:`lines`) and a notebook (:meth:`html`) show it, so a view
-    builds its rows once. ``notes`` follow it: ``(None, text)`` muted, ``(label, text)`` named."""
+    """A table as a terminal (:meth:`lines`) and a notebook (:meth:`html`) show it; ``notes``
+    follow it: ``(None, text)`` muted, ``(label, text)`` named."""
 
     heading: str
     columns: Sequence[str]

@@ -96,8 +96,7 @@ def pending_said(calls: int, cost: float, jobs: int) -> str:
 
 
 def job_progress(job: Mapping[str, Any]) -> str:
-    """One pending job: what it is, when it was submitted, how far its provider says it has
-    come, and when it should end."""
+    """One pending job: what it is, submitted when, its provider's progress, its expected end."""
     said = (f"job {job['id']} of {job['batch']!r} ({job['provider_job_id'] or 'no provider id'}, "
             f"{job['status']}, {job['requests']} request(s))")
     if "ends_by" not in job:  # listed without asking its provider
@@ -139,8 +138,7 @@ def forget_message(name: str, record: Mapping[str, Any] | None,
 
 
 def _status_next(summary: Mapping[str, Any], ledger: str, me: str) -> list[str]:
-    """What to run next for the batch most needing a look; a re-run only if it still owes (a
-    forgotten one's re-run would pay for what the user chose to leave)."""
+    """What to run next for the batch most needing a look (a re-run only if it owes)."""
     batches, owing = summary["batches"], set(summary.get("owing_batches", ()))
     if not batches:
         return ["", "the ledger holds no batches yet: run one (batchjson demo shows how)"]
@@ -187,8 +185,7 @@ def answered_by(provider: str | None, model: str | None) -> str:
 
 def receipt_rows(attempts: Sequence[Any], *, failed: bool = False,
                  raw: bool = False) -> list[dict[str, Any]]:
-    """A batch's attempts numbered 1..N in call order, as ``batchjson receipts --json`` prints
-    them (``failed``: without the accepted, numbers kept; ``raw``: with each return's text)."""
+    """A batch's attempts numbered 1..N in call order, as ``receipts --json`` prints them."""
     return [{"number": number, **{k: getattr(r, k) for k in RECEIPT_FIELDS},
              "task_ids": list(r.task_ids), "raw": r.raw if raw else None}
             for number, r in enumerate(attempts, 1) if not failed or r.status != "accepted"]
@@ -277,8 +274,7 @@ def import_lines(report: Mapping[str, Any]) -> list[str]:
 
 
 def revision_lines(revisions: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Which revision of each batch is current, said whenever an import's receipts of a batch
-    went to more than one revision or beside the current one (values shows the current)."""
+    """Which revision of each batch is current, when an import's receipts went elsewhere."""
     by_batch: dict[str, list[Mapping[str, Any]]] = {}
     for r in revisions:
         by_batch.setdefault(r["batch"], []).append(r)
@@ -308,8 +304,7 @@ def line_ranges(numbers: Sequence[int]) -> str:
 
 
 def advice_lines(advice: Mapping[str, Any]) -> list[str]:
-    """The advice as text: the fit, the candidates around the current, cheapest and recommended
-    packs with their intervals, and the verdict."""
+    """The advice as text: the fit, the candidates near the marked packs, the verdict."""
     f, priced = advice["fit"], advice["priced"]
     unit = "cost" if priced else "tokens"
     lines = [f"pack-size advice for batch {advice['batch']!r} ({advice['tasks']} tasks, "
@@ -342,8 +337,7 @@ def advice_lines(advice: Mapping[str, Any]) -> list[str]:
 
 
 def _modes_compared(advice: Mapping[str, Any], priced: bool) -> list[str]:
-    """One line a pack (the current, the recommended) comparing its modes: whole returns, split,
-    items accepted one by one."""
+    """One line a marked pack (current, recommended) comparing its modes."""
     packs = dict.fromkeys(c["pack"] for c in (advice["current"], advice["recommended"]) if c)
     lines = []
     for pack in packs:
@@ -355,8 +349,7 @@ def _modes_compared(advice: Mapping[str, Any], priced: bool) -> list[str]:
 
 
 def _advice_rows(advice: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """Per pack size its cheapest mode, for the sizes next to the current, cheapest and
-    recommended packs (and those options themselves)."""
+    """Per pack its cheapest mode, for sizes next to the marked packs (and those)."""
     best: dict[int, Mapping[str, Any]] = {}
     for c in advice["candidates"]:  # the first of equally cheap modes
         best[c["pack"]] = min(best.get(c["pack"], c), c, key=_cost_of)
@@ -402,8 +395,7 @@ def budget_line(budget: Mapping[str, Any] | None) -> str:
 
 
 def job_lines(jobs: Sequence[Mapping[str, Any]], *, every: bool = False) -> list[str]:
-    """What ``batchjson jobs`` prints: one row per job (its request counts as its provider last
-    reported them, ``completed=3 failed=1``), and what to do with an uncertain one."""
+    """What ``batchjson jobs`` prints: a row per job, and what to do with an uncertain one."""
     if not jobs:
         return ["no batch jobs" if every else "no open batch jobs"]
     rows = [(j["id"], j["provider"], j["provider_job_id"] or "-", j["batch"], j["status"]

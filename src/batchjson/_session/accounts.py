@@ -1,9 +1,7 @@
-"""The account: every attempt ever recorded, per batch and in total, priced honestly (a call of
-unknown cost is counted at a floor, reported apart), and :class:`Evidence`, a read-only view of
-what is still owed. Pricing sits here, above the ledger, which stores the costs it is given.
-
-What a call is, and what is known of its cost, is defined once, in the store's SQL
-(``store.IS_CALL``); every account here is a view of :func:`calls`, so none can drift."""
+"""The account of every attempt ever recorded, priced honestly (a call of unknown cost counted at
+a floor, reported apart), and :class:`Evidence`, what is still owed. What a call is, and what is
+known of its cost, is defined once in the store's SQL (``store.IS_CALL``): every account is a view
+of :func:`calls`."""
 
 from __future__ import annotations
 
@@ -40,8 +38,7 @@ def _empty(batch: str | None) -> dict[str, Any]:
 
 def floor_price(model: str | None, uncached: int, cached: int, *,
                 batch: bool = False) -> float | None:
-    """USD the given prompt tokens cost at least at ``model``'s input price (cached tokens at
-    the cache rate; ``batch``: at its batch price); None when the model has no price."""
+    """USD the prompt tokens cost at least at ``model``'s input price; None when unpriced."""
     price = price_for(model)
     if price is None:
         return None
@@ -51,8 +48,7 @@ def floor_price(model: str | None, uncached: int, cached: int, *,
 
 
 def calls(store: Store, name: str | None = None) -> dict[str, dict[str, Any]]:
-    """Per batch that has attempts: its calls by outcome, tokens, the known cost (None: none
-    known), the least the unknown-cost calls and those pending in batch jobs cost."""
+    """Per batch with attempts: its calls by outcome, tokens, known cost, and the floors."""
     per: dict[str, dict[str, Any]] = {}
     rows, unfloored = store.call_rows(name)
     for row in rows:
@@ -99,8 +95,7 @@ def _finish(entry: dict[str, Any]) -> dict[str, Any]:
 
 def per_usable_result(cost: float | None, unknown_lower_bound: float, unknown_calls: int,
                       usable: int) -> float | None:
-    """Everything spent (the known cost plus the unknown-cost calls' floor) over the usable
-    results; None when nothing is usable or nothing of the cost is known: never $0."""
+    """Everything spent over the usable results; None (never $0) when nothing is known."""
     if not usable or (unknown_calls and not (cost or 0.0) + unknown_lower_bound):
         return None
     return ((cost or 0.0) + unknown_lower_bound) / usable

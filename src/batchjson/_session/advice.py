@@ -1,13 +1,8 @@
-"""Pack-size advice: expected calls, tokens and cost per usable result, from the ledger.
-
-The model (stated in full in docs/recovery.md): a pack of ``k`` tasks costs ``S + t*k`` input
-and ``O + u*k`` output tokens, part of the input read from the prompt cache; a return is broken
-whole with probability ``c``, each item confuses its identity with probability ``i`` (which
-rejects the return whole in every mode), and each item fails its schema or the validator with
-probability ``p``, so a return is accepted whole with ``s(k) = (1 - c) * ((1 - i) * (1 - p))**k``.
-A request gets ``1 + repairs + replays`` attempts, then halves when splitting; accepting items,
-a return whose envelope holds keeps its passing items and re-asks only the failing ones.
-Everything is fitted from the batch's own receipts, except prices."""
+"""Pack-size advice: expected calls, tokens and cost per usable result, fitted from the batch's
+receipts (prices aside). The model (docs/recovery.md): a pack of ``k`` costs ``S + t*k`` input and
+``O + u*k`` output tokens; a return is broken whole with probability ``c``, an item confuses its
+identity with ``i`` or fails its checks with ``p``: accepted whole with
+``s(k) = (1 - c) * ((1 - i) * (1 - p))**k``."""
 
 from __future__ import annotations
 
@@ -92,8 +87,7 @@ def observe(r: Any) -> tuple[float, ...]:
 
 
 def _checked_items(k: int, errors: list[dict[str, Any]]) -> dict[str, int]:
-    """Per check of ``STAGES`` up to the first that failed, the items that met it and failed it;
-    nothing for a return that failed none (bad JSON, coverage, a stop: nothing of the items)."""
+    """Per stage up to the first that failed, the items meeting and failing it."""
     reached: dict[str, int] = {}
     for stage in STAGES:
         reached[f"{stage}_items"] = k
@@ -106,8 +100,7 @@ def _checked_items(k: int, errors: list[dict[str, Any]]) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class Observations:
-    """A batch's receipts read once: one column (a value a receipt) per field of ``SUMS``, and
-    the prices, which the receipts do not make uncertain."""
+    """A batch's receipts read once: a column per field of ``SUMS``, and the prices."""
 
     columns: list[list[float]]
     receipts: int
@@ -152,8 +145,7 @@ class Observations:
                    cached_price=self.prices[2])
 
     def resampled(self, count: int, size: int, seed: int = 0) -> list[Fit]:
-        """Fits of ``count`` seeded bootstrap resamples of ``size`` receipts (the same ledger
-        gives the same advice); none from one receipt, which has no spread."""
+        """Fits of ``count`` seeded bootstrap resamples of ``size`` receipts (none from one)."""
         if self.receipts < 2:
             return []
         rng, receipts = random.Random(seed), range(self.receipts)
@@ -174,8 +166,7 @@ def _item_rate(s: dict[str, float]) -> float:
 
 def _split_tokens(n: float, sk: float, sv: float, skk: float, skv: float,
                  per_task_hint: float | None) -> tuple[float, float]:
-    """Shared and per-task tokens: a line through the observed sizes, or (one size only) the
-    per-task share from the tasks' own text and the rest as shared."""
+    """Shared and per-task tokens: a line through the sizes, or (one size) the hint."""
     spread = n * skk - sk * sk  # of the sizes: exact, as they are whole numbers
     slope = (n * skv - sk * sv) / spread if n >= 2 and spread > 0 else 0.0
     if slope > 0 and sv - slope * sk >= 0:  # a line with no negative intercept
@@ -189,9 +180,7 @@ def _split_tokens(n: float, sk: float, sv: float, skk: float, skv: float,
 
 def _prices(models: set[str], priced: list[tuple[int, int, float]]
             ) -> tuple[float | None, float | None, float | None]:
-    """USD per input, output and cached input token: the price table when the batch used one
-    known model, else a fit of the recorded costs, else the mean recorded cost per token for
-    both; None with no costs (and a cached price only from the table)."""
+    """USD per input, output and cached token: the table's for one known model, else fitted."""
     price = price_for(next(iter(models))) if len(models) == 1 else None
     if price is not None:
         cached = None if price.cached_input is None else price.cached_input / 1e6
@@ -298,9 +287,7 @@ def estimate(f: Fit, pack: int, *, mode: str = "whole", repairs: int, replays: i
 
 def _itemwise(f: Fit, k: int, repairs: int, replays: int, per_call: float
               ) -> tuple[float, float, float, float]:
-    """(calls, input tokens, output tokens, usable) for a request of k tasks accepted item by
-    item: a return whose envelope holds (``e``) keeps each passing item (``r = e * (1 - p)``) and
-    re-asks the rest, within the request's one allowance of attempts."""
+    """(calls, input, output, usable) of k tasks accepted item by item in one allowance."""
     allowed = 1 + repairs + replays
     e = (1 - f.call_fault_rate) * (1 - f.identity_fault_rate) ** k  # k: no smaller re-ask's
     r = e * (1 - f.item_fault_rate)
@@ -314,10 +301,8 @@ def _itemwise(f: Fit, k: int, repairs: int, replays: int, per_call: float
 
 
 def _attempts_while_open(k: int, e: float, p: float, allowed: int) -> float:
-    """Expected attempts, at most ``allowed``, of a request of ``k`` items accepted one by one:
-    attempts go on while an item is open. After ``g`` sound returns (each attempt's with
-    probability ``e``) some item is open with probability ``1 - (1 - p**g)**k``, and the
-    attempts made there number ``P(Binomial(allowed, e) > g) / e``."""
+    """Expected attempts (at most ``allowed``) while an item is open: after ``g``
+    sound returns one is with ``1 - (1 - p**g)**k``, there ``P(Binomial(allowed, e) > g) / e``."""
     if not k or allowed <= 0:
         return 0.0
     if e <= 0 or p >= 1:
@@ -341,8 +326,7 @@ def _finishing(options: Sequence[Estimate], max_unresolved: float) -> list[Estim
 
 
 def choose(options: Sequence[Estimate], max_unresolved: float = 0.01) -> Estimate:
-    """The lowest expected cost per usable result among the options that finish (else all): a
-    cheap pack that leaves work undone is not a saving."""
+    """The lowest expected cost per usable result among options that finish (else all)."""
     def tokens(e: Estimate) -> float:  # the tie-break when every price is zero
         return (e.input_tokens + e.output_tokens) / max(e.usable, 1e-9)
 
@@ -422,8 +406,7 @@ def _unknown_modes(modes: Sequence[str]) -> str | None:
 
 
 def _interval(point: float, values: list[float], scale: float) -> list[float | None] | None:
-    """The middle ``LEVEL`` of the resamples' values, their spread about ``point`` scaled by
-    ``scale`` (see ``MOST_DRAWN``); None for an infinite bound, or with under two resamples."""
+    """The middle ``LEVEL`` of the resamples' values, scaled about ``point`` by ``scale``."""
     if len(values) < 2:
         return None
     ordered = sorted(values)

@@ -1,7 +1,5 @@
-"""What the session adds for the batch transport: the batch API a provider offers (refused
-before anything is recorded when there is none), batch prices for the budget, what a run's result
-says of its jobs (``status == "pending"`` while one holds a request), and collecting ended jobs
-through the same runner (:func:`collect_ended`: a job this kernel cannot judge is left open)."""
+"""What the session adds for the batch transport: the batch API a provider offers (refused before
+anything is recorded), batch prices, what a result says of its jobs, and collecting ended jobs."""
 
 from __future__ import annotations
 
@@ -46,8 +44,7 @@ def batch_offer(provider: Any) -> Callable[[], Any]:
 
 
 def client_for(rt: Runtime, provider: Any) -> Any:
-    """The batch API of ``provider``, checked to exist (one look, on the session's loop, which
-    closes ``provider`` with it), or a ConfigError saying why."""
+    """``provider``'s batch API, checked to exist with one look on the session's loop."""
     client = batch_offer(provider)()
     rt.remember_provider(provider)
     rt.loop.run(client.check)
@@ -55,8 +52,7 @@ def client_for(rt: Runtime, provider: Any) -> Any:
 
 
 def held_by_jobs(store: Store, pending: Sequence[Request]) -> JobsOutcome:
-    """The unfinished batch jobs claiming some of a live run's pending requests (not sent live),
-    and those requests' errors."""
+    """The unfinished jobs claiming a live run's pending requests, and their errors."""
     held = store.job_holders([r.key for r in pending])
     out = JobsOutcome(Outcome())
     if not held:
@@ -108,8 +104,7 @@ def report(result: BatchResult, ran: JobsOutcome) -> None:
 
 
 def job_client(row: Mapping[str, Any], provider: Any = None) -> tuple[Any, Any]:
-    """The provider (``provider`` when it speaks the job's protocol, else one built from the
-    job's row, its key from the environment) and batch API of a job."""
+    """A job's provider (``provider`` if it speaks the job's protocol) and batch API."""
     anthropic = row["protocol"] == AnthropicBatches.protocol
     kind = AnthropicProvider if anthropic else OpenAIProvider
     if (not isinstance(provider, kind) or getattr(provider, "model", None) != row["model"]
@@ -128,9 +123,7 @@ ASK_SECONDS = 5.0  # how long a status waits on a provider for a job's progress
 
 def pending_jobs(ledger: Ledger, name: str | None = None, *,
                  timeout: float = ASK_SECONDS) -> list[dict[str, Any]]:
-    """The unfinished jobs (of batch ``name``) as a status shows them: submitted when, the
-    provider's progress (None when it cannot answer within ``timeout``: a status never fails
-    for a provider) and when each should end: at its rate so far, else when the window closes."""
+    """The unfinished jobs as a status shows them: their progress (None past ``timeout``)."""
     rows = [r for r in ledger.store.jobs(lost=True) if name in (None, r["batch"])]
 
     async def ask_all() -> list[tuple[int, int] | None]:
@@ -175,8 +168,7 @@ def _timeline(row: Mapping[str, Any], progress: tuple[int, int] | None) -> dict[
 
 
 def cancel_job(ledger: Ledger, job: str, *, provider: Any = None) -> dict[str, Any]:
-    """Cancel job ``job`` (number, provider id or uid) at its provider and record it; the next run
-    collects what ended and owes the rest (docs/providers.md, "Batch jobs")."""
+    """Cancel job ``job`` (number, provider id or uid) at its provider and record it."""
     store = ledger.store
     rows = store.jobs(job=str(job), lost=True)
     if not rows:
@@ -208,8 +200,7 @@ def cancel_job(ledger: Ledger, job: str, *, provider: Any = None) -> dict[str, A
 
 
 def status_summary(rt: Runtime, name: str | None = None) -> dict[str, Any]:
-    """What ``%batch_status`` shows: ended jobs collected first, then the evidence's summary and
-    the unfinished jobs."""
+    """What ``%batch_status`` shows: ended jobs collected first, then the summary."""
     collected = collect_ended(rt, name)
     return {**rt.evidence.summary(name), "collected": collected,
             "jobs": pending_jobs(rt.ledger, name)}
@@ -272,7 +263,7 @@ def _schema(rt: Runtime, fingerprint: str | None, kept: Any) -> ItemSchema | Non
 def _collect(rt: Runtime, row: Mapping[str, Any], plan: Plan) -> str:
     store = rt.ledger.store
     try:  # the session's own provider, when it speaks the job's protocol (its key, its pool)
-        configured = rt.provider
+        configured = rt.provider()
     except BatchJsonError:
         configured = None
     provider, client = job_client(row, configured)

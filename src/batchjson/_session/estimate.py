@@ -1,9 +1,6 @@
-"""An estimate before spending: the run's own plan (``run.plan_of`` with ``record=False``),
-stopped before the revision is recorded. The worst case asks the one next-attempt policy
-(``settle.next_attempt``) about each pending request whose every return is rejected, halves too
-under ``split=True`` (live calls only). Input tokens are prompt characters / 4; output tokens run
-from the fewest the smallest answers take to the ceiling each call asks for (``call_output_cap``),
-or where none is sent the largest answer at one token a character."""
+"""An estimate before spending: the run's own plan (``record=False``), stopped before recording;
+its worst case asks the next-attempt policy about each pending request always rejected. Input
+tokens are prompt characters / 4; output from the smallest answers to each call's ceiling."""
 
 from __future__ import annotations
 
@@ -110,8 +107,7 @@ def _time(minutes: tuple[float, float] | None, transport: str) -> str:
 
 @dataclass
 class _Case:
-    """The calls and tokens of the pending requests in one case: every first return accepted
-    (low), or every return rejected (high)."""
+    """The pending requests' calls and tokens when every first return is accepted, or none is."""
 
     calls: int = 0
     input: int = 0
@@ -148,8 +144,7 @@ def estimate_run(rt: Runtime, spec: RunSpec) -> Estimate:
 
 def _request(calls: Plan, provider: Any, system: str, request: Request, low: _Case,
              high: _Case, *, halving: bool, depth: int = 0) -> None:
-    """Every attempt the policy allows ``request`` when each return is rejected, its halves
-    too when the transport halves."""
+    """Every attempt the policy allows ``request`` when each return is rejected, halves too."""
     ceiling = call_output_cap(provider, calls.answer_chars(request.tasks))  # as a call asks
     most = ceiling if ceiling is not None else largest_answer(  # one token a character
         sent_schema(calls.schema, request.tasks, calls.identity, calls.mode))

@@ -1,12 +1,8 @@
-"""The public ``batchjson.Ledger``: the ledger's facade plus what judges or prices, which the
-ledger itself never does: the accounts (``accounts.py``), import and merge (docs/recovery.md).
-
-Import never trusts a claimed status: every return is judged again as a stored answer is
-(``rejudge.Judging``), each line once (its digest in ``imports``); a receipt whose validator is
-not given is refused, or kept unverified. The file (JSON Lines, or ``batchjson export``'s
-document) is checked whole first, every number read as written, so one no float holds is
-refused by its line and field. Merge is one idempotent transaction (attempts match by ``uid``,
-revisions by batch and fingerprint) that rechecks each accepted attempt as import does."""
+"""The public ``batchjson.Ledger``: the ledger's facade plus what judges or prices, which the ledger
+never does: the accounts, import and merge (docs/recovery.md). Import trusts no claimed status:
+each return is judged again as a stored answer is (``rejudge.Judging``), each line once; the file
+is checked whole first, every number as written. Merge is one idempotent transaction that
+rechecks each accepted attempt as import does."""
 
 from __future__ import annotations
 
@@ -129,8 +125,7 @@ TEXT_FIELDS = ("model", "provider", "at")
 
 def read_lines(path: Path, validators: Mapping[str, Any],
                without_validator: bool | None = None) -> list[Line]:
-    """Parse and check every line before anything is written, so a bad file is refused whole (and,
-    unless ``without_validator`` is None, one naming a validator not in ``validators``)."""
+    """Every line checked before anything is written (``without_validator=None``: any named)."""
     validators = registry_view(validators)
     try:
         with path.open("rb") as head:
@@ -232,8 +227,7 @@ def _check(number: int, record: Any, validators: Mapping[str, Any]) -> Line:
 
 def _unlike_components(components: Mapping[str, str], record: Mapping[str, Any],
                        schema: ItemSchema) -> str | None:
-    """What of an exported receipt does not follow from the components it was keyed by: its schema
-    (or a model's structure as it ran) and its validator."""
+    """What of an exported receipt does not follow from its components."""
     shape = components.get("schema_shape")  # a model's: its structure, as run
     text = json.dumps(record.get("schema"), sort_keys=True, separators=(",", ":"))
     if components.get("schema") not in (schema.fingerprint, None) and shape != text:
@@ -244,9 +238,7 @@ def _unlike_components(components: Mapping[str, str], record: Mapping[str, Any],
 
 
 def _identity_rule(record: Mapping[str, Any], own: bool) -> Identity:
-    """How a receipt's items are held to its tasks: batchjson's own export keeps the identity it was
-    judged under; any other receipt has every echoed task field compared, whatever its ``identity``
-    list (which only adds required fields, and may be missing or empty)."""
+    """An export keeps the identity it was judged under; any other compares every echo."""
     exported = own and isinstance(record.get("components"), dict)
     listed = record.get("identity")
     if listed is None and not exported:
@@ -271,8 +263,7 @@ def _identity_rule(record: Mapping[str, Any], own: bool) -> Identity:
 
 
 def registry_view(validators: Any) -> dict[str, Any]:
-    """name -> validator version (``.fn``, ``.fingerprint``), from a session's registry, a
-    mapping of names to versions or functions, or functions named by ``__name__``."""
+    """name -> validator version, from a registry, a mapping, or named functions."""
     if validators is None:
         return {}
     pairs = (validators.items() if isinstance(validators, Mapping) else
@@ -290,8 +281,7 @@ def registry_view(validators: Any) -> dict[str, Any]:
 
 
 def _judge(line: Line, version: Any) -> Verdict:
-    """A receipt's raw return judged as a call's return is, by the rules it names (and the
-    given validator ``version``): one of batchjson's own partial receipts item by item."""
+    """A receipt's raw return judged as a call's is (an own partial receipt item by item)."""
     return Judging(line.record.get("mode", "items"), line.identity, line.schema,
                    version.fn if version is not None else None, run_sync,
                    "items" if _partial(line) else "whole").verdict(line.record["raw"], line.tasks)
@@ -303,8 +293,7 @@ def _partial(line: Line) -> bool:
 
 def _import_once(store: Store, tx: Any, line: Line, registry: Mapping[str, Any], source: str,
                  placed: Placement, seen: dict[str, int]) -> Outcome:
-    """One line imported, unless its digest was (before, or earlier in this file: ``seen``) or
-    its attempt is here (by uid) and the line does not complete it."""
+    """One line imported, unless its digest was, or its attempt is here and it completes none."""
     rec = line.record
     base = Outcome(line.number, rec["batch"], str(rec.get("status")), "skipped", len(line.tasks))
     uid = rec.get("uid") if line.own and isinstance(rec.get("uid"), str) else None
@@ -449,8 +438,7 @@ class InDocument(int):
 
 
 def document_receipts(text: str) -> list[Any] | None:
-    """The receipts of the JSON document ``batchjson export`` prints by default (``{"ledger":
-    ..., "receipts": [...]}``); None for JSON Lines."""
+    """The receipts of ``batchjson export``'s JSON document; None for JSON Lines."""
     if not text.lstrip().startswith("{"):
         return None
     try:
@@ -478,9 +466,7 @@ def parsed_lines(path: Path, text: str) -> Iterable[tuple[int, Any]]:
 
 def rechecked(tables: dict[str, Any], validators: Mapping[str, Any]
               ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The other ledger's tables with only what follows from its receipts admitted: an accepted
-    attempt whose return fails the recheck, or whose stored value does not follow from it, becomes
-    rejected without values; an orphan value is dropped. Each is named in the list returned."""
+    """The other ledger's tables, only what follows from its receipts admitted; the rest named."""
     revisions = {r["id"]: r for r in tables["revisions"]}
     names = {b["id"]: b["name"] for b in tables["batches"]}
     tasks = {(q["revision_id"], q["key"]): q["tasks"] for q in tables["requests"]}
@@ -518,9 +504,7 @@ def rechecked(tables: dict[str, Any], validators: Mapping[str, Any]
 
 def _not_following(record: dict[str, Any], rows: list[Any], validators: Mapping[str, Any]
                    ) -> str:
-    """Why an accepted attempt's stored values are not admitted ("" when they are): its raw return
-    fails the checks import reruns, or a value differs from the one the return gives (a field the
-    return lacks may only be a compared field equal to the task's)."""
+    """Why an accepted attempt's values are not admitted ("" when they are)."""
     try:
         line = _check(1, record, validators)
     except InvalidBatch as exc:

@@ -1,7 +1,6 @@
-"""A run's plan (:class:`RunPlan`, one frozen value each pure step of ``run.py`` replaces) and
-what its steps use of the session (:class:`Runtime`, never its private names). :func:`finished`
-is the one "already done?" look, for a tasks file by its bytes without reading a task (checking
-a million tasks costs about a third of running them)."""
+"""A run's plan (:class:`RunPlan`, the frozen value each pure step of ``run.py`` replaces), what
+its steps use of the session (:class:`Runtime`), and the one "already done?" look, :func:`finished`
+(for a tasks file by its bytes: checking a million tasks costs about a third of running them)."""
 
 from __future__ import annotations
 
@@ -16,7 +15,6 @@ from .._content.tasks import Request, normalize_identity
 from .._errors import BatchJsonError
 from .._fingerprint.fingerprint import fingerprint_function
 from .._ledger.records import Revision
-from .._ledger.store import Store
 from .._loop import BackgroundLoop
 from .._replay.budget import Budget, Tally
 from .._replay.pacing import HostShare, Pacer
@@ -29,8 +27,7 @@ from .spec import CheckedRun, RunSpec
 
 @dataclass(frozen=True)
 class RunPlan:
-    """What is done (``finished``, or the requests accepted), what is owed (``pending``), what
-    is re-judged (``rechecked``, ``broken``) and what a person should hear (``notes``)."""
+    """What is done, what is owed (``pending``), what is re-judged, what a person should hear."""
 
     spec: RunSpec
     content: CheckedRun  # no tasks when a tasks file's finished run was found by its bytes
@@ -87,25 +84,13 @@ class Runtime:
     strict: bool
     job_poll: float
     on_note: Callable[[str], None] | None
-    configured: Callable[[], Any]  # the session's provider, built on first use
-
-    @property
-    def provider(self) -> Any:
-        """The configured provider; refused (ProviderNotConfigured) when there is none."""
-        return self.configured()
+    provider: Callable[[], Any]  # the session's provider, built on first use (or refused)
 
     def remember_provider(self, provider: Any) -> None:
         """A provider that runs on the session's loop, closed with it."""
         inner = getattr(provider, "inner", provider)  # the real provider, not a run's guard
         if not any(p is inner for p in self.used):
             self.used.append(inner)
-
-
-def remember_file(store: Store, digest: str, tasks_component: str,
-                  tasks: Sequence[Mapping[str, Any]]) -> None:
-    """Record what the tasks file of ``digest`` holds, once its run has opened a revision."""
-    fields = dict.fromkeys(key for task in tasks for key in task)  # first seen, in order
-    store.task_file(digest, (tasks_component, len(tasks), list(fields)))
 
 
 def find_completed(rt: Runtime, spec: RunSpec) -> RunPlan | None:
@@ -130,15 +115,14 @@ def find_completed(rt: Runtime, spec: RunSpec) -> RunPlan | None:
         return None
     validator = "none" if fingerprint is None else fingerprint.digest
     tasks_component, count, fields = memo
-    provider = rt.provider
-    plan = RunPlan(spec, CheckedRun(spec, [], [], schema, normalize_identity(spec.identity)),
+    provider = rt.provider()
+    plan = RunPlan(spec, CheckedRun([], schema, normalize_identity(spec.identity)),
                    provider, answer_source(provider), remembered=(count, fields))
     return finished(rt.ledger, keyed(plan, validator, digest=tasks_component))
 
 
 def keyed(plan: RunPlan, validator: str, digest: str | None = None) -> RunPlan:
-    """The run's keys (``digest``: its tasks' component, when they are not read) and what of
-    its judging no fingerprint fully sees."""
+    """The run's keys (``digest``: its unread tasks' component) and what no fingerprint sees."""
     spec, content, version = plan.spec, plan.content, plan.version
     keys = Keys.compose(content.tasks, content.schema, validator, spec.pack, spec.instructions,
                         content.identity, spec.mode, plan.source, digest=digest)
@@ -148,8 +132,7 @@ def keyed(plan: RunPlan, validator: str, digest: str | None = None) -> RunPlan:
 
 
 def finished(ledger: Ledger, plan: RunPlan) -> RunPlan | None:
-    """The plan with its revision when the current revision of exactly its keys has every
-    request accepted (a resume then builds no request and reads no key)."""
+    """The plan with its revision when the current one of its keys has every request accepted."""
     done = ledger.store.completed_revision(plan.spec.name, plan.keys.revision)
     if done is None:
         return None

@@ -1,6 +1,5 @@
-"""Charts as PNG: the pack-size advice with its intervals, a batch's spend and accepted results
-over time. matplotlib (``batchjson[plots]``) is imported when one is drawn, and only its object
-API, never pyplot: drawing never changes a notebook's backend or state."""
+"""Charts as PNG: the pack-size advice, a batch's spend and accepted results over time. matplotlib
+is imported when one is drawn, and never pyplot: drawing never changes a notebook's state."""
 
 from __future__ import annotations
 
@@ -53,8 +52,7 @@ SERIES = (("whole", "o-", 1.0, "whole return"), ("split", "s--", 1.04, "with spl
 
 
 def advice_chart(advice: Mapping[str, Any]) -> Chart:
-    """Cost (or tokens) per usable result against pack size, a line a mode, each option with its
-    interval; the current pack and the recommended one marked, the verdict as the title."""
+    """Cost (or tokens) per usable result against pack size, a line a mode, with intervals."""
     priced = advice["priced"]
     key = "cost_per_usable_result" if priced else "tokens_per_usable_result"
     fig = _figure()
@@ -92,8 +90,7 @@ def advice_chart(advice: Mapping[str, Any]) -> Chart:
 
 
 def batch_chart(receipts: Sequence[Receipt], name: str, revision: int | None = None) -> Chart:
-    """Batch ``name``'s spend (cost, else tokens) and accepted results (a task once) over its
-    receipts' completion times: every revision's, or one's."""
+    """Batch ``name``'s spend and accepted results over its receipts' finishing times."""
     which = f"batch {name!r}" + (f" revision {revision}" if revision is not None else "")
     title = f"{which}: spend and accepted results over time"
     done = sorted(((when, r) for r in receipts if revision in (None, r.revision)
@@ -128,8 +125,7 @@ def batch_chart(receipts: Sequence[Receipt], name: str, revision: int | None = N
 
 
 def _when(stamp: str | None) -> datetime | None:
-    """A receipt's time in UTC; None for none, or for a form an imported receipt may carry
-    that is not ISO 8601."""
+    """A receipt's time in UTC; None for none or a form that is not ISO 8601."""
     try:
         when = datetime.fromisoformat(stamp) if stamp else None
     except ValueError:

@@ -1,6 +1,5 @@
 """Define-once validator registry keyed by content: a re-run cell's new function gets back the
-*first* object with its fingerprint, so identity-keyed code sees one validator (never with a
-partial fingerprint: its logic may differ where the fingerprint is blind)."""
+first object with its fingerprint (never with a partial one: its logic may differ unseen)."""
 
 from __future__ import annotations
 
@@ -72,8 +71,7 @@ Kind = Literal["registered", "unchanged", "reused", "changed"]
 
 @dataclass(frozen=True)
 class Definition:
-    """What one definition did: ``kind``, ``fn`` (the object to use from now on) and ``message``
-    (one line for the user: what changed, what the fingerprint could not see)."""
+    """What one definition did: ``kind``, ``fn`` (the object to use from now on), ``message``."""
 
     name: str
     version: int
@@ -171,8 +169,7 @@ class ValidatorRegistry:
                               message + _notes(fingerprint), fn, record, changes)
 
     def preview(self, fn: Callable[..., Any], *, name: str | None = None) -> ValidatorVersion:
-        """The version ``fn`` would be (refused as :meth:`register` would), nothing registered:
-        the known version of the same content, else an unnumbered one (version 0)."""
+        """The version ``fn`` would be (known, else version 0), nothing registered."""
         name, fingerprint = self._named(fn, name)
         with self._lock:
             match = next((v for v in self._versions.get(name, ())
@@ -186,8 +183,10 @@ class ValidatorRegistry:
     def _named(self, fn: Callable[..., Any], name: str | None) -> tuple[str, Fingerprint]:
         check_verdicts(fn)  # never a validator: refused before its version is recorded
         fingerprint = fingerprint_function(fn)  # outside the lock: pure, possibly slow
-        if name is None:  # the name it was defined under, if this very object was defined
-            name = self._name_of(fn) or _default_name(fn)
+        if name is None:  # the name this very object was defined under (one validator), if any
+            with self._lock:
+                name = next((v.name for history in self._versions.values() for v in history
+                             if v.fn is fn), None) or _default_name(fn)
             if name.endswith("<lambda>"):  # lambdas share one name: tell them apart by content
                 name = f"{name}#{fingerprint.short}"
         if not isinstance(name, str) or not name:
@@ -196,8 +195,7 @@ class ValidatorRegistry:
 
     def _refuse_if_strict(self, name: str, current: ValidatorVersion | None,
                           fingerprint: Fingerprint) -> tuple[str, ...]:
-        """What changed since ``current``; a strict registry refuses new content while
-        requests under the current version are unresolved."""
+        """What changed since ``current``; refused when strict and owed."""
         changes = tuple(describe_changes(current.fingerprint, fingerprint)) if current else ()
         if current is not None and self.strict and self.unresolved_under is not None:
             unresolved = int(self.unresolved_under(current.fingerprint.digest))
@@ -208,8 +206,7 @@ class ValidatorRegistry:
 
     def _reuse(self, name: str, match: ValidatorVersion, current: ValidatorVersion | None,
                fn: Callable[..., Any], fingerprint: Fingerprint) -> Definition:
-        """Same content as a known version: its object, unless the fingerprint is partial, when
-        the new object replaces it (its logic may differ unseen)."""
+        """A known version's object, or (partial fingerprint) the new one in its place."""
         if fingerprint.partial:
             match.fn, match.fingerprint = fn, fingerprint
         if current is match:
@@ -222,12 +219,6 @@ class ValidatorRegistry:
         self._current[name] = match
         return Definition(name, match.version, fingerprint, kind, message + _notes(fingerprint),
                           match.fn, match)
-
-    def _name_of(self, fn: Callable[..., Any]) -> str | None:
-        """The name ``fn`` itself was registered under (so one validator, not a second)."""
-        with self._lock:
-            return next((v.name for history in self._versions.values() for v in history
-                         if v.fn is fn), None)
 
     def current(self, name: str) -> ValidatorVersion | None:
         """The version most recently defined (or re-selected) under ``name``."""
@@ -265,8 +256,7 @@ def checker_of(version: ValidatorVersion, validator_args: str | None,
 
 def _bounded(fn: Callable[[Any, Mapping[str, Any]], Any],
              seconds: float) -> Callable[[Any, Mapping[str, Any]], Any]:
-    """An ``async def`` validator bounded by the session's timeout: one that never returns is a
-    ``validator_error``, not a run held forever."""
+    """An ``async def`` validator bounded by the session's timeout, never holding a run forever."""
     def check(value: Any, task: Mapping[str, Any]) -> Any:
         out = fn(value, task)
         return _within(out, seconds) if inspect.isawaitable(out) else out

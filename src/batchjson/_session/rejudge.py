@@ -1,6 +1,5 @@
 """Re-judge before re-asking: the one way an answer on record is judged again (:class:`Judging`,
-the judge a call's return goes through, under the run's rules), locally and for free; what passes
-is committed as a cost-0 ``recheck``. Why, in docs/design.md ("Evidence and revisions")."""
+the judge a call's return goes through), locally and free; what passes is a cost-0 ``recheck``."""
 
 from __future__ import annotations
 
@@ -26,8 +25,7 @@ Passed = tuple[Request, Any, dict[str, str]]  # request, the stored return's row
 
 @dataclass(frozen=True)
 class Judging:
-    """How returns are judged (a run's rules, or an imported receipt's), and ``run``, which runs
-    a coroutine to its end from sync code (a session's loop: validators may be async)."""
+    """How returns are judged, and ``run``, which runs a coroutine from sync code (the loop)."""
 
     mode: str
     identity: Sequence[str]
@@ -48,8 +46,7 @@ class Judging:
 
     def first_passing(self, candidates: Sequence[tuple[Request, Sequence[Any]]],
                       broken: list[dict[str, Any]] | None = None) -> list[Passed]:
-        """For each request, the first stored return (rows with ``raw``) that passes now. With
-        ``broken``, a ``validator_error`` ends the judging: it would break on a call's too."""
+        """Each request's first stored return passing now; a crash (``broken``) ends it."""
         async def judge_all() -> list[Passed]:
             passed = []
             for request, rows in candidates:
@@ -70,8 +67,7 @@ class Judging:
 def earlier_candidates(store: Store, pending: Sequence[Request], *, seen_of: Mapping[str, str],
                        sourceless_of: Mapping[str, str], same_key: bool = False
                        ) -> list[tuple[Request, list[Any]]]:
-    """Each pending request's stored returns that may resolve it: earlier returns with the same
-    seen key, then imported sourceless answers (``same_key``: under its own key too)."""
+    """Each pending request's stored returns that may resolve it, sourceless last."""
     if not pending:
         return []
     earlier: dict[str, list[Any]] = {}
@@ -98,8 +94,7 @@ def earlier_candidates(store: Store, pending: Sequence[Request], *, seen_of: Map
 
 def unseen_token(store: Store, judging: Judging, requests: Sequence[Request],
                  previous: str | None) -> str | None:
-    """None when every accepted answer among ``requests`` still passes with the values it committed;
-    else the ``unseen`` component of the revision to run instead, naming those that fail."""
+    """None when every accepted answer still passes as committed; else an ``unseen`` part."""
     accepted = store.accepted_keys([r.key for r in requests])
     found = {r.key: store.accepted_return(r.key) for r in requests if r.key in accepted}
     passed = judging.first_passing([(r, [found[r.key][0]]) for r in requests
@@ -112,8 +107,7 @@ def unseen_token(store: Store, judging: Judging, requests: Sequence[Request],
 
 def clear_sourceless(store: Store, judging: Judging, owed: Sequence[Request],
                      sourceless_of: Mapping[str, str], source: str | None) -> int:
-    """Clear with a cost-0 ``recheck`` the imported requests of unknown source an accepted return
-    of ``owed`` answers (else they owe on a key no live run computes); how many."""
+    """Clear (cost-0 ``recheck``) imported requests of unknown source ``owed`` answers."""
     accepted = store.accepted_keys([r.key for r in owed])
     by_sourceless = {sourceless_of[r.key]: r for r in owed
                      if r.key in accepted and r.key in sourceless_of}

@@ -1,7 +1,5 @@
-"""What a run hands back: values that passed acceptance, and an honest account of the rest,
-both read when asked for (a million tasks hold neither a million values nor a million error
-dicts). What a result shows of its answers is read in one pass that stops at :data:`COUNTED`
-values, saying so."""
+"""What a run hands back: the values that passed acceptance and an account of the rest, both
+read when asked for; what it shows of its answers is read in one pass of at most :data:`COUNTED`."""
 
 from __future__ import annotations
 
@@ -23,7 +21,6 @@ from .._ledger.records import Receipt
 from .._ledger.store import Store
 from .._money import money
 from .._plaintext import Grid, clip, printable
-from .._replay.plan import Outcome
 from .plots import Chart, batch_chart
 
 SAMPLE = 5  # accepted values a result's display shows
@@ -34,8 +31,7 @@ WHOLE = ""  # the field name of an answer that is itself one of a fixed set (mod
 
 
 def fixed_set_fields(schema: Mapping[str, Any]) -> tuple[str, ...]:
-    """The answer's fields whose schema allows a fixed set of values (an optional pydantic enum
-    too), in schema order; ``(WHOLE,)`` when the answer itself is one."""
+    """The answer's fields with a fixed set of values in schema order (``(WHOLE,)``: itself)."""
     defs = schema.get("$defs") or schema.get("definitions") or {}
 
     def fixed(node: Any) -> bool:
@@ -65,8 +61,7 @@ def cell(value: Any) -> str:
 
 def answers_grid(items: Iterable[tuple[str, Any]], schema: Mapping[str, Any],
                  total: int) -> Grid | None:
-    """The first :data:`SAMPLE` of ``total`` accepted values as a table, then each fixed-set
-    field's values by count over the first :data:`COUNTED`; None when there are none."""
+    """The first :data:`SAMPLE` values as a table, then each fixed-set field's counts."""
     fields = fixed_set_fields(schema)
     sample: list[tuple[str, Any]] = []
     counts: dict[str, Counter[str]] = {f: Counter() for f in fields}
@@ -98,8 +93,7 @@ def answers_grid(items: Iterable[tuple[str, Any]], schema: Mapping[str, Any],
 
 def _sample_table(sample: list[tuple[str, Any]],
                   order: tuple[str, ...]) -> tuple[list[str], list[list[str]]]:
-    """(columns, rows): task_id (an answer's own is its row's, identity checked), then each
-    field of an object value, the schema's (``order``) first, or the value itself."""
+    """(columns, rows): task_id, then an object value's fields, the schema's first."""
     objects = all(isinstance(v, dict) for _, v in sample)
     seen = {k for _, v in sample for k in v} - {"task_id"} if objects else set()
     fields = [k for k in order if k in seen] + sorted(seen - set(order))
@@ -116,8 +110,7 @@ class LedgerRead(partial):
 
 
 class TaskAttempts(Mapping[str, int]):
-    """task_id -> calls this run made that carried it, counted on first use from the run's log
-    of its calls (on disk past a few megabytes)."""
+    """task_id -> calls this run made carrying it, counted on first use from the run's log."""
 
     def __init__(self, calls_log: Iterable[str]) -> None:
         self._log = calls_log
@@ -163,14 +156,6 @@ class ThrownAway:
         return (f"this run threw away {self.answers} valid answer(s) with a rejected pack-mate: "
                 f"{accept} would have kept them, {more}saving {saved} of asking again"
                 + ("" if self.split else f" (or {split}, which asks the halves apart)"))
-
-
-def thrown_away(outcome: Outcome, split: bool) -> ThrownAway | None:
-    if not outcome.thrown_away:
-        return None
-    left = sum(t in outcome.errors for t in outcome.thrown_tasks)  # given up: no value
-    return ThrownAway(outcome.thrown_away, left, outcome.thrown_cost, outcome.thrown_tokens,
-                      split)
 
 
 @dataclass
@@ -285,8 +270,8 @@ class BatchResult:
 
     def _failure_groups(self, limit: int | None = None, pending: bool = True
                         ) -> tuple[list[dict[str, Any]], int]:
-        """The first ``limit`` (None: all) failed requests grouped, and how many failed in all
-        (without ``pending``, not those a batch job still holds)."""
+        """The first ``limit`` failed requests grouped, and how many failed
+        (without ``pending``, not those a batch job holds)."""
         kept: dict[str, bool] = {}  # request -> shown (one bool a request)
         for e in self._failed_errors():
             key = request_of(e)
@@ -372,8 +357,7 @@ class BatchResult:
         return "\n".join(map(printable, lines))
 
     def _repr_html_(self) -> str:
-        """The notebook display, top to bottom: the counts, what was compared, pending jobs,
-        failed requests, then the answers."""
+        """The notebook display: counts, what was compared, jobs, failures, answers."""
         s = self.summary()
         colour = ("#1a7f37" if self.resolved else "#9a6700" if self.status == "pending"
                   else "#cf222e")
@@ -449,8 +433,7 @@ PAGE_REQUESTS = 200  # leaf requests per page read while iterating
 
 
 class LedgerValues(Mapping[str, Any]):
-    """task_id -> accepted value of one revision, loaded when read; ``hidden`` task ids (values
-    that no longer load) read as absent."""
+    """task_id -> accepted value of one revision, loaded when read; ``hidden`` ids absent."""
 
     def __init__(self, store: Store, revision_id: int, load: Callable[[Any], Any],
                  hidden: frozenset[str] = frozenset()) -> None:
@@ -494,8 +477,8 @@ class LedgerValues(Mapping[str, Any]):
         return (value for _, value in self.items())
 
     def stored_items(self) -> Iterator[tuple[str, str]]:
-        """(task_id, stored JSON text) in task order; a page's last position waits for the next
-        page (a split request's parts may go on there)."""
+        """(task_id, stored JSON) in task order; a page's last position waits for
+        the next page (a split request's parts may go on there)."""
         after: tuple[int, int] | None = (-1, -1)
         held: list[Any] = []
         while after is not None:
@@ -508,8 +491,8 @@ class LedgerValues(Mapping[str, Any]):
                 yield from self._in_task_order(list(group))
 
     def _in_task_order(self, rows: list[Any]) -> Iterator[tuple[str, str]]:
-        """One position's values: the latest accepted row wins, as in checkpoint; the parts of
-        a split request (halves, or a partial return's) in its tasks' order."""
+        """One position's values, the latest accepted row winning; a split
+        request's parts in its tasks' order."""
         seen: dict[str, str] = {}
         for _, _, task_id, text, _ in rows:
             if task_id is not None:
@@ -543,9 +526,8 @@ def _where(store: Store) -> Any:
 
 def result_values(store: Store, revision_id: int,
                   schema: Any) -> tuple[Mapping[str, Any], list[dict[str, Any]]]:
-    """A revision's values as a :class:`LedgerValues` (a dict for an in-memory ledger), and a
-    ``stored_invalid`` error for each stored value the schema no longer loads (only a pydantic
-    model's load can fail, so only then is every value read once here, never failing later)."""
+    """A revision's values (a dict for an in-memory ledger), and a ``stored_invalid`` error
+    for each the schema no longer loads (only a pydantic model's load can fail: read once here)."""
     values, unloadable = LedgerValues(store, revision_id, schema.load), []
     for task_id, text in values.stored_items() if schema.model is not None else ():
         try:
@@ -577,9 +559,8 @@ REPR_ERRORS = 20  # errors a repr shows
 
 
 class ResultErrors(SequenceView):
-    """Every task's errors, each a fresh dict when read, in this order: failed tasks as they failed,
-    tasks a batch job still holds, stored values that no longer load, tasks never attempted.
-    ``task_ids`` (every task in order) is read only if some task was never attempted."""
+    """Every task's errors, each a fresh dict when read: failed, held by a job, unloadable,
+    then never attempted (``task_ids`` read only for those)."""
 
     def __init__(self, failed: Mapping[str, list[dict[str, Any]]], accepted: Any,
                  extra: list[dict[str, Any]], task_ids: Callable[[], Iterable[str]],

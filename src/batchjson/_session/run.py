@@ -1,6 +1,5 @@
-"""A run as a pipeline: check, judge with, key, find, re-judge, fit; record, send, report. The
-first steps are pure over a frozen :class:`RunPlan`, so nothing is recorded or spent before the
-inputs, the budget and the fit are checked; :class:`Progress` shows it over ``tqdm.auto``."""
+"""A run as a pipeline: check, judge with, key, find, re-judge, fit (pure steps over a frozen
+:class:`RunPlan`: nothing is recorded or spent before they pass); record, send, report."""
 
 from __future__ import annotations
 
@@ -20,10 +19,10 @@ from .._replay.jobs import JobRunner, JobsOutcome
 from .._replay.plan import Outcome, Plan, cheapest_call
 from .._replay.replay import Replayer
 from . import batches, window
-from .plan import RunPlan, Runtime, find_completed, finished, keyed, remember_file
+from .plan import RunPlan, Runtime, find_completed, finished, keyed
 from .registry import checker_of
 from .rejudge import UNSEEN, Judging, clear_sourceless, unseen_token
-from .result import BatchResult, LedgerRead, ResultErrors, TaskAttempts, result_values, thrown_away
+from .result import BatchResult, LedgerRead, ResultErrors, TaskAttempts, ThrownAway, result_values
 from .spec import RunSpec, check_fit, check_rate_fit, compared_candidates
 
 T = TypeVar("T")
@@ -63,8 +62,7 @@ def _resolved(rt: Runtime, spec: RunSpec, progress: Progress) -> BatchResult:
 
 
 def plan_of(rt: Runtime, spec: RunSpec, progress: Progress, *, record: bool = True) -> RunPlan:
-    """The run's plan (``record=False``, an estimate's: no validator registered, no batch API
-    asked)."""
+    """The run's plan (``record=False``: an estimate's, registering and asking nothing)."""
     remembered = find_completed(rt, spec)  # a tasks file's finished run: nothing to read
     plan = (judge_with(rt, remembered, record=record) if remembered
             else planned(rt, spec, progress, record=record))
@@ -72,11 +70,10 @@ def plan_of(rt: Runtime, spec: RunSpec, progress: Progress, *, record: bool = Tr
 
 
 def planned(rt: Runtime, spec: RunSpec, progress: Progress, *, record: bool = True) -> RunPlan:
-    """The plan of a run whose tasks are read: checked, judged, keyed, then done already, or
-    found on record and surveyed."""
+    """A read run's plan: checked, judged, keyed, then found done, or surveyed on record."""
     content = spec.checked(progress.reading)  # every input check, before anything is recorded
     progress.checking()
-    provider = rt.provider  # refused here when none is configured
+    provider = rt.provider()  # refused here when none is configured
     plan = judge_with(rt, RunPlan(spec, content, provider, answer_source(provider)),
                       record=record)
     plan = keyed(plan, plan.version.fingerprint.digest if plan.version else "none")
@@ -89,8 +86,7 @@ def planned(rt: Runtime, spec: RunSpec, progress: Progress, *, record: bool = Tr
 
 
 def judge_with(rt: Runtime, plan: RunPlan, *, record: bool = True) -> RunPlan:
-    """The validator's version (registered now, or handed over by its helper; ``record=False``:
-    the version it would be, nothing registered) and the checker."""
+    """The validator's version (registered, handed over, or previewed) and its checker."""
     spec, validator = plan.spec, plan.spec.validator
     handed = rt.validators.handed_over(validator, spec.validator_name, take=record)
     if validator is None:
@@ -113,8 +109,7 @@ def judging_of(rt: Runtime, plan: RunPlan) -> Judging:
 
 
 def find_requests(rt: Runtime, plan: RunPlan, judging: Judging) -> RunPlan:
-    """The run's revision on record, if any. Judging no fingerprint fully sees moves on to a
-    revision naming the answers that no longer pass."""
+    """The revision on record; blind judging moves on to one naming what now fails."""
     store = rt.ledger.store
     while True:
         found = rt.ledger.revisions(plan.spec.name, fingerprint=plan.keys.revision)
@@ -129,8 +124,7 @@ def find_requests(rt: Runtime, plan: RunPlan, judging: Judging) -> RunPlan:
 
 
 def fitted(rt: Runtime, plan: RunPlan, *, record: bool = True) -> RunPlan:
-    """What the provider cannot send as asked, said (or refused); the batch API, checked to
-    exist, when the transport is batch."""
+    """What the provider cannot send as asked, said or refused; a batch run's API, checked."""
     spec, content = plan.spec, plan.content
     notes = check_fit(plan.provider, rt.ledger, spec.name, content.schema, plan.pending,
                       content.identity, spec.mode)
@@ -170,8 +164,7 @@ def plan_calls(rt: Runtime, plan: RunPlan) -> tuple[Plan, Spender]:
 
 
 def record_revision(rt: Runtime, plan: RunPlan, calls: Plan) -> tuple[Any, str | None]:
-    """Open (or resume) the revision with what its requests saw and the rechecked returns:
-    (the revision, what it superseded)."""
+    """Open (or resume) the revision, its seen keys and rechecks: (revision, superseded)."""
     store, version, name = rt.ledger.store, plan.version, plan.spec.name
     doc, text = plan.content.schema.document  # so an export of it is rechecked whole
     revision, replaced = store.open_revision(  # a new revision's requests: streamed
@@ -186,9 +179,10 @@ def record_revision(rt: Runtime, plan: RunPlan, calls: Plan) -> tuple[Any, str |
         if rt.on_note is not None and plan.pending:
             rt.on_note(f"{name}: {superseded}; revision {revision.number} runs "
                        f"{len(plan.pending)} request(s)")
-    if plan.content.file_digest is not None:  # so a finished run of it resumes unread
-        remember_file(store, plan.content.file_digest, plan.keys.components["tasks"],
-                      plan.content.tasks)
+    tasks, digest = plan.content.tasks, plan.content.file_digest
+    if digest is not None:  # so a finished run of it resumes unread, fields as first seen
+        fields = list(dict.fromkeys(key for task in tasks for key in task))
+        store.task_file(digest, (plan.keys.components["tasks"], len(tasks), fields))
     if plan.existing is None or plan.pending or plan.rechecked:  # else on record already
         store.record_seen(window.seen_pairs(store, plan))
     if plan.rechecked:
@@ -199,8 +193,7 @@ def record_revision(rt: Runtime, plan: RunPlan, calls: Plan) -> tuple[Any, str |
 
 def send(rt: Runtime, plan: RunPlan, calls: Plan, spender: Spender, revision: Any,
          progress: Progress) -> tuple[Outcome, JobsOutcome | None]:
-    """The calls, and the batch jobs holding the run's requests: none when the validator broke
-    on a stored return (it would break on theirs)."""
+    """The calls, and the jobs holding requests: none if the validator broke on a stored return."""
     store, outcome, jobs = rt.ledger.store, Outcome(), None
     if plan.pending and plan.broken:
         outcome.stopped = (f"the validator failed while re-judging a stored return, so no "
@@ -219,8 +212,7 @@ def send(rt: Runtime, plan: RunPlan, calls: Plan, spender: Spender, revision: An
 
 def _live(rt: Runtime, calls: Plan, spender: Spender, plan: RunPlan,
           progress: Progress) -> tuple[Outcome, JobsOutcome | None]:
-    """The live calls of what no unfinished batch job claims, a window at a time; the jobs
-    that claim some, if any."""
+    """Live calls of what no unfinished batch job claims; the jobs claiming some, if any."""
     store, claimed, provider = rt.ledger.store, [], GuardedProvider(plan.provider)
 
     def unclaimed() -> Iterator[Request]:
@@ -256,8 +248,7 @@ def _jobs(rt: Runtime, calls: Plan, spender: Spender, plan: RunPlan,
 
 def _replay(rt: Runtime, plan: RunPlan, provider: Any, progress: Progress,
             make: Callable[[], tuple[Outcome, Coroutine[Any, Any, T]]]) -> T:
-    """Run the pending requests through the transport ``make`` builds on the session's loop;
-    the progress counts every task, those resumed as done already."""
+    """``make``'s transport run on the session's loop; its progress counts resumed tasks done."""
     total = len(plan.content.tasks)
 
     def start() -> Coroutine[Any, Any, T]:
@@ -271,8 +262,7 @@ def _replay(rt: Runtime, plan: RunPlan, provider: Any, progress: Progress,
 
 def report(rt: Runtime, plan: RunPlan, revision: Any, outcome: Outcome,
            superseded: str | None = None) -> BatchResult:
-    """The one reporter, of a run that sent or one found finished: the result over the
-    revision's values (its tasks read only if some task has none), with its notes."""
+    """The one reporter, of a run that sent or one found finished."""
     spec, content, total = plan.spec, plan.content, plan.total
     values, unloadable = result_values(rt.ledger.store, revision.id, content.schema)
     why = (f"no call was made for this task in this run: {outcome.stopped}"
@@ -285,7 +275,9 @@ def report(rt: Runtime, plan: RunPlan, revision: Any, outcome: Outcome,
     echoed = [f for f in compared_candidates(tasks, content.identity)
               if f not in content.identity] if items else []
     name, model = provider_names(plan.provider)
-    thrown = thrown_away(outcome, spec.split)
+    thrown = None if not outcome.thrown_away else ThrownAway(
+        outcome.thrown_away, sum(t in outcome.errors for t in outcome.thrown_tasks),
+        outcome.thrown_cost, outcome.thrown_tokens, spec.split)
     return BatchResult(
         name=spec.name, status="resolved" if len(values) == total else "unresolved",
         values=values, errors=errors, calls=outcome.calls, tokens=outcome.tokens,
@@ -398,8 +390,7 @@ class Progress:
             self.bar.set_postfix_str(self._counts())
 
     def end(self, result: BatchResult | None) -> None:
-        """The last state: the tasks with a value, named and coloured by the result's status
-        (``None``: the run raised, and is shown stopped where it stood)."""
+        """The last state, coloured by status (``None``: the run raised, shown stopped)."""
         if self.bar is not None and self.outcome is None and result is not None:
             self.calls(result.total_tasks, len(result.values), Outcome())  # nothing was sent
         bar, self.bar, self.note = self.bar, None, ""

@@ -49,10 +49,8 @@ class Session:
         rate_limits: RateLimits | Mapping[str, int] | tuple[int, int] | None = None,
         max_rate_wait: float = 60.0,
     ) -> None:
-        options = SessionOptions(strict=strict, budget=budget, concurrency=concurrency,
-                                 repairs=repairs, replays=replays,
-                                 transport_retries=transport_retries, timeout=timeout,
-                                 model=model, max_rate_wait=max_rate_wait)  # checked first
+        options = SessionOptions(**{k: v for k, v in locals().items()  # checked first
+                                    if k not in ("self", "provider", "ledger", "rate_limits")})
         # One pacer for every run of the session (docs/providers.md, "Rate limits").
         self.pacer = Pacer(RateLimits.of(rate_limits), options.concurrency)
         self.ledger = ledger if isinstance(ledger, StoredLedger) else Ledger(ledger)

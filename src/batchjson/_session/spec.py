@@ -1,11 +1,6 @@
-"""The one public description of a run, and the one place that checks a run's inputs.
-
-Every face builds a ``RunSpec``, so every face refuses the same inputs in the same words (an
-``InvalidBatch`` naming the problem and the fix) before the ledger or the provider is touched.
-Once the provider is known, :func:`check_fit` refuses before spending a schema the simulated model
-cannot answer, a pack whose smallest valid answer cannot fit the output ceiling (counted from
-below, so a pack is refused only when it cannot fit), a wire schema strict mode cannot take (or
-says how it is sent instead)."""
+"""The one public description of a run (:class:`RunSpec`) and the one place that checks its
+inputs, so every face refuses the same inputs in the same words before anything is touched; then
+:func:`check_fit`: what the provider cannot answer or fit, refused before spending."""
 
 from __future__ import annotations
 
@@ -55,17 +50,14 @@ Accept = Literal["whole", "items"]
 
 @options(InvalidBatch)
 class RunSpec:
-    """What to resolve and under which rules (docs/api.md); a bad option is an
-    :class:`~batchjson.InvalidBatch` when the spec is made.
+    """What to resolve and under which rules: :meth:`~batchjson.Session.run_batch`'s arguments and
+    these (docs/api.md); a bad option is an :class:`~batchjson.InvalidBatch` when the spec is made.
 
     - ``mode="items"``: ``pack`` tasks a call, returning ``{"items": [...]}``; ``mode="value"``:
       one task a call, a bare JSON value (droste's shape).
     - ``validator_args``: ``validator(value, task)``, ``validator(value, task["index"])``, or
       that reading verdicts as droste does. ``None`` repairs/replays: the session's setting.
-    - ``refuse_short_budget``: refused before spending unless the budget covers a call a request.
-    - ``transport="batch"``: provider batch jobs, ``status == "pending"`` unless ``wait=True``.
-    - ``accept="items"``: commit a return's items that pass and ask again for the others; no
-      part of any key (what is committed, not what a model sees), so evidence is shared."""
+    - ``refuse_short_budget``: refused before spending unless the budget covers a call a request."""
 
     # checked here, by their own rules: the texts, the validator, the identity's shape
     name: SkipValidation[str]
@@ -108,27 +100,22 @@ class RunSpec:
         normalize_identity(self.identity)  # its shape; the tasks are checked against it later
 
     def checked(self, on_read: Callable[[int], Any] | None = None) -> CheckedRun:
-        """The run's content, checked (needing neither ledger nor call) and in the ledger's (JSON)
-        form (``on_read(n)``: n more tasks checked)."""
+        """The content, checked and in the ledger's JSON form (``on_read(n)``: n more read)."""
         identity = normalize_identity(self.identity)
         hasher = hashlib.sha256() if is_task_file(self.tasks) else None
-        tasks, texts = normalize_tasks(self.tasks, identity, hasher, pack=self.pack,
-                                       on_read=on_read)
+        tasks, _ = normalize_tasks(self.tasks, identity, hasher, pack=self.pack, on_read=on_read)
         schema = compile_schema(self.schema)
         check_mode(tasks, identity, self.mode, self.pack, self.validator, self.validator_args)
         check_schema(schema, self.mode, tasks, identity)
-        return CheckedRun(self, tasks, texts, schema, identity,
-                          hasher.hexdigest() if hasher else None)
+        return CheckedRun(tasks, schema, identity, hasher.hexdigest() if hasher else None)
 
 
 @dataclass(frozen=True)
 class CheckedRun:
     """A :class:`RunSpec` whose content passed every check, in the forms the run uses."""
 
-    spec: RunSpec
-    tasks: list[dict[str, Any]]
-    texts: list[str]  # each request's tasks as canonical JSON (pack at a time), which keys,
-    # ledger rows and prompts reuse
+    tasks: Sequence[dict[str, Any]]  # packed: each request's canonical JSON (``.texts``) is
+    # what keys, ledger rows and prompts reuse
     schema: ItemSchema
     identity: Identity
     file_digest: str | None = None  # the SHA-256 of a tasks file's bytes, as they were read
@@ -136,8 +123,7 @@ class CheckedRun:
 
 def check_text(label: str, value: Any, example: str, *, required: bool = False,
                free: bool = False) -> None:
-    """A name or text a ledger stores and a terminal shows: a str of valid Unicode, without
-    control characters unless it is ``free`` text for the model (where newlines belong)."""
+    """Valid Unicode a ledger stores and a terminal shows: no control character unless ``free``."""
     if value is None and not required:
         return
     if not isinstance(value, str) or (required and not value.strip()):
@@ -160,8 +146,7 @@ def check_text(label: str, value: Any, example: str, *, required: bool = False,
 
 @options(ConfigError)
 class SessionOptions:
-    """A :class:`~batchjson.Session`'s own settings, refused (``ConfigError``; a bad budget
-    ``InvalidBatch``) before anything is created."""
+    """A :class:`~batchjson.Session`'s settings, refused (a bad budget ``InvalidBatch``) first."""
 
     strict: Flag
     budget: Annotated[Budget, PlainValidator(Budget.of)]
@@ -199,8 +184,7 @@ def check_validator(fn: Any, args: str) -> None:
 
 
 def check_verdicts(fn: Any, second: str = "task") -> None:
-    """What any validator must be, however it is called: callable, returning a verdict, and kept
-    whole under ``python -O``."""
+    """Any validator, however called: callable, returning a verdict, whole under ``python -O``."""
     if not callable(fn):
         hint = " (names go by keyword: @validator(name=...))" if isinstance(fn, str) else ""
         raise InvalidBatch(f"validator must be callable, got {type(fn).__qualname__}{hint}")
@@ -220,16 +204,8 @@ def check_verdicts(fn: Any, second: str = "task") -> None:
             "not a verdict; write a plain def (or async def) without yield: "
             f"def {name}(item, {second}): ... raising ValueError or returning False to reject "
             "an item")
-    check_asserts_kept(fn)
-
-
-def _name(fn: Any) -> str:
-    return getattr(fn, "__name__", type(fn).__name__)
-
-
-def check_asserts_kept(fn: Any) -> None:
-    """Under ``python -O`` asserts vanish, so an assert-checking validator would accept everything:
-    refused when its own source holds one (helpers it calls are not read)."""
+    # under -O asserts vanish, so one checking with assert would accept everything: refused when
+    # its own source holds one (helpers it calls are not read)
     if not sys.flags.optimize:
         return
     try:
@@ -239,13 +215,16 @@ def check_asserts_kept(fn: Any) -> None:
         source = textwrap.dedent(inspect.getsource(target))
     except Exception:  # no source to read (a builtin, exec'd code): nothing to see
         return
-    if not _has_assert(source):
-        return
-    raise InvalidBatch(
-        f"validator {_name(fn)} checks with assert, and this Python runs with -O "
-        f"(sys.flags.optimize={sys.flags.optimize}), which removes every assert: it would "
-        "accept every item. Raise ValueError instead (if not ok: raise ValueError('...')), or "
-        "run Python without -O")
+    if _has_assert(source):
+        raise InvalidBatch(
+            f"validator {_name(fn)} checks with assert, and this Python runs with -O "
+            f"(sys.flags.optimize={sys.flags.optimize}), which removes every assert: it would "
+            "accept every item. Raise ValueError instead (if not ok: raise ValueError('...')), "
+            "or run Python without -O")
+
+
+def _name(fn: Any) -> str:
+    return getattr(fn, "__name__", type(fn).__name__)
 
 
 def _has_assert(source: str) -> bool:
@@ -260,8 +239,7 @@ def _has_assert(source: str) -> bool:
 
 
 def compared_candidates(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str]) -> list[str]:
-    """Every field an item may be held to: the identity fields, plus under the default identity
-    every task field (prompt and context aside)."""
+    """The identity fields, and under the default identity every echoable task field."""
     names = dict.fromkeys(identity)
     if getattr(identity, "echo", False):  # what compared_fields adds, for all tasks at once
         for task in tasks:
@@ -410,8 +388,7 @@ def _short(sub: Any) -> str:
 
 def check_mode(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str], mode: str,
                pack: int, validator: Callable[..., Any] | None, validator_args: str) -> None:
-    """What each mode can judge: ``mode="value"`` is one task a call with no identity required,
-    and ``validator(value, index)`` needs an index."""
+    """``mode="value"`` is one task a call, no identity required; an index form needs an index."""
     if mode == "value" and pack != 1:
         raise InvalidBatch(f"mode='value' sends one prompt per call and judges one bare value, "
                            f"so pack must be 1, got {pack}; use mode='items' to pack tasks")
@@ -437,8 +414,7 @@ _ENVELOPE = '{"items":[]}'
 
 
 def output_tokens_floor(text: str) -> int:
-    """The fewest tokens ``text`` can be: one per piece (see ``_PIECES``); for a tokenizer with
-    other rules (Anthropic's is not published) an estimate, so the ledger's measure counts too."""
+    """The fewest tokens ``text`` can be, one a piece (other tokenizers: an estimate)."""
     return sum(1 for _ in _PIECES.finditer(text))
 
 
@@ -456,8 +432,7 @@ def sent_schema(schema: ItemSchema, tasks: Sequence[Any], identity: Sequence[str
 
 def check_fit(provider: Any, ledger: Ledger, name: str, schema: ItemSchema,
               pending: Sequence[Request], identity: Sequence[str], mode: str) -> list[str]:
-    """The checks over the requests about to be sent, and the provider's notes on how it will
-    send them (an OpenAI provider falling back from strict mode says so)."""
+    """The checks over the requests about to be sent, and the provider's notes on sending them."""
     if not pending:
         return []
     answerable(provider, schema, pending, identity, mode)
@@ -478,9 +453,7 @@ def check_fit(provider: Any, ledger: Ledger, name: str, schema: ItemSchema,
 
 def answerable(provider: Any, schema: ItemSchema, pending: Sequence[Request],
                identity: Sequence[str], mode: str) -> None:
-    """A provider that answers from the schema (the simulated model, the same answer on every
-    attempt) answers every pending task here; each must pass the schema as acceptance judges it
-    (a pydantic model's validators too), or the run is refused."""
+    """A provider answering from the schema answers each task now: one failing refuses the run."""
     check = getattr(provider, "check_answerable", None)
     if not callable(check) or getattr(provider, "answer", None) is not None:
         return
@@ -551,9 +524,8 @@ def _pack_fits(cap: int, measured: float | None, schema: ItemSchema, largest: Re
 
 
 def check_rate_fit(pacer: Pacer, plan: Plan, pending: Sequence[Request], provider: Any) -> None:
-    """Refuse a run whose largest request is more tokens than the limiter lets through in a
-    minute (every try would be a 429), naming the pack that fits: packs are never split to fit
-    the day's limits, or their keys would change from run to run."""
+    """Refuse a run whose largest request exceeds a minute's token limit (every try a 429),
+    naming the pack that fits: packs are never split to fit, or their keys would change."""
     limit = pacer.tokens_per_minute
     if not limit or not pending:
         return

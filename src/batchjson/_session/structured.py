@@ -1,5 +1,4 @@
-"""droste's ``llm_batch_json`` contract over a session: one prompt per call, a bare JSON value
-(core, not a face: it knows nothing of hosts, and builds a :class:`RunSpec` like any face)."""
+"""droste's ``llm_batch_json`` contract over a session: one prompt per call, a bare JSON value."""
 
 from __future__ import annotations
 
@@ -69,9 +68,7 @@ def check_droste_schema(schema: Any) -> None:
 
 def default_batch_name(prompts: Sequence[str], contexts: Sequence[str] | None,
                        content: str | None = None) -> str:
-    """Same prompts and contexts -> same batch, so (in a session that is not strict) a changed
-    validator or schema supersedes. With ``content`` (a digest of schema and validator) every
-    distinct request content is its own batch, as droste keys evidence: nothing supersedes."""
+    """Same prompts and contexts -> same batch; with ``content``, one batch a content."""
     digest = sha(json.dumps([list(prompts), None if contexts is None else list(contexts)]))
     name = f"llm_batch_json/{digest[:16]}"
     return name if content is None else f"{name}/{content[:8]}"

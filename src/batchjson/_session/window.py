@@ -1,6 +1,5 @@
-"""A run's requests :data:`WINDOW` at a time (from the checked tasks' texts, or the ledger's rows
-for a revision on record), so its memory does not grow with its tasks: :func:`survey` once before
-anything is recorded or spent, then :class:`Pending` for the calls."""
+"""A run's requests :data:`WINDOW` at a time, so its memory does not grow with its tasks:
+:func:`survey` once before anything is recorded or spent, then :class:`Pending` for the calls."""
 
 from __future__ import annotations
 
@@ -32,8 +31,7 @@ def every_request(store: Store, plan: RunPlan) -> Iterator[Request]:
 
 
 def survey(store: Store, plan: RunPlan, judging: Judging) -> RunPlan:
-    """What each request needs, before anything is recorded or spent: accepted already (under
-    any batch), resolved by re-judging an earlier return, or pending (one mark a request)."""
+    """Each request, before anything is spent: accepted already, re-judged now, or pending."""
     keys, sourceless = plan.keys, store.has_sourceless_answers()
     marks, sizes = bytearray(), array("L")
     rechecked, broken, owed, sourceless_all = [], [], [], {}
@@ -80,8 +78,7 @@ def stored_seen_pairs(store: Store, plan: RunPlan, revision_id: int, *,
 
 
 class Pending:
-    """The requests a call must resolve, read again a window at a time on each iteration; a
-    ledger window that changed size since the survey (another runner split one) is taken as is."""
+    """The requests to call, re-read a window at a time (one another runner split: taken as is)."""
 
     def __init__(self, source: Callable[[], Iterator[list[Request]]], marks: bytearray,
                  sizes: array, count: int, store: Store) -> None:
