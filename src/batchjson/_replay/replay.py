@@ -10,7 +10,7 @@ import asyncio
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Literal
@@ -40,7 +40,6 @@ from .settle import (
     Attempt,
     Settle,
     Tried,
-    fail,
     next_attempt,
     provider_error,
     rest_tried,
@@ -197,6 +196,12 @@ class Caller(Settle):
                 self._close(claimed, why, attempt.sent_at, got if isinstance(got, Reply) else None,
                             reserved)
             raise
+
+    def halt(self, why: str) -> None:
+        """Its workers take no further request (a stop already under way keeps its reason)."""
+        if self.control.stop is None:
+            super().halt(why)
+            self.control.halt(RuntimeError(why))
 
     def host_down(self, exc: ProviderError, key: str) -> bool:
         """The probing call's retries all failed to connect: the run stops, naming the host."""
@@ -519,12 +524,6 @@ class Replayer(Caller):
         self._release(request)
         self._progress(request)
         self.give_up(request, step, chain)
-        crash = next((e for last in chain[-1:] for e in last.errors
-                      if e.get("type") == "validator_error"), None)
-        if crash is not None and self.control.stop is None:
-            self.control.halt(RuntimeError(_first_line(crash)))
-            self.outcome.stopped = (f"the validator crashed ({_first_line(crash)}); no further "
-                                    "calls were opened. Fix the validator and re-run.")
 
     def _partial(self, request: Request, kind: str, done: Judged) -> tuple[Request, Tried]:
         """A return committed in part: its accepted part is reported, its rest's chain goes on."""
@@ -543,9 +542,7 @@ class Replayer(Caller):
         elif why.why == "out_of_budget":
             self._release(request)
             self._progress(request)
-            return fail(self.outcome, request, [{
-                "type": "budget_exhausted", "task_id": None, "message": "the budget ran out "
-                f"before this request was resolved ({why.detail})"}])
+            return self.out_of_budget(request, why.detail)
         else:
             return self._release(request)
         self._sweep()
@@ -711,13 +708,3 @@ def transport_retrying(transport: Transport) -> AsyncRetrying:
                          retry=retry_if_exception(lambda e: isinstance(e, ProviderError)
                                                   and e.retryable))
 
-
-def _first_line(error: Mapping[str, Any]) -> str:
-    """The first line of a validator crash: where it happened when the error says, else why."""
-    for key in ("traceback", "where", "message"):
-        value = error.get(key)
-        if isinstance(value, list) and value:
-            value = value[0]
-        if isinstance(value, str) and value.strip():
-            return value.strip().splitlines()[0]
-    return "validator_error"
