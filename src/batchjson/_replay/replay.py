@@ -1,6 +1,6 @@
 """The live transport: ``concurrency`` workers resolve each request, or give up, within a fixed
 allowance, taking requests from one queue; what another runner holds waits till the end. Each call
-is one coroutine (:meth:`Caller.call`): reserve its worst case, claim the request and commit the
+is one coroutine (:meth:`Replayer.call`): reserve its worst case, claim the request and commit the
 in-flight receipt, and only then send; judge the return and queue its record. What happened is
 returned (:class:`Judged`, :class:`NotSent`); only a provider's failure is raised, to be retried."""
 
@@ -135,14 +135,18 @@ class HostProbe:
         return True
 
 
-class Caller(Settle):
-    """A run's calls: :meth:`call` composes reserve -> claim -> send -> judge -> record;
-    :class:`Replayer` drives them."""
+class Replayer(Settle):
+    """Drives every unresolved request of a plan concurrently through provider and acceptance,
+    each call one coroutine: :meth:`call` composes reserve -> claim -> send -> judge -> record."""
 
     owner: Owner  # this run's, started when it runs
 
     def __init__(self, plan: Plan, ledger: Ledger, provider: Any, spender: Spender,
-                 transport: Transport) -> None:
+                 transport: Transport, concurrency: int,
+                 on_progress: Callable[[int], None] | None = None, *,
+                 session_id: str = "session", pacer: Pacer | None = None,
+                 hosts: HostShare | None = None,
+                 on_wait: Callable[[str], Any] | None = None) -> None:
         super().__init__(plan, ledger.store, provider, spender, Outcome())
         self.ledger, self.transport = ledger, transport
         self.writes = GroupCommit(self.store)
@@ -159,6 +163,22 @@ class Caller(Settle):
         own = getattr(provider, "timeout", None) if getattr(
             provider, "enforces_timeout", False) else None
         self.needs_timer = not (isinstance(own, (int, float)) and own <= transport.timeout)
+        self.concurrency = concurrency
+        self.on_progress = on_progress
+        self.on_wait = on_wait  # says a long rate-limit wait in the progress ("" when over)
+        self._limited_since: float | None = None  # this run's calls meet 429s since then
+        self.session_id = session_id
+        self.pacer = pacer
+        self.hosts = hosts  # this session among the ledger's hosts: its share of the limits
+        # whose limits the calls spend, when the provider reports them: kept in the ledger
+        self.account = limits_account(provider) if pacer is not None else None
+        if pacer is not None:
+            pacer.set_ceiling(concurrency)
+            if self.account is not None:
+                pacer.learn()
+        self._cut_off: set[str] = set()  # requests cut off before under the same settings
+        self._parted: dict[str, list[str]] = {}  # requests accepted in part: the tasks rejected
+        self.retrying = transport_retrying(transport)
 
     async def call(self, request: Request, kind: CallKind, call: Call) -> Judged | NotSent:
         """Reserve, claim and commit the receipt of ``call``; then send it, judge and record the
@@ -196,12 +216,6 @@ class Caller(Settle):
                 self._close(claimed, why, attempt.sent_at, got if isinstance(got, Reply) else None,
                             reserved)
             raise
-
-    def halt(self, why: str) -> None:
-        """Its workers take no further request (a stop already under way keeps its reason)."""
-        if self.control.stop is None:
-            super().halt(why)
-            self.control.halt(RuntimeError(why))
 
     def host_down(self, exc: ProviderError, key: str) -> bool:
         """The probing call's retries all failed to connect: the run stops, naming the host."""
@@ -351,34 +365,6 @@ class Caller(Settle):
         self.probe.back(call.request_key)
         return reply
 
-
-class Replayer(Caller):
-    """Drives every unresolved request of a plan concurrently through provider and acceptance."""
-
-    def __init__(self, plan: Plan, ledger: Ledger, provider: Any, spender: Spender,
-                 transport: Transport, concurrency: int,
-                 on_progress: Callable[[int], None] | None = None, *,
-                 session_id: str = "session", pacer: Pacer | None = None,
-                 hosts: HostShare | None = None,
-                 on_wait: Callable[[str], Any] | None = None) -> None:
-        super().__init__(plan, ledger, provider, spender, transport)
-        self.concurrency = concurrency
-        self.on_progress = on_progress
-        self.on_wait = on_wait  # says a long rate-limit wait in the progress ("" when over)
-        self._limited_since: float | None = None  # this run's calls meet 429s since then
-        self.session_id = session_id
-        self.pacer = pacer
-        self.hosts = hosts  # this session among the ledger's hosts: its share of the limits
-        # whose limits the calls spend, when the provider reports them: kept in the ledger
-        self.account = limits_account(provider) if pacer is not None else None
-        if pacer is not None:
-            pacer.set_ceiling(concurrency)
-            if self.account is not None:
-                pacer.learn()
-        self._cut_off: set[str] = set()  # requests cut off before under the same settings
-        self._parted: dict[str, list[str]] = {}  # requests accepted in part: the tasks rejected
-        self.retrying = transport_retrying(transport)
-
     async def run(self, requests: Iterable[Request]) -> Outcome:
         """Drive every request of the stream, taken :data:`FEED` at a time as the queue runs low."""
         self.owner = Owner.start(self.session_id)
@@ -524,6 +510,8 @@ class Replayer(Caller):
         self._release(request)
         self._progress(request)
         self.give_up(request, step, chain)
+        if self.halted is not None and self.control.stop is None:  # (Settle.settle)
+            self.control.halt(RuntimeError(self.halted))
 
     def _partial(self, request: Request, kind: str, done: Judged) -> tuple[Request, Tried]:
         """A return committed in part: its accepted part is reported, its rest's chain goes on."""

@@ -38,14 +38,16 @@ class Attempt:
 @dataclass(eq=False)
 class Settle:
     """Settles the replies of one run: its plan, ledger, provider, budget and counters; each
-    transport (``Caller``, ``JobRunner``) is one."""
+    transport (``Replayer``, ``JobRunner``) is one."""
 
     plan: Plan
     store: Store
     provider: Any
     spender: Spender
     outcome: Outcome
-    halted: str | None = None  # why the run opens no further call (:meth:`halt`)
+    # why the run opens no further call on either transport (what is in flight finishes): a
+    # validator crash; what it did not get to is reported not_attempted, saying so
+    halted: str | None = None
 
     def cost(self, reply: Reply) -> float | None:
         """What a reply cost: as its provider priced it, else by the run's prices."""
@@ -92,8 +94,10 @@ class Settle:
             count_thrown_away(out, request, verdict.errors, cost, usage)
             crash = next((e for e in verdict.errors if e.get("type") == "validator_error"), None)
             if crash is not None:  # it would most likely crash on every other return too
-                self.halt(f"the validator crashed ({first_line(crash)}); no further calls "
-                          "were opened. Fix the validator and re-run.")
+                self.halted = self.halted or (f"the validator crashed ({first_line(crash)}); no "
+                                              "further calls were opened. Fix the validator "
+                                              "and re-run.")
+                out.stopped = out.stopped or self.halted  # the first reason stands
         return verdict, lambda tx: store.complete_call(
             tx, key, status, text, usage, errors=verdict.errors, accepted=accepted, parts=parts,
             sent_at=sent_at, charge=ledger)
@@ -122,12 +126,6 @@ class Settle:
         fail(self.outcome, request, [{
             "type": "budget_exhausted", "task_id": None,
             "message": f"the budget ran out before this request was resolved ({detail})"}])
-
-    def halt(self, why: str) -> None:
-        """Open no further call, on either transport (what is in flight finishes); what it
-        did not get to is reported ``not_attempted`` with ``why``."""
-        if self.halted is None:
-            self.halted = self.outcome.stopped = why
 
     def ledger_charge(self, held: float, cost: float | None) -> float | None:
         """What settles a call on the ledger's own budget (None: it has none): its cost, or what
@@ -217,13 +215,8 @@ def count_thrown_away(outcome: Outcome, request: Request, errors: Sequence[Mappi
 
 def first_line(error: Mapping[str, Any]) -> str:
     """The first line of a validator crash: where it happened when the error says, else why."""
-    for key in ("traceback", "where", "message"):
-        value = error.get(key)
-        if isinstance(value, list) and value:
-            value = value[0]
-        if isinstance(value, str) and value.strip():
-            return value.strip().splitlines()[0]
-    return "validator_error"
+    lines = str(error.get("traceback") or error.get("message") or "").strip().splitlines()
+    return lines[0] if lines else "validator_error"
 
 
 def usage_of(reply: Reply) -> dict[str, Any]:
