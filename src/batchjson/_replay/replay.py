@@ -217,20 +217,6 @@ class Replayer(Settle):
                             reserved)
             raise
 
-    def host_down(self, exc: ProviderError, key: str) -> bool:
-        """The probing call's retries all failed to connect: the run stops, naming the host."""
-        if not exc.unreachable or not self.probe.give_up(key):
-            return False
-        where = getattr(self.provider, "url", None) or getattr(self.provider, "base_url", None)
-        target = public_url(where) if isinstance(where, str) else (
-            f"the {self.provider_name} provider")
-        self.control.fatal = ProviderError(
-            f"cannot reach {target}: is the server running? The run stopped after "
-            f"{self.transport.retries + 1} tries of one call, and no other request was sent "
-            f"({exc})", retryable=False, unreachable=True)
-        self.control.halt(self.control.fatal)
-        return True
-
     async def _reserve(self, bound: int) -> float | NotSent:
         """Reserve ``bound`` when it did not fit at once: wait for calls in flight to settle before
         giving up, their real cost usually below their reservation."""
@@ -610,10 +596,18 @@ class Replayer(Settle):
         return done
 
     def _failed(self, exc: ProviderError, request: Request) -> Judged:
-        """A provider failure past its retries as a verdict; a host down or broken source stops."""
-        down = self.host_down(exc, request.key)  # if so, the run stopped naming it
-        if not down and exc.fatal and self.control.fatal is None:  # a broken source
-            self.control.halt(exc, fatal=True)  # nothing more is sent
+        """A provider failure past its retries as a verdict; a broken source stops the run, and
+        so does the probing call's last failure to connect, naming the host."""
+        if exc.unreachable and self.probe.give_up(request.key):
+            where = getattr(self.provider, "url", None) or getattr(self.provider, "base_url", None)
+            target = public_url(where) if isinstance(where, str) else (
+                f"the {self.provider_name} provider")
+            self.control.halt(ProviderError(
+                f"cannot reach {target}: is the server running? The run stopped after "
+                f"{self.transport.retries + 1} tries of one call, and no other request was sent "
+                f"({exc})", retryable=False, unreachable=True), fatal=True)
+        elif exc.fatal:  # nothing more is sent
+            self.control.halt(exc, fatal=True)
         return Judged(acceptance.Verdict(False, errors=[provider_error(exc)]), None)
 
     async def _paced_call(self, request: Request, kind: str,
