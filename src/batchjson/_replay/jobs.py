@@ -339,8 +339,8 @@ class JobRunner(Settle):
                     out.pending_tasks += len(request.task_ids)
                 elif request.key in self.unfunded:
                     self.out_of_budget(request, self.unfunded[request.key])
-                elif request.key in history and request.key not in self.given_up and (
-                        not self.halted):  # else not attempted, as live (Settle.halt)
+                elif (request.key in history and request.key not in self.given_up
+                      and not self.halted):  # halted: not attempted, as live (Settle.halted)
                     last = history[request.key][-1]
                     fail(out, request, json.loads(last["errors"] or "[]"), last["raw"])
         self.result.jobs = [job_view(row) for row in self._open_rows()]
