@@ -785,3 +785,57 @@ def test_a_cut_off_answer_is_given_up_with_one_error_whether_sent_live_or_in_a_j
         reported.append([{k: v for k, v in e.items() if k != "request"}
                          for e in [*result.errors, *result.failures]])
     assert reported[0] == reported[1]
+
+
+def test_budget_running_out_is_one_error_whether_sent_live_or_in_a_job(tmp_path):
+    """A request the budget cannot ask again is reported ``budget_exhausted``, saying why, on
+    either transport (the batch transport used to add only a note, the request showing its last
+    receipt's errors)."""
+    def picky(item, task):
+        if task["task_id"] == "t0":
+            raise ValueError("not this one")
+
+    reported = []
+    for transport in ("live", "batch"):
+        with LoopbackServer() as srv:
+            srv.batches.delay = 0.05
+            s = session(srv, tmp_path / f"{transport}.sqlite", repairs=3, replays=0)
+            result = s.run_batch("labels", tasks(2), SCHEMA, pack=1, transport=transport,
+                                 wait=True, max_calls=3, validator=picky, on_exhausted="return")
+            s.close()
+        assert result.calls == 3 and list(result.values) == ["t1"]
+        reported.append([{k: v for k, v in e.items() if k != "request"} for e in result.errors])
+    assert reported[0] == reported[1] == [{
+        "type": "budget_exhausted", "task_id": "t0",
+        "message": "the budget ran out before this request was resolved (no calls left)"}]
+
+
+def test_a_validator_crash_stops_the_run_whether_sent_live_or_in_a_job(tmp_path):
+    """A validator that raises (not a ValueError) stops the run opening calls on either
+    transport: what was in flight (live: one call; a job: its every line) is judged, nothing more
+    is sent, and what it did not get to is not attempted, saying why (docs/design.md)."""
+    def buggy(item, task):
+        if task["task_id"] == "t0":
+            return item["no_such_field"]
+        if task["task_id"] == "t2":
+            raise ValueError("a repair would follow")
+
+    reported = []
+    for transport in ("live", "batch"):
+        with LoopbackServer() as srv:
+            srv.batches.delay = 0.05
+            s = session(srv, tmp_path / f"{transport}.sqlite", repairs=2, replays=2,
+                        concurrency=1)
+            result = s.run_batch("labels", tasks(4), SCHEMA, pack=2, transport=transport,
+                                 wait=True, validator=buggy, on_exhausted="return")
+            s.close()
+            assert srv.batches.created == (transport == "batch")  # no follow-up job
+        assert result.calls == (1 if transport == "live" else 2) and not result.values
+        reported.append(([{k: v for k, v in e.items() if k != "request"}
+                          for e in result.errors],
+                         [n for n in result.notes if "validator crashed" in n]))
+    assert reported[0] == reported[1]
+    errors, (note,) = reported[0]
+    assert [e["type"] for e in errors] == ["validator_error", "batch_rejected", "not_attempted",
+                                           "not_attempted"]
+    assert all(note in e["message"] for e in errors[2:])

@@ -72,6 +72,7 @@ class JobRunner(Settle):
         self.cancelled_before: set[int] = set()  # ... and those asked to cancel before it
         self.short = False  # a submission stopped short: the next pass looks at every request
         self.given_up: set[str] = set()  # requests this run reported given up (Settle.give_up)
+        self.unfunded: dict[str, str] = {}  # requests the budget could not send now: why
         self._system = system_prompt(plan)
 
     async def run(self, windows: Windows, *, wait: bool) -> JobsOutcome:
@@ -182,7 +183,7 @@ class JobRunner(Settle):
         for window in chain(windows, [None]):  # None: the windows ended, the rest goes too
             if window is not None:
                 owed += self._owed(window)
-            while owed and (window is None or len(owed) >= self.chunk):
+            while owed and not self.halted and (window is None or len(owed) >= self.chunk):
                 sent, unsent = await self._submit(owed[:self.chunk], writer)
                 if not sent:
                     return True
@@ -218,11 +219,13 @@ class JobRunner(Settle):
 
     def _reserve(self, calls: list[Call]) -> list[float]:
         """The worst case of each of ``calls`` the budget holds, from the first."""
-        bounds = (input_bound(self.provider, c) if self.spender.costed else 0 for c in calls)
+        bounds = [input_bound(self.provider, c) if self.spender.costed else 0 for c in calls]
         reserved = list(takewhile(lambda worst: worst is not None, (
             self.spender.reserve(bound, alone=False) for bound in bounds)))
         if len(reserved) < len(calls):
             self.short = True
+            self.unfunded.update((c.request_key, self.spender.shortfall(bound)) for c, bound in
+                                 zip(calls[len(reserved):], bounds[len(reserved):], strict=True))
             self.result.notes.append(
                 f"{len(calls) - len(reserved)} request(s) were not submitted: the budget "
                 f"holds the worst case of {len(reserved)} of {len(calls)}; raise it and re-run")
@@ -255,6 +258,7 @@ class JobRunner(Settle):
             if mine is None:  # nothing is sent for it
                 self.spender.release(worst)
                 continue
+            self.unfunded.pop(request.key, None)  # sent after all: its shortfall is past
             self.reservations[mine["attempt_id"]] = worst
             body.add(json.dumps(self.client.line(mine["custom_id"], call)[0],
                                 separators=(",", ":")))  # to its file
@@ -318,7 +322,7 @@ class JobRunner(Settle):
 
     def _unresolved(self) -> None:
         """The jobs still holding a request of the run, and each request neither accepted nor
-        held by a job: the errors of its last receipt."""
+        held by a job: why the budget left it unsent, else the errors of its last receipt."""
         store, out, revision = self.store, self.outcome, self.plan.revision_id
         jobs = {row["id"]: row for row in store.jobs()}
         for window in self.windows():  # as leaves: a request may be split meanwhile
@@ -333,7 +337,10 @@ class JobRunner(Settle):
                     out.pending.append(json.dumps({"request": request.key, "where": where,
                                                    "task_ids": list(request.task_ids)}))
                     out.pending_tasks += len(request.task_ids)
-                elif request.key in history and request.key not in self.given_up:
+                elif request.key in self.unfunded:
+                    self.out_of_budget(request, self.unfunded[request.key])
+                elif (request.key in history and request.key not in self.given_up
+                      and not self.halted):  # halted: not attempted, as live (Settle.halted)
                     last = history[request.key][-1]
                     fail(out, request, json.loads(last["errors"] or "[]"), last["raw"])
         self.result.jobs = [job_view(row) for row in self._open_rows()]

@@ -1,6 +1,6 @@
 """The live transport: ``concurrency`` workers resolve each request, or give up, within a fixed
 allowance, taking requests from one queue; what another runner holds waits till the end. Each call
-is one coroutine (:meth:`Caller.call`): reserve its worst case, claim the request and commit the
+is one coroutine (:meth:`Replayer.call`): reserve its worst case, claim the request and commit the
 in-flight receipt, and only then send; judge the return and queue its record. What happened is
 returned (:class:`Judged`, :class:`NotSent`); only a provider's failure is raised, to be retried."""
 
@@ -10,7 +10,7 @@ import asyncio
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Literal
@@ -40,7 +40,6 @@ from .settle import (
     Attempt,
     Settle,
     Tried,
-    fail,
     next_attempt,
     provider_error,
     rest_tried,
@@ -136,14 +135,18 @@ class HostProbe:
         return True
 
 
-class Caller(Settle):
-    """A run's calls: :meth:`call` composes reserve -> claim -> send -> judge -> record;
-    :class:`Replayer` drives them."""
+class Replayer(Settle):
+    """Drives every unresolved request of a plan concurrently through provider and acceptance,
+    each call one coroutine: :meth:`call` composes reserve -> claim -> send -> judge -> record."""
 
     owner: Owner  # this run's, started when it runs
 
     def __init__(self, plan: Plan, ledger: Ledger, provider: Any, spender: Spender,
-                 transport: Transport) -> None:
+                 transport: Transport, concurrency: int,
+                 on_progress: Callable[[int], None] | None = None, *,
+                 session_id: str = "session", pacer: Pacer | None = None,
+                 hosts: HostShare | None = None,
+                 on_wait: Callable[[str], Any] | None = None) -> None:
         super().__init__(plan, ledger.store, provider, spender, Outcome())
         self.ledger, self.transport = ledger, transport
         self.writes = GroupCommit(self.store)
@@ -160,6 +163,22 @@ class Caller(Settle):
         own = getattr(provider, "timeout", None) if getattr(
             provider, "enforces_timeout", False) else None
         self.needs_timer = not (isinstance(own, (int, float)) and own <= transport.timeout)
+        self.concurrency = concurrency
+        self.on_progress = on_progress
+        self.on_wait = on_wait  # says a long rate-limit wait in the progress ("" when over)
+        self._limited_since: float | None = None  # this run's calls meet 429s since then
+        self.session_id = session_id
+        self.pacer = pacer
+        self.hosts = hosts  # this session among the ledger's hosts: its share of the limits
+        # whose limits the calls spend, when the provider reports them: kept in the ledger
+        self.account = limits_account(provider) if pacer is not None else None
+        if pacer is not None:
+            pacer.set_ceiling(concurrency)
+            if self.account is not None:
+                pacer.learn()
+        self._cut_off: set[str] = set()  # requests cut off before under the same settings
+        self._parted: dict[str, list[str]] = {}  # requests accepted in part: the tasks rejected
+        self.retrying = transport_retrying(transport)
 
     async def call(self, request: Request, kind: CallKind, call: Call) -> Judged | NotSent:
         """Reserve, claim and commit the receipt of ``call``; then send it, judge and record the
@@ -197,20 +216,6 @@ class Caller(Settle):
                 self._close(claimed, why, attempt.sent_at, got if isinstance(got, Reply) else None,
                             reserved)
             raise
-
-    def host_down(self, exc: ProviderError, key: str) -> bool:
-        """The probing call's retries all failed to connect: the run stops, naming the host."""
-        if not exc.unreachable or not self.probe.give_up(key):
-            return False
-        where = getattr(self.provider, "url", None) or getattr(self.provider, "base_url", None)
-        target = public_url(where) if isinstance(where, str) else (
-            f"the {self.provider_name} provider")
-        self.control.fatal = ProviderError(
-            f"cannot reach {target}: is the server running? The run stopped after "
-            f"{self.transport.retries + 1} tries of one call, and no other request was sent "
-            f"({exc})", retryable=False, unreachable=True)
-        self.control.halt(self.control.fatal)
-        return True
 
     async def _reserve(self, bound: int) -> float | NotSent:
         """Reserve ``bound`` when it did not fit at once: wait for calls in flight to settle before
@@ -345,34 +350,6 @@ class Caller(Settle):
             return error
         self.probe.back(call.request_key)
         return reply
-
-
-class Replayer(Caller):
-    """Drives every unresolved request of a plan concurrently through provider and acceptance."""
-
-    def __init__(self, plan: Plan, ledger: Ledger, provider: Any, spender: Spender,
-                 transport: Transport, concurrency: int,
-                 on_progress: Callable[[int], None] | None = None, *,
-                 session_id: str = "session", pacer: Pacer | None = None,
-                 hosts: HostShare | None = None,
-                 on_wait: Callable[[str], Any] | None = None) -> None:
-        super().__init__(plan, ledger, provider, spender, transport)
-        self.concurrency = concurrency
-        self.on_progress = on_progress
-        self.on_wait = on_wait  # says a long rate-limit wait in the progress ("" when over)
-        self._limited_since: float | None = None  # this run's calls meet 429s since then
-        self.session_id = session_id
-        self.pacer = pacer
-        self.hosts = hosts  # this session among the ledger's hosts: its share of the limits
-        # whose limits the calls spend, when the provider reports them: kept in the ledger
-        self.account = limits_account(provider) if pacer is not None else None
-        if pacer is not None:
-            pacer.set_ceiling(concurrency)
-            if self.account is not None:
-                pacer.learn()
-        self._cut_off: set[str] = set()  # requests cut off before under the same settings
-        self._parted: dict[str, list[str]] = {}  # requests accepted in part: the tasks rejected
-        self.retrying = transport_retrying(transport)
 
     async def run(self, requests: Iterable[Request]) -> Outcome:
         """Drive every request of the stream, taken :data:`FEED` at a time as the queue runs low."""
@@ -519,12 +496,8 @@ class Replayer(Caller):
         self._release(request)
         self._progress(request)
         self.give_up(request, step, chain)
-        crash = next((e for last in chain[-1:] for e in last.errors
-                      if e.get("type") == "validator_error"), None)
-        if crash is not None and self.control.stop is None:
-            self.control.halt(RuntimeError(_first_line(crash)))
-            self.outcome.stopped = (f"the validator crashed ({_first_line(crash)}); no further "
-                                    "calls were opened. Fix the validator and re-run.")
+        if self.halted is not None and self.control.stop is None:  # (Settle.settle)
+            self.control.halt(RuntimeError(self.halted))
 
     def _partial(self, request: Request, kind: str, done: Judged) -> tuple[Request, Tried]:
         """A return committed in part: its accepted part is reported, its rest's chain goes on."""
@@ -543,9 +516,7 @@ class Replayer(Caller):
         elif why.why == "out_of_budget":
             self._release(request)
             self._progress(request)
-            return fail(self.outcome, request, [{
-                "type": "budget_exhausted", "task_id": None, "message": "the budget ran out "
-                f"before this request was resolved ({why.detail})"}])
+            return self.out_of_budget(request, why.detail)
         else:
             return self._release(request)
         self._sweep()
@@ -625,10 +596,18 @@ class Replayer(Caller):
         return done
 
     def _failed(self, exc: ProviderError, request: Request) -> Judged:
-        """A provider failure past its retries as a verdict; a host down or broken source stops."""
-        down = self.host_down(exc, request.key)  # if so, the run stopped naming it
-        if not down and exc.fatal and self.control.fatal is None:  # a broken source
-            self.control.halt(exc, fatal=True)  # nothing more is sent
+        """A provider failure past its retries as a verdict; a broken source stops the run, and
+        so does the probing call's last failure to connect, naming the host."""
+        if exc.unreachable and self.probe.give_up(request.key):
+            where = getattr(self.provider, "url", None) or getattr(self.provider, "base_url", None)
+            target = public_url(where) if isinstance(where, str) else (
+                f"the {self.provider_name} provider")
+            self.control.halt(ProviderError(
+                f"cannot reach {target}: is the server running? The run stopped after "
+                f"{self.transport.retries + 1} tries of one call, and no other request was sent "
+                f"({exc})", retryable=False, unreachable=True), fatal=True)
+        elif exc.fatal:  # nothing more is sent
+            self.control.halt(exc, fatal=True)
         return Judged(acceptance.Verdict(False, errors=[provider_error(exc)]), None)
 
     async def _paced_call(self, request: Request, kind: str,
@@ -711,13 +690,3 @@ def transport_retrying(transport: Transport) -> AsyncRetrying:
                          retry=retry_if_exception(lambda e: isinstance(e, ProviderError)
                                                   and e.retryable))
 
-
-def _first_line(error: Mapping[str, Any]) -> str:
-    """The first line of a validator crash: where it happened when the error says, else why."""
-    for key in ("traceback", "where", "message"):
-        value = error.get(key)
-        if isinstance(value, list) and value:
-            value = value[0]
-        if isinstance(value, str) and value.strip():
-            return value.strip().splitlines()[0]
-    return "validator_error"

@@ -38,13 +38,16 @@ class Attempt:
 @dataclass(eq=False)
 class Settle:
     """Settles the replies of one run: its plan, ledger, provider, budget and counters; each
-    transport (``Caller``, ``JobRunner``) is one."""
+    transport (``Replayer``, ``JobRunner``) is one."""
 
     plan: Plan
     store: Store
     provider: Any
     spender: Spender
     outcome: Outcome
+    # why the run opens no further call on either transport (what is in flight finishes): a
+    # validator crash; what it did not get to is reported not_attempted, saying so
+    halted: str | None = None
 
     def cost(self, reply: Reply) -> float | None:
         """What a reply cost: as its provider priced it, else by the run's prices."""
@@ -89,6 +92,12 @@ class Settle:
         else:
             out.rejected_returns += 1
             count_thrown_away(out, request, verdict.errors, cost, usage)
+            crash = next((e for e in verdict.errors if e.get("type") == "validator_error"), None)
+            if crash is not None:  # it would most likely crash on every other return too
+                self.halted = self.halted or (f"the validator crashed ({first_line(crash)}); no "
+                                              "further calls were opened. Fix the validator "
+                                              "and re-run.")
+                out.stopped = out.stopped or self.halted  # the first reason stands
         return verdict, lambda tx: store.complete_call(
             tx, key, status, text, usage, errors=verdict.errors, accepted=accepted, parts=parts,
             sent_at=sent_at, charge=ledger)
@@ -110,6 +119,13 @@ class Settle:
         fail(self.outcome, request, [{"type": TRUNCATED, "task_id": None, "message": (
             f"{before}the answer needs {limit}, and asking again under the same limit would be "
             f"cut off again (not re-asked): {fix}")}], last.raw)
+
+    def out_of_budget(self, request: Request, detail: str) -> None:
+        """Report ``request`` left unresolved for want of budget (``detail``: by how much), alike
+        on either transport."""
+        fail(self.outcome, request, [{
+            "type": "budget_exhausted", "task_id": None,
+            "message": f"the budget ran out before this request was resolved ({detail})"}])
 
     def ledger_charge(self, held: float, cost: float | None) -> float | None:
         """What settles a call on the ledger's own budget (None: it has none): its cost, or what
@@ -195,6 +211,12 @@ def count_thrown_away(outcome: Outcome, request: Request, errors: Sequence[Mappi
                            else outcome.thrown_cost + share * cost)
     outcome.thrown_tokens += share * sum(usage.get(k) or 0 for k in ("input_tokens",
                                                                       "output_tokens"))
+
+
+def first_line(error: Mapping[str, Any]) -> str:
+    """The first line of a validator crash: where it happened when the error says, else why."""
+    lines = str(error.get("traceback") or error.get("message") or "").strip().splitlines()
+    return lines[0] if lines else "validator_error"
 
 
 def usage_of(reply: Reply) -> dict[str, Any]:
