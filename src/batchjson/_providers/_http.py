@@ -12,7 +12,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 from urllib.parse import urlparse, urlsplit, urlunparse, urlunsplit
 
 import aiohttp
@@ -64,13 +64,6 @@ def _unreachable(exc: aiohttp.ClientConnectorError) -> str | None:
     if isinstance(exc.os_error, ConnectionRefusedError):
         return _UNREACHABLE[errno.ECONNREFUSED]
     return _UNREACHABLE.get(getattr(exc.os_error, "errno", None) or getattr(exc, "errno", None))
-
-
-class Answer(NamedTuple):
-    """A decoded API response and the exact text it was decoded from (None if not UTF-8)."""
-
-    data: dict[str, Any]
-    text: str | None
 
 
 def encode_body(body: Mapping[str, Any]) -> bytes:
@@ -345,8 +338,9 @@ class HttpProvider(OneService):
         data, text = await self._post(body)
         return self.read_reply(data, text, wrapped)
 
-    async def _post(self, body: Mapping[str, Any]) -> Answer:
-        """A success's JSON object and exact text; any other body (or not UTF-8) a ProviderError."""
+    async def _post(self, body: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+        """A success's JSON object and its exact text (None if not UTF-8); any other body a
+        ProviderError."""
         status, raw, resp_headers = await self._request(
             "POST", self._endpoint.get() or self.url, encode_body(body))
         name = self.name
@@ -374,7 +368,7 @@ class HttpProvider(OneService):
             raise ProviderError(f"{name}: HTTP {status} answered with {kind}, not a JSON API "
                                 f"response (starts {snippet!r}); check the base URL",
                                 status=status, retryable=False)  # retrying a web page cannot help
-        return Answer(data, text)
+        return data, text
 
     async def aclose(self) -> None:
         await self._sessions.aclose()
