@@ -248,20 +248,19 @@ class HttpProvider(OneService):
             headers[self.auth_header] = self.auth_prefix + key
         return headers
 
-    def _reply(self, data: Mapping[str, Any], inp: int | None, out: int | None, read: int,
-               written: int, factor: float, extra: dict[str, Any], *, text: str,
-               cached_tokens: int | None, envelope: str | None, stop: str | None) -> Reply:
-        """A reply priced by the model that answered (else the one asked), echoed secrets masked."""
+    def _priced(self, reply: Reply, data: Mapping[str, Any], written: int, factor: float) -> Reply:
+        """``reply`` priced by the model that answered (else the one asked), secrets masked."""
         model = data.get("model") or self.model
+        inp, out, read = reply.input_tokens, reply.output_tokens, reply.cached_tokens or 0
         cost = cost_of(model, inp, out, read, self.prices, cache_write_tokens=written)
         if cost is None and model != self.model:
             cost = cost_of(self.model, inp, out, read, self.prices, cache_write_tokens=written)
         mask = self._secrets.mask
-        return Reply(input_tokens=inp, output_tokens=out, cost=cost and cost * factor,
-                     model=mask(model) if isinstance(model, str) else model,
-                     extra={k: mask(v) if isinstance(v, str) else v for k, v in extra.items()
-                            if v or k in ALWAYS_SHOWN},
-                     text=text, cached_tokens=cached_tokens, envelope=envelope, stop=stop)
+        reply.cost = cost and cost * factor
+        reply.model = mask(model) if isinstance(model, str) else model
+        reply.extra = {k: mask(v) if isinstance(v, str) else v for k, v in reply.extra.items()
+                       if v or k in ALWAYS_SHOWN}
+        return reply
 
     def overhead_tokens(self, call: Call) -> int:
         """Input tokens the provider documents adding to every request (subclasses say)."""

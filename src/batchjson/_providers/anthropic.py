@@ -125,10 +125,10 @@ class AnthropicProvider(HttpProvider):
         extra = {"stop_reason": data.get("stop_reason"), "id": data.get("id"),
                  "raw_reserialised": found is not None and not found[1],  # no exact text found
                  "cache_creation_input_tokens": written}
-        return self._reply(data, inp, out, read, written, price_factor, extra, text=text,
-                           cached_tokens=read if "cache_read_input_tokens" in usage else None,
-                           envelope=envelope,
-                           stop=_stop(data.get("stop_reason"), tool, found is not None, content))
+        reply = Reply(text, inp, out, read if "cache_read_input_tokens" in usage else None,
+                      extra=extra, envelope=envelope,
+                      stop=_stop(data.get("stop_reason"), tool, found is not None, content))
+        return self._priced(reply, data, written, price_factor)
 
 
 def _stop(reason: Any, tool: bool, called: bool, content: list[Any]) -> str | None:

@@ -180,9 +180,9 @@ class OpenAIProvider(HttpProvider):
             "reasoning_tokens"))
         extra = {"finish_reason": finish, "id": data.get("id"), "refusal": refusal,
                  "reasoning_tokens": reasoning, "cache_write_tokens": written}
-        return self._reply(data, inp, out, cached or 0, written, price_factor, extra, text=text,
-                           cached_tokens=cached, envelope=envelope,
-                           stop=_stop(finish, refusal, answered, arguments))
+        reply = Reply(text, inp, out, cached, extra=extra, envelope=envelope,
+                      stop=_stop(finish, refusal, answered, arguments))
+        return self._priced(reply, data, written, price_factor)
 
 
 def _tool_arguments(message: Mapping[str, Any]) -> str | None:
