@@ -107,12 +107,11 @@ def price_for(model: str | None, overrides: Mapping[str, Any] | None = None) -> 
     if not model:
         return None
     with _lock:
-        for table in (overrides, _user_prices):
-            if table and model in table:
-                return as_price(table[model])
-            for name in table or ():
-                if _same_model(model, name):
-                    return as_price(table[name])
+        for table in (overrides or {}, _user_prices):
+            name = model if model in table else next(
+                (name for name in table if _same_model(model, name)), None)
+            if name is not None:
+                return as_price(table[name])
     listed = _listed(model)
     return None if listed is None else listed[1]
 
