@@ -18,7 +18,7 @@ from urllib.parse import urlparse, urlsplit, urlunparse, urlunsplit
 import aiohttp
 import pydantic_core
 
-from .._checks import positive_seconds, whole
+from .._checks import seconds, whole
 from .._errors import ConfigError, ProviderError, ProviderSetupError
 from .._secrets import (
     Secret,
@@ -204,7 +204,7 @@ class HttpProvider(OneService):
             raise ProviderSetupError(
                 f"{kind} has no API key for {display_url(self.base_url)}: set {self.key_env} in "
                 f"the environment or pass api_key=...{self.keyless_hint}")
-        self.timeout = positive_seconds(f"{kind}: timeout", timeout, ProviderSetupError)
+        self.timeout = seconds(f"{kind}: timeout", timeout, ProviderSetupError, positive=True)
         try:
             self.prices = normalize_prices(prices)
         except ConfigError as exc:  # named as this provider's setting

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from .._checks import positive_seconds, whole
+from .._checks import seconds, whole
 from .._errors import ProviderError, ProviderSetupError
 from .._secrets import check_name
 from .._sources import Code
@@ -120,8 +120,8 @@ class CallableProvider(OneService):
                                      "what answers (e.g. source='my-model-v2')")
         self.source = check_name(source, "CallableProvider source", fix)
         if timeout is not None:
-            self.timeout = positive_seconds("CallableProvider timeout", timeout,
-                                            ProviderSetupError)
+            self.timeout = seconds("CallableProvider timeout", timeout, ProviderSetupError,
+                                   positive=True)
             self.enforces_timeout = True
         self._code = Code(fn, owner="CallableProvider")  # keyed by content (see _sources)
         self.price = None if price is None else as_price(price)
