@@ -245,15 +245,11 @@ def value_span(text: str, path: Sequence[str | int]) -> tuple[int, int] | None:
     try:
         pos = _skip(text, 0)
         for want in path:
-            if not (text[pos] == "{" and isinstance(want, str)
-                    or text[pos] == "[" and isinstance(want, int)):
+            if text[pos] not in "{[":
                 return None
-            starts = [start for key, start in _children(text, pos) if key == want]
-            if not starts:
-                return None
-            pos = starts[-1]
+            pos = dict(_children(text, pos))[want]  # a key's last occurrence
         return pos, _decoder.raw_decode(text, pos)[1]  # the C scanner finds its end
-    except (ValueError, IndexError, RecursionError):
+    except (ValueError, IndexError, KeyError, RecursionError):
         return None
 
 
