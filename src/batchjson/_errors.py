@@ -100,11 +100,9 @@ class BatchUnresolved(BatchJsonError):
         super().__init__(result.failure_report())
 
     def _render_traceback_(self) -> list[str]:
-        report = self.result.failure_report().splitlines() or [""]
-        if self.hint:  # the face has shown the result: its headline, the way on, its last word
-            return [f"BatchUnresolved: {report[0]}", self.hint,
-                    *(report[-1:] if len(report) > 1 else [])]
-        return [f"BatchUnresolved: {report[0]}", *report[1:]]
+        head, *rest = self.result.failure_report().splitlines() or [""]
+        # with a hint the face has shown the result: its headline, the way on, its last word
+        return [f"BatchUnresolved: {head}", *([self.hint, *rest[-1:]] if self.hint else rest)]
 
 
 class ProviderError(BatchJsonError):

@@ -170,9 +170,11 @@ class HttpProvider(OneService):
     auth_header = "Authorization"
     auth_prefix = "Bearer "
     static_headers: Mapping[str, str] = {"Content-Type": "application/json"}
-    # each protocol's own: a call's body and whether a scalar was wrapped; a body as a Reply
+    # each protocol's own: a call's body and whether a scalar was wrapped; a body as a Reply;
+    # the input tokens the provider documents adding to every request
     request_body: Callable[[Call], tuple[dict[str, Any], bool]]
     read_reply: Callable[..., Reply]
+    overhead_tokens: Callable[[Call], int]
 
     def _setup(self, model: str | None, base_url: str | None, api_key: str | None,
                timeout: float, prices: Mapping[str, Any] | None,
@@ -262,14 +264,9 @@ class HttpProvider(OneService):
                        if v or k in ALWAYS_SHOWN}
         return reply
 
-    def overhead_tokens(self, call: Call) -> int:
-        """Input tokens the provider documents adding to every request (subclasses say)."""
-        return 0
-
     def input_bound(self, call: Call) -> int:
         """A sound bound on the input tokens ``call`` is billed for: body bytes plus overhead."""
-        body = self.request_body(call)[0]
-        return len(encode_body(body)) + self.overhead_tokens(call)
+        return len(encode_body(self.request_body(call)[0])) + self.overhead_tokens(call)
 
     def settings(self) -> dict[str, Any]:
         """Every setting sent with a request besides model and URL (subclasses add theirs)."""
