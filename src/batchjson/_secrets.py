@@ -1,10 +1,8 @@
-"""The one masking rule: what batchjson may show of a secret, anywhere it shows anything.
-
-**Known secret values** (an API key, a URL's userinfo or credential parameter) are replaced
-wherever batchjson writes or says them (:class:`Secrets`), never in the model's answer text.
-**Shape rules** (docs/providers.md) recognise a pasted key only as a *whole* value in a field
-naming a provider or a model (task data and digests may look the same), and key fragments
-anywhere in a provider's error text."""
+"""The one masking rule: what batchjson may show of a secret. Known secret values (an API key, a
+URL's userinfo or credential parameter) are replaced wherever batchjson writes or says them
+(:class:`Secrets`), never in the model's answer text; shape rules (docs/providers.md) recognise a
+pasted key only as a whole value naming a provider or a model (task data and digests may look
+the same), and key fragments anywhere in a provider's error text."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """HTTP plumbing shared by the API providers (sessions per loop, error mapping, key secrecy);
-nothing here retries or validates. An account that cannot pay, or ``x-should-retry: false``, stops
-the whole run (``fatal=True``): no request of it can get past (docs/providers.md)."""
+nothing here retries or validates."""
 
 from __future__ import annotations
 
@@ -300,9 +299,7 @@ class HttpProvider(OneService):
         try:
             async with session.request(method, url, data=body,
                                        headers=(headers or self._headers)()) as resp:
-                status = resp.status
-                raw = await resp.read()
-                resp_headers = resp.headers
+                status, resp_headers, raw = resp.status, resp.headers, await resp.read()
                 report_headers(resp_headers)  # the pacer's view of the rate limits
         except TimeoutError:
             failure = ProviderError(f"{name}: no complete answer within the {self.timeout:g}s "
@@ -340,9 +337,8 @@ class HttpProvider(OneService):
         status, raw, resp_headers = await self._request(
             "POST", self._endpoint.get() or self.url, encode_body(body))
         name = self.name
-        text: str | None
         try:
-            text = raw.decode("utf-8-sig")  # a byte-order mark is not part of the document
+            text: str | None = raw.decode("utf-8-sig")  # a byte-order mark is not part of the document
         except UnicodeDecodeError as exc:
             if exc.reason != "unexpected end of data":  # a cut inside a character: cut off, below
                 raise ProviderError(f"{name}: HTTP {status} body is not valid UTF-8 (byte "
@@ -386,7 +382,8 @@ def should_retry(headers: Mapping[str, str]) -> bool | None:
 
 def run_stop(provider: str, status: int, code: str | None, message: str,
              headers: Mapping[str, str]) -> str | None:
-    """Why no request of this run can succeed, with the fix; None for one request's error."""
+    """Why no request of this run can succeed, with the fix (the error is then ``fatal``: the
+    run stops, docs/providers.md); None for one request's error."""
     page = BILLING_PAGES.get(provider, "the provider's console")
     if (code in QUOTA_CODES or status == 402
             or any(words in message.lower() for words in QUOTA_WORDS)):
