@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, fields, replace
 from typing import Annotated, Any, Literal, get_args
 from urllib.parse import quote
@@ -103,18 +103,18 @@ class OpenAIProvider(HttpProvider):
         return sized_output_cap(answer_chars, reasoning=not self.capabilities.temperature)
 
     def _format(self, schema: Mapping[str, Any],
-                mode: str) -> tuple[dict[str, Any] | None, bool, list[str]]:
+                mode: str) -> tuple[dict[str, Any] | None, bool, Sequence[str]]:
         """The ``response_format`` a call sends, whether a scalar was wrapped for it, and what
         keeps strict mode from the schema."""
         if self.response_format == "text" or not self.capabilities.response_format:
-            return None, False, []
+            return None, False, ()
         if self.response_format == "json_object":
-            return {"type": "json_object"}, False, []
+            return {"type": "json_object"}, False, ()
         root, name, wrapped = object_schema(schema, mode)
         form = strict_form(root)
         if form.schema is not None:
             return {"type": "json_schema", "json_schema": {
-                "name": name, "schema": form.schema, "strict": True}}, wrapped, []
+                "name": name, "schema": form.schema, "strict": True}}, wrapped, ()
         # JSON mode answers objects only: a scalar value goes without a format
         return None if wrapped else {"type": "json_object"}, False, form.problems
 
@@ -136,7 +136,7 @@ class OpenAIProvider(HttpProvider):
                 "to have the API hold the model to it, declare the fields of free-form objects "
                 "and dicts and leave out the keywords named (a validator can check them)")
 
-    def _inexpressible(self, problems: list[str], mode: str) -> str:
+    def _inexpressible(self, problems: Sequence[str], mode: str) -> str:
         return (f"OpenAIProvider(response_format='json_schema') was asked for, but OpenAI's "
                 f"strict mode cannot express this schema ({_listed(problems, mode)}), and the "
                 "API would refuse every call with a 400; nothing was sent. Use "
@@ -205,7 +205,7 @@ def _stop(finish: Any, refusal: Any, answered: bool, arguments: str | None) -> s
     return None
 
 
-def _listed(problems: list[str], mode: str) -> str:
+def _listed(problems: Sequence[str], mode: str) -> str:
     """The first problems, named by the answer's own fields (batchjson's wrapper left out)."""
     prefix = "items[]." if mode == "items" else "value."
     shown = [p.removeprefix(prefix) for p in problems[:3]]
