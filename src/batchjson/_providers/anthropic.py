@@ -107,15 +107,11 @@ class AnthropicProvider(HttpProvider):
                                 retryable=True)
         tool = self.mode == "tool"
         found = _tool_text(content, body_text, at) if tool else None
-        envelope: str | None = None
-        if found is None:  # text mode, or the model stopped before calling the tool
-            text = "".join(b.get("text", "") for b in content
-                           if isinstance(b, dict) and b.get("type") == "text")
-            called = _tool_text(content, body_text, at) if not tool and not text else None
-            text = called[0] if called else text  # a tool call where text was asked: its input
-        else:
-            text = found[0]
-            envelope = "tool_input/value" if wrapped else "tool_input"
+        text = found[0] if found else "".join(b.get("text", "") for b in content
+                                              if isinstance(b, dict) and b.get("type") == "text")
+        called = _tool_text(content, body_text, at) if not tool and not text else None
+        text = called[0] if called else text  # a tool call where text was asked: its input
+        envelope = None if found is None else "tool_input/value" if wrapped else "tool_input"
         usage = data.get("usage") or {}
         fresh = as_int(usage.get("input_tokens"))
         read = as_int(usage.get("cache_read_input_tokens")) or 0

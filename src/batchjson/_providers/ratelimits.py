@@ -127,10 +127,9 @@ def retry_wait(headers: Mapping[str, str], now: float | None = None) -> float | 
     if wait is not None:
         return wait
     seen = reported(headers, now)
-    exhausted = [s for s in (seen.requests, seen.tokens) if s.remaining == 0]
+    exhausted = [s for s in seen if s.remaining == 0]
     # the later reset is safe for both; an exhausted limit's unreadable reset stays unknown
-    resets = [s.reset for s in exhausted or (seen.requests, seen.tokens) if s.reset is not None]
-    return max(resets) if resets else None
+    return max((s.reset for s in exhausted or seen if s.reset is not None), default=None)
 
 
 def limits_account(provider: Any) -> tuple[str, str] | None:
