@@ -161,27 +161,23 @@ class OpenAIProvider(HttpProvider):
             detail = provider_text_masked(self._secrets.mask(detail))[:200]
             raise ProviderError(f"openai: response has no choices: {detail}", status=200,
                                 retryable=True)
-        message = choices[0].get("message") or {}
-        content = message.get("content")
-        refusal = message.get("refusal")
+        message, finish = choices[0].get("message") or {}, choices[0].get("finish_reason")
+        content, refusal = message.get("content"), message.get("refusal")
         answered = isinstance(content, str)
-        finish = choices[0].get("finish_reason")
         arguments = None if answered else _tool_arguments(message)  # a text answer: unread
         text = content if answered else (refusal or arguments or "")
-        # a wrapped scalar stays wrapped and says so, for acceptance to unwrap
-        envelope = "value" if wrapped and answered else None
         usage = data.get("usage") or {}
         inp = as_int(usage.get("prompt_tokens"))  # cache reads and writes included
         out = as_int(usage.get("completion_tokens"))  # reasoning tokens included: billed
         prompt_details = usage.get("prompt_tokens_details") or {}
         cached = as_int(prompt_details.get("cached_tokens"))
         written = as_int(prompt_details.get("cache_write_tokens")) or 0
-        reasoning = as_int((usage.get("completion_tokens_details") or {}).get(
-            "reasoning_tokens"))
+        reasoning = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens")
         extra = {"finish_reason": finish, "id": data.get("id"), "refusal": refusal,
-                 "reasoning_tokens": reasoning, "cache_write_tokens": written}
-        reply = Reply(text, inp, out, cached, extra=extra, envelope=envelope,
-                      stop=_stop(finish, refusal, answered, arguments))
+                 "reasoning_tokens": as_int(reasoning), "cache_write_tokens": written}
+        stop = _stop(finish, refusal, answered, arguments)
+        reply = Reply(text, inp, out, cached, extra=extra, stop=stop,
+                      envelope="value" if wrapped and answered else None)  # acceptance unwraps
         return self._priced(reply, data, written, price_factor)
 
 
