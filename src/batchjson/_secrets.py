@@ -183,11 +183,9 @@ class Secrets:
 
     def mask(self, text: str) -> str:
         for url, public in self._urls.items():
-            if url in text:
-                text = text.replace(url, public)
+            text = text.replace(url, public)
         for value in self._values:
-            if value in text:
-                text = text.replace(value, REDACTED)
+            text = text.replace(value, REDACTED)
         return self._echo.sub(REDACTED, text) if self._echo is not None else text
 
     def __bool__(self) -> bool:

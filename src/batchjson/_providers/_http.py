@@ -85,13 +85,12 @@ class LoopSessions:
     def get(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
         session = self._sessions.get(loop)
-        if session is not None and not session.closed:
-            return session
-        with self._lock:
-            self._drop_closed()
-            session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
-                limit=self._limit, limit_per_host=0, ttl_dns_cache=300), timeout=self._timeout)
-            self._sessions[loop] = session
+        if session is None or session.closed:
+            with self._lock:
+                self._drop_closed()
+                session = self._sessions[loop] = aiohttp.ClientSession(
+                    connector=aiohttp.TCPConnector(limit=self._limit, limit_per_host=0,
+                                                   ttl_dns_cache=300), timeout=self._timeout)
         return session
 
     async def aclose(self) -> None:
@@ -442,9 +441,7 @@ def http_error(provider: str, status: int, headers: Mapping[str, str], raw: byte
     retryable = is_retryable_status(status) if advice is None else advice
     stop = run_stop(provider, status, code, message, headers)  # out of credit: stop the run
     hint = _STATUS_HINTS.get(status, "")
-    text = f"{provider} HTTP {status}: {message}"
-    if code:
-        text += f" [{code}]"
+    text = f"{provider} HTTP {status}: {message}" + (f" [{code}]" if code else "")
     if stop or hint:
         text += f" ({stop or hint.format(key_env=key_env)})"
     return ProviderError(secrets.mask(text) if secrets else text, status=status,
