@@ -173,9 +173,8 @@ class Secrets:
                 forms.update((value, quote(value, safe=""), quote_plus(value)))
         tails = {v[-4:] for v in forms if len(v) >= 12}
         forms.update(f for _, basic in carried for f in basic if len(f) >= MIN_MASKED)
-        self._urls = {u: public_url(u, user=url_users)
-                      for u in sorted(set(urls), key=len, reverse=True)
-                      if public_url(u, user=url_users) != u}
+        shown = {u: public_url(u, user=url_users) for u in sorted(set(urls), key=len, reverse=True)}
+        self._urls = {u: public for u, public in shown.items() if public != u}
         self._values = sorted(forms, key=len, reverse=True)  # a longer form is replaced first
         self._echo = (re.compile(r"[\w-]*[*\u2022]{3,}[\w-]*?(?:"
                                  + "|".join(map(re.escape, sorted(tails))) + ")")

@@ -127,11 +127,8 @@ def object_schema(call_schema: Mapping[str, Any],
     if schema.get("type") == "object":
         return schema, OBJECT_VALUE, False
     defs = schema.pop("$defs", None)
-    wrapped: dict[str, Any] = {"type": "object", "properties": {"value": schema},
-                               "required": ["value"], "additionalProperties": False}
-    if defs:
-        wrapped["$defs"] = defs
-    return wrapped, WRAPPED_VALUE, True
+    return {"type": "object", "properties": {"value": schema}, "required": ["value"],
+            "additionalProperties": False, **({"$defs": defs} if defs else {})}, WRAPPED_VALUE, True
 
 
 def with_path(url: str, edit: Callable[[str], str]) -> str:

@@ -223,8 +223,7 @@ class OpenAIBatches(BatchClient):
     async def upload(self, upload: Upload) -> str:
         """Upload the input file, streamed from disk; its id."""
         data = self.finished(upload)
-        form = aiohttp.FormData()
-        form.add_field("purpose", "batch")
+        form = aiohttp.FormData({"purpose": "batch"})
         form.add_field("file", data, filename="batchjson.jsonl",
                        content_type="application/jsonl")
         return str((await self._json("POST", "/files", form))["id"])
