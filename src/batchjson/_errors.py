@@ -79,7 +79,8 @@ class ValidatorChanged(BatchJsonError):
     """A strict session refused a changed validator while evidence under the old one is open."""
 
     def __init__(self, name: str, old: str, new: str, changes: list[str], unresolved: int) -> None:
-        self.name, self.old_fingerprint, self.new_fingerprint, self.changes = name, old, new, changes
+        self.name, self.old_fingerprint, self.new_fingerprint = name, old, new
+        self.changes = changes
         what = "; ".join(changes) if changes else "its content fingerprint"
         reads = " (or the file it reads)" if any("file " in c for c in changes) else ""
         super().__init__(

@@ -160,6 +160,7 @@ class HttpProvider(OneService):
     example_model = ""
     keyless_hint = ""
     path = ""
+    version = ""  # the head of ``path`` a pasted base may end in too (trimmed)
     setting = ""  # the provider's own option shown in its repr
     body_keys: frozenset[str] = frozenset()  # request fields batchjson sets; extra_body may not
     auth_header = "Authorization"
@@ -229,7 +230,7 @@ class HttpProvider(OneService):
             raise ProviderSetupError(
                 f"{type(self).__name__}: {source} {shown} is not an http(s) URL; give the "
                 f"scheme and host, e.g. {self.default_base!r} or 'http://localhost:8000/v1'")
-        return with_path(base, lambda path: path.removesuffix(self.path))
+        return with_path(base, lambda path: path.removesuffix(self.path).removesuffix(self.version))
 
     def __repr__(self) -> str:
         extra = f", {self.setting}={getattr(self, self.setting)!r}" if self.setting else ""
@@ -334,7 +335,7 @@ class HttpProvider(OneService):
             "POST", self._endpoint.get() or self.url, encode_body(body))
         name = self.name
         try:
-            text: str | None = raw.decode("utf-8-sig")  # a byte-order mark is not part of the document
+            text: str | None = raw.decode("utf-8-sig")  # a byte-order mark is not the document
         except UnicodeDecodeError as exc:
             if exc.reason != "unexpected end of data":  # a cut inside a character: cut off, below
                 raise ProviderError(f"{name}: HTTP {status} body is not valid UTF-8 (byte "

@@ -14,7 +14,7 @@ from .._canon import show_as
 from .._checks import whole
 from .._errors import ProviderError, ProviderSetupError
 from .._sources import NO_TOOL_CALL, REFUSED, TOOL_CALL, TRUNCATED
-from ._http import TOOL_NAMES, HttpProvider, as_int, object_schema, with_path
+from ._http import TOOL_NAMES, HttpProvider, as_int, object_schema
 from .base import CACHE_CONTROL, Call, prefix_cacheable
 from .batch_client import BatchClient, OutputLines, Upload
 from .reply import Reply
@@ -37,6 +37,7 @@ class AnthropicProvider(HttpProvider):
     official_domain = "anthropic.com"
     example_model = "claude-haiku-4-5"
     path = "/v1/messages"
+    version = "/v1"
     setting = "mode"
     body_keys = frozenset(("model", "messages", "system", "max_tokens", "tools", "tool_choice"))
     auth_header = "x-api-key"
@@ -56,10 +57,6 @@ class AnthropicProvider(HttpProvider):
         self._sizes_output = max_tokens is None and "thinking" not in self.extra_body
         self.max_tokens = UNBOUNDED_ANSWER_TOKENS if max_tokens is None else whole(
             "max_tokens", max_tokens, 1, ProviderSetupError)
-
-    def _base_url(self, base_url: str | None) -> str:
-        # the path adds /v1 itself
-        return with_path(super()._base_url(base_url), lambda path: path.removesuffix("/v1"))
 
     def batch_api(self) -> AnthropicBatches:
         return AnthropicBatches(self)

@@ -7,14 +7,13 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, fields, replace
-from typing import Annotated, Any, Literal, get_args
+from typing import Any, Literal, get_args
 from urllib.parse import quote
 
 import aiohttp
-from pydantic import Field
 
 from .._canon import show_as
-from .._checks import options
+from .._checks import Flag, options
 from .._errors import ProviderError, ProviderSetupError
 from .._secrets import provider_text_masked
 from .._sources import REFUSED, TOOL_CALL, TRUNCATED
@@ -290,7 +289,6 @@ def _errors(batch: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [e for e in (batch.get("errors") or {}).get("data") or [] if isinstance(e, dict)]
 
 
-Flag = Annotated[bool, Field(description="True or False")]
 # Sampling settings the reasoning models refuse (OpenAI: "not supported with reasoning models").
 SAMPLING = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "logprobs",
             "top_logprobs", "logit_bias")
