@@ -77,10 +77,8 @@ class OpenAIProvider(HttpProvider):
         messages = ([{"role": self.capabilities.system_role, "content": call.system}, prompt]
                     if call.system else [prompt])
         body: dict[str, Any] = {"model": self.model, "messages": messages, **self.extra_body}
-        if self._sizes_output:
-            cap = self.sized_output(call.answer_chars)
-            if cap is not None:
-                body[self._cap_field] = cap
+        if self._sizes_output and (cap := self.sized_output(call.answer_chars)) is not None:
+            body[self._cap_field] = cap
         fmt, wrapped, problems = self._format(call.schema, call.mode)
         if problems and self.response_format == "json_schema":  # the run's check refuses it first
             raise ProviderError(self._inexpressible(problems, call.mode), retryable=False,
