@@ -49,8 +49,7 @@ def received(out: Any, output_cap: int | None = None) -> Reply:
         raise ProviderError(f"provider returned a {type(out).__name__}, not a Reply: return "
                             "Reply(text=...) or the raw text as a str", retryable=False)
     given = getattr(out, "extra", None)
-    extra = dict(given) if isinstance(given, dict) else {}
-    odd: dict[str, Any] = {} if isinstance(given, dict) else {"extra": repr(given)[:80]}
+    extra, odd = (dict(given), {}) if isinstance(given, dict) else ({}, {"extra": repr(given)[:80]})
     counts = {}
     for name, reader in _USAGE:
         value = getattr(out, name, None)
