@@ -334,14 +334,13 @@ def capabilities_for(model: str, override: Any = None) -> Capabilities:
 
 def shaped_extra_body(model: str, caps: Capabilities, extra: dict[str, Any]) -> dict[str, Any]:
     """``extra_body`` as this model takes it; a sampling setting it refuses is refused now."""
-    if not caps.temperature:
-        refused = [k for k in SAMPLING if k in extra]
-        if refused:
-            raise ProviderSetupError(
-                f"OpenAIProvider: {model} refuses {', '.join(map(repr, refused))} (a reasoning "
-                f"model samples at its own settings); drop {'it' if len(refused) == 1 else 'them'}"
-                " from extra_body, or pass capabilities={'temperature': True} if this "
-                "deployment accepts them")
+    refused = [] if caps.temperature else [k for k in SAMPLING if k in extra]
+    if refused:
+        raise ProviderSetupError(
+            f"OpenAIProvider: {model} refuses {', '.join(map(repr, refused))} (a reasoning "
+            f"model samples at its own settings); drop {'it' if len(refused) == 1 else 'them'}"
+            " from extra_body, or pass capabilities={'temperature': True} if this "
+            "deployment accepts them")
     if caps.max_completion_tokens and "max_tokens" in extra:
         if "max_completion_tokens" in extra:
             raise ProviderSetupError(
