@@ -139,7 +139,7 @@ def test_each_call_of_a_batch_is_held_to_its_own_identity_values_and_count_in_st
     bodies = [provider.request_body(call)[0] for call in calls]
     for call, body in zip(calls, bodies, strict=True):
         sent = body["response_format"]["json_schema"]["schema"]
-        assert sent == _shape_form(call.schema).form  # as the whole schema walked afresh
+        assert sent == _shape_form(call.schema).schema  # as the whole schema walked afresh
         array = sent["properties"]["items"]
         ids = [t["task_id"] for t in call.tasks]
         assert array["minItems"] == array["maxItems"] == len(ids)

@@ -15,7 +15,7 @@ from batchjson import CallableProvider, ProviderError, Reply, Session, Simulated
 from batchjson._acceptance.judge import judge
 from batchjson._cli import commands as cli_module
 from batchjson._content.schema import compile_schema
-from batchjson._providers._http import Answer, http_error
+from batchjson._providers._http import http_error
 from batchjson._providers.anthropic import AnthropicProvider
 from batchjson._providers.openai import OpenAIProvider
 from batchjson._providers.reply import received
@@ -111,7 +111,7 @@ def _served(provider, name: str, **edits):
     text = json.dumps(body)
 
     async def post(_body):
-        return Answer(json.loads(text), text)
+        return json.loads(text), text
 
     provider._post = post
     return received(asyncio.run(provider.complete(items_call())))

@@ -77,16 +77,11 @@ def is_amount(value: Any, *, positive: bool = False) -> bool:
             and math.isfinite(value) and (value > 0 if positive else value >= 0))
 
 
-def positive_seconds(name: str, value: Any,
-                     error: type[BatchJsonError] = InvalidBatch) -> float:
-    if not is_amount(value, positive=True):
-        raise error(f"{name} must be a finite number of seconds > 0, got {value!r}")
-    return float(value)
-
-
-def seconds(name: str, value: Any, error: type[BatchJsonError] = InvalidBatch) -> float:
-    if not is_amount(value):
-        raise error(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+def seconds(name: str, value: Any, error: type[BatchJsonError] = InvalidBatch, *,
+            positive: bool = False) -> float:
+    if not is_amount(value, positive=positive):
+        bound = "> 0" if positive else ">= 0"
+        raise error(f"{name} must be a finite number of seconds {bound}, got {value!r}")
     return float(value)
 
 

@@ -66,11 +66,11 @@ class BudgetExceeded(BatchJsonError):
     """The calls needed exceed what the budget has left; raised before spending. ``one_call``:
     the most one call may cost (USD), when a cost budget refused."""
 
-    def __init__(self, needed: int, remaining: int, *, what: str = "calls",
-                 message: str | None = None, one_call: float | None = None) -> None:
+    def __init__(self, needed: int, remaining: int, *, message: str | None = None,
+                 one_call: float | None = None) -> None:
         self.needed, self.remaining, self.one_call = needed, remaining, one_call
         super().__init__(message or (
-            f"budget refused: at least {needed} {what} are needed to resolve the outstanding "
+            f"budget refused: at least {needed} calls are needed to resolve the outstanding "
             f"requests but only {remaining} remain. Raise max_calls or the session budget, or "
             "run fewer tasks; nothing was spent."))
 
@@ -100,16 +100,16 @@ class BatchUnresolved(BatchJsonError):
         super().__init__(result.failure_report())
 
     def _render_traceback_(self) -> list[str]:
-        report = self.result.failure_report().splitlines() or [""]
-        if self.hint:  # the face has shown the result: its headline, the way on, its last word
-            return [f"BatchUnresolved: {report[0]}", self.hint,
-                    *(report[-1:] if len(report) > 1 else [])]
-        return [f"BatchUnresolved: {report[0]}", *report[1:]]
+        head, *rest = self.result.failure_report().splitlines() or [""]
+        # with a hint the face has shown the result: its headline, the way on, its last word
+        return [f"BatchUnresolved: {head}", *([self.hint, *rest[-1:]] if self.hint else rest)]
 
 
 class ProviderError(BatchJsonError):
-    """A transport or provider failure: recorded as provider_error, never as a repair. ``kind``:
-    the answer source's own name for it (a droste client's error type), droste's error type."""
+    """A transport or provider failure: recorded as provider_error, never as a repair.
+    ``unreachable``: no server at the endpoint (refused, DNS), so the whole run stops; ``fatal``:
+    the answer source is broken, so no further call, raised once the calls made unwound;
+    ``kind``: the answer source's own name for it (a droste client's error type)."""
 
     def __init__(self, message: str, *, status: int | None = None, retryable: bool = True,
                  retry_after: float | None = None, usage: dict[str, Any] | None = None,
@@ -117,11 +117,7 @@ class ProviderError(BatchJsonError):
                  fatal: bool = False) -> None:
         super().__init__(message)
         self.status, self.retryable, self.retry_after = status, retryable, retry_after
-        # the endpoint cannot be reached (connection refused, DNS): the whole run stops
-        self.unreachable = unreachable
-        self.usage, self.kind = usage or {}, kind
-        # the answer source is broken: no further call; raised once the calls made unwound
-        self.fatal = fatal
+        self.unreachable, self.fatal, self.usage, self.kind = unreachable, fatal, usage or {}, kind
 
     @property
     def refused(self) -> bool:

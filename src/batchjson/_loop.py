@@ -69,8 +69,7 @@ class BackgroundLoop:
         def start() -> None:
             if "stopped" in box:  # interrupted before the run began: it never starts
                 return
-            task = loop.create_task(make())
-            box["task"] = task
+            box["task"] = task = loop.create_task(make())
             task.add_done_callback(lambda _: done.set())
 
         def stop() -> None:

@@ -1,10 +1,8 @@
-"""The one masking rule: what batchjson may show of a secret, anywhere it shows anything.
-
-**Known secret values** (an API key, a URL's userinfo or credential parameter) are replaced
-wherever batchjson writes or says them (:class:`Secrets`), never in the model's answer text.
-**Shape rules** (docs/providers.md) recognise a pasted key only as a *whole* value in a field
-naming a provider or a model (task data and digests may look the same), and key fragments
-anywhere in a provider's error text."""
+"""The one masking rule: what batchjson may show of a secret. Known secret values (an API key, a
+URL's userinfo or credential parameter) are replaced wherever batchjson writes or says them
+(:class:`Secrets`), never in the model's answer text; shape rules (docs/providers.md) recognise a
+pasted key only as a whole value naming a provider or a model (task data and digests may look
+the same), and key fragments anywhere in a provider's error text."""
 
 from __future__ import annotations
 
@@ -175,9 +173,8 @@ class Secrets:
                 forms.update((value, quote(value, safe=""), quote_plus(value)))
         tails = {v[-4:] for v in forms if len(v) >= 12}
         forms.update(f for _, basic in carried for f in basic if len(f) >= MIN_MASKED)
-        self._urls = {u: public_url(u, user=url_users)
-                      for u in sorted(set(urls), key=len, reverse=True)
-                      if public_url(u, user=url_users) != u}
+        shown = {u: public_url(u, user=url_users) for u in sorted(set(urls), key=len, reverse=True)}
+        self._urls = {u: public for u, public in shown.items() if public != u}
         self._values = sorted(forms, key=len, reverse=True)  # a longer form is replaced first
         self._echo = (re.compile(r"[\w-]*[*\u2022]{3,}[\w-]*?(?:"
                                  + "|".join(map(re.escape, sorted(tails))) + ")")
@@ -185,11 +182,9 @@ class Secrets:
 
     def mask(self, text: str) -> str:
         for url, public in self._urls.items():
-            if url in text:
-                text = text.replace(url, public)
+            text = text.replace(url, public)
         for value in self._values:
-            if value in text:
-                text = text.replace(value, REDACTED)
+            text = text.replace(value, REDACTED)
         return self._echo.sub(REDACTED, text) if self._echo is not None else text
 
     def __bool__(self) -> bool:

@@ -1,6 +1,5 @@
 """HTTP plumbing shared by the API providers (sessions per loop, error mapping, key secrecy);
-nothing here retries or validates. An account that cannot pay, or ``x-should-retry: false``, stops
-the whole run (``fatal=True``): no request of it can get past (docs/providers.md)."""
+nothing here retries or validates."""
 
 from __future__ import annotations
 
@@ -12,13 +11,13 @@ import os
 import socket
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 from urllib.parse import urlparse, urlsplit, urlunparse, urlunsplit
 
 import aiohttp
 import pydantic_core
 
-from .._checks import positive_seconds, whole
+from .._checks import seconds, whole
 from .._errors import ConfigError, ProviderError, ProviderSetupError
 from .._secrets import (
     Secret,
@@ -66,13 +65,6 @@ def _unreachable(exc: aiohttp.ClientConnectorError) -> str | None:
     return _UNREACHABLE.get(getattr(exc.os_error, "errno", None) or getattr(exc, "errno", None))
 
 
-class Answer(NamedTuple):
-    """A decoded API response and the exact text it was decoded from (None if not UTF-8)."""
-
-    data: dict[str, Any]
-    text: str | None
-
-
 def encode_body(body: Mapping[str, Any]) -> bytes:
     """UTF-8 JSON by pydantic-core's fast encoder, or (a lone surrogate) the stdlib's escapes."""
     try:
@@ -93,13 +85,12 @@ class LoopSessions:
     def get(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
         session = self._sessions.get(loop)
-        if session is not None and not session.closed:
-            return session
-        with self._lock:
-            self._drop_closed()
-            session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
-                limit=self._limit, limit_per_host=0, ttl_dns_cache=300), timeout=self._timeout)
-            self._sessions[loop] = session
+        if session is None or session.closed:
+            with self._lock:
+                self._drop_closed()
+                session = self._sessions[loop] = aiohttp.ClientSession(
+                    connector=aiohttp.TCPConnector(limit=self._limit, limit_per_host=0,
+                                                   ttl_dns_cache=300), timeout=self._timeout)
         return session
 
     async def aclose(self) -> None:
@@ -136,11 +127,8 @@ def object_schema(call_schema: Mapping[str, Any],
     if schema.get("type") == "object":
         return schema, OBJECT_VALUE, False
     defs = schema.pop("$defs", None)
-    wrapped: dict[str, Any] = {"type": "object", "properties": {"value": schema},
-                               "required": ["value"], "additionalProperties": False}
-    if defs:
-        wrapped["$defs"] = defs
-    return wrapped, WRAPPED_VALUE, True
+    return {"type": "object", "properties": {"value": schema}, "required": ["value"],
+            "additionalProperties": False, **({"$defs": defs} if defs else {})}, WRAPPED_VALUE, True
 
 
 def with_path(url: str, edit: Callable[[str], str]) -> str:
@@ -172,14 +160,17 @@ class HttpProvider(OneService):
     example_model = ""
     keyless_hint = ""
     path = ""
+    version = ""  # the head of ``path`` a pasted base may end in too (trimmed)
     setting = ""  # the provider's own option shown in its repr
     body_keys: frozenset[str] = frozenset()  # request fields batchjson sets; extra_body may not
     auth_header = "Authorization"
     auth_prefix = "Bearer "
     static_headers: Mapping[str, str] = {"Content-Type": "application/json"}
-    # each protocol's own: a call's body and whether a scalar was wrapped; a body as a Reply
+    # each protocol's own: a call's body and whether a scalar was wrapped; a body as a Reply;
+    # the input tokens the provider documents adding to every request
     request_body: Callable[[Call], tuple[dict[str, Any], bool]]
     read_reply: Callable[..., Reply]
+    overhead_tokens: Callable[[Call], int]
 
     def _setup(self, model: str | None, base_url: str | None, api_key: str | None,
                timeout: float, prices: Mapping[str, Any] | None,
@@ -211,7 +202,7 @@ class HttpProvider(OneService):
             raise ProviderSetupError(
                 f"{kind} has no API key for {display_url(self.base_url)}: set {self.key_env} in "
                 f"the environment or pass api_key=...{self.keyless_hint}")
-        self.timeout = positive_seconds(f"{kind}: timeout", timeout, ProviderSetupError)
+        self.timeout = seconds(f"{kind}: timeout", timeout, ProviderSetupError, positive=True)
         try:
             self.prices = normalize_prices(prices)
         except ConfigError as exc:  # named as this provider's setting
@@ -239,7 +230,7 @@ class HttpProvider(OneService):
             raise ProviderSetupError(
                 f"{type(self).__name__}: {source} {shown} is not an http(s) URL; give the "
                 f"scheme and host, e.g. {self.default_base!r} or 'http://localhost:8000/v1'")
-        return with_path(base, lambda path: path.removesuffix(self.path))
+        return with_path(base, lambda path: path.removesuffix(self.path).removesuffix(self.version))
 
     def __repr__(self) -> str:
         extra = f", {self.setting}={getattr(self, self.setting)!r}" if self.setting else ""
@@ -255,29 +246,23 @@ class HttpProvider(OneService):
             headers[self.auth_header] = self.auth_prefix + key
         return headers
 
-    def _reply(self, data: Mapping[str, Any], inp: int | None, out: int | None, read: int,
-               written: int, factor: float, extra: dict[str, Any], *, text: str,
-               cached_tokens: int | None, envelope: str | None, stop: str | None) -> Reply:
-        """A reply priced by the model that answered (else the one asked), echoed secrets masked."""
+    def _priced(self, reply: Reply, data: Mapping[str, Any], written: int, factor: float) -> Reply:
+        """``reply`` priced by the model that answered (else the one asked), secrets masked."""
         model = data.get("model") or self.model
+        inp, out, read = reply.input_tokens, reply.output_tokens, reply.cached_tokens or 0
         cost = cost_of(model, inp, out, read, self.prices, cache_write_tokens=written)
         if cost is None and model != self.model:
             cost = cost_of(self.model, inp, out, read, self.prices, cache_write_tokens=written)
         mask = self._secrets.mask
-        return Reply(input_tokens=inp, output_tokens=out, cost=cost and cost * factor,
-                     model=mask(model) if isinstance(model, str) else model,
-                     extra={k: mask(v) if isinstance(v, str) else v for k, v in extra.items()
-                            if v or k in ALWAYS_SHOWN},
-                     text=text, cached_tokens=cached_tokens, envelope=envelope, stop=stop)
-
-    def overhead_tokens(self, call: Call) -> int:
-        """Input tokens the provider documents adding to every request (subclasses say)."""
-        return 0
+        reply.cost = cost and cost * factor
+        reply.model = mask(model) if isinstance(model, str) else model
+        reply.extra = {k: mask(v) if isinstance(v, str) else v for k, v in reply.extra.items()
+                       if v or k in ALWAYS_SHOWN}
+        return reply
 
     def input_bound(self, call: Call) -> int:
         """A sound bound on the input tokens ``call`` is billed for: body bytes plus overhead."""
-        body = self.request_body(call)[0]
-        return len(encode_body(body)) + self.overhead_tokens(call)
+        return len(encode_body(self.request_body(call)[0])) + self.overhead_tokens(call)
 
     def settings(self) -> dict[str, Any]:
         """Every setting sent with a request besides model and URL (subclasses add theirs)."""
@@ -311,9 +296,7 @@ class HttpProvider(OneService):
         try:
             async with session.request(method, url, data=body,
                                        headers=(headers or self._headers)()) as resp:
-                status = resp.status
-                raw = await resp.read()
-                resp_headers = resp.headers
+                status, resp_headers, raw = resp.status, resp.headers, await resp.read()
                 report_headers(resp_headers)  # the pacer's view of the rate limits
         except TimeoutError:
             failure = ProviderError(f"{name}: no complete answer within the {self.timeout:g}s "
@@ -345,14 +328,14 @@ class HttpProvider(OneService):
         data, text = await self._post(body)
         return self.read_reply(data, text, wrapped)
 
-    async def _post(self, body: Mapping[str, Any]) -> Answer:
-        """A success's JSON object and exact text; any other body (or not UTF-8) a ProviderError."""
+    async def _post(self, body: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+        """A success's JSON object and its exact text (None if not UTF-8); any other body a
+        ProviderError."""
         status, raw, resp_headers = await self._request(
             "POST", self._endpoint.get() or self.url, encode_body(body))
         name = self.name
-        text: str | None
         try:
-            text = raw.decode("utf-8-sig")  # a byte-order mark is not part of the document
+            text: str | None = raw.decode("utf-8-sig")  # a byte-order mark is not the document
         except UnicodeDecodeError as exc:
             if exc.reason != "unexpected end of data":  # a cut inside a character: cut off, below
                 raise ProviderError(f"{name}: HTTP {status} body is not valid UTF-8 (byte "
@@ -374,7 +357,7 @@ class HttpProvider(OneService):
             raise ProviderError(f"{name}: HTTP {status} answered with {kind}, not a JSON API "
                                 f"response (starts {snippet!r}); check the base URL",
                                 status=status, retryable=False)  # retrying a web page cannot help
-        return Answer(data, text)
+        return data, text
 
     async def aclose(self) -> None:
         await self._sessions.aclose()
@@ -396,7 +379,8 @@ def should_retry(headers: Mapping[str, str]) -> bool | None:
 
 def run_stop(provider: str, status: int, code: str | None, message: str,
              headers: Mapping[str, str]) -> str | None:
-    """Why no request of this run can succeed, with the fix; None for one request's error."""
+    """Why no request of this run can succeed, with the fix (the error is then ``fatal``: the
+    run stops, docs/providers.md); None for one request's error."""
     page = BILLING_PAGES.get(provider, "the provider's console")
     if (code in QUOTA_CODES or status == 402
             or any(words in message.lower() for words in QUOTA_WORDS)):
@@ -455,9 +439,7 @@ def http_error(provider: str, status: int, headers: Mapping[str, str], raw: byte
     retryable = is_retryable_status(status) if advice is None else advice
     stop = run_stop(provider, status, code, message, headers)  # out of credit: stop the run
     hint = _STATUS_HINTS.get(status, "")
-    text = f"{provider} HTTP {status}: {message}"
-    if code:
-        text += f" [{code}]"
+    text = f"{provider} HTTP {status}: {message}" + (f" [{code}]" if code else "")
     if stop or hint:
         text += f" ({stop or hint.format(key_env=key_env)})"
     return ProviderError(secrets.mask(text) if secrets else text, status=status,

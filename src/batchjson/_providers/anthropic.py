@@ -14,7 +14,7 @@ from .._canon import show_as
 from .._checks import whole
 from .._errors import ProviderError, ProviderSetupError
 from .._sources import NO_TOOL_CALL, REFUSED, TOOL_CALL, TRUNCATED
-from ._http import TOOL_NAMES, HttpProvider, as_int, object_schema, with_path
+from ._http import TOOL_NAMES, HttpProvider, as_int, object_schema
 from .base import CACHE_CONTROL, Call, prefix_cacheable
 from .batch_client import BatchClient, OutputLines, Upload
 from .reply import Reply
@@ -37,6 +37,7 @@ class AnthropicProvider(HttpProvider):
     official_domain = "anthropic.com"
     example_model = "claude-haiku-4-5"
     path = "/v1/messages"
+    version = "/v1"
     setting = "mode"
     body_keys = frozenset(("model", "messages", "system", "max_tokens", "tools", "tool_choice"))
     auth_header = "x-api-key"
@@ -56,10 +57,6 @@ class AnthropicProvider(HttpProvider):
         self._sizes_output = max_tokens is None and "thinking" not in self.extra_body
         self.max_tokens = UNBOUNDED_ANSWER_TOKENS if max_tokens is None else whole(
             "max_tokens", max_tokens, 1, ProviderSetupError)
-
-    def _base_url(self, base_url: str | None) -> str:
-        # the path adds /v1 itself
-        return with_path(super()._base_url(base_url), lambda path: path.removesuffix("/v1"))
 
     def batch_api(self) -> AnthropicBatches:
         return AnthropicBatches(self)
@@ -107,15 +104,11 @@ class AnthropicProvider(HttpProvider):
                                 retryable=True)
         tool = self.mode == "tool"
         found = _tool_text(content, body_text, at) if tool else None
-        envelope: str | None = None
-        if found is None:  # text mode, or the model stopped before calling the tool
-            text = "".join(b.get("text", "") for b in content
-                           if isinstance(b, dict) and b.get("type") == "text")
-            called = _tool_text(content, body_text, at) if not tool and not text else None
-            text = called[0] if called else text  # a tool call where text was asked: its input
-        else:
-            text = found[0]
-            envelope = "tool_input/value" if wrapped else "tool_input"
+        text = found[0] if found else "".join(b.get("text", "") for b in content
+                                              if isinstance(b, dict) and b.get("type") == "text")
+        called = _tool_text(content, body_text, at) if not tool and not text else None
+        text = called[0] if called else text  # a tool call where text was asked: its input
+        envelope = None if found is None else "tool_input/value" if wrapped else "tool_input"
         usage = data.get("usage") or {}
         fresh = as_int(usage.get("input_tokens"))
         read = as_int(usage.get("cache_read_input_tokens")) or 0
@@ -125,10 +118,10 @@ class AnthropicProvider(HttpProvider):
         extra = {"stop_reason": data.get("stop_reason"), "id": data.get("id"),
                  "raw_reserialised": found is not None and not found[1],  # no exact text found
                  "cache_creation_input_tokens": written}
-        return self._reply(data, inp, out, read, written, price_factor, extra, text=text,
-                           cached_tokens=read if "cache_read_input_tokens" in usage else None,
-                           envelope=envelope,
-                           stop=_stop(data.get("stop_reason"), tool, found is not None, content))
+        reply = Reply(text, inp, out, read if "cache_read_input_tokens" in usage else None,
+                      extra=extra, envelope=envelope,
+                      stop=_stop(data.get("stop_reason"), tool, found is not None, content))
+        return self._priced(reply, data, written, price_factor)
 
 
 def _stop(reason: Any, tool: bool, called: bool, content: list[Any]) -> str | None:
@@ -245,15 +238,11 @@ def value_span(text: str, path: Sequence[str | int]) -> tuple[int, int] | None:
     try:
         pos = _skip(text, 0)
         for want in path:
-            if not (text[pos] == "{" and isinstance(want, str)
-                    or text[pos] == "[" and isinstance(want, int)):
+            if text[pos] not in "{[":
                 return None
-            starts = [start for key, start in _children(text, pos) if key == want]
-            if not starts:
-                return None
-            pos = starts[-1]
+            pos = dict(_children(text, pos))[want]  # a key's last occurrence
         return pos, _decoder.raw_decode(text, pos)[1]  # the C scanner finds its end
-    except (ValueError, IndexError, RecursionError):
+    except (ValueError, IndexError, KeyError, RecursionError):
         return None
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from .._checks import positive_seconds, whole
+from .._checks import seconds, whole
 from .._errors import ProviderError, ProviderSetupError
 from .._secrets import check_name
 from .._sources import Code
@@ -119,10 +119,9 @@ class CallableProvider(OneService):
             raise ProviderSetupError("CallableProvider source must be a non-empty string naming "
                                      "what answers (e.g. source='my-model-v2')")
         self.source = check_name(source, "CallableProvider source", fix)
-        if timeout is not None:
-            self.timeout = positive_seconds("CallableProvider timeout", timeout,
-                                            ProviderSetupError)
-            self.enforces_timeout = True
+        self.timeout = timeout if timeout is None else seconds(
+            "CallableProvider timeout", timeout, ProviderSetupError, positive=True)
+        self.enforces_timeout = timeout is not None
         self._code = Code(fn, owner="CallableProvider")  # keyed by content (see _sources)
         self.price = None if price is None else as_price(price)
         self.max_tokens = (None if max_tokens is None else
@@ -140,7 +139,7 @@ class CallableProvider(OneService):
         return (f"{head}#", self._code)
 
     async def complete(self, call: Call) -> Reply:
-        timeout = getattr(self, "timeout", None)
+        timeout = self.timeout
         try:
             async with asyncio.timeout(timeout):
                 blocking = getattr(self.fn, "blocking", False)  # a worker thread

@@ -66,20 +66,16 @@ class BatchClient:
                 "this batch live (transport='live')", retryable=False)
         return data
 
-    def _base(self) -> str:
-        private = self.provider._endpoint.get() or self.provider.url
-        return private.removesuffix(self.provider.path)
-
     async def _call(self, method: str, path: str, body: Any = None) -> bytes:
         """``body``: a dict sent as JSON, JSON already encoded (bytes or a file), or a form."""
         p = self.provider
-        headers = None
+        base, headers = (p._endpoint.get() or p.url).removesuffix(p.path), None
         if isinstance(body, dict):
             body = json.dumps(body).encode()
         elif isinstance(body, aiohttp.FormData):
             def headers() -> dict[str, str]:  # multipart: aiohttp sets the content type
                 return {k: v for k, v in p._headers().items() if k != "Content-Type"}
-        return (await p._request(method, self._base() + path, body, headers))[1]
+        return (await p._request(method, base + path, body, headers))[1]
 
     async def _json(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
         raw = await self._call(method, path, body)

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, fields, replace
-from typing import Annotated, Any, Literal, get_args
+from typing import Any, Literal, get_args
 from urllib.parse import quote
 
 import aiohttp
-from pydantic import Field
 
 from .._canon import show_as
-from .._checks import options
+from .._checks import Flag, options
 from .._errors import ProviderError, ProviderSetupError
 from .._secrets import provider_text_masked
 from .._sources import REFUSED, TOOL_CALL, TRUNCATED
@@ -78,10 +77,8 @@ class OpenAIProvider(HttpProvider):
         messages = ([{"role": self.capabilities.system_role, "content": call.system}, prompt]
                     if call.system else [prompt])
         body: dict[str, Any] = {"model": self.model, "messages": messages, **self.extra_body}
-        if self._sizes_output:
-            cap = self.sized_output(call.answer_chars)
-            if cap is not None:
-                body[self._cap_field] = cap
+        if self._sizes_output and (cap := self.sized_output(call.answer_chars)) is not None:
+            body[self._cap_field] = cap
         fmt, wrapped, problems = self._format(call.schema, call.mode)
         if problems and self.response_format == "json_schema":  # the run's check refuses it first
             raise ProviderError(self._inexpressible(problems, call.mode), retryable=False,
@@ -103,18 +100,18 @@ class OpenAIProvider(HttpProvider):
         return sized_output_cap(answer_chars, reasoning=not self.capabilities.temperature)
 
     def _format(self, schema: Mapping[str, Any],
-                mode: str) -> tuple[dict[str, Any] | None, bool, list[str]]:
+                mode: str) -> tuple[dict[str, Any] | None, bool, Sequence[str]]:
         """The ``response_format`` a call sends, whether a scalar was wrapped for it, and what
         keeps strict mode from the schema."""
         if self.response_format == "text" or not self.capabilities.response_format:
-            return None, False, []
+            return None, False, ()
         if self.response_format == "json_object":
-            return {"type": "json_object"}, False, []
+            return {"type": "json_object"}, False, ()
         root, name, wrapped = object_schema(schema, mode)
         form = strict_form(root)
         if form.schema is not None:
             return {"type": "json_schema", "json_schema": {
-                "name": name, "schema": form.schema, "strict": True}}, wrapped, []
+                "name": name, "schema": form.schema, "strict": True}}, wrapped, ()
         # JSON mode answers objects only: a scalar value goes without a format
         return None if wrapped else {"type": "json_object"}, False, form.problems
 
@@ -136,7 +133,7 @@ class OpenAIProvider(HttpProvider):
                 "to have the API hold the model to it, declare the fields of free-form objects "
                 "and dicts and leave out the keywords named (a validator can check them)")
 
-    def _inexpressible(self, problems: list[str], mode: str) -> str:
+    def _inexpressible(self, problems: Sequence[str], mode: str) -> str:
         return (f"OpenAIProvider(response_format='json_schema') was asked for, but OpenAI's "
                 f"strict mode cannot express this schema ({_listed(problems, mode)}), and the "
                 "API would refuse every call with a 400; nothing was sent. Use "
@@ -161,28 +158,24 @@ class OpenAIProvider(HttpProvider):
             detail = provider_text_masked(self._secrets.mask(detail))[:200]
             raise ProviderError(f"openai: response has no choices: {detail}", status=200,
                                 retryable=True)
-        message = choices[0].get("message") or {}
-        content = message.get("content")
-        refusal = message.get("refusal")
+        message, finish = choices[0].get("message") or {}, choices[0].get("finish_reason")
+        content, refusal = message.get("content"), message.get("refusal")
         answered = isinstance(content, str)
-        finish = choices[0].get("finish_reason")
         arguments = None if answered else _tool_arguments(message)  # a text answer: unread
         text = content if answered else (refusal or arguments or "")
-        # a wrapped scalar stays wrapped and says so, for acceptance to unwrap
-        envelope = "value" if wrapped and answered else None
         usage = data.get("usage") or {}
         inp = as_int(usage.get("prompt_tokens"))  # cache reads and writes included
         out = as_int(usage.get("completion_tokens"))  # reasoning tokens included: billed
         prompt_details = usage.get("prompt_tokens_details") or {}
         cached = as_int(prompt_details.get("cached_tokens"))
         written = as_int(prompt_details.get("cache_write_tokens")) or 0
-        reasoning = as_int((usage.get("completion_tokens_details") or {}).get(
-            "reasoning_tokens"))
+        reasoning = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens")
         extra = {"finish_reason": finish, "id": data.get("id"), "refusal": refusal,
-                 "reasoning_tokens": reasoning, "cache_write_tokens": written}
-        return self._reply(data, inp, out, cached or 0, written, price_factor, extra, text=text,
-                           cached_tokens=cached, envelope=envelope,
-                           stop=_stop(finish, refusal, answered, arguments))
+                 "reasoning_tokens": as_int(reasoning), "cache_write_tokens": written}
+        stop = _stop(finish, refusal, answered, arguments)
+        reply = Reply(text, inp, out, cached, extra=extra, stop=stop,
+                      envelope="value" if wrapped and answered else None)  # acceptance unwraps
+        return self._priced(reply, data, written, price_factor)
 
 
 def _tool_arguments(message: Mapping[str, Any]) -> str | None:
@@ -205,7 +198,7 @@ def _stop(finish: Any, refusal: Any, answered: bool, arguments: str | None) -> s
     return None
 
 
-def _listed(problems: list[str], mode: str) -> str:
+def _listed(problems: Sequence[str], mode: str) -> str:
     """The first problems, named by the answer's own fields (batchjson's wrapper left out)."""
     prefix = "items[]." if mode == "items" else "value."
     shown = [p.removeprefix(prefix) for p in problems[:3]]
@@ -227,8 +220,7 @@ class OpenAIBatches(BatchClient):
     async def upload(self, upload: Upload) -> str:
         """Upload the input file, streamed from disk; its id."""
         data = self.finished(upload)
-        form = aiohttp.FormData()
-        form.add_field("purpose", "batch")
+        form = aiohttp.FormData({"purpose": "batch"})
         form.add_field("file", data, filename="batchjson.jsonl",
                        content_type="application/jsonl")
         return str((await self._json("POST", "/files", form))["id"])
@@ -295,7 +287,6 @@ def _errors(batch: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [e for e in (batch.get("errors") or {}).get("data") or [] if isinstance(e, dict)]
 
 
-Flag = Annotated[bool, Field(description="True or False")]
 # Sampling settings the reasoning models refuse (OpenAI: "not supported with reasoning models").
 SAMPLING = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "logprobs",
             "top_logprobs", "logit_bias")
@@ -343,14 +334,13 @@ def capabilities_for(model: str, override: Any = None) -> Capabilities:
 
 def shaped_extra_body(model: str, caps: Capabilities, extra: dict[str, Any]) -> dict[str, Any]:
     """``extra_body`` as this model takes it; a sampling setting it refuses is refused now."""
-    if not caps.temperature:
-        refused = [k for k in SAMPLING if k in extra]
-        if refused:
-            raise ProviderSetupError(
-                f"OpenAIProvider: {model} refuses {', '.join(map(repr, refused))} (a reasoning "
-                f"model samples at its own settings); drop {'it' if len(refused) == 1 else 'them'}"
-                " from extra_body, or pass capabilities={'temperature': True} if this "
-                "deployment accepts them")
+    refused = [] if caps.temperature else [k for k in SAMPLING if k in extra]
+    if refused:
+        raise ProviderSetupError(
+            f"OpenAIProvider: {model} refuses {', '.join(map(repr, refused))} (a reasoning "
+            f"model samples at its own settings); drop {'it' if len(refused) == 1 else 'them'}"
+            " from extra_body, or pass capabilities={'temperature': True} if this "
+            "deployment accepts them")
     if caps.max_completion_tokens and "max_tokens" in extra:
         if "max_completion_tokens" in extra:
             raise ProviderSetupError(

@@ -107,12 +107,11 @@ def price_for(model: str | None, overrides: Mapping[str, Any] | None = None) -> 
     if not model:
         return None
     with _lock:
-        for table in (overrides, _user_prices):
-            if table and model in table:
-                return as_price(table[model])
-            for name in table or ():
-                if _same_model(model, name):
-                    return as_price(table[name])
+        for table in (overrides or {}, _user_prices):
+            name = model if model in table else next(
+                (name for name in table if _same_model(model, name)), None)
+            if name is not None:
+                return as_price(table[name])
     listed = _listed(model)
     return None if listed is None else listed[1]
 
@@ -164,13 +163,12 @@ def cost_of(model: str | None, input_tokens: int | None, output_tokens: int | No
     """USD for one call (``input_tokens`` counting cached ones), or ``None`` when no price knows
     the model or its tier; an impossible cache read is priced as plain input."""
     price = price_for(model, overrides)
-    if price is None or input_tokens is None or output_tokens is None:
+    if (price is None or input_tokens is None or output_tokens is None
+            or input_tokens > (price.max_input_tokens or input_tokens)):
         return None
     cached = cached_tokens or 0
     cached = cached if 0 <= cached <= input_tokens else 0  # an impossible read: unknown
     written = min(max(cache_write_tokens or 0, 0), input_tokens - cached)
-    if price.max_input_tokens is not None and input_tokens > price.max_input_tokens:
-        return None
     plain = input_tokens - cached - written
     read_rate = price.input if price.cached_input is None else price.cached_input
     write_rate = price.input if price.cache_write is None else price.cache_write

@@ -97,31 +97,27 @@ class Reported(NamedTuple):
 
 def reported(headers: Mapping[str, str], now: float | None = None) -> Reported:
     """The limits in OpenAI's or Anthropic's headers (its ``tokens`` limit, else input-tokens)."""
-    if any(map(_ANTHROPIC.match, headers)):
-        tokens = (_ANTHROPIC_TOKENS if _header(headers, _ANTHROPIC_TOKENS[0])
-                  else _ANTHROPIC_INPUT_TOKENS)
-        return Reported(_state(headers, _ANTHROPIC_REQUESTS, now), _state(headers, tokens, now))
-    return Reported(_state(headers, _OPENAI_REQUESTS, now), _state(headers, _OPENAI_TOKENS, now))
+    requests, *tokens = _ANTHROPIC_NAMES if any(map(_ANTHROPIC.match, headers)) else _OPENAI_NAMES
+    said = next((names for names in tokens if _header(headers, names[0])), tokens[-1])
+    return Reported(_state(headers, requests, now), _state(headers, said, now))
 
 
-def _parts(name: str) -> tuple[str, str, str]:
-    return name.format("limit"), name.format("remaining"), name.format("reset")
+def _fields(name: str) -> tuple[str, ...]:
+    return tuple(name.format(field) for field in ("limit", "remaining", "reset"))
 
 
-_OPENAI_REQUESTS = _parts("x-ratelimit-{}-requests")
-_OPENAI_TOKENS = _parts("x-ratelimit-{}-tokens")
-_ANTHROPIC_REQUESTS = _parts("anthropic-ratelimit-requests-{}")
-_ANTHROPIC_TOKENS = _parts("anthropic-ratelimit-tokens-{}")
-_ANTHROPIC_INPUT_TOKENS = _parts("anthropic-ratelimit-input-tokens-{}")
+# Each API's header names of (limit, remaining, reset): requests, then its tokens limits
+_OPENAI_NAMES = tuple(map(_fields, ("x-ratelimit-{}-requests", "x-ratelimit-{}-tokens")))
+_ANTHROPIC_NAMES = tuple(map(_fields, ("anthropic-ratelimit-requests-{}",
+                                       "anthropic-ratelimit-tokens-{}",
+                                       "anthropic-ratelimit-input-tokens-{}")))
 # ASCII only: a header name equal to the prefix in any case, as ``name.lower()`` finds it
 _ANTHROPIC = re.compile("anthropic-ratelimit-", re.IGNORECASE | re.ASCII)
 
 
-def _state(headers: Mapping[str, str], names: tuple[str, str, str],
-           now: float | None) -> LimitState:
-    limit, left, reset = names
-    reset = _header(headers, reset)
-    return LimitState(_whole(_header(headers, limit)), _whole(_header(headers, left)),
+def _state(headers: Mapping[str, str], names: tuple[str, ...], now: float | None) -> LimitState:
+    limit, left, reset = (_header(headers, name) for name in names)
+    return LimitState(_whole(limit), _whole(left),
                       None if reset is None else reset_seconds(reset, now))
 
 
@@ -131,10 +127,9 @@ def retry_wait(headers: Mapping[str, str], now: float | None = None) -> float | 
     if wait is not None:
         return wait
     seen = reported(headers, now)
-    exhausted = [s for s in (seen.requests, seen.tokens) if s.remaining == 0]
+    exhausted = [s for s in seen if s.remaining == 0]
     # the later reset is safe for both; an exhausted limit's unreadable reset stays unknown
-    resets = [s.reset for s in exhausted or (seen.requests, seen.tokens) if s.reset is not None]
-    return max(resets) if resets else None
+    return max((s.reset for s in exhausted or seen if s.reset is not None), default=None)
 
 
 def limits_account(provider: Any) -> tuple[str, str] | None:

@@ -49,8 +49,7 @@ def received(out: Any, output_cap: int | None = None) -> Reply:
         raise ProviderError(f"provider returned a {type(out).__name__}, not a Reply: return "
                             "Reply(text=...) or the raw text as a str", retryable=False)
     given = getattr(out, "extra", None)
-    extra = dict(given) if isinstance(given, dict) else {}
-    odd: dict[str, Any] = {} if isinstance(given, dict) else {"extra": repr(given)[:80]}
+    extra, odd = (dict(given), {}) if isinstance(given, dict) else ({}, {"extra": repr(given)[:80]})
     counts = {}
     for name, reader in _USAGE:
         value = getattr(out, name, None)
@@ -63,13 +62,10 @@ def received(out: Any, output_cap: int | None = None) -> Reply:
     if odd:
         extra["unreadable_usage"] = odd
     text, stop = out.text, getattr(out, "stop", None)
-    if stop not in STOPS:
-        if stop is not None:
-            extra["unknown_stop"] = repr(stop)[:80]
-        stop = None
+    if stop is not None and stop not in STOPS:
+        extra["unknown_stop"], stop = repr(stop)[:80], None
     out_tokens = counts["output_tokens"]
-    if stop is None and output_cap is not None and out_tokens is not None and (
-            out_tokens >= output_cap):  # a sign of a cut, for acceptance to weigh
+    if stop is None and output_cap is not None and (out_tokens or 0) >= output_cap:
         extra["cut_at"] = f"all {out_tokens} output tokens of max_tokens={output_cap} used"
     if isinstance(text, str):
         text = str.__getitem__(text, slice(None))  # a subclass's own methods could lie

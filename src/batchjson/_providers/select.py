@@ -59,14 +59,10 @@ def _named(spec: str, source: str, model: str | None) -> Any:
     check_name(model, "model", "pass the key as api_key=... (or set OPENAI_API_KEY / "
                "ANTHROPIC_API_KEY) and give the model's name as model=")
     name = spec.strip().lower()
-    if name == "openai":
-        from .openai import OpenAIProvider
+    if name in ("openai", "anthropic"):
+        from . import anthropic, openai
 
-        return OpenAIProvider(model)
-    if name == "anthropic":
-        from .anthropic import AnthropicProvider
-
-        return AnthropicProvider(model)
+        return (openai.OpenAIProvider if name == "openai" else anthropic.AnthropicProvider)(model)
     if name in OFFERED:
         return OFFERED[name](model)
     hint = ""

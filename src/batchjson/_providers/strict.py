@@ -30,12 +30,15 @@ BIG_ENUM, BIG_ENUM_CHARS = 250, 15_000
 _NULL = {"type": "null"}
 
 
-@dataclass
+@dataclass(frozen=True)
 class StrictForm:
-    """The strict form of a schema, or ``None`` with the ``problems`` that keep it from one."""
+    """The strict form of a schema, or ``None`` with the ``problems`` that keep it from one; a
+    shape's (cached, shared) also says what its size counts so far, for a call's values to add."""
 
     schema: dict[str, Any] | None
-    problems: list[str] = field(default_factory=list)
+    problems: tuple[str, ...] = ()
+    counts: Mapping[str, int] = field(default_factory=dict)
+    depth: int = 0
 
 
 def strict_form(schema: Mapping[str, Any]) -> StrictForm:
@@ -49,22 +52,12 @@ def strict_form(schema: Mapping[str, Any]) -> StrictForm:
     return _pinned(_cached_form(text), pins)
 
 
-@dataclass(frozen=True)
-class _Shape:
-    """A shape's strict form, or the problems its walk found; what its size counts so far."""
-
-    form: dict[str, Any] | None
-    problems: tuple[str, ...]
-    counts: Mapping[str, int]
-    depth: int
-
-
 @lru_cache(maxsize=64)
-def _cached_form(text: bytes) -> _Shape:
+def _cached_form(text: bytes) -> StrictForm:
     return _shape_form(json.loads(text))
 
 
-def _shape_form(schema: Mapping[str, Any]) -> _Shape:
+def _shape_form(schema: Mapping[str, Any]) -> StrictForm:
     walker = _Walker(schema)
     if schema.get("type") != "object" or "anyOf" in schema:
         walker.problem("", "a root that is not an object (strict mode needs an object root "
@@ -76,8 +69,8 @@ def _shape_form(schema: Mapping[str, Any]) -> _Shape:
             walker.counts["chars"] += sum(len(name) for name in defs)
             out[key] = {name: walker.node(sub, f"{key}.{name}") for name, sub in defs.items()}
     if walker.problems:
-        return _Shape(None, tuple(walker.problems), {}, 0)
-    return _Shape(out, tuple(walker.sizes), walker.counts, _depth(out, out, ()))
+        return StrictForm(None, tuple(walker.problems))
+    return StrictForm(out, tuple(walker.sizes), walker.counts, _depth(out, out, ()))
 
 
 # A call's own values in its wire schema: its item count, and its items' pinned identity values.
@@ -102,10 +95,10 @@ def _lifted(schema: Mapping[str, Any]) -> tuple[Mapping[str, Any], dict[str, Any
             {"counts": counts, "enums": enums})
 
 
-def _pinned(shape: _Shape, pins: Mapping[str, Any]) -> StrictForm:
+def _pinned(shape: StrictForm, pins: Mapping[str, Any]) -> StrictForm:
     """The shape's form with a call's values put back (counted as the walk would), or why not."""
-    if shape.form is None:
-        return StrictForm(None, list(shape.problems))
+    if shape.schema is None:
+        return shape
     counts, problems = dict(shape.counts), list(shape.problems)
     enums = pins.get("enums", {})
     for values in enums.values():
@@ -117,8 +110,8 @@ def _pinned(shape: _Shape, pins: Mapping[str, Any]) -> StrictForm:
         ("characters of names, enum and const values", counts["chars"], MAX_CHARS))
         if value > limit]
     if problems or not pins:
-        return StrictForm(None if problems else shape.form, problems)
-    form = shape.form
+        return StrictForm(None, tuple(problems)) if problems else shape
+    form = shape.schema
     array = {**form["properties"]["items"], **pins["counts"]}
     if enums:
         item = array["items"]
