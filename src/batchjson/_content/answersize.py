@@ -28,7 +28,7 @@ _ESCAPED = 6  # the most one character of a string takes in JSON: a control char
 def smallest_answers(schema: ItemSchema, tasks: Sequence[Mapping[str, Any]],
                      identity: Sequence[str], mode: str) -> list[str]:
     """The smallest answer each task can get, as compact JSON, its identity values first."""
-    least = _least(schema.json_schema, schema.json_schema, 0)
+    least = _read(schema.json_schema, schema.json_schema, 0, False)
     if mode == "value":
         return [_compact(least)] * len(tasks)
     fields = least.items() if isinstance(least, dict) else ()
@@ -41,7 +41,7 @@ def largest_answer(schema: Mapping[str, Any], *, declared: bool = False) -> int 
     ``declared``, an object naming its properties holds only those (as strict mode answers)."""
     if declared:
         schema = _declared_only(schema)
-    return _most(schema, schema, 0)
+    return _read(schema, schema, 0, True)
 
 
 def _declared_only(node: Any) -> Any:
@@ -98,35 +98,43 @@ def _kinds(node: Mapping[str, Any]) -> list[str]:
     return [kinds] if isinstance(kinds, str) else list(kinds) if isinstance(kinds, list) else []
 
 
-# -- the smallest ------------------------------------------------------------------------------
-def _least(node: Any, root: Any, depth: int) -> Any:
-    """A value no larger, as compact JSON, than any ``node`` accepts (``0`` where nothing is
-    asked or can be weighed); without ``type``, of the kind its keywords describe."""
+def _read(node: Any, root: Any, depth: int, most: bool) -> Any:
+    """One walk for both bounds. The least (``most`` False): a value no larger, as compact JSON,
+    than any ``node`` accepts (``0`` where nothing is asked or can be weighed), without ``type``
+    of the kind its keywords describe. The most: the characters any value it accepts takes at
+    most, None when unbounded."""
     if depth > _DEPTH or not isinstance(node, Mapping):
-        return 0
-    if joined := _joined(node, root):
-        return max((_least(part, root, depth + 1) for part in joined), key=_size)
-    if "const" in node:
-        return node["const"]
-    if isinstance(node.get("enum"), list) and node["enum"]:
-        return min(node["enum"], key=_size)
+        return None if most and node is not False else 0  # False: no value takes room
+    if joined := _joined(node, root):  # a value meets every part
+        parts = [_read(part, root, depth + 1, most) for part in joined]
+        return min((p for p in parts if p is not None), default=None) if most \
+            else max(parts, key=_size)
+    if "const" in node or (isinstance(node.get("enum"), list) and node["enum"]):
+        values = [node["const"]] if "const" in node else node["enum"]
+        return max(map(_size, values)) if most else min(values, key=_size)
     if branches := _branches(node):
-        return min((_least(branch, root, depth + 1) for branch in branches), key=_size)
-    kinds = _kinds(node) or [next((k for k, keys in _KINDS if any(key in node for key in keys)),
-                                  "any")]
-    return min((_least_of_kind(kind, node, root, depth) for kind in kinds), key=_size)
+        parts = [_read(branch, root, depth + 1, most) for branch in branches]
+    elif most:
+        parts = [_most_of_kind(kind, node, root, depth) for kind in _kinds(node)]
+    else:
+        kinds = _kinds(node) or [next((k for k, keys in _KINDS if any(key in node for key in keys)),
+                                      "any")]
+        parts = [_least_of_kind(kind, node, root, depth) for kind in kinds]
+    if most:  # a value meets one part: no more than the largest limit, if all have one
+        return None if None in parts or not parts else max(parts)
+    return min(parts, key=_size)
 
 
 def _least_of_kind(kind: str, node: Mapping[str, Any], root: Any, depth: int) -> Any:
     if kind == "object":
         props = node.get("properties") if isinstance(node.get("properties"), Mapping) else {}
         required = [name for name in node.get("required") or () if isinstance(name, str)]
-        return {name: _least(props.get(name, True), root, depth + 1)
+        return {name: _read(props.get(name, True), root, depth + 1, False)
                 for name in dict.fromkeys(required)}
     if kind == "array":
         prefix, items = _array_items(node)
         count = node.get("minItems") if isinstance(node.get("minItems"), int) else 0
-        return [_least(prefix[i] if i < len(prefix) else items, root, depth + 1)
+        return [_read(prefix[i] if i < len(prefix) else items, root, depth + 1, False)
                 for i in range(count)]
     if kind == "string":
         low = node.get("minLength") if isinstance(node.get("minLength"), int) else 0
@@ -178,34 +186,6 @@ def _decimal(value: Any) -> Fraction | None:
     return Fraction(str(value)) if math.isfinite(value) else None
 
 
-# -- the largest -------------------------------------------------------------------------------
-def _most(node: Any, root: Any, depth: int) -> int | None:
-    """The most characters a value ``node`` accepts takes, None when unbounded."""
-    if node is False:
-        return 0  # no value: nothing to take room
-    if depth > _DEPTH or not isinstance(node, Mapping):
-        return None
-    if joined := _joined(node, root):
-        # a value meeting every part takes no more than the smallest limit among them
-        known = [size for part in joined if (size := _most(part, root, depth + 1)) is not None]
-        return min(known, default=None)
-    if "const" in node:
-        return _size(node["const"])
-    if isinstance(node.get("enum"), list) and node["enum"]:
-        return max(_size(member) for member in node["enum"])
-    if branches := _branches(node):
-        return _most_known(_most(branch, root, depth + 1) for branch in branches)
-    kinds = _kinds(node)
-    return _most_known(_most_of_kind(kind, node, root, depth) for kind in kinds) if kinds \
-        else None
-
-
-def _most_known(sizes: Any) -> int | None:
-    """A value meeting any one part takes no more than the largest limit, if all have one."""
-    sizes = list(sizes)
-    return None if None in sizes else max(sizes)
-
-
 def _most_of_kind(kind: str, node: Mapping[str, Any], root: Any, depth: int) -> int | None:
     if kind == "object":
         return _most_object(node, root, depth)
@@ -230,7 +210,7 @@ def _most_object(node: Mapping[str, Any], root: Any, depth: int) -> int | None:
     if node.get("additionalProperties", True) is not False or node.get("patternProperties"):
         return None
     props = node.get("properties") if isinstance(node.get("properties"), Mapping) else {}
-    sizes = [_most(sub, root, depth + 1) for sub in props.values()]
+    sizes = [_read(sub, root, depth + 1, True) for sub in props.values()]
     if None in sizes:
         return None
     fields = sum(_size(name) + 1 + size for name, size in zip(props, sizes, strict=True))
@@ -245,6 +225,6 @@ def _most_array(node: Mapping[str, Any], root: Any, depth: int) -> int | None:
         count = len(prefix) if count is None else min(count, len(prefix))
     if count is None:
         return None
-    sizes = [_most(prefix[i] if i < len(prefix) else items, root, depth + 1)
+    sizes = [_read(prefix[i] if i < len(prefix) else items, root, depth + 1, True)
              for i in range(count)]
     return None if None in sizes else 2 + sum(sizes) + max(0, count - 1)
