@@ -304,7 +304,7 @@ class Request:
     ledger row and prompt are built from one text, ``tasks_json``, computed once."""
 
     key: str
-    tasks: Sequence[dict]  # a tuple, or a RequestTasks decoding ``tasks_json`` when read
+    tasks: Sequence[dict]  # a tuple, or a PackedTasks decoding ``tasks_json`` when read
     position: int
     parent_key: str | None = None
     tasks_json: str = field(default="", repr=False, compare=False)
@@ -325,8 +325,9 @@ class Request:
 
 def stored_request(row: Any) -> Request:
     """A request as the ledger's ``requests`` row holds it, its tasks decoded when read."""
-    return Request(row["key"], RequestTasks(row["tasks"], len(json.loads(row["task_ids"]))),
-                   row["position"], row["parent_key"], tasks_json=row["tasks"])
+    count = len(json.loads(row["task_ids"]))
+    return Request(row["key"], PackedTasks((row["tasks"],), count, count), row["position"],
+                   row["parent_key"], tasks_json=row["tasks"])
 
 
 def render_items_prompt(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str],
@@ -383,30 +384,11 @@ class SequenceView(Sequence[Any]):
     __hash__ = None  # type: ignore[assignment]
 
 
-class RequestTasks(SequenceView):
-    """One request's tasks, decoded from its ``tasks_json`` on each read."""
-
-    __slots__ = ("_json", "_count")
-
-    def __init__(self, tasks_json: str, count: int) -> None:
-        self._json, self._count = tasks_json, count
-
-    def __len__(self) -> int:
-        return self._count
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        return iter(json.loads(self._json))
-
-    def __getitem__(self, index: Any) -> Any:
-        found = json.loads(self._json)[index]
-        return tuple(found) if isinstance(index, slice) else found
-
-    def __repr__(self) -> str:
-        return repr(tuple(self))
-
-
 class PackedTasks(SequenceView):
-    """Every task of a run, from its requests' texts (``pack`` tasks each, the last fewer)."""
+    """Tasks decoded from requests' texts (``pack`` tasks each, the last fewer) when read: every
+    task of a run, or one request's (its one text)."""
+
+    __slots__ = ("texts", "pack", "_count")
 
     def __init__(self, texts: Sequence[str], pack: int, count: int) -> None:
         self.texts, self.pack, self._count = texts, pack, count
@@ -435,7 +417,10 @@ class PackedTasks(SequenceView):
             tasks = json.loads(text)
             yield from (tasks[start % self.pack:] if n == 0 else tasks)
 
-    def request(self, position: int, text: str | None = None) -> RequestTasks:
-        """The tasks of request ``position`` (its text, ``text``, when already read)."""
+    def __repr__(self) -> str:
+        return repr(tuple(self))
+
+    def request(self, position: int, text: str) -> PackedTasks:
+        """The tasks of request ``position``, whose text, ``text``, is read already."""
         count = min(self.pack, self._count - position * self.pack)
-        return RequestTasks(self.texts[position] if text is None else text, count)
+        return PackedTasks((text,), count, count)
