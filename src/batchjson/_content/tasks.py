@@ -74,10 +74,7 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
             on_read(1)
         if len(chunk.ids) == size:
             count += _take(chunk, ids, identity, out, texts, pack)
-            chunk = Chunk([], [], [])
-    if chunk.ids:
-        count += _take(chunk, ids, identity, out, texts, pack)
-        chunk = Chunk([], [], [])
+    count += _take(chunk, ids, identity, out, texts, pack)  # the last, if any
     if pack:
         texts.flush()  # a disk with no room for them is said now, before anything is spent
     ids.refuse_repeats(so_far())
@@ -87,7 +84,8 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
 
 
 class Chunk(NamedTuple):
-    """Tasks read and checked one at a time, taken into the run's texts together."""
+    """Tasks read and checked one at a time, taken into the run's texts together (and out of
+    the chunk, which is then empty)."""
 
     texts: list[str]  # each task's canonical JSON
     ids: list[str]  # each task's id, as it was checked
@@ -135,32 +133,31 @@ class TaskIds:
 def _take(chunk: Chunk, ids: TaskIds, identity: Identity, out: list[dict], texts: Any,
           pack: int | None) -> int:
     """A chunk checked (valid UTF-8, not too deep, explicit identity values scalars) into the
-    run's texts: its requests' texts with ``pack``, else its tasks' texts and their JSON form (what
-    acceptance compares to). Read back only when it holds a list or object to refuse."""
+    run's texts, emptied, its count returned: its requests' texts with ``pack``, else its tasks'
+    texts and their JSON form (what acceptance compares to). Read back only when it holds a
+    list or object to refuse."""
     joined = "[" + ",".join(chunk.texts) + "]"
     brackets = joined.count("[") + joined.count("{")
     _check_encoded(joined, brackets, chunk.texts, chunk.ids)
     ids.update(chunk.ids)
-    nested = brackets > len(chunk.ids) + 1
-    if not pack or (nested and not identity.echo):
-        tasks = chunk.tasks or _read_back(joined, chunk)
-        if nested and not identity.echo:
-            _refuse_containers(tasks, identity)
-        if not pack:
-            out += tasks
-            texts.extend(chunk.texts)
-            return len(chunk.ids)
-    texts.extend("[" + ",".join(chunk.texts[i:i + pack]) + "]"
-                 for i in range(0, len(chunk.texts), pack))
-    return len(chunk.ids)
-
-
-def _read_back(joined: str, chunk: Chunk) -> list[dict]:
+    refuse = brackets > len(chunk.ids) + 1 and not identity.echo  # a list or object inside
     try:
-        return json.loads(joined)
+        tasks = chunk.tasks or (json.loads(joined) if refuse or not pack else [])
     except RecursionError:  # within the bound, on a caller's stack that is deeper still
         deepest = max(range(len(chunk.texts)), key=lambda i: nesting(chunk.texts[i], 0))
         raise _too_deep(chunk.ids[deepest], "to read back on this stack") from None
+    if refuse:
+        _refuse_containers(tasks, identity)
+    if pack:
+        texts.extend("[" + ",".join(chunk.texts[i:i + pack]) + "]"
+                     for i in range(0, len(chunk.texts), pack))
+    else:
+        out += tasks
+        texts.extend(chunk.texts)
+    count = len(chunk.ids)
+    for part in chunk:
+        part.clear()
+    return count
 
 
 def _task_text(position: int, task: Any, identity: Identity) -> str:
@@ -304,7 +301,7 @@ class Request:
     ledger row and prompt are built from one text, ``tasks_json``, computed once."""
 
     key: str
-    tasks: Sequence[dict]  # a tuple, or a PackedTasks decoding ``tasks_json`` when read
+    tasks: Sequence[dict]  # a tuple, or a RequestTasks decoding ``tasks_json`` when read
     position: int
     parent_key: str | None = None
     tasks_json: str = field(default="", repr=False, compare=False)
@@ -325,9 +322,8 @@ class Request:
 
 def stored_request(row: Any) -> Request:
     """A request as the ledger's ``requests`` row holds it, its tasks decoded when read."""
-    count = len(json.loads(row["task_ids"]))
-    return Request(row["key"], PackedTasks((row["tasks"],), count, count), row["position"],
-                   row["parent_key"], tasks_json=row["tasks"])
+    return Request(row["key"], RequestTasks(row["tasks"], len(json.loads(row["task_ids"]))),
+                   row["position"], row["parent_key"], tasks_json=row["tasks"])
 
 
 def render_items_prompt(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str],
@@ -385,8 +381,7 @@ class SequenceView(Sequence[Any]):
 
 
 class PackedTasks(SequenceView):
-    """Tasks decoded from requests' texts (``pack`` tasks each, the last fewer) when read: every
-    task of a run, or one request's (its one text)."""
+    """Every task of a run, from its requests' texts (``pack`` tasks each, the last fewer)."""
 
     __slots__ = ("texts", "pack", "_count")
 
@@ -417,10 +412,22 @@ class PackedTasks(SequenceView):
             tasks = json.loads(text)
             yield from (tasks[start % self.pack:] if n == 0 else tasks)
 
+    def request(self, position: int, text: str) -> RequestTasks:
+        """The tasks of request ``position``, whose text, ``text``, is read already."""
+        return RequestTasks(text, min(self.pack, self._count - position * self.pack))
+
+
+class RequestTasks(PackedTasks):
+    """One request's tasks, from its one text; sliced, a tuple, as a request's own tasks are."""
+
+    __slots__ = ()
+
+    def __init__(self, tasks_json: str, count: int) -> None:
+        super().__init__((tasks_json,), count, count)
+
+    def __getitem__(self, index: Any) -> Any:
+        found = super().__getitem__(index)
+        return tuple(found) if isinstance(index, slice) else found
+
     def __repr__(self) -> str:
         return repr(tuple(self))
-
-    def request(self, position: int, text: str) -> PackedTasks:
-        """The tasks of request ``position``, whose text, ``text``, is read already."""
-        count = min(self.pack, self._count - position * self.pack)
-        return PackedTasks((text,), count, count)
