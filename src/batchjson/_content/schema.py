@@ -361,28 +361,22 @@ def allows_null(node: Any, root: Any, _hops: int = 0) -> bool:
     if not isinstance(node, Mapping):
         return True
     ref = node.get("$ref")
-    if isinstance(ref, str):
+    if isinstance(ref, str) and _hops < _REF_HOPS:
         target = resolve_pointer(root, ref)  # one it cannot follow says nothing either way
-        if (target is not MISSING and _hops < _REF_HOPS
-                and not allows_null(target, root, _hops + 1)):
+        if target is not MISSING and not allows_null(target, root, _hops + 1):
             return False
     kind = node.get("type")
-    if isinstance(kind, str) and kind != "null":
-        return False
-    if isinstance(kind, list) and "null" not in kind:
+    if isinstance(kind, (str, list)) and "null" not in ([kind] if isinstance(kind, str) else kind):
         return False
     if isinstance(node.get("enum"), list) and None not in node["enum"]:
         return False
     if "const" in node and node["const"] is not None:
         return False
-    for key in ("anyOf", "oneOf"):
+    for key, needed in (("anyOf", any), ("oneOf", any), ("allOf", all)):
         branches = node.get(key)
-        if isinstance(branches, list) and not any(allows_null(b, root, _hops + 1)
-                                                  for b in branches):
+        if isinstance(branches, list) and not needed(allows_null(b, root, _hops + 1)
+                                                     for b in branches):
             return False
-    branches = node.get("allOf")
-    if isinstance(branches, list) and not all(allows_null(b, root, _hops + 1) for b in branches):
-        return False
     negated = node.get("not")
     return not (isinstance(negated, Mapping) and negated.get("type") == "null")
 
@@ -403,16 +397,12 @@ def _resolved(node: Any, root: Any) -> Any:
 
 
 def _walk(value: Any, node: Any, root: Any, depth: int) -> Any:
-    if depth > _MAX_DEPTH:
+    if depth > _MAX_DEPTH or not isinstance(value, (dict, list)):
         return value
     node = _resolved(node, root)
     if not isinstance(node, Mapping):
         return value
-    if isinstance(value, dict):
-        return _object(value, node, root, depth)
-    if isinstance(value, list):
-        return _array(value, node, root, depth)
-    return value
+    return (_object if isinstance(value, dict) else _array)(value, node, root, depth)
 
 
 def _array(value: list[Any], node: Mapping[str, Any], root: Any, depth: int) -> list[Any]:
