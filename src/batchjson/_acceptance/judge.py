@@ -180,12 +180,10 @@ def _accepted(prepared: Prepared) -> Verdict:
 def _in_part(prepared: Prepared, errors: list[dict[str, Any]]) -> Verdict:
     """A partial verdict when every error is an item's own fault (:data:`ITEM_FAULTS`) and some
     item passed; else a rejection."""
-    if any(e["type"] not in ITEM_FAULTS or e.get("task_id") is None or "field" in e
-           for e in errors):
-        return Verdict(False, errors=errors)
-    failed = {e["task_id"] for e in errors}
+    failed = {e.get("task_id") for e in errors}
     good = [p for p in prepared if p[0] not in failed]
-    if not good:
+    if not good or any(e["type"] not in ITEM_FAULTS or e.get("task_id") is None or "field" in e
+                       for e in errors):
         return Verdict(False, errors=errors)
     return replace(_accepted(good), accepted=False, errors=errors)
 

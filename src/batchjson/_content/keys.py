@@ -172,16 +172,11 @@ def answer_source(provider: Any) -> str:
 def source_text(provider: Any) -> str:
     """What decides a provider's answers, as text (never its API key): its ``source_key()`` (or
     a tuple of ``_sources`` parts passed alone), else the settings above that it has."""
-    if isinstance(provider, tuple):
-        return "".join(map(_resolved, provider))
     own = getattr(provider, "source_key", None)
-    if callable(own):
-        detail: Any = own()
-        if isinstance(detail, tuple):
-            return "".join(map(_resolved, detail))
-    else:
-        detail = {name: getattr(provider, name) for name in _ANSWER_SETTINGS
-                  if hasattr(provider, name)}
+    detail = provider if isinstance(provider, tuple) else own() if callable(own) else {
+        name: getattr(provider, name) for name in _ANSWER_SETTINGS if hasattr(provider, name)}
+    if isinstance(detail, tuple):
+        return "".join(map(_resolved, detail))
     if isinstance(detail, str):
         return detail
     items = detail.items() if isinstance(detail, Mapping) else [("", detail)]

@@ -634,10 +634,21 @@ def _decimal(value: Any) -> Fraction | None:
 
 
 def _most_of_kind(kind: str, node: Mapping[str, Any], root: Any, depth: int) -> int | None:
-    if kind == "object":
-        return _most_object(node, root, depth)
-    if kind == "array":
-        return _most_array(node, root, depth)
+    if kind == "object":  # every declared property at its longest; unbounded if others may be
+        if node.get("additionalProperties", True) is not False or node.get("patternProperties"):
+            return None
+        props = node.get("properties") if isinstance(node.get("properties"), Mapping) else {}
+        sizes = {name: _read(sub, root, depth + 1, True) for name, sub in props.items()}
+        return _bracketed([None if size is None else _size(name) + 1 + size
+                           for name, size in sizes.items()])
+    if kind == "array":  # maxItems items (or only the tuple's, where no others may follow)
+        prefix, items = _array_items(node)
+        count = node.get("maxItems") if isinstance(node.get("maxItems"), int) else None
+        if items is False:
+            count = len(prefix) if count is None else min(count, len(prefix))
+        return None if count is None else _bracketed([
+            _read(prefix[i] if i < len(prefix) else items, root, depth + 1, True)
+            for i in range(count)])
     if kind == "string":
         high = node.get("maxLength")
         return 2 + _ESCAPED * high if isinstance(high, int) else None
@@ -652,26 +663,6 @@ def _most_of_kind(kind: str, node: Mapping[str, Any], root: Any, depth: int) -> 
     return {"boolean": len("false"), "null": len("null")}.get(kind)
 
 
-def _most_object(node: Mapping[str, Any], root: Any, depth: int) -> int | None:
-    """Every declared property at its longest; unbounded when others may be added."""
-    if node.get("additionalProperties", True) is not False or node.get("patternProperties"):
-        return None
-    props = node.get("properties") if isinstance(node.get("properties"), Mapping) else {}
-    sizes = [_read(sub, root, depth + 1, True) for sub in props.values()]
-    if None in sizes:
-        return None
-    fields = sum(_size(name) + 1 + size for name, size in zip(props, sizes, strict=True))
-    return 2 + fields + max(0, len(props) - 1)
-
-
-def _most_array(node: Mapping[str, Any], root: Any, depth: int) -> int | None:
-    """``maxItems`` items (or only the tuple's, where no others may follow) at their longest."""
-    prefix, items = _array_items(node)
-    count = node.get("maxItems") if isinstance(node.get("maxItems"), int) else None
-    if items is False:
-        count = len(prefix) if count is None else min(count, len(prefix))
-    if count is None:
-        return None
-    sizes = [_read(prefix[i] if i < len(prefix) else items, root, depth + 1, True)
-             for i in range(count)]
-    return None if None in sizes else 2 + sum(sizes) + max(0, count - 1)
+def _bracketed(sizes: list[int | None]) -> int | None:
+    """Parts between brackets with a comma between each; unbounded if one is."""
+    return None if None in sizes else 2 + sum(sizes) + max(0, len(sizes) - 1)
