@@ -29,9 +29,6 @@ TASKS_END = "BATCHJSON_TASKS>>>"
 MAX_TASK_DEPTH = 768
 
 
-_json_string = json.encoder.encode_basestring  # a str as a JSON literal, non-ASCII kept
-
-
 def sha(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -320,7 +317,8 @@ class Request:
 
     @cached_property
     def task_ids_json(self) -> str:
-        return "[" + ",".join(map(_json_string, self.task_ids)) + "]"
+        # each a JSON string literal, non-ASCII kept
+        return "[" + ",".join(map(json.encoder.encode_basestring, self.task_ids)) + "]"
 
 
 def stored_request(row: Any) -> Request:
@@ -395,25 +393,22 @@ class PackedTasks(SequenceView):
         return self._count
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        for text in self.texts:
-            yield from json.loads(text)
+        return chain.from_iterable(map(json.loads, self.texts))
 
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
             start, stop, step = index.indices(self._count)
             if step != 1:
                 return list(self)[index]
-            return list(islice(self._from(start), max(0, stop - start)))
+            texts = islice(self.texts, start // self.pack, None)  # from the request holding start
+            skip = start % self.pack
+            return list(islice(chain.from_iterable(map(json.loads, texts)), skip,
+                               skip + max(0, stop - start)))
         if index < 0:
             index += self._count
         if not 0 <= index < self._count:
             raise IndexError("task index out of range")
         return json.loads(self.texts[index // self.pack])[index % self.pack]
-
-    def _from(self, start: int) -> Iterator[dict[str, Any]]:
-        for n, text in enumerate(islice(self.texts, start // self.pack, None)):
-            tasks = json.loads(text)
-            yield from (tasks[start % self.pack:] if n == 0 else tasks)
 
     def request(self, position: int, text: str) -> RequestTasks:
         """The tasks of request ``position``, whose text, ``text``, is read already."""
