@@ -429,7 +429,9 @@ def _object(value: dict[str, Any], node: Mapping[str, Any], root: Any,
     changed = False
     for key, item in value.items():
         declaring = [s for s in shapes if key in s["properties"]]
-        if item is None and declaring and all(_absent_null(s, key, root) for s in declaring):
+        if item is None and declaring and not any(  # each leaves it optional, not nullable
+                key in (s["required"] if isinstance(s.get("required"), list) else ())
+                or allows_null(s["properties"][key], root) for s in declaring):
             changed = True
             continue
         subschemas = {id(s["properties"][key]): s["properties"][key] for s in declaring}
@@ -448,12 +450,6 @@ def _branches(node: Mapping[str, Any], root: Any) -> list[Mapping[str, Any]]:
         if isinstance(branches, list):
             found += [b for b in (_resolved(b, root) for b in branches) if isinstance(b, Mapping)]
     return found
-
-
-def _absent_null(shape: Mapping[str, Any], key: str, root: Any) -> bool:
-    required = shape.get("required")
-    optional = not (isinstance(required, list) and key in required)
-    return optional and not allows_null(shape["properties"][key], root)
 
 
 # -- how big an answer can be, from the schema alone: the least a pack's answers can be (for the
