@@ -84,8 +84,7 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
 
 
 class Chunk(NamedTuple):
-    """Tasks read and checked one at a time, taken into the run's texts together (and out of
-    the chunk, which is then empty)."""
+    """Tasks read and checked one at a time, taken into the run's texts together."""
 
     texts: list[str]  # each task's canonical JSON
     ids: list[str]  # each task's id, as it was checked
