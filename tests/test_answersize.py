@@ -14,8 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel, Field
 
-from batchjson._content.answersize import largest_answer, smallest_answers
-from batchjson._content.schema import compile_schema, wire_schema
+from batchjson._content.schema import compile_schema, largest_answer, smallest_answers, wire_schema
 from batchjson.testing._values import Generator
 from batchjson.testing.simulated import answer_item
 from tests.test_pack_fit import SCHEMA as PACK_FIT_SCHEMA

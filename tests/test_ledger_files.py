@@ -133,7 +133,7 @@ FULL_TMPDIR = textwrap.dedent("""
 BIG = textwrap.dedent("""
     import json, os
     from batchjson import CallableProvider, LedgerError, Session
-    from batchjson._content import spool
+    from batchjson._content import tasks as spool
     spool.SPILL_CHARS = 1 << 30
     tasks = [{"task_id": f"{i:06d}" + "x" * 120, "prompt": f"label {i}"} for i in range(30000)]
     def answer(call):

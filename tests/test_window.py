@@ -16,7 +16,7 @@ import weakref
 import pytest
 
 from batchjson import CallableProvider, InvalidBatch, Session
-from batchjson._content import spool
+from batchjson._content import tasks as spool
 from batchjson._content import tasks as tasks_module
 from batchjson._replay import replay
 from batchjson._session import window

@@ -21,7 +21,7 @@ import pytest
 from pydantic import BaseModel, field_validator
 
 from batchjson import CallableProvider, ConfigError, InvalidBatch, RunSpec, Session
-from batchjson._content import spool
+from batchjson._content import tasks as spool
 from batchjson._ledger import store_runs
 from batchjson._replay import replay
 from batchjson._session import window
@@ -337,7 +337,7 @@ RUNNER = """
 import os, signal, sys, time
 sys.path.insert(0, os.getcwd())
 from batchjson import CallableProvider, Session
-from batchjson._content import spool
+from batchjson._content import tasks as spool
 from batchjson._ledger import store_runs
 from batchjson._replay import replay
 from batchjson._session import window

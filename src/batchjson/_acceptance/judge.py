@@ -141,13 +141,16 @@ async def judge(
         if reply.stop is not None:  # the provider says this is no whole answer, whatever it reads
             return _stopped(reply, tasks, mode)
         text = unwrap(reply)  # the envelope the provider reported (the ledger keeps it whole)
-        judged = (_prepare_value(text, tasks[0], identity, schema) if mode == "value"
-                  else _prepare_items(text, tasks, identity, schema))
-        if isinstance(judged, Verdict):
-            if reply.extra.get("cut_at") and any(
-                    e["type"] == "json" and e["message"].startswith("return is not valid JSON")
-                    for e in judged.errors):  # every output token used, the JSON unfinished
+        try:
+            parsed = parse_json_noting(text)
+        except ValueError as exc:
+            if reply.extra.get("cut_at"):  # every output token used, the JSON unfinished
                 return _stopped(replace(reply, stop=TRUNCATED), tasks, mode)
+            return Verdict(False, errors=[error("json", f"return is not valid JSON: {exc}",
+                                                 tasks[0]["task_id"] if mode == "value" else None)])
+        judged = (_prepare_value(text, parsed, tasks[0], identity, schema) if mode == "value"
+                  else _prepare_items(text, parsed, tasks, identity, schema))
+        if isinstance(judged, Verdict):
             return judged
         prepared, errors = judged  # errors: the items the schema rejected
         if errors and accept != "items":
@@ -177,12 +180,10 @@ def _accepted(prepared: Prepared) -> Verdict:
 def _in_part(prepared: Prepared, errors: list[dict[str, Any]]) -> Verdict:
     """A partial verdict when every error is an item's own fault (:data:`ITEM_FAULTS`) and some
     item passed; else a rejection."""
-    if any(e["type"] not in ITEM_FAULTS or e.get("task_id") is None or "field" in e
-           for e in errors):
-        return Verdict(False, errors=errors)
-    failed = {e["task_id"] for e in errors}
+    failed = {e.get("task_id") for e in errors}
     good = [p for p in prepared if p[0] not in failed]
-    if not good:
+    if not good or any(e["type"] not in ITEM_FAULTS or e.get("task_id") is None or "field" in e
+                       for e in errors):
         return Verdict(False, errors=errors)
     return replace(_accepted(good), accepted=False, errors=errors)
 
@@ -198,12 +199,9 @@ def sub_return(raw: str, task_ids: Sequence[str]) -> str:
 
 
 # -- items -------------------------------------------------------------------------------------
-def _prepare_items(text: str, tasks: Sequence[Mapping[str, Any]], identity: Sequence[str],
-                   schema: ItemSchema) -> Verdict | Judged:
-    try:
-        payload, long_numbers = parse_json_noting(text)
-    except ValueError as exc:
-        return Verdict(False, errors=[error("json", f"return is not valid JSON: {exc}")])
+def _prepare_items(text: str, parsed: tuple[Any, bool], tasks: Sequence[Mapping[str, Any]],
+                   identity: Sequence[str], schema: ItemSchema) -> Verdict | Judged:
+    payload, long_numbers = parsed
     if not isinstance(payload, dict) or not isinstance(payload.get("items"), list):
         return Verdict(False, errors=[error(
             "json", 'return must be a JSON object {"items": [...]} with one object per task')])
@@ -212,7 +210,9 @@ def _prepare_items(text: str, tasks: Sequence[Mapping[str, Any]], identity: Sequ
         return Verdict(False, errors=[error(
             "json", f"unexpected top-level key(s) {', '.join(map(repr, extra))}: return only "
             '{"items": [...]}')])
-    items = [_absent_dropped(item, text, schema) for item in payload["items"]]
+    items = payload["items"]
+    if "null" in text:  # strict mode's nulls for absent optional fields (only text with one)
+        items = [without_absent_nulls(item, schema.json_schema) for item in items]
     not_objects = [i for i, item in enumerate(items) if not isinstance(item, dict)]
     if not_objects:
         return Verdict(False, errors=[error(
@@ -272,14 +272,13 @@ def _judged(schema: ItemSchema, answer: Any, path: str, task: Mapping[str, Any],
     text, stored, problem = _stored(schema, value, task_id)
     if problem:
         return [problem], []
-    errors = _coerced_identity(stored, task, held(stored)) if isinstance(stored, dict) else []
-    return errors, [(task_id, value, text, task)]
-
-
-def _absent_dropped(value: Any, text: str, schema: ItemSchema) -> Any:
-    """``value`` without the nulls OpenAI's strict mode writes for an absent optional field
-    (``_content/schema.py``); only text with a ``null`` in it can hold one."""
-    return without_absent_nulls(value, schema.json_schema) if "null" in text else value
+    # a schema declaring an identity field may coerce it ("078" -> 78): what is committed
+    # must still equal the request
+    coerced = [name for name in held(stored) if name in stored
+               and not json_equal(stored[name], task[name])] if isinstance(stored, dict) else []
+    return [error("schema", f"the schema turns {name} {clip(task[name])} into "
+                  f"{clip(stored[name])} (task {task_id!r}); declare it with the task's JSON "
+                  "type", task_id, field=name) for name in coerced], [(task_id, value, text, task)]
 
 
 def compared_fields(task: Mapping[str, Any], identity: Sequence[str],
@@ -334,17 +333,14 @@ def _scalar_orclip(value: Any) -> Any:
 
 
 # -- value -------------------------------------------------------------------------------------
-def _prepare_value(text: str, task: Mapping[str, Any], identity: Sequence[str],
-                   schema: ItemSchema) -> Verdict | Judged:
-    try:
-        payload, long_numbers = parse_json_noting(text)
-    except ValueError as exc:
-        return Verdict(False, errors=[error("json", f"return is not valid JSON: {exc}",
-                                             task["task_id"])])
+def _prepare_value(text: str, parsed: tuple[Any, bool], task: Mapping[str, Any],
+                   identity: Sequence[str], schema: ItemSchema) -> Verdict | Judged:
+    payload, long_numbers = parsed
     errors = _value_echoes(text, payload, task, identity)
     if errors:
         return Verdict(False, errors=errors)
-    payload = _absent_dropped(payload, text, schema)
+    if "null" in text:  # as for items
+        payload = without_absent_nulls(payload, schema.json_schema)
 
     def as_written() -> Any:
         lossy = exact_if_lossy(text) if long_numbers else None
@@ -407,16 +403,6 @@ def _stored(schema: ItemSchema, value: Any, task_id: str
         return "", None, error("schema", f"task {task_id!r}: the validated value has no JSON "
                                 f"form ({clip(str(exc), 160)}); numbers must be finite and "
                                 "strings valid Unicode (no unpaired surrogate escapes)", task_id)
-
-
-def _coerced_identity(stored: Any, task: Mapping[str, Any],
-                      identity: Sequence[str]) -> list[dict[str, Any]]:
-    """A schema that declares an identity field may coerce it ("078" -> 78): what would be
-    committed must still equal the request."""
-    return [error("schema", f"the schema turns {name} {clip(task[name])} into "
-                   f"{clip(stored[name])} (task {task['task_id']!r}); declare it with the "
-                   "task's JSON type", task["task_id"], field=name)
-            for name in identity if name in stored and not json_equal(stored[name], task[name])]
 
 
 def _coverage(items: list[dict], expected: Mapping[str, Any]) -> list[dict[str, Any]]:

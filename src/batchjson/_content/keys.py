@@ -129,18 +129,14 @@ class Keys:
         whole("pack", pack, 1)
         if texts is None:
             texts = [canonical_json(t) for t in tasks]
-        out = []
-        for position, start in enumerate(range(0, len(tasks), pack)):
-            tasks_json = "[" + ",".join(texts[start:start + pack]) + "]"
-            out.append(Request(self.request(tasks_json), tuple(tasks[start:start + pack]),
-                               position, tasks_json=tasks_json))
-        return out
+        packed = ["[" + ",".join(texts[i:i + pack]) + "]" for i in range(0, len(texts), pack)]
+        return self.window(PackedTasks(packed, pack, len(texts)), 0, len(packed))
 
     def window(self, tasks: PackedTasks, start: int, stop: int) -> list[Request]:
         """Requests ``start`` to ``stop`` of checked tasks held as their requests' texts."""
-        texts = tasks.texts[start:stop]
         return [Request(self.request(text), tasks.request(position, text), position,
-                        tasks_json=text) for position, text in enumerate(texts, start)]
+                        tasks_json=text)
+                for position, text in enumerate(tasks.texts[start:stop], start)]
 
     def split(self, request: Request) -> list[Request]:
         """Deterministic halving: the first half keeps the extra task on odd sizes."""
@@ -157,12 +153,9 @@ class Keys:
         return kept, rest
 
     def _children(self, request: Request, parts: Iterable[Sequence[dict]]) -> list[Request]:
-        out = []
-        for part in filter(None, parts):
-            tasks_json = canonical_json(list(part))
-            out.append(Request(self.request(tasks_json), tuple(part), request.position,
-                               parent_key=request.key, tasks_json=tasks_json))
-        return out
+        encoded = [(canonical_json(list(part)), tuple(part)) for part in parts if part]
+        return [Request(self.request(text), part, request.position, parent_key=request.key,
+                        tasks_json=text) for text, part in encoded]
 
 
 # Settings that decide answers, read when a provider defines no ``source_key()``.
@@ -179,16 +172,11 @@ def answer_source(provider: Any) -> str:
 def source_text(provider: Any) -> str:
     """What decides a provider's answers, as text (never its API key): its ``source_key()`` (or
     a tuple of ``_sources`` parts passed alone), else the settings above that it has."""
-    if isinstance(provider, tuple):
-        return "".join(map(_resolved, provider))
     own = getattr(provider, "source_key", None)
-    if callable(own):
-        detail: Any = own()
-        if isinstance(detail, tuple):
-            return "".join(map(_resolved, detail))
-    else:
-        detail = {name: getattr(provider, name) for name in _ANSWER_SETTINGS
-                  if hasattr(provider, name)}
+    detail = provider if isinstance(provider, tuple) else own() if callable(own) else {
+        name: getattr(provider, name) for name in _ANSWER_SETTINGS if hasattr(provider, name)}
+    if isinstance(detail, tuple):
+        return "".join(map(_resolved, detail))
     if isinstance(detail, str):
         return detail
     items = detail.items() if isinstance(detail, Mapping) else [("", detail)]

@@ -12,7 +12,7 @@ from typing import IO, Any
 
 import aiohttp
 
-from .._content.spool import no_room
+from .._content.tasks import no_room
 from .._errors import ConfigError, ProviderError, ProviderSetupError
 from ._http import HttpProvider, http_error
 from .pricing import batch_share

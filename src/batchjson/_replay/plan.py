@@ -9,11 +9,15 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from .._content.answersize import largest_answer
 from .._content.keys import Keys
-from .._content.schema import ItemSchema, wire_schema
-from .._content.spool import TextSpool
-from .._content.tasks import Request, render_items_prompt, render_value_prompt, shared_head
+from .._content.schema import ItemSchema, largest_answer, wire_schema
+from .._content.tasks import (
+    Request,
+    TextSpool,
+    render_items_prompt,
+    render_value_prompt,
+    shared_head,
+)
 from .._providers.base import Call, CallKind, input_bound
 from .budget import Pricing
 

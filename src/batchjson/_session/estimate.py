@@ -8,7 +8,7 @@ import html
 from dataclasses import dataclass
 from typing import Any
 
-from .._content.answersize import largest_answer, smallest_answers
+from .._content.schema import largest_answer, smallest_answers
 from .._content.tasks import Request
 from .._errors import BudgetExceeded
 from .._money import money, usd

@@ -10,8 +10,7 @@ from typing import Any
 
 from .._content.keys import Keys, answer_source
 from .._content.schema import compile_schema
-from .._content.spool import file_digest, is_task_file
-from .._content.tasks import Request, normalize_identity
+from .._content.tasks import Request, file_digest, is_task_file, normalize_identity
 from .._errors import BatchJsonError
 from .._fingerprint.fingerprint import fingerprint_function
 from .._ledger.records import Revision

@@ -25,12 +25,10 @@ from pydantic import Field, PlainValidator, SkipValidation
 
 from .._acceptance.judge import ECHO_EXEMPT
 from .._checks import Count, CountOrNone, Flag, Positive, Seconds, options
-from .._content.answersize import smallest_answers
 from .._content.schema import MISSING as _MISSING
-from .._content.schema import ItemSchema, compile_schema, wire_schema
+from .._content.schema import ItemSchema, compile_schema, smallest_answers, wire_schema
 from .._content.schema import resolve_pointer as _resolve
-from .._content.spool import is_task_file
-from .._content.tasks import Identity, Request, normalize_identity, normalize_tasks
+from .._content.tasks import Identity, Request, is_task_file, normalize_identity, normalize_tasks
 from .._errors import ConfigError, InvalidBatch, ProviderSetupError
 from .._fingerprint.fingerprint import unwrap_callable
 from .._ledger import Ledger

@@ -4,7 +4,7 @@ Every keyword batchjson accepts, the same seed giving the same value in every pr
 value checked against the schema before it is handed out; a keyword the generator cannot meet
 raises :class:`Unanswerable`, naming it, so the simulated model refuses before anything runs.
 The product never draws values: what it needs of a schema's answer size is
-:mod:`batchjson._content.answersize`."""
+:mod:`batchjson._content.schema`."""
 
 from __future__ import annotations
 
