@@ -109,15 +109,22 @@ def exact_json(text: str) -> Any:
 
 
 def exact_if_lossy(text: str) -> Any:
-    """The text read with exact numbers when one of them is not the value its float holds
-    (``0.30000000000000001`` reads as 0.3), else None: only then can floats change a verdict."""
-    exact = exact_json(text)
+    """A text :func:`parse_json_noting` read (its nesting checked) read again with exact numbers
+    when one of them is not the value its float holds (``0.30000000000000001`` reads as 0.3),
+    else None: only then can floats change a verdict."""
+    exact = _EXACT.decode(strip_fence(text))
     return exact if holds_lossy(exact) else None
 
 
 def holds_lossy(value: Any) -> bool:
     """Whether a value read by :func:`exact_json` holds a number its float does not hold."""
-    return _any_leaf(value, lambda x: isinstance(x, Decimal) and Decimal(repr(float(x))) != x)
+    return _any_leaf(value, _lossy)
+
+
+def _lossy(x: Any) -> bool:
+    """Only a number of 16 characters or more, or a subnormal one, can be (as in finite_float)."""
+    return (isinstance(x, Decimal) and (len(str(x)) > 15 or x.adjusted() < -307)
+            and Decimal(repr(float(x))) != x)
 
 
 def _any_leaf(value: Any, test: Callable[[Any], bool]) -> bool:
