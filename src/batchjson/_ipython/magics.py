@@ -126,10 +126,7 @@ class BatchJson(Magics):
     progress = Bool(True, help=(
         "Show each run's progress (tqdm: elapsed, rate, ETA, returns accepted and rejected, "
         "cost so far); False silences it.")).tag(config=True)
-
-    def __init__(self, shell: Any = None, **kwargs: Any) -> None:
-        self._state: KernelState | None = None  # set once loaded; config during init waits
-        super().__init__(shell=shell, **kwargs)
+    _state: KernelState | None = None  # set once loaded: config during __init__ waits
 
     @validate("rate_limits")
     def _check_rate_limits(self, proposal: Any) -> Any:

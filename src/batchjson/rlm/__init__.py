@@ -109,7 +109,7 @@ def _tools(binding: _Binding) -> dict[str, Callable[..., Any]]:
 # bound method would hand any cell its session (and ledger) as ``tool.__self__.session``.
 def _binding_of(namespace: MutableMapping[str, Any]) -> _Binding | None:
     try:
-        owner = owner_of(namespace.get("llm_batch_json"))
+        owner = _OWNERS.get(namespace.get("llm_batch_json"))  # None: not a tool
     except TypeError:  # a name the cell rebound to something that cannot be a key
         return None
     return owner if type(owner) is _Binding else None  # rlm_hooks' tools: not bind's
@@ -624,8 +624,3 @@ def tool(owner: Any, method: str) -> Callable[..., Any]:
     call.__signature__ = inspect.signature(bound)  # type: ignore[attr-defined]
     _OWNERS[call] = owner
     return call
-
-
-def owner_of(fn: Any) -> Any:
-    """The object a :func:`tool` calls, or None for anything else (a name a cell rebound)."""
-    return _OWNERS.get(fn)

@@ -112,8 +112,7 @@ class SubcallProvider:
         queue = self._queues.setdefault(loop, _Queue())
         future: asyncio.Future[str] = loop.create_future()
         queue.waiting.append((prompt, context, future))
-        if not queue.draining:
-            queue.draining = True
+        if queue.task is None or queue.task.done():
             queue.task = loop.create_task(self._drain(loop, queue))
         text = await future
         return Reply(text=text, input_tokens=estimate_tokens(prompt + (context or "")),
@@ -140,7 +139,6 @@ class SubcallProvider:
                     future.set_exception(ProviderError(f"subcall batch failed: {exc}"))
             raise
         finally:
-            queue.draining = False
             if self._queues.get(loop) is queue and not queue.waiting:
                 del self._queues[loop]
 
@@ -267,8 +265,7 @@ class _Queue:
     """Prompts waiting for the next batch on one event loop."""
 
     waiting: list[tuple[str, str | None, asyncio.Future[str]]] = field(default_factory=list)
-    draining: bool = False
-    task: asyncio.Task[None] | None = None  # held so the drain is not collected
+    task: asyncio.Task[None] | None = None  # the drain: held so it is not collected
 
 
 def _by_context(batch: list[Any]) -> list[list[Any]]:
