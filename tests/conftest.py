@@ -62,7 +62,7 @@ def ip(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     state = getattr(shell, ATTRIBUTE, None)
     if state is not None:
         if state.magics is not None:  # loaded by calling the hook directly, not %load_ext
-            from batchjson._ipython import unload_ipython_extension
+            from batchjson._ipython.magics import unload_ipython_extension
 
             unload_ipython_extension(shell)
         if state.session is not None:

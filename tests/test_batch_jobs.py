@@ -319,7 +319,7 @@ class _Plain:
 # -- jobs, cancel, forget ----------------------------------------------------------------------
 
 def test_jobs_lists_open_jobs_and_cancel_releases_an_uncertain_one(tmp_path):
-    from batchjson._cli.commands import main
+    from batchjson._cli import main
 
     target = tmp_path / "l.sqlite"
     with LoopbackServer() as srv:
@@ -344,7 +344,7 @@ def test_jobs_lists_open_jobs_and_cancel_releases_an_uncertain_one(tmp_path):
 
 
 def test_cancel_stops_an_open_job_and_the_next_run_owes_what_it_did_not_answer(tmp_path):
-    from batchjson._cli.commands import main
+    from batchjson._cli import main
 
     target = tmp_path / "l.sqlite"
     with LoopbackServer() as srv:
@@ -391,7 +391,7 @@ def test_cancelling_an_open_job_from_a_notebook_cell_while_its_loop_runs(tmp_pat
 
 
 def test_forget_refuses_a_batch_with_an_open_job(srv, tmp_path):
-    from batchjson._cli.commands import main
+    from batchjson._cli import main
 
     target = tmp_path / "l.sqlite"
     s = session(srv, target)
@@ -633,7 +633,7 @@ def test_cancel_during_upload_never_pays_twice(ledger_at, protocol, after):
     carries the requests): the job is never released under its writer, a batch created after
     the cancel is cancelled at the provider and known to the ledger, the waiting run sends
     nothing again, and the next run answers each request once in all."""
-    from batchjson._cli.commands import main
+    from batchjson._cli import main
 
     target = ledger_at()
     with LoopbackServer() as srv:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from batchjson import CallableProvider, Ledger, Session
-from batchjson._cli import commands as cli_module
+from batchjson import _cli as cli_module
 from batchjson._errors import InvalidBatch, ProviderError
 from tests.helpers import LABEL_SCHEMA, answer, items_reply, review_tasks
 
@@ -142,7 +142,7 @@ def test_export_import_merge_and_advise_round_trip(demo_dir: Path, tmp_path: Pat
     assert " ".join(human.split()).endswith(said["verdict"])  # what it advises, said last
 
 
-DEMO_VALIDATOR = ("--validator", "batchjson._cli.commands:_demo_check")
+DEMO_VALIDATOR = ("--validator", "batchjson._cli:_demo_check")
 
 
 def test_batchjsons_own_export_imports_with_exit_0_only_after_its_validator_is_rerun(

@@ -16,10 +16,13 @@ from IPython.core.error import UsageError  # noqa: E402
 
 import batchjson  # noqa: E402
 from batchjson import BatchUnresolved, Session, default_session  # noqa: E402
-from batchjson._ipython import BatchJson  # noqa: E402
-from batchjson._ipython.cell import allow_empty_body  # noqa: E402
 from batchjson._ipython.display import StatusView, Table  # noqa: E402
-from batchjson._ipython.magics import ATTRIBUTE, INJECTED  # noqa: E402
+from batchjson._ipython.magics import (  # noqa: E402
+    ATTRIBUTE,
+    INJECTED,
+    BatchJson,
+    allow_empty_body,
+)
 from tests.helpers import cell_ok  # noqa: E402
 
 MODEL = """

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from batchjson import Ledger, OpenAIProvider, RunSpec, Session
-from batchjson._cli.commands import main
+from batchjson._cli import main
 from batchjson._providers.openai import OpenAIBatches
 from batchjson._session.accounts import floor_price
 from batchjson.core import pending_jobs

@@ -12,8 +12,8 @@ import json
 import pytest
 
 from batchjson import CallableProvider, ProviderError, Reply, Session, SimulatedModel
+from batchjson import _cli as cli_module
 from batchjson._acceptance.judge import judge
-from batchjson._cli import commands as cli_module
 from batchjson._content.schema import compile_schema
 from batchjson._providers._http import http_error
 from batchjson._providers.anthropic import AnthropicProvider

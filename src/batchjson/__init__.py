@@ -5,6 +5,7 @@ Everything a user needs is importable from here (docs/api.md); the modules behin
 but for :mod:`batchjson.rlm` (RLM hosts), :mod:`batchjson.testing` (the simulated model and a
 loopback OpenAI/Anthropic server) and :mod:`batchjson.core` (what faces use of the core)."""
 
+from importlib import import_module
 from typing import Any
 
 from ._canon import show_as
@@ -59,16 +60,13 @@ show_as(__name__, *(value for name, value in list(globals().items())
                     if name in __all__ and isinstance(value, type)))
 
 
+_HTTP_PROVIDERS = {"OpenAIProvider": "openai", "AnthropicProvider": "anthropic"}
+
+
 def __getattr__(name: str) -> Any:
     """The HTTP providers load on first use (aiohttp), so ``import batchjson`` stays light."""
-    if name == "OpenAIProvider":
-        from ._providers.openai import OpenAIProvider
-
-        return OpenAIProvider
-    if name == "AnthropicProvider":
-        from ._providers.anthropic import AnthropicProvider
-
-        return AnthropicProvider
+    if name in _HTTP_PROVIDERS:
+        return getattr(import_module(f"._providers.{_HTTP_PROVIDERS[name]}", __name__), name)
     raise AttributeError(f"module 'batchjson' has no attribute {name!r}")
 
 

@@ -153,16 +153,13 @@ class ReceiptsView(TextView):
     def __len__(self) -> int:
         return len(self.rows)
 
-    @property
-    def pages(self) -> int:
-        return max(1, -(-self.total // self.per_page))
-
     def _footer(self) -> str:
         first = (self.page - 1) * self.per_page + 1
+        pages = max(1, -(-self.total // self.per_page))
         shown = f"receipts {first}-{first + len(self.rows) - 1} of {self.total}" if self.rows \
             else f"no receipts on page {self.page} ({self.total} in all)"
         more = f"; next page: {self.next_hint}" if self.next_hint else ""
-        return f"page {self.page} of {self.pages}: {shown}{more}"
+        return f"page {self.page} of {pages}: {shown}{more}"
 
     def as_text(self) -> str:
         lines = [self.title]

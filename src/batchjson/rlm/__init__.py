@@ -93,28 +93,26 @@ def bind(namespace: MutableMapping[str, Any], provider_or_subcalls: Any = None, 
         _share(session, provider)
     binding = _Binding(session, namespace,
                        droste=_answers_as_droste(session, provider_or_subcalls))
-    helper = tool(binding, "llm_batch_json")  # one object under both names, as droste binds
-    namespace.update(llm_batch_json=helper, llm_query_batched_json=helper,
-                     **{name: tool(binding, name) for name in HELPER_NAMES[2:]})
+    namespace.update(_tools(binding))
     return session
+
+
+def _tools(binding: _Binding) -> dict[str, Callable[..., Any]]:
+    """The helpers a cell is given: llm_batch_json under droste's two names (one object, as
+    droste binds it)."""
+    helper = tool(binding, "llm_batch_json")
+    return {"llm_batch_json": helper, "llm_query_batched_json": helper,
+            **{name: tool(binding, name) for name in HELPER_NAMES[2:]}}
 
 
 # The binding behind each tool a namespace was given, kept here rather than on the tool: a
 # bound method would hand any cell its session (and ledger) as ``tool.__self__.session``.
 def _binding_of(namespace: MutableMapping[str, Any]) -> _Binding | None:
     try:
-        owner = owner_of(namespace.get("llm_batch_json"))
+        owner = _OWNERS.get(namespace.get("llm_batch_json"))  # None: not a tool
     except TypeError:  # a name the cell rebound to something that cannot be a key
         return None
-    return owner if isinstance(owner, _Binding) else None
-
-
-def rlm_hooks(*, strict: bool = True, ledger: Any = None, budget: Any = None) -> RlmHooks:
-    """batchjson for alexzhang13/rlm's ``RLM``, through its public options only: pass
-    ``custom_tools=hooks.custom_tools`` and ``environment_kwargs={"setup_code": hooks.setup_code}``.
-    Tools answer through the calling REPL's own ``llm_query_batched``, and ``answer["ready"]`` waits
-    for ``finalization_check()`` (docs/rlm.md)."""
-    return RlmHooks(strict=strict, ledger=ledger, budget=budget)
+    return owner if type(owner) is _Binding else None  # rlm_hooks' tools: not bind's
 
 
 _DROSTE_SESSIONS: weakref.WeakSet[Any] = weakref.WeakSet()  # sessions bind gave a droste client
@@ -215,25 +213,16 @@ def canonical_version(registry: ValidatorRegistry, fn: Callable[..., Any], *,
     canonical = version.fn
     if canonical is fn:
         return version
-    targets: list[MutableMapping[str, Any]] = []
-    found = getattr(fn, "__globals__", None)
-    if isinstance(found, MutableMapping):
-        targets.append(found)
-    if frame is not None and isinstance(frame.f_locals, MutableMapping):
-        targets.append(frame.f_locals)
-    targets.extend(namespaces)
-    seen: set[int] = set()
-    for target in targets:
-        if id(target) in seen:
-            continue
-        seen.add(id(target))
+    targets = {id(target): target for target in (
+        getattr(fn, "__globals__", None), frame and frame.f_locals, *namespaces)
+        if isinstance(target, MutableMapping)}  # each once: a cell's locals are its globals
+    for target in targets.values():
         for key, value in list(target.items()):
             if value is fn:
                 target[key] = canonical
     return version
 
 
-STRUCTURED_HELPERS = ("llm_batch_json", "llm_query_batched_json")
 _VALIDATOR_POSITION = 4  # droste: (prompts, schema, contexts, max_repair_attempts, validator)
 
 
@@ -273,7 +262,7 @@ class CanonicalValidatorsEnvironment:
     def install(self) -> None:
         """Wrap whatever structured helpers the globals hold now (droste rebinds them)."""
         scope = self.environment.globals()
-        for name in STRUCTURED_HELPERS:
+        for name in HELPER_NAMES[:2]:  # droste's two names of its structured helper
             current = scope.get(name)
             if callable(current) and not getattr(current, "__batchjson_canonical__", False):
                 scope[name] = self._wrap(current)
@@ -284,6 +273,7 @@ class CanonicalValidatorsEnvironment:
             return known[1]
         registry, scope = self.validators, self.environment.globals
 
+        @functools.wraps(helper)
         def canonical_helper(*args: Any, **kwargs: Any) -> Any:
             frame, at = cell_frame(2), _VALIDATOR_POSITION
 
@@ -297,9 +287,6 @@ class CanonicalValidatorsEnvironment:
             return helper(*args, **kwargs)
 
         canonical_helper.__batchjson_canonical__ = True  # type: ignore[attr-defined]
-        canonical_helper.__name__ = getattr(helper, "__name__", "llm_batch_json")
-        canonical_helper.__doc__ = getattr(helper, "__doc__", None)
-        canonical_helper.__wrapped__ = helper  # type: ignore[attr-defined]
         self._wrappers[id(helper)] = (helper, canonical_helper)  # keeps helper alive: id stable
         return canonical_helper
 
@@ -531,25 +518,23 @@ DESCRIPTIONS = {
 }
 
 
-class RlmHooks:
-    """What ``RLM(custom_tools=..., environment_kwargs={"setup_code": ...})`` needs."""
+class RlmHooks(_Binding):
+    """batchjson for alexzhang13/rlm's ``RLM``, through its public options only: pass
+    ``custom_tools=hooks.custom_tools`` and ``environment_kwargs={"setup_code": hooks.setup_code}``.
+    Tools answer through the calling REPL's own ``llm_query_batched``, and ``answer["ready"]`` waits
+    for ``finalization_check()`` (docs/rlm.md)."""
 
     setup_code = "batchjson_connect(answer)\n"  # rlm runs it in every REPL it makes
 
     def __init__(self, *, strict: bool = True, ledger: Any = None, budget: Any = None) -> None:
         # answered by rlm's own client, which retried already: one failure is one subcall
-        session = Session(None, ledger=ledger, strict=strict, budget=budget,
-                          transport_retries=0)
-        self._names: dict[str, Any] = {}
-        self.session = bind(self._names, session=session)
+        super().__init__(Session(None, ledger=ledger, strict=strict, budget=budget,
+                                 transport_retries=0), {})
         self._provider: SubcallProvider | None = None
         self._lock = threading.RLock()  # one call at a time: its REPL answers the whole run
         self._gates: dict[type, type] = {}
         # plain functions (tool, below): none leads a cell back to these hooks or the session
-        helper = tool(self, "llm_batch_json")
-        self._tools = {"llm_batch_json": helper, "llm_query_batched_json": helper,
-                       **{name: self._names[name] for name in HELPER_NAMES[2:]},
-                       "batchjson_connect": tool(self, "connect")}
+        self._tools = {**_tools(self), "batchjson_connect": tool(self, "connect")}
 
     # -- what RLM takes ------------------------------------------------------------------------
     @property
@@ -558,15 +543,7 @@ class RlmHooks:
         return {name: {"tool": tool, "description": DESCRIPTIONS[name]}
                 for name, tool in self._tools.items()}
 
-    # -- for the host, after a completion -------------------------------------------------------
-    def finalization_check(self) -> list[dict[str, Any]]:
-        """What is still unresolved (a completion rlm ended without a ready answer has some)."""
-        return self._names["finalization_check"]()
-
-    def batch_status(self) -> dict[str, Any]:
-        return self._names["batch_status"]()
-
-    # -- the tools -----------------------------------------------------------------------------
+    # -- the tools (finalization_check and batch_status are the host's too, after a completion) --
     def llm_batch_json(self, prompts: Sequence[str], schema: Any,
                        contexts: Sequence[str] | None = None, max_repair_attempts: int = 1,
                        validator: Callable[[Any, int], Any] | None = None, *,
@@ -585,8 +562,8 @@ class RlmHooks:
                 self.session.provider = self._provider
             else:
                 self._provider.retarget(helper)
-            return self._names["llm_batch_json"](prompts, schema, contexts,
-                                                 max_repair_attempts, validator, name=name)
+            return super().llm_batch_json(prompts, schema, contexts, max_repair_attempts,
+                                          validator, name=name)
 
     def connect(self, answer: Any) -> Any:
         """Make ``answer["ready"] = True`` raise :class:`NotReady` while requests are owed; the dict
@@ -606,7 +583,7 @@ class RlmHooks:
         return answer
 
     def _gate(self, base: type) -> type:
-        check = self._names["finalization_check"]  # a tool: the class leads to no session
+        check = self._tools["finalization_check"]  # a tool: the class leads to no session
 
         def __setitem__(answer: dict, key: Any, value: Any) -> None:
             if key == "ready" and value:
@@ -629,6 +606,9 @@ def _callers_global(name: str) -> Any:
     return None if frame is None else frame.f_globals.get(name)
 
 
+rlm_hooks = RlmHooks
+
+
 _OWNERS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
@@ -644,8 +624,3 @@ def tool(owner: Any, method: str) -> Callable[..., Any]:
     call.__signature__ = inspect.signature(bound)  # type: ignore[attr-defined]
     _OWNERS[call] = owner
     return call
-
-
-def owner_of(fn: Any) -> Any:
-    """The object a :func:`tool` calls, or None for anything else (a name a cell rebound)."""
-    return _OWNERS.get(fn)

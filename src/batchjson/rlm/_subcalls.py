@@ -30,11 +30,6 @@ def is_droste_client(target: Any) -> bool:
     return is_subcall_source(target) and callable(getattr(target, "llm_batch_with_errors", None))
 
 
-def _kind_of(target: Any) -> str:
-    """droste's client protocol, or rlm's function of a list of prompts (a subcall source)."""
-    return "subcalls" if callable(getattr(target, "llm_batch_with_errors", None)) else "function"
-
-
 def _budget_exhausted(exc: BaseException) -> bool:
     """droste's budget refusals: its BudgetExhausted, or a broker error coded budget_exhausted."""
     if any(cls.__name__ == "BudgetExhausted" for cls in type(exc).__mro__):
@@ -68,10 +63,10 @@ class SubcallProvider:
     ``context`` is bound to a client with ``bind_context``; else this adapter records into it."""
 
     def __init__(self, target: Any, *, context: Any = None) -> None:
-        self.kind = _kind_of(target)
+        # droste's client protocol, or rlm's function of a list of prompts
+        self.kind = "subcalls" if is_droste_client(target) else "function"
         self.target = target
-        self.context = context
-        self._self_accounting = False
+        self._accounted = context  # the context this adapter records subcalls into, if any
         bind_context = getattr(target, "bind_context", None)
         if context is not None and callable(bind_context):
             try:
@@ -81,7 +76,7 @@ class SubcallProvider:
                                   f"{type(exc).__name__}: {exc}. Pass the droste "
                                   "ExecutionContext the client was made for, or no context="
                                   ) from exc
-            self._self_accounting = True
+            self._accounted = None  # the client accounts for itself
         self._key = _source_key(self.kind, target)
         self._digest = source_text((self._key,))
         self._lock = threading.Lock()  # one call of the helper at a time, as droste makes them
@@ -96,7 +91,7 @@ class SubcallProvider:
         completion)."""
         if target == self.target:  # bound methods of one object compare equal
             return
-        if source_text((_source_key(_kind_of(target), target),)) != self._digest:
+        if source_text((_source_key(self.kind, target),)) != self._digest:  # its code's own
             raise ConfigError(f"cannot answer through {target!r}: it is another answer source "
                               f"than {self.target!r}; a ledger's evidence is kept per source")
         with self._lock:
@@ -117,8 +112,7 @@ class SubcallProvider:
         queue = self._queues.setdefault(loop, _Queue())
         future: asyncio.Future[str] = loop.create_future()
         queue.waiting.append((prompt, context, future))
-        if not queue.draining:
-            queue.draining = True
+        if queue.task is None or queue.task.done():
             queue.task = loop.create_task(self._drain(loop, queue))
         text = await future
         return Reply(text=text, input_tokens=estimate_tokens(prompt + (context or "")),
@@ -145,7 +139,6 @@ class SubcallProvider:
                     future.set_exception(ProviderError(f"subcall batch failed: {exc}"))
             raise
         finally:
-            queue.draining = False
             if self._queues.get(loop) is queue and not queue.waiting:
                 del self._queues[loop]
 
@@ -190,9 +183,7 @@ class SubcallProvider:
             return outcomes
 
     def _record(self, method: str, count: int) -> None:
-        if self.context is None or self._self_accounting:
-            return
-        record = getattr(self.context, method, None)
+        record = getattr(self._accounted, method, None)
         if callable(record):
             record(count)
 
@@ -230,9 +221,19 @@ class SubcallProvider:
     def _from_function(self, prompts: list[str]) -> list[str | Exception]:
         """rlm's helpers report failures as text, "Error: ..." (any case, after spaces): such a
         string is never an answer, as no JSON value starts so."""
+        values = self.target(prompts)
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+            raise ProviderError("subcall helper must return a list with one string per prompt, "
+                                f"got {type(values).__name__}", retryable=False)
+        if len(values) != len(prompts):
+            raise ProviderError(f"subcall helper returned {len(values)} results for "
+                                f"{len(prompts)} prompt(s)", retryable=False)
+        wrong = [value for value in values if not isinstance(value, str)]
+        if wrong:
+            raise ProviderError(f"subcall helper returned a {type(wrong[0]).__name__}, expected a "
+                                "string", retryable=False)
         return [ProviderError(f"subcall failed: {text.strip()[:500]}")
-                if text.lstrip()[:6].lower() == "error:" else text
-                for text in _texts(self.target(prompts), len(prompts))]
+                if text.lstrip()[:6].lower() == "error:" else text for text in values]
 
 
 def _batch_errors(errors: Any, count: int) -> dict[int, Mapping[str, Any]]:
@@ -264,8 +265,7 @@ class _Queue:
     """Prompts waiting for the next batch on one event loop."""
 
     waiting: list[tuple[str, str | None, asyncio.Future[str]]] = field(default_factory=list)
-    draining: bool = False
-    task: asyncio.Task[None] | None = None  # held so the drain is not collected
+    task: asyncio.Task[None] | None = None  # the drain: held so it is not collected
 
 
 def _by_context(batch: list[Any]) -> list[list[Any]]:
@@ -274,16 +274,3 @@ def _by_context(batch: list[Any]) -> list[list[Any]]:
     without = [item for item in batch if item[1] is None]
     return [group for group in (with_context, without) if group]
 
-
-def _texts(values: Any, expected: int) -> list[str]:
-    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-        raise ProviderError("subcall helper must return a list with one string per prompt, got "
-                            f"{type(values).__name__}", retryable=False)
-    if len(values) != expected:
-        raise ProviderError(f"subcall helper returned {len(values)} results for {expected} "
-                            "prompt(s)", retryable=False)
-    for value in values:
-        if not isinstance(value, str):
-            raise ProviderError(f"subcall helper returned a {type(value).__name__}, expected a "
-                                "string", retryable=False)
-    return list(values)

@@ -12,13 +12,13 @@ schema); 130 interrupted. A closed pipe (| head) ends quietly with 0.
 Import and merge take ``--validator [NAME=]module:function``: the receipts of a batch that ran
 with a validator are rechecked by it (a validator is code no file carries).
 """
+# The command-line face (its docstring is `batchjson --help`): never imports the IPython face.
 
 from __future__ import annotations
 
 import argparse
 import csv
 import importlib
-import io
 import json
 import os
 import shlex
@@ -30,7 +30,7 @@ from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
-from .. import (
+from . import (
     BatchJsonError,
     ConfigError,
     FaultPlan,
@@ -40,9 +40,9 @@ from .. import (
     Session,
     SimulatedModel,
 )
-from .. import _textview as cliview
-from .._textview import forget_message
-from ..core import (
+from . import _textview as cliview
+from ._textview import forget_message
+from .core import (
     advice_chart,
     cancel_job,
     cost_value,
@@ -53,7 +53,7 @@ from ..core import (
     public_url,
     whole_argument,
 )
-from ..core import file_problem as ledger_problem
+from .core import file_problem as ledger_problem
 
 DEFAULT_LEDGER = Path(cliview.DEFAULT_LEDGER)
 OK, UNRESOLVED, USAGE, LEDGER, INTERRUPTED = 0, 1, 2, 3, 130
@@ -164,14 +164,12 @@ def cmd_values(args: argparse.Namespace, out: TextIO) -> int:
                 for task_id, v in values.items()}
         columns = [k for k in dict.fromkeys(k for v in rows.values() for k in v)
                    if k != "task_id" and k not in fields]
-        buffer = io.StringIO()
-        writer = csv.writer(buffer, lineterminator="\n")
+        writer = csv.writer(out, lineterminator="\n")
         writer.writerow(["task_id", *fields, *columns])
         for task_id, v in rows.items():
             task = tasks.get(task_id, {})
             writer.writerow([_cell(task_id), *(_cell(task.get(k)) for k in fields),
                              *(_cell(v.get(k)) for k in columns)])
-        out.write(buffer.getvalue())
     else:
         for task_id, v in values.items():
             line = {"task_id": task_id, "value": v}
@@ -225,7 +223,7 @@ def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_import(args: argparse.Namespace, out: TextIO) -> int:
     if not args.file.is_file():  # checked before a ledger is created for it
         raise Problem(f"no receipts file at {args.file}", USAGE)
-    from ..core import read_lines
+    from .core import read_lines
 
     given = dict(args.validator)
     with refused_as(InvalidBatch, USAGE):  # a bad file is refused before a ledger is made for it
@@ -263,7 +261,7 @@ def cmd_merge(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_advise(args: argparse.Namespace, out: TextIO) -> int:
-    from ..core import advise
+    from .core import advise
 
     with _opened(args.ledger, args.name) as held:
         with refused_as(InvalidBatch, USAGE):
@@ -321,13 +319,6 @@ def _usd_argument(text: str) -> float:
             f"{text!r} is not a cost in USD: give a finite number >= 0, e.g. --cost 50") from None
 
 
-def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
-    problem = demo_ledger_problem(args.ledger)
-    if problem:
-        raise Problem(problem, USAGE)
-    return run_demo(args.ledger, args.seed, out, as_json=args.json)
-
-
 # -- batchjson demo: a faulty offline batch run end to end, then resumed with zero calls ------
 DEMO_SCHEMA = {
     "type": "object",
@@ -362,7 +353,7 @@ def demo_answer(task: dict) -> dict:
             "confidence": round(0.5 + (number % 5) / 10, 2)}
 
 
-def demo_model(seed: int = DEMO_SEED):  # noqa: ANN201 - returns a SimulatedModel
+def demo_model(seed: int):  # noqa: ANN201 - returns a SimulatedModel
     faults = FaultPlan(identity_swap=0.2, malformed_json=0.1, missing_item=0.05,
                        non_finite=0.05, clean_after=3)
     return SimulatedModel(answer=demo_answer, faults=faults, seed=seed, model="gpt-4o-mini",
@@ -415,14 +406,16 @@ def _review(session: Session, tasks: list[dict]) -> Any:
                              identity=DEMO_IDENTITY, pack=5, split=True, on_exhausted="return")
 
 
-def run_demo(ledger: Path, seed: int, out: TextIO | None = None, *,
-             as_json: bool = False) -> int:
-    out = out or sys.stdout
-    if ledger.exists():  # a previous demo's ledger (demo_ledger_problem was checked)
+def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
+    ledger, seed = args.ledger, args.seed
+    problem = demo_ledger_problem(ledger)
+    if problem:
+        raise Problem(problem, USAGE)
+    if ledger.exists():  # a previous demo's ledger
         for suffix in ("", "-wal", "-shm"):
             Path(str(ledger) + suffix).unlink(missing_ok=True)
     tasks = demo_tasks()
-    say = (lambda *a: None) if as_json else (lambda text="": print(text, file=out))
+    say = (lambda *a: None) if args.json else (lambda text="": print(text, file=out))
     say(f"batchjson demo: {len(tasks)} review tasks in requests of 5, answered by an offline "
         "model that injects identity swaps, malformed JSON, missing items and NaN")
     say(f"ledger: {ledger}\n")
@@ -434,7 +427,7 @@ def run_demo(ledger: Path, seed: int, out: TextIO | None = None, *,
     with closing(Session(demo_model(seed), ledger=ledger)) as again:
         second = _review(again, tasks)
     code = 0 if first.resolved and second.calls == 0 else 1  # the CLI's exit codes
-    if as_json:
+    if args.json:
         print(json.dumps({"ledger": str(ledger), "first": first.summary(),
                           "second": second.summary(), "rejected_errors_by_type": kinds},
                          indent=2, sort_keys=True), file=out)
@@ -551,7 +544,7 @@ def _ledger_changing(command: Callable[..., argparse.ArgumentParser]) -> None:
 
 def _main(argv: list[str], out: TextIO) -> int:
     if argv[:1] == ["serve"]:  # the server owns its options (--port, --latency, faults)
-        from ..testing.server import main as serve_main
+        from .testing.server import main as serve_main
 
         return serve_main(argv[1:], prog="batchjson serve") or 0
     parser = build_parser()
