@@ -30,7 +30,7 @@ from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import (
+from .. import (
     BatchJsonError,
     ConfigError,
     FaultPlan,
@@ -40,9 +40,9 @@ from . import (
     Session,
     SimulatedModel,
 )
-from . import _textview as cliview
-from ._textview import forget_message
-from .core import (
+from .. import _textview as cliview
+from .._textview import forget_message
+from ..core import (
     advice_chart,
     cancel_job,
     cost_value,
@@ -53,7 +53,7 @@ from .core import (
     public_url,
     whole_argument,
 )
-from .core import file_problem as ledger_problem
+from ..core import file_problem as ledger_problem
 
 DEFAULT_LEDGER = Path(cliview.DEFAULT_LEDGER)
 OK, UNRESOLVED, USAGE, LEDGER, INTERRUPTED = 0, 1, 2, 3, 130
@@ -223,7 +223,7 @@ def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_import(args: argparse.Namespace, out: TextIO) -> int:
     if not args.file.is_file():  # checked before a ledger is created for it
         raise Problem(f"no receipts file at {args.file}", USAGE)
-    from .core import read_lines
+    from ..core import read_lines
 
     given = dict(args.validator)
     with refused_as(InvalidBatch, USAGE):  # a bad file is refused before a ledger is made for it
@@ -261,7 +261,7 @@ def cmd_merge(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_advise(args: argparse.Namespace, out: TextIO) -> int:
-    from .core import advise
+    from ..core import advise
 
     with _opened(args.ledger, args.name) as held:
         with refused_as(InvalidBatch, USAGE):
@@ -544,7 +544,7 @@ def _ledger_changing(command: Callable[..., argparse.ArgumentParser]) -> None:
 
 def _main(argv: list[str], out: TextIO) -> int:
     if argv[:1] == ["serve"]:  # the server owns its options (--port, --latency, faults)
-        from .testing.server import main as serve_main
+        from ..testing.server import main as serve_main
 
         return serve_main(argv[1:], prog="batchjson serve") or 0
     parser = build_parser()
