@@ -427,12 +427,24 @@ def test_an_interrupt_while_waiting_leaves_the_job_recorded_and_running(srv):
 
     srv.batches.delay = 1.0
     s = session(srv)
-    threading.Timer(0.4, _thread.interrupt_main).start()
+    created: list[float] = []  # when the server had the job: the interrupt is timed from it
+
+    def interrupt_once_submitted() -> None:
+        while not srv.batches.created:
+            time.sleep(0.01)
+        created.append(time.monotonic())
+        time.sleep(0.2)  # the client records the provider's id, then waits
+        _thread.interrupt_main()
+
+    threading.Thread(target=interrupt_once_submitted, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
         s.run_batch("labels", tasks(3), SCHEMA, transport="batch", wait=True)
     [job] = s.ledger.store.jobs()
     assert job["status"] == "open" and job["provider_job_id"]
-    time.sleep(1.0)
+    deadline = created[0] + 30
+    while time.monotonic() < deadline and any(
+            b["status"] != "completed" for b in srv.batches.batches.values()):
+        time.sleep(0.05)  # the job ran on at the provider meanwhile
     result = s.run_batch("labels", tasks(3), SCHEMA, transport="batch")
     assert result.resolved and srv.batches.created == 1
 
