@@ -776,26 +776,35 @@ def long_label(task: dict[str, Any]) -> dict[str, Any]:
     return {"label": "long " * 100}
 
 
+def each_transport(tmp_path, model=None, **options):
+    """A session sending live, then one sending batch jobs, each on its own server and ledger."""
+    for transport in ("live", "batch"):
+        with LoopbackServer(model) as srv:
+            srv.batches.delay = 0.05
+            s = session(srv, tmp_path / f"{transport}.sqlite", **options)
+            yield transport, srv, s
+            s.close()
+
+
+def without_request(errors) -> list[dict[str, Any]]:
+    """Errors as both transports must give them: a request's key is its own ledger's."""
+    return [{k: v for k, v in e.items() if k != "request"} for e in errors]
+
+
 def test_a_cut_off_answer_is_given_up_with_one_error_whether_sent_live_or_in_a_job(tmp_path):
     """One settle step owns the give-up: an answer cut off at the output ceiling and not asked
     again is reported with the same error (type, message, fields) and raw text on either
     transport (the batch transport used to report the receipt's own error instead)."""
     reported = []
-    for transport in ("live", "batch"):
-        with LoopbackServer(SimulatedModel(answer=long_label)) as srv:
-            srv.batches.delay = 0.05
-            s = session(srv, tmp_path / f"{transport}.sqlite", repairs=1, replays=1,
-                        extra_body={"max_completion_tokens": 60})  # every answer is cut off
-            result = s.run_batch("labels", tasks(2), SCHEMA, pack=2, transport=transport,
-                                 wait=True, on_exhausted="return")
-            (receipt,) = s.ledger.attempts("labels")
-            s.close()
+    for transport, _, s in each_transport(tmp_path, SimulatedModel(answer=long_label), repairs=1,
+                                          replays=1, extra_body={"max_completion_tokens": 60}):
+        result = s.run_batch("labels", tasks(2), SCHEMA, pack=2, transport=transport,
+                             wait=True, on_exhausted="return")  # every answer is cut off
+        (receipt,) = s.ledger.attempts("labels")
         assert receipt.errors[0]["type"] == "truncated"
         (failure,) = result.failures
         assert "not re-asked" in failure["errors"][0]["message"]
-        # a request's key is its own ledger's: the rest is the same
-        reported.append([{k: v for k, v in e.items() if k != "request"}
-                         for e in [*result.errors, *result.failures]])
+        reported.append(without_request([*result.errors, *result.failures]))
     assert reported[0] == reported[1]
 
 
@@ -808,15 +817,11 @@ def test_budget_running_out_is_one_error_whether_sent_live_or_in_a_job(tmp_path)
             raise ValueError("not this one")
 
     reported = []
-    for transport in ("live", "batch"):
-        with LoopbackServer() as srv:
-            srv.batches.delay = 0.05
-            s = session(srv, tmp_path / f"{transport}.sqlite", repairs=3, replays=0)
-            result = s.run_batch("labels", tasks(2), SCHEMA, pack=1, transport=transport,
-                                 wait=True, max_calls=3, validator=picky, on_exhausted="return")
-            s.close()
+    for transport, _, s in each_transport(tmp_path, repairs=3, replays=0):
+        result = s.run_batch("labels", tasks(2), SCHEMA, pack=1, transport=transport,
+                             wait=True, max_calls=3, validator=picky, on_exhausted="return")
         assert result.calls == 3 and list(result.values) == ["t1"]
-        reported.append([{k: v for k, v in e.items() if k != "request"} for e in result.errors])
+        reported.append(without_request(result.errors))
     assert reported[0] == reported[1] == [{
         "type": "budget_exhausted", "task_id": "t0",
         "message": "the budget ran out before this request was resolved (no calls left)"}]
@@ -833,18 +838,12 @@ def test_a_validator_crash_stops_the_run_whether_sent_live_or_in_a_job(tmp_path)
             raise ValueError("a repair would follow")
 
     reported = []
-    for transport in ("live", "batch"):
-        with LoopbackServer() as srv:
-            srv.batches.delay = 0.05
-            s = session(srv, tmp_path / f"{transport}.sqlite", repairs=2, replays=2,
-                        concurrency=1)
-            result = s.run_batch("labels", tasks(4), SCHEMA, pack=2, transport=transport,
-                                 wait=True, validator=buggy, on_exhausted="return")
-            s.close()
-            assert srv.batches.created == (transport == "batch")  # no follow-up job
+    for transport, srv, s in each_transport(tmp_path, repairs=2, replays=2, concurrency=1):
+        result = s.run_batch("labels", tasks(4), SCHEMA, pack=2, transport=transport,
+                             wait=True, validator=buggy, on_exhausted="return")
+        assert srv.batches.created == (transport == "batch")  # no follow-up job
         assert result.calls == (1 if transport == "live" else 2) and not result.values
-        reported.append(([{k: v for k, v in e.items() if k != "request"}
-                          for e in result.errors],
+        reported.append((without_request(result.errors),
                          [n for n in result.notes if "validator crashed" in n]))
     assert reported[0] == reported[1]
     errors, (note,) = reported[0]
