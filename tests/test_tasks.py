@@ -126,6 +126,20 @@ def test_spliced_keys_equal_request_key_for_any_content_names(tasks, content):
                                          ensure_ascii=False)) == request_key(normalized, content)
 
 
+def test_a_remembered_key_is_the_key_however_many_texts_came_between(monkeypatch):
+    """Each pass of a run (survey, record, send) asks for the same keys: they are remembered,
+    a bounded number, and a key given again, remembered or made anew, is the same key."""
+    import batchjson._content.keys as keys_module
+
+    monkeypatch.setattr(keys_module, "KEYS_HELD", 3)
+    key = key_maker(CONTENT)
+    texts = [canonical_json([{"task_id": f"t{i}", "prompt": "é" * i}]) for i in range(8)]
+    first = [key(text) for text in texts]
+    assert first == [request_key(json.loads(text), CONTENT) for text in texts]
+    assert [key(text) for text in reversed(texts)] == first[::-1]  # past the bound: anew
+    assert [key(text) for text in texts[-2:]] == first[-2:]  # remembered
+
+
 def test_an_enum_member_as_an_identity_value_is_held_as_the_scalar_it_encodes_to():
     tasks, _ = normalize_tasks([{"task_id": "a", "prompt": "p", "case_id": Shade.DARK}],
                                ("task_id", "case_id"))

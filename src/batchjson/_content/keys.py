@@ -67,7 +67,26 @@ def key_maker(content: Mapping[str, str]) -> Callable[[str], str]:
     encoded = [f"{canonical_json(k)}:{canonical_json(v)}" for k, v in members]
     head = "{" + "".join(part + "," for part in encoded[:where]) + '"tasks":'
     tail = "".join("," + part for part in encoded[where + 1:]) + "}"
-    return lambda tasks_json: sha(head + tasks_json + tail)
+    made: dict[str, str] = {}  # a run's passes (survey, record, send) key each text once
+    held = [0]  # characters of the texts ``made`` keeps alive
+
+    def key(tasks_json: str) -> str:
+        found = made.get(tasks_json)
+        if found is None:
+            if len(made) >= KEYS_HELD or held[0] > KEY_TEXT_CHARS:  # bounded: a stream of
+                made.clear()  # millions, or of long texts, keys its texts again
+                held[0] = 0
+            held[0] += len(tasks_json)
+            found = made[tasks_json] = sha(head + tasks_json + tail)
+        return found
+
+    return key
+
+
+# What each key function remembers: the keys of up to this many recent texts, of at most this
+# many characters in all (a run held in memory is keyed once; a few MB at most).
+KEYS_HELD = 1 << 16
+KEY_TEXT_CHARS = 1 << 22
 
 
 @dataclass(frozen=True)
