@@ -8,6 +8,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -803,9 +804,14 @@ def test_a_cut_off_answer_is_given_up_with_one_error_whether_sent_live_or_in_a_j
         (receipt,) = s.ledger.attempts("labels")
         assert receipt.errors[0]["type"] == "truncated"
         (failure,) = result.failures
-        assert "not re-asked" in failure["errors"][0]["message"]
+        said = failure["errors"][0]["message"]
+        assert "not re-asked" in said
+        # the fix offered is one the transport has: a batch job never splits a request
+        assert ("pass split=True" in said) == (transport == "live")
+        assert ("never splits" in said) == (transport == "batch")
         reported.append(without_request([*result.errors, *result.failures]))
-    assert reported[0] == reported[1]
+    live, batch = (re.sub(r"raise max_tokens[^\"]*", "", json.dumps(r)) for r in reported)
+    assert live == batch  # the same errors up to the fix offered
 
 
 def test_budget_running_out_is_one_error_whether_sent_live_or_in_a_job(tmp_path):
@@ -829,8 +835,9 @@ def test_budget_running_out_is_one_error_whether_sent_live_or_in_a_job(tmp_path)
 
 def test_a_validator_crash_stops_the_run_whether_sent_live_or_in_a_job(tmp_path):
     """A validator that raises (not a ValueError) stops the run opening calls on either
-    transport: what was in flight (live: one call; a job: its every line) is judged, nothing more
-    is sent, and what it did not get to is not attempted, saying why (docs/design.md)."""
+    transport: what was in flight (live: both calls; a job: its every line) is judged, nothing
+    more is sent, and a request whose return was rejected shows that return's own errors, not
+    "no call was made" (docs/design.md)."""
     def buggy(item, task):
         if task["task_id"] == "t0":
             return item["no_such_field"]
@@ -838,15 +845,19 @@ def test_a_validator_crash_stops_the_run_whether_sent_live_or_in_a_job(tmp_path)
             raise ValueError("a repair would follow")
 
     reported = []
-    for transport, srv, s in each_transport(tmp_path, repairs=2, replays=2, concurrency=1):
+    for transport, srv, s in each_transport(tmp_path, repairs=2, replays=2, concurrency=2,
+                                            rate_limits=(10_000, 10_000_000)):  # both at once
         result = s.run_batch("labels", tasks(4), SCHEMA, pack=2, transport=transport,
                              wait=True, validator=buggy, on_exhausted="return")
         assert srv.batches.created == (transport == "batch")  # no follow-up job
-        assert result.calls == (1 if transport == "live" else 2) and not result.values
+        assert result.calls == 2 and not result.values
+        assert result.repairs_made == 0  # the repair owed to t2 was never sent
         reported.append((without_request(result.errors),
                          [n for n in result.notes if "validator crashed" in n]))
     assert reported[0] == reported[1]
     errors, (note,) = reported[0]
-    assert [e["type"] for e in errors] == ["validator_error", "batch_rejected", "not_attempted",
-                                           "not_attempted"]
-    assert all(note in e["message"] for e in errors[2:])
+    assert [(e["type"], e["task_id"]) for e in errors] == [
+        ("validator_error", "t0"), ("batch_rejected", "t1"), ("validation", "t2"),
+        ("batch_rejected", "t3")]
+    assert "a repair would follow" in errors[2]["message"]
+    assert not any("no call was made" in e["message"] for e in errors)

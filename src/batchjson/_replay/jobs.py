@@ -56,6 +56,8 @@ class JobsOutcome:
 class JobRunner(Settle):
     """Submits, polls and collects the jobs of one run of one batch revision."""
 
+    splits = False
+
     def __init__(self, plan: Plan, ledger: Ledger, provider: Any, client: Any,
                  spender: Spender, reservations: dict[int, float], *, session_id: str,
                  poll: float = 1.0, on_progress: Callable[[int], None] | None = None,
@@ -72,6 +74,7 @@ class JobRunner(Settle):
         self.cancelled_before: set[int] = set()  # ... and those asked to cancel before it
         self.short = False  # a submission stopped short: the next pass looks at every request
         self.given_up: set[str] = set()  # requests this run reported given up (Settle.give_up)
+        self.judged: set[str] = set()  # requests this run judged a return of
         self.unfunded: dict[str, str] = {}  # requests the budget could not send now: why
         self._system = system_prompt(plan)
 
@@ -339,8 +342,8 @@ class JobRunner(Settle):
                     out.pending_tasks += len(request.task_ids)
                 elif request.key in self.unfunded:
                     self.out_of_budget(request, self.unfunded[request.key])
-                elif (request.key in history and request.key not in self.given_up
-                      and not self.halted):  # halted: not attempted, as live (Settle.halted)
+                elif request.key in history and request.key not in self.given_up and (
+                        not self.halted or request.key in self.judged):  # halted: as live
                     last = history[request.key][-1]
                     fail(out, request, json.loads(last["errors"] or "[]"), last["raw"])
         self.result.jobs = [job_view(row) for row in self._open_rows()]
@@ -435,6 +438,7 @@ class JobRunner(Settle):
                        detail: dict[str, Any]) -> None:
         """Settle every receipt of an ended job; complete them and it in one transaction."""
         lines = {line["custom_id"]: line for line in self.store.job_lines(row["id"])}
+        self.judged.update(line["request_key"] for line in lines.values())
         whole = self.client.whole_failure(batch)
         outs = await self.client.results(batch) if whole is None else ()
         if whole is not None:

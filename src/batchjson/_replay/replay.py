@@ -40,6 +40,7 @@ from .settle import (
     Attempt,
     Settle,
     Tried,
+    fail,
     next_attempt,
     provider_error,
     rest_tried,
@@ -475,10 +476,13 @@ class Replayer(Settle):
                             cut_off=request.key in self._cut_off)
         done: Judged | None = None
         while step.kind not in (HALVE, NONE):
-            self.outcome.repairs_made += step.kind == "repair"
             got = await self._attempt(request, step.kind, step.prompt)
+            if isinstance(got, NotSent) and chain and got.why == "stopped":
+                self._release(request)  # its follow-up is not sent: its answer's own errors
+                return fail(self.outcome, request, list(chain[-1].errors), chain[-1].raw)
             if isinstance(got, NotSent):
                 return self._not_sent(got, (request, depth))
+            self.outcome.repairs_made += step.kind == "repair"  # one sent, not one meant
             done = got
             if done.verdict.accepted:
                 break

@@ -48,6 +48,7 @@ class Settle:
     # why the run opens no further call on either transport (what is in flight finishes): a
     # validator crash; what it did not get to is reported not_attempted, saying so
     halted: str | None = None
+    splits = True  # whether split=True halves a request this transport sends (jobs: never)
 
     def cost(self, reply: Reply) -> float | None:
         """What a reply cost: as its provider priced it, else by the run's prices."""
@@ -114,8 +115,11 @@ class Settle:
                  "more output tokens than the provider's limit")
         before = "" if chain else ("an earlier return of this request was cut off at this "
                                    "provider's output limit; ")
-        fix = ("raise max_tokens" + (", pack fewer tasks per call, or pass split=True"
-                                     if len(request.tasks) > 1 else ""))
+        fix = "raise max_tokens"
+        if len(request.tasks) > 1:  # a batch job never splits a request; split=True live does
+            fix += (", or pack fewer tasks per call (a batch job never splits a request)"
+                    if not self.splits else ", pack fewer tasks per call, or pass split=True"
+                    if not self.plan.split else ", or pack fewer tasks per call")
         fail(self.outcome, request, [{"type": TRUNCATED, "task_id": None, "message": (
             f"{before}the answer needs {limit}, and asking again under the same limit would be "
             f"cut off again (not re-asked): {fix}")}], last.raw)
