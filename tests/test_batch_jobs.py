@@ -827,6 +827,7 @@ def test_budget_running_out_is_one_error_whether_sent_live_or_in_a_job(tmp_path)
         result = s.run_batch("labels", tasks(2), SCHEMA, pack=1, transport=transport,
                              wait=True, max_calls=3, validator=picky, on_exhausted="return")
         assert result.calls == 3 and list(result.values) == ["t1"]
+        assert result.repairs_made == 1  # t0's, sent live or in a follow-up job alike
         reported.append(without_request(result.errors))
     assert reported[0] == reported[1] == [{
         "type": "budget_exhausted", "task_id": "t0",

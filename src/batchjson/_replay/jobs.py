@@ -75,6 +75,7 @@ class JobRunner(Settle):
         self.short = False  # a submission stopped short: the next pass looks at every request
         self.given_up: set[str] = set()  # requests this run reported given up (Settle.give_up)
         self.judged: set[str] = set()  # requests this run judged a return of
+        self.repairs: dict[int, int] = {}  # repair lines of each job recorded, until it is sent
         self.unfunded: dict[str, str] = {}  # requests the budget could not send now: why
         self._system = system_prompt(plan)
 
@@ -268,6 +269,7 @@ class JobRunner(Settle):
         if job_id is None:
             return None
         self.watched.add(job_id)
+        self.repairs[job_id] = sum(kind == "repair" for r, kind, _ in owed if r.key in by_key)
         return job_id, uid, [w["attempt_id"] for w in written]
 
     async def _send(self, body: Upload, job_id: int, uid: str, attempts: list[int]) -> bool:
@@ -294,6 +296,7 @@ class JobRunner(Settle):
                                              f"({exc}); it may exist and be billed"},
                                     uncertain=True)
             return False
+        self.outcome.repairs_made += self.repairs.pop(job_id, 0)  # sent: the job exists
         if self.store.job_submitted(job_id, str(batch["id"]), {
                 "input_file_id": file_id, "provider_status": batch.get("status")}):
             await self._cancel_asked(self._row(job_id))  # asked for meanwhile
