@@ -814,6 +814,29 @@ def test_a_cut_off_answer_is_given_up_with_one_error_whether_sent_live_or_in_a_j
     assert live == batch  # the same errors up to the fix offered
 
 
+def test_the_rest_of_a_partial_return_keeps_its_errors_when_a_stop_cuts_its_repair(tmp_path):
+    """accept="items": t0's item passes and t1's fails; then the validator crashes on t2, so
+    t1's repair is never sent. On either transport t1 shows its own rejection (its return was
+    judged), not "no call was made"; the batch transport reads it from the partial receipt
+    its request was split from."""
+    def buggy(item, task):
+        if task["task_id"] == "t2":
+            return item["no_such_field"]
+        if task["task_id"] == "t1":
+            raise ValueError("t1 is wrong")
+
+    reported = []
+    for transport, _, s in each_transport(tmp_path, repairs=2, replays=2, concurrency=2,
+                                          rate_limits=(10_000, 10_000_000)):
+        result = s.run_batch("labels", tasks(4), SCHEMA, pack=2, transport=transport,
+                             wait=True, validator=buggy, accept="items", on_exhausted="return")
+        assert list(result.values) == ["t0"] and result.partial_returns == 1
+        reported.append(without_request(result.errors))
+    assert reported[0] == reported[1]
+    (t1,) = [e for e in reported[0] if e["task_id"] == "t1"]
+    assert t1["type"] == "validation" and "t1 is wrong" in t1["message"]
+
+
 def test_budget_running_out_is_one_error_whether_sent_live_or_in_a_job(tmp_path):
     """A request the budget cannot ask again is reported ``budget_exhausted``, saying why, on
     either transport (the batch transport used to add only a note, the request showing its last

@@ -126,6 +126,59 @@ def test_a_validator_crash_stops_the_batch_opening_calls_and_names_the_line():
     assert any("validator crashed" in note for note in result.notes)
 
 
+def test_a_call_sent_and_failed_whose_retry_a_stop_cancels_keeps_its_failure():
+    """Fault: the first task's call fails (a retryable 503) and, before its retry, the other
+    task's validator crashes and stops the run. A call was made and paid for: the task shows
+    that call's failure, not "no call was made for this task"."""
+    first, second = (t["task_id"] for t in review_tasks(2))
+    sent = []
+
+    async def model(call):
+        sent.append(call.tasks[0]["task_id"])
+        if call.tasks[0]["task_id"] == first:
+            raise ProviderError("503 busy", status=503, retryable=True, retry_after=0.6)
+        await asyncio.sleep(0.05)
+        return items_reply(call)
+
+    def crash(item, task):
+        if task["task_id"] == second:
+            return item["no_such_field"]
+
+    session = Session(CallableProvider(model), concurrency=2, replays=2)
+    result = session.run_batch("r", review_tasks(2), LABEL_SCHEMA, validator=crash,
+                               on_exhausted="return")
+    assert sorted(sent) == sorted([first, second]) and result.calls == 2  # no retry sent
+    (error,) = [e for e in result.errors if e["task_id"] == first]
+    assert error["type"] == "provider_error" and "503 busy" in error["message"]
+
+
+def test_a_repair_sent_is_counted_though_a_stop_cancels_its_retry():
+    """A repair reached the model (and failed with a 503); the run stopped before its retry.
+    ``repairs_made`` counts repairs sent, so it is 1, as the calls say."""
+    first, second = (t["task_id"] for t in review_tasks(2))
+    sent = []
+
+    async def model(call):
+        sent.append(call.kind)
+        if call.tasks[0]["task_id"] == first:
+            if call.kind == "repair":
+                raise ProviderError("503 busy", status=503, retryable=True, retry_after=0.6)
+            return items_reply(call)
+        await asyncio.sleep(0.15)
+        return items_reply(call)
+
+    def picky(item, task):
+        if task["task_id"] == first:
+            raise ValueError("not this label")
+        if task["task_id"] == second:
+            return item["no_such_field"]
+
+    session = Session(CallableProvider(model), concurrency=2, repairs=2, replays=0)
+    result = session.run_batch("r", review_tasks(2), LABEL_SCHEMA, validator=picky,
+                               on_exhausted="return")
+    assert sent.count("repair") == 1 and result.repairs_made == 1 and result.calls == 3
+
+
 def test_an_unreachable_host_stops_the_run_after_one_calls_retries():
     tries = []
 

@@ -129,10 +129,7 @@ class JobRunner(Settle):
         cut = {key for key, stops in stopped.items() if TRUNCATED in stops}
         owed = []
         for request in free:
-            # none of its own: those ending with the partial return it was split from, if any
-            parent = history.get(request.parent_key or "", [])
-            rows = self._chain(request, history.get(request.key) or (
-                parent if parent and parent[-1]["status"] == "partial" else []))
+            rows = self._chain(request, _receipts(request, history))
             if rows and rows[-1]["job_id"] in self.stopped:  # owed to the next run
                 continue
             past = self._tried(request, rows)
@@ -333,9 +330,11 @@ class JobRunner(Settle):
         jobs = {row["id"]: row for row in store.jobs()}
         for window in self.windows():  # as leaves: a request may be split meanwhile
             window = list(store.requests_by_keys([r.key for r in window], revision).values())
-            holders, _, history = store.job_window([r.key for r in window], revision)
+            holders, _, history = store.job_window([r.key for r in window] + [
+                r.parent_key for r in window if r.parent_key is not None], revision)
             self.watched.update(holders.values())
             for request in window:
+                rows = _receipts(request, history)
                 if request.key in holders:  # pending: their errors are built when read
                     job = jobs.get(holders[request.key])
                     where = (f"job {job['id']} ({job['provider_job_id'] or 'no provider id'}, "
@@ -345,10 +344,10 @@ class JobRunner(Settle):
                     out.pending_tasks += len(request.task_ids)
                 elif request.key in self.unfunded:
                     self.out_of_budget(request, self.unfunded[request.key])
-                elif request.key in history and request.key not in self.given_up and (
-                        not self.halted or request.key in self.judged):  # halted: as live
-                    last = history[request.key][-1]
-                    fail(out, request, json.loads(last["errors"] or "[]"), last["raw"])
+                elif rows and request.key not in self.given_up and (
+                        not self.halted or self.judged & {request.key, request.parent_key}):
+                    last = self._tried(request, rows[-1:])[0]  # halted: as live
+                    fail(out, request, list(last.errors), last.raw)
         self.result.jobs = [job_view(row) for row in self._open_rows()]
 
     def _row(self, job_id: int) -> Any:
@@ -511,6 +510,14 @@ class JobRunner(Settle):
             if came.get(cid) != 1:
                 yield attempt(line), _lost(cid, came.get(cid, 0), detail.get("failed"),
                                            detail["provider_status"])
+
+
+def _receipts(request: Request, history: Mapping[str, list[Any]]) -> list[Any]:
+    """``request``'s job receipts in ``history``: its own; none, those ending with the partial
+    return it was split from (the rest of it), if any."""
+    parent = history.get(request.parent_key or "", [])
+    return history.get(request.key) or (parent if parent and parent[-1]["status"] == "partial"
+                                        else [])
 
 
 def job_view(row: Mapping[str, Any]) -> dict[str, Any]:

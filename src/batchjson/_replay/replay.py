@@ -587,6 +587,7 @@ class Replayer(Settle):
             return await self._paced_call(request, kind, prompt)
         except ProviderError as exc:
             failed: ProviderError | None = exc
+            last = exc  # the latest failure: what a retry the run stopped leaves it with
         done: Judged | NotSent = STOPPED  # the tries end by returning one, or by raising
         try:
             async for attempt in self.retrying.copy():
@@ -594,9 +595,15 @@ class Replayer(Settle):
                     if failed is not None:
                         exc, failed = failed, None
                         raise exc
-                    done = await self._paced_call(request, kind, prompt)
+                    try:
+                        done = await self._paced_call(request, kind, prompt)
+                    except ProviderError as exc:
+                        last = exc
+                        raise
         except ProviderError as exc:
             return self._failed(exc, request)
+        if done == STOPPED:  # sent, failed, then stopped before a retry: that failure stands
+            return Judged(acceptance.Verdict(False, errors=[provider_error(last)]), None)
         return done
 
     def _failed(self, exc: ProviderError, request: Request) -> Judged:
