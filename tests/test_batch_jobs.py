@@ -787,6 +787,20 @@ def each_transport(tmp_path, model=None, **options):
             s.close()
 
 
+# Every request of a small batch sent at once, live too (no lone first call to learn limits).
+BOTH_IN_FLIGHT = {"concurrency": 2, "rate_limits": (10_000, 10_000_000)}
+
+
+def crashing_on(crash: str, reject: str, why: str):
+    """A validator that crashes (a KeyError: a bug) on task ``crash`` and rejects ``reject``."""
+    def validator(item, task):
+        if task["task_id"] == crash:
+            return item["no_such_field"]
+        if task["task_id"] == reject:
+            raise ValueError(why)
+    return validator
+
+
 def without_request(errors) -> list[dict[str, Any]]:
     """Errors as both transports must give them: a request's key is its own ledger's."""
     return [{k: v for k, v in e.items() if k != "request"} for e in errors]
@@ -819,17 +833,11 @@ def test_the_rest_of_a_partial_return_keeps_its_errors_when_a_stop_cuts_its_repa
     t1's repair is never sent. On either transport t1 shows its own rejection (its return was
     judged), not "no call was made"; the batch transport reads it from the partial receipt
     its request was split from."""
-    def buggy(item, task):
-        if task["task_id"] == "t2":
-            return item["no_such_field"]
-        if task["task_id"] == "t1":
-            raise ValueError("t1 is wrong")
-
     reported = []
-    for transport, _, s in each_transport(tmp_path, repairs=2, replays=2, concurrency=2,
-                                          rate_limits=(10_000, 10_000_000)):
+    for transport, _, s in each_transport(tmp_path, repairs=2, replays=2, **BOTH_IN_FLIGHT):
         result = s.run_batch("labels", tasks(4), SCHEMA, pack=2, transport=transport,
-                             wait=True, validator=buggy, accept="items", on_exhausted="return")
+                             wait=True, validator=crashing_on("t2", "t1", "t1 is wrong"),
+                             accept="items", on_exhausted="return")
         assert list(result.values) == ["t0"] and result.partial_returns == 1
         reported.append(without_request(result.errors))
     assert reported[0] == reported[1]
@@ -862,17 +870,11 @@ def test_a_validator_crash_stops_the_run_whether_sent_live_or_in_a_job(tmp_path)
     transport: what was in flight (live: both calls; a job: its every line) is judged, nothing
     more is sent, and a request whose return was rejected shows that return's own errors, not
     "no call was made" (docs/design.md)."""
-    def buggy(item, task):
-        if task["task_id"] == "t0":
-            return item["no_such_field"]
-        if task["task_id"] == "t2":
-            raise ValueError("a repair would follow")
-
     reported = []
-    for transport, srv, s in each_transport(tmp_path, repairs=2, replays=2, concurrency=2,
-                                            rate_limits=(10_000, 10_000_000)):  # both at once
+    for transport, srv, s in each_transport(tmp_path, repairs=2, replays=2, **BOTH_IN_FLIGHT):
         result = s.run_batch("labels", tasks(4), SCHEMA, pack=2, transport=transport,
-                             wait=True, validator=buggy, on_exhausted="return")
+                             wait=True, validator=crashing_on("t0", "t2", "a repair would follow"),
+                             on_exhausted="return")
         assert srv.batches.created == (transport == "batch")  # no follow-up job
         assert result.calls == 2 and not result.values
         assert result.repairs_made == 0  # the repair owed to t2 was never sent
