@@ -513,8 +513,8 @@ class JobRunner(Settle):
 
 
 def _receipts(request: Request, history: Mapping[str, list[Any]]) -> list[Any]:
-    """``request``'s job receipts in ``history``: its own; none, those ending with the partial
-    return it was split from (the rest of it), if any."""
+    """``request``'s job receipts in ``history``: its own, or if it has none and is the rest of
+    a partial return, those of the request it was split from (ending with that return)."""
     parent = history.get(request.parent_key or "", [])
     return history.get(request.key) or (parent if parent and parent[-1]["status"] == "partial"
                                         else [])
