@@ -86,8 +86,8 @@ def key_maker(content: Mapping[str, str]) -> Callable[[str], str]:
 # What each key function remembers (a Keys has three): the keys of up to this many recent texts,
 # and those texts, of about this many characters (the latest text beyond it); then it starts
 # over. A run held in memory is keyed once; the texts it keeps alive, the run holds anyway.
-KEYS_HELD = 1 << 16
-KEY_TEXT_CHARS = 1 << 22
+KEYS_HELD = 1 << 14
+KEY_TEXT_CHARS = 1 << 20
 
 
 @dataclass(frozen=True)
