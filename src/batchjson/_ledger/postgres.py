@@ -130,8 +130,11 @@ def _row_class(names: tuple[str, ...]) -> type[_Row]:
 
 
 def _rows(cursor: Any) -> Any:
-    description = cursor.description
-    return _row_class(tuple(c.name for c in description)) if description else tuple
+    """Rows by name, their class keyed by the result's column names (read off the result, not
+    ``cursor.description``, which builds a typed column for each, on every statement)."""
+    result = cursor.pgresult
+    count = result.nfields if result is not None else 0
+    return _row_class(tuple(result.fname(i).decode() for i in range(count))) if count else tuple
 
 
 class PostgresStore(Store):

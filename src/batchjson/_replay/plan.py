@@ -21,6 +21,8 @@ from .._content.tasks import (
 from .._providers.base import Call, CallKind, input_bound
 from .budget import Pricing
 
+_ECHO = json.JSONEncoder(ensure_ascii=False).encode  # json.dumps's text, its encoder made once
+
 
 @dataclass
 class Plan:
@@ -56,7 +58,7 @@ class Plan:
         item = self._item_chars
         if item is None or self.mode == "value":
             return item
-        echoes = sum(len(name) + len(json.dumps(task[name], ensure_ascii=False)) + 4
+        echoes = sum(len(name) + len(_ECHO(task[name])) + 4
                      for task in tasks for name in self.identity)
         return len('{"items":[]}') + len(tasks) * (item + 1) + echoes
 
