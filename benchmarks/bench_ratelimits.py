@@ -19,7 +19,8 @@ request bodies. Two clients in the same run:
 
 Each is reported as the ideal over its wall time (1.0 is the limit's own pace) with its share
 of calls answered 429. Targets for (b): every task resolved, >= 0.95 of the ideal, < 1% 429s;
-for (c): every task resolved on every host, each paid once, < 1% 429s (its ratio is reported).
+for (c): every task resolved on every host, each paid once, >= 0.9 of the ideal, < 1% 429s
+(a host must not spend its share on requests the others have done meanwhile).
 
 Second figure: cost per usable result of a batch whose instructions are a 2,000-token prefix,
 for OpenAI (gpt-4o-mini, automatic caching) and Anthropic (claude-sonnet-4-5, cache_control),
@@ -56,6 +57,7 @@ from batchjson._providers.ratelimits import retry_after  # noqa: E402
 from batchjson.testing import Limits, LoopbackServer  # noqa: E402
 
 TARGET_RATIO = ci_or(0.95, 0.85)  # make bench-ci: a few seconds of pacing on a loaded machine
+TARGET_HOSTS = ci_or(0.9, 0.8)  # (c): 0.97 measured (0.41-0.61 when turns went to done requests)
 TARGET_REFUSED = ci_or(0.01, 0.02)
 TARGET_CACHE = 0.6
 CAP = 40  # max_completion_tokens of every request
@@ -195,7 +197,8 @@ def four_hosts(n: int, rpm: int, tpm: int, concurrency: int) -> tuple[bool, str]
         ideal = ideal_seconds(srv, n, rpm, tpm)
         share = srv.responses[429] / max(1, srv.requests)
         answered = srv.responses[200]
-    passed = outs == [["resolved", str(n)]] * 4 and answered == n and share < TARGET_REFUSED
+    passed = (outs == [["resolved", str(n)]] * 4 and answered == n and share < TARGET_REFUSED
+              and ideal / wall >= TARGET_HOSTS)
     return passed, (f"(c) batchjson, four hosts on one ledger: {answered} calls answered for {n} "
                     f"tasks, {sum(o == ['resolved', str(n)] for o in outs)}/4 hosts returned "
                     f"them whole, {wall:.1f}s against an ideal of {ideal:.1f}s = "
@@ -259,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         print("  " + line, flush=True)
     ok = ok_pace and ok_cache
     print(f"bench_ratelimits: {'PASS' if ok else 'FAIL'} (targets: >= {TARGET_RATIO} of the "
-          f"ideal with < {TARGET_REFUSED:.0%} 429s; cached prefix <= {TARGET_CACHE}x uncached)")
+          f"ideal with < {TARGET_REFUSED:.0%} 429s, four hosts >= {TARGET_HOSTS}; cached prefix "
+          f"<= {TARGET_CACHE}x uncached)")
     return 0 if ok else 1
 
 

@@ -5,6 +5,7 @@ another."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -148,3 +149,40 @@ def test_a_host_that_died_on_another_machine_gives_its_share_back_after_its_leas
         session.hosts.join()
     assert session.pacer.hosts == 1
     session.close()
+
+
+def test_a_turn_whose_request_another_host_took_goes_to_the_next_call() -> None:
+    """A paced call not sent (its request accepted or claimed by another host meanwhile) leaves
+    its turn to the next call: hosts sharing a batch spend their share on calls they send."""
+    async def paced() -> None:
+        pacer = Pacer(RateLimits(requests_per_minute=6))  # a turn each 10 s, a burst of one
+        await pacer.acquire(1, 100)
+        pacer.release(answered=False)
+        pacer.unspent(100)  # its request was done elsewhere: nothing was sent
+        await asyncio.wait_for(pacer.acquire(1, 120), 2)  # that turn, not one 10 s later
+        pacer.release()
+        with pytest.raises(TimeoutError):  # no turn is left over: the limits' own pace
+            await asyncio.wait_for(pacer.acquire(1, 100), 1)
+
+    asyncio.run(paced())
+
+
+def test_an_unspent_turn_lapses_after_one_slice_and_with_new_limits() -> None:
+    """A turn kept longer than a slice, or taken under other limits, is never spent: no later
+    burst can exceed what the limits allowed when it was taken."""
+    async def lapsed(change: bool) -> None:
+        pacer = Pacer(RateLimits(requests_per_minute=6), slice_seconds=0.2)
+        await pacer.acquire(1, 0)
+        pacer.release(answered=False)
+        pacer.unspent(0)
+        if change:  # a second host: the share's new buckets, one turn free in them
+            pacer.share(2)
+            await asyncio.wait_for(pacer.acquire(1, 0), 2)
+            pacer.release()
+        else:
+            await asyncio.sleep(0.3)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(pacer.acquire(1, 0), 1)
+
+    asyncio.run(lapsed(change=False))
+    asyncio.run(lapsed(change=True))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections import deque
 from collections.abc import Mapping
 from contextlib import suppress
 from dataclasses import dataclass
@@ -91,6 +92,9 @@ class Pacer:
         self._open_at = 0.0  # loop time before which no call is sent
         self._short_until = -1.0  # the end of a pause short remaining counts asked for
         self._waiting: list[asyncio.Future[None]] = []
+        # turns taken from these buckets and not sent: (loop time, tokens) each; new buckets
+        # (new limits, a new share) start without them
+        self._unspent: deque[tuple[float, int]] = deque()
         self._learning = False  # one call alone until the first answer: see learn()
         self.heard = False  # the provider has said its limits (or that it reports none)
         self.hosts = 1  # the live hosts of the ledger, dividing the limits between them
@@ -107,6 +111,7 @@ class Pacer:
     def _build(self, requests: bool = True, tokens: bool = True) -> None:
         """New buckets for the limits named (one starts empty: only a changed limit gets one)."""
         rpm, tpm = self.requests_per_minute, self.tokens_per_minute
+        self._unspent.clear()
         if requests:
             self._requests = _bucket(rpm / self.hosts, self.slice_seconds, 1) if rpm else None
         if tokens:
@@ -147,6 +152,48 @@ class Pacer:
         """Wait for no pause in force, a slot in flight and room in both buckets for ``tokens``.
         Pair with :meth:`release`."""
         loop = asyncio.get_running_loop()
+        if self.in_flight >= self._room():
+            await self._room_free(loop)
+        self.in_flight += 1
+        try:
+            if loop.time() < self._open_at:
+                await self._pause_over(loop)
+            left = self._take_unspent(loop.time()) if self._unspent else None
+            if left is None:
+                await self._take(loop, requests, tokens)
+            elif tokens > left:  # a turn taken already: only the tokens it lacks
+                await self._take(loop, 0, tokens - left)
+        except BaseException:
+            self._leave()
+            raise
+
+    async def turn(self, tokens: int) -> None:
+        """A call's turn, taken before its request is chosen and kept for it (:meth:`unspent`):
+        where other runners work on the same requests, one chosen first and then kept waiting
+        for its turn is often done elsewhere when the turn comes."""
+        loop = asyncio.get_running_loop()
+        await self._room_free(loop)  # a lone first call, or fewer in flight after a 429
+        if self._fresh_unspent(loop.time()):  # a turn not sent is there to take
+            return
+        await self._take(loop, 1, tokens)
+        if self._requests is not None or self._tokens is not None:  # else nothing was taken
+            self.unspent(tokens)
+
+    async def _take(self, loop: asyncio.AbstractEventLoop, requests: int, tokens: int) -> None:
+        """Wait out any pause, then for room in both buckets."""
+        if loop.time() < self._open_at:
+            await self._pause_over(loop)
+        if self._requests is not None and requests:
+            await self._requests.acquire(min(requests, self._requests.max_rate))
+        if tokens and self.tokens_per_minute and tokens > self._largest:
+            self._largest = min(tokens, self.tokens_per_minute)
+            if self._tokens is not None and self._largest > self._tokens.max_rate:
+                self._build(requests=False)  # a burst of at least one such request
+        if self._tokens is not None and tokens:
+            await self._tokens.acquire(min(tokens, self._tokens.max_rate))
+
+    async def _room_free(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Wait for a slot in flight (not taken: :meth:`acquire` takes it)."""
         while self.in_flight >= self._room():
             turn = loop.create_future()
             self._waiting.append(turn)
@@ -155,21 +202,27 @@ class Pacer:
             finally:
                 if turn in self._waiting:
                     self._waiting.remove(turn)
-        self.in_flight += 1
-        try:
-            while loop.time() < self._open_at:
-                await asyncio.sleep(self._open_at - loop.time())
-            if self._requests is not None:
-                await self._requests.acquire(min(requests, self._requests.max_rate))
-            if tokens and self.tokens_per_minute and tokens > self._largest:
-                self._largest = min(tokens, self.tokens_per_minute)
-                if self._tokens is not None and self._largest > self._tokens.max_rate:
-                    self._build(requests=False)  # a burst of at least one such request
-            if self._tokens is not None and tokens:
-                await self._tokens.acquire(min(tokens, self._tokens.max_rate))
-        except BaseException:
-            self._leave()
-            raise
+
+    async def _pause_over(self, loop: asyncio.AbstractEventLoop) -> None:
+        while loop.time() < self._open_at:
+            await asyncio.sleep(self._open_at - loop.time())
+
+    def unspent(self, tokens: int) -> None:
+        """A turn taken and not sent (its request claimed or accepted by another runner, the run
+        stopped, or taken ahead by :meth:`turn`): the next call takes it and its ``tokens``
+        instead of the buckets'. Kept one slice, so no later burst exceeds what the limits
+        allowed then."""
+        self._unspent.append((asyncio.get_running_loop().time(), tokens))
+
+    def _fresh_unspent(self, now: float) -> bool:
+        """Whether an unspent turn is still within its slice (older ones are dropped)."""
+        while self._unspent and now - self._unspent[0][0] > self.slice_seconds:
+            self._unspent.popleft()
+        return bool(self._unspent)
+
+    def _take_unspent(self, now: float) -> int | None:
+        """The tokens of the oldest unspent turn still within its slice (taken), else None."""
+        return self._unspent.popleft()[1] if self._fresh_unspent(now) else None
 
     def release(self, answered: bool = True) -> None:
         """A call is over; an answered one ends the lone first call and lets the calls in flight

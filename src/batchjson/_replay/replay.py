@@ -33,7 +33,7 @@ from .._sources import TRUNCATED
 from .budget import Spender
 from .groupcommit import GroupCommit
 from .pacing import COUNT_SECONDS, HostShare, Pacer
-from .plan import Outcome, Plan, Transport, make_call, system_prompt
+from .plan import Outcome, Plan, Transport, first_prompt, make_call, system_prompt
 from .settle import (
     HALVE,
     NONE,
@@ -365,6 +365,7 @@ class Replayer(Settle):
         self._feed: Iterator[Request] | None = iter(requests)
         self._fill()
         self._held: list[Item] = []
+        self._turns = asyncio.Lock()  # the worker waiting for the pacer's next turn
         self._active = 0
         self._poll = HELD_POLL[0]
         self._polling = False
@@ -433,6 +434,15 @@ class Replayer(Settle):
         while self.control.stop is None:
             if len(self._queue) < self.concurrency and self._feed is not None:
                 self._fill()
+            if self._queue and self.pacer is not None and self.pacer.hosts > 1:
+                # Other hosts work on these requests too: one is chosen only once its turn has
+                # come, so none waits in hand while they do it. One worker waits for the pacer
+                # at a time, so none is left waiting once the queue is empty.
+                async with self._turns:
+                    if self._queue:
+                        await self.pacer.turn(self._tokens_of(self._queue[0][0]))
+                if not self._queue:  # taken meanwhile: the turn waits a slice for any call
+                    continue
             if self._queue:
                 item = self._queue.popleft()
             elif self._active or self._polling:
@@ -621,6 +631,12 @@ class Replayer(Settle):
             self.control.halt(exc, fatal=True)
         return Judged(acceptance.Verdict(False, errors=[provider_error(exc)]), None)
 
+    def _tokens_of(self, request: Request) -> int:
+        """The tokens a request's first call counts against the limits (see ``_paced_call``)."""
+        answer = self.plan.answer_chars(request.tasks)
+        return request_tokens(self.system, first_prompt(self.plan, request),
+                              call_output_cap(self.provider, answer))
+
     async def _paced_call(self, request: Request, kind: str,
                           prompt: str) -> Judged | NotSent:
         """One call within the pacer's limits; its headers teach the pacer, a 429 pauses all."""
@@ -632,12 +648,15 @@ class Replayer(Settle):
             return await self.call(request, kind, call)
         # counted as the provider's limiter counts it: the prompt and the ceiling the call asks
         cap = call_output_cap(self.provider, call.answer_chars)
-        await pacer.acquire(1, request_tokens(self.system, prompt, cap))
+        tokens = request_tokens(self.system, prompt, cap)
+        await pacer.acquire(1, tokens)
         listening = HEADER_LISTENER.set(pacer.observe)
         answered = False
         try:
             done = await self.call(request, kind, call)
             answered = isinstance(done, Judged)
+            if not answered:  # nothing sent (claimed elsewhere, say): the next call takes its turn
+                pacer.unspent(tokens)
             return done
         except ProviderError as exc:
             if exc.status == 429 and exc.retryable:
