@@ -167,6 +167,17 @@ class Pacer:
             self._leave()
             raise
 
+    def waits(self) -> bool:
+        """Whether a call now would wait: a pause, no slot in flight, or a bucket short of a turn
+        (the tokens of the largest call so far) with no unspent turn to take instead."""
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._open_at or self.in_flight >= self._room():
+            return True
+        short = ((self._requests is not None and not self._requests.has_capacity(1))
+                 or (self._tokens is not None and not self._tokens.has_capacity(
+                     min(self._largest, self._tokens.max_rate))))
+        return short and not self._fresh_unspent(loop.time())
+
     async def turn(self, tokens: int) -> None:
         """A call's turn, taken before its request is chosen and kept for it (:meth:`unspent`):
         where other runners work on the same requests, one chosen first and then kept waiting

@@ -434,7 +434,8 @@ class Replayer(Settle):
         while self.control.stop is None:
             if len(self._queue) < self.concurrency and self._feed is not None:
                 self._fill()
-            if self._queue and self.pacer is not None and self.pacer.hosts > 1:
+            if (self._queue and self.pacer is not None and self.pacer.hosts > 1
+                    and self.pacer.waits()):
                 # Other hosts work on these requests too: one is chosen only once its turn has
                 # come, so none waits in hand while they do it. One worker waits for the pacer
                 # at a time, so none is left waiting once the queue is empty.
