@@ -156,33 +156,61 @@ def test_a_turn_whose_request_another_host_took_goes_to_the_next_call() -> None:
     its turn to the next call: hosts sharing a batch spend their share on calls they send."""
     async def paced() -> None:
         pacer = Pacer(RateLimits(requests_per_minute=6))  # a turn each 10 s, a burst of one
-        await pacer.acquire(1, 100)
+        turn = await pacer.acquire(1, 100)
         pacer.release(answered=False)
-        pacer.unspent(100)  # its request was done elsewhere: nothing was sent
+        pacer.unspent(100, turn)  # its request was done elsewhere: nothing was sent
         await asyncio.wait_for(pacer.acquire(1, 120), 2)  # that turn, not one 10 s later
         pacer.release()
         with pytest.raises(TimeoutError):  # no turn is left over: the limits' own pace
             await asyncio.wait_for(pacer.acquire(1, 100), 1)
+        assert pacer.in_flight == 0
 
     asyncio.run(paced())
 
 
-def test_an_unspent_turn_lapses_after_one_slice_and_with_new_limits() -> None:
-    """A turn kept longer than a slice, or taken under other limits, is never spent: no later
-    burst can exceed what the limits allowed when it was taken."""
-    async def lapsed(change: bool) -> None:
+@pytest.mark.parametrize("lapse", ["a slice after it was taken", "new limits since"])
+def test_an_unspent_turn_lapses_a_slice_after_it_was_taken_and_with_new_limits(lapse) -> None:
+    """A turn passed on late (its call waited after taking it), or taken from buckets new
+    limits or a new share replaced, is never spent: no later burst can exceed what the limits
+    allowed when it was taken."""
+    async def lapsed() -> None:
         pacer = Pacer(RateLimits(requests_per_minute=6), slice_seconds=0.2)
-        await pacer.acquire(1, 0)
-        pacer.release(answered=False)
-        pacer.unspent(0)
-        if change:  # a second host: the share's new buckets, one turn free in them
+        turn = await pacer.acquire(1, 0)
+        if lapse == "new limits since":  # a second host, while the call was in flight
             pacer.share(2)
-            await asyncio.wait_for(pacer.acquire(1, 0), 2)
+            await asyncio.wait_for(pacer.acquire(1, 0), 2)  # the new buckets' one free turn
             pacer.release()
         else:
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(0.3)  # the call waited (a budget, a probe) before it gave up
+        pacer.release(answered=False)
+        pacer.unspent(0, turn)
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(pacer.acquire(1, 0), 1)
 
-    asyncio.run(lapsed(change=False))
-    asyncio.run(lapsed(change=True))
+    asyncio.run(lapsed())
+
+
+def test_during_a_pause_one_worker_chooses_a_request_for_one_unspent_turn() -> None:
+    """Workers take their turn before choosing a request, one at a time: a turn left unspent
+    while a 429's pause is in force lets one of them choose, not every one."""
+    async def paused() -> int:
+        pacer, lock, chosen = Pacer(RateLimits(requests_per_minute=6)), asyncio.Lock(), []
+        turn = await pacer.acquire(1, 0)
+        pacer.release(answered=False)
+        pacer.penalise(0.3)
+        pacer.unspent(0, turn)
+
+        async def worker() -> None:  # as Replayer._worker: the turn, then the request
+            async with lock:
+                await pacer.turn(0)
+            chosen.append(1)
+            await pacer.acquire(1, 0)
+
+        workers = [asyncio.ensure_future(worker()) for _ in range(5)]
+        await asyncio.sleep(1.5)
+        for task in workers:
+            task.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+        return len(chosen)
+
+    assert asyncio.run(paused()) == 1

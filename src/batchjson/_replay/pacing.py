@@ -22,6 +22,7 @@ from .._ledger.store_base import Tx
 from .._ledger.store_calls import Owner
 from .._providers.ratelimits import Reported, reported
 
+Turn = tuple[float, int]  # when a call's turn was taken, and from which build of the buckets
 HEADROOM = 0.98  # pace a little under the limit: network jitter bunches arrivals
 _KEYS = {"requests_per_minute": "requests_per_minute", "rpm": "requests_per_minute",
          "tokens_per_minute": "tokens_per_minute", "tpm": "tokens_per_minute"}
@@ -92,9 +93,10 @@ class Pacer:
         self._open_at = 0.0  # loop time before which no call is sent
         self._short_until = -1.0  # the end of a pause short remaining counts asked for
         self._waiting: list[asyncio.Future[None]] = []
-        # turns taken from these buckets and not sent: (loop time, tokens) each; new buckets
-        # (new limits, a new share) start without them
-        self._unspent: deque[tuple[float, int]] = deque()
+        # turns taken and not sent: (when, from which buckets, tokens) each; only those from the
+        # buckets in force, taken within a slice, are spent (see unspent)
+        self._unspent: deque[tuple[float, int, int]] = deque()
+        self._built = 0  # the buckets' build: new limits or a new share make new ones
         self._learning = False  # one call alone until the first answer: see learn()
         self.heard = False  # the provider has said its limits (or that it reports none)
         self.hosts = 1  # the live hosts of the ledger, dividing the limits between them
@@ -111,6 +113,7 @@ class Pacer:
     def _build(self, requests: bool = True, tokens: bool = True) -> None:
         """New buckets for the limits named (one starts empty: only a changed limit gets one)."""
         rpm, tpm = self.requests_per_minute, self.tokens_per_minute
+        self._built += 1
         self._unspent.clear()
         if requests:
             self._requests = _bucket(rpm / self.hosts, self.slice_seconds, 1) if rpm else None
@@ -148,9 +151,9 @@ class Pacer:
             self._build()
 
     # -- the interface a shared pacer would implement -------------------------------------------
-    async def acquire(self, requests: int = 1, tokens: int = 0) -> None:
-        """Wait for no pause in force, a slot in flight and room in both buckets for ``tokens``.
-        Pair with :meth:`release`."""
+    async def acquire(self, requests: int = 1, tokens: int = 0) -> Turn:
+        """Wait for no pause in force, a slot in flight and room in both buckets for ``tokens``:
+        the turn taken, for :meth:`unspent` if the call is not sent. Pair with :meth:`release`."""
         loop = asyncio.get_running_loop()
         if self.in_flight >= self._room():
             await self._room_free(loop)
@@ -158,11 +161,15 @@ class Pacer:
         try:
             if loop.time() < self._open_at:
                 await self._pause_over(loop)
-            left = self._take_unspent(loop.time()) if self._unspent else None
-            if left is None:
+            kept = self._take_unspent(loop.time()) if self._unspent else None
+            if kept is None:
+                built = self._built
                 await self._take(loop, requests, tokens)
-            elif tokens > left:  # a turn taken already: only the tokens it lacks
+                return loop.time(), built
+            left, turn = kept
+            if tokens > left:  # a turn taken already: only the tokens it lacks
                 await self._take(loop, 0, tokens - left)
+            return turn
         except BaseException:
             self._leave()
             raise
@@ -183,12 +190,18 @@ class Pacer:
         where other runners work on the same requests, one chosen first and then kept waiting
         for its turn is often done elsewhere when the turn comes."""
         loop = asyncio.get_running_loop()
-        await self._room_free(loop)  # a lone first call, or fewer in flight after a 429
-        if self._fresh_unspent(loop.time()):  # a turn not sent is there to take
+        while True:  # room in flight (a lone first call, fewer after a 429), and no pause
+            if self.in_flight >= self._room():
+                await self._room_free(loop)
+            if loop.time() >= self._open_at:
+                break
+            await self._pause_over(loop)
+        if self._fresh_unspent(loop.time()):  # a turn not sent: the next acquire takes it
             return
+        built = self._built
         await self._take(loop, 1, tokens)
         if self._requests is not None or self._tokens is not None:  # else nothing was taken
-            self.unspent(tokens)
+            self.unspent(tokens, (loop.time(), built))
 
     async def _take(self, loop: asyncio.AbstractEventLoop, requests: int, tokens: int) -> None:
         """Wait out any pause, then for room in both buckets."""
@@ -218,22 +231,31 @@ class Pacer:
         while loop.time() < self._open_at:
             await asyncio.sleep(self._open_at - loop.time())
 
-    def unspent(self, tokens: int) -> None:
+    def unspent(self, tokens: int, turn: Turn) -> None:
         """A turn taken and not sent (its request claimed or accepted by another runner, the run
         stopped, or taken ahead by :meth:`turn`): the next call takes it and its ``tokens``
-        instead of the buckets'. Kept one slice, so no later burst exceeds what the limits
-        allowed then."""
-        self._unspent.append((asyncio.get_running_loop().time(), tokens))
+        instead of the buckets'. Only within one slice of when it was taken, and from the
+        buckets in force, so no later burst exceeds what the limits allowed then."""
+        self._unspent.append((*turn, tokens))
 
     def _fresh_unspent(self, now: float) -> bool:
-        """Whether an unspent turn is still within its slice (older ones are dropped)."""
-        while self._unspent and now - self._unspent[0][0] > self.slice_seconds:
+        """Whether the next unspent turn may be spent (stale ones before it are dropped)."""
+        while self._unspent:
+            at, built, _ = self._unspent[0]
+            if now - at <= self.slice_seconds and built == self._built:
+                return True
             self._unspent.popleft()
-        return bool(self._unspent)
+        return False
 
-    def _take_unspent(self, now: float) -> int | None:
-        """The tokens of the oldest unspent turn still within its slice (taken), else None."""
-        return self._unspent.popleft()[1] if self._fresh_unspent(now) else None
+    def _take_unspent(self, now: float) -> tuple[int, Turn] | None:
+        """The next unspent turn that may be spent, taken: (its tokens, the turn), else None."""
+        if not self._fresh_unspent(now):
+            return None
+        try:
+            at, built, tokens = self._unspent.popleft()
+        except IndexError:  # cleared meanwhile by new limits set from the user's thread
+            return None
+        return tokens, (at, built)
 
     def release(self, answered: bool = True) -> None:
         """A call is over; an answered one ends the lone first call and lets the calls in flight

@@ -650,14 +650,14 @@ class Replayer(Settle):
         # counted as the provider's limiter counts it: the prompt and the ceiling the call asks
         cap = call_output_cap(self.provider, call.answer_chars)
         tokens = request_tokens(self.system, prompt, cap)
-        await pacer.acquire(1, tokens)
+        turn = await pacer.acquire(1, tokens)
         listening = HEADER_LISTENER.set(pacer.observe)
         answered = False
         try:
             done = await self.call(request, kind, call)
             answered = isinstance(done, Judged)
             if not answered:  # nothing sent (claimed elsewhere, say): the next call takes its turn
-                pacer.unspent(tokens)
+                pacer.unspent(tokens, turn)
             return done
         except ProviderError as exc:
             if exc.status == 429 and exc.retryable:
