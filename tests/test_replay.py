@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import socket
 import threading
 import time
 
 import pytest
 
-from batchjson import Budget, CallableProvider, ProviderError, Session
+from batchjson import Budget, CallableProvider, OpenAIProvider, ProviderError, Session
 from batchjson.testing import LoopbackServer
 from batchjson.testing.simulated import SimulatedModel
 from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
@@ -196,6 +197,34 @@ def test_an_unreachable_host_stops_the_run_after_one_calls_retries():
     assert "http://127.0.0.1:9/v1/chat/completions" in str(raised.value)
     assert len(tries) == 3 and len(set(tries)) == 1  # one request, its transport retries only
     assert session.ledger.spend("r")["calls"] == 3
+
+
+def test_an_unreachable_host_stops_a_first_run_that_learns_the_limits(tmp_path):
+    """While a fresh ledger learns the limits one call is in flight at a time; a call waiting
+    to hear whether the host is back holds that slot, so the call finding out must not wait
+    for it (the run hung there)."""
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    provider = OpenAIProvider("gpt-4o-mini", base_url=f"http://127.0.0.1:{port}/v1",
+                              api_key="sk-test", extra_body={"max_completion_tokens": 60})
+    session = Session(provider, ledger=tmp_path / "l.sqlite", concurrency=4, transport_retries=2)
+    session.transport.backoff_initial = session.transport.backoff_max = 0.01
+    ended: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            session.run_batch("r", review_tasks(8), LABEL_SCHEMA)
+        except ProviderError as exc:
+            ended.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive(), "the run still waits on an unreachable host"
+    assert "is the server running" in str(ended[0]) and session.pacer.in_flight == 0
+    session.close()
 
 
 @pytest.mark.parametrize("failures, retryable, tries, status", [

@@ -151,11 +151,13 @@ class Pacer:
             self._build()
 
     # -- the interface a shared pacer would implement -------------------------------------------
-    async def acquire(self, requests: int = 1, tokens: int = 0) -> Turn:
+    async def acquire(self, requests: int = 1, tokens: int = 0, *, probe: bool = False) -> Turn:
         """Wait for no pause in force, a slot in flight and room in both buckets for ``tokens``:
-        the turn taken, for :meth:`unspent` if the call is not sent. Pair with :meth:`release`."""
+        the turn taken, for :meth:`unspent` if the call is not sent. Pair with :meth:`release`.
+        ``probe``: the call finding out whether an unreachable host is back waits for no slot,
+        since the calls holding them wait for it."""
         loop = asyncio.get_running_loop()
-        if self.in_flight >= self._room():
+        if self.in_flight >= self._room() and not probe:
             await self._room_free(loop)
         self.in_flight += 1
         try:

@@ -650,7 +650,7 @@ class Replayer(Settle):
         # counted as the provider's limiter counts it: the prompt and the ceiling the call asks
         cap = call_output_cap(self.provider, call.answer_chars)
         tokens = request_tokens(self.system, prompt, cap)
-        turn = await pacer.acquire(1, tokens)
+        turn = await pacer.acquire(1, tokens, probe=self.probe.prober == request.key)
         listening = HEADER_LISTENER.set(pacer.observe)
         answered = False
         try:
