@@ -13,7 +13,15 @@ import time
 
 import pytest
 
-from batchjson import Budget, CallableProvider, OpenAIProvider, ProviderError, Session
+from batchjson import (
+    BatchJsonError,
+    BatchUnresolved,
+    Budget,
+    CallableProvider,
+    OpenAIProvider,
+    ProviderError,
+    Session,
+)
 from batchjson.testing import LoopbackServer
 from batchjson.testing.simulated import SimulatedModel
 from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
@@ -199,31 +207,56 @@ def test_an_unreachable_host_stops_the_run_after_one_calls_retries():
     assert session.ledger.spend("r")["calls"] == 3
 
 
-def test_an_unreachable_host_stops_a_first_run_that_learns_the_limits(tmp_path):
-    """While a fresh ledger learns the limits one call is in flight at a time; a call waiting
-    to hear whether the host is back holds that slot, so the call finding out must not wait
-    for it (the run hung there)."""
+def closed_port_provider() -> OpenAIProvider:
+    """An OpenAI provider at a loopback port where nothing listens."""
     closed = socket.socket()
     closed.bind(("127.0.0.1", 0))
     port = closed.getsockname()[1]
     closed.close()
-    provider = OpenAIProvider("gpt-4o-mini", base_url=f"http://127.0.0.1:{port}/v1",
-                              api_key="sk-test", extra_body={"max_completion_tokens": 60})
-    session = Session(provider, ledger=tmp_path / "l.sqlite", concurrency=4, transport_retries=2)
-    session.transport.backoff_initial = session.transport.backoff_max = 0.01
+    return OpenAIProvider("gpt-4o-mini", base_url=f"http://127.0.0.1:{port}/v1",
+                          api_key="sk-test", extra_body={"max_completion_tokens": 60})
+
+
+def ended_within(session: Session, seconds: float) -> BaseException:
+    """What a run of 8 tasks raised, failing if it has not ended within ``seconds``."""
     ended: list[BaseException] = []
 
     def run() -> None:
         try:
             session.run_batch("r", review_tasks(8), LABEL_SCHEMA)
-        except ProviderError as exc:
+        except BatchJsonError as exc:
             ended.append(exc)
 
     worker = threading.Thread(target=run, daemon=True)
     worker.start()
-    worker.join(60)
+    worker.join(seconds)
     assert not worker.is_alive(), "the run still waits on an unreachable host"
-    assert "is the server running" in str(ended[0]) and session.pacer.in_flight == 0
+    assert session.pacer.in_flight == 0
+    return ended[0]
+
+
+def test_a_budget_that_runs_out_while_one_call_probes_an_unreachable_host_ends_the_run(
+        tmp_path):
+    """The probing call's next try is refused by the budget: the calls waiting to hear whether
+    the host is back go on to find the budget spent, instead of waiting for good."""
+    session = Session(closed_port_provider(), ledger=tmp_path / "l.sqlite", concurrency=4,
+                      transport_retries=12, budget=Budget(calls=9),
+                      rate_limits={"requests_per_minute": 100_000})
+    session.transport.backoff_initial = session.transport.backoff_max = 0.01
+    ended = ended_within(session, 30)
+    assert isinstance(ended, BatchUnresolved) and "budget_exhausted" in str(ended)
+    assert session.ledger.spend("r")["calls"] == 9
+    session.close()
+
+
+def test_an_unreachable_host_stops_a_first_run_that_learns_the_limits(tmp_path):
+    """While a fresh ledger learns the limits one call is in flight at a time; a call waiting
+    to hear whether the host is back holds that slot, so the call finding out must not wait
+    for it (the run hung there)."""
+    session = Session(closed_port_provider(), ledger=tmp_path / "l.sqlite", concurrency=4,
+                      transport_retries=2)
+    session.transport.backoff_initial = session.transport.backoff_max = 0.01
+    assert "is the server running" in str(ended_within(session, 60))
     session.close()
 
 

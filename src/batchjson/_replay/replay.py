@@ -124,6 +124,8 @@ class HostProbe:
             self._up.clear()
 
     def back(self, key: str) -> None:
+        """``key``'s call reached the host, or will not be sent: if it was probing, another
+        call finds out next."""
         if self.prober == key:
             self.prober = None
             self._up.set()
@@ -187,9 +189,11 @@ class Replayer(Settle):
         if self.probe.waits(request.key):  # another call finds out if the host is up
             await self.probe.wait_turn(request.key)
         if self.control.stop is not None:
+            self.probe.back(request.key)  # a probing call not sent: the waiting calls go on
             return STOPPED
         opened = await self._open(request, kind, call, estimate_tokens(self.system + call.prompt))
-        if isinstance(opened, NotSent):
+        if isinstance(opened, NotSent):  # out of budget, held or done elsewhere: likewise
+            self.probe.back(request.key)
             return opened
         reserved, claimed = opened
         self.attempts[request.key] = call.attempt + 1
