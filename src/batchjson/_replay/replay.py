@@ -637,10 +637,14 @@ class Replayer(Settle):
         return Judged(acceptance.Verdict(False, errors=[provider_error(exc)]), None)
 
     def _tokens_of(self, request: Request) -> int:
-        """The tokens a request's first call counts against the limits (see ``_paced_call``)."""
-        answer = self.plan.answer_chars(request.tasks)
-        return request_tokens(self.system, first_prompt(self.plan, request),
-                              call_output_cap(self.provider, answer))
+        """The tokens a request's first call counts against the limits."""
+        return self._counted(first_prompt(self.plan, request),
+                             self.plan.answer_chars(request.tasks))
+
+    def _counted(self, prompt: str, answer_chars: int | None) -> int:
+        """A call's tokens as the provider's limiter counts them: the prompt and the ceiling
+        the call asks."""
+        return request_tokens(self.system, prompt, call_output_cap(self.provider, answer_chars))
 
     async def _paced_call(self, request: Request, kind: str,
                           prompt: str) -> Judged | NotSent:
@@ -651,9 +655,7 @@ class Replayer(Settle):
                                             self.attempts.get(request.key, 0), self.cached_prefix)
         if pacer is None:
             return await self.call(request, kind, call)
-        # counted as the provider's limiter counts it: the prompt and the ceiling the call asks
-        cap = call_output_cap(self.provider, call.answer_chars)
-        tokens = request_tokens(self.system, prompt, cap)
+        tokens = self._counted(prompt, call.answer_chars)
         turn = await pacer.acquire(1, tokens, probe=self.probe.prober == request.key)
         listening = HEADER_LISTENER.set(pacer.observe)
         answered = False
