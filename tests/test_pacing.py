@@ -35,6 +35,18 @@ def test_a_run_stays_under_the_limits_it_learns_with_under_one_percent_429s() ->
     assert session.pacer.learnt == RateLimits(2400, 600_000)  # from the first answer's headers
 
 
+def test_the_call_sent_alone_to_learn_the_limits_counts_against_the_first_burst() -> None:
+    """A fresh ledger's first call goes alone, with no bucket; the provider counted its tokens,
+    so the first paced call waits for them to drain. Each call here is over half of what a
+    one-second slice passes (1,000 tokens), so counting it twice is what keeps them apart."""
+    with LoopbackServer(rate_limits=Limits.enforced(6000, 60_000, 1.0)) as srv:
+        session = Session(openai(srv, extra_body={"max_completion_tokens": 600}),
+                          ledger=":memory:", concurrency=8)
+        result = session.run_batch("large", review_tasks(3), LABEL_SCHEMA, pack=1)
+    assert result.status == "resolved"
+    assert srv.responses[429] == 0 and srv.responses[200] == 3
+
+
 def test_limits_the_user_sets_pace_the_first_calls_too() -> None:
     with LoopbackServer(rate_limits=Limits.enforced(1200, 1_000_000, 1.0)) as srv:
         session = Session(openai(srv, extra_body=CAP), ledger=":memory:", concurrency=32,

@@ -90,6 +90,9 @@ class Pacer:
         self._requests: AsyncLimiter | None = None
         self._tokens: AsyncLimiter | None = None
         self._largest = 1  # the largest token count acquired: the token bucket's least burst
+        # what calls sent with no bucket spent (the lone first call learning the limits): the
+        # provider counted them, so the bucket made once a limit is known counts them too
+        self._unpaced_requests, self._unpaced_tokens = Unpaced(), Unpaced()
         self._open_at = 0.0  # loop time before which no call is sent
         self._short_until = -1.0  # the end of a pause short remaining counts asked for
         self._waiting: list[asyncio.Future[None]] = []
@@ -198,25 +201,31 @@ class Pacer:
             if loop.time() >= self._open_at:
                 break
             await self._pause_over(loop)
-        if self._fresh_unspent(loop.time()):  # a turn not sent: the next acquire takes it
-            return
+        if self._fresh_unspent(loop.time()) or (self._requests is None and self._tokens is None):
+            return  # a turn not sent (the next acquire takes it), or no bucket to take from
         built = self._built
         await self._take(loop, 1, tokens)
-        if self._requests is not None or self._tokens is not None:  # else nothing was taken
-            self.unspent(tokens, (loop.time(), built))
+        self.unspent(tokens, (loop.time(), built))
 
     async def _take(self, loop: asyncio.AbstractEventLoop, requests: int, tokens: int) -> None:
-        """Wait out any pause, then for room in both buckets."""
+        """Wait out any pause, then for room in both buckets (first for what was sent before a
+        bucket was: the provider counted it)."""
         if loop.time() < self._open_at:
             await self._pause_over(loop)
-        if self._requests is not None and requests:
-            await self._requests.acquire(min(requests, self._requests.max_rate))
-        if tokens and self.tokens_per_minute and tokens > self._largest:
-            self._largest = min(tokens, self.tokens_per_minute)
-            if self._tokens is not None and self._largest > self._tokens.max_rate:
+        if tokens > self._largest:
+            self._largest = tokens
+            tpm = self.tokens_per_minute
+            if self._tokens is not None and tpm and min(tokens, tpm) > self._tokens.max_rate:
                 self._build(requests=False)  # a burst of at least one such request
-        if self._tokens is not None and tokens:
-            await self._tokens.acquire(min(tokens, self._tokens.max_rate))
+        for bucket, amount, unpaced in ((self._requests, requests, self._unpaced_requests),
+                                        (self._tokens, tokens, self._unpaced_tokens)):
+            if bucket is None:
+                unpaced.sent(loop.time(), amount)
+                continue
+            owed = unpaced.owed(loop.time(), bucket.max_rate / bucket.time_period) if unpaced else 0
+            for part in (owed, amount):
+                if part:
+                    await bucket.acquire(min(part, bucket.max_rate))
 
     async def _room_free(self, loop: asyncio.AbstractEventLoop) -> None:
         """Wait for a slot in flight (not taken: :meth:`acquire` takes it)."""
@@ -350,6 +359,40 @@ class Pacer:
             return "no rate limits"
         shared = f", this host's share 1/{self.hosts} of them" if self.hosts > 1 else ""
         return " and ".join(parts) + " per minute" + shared
+
+
+class Unpaced:
+    """Amounts sent while a limit was unknown, for the bucket made once it is known: what of
+    them a bucket of that rate would not yet have drained is owed to it, once."""
+
+    WINDOW = 60.0  # a per-minute limit has drained all it passed within a minute
+    BIN = 0.1  # amounts sent this close together are kept as one (bounded memory, unpaced)
+
+    def __init__(self) -> None:
+        self._sent: deque[list[float]] = deque()  # [when, amount]
+
+    def __bool__(self) -> bool:
+        return bool(self._sent)
+
+    def sent(self, now: float, amount: float) -> None:
+        if not amount:
+            return
+        while self._sent and now - self._sent[0][0] > self.WINDOW:
+            self._sent.popleft()
+        if self._sent and now - self._sent[-1][0] < self.BIN:
+            self._sent[-1][1] += amount  # counted as sent at the earlier moment: drains less
+        else:
+            self._sent.append([now, amount])
+
+    def owed(self, now: float, rate: float) -> float:
+        """The level a bucket draining ``rate`` a second would hold now, had it counted them;
+        forgotten once told."""
+        level, last = 0.0, None
+        for when, amount in self._sent:
+            level = max(0.0, level - (when - last) * rate) if last is not None else 0.0
+            level, last = level + amount, when
+        self._sent.clear()
+        return 0.0 if last is None else max(0.0, level - (now - last) * rate)
 
 
 def pack_that_fits(limit: int, fixed_tokens: float, task_tokens: float) -> int:
