@@ -56,6 +56,58 @@ def test_limits_the_user_sets_pace_the_first_calls_too() -> None:
     assert session.rate_limits == RateLimits(requests_per_minute=1200)
 
 
+def test_limits_set_from_another_thread_during_a_run_change_on_the_runs_loop() -> None:
+    """A notebook's ``session.rate_limits = ...`` while a run paces in another thread: the
+    buckets the run's calls wait on are rebuilt between their steps, never under them."""
+    with LoopbackServer(rate_limits=Limits.enforced(1200, 1_000_000, 1.0)) as srv:
+        session = Session(openai(srv, extra_body=CAP), ledger=":memory:", concurrency=16,
+                          rate_limits={"rpm": 1200})
+        rebuilt_on, set_limits = [], session.pacer.set_limits
+
+        def recorded(limits: RateLimits) -> None:
+            rebuilt_on.append(threading.current_thread().name)
+            set_limits(limits)
+
+        session.pacer.set_limits = recorded  # type: ignore[method-assign]
+        results = []
+        run = threading.Thread(target=lambda: results.append(
+            session.run_batch("changing", review_tasks(30), LABEL_SCHEMA)))
+        run.start()
+        while not srv.requests and run.is_alive():  # the run's loop is pacing its calls
+            time.sleep(0.005)
+        while run.is_alive():  # as a person would: a few changes, a moment apart
+            session.rate_limits = {"rpm": 1200 if len(rebuilt_on) % 2 else 1100}
+            time.sleep(0.25)
+        run.join()
+    assert results[0].status == "resolved" and srv.responses[429] == 0
+    assert rebuilt_on and set(rebuilt_on) == {f"batchjson-{session.id}"}
+
+
+def test_new_limits_count_what_the_bucket_they_replace_had_just_spent() -> None:
+    """A burst spent, then limits set again: the provider counted that burst, so the next call
+    waits for it to drain rather than opening a second burst at once."""
+    async def go() -> float:
+        pacer = Pacer(RateLimits(requests_per_minute=600), concurrency=64, slice_seconds=10)
+        loop = asyncio.get_running_loop()
+        burst = 0
+        while True:  # the whole burst, taken at once
+            start = loop.time()
+            await pacer.acquire(1, 0)
+            pacer.release()
+            if loop.time() - start > 0.05:
+                break
+            burst += 1
+        pacer.set_limits(RateLimits(requests_per_minute=660))
+        start = loop.time()
+        for _ in range(10):  # the new burst is 10% larger: five fit, five wait
+            await pacer.acquire(1, 0)
+            pacer.release()
+        return loop.time() - start
+
+    waited = asyncio.run(go())
+    assert waited >= 0.35  # five at 11 a second (less headroom), not a fresh burst at once
+
+
 def test_pacing_is_shared_by_all_runs_of_one_session() -> None:
     """Two runs at once from two threads: each alone would fill the limit, so only one pacer
     for both keeps the session under it."""

@@ -92,6 +92,33 @@ class BackgroundLoop:
             raise KeyboardInterrupt
         return box["task"].result()  # or raises what the run raised
 
+    def call(self, fn: Callable[[], T]) -> T:
+        """``fn()`` on the loop's thread while it runs, between its tasks' steps (what they read
+        is never changed under them), else here."""
+        with self._lock:
+            loop, thread = self._loop, self._thread
+        if (loop is None or thread is None or thread is threading.current_thread()
+                or not thread.is_alive()):
+            return fn()
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def apply() -> None:
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # noqa: BLE001 - raised on the caller's thread
+                future.set_exception(exc)
+
+        try:
+            loop.call_soon_threadsafe(apply)
+        except RuntimeError:  # closed meanwhile: no task is left to read it
+            return fn()
+        while True:
+            try:
+                return future.result(0.05)
+            except concurrent.futures.TimeoutError:
+                if not thread.is_alive() and not future.done():  # closed before it ran
+                    return fn()
+
     def close(self, finalize: Callable[[], Coroutine[Any, Any, None]] | None = None) -> None:
         """Run ``finalize`` (closing pooled connections) on the loop, then stop it."""
         with self._lock:

@@ -90,9 +90,9 @@ class Pacer:
         self._requests: AsyncLimiter | None = None
         self._tokens: AsyncLimiter | None = None
         self._largest = 1  # the largest token count acquired: the token bucket's least burst
-        # what calls sent with no bucket spent (the lone first call learning the limits): the
-        # provider counted them, so the bucket made once a limit is known counts them too
-        self._unpaced_requests, self._unpaced_tokens = Unpaced(), Unpaced()
+        # what the provider counted and the buckets did not: calls sent before there was one
+        # (the lone call learning the limits), what a bucket replaced by new limits held
+        self._owed_requests, self._owed_tokens = Owed(), Owed()
         self._open_at = 0.0  # loop time before which no call is sent
         self._short_until = -1.0  # the end of a pause short remaining counts asked for
         self._waiting: list[asyncio.Future[None]] = []
@@ -119,8 +119,10 @@ class Pacer:
         self._built += 1
         self._unspent.clear()
         if requests:
+            self._owed_requests.carry(self._requests)
             self._requests = _bucket(rpm / self.hosts, self.slice_seconds, 1) if rpm else None
         if tokens:
+            self._owed_tokens.carry(self._tokens)
             self._tokens = (_bucket(tpm / self.hosts, self.slice_seconds,
                                     min(self._largest, tpm)) if tpm else None)
 
@@ -217,15 +219,22 @@ class Pacer:
             tpm = self.tokens_per_minute
             if self._tokens is not None and tpm and min(tokens, tpm) > self._tokens.max_rate:
                 self._build(requests=False)  # a burst of at least one such request
-        for bucket, amount, unpaced in ((self._requests, requests, self._unpaced_requests),
-                                        (self._tokens, tokens, self._unpaced_tokens)):
-            if bucket is None:
-                unpaced.sent(loop.time(), amount)
-                continue
-            owed = unpaced.owed(loop.time(), bucket.max_rate / bucket.time_period) if unpaced else 0
-            for part in (owed, amount):
-                if part:
-                    await bucket.acquire(min(part, bucket.max_rate))
+        await self._spend("_requests", self._owed_requests, requests, loop)
+        await self._spend("_tokens", self._owed_tokens, tokens, loop)
+
+    async def _spend(self, name: str, owed: Owed, amount: int,
+                     loop: asyncio.AbstractEventLoop) -> None:
+        """``amount`` from the bucket ``name`` in force now, after what that bucket is owed; with
+        no bucket, owed to the one made once the limit is known."""
+        bucket = getattr(self, name)
+        if bucket is None:
+            owed.sent(loop.time(), amount)
+            return
+        level = owed.level(loop.time(), bucket.max_rate / bucket.time_period) if owed else 0
+        parts = [bucket.max_rate] * int(level // bucket.max_rate) + [level % bucket.max_rate]
+        for part in (*parts, min(amount, bucket.max_rate)):
+            if part:
+                await bucket.acquire(part)
 
     async def _room_free(self, loop: asyncio.AbstractEventLoop) -> None:
         """Wait for a slot in flight (not taken: :meth:`acquire` takes it)."""
@@ -361,9 +370,9 @@ class Pacer:
         return " and ".join(parts) + " per minute" + shared
 
 
-class Unpaced:
-    """Amounts sent while a limit was unknown, for the bucket made once it is known: what of
-    them a bucket of that rate would not yet have drained is owed to it, once."""
+class Owed:
+    """What a bucket must count and has not: amounts sent while its limit was unknown, and what
+    the bucket it replaced held. What of them it would not yet have drained is owed, once."""
 
     WINDOW = 60.0  # a per-minute limit has drained all it passed within a minute
     BIN = 0.1  # amounts sent this close together are kept as one (bounded memory, unpaced)
@@ -373,6 +382,20 @@ class Unpaced:
 
     def __bool__(self) -> bool:
         return bool(self._sent)
+
+    def carry(self, bucket: AsyncLimiter | None) -> None:
+        """What ``bucket``, being replaced, holds now (read by its public ``has_capacity``)."""
+        try:
+            now = asyncio.get_running_loop().time()
+        except RuntimeError:  # no run's loop: no call has spent from it
+            return
+        if bucket is None or bucket.has_capacity(bucket.max_rate):
+            return
+        room, full = 0.0, bucket.max_rate  # room fits; full does not
+        while full - room > max(1.0, bucket.max_rate / 1024):
+            middle = (room + full) / 2
+            room, full = (middle, full) if bucket.has_capacity(middle) else (room, middle)
+        self.sent(now, bucket.max_rate - room)
 
     def sent(self, now: float, amount: float) -> None:
         if not amount:
@@ -384,7 +407,7 @@ class Unpaced:
         else:
             self._sent.append([now, amount])
 
-    def owed(self, now: float, rate: float) -> float:
+    def level(self, now: float, rate: float) -> float:
         """The level a bucket draining ``rate`` a second would hold now, had it counted them;
         forgotten once told."""
         level, last = 0.0, None

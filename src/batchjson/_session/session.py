@@ -94,7 +94,8 @@ class Session:
 
     @rate_limits.setter
     def rate_limits(self, value: Any) -> None:
-        self.pacer.set_limits(RateLimits.of(value))
+        limits = RateLimits.of(value)  # refused here, on the caller's thread
+        self._loop.call(lambda: self.pacer.set_limits(limits))  # where the runs pace
 
     @property
     def spent_calls(self) -> int:
