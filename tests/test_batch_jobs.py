@@ -414,6 +414,15 @@ def test_a_live_run_never_sends_what_an_unfinished_job_claims(srv):
     assert {e["type"] for e in live.errors} == {"pending"}
 
 
+def test_a_live_run_whose_every_request_an_unfinished_job_claims_returns_pending(srv):
+    s = session(srv)
+    assert s.run_batch("labels", tasks(3), SCHEMA, transport="batch").status == "pending"
+    calls = srv.requests
+    live = s.run_batch("labels", tasks(3), SCHEMA)  # nothing left to send live
+    assert live.status == "pending" and srv.requests == calls
+    assert {e["type"] for e in live.errors} == {"pending"} and live.jobs[0]["requests"] == 3
+
+
 def test_an_expired_job_keeps_what_it_answered_and_the_rest_follows_up(srv):
     srv.batches.faults = [BatchFaults(whole="expire")]
     s = session(srv)

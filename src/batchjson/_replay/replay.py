@@ -390,7 +390,8 @@ class Replayer(Settle):
             for worker in workers:
                 worker.cancel()
             # Let cancelled workers close their receipts before the run returns.
-            await asyncio.wait(workers)
+            if workers:  # none when every owed request is held elsewhere (a batch job)
+                await asyncio.wait(workers)
             lease.cancel()
             self.writes.queue(lambda tx: self.store.claims(tx, self.owner, "release"))
             self.writes.flush_now()  # whatever was judged is committed before we return
