@@ -233,6 +233,18 @@ def test_values_materialise_as_jsonl_and_a_dataframe_in_task_order(tmp_path):
     assert frame.to_dict("records") == [{"task_id": t["task_id"], **answer(t)} for t in tasks]
 
 
+def test_values_keep_task_order_within_a_pack_whose_ids_do_not_sort_as_text(tmp_path):
+    """t8, t9, t10 in one pack: read back as given, not as the ledger's keys sort."""
+    tasks = [dict(t, task_id=f"t{n + 8}") for n, t in enumerate(review_tasks(7))]
+    session = Session(labeller(), ledger=tmp_path / "l.sqlite")
+    result = session.run_batch("b", tasks, LABEL_SCHEMA, pack=3)
+    order = [t["task_id"] for t in tasks]
+    assert list(result.values) == order and list(dict(result.values)) == order
+    assert [json.loads(line)["task_id"] for line in result.to_jsonl().splitlines()] == order
+    assert list(result.to_pandas()["task_id"]) == order
+    assert list(session.ledger.checkpoint("b")) == order
+
+
 def test_to_pandas_without_pandas_says_how_to_get_it(monkeypatch):
     result = Session(labeller()).run_batch("b", review_tasks(2), LABEL_SCHEMA)
     monkeypatch.setitem(sys.modules, "pandas", None)

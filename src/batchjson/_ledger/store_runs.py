@@ -175,7 +175,8 @@ class RunStore(StoreBase):
     def _checkpoint(self, name: str, revision_id: int | None = None) -> dict[str, Any]:
         rows = self._read(  # of ``revision_id``, else of the batch's current revision
             f"SELECT c.task_id, c.item, {self.dialect.json_valid.format('c.item')}, q.position, "
-            "o.task_ids FROM requests q JOIN checkpoint c ON c.request_key = q.key "
+            "COALESCE(o.task_ids, q.task_ids) FROM requests q JOIN checkpoint c "
+            "ON c.request_key = q.key "
             f"{ROOT_JOIN} WHERE q.revision_id = COALESCE(?, "
             "(SELECT current_revision FROM batches WHERE name = ?)) AND q.split = 0 "
             "ORDER BY q.position, q.id, c.attempt_id", (revision_id, name))
@@ -183,11 +184,12 @@ class RunStore(StoreBase):
             items = json.loads("[" + ",".join(r[1] for r in rows) + "]")
         else:  # joined, "1,2" next to "[3" and "4]" would shift values between tasks
             items = [json.loads(r[1]) for r in rows]
-        # the parts of a split request (halves, a partial return's) in its tasks' order
-        roots = {r[3]: r[4] for r in rows if r[4]}
+        # a request's items (a split one's parts too) in its tasks' order, not its rows' (a
+        # pack's rows come in task_id order: t10 before t8); the latest accepted row wins
+        roots = {r[3]: r[4] for r in rows}
         order = {(at, t): n for at, root in roots.items() for n, t in enumerate(json.loads(root))}
         ranked = sorted(range(len(rows)), key=lambda i: (rows[i][3], order.get(
-            (rows[i][3], rows[i][0]), -1)))  # stable: unsplit requests keep the rows' order
+            (rows[i][3], rows[i][0]), -1)))  # stable: a task's later rows stay later
         return {rows[i][0]: items[i] for i in ranked}
 
     def value_count(self, name: str | None = None, *, revision_id: int | None = None) -> int:
@@ -206,7 +208,8 @@ class RunStore(StoreBase):
                         page: tuple[tuple[int, int], int] | None = None,
                         task: tuple[str, str] | None = None) -> list[Row]:
         """A revision's leaf requests in task order with their values in commit order (the
-        latest wins): (position, id, task_id, item, the split request's task ids). ``page``:
+        latest wins): (position, id, task_id, item, the task ids of the request, else of the one
+        it was split from). ``page``:
         (after (position, id), limit) leaf requests; else ``task``: (request key, task_id)."""
         leaves, join, args = LEAVES_SQL, "", [revision_id]
         if page is not None:  # a range of requests_in_order: each page costs only its own rows
@@ -217,7 +220,7 @@ class RunStore(StoreBase):
             leaves, join = leaves + " AND key = ?", " AND c.task_id = ?"
             args += list(task)
         return self._read(
-            "SELECT q.position, q.id, c.task_id, c.item, o.task_ids FROM "
+            "SELECT q.position, q.id, c.task_id, c.item, COALESCE(o.task_ids, q.task_ids) FROM "
             f"({leaves}) q LEFT JOIN checkpoint c ON c.request_key = q.key{join} {ROOT_JOIN} "
             "ORDER BY q.position, q.id, c.attempt_id", args)
 
@@ -382,7 +385,7 @@ UNRESOLVED_SQL = (
 # A split request's parts joined to the request they were made from (``o``), for its task order.
 ROOT_JOIN = ("LEFT JOIN requests o ON q.parent_key IS NOT NULL AND o.revision_id = q.revision_id "
              "AND o.position = q.position AND o.parent_key IS NULL")
-LEAVES_SQL = ("SELECT id, position, key, parent_key, revision_id FROM requests "
+LEAVES_SQL = ("SELECT id, position, key, parent_key, revision_id, task_ids FROM requests "
               "WHERE revision_id = ? AND split = 0")
 REQUESTS_SQL = ("INSERT INTO requests(revision_id, key, position, parent_key, task_ids, tasks) "
                 "VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING")

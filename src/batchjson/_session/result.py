@@ -491,15 +491,15 @@ class LedgerValues(Mapping[str, Any]):
                 yield from self._in_task_order(list(group))
 
     def _in_task_order(self, rows: list[Any]) -> Iterator[tuple[str, str]]:
-        """One position's values, the latest accepted row winning; a split
-        request's parts in its tasks' order."""
+        """One position's values, the latest accepted row winning, in its tasks' order (a
+        pack's rows come in task_id order; a split request's parts in their requests')."""
         seen: dict[str, str] = {}
         for _, _, task_id, text, _ in rows:
             if task_id is not None:
                 seen[task_id] = text
-        root = next((row[4] for row in rows if row[4] is not None), None)
-        if root is not None:
-            order = {task_id: n for n, task_id in enumerate(json.loads(root))}
+        tasks = json.loads(rows[0][4])
+        if list(seen) != tasks:  # some not accepted, or not in order
+            order = {task_id: n for n, task_id in enumerate(tasks)}
             seen = dict(sorted(seen.items(), key=lambda kv: order.get(kv[0], len(order))))
         for task_id, text in seen.items():
             if task_id not in self._hidden:
