@@ -101,3 +101,45 @@ def test_a_disk_filling_while_a_recorded_job_is_written_cancels_it_unsent_and_a_
                        "'accepted' GROUP BY request_key")
     assert {count for _, count in rows} == {1}
     s.close()
+
+
+def test_a_full_disk_while_recording_a_created_jobs_id_is_tried_again_and_never_pays_twice(
+        srv, tmp_path, monkeypatch):
+    """The provider created (and bills) the job; its id is the one record that cannot be made
+    later. A disk full for a moment: written when it clears, the job collected, sent once."""
+    from batchjson._errors import LedgerError
+    from batchjson._ledger.store import Store
+
+    failures, submitted = [2], Store.job_submitted
+
+    def full_for_a_moment(self: Any, *args: Any) -> bool:
+        if failures[0]:
+            failures[0] -= 1
+            raise LedgerError("disk full", cause=OSError(errno.ENOSPC, "No space left"))
+        return submitted(self, *args)
+
+    monkeypatch.setattr(Store, "job_submitted", full_for_a_moment)
+    s = session(srv, ledger=tmp_path / "l.sqlite")
+    result = s.run_batch("labels", tasks(3), SCHEMA, transport="batch", wait=True)
+    assert result.resolved and srv.batches.created == 1
+    s.close()
+
+
+def test_a_created_job_whose_id_never_reaches_the_disk_is_named_in_the_error(
+        srv, tmp_path, monkeypatch):
+    from batchjson._errors import LedgerError
+    from batchjson._ledger.store import Store
+    from batchjson._replay import jobs
+
+    def full(self: Any, *args: Any) -> bool:
+        raise LedgerError("disk full", cause=OSError(errno.ENOSPC, "No space left"))
+
+    monkeypatch.setattr(Store, "job_submitted", full)
+    monkeypatch.setattr(jobs, "RECORD_CREATED_WAITS", (0.0, 0.0))
+    s = session(srv, ledger=tmp_path / "l.sqlite")
+    with pytest.raises(LedgerError) as raised:
+        s.run_batch("labels", tasks(3), SCHEMA, transport="batch", wait=True)
+    [created] = srv.batches.batches
+    assert created in str(raised.value) and "cancel the job at the provider" in str(raised.value)
+    assert "No space left" in str(raised.value) and srv.batches.created == 1
+    s.close()

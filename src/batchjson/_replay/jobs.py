@@ -15,7 +15,7 @@ from itertools import chain, islice, takewhile
 from typing import Any
 
 from .._content.tasks import Request
-from .._errors import ProviderError
+from .._errors import LedgerError, ProviderError
 from .._ledger import Ledger
 from .._ledger.records import now
 from .._ledger.store_calls import Owner
@@ -42,6 +42,8 @@ WINDOW = 1000  # requests read from the ledger, or output lines judged, together
 Windows = Callable[[], Iterable[Sequence[Request]]]  # a run's pending requests, anew each call
 Owed = tuple[Request, str, str]  # a request, and the kind and prompt of its next attempt
 
+RECORD_CREATED_WAITS = (0.1, 0.5, 1.0, 2.0, 0.0)  # a job id is written again for ~4 s
+
 
 @dataclass
 class JobsOutcome:
@@ -64,6 +66,7 @@ class JobRunner(Settle):
                  on_wait: Callable[[str], Any] | None = None) -> None:
         super().__init__(plan, ledger.store, provider, spender, Outcome())
         self.client, self.session_id, self.poll = client, session_id, poll
+        self.where = ledger.where  # named by an error that must lead a person to the ledger
         self.reservations = reservations  # attempt id -> worst case this session reserved
         self.on_progress, self.on_wait = on_progress, on_wait  # on_wait: it waits on jobs
         self.result = JobsOutcome(self.outcome)
@@ -294,12 +297,28 @@ class JobRunner(Settle):
                                     uncertain=True)
             return False
         self.outcome.repairs_made += self.repairs.pop(job_id, 0)  # sent: the job exists
-        if self.store.job_submitted(job_id, str(batch["id"]), {
+        if await self._record_created(job_id, str(batch["id"]), {
                 "input_file_id": file_id, "provider_status": batch.get("status")}):
             await self._cancel_asked(self._row(job_id))  # asked for meanwhile
         else:
             self.result.submitted += body.lines
         return True
+
+    async def _record_created(self, job_id: int, provider_job_id: str,
+                              detail: Mapping[str, Any]) -> bool:
+        """The provider's id for a job it created and bills: the one record that cannot be
+        made again later, so a failing write (a full disk) is tried again for a while, and if it
+        never lands the error names the id, for a person to cancel or collect it."""
+        for wait in RECORD_CREATED_WAITS:
+            try:
+                return self.store.job_submitted(job_id, provider_job_id, detail)
+            except LedgerError as exc:
+                failure = exc
+            await asyncio.sleep(wait)
+        raise LedgerError(
+            f"the provider created batch job {provider_job_id} (billed), but its id could not be "
+            "recorded; free the ledger's disk and run again, or cancel the job at the provider "
+            "by that id", path=self.where, cause=failure.cause or failure) from failure
 
     async def _renewing(self, job_id: int, awaitable: Any) -> Any:
         """``awaitable``, the job's lease renewed meanwhile (no other host takes it for lost)."""
