@@ -896,3 +896,74 @@ def test_a_validator_crash_stops_the_run_whether_sent_live_or_in_a_job(tmp_path)
         ("batch_rejected", "t3")]
     assert "a repair would follow" in errors[2]["message"]
     assert not any("no call was made" in e["message"] for e in errors)
+
+
+def test_cancelling_an_uncertain_job_keeps_its_calls_in_the_account_and_cancels_it_at_the_provider(
+        tmp_path):
+    """A job whose batch the provider created but whose id was never recorded (its runner was
+    killed) may run and be billed: cancelling it finds the batch by the uid it was created with
+    (OpenAI keeps it in the batch's metadata), cancels it there and records its id; its requests
+    stay in the account as possibly billed calls, so what was spent never shrinks, and the rerun
+    that owes them again is the only other time they are answered."""
+    from batchjson import Ledger
+    from batchjson._session.batches import cancel_job
+
+    target = tmp_path / "l.sqlite"
+    with LoopbackServer() as srv:
+        srv.batches.delay = 4.0  # still running when it is cancelled
+        run_child(srv, target, "before-record")
+        [made] = srv.batches.batches  # created at the provider; its id never recorded
+        held = Ledger(target)
+        assert held.spend()["calls"] == 6
+        job = cancel_job(held, "1")
+        assert job["status"] == "cancelled" and job["released"] == 6
+        assert job["provider_job_id"] == made
+        assert srv.batches.batches[made]["status"] in ("cancelling", "cancelled")
+        spent = held.spend()
+        assert spent["calls"] == 6 and spent["unsent"] == 0  # possibly billed: still calls
+        assert spent["cancelled_calls"] == 6 and spent["unknown_cost_calls"] == 6
+        [(provider_id, detail)] = ledger_rows(target, "SELECT provider_job_id, detail FROM jobs")
+        assert provider_id == made and "cancel_sent_at" in detail
+        unsent = ledger_rows(target, "SELECT COUNT(*) FROM attempts WHERE sent_at IS NULL")
+        assert unsent == [(0,)]
+        held.close()
+        srv.batches.delay = 0.1
+        s = session(srv, target)
+        result = s.run_batch("labels", tasks(), SCHEMA, transport="batch", wait=True)
+        s.close()
+        assert result.resolved and srv.batches.created == 2
+        deadline = time.monotonic() + 10
+        while srv.batches.batches[made]["status"] != "cancelled":  # it ends, answering none
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert sorted(srv.batches.lines_answered.values()) == [1] * 6  # none answered twice
+    final = Ledger(target)
+    assert final.spend()["calls"] == 12  # every call made is in the account
+    final.close()
+
+
+def test_cancelling_an_uncertain_job_the_provider_cannot_be_asked_about_releases_nothing(tmp_path):
+    """Releasing an uncertain OpenAI job without looking for its batch is what pays twice: when
+    the provider cannot be asked, the cancel says so and the job stays uncertain, claiming its
+    requests; an Anthropic job (its batches keep no uid) is released, its requests kept as
+    possibly billed calls."""
+    from batchjson import Ledger
+    from batchjson._errors import ProviderError
+    from batchjson._session.batches import cancel_job
+
+    openai_target, anthropic_target = tmp_path / "o.sqlite", tmp_path / "a.sqlite"
+    with LoopbackServer() as srv:
+        srv.batches.delay = 0.1
+        run_child(srv, openai_target, "before-record")
+        run_child(srv, anthropic_target, "before-record", "anthropic")
+    held = Ledger(openai_target)  # its server is gone
+    with pytest.raises(ProviderError, match="nothing was released"):
+        cancel_job(held, "1")
+    [job] = held.store.jobs()
+    assert job["status"] == "uncertain" and held.spend()["pending_calls"] == 6
+    held.close()
+    held = Ledger(anthropic_target)
+    assert cancel_job(held, "1")["released"] == 6
+    spent = held.spend()
+    assert spent["calls"] == spent["cancelled_calls"] == 6 and spent["unsent"] == 0
+    held.close()

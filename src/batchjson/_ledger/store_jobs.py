@@ -126,24 +126,32 @@ class JobStore(CallStore):
         return bool(ended)
 
     def cancel_job(self, job_id: int, why: str, *, sent: bool,
-                   was: Sequence[str] = ("recording",)) -> bool:
-        """A job that will never be collected: its receipts still in flight are cancelled
-        (``sent``: it may have run and been billed; else it never left), its claims released."""
+                   was: Sequence[str] = ("recording",), provider_job_id: str | None = None,
+                   note: Mapping[str, Any] | None = None, sent_at: str | None = None) -> bool:
+        """A job that will never be collected: its receipts still in flight are cancelled, its
+        claims released. ``sent``: it may have run and been billed, so each stays a call (sent
+        when submitted, else ``sent_at`` or now: an uncertain job's never was recorded); else it
+        never left. ``provider_job_id``: its batch, found at the provider; ``note``: detail."""
         message = (f"{why}; the job may have run and been billed" if sent else
                    f"{why}; nothing was sent")
         errors = json.dumps([{"type": "cancelled", "task_id": None, "message": message}])
+        stamp = now()
         with self.transaction() as tx:
-            if not self.end_job(tx, job_id, "cancelled", {"why": message}, was):
+            if not self.end_job(tx, job_id, "cancelled", {**(note or {}), "why": message}, was):
                 return False
+            if provider_job_id is not None:  # no batch the provider bills is unknown
+                self._exec(tx, "UPDATE jobs SET provider_job_id = ? WHERE id = ?",
+                           (provider_job_id, job_id))
             for attempt_id, reserved in self._exec(
                     tx, "SELECT id, reserved FROM attempts WHERE status = 'in_flight' AND "
                     "reserved IS NOT NULL AND id IN (SELECT attempt_id FROM job_lines WHERE "
                     "job_id = ?)", (job_id,)).fetchall():  # possibly billed: its worst case
                 self._exec(tx, BUDGET_SETTLE_SQL, (reserved if sent else 0.0, attempt_id))
             self._exec(tx, "UPDATE attempts SET status = 'cancelled', errors = ?, "
-                       "finished_at = ?, sent_at = CASE WHEN ? THEN sent_at ELSE NULL END "
-                       "WHERE status = 'in_flight' AND id IN (SELECT attempt_id FROM "
-                       "job_lines WHERE job_id = ?)", (errors, now(), sent, job_id))
+                       "finished_at = ?, sent_at = CASE WHEN ? THEN COALESCE(sent_at, ?) "
+                       "ELSE NULL END WHERE status = 'in_flight' AND id IN (SELECT attempt_id "
+                       "FROM job_lines WHERE job_id = ?)",
+                       (errors, stamp, sent, sent_at or stamp, job_id))
         return True
 
     # -- reads ---------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from typing import Any
 from .._content.keys import Keys
 from .._content.schema import ItemSchema, compile_schema
 from .._content.tasks import Request
-from .._errors import BatchJsonError, ConfigError, InvalidBatch
+from .._errors import BatchJsonError, ConfigError, InvalidBatch, ProviderError
 from .._ledger import Ledger
 from .._ledger.records import now
 from .._ledger.store import Store
@@ -22,7 +22,7 @@ from .._loop import run_sync
 from .._providers.anthropic import AnthropicBatches, AnthropicProvider
 from .._providers.base import close_provider
 from .._providers.batch_client import WINDOW_HOURS
-from .._providers.openai import OpenAIProvider
+from .._providers.openai import OpenAIBatches, OpenAIProvider
 from .._providers.pricing import batch_share
 from .._replay.budget import Pricing, Spender, batch_pricing, pricing_of
 from .._replay.jobs import JobRunner, JobsOutcome, detail_of, job_view, unix
@@ -179,9 +179,7 @@ def cancel_job(ledger: Ledger, job: str, *, provider: Any = None) -> dict[str, A
         return {**job_view(row), "cancel_requested": True}
     row = store.jobs(job=str(row["id"]))[0]  # as it stands after that
     if row["status"] == "uncertain":
-        store.cancel_job(row["id"], "cancelled by a person before its provider id was "
-                         "recorded", sent=True, was=("recording", "uncertain"))
-        return {**job_view(row), "status": "cancelled", "released": row["requests"]}
+        return _cancel_uncertain(store, row, provider)
     if row["status"] != "open":
         raise InvalidBatch(f"batch job {row['id']} has already {row['status']}; nothing to "
                            "cancel")
@@ -197,6 +195,56 @@ def cancel_job(ledger: Ledger, job: str, *, provider: Any = None) -> dict[str, A
     store.note_job(row["id"], {"cancel_requested_at": now(), "cancel_sent_at": now(),
                                "provider_status": client.status(batch)})
     return {**job_view(row), "provider_status": client.status(batch)}
+
+
+def _cancel_uncertain(store: Store, row: Mapping[str, Any], provider: Any) -> dict[str, Any]:
+    """Release a job whose provider id was never recorded. Its batch may exist, billed: found
+    by its uid (OpenAI keeps it; Anthropic keeps none) it is cancelled there and its id kept,
+    and its receipts stay calls either way, so the account never loses what may have run."""
+    batch, asked = (_find_and_cancel(row, provider) if row["protocol"] == OpenAIBatches.protocol
+                    else (None, False))
+    found: dict[str, Any] = {}
+    note: dict[str, Any] = {}
+    sent_at = None
+    if batch is not None:
+        stamp, status = now(), OpenAIBatches.status(batch)
+        found = {"provider_job_id": str(batch["id"]), "provider_status": status}
+        note = {"recovered": "found at the provider by the uid it was created with",
+                "provider_status": status, "cancel_requested_at": stamp,
+                **({"cancel_sent_at": stamp} if asked else {})}
+        created = batch.get("created_at")  # when its requests were sent, as the provider says
+        if isinstance(created, (int, float)):
+            sent_at = datetime.fromtimestamp(created, UTC).isoformat(timespec="microseconds")
+    if not store.cancel_job(row["id"], "cancelled by a person before its provider id was "
+                            "recorded", sent=True, was=("recording", "uncertain"),
+                            provider_job_id=found.get("provider_job_id"), note=note,
+                            sent_at=sent_at):
+        return {**job_view(store.jobs(job=str(row["id"]))[0]), **found}  # recorded meanwhile
+    return {**job_view(row), **found, "status": "cancelled", "released": row["requests"]}
+
+
+def _find_and_cancel(row: Mapping[str, Any], provider: Any) -> tuple[dict[str, Any] | None, bool]:
+    """The batch an uncertain OpenAI job made, found by its uid and cancelled if still running
+    (a rerun would otherwise pay for its requests twice), or None; and whether it was asked to
+    cancel. A provider that cannot be asked refuses: releasing unasked is what pays twice."""
+    provider, client = job_client(row, provider)
+
+    async def find() -> tuple[dict[str, Any] | None, bool]:
+        try:  # listed back to an hour before it was recorded (clocks differ)
+            batch = await client.find(row["uid"], unix(row["created_at"]) - 3600)
+            if batch is None or client.status(batch) not in client.running - {"cancelling"}:
+                return batch, False  # none, or ended (what it answered is billed): kept
+            return await client.cancel(str(batch["id"])), True
+        finally:
+            await close_provider(provider)
+
+    try:
+        return run_sync(find)
+    except ProviderError as exc:
+        raise ProviderError(
+            f"batch job {row['id']} is uncertain and its provider could not be asked whether "
+            f"it created it, to cancel it there: {exc}; nothing was released: try again",
+            status=exc.status, retryable=exc.retryable) from exc
 
 
 def status_summary(rt: Runtime, name: str | None = None) -> dict[str, Any]:
