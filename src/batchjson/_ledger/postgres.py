@@ -23,6 +23,7 @@ from .store_calls import (
     HELD,
     MINE,
     OVER,
+    PARTED,
     RECEIPT_COLUMNS,
     RECEIPT_INTO,
     InFlight,
@@ -37,11 +38,14 @@ SERIAL_LOCK = "SELECT pg_advisory_xact_lock(7089063493536607342)"
 CLOCK = POSTGRES.now
 
 # Both hot paths lock the request's lowest row (``job``) unless another runner decides on it,
-# and claim it (``claimed``: for which receipt) if it is free or ours and not accepted.
+# and claim it (``claimed``: for which receipt) if it is free or ours and not accepted, whole
+# or in part (``_SETTLED``: a partial return's request is never claimed again).
 _JOB = """job AS (
     SELECT id FROM requests WHERE id = (SELECT MIN(id) FROM requests WHERE key = %(key)s)
     FOR UPDATE SKIP LOCKED)"""
 _ACCEPTED = "EXISTS (SELECT 1 FROM attempts WHERE request_key = %(key)s AND status = 'accepted')"
+_PARTED = _ACCEPTED.replace("'accepted'", "'partial'")
+_SETTLED = _ACCEPTED.replace("= 'accepted'", "IN ('accepted', 'partial')")
 _CLAIM_AS = CLAIM_INTO + """
     SELECT %(key)s, %(owner)s, %(host)s, %(pid)s, %(session)s, {claimed},
            {CLOCK} + %(lease)s, %(stamp)s FROM free
@@ -52,7 +56,7 @@ _BUDGETED = "EXISTS (SELECT 1 FROM budget WHERE id = 1)"
 _RECEIPT = RECEIPT_INTO + ", ".join(f"%({column})s" for column in RECEIPT_COLUMNS) + ")"
 OPEN = f"""
 WITH receipt AS ({_RECEIPT} RETURNING id), {_JOB},
-free AS (SELECT 1 FROM job WHERE NOT {_ACCEPTED}),
+free AS (SELECT 1 FROM job WHERE NOT {_SETTLED}),
 fresh AS ({_CLAIM_AS.format(claimed="(SELECT id FROM receipt)", CLOCK=CLOCK)}
     NOTHING RETURNING 1),
 again AS (
@@ -71,14 +75,14 @@ _RECEIPT_NAMED = ("INSERT INTO attempts(id, status, " + ", ".join(RECEIPT_COLUMN
 _NEXT_ID = "nextval(pg_get_serial_sequence('attempts', 'id'))"
 CLAIM = f"""
 WITH {_JOB},
-free AS (SELECT 1 FROM job WHERE NOT {_ACCEPTED} AND NOT {_BUDGETED}),
+free AS (SELECT 1 FROM job WHERE NOT {_SETTLED} AND NOT {_BUDGETED}),
 claim AS ({_CLAIM_AS.format(claimed=_NEXT_ID, CLOCK=CLOCK)}
     UPDATE SET attempt_id = excluded.attempt_id,
         lease_expires_at = excluded.lease_expires_at WHERE claims.owner = excluded.owner
     RETURNING attempt_id),
 receipt AS ({_RECEIPT_NAMED} FROM claim RETURNING id)
 SELECT (SELECT id FROM receipt), EXISTS (SELECT 1 FROM job), {_BUDGETED}, {_ACCEPTED},
-       c.owner, c.host, c.pid, c.lease_expires_at, {CLOCK}
+       {_PARTED}, c.owner, c.host, c.pid, c.lease_expires_at, {CLOCK}
 FROM (SELECT 1) AS one LEFT JOIN claims c ON c.request_key = %(key)s
 """
 
@@ -315,11 +319,11 @@ class PostgresStore(Store):
         cursor = tx.execute(CLAIM, self._claim_args(receipt, owner))
 
         def committed() -> tuple[str, int | None]:
-            attempt_id, locked, budgeted, accepted, *holder = cursor.fetchone()
+            attempt_id, locked, budgeted, accepted, parted, *holder = cursor.fetchone()
             if attempt_id is not None:
                 return MINE, attempt_id
-            if budgeted or accepted:
-                return (OVER if budgeted else ACCEPTED), None
+            if budgeted or accepted or parted:
+                return (OVER if budgeted else ACCEPTED if accepted else PARTED), None
             if not locked or holder[0] in (None, owner.id) or not _owner_gone(*holder):
                 return HELD, None  # held, or released a moment ago: look again later
             with self.transaction(calls=True) as again:  # a gone holder's, taken over

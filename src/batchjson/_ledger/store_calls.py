@@ -76,8 +76,10 @@ def _owner_gone(owner: str, host: str, pid: int, lease_expires_at: float | None,
 ABANDONED = {"type": "abandoned", "task_id": None, "message": "its runner was killed or lost "
              "before the answer was recorded; the call may have been paid for"}
 
-# what begin_call_later finds; OVER: the ledger's own cost budget cannot hold the call
-MINE, HELD, ACCEPTED, OVER = "mine", "held", "accepted", "over"
+# what begin_call_later finds; PARTED: a return accepted in part split the request (only its
+# rejected tasks are owed, never the whole pack again); OVER: the ledger's own cost budget
+# cannot hold the call
+MINE, HELD, ACCEPTED, PARTED, OVER = "mine", "held", "accepted", "parted", "over"
 # A partial return's parts: its revision id, its request, the parts accepted and rejected, and
 # the accepted part's own return (its items alone).
 Parts = tuple[int, Request, Request, Request, str]
@@ -94,9 +96,10 @@ class CallStore(RunStore):
                          cost_floor: float | None = None, reserve: float | None = None,
                          at_commit: bool = True) -> Later:
         """Write a call's in-flight receipt and claim its request in ``tx``, committed before it is
-        sent: a ``Later`` of (MINE, receipt id), or (HELD, ACCEPTED or OVER, None), the receipt
-        then not kept (``reserve``: its worst case; None: unpriced). ``at_commit``: where one
-        statement decides the claim (:meth:`_claim_at_commit`), read once ``tx`` has committed."""
+        sent: a ``Later`` of (MINE, receipt id), or (HELD, ACCEPTED, PARTED or OVER, None), the
+        receipt then not kept (``reserve``: its worst case; None: unpriced). ``at_commit``: where
+        one statement decides the claim (:meth:`_claim_at_commit`), read once ``tx`` has
+        committed."""
         receipt = dict(zip(RECEIPT_COLUMNS, (
             batch_id, revision_id, request.key, request.task_ids_json, kind, provider, model,
             now(), _uid(), owner.id, estimated_input_tokens, cost_floor, source, reserve),
@@ -131,8 +134,8 @@ class CallStore(RunStore):
     def _open(self, tx: Tx, receipt: InFlight, owner: Owner) -> Later:
         """Write the receipt and claim its request: (receipt id, what the claim found, whether
         the ledger has a budget: None, not asked). The hot path: one statement claims a request
-        free or ours and not accepted on a ledger without a budget; with one, :data:`TAKE_SQL`;
-        anything else takes :meth:`_decide`."""
+        free or ours and not accepted (whole or in part) on a ledger without a budget; with one,
+        :data:`TAKE_SQL`; anything else takes :meth:`_decide`."""
         attempt_id = self._insert(tx, RECEIPT_SQL, tuple(receipt.values()))
         key = receipt["request_key"]
         claim = (key, owner.id, owner.host, owner.pid, owner.session, attempt_id,
@@ -151,14 +154,15 @@ class CallStore(RunStore):
                                ).fetchone()[0])
 
     def _decide(self, tx: Tx, receipt: InFlight, owner: Owner, attempt_id: int) -> str:
-        """A claimed or accepted request, by the ledger's clock: ACCEPTED, HELD by a live runner,
-        or a gone runner's taken over (MINE) if its row can be locked; a row another runner is
-        taking over is skipped (``{lock}``), never waited for, so no wait is circular."""
+        """A claimed or accepted request, by the ledger's clock: ACCEPTED, PARTED (accepted in
+        part), HELD by a live runner, or a gone runner's taken over (MINE) if its row can be
+        locked; a row another runner is taking over is skipped (``{lock}``), never waited for, so
+        no wait is circular."""
         sql, request_key = self.dialect._claim_sql, receipt["request_key"]
-        accepted, holder, host, pid, lease, at = self._exec(
-            tx, sql(HOLDER_SQL), (request_key, request_key)).fetchone()
-        if accepted:
-            return ACCEPTED
+        accepted, parted, holder, host, pid, lease, at = self._exec(
+            tx, sql(HOLDER_SQL), (request_key, request_key, request_key)).fetchone()
+        if accepted or parted:
+            return ACCEPTED if accepted else PARTED
         if holder is None or holder == owner.id or not _owner_gone(holder, host, pid, lease, at):
             return HELD  # released a moment ago, or held: look again later
         if self._exec(tx, sql(LOCK_HOLDER_SQL), (request_key, holder)).fetchone() is None:
@@ -406,16 +410,18 @@ RECEIPT_SQL = RECEIPT_INTO + ",".join("?" * len(RECEIPT_COLUMNS)) + ")"
 # deciding on, where SQLite's BEGIN IMMEDIATE already serialises writers.
 CLAIM_INTO = ("INSERT INTO claims(request_key, owner, host, pid, session, attempt_id, "
               "lease_expires_at, claimed_at) ")
+# A request accepted in part ('partial') is never claimed again: its parts are other requests.
 TAKE_SQL = (
     CLAIM_INTO + "SELECT ?,?,?,?,?,?,?,? WHERE NOT EXISTS (SELECT 1 FROM attempts WHERE "
-    "request_key = ? AND status = 'accepted') ON CONFLICT(request_key) DO UPDATE SET "
-    "attempt_id = excluded.attempt_id, lease_expires_at = excluded.lease_expires_at "
+    "request_key = ? AND status IN ('accepted', 'partial')) ON CONFLICT(request_key) DO "
+    "UPDATE SET attempt_id = excluded.attempt_id, lease_expires_at = excluded.lease_expires_at "
     "WHERE claims.owner = excluded.owner")
 TAKE_UNBUDGETED_SQL = TAKE_SQL.replace(" ON CONFLICT", " AND NOT EXISTS (SELECT 1 FROM budget "
                                        "WHERE id = 1) ON CONFLICT", 1)
 HOLDER_SQL = (
-    "SELECT EXISTS (SELECT 1 FROM attempts WHERE request_key = ? AND "
-    "status = 'accepted'), owner, host, pid, lease_expires_at, {now} FROM (SELECT 1) AS one "
+    "SELECT EXISTS (SELECT 1 FROM attempts WHERE request_key = ? AND status = 'accepted'), "
+    "EXISTS (SELECT 1 FROM attempts WHERE request_key = ? AND status = 'partial'), owner, "
+    "host, pid, lease_expires_at, {now} FROM (SELECT 1) AS one "
     "LEFT JOIN claims ON request_key = ?")
 LOCK_HOLDER_SQL = "SELECT 1 FROM claims WHERE request_key = ? AND owner = ?{lock}"
 HOLD_SQL = CLAIM_INTO + "VALUES (?, ?, ?, ?, ?, ?, {now} + ?, ?)"

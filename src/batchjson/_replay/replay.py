@@ -23,7 +23,7 @@ from .._content.tasks import Request, shared_head
 from .._errors import LedgerError, ProviderError
 from .._ledger import Ledger
 from .._ledger.records import now
-from .._ledger.store_calls import ACCEPTED, MINE, OVER, Owner
+from .._ledger.store_calls import ACCEPTED, MINE, OVER, PARTED, Owner
 from .._money import usd
 from .._providers.base import Call, CallKind, Reply, estimate_tokens, input_bound, prefix_cacheable
 from .._providers.ratelimits import HEADER_LISTENER, limits_account, request_tokens
@@ -57,9 +57,10 @@ SAY_WAIT = 5.0  # a rate-limit wait longer than this is said in the run's progre
 @dataclass(frozen=True)
 class NotSent:
     """Why a call was not sent, returned instead of raised: ``held`` by another live runner,
-    ``resolved`` (accepted meanwhile), ``out_of_budget`` (``detail``: by how much), ``stopped``."""
+    ``resolved`` (accepted meanwhile), ``parted`` (accepted in part meanwhile: only its rejected
+    tasks are owed), ``out_of_budget`` (``detail``: by how much), ``stopped``."""
 
-    why: Literal["held", "resolved", "out_of_budget", "stopped"]
+    why: Literal["held", "resolved", "parted", "out_of_budget", "stopped"]
     detail: str = ""
 
 
@@ -276,7 +277,8 @@ class Replayer(Settle):
                 return await self._when_host_up(request, reserved, attempt_id)
             self.spender.release(reserved)  # nothing will be sent: its receipt was not kept
             if state != OVER:
-                return NotSent("resolved" if state == ACCEPTED else "held")
+                return NotSent("resolved" if state == ACCEPTED else
+                               "parted" if state == PARTED else "held")
             pause = await self._await_ledger_budget(reserved, pause)
         return pause
 
@@ -483,7 +485,8 @@ class Replayer(Settle):
 
     async def _drive(self, request: Request, depth: int) -> None:
         """Attempts as ``next_attempt`` says, until the request is accepted, given up or halved."""
-        if request.key in self._parted:  # accepted in part before (another revision, a batch)
+        if request.key in self._parted:  # accepted in part before (another revision, a batch,
+            # another runner): only its rejected tasks are asked again, never the whole pack
             return self._replace(request, self.plan.keys.apart(
                 request, self._parted.pop(request.key)), depth)
         chain: list[Tried] = []
@@ -533,6 +536,8 @@ class Replayer(Settle):
             self._held.append(item)
         elif why.why == "resolved":
             self._resolved(request)
+        elif why.why == "parted":
+            return self._parted_elsewhere(item)
         elif why.why == "out_of_budget":
             self._release(request)
             self._progress(request)
@@ -540,6 +545,17 @@ class Replayer(Settle):
         else:
             return self._release(request)
         self._sweep()
+
+    def _parted_elsewhere(self, item: Item) -> None:
+        """Accepted in part by another runner since it was queued (held by it, say): never sent
+        whole again; queued first to be replaced by its parts, as :meth:`_fill` would have."""
+        request = item[0]
+        self._release(request)  # (a claim kept from an earlier try of its own, if any)
+        rejected = self.store.attempts_so_far([request.key])[2].get(request.key)
+        if rejected is not None:  # (else forgotten meanwhile: its claim is decided again)
+            self._parted[request.key] = rejected
+        self._queue.appendleft(item)
+        self.control.changed.set()
 
     def _sweep(self) -> None:
         """Drop from the queue what is accepted or held elsewhere, read at most five times a
