@@ -967,3 +967,71 @@ def test_cancelling_an_uncertain_job_the_provider_cannot_be_asked_about_releases
     spent = held.spend()
     assert spent["calls"] == spent["cancelled_calls"] == 6 and spent["unsent"] == 0
     held.close()
+
+
+@pytest.mark.parametrize("collected_by", ["rerun", "status"])
+def test_a_job_whose_requests_were_answered_another_way_is_still_collected_and_its_usage_kept(
+        srv, tmp_path, collected_by):
+    """A job's requests accepted meanwhile by an import: its lines are still collected, billed
+    and judged (a rerun or a status collects it), each a call admitting nothing, and the job
+    leaves the open ones; what the import accepted keeps its value."""
+    from batchjson.core import collect_ended
+
+    s = session(srv, tmp_path / "held.sqlite")
+    assert s.run_batch("labels", tasks(3), SCHEMA, transport="batch").status == "pending"
+    other = session(srv, tmp_path / "other.sqlite")
+    assert other.run_batch("labels", tasks(3), SCHEMA).resolved  # live, in another ledger
+    exported = tmp_path / "other.jsonl"
+    exported.write_text("".join(json.dumps(r) + "\n" for r in other.ledger.export_receipts()))
+    other.close()
+    assert s.ledger.import_receipts(exported)["admitted"] == 3
+    kept = s.ledger.checkpoint("labels")
+    assert len(kept) == 3
+    time.sleep(0.4)  # the job has ended at the provider
+    if collected_by == "rerun":
+        again = s.run_batch("labels", tasks(3), SCHEMA, transport="batch")
+        assert again.resolved and not again.jobs
+    else:
+        [said] = collect_ended(s.runtime(), "labels")
+        assert "ended: collected 3 line(s)" in said
+    assert s.ledger.store.jobs() == [] and srv.batches.created == 1  # collected, none sent
+    [job] = s.ledger.store.jobs(every=True)
+    assert job["status"] == "ended"
+    spent = s.ledger.spend("labels")
+    assert spent["calls"] == 6 and spent["in_flight_calls"] == 0  # 3 imported, 3 job lines
+    assert spent["input_tokens"] > 0
+    assert s.ledger.checkpoint("labels") == kept  # nothing committed twice
+    assert accepted_per_key(tmp_path / "held.sqlite") == {k: 1 for k in accepted_per_key(
+        tmp_path / "held.sqlite")}
+    s.close()
+
+
+def test_a_job_answered_another_way_is_collected_by_a_run_that_sends_the_rest(srv, tmp_path):
+    """A run that still owes other requests collects, beside its own job, the earlier job whose
+    every request an import accepted meanwhile: its usage kept, nothing admitted twice."""
+    held = tmp_path / "held.sqlite"
+    s = session(srv, held)
+    first = s.run_batch("labels", tasks(3), SCHEMA, transport="batch", max_calls=2,
+                        on_exhausted="return")
+    [job] = first.jobs
+    assert first.status == "pending" and job["requests"] == 2
+    sent = {t for line in s.ledger.store.job_lines(job["id"]) for t in json.loads(
+        ledger_rows(held, "SELECT task_ids FROM attempts WHERE id = ?",
+                    line["attempt_id"])[0][0])}
+    other = session(srv, tmp_path / "other.sqlite")
+    assert other.run_batch("labels", tasks(3), SCHEMA).resolved  # live, in another ledger
+    exported = tmp_path / "other.jsonl"
+    exported.write_text("".join(json.dumps(r) + "\n" for r in other.ledger.export_receipts()
+                                if {t["task_id"] for t in r["tasks"]} <= sent))
+    other.close()
+    assert s.ledger.import_receipts(exported)["admitted"] == 2
+    kept = s.ledger.checkpoint("labels")
+    time.sleep(0.4)  # the first job has ended at the provider
+    again = s.run_batch("labels", tasks(3), SCHEMA, transport="batch", wait=True)
+    assert again.resolved and not again.jobs and srv.batches.created == 2
+    assert s.ledger.store.jobs() == []  # both collected
+    spent = s.ledger.spend("labels")
+    assert spent["calls"] == 5 and spent["in_flight_calls"] == 0  # 2 imported, 3 job lines
+    assert {k: v for k, v in s.ledger.checkpoint("labels").items() if k in sent} == {
+        k: v for k, v in kept.items() if k in sent}
+    s.close()

@@ -90,6 +90,10 @@ class JobRunner(Settle):
         self.open_at_start = {row["id"] for row in at_start}
         self.cancelled_before = {row["id"] for row in at_start
                                  if "cancel_requested_at" in detail_of(row)}
+        # the revision's own jobs too: what one holds may be accepted another way meanwhile (an
+        # import, a merge), and what the provider ran is collected all the same
+        self.watched.update(row["id"] for row in at_start if row["revision_id"] ==
+                            self.plan.revision_id and row["protocol"] == self.client.protocol)
         self.watermark = self.store.last_attempt_id()
         writer = Owner.start(self.session_id)
         try:

@@ -48,7 +48,7 @@ def run_spec(rt: Runtime, spec: RunSpec) -> BatchResult:
 def _resolved(rt: Runtime, spec: RunSpec, progress: Progress) -> BatchResult:
     plan = plan_of(rt, spec, progress)
     if plan.finished is not None:  # every request accepted: nothing to record or send
-        return report(rt, plan, plan.finished, Outcome())
+        return collect_answered(rt, plan, report(rt, plan, plan.finished, Outcome()))
     calls, spender = plan_calls(rt, plan)
     revision, superseded = record_revision(rt, plan, calls)
     outcome, jobs = send(rt, plan, calls, spender, revision, progress)
@@ -58,6 +58,23 @@ def _resolved(rt: Runtime, spec: RunSpec, progress: Progress) -> BatchResult:
     result = report(rt, plan, revision, outcome, superseded)
     if jobs is not None:  # pending while a job holds a request
         batches.report(result, jobs)
+    elif not plan.pending:  # nothing sent: a job may hold what was accepted another way
+        collect_answered(rt, plan, result)
+    return result
+
+
+def collect_answered(rt: Runtime, plan: RunPlan, result: BatchResult) -> BatchResult:
+    """``result`` of a run that sent nothing, once the batch's ended jobs are collected: what a
+    job holds may have been accepted another way meanwhile (an import, a merge), and what the
+    provider ran and billed is collected all the same, as ``%batch_status`` does: each line a
+    call, judged, admitting nothing twice. The jobs still running are named on ``result``."""
+    store, name = rt.ledger.store, plan.spec.name
+    if not any(row["batch"] == name for row in store.jobs()):
+        return result
+    schema = plan.content.schema  # so its jobs' lines are judged here
+    rt.job_schemas.setdefault(schema.fingerprint, schema)
+    result.notes.extend(batches.collect_ended(rt, name))
+    result.jobs = [job for job in batches.list_jobs(rt.ledger) if job["batch"] == name]
     return result
 
 
