@@ -328,24 +328,47 @@ class RunStore(StoreBase):
     def commit_rechecks(self, batch_id: int, revision_id: int,
                         entries: Sequence[tuple[Request, Row, Mapping[str, str]]],
                         source: str | None) -> None:
-        """Per (request, earlier attempt, items) a 'recheck' receipt costing 0 and its items."""
+        """Per (request, earlier attempt, items) a 'recheck' receipt costing 0 and its items. An
+        attempt passing in part (``parted``: the request it answered, its rest, the rest's errors
+        and its raw; see ``rejudge.in_part``) is recorded as a live partial return is: a 'partial'
+        recheck of that request, split into ``request`` (the part accepted) and its rest."""
         stamp = now()
         with self.transaction() as tx:
             for request, origin, items in entries:
-                attempt_id = self._insert(
-                    tx, "INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, "
-                    "kind, status, errors, raw, input_tokens, output_tokens, cached_tokens, "
-                    "cost, provider, model, started_at, finished_at, uid, source) VALUES "
-                    "(?,?,?,?, 'recheck', 'accepted', '[]', ?, 0, 0, 0, 0.0, ?,?,?,?,?,?)",
-                    (batch_id, revision_id, request.key, request.task_ids_json,
-                     self._raw(origin["raw"]),
-                     origin["provider"], origin["model"], stamp, stamp, _uid(), source))
-                self._exec(tx, "INSERT INTO rechecks(attempt_id, from_attempt) VALUES (?, "
-                           "COALESCE((SELECT from_attempt FROM rechecks WHERE attempt_id = ?), ?))",
-                           (attempt_id, origin["id"], origin["id"]))  # the call that answered
+                parted = origin["parted"] if "parted" in origin.keys() else None
+                if parted is not None:
+                    parent, rest, errors, raw = parted
+                    self._recheck(tx, (batch_id, revision_id, parent.key, parent.task_ids_json),
+                                  "partial", errors, raw, origin, source, stamp)
+                    self._exec(tx, "UPDATE requests SET split = 1 WHERE revision_id = ? AND "
+                               "key = ?", (revision_id, parent.key))
+                    self._insert_requests(tx, revision_id, (request, rest))
+                    if self._exec(tx, "SELECT 1 FROM attempts WHERE request_key = ? AND status "
+                                  "= 'accepted' LIMIT 1", (request.key,)).fetchone() is not None:
+                        continue  # its items were admitted before: never twice
+                attempt_id = self._recheck(
+                    tx, (batch_id, revision_id, request.key, request.task_ids_json), "accepted",
+                    (), origin["raw"], origin, source, stamp)
                 self._many(tx, CHECKPOINT_SQL,  # written once, never re-pointed
                            [(batch_id, request.key, task_id, attempt_id, item, stamp)
                             for task_id, item in items.items()])
+
+    def _recheck(self, tx: Tx, where: tuple[int, int, str, str], status: str,
+                 errors: Sequence[Mapping[str, Any]], raw: str, origin: Row,
+                 source: str | None, stamp: str) -> int:
+        """A 'recheck' receipt costing 0 of (batch, revision, request key, task ids) ``where``,
+        from the call that answered ``origin``."""
+        attempt_id = self._insert(
+            tx, "INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, "
+            "kind, status, errors, raw, input_tokens, output_tokens, cached_tokens, "
+            "cost, provider, model, started_at, finished_at, uid, source) VALUES "
+            "(?,?,?,?, 'recheck', ?,?,?, 0, 0, 0, 0.0, ?,?,?,?,?,?)",
+            (*where, status, json.dumps(list(errors)) if errors else "[]", self._raw(raw),
+             origin["provider"], origin["model"], stamp, stamp, _uid(), source))
+        self._exec(tx, "INSERT INTO rechecks(attempt_id, from_attempt) VALUES (?, "
+                   "COALESCE((SELECT from_attempt FROM rechecks WHERE attempt_id = ?), ?))",
+                   (attempt_id, origin["id"], origin["id"]))  # the call that answered
+        return attempt_id
 
 
 def _filters(equal: Mapping[str, Any], more: Sequence[str] = (), joined: str = "WHERE"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .._acceptance import judge as acceptance
@@ -21,6 +21,7 @@ MAX_CANDIDATES = 8  # earlier returns tried per request: bounded local work
 UNSEEN = "unseen"  # the revision component of judging no fingerprint fully sees
 
 Passed = tuple[Request, Any, dict[str, str]]  # request, the stored return's row, its items' texts
+Apart = Callable[[Request, Sequence[str]], tuple[Request, Request]]  # ``Keys.apart``
 
 
 @dataclass(frozen=True)
@@ -32,8 +33,8 @@ class Judging:
     schema: ItemSchema
     validator: Callable[..., Any] | None
     run: Callable[..., Any]
-    # "items": an imported partial receipt is judged as it was (a run's re-judging commits only
-    # a return that passes whole: a partial one is judged again with the rest it left owed)
+    # "items": judged item by item, as an imported partial receipt was (a run's re-judging
+    # under accept="items" too: ``first_passing``'s ``apart``)
     accept: str = "whole"
 
     async def _judge(self, raw: Any, tasks: Sequence[Mapping[str, Any]]) -> acceptance.Verdict:
@@ -45,23 +46,46 @@ class Judging:
         return self.run(lambda: self._judge(raw, tasks))
 
     def first_passing(self, candidates: Sequence[tuple[Request, Sequence[Any]]],
-                      broken: list[dict[str, Any]] | None = None) -> list[Passed]:
-        """Each request's first stored return passing now; a crash (``broken``) ends it."""
+                      broken: list[dict[str, Any]] | None = None,
+                      apart: Apart | None = None) -> list[Passed]:
+        """Each request's first stored return passing now; a crash (``broken``) ends it. With
+        ``apart`` (``accept="items"``), a request none passes whole: the return passing most of
+        it in part, committed as a live one is (:func:`in_part`), its rest owed."""
+        judging = self if apart is None else replace(self, accept="items")
+
         async def judge_all() -> list[Passed]:
             passed = []
             for request, rows in candidates:
+                part = None
                 for row in rows[:MAX_CANDIDATES]:
-                    verdict = await self._judge(row["raw"], request.tasks)
+                    verdict = await judging._judge(row["raw"], request.tasks)
                     if verdict.accepted:
                         passed.append((request, row, verdict.stored))
                         break
+                    if verdict.partial and (part is None or len(verdict.stored) > len(
+                            part[1].stored)):
+                        part = (row, verdict)
                     crashed = [e for e in verdict.errors if e["type"] == "validator_error"]
                     if crashed and broken is not None:
                         broken.append(crashed[0])
                         return passed
+                else:
+                    if part is not None and apart is not None:
+                        passed.append(in_part(request, *part, apart))
             return passed
 
         return self.run(judge_all) if candidates else []
+
+
+def in_part(request: Request, row: Any, verdict: acceptance.Verdict, apart: Apart) -> Passed:
+    """A stored return passing ``request`` in part, as a live partial return is recorded: its
+    accepted part a request of its own answered by its own items (a cost-0 recheck), the stored
+    return a 'partial' recheck of ``request`` naming the rest, which a run then asks alone."""
+    kept, rest = apart(request, verdict.rejected_ids)
+    origin = {"id": row["id"], "raw": acceptance.sub_return(row["raw"], kept.task_ids),
+              "provider": row["provider"], "model": row["model"], "kind": row["kind"],
+              "parted": (request, rest, verdict.errors, row["raw"])}
+    return kept, origin, verdict.stored
 
 
 def earlier_candidates(store: Store, pending: Sequence[Request], *, seen_of: Mapping[str, str],

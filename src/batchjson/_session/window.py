@@ -35,6 +35,7 @@ def survey(store: Store, plan: RunPlan, judging: Judging) -> RunPlan:
     keys, sourceless = plan.keys, store.has_sourceless_answers()
     marks, sizes = bytearray(), array("L")
     rechecked, broken, owed, sourceless_all = [], [], [], {}
+    apart = keys.apart if plan.spec.accept == "items" else None  # valid items kept, rest owed
     pending_tasks = 0
     for window in windows(store, plan):
         done = store.accepted_keys([r.key for r in window])
@@ -46,8 +47,8 @@ def survey(store: Store, plan: RunPlan, judging: Judging) -> RunPlan:
             owed += unanswered
         passing = [] if broken else judging.first_passing(earlier_candidates(
             store, unanswered, seen_of={r.key: keys.seen_key(r.tasks_json) for r in unanswered},
-            sourceless_of=sourceless_of, same_key=bool(plan.blind)), broken)
-        passed = {request.key for request, _, _ in passing}
+            sourceless_of=sourceless_of, same_key=bool(plan.blind)), broken, apart)
+        passed = {request.key for request, _, _ in passing}  # (one in part: its rest is owed)
         rechecked += passing
         pending = [r.key not in done and r.key not in passed for r in window]
         marks += bytes(pending)
