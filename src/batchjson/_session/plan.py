@@ -56,8 +56,10 @@ class RunPlan:
 
     @property
     def resumed(self) -> int:
-        """Requests accepted before this run, taken as they are."""
-        return self.requests - len(self.pending) - len(self.rechecked)
+        """Requests accepted before this run, taken as they are (a request re-judged in part
+        stays pending: its rechecked part is no request of the survey)."""
+        whole = sum("parted" not in origin.keys() for _, origin, _ in self.rechecked)
+        return self.requests - len(self.pending) - whole
 
 
 @dataclass(frozen=True)
