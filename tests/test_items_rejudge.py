@@ -52,17 +52,23 @@ def rejected_first(path, model: Model, accept: str) -> None:
     assert result.values == {} and model.calls == [tuple(t["task_id"] for t in TASKS)]
 
 
+def match_only(item, task):
+    """The edited validator: only a wrong verdict fails."""
+    if item["verdict"] != "match":
+        raise ValueError("expected a match")
+
+
+def edited_after_rejecting(path, model: Model, accept: str):
+    """A first run's validator rejected every item; the edited one runs on the same ledger."""
+    rejected_first(path, model, accept)
+    session = Session(CallableProvider(model, source="m"), ledger=path, repairs=0, replays=0)
+    return session, run(session, match_only, accept)
+
+
 def test_after_a_validator_change_under_items_a_stored_returns_valid_items_are_kept_and_only_the_rest_asked_again(  # noqa: E501
         tmp_path):
     path, model = tmp_path / "l.sqlite", Model()
-    rejected_first(path, model, "items")
-
-    def check(item, task):  # the edited validator: only a wrong verdict fails
-        if item["verdict"] != "match":
-            raise ValueError("expected a match")
-
-    session = Session(CallableProvider(model, source="m"), ledger=path, repairs=0, replays=0)
-    result = run(session, check, "items")
+    session, result = edited_after_rejecting(path, model, "items")
     assert result.status == "resolved" and list(result.values) == [t["task_id"] for t in TASKS]
     assert model.calls[1:] == [(ODD,)]  # the three valid items are not bought again
     assert result.calls == 1 and result.rechecked == 1 and result.resumed == 0
@@ -76,20 +82,12 @@ def test_after_a_validator_change_under_items_a_stored_returns_valid_items_are_k
     assert ledger_rows(path, "SELECT COUNT(*), COUNT(DISTINCT task_id) FROM checkpoint") == [
         (4, 4)]
     again = Session(CallableProvider(model, source="m"), ledger=path, repairs=0, replays=0)
-    assert run(again, check, "items").calls == 0 and len(model.calls) == 2  # found done
+    assert run(again, match_only, "items").calls == 0 and len(model.calls) == 2  # found done
 
 
 def test_after_a_validator_change_under_whole_acceptance_the_pack_is_asked_again_whole(
         tmp_path):
-    path, model = tmp_path / "l.sqlite", Model()
-    rejected_first(path, model, "whole")
-
-    def check(item, task):  # the edited validator: only a wrong verdict fails
-        if item["verdict"] != "match":
-            raise ValueError("expected a match")
-
-    session = Session(CallableProvider(model, source="m"), ledger=path, repairs=0, replays=0)
-    result = run(session, check, "whole")
+    session, result = edited_after_rejecting(tmp_path / "l.sqlite", model := Model(), "whole")
     assert result.status == "resolved" and result.rechecked == 0
     assert model.calls[1:] == [tuple(t["task_id"] for t in TASKS)]
 
