@@ -43,9 +43,9 @@ CLOCK = POSTGRES.now
 _JOB = """job AS (
     SELECT id FROM requests WHERE id = (SELECT MIN(id) FROM requests WHERE key = %(key)s)
     FOR UPDATE SKIP LOCKED)"""
-_ACCEPTED = "EXISTS (SELECT 1 FROM attempts WHERE request_key = %(key)s AND status = 'accepted')"
-_PARTED = _ACCEPTED.replace("'accepted'", "'partial'")
-_SETTLED = _ACCEPTED.replace("= 'accepted'", "IN ('accepted', 'partial')")
+_SETTLED = ("EXISTS (SELECT 1 FROM attempts WHERE request_key = %(key)s AND status IN "
+            "('accepted', 'partial'))")
+_SETTLED_AS = _SETTLED.replace("EXISTS (SELECT 1", "(SELECT MIN(status)")  # accepted first
 _CLAIM_AS = CLAIM_INTO + """
     SELECT %(key)s, %(owner)s, %(host)s, %(pid)s, %(session)s, {claimed},
            {CLOCK} + %(lease)s, %(stamp)s FROM free
@@ -81,8 +81,8 @@ claim AS ({_CLAIM_AS.format(claimed=_NEXT_ID, CLOCK=CLOCK)}
         lease_expires_at = excluded.lease_expires_at WHERE claims.owner = excluded.owner
     RETURNING attempt_id),
 receipt AS ({_RECEIPT_NAMED} FROM claim RETURNING id)
-SELECT (SELECT id FROM receipt), EXISTS (SELECT 1 FROM job), {_BUDGETED}, {_ACCEPTED},
-       {_PARTED}, c.owner, c.host, c.pid, c.lease_expires_at, {CLOCK}
+SELECT (SELECT id FROM receipt), EXISTS (SELECT 1 FROM job), {_BUDGETED}, {_SETTLED_AS},
+       c.owner, c.host, c.pid, c.lease_expires_at, {CLOCK}
 FROM (SELECT 1) AS one LEFT JOIN claims c ON c.request_key = %(key)s
 """
 
@@ -319,11 +319,11 @@ class PostgresStore(Store):
         cursor = tx.execute(CLAIM, self._claim_args(receipt, owner))
 
         def committed() -> tuple[str, int | None]:
-            attempt_id, locked, budgeted, accepted, parted, *holder = cursor.fetchone()
+            attempt_id, locked, budgeted, settled, *holder = cursor.fetchone()
             if attempt_id is not None:
                 return MINE, attempt_id
-            if budgeted or accepted or parted:
-                return (OVER if budgeted else ACCEPTED if accepted else PARTED), None
+            if budgeted or settled:
+                return (OVER if budgeted else ACCEPTED if settled == "accepted" else PARTED), None
             if not locked or holder[0] in (None, owner.id) or not _owner_gone(*holder):
                 return HELD, None  # held, or released a moment ago: look again later
             with self.transaction(calls=True) as again:  # a gone holder's, taken over

@@ -159,10 +159,10 @@ class CallStore(RunStore):
         locked; a row another runner is taking over is skipped (``{lock}``), never waited for, so
         no wait is circular."""
         sql, request_key = self.dialect._claim_sql, receipt["request_key"]
-        accepted, parted, holder, host, pid, lease, at = self._exec(
-            tx, sql(HOLDER_SQL), (request_key, request_key, request_key)).fetchone()
-        if accepted or parted:
-            return ACCEPTED if accepted else PARTED
+        settled, holder, host, pid, lease, at = self._exec(
+            tx, sql(HOLDER_SQL), (request_key, request_key)).fetchone()
+        if settled:
+            return ACCEPTED if settled == "accepted" else PARTED
         if holder is None or holder == owner.id or not _owner_gone(holder, host, pid, lease, at):
             return HELD  # released a moment ago, or held: look again later
         if self._exec(tx, sql(LOCK_HOLDER_SQL), (request_key, holder)).fetchone() is None:
@@ -419,9 +419,9 @@ TAKE_SQL = (
 TAKE_UNBUDGETED_SQL = TAKE_SQL.replace(" ON CONFLICT", " AND NOT EXISTS (SELECT 1 FROM budget "
                                        "WHERE id = 1) ON CONFLICT", 1)
 HOLDER_SQL = (
-    "SELECT EXISTS (SELECT 1 FROM attempts WHERE request_key = ? AND status = 'accepted'), "
-    "EXISTS (SELECT 1 FROM attempts WHERE request_key = ? AND status = 'partial'), owner, "
-    "host, pid, lease_expires_at, {now} FROM (SELECT 1) AS one "
+    "SELECT (SELECT MIN(status) FROM attempts WHERE request_key = ? AND status IN "
+    "('accepted', 'partial')), owner, host, pid, lease_expires_at, {now} "
+    "FROM (SELECT 1) AS one "
     "LEFT JOIN claims ON request_key = ?")
 LOCK_HOLDER_SQL = "SELECT 1 FROM claims WHERE request_key = ? AND owner = ?{lock}"
 HOLD_SQL = CLAIM_INTO + "VALUES (?, ?, ?, ?, ?, ?, {now} + ?, ?)"

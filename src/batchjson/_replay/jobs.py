@@ -42,7 +42,7 @@ WINDOW = 1000  # requests read from the ledger, or output lines judged, together
 Windows = Callable[[], Iterable[Sequence[Request]]]  # a run's pending requests, anew each call
 Owed = tuple[Request, str, str]  # a request, and the kind and prompt of its next attempt
 
-RECORD_CREATED_WAITS = (0.1, 0.5, 1.0, 2.0, 0.0)  # a job id is written again for ~4 s
+RECORD_CREATED_WAITS = (0.1, 0.5, 1.0, 2.0)  # waits before a job id is written again
 
 
 @dataclass
@@ -313,11 +313,13 @@ class JobRunner(Settle):
         """The provider's id for a job it created and bills: the one record that cannot be
         made again later, so a failing write (a full disk) is tried again for a while, and if it
         never lands the error names the id, for a person to cancel or collect it."""
-        for wait in RECORD_CREATED_WAITS:
+        for wait in (*RECORD_CREATED_WAITS, None):
             try:
                 return self.store.job_submitted(job_id, provider_job_id, detail)
             except LedgerError as exc:
                 failure = exc
+            if wait is None:
+                break
             await asyncio.sleep(wait)
         raise LedgerError(
             f"the provider created batch job {provider_job_id} (billed), but its id could not be "
@@ -442,8 +444,8 @@ class JobRunner(Settle):
 
     async def _recover(self, row: Mapping[str, Any]) -> Mapping[str, Any]:
         """An uncertain job found at the provider by its creation uid is recorded open."""
-        try:  # listed back to an hour before it was recorded (clocks differ)
-            batch = await self.client.find(row["uid"], unix(row["created_at"]) - 3600)
+        try:
+            batch = await created_batch(self.client, row)
         except ProviderError as exc:
             self.result.notes.append(f"job {row['id']} is uncertain and the provider's jobs "
                                      f"could not be listed to find it this time: {exc}")
@@ -579,6 +581,12 @@ def _lost(custom_id: str, came: int, whole: str | None, status: str) -> Provider
     else:
         why = f"custom_id {custom_id} is missing from the output of a {status} job"
     return ProviderError(why, retryable=True)
+
+
+async def created_batch(client: Any, row: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The batch an uncertain job made, found by the uid it was created with (listed back to an
+    hour before the job was recorded: clocks differ), or None."""
+    return await client.find(row["uid"], unix(row["created_at"]) - 3600)
 
 
 def named(row: Mapping[str, Any]) -> str:

@@ -25,7 +25,7 @@ from .._providers.batch_client import WINDOW_HOURS
 from .._providers.openai import OpenAIBatches, OpenAIProvider
 from .._providers.pricing import batch_share
 from .._replay.budget import Pricing, Spender, batch_pricing, pricing_of
-from .._replay.jobs import JobRunner, JobsOutcome, detail_of, job_view, unix
+from .._replay.jobs import JobRunner, JobsOutcome, created_batch, detail_of, job_view, unix
 from .._replay.plan import Outcome, Plan
 from .plan import Runtime
 from .registry import checker_of
@@ -230,8 +230,8 @@ def _find_and_cancel(row: Mapping[str, Any], provider: Any) -> tuple[dict[str, A
     provider, client = job_client(row, provider)
 
     async def find() -> tuple[dict[str, Any] | None, bool]:
-        try:  # listed back to an hour before it was recorded (clocks differ)
-            batch = await client.find(row["uid"], unix(row["created_at"]) - 3600)
+        try:
+            batch = await created_batch(client, row)
             if batch is None or client.status(batch) not in client.running - {"cancelling"}:
                 return batch, False  # none, or ended (what it answered is billed): kept
             return await client.cancel(str(batch["id"])), True
