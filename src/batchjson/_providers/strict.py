@@ -83,32 +83,42 @@ def _lifted(schema: Mapping[str, Any]) -> tuple[Mapping[str, Any], dict[str, Any
     item = _at(array, "items")
     props = _at(item, "properties")
     if (array is None or item is None or props is None or not _required("items", schema)
-            or {"$ref", "allOf", "anyOf"} & (array.keys() | item.keys())):
+            or "$ref" in array or "allOf" in array or "anyOf" in array
+            or "$ref" in item or "allOf" in item or "anyOf" in item):
         return schema, {}
-    enums = {name: node["enum"] for name, node in props.items() if _required(name, item)
-             and isinstance(node, Mapping) and node.keys() == {"enum"}
-             and isinstance(node["enum"], list)}
+    required = item["required"] if isinstance(item.get("required"), list) else ()
+    enums = {name: node["enum"] for name, node in props.items() if isinstance(node, Mapping)
+             and len(node) == 1 and isinstance(node.get("enum"), list) and name in required}
     counts = {key: array[key] for key in _COUNTS if key in array}
-    item = {**item, "properties": {**props, **{name: {"enum": []} for name in enums}}}
-    array = {k: v for k, v in array.items() if k not in counts} | {"items": item}
+    item = {**item, "properties": {**props, **dict.fromkeys(enums, _EMPTY_ENUM)}}
+    array = {k: v for k, v in array.items() if k not in counts}
+    array["items"] = item
     return ({**schema, "properties": {**schema["properties"], "items": array}},
             {"counts": counts, "enums": enums})
+
+
+_EMPTY_ENUM: Mapping[str, Any] = {"enum": []}  # only serialised, as a cache key's part
 
 
 def _pinned(shape: StrictForm, pins: Mapping[str, Any]) -> StrictForm:
     """The shape's form with a call's values put back (counted as the walk would), or why not."""
     if shape.schema is None:
         return shape
-    counts, problems = dict(shape.counts), list(shape.problems)
+    counts, problems = shape.counts, list(shape.problems)
     enums = pins.get("enums", {})
-    for values in enums.values():
-        _count_values({"enum": values}, counts, problems)
-    problems += [f"{value:,} {what}, more than strict mode's {limit:,}" for what, value, limit in (
-        ("object properties", counts["properties"], MAX_PROPERTIES),
-        ("levels of nested objects", shape.depth, MAX_DEPTH),
-        ("enum values", counts["enum"], MAX_ENUM_VALUES),
-        ("characters of names, enum and const values", counts["chars"], MAX_CHARS))
-        if value > limit]
+    if enums:
+        counts = dict(counts)
+        for values in enums.values():
+            _count_values({"enum": values}, counts, problems)
+    if (counts["properties"] > MAX_PROPERTIES or shape.depth > MAX_DEPTH
+            or counts["enum"] > MAX_ENUM_VALUES or counts["chars"] > MAX_CHARS):
+        problems += [f"{value:,} {what}, more than strict mode's {limit:,}" for what, value, limit
+                     in (("object properties", counts["properties"], MAX_PROPERTIES),
+                         ("levels of nested objects", shape.depth, MAX_DEPTH),
+                         ("enum values", counts["enum"], MAX_ENUM_VALUES),
+                         ("characters of names, enum and const values", counts["chars"],
+                          MAX_CHARS))
+                     if value > limit]
     if problems or not pins:
         return StrictForm(None, tuple(problems)) if problems else shape
     form = shape.schema
