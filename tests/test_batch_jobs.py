@@ -137,6 +137,28 @@ def test_out_of_order_duplicated_unknown_and_4xx_lines_are_named_and_never_admit
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_every_copy_of_a_duplicated_line_and_an_unknown_lines_tokens_stay_in_the_account(
+        srv, protocol, tmp_path):
+    srv.batches.faults = [BatchFaults(lines={0: "duplicate", 1: "unknown"})]
+    s = session(srv, ledger=tmp_path / "l.sqlite", protocol=protocol)
+    result = s.run_batch("labels", tasks(3), SCHEMA, transport="batch", wait=True, repairs=0,
+                         replays=0, on_exhausted="return")
+    rows = {json.loads(ids)[0]: (status, inp, out) for ids, status, inp, out in ledger_rows(
+        tmp_path / "l.sqlite",
+        "SELECT task_ids, status, input_tokens, output_tokens FROM attempts")}
+    _, inp, out = rows["t1"]  # answered once, admitted: what one copy of its line bills
+    status, dup_in, dup_out = rows["t0"]  # two copies of an answer as long
+    assert status == "provider_error" and dup_in == 2 * inp and dup_out % 2 == 0 < dup_out
+    assert "came back 2 times" in result.errors[0]["message"]
+    assert (f"billed {dup_in} input and {dup_out} output tokens"
+            in result.errors[0]["message"])
+    [job] = s.ledger.store.jobs(every=True)
+    usage = json.loads(job["detail"])["unknown_usage"]
+    assert (usage["input_tokens"], usage["output_tokens"]) == (inp, out)  # t1's extra copy
+    assert any("never sent" in note and f"billed {inp} input" in note for note in result.notes)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_a_completed_job_whose_every_line_failed_admits_nothing(srv, protocol):
     srv.batches.faults = [BatchFaults(whole="all_failed")]
     s = session(srv, protocol=protocol)

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from itertools import chain, islice, takewhile
 from typing import Any
 
+from .._checks import is_amount
 from .._content.tasks import Request
 from .._errors import LedgerError, ProviderError
 from .._ledger import Ledger
@@ -503,11 +504,14 @@ class JobRunner(Settle):
                 came[cid] = came.get(cid, 0) + 1
             else:
                 unknown.append(str(cid)[:80])
+        billed = self._billed(outs, lines, {c for c, n in came.items() if n > 1}, cap) if (
+            unknown or len(came) < sum(came.values())) else {}
         if unknown:
-            detail["unknown_custom_ids"] = unknown[:20]
+            extra = billed.pop(None, {})
+            detail["unknown_custom_ids"], detail["unknown_usage"] = unknown[:20], extra
             self.result.notes.append(
                 f"{where} returned {len(unknown)} line(s) with a custom_id it was never sent "
-                f"({', '.join(unknown[:3])}); none was admitted")
+                f"({', '.join(unknown[:3])}); none was admitted{_paid(extra)}")
         def attempt(line: Mapping[str, Any], request: Request | None = None) -> Attempt:
             return Attempt(line["attempt_id"], self.reservations.pop(line["attempt_id"], None),
                            line["reserved"], request)
@@ -534,7 +538,23 @@ class JobRunner(Settle):
         for cid, line in lines.items():
             if came.get(cid) != 1:
                 yield attempt(line), _lost(cid, came.get(cid, 0), detail.get("failed"),
-                                           detail["provider_status"])
+                                           detail["provider_status"], billed.get(cid, {}))
+
+    def _billed(self, outs: Iterable[Any], lines: Mapping[str, Mapping[str, Any]],
+                copied: set[str], cap: int | None) -> dict[str | None, dict[str, Any]]:
+        """The usage of every copy of a line that came back more than once (by its id), and of
+        every line with an id it was never sent (under None): admitted or not, each was billed."""
+        billed: dict[str | None, dict[str, Any]] = {}
+        for out in outs:
+            cid = self.client.line_id(out)
+            if cid in lines and cid not in copied or not isinstance(out, dict):
+                continue
+            line = lines.get(cid)
+            got = self.client.outcome(out, bool(line and line["wrapped"]))
+            usage = got.usage if isinstance(got, ProviderError) else usage_of(received(got, cap))
+            key = cid if line else None
+            billed[key] = _summed(billed.get(key, {}), usage)
+        return billed
 
 
 def _receipts(request: Request, history: Mapping[str, list[Any]]) -> list[Any]:
@@ -569,18 +589,41 @@ def unix(stamp: str) -> float:
     return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
-def _lost(custom_id: str, came: int, whole: str | None, status: str) -> ProviderError:
-    """Why a receipt got no answer to admit: its line came back ``came`` times (not once)."""
+def _lost(custom_id: str, came: int, whole: str | None, status: str,
+          usage: Mapping[str, Any]) -> ProviderError:
+    """Why a receipt got no answer to admit: its line came back ``came`` times (not once), each
+    copy billed (``usage``: theirs summed)."""
     if came:
         why = (f"custom_id {custom_id} came back {came} times in one job's output; none of "
-               "its lines was admitted")
+               f"its lines was admitted{_paid(usage)}")
     elif whole is not None:
         why = f"the job failed as a whole before any line ran: {whole}"
     elif status in ("expired", "cancelled", "canceled"):
         why = f"the job {status} before this request was answered"
     else:
         why = f"custom_id {custom_id} is missing from the output of a {status} job"
-    return ProviderError(why, retryable=True)
+    return ProviderError(why, retryable=True, usage=dict(usage))
+
+
+_SUMMED = ("input_tokens", "output_tokens", "cached_tokens", "cost")
+
+
+def _summed(total: Mapping[str, Any], usage: Mapping[str, Any]) -> dict[str, Any]:
+    """Two lines' usage as one: each count added where both are known numbers (an unknown one
+    leaves the sum unknown, never smaller than what was billed)."""
+    summed = {}
+    for key in _SUMMED:
+        a, b = total.get(key, 0), usage.get(key)
+        summed[key] = a + b if is_amount(a) and is_amount(b) else None
+    return summed
+
+
+def _paid(usage: Mapping[str, Any]) -> str:
+    """What a note adds about lines billed and not admitted: their tokens, when known."""
+    if usage.get("input_tokens") is None and usage.get("output_tokens") is None:
+        return ""
+    return (f"; billed {usage.get('input_tokens')} input and {usage.get('output_tokens')} "
+            "output tokens for them")
 
 
 async def created_batch(client: Any, row: Mapping[str, Any]) -> Mapping[str, Any] | None:
