@@ -218,6 +218,32 @@ def test_the_providers_remaining_counts_lower_and_raise_the_pacers_view() -> Non
     assert 0.4 < refused <= 0.5 and paused < 0.6
 
 
+def test_an_answer_leaving_many_bursts_lets_the_next_tenth_of_a_slice_go_unread_but_no_refusal(
+) -> None:
+    """Reading every answer's headers costs each call; one leaving four bursts of each limit
+    means nothing sent in the next tenth of a slice could bring either below one, so those go
+    unread. A 429, or an answer after that tenth, is read at once."""
+    plenty = {"x-ratelimit-limit-requests": "600", "x-ratelimit-remaining-requests": "600"}
+    short = {"x-ratelimit-limit-requests": "600", "x-ratelimit-remaining-requests": "0"}
+
+    async def go() -> tuple[float, float, float]:
+        pacer = Pacer(RateLimits(600), concurrency=4, slice_seconds=1.0)
+        loop = asyncio.get_running_loop()
+        pacer.observe(plenty)
+        pacer.observe(short)  # within the tenth: unread
+        within = pacer._open_at - loop.time()
+        await asyncio.sleep(0.12)
+        pacer.observe(short)
+        after = pacer._open_at - loop.time()
+        pacer.observe(plenty)  # ends that pause, and starts a quiet tenth
+        pacer.penalise(0.0)
+        pacer.observe(short)  # after a refusal: read at once
+        return within, after, pacer._open_at - loop.time()
+
+    within, after, refused = asyncio.run(go())
+    assert within <= 0 and 0.4 < after < 0.6 and 0.4 < refused < 0.6
+
+
 def test_a_pack_larger_than_the_token_limit_is_refused_before_spending_naming_the_pack_that_fits(
 ) -> None:
     with LoopbackServer() as srv:

@@ -24,6 +24,7 @@ from .._providers.ratelimits import Reported, reported
 
 Turn = tuple[float, int]  # when a call's turn was taken, and from which build of the buckets
 HEADROOM = 0.98  # pace a little under the limit: network jitter bunches arrivals
+PLENTY = 4  # bursts left of each limit for which the next answers' counts go unread
 _KEYS = {"requests_per_minute": "requests_per_minute", "rpm": "requests_per_minute",
          "tokens_per_minute": "tokens_per_minute", "tpm": "tokens_per_minute"}
 
@@ -95,6 +96,7 @@ class Pacer:
         self._owed_requests, self._owed_tokens = Owed(), Owed()
         self._open_at = 0.0  # loop time before which no call is sent
         self._short_until = -1.0  # the end of a pause short remaining counts asked for
+        self._quiet_until = -1.0  # answers before then are not read (see observe)
         self._waiting: list[asyncio.Future[None]] = []
         # turns taken and not sent: (when, from which buckets, tokens) each; only those from the
         # buckets in force, taken within a slice, are spent (see unspent)
@@ -118,6 +120,7 @@ class Pacer:
         rpm, tpm = self.requests_per_minute, self.tokens_per_minute
         self._built += 1
         self._unspent.clear()
+        self._quiet_until = -1.0  # new buckets: the next answer is read against them
         if requests:
             self._owed_requests.carry(self._requests)
             self._requests = _bucket(rpm / self.hosts, self.slice_seconds, 1) if rpm else None
@@ -288,7 +291,15 @@ class Pacer:
 
     def observe(self, headers: Mapping[str, str]) -> None:
         """Learn limits the user did not set, and pause when the provider reports less left
-        than one burst (its count of this key's use is ahead of ours)."""
+        than one burst (its count of this key's use is ahead of ours). An answer leaving
+        :data:`PLENTY` bursts of each makes the next tenth of a slice's answers go unread:
+        nothing sent meanwhile could bring either below one."""
+        try:
+            at: float | None = asyncio.get_running_loop().time()
+        except RuntimeError:  # headers read outside a run
+            at = None
+        if at is not None and at < self._quiet_until:
+            return
         seen = reported(headers)
         if not seen.any:
             return
@@ -300,6 +311,15 @@ class Pacer:
         if (rpm, tpm) != (learnt.requests_per_minute, learnt.tokens_per_minute):
             self._set(self.limits, RateLimits(rpm, tpm))
         self._pause_if_short(seen)
+        if at is not None and self._plenty(seen):
+            self._quiet_until = at + self.slice_seconds / 10
+
+    def _plenty(self, seen: Reported) -> bool:
+        """Whether ``seen`` leaves at least :data:`PLENTY` bursts of each limit paced to."""
+        return all(bucket is None or state.remaining is None
+                   or state.remaining >= PLENTY * bucket.max_rate
+                   for state, bucket in ((seen.requests, self._requests),
+                                         (seen.tokens, self._tokens)))
 
     def penalise(self, wait: float | None) -> None:
         """The provider refused a call (429): nothing is sent for ``wait`` seconds (one slice
@@ -309,6 +329,7 @@ class Pacer:
         wait = self.slice_seconds if wait is None else max(0.0, wait)
         if loop.time() >= self._open_at:
             self.allowed = max(1.0, self.allowed / 2)
+        self._quiet_until = -1.0  # the answers after a refusal are read
         self._hold(loop, wait)
 
     # -- inside ---------------------------------------------------------------------------------
