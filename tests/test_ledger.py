@@ -72,6 +72,25 @@ def test_an_accepted_call_is_written_in_four_statements_on_sqlite(tmp_path):
     assert len(statements) <= 4 * 40 + 5, sorted(set(statements))
 
 
+def test_a_calls_statements_on_sqlite_build_no_temporary_b_tree(tmp_path):
+    """Each row a call writes is checked without a b-tree made for it: an IN list of more than
+    two constants in a CHECK, or RETURNING, has SQLite build one for every row (a page
+    allocated and filled each time). Fault: ``status IN (...)`` back in the schema."""
+    session = Session(CallableProvider(items_reply), ledger=tmp_path / "l.sqlite",
+                      concurrency=4)
+    store, seen = session.ledger.store, set()
+    store._db.set_trace_callback(seen.add)
+    assert session.run_batch("r", review_tasks(8), LABEL_SCHEMA, pack=1).status == "resolved"
+    store._db.set_trace_callback(None)
+    written = [sql for sql in seen if sql.startswith(("INSERT INTO attempts", "UPDATE attempts",
+                                                      "INSERT INTO checkpoint",
+                                                      "INSERT INTO claims"))]
+    assert len(written) >= 4 * 8  # receipt, claim, completion, checkpoint row: each call's
+    for sql in written:
+        ops = {row[1] for row in store._db.execute("EXPLAIN " + sql).fetchall()}
+        assert "OpenEphemeral" not in ops, sql
+
+
 def test_file_ledger_uses_wal_and_records_schema_version(tmp_path):
     Ledger(tmp_path / "l.sqlite").close()
     with sqlite3.connect(tmp_path / "l.sqlite") as db:

@@ -136,6 +136,13 @@ class SQLiteStore(Store):
             self._budget_known = super()._budgeted(tx)
         return self._budget_known
 
+    def _insert(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> int:
+        """The new row's id as SQLite keeps it (``RETURNING`` would gather it in a b-tree)."""
+        cursor = self._exec(tx, sql, args)
+        if cursor.rowcount != 1:  # else lastrowid would be an earlier insert's
+            raise sqlite3.IntegrityError(f"an insert wrote {cursor.rowcount} rows, not one")
+        return cursor.lastrowid
+
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
         with self._lock:
             try:

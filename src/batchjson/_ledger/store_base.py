@@ -37,6 +37,8 @@ def _version_problem(version: Any, ledger: str | None) -> str | None:
 # The tables of docs/design.md; times are ISO 8601 UTC text. Rows written with every call are
 # WITHOUT ROWID (one b-tree page written, not two); the key index leaves out status (which every
 # call changes); ``requests_in_order`` makes each page of a revision's values one index range.
+# A CHECK lists its values with OR: SQLite builds a b-tree of an IN list of more than two
+# constants for every row it checks.
 TABLES = """
 CREATE TABLE batches (
     id {id}, name TEXT NOT NULL UNIQUE, current_revision {int},
@@ -63,11 +65,11 @@ CREATE TABLE attempts (
     id {id}, batch_id {int} NOT NULL REFERENCES batches(id),
     revision_id {int} NOT NULL REFERENCES revisions(id), request_key TEXT NOT NULL,
     task_ids TEXT NOT NULL,
-    kind TEXT NOT NULL CHECK (kind IN
-        ('initial', 'repair', 'replay', 'split', 'recheck', 'import')),
-    status TEXT NOT NULL CHECK (status IN
-        ('in_flight', 'accepted', 'partial', 'rejected', 'provider_error', 'cancelled',
-         'abandoned')),
+    kind TEXT NOT NULL CHECK (kind = 'initial' OR kind = 'repair' OR kind = 'replay'
+        OR kind = 'split' OR kind = 'recheck' OR kind = 'import'),
+    status TEXT NOT NULL CHECK (status = 'in_flight' OR status = 'accepted'
+        OR status = 'partial' OR status = 'rejected' OR status = 'provider_error'
+        OR status = 'cancelled' OR status = 'abandoned'),
     errors TEXT, raw {raw}, input_tokens {int}, output_tokens {int},
     cached_tokens {int}, cost {real}, provider TEXT, model TEXT,
     started_at TEXT NOT NULL, finished_at TEXT,
@@ -102,8 +104,8 @@ CREATE TABLE rechecks (
     from_attempt {int} NOT NULL REFERENCES attempts(id));
 CREATE TABLE jobs (
     id {id}, uid TEXT NOT NULL UNIQUE, protocol TEXT NOT NULL,
-    provider_job_id TEXT, status TEXT NOT NULL CHECK (status IN
-        ('recording', 'open', 'uncertain', 'ended', 'cancelled')),
+    provider_job_id TEXT, status TEXT NOT NULL CHECK (status = 'recording' OR status = 'open'
+        OR status = 'uncertain' OR status = 'ended' OR status = 'cancelled'),
     batch_id {int} NOT NULL REFERENCES batches(id),
     revision_id {int} NOT NULL REFERENCES revisions(id), model TEXT, endpoint TEXT,
     requests {int} NOT NULL, reserved {real} NOT NULL, owner TEXT NOT NULL, host TEXT NOT NULL,
