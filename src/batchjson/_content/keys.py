@@ -69,6 +69,7 @@ def key_maker(content: Mapping[str, str]) -> Callable[[str], str]:
     tail = "".join("," + part for part in encoded[where + 1:]) + "}"
     made: dict[str, str] = {}  # a run's passes (survey, record, send) key each text once
     held = [0]  # characters of the texts ``made`` keeps alive
+    headed = hashlib.sha256(head.encode("utf-8"))  # the schema and all before the tasks, once
 
     def key(tasks_json: str) -> str:
         found = made.get(tasks_json)
@@ -77,7 +78,9 @@ def key_maker(content: Mapping[str, str]) -> Callable[[str], str]:
                 made.clear()  # millions, or of long texts, keys its texts again
                 held[0] = 0
             held[0] += len(tasks_json)
-            found = made[tasks_json] = sha(head + tasks_json + tail)
+            hasher = headed.copy()  # sha(head + tasks_json + tail), the head not hashed again
+            hasher.update((tasks_json + tail).encode("utf-8"))
+            found = made[tasks_json] = hasher.hexdigest()
         return found
 
     return key
