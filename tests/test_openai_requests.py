@@ -123,19 +123,24 @@ def test_the_official_sdk_sends_batchjsons_strict_body_and_the_server_takes_it()
     assert completion.choices[0].message.content.startswith('{"items"')
 
 
-def _call_for(ids: list[str], schema: dict = OPTIONAL) -> Call:
+def _call_for(ids: list[str], schema: dict = OPTIONAL, shaped: bool = False) -> Call:
+    """A call as a run makes it; ``shaped``: with the key of its schema's shape a run's calls
+    share (``make_call``'s), by which the strict form of that shape is found."""
     tasks = tuple({"task_id": i, "prompt": f"about {i}"} for i in ids)
+    compiled = compile_schema(schema)
     return Call(tasks=tasks, prompt="p", system="", attempt=0, kind="initial",
-                request_key=ids[0], schema=wire_schema(compile_schema(schema), tasks,
-                                                       ("task_id",)))
+                request_key=ids[0], schema=wire_schema(compiled, tasks, ("task_id",)),
+                schema_shape=f"items:{compiled.fingerprint}:[\"task_id\"]" if shaped else "")
 
 
-def test_each_call_of_a_batch_is_held_to_its_own_identity_values_and_count_in_strict_mode():
+@pytest.mark.parametrize("shaped", [False, True])
+def test_each_call_of_a_batch_is_held_to_its_own_identity_values_and_count_in_strict_mode(
+        shaped):
     """Fault: the strict form made once for a batch's schema and reused with the first call's
     pinned task ids and item count (every later call's answer refused by the API's schema),
     or a later call's values written into the form an earlier body holds."""
     provider = OpenAIProvider("gpt-4o-mini", base_url="http://127.0.0.1:9/v1", api_key=KEY)
-    calls = [_call_for(["a", "b"]), _call_for(["c"]), _call_for(["d", "e", "f"])]
+    calls = [_call_for(ids, shaped=shaped) for ids in (["a", "b"], ["c"], ["d", "e", "f"])]
     bodies = [provider.request_body(call)[0] for call in calls]
     for call, body in zip(calls, bodies, strict=True):
         sent = body["response_format"]["json_schema"]["schema"]
@@ -146,13 +151,14 @@ def test_each_call_of_a_batch_is_held_to_its_own_identity_values_and_count_in_st
         assert array["items"]["properties"]["task_id"] == {"enum": ids}
 
 
-def test_a_call_whose_pinned_ids_pass_strict_modes_enum_limit_goes_as_a_json_object():
+@pytest.mark.parametrize("shaped", [False, True])
+def test_a_call_whose_pinned_ids_pass_strict_modes_enum_limit_goes_as_a_json_object(shaped):
     """Fault: a call's own identity values left out of strict mode's size limits once the
     batch's form is shared, so the call alone over the limit gets a 400 on every try."""
     provider = OpenAIProvider("gpt-4o-mini", base_url="http://127.0.0.1:9/v1", api_key=KEY)
-    small = provider.request_body(_call_for(["a", "b"]))[0]["response_format"]
+    small = provider.request_body(_call_for(["a", "b"], shaped=shaped))[0]["response_format"]
     ids = [f"t{i}" for i in range(MAX_ENUM_VALUES + 1)]
-    large = provider.request_body(_call_for(ids))[0]["response_format"]
+    large = provider.request_body(_call_for(ids, shaped=shaped))[0]["response_format"]
     assert small["type"] == "json_schema" and large == {"type": "json_object"}
 
 

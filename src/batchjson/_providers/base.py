@@ -29,7 +29,10 @@ CallKind = Literal["initial", "repair", "replay"]
 class Call:
     """One request attempt. ``mode``: ``"items"`` (``{"items": [...]}``, one per task) or
     ``"value"``; ``shared``: the head of ``prompt`` all the batch's requests share (cached);
-    ``answer_chars``: the longest answer (None: unbounded), to size an output ceiling."""
+    ``answer_chars``: the longest answer (None: unbounded), to size an output ceiling;
+    ``schema_shape``: a key of ``schema`` apart from this call's item count and pinned identity
+    values, shared by the run's calls ("": none), so a provider deriving a form of the schema
+    (OpenAI's strict mode) derives it once."""
 
     tasks: tuple[Mapping[str, Any], ...]
     prompt: str
@@ -42,6 +45,7 @@ class Call:
     identity: tuple[str, ...] = ("task_id",)
     shared: str = ""
     answer_chars: int | None = None
+    schema_shape: str = ""
 
 
 @runtime_checkable

@@ -79,7 +79,9 @@ class OpenAIProvider(HttpProvider):
         body: dict[str, Any] = {"model": self.model, "messages": messages, **self.extra_body}
         if self._sizes_output and (cap := self.sized_output(call.answer_chars)) is not None:
             body[self._cap_field] = cap
-        fmt, wrapped, problems = self._format(call.schema, call.mode)
+        fmt, wrapped, problems = self._format(
+            call.schema, call.mode, call.schema_shape,
+            call.identity if call.mode == "items" and call.schema_shape else ())
         if problems and self.response_format == "json_schema":  # the run's check refuses it first
             raise ProviderError(self._inexpressible(problems, call.mode), retryable=False,
                                 fatal=True)
@@ -99,16 +101,16 @@ class OpenAIProvider(HttpProvider):
             return None
         return sized_output_cap(answer_chars, reasoning=not self.capabilities.temperature)
 
-    def _format(self, schema: Mapping[str, Any],
-                mode: str) -> tuple[dict[str, Any] | None, bool, Sequence[str]]:
+    def _format(self, schema: Mapping[str, Any], mode: str, shape: str = "",
+                pinned: Sequence[str] = ()) -> tuple[dict[str, Any] | None, bool, Sequence[str]]:
         """The ``response_format`` a call sends, whether a scalar was wrapped for it, and what
-        keeps strict mode from the schema."""
+        keeps strict mode from the schema (``shape``, ``pinned``: see :func:`strict_form`)."""
         if self.response_format == "text" or not self.capabilities.response_format:
             return None, False, ()
         if self.response_format == "json_object":
             return {"type": "json_object"}, False, ()
         root, name, wrapped = object_schema(schema, mode)
-        form = strict_form(root)
+        form = strict_form(root, shape, pinned)
         if form.schema is not None:
             return {"type": "json_schema", "json_schema": {
                 "name": name, "schema": form.schema, "strict": True}}, wrapped, ()

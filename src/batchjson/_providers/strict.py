@@ -4,7 +4,7 @@ only where the rewrite accepts a subset of what it accepts; else the provider us
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -41,15 +41,35 @@ class StrictForm:
     depth: int = 0
 
 
-def strict_form(schema: Mapping[str, Any]) -> StrictForm:
+def strict_form(schema: Mapping[str, Any], shape: str = "",
+                pinned: Sequence[str] = ()) -> StrictForm:
     """``schema``'s strict form: its shape's made once, a call's own values put back on a copy
-    of the path to them (below it the form is shared: never change it)."""
-    shape, pins = _lifted(schema)
+    of the path to them (below it the form is shared: never change it). ``shape``: a key the
+    calls of a run share (``Call.schema_shape``), by which their shape's form is found without
+    the shape being rebuilt and serialised for each; ``pinned``: with it, the identity fields
+    whose values the items array pins (none: the schema is the same for every call)."""
+    if not shape:
+        pins = _pins(schema)
+        return _pinned(_form_of(_lifted(schema, pins)), pins)
+    pins = _pins_of(schema, pinned) if pinned else {}
+    form = _by_shape.get(shape)
+    if form is None:
+        if len(_by_shape) >= SHAPES_HELD:
+            _by_shape.clear()
+        form = _by_shape[shape] = _form_of(_lifted(schema, pins))
+    return _pinned(form, pins)
+
+
+SHAPES_HELD = 64
+_by_shape: dict[str, StrictForm] = {}
+
+
+def _form_of(shape: Mapping[str, Any]) -> StrictForm:
     try:
         text = pydantic_core.to_json(shape, inf_nan_mode="constants")  # a fast key
     except ValueError:  # not JSON (a test's own schema): made as it is, uncached
-        return _pinned(_shape_form(shape), pins)
-    return _pinned(_cached_form(text), pins)
+        return _shape_form(shape)
+    return _cached_form(text)
 
 
 @lru_cache(maxsize=64)
@@ -77,24 +97,41 @@ def _shape_form(schema: Mapping[str, Any]) -> StrictForm:
 _COUNTS = ("minItems", "maxItems")
 
 
-def _lifted(schema: Mapping[str, Any]) -> tuple[Mapping[str, Any], dict[str, Any]]:
-    """A wire schema without a call's own values (a pin leaves an empty ``enum``), and them."""
+def _pins(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """A wire schema's values of one call: its item count and pinned identity values (a
+    required property that is one ``enum`` alone); empty when it has no items array."""
     array = _at(schema, "properties", "items")
     item = _at(array, "items")
     props = _at(item, "properties")
     if (array is None or item is None or props is None or not _required("items", schema)
             or "$ref" in array or "allOf" in array or "anyOf" in array
             or "$ref" in item or "allOf" in item or "anyOf" in item):
-        return schema, {}
+        return {}
     required = item["required"] if isinstance(item.get("required"), list) else ()
     enums = {name: node["enum"] for name, node in props.items() if isinstance(node, Mapping)
              and len(node) == 1 and isinstance(node.get("enum"), list) and name in required}
-    counts = {key: array[key] for key in _COUNTS if key in array}
-    item = {**item, "properties": {**props, **dict.fromkeys(enums, _EMPTY_ENUM)}}
-    array = {k: v for k, v in array.items() if k not in counts}
+    return {"counts": {key: array[key] for key in _COUNTS if key in array}, "enums": enums}
+
+
+def _pins_of(schema: Mapping[str, Any], pinned: Sequence[str]) -> dict[str, Any]:
+    """The values of one call of a known shape: its item count, the ``pinned`` fields' values."""
+    array = schema["properties"]["items"]
+    props = array["items"]["properties"]
+    return {"counts": {key: array[key] for key in _COUNTS},
+            "enums": {name: props[name]["enum"] for name in pinned}}
+
+
+def _lifted(schema: Mapping[str, Any], pins: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A wire schema without its ``pins`` (a pinned value leaves an empty ``enum``)."""
+    if not pins:
+        return schema
+    array = schema["properties"]["items"]
+    item = array["items"]
+    item = {**item, "properties": {**item["properties"],
+                                   **dict.fromkeys(pins["enums"], _EMPTY_ENUM)}}
+    array = {k: v for k, v in array.items() if k not in pins["counts"]}
     array["items"] = item
-    return ({**schema, "properties": {**schema["properties"], "items": array}},
-            {"counts": counts, "enums": enums})
+    return {**schema, "properties": {**schema["properties"], "items": array}}
 
 
 _EMPTY_ENUM: Mapping[str, Any] = {"enum": []}  # only serialised, as a cache key's part
@@ -105,7 +142,7 @@ def _pinned(shape: StrictForm, pins: Mapping[str, Any]) -> StrictForm:
     if shape.schema is None:
         return shape
     counts, problems = shape.counts, list(shape.problems)
-    enums = pins.get("enums", {})
+    enums = pins.get("enums")
     if enums:
         counts = dict(counts)
         for values in enums.values():

@@ -134,16 +134,18 @@ def make_call(plan: Plan, system: str, request: Request, kind: CallKind, prompt:
     """``cached_prefix``: the shared prefix is long enough to cache, so the wire schema is the
     batch's constant one (docs/providers.md); the provider gets its own copy of the tasks."""
     tasks = tuple(json.loads(request.tasks_json))
-    shared = ""
+    shared, shape = "", f"{plan.mode}:{plan.schema.fingerprint}"
     if plan.mode == "value":
         schema: Mapping[str, Any] = plan.schema.json_schema
     else:
         schema = wire_schema(plan.schema, tasks, plan.identity, pinned=not cached_prefix)
         shared = shared_head(plan.instructions)
+        # typed identity fields follow the tasks' JSON types: no shape the calls share
+        shape = "" if cached_prefix else f"{shape}:{json.dumps(list(plan.identity))}"
     return Call(tasks=tasks, prompt=prompt, system=system, schema=schema, attempt=number,
                 kind=kind, request_key=request.key, mode=plan.mode, identity=plan.identity,
                 shared=shared if prompt.startswith(shared) else "",
-                answer_chars=plan.answer_chars(tasks))
+                answer_chars=plan.answer_chars(tasks), schema_shape=shape)
 
 
 def cheapest_call(plan: Plan, provider: Any, pricing: Pricing,
