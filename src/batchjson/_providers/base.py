@@ -199,6 +199,8 @@ ANTHROPIC_CACHE_MINIMUM: tuple[tuple[str, int], ...] = (
 )
 ANTHROPIC_UNLISTED_MINIMUM = 4096
 OPENAI_CACHE_MINIMUM = 1024  # automatic prompt caching, from 1,024 tokens of identical prefix
+LEAST_CACHED = min(OPENAI_CACHE_MINIMUM, ANTHROPIC_UNLISTED_MINIMUM,
+                   *(least for _, least in ANTHROPIC_CACHE_MINIMUM))
 CACHE_CONTROL = {"type": "ephemeral"}  # the 5-minute cache (writes 1.25x input, reads 0.1x)
 
 
@@ -218,9 +220,13 @@ def anthropic_cache_minimum(model: str) -> int:
 
 
 def prefix_cacheable(provider: Any, system: str, shared: str) -> bool:
-    """Whether the batch's shared prefix is long enough to cache (then the schema is constant)."""
+    """Whether the batch's shared prefix is long enough to cache (then the schema is constant);
+    a prefix shorter than any API caches is not, whoever the provider is (asked every call)."""
+    tokens = estimate_tokens(system + shared)
+    if tokens < LEAST_CACHED:
+        return False
     least = cache_minimum(provider)
-    return least is not None and estimate_tokens(system + shared) >= least
+    return least is not None and tokens >= least
 
 
 def prompt_cache_key(system: str, shared: str) -> str:
