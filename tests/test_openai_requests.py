@@ -151,6 +151,26 @@ def test_each_call_of_a_batch_is_held_to_its_own_identity_values_and_count_in_st
         assert array["items"]["properties"]["task_id"] == {"enum": ids}
 
 
+def test_a_schema_reordered_in_the_same_kernel_goes_out_in_its_own_order():
+    """Strict mode writes fields in the schema's order (reasoning before its answer): two
+    schemas equal but for that order share a fingerprint, never a strict form. Fault: the form
+    found by the first schema's key sent for the second."""
+    first = {"type": "object", "required": ["answer", "reasoning"], "properties": {
+        "answer": {"type": "string"}, "reasoning": {"type": "string"}}}
+    second = {**first, "properties": dict(reversed(first["properties"].items()))}
+    sent = []
+    with LoopbackServer(SimulatedModel(lambda task: {"answer": "a", "reasoning": "r"}),
+                        api_key=KEY) as server:
+        session = openai_session(server)
+        for name, schema in (("a", first), ("b", second)):  # tasks of its own: each is sent
+            tasks = review_tasks(1, case=f"gold-pair-{name}")
+            assert session.run_batch(name, tasks, schema).calls == 1
+            sent.append(server.last_body["response_format"]["json_schema"]["schema"])
+    orders = [[name for name in s["properties"]["items"]["items"]["properties"]
+               if name in first["properties"]] for s in sent]
+    assert orders == [["answer", "reasoning"], ["reasoning", "answer"]]
+
+
 @pytest.mark.parametrize("shaped", [False, True])
 def test_a_call_whose_pinned_ids_pass_strict_modes_enum_limit_goes_as_a_json_object(shaped):
     """Fault: a call's own identity values left out of strict mode's size limits once the

@@ -16,6 +16,7 @@ from .._content.tasks import (
     TextSpool,
     render_items_prompt,
     render_value_prompt,
+    sha,
     shared_head,
 )
 from .._providers.base import Call, CallKind, input_bound
@@ -52,6 +53,12 @@ class Plan:
             schema = {**schema, "properties": {k: v for k, v in schema["properties"].items()
                                                if k not in self.identity}}
         return largest_answer(schema, declared=True)
+
+    @cached_property
+    def schema_shape(self) -> str:
+        """What its calls' schemas share apart from each call's values (``Call.schema_shape``):
+        the schema as written (the order a model writes its fields in), the mode, the identity."""
+        return sha(f"{self.mode}\0{json.dumps(list(self.identity))}\0{self.schema._text}")
 
     def answer_chars(self, tasks: Sequence[Mapping[str, Any]]) -> int | None:
         """The most characters a return to ``tasks`` can take (None: unbounded)."""
@@ -134,14 +141,14 @@ def make_call(plan: Plan, system: str, request: Request, kind: CallKind, prompt:
     """``cached_prefix``: the shared prefix is long enough to cache, so the wire schema is the
     batch's constant one (docs/providers.md); the provider gets its own copy of the tasks."""
     tasks = tuple(json.loads(request.tasks_json))
-    shared, shape = "", f"{plan.mode}:{plan.schema.fingerprint}"
+    shared, shape = "", plan.schema_shape
     if plan.mode == "value":
         schema: Mapping[str, Any] = plan.schema.json_schema
     else:
         schema = wire_schema(plan.schema, tasks, plan.identity, pinned=not cached_prefix)
         shared = shared_head(plan.instructions)
-        # typed identity fields follow the tasks' JSON types: no shape the calls share
-        shape = "" if cached_prefix else f"{shape}:{json.dumps(list(plan.identity))}"
+        if cached_prefix:  # typed identity fields follow the tasks' JSON types: none shared
+            shape = ""
     return Call(tasks=tasks, prompt=prompt, system=system, schema=schema, attempt=number,
                 kind=kind, request_key=request.key, mode=plan.mode, identity=plan.identity,
                 shared=shared if prompt.startswith(shared) else "",
