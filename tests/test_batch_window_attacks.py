@@ -228,3 +228,31 @@ def test_garbage_output_lines_are_named_and_never_stop_the_collection(tmp_path, 
         s.close()
     assert result.status == "resolved" and len(result.values) == 3
     assert any("never sent" in note for note in result.notes)
+
+
+def test_a_garbled_unknown_line_and_an_errored_copy_never_hide_what_the_other_copies_billed():
+    """Lines read only for what they were billed: one the provider's reader cannot make sense
+    of counts as unknown (it never stops the collection), and a copy that says no usage (an
+    error line) adds nothing to the copies that do. Faults: the reader's exception escaping
+    the collection (the job never ended), or an errored copy turning the sum unknown (the
+    paid copy charged nothing)."""
+    from types import SimpleNamespace
+
+    from batchjson._providers.openai import OpenAIBatches, OpenAIProvider
+    from batchjson._replay.jobs import JobRunner
+
+    client = OpenAIBatches(OpenAIProvider("gpt-4o-mini", base_url="http://127.0.0.1:9/v1",
+                                          api_key="sk-test"))
+    runner = SimpleNamespace(client=client)
+    paid = {"custom_id": "bj_1", "response": {"status_code": 200, "body": {
+        "choices": [{"message": {"content": "{}"}}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5}}}}
+    failed = {"custom_id": "bj_1", "response": {"status_code": 500,
+                                                "body": {"error": {"message": "x"}}}}
+    garbled = {"custom_id": "not_ours", "response": {"status_code": 200, "body": {
+        "choices": [{"message": "not an object"}]}}}
+    billed = JobRunner._billed(runner, [paid, failed, garbled], {"bj_1": {"wrapped": 0}},
+                               {"bj_1"}, None)
+    assert (billed["bj_1"]["input_tokens"], billed["bj_1"]["output_tokens"]) == (10, 5)
+    assert billed["bj_1"]["cost"] > 0
+    assert billed[None]["input_tokens"] is None  # the garbled line's: unknown

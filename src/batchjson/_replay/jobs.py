@@ -550,8 +550,12 @@ class JobRunner(Settle):
             if cid in lines and cid not in copied or not isinstance(out, dict):
                 continue
             line = lines.get(cid)
-            got = self.client.outcome(out, bool(line and line["wrapped"]))
-            usage = got.usage if isinstance(got, ProviderError) else usage_of(received(got, cap))
+            try:
+                got = self.client.outcome(out, bool(line and line["wrapped"]))
+                usage = (got.usage if isinstance(got, ProviderError)
+                         else usage_of(received(got, cap)))
+            except Exception:  # noqa: BLE001 - a line read only for its usage: unknown
+                usage = {}
             key = cid if line else None
             billed[key] = _summed(billed.get(key, {}), usage)
         return billed
@@ -609,12 +613,12 @@ _SUMMED = ("input_tokens", "output_tokens", "cached_tokens", "cost")
 
 
 def _summed(total: Mapping[str, Any], usage: Mapping[str, Any]) -> dict[str, Any]:
-    """Two lines' usage as one: each count added where both are known numbers (an unknown one
-    leaves the sum unknown, never smaller than what was billed)."""
+    """Two lines' usage as one: the counts each says, added (a copy that says none, an error
+    line's, adds nothing; unknown while no copy said one)."""
     summed = {}
     for key in _SUMMED:
-        a, b = total.get(key, 0), usage.get(key)
-        summed[key] = a + b if is_amount(a) and is_amount(b) else None
+        known = [n for n in (total.get(key), usage.get(key)) if is_amount(n)]
+        summed[key] = sum(known) if known else None
     return summed
 
 
