@@ -243,6 +243,17 @@ def test_an_answer_leaving_many_bursts_lets_the_next_tenth_of_a_slice_go_unread_
     within, after, refused = asyncio.run(go())
     assert within <= 0 and 0.4 < after < 0.6 and 0.4 < refused < 0.6
 
+    async def shared() -> float:  # four hosts spend the account's counts: four times as many
+        pacer = Pacer(RateLimits(600), concurrency=4, slice_seconds=1.0)
+        pacer.share(4)
+        loop = asyncio.get_running_loop()
+        left = int(4 * pacer._requests.max_rate) + 1  # plenty for one host, not for four
+        pacer.observe({**plenty, "x-ratelimit-remaining-requests": str(left)})
+        pacer.observe(short)
+        return pacer._open_at - loop.time()
+
+    assert asyncio.run(shared()) > 0  # read: paused until the provider has caught up
+
 
 def test_a_pack_larger_than_the_token_limit_is_refused_before_spending_naming_the_pack_that_fits(
 ) -> None:

@@ -292,8 +292,8 @@ class Pacer:
     def observe(self, headers: Mapping[str, str]) -> None:
         """Learn limits the user did not set, and pause when the provider reports less left
         than one burst (its count of this key's use is ahead of ours). An answer leaving
-        :data:`PLENTY` bursts of each makes the next tenth of a slice's answers go unread:
-        nothing sent meanwhile could bring either below one."""
+        :data:`PLENTY` bursts of each, for each live host, makes the next tenth of a slice's
+        answers go unread: nothing the hosts send meanwhile could bring either below one."""
         try:
             at: float | None = asyncio.get_running_loop().time()
         except RuntimeError:  # headers read outside a run
@@ -315,9 +315,10 @@ class Pacer:
             self._quiet_until = at + self.slice_seconds / 10
 
     def _plenty(self, seen: Reported) -> bool:
-        """Whether ``seen`` leaves at least :data:`PLENTY` bursts of each limit paced to."""
+        """Whether ``seen`` leaves at least :data:`PLENTY` bursts of each limit paced to for each
+        live host (every host spends the account's counts)."""
         return all(bucket is None or state.remaining is None
-                   or state.remaining >= PLENTY * bucket.max_rate
+                   or state.remaining >= PLENTY * self.hosts * bucket.max_rate
                    for state, bucket in ((seen.requests, self._requests),
                                          (seen.tokens, self._tokens)))
 
