@@ -87,16 +87,19 @@ FROM (SELECT 1) AS one LEFT JOIN claims c ON c.request_key = %(key)s
 """
 
 # An accepted return in one statement, nothing read back: its checkpoint rows unless another
-# runner's are there, else its receipt kept as a paid return naming the one admitted.
+# runner's are there (or its request was accepted in part meanwhile: the parts hold its items),
+# else its receipt kept as a paid return naming the one admitted.
 _ADMITTED = "(? OR EXISTS (SELECT 1 FROM added))"  # ?: the return has no items
+_PARTED = "FROM attempts WHERE request_key = ? AND status = 'partial'"
 ACCEPT = (
     "WITH added AS (INSERT INTO checkpoint(batch_id, request_key, task_id, attempt_id, item, "
     "committed_at) SELECT ?, ?, t.task_id, ?, t.item, ? FROM unnest(?::text[], ?::text[]) "
-    "AS t(task_id, item) ON CONFLICT DO NOTHING RETURNING 1) " + COMPLETE_SQL.format(
+    f"AS t(task_id, item) WHERE NOT EXISTS (SELECT 1 {_PARTED}) ON CONFLICT DO NOTHING "
+    "RETURNING 1) " + COMPLETE_SQL.format(
         status=f"CASE WHEN {_ADMITTED} THEN 'accepted' ELSE 'rejected' END",
-        errors=f"CASE WHEN {_ADMITTED} THEN '[]' ELSE replace(?, '{{first}}', (SELECT "
-        "COALESCE(MIN(attempt_id)::text, chr(63)) FROM checkpoint WHERE request_key = ? AND "
-        "batch_id = ?)) END"))
+        errors=f"CASE WHEN {_ADMITTED} THEN '[]' ELSE replace(?, '{{first}}', COALESCE((SELECT "
+        "MIN(attempt_id)::text FROM checkpoint WHERE request_key = ? AND batch_id = ?), "
+        f"(SELECT MIN(id)::text {_PARTED}), chr(63))) END"))
 
 # ``_many`` of these in one statement, each column one array (executemany runs once per row).
 BULK = {
@@ -355,6 +358,6 @@ class PostgresStore(Store):
         stamp, empty = now(), not items
         self._exec(tx, ACCEPT, (
             batch_id, request_key, attempt_id, stamp, list(items),
-            list(items.values()), empty, empty,
-            json.dumps(_already_accepted("{first}")), request_key, batch_id,
+            list(items.values()), request_key, empty, empty,
+            json.dumps(_already_accepted("{first}")), request_key, batch_id, request_key,
             *self._completion(tx, attempt_id, raw, usage, stamp, sent_at, charge)))

@@ -230,35 +230,37 @@ class CallStore(RunStore):
                       usage: Mapping[str, Any], *, errors: Sequence[Mapping] = (),
                       accepted: tuple[int, str, Mapping[str, str]] | None = None,
                       sent_at: str | None = None, charge: float | None = None,
-                      parts: Parts | None = None) -> None:
+                      parts: Parts | None = None) -> bool | None:
         """Complete a receipt in ``tx``: an accepted (or 'partial', split into ``parts``) return
         admits its items (``accepted``: batch id, request key, JSON texts), never re-pointing a
         checkpoint row (another runner's admitted first: kept as paid, admitting nothing); any
-        other ``status`` keeps its ``errors``. ``charge``: its cost to the ledger's budget."""
+        other ``status`` keeps its ``errors``. ``charge``: its cost to the ledger's budget.
+        Whether a partial return split its request (None for any other)."""
         if (status in ("accepted", "partial")) != (accepted is not None) or (
                 status == "partial") != (parts is not None):
             raise ValueError("an accepted or partial return, and only one, names its items "
                              "(accepted=), a partial one its parts (parts=)")
         if parts is not None:
-            self._complete_partial(tx, attempt_id, accepted[0], accepted[2], parts, raw, usage,
-                                   errors, sent_at, charge)
-        elif accepted is not None:
+            return self._complete_partial(tx, attempt_id, accepted[0], accepted[2], parts, raw,
+                                          usage, errors, sent_at, charge)
+        if accepted is not None:
             self._accept_call(tx, attempt_id, *accepted, raw, usage, sent_at, charge)
         else:
             self._complete(tx, attempt_id, status, errors, raw, usage, sent_at=sent_at,
                            charge=charge)
+        return None
 
     def _accept_call(self, tx: Tx, attempt_id: int, batch_id: int, request_key: str,
                      items: Mapping[str, str], raw: str, usage: Mapping[str, Any],
                      sent_at: str | None, charge: float | None) -> None:
         stamp = now()
-        rows = [(batch_id, request_key, task_id, attempt_id, item, stamp)
+        rows = [(batch_id, request_key, task_id, attempt_id, item, stamp, request_key)
                 for task_id, item in items.items()]
-        added = (self._exec(tx, CHECKPOINT_SQL, rows[0]) if len(rows) == 1
-                 else self._many(tx, CHECKPOINT_SQL, rows)).rowcount
-        if rows and added == 0:  # every row was already there: another return came first
-            first = self._exec(tx, "SELECT attempt_id FROM checkpoint WHERE request_key = ? AND "
-                               "batch_id = ? LIMIT 1", (request_key, batch_id)).fetchone()[0]
+        added = (self._exec(tx, CHECKPOINT_WHOLE_SQL, rows[0]) if len(rows) == 1
+                 else self._many(tx, CHECKPOINT_WHOLE_SQL, rows)).rowcount
+        if rows and added == 0:  # another return came first, whole or in part
+            first = self._exec(tx, FIRST_ADMITTED_SQL, (request_key, batch_id, request_key)
+                               ).fetchone()[0]
             self._complete(tx, attempt_id, "rejected", _already_accepted(first), raw, usage,
                            stamp, sent_at, charge)
             return
@@ -267,19 +269,27 @@ class CallStore(RunStore):
     def _complete_partial(self, tx: Tx, attempt_id: int, batch_id: int,
                           items: Mapping[str, str], parts: Parts, raw: str,
                           usage: Mapping[str, Any], errors: Sequence[Mapping],
-                          sent_at: str | None, charge: float | None) -> None:
+                          sent_at: str | None, charge: float | None) -> bool:
         """A 'partial' receipt (raw whole, the rejected items' ``errors``), its request split into
         ``kept`` and ``rest``; ``kept`` gets a derived accepted receipt of cost 0, as a recheck
-        does, and its checkpoint rows, so every reading of "accepted" and "owed" holds."""
+        does, and its checkpoint rows, so every reading of "accepted" and "owed" holds. A request
+        another runner's return admitted meanwhile, whole or in part (a late return after its
+        claim was taken over), is not split: this one is kept as paid, admitting nothing."""
         stamp = now()
         revision_id, parent, kept, rest, kept_raw = parts
+        first = self._exec(tx, "SELECT MIN(id) FROM attempts WHERE request_key = ? AND status IN "
+                           "('accepted', 'partial')", (parent.key,)).fetchone()[0]
+        if first is not None:
+            self._complete(tx, attempt_id, "rejected", _already_accepted(first), raw, usage,
+                           stamp, sent_at, charge)
+            return False
         self._complete(tx, attempt_id, "partial", errors, raw, usage, stamp, sent_at, charge)
         self._exec(tx, "UPDATE requests SET split = 1 WHERE revision_id = ? AND key = ?",
                    (revision_id, parent.key))
         self._insert_requests(tx, revision_id, (kept, rest))
         if self._exec(tx, "SELECT 1 FROM attempts WHERE request_key = ? AND status = "
                       "'accepted' LIMIT 1", (kept.key,)).fetchone() is not None:
-            return  # another runner's return admitted these items first: never twice
+            return True  # another runner's return admitted these items first: never twice
         derived = self._insert(tx, PARTIAL_SQL, (kept.key, kept.task_ids_json,
                                                  self._raw(kept_raw), stamp, stamp, _uid(),
                                                  attempt_id))
@@ -287,6 +297,7 @@ class CallStore(RunStore):
                    (derived, attempt_id))
         self._many(tx, CHECKPOINT_SQL, [(batch_id, kept.key, task_id, derived, item, stamp)
                                         for task_id, item in items.items()])
+        return True
 
     def _complete(self, tx: Tx, attempt_id: int, status: str, errors: Sequence[Mapping],
                   raw: str | None, usage: Mapping[str, Any], stamp: str | None = None,
@@ -389,6 +400,16 @@ COMPLETE_SQL = (
     "finished_at = ?, sent_at = COALESCE(?, sent_at) WHERE id = ? "
     "AND status IN ('in_flight', 'abandoned')")
 _COMPLETE_BY_VALUES = COMPLETE_SQL.format(status="?", errors="?")
+
+# An accepted return's rows, unless its request was accepted in part meanwhile (a late return
+# after its claim was taken over: the parts hold its items); and the receipt admitted first.
+CHECKPOINT_WHOLE_SQL = CHECKPOINT_SQL.replace(
+    "VALUES (?,?,?,?,?,?)", "SELECT ?,?,?,?,?,? WHERE NOT EXISTS (SELECT 1 FROM attempts WHERE "
+    "request_key = ? AND status = 'partial')")
+FIRST_ADMITTED_SQL = (
+    "SELECT COALESCE((SELECT MIN(attempt_id) FROM checkpoint WHERE request_key = ? AND "
+    "batch_id = ?), (SELECT MIN(id) FROM attempts WHERE request_key = ? AND status = "
+    "'partial'))")
 
 # The accepted part of a partial return: a receipt of no call, from the call that answered.
 PARTIAL_SQL = (

@@ -11,7 +11,7 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Any, Literal
 
@@ -205,8 +205,10 @@ class Replayer(Settle):
         try:
             got = await self._send(call)
             verdict, write = await self.settle(attempt, got)
-            # queued, not awaited: the run flushes and checks every write before it returns
-            self.writes.queue(write)
+            if verdict is not None and verdict.partial:
+                verdict = await self._split(verdict, write)
+            else:  # queued, not awaited: the run flushes and checks every write before it returns
+                self.writes.queue(write)
             if isinstance(got, ProviderError):
                 raise got  # for the transport retries, its receipt queued
             assert verdict is not None
@@ -222,6 +224,15 @@ class Replayer(Settle):
                 self._close(claimed, why, attempt.sent_at, got if isinstance(got, Reply) else None,
                             reserved)
             raise
+
+    async def _split(self, verdict: acceptance.Verdict, write: Any) -> acceptance.Verdict:
+        """A partial return committed before its rest is asked: when another runner's return
+        admitted the request meanwhile (its claim taken over), it is done, its rest never asked."""
+        try:
+            split = await self.writes.submit(write)
+        except Exception:  # noqa: BLE001 - a failed write: raised with the run's others
+            return verdict
+        return verdict if split else replace(verdict, accepted=True, errors=[])
 
     async def _reserve(self, bound: int) -> float | NotSent:
         """Reserve ``bound`` when it did not fit at once: wait for calls in flight to settle before

@@ -1,0 +1,117 @@
+"""A late return after its runner's claim was taken over, under item-level acceptance: the first
+of the two returns to be admitted, whole or in part, is the only one; the other is kept as paid,
+admitting nothing, and no part of the pack is asked again. Both stores: a SQLite file and a
+PostgreSQL database.
+
+Runner A's loop is held inside a blocking model call past its claim's lease (a laptop lid
+closed mid-run), so runner B takes the pack over; then the two returns arrive in either order."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from batchjson import CallableProvider, Ledger, Session
+from tests.helpers import LABEL_SCHEMA, items_reply, ledger_rows, review_tasks
+
+IDENTITY = ("task_id", "case_id", "candidate_id")
+SOURCE = "test-model"  # one model answering for both runners: the same request keys
+WAIT = 30.0
+
+
+def _statuses(path) -> dict[str, int]:
+    return dict(ledger_rows(path, "SELECT status, COUNT(*) FROM attempts GROUP BY status"))
+
+
+def _wait_for(path, status: str) -> None:
+    """Block until the ledger holds a receipt of ``status`` (read through its own connection)."""
+    deadline = time.monotonic() + WAIT
+    while _statuses(path).get(status, 0) == 0:
+        assert time.monotonic() < deadline, f"no {status} receipt within {WAIT}s"
+        time.sleep(0.05)
+
+
+def _runners(path, model_a, model_b, tasks):
+    """Run A, then B once A's call is in its model; both results, and the calls each sent."""
+    a_sending = threading.Event()
+    sessions = {"a": Session(CallableProvider(model_a(a_sending), source=SOURCE),
+                             ledger=Ledger(path, lease=0.5), repairs=1, replays=0,
+                             concurrency=1),
+                "b": Session(CallableProvider(model_b, source=SOURCE), ledger=path, repairs=1,
+                             replays=0, concurrency=1)}
+    results: dict[str, object] = {}
+
+    def run(name: str) -> None:
+        results[name] = sessions[name].run_batch("review", tasks, LABEL_SCHEMA,
+                                                 identity=IDENTITY, pack=4, accept="items")
+
+    threads = {name: threading.Thread(target=run, args=(name,)) for name in sessions}
+    threads["a"].start()
+    assert a_sending.wait(WAIT)
+    threads["b"].start()
+    for thread in threads.values():
+        thread.join(2 * WAIT)
+    for session in sessions.values():
+        session.close()
+    return results
+
+
+def _committed_once(path, tasks) -> None:
+    rows = ledger_rows(path, "SELECT COUNT(*), COUNT(DISTINCT task_id) FROM checkpoint")
+    assert rows == [(len(tasks), len(tasks))]  # each item committed once
+
+
+def test_a_late_partial_return_after_a_takeover_admits_nothing_and_asks_nothing_again(
+        ledger_at):
+    """B took the pack over and admitted it whole; A's return, judged in part, arrives after.
+    Faults: A's accepted items committed a second time beside B's (under the part's key), or
+    A asking again for the items its return got wrong."""
+    path, tasks = ledger_at(), review_tasks(4)
+    sent: dict[str, list[int]] = {"a": [], "b": []}
+
+    def model_a(sending: threading.Event):
+        def answer(call):  # blocking: A's loop renews nothing while it waits
+            sent["a"].append(len(call.tasks))
+            sending.set()
+            _wait_for(path, "accepted")  # B's whole return admitted first
+            return items_reply(call, **{call.tasks[1]["task_id"]: {"verdict": "maybe"}})
+        return answer
+
+    async def model_b(call):
+        sent["b"].append(len(call.tasks))
+        return items_reply(call)
+
+    results = _runners(path, model_a, model_b, tasks)
+    assert sent == {"a": [4], "b": [4]}  # no part asked again
+    _committed_once(path, tasks)
+    assert _statuses(path) == {"accepted": 1, "rejected": 1}  # A's kept as paid
+    assert [results[n].status for n in "ab"] == ["resolved", "resolved"]
+
+
+def test_a_late_whole_return_after_the_pack_was_accepted_in_part_admits_nothing(ledger_at):
+    """A's return, judged in part, is admitted while B's call for the pack it took over is in
+    flight; B's whole return arrives after. Fault: B's items committed again under the pack's
+    key beside the parts' (two values for one task)."""
+    path, tasks = ledger_at(), review_tasks(4)
+    b_sending = threading.Event()
+
+    def model_a(sending: threading.Event):
+        def answer(call):
+            sending.set()
+            if len(call.tasks) == 4:
+                assert b_sending.wait(WAIT)  # B has taken the pack over and sent it
+                return items_reply(call, **{call.tasks[1]["task_id"]: {"verdict": "maybe"}})
+            return items_reply(call)  # the rest, asked again alone
+        return answer
+
+    async def model_b(call):
+        b_sending.set()
+        await asyncio.to_thread(_wait_for, path, "partial")  # A's part admitted first
+        return items_reply(call)
+
+    results = _runners(path, model_a, model_b, tasks)
+    _committed_once(path, tasks)
+    statuses = _statuses(path)
+    assert statuses["partial"] == 1 and statuses["rejected"] == 1  # B's kept as paid
+    assert [results[n].status for n in "ab"] == ["resolved", "resolved"]
