@@ -157,3 +157,46 @@ def test_a_ctrl_c_while_the_run_is_handed_to_its_loop_leaves_no_receipt_in_fligh
     else:
         assert sent == [] and statuses == []
     assert session.ledger.checkpoint("r") == {}
+
+
+def test_ctrl_c_while_a_partial_return_is_committed_keeps_it_partial_and_asks_only_the_rest(
+        tmp_path, monkeypatch):
+    """A return judged in part is committed before its rest is asked; an interrupt landing while
+    the run waits for that commit still records it as judged (its accepted items admitted),
+    and the re-run asks only for the rest. Fault: the commit dropped with its waiter, the paid
+    return kept as 'cancelled ... before the return was judged'."""
+    from batchjson._replay import replay
+
+    identity = ("task_id", "case_id", "candidate_id")
+    split = replay.Replayer._split
+
+    async def interrupted(self, verdict, write):
+        asyncio.current_task().cancel()  # Ctrl-C between the write queued and its commit
+        return await split(self, verdict, write)
+
+    sent = []
+
+    def model(call):
+        sent.append(len(call.tasks))
+        wrong = {call.tasks[2]["task_id"]: {"verdict": "maybe"}} if len(call.tasks) == 4 else {}
+        return items_reply(call, **wrong)
+
+    path, tasks = tmp_path / "l.sqlite", review_tasks(4)
+
+    def run():
+        session = Session(CallableProvider(model, source="m"), ledger=path, repairs=1,
+                          replays=0)
+        try:
+            return session.run_batch("review", tasks, LABEL_SCHEMA, identity=identity, pack=4,
+                                     accept="items")
+        finally:
+            session.close()
+
+    monkeypatch.setattr(replay.Replayer, "_split", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run()
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT status FROM attempts WHERE kind = 'initial'").fetchall() == [
+            ("partial",)]
+    monkeypatch.setattr(replay.Replayer, "_split", split)
+    assert run().status == "resolved" and sent == [4, 1]

@@ -228,8 +228,8 @@ class Replayer(Settle):
     async def _split(self, verdict: acceptance.Verdict, write: Any) -> acceptance.Verdict:
         """A partial return committed before its rest is asked: when another runner's return
         admitted the request meanwhile (its claim taken over), it is done, its rest never asked."""
-        try:
-            split = await self.writes.submit(write)
+        try:  # shielded: interrupted, the write still runs (the receipt's close flushes it)
+            split = await asyncio.shield(self.writes.submit(write))
         except Exception:  # noqa: BLE001 - a failed write: raised with the run's others
             return verdict
         return verdict if split else replace(verdict, accepted=True, errors=[])
