@@ -9,6 +9,7 @@ closed mid-run), so runner B takes the pack over; then the two returns arrive in
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 
@@ -115,3 +116,33 @@ def test_a_late_whole_return_after_the_pack_was_accepted_in_part_admits_nothing(
     statuses = _statuses(path)
     assert statuses["partial"] == 1 and statuses["rejected"] == 1  # B's kept as paid
     assert [results[n].status for n in "ab"] == ["resolved", "resolved"]
+
+
+def test_importing_a_whole_return_of_a_pack_accepted_in_part_here_reports_a_duplicate(tmp_path):
+    """Another ledger's export holds the pack accepted whole; here it was accepted in part
+    (its rejected item still owed). The import admits nothing, as a late return would, and
+    says so. Fault: the report counting it admitted though the ledger refused its items."""
+    from batchjson import Ledger
+
+    tasks = review_tasks(4)
+
+    def model(bad: bool):
+        def answer(call):
+            wrong = {call.tasks[2]["task_id"]: {"verdict": "maybe"}} if bad else {}
+            return items_reply(call, **wrong)
+        return answer
+
+    for name, bad, accept in (("here", True, "items"), ("there", False, "whole")):
+        session = Session(CallableProvider(model(bad), source=SOURCE),
+                          ledger=tmp_path / f"{name}.sqlite", repairs=0, replays=0)
+        session.run_batch("review", tasks, LABEL_SCHEMA, identity=IDENTITY, pack=4,
+                          accept=accept, on_exhausted="return")
+        session.close()
+    export = tmp_path / "there.jsonl"
+    there, here = Ledger(tmp_path / "there.sqlite"), Ledger(tmp_path / "here.sqlite")
+    export.write_text("".join(f"{json.dumps(r)}\n" for r in there.export_receipts()))
+    report = here.import_receipts(export)
+    there.close()
+    here.close()
+    assert (report["admitted"], report["duplicate"], report["items_admitted"]) == (0, 1, 0)
+    _committed_once(tmp_path / "here.sqlite", tasks[:2] + tasks[3:])  # the part, once

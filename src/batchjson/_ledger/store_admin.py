@@ -57,11 +57,13 @@ class AdminStore(JobStore):
 
     def record_import(self, tx: Tx, receipt: Mapping[str, Any], *, status: str,
                       errors: Sequence[Mapping], stored: Mapping[str, Any],
-                      usage: Mapping[str, Any], completes: int | None = None) -> None:
+                      usage: Mapping[str, Any], completes: int | None = None) -> str:
         """Write one imported receipt in ``tx``: its attempt (of kind ``import``, or the
         in-flight attempt of the same call it ``completes``), its checkpoint rows if accepted,
         and the line's ``imports`` row. ``receipt``: batch_id, revision_id, request, provider,
-        model, at, uid, source, digest, file, line, outcome, parts."""
+        model, at, uid, source, digest, file, line, outcome, parts. Its outcome: the one given,
+        or ``duplicate`` when another return for the request was admitted here first, whole or
+        in part (the receipt then admits nothing)."""
         if completes is not None:
             attempt_id = completes
             self._exec(tx, "UPDATE attempts SET status = 'in_flight' WHERE id = ?", (completes,))
@@ -82,8 +84,13 @@ class AdminStore(JobStore):
         self.complete_call(tx, attempt_id, status, receipt["raw"], usage, errors=errors,
                            accepted=accepted if status in ("accepted", "partial") else None,
                            parts=parts)
+        outcome = receipt["outcome"]
+        if stored and self._exec(tx, "SELECT status FROM attempts WHERE id = ?", (attempt_id,)
+                                 ).fetchone()[0] == "rejected":  # refused: admitted first
+            outcome = "duplicate"
         self._exec(tx, IMPORTS_SQL, (receipt["digest"], attempt_id, receipt["file"],
-                                     receipt["line"], receipt["outcome"], now()))
+                                     receipt["line"], outcome, now()))
+        return outcome
 
     # -- the revisions imported attempts go to -------------------------------------------------
     def _revision_rows(self, tx: Tx, ids: Sequence[int]) -> list[Row]:

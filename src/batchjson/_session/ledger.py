@@ -344,7 +344,7 @@ def _import_line(store: Store, tx: Any, line: Line, registry: Mapping[str, Any],
     if completes is not None:
         out.reason = "; ".join(filter(None, [out.reason, "completes the receipt of this call, "
                                              "unfinished when it was last seen here"]))
-    store.record_import(tx, {
+    recorded = store.record_import(tx, {
         "batch_id": batch_id, "revision_id": revision_id, "request": line.request,
         "provider": rec.get("provider") or "import", "model": rec.get("model"),
         "at": str(rec.get("at") or now()), "uid": uid or f"import-{line.digest[:32]}",
@@ -354,6 +354,11 @@ def _import_line(store: Store, tx: Any, line: Line, registry: Mapping[str, Any],
         "digest": line.digest, "file": source, "line": int(line.number), "outcome": out.outcome,
         "parts": parts,
     }, status=status, errors=errors, stored=stored, usage=usage, completes=completes)
+    if recorded != out.outcome:  # another return for this request was admitted here first
+        out.outcome, out.admitted_items = recorded, 0
+        out.reason = ("passed the recheck, but another return for the same request was "
+                      "admitted in this ledger first (whole or in part); its values are kept; "
+                      "the return counts in the account")
     return out
 
 
