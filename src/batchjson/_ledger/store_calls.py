@@ -284,12 +284,8 @@ class CallStore(RunStore):
                            stamp, sent_at, charge)
             return False
         self._complete(tx, attempt_id, "partial", errors, raw, usage, stamp, sent_at, charge)
-        self._exec(tx, "UPDATE requests SET split = 1 WHERE revision_id = ? AND key = ?",
-                   (revision_id, parent.key))
-        self._insert_requests(tx, revision_id, (kept, rest))
-        if self._exec(tx, "SELECT 1 FROM attempts WHERE request_key = ? AND status = "
-                      "'accepted' LIMIT 1", (kept.key,)).fetchone() is not None:
-            return True  # another runner's return admitted these items first: never twice
+        if not self._split_request(tx, revision_id, parent, kept, rest):
+            return True
         derived = self._insert(tx, PARTIAL_SQL, (kept.key, kept.task_ids_json,
                                                  self._raw(kept_raw), stamp, stamp, _uid(),
                                                  attempt_id))

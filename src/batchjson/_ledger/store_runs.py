@@ -340,18 +340,25 @@ class RunStore(StoreBase):
                     parent, rest, errors, raw = parted
                     self._recheck(tx, (batch_id, revision_id, parent.key, parent.task_ids_json),
                                   "partial", errors, raw, origin, source, stamp)
-                    self._exec(tx, "UPDATE requests SET split = 1 WHERE revision_id = ? AND "
-                               "key = ?", (revision_id, parent.key))
-                    self._insert_requests(tx, revision_id, (request, rest))
-                    if self._exec(tx, "SELECT 1 FROM attempts WHERE request_key = ? AND status "
-                                  "= 'accepted' LIMIT 1", (request.key,)).fetchone() is not None:
-                        continue  # its items were admitted before: never twice
+                    if not self._split_request(tx, revision_id, parent, request, rest):
+                        continue
                 attempt_id = self._recheck(
                     tx, (batch_id, revision_id, request.key, request.task_ids_json), "accepted",
                     (), origin["raw"], origin, source, stamp)
                 self._many(tx, CHECKPOINT_SQL,  # written once, never re-pointed
                            [(batch_id, request.key, task_id, attempt_id, item, stamp)
                             for task_id, item in items.items()])
+
+    def _split_request(self, tx: Tx, revision_id: int, parent: Request, kept: Request,
+                       rest: Request) -> bool:
+        """``parent`` split in ``revision_id`` into ``kept`` (a return's accepted part) and
+        ``rest``: whether ``kept``'s items are still to be admitted (another return admitted them
+        first: never twice)."""
+        self._exec(tx, "UPDATE requests SET split = 1 WHERE revision_id = ? AND key = ?",
+                   (revision_id, parent.key))
+        self._insert_requests(tx, revision_id, (kept, rest))
+        return self._exec(tx, "SELECT 1 FROM attempts WHERE request_key = ? AND status = "
+                          "'accepted' LIMIT 1", (kept.key,)).fetchone() is None
 
     def _recheck(self, tx: Tx, where: tuple[int, int, str, str], status: str,
                  errors: Sequence[Mapping[str, Any]], raw: str, origin: Row,
