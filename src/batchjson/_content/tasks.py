@@ -314,6 +314,13 @@ class Request:
         """Its tasks' ids, read when first asked for: keying a request never decodes its tasks."""
         return tuple(t["task_id"] for t in self.tasks)
 
+    def fresh_tasks(self) -> tuple[dict, ...]:
+        """Its tasks decoded anew from ``tasks_json`` (a copy no one else holds), their ids kept
+        as :attr:`task_ids` if not read yet: one decode serves a call and its receipt."""
+        tasks = tuple(json.loads(self.tasks_json))
+        self.__dict__.setdefault("task_ids", tuple(task["task_id"] for task in tasks))
+        return tasks
+
     @cached_property
     def task_ids_json(self) -> str:
         # each a JSON string literal, non-ASCII kept
@@ -419,8 +426,8 @@ class RequestTasks(PackedTasks):
 
     __slots__ = ()
 
-    def __init__(self, tasks_json: str, count: int) -> None:
-        super().__init__((tasks_json,), count, count)
+    def __init__(self, tasks_json: str, count: int) -> None:  # one per request: made cheaply
+        self.texts, self.pack, self._count = (tasks_json,), count, count
 
     def __getitem__(self, index: Any) -> Any:
         found = super().__getitem__(index)

@@ -140,7 +140,7 @@ def make_call(plan: Plan, system: str, request: Request, kind: CallKind, prompt:
               number: int, cached_prefix: bool = False) -> Call:
     """``cached_prefix``: the shared prefix is long enough to cache, so the wire schema is the
     batch's constant one (docs/providers.md); the provider gets its own copy of the tasks."""
-    tasks = tuple(json.loads(request.tasks_json))
+    tasks = request.fresh_tasks()
     shared, shape = "", plan.schema_shape
     if plan.mode == "value":
         schema: Mapping[str, Any] = plan.schema.json_schema

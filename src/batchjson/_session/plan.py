@@ -43,6 +43,7 @@ class RunPlan:
     requests: int = 0  # requests surveyed (a finished revision's leaves)
     pending: Sequence[Request] = ()  # what calls must resolve (a window.Pending: re-read)
     pending_tasks: int = 0
+    largest: Request | None = None  # the pending request of the most tasks, as surveyed
     rechecked: tuple[tuple[Request, Any, dict[str, Any]], ...] = ()  # resolved by re-judging
     broken: tuple[dict[str, Any], ...] = ()  # a validator_error while re-judging
     owed: tuple[Request, ...] = ()  # kept when answers of unknown source exist

@@ -144,7 +144,7 @@ def fitted(rt: Runtime, plan: RunPlan, *, record: bool = True) -> RunPlan:
     """What the provider cannot send as asked, said or refused; a batch run's API, checked."""
     spec, content = plan.spec, plan.content
     notes = check_fit(plan.provider, rt.ledger, spec.name, content.schema, plan.pending,
-                      content.identity, spec.mode)
+                      plan.largest, content.identity, spec.mode)
     client = None
     if spec.transport == "batch" and plan.finished is None and not record:
         batches.batch_offer(plan.provider)  # asked nothing: an estimate sends nothing
@@ -198,8 +198,8 @@ def record_revision(rt: Runtime, plan: RunPlan, calls: Plan) -> tuple[Any, str |
                        f"{len(plan.pending)} request(s)")
     tasks, digest = plan.content.tasks, plan.content.file_digest
     if digest is not None:  # so a finished run of it resumes unread, fields as first seen
-        fields = list(dict.fromkeys(key for task in tasks for key in task))
-        store.task_file(digest, (plan.keys.components["tasks"], len(tasks), fields))
+        store.task_file(digest, (plan.keys.components["tasks"], len(tasks),
+                                 list(plan.content.fields)))
     if plan.existing is None or plan.pending or plan.rechecked:  # else on record already
         store.record_seen(window.seen_pairs(store, plan))
     if plan.rechecked:
@@ -287,9 +287,9 @@ def report(rt: Runtime, plan: RunPlan, revision: Any, outcome: Outcome,
     errors = ResultErrors(outcome.errors, values, unloadable,
                           lambda: (t["task_id"] for t in content.tasks), total - len(values), why,
                           outcome.pending, outcome.pending_tasks)
-    tasks = [dict.fromkeys(plan.remembered[1])] if plan.remembered else content.tasks
+    fields = (lambda: plan.remembered[1]) if plan.remembered else (lambda: content.fields)
     items = spec.mode == "items"  # what the prompt asks to copy; other task fields, if echoed
-    echoed = [f for f in compared_candidates(tasks, content.identity)
+    echoed = [f for f in compared_candidates(fields, content.identity)
               if f not in content.identity] if items else []
     name, model = provider_names(plan.provider)
     thrown = None if not outcome.thrown_away else ThrownAway(

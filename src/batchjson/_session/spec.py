@@ -18,6 +18,7 @@ import tokenize
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 import jsonschema
@@ -104,8 +105,9 @@ class RunSpec:
         tasks, _ = normalize_tasks(self.tasks, identity, hasher, pack=self.pack, on_read=on_read)
         schema = compile_schema(self.schema)
         check_mode(tasks, identity, self.mode, self.pack, self.validator, self.validator_args)
-        check_schema(schema, self.mode, tasks, identity)
-        return CheckedRun(tasks, schema, identity, hasher.hexdigest() if hasher else None)
+        checked = CheckedRun(tasks, schema, identity, hasher.hexdigest() if hasher else None)
+        check_schema(checked, self.mode)
+        return checked
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,12 @@ class CheckedRun:
     schema: ItemSchema
     identity: Identity
     file_digest: str | None = None  # the SHA-256 of a tasks file's bytes, as they were read
+
+    @cached_property
+    def fields(self) -> tuple[str, ...]:
+        """Every field name of the tasks, in the order first seen: one pass over them, read when
+        first asked for (an echoing identity's candidates, a tasks file's memo)."""
+        return tuple(dict.fromkeys(key for task in self.tasks for key in task))
 
 
 def check_text(label: str, value: Any, example: str, *, required: bool = False,
@@ -236,20 +244,21 @@ def _has_assert(source: str) -> bool:
             return False
 
 
-def compared_candidates(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str]) -> list[str]:
-    """The identity fields, and under the default identity every echoable task field."""
+def compared_candidates(fields: Callable[[], Iterable[str]], identity: Sequence[str]
+                        ) -> list[str]:
+    """The identity fields, and under the default identity every echoable task field
+    (``fields()``: every field name of the tasks, asked for only then)."""
     names = dict.fromkeys(identity)
     if getattr(identity, "echo", False):  # what compared_fields adds, for all tasks at once
-        for task in tasks:
-            names.update(dict.fromkeys(task))
+        names.update(dict.fromkeys(fields()))
         for name in ECHO_EXEMPT.difference(identity):
             names.pop(name, None)
     return list(names)
 
 
-def check_schema(schema: ItemSchema, mode: str, tasks: Sequence[Mapping[str, Any]],
-                 identity: Sequence[str]) -> None:
+def check_schema(content: CheckedRun, mode: str) -> None:
     """Schemas that no return could ever satisfy, or that conflict with the identity fields."""
+    schema, tasks, identity = content.schema, content.tasks, content.identity
     root = schema.json_schema
     _check_refs(root)
     never = _never(root, root, mode == "items", 0)
@@ -257,7 +266,7 @@ def check_schema(schema: ItemSchema, mode: str, tasks: Sequence[Mapping[str, Any
         raise InvalidBatch(f"the schema can never be satisfied: {never}; fix the schema")
     if mode != "items":
         return
-    names = compared_candidates(tasks, identity)
+    names = compared_candidates(lambda: content.fields, identity)
     if schema.model is not None:
         _check_aliases(schema.model, names)
     declared = schema.declared_fields or set()
@@ -429,12 +438,13 @@ def sent_schema(schema: ItemSchema, tasks: Sequence[Any], identity: Sequence[str
 
 
 def check_fit(provider: Any, ledger: Ledger, name: str, schema: ItemSchema,
-              pending: Sequence[Request], identity: Sequence[str], mode: str) -> list[str]:
-    """The checks over the requests about to be sent, and the provider's notes on sending them."""
-    if not pending:
+              pending: Sequence[Request], largest: Request | None, identity: Sequence[str],
+              mode: str) -> list[str]:
+    """The checks over the requests about to be sent (``largest``: the one of the most tasks),
+    and the provider's notes on sending them."""
+    if not pending or largest is None:
         return []
     answerable(provider, schema, pending, identity, mode)
-    largest = max(pending, key=lambda r: len(r.tasks))
     # the largest request's wire schema, as a provider that checks it (OpenAI's strict mode)
     # sees it: refused (ProviderSetupError), or a note for the result
     check = getattr(provider, "check_schema", None)

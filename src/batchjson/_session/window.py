@@ -36,7 +36,7 @@ def survey(store: Store, plan: RunPlan, judging: Judging) -> RunPlan:
     marks, sizes = bytearray(), array("L")
     rechecked, broken, owed, sourceless_all = [], [], [], {}
     apart = keys.apart if plan.spec.accept == "items" else None  # valid items kept, rest owed
-    pending_tasks = 0
+    pending_tasks, largest = 0, None
     for window in windows(store, plan):
         done = store.accepted_keys([r.key for r in window])
         unanswered = [r for r in window if r.key not in done]
@@ -53,8 +53,12 @@ def survey(store: Store, plan: RunPlan, judging: Judging) -> RunPlan:
         pending = [r.key not in done and r.key not in passed for r in window]
         marks += bytes(pending)
         sizes.append(len(window))
-        pending_tasks += sum(len(r.tasks) for r, due in zip(window, pending, strict=True) if due)
-    return replace(plan, requests=sum(sizes), pending_tasks=pending_tasks,
+        for request, due in zip(window, pending, strict=True):
+            if due:
+                pending_tasks += len(request.tasks)
+                if largest is None or len(request.tasks) > len(largest.tasks):
+                    largest = request
+    return replace(plan, requests=sum(sizes), pending_tasks=pending_tasks, largest=largest,
                    pending=Pending(lambda: windows(store, plan), marks, sizes, sum(marks), store),
                    rechecked=tuple(rechecked), broken=tuple(broken), owed=tuple(owed),
                    sourceless_of=sourceless_all)
