@@ -13,6 +13,8 @@ import json
 import threading
 import time
 
+import pytest
+
 from batchjson import CallableProvider, Ledger, Session
 from tests.helpers import LABEL_SCHEMA, items_reply, ledger_rows, review_tasks
 
@@ -150,3 +152,59 @@ def test_importing_a_whole_return_of_a_pack_accepted_in_part_here_reports_a_dupl
     here.close()
     assert (report["admitted"], report["duplicate"], report["items_admitted"]) == (0, 1, 0)
     _committed_once(tmp_path / "here.sqlite", tasks[:2] + tasks[3:])  # the part, once
+
+
+@pytest.mark.parametrize("b_returns", ["whole", "in part"])
+def test_two_returns_of_a_taken_over_pack_written_at_once_on_postgresql_admit_it_once(
+        postgres, monkeypatch, b_returns):
+    """PostgreSQL runs calls' writes side by side: B's return of the pack it took over is
+    written, and held uncommitted, while A's return, judged in part, is written too. Fault:
+    each write reads the other as not yet admitted, so both commit the pack's items (under
+    the pack's key and a part's, or two parts') and a part is asked for again, paid twice."""
+    from batchjson._ledger.postgres import PostgresStore
+
+    path, tasks = postgres.database(f"race_{b_returns.replace(' ', '_')}"), review_tasks(4)
+    b_written, a_writing = threading.Event(), threading.Event()
+    b_loop: list[int] = []  # the thread B's writes run on
+    sent: dict[str, list[int]] = {"a": [], "b": []}
+
+    def raced(admit):  # B's admitting write held open (uncommitted) while A's is written
+        def write(self, *args, **kwargs):
+            if threading.get_ident() not in b_loop:
+                a_writing.set()
+                return admit(self, *args, **kwargs)
+            out = admit(self, *args, **kwargs)
+            if not b_written.is_set():
+                b_written.set()
+                assert a_writing.wait(WAIT)
+                time.sleep(0.5)  # A's write reaches the server and reads what is admitted
+            return out
+        return write
+
+    for name in ("_accept_call", "_complete_partial"):
+        monkeypatch.setattr(PostgresStore, name, raced(getattr(PostgresStore, name)))
+
+    def model_a(sending: threading.Event):
+        def answer(call):
+            sent["a"].append(len(call.tasks))
+            sending.set()
+            if len(call.tasks) == 4:
+                assert b_written.wait(WAIT)  # B took the pack over; its return is being written
+                return items_reply(call, **{call.tasks[1]["task_id"]: {"verdict": "maybe"}})
+            return items_reply(call)
+        return answer
+
+    async def model_b(call):
+        b_loop[:] = [threading.get_ident()]
+        sent["b"].append(len(call.tasks))
+        if len(call.tasks) == 4 and b_returns == "in part":
+            return items_reply(call, **{call.tasks[2]["task_id"]: {"verdict": "maybe"}})
+        return items_reply(call)
+
+    results = _runners(path, model_a, model_b, tasks)
+    _committed_once(path, tasks)
+    refused = ledger_rows(path, "SELECT errors FROM attempts WHERE status = 'rejected'")
+    assert len(refused) == 1 and "admitted first" in refused[0][0]  # A's, kept as paid
+    assert sent["a"] == [4]  # A asks nothing more for the pack
+    assert sent["b"] == ([4, 1] if b_returns == "in part" else [4])  # B's rest, asked once
+    assert results["b"].status == "resolved"

@@ -35,6 +35,9 @@ from .store_runs import REQUESTS_SQL, SEEN_SQL
 
 # The one lock of transactions that read before they write ("batchjson" in ASCII).
 SERIAL_LOCK = "SELECT pg_advisory_xact_lock(7089063493536607342)"
+# Admissions of one request key take turns (the pair of int4 keys: a space apart from the above);
+# two keys sharing a hash only wait for each other.
+ADMIT_LOCK = "SELECT pg_advisory_xact_lock(1651663213, hashtext(?))"
 CLOCK = POSTGRES.now
 
 # Both hot paths lock the request's lowest row (``job``) unless another runner decides on it,
@@ -313,6 +316,11 @@ class PostgresStore(Store):
         return (self._read(f"SELECT {CLOCK}")[0][0] if tx is None
                 else tx.execute(f"SELECT {CLOCK}").fetchone()[0])
 
+    def _admitting(self, tx: Tx, request_key: str) -> None:
+        """At READ COMMITTED, calls' writes run side by side: without a lock, two returns of one
+        request (a late one after a takeover) would each read the other as not yet admitted."""
+        self._exec(tx, ADMIT_LOCK, (request_key,))
+
     def _raw(self, text: str | None) -> Any:
         return None if text is None else text.encode("utf-8", "surrogatepass")
 
@@ -354,7 +362,9 @@ class PostgresStore(Store):
     def _accept_call(self, tx: Tx, attempt_id: int, batch_id: int, request_key: str,
                      items: Mapping[str, str], raw: str, usage: Mapping[str, Any],
                      sent_at: str | None, charge: float | None) -> None:
-        """``ACCEPT``: as ``store_calls``'s, but nothing waits on the server."""
+        """``ACCEPT``: as ``store_calls``'s, but nothing waits on the server (the lock too is
+        only sent: it holds ``ACCEPT`` back while another write admits this request)."""
+        self._admitting(tx, request_key)
         stamp, empty = now(), not items
         self._exec(tx, ACCEPT, (
             batch_id, request_key, attempt_id, stamp, list(items),

@@ -281,6 +281,12 @@ class StoreBase(ABC):
         """A provider's raw text as the database keeps it, byte for byte."""
         return text
 
+    def _admitting(self, tx: Tx, request_key: str) -> None:
+        """Before ``tx`` reads whether ``request_key`` was admitted (whole or in part) to admit
+        it: two writes admitting one request take turns, each reading what the other committed.
+        SQLite's writes always do (``BEGIN IMMEDIATE``)."""
+        return None
+
     def _by_keys(self, sql: str, keys: Sequence[Any], tx: Tx = None) -> list[Row]:
         """``sql`` with ``{marks}`` bound to ``keys`` a chunk (or one array) at a time."""
         rows: list[Row] = []

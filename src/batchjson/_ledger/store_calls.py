@@ -253,6 +253,7 @@ class CallStore(RunStore):
     def _accept_call(self, tx: Tx, attempt_id: int, batch_id: int, request_key: str,
                      items: Mapping[str, str], raw: str, usage: Mapping[str, Any],
                      sent_at: str | None, charge: float | None) -> None:
+        self._admitting(tx, request_key)
         stamp = now()
         rows = [(batch_id, request_key, task_id, attempt_id, item, stamp, request_key)
                 for task_id, item in items.items()]
@@ -277,6 +278,7 @@ class CallStore(RunStore):
         claim was taken over), is not split: this one is kept as paid, admitting nothing."""
         stamp = now()
         revision_id, parent, kept, rest, kept_raw = parts
+        self._admitting(tx, parent.key)
         first = self._exec(tx, "SELECT MIN(id) FROM attempts WHERE request_key = ? AND status IN "
                            "('accepted', 'partial')", (parent.key,)).fetchone()[0]
         if first is not None:
