@@ -143,9 +143,12 @@ def test_every_copy_of_a_duplicated_line_and_an_unknown_lines_tokens_stay_in_the
     s = session(srv, ledger=tmp_path / "l.sqlite", protocol=protocol)
     result = s.run_batch("labels", tasks(3), SCHEMA, transport="batch", wait=True, repairs=0,
                          replays=0, on_exhausted="return")
-    rows = {json.loads(ids)[0]: (status, inp, out) for ids, status, inp, out in ledger_rows(
-        tmp_path / "l.sqlite",
-        "SELECT task_ids, status, input_tokens, output_tokens FROM attempts")}
+    receipts = ledger_rows(tmp_path / "l.sqlite", "SELECT task_ids, status, input_tokens, "
+                           "output_tokens, cost FROM attempts")
+    rows = {json.loads(ids)[0]: (status, inp, out) for ids, status, inp, out, _ in receipts}
+    # the run's totals are the receipts' (every copy billed), as the ledger's account is
+    assert result.tokens == sum(inp + out for _, _, inp, out, _ in receipts)
+    assert result.cost == pytest.approx(sum(cost for *_, cost in receipts))
     _, inp, out = rows["t1"]  # answered once, admitted: what one copy of its line bills
     status, dup_in, dup_out = rows["t0"]  # two copies of an answer as long
     assert status == "provider_error" and dup_in == 2 * inp and dup_out % 2 == 0 < dup_out

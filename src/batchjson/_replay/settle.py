@@ -67,15 +67,15 @@ class Settle:
         sent_at, ledger = attempt.sent_at, self.ledger_charge(attempt.held, cost)
         if failed:
             out.provider_errors += 1
+            if usage.get("input_tokens") or usage.get("output_tokens"):  # billed, yet failed
+                self._count(usage.get("input_tokens"), usage.get("output_tokens"), cost)
             errors = [provider_error(got)]
             return None, lambda tx: store.complete_call(
                 tx, key, "provider_error", None, usage, errors=errors, sent_at=sent_at,
                 charge=ledger)
         assert attempt.request is not None  # a reply is judged against what was asked
         out.odd_usage += "unreadable_usage" in got.extra
-        out.input_tokens += got.input_tokens or 0
-        out.output_tokens += got.output_tokens or 0
-        out.cost = None if out.cost is None or got.cost is None else out.cost + got.cost
+        self._count(got.input_tokens, got.output_tokens, got.cost)
         request, text = attempt.request, got.text
         verdict = await acceptance.judge(got, request.tasks, mode=plan.mode,
                                          identity=plan.identity, schema=plan.schema,
@@ -102,6 +102,13 @@ class Settle:
         return verdict, lambda tx: store.complete_call(
             tx, key, status, text, usage, errors=verdict.errors, accepted=accepted, parts=parts,
             sent_at=sent_at, charge=ledger)
+
+    def _count(self, inp: int | None, out: int | None, cost: float | None) -> None:
+        """A call's billed tokens and cost in the run's totals (a None cost: theirs unknown)."""
+        outcome = self.outcome
+        outcome.input_tokens += inp or 0
+        outcome.output_tokens += out or 0
+        outcome.cost = None if outcome.cost is None or cost is None else outcome.cost + cost
 
     def give_up(self, request: Request, step: Next, chain: Sequence[Tried]) -> None:
         """Report ``request`` given up after this run's ``chain``, alike on either transport: cut
