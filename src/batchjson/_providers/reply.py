@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +78,17 @@ def received(out: Any, output_cap: int | None = None) -> Reply:
     return Reply(text=text, cost=cost, model=shown_name(model) if isinstance(model, str) else None,
                  extra=extra, envelope=envelope if envelope in ENVELOPES else None, stop=stop,
                  **counts)
+
+
+def failure_usage(usage: Any) -> dict[str, Any]:
+    """A ``ProviderError``'s ``usage`` as trusted numbers, as :func:`received` reads a reply's:
+    an unreadable count or cost is left out (unknown); a pasted key in its model is masked."""
+    if not isinstance(usage, Mapping):
+        return {}
+    read = {name: reader(usage.get(name)) for name, reader in _USAGE}
+    model = usage.get("model")
+    read["model"] = shown_name(model) if isinstance(model, str) else None
+    return {name: value for name, value in read.items() if value is not None}
 
 
 def text_of(value: Any) -> str:

@@ -14,6 +14,7 @@ from .._content.tasks import Request, render_repair_prompt
 from .._errors import ProviderError
 from .._ledger.store import Store
 from .._providers.base import Reply
+from .._providers.reply import failure_usage
 from .._providers.settings import declared_output_cap
 from .._sources import REFUSED, STOP_ERRORS, TRUNCATED
 from .budget import Spender, charge_of
@@ -60,8 +61,8 @@ class Settle:
         """Charge, count and judge ``got``: its verdict (None: a provider's failure) and the write
         that completes its receipt."""
         failed = isinstance(got, ProviderError)
-        cost = self.failure_cost(attempt, got) if failed else self.cost(got)
-        usage = got.usage if failed else usage_of(got)
+        usage = failure_usage(got.usage) if failed else usage_of(got)
+        cost = self.failure_cost(attempt, got, usage) if failed else self.cost(got)
         self.charge(attempt.reserved, cost, usage)
         store, plan, out, key = self.store, self.plan, self.outcome, attempt.id
         sent_at, ledger = attempt.sent_at, self.ledger_charge(attempt.held, cost)
@@ -143,15 +144,18 @@ class Settle:
         the ledger held for it when that is unknown."""
         return charge_of(held, cost) if self.spender.shared is not None else None
 
-    def failure_cost(self, attempt: Attempt, error: ProviderError) -> float | None:
-        """What a failure cost: nothing when the model never ran (unreachable, a 4xx, a job line
-        without an answer); unknown (None) when it may have been billed (a 5xx, a cut-off call)."""
-        if not attempt.billable:
-            return error.usage.get("cost") or 0.0
-        billed = self.spender.pricing.cost(error.usage.get("input_tokens"),
-                                           error.usage.get("output_tokens"))
-        unbilled = error.unreachable or error.refused
-        return billed if billed is not None else (0.0 if unbilled else None)
+    def failure_cost(self, attempt: Attempt, error: ProviderError,
+                     usage: Mapping[str, Any]) -> float | None:
+        """What a failure cost (``usage``: its own, read as :func:`failure_usage` reads it): the
+        provider's figure, else its billed tokens at the run's prices; nothing when the model
+        never ran (unreachable, a 4xx, a job line without an answer); unknown (None) when it
+        may have been billed (a 5xx, a cut-off call, tokens at no known price)."""
+        if "cost" in usage:
+            return usage["cost"]
+        billed = self.spender.pricing.cost(usage.get("input_tokens"), usage.get("output_tokens"))
+        if billed is not None or "input_tokens" in usage or "output_tokens" in usage:
+            return billed
+        return 0.0 if not attempt.billable or error.unreachable or error.refused else None
 
     def charge(self, reserved: float | None, cost: float | None,
                usage: Mapping[str, Any]) -> None:

@@ -1,0 +1,50 @@
+"""A call that failed after the provider billed it is counted where the ledger counts it: the
+run's tokens and cost are the sum of its receipts, its own figures read as a reply's are (an
+unreadable count or cost is unknown, never a crash or a zero)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from batchjson import CallableProvider, ProviderError, Reply, Session
+from tests.helpers import LABEL_SCHEMA, items_reply, ledger_rows, review_tasks
+
+
+def _run(tmp_path, usage):
+    def model(call):
+        if call.tasks[0]["task_id"].endswith("127"):  # answered, then the connection failed
+            raise ProviderError("upstream 502 after generation", retryable=False, status=502,
+                                usage=usage)
+        return Reply(text=items_reply(call), input_tokens=100, output_tokens=50, cost=0.002)
+
+    session = Session(CallableProvider(model, source="m"), ledger=tmp_path / "l.sqlite",
+                      repairs=0, replays=0)
+    result = session.run_batch("r", review_tasks(2), LABEL_SCHEMA, on_exhausted="return")
+    spent = session.ledger.spend("r")
+    session.close()
+    receipts = ledger_rows(tmp_path / "l.sqlite",
+                           "SELECT status, input_tokens, output_tokens, cost FROM attempts")
+    return result, spent, receipts
+
+
+def test_a_billed_failure_counts_its_own_cost_in_the_run_as_in_the_ledger(tmp_path):
+    """Faults: the failure's tokens left out of the run's total, or its cost made unknown
+    (None) because the run has no price of its own, though the provider said what it cost."""
+    result, spent, receipts = _run(
+        tmp_path, {"input_tokens": 100, "output_tokens": 50, "cost": 0.002})
+    assert sorted(r[0] for r in receipts) == ["accepted", "provider_error"]
+    assert result.tokens == sum(r[1] + r[2] for r in receipts) == 300
+    assert result.cost == pytest.approx(0.004) == spent["cost"]
+
+
+@pytest.mark.parametrize("usage", [{"input_tokens": "lots", "output_tokens": math.nan,
+                                    "cost": "cheap"}, {"cost": -1.0}, "not a mapping"])
+def test_a_failures_unreadable_usage_is_unknown_never_a_crash(tmp_path, usage):
+    """A glue provider's error with usage no reader can take: the run ends as it would without
+    it, the failure kept with no tokens. Fault: the run crashing on the figures, or the ledger
+    storing them as given."""
+    result, _, receipts = _run(tmp_path, usage)
+    assert result.tokens == 150  # the answer's alone
+    assert ("provider_error", None, None, None) in receipts
