@@ -316,6 +316,9 @@ class PostgresStore(Store):
         return (self._read(f"SELECT {CLOCK}")[0][0] if tx is None
                 else tx.execute(f"SELECT {CLOCK}").fetchone()[0])
 
+    def conflicted(self, exc: BaseException) -> bool:
+        return isinstance(exc, self._psycopg.Error) and getattr(exc, "sqlstate", None) in TRANSIENT
+
     def _admitting(self, tx: Tx, request_key: str) -> None:
         """At READ COMMITTED, calls' writes run side by side: without a lock, two returns of one
         request (a late one after a takeover) would each read the other as not yet admitted."""

@@ -281,6 +281,12 @@ class StoreBase(ABC):
         """A provider's raw text as the database keeps it, byte for byte."""
         return text
 
+    def conflicted(self, exc: BaseException) -> bool:
+        """Whether a write failed only for meeting another's at the same moment (a deadlock, a
+        serialization failure), so that running it again can succeed; never on SQLite, whose
+        writers take turns."""
+        return False
+
     def _admitting(self, tx: Tx, request_key: str) -> None:
         """Before ``tx`` reads whether ``request_key`` was admitted (whole or in part) to admit
         it: two writes admitting one request take turns, each reading what the other committed.

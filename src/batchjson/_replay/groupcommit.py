@@ -92,17 +92,29 @@ class GroupCommit:
             if self.broken is not None:
                 outcomes.append((fut, None, self.broken))
                 continue
+            outcomes.append(self._alone(op, fut))
+        return outcomes
+
+    def _alone(self, op: Op, fut: asyncio.Future | None) -> Outcome:
+        """One write in a transaction of its own, run again while it fails only for meeting
+        another host's write at that moment (``Store.conflicted``: a deadlock on PostgreSQL)."""
+        tries = 1
+        while True:
             try:
                 with self._store.transaction(calls=True) as db:
                     result = op(db)
                     result = result() if isinstance(result, Later) else result
-                outcomes.append(_committed(fut, result))
+                return _committed(fut, result)
             except LedgerError as exc:
                 self.broken = exc
-                outcomes.append((fut, None, exc))
+                return fut, None, exc
             except Exception as exc:  # this write alone failed and is reported to its caller
-                outcomes.append((fut, None, exc))
-        return outcomes
+                if tries >= CONFLICT_TRIES or not self._store.conflicted(exc):
+                    return fut, None, exc
+                tries += 1
+
+
+CONFLICT_TRIES = 3  # a write that deadlocks alone, against another host's, is run this often
 
 
 def _committed(fut: asyncio.Future | None, result: Any) -> Outcome:
