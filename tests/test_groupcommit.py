@@ -118,7 +118,7 @@ def test_a_write_that_fails_alone_for_meeting_another_hosts_write_is_run_again(m
     class Conflict(Exception):
         pass
 
-    monkeypatch.setattr(type(store), "conflicted", lambda self, exc: isinstance(exc, Conflict))
+    monkeypatch.setattr(type(store), "conflicts", (Conflict,))
     tries = []
 
     def deadlocked_twice(db):
@@ -138,13 +138,14 @@ def test_a_write_that_fails_alone_for_meeting_another_hosts_write_is_run_again(m
     assert rows(store) == ["kept", "other"]  # each once: the failed tries were undone
 
 
-def test_postgresql_says_a_deadlock_or_serialization_failure_may_pass_when_run_again():
-    psycopg = pytest.importorskip("psycopg")
-    from batchjson._ledger.postgres import PostgresStore
+def test_postgresql_says_a_deadlock_or_serialization_failure_may_pass_when_run_again(postgres):
+    import psycopg
 
-    store = object.__new__(PostgresStore)
-    store._psycopg = psycopg
-    assert store.conflicted(psycopg.errors.DeadlockDetected("deadlock detected"))
-    assert store.conflicted(psycopg.errors.SerializationFailure("could not serialize"))
-    assert not store.conflicted(psycopg.errors.UniqueViolation("duplicate key"))
-    assert not store.conflicted(RuntimeError("not the database's"))
+    from batchjson._ledger.postgres import TRANSIENT
+
+    ledger = Ledger(postgres.database("conflicts"))
+    store = ledger.store
+    assert {e.sqlstate for e in store.conflicts} == TRANSIENT
+    assert isinstance(psycopg.errors.DeadlockDetected("deadlock detected"), store.conflicts)
+    assert not isinstance(psycopg.errors.UniqueViolation("duplicate key"), store.conflicts)
+    ledger.close()

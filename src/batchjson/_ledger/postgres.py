@@ -166,6 +166,9 @@ class PostgresStore(Store):
                               "psycopg 3 and psycopg-pool: pip install 'batchjson[postgres]'"
                               ) from None
         self._psycopg, self._failure = psycopg, psycopg.Error
+        errors = psycopg.errors
+        self.conflicts = (errors.SerializationFailure, errors.DeadlockDetected,
+                          errors.LockNotAvailable)  # TRANSIENT's
         try:  # a wrong URL or a server down is named at once
             first = psycopg.connect(self.url, **self._options())
         except psycopg.Error as exc:
@@ -315,9 +318,6 @@ class PostgresStore(Store):
     def _clock(self, tx: Tx) -> float:
         return (self._read(f"SELECT {CLOCK}")[0][0] if tx is None
                 else tx.execute(f"SELECT {CLOCK}").fetchone()[0])
-
-    def conflicted(self, exc: BaseException) -> bool:
-        return isinstance(exc, self._psycopg.Error) and getattr(exc, "sqlstate", None) in TRANSIENT
 
     def _admitting(self, tx: Tx, request_key: str) -> None:
         """At READ COMMITTED, calls' writes run side by side: without a lock, two returns of one

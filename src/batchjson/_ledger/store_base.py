@@ -219,6 +219,9 @@ class StoreBase(ABC):
     path: Path | None  # the ledger's file, None when it is kept in memory or on a server
     dialect: Dialect  # how its database spells the schema and the statements
     lease_seconds: float = LEASE_SECONDS  # how long a claim holds unless renewed
+    # a write's failures that say only that it met another's at the same moment (a deadlock, a
+    # serialization failure): run again, it can succeed. None on SQLite: its writers take turns
+    conflicts: tuple[type[BaseException], ...] = ()
 
     _public: str | None = None  # a server's URL as shown, its password masked
     _failure: type[Exception]  # the database's own error: a failure of the ledger
@@ -280,12 +283,6 @@ class StoreBase(ABC):
     def _raw(self, text: str | None) -> Any:
         """A provider's raw text as the database keeps it, byte for byte."""
         return text
-
-    def conflicted(self, exc: BaseException) -> bool:
-        """Whether a write failed only for meeting another's at the same moment (a deadlock, a
-        serialization failure), so that running it again can succeed; never on SQLite, whose
-        writers take turns."""
-        return False
 
     def _admitting(self, tx: Tx, request_key: str) -> None:
         """Before ``tx`` reads whether ``request_key`` was admitted (whole or in part) to admit

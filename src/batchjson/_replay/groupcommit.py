@@ -97,7 +97,7 @@ class GroupCommit:
 
     def _alone(self, op: Op, fut: asyncio.Future | None) -> Outcome:
         """One write in a transaction of its own, run again while it fails only for meeting
-        another host's write at that moment (``Store.conflicted``: a deadlock on PostgreSQL)."""
+        another host's write at that moment (``Store.conflicts``: a deadlock on PostgreSQL)."""
         tries = 1
         while True:
             try:
@@ -109,7 +109,7 @@ class GroupCommit:
                 self.broken = exc
                 return fut, None, exc
             except Exception as exc:  # this write alone failed and is reported to its caller
-                if tries >= CONFLICT_TRIES or not self._store.conflicted(exc):
+                if tries >= CONFLICT_TRIES or not isinstance(exc, self._store.conflicts):
                     return fut, None, exc
                 tries += 1
 
