@@ -86,6 +86,8 @@ def failure_usage(usage: Any) -> dict[str, Any]:
     if not isinstance(usage, Mapping):
         return {}
     read = {name: reader(usage.get(name)) for name, reader in _USAGE}
+    if (read["cached_tokens"] or 0) > (read["input_tokens"] or math.inf):  # more read than sent
+        read["cached_tokens"] = None
     model = usage.get("model")
     read["model"] = shown_name(model) if isinstance(model, str) else None
     return {name: value for name, value in read.items() if value is not None}

@@ -68,8 +68,11 @@ class Settle:
         sent_at, ledger = attempt.sent_at, self.ledger_charge(attempt.held, cost)
         if failed:
             out.provider_errors += 1
-            if usage.get("input_tokens") or usage.get("output_tokens"):  # billed, yet failed
-                self._count(usage.get("input_tokens"), usage.get("output_tokens"), cost)
+            if usage.get("input_tokens") or usage.get("output_tokens") or "cost" in usage:
+                # billed, yet failed: counted as a reply is, by the provider's own cost (unknown
+                # without one), as its receipt keeps it
+                self._count(usage.get("input_tokens"), usage.get("output_tokens"),
+                            usage.get("cost"))
             errors = [provider_error(got)]
             return None, lambda tx: store.complete_call(
                 tx, key, "provider_error", None, usage, errors=errors, sent_at=sent_at,
