@@ -220,7 +220,7 @@ class StoreBase(ABC):
     dialect: Dialect  # how its database spells the schema and the statements
     lease_seconds: float = LEASE_SECONDS  # how long a claim holds unless renewed
     # a write's failures that say only that it met another's at the same moment (a deadlock, a
-    # serialization failure): run again, it can succeed. None on SQLite: its writers take turns
+    # serialization failure): run again, it can succeed. None on SQLite, whose writers take turns
     conflicts: tuple[type[BaseException], ...] = ()
 
     _public: str | None = None  # a server's URL as shown, its password masked
