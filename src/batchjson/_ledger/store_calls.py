@@ -279,8 +279,8 @@ class CallStore(RunStore):
         stamp = now()
         revision_id, parent, kept, rest, kept_raw = parts
         self._admitting(tx, parent.key)
-        first = self._exec(tx, "SELECT MIN(id) FROM attempts WHERE request_key = ? AND status IN "
-                           "('accepted', 'partial')", (parent.key,)).fetchone()[0]
+        first = self._exec(tx, FIRST_ADMITTED_SQL, (parent.key, batch_id, parent.key)
+                           ).fetchone()[0]
         if first is not None:
             self._complete(tx, attempt_id, "rejected", _already_accepted(first), raw, usage,
                            stamp, sent_at, charge)
